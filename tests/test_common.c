@@ -1,0 +1,177 @@
+/* Tests for common/: status messages, dtype conversions, size parsing. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <immintrin.h>
+
+#include "common/dtype.h"
+#include "common/status.h"
+#include "common/units.h"
+
+static zo_status failing_call(void) { return zo_error(ZO_ERR_IO, "open x.bin: No such file"); }
+
+static void test_status_check(void **state)
+{
+    (void)state;
+    zo_clear_error();
+    zo_status st = ZO_CHECK(failing_call());
+    assert_int_equal(st, ZO_ERR_IO);
+    const char *msg = zo_last_error();
+    assert_non_null(strstr(msg, "failing_call()"));
+    assert_non_null(strstr(msg, "test_status_check"));
+    assert_non_null(strstr(msg, "open x.bin: No such file"));
+    assert_int_equal(ZO_CHECK(ZO_OK), ZO_OK);
+    assert_string_equal(zo_status_name(ZO_ERR_CAPACITY), "ZO_ERR_CAPACITY");
+}
+
+/* Round-to-nearest-even of fp32 to bf16, computed independently in double. */
+static uint16_t bf16_ref(float f)
+{
+    uint32_t u = zo_f32_bits(f);
+    if (isnan(f)) return (uint16_t)((u >> 16) | 0x40);
+    uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u;
+    double dlo = fabs((double)zo_bits_f32(lo)), dhi = fabs((double)zo_bits_f32(hi));
+    double d = fabs((double)f);
+    if ((lo & 0x7fffffffu) == 0x7f7f0000u && d - dlo >= (dlo - fabs((double)zo_bits_f32(lo - 0x10000u))) / 2)
+        return (uint16_t)((u >> 16) + ((d - dlo > (dlo - fabs((double)zo_bits_f32(lo - 0x10000u))) / 2 ||
+                                        ((u >> 16) & 1)) ? 1 : 0));
+    if (isinf(dhi)) dhi = 2 * dlo - fabs((double)zo_bits_f32(lo - 0x10000u));
+    if (d - dlo < dhi - d) return (uint16_t)(lo >> 16);
+    if (d - dlo > dhi - d) return (uint16_t)(hi >> 16);
+    return (uint16_t)(((lo >> 16) & 1) ? hi >> 16 : lo >> 16);
+}
+
+static void test_bf16_rounding(void **state)
+{
+    (void)state;
+    assert_int_equal(zo_f32_to_bf16(1.0f), 0x3f80);
+    assert_int_equal(zo_f32_to_bf16(-2.0f), 0xc000);
+    assert_int_equal(zo_f32_to_bf16(INFINITY), 0x7f80);
+    assert_int_equal(zo_f32_to_bf16(-INFINITY), 0xff80);
+    assert_true(isnan(zo_bf16_to_f32(zo_f32_to_bf16(NAN))));
+    /* ties: 1 + 2^-8 is halfway between 1 and 1 + 2^-7 -> even (1.0) */
+    assert_int_equal(zo_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);
+    assert_int_equal(zo_f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);
+    /* largest finite rounds up to inf */
+    assert_int_equal(zo_f32_to_bf16(3.4028235e38f), 0x7f80);
+    uint64_t bad = 0;
+    for (uint64_t u = 0; u < 0x100000000ull; u += 4093) {
+        float f = zo_bits_f32((uint32_t)u);
+        if (isnan(f) || (u & 0x7fffffffu) >= 0x7f7f0000u) continue;
+        if (zo_f32_to_bf16(f) != bf16_ref(f)) bad++;
+    }
+    assert_int_equal(bad, 0);
+}
+
+__attribute__((target("f16c"))) static uint16_t f16_hw(float f)
+{
+    return (uint16_t)_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(f), _MM_FROUND_TO_NEAREST_INT), 0);
+}
+
+__attribute__((target("f16c"))) static float f16_hw_up(uint16_t h)
+{
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_set1_epi16((short)h)));
+}
+
+static void test_f16_against_hardware(void **state)
+{
+    (void)state;
+    if (!__builtin_cpu_supports("f16c")) skip();
+    for (uint32_t h = 0; h < 0x10000u; h++) {
+        float a = zo_f16_to_f32((uint16_t)h), b = f16_hw_up((uint16_t)h);
+        if (isnan(b)) assert_true(isnan(a));
+        else assert_int_equal(zo_f32_bits(a), zo_f32_bits(b));
+    }
+    uint64_t bad = 0;
+    for (uint64_t u = 0; u < 0x100000000ull; u += 257) {
+        float f = zo_bits_f32((uint32_t)u);
+        uint16_t a = zo_f32_to_f16(f), b = f16_hw(f);
+        if (isnan(f)) { bad += (a & 0x7c00) != 0x7c00 || !(a & 0x3ff); continue; }
+        if (a != b) {
+            if (bad < 5) print_error("f=%a (0x%08x): got 0x%04x want 0x%04x\n", f, (unsigned)u, a, b);
+            bad++;
+        }
+    }
+    assert_int_equal(bad, 0);
+}
+
+static void test_f16_edges(void **state)
+{
+    (void)state;
+    assert_int_equal(zo_f32_to_f16(65504.0f), 0x7bff);
+    assert_int_equal(zo_f32_to_f16(65520.0f), 0x7c00);      /* tie rounds to even = inf */
+    assert_int_equal(zo_f32_to_f16(65519.99f), 0x7bff);
+    assert_int_equal(zo_f32_to_f16(0x1p-24f), 0x0001);     /* smallest subnormal */
+    assert_int_equal(zo_f32_to_f16(0x1p-25f), 0x0000);     /* tie to even zero */
+    assert_int_equal(zo_f32_to_f16(0x1.8p-25f), 0x0001);
+    assert_int_equal(zo_f32_to_f16(-0.0f), 0x8000);
+    assert_true(zo_f16_to_f32(0x0001) == 0x1p-24f);
+}
+
+static void test_parse_size(void **state)
+{
+    (void)state;
+    uint64_t v;
+    assert_int_equal(zo_parse_size("80GB", "--gpu-mem", 0, &v), ZO_OK);
+    assert_int_equal(v, 80000000000ull);
+    assert_int_equal(zo_parse_size("80GiB", "--gpu-mem", 0, &v), ZO_OK);
+    assert_int_equal(v, 80ull << 30);
+    assert_int_equal(zo_parse_size("1.5TB", "--nvme", 0, &v), ZO_OK);
+    assert_int_equal(v, 1500000000000ull);
+    assert_int_equal(zo_parse_size("4096", "x", 0, &v), ZO_OK);
+    assert_int_equal(v, 4096);
+    assert_int_equal(zo_parse_size("2 mib", "x", 0, &v), ZO_OK);
+    assert_int_equal(v, 2ull << 20);
+    assert_int_equal(zo_parse_size("0", "--nvme", 0, &v), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "--nvme"));
+    assert_int_equal(zo_parse_size("0", "--nvme", 1, &v), ZO_OK);
+    assert_int_equal(zo_parse_size("-5GB", "x", 0, &v), ZO_ERR_INVALID);
+    assert_int_equal(zo_parse_size("5XB", "x", 0, &v), ZO_ERR_INVALID);
+    assert_int_equal(zo_parse_size("", "x", 0, &v), ZO_ERR_INVALID);
+    assert_int_equal(zo_parse_size("1e30", "x", 0, &v), ZO_ERR_INVALID);
+}
+
+static void test_parse_count(void **state)
+{
+    (void)state;
+    uint64_t v;
+    assert_int_equal(zo_parse_count("7.5e9", "--params", &v), ZO_OK);
+    assert_int_equal(v, 7500000000ull);
+    assert_int_equal(zo_parse_count("175B", "--params", &v), ZO_OK);
+    assert_int_equal(v, 175000000000ull);
+    assert_int_equal(zo_parse_count("1T", "--params", &v), ZO_OK);
+    assert_int_equal(v, 1000000000000ull);
+    assert_int_equal(zo_parse_count("0", "--params", &v), ZO_ERR_INVALID);
+    assert_int_equal(zo_parse_count("12Q", "--params", &v), ZO_ERR_INVALID);
+    long i;
+    assert_int_equal(zo_parse_int("8", "--tp", 1, 1 << 20, &i), ZO_OK);
+    assert_int_equal(i, 8);
+    assert_int_equal(zo_parse_int("0", "--tp", 1, 1 << 20, &i), ZO_ERR_INVALID);
+    assert_int_equal(zo_parse_int("4x", "--tp", 1, 1 << 20, &i), ZO_ERR_INVALID);
+}
+
+static void test_format(void **state)
+{
+    (void)state;
+    char b[32];
+    assert_string_equal(zo_format_bytes(80ull << 30, b, sizeof b), "80.00 GiB");
+    assert_string_equal(zo_format_bytes(512, b, sizeof b), "512 B");
+    assert_string_equal(zo_format_count(13015864320ull, b, sizeof b), "13.02B");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_status_check),     cmocka_unit_test(test_bf16_rounding),
+        cmocka_unit_test(test_f16_against_hardware), cmocka_unit_test(test_f16_edges),
+        cmocka_unit_test(test_parse_size),       cmocka_unit_test(test_parse_count),
+        cmocka_unit_test(test_format),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
