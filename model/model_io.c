@@ -167,20 +167,31 @@ zo_status model_io_convert_rows(void *dst, zo_dtype dt, const uint8_t *src, zo_d
         }
         return ZO_OK;
     }
-    /* src [rows, cols] -> dst [cols, rows], in 32 x 32 tiles for locality */
+    /* src [rows, cols] -> dst [cols, rows], in 32 x 32 tiles so both sides
+     * stay in cache; each dst row segment is written in order */
     uint8_t *d = dst;
     for (uint64_t r0 = 0; r0 < rows; r0 += 32) {
         uint64_t r1 = r0 + 32 < rows ? r0 + 32 : rows;
         for (uint64_t c0 = 0; c0 < cols; c0 += 32) {
             uint64_t c1 = c0 + 32 < cols ? c0 + 32 : cols;
-            for (uint64_t r = r0; r < r1; r++) {
-                for (uint64_t c = c0; c < c1; c++) {
-                    const uint8_t *s = src + (r * cols + c) * ssz;
-                    uint64_t di = c * rows + r;
-                    if (sdt == dt)
-                        memcpy(d + di * dsz, s, dsz);
-                    else
-                        zo_store_f32(dst, dt, (size_t)di, load_any(s, sdt));
+            for (uint64_t c = c0; c < c1; c++) {
+                const uint8_t *s = src + c * ssz;
+                uint8_t *drow = d + c * rows * dsz;
+                if (sdt == dt && dsz == 4) {
+                    for (uint64_t r = r0; r < r1; r++) {
+                        uint32_t v;
+                        memcpy(&v, s + r * cols * 4, 4);
+                        memcpy(drow + r * 4, &v, 4);
+                    }
+                } else if (sdt == dt) {
+                    for (uint64_t r = r0; r < r1; r++) {
+                        uint16_t v;
+                        memcpy(&v, s + r * cols * 2, 2);
+                        memcpy(drow + r * 2, &v, 2);
+                    }
+                } else {
+                    for (uint64_t r = r0; r < r1; r++)
+                        zo_store_f32(dst, dt, (size_t)(c * rows + r), load_any(s + r * cols * ssz, sdt));
                 }
             }
         }
