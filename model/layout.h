@@ -111,8 +111,8 @@ typedef struct model_layout {
 zo_status model_layout_init(model_layout *l, const zo_model_config *cfg);
 void model_layout_free(model_layout *l);
 
-/* The tensor with this name (our spelling; see model_layout_find_hf for
- * checkpoint spellings), or NULL. */
+/* The tensor with this name (our spelling; model_layout_match_hf in
+ * safetensors.h accepts checkpoint spellings), or NULL. */
 const model_tensor *model_layout_find(const model_layout *l, const char *name);
 
 /* The view of `role` in `block`, or NULL when that block has no such role
