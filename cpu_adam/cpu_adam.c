@@ -14,8 +14,6 @@
 /* Chunk boundaries fall on multiples of this many elements (a 64-byte line of
  * fp32 and a 32-byte half line of the 16-bit arrays, times 4). */
 #define ADAM_GRAIN ((size_t)64)
-/* The vector kernels are not in yet: only the scalar reference runs. */
-#define ADAM_HAVE_VECTOR 0
 
 typedef struct adam_cpu {
     int avx2;        /* AVX2 + F16C */
@@ -42,8 +40,9 @@ int adam_impl_supported(adam_impl impl)
     switch (impl) {
     case ADAM_IMPL_AUTO:
     case ADAM_IMPL_SCALAR: return 1;
-    case ADAM_IMPL_AVX2: return ADAM_HAVE_VECTOR && cpu.avx2;
-    case ADAM_IMPL_AVX512: return ADAM_HAVE_VECTOR && cpu.avx512;
+    case ADAM_IMPL_AVX2: return cpu.avx2;
+    case ADAM_IMPL_AVX512:
+    case ADAM_IMPL_AVX512_NO_BF16: return cpu.avx512;
     default: return 0;
     }
 }
@@ -53,8 +52,8 @@ int adam_avx512_has_bf16(void) { return adam_cpu_detect().avx512_bf16; }
 adam_impl adam_best_impl(void)
 {
     adam_cpu cpu = adam_cpu_detect();
-    if (ADAM_HAVE_VECTOR && cpu.avx512) return ADAM_IMPL_AVX512;
-    if (ADAM_HAVE_VECTOR && cpu.avx2) return ADAM_IMPL_AVX2;
+    if (cpu.avx512) return ADAM_IMPL_AVX512;
+    if (cpu.avx2) return ADAM_IMPL_AVX2;
     return ADAM_IMPL_SCALAR;
 }
 
@@ -65,6 +64,7 @@ const char *adam_impl_name(adam_impl impl)
     case ADAM_IMPL_SCALAR: return "scalar";
     case ADAM_IMPL_AVX2: return "avx2";
     case ADAM_IMPL_AVX512: return "avx512";
+    case ADAM_IMPL_AVX512_NO_BF16: return "avx512-nobf16";
     default: return "?";
     }
 }
@@ -186,6 +186,10 @@ static adam_consts adam_consts_make(const adam_hparams *hp)
 static adam_update_fn adam_pick_update(adam_impl impl)
 {
     switch (impl) {
+    case ADAM_IMPL_AVX2: return adam_update_avx2;
+    case ADAM_IMPL_AVX512:
+        return adam_avx512_has_bf16() ? adam_update_avx512_bf16 : adam_update_avx512;
+    case ADAM_IMPL_AVX512_NO_BF16: return adam_update_avx512;
     default: return adam_update_scalar;
     }
 }
@@ -193,6 +197,9 @@ static adam_update_fn adam_pick_update(adam_impl impl)
 static adam_sumsq_fn adam_pick_sumsq(adam_impl impl)
 {
     switch (impl) {
+    case ADAM_IMPL_AVX2: return adam_sumsq_avx2;
+    case ADAM_IMPL_AVX512:
+    case ADAM_IMPL_AVX512_NO_BF16: return adam_sumsq_avx512;
     default: return adam_sumsq_scalar;
     }
 }

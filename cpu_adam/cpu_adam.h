@@ -55,6 +55,9 @@ typedef enum adam_impl {
     ADAM_IMPL_SCALAR,   /* plain C reference */
     ADAM_IMPL_AVX2,     /* AVX2 + F16C */
     ADAM_IMPL_AVX512,   /* AVX-512 F/BW/VL, + AVX512-BF16 when present */
+    /* AVX-512 rounding the bf16 copy with integer operations even where
+     * AVX512-BF16 exists (tests and benchmarks of that path). */
+    ADAM_IMPL_AVX512_NO_BF16,
     ADAM_IMPL_COUNT,
 } adam_impl;
 
@@ -92,7 +95,8 @@ zo_status adam_grad_stats_impl(adam_impl impl, const void *grad, zo_dtype grad_d
 adam_impl adam_best_impl(void);
 /* Whether this CPU can run impl (AUTO and SCALAR always can). */
 int adam_impl_supported(adam_impl impl);
-/* "auto", "scalar", "avx2", "avx512"; "?" for an unknown value. */
+/* "auto", "scalar", "avx2", "avx512", "avx512-nobf16"; "?" for an unknown
+ * value. */
 const char *adam_impl_name(adam_impl impl);
 /* Whether the AVX-512 implementation converts to bf16 with the AVX512-BF16
  * instruction here (otherwise it rounds with integer operations). */
