@@ -164,19 +164,58 @@ ADAM_INLINE void avx512_sq_acc(__m512 x, __m512d *a, __m512d *b)
     *b = _mm512_fmadd_pd(hi, hi, *b);
 }
 
-ADAM_INLINE double avx512_sumsq_t(const void *g, const zo_dtype gd, size_t n)
+/* Elements per block: 16 squares per lane in each of four fp32 accumulators
+ * (four, so the FMA latency chain does not bound the loop). */
+#define AVX512_SQ_BLOCK 1024
+
+/* Sum of squares in double all the way (tails, and blocks whose fp32 sums
+ * overflowed); lanes outside a partial last vector are 0. */
+ADAM_INLINE void avx512_sumsq_f64(const void *g, const zo_dtype gd, size_t i, size_t n,
+                                  __m512d *a, __m512d *b)
 {
-    __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
-    size_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        avx512_sq_acc(avx512_load_grad(g, i, gd, 0xffff, 0), &a0, &a1);
-        avx512_sq_acc(avx512_load_grad(g, i + 16, gd, 0xffff, 0), &a2, &a3);
-    }
     for (; i < n; i += 16) {
         size_t r = n - i < 16 ? n - i : 16;
-        avx512_sq_acc(avx512_load_grad(g, i, gd, (__mmask16)((1u << r) - 1), 1), &a0, &a1);
+        __mmask16 k = (__mmask16)((1u << r) - 1);
+        avx512_sq_acc(r == 16 ? avx512_load_grad(g, i, gd, k, 0) : avx512_load_grad(g, i, gd, k, 1),
+                      a, b);
     }
-    return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(a0, a1), _mm512_add_pd(a2, a3)));
+}
+
+/* Squares summed in fp32 over blocks of 1024 elements (16 per lane and
+ * accumulator, then 4 accumulators: relative error below 2e-6), each block's lanes then added in
+ * double. A block whose fp32 sum is not finite (huge fp32/bf16 values, or
+ * inf/nan) is summed again in double, so overflow is never reported as
+ * inf and inf/nan always is. */
+ADAM_INLINE double avx512_sumsq_t(const void *g, const zo_dtype gd, size_t n)
+{
+    __m512d a = _mm512_setzero_pd(), b = a;
+    const __m512 inf = _mm512_set1_ps(__builtin_inff());
+    size_t i = 0;
+    for (; i + AVX512_SQ_BLOCK <= n; i += AVX512_SQ_BLOCK) {
+        __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+        for (size_t j = i; j < i + AVX512_SQ_BLOCK; j += 64) {
+            __m512 x0 = avx512_load_grad(g, j, gd, 0xffff, 0);
+            __m512 x1 = avx512_load_grad(g, j + 16, gd, 0xffff, 0);
+            __m512 x2 = avx512_load_grad(g, j + 32, gd, 0xffff, 0);
+            __m512 x3 = avx512_load_grad(g, j + 48, gd, 0xffff, 0);
+            s0 = _mm512_fmadd_ps(x0, x0, s0);
+            s1 = _mm512_fmadd_ps(x1, x1, s1);
+            s2 = _mm512_fmadd_ps(x2, x2, s2);
+            s3 = _mm512_fmadd_ps(x3, x3, s3);
+        }
+        __m512 s = _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
+        if (__builtin_expect(_mm512_cmp_ps_mask(_mm512_abs_ps(s), inf, _CMP_LT_OQ) == 0xffff, 1)) {
+            __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(s));
+            __m512d hi = _mm512_cvtps_pd(
+                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+            a = _mm512_add_pd(a, lo);
+            b = _mm512_add_pd(b, hi);
+        } else {
+            avx512_sumsq_f64(g, gd, i, i + AVX512_SQ_BLOCK, &a, &b);
+        }
+    }
+    avx512_sumsq_f64(g, gd, i, n, &a, &b);
+    return _mm512_reduce_add_pd(_mm512_add_pd(a, b));
 }
 
 double ADAM_AVX512_SUMSQ(const void *g, zo_dtype gd, size_t n)

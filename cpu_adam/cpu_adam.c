@@ -16,7 +16,7 @@
 #define ADAM_GRAIN ((size_t)64)
 
 typedef struct adam_cpu {
-    int avx2;        /* AVX2 + F16C */
+    int avx2;        /* AVX2 + F16C + FMA */
     int avx512;      /* AVX-512 F, BW, VL */
     int avx512_bf16; /* AVX512-BF16 */
 } adam_cpu;
@@ -27,7 +27,8 @@ static adam_cpu adam_cpu_detect(void)
     /* __builtin_cpu_supports checks the OS has enabled the register state
      * (XCR0) too, not only the cpuid bits. */
     __builtin_cpu_init();
-    cpu.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    cpu.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+               __builtin_cpu_supports("fma");
     cpu.avx512 = cpu.avx2 && __builtin_cpu_supports("avx512f") &&
                  __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
     cpu.avx512_bf16 = cpu.avx512 && __builtin_cpu_supports("avx512bf16");

@@ -53,7 +53,7 @@ typedef struct adam_hparams {
 typedef enum adam_impl {
     ADAM_IMPL_AUTO = 0, /* the best the CPU supports (adam_best_impl) */
     ADAM_IMPL_SCALAR,   /* plain C reference */
-    ADAM_IMPL_AVX2,     /* AVX2 + F16C */
+    ADAM_IMPL_AVX2,     /* AVX2 + F16C (+ FMA in the sum of squares) */
     ADAM_IMPL_AVX512,   /* AVX-512 F/BW/VL, + AVX512-BF16 when present */
     /* AVX-512 rounding the bf16 copy with integer operations even where
      * AVX512-BF16 exists (tests and benchmarks of that path). */
@@ -81,11 +81,14 @@ zo_status adam_update_impl(adam_impl impl, const adam_hparams *hp, size_t n, flo
                            const void *grad, zo_dtype grad_dtype, float *m, float *v, void *out16,
                            zo_dtype out_dtype, int nthreads);
 
-/* Sum of squares of n gradient elements, accumulated in double, and whether
- * any element is inf or nan (*nonfinite 1, and *sumsq is then inf or nan).
- * grad_mult is not applied: scale the result by grad_mult^2. The summation
- * order depends on the implementation and thread count, so results agree to
- * rounding, not bit for bit; a given (impl, nthreads) is deterministic. */
+/* Sum of squares of n gradient elements and whether any element is inf or
+ * nan (*nonfinite 1, and *sumsq is then inf or nan). The scalar reference
+ * sums in double; the vector ones sum blocks of 64 squares per lane in fp32
+ * and the blocks in double (relative error below 2e-6; a block whose fp32 sum
+ * overflows is summed again in double, so only a real inf/nan is reported).
+ * grad_mult is not applied: scale the result by grad_mult^2. Results depend on
+ * the implementation and thread count to rounding; a given (impl, nthreads)
+ * is deterministic. */
 zo_status adam_grad_stats(const void *grad, zo_dtype grad_dtype, size_t n, int nthreads,
                           double *sumsq, int *nonfinite);
 zo_status adam_grad_stats_impl(adam_impl impl, const void *grad, zo_dtype grad_dtype, size_t n,

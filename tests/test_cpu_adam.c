@@ -513,7 +513,10 @@ static void test_grad_stats(void **state)
                         int nf = -1;
                         assert_int_equal(adam_grad_stats_impl(impl, gp, t, n, th, &s, &nf), ZO_OK);
                         assert_int_equal(nf, 0);
-                        if (fabsl((long double)s - want) > 1e-12L * want) {
+                        /* double in the reference; fp32 blocks of 64
+                         * squares per lane in the vector kernels */
+                        long double tol = (impl == ADAM_IMPL_SCALAR ? 1e-12L : 2e-6L) * want;
+                        if (fabsl((long double)s - want) > tol) {
                             print_error("%s %s n %zu: sumsq %.17g want %.17Lg\n",
                                         adam_impl_name(impl), zo_dtype_name(t), n, s, want);
                             fail();
