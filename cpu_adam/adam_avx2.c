@@ -43,10 +43,11 @@ ADAM_INLINE __m128i avx2_to_bf16(__m256 x)
     return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 
-/* Elements [i, i + 8): the sequence of adam_step_elem, lane by lane. */
+/* Elements [i, i + 8): the sequence of adam_step_elem, lane by lane. nt:
+ * write the 16-bit copy with a non-temporal store (16-byte aligned). */
 ADAM_INLINE void avx2_span(const avx2_k *K, size_t i, float *restrict p, const void *restrict g,
                            const zo_dtype gd, float *restrict m, float *restrict v,
-                           void *restrict out, const int od, const int l2)
+                           void *restrict out, const int od, const int l2, const int nt)
 {
     __m256 pp = _mm256_loadu_ps(p + i);
     __m256 mm = _mm256_loadu_ps(m + i);
@@ -67,7 +68,8 @@ ADAM_INLINE void avx2_span(const avx2_k *K, size_t i, float *restrict p, const v
     if (od != OUT_NONE) {
         __m128i h = od == OUT_F16 ? _mm256_cvtps_ph(pp, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
                                   : avx2_to_bf16(pp);
-        _mm_storeu_si128((__m128i *)((uint16_t *)out + i), h);
+        if (nt) _mm_stream_si128((__m128i *)((uint16_t *)out + i), h);
+        else _mm_storeu_si128((__m128i *)((uint16_t *)out + i), h);
     }
 }
 
@@ -93,7 +95,14 @@ ADAM_INLINE void avx2_update_t(const adam_consts *c, size_t n, float *restrict p
     if (head > n) head = n;
     adam_update_scalar_range(c, 0, head, p, g, gd, m, v, o, odt);
     size_t i = head;
-    for (; i + 8 <= n; i += 8) avx2_span(&K, i, p, g, gd, m, v, out, od, l2);
+    /* stream the copy past the cache when its vectors are aligned (see
+     * adam_avx512_body.h) */
+    if (od != OUT_NONE && ((uintptr_t)((uint16_t *)out + head) & 15) == 0) {
+        for (; i + 8 <= n; i += 8) avx2_span(&K, i, p, g, gd, m, v, out, od, l2, 1);
+        _mm_sfence();
+    } else {
+        for (; i + 8 <= n; i += 8) avx2_span(&K, i, p, g, gd, m, v, out, od, l2, 0);
+    }
     adam_update_scalar_range(c, i, n, p, g, gd, m, v, o, odt);
 }
 
