@@ -185,6 +185,56 @@ static void test_reference_vs_double_l2(void **state)
     for (size_t k = 0; k < 3; k++) run_vs_double(ADAM_DECAY_L2, all_dtypes[k]);
 }
 
+/* Against PyTorch: tests/fixtures/cpu_adam/torch_ref.txt holds the
+ * parameters after 20 steps of torch.optim.AdamW and torch.optim.Adam (L2) in
+ * float64, from inputs given by formulas (see gen_torch_ref.py). */
+static void test_reference_vs_torch(void **state)
+{
+    (void)state;
+    enum { N = 67, STEPS = 20 };
+    double want[2][N];
+    const char *path = ZO_FIXTURES_DIR "/cpu_adam/torch_ref.txt";
+    FILE *f = fopen(path, "r");
+    if (!f) print_error("cannot open %s\n", path);
+    assert_non_null(f);
+    char line[512];
+    int rows = 0;
+    while (fgets(line, sizeof line, f) && rows < N) {
+        if (line[0] == '#') continue;
+        assert_int_equal(sscanf(line, "%lf %lf", &want[0][rows], &want[1][rows]), 2);
+        rows++;
+    }
+    fclose(f);
+    assert_int_equal(rows, N);
+    for (int mode = 0; mode < 2; mode++)
+        for (int ii = 0; ii < 2; ii++) {
+            adam_impl impl = ii ? ADAM_IMPL_AUTO : ADAM_IMPL_SCALAR;
+            float p[N], m[N], v[N], g[N];
+            for (int i = 0; i < N; i++) {
+                p[i] = (float)(((i * 37) % 101 - 50) / 50.0);
+                m[i] = v[i] = 0.0f;
+            }
+            adam_hparams hp = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                               .weight_decay = 0.1f, .grad_mult = 0.5f,
+                               .decay = mode ? ADAM_DECAY_L2 : ADAM_DECAY_ADAMW};
+            for (int t = 1; t <= STEPS; t++) {
+                for (int i = 0; i < N; i++) g[i] = (float)(((i * 13 + t * 7) % 97 - 48) / 24.0);
+                hp.step = t;
+                assert_int_equal(adam_update_impl(impl, &hp, N, p, g, ZO_DTYPE_F32, m, v, NULL,
+                                                  ZO_DTYPE_F16, 1),
+                                 ZO_OK);
+            }
+            int bad = 0;
+            for (int i = 0; i < N; i++) {
+                double w = want[mode][i];
+                if (fabs((double)p[i] - w) > 1.5e-6 * fabs(w) + 1e-7 && bad++ < 4)
+                    print_error("%s %s p[%d]: %.9g torch %.12g\n", adam_impl_name(impl),
+                                mode ? "adam-l2" : "adamw", i, p[i], w);
+            }
+            assert_int_equal(bad, 0);
+        }
+}
+
 /* Step 1 from zero moments: the bias-corrected update is lr * g / (|g| + eps)
  * = lr * sign(g) for |g| >> eps, whatever beta1 and beta2 are. */
 static void test_bias_correction_step1(void **state)
@@ -651,6 +701,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reference_vs_double_adamw),
         cmocka_unit_test(test_reference_vs_double_l2),
+        cmocka_unit_test(test_reference_vs_torch),
         cmocka_unit_test(test_bias_correction_step1),
         cmocka_unit_test(test_grad_mult),
         cmocka_unit_test(test_out16_rounding),
