@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "examples/transformer.h" /* defines: tf_model */
+#include "offload/offload.h"      /* defines: offload_model */
 
 typedef struct tf_adamw {
     float lr, beta1, beta2, eps, weight_decay;
@@ -62,5 +63,21 @@ zo_status tf_trainer_grads(tf_trainer *tr, gpu_stream_t s, const int32_t *inputs
 /* tf_trainer_grads, then clip and AdamW, then upload the new weights. */
 zo_status tf_trainer_step(tf_trainer *tr, gpu_stream_t s, const int32_t *inputs,
                           const int32_t *targets, int b, int t, tf_step_info *info);
+
+/* ---- the transformer on the offload runtime ---------------------------------
+ * The blocks of a tf_model as an offload_model: the runtime owns the weights,
+ * gradients and the residual stream between blocks; the model keeps its
+ * per-layer activations (or one shared set with recompute). The model must
+ * be built with tf_options.external_res = 1 (and .recompute = 1 when the
+ * runtime recomputes). Weight decay applies to the 2-D tensors. */
+typedef struct tf_offload_model {
+    tf_model *m;
+    offload_model om;
+    int *dep;                    /* [n_blocks]: the tied head reads the embedding */
+    offload_decay_range *decay;  /* the 2-D tensors */
+} tf_offload_model;
+
+zo_status tf_offload_model_init(tf_offload_model *a, tf_model *m);
+void tf_offload_model_free(tf_offload_model *a);
 
 #endif

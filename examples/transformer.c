@@ -31,7 +31,14 @@ static zo_status act_alloc(tf_model *m, void **p, size_t bytes, const char *what
 zo_status tf_init(tf_model *m, const zo_model_config *cfg, gpu_device_t dev, zo_dtype dtype,
                   int B, int T)
 {
+    return tf_init_opts(m, cfg, dev, dtype, B, T, NULL);
+}
+
+zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev, zo_dtype dtype,
+                       int B, int T, const tf_options *opts)
+{
     memset(m, 0, sizeof *m);
+    if (opts) m->opts = *opts;
     if (B < 1 || T < 1)
         return zo_error(ZO_ERR_INVALID, "tf_init: micro-batch %d x %d must be positive", B, T);
     TRY(model_layout_init(&m->layout, cfg));
@@ -59,8 +66,11 @@ zo_status tf_init(tf_model *m, const zo_model_config *cfg, gpu_device_t dev, zo_
     if ((st = act_alloc(m, (void **)&(ptr), (bytes), (what))) != ZO_OK) goto out_free
     A(m->tokens, N * 4, "tokens");
     A(m->targets, N * 4, "targets");
-    for (size_t l = 0; l <= L; l++) A(m->res[l], N * h * es, "residual");
-    for (size_t l = 0; l < L; l++) {
+    if (!m->opts.external_res)
+        for (size_t l = 0; l <= L; l++) A(m->res[l], N * h * es, "residual");
+    /* with recompute, every layer shares one set of activation buffers */
+    size_t n_sets = m->opts.recompute ? (L ? 1 : 0) : L;
+    for (size_t l = 0; l < n_sets; l++) {
         tf_layer_acts *a = &m->acts[l];
         A(a->ln1, N * h * es, "ln1");
         A(a->mean1, N * 4, "ln1 mean");
@@ -76,6 +86,7 @@ zo_status tf_init(tf_model *m, const zo_model_config *cfg, gpu_device_t dev, zo_
         if (c->arch != ZO_ARCH_GPT) A(a->up, N * f * es, "mlp up");
         A(a->act, N * f * es, "mlp activation");
     }
+    for (size_t l = n_sets; l < L; l++) m->acts[l] = m->acts[0];
     A(m->lnf, N * h * es, "final norm");
     A(m->meanf, N * 4, "final norm mean");
     A(m->rstdf, N * 4, "final norm rstd");
@@ -103,10 +114,11 @@ void tf_free(tf_model *m)
     size_t L = m->cfg.n_layers;
     gpu_mem_free(d, m->tokens);
     gpu_mem_free(d, m->targets);
-    if (m->res)
+    if (m->res && !m->opts.external_res)
         for (size_t l = 0; l <= L; l++) gpu_mem_free(d, m->res[l]);
+    size_t n_sets = m->opts.recompute ? (L ? 1 : 0) : L;
     if (m->acts)
-        for (size_t l = 0; l < L; l++) {
+        for (size_t l = 0; l < n_sets; l++) {
             tf_layer_acts *a = &m->acts[l];
             void *p[] = {a->ln1, a->mean1, a->rstd1, a->qkv, a->att, a->lse, a->x_mid,
                          a->ln2, a->mean2, a->rstd2, a->fc, a->up, a->act};
@@ -223,7 +235,12 @@ static zo_status norm_backward(tf_model *m, gpu_stream_t s, gpu_tensor dw, gpu_t
     return gpu_rmsnorm_backward(s, F32(m->dres), dw, F32(m->dh), x, w, rstd, N, c->hidden);
 }
 
-static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s)
+/* Forward of layer l. With `recompute`, stop once every activation the
+ * backward reads is saved: the down projection and the residual add, whose
+ * output (res[l+1]) backward does not read, are skipped and res[l+1] is not
+ * written. */
+static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s,
+                               int recompute)
 {
     const zo_model_config *c = &m->cfg;
     const int blk = model_layout_layer_block(l), N = m->b * m->t, h = c->hidden, f = c->ffn;
@@ -266,6 +283,7 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
                            tf_view(m, P, blk, MODEL_ROLE_MLP_UP_B), N, f, h));
         TRY(gpu_swiglu_forward(s, act, fc, up, (size_t)N * f));
     }
+    if (recompute) return ZO_OK;
     /* out = x_mid + act Wdown^T (+ b) */
     TRY(linear_forward(s, tmp, h, act, tf_view(m, P, blk, MODEL_ROLE_MLP_DOWN_W),
                        tf_view(m, P, blk, MODEL_ROLE_MLP_DOWN_B), N, h, f));
@@ -387,7 +405,15 @@ zo_status tf_block_forward(tf_model *m, int block, const tf_block_bufs *bufs, gp
     TRY(check_block(m, block, bufs, 0));
     if (block == MODEL_BLOCK_EMBED) return embed_forward(m, bufs, s);
     if (block == model_layout_head_block(&m->layout)) return head_forward(m, bufs, s);
-    return layer_forward(m, block - 1, bufs, s);
+    return layer_forward(m, block - 1, bufs, s, 0);
+}
+
+zo_status tf_block_recompute(tf_model *m, int block, const tf_block_bufs *bufs, gpu_stream_t s)
+{
+    TRY(check_block(m, block, bufs, 0));
+    if (block == MODEL_BLOCK_EMBED || block == model_layout_head_block(&m->layout))
+        return ZO_OK; /* the embedding saves nothing; the head's activations are its own */
+    return layer_forward(m, block - 1, bufs, s, 1);
 }
 
 zo_status tf_block_backward(tf_model *m, int block, const tf_block_bufs *bufs, float loss_scale,

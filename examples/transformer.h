@@ -41,8 +41,22 @@ typedef struct tf_layer_acts {
     void *act;        /* [N, ffn] GELU(fc) or silu(gate) * up */
 } tf_layer_acts;
 
+/* How the model holds its activations (all zero: the defaults). */
+typedef struct tf_options {
+    /* One set of layer activations shared by every layer: a layer's backward
+     * must be preceded by tf_block_recompute of that layer (activation
+     * checkpointing: only the residual stream between layers is kept). */
+    int recompute;
+    /* The residual stream buffers res[0..L] are not allocated: the caller
+     * points res[l] at buffers of [N, h] in `dtype` before each block call
+     * (block b reads res[b-1] and writes res[b]), so a runtime can keep them
+     * where it likes (device slots, copies in host memory). */
+    int external_res;
+} tf_options;
+
 typedef struct tf_model {
     zo_model_config cfg;
+    tf_options opts;
     model_layout layout;
     gpu_device_t dev;
     zo_dtype dtype;
@@ -71,6 +85,9 @@ typedef struct tf_model {
  * GPT (learned positions). */
 zo_status tf_init(tf_model *m, const zo_model_config *cfg, gpu_device_t dev, zo_dtype dtype,
                   int B, int T);
+/* tf_init with options (opts NULL: the defaults). */
+zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev, zo_dtype dtype,
+                       int B, int T, const tf_options *opts);
 void tf_free(tf_model *m);
 
 /* Bytes of block `block`'s parameter (= gradient) buffer. */
@@ -106,6 +123,11 @@ zo_status tf_block_forward(tf_model *m, int block, const tf_block_bufs *bufs, gp
  * gradient of the mean loss (1 without loss scaling); only the head uses it. */
 zo_status tf_block_backward(tf_model *m, int block, const tf_block_bufs *bufs, float loss_scale,
                             gpu_stream_t s);
+
+/* Recompute the activations a block's backward reads from its input
+ * (res[block-1] for a layer), without writing its output. A no-op for the
+ * embedding and the head. */
+zo_status tf_block_recompute(tf_model *m, int block, const tf_block_bufs *bufs, gpu_stream_t s);
 
 /* The whole model over per-block buffer arrays (params[i], grads[i] for
  * block i). */

@@ -1,0 +1,278 @@
+/* The offload runtime: train a model made of blocks that is larger than the
+ * device's memory (ZeRO-Offload / ZeRO-Infinity on the device interface).
+ *
+ * A model is a chain of blocks (embedding, layers, head). Each block owns one
+ * flat parameter buffer of `block_numel[b]` elements in the model's 16-bit
+ * (or fp32) dtype, and passes one activation of `boundary_bytes` to the next
+ * block. The runtime owns everything else:
+ *
+ * - the parameter store: the 16-bit weights of every block, resident on the
+ *   device, in pinned host memory or on NVMe (config.params_on);
+ * - streaming: a fixed pool of device slots, each the size of the largest
+ *   block. Acquiring block b waits (on the device, by an event) for its
+ *   weights, which a copy stream loaded `prefetch_depth` blocks earlier;
+ *   releasing it lets the copy stream reuse the slot. The host never
+ *   synchronizes the device: it waits only on events of single copies;
+ * - gradients: as backward produces a block's gradients they are copied to
+ *   pinned host memory on a second copy stream (overlapping the next block's
+ *   backward) and added in fp32 into the flat gradient of the step (over
+ *   `grad_accum` micro-batches);
+ * - the optimizer step: AdamW (cpu_adam) over sub-groups of the fp32 master
+ *   state, which lives in CPU memory, on NVMe (pipelined: read ahead, update,
+ *   write behind) or is split between them by fraction. The clip coefficient
+ *   comes from the sum of squares of the gradient; with fp16 a dynamic loss
+ *   scale skips steps whose gradients overflow. New 16-bit weights go straight
+ *   into the parameter store;
+ * - activation checkpoints: the boundary activations between blocks, kept on
+ *   the device or in pinned host memory; with `recompute` a block's own
+ *   activations are rebuilt from its input before its backward;
+ * - training checkpoints: weights, optimizer state and counters written to a
+ *   temporary directory, flushed and renamed, so a crash at any moment leaves
+ *   the previous checkpoint loadable.
+ *
+ * The flat parameter index: blocks are concatenated in order, so element e
+ * of block b is flat element block_offset(b) + e. Optimizer sub-groups and the
+ * CPU/NVMe split are ranges of this index: [0, n_cpu) in memory, [n_cpu, n)
+ * on NVMe.
+ *
+ * Results do not depend on where state lives: resident, streamed, optimizer
+ * in memory or on NVMe, the arithmetic and its order are the same, so losses
+ * are bit-identical (same thread counts).
+ *
+ * Threading: one runtime is driven by one host thread. */
+#ifndef ZO_OFFLOAD_H
+#define ZO_OFFLOAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/dtype.h"  /* defines: zo_dtype */
+#include "common/status.h" /* defines: zo_status */
+#include "gpu/device.h"    /* defines: gpu_device_t, gpu_stream_t */
+
+typedef struct offload offload_t;
+
+typedef enum offload_tier {
+    OFFLOAD_DEVICE = 0,
+    OFFLOAD_CPU,
+    OFFLOAD_NVME,
+    OFFLOAD_TIERS,
+} offload_tier;
+
+const char *offload_tier_name(offload_tier t); /* "gpu", "cpu", "nvme" (the plan's names) */
+/* "gpu" (or "device"), "cpu", "nvme"; messages name `what`. */
+zo_status offload_tier_parse(const char *s, const char *what, offload_tier *out);
+
+/* ---- the model ------------------------------------------------------------ */
+
+/* What one block call gets; every pointer is device memory. */
+typedef struct offload_block_io {
+    const void *params;     /* the block's weights */
+    void *grads;            /* backward: its gradients, zeroed before; add to them */
+    const void *dep_params; /* the weights of block_dep[b] (e.g. the tied embedding), or NULL */
+    void *dep_grads;        /* backward: gradients of block_dep[b], zeroed before, or NULL */
+    const void *in;         /* the activation from block b-1 (NULL for block 0) */
+    void *out;              /* forward: the activation for block b+1 (NULL for the last) */
+} offload_block_io;
+
+/* AdamW weight decay of a range of a block (the model's 2-D weights). */
+typedef struct offload_decay_range {
+    int block;
+    size_t offset, numel; /* elements in the block */
+} offload_decay_range;
+
+typedef zo_status (*offload_block_fn)(void *user, int block, const offload_block_io *io,
+                                      gpu_stream_t s);
+typedef zo_status (*offload_backward_fn)(void *user, int block, const offload_block_io *io,
+                                         float loss_scale, gpu_stream_t s);
+
+typedef struct offload_model {
+    int n_blocks;
+    const size_t *block_numel;  /* [n_blocks] elements per block */
+    const int *block_dep;       /* [n_blocks] or NULL: -1, or another block whose
+                                   weights block b reads and to whose gradients it adds */
+    zo_dtype dtype;             /* of weights and device gradients */
+    size_t boundary_bytes;      /* bytes of the activation between two blocks */
+    /* Ranges with weight decay (NULL: every element decays). */
+    const offload_decay_range *decay;
+    int n_decay;
+    void *user;
+    offload_block_fn forward;
+    /* Backward: the gradient of the loss w.r.t. `out` is the model's business
+     * (kept inside it, flowing from block b+1). loss_scale multiplies the loss
+     * gradient (the last block uses it). */
+    offload_backward_fn backward;
+    /* (optional) Rebuild what backward reads from `in`, without writing
+     * `out`. Called before backward when config.recompute is set. */
+    offload_block_fn recompute;
+} offload_model;
+
+/* ---- the configuration (what a plan says) -------------------------------- */
+
+typedef struct offload_adamw {
+    float lr, beta1, beta2, eps, weight_decay;
+    float clip; /* max global gradient norm; 0: no clipping */
+} offload_adamw;
+
+/* Test seam for checkpoint writes: called at named points of the write (see
+ * offload_save); a test blocks or kills the process there. */
+typedef void (*offload_ckpt_hook)(void *user, const char *point);
+
+typedef struct offload_config {
+    offload_tier params_on;          /* DEVICE: resident; CPU, NVME: streamed */
+    double opt_frac[OFFLOAD_TIERS];  /* optimizer state split; the device share must be 0 */
+    offload_tier checkpoints_on;     /* DEVICE or CPU (CPU needs recompute) */
+    int recompute;                   /* rebuild each block's activations in backward */
+    int prefetch_depth;              /* blocks loaded ahead of the one computing (0..16) */
+    const char *nvme_dir;            /* where NVMe state lives (needed when used) */
+    size_t sub_group;                /* optimizer sub-group, elements; 0 = 1M */
+    int swap_buffers;                /* sub-group buffers of the NVMe pipeline; 0 = 3 */
+    int grad_accum;                  /* micro-batches per step; 0 = 1 */
+    int n_threads;                   /* CPU Adam threads; 0 = OpenMP's default */
+    offload_adamw adam;
+    float loss_scale;                /* initial; 0 = 65536 with fp16, else 1 (no scaling) */
+    int loss_scale_window;           /* good steps before the scale doubles; 0 = 200 */
+    offload_ckpt_hook ckpt_hook;     /* (optional) test seam */
+    void *ckpt_hook_user;
+} offload_config;
+
+/* prefetch 2, everything on the device, no recompute, sub-group 1M, AdamW
+ * lr 3e-4 betas (0.9, 0.95) eps 1e-8 decay 0.1 clip 1. */
+void offload_config_defaults(offload_config *c);
+
+/* ---- plans ---------------------------------------------------------------- */
+
+/* What a plan predicts (the "predicted" member of the plan JSON). */
+typedef struct offload_prediction {
+    int present;
+    uint64_t peak[OFFLOAD_TIERS];    /* bytes per tier */
+    double step_s;                   /* 0 when absent */
+} offload_prediction;
+
+/* The training settings a plan file holds besides the runtime's. */
+typedef struct offload_plan {
+    offload_config cfg;              /* placement, buffers, grad_accum */
+    offload_prediction predicted;
+    char model_name[64];
+    int seq, micro_batch;            /* 0 when absent */
+    int dtype;                       /* zo_dtype, -1 when absent */
+    uint64_t gpu_mem;                /* hardware.gpu_mem; 0 when absent */
+} offload_plan;
+
+/* Defaults: offload_config_defaults, nothing predicted, dtype -1. */
+void offload_plan_defaults(offload_plan *p);
+
+/* Read the JSON `memplan` writes (docs/plan-format.md; `memplan estimate
+ * --json` output is read too). Fields absent keep the values already in
+ * *plan (start from offload_plan_defaults). The
+ * NVMe directory placeholder "${ZO_NVME_DIR}" leaves cfg.nvme_dir alone.
+ * Messages name the file and the field. */
+zo_status offload_plan_load(const char *path, offload_plan *plan);
+
+/* ---- life cycle ------------------------------------------------------------ */
+
+/* Allocate the parameter store, the device slots (or the resident weights),
+ * gradient and activation buffers, the optimizer state (and its NVMe store)
+ * and the streams. ZO_ERR_CAPACITY when a tier cannot hold its part. The
+ * weights are zero until offload_set_weights. */
+zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *model,
+                       const offload_config *cfg);
+void offload_free(offload_t *rt);
+
+/* Set the fp32 master weights (blocks[b]: block_numel[b] floats) and the
+ * 16-bit store from them; optimizer moments and counters restart at zero. */
+zo_status offload_set_weights(offload_t *rt, const float *const *blocks);
+/* Read the fp32 master weights back. */
+zo_status offload_get_weights(offload_t *rt, float *const *blocks);
+
+/* ---- training -------------------------------------------------------------- */
+
+/* Forward and backward of one micro-batch over every block, streamed; the
+ * batch must already be on `s` (the model's business, e.g. tf_set_batch on
+ * the same stream). Gradients are added to the step's fp32 host gradient.
+ * On return the forward's outputs (the loss) are complete on `s`. */
+zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s);
+
+typedef struct offload_step_info {
+    float grad_norm;   /* global norm of the mean gradient, before clipping */
+    float loss_scale;  /* the scale the step's backward used */
+    int skipped;       /* 1 when inf/nan skipped the update (fp16) */
+    int64_t step;      /* optimizer steps taken so far */
+} offload_step_info;
+
+/* After grad_accum micro-batches: unscale, clip, AdamW over every sub-group,
+ * new weights into the parameter store. */
+zo_status offload_step(offload_t *rt, offload_step_info *info);
+
+/* The loss scale the next backward uses. */
+float offload_loss_scale(const offload_t *rt);
+/* The fp32 gradient of the last step (flat, unscaled sum over micro-batches
+ * times loss_scale: divide by loss_scale * grad_accum for the mean), valid
+ * after the micro-batches and until offload_step. NULL when none. */
+const float *offload_grad(const offload_t *rt, size_t *n);
+/* Flat offset of block b. */
+size_t offload_block_offset(const offload_t *rt, int block);
+
+/* ---- measurements ------------------------------------------------------------ */
+
+typedef enum offload_time_part {
+    OFFLOAD_TIME_COMPUTE = 0,  /* waiting for the device's forward/backward */
+    OFFLOAD_TIME_WEIGHTS,      /* waiting for weights that were not there yet */
+    OFFLOAD_TIME_GRADS,        /* gradient copies and fp32 accumulation */
+    OFFLOAD_TIME_OPTIMIZER,    /* the CPU Adam update */
+    OFFLOAD_TIME_DISK,         /* NVMe reads and writes the host waited for */
+    OFFLOAD_TIME_PARTS,
+} offload_time_part;
+
+const char *offload_time_part_name(offload_time_part p); /* "compute", "weights", ... */
+
+typedef struct offload_stats {
+    uint64_t peak[OFFLOAD_TIERS];   /* most bytes in use at once per tier */
+    uint64_t in_use[OFFLOAD_TIERS]; /* now */
+    uint64_t device_capacity;       /* 0 = unlimited */
+    double time[OFFLOAD_TIME_PARTS];/* seconds since init (or the last reset) */
+    double total_s;                 /* micro-batches and steps together */
+    int64_t micro_batches, steps, skipped;
+    uint64_t bytes_h2d, bytes_d2h, bytes_disk_read, bytes_disk_written;
+    int n_slots;                    /* device weight slots (0 when resident) */
+    size_t slot_bytes;
+} offload_stats;
+
+void offload_get_stats(const offload_t *rt, offload_stats *out);
+/* Restart the times and counters (not the peaks). */
+void offload_reset_times(offload_t *rt);
+
+/* Write {"peak_bytes": {...}, "predicted_bytes": {...}, "time_s": {...},
+ * ...} to `path` (atomically); pred may be NULL. */
+zo_status offload_write_stats_json(const offload_t *rt, const offload_prediction *pred,
+                                   const char *path);
+
+/* ---- training checkpoints ------------------------------------------------------ */
+
+/* Counters saved with a checkpoint besides the runtime's own. */
+typedef struct offload_ckpt_meta {
+    int64_t data_step;   /* the caller's data position */
+    uint64_t seed;
+} offload_ckpt_meta;
+
+/* Write the model's weights (fp32 master blocks) under `path` (e.g. as
+ * safetensors with the model's names); the runtime calls it once per save. */
+typedef zo_status (*offload_weights_writer)(void *user, const char *path,
+                                            const float *const *blocks);
+
+/* Save a checkpoint into DIR/step-<N>/ (weights through `writer` when not
+ * NULL as model.safetensors, optimizer.safetensors with the flat fp32 master,
+ * m and v, and state.json), built in DIR/.tmp-step-<N>/ with every file
+ * fsynced, renamed into place, then DIR/latest (a one-line file naming the
+ * directory) replaced atomically; older step-* directories are removed after.
+ * The hook (config.ckpt_hook) is called at "begin", "optimizer-half",
+ * "before-rename" and "before-latest". */
+zo_status offload_save(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
+                       offload_weights_writer writer, void *writer_user);
+
+/* Load the checkpoint DIR/latest names (or DIR itself when it holds a
+ * state.json): master, moments, step, loss scale; the 16-bit store is rebuilt
+ * from the master. meta (may be NULL) receives the caller's counters. */
+zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta);
+
+#endif

