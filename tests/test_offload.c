@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/units.h"      /* defines: zo_format_bytes */
 #include "examples/trainer.h"  /* defines: tf_offload_model, tf_model */
 #include "model/safetensors.h" /* defines: model_save */
 #include "offload/offload.h"   /* defines: offload_init, offload_micro_batch, offload_step */
@@ -64,12 +65,13 @@ static zo_model_config tiny_llama(int layers, int hidden, int vocab)
     return c;
 }
 
-/* Tokens of micro-batch `k`: a fixed pseudo-random text with some structure
- * (so the loss falls), rows b x t. */
+/* Tokens of micro-batch `k`: rows b x t of a pseudo-random text with some
+ * structure (so the loss falls). Row r is global row k*b + r, so k
+ * micro-batches of b rows hold the rows of one batch of k*b. */
 static void make_batch(int vocab, int b, int t, int64_t k, int32_t *in, int32_t *tg)
 {
     for (int r = 0; r < b; r++) {
-        uint64_t s = (uint64_t)(k * 131 + r * 7 + 1) * 0x9e3779b97f4a7c15ull;
+        uint64_t s = (uint64_t)(k * b + r + 1) * 0x9e3779b97f4a7c15ull;
         int32_t prev = (int32_t)(s >> 40) % vocab;
         for (int j = 0; j <= t; j++) {
             s = s * 6364136223846793005ull + 1442695040888963407ull;
@@ -208,7 +210,7 @@ out_model:
 static void print_losses(const char *name, const run *r)
 {
     printf("  %-28s", name);
-    for (int k = 0; k < r->steps; k += 4) printf(" %.6f", r->loss[k]);
+    for (int k = 0; k < r->steps; k += r->steps > 8 ? 4 : 1) printf(" %.6f", r->loss[k]);
     printf("\n");
 }
 
@@ -264,7 +266,7 @@ static void reference_run(run *r)
 static void test_trains(void **state)
 {
     (void)state;
-    run r = {.cfg = tiny_gpt(2, 64, 128), .dt = ZO_DTYPE_F32, .B = 2, .T = 16, .steps = 20};
+    run r = {.cfg = tiny_gpt(2, 64, 64), .dt = ZO_DTYPE_F32, .B = 4, .T = 32, .steps = 20};
     base_config(&r.oc);
     assert_int_equal(do_run(&r), ZO_OK);
     run ref = r;
@@ -280,12 +282,125 @@ static void test_trains(void **state)
     assert_true(r.loss[r.steps - 1] < r.loss[0] - 0.2f);
 }
 
+/* The data path does not change the arithmetic: bit-identical losses. */
+static void test_bit_identical(void **state)
+{
+    (void)state;
+    zo_model_config cfgs[2] = {tiny_llama(3, 64, 128), tiny_gpt(3, 64, 128)};
+    zo_dtype dts[2] = {ZO_DTYPE_BF16, ZO_DTYPE_F16};
+    for (int c = 0; c < 2; c++) {
+        run base = {.cfg = cfgs[c], .dt = dts[c], .B = 2, .T = 16, .steps = 20};
+        base_config(&base.oc);
+        base.oc.sub_group = 3000; /* sub-groups cross block boundaries */
+        run ref = base;
+        assert_int_equal(do_run(&ref), ZO_OK);
+        print_losses(c ? "gpt fp16 resident" : "llama bf16 resident", &ref);
+        struct {
+            const char *name;
+            offload_tier params;
+            double nvme;
+            int prefetch, recompute;
+            offload_tier ckpt;
+        } v[] = {
+            {"streamed cpu, prefetch 0", OFFLOAD_CPU, 0, 0, 0, OFFLOAD_DEVICE},
+            {"streamed cpu, prefetch 1", OFFLOAD_CPU, 0, 1, 0, OFFLOAD_DEVICE},
+            {"streamed cpu, prefetch 2", OFFLOAD_CPU, 0, 2, 1, OFFLOAD_CPU},
+            {"streamed, optimizer nvme", OFFLOAD_CPU, 1.0, 2, 0, OFFLOAD_DEVICE},
+            {"streamed, cpu/nvme split", OFFLOAD_CPU, 0.4, 1, 1, OFFLOAD_DEVICE},
+            {"weights and optimizer nvme", OFFLOAD_NVME, 0.5, 2, 1, OFFLOAD_CPU},
+            {"resident, recompute", OFFLOAD_DEVICE, 0, 0, 1, OFFLOAD_CPU},
+        };
+        for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+            run r = base;
+            r.oc.params_on = v[i].params;
+            r.oc.opt_frac[OFFLOAD_CPU] = 1.0 - v[i].nvme;
+            r.oc.opt_frac[OFFLOAD_NVME] = v[i].nvme;
+            r.oc.prefetch_depth = v[i].prefetch;
+            r.oc.recompute = v[i].recompute;
+            r.oc.checkpoints_on = v[i].ckpt;
+            zo_status st = do_run(&r);
+            if (st == ZO_ERR_UNSUPPORTED) {
+                printf("  %-28s skipped: %s\n", v[i].name, zo_last_error());
+                continue;
+            }
+            assert_int_equal(st, ZO_OK);
+            print_losses(v[i].name, &r);
+            assert_same_losses(v[i].name, &ref, &r);
+        }
+    }
+}
+
+/* A model whose 16-bit weights are over 3x the device memory trains in it. */
+static void test_larger_than_device(void **state)
+{
+    (void)state;
+    run r = {.cfg = tiny_llama(32, 128, 256), .dt = ZO_DTYPE_BF16, .B = 2, .T = 32, .steps = 3};
+    base_config(&r.oc);
+    r.oc.params_on = OFFLOAD_CPU;
+    r.oc.prefetch_depth = 2;
+    r.oc.recompute = 1;
+    r.oc.checkpoints_on = OFFLOAD_CPU;
+    uint64_t weights = zo_model_params(&r.cfg) * 2;
+    r.capacity = weights / 3;
+    assert_int_equal(do_run(&r), ZO_OK);
+    char a[32], b[32], c[32];
+    printf("  weights %s, device capacity %s, device peak %s\n", zo_format_bytes(weights, a, sizeof a),
+           zo_format_bytes(r.capacity, b, sizeof b),
+           zo_format_bytes(r.stats.peak[OFFLOAD_DEVICE], c, sizeof c));
+    print_losses("32 layers streamed", &r);
+    assert_true(weights >= 3 * r.capacity);
+    assert_true(r.stats.peak[OFFLOAD_DEVICE] <= r.capacity);
+    for (int k = 0; k < r.steps; k++) assert_true(isfinite(r.loss[k]) && r.loss[k] < 6.0f);
+    /* the weights alone do not fit resident */
+    gpu_device_t dev;
+    gpu_cpu_options dopt = {.capacity = r.capacity, .n_threads = THREADS};
+    assert_int_equal(gpu_device_init_cpu(&dopt, &dev), ZO_OK);
+    void *p;
+    assert_int_equal(gpu_mem_alloc(dev, weights, &p), ZO_ERR_CAPACITY);
+    gpu_device_free(dev);
+}
+
+/* k micro-batches of b rows = one batch of k*b rows, within fp32 rounding. */
+static void test_grad_accum(void **state)
+{
+    (void)state;
+    static float g1[1 << 20], g4[1 << 20];
+    run one = {.cfg = tiny_gpt(2, 64, 128), .dt = ZO_DTYPE_F32, .B = 4, .T = 16, .steps = 4,
+               .final_grad = g1};
+    base_config(&one.oc);
+    run acc = one;
+    acc.B = 1;
+    acc.oc.grad_accum = 4;
+    acc.oc.params_on = OFFLOAD_CPU;
+    acc.final_grad = g4;
+    assert_int_equal(do_run(&one), ZO_OK);
+    assert_int_equal(do_run(&acc), ZO_OK);
+    print_losses("batch 4", &one);
+    print_losses("4 micro-batches of 1", &acc);
+    assert_int_equal(one.final_grad_n, acc.final_grad_n);
+    double maxabs = 0, maxdiff = 0;
+    for (size_t i = 0; i < one.final_grad_n; i++) {
+        double a = g1[i], b = g4[i] / 4.0; /* the sum of 4 means, against the mean */
+        if (fabs(a) > maxabs) maxabs = fabs(a);
+        if (fabs(a - b) > maxdiff) maxdiff = fabs(a - b);
+    }
+    printf("  gradient max |g| %.3g, max difference %.3g\n", maxabs, maxdiff);
+    assert_true(maxdiff <= 1e-5 * maxabs + 1e-9);
+    for (int k = 0; k < one.steps; k++) {
+        assert_true(fabsf(one.loss[k] - acc.loss[k]) < 1e-4f * one.loss[k]);
+        assert_true(fabsf(one.info[k].grad_norm - acc.info[k].grad_norm) < 1e-4f * one.info[k].grad_norm);
+    }
+}
+
 int main(void)
 {
     snprintf(nvme_dir, sizeof nvme_dir, "/tmp/zo_test_offload_%d", (int)getpid());
     mkdir(nvme_dir, 0755);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_trains),
+        cmocka_unit_test(test_bit_identical),
+        cmocka_unit_test(test_larger_than_device),
+        cmocka_unit_test(test_grad_accum),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     rmdir(nvme_dir);
