@@ -238,6 +238,16 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
     }
 }
 
+void plan_stage_shape(const zo_model_config *m, const plan_train *t, int stage,
+                      uint64_t *params, uint64_t *largest, int *layers)
+{
+    stage_shape sh;
+    stage_params(m, t, stage, &sh);
+    *params = sh.params;
+    *largest = sh.largest;
+    *layers = sh.layers;
+}
+
 static uint64_t frac_of(uint64_t total, double f) { return (uint64_t)llround((double)total * f); }
 
 static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, const plan_train *t,

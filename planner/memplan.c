@@ -16,6 +16,7 @@
 
 #include "common/model_config.h"
 #include "common/units.h"
+#include "planner/cost.h"
 #include "planner/hardware.h"
 #include "planner/memory.h"
 #include "planner/report.h"
@@ -55,7 +56,8 @@ static const char usage_estimate[] =
     "training:\n"
     "  --seq N                 sequence length (default: the model's positions)\n"
     "  --micro-batch N         sequences per micro-batch (default 1)\n"
-    "  --grad-accum N          micro-batches per step (default 1)\n"
+    "  --grad-accum N          micro-batches per step per data-parallel rank (default 1)\n"
+    "  --global-batch N        sequences per step: sets --grad-accum = N / (micro-batch x DP)\n"
     "  --dtype fp16|bf16|fp32  weights and activations (default bf16)\n"
     "  --grad-dtype DTYPE      gradients (default: --dtype; fp32 = Megatron's 18 B/param)\n"
     "  --optim adamw|sgd       AdamW: fp32 master + m + v (12 B/param); SGD: master + momentum\n"
@@ -91,7 +93,7 @@ enum {
     OPT_PP, OPT_SP, OPT_VPP, OPT_ZERO, OPT_RECOMPUTE, OPT_NO_FLASH, OPT_DROPOUT, OPT_NO_DROPOUT,
     OPT_GRADS, OPT_OPTIMIZER, OPT_CHECKPOINTS, OPT_CUDA_CONTEXT, OPT_CUBLAS_WS, OPT_COMM_BUCKET,
     OPT_COMM_BUCKETS, OPT_PREFETCH, OPT_PINNED, OPT_FRAG, OPT_SUB_GROUP, OPT_SWAP_BUFFERS,
-    OPT_JSON, OPT_HELP,
+    OPT_JSON, OPT_GLOBAL_BATCH, OPT_SVG, OPT_HELP,
 };
 
 static const struct option estimate_opts[] = {
@@ -139,6 +141,8 @@ static const struct option estimate_opts[] = {
     {"sub-group", required_argument, 0, OPT_SUB_GROUP},
     {"swap-buffers", required_argument, 0, OPT_SWAP_BUFFERS},
     {"json", no_argument, 0, OPT_JSON},
+    {"global-batch", required_argument, 0, OPT_GLOBAL_BATCH},
+    {"svg", required_argument, 0, OPT_SVG},
     {"help", no_argument, 0, OPT_HELP},
     {0, 0, 0, 0},
 };
@@ -265,7 +269,8 @@ static int cmd_estimate(int argc, char **argv)
 {
     const char *model = NULL, *hw_name = "h100-80gb";
     uint64_t params_n = 0, gpu_mem = 0, cpu_mem = 0, nvme = 0;
-    long gpus = 0, gpus_per_node = 0, seq = 0, v;
+    long gpus = 0, gpus_per_node = 0, seq = 0, global_batch = 0, v;
+    const char *svg_path = NULL; /* drawn by plan_svg below */
     shape_flags sf = {0};
     int json = 0, dtype_set = 0, grad_dtype_set = 0, grads_set = 0, dropout = -1;
     plan_train t;
@@ -346,6 +351,8 @@ static int cmd_estimate(int argc, char **argv)
         case OPT_SUB_GROUP: st = zo_parse_count(optarg, "--sub-group", &f.buf.sub_group); break;
         case OPT_SWAP_BUFFERS: st = zo_parse_int(optarg, "--swap-buffers", 1, 64, &v); f.buf.swap_buffers = (int)v; break;
         case OPT_JSON: json = 1; break;
+        case OPT_GLOBAL_BATCH: st = zo_parse_int(optarg, "--global-batch", 1, 1 << 30, &global_batch); break;
+        case OPT_SVG: svg_path = optarg; break;
         case OPT_HELP: fputs(usage_estimate, stdout); return 0;
         case ':':
             fprintf(stderr, "memplan: %s needs a value (see 'memplan estimate --help')\n",
@@ -417,8 +424,26 @@ static int cmd_estimate(int argc, char **argv)
     if (seen[OPT_SUB_GROUP]) t.buf.sub_group = f.buf.sub_group;
     if (seen[OPT_SWAP_BUFFERS]) t.buf.swap_buffers = f.buf.swap_buffers;
 
+    if (global_batch) {
+        long per = (long)t.micro_batch * t.dp;
+        if (seen[OPT_GRAD_ACCUM]) {
+            zo_error(ZO_ERR_INVALID, "--global-batch and --grad-accum exclude each other");
+            return fail();
+        }
+        if (global_batch % per) {
+            zo_error(ZO_ERR_INVALID,
+                     "--global-batch %ld is not a multiple of --micro-batch %d x DP %d = %ld",
+                     global_batch, t.micro_batch, t.dp, per);
+            return fail();
+        }
+        t.grad_accum = (int)(global_batch / per);
+    }
+
+    (void)svg_path;
     plan_estimate e;
+    plan_time pt;
     if ((st = plan_estimate_run(&m, &hw, &t, &e)) != ZO_OK) return fail();
+    if ((st = plan_time_run(&m, &hw, &t, &e, &pt)) != ZO_OK) return fail();
     char flags[256];
     int found = 0;
     plan_train better;
@@ -426,7 +451,7 @@ static int cmd_estimate(int argc, char **argv)
         return fail();
     const char *suggestion = found ? flags : NULL;
     if (json) {
-        cJSON *doc = plan_report_json(&m, &hw, &t, &e, suggestion);
+        cJSON *doc = plan_report_json(&m, &hw, &t, &e, &pt, suggestion);
         char *text = cJSON_Print(doc);
         if (!text) {
             cJSON_Delete(doc);
@@ -437,7 +462,7 @@ static int cmd_estimate(int argc, char **argv)
         free(text);
         cJSON_Delete(doc);
     } else {
-        plan_report_table(stdout, &m, &hw, &t, &e, suggestion);
+        plan_report_table(stdout, &m, &hw, &t, &e, &pt, suggestion);
     }
     return e.fits ? 0 : EXIT_NOFIT;
 }
