@@ -302,6 +302,16 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
                  big;
     }
 
+    /* activation checkpoints in host memory: written during the forward and
+     * read back during the backward of every micro-batch, hidden behind them */
+    if (t->checkpoints_on == PLAN_CPU && e->activations_known) {
+        double ck = n_mb * (double)e->act_layer * ((double)m->n_layers / t->pp) / pcie;
+        o->h2d_total += ck;
+        o->d2h_total += ck;
+        o->h2d += dmax(ck - bwd_window, 0);
+        o->d2h += dmax(ck - n_mb * mb->fwd, 0);
+    }
+
     /* gradients to the host: this rank's partition every micro-batch (fp32
      * accumulation on the host when there are several), hidden behind backward */
     double g_elems = t->zero >= 2 ? P / t->dp : P;
@@ -310,8 +320,8 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
         double host_bw = hw->cpu_mem_bw * HOST_BW_EFF / rpn;
         double accum = n_mb > 1 ? n_mb * g_elems * (4 + 4 + gsz) / host_bw : 0;
         double s = dmax(copy, accum);
-        o->d2h_total = s;
-        o->d2h = dmax(s - bwd_window, 0) + (double)e->largest_block * gsz / pcie;
+        o->d2h_total += s;
+        o->d2h += dmax(s - bwd_window, 0) + (double)e->largest_block * gsz / pcie;
     }
 
     /* the optimizer: on the GPU over its fraction: unscale and inf check
