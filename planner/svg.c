@@ -74,7 +74,7 @@ char *plan_svg(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
     for (int i = 0; i < PLAN_TIERS; i++)
         if (i == PLAN_GPU || e->total[i] > 0) tiers[n_tiers++] = i;
     int y_time = 110 + n_tiers * 70;
-    int height = y_time + (pt ? 190 : 20);
+    int height = y_time + (pt ? 150 : 20);
 
     put(&o, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     put(&o, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
@@ -136,8 +136,10 @@ char *plan_svg(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
     if (pt && pt->step > 0) {
         put(&o, "<text x=\"20\" y=\"%d\" font-weight=\"bold\">step %.3f s</text>\n", y_time + 20,
             pt->step);
-        put(&o, "<text x=\"20\" y=\"%d\">%.4g tokens/s, MFU %.1f%%</text>\n", y_time + 38,
-            pt->tokens_per_s, 100 * pt->mfu);
+        put(&o, "<text x=\"20\" y=\"%d\" font-size=\"12\">%.4g tokens/s</text>\n", y_time + 40,
+            pt->tokens_per_s);
+        put(&o, "<text x=\"20\" y=\"%d\" font-size=\"12\">MFU %.1f%%</text>\n", y_time + 56,
+            100 * pt->mfu);
         double scale = BAR_W / pt->step, x = BAR_X;
         for (int i = 0; i < PLAN_TIME_PARTS; i++) {
             double v = plan_time_part(pt, i), w = v * scale;
