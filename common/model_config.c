@@ -307,7 +307,17 @@ static zo_status parse_llama(const cJSON *root, const char *path, const char *ty
     OPTIONAL(get_float(root, path, "rms_norm_eps", &c->norm_eps));
     OPTIONAL(get_float(root, path, "rope_theta", &c->rope_theta));
     OPTIONAL(get_bool(root, path, "tie_word_embeddings", &c->tied_embeddings));
-    OPTIONAL(get_bool(root, path, "attention_bias", &c->attn_bias));
+    int attention_bias = 0;
+    OPTIONAL(get_bool(root, path, "attention_bias", &attention_bias));
+    if (attention_bias) {
+        /* LLaMA's attention_bias puts biases on q, k, v and o; only Qwen2's
+         * q/k/v-only biases are modelled */
+        st = zo_error(ZO_ERR_UNSUPPORTED,
+                      "%s: field \"attention_bias\": biases on the q/k/v/o projections are not "
+                      "supported",
+                      path);
+        goto out;
+    }
     int mlp_bias = 0;
     OPTIONAL(get_bool(root, path, "mlp_bias", &mlp_bias));
     if (mlp_bias)

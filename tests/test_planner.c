@@ -117,6 +117,11 @@ static void test_config_errors(void **state)
                         "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"vocab_size\": 100}";
     assert_int_equal(zo_model_config_parse(other, "y.json", &c), ZO_OK);
     assert_int_equal(c.arch, ZO_ARCH_LLAMA);
+    const char *obias = "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
+                        "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"vocab_size\": 100, "
+                        "\"attention_bias\": true}";
+    assert_int_equal(zo_model_config_parse(obias, "b.json", &c), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "attention_bias"));
     assert_int_equal(zo_model_config_load("/nonexistent/config.json", &c), ZO_ERR_IO);
     assert_non_null(strstr(zo_last_error(), "/nonexistent/config.json"));
 }
