@@ -39,7 +39,7 @@ typedef struct plan_hw {
     double net_lat;          /* seconds per step of a collective across nodes */
     double cpu_adam_rate;    /* AdamW parameters/s per node on the CPU; 0: from cpu_mem_bw */
     int measured;            /* 1: a profile written by `memplan calibrate` */
-    char note[96];           /* what a profile could not measure (e.g. "no GPU") */
+    char note[160];          /* what a profile could not measure (e.g. "no GPU") */
 } plan_hw;
 
 typedef struct plan_hw_preset {

@@ -18,6 +18,7 @@
 
 #include "common/model_config.h"
 #include "common/units.h"
+#include "planner/calibrate.h"
 #include "planner/cost.h"
 #include "planner/hardware.h"
 #include "planner/memory.h"
@@ -40,6 +41,7 @@ static const char usage_main[] =
     "              the predicted step time by part\n"
     "  plan        search layouts, ZeRO stages, recompute and placements; the best few\n"
     "  max-model   the largest model of a family that trains on the hardware, per strategy\n"
+    "  calibrate   measure this machine; write a hardware profile for --hw FILE\n"
     "  models      list the model presets with their shapes and parameter counts\n"
     "  hardware    list the hardware presets\n"
     "  help        this text; 'memplan estimate --help' for the estimate's options\n"
@@ -994,6 +996,81 @@ static int cmd_max_model(int argc, char **argv)
     return 0;
 }
 
+/* ---- memplan calibrate ----------------------------------------------------------- */
+
+static const char usage_calibrate[] =
+    "usage: memplan calibrate [--out FILE] [--base PRESET] [--nvme-dir DIR] [--threads N]\n"
+    "                         [--adam-params N] [--seconds S]\n"
+    "\n"
+    "Measure this machine and write a hardware profile (JSON) that '--hw FILE' reads:\n"
+    "CPU memory size and cores, memory bandwidth (a triad), CPU AdamW parameters/s\n"
+    "(cpu_adam), and the free space of --nvme-dir. What cannot be measured here (the GPU,\n"
+    "PCIe, NVMe rates) comes from --base (default h100-80gb); the profile's \"note\" says\n"
+    "which. Default output: stdout.\n";
+
+static int cmd_calibrate(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"out", required_argument, 0, 'o'},      {"base", required_argument, 0, 'b'},
+        {"nvme-dir", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
+        {"adam-params", required_argument, 0, 'a'}, {"seconds", required_argument, 0, 's'},
+        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0},
+    };
+    plan_calibrate_opts o;
+    plan_calibrate_defaults(&o);
+    const char *out = NULL;
+    zo_status st = ZO_OK;
+    long v;
+    uint64_t n;
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
+        switch (c) {
+        case 'o': out = optarg; break;
+        case 'b': o.base = optarg; break;
+        case 'n': o.nvme_dir = optarg; break;
+        case 't': st = zo_parse_int(optarg, "--threads", 1, 4096, &v); o.threads = (int)v; break;
+        case 'a': st = zo_parse_count(optarg, "--adam-params", &n); o.adam_params = (size_t)n; break;
+        case 's': st = zo_parse_double(optarg, "--seconds", 0.01, 600, &o.seconds); break;
+        case 'h': fputs(usage_calibrate, stdout); return 0;
+        case ':':
+            fprintf(stderr, "memplan: %s needs a value (see 'memplan calibrate --help')\n", argv[optind - 1]);
+            return EXIT_BADINPUT;
+        default:
+            fprintf(stderr, "memplan: unknown option '%s' (see 'memplan calibrate --help')\n", argv[optind - 1]);
+            return EXIT_BADINPUT;
+        }
+        if (st) return fail();
+    }
+    if (optind < argc) {
+        zo_error(ZO_ERR_INVALID, "calibrate: unexpected argument '%s'", argv[optind]);
+        return fail();
+    }
+    plan_hw hw;
+    if ((st = plan_calibrate_run(&o, &hw)) != ZO_OK) return fail();
+    cJSON *doc = plan_hw_json(&hw);
+    if (out) {
+        st = write_json(out, doc);
+        cJSON_Delete(doc);
+        if (st) return fail();
+        fprintf(stderr, "memplan: profile written to %s: CPU AdamW %.3g params/s, memory %.3g GB/s, "
+                        "%.1f GiB RAM, %d cores (%s)\n",
+                out, hw.cpu_adam_rate, hw.cpu_mem_bw / 1e9, (double)hw.cpu_mem / (1 << 30),
+                hw.cpu_cores, hw.note);
+        return 0;
+    }
+    char *text = doc ? cJSON_Print(doc) : NULL;
+    cJSON_Delete(doc);
+    if (!text) {
+        fprintf(stderr, "memplan: out of memory printing JSON\n");
+        return EXIT_BADINPUT;
+    }
+    puts(text);
+    free(text);
+    return 0;
+}
+
 static int cmd_models(void)
 {
     size_t n;
@@ -1043,9 +1120,10 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "estimate")) return cmd_estimate(argc - 1, argv + 1);
     if (!strcmp(cmd, "plan")) return cmd_plan(argc - 1, argv + 1);
     if (!strcmp(cmd, "max-model")) return cmd_max_model(argc - 1, argv + 1);
+    if (!strcmp(cmd, "calibrate")) return cmd_calibrate(argc - 1, argv + 1);
     if (!strcmp(cmd, "models")) return cmd_models();
     if (!strcmp(cmd, "hardware")) return cmd_hardware();
-    fprintf(stderr, "memplan: unknown command '%s' (commands: estimate, plan, max-model, models, hardware; see "
+    fprintf(stderr, "memplan: unknown command '%s' (commands: estimate, plan, max-model, calibrate, models, hardware; see "
                     "'memplan --help')\n", cmd);
     return EXIT_BADINPUT;
 }
