@@ -38,7 +38,33 @@ struct nvme_store {
     uint64_t end;        /* first free address */
     store_tensor *t;
     size_t nt, cap;
+    int *htab;           /* open-addressing index of names: tensor id or -1 */
+    size_t hcap;         /* power of two, at least twice nt */
 };
+
+/* Slot of `name` in a table of ids (-1 = empty) whose names come from `t`:
+ * the slot holding it, or the empty slot where it belongs. */
+static size_t name_slot(const int *tab, size_t cap, const store_tensor *t, const char *name)
+{
+    size_t h = (size_t)XXH3_64bits(name, strlen(name)) & (cap - 1);
+    while (tab[h] >= 0 && strcmp(t[tab[h]].name, name) != 0) h = (h + 1) & (cap - 1);
+    return h;
+}
+
+static zo_status index_grow(nvme_store_t *s, size_t want)
+{
+    if (2 * want <= s->hcap) return ZO_OK;
+    size_t cap = 64;
+    while (cap < 2 * want) cap *= 2;
+    int *tab = malloc(cap * sizeof *tab);
+    if (!tab) return zo_error(ZO_ERR_NOMEM, "swap store: out of memory for the name index");
+    for (size_t i = 0; i < cap; i++) tab[i] = -1;
+    for (size_t i = 0; i < s->nt; i++) tab[name_slot(tab, cap, s->t, s->t[i].name)] = (int)i;
+    free(s->htab);
+    s->htab = tab;
+    s->hcap = cap;
+    return ZO_OK;
+}
 
 static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -125,6 +151,7 @@ void nvme_store_free(nvme_store_t *s)
     }
     for (size_t i = 0; i < s->nt; i++) free(s->t[i].sums);
     free(s->t);
+    free(s->htab);
     free(s->fids);
     free(s->paths);
     free(s->dirs);
@@ -204,21 +231,11 @@ zo_status nvme_store_add(nvme_store_t *s, size_t n, const char *const *names,
         if (!names[i] || strlen(names[i]) >= sizeof s->t[0].name)
             return zo_error(ZO_ERR_INVALID, "nvme_store_add: tensor name %zu missing or longer "
                             "than 127 bytes", i);
-        int dup;
-        if (nvme_store_find(s, names[i], &dup) == ZO_OK)
-            return zo_error(ZO_ERR_INVALID, "nvme_store_add: tensor %s already exists", names[i]);
-        for (size_t j = 0; j < i; j++)
-            if (!strcmp(names[i], names[j]))
-                return zo_error(ZO_ERR_INVALID, "nvme_store_add: tensor %s named twice",
-                                names[i]);
         if (nbytes[i] == 0)
             return zo_error(ZO_ERR_INVALID, "nvme_store_add: tensor %s has 0 bytes", names[i]);
         end = align_up(end, NVME_ALIGN) + nbytes[i];
     }
-    end = align_up(end, NVME_ALIGN);
-    zo_clear_error();
-    zo_status st = check_capacity(s, end);
-    if (st != ZO_OK) return st;
+    zo_status st;
     if (s->nt + n > s->cap) {
         size_t cap = s->cap ? s->cap : 16;
         while (cap < s->nt + n) cap *= 2;
@@ -227,37 +244,65 @@ zo_status nvme_store_add(nvme_store_t *s, size_t n, const char *const *names,
         s->t = t;
         s->cap = cap;
     }
+    if ((st = index_grow(s, s->nt + n)) != ZO_OK) return st;
+    /* Names: unique among the store's and the batch's (the batch is entered in
+     * the index tentatively and taken out again on any failure). */
+    size_t entered = 0;
+    for (; entered < n; entered++) {
+        store_tensor *t = &s->t[s->nt + entered];
+        snprintf(t->name, sizeof t->name, "%s", names[entered]);
+        size_t h = name_slot(s->htab, s->hcap, s->t, t->name);
+        if (s->htab[h] >= 0) {
+            st = zo_error(ZO_ERR_INVALID, "nvme_store_add: tensor %s already exists", t->name);
+            goto out_unindex;
+        }
+        s->htab[h] = (int)(s->nt + entered);
+    }
+    end = align_up(end, NVME_ALIGN);
+    if ((st = check_capacity(s, end)) != ZO_OK) goto out_unindex;
     for (int k = 0; k < s->nfiles; k++) {
         uint64_t need = file_bytes_for(s, k, end);
         if (need <= s->file_len[k]) continue;
         if (s->preallocate) {
             st = nvme_file_allocate(s->e, s->fids[k], need);
-            if (st != ZO_OK) return zo_error_wrap(st, "swap store: reserving space");
+            if (st != ZO_OK) {
+                zo_error_wrap(st, "swap store: reserving space");
+                goto out_unindex;
+            }
         }
         s->file_len[k] = need;
     }
     uint64_t addr = s->end;
     for (size_t i = 0; i < n; i++) {
         store_tensor *t = &s->t[s->nt];
-        memset(t, 0, sizeof *t);
-        snprintf(t->name, sizeof t->name, "%s", names[i]);
         t->start = align_up(addr, NVME_ALIGN);
         t->nbytes = nbytes[i];
         t->nblocks = (nbytes[i] + s->cblock - 1) / s->cblock;
+        t->sums = NULL;
+        t->valid = 0;
+        t->busy = 0;
         addr = t->start + nbytes[i];
         ids[i] = (int)s->nt++;
     }
     s->end = end;
     return ZO_OK;
+
+out_unindex:
+    /* Rebuild the index without the batch (linear probing has no delete). */
+    for (size_t i = 0; i < s->hcap; i++) s->htab[i] = -1;
+    for (size_t i = 0; i < s->nt; i++) s->htab[name_slot(s->htab, s->hcap, s->t, s->t[i].name)] = (int)i;
+    return st;
 }
 
 zo_status nvme_store_find(const nvme_store_t *s, const char *name, int *id)
 {
-    for (size_t i = 0; i < s->nt; i++)
-        if (!strcmp(s->t[i].name, name)) {
-            *id = (int)i;
+    if (s->hcap) {
+        size_t h = name_slot(s->htab, s->hcap, s->t, name);
+        if (s->htab[h] >= 0) {
+            *id = s->htab[h];
             return ZO_OK;
         }
+    }
     return zo_error(ZO_ERR_NOT_FOUND, "swap store: no tensor named %s", name);
 }
 
