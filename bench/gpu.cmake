@@ -1,0 +1,5 @@
+# bench_gpu: GEMM throughput of the CPU device backend on transformer shapes,
+# against a naive triple loop measured in the same run, and one training
+# step of a small GPT-2 on the device interface.
+add_executable(bench_gpu ${CMAKE_CURRENT_SOURCE_DIR}/bench_gpu.c)
+target_link_libraries(bench_gpu PRIVATE zo_bench_harness zo_gpu zo_transformer)

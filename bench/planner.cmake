@@ -1,0 +1,2 @@
+add_executable(bench_planner bench_planner.c)
+target_link_libraries(bench_planner PRIVATE zo_bench_harness zo_planner)

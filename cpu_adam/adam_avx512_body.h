@@ -1,0 +1,240 @@
+/* The AVX-512 kernels, written once and compiled twice: adam_avx512.c
+ * (F/BW/VL, bf16 rounded with integer operations) and adam_avx512_bf16.c
+ * (adds AVX512-BF16's vcvtneps2bf16). Each including file sets its target
+ * pragma and defines:
+ *   ADAM_AVX512_NATIVE_BF16  0 or 1
+ *   ADAM_AVX512_UPDATE       the name of the update kernel
+ *   ADAM_AVX512_SUMSQ        the name of the sum-of-squares kernel, if any
+ * Only cpu_adam.c calls these, and only after cpuid said the CPU has the ISA. */
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "adam_kernels.h" /* adam_consts, adam_step_elem order */
+
+#define ADAM_INLINE static inline __attribute__((always_inline))
+
+enum { OUT_NONE = 0, OUT_F16, OUT_BF16 };
+
+/* Broadcast step constants. */
+typedef struct avx512_k {
+    __m512 gm, b1, omb1, b2, omb2, eps, l2, lr_wd, step, ibc2;
+} avx512_k;
+
+/* 16 gradients from element i of g, as fp32 (lanes outside k are 0). */
+ADAM_INLINE __m512 avx512_load_grad(const void *g, size_t i, const zo_dtype gd, __mmask16 k,
+                                    const int masked)
+{
+    if (gd == ZO_DTYPE_F32) {
+        const float *s = (const float *)g + i;
+        return masked ? _mm512_maskz_loadu_ps(k, s) : _mm512_loadu_ps(s);
+    }
+    const uint16_t *s = (const uint16_t *)g + i;
+    __m256i h = masked ? _mm256_maskz_loadu_epi16(k, s) : _mm256_loadu_si256((const __m256i *)s);
+    if (gd == ZO_DTYPE_F16) return _mm512_cvtph_ps(h); /* exact */
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); /* bf16: exact */
+}
+
+/* bf16 round to nearest even with integer operations, as zo_f32_to_bf16:
+ * nan keeps its sign and becomes quiet, everything else rounds (32 -> 16 bits
+ * per lane, in the low half). */
+ADAM_INLINE __m512i avx512_bf16_round(__m512 x)
+{
+    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
+    __m512i u = _mm512_castps_si512(x);
+    __m512i hi = _mm512_srli_epi32(u, 16);
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(hi, one))), 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    return _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
+}
+
+/* 16 fp32 -> 16 bf16, round to nearest even, bit-identical with
+ * zo_f32_to_bf16. */
+ADAM_INLINE __m256i avx512_to_bf16(__m512 x)
+{
+#if ADAM_AVX512_NATIVE_BF16
+    /* vcvtneps2bf16 rounds to nearest even and quiets nan like the reference,
+     * but flushes fp32 subnormal inputs to zero; redo those lanes (rare). */
+    __m256i h = (__m256i)_mm512_cvtneps_pbh(x);
+    __m512i u = _mm512_castps_si512(x);
+    __mmask16 sub = _mm512_mask_test_epi32_mask(
+        _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000)), u,
+        _mm512_set1_epi32(0x007fffff));
+    if (__builtin_expect(sub != 0, 0))
+        h = _mm256_mask_blend_epi16(sub, h, _mm512_cvtepi32_epi16(avx512_bf16_round(x)));
+    return h;
+#else
+    return _mm512_cvtepi32_epi16(avx512_bf16_round(x));
+#endif
+}
+
+/* Elements [i, i + 16) (lanes in k when masked): the sequence of
+ * adam_step_elem, lane by lane. nt: write the 16-bit copy with a
+ * non-temporal store (32-byte aligned, unmasked only). */
+ADAM_INLINE void avx512_span(const avx512_k *K, size_t i, __mmask16 k, const int masked,
+                             float *restrict p, const void *restrict g, const zo_dtype gd,
+                             float *restrict m, float *restrict v, void *restrict out,
+                             const int od, const int l2, const int nt)
+{
+    __m512 pp = masked ? _mm512_maskz_loadu_ps(k, p + i) : _mm512_loadu_ps(p + i);
+    __m512 mm = masked ? _mm512_maskz_loadu_ps(k, m + i) : _mm512_loadu_ps(m + i);
+    __m512 vv = masked ? _mm512_maskz_loadu_ps(k, v + i) : _mm512_loadu_ps(v + i);
+    __m512 gg = avx512_load_grad(g, i, gd, k, masked);
+
+    gg = _mm512_mul_ps(gg, K->gm);
+    if (l2) gg = _mm512_add_ps(gg, _mm512_mul_ps(K->l2, pp));
+    mm = _mm512_add_ps(_mm512_mul_ps(K->b1, mm), _mm512_mul_ps(K->omb1, gg));
+    vv = _mm512_add_ps(_mm512_mul_ps(K->b2, vv), _mm512_mul_ps(K->omb2, _mm512_mul_ps(gg, gg)));
+    __m512 d = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(vv), K->ibc2), K->eps);
+    if (!l2) pp = _mm512_sub_ps(pp, _mm512_mul_ps(K->lr_wd, pp));
+    pp = _mm512_sub_ps(pp, _mm512_mul_ps(K->step, _mm512_div_ps(mm, d)));
+
+    if (masked) {
+        _mm512_mask_storeu_ps(p + i, k, pp);
+        _mm512_mask_storeu_ps(m + i, k, mm);
+        _mm512_mask_storeu_ps(v + i, k, vv);
+    } else {
+        _mm512_storeu_ps(p + i, pp);
+        _mm512_storeu_ps(m + i, mm);
+        _mm512_storeu_ps(v + i, vv);
+    }
+    if (od != OUT_NONE) {
+        __m256i h = od == OUT_F16 ? _mm512_cvtps_ph(pp, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+                                  : avx512_to_bf16(pp);
+        uint16_t *o = (uint16_t *)out + i;
+        if (masked) _mm256_mask_storeu_epi16(o, k, h);
+        else if (nt) _mm256_stream_si256((__m256i *)o, h);
+        else _mm256_storeu_si256((__m256i *)o, h);
+    }
+}
+
+ADAM_INLINE void avx512_update_t(const adam_consts *c, size_t n, float *restrict p,
+                                 const void *restrict g, const zo_dtype gd, float *restrict m,
+                                 float *restrict v, void *restrict out, const int od,
+                                 const int l2)
+{
+    avx512_k K = {
+        .gm = _mm512_set1_ps(c->grad_mult),
+        .b1 = _mm512_set1_ps(c->beta1),
+        .omb1 = _mm512_set1_ps(c->omb1),
+        .b2 = _mm512_set1_ps(c->beta2),
+        .omb2 = _mm512_set1_ps(c->omb2),
+        .eps = _mm512_set1_ps(c->eps),
+        .l2 = _mm512_set1_ps(c->l2),
+        .lr_wd = _mm512_set1_ps(c->lr_wd),
+        .step = _mm512_set1_ps(c->step_size),
+        .ibc2 = _mm512_set1_ps(c->inv_bc2_sqrt),
+    };
+    /* Peel up to 15 elements so the fp32 arrays' full vectors start on a
+     * 64-byte line (they share an alignment when the caller's arrays do). */
+    size_t head = ((64 - ((uintptr_t)p & 63)) & 63) / 4;
+    if (head > n) head = n;
+    if (head)
+        avx512_span(&K, 0, (__mmask16)((1u << head) - 1), 1, p, g, gd, m, v, out, od, l2, 0);
+    size_t i = head;
+    /* The copy is written once and next read by a DMA to the GPU: stream it
+     * past the cache, which also saves reading its lines first (2 of 30
+     * bytes per parameter), when its full vectors are 32-byte aligned. */
+    if (od != OUT_NONE && ((uintptr_t)((uint16_t *)out + head) & 31) == 0) {
+        for (; i + 16 <= n; i += 16) avx512_span(&K, i, 0xffff, 0, p, g, gd, m, v, out, od, l2, 1);
+        _mm_sfence(); /* order the streamed lines before what follows */
+    } else {
+        for (; i + 16 <= n; i += 16) avx512_span(&K, i, 0xffff, 0, p, g, gd, m, v, out, od, l2, 0);
+    }
+    if (i < n)
+        avx512_span(&K, i, (__mmask16)((1u << (n - i)) - 1), 1, p, g, gd, m, v, out, od, l2, 0);
+}
+
+void ADAM_AVX512_UPDATE(const adam_consts *c, size_t n, float *restrict p, const void *restrict g,
+                        zo_dtype gd, float *restrict m, float *restrict v, void *restrict out,
+                        zo_dtype od)
+{
+    int o = !out ? OUT_NONE : od == ZO_DTYPE_F16 ? OUT_F16 : OUT_BF16;
+    /* One specialized loop per (gradient type, copy type, decay mode). */
+#define ADAM_CASE(GD, OD, L2)                                                                  \
+    if (gd == (GD) && o == (OD) && c->use_l2 == (L2)) {                                        \
+        avx512_update_t(c, n, p, g, GD, m, v, out, OD, L2);                                    \
+        return;                                                                                \
+    }
+#define ADAM_CASES(GD)                                                                         \
+    ADAM_CASE(GD, OUT_NONE, 0) ADAM_CASE(GD, OUT_F16, 0) ADAM_CASE(GD, OUT_BF16, 0)            \
+    ADAM_CASE(GD, OUT_NONE, 1) ADAM_CASE(GD, OUT_F16, 1) ADAM_CASE(GD, OUT_BF16, 1)
+    ADAM_CASES(ZO_DTYPE_F32)
+    ADAM_CASES(ZO_DTYPE_F16)
+    ADAM_CASES(ZO_DTYPE_BF16)
+#undef ADAM_CASES
+#undef ADAM_CASE
+}
+
+#ifdef ADAM_AVX512_SUMSQ
+/* Squares of 16 fp32 lanes widened to double, added into two accumulators. */
+ADAM_INLINE void avx512_sq_acc(__m512 x, __m512d *a, __m512d *b)
+{
+    __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+    __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+    *a = _mm512_fmadd_pd(lo, lo, *a);
+    *b = _mm512_fmadd_pd(hi, hi, *b);
+}
+
+/* Elements per block: 16 squares per lane in each of four fp32 accumulators
+ * (four, so the FMA latency chain does not bound the loop). */
+#define AVX512_SQ_BLOCK 1024
+
+/* Sum of squares in double all the way (tails, and blocks whose fp32 sums
+ * overflowed); lanes outside a partial last vector are 0. */
+ADAM_INLINE void avx512_sumsq_f64(const void *g, const zo_dtype gd, size_t i, size_t n,
+                                  __m512d *a, __m512d *b)
+{
+    for (; i < n; i += 16) {
+        size_t r = n - i < 16 ? n - i : 16;
+        __mmask16 k = (__mmask16)((1u << r) - 1);
+        avx512_sq_acc(r == 16 ? avx512_load_grad(g, i, gd, k, 0) : avx512_load_grad(g, i, gd, k, 1),
+                      a, b);
+    }
+}
+
+/* Squares summed in fp32 over blocks of 1024 elements (16 per lane and
+ * accumulator, then 4 accumulators: relative error below 2e-6), each block's lanes then added in
+ * double. A block whose fp32 sum is not finite (huge fp32/bf16 values, or
+ * inf/nan) is summed again in double, so overflow is never reported as
+ * inf and inf/nan always is. */
+ADAM_INLINE double avx512_sumsq_t(const void *g, const zo_dtype gd, size_t n)
+{
+    __m512d a = _mm512_setzero_pd(), b = a;
+    const __m512 inf = _mm512_set1_ps(__builtin_inff());
+    size_t i = 0;
+    for (; i + AVX512_SQ_BLOCK <= n; i += AVX512_SQ_BLOCK) {
+        __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+        for (size_t j = i; j < i + AVX512_SQ_BLOCK; j += 64) {
+            __m512 x0 = avx512_load_grad(g, j, gd, 0xffff, 0);
+            __m512 x1 = avx512_load_grad(g, j + 16, gd, 0xffff, 0);
+            __m512 x2 = avx512_load_grad(g, j + 32, gd, 0xffff, 0);
+            __m512 x3 = avx512_load_grad(g, j + 48, gd, 0xffff, 0);
+            s0 = _mm512_fmadd_ps(x0, x0, s0);
+            s1 = _mm512_fmadd_ps(x1, x1, s1);
+            s2 = _mm512_fmadd_ps(x2, x2, s2);
+            s3 = _mm512_fmadd_ps(x3, x3, s3);
+        }
+        __m512 s = _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
+        if (__builtin_expect(_mm512_cmp_ps_mask(_mm512_abs_ps(s), inf, _CMP_LT_OQ) == 0xffff, 1)) {
+            __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(s));
+            __m512d hi = _mm512_cvtps_pd(
+                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+            a = _mm512_add_pd(a, lo);
+            b = _mm512_add_pd(b, hi);
+        } else {
+            avx512_sumsq_f64(g, gd, i, i + AVX512_SQ_BLOCK, &a, &b);
+        }
+    }
+    avx512_sumsq_f64(g, gd, i, n, &a, &b);
+    return _mm512_reduce_add_pd(_mm512_add_pd(a, b));
+}
+
+double ADAM_AVX512_SUMSQ(const void *g, zo_dtype gd, size_t n)
+{
+    switch (gd) {
+    case ZO_DTYPE_F16: return avx512_sumsq_t(g, ZO_DTYPE_F16, n);
+    case ZO_DTYPE_BF16: return avx512_sumsq_t(g, ZO_DTYPE_BF16, n);
+    default: return avx512_sumsq_t(g, ZO_DTYPE_F32, n);
+    }
+}
+#endif

@@ -1,0 +1,315 @@
+/* Public entry points: argument checks, the per-step constants, the choice of
+ * implementation from cpuid, and the OpenMP static split. */
+#include "cpu_adam.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+
+#include "adam_kernels.h" /* adam_consts, the kernels */
+
+/* Fewer threads for small calls: each thread gets at least this many
+ * elements, so a sub-group of a few thousand parameters is not split. */
+#define ADAM_MIN_CHUNK ((size_t)32768)
+/* Chunk boundaries fall on multiples of this many elements (a 64-byte line of
+ * fp32 and a 32-byte half line of the 16-bit arrays, times 4). */
+#define ADAM_GRAIN ((size_t)64)
+
+typedef struct adam_cpu {
+    int avx2;        /* AVX2 + F16C + FMA */
+    int avx512;      /* AVX-512 F, BW, VL */
+    int avx512_bf16; /* AVX512-BF16 */
+} adam_cpu;
+
+static adam_cpu adam_cpu_detect(void)
+{
+    adam_cpu cpu;
+    /* __builtin_cpu_supports checks the OS has enabled the register state
+     * (XCR0) too, not only the cpuid bits. */
+    __builtin_cpu_init();
+    cpu.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+               __builtin_cpu_supports("fma");
+    cpu.avx512 = cpu.avx2 && __builtin_cpu_supports("avx512f") &&
+                 __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    cpu.avx512_bf16 = cpu.avx512 && __builtin_cpu_supports("avx512bf16");
+    return cpu;
+}
+
+int adam_impl_supported(adam_impl impl)
+{
+    adam_cpu cpu = adam_cpu_detect();
+    switch (impl) {
+    case ADAM_IMPL_AUTO:
+    case ADAM_IMPL_SCALAR: return 1;
+    case ADAM_IMPL_AVX2: return cpu.avx2;
+    case ADAM_IMPL_AVX512:
+    case ADAM_IMPL_AVX512_NO_BF16: return cpu.avx512;
+    default: return 0;
+    }
+}
+
+int adam_avx512_has_bf16(void) { return adam_cpu_detect().avx512_bf16; }
+
+adam_impl adam_best_impl(void)
+{
+    adam_cpu cpu = adam_cpu_detect();
+    if (cpu.avx512) return ADAM_IMPL_AVX512;
+    if (cpu.avx2) return ADAM_IMPL_AVX2;
+    return ADAM_IMPL_SCALAR;
+}
+
+const char *adam_impl_name(adam_impl impl)
+{
+    switch (impl) {
+    case ADAM_IMPL_AUTO: return "auto";
+    case ADAM_IMPL_SCALAR: return "scalar";
+    case ADAM_IMPL_AVX2: return "avx2";
+    case ADAM_IMPL_AVX512: return "avx512";
+    case ADAM_IMPL_AVX512_NO_BF16: return "avx512-nobf16";
+    default: return "?";
+    }
+}
+
+adam_hparams adam_hparams_default(void)
+{
+    adam_hparams hp = {
+        .lr = 1e-3f,
+        .beta1 = 0.9f,
+        .beta2 = 0.999f,
+        .eps = 1e-8f,
+        .weight_decay = 0.01f,
+        .decay = ADAM_DECAY_ADAMW,
+        .step = 1,
+        .grad_mult = 1.0f,
+    };
+    return hp;
+}
+
+/* Resolve AUTO and check the CPU can run impl. */
+static zo_status adam_resolve_impl(const char *who, adam_impl impl, adam_impl *out)
+{
+    if (impl == ADAM_IMPL_AUTO) impl = adam_best_impl();
+    if ((int)impl < 0 || impl >= ADAM_IMPL_COUNT)
+        return zo_error(ZO_ERR_INVALID, "%s: unknown implementation %d", who, (int)impl);
+    if (!adam_impl_supported(impl))
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s: this CPU cannot run the %s implementation", who,
+                        adam_impl_name(impl));
+    *out = impl;
+    return ZO_OK;
+}
+
+/* Threads for n elements: the request (0 = OpenMP's default), capped so each
+ * gets at least ADAM_MIN_CHUNK elements. Depends only on n and the request,
+ * so repeated steps split the same way. */
+static int adam_plan_threads(size_t n, int nthreads)
+{
+    size_t t = nthreads > 0 ? (size_t)nthreads : (size_t)omp_get_max_threads();
+    size_t most = (n + ADAM_MIN_CHUNK - 1) / ADAM_MIN_CHUNK;
+    if (t > most) t = most;
+    return t < 1 ? 1 : (int)t;
+}
+
+/* Thread t of nt gets [*lo, *hi): contiguous, boundaries on ADAM_GRAIN. */
+static void adam_chunk(size_t n, int t, int nt, size_t *lo, size_t *hi)
+{
+    size_t per = (n + (size_t)nt - 1) / (size_t)nt;
+    per = (per + ADAM_GRAIN - 1) / ADAM_GRAIN * ADAM_GRAIN;
+    size_t a = (size_t)t * per;
+    *lo = a < n ? a : n;
+    *hi = n - *lo < per ? n : *lo + per;
+}
+
+static int adam_misaligned(const void *p, size_t align) { return ((uintptr_t)p & (align - 1)) != 0; }
+
+/* Whether [a, a + na) and [b, b + nb) share a byte. */
+static int adam_overlap(const void *a, size_t na, const void *b, size_t nb)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + nb && y < x + na;
+}
+
+static zo_status adam_check_dtype(const char *who, const char *what, zo_dtype t, int allow_f32)
+{
+    if ((int)t < 0 || t >= ZO_DTYPE_COUNT || (!allow_f32 && t == ZO_DTYPE_F32))
+        return zo_error(ZO_ERR_INVALID, "%s: %s %d is not %s", who, what, (int)t,
+                        allow_f32 ? "fp32, fp16 or bf16" : "fp16 or bf16");
+    return ZO_OK;
+}
+
+static zo_status adam_check_hparams(const adam_hparams *hp)
+{
+    const char *who = "adam_update";
+    if (!hp) return zo_error(ZO_ERR_INVALID, "%s: hparams is NULL", who);
+    if (!(isfinite(hp->lr) && hp->lr >= 0.0f))
+        return zo_error(ZO_ERR_INVALID, "%s: lr = %g must be finite and >= 0", who, hp->lr);
+    if (!(hp->beta1 >= 0.0f && hp->beta1 < 1.0f))
+        return zo_error(ZO_ERR_INVALID, "%s: beta1 = %g outside [0, 1)", who, hp->beta1);
+    if (!(hp->beta2 >= 0.0f && hp->beta2 < 1.0f))
+        return zo_error(ZO_ERR_INVALID, "%s: beta2 = %g outside [0, 1)", who, hp->beta2);
+    if (!(isfinite(hp->eps) && hp->eps >= 0.0f))
+        return zo_error(ZO_ERR_INVALID, "%s: eps = %g must be finite and >= 0", who, hp->eps);
+    if (!(isfinite(hp->weight_decay) && hp->weight_decay >= 0.0f))
+        return zo_error(ZO_ERR_INVALID, "%s: weight_decay = %g must be finite and >= 0", who,
+                        hp->weight_decay);
+    if (hp->decay != ADAM_DECAY_ADAMW && hp->decay != ADAM_DECAY_L2)
+        return zo_error(ZO_ERR_INVALID, "%s: decay %d is neither ADAMW nor L2", who,
+                        (int)hp->decay);
+    if (hp->step < 1)
+        return zo_error(ZO_ERR_INVALID, "%s: step = %ld must be >= 1 (1-based)", who, hp->step);
+    if (!(isfinite(hp->grad_mult) && hp->grad_mult > 0.0f))
+        return zo_error(ZO_ERR_INVALID, "%s: grad_mult = %g must be finite and > 0 (1 for none)",
+                        who, hp->grad_mult);
+    return ZO_OK;
+}
+
+/* The per-step scalars, in double then rounded once to float. */
+static adam_consts adam_consts_make(const adam_hparams *hp)
+{
+    double bc1 = 1.0 - pow((double)hp->beta1, (double)hp->step);
+    double bc2 = 1.0 - pow((double)hp->beta2, (double)hp->step);
+    adam_consts c = {
+        .grad_mult = hp->grad_mult,
+        .beta1 = hp->beta1,
+        .omb1 = (float)(1.0 - (double)hp->beta1),
+        .beta2 = hp->beta2,
+        .omb2 = (float)(1.0 - (double)hp->beta2),
+        .eps = hp->eps,
+        .use_l2 = hp->decay == ADAM_DECAY_L2,
+    };
+    c.l2 = c.use_l2 ? hp->weight_decay : 0.0f;
+    c.lr_wd = c.use_l2 ? 0.0f : (float)((double)hp->lr * (double)hp->weight_decay);
+    /* beta = 0 gives bc = 1; beta^step underflowing to 0 likewise. */
+    c.step_size = (float)((double)hp->lr / bc1);
+    c.inv_bc2_sqrt = (float)(1.0 / sqrt(bc2));
+    return c;
+}
+
+static adam_update_fn adam_pick_update(adam_impl impl)
+{
+    switch (impl) {
+    case ADAM_IMPL_AVX2: return adam_update_avx2;
+    case ADAM_IMPL_AVX512:
+        return adam_avx512_has_bf16() ? adam_update_avx512_bf16 : adam_update_avx512;
+    case ADAM_IMPL_AVX512_NO_BF16: return adam_update_avx512;
+    default: return adam_update_scalar;
+    }
+}
+
+static adam_sumsq_fn adam_pick_sumsq(adam_impl impl)
+{
+    switch (impl) {
+    case ADAM_IMPL_AVX2: return adam_sumsq_avx2;
+    case ADAM_IMPL_AVX512:
+    case ADAM_IMPL_AVX512_NO_BF16: return adam_sumsq_avx512;
+    default: return adam_sumsq_scalar;
+    }
+}
+
+zo_status adam_update_impl(adam_impl impl, const adam_hparams *hp, size_t n, float *param,
+                           const void *grad, zo_dtype grad_dtype, float *m, float *v, void *out16,
+                           zo_dtype out_dtype, int nthreads)
+{
+    const char *who = "adam_update";
+    zo_status st;
+    if ((st = adam_check_hparams(hp)) != ZO_OK) return st;
+    if ((st = adam_resolve_impl(who, impl, &impl)) != ZO_OK) return st;
+    if ((st = adam_check_dtype(who, "grad_dtype", grad_dtype, 1)) != ZO_OK) return st;
+    if (out16 && (st = adam_check_dtype(who, "out_dtype", out_dtype, 0)) != ZO_OK) return st;
+    if (n == 0) return ZO_OK;
+    if (!param || !grad || !m || !v)
+        return zo_error(ZO_ERR_INVALID, "%s: NULL array (param %p, grad %p, m %p, v %p)", who,
+                        (void *)param, grad, (void *)m, (void *)v);
+    size_t gs = zo_dtype_size(grad_dtype), os = out16 ? zo_dtype_size(out_dtype) : 0;
+    if (adam_misaligned(param, 4) || adam_misaligned(m, 4) || adam_misaligned(v, 4) ||
+        adam_misaligned(grad, gs) || (out16 && adam_misaligned(out16, os)))
+        return zo_error(ZO_ERR_INVALID,
+                        "%s: an array is not aligned to its element size (param %p, grad %p, m "
+                        "%p, v %p, out16 %p)",
+                        who, (void *)param, grad, (void *)m, (void *)v, out16);
+    if (n > SIZE_MAX / 4) return zo_error(ZO_ERR_INVALID, "%s: n = %zu too large", who, n);
+    const void *arr[5] = {param, m, v, grad, out16};
+    size_t len[5] = {4 * n, 4 * n, 4 * n, gs * n, os * n};
+    const char *name[5] = {"param", "m", "v", "grad", "out16"};
+    for (int a = 0; a < 5; a++)
+        for (int b = a + 1; b < 5; b++)
+            if (arr[b] && adam_overlap(arr[a], len[a], arr[b], len[b]))
+                return zo_error(ZO_ERR_INVALID, "%s: arrays %s and %s overlap", who, name[a],
+                                name[b]);
+
+    adam_consts c = adam_consts_make(hp);
+    adam_update_fn fn = adam_pick_update(impl);
+    int nt = adam_plan_threads(n, nthreads);
+    if (nt == 1) {
+        fn(&c, n, param, grad, grad_dtype, m, v, out16, out_dtype);
+        return ZO_OK;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        size_t lo, hi;
+        adam_chunk(n, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        if (hi > lo)
+            fn(&c, hi - lo, param + lo, (const char *)grad + lo * gs, grad_dtype, m + lo, v + lo,
+               out16 ? (char *)out16 + lo * os : NULL, out_dtype);
+    }
+    return ZO_OK;
+}
+
+zo_status adam_update(const adam_hparams *hp, size_t n, float *param, const void *grad,
+                      zo_dtype grad_dtype, float *m, float *v, void *out16, zo_dtype out_dtype,
+                      int nthreads)
+{
+    return adam_update_impl(ADAM_IMPL_AUTO, hp, n, param, grad, grad_dtype, m, v, out16,
+                            out_dtype, nthreads);
+}
+
+/* Upper bound on the threads one call can use, for the partial sums. */
+#define ADAM_MAX_THREADS 1024
+
+zo_status adam_grad_stats_impl(adam_impl impl, const void *grad, zo_dtype grad_dtype, size_t n,
+                               int nthreads, double *sumsq, int *nonfinite)
+{
+    const char *who = "adam_grad_stats";
+    zo_status st;
+    if (!sumsq || !nonfinite)
+        return zo_error(ZO_ERR_INVALID, "%s: NULL result pointer (sumsq %p, nonfinite %p)", who,
+                        (void *)sumsq, (void *)nonfinite);
+    if ((st = adam_resolve_impl(who, impl, &impl)) != ZO_OK) return st;
+    if ((st = adam_check_dtype(who, "grad_dtype", grad_dtype, 1)) != ZO_OK) return st;
+    *sumsq = 0.0;
+    *nonfinite = 0;
+    if (n == 0) return ZO_OK;
+    size_t gs = zo_dtype_size(grad_dtype);
+    if (!grad) return zo_error(ZO_ERR_INVALID, "%s: grad is NULL", who);
+    if (adam_misaligned(grad, gs))
+        return zo_error(ZO_ERR_INVALID, "%s: grad %p is not aligned to %zu bytes", who, grad, gs);
+
+    adam_sumsq_fn fn = adam_pick_sumsq(impl);
+    int nt = adam_plan_threads(n, nthreads);
+    if (nt > ADAM_MAX_THREADS) nt = ADAM_MAX_THREADS;
+    double part[ADAM_MAX_THREADS];
+    int used = 1;
+    if (nt == 1) {
+        part[0] = fn(grad, grad_dtype, n);
+    } else {
+#pragma omp parallel num_threads(nt)
+        {
+            int t = omp_get_thread_num(), team = omp_get_num_threads();
+            size_t lo, hi;
+            adam_chunk(n, t, team, &lo, &hi);
+            part[t] = hi > lo ? fn((const char *)grad + lo * gs, grad_dtype, hi - lo) : 0.0;
+            if (t == 0) used = team;
+        }
+    }
+    /* Fixed order: the same (impl, nthreads) gives the same sum. */
+    double s = 0.0;
+    for (int t = 0; t < used; t++) s += part[t];
+    *sumsq = s;
+    *nonfinite = !isfinite(s);
+    return ZO_OK;
+}
+
+zo_status adam_grad_stats(const void *grad, zo_dtype grad_dtype, size_t n, int nthreads,
+                          double *sumsq, int *nonfinite)
+{
+    return adam_grad_stats_impl(ADAM_IMPL_AUTO, grad, grad_dtype, n, nthreads, sumsq, nonfinite);
+}

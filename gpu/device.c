@@ -1,0 +1,582 @@
+/* The public device functions: check arguments once for every backend, then
+ * call the backend's table. */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "gpu/device_impl.h" /* defines: gpu_backend_iface, struct gpu_device */
+
+zo_status gpu_device_wrap(const gpu_backend_iface *iface, void *ctx, gpu_device_t *out)
+{
+    gpu_device_t dev = calloc(1, sizeof *dev);
+    pthread_mutex_t *lock = malloc(sizeof *lock);
+    if (!dev || !lock) {
+        free(dev);
+        free(lock);
+        return zo_error(ZO_ERR_NOMEM, "gpu_device_wrap: out of host memory");
+    }
+    pthread_mutex_init(lock, NULL);
+    dev->iface = iface;
+    dev->ctx = ctx;
+    dev->list_lock = lock;
+    *out = dev;
+    return ZO_OK;
+}
+
+void gpu_device_free(gpu_device_t dev)
+{
+    if (!dev) return;
+    while (dev->streams) gpu_stream_destroy(dev->streams);
+    while (dev->events) gpu_event_destroy(dev->events);
+    dev->iface->free(dev);
+    pthread_mutex_destroy(dev->list_lock);
+    free(dev->list_lock);
+    free(dev);
+}
+
+const char *gpu_device_name(gpu_device_t dev) { return dev ? dev->iface->name : "(null)"; }
+
+zo_status gpu_device_synchronize(gpu_device_t dev)
+{
+    if (!dev) return zo_error(ZO_ERR_INVALID, "gpu_device_synchronize: NULL device");
+    return dev->iface->synchronize(dev);
+}
+
+/* ---- memory ---------------------------------------------------------------- */
+
+zo_status gpu_mem_alloc(gpu_device_t dev, size_t bytes, void **out)
+{
+    if (!dev || !out) return zo_error(ZO_ERR_INVALID, "gpu_mem_alloc: NULL argument");
+    *out = NULL;
+    if (bytes == 0) return zo_error(ZO_ERR_INVALID, "gpu_mem_alloc: size 0");
+    return dev->iface->mem_alloc(dev, bytes, out);
+}
+
+void gpu_mem_free(gpu_device_t dev, void *p)
+{
+    if (dev && p) dev->iface->mem_free(dev, p);
+}
+
+zo_status gpu_mem_free_async(gpu_device_t dev, void *p, gpu_stream_t s)
+{
+    if (!dev || !s) return zo_error(ZO_ERR_INVALID, "gpu_mem_free_async: NULL argument");
+    if (!p) return ZO_OK;
+    if (dev->iface->mem_free_async) return dev->iface->mem_free_async(dev, p, s);
+    zo_status st = gpu_stream_synchronize(s);
+    dev->iface->mem_free(dev, p);
+    return st;
+}
+
+void gpu_mem_get_stats(gpu_device_t dev, gpu_mem_stats *out) { dev->iface->mem_get_stats(dev, out); }
+void gpu_mem_reset_peak(gpu_device_t dev) { dev->iface->mem_reset_peak(dev); }
+
+zo_status gpu_host_alloc(gpu_device_t dev, size_t bytes, void **out)
+{
+    if (!dev || !out) return zo_error(ZO_ERR_INVALID, "gpu_host_alloc: NULL argument");
+    *out = NULL;
+    if (bytes == 0) return zo_error(ZO_ERR_INVALID, "gpu_host_alloc: size 0");
+    return dev->iface->host_alloc(dev, bytes, out);
+}
+
+void gpu_host_free(gpu_device_t dev, void *p)
+{
+    if (dev && p) dev->iface->host_free(dev, p);
+}
+
+/* ---- streams and events -------------------------------------------------------- */
+
+zo_status gpu_stream_create(gpu_device_t dev, gpu_stream_t *out)
+{
+    if (!dev || !out) return zo_error(ZO_ERR_INVALID, "gpu_stream_create: NULL argument");
+    gpu_stream_t s = calloc(1, sizeof *s);
+    if (!s) return zo_error(ZO_ERR_NOMEM, "gpu_stream_create: out of host memory");
+    s->dev = dev;
+    zo_status st = dev->iface->stream_create(dev, s);
+    if (st != ZO_OK) {
+        free(s);
+        return st;
+    }
+    pthread_mutex_lock(dev->list_lock);
+    s->next = dev->streams;
+    dev->streams = s;
+    pthread_mutex_unlock(dev->list_lock);
+    *out = s;
+    return ZO_OK;
+}
+
+void gpu_stream_destroy(gpu_stream_t s)
+{
+    if (!s) return;
+    gpu_device_t dev = s->dev;
+    pthread_mutex_lock(dev->list_lock);
+    for (gpu_stream_t *pp = &dev->streams; *pp; pp = &(*pp)->next)
+        if (*pp == s) {
+            *pp = s->next;
+            break;
+        }
+    pthread_mutex_unlock(dev->list_lock);
+    dev->iface->stream_destroy(s);
+    free(s);
+}
+
+zo_status gpu_stream_synchronize(gpu_stream_t s)
+{
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_stream_synchronize: NULL stream");
+    return s->dev->iface->stream_synchronize(s);
+}
+
+gpu_device_t gpu_stream_device(gpu_stream_t s) { return s ? s->dev : NULL; }
+
+zo_status gpu_event_create(gpu_device_t dev, gpu_event_t *out)
+{
+    if (!dev || !out) return zo_error(ZO_ERR_INVALID, "gpu_event_create: NULL argument");
+    gpu_event_t ev = calloc(1, sizeof *ev);
+    if (!ev) return zo_error(ZO_ERR_NOMEM, "gpu_event_create: out of host memory");
+    ev->dev = dev;
+    zo_status st = dev->iface->event_create(dev, ev);
+    if (st != ZO_OK) {
+        free(ev);
+        return st;
+    }
+    pthread_mutex_lock(dev->list_lock);
+    ev->next = dev->events;
+    dev->events = ev;
+    pthread_mutex_unlock(dev->list_lock);
+    *out = ev;
+    return ZO_OK;
+}
+
+void gpu_event_destroy(gpu_event_t ev)
+{
+    if (!ev) return;
+    gpu_device_t dev = ev->dev;
+    pthread_mutex_lock(dev->list_lock);
+    for (gpu_event_t *pp = &dev->events; *pp; pp = &(*pp)->next)
+        if (*pp == ev) {
+            *pp = ev->next;
+            break;
+        }
+    pthread_mutex_unlock(dev->list_lock);
+    dev->iface->event_destroy(ev);
+    free(ev);
+}
+
+zo_status gpu_event_record(gpu_event_t ev, gpu_stream_t s)
+{
+    if (!ev || !s) return zo_error(ZO_ERR_INVALID, "gpu_event_record: NULL argument");
+    if (ev->dev != s->dev)
+        return zo_error(ZO_ERR_INVALID, "gpu_event_record: event and stream on different devices");
+    return s->dev->iface->event_record(ev, s);
+}
+
+zo_status gpu_stream_wait_event(gpu_stream_t s, gpu_event_t ev)
+{
+    if (!ev || !s) return zo_error(ZO_ERR_INVALID, "gpu_stream_wait_event: NULL argument");
+    return s->dev->iface->stream_wait_event(s, ev);
+}
+
+int gpu_event_query(gpu_event_t ev) { return ev ? ev->dev->iface->event_query(ev) : 1; }
+
+zo_status gpu_event_synchronize(gpu_event_t ev)
+{
+    if (!ev) return zo_error(ZO_ERR_INVALID, "gpu_event_synchronize: NULL event");
+    return ev->dev->iface->event_synchronize(ev);
+}
+
+/* ---- argument checks ----------------------------------------------------------- */
+
+static int dtype_ok(zo_dtype t) { return t >= ZO_DTYPE_F32 && t < ZO_DTYPE_COUNT; }
+
+#define NEED_STREAM(op)                                                                     \
+    do {                                                                                    \
+        if (!s) return zo_error(ZO_ERR_INVALID, op ": NULL stream");                        \
+    } while (0)
+
+static zo_status check_tensor(const char *op, const char *name, gpu_tensor t)
+{
+    if (!t.data) return zo_error(ZO_ERR_INVALID, "%s: tensor %s is NULL", op, name);
+    if (!dtype_ok(t.dtype))
+        return zo_error(ZO_ERR_INVALID, "%s: tensor %s has unknown dtype %d", op, name,
+                        (int)t.dtype);
+    return ZO_OK;
+}
+
+static zo_status check_dims(const char *op, const char *what, long long v)
+{
+    if (v <= 0) return zo_error(ZO_ERR_INVALID, "%s: %s must be > 0 (got %lld)", op, what, v);
+    return ZO_OK;
+}
+
+static zo_status check_ptr(const char *op, const char *name, const void *p)
+{
+    if (!p) return zo_error(ZO_ERR_INVALID, "%s: %s is NULL", op, name);
+    return ZO_OK;
+}
+
+/* Evaluate checks in order; the first failure returns. */
+#define TRY(expr)                                                                           \
+    do {                                                                                    \
+        zo_status try_s_ = (expr);                                                          \
+        if (try_s_ != ZO_OK) return try_s_;                                                 \
+    } while (0)
+
+/* ---- copies ------------------------------------------------------------------------ */
+
+zo_status gpu_memcpy_async(gpu_stream_t s, void *dst, const void *src, size_t bytes,
+                           gpu_copy_kind kind)
+{
+    NEED_STREAM("gpu_memcpy_async");
+    if (bytes == 0) return ZO_OK;
+    TRY(check_ptr("gpu_memcpy_async", "dst", dst));
+    TRY(check_ptr("gpu_memcpy_async", "src", src));
+    if (kind < GPU_COPY_HOST_TO_DEVICE || kind > GPU_COPY_HOST_TO_HOST)
+        return zo_error(ZO_ERR_INVALID, "gpu_memcpy_async: unknown copy kind %d", (int)kind);
+    return s->dev->iface->memcpy_async(s, dst, src, bytes, kind);
+}
+
+zo_status gpu_memset_async(gpu_stream_t s, void *dst, int value, size_t bytes)
+{
+    NEED_STREAM("gpu_memset_async");
+    if (bytes == 0) return ZO_OK;
+    TRY(check_ptr("gpu_memset_async", "dst", dst));
+    return s->dev->iface->memset_async(s, dst, value, bytes);
+}
+
+/* ---- ops ------------------------------------------------------------------------------ */
+
+zo_status gpu_gemm(gpu_stream_t s, const gpu_gemm_desc *d)
+{
+    const char *op = "gpu_gemm";
+    NEED_STREAM("gpu_gemm");
+    TRY(check_ptr(op, "desc", d));
+    TRY(check_dims(op, "m", d->m));
+    TRY(check_dims(op, "n", d->n));
+    TRY(check_dims(op, "k", d->k));
+    TRY(check_tensor(op, "a", d->a));
+    TRY(check_tensor(op, "b", d->b));
+    TRY(check_tensor(op, "c", d->c));
+    int64_t a_cols = d->trans_a ? d->m : d->k, b_cols = d->trans_b ? d->k : d->n;
+    if (d->lda < a_cols)
+        return zo_error(ZO_ERR_INVALID, "%s: lda %lld < %lld columns of a", op,
+                        (long long)d->lda, (long long)a_cols);
+    if (d->ldb < b_cols)
+        return zo_error(ZO_ERR_INVALID, "%s: ldb %lld < %lld columns of b", op,
+                        (long long)d->ldb, (long long)b_cols);
+    if (d->ldc < d->n)
+        return zo_error(ZO_ERR_INVALID, "%s: ldc %lld < n %d", op, (long long)d->ldc, d->n);
+    if (d->batch < 0) return zo_error(ZO_ERR_INVALID, "%s: batch %d < 0", op, d->batch);
+    return s->dev->iface->gemm(s, d);
+}
+
+zo_status gpu_bias_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor bias, int n, int c,
+                           int64_t ldy)
+{
+    const char *op = "gpu_bias_forward";
+    NEED_STREAM("gpu_bias_forward");
+    TRY(check_tensor(op, "y", y));
+    TRY(check_tensor(op, "bias", bias));
+    TRY(check_dims(op, "n", n));
+    TRY(check_dims(op, "c", c));
+    if (ldy < c) return zo_error(ZO_ERR_INVALID, "%s: ldy %lld < c %d", op, (long long)ldy, c);
+    return s->dev->iface->bias_forward(s, y, bias, n, c, ldy);
+}
+
+zo_status gpu_bias_backward(gpu_stream_t s, gpu_tensor dbias, gpu_tensor dy, int n, int c,
+                            int64_t lddy)
+{
+    const char *op = "gpu_bias_backward";
+    NEED_STREAM("gpu_bias_backward");
+    TRY(check_tensor(op, "dbias", dbias));
+    TRY(check_tensor(op, "dy", dy));
+    TRY(check_dims(op, "n", n));
+    TRY(check_dims(op, "c", c));
+    if (lddy < c)
+        return zo_error(ZO_ERR_INVALID, "%s: lddy %lld < c %d", op, (long long)lddy, c);
+    return s->dev->iface->bias_backward(s, dbias, dy, n, c, lddy);
+}
+
+zo_status gpu_layernorm_forward(gpu_stream_t s, gpu_tensor y, float *mean, float *rstd,
+                                gpu_tensor x, gpu_tensor w, gpu_tensor b, int n, int c,
+                                float eps)
+{
+    const char *op = "gpu_layernorm_forward";
+    NEED_STREAM("gpu_layernorm_forward");
+    TRY(check_tensor(op, "y", y));
+    TRY(check_tensor(op, "x", x));
+    TRY(check_tensor(op, "w", w));
+    if (b.data) TRY(check_tensor(op, "b", b));
+    TRY(check_ptr(op, "mean", mean));
+    TRY(check_ptr(op, "rstd", rstd));
+    TRY(check_dims(op, "n", n));
+    TRY(check_dims(op, "c", c));
+    return s->dev->iface->layernorm_forward(s, y, mean, rstd, x, w, b, n, c, eps);
+}
+
+zo_status gpu_layernorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw, gpu_tensor db,
+                                 gpu_tensor dy, gpu_tensor x, gpu_tensor w, const float *mean,
+                                 const float *rstd, int n, int c)
+{
+    const char *op = "gpu_layernorm_backward";
+    NEED_STREAM("gpu_layernorm_backward");
+    TRY(check_tensor(op, "dx", dx));
+    TRY(check_tensor(op, "dw", dw));
+    if (db.data) TRY(check_tensor(op, "db", db));
+    TRY(check_tensor(op, "dy", dy));
+    TRY(check_tensor(op, "x", x));
+    TRY(check_tensor(op, "w", w));
+    TRY(check_ptr(op, "mean", mean));
+    TRY(check_ptr(op, "rstd", rstd));
+    TRY(check_dims(op, "n", n));
+    TRY(check_dims(op, "c", c));
+    return s->dev->iface->layernorm_backward(s, dx, dw, db, dy, x, w, mean, rstd, n, c);
+}
+
+zo_status gpu_rmsnorm_forward(gpu_stream_t s, gpu_tensor y, float *rstd, gpu_tensor x,
+                              gpu_tensor w, int n, int c, float eps)
+{
+    const char *op = "gpu_rmsnorm_forward";
+    NEED_STREAM("gpu_rmsnorm_forward");
+    TRY(check_tensor(op, "y", y));
+    TRY(check_tensor(op, "x", x));
+    TRY(check_tensor(op, "w", w));
+    TRY(check_ptr(op, "rstd", rstd));
+    TRY(check_dims(op, "n", n));
+    TRY(check_dims(op, "c", c));
+    return s->dev->iface->rmsnorm_forward(s, y, rstd, x, w, n, c, eps);
+}
+
+zo_status gpu_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw, gpu_tensor dy,
+                               gpu_tensor x, gpu_tensor w, const float *rstd, int n, int c)
+{
+    const char *op = "gpu_rmsnorm_backward";
+    NEED_STREAM("gpu_rmsnorm_backward");
+    TRY(check_tensor(op, "dx", dx));
+    TRY(check_tensor(op, "dw", dw));
+    TRY(check_tensor(op, "dy", dy));
+    TRY(check_tensor(op, "x", x));
+    TRY(check_tensor(op, "w", w));
+    TRY(check_ptr(op, "rstd", rstd));
+    TRY(check_dims(op, "n", n));
+    TRY(check_dims(op, "c", c));
+    return s->dev->iface->rmsnorm_backward(s, dx, dw, dy, x, w, rstd, n, c);
+}
+
+static zo_status check_attn(const char *op, const gpu_attn_desc *a)
+{
+    TRY(check_ptr(op, "desc", a));
+    TRY(check_dims(op, "b", a->b));
+    TRY(check_dims(op, "t", a->t));
+    TRY(check_dims(op, "hq", a->hq));
+    TRY(check_dims(op, "hkv", a->hkv));
+    TRY(check_dims(op, "d", a->d));
+    if (a->hq % a->hkv)
+        return zo_error(ZO_ERR_INVALID, "%s: hkv %d does not divide hq %d", op, a->hkv, a->hq);
+    return ZO_OK;
+}
+
+zo_status gpu_attention_forward(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor out,
+                                float *lse, gpu_tensor qkv)
+{
+    const char *op = "gpu_attention_forward";
+    NEED_STREAM("gpu_attention_forward");
+    TRY(check_attn(op, a));
+    TRY(check_tensor(op, "out", out));
+    TRY(check_tensor(op, "qkv", qkv));
+    TRY(check_ptr(op, "lse", lse));
+    return s->dev->iface->attention_forward(s, a, out, lse, qkv);
+}
+
+zo_status gpu_attention_backward(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor dqkv,
+                                 gpu_tensor dout, gpu_tensor qkv, gpu_tensor out,
+                                 const float *lse)
+{
+    const char *op = "gpu_attention_backward";
+    NEED_STREAM("gpu_attention_backward");
+    TRY(check_attn(op, a));
+    TRY(check_tensor(op, "dqkv", dqkv));
+    TRY(check_tensor(op, "dout", dout));
+    TRY(check_tensor(op, "qkv", qkv));
+    TRY(check_tensor(op, "out", out));
+    TRY(check_ptr(op, "lse", lse));
+    return s->dev->iface->attention_backward(s, a, dqkv, dout, qkv, out, lse);
+}
+
+static zo_status rope_common(const char *op, gpu_stream_t s, gpu_tensor x, int n, int t,
+                             int n_heads, int d, int64_t ldx, float theta, int pos0, int inverse)
+{
+    TRY(check_tensor(op, "x", x));
+    TRY(check_dims(op, "n", n));
+    TRY(check_dims(op, "t", t));
+    TRY(check_dims(op, "n_heads", n_heads));
+    TRY(check_dims(op, "d", d));
+    if (d % 2) return zo_error(ZO_ERR_INVALID, "%s: head dim %d is odd", op, d);
+    if (ldx < (int64_t)n_heads * d)
+        return zo_error(ZO_ERR_INVALID, "%s: ldx %lld < n_heads*d %lld", op, (long long)ldx,
+                        (long long)n_heads * d);
+    if (!(theta > 0.0f)) return zo_error(ZO_ERR_INVALID, "%s: theta must be > 0", op);
+    if (pos0 < 0) return zo_error(ZO_ERR_INVALID, "%s: pos0 %d < 0", op, pos0);
+    return s->dev->iface->rope(s, x, n, t, n_heads, d, ldx, theta, pos0, inverse);
+}
+
+zo_status gpu_rope_forward(gpu_stream_t s, gpu_tensor x, int n, int t, int n_heads, int d,
+                           int64_t ldx, float theta, int pos0)
+{
+    NEED_STREAM("gpu_rope_forward");
+    return rope_common("gpu_rope_forward", s, x, n, t, n_heads, d, ldx, theta, pos0, 0);
+}
+
+zo_status gpu_rope_backward(gpu_stream_t s, gpu_tensor dx, int n, int t, int n_heads, int d,
+                            int64_t ldx, float theta, int pos0)
+{
+    NEED_STREAM("gpu_rope_backward");
+    return rope_common("gpu_rope_backward", s, dx, n, t, n_heads, d, ldx, theta, pos0, 1);
+}
+
+zo_status gpu_gelu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, size_t n)
+{
+    NEED_STREAM("gpu_gelu_forward");
+    if (!n) return ZO_OK;
+    TRY(check_tensor("gpu_gelu_forward", "y", y));
+    TRY(check_tensor("gpu_gelu_forward", "x", x));
+    return s->dev->iface->gelu_forward(s, y, x, n);
+}
+
+zo_status gpu_gelu_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n)
+{
+    NEED_STREAM("gpu_gelu_backward");
+    if (!n) return ZO_OK;
+    TRY(check_tensor("gpu_gelu_backward", "dx", dx));
+    TRY(check_tensor("gpu_gelu_backward", "dy", dy));
+    TRY(check_tensor("gpu_gelu_backward", "x", x));
+    return s->dev->iface->gelu_backward(s, dx, dy, x, n);
+}
+
+zo_status gpu_swiglu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor gate, gpu_tensor up,
+                             size_t n)
+{
+    NEED_STREAM("gpu_swiglu_forward");
+    if (!n) return ZO_OK;
+    TRY(check_tensor("gpu_swiglu_forward", "y", y));
+    TRY(check_tensor("gpu_swiglu_forward", "gate", gate));
+    TRY(check_tensor("gpu_swiglu_forward", "up", up));
+    return s->dev->iface->swiglu_forward(s, y, gate, up, n);
+}
+
+zo_status gpu_swiglu_backward(gpu_stream_t s, gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy,
+                              gpu_tensor gate, gpu_tensor up, size_t n)
+{
+    const char *op = "gpu_swiglu_backward";
+    NEED_STREAM("gpu_swiglu_backward");
+    if (!n) return ZO_OK;
+    TRY(check_tensor(op, "dgate", dgate));
+    TRY(check_tensor(op, "dup", dup));
+    TRY(check_tensor(op, "dy", dy));
+    TRY(check_tensor(op, "gate", gate));
+    TRY(check_tensor(op, "up", up));
+    return s->dev->iface->swiglu_backward(s, dgate, dup, dy, gate, up, n);
+}
+
+zo_status gpu_embedding_forward(gpu_stream_t s, gpu_tensor out, const int32_t *tokens,
+                                gpu_tensor wte, gpu_tensor wpe, int n, int t, int c, int vocab)
+{
+    const char *op = "gpu_embedding_forward";
+    NEED_STREAM("gpu_embedding_forward");
+    TRY(check_tensor(op, "out", out));
+    TRY(check_tensor(op, "wte", wte));
+    if (wpe.data) TRY(check_tensor(op, "wpe", wpe));
+    TRY(check_ptr(op, "tokens", tokens));
+    TRY(check_dims(op, "n", n));
+    TRY(check_dims(op, "t", t));
+    TRY(check_dims(op, "c", c));
+    TRY(check_dims(op, "vocab", vocab));
+    return s->dev->iface->embedding_forward(s, out, tokens, wte, wpe, n, t, c, vocab);
+}
+
+zo_status gpu_embedding_backward(gpu_stream_t s, gpu_tensor dwte, gpu_tensor dwpe,
+                                 gpu_tensor dout, const int32_t *tokens, int n, int t, int c,
+                                 int vocab)
+{
+    const char *op = "gpu_embedding_backward";
+    NEED_STREAM("gpu_embedding_backward");
+    TRY(check_tensor(op, "dwte", dwte));
+    if (dwpe.data) TRY(check_tensor(op, "dwpe", dwpe));
+    TRY(check_tensor(op, "dout", dout));
+    TRY(check_ptr(op, "tokens", tokens));
+    TRY(check_dims(op, "n", n));
+    TRY(check_dims(op, "t", t));
+    TRY(check_dims(op, "c", c));
+    TRY(check_dims(op, "vocab", vocab));
+    return s->dev->iface->embedding_backward(s, dwte, dwpe, dout, tokens, n, t, c, vocab);
+}
+
+zo_status gpu_cross_entropy_forward(gpu_stream_t s, float *losses, gpu_tensor logits,
+                                    const int32_t *targets, int n, int v)
+{
+    const char *op = "gpu_cross_entropy_forward";
+    NEED_STREAM("gpu_cross_entropy_forward");
+    TRY(check_ptr(op, "losses", losses));
+    TRY(check_tensor(op, "logits", logits));
+    TRY(check_ptr(op, "targets", targets));
+    TRY(check_dims(op, "n", n));
+    TRY(check_dims(op, "v", v));
+    return s->dev->iface->cross_entropy_forward(s, losses, logits, targets, n, v);
+}
+
+zo_status gpu_cross_entropy_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor logits,
+                                     const int32_t *targets, float dloss, int n, int v)
+{
+    const char *op = "gpu_cross_entropy_backward";
+    NEED_STREAM("gpu_cross_entropy_backward");
+    TRY(check_tensor(op, "dlogits", dlogits));
+    TRY(check_tensor(op, "logits", logits));
+    TRY(check_ptr(op, "targets", targets));
+    TRY(check_dims(op, "n", n));
+    TRY(check_dims(op, "v", v));
+    if (dlogits.data == logits.data && dlogits.dtype != logits.dtype)
+        return zo_error(ZO_ERR_INVALID, "%s: in place needs one dtype", op);
+    return s->dev->iface->cross_entropy_backward(s, dlogits, logits, targets, dloss, n, v);
+}
+
+zo_status gpu_add(gpu_stream_t s, gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n)
+{
+    NEED_STREAM("gpu_add");
+    if (!n) return ZO_OK;
+    TRY(check_tensor("gpu_add", "y", y));
+    TRY(check_tensor("gpu_add", "a", a));
+    TRY(check_tensor("gpu_add", "b", b));
+    return s->dev->iface->add(s, y, a, b, n);
+}
+
+zo_status gpu_scale(gpu_stream_t s, gpu_tensor x, float alpha, size_t n)
+{
+    NEED_STREAM("gpu_scale");
+    if (!n) return ZO_OK;
+    TRY(check_tensor("gpu_scale", "x", x));
+    return s->dev->iface->scale(s, x, alpha, n);
+}
+
+zo_status gpu_cast(gpu_stream_t s, gpu_tensor dst, gpu_tensor src, size_t n)
+{
+    NEED_STREAM("gpu_cast");
+    if (!n) return ZO_OK;
+    TRY(check_tensor("gpu_cast", "dst", dst));
+    TRY(check_tensor("gpu_cast", "src", src));
+    return s->dev->iface->cast(s, dst, src, n);
+}
+
+zo_status gpu_check_finite(gpu_stream_t s, int32_t *flag, gpu_tensor x, size_t n)
+{
+    NEED_STREAM("gpu_check_finite");
+    TRY(check_ptr("gpu_check_finite", "flag", flag));
+    if (!n) return ZO_OK;
+    TRY(check_tensor("gpu_check_finite", "x", x));
+    return s->dev->iface->check_finite(s, flag, x, n);
+}
+
+zo_status gpu_sum_squares(gpu_stream_t s, float *sum, gpu_tensor x, size_t n)
+{
+    NEED_STREAM("gpu_sum_squares");
+    TRY(check_ptr("gpu_sum_squares", "sum", sum));
+    if (!n) return ZO_OK;
+    TRY(check_tensor("gpu_sum_squares", "x", x));
+    return s->dev->iface->sum_squares(s, sum, x, n);
+}

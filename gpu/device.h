@@ -1,0 +1,248 @@
+/* The device interface: memory, streams, events, copies and the kernels a
+ * transformer needs, behind one opaque handle (the ggml-backend shape: this
+ * public header, a private table of functions in device_impl.h, one file per
+ * backend).
+ *
+ * Model of execution (the CUDA one):
+ * - Device memory is allocated from a pool with a fixed capacity; allocation
+ *   beyond it fails with ZO_ERR_CAPACITY. The pool keeps a high-water mark.
+ * - Every copy and every op is enqueued on a stream and returns at once.
+ *   Work on one stream runs in order; work on different streams runs
+ *   concurrently unless ordered by events (gpu_event_record on one stream,
+ *   gpu_stream_wait_event on another). Host code waits with
+ *   gpu_stream_synchronize / gpu_event_synchronize.
+ * - Argument errors (bad sizes, a NULL pointer, an unsupported dtype) are
+ *   returned by the enqueuing call. Errors found while running (a target id
+ *   out of range) are sticky on the stream and returned by the next
+ *   gpu_stream_synchronize.
+ *
+ * Tensors are raw device pointers plus a storage dtype (gpu_tensor) and the
+ * sizes given to each op; matrices are row-major with an explicit leading
+ * dimension where a strided view is useful. Arithmetic is fp32 whatever the
+ * storage type (fp32, fp16 or bf16); reductions accumulate in fp32 (or
+ * wider) in a fixed order, so results do not depend on thread counts.
+ *
+ * Backward conventions: gradients of parameters (dw, db, dwte, ...) are
+ * ACCUMULATED (+=) so micro-batches add up; the caller zeroes them. Input
+ * gradients overwrite, except where an op says "dx +=" (the norms, whose
+ * input is the residual stream and whose dx is always added to it). */
+#ifndef ZO_GPU_DEVICE_H
+#define ZO_GPU_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/dtype.h"  /* zo_dtype */
+#include "common/status.h" /* zo_status */
+
+typedef struct gpu_device *gpu_device_t;
+typedef struct gpu_stream *gpu_stream_t;
+typedef struct gpu_event *gpu_event_t;
+
+/* A device buffer and the storage type of its elements. */
+typedef struct gpu_tensor {
+    void *data;
+    zo_dtype dtype;
+} gpu_tensor;
+
+static inline gpu_tensor gpu_t(void *data, zo_dtype dtype)
+{
+    gpu_tensor t = {data, dtype};
+    return t;
+}
+
+/* ---- devices ------------------------------------------------------------ */
+
+typedef struct gpu_cpu_options {
+    size_t capacity;  /* bytes of "device" memory; 0 = unlimited */
+    int n_threads;    /* OpenMP threads per op; 0 = omp_get_max_threads() */
+} gpu_cpu_options;
+
+/* The CPU backend: the reference for every other backend. */
+zo_status gpu_device_init_cpu(const gpu_cpu_options *opt, gpu_device_t *out);
+
+/* Destroy the streams (after their queued work) and events still alive,
+ * then the device. Device allocations must be freed before. */
+void gpu_device_free(gpu_device_t dev);
+const char *gpu_device_name(gpu_device_t dev); /* "cpu" */
+
+/* Wait for all work on all streams; returns the first sticky error. */
+zo_status gpu_device_synchronize(gpu_device_t dev);
+
+/* ---- memory ------------------------------------------------------------- */
+
+typedef struct gpu_mem_stats {
+    size_t capacity;      /* 0 = unlimited */
+    size_t in_use;        /* bytes allocated now (rounded to the pool's granule) */
+    size_t high_water;    /* most bytes ever in use at once */
+    size_t n_allocs;      /* live allocations */
+    size_t host_pinned;   /* bytes of pinned host memory allocated now */
+} gpu_mem_stats;
+
+/* Device memory, 256-byte aligned. Sizes are rounded up to 256 bytes and
+ * counted against the capacity; beyond it: ZO_ERR_CAPACITY. */
+zo_status gpu_mem_alloc(gpu_device_t dev, size_t bytes, void **out);
+/* Free now: the caller guarantees no queued work still uses `p`. */
+void gpu_mem_free(gpu_device_t dev, void *p);
+/* Free in stream order, after the work queued on `s` so far. */
+zo_status gpu_mem_free_async(gpu_device_t dev, void *p, gpu_stream_t s);
+void gpu_mem_get_stats(gpu_device_t dev, gpu_mem_stats *out);
+/* Restart the high-water mark at the bytes in use now. */
+void gpu_mem_reset_peak(gpu_device_t dev);
+
+/* Page-locked host memory for asynchronous copies (no capacity). */
+zo_status gpu_host_alloc(gpu_device_t dev, size_t bytes, void **out);
+void gpu_host_free(gpu_device_t dev, void *p);
+
+/* ---- streams and events ------------------------------------------------- */
+
+zo_status gpu_stream_create(gpu_device_t dev, gpu_stream_t *out);
+/* Waits for the stream's work, then destroys it. */
+void gpu_stream_destroy(gpu_stream_t s);
+/* Wait until all work enqueued on `s` has run; returns (and clears) the
+ * stream's sticky error, if any. */
+zo_status gpu_stream_synchronize(gpu_stream_t s);
+gpu_device_t gpu_stream_device(gpu_stream_t s);
+
+zo_status gpu_event_create(gpu_device_t dev, gpu_event_t *out);
+void gpu_event_destroy(gpu_event_t ev);
+/* Capture the work enqueued on `s` so far; the event completes when it has
+ * run. Recording again re-arms the event. */
+zo_status gpu_event_record(gpu_event_t ev, gpu_stream_t s);
+/* Work enqueued on `s` after this call waits for the event's latest record
+ * (as of this call). Waiting on a never-recorded event does nothing. */
+zo_status gpu_stream_wait_event(gpu_stream_t s, gpu_event_t ev);
+/* 1 when the latest record has completed (or there was none), else 0. */
+int gpu_event_query(gpu_event_t ev);
+zo_status gpu_event_synchronize(gpu_event_t ev);
+
+/* ---- copies --------------------------------------------------------------- */
+
+typedef enum gpu_copy_kind {
+    GPU_COPY_HOST_TO_DEVICE = 0,
+    GPU_COPY_DEVICE_TO_HOST,
+    GPU_COPY_DEVICE_TO_DEVICE,
+    GPU_COPY_HOST_TO_HOST,
+} gpu_copy_kind;
+
+zo_status gpu_memcpy_async(gpu_stream_t s, void *dst, const void *src, size_t bytes,
+                           gpu_copy_kind kind);
+zo_status gpu_memset_async(gpu_stream_t s, void *dst, int value, size_t bytes);
+
+/* ---- ops: linear algebra --------------------------------------------------
+ * C[m,n] = alpha * op(A)[m,k] . op(B)[k,n] + beta * C, row-major.
+ * op(A) = A (A stored [m,k], lda >= k) or A^T (A stored [k,m], lda >= m);
+ * op(B) = B (B stored [k,n], ldb >= n) or B^T (B stored [n,k], ldb >= k).
+ * Products accumulate in fp32; beta == 0 ignores C's old contents (nan too).
+ * Batched: `batch` independent products, the i-th at A + i*stride_a, etc.
+ * (strides in elements). A Linear layer y = x W^T has W [out,in] and
+ * trans_b = 1; a GPT-2 Conv1D y = x W has W [in,out] and trans_b = 0. */
+typedef struct gpu_gemm_desc {
+    int trans_a, trans_b;
+    int m, n, k;
+    float alpha, beta;
+    gpu_tensor a, b, c;
+    int64_t lda, ldb, ldc;
+    int batch;                 /* 0 or 1: a single product */
+    int64_t stride_a, stride_b, stride_c;
+} gpu_gemm_desc;
+
+zo_status gpu_gemm(gpu_stream_t s, const gpu_gemm_desc *d);
+
+/* y[n,c] (row stride ldy) += bias[c] broadcast over rows. */
+zo_status gpu_bias_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor bias, int n, int c,
+                           int64_t ldy);
+/* dbias[c] += sum over rows of dy[n,c] (row stride lddy). */
+zo_status gpu_bias_backward(gpu_stream_t s, gpu_tensor dbias, gpu_tensor dy, int n, int c,
+                            int64_t lddy);
+
+/* ---- ops: normalization ----------------------------------------------------
+ * LayerNorm over the last dimension: y = (x - mean) * rstd * w + b, with
+ * x, y [n,c]; w, b [c] (b.data may be NULL); mean, rstd [n] fp32 saved for
+ * backward. Backward: dx += ..., dw += ..., db += ... (db may be NULL). */
+zo_status gpu_layernorm_forward(gpu_stream_t s, gpu_tensor y, float *mean, float *rstd,
+                                gpu_tensor x, gpu_tensor w, gpu_tensor b, int n, int c,
+                                float eps);
+zo_status gpu_layernorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw, gpu_tensor db,
+                                 gpu_tensor dy, gpu_tensor x, gpu_tensor w, const float *mean,
+                                 const float *rstd, int n, int c);
+/* RMSNorm (LLaMA): y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps). */
+zo_status gpu_rmsnorm_forward(gpu_stream_t s, gpu_tensor y, float *rstd, gpu_tensor x,
+                              gpu_tensor w, int n, int c, float eps);
+zo_status gpu_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw, gpu_tensor dy,
+                               gpu_tensor x, gpu_tensor w, const float *rstd, int n, int c);
+
+/* ---- ops: attention ----------------------------------------------------------
+ * Causal self-attention, memory-efficient: no [t,t] matrix is kept; forward
+ * saves only the log-sum-exp of each score row, backward recomputes scores.
+ * qkv [b, t, (hq + 2*hkv) * d]: per token the hq query heads, then hkv key
+ * heads, then hkv value heads (each d wide). Query head h uses kv head
+ * h / (hq / hkv) (grouped-query attention). Scores are scaled by 1/sqrt(d).
+ * out [b, t, hq*d]; lse [b, hq, t] fp32. Backward overwrites dqkv (same
+ * shape as qkv). */
+typedef struct gpu_attn_desc {
+    int b, t, hq, hkv, d;
+} gpu_attn_desc;
+
+zo_status gpu_attention_forward(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor out,
+                                float *lse, gpu_tensor qkv);
+zo_status gpu_attention_backward(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor dqkv,
+                                 gpu_tensor dout, gpu_tensor qkv, gpu_tensor out,
+                                 const float *lse);
+
+/* Rotary embedding, Hugging Face LLaMA convention (rotate_half: dimension i
+ * pairs with i + d/2; inv_freq[i] = theta^(-2i/d)), IN PLACE on the first
+ * n_heads heads (d wide) of each of n rows of x (row stride ldx). Row r has
+ * position pos0 + r % t. Backward applies the inverse rotation to the
+ * gradient in place. */
+zo_status gpu_rope_forward(gpu_stream_t s, gpu_tensor x, int n, int t, int n_heads, int d,
+                           int64_t ldx, float theta, int pos0);
+zo_status gpu_rope_backward(gpu_stream_t s, gpu_tensor dx, int n, int t, int n_heads, int d,
+                            int64_t ldx, float theta, int pos0);
+
+/* ---- ops: activations ---------------------------------------------------------
+ * GELU, tanh form: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+zo_status gpu_gelu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, size_t n);
+zo_status gpu_gelu_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, gpu_tensor x,
+                            size_t n);
+/* SwiGLU: y = silu(gate) * up, all [n] elements. */
+zo_status gpu_swiglu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor gate, gpu_tensor up,
+                             size_t n);
+zo_status gpu_swiglu_backward(gpu_stream_t s, gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy,
+                              gpu_tensor gate, gpu_tensor up, size_t n);
+
+/* ---- ops: embedding and loss ----------------------------------------------------
+ * out[n,c] = wte[tokens[r]] (+ wpe[r % t] when wpe.data != NULL).
+ * tokens: n int32 ids on the device. Backward: dwte += ..., dwpe += ...
+ * (dwpe may be NULL). An id outside [0, vocab) is a sticky stream error. */
+zo_status gpu_embedding_forward(gpu_stream_t s, gpu_tensor out, const int32_t *tokens,
+                                gpu_tensor wte, gpu_tensor wpe, int n, int t, int c, int vocab);
+zo_status gpu_embedding_backward(gpu_stream_t s, gpu_tensor dwte, gpu_tensor dwpe,
+                                 gpu_tensor dout, const int32_t *tokens, int n, int t, int c,
+                                 int vocab);
+
+/* Softmax cross-entropy over logits [n,v] (row stride v): losses[r] =
+ * logsumexp(logits[r]) - logits[r, targets[r]] (fp32, [n]); a target of -1
+ * is ignored (loss 0, gradient 0). Backward: dlogits = dloss * (softmax -
+ * onehot), where dloss is a scalar (1/count for a mean); dlogits may be
+ * logits itself. */
+zo_status gpu_cross_entropy_forward(gpu_stream_t s, float *losses, gpu_tensor logits,
+                                    const int32_t *targets, int n, int v);
+zo_status gpu_cross_entropy_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor logits,
+                                     const int32_t *targets, float dloss, int n, int v);
+
+/* ---- ops: elementwise and reductions ---------------------------------------------
+ * y = a + b (the residual add; its backward passes dy to both inputs, so the
+ * same op adds gradients). y may alias a or b. */
+zo_status gpu_add(gpu_stream_t s, gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n);
+/* x *= alpha, in place (gradient unscaling; backward is the same op). */
+zo_status gpu_scale(gpu_stream_t s, gpu_tensor x, float alpha, size_t n);
+/* dst = src converted (round to nearest even); backward is the reverse cast. */
+zo_status gpu_cast(gpu_stream_t s, gpu_tensor dst, gpu_tensor src, size_t n);
+/* *flag (device int32) |= 1 when any of x[0..n) is inf or nan. */
+zo_status gpu_check_finite(gpu_stream_t s, int32_t *flag, gpu_tensor x, size_t n);
+/* *sum (device float) += sum of x[i]^2, accumulated in double in a fixed
+ * order (for gradient clipping). */
+zo_status gpu_sum_squares(gpu_stream_t s, float *sum, gpu_tensor x, size_t n);
+
+#endif

@@ -1,0 +1,927 @@
+/* The CPU backend: "device" memory from a pool with a capacity, one worker
+ * thread per stream running its queue in order, events that order work
+ * across streams, and the kernels of ops_cpu.c enqueued as commands. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/device_impl.h" /* defines: gpu_backend_iface, struct gpu_stream/event */
+#include "gpu/ops_cpu.h"     /* defines: cpu_gemm, cpu_attention_forward, ... */
+
+#define POOL_ALIGN 256u
+#define ALLOC_MAGIC 0x5a4f44455649434full /* "ZODEVICO" */
+
+typedef struct cpu_ctx {
+    pthread_mutex_t lock; /* guards the counters below */
+    size_t capacity, in_use, high_water, n_allocs, host_pinned;
+    int n_threads;
+} cpu_ctx;
+
+/* Every device allocation starts with this header, POOL_ALIGN bytes before
+ * the pointer handed out. */
+typedef struct alloc_header {
+    uint64_t magic;
+    size_t bytes; /* rounded size counted against the capacity */
+} alloc_header;
+
+static cpu_ctx *ctx_of(gpu_device_t dev) { return dev->ctx; }
+
+/* ---- memory ---------------------------------------------------------------- */
+
+static zo_status cpu_mem_alloc(gpu_device_t dev, size_t bytes, void **out)
+{
+    cpu_ctx *c = ctx_of(dev);
+    if (bytes > SIZE_MAX - 2 * POOL_ALIGN)
+        return zo_error(ZO_ERR_CAPACITY, "gpu_mem_alloc: %zu bytes is too large", bytes);
+    size_t rounded = (bytes + POOL_ALIGN - 1) / POOL_ALIGN * POOL_ALIGN;
+    pthread_mutex_lock(&c->lock);
+    if (c->capacity && c->in_use + rounded > c->capacity) {
+        size_t in_use = c->in_use;
+        pthread_mutex_unlock(&c->lock);
+        return zo_error(ZO_ERR_CAPACITY,
+                        "device memory (cpu): allocating %zu bytes would exceed the capacity "
+                        "of %zu bytes (%zu in use, %zu free)",
+                        rounded, c->capacity, in_use, c->capacity - in_use);
+    }
+    c->in_use += rounded; /* reserve before allocating so racing threads see it */
+    if (c->in_use > c->high_water) c->high_water = c->in_use;
+    c->n_allocs++;
+    pthread_mutex_unlock(&c->lock);
+
+    char *base = aligned_alloc(POOL_ALIGN, rounded + POOL_ALIGN);
+    if (!base) {
+        pthread_mutex_lock(&c->lock);
+        c->in_use -= rounded;
+        c->n_allocs--;
+        pthread_mutex_unlock(&c->lock);
+        return zo_error(ZO_ERR_NOMEM, "gpu_mem_alloc: host allocation of %zu bytes failed "
+                                      "(backing the cpu device)", rounded);
+    }
+    alloc_header *h = (alloc_header *)base;
+    h->magic = ALLOC_MAGIC;
+    h->bytes = rounded;
+    *out = base + POOL_ALIGN;
+    return ZO_OK;
+}
+
+static void cpu_mem_free(gpu_device_t dev, void *p)
+{
+    cpu_ctx *c = ctx_of(dev);
+    char *base = (char *)p - POOL_ALIGN;
+    alloc_header *h = (alloc_header *)base;
+    if (h->magic != ALLOC_MAGIC) return; /* not ours, or freed twice: ignore */
+    h->magic = 0;
+    pthread_mutex_lock(&c->lock);
+    c->in_use -= h->bytes;
+    c->n_allocs--;
+    pthread_mutex_unlock(&c->lock);
+    free(base);
+}
+
+static void cpu_mem_get_stats(gpu_device_t dev, gpu_mem_stats *out)
+{
+    cpu_ctx *c = ctx_of(dev);
+    pthread_mutex_lock(&c->lock);
+    out->capacity = c->capacity;
+    out->in_use = c->in_use;
+    out->high_water = c->high_water;
+    out->n_allocs = c->n_allocs;
+    out->host_pinned = c->host_pinned;
+    pthread_mutex_unlock(&c->lock);
+}
+
+static void cpu_mem_reset_peak(gpu_device_t dev)
+{
+    cpu_ctx *c = ctx_of(dev);
+    pthread_mutex_lock(&c->lock);
+    c->high_water = c->in_use;
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* Pinned host memory is ordinary memory here, with the same header so that
+ * its bytes can be counted. */
+static zo_status cpu_host_alloc(gpu_device_t dev, size_t bytes, void **out)
+{
+    cpu_ctx *c = ctx_of(dev);
+    if (bytes > SIZE_MAX - 2 * POOL_ALIGN)
+        return zo_error(ZO_ERR_NOMEM, "gpu_host_alloc: %zu bytes is too large", bytes);
+    size_t rounded = (bytes + POOL_ALIGN - 1) / POOL_ALIGN * POOL_ALIGN;
+    char *base = aligned_alloc(POOL_ALIGN, rounded + POOL_ALIGN);
+    if (!base) return zo_error(ZO_ERR_NOMEM, "gpu_host_alloc: %zu bytes failed", rounded);
+    alloc_header *h = (alloc_header *)base;
+    h->magic = ALLOC_MAGIC ^ 1u;
+    h->bytes = rounded;
+    pthread_mutex_lock(&c->lock);
+    c->host_pinned += rounded;
+    pthread_mutex_unlock(&c->lock);
+    *out = base + POOL_ALIGN;
+    return ZO_OK;
+}
+
+static void cpu_host_free(gpu_device_t dev, void *p)
+{
+    cpu_ctx *c = ctx_of(dev);
+    char *base = (char *)p - POOL_ALIGN;
+    alloc_header *h = (alloc_header *)base;
+    if (h->magic != (ALLOC_MAGIC ^ 1u)) return;
+    h->magic = 0;
+    pthread_mutex_lock(&c->lock);
+    c->host_pinned -= h->bytes;
+    pthread_mutex_unlock(&c->lock);
+    free(base);
+}
+
+/* ---- streams: a queue of commands and its worker thread ------------------------ */
+
+typedef struct cpu_cmd cpu_cmd;
+typedef zo_status (*cpu_cmd_fn)(cpu_cmd *cmd, int nt);
+
+/* A command: the function to run and a copy of its arguments. */
+struct cpu_cmd {
+    cpu_cmd *next;
+    cpu_cmd_fn run;
+    gpu_device_t dev;
+    union {
+        struct { void *dst; const void *src; size_t bytes; int value; } mem;
+        struct { void *p; } free;
+        struct { struct cpu_event *ev; uint64_t gen; } event;
+        gpu_gemm_desc gemm;
+        struct { gpu_attn_desc a; gpu_tensor t0, t1, t2, t3; float *f0; const float *cf0; } attn;
+        struct {
+            gpu_tensor t[6];
+            float *f[2];
+            const float *cf[2];
+            const int32_t *ids;
+            int32_t *flag;
+            int i[6];
+            int64_t l;
+            float x;
+            size_t n;
+        } op;
+    } u;
+};
+
+typedef struct cpu_stream {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t work;    /* signalled when a command arrives or on stop */
+    pthread_cond_t idle;    /* signalled when a command completes */
+    cpu_cmd *head, *tail;
+    uint64_t submitted, completed;
+    int stop;
+    zo_status error;        /* first failure, sticky until synchronize */
+    char message[512];
+    int n_threads;
+} cpu_stream;
+
+typedef struct cpu_event {
+    pthread_mutex_t lock;
+    pthread_cond_t done;
+    uint64_t recorded;  /* records made (host side) */
+    uint64_t completed; /* latest record that has run */
+} cpu_event;
+
+static void *stream_worker(void *arg)
+{
+    cpu_stream *cs = arg;
+    pthread_mutex_lock(&cs->lock);
+    for (;;) {
+        while (!cs->head && !cs->stop) pthread_cond_wait(&cs->work, &cs->lock);
+        if (!cs->head) break; /* stop with an empty queue */
+        cpu_cmd *cmd = cs->head;
+        pthread_mutex_unlock(&cs->lock);
+
+        zo_status st = cmd->run(cmd, cs->n_threads);
+
+        pthread_mutex_lock(&cs->lock);
+        if (st != ZO_OK && cs->error == ZO_OK) {
+            cs->error = st;
+            snprintf(cs->message, sizeof cs->message, "%s", zo_last_error());
+        }
+        cs->head = cmd->next;
+        if (!cs->head) cs->tail = NULL;
+        cs->completed++;
+        pthread_cond_broadcast(&cs->idle);
+        free(cmd);
+    }
+    pthread_mutex_unlock(&cs->lock);
+    return NULL;
+}
+
+static zo_status cpu_stream_create(gpu_device_t dev, gpu_stream_t s)
+{
+    cpu_stream *cs = calloc(1, sizeof *cs);
+    if (!cs) return zo_error(ZO_ERR_NOMEM, "gpu_stream_create: out of host memory");
+    cs->n_threads = ctx_of(dev)->n_threads;
+    pthread_mutex_init(&cs->lock, NULL);
+    pthread_cond_init(&cs->work, NULL);
+    pthread_cond_init(&cs->idle, NULL);
+    int rc = pthread_create(&cs->thread, NULL, stream_worker, cs);
+    if (rc != 0) {
+        pthread_cond_destroy(&cs->idle);
+        pthread_cond_destroy(&cs->work);
+        pthread_mutex_destroy(&cs->lock);
+        free(cs);
+        return zo_error(ZO_ERR_DEVICE, "gpu_stream_create: pthread_create: %s", strerror(rc));
+    }
+    s->impl = cs;
+    return ZO_OK;
+}
+
+/* Append a command (allocated by new_cmd) and wake the worker. */
+static zo_status enqueue(gpu_stream_t s, cpu_cmd *cmd)
+{
+    cpu_stream *cs = s->impl;
+    pthread_mutex_lock(&cs->lock);
+    if (cs->tail)
+        cs->tail->next = cmd;
+    else
+        cs->head = cmd;
+    cs->tail = cmd;
+    cs->submitted++;
+    pthread_cond_signal(&cs->work);
+    pthread_mutex_unlock(&cs->lock);
+    return ZO_OK;
+}
+
+static cpu_cmd *new_cmd(gpu_stream_t s, cpu_cmd_fn fn)
+{
+    cpu_cmd *cmd = calloc(1, sizeof *cmd);
+    if (!cmd) return NULL;
+    cmd->run = fn;
+    cmd->dev = s->dev;
+    return cmd;
+}
+
+#define NEW_CMD(var, s, fn, op)                                                             \
+    cpu_cmd *var = new_cmd(s, fn);                                                          \
+    if (!var) return zo_error(ZO_ERR_NOMEM, "%s: out of host memory for a command", op)
+
+static zo_status cpu_stream_synchronize(gpu_stream_t s)
+{
+    cpu_stream *cs = s->impl;
+    pthread_mutex_lock(&cs->lock);
+    uint64_t target = cs->submitted;
+    while (cs->completed < target) pthread_cond_wait(&cs->idle, &cs->lock);
+    zo_status st = cs->error;
+    char msg[sizeof cs->message];
+    memcpy(msg, cs->message, sizeof msg);
+    cs->error = ZO_OK;
+    cs->message[0] = '\0';
+    pthread_mutex_unlock(&cs->lock);
+    if (st != ZO_OK) return zo_error(st, "stream error: %s", msg);
+    return ZO_OK;
+}
+
+static void cpu_stream_destroy(gpu_stream_t s)
+{
+    cpu_stream *cs = s->impl;
+    (void)cpu_stream_synchronize(s);
+    pthread_mutex_lock(&cs->lock);
+    cs->stop = 1;
+    pthread_cond_signal(&cs->work);
+    pthread_mutex_unlock(&cs->lock);
+    pthread_join(cs->thread, NULL);
+    pthread_cond_destroy(&cs->idle);
+    pthread_cond_destroy(&cs->work);
+    pthread_mutex_destroy(&cs->lock);
+    free(cs);
+}
+
+static zo_status cpu_synchronize(gpu_device_t dev)
+{
+    zo_status first = ZO_OK;
+    pthread_mutex_lock(dev->list_lock);
+    for (gpu_stream_t s = dev->streams; s; s = s->next) {
+        zo_status st = cpu_stream_synchronize(s);
+        if (st != ZO_OK && first == ZO_OK) first = st;
+    }
+    pthread_mutex_unlock(dev->list_lock);
+    return first;
+}
+
+/* ---- events --------------------------------------------------------------------------- */
+
+static zo_status cpu_event_create(gpu_device_t dev, gpu_event_t ev)
+{
+    (void)dev;
+    cpu_event *ce = calloc(1, sizeof *ce);
+    if (!ce) return zo_error(ZO_ERR_NOMEM, "gpu_event_create: out of host memory");
+    pthread_mutex_init(&ce->lock, NULL);
+    pthread_cond_init(&ce->done, NULL);
+    ev->impl = ce;
+    return ZO_OK;
+}
+
+static void cpu_event_destroy(gpu_event_t ev)
+{
+    cpu_event *ce = ev->impl;
+    (void)ev->dev->iface->event_synchronize(ev); /* a queued record still points at it */
+    pthread_cond_destroy(&ce->done);
+    pthread_mutex_destroy(&ce->lock);
+    free(ce);
+}
+
+static zo_status run_event_complete(cpu_cmd *cmd, int nt)
+{
+    (void)nt;
+    cpu_event *ce = cmd->u.event.ev;
+    pthread_mutex_lock(&ce->lock);
+    if (cmd->u.event.gen > ce->completed) ce->completed = cmd->u.event.gen;
+    pthread_cond_broadcast(&ce->done);
+    pthread_mutex_unlock(&ce->lock);
+    return ZO_OK;
+}
+
+static zo_status cpu_event_record(gpu_event_t ev, gpu_stream_t s)
+{
+    cpu_event *ce = ev->impl;
+    NEW_CMD(cmd, s, run_event_complete, "gpu_event_record");
+    pthread_mutex_lock(&ce->lock);
+    cmd->u.event.ev = ce;
+    cmd->u.event.gen = ++ce->recorded;
+    pthread_mutex_unlock(&ce->lock);
+    return enqueue(s, cmd);
+}
+
+static zo_status run_event_wait(cpu_cmd *cmd, int nt)
+{
+    (void)nt;
+    cpu_event *ce = cmd->u.event.ev;
+    pthread_mutex_lock(&ce->lock);
+    while (ce->completed < cmd->u.event.gen) pthread_cond_wait(&ce->done, &ce->lock);
+    pthread_mutex_unlock(&ce->lock);
+    return ZO_OK;
+}
+
+static zo_status cpu_stream_wait_event(gpu_stream_t s, gpu_event_t ev)
+{
+    cpu_event *ce = ev->impl;
+    pthread_mutex_lock(&ce->lock);
+    uint64_t gen = ce->recorded;
+    pthread_mutex_unlock(&ce->lock);
+    if (gen == 0) return ZO_OK; /* never recorded: nothing to wait for */
+    NEW_CMD(cmd, s, run_event_wait, "gpu_stream_wait_event");
+    cmd->u.event.ev = ce;
+    cmd->u.event.gen = gen;
+    return enqueue(s, cmd);
+}
+
+static int cpu_event_query(gpu_event_t ev)
+{
+    cpu_event *ce = ev->impl;
+    pthread_mutex_lock(&ce->lock);
+    int done = ce->completed >= ce->recorded;
+    pthread_mutex_unlock(&ce->lock);
+    return done;
+}
+
+static zo_status cpu_event_synchronize(gpu_event_t ev)
+{
+    cpu_event *ce = ev->impl;
+    pthread_mutex_lock(&ce->lock);
+    uint64_t target = ce->recorded;
+    while (ce->completed < target) pthread_cond_wait(&ce->done, &ce->lock);
+    pthread_mutex_unlock(&ce->lock);
+    return ZO_OK;
+}
+
+/* ---- copies and stream-ordered free ------------------------------------------------------ */
+
+static zo_status run_memcpy(cpu_cmd *cmd, int nt)
+{
+    (void)nt;
+    memmove(cmd->u.mem.dst, cmd->u.mem.src, cmd->u.mem.bytes);
+    return ZO_OK;
+}
+
+static zo_status cpu_memcpy_async(gpu_stream_t s, void *dst, const void *src, size_t bytes,
+                                  gpu_copy_kind kind)
+{
+    (void)kind; /* one address space */
+    NEW_CMD(cmd, s, run_memcpy, "gpu_memcpy_async");
+    cmd->u.mem.dst = dst;
+    cmd->u.mem.src = src;
+    cmd->u.mem.bytes = bytes;
+    return enqueue(s, cmd);
+}
+
+static zo_status run_memset(cpu_cmd *cmd, int nt)
+{
+    (void)nt;
+    memset(cmd->u.mem.dst, cmd->u.mem.value, cmd->u.mem.bytes);
+    return ZO_OK;
+}
+
+static zo_status cpu_memset_async(gpu_stream_t s, void *dst, int value, size_t bytes)
+{
+    NEW_CMD(cmd, s, run_memset, "gpu_memset_async");
+    cmd->u.mem.dst = dst;
+    cmd->u.mem.value = value;
+    cmd->u.mem.bytes = bytes;
+    return enqueue(s, cmd);
+}
+
+static zo_status run_free(cpu_cmd *cmd, int nt)
+{
+    (void)nt;
+    cpu_mem_free(cmd->dev, cmd->u.free.p);
+    return ZO_OK;
+}
+
+static zo_status cpu_mem_free_async(gpu_device_t dev, void *p, gpu_stream_t s)
+{
+    (void)dev;
+    NEW_CMD(cmd, s, run_free, "gpu_mem_free_async");
+    cmd->u.free.p = p;
+    return enqueue(s, cmd);
+}
+
+/* ---- ops: each packs its arguments into a command run by the worker ----------------------- */
+
+static zo_status run_gemm(cpu_cmd *c, int nt)
+{
+    cpu_gemm(&c->u.gemm, nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_op_gemm(gpu_stream_t s, const gpu_gemm_desc *d)
+{
+    NEW_CMD(cmd, s, run_gemm, "gpu_gemm");
+    cmd->u.gemm = *d;
+    return enqueue(s, cmd);
+}
+
+#define OP (c->u.op)
+
+static zo_status run_bias_forward(cpu_cmd *c, int nt)
+{
+    cpu_bias_forward(OP.t[0], OP.t[1], OP.i[0], OP.i[1], OP.l, nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_op_bias_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor bias, int n, int c,
+                                     int64_t ldy)
+{
+    NEW_CMD(cmd, s, run_bias_forward, "gpu_bias_forward");
+    cmd->u.op.t[0] = y;
+    cmd->u.op.t[1] = bias;
+    cmd->u.op.i[0] = n;
+    cmd->u.op.i[1] = c;
+    cmd->u.op.l = ldy;
+    return enqueue(s, cmd);
+}
+
+static zo_status run_bias_backward(cpu_cmd *c, int nt)
+{
+    cpu_bias_backward(OP.t[0], OP.t[1], OP.i[0], OP.i[1], OP.l, nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_op_bias_backward(gpu_stream_t s, gpu_tensor dbias, gpu_tensor dy, int n,
+                                      int c, int64_t lddy)
+{
+    NEW_CMD(cmd, s, run_bias_backward, "gpu_bias_backward");
+    cmd->u.op.t[0] = dbias;
+    cmd->u.op.t[1] = dy;
+    cmd->u.op.i[0] = n;
+    cmd->u.op.i[1] = c;
+    cmd->u.op.l = lddy;
+    return enqueue(s, cmd);
+}
+
+static zo_status run_layernorm_forward(cpu_cmd *c, int nt)
+{
+    cpu_layernorm_forward(OP.t[0], OP.f[0], OP.f[1], OP.t[1], OP.t[2], OP.t[3], OP.i[0], OP.i[1],
+                          OP.x, nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_op_layernorm_forward(gpu_stream_t s, gpu_tensor y, float *mean, float *rstd,
+                                          gpu_tensor x, gpu_tensor w, gpu_tensor b, int n, int c,
+                                          float eps)
+{
+    NEW_CMD(cmd, s, run_layernorm_forward, "gpu_layernorm_forward");
+    cmd->u.op.t[0] = y;
+    cmd->u.op.t[1] = x;
+    cmd->u.op.t[2] = w;
+    cmd->u.op.t[3] = b;
+    cmd->u.op.f[0] = mean;
+    cmd->u.op.f[1] = rstd;
+    cmd->u.op.i[0] = n;
+    cmd->u.op.i[1] = c;
+    cmd->u.op.x = eps;
+    return enqueue(s, cmd);
+}
+
+static zo_status run_layernorm_backward(cpu_cmd *c, int nt)
+{
+    cpu_layernorm_backward(OP.t[0], OP.t[1], OP.t[2], OP.t[3], OP.t[4], OP.t[5], OP.cf[0],
+                           OP.cf[1], OP.i[0], OP.i[1], nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_op_layernorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw,
+                                           gpu_tensor db, gpu_tensor dy, gpu_tensor x,
+                                           gpu_tensor w, const float *mean, const float *rstd,
+                                           int n, int c)
+{
+    NEW_CMD(cmd, s, run_layernorm_backward, "gpu_layernorm_backward");
+    gpu_tensor t[6] = {dx, dw, db, dy, x, w};
+    memcpy(cmd->u.op.t, t, sizeof t);
+    cmd->u.op.cf[0] = mean;
+    cmd->u.op.cf[1] = rstd;
+    cmd->u.op.i[0] = n;
+    cmd->u.op.i[1] = c;
+    return enqueue(s, cmd);
+}
+
+static zo_status run_rmsnorm_forward(cpu_cmd *c, int nt)
+{
+    cpu_rmsnorm_forward(OP.t[0], OP.f[0], OP.t[1], OP.t[2], OP.i[0], OP.i[1], OP.x, nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_op_rmsnorm_forward(gpu_stream_t s, gpu_tensor y, float *rstd, gpu_tensor x,
+                                        gpu_tensor w, int n, int c, float eps)
+{
+    NEW_CMD(cmd, s, run_rmsnorm_forward, "gpu_rmsnorm_forward");
+    cmd->u.op.t[0] = y;
+    cmd->u.op.t[1] = x;
+    cmd->u.op.t[2] = w;
+    cmd->u.op.f[0] = rstd;
+    cmd->u.op.i[0] = n;
+    cmd->u.op.i[1] = c;
+    cmd->u.op.x = eps;
+    return enqueue(s, cmd);
+}
+
+static zo_status run_rmsnorm_backward(cpu_cmd *c, int nt)
+{
+    cpu_rmsnorm_backward(OP.t[0], OP.t[1], OP.t[2], OP.t[3], OP.t[4], OP.cf[0], OP.i[0], OP.i[1],
+                         nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_op_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw,
+                                         gpu_tensor dy, gpu_tensor x, gpu_tensor w,
+                                         const float *rstd, int n, int c)
+{
+    NEW_CMD(cmd, s, run_rmsnorm_backward, "gpu_rmsnorm_backward");
+    gpu_tensor t[5] = {dx, dw, dy, x, w};
+    memcpy(cmd->u.op.t, t, sizeof t);
+    cmd->u.op.cf[0] = rstd;
+    cmd->u.op.i[0] = n;
+    cmd->u.op.i[1] = c;
+    return enqueue(s, cmd);
+}
+
+#define AT (c->u.attn)
+
+static zo_status run_attention_forward(cpu_cmd *c, int nt)
+{
+    cpu_attention_forward(&AT.a, AT.t0, AT.f0, AT.t1, nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_op_attention_forward(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor out,
+                                          float *lse, gpu_tensor qkv)
+{
+    NEW_CMD(cmd, s, run_attention_forward, "gpu_attention_forward");
+    cmd->u.attn.a = *a;
+    cmd->u.attn.t0 = out;
+    cmd->u.attn.t1 = qkv;
+    cmd->u.attn.f0 = lse;
+    return enqueue(s, cmd);
+}
+
+static zo_status run_attention_backward(cpu_cmd *c, int nt)
+{
+    cpu_attention_backward(&AT.a, AT.t0, AT.t1, AT.t2, AT.t3, AT.cf0, nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_op_attention_backward(gpu_stream_t s, const gpu_attn_desc *a,
+                                           gpu_tensor dqkv, gpu_tensor dout, gpu_tensor qkv,
+                                           gpu_tensor out, const float *lse)
+{
+    NEW_CMD(cmd, s, run_attention_backward, "gpu_attention_backward");
+    cmd->u.attn.a = *a;
+    cmd->u.attn.t0 = dqkv;
+    cmd->u.attn.t1 = dout;
+    cmd->u.attn.t2 = qkv;
+    cmd->u.attn.t3 = out;
+    cmd->u.attn.cf0 = lse;
+    return enqueue(s, cmd);
+}
+
+static zo_status run_rope(cpu_cmd *c, int nt)
+{
+    cpu_rope(OP.t[0], OP.i[0], OP.i[1], OP.i[2], OP.i[3], OP.l, OP.x, OP.i[4], OP.i[5], nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_op_rope(gpu_stream_t s, gpu_tensor x, int n, int t, int n_heads, int d,
+                             int64_t ldx, float theta, int pos0, int inverse)
+{
+    NEW_CMD(cmd, s, run_rope, "gpu_rope");
+    cmd->u.op.t[0] = x;
+    int i[6] = {n, t, n_heads, d, pos0, inverse};
+    memcpy(cmd->u.op.i, i, sizeof i);
+    cmd->u.op.l = ldx;
+    cmd->u.op.x = theta;
+    return enqueue(s, cmd);
+}
+
+static zo_status run_gelu_forward(cpu_cmd *c, int nt)
+{
+    cpu_gelu_forward(OP.t[0], OP.t[1], OP.n, nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_op_gelu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, size_t n)
+{
+    NEW_CMD(cmd, s, run_gelu_forward, "gpu_gelu_forward");
+    cmd->u.op.t[0] = y;
+    cmd->u.op.t[1] = x;
+    cmd->u.op.n = n;
+    return enqueue(s, cmd);
+}
+
+static zo_status run_gelu_backward(cpu_cmd *c, int nt)
+{
+    cpu_gelu_backward(OP.t[0], OP.t[1], OP.t[2], OP.n, nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_op_gelu_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, gpu_tensor x,
+                                      size_t n)
+{
+    NEW_CMD(cmd, s, run_gelu_backward, "gpu_gelu_backward");
+    cmd->u.op.t[0] = dx;
+    cmd->u.op.t[1] = dy;
+    cmd->u.op.t[2] = x;
+    cmd->u.op.n = n;
+    return enqueue(s, cmd);
+}
+
+static zo_status run_swiglu_forward(cpu_cmd *c, int nt)
+{
+    cpu_swiglu_forward(OP.t[0], OP.t[1], OP.t[2], OP.n, nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_op_swiglu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor gate,
+                                       gpu_tensor up, size_t n)
+{
+    NEW_CMD(cmd, s, run_swiglu_forward, "gpu_swiglu_forward");
+    cmd->u.op.t[0] = y;
+    cmd->u.op.t[1] = gate;
+    cmd->u.op.t[2] = up;
+    cmd->u.op.n = n;
+    return enqueue(s, cmd);
+}
+
+static zo_status run_swiglu_backward(cpu_cmd *c, int nt)
+{
+    cpu_swiglu_backward(OP.t[0], OP.t[1], OP.t[2], OP.t[3], OP.t[4], OP.n, nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_op_swiglu_backward(gpu_stream_t s, gpu_tensor dgate, gpu_tensor dup,
+                                        gpu_tensor dy, gpu_tensor gate, gpu_tensor up, size_t n)
+{
+    NEW_CMD(cmd, s, run_swiglu_backward, "gpu_swiglu_backward");
+    gpu_tensor t[5] = {dgate, dup, dy, gate, up};
+    memcpy(cmd->u.op.t, t, sizeof t);
+    cmd->u.op.n = n;
+    return enqueue(s, cmd);
+}
+
+static zo_status run_embedding_forward(cpu_cmd *c, int nt)
+{
+    return cpu_embedding_forward(OP.t[0], OP.ids, OP.t[1], OP.t[2], OP.i[0], OP.i[1], OP.i[2],
+                                 OP.i[3], nt);
+}
+
+static zo_status cpu_op_embedding_forward(gpu_stream_t s, gpu_tensor out, const int32_t *tokens,
+                                          gpu_tensor wte, gpu_tensor wpe, int n, int t, int c,
+                                          int vocab)
+{
+    NEW_CMD(cmd, s, run_embedding_forward, "gpu_embedding_forward");
+    cmd->u.op.t[0] = out;
+    cmd->u.op.t[1] = wte;
+    cmd->u.op.t[2] = wpe;
+    cmd->u.op.ids = tokens;
+    int i[4] = {n, t, c, vocab};
+    memcpy(cmd->u.op.i, i, sizeof i);
+    return enqueue(s, cmd);
+}
+
+static zo_status run_embedding_backward(cpu_cmd *c, int nt)
+{
+    return cpu_embedding_backward(OP.t[0], OP.t[1], OP.t[2], OP.ids, OP.i[0], OP.i[1], OP.i[2],
+                                  OP.i[3], nt);
+}
+
+static zo_status cpu_op_embedding_backward(gpu_stream_t s, gpu_tensor dwte, gpu_tensor dwpe,
+                                           gpu_tensor dout, const int32_t *tokens, int n, int t,
+                                           int c, int vocab)
+{
+    NEW_CMD(cmd, s, run_embedding_backward, "gpu_embedding_backward");
+    cmd->u.op.t[0] = dwte;
+    cmd->u.op.t[1] = dwpe;
+    cmd->u.op.t[2] = dout;
+    cmd->u.op.ids = tokens;
+    int i[4] = {n, t, c, vocab};
+    memcpy(cmd->u.op.i, i, sizeof i);
+    return enqueue(s, cmd);
+}
+
+static zo_status run_ce_forward(cpu_cmd *c, int nt)
+{
+    return cpu_cross_entropy_forward(OP.f[0], OP.t[0], OP.ids, OP.i[0], OP.i[1], nt);
+}
+
+static zo_status cpu_op_ce_forward(gpu_stream_t s, float *losses, gpu_tensor logits,
+                                   const int32_t *targets, int n, int v)
+{
+    NEW_CMD(cmd, s, run_ce_forward, "gpu_cross_entropy_forward");
+    cmd->u.op.f[0] = losses;
+    cmd->u.op.t[0] = logits;
+    cmd->u.op.ids = targets;
+    cmd->u.op.i[0] = n;
+    cmd->u.op.i[1] = v;
+    return enqueue(s, cmd);
+}
+
+static zo_status run_ce_backward(cpu_cmd *c, int nt)
+{
+    return cpu_cross_entropy_backward(OP.t[0], OP.t[1], OP.ids, OP.x, OP.i[0], OP.i[1], nt);
+}
+
+static zo_status cpu_op_ce_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor logits,
+                                    const int32_t *targets, float dloss, int n, int v)
+{
+    NEW_CMD(cmd, s, run_ce_backward, "gpu_cross_entropy_backward");
+    cmd->u.op.t[0] = dlogits;
+    cmd->u.op.t[1] = logits;
+    cmd->u.op.ids = targets;
+    cmd->u.op.x = dloss;
+    cmd->u.op.i[0] = n;
+    cmd->u.op.i[1] = v;
+    return enqueue(s, cmd);
+}
+
+static zo_status run_add(cpu_cmd *c, int nt)
+{
+    cpu_add(OP.t[0], OP.t[1], OP.t[2], OP.n, nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_op_add(gpu_stream_t s, gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n)
+{
+    NEW_CMD(cmd, s, run_add, "gpu_add");
+    cmd->u.op.t[0] = y;
+    cmd->u.op.t[1] = a;
+    cmd->u.op.t[2] = b;
+    cmd->u.op.n = n;
+    return enqueue(s, cmd);
+}
+
+static zo_status run_scale(cpu_cmd *c, int nt)
+{
+    cpu_scale(OP.t[0], OP.x, OP.n, nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_op_scale(gpu_stream_t s, gpu_tensor x, float alpha, size_t n)
+{
+    NEW_CMD(cmd, s, run_scale, "gpu_scale");
+    cmd->u.op.t[0] = x;
+    cmd->u.op.x = alpha;
+    cmd->u.op.n = n;
+    return enqueue(s, cmd);
+}
+
+static zo_status run_cast(cpu_cmd *c, int nt)
+{
+    cpu_cast(OP.t[0], OP.t[1], OP.n, nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_op_cast(gpu_stream_t s, gpu_tensor dst, gpu_tensor src, size_t n)
+{
+    NEW_CMD(cmd, s, run_cast, "gpu_cast");
+    cmd->u.op.t[0] = dst;
+    cmd->u.op.t[1] = src;
+    cmd->u.op.n = n;
+    return enqueue(s, cmd);
+}
+
+static zo_status run_check_finite(cpu_cmd *c, int nt)
+{
+    cpu_check_finite(OP.flag, OP.t[0], OP.n, nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_op_check_finite(gpu_stream_t s, int32_t *flag, gpu_tensor x, size_t n)
+{
+    NEW_CMD(cmd, s, run_check_finite, "gpu_check_finite");
+    cmd->u.op.flag = flag;
+    cmd->u.op.t[0] = x;
+    cmd->u.op.n = n;
+    return enqueue(s, cmd);
+}
+
+static zo_status run_sum_squares(cpu_cmd *c, int nt)
+{
+    cpu_sum_squares(OP.f[0], OP.t[0], OP.n, nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_op_sum_squares(gpu_stream_t s, float *sum, gpu_tensor x, size_t n)
+{
+    NEW_CMD(cmd, s, run_sum_squares, "gpu_sum_squares");
+    cmd->u.op.f[0] = sum;
+    cmd->u.op.t[0] = x;
+    cmd->u.op.n = n;
+    return enqueue(s, cmd);
+}
+
+/* ---- the device -------------------------------------------------------------------------- */
+
+static void cpu_free(gpu_device_t dev)
+{
+    cpu_ctx *c = ctx_of(dev);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+static const gpu_backend_iface cpu_iface = {
+    .name = "cpu",
+    .free = cpu_free,
+    .synchronize = cpu_synchronize,
+    .mem_alloc = cpu_mem_alloc,
+    .mem_free = cpu_mem_free,
+    .mem_free_async = cpu_mem_free_async,
+    .mem_get_stats = cpu_mem_get_stats,
+    .mem_reset_peak = cpu_mem_reset_peak,
+    .host_alloc = cpu_host_alloc,
+    .host_free = cpu_host_free,
+    .stream_create = cpu_stream_create,
+    .stream_destroy = cpu_stream_destroy,
+    .stream_synchronize = cpu_stream_synchronize,
+    .event_create = cpu_event_create,
+    .event_destroy = cpu_event_destroy,
+    .event_record = cpu_event_record,
+    .stream_wait_event = cpu_stream_wait_event,
+    .event_query = cpu_event_query,
+    .event_synchronize = cpu_event_synchronize,
+    .memcpy_async = cpu_memcpy_async,
+    .memset_async = cpu_memset_async,
+    .gemm = cpu_op_gemm,
+    .bias_forward = cpu_op_bias_forward,
+    .bias_backward = cpu_op_bias_backward,
+    .layernorm_forward = cpu_op_layernorm_forward,
+    .layernorm_backward = cpu_op_layernorm_backward,
+    .rmsnorm_forward = cpu_op_rmsnorm_forward,
+    .rmsnorm_backward = cpu_op_rmsnorm_backward,
+    .attention_forward = cpu_op_attention_forward,
+    .attention_backward = cpu_op_attention_backward,
+    .rope = cpu_op_rope,
+    .gelu_forward = cpu_op_gelu_forward,
+    .gelu_backward = cpu_op_gelu_backward,
+    .swiglu_forward = cpu_op_swiglu_forward,
+    .swiglu_backward = cpu_op_swiglu_backward,
+    .embedding_forward = cpu_op_embedding_forward,
+    .embedding_backward = cpu_op_embedding_backward,
+    .cross_entropy_forward = cpu_op_ce_forward,
+    .cross_entropy_backward = cpu_op_ce_backward,
+    .add = cpu_op_add,
+    .scale = cpu_op_scale,
+    .cast = cpu_op_cast,
+    .check_finite = cpu_op_check_finite,
+    .sum_squares = cpu_op_sum_squares,
+};
+
+zo_status gpu_device_init_cpu(const gpu_cpu_options *opt, gpu_device_t *out)
+{
+    if (!out) return zo_error(ZO_ERR_INVALID, "gpu_device_init_cpu: NULL output");
+    *out = NULL;
+    cpu_ctx *c = calloc(1, sizeof *c);
+    if (!c) return zo_error(ZO_ERR_NOMEM, "gpu_device_init_cpu: out of host memory");
+    pthread_mutex_init(&c->lock, NULL);
+    c->capacity = opt ? opt->capacity : 0;
+    c->n_threads = opt && opt->n_threads > 0 ? opt->n_threads : 0;
+    zo_status st = gpu_device_wrap(&cpu_iface, c, out);
+    if (st != ZO_OK) goto out_free_ctx;
+    return ZO_OK;
+
+out_free_ctx:
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+    return st;
+}

@@ -1,0 +1,779 @@
+/* The CPU kernels: fp32 arithmetic on fp32/fp16/bf16 storage, OpenMP with
+ * static schedules and fixed reduction orders (results do not depend on the
+ * thread count). */
+#include "gpu/ops_cpu.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- element access --------------------------------------------------------- */
+
+static inline float ld(gpu_tensor t, size_t i) { return zo_load_f32(t.data, t.dtype, i); }
+static inline void st(gpu_tensor t, size_t i, float v) { zo_store_f32(t.data, t.dtype, i, v); }
+
+/* dst[0..n) = t[off..off+n) as fp32. */
+static void load_row(float *dst, gpu_tensor t, size_t off, size_t n)
+{
+    if (t.dtype == ZO_DTYPE_F32) {
+        memcpy(dst, (const float *)t.data + off, n * sizeof(float));
+        return;
+    }
+    const uint16_t *p = (const uint16_t *)t.data + off;
+    if (t.dtype == ZO_DTYPE_BF16)
+        for (size_t i = 0; i < n; i++) dst[i] = zo_bf16_to_f32(p[i]);
+    else
+        for (size_t i = 0; i < n; i++) dst[i] = zo_f16_to_f32(p[i]);
+}
+
+/* t[off..off+n) = src rounded to t's dtype. */
+static void store_row(gpu_tensor t, size_t off, const float *src, size_t n)
+{
+    if (t.dtype == ZO_DTYPE_F32) {
+        memcpy((float *)t.data + off, src, n * sizeof(float));
+        return;
+    }
+    uint16_t *p = (uint16_t *)t.data + off;
+    if (t.dtype == ZO_DTYPE_BF16)
+        for (size_t i = 0; i < n; i++) p[i] = zo_f32_to_bf16(src[i]);
+    else
+        for (size_t i = 0; i < n; i++) p[i] = zo_f32_to_f16(src[i]);
+}
+
+static int nthreads(int nt) { return nt > 0 ? nt : omp_get_max_threads(); }
+
+/* ---- GEMM -------------------------------------------------------------------------
+ * Blocked like the BLIS/GotoBLAS loops: C is cut into MC x NC tiles shared
+ * out statically among threads; for each KC slice of k, op(A) and op(B) are
+ * packed into fp32 slivers (MR rows / NR columns, zero padded, converting
+ * the storage type on the way) and an MR x NR register kernel accumulates
+ * into an fp32 tile. Each element of C sums k in the same order whatever the
+ * thread count. */
+#define MR 6
+#define NR 32
+#define MC 192
+#define NC 256
+#define KC 256
+
+typedef float v16f __attribute__((vector_size(64)));
+
+/* acc[MR][ldacc] += Ap[kc][MR] . Bp[kc][NR] */
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+gemm_kernel(int kc, const float *restrict Ap, const float *restrict Bp, float *restrict acc,
+            int ldacc)
+{
+    v16f c[MR][2];
+    memset(c, 0, sizeof c);
+    for (int p = 0; p < kc; p++) {
+        v16f b0, b1;
+        memcpy(&b0, Bp + (size_t)p * NR, sizeof b0);
+        memcpy(&b1, Bp + (size_t)p * NR + 16, sizeof b1);
+        const float *a = Ap + (size_t)p * MR;
+        for (int r = 0; r < MR; r++) {
+            c[r][0] += a[r] * b0;
+            c[r][1] += a[r] * b1;
+        }
+    }
+    for (int r = 0; r < MR; r++) {
+        v16f t0, t1;
+        float *row = acc + (size_t)r * ldacc;
+        memcpy(&t0, row, sizeof t0);
+        memcpy(&t1, row + 16, sizeof t1);
+        t0 += c[r][0];
+        t1 += c[r][1];
+        memcpy(row, &t0, sizeof t0);
+        memcpy(row + 16, &t1, sizeof t1);
+    }
+}
+
+/* Ap[sliver][kc][MR] = op(A)[i0 + sliver*MR + r, p0 + p], zero outside m. */
+static void pack_a(float *Ap, const gpu_gemm_desc *d, const void *a, int i0, int mc, int p0,
+                   int kc, float *row)
+{
+    int slivers = (mc + MR - 1) / MR;
+    memset(Ap, 0, (size_t)slivers * MR * kc * sizeof(float));
+    gpu_tensor ta = {(void *)a, d->a.dtype};
+    if (!d->trans_a) {
+        for (int i = 0; i < mc; i++) { /* row i0+i of A is contiguous in p */
+            load_row(row, ta, (size_t)(i0 + i) * d->lda + p0, kc);
+            float *dst = Ap + (size_t)(i / MR) * MR * kc + i % MR;
+            for (int p = 0; p < kc; p++) dst[(size_t)p * MR] = row[p];
+        }
+    } else {
+        for (int p = 0; p < kc; p++) { /* A stored [k,m]: row p0+p is contiguous in i */
+            load_row(row, ta, (size_t)(p0 + p) * d->lda + i0, mc);
+            for (int i = 0; i < mc; i++)
+                Ap[(size_t)(i / MR) * MR * kc + (size_t)p * MR + i % MR] = row[i];
+        }
+    }
+}
+
+/* Bp[sliver][kc][NR] = op(B)[p0 + p, j0 + sliver*NR + c], zero outside n. */
+static void pack_b(float *Bp, const gpu_gemm_desc *d, const void *b, int p0, int kc, int j0,
+                   int nc, float *row)
+{
+    int slivers = (nc + NR - 1) / NR;
+    memset(Bp, 0, (size_t)slivers * NR * kc * sizeof(float));
+    gpu_tensor tb = {(void *)b, d->b.dtype};
+    if (!d->trans_b) {
+        for (int p = 0; p < kc; p++) { /* B stored [k,n]: row p contiguous in j */
+            load_row(row, tb, (size_t)(p0 + p) * d->ldb + j0, nc);
+            for (int j = 0; j < nc; j++)
+                Bp[(size_t)(j / NR) * NR * kc + (size_t)p * NR + j % NR] = row[j];
+        }
+    } else {
+        for (int j = 0; j < nc; j++) { /* B stored [n,k]: row j contiguous in p */
+            load_row(row, tb, (size_t)(j0 + j) * d->ldb + p0, kc);
+            float *dst = Bp + (size_t)(j / NR) * NR * kc + j % NR;
+            for (int p = 0; p < kc; p++) dst[(size_t)p * NR] = row[p];
+        }
+    }
+}
+
+void cpu_gemm(const gpu_gemm_desc *d, int nt)
+{
+    int batch = d->batch > 0 ? d->batch : 1;
+    int tm = (d->m + MC - 1) / MC, tn = (d->n + NC - 1) / NC;
+    long tiles = (long)batch * tm * tn;
+    size_t es_a = zo_dtype_size(d->a.dtype), es_b = zo_dtype_size(d->b.dtype);
+    size_t es_c = zo_dtype_size(d->c.dtype);
+    int team = nthreads(nt);
+    if (team > tiles) team = (int)tiles;
+#pragma omp parallel num_threads(team)
+    {
+        float *Ap = aligned_alloc(64, (size_t)MC * KC * sizeof(float));
+        float *Bp = aligned_alloc(64, (size_t)NC * KC * sizeof(float));
+        float *acc = aligned_alloc(64, (size_t)MC * NC * sizeof(float));
+        float *row = aligned_alloc(64, (size_t)(NC > MC ? NC : MC) * KC * sizeof(float));
+#pragma omp for schedule(static)
+        for (long tile = 0; tile < tiles; tile++) {
+            int bi = (int)(tile / ((long)tm * tn));
+            int rest = (int)(tile % ((long)tm * tn));
+            int i0 = (rest / tn) * MC, j0 = (rest % tn) * NC;
+            int mc = d->m - i0 < MC ? d->m - i0 : MC;
+            int nc = d->n - j0 < NC ? d->n - j0 : NC;
+            const char *a = (const char *)d->a.data + (size_t)bi * d->stride_a * es_a;
+            const char *b = (const char *)d->b.data + (size_t)bi * d->stride_b * es_b;
+            gpu_tensor c = {(char *)d->c.data + (size_t)bi * d->stride_c * es_c, d->c.dtype};
+            int mslv = (mc + MR - 1) / MR, nslv = (nc + NR - 1) / NR;
+            memset(acc, 0, (size_t)MC * NC * sizeof(float));
+            for (int p0 = 0; p0 < d->k; p0 += KC) {
+                int kc = d->k - p0 < KC ? d->k - p0 : KC;
+                pack_a(Ap, d, a, i0, mc, p0, kc, row);
+                pack_b(Bp, d, b, p0, kc, j0, nc, row);
+                for (int js = 0; js < nslv; js++)
+                    for (int is = 0; is < mslv; is++)
+                        gemm_kernel(kc, Ap + (size_t)is * MR * kc, Bp + (size_t)js * NR * kc,
+                                    acc + (size_t)is * MR * NC + (size_t)js * NR, NC);
+            }
+            /* C = alpha * acc + beta * C; beta == 0 never reads C */
+            for (int i = 0; i < mc; i++) {
+                float *arow = acc + (size_t)i * NC;
+                size_t off = (size_t)(i0 + i) * d->ldc + j0;
+                if (d->beta != 0.0f) {
+                    load_row(row, c, off, nc);
+                    for (int j = 0; j < nc; j++) arow[j] = d->alpha * arow[j] + d->beta * row[j];
+                } else {
+                    for (int j = 0; j < nc; j++) arow[j] = d->alpha * arow[j];
+                }
+                store_row(c, off, arow, nc);
+            }
+        }
+        free(Ap);
+        free(Bp);
+        free(acc);
+        free(row);
+    }
+}
+
+void cpu_gemm_naive(const gpu_gemm_desc *d)
+{
+    int batch = d->batch > 0 ? d->batch : 1;
+    for (int bi = 0; bi < batch; bi++) {
+        gpu_tensor a = {(char *)d->a.data + (size_t)bi * d->stride_a * zo_dtype_size(d->a.dtype),
+                        d->a.dtype};
+        gpu_tensor b = {(char *)d->b.data + (size_t)bi * d->stride_b * zo_dtype_size(d->b.dtype),
+                        d->b.dtype};
+        gpu_tensor c = {(char *)d->c.data + (size_t)bi * d->stride_c * zo_dtype_size(d->c.dtype),
+                        d->c.dtype};
+        for (int i = 0; i < d->m; i++)
+            for (int j = 0; j < d->n; j++) {
+                float acc = 0.0f;
+                for (int p = 0; p < d->k; p++) {
+                    float x = d->trans_a ? ld(a, (size_t)p * d->lda + i) : ld(a, (size_t)i * d->lda + p);
+                    float y = d->trans_b ? ld(b, (size_t)j * d->ldb + p) : ld(b, (size_t)p * d->ldb + j);
+                    acc += x * y;
+                }
+                size_t o = (size_t)i * d->ldc + j;
+                st(c, o, d->alpha * acc + (d->beta != 0.0f ? d->beta * ld(c, o) : 0.0f));
+            }
+    }
+}
+
+/* ---- bias ---------------------------------------------------------------------------- */
+
+void cpu_bias_forward(gpu_tensor y, gpu_tensor bias, int n, int c, int64_t ldy, int nt)
+{
+    float *bv = malloc((size_t)c * sizeof(float));
+    load_row(bv, bias, 0, c);
+#pragma omp parallel num_threads(nthreads(nt))
+    {
+        float *row = malloc((size_t)c * sizeof(float));
+#pragma omp for schedule(static)
+        for (int r = 0; r < n; r++) {
+            load_row(row, y, (size_t)r * ldy, c);
+            for (int j = 0; j < c; j++) row[j] += bv[j];
+            store_row(y, (size_t)r * ldy, row, c);
+        }
+        free(row);
+    }
+    free(bv);
+}
+
+/* Column sums over rows in row order; each thread owns a block of columns. */
+#define COLS 64
+
+void cpu_bias_backward(gpu_tensor dbias, gpu_tensor dy, int n, int c, int64_t lddy, int nt)
+{
+    int blocks = (c + COLS - 1) / COLS;
+#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
+    for (int cb = 0; cb < blocks; cb++) {
+        int j0 = cb * COLS, w = c - j0 < COLS ? c - j0 : COLS;
+        float acc[COLS], row[COLS];
+        for (int j = 0; j < w; j++) acc[j] = 0.0f;
+        for (int r = 0; r < n; r++) {
+            load_row(row, dy, (size_t)r * lddy + j0, w);
+            for (int j = 0; j < w; j++) acc[j] += row[j];
+        }
+        for (int j = 0; j < w; j++) st(dbias, j0 + j, ld(dbias, j0 + j) + acc[j]);
+    }
+}
+
+/* ---- LayerNorm and RMSNorm ------------------------------------------------------------- */
+
+void cpu_layernorm_forward(gpu_tensor y, float *mean, float *rstd, gpu_tensor x, gpu_tensor w,
+                           gpu_tensor b, int n, int c, float eps, int nt)
+{
+    float *wv = malloc((size_t)c * sizeof(float)), *bv = malloc((size_t)c * sizeof(float));
+    load_row(wv, w, 0, c);
+    if (b.data)
+        load_row(bv, b, 0, c);
+    else
+        memset(bv, 0, (size_t)c * sizeof(float));
+#pragma omp parallel num_threads(nthreads(nt))
+    {
+        float *row = malloc((size_t)c * sizeof(float));
+#pragma omp for schedule(static)
+        for (int r = 0; r < n; r++) {
+            load_row(row, x, (size_t)r * c, c);
+            double s = 0.0, v = 0.0;
+            for (int j = 0; j < c; j++) s += row[j];
+            float m = (float)(s / c);
+            for (int j = 0; j < c; j++) v += (double)(row[j] - m) * (row[j] - m);
+            float rs = (float)(1.0 / sqrt(v / c + (double)eps));
+            for (int j = 0; j < c; j++) row[j] = (row[j] - m) * rs * wv[j] + bv[j];
+            store_row(y, (size_t)r * c, row, c);
+            mean[r] = m;
+            rstd[r] = rs;
+        }
+        free(row);
+    }
+    free(wv);
+    free(bv);
+}
+
+/* dw[j] += sum_r dy[r,j] * xhat[r,j] (and db[j] += sum_r dy[r,j]), xhat from
+ * x, mean (NULL for RMSNorm) and rstd. */
+static void norm_param_grads(gpu_tensor dw, gpu_tensor db, gpu_tensor dy, gpu_tensor x,
+                             const float *mean, const float *rstd, int n, int c, int nt)
+{
+    int blocks = (c + COLS - 1) / COLS;
+#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
+    for (int cb = 0; cb < blocks; cb++) {
+        int j0 = cb * COLS, wd = c - j0 < COLS ? c - j0 : COLS;
+        float aw[COLS], ab[COLS], g[COLS], xr[COLS];
+        for (int j = 0; j < wd; j++) aw[j] = ab[j] = 0.0f;
+        for (int r = 0; r < n; r++) {
+            load_row(g, dy, (size_t)r * c + j0, wd);
+            load_row(xr, x, (size_t)r * c + j0, wd);
+            float m = mean ? mean[r] : 0.0f;
+            for (int j = 0; j < wd; j++) {
+                aw[j] += g[j] * (xr[j] - m) * rstd[r];
+                ab[j] += g[j];
+            }
+        }
+        for (int j = 0; j < wd; j++) {
+            st(dw, j0 + j, ld(dw, j0 + j) + aw[j]);
+            if (db.data) st(db, j0 + j, ld(db, j0 + j) + ab[j]);
+        }
+    }
+}
+
+void cpu_layernorm_backward(gpu_tensor dx, gpu_tensor dw, gpu_tensor db, gpu_tensor dy,
+                            gpu_tensor x, gpu_tensor w, const float *mean, const float *rstd,
+                            int n, int c, int nt)
+{
+    float *wv = malloc((size_t)c * sizeof(float));
+    load_row(wv, w, 0, c);
+#pragma omp parallel num_threads(nthreads(nt))
+    {
+        float *g = malloc((size_t)c * sizeof(float)), *xr = malloc((size_t)c * sizeof(float));
+        float *o = malloc((size_t)c * sizeof(float));
+#pragma omp for schedule(static)
+        for (int r = 0; r < n; r++) {
+            load_row(g, dy, (size_t)r * c, c);
+            load_row(xr, x, (size_t)r * c, c);
+            load_row(o, dx, (size_t)r * c, c);
+            float m = mean[r], rs = rstd[r];
+            double s1 = 0.0, s2 = 0.0; /* mean(dxhat), mean(dxhat * xhat) */
+            for (int j = 0; j < c; j++) {
+                float xh = (xr[j] - m) * rs, dxh = g[j] * wv[j];
+                s1 += dxh;
+                s2 += (double)dxh * xh;
+            }
+            float m1 = (float)(s1 / c), m2 = (float)(s2 / c);
+            for (int j = 0; j < c; j++) {
+                float xh = (xr[j] - m) * rs, dxh = g[j] * wv[j];
+                o[j] += rs * (dxh - m1 - xh * m2);
+            }
+            store_row(dx, (size_t)r * c, o, c);
+        }
+        free(g);
+        free(xr);
+        free(o);
+    }
+    free(wv);
+    norm_param_grads(dw, db, dy, x, mean, rstd, n, c, nt);
+}
+
+void cpu_rmsnorm_forward(gpu_tensor y, float *rstd, gpu_tensor x, gpu_tensor w, int n, int c,
+                         float eps, int nt)
+{
+    float *wv = malloc((size_t)c * sizeof(float));
+    load_row(wv, w, 0, c);
+#pragma omp parallel num_threads(nthreads(nt))
+    {
+        float *row = malloc((size_t)c * sizeof(float));
+#pragma omp for schedule(static)
+        for (int r = 0; r < n; r++) {
+            load_row(row, x, (size_t)r * c, c);
+            double ss = 0.0;
+            for (int j = 0; j < c; j++) ss += (double)row[j] * row[j];
+            float rs = (float)(1.0 / sqrt(ss / c + (double)eps));
+            for (int j = 0; j < c; j++) row[j] = row[j] * rs * wv[j];
+            store_row(y, (size_t)r * c, row, c);
+            rstd[r] = rs;
+        }
+        free(row);
+    }
+    free(wv);
+}
+
+void cpu_rmsnorm_backward(gpu_tensor dx, gpu_tensor dw, gpu_tensor dy, gpu_tensor x,
+                          gpu_tensor w, const float *rstd, int n, int c, int nt)
+{
+    float *wv = malloc((size_t)c * sizeof(float));
+    load_row(wv, w, 0, c);
+#pragma omp parallel num_threads(nthreads(nt))
+    {
+        float *g = malloc((size_t)c * sizeof(float)), *xr = malloc((size_t)c * sizeof(float));
+        float *o = malloc((size_t)c * sizeof(float));
+#pragma omp for schedule(static)
+        for (int r = 0; r < n; r++) {
+            load_row(g, dy, (size_t)r * c, c);
+            load_row(xr, x, (size_t)r * c, c);
+            load_row(o, dx, (size_t)r * c, c);
+            float rs = rstd[r];
+            double s2 = 0.0; /* mean(dxhat * xhat) */
+            for (int j = 0; j < c; j++) s2 += (double)(g[j] * wv[j]) * (xr[j] * rs);
+            float m2 = (float)(s2 / c);
+            for (int j = 0; j < c; j++) o[j] += rs * (g[j] * wv[j] - xr[j] * rs * m2);
+            store_row(dx, (size_t)r * c, o, c);
+        }
+        free(g);
+        free(xr);
+        free(o);
+    }
+    free(wv);
+    gpu_tensor none = {NULL, ZO_DTYPE_F32};
+    norm_param_grads(dw, none, dy, x, NULL, rstd, n, c, nt);
+}
+
+/* ---- attention ---------------------------------------------------------------------------
+ * Per (batch, head), row i of the scores is recomputed from q_i and the keys
+ * 0..i into a buffer of t floats; only lse[i] survives the forward. */
+
+static inline float dot(const float *a, const float *b, int d)
+{
+    float s = 0.0f;
+    for (int i = 0; i < d; i++) s += a[i] * b[i];
+    return s;
+}
+
+void cpu_attention_forward(const gpu_attn_desc *a, gpu_tensor out, float *lse, gpu_tensor qkv,
+                           int nt)
+{
+    const int t = a->t, d = a->d, hq = a->hq, hkv = a->hkv, grp = hq / hkv;
+    const size_t ld = (size_t)(hq + 2 * hkv) * d, ldo = (size_t)hq * d;
+    const float scale = 1.0f / sqrtf((float)d);
+#pragma omp parallel num_threads(nthreads(nt))
+    {
+        float *K = malloc((size_t)t * d * sizeof(float)), *V = malloc((size_t)t * d * sizeof(float));
+        float *sc = malloc((size_t)t * sizeof(float)), *q = malloc((size_t)d * sizeof(float));
+        float *o = malloc((size_t)d * sizeof(float));
+#pragma omp for schedule(static)
+        for (int bh = 0; bh < a->b * hq; bh++) {
+            int b = bh / hq, h = bh % hq, g = h / grp;
+            size_t base = (size_t)b * t * ld;
+            for (int j = 0; j < t; j++) {
+                load_row(K + (size_t)j * d, qkv, base + j * ld + (size_t)(hq + g) * d, d);
+                load_row(V + (size_t)j * d, qkv, base + j * ld + (size_t)(hq + hkv + g) * d, d);
+            }
+            for (int i = 0; i < t; i++) {
+                load_row(q, qkv, base + i * ld + (size_t)h * d, d);
+                float mx = -INFINITY;
+                for (int j = 0; j <= i; j++) {
+                    sc[j] = dot(q, K + (size_t)j * d, d) * scale;
+                    if (sc[j] > mx) mx = sc[j];
+                }
+                float l = 0.0f;
+                for (int k = 0; k < d; k++) o[k] = 0.0f;
+                for (int j = 0; j <= i; j++) {
+                    float p = expf(sc[j] - mx);
+                    l += p;
+                    const float *v = V + (size_t)j * d;
+                    for (int k = 0; k < d; k++) o[k] += p * v[k];
+                }
+                float inv = 1.0f / l;
+                for (int k = 0; k < d; k++) o[k] *= inv;
+                store_row(out, ((size_t)b * t + i) * ldo + (size_t)h * d, o, d);
+                lse[((size_t)b * hq + h) * t + i] = mx + logf(l);
+            }
+        }
+        free(K);
+        free(V);
+        free(sc);
+        free(q);
+        free(o);
+    }
+}
+
+/* One task per (batch, kv head): it owns dK, dV of that head and dQ of the
+ * query heads that share it, so no two threads write the same gradient. */
+void cpu_attention_backward(const gpu_attn_desc *a, gpu_tensor dqkv, gpu_tensor dout,
+                            gpu_tensor qkv, gpu_tensor out, const float *lse, int nt)
+{
+    const int t = a->t, d = a->d, hq = a->hq, hkv = a->hkv, grp = hq / hkv;
+    const size_t ld = (size_t)(hq + 2 * hkv) * d, ldo = (size_t)hq * d;
+    const float scale = 1.0f / sqrtf((float)d);
+#pragma omp parallel num_threads(nthreads(nt))
+    {
+        size_t td = (size_t)t * d * sizeof(float);
+        float *K = malloc(td), *V = malloc(td), *dK = malloc(td), *dV = malloc(td);
+        float *q = malloc(d * sizeof(float)), *dq = malloc(d * sizeof(float));
+        float *go = malloc(d * sizeof(float)), *o = malloc(d * sizeof(float));
+#pragma omp for schedule(static)
+        for (int bg = 0; bg < a->b * hkv; bg++) {
+            int b = bg / hkv, g = bg % hkv;
+            size_t base = (size_t)b * t * ld;
+            for (int j = 0; j < t; j++) {
+                load_row(K + (size_t)j * d, qkv, base + j * ld + (size_t)(hq + g) * d, d);
+                load_row(V + (size_t)j * d, qkv, base + j * ld + (size_t)(hq + hkv + g) * d, d);
+            }
+            memset(dK, 0, td);
+            memset(dV, 0, td);
+            for (int h = g * grp; h < (g + 1) * grp; h++) {
+                for (int i = 0; i < t; i++) {
+                    size_t orow = ((size_t)b * t + i) * ldo + (size_t)h * d;
+                    load_row(q, qkv, base + i * ld + (size_t)h * d, d);
+                    load_row(go, dout, orow, d);
+                    load_row(o, out, orow, d);
+                    float Di = dot(go, o, d), L = lse[((size_t)b * hq + h) * t + i];
+                    for (int k = 0; k < d; k++) dq[k] = 0.0f;
+                    for (int j = 0; j <= i; j++) {
+                        const float *kj = K + (size_t)j * d, *vj = V + (size_t)j * d;
+                        float p = expf(dot(q, kj, d) * scale - L);
+                        float ds = p * (dot(go, vj, d) - Di) * scale;
+                        float *dkj = dK + (size_t)j * d, *dvj = dV + (size_t)j * d;
+                        for (int k = 0; k < d; k++) {
+                            dq[k] += ds * kj[k];
+                            dkj[k] += ds * q[k];
+                            dvj[k] += p * go[k];
+                        }
+                    }
+                    store_row(dqkv, base + i * ld + (size_t)h * d, dq, d);
+                }
+            }
+            for (int j = 0; j < t; j++) {
+                store_row(dqkv, base + j * ld + (size_t)(hq + g) * d, dK + (size_t)j * d, d);
+                store_row(dqkv, base + j * ld + (size_t)(hq + hkv + g) * d, dV + (size_t)j * d, d);
+            }
+        }
+        free(K);
+        free(V);
+        free(dK);
+        free(dV);
+        free(q);
+        free(dq);
+        free(go);
+        free(o);
+    }
+}
+
+/* ---- RoPE ----------------------------------------------------------------------------------- */
+
+void cpu_rope(gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx, float theta,
+              int pos0, int inverse, int nt)
+{
+    const int half = d / 2;
+    double *inv_freq = malloc((size_t)half * sizeof(double));
+    for (int i = 0; i < half; i++) inv_freq[i] = pow((double)theta, -2.0 * i / d);
+#pragma omp parallel num_threads(nthreads(nt))
+    {
+        float *cs = malloc((size_t)d * sizeof(float)), *row = malloc((size_t)d * sizeof(float));
+#pragma omp for schedule(static)
+        for (int r = 0; r < n; r++) {
+            double pos = (double)(pos0 + r % t);
+            for (int i = 0; i < half; i++) {
+                cs[i] = (float)cos(pos * inv_freq[i]);
+                cs[half + i] = (float)(inverse ? -sin(pos * inv_freq[i]) : sin(pos * inv_freq[i]));
+            }
+            for (int h = 0; h < n_heads; h++) {
+                size_t off = (size_t)r * ldx + (size_t)h * d;
+                load_row(row, x, off, d);
+                for (int i = 0; i < half; i++) {
+                    float x1 = row[i], x2 = row[half + i], c = cs[i], s = cs[half + i];
+                    row[i] = x1 * c - x2 * s;
+                    row[half + i] = x2 * c + x1 * s;
+                }
+                store_row(x, off, row, d);
+            }
+        }
+        free(cs);
+        free(row);
+    }
+    free(inv_freq);
+}
+
+/* ---- activations ------------------------------------------------------------------------------ */
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int nt)
+{
+#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
+    for (size_t i = 0; i < n; i++) {
+        float v = ld(x, i);
+        st(y, i, 0.5f * v * (1.0f + tanhf(GELU_K * (v + 0.044715f * v * v * v))));
+    }
+}
+
+void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int nt)
+{
+#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
+    for (size_t i = 0; i < n; i++) {
+        float v = ld(x, i);
+        float u = GELU_K * (v + 0.044715f * v * v * v);
+        float th = tanhf(u);
+        float du = GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
+        float g = 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * du;
+        st(dx, i, ld(dy, i) * g);
+    }
+}
+
+void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, int nt)
+{
+#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
+    for (size_t i = 0; i < n; i++) {
+        float g = ld(gate, i);
+        st(y, i, g / (1.0f + expf(-g)) * ld(up, i));
+    }
+}
+
+void cpu_swiglu_backward(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy, gpu_tensor gate,
+                         gpu_tensor up, size_t n, int nt)
+{
+#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
+    for (size_t i = 0; i < n; i++) {
+        float g = ld(gate, i), u = ld(up, i), gy = ld(dy, i);
+        float sg = 1.0f / (1.0f + expf(-g));
+        float silu = g * sg;
+        st(dup, i, gy * silu);
+        st(dgate, i, gy * u * sg * (1.0f + g * (1.0f - sg)));
+    }
+}
+
+/* ---- embedding and loss ------------------------------------------------------------------------- */
+
+static zo_status check_ids(const char *op, const char *what, const int32_t *ids, int n,
+                           int limit, int allow_ignore)
+{
+    for (int r = 0; r < n; r++)
+        if (ids[r] >= limit || ids[r] < (allow_ignore ? -1 : 0))
+            return zo_error(ZO_ERR_INVALID, "%s: %s[%d] = %d outside [0, %d)", op, what, r,
+                            (int)ids[r], limit);
+    return ZO_OK;
+}
+
+zo_status cpu_embedding_forward(gpu_tensor out, const int32_t *tokens, gpu_tensor wte,
+                                gpu_tensor wpe, int n, int t, int c, int vocab, int nt)
+{
+    zo_status s = check_ids("gpu_embedding_forward", "tokens", tokens, n, vocab, 0);
+    if (s != ZO_OK) return s;
+#pragma omp parallel num_threads(nthreads(nt))
+    {
+        float *row = malloc((size_t)c * sizeof(float)), *pr = malloc((size_t)c * sizeof(float));
+#pragma omp for schedule(static)
+        for (int r = 0; r < n; r++) {
+            load_row(row, wte, (size_t)tokens[r] * c, c);
+            if (wpe.data) {
+                load_row(pr, wpe, (size_t)(r % t) * c, c);
+                for (int j = 0; j < c; j++) row[j] += pr[j];
+            }
+            store_row(out, (size_t)r * c, row, c);
+        }
+        free(row);
+        free(pr);
+    }
+    return ZO_OK;
+}
+
+/* Scatter-add by column blocks: each thread owns columns, rows go in order. */
+zo_status cpu_embedding_backward(gpu_tensor dwte, gpu_tensor dwpe, gpu_tensor dout,
+                                 const int32_t *tokens, int n, int t, int c, int vocab, int nt)
+{
+    zo_status s = check_ids("gpu_embedding_backward", "tokens", tokens, n, vocab, 0);
+    if (s != ZO_OK) return s;
+    int blocks = (c + COLS - 1) / COLS;
+#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
+    for (int cb = 0; cb < blocks; cb++) {
+        int j0 = cb * COLS, w = c - j0 < COLS ? c - j0 : COLS;
+        float g[COLS];
+        for (int r = 0; r < n; r++) {
+            load_row(g, dout, (size_t)r * c + j0, w);
+            size_t o = (size_t)tokens[r] * c + j0;
+            for (int j = 0; j < w; j++) st(dwte, o + j, ld(dwte, o + j) + g[j]);
+            if (dwpe.data) {
+                size_t op = (size_t)(r % t) * c + j0;
+                for (int j = 0; j < w; j++) st(dwpe, op + j, ld(dwpe, op + j) + g[j]);
+            }
+        }
+    }
+    return ZO_OK;
+}
+
+/* log(sum(exp(row))) with the max subtracted, summed in double. */
+static float row_lse(const float *row, int v)
+{
+    float mx = -INFINITY;
+    for (int j = 0; j < v; j++)
+        if (row[j] > mx) mx = row[j];
+    double s = 0.0;
+    for (int j = 0; j < v; j++) s += exp((double)(row[j] - mx));
+    return mx + (float)log(s);
+}
+
+zo_status cpu_cross_entropy_forward(float *losses, gpu_tensor logits, const int32_t *targets,
+                                    int n, int v, int nt)
+{
+    zo_status s = check_ids("gpu_cross_entropy_forward", "targets", targets, n, v, 1);
+    if (s != ZO_OK) return s;
+#pragma omp parallel num_threads(nthreads(nt))
+    {
+        float *row = malloc((size_t)v * sizeof(float));
+#pragma omp for schedule(static)
+        for (int r = 0; r < n; r++) {
+            if (targets[r] < 0) {
+                losses[r] = 0.0f;
+                continue;
+            }
+            load_row(row, logits, (size_t)r * v, v);
+            losses[r] = row_lse(row, v) - row[targets[r]];
+        }
+        free(row);
+    }
+    return ZO_OK;
+}
+
+zo_status cpu_cross_entropy_backward(gpu_tensor dlogits, gpu_tensor logits,
+                                     const int32_t *targets, float dloss, int n, int v, int nt)
+{
+    zo_status s = check_ids("gpu_cross_entropy_backward", "targets", targets, n, v, 1);
+    if (s != ZO_OK) return s;
+#pragma omp parallel num_threads(nthreads(nt))
+    {
+        float *row = malloc((size_t)v * sizeof(float));
+#pragma omp for schedule(static)
+        for (int r = 0; r < n; r++) {
+            if (targets[r] < 0) {
+                memset(row, 0, (size_t)v * sizeof(float));
+            } else {
+                load_row(row, logits, (size_t)r * v, v);
+                float L = row_lse(row, v);
+                for (int j = 0; j < v; j++) row[j] = dloss * expf(row[j] - L);
+                row[targets[r]] -= dloss;
+            }
+            store_row(dlogits, (size_t)r * v, row, v);
+        }
+        free(row);
+    }
+    return ZO_OK;
+}
+
+/* ---- elementwise and reductions -------------------------------------------------------------------- */
+
+void cpu_add(gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n, int nt)
+{
+    if (y.dtype == ZO_DTYPE_F32 && a.dtype == ZO_DTYPE_F32 && b.dtype == ZO_DTYPE_F32) {
+        float *py = y.data;
+        const float *pa = a.data, *pb = b.data;
+#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
+        for (size_t i = 0; i < n; i++) py[i] = pa[i] + pb[i];
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
+    for (size_t i = 0; i < n; i++) st(y, i, ld(a, i) + ld(b, i));
+}
+
+void cpu_scale(gpu_tensor x, float alpha, size_t n, int nt)
+{
+#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
+    for (size_t i = 0; i < n; i++) st(x, i, ld(x, i) * alpha);
+}
+
+void cpu_cast(gpu_tensor dst, gpu_tensor src, size_t n, int nt)
+{
+#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
+    for (size_t i = 0; i < n; i++) st(dst, i, ld(src, i));
+}
+
+void cpu_check_finite(int32_t *flag, gpu_tensor x, size_t n, int nt)
+{
+    int bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad) num_threads(nthreads(nt))
+    for (size_t i = 0; i < n; i++) bad |= !isfinite(ld(x, i));
+    if (bad) *flag |= 1;
+}
+
+#define SUMSQ_CHUNK 16384
+
+void cpu_sum_squares(float *sum, gpu_tensor x, size_t n, int nt)
+{
+    size_t chunks = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    double *part = malloc(chunks * sizeof(double));
+#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
+    for (size_t k = 0; k < chunks; k++) {
+        size_t end = (k + 1) * SUMSQ_CHUNK < n ? (k + 1) * SUMSQ_CHUNK : n;
+        double s = 0.0;
+        for (size_t i = k * SUMSQ_CHUNK; i < end; i++) {
+            double v = ld(x, i);
+            s += v * v;
+        }
+        part[k] = s;
+    }
+    double total = 0.0;
+    for (size_t k = 0; k < chunks; k++) total += part[k];
+    free(part);
+    *sum += (float)total;
+}

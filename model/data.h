@@ -1,0 +1,92 @@
+/* Training data: token files and a deterministic batch sampler.
+ *
+ * Token files are nanoGPT-style: raw little-endian uint16 ids (uint32 with
+ * MODEL_TOKENS_U32), no header, memory-mapped. A plain text file can be used
+ * directly with the byte-level tokenizer (MODEL_TOKENS_BYTES: every byte is a
+ * token 0..255), or encoded to a uint16 token file once.
+ *
+ * Token ids are checked against the vocabulary where they are read (each
+ * window a batch uses), so a huge file is never scanned in full unless the
+ * caller asks (model_tokens_check over the whole range). */
+#ifndef ZO_MODEL_DATA_H
+#define ZO_MODEL_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h" /* defines: zo_status */
+
+/* Bytes per token in the file. */
+typedef enum model_token_width {
+    MODEL_TOKENS_BYTES = 1, /* a text file; byte-level tokens 0..255 */
+    MODEL_TOKENS_U16 = 2,
+    MODEL_TOKENS_U32 = 4,
+} model_token_width;
+
+#define MODEL_BYTE_VOCAB 256
+
+typedef struct model_tokens {
+    char *path;
+    int fd;
+    const uint8_t *map; /* the whole file, read-only */
+    size_t map_size;
+    uint64_t n;         /* tokens in the file */
+    model_token_width width;
+    int vocab;          /* every id must be < vocab */
+} model_tokens;
+
+/* Map a token file. ZO_ERR_FORMAT when its size is not a multiple of the
+ * token width; ZO_ERR_INVALID when vocab < 1 (or < 256 for byte tokens). */
+zo_status model_tokens_open(model_tokens *t, const char *path, model_token_width width, int vocab);
+void model_tokens_close(model_tokens *t);
+
+/* Token i (no bounds check). */
+static inline uint32_t model_tokens_get(const model_tokens *t, uint64_t i)
+{
+    const uint8_t *p = t->map + i * (uint64_t)t->width;
+    switch (t->width) {
+    case MODEL_TOKENS_BYTES: return p[0];
+    case MODEL_TOKENS_U16: return (uint32_t)p[0] | (uint32_t)p[1] << 8;
+    default: return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    }
+}
+
+/* Check ids in [first, first + count) are < vocab; ZO_ERR_FORMAT naming the
+ * file, the token position and its byte offset otherwise. */
+zo_status model_tokens_check(const model_tokens *t, uint64_t first, uint64_t count);
+
+/* ---- batches -------------------------------------------------------------- */
+
+typedef enum model_sample {
+    /* Row i of step k starts at ((k*B + i) * T) mod (N - T - 1): the file is
+     * walked in order (the `train` contract). The seed is not used. */
+    MODEL_SAMPLE_SEQUENTIAL = 0,
+    /* Row i of step k starts at a pseudo-random offset in [0, N - T - 1)
+     * drawn from (seed, k, i) alone, so any step can be reproduced alone. */
+    MODEL_SAMPLE_RANDOM,
+} model_sample;
+
+/* The window start of row `row` at `step` (see model_sample). */
+uint64_t model_batch_offset(const model_tokens *t, int B, int T, int64_t step, int row,
+                            uint64_t seed, model_sample mode);
+
+/* Fill one (B, T) batch: inputs[b*T + j] = tok[off_b + j] and
+ * targets[b*T + j] = tok[off_b + j + 1], from a (B, T+1) window per row.
+ * ZO_ERR_INVALID when the file holds fewer than T + 2 tokens; ZO_ERR_FORMAT
+ * for an id >= vocab (naming the file and position). */
+zo_status model_batch_get(const model_tokens *t, int B, int T, int64_t step, uint64_t seed,
+                          model_sample mode, int32_t *inputs, int32_t *targets);
+
+/* ---- byte-level tokenizer -------------------------------------------------- */
+
+/* Encode a text file as a token file (every byte one token) of the given
+ * width (U16 or U32), written atomically. *n_tokens (may be NULL) gets the
+ * count. */
+zo_status model_bytes_encode_file(const char *text_path, const char *tokens_path,
+                                  model_token_width width, uint64_t *n_tokens);
+
+/* Decode ids to bytes: out gets n bytes and a terminating NUL (cap >= n + 1).
+ * ZO_ERR_INVALID for an id > 255 (naming its index). */
+zo_status model_bytes_decode(const int32_t *ids, size_t n, char *out, size_t cap);
+
+#endif

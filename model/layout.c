@@ -1,0 +1,289 @@
+#include "layout.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const role_names[MODEL_ROLE_COUNT] = {
+    [MODEL_ROLE_TOK_EMB] = "tok_emb",
+    [MODEL_ROLE_POS_EMB] = "pos_emb",
+    [MODEL_ROLE_LN1_W] = "ln1_w",
+    [MODEL_ROLE_LN1_B] = "ln1_b",
+    [MODEL_ROLE_QKV_W] = "qkv_w",
+    [MODEL_ROLE_QKV_B] = "qkv_b",
+    [MODEL_ROLE_Q_W] = "q_w",
+    [MODEL_ROLE_K_W] = "k_w",
+    [MODEL_ROLE_V_W] = "v_w",
+    [MODEL_ROLE_Q_B] = "q_b",
+    [MODEL_ROLE_K_B] = "k_b",
+    [MODEL_ROLE_V_B] = "v_b",
+    [MODEL_ROLE_ATTN_OUT_W] = "attn_out_w",
+    [MODEL_ROLE_ATTN_OUT_B] = "attn_out_b",
+    [MODEL_ROLE_LN2_W] = "ln2_w",
+    [MODEL_ROLE_LN2_B] = "ln2_b",
+    [MODEL_ROLE_MLP_GATE_W] = "mlp_gate_w",
+    [MODEL_ROLE_MLP_UP_W] = "mlp_up_w",
+    [MODEL_ROLE_MLP_GATE_UP_W] = "mlp_gate_up_w",
+    [MODEL_ROLE_MLP_GATE_B] = "mlp_gate_b",
+    [MODEL_ROLE_MLP_UP_B] = "mlp_up_b",
+    [MODEL_ROLE_MLP_GATE_UP_B] = "mlp_gate_up_b",
+    [MODEL_ROLE_MLP_DOWN_W] = "mlp_down_w",
+    [MODEL_ROLE_MLP_DOWN_B] = "mlp_down_b",
+    [MODEL_ROLE_NORM_W] = "norm_w",
+    [MODEL_ROLE_NORM_B] = "norm_b",
+    [MODEL_ROLE_LM_HEAD_W] = "lm_head_w",
+};
+
+const char *model_role_name(model_role r)
+{
+    return (unsigned)r < MODEL_ROLE_COUNT ? role_names[r] : "?";
+}
+
+/* Builder state: tensors are appended in buffer order. */
+typedef struct builder {
+    model_layout *l;
+    int cap;
+    int block;
+    int layer;
+} builder;
+
+static model_view *view_at(model_layout *l, int block, model_role r)
+{
+    return &l->views[(size_t)block * MODEL_ROLE_COUNT + r];
+}
+
+/* Append one tensor of shape [d0] or [d0, d1] to the current block. */
+static zo_status add_tensor(builder *b, model_role role, int hf_transposed, int64_t d0,
+                            int64_t d1, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+static zo_status add_tensor(builder *b, model_role role, int hf_transposed, int64_t d0,
+                            int64_t d1, const char *fmt, ...)
+{
+    model_layout *l = b->l;
+    if (l->n_tensors == b->cap) {
+        int cap = b->cap ? 2 * b->cap : 64;
+        model_tensor *t = realloc(l->tensors, (size_t)cap * sizeof *t);
+        if (!t) return zo_error(ZO_ERR_NOMEM, "model layout: cannot grow to %d tensors", cap);
+        l->tensors = t;
+        b->cap = cap;
+    }
+    model_tensor *t = &l->tensors[l->n_tensors];
+    memset(t, 0, sizeof *t);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->name, sizeof t->name, fmt, ap);
+    va_end(ap);
+    t->block = b->block;
+    t->role = role;
+    t->layer = b->layer;
+    t->offset = l->block_numel[b->block];
+    t->ndim = d1 > 0 ? 2 : 1;
+    t->shape[0] = d0;
+    t->shape[1] = d1 > 0 ? d1 : 0;
+    t->numel = (size_t)d0 * (size_t)(d1 > 0 ? d1 : 1);
+    t->hf_transposed = hf_transposed;
+    l->block_numel[b->block] += t->numel;
+    model_view *v = view_at(l, b->block, role);
+    v->offset = t->offset;
+    v->numel = t->numel;
+    v->ndim = t->ndim;
+    v->shape[0] = t->shape[0];
+    v->shape[1] = t->shape[1];
+    v->tensor = l->n_tensors;
+    l->n_tensors++;
+    return ZO_OK;
+}
+
+/* A view covering the adjacent roles first..last (rows stacked), or a row
+ * range [row0, row0 + rows) of the tensor holding role `whole`. */
+static void fuse_views(model_layout *l, int block, model_role fused, const model_role *parts,
+                       int n)
+{
+    const model_view *p0 = view_at(l, block, parts[0]);
+    if (!p0->numel) return;
+    model_view *v = view_at(l, block, fused);
+    *v = *p0;
+    v->tensor = -1;
+    for (int i = 1; i < n; i++) {
+        const model_view *p = view_at(l, block, parts[i]);
+        v->numel += p->numel;
+        v->shape[0] += p->shape[0];
+    }
+}
+
+static void sub_view(model_layout *l, int block, model_role whole, model_role part, int64_t row0,
+                     int64_t rows)
+{
+    const model_view *w = view_at(l, block, whole);
+    if (!w->numel) return;
+    model_view *v = view_at(l, block, part);
+    int64_t cols = w->ndim == 2 ? w->shape[1] : 1;
+    v->offset = w->offset + (size_t)(row0 * cols);
+    v->numel = (size_t)(rows * cols);
+    v->ndim = w->ndim;
+    v->shape[0] = rows;
+    v->shape[1] = w->ndim == 2 ? cols : 0;
+    v->tensor = -1;
+}
+
+#define ADD(...)                                                                                   \
+    do {                                                                                           \
+        if ((st = add_tensor(&b, __VA_ARGS__)) != ZO_OK) goto out_free_layout;                     \
+    } while (0)
+
+zo_status model_layout_init(model_layout *l, const zo_model_config *cfg_in)
+{
+    zo_status st;
+    memset(l, 0, sizeof *l);
+    zo_model_config cfg = *cfg_in;
+    if (cfg.params_override)
+        return zo_error(ZO_ERR_INVALID,
+                        "model layout: %s: only the parameter total is known (--params), not "
+                        "the shapes",
+                        cfg.name);
+    if ((st = zo_model_config_validate(&cfg)) != ZO_OK)
+        return zo_error_wrap(st, "model layout: %s", cfg.name);
+    l->cfg = cfg;
+    l->n_layers = cfg.n_layers;
+    l->n_blocks = cfg.n_layers + 2;
+    l->block_numel = calloc((size_t)l->n_blocks, sizeof *l->block_numel);
+    l->views = calloc((size_t)l->n_blocks * MODEL_ROLE_COUNT, sizeof *l->views);
+    if (!l->block_numel || !l->views) {
+        st = zo_error(ZO_ERR_NOMEM, "model layout: cannot allocate %d blocks", l->n_blocks);
+        goto out_free_layout;
+    }
+
+    const int gpt = cfg.arch == ZO_ARCH_GPT;
+    const int64_t h = cfg.hidden, v = cfg.vocab, f = cfg.ffn;
+    const int64_t q = (int64_t)cfg.n_heads * cfg.head_dim;
+    const int64_t kv = (int64_t)cfg.n_kv_heads * cfg.head_dim;
+    builder b = {.l = l, .block = 0, .layer = -1};
+
+    /* block 0: embedding */
+    if (gpt) {
+        ADD(MODEL_ROLE_TOK_EMB, 0, v, h, "wte.weight");
+        ADD(MODEL_ROLE_POS_EMB, 0, cfg.max_seq, h, "wpe.weight");
+    } else {
+        ADD(MODEL_ROLE_TOK_EMB, 0, v, h, "model.embed_tokens.weight");
+    }
+
+    /* blocks 1..L: layers */
+    for (int i = 0; i < cfg.n_layers; i++) {
+        b.block = model_layout_layer_block(i);
+        b.layer = i;
+        int bl = b.block;
+        if (gpt) {
+            ADD(MODEL_ROLE_LN1_W, 0, h, 0, "h.%d.ln_1.weight", i);
+            if (cfg.norm_bias) ADD(MODEL_ROLE_LN1_B, 0, h, 0, "h.%d.ln_1.bias", i);
+            ADD(MODEL_ROLE_QKV_W, 1, q + 2 * kv, h, "h.%d.attn.c_attn.weight", i);
+            if (cfg.attn_bias) ADD(MODEL_ROLE_QKV_B, 0, q + 2 * kv, 0, "h.%d.attn.c_attn.bias", i);
+            ADD(MODEL_ROLE_ATTN_OUT_W, 1, h, q, "h.%d.attn.c_proj.weight", i);
+            if (cfg.out_bias) ADD(MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "h.%d.attn.c_proj.bias", i);
+            ADD(MODEL_ROLE_LN2_W, 0, h, 0, "h.%d.ln_2.weight", i);
+            if (cfg.norm_bias) ADD(MODEL_ROLE_LN2_B, 0, h, 0, "h.%d.ln_2.bias", i);
+            ADD(MODEL_ROLE_MLP_UP_W, 1, f, h, "h.%d.mlp.c_fc.weight", i);
+            if (cfg.out_bias) ADD(MODEL_ROLE_MLP_UP_B, 0, f, 0, "h.%d.mlp.c_fc.bias", i);
+            ADD(MODEL_ROLE_MLP_DOWN_W, 1, h, f, "h.%d.mlp.c_proj.weight", i);
+            if (cfg.out_bias) ADD(MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "h.%d.mlp.c_proj.bias", i);
+            /* q, k, v are row ranges of the fused c_attn */
+            sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_Q_W, 0, q);
+            sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_K_W, q, kv);
+            sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_V_W, q + kv, kv);
+            sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_Q_B, 0, q);
+            sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_K_B, q, kv);
+            sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_V_B, q + kv, kv);
+        } else {
+            const char *p = "model.layers";
+            ADD(MODEL_ROLE_LN1_W, 0, h, 0, "%s.%d.input_layernorm.weight", p, i);
+            if (cfg.norm_bias) ADD(MODEL_ROLE_LN1_B, 0, h, 0, "%s.%d.input_layernorm.bias", p, i);
+            ADD(MODEL_ROLE_Q_W, 0, q, h, "%s.%d.self_attn.q_proj.weight", p, i);
+            ADD(MODEL_ROLE_K_W, 0, kv, h, "%s.%d.self_attn.k_proj.weight", p, i);
+            ADD(MODEL_ROLE_V_W, 0, kv, h, "%s.%d.self_attn.v_proj.weight", p, i);
+            if (cfg.attn_bias) {
+                ADD(MODEL_ROLE_Q_B, 0, q, 0, "%s.%d.self_attn.q_proj.bias", p, i);
+                ADD(MODEL_ROLE_K_B, 0, kv, 0, "%s.%d.self_attn.k_proj.bias", p, i);
+                ADD(MODEL_ROLE_V_B, 0, kv, 0, "%s.%d.self_attn.v_proj.bias", p, i);
+            }
+            ADD(MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.self_attn.o_proj.weight", p, i);
+            if (cfg.out_bias) ADD(MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.self_attn.o_proj.bias", p, i);
+            ADD(MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.post_attention_layernorm.weight", p, i);
+            if (cfg.norm_bias)
+                ADD(MODEL_ROLE_LN2_B, 0, h, 0, "%s.%d.post_attention_layernorm.bias", p, i);
+            ADD(MODEL_ROLE_MLP_GATE_W, 0, f, h, "%s.%d.mlp.gate_proj.weight", p, i);
+            ADD(MODEL_ROLE_MLP_UP_W, 0, f, h, "%s.%d.mlp.up_proj.weight", p, i);
+            if (cfg.out_bias) {
+                ADD(MODEL_ROLE_MLP_GATE_B, 0, f, 0, "%s.%d.mlp.gate_proj.bias", p, i);
+                ADD(MODEL_ROLE_MLP_UP_B, 0, f, 0, "%s.%d.mlp.up_proj.bias", p, i);
+            }
+            ADD(MODEL_ROLE_MLP_DOWN_W, 0, h, f, "%s.%d.mlp.down_proj.weight", p, i);
+            if (cfg.out_bias) ADD(MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "%s.%d.mlp.down_proj.bias", p, i);
+            static const model_role qkv_w[] = {MODEL_ROLE_Q_W, MODEL_ROLE_K_W, MODEL_ROLE_V_W};
+            static const model_role qkv_b[] = {MODEL_ROLE_Q_B, MODEL_ROLE_K_B, MODEL_ROLE_V_B};
+            static const model_role gu_w[] = {MODEL_ROLE_MLP_GATE_W, MODEL_ROLE_MLP_UP_W};
+            static const model_role gu_b[] = {MODEL_ROLE_MLP_GATE_B, MODEL_ROLE_MLP_UP_B};
+            fuse_views(l, bl, MODEL_ROLE_QKV_W, qkv_w, 3);
+            fuse_views(l, bl, MODEL_ROLE_QKV_B, qkv_b, 3);
+            fuse_views(l, bl, MODEL_ROLE_MLP_GATE_UP_W, gu_w, 2);
+            fuse_views(l, bl, MODEL_ROLE_MLP_GATE_UP_B, gu_b, 2);
+        }
+    }
+
+    /* block L+1: head */
+    b.block = model_layout_head_block(l);
+    b.layer = -1;
+    if (gpt) {
+        ADD(MODEL_ROLE_NORM_W, 0, h, 0, "ln_f.weight");
+        if (cfg.norm_bias) ADD(MODEL_ROLE_NORM_B, 0, h, 0, "ln_f.bias");
+    } else {
+        ADD(MODEL_ROLE_NORM_W, 0, h, 0, "model.norm.weight");
+        if (cfg.norm_bias) ADD(MODEL_ROLE_NORM_B, 0, h, 0, "model.norm.bias");
+    }
+    if (!cfg.tied_embeddings) ADD(MODEL_ROLE_LM_HEAD_W, 0, v, h, "lm_head.weight");
+
+    for (int i = 0; i < l->n_blocks; i++) l->total_numel += l->block_numel[i];
+    if ((uint64_t)l->total_numel != zo_model_params(&cfg)) {
+        st = zo_error(ZO_ERR_INTERNAL,
+                      "model layout: %s: %zu elements laid out but the config counts %llu",
+                      cfg.name, l->total_numel, (unsigned long long)zo_model_params(&cfg));
+        goto out_free_layout;
+    }
+    return ZO_OK;
+
+out_free_layout:
+    model_layout_free(l);
+    return st;
+}
+
+void model_layout_free(model_layout *l)
+{
+    free(l->block_numel);
+    free(l->tensors);
+    free(l->views);
+    memset(l, 0, sizeof *l);
+}
+
+const model_tensor *model_layout_find(const model_layout *l, const char *name)
+{
+    for (int i = 0; i < l->n_tensors; i++)
+        if (!strcmp(l->tensors[i].name, name)) return &l->tensors[i];
+    return NULL;
+}
+
+const model_view *model_layout_view(const model_layout *l, int block, model_role role)
+{
+    if (block < 0 || block >= l->n_blocks || (unsigned)role >= MODEL_ROLE_COUNT) return NULL;
+    const model_view *v = &l->views[(size_t)block * MODEL_ROLE_COUNT + role];
+    return v->numel ? v : NULL;
+}
+
+const char *model_layout_block_name(const model_layout *l, int block, char *buf, size_t len)
+{
+    if (block == MODEL_BLOCK_EMBED)
+        snprintf(buf, len, "embedding");
+    else if (block == model_layout_head_block(l))
+        snprintf(buf, len, "head");
+    else
+        snprintf(buf, len, "layer %d", block - 1);
+    return buf;
+}

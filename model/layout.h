@@ -1,0 +1,136 @@
+/* The parameter layout of a transformer: blocks, tensors, offsets.
+ *
+ * A model is a sequence of blocks that the runtime moves independently:
+ *   block 0          embedding: token embedding (+ learned positions for GPT)
+ *   blocks 1..L      transformer layer l = block - 1
+ *   block L+1        head: final norm (+ output projection when untied; when
+ *                    tied, the head uses block 0's token embedding and stores
+ *                    nothing for it)
+ * Each block owns ONE flat parameter buffer (any zo_dtype; the layout counts
+ * elements, not bytes). Every tensor is a view at an element offset into its
+ * block's buffer, packed in order without padding, so the sum of all tensor
+ * sizes equals zo_model_params(cfg) exactly.
+ *
+ * Our layout: linear weights are [out, in] row-major (y = x W^T), whatever
+ * the checkpoint stores; GPT-2's Conv1D weights are [in, out] in Hugging Face
+ * files and are transposed on load and save (hf_transposed = 1).
+ *
+ * Tensor names are the Hugging Face names as the original checkpoints spell
+ * them: GPT-2 without the "transformer." prefix ("h.0.attn.c_attn.weight", as
+ * in the openai-community/gpt2 files; the loader also accepts the prefix),
+ * LLaMA with "model." ("model.layers.0.self_attn.q_proj.weight") and
+ * "lm_head.weight".
+ *
+ * The transformer reaches tensors by role (model_layout_view) rather than by
+ * name. Fused views exist for both architectures because the tensors are
+ * contiguous: QKV_W is [q + 2 kv, h] (rows q, then k, then v), GATE_UP_W is
+ * [2 ffn, h] (rows gate, then up), so one GEMM computes all of them. */
+#ifndef ZO_MODEL_LAYOUT_H
+#define ZO_MODEL_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/model_config.h" /* defines: zo_model_config */
+#include "common/status.h"       /* defines: zo_status */
+
+#define MODEL_BLOCK_EMBED 0
+#define MODEL_TENSOR_NAME_MAX 96
+
+/* What a tensor (or a fused view of adjacent tensors) does. Names below are
+ * GPT-2 / LLaMA; a role a model lacks has no view (model_layout_view NULL). */
+typedef enum model_role {
+    /* embedding block */
+    MODEL_ROLE_TOK_EMB = 0, /* [vocab, h]    wte.weight / model.embed_tokens.weight */
+    MODEL_ROLE_POS_EMB,     /* [max_seq, h]  wpe.weight (GPT only) */
+    /* layer blocks */
+    MODEL_ROLE_LN1_W,      /* [h]            ln_1.weight / input_layernorm.weight */
+    MODEL_ROLE_LN1_B,      /* [h]            ln_1.bias (norm_bias) */
+    MODEL_ROLE_QKV_W,      /* [q+2kv, h]     fused view; GPT: attn.c_attn.weight itself */
+    MODEL_ROLE_QKV_B,      /* [q+2kv]        fused view (attn_bias) */
+    MODEL_ROLE_Q_W,        /* [q, h]         q_proj.weight; GPT: rows of c_attn */
+    MODEL_ROLE_K_W,        /* [kv, h]        k_proj.weight */
+    MODEL_ROLE_V_W,        /* [kv, h]        v_proj.weight */
+    MODEL_ROLE_Q_B,        /* [q]            (attn_bias) */
+    MODEL_ROLE_K_B,        /* [kv] */
+    MODEL_ROLE_V_B,        /* [kv] */
+    MODEL_ROLE_ATTN_OUT_W, /* [h, q]         attn.c_proj.weight / o_proj.weight */
+    MODEL_ROLE_ATTN_OUT_B, /* [h]            (out_bias) */
+    MODEL_ROLE_LN2_W,      /* [h]            ln_2.weight / post_attention_layernorm.weight */
+    MODEL_ROLE_LN2_B,      /* [h]            (norm_bias) */
+    MODEL_ROLE_MLP_GATE_W, /* [ffn, h]       gate_proj.weight (LLaMA only) */
+    MODEL_ROLE_MLP_UP_W,   /* [ffn, h]       mlp.c_fc.weight / up_proj.weight */
+    MODEL_ROLE_MLP_GATE_UP_W, /* [2ffn, h]   fused view gate|up (LLaMA only) */
+    MODEL_ROLE_MLP_GATE_B, /* [ffn]          (out_bias, LLaMA) */
+    MODEL_ROLE_MLP_UP_B,   /* [ffn]          mlp.c_fc.bias / up_proj.bias (out_bias) */
+    MODEL_ROLE_MLP_GATE_UP_B, /* [2ffn]      fused view (out_bias, LLaMA) */
+    MODEL_ROLE_MLP_DOWN_W, /* [h, ffn]       mlp.c_proj.weight / down_proj.weight */
+    MODEL_ROLE_MLP_DOWN_B, /* [h]            (out_bias) */
+    /* head block */
+    MODEL_ROLE_NORM_W,     /* [h]            ln_f.weight / model.norm.weight */
+    MODEL_ROLE_NORM_B,     /* [h]            ln_f.bias (norm_bias) */
+    MODEL_ROLE_LM_HEAD_W,  /* [vocab, h]     lm_head.weight (untied only) */
+    MODEL_ROLE_COUNT,
+} model_role;
+
+/* One tensor as stored: a named view into its block's buffer. */
+typedef struct model_tensor {
+    char name[MODEL_TENSOR_NAME_MAX]; /* Hugging Face name (see above) */
+    int block;                        /* index of the owning block */
+    model_role role;
+    int layer;                        /* transformer layer, -1 for embedding/head */
+    size_t offset;                    /* elements into the block buffer */
+    size_t numel;
+    int ndim;                         /* 1 or 2 */
+    int64_t shape[2];                 /* our layout: linear weights [out, in] */
+    int hf_transposed;                /* 1 where HF stores [in, out] (GPT-2 Conv1D) */
+} model_tensor;
+
+/* A view by role: a tensor, or a fused run of adjacent tensors. */
+typedef struct model_view {
+    size_t offset;    /* elements into the block buffer */
+    size_t numel;
+    int ndim;
+    int64_t shape[2];
+    int tensor;       /* index into model_layout.tensors; -1 for a fused or sub view */
+} model_view;
+
+typedef struct model_layout {
+    zo_model_config cfg;   /* the shape it was built from */
+    int n_layers;
+    int n_blocks;          /* n_layers + 2 */
+    size_t *block_numel;   /* [n_blocks] elements of each block buffer */
+    int n_tensors;
+    model_tensor *tensors; /* in buffer order, block by block */
+    model_view *views;     /* [n_blocks * MODEL_ROLE_COUNT]; numel 0 = absent */
+    size_t total_numel;    /* == zo_model_params(cfg) */
+} model_layout;
+
+/* Build the layout of `cfg` (validated first). Fails with ZO_ERR_INVALID for a
+ * config that only knows its total (params_override). */
+zo_status model_layout_init(model_layout *l, const zo_model_config *cfg);
+void model_layout_free(model_layout *l);
+
+/* The tensor with this name (our spelling; model_layout_match_hf in
+ * safetensors.h accepts checkpoint spellings), or NULL. */
+const model_tensor *model_layout_find(const model_layout *l, const char *name);
+
+/* The view of `role` in `block`, or NULL when that block has no such role
+ * (e.g. LN1_B in LLaMA, LM_HEAD_W when tied, POS_EMB in LLaMA). */
+const model_view *model_layout_view(const model_layout *l, int block, model_role role);
+
+/* Block indices. */
+static inline int model_layout_layer_block(int layer) { return layer + 1; }
+static inline int model_layout_head_block(const model_layout *l) { return l->n_blocks - 1; }
+
+/* Block kind name for messages: "embedding", "layer 3", "head". */
+const char *model_layout_block_name(const model_layout *l, int block, char *buf, size_t len);
+
+/* Role name for messages ("qkv_w"). */
+const char *model_role_name(model_role r);
+
+/* Whether AdamW decays this tensor: 2-D weight matrices only (the
+ * embeddings and linear weights), never norms or biases. */
+static inline int model_tensor_decays(const model_tensor *t) { return t->ndim == 2; }
+
+#endif

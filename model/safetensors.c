@@ -1,0 +1,653 @@
+/* safetensors: one file (open/validate/read, atomic write) and checkpoints
+ * made of one file or an index of shards. Loading into a layout is in
+ * weights.c. */
+#include "safetensors.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "model_io.h" /* defines: model_io_* file helpers */
+
+/* ---- element types ------------------------------------------------------- */
+
+static const struct {
+    const char *name;
+    size_t size;
+    int dtype;
+} st_dtypes[] = {
+    {"F32", 4, ZO_DTYPE_F32}, {"F16", 2, ZO_DTYPE_F16}, {"BF16", 2, ZO_DTYPE_BF16},
+    {"F64", 8, -1},           {"I64", 8, -1},           {"I32", 4, -1},
+    {"I16", 2, -1},           {"I8", 1, -1},            {"U64", 8, -1},
+    {"U32", 4, -1},           {"U16", 2, -1},           {"U8", 1, -1},
+    {"BOOL", 1, -1},          {"F8_E4M3", 1, -1},       {"F8_E5M2", 1, -1},
+};
+
+static const char *st_dtype_name(zo_dtype t)
+{
+    switch (t) {
+    case ZO_DTYPE_F16: return "F16";
+    case ZO_DTYPE_BF16: return "BF16";
+    default: return "F32";
+    }
+}
+
+/* ---- opening and validating ------------------------------------------------ */
+
+static int cmp_tensor_name(const void *a, const void *b)
+{
+    return strcmp(((const model_st_tensor *)a)->name, ((const model_st_tensor *)b)->name);
+}
+
+static int cmp_tensor_begin(const void *a, const void *b)
+{
+    const model_st_tensor *x = *(const model_st_tensor *const *)a;
+    const model_st_tensor *y = *(const model_st_tensor *const *)b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* A JSON number that is a non-negative integer below 2^53 (exact in a double). */
+static int json_u64(const cJSON *it, uint64_t *out)
+{
+    if (!cJSON_IsNumber(it)) return 0;
+    double d = it->valuedouble;
+    if (!(d >= 0.0) || d > 9007199254740992.0 || d != (double)(uint64_t)d) return 0;
+    *out = (uint64_t)d;
+    return 1;
+}
+
+/* Parse one header entry into t (name already set). */
+static zo_status parse_entry(const char *path, const cJSON *e, uint64_t data_size,
+                             model_st_tensor *t)
+{
+    if (!cJSON_IsObject(e))
+        return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\": header entry is not an object", path,
+                        t->name);
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
+    const cJSON *offs = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+    if (!cJSON_IsString(dt))
+        return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\": missing or non-string \"dtype\"", path,
+                        t->name);
+    t->dtype = -1;
+    t->elem_size = 0;
+    for (size_t i = 0; i < sizeof st_dtypes / sizeof st_dtypes[0]; i++) {
+        if (!strcmp(dt->valuestring, st_dtypes[i].name)) {
+            snprintf(t->dtype_name, sizeof t->dtype_name, "%s", st_dtypes[i].name);
+            t->elem_size = st_dtypes[i].size;
+            t->dtype = st_dtypes[i].dtype;
+        }
+    }
+    if (!t->elem_size)
+        return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\": unknown dtype \"%.32s\"", path, t->name,
+                        dt->valuestring);
+    if (!cJSON_IsArray(shape))
+        return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\": missing or non-array \"shape\"", path,
+                        t->name);
+    int nd = cJSON_GetArraySize(shape);
+    if (nd > MODEL_ST_MAX_DIMS)
+        return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\": %d dimensions (at most %d)", path,
+                        t->name, nd, MODEL_ST_MAX_DIMS);
+    t->ndim = nd;
+    uint64_t numel = 1;
+    for (int i = 0; i < nd; i++) {
+        uint64_t d;
+        if (!json_u64(cJSON_GetArrayItem(shape, i), &d) || d > (uint64_t)INT64_MAX)
+            return zo_error(ZO_ERR_FORMAT,
+                            "%s: tensor \"%s\": shape[%d] is not a non-negative integer", path,
+                            t->name, i);
+        t->shape[i] = (int64_t)d;
+        if (d && numel > UINT64_MAX / d)
+            return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\": shape overflows", path, t->name);
+        numel *= d;
+    }
+    t->numel = numel;
+    if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 ||
+        !json_u64(cJSON_GetArrayItem(offs, 0), &t->begin) ||
+        !json_u64(cJSON_GetArrayItem(offs, 1), &t->end))
+        return zo_error(ZO_ERR_FORMAT,
+                        "%s: tensor \"%s\": \"data_offsets\" must be [begin, end] of "
+                        "non-negative integers",
+                        path, t->name);
+    if (t->begin > t->end)
+        return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\": data_offsets [%llu, %llu] run backwards",
+                        path, t->name, (unsigned long long)t->begin, (unsigned long long)t->end);
+    if (t->end > data_size)
+        return zo_error(ZO_ERR_FORMAT,
+                        "%s: tensor \"%s\": data_offsets [%llu, %llu] beyond the data section "
+                        "(%llu bytes; file truncated?)",
+                        path, t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
+                        (unsigned long long)data_size);
+    if (numel > UINT64_MAX / t->elem_size || numel * t->elem_size != t->end - t->begin)
+        return zo_error(ZO_ERR_FORMAT,
+                        "%s: tensor \"%s\": %llu bytes in data_offsets but %s x %llu elements "
+                        "needs %llu",
+                        path, t->name, (unsigned long long)(t->end - t->begin), t->dtype_name,
+                        (unsigned long long)numel, (unsigned long long)(numel * t->elem_size));
+    return ZO_OK;
+}
+
+/* Tensors must tile the data section: sorted by begin, each starts where the
+ * previous ended, and the last ends at the end of the file. */
+static zo_status check_coverage(model_st_file *f, uint64_t data_size)
+{
+    zo_status st = ZO_OK;
+    if (!f->n_tensors) {
+        if (data_size)
+            return zo_error(ZO_ERR_FORMAT, "%s: %llu data bytes but no tensors", f->path,
+                            (unsigned long long)data_size);
+        return ZO_OK;
+    }
+    model_st_tensor **by = malloc((size_t)f->n_tensors * sizeof *by);
+    if (!by) return zo_error(ZO_ERR_NOMEM, "%s: cannot sort %d tensors", f->path, f->n_tensors);
+    for (int i = 0; i < f->n_tensors; i++) by[i] = &f->tensors[i];
+    qsort(by, (size_t)f->n_tensors, sizeof *by, cmp_tensor_begin);
+    uint64_t pos = 0;
+    const char *prev = NULL;
+    for (int i = 0; i < f->n_tensors; i++) {
+        const model_st_tensor *t = by[i];
+        if (t->begin < pos) {
+            st = zo_error(ZO_ERR_FORMAT,
+                          "%s: tensor \"%s\": data_offsets [%llu, %llu] overlap tensor \"%s\"",
+                          f->path, t->name, (unsigned long long)t->begin,
+                          (unsigned long long)t->end, prev);
+            goto out_free_by;
+        }
+        if (t->begin > pos) {
+            st = zo_error(ZO_ERR_FORMAT,
+                          "%s: tensor \"%s\": data_offsets [%llu, %llu] leave a hole of %llu "
+                          "bytes before it",
+                          f->path, t->name, (unsigned long long)t->begin,
+                          (unsigned long long)t->end, (unsigned long long)(t->begin - pos));
+            goto out_free_by;
+        }
+        pos = t->end;
+        prev = t->name;
+    }
+    if (pos != data_size)
+        st = zo_error(ZO_ERR_FORMAT,
+                      "%s: tensor \"%s\" ends the data at byte %llu but the data section has "
+                      "%llu bytes",
+                      f->path, prev, (unsigned long long)pos, (unsigned long long)data_size);
+out_free_by:
+    free(by);
+    return st;
+}
+
+static zo_status parse_header(model_st_file *f, const char *json, size_t len)
+{
+    zo_status st = ZO_OK;
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+    if (!root) {
+        size_t at = end ? (size_t)(end - json) : 0;
+        return zo_error(ZO_ERR_FORMAT, "%s: header JSON malformed near byte %zu of %zu", f->path,
+                        at, len);
+    }
+    /* after the JSON value only padding spaces may follow */
+    for (const char *p = end; p < json + len; p++) {
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r' && *p != '\0') {
+            st = zo_error(ZO_ERR_FORMAT, "%s: header has trailing bytes after the JSON object",
+                          f->path);
+            goto out_free_root;
+        }
+    }
+    if (!cJSON_IsObject(root)) {
+        st = zo_error(ZO_ERR_FORMAT, "%s: header is not a JSON object", f->path);
+        goto out_free_root;
+    }
+    int n = 0;
+    for (const cJSON *e = root->child; e; e = e->next)
+        if (strcmp(e->string, "__metadata__")) n++;
+    f->tensors = calloc(n ? (size_t)n : 1, sizeof *f->tensors);
+    if (!f->tensors) {
+        st = zo_error(ZO_ERR_NOMEM, "%s: cannot allocate %d tensor records", f->path, n);
+        goto out_free_root;
+    }
+    uint64_t data_size = f->file_size - f->data_start;
+    for (const cJSON *e = root->child; e; e = e->next) {
+        if (!strcmp(e->string, "__metadata__")) {
+            if (!cJSON_IsObject(e)) {
+                st = zo_error(ZO_ERR_FORMAT, "%s: \"__metadata__\" is not an object", f->path);
+                goto out_free_root;
+            }
+            continue;
+        }
+        model_st_tensor *t = &f->tensors[f->n_tensors];
+        t->name = strdup(e->string);
+        if (!t->name) {
+            st = zo_error(ZO_ERR_NOMEM, "%s: cannot copy a tensor name", f->path);
+            goto out_free_root;
+        }
+        f->n_tensors++;
+        if ((st = parse_entry(f->path, e, data_size, t)) != ZO_OK) goto out_free_root;
+    }
+    qsort(f->tensors, (size_t)f->n_tensors, sizeof *f->tensors, cmp_tensor_name);
+    for (int i = 1; i < f->n_tensors; i++) {
+        if (!strcmp(f->tensors[i - 1].name, f->tensors[i].name)) {
+            st = zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\" appears twice in the header", f->path,
+                          f->tensors[i].name);
+            goto out_free_root;
+        }
+    }
+    st = check_coverage(f, data_size);
+out_free_root:
+    cJSON_Delete(root);
+    return st;
+}
+
+zo_status model_st_open(model_st_file *f, const char *path)
+{
+    zo_status st = ZO_OK;
+    memset(f, 0, sizeof *f);
+    f->fd = -1;
+    f->path = strdup(path);
+    if (!f->path) return zo_error(ZO_ERR_NOMEM, "%s: cannot copy the path", path);
+    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (f->fd < 0) {
+        st = zo_error(errno == ENOENT ? ZO_ERR_NOT_FOUND : ZO_ERR_IO, "%s: cannot open: %s", path,
+                      strerror(errno));
+        goto out_close;
+    }
+    struct stat sb;
+    if (fstat(f->fd, &sb) != 0) {
+        st = zo_error(ZO_ERR_IO, "%s: fstat: %s", path, strerror(errno));
+        goto out_close;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        st = zo_error(ZO_ERR_INVALID, "%s: not a regular file", path);
+        goto out_close;
+    }
+    f->file_size = (uint64_t)sb.st_size;
+    if (f->file_size < 8) {
+        st = zo_error(ZO_ERR_FORMAT,
+                      "%s: truncated: %llu bytes, shorter than the 8-byte header length", path,
+                      (unsigned long long)f->file_size);
+        goto out_close;
+    }
+    f->map = mmap(NULL, (size_t)f->file_size, PROT_READ, MAP_PRIVATE, f->fd, 0);
+    if (f->map == MAP_FAILED) {
+        f->map = NULL;
+        st = zo_error(ZO_ERR_IO, "%s: mmap of %llu bytes: %s", path,
+                      (unsigned long long)f->file_size, strerror(errno));
+        goto out_close;
+    }
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | f->map[i];
+    if (hlen == 0 || hlen > MODEL_ST_MAX_HEADER || hlen > f->file_size - 8) {
+        st = zo_error(ZO_ERR_FORMAT,
+                      "%s: header length %llu is invalid for a file of %llu bytes (limit %u)",
+                      path, (unsigned long long)hlen, (unsigned long long)f->file_size,
+                      MODEL_ST_MAX_HEADER);
+        goto out_close;
+    }
+    f->data_start = 8 + hlen;
+    if ((st = parse_header(f, (const char *)f->map + 8, (size_t)hlen)) != ZO_OK) goto out_close;
+    return ZO_OK;
+out_close:
+    model_st_close(f);
+    return st;
+}
+
+void model_st_close(model_st_file *f)
+{
+    if (f->map) munmap((void *)f->map, (size_t)f->file_size);
+    if (f->fd >= 0) close(f->fd);
+    for (int i = 0; i < f->n_tensors; i++) free(f->tensors[i].name);
+    free(f->tensors);
+    free(f->path);
+    memset(f, 0, sizeof *f);
+    f->fd = -1;
+}
+
+const model_st_tensor *model_st_find(const model_st_file *f, const char *name)
+{
+    model_st_tensor key = {.name = (char *)name};
+    return bsearch(&key, f->tensors, (size_t)f->n_tensors, sizeof *f->tensors, cmp_tensor_name);
+}
+
+/* ---- reading with conversion ------------------------------------------------ */
+
+zo_status model_st_read(const model_st_file *f, const model_st_tensor *t, void *dst, zo_dtype dt,
+                        int transpose)
+{
+    if (t->dtype < 0)
+        return zo_error(ZO_ERR_UNSUPPORTED,
+                        "%s: tensor \"%s\": dtype %s cannot be loaded (F32, F16, BF16 only)",
+                        f->path, t->name, t->dtype_name);
+    if (transpose && t->ndim != 2)
+        return zo_error(ZO_ERR_INVALID, "%s: tensor \"%s\": transpose needs 2 dimensions, has %d",
+                        f->path, t->name, t->ndim);
+    uint64_t rows = transpose ? (uint64_t)t->shape[0] : 1;
+    uint64_t cols = transpose ? (uint64_t)t->shape[1] : t->numel;
+    return model_io_convert_rows(dst, dt, model_st_data(f, t), (zo_dtype)t->dtype, rows, cols,
+                                 transpose);
+}
+
+/* ---- writing ------------------------------------------------------------------ */
+
+#define WRITE_CHUNK_BYTES (4u << 20)
+
+zo_status model_st_write(const char *path, const model_st_entry *entries, int n,
+                         model_st_fill_fn fill, void *ctx)
+{
+    zo_status st = ZO_OK;
+    char *header = NULL;
+    uint8_t *chunk = NULL;
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return zo_error(ZO_ERR_NOMEM, "%s: cannot build the header", path);
+    cJSON *meta = cJSON_AddObjectToObject(root, "__metadata__");
+    if (!meta || !cJSON_AddStringToObject(meta, "format", "pt")) goto out_nomem;
+    uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        const model_st_entry *e = &entries[i];
+        if (e->ndim < 0 || e->ndim > MODEL_ST_MAX_DIMS || (unsigned)e->dtype >= ZO_DTYPE_COUNT) {
+            st = zo_error(ZO_ERR_INVALID, "%s: tensor \"%s\": bad dtype or %d dimensions", path,
+                          e->name, e->ndim);
+            goto out_free_root;
+        }
+        if (!e->data && !fill) {
+            st = zo_error(ZO_ERR_INVALID, "%s: tensor \"%s\": no data and no fill function",
+                          path, e->name);
+            goto out_free_root;
+        }
+        uint64_t numel = 1;
+        for (int d = 0; d < e->ndim; d++) numel *= (uint64_t)e->shape[d];
+        uint64_t bytes = numel * zo_dtype_size(e->dtype);
+        cJSON *t = cJSON_AddObjectToObject(root, e->name);
+        if (!t || !cJSON_AddStringToObject(t, "dtype", st_dtype_name(e->dtype))) goto out_nomem;
+        cJSON *shape = cJSON_AddArrayToObject(t, "shape");
+        cJSON *offs = cJSON_AddArrayToObject(t, "data_offsets");
+        if (!shape || !offs) goto out_nomem;
+        for (int d = 0; d < e->ndim; d++)
+            if (!cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)e->shape[d])))
+                goto out_nomem;
+        if (!cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off)) ||
+            !cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)(off + bytes))))
+            goto out_nomem;
+        off += bytes;
+    }
+    header = cJSON_PrintUnformatted(root);
+    if (!header) goto out_nomem;
+    size_t hlen = strlen(header);
+    size_t padded = (hlen + 7) & ~(size_t)7; /* data starts 8-byte aligned */
+
+    model_io_file out;
+    if ((st = model_io_create(&out, path)) != ZO_OK) goto out_free_header;
+    uint8_t lenbuf[8];
+    for (int i = 0; i < 8; i++) lenbuf[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    if ((st = model_io_append(&out, lenbuf, 8)) != ZO_OK) goto out_abort;
+    if ((st = model_io_append(&out, header, hlen)) != ZO_OK) goto out_abort;
+    if ((st = model_io_append(&out, "       ", padded - hlen)) != ZO_OK) goto out_abort;
+    chunk = malloc(WRITE_CHUNK_BYTES);
+    if (!chunk) {
+        st = zo_error(ZO_ERR_NOMEM, "%s: cannot allocate a write buffer", path);
+        goto out_abort;
+    }
+    for (int i = 0; i < n; i++) {
+        const model_st_entry *e = &entries[i];
+        size_t esz = zo_dtype_size(e->dtype);
+        uint64_t numel = 1;
+        for (int d = 0; d < e->ndim; d++) numel *= (uint64_t)e->shape[d];
+        if (e->data) {
+            if ((st = model_io_append(&out, e->data, (size_t)(numel * esz))) != ZO_OK)
+                goto out_abort;
+            continue;
+        }
+        uint64_t per = WRITE_CHUNK_BYTES / esz;
+        for (uint64_t first = 0; first < numel; first += per) {
+            uint64_t count = numel - first < per ? numel - first : per;
+            if ((st = fill(ctx, i, first, count, chunk)) != ZO_OK) {
+                zo_error_wrap(st, "%s: tensor \"%s\"", path, e->name);
+                goto out_abort;
+            }
+            if ((st = model_io_append(&out, chunk, (size_t)(count * esz))) != ZO_OK) goto out_abort;
+        }
+    }
+    st = model_io_commit(&out);
+    goto out_free_chunk;
+out_abort:
+    model_io_abort(&out);
+out_free_chunk:
+    free(chunk);
+out_free_header:
+    free(header);
+out_free_root:
+    cJSON_Delete(root);
+    return st;
+out_nomem:
+    st = zo_error(ZO_ERR_NOMEM, "%s: cannot build the header", path);
+    goto out_free_root;
+}
+
+/* ---- checkpoints ------------------------------------------------------------- */
+
+static int cmp_entry_name(const void *a, const void *b)
+{
+    return strcmp(((const model_ckpt_entry *)a)->name, ((const model_ckpt_entry *)b)->name);
+}
+
+static char *join_path(const char *dir, const char *name)
+{
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+/* Shard names from an index, deduplicated, in first-seen order. */
+static zo_status read_index(const char *path, cJSON **root_out, char ***shards_out, int *n_out)
+{
+    zo_status st;
+    char *text = NULL;
+    size_t len = 0;
+    if ((st = model_io_read_small(path, 64u << 20, &text, &len)) != ZO_OK) return st;
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (!root) {
+        st = zo_error(ZO_ERR_FORMAT, "%s: malformed JSON near byte %zu", path,
+                      end ? (size_t)(end - text) : 0);
+        goto out_free_text;
+    }
+    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+    if (!cJSON_IsObject(wm)) {
+        st = zo_error(ZO_ERR_FORMAT, "%s: missing object \"weight_map\"", path);
+        goto out_free_root;
+    }
+    int cap = cJSON_GetArraySize(wm);
+    char **shards = calloc(cap ? (size_t)cap : 1, sizeof *shards);
+    if (!shards) {
+        st = zo_error(ZO_ERR_NOMEM, "%s: cannot allocate shard list", path);
+        goto out_free_root;
+    }
+    int n = 0;
+    for (const cJSON *e = wm->child; e; e = e->next) {
+        if (!cJSON_IsString(e) || !e->valuestring[0] || e->valuestring[0] == '/') {
+            st = zo_error(ZO_ERR_FORMAT,
+                          "%s: weight_map: tensor \"%s\": shard must be a relative file name",
+                          path, e->string);
+            goto out_free_shards;
+        }
+        int seen = 0;
+        for (int i = 0; i < n && !seen; i++) seen = !strcmp(shards[i], e->valuestring);
+        if (!seen) shards[n++] = e->valuestring; /* owned by root */
+    }
+    *root_out = root;
+    *shards_out = shards;
+    *n_out = n;
+    free(text);
+    return ZO_OK;
+out_free_shards:
+    free(shards);
+out_free_root:
+    cJSON_Delete(root);
+out_free_text:
+    free(text);
+    return st;
+}
+
+static zo_status ckpt_build_entries(model_ckpt *c)
+{
+    int n = 0;
+    for (int i = 0; i < c->n_files; i++) n += c->files[i].n_tensors;
+    c->entries = calloc(n ? (size_t)n : 1, sizeof *c->entries);
+    if (!c->entries) return zo_error(ZO_ERR_NOMEM, "%s: cannot index %d tensors", c->path, n);
+    for (int i = 0; i < c->n_files; i++) {
+        for (int j = 0; j < c->files[i].n_tensors; j++) {
+            model_ckpt_entry *e = &c->entries[c->n_entries++];
+            e->tensor = &c->files[i].tensors[j];
+            e->name = e->tensor->name;
+            e->file = i;
+        }
+    }
+    qsort(c->entries, (size_t)n, sizeof *c->entries, cmp_entry_name);
+    for (int i = 1; i < n; i++)
+        if (!strcmp(c->entries[i - 1].name, c->entries[i].name))
+            return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\" is in both %s and %s", c->path,
+                            c->entries[i].name, c->files[c->entries[i - 1].file].path,
+                            c->files[c->entries[i].file].path);
+    return ZO_OK;
+}
+
+static zo_status ckpt_open_index(model_ckpt *c, const char *index)
+{
+    zo_status st;
+    cJSON *root = NULL;
+    char **shards = NULL;
+    int n = 0;
+    if ((st = read_index(index, &root, &shards, &n)) != ZO_OK) return st;
+    char *dcopy = strdup(index);
+    if (!dcopy) {
+        st = zo_error(ZO_ERR_NOMEM, "%s: cannot copy the path", index);
+        goto out_free_index;
+    }
+    const char *dir = dirname(dcopy);
+    c->files = calloc(n ? (size_t)n : 1, sizeof *c->files);
+    if (!c->files) {
+        st = zo_error(ZO_ERR_NOMEM, "%s: cannot allocate %d shards", index, n);
+        goto out_free_dir;
+    }
+    for (int i = 0; i < n; i++) {
+        char *p = join_path(dir, shards[i]);
+        if (!p) {
+            st = zo_error(ZO_ERR_NOMEM, "%s: cannot build a shard path", index);
+            goto out_free_dir;
+        }
+        st = model_st_open(&c->files[i], p);
+        free(p);
+        if (st) {
+            zo_error_wrap(st, "%s: shard %d of %d", index, i + 1, n);
+            goto out_free_dir;
+        }
+        c->n_files++;
+    }
+    if ((st = ckpt_build_entries(c)) != ZO_OK) goto out_free_dir;
+    /* every tensor of the weight map is in the shard the map names */
+    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+    for (const cJSON *e = wm->child; e; e = e->next) {
+        const model_ckpt_entry *ce = model_ckpt_find(c, e->string);
+        const char *base = ce ? strrchr(c->files[ce->file].path, '/') : NULL;
+        base = base ? base + 1 : (ce ? c->files[ce->file].path : NULL);
+        const char *want = strrchr(e->valuestring, '/');
+        want = want ? want + 1 : e->valuestring;
+        if (!ce || strcmp(base, want)) {
+            st = zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\": weight_map names shard %s, %s", index,
+                          e->string, e->valuestring,
+                          ce ? "but it is in another shard" : "which does not hold it");
+            goto out_free_dir;
+        }
+    }
+out_free_dir:
+    free(dcopy);
+out_free_index:
+    free(shards);
+    cJSON_Delete(root);
+    return st;
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+zo_status model_ckpt_open(model_ckpt *c, const char *path)
+{
+    zo_status st;
+    memset(c, 0, sizeof *c);
+    c->path = strdup(path);
+    if (!c->path) return zo_error(ZO_ERR_NOMEM, "%s: cannot copy the path", path);
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        st = zo_error(errno == ENOENT ? ZO_ERR_NOT_FOUND : ZO_ERR_IO, "%s: %s", path,
+                      strerror(errno));
+        goto out_close;
+    }
+    if (S_ISDIR(sb.st_mode)) {
+        char *index = join_path(path, "model.safetensors.index.json");
+        char *single = join_path(path, "model.safetensors");
+        if (!index || !single) {
+            free(index);
+            free(single);
+            st = zo_error(ZO_ERR_NOMEM, "%s: cannot build a path", path);
+            goto out_close;
+        }
+        if (access(index, F_OK) == 0) {
+            st = ckpt_open_index(c, index);
+        } else if (access(single, F_OK) == 0) {
+            c->files = calloc(1, sizeof *c->files);
+            st = c->files ? model_st_open(&c->files[0], single)
+                          : zo_error(ZO_ERR_NOMEM, "%s: cannot allocate", path);
+            if (!st) {
+                c->n_files = 1;
+                st = ckpt_build_entries(c);
+            }
+        } else {
+            st = zo_error(ZO_ERR_NOT_FOUND,
+                          "%s: holds neither model.safetensors.index.json nor model.safetensors",
+                          path);
+        }
+        free(index);
+        free(single);
+    } else if (ends_with(path, ".json")) {
+        st = ckpt_open_index(c, path);
+    } else {
+        c->files = calloc(1, sizeof *c->files);
+        st = c->files ? model_st_open(&c->files[0], path)
+                      : zo_error(ZO_ERR_NOMEM, "%s: cannot allocate", path);
+        if (!st) {
+            c->n_files = 1;
+            st = ckpt_build_entries(c);
+        }
+    }
+    if (st) goto out_close;
+    return ZO_OK;
+out_close:
+    model_ckpt_close(c);
+    return st;
+}
+
+void model_ckpt_close(model_ckpt *c)
+{
+    for (int i = 0; i < c->n_files; i++) model_st_close(&c->files[i]);
+    free(c->files);
+    free(c->entries);
+    free(c->path);
+    memset(c, 0, sizeof *c);
+}
+
+const model_ckpt_entry *model_ckpt_find(const model_ckpt *c, const char *name)
+{
+    model_ckpt_entry key = {.name = name};
+    return bsearch(&key, c->entries, (size_t)c->n_entries, sizeof *c->entries, cmp_entry_name);
+}

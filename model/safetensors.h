@@ -1,0 +1,162 @@
+/* safetensors files: reading, writing, and loading/saving a model layout.
+ *
+ * The format: an 8-byte little-endian header length N, N bytes of JSON
+ * ({"name": {"dtype": "F32", "shape": [r, c], "data_offsets": [begin, end]},
+ * ..., "__metadata__": {"format": "pt"}}), then the data section; offsets are
+ * bytes into the data section, which the tensors cover exactly, without
+ * overlaps or holes. A sharded checkpoint adds model.safetensors.index.json
+ * whose "weight_map" names the shard file of every tensor.
+ *
+ * Files are memory-mapped read-only and fully validated when opened, before
+ * any tensor byte is touched: every malformed or truncated file gives
+ * ZO_ERR_FORMAT with a message naming the file and the tensor, never a crash.
+ * Files are written atomically (temporary name, fsync, rename). */
+#ifndef ZO_MODEL_SAFETENSORS_H
+#define ZO_MODEL_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/dtype.h"  /* defines: zo_dtype */
+#include "common/status.h" /* defines: zo_status */
+#include "layout.h"        /* defines: model_layout */
+
+#define MODEL_ST_MAX_DIMS 8
+#define MODEL_ST_MAX_HEADER (100u << 20) /* as the reference implementation */
+
+/* ---- one file ------------------------------------------------------------ */
+
+typedef struct model_st_tensor {
+    char *name;
+    char dtype_name[8];  /* as in the header: "F32", "F16", "BF16", "I64", ... */
+    int dtype;           /* zo_dtype for F32/F16/BF16, -1 for other element types */
+    size_t elem_size;    /* bytes per element */
+    int ndim;
+    int64_t shape[MODEL_ST_MAX_DIMS];
+    uint64_t numel;
+    uint64_t begin, end; /* byte range in the data section */
+} model_st_tensor;
+
+typedef struct model_st_file {
+    char *path;
+    int fd;
+    uint64_t file_size;
+    uint64_t data_start;       /* 8 + header length */
+    const uint8_t *map;        /* the whole file, read-only */
+    int n_tensors;
+    model_st_tensor *tensors;  /* sorted by name */
+} model_st_file;
+
+/* Open, map and validate a .safetensors file. */
+zo_status model_st_open(model_st_file *f, const char *path);
+void model_st_close(model_st_file *f);
+
+/* The tensor with this exact name, or NULL. */
+const model_st_tensor *model_st_find(const model_st_file *f, const char *name);
+
+/* The raw bytes of a tensor (may be unaligned). */
+static inline const void *model_st_data(const model_st_file *f, const model_st_tensor *t)
+{
+    return f->map + f->data_start + t->begin;
+}
+
+/* Copy a tensor into dst (numel elements of `dt`), converting with
+ * round-to-nearest-even. With `transpose`, a 2-D [r, c] tensor is written as
+ * [c, r]. ZO_ERR_UNSUPPORTED for element types other than F32/F16/BF16. */
+zo_status model_st_read(const model_st_file *f, const model_st_tensor *t, void *dst, zo_dtype dt,
+                        int transpose);
+
+/* ---- writing ------------------------------------------------------------- */
+
+/* Produce elements [first, first + count) of tensor `index` (row-major, in the
+ * entry's dtype) into dst. */
+typedef zo_status (*model_st_fill_fn)(void *ctx, int index, uint64_t first, uint64_t count,
+                                      void *dst);
+
+typedef struct model_st_entry {
+    const char *name;
+    zo_dtype dtype;                   /* stored element type */
+    int ndim;
+    int64_t shape[MODEL_ST_MAX_DIMS];
+    const void *data;                 /* numel elements of dtype, or NULL to call fill */
+} model_st_entry;
+
+/* Write entries (in the given order) to `path` atomically, with
+ * "__metadata__": {"format": "pt"}. `fill` may be NULL when every entry has
+ * data. */
+zo_status model_st_write(const char *path, const model_st_entry *entries, int n,
+                         model_st_fill_fn fill, void *ctx);
+
+/* ---- checkpoints: one file, a sharded index, or a directory --------------- */
+
+typedef struct model_ckpt_entry {
+    const char *name;             /* points into the file's tensor */
+    int file;                     /* index into model_ckpt.files */
+    const model_st_tensor *tensor;
+} model_ckpt_entry;
+
+typedef struct model_ckpt {
+    char *path;                   /* what was opened */
+    int n_files;
+    model_st_file *files;
+    int n_entries;
+    model_ckpt_entry *entries;    /* every tensor of every file, sorted by name */
+} model_ckpt;
+
+/* `path` is a .safetensors file, a model.safetensors.index.json, or a
+ * directory holding one of them (the index is preferred). Every shard the
+ * index names is opened and validated; a tensor whose shard does not hold it,
+ * or a name held by two shards, is ZO_ERR_FORMAT. */
+zo_status model_ckpt_open(model_ckpt *c, const char *path);
+void model_ckpt_close(model_ckpt *c);
+
+/* The entry with this exact name, or NULL. */
+const model_ckpt_entry *model_ckpt_find(const model_ckpt *c, const char *name);
+
+/* ---- loading and saving a layout ----------------------------------------- */
+
+enum {
+    MODEL_LOAD_ALLOW_MISSING = 1u << 0, /* leave tensors the checkpoint lacks untouched */
+    MODEL_LOAD_STRICT = 1u << 1,        /* unexpected checkpoint tensors are an error */
+};
+
+typedef struct model_load_report {
+    int n_loaded;              /* layout tensors filled */
+    int n_missing;             /* layout tensors the checkpoint lacks */
+    int n_unexpected;          /* checkpoint tensors that match nothing */
+    int n_ignored;             /* buffers skipped: attention masks, rotary inv_freq, tied lm_head */
+    char first_missing[MODEL_TENSOR_NAME_MAX];
+    char first_unexpected[MODEL_TENSOR_NAME_MAX];
+} model_load_report;
+
+/* The layout tensor a checkpoint name refers to (GPT-2: with or without the
+ * "transformer." prefix), or NULL; *ignored is set to 1 for names that are
+ * known buffers rather than parameters. */
+const model_tensor *model_layout_match_hf(const model_layout *l, const char *hf_name,
+                                          int *ignored);
+
+/* Fill one block buffer (l->block_numel[block] elements of `dt`) from an open
+ * checkpoint: names are matched, shapes checked against the layout (Conv1D
+ * weights transposed), dtypes converted. Missing tensors are an error
+ * (ZO_ERR_NOT_FOUND naming the first) unless MODEL_LOAD_ALLOW_MISSING. The
+ * report (may be NULL) is added to, not cleared. */
+zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block, void *buf,
+                           zo_dtype dt, unsigned flags, model_load_report *rep);
+
+/* Fill every block (blocks[b] for b < l->n_blocks) and account for the
+ * checkpoint tensors that matched nothing (an error only with
+ * MODEL_LOAD_STRICT). The report (may be NULL) is cleared first. */
+zo_status model_load(const model_ckpt *c, const model_layout *l, void *const *blocks,
+                     zo_dtype dt, unsigned flags, model_load_report *rep);
+
+/* Open `path` (see model_ckpt_open), load, close. */
+zo_status model_load_path(const char *path, const model_layout *l, void *const *blocks,
+                          zo_dtype dt, unsigned flags, model_load_report *rep);
+
+/* Write the model as one safetensors file with Hugging Face names and layout
+ * (Conv1D weights back to [in, out]; no lm_head.weight when tied), converting
+ * the block buffers (dtype buf_dt) to file_dt. */
+zo_status model_save(const char *path, const model_layout *l, const void *const *blocks,
+                     zo_dtype buf_dt, zo_dtype file_dt);
+
+#endif

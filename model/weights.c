@@ -1,0 +1,222 @@
+/* Loading a model layout from safetensors checkpoints and saving it back with
+ * Hugging Face names and layouts. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_io.h"   /* defines: model_io_convert_rows */
+#include "safetensors.h"
+
+static int starts_with(const char *s, const char *prefix)
+{
+    return !strncmp(s, prefix, strlen(prefix));
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+#define GPT_PREFIX "transformer."
+
+const model_tensor *model_layout_match_hf(const model_layout *l, const char *hf_name,
+                                          int *ignored)
+{
+    *ignored = 0;
+    const char *name = hf_name;
+    if (l->cfg.arch == ZO_ARCH_GPT && starts_with(name, GPT_PREFIX)) name += strlen(GPT_PREFIX);
+    const model_tensor *t = model_layout_find(l, name);
+    if (t) return t;
+    if (l->cfg.arch == ZO_ARCH_GPT) {
+        /* causal-mask buffers that old GPT-2 checkpoints carry: h.N.attn.bias
+         * (not c_attn.bias) and h.N.attn.masked_bias */
+        *ignored = starts_with(name, "h.") &&
+                   (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias"));
+    } else {
+        *ignored = ends_with(name, ".rotary_emb.inv_freq");
+    }
+    /* a tied head written out anyway: it is the token embedding */
+    if (l->cfg.tied_embeddings && !strcmp(name, "lm_head.weight")) *ignored = 1;
+    return NULL;
+}
+
+static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
+{
+    int n = snprintf(buf, len, "[");
+    for (int i = 0; i < ndim && n > 0 && (size_t)n < len; i++)
+        n += snprintf(buf + n, len - (size_t)n, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (n > 0 && (size_t)n < len) snprintf(buf + n, len - (size_t)n, "]");
+}
+
+/* The checkpoint entry for a layout tensor: its own name, or for GPT-2 the
+ * name with the "transformer." prefix. */
+static const model_ckpt_entry *find_entry(const model_ckpt *c, const model_layout *l,
+                                          const model_tensor *t)
+{
+    const model_ckpt_entry *e = model_ckpt_find(c, t->name);
+    if (!e && l->cfg.arch == ZO_ARCH_GPT) {
+        char name[sizeof GPT_PREFIX + MODEL_TENSOR_NAME_MAX];
+        snprintf(name, sizeof name, GPT_PREFIX "%s", t->name);
+        e = model_ckpt_find(c, name);
+    }
+    return e;
+}
+
+static void note_name(char *dst, const char *name, int count)
+{
+    if (count == 1) snprintf(dst, MODEL_TENSOR_NAME_MAX, "%s", name);
+}
+
+zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block, void *buf,
+                           zo_dtype dt, unsigned flags, model_load_report *rep)
+{
+    model_load_report local;
+    if (!rep) {
+        memset(&local, 0, sizeof local);
+        rep = &local;
+    }
+    if (block < 0 || block >= l->n_blocks || !buf || (unsigned)dt >= ZO_DTYPE_COUNT)
+        return zo_error(ZO_ERR_INVALID, "%s: load block %d of %d: bad block, buffer or dtype",
+                        c->path, block, l->n_blocks);
+    int missing = 0;
+    const char *first_missing = NULL;
+    size_t esz = zo_dtype_size(dt);
+    for (int i = 0; i < l->n_tensors; i++) {
+        const model_tensor *t = &l->tensors[i];
+        if (t->block != block) continue;
+        const model_ckpt_entry *e = find_entry(c, l, t);
+        if (!e) {
+            if (!missing++) first_missing = t->name;
+            rep->n_missing++;
+            note_name(rep->first_missing, t->name, rep->n_missing);
+            continue;
+        }
+        const model_st_file *f = &c->files[e->file];
+        const model_st_tensor *s = e->tensor;
+        /* the shape the checkpoint must have: Conv1D weights are [in, out] */
+        int64_t want[2] = {t->shape[0], t->shape[1]};
+        if (t->hf_transposed) {
+            want[0] = t->shape[1];
+            want[1] = t->shape[0];
+        }
+        int same = s->ndim == t->ndim;
+        for (int d = 0; same && d < t->ndim; d++) same = s->shape[d] == want[d];
+        if (!same) {
+            char got_s[128], want_s[64];
+            shape_str(got_s, sizeof got_s, s->ndim, s->shape);
+            shape_str(want_s, sizeof want_s, t->ndim, want);
+            return zo_error(ZO_ERR_FORMAT,
+                            "%s: tensor \"%s\": shape %s in the file, the model (%s) expects %s",
+                            f->path, s->name, got_s, l->cfg.name, want_s);
+        }
+        zo_status st = model_st_read(f, s, (uint8_t *)buf + t->offset * esz, dt, t->hf_transposed);
+        if (st) return st;
+        rep->n_loaded++;
+    }
+    if (missing && !(flags & MODEL_LOAD_ALLOW_MISSING)) {
+        char bname[32];
+        return zo_error(ZO_ERR_NOT_FOUND, "%s: %d tensor%s of the %s block missing, first \"%s\"",
+                        c->path, missing, missing == 1 ? " is" : "s are",
+                        model_layout_block_name(l, block, bname, sizeof bname), first_missing);
+    }
+    return ZO_OK;
+}
+
+zo_status model_load(const model_ckpt *c, const model_layout *l, void *const *blocks,
+                     zo_dtype dt, unsigned flags, model_load_report *rep)
+{
+    model_load_report local;
+    if (!rep) rep = &local;
+    memset(rep, 0, sizeof *rep);
+    for (int b = 0; b < l->n_blocks; b++) {
+        zo_status st = model_load_block(c, l, b, blocks[b], dt, flags | MODEL_LOAD_ALLOW_MISSING, rep);
+        if (st) return st;
+    }
+    if (rep->n_missing && !(flags & MODEL_LOAD_ALLOW_MISSING))
+        return zo_error(ZO_ERR_NOT_FOUND,
+                        "%s: %d of the %d tensors of %s are missing, first \"%s\"", c->path,
+                        rep->n_missing, l->n_tensors, l->cfg.name, rep->first_missing);
+    for (int i = 0; i < c->n_entries; i++) {
+        int ignored;
+        if (model_layout_match_hf(l, c->entries[i].name, &ignored)) continue;
+        if (ignored) {
+            rep->n_ignored++;
+            continue;
+        }
+        rep->n_unexpected++;
+        note_name(rep->first_unexpected, c->entries[i].name, rep->n_unexpected);
+    }
+    if (rep->n_unexpected && (flags & MODEL_LOAD_STRICT))
+        return zo_error(ZO_ERR_FORMAT, "%s: %d tensors are not part of %s, first \"%s\"", c->path,
+                        rep->n_unexpected, l->cfg.name, rep->first_unexpected);
+    return ZO_OK;
+}
+
+zo_status model_load_path(const char *path, const model_layout *l, void *const *blocks,
+                          zo_dtype dt, unsigned flags, model_load_report *rep)
+{
+    model_ckpt c;
+    zo_status st = model_ckpt_open(&c, path);
+    if (st) return st;
+    st = model_load(&c, l, blocks, dt, flags, rep);
+    model_ckpt_close(&c);
+    return st;
+}
+
+/* ---- saving --------------------------------------------------------------------- */
+
+typedef struct save_ctx {
+    const model_layout *l;
+    const void *const *blocks;
+    zo_dtype buf_dt, file_dt;
+} save_ctx;
+
+/* Elements [first, first + count) of tensor `index` in its file layout. */
+static zo_status save_fill(void *vctx, int index, uint64_t first, uint64_t count, void *dst)
+{
+    const save_ctx *x = vctx;
+    const model_tensor *t = &x->l->tensors[index];
+    size_t bsz = zo_dtype_size(x->buf_dt), fsz = zo_dtype_size(x->file_dt);
+    const uint8_t *src = (const uint8_t *)x->blocks[t->block] + t->offset * bsz;
+    if (!t->hf_transposed)
+        return model_io_convert_rows(dst, x->file_dt, src + first * bsz, x->buf_dt, 1, count, 0);
+    /* file [in, out] from ours [out, in]: file (r, c) is ours (c, r) */
+    uint64_t in = (uint64_t)t->shape[1], out = (uint64_t)t->shape[0];
+    uint8_t *d = dst;
+    for (uint64_t k = 0; k < count; k++) {
+        uint64_t e = first + k, r = e / out, c = e % out;
+        const uint8_t *s = src + (c * in + r) * bsz;
+        if (x->buf_dt == x->file_dt)
+            memcpy(d + k * fsz, s, fsz);
+        else
+            zo_store_f32(dst, x->file_dt, (size_t)k, zo_load_f32(s, x->buf_dt, 0));
+    }
+    return ZO_OK;
+}
+
+zo_status model_save(const char *path, const model_layout *l, const void *const *blocks,
+                     zo_dtype buf_dt, zo_dtype file_dt)
+{
+    if ((unsigned)buf_dt >= ZO_DTYPE_COUNT || (unsigned)file_dt >= ZO_DTYPE_COUNT)
+        return zo_error(ZO_ERR_INVALID, "%s: bad dtype", path);
+    for (int b = 0; b < l->n_blocks; b++)
+        if (!blocks[b]) return zo_error(ZO_ERR_INVALID, "%s: block %d has no buffer", path, b);
+    model_st_entry *e = calloc(l->n_tensors ? (size_t)l->n_tensors : 1, sizeof *e);
+    if (!e) return zo_error(ZO_ERR_NOMEM, "%s: cannot allocate %d entries", path, l->n_tensors);
+    size_t bsz = zo_dtype_size(buf_dt);
+    for (int i = 0; i < l->n_tensors; i++) {
+        const model_tensor *t = &l->tensors[i];
+        e[i].name = t->name;
+        e[i].dtype = file_dt;
+        e[i].ndim = t->ndim;
+        e[i].shape[0] = t->hf_transposed ? t->shape[1] : t->shape[0];
+        e[i].shape[1] = t->hf_transposed ? t->shape[0] : t->shape[1];
+        if (!t->hf_transposed && buf_dt == file_dt)
+            e[i].data = (const uint8_t *)blocks[t->block] + t->offset * bsz;
+    }
+    save_ctx x = {.l = l, .blocks = blocks, .buf_dt = buf_dt, .file_dt = file_dt};
+    zo_status st = model_st_write(path, e, l->n_tensors, save_fill, &x);
+    free(e);
+    return st;
+}

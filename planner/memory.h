@@ -1,0 +1,150 @@
+/* The memory model: bytes per rank, per tier and per kind of state.
+ *
+ * Pure arithmetic, no I/O: the CLI parses flags and prints. Activations come
+ * from a table of what each op of a layer saves for backward (plan_act_table),
+ * so the GPT layer gives Korthikanti et al.'s sbh(34 + 5as/h) and its tensor /
+ * sequence parallel and recompute variants, and the LLaMA layer its own. */
+#ifndef ZO_PLANNER_MEMORY_H
+#define ZO_PLANNER_MEMORY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/dtype.h"
+#include "common/model_config.h"
+#include "common/status.h"
+#include "planner/hardware.h"
+
+typedef enum plan_tier { PLAN_GPU = 0, PLAN_CPU, PLAN_NVME, PLAN_TIERS } plan_tier;
+
+typedef enum plan_kind {
+    PLAN_PARAMS = 0,
+    PLAN_GRADS,
+    PLAN_OPTIMIZER,
+    PLAN_ACTIVATIONS,
+    PLAN_BUFFERS,
+    PLAN_KINDS,
+} plan_kind;
+
+typedef enum plan_optimizer { PLAN_OPT_ADAMW = 0, PLAN_OPT_SGD } plan_optimizer;
+
+typedef enum plan_recompute {
+    PLAN_RECOMPUTE_NONE = 0,
+    PLAN_RECOMPUTE_SELECTIVE, /* recompute the attention core (the s^2 terms) */
+    PLAN_RECOMPUTE_FULL,      /* keep only each layer's input */
+} plan_recompute;
+
+/* Working buffers, each a named line with its own flag. */
+typedef struct plan_buffers {
+    uint64_t cuda_context;     /* bytes the CUDA context and kernels take */
+    uint64_t cublas_workspace; /* bytes */
+    uint64_t comm_bucket;      /* elements per gradient communication bucket */
+    int comm_buckets;          /* buckets in flight (double buffering = 2) */
+    int prefetch_depth;        /* streamed blocks resident ahead of compute */
+    uint64_t pinned_staging;   /* bytes of pinned host staging; 0 = derived */
+    double fragmentation;      /* allocator allowance, fraction of the GPU total */
+    uint64_t sub_group;        /* optimizer sub-group, parameters (NVMe swap unit) */
+    int swap_buffers;          /* sub-groups of pinned buffers for the NVMe pipeline */
+} plan_buffers;
+
+typedef struct plan_train {
+    int seq;
+    int micro_batch;
+    int grad_accum;           /* micro-batches per step per data-parallel rank */
+    zo_dtype dtype;           /* weights and activations */
+    zo_dtype grad_dtype;      /* gradients on the device (fp32: Megatron's 18 B/param) */
+    plan_optimizer optimizer;
+    int dp, tp, pp, vpp;      /* vpp > 1: interleaved 1F1B with vpp chunks per stage */
+    int sp;                   /* sequence parallel (with tp) */
+    int zero;                 /* 0..3 */
+    plan_recompute recompute;
+    int flash_attn;
+    int dropout;              /* dropout masks saved (GPT default on, LLaMA off) */
+    plan_tier params_on;      /* GPU, CPU or NVMe */
+    plan_tier grads_on;       /* GPU or CPU */
+    plan_tier checkpoints_on; /* GPU or CPU: where stored activations live */
+    double opt_frac[PLAN_TIERS]; /* optimizer state split, sums to 1 */
+    plan_buffers buf;
+} plan_train;
+
+/* One named line of the estimate. */
+typedef struct plan_item {
+    const char *name;
+    plan_tier tier;
+    plan_kind kind;
+    uint64_t bytes;
+} plan_item;
+
+#define PLAN_MAX_ITEMS 48
+
+typedef struct plan_estimate {
+    uint64_t bytes[PLAN_TIERS][PLAN_KINDS];
+    uint64_t total[PLAN_TIERS];
+    uint64_t capacity[PLAN_TIERS]; /* per rank: CPU and NVMe are the node's share */
+    int ranks_per_node;
+    int fits;
+    int activations_known;     /* 0 for a model known only by its size */
+    int stage;                 /* pipeline stage reported: 0 first, pp-1 last */
+    uint64_t params;           /* whole model */
+    uint64_t stage_params;     /* this rank's parameters before ZeRO sharding */
+    uint64_t rank_params;      /* held on this rank after ZeRO-3 */
+    uint64_t largest_block;    /* elements of the largest streamed block on a rank */
+    uint64_t act_layer;        /* bytes one layer saves for one micro-batch */
+    double inflight;           /* micro-batches in flight on this stage */
+    int n_items;
+    plan_item items[PLAN_MAX_ITEMS];
+} plan_estimate;
+
+const char *plan_tier_name(plan_tier t);   /* "gpu", "cpu", "nvme" */
+const char *plan_kind_name(plan_kind k);   /* "params", "grads", ... */
+const char *plan_recompute_name(plan_recompute r);
+
+/* Defaults for a model: its max sequence, micro-batch 1, bf16, AdamW, no
+ * parallelism, ZeRO 0, no recompute, flash attention, everything on the GPU,
+ * dropout as the architecture has it, working buffers as documented. */
+void plan_train_defaults(plan_train *t, const zo_model_config *m);
+
+/* Check a configuration against the model and hardware: TP divides heads
+ * and kv heads, PP (x VPP) divides layers, DP x TP x PP equals the GPUs,
+ * fractions sum to 1, placements are possible. Messages name the flag. */
+zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, const plan_hw *hw);
+
+/* The estimate for the pipeline stage that needs the most GPU memory. */
+zo_status plan_estimate_run(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
+                            plan_estimate *out);
+
+/* ---- the activation table ------------------------------------------------ */
+
+typedef enum plan_act_width {
+    PLAN_W_H,      /* s*b*h */
+    PLAN_W_Q,      /* s*b*heads*head_dim */
+    PLAN_W_KV,     /* s*b*kv_heads*head_dim */
+    PLAN_W_FFN,    /* s*b*ffn */
+    PLAN_W_SCORES, /* heads*s*s*b: attention probabilities */
+    PLAN_W_HEADS,  /* heads*s*b: per-row softmax statistics */
+} plan_act_width;
+
+enum {
+    PLAN_ACT_GPT = 1 << 0,      /* only in GPT layers */
+    PLAN_ACT_LLAMA = 1 << 1,    /* only in LLaMA layers */
+    PLAN_ACT_DROPOUT = 1 << 2,  /* only with dropout */
+    PLAN_ACT_S2 = 1 << 3,       /* an s^2 term: gone with flash attention or selective recompute */
+    PLAN_ACT_FLASH = 1 << 4,    /* only with flash attention */
+    PLAN_ACT_TP = 1 << 5,       /* sharded by tensor parallelism; else only by sequence parallelism */
+};
+
+typedef struct plan_act_entry {
+    const char *op;     /* "attn.softmax" */
+    const char *saved;  /* "output" */
+    plan_act_width width;
+    int bytes;          /* bytes per element; 0: the activation dtype */
+    unsigned flags;
+} plan_act_entry;
+
+const plan_act_entry *plan_act_table(size_t *count);
+
+/* Bytes one layer saves for backward for one micro-batch, from the table,
+ * before recompute (recompute is applied by the caller). */
+uint64_t plan_layer_act_bytes(const zo_model_config *m, const plan_train *t, int keep_s2);
+
+#endif

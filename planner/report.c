@@ -1,0 +1,213 @@
+#include "report.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/units.h"
+
+void plan_format_fractions(const double f[PLAN_TIERS], char *buf, size_t len)
+{
+    int nonzero = 0, only = 0;
+    for (int i = 0; i < PLAN_TIERS; i++)
+        if (f[i] > 0) {
+            nonzero++;
+            only = i;
+        }
+    if (nonzero == 1) {
+        snprintf(buf, len, "%s", plan_tier_name((plan_tier)only));
+        return;
+    }
+    buf[0] = '\0';
+    for (int i = 0, first = 1; i < PLAN_TIERS; i++) {
+        if (f[i] <= 0) continue;
+        size_t u = strlen(buf);
+        snprintf(buf + u, len - u, "%s%s=%g", first ? "" : ",", plan_tier_name((plan_tier)i), f[i]);
+        first = 0;
+    }
+}
+
+static void add_u64(cJSON *o, const char *k, uint64_t v) { cJSON_AddNumberToObject(o, k, (double)v); }
+
+cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
+                        const plan_estimate *e, const char *suggestion)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *jm = cJSON_AddObjectToObject(root, "model");
+    cJSON_AddStringToObject(jm, "name", m->name);
+    add_u64(jm, "params", e->params);
+    if (!m->params_override) {
+        cJSON_AddStringToObject(jm, "arch", zo_arch_name(m->arch));
+        cJSON_AddNumberToObject(jm, "layers", m->n_layers);
+        cJSON_AddNumberToObject(jm, "hidden", m->hidden);
+        cJSON_AddNumberToObject(jm, "heads", m->n_heads);
+        cJSON_AddNumberToObject(jm, "kv_heads", m->n_kv_heads);
+        cJSON_AddNumberToObject(jm, "head_dim", m->head_dim);
+        cJSON_AddNumberToObject(jm, "ffn", m->ffn);
+        cJSON_AddNumberToObject(jm, "vocab", m->vocab);
+        cJSON_AddNumberToObject(jm, "max_seq", m->max_seq);
+        cJSON_AddBoolToObject(jm, "tied_embeddings", m->tied_embeddings);
+    }
+
+    cJSON *jh = cJSON_AddObjectToObject(root, "hardware");
+    cJSON_AddStringToObject(jh, "name", hw->name);
+    cJSON_AddStringToObject(jh, "gpu", hw->gpu);
+    cJSON_AddNumberToObject(jh, "gpus", hw->gpus);
+    cJSON_AddNumberToObject(jh, "gpus_per_node", hw->gpus_per_node);
+    add_u64(jh, "gpu_mem", hw->gpu_mem);
+    add_u64(jh, "cpu_mem_per_node", hw->cpu_mem);
+    add_u64(jh, "nvme_per_node", hw->nvme);
+
+    cJSON *jc = cJSON_AddObjectToObject(root, "config");
+    cJSON_AddNumberToObject(jc, "seq", t->seq);
+    cJSON_AddNumberToObject(jc, "micro_batch", t->micro_batch);
+    cJSON_AddNumberToObject(jc, "grad_accum", t->grad_accum);
+    cJSON_AddNumberToObject(jc, "global_batch", (double)t->micro_batch * t->grad_accum * t->dp);
+    cJSON_AddStringToObject(jc, "dtype", zo_dtype_name(t->dtype));
+    cJSON_AddStringToObject(jc, "grad_dtype", zo_dtype_name(t->grad_dtype));
+    cJSON_AddStringToObject(jc, "optimizer", t->optimizer == PLAN_OPT_ADAMW ? "adamw" : "sgd");
+    cJSON_AddNumberToObject(jc, "dp", t->dp);
+    cJSON_AddNumberToObject(jc, "tp", t->tp);
+    cJSON_AddNumberToObject(jc, "pp", t->pp);
+    cJSON_AddNumberToObject(jc, "vpp", t->vpp);
+    cJSON_AddBoolToObject(jc, "sp", t->sp);
+    cJSON_AddNumberToObject(jc, "zero", t->zero);
+    cJSON_AddStringToObject(jc, "recompute", plan_recompute_name(t->recompute));
+    cJSON_AddBoolToObject(jc, "flash_attn", t->flash_attn);
+    cJSON_AddBoolToObject(jc, "dropout", t->dropout);
+    cJSON_AddStringToObject(jc, "schedule", t->vpp > 1 ? "interleaved-1f1b" : "1f1b");
+    cJSON *jp = cJSON_AddObjectToObject(jc, "placement");
+    cJSON_AddStringToObject(jp, "params", plan_tier_name(t->params_on));
+    cJSON_AddStringToObject(jp, "grads", plan_tier_name(t->grads_on));
+    cJSON *jo = cJSON_AddObjectToObject(jp, "optimizer");
+    for (int i = 0; i < PLAN_TIERS; i++)
+        cJSON_AddNumberToObject(jo, plan_tier_name((plan_tier)i), t->opt_frac[i]);
+    cJSON_AddStringToObject(jp, "checkpoints", plan_tier_name(t->checkpoints_on));
+    cJSON *jb = cJSON_AddObjectToObject(jc, "buffers");
+    add_u64(jb, "cuda_context", t->buf.cuda_context);
+    add_u64(jb, "cublas_workspace", t->buf.cublas_workspace);
+    add_u64(jb, "comm_bucket_elems", t->buf.comm_bucket);
+    cJSON_AddNumberToObject(jb, "comm_buckets", t->buf.comm_buckets);
+    cJSON_AddNumberToObject(jb, "prefetch_depth", t->buf.prefetch_depth);
+    add_u64(jb, "pinned_staging", t->buf.pinned_staging);
+    cJSON_AddNumberToObject(jb, "fragmentation", t->buf.fragmentation);
+    add_u64(jb, "sub_group", t->buf.sub_group);
+    cJSON_AddNumberToObject(jb, "swap_buffers", t->buf.swap_buffers);
+
+    cJSON *jr = cJSON_AddObjectToObject(root, "per_rank");
+    for (int tier = 0; tier < PLAN_TIERS; tier++) {
+        cJSON *jt = cJSON_AddObjectToObject(jr, plan_tier_name((plan_tier)tier));
+        for (int k = 0; k < PLAN_KINDS; k++) {
+            if (k == PLAN_ACTIVATIONS && !e->activations_known)
+                cJSON_AddNullToObject(jt, plan_kind_name((plan_kind)k));
+            else
+                add_u64(jt, plan_kind_name((plan_kind)k), e->bytes[tier][k]);
+        }
+        add_u64(jt, "total", e->total[tier]);
+        add_u64(jt, "capacity", e->capacity[tier]);
+        cJSON_AddBoolToObject(jt, "fits", e->total[tier] <= e->capacity[tier]);
+        cJSON *items = cJSON_AddArrayToObject(jt, "items");
+        for (int i = 0; i < e->n_items; i++) {
+            if (e->items[i].tier != (plan_tier)tier) continue;
+            cJSON *it = cJSON_CreateObject();
+            cJSON_AddStringToObject(it, "name", e->items[i].name);
+            cJSON_AddStringToObject(it, "kind", plan_kind_name(e->items[i].kind));
+            add_u64(it, "bytes", e->items[i].bytes);
+            cJSON_AddItemToArray(items, it);
+        }
+    }
+    cJSON_AddNumberToObject(root, "ranks_per_node", e->ranks_per_node);
+    cJSON_AddNumberToObject(root, "pipeline_stage", e->stage);
+    add_u64(root, "stage_params", e->stage_params);
+    add_u64(root, "rank_params", e->rank_params);
+    if (e->activations_known) {
+        add_u64(root, "activations_per_layer", e->act_layer);
+        cJSON_AddNumberToObject(root, "microbatches_in_flight", e->inflight);
+    }
+    cJSON_AddBoolToObject(root, "fits", e->fits);
+    cJSON *js = cJSON_AddObjectToObject(root, "shortfall");
+    for (int tier = 0; tier < PLAN_TIERS; tier++)
+        add_u64(js, plan_tier_name((plan_tier)tier),
+                e->total[tier] > e->capacity[tier] ? e->total[tier] - e->capacity[tier] : 0);
+    if (suggestion) cJSON_AddStringToObject(root, "fits_with", suggestion);
+    return root;
+}
+
+static int cmp_items(const void *a, const void *b)
+{
+    const plan_item *x = a, *y = b;
+    return x->bytes < y->bytes ? 1 : x->bytes > y->bytes ? -1 : 0;
+}
+
+static double pct(uint64_t a, uint64_t cap) { return cap ? 100.0 * (double)a / (double)cap : 0; }
+
+static double gib(uint64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
+
+void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
+                       const plan_train *t, const plan_estimate *e, const char *suggestion)
+{
+    char cnt[32], fr[64];
+    static const char *tier_title[] = {"GPU", "CPU", "NVMe"};
+    fprintf(out, "%s (%s params) on %s: %d x %s, %d per node\n", m->name,
+            zo_format_count(e->params, cnt, sizeof cnt), hw->name, hw->gpus, hw->gpu,
+            hw->gpus_per_node);
+    plan_format_fractions(t->opt_frac, fr, sizeof fr);
+    fprintf(out,
+            "  seq %d, micro-batch %d, grad-accum %d, %s weights, %s grads, %s; DP %d, TP %d%s, "
+            "PP %d%s, ZeRO-%d\n",
+            t->seq, t->micro_batch, t->grad_accum, zo_dtype_name(t->dtype),
+            zo_dtype_name(t->grad_dtype), t->optimizer == PLAN_OPT_ADAMW ? "AdamW" : "SGD", t->dp,
+            t->tp, t->sp ? " (+SP)" : "", t->pp, t->vpp > 1 ? " (interleaved)" : "", t->zero);
+    fprintf(out,
+            "  recompute %s, %s attention%s; params on %s, grads on %s, optimizer on %s, "
+            "checkpoints on %s\n",
+            plan_recompute_name(t->recompute), t->flash_attn ? "flash" : "standard",
+            t->dropout ? ", dropout" : "", plan_tier_name(t->params_on),
+            plan_tier_name(t->grads_on), fr, plan_tier_name(t->checkpoints_on));
+    if (t->pp > 1)
+        fprintf(out, "  per rank of pipeline stage %d (the one that needs the most GPU memory)\n",
+                e->stage);
+
+    plan_item sorted[PLAN_MAX_ITEMS];
+    memcpy(sorted, e->items, sizeof(plan_item) * (size_t)e->n_items);
+    qsort(sorted, (size_t)e->n_items, sizeof sorted[0], cmp_items);
+    for (int tier = 0; tier < PLAN_TIERS; tier++) {
+        if (!e->total[tier] && tier != PLAN_GPU) continue;
+        fprintf(out, "\n  %-4s per rank%s %10.2f GiB of %.2f GiB  %6.1f%%  %s\n", tier_title[tier],
+                tier == PLAN_GPU || e->ranks_per_node == 1 ? "" : " (node share)",
+                gib(e->total[tier]), gib(e->capacity[tier]), pct(e->total[tier], e->capacity[tier]),
+                e->total[tier] <= e->capacity[tier] ? "ok" : "OVER");
+        for (int i = 0; i < e->n_items; i++) {
+            if (sorted[i].tier != (plan_tier)tier) continue;
+            fprintf(out, "    %-12s %-42s %10.2f GiB  %6.1f%%\n", plan_kind_name(sorted[i].kind),
+                    sorted[i].name, gib(sorted[i].bytes), pct(sorted[i].bytes, e->capacity[tier]));
+        }
+    }
+    if (!e->activations_known)
+        fprintf(out, "\n  activations: unknown (the model is known only by its size; give a "
+                     "shape or a config.json)\n");
+    fprintf(out, "\n");
+    if (e->fits) {
+        fprintf(out, "verdict: fits (GPU %.1f%% of %.2f GiB", pct(e->total[PLAN_GPU], e->capacity[PLAN_GPU]),
+                gib(e->capacity[PLAN_GPU]));
+        fprintf(out, ", CPU %.1f%%", pct(e->total[PLAN_CPU], e->capacity[PLAN_CPU]));
+        if (e->total[PLAN_NVME])
+            fprintf(out, ", NVMe %.1f%%", pct(e->total[PLAN_NVME], e->capacity[PLAN_NVME]));
+        fprintf(out, ")%s\n", e->activations_known ? "" : " for model states; activations unknown");
+        return;
+    }
+    fprintf(out, "verdict: does NOT fit:");
+    const char *sep = " ";
+    for (int tier = 0; tier < PLAN_TIERS; tier++) {
+        if (e->total[tier] <= e->capacity[tier]) continue;
+        fprintf(out, "%s%s needs %.2f GiB of %.2f GiB (short by %.2f GiB)", sep, tier_title[tier],
+                gib(e->total[tier]), gib(e->capacity[tier]),
+                gib(e->total[tier] - e->capacity[tier]));
+        sep = "; ";
+    }
+    fprintf(out, "\n");
+    if (suggestion)
+        fprintf(out, "         fits with: %s\n", suggestion);
+    else
+        fprintf(out, "         no offload setting alone makes it fit: add GPUs (--dp/--tp/--pp "
+                     "with --zero) or shorten --seq / --micro-batch\n");
+}

@@ -1,0 +1,25 @@
+/* Reports of an estimate: a readable table and JSON (docs/memplan-json.md). */
+#ifndef ZO_PLANNER_REPORT_H
+#define ZO_PLANNER_REPORT_H
+
+#include <stdio.h>
+
+#include <cjson/cJSON.h>
+
+#include "planner/memory.h"
+
+/* The JSON document of an estimate; the caller owns it (cJSON_Delete).
+ * `suggestion` (may be NULL) names flags that make a non-fitting
+ * configuration fit. */
+cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
+                        const plan_estimate *e, const char *suggestion);
+
+/* The readable table: per tier, the largest consumers first, GiB and % of
+ * capacity, and a one-line verdict. */
+void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
+                       const plan_train *t, const plan_estimate *e, const char *suggestion);
+
+/* "optimizer cpu=0.5,nvme=0.5" style description of a fraction split. */
+void plan_format_fractions(const double frac[PLAN_TIERS], char *buf, size_t len);
+
+#endif

@@ -1,0 +1,1024 @@
+/* Tests for gpu/: the CPU backend's memory pool (capacity, high-water mark),
+ * streams and events (real ordering across worker threads), determinism,
+ * argument and sticky errors, and every op: forward against a float64
+ * reference written here from the definitions, backward against central
+ * finite differences of that reference in float64. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gpu/device.h" /* defines: gpu_device_init_cpu, gpu_gemm, ... */
+#include "gpu/ops_cpu.h" /* defines: cpu_gemm_naive */
+
+static gpu_device_t dev;
+static gpu_stream_t S;
+
+/* ---- helpers ---------------------------------------------------------------- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static double urand(void) /* uniform in [-1, 1) */
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0;
+}
+
+static double *drand_array(size_t n, double scale)
+{
+    double *p = malloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) p[i] = urand() * scale;
+    return p;
+}
+
+/* Round values to what `t` can store, so references see the same inputs. */
+static void round_to(double *p, size_t n, zo_dtype t)
+{
+    for (size_t i = 0; i < n; i++) {
+        float f = (float)p[i];
+        uint16_t h;
+        if (t == ZO_DTYPE_F16) {
+            h = zo_f32_to_f16(f);
+            f = zo_f16_to_f32(h);
+        } else if (t == ZO_DTYPE_BF16) {
+            h = zo_f32_to_bf16(f);
+            f = zo_bf16_to_f32(h);
+        }
+        p[i] = f;
+    }
+}
+
+/* A device buffer holding h[0..n) stored as `t`. */
+static gpu_tensor dput(const double *h, size_t n, zo_dtype t)
+{
+    void *d = NULL;
+    assert_int_equal(gpu_mem_alloc(dev, n * zo_dtype_size(t), &d), ZO_OK);
+    void *tmp = malloc(n * zo_dtype_size(t));
+    for (size_t i = 0; i < n; i++) zo_store_f32(tmp, t, i, (float)h[i]);
+    assert_int_equal(gpu_memcpy_async(S, d, tmp, n * zo_dtype_size(t), GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+    assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+    free(tmp);
+    return gpu_t(d, t);
+}
+
+static gpu_tensor dzeros(size_t n, zo_dtype t)
+{
+    void *d = NULL;
+    assert_int_equal(gpu_mem_alloc(dev, n * zo_dtype_size(t), &d), ZO_OK);
+    assert_int_equal(gpu_memset_async(S, d, 0, n * zo_dtype_size(t)), ZO_OK);
+    return gpu_t(d, t);
+}
+
+/* Synchronize, then copy a device buffer back as doubles. */
+static double *dget(gpu_tensor x, size_t n)
+{
+    assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+    void *tmp = malloc(n * zo_dtype_size(x.dtype));
+    assert_int_equal(gpu_memcpy_async(S, tmp, x.data, n * zo_dtype_size(x.dtype), GPU_COPY_DEVICE_TO_HOST), ZO_OK);
+    assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+    double *h = malloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) h[i] = zo_load_f32(tmp, x.dtype, i);
+    free(tmp);
+    return h;
+}
+
+static void dfree(gpu_tensor x) { gpu_mem_free(dev, x.data); }
+
+/* Count elements outside atol + rtol*|want|; print the first few and the max
+ * difference, like llm.c's checks. */
+static int check_close(const char *what, const double *got, const double *want, size_t n,
+                       double atol, double rtol)
+{
+    int bad = 0;
+    double maxd = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs(got[i] - want[i]);
+        if (d > maxd || isnan(d)) maxd = d;
+        if (!(d <= atol + rtol * fabs(want[i]))) {
+            if (bad < 5) printf("  %s[%zu]: got %.8g want %.8g\n", what, i, got[i], want[i]);
+            bad++;
+        }
+    }
+    if (bad) printf("  %s: %d of %zu mismatched, max diff %.3g\n", what, bad, n, maxd);
+    return bad;
+}
+
+/* ---- finite differences -----------------------------------------------------------
+ * For out = f(in[0..n_in)), the gradient of L = sum_i g[i] * out[i] with
+ * respect to input k by central differences in float64. */
+typedef void (*ref_fn)(double *const *in, double *out, const void *cfg);
+
+static double *fd_grad(ref_fn f, const void *cfg, double *const *in, int k, size_t in_n,
+                       size_t out_n, const double *g)
+{
+    const double h = 1e-6;
+    double *grad = malloc(in_n * sizeof(double)), *o1 = malloc(out_n * sizeof(double));
+    double *o2 = malloc(out_n * sizeof(double));
+    for (size_t e = 0; e < in_n; e++) {
+        double save = in[k][e];
+        in[k][e] = save + h;
+        f(in, o1, cfg);
+        in[k][e] = save - h;
+        f(in, o2, cfg);
+        in[k][e] = save;
+        double s = 0.0;
+        for (size_t i = 0; i < out_n; i++) s += g[i] * (o1[i] - o2[i]);
+        grad[e] = s / (2 * h);
+    }
+    free(o1);
+    free(o2);
+    return grad;
+}
+
+/* ---- setup ------------------------------------------------------------------------ */
+
+static int setup(void **state)
+{
+    (void)state;
+    gpu_cpu_options opt = {.capacity = 0, .n_threads = 2};
+    if (gpu_device_init_cpu(&opt, &dev) != ZO_OK) return -1;
+    if (gpu_stream_create(dev, &S) != ZO_OK) return -1;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    gpu_stream_destroy(S);
+    gpu_mem_stats ms;
+    gpu_mem_get_stats(dev, &ms);
+    int leaked = ms.n_allocs != 0;
+    if (leaked) printf("  %zu device allocations leaked\n", ms.n_allocs);
+    gpu_device_free(dev);
+    return leaked ? -1 : 0;
+}
+
+/* ---- memory ------------------------------------------------------------------------- */
+
+static void test_capacity(void **state)
+{
+    (void)state;
+    gpu_device_t d;
+    gpu_cpu_options opt = {.capacity = 1 << 20, .n_threads = 1};
+    assert_int_equal(gpu_device_init_cpu(&opt, &d), ZO_OK);
+    void *a, *b, *c;
+    assert_int_equal(gpu_mem_alloc(d, 600 << 10, &a), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(d, 300 << 10, &b), ZO_OK);
+    zo_clear_error();
+    assert_int_equal(gpu_mem_alloc(d, 200 << 10, &c), ZO_ERR_CAPACITY);
+    assert_null(c);
+    assert_non_null(strstr(zo_last_error(), "capacity"));
+    gpu_mem_stats ms;
+    gpu_mem_get_stats(d, &ms);
+    assert_int_equal(ms.capacity, 1 << 20);
+    assert_int_equal(ms.in_use, 900 << 10);
+    assert_int_equal(ms.high_water, 900 << 10);
+    assert_true(ms.high_water <= ms.capacity);
+    gpu_mem_free(d, a);
+    assert_int_equal(gpu_mem_alloc(d, 200 << 10, &c), ZO_OK); /* fits after the free */
+    gpu_mem_get_stats(d, &ms);
+    assert_int_equal(ms.in_use, 500 << 10);
+    assert_int_equal(ms.high_water, 900 << 10);
+    gpu_mem_reset_peak(d);
+    gpu_mem_get_stats(d, &ms);
+    assert_int_equal(ms.high_water, 500 << 10);
+    /* rounding to the 256-byte granule is counted */
+    void *e;
+    assert_int_equal(gpu_mem_alloc(d, 1, &e), ZO_OK);
+    gpu_mem_get_stats(d, &ms);
+    assert_int_equal(ms.in_use, (500 << 10) + 256);
+    assert_int_equal((uintptr_t)e % 256, 0);
+    /* a stream-ordered free happens after the queued work */
+    gpu_stream_t s;
+    assert_int_equal(gpu_stream_create(d, &s), ZO_OK);
+    assert_int_equal(gpu_memset_async(s, b, 7, 300 << 10), ZO_OK);
+    assert_int_equal(gpu_mem_free_async(d, b, s), ZO_OK);
+    assert_int_equal(gpu_stream_synchronize(s), ZO_OK);
+    gpu_mem_get_stats(d, &ms);
+    assert_int_equal(ms.in_use, (200 << 10) + 256);
+    gpu_mem_free(d, c);
+    gpu_mem_free(d, e);
+    void *p;
+    assert_int_equal(gpu_host_alloc(d, 1000, &p), ZO_OK);
+    gpu_mem_get_stats(d, &ms);
+    assert_int_equal(ms.host_pinned, 1024);
+    assert_int_equal(ms.in_use, 0);
+    gpu_host_free(d, p);
+    assert_int_equal(gpu_mem_alloc(d, 0, &p), ZO_ERR_INVALID);
+    gpu_device_free(d); /* destroys the stream too */
+}
+
+/* Many threads allocate and free at once; the high-water mark never passes
+ * the capacity and everything is returned. */
+static void test_capacity_concurrent(void **state)
+{
+    (void)state;
+    gpu_device_t d;
+    gpu_cpu_options opt = {.capacity = 64 * 4096, .n_threads = 1};
+    assert_int_equal(gpu_device_init_cpu(&opt, &d), ZO_OK);
+    int fails = 0;
+#pragma omp parallel for num_threads(4) reduction(+ : fails)
+    for (int i = 0; i < 4000; i++) {
+        void *p;
+        zo_status st = gpu_mem_alloc(d, 4096 * (1 + i % 7), &p);
+        if (st == ZO_OK)
+            gpu_mem_free(d, p);
+        else
+            fails += st != ZO_ERR_CAPACITY;
+    }
+    assert_int_equal(fails, 0);
+    gpu_mem_stats ms;
+    gpu_mem_get_stats(d, &ms);
+    assert_true(ms.high_water <= ms.capacity);
+    assert_int_equal(ms.in_use, 0);
+    gpu_device_free(d);
+}
+
+/* ---- streams and events ---------------------------------------------------------------- */
+
+/* A GEMM on stream A fills C; stream B waits on an event recorded after it
+ * and copies C to the host. Without the wait the copy would run at once on
+ * B's worker and see stale data, so each round checks the ordering. */
+static void test_events_order(void **state)
+{
+    (void)state;
+    gpu_stream_t A, B;
+    gpu_event_t ev;
+    assert_int_equal(gpu_stream_create(dev, &A), ZO_OK);
+    assert_int_equal(gpu_stream_create(dev, &B), ZO_OK);
+    assert_int_equal(gpu_event_create(dev, &ev), ZO_OK);
+    assert_int_equal(gpu_event_query(ev), 1); /* never recorded */
+    const int m = 192, k = 192, n = 192;
+    double *ha = drand_array((size_t)m * k, 1.0);
+    gpu_tensor a = dput(ha, (size_t)m * k, ZO_DTYPE_F32);
+    gpu_tensor ones = dzeros((size_t)k * n, ZO_DTYPE_F32);
+    gpu_tensor c = dzeros((size_t)m * n, ZO_DTYPE_F32);
+    assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+    float *host = NULL;
+    assert_int_equal(gpu_host_alloc(dev, (size_t)m * n * sizeof(float), (void **)&host), ZO_OK);
+    int wrong = 0;
+    for (int round = 0; round < 30; round++) {
+        /* B = round * I-like: every column of op(B) is `round`, so
+         * C[i,j] = round * sum_p A[i,p] */
+        float v = (float)(round + 1);
+        float *hb = malloc((size_t)k * n * sizeof(float));
+        for (size_t i = 0; i < (size_t)k * n; i++) hb[i] = v;
+        assert_int_equal(gpu_memcpy_async(A, ones.data, hb, (size_t)k * n * sizeof(float), GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+        gpu_gemm_desc g = {.m = m, .n = n, .k = k, .alpha = 1.0f, .beta = 0.0f, .a = a,
+                           .b = ones, .c = c, .lda = k, .ldb = n, .ldc = n};
+        assert_int_equal(gpu_gemm(A, &g), ZO_OK);
+        assert_int_equal(gpu_gemm(A, &g), ZO_OK); /* twice: make A's work last */
+        assert_int_equal(gpu_event_record(ev, A), ZO_OK);
+        assert_int_equal(gpu_stream_wait_event(B, ev), ZO_OK);
+        assert_int_equal(gpu_memcpy_async(B, host, c.data, (size_t)m * n * sizeof(float), GPU_COPY_DEVICE_TO_HOST), ZO_OK);
+        assert_int_equal(gpu_stream_synchronize(B), ZO_OK);
+        assert_int_equal(gpu_event_query(ev), 1);
+        for (int i = 0; i < m; i++) {
+            double s = 0.0;
+            for (int p = 0; p < k; p++) s += ha[(size_t)i * k + p];
+            if (fabs(host[(size_t)i * n + (i % n)] - v * s) > 1e-3 * (1 + fabs(v * s))) wrong++;
+        }
+        assert_int_equal(gpu_stream_synchronize(A), ZO_OK);
+        free(hb);
+    }
+    assert_int_equal(wrong, 0);
+    /* synchronizing on the event waits for the work recorded before it */
+    assert_int_equal(gpu_event_record(ev, A), ZO_OK);
+    assert_int_equal(gpu_event_synchronize(ev), ZO_OK);
+    assert_int_equal(gpu_event_query(ev), 1);
+    gpu_host_free(dev, host);
+    dfree(a);
+    dfree(ones);
+    dfree(c);
+    free(ha);
+    gpu_event_destroy(ev);
+    gpu_stream_destroy(A);
+    gpu_stream_destroy(B);
+}
+
+/* A round trip between two streams: B writes x[0] and records e1; C waits
+ * for e1, writes x[1], records e2; B waits for e2 and reads both. B's work
+ * before its wait must run first (or C would wait forever), and B's read
+ * after it must see C's write. */
+static void test_streams_concurrent(void **state)
+{
+    (void)state;
+    gpu_stream_t B, C;
+    gpu_event_t e1, e2;
+    assert_int_equal(gpu_stream_create(dev, &B), ZO_OK);
+    assert_int_equal(gpu_stream_create(dev, &C), ZO_OK);
+    assert_int_equal(gpu_event_create(dev, &e1), ZO_OK);
+    assert_int_equal(gpu_event_create(dev, &e2), ZO_OK);
+    int32_t *buf;
+    assert_int_equal(gpu_mem_alloc(dev, 64, (void **)&buf), ZO_OK);
+    for (int round = 0; round < 50; round++) {
+        int32_t one = 1, two = 2, got[2];
+        /* B: x[0]=1; record e1; wait e2; copy x to host */
+        assert_int_equal(gpu_memcpy_async(B, &buf[0], &one, 4, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+        assert_int_equal(gpu_event_record(e1, B), ZO_OK);
+        /* C: wait e1; x[1] = x[0] + 1 via a copy from a host value; record e2 */
+        assert_int_equal(gpu_stream_wait_event(C, e1), ZO_OK);
+        assert_int_equal(gpu_memcpy_async(C, &buf[1], &two, 4, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+        assert_int_equal(gpu_event_record(e2, C), ZO_OK);
+        assert_int_equal(gpu_stream_wait_event(B, e2), ZO_OK);
+        assert_int_equal(gpu_memcpy_async(B, got, buf, 8, GPU_COPY_DEVICE_TO_HOST), ZO_OK);
+        assert_int_equal(gpu_stream_synchronize(B), ZO_OK);
+        assert_int_equal(got[0], 1);
+        assert_int_equal(got[1], 2);
+        assert_int_equal(gpu_memset_async(B, buf, 0, 64), ZO_OK);
+        assert_int_equal(gpu_stream_synchronize(B), ZO_OK);
+        assert_int_equal(gpu_stream_synchronize(C), ZO_OK);
+    }
+    gpu_mem_free(dev, buf);
+    gpu_event_destroy(e1);
+    gpu_event_destroy(e2);
+    gpu_stream_destroy(B);
+    gpu_stream_destroy(C);
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    zo_clear_error();
+    gpu_gemm_desc g = {.m = 4, .n = 4, .k = 4, .lda = 2, .ldb = 4, .ldc = 4, .alpha = 1};
+    float x[16];
+    g.a = g.b = g.c = gpu_t(x, ZO_DTYPE_F32);
+    assert_int_equal(gpu_gemm(S, &g), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "lda"));
+    gpu_attn_desc ad = {.b = 1, .t = 4, .hq = 3, .hkv = 2, .d = 4};
+    float lse[12];
+    assert_int_equal(gpu_attention_forward(S, &ad, gpu_t(x, ZO_DTYPE_F32), lse, gpu_t(x, ZO_DTYPE_F32)), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "hkv"));
+    assert_int_equal(gpu_gelu_forward(NULL, gpu_t(x, 0), gpu_t(x, 0), 4), ZO_ERR_INVALID);
+    assert_int_equal(gpu_cast(S, gpu_t(x, (zo_dtype)9), gpu_t(x, 0), 4), ZO_ERR_INVALID);
+    /* an id out of range is found while running: a sticky stream error */
+    int32_t *tok;
+    assert_int_equal(gpu_mem_alloc(dev, 16, (void **)&tok), ZO_OK);
+    int32_t ids[2] = {1, 7};
+    assert_int_equal(gpu_memcpy_async(S, tok, ids, 8, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+    gpu_tensor wte = dzeros(4 * 4, ZO_DTYPE_F32), out = dzeros(2 * 4, ZO_DTYPE_F32);
+    assert_int_equal(gpu_embedding_forward(S, out, tok, wte, gpu_t(NULL, 0), 2, 2, 4, 4), ZO_OK);
+    zo_clear_error();
+    assert_int_equal(gpu_stream_synchronize(S), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "tokens[1] = 7"));
+    assert_int_equal(gpu_stream_synchronize(S), ZO_OK); /* reported once */
+    gpu_mem_free(dev, tok);
+    dfree(wte);
+    dfree(out);
+}
+
+/* ---- GEMM ------------------------------------------------------------------------------- */
+
+typedef struct gemm_cfg {
+    int ta, tb, m, n, k, lda, ldb, ldc, batch;
+    long sa, sb, sc;
+    double alpha, beta;
+} gemm_cfg;
+
+/* in[0] = A, in[1] = B, in[2] = C (old); out = new C (batch * sc). */
+static void gemm_ref(double *const *in, double *out, const void *cfgp)
+{
+    const gemm_cfg *g = cfgp;
+    memcpy(out, in[2], (size_t)g->batch * g->sc * sizeof(double));
+    for (int bi = 0; bi < g->batch; bi++) {
+        const double *A = in[0] + bi * g->sa, *B = in[1] + bi * g->sb, *C = in[2] + bi * g->sc;
+        double *O = out + bi * g->sc;
+        for (int i = 0; i < g->m; i++)
+            for (int j = 0; j < g->n; j++) {
+                double s = 0.0;
+                for (int p = 0; p < g->k; p++) {
+                    double a = g->ta ? A[(size_t)p * g->lda + i] : A[(size_t)i * g->lda + p];
+                    double b = g->tb ? B[(size_t)j * g->ldb + p] : B[(size_t)p * g->ldb + j];
+                    s += a * b;
+                }
+                O[(size_t)i * g->ldc + j] = g->alpha * s + g->beta * C[(size_t)i * g->ldc + j];
+            }
+    }
+}
+
+static int run_gemm_case(gemm_cfg g, zo_dtype dt, int naive)
+{
+    size_t a_rows = g.ta ? g.k : g.m, b_rows = g.tb ? g.n : g.k;
+    if (!g.batch) g.batch = 1;
+    if (!g.sa) g.sa = (long)(a_rows * g.lda);
+    if (!g.sb) g.sb = (long)(b_rows * g.ldb);
+    if (!g.sc) g.sc = (long)g.m * g.ldc;
+    size_t na = g.batch * g.sa, nb = g.batch * g.sb, nc = g.batch * g.sc;
+    double *A = drand_array(na, 1.0), *B = drand_array(nb, 1.0), *C = drand_array(nc, 1.0);
+    round_to(A, na, dt);
+    round_to(B, nb, dt);
+    round_to(C, nc, dt);
+    double *want = malloc(nc * sizeof(double));
+    double *in[3] = {A, B, C};
+    gemm_ref(in, want, &g);
+    gpu_tensor a = dput(A, na, dt), b = dput(B, nb, dt), c = dput(C, nc, dt);
+    gpu_gemm_desc d = {.trans_a = g.ta, .trans_b = g.tb, .m = g.m, .n = g.n, .k = g.k,
+                       .alpha = (float)g.alpha, .beta = (float)g.beta, .a = a, .b = b, .c = c,
+                       .lda = g.lda, .ldb = g.ldb, .ldc = g.ldc, .batch = g.batch,
+                       .stride_a = g.sa, .stride_b = g.sb, .stride_c = g.sc};
+    if (naive) {
+        assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+        cpu_gemm_naive(&d);
+    } else {
+        assert_int_equal(gpu_gemm(S, &d), ZO_OK);
+    }
+    double *got = dget(c, nc);
+    /* padding columns between n and ldc must stay as they were */
+    double tol = dt == ZO_DTYPE_F32 ? 2e-5 * sqrt((double)g.k) : dt == ZO_DTYPE_F16 ? 2e-3 : 1e-2;
+    int bad = check_close("gemm", got, want, nc, tol, tol);
+    free(A), free(B), free(C), free(want), free(got);
+    dfree(a), dfree(b), dfree(c);
+    return bad;
+}
+
+static void test_gemm(void **state)
+{
+    (void)state;
+    int bad = 0;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            /* edges of every blocking level: m > MC, n > NC, k > KC */
+            gemm_cfg g = {.ta = ta, .tb = tb, .m = 197, .n = 270, .k = 300, .alpha = 1.0};
+            g.lda = (ta ? g.m : g.k) + 3;
+            g.ldb = (tb ? g.k : g.n) + 1;
+            g.ldc = g.n + 2;
+            bad += run_gemm_case(g, ZO_DTYPE_F32, 0);
+            gemm_cfg s = {.ta = ta, .tb = tb, .m = 5, .n = 3, .k = 7, .alpha = 0.5, .beta = -2.0};
+            s.lda = ta ? s.m : s.k;
+            s.ldb = tb ? s.k : s.n;
+            s.ldc = s.n;
+            bad += run_gemm_case(s, ZO_DTYPE_F32, 0);
+            bad += run_gemm_case(s, ZO_DTYPE_F32, 1);
+        }
+    /* strided batched, as attention uses it */
+    gemm_cfg b = {.ta = 0, .tb = 1, .m = 17, .n = 19, .k = 16, .lda = 16, .ldb = 16, .ldc = 19,
+                  .batch = 5, .alpha = 0.25, .beta = 1.0};
+    bad += run_gemm_case(b, ZO_DTYPE_F32, 0);
+    bad += run_gemm_case(b, ZO_DTYPE_F32, 1);
+    /* 16-bit storage, fp32 accumulation */
+    gemm_cfg h = {.ta = 0, .tb = 1, .m = 33, .n = 40, .k = 64, .lda = 64, .ldb = 64, .ldc = 40,
+                  .alpha = 1.0};
+    bad += run_gemm_case(h, ZO_DTYPE_F16, 0);
+    bad += run_gemm_case(h, ZO_DTYPE_BF16, 0);
+    assert_int_equal(bad, 0);
+}
+
+/* The backward of C = A . B^T (a Linear layer) written as two GEMMs:
+ * dA = dC . B, dB = dC^T . A, against finite differences. */
+static void test_gemm_backward(void **state)
+{
+    (void)state;
+    const int m = 6, n = 5, k = 7;
+    gemm_cfg g = {.ta = 0, .tb = 1, .m = m, .n = n, .k = k, .lda = k, .ldb = k, .ldc = n,
+                  .batch = 1, .sa = m * k, .sb = n * k, .sc = m * n, .alpha = 1.0, .beta = 0.0};
+    double *A = drand_array(m * k, 1.0), *B = drand_array(n * k, 1.0), *C = calloc(m * n, 8);
+    double *G = drand_array(m * n, 1.0);
+    double *in[3] = {A, B, C};
+    double *wa = fd_grad(gemm_ref, &g, in, 0, m * k, m * n, G);
+    double *wb = fd_grad(gemm_ref, &g, in, 1, n * k, m * n, G);
+    gpu_tensor a = dput(A, m * k, 0), b = dput(B, n * k, 0), dc = dput(G, m * n, 0);
+    gpu_tensor da = dzeros(m * k, 0), db = dzeros(n * k, 0);
+    gpu_gemm_desc d1 = {.m = m, .n = k, .k = n, .alpha = 1, .a = dc, .b = b, .c = da,
+                        .lda = n, .ldb = k, .ldc = k};
+    gpu_gemm_desc d2 = {.trans_a = 1, .m = n, .n = k, .k = m, .alpha = 1, .a = dc, .b = a,
+                        .c = db, .lda = n, .ldb = k, .ldc = k};
+    assert_int_equal(gpu_gemm(S, &d1), ZO_OK);
+    assert_int_equal(gpu_gemm(S, &d2), ZO_OK);
+    double *ga = dget(da, m * k), *gb = dget(db, n * k);
+    assert_int_equal(check_close("dA", ga, wa, m * k, 1e-5, 1e-4), 0);
+    assert_int_equal(check_close("dB", gb, wb, n * k, 1e-5, 1e-4), 0);
+    free(A), free(B), free(C), free(G), free(wa), free(wb), free(ga), free(gb);
+    dfree(a), dfree(b), dfree(dc), dfree(da), dfree(db);
+}
+
+/* ---- bias ------------------------------------------------------------------------------------ */
+
+static void test_bias(void **state)
+{
+    (void)state;
+    const int n = 9, c = 70, ld = 75;
+    double *Y = drand_array(n * ld, 1.0), *Bv = drand_array(c, 1.0), *G = drand_array(n * ld, 1.0);
+    gpu_tensor y = dput(Y, n * ld, 0), b = dput(Bv, c, 0), g = dput(G, n * ld, 0);
+    gpu_tensor db = dput(Bv, c, 0); /* accumulates onto its old contents */
+    assert_int_equal(gpu_bias_forward(S, y, b, n, c, ld), ZO_OK);
+    assert_int_equal(gpu_bias_backward(S, db, g, n, c, ld), ZO_OK);
+    double *gy = dget(y, n * ld), *gdb = dget(db, c);
+    double *wy = malloc(n * ld * sizeof(double)), *wdb = malloc(c * sizeof(double));
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < ld; j++) wy[r * ld + j] = Y[r * ld + j] + (j < c ? Bv[j] : 0.0);
+    for (int j = 0; j < c; j++) {
+        wdb[j] = Bv[j];
+        for (int r = 0; r < n; r++) wdb[j] += G[r * ld + j];
+    }
+    assert_int_equal(check_close("bias y", gy, wy, n * ld, 1e-6, 1e-6), 0);
+    assert_int_equal(check_close("bias db", gdb, wdb, c, 1e-5, 1e-5), 0);
+    free(Y), free(Bv), free(G), free(gy), free(gdb), free(wy), free(wdb);
+    dfree(y), dfree(b), dfree(g), dfree(db);
+}
+
+/* ---- norms ------------------------------------------------------------------------------------- */
+
+typedef struct norm_cfg {
+    int n, c, rms;
+    double eps;
+} norm_cfg;
+
+/* in: x [n,c], w [c], b [c] (LayerNorm only); out: y [n,c] */
+static void norm_ref(double *const *in, double *out, const void *cfgp)
+{
+    const norm_cfg *g = cfgp;
+    for (int r = 0; r < g->n; r++) {
+        const double *x = in[0] + (size_t)r * g->c;
+        double m = 0.0, v = 0.0;
+        if (!g->rms) {
+            for (int j = 0; j < g->c; j++) m += x[j];
+            m /= g->c;
+        }
+        for (int j = 0; j < g->c; j++) v += (x[j] - m) * (x[j] - m);
+        double rs = 1.0 / sqrt(v / g->c + g->eps);
+        for (int j = 0; j < g->c; j++)
+            out[(size_t)r * g->c + j] = (x[j] - m) * rs * in[1][j] + (g->rms ? 0.0 : in[2][j]);
+    }
+}
+
+static void run_norm(int rms, zo_dtype dt)
+{
+    norm_cfg g = {.n = 7, .c = 83, .rms = rms, .eps = 1e-5};
+    size_t nc = (size_t)g.n * g.c;
+    double *X = drand_array(nc, 2.0), *W = drand_array(g.c, 1.0), *Bv = drand_array(g.c, 1.0);
+    double *G = drand_array(nc, 1.0), *DX0 = drand_array(nc, 1.0);
+    for (size_t i = 0; i < nc; i++) X[i] += 0.5; /* a non-zero mean */
+    round_to(X, nc, dt), round_to(W, g.c, dt), round_to(Bv, g.c, dt), round_to(G, nc, dt);
+    round_to(DX0, nc, dt);
+    double *in[3] = {X, W, Bv};
+    double *wy = malloc(nc * sizeof(double));
+    norm_ref(in, wy, &g);
+    double *wdx = fd_grad(norm_ref, &g, in, 0, nc, nc, G);
+    double *wdw = fd_grad(norm_ref, &g, in, 1, g.c, nc, G);
+    double *wdb = rms ? NULL : fd_grad(norm_ref, &g, in, 2, g.c, nc, G);
+    for (size_t i = 0; i < nc; i++) wdx[i] += DX0[i]; /* dx += */
+
+    gpu_tensor x = dput(X, nc, dt), w = dput(W, g.c, dt), b = dput(Bv, g.c, dt);
+    gpu_tensor y = dzeros(nc, dt), dy = dput(G, nc, dt), dx = dput(DX0, nc, dt);
+    gpu_tensor dw = dzeros(g.c, dt), db = dzeros(g.c, dt);
+    float *mean, *rstd;
+    assert_int_equal(gpu_mem_alloc(dev, g.n * 4, (void **)&mean), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(dev, g.n * 4, (void **)&rstd), ZO_OK);
+    if (rms) {
+        assert_int_equal(gpu_rmsnorm_forward(S, y, rstd, x, w, g.n, g.c, (float)g.eps), ZO_OK);
+        assert_int_equal(gpu_rmsnorm_backward(S, dx, dw, dy, x, w, rstd, g.n, g.c), ZO_OK);
+    } else {
+        assert_int_equal(gpu_layernorm_forward(S, y, mean, rstd, x, w, b, g.n, g.c, (float)g.eps), ZO_OK);
+        assert_int_equal(gpu_layernorm_backward(S, dx, dw, db, dy, x, w, mean, rstd, g.n, g.c), ZO_OK);
+    }
+    double *gy = dget(y, nc), *gdx = dget(dx, nc), *gdw = dget(dw, g.c), *gdb = dget(db, g.c);
+    double tol = dt == ZO_DTYPE_F32 ? 1e-4 : dt == ZO_DTYPE_F16 ? 4e-3 : 3e-2;
+    assert_int_equal(check_close("norm y", gy, wy, nc, tol, tol), 0);
+    assert_int_equal(check_close("norm dx", gdx, wdx, nc, tol, tol), 0);
+    assert_int_equal(check_close("norm dw", gdw, wdw, g.c, tol * 4, tol), 0);
+    if (!rms) assert_int_equal(check_close("norm db", gdb, wdb, g.c, tol * 4, tol), 0);
+    free(X), free(W), free(Bv), free(G), free(DX0), free(wy), free(wdx), free(wdw), free(wdb);
+    free(gy), free(gdx), free(gdw), free(gdb);
+    dfree(x), dfree(w), dfree(b), dfree(y), dfree(dy), dfree(dx), dfree(dw), dfree(db);
+    gpu_mem_free(dev, mean);
+    gpu_mem_free(dev, rstd);
+}
+
+static void test_layernorm(void **state)
+{
+    (void)state;
+    run_norm(0, ZO_DTYPE_F32);
+    run_norm(0, ZO_DTYPE_BF16);
+}
+
+static void test_rmsnorm(void **state)
+{
+    (void)state;
+    run_norm(1, ZO_DTYPE_F32);
+    run_norm(1, ZO_DTYPE_F16);
+}
+
+/* ---- attention ------------------------------------------------------------------------------------ */
+
+/* in[0] = qkv [b,t,(hq+2hkv)d]; out [b,t,hq*d]; the full causal softmax. */
+static void attn_ref(double *const *in, double *out, const void *cfgp)
+{
+    const gpu_attn_desc *a = cfgp;
+    int ld = (a->hq + 2 * a->hkv) * a->d, grp = a->hq / a->hkv;
+    double *p = malloc((size_t)a->t * sizeof(double));
+    for (int b = 0; b < a->b; b++)
+        for (int h = 0; h < a->hq; h++) {
+            int g = h / grp;
+            for (int i = 0; i < a->t; i++) {
+                const double *q = in[0] + ((size_t)b * a->t + i) * ld + (size_t)h * a->d;
+                double mx = -INFINITY, l = 0.0;
+                for (int j = 0; j <= i; j++) {
+                    const double *k = in[0] + ((size_t)b * a->t + j) * ld + (size_t)(a->hq + g) * a->d;
+                    double s = 0.0;
+                    for (int e = 0; e < a->d; e++) s += q[e] * k[e];
+                    p[j] = s / sqrt((double)a->d);
+                    if (p[j] > mx) mx = p[j];
+                }
+                for (int j = 0; j <= i; j++) l += (p[j] = exp(p[j] - mx));
+                double *o = out + ((size_t)b * a->t + i) * a->hq * a->d + (size_t)h * a->d;
+                for (int e = 0; e < a->d; e++) {
+                    double s = 0.0;
+                    for (int j = 0; j <= i; j++)
+                        s += p[j] / l *
+                             in[0][((size_t)b * a->t + j) * ld + (size_t)(a->hq + a->hkv + g) * a->d + e];
+                    o[e] = s;
+                }
+            }
+        }
+    free(p);
+}
+
+static void run_attention(gpu_attn_desc a, zo_dtype dt)
+{
+    size_t nq = (size_t)a.b * a.t * (a.hq + 2 * a.hkv) * a.d, no = (size_t)a.b * a.t * a.hq * a.d;
+    double *Q = drand_array(nq, 1.5), *G = drand_array(no, 1.0);
+    round_to(Q, nq, dt);
+    round_to(G, no, dt);
+    double *in[1] = {Q};
+    double *wo = malloc(no * sizeof(double));
+    attn_ref(in, wo, &a);
+    double *wdq = fd_grad(attn_ref, &a, in, 0, nq, no, G);
+    gpu_tensor qkv = dput(Q, nq, dt), out = dzeros(no, dt), dout = dput(G, no, dt);
+    gpu_tensor dqkv = dzeros(nq, dt);
+    float *lse;
+    assert_int_equal(gpu_mem_alloc(dev, (size_t)a.b * a.hq * a.t * 4, (void **)&lse), ZO_OK);
+    assert_int_equal(gpu_attention_forward(S, &a, out, lse, qkv), ZO_OK);
+    assert_int_equal(gpu_attention_backward(S, &a, dqkv, dout, qkv, out, lse), ZO_OK);
+    double *go = dget(out, no), *gdq = dget(dqkv, nq);
+    double tol = dt == ZO_DTYPE_F32 ? 1e-4 : 1e-2;
+    assert_int_equal(check_close("attn out", go, wo, no, tol, tol), 0);
+    assert_int_equal(check_close("attn dqkv", gdq, wdq, nq, tol, tol), 0);
+    free(Q), free(G), free(wo), free(wdq), free(go), free(gdq);
+    dfree(qkv), dfree(out), dfree(dout), dfree(dqkv);
+    gpu_mem_free(dev, lse);
+}
+
+static void test_attention(void **state)
+{
+    (void)state;
+    run_attention((gpu_attn_desc){.b = 2, .t = 7, .hq = 2, .hkv = 2, .d = 8}, ZO_DTYPE_F32);
+    run_attention((gpu_attn_desc){.b = 2, .t = 6, .hq = 4, .hkv = 2, .d = 4}, ZO_DTYPE_F32); /* GQA */
+    run_attention((gpu_attn_desc){.b = 1, .t = 5, .hq = 3, .hkv = 1, .d = 6}, ZO_DTYPE_F32); /* MQA */
+    run_attention((gpu_attn_desc){.b = 1, .t = 5, .hq = 2, .hkv = 1, .d = 8}, ZO_DTYPE_BF16);
+}
+
+/* ---- RoPE ------------------------------------------------------------------------------------------ */
+
+typedef struct rope_cfg {
+    int n, t, heads, d, ld, pos0;
+    double theta;
+} rope_cfg;
+
+static void rope_ref(double *const *in, double *out, const void *cfgp)
+{
+    const rope_cfg *g = cfgp;
+    memcpy(out, in[0], (size_t)g->n * g->ld * sizeof(double));
+    int half = g->d / 2;
+    for (int r = 0; r < g->n; r++)
+        for (int h = 0; h < g->heads; h++) {
+            const double *x = in[0] + (size_t)r * g->ld + (size_t)h * g->d;
+            double *y = out + (size_t)r * g->ld + (size_t)h * g->d;
+            for (int i = 0; i < g->d; i++) {
+                /* HF: x * cos + rotate_half(x) * sin, rotate_half = cat(-x2, x1);
+                 * frequency index i mod d/2 */
+                double f = pow(g->theta, -2.0 * (i % half) / g->d);
+                double ang = (g->pos0 + r % g->t) * f;
+                double rot = i < half ? -x[i + half] : x[i - half];
+                y[i] = x[i] * cos(ang) + rot * sin(ang);
+            }
+        }
+}
+
+static void test_rope(void **state)
+{
+    (void)state;
+    rope_cfg g = {.n = 10, .t = 5, .heads = 3, .d = 8, .ld = 40, .pos0 = 2, .theta = 10000.0};
+    size_t n = (size_t)g.n * g.ld;
+    double *X = drand_array(n, 1.0), *G = drand_array(n, 1.0);
+    double *in[1] = {X};
+    double *wy = malloc(n * sizeof(double));
+    rope_ref(in, wy, &g);
+    double *wdx = fd_grad(rope_ref, &g, in, 0, n, n, G);
+    /* the backward acts only on the rotated heads; elements after them
+     * pass their gradient through unchanged, which the caller keeps */
+    gpu_tensor x = dput(X, n, 0), dx = dput(G, n, 0);
+    assert_int_equal(gpu_rope_forward(S, x, g.n, g.t, g.heads, g.d, g.ld, (float)g.theta, g.pos0), ZO_OK);
+    assert_int_equal(gpu_rope_backward(S, dx, g.n, g.t, g.heads, g.d, g.ld, (float)g.theta, g.pos0), ZO_OK);
+    double *gy = dget(x, n), *gdx = dget(dx, n);
+    assert_int_equal(check_close("rope y", gy, wy, n, 1e-5, 1e-5), 0);
+    assert_int_equal(check_close("rope dx", gdx, wdx, n, 1e-5, 1e-5), 0);
+    free(X), free(G), free(wy), free(wdx), free(gy), free(gdx);
+    dfree(x), dfree(dx);
+}
+
+/* ---- activations -------------------------------------------------------------------------------------- */
+
+static size_t act_n = 300;
+
+static void gelu_ref(double *const *in, double *out, const void *cfg)
+{
+    (void)cfg;
+    for (size_t i = 0; i < act_n; i++) {
+        double x = in[0][i];
+        out[i] = 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+    }
+}
+
+static void swiglu_ref(double *const *in, double *out, const void *cfg)
+{
+    (void)cfg;
+    for (size_t i = 0; i < act_n; i++) {
+        double g = in[0][i];
+        out[i] = g / (1.0 + exp(-g)) * in[1][i];
+    }
+}
+
+static void test_gelu(void **state)
+{
+    (void)state;
+    size_t n = act_n;
+    double *X = drand_array(n, 4.0), *G = drand_array(n, 1.0);
+    double *in[1] = {X};
+    double *wy = malloc(n * sizeof(double));
+    gelu_ref(in, wy, NULL);
+    double *wdx = fd_grad(gelu_ref, NULL, in, 0, n, n, G);
+    gpu_tensor x = dput(X, n, 0), y = dzeros(n, 0), dy = dput(G, n, 0), dx = dzeros(n, 0);
+    assert_int_equal(gpu_gelu_forward(S, y, x, n), ZO_OK);
+    assert_int_equal(gpu_gelu_backward(S, dx, dy, x, n), ZO_OK);
+    double *gy = dget(y, n), *gdx = dget(dx, n);
+    assert_int_equal(check_close("gelu y", gy, wy, n, 1e-6, 1e-5), 0);
+    assert_int_equal(check_close("gelu dx", gdx, wdx, n, 1e-6, 1e-5), 0);
+    free(X), free(G), free(wy), free(wdx), free(gy), free(gdx);
+    dfree(x), dfree(y), dfree(dy), dfree(dx);
+}
+
+static void test_swiglu(void **state)
+{
+    (void)state;
+    size_t n = act_n;
+    double *Gt = drand_array(n, 4.0), *U = drand_array(n, 2.0), *G = drand_array(n, 1.0);
+    double *in[2] = {Gt, U};
+    double *wy = malloc(n * sizeof(double));
+    swiglu_ref(in, wy, NULL);
+    double *wdg = fd_grad(swiglu_ref, NULL, in, 0, n, n, G);
+    double *wdu = fd_grad(swiglu_ref, NULL, in, 1, n, n, G);
+    gpu_tensor gt = dput(Gt, n, 0), u = dput(U, n, 0), y = dzeros(n, 0), dy = dput(G, n, 0);
+    gpu_tensor dg = dzeros(n, 0), du = dzeros(n, 0);
+    assert_int_equal(gpu_swiglu_forward(S, y, gt, u, n), ZO_OK);
+    assert_int_equal(gpu_swiglu_backward(S, dg, du, dy, gt, u, n), ZO_OK);
+    double *gy = dget(y, n), *gdg = dget(dg, n), *gdu = dget(du, n);
+    assert_int_equal(check_close("swiglu y", gy, wy, n, 1e-6, 1e-5), 0);
+    assert_int_equal(check_close("swiglu dgate", gdg, wdg, n, 1e-6, 1e-5), 0);
+    assert_int_equal(check_close("swiglu dup", gdu, wdu, n, 1e-6, 1e-5), 0);
+    free(Gt), free(U), free(G), free(wy), free(wdg), free(wdu), free(gy), free(gdg), free(gdu);
+    dfree(gt), dfree(u), dfree(y), dfree(dy), dfree(dg), dfree(du);
+}
+
+/* ---- embedding and cross-entropy ------------------------------------------------------------------------ */
+
+typedef struct emb_cfg {
+    int n, t, c, vocab;
+    const int32_t *tok;
+} emb_cfg;
+
+static void emb_ref(double *const *in, double *out, const void *cfgp)
+{
+    const emb_cfg *g = cfgp;
+    for (int r = 0; r < g->n; r++)
+        for (int j = 0; j < g->c; j++)
+            out[(size_t)r * g->c + j] =
+                in[0][(size_t)g->tok[r] * g->c + j] + in[1][(size_t)(r % g->t) * g->c + j];
+}
+
+static void test_embedding(void **state)
+{
+    (void)state;
+    int32_t tok[12] = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8}; /* repeats exercise the scatter-add */
+    emb_cfg g = {.n = 12, .t = 4, .c = 70, .vocab = 10, .tok = tok};
+    size_t nw = (size_t)g.vocab * g.c, np = (size_t)g.t * g.c, no = (size_t)g.n * g.c;
+    double *W = drand_array(nw, 1.0), *P = drand_array(np, 1.0), *G = drand_array(no, 1.0);
+    double *in[2] = {W, P};
+    double *wo = malloc(no * sizeof(double));
+    emb_ref(in, wo, &g);
+    double *wdw = fd_grad(emb_ref, &g, in, 0, nw, no, G);
+    double *wdp = fd_grad(emb_ref, &g, in, 1, np, no, G);
+    int32_t *dtok;
+    assert_int_equal(gpu_mem_alloc(dev, sizeof tok, (void **)&dtok), ZO_OK);
+    assert_int_equal(gpu_memcpy_async(S, dtok, tok, sizeof tok, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+    gpu_tensor w = dput(W, nw, 0), p = dput(P, np, 0), out = dzeros(no, 0), dout = dput(G, no, 0);
+    gpu_tensor dw = dzeros(nw, 0), dp = dzeros(np, 0);
+    assert_int_equal(gpu_embedding_forward(S, out, dtok, w, p, g.n, g.t, g.c, g.vocab), ZO_OK);
+    assert_int_equal(gpu_embedding_backward(S, dw, dp, dout, dtok, g.n, g.t, g.c, g.vocab), ZO_OK);
+    double *go = dget(out, no), *gdw = dget(dw, nw), *gdp = dget(dp, np);
+    assert_int_equal(check_close("emb out", go, wo, no, 1e-6, 1e-6), 0);
+    assert_int_equal(check_close("emb dwte", gdw, wdw, nw, 1e-5, 1e-5), 0);
+    assert_int_equal(check_close("emb dwpe", gdp, wdp, np, 1e-5, 1e-5), 0);
+    free(W), free(P), free(G), free(wo), free(wdw), free(wdp), free(go), free(gdw), free(gdp);
+    dfree(w), dfree(p), dfree(out), dfree(dout), dfree(dw), dfree(dp);
+    gpu_mem_free(dev, dtok);
+}
+
+typedef struct ce_cfg {
+    int n, v;
+    const int32_t *tgt;
+} ce_cfg;
+
+static void ce_ref(double *const *in, double *out, const void *cfgp)
+{
+    const ce_cfg *g = cfgp;
+    for (int r = 0; r < g->n; r++) {
+        const double *x = in[0] + (size_t)r * g->v;
+        if (g->tgt[r] < 0) {
+            out[r] = 0.0;
+            continue;
+        }
+        double s = 0.0;
+        for (int j = 0; j < g->v; j++) s += exp(x[j]);
+        out[r] = log(s) - x[g->tgt[r]];
+    }
+}
+
+static void test_cross_entropy(void **state)
+{
+    (void)state;
+    int32_t tgt[6] = {0, 49, 7, -1, 13, 13};
+    ce_cfg g = {.n = 6, .v = 50, .tgt = tgt};
+    size_t nl = (size_t)g.n * g.v;
+    double *L = drand_array(nl, 5.0);
+    double *in[1] = {L};
+    double wl[6], G[6];
+    ce_ref(in, wl, &g);
+    for (int r = 0; r < g.n; r++) G[r] = 1.0 / 5; /* mean over the 5 counted rows */
+    double *wd = fd_grad(ce_ref, &g, in, 0, nl, g.n, G);
+    int32_t *dt;
+    float *losses;
+    assert_int_equal(gpu_mem_alloc(dev, sizeof tgt, (void **)&dt), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(dev, g.n * 4, (void **)&losses), ZO_OK);
+    assert_int_equal(gpu_memcpy_async(S, dt, tgt, sizeof tgt, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+    gpu_tensor lg = dput(L, nl, 0);
+    assert_int_equal(gpu_cross_entropy_forward(S, losses, lg, dt, g.n, g.v), ZO_OK);
+    assert_int_equal(gpu_cross_entropy_backward(S, lg, lg, dt, 1.0f / 5, g.n, g.v), ZO_OK); /* in place */
+    double *gl = dget(gpu_t(losses, ZO_DTYPE_F32), g.n), *gd = dget(lg, nl);
+    assert_int_equal(check_close("ce loss", gl, wl, g.n, 1e-5, 1e-5), 0);
+    assert_int_equal(check_close("ce dlogits", gd, wd, nl, 1e-6, 1e-4), 0);
+    free(L), free(wd), free(gl), free(gd);
+    dfree(lg);
+    gpu_mem_free(dev, dt);
+    gpu_mem_free(dev, losses);
+}
+
+/* ---- elementwise and reductions ----------------------------------------------------------------------------- */
+
+static void test_elementwise(void **state)
+{
+    (void)state;
+    size_t n = 100003;
+    double *A = drand_array(n, 3.0), *B = drand_array(n, 3.0);
+    round_to(A, n, ZO_DTYPE_BF16);
+    gpu_tensor a = dput(A, n, ZO_DTYPE_BF16), b = dput(B, n, ZO_DTYPE_F32);
+    gpu_tensor y = dzeros(n, ZO_DTYPE_F32), h = dzeros(n, ZO_DTYPE_F16);
+    /* y = a + b (mixed storage), then y *= 0.5, then h = (fp16) y */
+    assert_int_equal(gpu_add(S, y, a, b, n), ZO_OK);
+    assert_int_equal(gpu_scale(S, y, 0.5f, n), ZO_OK);
+    assert_int_equal(gpu_cast(S, h, y, n), ZO_OK);
+    double *gy = dget(y, n), *gh = dget(h, n);
+    double *wy = malloc(n * sizeof(double)), *wh = malloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) {
+        wy[i] = (A[i] + (float)B[i]) * 0.5;
+        wh[i] = wy[i];
+    }
+    round_to(wh, n, ZO_DTYPE_F16);
+    assert_int_equal(check_close("add+scale", gy, wy, n, 1e-6, 1e-6), 0);
+    assert_int_equal(check_close("cast f16", gh, wh, n, 1e-6, 1e-3), 0);
+    /* sum of squares accumulates onto *sum */
+    float *sum;
+    int32_t *flag;
+    assert_int_equal(gpu_mem_alloc(dev, 4, (void **)&sum), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(dev, 4, (void **)&flag), ZO_OK);
+    float one = 1.0f;
+    assert_int_equal(gpu_memcpy_async(S, sum, &one, 4, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+    assert_int_equal(gpu_memset_async(S, flag, 0, 4), ZO_OK);
+    assert_int_equal(gpu_sum_squares(S, sum, b, n), ZO_OK);
+    assert_int_equal(gpu_check_finite(S, flag, b, n), ZO_OK);
+    double want = 1.0;
+    for (size_t i = 0; i < n; i++) want += (double)(float)B[i] * (float)B[i];
+    float got_sum;
+    int32_t got_flag;
+    assert_int_equal(gpu_memcpy_async(S, &got_sum, sum, 4, GPU_COPY_DEVICE_TO_HOST), ZO_OK);
+    assert_int_equal(gpu_memcpy_async(S, &got_flag, flag, 4, GPU_COPY_DEVICE_TO_HOST), ZO_OK);
+    assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+    assert_true(fabs(got_sum - want) <= 1e-6 * want);
+    assert_int_equal(got_flag, 0);
+    /* one inf in fp16 storage, one nan in bf16 storage */
+    double big = 1e6; /* overflows fp16 to inf */
+    gpu_tensor h1 = dput(&big, 1, ZO_DTYPE_F16);
+    double nanv = NAN;
+    gpu_tensor b1 = dput(&nanv, 1, ZO_DTYPE_BF16);
+    assert_int_equal(gpu_check_finite(S, flag, h, n), ZO_OK);
+    assert_int_equal(gpu_memcpy_async(S, &got_flag, flag, 4, GPU_COPY_DEVICE_TO_HOST), ZO_OK);
+    assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+    assert_int_equal(got_flag, 0);
+    assert_int_equal(gpu_check_finite(S, flag, h1, 1), ZO_OK);
+    assert_int_equal(gpu_memcpy_async(S, &got_flag, flag, 4, GPU_COPY_DEVICE_TO_HOST), ZO_OK);
+    assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+    assert_int_equal(got_flag, 1);
+    assert_int_equal(gpu_memset_async(S, flag, 0, 4), ZO_OK);
+    assert_int_equal(gpu_check_finite(S, flag, b1, 1), ZO_OK);
+    assert_int_equal(gpu_memcpy_async(S, &got_flag, flag, 4, GPU_COPY_DEVICE_TO_HOST), ZO_OK);
+    assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+    assert_int_equal(got_flag, 1);
+    free(A), free(B), free(gy), free(gh), free(wy), free(wh);
+    dfree(a), dfree(b), dfree(y), dfree(h), dfree(h1), dfree(b1);
+    gpu_mem_free(dev, sum);
+    gpu_mem_free(dev, flag);
+}
+
+/* ---- determinism ---------------------------------------------------------------------------------------------- */
+
+/* The same ops on devices with 1 and 2 threads give bit-identical results. */
+static void test_determinism(void **state)
+{
+    (void)state;
+    const int m = 70, n = 300, k = 280;
+    double *A = drand_array((size_t)m * k, 1.0), *B = drand_array((size_t)n * k, 1.0);
+    float *res[2][3];
+    for (int run = 0; run < 2; run++) {
+        gpu_device_t d;
+        gpu_stream_t s;
+        gpu_cpu_options opt = {.n_threads = run + 1};
+        assert_int_equal(gpu_device_init_cpu(&opt, &d), ZO_OK);
+        assert_int_equal(gpu_stream_create(d, &s), ZO_OK);
+        float *a, *b, *c, *dc, *sum;
+        float *ha = malloc((size_t)m * k * 4), *hb = malloc((size_t)n * k * 4);
+        for (size_t i = 0; i < (size_t)m * k; i++) ha[i] = (float)A[i];
+        for (size_t i = 0; i < (size_t)n * k; i++) hb[i] = (float)B[i];
+        assert_int_equal(gpu_mem_alloc(d, (size_t)m * k * 4, (void **)&a), ZO_OK);
+        assert_int_equal(gpu_mem_alloc(d, (size_t)n * k * 4, (void **)&b), ZO_OK);
+        assert_int_equal(gpu_mem_alloc(d, (size_t)m * n * 4, (void **)&c), ZO_OK);
+        assert_int_equal(gpu_mem_alloc(d, (size_t)n * 4, (void **)&dc), ZO_OK);
+        assert_int_equal(gpu_mem_alloc(d, 4, (void **)&sum), ZO_OK);
+        gpu_memcpy_async(s, a, ha, (size_t)m * k * 4, GPU_COPY_HOST_TO_DEVICE);
+        gpu_memcpy_async(s, b, hb, (size_t)n * k * 4, GPU_COPY_HOST_TO_DEVICE);
+        gpu_memset_async(s, dc, 0, (size_t)n * 4);
+        gpu_memset_async(s, sum, 0, 4);
+        gpu_gemm_desc g = {.trans_b = 1, .m = m, .n = n, .k = k, .alpha = 1, .a = gpu_t(a, 0),
+                           .b = gpu_t(b, 0), .c = gpu_t(c, 0), .lda = k, .ldb = k, .ldc = n};
+        assert_int_equal(gpu_gemm(s, &g), ZO_OK);
+        assert_int_equal(gpu_bias_backward(s, gpu_t(dc, 0), gpu_t(c, 0), m, n, n), ZO_OK);
+        assert_int_equal(gpu_sum_squares(s, sum, gpu_t(c, 0), (size_t)m * n), ZO_OK);
+        res[run][0] = malloc((size_t)m * n * 4);
+        res[run][1] = malloc((size_t)n * 4);
+        res[run][2] = malloc(4);
+        gpu_memcpy_async(s, res[run][0], c, (size_t)m * n * 4, GPU_COPY_DEVICE_TO_HOST);
+        gpu_memcpy_async(s, res[run][1], dc, (size_t)n * 4, GPU_COPY_DEVICE_TO_HOST);
+        gpu_memcpy_async(s, res[run][2], sum, 4, GPU_COPY_DEVICE_TO_HOST);
+        assert_int_equal(gpu_stream_synchronize(s), ZO_OK);
+        gpu_mem_free(d, a), gpu_mem_free(d, b), gpu_mem_free(d, c), gpu_mem_free(d, dc);
+        gpu_mem_free(d, sum);
+        free(ha), free(hb);
+        gpu_device_free(d);
+    }
+    assert_memory_equal(res[0][0], res[1][0], (size_t)m * n * 4);
+    assert_memory_equal(res[0][1], res[1][1], (size_t)n * 4);
+    assert_memory_equal(res[0][2], res[1][2], 4);
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < 3; i++) free(res[r][i]);
+    free(A), free(B);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_capacity),
+        cmocka_unit_test(test_capacity_concurrent),
+        cmocka_unit_test(test_events_order),
+        cmocka_unit_test(test_streams_concurrent),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_gemm_backward),
+        cmocka_unit_test(test_bias),
+        cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_gelu),
+        cmocka_unit_test(test_swiglu),
+        cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_cross_entropy),
+        cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_determinism),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

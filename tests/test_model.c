@@ -1,0 +1,386 @@
+/* Tests for model/: parameter layout, safetensors, token data. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <unistd.h>
+
+#include "common/model_config.h"
+#include "model/data.h"
+#include "model/layout.h"
+
+static const char *hf_configs[] = {"gpt2.json",       "gpt2-xl.json",     "llama-2-7b.json",
+                                   "llama-2-13b.json", "llama-2-70b.json", "llama-3-8b.json",
+                                   "mistral-7b.json"};
+
+/* Tensors tile each block exactly, in order, and sum to the config's count. */
+static void check_layout(const zo_model_config *cfg)
+{
+    model_layout l;
+    zo_status st = model_layout_init(&l, cfg);
+    if (st) fail_msg("%s: %s", cfg->name, zo_last_error());
+    assert_int_equal(l.n_blocks, cfg->n_layers + 2);
+    uint64_t sum = 0;
+    size_t *next = calloc((size_t)l.n_blocks, sizeof *next);
+    assert_non_null(next);
+    for (int i = 0; i < l.n_tensors; i++) {
+        const model_tensor *t = &l.tensors[i];
+        assert_true(t->block >= 0 && t->block < l.n_blocks);
+        if (t->offset != next[t->block]) fail_msg("%s: %s not packed", cfg->name, t->name);
+        size_t numel = (size_t)t->shape[0] * (size_t)(t->ndim == 2 ? t->shape[1] : 1);
+        assert_int_equal(numel, t->numel);
+        next[t->block] += t->numel;
+        sum += t->numel;
+        assert_ptr_equal(model_layout_find(&l, t->name), t);
+    }
+    for (int b = 0; b < l.n_blocks; b++) assert_int_equal(next[b], l.block_numel[b]);
+    free(next);
+    /* the count from common/, computed by its own formula */
+    assert_int_equal(sum, zo_model_params(cfg));
+    zo_param_counts pc;
+    zo_model_param_counts(cfg, &pc);
+    assert_int_equal(l.block_numel[0], pc.embedding);
+    for (int i = 0; i < cfg->n_layers; i++)
+        assert_int_equal(l.block_numel[model_layout_layer_block(i)], pc.per_layer);
+    assert_int_equal(l.block_numel[model_layout_head_block(&l)], pc.final_norm + pc.head);
+    model_layout_free(&l);
+}
+
+static void test_layout_presets(void **state)
+{
+    (void)state;
+    size_t n;
+    const zo_model_preset *p = zo_model_presets(&n);
+    assert_true(n > 0);
+    for (size_t i = 0; i < n; i++) check_layout(&p[i].cfg);
+}
+
+static void test_layout_hf_configs(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof hf_configs / sizeof hf_configs[0]; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/hf-configs/%s", ZO_FIXTURES_DIR, hf_configs[i]);
+        zo_model_config cfg;
+        if (zo_model_config_load(path, &cfg)) fail_msg("%s", zo_last_error());
+        check_layout(&cfg);
+    }
+}
+
+/* Variants the presets do not cover: untied GPT, Qwen2-style q/k/v biases,
+ * tied LLaMA, GQA with head_dim != hidden / heads. */
+static void test_layout_variants(void **state)
+{
+    (void)state;
+    zo_model_config c;
+    assert_int_equal(zo_model_preset_find("gpt2", &c), ZO_OK);
+    c.tied_embeddings = 0;
+    check_layout(&c);
+    c.attn_bias = 0;
+    c.out_bias = 0;
+    c.norm_bias = 0;
+    check_layout(&c);
+    assert_int_equal(zo_model_preset_find("llama-3-8b", &c), ZO_OK);
+    c.attn_bias = 1;
+    check_layout(&c);
+    c.tied_embeddings = 1;
+    c.out_bias = 1;
+    check_layout(&c);
+    c.head_dim = 96;
+    check_layout(&c);
+    c.params_override = 1000;
+    model_layout l;
+    assert_int_equal(model_layout_init(&l, &c), ZO_ERR_INVALID);
+}
+
+/* Role views: GPT-2 names and shapes, and the fused LLaMA views. */
+static void test_layout_views(void **state)
+{
+    (void)state;
+    zo_model_config c;
+    assert_int_equal(zo_model_preset_find("gpt2", &c), ZO_OK);
+    model_layout l;
+    assert_int_equal(model_layout_init(&l, &c), ZO_OK);
+    const model_tensor *t = model_layout_find(&l, "h.3.attn.c_attn.weight");
+    assert_non_null(t);
+    assert_int_equal(t->block, 4);
+    assert_int_equal(t->layer, 3);
+    assert_int_equal(t->hf_transposed, 1);
+    assert_int_equal(t->shape[0], 3 * 768);
+    assert_int_equal(t->shape[1], 768);
+    const model_view *qkv = model_layout_view(&l, 4, MODEL_ROLE_QKV_W);
+    const model_view *k = model_layout_view(&l, 4, MODEL_ROLE_K_W);
+    assert_non_null(qkv);
+    assert_non_null(k);
+    assert_int_equal(qkv->offset, t->offset);
+    assert_int_equal(k->offset, t->offset + 768 * 768);
+    assert_int_equal(k->shape[0], 768);
+    assert_int_equal(model_layout_find(&l, "h.3.mlp.c_fc.weight")->shape[0], 3072);
+    assert_int_equal(model_layout_find(&l, "wte.weight")->hf_transposed, 0);
+    assert_null(model_layout_view(&l, model_layout_head_block(&l), MODEL_ROLE_LM_HEAD_W));
+    assert_non_null(model_layout_view(&l, 0, MODEL_ROLE_POS_EMB));
+    assert_non_null(model_layout_view(&l, model_layout_head_block(&l), MODEL_ROLE_NORM_B));
+    assert_null(model_layout_find(&l, "lm_head.weight"));
+    model_layout_free(&l);
+
+    assert_int_equal(zo_model_preset_find("llama-2-70b", &c), ZO_OK);
+    assert_int_equal(model_layout_init(&l, &c), ZO_OK);
+    const model_tensor *q = model_layout_find(&l, "model.layers.7.self_attn.q_proj.weight");
+    const model_tensor *v = model_layout_find(&l, "model.layers.7.self_attn.v_proj.weight");
+    assert_non_null(q);
+    assert_non_null(v);
+    assert_int_equal(v->shape[0], 8 * 128);
+    qkv = model_layout_view(&l, 8, MODEL_ROLE_QKV_W);
+    assert_non_null(qkv);
+    assert_int_equal(qkv->tensor, -1);
+    assert_int_equal(qkv->offset, q->offset);
+    assert_int_equal(qkv->shape[0], 8192 + 2 * 1024);
+    assert_int_equal(qkv->numel, q->numel + 2 * v->numel);
+    const model_view *gu = model_layout_view(&l, 8, MODEL_ROLE_MLP_GATE_UP_W);
+    assert_non_null(gu);
+    assert_int_equal(gu->shape[0], 2 * 28672);
+    assert_int_equal(gu->offset,
+                     model_layout_find(&l, "model.layers.7.mlp.gate_proj.weight")->offset);
+    assert_null(model_layout_view(&l, 8, MODEL_ROLE_LN1_B));
+    assert_null(model_layout_view(&l, 8, MODEL_ROLE_QKV_B));
+    assert_null(model_layout_view(&l, 0, MODEL_ROLE_POS_EMB));
+    assert_non_null(model_layout_view(&l, model_layout_head_block(&l), MODEL_ROLE_LM_HEAD_W));
+    assert_true(model_tensor_decays(q));
+    assert_false(model_tensor_decays(model_layout_find(&l, "model.norm.weight")));
+    model_layout_free(&l);
+}
+
+/* ---- token data ---------------------------------------------------------------- */
+
+static char tmpdir[256];
+
+static int setup_tmp(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/zo_test_model.XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown_tmp(void **state)
+{
+    (void)state;
+    const char *names[] = {"u16.bin", "u32.bin", "odd.bin", "oov.bin", "text.txt", "text.bin",
+                           "short.bin", "empty.bin"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char p[512];
+        snprintf(p, sizeof p, "%s/%s", tmpdir, names[i]);
+        unlink(p);
+    }
+    return rmdir(tmpdir);
+}
+
+static void write_file(const char *path, const void *buf, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(buf, 1, len, f), len);
+    fclose(f);
+}
+
+/* n tokens from a small LCG, below vocab, written little-endian with width w */
+static uint32_t *write_tokens(const char *path, size_t n, int w, uint32_t vocab)
+{
+    uint32_t *ids = malloc(n * sizeof *ids);
+    uint8_t *raw = malloc(n * (size_t)w);
+    assert_non_null(ids);
+    assert_non_null(raw);
+    uint32_t x = 99;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 1103515245u + 12345u;
+        ids[i] = (x >> 8) % vocab;
+        for (int b = 0; b < w; b++) raw[i * (size_t)w + (size_t)b] = (uint8_t)(ids[i] >> (8 * b));
+    }
+    write_file(path, raw, n * (size_t)w);
+    free(raw);
+    return ids;
+}
+
+/* The train contract: row i of step k starts at ((k*B + i) * T) mod (N - T - 1). */
+static void test_batches_sequential(void **state)
+{
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof path, "%s/u16.bin", tmpdir);
+    const size_t N = 1000;
+    const int B = 3, T = 17;
+    uint32_t *ids = write_tokens(path, N, 2, 50257);
+    model_tokens t;
+    assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U16, 50257), ZO_OK);
+    assert_int_equal(t.n, N);
+    int32_t in[3 * 17], tg[3 * 17];
+    for (int64_t k = 0; k < 40; k++) {
+        assert_int_equal(model_batch_get(&t, B, T, k, 0, MODEL_SAMPLE_SEQUENTIAL, in, tg), ZO_OK);
+        for (int i = 0; i < B; i++) {
+            size_t off = (size_t)((k * B + i) * T) % (N - (size_t)T - 1);
+            for (int j = 0; j < T; j++) {
+                assert_int_equal(in[i * T + j], ids[off + (size_t)j]);
+                assert_int_equal(tg[i * T + j], ids[off + (size_t)j + 1]);
+            }
+        }
+    }
+    model_tokens_close(&t);
+    free(ids);
+}
+
+/* Random windows: a function of (seed, step, row) only; in range; seed matters. */
+static void test_batches_random(void **state)
+{
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof path, "%s/u32.bin", tmpdir);
+    const size_t N = 5000;
+    const int B = 4, T = 33;
+    uint32_t *ids = write_tokens(path, N, 4, 100000);
+    model_tokens t;
+    assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U32, 100000), ZO_OK);
+    int32_t a_in[4 * 33], a_tg[4 * 33], b_in[4 * 33], b_tg[4 * 33];
+    /* step 7 alone equals step 7 after other steps */
+    assert_int_equal(model_batch_get(&t, B, T, 7, 42, MODEL_SAMPLE_RANDOM, a_in, a_tg), ZO_OK);
+    for (int64_t k = 0; k < 7; k++)
+        assert_int_equal(model_batch_get(&t, B, T, k, 42, MODEL_SAMPLE_RANDOM, b_in, b_tg), ZO_OK);
+    assert_int_equal(model_batch_get(&t, B, T, 7, 42, MODEL_SAMPLE_RANDOM, b_in, b_tg), ZO_OK);
+    assert_memory_equal(a_in, b_in, sizeof a_in);
+    assert_memory_equal(a_tg, b_tg, sizeof a_tg);
+    /* targets are the inputs shifted by one, from the file */
+    for (int i = 0; i < B; i++) {
+        uint64_t off = model_batch_offset(&t, B, T, 7, i, 42, MODEL_SAMPLE_RANDOM);
+        assert_true(off < N - (uint64_t)T - 1);
+        for (int j = 0; j < T; j++) {
+            assert_int_equal(a_in[i * T + j], ids[off + (uint64_t)j]);
+            assert_int_equal(a_tg[i * T + j], ids[off + (uint64_t)j + 1]);
+        }
+    }
+    /* another seed gives other windows */
+    assert_int_equal(model_batch_get(&t, B, T, 7, 43, MODEL_SAMPLE_RANDOM, b_in, b_tg), ZO_OK);
+    assert_memory_not_equal(a_in, b_in, sizeof a_in);
+    /* offsets spread over the file: 2000 draws hit both halves and the last tenth */
+    int low = 0, high = 0, tail = 0;
+    uint64_t span = N - (uint64_t)T - 1;
+    for (int k = 0; k < 500; k++) {
+        for (int i = 0; i < B; i++) {
+            uint64_t off = model_batch_offset(&t, B, T, k, i, 1, MODEL_SAMPLE_RANDOM);
+            assert_true(off < span);
+            low += off < span / 2;
+            high += off >= span / 2;
+            tail += off >= span - span / 10;
+        }
+    }
+    assert_true(low > 800 && high > 800 && tail > 100);
+    model_tokens_close(&t);
+    free(ids);
+}
+
+static void test_tokens_errors(void **state)
+{
+    (void)state;
+    char path[512];
+    model_tokens t;
+    int32_t in[64], tg[64];
+    /* an id past the vocabulary, at token 123: named with file and position */
+    snprintf(path, sizeof path, "%s/oov.bin", tmpdir);
+    uint16_t raw[200];
+    for (int i = 0; i < 200; i++) raw[i] = (uint16_t)(i % 100);
+    raw[123] = 1500;
+    write_file(path, raw, sizeof raw);
+    assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U16, 1000), ZO_OK);
+    assert_int_equal(model_tokens_check(&t, 0, 100), ZO_OK);
+    assert_int_equal(model_tokens_check(&t, 0, t.n), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), path));
+    assert_non_null(strstr(zo_last_error(), "token 123 "));
+    assert_non_null(strstr(zo_last_error(), "1500"));
+    /* the batch whose window covers it fails the same way: step 4 row 0 is [120, 145) */
+    assert_int_equal(model_batch_get(&t, 2, 15, 0, 0, MODEL_SAMPLE_SEQUENTIAL, in, tg), ZO_OK);
+    assert_int_equal(model_batch_get(&t, 2, 15, 4, 0, MODEL_SAMPLE_SEQUENTIAL, in, tg),
+                     ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "token 123 "));
+    /* too few tokens for the sequence length */
+    assert_int_equal(model_batch_get(&t, 1, 199, 0, 0, MODEL_SAMPLE_SEQUENTIAL, in, tg),
+                     ZO_ERR_INVALID);
+    model_tokens_close(&t);
+    /* with a large enough vocabulary the file is fine */
+    assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U16, 50257), ZO_OK);
+    assert_int_equal(model_tokens_check(&t, 0, t.n), ZO_OK);
+    model_tokens_close(&t);
+
+    /* an odd byte count is not a uint16 token file; nor is an empty file */
+    snprintf(path, sizeof path, "%s/odd.bin", tmpdir);
+    write_file(path, raw, 7);
+    assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U16, 1000), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), path));
+    assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U32, 1000), ZO_ERR_FORMAT);
+    snprintf(path, sizeof path, "%s/empty.bin", tmpdir);
+    write_file(path, raw, 0);
+    assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U16, 1000), ZO_ERR_FORMAT);
+    snprintf(path, sizeof path, "%s/nope.bin", tmpdir);
+    assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U16, 1000), ZO_ERR_NOT_FOUND);
+    assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_BYTES, 100), ZO_ERR_INVALID);
+}
+
+/* Byte-level tokenizer: a text file as tokens, encoded to uint16, decoded back. */
+static void test_byte_tokens(void **state)
+{
+    (void)state;
+    char text_path[512], tok_path[512];
+    snprintf(text_path, sizeof text_path, "%s/text.txt", tmpdir);
+    snprintf(tok_path, sizeof tok_path, "%s/text.bin", tmpdir);
+    const char text[] = "To be, or not to be: that is the question.\n\xc3\xa9t\xc3\xa9\n";
+    size_t n = sizeof text - 1;
+    write_file(text_path, text, n);
+
+    model_tokens t;
+    assert_int_equal(model_tokens_open(&t, text_path, MODEL_TOKENS_BYTES, MODEL_BYTE_VOCAB), ZO_OK);
+    assert_int_equal(t.n, n);
+    for (size_t i = 0; i < n; i++) assert_int_equal(model_tokens_get(&t, i), (uint8_t)text[i]);
+    model_tokens_close(&t);
+
+    uint64_t count = 0;
+    assert_int_equal(model_bytes_encode_file(text_path, tok_path, MODEL_TOKENS_U16, &count), ZO_OK);
+    assert_int_equal(count, n);
+    assert_int_equal(model_tokens_open(&t, tok_path, MODEL_TOKENS_U16, MODEL_BYTE_VOCAB), ZO_OK);
+    assert_int_equal(t.n, n);
+    int32_t ids[128];
+    for (size_t i = 0; i < n; i++) ids[i] = (int32_t)model_tokens_get(&t, i);
+    char back[129];
+    assert_int_equal(model_bytes_decode(ids, n, back, sizeof back), ZO_OK);
+    assert_memory_equal(back, text, n + 1);
+    /* a batch of byte tokens decodes to a slice of the text */
+    int32_t in[10], tg[10];
+    assert_int_equal(model_batch_get(&t, 1, 10, 2, 0, MODEL_SAMPLE_SEQUENTIAL, in, tg), ZO_OK);
+    assert_int_equal(model_bytes_decode(in, 10, back, sizeof back), ZO_OK);
+    assert_memory_equal(back, text + 20, 10);
+    model_tokens_close(&t);
+
+    ids[3] = 300;
+    assert_int_equal(model_bytes_decode(ids, n, back, sizeof back), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "token 3 "));
+    assert_int_equal(model_bytes_decode(ids, n, back, n), ZO_ERR_INVALID);
+    /* a GPT-2 vocabulary reads byte tokens too; too small a vocabulary is refused */
+    assert_int_equal(model_tokens_open(&t, text_path, MODEL_TOKENS_BYTES, 50257), ZO_OK);
+    model_tokens_close(&t);
+    assert_int_equal(model_tokens_open(&t, text_path, MODEL_TOKENS_BYTES, 128), ZO_ERR_INVALID);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_layout_presets),
+        cmocka_unit_test(test_layout_hf_configs),
+        cmocka_unit_test(test_layout_variants),
+        cmocka_unit_test(test_layout_views),
+        cmocka_unit_test(test_batches_sequential),
+        cmocka_unit_test(test_batches_random),
+        cmocka_unit_test(test_tokens_errors),
+        cmocka_unit_test(test_byte_tokens),
+    };
+    return cmocka_run_group_tests(tests, setup_tmp, teardown_tmp);
+}

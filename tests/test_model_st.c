@@ -1,0 +1,758 @@
+/* Tests for model/safetensors: round trips, checkpoints written by PyTorch
+ * (tests/fixtures/model, see make_fixtures.py), sharded indexes, saving with
+ * Hugging Face layouts, and every malformed-file error. */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/dtype.h"
+#include "common/model_config.h"
+#include "model/layout.h"
+#include "model/safetensors.h"
+
+#define FIX ZO_FIXTURES_DIR "/model"
+
+static char tmpdir[256];
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(p);
+}
+
+static int setup_tmp(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/zo_test_model_st.XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown_tmp(void **state)
+{
+    (void)state;
+    return nftw(tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static char *tmp_path(char *buf, size_t len, const char *name)
+{
+    snprintf(buf, len, "%s/%s", tmpdir, name);
+    return buf;
+}
+
+/* Whole file into memory (test helper; fails the test on error). */
+static uint8_t *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("open %s: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *buf = malloc((size_t)n + 1);
+    assert_non_null(buf);
+    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return buf;
+}
+
+static void spit(const char *path, const void *buf, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f) fail_msg("create %s: %s", path, strerror(errno));
+    assert_int_equal(fwrite(buf, 1, len, f), len);
+    fclose(f);
+}
+
+/* A safetensors file from a literal header and `data_len` data bytes (i, mod 251). */
+static void write_raw_st(const char *path, const char *header, size_t data_len)
+{
+    size_t hl = strlen(header);
+    uint8_t *buf = malloc(8 + hl + data_len);
+    assert_non_null(buf);
+    for (int i = 0; i < 8; i++) buf[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+    memcpy(buf + 8, header, hl);
+    for (size_t i = 0; i < data_len; i++) buf[8 + hl + i] = (uint8_t)(i % 251);
+    spit(path, buf, 8 + hl + data_len);
+    free(buf);
+}
+
+/* Block buffers for a layout, each of dtype dt. */
+static void **alloc_blocks(const model_layout *l, zo_dtype dt)
+{
+    void **b = calloc((size_t)l->n_blocks, sizeof *b);
+    assert_non_null(b);
+    for (int i = 0; i < l->n_blocks; i++) {
+        b[i] = calloc(l->block_numel[i], zo_dtype_size(dt));
+        assert_non_null(b[i]);
+    }
+    return b;
+}
+
+static void free_blocks(const model_layout *l, void **b)
+{
+    for (int i = 0; i < l->n_blocks; i++) free(b[i]);
+    free(b);
+}
+
+/* Blocks concatenated must equal the expected file byte for byte; on a
+ * mismatch, name the tensor and element. */
+static void assert_blocks_equal_file(const model_layout *l, void **blocks, zo_dtype dt,
+                                     const char *expected_path)
+{
+    size_t len;
+    uint8_t *exp = slurp(expected_path, &len);
+    size_t esz = zo_dtype_size(dt);
+    assert_int_equal(len, l->total_numel * esz);
+    size_t pos = 0;
+    for (int b = 0; b < l->n_blocks; b++) {
+        const uint8_t *got = blocks[b];
+        for (int i = 0; i < l->n_tensors; i++) {
+            const model_tensor *t = &l->tensors[i];
+            if (t->block != b) continue;
+            for (size_t k = 0; k < t->numel; k++) {
+                if (memcmp(got + (t->offset + k) * esz, exp + pos + (t->offset + k) * esz, esz))
+                    fail_msg("%s: %s element %zu: got %g, expected %g", expected_path, t->name,
+                             k, (double)zo_load_f32(got, dt, t->offset + k),
+                             (double)zo_load_f32(exp + pos, dt, t->offset + k));
+            }
+        }
+        pos += l->block_numel[b] * esz;
+    }
+    free(exp);
+}
+
+static void load_layout(const char *dir, model_layout *l)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s/config.json", FIX, dir);
+    zo_model_config cfg;
+    if (zo_model_config_load(path, &cfg)) fail_msg("%s", zo_last_error());
+    if (model_layout_init(l, &cfg)) fail_msg("%s", zo_last_error());
+}
+
+/* ---- round trips ----------------------------------------------------------- */
+
+/* Write tensors of every shape kind, read back, bit-equal (all bit patterns,
+ * nan and inf included, survive a same-dtype round trip). */
+static void test_st_roundtrip(void **state)
+{
+    (void)state;
+    for (int dt = 0; dt < ZO_DTYPE_COUNT; dt++) {
+        size_t esz = zo_dtype_size((zo_dtype)dt);
+        const int64_t shapes[][3] = {{7, 5, 0}, {13, 0, 0}, {2, 3, 4}, {0, 4, 0}, {0, 0, 0}};
+        const int ndims[] = {2, 1, 3, 2, 0};
+        const char *names[] = {"w", "b", "cube", "empty", "scalar"};
+        model_st_entry e[5];
+        uint8_t *data[5];
+        uint32_t x = 12345u + (uint32_t)dt;
+        for (int i = 0; i < 5; i++) {
+            memset(&e[i], 0, sizeof e[i]);
+            e[i].name = names[i];
+            e[i].dtype = (zo_dtype)dt;
+            e[i].ndim = ndims[i];
+            size_t n = 1;
+            for (int d = 0; d < ndims[i]; d++) {
+                e[i].shape[d] = shapes[i][d];
+                n *= (size_t)shapes[i][d];
+            }
+            data[i] = malloc(n * esz + 1);
+            assert_non_null(data[i]);
+            for (size_t k = 0; k < n * esz; k++) {
+                x = x * 1664525u + 1013904223u;
+                data[i][k] = (uint8_t)(x >> 24);
+            }
+            e[i].data = data[i];
+        }
+        char path[512];
+        tmp_path(path, sizeof path, "rt.safetensors");
+        if (model_st_write(path, e, 5, NULL, NULL)) fail_msg("%s", zo_last_error());
+        model_st_file f;
+        if (model_st_open(&f, path)) fail_msg("%s", zo_last_error());
+        assert_int_equal(f.n_tensors, 5);
+        assert_int_equal(f.data_start % 8, 0);
+        for (int i = 0; i < 5; i++) {
+            const model_st_tensor *t = model_st_find(&f, names[i]);
+            assert_non_null(t);
+            assert_int_equal(t->dtype, dt);
+            assert_int_equal(t->ndim, ndims[i]);
+            for (int d = 0; d < ndims[i]; d++) assert_int_equal(t->shape[d], shapes[i][d]);
+            assert_int_equal(t->end - t->begin, t->numel * esz);
+            assert_memory_equal(model_st_data(&f, t), data[i], t->numel * esz);
+            uint8_t *back = malloc(t->numel * esz + 1);
+            assert_non_null(back);
+            assert_int_equal(model_st_read(&f, t, back, (zo_dtype)dt, 0), ZO_OK);
+            assert_memory_equal(back, data[i], t->numel * esz);
+            free(back);
+        }
+        assert_null(model_st_find(&f, "absent"));
+        model_st_close(&f);
+        for (int i = 0; i < 5; i++) free(data[i]);
+    }
+    /* nothing but the file: the temporary name is gone */
+    char tmp[512];
+    snprintf(tmp, sizeof tmp, "%s/rt.safetensors.tmp.%ld", tmpdir, (long)getpid());
+    assert_int_not_equal(access(tmp, F_OK), 0);
+}
+
+/* Reading with conversion and transpose, against the scalar conversions. */
+static void test_st_read_convert(void **state)
+{
+    (void)state;
+    float v[6 * 4];
+    for (int i = 0; i < 24; i++) v[i] = (float)i * 0.3137f - 3.0f;
+    model_st_entry e = {.name = "m", .dtype = ZO_DTYPE_F32, .ndim = 2, .shape = {6, 4}, .data = v};
+    char path[512];
+    tmp_path(path, sizeof path, "conv.safetensors");
+    assert_int_equal(model_st_write(path, &e, 1, NULL, NULL), ZO_OK);
+    model_st_file f;
+    assert_int_equal(model_st_open(&f, path), ZO_OK);
+    const model_st_tensor *t = model_st_find(&f, "m");
+    uint16_t bf[24], hf[24];
+    float tr[24];
+    assert_int_equal(model_st_read(&f, t, bf, ZO_DTYPE_BF16, 0), ZO_OK);
+    assert_int_equal(model_st_read(&f, t, hf, ZO_DTYPE_F16, 1), ZO_OK);
+    assert_int_equal(model_st_read(&f, t, tr, ZO_DTYPE_F32, 1), ZO_OK);
+    for (int r = 0; r < 6; r++) {
+        for (int c = 0; c < 4; c++) {
+            assert_int_equal(bf[r * 4 + c], zo_f32_to_bf16(v[r * 4 + c]));
+            assert_int_equal(hf[c * 6 + r], zo_f32_to_f16(v[r * 4 + c]));
+            assert_true(tr[c * 6 + r] == v[r * 4 + c]);
+        }
+    }
+    model_st_close(&f);
+}
+
+/* A failing fill leaves the old file in place and no temporary behind. */
+static zo_status failing_fill(void *ctx, int index, uint64_t first, uint64_t count, void *dst)
+{
+    (void)ctx;
+    (void)index;
+    (void)first;
+    (void)count;
+    (void)dst;
+    return zo_error(ZO_ERR_IO, "simulated read failure");
+}
+
+static void test_st_write_atomic(void **state)
+{
+    (void)state;
+    char path[512], tmp[600];
+    tmp_path(path, sizeof path, "atomic.safetensors");
+    spit(path, "old", 3);
+    model_st_entry e = {.name = "x", .dtype = ZO_DTYPE_F32, .ndim = 1, .shape = {4}};
+    assert_int_equal(model_st_write(path, &e, 1, failing_fill, NULL), ZO_ERR_IO);
+    assert_non_null(strstr(zo_last_error(), "simulated read failure"));
+    assert_non_null(strstr(zo_last_error(), "\"x\""));
+    size_t len;
+    uint8_t *b = slurp(path, &len);
+    assert_int_equal(len, 3);
+    assert_memory_equal(b, "old", 3);
+    free(b);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    assert_int_not_equal(access(tmp, F_OK), 0);
+    /* an unwritable place is an I/O error naming it */
+    assert_int_equal(model_st_write("/nonexistent-dir/x.safetensors", &e, 1, failing_fill, NULL),
+                     ZO_ERR_IO);
+    assert_non_null(strstr(zo_last_error(), "/nonexistent-dir/x.safetensors"));
+}
+
+/* ---- checkpoints written by PyTorch ------------------------------------------ */
+
+static void test_load_gpt2_fixture(void **state)
+{
+    (void)state;
+    model_layout l;
+    load_layout("gpt2-tiny", &l);
+    const zo_dtype dts[] = {ZO_DTYPE_F32, ZO_DTYPE_BF16, ZO_DTYPE_F16};
+    const char *exp[] = {"expected.f32", "expected.bf16", "expected.f16"};
+    for (int k = 0; k < 3; k++) {
+        void **blocks = alloc_blocks(&l, dts[k]);
+        model_load_report rep;
+        if (model_load_path(FIX "/gpt2-tiny", &l, blocks, dts[k], MODEL_LOAD_STRICT, &rep))
+            fail_msg("%s", zo_last_error());
+        assert_int_equal(rep.n_loaded, l.n_tensors);
+        assert_int_equal(rep.n_missing, 0);
+        assert_int_equal(rep.n_unexpected, 0);
+        /* two mask buffers per layer and the tied lm_head.weight */
+        assert_int_equal(rep.n_ignored, 2 * l.n_layers + 1);
+        char path[512];
+        snprintf(path, sizeof path, "%s/gpt2-tiny/%s", FIX, exp[k]);
+        assert_blocks_equal_file(&l, blocks, dts[k], path);
+        free_blocks(&l, blocks);
+    }
+
+    /* the Conv1D transpose, element by element against the file's own bytes */
+    void **blocks = alloc_blocks(&l, ZO_DTYPE_F32);
+    assert_int_equal(model_load_path(FIX "/gpt2-tiny/model.safetensors", &l, blocks,
+                                     ZO_DTYPE_F32, 0, NULL),
+                     ZO_OK);
+    model_st_file f;
+    assert_int_equal(model_st_open(&f, FIX "/gpt2-tiny/model.safetensors"), ZO_OK);
+    const model_st_tensor *s = model_st_find(&f, "transformer.h.1.attn.c_attn.weight");
+    assert_non_null(s);
+    assert_int_equal(s->shape[0], 32); /* [in, out] */
+    assert_int_equal(s->shape[1], 96);
+    const model_tensor *t = model_layout_find(&l, "h.1.attn.c_attn.weight");
+    const float *ours = (const float *)blocks[t->block] + t->offset;
+    const uint8_t *raw = model_st_data(&f, s);
+    for (int i = 0; i < 32; i++) {
+        for (int o = 0; o < 96; o++) {
+            float want;
+            memcpy(&want, raw + ((size_t)i * 96 + (size_t)o) * 4, 4);
+            if (ours[o * 32 + i] != want) fail_msg("c_attn[%d][%d] not transposed", o, i);
+        }
+    }
+    /* the k rows of the fused view are file columns 32..63 */
+    const model_view *kv = model_layout_view(&l, t->block, MODEL_ROLE_K_W);
+    float k00;
+    memcpy(&k00, raw + 32 * 4, 4);
+    assert_true(((const float *)blocks[t->block])[kv->offset] == k00);
+    model_st_close(&f);
+    free_blocks(&l, blocks);
+    model_layout_free(&l);
+}
+
+static void test_load_llama_fixture(void **state)
+{
+    (void)state;
+    const char *dirs[] = {FIX "/llama-tiny", FIX "/llama-tiny-sharded",
+                          FIX "/llama-tiny-sharded/model.safetensors.index.json"};
+    const char *exp[] = {FIX "/llama-tiny/expected.f32", FIX "/llama-tiny-sharded/expected.f32",
+                         FIX "/llama-tiny-sharded/expected.f32"};
+    model_layout l;
+    load_layout("llama-tiny", &l);
+    assert_int_equal(l.cfg.n_kv_heads, 2);
+    for (int k = 0; k < 3; k++) {
+        void **blocks = alloc_blocks(&l, ZO_DTYPE_F32);
+        model_load_report rep;
+        if (model_load_path(dirs[k], &l, blocks, ZO_DTYPE_F32, MODEL_LOAD_STRICT, &rep))
+            fail_msg("%s: %s", dirs[k], zo_last_error());
+        assert_int_equal(rep.n_loaded, l.n_tensors);
+        assert_int_equal(rep.n_ignored, k == 0 ? 1 : 0); /* rotary inv_freq */
+        assert_blocks_equal_file(&l, blocks, ZO_DTYPE_F32, exp[k]);
+        free_blocks(&l, blocks);
+    }
+    model_ckpt c;
+    assert_int_equal(model_ckpt_open(&c, FIX "/llama-tiny-sharded"), ZO_OK);
+    assert_int_equal(c.n_files, 2);
+    assert_int_equal(c.n_entries, l.n_tensors);
+    const model_ckpt_entry *e = model_ckpt_find(&c, "lm_head.weight");
+    assert_non_null(e);
+    assert_non_null(strstr(c.files[e->file].path, "model-00002-of-00002"));
+    /* one block at a time, as the runtime streams them: a BF16 buffer */
+    int blk = model_layout_layer_block(1);
+    uint16_t *buf = calloc(l.block_numel[blk], 2);
+    float *ref = calloc(l.block_numel[blk], 4);
+    assert_non_null(buf);
+    assert_non_null(ref);
+    model_load_report rep = {0};
+    assert_int_equal(model_load_block(&c, &l, blk, buf, ZO_DTYPE_BF16, 0, &rep), ZO_OK);
+    assert_int_equal(model_load_block(&c, &l, blk, ref, ZO_DTYPE_F32, 0, &rep), ZO_OK);
+    assert_int_equal(rep.n_loaded, 2 * 9);
+    for (size_t i = 0; i < l.block_numel[blk]; i++) assert_int_equal(buf[i], zo_f32_to_bf16(ref[i]));
+    free(buf);
+    free(ref);
+    model_ckpt_close(&c);
+    model_layout_free(&l);
+}
+
+/* ---- saving -------------------------------------------------------------------- */
+
+static void test_save_gpt2(void **state)
+{
+    (void)state;
+    model_layout l;
+    load_layout("gpt2-tiny", &l);
+    void **blocks = alloc_blocks(&l, ZO_DTYPE_F32);
+    assert_int_equal(model_load_path(FIX "/gpt2-tiny", &l, blocks, ZO_DTYPE_F32, 0, NULL), ZO_OK);
+    char path[512];
+    tmp_path(path, sizeof path, "gpt2-saved.safetensors");
+    if (model_save(path, &l, (const void *const *)blocks, ZO_DTYPE_F32, ZO_DTYPE_F32))
+        fail_msg("%s", zo_last_error());
+
+    /* Hugging Face names and layout: every tensor equals the PyTorch file's */
+    model_st_file saved, orig;
+    assert_int_equal(model_st_open(&saved, path), ZO_OK);
+    assert_int_equal(model_st_open(&orig, FIX "/gpt2-tiny/model.safetensors"), ZO_OK);
+    assert_int_equal(saved.n_tensors, l.n_tensors);
+    assert_null(model_st_find(&saved, "lm_head.weight"));
+    for (int i = 0; i < saved.n_tensors; i++) {
+        const model_st_tensor *s = &saved.tensors[i];
+        char name[128];
+        snprintf(name, sizeof name, "transformer.%s", s->name);
+        const model_st_tensor *o = model_st_find(&orig, name);
+        if (!o) fail_msg("saved %s has no counterpart", s->name);
+        assert_int_equal(s->ndim, o->ndim);
+        for (int d = 0; d < s->ndim; d++) assert_int_equal(s->shape[d], o->shape[d]);
+        assert_string_equal(s->dtype_name, "F32");
+        assert_memory_equal(model_st_data(&saved, s), model_st_data(&orig, o), s->end - s->begin);
+    }
+    model_st_close(&orig);
+    model_st_close(&saved);
+
+    /* save as bf16 from fp32 buffers: reloaded, it is torch's bf16 rounding */
+    if (model_save(path, &l, (const void *const *)blocks, ZO_DTYPE_F32, ZO_DTYPE_BF16))
+        fail_msg("%s", zo_last_error());
+    void **back = alloc_blocks(&l, ZO_DTYPE_BF16);
+    assert_int_equal(model_load_path(path, &l, back, ZO_DTYPE_BF16, MODEL_LOAD_STRICT, NULL), ZO_OK);
+    assert_blocks_equal_file(&l, back, ZO_DTYPE_BF16, FIX "/gpt2-tiny/expected.bf16");
+    /* and bf16 buffers saved as bf16 reload bit-equal (transpose of 2-byte elements) */
+    if (model_save(path, &l, (const void *const *)back, ZO_DTYPE_BF16, ZO_DTYPE_BF16))
+        fail_msg("%s", zo_last_error());
+    void **again = alloc_blocks(&l, ZO_DTYPE_BF16);
+    assert_int_equal(model_load_path(path, &l, again, ZO_DTYPE_BF16, MODEL_LOAD_STRICT, NULL), ZO_OK);
+    for (int b = 0; b < l.n_blocks; b++) assert_memory_equal(back[b], again[b], l.block_numel[b] * 2);
+    free_blocks(&l, again);
+    free_blocks(&l, back);
+    free_blocks(&l, blocks);
+    model_layout_free(&l);
+}
+
+static void test_save_llama_fp16(void **state)
+{
+    (void)state;
+    model_layout l;
+    load_layout("llama-tiny", &l);
+    void **blocks = alloc_blocks(&l, ZO_DTYPE_F32);
+    assert_int_equal(model_load_path(FIX "/llama-tiny-sharded", &l, blocks, ZO_DTYPE_F32, 0, NULL),
+                     ZO_OK);
+    char path[512];
+    tmp_path(path, sizeof path, "llama-saved.safetensors");
+    assert_int_equal(model_save(path, &l, (const void *const *)blocks, ZO_DTYPE_F32, ZO_DTYPE_F16),
+                     ZO_OK);
+    /* the values came from F16 shards: the F16 save is byte-equal to them */
+    model_st_file f;
+    model_ckpt c;
+    assert_int_equal(model_st_open(&f, path), ZO_OK);
+    assert_int_equal(model_ckpt_open(&c, FIX "/llama-tiny-sharded"), ZO_OK);
+    assert_non_null(model_st_find(&f, "lm_head.weight"));
+    assert_int_equal(f.n_tensors, c.n_entries);
+    for (int i = 0; i < f.n_tensors; i++) {
+        const model_ckpt_entry *e = model_ckpt_find(&c, f.tensors[i].name);
+        assert_non_null(e);
+        assert_memory_equal(model_st_data(&f, &f.tensors[i]),
+                            model_st_data(&c.files[e->file], e->tensor),
+                            f.tensors[i].end - f.tensors[i].begin);
+    }
+    model_ckpt_close(&c);
+    model_st_close(&f);
+    free_blocks(&l, blocks);
+    model_layout_free(&l);
+}
+
+/* ---- errors ---------------------------------------------------------------------- */
+
+/* status and message naming the file (and the tensor when there is one) */
+static void expect_open_error(const char *path, zo_status want, const char *tensor)
+{
+    model_st_file f;
+    zo_clear_error();
+    zo_status st = model_st_open(&f, path);
+    if (st != want)
+        fail_msg("%s: got %s (%s), want %s", path, zo_status_name(st), zo_last_error(),
+                 zo_status_name(want));
+    if (!strstr(zo_last_error(), path)) fail_msg("message lacks the file: %s", zo_last_error());
+    if (tensor && !strstr(zo_last_error(), tensor))
+        fail_msg("message lacks tensor %s: %s", tensor, zo_last_error());
+}
+
+static void test_malformed_files(void **state)
+{
+    (void)state;
+    char path[512];
+    static const struct {
+        const char *name, *header;
+        size_t data;
+        const char *tensor; /* named in the message */
+    } cases[] = {
+        {"json", "{\"w\":{\"dtype\":\"F32\",\"shape\":[4],", 16, NULL},
+        {"not-object", "[1, 2]", 0, NULL},
+        {"beyond", "{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 8, "\"w\""},
+        {"overlap",
+         "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[8,24]}}",
+         24, "\"b\""},
+        {"hole",
+         "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[20,36]}}",
+         36, "\"b\""},
+        {"trailing", "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 20,
+         "\"a\""},
+        {"dtype-size", "{\"h\":{\"dtype\":\"F16\",\"shape\":[4],\"data_offsets\":[0,16]}}", 16,
+         "\"h\""},
+        {"misaligned", "{\"m\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,10]}}", 10,
+         "\"m\""},
+        {"fractional", "{\"m\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0.5,8.5]}}", 9,
+         "\"m\""},
+        {"backwards", "{\"m\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,0]}}", 8,
+         "\"m\""},
+        {"unknown-dtype", "{\"u\":{\"dtype\":\"F33\",\"shape\":[4],\"data_offsets\":[0,16]}}", 16,
+         "\"u\""},
+        {"negative-shape", "{\"n\":{\"dtype\":\"F32\",\"shape\":[-4],\"data_offsets\":[0,16]}}",
+         16, "\"n\""},
+        {"no-offsets", "{\"o\":{\"dtype\":\"F32\",\"shape\":[4]}}", 16, "\"o\""},
+        {"no-dtype", "{\"o\":{\"shape\":[4],\"data_offsets\":[0,16]}}", 16, "\"o\""},
+        {"entry-not-object", "{\"o\":5}", 0, "\"o\""},
+        {"duplicate",
+         "{\"d\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+         "\"d\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+         8, "\"d\""},
+        {"bad-metadata", "{\"__metadata__\":3}", 0, "__metadata__"},
+        {"garbage-after-json", "{} xyz", 0, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s.safetensors", cases[i].name);
+        tmp_path(path, sizeof path, name);
+        write_raw_st(path, cases[i].header, cases[i].data);
+        expect_open_error(path, ZO_ERR_FORMAT, cases[i].tensor);
+    }
+
+    /* shorter than the length field; a header length past the end; length 0 */
+    tmp_path(path, sizeof path, "short.safetensors");
+    spit(path, "\x10\0\0", 3);
+    expect_open_error(path, ZO_ERR_FORMAT, NULL);
+    tmp_path(path, sizeof path, "hlen.safetensors");
+    uint8_t buf[64] = {0xe8, 0x03}; /* 1000 */
+    memcpy(buf + 8, "{}", 2);
+    spit(path, buf, sizeof buf);
+    expect_open_error(path, ZO_ERR_FORMAT, NULL);
+    memset(buf, 0xff, 8); /* 2^64 - 1 */
+    spit(path, buf, sizeof buf);
+    expect_open_error(path, ZO_ERR_FORMAT, NULL);
+    memset(buf, 0, 8);
+    spit(path, buf, sizeof buf);
+    expect_open_error(path, ZO_ERR_FORMAT, NULL);
+
+    /* a real checkpoint cut short names its last tensor */
+    size_t len;
+    uint8_t *ck = slurp(FIX "/gpt2-tiny/model.safetensors", &len);
+    tmp_path(path, sizeof path, "truncated.safetensors");
+    spit(path, ck, len - 100);
+    expect_open_error(path, ZO_ERR_FORMAT, "lm_head.weight");
+    /* or inside its header */
+    spit(path, ck, 200);
+    expect_open_error(path, ZO_ERR_FORMAT, NULL);
+    free(ck);
+
+    /* missing file */
+    tmp_path(path, sizeof path, "absent.safetensors");
+    expect_open_error(path, ZO_ERR_NOT_FOUND, NULL);
+}
+
+static void test_malformed_index(void **state)
+{
+    (void)state;
+    char dir[512], path[600], shard[600];
+    const char *one = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
+    model_ckpt c;
+    struct {
+        const char *index;
+        zo_status want;
+        const char *names; /* in the message */
+    } cases[] = {
+        {"{\"weight_map\":{\"a\":\"s1.safetensors\",\"b\":\"s1.safetensors\"}}", ZO_ERR_FORMAT,
+         "\"b\""},
+        {"{\"weight_map\":{\"a\":\"s2.safetensors\"}}", ZO_ERR_NOT_FOUND, "s2.safetensors"},
+        {"{\"metadata\":{}}", ZO_ERR_FORMAT, "weight_map"},
+        {"{\"weight_map\":{\"a\":\"s1.safetensors\"", ZO_ERR_FORMAT, "malformed"},
+        {"{\"weight_map\":{\"a\":\"/etc/passwd\"}}", ZO_ERR_FORMAT, "\"a\""},
+        {"{\"weight_map\":{\"a\":\"s1.safetensors\",\"z\":\"s3.safetensors\"}}", ZO_ERR_FORMAT,
+         "\"a\""}, /* both shards hold "a" */
+    };
+    snprintf(dir, sizeof dir, "%s/idx", tmpdir);
+    mkdir(dir, 0755);
+    snprintf(shard, sizeof shard, "%s/s1.safetensors", dir);
+    write_raw_st(shard, one, 8);
+    snprintf(shard, sizeof shard, "%s/s3.safetensors", dir);
+    write_raw_st(shard, one, 8);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        spit(path, cases[i].index, strlen(cases[i].index));
+        zo_status st = model_ckpt_open(&c, dir);
+        if (st != cases[i].want)
+            fail_msg("case %zu: got %s (%s)", i, zo_status_name(st), zo_last_error());
+        if (!strstr(zo_last_error(), "idx/"))
+            fail_msg("case %zu: no file in %s", i, zo_last_error());
+        if (!strstr(zo_last_error(), cases[i].names))
+            fail_msg("case %zu: no %s in %s", i, cases[i].names, zo_last_error());
+    }
+    /* a valid index opens */
+    const char *ok = "{\"weight_map\":{\"a\":\"s1.safetensors\"}}";
+    spit(path, ok, strlen(ok));
+    assert_int_equal(model_ckpt_open(&c, path), ZO_OK);
+    assert_int_equal(c.n_entries, 1);
+    model_ckpt_close(&c);
+    /* a directory with neither file */
+    assert_int_equal(model_ckpt_open(&c, tmpdir), ZO_ERR_NOT_FOUND);
+}
+
+/* Shape, dtype, missing and unexpected tensors when loading into a layout. */
+static void test_load_mismatch(void **state)
+{
+    (void)state;
+    model_layout l;
+    load_layout("llama-tiny", &l);
+    /* a different ffn: the first MLP weight's shape is wrong */
+    zo_model_config cfg = l.cfg;
+    model_layout_free(&l);
+    cfg.ffn = 48;
+    assert_int_equal(model_layout_init(&l, &cfg), ZO_OK);
+    void **blocks = alloc_blocks(&l, ZO_DTYPE_F32);
+    assert_int_equal(model_load_path(FIX "/llama-tiny", &l, blocks, ZO_DTYPE_F32, 0, NULL),
+                     ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "llama-tiny/model.safetensors"));
+    assert_non_null(strstr(zo_last_error(), "model.layers.0.mlp.gate_proj.weight"));
+    assert_non_null(strstr(zo_last_error(), "[64, 32]"));
+    assert_non_null(strstr(zo_last_error(), "[48, 32]"));
+    free_blocks(&l, blocks);
+    model_layout_free(&l);
+
+    /* three layers where the file has two: layer 2 is missing */
+    load_layout("llama-tiny", &l);
+    cfg = l.cfg;
+    model_layout_free(&l);
+    cfg.n_layers = 3;
+    assert_int_equal(model_layout_init(&l, &cfg), ZO_OK);
+    blocks = alloc_blocks(&l, ZO_DTYPE_F32);
+    model_load_report rep;
+    assert_int_equal(model_load_path(FIX "/llama-tiny", &l, blocks, ZO_DTYPE_F32, 0, &rep),
+                     ZO_ERR_NOT_FOUND);
+    assert_non_null(strstr(zo_last_error(), "model.layers.2.input_layernorm.weight"));
+    assert_int_equal(rep.n_missing, 9);
+    assert_int_equal(model_load_path(FIX "/llama-tiny", &l, blocks, ZO_DTYPE_F32,
+                                     MODEL_LOAD_ALLOW_MISSING, &rep),
+                     ZO_OK);
+    assert_int_equal(rep.n_missing, 9);
+    assert_int_equal(rep.n_loaded, l.n_tensors - 9);
+    assert_string_equal(rep.first_missing, "model.layers.2.input_layernorm.weight");
+    free_blocks(&l, blocks);
+    model_layout_free(&l);
+
+    /* one layer where the file has two: layer 1 is unexpected */
+    load_layout("llama-tiny", &l);
+    cfg = l.cfg;
+    model_layout_free(&l);
+    cfg.n_layers = 1;
+    assert_int_equal(model_layout_init(&l, &cfg), ZO_OK);
+    blocks = alloc_blocks(&l, ZO_DTYPE_F32);
+    assert_int_equal(model_load_path(FIX "/llama-tiny", &l, blocks, ZO_DTYPE_F32, 0, &rep), ZO_OK);
+    assert_int_equal(rep.n_unexpected, 9);
+    assert_non_null(strstr(rep.first_unexpected, "model.layers.1."));
+    assert_int_equal(model_load_path(FIX "/llama-tiny", &l, blocks, ZO_DTYPE_F32,
+                                     MODEL_LOAD_STRICT, &rep),
+                     ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "model.layers.1."));
+    free_blocks(&l, blocks);
+    model_layout_free(&l);
+
+    /* an integer tensor where a weight belongs */
+    zo_model_config tiny = {.name = "t", .arch = ZO_ARCH_LLAMA, .n_layers = 1, .hidden = 2,
+                            .n_heads = 1, .ffn = 2, .vocab = 2, .max_seq = 4,
+                            .tied_embeddings = 1, .norm_eps = 1e-6f};
+    if (model_layout_init(&l, &tiny)) fail_msg("%s", zo_last_error());
+    char path[512];
+    tmp_path(path, sizeof path, "int.safetensors");
+    write_raw_st(path,
+                 "{\"model.embed_tokens.weight\":{\"dtype\":\"I32\",\"shape\":[2,2],"
+                 "\"data_offsets\":[0,16]},\"model.norm.weight\":{\"dtype\":\"F32\","
+                 "\"shape\":[2],\"data_offsets\":[16,24]}}",
+                 24);
+    blocks = alloc_blocks(&l, ZO_DTYPE_F32);
+    assert_int_equal(model_load_path(path, &l, blocks, ZO_DTYPE_F32, 0, NULL), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "model.embed_tokens.weight"));
+    assert_non_null(strstr(zo_last_error(), "I32"));
+    free_blocks(&l, blocks);
+    model_layout_free(&l);
+}
+
+/* Random byte flips in the length field and header, and random truncations,
+ * of a real checkpoint: open either succeeds or reports ZO_ERR_FORMAT naming
+ * the file; a file that opens loads or fails cleanly. Never a crash (run
+ * under ASan/UBSan to see the difference). */
+static void test_fuzz_headers(void **state)
+{
+    (void)state;
+    size_t len;
+    uint8_t *orig = slurp(FIX "/llama-tiny/model.safetensors", &len);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | orig[i];
+    uint8_t *buf = malloc(len);
+    assert_non_null(buf);
+    model_layout l;
+    load_layout("llama-tiny", &l);
+    void **blocks = alloc_blocks(&l, ZO_DTYPE_F32);
+    char path[512];
+    tmp_path(path, sizeof path, "fuzz.safetensors");
+    uint32_t x = 2024;
+    int opened = 0, rejected = 0;
+    for (int it = 0; it < 400; it++) {
+        memcpy(buf, orig, len);
+        size_t n = len;
+        x = x * 1664525u + 1013904223u;
+        if (x >> 31) {
+            int flips = 1 + (int)((x >> 8) % 4);
+            for (int k = 0; k < flips; k++) {
+                x = x * 1664525u + 1013904223u;
+                size_t at = (x >> 4) % (8 + hlen);
+                x = x * 1664525u + 1013904223u;
+                buf[at] = (uint8_t)(x >> 24);
+            }
+        } else {
+            n = (x >> 4) % len;
+        }
+        spit(path, buf, n);
+        model_st_file f;
+        zo_status st = model_st_open(&f, path);
+        if (st == ZO_OK) {
+            opened++;
+            model_st_close(&f);
+            st = model_load_path(path, &l, blocks, ZO_DTYPE_F32, 0, NULL);
+            if (st != ZO_OK && st != ZO_ERR_FORMAT && st != ZO_ERR_NOT_FOUND &&
+                st != ZO_ERR_UNSUPPORTED)
+                fail_msg("iteration %d: load gave %s: %s", it, zo_status_name(st), zo_last_error());
+        } else {
+            rejected++;
+            if (st != ZO_ERR_FORMAT)
+                fail_msg("iteration %d: open gave %s: %s", it, zo_status_name(st), zo_last_error());
+            if (!strstr(zo_last_error(), path)) fail_msg("no file in %s", zo_last_error());
+        }
+    }
+    assert_true(rejected > 200);
+    assert_true(opened > 0); /* flips inside names or padding leave valid files */
+    free_blocks(&l, blocks);
+    model_layout_free(&l);
+    free(buf);
+    free(orig);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_st_roundtrip),
+        cmocka_unit_test(test_st_read_convert),
+        cmocka_unit_test(test_st_write_atomic),
+        cmocka_unit_test(test_load_gpt2_fixture),
+        cmocka_unit_test(test_load_llama_fixture),
+        cmocka_unit_test(test_save_gpt2),
+        cmocka_unit_test(test_save_llama_fp16),
+        cmocka_unit_test(test_malformed_files),
+        cmocka_unit_test(test_malformed_index),
+        cmocka_unit_test(test_load_mismatch),
+        cmocka_unit_test(test_fuzz_headers),
+    };
+    return cmocka_run_group_tests(tests, setup_tmp, teardown_tmp);
+}

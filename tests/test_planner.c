@@ -1,0 +1,599 @@
+/* Tests for planner/: parameter counts, the memory model against published
+ * figures (ZeRO paper Figure 1 and Table 1; Korthikanti et al. 2022), placement,
+ * the JSON report, and memplan's handling of bad input. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <cjson/cJSON.h>
+
+#include "common/model_config.h"
+#include "planner/hardware.h"
+#include "planner/memory.h"
+#include "planner/report.h"
+
+/* ---- parameter counts ------------------------------------------------------ */
+
+static const struct { const char *preset, *config; uint64_t params; } counts[] = {
+    {"gpt2", "gpt2.json", 124439808ull},
+    {"gpt2-xl", "gpt2-xl.json", 1557611200ull},
+    {"llama-2-7b", "llama-2-7b.json", 6738415616ull},
+    {"llama-2-13b", "llama-2-13b.json", 13015864320ull},
+    {"llama-2-70b", "llama-2-70b.json", 68976648192ull},
+    {"llama-3-8b", "llama-3-8b.json", 8030261248ull},
+    {"mistral-7b", "mistral-7b.json", 7241732096ull},
+};
+
+static void test_param_counts(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        zo_model_config p, c;
+        assert_int_equal(zo_model_preset_find(counts[i].preset, &p), ZO_OK);
+        char path[512];
+        snprintf(path, sizeof path, "%s/hf-configs/%s", ZO_FIXTURES_DIR, counts[i].config);
+        assert_int_equal(zo_model_config_load(path, &c), ZO_OK);
+        if (zo_model_params(&p) != counts[i].params || zo_model_params(&c) != counts[i].params)
+            print_error("%s: preset %llu, config %llu, want %llu\n", counts[i].preset,
+                        (unsigned long long)zo_model_params(&p),
+                        (unsigned long long)zo_model_params(&c),
+                        (unsigned long long)counts[i].params);
+        assert_true(zo_model_params(&p) == counts[i].params);
+        assert_true(zo_model_params(&c) == counts[i].params);
+    }
+}
+
+static void test_all_presets_valid(void **state)
+{
+    (void)state;
+    size_t n;
+    const zo_model_preset *p = zo_model_presets(&n);
+    assert_true(n >= 22);
+    for (size_t i = 0; i < n; i++) {
+        zo_model_config c = p[i].cfg;
+        assert_int_equal(zo_model_config_validate(&c), ZO_OK);
+        assert_int_equal(c.hidden, c.n_heads * c.head_dim);
+    }
+    /* the GPT-3 sizes land near their names */
+    zo_model_config c;
+    assert_int_equal(zo_model_preset_find("gpt3-175b", &c), ZO_OK);
+    assert_true(fabs((double)zo_model_params(&c) / 175e9 - 1) < 0.01);
+    assert_int_equal(zo_model_preset_find("megatron-1t", &c), ZO_OK);
+    assert_true(fabs((double)zo_model_params(&c) / 1.008e12 - 1) < 0.01);
+}
+
+static void test_preset_lookup_error(void **state)
+{
+    (void)state;
+    zo_model_config c;
+    assert_int_equal(zo_model_preset_find("Llama_2_13B", &c), ZO_OK);
+    assert_int_equal(zo_model_preset_find("llama-2-14b", &c), ZO_ERR_NOT_FOUND);
+    assert_non_null(strstr(zo_last_error(), "llama-2-13b"));
+    plan_hw hw;
+    assert_int_equal(plan_hw_find("H100", &hw), ZO_OK);
+    assert_int_equal(plan_hw_find("h10", &hw), ZO_ERR_NOT_FOUND);
+    assert_non_null(strstr(zo_last_error(), "h100-80gb"));
+}
+
+static void test_config_errors(void **state)
+{
+    (void)state;
+    zo_model_config c;
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"llama\",\n \"hidden_size\": 64,\n oops}",
+                                           "bad.json", &c),
+                     ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "bad.json:3:"));
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 64, "
+                                           "\"n_head\": 4, \"vocab_size\": 100}",
+                                           "x/config.json", &c),
+                     ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "n_positions"));
+    assert_non_null(strstr(zo_last_error(), "x/config.json"));
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"llama\", \"num_hidden_layers\": 2, "
+                                           "\"hidden_size\": \"64\", \"num_attention_heads\": 4, "
+                                           "\"intermediate_size\": 128, \"vocab_size\": 100}",
+                                           "c.json", &c),
+                     ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "hidden_size"));
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"bert\"}", "c.json", &c),
+                     ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "bert"));
+    /* qwen2: q/k/v biases; a config with the LLaMA fields and an unknown type */
+    const char *qwen = "{\"model_type\": \"qwen2\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
+                       "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+                       "\"intermediate_size\": 128, \"vocab_size\": 100, \"tie_word_embeddings\": true}";
+    assert_int_equal(zo_model_config_parse(qwen, "q.json", &c), ZO_OK);
+    /* embed 6400 + layers 2*(2*64 + 64*(64+32+32) + (64+32+32) + 64*64 + 3*64*128) + norm 64 */
+    assert_int_equal(zo_model_params(&c), 6400 + 2 * (128 + 8192 + 128 + 4096 + 24576) + 64);
+    const char *other = "{\"model_type\": \"yi\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
+                        "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"vocab_size\": 100}";
+    assert_int_equal(zo_model_config_parse(other, "y.json", &c), ZO_OK);
+    assert_int_equal(c.arch, ZO_ARCH_LLAMA);
+    const char *obias = "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
+                        "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"vocab_size\": 100, "
+                        "\"attention_bias\": true}";
+    assert_int_equal(zo_model_config_parse(obias, "b.json", &c), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "attention_bias"));
+    assert_int_equal(zo_model_config_load("/nonexistent/config.json", &c), ZO_ERR_IO);
+    assert_non_null(strstr(zo_last_error(), "/nonexistent/config.json"));
+}
+
+/* ---- model states: the ZeRO paper ------------------------------------------------ */
+
+static double model_states_gb(double params, int dp, int zero)
+{
+    zo_model_config m = {.name = "size-only", .params_override = (uint64_t)params, .max_seq = 2048};
+    plan_hw hw;
+    assert_int_equal(plan_hw_find("dgx-a100-80gb", &hw), ZO_OK);
+    hw.gpus = dp;
+    plan_train t;
+    plan_train_defaults(&t, &m);
+    t.dtype = t.grad_dtype = ZO_DTYPE_F16;
+    t.dp = dp;
+    t.zero = zero;
+    plan_estimate e;
+    assert_int_equal(plan_estimate_run(&m, &hw, &t, &e), ZO_OK);
+    assert_false(e.activations_known);
+    return (double)(e.bytes[PLAN_GPU][PLAN_PARAMS] + e.bytes[PLAN_GPU][PLAN_GRADS] +
+                    e.bytes[PLAN_GPU][PLAN_OPTIMIZER]) / 1e9;
+}
+
+/* The published figure is rounded or truncated to its printed digits. */
+static void assert_published(double got, double published, double unit, const char *what)
+{
+    if (fabs(got - published) > unit + 1e-9) {
+        print_error("%s: got %.4f GB, published %.4g GB\n", what, got, published);
+        fail();
+    }
+}
+
+static void test_zero_figure1(void **state)
+{
+    (void)state;
+    assert_published(model_states_gb(7.5e9, 64, 0), 120, 0.05, "baseline");
+    assert_published(model_states_gb(7.5e9, 64, 1), 31.4, 0.05, "Pos");
+    assert_published(model_states_gb(7.5e9, 64, 2), 16.6, 0.05, "Pos+g");
+    assert_published(model_states_gb(7.5e9, 64, 3), 1.88, 0.005, "Pos+g+p");
+}
+
+static void test_zero_table1(void **state)
+{
+    (void)state;
+    static const int dps[] = {1, 4, 16, 64, 256, 1024};
+    /* rows: model size; columns: DP; for stages 1, 2, 3 (GB), with the unit of
+     * the last printed digit */
+    static const struct { double psi; double gb[3][6]; double unit[3][6]; } rows[] = {
+        {7.5e9,
+         {{120, 52.5, 35.6, 31.4, 30.4, 30.1}, {120, 41.3, 21.6, 16.6, 15.4, 15.1},
+          {120, 30, 7.5, 1.88, 0.47, 0.12}},
+         {{1, .1, .1, .1, .1, .1}, {1, .1, .1, .1, .1, .1}, {1, 1, .1, .01, .01, .01}}},
+        {128e9,
+         {{2048, 896, 608, 536, 518, 513}, {2048, 704, 368, 284, 263, 257},
+          {2048, 512, 128, 32, 8, 2}},
+         {{1, 1, 1, 1, 1, 1}, {1, 1, 1, 1, 1, 1}, {1, 1, 1, 1, 1, 1}}},
+        {1e12,
+         {{16000, 7000, 4750, 4187, 4046, 4011}, {16000, 5500, 2875, 2218, 2054, 2013},
+          {16000, 4000, 1000, 250, 62.5, 15.6}},
+         {{1, 1, 1, 1, 1, 1}, {1, 1, 1, 1, 1, 1}, {1, 1, 1, 1, .1, .1}}},
+    };
+    for (size_t r = 0; r < 3; r++)
+        for (int stage = 1; stage <= 3; stage++)
+            for (int d = 0; d < 6; d++) {
+                char what[64];
+                snprintf(what, sizeof what, "psi %.3g DP %d stage %d", rows[r].psi, dps[d], stage);
+                assert_published(model_states_gb(rows[r].psi, dps[d], stage),
+                                 rows[r].gb[stage - 1][d], rows[r].unit[stage - 1][d], what);
+            }
+}
+
+static void test_mixed_precision_bytes(void **state)
+{
+    (void)state;
+    /* Megatron: fp16 weights, fp32 gradients, AdamW = 18 bytes/param */
+    zo_model_config m = {.name = "x", .params_override = 1000000, .max_seq = 2048};
+    plan_hw hw;
+    assert_int_equal(plan_hw_find("h100", &hw), ZO_OK);
+    plan_train t;
+    plan_train_defaults(&t, &m);
+    t.grad_dtype = ZO_DTYPE_F32;
+    plan_estimate e;
+    assert_int_equal(plan_estimate_run(&m, &hw, &t, &e), ZO_OK);
+    assert_int_equal(e.bytes[PLAN_GPU][PLAN_PARAMS] + e.bytes[PLAN_GPU][PLAN_GRADS] +
+                         e.bytes[PLAN_GPU][PLAN_OPTIMIZER],
+                     18 * 1000000ull);
+    /* pure fp32: no separate master copy: 4 + 4 + 8 */
+    t.dtype = t.grad_dtype = ZO_DTYPE_F32;
+    assert_int_equal(plan_estimate_run(&m, &hw, &t, &e), ZO_OK);
+    assert_int_equal(e.bytes[PLAN_GPU][PLAN_OPTIMIZER], 8 * 1000000ull);
+    /* SGD with momentum, mixed precision: master + momentum */
+    t.dtype = t.grad_dtype = ZO_DTYPE_BF16;
+    t.optimizer = PLAN_OPT_SGD;
+    assert_int_equal(plan_estimate_run(&m, &hw, &t, &e), ZO_OK);
+    assert_int_equal(e.bytes[PLAN_GPU][PLAN_OPTIMIZER], 8 * 1000000ull);
+}
+
+/* ---- activations: Korthikanti et al. 2022 ---------------------------------------- */
+
+typedef struct setup {
+    zo_model_config m;
+    plan_hw hw;
+    plan_train t;
+} setup;
+
+static void gpt_setup(setup *s, const char *preset, int tp, int sp, plan_recompute rc)
+{
+    assert_int_equal(zo_model_preset_find(preset, &s->m), ZO_OK);
+    assert_int_equal(plan_hw_find("dgx-a100-80gb", &s->hw), ZO_OK);
+    plan_train_defaults(&s->t, &s->m);
+    s->t.dtype = s->t.grad_dtype = ZO_DTYPE_F16;
+    s->t.flash_attn = 0; /* the paper's attention keeps the s^2 terms */
+    s->t.seq = 2048;
+    s->t.micro_batch = 1;
+    s->t.tp = tp;
+    s->t.sp = sp;
+    s->t.dp = 8 / tp;
+    s->hw.gpus = 8;
+    s->t.recompute = rc;
+}
+
+static uint64_t item_bytes(const plan_estimate *e, const char *name, plan_tier tier)
+{
+    uint64_t sum = 0;
+    for (int i = 0; i < e->n_items; i++)
+        if (!strcmp(e->items[i].name, name) && e->items[i].tier == tier) sum += e->items[i].bytes;
+    return sum;
+}
+
+static void test_korthikanti_layer(void **state)
+{
+    (void)state;
+    static const char *presets[] = {"megatron-22b", "megatron-175b", "megatron-530b", "megatron-1t"};
+    for (size_t i = 0; i < 4; i++) {
+        setup s;
+        gpt_setup(&s, presets[i], 1, 0, PLAN_RECOMPUTE_NONE);
+        double sv = 2048, b = 1, h = s.m.hidden, a = s.m.n_heads;
+        for (int t = 1; t <= 8; t *= 2) {
+            s.t.tp = t;
+            s.t.sp = 0;
+            /* sbh(10 + 24/t + 5as/(ht)) */
+            double want = sv * b * h * (10 + 24.0 / t + 5 * a * sv / (h * t));
+            assert_true(fabs((double)plan_layer_act_bytes(&s.m, &s.t, 1) - want) < 1);
+            /* selective recompute removes the 5as/h term */
+            want = sv * b * h * (10 + 24.0 / t);
+            assert_true(fabs((double)plan_layer_act_bytes(&s.m, &s.t, 0) - want) < 1);
+            if (t == 1) continue;
+            /* sequence parallel: sbh(34 + 5as/h)/t */
+            s.t.sp = 1;
+            want = sv * b * h * (34 + 5 * a * sv / h) / t;
+            assert_true(fabs((double)plan_layer_act_bytes(&s.m, &s.t, 1) - want) < 1);
+            want = sv * b * h * 34 / t;
+            assert_true(fabs((double)plan_layer_act_bytes(&s.m, &s.t, 0) - want) < 1);
+        }
+        /* t = 1: sbh(34 + 5as/h) */
+        s.t.tp = 1;
+        s.t.sp = 0;
+        assert_true((double)plan_layer_act_bytes(&s.m, &s.t, 1) ==
+                    sv * b * h * 34 + 5 * a * sv * sv * b);
+    }
+}
+
+static void test_korthikanti_totals(void **state)
+{
+    (void)state;
+    setup s;
+    gpt_setup(&s, "megatron-22b", 8, 1, PLAN_RECOMPUTE_NONE);
+    s.t.micro_batch = 4;
+    double sv = 2048, b = 4, h = 6144, a = 64, v = 51200, L = 48, t = 8;
+    plan_estimate e;
+    assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &e), ZO_OK);
+    /* layers + embedding dropout + final norm/output inputs + fp32 logits */
+    double layers = L * sv * b * h * (34 + 5 * a * sv / h) / t;
+    double extra = sv * b * h / t + 4 * sv * b * h / t + 4 * sv * b * v / t;
+    assert_true(fabs((double)item_bytes(&e, "stored layer activations", PLAN_GPU) - layers) < 1);
+    assert_true(fabs((double)e.bytes[PLAN_GPU][PLAN_ACTIVATIONS] - layers - extra) < 4);
+
+    /* full recompute keeps 2sbh per layer (sharded with SP) plus one layer's working set */
+    s.t.recompute = PLAN_RECOMPUTE_FULL;
+    assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &e), ZO_OK);
+    assert_true(fabs((double)item_bytes(&e, "stored layer activations", PLAN_GPU) -
+                     L * 2 * sv * b * h / t) < 1);
+    assert_true(fabs((double)item_bytes(&e, "recompute working set (1 layer)", PLAN_GPU) -
+                     sv * b * h * (34 + 5 * a * sv / h) / t) < 1);
+    /* without SP (the paper's Table 2): 2sbh per layer */
+    s.t.sp = 0;
+    assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &e), ZO_OK);
+    assert_true(fabs((double)item_bytes(&e, "stored layer activations", PLAN_GPU) -
+                     L * 2 * sv * b * h) < 1);
+
+    /* flash attention removes the s^2 terms (and keeps an fp32 logsumexp per row) */
+    s.t.recompute = PLAN_RECOMPUTE_NONE;
+    s.t.sp = 1;
+    s.t.flash_attn = 1;
+    assert_true(fabs((double)plan_layer_act_bytes(&s.m, &s.t, 1) -
+                     (sv * b * h * 34 / t + 4 * a * sv * b / t)) < 1);
+}
+
+static void test_pipeline_inflight(void **state)
+{
+    (void)state;
+    setup s;
+    gpt_setup(&s, "megatron-175b", 8, 1, PLAN_RECOMPUTE_SELECTIVE);
+    s.hw.gpus = 64;
+    s.t.pp = 8;
+    s.t.dp = 1;
+    s.t.grad_accum = 64;
+    double sv = 2048, b = 1, h = 12288, L = 96, t = 8, p = 8;
+    plan_estimate e;
+    assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &e), ZO_OK);
+    /* the first stage holds p micro-batches of L/p layers: L layers' worth */
+    assert_int_equal(e.stage, 0);
+    double per_layer = sv * b * h * 34 / t;
+    assert_true(fabs((double)item_bytes(&e, "stored layer activations", PLAN_GPU) -
+                     per_layer * L / p * p) < 2);
+    /* interleaving multiplies by 1 + (p-1)/(pm) */
+    s.t.vpp = 3;
+    assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &e), ZO_OK);
+    double want = per_layer * L * (1 + (p - 1) / (p * 3));
+    assert_true(fabs((double)item_bytes(&e, "stored layer activations", PLAN_GPU) - want) / want < 1e-9);
+    /* fewer micro-batches than stages: only those are in flight */
+    s.t.vpp = 1;
+    s.t.grad_accum = 2;
+    assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &e), ZO_OK);
+    assert_true(fabs((double)item_bytes(&e, "stored layer activations", PLAN_GPU) -
+                     per_layer * L / p * 2) < 2);
+}
+
+static void test_llama_layer(void **state)
+{
+    (void)state;
+    zo_model_config m;
+    assert_int_equal(zo_model_preset_find("llama-2-70b", &m), ZO_OK);
+    plan_train t;
+    plan_train_defaults(&t, &m);
+    t.seq = 4096;
+    t.micro_batch = 2;
+    assert_false(t.dropout);
+    double s = 4096, b = 2, h = 8192, a = 64, kv = 8 * 128, f = 28672;
+    /* norms' and projections' inputs (4 x h), Q, K, V, attention output, gate, up, down inputs */
+    double base = 2 * (4 * s * b * h + s * b * (h + kv + kv + h) + 3 * s * b * f);
+    assert_true((double)plan_layer_act_bytes(&m, &t, 1) == base + 4 * a * s * b);
+    t.flash_attn = 0;
+    assert_true((double)plan_layer_act_bytes(&m, &t, 1) == base + 2 * a * s * s * b);
+    assert_true((double)plan_layer_act_bytes(&m, &t, 0) == base);
+}
+
+/* ---- placement and sharding -------------------------------------------------------- */
+
+static void test_placement(void **state)
+{
+    (void)state;
+    setup s;
+    assert_int_equal(zo_model_preset_find("llama-2-13b", &s.m), ZO_OK);
+    assert_int_equal(plan_hw_find("h100-80gb", &s.hw), ZO_OK);
+    plan_train_defaults(&s.t, &s.m);
+    s.t.recompute = PLAN_RECOMPUTE_FULL;
+    plan_estimate e;
+    assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &e), ZO_OK);
+    assert_false(e.fits);
+    uint64_t P = 13015864320ull;
+    assert_int_equal(e.bytes[PLAN_GPU][PLAN_OPTIMIZER], 12 * P);
+
+    s.t.grads_on = PLAN_CPU;
+    s.t.opt_frac[PLAN_GPU] = 0;
+    s.t.opt_frac[PLAN_CPU] = 0.5;
+    s.t.opt_frac[PLAN_NVME] = 0.5;
+    assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &e), ZO_OK);
+    assert_int_equal(e.bytes[PLAN_GPU][PLAN_OPTIMIZER], 0);
+    assert_int_equal(e.bytes[PLAN_CPU][PLAN_OPTIMIZER], 6 * P);
+    assert_int_equal(e.bytes[PLAN_NVME][PLAN_OPTIMIZER], 6 * P);
+    assert_int_equal(e.bytes[PLAN_CPU][PLAN_GRADS], 2 * P);
+    /* three sub-groups of 100M params of fp32 master + m + v for the NVMe pipeline */
+    assert_int_equal(item_bytes(&e, "NVMe swap buffers (sub-groups)", PLAN_CPU), 3 * 100000000ull * 12);
+    assert_true(e.fits);
+
+    /* streamed weights: the GPU keeps depth x largest block; the largest is a layer
+     * (13824*5120*3 + 4*5120^2 + 2*5120) or the untied head (32000*5120 + 5120) */
+    s.t.params_on = PLAN_CPU;
+    assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &e), ZO_OK);
+    uint64_t layer = 3ull * 5120 * 13824 + 4ull * 5120 * 5120 + 2 * 5120;
+    assert_int_equal(e.largest_block, layer);
+    assert_int_equal(item_bytes(&e, "prefetch slots (depth x largest block)", PLAN_GPU), 2 * 2 * layer);
+    assert_int_equal(e.bytes[PLAN_CPU][PLAN_PARAMS], 2 * P);
+    assert_int_equal(e.bytes[PLAN_GPU][PLAN_PARAMS], 0);
+
+    /* grad accumulation over micro-batches on the host is fp32 */
+    s.t.grad_accum = 4;
+    assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &e), ZO_OK);
+    assert_int_equal(e.bytes[PLAN_CPU][PLAN_GRADS], 4 * P);
+
+    /* CPU memory is per node, shared by its ranks */
+    assert_int_equal(plan_hw_find("dgx-h100", &s.hw), ZO_OK);
+    s.t.dp = 8;
+    assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &e), ZO_OK);
+    assert_int_equal(e.ranks_per_node, 8);
+    assert_int_equal(e.capacity[PLAN_CPU], s.hw.cpu_mem / 8);
+}
+
+static void test_tensor_parallel_params(void **state)
+{
+    (void)state;
+    setup s;
+    gpt_setup(&s, "megatron-22b", 8, 1, PLAN_RECOMPUTE_NONE);
+    plan_estimate e;
+    assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &e), ZO_OK);
+    /* TP shards every matrix and the vocabulary; norms, row-parallel biases and
+     * positions stay whole on every rank */
+    uint64_t h = 6144, L = 48, v = 51200, sq = 2048;
+    uint64_t split = 3 * h * h + 3 * h + h * h + 2 * 4 * h * h + 4 * h;
+    uint64_t repl = 4 * h + 2 * h;
+    uint64_t want = L * (split / 8 + repl) + v * h / 8 + sq * h + 2 * h;
+    assert_int_equal(e.stage_params, want);
+    /* summed over TP ranks, the replicated parts counted once: the whole model */
+    assert_int_equal(8 * (e.stage_params - L * repl - sq * h - 2 * h) + L * repl + sq * h + 2 * h,
+                     zo_model_params(&s.m));
+}
+
+/* ---- the CLI ------------------------------------------------------------------------ */
+
+static const char *memplan_path(void)
+{
+    const char *p = getenv("MEMPLAN");
+    return p ? p : ZO_BUILD_DIR "/planner/memplan";
+}
+
+/* Run memplan with args; capture stdout+stderr; return the exit status. */
+static int run_memplan(const char *args, char *out, size_t len)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", memplan_path(), args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, len - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void expect_bad(const char *args, const char *needle)
+{
+    static char out[65536];
+    int rc = run_memplan(args, out, sizeof out);
+    if (rc != 2 || !strstr(out, needle)) {
+        print_error("memplan %s\n  exit %d, output: %s  wanted exit 2 and '%s'\n", args, rc, out, needle);
+        fail();
+    }
+    /* one clear line */
+    assert_non_null(strchr(out, '\n'));
+    assert_null(strchr(strchr(out, '\n') + 1, '\n'));
+}
+
+static void test_cli_bad_input(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/memplan-test-XXXXXX", path[256], args[512];
+    assert_non_null(mkdtemp(dir));
+    expect_bad("estimate --model llama-2-14b", "closest presets: llama-2-13b");
+    expect_bad("estimate --model llama-2-13b --tp 3", "--tp 3 does not divide the 40 attention heads");
+    expect_bad("estimate --model llama-2-70b --tp 16 --gpus 16", "--tp 16 does not divide the 8 key/value heads");
+    expect_bad("estimate --model llama-2-13b --pp 3 --gpus 3", "--pp 3 does not divide the 40 layers");
+    expect_bad("estimate --model llama-2-13b --optimizer cpu=0.5,nvme=0.3", "sum to 0.8, not 1");
+    expect_bad("estimate --model llama-2-13b --gpu-mem 0", "--gpu-mem: size must be greater than zero");
+    expect_bad("estimate --model llama-2-13b --gpu-mem -80GB", "--gpu-mem: '-80GB' is negative");
+    expect_bad("estimate --model llama-2-13b --micro-batch 0", "--micro-batch: 0 is out of range");
+    expect_bad("estimate --model llama-2-13b --seq -4", "--seq");
+    expect_bad("estimate --model llama-2-13b --zero 4", "--zero");
+    expect_bad("estimate --model llama-2-13b --grads nvme", "--grads: 'nvme' is not one of gpu, cpu");
+    expect_bad("estimate --model llama-2-13b --dp 3 --gpus 8", "= 3 ranks, but the hardware has 8 GPUs");
+    expect_bad("estimate --model gpt2 --seq 4096", "exceeds the 1024 learned positions");
+    expect_bad("estimate --model llama-2-13b --hw h10", "closest presets: h100-80gb");
+    expect_bad("estimate", "no model");
+    expect_bad("frobnicate", "unknown command 'frobnicate'");
+    expect_bad("estimate --model gpt2 --frob", "unknown option '--frob'");
+    expect_bad("estimate --model", "--model needs a value");
+
+    snprintf(path, sizeof path, "%s/broken.json", dir);
+    write_file(path, "{\n  \"model_type\": \"llama\",\n  \"hidden_size\": 4096,,\n}\n");
+    snprintf(args, sizeof args, "estimate --model %s", path);
+    expect_bad(args, "broken.json:3:");
+    snprintf(path, sizeof path, "%s/missing.json", dir);
+    write_file(path, "{\"model_type\": \"mistral\", \"hidden_size\": 4096, \"intermediate_size\": 14336, "
+                     "\"num_attention_heads\": 32, \"vocab_size\": 32000}");
+    snprintf(args, sizeof args, "estimate --model %s", path);
+    expect_bad(args, "missing.json: missing field \"num_hidden_layers\"");
+    snprintf(args, sizeof args, "estimate --model %s/nothere.json", dir);
+    expect_bad(args, "nothere.json: cannot open");
+    snprintf(args, sizeof args, "rm -rf %s", dir);
+    assert_int_equal(system(args), 0);
+}
+
+static void test_cli_json(void **state)
+{
+    (void)state;
+    static char out[1 << 20];
+    int rc = run_memplan("estimate --model llama-2-13b --hw h100-80gb --seq 4096 --recompute full "
+                         "--optimizer cpu --json",
+                         out, sizeof out);
+    assert_int_equal(rc, 0);
+    cJSON *doc = cJSON_Parse(out);
+    assert_non_null(doc);
+    assert_true(cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "model"), "params")->valuedouble ==
+                13015864320.0);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(doc, "fits")));
+    cJSON *cfg = cJSON_GetObjectItem(doc, "config");
+    assert_string_equal(cJSON_GetObjectItem(cfg, "recompute")->valuestring, "full");
+    assert_string_equal(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(cfg, "placement"), "grads")->valuestring, "cpu");
+    static const char *tiers[] = {"gpu", "cpu", "nvme"};
+    static const char *kinds[] = {"params", "grads", "optimizer", "activations", "buffers"};
+    cJSON *pr = cJSON_GetObjectItem(doc, "per_rank");
+    for (int i = 0; i < 3; i++) {
+        cJSON *t = cJSON_GetObjectItem(pr, tiers[i]);
+        assert_non_null(t);
+        double sum = 0;
+        for (int k = 0; k < 5; k++) {
+            cJSON *v = cJSON_GetObjectItem(t, kinds[k]);
+            assert_non_null(v);
+            assert_true(cJSON_IsNumber(v));
+            assert_true(v->valuedouble == floor(v->valuedouble));
+            sum += v->valuedouble;
+        }
+        assert_true(sum == cJSON_GetObjectItem(t, "total")->valuedouble);
+        assert_true(cJSON_GetObjectItem(t, "capacity")->valuedouble > 0);
+    }
+    assert_true(cJSON_GetObjectItem(cJSON_GetObjectItem(pr, "cpu"), "optimizer")->valuedouble ==
+                12.0 * 13015864320.0);
+    cJSON_Delete(doc);
+
+    /* does not fit: exit 1, a verdict line and a way that fits */
+    rc = run_memplan("estimate --model llama-2-13b --hw h100-80gb --seq 4096", out, sizeof out);
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(out, "does NOT fit"));
+    assert_non_null(strstr(out, "fits with:"));
+
+    /* --params: activations unknown, null in JSON */
+    rc = run_memplan("estimate --params 7.5e9 --dp 64 --zero 3 --hw dgx-a100-80gb --gpus 64 --json",
+                     out, sizeof out);
+    assert_int_equal(rc, 0);
+    doc = cJSON_Parse(out);
+    assert_non_null(doc);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(cJSON_GetObjectItem(pr = cJSON_GetObjectItem(doc, "per_rank"), "gpu"), "activations")));
+    cJSON_Delete(doc);
+
+    /* the listings */
+    assert_int_equal(run_memplan("models", out, sizeof out), 0);
+    assert_non_null(strstr(out, "13015864320"));
+    assert_non_null(strstr(out, "megatron-1t"));
+    assert_int_equal(run_memplan("hardware", out, sizeof out), 0);
+    assert_non_null(strstr(out, "dgx-h200"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_param_counts),        cmocka_unit_test(test_all_presets_valid),
+        cmocka_unit_test(test_preset_lookup_error), cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_zero_figure1),        cmocka_unit_test(test_zero_table1),
+        cmocka_unit_test(test_mixed_precision_bytes), cmocka_unit_test(test_korthikanti_layer),
+        cmocka_unit_test(test_korthikanti_totals),  cmocka_unit_test(test_pipeline_inflight),
+        cmocka_unit_test(test_llama_layer),         cmocka_unit_test(test_placement),
+        cmocka_unit_test(test_tensor_parallel_params), cmocka_unit_test(test_cli_bad_input),
+        cmocka_unit_test(test_cli_json),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
