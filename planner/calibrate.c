@@ -14,6 +14,9 @@
 
 #include "common/dtype.h"
 #include "cpu_adam/cpu_adam.h" /* adam_update, adam_hparams_default */
+#ifdef ZO_HAVE_NVME_ENGINE
+#include "nvme/nvme_engine.h" /* nvme_engine_init, nvme_write, nvme_read */
+#endif
 
 void plan_calibrate_defaults(plan_calibrate_opts *o)
 {
@@ -22,6 +25,7 @@ void plan_calibrate_defaults(plan_calibrate_opts *o)
     o->adam_params = 16u << 20;
     o->stream_bytes = 64u << 20;
     o->seconds = 0.5;
+    o->nvme_bytes = 512u << 20;
 }
 
 static double now_s(void)
@@ -109,6 +113,47 @@ out_free:
     return st;
 }
 
+#ifdef ZO_HAVE_NVME_ENGINE
+/* Write `bytes` to a file under dir in 64 MiB transfers (each split into the
+ * engine's queue-depth requests), then read it back; bytes/s of each. */
+static zo_status measure_nvme(const plan_calibrate_opts *o, double *rd, double *wr, int *direct)
+{
+    nvme_engine_t *e = NULL;
+    nvme_engine_config cfg = {0};
+    void *buf = NULL;
+    int fid = -1;
+    char path[4096];
+    size_t chunk = 64u << 20, total = (o->nvme_bytes + chunk - 1) / chunk * chunk;
+    snprintf(path, sizeof path, "%s/memplan-calibrate.%ld.tmp", o->nvme_dir, (long)getpid());
+    zo_status st = nvme_engine_init(&e, &cfg);
+    if (st) return zo_error_wrap(st, "calibrate: NVMe engine");
+    if ((st = nvme_buf_alloc(e, chunk, &buf)) != ZO_OK) goto out_engine;
+    memset(buf, 0x5a, chunk);
+    if ((st = nvme_file_open(e, path, NVME_FILE_CREATE | NVME_FILE_TRUNC, &fid)) != ZO_OK)
+        goto out_buf;
+    *direct = nvme_file_is_direct(e, fid);
+    if ((st = nvme_file_allocate(e, fid, total)) != ZO_OK) goto out_file;
+    double t0 = now_s();
+    for (size_t off = 0; off < total && !st; off += chunk) st = nvme_write(e, fid, buf, chunk, off);
+    if (st) goto out_file;
+    *wr = (double)total / (now_s() - t0);
+    t0 = now_s();
+    for (size_t off = 0; off < total && !st; off += chunk) st = nvme_read(e, fid, buf, chunk, off);
+    if (st) goto out_file;
+    *rd = (double)total / (now_s() - t0);
+    if (((unsigned char *)buf)[chunk - 1] != 0x5a)
+        st = zo_error(ZO_ERR_CHECKSUM, "calibrate: %s read back other bytes than written", path);
+out_file:
+    nvme_file_close(e, fid);
+    unlink(path);
+out_buf:
+    nvme_buf_free(e, buf);
+out_engine:
+    nvme_engine_free(e);
+    return st ? zo_error_wrap(st, "calibrate --nvme-dir %s", o->nvme_dir) : ZO_OK;
+}
+#endif
+
 zo_status plan_calibrate_run(const plan_calibrate_opts *o, plan_hw *hw)
 {
     zo_status st = plan_hw_find(o->base, hw);
@@ -134,11 +179,24 @@ zo_status plan_calibrate_run(const plan_calibrate_opts *o, plan_hw *hw)
             return zo_error(ZO_ERR_IO, "calibrate --nvme-dir %s: statvfs failed", o->nvme_dir);
         hw->nvme = (uint64_t)vs.f_bavail * vs.f_frsize;
     }
+    char nvme_note[96];
+    snprintf(nvme_note, sizeof nvme_note, "NVMe rates from %s (no --nvme-dir)", base_name);
+    if (o->nvme_dir) {
+#ifdef ZO_HAVE_NVME_ENGINE
+        int direct = 0;
+        if ((st = measure_nvme(o, &hw->nvme_read_bw, &hw->nvme_write_bw, &direct)) != ZO_OK) return st;
+        snprintf(nvme_note, sizeof nvme_note, "NVMe rates measured in %s%s", o->nvme_dir,
+                 direct ? " (O_DIRECT)" : " (buffered: the file system refused O_DIRECT)");
+#else
+        snprintf(nvme_note, sizeof nvme_note, "NVMe rates from %s (built without liburing)",
+                 base_name);
+#endif
+    }
     hw->measured = 1;
     int gpu = access("/dev/nvidia0", F_OK) == 0;
-    snprintf(hw->note, sizeof hw->note, "%s; NVMe rates from %s (not measured)",
+    snprintf(hw->note, sizeof hw->note, "%s; %s",
              gpu ? "GPU present: its rates from the base preset (not measured)"
                  : "no GPU: GPU and PCIe rates from the base preset",
-             base_name);
+             nvme_note);
     return ZO_OK;
 }

@@ -16,16 +16,20 @@ typedef struct plan_calibrate_opts {
     size_t stream_bytes;   /* bytes per array of the memory-bandwidth triad */
     double seconds;        /* time spent per measurement (best of several) */
     int threads;           /* 0: OpenMP's default */
-    const char *nvme_dir;  /* where NVMe capacity is read (statvfs); NULL: none */
+    const char *nvme_dir;  /* NVMe capacity (statvfs) and read/write rates measured here; NULL: none */
+    size_t nvme_bytes;     /* bytes written and read back for the NVMe rates */
 } plan_calibrate_opts;
 
-/* Defaults: base h100-80gb, 16M parameters, 64 MiB arrays, 0.5 s. */
+/* Defaults: base h100-80gb, 16M parameters, 64 MiB arrays, 0.5 s, 512 MiB
+ * of NVMe traffic. */
 void plan_calibrate_defaults(plan_calibrate_opts *o);
 
 /* Fill *hw: the base preset, then the measured CPU memory size (sysinfo),
  * cores (sysconf), memory bandwidth (a triad over three arrays), CPU AdamW
  * parameters/s (cpu_adam's adam_update: fp32 master/m/v, bf16 gradient and
- * bf16 weights out), NVMe capacity of nvme_dir; gpus = gpus_per_node = 1.
+ * bf16 weights out), NVMe capacity of nvme_dir and its write and read rates
+ * through the nvme module's io_uring engine (a file written, fdatasync'd
+ * when buffered, read back, removed); gpus = gpus_per_node = 1.
  * hw->note says what was not measured. */
 zo_status plan_calibrate_run(const plan_calibrate_opts *o, plan_hw *hw);
 

@@ -1000,13 +1000,14 @@ static int cmd_max_model(int argc, char **argv)
 
 static const char usage_calibrate[] =
     "usage: memplan calibrate [--out FILE] [--base PRESET] [--nvme-dir DIR] [--threads N]\n"
-    "                         [--adam-params N] [--seconds S]\n"
+    "                         [--adam-params N] [--seconds S] [--nvme-bytes SIZE]\n"
     "\n"
     "Measure this machine and write a hardware profile (JSON) that '--hw FILE' reads:\n"
     "CPU memory size and cores, memory bandwidth (a triad), CPU AdamW parameters/s\n"
-    "(cpu_adam), and the free space of --nvme-dir. What cannot be measured here (the GPU,\n"
-    "PCIe, NVMe rates) comes from --base (default h100-80gb); the profile's \"note\" says\n"
-    "which. Default output: stdout.\n";
+    "(cpu_adam), and the free space and write/read rates of --nvme-dir (a file of\n"
+    "--nvme-bytes, default 512MiB, through the nvme module's io_uring engine). What cannot\n"
+    "be measured here (the GPU, PCIe) comes from --base (default h100-80gb); the profile's\n"
+    "\"note\" says which. Default output: stdout.\n";
 
 static int cmd_calibrate(int argc, char **argv)
 {
@@ -1014,6 +1015,7 @@ static int cmd_calibrate(int argc, char **argv)
         {"out", required_argument, 0, 'o'},      {"base", required_argument, 0, 'b'},
         {"nvme-dir", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
         {"adam-params", required_argument, 0, 'a'}, {"seconds", required_argument, 0, 's'},
+        {"nvme-bytes", required_argument, 0, 'N'},
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0},
     };
     plan_calibrate_opts o;
@@ -1033,6 +1035,7 @@ static int cmd_calibrate(int argc, char **argv)
         case 't': st = zo_parse_int(optarg, "--threads", 1, 4096, &v); o.threads = (int)v; break;
         case 'a': st = zo_parse_count(optarg, "--adam-params", &n); o.adam_params = (size_t)n; break;
         case 's': st = zo_parse_double(optarg, "--seconds", 0.01, 600, &o.seconds); break;
+        case 'N': st = zo_parse_size(optarg, "--nvme-bytes", 0, &n); o.nvme_bytes = (size_t)n; break;
         case 'h': fputs(usage_calibrate, stdout); return 0;
         case ':':
             fprintf(stderr, "memplan: %s needs a value (see 'memplan calibrate --help')\n", argv[optind - 1]);

@@ -62,7 +62,7 @@ static void test_calibrate_profile(void **state)
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/local.json", dir);
     snprintf(args, sizeof args,
-             "calibrate --out %s --base a100-80gb --nvme-dir %s --adam-params 2M --seconds 0.05",
+             "calibrate --out %s --base a100-80gb --nvme-dir %s --adam-params 2M --seconds 0.05 --nvme-bytes 64MiB",
              path, dir);
     int rc = run_memplan(args, out, sizeof out);
     if (rc) print_error("%s\n", out);
@@ -85,7 +85,15 @@ static void test_calibrate_profile(void **state)
     /* what could not be measured is said, and comes from the base */
     const char *note = cJSON_GetObjectItem(hw, "note")->valuestring;
     if (access("/dev/nvidia0", F_OK) != 0) assert_non_null(strstr(note, "no GPU"));
-    assert_non_null(strstr(note, "NVMe"));
+    assert_non_null(strstr(note, "NVMe rates measured in"));
+    /* the NVMe rates are this directory's, not the base preset's (25/12 GB/s) */
+    double rd = num(hw, "nvme_read_bw"), wr = num(hw, "nvme_write_bw");
+    assert_true(rd > 1e6 && wr > 1e6);
+    assert_true(rd != 25e9 && wr != 12e9);
+    /* the measuring file is gone */
+    char ls[600];
+    snprintf(ls, sizeof ls, "ls %s | grep -q memplan-calibrate", dir);
+    assert_int_not_equal(system(ls), 0);
     assert_true(num(hw, "peak_flops_16") == 312e12);
 
     /* --hw FILE: the cost model uses the measured AdamW rate */
