@@ -9,18 +9,37 @@
 #define GBs 1e9
 #define TF 1e12
 
+/* The cost model's constants (docs/memplan.md, "Time"). The matmul curve
+ * eff(F) = eff_max * F / (F + F_half) is set from public cuBLAS GEMM
+ * measurements per GPU generation (square bf16/fp16 GEMMs of 512..8192); the
+ * A100 values were then tuned on the development set (Korthikanti et al.
+ * 2022, Tables 4 and 5) together with hbm_eff and coll_eff, which all GPUs
+ * share. Latencies are NCCL's per-step figures. */
+#define V100_EFF 0.72
+#define V100_HALF 0.6e9
+#define A100_EFF 0.77
+#define A100_HALF 1.3e9
+#define H100_EFF 0.65
+#define H100_HALF 4.0e9
+#define COMMON_COST .hbm_eff = 0.85, .coll_eff = 0.80, .nvlink_lat = 6e-6, .net_lat = 12e-6
+
 /* GPU memory is the total the driver reports (nvidia-smi), e.g. 81559 MiB for
  * an H100-80GB. */
 #define V100 .gpu = "V100-32GB", .gpu_mem = 32768 * MIB, .hbm_bw = 900 * GBs, \
-    .peak_flops_16 = 125 * TF, .peak_flops_32 = 15.7 * TF, .nvlink_bw = 150 * GBs, .pcie_bw = 12 * GBs
+    .peak_flops_16 = 125 * TF, .peak_flops_32 = 15.7 * TF, .nvlink_bw = 150 * GBs, .pcie_bw = 12 * GBs, \
+    .gemm_eff_max = V100_EFF, .gemm_flops_half = V100_HALF, COMMON_COST
 #define A100_40 .gpu = "A100-40GB", .gpu_mem = 40960 * MIB, .hbm_bw = 1555 * GBs, \
-    .peak_flops_16 = 312 * TF, .peak_flops_32 = 156 * TF, .nvlink_bw = 300 * GBs, .pcie_bw = 25 * GBs
+    .peak_flops_16 = 312 * TF, .peak_flops_32 = 156 * TF, .nvlink_bw = 300 * GBs, .pcie_bw = 25 * GBs, \
+    .gemm_eff_max = A100_EFF, .gemm_flops_half = A100_HALF, COMMON_COST
 #define A100_80 .gpu = "A100-80GB", .gpu_mem = 81920 * MIB, .hbm_bw = 2039 * GBs, \
-    .peak_flops_16 = 312 * TF, .peak_flops_32 = 156 * TF, .nvlink_bw = 300 * GBs, .pcie_bw = 25 * GBs
+    .peak_flops_16 = 312 * TF, .peak_flops_32 = 156 * TF, .nvlink_bw = 300 * GBs, .pcie_bw = 25 * GBs, \
+    .gemm_eff_max = A100_EFF, .gemm_flops_half = A100_HALF, COMMON_COST
 #define H100 .gpu = "H100-80GB", .gpu_mem = 81559 * MIB, .hbm_bw = 3350 * GBs, \
-    .peak_flops_16 = 989 * TF, .peak_flops_32 = 495 * TF, .nvlink_bw = 450 * GBs, .pcie_bw = 50 * GBs
+    .peak_flops_16 = 989 * TF, .peak_flops_32 = 495 * TF, .nvlink_bw = 450 * GBs, .pcie_bw = 50 * GBs, \
+    .gemm_eff_max = H100_EFF, .gemm_flops_half = H100_HALF, COMMON_COST
 #define H200 .gpu = "H200-141GB", .gpu_mem = 143771 * MIB, .hbm_bw = 4800 * GBs, \
-    .peak_flops_16 = 989 * TF, .peak_flops_32 = 495 * TF, .nvlink_bw = 450 * GBs, .pcie_bw = 50 * GBs
+    .peak_flops_16 = 989 * TF, .peak_flops_32 = 495 * TF, .nvlink_bw = 450 * GBs, .pcie_bw = 50 * GBs, \
+    .gemm_eff_max = H100_EFF, .gemm_flops_half = H100_HALF, COMMON_COST
 
 static const plan_hw_preset presets[] = {
     /* One GPU with an eighth of its DGX host (a single-GPU server). */
@@ -131,4 +150,21 @@ zo_status plan_hw_find(const char *name, plan_hw *out)
 int plan_hw_ranks_per_node(const plan_hw *hw)
 {
     return hw->gpus < hw->gpus_per_node ? hw->gpus : hw->gpus_per_node;
+}
+
+/* One AdamW update reads and writes the fp32 master, m and v (24 bytes),
+ * reads an fp32 gradient (4) and writes the 16-bit weight (2); a vectorized
+ * update reaches about 70% of the memory bandwidth (STREAM-like). */
+#define ADAM_BYTES 30.0
+#define ADAM_BW_EFF 0.7
+
+double plan_hw_cpu_adam_rate(const plan_hw *hw)
+{
+    if (hw->cpu_adam_rate > 0) return hw->cpu_adam_rate;
+    return hw->cpu_mem_bw * ADAM_BW_EFF / ADAM_BYTES;
+}
+
+double plan_hw_gemm_eff(const plan_hw *hw, double flops)
+{
+    return hw->gemm_eff_max * flops / (flops + hw->gemm_flops_half);
 }

@@ -238,6 +238,16 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
     }
 }
 
+void plan_stage_shape(const zo_model_config *m, const plan_train *t, int stage,
+                      uint64_t *params, uint64_t *largest, int *layers)
+{
+    stage_shape sh;
+    stage_params(m, t, stage, &sh);
+    *params = sh.params;
+    *largest = sh.largest;
+    *layers = sh.layers;
+}
+
 static uint64_t frac_of(uint64_t total, double f) { return (uint64_t)llround((double)total * f); }
 
 static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
@@ -301,11 +311,14 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
         add(e, "NVMe swap buffers (sub-groups)", PLAN_CPU, PLAN_BUFFERS,
             (uint64_t)t->buf.swap_buffers * sg * per);
     }
+    /* with ZeRO-3 a rank reads and writes only its 1/DP partition of a block
+     * through host memory (the rest arrives by all-gather) */
+    uint64_t host_slot = t->zero >= 3 ? ceil_div(slot, dp) : slot;
     if (t->params_on == PLAN_NVME)
         add(e, "fp16/bf16 weights read-ahead", PLAN_CPU, PLAN_BUFFERS,
-            (uint64_t)(t->buf.prefetch_depth + 1) * slot);
+            (uint64_t)(t->buf.prefetch_depth + 1) * host_slot);
     if (t->params_on != PLAN_GPU || t->grads_on != PLAN_GPU) {
-        uint64_t pinned = t->buf.pinned_staging ? t->buf.pinned_staging : 2 * slot;
+        uint64_t pinned = t->buf.pinned_staging ? t->buf.pinned_staging : 2 * host_slot;
         add(e, "pinned staging", PLAN_CPU, PLAN_BUFFERS, pinned);
     }
 
@@ -372,16 +385,22 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
     return ZO_OK;
 }
 
-zo_status plan_estimate_run(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
-                            plan_estimate *out)
+void plan_estimate_unchecked(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
+                             plan_estimate *out)
 {
-    zo_status st = plan_train_validate(t, m, hw);
-    if (st) return st;
     estimate_stage(m, hw, t, 0, out);
     if (t->pp > 1) {
         plan_estimate last;
         estimate_stage(m, hw, t, t->pp - 1, &last);
         if (last.total[PLAN_GPU] > out->total[PLAN_GPU]) *out = last;
     }
+}
+
+zo_status plan_estimate_run(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
+                            plan_estimate *out)
+{
+    zo_status st = plan_train_validate(t, m, hw);
+    if (st) return st;
+    plan_estimate_unchecked(m, hw, t, out);
     return ZO_OK;
 }

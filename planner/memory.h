@@ -113,6 +113,15 @@ zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, con
 zo_status plan_estimate_run(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
                             plan_estimate *out);
 
+/* The same without validating `t` (the search builds valid ones). */
+void plan_estimate_unchecked(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
+                             plan_estimate *out);
+
+/* Parameter elements one rank of pipeline stage `stage` holds after TP and
+ * before ZeRO, the largest streamed block (elements) and the stage's layers. */
+void plan_stage_shape(const zo_model_config *m, const plan_train *t, int stage,
+                      uint64_t *params, uint64_t *largest, int *layers);
+
 /* ---- the activation table ------------------------------------------------ */
 
 typedef enum plan_act_width {

@@ -10,15 +10,22 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <errno.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include <cjson/cJSON.h>
 
 #include "common/model_config.h"
 #include "common/units.h"
+#include "planner/calibrate.h"
+#include "planner/cost.h"
 #include "planner/hardware.h"
 #include "planner/memory.h"
+#include "planner/planfile.h"
 #include "planner/report.h"
+#include "planner/search.h"
+#include "planner/svg.h"
 #include "planner/suggest.h"
 
 #define EXIT_NOFIT 1
@@ -30,7 +37,11 @@ static const char usage_main[] =
     "Size the training of a transformer on given hardware.\n"
     "\n"
     "commands:\n"
-    "  estimate    bytes each rank needs per tier (GPU, CPU, NVMe) and kind; whether it fits\n"
+    "  estimate    bytes each rank needs per tier (GPU, CPU, NVMe) and kind; whether it fits;\n"
+    "              the predicted step time by part\n"
+    "  plan        search layouts, ZeRO stages, recompute and placements; the best few\n"
+    "  max-model   the largest model of a family that trains on the hardware, per strategy\n"
+    "  calibrate   measure this machine; write a hardware profile for --hw FILE\n"
     "  models      list the model presets with their shapes and parameter counts\n"
     "  hardware    list the hardware presets\n"
     "  help        this text; 'memplan estimate --help' for the estimate's options\n"
@@ -55,7 +66,8 @@ static const char usage_estimate[] =
     "training:\n"
     "  --seq N                 sequence length (default: the model's positions)\n"
     "  --micro-batch N         sequences per micro-batch (default 1)\n"
-    "  --grad-accum N          micro-batches per step (default 1)\n"
+    "  --grad-accum N          micro-batches per step per data-parallel rank (default 1)\n"
+    "  --global-batch N        sequences per step: sets --grad-accum = N / (micro-batch x DP)\n"
     "  --dtype fp16|bf16|fp32  weights and activations (default bf16)\n"
     "  --grad-dtype DTYPE      gradients (default: --dtype; fp32 = Megatron's 18 B/param)\n"
     "  --optim adamw|sgd       AdamW: fp32 master + m + v (12 B/param); SGD: master + momentum\n"
@@ -82,7 +94,12 @@ static const char usage_estimate[] =
     "  --sub-group N           optimizer sub-group for NVMe swapping (default 100M params)\n"
     "  --swap-buffers N        sub-groups of pinned swap buffers (default 3)\n"
     "output:\n"
-    "  --json                  JSON instead of the table (docs/memplan-json.md)\n";
+    "  --json                  JSON instead of the table (docs/memplan-json.md)\n"
+    "  --svg FILE              a picture: per tier what lives there against capacity, and the\n"
+    "                          step-time split\n"
+    "  --plan FILE             estimate a plan file written by 'memplan plan --json FILE'\n"
+    "                          (docs/plan-format.md) instead of flags\n"
+    "  --hw FILE               (above) also takes a profile from 'memplan calibrate'\n";
 
 enum {
     OPT_MODEL = 256, OPT_PARAMS, OPT_LAYERS, OPT_HIDDEN, OPT_HEADS, OPT_KV_HEADS, OPT_FFN,
@@ -91,7 +108,7 @@ enum {
     OPT_PP, OPT_SP, OPT_VPP, OPT_ZERO, OPT_RECOMPUTE, OPT_NO_FLASH, OPT_DROPOUT, OPT_NO_DROPOUT,
     OPT_GRADS, OPT_OPTIMIZER, OPT_CHECKPOINTS, OPT_CUDA_CONTEXT, OPT_CUBLAS_WS, OPT_COMM_BUCKET,
     OPT_COMM_BUCKETS, OPT_PREFETCH, OPT_PINNED, OPT_FRAG, OPT_SUB_GROUP, OPT_SWAP_BUFFERS,
-    OPT_JSON, OPT_HELP,
+    OPT_JSON, OPT_GLOBAL_BATCH, OPT_SVG, OPT_PLAN, OPT_HELP,
 };
 
 static const struct option estimate_opts[] = {
@@ -139,6 +156,9 @@ static const struct option estimate_opts[] = {
     {"sub-group", required_argument, 0, OPT_SUB_GROUP},
     {"swap-buffers", required_argument, 0, OPT_SWAP_BUFFERS},
     {"json", no_argument, 0, OPT_JSON},
+    {"global-batch", required_argument, 0, OPT_GLOBAL_BATCH},
+    {"svg", required_argument, 0, OPT_SVG},
+    {"plan", required_argument, 0, OPT_PLAN},
     {"help", no_argument, 0, OPT_HELP},
     {0, 0, 0, 0},
 };
@@ -194,6 +214,104 @@ static int is_file(const char *p)
 {
     struct stat sb;
     return strchr(p, '/') || strstr(p, ".json") ? 1 : (stat(p, &sb) == 0 && S_ISREG(sb.st_mode));
+}
+
+/* The whole file as a string (the caller frees it). */
+static zo_status read_text(const char *path, char **out)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return zo_error(ZO_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    zo_status st = ZO_OK;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    if (!buf) {
+        st = zo_error(ZO_ERR_NOMEM, "%s: out of memory", path);
+        goto out_close;
+    }
+    for (;;) {
+        if (n + 1 >= cap) {
+            char *nb = cap > (64u << 20) ? NULL : realloc(buf, cap * 2);
+            if (!nb) {
+                st = zo_error(ZO_ERR_FORMAT, "%s: too large for a JSON description", path);
+                goto out_free;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t r = fread(buf + n, 1, cap - n - 1, f);
+        n += r;
+        if (r == 0) break;
+    }
+    if (ferror(f)) {
+        st = zo_error(ZO_ERR_IO, "%s: read error", path);
+        goto out_free;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    goto out_close;
+out_free:
+    free(buf);
+out_close:
+    fclose(f);
+    return st;
+}
+
+/* --hw NAME (a preset) or --hw FILE (a profile from `memplan calibrate`). */
+static zo_status load_hw(const char *name, plan_hw *hw)
+{
+    if (!is_file(name)) return plan_hw_find(name, hw);
+    char *text;
+    zo_status st = read_text(name, &text);
+    if (st) return zo_error_wrap(st, "--hw");
+    memset(hw, 0, sizeof *hw);
+    st = plan_hw_parse(text, name, hw);
+    free(text);
+    return st;
+}
+
+/* Write a cJSON document to `path` (a temporary file renamed into place). */
+static zo_status write_json(const char *path, cJSON *doc)
+{
+    char *text = doc ? cJSON_Print(doc) : NULL;
+    if (!text) return zo_error(ZO_ERR_NOMEM, "%s: out of memory building JSON", path);
+    zo_status st = ZO_OK;
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        st = zo_error(ZO_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+        goto out_free;
+    }
+    if (fputs(text, f) < 0 || fputc('\n', f) < 0) st = zo_error(ZO_ERR_IO, "%s: write failed", tmp);
+    if (fclose(f) && !st) st = zo_error(ZO_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
+    if (!st && rename(tmp, path))
+        st = zo_error(ZO_ERR_IO, "%s: cannot rename into place: %s", path, strerror(errno));
+    if (st) remove(tmp);
+out_free:
+    free(text);
+    return st;
+}
+
+static zo_status write_text(const char *path, const char *text);
+
+static zo_status write_svg(const char *path, const zo_model_config *m, const plan_hw *hw,
+                           const plan_train *t, const plan_estimate *e, const plan_time *pt)
+{
+    char *svg = plan_svg(m, hw, t, e, pt);
+    if (!svg) return zo_error(ZO_ERR_NOMEM, "--svg %s: out of memory drawing the plan", path);
+    zo_status st = write_text(path, svg);
+    free(svg);
+    return st ? zo_error_wrap(st, "--svg") : ZO_OK;
+}
+
+static zo_status write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return zo_error(ZO_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    zo_status st = fputs(text, f) < 0 ? zo_error(ZO_ERR_IO, "%s: write failed", path) : ZO_OK;
+    if (fclose(f) && !st) st = zo_error(ZO_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+    return st;
 }
 
 typedef struct shape_flags {
@@ -265,7 +383,8 @@ static int cmd_estimate(int argc, char **argv)
 {
     const char *model = NULL, *hw_name = "h100-80gb";
     uint64_t params_n = 0, gpu_mem = 0, cpu_mem = 0, nvme = 0;
-    long gpus = 0, gpus_per_node = 0, seq = 0, v;
+    long gpus = 0, gpus_per_node = 0, seq = 0, global_batch = 0, v;
+    const char *svg_path = NULL, *plan_path = NULL;
     shape_flags sf = {0};
     int json = 0, dtype_set = 0, grad_dtype_set = 0, grads_set = 0, dropout = -1;
     plan_train t;
@@ -346,6 +465,9 @@ static int cmd_estimate(int argc, char **argv)
         case OPT_SUB_GROUP: st = zo_parse_count(optarg, "--sub-group", &f.buf.sub_group); break;
         case OPT_SWAP_BUFFERS: st = zo_parse_int(optarg, "--swap-buffers", 1, 64, &v); f.buf.swap_buffers = (int)v; break;
         case OPT_JSON: json = 1; break;
+        case OPT_GLOBAL_BATCH: st = zo_parse_int(optarg, "--global-batch", 1, 1 << 30, &global_batch); break;
+        case OPT_SVG: svg_path = optarg; break;
+        case OPT_PLAN: plan_path = optarg; break;
         case OPT_HELP: fputs(usage_estimate, stdout); return 0;
         case ':':
             fprintf(stderr, "memplan: %s needs a value (see 'memplan estimate --help')\n",
@@ -362,10 +484,25 @@ static int cmd_estimate(int argc, char **argv)
         zo_error(ZO_ERR_INVALID, "estimate: unexpected argument '%s'", argv[optind]);
         return fail();
     }
+    plan_hw hw;
+    if (plan_path) {
+        /* a plan file says everything; only the output flags combine with it */
+        for (int k = OPT_MODEL; k <= OPT_SWAP_BUFFERS; k++)
+            if (seen[k]) {
+                zo_error(ZO_ERR_INVALID, "--plan: the plan file fixes the model, hardware and "
+                                         "configuration; give only --json or --svg with it");
+                return fail();
+            }
+        char *text;
+        if ((st = read_text(plan_path, &text)) != ZO_OK) return fail();
+        st = plan_file_parse(text, plan_path, &m, &hw, &t);
+        free(text);
+        if (st) return fail();
+        goto estimate;
+    }
     if ((st = build_model(model, params_n, &sf, seq, &m)) != ZO_OK) return fail();
 
-    plan_hw hw;
-    if ((st = plan_hw_find(hw_name, &hw)) != ZO_OK) return fail();
+    if ((st = load_hw(hw_name, &hw)) != ZO_OK) return fail();
     if (gpu_mem) hw.gpu_mem = gpu_mem;
     if (seen[OPT_CPU_MEM]) hw.cpu_mem = cpu_mem;
     if (seen[OPT_NVME]) hw.nvme = nvme;
@@ -417,8 +554,26 @@ static int cmd_estimate(int argc, char **argv)
     if (seen[OPT_SUB_GROUP]) t.buf.sub_group = f.buf.sub_group;
     if (seen[OPT_SWAP_BUFFERS]) t.buf.swap_buffers = f.buf.swap_buffers;
 
+    if (global_batch) {
+        long per = (long)t.micro_batch * t.dp;
+        if (seen[OPT_GRAD_ACCUM]) {
+            zo_error(ZO_ERR_INVALID, "--global-batch and --grad-accum exclude each other");
+            return fail();
+        }
+        if (global_batch % per) {
+            zo_error(ZO_ERR_INVALID,
+                     "--global-batch %ld is not a multiple of --micro-batch %d x DP %d = %ld",
+                     global_batch, t.micro_batch, t.dp, per);
+            return fail();
+        }
+        t.grad_accum = (int)(global_batch / per);
+    }
+
     plan_estimate e;
+    plan_time pt;
+estimate:
     if ((st = plan_estimate_run(&m, &hw, &t, &e)) != ZO_OK) return fail();
+    if ((st = plan_time_run(&m, &hw, &t, &e, &pt)) != ZO_OK) return fail();
     char flags[256];
     int found = 0;
     plan_train better;
@@ -426,7 +581,7 @@ static int cmd_estimate(int argc, char **argv)
         return fail();
     const char *suggestion = found ? flags : NULL;
     if (json) {
-        cJSON *doc = plan_report_json(&m, &hw, &t, &e, suggestion);
+        cJSON *doc = plan_report_json(&m, &hw, &t, &e, &pt, suggestion);
         char *text = cJSON_Print(doc);
         if (!text) {
             cJSON_Delete(doc);
@@ -437,9 +592,486 @@ static int cmd_estimate(int argc, char **argv)
         free(text);
         cJSON_Delete(doc);
     } else {
-        plan_report_table(stdout, &m, &hw, &t, &e, suggestion);
+        plan_report_table(stdout, &m, &hw, &t, &e, &pt, suggestion);
     }
+    if (svg_path && (st = write_svg(svg_path, &m, &hw, &t, &e, &pt)) != ZO_OK) return fail();
     return e.fits ? 0 : EXIT_NOFIT;
+}
+
+/* ---- memplan plan / max-model ------------------------------------------------------- */
+
+static const char usage_plan[] =
+    "usage: memplan plan --model NAME|CONFIG.json [options]\n"
+    "\n"
+    "Search every DP x TP x PP layout, ZeRO stage, sequence parallelism, recompute,\n"
+    "micro-batch, interleaving, placement of weights / gradients / optimizer state\n"
+    "(fractions) / checkpoints across GPU, CPU and NVMe, and prefetch depth; keep what fits;\n"
+    "rank by predicted step time.\n"
+    "\n"
+    "  --model, --params, --layers ... --arch   the model, as for 'memplan estimate'\n"
+    "  --hw NAME|FILE          hardware preset or calibrated profile (default h100-80gb)\n"
+    "  --gpus N                GPUs in the job (default: the preset's)\n"
+    "  --max-gpus N            also try fewer GPUs (powers of two and whole nodes up to N)\n"
+    "  --gpus-per-node N, --gpu-mem SIZE, --cpu-mem SIZE, --nvme SIZE   hardware overrides\n"
+    "  --seq N                 sequence length (default: the model's)\n"
+    "  --global-batch N        sequences per step (default 8 x GPUs)\n"
+    "  --dtype, --grad-dtype, --optim, --no-flash-attn, --dropout, --no-dropout   as for estimate\n"
+    "  --objective time|memory|cost   rank by step time (default), GPU memory, or\n"
+    "                          GPU-seconds per token\n"
+    "  --zero S | --zero A-B   only these ZeRO stages      --tp N, --pp N   fix a degree\n"
+    "  --recompute none|selective|full   fix recompute\n"
+    "  --no-offload            everything on the GPU       --no-nvme   nothing on NVMe\n"
+    "  --max-micro-batch N     largest micro-batch tried (default 16)\n"
+    "  --opt-steps N           optimizer CPU/NVMe split in 1/N steps (default 10)\n"
+    "  --max-prefetch N        prefetch depths tried for streamed weights (default 3)\n"
+    "  --top N                 plans printed (default 5)\n"
+    "  --json FILE             write the best as a plan file (docs/plan-format.md)\n"
+    "  --svg FILE              a picture of the best plan\n"
+    "\n"
+    "exit status: 0 a plan fits, 1 nothing fits, 2 bad input\n";
+
+static const char usage_max_model[] =
+    "usage: memplan max-model [--family gpt|llama|gpt3|megatron|llama2|llama3 | --model NAME]\n"
+    "                         [--hw NAME|FILE] [--gpus N] [--seq N] [--strategy NAME] [--json]\n"
+    "\n"
+    "The largest model of a family that trains on the hardware, per strategy: data-parallel,\n"
+    "zero-1, zero-2, zero-3, 3d-parallel, zero-offload (ZeRO-2, gradients and optimizer on\n"
+    "the CPU), zero-infinity-cpu (ZeRO-3, everything on the CPU), zero-infinity-nvme\n"
+    "(weights and optimizer on NVMe). Micro-batch 1; recompute, checkpoint placement and\n"
+    "prefetch are searched. Shapes interpolate the family's presets (hidden a multiple of 128).\n"
+    "\n"
+    "exit status: 0, 2 bad input\n";
+
+enum {
+    PO_MAX_GPUS = 512, PO_OBJECTIVE, PO_TOP, PO_NO_OFFLOAD, PO_NO_NVME, PO_MAX_MB, PO_OPT_STEPS,
+    PO_MAX_PREFETCH, PO_JSON_FILE, PO_FAMILY, PO_STRATEGY, PO_JSON_FLAG,
+};
+
+static const struct option plan_opts[] = {
+    {"model", required_argument, 0, OPT_MODEL},
+    {"params", required_argument, 0, OPT_PARAMS},
+    {"layers", required_argument, 0, OPT_LAYERS},
+    {"hidden", required_argument, 0, OPT_HIDDEN},
+    {"heads", required_argument, 0, OPT_HEADS},
+    {"kv-heads", required_argument, 0, OPT_KV_HEADS},
+    {"ffn", required_argument, 0, OPT_FFN},
+    {"vocab", required_argument, 0, OPT_VOCAB},
+    {"arch", required_argument, 0, OPT_ARCH},
+    {"hw", required_argument, 0, OPT_HW},
+    {"gpus", required_argument, 0, OPT_GPUS},
+    {"gpus-per-node", required_argument, 0, OPT_GPUS_PER_NODE},
+    {"gpu-mem", required_argument, 0, OPT_GPU_MEM},
+    {"cpu-mem", required_argument, 0, OPT_CPU_MEM},
+    {"nvme", required_argument, 0, OPT_NVME},
+    {"seq", required_argument, 0, OPT_SEQ},
+    {"global-batch", required_argument, 0, OPT_GLOBAL_BATCH},
+    {"dtype", required_argument, 0, OPT_DTYPE},
+    {"grad-dtype", required_argument, 0, OPT_GRAD_DTYPE},
+    {"optim", required_argument, 0, OPT_OPTIM},
+    {"no-flash-attn", no_argument, 0, OPT_NO_FLASH},
+    {"dropout", no_argument, 0, OPT_DROPOUT},
+    {"no-dropout", no_argument, 0, OPT_NO_DROPOUT},
+    {"zero", required_argument, 0, OPT_ZERO},
+    {"tp", required_argument, 0, OPT_TP},
+    {"pp", required_argument, 0, OPT_PP},
+    {"recompute", required_argument, 0, OPT_RECOMPUTE},
+    {"svg", required_argument, 0, OPT_SVG},
+    {"max-gpus", required_argument, 0, PO_MAX_GPUS},
+    {"objective", required_argument, 0, PO_OBJECTIVE},
+    {"top", required_argument, 0, PO_TOP},
+    {"no-offload", no_argument, 0, PO_NO_OFFLOAD},
+    {"no-nvme", no_argument, 0, PO_NO_NVME},
+    {"max-micro-batch", required_argument, 0, PO_MAX_MB},
+    {"opt-steps", required_argument, 0, PO_OPT_STEPS},
+    {"max-prefetch", required_argument, 0, PO_MAX_PREFETCH},
+    {"json", required_argument, 0, PO_JSON_FILE},
+    {"family", required_argument, 0, PO_FAMILY},
+    {"strategy", required_argument, 0, PO_STRATEGY},
+    {"help", no_argument, 0, OPT_HELP},
+    {0, 0, 0, 0},
+};
+
+/* What `plan` and `max-model` share: model, hardware, training and the space. */
+typedef struct plan_args {
+    const char *model, *hw_name, *json_path, *svg_path, *family, *strategy;
+    uint64_t params_n, gpu_mem, cpu_mem, nvme;
+    long gpus, gpus_per_node, seq, global_batch, max_gpus, top;
+    int cpu_mem_set, nvme_set, dtype_set, grad_dtype_set, no_flash, dropout, json_flag;
+    zo_dtype dtype, grad_dtype;
+    plan_optimizer optim;
+    shape_flags sf;
+    plan_space space; /* the fields the flags set; defaults filled later */
+    int zero_set, zmin, zmax;
+    long tp, pp, max_mb, opt_steps, max_prefetch;
+    int recompute, no_offload, no_nvme;
+    plan_objective objective;
+} plan_args;
+
+static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usage, int max_model)
+{
+    zo_status st = ZO_OK;
+    int c;
+    memset(a, 0, sizeof *a);
+    a->hw_name = "h100-80gb";
+    a->dropout = -1;
+    a->recompute = -1;
+    a->top = 5;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":", plan_opts, NULL)) != -1) {
+        long v;
+        switch (c) {
+        case OPT_MODEL: a->model = optarg; break;
+        case OPT_PARAMS: st = zo_parse_count(optarg, "--params", &a->params_n); break;
+        case OPT_LAYERS: st = zo_parse_int(optarg, "--layers", 1, 1 << 20, &a->sf.layers); break;
+        case OPT_HIDDEN: st = zo_parse_int(optarg, "--hidden", 1, 1 << 24, &a->sf.hidden); break;
+        case OPT_HEADS: st = zo_parse_int(optarg, "--heads", 1, 1 << 20, &a->sf.heads); break;
+        case OPT_KV_HEADS: st = zo_parse_int(optarg, "--kv-heads", 1, 1 << 20, &a->sf.kv_heads); break;
+        case OPT_FFN: st = zo_parse_int(optarg, "--ffn", 1, 1 << 26, &a->sf.ffn); break;
+        case OPT_VOCAB: st = zo_parse_int(optarg, "--vocab", 1, 1 << 26, &a->sf.vocab); break;
+        case OPT_ARCH: a->sf.arch = optarg; break;
+        case OPT_HW: a->hw_name = optarg; break;
+        case OPT_GPUS: st = zo_parse_int(optarg, "--gpus", 1, 1 << 20, &a->gpus); break;
+        case OPT_GPUS_PER_NODE: st = zo_parse_int(optarg, "--gpus-per-node", 1, 1024, &a->gpus_per_node); break;
+        case OPT_GPU_MEM: st = zo_parse_size(optarg, "--gpu-mem", 0, &a->gpu_mem); break;
+        case OPT_CPU_MEM: st = zo_parse_size(optarg, "--cpu-mem", 0, &a->cpu_mem); a->cpu_mem_set = 1; break;
+        case OPT_NVME: st = zo_parse_size(optarg, "--nvme", 1, &a->nvme); a->nvme_set = 1; break;
+        case OPT_SEQ: st = zo_parse_int(optarg, "--seq", 1, 1 << 24, &a->seq); break;
+        case OPT_GLOBAL_BATCH: st = zo_parse_int(optarg, "--global-batch", 1, 1 << 30, &a->global_batch); break;
+        case OPT_DTYPE: st = zo_dtype_parse(optarg, &a->dtype); a->dtype_set = 1; break;
+        case OPT_GRAD_DTYPE: st = zo_dtype_parse(optarg, &a->grad_dtype); a->grad_dtype_set = 1; break;
+        case OPT_OPTIM:
+            if (!strcasecmp(optarg, "adamw") || !strcasecmp(optarg, "adam")) a->optim = PLAN_OPT_ADAMW;
+            else if (!strcasecmp(optarg, "sgd")) a->optim = PLAN_OPT_SGD;
+            else st = zo_error(ZO_ERR_INVALID, "--optim: '%s' is not adamw or sgd", optarg);
+            break;
+        case OPT_NO_FLASH: a->no_flash = 1; break;
+        case OPT_DROPOUT: a->dropout = 1; break;
+        case OPT_NO_DROPOUT: a->dropout = 0; break;
+        case OPT_ZERO: {
+            char *dash = strchr(optarg, '-');
+            a->zero_set = 1;
+            if (dash) {
+                char lo[16];
+                snprintf(lo, sizeof lo, "%.*s", (int)(dash - optarg), optarg);
+                st = zo_parse_int(lo, "--zero", 0, 3, &v);
+                a->zmin = (int)v;
+                if (!st) st = zo_parse_int(dash + 1, "--zero", a->zmin, 3, &v);
+                a->zmax = (int)v;
+            } else {
+                st = zo_parse_int(optarg, "--zero", 0, 3, &v);
+                a->zmin = a->zmax = (int)v;
+            }
+            break;
+        }
+        case OPT_TP: st = zo_parse_int(optarg, "--tp", 1, 1 << 16, &a->tp); break;
+        case OPT_PP: st = zo_parse_int(optarg, "--pp", 1, 1 << 16, &a->pp); break;
+        case OPT_RECOMPUTE:
+            if (!strcasecmp(optarg, "none")) a->recompute = PLAN_RECOMPUTE_NONE;
+            else if (!strcasecmp(optarg, "selective")) a->recompute = PLAN_RECOMPUTE_SELECTIVE;
+            else if (!strcasecmp(optarg, "full")) a->recompute = PLAN_RECOMPUTE_FULL;
+            else st = zo_error(ZO_ERR_INVALID, "--recompute: '%s' is not none, selective or full", optarg);
+            break;
+        case OPT_SVG: a->svg_path = optarg; break;
+        case PO_MAX_GPUS: st = zo_parse_int(optarg, "--max-gpus", 1, 1 << 16, &a->max_gpus); break;
+        case PO_OBJECTIVE:
+            if (!strcasecmp(optarg, "time")) a->objective = PLAN_OBJ_TIME;
+            else if (!strcasecmp(optarg, "memory")) a->objective = PLAN_OBJ_MEMORY;
+            else if (!strcasecmp(optarg, "cost")) a->objective = PLAN_OBJ_COST;
+            else st = zo_error(ZO_ERR_INVALID, "--objective: '%s' is not time, memory or cost", optarg);
+            break;
+        case PO_TOP: st = zo_parse_int(optarg, "--top", 1, PLAN_TOP_MAX, &a->top); break;
+        case PO_NO_OFFLOAD: a->no_offload = 1; break;
+        case PO_NO_NVME: a->no_nvme = 1; break;
+        case PO_MAX_MB: st = zo_parse_int(optarg, "--max-micro-batch", 1, 1 << 16, &a->max_mb); break;
+        case PO_OPT_STEPS: st = zo_parse_int(optarg, "--opt-steps", 1, 100, &a->opt_steps); break;
+        case PO_MAX_PREFETCH: st = zo_parse_int(optarg, "--max-prefetch", 1, 16, &a->max_prefetch); break;
+        case PO_JSON_FILE: a->json_path = optarg; break;
+        case PO_FAMILY: a->family = optarg; break;
+        case PO_STRATEGY: a->strategy = optarg; break;
+        case OPT_HELP: fputs(usage, stdout); return -1;
+        case ':':
+            fprintf(stderr, "memplan: %s needs a value (see 'memplan %s --help')\n",
+                    argv[optind - 1], max_model ? "max-model" : "plan");
+            return EXIT_BADINPUT;
+        default:
+            fprintf(stderr, "memplan: unknown option '%s' (see 'memplan %s --help')\n",
+                    argv[optind - 1], max_model ? "max-model" : "plan");
+            return EXIT_BADINPUT;
+        }
+        if (st) return fail();
+    }
+    if (optind < argc) {
+        zo_error(ZO_ERR_INVALID, "%s: unexpected argument '%s'", max_model ? "max-model" : "plan",
+                 argv[optind]);
+        return fail();
+    }
+    return 0;
+}
+
+static zo_status args_hw(const plan_args *a, plan_hw *hw)
+{
+    zo_status st = load_hw(a->hw_name, hw);
+    if (st) return st;
+    if (a->gpu_mem) hw->gpu_mem = a->gpu_mem;
+    if (a->cpu_mem_set) hw->cpu_mem = a->cpu_mem;
+    if (a->nvme_set) hw->nvme = a->nvme;
+    if (a->gpus_per_node) hw->gpus_per_node = (int)a->gpus_per_node;
+    if (a->max_gpus) hw->gpus = (int)a->max_gpus;
+    else if (a->gpus) hw->gpus = (int)a->gpus;
+    return ZO_OK;
+}
+
+static void args_space(const plan_args *a, const zo_model_config *m, const plan_hw *hw,
+                       plan_space *s)
+{
+    plan_space_defaults(s, m, hw);
+    if (a->max_gpus) s->max_gpus = (int)a->max_gpus;
+    if (a->seq) s->base.seq = (int)a->seq;
+    if (a->global_batch) s->global_batch = (int)a->global_batch;
+    if (a->dtype_set) s->base.dtype = s->base.grad_dtype = a->dtype;
+    if (a->grad_dtype_set) s->base.grad_dtype = a->grad_dtype;
+    s->base.optimizer = a->optim;
+    if (a->no_flash) s->base.flash_attn = 0;
+    if (a->dropout >= 0) s->base.dropout = a->dropout;
+    if (a->zero_set) {
+        s->zero_min = a->zmin;
+        s->zero_max = a->zmax;
+    }
+    s->tp = (int)a->tp;
+    s->pp = (int)a->pp;
+    s->recompute = a->recompute;
+    if (a->no_offload) s->allow_offload = 0;
+    if (a->no_nvme) s->allow_nvme = 0;
+    if (a->max_mb) s->max_micro_batch = (int)a->max_mb;
+    if (a->opt_steps) s->opt_steps = (int)a->opt_steps;
+    if (a->max_prefetch) s->max_prefetch = (int)a->max_prefetch;
+    s->objective = a->objective;
+}
+
+static void print_plan_line(const plan_candidate *c, const char *lead)
+{
+    const plan_train *t = &c->t;
+    char fr[64];
+    plan_format_fractions(t->opt_frac, fr, sizeof fr);
+    printf("%s%d GPU%s: DP %d x TP %d%s x PP %d%s, ZeRO-%d, micro-batch %d x %d, recompute %s\n",
+           lead, c->gpus, c->gpus == 1 ? "" : "s", t->dp, t->tp, t->sp ? " (+SP)" : "", t->pp,
+           t->vpp > 1 ? " (interleaved)" : "", t->zero, t->micro_batch, t->grad_accum,
+           plan_recompute_name(t->recompute));
+    printf("%sweights on %s, gradients on %s, optimizer on %s, checkpoints on %s, prefetch %d\n",
+           lead, plan_tier_name(t->params_on), plan_tier_name(t->grads_on), fr,
+           plan_tier_name(t->checkpoints_on), t->buf.prefetch_depth);
+    printf("%sper rank: GPU %.1f GiB, CPU %.1f GiB, NVMe %.1f GiB\n", lead,
+           (double)c->total[PLAN_GPU] / (1 << 30), (double)c->total[PLAN_CPU] / (1 << 30),
+           (double)c->total[PLAN_NVME] / (1 << 30));
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmd_plan(int argc, char **argv)
+{
+    plan_args a;
+    int rc = parse_plan_args(argc, argv, &a, usage_plan, 0);
+    if (rc) return rc < 0 ? 0 : rc;
+    zo_status st;
+    zo_model_config m;
+    plan_hw hw;
+    plan_space s;
+    plan_result r;
+    if ((st = build_model(a.model, a.params_n, &a.sf, a.seq, &m)) != ZO_OK) return fail();
+    if ((st = args_hw(&a, &hw)) != ZO_OK) return fail();
+    args_space(&a, &m, &hw, &s);
+    double t0 = now_s();
+    if ((st = plan_search(&m, &hw, &s, (int)a.top, &r)) != ZO_OK) return fail();
+    double dt = now_s() - t0;
+
+    char cnt[32];
+    static const char *obj[] = {"step time", "GPU memory", "GPU-seconds per token"};
+    printf("%s (%s params) on %s: %s%d x %s; seq %d, global batch %d; ranked by %s\n", m.name,
+           zo_format_count(zo_model_params(&m), cnt, sizeof cnt), hw.name,
+           s.max_gpus ? "up to " : "", hw.gpus, hw.gpu, s.base.seq, s.global_batch,
+           obj[s.objective]);
+    printf("searched %llu configurations (%llu fit) in %.2f s: %.3g configurations/s\n",
+           (unsigned long long)r.configs, (unsigned long long)r.feasible, dt,
+           dt > 0 ? (double)r.configs / dt : 0.0);
+    if (r.n_best == 0) {
+        printf("\nnothing fits: more GPUs (--gpus / --max-gpus), a shorter --seq or a smaller "
+               "--global-batch%s\n", s.allow_offload ? "" : ", or allow offload (drop --no-offload)");
+        return EXIT_NOFIT;
+    }
+    const plan_candidate *b = &r.best[0];
+    printf("\nbest: %.4g s per step, %.4g tokens/s, MFU %.1f%%\n", b->time.step,
+           b->time.tokens_per_s, 100 * b->time.mfu);
+    print_plan_line(b, "  ");
+    char why[2048];
+    plan_explain(&m, &hw, b, why, sizeof why);
+    for (char *sv = NULL, *line = strtok_r(why, "\n", &sv); line; line = strtok_r(NULL, "\n", &sv))
+        printf("  - %s\n", line);
+    plan_report_time_table(stdout, &b->time);
+    for (int i = 1; i < r.n_best; i++) {
+        char d[1024];
+        plan_describe_diff(b, &r.best[i], d, sizeof d);
+        printf("\n%d. %.4g s per step: %s\n", i + 1, r.best[i].time.step, d);
+    }
+
+    if (a.json_path || a.svg_path) {
+        plan_hw h = hw;
+        h.gpus = b->gpus;
+        plan_estimate e;
+        plan_time pt;
+        if ((st = plan_estimate_run(&m, &h, &b->t, &e)) != ZO_OK ||
+            (st = plan_time_run(&m, &h, &b->t, &e, &pt)) != ZO_OK)
+            return fail();
+        if (a.json_path) {
+            cJSON *doc = plan_file_json(&m, &h, &b->t, &e, &pt);
+            st = write_json(a.json_path, doc);
+            cJSON_Delete(doc);
+            if (st) return fail();
+            printf("\nplan written to %s (memplan estimate --plan %s; train --plan %s)\n",
+                   a.json_path, a.json_path, a.json_path);
+        }
+        if (a.svg_path && (st = write_svg(a.svg_path, &m, &h, &b->t, &e, &pt)) != ZO_OK)
+            return fail();
+    }
+    return 0;
+}
+
+static int cmd_max_model(int argc, char **argv)
+{
+    plan_args a;
+    int rc = parse_plan_args(argc, argv, &a, usage_max_model, 1);
+    if (rc) return rc < 0 ? 0 : rc;
+    zo_status st;
+    plan_hw hw;
+    const char *family = a.family;
+    zo_model_config ref;
+    if (!family && a.model) {
+        if ((st = build_model(a.model, 0, &a.sf, a.seq, &ref)) != ZO_OK) return fail();
+        family = ref.family;
+    }
+    if (!family) family = "gpt";
+    if ((st = plan_family_shape(family, 1e9, &ref)) != ZO_OK) return fail();
+    if ((st = args_hw(&a, &hw)) != ZO_OK) return fail();
+    int only = -1;
+    if (a.strategy) {
+        for (int i = 0; i < PLAN_STRATEGIES; i++)
+            if (!strcasecmp(a.strategy, plan_strategy_name((plan_strategy)i))) only = i;
+        if (only < 0) {
+            zo_error(ZO_ERR_INVALID, "--strategy: '%s' is not one of data-parallel, zero-1, zero-2, "
+                                     "zero-3, 3d-parallel, zero-offload, zero-infinity-cpu, "
+                                     "zero-infinity-nvme", a.strategy);
+            return fail();
+        }
+    }
+    plan_space base;
+    args_space(&a, &ref, &hw, &base);
+    base.base.seq = a.seq ? (int)a.seq : 0;
+    printf("largest %s model on %s (%d x %s, %.0f GiB CPU and %.1f TB NVMe per node), seq %s\n",
+           family, hw.name, hw.gpus, hw.gpu, (double)hw.cpu_mem / (1 << 30), hw.nvme / 1e12,
+           a.seq ? "as given" : "the family's");
+    printf("%-20s %12s  %-14s %-10s %s\n", "strategy", "params", "shape (LxH)", "step", "plan");
+    for (int i = 0; i < PLAN_STRATEGIES; i++) {
+        if (only >= 0 && i != only) continue;
+        zo_model_config shape;
+        plan_candidate c;
+        uint64_t n;
+        if ((st = plan_max_model(family, &hw, &base, (plan_strategy)i, &shape, &c, &n)) != ZO_OK)
+            return fail();
+        if (!n) {
+            printf("%-20s %12s\n", plan_strategy_name((plan_strategy)i), "none fits");
+            continue;
+        }
+        char cnt[32], shp[32];
+        snprintf(shp, sizeof shp, "%dx%d", shape.n_layers, shape.hidden);
+        printf("%-20s %12s  %-14s %7.2f s  TP %d PP %d ZeRO-%d, recompute %s, checkpoints %s\n",
+               plan_strategy_name((plan_strategy)i), zo_format_count(n, cnt, sizeof cnt), shp,
+               c.time.step, c.t.tp, c.t.pp, c.t.zero, plan_recompute_name(c.t.recompute),
+               plan_tier_name(c.t.checkpoints_on));
+    }
+    return 0;
+}
+
+/* ---- memplan calibrate ----------------------------------------------------------- */
+
+static const char usage_calibrate[] =
+    "usage: memplan calibrate [--out FILE] [--base PRESET] [--nvme-dir DIR] [--threads N]\n"
+    "                         [--adam-params N] [--seconds S] [--nvme-bytes SIZE]\n"
+    "\n"
+    "Measure this machine and write a hardware profile (JSON) that '--hw FILE' reads:\n"
+    "CPU memory size and cores, memory bandwidth (a triad), CPU AdamW parameters/s\n"
+    "(cpu_adam), and the free space and write/read rates of --nvme-dir (a file of\n"
+    "--nvme-bytes, default 512MiB, through the nvme module's io_uring engine). What cannot\n"
+    "be measured here (the GPU, PCIe) comes from --base (default h100-80gb); the profile's\n"
+    "\"note\" says which. Default output: stdout.\n";
+
+static int cmd_calibrate(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"out", required_argument, 0, 'o'},      {"base", required_argument, 0, 'b'},
+        {"nvme-dir", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
+        {"adam-params", required_argument, 0, 'a'}, {"seconds", required_argument, 0, 's'},
+        {"nvme-bytes", required_argument, 0, 'N'},
+        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0},
+    };
+    plan_calibrate_opts o;
+    plan_calibrate_defaults(&o);
+    const char *out = NULL;
+    zo_status st = ZO_OK;
+    long v;
+    uint64_t n;
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
+        switch (c) {
+        case 'o': out = optarg; break;
+        case 'b': o.base = optarg; break;
+        case 'n': o.nvme_dir = optarg; break;
+        case 't': st = zo_parse_int(optarg, "--threads", 1, 4096, &v); o.threads = (int)v; break;
+        case 'a': st = zo_parse_count(optarg, "--adam-params", &n); o.adam_params = (size_t)n; break;
+        case 's': st = zo_parse_double(optarg, "--seconds", 0.01, 600, &o.seconds); break;
+        case 'N': st = zo_parse_size(optarg, "--nvme-bytes", 0, &n); o.nvme_bytes = (size_t)n; break;
+        case 'h': fputs(usage_calibrate, stdout); return 0;
+        case ':':
+            fprintf(stderr, "memplan: %s needs a value (see 'memplan calibrate --help')\n", argv[optind - 1]);
+            return EXIT_BADINPUT;
+        default:
+            fprintf(stderr, "memplan: unknown option '%s' (see 'memplan calibrate --help')\n", argv[optind - 1]);
+            return EXIT_BADINPUT;
+        }
+        if (st) return fail();
+    }
+    if (optind < argc) {
+        zo_error(ZO_ERR_INVALID, "calibrate: unexpected argument '%s'", argv[optind]);
+        return fail();
+    }
+    plan_hw hw;
+    if ((st = plan_calibrate_run(&o, &hw)) != ZO_OK) return fail();
+    cJSON *doc = plan_hw_json(&hw);
+    if (out) {
+        st = write_json(out, doc);
+        cJSON_Delete(doc);
+        if (st) return fail();
+        fprintf(stderr, "memplan: profile written to %s: CPU AdamW %.3g params/s, memory %.3g GB/s, "
+                        "%.1f GiB RAM, %d cores (%s)\n",
+                out, hw.cpu_adam_rate, hw.cpu_mem_bw / 1e9, (double)hw.cpu_mem / (1 << 30),
+                hw.cpu_cores, hw.note);
+        return 0;
+    }
+    char *text = doc ? cJSON_Print(doc) : NULL;
+    cJSON_Delete(doc);
+    if (!text) {
+        fprintf(stderr, "memplan: out of memory printing JSON\n");
+        return EXIT_BADINPUT;
+    }
+    puts(text);
+    free(text);
+    return 0;
 }
 
 static int cmd_models(void)
@@ -489,9 +1121,12 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(cmd, "estimate")) return cmd_estimate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "plan")) return cmd_plan(argc - 1, argv + 1);
+    if (!strcmp(cmd, "max-model")) return cmd_max_model(argc - 1, argv + 1);
+    if (!strcmp(cmd, "calibrate")) return cmd_calibrate(argc - 1, argv + 1);
     if (!strcmp(cmd, "models")) return cmd_models();
     if (!strcmp(cmd, "hardware")) return cmd_hardware();
-    fprintf(stderr, "memplan: unknown command '%s' (commands: estimate, models, hardware; see "
+    fprintf(stderr, "memplan: unknown command '%s' (commands: estimate, plan, max-model, calibrate, models, hardware; see "
                     "'memplan --help')\n", cmd);
     return EXIT_BADINPUT;
 }

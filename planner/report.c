@@ -1,5 +1,6 @@
 #include "report.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,8 +29,33 @@ void plan_format_fractions(const double f[PLAN_TIERS], char *buf, size_t len)
 
 static void add_u64(cJSON *o, const char *k, uint64_t v) { cJSON_AddNumberToObject(o, k, (double)v); }
 
+cJSON *plan_report_time_json(const plan_time *pt)
+{
+    cJSON *jt = cJSON_CreateObject();
+    if (!jt) return NULL;
+    cJSON_AddNumberToObject(jt, "step_s", pt->step);
+    cJSON_AddNumberToObject(jt, "tokens_per_s", pt->tokens_per_s);
+    cJSON_AddNumberToObject(jt, "mfu", pt->mfu);
+    cJSON_AddNumberToObject(jt, "hfu", pt->hfu);
+    cJSON_AddNumberToObject(jt, "model_flops", pt->model_flops);
+    cJSON_AddNumberToObject(jt, "hw_flops", pt->hw_flops);
+    cJSON *parts = cJSON_AddObjectToObject(jt, "parts");
+    for (int i = 0; i < PLAN_TIME_PARTS; i++)
+        cJSON_AddNumberToObject(parts, plan_time_part_name(i), plan_time_part(pt, i));
+    cJSON *tot = cJSON_AddObjectToObject(jt, "before_overlap");
+    cJSON_AddNumberToObject(tot, "dp_comm", pt->dp_comm_total);
+    cJSON_AddNumberToObject(tot, "h2d", pt->h2d_total);
+    cJSON_AddNumberToObject(tot, "d2h", pt->d2h_total);
+    cJSON_AddNumberToObject(tot, "nvme", pt->nvme_total);
+    cJSON *jl = cJSON_AddObjectToObject(jt, "microbatch");
+    cJSON_AddNumberToObject(jl, "stage_s", pt->mb.total);
+    cJSON_AddNumberToObject(jl, "layer_forward_s", pt->mb.layer_fwd);
+    cJSON_AddNumberToObject(jl, "layer_backward_s", pt->mb.layer_bwd);
+    return jt;
+}
+
 cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
-                        const plan_estimate *e, const char *suggestion)
+                        const plan_estimate *e, const plan_time *pt, const char *suggestion)
 {
     cJSON *root = cJSON_CreateObject();
     cJSON *jm = cJSON_AddObjectToObject(root, "model");
@@ -129,6 +155,7 @@ cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_
         add_u64(js, plan_tier_name((plan_tier)tier),
                 e->total[tier] > e->capacity[tier] ? e->total[tier] - e->capacity[tier] : 0);
     if (suggestion) cJSON_AddStringToObject(root, "fits_with", suggestion);
+    if (pt) cJSON_AddItemToObject(root, "time", plan_report_time_json(pt));
     return root;
 }
 
@@ -142,8 +169,39 @@ static double pct(uint64_t a, uint64_t cap) { return cap ? 100.0 * (double)a / (
 
 static double gib(uint64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
 
+static const char *part_title[PLAN_TIME_PARTS] = {
+    "forward compute", "backward compute", "recompute", "tensor-parallel collectives",
+    "pipeline bubble", "pipeline sends", "data-parallel collectives (exposed)",
+    "host->device copies (exposed)", "device->host gradients (exposed)", "optimizer on the GPU",
+    "CPU AdamW", "NVMe traffic (exposed)",
+};
+
+static void fmt_s(double s, char *buf, size_t len)
+{
+    if (s >= 1) snprintf(buf, len, "%8.3f s ", s);
+    else snprintf(buf, len, "%8.2f ms", s * 1e3);
+}
+
+void plan_report_time_table(FILE *out, const plan_time *pt)
+{
+    char b[32];
+    fmt_s(pt->step, b, sizeof b);
+    fprintf(out, "\n  time per step %s   %.4g tokens/s   MFU %.1f%%   HFU %.1f%%\n", b,
+            pt->tokens_per_s, 100 * pt->mfu, 100 * pt->hfu);
+    for (int i = 0; i < PLAN_TIME_PARTS; i++) {
+        double v = plan_time_part(pt, i);
+        if (v <= 0) continue;
+        fmt_s(v, b, sizeof b);
+        fprintf(out, "    %-42s %s  %6.1f%%\n", part_title[i], b, 100 * v / pt->step);
+    }
+    if (pt->mb.layer_fwd > 0)
+        fprintf(out, "    (one layer, one micro-batch: forward %.2f ms, backward %.2f ms)\n",
+                pt->mb.layer_fwd * 1e3, pt->mb.layer_bwd * 1e3);
+}
+
 void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
-                       const plan_train *t, const plan_estimate *e, const char *suggestion)
+                       const plan_train *t, const plan_estimate *e, const plan_time *pt,
+                       const char *suggestion)
 {
     char cnt[32], fr[64];
     static const char *tier_title[] = {"GPU", "CPU", "NVMe"};
@@ -193,6 +251,7 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
         if (e->total[PLAN_NVME])
             fprintf(out, ", NVMe %.1f%%", pct(e->total[PLAN_NVME], e->capacity[PLAN_NVME]));
         fprintf(out, ")%s\n", e->activations_known ? "" : " for model states; activations unknown");
+        if (pt) plan_report_time_table(out, pt);
         return;
     }
     fprintf(out, "verdict: does NOT fit:");
@@ -210,4 +269,5 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
     else
         fprintf(out, "         no offload setting alone makes it fit: add GPUs (--dp/--tp/--pp "
                      "with --zero) or shorten --seq / --micro-batch\n");
+    if (pt) plan_report_time_table(out, pt);
 }

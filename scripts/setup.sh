@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(build-essential cmake pkg-config libcmocka-dev libcjson-dev liburing-dev
-      libxxhash-dev libopenmpi-dev openmpi-bin fio)
+      libxxhash-dev libopenmpi-dev openmpi-bin fio librsvg2-bin)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,485 @@
+/* Swap store: striped files, per-block xxHash, capacity checked up front.
+ * See nvme_store.h. */
+#include "nvme_store.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "common/units.h" // defines: zo_format_bytes
+
+typedef struct store_tensor {
+    char name[128];
+    uint64_t start;   /* address in the store, NVME_ALIGN aligned */
+    size_t nbytes;
+    size_t nblocks;   /* checksum blocks */
+    uint64_t *sums;   /* nblocks XXH3-64 values of the last successful write */
+    int valid;        /* a write has succeeded since the last failed one */
+    int busy;         /* an op is in flight */
+} store_tensor;
+
+struct nvme_store {
+    nvme_engine_t *e;
+    int nfiles;
+    int *fids;
+    char **paths;
+    char **dirs;
+    uint64_t *file_len;  /* bytes of each file the layout uses (and reserved) */
+    size_t stripe;
+    size_t cblock;
+    int preallocate;
+    int keep_files;
+    uint64_t end;        /* first free address */
+    store_tensor *t;
+    size_t nt, cap;
+    int *htab;           /* open-addressing index of names: tensor id or -1 */
+    size_t hcap;         /* power of two, at least twice nt */
+};
+
+/* Slot of `name` in a table of ids (-1 = empty) whose names come from `t`:
+ * the slot holding it, or the empty slot where it belongs. */
+static size_t name_slot(const int *tab, size_t cap, const store_tensor *t, const char *name)
+{
+    size_t h = (size_t)XXH3_64bits(name, strlen(name)) & (cap - 1);
+    while (tab[h] >= 0 && strcmp(t[tab[h]].name, name) != 0) h = (h + 1) & (cap - 1);
+    return h;
+}
+
+static zo_status index_grow(nvme_store_t *s, size_t want)
+{
+    if (2 * want <= s->hcap) return ZO_OK;
+    size_t cap = 64;
+    while (cap < 2 * want) cap *= 2;
+    int *tab = malloc(cap * sizeof *tab);
+    if (!tab) return zo_error(ZO_ERR_NOMEM, "swap store: out of memory for the name index");
+    for (size_t i = 0; i < cap; i++) tab[i] = -1;
+    for (size_t i = 0; i < s->nt; i++) tab[name_slot(tab, cap, s->t, s->t[i].name)] = (int)i;
+    free(s->htab);
+    s->htab = tab;
+    s->hcap = cap;
+    return ZO_OK;
+}
+
+static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+zo_status nvme_store_init(nvme_store_t **out, nvme_engine_t *engine, const nvme_store_config *cfg)
+{
+    *out = NULL;
+    if (!cfg || cfg->ndirs < 1 || !cfg->dirs)
+        return zo_error(ZO_ERR_INVALID, "nvme_store_init: at least one directory is needed");
+    size_t stripe = cfg->stripe_size ? cfg->stripe_size : nvme_engine_block_size(engine);
+    size_t cblock = cfg->checksum_block ? cfg->checksum_block : stripe;
+    if (stripe % NVME_ALIGN || cblock % NVME_ALIGN)
+        return zo_error(ZO_ERR_INVALID, "nvme_store_init: stripe_size %zu and checksum_block %zu "
+                        "must be multiples of %u", stripe, cblock, NVME_ALIGN);
+    const char *prefix = cfg->prefix ? cfg->prefix : "zo-swap";
+    zo_status st;
+    nvme_store_t *s = calloc(1, sizeof *s);
+    if (!s) return zo_error(ZO_ERR_NOMEM, "nvme_store_init: out of memory");
+    s->e = engine;
+    s->stripe = stripe;
+    s->cblock = cblock;
+    s->preallocate = cfg->preallocate;
+    s->keep_files = cfg->keep_files;
+    s->fids = malloc(sizeof *s->fids * (size_t)cfg->ndirs);
+    s->paths = calloc((size_t)cfg->ndirs, sizeof *s->paths);
+    s->dirs = calloc((size_t)cfg->ndirs, sizeof *s->dirs);
+    s->file_len = calloc((size_t)cfg->ndirs, sizeof *s->file_len);
+    if (!s->fids || !s->paths || !s->dirs || !s->file_len) {
+        st = zo_error(ZO_ERR_NOMEM, "nvme_store_init: out of memory");
+        goto out_free_store;
+    }
+    for (int k = 0; k < cfg->ndirs; k++) {
+        const char *dir = cfg->dirs[k];
+        struct stat sb;
+        int bad = stat(dir, &sb) != 0;
+        if (bad || !S_ISDIR(sb.st_mode)) {
+            st = zo_error(ZO_ERR_NOT_FOUND, "nvme_store_init: swap directory %s: %s", dir,
+                          bad ? strerror(errno) : "not a directory");
+            goto out_close_files;
+        }
+        size_t len = strlen(dir) + strlen(prefix) + 32;
+        s->paths[k] = malloc(len);
+        s->dirs[k] = strdup(dir);
+        if (!s->paths[k] || !s->dirs[k]) {
+            st = zo_error(ZO_ERR_NOMEM, "nvme_store_init: out of memory");
+            goto out_close_files;
+        }
+        snprintf(s->paths[k], len, "%s/%s.%d.swap", dir, prefix, k);
+        st = nvme_file_open(engine, s->paths[k], NVME_FILE_CREATE | NVME_FILE_TRUNC, &s->fids[k]);
+        if (st != ZO_OK) {
+            zo_error_wrap(st, "nvme_store_init");
+            goto out_close_files;
+        }
+        s->nfiles = k + 1;
+    }
+    *out = s;
+    return ZO_OK;
+
+out_close_files:
+    for (int k = 0; k < s->nfiles; k++) {
+        nvme_file_close(engine, s->fids[k]);
+        unlink(s->paths[k]);
+    }
+    for (int k = 0; k < cfg->ndirs; k++) {
+        free(s->paths[k]);
+        free(s->dirs[k]);
+    }
+out_free_store:
+    free(s->fids);
+    free(s->paths);
+    free(s->dirs);
+    free(s->file_len);
+    free(s);
+    return st;
+}
+
+void nvme_store_free(nvme_store_t *s)
+{
+    if (!s) return;
+    for (int k = 0; k < s->nfiles; k++) {
+        nvme_file_close(s->e, s->fids[k]);
+        if (!s->keep_files) unlink(s->paths[k]);
+        free(s->paths[k]);
+        free(s->dirs[k]);
+    }
+    for (size_t i = 0; i < s->nt; i++) free(s->t[i].sums);
+    free(s->t);
+    free(s->htab);
+    free(s->fids);
+    free(s->paths);
+    free(s->dirs);
+    free(s->file_len);
+    free(s);
+}
+
+/* Bytes of file k that addresses [0, end) occupy. */
+static uint64_t file_bytes_for(const nvme_store_t *s, int k, uint64_t end)
+{
+    uint64_t S = s->stripe, nf = (uint64_t)s->nfiles;
+    uint64_t full = end / S, rem = end % S;
+    uint64_t n = (full / nf + ((uint64_t)k < full % nf ? 1 : 0)) * S;
+    if ((uint64_t)k == full % nf) n += rem;
+    return n;
+}
+
+static void locate_addr(const nvme_store_t *s, uint64_t addr, int *k, uint64_t *off)
+{
+    uint64_t S = s->stripe, stripe = addr / S;
+    *k = (int)(stripe % (uint64_t)s->nfiles);
+    *off = (stripe / (uint64_t)s->nfiles) * S + addr % S;
+}
+
+/* Check that every file system can hold what its files must grow by to reach
+ * address `end`, and that no file passes RLIMIT_FSIZE. */
+static zo_status check_capacity(const nvme_store_t *s, uint64_t end)
+{
+    char b1[32], b2[32];
+    struct rlimit rl;
+    int have_rl = getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY;
+    for (int k = 0; k < s->nfiles; k++) {
+        uint64_t need = file_bytes_for(s, k, end);
+        if (have_rl && need > (uint64_t)rl.rlim_cur)
+            return zo_error(ZO_ERR_CAPACITY, "swap store: %s would grow to %s, beyond this "
+                            "process's file-size limit (ulimit -f) of %s", s->paths[k],
+                            zo_format_bytes(need, b1, sizeof b1),
+                            zo_format_bytes((uint64_t)rl.rlim_cur, b2, sizeof b2));
+    }
+    /* Files on the same file system share its free space. */
+    for (int k = 0; k < s->nfiles; k++) {
+        struct stat sk;
+        if (stat(s->dirs[k], &sk) != 0)
+            return zo_error(ZO_ERR_IO, "swap store: stat(%s) failed: %s (errno %d)", s->dirs[k],
+                            strerror(errno), errno);
+        uint64_t grow = 0;
+        int nthere = 0, first = 1;
+        for (int j = 0; j < s->nfiles; j++) {
+            struct stat sj;
+            if (stat(s->dirs[j], &sj) != 0 || sj.st_dev != sk.st_dev) continue;
+            if (j < k) first = 0; /* counted with an earlier directory */
+            uint64_t need = file_bytes_for(s, j, end);
+            if (need > s->file_len[j]) grow += need - s->file_len[j];
+            nthere++;
+        }
+        if (!first || grow == 0) continue;
+        struct statvfs vfs;
+        if (statvfs(s->dirs[k], &vfs) != 0)
+            return zo_error(ZO_ERR_IO, "swap store: statvfs(%s) failed: %s (errno %d)",
+                            s->dirs[k], strerror(errno), errno);
+        uint64_t avail = (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize;
+        if (grow > avail)
+            return zo_error(ZO_ERR_CAPACITY, "swap store: %s needs %s more for its %d swap "
+                            "file(s) (store of %s striped over %d file(s)) but its file system "
+                            "has only %s free", s->dirs[k], zo_format_bytes(grow, b1, sizeof b1),
+                            nthere, zo_format_bytes(end, b2, sizeof b2), s->nfiles,
+                            zo_format_bytes(avail, (char[32]){0}, 32));
+    }
+    return ZO_OK;
+}
+
+zo_status nvme_store_add(nvme_store_t *s, size_t n, const char *const *names,
+                         const size_t *nbytes, int *ids)
+{
+    uint64_t end = s->end;
+    for (size_t i = 0; i < n; i++) {
+        if (!names[i] || strlen(names[i]) >= sizeof s->t[0].name)
+            return zo_error(ZO_ERR_INVALID, "nvme_store_add: tensor name %zu missing or longer "
+                            "than 127 bytes", i);
+        if (nbytes[i] == 0)
+            return zo_error(ZO_ERR_INVALID, "nvme_store_add: tensor %s has 0 bytes", names[i]);
+        end = align_up(end, NVME_ALIGN) + nbytes[i];
+    }
+    zo_status st;
+    if (s->nt + n > s->cap) {
+        size_t cap = s->cap ? s->cap : 16;
+        while (cap < s->nt + n) cap *= 2;
+        store_tensor *t = realloc(s->t, cap * sizeof *t);
+        if (!t) return zo_error(ZO_ERR_NOMEM, "nvme_store_add: out of memory for %zu tensors", cap);
+        s->t = t;
+        s->cap = cap;
+    }
+    if ((st = index_grow(s, s->nt + n)) != ZO_OK) return st;
+    /* Names: unique among the store's and the batch's (the batch is entered in
+     * the index tentatively and taken out again on any failure). */
+    size_t entered = 0;
+    for (; entered < n; entered++) {
+        store_tensor *t = &s->t[s->nt + entered];
+        snprintf(t->name, sizeof t->name, "%s", names[entered]);
+        size_t h = name_slot(s->htab, s->hcap, s->t, t->name);
+        if (s->htab[h] >= 0) {
+            st = zo_error(ZO_ERR_INVALID, "nvme_store_add: tensor %s already exists", t->name);
+            goto out_unindex;
+        }
+        s->htab[h] = (int)(s->nt + entered);
+    }
+    end = align_up(end, NVME_ALIGN);
+    if ((st = check_capacity(s, end)) != ZO_OK) goto out_unindex;
+    for (int k = 0; k < s->nfiles; k++) {
+        uint64_t need = file_bytes_for(s, k, end);
+        if (need <= s->file_len[k]) continue;
+        if (s->preallocate) {
+            st = nvme_file_allocate(s->e, s->fids[k], need);
+            if (st != ZO_OK) {
+                zo_error_wrap(st, "swap store: reserving space");
+                goto out_unindex;
+            }
+        }
+        s->file_len[k] = need;
+    }
+    uint64_t addr = s->end;
+    for (size_t i = 0; i < n; i++) {
+        store_tensor *t = &s->t[s->nt];
+        t->start = align_up(addr, NVME_ALIGN);
+        t->nbytes = nbytes[i];
+        t->nblocks = (nbytes[i] + s->cblock - 1) / s->cblock;
+        t->sums = NULL;
+        t->valid = 0;
+        t->busy = 0;
+        addr = t->start + nbytes[i];
+        ids[i] = (int)s->nt++;
+    }
+    s->end = end;
+    return ZO_OK;
+
+out_unindex:
+    /* Rebuild the index without the batch (linear probing has no delete). */
+    for (size_t i = 0; i < s->hcap; i++) s->htab[i] = -1;
+    for (size_t i = 0; i < s->nt; i++) s->htab[name_slot(s->htab, s->hcap, s->t, s->t[i].name)] = (int)i;
+    return st;
+}
+
+zo_status nvme_store_find(const nvme_store_t *s, const char *name, int *id)
+{
+    if (s->hcap) {
+        size_t h = name_slot(s->htab, s->hcap, s->t, name);
+        if (s->htab[h] >= 0) {
+            *id = s->htab[h];
+            return ZO_OK;
+        }
+    }
+    return zo_error(ZO_ERR_NOT_FOUND, "swap store: no tensor named %s", name);
+}
+
+const char *nvme_store_name(const nvme_store_t *s, int id)
+{
+    return id >= 0 && (size_t)id < s->nt ? s->t[id].name : "?";
+}
+
+size_t nvme_store_nbytes(const nvme_store_t *s, int id)
+{
+    return id >= 0 && (size_t)id < s->nt ? s->t[id].nbytes : 0;
+}
+
+uint64_t nvme_store_footprint(const nvme_store_t *s) { return s->end; }
+int nvme_store_nfiles(const nvme_store_t *s) { return s->nfiles; }
+int nvme_store_file_id(const nvme_store_t *s, int k) { return s->fids[k]; }
+nvme_engine_t *nvme_store_engine(const nvme_store_t *s) { return s->e; }
+
+void nvme_store_locate(const nvme_store_t *s, int id, uint64_t byte, int *file_k,
+                       uint64_t *file_offset)
+{
+    locate_addr(s, s->t[id].start + byte, file_k, file_offset);
+}
+
+static zo_status check_id(const nvme_store_t *s, int id, const char *what)
+{
+    if (id < 0 || (size_t)id >= s->nt)
+        return zo_error(ZO_ERR_INVALID, "%s: no tensor with id %d", what, id);
+    return ZO_OK;
+}
+
+static void op_release(nvme_store_op *o)
+{
+    free(o->ios);
+    free(o->sums);
+    o->ios = NULL;
+    o->sums = NULL;
+    o->nios = 0;
+}
+
+zo_status nvme_store_submit(nvme_store_t *s, int id, nvme_op_kind op, void *buf,
+                            nvme_store_op *o)
+{
+    memset(o, 0, sizeof *o);
+    zo_status st = check_id(s, id, "nvme_store_submit");
+    if (st != ZO_OK) return st;
+    store_tensor *t = &s->t[id];
+    if (op != NVME_OP_READ && op != NVME_OP_WRITE)
+        return zo_error(ZO_ERR_INVALID, "tensor %s: op must be read or write", t->name);
+    if (t->busy)
+        return zo_error(ZO_ERR_INVALID, "tensor %s: another transfer of it is in flight", t->name);
+    if (op == NVME_OP_READ && !t->valid)
+        return zo_error(ZO_ERR_NOT_FOUND, "tensor %s has no data on disk: it was never written "
+                        "or its last write failed", t->name);
+    o->id = id;
+    o->op = op;
+    o->buf = buf;
+    /* One transfer per stripe piece; one for the whole tensor with one file. */
+    size_t max = s->nfiles == 1 ? 1 : t->nbytes / s->stripe + 2;
+    o->ios = calloc(max, sizeof *o->ios);
+    if (!o->ios) return zo_error(ZO_ERR_NOMEM, "tensor %s: out of memory for %zu transfers",
+                                 t->name, max);
+    if (op == NVME_OP_WRITE) {
+        o->sums = malloc(t->nblocks * sizeof *o->sums);
+        if (!o->sums) {
+            st = zo_error(ZO_ERR_NOMEM, "tensor %s: out of memory for checksums", t->name);
+            goto out_release;
+        }
+        for (size_t b = 0; b < t->nblocks; b++) {
+            size_t off = b * s->cblock;
+            size_t len = t->nbytes - off < s->cblock ? t->nbytes - off : s->cblock;
+            o->sums[b] = XXH3_64bits((const char *)buf + off, len);
+        }
+    }
+    size_t pos = 0;
+    while (pos < t->nbytes) {
+        int k;
+        uint64_t foff;
+        locate_addr(s, t->start + pos, &k, &foff);
+        size_t len = t->nbytes - pos;
+        if (s->nfiles > 1) {
+            size_t to_end = s->stripe - (size_t)((t->start + pos) % s->stripe);
+            if (len > to_end) len = to_end;
+        }
+        nvme_io *io = &o->ios[o->nios++];
+        io->fid = s->fids[k];
+        io->op = op;
+        io->buf = (char *)buf + pos;
+        io->len = len;
+        io->offset = foff;
+        pos += len;
+    }
+    for (size_t i = 0; i < o->nios; i++) {
+        st = nvme_io_submit(s->e, &o->ios[i]);
+        if (st != ZO_OK) { /* only on a bad file id: nothing was queued before it */
+            zo_error_wrap(st, "tensor %s", t->name);
+            goto out_release;
+        }
+    }
+    t->busy = 1;
+    return ZO_OK;
+
+out_release:
+    op_release(o);
+    return st;
+}
+
+int nvme_store_op_complete(const nvme_store_op *o)
+{
+    for (size_t i = 0; i < o->nios; i++)
+        if (!nvme_io_done(&o->ios[i])) return 0;
+    return 1;
+}
+
+zo_status nvme_store_finish(nvme_store_t *s, nvme_store_op *o)
+{
+    zo_status st = check_id(s, o->id, "nvme_store_finish");
+    if (st != ZO_OK) return st;
+    if (!nvme_store_op_complete(o))
+        return zo_error(ZO_ERR_INTERNAL, "tensor %s: finish before the transfer completed",
+                        s->t[o->id].name);
+    store_tensor *t = &s->t[o->id];
+    t->busy = 0;
+    for (size_t i = 0; i < o->nios; i++) {
+        if (o->ios[i].status == ZO_OK) continue;
+        st = zo_error(o->ios[i].status, "tensor %s: %s", t->name, o->ios[i].error);
+        if (o->op == NVME_OP_WRITE) t->valid = 0; /* the disk holds a mix of old and new */
+        goto out_release;
+    }
+    if (o->op == NVME_OP_WRITE) {
+        free(t->sums);
+        t->sums = o->sums;
+        o->sums = NULL;
+        t->valid = 1;
+        goto out_release;
+    }
+    for (size_t b = 0; b < t->nblocks; b++) {
+        size_t off = b * s->cblock;
+        size_t len = t->nbytes - off < s->cblock ? t->nbytes - off : s->cblock;
+        uint64_t got = XXH3_64bits((const char *)o->buf + off, len);
+        if (got == t->sums[b]) continue;
+        int k;
+        uint64_t foff;
+        locate_addr(s, t->start + off, &k, &foff);
+        st = zo_error(ZO_ERR_CHECKSUM, "tensor %s block %zu (bytes %zu..%zu, %s offset %llu): "
+                      "checksum mismatch, written %016llx, read back %016llx", t->name, b, off,
+                      off + len - 1, s->paths[k], (unsigned long long)foff,
+                      (unsigned long long)t->sums[b], (unsigned long long)got);
+        goto out_release;
+    }
+
+out_release:
+    op_release(o);
+    return st;
+}
+
+zo_status nvme_store_wait(nvme_store_t *s, nvme_store_op *o)
+{
+    while (!nvme_store_op_complete(o)) {
+        zo_status st = nvme_engine_progress(s->e, 1);
+        if (st != ZO_OK) return st; /* the ring failed: the op cannot complete */
+    }
+    return nvme_store_finish(s, o);
+}
+
+zo_status nvme_store_write(nvme_store_t *s, int id, const void *buf)
+{
+    nvme_store_op o;
+    zo_status st = nvme_store_submit(s, id, NVME_OP_WRITE, (void *)buf, &o);
+    if (st != ZO_OK) return st;
+    return nvme_store_wait(s, &o);
+}
+
+zo_status nvme_store_read(nvme_store_t *s, int id, void *buf)
+{
+    nvme_store_op o;
+    zo_status st = nvme_store_submit(s, id, NVME_OP_READ, buf, &o);
+    if (st != ZO_OK) return st;
+    return nvme_store_wait(s, &o);
+}

@@ -1,0 +1,202 @@
+#include "calibrate.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/statvfs.h>
+#include <sys/sysinfo.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <omp.h>
+
+#include "common/dtype.h"
+#include "cpu_adam/cpu_adam.h" /* adam_update, adam_hparams_default */
+#ifdef ZO_HAVE_NVME_ENGINE
+#include "nvme/nvme_engine.h" /* nvme_engine_init, nvme_write, nvme_read */
+#endif
+
+void plan_calibrate_defaults(plan_calibrate_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->base = "h100-80gb";
+    o->adam_params = 16u << 20;
+    o->stream_bytes = 64u << 20;
+    o->seconds = 0.5;
+    o->nvme_bytes = 512u << 20;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* a[i] = b[i] + s * c[i]: 3 arrays of n floats, 3 x 4n bytes moved (the
+ * write's read-for-ownership not counted, as STREAM does). */
+static void triad(float *a, const float *b, const float *c, size_t n, float s, int threads)
+{
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (size_t i = 0; i < n; i++) a[i] = b[i] + s * c[i];
+}
+
+static zo_status measure_bw(const plan_calibrate_opts *o, int threads, double *bw)
+{
+    size_t n = o->stream_bytes / sizeof(float);
+    zo_status st = ZO_OK;
+    float *a = aligned_alloc(64, n * sizeof(float));
+    float *b = aligned_alloc(64, n * sizeof(float));
+    float *c = aligned_alloc(64, n * sizeof(float));
+    if (!a || !b || !c) {
+        st = zo_error(ZO_ERR_NOMEM, "calibrate: %zu bytes for the bandwidth arrays", 3 * n * sizeof(float));
+        goto out_free;
+    }
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (size_t i = 0; i < n; i++) a[i] = 0, b[i] = 1, c[i] = 2; /* first touch per thread */
+    double best = INFINITY, t_end = now_s() + o->seconds;
+    for (int rep = 0; rep < 3 || now_s() < t_end; rep++) {
+        double t0 = now_s();
+        triad(a, b, c, n, 0.5f, threads);
+        double dt = now_s() - t0;
+        if (dt < best) best = dt;
+        if (rep > 1000) break;
+    }
+    *bw = 3.0 * n * sizeof(float) / best;
+    if (a[n / 2] != 2.0f) st = zo_error(ZO_ERR_INTERNAL, "calibrate: the triad computed %g, not 2", a[n / 2]);
+out_free:
+    free(a);
+    free(b);
+    free(c);
+    return st;
+}
+
+static zo_status measure_adam(const plan_calibrate_opts *o, int threads, double *rate)
+{
+    size_t n = o->adam_params;
+    zo_status st = ZO_OK;
+    float *p = aligned_alloc(64, n * 4), *m = aligned_alloc(64, n * 4), *v = aligned_alloc(64, n * 4);
+    uint16_t *g = aligned_alloc(64, n * 2), *w = aligned_alloc(64, n * 2);
+    if (!p || !m || !v || !g || !w) {
+        st = zo_error(ZO_ERR_NOMEM, "calibrate: %zu bytes for the AdamW state", n * 16);
+        goto out_free;
+    }
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (size_t i = 0; i < n; i++) {
+        p[i] = 0.01f * (float)(i % 97);
+        m[i] = v[i] = 0;
+        g[i] = zo_f32_to_bf16(1e-3f * (float)(i % 13) - 6e-3f);
+    }
+    adam_hparams hp = adam_hparams_default();
+    double best = INFINITY, t_end = now_s() + o->seconds;
+    for (int rep = 0; rep < 3 || now_s() < t_end; rep++) {
+        hp.step = rep + 1;
+        double t0 = now_s();
+        st = adam_update(&hp, n, p, g, ZO_DTYPE_BF16, m, v, w, ZO_DTYPE_BF16, threads);
+        double dt = now_s() - t0;
+        if (st) {
+            st = zo_error_wrap(st, "calibrate: adam_update");
+            goto out_free;
+        }
+        if (dt < best) best = dt;
+        if (rep > 1000) break;
+    }
+    *rate = (double)n / best;
+out_free:
+    free(p);
+    free(m);
+    free(v);
+    free(g);
+    free(w);
+    return st;
+}
+
+#ifdef ZO_HAVE_NVME_ENGINE
+/* Write `bytes` to a file under dir in 64 MiB transfers (each split into the
+ * engine's queue-depth requests), then read it back; bytes/s of each. */
+static zo_status measure_nvme(const plan_calibrate_opts *o, double *rd, double *wr, int *direct)
+{
+    nvme_engine_t *e = NULL;
+    nvme_engine_config cfg = {0};
+    void *buf = NULL;
+    int fid = -1;
+    char path[4096];
+    size_t chunk = 64u << 20, total = (o->nvme_bytes + chunk - 1) / chunk * chunk;
+    snprintf(path, sizeof path, "%s/memplan-calibrate.%ld.tmp", o->nvme_dir, (long)getpid());
+    zo_status st = nvme_engine_init(&e, &cfg);
+    if (st) return zo_error_wrap(st, "calibrate: NVMe engine");
+    if ((st = nvme_buf_alloc(e, chunk, &buf)) != ZO_OK) goto out_engine;
+    memset(buf, 0x5a, chunk);
+    if ((st = nvme_file_open(e, path, NVME_FILE_CREATE | NVME_FILE_TRUNC, &fid)) != ZO_OK)
+        goto out_buf;
+    *direct = nvme_file_is_direct(e, fid);
+    if ((st = nvme_file_allocate(e, fid, total)) != ZO_OK) goto out_file;
+    double t0 = now_s();
+    for (size_t off = 0; off < total && !st; off += chunk) st = nvme_write(e, fid, buf, chunk, off);
+    if (st) goto out_file;
+    *wr = (double)total / (now_s() - t0);
+    t0 = now_s();
+    for (size_t off = 0; off < total && !st; off += chunk) st = nvme_read(e, fid, buf, chunk, off);
+    if (st) goto out_file;
+    *rd = (double)total / (now_s() - t0);
+    if (((unsigned char *)buf)[chunk - 1] != 0x5a)
+        st = zo_error(ZO_ERR_CHECKSUM, "calibrate: %s read back other bytes than written", path);
+out_file:
+    nvme_file_close(e, fid);
+    unlink(path);
+out_buf:
+    nvme_buf_free(e, buf);
+out_engine:
+    nvme_engine_free(e);
+    return st ? zo_error_wrap(st, "calibrate --nvme-dir %s", o->nvme_dir) : ZO_OK;
+}
+#endif
+
+zo_status plan_calibrate_run(const plan_calibrate_opts *o, plan_hw *hw)
+{
+    zo_status st = plan_hw_find(o->base, hw);
+    if (st) return zo_error_wrap(st, "calibrate --base");
+    if (o->adam_params < 1024 || o->stream_bytes < 4096 || !(o->seconds > 0))
+        return zo_error(ZO_ERR_INVALID, "calibrate: --adam-params >= 1024, --stream-bytes >= 4096 "
+                                        "and --seconds > 0");
+    int threads = o->threads > 0 ? o->threads : omp_get_max_threads();
+    struct sysinfo si;
+    if (sysinfo(&si)) return zo_error(ZO_ERR_IO, "calibrate: sysinfo failed");
+    char base_name[48];
+    snprintf(base_name, sizeof base_name, "%s", hw->name);
+    snprintf(hw->name, sizeof hw->name, "local");
+    hw->gpus = hw->gpus_per_node = 1;
+    hw->cpu_mem = (uint64_t)si.totalram * si.mem_unit;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    hw->cpu_cores = cores > 0 ? (int)cores : 1;
+    if ((st = measure_bw(o, threads, &hw->cpu_mem_bw)) != ZO_OK) return st;
+    if ((st = measure_adam(o, threads, &hw->cpu_adam_rate)) != ZO_OK) return st;
+    if (o->nvme_dir) {
+        struct statvfs vs;
+        if (statvfs(o->nvme_dir, &vs))
+            return zo_error(ZO_ERR_IO, "calibrate --nvme-dir %s: statvfs failed", o->nvme_dir);
+        hw->nvme = (uint64_t)vs.f_bavail * vs.f_frsize;
+    }
+    char nvme_note[96];
+    snprintf(nvme_note, sizeof nvme_note, "NVMe rates from %s (no --nvme-dir)", base_name);
+    if (o->nvme_dir) {
+#ifdef ZO_HAVE_NVME_ENGINE
+        int direct = 0;
+        if ((st = measure_nvme(o, &hw->nvme_read_bw, &hw->nvme_write_bw, &direct)) != ZO_OK) return st;
+        snprintf(nvme_note, sizeof nvme_note, "NVMe rates measured in %s%s", o->nvme_dir,
+                 direct ? " (O_DIRECT)" : " (buffered: the file system refused O_DIRECT)");
+#else
+        snprintf(nvme_note, sizeof nvme_note, "NVMe rates from %s (built without liburing)",
+                 base_name);
+#endif
+    }
+    hw->measured = 1;
+    int gpu = access("/dev/nvidia0", F_OK) == 0;
+    snprintf(hw->note, sizeof hw->note, "%s; %s",
+             gpu ? "GPU present: its rates from the base preset (not measured)"
+                 : "no GPU: GPU and PCIe rates from the base preset",
+             nvme_note);
+    return ZO_OK;
+}

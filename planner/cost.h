@@ -1,0 +1,73 @@
+/* The cost model: predicted seconds per optimizer step, split into its parts.
+ *
+ * Pure arithmetic, no I/O. A layer is a list of matmuls (timed by a roofline
+ * with the hardware's efficiency curve by operation size), elementwise kernels
+ * (bytes over achieved HBM bandwidth) and tensor-parallel collectives (ring or
+ * tree, whichever is faster). A step is the micro-batches through the slowest
+ * pipeline stage, the pipeline bubble, the exposed part of data-parallel
+ * collectives and of host<->device and NVMe traffic (overlapped with compute
+ * where the runtime overlaps it), and the optimizer update on the GPU or the
+ * CPU. docs/memplan.md ("Time") gives every formula and constant. */
+#ifndef ZO_PLANNER_COST_H
+#define ZO_PLANNER_COST_H
+
+#include "planner/memory.h"
+
+/* One micro-batch through the slowest pipeline stage, on one rank. Depends on
+ * the shape, TP/SP, micro-batch, sequence, recompute and attention only, so
+ * the search computes it once for all placements. */
+typedef struct plan_time_mb {
+    double fwd, bwd, rc;        /* compute seconds: forward, backward, recompute */
+    double tp_fwd, tp_bwd, tp_rc; /* tensor-parallel collectives of each pass */
+    double total;               /* fwd + bwd + rc + the three TP parts */
+    double layer_fwd, layer_bwd;  /* one layer with its TP collectives; bwd includes recompute */
+    double layer_compute;       /* one layer's fwd + bwd + rc compute (overlap window per block) */
+    double model_flops_token;   /* fwd + bwd FLOPs per token of the whole model (MFU) */
+    double rc_flops_token;      /* recomputed FLOPs per token (HFU adds them) */
+} plan_time_mb;
+
+typedef struct plan_time {
+    /* seconds per optimizer step on the critical rank */
+    double forward, backward, recompute; /* compute of all micro-batches */
+    double tp_comm;       /* tensor-parallel collectives (not overlapped) */
+    double pp_bubble;     /* pipeline fill and drain: (p-1)/v micro-batch times */
+    double pp_comm;       /* activations and their gradients sent between stages */
+    double dp_comm;       /* exposed data-parallel collectives (ZeRO gathers included) */
+    double h2d;           /* exposed host->device copies: streamed and updated weights */
+    double d2h;           /* exposed device->host gradient copies and host accumulation */
+    double optimizer_gpu; /* the update on the GPU */
+    double cpu_adam;      /* AdamW on the CPU over the CPU and NVMe shares */
+    double nvme;          /* exposed NVMe traffic (optimizer swap, streamed weights) */
+    /* totals before overlap */
+    double dp_comm_total, h2d_total, d2h_total, nvme_total;
+    double step;          /* seconds per step: the sum of the exposed parts */
+    double tokens_per_s;
+    double model_flops;   /* per step, all GPUs (6N + attention per token) */
+    double hw_flops;      /* model_flops plus recompute */
+    double mfu, hfu;      /* of the dtype's dense peak */
+    plan_time_mb mb;
+} plan_time;
+
+void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
+                          plan_time_mb *out);
+
+/* The step from a micro-batch's time and the memory estimate (which gives
+ * the rank's parameters and what lives where). */
+void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
+                    const plan_estimate *e, const plan_time_mb *mb, plan_time *out);
+
+/* Both, after validating the configuration. */
+zo_status plan_time_run(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
+                        const plan_estimate *e, plan_time *out);
+
+/* Collectives over p ranks on links of `bw` bytes/s (already the achieved
+ * bus bandwidth) and `lat` seconds per step; `bytes` is the whole buffer. */
+double plan_allreduce_s(double bytes, int p, double bw, double lat);
+double plan_allgather_s(double bytes, int p, double bw, double lat); /* = reduce-scatter */
+
+/* The names of the parts, in the order of the step (JSON keys, SVG legend). */
+#define PLAN_TIME_PARTS 12
+const char *plan_time_part_name(int i);
+double plan_time_part(const plan_time *pt, int i);
+
+#endif

@@ -1,0 +1,577 @@
+#include "search.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+void plan_space_defaults(plan_space *s, const zo_model_config *m, const plan_hw *hw)
+{
+    memset(s, 0, sizeof *s);
+    s->gpus = hw->gpus;
+    s->global_batch = 8 * hw->gpus;
+    s->max_micro_batch = 16;
+    s->max_vpp = 4;
+    s->opt_steps = 10;
+    s->max_prefetch = 3;
+    s->allow_offload = 1;
+    s->allow_nvme = 1;
+    s->zero_min = 0;
+    s->zero_max = 3;
+    s->recompute = -1;
+    s->params_on = -1;
+    s->opt_on = -1;
+    s->objective = PLAN_OBJ_TIME;
+    plan_train_defaults(&s->base, m);
+}
+
+/* ---- the ranked list -------------------------------------------------------------- */
+
+/* Plans that differ only in prefetch depth count as one (the faster kept). */
+static int same_shape(const plan_candidate *a, const plan_train *t, int gpus)
+{
+    const plan_train *u = &a->t;
+    return a->gpus == gpus && u->dp == t->dp && u->tp == t->tp && u->pp == t->pp &&
+           u->vpp == t->vpp && u->sp == t->sp && u->zero == t->zero &&
+           u->micro_batch == t->micro_batch && u->recompute == t->recompute &&
+           u->params_on == t->params_on && u->grads_on == t->grads_on &&
+           u->checkpoints_on == t->checkpoints_on && u->opt_frac[0] == t->opt_frac[0] &&
+           u->opt_frac[1] == t->opt_frac[1] && u->opt_frac[2] == t->opt_frac[2];
+}
+
+typedef struct ranked {
+    plan_result *r;
+    int k;
+} ranked;
+
+static double worst(const ranked *rk)
+{
+    return rk->r->n_best < rk->k ? INFINITY : rk->r->best[rk->r->n_best - 1].score;
+}
+
+static void rank_insert(ranked *rk, const plan_train *t, int gpus, double score,
+                        const plan_time *pt, const plan_estimate *e)
+{
+    plan_result *r = rk->r;
+    int at = r->n_best;
+    for (int i = 0; i < r->n_best; i++)
+        if (same_shape(&r->best[i], t, gpus)) {
+            if (score >= r->best[i].score) return;
+            at = i; /* replaced: remove it, then insert in order */
+            memmove(&r->best[i], &r->best[i + 1], sizeof r->best[0] * (size_t)(r->n_best - i - 1));
+            r->n_best--;
+            break;
+        }
+    (void)at;
+    int pos = r->n_best;
+    while (pos > 0 && r->best[pos - 1].score > score) pos--;
+    if (pos >= rk->k) return;
+    int n = r->n_best < rk->k ? r->n_best + 1 : rk->k;
+    memmove(&r->best[pos + 1], &r->best[pos], sizeof r->best[0] * (size_t)(n - pos - 1));
+    plan_candidate *c = &r->best[pos];
+    c->t = *t;
+    c->gpus = gpus;
+    c->score = score;
+    c->time = *pt;
+    memcpy(c->total, e->total, sizeof c->total);
+    r->n_best = n;
+}
+
+/* ---- the enumeration -------------------------------------------------------------- */
+
+typedef struct walk {
+    const zo_model_config *m;
+    const plan_space *s;
+    plan_hw hw;         /* with this count of GPUs */
+    ranked rk;
+    plan_result *r;
+} walk;
+
+static double score_of(const plan_space *s, const plan_time *pt, const plan_estimate *e,
+                       int gpus)
+{
+    switch (s->objective) {
+    case PLAN_OBJ_MEMORY:
+        /* GPU bytes first, step time breaks ties (a second is worth 1 byte) */
+        return (double)e->total[PLAN_GPU] + pt->step;
+    case PLAN_OBJ_COST: return gpus / pt->tokens_per_s; /* GPU-seconds per token */
+    default: return pt->step;
+    }
+}
+
+/* The placements and ZeRO stages of one parallel layout. */
+static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
+{
+    const plan_space *s = w->s;
+    plan_estimate e;
+    plan_time pt;
+    int zmin = s->zero_min, zmax = s->zero_max;
+    if (t->dp == 1) zmin = zmax = 0; /* nothing to shard */
+    int pmax = !s->allow_offload ? PLAN_GPU : s->allow_nvme ? PLAN_NVME : PLAN_CPU;
+    int steps = s->opt_steps > 0 ? s->opt_steps : 1;
+    for (int z = zmin; z <= zmax; z++) {
+        t->zero = z;
+        for (int pl = PLAN_GPU; pl <= pmax; pl++) {
+            if (s->params_on >= 0 && pl != s->params_on) continue;
+            t->params_on = (plan_tier)pl;
+            /* optimizer: on the GPU (k = -1), or k/steps of it on NVMe, the
+             * rest on the CPU; streamed weights need the CPU optimizer */
+            int kmax = !s->allow_offload ? -1 : s->allow_nvme ? steps : 0;
+            for (int k = -1; k <= kmax; k++) {
+                if (k >= 0 && !s->allow_offload) break;
+                if (k < 0 && pl != PLAN_GPU) continue;
+                if (s->opt_on == PLAN_GPU && k >= 0) continue;
+                if (s->opt_on == PLAN_CPU && k != 0) continue;
+                if (s->opt_on == PLAN_NVME && k != steps) continue;
+                if (k < 0) {
+                    t->opt_frac[PLAN_GPU] = 1;
+                    t->opt_frac[PLAN_CPU] = t->opt_frac[PLAN_NVME] = 0;
+                    t->grads_on = PLAN_GPU;
+                } else {
+                    t->opt_frac[PLAN_GPU] = 0;
+                    t->opt_frac[PLAN_NVME] = (double)k / steps;
+                    t->opt_frac[PLAN_CPU] = 1 - t->opt_frac[PLAN_NVME];
+                    t->grads_on = PLAN_CPU;
+                }
+                int ckmax = s->allow_offload ? PLAN_CPU : PLAN_GPU;
+                for (int ck = PLAN_GPU; ck <= ckmax; ck++) {
+                    t->checkpoints_on = (plan_tier)ck;
+                    int streamed = pl != PLAN_GPU || z >= 3;
+                    int dmin = streamed ? 1 : s->base.buf.prefetch_depth;
+                    int dmax = streamed ? s->max_prefetch : s->base.buf.prefetch_depth;
+                    for (int d = dmin; d <= dmax; d++) {
+                        t->buf.prefetch_depth = d;
+                        w->r->configs++;
+                        plan_estimate_unchecked(w->m, &w->hw, t, &e);
+                        if (!e.fits) continue;
+                        w->r->feasible++;
+                        plan_time_step(w->m, &w->hw, t, &e, mb, &pt);
+                        double sc = score_of(s, &pt, &e, w->hw.gpus);
+                        if (sc < worst(&w->rk)) rank_insert(&w->rk, t, w->hw.gpus, sc, &pt, &e);
+                    }
+                }
+            }
+        }
+    }
+}
+
+static void walk_gpus(walk *w, int gpus)
+{
+    const zo_model_config *m = w->m;
+    const plan_space *s = w->s;
+    w->hw.gpus = gpus;
+    int L = m->params_override ? 1 : m->n_layers;
+    int node = w->hw.gpus_per_node;
+    for (int tp = 1; tp <= gpus && tp <= node; tp++) {
+        if (gpus % tp || (s->tp && tp != s->tp)) continue;
+        if (!m->params_override && (m->n_heads % tp || m->n_kv_heads % tp)) continue;
+        if (m->params_override && tp > 1) continue;
+        for (int pp = 1; pp * tp <= gpus; pp++) {
+            if ((gpus / tp) % pp || L % pp || (s->pp && pp != s->pp)) continue;
+            int dp = gpus / (tp * pp);
+            if (s->global_batch % dp) continue;
+            int per_dp = s->global_batch / dp;
+            for (int mbs = 1; mbs <= per_dp && mbs <= s->max_micro_batch; mbs *= 2) {
+                if (per_dp % mbs) continue;
+                int ga = per_dp / mbs;
+                int vmax = pp > 1 && ga % pp == 0 ? s->max_vpp : 1;
+                for (int v = 1; v <= vmax; v++) {
+                    if (v > 1 && L % (pp * v)) continue;
+                    for (int sp = 0; sp <= (tp > 1); sp++) {
+                        for (int rc = PLAN_RECOMPUTE_NONE; rc <= PLAN_RECOMPUTE_FULL; rc++) {
+                            if (s->recompute >= 0 && rc != s->recompute) continue;
+                            /* with flash attention selective recompute saves nothing */
+                            if (rc == PLAN_RECOMPUTE_SELECTIVE && s->base.flash_attn) continue;
+                            if (m->params_override && rc == PLAN_RECOMPUTE_SELECTIVE) continue;
+                            plan_train t = s->base;
+                            t.dp = dp;
+                            t.tp = tp;
+                            t.pp = pp;
+                            t.vpp = v;
+                            t.sp = sp;
+                            t.micro_batch = mbs;
+                            t.grad_accum = ga;
+                            t.recompute = (plan_recompute)rc;
+                            plan_time_mb mb;
+                            plan_time_microbatch(m, &w->hw, &t, &mb);
+                            walk_placements(w, &t, &mb);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+zo_status plan_search(const zo_model_config *m, const plan_hw *hw, const plan_space *s, int top,
+                      plan_result *out)
+{
+    memset(out, 0, sizeof *out);
+    if (top < 1 || top > PLAN_TOP_MAX)
+        return zo_error(ZO_ERR_INVALID, "--top %d: between 1 and %d", top, PLAN_TOP_MAX);
+    if (s->global_batch < 1)
+        return zo_error(ZO_ERR_INVALID, "--global-batch must be positive");
+    if (s->gpus < 1 && s->max_gpus < 1)
+        return zo_error(ZO_ERR_INVALID, "--gpus or --max-gpus must be positive");
+    if (s->zero_min < 0 || s->zero_max > 3 || s->zero_min > s->zero_max)
+        return zo_error(ZO_ERR_INVALID, "--zero: stages between 0 and 3");
+    if (s->base.seq < 1) return zo_error(ZO_ERR_INVALID, "--seq must be positive");
+    if (m->arch == ZO_ARCH_GPT && !m->params_override && s->base.seq > m->max_seq)
+        return zo_error(ZO_ERR_INVALID, "--seq %d exceeds the %d learned positions of %s",
+                        s->base.seq, m->max_seq, m->name);
+    /* the hardware and buffers are checked once, on a trivially valid layout */
+    plan_train probe = s->base;
+    plan_hw h1 = *hw;
+    h1.gpus = 1;
+    probe.dp = probe.tp = probe.pp = probe.vpp = 1;
+    probe.sp = 0;
+    probe.zero = 0;
+    probe.seq = s->base.seq;
+    zo_status st = plan_train_validate(&probe, m, &h1);
+    if (st) return st;
+    if (hw->peak_flops_16 <= 0 || hw->gemm_eff_max <= 0 || hw->hbm_eff <= 0 || hw->pcie_bw <= 0)
+        return zo_error(ZO_ERR_INVALID, "hardware '%s' lacks the cost model's rates", hw->name);
+
+    walk w = {.m = m, .s = s, .hw = *hw, .rk = {out, top}, .r = out};
+    if (s->max_gpus > 0) {
+        for (int g = 1; g <= s->max_gpus; g++) {
+            int pow2 = (g & (g - 1)) == 0;
+            if (!pow2 && g % hw->gpus_per_node) continue;
+            walk_gpus(&w, g);
+        }
+    } else {
+        walk_gpus(&w, s->gpus);
+    }
+    return ZO_OK;
+}
+
+/* ---- words ------------------------------------------------------------------------- */
+
+typedef struct sbuf {
+    char *p;
+    size_t len, used;
+} sbuf;
+
+static void put(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(sbuf *b, const char *fmt, ...)
+{
+    if (b->used >= b->len) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(b->p + b->used, b->len - b->used, fmt, ap);
+    va_end(ap);
+    if (n > 0) b->used += (size_t)n;
+    if (b->used >= b->len) b->used = b->len - 1;
+}
+
+static void describe_opt(const double f[PLAN_TIERS], char *buf, size_t len)
+{
+    if (f[PLAN_GPU] >= 1) snprintf(buf, len, "the GPU");
+    else if (f[PLAN_CPU] >= 1) snprintf(buf, len, "the CPU");
+    else if (f[PLAN_NVME] >= 1) snprintf(buf, len, "NVMe");
+    else snprintf(buf, len, "%.0f%% CPU / %.0f%% NVMe", 100 * f[PLAN_CPU], 100 * f[PLAN_NVME]);
+}
+
+static const char *tier_words(plan_tier t)
+{
+    return t == PLAN_GPU ? "the GPU" : t == PLAN_CPU ? "the CPU" : "NVMe";
+}
+
+void plan_describe_diff(const plan_candidate *best, const plan_candidate *c, char *buf, size_t len)
+{
+    sbuf b = {buf, len, 0};
+    buf[0] = '\0';
+    const plan_train *x = &best->t, *y = &c->t;
+    const char *sep = "";
+#define DIFF(cond, ...)               \
+    do {                              \
+        if (cond) {                   \
+            put(&b, "%s", sep);       \
+            put(&b, __VA_ARGS__);     \
+            sep = "; ";               \
+        }                             \
+    } while (0)
+    DIFF(c->gpus != best->gpus, "%d GPUs instead of %d", c->gpus, best->gpus);
+    DIFF(y->dp != x->dp, "DP %d instead of %d", y->dp, x->dp);
+    DIFF(y->tp != x->tp, "TP %d instead of %d", y->tp, x->tp);
+    DIFF(y->pp != x->pp, "PP %d instead of %d", y->pp, x->pp);
+    DIFF(y->vpp != x->vpp, "%d model chunks per stage instead of %d", y->vpp, x->vpp);
+    DIFF(y->sp != x->sp, "%s sequence parallelism", y->sp ? "with" : "without");
+    DIFF(y->zero != x->zero, "ZeRO-%d instead of ZeRO-%d", y->zero, x->zero);
+    DIFF(y->micro_batch != x->micro_batch, "micro-batch %d x %d instead of %d x %d",
+         y->micro_batch, y->grad_accum, x->micro_batch, x->grad_accum);
+    DIFF(y->recompute != x->recompute, "%s recompute instead of %s",
+         plan_recompute_name(y->recompute), plan_recompute_name(x->recompute));
+    DIFF(y->params_on != x->params_on, "weights on %s instead of %s", tier_words(y->params_on),
+         tier_words(x->params_on));
+    DIFF(y->grads_on != x->grads_on, "gradients on %s instead of %s", tier_words(y->grads_on),
+         tier_words(x->grads_on));
+    if (memcmp(y->opt_frac, x->opt_frac, sizeof x->opt_frac)) {
+        char a[48], o[48];
+        describe_opt(y->opt_frac, a, sizeof a);
+        describe_opt(x->opt_frac, o, sizeof o);
+        DIFF(1, "optimizer on %s instead of %s", a, o);
+    }
+    DIFF(y->checkpoints_on != x->checkpoints_on, "checkpoints on %s instead of %s",
+         tier_words(y->checkpoints_on), tier_words(x->checkpoints_on));
+    int streamed = y->params_on != PLAN_GPU || y->zero >= 3 || x->params_on != PLAN_GPU || x->zero >= 3;
+    DIFF(streamed && y->buf.prefetch_depth != x->buf.prefetch_depth, "prefetch %d instead of %d",
+         y->buf.prefetch_depth, x->buf.prefetch_depth);
+#undef DIFF
+    double d = c->time.step / best->time.step - 1;
+    put(&b, "%s%.1f%% %s step", sep, fabs(d) * 100, d >= 0 ? "slower" : "faster");
+    double gb = ((double)c->total[PLAN_GPU] - (double)best->total[PLAN_GPU]) / (1 << 30);
+    put(&b, ", %+.1f GiB GPU", gb);
+}
+
+static double gib(uint64_t v) { return (double)v / (1 << 30); }
+
+/* Try `t` with one change: fits? and its step time. */
+static int try_change(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
+                      plan_estimate *e, double *step)
+{
+    if (plan_estimate_run(m, hw, t, e)) return 0;
+    plan_time pt;
+    if (plan_time_run(m, hw, t, e, &pt)) return 0;
+    *step = pt.step;
+    return e->fits;
+}
+
+static void because(sbuf *b, const char *what, const plan_estimate *e, int fits, double step,
+                    double best_step, plan_tier tier)
+{
+    static const char *names[] = {"GPU", "CPU", "NVMe"};
+    if (!fits) {
+        put(b, "%s because there the %s would need %.1f GiB of its %.1f GiB per rank\n", what,
+            names[tier], gib(e->total[tier]), gib(e->capacity[tier]));
+    } else {
+        put(b, "%s because it is faster (%.3f s per step against %.3f s)\n", what, best_step,
+            step);
+    }
+}
+
+void plan_explain(const zo_model_config *m, const plan_hw *hw, const plan_candidate *c, char *buf,
+                  size_t len)
+{
+    sbuf b = {buf, len, 0};
+    buf[0] = '\0';
+    plan_hw h = *hw;
+    h.gpus = c->gpus;
+    const plan_train *t = &c->t;
+    plan_estimate e;
+    double step = 0;
+    char what[160];
+    int rpn = plan_hw_ranks_per_node(&h);
+
+    if (t->opt_frac[PLAN_GPU] < 1) {
+        plan_train u = *t;
+        if (t->opt_frac[PLAN_NVME] > 0) {
+            /* could the NVMe share live in CPU memory? */
+            u.opt_frac[PLAN_CPU] = 1;
+            u.opt_frac[PLAN_NVME] = 0;
+            int fits = try_change(m, &h, &u, &e, &step);
+            char o[48];
+            describe_opt(t->opt_frac, o, sizeof o);
+            if (!fits)
+                put(&b, "optimizer on %s because CPU memory is %.0f GiB per node (%.1f GiB per "
+                        "rank) and all of it in CPU memory would need %.1f GiB per rank\n",
+                    o, gib(h.cpu_mem), gib(h.cpu_mem) / rpn, gib(e.total[PLAN_CPU]));
+            else
+                because(&b, "optimizer partly on NVMe", &e, fits, step, c->time.step, PLAN_CPU);
+        } else {
+            u.opt_frac[PLAN_GPU] = 1;
+            u.opt_frac[PLAN_CPU] = 0;
+            u.grads_on = PLAN_GPU;
+            u.params_on = PLAN_GPU;
+            int fits = try_change(m, &h, &u, &e, &step);
+            because(&b, "optimizer on the CPU", &e, fits, step, c->time.step, PLAN_GPU);
+        }
+    }
+    if (t->params_on != PLAN_GPU) {
+        plan_train u = *t;
+        u.params_on = t->params_on == PLAN_NVME ? PLAN_CPU : PLAN_GPU;
+        int fits = try_change(m, &h, &u, &e, &step);
+        snprintf(what, sizeof what, "weights streamed from %s", tier_words(t->params_on));
+        because(&b, what, &e, fits, step, c->time.step, t->params_on == PLAN_NVME ? PLAN_CPU : PLAN_GPU);
+    }
+    if (t->checkpoints_on == PLAN_CPU) {
+        plan_train u = *t;
+        u.checkpoints_on = PLAN_GPU;
+        int fits = try_change(m, &h, &u, &e, &step);
+        because(&b, "activation checkpoints in CPU memory", &e, fits, step, c->time.step, PLAN_GPU);
+    }
+    if (t->recompute != PLAN_RECOMPUTE_NONE) {
+        plan_train u = *t;
+        u.recompute = PLAN_RECOMPUTE_NONE;
+        int fits = try_change(m, &h, &u, &e, &step);
+        snprintf(what, sizeof what, "%s recompute", plan_recompute_name(t->recompute));
+        because(&b, what, &e, fits, step, c->time.step, PLAN_GPU);
+    }
+    if (t->zero > 0) {
+        plan_train u = *t;
+        u.zero = t->zero - 1;
+        int fits = try_change(m, &h, &u, &e, &step);
+        snprintf(what, sizeof what, "ZeRO-%d rather than ZeRO-%d", t->zero, t->zero - 1);
+        because(&b, what, &e, fits, step, c->time.step, PLAN_GPU);
+    }
+    if (!b.used) put(&b, "everything on the GPU: it fits there\n");
+}
+
+/* ---- max-model ------------------------------------------------------------------- */
+
+static const char *strategy_names[PLAN_STRATEGIES] = {
+    "data-parallel", "zero-1", "zero-2", "zero-3", "3d-parallel", "zero-offload",
+    "zero-infinity-cpu", "zero-infinity-nvme",
+};
+
+const char *plan_strategy_name(plan_strategy s)
+{
+    return s < PLAN_STRATEGIES ? strategy_names[s] : "?";
+}
+
+static int in_family(const char *want, const zo_model_config *c)
+{
+    if (!strcasecmp(want, c->family)) return 1;
+    if (!strcasecmp(want, "gpt"))
+        return !strcmp(c->family, "gpt3") || !strcmp(c->family, "megatron");
+    if (!strcasecmp(want, "llama")) return !strcmp(c->family, "llama2");
+    return 0;
+}
+
+zo_status plan_family_shape(const char *family, double params, zo_model_config *out)
+{
+    size_t n;
+    const zo_model_preset *p = zo_model_presets(&n);
+    const zo_model_config *lo = NULL, *hi = NULL, *small = NULL, *large = NULL;
+    double plo = 0, phi = INFINITY, psmall = INFINITY, plarge = 0;
+    for (size_t i = 0; i < n; i++) {
+        const zo_model_config *c = &p[i].cfg;
+        if (!in_family(family, c)) continue;
+        double pc = (double)zo_model_params(c);
+        if (pc <= params && pc > plo) plo = pc, lo = c;
+        if (pc >= params && pc < phi) phi = pc, hi = c;
+        if (pc < psmall) psmall = pc, small = c;
+        if (pc > plarge) plarge = pc, large = c;
+    }
+    if (!small)
+        return zo_error(ZO_ERR_NOT_FOUND,
+                        "--family '%s': no presets of that family (gpt, llama, gpt3, megatron, "
+                        "llama2, llama3)", family);
+    const zo_model_config *a, *bm;
+    double x;
+    if (!lo) { /* below the smallest: its aspect, scaled */
+        a = bm = small;
+        x = cbrt(params / psmall);
+    } else if (!hi) {
+        a = bm = large;
+        x = cbrt(params / plarge);
+    } else {
+        a = lo;
+        bm = hi;
+        x = 1;
+    }
+    double hidden, layers;
+    if (a == bm) {
+        hidden = a->hidden * x;
+        layers = a->n_layers * x;
+    } else {
+        double pa = (double)zo_model_params(a), pb = (double)zo_model_params(bm);
+        double f = pb > pa ? (log(params) - log(pa)) / (log(pb) - log(pa)) : 0;
+        hidden = exp(log(a->hidden) + f * (log(bm->hidden) - log(a->hidden)));
+        layers = exp(log(a->n_layers) + f * (log(bm->n_layers) - log(a->n_layers)));
+    }
+    *out = *a;
+    int h = (int)llround(hidden / 128) * 128;
+    if (h < 128) h = 128;
+    out->hidden = h;
+    out->n_heads = h / 128;
+    out->head_dim = 128;
+    out->n_layers = layers < 1 ? 1 : (int)llround(layers);
+    if (a->n_kv_heads == a->n_heads || out->n_heads % 8) out->n_kv_heads = out->n_heads;
+    else out->n_kv_heads = 8;
+    if (a->arch == ZO_ARCH_GPT) out->ffn = 4 * h;
+    else out->ffn = (int)((llround((double)a->ffn / a->hidden * h) + 255) / 256 * 256);
+    out->params_override = 0;
+    snprintf(out->name, sizeof out->name, "%s-%dx%d", family, out->n_layers, h);
+    return zo_model_config_validate(out);
+}
+
+static void strategy_space(plan_strategy st, plan_space *s)
+{
+    s->max_micro_batch = 1;
+    s->global_batch = s->gpus;
+    s->max_vpp = 1;
+    s->opt_steps = 1;
+    s->tp = s->pp = 1;
+    s->allow_offload = 0;
+    s->allow_nvme = 0;
+    s->params_on = s->opt_on = -1;
+    switch (st) {
+    case PLAN_STRAT_DP: s->zero_min = s->zero_max = 0; break;
+    case PLAN_STRAT_ZERO1: s->zero_min = s->zero_max = 1; break;
+    case PLAN_STRAT_ZERO2: s->zero_min = s->zero_max = 2; break;
+    case PLAN_STRAT_ZERO3: s->zero_min = s->zero_max = 3; break;
+    case PLAN_STRAT_3D:
+        s->zero_min = 0;
+        s->zero_max = 1;
+        s->tp = s->pp = 0;
+        break;
+    case PLAN_STRAT_OFFLOAD:
+        s->zero_min = s->zero_max = 2;
+        s->allow_offload = 1;
+        s->params_on = PLAN_GPU;
+        s->opt_on = PLAN_CPU;
+        break;
+    case PLAN_STRAT_INF_CPU:
+        s->zero_min = s->zero_max = 3;
+        s->allow_offload = 1;
+        s->params_on = PLAN_CPU;
+        s->opt_on = PLAN_CPU;
+        break;
+    default:
+        s->zero_min = s->zero_max = 3;
+        s->allow_offload = 1;
+        s->allow_nvme = 1;
+        s->params_on = PLAN_NVME;
+        s->opt_on = PLAN_NVME;
+        break;
+    }
+}
+
+zo_status plan_max_model(const char *family, const plan_hw *hw, const plan_space *base,
+                         plan_strategy strategy, zo_model_config *shape, plan_candidate *plan,
+                         uint64_t *params)
+{
+    *params = 0;
+    if (strategy >= PLAN_STRATEGIES) return zo_error(ZO_ERR_INVALID, "unknown strategy");
+    double lo = 1e7, hi = 1e15; /* lo fits (checked below), hi does not */
+    zo_model_config m;
+    plan_result r;
+    zo_status st;
+    int found = 0;
+    for (int it = 0; it < 48 && hi / lo > 1.005; it++) {
+        double mid = it == 0 ? lo : sqrt(lo * hi);
+        if ((st = plan_family_shape(family, mid, &m)) != ZO_OK) return st;
+        plan_space s = *base;
+        s.gpus = hw->gpus;
+        s.max_gpus = 0;
+        strategy_space(strategy, &s);
+        s.base.seq = base->base.seq > 0 ? base->base.seq : m.max_seq;
+        if (m.arch == ZO_ARCH_GPT && s.base.seq > m.max_seq) m.max_seq = s.base.seq;
+        s.base.dropout = m.arch == ZO_ARCH_GPT;
+        if ((st = plan_search(&m, hw, &s, 1, &r)) != ZO_OK) return st;
+        if (r.n_best > 0) {
+            lo = mid;
+            found = 1;
+            *shape = m;
+            *plan = r.best[0];
+            *params = zo_model_params(&m);
+        } else {
+            if (it == 0) return ZO_OK; /* even the smallest does not fit */
+            hi = mid;
+        }
+    }
+    (void)found;
+    return ZO_OK;
+}

@@ -1,0 +1,108 @@
+/* The search: every feasible configuration of a model on given hardware,
+ * ranked by predicted step time (or memory, or GPU-seconds per token).
+ *
+ * Enumerates GPU count (up to --max-gpus), TP (dividing heads and kv heads,
+ * within a node) x PP (dividing layers) x DP, micro-batch (the gradient
+ * accumulation follows from the global batch), interleaving, SP, recompute,
+ * ZeRO stage, where weights / gradients / optimizer state (fractions) /
+ * checkpoints live, and prefetch depth. Memory is checked before time; the
+ * per-micro-batch time is computed once per outer configuration. Pure C, no
+ * I/O, no allocation. */
+#ifndef ZO_PLANNER_SEARCH_H
+#define ZO_PLANNER_SEARCH_H
+
+#include "planner/cost.h"
+#include "planner/memory.h"
+
+typedef enum plan_objective {
+    PLAN_OBJ_TIME = 0, /* seconds per step */
+    PLAN_OBJ_MEMORY,   /* GPU bytes per rank (then time) */
+    PLAN_OBJ_COST,     /* GPU-seconds per token: step x GPUs / tokens */
+} plan_objective;
+
+#define PLAN_TOP_MAX 16
+
+typedef struct plan_space {
+    int gpus;              /* the job's GPUs; with max_gpus, the most tried */
+    int max_gpus;          /* > 0: also try fewer GPUs (powers of two, whole nodes) */
+    int global_batch;      /* sequences per step */
+    int max_micro_batch;   /* largest micro-batch tried (powers of two) */
+    int max_vpp;           /* most model chunks per stage tried */
+    int opt_steps;         /* CPU/NVMe optimizer split in 1/opt_steps (10: 0.1) */
+    int max_prefetch;      /* prefetch depths 1..max_prefetch for streamed weights */
+    int allow_offload;     /* 0: everything on the GPU */
+    int allow_nvme;        /* 0: nothing on NVMe */
+    int zero_min, zero_max;
+    int tp, pp;            /* > 0: fixed */
+    int recompute;         /* -1: all; else a plan_recompute */
+    int params_on;         /* -1: free; else the plan_tier of the weights */
+    int opt_on;            /* -1: free; else all optimizer state on this plan_tier */
+    plan_objective objective;
+    plan_train base;       /* dtype, grad dtype, optimizer, seq, flash, dropout, buffers */
+} plan_space;
+
+typedef struct plan_candidate {
+    plan_train t;
+    int gpus;
+    double score;
+    plan_time time;
+    uint64_t total[PLAN_TIERS]; /* bytes per rank */
+} plan_candidate;
+
+typedef struct plan_result {
+    plan_candidate best[PLAN_TOP_MAX];
+    int n_best;
+    uint64_t configs;      /* configurations enumerated (each one memory-checked) */
+    uint64_t feasible;     /* of those, fitting every tier (each one costed) */
+} plan_result;
+
+/* Defaults: the model's sequence, global batch 8 x GPUs, micro-batches up to
+ * 16, interleaving up to 4, optimizer split in tenths, prefetch 1..3,
+ * offload and NVMe allowed, ZeRO 0..3, everything else free. */
+void plan_space_defaults(plan_space *s, const zo_model_config *m, const plan_hw *hw);
+
+/* Search; the best `top` (<= PLAN_TOP_MAX) distinct plans in out->best,
+ * best first. n_best is 0 when nothing fits. */
+zo_status plan_search(const zo_model_config *m, const plan_hw *hw, const plan_space *s, int top,
+                      plan_result *out);
+
+/* How `c` differs from `best`, in words ("TP 4 instead of 8; optimizer on
+ * the CPU instead of the GPU; 12% slower"). */
+void plan_describe_diff(const plan_candidate *best, const plan_candidate *c, char *buf,
+                        size_t len);
+
+/* Why the plan puts each kind of state where it does, one reason per line
+ * ("optimizer 60% CPU / 40% NVMe because the node's CPU memory is 512 GiB,
+ * 64 GiB per rank"): each offloaded kind is tried back on a faster tier. */
+void plan_explain(const zo_model_config *m, const plan_hw *hw, const plan_candidate *c, char *buf,
+                  size_t len);
+
+/* ---- max-model ------------------------------------------------------------------ */
+
+typedef enum plan_strategy {
+    PLAN_STRAT_DP = 0,       /* data parallel, everything on the GPU */
+    PLAN_STRAT_ZERO1,
+    PLAN_STRAT_ZERO2,
+    PLAN_STRAT_ZERO3,
+    PLAN_STRAT_3D,           /* TP x PP x DP with ZeRO-1, on the GPU */
+    PLAN_STRAT_OFFLOAD,      /* ZeRO-Offload: ZeRO-2, gradients + optimizer on the CPU */
+    PLAN_STRAT_INF_CPU,      /* ZeRO-Infinity: ZeRO-3, everything on the CPU */
+    PLAN_STRAT_INF_NVME,     /* ZeRO-Infinity: weights and optimizer on NVMe */
+    PLAN_STRATEGIES,
+} plan_strategy;
+
+const char *plan_strategy_name(plan_strategy s);
+
+/* A member of `family` ("gpt", "llama") with about `params` parameters: the
+ * presets' shapes interpolated in log space (beyond the largest, its aspect
+ * kept), hidden a multiple of 128 (heads of 128), layers an integer. */
+zo_status plan_family_shape(const char *family, double params, zo_model_config *out);
+
+/* The largest model of `family` that fits `hw` with `strategy` (a search
+ * over its space: micro-batch 1, any recompute, prefetch, checkpoints);
+ * *params 0 when even the smallest does not fit. */
+zo_status plan_max_model(const char *family, const plan_hw *hw, const plan_space *base,
+                         plan_strategy strategy, zo_model_config *shape, plan_candidate *plan,
+                         uint64_t *params);
+
+#endif

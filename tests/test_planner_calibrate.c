@@ -1,0 +1,136 @@
+/* `memplan calibrate`: the profile it writes holds this machine's measured
+ * sizes and rates, --hw FILE reads it, and the cost model then uses the
+ * measured CPU AdamW rate. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/sysinfo.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <cjson/cJSON.h>
+
+static const char *memplan_path(void)
+{
+    const char *p = getenv("MEMPLAN");
+    return p ? p : ZO_BUILD_DIR "/planner/memplan";
+}
+
+static int run_memplan(const char *args, char *out, size_t len)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", memplan_path(), args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, len - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static cJSON *load_json(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    cJSON *doc = cJSON_Parse(buf);
+    assert_non_null(doc);
+    return doc;
+}
+
+static double num(cJSON *o, const char *k)
+{
+    cJSON *v = cJSON_GetObjectItem(o, k);
+    assert_non_null(v);
+    assert_true(cJSON_IsNumber(v));
+    return v->valuedouble;
+}
+
+static void test_calibrate_profile(void **state)
+{
+    (void)state;
+    static char out[1 << 18];
+    char dir[] = "/tmp/memplan-cal-XXXXXX", args[1024], path[512];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/local.json", dir);
+    snprintf(args, sizeof args,
+             "calibrate --out %s --base a100-80gb --nvme-dir %s --adam-params 2M --seconds 0.05 --nvme-bytes 64MiB",
+             path, dir);
+    int rc = run_memplan(args, out, sizeof out);
+    if (rc) print_error("%s\n", out);
+    assert_int_equal(rc, 0);
+    cJSON *hw = load_json(path);
+    assert_string_equal(cJSON_GetObjectItem(hw, "format")->valuestring, "zoffload-hw");
+    assert_true(num(hw, "measured") == 1);
+    /* sizes: what the kernel reports */
+    struct sysinfo si;
+    assert_int_equal(sysinfo(&si), 0);
+    assert_true(num(hw, "cpu_mem") == (double)si.totalram * si.mem_unit);
+    assert_true(num(hw, "cpu_cores") == (double)sysconf(_SC_NPROCESSORS_ONLN));
+    assert_true(num(hw, "nvme") > 0);
+    /* rates: plausible for any machine that runs this test (AdamW moves
+     * ~28 bytes per parameter; even cache-resident it moves more than one) */
+    double rate = num(hw, "cpu_adam_rate"), bw = num(hw, "cpu_mem_bw");
+    assert_true(rate > 1e6 && rate < 1e12);
+    assert_true(bw > 1e8 && bw < 1e13);
+    assert_true(rate < bw);
+    /* what could not be measured is said, and comes from the base */
+    const char *note = cJSON_GetObjectItem(hw, "note")->valuestring;
+    if (access("/dev/nvidia0", F_OK) != 0) assert_non_null(strstr(note, "no GPU"));
+    assert_non_null(strstr(note, "NVMe rates measured in"));
+    /* the NVMe rates are this directory's, not the base preset's (25/12 GB/s) */
+    double rd = num(hw, "nvme_read_bw"), wr = num(hw, "nvme_write_bw");
+    assert_true(rd > 1e6 && wr > 1e6);
+    assert_true(rd != 25e9 && wr != 12e9);
+    /* the measuring file is gone */
+    char ls[600];
+    snprintf(ls, sizeof ls, "ls %s | grep -q memplan-calibrate", dir);
+    assert_int_not_equal(system(ls), 0);
+    assert_true(num(hw, "peak_flops_16") == 312e12);
+
+    /* --hw FILE: the cost model uses the measured AdamW rate */
+    snprintf(args, sizeof args,
+             "estimate --model gpt2 --hw %s --grads cpu --optimizer cpu --json", path);
+    rc = run_memplan(args, out, sizeof out);
+    assert_int_equal(rc, 0);
+    cJSON *doc = cJSON_Parse(out);
+    assert_non_null(doc);
+    double adam = num(cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "time"), "parts"), "cpu_adam");
+    double params = num(cJSON_GetObjectItem(doc, "model"), "params");
+    assert_true(adam > 0);
+    /* one rank holds every parameter of gpt2 (plus nothing else) */
+    assert_true(adam * rate / params > 0.999 && adam * rate / params < 1.001);
+    cJSON_Delete(doc);
+    cJSON_Delete(hw);
+
+    /* bad input */
+    assert_int_equal(run_memplan("calibrate --base nosuchgpu", out, sizeof out), 2);
+    assert_non_null(strstr(out, "nosuchgpu"));
+    assert_int_equal(run_memplan("calibrate --nvme-dir /nonexistent/dir --adam-params 2M --seconds 0.01",
+                                 out, sizeof out), 2);
+    assert_non_null(strstr(out, "/nonexistent/dir"));
+    snprintf(path, sizeof path, "%s/bad.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"format\": \"zoffload-hw\", \"base\": \"h100\", \"gpus\": -1}", f);
+    fclose(f);
+    snprintf(args, sizeof args, "estimate --model gpt2 --hw %s", path);
+    assert_int_equal(run_memplan(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "bad.json: field \"gpus\""));
+    snprintf(args, sizeof args, "rm -rf %s", dir);
+    assert_int_equal(system(args), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_calibrate_profile)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

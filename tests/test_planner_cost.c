@@ -1,0 +1,310 @@
+/* Tests for the planner's cost model (against Korthikanti et al. 2022, Tables
+ * 4 and 5: the development set), its formulas and overlap rules, and the
+ * time section of `memplan estimate`. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <cmocka.h>
+#include <cjson/cJSON.h>
+
+#include "common/model_config.h"
+#include "planner/cost.h"
+#include "planner/hardware.h"
+#include "planner/memory.h"
+
+/* The error allowed on each development case; docs/memplan.md reports the
+ * errors themselves. */
+#define DEV_TOLERANCE 0.07
+
+typedef struct dev_case {
+    const char *what, *preset;
+    int gpus, tp, pp, vpp, micro_batch, global_batch, sp;
+    plan_recompute rc;
+    double published; /* seconds */
+    int layer;        /* 1: one layer forward + backward (Table 4); 0: a step (Table 5) */
+} dev_case;
+
+static const dev_case dev[] = {
+    {"Table 4, 22B layer, no recompute", "megatron-22b", 8, 8, 1, 1, 4, 4, 0, PLAN_RECOMPUTE_NONE, 19.6e-3, 1},
+    {"Table 4, 22B layer, full recompute", "megatron-22b", 8, 8, 1, 1, 4, 4, 0, PLAN_RECOMPUTE_FULL, 27.2e-3, 1},
+    {"Table 4, 22B layer, selective", "megatron-22b", 8, 8, 1, 1, 4, 4, 0, PLAN_RECOMPUTE_SELECTIVE, 20.9e-3, 1},
+    {"Table 5, 22B, full recompute", "megatron-22b", 8, 8, 1, 1, 4, 4, 0, PLAN_RECOMPUTE_FULL, 1.42, 0},
+    {"Table 5, 22B, SP + selective", "megatron-22b", 8, 8, 1, 1, 4, 4, 1, PLAN_RECOMPUTE_SELECTIVE, 1.10, 0},
+    {"Table 5, 175B, full recompute", "megatron-175b", 64, 8, 8, 3, 1, 64, 0, PLAN_RECOMPUTE_FULL, 18.13, 0},
+    {"Table 5, 175B, SP + selective", "megatron-175b", 64, 8, 8, 3, 1, 64, 1, PLAN_RECOMPUTE_SELECTIVE, 13.75, 0},
+};
+
+typedef struct setup {
+    zo_model_config m;
+    plan_hw hw;
+    plan_train t;
+    plan_estimate e;
+    plan_time pt;
+} setup;
+
+/* Megatron's runs: fp16 weights, fp32 gradients, standard attention, dropout. */
+static void dev_setup(setup *s, const dev_case *c)
+{
+    assert_int_equal(zo_model_preset_find(c->preset, &s->m), ZO_OK);
+    assert_int_equal(plan_hw_find("dgx-a100-80gb", &s->hw), ZO_OK);
+    s->hw.gpus = c->gpus;
+    plan_train_defaults(&s->t, &s->m);
+    s->t.dtype = ZO_DTYPE_F16;
+    s->t.grad_dtype = ZO_DTYPE_F32;
+    s->t.flash_attn = 0;
+    s->t.seq = 2048;
+    s->t.tp = c->tp;
+    s->t.pp = c->pp;
+    s->t.vpp = c->vpp;
+    s->t.dp = c->gpus / (c->tp * c->pp);
+    s->t.micro_batch = c->micro_batch;
+    s->t.grad_accum = c->global_batch / (c->micro_batch * s->t.dp);
+    s->t.sp = c->sp;
+    s->t.recompute = c->rc;
+    assert_int_equal(plan_estimate_run(&s->m, &s->hw, &s->t, &s->e), ZO_OK);
+    assert_int_equal(plan_time_run(&s->m, &s->hw, &s->t, &s->e, &s->pt), ZO_OK);
+}
+
+static void test_development_set(void **state)
+{
+    (void)state;
+    int bad = 0;
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) {
+        setup s;
+        dev_setup(&s, &dev[i]);
+        double got = dev[i].layer ? s.pt.mb.layer_fwd + s.pt.mb.layer_bwd : s.pt.step;
+        double err = got / dev[i].published - 1;
+        if (fabs(err) > DEV_TOLERANCE) {
+            print_error("%s: predicted %.4g s, published %.4g s (%+.1f%%)\n", dev[i].what, got,
+                        dev[i].published, 100 * err);
+            bad++;
+        }
+    }
+    assert_int_equal(bad, 0);
+}
+
+static void test_recompute_ordering(void **state)
+{
+    (void)state;
+    /* Table 4's ordering: none < selective < full, and SP + selective saves
+     * most of what recompute costs */
+    setup a, b, c;
+    dev_setup(&a, &dev[0]);
+    dev_setup(&b, &dev[2]);
+    dev_setup(&c, &dev[1]);
+    double none = a.pt.mb.layer_fwd + a.pt.mb.layer_bwd;
+    double sel = b.pt.mb.layer_fwd + b.pt.mb.layer_bwd;
+    double full = c.pt.mb.layer_fwd + c.pt.mb.layer_bwd;
+    assert_true(none < sel && sel < full);
+    /* full recompute repeats the forward (and its collectives) in the backward */
+    assert_true(fabs(c.pt.mb.layer_bwd - a.pt.mb.layer_bwd - a.pt.mb.layer_fwd) < 1e-9);
+    assert_true(fabs(c.pt.mb.layer_fwd - a.pt.mb.layer_fwd) < 1e-12);
+}
+
+static void test_model_flops(void **state)
+{
+    (void)state;
+    /* MFU's model FLOPs are Korthikanti et al.'s 72 B s l h^2 (1 + s/(6h) + v/(12lh)) */
+    for (size_t i = 3; i < sizeof dev / sizeof dev[0]; i++) {
+        setup s;
+        dev_setup(&s, &dev[i]);
+        double B = dev[i].global_batch, sq = 2048, l = s.m.n_layers, h = s.m.hidden, v = s.m.vocab;
+        double want = 72 * B * sq * l * h * h * (1 + sq / (6 * h) + v / (12 * l * h));
+        assert_true(fabs(s.pt.model_flops / want - 1) < 1e-9);
+        /* MFU = model FLOPs / (step x GPUs x peak) */
+        assert_true(fabs(s.pt.mfu - want / (s.pt.step * dev[i].gpus * 312e12)) < 1e-9);
+        assert_true(s.pt.hfu >= s.pt.mfu);
+        /* the parts add up to the step */
+        double sum = 0;
+        for (int k = 0; k < PLAN_TIME_PARTS; k++) sum += plan_time_part(&s.pt, k);
+        assert_true(fabs(sum - s.pt.step) < 1e-9 * s.pt.step);
+    }
+    /* the published MFU of the 175B run (51.4%) within the development tolerance */
+    setup s;
+    dev_setup(&s, &dev[6]);
+    assert_true(fabs(s.pt.mfu / 0.514 - 1) < DEV_TOLERANCE);
+}
+
+static void test_collective_formulas(void **state)
+{
+    (void)state;
+    double bw = 100e9, lat = 10e-6, N = 1e9;
+    /* ring all-reduce: 2(p-1)/p N / bw + 2(p-1) latencies */
+    assert_true(fabs(plan_allreduce_s(N, 8, bw, lat) - (2.0 * 7 / 8 * N / bw + 14 * lat)) < 1e-12);
+    /* all-gather and reduce-scatter: (p-1)/p N / bw */
+    assert_true(fabs(plan_allgather_s(N, 8, bw, lat) - (7.0 / 8 * N / bw + 7 * lat)) < 1e-12);
+    /* small messages over many ranks: the tree's log2(p) latency wins */
+    double small = 1e3;
+    double tree = 2 * small / bw + 2 * 10 * lat;
+    assert_true(fabs(plan_allreduce_s(small, 1024, bw, lat) - tree) < 1e-12);
+    assert_true(plan_allreduce_s(N, 1, bw, lat) == 0);
+}
+
+static void test_gemm_curve(void **state)
+{
+    (void)state;
+    plan_hw hw;
+    assert_int_equal(plan_hw_find("a100-80gb", &hw), ZO_OK);
+    /* rises with size towards eff_max, half of it at gemm_flops_half */
+    assert_true(fabs(plan_hw_gemm_eff(&hw, hw.gemm_flops_half) - hw.gemm_eff_max / 2) < 1e-12);
+    assert_true(plan_hw_gemm_eff(&hw, 1e8) < plan_hw_gemm_eff(&hw, 1e10));
+    assert_true(plan_hw_gemm_eff(&hw, 1e13) < hw.gemm_eff_max);
+    assert_true(plan_hw_gemm_eff(&hw, 1e13) > 0.99 * hw.gemm_eff_max);
+}
+
+static void test_offload_overlap(void **state)
+{
+    (void)state;
+    /* LLaMA-2-13B on one H100 with ZeRO-Offload: gradients stream to the host
+     * during backward (hidden), CPU AdamW over 13B parameters is exposed */
+    setup s;
+    assert_int_equal(zo_model_preset_find("llama-2-13b", &s.m), ZO_OK);
+    assert_int_equal(plan_hw_find("h100-80gb", &s.hw), ZO_OK);
+    plan_train_defaults(&s.t, &s.m);
+    s.t.recompute = PLAN_RECOMPUTE_FULL;
+    s.t.grad_accum = 8;
+    s.t.grads_on = PLAN_CPU;
+    s.t.opt_frac[PLAN_GPU] = 0;
+    s.t.opt_frac[PLAN_CPU] = 1;
+    assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &s.e), ZO_OK);
+    assert_int_equal(plan_time_run(&s.m, &s.hw, &s.t, &s.e, &s.pt), ZO_OK);
+    assert_true(s.pt.d2h_total > 0);
+    assert_true(s.pt.d2h < s.pt.d2h_total);
+    double P = (double)s.e.stage_params;
+    assert_true(fabs(s.pt.cpu_adam - P / plan_hw_cpu_adam_rate(&s.hw)) < 1e-9);
+    assert_true(s.pt.optimizer_gpu == 0);
+    /* updated weights go back over PCIe once per step */
+    assert_true(s.pt.h2d >= P * 2 / s.hw.pcie_bw);
+
+    /* NVMe: the optimizer state read and written once per step, overlapped
+     * with the CPU update, so the phase is at least the slower of the two */
+    s.t.opt_frac[PLAN_CPU] = 0;
+    s.t.opt_frac[PLAN_NVME] = 1;
+    assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &s.e), ZO_OK);
+    assert_int_equal(plan_time_run(&s.m, &s.hw, &s.t, &s.e, &s.pt), ZO_OK);
+    double io = 12 * P / s.hw.nvme_read_bw + 12 * P / s.hw.nvme_write_bw; /* master, m, v */
+    assert_true(fabs(s.pt.nvme_total - io) < 1e-9 * io);
+    assert_true(s.pt.cpu_adam + s.pt.nvme >= io - 1e-9);
+    assert_true(s.pt.cpu_adam + s.pt.nvme < s.pt.cpu_adam + io);
+
+    /* streaming weights from the CPU: 2 passes per micro-batch over PCIe */
+    s.t.params_on = PLAN_CPU;
+    assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &s.e), ZO_OK);
+    assert_int_equal(plan_time_run(&s.m, &s.hw, &s.t, &s.e, &s.pt), ZO_OK);
+    assert_true(fabs(s.pt.h2d_total - 2 * 8 * P * 2 / s.hw.pcie_bw) < 1e-6);
+}
+
+static void test_data_parallel(void **state)
+{
+    (void)state;
+    /* more data-parallel ranks at a fixed global batch: less compute per
+     * rank, more collective time; ZeRO-3 moves 1.5x the bytes of ZeRO-0 */
+    setup s;
+    assert_int_equal(zo_model_preset_find("llama-2-7b", &s.m), ZO_OK);
+    assert_int_equal(plan_hw_find("dgx-h100", &s.hw), ZO_OK);
+    plan_train_defaults(&s.t, &s.m);
+    s.t.dp = 8;
+    s.t.grad_accum = 4;
+    s.t.zero = 0;
+    s.t.recompute = PLAN_RECOMPUTE_FULL;
+    assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &s.e), ZO_OK);
+    assert_int_equal(plan_time_run(&s.m, &s.hw, &s.t, &s.e, &s.pt), ZO_OK);
+    double z0 = s.pt.dp_comm_total;
+    double P = (double)s.e.stage_params;
+    double bw = s.hw.nvlink_bw * s.hw.coll_eff;
+    assert_true(fabs(z0 - plan_allreduce_s(2 * P, 8, bw, s.hw.nvlink_lat)) < 1e-12);
+    assert_true(s.pt.dp_comm <= z0);
+    s.t.zero = 3;
+    assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &s.e), ZO_OK);
+    assert_int_equal(plan_time_run(&s.m, &s.hw, &s.t, &s.e, &s.pt), ZO_OK);
+    assert_true(fabs(s.pt.dp_comm_total / 4 / z0 - 1.5) < 0.01);
+}
+
+/* ---- the CLI ------------------------------------------------------------------------ */
+
+static const char *memplan_path(void)
+{
+    const char *p = getenv("MEMPLAN");
+    return p ? p : ZO_BUILD_DIR "/planner/memplan";
+}
+
+static int run_memplan(const char *args, char *out, size_t len)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", memplan_path(), args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, len - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static double jnum(cJSON *o, const char *path)
+{
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *sv = NULL, *k = strtok_r(buf, ".", &sv); k; k = strtok_r(NULL, ".", &sv)) {
+        o = cJSON_GetObjectItem(o, k);
+        if (!o) {
+            print_error("missing %s\n", path);
+            fail();
+        }
+    }
+    assert_true(cJSON_IsNumber(o));
+    return o->valuedouble;
+}
+
+static void test_cli_time(void **state)
+{
+    (void)state;
+    static char out[1 << 20];
+    int rc = run_memplan("estimate --model megatron-175b --hw dgx-a100-80gb --gpus 64 --tp 8 --pp 8 "
+                         "--vpp 3 --sp --recompute selective --no-flash-attn --dtype fp16 "
+                         "--grad-dtype fp32 --global-batch 64 --json",
+                         out, sizeof out);
+    assert_int_equal(rc, 0);
+    cJSON *doc = cJSON_Parse(out);
+    assert_non_null(doc);
+    assert_true(jnum(doc, "config.grad_accum") == 64);
+    double step = jnum(doc, "time.step_s");
+    assert_true(fabs(step / 13.75 - 1) < DEV_TOLERANCE);
+    assert_true(jnum(doc, "time.mfu") > 0.4 && jnum(doc, "time.mfu") < 0.6);
+    assert_true(jnum(doc, "time.hfu") >= jnum(doc, "time.mfu"));
+    assert_true(jnum(doc, "time.parts.pp_bubble") > 0);
+    assert_true(fabs(jnum(doc, "time.tokens_per_s") - 64 * 2048 / step) < 1e-6 * step);
+    cJSON_Delete(doc);
+
+    rc = run_memplan("estimate --model megatron-22b --hw dgx-a100-80gb --tp 8 --micro-batch 4 "
+                     "--global-batch 4 --recompute full --no-flash-attn",
+                     out, sizeof out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "time per step"));
+    assert_non_null(strstr(out, "MFU"));
+    assert_non_null(strstr(out, "recompute"));
+
+    rc = run_memplan("estimate --model llama-2-7b --micro-batch 2 --global-batch 5", out, sizeof out);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "--global-batch 5 is not a multiple"));
+    rc = run_memplan("estimate --model llama-2-7b --grad-accum 2 --global-batch 4", out, sizeof out);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, "exclude each other"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_development_set), cmocka_unit_test(test_recompute_ordering),
+        cmocka_unit_test(test_model_flops),     cmocka_unit_test(test_collective_formulas),
+        cmocka_unit_test(test_gemm_curve),      cmocka_unit_test(test_offload_overlap),
+        cmocka_unit_test(test_data_parallel),   cmocka_unit_test(test_cli_time),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
