@@ -5,7 +5,9 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cpu_adam/cpu_adam.h" /* defines: adam_update, adam_grad_stats */
 
