@@ -392,6 +392,177 @@ static void test_grad_accum(void **state)
     }
 }
 
+/* Read tensor `name` of DIR/latest's optimizer.safetensors (n floats). */
+static float *read_opt_tensor(const char *dir, const char *name, size_t n)
+{
+    char latest[256], path[512];
+    snprintf(path, sizeof path, "%s/latest", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(latest, sizeof latest, f));
+    fclose(f);
+    latest[strcspn(latest, "\n")] = 0;
+    snprintf(path, sizeof path, "%s/%s/optimizer.safetensors", dir, latest);
+    model_st_file st;
+    assert_int_equal(model_st_open(&st, path), ZO_OK);
+    const model_st_tensor *t = model_st_find(&st, name);
+    assert_non_null(t);
+    assert_int_equal(t->numel, n);
+    float *out = malloc(n * 4);
+    assert_int_equal(model_st_read(&st, t, out, ZO_DTYPE_F32, 0), ZO_OK);
+    model_st_close(&st);
+    return out;
+}
+
+static void remove_tree(const char *dir)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* Clipping as torch.nn.utils.clip_grad_norm_: the gradient Adam sees is
+ * g * clip / (norm + 1e-6) when the norm exceeds clip, g otherwise; the
+ * first moment after one step is (1 - beta1) times it. */
+static void test_clipping(void **state)
+{
+    (void)state;
+    static float g[1 << 20];
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/clip", nvme_dir);
+    float clips[2] = {1e-3f, 1e3f};
+    for (int c = 0; c < 2; c++) {
+        remove_tree(dir);
+        run r = {.cfg = tiny_gpt(2, 64, 128), .dt = ZO_DTYPE_F32, .B = 2, .T = 16, .steps = 1,
+                 .final_grad = g, .save_dir = dir, .save_at = 1};
+        base_config(&r.oc);
+        r.oc.params_on = OFFLOAD_CPU;
+        r.oc.opt_frac[OFFLOAD_CPU] = 0.5; /* half the moments come from NVMe */
+        r.oc.opt_frac[OFFLOAD_NVME] = 0.5;
+        r.oc.adam.clip = clips[c];
+        zo_status st = do_run(&r);
+        if (st == ZO_ERR_UNSUPPORTED) {
+            r.oc.opt_frac[OFFLOAD_CPU] = 1.0;
+            r.oc.opt_frac[OFFLOAD_NVME] = 0.0;
+            st = do_run(&r);
+        }
+        assert_int_equal(st, ZO_OK);
+        double ss = 0;
+        for (size_t i = 0; i < r.final_grad_n; i++) ss += (double)g[i] * g[i];
+        double norm = sqrt(ss);
+        assert_true(fabs(r.info[0].grad_norm - norm) <= 1e-5 * norm);
+        double coef = norm > clips[c] ? clips[c] / (norm + 1e-6) : 1.0;
+        printf("  clip %g: norm %.6f, coefficient %.6g\n", clips[c], norm, coef);
+        float *m = read_opt_tensor(dir, "exp_avg", r.final_grad_n);
+        float mult = (float)coef, one_b1 = 1.0f - r.oc.adam.beta1;
+        for (size_t i = 0; i < r.final_grad_n; i++) {
+            float want = one_b1 * (g[i] * mult);
+            if (fabsf(m[i] - want) > 1e-6f * fabsf(want) + 1e-30f) {
+                fprintf(stderr, "element %zu: m %.9g, want %.9g\n", i, m[i], want);
+                fail();
+            }
+        }
+        free(m);
+    }
+    remove_tree(dir);
+}
+
+/* fp16 dynamic loss scaling: an overflow skips the step (no update, no
+ * step count) and halves the scale; `window` good steps double it. */
+static void test_loss_scale(void **state)
+{
+    (void)state;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/scale", nvme_dir);
+    remove_tree(dir);
+    run r = {.cfg = tiny_gpt(2, 64, 128), .dt = ZO_DTYPE_F16, .B = 2, .T = 16, .steps = 24,
+             .save_dir = dir, .save_at = 2};
+    base_config(&r.oc);
+    r.oc.params_on = OFFLOAD_CPU;
+    r.oc.loss_scale = 1u << 30; /* fp16 gradients overflow at this scale */
+    r.oc.loss_scale_window = 3;
+    assert_int_equal(do_run(&r), ZO_OK);
+    int skips = 0, good = 0;
+    int64_t steps = 0;
+    for (int k = 0; k < r.steps; k++) {
+        const offload_step_info *in = &r.info[k];
+        printf("%s%s", k ? " " : "  scale/skipped:", "");
+        printf("%g%s", in->loss_scale, in->skipped ? "*" : "");
+        skips += in->skipped;
+        steps += !in->skipped;
+        assert_int_equal(in->step, steps);
+        if (k + 1 < r.steps) {
+            float next = r.info[k + 1].loss_scale;
+            if (in->skipped) {
+                assert_true(next == in->loss_scale * 0.5f);
+                good = 0;
+            } else if (++good == 3) {
+                assert_true(next == in->loss_scale * 2.0f);
+                good = 0;
+            } else {
+                assert_true(next == in->loss_scale);
+            }
+        }
+    }
+    printf("\n");
+    assert_true(r.info[0].skipped && r.info[1].skipped);
+    assert_true(skips >= 2 && skips < r.steps - 4);
+    /* two skipped steps: the saved moments are still zero */
+    size_t n = zo_model_params(&r.cfg);
+    float *m = read_opt_tensor(dir, "exp_avg", n);
+    for (size_t i = 0; i < n; i++) assert_true(m[i] == 0.0f);
+    free(m);
+    remove_tree(dir);
+}
+
+/* Save after 10 steps, resume in a new runtime: the next 10 losses equal the
+ * uninterrupted run's bit for bit (weights streamed, optimizer split
+ * CPU/NVMe, fp16 loss scale state included). */
+static void test_resume(void **state)
+{
+    (void)state;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/resume", nvme_dir);
+    remove_tree(dir);
+    run u = {.cfg = tiny_gpt(2, 64, 128), .dt = ZO_DTYPE_F16, .B = 2, .T = 16, .steps = 20};
+    base_config(&u.oc);
+    u.oc.params_on = OFFLOAD_CPU;
+    u.oc.opt_frac[OFFLOAD_CPU] = 0.6;
+    u.oc.opt_frac[OFFLOAD_NVME] = 0.4;
+    u.oc.loss_scale = 1u << 20;
+    u.oc.loss_scale_window = 4;
+    run a = u, b = u;
+    if (do_run(&u) == ZO_ERR_UNSUPPORTED) {
+        u.oc.opt_frac[OFFLOAD_CPU] = a.oc.opt_frac[OFFLOAD_CPU] = b.oc.opt_frac[OFFLOAD_CPU] = 1.0;
+        u.oc.opt_frac[OFFLOAD_NVME] = a.oc.opt_frac[OFFLOAD_NVME] = b.oc.opt_frac[OFFLOAD_NVME] = 0;
+        assert_int_equal(do_run(&u), ZO_OK);
+    }
+    a.steps = 10;
+    a.save_dir = dir;
+    a.save_at = 5;
+    assert_int_equal(do_run(&a), ZO_OK); /* saves at 5 */
+    a.save_at = 10;
+    assert_int_equal(do_run(&a), ZO_OK); /* saves at 10, replacing the one of 5 */
+    char old[400];
+    snprintf(old, sizeof old, "%s/step-00000005", dir);
+    assert_int_not_equal(access(old, F_OK), 0);
+    b.resume_dir = dir;
+    b.start_step = 10;
+    assert_int_equal(do_run(&b), ZO_OK);
+    print_losses("uninterrupted", &u);
+    printf("  %-28s", "resumed at 10");
+    for (int k = 12; k < 20; k += 4) printf(" %.6f", b.loss[k]);
+    printf("\n");
+    for (int k = 10; k < 20; k++) {
+        if (memcmp(&u.loss[k], &b.loss[k], sizeof(float))) {
+            fprintf(stderr, "step %d: resumed loss %.9g, uninterrupted %.9g\n", k, b.loss[k], u.loss[k]);
+            fail();
+        }
+        assert_true(u.info[k].loss_scale == b.info[k].loss_scale);
+    }
+    remove_tree(dir);
+}
+
 int main(void)
 {
     snprintf(nvme_dir, sizeof nvme_dir, "/tmp/zo_test_offload_%d", (int)getpid());
@@ -401,6 +572,9 @@ int main(void)
         cmocka_unit_test(test_bit_identical),
         cmocka_unit_test(test_larger_than_device),
         cmocka_unit_test(test_grad_accum),
+        cmocka_unit_test(test_clipping),
+        cmocka_unit_test(test_loss_scale),
+        cmocka_unit_test(test_resume),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     rmdir(nvme_dir);
