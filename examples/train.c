@@ -1,6 +1,8 @@
-/* train: train a GPT-2 or LLaMA-family model on a token file, on the CPU
- * device backend (device memory capped by --device-mem), fp32 master
- * weights and AdamW on the host. See --help. */
+/* train: train a GPT-2 or LLaMA-family model on a token file on the offload
+ * runtime: the CPU device backend with its memory capped by --device-mem,
+ * weights resident or streamed from pinned host memory or NVMe, AdamW over
+ * fp32 master state in memory and/or on NVMe, checkpoints, a plan from
+ * memplan. See --help. */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -12,17 +14,20 @@
 
 #include "common/model_config.h" /* defines: zo_model_config_load, zo_model_preset_find */
 #include "common/units.h"        /* defines: zo_parse_size, zo_parse_int, zo_format_bytes */
-#include "examples/trainer.h"    /* defines: tf_trainer, tf_trainer_step */
+#include "examples/trainer.h"    /* defines: tf_offload_model */
+#include "offload/offload.h"     /* defines: offload_init, offload_micro_batch, offload_step */
 #include "model/data.h"          /* defines: model_tokens, model_batch_get */
 #include "model/safetensors.h"   /* defines: model_load_path, model_save */
 
 typedef struct train_args {
     const char *model, *weights, *data, *save, *device;
+    const char *plan, *ckpt, *resume, *stats_json;
     model_token_width width;
-    long steps, micro_batch, seq, seed, threads;
-    tf_adamw opt;
+    long steps, micro_batch, seq, seed, threads, save_every;
+    offload_plan p;      /* the runtime's configuration: the plan, then the flags */
     zo_dtype dtype;
     uint64_t device_mem;
+    int set_dtype, set_mb, set_seq, set_devmem; /* given as flags (they beat the plan) */
 } train_args;
 
 static void usage(FILE *f)
@@ -51,14 +56,29 @@ static void usage(FILE *f)
         "  --weight-decay X       decoupled weight decay on 2-D weights (default 0.1)\n"
         "  --clip X               max gradient norm; 0 disables (default 1.0)\n"
         "  --dtype fp32|fp16|bf16 device storage of weights, gradients, activations (default fp32)\n"
+        "  --grad-accum K         micro-batches per optimizer step (default 1)\n"
         "  --seed N               random init seed (default 1337)\n"
+        "\n"
+        "placement (a plan, then these flags; see docs/offload.md):\n"
+        "  --plan FILE            the JSON memplan writes: placement, buffers, batch, dtype\n"
+        "  --params-on gpu|cpu|nvme     16-bit weights: resident, or streamed from pinned host / NVMe\n"
+        "  --optimizer-on SPEC    fp32 master + Adam moments: cpu, nvme, or cpu=0.7,nvme=0.3\n"
+        "  --checkpoints-on gpu|cpu     activation checkpoints between blocks (cpu needs --recompute full)\n"
+        "  --recompute none|full  recompute each block's activations in backward (default none)\n"
+        "  --prefetch N           blocks loaded ahead of the one computing (default 2)\n"
+        "  --sub-group N          optimizer sub-group, parameters (default 1M)\n"
+        "  --nvme-dir DIR         where NVMe state lives\n"
         "\n"
         "device:\n"
         "  --device cpu           the device backend (only cpu in this build)\n"
         "  --device-mem SIZE      device memory capacity, e.g. 512MiB, 2GB (default unlimited)\n"
         "  --threads N            threads per op (default: all)\n"
         "\n"
-        "output:\n"
+        "checkpoints and output:\n"
+        "  --ckpt DIR             save a checkpoint (weights, optimizer state, counters) into DIR\n"
+        "  --save-every N         every N steps (default: only at the end)\n"
+        "  --resume DIR           continue from DIR's latest checkpoint\n"
+        "  --stats-json FILE      peak bytes per tier (and the plan's prediction) and the time split\n"
         "  --save FILE            write the trained weights as safetensors (Hugging Face names)\n"
         "  -h, --help             this text\n"
         "\n"
@@ -68,7 +88,9 @@ static void usage(FILE *f)
 enum {
     OPT_MODEL = 256, OPT_WEIGHTS, OPT_DATA, OPT_U32, OPT_TEXT, OPT_STEPS, OPT_MB, OPT_SEQ,
     OPT_LR, OPT_B1, OPT_B2, OPT_EPS, OPT_WD, OPT_CLIP, OPT_DTYPE, OPT_SEED, OPT_DEVICE,
-    OPT_DEVMEM, OPT_THREADS, OPT_SAVE,
+    OPT_DEVMEM, OPT_THREADS, OPT_SAVE, OPT_ACCUM, OPT_PLAN, OPT_PARAMS_ON, OPT_OPT_ON,
+    OPT_CKPT_ON, OPT_RECOMPUTE, OPT_PREFETCH, OPT_SUBGROUP, OPT_NVME_DIR, OPT_CKPT, OPT_SAVE_EVERY,
+    OPT_RESUME, OPT_STATS,
 };
 
 static const struct option long_opts[] = {
@@ -92,6 +114,19 @@ static const struct option long_opts[] = {
     {"device-mem", required_argument, 0, OPT_DEVMEM},
     {"threads", required_argument, 0, OPT_THREADS},
     {"save", required_argument, 0, OPT_SAVE},
+    {"grad-accum", required_argument, 0, OPT_ACCUM},
+    {"plan", required_argument, 0, OPT_PLAN},
+    {"params-on", required_argument, 0, OPT_PARAMS_ON},
+    {"optimizer-on", required_argument, 0, OPT_OPT_ON},
+    {"checkpoints-on", required_argument, 0, OPT_CKPT_ON},
+    {"recompute", required_argument, 0, OPT_RECOMPUTE},
+    {"prefetch", required_argument, 0, OPT_PREFETCH},
+    {"sub-group", required_argument, 0, OPT_SUBGROUP},
+    {"nvme-dir", required_argument, 0, OPT_NVME_DIR},
+    {"ckpt", required_argument, 0, OPT_CKPT},
+    {"save-every", required_argument, 0, OPT_SAVE_EVERY},
+    {"resume", required_argument, 0, OPT_RESUME},
+    {"stats-json", required_argument, 0, OPT_STATS},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -111,18 +146,89 @@ static zo_status parse_float(const char *s, const char *flag, double lo, double 
     return st;
 }
 
+/* --optimizer-on: "cpu", "nvme" or fractions "cpu=0.7,nvme=0.3". */
+static zo_status parse_opt_on(const char *s, offload_config *c)
+{
+    double f[OFFLOAD_TIERS] = {0};
+    offload_tier t;
+    if (!strchr(s, '=')) {
+        if (offload_tier_parse(s, "--optimizer-on", &t) != ZO_OK) return ZO_ERR_INVALID;
+        f[t] = 1.0;
+    } else {
+        char buf[128];
+        snprintf(buf, sizeof buf, "%s", s);
+        for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            char *eq = strchr(tok, '=');
+            if (!eq) return zo_error(ZO_ERR_INVALID, "--optimizer-on: '%s' is not TIER=FRACTION", tok);
+            *eq = 0;
+            double v;
+            if (offload_tier_parse(tok, "--optimizer-on", &t) != ZO_OK ||
+                zo_parse_double(eq + 1, "--optimizer-on", 0.0, 1.0, &v) != ZO_OK)
+                return ZO_ERR_INVALID;
+            f[t] = v;
+        }
+    }
+    memcpy(c->opt_frac, f, sizeof f);
+    return ZO_OK;
+}
+
 /* 0: parsed; 1: --help printed; 2: usage error (message printed). */
 static int parse_args(int argc, char **argv, train_args *a)
 {
     *a = (train_args){.width = MODEL_TOKENS_U16, .steps = 100, .micro_batch = 4, .seq = 64,
-                      .seed = 1337, .dtype = ZO_DTYPE_F32, .device = "cpu",
-                      .opt = {.lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                              .weight_decay = 0.1f, .clip = 1.0f}};
+                      .seed = 1337, .dtype = ZO_DTYPE_F32, .device = "cpu"};
+    offload_plan_defaults(&a->p);
+    offload_config *oc = &a->p.cfg;
+    oc->adam = (offload_adamw){.lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                               .weight_decay = 0.1f, .clip = 1.0f};
+    /* the plan first, so that every flag overrides it */
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--plan")) {
+            a->plan = argv[i + 1];
+            if (offload_plan_load(a->plan, &a->p) != ZO_OK) {
+                fprintf(stderr, "train: --plan %s\n", zo_last_error());
+                return 2;
+            }
+            if (a->p.seq) a->seq = a->p.seq;
+            if (a->p.micro_batch) a->micro_batch = a->p.micro_batch;
+            if (a->p.dtype >= 0) a->dtype = (zo_dtype)a->p.dtype;
+            if (a->p.gpu_mem) a->device_mem = a->p.gpu_mem;
+        }
     int c;
+    long v;
     zo_status st = ZO_OK;
     opterr = 0;
+    optind = 1;
     while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
         switch (c) {
+        case OPT_PLAN: break; /* read above */
+        case OPT_ACCUM:
+            st = zo_parse_int(optarg, "--grad-accum", 1, 1 << 20, &v);
+            oc->grad_accum = (int)v;
+            break;
+        case OPT_PARAMS_ON: st = offload_tier_parse(optarg, "--params-on", &oc->params_on); break;
+        case OPT_OPT_ON: st = parse_opt_on(optarg, oc); break;
+        case OPT_CKPT_ON: st = offload_tier_parse(optarg, "--checkpoints-on", &oc->checkpoints_on); break;
+        case OPT_RECOMPUTE:
+            if (!strcmp(optarg, "none") || !strcmp(optarg, "full")) oc->recompute = !strcmp(optarg, "full");
+            else st = zo_error(ZO_ERR_INVALID, "--recompute %s: none or full", optarg);
+            break;
+        case OPT_PREFETCH:
+            st = zo_parse_int(optarg, "--prefetch", 0, 16, &v);
+            oc->prefetch_depth = (int)v;
+            break;
+        case OPT_SUBGROUP: {
+            uint64_t n;
+            st = zo_parse_count(optarg, "--sub-group", &n);
+            if (st == ZO_OK && !n) st = zo_error(ZO_ERR_INVALID, "--sub-group must be positive");
+            oc->sub_group = (size_t)n;
+            break;
+        }
+        case OPT_NVME_DIR: oc->nvme_dir = optarg; break;
+        case OPT_CKPT: a->ckpt = optarg; break;
+        case OPT_SAVE_EVERY: st = zo_parse_int(optarg, "--save-every", 1, 1L << 40, &a->save_every); break;
+        case OPT_RESUME: a->resume = optarg; break;
+        case OPT_STATS: a->stats_json = optarg; break;
         case OPT_MODEL: a->model = optarg; break;
         case OPT_WEIGHTS: a->weights = optarg; break;
         case OPT_DATA: a->data = optarg; break;
@@ -131,12 +237,12 @@ static int parse_args(int argc, char **argv, train_args *a)
         case OPT_STEPS: st = zo_parse_int(optarg, "--steps", 1, 1L << 40, &a->steps); break;
         case OPT_MB: st = zo_parse_int(optarg, "--micro-batch", 1, 1 << 20, &a->micro_batch); break;
         case OPT_SEQ: st = zo_parse_int(optarg, "--seq", 1, 1 << 24, &a->seq); break;
-        case OPT_LR: st = parse_float(optarg, "--lr", 0.0, 10.0, &a->opt.lr); break;
-        case OPT_B1: st = parse_float(optarg, "--beta1", 0.0, 0.999999, &a->opt.beta1); break;
-        case OPT_B2: st = parse_float(optarg, "--beta2", 0.0, 0.999999, &a->opt.beta2); break;
-        case OPT_EPS: st = parse_float(optarg, "--eps", 0.0, 1.0, &a->opt.eps); break;
-        case OPT_WD: st = parse_float(optarg, "--weight-decay", 0.0, 10.0, &a->opt.weight_decay); break;
-        case OPT_CLIP: st = parse_float(optarg, "--clip", 0.0, 1e9, &a->opt.clip); break;
+        case OPT_LR: st = parse_float(optarg, "--lr", 0.0, 10.0, &oc->adam.lr); break;
+        case OPT_B1: st = parse_float(optarg, "--beta1", 0.0, 0.999999, &oc->adam.beta1); break;
+        case OPT_B2: st = parse_float(optarg, "--beta2", 0.0, 0.999999, &oc->adam.beta2); break;
+        case OPT_EPS: st = parse_float(optarg, "--eps", 0.0, 1.0, &oc->adam.eps); break;
+        case OPT_WD: st = parse_float(optarg, "--weight-decay", 0.0, 10.0, &oc->adam.weight_decay); break;
+        case OPT_CLIP: st = parse_float(optarg, "--clip", 0.0, 1e9, &oc->adam.clip); break;
         case OPT_DTYPE:
             st = zo_dtype_parse(optarg, &a->dtype);
             if (st != ZO_OK) st = zo_error_wrap(st, "--dtype");
@@ -167,12 +273,10 @@ static int parse_args(int argc, char **argv, train_args *a)
             return 2;
         }
     }
+    oc->n_threads = (int)a->threads;
+    if (!a->model && a->plan && a->p.model_name[0]) a->model = a->p.model_name;
     if (optind < argc) {
         fprintf(stderr, "train: unexpected argument '%s'\n", argv[optind]);
-        return 2;
-    }
-    if (!a->model || !a->data) {
-        fprintf(stderr, "train: %s is required (see --help)\n", !a->model ? "--model" : "--data");
         return 2;
     }
     return 0;
@@ -190,11 +294,58 @@ static zo_status load_config(const char *arg, zo_model_config *cfg)
     return ZO_OK;
 }
 
+/* ---- checkpoints --------------------------------------------------------------- */
+
+static zo_status write_weights(void *user, const char *path, const float *const *blocks)
+{
+    const model_layout *l = user;
+    return model_save(path, l, (const void *const *)blocks, ZO_DTYPE_F32, ZO_DTYPE_F32);
+}
+
+/* Test seam: ZO_TRAIN_CKPT_PAUSE="POINT:N:FD" makes the N-th checkpoint
+ * write, at hook POINT ("begin", "optimizer-half", "before-rename",
+ * "before-latest"), write one byte to FD and wait there for a signal (a test
+ * kills the process mid-write). */
+static void pause_hook(void *user, const char *point)
+{
+    static int saves;
+    const char *spec = user;
+    if (!strcmp(point, "begin")) saves++;
+    char want[64];
+    int nth = 0, fd = -1;
+    if (sscanf(spec, "%63[^:]:%d:%d", want, &nth, &fd) != 3 || strcmp(want, point) || nth != saves)
+        return;
+    if (write(fd, "k", 1) != 1) return;
+    for (;;) pause();
+}
+
+static void print_tiers(const offload_stats *st, const offload_prediction *pred)
+{
+    char b1[32], b2[32];
+    printf("# peak bytes per tier:");
+    for (int t = 0; t < OFFLOAD_TIERS; t++) {
+        printf(" %s %s", offload_tier_name((offload_tier)t), zo_format_bytes(st->peak[t], b1, sizeof b1));
+        if (pred && pred->present && pred->peak[t])
+            printf(" (plan %s, %.1f%%)", zo_format_bytes(pred->peak[t], b2, sizeof b2),
+                   100.0 * (double)st->peak[t] / (double)pred->peak[t]);
+        printf(t + 1 < OFFLOAD_TIERS ? "," : "\n");
+    }
+    printf("# time:");
+    for (int p = 0; p < OFFLOAD_TIME_PARTS; p++)
+        printf(" %s %.3fs%s", offload_time_part_name((offload_time_part)p), st->time[p],
+               p + 1 < OFFLOAD_TIME_PARTS ? "," : "");
+    printf(" (runtime total %.3fs)\n", st->total_s);
+}
+
 int main(int argc, char **argv)
 {
     train_args a;
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc == 1 ? 0 : 2;
+    if (!a.model || !a.data) {
+        fprintf(stderr, "train: %s is required (see --help)\n", !a.model ? "--model" : "--data");
+        return 2;
+    }
 
     zo_status st;
     zo_model_config cfg;
@@ -202,34 +353,74 @@ int main(int argc, char **argv)
     gpu_device_t dev = NULL;
     gpu_stream_t s = NULL;
     tf_model m = {0};
-    tf_trainer tr = {0};
+    tf_offload_model tm = {0};
+    offload_t *rt = NULL;
     int32_t *inputs = NULL, *targets = NULL;
+    float **w = NULL;
     char b1[32], b2[32];
+    offload_config *oc = &a.p.cfg;
     rc = 1;
 
+    const char *pause_spec = getenv("ZO_TRAIN_CKPT_PAUSE");
+    if (pause_spec) {
+        oc->ckpt_hook = pause_hook;
+        oc->ckpt_hook_user = (void *)pause_spec;
+    }
     if ((st = load_config(a.model, &cfg)) != ZO_OK) goto out;
     if ((st = model_tokens_open(&tokens, a.data, a.width, cfg.vocab)) != ZO_OK) goto out;
     gpu_cpu_options dopt = {.capacity = a.device_mem, .n_threads = (int)a.threads};
     if ((st = gpu_device_init_cpu(&dopt, &dev)) != ZO_OK) goto out;
     if ((st = gpu_stream_create(dev, &s)) != ZO_OK) goto out_dev;
-    if ((st = tf_init(&m, &cfg, dev, a.dtype, (int)a.micro_batch, (int)a.seq)) != ZO_OK) goto out_dev;
-    if ((st = tf_trainer_init(&tr, &m, &a.opt)) != ZO_OK) goto out_model;
-    if (a.weights) {
-        st = model_load_path(a.weights, &m.layout, (void *const *)tr.master, ZO_DTYPE_F32, 0, NULL);
-        if (st != ZO_OK) goto out_trainer;
-    } else {
-        tf_init_weights(&m.layout, tr.master, (uint64_t)a.seed);
+    tf_options to = {.recompute = oc->recompute, .external_res = 1};
+    if ((st = tf_init_opts(&m, &cfg, dev, a.dtype, (int)a.micro_batch, (int)a.seq, &to)) != ZO_OK)
+        goto out_dev;
+    if ((st = tf_offload_model_init(&tm, &m)) != ZO_OK) goto out_model;
+    if ((st = offload_init(&rt, dev, &tm.om, oc)) != ZO_OK) goto out_model;
+
+    /* initial weights: a checkpoint, a safetensors file, or random */
+    const model_layout *l = &m.layout;
+    w = calloc((size_t)l->n_blocks, sizeof(float *));
+    if (!w) {
+        st = zo_error(ZO_ERR_NOMEM, "train: out of host memory");
+        goto out_rt;
     }
-    if ((st = tf_trainer_upload(&tr, s)) != ZO_OK) goto out_trainer;
+    for (int b = 0; b < l->n_blocks; b++)
+        if (!(w[b] = calloc(l->block_numel[b] + 1, sizeof(float)))) {
+            st = zo_error(ZO_ERR_NOMEM, "train: out of host memory for the initial weights");
+            goto out_rt;
+        }
+    if (a.weights) {
+        if ((st = model_load_path(a.weights, l, (void *const *)w, ZO_DTYPE_F32, 0, NULL)) != ZO_OK)
+            goto out_rt;
+    } else {
+        tf_init_weights(l, w, (uint64_t)a.seed);
+    }
+    if ((st = offload_set_weights(rt, (const float *const *)w)) != ZO_OK) goto out_rt;
+    for (int b = 0; b < l->n_blocks; b++) free(w[b]);
+    free(w);
+    w = NULL;
+    int accum = oc->grad_accum ? oc->grad_accum : 1;
+    long k0 = 0;
+    if (a.resume) {
+        offload_ckpt_meta meta;
+        if ((st = offload_load(rt, a.resume, &meta)) != ZO_OK) goto out_rt;
+        k0 = (long)(meta.data_step / accum);
+        printf("# resumed from %s at step %ld\n", a.resume, k0);
+    }
 
     gpu_mem_stats ms;
     gpu_mem_get_stats(dev, &ms);
     printf("# train: %s (%s), %llu parameters, %d layers, hidden %d, vocab %d; dtype %s; "
-           "batch %ld x %ld; data %s (%llu tokens); device cpu, %s in use of %s\n",
-           cfg.name, zo_arch_name(cfg.arch), (unsigned long long)m.layout.total_numel,
-           cfg.n_layers, cfg.hidden, cfg.vocab, zo_dtype_name(a.dtype), a.micro_batch, a.seq,
+           "batch %ld x %ld x %d; data %s (%llu tokens); device cpu, %s in use of %s\n",
+           cfg.name, zo_arch_name(cfg.arch), (unsigned long long)l->total_numel,
+           cfg.n_layers, cfg.hidden, cfg.vocab, zo_dtype_name(a.dtype), a.micro_batch, a.seq, accum,
            a.data, (unsigned long long)tokens.n, zo_format_bytes(ms.in_use, b1, sizeof b1),
            a.device_mem ? zo_format_bytes(a.device_mem, b2, sizeof b2) : "unlimited");
+    printf("# placement: weights %s (prefetch %d), optimizer cpu %.2f nvme %.2f, checkpoints %s, "
+           "recompute %s%s%s\n",
+           offload_tier_name(oc->params_on), oc->prefetch_depth, oc->opt_frac[OFFLOAD_CPU],
+           oc->opt_frac[OFFLOAD_NVME], offload_tier_name(oc->checkpoints_on),
+           oc->recompute ? "full" : "none", a.plan ? "; plan " : "", a.plan ? a.plan : "");
     fflush(stdout);
 
     size_t n = (size_t)a.micro_batch * a.seq;
@@ -237,47 +428,81 @@ int main(int argc, char **argv)
     targets = malloc(n * sizeof *targets);
     if (!inputs || !targets) {
         st = zo_error(ZO_ERR_NOMEM, "train: out of host memory for the batch");
-        goto out_trainer;
+        goto out_rt;
     }
     int progress = isatty(STDERR_FILENO) && !isatty(STDOUT_FILENO);
     double t_start = now_seconds();
-    for (long k = 0; k < a.steps; k++) {
-        double t0 = now_seconds();
-        st = model_batch_get(&tokens, (int)a.micro_batch, (int)a.seq, k, 0, MODEL_SAMPLE_SEQUENTIAL,
-                             inputs, targets);
-        if (st != ZO_OK) goto out_trainer;
-        tf_step_info info;
-        st = tf_trainer_step(&tr, s, inputs, targets, (int)a.micro_batch, (int)a.seq, &info);
-        if (st != ZO_OK) {
+    for (long k = k0; k < a.steps; k++) {
+        double t0 = now_seconds(), sum = 0;
+        for (int j = 0; j < accum; j++) {
+            st = model_batch_get(&tokens, (int)a.micro_batch, (int)a.seq, k * accum + j, 0,
+                                 MODEL_SAMPLE_SEQUENTIAL, inputs, targets);
+            if (st != ZO_OK) goto out_rt;
+            float loss;
+            if ((st = tf_set_batch(&m, s, inputs, targets, (int)a.micro_batch, (int)a.seq)) != ZO_OK ||
+                (st = offload_micro_batch(rt, s)) != ZO_OK || (st = tf_loss(&m, s, &loss)) != ZO_OK) {
+                st = zo_error_wrap(st, "step %ld", k);
+                goto out_rt;
+            }
+            sum += loss;
+        }
+        offload_step_info info;
+        if ((st = offload_step(rt, &info)) != ZO_OK) {
             st = zo_error_wrap(st, "step %ld", k);
-            goto out_trainer;
+            goto out_rt;
         }
         double dt = now_seconds() - t0;
         gpu_mem_get_stats(dev, &ms);
-        printf("step %ld loss %.6f norm %.4f tok/s %.0f mem %s%s\n", k, info.loss, info.grad_norm,
-               (double)n / dt, zo_format_bytes(ms.high_water, b1, sizeof b1),
+        printf("step %ld loss %.6f norm %.4f tok/s %.0f mem %s%s\n", k, sum / accum, info.grad_norm,
+               (double)n * accum / dt, zo_format_bytes(ms.high_water, b1, sizeof b1),
                info.skipped ? " (overflow: skipped)" : "");
         fflush(stdout);
+        int last = k + 1 == a.steps;
+        if (a.ckpt && ((a.save_every && (k + 1) % a.save_every == 0) || last)) {
+            offload_ckpt_meta meta = {.data_step = (k + 1) * accum, .seed = (uint64_t)a.seed};
+            if ((st = offload_save(rt, a.ckpt, &meta, write_weights, (void *)l)) != ZO_OK) goto out_rt;
+            printf("# checkpoint %s step %ld\n", a.ckpt, k + 1);
+        }
         if (progress) {
             double el = now_seconds() - t_start;
-            fprintf(stderr, "\r[%ld/%ld] loss %.4f, %.0fs left ", k + 1, a.steps, info.loss,
-                    el / (k + 1) * (a.steps - k - 1));
+            fprintf(stderr, "\r[%ld/%ld] loss %.4f, %.0fs left ", k + 1, a.steps, sum / accum,
+                    el / (k + 1 - k0) * (a.steps - k - 1));
         }
     }
     if (progress) fprintf(stderr, "\n");
     gpu_mem_get_stats(dev, &ms);
     printf("# device memory: peak %s of %s\n", zo_format_bytes(ms.high_water, b1, sizeof b1),
            a.device_mem ? zo_format_bytes(a.device_mem, b2, sizeof b2) : "unlimited");
+    offload_stats ost;
+    offload_get_stats(rt, &ost);
+    print_tiers(&ost, a.plan ? &a.p.predicted : NULL);
+    if (a.stats_json) {
+        if ((st = offload_write_stats_json(rt, a.plan ? &a.p.predicted : NULL, a.stats_json)) != ZO_OK)
+            goto out_rt;
+        printf("# stats %s\n", a.stats_json);
+    }
     if (a.save) {
-        st = model_save(a.save, &m.layout, (const void *const *)tr.master, ZO_DTYPE_F32, ZO_DTYPE_F32);
-        if (st != ZO_OK) goto out_trainer;
+        float *all = malloc(l->total_numel * sizeof(float) + 4);
+        float **blocks = calloc((size_t)l->n_blocks, sizeof(float *));
+        st = all && blocks ? ZO_OK : zo_error(ZO_ERR_NOMEM, "train: out of host memory for --save");
+        size_t off = 0;
+        for (int b = 0; st == ZO_OK && b < l->n_blocks; off += l->block_numel[b], b++) blocks[b] = all + off;
+        if (st == ZO_OK) st = offload_get_weights(rt, blocks);
+        if (st == ZO_OK) st = model_save(a.save, l, (const void *const *)blocks, ZO_DTYPE_F32, ZO_DTYPE_F32);
+        free(all);
+        free(blocks);
+        if (st != ZO_OK) goto out_rt;
         printf("# saved %s\n", a.save);
     }
     rc = 0;
 
-out_trainer:
-    tf_trainer_free(&tr);
+out_rt:
+    if (w)
+        for (int b = 0; b < m.layout.n_blocks; b++) free(w[b]);
+    free(w);
+    offload_free(rt);
 out_model:
+    tf_offload_model_free(&tm);
     tf_free(&m);
 out_dev:
     if (s) gpu_stream_destroy(s);

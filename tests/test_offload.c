@@ -563,6 +563,104 @@ static void test_resume(void **state)
     remove_tree(dir);
 }
 
+/* Run a command, capture its stdout; returns the exit code. */
+static int run_cmd(const char *cmd, char *buf, size_t len)
+{
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t got = fread(buf, 1, len - 1, p);
+    buf[got] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The "step K loss X" lines of train's output, from step `from` on. */
+static void step_lines(const char *out, int from, char *dst, size_t len)
+{
+    dst[0] = 0;
+    const char *p = out;
+    while ((p = strstr(p, "step "))) {
+        int k;
+        float l;
+        if ((p == out || p[-1] == '\n') && sscanf(p, "step %d loss %f", &k, &l) == 2 && k >= from) {
+            char line[64];
+            snprintf(line, sizeof line, "%d %.6f\n", k, l);
+            strncat(dst, line, len - strlen(dst) - 1);
+        }
+        p += 5;
+    }
+}
+
+/* SIGKILL while `train` writes its second checkpoint, at every point of the
+ * write: the first checkpoint is what loads, and resuming from it gives the
+ * losses of the uninterrupted run. */
+static void test_kill_during_checkpoint(void **state)
+{
+    (void)state;
+    char dir[300], data[400], cfg[400], ck[400], base[1500], cmd[2000];
+    snprintf(dir, sizeof dir, "%s/kill", nvme_dir);
+    remove_tree(dir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    snprintf(data, sizeof data, "%s/text.txt", dir);
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    FILE *f = fopen(data, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 300; i++) fprintf(f, "the quick brown fox jumps over the lazy dog %d. ", i % 10);
+    fclose(f);
+    f = fopen(cfg, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 32, \"n_head\": 2,"
+               " \"n_positions\": 32, \"vocab_size\": 256}\n");
+    fclose(f);
+    snprintf(base, sizeof base,
+             "%s --model %s --data %s --text --steps 6 --micro-batch 2 --seq 16 --lr 1e-2 "
+             "--dtype fp16 --threads 2 --params-on cpu --optimizer-on cpu=0.5,nvme=0.5 "
+             "--nvme-dir %s",
+             ZO_TRAIN_BIN, cfg, data, dir);
+    static char out[1 << 16], want[4096], got[4096];
+    snprintf(cmd, sizeof cmd, "%s 2>&1", base);
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 0);
+    step_lines(out, 2, want, sizeof want);
+
+    const char *points[] = {"begin", "optimizer-half", "before-rename", "before-latest"};
+    for (size_t i = 0; i < sizeof points / sizeof points[0]; i++) {
+        remove_tree(ck);
+        int fds[2];
+        assert_int_equal(pipe(fds), 0);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            close(fds[0]);
+            char env[64];
+            snprintf(env, sizeof env, "%s:2:%d", points[i], fds[1]);
+            setenv("ZO_TRAIN_CKPT_PAUSE", env, 1);
+            snprintf(cmd, sizeof cmd, "exec %s --ckpt %s --save-every 2 >/dev/null 2>&1", base, ck);
+            execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+            _exit(127);
+        }
+        close(fds[1]);
+        char c;
+        /* the child is inside its second checkpoint write */
+        assert_int_equal(read(fds[0], &c, 1), 1);
+        assert_int_equal(kill(pid, SIGKILL), 0);
+        int ws;
+        assert_int_equal(waitpid(pid, &ws, 0), pid);
+        assert_true(WIFSIGNALED(ws) && WTERMSIG(ws) == SIGKILL);
+        close(fds[0]);
+        /* the previous checkpoint loads: resume from it */
+        snprintf(cmd, sizeof cmd, "%s --resume %s 2>&1", base, ck);
+        assert_int_equal(run_cmd(cmd, out, sizeof out), 0);
+        assert_non_null(strstr(out, "at step 2\n"));
+        step_lines(out, 2, got, sizeof got);
+        assert_string_equal(got, want);
+        for (char *q = got; *q; q++)
+            if (*q == '\n') *q = ' ';
+        printf("  killed at %-15s resumed at step 2, losses as uninterrupted: %s\n", points[i], got);
+    }
+    remove_tree(dir);
+}
+
 int main(void)
 {
     snprintf(nvme_dir, sizeof nvme_dir, "/tmp/zo_test_offload_%d", (int)getpid());
@@ -575,6 +673,7 @@ int main(void)
         cmocka_unit_test(test_clipping),
         cmocka_unit_test(test_loss_scale),
         cmocka_unit_test(test_resume),
+        cmocka_unit_test(test_kill_during_checkpoint),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     rmdir(nvme_dir);
