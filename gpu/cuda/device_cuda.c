@@ -704,8 +704,8 @@ zo_status gpu_device_init_cuda(const gpu_cuda_options *opt, gpu_device_t *out)
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        return zo_error(ZO_ERR_NOT_FOUND, "gpu_device_init_cuda: cudaGetDeviceCount: %s",
-                        cudaGetErrorString(e));
+        return zo_error(ZO_ERR_NOT_FOUND, "gpu_device_init_cuda(cuda:%d): cudaGetDeviceCount: %s",
+                        ordinal, cudaGetErrorString(e));
     }
     if (ordinal < 0 || ordinal >= count)
         return zo_error(ZO_ERR_NOT_FOUND, "gpu_device_init_cuda: no device cuda:%d (%d present)",
