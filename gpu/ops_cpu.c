@@ -52,7 +52,7 @@ static int nthreads(int nt) { return nt > 0 ? nt : omp_get_max_threads(); }
  * thread count. */
 #define MR 6
 #define NR 32
-#define MC 96
+#define MC 192
 #define NC 256
 #define KC 256
 

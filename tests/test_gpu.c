@@ -445,7 +445,7 @@ static void test_gemm(void **state)
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++) {
             /* edges of every blocking level: m > MC, n > NC, k > KC */
-            gemm_cfg g = {.ta = ta, .tb = tb, .m = 101, .n = 270, .k = 300, .alpha = 1.0};
+            gemm_cfg g = {.ta = ta, .tb = tb, .m = 197, .n = 270, .k = 300, .alpha = 1.0};
             g.lda = (ta ? g.m : g.k) + 3;
             g.ldb = (tb ? g.k : g.n) + 1;
             g.ldc = g.n + 2;

@@ -1,0 +1,519 @@
+/* Tests for the transformer (examples/): tiny GPT-2, LLaMA (GQA, untied) and
+ * Qwen2 (q/k/v biases, tied) against the PyTorch float64 implementation of
+ * tests/fixtures/gpu/make_fixtures.py: logits, loss, every gradient, and the
+ * losses of 10 AdamW steps; the block-by-block API with streamed weights;
+ * determinism; the device-memory capacity; the `train` program. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "examples/trainer.h"  /* defines: tf_trainer, tf_model */
+#include "model/data.h"        /* defines: model_tokens, model_batch_get */
+#include "model/safetensors.h" /* defines: model_st_open, model_load_path */
+
+#define FIX ZO_FIXTURES_DIR "/gpu/"
+#define B 2
+#define T 8
+
+/* ---- fixtures ----------------------------------------------------------------- */
+
+/* A named tensor of an expected-values file as fp32 (caller frees). */
+static float *read_expected(const char *name, const char *tensor, size_t *n)
+{
+    char path[512];
+    snprintf(path, sizeof path, FIX "%s_expected.safetensors", name);
+    model_st_file f;
+    assert_int_equal(model_st_open(&f, path), ZO_OK);
+    const model_st_tensor *t = model_st_find(&f, tensor);
+    assert_non_null(t);
+    float *out = malloc(t->numel * sizeof(float));
+    assert_int_equal(model_st_read(&f, t, out, ZO_DTYPE_F32, 0), ZO_OK);
+    if (n) *n = t->numel;
+    model_st_close(&f);
+    return out;
+}
+
+typedef struct fixture {
+    const char *name;
+    zo_model_config cfg;
+    gpu_device_t dev;
+    gpu_stream_t s;
+    tf_model m;
+    tf_trainer tr;
+    int32_t inputs[B * T], targets[B * T];
+} fixture;
+
+static void fixture_open(fixture *fx, const char *name, zo_dtype dt, int n_threads,
+                         const tf_adamw *opt)
+{
+    memset(fx, 0, sizeof *fx);
+    fx->name = name;
+    char path[512];
+    snprintf(path, sizeof path, FIX "%s.json", name);
+    assert_int_equal(zo_model_config_load(path, &fx->cfg), ZO_OK);
+    gpu_cpu_options o = {.n_threads = n_threads};
+    assert_int_equal(gpu_device_init_cpu(&o, &fx->dev), ZO_OK);
+    assert_int_equal(gpu_stream_create(fx->dev, &fx->s), ZO_OK);
+    assert_int_equal(tf_init(&fx->m, &fx->cfg, fx->dev, dt, B, T), ZO_OK);
+    tf_adamw none = {.lr = 0};
+    assert_int_equal(tf_trainer_init(&fx->tr, &fx->m, opt ? opt : &none), ZO_OK);
+    snprintf(path, sizeof path, FIX "%s.safetensors", name);
+    model_load_report rep;
+    assert_int_equal(model_load_path(path, &fx->m.layout, (void *const *)fx->tr.master,
+                                     ZO_DTYPE_F32, MODEL_LOAD_STRICT, &rep), ZO_OK);
+    assert_int_equal(rep.n_missing, 0);
+    assert_int_equal(tf_trainer_upload(&fx->tr, fx->s), ZO_OK);
+    float *in = read_expected(name, "inputs", NULL), *tg = read_expected(name, "targets", NULL);
+    for (int i = 0; i < B * T; i++) {
+        fx->inputs[i] = (int32_t)in[i];
+        fx->targets[i] = (int32_t)tg[i];
+    }
+    free(in);
+    free(tg);
+}
+
+static void fixture_close(fixture *fx)
+{
+    tf_trainer_free(&fx->tr);
+    tf_free(&fx->m);
+    gpu_stream_destroy(fx->s);
+    gpu_mem_stats ms;
+    gpu_mem_get_stats(fx->dev, &ms);
+    assert_int_equal(ms.n_allocs, 0);
+    gpu_device_free(fx->dev);
+}
+
+static int check_close(const char *what, const float *got, const float *want, size_t n,
+                       double atol, double rtol)
+{
+    int bad = 0;
+    double maxd = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        if (d > maxd || isnan(d)) maxd = d;
+        if (!(d <= atol + rtol * fabs(want[i]))) {
+            if (bad < 5) printf("  %s[%zu]: got %.8g want %.8g\n", what, i, got[i], want[i]);
+            bad++;
+        }
+    }
+    if (bad) printf("  %s: %d of %zu mismatched, max diff %.3g\n", what, bad, n, maxd);
+    return bad;
+}
+
+/* ---- logits, loss, gradients ------------------------------------------------------------ */
+
+static void download(fixture *fx, float *dst, const void *src, size_t n)
+{
+    zo_dtype dt = fx->m.dtype;
+    void *tmp = malloc(n * zo_dtype_size(dt));
+    assert_int_equal(gpu_memcpy_async(fx->s, tmp, src, n * zo_dtype_size(dt), GPU_COPY_DEVICE_TO_HOST), ZO_OK);
+    assert_int_equal(gpu_stream_synchronize(fx->s), ZO_OK);
+    zo_convert(dst, ZO_DTYPE_F32, tmp, dt, n);
+    free(tmp);
+}
+
+static void run_against_torch(const char *name)
+{
+    fixture fx;
+    fixture_open(&fx, name, ZO_DTYPE_F32, 2, NULL);
+    int V = fx.cfg.vocab;
+    /* forward: logits and loss */
+    assert_int_equal(tf_set_batch(&fx.m, fx.s, fx.inputs, fx.targets, B, T), ZO_OK);
+    assert_int_equal(tf_forward(&fx.m, fx.tr.params, fx.s), ZO_OK);
+    float loss;
+    assert_int_equal(tf_loss(&fx.m, fx.s, &loss), ZO_OK);
+    float *logits = malloc((size_t)B * T * V * sizeof(float));
+    download(&fx, logits, fx.m.logits, (size_t)B * T * V);
+    size_t n;
+    float *want_logits = read_expected(name, "logits", &n);
+    float *want_loss = read_expected(name, "loss", NULL);
+    assert_int_equal(n, (size_t)B * T * V);
+    assert_int_equal(check_close("logits", logits, want_logits, n, 2e-5, 2e-5), 0);
+    assert_int_equal(check_close("loss", &loss, want_loss, 1, 1e-5, 1e-5), 0);
+
+    /* backward: every gradient, loaded by name from the torch file */
+    tf_step_info info;
+    assert_int_equal(tf_trainer_grads(&fx.tr, fx.s, fx.inputs, fx.targets, B, T, &info), ZO_OK);
+    assert_int_equal(check_close("loss (trainer)", &info.loss, want_loss, 1, 1e-5, 1e-5), 0);
+    int nb = fx.m.layout.n_blocks;
+    float **want = calloc(nb, sizeof(float *));
+    for (int b = 0; b < nb; b++) want[b] = calloc(fx.m.layout.block_numel[b] + 1, sizeof(float));
+    char path[512];
+    snprintf(path, sizeof path, FIX "%s_grads.safetensors", name);
+    assert_int_equal(model_load_path(path, &fx.m.layout, (void *const *)want, ZO_DTYPE_F32, 0, NULL), ZO_OK);
+    int bad = 0;
+    double sumsq = 0.0;
+    for (int i = 0; i < fx.m.layout.n_tensors; i++) {
+        const model_tensor *t = &fx.m.layout.tensors[i];
+        bad += check_close(t->name, fx.tr.grad[t->block] + t->offset, want[t->block] + t->offset,
+                           t->numel, 1e-5, 1e-3);
+        for (size_t e = 0; e < t->numel; e++) sumsq += (double)want[t->block][t->offset + e] * want[t->block][t->offset + e];
+    }
+    assert_int_equal(bad, 0);
+    assert_true(fabs(info.grad_norm - sqrt(sumsq)) <= 1e-4 * sqrt(sumsq));
+    for (int b = 0; b < nb; b++) free(want[b]);
+    free(want);
+    free(logits);
+    free(want_logits);
+    free(want_loss);
+    fixture_close(&fx);
+}
+
+static void test_gpt2_vs_torch(void **state)
+{
+    (void)state;
+    run_against_torch("tiny_gpt2");
+}
+
+static void test_llama_vs_torch(void **state)
+{
+    (void)state;
+    run_against_torch("tiny_llama");
+}
+
+static void test_qwen2_vs_torch(void **state)
+{
+    (void)state;
+    run_against_torch("tiny_qwen2");
+}
+
+/* ---- 10 AdamW steps -------------------------------------------------------------------- */
+
+/* The fixture's data as a uint16 token file, so batches come from the real
+ * sampler (model_batch_get, the `train` contract). */
+static void write_tokens(const char *name, char *path, size_t len)
+{
+    size_t n;
+    float *data = read_expected(name, "data", &n);
+    snprintf(path, len, "/tmp/zo_test_tf_%d_%s.u16", (int)getpid(), name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    for (size_t i = 0; i < n; i++) {
+        uint16_t v = (uint16_t)data[i];
+        assert_int_equal(fwrite(&v, 2, 1, f), 1);
+    }
+    fclose(f);
+    free(data);
+}
+
+static void run_training(const char *name)
+{
+    tf_adamw opt = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                    .weight_decay = 0.1f, .clip = 1.0f};
+    fixture fx;
+    fixture_open(&fx, name, ZO_DTYPE_F32, 2, &opt);
+    char path[256];
+    write_tokens(name, path, sizeof path);
+    model_tokens tok;
+    assert_int_equal(model_tokens_open(&tok, path, MODEL_TOKENS_U16, fx.cfg.vocab), ZO_OK);
+    size_t n;
+    float *want = read_expected(name, "train_losses", &n);
+    float got[16];
+    assert_true(n <= 16);
+    for (size_t k = 0; k < n; k++) {
+        int32_t in[B * T], tg[B * T];
+        assert_int_equal(model_batch_get(&tok, B, T, (int64_t)k, 0, MODEL_SAMPLE_SEQUENTIAL, in, tg), ZO_OK);
+        tf_step_info info;
+        assert_int_equal(tf_trainer_step(&fx.tr, fx.s, in, tg, B, T, &info), ZO_OK);
+        got[k] = info.loss;
+    }
+    assert_int_equal(check_close("train losses", got, want, n, 1e-4, 1e-4), 0);
+    model_tokens_close(&tok);
+    unlink(path);
+    free(want);
+    fixture_close(&fx);
+}
+
+static void test_gpt2_training(void **state)
+{
+    (void)state;
+    run_training("tiny_gpt2");
+}
+
+static void test_llama_training(void **state)
+{
+    (void)state;
+    run_training("tiny_llama");
+}
+
+/* ---- 16-bit storage ---------------------------------------------------------------------- */
+
+static void test_bf16_fp16(void **state)
+{
+    (void)state;
+    zo_dtype dts[2] = {ZO_DTYPE_BF16, ZO_DTYPE_F16};
+    for (int i = 0; i < 2; i++) {
+        fixture fx;
+        fixture_open(&fx, "tiny_llama", dts[i], 2, NULL);
+        tf_step_info info;
+        assert_int_equal(tf_trainer_grads(&fx.tr, fx.s, fx.inputs, fx.targets, B, T, &info), ZO_OK);
+        float *want = read_expected("tiny_llama", "loss", NULL);
+        /* rounding of weights and activations: bf16 keeps 8 bits, fp16 11 */
+        assert_int_equal(check_close(zo_dtype_name(dts[i]), &info.loss, want, 1, 0.0,
+                                     dts[i] == ZO_DTYPE_BF16 ? 2e-2 : 3e-3), 0);
+        assert_int_equal(info.skipped, 0);
+        free(want);
+        fixture_close(&fx);
+    }
+}
+
+/* ---- blocks with streamed weights ----------------------------------------------------------- */
+
+/* The forward block by block with only two device slots for the weights of
+ * the layers: a copy stream uploads layer i+1 into the other slot while the
+ * compute stream runs layer i, ordered by events. The logits must equal the
+ * all-resident forward bit for bit. */
+static void test_block_streaming(void **state)
+{
+    (void)state;
+    fixture fx;
+    fixture_open(&fx, "tiny_llama", ZO_DTYPE_F32, 2, NULL);
+    tf_model *m = &fx.m;
+    int V = fx.cfg.vocab, nb = m->layout.n_blocks, L = fx.cfg.n_layers;
+    size_t nl = (size_t)B * T * V;
+    float *ref = malloc(nl * sizeof(float)), *got = malloc(nl * sizeof(float));
+    assert_int_equal(tf_set_batch(m, fx.s, fx.inputs, fx.targets, B, T), ZO_OK);
+    assert_int_equal(tf_forward(m, fx.tr.params, fx.s), ZO_OK);
+    download(&fx, ref, m->logits, nl);
+
+    gpu_stream_t copy;
+    gpu_event_t loaded[2], freed[2];
+    assert_int_equal(gpu_stream_create(fx.dev, &copy), ZO_OK);
+    void *slot[2];
+    size_t layer_bytes = tf_block_bytes(m, 1);
+    float *host[16];
+    assert_true(nb <= 16);
+    for (int b = 0; b < nb; b++) { /* host copies of every block, as a runtime keeps them */
+        host[b] = malloc(tf_block_bytes(m, b) + 4);
+        memcpy(host[b], fx.tr.master[b], tf_block_bytes(m, b));
+    }
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(gpu_mem_alloc(fx.dev, layer_bytes, &slot[i]), ZO_OK);
+        assert_int_equal(gpu_event_create(fx.dev, &loaded[i]), ZO_OK);
+        assert_int_equal(gpu_event_create(fx.dev, &freed[i]), ZO_OK);
+    }
+    /* poison the resident layer weights: only the slots may be read */
+    for (int l = 0; l < L; l++)
+        assert_int_equal(gpu_memset_async(fx.s, fx.tr.params[l + 1], 0xff, layer_bytes), ZO_OK);
+    assert_int_equal(gpu_memset_async(fx.s, m->logits, 0, nl * 4), ZO_OK);
+    tf_block_bufs emb = {.params = fx.tr.params[0]};
+    assert_int_equal(tf_block_forward(m, 0, &emb, fx.s), ZO_OK);
+    for (int l = 0; l < L; l++) {
+        int k = l % 2;
+        assert_int_equal(gpu_stream_wait_event(copy, freed[k]), ZO_OK);
+        assert_int_equal(gpu_memcpy_async(copy, slot[k], host[l + 1], layer_bytes, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+        assert_int_equal(gpu_event_record(loaded[k], copy), ZO_OK);
+        assert_int_equal(gpu_stream_wait_event(fx.s, loaded[k]), ZO_OK);
+        tf_block_bufs bb = {.params = slot[k]};
+        assert_int_equal(tf_block_forward(m, l + 1, &bb, fx.s), ZO_OK);
+        assert_int_equal(gpu_event_record(freed[k], fx.s), ZO_OK);
+    }
+    tf_block_bufs head = {.params = fx.tr.params[nb - 1], .embed_params = fx.tr.params[0]};
+    assert_int_equal(tf_block_forward(m, nb - 1, &head, fx.s), ZO_OK);
+    download(&fx, got, m->logits, nl);
+    assert_memory_equal(got, ref, nl * sizeof(float));
+    for (int i = 0; i < 2; i++) {
+        gpu_event_destroy(loaded[i]);
+        gpu_event_destroy(freed[i]);
+        gpu_mem_free(fx.dev, slot[i]);
+    }
+    gpu_stream_destroy(copy);
+    for (int b = 0; b < nb; b++) free(host[b]);
+    free(ref);
+    free(got);
+    fixture_close(&fx);
+}
+
+/* ---- determinism ------------------------------------------------------------------------------ */
+
+static void test_determinism(void **state)
+{
+    (void)state;
+    float *grads[2];
+    float loss[2];
+    size_t total = 0;
+    for (int run = 0; run < 2; run++) {
+        fixture fx;
+        fixture_open(&fx, "tiny_gpt2", ZO_DTYPE_F32, run + 1, NULL); /* 1 thread, then 2 */
+        tf_step_info info;
+        assert_int_equal(tf_trainer_grads(&fx.tr, fx.s, fx.inputs, fx.targets, B, T, &info), ZO_OK);
+        loss[run] = info.loss;
+        total = fx.m.layout.total_numel;
+        grads[run] = malloc(total * sizeof(float));
+        size_t off = 0;
+        for (int b = 0; b < fx.m.layout.n_blocks; b++) {
+            memcpy(grads[run] + off, fx.tr.grad[b], fx.m.layout.block_numel[b] * sizeof(float));
+            off += fx.m.layout.block_numel[b];
+        }
+        fixture_close(&fx);
+    }
+    assert_memory_equal(&loss[0], &loss[1], sizeof(float));
+    assert_memory_equal(grads[0], grads[1], total * sizeof(float));
+    free(grads[0]);
+    free(grads[1]);
+}
+
+/* ---- capacity ------------------------------------------------------------------------------------ */
+
+static void test_capacity(void **state)
+{
+    (void)state;
+    zo_model_config cfg;
+    assert_int_equal(zo_model_config_load(FIX "tiny_gpt2.json", &cfg), ZO_OK);
+    /* measure what a step needs, unlimited */
+    gpu_device_t dev;
+    gpu_stream_t s;
+    tf_model m;
+    tf_trainer tr;
+    tf_adamw opt = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f};
+    gpu_cpu_options o = {.n_threads = 2};
+    assert_int_equal(gpu_device_init_cpu(&o, &dev), ZO_OK);
+    assert_int_equal(tf_init(&m, &cfg, dev, ZO_DTYPE_F32, B, T), ZO_OK);
+    assert_int_equal(tf_trainer_init(&tr, &m, &opt), ZO_OK);
+    gpu_mem_stats ms;
+    gpu_mem_get_stats(dev, &ms);
+    size_t need = ms.high_water;
+    tf_trainer_free(&tr);
+    tf_free(&m);
+    gpu_device_free(dev);
+
+    /* one granule short: the allocation that crosses the line fails */
+    o.capacity = need - 256;
+    assert_int_equal(gpu_device_init_cpu(&o, &dev), ZO_OK);
+    assert_int_equal(tf_init(&m, &cfg, dev, ZO_DTYPE_F32, B, T), ZO_OK);
+    zo_clear_error();
+    assert_int_equal(tf_trainer_init(&tr, &m, &opt), ZO_ERR_CAPACITY);
+    assert_non_null(strstr(zo_last_error(), "capacity"));
+    gpu_mem_get_stats(dev, &ms);
+    assert_true(ms.high_water <= o.capacity);
+    tf_free(&m);
+    gpu_mem_get_stats(dev, &ms);
+    assert_int_equal(ms.in_use, 0);
+    gpu_device_free(dev);
+
+    /* exactly enough: a training step runs within it */
+    o.capacity = need;
+    assert_int_equal(gpu_device_init_cpu(&o, &dev), ZO_OK);
+    assert_int_equal(gpu_stream_create(dev, &s), ZO_OK);
+    assert_int_equal(tf_init(&m, &cfg, dev, ZO_DTYPE_F32, B, T), ZO_OK);
+    assert_int_equal(tf_trainer_init(&tr, &m, &opt), ZO_OK);
+    tf_init_weights(&m.layout, tr.master, 7);
+    assert_int_equal(tf_trainer_upload(&tr, s), ZO_OK);
+    int32_t in[B * T], tg[B * T];
+    for (int i = 0; i < B * T; i++) in[i] = tg[i] = i % cfg.vocab;
+    tf_step_info info;
+    assert_int_equal(tf_trainer_step(&tr, s, in, tg, B, T, &info), ZO_OK);
+    gpu_mem_get_stats(dev, &ms);
+    assert_true(ms.high_water <= o.capacity);
+    assert_int_equal(ms.high_water, need);
+    tf_trainer_free(&tr);
+    tf_free(&m);
+    gpu_stream_destroy(s);
+    gpu_device_free(dev);
+}
+
+/* ---- the train program ----------------------------------------------------------------------------- */
+
+/* Run a shell command, capture stdout+stderr into buf; returns the exit code. */
+static int run_cmd(const char *cmd, char *buf, size_t len)
+{
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t got = fread(buf, 1, len - 1, p);
+    buf[got] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void test_train_program(void **state)
+{
+    (void)state;
+    char dir[64], text[128], save[128], cfg[128], cmd[1024];
+    snprintf(dir, sizeof dir, "/tmp/zo_test_train_%d", (int)getpid());
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(text, sizeof text, "%s/text.txt", dir);
+    snprintf(save, sizeof save, "%s/out.safetensors", dir);
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    FILE *f = fopen(text, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 400; i++) fprintf(f, "the quick brown fox jumps over the lazy dog %d. ", i % 10);
+    fclose(f);
+    f = fopen(cfg, "w");
+    fprintf(f, "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 32, \"n_head\": 2,"
+               " \"n_positions\": 32, \"vocab_size\": 256}\n");
+    fclose(f);
+    static char out[1 << 16];
+    snprintf(cmd, sizeof cmd,
+             "%s --model %s --data %s --text --steps 40 --micro-batch 4 --seq 32 --lr 1e-2 "
+             "--device-mem 16MiB --threads 2 --save %s 2>&1", ZO_TRAIN_BIN, cfg, text, save);
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 0);
+    /* losses from "step K loss X" lines: the mean of the last 5 is well below the first */
+    float first = -1, last5 = 0;
+    int steps = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        int k;
+        float l;
+        if (sscanf(line, "step %d loss %f", &k, &l) == 2) {
+            assert_int_equal(k, steps);
+            if (k == 0) first = l;
+            if (k >= 35) last5 += l / 5;
+            steps++;
+        }
+    }
+    assert_int_equal(steps, 40);
+    printf("  train: loss %.3f -> %.3f\n", first, last5);
+    assert_true(first > 4.0f);        /* ~ln(256) at random init */
+    assert_true(last5 < first - 1.5f);
+    /* the saved checkpoint opens and holds the GPT-2 names */
+    model_ckpt ck;
+    assert_int_equal(model_ckpt_open(&ck, save), ZO_OK);
+    assert_non_null(model_ckpt_find(&ck, "h.1.mlp.c_fc.weight"));
+    model_ckpt_close(&ck);
+
+    /* errors name the flag or the file */
+    snprintf(cmd, sizeof cmd, "%s --model %s 2>&1", ZO_TRAIN_BIN, cfg);
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 2);
+    assert_non_null(strstr(out, "--data"));
+    snprintf(cmd, sizeof cmd, "%s --model %s --data %s/missing.bin 2>&1", ZO_TRAIN_BIN, cfg, dir);
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 1);
+    assert_non_null(strstr(out, "missing.bin"));
+    snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --steps x 2>&1", ZO_TRAIN_BIN, cfg, text);
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 2);
+    assert_non_null(strstr(out, "--steps"));
+    snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --seq 32 --device-mem 64KiB 2>&1", ZO_TRAIN_BIN, cfg, text);
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 1);
+    assert_non_null(strstr(out, "capacity"));
+    snprintf(cmd, sizeof cmd, "%s --help", ZO_TRAIN_BIN);
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 0);
+    assert_non_null(strstr(out, "--device-mem"));
+
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gpt2_vs_torch),
+        cmocka_unit_test(test_llama_vs_torch),
+        cmocka_unit_test(test_qwen2_vs_torch),
+        cmocka_unit_test(test_gpt2_training),
+        cmocka_unit_test(test_llama_training),
+        cmocka_unit_test(test_bf16_fp16),
+        cmocka_unit_test(test_block_streaming),
+        cmocka_unit_test(test_determinism),
+        cmocka_unit_test(test_capacity),
+        cmocka_unit_test(test_train_program),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
