@@ -81,11 +81,12 @@ zo_status cuda_launch_check(const char *kernel);
 /* ---- launchers (gpu/cuda/<family>.cu). Arguments as the public op of the
  * same name in gpu/device.h, already checked by device.c. ------------------------ */
 
-/* gemm.cu: cuBLASLt with fp32 accumulation (TF32 for fp32 inputs); dtype
- * combinations cuBLASLt lacks, or shapes it finds no algorithm for, go to
- * a plain tiled kernel with fp32 accumulation. */
-zo_status cuda_gemm(cudaStream_t st, cublasLtHandle_t lt, void *workspace, size_t ws_bytes,
-                    const gpu_gemm_desc *d);
+/* gemm.cu: cuBLASLt with fp32 accumulation (TF32 for fp32 inputs; an fp32
+ * operand beside a 16-bit one is rounded to 16 bits in scratch from `pool`);
+ * dtype combinations cuBLASLt lacks, or shapes it finds no algorithm for,
+ * go to a plain tiled kernel with fp32 accumulation. */
+zo_status cuda_gemm(cudaStream_t st, cublasLtHandle_t lt, cudaMemPool_t pool, void *workspace,
+                    size_t ws_bytes, const gpu_gemm_desc *d);
 zo_status cuda_launch_gemm_tiled(cudaStream_t st, const gpu_gemm_desc *d);
 
 /* bias.cu */

@@ -459,7 +459,8 @@ static zo_status cuda_memset_async(gpu_stream_t s, void *dst, int value, size_t 
 static zo_status cuda_op_gemm(gpu_stream_t s, const gpu_gemm_desc *d)
 {
     ENTER(s);
-    return cuda_gemm(cs->stream, ctx_of(s->dev)->lt, cs->workspace, CUDA_LT_WORKSPACE, d);
+    cuda_ctx *c = ctx_of(s->dev);
+    return cuda_gemm(cs->stream, c->lt, c->pool, cs->workspace, CUDA_LT_WORKSPACE, d);
 }
 
 static zo_status cuda_op_bias_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor bias, int n, int c,

@@ -10,9 +10,13 @@
  * cuBLASLt takes A and B of one type and C of that type or fp32:
  * fp16/bf16 inputs accumulate in fp32 (CUBLAS_COMPUTE_32F); fp32 inputs use
  * TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32: inputs rounded to a 10-bit
- * mantissa, fp32 accumulation). Other mixes (fp16 with bf16, fp32 inputs
- * into a 16-bit C), and shapes for which cuBLASLt offers no algorithm, run on
- * gemm_tiled_kernel (fp32 accumulation, no TF32). */
+ * mantissa, fp32 accumulation). An fp32 operand beside a 16-bit one (the
+ * fp32 activation gradients against 16-bit weights of a mixed-precision
+ * backward) is rounded to that 16-bit type in a stream-ordered scratch
+ * buffer first, as mixed-precision GEMMs do, so it too runs on tensor cores.
+ * Other mixes (fp16 with bf16, fp32 inputs into a 16-bit C) and shapes for
+ * which cuBLASLt offers no algorithm run on gemm_tiled_kernel (fp32
+ * accumulation, no rounding of inputs). */
 #include "gpu/cuda/kernels.cuh" /* defines: tload, tstore */
 
 #define TILE 16
@@ -109,10 +113,10 @@ static zo_status lt_batch(cublasLtMatrixLayout_t l, int batch, int64_t stride)
                                                &stride, sizeof stride));
 }
 
-extern "C" zo_status cuda_gemm(cudaStream_t st, cublasLtHandle_t lt, void *workspace,
-                               size_t ws_bytes, const gpu_gemm_desc *d)
+/* cuBLASLt on a problem whose types it takes (lt_types_ok). */
+static zo_status gemm_lt(cudaStream_t st, cublasLtHandle_t lt, void *workspace, size_t ws_bytes,
+                         const gpu_gemm_desc *d)
 {
-    if (!lt_types_ok(d)) return cuda_launch_gemm_tiled(st, d);
     const int batch = d->batch > 0 ? d->batch : 1;
     const cublasComputeType_t compute =
         d->a.dtype == ZO_DTYPE_F32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -198,4 +202,56 @@ out_destroy_lay_b:
 out_destroy_desc:
     cublasLtMatmulDescDestroy(desc);
     return s;
+}
+
+static int is_16bit(zo_dtype t) { return t == ZO_DTYPE_F16 || t == ZO_DTYPE_BF16; }
+
+/* Round the fp32 operand (which = 'a' or 'b') to the 16-bit type h in a
+ * scratch buffer from the pool, ordered on st, then run cuBLASLt. The
+ * scratch covers the operand's extent, ld and batch stride kept. */
+static zo_status gemm_round_operand(cudaStream_t st, cublasLtHandle_t lt, cudaMemPool_t pool,
+                                    void *workspace, size_t ws_bytes, const gpu_gemm_desc *d,
+                                    char which, zo_dtype h)
+{
+    gpu_gemm_desc e = *d;
+    const int batch = d->batch > 0 ? d->batch : 1;
+    gpu_tensor *op = which == 'a' ? &e.a : &e.b;
+    int64_t ld = which == 'a' ? d->lda : d->ldb, stride = which == 'a' ? d->stride_a : d->stride_b;
+    int rows, cols; /* as stored, row-major */
+    if (which == 'a') {
+        rows = d->trans_a ? d->k : d->m;
+        cols = d->trans_a ? d->m : d->k;
+    } else {
+        rows = d->trans_b ? d->n : d->k;
+        cols = d->trans_b ? d->k : d->n;
+    }
+    size_t extent = (size_t)(batch - 1) * (size_t)(batch > 1 ? stride : 0) +
+                    (size_t)(rows - 1) * (size_t)ld + (size_t)cols;
+    void *tmp = NULL;
+    zo_status s = cuda_status(cudaMallocFromPoolAsync(&tmp, extent * 2, pool, st),
+                              "cudaMallocFromPoolAsync (gpu_gemm operand scratch)");
+    if (s != ZO_OK) return s;
+    gpu_tensor rounded = {tmp, h};
+    if ((s = cuda_launch_cast(st, rounded, *op, extent)) == ZO_OK) {
+        *op = rounded;
+        s = gemm_lt(st, lt, workspace, ws_bytes, &e);
+    }
+    zo_status f = cuda_status(cudaFreeAsync(tmp, st), "cudaFreeAsync (gpu_gemm operand scratch)");
+    return s != ZO_OK ? s : f;
+}
+
+extern "C" zo_status cuda_gemm(cudaStream_t st, cublasLtHandle_t lt, cudaMemPool_t pool,
+                               void *workspace, size_t ws_bytes, const gpu_gemm_desc *d)
+{
+    zo_dtype ta = d->a.dtype, tb = d->b.dtype, tc = d->c.dtype;
+    if (ta != tb) {
+        zo_dtype h = ta == ZO_DTYPE_F32 ? tb : ta;
+        if ((ta == ZO_DTYPE_F32 || tb == ZO_DTYPE_F32) && is_16bit(h) &&
+            (tc == h || tc == ZO_DTYPE_F32))
+            return gemm_round_operand(st, lt, pool, workspace, ws_bytes, d,
+                                      ta == ZO_DTYPE_F32 ? 'a' : 'b', h);
+        return cuda_launch_gemm_tiled(st, d);
+    }
+    if (!lt_types_ok(d)) return cuda_launch_gemm_tiled(st, d);
+    return gemm_lt(st, lt, workspace, ws_bytes, d);
 }
