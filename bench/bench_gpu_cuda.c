@@ -1,0 +1,306 @@
+/* bench_gpu_cuda: the CUDA backend on the shapes of a 13B (LLaMA-2 13B)
+ * layer.
+ *
+ * - GEMM: gpu_gemm (cuBLASLt's first heuristic, descriptors built per call)
+ *   against cuBLAS's own best: the fastest of cuBLASLt's top heuristic
+ *   algorithms for the same problem, timed here with prebuilt descriptors.
+ *   Forward (x W^T), input gradient (dy W) and weight gradient (dy^T x) of
+ *   every Linear of the layer, bf16 in, fp32 accumulation.
+ * - copies: host->device and device->host GB/s, pinned and pageable.
+ * - attention forward and backward time (flash-style kernels).
+ * The last line is the geometric mean over the GEMMs of gpu_gemm's TFLOP/s
+ * over the best cuBLASLt algorithm's (1.0 = as fast as cuBLAS can be).
+ * Exits 77 with a message where no CUDA device is present. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublasLt.h>         /* defines: cublasLtMatmul, heuristics */
+#include <cuda_runtime_api.h> /* defines: cudaStreamCreate, cudaGetDeviceProperties */
+
+#include "bench/bench.h"          /* defines: bench_header, bench_time_best, bench_row */
+#include "gpu/cuda/device_cuda.h" /* defines: gpu_device_open, gpu_cuda_device_count */
+#include "gpu/device.h"           /* defines: gpu_gemm, gpu_attention_forward, ... */
+
+#define MAX_ALGOS 8
+#define LT_WS (32u << 20) /* cuBLASLt workspace, as the backend's per stream */
+
+static gpu_device_t dev;
+static gpu_stream_t S;
+
+static int fail(const char *what)
+{
+    fprintf(stderr, "bench_gpu_cuda: %s: %s\n", what, zo_last_error());
+    return 1;
+}
+
+/* ---- GEMM ------------------------------------------------------------------------ */
+
+typedef struct gemm_run {
+    gpu_gemm_desc d;
+} gemm_run;
+
+static void run_gpu_gemm(void *arg)
+{
+    gemm_run *r = arg;
+    (void)gpu_gemm(S, &r->d);
+    (void)gpu_stream_synchronize(S);
+}
+
+/* cuBLASLt with prebuilt descriptors and one chosen algorithm. */
+typedef struct lt_run {
+    cublasLtHandle_t lt;
+    cudaStream_t st;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+    const void *a, *b;
+    void *c;
+    float alpha, beta;
+    void *ws;
+    size_t ws_bytes;
+} lt_run;
+
+static void run_lt(void *arg)
+{
+    lt_run *r = arg;
+    (void)cublasLtMatmul(r->lt, r->desc, &r->alpha, r->a, r->la, r->b, r->lb, &r->beta, r->c,
+                         r->lc, r->c, r->lc, &r->algo, r->ws, r->ws_bytes, r->st);
+    (void)cudaStreamSynchronize(r->st);
+}
+
+/* The best time of cuBLASLt's top algorithms for the row-major problem d
+ * (same column-major mapping as gpu/cuda/gemm.cu). Returns seconds, or 0. */
+static double lt_best(const gpu_gemm_desc *d, void *ws, size_t ws_bytes, int *n_algos)
+{
+    lt_run r = {0};
+    double best = 0.0;
+    cublasLtCreate(&r.lt);
+    cudaStreamCreate(&r.st);
+    cublasOperation_t ob = d->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t oa = d->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasLtMatmulDescCreate(&r.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    cublasLtMatmulDescSetAttribute(r.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ob, sizeof ob);
+    cublasLtMatmulDescSetAttribute(r.desc, CUBLASLT_MATMUL_DESC_TRANSB, &oa, sizeof oa);
+    cublasLtMatrixLayoutCreate(&r.la, CUDA_R_16BF, d->trans_b ? d->k : d->n,
+                               d->trans_b ? d->n : d->k, d->ldb);
+    cublasLtMatrixLayoutCreate(&r.lb, CUDA_R_16BF, d->trans_a ? d->m : d->k,
+                               d->trans_a ? d->k : d->m, d->lda);
+    cublasLtMatrixLayoutCreate(&r.lc, d->c.dtype == ZO_DTYPE_F32 ? CUDA_R_32F : CUDA_R_16BF, d->n,
+                               d->m, d->ldc);
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulPreferenceCreate(&pref);
+    uint64_t wsb = ws_bytes;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
+                                         sizeof wsb);
+    cublasLtMatmulHeuristicResult_t h[MAX_ALGOS];
+    int found = 0;
+    cublasLtMatmulAlgoGetHeuristic(r.lt, r.desc, r.la, r.lb, r.lc, r.lc, pref, MAX_ALGOS, h,
+                                   &found);
+    r.a = d->b.data;
+    r.b = d->a.data;
+    r.c = d->c.data;
+    r.alpha = d->alpha;
+    r.beta = d->beta;
+    r.ws = ws;
+    r.ws_bytes = ws_bytes;
+    for (int i = 0; i < found; i++) {
+        r.algo = h[i].algo;
+        double t = bench_time_best(run_lt, &r, 2, 5, 0.2);
+        if (best == 0.0 || t < best) best = t;
+    }
+    *n_algos = found;
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(r.lc);
+    cublasLtMatrixLayoutDestroy(r.lb);
+    cublasLtMatrixLayoutDestroy(r.la);
+    cublasLtMatmulDescDestroy(r.desc);
+    cudaStreamDestroy(r.st);
+    cublasLtDestroy(r.lt);
+    return best;
+}
+
+typedef struct shape {
+    const char *name;
+    int m, n, k; /* forward: y[m,n] = x[m,k] W[n,k]^T */
+} shape;
+
+/* ---- copies ----------------------------------------------------------------------- */
+
+typedef struct copy_run {
+    void *dst;
+    const void *src;
+    size_t bytes;
+    gpu_copy_kind kind;
+} copy_run;
+
+static void run_copy(void *arg)
+{
+    copy_run *r = arg;
+    (void)gpu_memcpy_async(S, r->dst, r->src, r->bytes, r->kind);
+    (void)gpu_stream_synchronize(S);
+}
+
+/* ---- attention ---------------------------------------------------------------------- */
+
+typedef struct attn_run {
+    gpu_attn_desc a;
+    gpu_tensor qkv, out, dout, dqkv;
+    float *lse;
+    int backward;
+} attn_run;
+
+static void run_attn(void *arg)
+{
+    attn_run *r = arg;
+    if (r->backward)
+        (void)gpu_attention_backward(S, &r->a, r->dqkv, r->dout, r->qkv, r->out, r->lse);
+    else
+        (void)gpu_attention_forward(S, &r->a, r->out, r->lse, r->qkv);
+    (void)gpu_stream_synchronize(S);
+}
+
+int main(void)
+{
+    if (gpu_cuda_device_count() == 0) {
+        printf("# bench_gpu_cuda: no CUDA device here (or a build without CUDA): skipped\n");
+        return 77;
+    }
+    if (gpu_device_open("cuda:0", 0, &dev) != ZO_OK) return fail("gpu_device_open");
+    if (gpu_stream_create(dev, &S) != ZO_OK) return fail("gpu_stream_create");
+    struct cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, 0);
+    const int tokens = 4096, hidden = 5120, inter = 13824, heads = 40, hd = 128;
+    bench_header("bench_gpu_cuda", "%s, %.0f GiB; LLaMA-2 13B layer, %d tokens, bf16", prop.name,
+                 (double)prop.totalGlobalMem / (1 << 30), tokens);
+
+    /* ---- GEMMs: forward, dgrad, wgrad of each Linear ---- */
+    const shape shapes[] = {
+        {"qkv", tokens, 3 * hidden, hidden},
+        {"attn_out", tokens, hidden, hidden},
+        {"gate_up", tokens, 2 * inter, hidden},
+        {"down", tokens, hidden, inter},
+    };
+    size_t max_x = (size_t)tokens * (2 * inter > 3 * hidden ? 2 * inter : 3 * hidden);
+    size_t max_w = (size_t)2 * inter * hidden;
+    void *X, *W, *Y, *ws;
+    if (gpu_mem_alloc(dev, max_x * 2, &X) != ZO_OK || gpu_mem_alloc(dev, max_w * 2, &W) != ZO_OK ||
+        gpu_mem_alloc(dev, max_w * 4 > max_x * 2 ? max_w * 4 : max_x * 2, &Y) != ZO_OK ||
+        gpu_mem_alloc(dev, LT_WS, &ws) != ZO_OK)
+        return fail("gpu_mem_alloc");
+    gpu_memset_async(S, X, 0x3c, max_x * 2); /* small finite bf16 values */
+    gpu_memset_async(S, W, 0x3c, max_w * 2);
+    gpu_memset_async(S, Y, 0, max_w * 4 > max_x * 2 ? max_w * 4 : max_x * 2);
+    bench_row("%-9s %-6s %6s %6s %6s %10s %10s %10s %6s", "gemm", "pass", "m", "n", "k",
+              "ours_TF/s", "best_TF/s", "ratio", "algos");
+    double log_ratio = 0.0;
+    int n_ratio = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const shape *sh = &shapes[si];
+        for (int pass = 0; pass < 3; pass++) {
+            /* X stands for the activation operand (x or dy), W for the
+             * weight or the second activation; values do not matter. */
+            gemm_run r;
+            gpu_gemm_desc *d = &r.d;
+            if (pass == 0) /* y[T,N] = x[T,K] W[N,K]^T */
+                *d = (gpu_gemm_desc){.trans_b = 1, .m = sh->m, .n = sh->n, .k = sh->k,
+                                     .lda = sh->k, .ldb = sh->k, .ldc = sh->n,
+                                     .c = gpu_t(Y, ZO_DTYPE_BF16)};
+            else if (pass == 1) /* dx[T,K] = dy[T,N] W[N,K] */
+                *d = (gpu_gemm_desc){.m = sh->m, .n = sh->k, .k = sh->n, .lda = sh->n,
+                                     .ldb = sh->k, .ldc = sh->k, .c = gpu_t(Y, ZO_DTYPE_BF16)};
+            else /* dW[N,K] += dy[T,N]^T x[T,K] into an fp32 gradient */
+                *d = (gpu_gemm_desc){.trans_a = 1, .m = sh->n, .n = sh->k, .k = sh->m,
+                                     .lda = sh->n, .ldb = sh->k, .ldc = sh->k, .beta = 1.0f,
+                                     .c = gpu_t(Y, ZO_DTYPE_F32)};
+            d->alpha = 1.0f;
+            d->a = gpu_t(X, ZO_DTYPE_BF16);
+            d->b = gpu_t(W, ZO_DTYPE_BF16);
+            double flops = 2.0 * d->m * d->n * d->k;
+            if (gpu_gemm(S, d) != ZO_OK || gpu_stream_synchronize(S) != ZO_OK)
+                return fail("gpu_gemm");
+            double t_ours = bench_time_best(run_gpu_gemm, &r, 2, 5, 0.3);
+            int algos = 0;
+            double t_best = lt_best(d, ws, LT_WS, &algos);
+            if (t_best <= 0.0) t_best = t_ours; /* no algorithm listed: ours stands */
+            double ratio = t_best / t_ours;
+            log_ratio += log(ratio);
+            n_ratio++;
+            static const char *passes[3] = {"fwd", "dgrad", "wgrad"};
+            bench_row("%-9s %-6s %6d %6d %6d %10.1f %10.1f %10.3f %6d", sh->name, passes[pass],
+                      d->m, d->n, d->k, flops / t_ours * 1e-12, flops / t_best * 1e-12, ratio,
+                      algos);
+        }
+    }
+    gpu_mem_free(dev, X);
+    gpu_mem_free(dev, W);
+    gpu_mem_free(dev, Y);
+    gpu_mem_free(dev, ws);
+
+    /* ---- copies: 256 MiB each way, pinned and pageable ---- */
+    const size_t cb = (size_t)256 << 20;
+    void *dbuf, *pinned, *pageable = malloc(cb);
+    if (!pageable) return fail("malloc");
+    if (gpu_mem_alloc(dev, cb, &dbuf) != ZO_OK || gpu_host_alloc(dev, cb, &pinned) != ZO_OK)
+        return fail("copy buffers");
+    memset(pageable, 1, cb);
+    memset(pinned, 1, cb);
+    bench_row("%-9s %-9s %10s", "copy", "host", "GB/s");
+    for (int pin = 1; pin >= 0; pin--)
+        for (int dir = 0; dir < 2; dir++) {
+            void *host = pin ? pinned : pageable;
+            copy_run r = {dir ? host : dbuf, dir ? dbuf : host, cb,
+                          dir ? GPU_COPY_DEVICE_TO_HOST : GPU_COPY_HOST_TO_DEVICE};
+            double t = bench_time_best(run_copy, &r, 1, 5, 0.5);
+            bench_row("%-9s %-9s %10.2f", dir ? "d2h" : "h2d", pin ? "pinned" : "pageable",
+                      (double)cb / t * 1e-9);
+        }
+    gpu_mem_free(dev, dbuf);
+    gpu_host_free(dev, pinned);
+    free(pageable);
+
+    /* ---- attention: 13B heads, causal ---- */
+    bench_row("%-9s %6s %6s %6s %10s %10s %10s %10s", "attention", "b", "t", "heads", "fwd_ms",
+              "fwd_TF/s", "bwd_ms", "bwd_TF/s");
+    const int seqs[2] = {2048, 4096};
+    for (int si = 0; si < 2; si++) {
+        int t = seqs[si], b = tokens / t;
+        attn_run r = {.a = {.b = b, .t = t, .hq = heads, .hkv = heads, .d = hd}};
+        size_t nqkv = (size_t)b * t * 3 * heads * hd, nout = (size_t)b * t * heads * hd;
+        void *qkv, *out, *dout, *dqkv, *lse;
+        if (gpu_mem_alloc(dev, nqkv * 2, &qkv) != ZO_OK ||
+            gpu_mem_alloc(dev, nout * 2, &out) != ZO_OK ||
+            gpu_mem_alloc(dev, nout * 2, &dout) != ZO_OK ||
+            gpu_mem_alloc(dev, nqkv * 2, &dqkv) != ZO_OK ||
+            gpu_mem_alloc(dev, (size_t)b * heads * t * 4, &lse) != ZO_OK)
+            return fail("attention buffers");
+        gpu_memset_async(S, qkv, 0x3c, nqkv * 2);
+        gpu_memset_async(S, dout, 0x3c, nout * 2);
+        r.qkv = gpu_t(qkv, ZO_DTYPE_BF16);
+        r.out = gpu_t(out, ZO_DTYPE_BF16);
+        r.dout = gpu_t(dout, ZO_DTYPE_BF16);
+        r.dqkv = gpu_t(dqkv, ZO_DTYPE_BF16);
+        r.lse = lse;
+        if (gpu_attention_forward(S, &r.a, r.out, r.lse, r.qkv) != ZO_OK ||
+            gpu_stream_synchronize(S) != ZO_OK)
+            return fail("gpu_attention_forward");
+        double tf = bench_time_best(run_attn, &r, 1, 3, 0.3);
+        r.backward = 1;
+        double tb = bench_time_best(run_attn, &r, 1, 3, 0.3);
+        /* causal: half the t x t scores; forward 2 matmuls, backward 5 */
+        double f = 2.0 * b * heads * (double)t * t * hd;
+        bench_row("%-9s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f", "causal", b, t, heads, tf * 1e3,
+                  f / tf * 1e-12, tb * 1e3, 2.5 * f / tb * 1e-12);
+        gpu_mem_free(dev, qkv);
+        gpu_mem_free(dev, out);
+        gpu_mem_free(dev, dout);
+        gpu_mem_free(dev, dqkv);
+        gpu_mem_free(dev, lse);
+    }
+    gpu_stream_destroy(S);
+    gpu_device_free(dev);
+    bench_result("gpu_gemm / best cuBLASLt algorithm (TFLOP/s, geometric mean)",
+                 exp(log_ratio / n_ratio));
+    return 0;
+}

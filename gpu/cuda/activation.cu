@@ -1,0 +1,91 @@
+/* Activations: GELU (tanh form) and SwiGLU, forward and backward, with the
+ * formulas of the CPU reference (gpu/ops_cpu.c) in fp32. One thread per
+ * element in a grid-stride loop. */
+#include "gpu/cuda/kernels.cuh" /* defines: tload, tstore, grid_for */
+
+#define BS 256
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+#define GRID_STRIDE(i, n)                                                                   \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                 \
+         i += (size_t)gridDim.x * blockDim.x)
+
+/* y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); y, x [n] */
+__global__ void gelu_forward_kernel(gpu_tensor y, gpu_tensor x, size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        float v = tload(x, i);
+        tstore(y, i, 0.5f * v * (1.0f + tanhf(GELU_K * (v + 0.044715f * v * v * v))));
+    }
+}
+
+/* dx = dy * gelu'(x); dx, dy, x [n] */
+__global__ void gelu_backward_kernel(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        float v = tload(x, i);
+        float u = GELU_K * (v + 0.044715f * v * v * v);
+        float th = tanhf(u);
+        float du = GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
+        float g = 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * du;
+        tstore(dx, i, tload(dy, i) * g);
+    }
+}
+
+/* y = silu(gate) * up; y, gate, up [n] */
+__global__ void swiglu_forward_kernel(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        float g = tload(gate, i);
+        tstore(y, i, g / (1.0f + expf(-g)) * tload(up, i));
+    }
+}
+
+/* dup = dy * silu(gate); dgate = dy * up * silu'(gate); all [n] */
+__global__ void swiglu_backward_kernel(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy,
+                                       gpu_tensor gate, gpu_tensor up, size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        float g = tload(gate, i), u = tload(up, i), gy = tload(dy, i);
+        float sg = 1.0f / (1.0f + expf(-g));
+        float silu = g * sg;
+        /* both outputs are computed before either is stored: dgate or dup may
+         * alias gate, up or dy (an in-place backward) */
+        float gu = gy * silu, gg = gy * u * sg * (1.0f + g * (1.0f - sg));
+        tstore(dup, i, gu);
+        tstore(dgate, i, gg);
+    }
+}
+
+extern "C" zo_status cuda_launch_gelu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor x,
+                                              size_t n)
+{
+    gelu_forward_kernel<<<grid_for(n, BS), BS, 0, st>>>(y, x, n);
+    return cuda_launch_check("gelu_forward_kernel");
+}
+
+extern "C" zo_status cuda_launch_gelu_backward(cudaStream_t st, gpu_tensor dx, gpu_tensor dy,
+                                               gpu_tensor x, size_t n)
+{
+    gelu_backward_kernel<<<grid_for(n, BS), BS, 0, st>>>(dx, dy, x, n);
+    return cuda_launch_check("gelu_backward_kernel");
+}
+
+extern "C" zo_status cuda_launch_swiglu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor gate,
+                                                gpu_tensor up, size_t n)
+{
+    swiglu_forward_kernel<<<grid_for(n, BS), BS, 0, st>>>(y, gate, up, n);
+    return cuda_launch_check("swiglu_forward_kernel");
+}
+
+extern "C" zo_status cuda_launch_swiglu_backward(cudaStream_t st, gpu_tensor dgate,
+                                                 gpu_tensor dup, gpu_tensor dy, gpu_tensor gate,
+                                                 gpu_tensor up, size_t n)
+{
+    swiglu_backward_kernel<<<grid_for(n, BS), BS, 0, st>>>(dgate, dup, dy, gate, up, n);
+    return cuda_launch_check("swiglu_backward_kernel");
+}

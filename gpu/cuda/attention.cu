@@ -1,0 +1,374 @@
+/* Causal self-attention, memory-efficient (flash-style): no [t, t] matrix
+ * exists at any time. The forward streams key/value tiles through shared
+ * memory with an online softmax and saves only the log-sum-exp of each score
+ * row; the backward recomputes the probabilities from it.
+ *
+ * Layout (gpu/device.h): qkv [b, t, (hq + 2*hkv) * d], per token the hq query
+ * heads, then hkv key heads, then hkv value heads; query head h reads kv head
+ * h / (hq / hkv). out [b, t, hq*d], lse [b, hq, t], dqkv like qkv.
+ *
+ * Work split, chosen to be simple and free of atomics:
+ * - forward and dQ: a block of NW warps per (query tile of NW rows, query
+ *   head, batch); warp w owns query row i = tile*NW + w; tiles of TK keys
+ *   pass through shared memory; lane l scores key j0 + l of the tile, and
+ *   lanes own the output dimensions k = lane + 32*u.
+ * - dK/dV: a block of NW warps per (key tile of NW rows, kv head, batch);
+ *   warp w owns key row j; tiles of TK query rows (of every query head of the
+ *   group) pass through shared memory; lane l takes query row i0 + l.
+ * Each output element is written by exactly one lane, and every sum runs in
+ * the order of the CPU reference (keys ascending; heads, then rows,
+ * ascending), so results do not change from run to run. */
+#include "gpu/cuda/kernels.cuh" /* defines: tload, tstore, warp_sum, warp_max */
+
+#define NW 8  /* warps per block: query rows (forward, dQ) or key rows (dK/dV) */
+#define TK 32 /* rows per tile in shared memory: one per lane */
+
+/* Element offsets into qkv / out / lse. */
+struct attn_geom {
+    int t, hq, hkv, d, grp;
+    size_t ld, ldo; /* row strides of qkv and out */
+    float scale;
+    __device__ size_t q(int b, int i, int h) const { return ((size_t)b * t + i) * ld + (size_t)h * d; }
+    __device__ size_t k(int b, int j, int g) const
+    {
+        return ((size_t)b * t + j) * ld + (size_t)(hq + g) * d;
+    }
+    __device__ size_t v(int b, int j, int g) const
+    {
+        return ((size_t)b * t + j) * ld + (size_t)(hq + hkv + g) * d;
+    }
+    __device__ size_t o(int b, int i, int h) const { return ((size_t)b * t + i) * ldo + (size_t)h * d; }
+    __device__ size_t l(int b, int h, int i) const { return ((size_t)b * hq + h) * t + i; }
+};
+
+/* Rows j0..j0+TK-1 of one head into dst [TK][ldd] (fp32), zeros past t. */
+__device__ void load_tile(float *dst, int ldd, gpu_tensor src, const attn_geom &G, int b, int j0,
+                          int head_off_elems)
+{
+    for (int e = threadIdx.x; e < TK * G.d; e += blockDim.x) {
+        int jj = e / G.d, k = e % G.d, j = j0 + jj;
+        dst[jj * ldd + k] =
+            j < G.t ? tload(src, ((size_t)b * G.t + j) * G.ld + (size_t)head_off_elems + k) : 0.0f;
+    }
+}
+
+/* Forward. Dynamic shared memory: Ks [TK][d+1], Vs [TK][d], Qs [NW][d]. */
+template <int DPL>
+__global__ void attention_forward_kernel(gpu_tensor out, float *lse, gpu_tensor qkv, attn_geom G)
+{
+    extern __shared__ float smem[];
+    const int d = G.d, dp = d + 1;
+    float *Ks = smem, *Vs = Ks + TK * dp, *Qs = Vs + TK * d;
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    const int b = blockIdx.z, h = blockIdx.y, g = h / G.grp;
+    const int i0 = blockIdx.x * NW, i = i0 + w;
+    const bool valid = i < G.t; /* uniform over the warp */
+    float *q = Qs + w * d;
+    if (valid)
+        for (int k = lane; k < d; k += WARP) q[k] = tload(qkv, G.q(b, i, h) + k);
+
+    float o[DPL], m = -INFINITY, l = 0.0f;
+    for (int u = 0; u < DPL; u++) o[u] = 0.0f;
+    const int last = min(i0 + NW, G.t) - 1; /* the block's last query row */
+    for (int j0 = 0; j0 <= last; j0 += TK) {
+        __syncthreads(); /* the previous tile is no longer read; q is written */
+        load_tile(Ks, dp, qkv, G, b, j0, (G.hq + g) * d);
+        load_tile(Vs, d, qkv, G, b, j0, (G.hq + G.hkv + g) * d);
+        __syncthreads();
+        if (!valid || j0 > i) continue; /* every key of the tile is masked */
+        const int j = j0 + lane;
+        float s = -INFINITY;
+        if (j <= i) {
+            float acc = 0.0f;
+            const float *kr = Ks + lane * dp;
+            for (int k = 0; k < d; k++) acc += q[k] * kr[k];
+            s = acc * G.scale;
+        }
+        /* key j0 <= i is unmasked, so the new maximum is finite */
+        const float mnew = fmaxf(m, warp_max(s));
+        const float p = j <= i ? expf(s - mnew) : 0.0f;
+        const float corr = expf(m - mnew); /* 0 on the first tile (m = -inf) */
+        l = l * corr + warp_sum(p);
+        for (int u = 0; u < DPL; u++) o[u] *= corr;
+        for (int jj = 0; jj < TK; jj++) {
+            const float pj = __shfl_sync(FULL_MASK, p, jj);
+            const float *vr = Vs + jj * d;
+            for (int u = 0; u < DPL; u++) {
+                const int k = lane + WARP * u;
+                if (k < d) o[u] += pj * vr[k];
+            }
+        }
+        m = mnew;
+    }
+    if (!valid) return;
+    const float inv = 1.0f / l;
+    for (int u = 0; u < DPL; u++) {
+        const int k = lane + WARP * u;
+        if (k < d) tstore(out, G.o(b, i, h) + k, o[u] * inv);
+    }
+    if (lane == 0) lse[G.l(b, h, i)] = m + logf(l);
+}
+
+/* Backward, dQ. dq_i = scale * sum_j P_ij (dO_i . V_j - D_i) K_j with
+ * P_ij = exp(q_i . K_j * scale - lse_i), D_i = dO_i . O_i.
+ * Dynamic shared memory: Ks [TK][d+1], Vs [TK][d+1], Qs [NW][d], dOs [NW][d]. */
+template <int DPL>
+__global__ void attention_backward_dq_kernel(gpu_tensor dqkv, gpu_tensor dout, gpu_tensor qkv,
+                                             gpu_tensor out, const float *lse, attn_geom G)
+{
+    extern __shared__ float smem[];
+    const int d = G.d, dp = d + 1;
+    float *Ks = smem, *Vs = Ks + TK * dp, *Qs = Vs + TK * dp, *dOs = Qs + NW * d;
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    const int b = blockIdx.z, h = blockIdx.y, g = h / G.grp;
+    const int i0 = blockIdx.x * NW, i = i0 + w;
+    const bool valid = i < G.t;
+    float *q = Qs + w * d, *go = dOs + w * d;
+    float D = 0.0f, L = 0.0f;
+    if (valid) {
+        float acc = 0.0f;
+        for (int k = lane; k < d; k += WARP) {
+            q[k] = tload(qkv, G.q(b, i, h) + k);
+            go[k] = tload(dout, G.o(b, i, h) + k);
+            acc += go[k] * tload(out, G.o(b, i, h) + k);
+        }
+        D = warp_sum(acc);
+        L = lse[G.l(b, h, i)];
+    }
+
+    float dq[DPL];
+    for (int u = 0; u < DPL; u++) dq[u] = 0.0f;
+    const int last = min(i0 + NW, G.t) - 1;
+    for (int j0 = 0; j0 <= last; j0 += TK) {
+        __syncthreads();
+        load_tile(Ks, dp, qkv, G, b, j0, (G.hq + g) * d);
+        load_tile(Vs, dp, qkv, G, b, j0, (G.hq + G.hkv + g) * d);
+        __syncthreads();
+        if (!valid || j0 > i) continue;
+        const int j = j0 + lane;
+        float ds = 0.0f;
+        if (j <= i) {
+            const float *kr = Ks + lane * dp, *vr = Vs + lane * dp;
+            float sk = 0.0f, sv = 0.0f;
+            for (int k = 0; k < d; k++) {
+                sk += q[k] * kr[k];
+                sv += go[k] * vr[k];
+            }
+            const float p = expf(sk * G.scale - L);
+            ds = p * (sv - D) * G.scale;
+        }
+        for (int jj = 0; jj < TK; jj++) {
+            const float dsj = __shfl_sync(FULL_MASK, ds, jj);
+            const float *kr = Ks + jj * dp;
+            for (int u = 0; u < DPL; u++) {
+                const int k = lane + WARP * u;
+                if (k < d) dq[u] += dsj * kr[k];
+            }
+        }
+    }
+    if (!valid) return;
+    for (int u = 0; u < DPL; u++) {
+        const int k = lane + WARP * u;
+        if (k < d) tstore(dqkv, G.q(b, i, h) + k, dq[u]);
+    }
+}
+
+/* Backward, dK and dV of kv head g, summed over the query heads of its group:
+ * dV_j = sum_{h, i >= j} P_ij dO_i, dK_j = scale * sum_{h, i >= j} P_ij
+ * (dO_i . V_j - D_i) q_i. Dynamic shared memory: Qs [TK][d+1], dOs [TK][d+1],
+ * Ls [TK], Ds [TK], Kw [NW][d], Vw [NW][d]. */
+template <int DPL>
+__global__ void attention_backward_dkv_kernel(gpu_tensor dqkv, gpu_tensor dout, gpu_tensor qkv,
+                                              gpu_tensor out, const float *lse, attn_geom G)
+{
+    extern __shared__ float smem[];
+    const int d = G.d, dp = d + 1;
+    float *Qs = smem, *dOs = Qs + TK * dp, *Ls = dOs + TK * dp, *Ds = Ls + TK;
+    float *Kw = Ds + TK, *Vw = Kw + NW * d;
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    const int b = blockIdx.z, g = blockIdx.y;
+    const int jfirst = blockIdx.x * NW, j = jfirst + w;
+    const bool valid = j < G.t;
+    float *kj = Kw + w * d, *vj = Vw + w * d;
+    if (valid)
+        for (int k = lane; k < d; k += WARP) {
+            kj[k] = tload(qkv, G.k(b, j, g) + k);
+            vj[k] = tload(qkv, G.v(b, j, g) + k);
+        }
+
+    float dk[DPL], dv[DPL];
+    for (int u = 0; u < DPL; u++) dk[u] = dv[u] = 0.0f;
+    /* query rows below the block's first key see none of its keys */
+    const int istart = jfirst / TK * TK;
+    for (int h = g * G.grp; h < (g + 1) * G.grp; h++) {
+        for (int i0 = istart; i0 < G.t; i0 += TK) {
+            __syncthreads(); /* the previous tile is no longer read */
+            load_tile(Qs, dp, qkv, G, b, i0, h * d);
+            for (int e = threadIdx.x; e < TK * d; e += blockDim.x) {
+                int ii = e / d, k = e % d, i = i0 + ii;
+                dOs[ii * dp + k] = i < G.t ? tload(dout, G.o(b, i, h) + k) : 0.0f;
+            }
+            for (int ii = threadIdx.x; ii < TK; ii += blockDim.x)
+                Ls[ii] = i0 + ii < G.t ? lse[G.l(b, h, i0 + ii)] : 0.0f;
+            __syncthreads();
+            /* D_i = dO_i . O_i for the tile's rows, one warp per row */
+            for (int ii = w; ii < TK; ii += NW) {
+                const int i = i0 + ii;
+                float acc = 0.0f;
+                if (i < G.t)
+                    for (int k = lane; k < d; k += WARP)
+                        acc += dOs[ii * dp + k] * tload(out, G.o(b, i, h) + k);
+                acc = warp_sum(acc);
+                if (lane == 0) Ds[ii] = acc;
+            }
+            __syncthreads();
+            if (!valid || i0 + TK - 1 < j) continue; /* every row of the tile is masked */
+            const int i = i0 + lane;
+            float p = 0.0f, ds = 0.0f;
+            if (i < G.t && i >= j) {
+                const float *qr = Qs + lane * dp, *gr = dOs + lane * dp;
+                float sk = 0.0f, sv = 0.0f;
+                for (int k = 0; k < d; k++) {
+                    sk += qr[k] * kj[k];
+                    sv += gr[k] * vj[k];
+                }
+                p = expf(sk * G.scale - Ls[lane]);
+                ds = p * (sv - Ds[lane]) * G.scale;
+            }
+            for (int ii = 0; ii < TK; ii++) {
+                const float pi = __shfl_sync(FULL_MASK, p, ii);
+                const float dsi = __shfl_sync(FULL_MASK, ds, ii);
+                const float *qr = Qs + ii * dp, *gr = dOs + ii * dp;
+                for (int u = 0; u < DPL; u++) {
+                    const int k = lane + WARP * u;
+                    if (k < d) {
+                        dv[u] += pi * gr[k];
+                        dk[u] += dsi * qr[k];
+                    }
+                }
+            }
+        }
+    }
+    if (!valid) return;
+    for (int u = 0; u < DPL; u++) {
+        const int k = lane + WARP * u;
+        if (k < d) {
+            tstore(dqkv, G.k(b, j, g) + k, dk[u]);
+            tstore(dqkv, G.v(b, j, g) + k, dv[u]);
+        }
+    }
+}
+
+/* ---- launchers ---------------------------------------------------------------- */
+
+static attn_geom make_geom(const gpu_attn_desc *a)
+{
+    attn_geom G;
+    G.t = a->t;
+    G.hq = a->hq;
+    G.hkv = a->hkv;
+    G.d = a->d;
+    G.grp = a->hq / a->hkv;
+    G.ld = (size_t)(a->hq + 2 * a->hkv) * a->d;
+    G.ldo = (size_t)a->hq * a->d;
+    G.scale = 1.0f / sqrtf((float)a->d);
+    return G;
+}
+
+/* Allow more than the default 48 KiB of dynamic shared memory when needed. */
+template <typename K>
+static zo_status allow_smem(K *kernel, size_t bytes, const char *name)
+{
+    if (bytes <= 48u * 1024u) return ZO_OK;
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)bytes);
+    if (e != cudaSuccess)
+        return zo_error(ZO_ERR_DEVICE, "cudaFuncSetAttribute(%s, %zu bytes of shared memory): %s",
+                        name, bytes, cudaGetErrorString(e));
+    return ZO_OK;
+}
+
+/* Dimensions per lane for head dim d: 1, 2, 4 or 8 (d <= 256), else 0. */
+static int dims_per_lane(int d)
+{
+    if (d <= 32) return 1;
+    if (d <= 64) return 2;
+    if (d <= 128) return 4;
+    if (d <= CUDA_ATTN_MAX_D) return 8;
+    return 0;
+}
+
+template <int DPL>
+static zo_status forward_dpl(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out, float *lse,
+                             gpu_tensor qkv)
+{
+    attn_geom G = make_geom(a);
+    size_t smem = ((size_t)TK * (G.d + 1) + (size_t)TK * G.d + (size_t)NW * G.d) * sizeof(float);
+    zo_status s = allow_smem(attention_forward_kernel<DPL>, smem, "attention_forward_kernel");
+    if (s != ZO_OK) return s;
+    dim3 grid((a->t + NW - 1) / NW, a->hq, a->b);
+    attention_forward_kernel<DPL><<<grid, NW * WARP, smem, st>>>(out, lse, qkv, G);
+    return cuda_launch_check("attention_forward_kernel");
+}
+
+template <int DPL>
+static zo_status backward_dpl(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor dqkv,
+                              gpu_tensor dout, gpu_tensor qkv, gpu_tensor out, const float *lse)
+{
+    attn_geom G = make_geom(a);
+    size_t smem_dq = ((size_t)2 * TK * (G.d + 1) + (size_t)2 * NW * G.d) * sizeof(float);
+    size_t smem_dkv = ((size_t)2 * TK * (G.d + 1) + 2 * TK + (size_t)2 * NW * G.d) * sizeof(float);
+    zo_status s = allow_smem(attention_backward_dq_kernel<DPL>, smem_dq,
+                             "attention_backward_dq_kernel");
+    if (s != ZO_OK) return s;
+    s = allow_smem(attention_backward_dkv_kernel<DPL>, smem_dkv, "attention_backward_dkv_kernel");
+    if (s != ZO_OK) return s;
+    dim3 grid_dq((a->t + NW - 1) / NW, a->hq, a->b);
+    attention_backward_dq_kernel<DPL><<<grid_dq, NW * WARP, smem_dq, st>>>(dqkv, dout, qkv, out,
+                                                                          lse, G);
+    s = cuda_launch_check("attention_backward_dq_kernel");
+    if (s != ZO_OK) return s;
+    dim3 grid_dkv((a->t + NW - 1) / NW, a->hkv, a->b);
+    attention_backward_dkv_kernel<DPL><<<grid_dkv, NW * WARP, smem_dkv, st>>>(dqkv, dout, qkv,
+                                                                             out, lse, G);
+    return cuda_launch_check("attention_backward_dkv_kernel");
+}
+
+static zo_status check_geometry(const char *op, const gpu_attn_desc *a)
+{
+    if (!dims_per_lane(a->d))
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s (cuda): head dim %d > %d", op, a->d,
+                        CUDA_ATTN_MAX_D);
+    if (a->hq > 65535 || a->b > 65535)
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s (cuda): batch %d or heads %d > 65535", op, a->b,
+                        a->hq);
+    return ZO_OK;
+}
+
+extern "C" zo_status cuda_launch_attention_forward(cudaStream_t st, const gpu_attn_desc *a,
+                                                   gpu_tensor out, float *lse, gpu_tensor qkv)
+{
+    zo_status s = check_geometry("gpu_attention_forward", a);
+    if (s != ZO_OK) return s;
+    switch (dims_per_lane(a->d)) {
+    case 1: return forward_dpl<1>(st, a, out, lse, qkv);
+    case 2: return forward_dpl<2>(st, a, out, lse, qkv);
+    case 4: return forward_dpl<4>(st, a, out, lse, qkv);
+    default: return forward_dpl<8>(st, a, out, lse, qkv);
+    }
+}
+
+extern "C" zo_status cuda_launch_attention_backward(cudaStream_t st, const gpu_attn_desc *a,
+                                                    gpu_tensor dqkv, gpu_tensor dout,
+                                                    gpu_tensor qkv, gpu_tensor out,
+                                                    const float *lse)
+{
+    zo_status s = check_geometry("gpu_attention_backward", a);
+    if (s != ZO_OK) return s;
+    switch (dims_per_lane(a->d)) {
+    case 1: return backward_dpl<1>(st, a, dqkv, dout, qkv, out, lse);
+    case 2: return backward_dpl<2>(st, a, dqkv, dout, qkv, out, lse);
+    case 4: return backward_dpl<4>(st, a, dqkv, dout, qkv, out, lse);
+    default: return backward_dpl<8>(st, a, dqkv, dout, qkv, out, lse);
+    }
+}

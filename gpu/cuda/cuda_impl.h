@@ -1,0 +1,163 @@
+/* Private to the CUDA backend: the contexts behind the handles, the check
+ * helpers that turn CUDA/cuBLAS results into zo_status, and one launcher per
+ * kernel family (each takes a stream, launches, and checks cudaGetLastError
+ * right after the launch). device_cuda.c and gpu/cuda/<family>.cu include
+ * this; nothing else does. */
+#ifndef ZO_GPU_CUDA_IMPL_H
+#define ZO_GPU_CUDA_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cublasLt.h>         /* defines: cublasLtHandle_t, cublasStatus_t */
+#include <cuda_runtime_api.h> /* defines: cudaStream_t, cudaError_t */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "gpu/device_impl.h" /* defines: gpu_tensor, gpu_gemm_desc, gpu_attn_desc, structs */
+
+/* ---- errors found while running ---------------------------------------------
+ * A kernel that meets a bad id (a token outside [0, vocab), a target outside
+ * [-1, v)) records it in its stream's record in device memory and skips the
+ * row; gpu_stream_synchronize copies the record back (in stream order, before
+ * it waits) and turns it into the stream's sticky error. `code` is claimed
+ * with atomicCAS, so only the first recorder writes the rest. */
+enum cuda_err_op {
+    CUDA_ERR_NONE = 0,
+    CUDA_ERR_EMBEDDING_FORWARD,
+    CUDA_ERR_EMBEDDING_BACKWARD,
+    CUDA_ERR_CE_FORWARD,
+    CUDA_ERR_CE_BACKWARD,
+};
+
+typedef struct cuda_err_rec {
+    int code;  /* a cuda_err_op, 0 = no error */
+    int index; /* the row of the bad id */
+    int value; /* the bad id */
+    int limit; /* the exclusive upper bound it broke */
+} cuda_err_rec;
+
+/* ---- the contexts behind the opaque handles ----------------------------------- */
+
+typedef struct cuda_alloc_node cuda_alloc_node; /* pointer -> size, for the counters */
+
+#define CUDA_ALLOC_BUCKETS 4096
+#define CUDA_SUMSQ_BLOCKS 512         /* fixed partial count: a fixed reduction order */
+#define CUDA_LT_WORKSPACE (32u << 20) /* cuBLASLt workspace per stream (Hopper: 32 MiB) */
+
+typedef struct cuda_ctx {
+    int device;
+    void *lock; /* pthread_mutex_t *, guards the counters and the map */
+    size_t capacity, in_use, high_water, n_allocs, host_pinned;
+    cuda_alloc_node *buckets[CUDA_ALLOC_BUCKETS];
+    cudaMemPool_t pool;          /* this device's own stream-ordered pool */
+    cudaStream_t alloc_stream;   /* gpu_mem_alloc/free (no stream of their own) */
+    cublasLtHandle_t lt;
+} cuda_ctx;
+
+typedef struct cuda_stream {
+    cudaStream_t stream;
+    cuda_err_rec *err_dev;  /* the kernels' record (device memory) */
+    cuda_err_rec *err_host; /* its copy, read after a synchronize (pinned) */
+    double *partials;       /* [CUDA_SUMSQ_BLOCKS] for gpu_sum_squares */
+    void *workspace;        /* [CUDA_LT_WORKSPACE] bytes for cuBLASLt */
+} cuda_stream;
+
+typedef struct cuda_event {
+    cudaEvent_t event;
+} cuda_event;
+
+/* ---- check helpers ------------------------------------------------------------- */
+
+/* ZO_OK for cudaSuccess, else ZO_ERR_DEVICE "<call>: <error string> (<name>)". */
+zo_status cuda_status(cudaError_t e, const char *call);
+/* The same for cuBLAS(Lt) results. */
+zo_status cuda_blas_status(cublasStatus_t e, const char *call);
+/* cudaGetLastError() right after a launch of `kernel`. */
+zo_status cuda_launch_check(const char *kernel);
+
+/* ---- launchers (gpu/cuda/<family>.cu). Arguments as the public op of the
+ * same name in gpu/device.h, already checked by device.c. ------------------------ */
+
+/* gemm.cu: cuBLASLt with fp32 accumulation (TF32 for fp32 inputs; an fp32
+ * operand beside a 16-bit one is rounded to 16 bits in scratch from `pool`);
+ * dtype combinations cuBLASLt lacks, or shapes it finds no algorithm for,
+ * go to a plain tiled kernel with fp32 accumulation. */
+zo_status cuda_gemm(cudaStream_t st, cublasLtHandle_t lt, cudaMemPool_t pool, void *workspace,
+                    size_t ws_bytes, const gpu_gemm_desc *d);
+zo_status cuda_launch_gemm_tiled(cudaStream_t st, const gpu_gemm_desc *d);
+
+/* bias.cu */
+zo_status cuda_launch_bias_forward(cudaStream_t st, gpu_tensor y, gpu_tensor bias, int n, int c,
+                                   int64_t ldy);
+zo_status cuda_launch_bias_backward(cudaStream_t st, gpu_tensor dbias, gpu_tensor dy, int n,
+                                    int c, int64_t lddy);
+
+/* norm.cu */
+zo_status cuda_launch_layernorm_forward(cudaStream_t st, gpu_tensor y, float *mean, float *rstd,
+                                        gpu_tensor x, gpu_tensor w, gpu_tensor b, int n, int c,
+                                        float eps);
+zo_status cuda_launch_layernorm_backward(cudaStream_t st, gpu_tensor dx, gpu_tensor dw,
+                                         gpu_tensor db, gpu_tensor dy, gpu_tensor x,
+                                         gpu_tensor w, const float *mean, const float *rstd,
+                                         int n, int c);
+zo_status cuda_launch_rmsnorm_forward(cudaStream_t st, gpu_tensor y, float *rstd, gpu_tensor x,
+                                      gpu_tensor w, int n, int c, float eps);
+zo_status cuda_launch_rmsnorm_backward(cudaStream_t st, gpu_tensor dx, gpu_tensor dw,
+                                       gpu_tensor dy, gpu_tensor x, gpu_tensor w,
+                                       const float *rstd, int n, int c);
+
+/* attention.cu: head dims up to CUDA_ATTN_MAX_D */
+#define CUDA_ATTN_MAX_D 256
+zo_status cuda_launch_attention_forward(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out,
+                                        float *lse, gpu_tensor qkv);
+zo_status cuda_launch_attention_backward(cudaStream_t st, const gpu_attn_desc *a,
+                                         gpu_tensor dqkv, gpu_tensor dout, gpu_tensor qkv,
+                                         gpu_tensor out, const float *lse);
+
+/* rope.cu */
+zo_status cuda_launch_rope(cudaStream_t st, gpu_tensor x, int n, int t, int n_heads, int d,
+                           int64_t ldx, float theta, int pos0, int inverse);
+
+/* activation.cu */
+zo_status cuda_launch_gelu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor x, size_t n);
+zo_status cuda_launch_gelu_backward(cudaStream_t st, gpu_tensor dx, gpu_tensor dy, gpu_tensor x,
+                                    size_t n);
+zo_status cuda_launch_swiglu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor gate,
+                                     gpu_tensor up, size_t n);
+zo_status cuda_launch_swiglu_backward(cudaStream_t st, gpu_tensor dgate, gpu_tensor dup,
+                                      gpu_tensor dy, gpu_tensor gate, gpu_tensor up, size_t n);
+
+/* embedding.cu */
+zo_status cuda_launch_embedding_forward(cudaStream_t st, cuda_err_rec *err, gpu_tensor out,
+                                        const int32_t *tokens, gpu_tensor wte, gpu_tensor wpe,
+                                        int n, int t, int c, int vocab);
+zo_status cuda_launch_embedding_backward(cudaStream_t st, cuda_err_rec *err, gpu_tensor dwte,
+                                         gpu_tensor dwpe, gpu_tensor dout,
+                                         const int32_t *tokens, int n, int t, int c, int vocab);
+
+/* loss.cu */
+zo_status cuda_launch_cross_entropy_forward(cudaStream_t st, cuda_err_rec *err, float *losses,
+                                            gpu_tensor logits, const int32_t *targets, int n,
+                                            int v);
+zo_status cuda_launch_cross_entropy_backward(cudaStream_t st, cuda_err_rec *err,
+                                             gpu_tensor dlogits, gpu_tensor logits,
+                                             const int32_t *targets, float dloss, int n, int v);
+
+/* elementwise.cu */
+zo_status cuda_launch_add(cudaStream_t st, gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n);
+zo_status cuda_launch_scale(cudaStream_t st, gpu_tensor x, float alpha, size_t n);
+zo_status cuda_launch_cast(cudaStream_t st, gpu_tensor dst, gpu_tensor src, size_t n);
+
+/* reduce.cu */
+zo_status cuda_launch_check_finite(cudaStream_t st, int32_t *flag, gpu_tensor x, size_t n);
+zo_status cuda_launch_sum_squares(cudaStream_t st, float *sum, gpu_tensor x, size_t n,
+                                  double *partials);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,769 @@
+/* The CUDA backend: device memory from the device's own stream-ordered pool
+ * (cudaMemPool + cudaMallocFromPoolAsync) counted against a capacity with a
+ * high-water mark, pinned host memory (cudaHostAlloc), CUDA streams and
+ * events, cudaMemcpyAsync, and the ops: cuBLASLt GEMMs and the kernels of
+ * gpu/cuda/<family>.cu. Every CUDA and cuBLAS call is checked; a failure
+ * becomes a zo_status whose message names the call. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/cuda/cuda_impl.h"   /* defines: cuda_ctx, cuda_stream, launchers */
+#include "gpu/cuda/device_cuda.h" /* defines: gpu_cuda_options, gpu_device_init_cuda */
+
+#define POOL_ALIGN 256u
+
+/* ---- checks -------------------------------------------------------------------- */
+
+zo_status cuda_status(cudaError_t e, const char *call)
+{
+    if (e == cudaSuccess) return ZO_OK;
+    (void)cudaGetLastError(); /* handled here: keep it from the next launch check */
+    zo_status s = e == cudaErrorMemoryAllocation ? ZO_ERR_CAPACITY : ZO_ERR_DEVICE;
+    return zo_error(s, "%s: %s (%s)", call, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+zo_status cuda_blas_status(cublasStatus_t e, const char *call)
+{
+    if (e == CUBLAS_STATUS_SUCCESS) return ZO_OK;
+    return zo_error(ZO_ERR_DEVICE, "%s: %s", call, cublasLtGetStatusString(e));
+}
+
+zo_status cuda_launch_check(const char *kernel)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) return ZO_OK;
+    return zo_error(ZO_ERR_DEVICE, "launch of %s: %s (%s)", kernel, cudaGetErrorString(e),
+                    cudaGetErrorName(e));
+}
+
+/* The call's text names it in the message. */
+#define CU(call) cuda_status((call), #call)
+
+static cuda_ctx *ctx_of(gpu_device_t dev) { return dev->ctx; }
+
+/* Make the context's device current on the calling thread. */
+static zo_status use_device(const cuda_ctx *c)
+{
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur == c->device) return ZO_OK;
+    return CU(cudaSetDevice(c->device));
+}
+
+static void lock(cuda_ctx *c) { pthread_mutex_lock(c->lock); }
+static void unlock(cuda_ctx *c) { pthread_mutex_unlock(c->lock); }
+
+/* ---- the allocation map: pointer -> rounded size ---------------------------------- */
+
+struct cuda_alloc_node {
+    void *p;
+    size_t bytes;
+    int host; /* pinned host memory, not device memory */
+    cuda_ctx *ctx;
+    cuda_alloc_node *next;
+};
+
+static size_t bucket_of(const void *p)
+{
+    uintptr_t u = (uintptr_t)p >> 8;
+    return (size_t)((u ^ (u >> 13)) % CUDA_ALLOC_BUCKETS);
+}
+
+/* Call with the lock held. */
+static void map_insert(cuda_ctx *c, cuda_alloc_node *n)
+{
+    size_t b = bucket_of(n->p);
+    n->next = c->buckets[b];
+    c->buckets[b] = n;
+}
+
+/* Unlink and return the node of p (of the given kind), NULL when p is not
+ * ours. Call with the lock held. */
+static cuda_alloc_node *map_remove(cuda_ctx *c, const void *p, int host)
+{
+    for (cuda_alloc_node **pp = &c->buckets[bucket_of(p)]; *pp; pp = &(*pp)->next)
+        if ((*pp)->p == p && (*pp)->host == host) {
+            cuda_alloc_node *n = *pp;
+            *pp = n->next;
+            return n;
+        }
+    return NULL;
+}
+
+/* ---- device memory -------------------------------------------------------------------- */
+
+static zo_status cuda_mem_alloc(gpu_device_t dev, size_t bytes, void **out)
+{
+    cuda_ctx *c = ctx_of(dev);
+    zo_status s;
+    if (bytes > SIZE_MAX - 2 * POOL_ALIGN)
+        return zo_error(ZO_ERR_CAPACITY, "gpu_mem_alloc: %zu bytes is too large", bytes);
+    size_t rounded = (bytes + POOL_ALIGN - 1) / POOL_ALIGN * POOL_ALIGN;
+    cuda_alloc_node *n = calloc(1, sizeof *n);
+    if (!n) return zo_error(ZO_ERR_NOMEM, "gpu_mem_alloc: out of host memory");
+
+    lock(c);
+    if (c->capacity && c->in_use + rounded > c->capacity) {
+        size_t in_use = c->in_use;
+        unlock(c);
+        free(n);
+        return zo_error(ZO_ERR_CAPACITY,
+                        "device memory (cuda:%d): allocating %zu bytes would exceed the capacity "
+                        "of %zu bytes (%zu in use, %zu free)",
+                        c->device, rounded, c->capacity, in_use, c->capacity - in_use);
+    }
+    c->in_use += rounded; /* reserve first so racing threads see it */
+    if (c->in_use > c->high_water) c->high_water = c->in_use;
+    c->n_allocs++;
+    unlock(c);
+
+    void *p = NULL;
+    if ((s = use_device(c)) != ZO_OK) goto out_unreserve;
+    if ((s = CU(cudaMallocFromPoolAsync(&p, rounded, c->pool, c->alloc_stream))) != ZO_OK)
+        goto out_unreserve;
+    /* complete before any other stream may use it */
+    if ((s = CU(cudaStreamSynchronize(c->alloc_stream))) != ZO_OK) goto out_free_mem;
+    if ((uintptr_t)p % POOL_ALIGN) {
+        s = zo_error(ZO_ERR_INTERNAL, "gpu_mem_alloc: the CUDA pool returned %p, not %u-byte "
+                                      "aligned", p, POOL_ALIGN);
+        goto out_free_mem;
+    }
+    n->p = p;
+    n->bytes = rounded;
+    n->ctx = c;
+    lock(c);
+    map_insert(c, n);
+    unlock(c);
+    *out = p;
+    return ZO_OK;
+
+out_free_mem:
+    (void)cudaFreeAsync(p, c->alloc_stream);
+out_unreserve:
+    lock(c);
+    c->in_use -= rounded;
+    c->n_allocs--;
+    unlock(c);
+    free(n);
+    return zo_error_wrap(s, "gpu_mem_alloc(%zu bytes)", bytes);
+}
+
+static void release_node(cuda_alloc_node *n)
+{
+    cuda_ctx *c = n->ctx;
+    lock(c);
+    c->in_use -= n->bytes;
+    c->n_allocs--;
+    unlock(c);
+    free(n);
+}
+
+static void cuda_mem_free(gpu_device_t dev, void *p)
+{
+    cuda_ctx *c = ctx_of(dev);
+    lock(c);
+    cuda_alloc_node *n = map_remove(c, p, 0);
+    unlock(c);
+    if (!n) return; /* not ours, or freed twice: ignore (as the cpu backend) */
+    /* No queued work uses p (the caller's promise), so returning it to the
+     * pool in the order of the allocation stream is immediate. */
+    if (use_device(c) == ZO_OK) (void)CU(cudaFreeAsync(p, c->alloc_stream));
+    release_node(n);
+}
+
+/* Runs in stream order after the free: the bytes leave the count only then,
+ * as with the cpu backend. Calls no CUDA function (not allowed here). */
+static void CUDART_CB release_in_order(void *arg) { release_node(arg); }
+
+static zo_status cuda_mem_free_async(gpu_device_t dev, void *p, gpu_stream_t s)
+{
+    cuda_ctx *c = ctx_of(dev);
+    cuda_stream *cs = s->impl;
+    zo_status st;
+    lock(c);
+    cuda_alloc_node *n = map_remove(c, p, 0);
+    unlock(c);
+    if (!n)
+        return zo_error(ZO_ERR_INVALID, "gpu_mem_free_async: %p is not a live allocation of "
+                                        "cuda:%d", p, c->device);
+    if ((st = use_device(c)) != ZO_OK) goto out_release;
+    if ((st = CU(cudaFreeAsync(p, cs->stream))) != ZO_OK) goto out_release;
+    if ((st = CU(cudaLaunchHostFunc(cs->stream, release_in_order, n))) != ZO_OK)
+        goto out_release;
+    return ZO_OK;
+
+out_release:
+    release_node(n);
+    return st;
+}
+
+static void cuda_mem_get_stats(gpu_device_t dev, gpu_mem_stats *out)
+{
+    cuda_ctx *c = ctx_of(dev);
+    lock(c);
+    out->capacity = c->capacity;
+    out->in_use = c->in_use;
+    out->high_water = c->high_water;
+    out->n_allocs = c->n_allocs;
+    out->host_pinned = c->host_pinned;
+    unlock(c);
+}
+
+static void cuda_mem_reset_peak(gpu_device_t dev)
+{
+    cuda_ctx *c = ctx_of(dev);
+    lock(c);
+    c->high_water = c->in_use;
+    unlock(c);
+}
+
+/* ---- pinned host memory ------------------------------------------------------------------- */
+
+static zo_status cuda_host_alloc(gpu_device_t dev, size_t bytes, void **out)
+{
+    cuda_ctx *c = ctx_of(dev);
+    zo_status s;
+    if (bytes > SIZE_MAX - 2 * POOL_ALIGN)
+        return zo_error(ZO_ERR_NOMEM, "gpu_host_alloc: %zu bytes is too large", bytes);
+    size_t rounded = (bytes + POOL_ALIGN - 1) / POOL_ALIGN * POOL_ALIGN;
+    cuda_alloc_node *n = calloc(1, sizeof *n);
+    if (!n) return zo_error(ZO_ERR_NOMEM, "gpu_host_alloc: out of host memory");
+    void *p = NULL;
+    if ((s = use_device(c)) != ZO_OK) goto out_free_node;
+    /* portable: usable for copies with every device, not only this one */
+    if ((s = CU(cudaHostAlloc(&p, rounded, cudaHostAllocPortable))) != ZO_OK) {
+        if (s == ZO_ERR_CAPACITY) s = ZO_ERR_NOMEM; /* host memory has no capacity here */
+        goto out_free_node;
+    }
+    n->p = p;
+    n->bytes = rounded;
+    n->host = 1;
+    n->ctx = c;
+    lock(c);
+    map_insert(c, n);
+    c->host_pinned += rounded;
+    unlock(c);
+    *out = p;
+    return ZO_OK;
+
+out_free_node:
+    free(n);
+    return zo_error_wrap(s, "gpu_host_alloc(%zu bytes)", bytes);
+}
+
+static void cuda_host_free(gpu_device_t dev, void *p)
+{
+    cuda_ctx *c = ctx_of(dev);
+    lock(c);
+    cuda_alloc_node *n = map_remove(c, p, 1);
+    if (n) c->host_pinned -= n->bytes;
+    unlock(c);
+    if (!n) return;
+    (void)CU(cudaFreeHost(p));
+    free(n);
+}
+
+/* ---- streams ----------------------------------------------------------------------------- */
+
+static zo_status cuda_stream_create(gpu_device_t dev, gpu_stream_t s)
+{
+    cuda_ctx *c = ctx_of(dev);
+    zo_status st;
+    cuda_stream *cs = calloc(1, sizeof *cs);
+    if (!cs) return zo_error(ZO_ERR_NOMEM, "gpu_stream_create: out of host memory");
+    if ((st = use_device(c)) != ZO_OK) goto out_free_cs;
+    /* non-blocking: no implicit ordering with the legacy default stream */
+    if ((st = CU(cudaStreamCreateWithFlags(&cs->stream, cudaStreamNonBlocking))) != ZO_OK)
+        goto out_free_cs;
+    if ((st = CU(cudaMalloc((void **)&cs->err_dev, sizeof(cuda_err_rec)))) != ZO_OK)
+        goto out_destroy_stream;
+    if ((st = CU(cudaHostAlloc((void **)&cs->err_host, sizeof(cuda_err_rec),
+                               cudaHostAllocDefault))) != ZO_OK)
+        goto out_free_err_dev;
+    if ((st = CU(cudaMalloc((void **)&cs->partials, CUDA_SUMSQ_BLOCKS * sizeof(double)))) != ZO_OK)
+        goto out_free_err_host;
+    if ((st = CU(cudaMalloc(&cs->workspace, CUDA_LT_WORKSPACE))) != ZO_OK) goto out_free_partials;
+    memset(cs->err_host, 0, sizeof(cuda_err_rec));
+    if ((st = CU(cudaMemsetAsync(cs->err_dev, 0, sizeof(cuda_err_rec), cs->stream))) != ZO_OK)
+        goto out_free_workspace;
+    if ((st = CU(cudaStreamSynchronize(cs->stream))) != ZO_OK) goto out_free_workspace;
+    s->impl = cs;
+    return ZO_OK;
+
+out_free_workspace:
+    cudaFree(cs->workspace);
+out_free_partials:
+    cudaFree(cs->partials);
+out_free_err_host:
+    cudaFreeHost(cs->err_host);
+out_free_err_dev:
+    cudaFree(cs->err_dev);
+out_destroy_stream:
+    cudaStreamDestroy(cs->stream);
+out_free_cs:
+    free(cs);
+    return zo_error_wrap(st, "gpu_stream_create (cuda)");
+}
+
+static const char *err_op_name(int code, const char **what)
+{
+    switch (code) {
+    case CUDA_ERR_EMBEDDING_FORWARD: *what = "tokens"; return "gpu_embedding_forward";
+    case CUDA_ERR_EMBEDDING_BACKWARD: *what = "tokens"; return "gpu_embedding_backward";
+    case CUDA_ERR_CE_FORWARD: *what = "targets"; return "gpu_cross_entropy_forward";
+    case CUDA_ERR_CE_BACKWARD: *what = "targets"; return "gpu_cross_entropy_backward";
+    default: *what = "id"; return "a kernel";
+    }
+}
+
+static zo_status cuda_stream_synchronize(gpu_stream_t s)
+{
+    cuda_ctx *c = ctx_of(s->dev);
+    cuda_stream *cs = s->impl;
+    zo_status st;
+    if ((st = use_device(c)) != ZO_OK) return st;
+    /* the error record comes back in stream order, after the work so far */
+    zo_status cp = CU(cudaMemcpyAsync(cs->err_host, cs->err_dev, sizeof(cuda_err_rec),
+                                      cudaMemcpyDeviceToHost, cs->stream));
+    if ((st = CU(cudaStreamSynchronize(cs->stream))) != ZO_OK)
+        return zo_error_wrap(st, "stream error");
+    if (cp != ZO_OK) return cp;
+    cuda_err_rec rec = *cs->err_host;
+    if (rec.code == CUDA_ERR_NONE) return ZO_OK;
+    /* clear the sticky error: the host copy now, the record before any later work */
+    memset(cs->err_host, 0, sizeof rec);
+    if ((st = CU(cudaMemsetAsync(cs->err_dev, 0, sizeof rec, cs->stream))) != ZO_OK) return st;
+    const char *what, *op = err_op_name(rec.code, &what);
+    return zo_error(ZO_ERR_INVALID, "stream error: %s: %s[%d] = %d outside [0, %d)", op, what,
+                    rec.index, rec.value, rec.limit);
+}
+
+static void cuda_stream_destroy(gpu_stream_t s)
+{
+    cuda_stream *cs = s->impl;
+    (void)cuda_stream_synchronize(s);
+    cudaFree(cs->workspace);
+    cudaFree(cs->partials);
+    cudaFreeHost(cs->err_host);
+    cudaFree(cs->err_dev);
+    cudaStreamDestroy(cs->stream);
+    free(cs);
+}
+
+static zo_status cuda_synchronize(gpu_device_t dev)
+{
+    cuda_ctx *c = ctx_of(dev);
+    zo_status first = ZO_OK;
+    pthread_mutex_lock(dev->list_lock);
+    for (gpu_stream_t s = dev->streams; s; s = s->next) {
+        zo_status st = cuda_stream_synchronize(s);
+        if (st != ZO_OK && first == ZO_OK) first = st;
+    }
+    pthread_mutex_unlock(dev->list_lock);
+    zo_status st = use_device(c);
+    if (st == ZO_OK) st = CU(cudaStreamSynchronize(c->alloc_stream));
+    return first != ZO_OK ? first : st;
+}
+
+/* ---- events ------------------------------------------------------------------------------------ */
+
+static zo_status cuda_event_create(gpu_device_t dev, gpu_event_t ev)
+{
+    cuda_ctx *c = ctx_of(dev);
+    zo_status st;
+    cuda_event *ce = calloc(1, sizeof *ce);
+    if (!ce) return zo_error(ZO_ERR_NOMEM, "gpu_event_create: out of host memory");
+    if ((st = use_device(c)) != ZO_OK) goto out_free_ce;
+    if ((st = CU(cudaEventCreateWithFlags(&ce->event, cudaEventDisableTiming))) != ZO_OK)
+        goto out_free_ce;
+    ev->impl = ce;
+    return ZO_OK;
+
+out_free_ce:
+    free(ce);
+    return st;
+}
+
+static void cuda_event_destroy(gpu_event_t ev)
+{
+    cuda_event *ce = ev->impl;
+    cudaEventDestroy(ce->event); /* resources go once a pending record completes */
+    free(ce);
+}
+
+static zo_status cuda_event_record(gpu_event_t ev, gpu_stream_t s)
+{
+    cuda_event *ce = ev->impl;
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
+    return CU(cudaEventRecord(ce->event, cs->stream));
+}
+
+static zo_status cuda_stream_wait_event(gpu_stream_t s, gpu_event_t ev)
+{
+    cuda_event *ce = ev->impl;
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
+    /* a never-recorded event counts as complete: no wait, as documented */
+    return CU(cudaStreamWaitEvent(cs->stream, ce->event, 0));
+}
+
+static int cuda_event_query(gpu_event_t ev)
+{
+    cuda_event *ce = ev->impl;
+    cudaError_t e = cudaEventQuery(ce->event);
+    if (e == cudaErrorNotReady) return 0;
+    if (e != cudaSuccess) (void)cudaGetLastError(); /* reported by the next synchronize */
+    return 1;
+}
+
+static zo_status cuda_event_synchronize(gpu_event_t ev)
+{
+    cuda_event *ce = ev->impl;
+    return CU(cudaEventSynchronize(ce->event));
+}
+
+/* ---- copies -------------------------------------------------------------------------------------- */
+
+static zo_status cuda_memcpy_async(gpu_stream_t s, void *dst, const void *src, size_t bytes,
+                                   gpu_copy_kind kind)
+{
+    (void)kind; /* unified addressing: the runtime tells host from device itself */
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
+    return CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cs->stream));
+}
+
+static zo_status cuda_memset_async(gpu_stream_t s, void *dst, int value, size_t bytes)
+{
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
+    return CU(cudaMemsetAsync(dst, value, bytes, cs->stream));
+}
+
+/* ---- ops: make the device current, then launch on the stream -------------------------------------- */
+
+#define ENTER(s)                                                                             \
+    cuda_stream *cs = (s)->impl;                                                             \
+    do {                                                                                     \
+        zo_status enter_st_ = use_device(ctx_of((s)->dev));                                  \
+        if (enter_st_ != ZO_OK) return enter_st_;                                            \
+    } while (0)
+
+static zo_status cuda_op_gemm(gpu_stream_t s, const gpu_gemm_desc *d)
+{
+    ENTER(s);
+    cuda_ctx *c = ctx_of(s->dev);
+    return cuda_gemm(cs->stream, c->lt, c->pool, cs->workspace, CUDA_LT_WORKSPACE, d);
+}
+
+static zo_status cuda_op_bias_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor bias, int n, int c,
+                                      int64_t ldy)
+{
+    ENTER(s);
+    return cuda_launch_bias_forward(cs->stream, y, bias, n, c, ldy);
+}
+
+static zo_status cuda_op_bias_backward(gpu_stream_t s, gpu_tensor dbias, gpu_tensor dy, int n,
+                                       int c, int64_t lddy)
+{
+    ENTER(s);
+    return cuda_launch_bias_backward(cs->stream, dbias, dy, n, c, lddy);
+}
+
+static zo_status cuda_op_layernorm_forward(gpu_stream_t s, gpu_tensor y, float *mean, float *rstd,
+                                           gpu_tensor x, gpu_tensor w, gpu_tensor b, int n, int c,
+                                           float eps)
+{
+    ENTER(s);
+    return cuda_launch_layernorm_forward(cs->stream, y, mean, rstd, x, w, b, n, c, eps);
+}
+
+static zo_status cuda_op_layernorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw,
+                                            gpu_tensor db, gpu_tensor dy, gpu_tensor x,
+                                            gpu_tensor w, const float *mean, const float *rstd,
+                                            int n, int c)
+{
+    ENTER(s);
+    return cuda_launch_layernorm_backward(cs->stream, dx, dw, db, dy, x, w, mean, rstd, n, c);
+}
+
+static zo_status cuda_op_rmsnorm_forward(gpu_stream_t s, gpu_tensor y, float *rstd, gpu_tensor x,
+                                         gpu_tensor w, int n, int c, float eps)
+{
+    ENTER(s);
+    return cuda_launch_rmsnorm_forward(cs->stream, y, rstd, x, w, n, c, eps);
+}
+
+static zo_status cuda_op_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw,
+                                          gpu_tensor dy, gpu_tensor x, gpu_tensor w,
+                                          const float *rstd, int n, int c)
+{
+    ENTER(s);
+    return cuda_launch_rmsnorm_backward(cs->stream, dx, dw, dy, x, w, rstd, n, c);
+}
+
+static zo_status cuda_op_attention_forward(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor out,
+                                           float *lse, gpu_tensor qkv)
+{
+    ENTER(s);
+    return cuda_launch_attention_forward(cs->stream, a, out, lse, qkv);
+}
+
+static zo_status cuda_op_attention_backward(gpu_stream_t s, const gpu_attn_desc *a,
+                                            gpu_tensor dqkv, gpu_tensor dout, gpu_tensor qkv,
+                                            gpu_tensor out, const float *lse)
+{
+    ENTER(s);
+    return cuda_launch_attention_backward(cs->stream, a, dqkv, dout, qkv, out, lse);
+}
+
+static zo_status cuda_op_rope(gpu_stream_t s, gpu_tensor x, int n, int t, int n_heads, int d,
+                              int64_t ldx, float theta, int pos0, int inverse)
+{
+    ENTER(s);
+    return cuda_launch_rope(cs->stream, x, n, t, n_heads, d, ldx, theta, pos0, inverse);
+}
+
+static zo_status cuda_op_gelu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, size_t n)
+{
+    ENTER(s);
+    return cuda_launch_gelu_forward(cs->stream, y, x, n);
+}
+
+static zo_status cuda_op_gelu_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, gpu_tensor x,
+                                       size_t n)
+{
+    ENTER(s);
+    return cuda_launch_gelu_backward(cs->stream, dx, dy, x, n);
+}
+
+static zo_status cuda_op_swiglu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor gate,
+                                        gpu_tensor up, size_t n)
+{
+    ENTER(s);
+    return cuda_launch_swiglu_forward(cs->stream, y, gate, up, n);
+}
+
+static zo_status cuda_op_swiglu_backward(gpu_stream_t s, gpu_tensor dgate, gpu_tensor dup,
+                                         gpu_tensor dy, gpu_tensor gate, gpu_tensor up, size_t n)
+{
+    ENTER(s);
+    return cuda_launch_swiglu_backward(cs->stream, dgate, dup, dy, gate, up, n);
+}
+
+static zo_status cuda_op_embedding_forward(gpu_stream_t s, gpu_tensor out, const int32_t *tokens,
+                                           gpu_tensor wte, gpu_tensor wpe, int n, int t, int c,
+                                           int vocab)
+{
+    ENTER(s);
+    return cuda_launch_embedding_forward(cs->stream, cs->err_dev, out, tokens, wte, wpe, n, t, c,
+                                         vocab);
+}
+
+static zo_status cuda_op_embedding_backward(gpu_stream_t s, gpu_tensor dwte, gpu_tensor dwpe,
+                                            gpu_tensor dout, const int32_t *tokens, int n, int t,
+                                            int c, int vocab)
+{
+    ENTER(s);
+    return cuda_launch_embedding_backward(cs->stream, cs->err_dev, dwte, dwpe, dout, tokens, n, t,
+                                          c, vocab);
+}
+
+static zo_status cuda_op_ce_forward(gpu_stream_t s, float *losses, gpu_tensor logits,
+                                    const int32_t *targets, int n, int v)
+{
+    ENTER(s);
+    return cuda_launch_cross_entropy_forward(cs->stream, cs->err_dev, losses, logits, targets, n,
+                                             v);
+}
+
+static zo_status cuda_op_ce_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor logits,
+                                     const int32_t *targets, float dloss, int n, int v)
+{
+    ENTER(s);
+    return cuda_launch_cross_entropy_backward(cs->stream, cs->err_dev, dlogits, logits, targets,
+                                              dloss, n, v);
+}
+
+static zo_status cuda_op_add(gpu_stream_t s, gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n)
+{
+    ENTER(s);
+    return cuda_launch_add(cs->stream, y, a, b, n);
+}
+
+static zo_status cuda_op_scale(gpu_stream_t s, gpu_tensor x, float alpha, size_t n)
+{
+    ENTER(s);
+    return cuda_launch_scale(cs->stream, x, alpha, n);
+}
+
+static zo_status cuda_op_cast(gpu_stream_t s, gpu_tensor dst, gpu_tensor src, size_t n)
+{
+    ENTER(s);
+    return cuda_launch_cast(cs->stream, dst, src, n);
+}
+
+static zo_status cuda_op_check_finite(gpu_stream_t s, int32_t *flag, gpu_tensor x, size_t n)
+{
+    ENTER(s);
+    return cuda_launch_check_finite(cs->stream, flag, x, n);
+}
+
+static zo_status cuda_op_sum_squares(gpu_stream_t s, float *sum, gpu_tensor x, size_t n)
+{
+    ENTER(s);
+    return cuda_launch_sum_squares(cs->stream, sum, x, n, cs->partials);
+}
+
+/* ---- the device ------------------------------------------------------------------------------------ */
+
+static void cuda_free(gpu_device_t dev)
+{
+    cuda_ctx *c = ctx_of(dev);
+    if (use_device(c) == ZO_OK) (void)cudaStreamSynchronize(c->alloc_stream);
+    /* allocations the caller did not free (a bug of its own): release them */
+    for (size_t b = 0; b < CUDA_ALLOC_BUCKETS; b++)
+        while (c->buckets[b]) {
+            cuda_alloc_node *n = c->buckets[b];
+            c->buckets[b] = n->next;
+            if (n->host)
+                cudaFreeHost(n->p);
+            else
+                cudaFreeAsync(n->p, c->alloc_stream);
+            free(n);
+        }
+    (void)cudaStreamSynchronize(c->alloc_stream);
+    cublasLtDestroy(c->lt);
+    cudaStreamDestroy(c->alloc_stream);
+    cudaMemPoolDestroy(c->pool);
+    (void)cudaGetLastError();
+    pthread_mutex_destroy(c->lock);
+    free(c->lock);
+    free(c);
+}
+
+static const gpu_backend_iface cuda_iface = {
+    .name = "cuda",
+    .free = cuda_free,
+    .synchronize = cuda_synchronize,
+    .mem_alloc = cuda_mem_alloc,
+    .mem_free = cuda_mem_free,
+    .mem_free_async = cuda_mem_free_async,
+    .mem_get_stats = cuda_mem_get_stats,
+    .mem_reset_peak = cuda_mem_reset_peak,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
+    .stream_synchronize = cuda_stream_synchronize,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .stream_wait_event = cuda_stream_wait_event,
+    .event_query = cuda_event_query,
+    .event_synchronize = cuda_event_synchronize,
+    .memcpy_async = cuda_memcpy_async,
+    .memset_async = cuda_memset_async,
+    .gemm = cuda_op_gemm,
+    .bias_forward = cuda_op_bias_forward,
+    .bias_backward = cuda_op_bias_backward,
+    .layernorm_forward = cuda_op_layernorm_forward,
+    .layernorm_backward = cuda_op_layernorm_backward,
+    .rmsnorm_forward = cuda_op_rmsnorm_forward,
+    .rmsnorm_backward = cuda_op_rmsnorm_backward,
+    .attention_forward = cuda_op_attention_forward,
+    .attention_backward = cuda_op_attention_backward,
+    .rope = cuda_op_rope,
+    .gelu_forward = cuda_op_gelu_forward,
+    .gelu_backward = cuda_op_gelu_backward,
+    .swiglu_forward = cuda_op_swiglu_forward,
+    .swiglu_backward = cuda_op_swiglu_backward,
+    .embedding_forward = cuda_op_embedding_forward,
+    .embedding_backward = cuda_op_embedding_backward,
+    .cross_entropy_forward = cuda_op_ce_forward,
+    .cross_entropy_backward = cuda_op_ce_backward,
+    .add = cuda_op_add,
+    .scale = cuda_op_scale,
+    .cast = cuda_op_cast,
+    .check_finite = cuda_op_check_finite,
+    .sum_squares = cuda_op_sum_squares,
+};
+
+zo_status gpu_device_init_cuda(const gpu_cuda_options *opt, gpu_device_t *out)
+{
+    if (!out) return zo_error(ZO_ERR_INVALID, "gpu_device_init_cuda: NULL output");
+    *out = NULL;
+    int ordinal = opt ? opt->device : 0, count = 0, pools = 0;
+    zo_status st;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return zo_error(ZO_ERR_NOT_FOUND, "gpu_device_init_cuda(cuda:%d): cudaGetDeviceCount: %s",
+                        ordinal, cudaGetErrorString(e));
+    }
+    if (ordinal < 0 || ordinal >= count)
+        return zo_error(ZO_ERR_NOT_FOUND, "gpu_device_init_cuda: no device cuda:%d (%d present)",
+                        ordinal, count);
+    if ((st = CU(cudaSetDevice(ordinal))) != ZO_OK) return st;
+    if ((st = CU(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, ordinal))) !=
+        ZO_OK)
+        return st;
+    if (!pools)
+        return zo_error(ZO_ERR_UNSUPPORTED, "gpu_device_init_cuda: cuda:%d has no stream-ordered "
+                                            "memory pools", ordinal);
+
+    cuda_ctx *c = calloc(1, sizeof *c);
+    pthread_mutex_t *mu = malloc(sizeof *mu);
+    if (!c || !mu) {
+        free(c);
+        free(mu);
+        return zo_error(ZO_ERR_NOMEM, "gpu_device_init_cuda: out of host memory");
+    }
+    pthread_mutex_init(mu, NULL);
+    c->lock = mu;
+    c->device = ordinal;
+    c->capacity = opt ? opt->capacity : 0;
+    if (!c->capacity) {
+        size_t free_b = 0, total_b = 0;
+        if ((st = CU(cudaMemGetInfo(&free_b, &total_b))) != ZO_OK) goto out_free_ctx;
+        c->capacity = free_b;
+    }
+
+    struct cudaMemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = ordinal;
+    if ((st = CU(cudaMemPoolCreate(&c->pool, &props))) != ZO_OK) goto out_free_ctx;
+    /* keep freed memory in the pool: no release to the driver at each sync */
+    uint64_t keep = UINT64_MAX;
+    if ((st = CU(cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &keep))) !=
+        ZO_OK)
+        goto out_destroy_pool;
+    if ((st = CU(cudaStreamCreateWithFlags(&c->alloc_stream, cudaStreamNonBlocking))) != ZO_OK)
+        goto out_destroy_pool;
+    if ((st = cuda_blas_status(cublasLtCreate(&c->lt), "cublasLtCreate")) != ZO_OK)
+        goto out_destroy_stream;
+    if ((st = gpu_device_wrap(&cuda_iface, c, out)) != ZO_OK) goto out_destroy_lt;
+    return ZO_OK;
+
+out_destroy_lt:
+    cublasLtDestroy(c->lt);
+out_destroy_stream:
+    cudaStreamDestroy(c->alloc_stream);
+out_destroy_pool:
+    cudaMemPoolDestroy(c->pool);
+out_free_ctx:
+    pthread_mutex_destroy(mu);
+    free(mu);
+    free(c);
+    return zo_error_wrap(st, "gpu_device_init_cuda(cuda:%d)", ordinal);
+}

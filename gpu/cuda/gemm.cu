@@ -1,0 +1,257 @@
+/* GEMM: row-major C = alpha op(A) op(B) + beta C through cuBLASLt, with a
+ * plain tiled kernel for what cuBLASLt does not take.
+ *
+ * cuBLASLt is column-major. A row-major [r, c] matrix with leading dimension
+ * ld is the column-major [c, r] matrix with the same ld, its transpose, so
+ * the row-major product C = op(A) op(B) is computed as the column-major
+ * C^T = op(B)^T op(A)^T: cuBLASLt's "A" is our B and its "B" is our A, with
+ * the transposes kept as given and m, n swapped.
+ *
+ * cuBLASLt takes A and B of one type and C of that type or fp32:
+ * fp16/bf16 inputs accumulate in fp32 (CUBLAS_COMPUTE_32F); fp32 inputs use
+ * TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32: inputs rounded to a 10-bit
+ * mantissa, fp32 accumulation). An fp32 operand beside a 16-bit one (the
+ * fp32 activation gradients against 16-bit weights of a mixed-precision
+ * backward) is rounded to that 16-bit type in a stream-ordered scratch
+ * buffer first, as mixed-precision GEMMs do, so it too runs on tensor cores.
+ * Other mixes (fp16 with bf16, fp32 inputs into a 16-bit C) and shapes for
+ * which cuBLASLt offers no algorithm run on gemm_tiled_kernel (fp32
+ * accumulation, no rounding of inputs). */
+#include "gpu/cuda/kernels.cuh" /* defines: tload, tstore */
+
+#define TILE 16
+
+/* ---- the tiled kernel ------------------------------------------------------- */
+
+/* One thread per element of C, 16 x 16 tiles of op(A) and op(B) through
+ * shared memory; grid (ceil(n/16), ceil(m/16), min(batch, 65535)), batches
+ * beyond the grid's z loop. */
+__global__ void gemm_tiled_kernel(gpu_gemm_desc d, int batch)
+{
+    __shared__ float As[TILE][TILE + 1], Bs[TILE][TILE + 1];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int i = blockIdx.y * TILE + ty, j = blockIdx.x * TILE + tx;
+    for (int bi = blockIdx.z; bi < batch; bi += gridDim.z) {
+        const size_t oa = (size_t)bi * d.stride_a, ob = (size_t)bi * d.stride_b;
+        const size_t oc = (size_t)bi * d.stride_c;
+        float acc = 0.0f;
+        for (int p0 = 0; p0 < d.k; p0 += TILE) {
+            int p = p0 + tx; /* As[ty][tx] = op(A)[i, p] */
+            As[ty][tx] = i < d.m && p < d.k
+                             ? tload(d.a, oa + (d.trans_a ? (size_t)p * d.lda + i
+                                                          : (size_t)i * d.lda + p))
+                             : 0.0f;
+            p = p0 + ty; /* Bs[ty][tx] = op(B)[p, j] */
+            Bs[ty][tx] = p < d.k && j < d.n
+                             ? tload(d.b, ob + (d.trans_b ? (size_t)j * d.ldb + p
+                                                          : (size_t)p * d.ldb + j))
+                             : 0.0f;
+            __syncthreads();
+            for (int q = 0; q < TILE; q++) acc += As[ty][q] * Bs[q][tx];
+            __syncthreads();
+        }
+        if (i < d.m && j < d.n) {
+            const size_t o = oc + (size_t)i * d.ldc + j;
+            /* beta == 0 never reads C (it may hold nan) */
+            const float v = d.beta != 0.0f ? d.alpha * acc + d.beta * tload(d.c, o) : d.alpha * acc;
+            tstore(d.c, o, v);
+        }
+    }
+}
+
+extern "C" zo_status cuda_launch_gemm_tiled(cudaStream_t st, const gpu_gemm_desc *d)
+{
+    const int batch = d->batch > 0 ? d->batch : 1;
+    if ((d->m + TILE - 1) / TILE > 65535)
+        return zo_error(ZO_ERR_UNSUPPORTED, "gpu_gemm (cuda, tiled): m %d is too large", d->m);
+    dim3 block(TILE, TILE);
+    dim3 grid((d->n + TILE - 1) / TILE, (d->m + TILE - 1) / TILE, batch < 65535 ? batch : 65535);
+    gemm_tiled_kernel<<<grid, block, 0, st>>>(*d, batch);
+    return cuda_launch_check("gemm_tiled_kernel");
+}
+
+/* ---- cuBLASLt ----------------------------------------------------------------- */
+
+static cudaDataType_t lt_type(zo_dtype t)
+{
+    switch (t) {
+    case ZO_DTYPE_F16: return CUDA_R_16F;
+    case ZO_DTYPE_BF16: return CUDA_R_16BF;
+    default: return CUDA_R_32F;
+    }
+}
+
+/* The alignment in bytes (a power of two, at most 256) that the matrix at p
+ * keeps in every batch (stride in bytes). */
+static uint32_t alignment_of(const void *p, size_t stride_bytes, int batch)
+{
+    uintptr_t u = (uintptr_t)p | (uintptr_t)256u;
+    if (batch > 1) u |= (uintptr_t)stride_bytes;
+    return (uint32_t)(u & (~u + 1u)); /* lowest set bit */
+}
+
+/* Whether cuBLASLt takes these types: A and B alike, C like them or fp32,
+ * and fp32 inputs only into fp32. */
+static int lt_types_ok(const gpu_gemm_desc *d)
+{
+    if (d->a.dtype != d->b.dtype) return 0;
+    if (d->a.dtype == ZO_DTYPE_F32) return d->c.dtype == ZO_DTYPE_F32;
+    return d->c.dtype == d->a.dtype || d->c.dtype == ZO_DTYPE_F32;
+}
+
+#define LT(call) cuda_blas_status((call), #call)
+
+/* Set a layout's batch count and stride (elements) when batched. */
+static zo_status lt_batch(cublasLtMatrixLayout_t l, int batch, int64_t stride)
+{
+    if (batch <= 1) return ZO_OK;
+    int32_t b = batch;
+    zo_status s = LT(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b,
+                                                      sizeof b));
+    if (s != ZO_OK) return s;
+    return LT(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                               &stride, sizeof stride));
+}
+
+/* cuBLASLt on a problem whose types it takes (lt_types_ok). */
+static zo_status gemm_lt(cudaStream_t st, cublasLtHandle_t lt, void *workspace, size_t ws_bytes,
+                         const gpu_gemm_desc *d)
+{
+    const int batch = d->batch > 0 ? d->batch : 1;
+    const cublasComputeType_t compute =
+        d->a.dtype == ZO_DTYPE_F32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    const cublasOperation_t op_b = d->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* Lt's A */
+    const cublasOperation_t op_a = d->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N; /* Lt's B */
+    cublasLtMatmulDesc_t desc = NULL;
+    cublasLtMatrixLayout_t lay_b = NULL, lay_a = NULL, lay_c = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    zo_status s;
+
+    if ((s = LT(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F))) != ZO_OK) return s;
+    if ((s = LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b,
+                                               sizeof op_b))) != ZO_OK)
+        goto out_destroy_desc;
+    if ((s = LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a,
+                                               sizeof op_a))) != ZO_OK)
+        goto out_destroy_desc;
+    /* Lt's A = our B as stored: row-major [k, n] is column-major n x k (op N);
+     * row-major [n, k] is column-major k x n (op T). */
+    if ((s = LT(cublasLtMatrixLayoutCreate(&lay_b, lt_type(d->b.dtype),
+                                           d->trans_b ? d->k : d->n, d->trans_b ? d->n : d->k,
+                                           d->ldb))) != ZO_OK)
+        goto out_destroy_desc;
+    /* Lt's B = our A as stored: [m, k] is k x m (op N); [k, m] is m x k (op T). */
+    if ((s = LT(cublasLtMatrixLayoutCreate(&lay_a, lt_type(d->a.dtype),
+                                           d->trans_a ? d->m : d->k, d->trans_a ? d->k : d->m,
+                                           d->lda))) != ZO_OK)
+        goto out_destroy_lay_b;
+    /* C row-major [m, n] is column-major n x m */
+    if ((s = LT(cublasLtMatrixLayoutCreate(&lay_c, lt_type(d->c.dtype), d->n, d->m, d->ldc))) !=
+        ZO_OK)
+        goto out_destroy_lay_a;
+    if ((s = lt_batch(lay_b, batch, d->stride_b)) != ZO_OK) goto out_destroy_lay_c;
+    if ((s = lt_batch(lay_a, batch, d->stride_a)) != ZO_OK) goto out_destroy_lay_c;
+    if ((s = lt_batch(lay_c, batch, d->stride_c)) != ZO_OK) goto out_destroy_lay_c;
+
+    if ((s = LT(cublasLtMatmulPreferenceCreate(&pref))) != ZO_OK) goto out_destroy_lay_c;
+    {
+        uint64_t ws = ws_bytes;
+        size_t es_a = zo_dtype_size(d->a.dtype), es_b = zo_dtype_size(d->b.dtype);
+        size_t es_c = zo_dtype_size(d->c.dtype);
+        uint32_t al_lt_a = alignment_of(d->b.data, (size_t)d->stride_b * es_b, batch);
+        uint32_t al_lt_b = alignment_of(d->a.data, (size_t)d->stride_a * es_a, batch);
+        uint32_t al_c = alignment_of(d->c.data, (size_t)d->stride_c * es_c, batch);
+        if ((s = LT(cublasLtMatmulPreferenceSetAttribute(
+                 pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws))) != ZO_OK ||
+            (s = LT(cublasLtMatmulPreferenceSetAttribute(
+                 pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_lt_a, sizeof al_lt_a))) !=
+                ZO_OK ||
+            (s = LT(cublasLtMatmulPreferenceSetAttribute(
+                 pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_lt_b, sizeof al_lt_b))) !=
+                ZO_OK ||
+            (s = LT(cublasLtMatmulPreferenceSetAttribute(
+                 pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c))) != ZO_OK ||
+            (s = LT(cublasLtMatmulPreferenceSetAttribute(
+                 pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c))) != ZO_OK)
+            goto out_destroy_pref;
+    }
+    {
+        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt, desc, lay_b, lay_a, lay_c, lay_c,
+                                                           pref, 1, &heur, &found);
+        if (hs == CUBLAS_STATUS_NOT_SUPPORTED) found = 0;
+        else if ((s = cuda_blas_status(hs, "cublasLtMatmulAlgoGetHeuristic")) != ZO_OK)
+            goto out_destroy_pref;
+    }
+    if (found > 0)
+        s = LT(cublasLtMatmul(lt, desc, &d->alpha, d->b.data, lay_b, d->a.data, lay_a, &d->beta,
+                              d->c.data, lay_c, d->c.data, lay_c, &heur.algo, workspace, ws_bytes,
+                              st));
+    else
+        s = cuda_launch_gemm_tiled(st, d);
+
+out_destroy_pref:
+    cublasLtMatmulPreferenceDestroy(pref);
+out_destroy_lay_c:
+    cublasLtMatrixLayoutDestroy(lay_c);
+out_destroy_lay_a:
+    cublasLtMatrixLayoutDestroy(lay_a);
+out_destroy_lay_b:
+    cublasLtMatrixLayoutDestroy(lay_b);
+out_destroy_desc:
+    cublasLtMatmulDescDestroy(desc);
+    return s;
+}
+
+static int is_16bit(zo_dtype t) { return t == ZO_DTYPE_F16 || t == ZO_DTYPE_BF16; }
+
+/* Round the fp32 operand (which = 'a' or 'b') to the 16-bit type h in a
+ * scratch buffer from the pool, ordered on st, then run cuBLASLt. The
+ * scratch covers the operand's extent, ld and batch stride kept. */
+static zo_status gemm_round_operand(cudaStream_t st, cublasLtHandle_t lt, cudaMemPool_t pool,
+                                    void *workspace, size_t ws_bytes, const gpu_gemm_desc *d,
+                                    char which, zo_dtype h)
+{
+    gpu_gemm_desc e = *d;
+    const int batch = d->batch > 0 ? d->batch : 1;
+    gpu_tensor *op = which == 'a' ? &e.a : &e.b;
+    int64_t ld = which == 'a' ? d->lda : d->ldb, stride = which == 'a' ? d->stride_a : d->stride_b;
+    int rows, cols; /* as stored, row-major */
+    if (which == 'a') {
+        rows = d->trans_a ? d->k : d->m;
+        cols = d->trans_a ? d->m : d->k;
+    } else {
+        rows = d->trans_b ? d->n : d->k;
+        cols = d->trans_b ? d->k : d->n;
+    }
+    size_t extent = (size_t)(batch - 1) * (size_t)(batch > 1 ? stride : 0) +
+                    (size_t)(rows - 1) * (size_t)ld + (size_t)cols;
+    void *tmp = NULL;
+    zo_status s = cuda_status(cudaMallocFromPoolAsync(&tmp, extent * 2, pool, st),
+                              "cudaMallocFromPoolAsync (gpu_gemm operand scratch)");
+    if (s != ZO_OK) return s;
+    gpu_tensor rounded = {tmp, h};
+    if ((s = cuda_launch_cast(st, rounded, *op, extent)) == ZO_OK) {
+        *op = rounded;
+        s = gemm_lt(st, lt, workspace, ws_bytes, &e);
+    }
+    zo_status f = cuda_status(cudaFreeAsync(tmp, st), "cudaFreeAsync (gpu_gemm operand scratch)");
+    return s != ZO_OK ? s : f;
+}
+
+extern "C" zo_status cuda_gemm(cudaStream_t st, cublasLtHandle_t lt, cudaMemPool_t pool,
+                               void *workspace, size_t ws_bytes, const gpu_gemm_desc *d)
+{
+    zo_dtype ta = d->a.dtype, tb = d->b.dtype, tc = d->c.dtype;
+    if (ta != tb) {
+        zo_dtype h = ta == ZO_DTYPE_F32 ? tb : ta;
+        if ((ta == ZO_DTYPE_F32 || tb == ZO_DTYPE_F32) && is_16bit(h) &&
+            (tc == h || tc == ZO_DTYPE_F32))
+            return gemm_round_operand(st, lt, pool, workspace, ws_bytes, d,
+                                      ta == ZO_DTYPE_F32 ? 'a' : 'b', h);
+        return cuda_launch_gemm_tiled(st, d);
+    }
+    if (!lt_types_ok(d)) return cuda_launch_gemm_tiled(st, d);
+    return gemm_lt(st, lt, workspace, ws_bytes, d);
+}

@@ -1,0 +1,39 @@
+/* Rotary position embedding, Hugging Face LLaMA convention (rotate_half:
+ * dimension i pairs with i + d/2, inv_freq[i] = theta^(-2i/d)), in place.
+ * One thread per (row, head, pair); the angle is computed in double as in
+ * the CPU reference, so long positions keep their precision. */
+#include "gpu/cuda/kernels.cuh" /* defines: tload, tstore, grid_for */
+
+#define BS 256
+
+/* x [n, ldx]: the first n_heads heads (d wide) of each row rotate by the
+ * angle of position pos0 + r % t; inverse rotates back (the backward). */
+__global__ void rope_kernel(gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx,
+                            float theta, int pos0, int inverse)
+{
+    const int half = d / 2;
+    size_t total = (size_t)n * n_heads * half;
+    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        int i = (int)(idx % half);
+        size_t rh = idx / half;
+        int h = (int)(rh % n_heads), r = (int)(rh / n_heads);
+        double inv_freq = pow((double)theta, -2.0 * i / d);
+        double ang = (double)(pos0 + r % t) * inv_freq;
+        float c = (float)cos(ang), s = (float)sin(ang);
+        if (inverse) s = -s;
+        size_t off = (size_t)r * ldx + (size_t)h * d;
+        float x1 = tload(x, off + i), x2 = tload(x, off + half + i);
+        tstore(x, off + i, x1 * c - x2 * s);
+        tstore(x, off + half + i, x2 * c + x1 * s);
+    }
+}
+
+extern "C" zo_status cuda_launch_rope(cudaStream_t st, gpu_tensor x, int n, int t, int n_heads,
+                                      int d, int64_t ldx, float theta, int pos0, int inverse)
+{
+    size_t total = (size_t)n * n_heads * (d / 2);
+    rope_kernel<<<grid_for(total, BS), BS, 0, st>>>(x, n, t, n_heads, d, ldx, theta, pos0,
+                                                    inverse);
+    return cuda_launch_check("rope_kernel");
+}
