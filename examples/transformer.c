@@ -90,7 +90,7 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     A(m->lnf, N * h * es, "final norm");
     A(m->meanf, N * 4, "final norm mean");
     A(m->rstdf, N * 4, "final norm rstd");
-    A(m->logits, N * c->vocab * es, "logits");
+    A(m->logits, N * c->vocab * sizeof(float), "logits"); /* fp32 for the cross-entropy */
     A(m->losses, N * 4, "losses");
     A(m->tmp, N * h * es, "scratch");
     A(m->dres, N * h * 4, "residual gradient");
@@ -357,7 +357,7 @@ static zo_status head_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t
     const int blk = model_layout_head_block(&m->layout), N = m->b * m->t;
     gpu_tensor w = head_weight(m, bb->params, bb->embed_params, blk);
     if (!w.data) return zo_error(ZO_ERR_INVALID, "head forward: tied model needs the embedding parameters");
-    gpu_tensor lnf = gpu_t(m->lnf, m->dtype), logits = gpu_t(m->logits, m->dtype);
+    gpu_tensor lnf = gpu_t(m->lnf, m->dtype), logits = F32(m->logits);
     TRY(norm_forward(m, s, lnf, m->meanf, m->rstdf, gpu_t(m->res[c->n_layers], m->dtype),
                      tf_view(m, bb->params, blk, MODEL_ROLE_NORM_W),
                      tf_view(m, bb->params, blk, MODEL_ROLE_NORM_B), N));
@@ -376,7 +376,7 @@ static zo_status head_backward(tf_model *m, const tf_block_bufs *bb, float loss_
                                        : tf_view(m, bb->grads, blk, MODEL_ROLE_LM_HEAD_W);
     if (!w.data || !dw.data)
         return zo_error(ZO_ERR_INVALID, "head backward: tied model needs the embedding parameters and gradients");
-    gpu_tensor logits = gpu_t(m->logits, m->dtype), lnf = gpu_t(m->lnf, m->dtype);
+    gpu_tensor logits = F32(m->logits), lnf = gpu_t(m->lnf, m->dtype);
     float dloss = m->n_targets ? loss_scale / (float)m->n_targets : 0.0f;
     /* dlogits = dloss * (softmax - onehot), in place of the logits */
     TRY(gpu_cross_entropy_backward(s, logits, logits, m->targets, dloss, N, c->vocab));

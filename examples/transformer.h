@@ -69,7 +69,7 @@ typedef struct tf_model {
     tf_layer_acts *acts; /* [L] */
     void *lnf;           /* [N, h] */
     float *meanf, *rstdf;
-    void *logits;        /* [N, vocab]; after the head's backward it holds dlogits */
+    void *logits;        /* [N, vocab] fp32; after the head's backward it holds dlogits */
     float *losses;       /* [N] fp32 */
     void *tmp;           /* [N, h] dtype scratch (projections before the residual add) */
     float *dres;         /* [N, h] gradient of the residual stream */

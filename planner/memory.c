@@ -274,20 +274,20 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
     add(e, "fp16/bf16 weights", t->params_on, PLAN_PARAMS, p_elems * wsz);
     int streamed = t->params_on != PLAN_GPU || t->zero >= 3;
     uint64_t slot = sh.largest * wsz;
+    /* the block computing holds a slot too: depth + 1 slots (the runtime's pool) */
     if (streamed)
-        add(e, t->zero >= 3 && t->params_on == PLAN_GPU ? "ZeRO-3 gather slots (prefetch x block)"
-                                                        : "prefetch slots (depth x largest block)",
-            PLAN_GPU, PLAN_BUFFERS, (uint64_t)t->buf.prefetch_depth * slot);
+        add(e, t->zero >= 3 && t->params_on == PLAN_GPU ? "ZeRO-3 gather slots ((prefetch + 1) x block)"
+                                                        : "weight slots ((depth + 1) x largest block)",
+            PLAN_GPU, PLAN_BUFFERS, (uint64_t)(t->buf.prefetch_depth + 1) * slot);
 
     /* ---- gradients ---- */
     uint64_t g_elems = t->zero >= 2 ? ceil_div(sh.params, dp) : sh.params;
     if (t->grads_on == PLAN_GPU) {
         add(e, "gradients", PLAN_GPU, PLAN_GRADS, g_elems * gsz);
     } else {
-        /* accumulated in fp32 on the host across micro-batches */
-        uint64_t hsz = t->grad_accum > 1 ? 4 : gsz;
-        add(e, t->grad_accum > 1 ? "gradients (fp32 accumulation)" : "gradients", PLAN_CPU,
-            PLAN_GRADS, g_elems * hsz);
+        /* added in fp32 on the host as blocks arrive (micro-batches, a tied
+         * embedding's two parts, fp16 unscaling), whatever the accumulation */
+        add(e, "gradients (fp32 accumulation)", PLAN_CPU, PLAN_GRADS, g_elems * 4);
         add(e, "gradient staging (2 blocks)", PLAN_GPU, PLAN_GRADS, 2 * sh.largest * gsz);
     }
 
@@ -307,7 +307,9 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
     add(e, oname, PLAN_CPU, PLAN_OPTIMIZER, o_cpu);
     add(e, oname, PLAN_NVME, PLAN_OPTIMIZER, o_nvme);
     if (o_nvme) {
-        uint64_t sg = t->buf.sub_group < o_elems ? t->buf.sub_group : o_elems;
+        /* a sub-group never holds more than the NVMe share of the state */
+        uint64_t nvme_elems = o_nvme / per;
+        uint64_t sg = t->buf.sub_group < nvme_elems ? t->buf.sub_group : nvme_elems;
         add(e, "NVMe swap buffers (sub-groups)", PLAN_CPU, PLAN_BUFFERS,
             (uint64_t)t->buf.swap_buffers * sg * per);
     }
@@ -358,12 +360,23 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
             add(e, "embedding dropout mask", PLAN_GPU, PLAN_ACTIVATIONS,
                 (uint64_t)llround((double)ceil_div(s * b * h, sp_div) * inflight));
         if (sh.last) {
-            /* final norm input and output-layer input (16-bit), logits in fp32 */
+            /* final norm input and output-layer input (16-bit); logits in
+             * fp32 for the cross-entropy (its gradient is written in place) */
             add(e, "final norm + output layer inputs", PLAN_GPU, PLAN_ACTIVATIONS,
                 2 * ceil_div(s * b * h * act, sp_div));
             add(e, "logits (fp32, cross-entropy)", PLAN_GPU, PLAN_ACTIVATIONS,
                 ceil_div(4 * s * b * (uint64_t)m->vocab, tp));
         }
+        /* backward of one layer at a time: the fp32 gradients of the
+         * residual, a norm output, qkv, the attention output and the MLP
+         * (two for SwiGLU), one projection scratch in the activation dtype,
+         * and the token ids, targets and per-token losses */
+        uint64_t q = (uint64_t)m->n_heads * (uint64_t)m->head_dim;
+        uint64_t kv = (uint64_t)m->n_kv_heads * (uint64_t)m->head_dim;
+        uint64_t mlp = (uint64_t)m->ffn * (m->arch == ZO_ARCH_GPT ? 1 : 2);
+        uint64_t dgrad = 4 * s * b * (2 * h + ceil_div(2 * q + 2 * kv + mlp, tp));
+        add(e, "backward working set (fp32 activation gradients, scratch)", PLAN_GPU,
+            PLAN_ACTIVATIONS, dgrad + s * b * h * act + 12 * s * b);
     }
 
     /* ---- working buffers on the GPU ---- */

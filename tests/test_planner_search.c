@@ -107,8 +107,8 @@ static void test_dgx2_max_model(void **state)
         {PLAN_STRAT_OFFLOAD, 13e9, 1 / MAX_MODEL_MARGIN, MAX_MODEL_MARGIN},
         {PLAN_STRAT_ZERO3, 20e9, 1 / MAX_MODEL_MARGIN, MAX_MODEL_MARGIN},
         {PLAN_STRAT_INF_CPU, 70e9, 1 / MAX_MODEL_MARGIN, MAX_MODEL_MARGIN},
-        /* whole layers, no memory-centric tiling: documented as a factor 2.5 */
-        {PLAN_STRAT_INF_NVME, 1e12, 1 / 2.5, 1.0},
+        /* whole layers, no memory-centric tiling: documented as a factor 3 */
+        {PLAN_STRAT_INF_NVME, 1e12, 1 / 3.0, 1.0},
     };
     plan_hw hw;
     assert_int_equal(plan_hw_find("dgx2-v100", &hw), ZO_OK);

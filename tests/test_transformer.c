@@ -111,9 +111,8 @@ static int check_close(const char *what, const float *got, const float *want, si
 
 /* ---- logits, loss, gradients ------------------------------------------------------------ */
 
-static void download(fixture *fx, float *dst, const void *src, size_t n)
+static void download_as(fixture *fx, float *dst, const void *src, size_t n, zo_dtype dt)
 {
-    zo_dtype dt = fx->m.dtype;
     void *tmp = malloc(n * zo_dtype_size(dt));
     assert_int_equal(gpu_memcpy_async(fx->s, tmp, src, n * zo_dtype_size(dt), GPU_COPY_DEVICE_TO_HOST), ZO_OK);
     assert_int_equal(gpu_stream_synchronize(fx->s), ZO_OK);
@@ -132,7 +131,7 @@ static void run_against_torch(const char *name)
     float loss;
     assert_int_equal(tf_loss(&fx.m, fx.s, &loss), ZO_OK);
     float *logits = malloc((size_t)B * T * V * sizeof(float));
-    download(&fx, logits, fx.m.logits, (size_t)B * T * V);
+    download_as(&fx, logits, fx.m.logits, (size_t)B * T * V, ZO_DTYPE_F32); /* logits are fp32 */
     size_t n;
     float *want_logits = read_expected(name, "logits", &n);
     float *want_loss = read_expected(name, "loss", NULL);
@@ -283,7 +282,7 @@ static void test_block_streaming(void **state)
     float *ref = malloc(nl * sizeof(float)), *got = malloc(nl * sizeof(float));
     assert_int_equal(tf_set_batch(m, fx.s, fx.inputs, fx.targets, B, T), ZO_OK);
     assert_int_equal(tf_forward(m, fx.tr.params, fx.s), ZO_OK);
-    download(&fx, ref, m->logits, nl);
+    download_as(&fx, ref, m->logits, nl, ZO_DTYPE_F32);
 
     gpu_stream_t copy;
     gpu_event_t loaded[2], freed[2];
@@ -319,7 +318,7 @@ static void test_block_streaming(void **state)
     }
     tf_block_bufs head = {.params = fx.tr.params[nb - 1], .embed_params = fx.tr.params[0]};
     assert_int_equal(tf_block_forward(m, nb - 1, &head, fx.s), ZO_OK);
-    download(&fx, got, m->logits, nl);
+    download_as(&fx, got, m->logits, nl, ZO_DTYPE_F32);
     assert_memory_equal(got, ref, nl * sizeof(float));
     for (int i = 0; i < 2; i++) {
         gpu_event_destroy(loaded[i]);
