@@ -167,7 +167,18 @@ static int cmp_items(const void *a, const void *b)
 
 static double pct(uint64_t a, uint64_t cap) { return cap ? 100.0 * (double)a / (double)cap : 0; }
 
-static double gib(uint64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
+/* A tier's table is in GiB, or in MiB when the tier holds less than 1 GiB
+ * (toy configurations), so its lines never all read 0.00. */
+typedef struct unit {
+    double div;
+    const char *name;
+} unit;
+
+static unit tier_unit(uint64_t capacity)
+{
+    return capacity >= (1ull << 30) ? (unit){1024.0 * 1024.0 * 1024.0, "GiB"}
+                                    : (unit){1024.0 * 1024.0, "MiB"};
+}
 
 static const char *part_title[PLAN_TIME_PARTS] = {
     "forward compute", "backward compute", "recompute", "tensor-parallel collectives",
@@ -230,14 +241,17 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
     qsort(sorted, (size_t)e->n_items, sizeof sorted[0], cmp_items);
     for (int tier = 0; tier < PLAN_TIERS; tier++) {
         if (!e->total[tier] && tier != PLAN_GPU) continue;
-        fprintf(out, "\n  %-4s per rank%s %10.2f GiB of %.2f GiB  %6.1f%%  %s\n", tier_title[tier],
+        unit u = tier_unit(e->capacity[tier]);
+        fprintf(out, "\n  %-4s per rank%s %10.2f %s of %.2f %s  %6.1f%%  %s\n", tier_title[tier],
                 tier == PLAN_GPU || e->ranks_per_node == 1 ? "" : " (node share)",
-                gib(e->total[tier]), gib(e->capacity[tier]), pct(e->total[tier], e->capacity[tier]),
+                (double)e->total[tier] / u.div, u.name, (double)e->capacity[tier] / u.div, u.name,
+                pct(e->total[tier], e->capacity[tier]),
                 e->total[tier] <= e->capacity[tier] ? "ok" : "OVER");
         for (int i = 0; i < e->n_items; i++) {
             if (sorted[i].tier != (plan_tier)tier) continue;
-            fprintf(out, "    %-12s %-42s %10.2f GiB  %6.1f%%\n", plan_kind_name(sorted[i].kind),
-                    sorted[i].name, gib(sorted[i].bytes), pct(sorted[i].bytes, e->capacity[tier]));
+            fprintf(out, "    %-12s %-58s %10.2f %s  %6.1f%%\n", plan_kind_name(sorted[i].kind),
+                    sorted[i].name, (double)sorted[i].bytes / u.div, u.name,
+                    pct(sorted[i].bytes, e->capacity[tier]));
         }
     }
     if (!e->activations_known)
@@ -245,9 +259,10 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
                      "shape or a config.json)\n");
     fprintf(out, "\n");
     if (e->fits) {
-        fprintf(out, "verdict: fits (GPU %.1f%% of %.2f GiB", pct(e->total[PLAN_GPU], e->capacity[PLAN_GPU]),
-                gib(e->capacity[PLAN_GPU]));
-        fprintf(out, ", CPU %.1f%%", pct(e->total[PLAN_CPU], e->capacity[PLAN_CPU]));
+        unit u = tier_unit(e->capacity[PLAN_GPU]);
+        fprintf(out, "verdict: fits (GPU %.1f%% of %.2f %s", pct(e->total[PLAN_GPU], e->capacity[PLAN_GPU]),
+                (double)e->capacity[PLAN_GPU] / u.div, u.name);
+        if (e->total[PLAN_CPU]) fprintf(out, ", CPU %.1f%%", pct(e->total[PLAN_CPU], e->capacity[PLAN_CPU]));
         if (e->total[PLAN_NVME])
             fprintf(out, ", NVMe %.1f%%", pct(e->total[PLAN_NVME], e->capacity[PLAN_NVME]));
         fprintf(out, ")%s\n", e->activations_known ? "" : " for model states; activations unknown");
@@ -258,9 +273,10 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
     const char *sep = " ";
     for (int tier = 0; tier < PLAN_TIERS; tier++) {
         if (e->total[tier] <= e->capacity[tier]) continue;
-        fprintf(out, "%s%s needs %.2f GiB of %.2f GiB (short by %.2f GiB)", sep, tier_title[tier],
-                gib(e->total[tier]), gib(e->capacity[tier]),
-                gib(e->total[tier] - e->capacity[tier]));
+        unit u = tier_unit(e->capacity[tier]);
+        fprintf(out, "%s%s needs %.2f %s of %.2f %s (short by %.2f %s)", sep, tier_title[tier],
+                (double)e->total[tier] / u.div, u.name, (double)e->capacity[tier] / u.div, u.name,
+                (double)(e->total[tier] - e->capacity[tier]) / u.div, u.name);
         sep = "; ";
     }
     fprintf(out, "\n");
