@@ -43,6 +43,57 @@ static void store_row(gpu_tensor t, size_t off, const float *src, size_t n)
 
 static int nthreads(int nt) { return nt > 0 ? nt : omp_get_max_threads(); }
 
+/* ---- scratch arena ------------------------------------------------------------ */
+
+#define SCRATCH_ALIGN 64u
+
+static size_t al64(size_t bytes) { return (bytes + SCRATCH_ALIGN - 1) & ~(size_t)(SCRATCH_ALIGN - 1); }
+
+void cpu_scratch_init(cpu_scratch *ws) { memset(ws, 0, sizeof *ws); }
+
+void cpu_scratch_free(cpu_scratch *ws)
+{
+    free(ws->base);
+    ws->base = NULL;
+    ws->cap = 0;
+}
+
+zo_status cpu_scratch_reserve(cpu_scratch *ws, size_t bytes, const char *op, void **out)
+{
+    *out = NULL;
+    bytes = al64(bytes ? bytes : 1);
+    if (ws->fail && ws->fail(ws->fail_arg))
+        return zo_error(ZO_ERR_NOMEM, "%s: scratch of %zu bytes: out of host memory (injected)",
+                        op, bytes);
+    if (bytes > ws->cap) {
+        free(ws->base);
+        ws->cap = 0;
+        ws->base = aligned_alloc(SCRATCH_ALIGN, bytes);
+        if (!ws->base)
+            return zo_error(ZO_ERR_NOMEM, "%s: scratch of %zu bytes: out of host memory", op,
+                            bytes);
+        ws->cap = bytes;
+    }
+    *out = ws->base;
+    return ZO_OK;
+}
+
+/* Reserve `shared` bytes followed by `per` bytes for each of `team` threads;
+ * thread i's slice starts at team_slice(base, shared, per). */
+static zo_status reserve_team(cpu_scratch *ws, const char *op, size_t shared, size_t per,
+                              int team, char **base)
+{
+    void *p;
+    zo_status s = cpu_scratch_reserve(ws, al64(shared) + (size_t)team * al64(per), op, &p);
+    *base = p;
+    return s;
+}
+
+static char *team_slice(char *base, size_t shared, size_t per)
+{
+    return base + al64(shared) + (size_t)omp_get_thread_num() * al64(per);
+}
+
 /* ---- GEMM -------------------------------------------------------------------------
  * Blocked like the BLIS/GotoBLAS loops: C is cut into MC x NC tiles shared
  * out statically among threads; for each KC slice of k, op(A) and op(B) are
@@ -131,7 +182,7 @@ static void pack_b(float *Bp, const gpu_gemm_desc *d, const void *b, int p0, int
     }
 }
 
-void cpu_gemm(const gpu_gemm_desc *d, int nt)
+zo_status cpu_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
 {
     int batch = d->batch > 0 ? d->batch : 1;
     int tm = (d->m + MC - 1) / MC, tn = (d->n + NC - 1) / NC;
@@ -140,12 +191,20 @@ void cpu_gemm(const gpu_gemm_desc *d, int nt)
     size_t es_c = zo_dtype_size(d->c.dtype);
     int team = nthreads(nt);
     if (team > tiles) team = (int)tiles;
+    /* per thread: packed A, packed B, the C tile, a converted row */
+    const size_t n_ap = (size_t)MC * KC, n_bp = (size_t)NC * KC, n_acc = (size_t)MC * NC;
+    const size_t n_row = (size_t)(NC > MC ? NC : MC) * KC;
+    const size_t per = al64(n_ap * 4) + al64(n_bp * 4) + al64(n_acc * 4) + al64(n_row * 4);
+    char *base;
+    zo_status st = reserve_team(ws, "gpu_gemm", 0, per, team, &base);
+    if (st != ZO_OK) return st;
 #pragma omp parallel num_threads(team)
     {
-        float *Ap = aligned_alloc(64, (size_t)MC * KC * sizeof(float));
-        float *Bp = aligned_alloc(64, (size_t)NC * KC * sizeof(float));
-        float *acc = aligned_alloc(64, (size_t)MC * NC * sizeof(float));
-        float *row = aligned_alloc(64, (size_t)(NC > MC ? NC : MC) * KC * sizeof(float));
+        char *mine = team_slice(base, 0, per);
+        float *Ap = (float *)mine;
+        float *Bp = (float *)(mine + al64(n_ap * 4));
+        float *acc = (float *)(mine + al64(n_ap * 4) + al64(n_bp * 4));
+        float *row = (float *)(mine + al64(n_ap * 4) + al64(n_bp * 4) + al64(n_acc * 4));
 #pragma omp for schedule(static)
         for (long tile = 0; tile < tiles; tile++) {
             int bi = (int)(tile / ((long)tm * tn));
@@ -180,11 +239,8 @@ void cpu_gemm(const gpu_gemm_desc *d, int nt)
                 store_row(c, off, arow, nc);
             }
         }
-        free(Ap);
-        free(Bp);
-        free(acc);
-        free(row);
     }
+    return ZO_OK;
 }
 
 void cpu_gemm_naive(const gpu_gemm_desc *d)
@@ -213,22 +269,27 @@ void cpu_gemm_naive(const gpu_gemm_desc *d)
 
 /* ---- bias ---------------------------------------------------------------------------- */
 
-void cpu_bias_forward(gpu_tensor y, gpu_tensor bias, int n, int c, int64_t ldy, int nt)
+zo_status cpu_bias_forward(cpu_scratch *ws, gpu_tensor y, gpu_tensor bias, int n, int c,
+                           int64_t ldy, int nt)
 {
-    float *bv = malloc((size_t)c * sizeof(float));
+    const int team = nthreads(nt);
+    const size_t cb = (size_t)c * sizeof(float);
+    char *base;
+    zo_status st = reserve_team(ws, "gpu_bias_forward", cb, cb, team, &base);
+    if (st != ZO_OK) return st;
+    float *bv = (float *)base;
     load_row(bv, bias, 0, c);
-#pragma omp parallel num_threads(nthreads(nt))
+#pragma omp parallel num_threads(team)
     {
-        float *row = malloc((size_t)c * sizeof(float));
+        float *row = (float *)team_slice(base, cb, cb);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
             load_row(row, y, (size_t)r * ldy, c);
             for (int j = 0; j < c; j++) row[j] += bv[j];
             store_row(y, (size_t)r * ldy, row, c);
         }
-        free(row);
     }
-    free(bv);
+    return ZO_OK;
 }
 
 /* Column sums over rows in row order; each thread owns a block of columns. */
@@ -252,18 +313,24 @@ void cpu_bias_backward(gpu_tensor dbias, gpu_tensor dy, int n, int c, int64_t ld
 
 /* ---- LayerNorm and RMSNorm ------------------------------------------------------------- */
 
-void cpu_layernorm_forward(gpu_tensor y, float *mean, float *rstd, gpu_tensor x, gpu_tensor w,
-                           gpu_tensor b, int n, int c, float eps, int nt)
+zo_status cpu_layernorm_forward(cpu_scratch *ws, gpu_tensor y, float *mean, float *rstd,
+                                gpu_tensor x, gpu_tensor w, gpu_tensor b, int n, int c, float eps,
+                                int nt)
 {
-    float *wv = malloc((size_t)c * sizeof(float)), *bv = malloc((size_t)c * sizeof(float));
+    const int team = nthreads(nt);
+    const size_t cb = (size_t)c * sizeof(float);
+    char *base;
+    zo_status st = reserve_team(ws, "gpu_layernorm_forward", 2 * al64(cb), cb, team, &base);
+    if (st != ZO_OK) return st;
+    float *wv = (float *)base, *bv = (float *)(base + al64(cb));
     load_row(wv, w, 0, c);
     if (b.data)
         load_row(bv, b, 0, c);
     else
         memset(bv, 0, (size_t)c * sizeof(float));
-#pragma omp parallel num_threads(nthreads(nt))
+#pragma omp parallel num_threads(team)
     {
-        float *row = malloc((size_t)c * sizeof(float));
+        float *row = (float *)team_slice(base, 2 * al64(cb), cb);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
             load_row(row, x, (size_t)r * c, c);
@@ -277,10 +344,8 @@ void cpu_layernorm_forward(gpu_tensor y, float *mean, float *rstd, gpu_tensor x,
             mean[r] = m;
             rstd[r] = rs;
         }
-        free(row);
     }
-    free(wv);
-    free(bv);
+    return ZO_OK;
 }
 
 /* dw[j] += sum_r dy[r,j] * xhat[r,j] (and db[j] += sum_r dy[r,j]), xhat from
@@ -310,16 +375,21 @@ static void norm_param_grads(gpu_tensor dw, gpu_tensor db, gpu_tensor dy, gpu_te
     }
 }
 
-void cpu_layernorm_backward(gpu_tensor dx, gpu_tensor dw, gpu_tensor db, gpu_tensor dy,
-                            gpu_tensor x, gpu_tensor w, const float *mean, const float *rstd,
-                            int n, int c, int nt)
+zo_status cpu_layernorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, gpu_tensor db,
+                                 gpu_tensor dy, gpu_tensor x, gpu_tensor w, const float *mean,
+                                 const float *rstd, int n, int c, int nt)
 {
-    float *wv = malloc((size_t)c * sizeof(float));
+    const int team = nthreads(nt);
+    const size_t cb = al64((size_t)c * sizeof(float));
+    char *base;
+    zo_status st = reserve_team(ws, "gpu_layernorm_backward", cb, 3 * cb, team, &base);
+    if (st != ZO_OK) return st;
+    float *wv = (float *)base;
     load_row(wv, w, 0, c);
-#pragma omp parallel num_threads(nthreads(nt))
+#pragma omp parallel num_threads(team)
     {
-        float *g = malloc((size_t)c * sizeof(float)), *xr = malloc((size_t)c * sizeof(float));
-        float *o = malloc((size_t)c * sizeof(float));
+        char *mine = team_slice(base, cb, 3 * cb);
+        float *g = (float *)mine, *xr = (float *)(mine + cb), *o = (float *)(mine + 2 * cb);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
             load_row(g, dy, (size_t)r * c, c);
@@ -339,22 +409,24 @@ void cpu_layernorm_backward(gpu_tensor dx, gpu_tensor dw, gpu_tensor db, gpu_ten
             }
             store_row(dx, (size_t)r * c, o, c);
         }
-        free(g);
-        free(xr);
-        free(o);
     }
-    free(wv);
     norm_param_grads(dw, db, dy, x, mean, rstd, n, c, nt);
+    return ZO_OK;
 }
 
-void cpu_rmsnorm_forward(gpu_tensor y, float *rstd, gpu_tensor x, gpu_tensor w, int n, int c,
-                         float eps, int nt)
+zo_status cpu_rmsnorm_forward(cpu_scratch *ws, gpu_tensor y, float *rstd, gpu_tensor x,
+                              gpu_tensor w, int n, int c, float eps, int nt)
 {
-    float *wv = malloc((size_t)c * sizeof(float));
+    const int team = nthreads(nt);
+    const size_t cb = (size_t)c * sizeof(float);
+    char *base;
+    zo_status st = reserve_team(ws, "gpu_rmsnorm_forward", cb, cb, team, &base);
+    if (st != ZO_OK) return st;
+    float *wv = (float *)base;
     load_row(wv, w, 0, c);
-#pragma omp parallel num_threads(nthreads(nt))
+#pragma omp parallel num_threads(team)
     {
-        float *row = malloc((size_t)c * sizeof(float));
+        float *row = (float *)team_slice(base, cb, cb);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
             load_row(row, x, (size_t)r * c, c);
@@ -365,20 +437,25 @@ void cpu_rmsnorm_forward(gpu_tensor y, float *rstd, gpu_tensor x, gpu_tensor w, 
             store_row(y, (size_t)r * c, row, c);
             rstd[r] = rs;
         }
-        free(row);
     }
-    free(wv);
+    return ZO_OK;
 }
 
-void cpu_rmsnorm_backward(gpu_tensor dx, gpu_tensor dw, gpu_tensor dy, gpu_tensor x,
-                          gpu_tensor w, const float *rstd, int n, int c, int nt)
+zo_status cpu_rmsnorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, gpu_tensor dy,
+                               gpu_tensor x, gpu_tensor w, const float *rstd, int n, int c,
+                               int nt)
 {
-    float *wv = malloc((size_t)c * sizeof(float));
+    const int team = nthreads(nt);
+    const size_t cb = al64((size_t)c * sizeof(float));
+    char *base;
+    zo_status st = reserve_team(ws, "gpu_rmsnorm_backward", cb, 3 * cb, team, &base);
+    if (st != ZO_OK) return st;
+    float *wv = (float *)base;
     load_row(wv, w, 0, c);
-#pragma omp parallel num_threads(nthreads(nt))
+#pragma omp parallel num_threads(team)
     {
-        float *g = malloc((size_t)c * sizeof(float)), *xr = malloc((size_t)c * sizeof(float));
-        float *o = malloc((size_t)c * sizeof(float));
+        char *mine = team_slice(base, cb, 3 * cb);
+        float *g = (float *)mine, *xr = (float *)(mine + cb), *o = (float *)(mine + 2 * cb);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
             load_row(g, dy, (size_t)r * c, c);
@@ -391,13 +468,10 @@ void cpu_rmsnorm_backward(gpu_tensor dx, gpu_tensor dw, gpu_tensor dy, gpu_tenso
             for (int j = 0; j < c; j++) o[j] += rs * (g[j] * wv[j] - xr[j] * rs * m2);
             store_row(dx, (size_t)r * c, o, c);
         }
-        free(g);
-        free(xr);
-        free(o);
     }
-    free(wv);
     gpu_tensor none = {NULL, ZO_DTYPE_F32};
     norm_param_grads(dw, none, dy, x, NULL, rstd, n, c, nt);
+    return ZO_OK;
 }
 
 /* ---- attention ---------------------------------------------------------------------------
@@ -411,17 +485,22 @@ static inline float dot(const float *a, const float *b, int d)
     return s;
 }
 
-void cpu_attention_forward(const gpu_attn_desc *a, gpu_tensor out, float *lse, gpu_tensor qkv,
-                           int nt)
+zo_status cpu_attention_forward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tensor out,
+                                float *lse, gpu_tensor qkv, int nt)
 {
     const int t = a->t, d = a->d, hq = a->hq, hkv = a->hkv, grp = hq / hkv;
     const size_t ld = (size_t)(hq + 2 * hkv) * d, ldo = (size_t)hq * d;
     const float scale = 1.0f / sqrtf((float)d);
-#pragma omp parallel num_threads(nthreads(nt))
+    const int team = nthreads(nt);
+    const size_t td = al64((size_t)t * d * 4), tb = al64((size_t)t * 4), db = al64((size_t)d * 4);
+    char *sb;
+    zo_status st = reserve_team(ws, "gpu_attention_forward", 0, 2 * td + tb + 2 * db, team, &sb);
+    if (st != ZO_OK) return st;
+#pragma omp parallel num_threads(team)
     {
-        float *K = malloc((size_t)t * d * sizeof(float)), *V = malloc((size_t)t * d * sizeof(float));
-        float *sc = malloc((size_t)t * sizeof(float)), *q = malloc((size_t)d * sizeof(float));
-        float *o = malloc((size_t)d * sizeof(float));
+        char *mine = team_slice(sb, 0, 2 * td + tb + 2 * db);
+        float *K = (float *)mine, *V = (float *)(mine + td), *sc = (float *)(mine + 2 * td);
+        float *q = (float *)(mine + 2 * td + tb), *o = (float *)(mine + 2 * td + tb + db);
 #pragma omp for schedule(static)
         for (int bh = 0; bh < a->b * hq; bh++) {
             int b = bh / hq, h = bh % hq, g = h / grp;
@@ -451,28 +530,31 @@ void cpu_attention_forward(const gpu_attn_desc *a, gpu_tensor out, float *lse, g
                 lse[((size_t)b * hq + h) * t + i] = mx + logf(l);
             }
         }
-        free(K);
-        free(V);
-        free(sc);
-        free(q);
-        free(o);
     }
+    return ZO_OK;
 }
 
 /* One task per (batch, kv head): it owns dK, dV of that head and dQ of the
  * query heads that share it, so no two threads write the same gradient. */
-void cpu_attention_backward(const gpu_attn_desc *a, gpu_tensor dqkv, gpu_tensor dout,
-                            gpu_tensor qkv, gpu_tensor out, const float *lse, int nt)
+zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tensor dqkv,
+                                 gpu_tensor dout, gpu_tensor qkv, gpu_tensor out,
+                                 const float *lse, int nt)
 {
     const int t = a->t, d = a->d, hq = a->hq, hkv = a->hkv, grp = hq / hkv;
     const size_t ld = (size_t)(hq + 2 * hkv) * d, ldo = (size_t)hq * d;
     const float scale = 1.0f / sqrtf((float)d);
-#pragma omp parallel num_threads(nthreads(nt))
+    const int team = nthreads(nt);
+    const size_t td = al64((size_t)t * d * 4), db = al64((size_t)d * 4);
+    char *sb;
+    zo_status st = reserve_team(ws, "gpu_attention_backward", 0, 4 * td + 4 * db, team, &sb);
+    if (st != ZO_OK) return st;
+#pragma omp parallel num_threads(team)
     {
-        size_t td = (size_t)t * d * sizeof(float);
-        float *K = malloc(td), *V = malloc(td), *dK = malloc(td), *dV = malloc(td);
-        float *q = malloc(d * sizeof(float)), *dq = malloc(d * sizeof(float));
-        float *go = malloc(d * sizeof(float)), *o = malloc(d * sizeof(float));
+        char *mine = team_slice(sb, 0, 4 * td + 4 * db);
+        float *K = (float *)mine, *V = (float *)(mine + td), *dK = (float *)(mine + 2 * td);
+        float *dV = (float *)(mine + 3 * td), *q = (float *)(mine + 4 * td);
+        float *dq = (float *)(mine + 4 * td + db), *go = (float *)(mine + 4 * td + 2 * db);
+        float *o = (float *)(mine + 4 * td + 3 * db);
 #pragma omp for schedule(static)
         for (int bg = 0; bg < a->b * hkv; bg++) {
             int b = bg / hkv, g = bg % hkv;
@@ -481,8 +563,8 @@ void cpu_attention_backward(const gpu_attn_desc *a, gpu_tensor dqkv, gpu_tensor 
                 load_row(K + (size_t)j * d, qkv, base + j * ld + (size_t)(hq + g) * d, d);
                 load_row(V + (size_t)j * d, qkv, base + j * ld + (size_t)(hq + hkv + g) * d, d);
             }
-            memset(dK, 0, td);
-            memset(dV, 0, td);
+            memset(dK, 0, (size_t)t * d * 4);
+            memset(dV, 0, (size_t)t * d * 4);
             for (int h = g * grp; h < (g + 1) * grp; h++) {
                 for (int i = 0; i < t; i++) {
                     size_t orow = ((size_t)b * t + i) * ldo + (size_t)h * d;
@@ -510,28 +592,26 @@ void cpu_attention_backward(const gpu_attn_desc *a, gpu_tensor dqkv, gpu_tensor 
                 store_row(dqkv, base + j * ld + (size_t)(hq + hkv + g) * d, dV + (size_t)j * d, d);
             }
         }
-        free(K);
-        free(V);
-        free(dK);
-        free(dV);
-        free(q);
-        free(dq);
-        free(go);
-        free(o);
     }
+    return ZO_OK;
 }
 
 /* ---- RoPE ----------------------------------------------------------------------------------- */
 
-void cpu_rope(gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx, float theta,
-              int pos0, int inverse, int nt)
+zo_status cpu_rope(cpu_scratch *ws, gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx,
+                   float theta, int pos0, int inverse, int nt)
 {
-    const int half = d / 2;
-    double *inv_freq = malloc((size_t)half * sizeof(double));
+    const int half = d / 2, team = nthreads(nt);
+    const size_t db = al64((size_t)d * sizeof(float));
+    char *base;
+    zo_status st = reserve_team(ws, "gpu_rope", (size_t)half * sizeof(double), 2 * db, team, &base);
+    if (st != ZO_OK) return st;
+    double *inv_freq = (double *)base;
     for (int i = 0; i < half; i++) inv_freq[i] = pow((double)theta, -2.0 * i / d);
-#pragma omp parallel num_threads(nthreads(nt))
+#pragma omp parallel num_threads(team)
     {
-        float *cs = malloc((size_t)d * sizeof(float)), *row = malloc((size_t)d * sizeof(float));
+        char *mine = team_slice(base, (size_t)half * sizeof(double), 2 * db);
+        float *cs = (float *)mine, *row = (float *)(mine + db);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
             double pos = (double)(pos0 + r % t);
@@ -550,10 +630,8 @@ void cpu_rope(gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx, float
                 store_row(x, off, row, d);
             }
         }
-        free(cs);
-        free(row);
     }
-    free(inv_freq);
+    return ZO_OK;
 }
 
 /* ---- activations ------------------------------------------------------------------------------ */
@@ -616,14 +694,21 @@ static zo_status check_ids(const char *op, const char *what, const int32_t *ids,
     return ZO_OK;
 }
 
-zo_status cpu_embedding_forward(gpu_tensor out, const int32_t *tokens, gpu_tensor wte,
-                                gpu_tensor wpe, int n, int t, int c, int vocab, int nt)
+zo_status cpu_embedding_forward(cpu_scratch *ws, gpu_tensor out, const int32_t *tokens,
+                                gpu_tensor wte, gpu_tensor wpe, int n, int t, int c, int vocab,
+                                int nt)
 {
     zo_status s = check_ids("gpu_embedding_forward", "tokens", tokens, n, vocab, 0);
     if (s != ZO_OK) return s;
-#pragma omp parallel num_threads(nthreads(nt))
+    const int team = nthreads(nt);
+    const size_t cb = al64((size_t)c * sizeof(float));
+    char *base;
+    s = reserve_team(ws, "gpu_embedding_forward", 0, 2 * cb, team, &base);
+    if (s != ZO_OK) return s;
+#pragma omp parallel num_threads(team)
     {
-        float *row = malloc((size_t)c * sizeof(float)), *pr = malloc((size_t)c * sizeof(float));
+        char *mine = team_slice(base, 0, 2 * cb);
+        float *row = (float *)mine, *pr = (float *)(mine + cb);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
             load_row(row, wte, (size_t)tokens[r] * c, c);
@@ -633,8 +718,6 @@ zo_status cpu_embedding_forward(gpu_tensor out, const int32_t *tokens, gpu_tenso
             }
             store_row(out, (size_t)r * c, row, c);
         }
-        free(row);
-        free(pr);
     }
     return ZO_OK;
 }
@@ -674,14 +757,20 @@ static float row_lse(const float *row, int v)
     return mx + (float)log(s);
 }
 
-zo_status cpu_cross_entropy_forward(float *losses, gpu_tensor logits, const int32_t *targets,
-                                    int n, int v, int nt)
+zo_status cpu_cross_entropy_forward(cpu_scratch *ws, float *losses, gpu_tensor logits,
+                                    const int32_t *targets, int n, int v, int nt)
 {
-    zo_status s = check_ids("gpu_cross_entropy_forward", "targets", targets, n, v, 1);
+    const char *op = "gpu_cross_entropy_forward";
+    zo_status s = check_ids(op, "targets", targets, n, v, 1);
     if (s != ZO_OK) return s;
-#pragma omp parallel num_threads(nthreads(nt))
+    const int team = nthreads(nt);
+    const size_t vb = (size_t)v * sizeof(float);
+    char *base;
+    s = reserve_team(ws, op, 0, vb, team, &base);
+    if (s != ZO_OK) return s;
+#pragma omp parallel num_threads(team)
     {
-        float *row = malloc((size_t)v * sizeof(float));
+        float *row = (float *)team_slice(base, 0, vb);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
             if (targets[r] < 0) {
@@ -691,19 +780,24 @@ zo_status cpu_cross_entropy_forward(float *losses, gpu_tensor logits, const int3
             load_row(row, logits, (size_t)r * v, v);
             losses[r] = row_lse(row, v) - row[targets[r]];
         }
-        free(row);
     }
     return ZO_OK;
 }
 
-zo_status cpu_cross_entropy_backward(gpu_tensor dlogits, gpu_tensor logits,
+zo_status cpu_cross_entropy_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_tensor logits,
                                      const int32_t *targets, float dloss, int n, int v, int nt)
 {
-    zo_status s = check_ids("gpu_cross_entropy_backward", "targets", targets, n, v, 1);
+    const char *op = "gpu_cross_entropy_backward";
+    zo_status s = check_ids(op, "targets", targets, n, v, 1);
     if (s != ZO_OK) return s;
-#pragma omp parallel num_threads(nthreads(nt))
+    const int team = nthreads(nt);
+    const size_t vb = (size_t)v * sizeof(float);
+    char *base;
+    s = reserve_team(ws, op, 0, vb, team, &base);
+    if (s != ZO_OK) return s;
+#pragma omp parallel num_threads(team)
     {
-        float *row = malloc((size_t)v * sizeof(float));
+        float *row = (float *)team_slice(base, 0, vb);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
             if (targets[r] < 0) {
@@ -716,7 +810,6 @@ zo_status cpu_cross_entropy_backward(gpu_tensor dlogits, gpu_tensor logits,
             }
             store_row(dlogits, (size_t)r * v, row, v);
         }
-        free(row);
     }
     return ZO_OK;
 }
@@ -758,10 +851,13 @@ void cpu_check_finite(int32_t *flag, gpu_tensor x, size_t n, int nt)
 
 #define SUMSQ_CHUNK 16384
 
-void cpu_sum_squares(float *sum, gpu_tensor x, size_t n, int nt)
+zo_status cpu_sum_squares(cpu_scratch *ws, float *sum, gpu_tensor x, size_t n, int nt)
 {
     size_t chunks = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
-    double *part = malloc(chunks * sizeof(double));
+    double *part;
+    zo_status st = cpu_scratch_reserve(ws, chunks * sizeof(double), "gpu_sum_squares",
+                                       (void **)&part);
+    if (st != ZO_OK) return st;
 #pragma omp parallel for schedule(static) num_threads(nthreads(nt))
     for (size_t k = 0; k < chunks; k++) {
         size_t end = (k + 1) * SUMSQ_CHUNK < n ? (k + 1) * SUMSQ_CHUNK : n;
@@ -774,6 +870,6 @@ void cpu_sum_squares(float *sum, gpu_tensor x, size_t n, int nt)
     }
     double total = 0.0;
     for (size_t k = 0; k < chunks; k++) total += part[k];
-    free(part);
     *sum += (float)total;
+    return ZO_OK;
 }
