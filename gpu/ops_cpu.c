@@ -533,14 +533,157 @@ zo_status cpu_rmsnorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, gp
 }
 
 /* ---- attention ---------------------------------------------------------------------------
- * Per (batch, head), row i of the scores is recomputed from q_i and the keys
- * 0..i into a buffer of t floats; only lse[i] survives the forward. */
+ * Per (batch, head), queries go in blocks of AQ rows. A block's scores
+ * against keys 0..i_max (AQ x t floats, never t x t) are a product of packed
+ * panels run by the GEMM register kernel, as are P V in the forward and
+ * dP = dO V^T, dQ = dS K, dV += P^T dO, dK += dS^T Q in the backward. Only
+ * lse[i] survives the forward; the backward recomputes P from it. Causal
+ * structure: panels wholly above the diagonal are skipped, entries above it
+ * are zero. Each row's arithmetic is fixed by the block layout, not by the
+ * thread count. */
+#define AQ 48                          /* query rows per block, a multiple of MR */
+#define RUP(x, r) (((x) + (r) - 1) / (r) * (r)) /* x rounded up to a multiple of r */
 
-static inline float dot(const float *a, const float *b, int d)
+/* A panels of X [m][k] (row stride ldx): Ap[s][p][r] = X[s*MR + r][p], zero past m. */
+static void pack_a_rows(float *restrict Ap, const float *X, size_t ldx, int m, int k)
 {
+    for (int s = 0; s < (m + MR - 1) / MR; s++) {
+        float *dst = Ap + (size_t)s * k * MR;
+        for (int r = 0; r < MR; r++) {
+            int i = s * MR + r;
+            if (i < m)
+                for (int p = 0; p < k; p++) dst[(size_t)p * MR + r] = X[(size_t)i * ldx + p];
+            else
+                for (int p = 0; p < k; p++) dst[(size_t)p * MR + r] = 0.0f;
+        }
+    }
+}
+
+/* A panels of X^T, X [k][m]: Ap[s][p][r] = X[p][s*MR + r], zero past m. */
+static void pack_a_cols(float *restrict Ap, const float *X, size_t ldx, int m, int k)
+{
+    for (int s = 0; s < (m + MR - 1) / MR; s++) {
+        float *dst = Ap + (size_t)s * k * MR;
+        int w = m - s * MR < MR ? m - s * MR : MR;
+        for (int p = 0; p < k; p++) {
+            const float *src = X + (size_t)p * ldx + (size_t)s * MR;
+            for (int r = 0; r < MR; r++) dst[(size_t)p * MR + r] = r < w ? src[r] : 0.0f;
+        }
+    }
+}
+
+/* B panels of X^T, X [n][k]: Bp[s][p][c] = X[s*NR + c][p], zero past n. */
+static void pack_b_rows(float *restrict Bp, const float *X, size_t ldx, int n, int k)
+{
+    for (int s = 0; s < (n + NR - 1) / NR; s++) {
+        float *dst = Bp + (size_t)s * k * NR;
+        for (int c = 0; c < NR; c++) {
+            int j = s * NR + c;
+            if (j < n)
+                for (int p = 0; p < k; p++) dst[(size_t)p * NR + c] = X[(size_t)j * ldx + p];
+            else
+                for (int p = 0; p < k; p++) dst[(size_t)p * NR + c] = 0.0f;
+        }
+    }
+}
+
+/* B panels of X [k][n]: Bp[s][p][c] = X[p][s*NR + c], zero past n. */
+static void pack_b_cols(float *restrict Bp, const float *X, size_t ldx, int k, int n)
+{
+    for (int s = 0; s < (n + NR - 1) / NR; s++) {
+        float *dst = Bp + (size_t)s * k * NR;
+        int w = n - s * NR < NR ? n - s * NR : NR;
+        for (int p = 0; p < k; p++) {
+            const float *src = X + (size_t)p * ldx + (size_t)s * NR;
+            for (int c = 0; c < NR; c++) dst[(size_t)p * NR + c] = c < w ? src[c] : 0.0f;
+        }
+    }
+}
+
+/* C[m][n] (row stride ldc, room for whole panels) += A B over packed panels
+ * of depth k. Causal options: with `q0` >= 0, rows are queries q0.. and
+ * columns keys: `skip_upper` skips column panels past a row panel's last
+ * query; `clip_depth` (depth = keys) stops each row panel at its last query. */
+static void panel_gemm(const float *Ap, const float *Bp, float *C, int ldc, int m, int n, int k,
+                       int q0, int skip_upper, int clip_depth)
+{
+    for (int is = 0; is < (m + MR - 1) / MR; is++) {
+        int last = q0 + is * MR + MR - 1; /* last query of this row panel */
+        int kc = clip_depth && last + 1 < k ? last + 1 : k;
+        for (int js = 0; js < (n + NR - 1) / NR; js++) {
+            if (skip_upper && js * NR > last) break;
+            gemm_kernel(kc, Ap + (size_t)is * MR * k, Bp + (size_t)js * NR * k,
+                        C + (size_t)is * MR * ldc + (size_t)js * NR, ldc);
+        }
+    }
+}
+
+/* Scores row -> unnormalized probabilities: row[j] = exp(row[j] * scale - mx)
+ * for j < n (mx their max, returned in *mx), zero for n <= j < n_zero;
+ * returns their sum (fixed lanes). */
+VEC_CLONES static float softmax_row(float *restrict row, int n, int n_zero, float scale,
+                                    float *mx_out)
+{
+    float m[LANES], acc[LANES];
+    for (int l = 0; l < LANES; l++) m[l] = -INFINITY, acc[l] = 0.0f;
+    int nb = n / LANES * LANES;
+    for (int j = 0; j < n; j++) row[j] *= scale;
+    for (int j = 0; j < nb; j += LANES)
+        for (int l = 0; l < LANES; l++) m[l] = row[j + l] > m[l] ? row[j + l] : m[l];
+    float mx = -INFINITY;
+    for (int l = 0; l < LANES; l++) mx = m[l] > mx ? m[l] : mx;
+    for (int j = nb; j < n; j++) mx = row[j] > mx ? row[j] : mx;
+    for (int j = 0; j < n; j++) row[j] = fexp(row[j] - mx);
+    for (int j = 0; j < nb; j += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += row[j + l];
     float s = 0.0f;
-    for (int i = 0; i < d; i++) s += a[i] * b[i];
+    for (int l = 0; l < LANES; l++) s += acc[l];
+    for (int j = nb; j < n; j++) s += row[j];
+    for (int j = n; j < n_zero; j++) row[j] = 0.0f;
+    *mx_out = mx;
     return s;
+}
+
+/* P and dS rows of the backward: p = exp(s * scale - L) for j < n, then
+ * ds = p * (dp - D) * scale; both zero for n <= j < n_zero. */
+VEC_CLONES static void softmax_grad_row(float *restrict p, float *restrict dp, int n, int n_zero,
+                                        float scale, float L, float D)
+{
+    for (int j = 0; j < n; j++) {
+        float pj = fexp(p[j] * scale - L);
+        p[j] = pj;
+        dp[j] = pj * (dp[j] - D) * scale;
+    }
+    for (int j = n; j < n_zero; j++) p[j] = dp[j] = 0.0f;
+}
+
+VEC_CLONES static float dot_lanes(const float *restrict a, const float *restrict b, int n)
+{
+    float acc[LANES];
+    for (int l = 0; l < LANES; l++) acc[l] = 0.0f;
+    int nb = n / LANES * LANES;
+    for (int j = 0; j < nb; j += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += a[j + l] * b[j + l];
+    float s = 0.0f;
+    for (int l = 0; l < LANES; l++) s += acc[l];
+    for (int j = nb; j < n; j++) s += a[j] * b[j];
+    return s;
+}
+
+/* Rows [r0, r0+rows) of one head's slice of a [.., ld] tensor as fp32 X [rows][d]. */
+static void load_head_rows(float *X, gpu_tensor t, size_t base, size_t ld, size_t col, int r0,
+                           int rows, int d)
+{
+    for (int i = 0; i < rows; i++)
+        load_row(X + (size_t)i * d, t, base + (size_t)(r0 + i) * ld + col, d);
+}
+
+/* Carve consecutive 64-byte aligned float arrays out of a scratch slice. */
+static float *carve(char **p, size_t floats)
+{
+    float *r = (float *)*p;
+    *p += al64(floats * sizeof(float));
+    return r;
 }
 
 zo_status cpu_attention_forward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tensor out,
@@ -549,43 +692,53 @@ zo_status cpu_attention_forward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_ten
     const int t = a->t, d = a->d, hq = a->hq, hkv = a->hkv, grp = hq / hkv;
     const size_t ld = (size_t)(hq + 2 * hkv) * d, ldo = (size_t)hq * d;
     const float scale = 1.0f / sqrtf((float)d);
-    const int team = nthreads(nt);
-    const size_t td = al64((size_t)t * d * 4), tb = al64((size_t)t * 4), db = al64((size_t)d * 4);
+    const int team = nthreads(nt), tN = RUP(t, NR), dN = RUP(d, NR), aqM = RUP(AQ, MR);
+    /* per thread: K^T and V panels, the fp32 rows staged, Q and P panels,
+     * scores [aqM][tN], output tile [aqM][dN] */
+    const size_t n_kp = (size_t)tN * d, n_vp = (size_t)t * dN, n_x = (size_t)t * d;
+    const size_t n_qp = (size_t)aqM * d, n_s = (size_t)aqM * tN, n_pp = (size_t)aqM * t;
+    const size_t n_o = (size_t)aqM * dN;
+    const size_t per = al64(n_kp * 4) + al64(n_vp * 4) + al64(n_x * 4) + al64(n_qp * 4) +
+                       al64(n_s * 4) + al64(n_pp * 4) + al64(n_o * 4);
     char *sb;
-    zo_status st = reserve_team(ws, "gpu_attention_forward", 0, 2 * td + tb + 2 * db, team, &sb);
+    zo_status st = reserve_team(ws, "gpu_attention_forward", 0, per, team, &sb);
     if (st != ZO_OK) return st;
 #pragma omp parallel num_threads(team)
     {
-        char *mine = team_slice(sb, 0, 2 * td + tb + 2 * db);
-        float *K = (float *)mine, *V = (float *)(mine + td), *sc = (float *)(mine + 2 * td);
-        float *q = (float *)(mine + 2 * td + tb), *o = (float *)(mine + 2 * td + tb + db);
+        char *cur = team_slice(sb, 0, per);
+        float *Kp = carve(&cur, n_kp), *Vp = carve(&cur, n_vp), *X = carve(&cur, n_x);
+        float *Qp = carve(&cur, n_qp), *S = carve(&cur, n_s), *Pp = carve(&cur, n_pp);
+        float *O = carve(&cur, n_o);
 #pragma omp for schedule(static)
         for (int bh = 0; bh < a->b * hq; bh++) {
             int b = bh / hq, h = bh % hq, g = h / grp;
             size_t base = (size_t)b * t * ld;
-            for (int j = 0; j < t; j++) {
-                load_row(K + (size_t)j * d, qkv, base + j * ld + (size_t)(hq + g) * d, d);
-                load_row(V + (size_t)j * d, qkv, base + j * ld + (size_t)(hq + hkv + g) * d, d);
-            }
-            for (int i = 0; i < t; i++) {
-                load_row(q, qkv, base + i * ld + (size_t)h * d, d);
-                float mx = -INFINITY;
-                for (int j = 0; j <= i; j++) {
-                    sc[j] = dot(q, K + (size_t)j * d, d) * scale;
-                    if (sc[j] > mx) mx = sc[j];
+            load_head_rows(X, qkv, base, ld, (size_t)(hq + g) * d, 0, t, d); /* K [t][d] */
+            pack_b_rows(Kp, X, d, t, d);
+            load_head_rows(X, qkv, base, ld, (size_t)(hq + hkv + g) * d, 0, t, d); /* V */
+            pack_b_cols(Vp, X, d, t, d);
+            for (int q0 = 0; q0 < t; q0 += AQ) {
+                int rows = t - q0 < AQ ? t - q0 : AQ, nk = q0 + rows;
+                load_head_rows(X, qkv, base, ld, (size_t)h * d, q0, rows, d); /* Q block */
+                pack_a_rows(Qp, X, d, rows, d);
+                /* S [rows][nk] = Q K^T */
+                for (int i = 0; i < aqM; i++) memset(S + (size_t)i * tN, 0, RUP(nk, NR) * 4);
+                panel_gemm(Qp, Kp, S, tN, rows, nk, d, q0, 1, 0);
+                float l[AQ];
+                for (int i = 0; i < rows; i++) {
+                    float mx;
+                    l[i] = softmax_row(S + (size_t)i * tN, q0 + i + 1, nk, scale, &mx);
+                    lse[((size_t)b * hq + h) * t + q0 + i] = mx + logf(l[i]);
                 }
-                float l = 0.0f;
-                for (int k = 0; k < d; k++) o[k] = 0.0f;
-                for (int j = 0; j <= i; j++) {
-                    float p = expf(sc[j] - mx);
-                    l += p;
-                    const float *v = V + (size_t)j * d;
-                    for (int k = 0; k < d; k++) o[k] += p * v[k];
+                /* O [rows][d] = P V, then divided by the row sums */
+                pack_a_rows(Pp, S, tN, rows, nk);
+                memset(O, 0, n_o * 4);
+                panel_gemm(Pp, Vp, O, dN, rows, d, nk, q0, 0, 1);
+                for (int i = 0; i < rows; i++) {
+                    float *o = O + (size_t)i * dN, inv = 1.0f / l[i];
+                    for (int k = 0; k < d; k++) o[k] *= inv;
+                    store_row(out, ((size_t)b * t + q0 + i) * ldo + (size_t)h * d, o, d);
                 }
-                float inv = 1.0f / l;
-                for (int k = 0; k < d; k++) o[k] *= inv;
-                store_row(out, ((size_t)b * t + i) * ldo + (size_t)h * d, o, d);
-                lse[((size_t)b * hq + h) * t + i] = mx + logf(l);
             }
         }
     }
@@ -601,53 +754,83 @@ zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_te
     const int t = a->t, d = a->d, hq = a->hq, hkv = a->hkv, grp = hq / hkv;
     const size_t ld = (size_t)(hq + 2 * hkv) * d, ldo = (size_t)hq * d;
     const float scale = 1.0f / sqrtf((float)d);
-    const int team = nthreads(nt);
-    const size_t td = al64((size_t)t * d * 4), db = al64((size_t)d * 4);
+    const int team = nthreads(nt), tN = RUP(t, NR), tM = RUP(t, MR), dN = RUP(d, NR);
+    const int aqM = RUP(AQ, MR);
+    /* per thread: K^T, V^T and K panels, dK and dV [tM][dN], the fp32 rows
+     * staged (t x d), Q and dO blocks (AQ x d each), their A and B panels,
+     * O row, S/P and dP/dS [aqM][tN], dS panels, P^T and dS^T panels, dQ tile */
+    const size_t n_kp = (size_t)tN * d, n_kn = (size_t)t * dN, n_acc = (size_t)tM * dN;
+    const size_t n_x = (size_t)t * d, n_blk = (size_t)AQ * d, n_ap = (size_t)aqM * d;
+    const size_t n_bp = (size_t)AQ * dN, n_s = (size_t)aqM * tN, n_dsp = (size_t)aqM * t;
+    const size_t n_tp = (size_t)tM * AQ, n_dq = (size_t)aqM * dN;
+    const size_t per = 2 * al64(n_kp * 4) + al64(n_kn * 4) + 2 * al64(n_acc * 4) +
+                       al64(n_x * 4) + 2 * al64(n_blk * 4) + 2 * al64(n_ap * 4) +
+                       2 * al64(n_bp * 4) + al64((size_t)d * 4) + 2 * al64(n_s * 4) +
+                       al64(n_dsp * 4) + 2 * al64(n_tp * 4) + al64(n_dq * 4);
     char *sb;
-    zo_status st = reserve_team(ws, "gpu_attention_backward", 0, 4 * td + 4 * db, team, &sb);
+    zo_status st = reserve_team(ws, "gpu_attention_backward", 0, per, team, &sb);
     if (st != ZO_OK) return st;
 #pragma omp parallel num_threads(team)
     {
-        char *mine = team_slice(sb, 0, 4 * td + 4 * db);
-        float *K = (float *)mine, *V = (float *)(mine + td), *dK = (float *)(mine + 2 * td);
-        float *dV = (float *)(mine + 3 * td), *q = (float *)(mine + 4 * td);
-        float *dq = (float *)(mine + 4 * td + db), *go = (float *)(mine + 4 * td + 2 * db);
-        float *o = (float *)(mine + 4 * td + 3 * db);
+        char *cur = team_slice(sb, 0, per);
+        float *Kp = carve(&cur, n_kp), *Vtp = carve(&cur, n_kp), *Kn = carve(&cur, n_kn);
+        float *dK = carve(&cur, n_acc), *dV = carve(&cur, n_acc), *X = carve(&cur, n_x);
+        float *Qf = carve(&cur, n_blk), *dOf = carve(&cur, n_blk);
+        float *Qp = carve(&cur, n_ap), *dOp = carve(&cur, n_ap);
+        float *Qb = carve(&cur, n_bp), *dOb = carve(&cur, n_bp), *orow = carve(&cur, d);
+        float *P = carve(&cur, n_s), *dS = carve(&cur, n_s), *dSp = carve(&cur, n_dsp);
+        float *PTp = carve(&cur, n_tp), *dSTp = carve(&cur, n_tp), *dQ = carve(&cur, n_dq);
 #pragma omp for schedule(static)
         for (int bg = 0; bg < a->b * hkv; bg++) {
             int b = bg / hkv, g = bg % hkv;
             size_t base = (size_t)b * t * ld;
-            for (int j = 0; j < t; j++) {
-                load_row(K + (size_t)j * d, qkv, base + j * ld + (size_t)(hq + g) * d, d);
-                load_row(V + (size_t)j * d, qkv, base + j * ld + (size_t)(hq + hkv + g) * d, d);
-            }
-            memset(dK, 0, (size_t)t * d * 4);
-            memset(dV, 0, (size_t)t * d * 4);
+            load_head_rows(X, qkv, base, ld, (size_t)(hq + g) * d, 0, t, d); /* K [t][d] */
+            pack_b_rows(Kp, X, d, t, d);
+            pack_b_cols(Kn, X, d, t, d);
+            load_head_rows(X, qkv, base, ld, (size_t)(hq + hkv + g) * d, 0, t, d); /* V */
+            pack_b_rows(Vtp, X, d, t, d);
+            memset(dK, 0, n_acc * 4);
+            memset(dV, 0, n_acc * 4);
             for (int h = g * grp; h < (g + 1) * grp; h++) {
-                for (int i = 0; i < t; i++) {
-                    size_t orow = ((size_t)b * t + i) * ldo + (size_t)h * d;
-                    load_row(q, qkv, base + i * ld + (size_t)h * d, d);
-                    load_row(go, dout, orow, d);
-                    load_row(o, out, orow, d);
-                    float Di = dot(go, o, d), L = lse[((size_t)b * hq + h) * t + i];
-                    for (int k = 0; k < d; k++) dq[k] = 0.0f;
-                    for (int j = 0; j <= i; j++) {
-                        const float *kj = K + (size_t)j * d, *vj = V + (size_t)j * d;
-                        float p = expf(dot(q, kj, d) * scale - L);
-                        float ds = p * (dot(go, vj, d) - Di) * scale;
-                        float *dkj = dK + (size_t)j * d, *dvj = dV + (size_t)j * d;
-                        for (int k = 0; k < d; k++) {
-                            dq[k] += ds * kj[k];
-                            dkj[k] += ds * q[k];
-                            dvj[k] += p * go[k];
-                        }
+                const float *L = lse + ((size_t)b * hq + h) * t;
+                for (int q0 = 0; q0 < t; q0 += AQ) {
+                    int rows = t - q0 < AQ ? t - q0 : AQ, nk = q0 + rows, nkN = RUP(nk, NR);
+                    load_head_rows(Qf, qkv, base, ld, (size_t)h * d, q0, rows, d);
+                    load_head_rows(dOf, dout, (size_t)b * t * ldo, ldo, (size_t)h * d, q0, rows, d);
+                    pack_a_rows(Qp, Qf, d, rows, d);
+                    pack_a_rows(dOp, dOf, d, rows, d);
+                    pack_b_cols(Qb, Qf, d, rows, d);
+                    pack_b_cols(dOb, dOf, d, rows, d);
+                    /* S = Q K^T and dP = dO V^T, [rows][nk] */
+                    for (int i = 0; i < aqM; i++) {
+                        memset(P + (size_t)i * tN, 0, (size_t)nkN * 4);
+                        memset(dS + (size_t)i * tN, 0, (size_t)nkN * 4);
                     }
-                    store_row(dqkv, base + i * ld + (size_t)h * d, dq, d);
+                    panel_gemm(Qp, Kp, P, tN, rows, nk, d, q0, 1, 0);
+                    panel_gemm(dOp, Vtp, dS, tN, rows, nk, d, q0, 1, 0);
+                    for (int i = 0; i < rows; i++) {
+                        load_row(orow, out, ((size_t)b * t + q0 + i) * ldo + (size_t)h * d, d);
+                        float D = dot_lanes(dOf + (size_t)i * d, orow, d);
+                        softmax_grad_row(P + (size_t)i * tN, dS + (size_t)i * tN, q0 + i + 1, nk,
+                                         scale, L[q0 + i], D);
+                    }
+                    /* dQ [rows][d] = dS K */
+                    pack_a_rows(dSp, dS, tN, rows, nk);
+                    memset(dQ, 0, n_dq * 4);
+                    panel_gemm(dSp, Kn, dQ, dN, rows, d, nk, q0, 0, 1);
+                    for (int i = 0; i < rows; i++)
+                        store_row(dqkv, base + (size_t)(q0 + i) * ld + (size_t)h * d,
+                                  dQ + (size_t)i * dN, d);
+                    /* dV [nk][d] += P^T dO, dK += dS^T Q */
+                    pack_a_cols(PTp, P, tN, nk, rows);
+                    pack_a_cols(dSTp, dS, tN, nk, rows);
+                    panel_gemm(PTp, dOb, dV, dN, nk, d, rows, 0, 0, 0);
+                    panel_gemm(dSTp, Qb, dK, dN, nk, d, rows, 0, 0, 0);
                 }
             }
             for (int j = 0; j < t; j++) {
-                store_row(dqkv, base + j * ld + (size_t)(hq + g) * d, dK + (size_t)j * d, d);
-                store_row(dqkv, base + j * ld + (size_t)(hq + hkv + g) * d, dV + (size_t)j * d, d);
+                store_row(dqkv, base + j * ld + (size_t)(hq + g) * d, dK + (size_t)j * dN, d);
+                store_row(dqkv, base + j * ld + (size_t)(hq + hkv + g) * d, dV + (size_t)j * dN, d);
             }
         }
     }

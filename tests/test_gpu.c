@@ -672,6 +672,8 @@ static void test_attention(void **state)
     run_attention((gpu_attn_desc){.b = 2, .t = 6, .hq = 4, .hkv = 2, .d = 4}, ZO_DTYPE_F32); /* GQA */
     run_attention((gpu_attn_desc){.b = 1, .t = 5, .hq = 3, .hkv = 1, .d = 6}, ZO_DTYPE_F32); /* MQA */
     run_attention((gpu_attn_desc){.b = 1, .t = 5, .hq = 2, .hkv = 1, .d = 8}, ZO_DTYPE_BF16);
+    /* several query blocks (48 rows each), a head width off the 32-column panels */
+    run_attention((gpu_attn_desc){.b = 1, .t = 101, .hq = 2, .hkv = 1, .d = 12}, ZO_DTYPE_F32);
 }
 
 /* ---- RoPE ------------------------------------------------------------------------------------------ */
@@ -945,6 +947,66 @@ static void test_elementwise(void **state)
     gpu_mem_free(dev, flag);
 }
 
+/* Attention, GELU, cross-entropy and LayerNorm (forward and backward) on
+ * devices with 1 and 2 threads give bit-identical results; shapes span
+ * several attention query blocks and elementwise blocks. */
+static void test_determinism_ops(void **state)
+{
+    (void)state;
+    const gpu_attn_desc ad = {.b = 2, .t = 100, .hq = 4, .hkv = 2, .d = 16};
+    const int nr = 200, c = 96; /* rows x width of the GELU / CE / LayerNorm inputs */
+    const size_t nq = (size_t)ad.b * ad.t * (ad.hq + 2 * ad.hkv) * ad.d;
+    const size_t no = (size_t)ad.b * ad.t * ad.hq * ad.d, nx = (size_t)nr * c;
+    const size_t nlse = (size_t)ad.b * ad.hq * ad.t;
+    /* inputs: qkv, dout, x, dy, w, b, targets; outputs: out, lse, dqkv, gelu y,
+     * gelu dx, losses, dlogits, ln y, mean, rstd, ln dx, dw, db */
+    const size_t n_in = nq + no + 2 * nx + 2 * (size_t)c + nr;
+    const size_t n_out = no + nlse + nq + 2 * nx + nr + nx + nx + 2 * (size_t)nr + nx + 2 * (size_t)c;
+    float *hin = malloc(n_in * 4), *res[2];
+    for (size_t i = 0; i < n_in - nr; i++) hin[i] = (float)(urand() * 2.0);
+    int32_t *htg = (int32_t *)(hin + n_in - nr);
+    for (int i = 0; i < nr; i++) htg[i] = (i * 37 + 5) % c;
+    for (int run = 0; run < 2; run++) {
+        gpu_device_t d;
+        gpu_stream_t s;
+        gpu_cpu_options opt = {.n_threads = run + 1};
+        assert_int_equal(gpu_device_init_cpu(&opt, &d), ZO_OK);
+        assert_int_equal(gpu_stream_create(d, &s), ZO_OK);
+        float *in, *out;
+        assert_int_equal(gpu_mem_alloc(d, n_in * 4, (void **)&in), ZO_OK);
+        assert_int_equal(gpu_mem_alloc(d, n_out * 4, (void **)&out), ZO_OK);
+        assert_int_equal(gpu_memcpy_async(s, in, hin, n_in * 4, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+        assert_int_equal(gpu_memset_async(s, out, 0, n_out * 4), ZO_OK);
+        const zo_dtype f = ZO_DTYPE_F32;
+        float *qkv = in, *dout = qkv + nq, *x = dout + no, *dy = x + nx, *w = dy + nx, *bb = w + c;
+        int32_t *tg = (int32_t *)(bb + c);
+        float *ao = out, *lse = ao + no, *dqkv = lse + nlse, *gy = dqkv + nq, *gdx = gy + nx;
+        float *loss = gdx + nx, *dlog = loss + nr, *ly = dlog + nx, *mean = ly + nx;
+        float *rstd = mean + nr, *ldx = rstd + nr, *dw = ldx + nx, *db = dw + c;
+        assert_int_equal(gpu_attention_forward(s, &ad, gpu_t(ao, f), lse, gpu_t(qkv, f)), ZO_OK);
+        assert_int_equal(gpu_attention_backward(s, &ad, gpu_t(dqkv, f), gpu_t(dout, f),
+                                                gpu_t(qkv, f), gpu_t(ao, f), lse), ZO_OK);
+        assert_int_equal(gpu_gelu_forward(s, gpu_t(gy, f), gpu_t(x, f), nx), ZO_OK);
+        assert_int_equal(gpu_gelu_backward(s, gpu_t(gdx, f), gpu_t(dy, f), gpu_t(x, f), nx), ZO_OK);
+        assert_int_equal(gpu_cross_entropy_forward(s, loss, gpu_t(x, f), tg, nr, c), ZO_OK);
+        assert_int_equal(gpu_cross_entropy_backward(s, gpu_t(dlog, f), gpu_t(x, f), tg, 0.25f, nr, c),
+                         ZO_OK);
+        assert_int_equal(gpu_layernorm_forward(s, gpu_t(ly, f), mean, rstd, gpu_t(x, f), gpu_t(w, f),
+                                               gpu_t(bb, f), nr, c, 1e-5f), ZO_OK);
+        assert_int_equal(gpu_layernorm_backward(s, gpu_t(ldx, f), gpu_t(dw, f), gpu_t(db, f),
+                                                gpu_t(dy, f), gpu_t(x, f), gpu_t(w, f), mean, rstd,
+                                                nr, c), ZO_OK);
+        res[run] = malloc(n_out * 4);
+        assert_int_equal(gpu_memcpy_async(s, res[run], out, n_out * 4, GPU_COPY_DEVICE_TO_HOST), ZO_OK);
+        assert_int_equal(gpu_stream_synchronize(s), ZO_OK);
+        gpu_mem_free(d, in);
+        gpu_mem_free(d, out);
+        gpu_device_free(d);
+    }
+    assert_memory_equal(res[0], res[1], n_out * 4);
+    free(res[0]), free(res[1]), free(hin);
+}
+
 /* ---- fault injection: host memory running out ------------------------------------------------ */
 
 /* Every op that needs scratch memory, on small shapes. The inputs live in
@@ -1208,6 +1270,7 @@ int main(void)
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_determinism),
+        cmocka_unit_test(test_determinism_ops),
         cmocka_unit_test(test_fault_injection),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
