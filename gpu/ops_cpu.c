@@ -196,47 +196,110 @@ gemm_kernel(int kc, const float *restrict Ap, const float *restrict Bp, float *r
     }
 }
 
-/* Ap[sliver][kc][MR] = op(A)[i0 + sliver*MR + r, p0 + p], zero outside m. */
-static void pack_a(float *Ap, const gpu_gemm_desc *d, const void *a, int i0, int mc, int p0,
-                   int kc, float *row)
+/* A panels of X [m][k] (row stride ldx): Ap[s][p][r] = X[s*MR + r][p], zero past m. */
+static void pack_a_rows(float *restrict Ap, const float *X, size_t ldx, int m, int k)
 {
-    int slivers = (mc + MR - 1) / MR;
-    memset(Ap, 0, (size_t)slivers * MR * kc * sizeof(float));
-    gpu_tensor ta = {(void *)a, d->a.dtype};
-    if (!d->trans_a) {
-        for (int i = 0; i < mc; i++) { /* row i0+i of A is contiguous in p */
-            load_row(row, ta, (size_t)(i0 + i) * d->lda + p0, kc);
-            float *dst = Ap + (size_t)(i / MR) * MR * kc + i % MR;
-            for (int p = 0; p < kc; p++) dst[(size_t)p * MR] = row[p];
-        }
-    } else {
-        for (int p = 0; p < kc; p++) { /* A stored [k,m]: row p0+p is contiguous in i */
-            load_row(row, ta, (size_t)(p0 + p) * d->lda + i0, mc);
-            for (int i = 0; i < mc; i++)
-                Ap[(size_t)(i / MR) * MR * kc + (size_t)p * MR + i % MR] = row[i];
+    for (int s = 0; s < (m + MR - 1) / MR; s++) {
+        float *dst = Ap + (size_t)s * k * MR;
+        for (int r = 0; r < MR; r++) {
+            int i = s * MR + r;
+            if (i < m)
+                for (int p = 0; p < k; p++) dst[(size_t)p * MR + r] = X[(size_t)i * ldx + p];
+            else
+                for (int p = 0; p < k; p++) dst[(size_t)p * MR + r] = 0.0f;
         }
     }
 }
 
-/* Bp[sliver][kc][NR] = op(B)[p0 + p, j0 + sliver*NR + c], zero outside n. */
+/* A panels of X^T, X [k][m]: Ap[s][p][r] = X[p][s*MR + r], zero past m. */
+static void pack_a_cols(float *restrict Ap, const float *X, size_t ldx, int m, int k)
+{
+    for (int s = 0; s < (m + MR - 1) / MR; s++) {
+        float *dst = Ap + (size_t)s * k * MR;
+        int w = m - s * MR < MR ? m - s * MR : MR;
+        for (int p = 0; p < k; p++) {
+            const float *src = X + (size_t)p * ldx + (size_t)s * MR;
+            for (int r = 0; r < MR; r++) dst[(size_t)p * MR + r] = r < w ? src[r] : 0.0f;
+        }
+    }
+}
+
+/* B panels of X^T, X [n][k]: Bp[s][p][c] = X[s*NR + c][p], zero past n. */
+static void pack_b_rows(float *restrict Bp, const float *X, size_t ldx, int n, int k)
+{
+    for (int s = 0; s < (n + NR - 1) / NR; s++) {
+        float *dst = Bp + (size_t)s * k * NR;
+        for (int c = 0; c < NR; c++) {
+            int j = s * NR + c;
+            if (j < n)
+                for (int p = 0; p < k; p++) dst[(size_t)p * NR + c] = X[(size_t)j * ldx + p];
+            else
+                for (int p = 0; p < k; p++) dst[(size_t)p * NR + c] = 0.0f;
+        }
+    }
+}
+
+/* B panels of X [k][n]: Bp[s][p][c] = X[p][s*NR + c], zero past n. */
+static void pack_b_cols(float *restrict Bp, const float *X, size_t ldx, int k, int n)
+{
+    for (int s = 0; s < (n + NR - 1) / NR; s++) {
+        float *dst = Bp + (size_t)s * k * NR;
+        int w = n - s * NR < NR ? n - s * NR : NR;
+        for (int p = 0; p < k; p++) {
+            const float *src = X + (size_t)p * ldx + (size_t)s * NR;
+            for (int c = 0; c < NR; c++) dst[(size_t)p * NR + c] = c < w ? src[c] : 0.0f;
+        }
+    }
+}
+
+/* Ap = panels of op(A)[i0..i0+mc, p0..p0+kc]: read in place for fp32,
+ * else converted into `row` first (room for max(MC, NC) x KC floats). */
+static void pack_a(float *Ap, const gpu_gemm_desc *d, const void *a, int i0, int mc, int p0,
+                   int kc, float *row)
+{
+    gpu_tensor ta = {(void *)a, d->a.dtype};
+    int f32 = d->a.dtype == ZO_DTYPE_F32;
+    if (!d->trans_a) { /* A [m][k]: rows i0.. are contiguous in p */
+        size_t off = (size_t)i0 * d->lda + p0;
+        if (f32) {
+            pack_a_rows(Ap, (const float *)a + off, d->lda, mc, kc);
+            return;
+        }
+        for (int i = 0; i < mc; i++) load_row(row + (size_t)i * kc, ta, off + (size_t)i * d->lda, kc);
+        pack_a_rows(Ap, row, kc, mc, kc);
+    } else { /* A stored [k][m]: rows p0.. are contiguous in i */
+        size_t off = (size_t)p0 * d->lda + i0;
+        if (f32) {
+            pack_a_cols(Ap, (const float *)a + off, d->lda, mc, kc);
+            return;
+        }
+        for (int p = 0; p < kc; p++) load_row(row + (size_t)p * mc, ta, off + (size_t)p * d->lda, mc);
+        pack_a_cols(Ap, row, mc, mc, kc);
+    }
+}
+
+/* Bp = panels of op(B)[p0..p0+kc, j0..j0+nc], like pack_a. */
 static void pack_b(float *Bp, const gpu_gemm_desc *d, const void *b, int p0, int kc, int j0,
                    int nc, float *row)
 {
-    int slivers = (nc + NR - 1) / NR;
-    memset(Bp, 0, (size_t)slivers * NR * kc * sizeof(float));
     gpu_tensor tb = {(void *)b, d->b.dtype};
-    if (!d->trans_b) {
-        for (int p = 0; p < kc; p++) { /* B stored [k,n]: row p contiguous in j */
-            load_row(row, tb, (size_t)(p0 + p) * d->ldb + j0, nc);
-            for (int j = 0; j < nc; j++)
-                Bp[(size_t)(j / NR) * NR * kc + (size_t)p * NR + j % NR] = row[j];
+    int f32 = d->b.dtype == ZO_DTYPE_F32;
+    if (!d->trans_b) { /* B stored [k][n]: rows p0.. contiguous in j */
+        size_t off = (size_t)p0 * d->ldb + j0;
+        if (f32) {
+            pack_b_cols(Bp, (const float *)b + off, d->ldb, kc, nc);
+            return;
         }
-    } else {
-        for (int j = 0; j < nc; j++) { /* B stored [n,k]: row j contiguous in p */
-            load_row(row, tb, (size_t)(j0 + j) * d->ldb + p0, kc);
-            float *dst = Bp + (size_t)(j / NR) * NR * kc + j % NR;
-            for (int p = 0; p < kc; p++) dst[(size_t)p * NR] = row[p];
+        for (int p = 0; p < kc; p++) load_row(row + (size_t)p * nc, tb, off + (size_t)p * d->ldb, nc);
+        pack_b_cols(Bp, row, nc, kc, nc);
+    } else { /* B stored [n][k]: rows j0.. contiguous in p */
+        size_t off = (size_t)j0 * d->ldb + p0;
+        if (f32) {
+            pack_b_rows(Bp, (const float *)b + off, d->ldb, nc, kc);
+            return;
         }
+        for (int j = 0; j < nc; j++) load_row(row + (size_t)j * kc, tb, off + (size_t)j * d->ldb, kc);
+        pack_b_rows(Bp, row, kc, nc, kc);
     }
 }
 
@@ -263,6 +326,7 @@ zo_status cpu_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
         float *Bp = (float *)(mine + al64(n_ap * 4));
         float *acc = (float *)(mine + al64(n_ap * 4) + al64(n_bp * 4));
         float *row = (float *)(mine + al64(n_ap * 4) + al64(n_bp * 4) + al64(n_acc * 4));
+        long a_packed = -1; /* with one k slice, the row tile whose A panels Ap holds */
 #pragma omp for schedule(static)
         for (long tile = 0; tile < tiles; tile++) {
             int bi = (int)(tile / ((long)tm * tn));
@@ -277,7 +341,9 @@ zo_status cpu_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
             memset(acc, 0, (size_t)MC * NC * sizeof(float));
             for (int p0 = 0; p0 < d->k; p0 += KC) {
                 int kc = d->k - p0 < KC ? d->k - p0 : KC;
-                pack_a(Ap, d, a, i0, mc, p0, kc, row);
+                long a_tile = (long)bi * tm + rest / tn;
+                if (d->k > KC || a_tile != a_packed) pack_a(Ap, d, a, i0, mc, p0, kc, row);
+                a_packed = d->k <= KC ? a_tile : -1;
                 pack_b(Bp, d, b, p0, kc, j0, nc, row);
                 for (int js = 0; js < nslv; js++)
                     for (int is = 0; is < mslv; is++)
@@ -543,62 +609,6 @@ zo_status cpu_rmsnorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, gp
  * thread count. */
 #define AQ 48                          /* query rows per block, a multiple of MR */
 #define RUP(x, r) (((x) + (r) - 1) / (r) * (r)) /* x rounded up to a multiple of r */
-
-/* A panels of X [m][k] (row stride ldx): Ap[s][p][r] = X[s*MR + r][p], zero past m. */
-static void pack_a_rows(float *restrict Ap, const float *X, size_t ldx, int m, int k)
-{
-    for (int s = 0; s < (m + MR - 1) / MR; s++) {
-        float *dst = Ap + (size_t)s * k * MR;
-        for (int r = 0; r < MR; r++) {
-            int i = s * MR + r;
-            if (i < m)
-                for (int p = 0; p < k; p++) dst[(size_t)p * MR + r] = X[(size_t)i * ldx + p];
-            else
-                for (int p = 0; p < k; p++) dst[(size_t)p * MR + r] = 0.0f;
-        }
-    }
-}
-
-/* A panels of X^T, X [k][m]: Ap[s][p][r] = X[p][s*MR + r], zero past m. */
-static void pack_a_cols(float *restrict Ap, const float *X, size_t ldx, int m, int k)
-{
-    for (int s = 0; s < (m + MR - 1) / MR; s++) {
-        float *dst = Ap + (size_t)s * k * MR;
-        int w = m - s * MR < MR ? m - s * MR : MR;
-        for (int p = 0; p < k; p++) {
-            const float *src = X + (size_t)p * ldx + (size_t)s * MR;
-            for (int r = 0; r < MR; r++) dst[(size_t)p * MR + r] = r < w ? src[r] : 0.0f;
-        }
-    }
-}
-
-/* B panels of X^T, X [n][k]: Bp[s][p][c] = X[s*NR + c][p], zero past n. */
-static void pack_b_rows(float *restrict Bp, const float *X, size_t ldx, int n, int k)
-{
-    for (int s = 0; s < (n + NR - 1) / NR; s++) {
-        float *dst = Bp + (size_t)s * k * NR;
-        for (int c = 0; c < NR; c++) {
-            int j = s * NR + c;
-            if (j < n)
-                for (int p = 0; p < k; p++) dst[(size_t)p * NR + c] = X[(size_t)j * ldx + p];
-            else
-                for (int p = 0; p < k; p++) dst[(size_t)p * NR + c] = 0.0f;
-        }
-    }
-}
-
-/* B panels of X [k][n]: Bp[s][p][c] = X[p][s*NR + c], zero past n. */
-static void pack_b_cols(float *restrict Bp, const float *X, size_t ldx, int k, int n)
-{
-    for (int s = 0; s < (n + NR - 1) / NR; s++) {
-        float *dst = Bp + (size_t)s * k * NR;
-        int w = n - s * NR < NR ? n - s * NR : NR;
-        for (int p = 0; p < k; p++) {
-            const float *src = X + (size_t)p * ldx + (size_t)s * NR;
-            for (int c = 0; c < NR; c++) dst[(size_t)p * NR + c] = c < w ? src[c] : 0.0f;
-        }
-    }
-}
 
 /* C[m][n] (row stride ldc, room for whole panels) += A B over packed panels
  * of depth k. Causal options: with `q0` >= 0, rows are queries q0.. and
