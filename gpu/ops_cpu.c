@@ -74,6 +74,12 @@ static inline float fexp(float x)
     return x != x ? x : y;
 }
 
+VEC_CLONES static void add_f32(float *y, const float *a, const float *b, int n)
+{
+#pragma omp simd /* in place (output == an input) is fine: same index */
+    for (int i = 0; i < n; i++) y[i] = a[i] + b[i];
+}
+
 /* Elementwise ops run over fixed blocks of EW_BLOCK elements (the unit that
  * threads share), converting each block to fp32 once. */
 #define EW_BLOCK 2048
@@ -408,9 +414,10 @@ zo_status cpu_bias_forward(cpu_scratch *ws, gpu_tensor y, gpu_tensor bias, int n
         float *row = (float *)team_slice(base, cb, cb);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
-            load_row(row, y, (size_t)r * ldy, c);
-            for (int j = 0; j < c; j++) row[j] += bv[j];
-            store_row(y, (size_t)r * ldy, row, c);
+            size_t off = (size_t)r * ldy;
+            float *py = out_f32(y, off, row);
+            add_f32(py, in_f32(y, off, c, row), bv, c);
+            out_done(y, off, py, c);
         }
     }
     return ZO_OK;
@@ -891,8 +898,9 @@ zo_status cpu_rope(cpu_scratch *ws, gpu_tensor x, int n, int t, int n_heads, int
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 
-VEC_CLONES static void gelu_fwd_f32(float *restrict y, const float *restrict x, int n)
+VEC_CLONES static void gelu_fwd_f32(float *y, const float *x, int n)
 {
+#pragma omp simd /* in place (output == an input) is fine: same index */
     for (int i = 0; i < n; i++) {
         float v = x[i], u = GELU_K * (v + 0.044715f * v * v * v);
         y[i] = v / (1.0f + fexp(-2.0f * u));
@@ -900,9 +908,9 @@ VEC_CLONES static void gelu_fwd_f32(float *restrict y, const float *restrict x, 
 }
 
 /* d gelu / dv = s + 2 v s (1 - s) du/dv with s = sigmoid(2u). */
-VEC_CLONES static void gelu_bwd_f32(float *restrict dx, const float *restrict dy,
-                                    const float *restrict x, int n)
+VEC_CLONES static void gelu_bwd_f32(float *dx, const float *dy, const float *x, int n)
 {
+#pragma omp simd /* in place (output == an input) is fine: same index */
     for (int i = 0; i < n; i++) {
         float v = x[i], u = GELU_K * (v + 0.044715f * v * v * v);
         float du = GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
@@ -911,9 +919,9 @@ VEC_CLONES static void gelu_bwd_f32(float *restrict dx, const float *restrict dy
     }
 }
 
-VEC_CLONES static void swiglu_fwd_f32(float *restrict y, const float *restrict gate,
-                                      const float *restrict up, int n)
+VEC_CLONES static void swiglu_fwd_f32(float *y, const float *gate, const float *up, int n)
 {
+#pragma omp simd /* in place (output == an input) is fine: same index */
     for (int i = 0; i < n; i++) {
         float g = gate[i];
         y[i] = g / (1.0f + fexp(-g)) * up[i];
@@ -1141,40 +1149,89 @@ zo_status cpu_cross_entropy_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_te
 
 /* ---- elementwise and reductions -------------------------------------------------------------------- */
 
+VEC_CLONES static void scale_f32(float *y, const float *x, float alpha, int n)
+{
+#pragma omp simd /* in place (output == an input) is fine: same index */
+    for (int i = 0; i < n; i++) y[i] = x[i] * alpha;
+}
+
+/* Nonzero when any of x[0..n) is inf or nan (all exponent bits set). */
+VEC_CLONES static int nonfinite_f32(const float *restrict x, int n)
+{
+    int bad = 0;
+    for (int i = 0; i < n; i++) bad |= (zo_f32_bits(x[i]) & 0x7f800000u) == 0x7f800000u;
+    return bad;
+}
+
+/* sum of x[i]^2 in double, over fixed lanes */
+VEC_CLONES static double sumsq_f32(const float *restrict x, int n)
+{
+    double acc[LANES];
+    for (int l = 0; l < LANES; l++) acc[l] = 0.0;
+    int nb = n / LANES * LANES;
+    for (int j = 0; j < nb; j += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += (double)x[j + l] * x[j + l];
+    double s = 0.0;
+    for (int l = 0; l < LANES; l++) s += acc[l];
+    for (int j = nb; j < n; j++) s += (double)x[j] * x[j];
+    return s;
+}
+
 void cpu_add(gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n, int nt)
 {
-    if (y.dtype == ZO_DTYPE_F32 && a.dtype == ZO_DTYPE_F32 && b.dtype == ZO_DTYPE_F32) {
-        float *py = y.data;
-        const float *pa = a.data, *pb = b.data;
 #pragma omp parallel for schedule(static) num_threads(nthreads(nt))
-        for (size_t i = 0; i < n; i++) py[i] = pa[i] + pb[i];
-        return;
+    for (size_t blk = 0; blk < ew_blocks(n); blk++) {
+        float ba[EW_BLOCK], bb[EW_BLOCK], by[EW_BLOCK];
+        size_t off = blk * EW_BLOCK;
+        int len = ew_len(blk, n);
+        float *py = out_f32(y, off, by);
+        add_f32(py, in_f32(a, off, len, ba), in_f32(b, off, len, bb), len);
+        out_done(y, off, py, len);
     }
-#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
-    for (size_t i = 0; i < n; i++) st(y, i, ld(a, i) + ld(b, i));
 }
 
 void cpu_scale(gpu_tensor x, float alpha, size_t n, int nt)
 {
 #pragma omp parallel for schedule(static) num_threads(nthreads(nt))
-    for (size_t i = 0; i < n; i++) st(x, i, ld(x, i) * alpha);
+    for (size_t blk = 0; blk < ew_blocks(n); blk++) {
+        float bx[EW_BLOCK], by[EW_BLOCK];
+        size_t off = blk * EW_BLOCK;
+        int len = ew_len(blk, n);
+        float *py = out_f32(x, off, by);
+        scale_f32(py, in_f32(x, off, len, bx), alpha, len);
+        out_done(x, off, py, len);
+    }
 }
 
 void cpu_cast(gpu_tensor dst, gpu_tensor src, size_t n, int nt)
 {
+    if (dst.dtype == src.dtype) {
+        if (dst.data != src.data) memmove(dst.data, src.data, n * zo_dtype_size(dst.dtype));
+        return;
+    }
 #pragma omp parallel for schedule(static) num_threads(nthreads(nt))
-    for (size_t i = 0; i < n; i++) st(dst, i, ld(src, i));
+    for (size_t blk = 0; blk < ew_blocks(n); blk++) {
+        float bx[EW_BLOCK];
+        size_t off = blk * EW_BLOCK;
+        int len = ew_len(blk, n);
+        store_row(dst, off, in_f32(src, off, len, bx), len);
+    }
 }
 
 void cpu_check_finite(int32_t *flag, gpu_tensor x, size_t n, int nt)
 {
     int bad = 0;
 #pragma omp parallel for schedule(static) reduction(| : bad) num_threads(nthreads(nt))
-    for (size_t i = 0; i < n; i++) bad |= !isfinite(ld(x, i));
+    for (size_t blk = 0; blk < ew_blocks(n); blk++) {
+        float bx[EW_BLOCK];
+        size_t off = blk * EW_BLOCK;
+        int len = ew_len(blk, n);
+        bad |= nonfinite_f32(in_f32(x, off, len, bx), len);
+    }
     if (bad) *flag |= 1;
 }
 
-#define SUMSQ_CHUNK 16384
+#define SUMSQ_CHUNK 16384 /* a multiple of EW_BLOCK */
 
 zo_status cpu_sum_squares(cpu_scratch *ws, float *sum, gpu_tensor x, size_t n, int nt)
 {
@@ -1187,9 +1244,10 @@ zo_status cpu_sum_squares(cpu_scratch *ws, float *sum, gpu_tensor x, size_t n, i
     for (size_t k = 0; k < chunks; k++) {
         size_t end = (k + 1) * SUMSQ_CHUNK < n ? (k + 1) * SUMSQ_CHUNK : n;
         double s = 0.0;
-        for (size_t i = k * SUMSQ_CHUNK; i < end; i++) {
-            double v = ld(x, i);
-            s += v * v;
+        float bx[EW_BLOCK];
+        for (size_t off = k * SUMSQ_CHUNK; off < end; off += EW_BLOCK) {
+            int len = (int)(end - off < EW_BLOCK ? end - off : EW_BLOCK);
+            s += sumsq_f32(in_f32(x, off, len, bx), len);
         }
         part[k] = s;
     }
