@@ -14,9 +14,10 @@
 #define ALLOC_MAGIC 0x5a4f44455649434full /* "ZODEVICO" */
 
 typedef struct cpu_ctx {
-    pthread_mutex_t lock; /* guards the counters below */
+    pthread_mutex_t lock; /* guards the counters and the fault plan below */
     size_t capacity, in_use, high_water, n_allocs, host_pinned;
     int n_threads;
+    gpu_cpu_faults faults; /* test seam: see gpu_cpu_inject_faults */
 } cpu_ctx;
 
 /* Every device allocation starts with this header, POOL_ALIGN bytes before
@@ -28,6 +29,36 @@ typedef struct alloc_header {
 
 static cpu_ctx *ctx_of(gpu_device_t dev) { return dev->ctx; }
 
+/* ---- fault injection ----------------------------------------------------------- */
+
+/* One step of a skip/fail countdown: nonzero when this call is to fail. */
+static int fault_step(cpu_ctx *c, int *skip, int *fail)
+{
+    pthread_mutex_lock(&c->lock);
+    int hit = 0;
+    if (*fail > 0) {
+        if (*skip > 0) {
+            (*skip)--;
+        } else {
+            (*fail)--;
+            hit = 1;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return hit;
+}
+
+static int fault_scratch(void *arg)
+{
+    cpu_ctx *c = arg;
+    return fault_step(c, &c->faults.scratch_skip, &c->faults.scratch_fail);
+}
+
+static int fault_alloc(cpu_ctx *c)
+{
+    return fault_step(c, &c->faults.alloc_skip, &c->faults.alloc_fail);
+}
+
 /* ---- memory ---------------------------------------------------------------- */
 
 static zo_status cpu_mem_alloc(gpu_device_t dev, size_t bytes, void **out)
@@ -36,6 +67,9 @@ static zo_status cpu_mem_alloc(gpu_device_t dev, size_t bytes, void **out)
     if (bytes > SIZE_MAX - 2 * POOL_ALIGN)
         return zo_error(ZO_ERR_CAPACITY, "gpu_mem_alloc: %zu bytes is too large", bytes);
     size_t rounded = (bytes + POOL_ALIGN - 1) / POOL_ALIGN * POOL_ALIGN;
+    if (fault_alloc(c))
+        return zo_error(ZO_ERR_NOMEM, "gpu_mem_alloc: host allocation of %zu bytes failed "
+                                      "(backing the cpu device; injected)", rounded);
     pthread_mutex_lock(&c->lock);
     if (c->capacity && c->in_use + rounded > c->capacity) {
         size_t in_use = c->in_use;
@@ -108,6 +142,8 @@ static zo_status cpu_host_alloc(gpu_device_t dev, size_t bytes, void **out)
     if (bytes > SIZE_MAX - 2 * POOL_ALIGN)
         return zo_error(ZO_ERR_NOMEM, "gpu_host_alloc: %zu bytes is too large", bytes);
     size_t rounded = (bytes + POOL_ALIGN - 1) / POOL_ALIGN * POOL_ALIGN;
+    if (fault_alloc(c))
+        return zo_error(ZO_ERR_NOMEM, "gpu_host_alloc: %zu bytes failed (injected)", rounded);
     char *base = aligned_alloc(POOL_ALIGN, rounded + POOL_ALIGN);
     if (!base) return zo_error(ZO_ERR_NOMEM, "gpu_host_alloc: %zu bytes failed", rounded);
     alloc_header *h = (alloc_header *)base;
@@ -143,6 +179,7 @@ struct cpu_cmd {
     cpu_cmd *next;
     cpu_cmd_fn run;
     gpu_device_t dev;
+    cpu_scratch *ws; /* the running stream's arena, set by its worker */
     union {
         struct { void *dst; const void *src; size_t bytes; int value; } mem;
         struct { void *p; } free;
@@ -174,6 +211,7 @@ typedef struct cpu_stream {
     zo_status error;        /* first failure, sticky until synchronize */
     char message[512];
     int n_threads;
+    cpu_scratch scratch; /* working memory of the ops, used by the worker only */
 } cpu_stream;
 
 typedef struct cpu_event {
@@ -193,6 +231,7 @@ static void *stream_worker(void *arg)
         cpu_cmd *cmd = cs->head;
         pthread_mutex_unlock(&cs->lock);
 
+        cmd->ws = &cs->scratch;
         zo_status st = cmd->run(cmd, cs->n_threads);
 
         pthread_mutex_lock(&cs->lock);
@@ -215,6 +254,9 @@ static zo_status cpu_stream_create(gpu_device_t dev, gpu_stream_t s)
     cpu_stream *cs = calloc(1, sizeof *cs);
     if (!cs) return zo_error(ZO_ERR_NOMEM, "gpu_stream_create: out of host memory");
     cs->n_threads = ctx_of(dev)->n_threads;
+    cpu_scratch_init(&cs->scratch);
+    cs->scratch.fail = fault_scratch;
+    cs->scratch.fail_arg = ctx_of(dev);
     pthread_mutex_init(&cs->lock, NULL);
     pthread_cond_init(&cs->work, NULL);
     pthread_cond_init(&cs->idle, NULL);
@@ -287,6 +329,7 @@ static void cpu_stream_destroy(gpu_stream_t s)
     pthread_cond_destroy(&cs->idle);
     pthread_cond_destroy(&cs->work);
     pthread_mutex_destroy(&cs->lock);
+    cpu_scratch_free(&cs->scratch);
     free(cs);
 }
 
@@ -443,8 +486,7 @@ static zo_status cpu_mem_free_async(gpu_device_t dev, void *p, gpu_stream_t s)
 
 static zo_status run_gemm(cpu_cmd *c, int nt)
 {
-    cpu_gemm(&c->u.gemm, nt);
-    return ZO_OK;
+    return cpu_gemm(c->ws, &c->u.gemm, nt);
 }
 
 static zo_status cpu_op_gemm(gpu_stream_t s, const gpu_gemm_desc *d)
@@ -458,8 +500,7 @@ static zo_status cpu_op_gemm(gpu_stream_t s, const gpu_gemm_desc *d)
 
 static zo_status run_bias_forward(cpu_cmd *c, int nt)
 {
-    cpu_bias_forward(OP.t[0], OP.t[1], OP.i[0], OP.i[1], OP.l, nt);
-    return ZO_OK;
+    return cpu_bias_forward(c->ws, OP.t[0], OP.t[1], OP.i[0], OP.i[1], OP.l, nt);
 }
 
 static zo_status cpu_op_bias_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor bias, int n, int c,
@@ -494,9 +535,8 @@ static zo_status cpu_op_bias_backward(gpu_stream_t s, gpu_tensor dbias, gpu_tens
 
 static zo_status run_layernorm_forward(cpu_cmd *c, int nt)
 {
-    cpu_layernorm_forward(OP.t[0], OP.f[0], OP.f[1], OP.t[1], OP.t[2], OP.t[3], OP.i[0], OP.i[1],
-                          OP.x, nt);
-    return ZO_OK;
+    return cpu_layernorm_forward(c->ws, OP.t[0], OP.f[0], OP.f[1], OP.t[1], OP.t[2], OP.t[3],
+                                 OP.i[0], OP.i[1], OP.x, nt);
 }
 
 static zo_status cpu_op_layernorm_forward(gpu_stream_t s, gpu_tensor y, float *mean, float *rstd,
@@ -518,9 +558,8 @@ static zo_status cpu_op_layernorm_forward(gpu_stream_t s, gpu_tensor y, float *m
 
 static zo_status run_layernorm_backward(cpu_cmd *c, int nt)
 {
-    cpu_layernorm_backward(OP.t[0], OP.t[1], OP.t[2], OP.t[3], OP.t[4], OP.t[5], OP.cf[0],
-                           OP.cf[1], OP.i[0], OP.i[1], nt);
-    return ZO_OK;
+    return cpu_layernorm_backward(c->ws, OP.t[0], OP.t[1], OP.t[2], OP.t[3], OP.t[4], OP.t[5],
+                                  OP.cf[0], OP.cf[1], OP.i[0], OP.i[1], nt);
 }
 
 static zo_status cpu_op_layernorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw,
@@ -540,8 +579,8 @@ static zo_status cpu_op_layernorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_te
 
 static zo_status run_rmsnorm_forward(cpu_cmd *c, int nt)
 {
-    cpu_rmsnorm_forward(OP.t[0], OP.f[0], OP.t[1], OP.t[2], OP.i[0], OP.i[1], OP.x, nt);
-    return ZO_OK;
+    return cpu_rmsnorm_forward(c->ws, OP.t[0], OP.f[0], OP.t[1], OP.t[2], OP.i[0], OP.i[1], OP.x,
+                               nt);
 }
 
 static zo_status cpu_op_rmsnorm_forward(gpu_stream_t s, gpu_tensor y, float *rstd, gpu_tensor x,
@@ -560,9 +599,8 @@ static zo_status cpu_op_rmsnorm_forward(gpu_stream_t s, gpu_tensor y, float *rst
 
 static zo_status run_rmsnorm_backward(cpu_cmd *c, int nt)
 {
-    cpu_rmsnorm_backward(OP.t[0], OP.t[1], OP.t[2], OP.t[3], OP.t[4], OP.cf[0], OP.i[0], OP.i[1],
-                         nt);
-    return ZO_OK;
+    return cpu_rmsnorm_backward(c->ws, OP.t[0], OP.t[1], OP.t[2], OP.t[3], OP.t[4], OP.cf[0],
+                                OP.i[0], OP.i[1], nt);
 }
 
 static zo_status cpu_op_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw,
@@ -582,8 +620,7 @@ static zo_status cpu_op_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tens
 
 static zo_status run_attention_forward(cpu_cmd *c, int nt)
 {
-    cpu_attention_forward(&AT.a, AT.t0, AT.f0, AT.t1, nt);
-    return ZO_OK;
+    return cpu_attention_forward(c->ws, &AT.a, AT.t0, AT.f0, AT.t1, nt);
 }
 
 static zo_status cpu_op_attention_forward(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor out,
@@ -599,8 +636,7 @@ static zo_status cpu_op_attention_forward(gpu_stream_t s, const gpu_attn_desc *a
 
 static zo_status run_attention_backward(cpu_cmd *c, int nt)
 {
-    cpu_attention_backward(&AT.a, AT.t0, AT.t1, AT.t2, AT.t3, AT.cf0, nt);
-    return ZO_OK;
+    return cpu_attention_backward(c->ws, &AT.a, AT.t0, AT.t1, AT.t2, AT.t3, AT.cf0, nt);
 }
 
 static zo_status cpu_op_attention_backward(gpu_stream_t s, const gpu_attn_desc *a,
@@ -619,8 +655,8 @@ static zo_status cpu_op_attention_backward(gpu_stream_t s, const gpu_attn_desc *
 
 static zo_status run_rope(cpu_cmd *c, int nt)
 {
-    cpu_rope(OP.t[0], OP.i[0], OP.i[1], OP.i[2], OP.i[3], OP.l, OP.x, OP.i[4], OP.i[5], nt);
-    return ZO_OK;
+    return cpu_rope(c->ws, OP.t[0], OP.i[0], OP.i[1], OP.i[2], OP.i[3], OP.l, OP.x, OP.i[4],
+                    OP.i[5], nt);
 }
 
 static zo_status cpu_op_rope(gpu_stream_t s, gpu_tensor x, int n, int t, int n_heads, int d,
@@ -702,8 +738,8 @@ static zo_status cpu_op_swiglu_backward(gpu_stream_t s, gpu_tensor dgate, gpu_te
 
 static zo_status run_embedding_forward(cpu_cmd *c, int nt)
 {
-    return cpu_embedding_forward(OP.t[0], OP.ids, OP.t[1], OP.t[2], OP.i[0], OP.i[1], OP.i[2],
-                                 OP.i[3], nt);
+    return cpu_embedding_forward(c->ws, OP.t[0], OP.ids, OP.t[1], OP.t[2], OP.i[0], OP.i[1],
+                                 OP.i[2], OP.i[3], nt);
 }
 
 static zo_status cpu_op_embedding_forward(gpu_stream_t s, gpu_tensor out, const int32_t *tokens,
@@ -742,7 +778,7 @@ static zo_status cpu_op_embedding_backward(gpu_stream_t s, gpu_tensor dwte, gpu_
 
 static zo_status run_ce_forward(cpu_cmd *c, int nt)
 {
-    return cpu_cross_entropy_forward(OP.f[0], OP.t[0], OP.ids, OP.i[0], OP.i[1], nt);
+    return cpu_cross_entropy_forward(c->ws, OP.f[0], OP.t[0], OP.ids, OP.i[0], OP.i[1], nt);
 }
 
 static zo_status cpu_op_ce_forward(gpu_stream_t s, float *losses, gpu_tensor logits,
@@ -759,7 +795,7 @@ static zo_status cpu_op_ce_forward(gpu_stream_t s, float *losses, gpu_tensor log
 
 static zo_status run_ce_backward(cpu_cmd *c, int nt)
 {
-    return cpu_cross_entropy_backward(OP.t[0], OP.t[1], OP.ids, OP.x, OP.i[0], OP.i[1], nt);
+    return cpu_cross_entropy_backward(c->ws, OP.t[0], OP.t[1], OP.ids, OP.x, OP.i[0], OP.i[1], nt);
 }
 
 static zo_status cpu_op_ce_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor logits,
@@ -838,8 +874,7 @@ static zo_status cpu_op_check_finite(gpu_stream_t s, int32_t *flag, gpu_tensor x
 
 static zo_status run_sum_squares(cpu_cmd *c, int nt)
 {
-    cpu_sum_squares(OP.f[0], OP.t[0], OP.n, nt);
-    return ZO_OK;
+    return cpu_sum_squares(c->ws, OP.f[0], OP.t[0], OP.n, nt);
 }
 
 static zo_status cpu_op_sum_squares(gpu_stream_t s, float *sum, gpu_tensor x, size_t n)
@@ -906,6 +941,19 @@ static const gpu_backend_iface cpu_iface = {
     .check_finite = cpu_op_check_finite,
     .sum_squares = cpu_op_sum_squares,
 };
+
+zo_status gpu_cpu_inject_faults(gpu_device_t dev, const gpu_cpu_faults *f)
+{
+    if (!dev || !f) return zo_error(ZO_ERR_INVALID, "gpu_cpu_inject_faults: NULL argument");
+    if (dev->iface != &cpu_iface)
+        return zo_error(ZO_ERR_INVALID, "gpu_cpu_inject_faults: device \"%s\" is not a cpu "
+                                        "device", dev->iface->name);
+    cpu_ctx *c = ctx_of(dev);
+    pthread_mutex_lock(&c->lock);
+    c->faults = *f;
+    pthread_mutex_unlock(&c->lock);
+    return ZO_OK;
+}
 
 zo_status gpu_device_init_cpu(const gpu_cpu_options *opt, gpu_device_t *out)
 {

@@ -41,7 +41,122 @@ static void store_row(gpu_tensor t, size_t off, const float *src, size_t n)
         for (size_t i = 0; i < n; i++) p[i] = zo_f32_to_f16(src[i]);
 }
 
+/* ---- vector helpers ---------------------------------------------------------------
+ * Hot loops are plain loops over fp32 arrays (restrict, no calls, no dtype
+ * switch) in functions cloned for AVX-512 and AVX2, so GCC vectorizes them.
+ * Sums use fixed lanes (acc[l] += x[i + l]) reduced in lane order: the same
+ * order whatever the vector width or the thread count. */
+#define VEC_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define LANES 16
+
+/* exp(x) for fp32, vectorizable: x = n ln2 + r with |r| <= ln2/2 (ln2 split
+ * in two for exactness), a degree-7 polynomial for e^r, 2^n built in the
+ * exponent bits. Relative error about 2 ulp; 0 below -87.3, inf above 88.7. */
+static inline float fexp(float x)
+{
+    float xc = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
+    float r = xc - n * 0.693145751953125f;
+    r = r - n * 1.428606820309417232e-6f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t e = (int32_t)n + 127;
+    float sc = zo_bits_f32((uint32_t)e << 23);
+    float y = p * sc;
+    y = x < -87.3f ? 0.0f : y;
+    y = x > 88.7f ? INFINITY : y;
+    return x != x ? x : y;
+}
+
+VEC_CLONES static void add_f32(float *y, const float *a, const float *b, int n)
+{
+#pragma omp simd /* in place (output == an input) is fine: same index */
+    for (int i = 0; i < n; i++) y[i] = a[i] + b[i];
+}
+
+/* Elementwise ops run over fixed blocks of EW_BLOCK elements (the unit that
+ * threads share), converting each block to fp32 once. */
+#define EW_BLOCK 2048
+
+/* fp32 view of t[off..off+n): the storage itself for fp32, else converted
+ * into buf. */
+static const float *in_f32(gpu_tensor t, size_t off, size_t n, float *buf)
+{
+    if (t.dtype == ZO_DTYPE_F32) return (const float *)t.data + off;
+    load_row(buf, t, off, n);
+    return buf;
+}
+
+/* Where to compute t[off..) in fp32: the storage for fp32, else buf (then
+ * out_done stores it). */
+static float *out_f32(gpu_tensor t, size_t off, float *buf)
+{
+    return t.dtype == ZO_DTYPE_F32 ? (float *)t.data + off : buf;
+}
+
+static void out_done(gpu_tensor t, size_t off, const float *v, size_t n)
+{
+    if (t.dtype != ZO_DTYPE_F32) store_row(t, off, v, n);
+}
+
 static int nthreads(int nt) { return nt > 0 ? nt : omp_get_max_threads(); }
+
+/* ---- scratch arena ------------------------------------------------------------ */
+
+#define SCRATCH_ALIGN 64u
+
+static size_t al64(size_t bytes) { return (bytes + SCRATCH_ALIGN - 1) & ~(size_t)(SCRATCH_ALIGN - 1); }
+
+void cpu_scratch_init(cpu_scratch *ws) { memset(ws, 0, sizeof *ws); }
+
+void cpu_scratch_free(cpu_scratch *ws)
+{
+    free(ws->base);
+    ws->base = NULL;
+    ws->cap = 0;
+}
+
+zo_status cpu_scratch_reserve(cpu_scratch *ws, size_t bytes, const char *op, void **out)
+{
+    *out = NULL;
+    bytes = al64(bytes ? bytes : 1);
+    if (ws->fail && ws->fail(ws->fail_arg))
+        return zo_error(ZO_ERR_NOMEM, "%s: scratch of %zu bytes: out of host memory (injected)",
+                        op, bytes);
+    if (bytes > ws->cap) {
+        free(ws->base);
+        ws->cap = 0;
+        ws->base = aligned_alloc(SCRATCH_ALIGN, bytes);
+        if (!ws->base)
+            return zo_error(ZO_ERR_NOMEM, "%s: scratch of %zu bytes: out of host memory", op,
+                            bytes);
+        ws->cap = bytes;
+    }
+    *out = ws->base;
+    return ZO_OK;
+}
+
+/* Reserve `shared` bytes followed by `per` bytes for each of `team` threads;
+ * thread i's slice starts at team_slice(base, shared, per). */
+static zo_status reserve_team(cpu_scratch *ws, const char *op, size_t shared, size_t per,
+                              int team, char **base)
+{
+    void *p;
+    zo_status s = cpu_scratch_reserve(ws, al64(shared) + (size_t)team * al64(per), op, &p);
+    *base = p;
+    return s;
+}
+
+static char *team_slice(char *base, size_t shared, size_t per)
+{
+    return base + al64(shared) + (size_t)omp_get_thread_num() * al64(per);
+}
 
 /* ---- GEMM -------------------------------------------------------------------------
  * Blocked like the BLIS/GotoBLAS loops: C is cut into MC x NC tiles shared
@@ -87,51 +202,114 @@ gemm_kernel(int kc, const float *restrict Ap, const float *restrict Bp, float *r
     }
 }
 
-/* Ap[sliver][kc][MR] = op(A)[i0 + sliver*MR + r, p0 + p], zero outside m. */
+/* A panels of X [m][k] (row stride ldx): Ap[s][p][r] = X[s*MR + r][p], zero past m. */
+static void pack_a_rows(float *restrict Ap, const float *X, size_t ldx, int m, int k)
+{
+    for (int s = 0; s < (m + MR - 1) / MR; s++) {
+        float *dst = Ap + (size_t)s * k * MR;
+        for (int r = 0; r < MR; r++) {
+            int i = s * MR + r;
+            if (i < m)
+                for (int p = 0; p < k; p++) dst[(size_t)p * MR + r] = X[(size_t)i * ldx + p];
+            else
+                for (int p = 0; p < k; p++) dst[(size_t)p * MR + r] = 0.0f;
+        }
+    }
+}
+
+/* A panels of X^T, X [k][m]: Ap[s][p][r] = X[p][s*MR + r], zero past m. */
+static void pack_a_cols(float *restrict Ap, const float *X, size_t ldx, int m, int k)
+{
+    for (int s = 0; s < (m + MR - 1) / MR; s++) {
+        float *dst = Ap + (size_t)s * k * MR;
+        int w = m - s * MR < MR ? m - s * MR : MR;
+        for (int p = 0; p < k; p++) {
+            const float *src = X + (size_t)p * ldx + (size_t)s * MR;
+            for (int r = 0; r < MR; r++) dst[(size_t)p * MR + r] = r < w ? src[r] : 0.0f;
+        }
+    }
+}
+
+/* B panels of X^T, X [n][k]: Bp[s][p][c] = X[s*NR + c][p], zero past n. */
+static void pack_b_rows(float *restrict Bp, const float *X, size_t ldx, int n, int k)
+{
+    for (int s = 0; s < (n + NR - 1) / NR; s++) {
+        float *dst = Bp + (size_t)s * k * NR;
+        for (int c = 0; c < NR; c++) {
+            int j = s * NR + c;
+            if (j < n)
+                for (int p = 0; p < k; p++) dst[(size_t)p * NR + c] = X[(size_t)j * ldx + p];
+            else
+                for (int p = 0; p < k; p++) dst[(size_t)p * NR + c] = 0.0f;
+        }
+    }
+}
+
+/* B panels of X [k][n]: Bp[s][p][c] = X[p][s*NR + c], zero past n. */
+static void pack_b_cols(float *restrict Bp, const float *X, size_t ldx, int k, int n)
+{
+    for (int s = 0; s < (n + NR - 1) / NR; s++) {
+        float *dst = Bp + (size_t)s * k * NR;
+        int w = n - s * NR < NR ? n - s * NR : NR;
+        for (int p = 0; p < k; p++) {
+            const float *src = X + (size_t)p * ldx + (size_t)s * NR;
+            for (int c = 0; c < NR; c++) dst[(size_t)p * NR + c] = c < w ? src[c] : 0.0f;
+        }
+    }
+}
+
+/* Ap = panels of op(A)[i0..i0+mc, p0..p0+kc]: read in place for fp32,
+ * else converted into `row` first (room for max(MC, NC) x KC floats). */
 static void pack_a(float *Ap, const gpu_gemm_desc *d, const void *a, int i0, int mc, int p0,
                    int kc, float *row)
 {
-    int slivers = (mc + MR - 1) / MR;
-    memset(Ap, 0, (size_t)slivers * MR * kc * sizeof(float));
     gpu_tensor ta = {(void *)a, d->a.dtype};
-    if (!d->trans_a) {
-        for (int i = 0; i < mc; i++) { /* row i0+i of A is contiguous in p */
-            load_row(row, ta, (size_t)(i0 + i) * d->lda + p0, kc);
-            float *dst = Ap + (size_t)(i / MR) * MR * kc + i % MR;
-            for (int p = 0; p < kc; p++) dst[(size_t)p * MR] = row[p];
+    int f32 = d->a.dtype == ZO_DTYPE_F32;
+    if (!d->trans_a) { /* A [m][k]: rows i0.. are contiguous in p */
+        size_t off = (size_t)i0 * d->lda + p0;
+        if (f32) {
+            pack_a_rows(Ap, (const float *)a + off, d->lda, mc, kc);
+            return;
         }
-    } else {
-        for (int p = 0; p < kc; p++) { /* A stored [k,m]: row p0+p is contiguous in i */
-            load_row(row, ta, (size_t)(p0 + p) * d->lda + i0, mc);
-            for (int i = 0; i < mc; i++)
-                Ap[(size_t)(i / MR) * MR * kc + (size_t)p * MR + i % MR] = row[i];
+        for (int i = 0; i < mc; i++) load_row(row + (size_t)i * kc, ta, off + (size_t)i * d->lda, kc);
+        pack_a_rows(Ap, row, kc, mc, kc);
+    } else { /* A stored [k][m]: rows p0.. are contiguous in i */
+        size_t off = (size_t)p0 * d->lda + i0;
+        if (f32) {
+            pack_a_cols(Ap, (const float *)a + off, d->lda, mc, kc);
+            return;
         }
+        for (int p = 0; p < kc; p++) load_row(row + (size_t)p * mc, ta, off + (size_t)p * d->lda, mc);
+        pack_a_cols(Ap, row, mc, mc, kc);
     }
 }
 
-/* Bp[sliver][kc][NR] = op(B)[p0 + p, j0 + sliver*NR + c], zero outside n. */
+/* Bp = panels of op(B)[p0..p0+kc, j0..j0+nc], like pack_a. */
 static void pack_b(float *Bp, const gpu_gemm_desc *d, const void *b, int p0, int kc, int j0,
                    int nc, float *row)
 {
-    int slivers = (nc + NR - 1) / NR;
-    memset(Bp, 0, (size_t)slivers * NR * kc * sizeof(float));
     gpu_tensor tb = {(void *)b, d->b.dtype};
-    if (!d->trans_b) {
-        for (int p = 0; p < kc; p++) { /* B stored [k,n]: row p contiguous in j */
-            load_row(row, tb, (size_t)(p0 + p) * d->ldb + j0, nc);
-            for (int j = 0; j < nc; j++)
-                Bp[(size_t)(j / NR) * NR * kc + (size_t)p * NR + j % NR] = row[j];
+    int f32 = d->b.dtype == ZO_DTYPE_F32;
+    if (!d->trans_b) { /* B stored [k][n]: rows p0.. contiguous in j */
+        size_t off = (size_t)p0 * d->ldb + j0;
+        if (f32) {
+            pack_b_cols(Bp, (const float *)b + off, d->ldb, kc, nc);
+            return;
         }
-    } else {
-        for (int j = 0; j < nc; j++) { /* B stored [n,k]: row j contiguous in p */
-            load_row(row, tb, (size_t)(j0 + j) * d->ldb + p0, kc);
-            float *dst = Bp + (size_t)(j / NR) * NR * kc + j % NR;
-            for (int p = 0; p < kc; p++) dst[(size_t)p * NR] = row[p];
+        for (int p = 0; p < kc; p++) load_row(row + (size_t)p * nc, tb, off + (size_t)p * d->ldb, nc);
+        pack_b_cols(Bp, row, nc, kc, nc);
+    } else { /* B stored [n][k]: rows j0.. contiguous in p */
+        size_t off = (size_t)j0 * d->ldb + p0;
+        if (f32) {
+            pack_b_rows(Bp, (const float *)b + off, d->ldb, nc, kc);
+            return;
         }
+        for (int j = 0; j < nc; j++) load_row(row + (size_t)j * kc, tb, off + (size_t)j * d->ldb, kc);
+        pack_b_rows(Bp, row, kc, nc, kc);
     }
 }
 
-void cpu_gemm(const gpu_gemm_desc *d, int nt)
+zo_status cpu_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
 {
     int batch = d->batch > 0 ? d->batch : 1;
     int tm = (d->m + MC - 1) / MC, tn = (d->n + NC - 1) / NC;
@@ -140,12 +318,21 @@ void cpu_gemm(const gpu_gemm_desc *d, int nt)
     size_t es_c = zo_dtype_size(d->c.dtype);
     int team = nthreads(nt);
     if (team > tiles) team = (int)tiles;
+    /* per thread: packed A, packed B, the C tile, a converted row */
+    const size_t n_ap = (size_t)MC * KC, n_bp = (size_t)NC * KC, n_acc = (size_t)MC * NC;
+    const size_t n_row = (size_t)(NC > MC ? NC : MC) * KC;
+    const size_t per = al64(n_ap * 4) + al64(n_bp * 4) + al64(n_acc * 4) + al64(n_row * 4);
+    char *base;
+    zo_status st = reserve_team(ws, "gpu_gemm", 0, per, team, &base);
+    if (st != ZO_OK) return st;
 #pragma omp parallel num_threads(team)
     {
-        float *Ap = aligned_alloc(64, (size_t)MC * KC * sizeof(float));
-        float *Bp = aligned_alloc(64, (size_t)NC * KC * sizeof(float));
-        float *acc = aligned_alloc(64, (size_t)MC * NC * sizeof(float));
-        float *row = aligned_alloc(64, (size_t)(NC > MC ? NC : MC) * KC * sizeof(float));
+        char *mine = team_slice(base, 0, per);
+        float *Ap = (float *)mine;
+        float *Bp = (float *)(mine + al64(n_ap * 4));
+        float *acc = (float *)(mine + al64(n_ap * 4) + al64(n_bp * 4));
+        float *row = (float *)(mine + al64(n_ap * 4) + al64(n_bp * 4) + al64(n_acc * 4));
+        long a_packed = -1; /* with one k slice, the row tile whose A panels Ap holds */
 #pragma omp for schedule(static)
         for (long tile = 0; tile < tiles; tile++) {
             int bi = (int)(tile / ((long)tm * tn));
@@ -160,7 +347,9 @@ void cpu_gemm(const gpu_gemm_desc *d, int nt)
             memset(acc, 0, (size_t)MC * NC * sizeof(float));
             for (int p0 = 0; p0 < d->k; p0 += KC) {
                 int kc = d->k - p0 < KC ? d->k - p0 : KC;
-                pack_a(Ap, d, a, i0, mc, p0, kc, row);
+                long a_tile = (long)bi * tm + rest / tn;
+                if (d->k > KC || a_tile != a_packed) pack_a(Ap, d, a, i0, mc, p0, kc, row);
+                a_packed = d->k <= KC ? a_tile : -1;
                 pack_b(Bp, d, b, p0, kc, j0, nc, row);
                 for (int js = 0; js < nslv; js++)
                     for (int is = 0; is < mslv; is++)
@@ -180,11 +369,8 @@ void cpu_gemm(const gpu_gemm_desc *d, int nt)
                 store_row(c, off, arow, nc);
             }
         }
-        free(Ap);
-        free(Bp);
-        free(acc);
-        free(row);
     }
+    return ZO_OK;
 }
 
 void cpu_gemm_naive(const gpu_gemm_desc *d)
@@ -213,22 +399,28 @@ void cpu_gemm_naive(const gpu_gemm_desc *d)
 
 /* ---- bias ---------------------------------------------------------------------------- */
 
-void cpu_bias_forward(gpu_tensor y, gpu_tensor bias, int n, int c, int64_t ldy, int nt)
+zo_status cpu_bias_forward(cpu_scratch *ws, gpu_tensor y, gpu_tensor bias, int n, int c,
+                           int64_t ldy, int nt)
 {
-    float *bv = malloc((size_t)c * sizeof(float));
+    const int team = nthreads(nt);
+    const size_t cb = (size_t)c * sizeof(float);
+    char *base;
+    zo_status st = reserve_team(ws, "gpu_bias_forward", cb, cb, team, &base);
+    if (st != ZO_OK) return st;
+    float *bv = (float *)base;
     load_row(bv, bias, 0, c);
-#pragma omp parallel num_threads(nthreads(nt))
+#pragma omp parallel num_threads(team)
     {
-        float *row = malloc((size_t)c * sizeof(float));
+        float *row = (float *)team_slice(base, cb, cb);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
-            load_row(row, y, (size_t)r * ldy, c);
-            for (int j = 0; j < c; j++) row[j] += bv[j];
-            store_row(y, (size_t)r * ldy, row, c);
+            size_t off = (size_t)r * ldy;
+            float *py = out_f32(y, off, row);
+            add_f32(py, in_f32(y, off, c, row), bv, c);
+            out_done(y, off, py, c);
         }
-        free(row);
     }
-    free(bv);
+    return ZO_OK;
 }
 
 /* Column sums over rows in row order; each thread owns a block of columns. */
@@ -252,18 +444,24 @@ void cpu_bias_backward(gpu_tensor dbias, gpu_tensor dy, int n, int c, int64_t ld
 
 /* ---- LayerNorm and RMSNorm ------------------------------------------------------------- */
 
-void cpu_layernorm_forward(gpu_tensor y, float *mean, float *rstd, gpu_tensor x, gpu_tensor w,
-                           gpu_tensor b, int n, int c, float eps, int nt)
+zo_status cpu_layernorm_forward(cpu_scratch *ws, gpu_tensor y, float *mean, float *rstd,
+                                gpu_tensor x, gpu_tensor w, gpu_tensor b, int n, int c, float eps,
+                                int nt)
 {
-    float *wv = malloc((size_t)c * sizeof(float)), *bv = malloc((size_t)c * sizeof(float));
+    const int team = nthreads(nt);
+    const size_t cb = (size_t)c * sizeof(float);
+    char *base;
+    zo_status st = reserve_team(ws, "gpu_layernorm_forward", 2 * al64(cb), cb, team, &base);
+    if (st != ZO_OK) return st;
+    float *wv = (float *)base, *bv = (float *)(base + al64(cb));
     load_row(wv, w, 0, c);
     if (b.data)
         load_row(bv, b, 0, c);
     else
         memset(bv, 0, (size_t)c * sizeof(float));
-#pragma omp parallel num_threads(nthreads(nt))
+#pragma omp parallel num_threads(team)
     {
-        float *row = malloc((size_t)c * sizeof(float));
+        float *row = (float *)team_slice(base, 2 * al64(cb), cb);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
             load_row(row, x, (size_t)r * c, c);
@@ -277,10 +475,8 @@ void cpu_layernorm_forward(gpu_tensor y, float *mean, float *rstd, gpu_tensor x,
             mean[r] = m;
             rstd[r] = rs;
         }
-        free(row);
     }
-    free(wv);
-    free(bv);
+    return ZO_OK;
 }
 
 /* dw[j] += sum_r dy[r,j] * xhat[r,j] (and db[j] += sum_r dy[r,j]), xhat from
@@ -310,16 +506,21 @@ static void norm_param_grads(gpu_tensor dw, gpu_tensor db, gpu_tensor dy, gpu_te
     }
 }
 
-void cpu_layernorm_backward(gpu_tensor dx, gpu_tensor dw, gpu_tensor db, gpu_tensor dy,
-                            gpu_tensor x, gpu_tensor w, const float *mean, const float *rstd,
-                            int n, int c, int nt)
+zo_status cpu_layernorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, gpu_tensor db,
+                                 gpu_tensor dy, gpu_tensor x, gpu_tensor w, const float *mean,
+                                 const float *rstd, int n, int c, int nt)
 {
-    float *wv = malloc((size_t)c * sizeof(float));
+    const int team = nthreads(nt);
+    const size_t cb = al64((size_t)c * sizeof(float));
+    char *base;
+    zo_status st = reserve_team(ws, "gpu_layernorm_backward", cb, 3 * cb, team, &base);
+    if (st != ZO_OK) return st;
+    float *wv = (float *)base;
     load_row(wv, w, 0, c);
-#pragma omp parallel num_threads(nthreads(nt))
+#pragma omp parallel num_threads(team)
     {
-        float *g = malloc((size_t)c * sizeof(float)), *xr = malloc((size_t)c * sizeof(float));
-        float *o = malloc((size_t)c * sizeof(float));
+        char *mine = team_slice(base, cb, 3 * cb);
+        float *g = (float *)mine, *xr = (float *)(mine + cb), *o = (float *)(mine + 2 * cb);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
             load_row(g, dy, (size_t)r * c, c);
@@ -339,22 +540,24 @@ void cpu_layernorm_backward(gpu_tensor dx, gpu_tensor dw, gpu_tensor db, gpu_ten
             }
             store_row(dx, (size_t)r * c, o, c);
         }
-        free(g);
-        free(xr);
-        free(o);
     }
-    free(wv);
     norm_param_grads(dw, db, dy, x, mean, rstd, n, c, nt);
+    return ZO_OK;
 }
 
-void cpu_rmsnorm_forward(gpu_tensor y, float *rstd, gpu_tensor x, gpu_tensor w, int n, int c,
-                         float eps, int nt)
+zo_status cpu_rmsnorm_forward(cpu_scratch *ws, gpu_tensor y, float *rstd, gpu_tensor x,
+                              gpu_tensor w, int n, int c, float eps, int nt)
 {
-    float *wv = malloc((size_t)c * sizeof(float));
+    const int team = nthreads(nt);
+    const size_t cb = (size_t)c * sizeof(float);
+    char *base;
+    zo_status st = reserve_team(ws, "gpu_rmsnorm_forward", cb, cb, team, &base);
+    if (st != ZO_OK) return st;
+    float *wv = (float *)base;
     load_row(wv, w, 0, c);
-#pragma omp parallel num_threads(nthreads(nt))
+#pragma omp parallel num_threads(team)
     {
-        float *row = malloc((size_t)c * sizeof(float));
+        float *row = (float *)team_slice(base, cb, cb);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
             load_row(row, x, (size_t)r * c, c);
@@ -365,20 +568,25 @@ void cpu_rmsnorm_forward(gpu_tensor y, float *rstd, gpu_tensor x, gpu_tensor w, 
             store_row(y, (size_t)r * c, row, c);
             rstd[r] = rs;
         }
-        free(row);
     }
-    free(wv);
+    return ZO_OK;
 }
 
-void cpu_rmsnorm_backward(gpu_tensor dx, gpu_tensor dw, gpu_tensor dy, gpu_tensor x,
-                          gpu_tensor w, const float *rstd, int n, int c, int nt)
+zo_status cpu_rmsnorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, gpu_tensor dy,
+                               gpu_tensor x, gpu_tensor w, const float *rstd, int n, int c,
+                               int nt)
 {
-    float *wv = malloc((size_t)c * sizeof(float));
+    const int team = nthreads(nt);
+    const size_t cb = al64((size_t)c * sizeof(float));
+    char *base;
+    zo_status st = reserve_team(ws, "gpu_rmsnorm_backward", cb, 3 * cb, team, &base);
+    if (st != ZO_OK) return st;
+    float *wv = (float *)base;
     load_row(wv, w, 0, c);
-#pragma omp parallel num_threads(nthreads(nt))
+#pragma omp parallel num_threads(team)
     {
-        float *g = malloc((size_t)c * sizeof(float)), *xr = malloc((size_t)c * sizeof(float));
-        float *o = malloc((size_t)c * sizeof(float));
+        char *mine = team_slice(base, cb, 3 * cb);
+        float *g = (float *)mine, *xr = (float *)(mine + cb), *o = (float *)(mine + 2 * cb);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
             load_row(g, dy, (size_t)r * c, c);
@@ -391,147 +599,277 @@ void cpu_rmsnorm_backward(gpu_tensor dx, gpu_tensor dw, gpu_tensor dy, gpu_tenso
             for (int j = 0; j < c; j++) o[j] += rs * (g[j] * wv[j] - xr[j] * rs * m2);
             store_row(dx, (size_t)r * c, o, c);
         }
-        free(g);
-        free(xr);
-        free(o);
     }
-    free(wv);
     gpu_tensor none = {NULL, ZO_DTYPE_F32};
     norm_param_grads(dw, none, dy, x, NULL, rstd, n, c, nt);
+    return ZO_OK;
 }
 
 /* ---- attention ---------------------------------------------------------------------------
- * Per (batch, head), row i of the scores is recomputed from q_i and the keys
- * 0..i into a buffer of t floats; only lse[i] survives the forward. */
+ * Per (batch, head), queries go in blocks of AQ rows. A block's scores
+ * against keys 0..i_max (AQ x t floats, never t x t) are a product of packed
+ * panels run by the GEMM register kernel, as are P V in the forward and
+ * dP = dO V^T, dQ = dS K, dV += P^T dO, dK += dS^T Q in the backward. Only
+ * lse[i] survives the forward; the backward recomputes P from it. Causal
+ * structure: panels wholly above the diagonal are skipped, entries above it
+ * are zero. Each row's arithmetic is fixed by the block layout, not by the
+ * thread count. */
+#define AQ 48                          /* query rows per block, a multiple of MR */
+#define RUP(x, r) (((x) + (r) - 1) / (r) * (r)) /* x rounded up to a multiple of r */
 
-static inline float dot(const float *a, const float *b, int d)
+/* C[m][n] (row stride ldc, room for whole panels) += A B over packed panels
+ * of depth k. Causal options: with `q0` >= 0, rows are queries q0.. and
+ * columns keys: `skip_upper` skips column panels past a row panel's last
+ * query; `clip_depth` (depth = keys) stops each row panel at its last query. */
+static void panel_gemm(const float *Ap, const float *Bp, float *C, int ldc, int m, int n, int k,
+                       int q0, int skip_upper, int clip_depth)
 {
+    for (int is = 0; is < (m + MR - 1) / MR; is++) {
+        int last = q0 + is * MR + MR - 1; /* last query of this row panel */
+        int kc = clip_depth && last + 1 < k ? last + 1 : k;
+        for (int js = 0; js < (n + NR - 1) / NR; js++) {
+            if (skip_upper && js * NR > last) break;
+            gemm_kernel(kc, Ap + (size_t)is * MR * k, Bp + (size_t)js * NR * k,
+                        C + (size_t)is * MR * ldc + (size_t)js * NR, ldc);
+        }
+    }
+}
+
+/* Scores row -> unnormalized probabilities: row[j] = exp(row[j] * scale - mx)
+ * for j < n (mx their max, returned in *mx), zero for n <= j < n_zero;
+ * returns their sum (fixed lanes). */
+VEC_CLONES static float softmax_row(float *restrict row, int n, int n_zero, float scale,
+                                    float *mx_out)
+{
+    float m[LANES], acc[LANES];
+    for (int l = 0; l < LANES; l++) m[l] = -INFINITY, acc[l] = 0.0f;
+    int nb = n / LANES * LANES;
+    for (int j = 0; j < n; j++) row[j] *= scale;
+    for (int j = 0; j < nb; j += LANES)
+        for (int l = 0; l < LANES; l++) m[l] = row[j + l] > m[l] ? row[j + l] : m[l];
+    float mx = -INFINITY;
+    for (int l = 0; l < LANES; l++) mx = m[l] > mx ? m[l] : mx;
+    for (int j = nb; j < n; j++) mx = row[j] > mx ? row[j] : mx;
+    for (int j = 0; j < n; j++) row[j] = fexp(row[j] - mx);
+    for (int j = 0; j < nb; j += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += row[j + l];
     float s = 0.0f;
-    for (int i = 0; i < d; i++) s += a[i] * b[i];
+    for (int l = 0; l < LANES; l++) s += acc[l];
+    for (int j = nb; j < n; j++) s += row[j];
+    for (int j = n; j < n_zero; j++) row[j] = 0.0f;
+    *mx_out = mx;
     return s;
 }
 
-void cpu_attention_forward(const gpu_attn_desc *a, gpu_tensor out, float *lse, gpu_tensor qkv,
-                           int nt)
+/* P and dS rows of the backward: p = exp(s * scale - L) for j < n, then
+ * ds = p * (dp - D) * scale; both zero for n <= j < n_zero. */
+VEC_CLONES static void softmax_grad_row(float *restrict p, float *restrict dp, int n, int n_zero,
+                                        float scale, float L, float D)
+{
+    for (int j = 0; j < n; j++) {
+        float pj = fexp(p[j] * scale - L);
+        p[j] = pj;
+        dp[j] = pj * (dp[j] - D) * scale;
+    }
+    for (int j = n; j < n_zero; j++) p[j] = dp[j] = 0.0f;
+}
+
+VEC_CLONES static float dot_lanes(const float *restrict a, const float *restrict b, int n)
+{
+    float acc[LANES];
+    for (int l = 0; l < LANES; l++) acc[l] = 0.0f;
+    int nb = n / LANES * LANES;
+    for (int j = 0; j < nb; j += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += a[j + l] * b[j + l];
+    float s = 0.0f;
+    for (int l = 0; l < LANES; l++) s += acc[l];
+    for (int j = nb; j < n; j++) s += a[j] * b[j];
+    return s;
+}
+
+/* Rows [r0, r0+rows) of one head's slice of a [.., ld] tensor as fp32 X [rows][d]. */
+static void load_head_rows(float *X, gpu_tensor t, size_t base, size_t ld, size_t col, int r0,
+                           int rows, int d)
+{
+    for (int i = 0; i < rows; i++)
+        load_row(X + (size_t)i * d, t, base + (size_t)(r0 + i) * ld + col, d);
+}
+
+/* Carve consecutive 64-byte aligned float arrays out of a scratch slice. */
+static float *carve(char **p, size_t floats)
+{
+    float *r = (float *)*p;
+    *p += al64(floats * sizeof(float));
+    return r;
+}
+
+zo_status cpu_attention_forward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tensor out,
+                                float *lse, gpu_tensor qkv, int nt)
 {
     const int t = a->t, d = a->d, hq = a->hq, hkv = a->hkv, grp = hq / hkv;
     const size_t ld = (size_t)(hq + 2 * hkv) * d, ldo = (size_t)hq * d;
     const float scale = 1.0f / sqrtf((float)d);
-#pragma omp parallel num_threads(nthreads(nt))
+    const int team = nthreads(nt), tN = RUP(t, NR), dN = RUP(d, NR), aqM = RUP(AQ, MR);
+    /* per thread: K^T and V panels, the fp32 rows staged, Q and P panels,
+     * scores [aqM][tN], output tile [aqM][dN] */
+    const size_t n_kp = (size_t)tN * d, n_vp = (size_t)t * dN, n_x = (size_t)t * d;
+    const size_t n_qp = (size_t)aqM * d, n_s = (size_t)aqM * tN, n_pp = (size_t)aqM * t;
+    const size_t n_o = (size_t)aqM * dN;
+    const size_t per = al64(n_kp * 4) + al64(n_vp * 4) + al64(n_x * 4) + al64(n_qp * 4) +
+                       al64(n_s * 4) + al64(n_pp * 4) + al64(n_o * 4);
+    char *sb;
+    zo_status st = reserve_team(ws, "gpu_attention_forward", 0, per, team, &sb);
+    if (st != ZO_OK) return st;
+#pragma omp parallel num_threads(team)
     {
-        float *K = malloc((size_t)t * d * sizeof(float)), *V = malloc((size_t)t * d * sizeof(float));
-        float *sc = malloc((size_t)t * sizeof(float)), *q = malloc((size_t)d * sizeof(float));
-        float *o = malloc((size_t)d * sizeof(float));
+        char *cur = team_slice(sb, 0, per);
+        float *Kp = carve(&cur, n_kp), *Vp = carve(&cur, n_vp), *X = carve(&cur, n_x);
+        float *Qp = carve(&cur, n_qp), *S = carve(&cur, n_s), *Pp = carve(&cur, n_pp);
+        float *O = carve(&cur, n_o);
 #pragma omp for schedule(static)
         for (int bh = 0; bh < a->b * hq; bh++) {
             int b = bh / hq, h = bh % hq, g = h / grp;
             size_t base = (size_t)b * t * ld;
-            for (int j = 0; j < t; j++) {
-                load_row(K + (size_t)j * d, qkv, base + j * ld + (size_t)(hq + g) * d, d);
-                load_row(V + (size_t)j * d, qkv, base + j * ld + (size_t)(hq + hkv + g) * d, d);
-            }
-            for (int i = 0; i < t; i++) {
-                load_row(q, qkv, base + i * ld + (size_t)h * d, d);
-                float mx = -INFINITY;
-                for (int j = 0; j <= i; j++) {
-                    sc[j] = dot(q, K + (size_t)j * d, d) * scale;
-                    if (sc[j] > mx) mx = sc[j];
+            load_head_rows(X, qkv, base, ld, (size_t)(hq + g) * d, 0, t, d); /* K [t][d] */
+            pack_b_rows(Kp, X, d, t, d);
+            load_head_rows(X, qkv, base, ld, (size_t)(hq + hkv + g) * d, 0, t, d); /* V */
+            pack_b_cols(Vp, X, d, t, d);
+            for (int q0 = 0; q0 < t; q0 += AQ) {
+                int rows = t - q0 < AQ ? t - q0 : AQ, nk = q0 + rows;
+                load_head_rows(X, qkv, base, ld, (size_t)h * d, q0, rows, d); /* Q block */
+                pack_a_rows(Qp, X, d, rows, d);
+                /* S [rows][nk] = Q K^T */
+                for (int i = 0; i < aqM; i++) memset(S + (size_t)i * tN, 0, RUP(nk, NR) * 4);
+                panel_gemm(Qp, Kp, S, tN, rows, nk, d, q0, 1, 0);
+                float l[AQ];
+                for (int i = 0; i < rows; i++) {
+                    float mx;
+                    l[i] = softmax_row(S + (size_t)i * tN, q0 + i + 1, nk, scale, &mx);
+                    lse[((size_t)b * hq + h) * t + q0 + i] = mx + logf(l[i]);
                 }
-                float l = 0.0f;
-                for (int k = 0; k < d; k++) o[k] = 0.0f;
-                for (int j = 0; j <= i; j++) {
-                    float p = expf(sc[j] - mx);
-                    l += p;
-                    const float *v = V + (size_t)j * d;
-                    for (int k = 0; k < d; k++) o[k] += p * v[k];
+                /* O [rows][d] = P V, then divided by the row sums */
+                pack_a_rows(Pp, S, tN, rows, nk);
+                memset(O, 0, n_o * 4);
+                panel_gemm(Pp, Vp, O, dN, rows, d, nk, q0, 0, 1);
+                for (int i = 0; i < rows; i++) {
+                    float *o = O + (size_t)i * dN, inv = 1.0f / l[i];
+                    for (int k = 0; k < d; k++) o[k] *= inv;
+                    store_row(out, ((size_t)b * t + q0 + i) * ldo + (size_t)h * d, o, d);
                 }
-                float inv = 1.0f / l;
-                for (int k = 0; k < d; k++) o[k] *= inv;
-                store_row(out, ((size_t)b * t + i) * ldo + (size_t)h * d, o, d);
-                lse[((size_t)b * hq + h) * t + i] = mx + logf(l);
             }
         }
-        free(K);
-        free(V);
-        free(sc);
-        free(q);
-        free(o);
     }
+    return ZO_OK;
 }
 
 /* One task per (batch, kv head): it owns dK, dV of that head and dQ of the
  * query heads that share it, so no two threads write the same gradient. */
-void cpu_attention_backward(const gpu_attn_desc *a, gpu_tensor dqkv, gpu_tensor dout,
-                            gpu_tensor qkv, gpu_tensor out, const float *lse, int nt)
+zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tensor dqkv,
+                                 gpu_tensor dout, gpu_tensor qkv, gpu_tensor out,
+                                 const float *lse, int nt)
 {
     const int t = a->t, d = a->d, hq = a->hq, hkv = a->hkv, grp = hq / hkv;
     const size_t ld = (size_t)(hq + 2 * hkv) * d, ldo = (size_t)hq * d;
     const float scale = 1.0f / sqrtf((float)d);
-#pragma omp parallel num_threads(nthreads(nt))
+    const int team = nthreads(nt), tN = RUP(t, NR), tM = RUP(t, MR), dN = RUP(d, NR);
+    const int aqM = RUP(AQ, MR);
+    /* per thread: K^T, V^T and K panels, dK and dV [tM][dN], the fp32 rows
+     * staged (t x d), Q and dO blocks (AQ x d each), their A and B panels,
+     * O row, S/P and dP/dS [aqM][tN], dS panels, P^T and dS^T panels, dQ tile */
+    const size_t n_kp = (size_t)tN * d, n_kn = (size_t)t * dN, n_acc = (size_t)tM * dN;
+    const size_t n_x = (size_t)t * d, n_blk = (size_t)AQ * d, n_ap = (size_t)aqM * d;
+    const size_t n_bp = (size_t)AQ * dN, n_s = (size_t)aqM * tN, n_dsp = (size_t)aqM * t;
+    const size_t n_tp = (size_t)tM * AQ, n_dq = (size_t)aqM * dN;
+    const size_t per = 2 * al64(n_kp * 4) + al64(n_kn * 4) + 2 * al64(n_acc * 4) +
+                       al64(n_x * 4) + 2 * al64(n_blk * 4) + 2 * al64(n_ap * 4) +
+                       2 * al64(n_bp * 4) + al64((size_t)d * 4) + 2 * al64(n_s * 4) +
+                       al64(n_dsp * 4) + 2 * al64(n_tp * 4) + al64(n_dq * 4);
+    char *sb;
+    zo_status st = reserve_team(ws, "gpu_attention_backward", 0, per, team, &sb);
+    if (st != ZO_OK) return st;
+#pragma omp parallel num_threads(team)
     {
-        size_t td = (size_t)t * d * sizeof(float);
-        float *K = malloc(td), *V = malloc(td), *dK = malloc(td), *dV = malloc(td);
-        float *q = malloc(d * sizeof(float)), *dq = malloc(d * sizeof(float));
-        float *go = malloc(d * sizeof(float)), *o = malloc(d * sizeof(float));
+        char *cur = team_slice(sb, 0, per);
+        float *Kp = carve(&cur, n_kp), *Vtp = carve(&cur, n_kp), *Kn = carve(&cur, n_kn);
+        float *dK = carve(&cur, n_acc), *dV = carve(&cur, n_acc), *X = carve(&cur, n_x);
+        float *Qf = carve(&cur, n_blk), *dOf = carve(&cur, n_blk);
+        float *Qp = carve(&cur, n_ap), *dOp = carve(&cur, n_ap);
+        float *Qb = carve(&cur, n_bp), *dOb = carve(&cur, n_bp), *orow = carve(&cur, d);
+        float *P = carve(&cur, n_s), *dS = carve(&cur, n_s), *dSp = carve(&cur, n_dsp);
+        float *PTp = carve(&cur, n_tp), *dSTp = carve(&cur, n_tp), *dQ = carve(&cur, n_dq);
 #pragma omp for schedule(static)
         for (int bg = 0; bg < a->b * hkv; bg++) {
             int b = bg / hkv, g = bg % hkv;
             size_t base = (size_t)b * t * ld;
-            for (int j = 0; j < t; j++) {
-                load_row(K + (size_t)j * d, qkv, base + j * ld + (size_t)(hq + g) * d, d);
-                load_row(V + (size_t)j * d, qkv, base + j * ld + (size_t)(hq + hkv + g) * d, d);
-            }
-            memset(dK, 0, td);
-            memset(dV, 0, td);
+            load_head_rows(X, qkv, base, ld, (size_t)(hq + g) * d, 0, t, d); /* K [t][d] */
+            pack_b_rows(Kp, X, d, t, d);
+            pack_b_cols(Kn, X, d, t, d);
+            load_head_rows(X, qkv, base, ld, (size_t)(hq + hkv + g) * d, 0, t, d); /* V */
+            pack_b_rows(Vtp, X, d, t, d);
+            memset(dK, 0, n_acc * 4);
+            memset(dV, 0, n_acc * 4);
             for (int h = g * grp; h < (g + 1) * grp; h++) {
-                for (int i = 0; i < t; i++) {
-                    size_t orow = ((size_t)b * t + i) * ldo + (size_t)h * d;
-                    load_row(q, qkv, base + i * ld + (size_t)h * d, d);
-                    load_row(go, dout, orow, d);
-                    load_row(o, out, orow, d);
-                    float Di = dot(go, o, d), L = lse[((size_t)b * hq + h) * t + i];
-                    for (int k = 0; k < d; k++) dq[k] = 0.0f;
-                    for (int j = 0; j <= i; j++) {
-                        const float *kj = K + (size_t)j * d, *vj = V + (size_t)j * d;
-                        float p = expf(dot(q, kj, d) * scale - L);
-                        float ds = p * (dot(go, vj, d) - Di) * scale;
-                        float *dkj = dK + (size_t)j * d, *dvj = dV + (size_t)j * d;
-                        for (int k = 0; k < d; k++) {
-                            dq[k] += ds * kj[k];
-                            dkj[k] += ds * q[k];
-                            dvj[k] += p * go[k];
-                        }
+                const float *L = lse + ((size_t)b * hq + h) * t;
+                for (int q0 = 0; q0 < t; q0 += AQ) {
+                    int rows = t - q0 < AQ ? t - q0 : AQ, nk = q0 + rows, nkN = RUP(nk, NR);
+                    load_head_rows(Qf, qkv, base, ld, (size_t)h * d, q0, rows, d);
+                    load_head_rows(dOf, dout, (size_t)b * t * ldo, ldo, (size_t)h * d, q0, rows, d);
+                    pack_a_rows(Qp, Qf, d, rows, d);
+                    pack_a_rows(dOp, dOf, d, rows, d);
+                    pack_b_cols(Qb, Qf, d, rows, d);
+                    pack_b_cols(dOb, dOf, d, rows, d);
+                    /* S = Q K^T and dP = dO V^T, [rows][nk] */
+                    for (int i = 0; i < aqM; i++) {
+                        memset(P + (size_t)i * tN, 0, (size_t)nkN * 4);
+                        memset(dS + (size_t)i * tN, 0, (size_t)nkN * 4);
                     }
-                    store_row(dqkv, base + i * ld + (size_t)h * d, dq, d);
+                    panel_gemm(Qp, Kp, P, tN, rows, nk, d, q0, 1, 0);
+                    panel_gemm(dOp, Vtp, dS, tN, rows, nk, d, q0, 1, 0);
+                    for (int i = 0; i < rows; i++) {
+                        load_row(orow, out, ((size_t)b * t + q0 + i) * ldo + (size_t)h * d, d);
+                        float D = dot_lanes(dOf + (size_t)i * d, orow, d);
+                        softmax_grad_row(P + (size_t)i * tN, dS + (size_t)i * tN, q0 + i + 1, nk,
+                                         scale, L[q0 + i], D);
+                    }
+                    /* dQ [rows][d] = dS K */
+                    pack_a_rows(dSp, dS, tN, rows, nk);
+                    memset(dQ, 0, n_dq * 4);
+                    panel_gemm(dSp, Kn, dQ, dN, rows, d, nk, q0, 0, 1);
+                    for (int i = 0; i < rows; i++)
+                        store_row(dqkv, base + (size_t)(q0 + i) * ld + (size_t)h * d,
+                                  dQ + (size_t)i * dN, d);
+                    /* dV [nk][d] += P^T dO, dK += dS^T Q */
+                    pack_a_cols(PTp, P, tN, nk, rows);
+                    pack_a_cols(dSTp, dS, tN, nk, rows);
+                    panel_gemm(PTp, dOb, dV, dN, nk, d, rows, 0, 0, 0);
+                    panel_gemm(dSTp, Qb, dK, dN, nk, d, rows, 0, 0, 0);
                 }
             }
             for (int j = 0; j < t; j++) {
-                store_row(dqkv, base + j * ld + (size_t)(hq + g) * d, dK + (size_t)j * d, d);
-                store_row(dqkv, base + j * ld + (size_t)(hq + hkv + g) * d, dV + (size_t)j * d, d);
+                store_row(dqkv, base + j * ld + (size_t)(hq + g) * d, dK + (size_t)j * dN, d);
+                store_row(dqkv, base + j * ld + (size_t)(hq + hkv + g) * d, dV + (size_t)j * dN, d);
             }
         }
-        free(K);
-        free(V);
-        free(dK);
-        free(dV);
-        free(q);
-        free(dq);
-        free(go);
-        free(o);
     }
+    return ZO_OK;
 }
 
 /* ---- RoPE ----------------------------------------------------------------------------------- */
 
-void cpu_rope(gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx, float theta,
-              int pos0, int inverse, int nt)
+zo_status cpu_rope(cpu_scratch *ws, gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx,
+                   float theta, int pos0, int inverse, int nt)
 {
-    const int half = d / 2;
-    double *inv_freq = malloc((size_t)half * sizeof(double));
+    const int half = d / 2, team = nthreads(nt);
+    const size_t db = al64((size_t)d * sizeof(float));
+    char *base;
+    zo_status st = reserve_team(ws, "gpu_rope", (size_t)half * sizeof(double), 2 * db, team, &base);
+    if (st != ZO_OK) return st;
+    double *inv_freq = (double *)base;
     for (int i = 0; i < half; i++) inv_freq[i] = pow((double)theta, -2.0 * i / d);
-#pragma omp parallel num_threads(nthreads(nt))
+#pragma omp parallel num_threads(team)
     {
-        float *cs = malloc((size_t)d * sizeof(float)), *row = malloc((size_t)d * sizeof(float));
+        char *mine = team_slice(base, (size_t)half * sizeof(double), 2 * db);
+        float *cs = (float *)mine, *row = (float *)(mine + db);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
             double pos = (double)(pos0 + r % t);
@@ -550,44 +888,100 @@ void cpu_rope(gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx, float
                 store_row(x, off, row, d);
             }
         }
-        free(cs);
-        free(row);
     }
-    free(inv_freq);
+    return ZO_OK;
 }
 
-/* ---- activations ------------------------------------------------------------------------------ */
+/* ---- activations ------------------------------------------------------------------------------
+ * GELU (tanh form) through 1 + tanh(u) = 2 sigmoid(2u), which has no
+ * cancellation for negative inputs: gelu(v) = v / (1 + exp(-2u)). */
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+VEC_CLONES static void gelu_fwd_f32(float *y, const float *x, int n)
+{
+#pragma omp simd /* in place (output == an input) is fine: same index */
+    for (int i = 0; i < n; i++) {
+        float v = x[i], u = GELU_K * (v + 0.044715f * v * v * v);
+        y[i] = v / (1.0f + fexp(-2.0f * u));
+    }
+}
+
+/* d gelu / dv = s + 2 v s (1 - s) du/dv with s = sigmoid(2u). */
+VEC_CLONES static void gelu_bwd_f32(float *dx, const float *dy, const float *x, int n)
+{
+#pragma omp simd /* in place (output == an input) is fine: same index */
+    for (int i = 0; i < n; i++) {
+        float v = x[i], u = GELU_K * (v + 0.044715f * v * v * v);
+        float du = GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
+        float sg = 1.0f / (1.0f + fexp(-2.0f * u));
+        dx[i] = dy[i] * (sg + 2.0f * v * sg * (1.0f - sg) * du);
+    }
+}
+
+VEC_CLONES static void swiglu_fwd_f32(float *y, const float *gate, const float *up, int n)
+{
+#pragma omp simd /* in place (output == an input) is fine: same index */
+    for (int i = 0; i < n; i++) {
+        float g = gate[i];
+        y[i] = g / (1.0f + fexp(-g)) * up[i];
+    }
+}
+
+VEC_CLONES static void swiglu_bwd_f32(float *restrict dgate, float *restrict dup,
+                                      const float *restrict dy, const float *restrict gate,
+                                      const float *restrict up, int n)
+{
+    for (int i = 0; i < n; i++) {
+        float g = gate[i], u = up[i], gy = dy[i];
+        float sg = 1.0f / (1.0f + fexp(-g));
+        dup[i] = gy * g * sg;
+        dgate[i] = gy * u * sg * (1.0f + g * (1.0f - sg));
+    }
+}
+
+static size_t ew_blocks(size_t n) { return (n + EW_BLOCK - 1) / EW_BLOCK; }
+static int ew_len(size_t blk, size_t n)
+{
+    return (int)(n - blk * EW_BLOCK < EW_BLOCK ? n - blk * EW_BLOCK : EW_BLOCK);
+}
 
 void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int nt)
 {
 #pragma omp parallel for schedule(static) num_threads(nthreads(nt))
-    for (size_t i = 0; i < n; i++) {
-        float v = ld(x, i);
-        st(y, i, 0.5f * v * (1.0f + tanhf(GELU_K * (v + 0.044715f * v * v * v))));
+    for (size_t blk = 0; blk < ew_blocks(n); blk++) {
+        float bx[EW_BLOCK], by[EW_BLOCK];
+        size_t off = blk * EW_BLOCK;
+        int len = ew_len(blk, n);
+        float *py = out_f32(y, off, by);
+        gelu_fwd_f32(py, in_f32(x, off, len, bx), len);
+        out_done(y, off, py, len);
     }
 }
 
 void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int nt)
 {
 #pragma omp parallel for schedule(static) num_threads(nthreads(nt))
-    for (size_t i = 0; i < n; i++) {
-        float v = ld(x, i);
-        float u = GELU_K * (v + 0.044715f * v * v * v);
-        float th = tanhf(u);
-        float du = GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
-        float g = 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * du;
-        st(dx, i, ld(dy, i) * g);
+    for (size_t blk = 0; blk < ew_blocks(n); blk++) {
+        float bx[EW_BLOCK], bdy[EW_BLOCK], bdx[EW_BLOCK];
+        size_t off = blk * EW_BLOCK;
+        int len = ew_len(blk, n);
+        float *pdx = out_f32(dx, off, bdx);
+        gelu_bwd_f32(pdx, in_f32(dy, off, len, bdy), in_f32(x, off, len, bx), len);
+        out_done(dx, off, pdx, len);
     }
 }
 
 void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, int nt)
 {
 #pragma omp parallel for schedule(static) num_threads(nthreads(nt))
-    for (size_t i = 0; i < n; i++) {
-        float g = ld(gate, i);
-        st(y, i, g / (1.0f + expf(-g)) * ld(up, i));
+    for (size_t blk = 0; blk < ew_blocks(n); blk++) {
+        float bg[EW_BLOCK], bu[EW_BLOCK], by[EW_BLOCK];
+        size_t off = blk * EW_BLOCK;
+        int len = ew_len(blk, n);
+        float *py = out_f32(y, off, by);
+        swiglu_fwd_f32(py, in_f32(gate, off, len, bg), in_f32(up, off, len, bu), len);
+        out_done(y, off, py, len);
     }
 }
 
@@ -595,12 +989,15 @@ void cpu_swiglu_backward(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy, gpu_te
                          gpu_tensor up, size_t n, int nt)
 {
 #pragma omp parallel for schedule(static) num_threads(nthreads(nt))
-    for (size_t i = 0; i < n; i++) {
-        float g = ld(gate, i), u = ld(up, i), gy = ld(dy, i);
-        float sg = 1.0f / (1.0f + expf(-g));
-        float silu = g * sg;
-        st(dup, i, gy * silu);
-        st(dgate, i, gy * u * sg * (1.0f + g * (1.0f - sg)));
+    for (size_t blk = 0; blk < ew_blocks(n); blk++) {
+        float bg[EW_BLOCK], bu[EW_BLOCK], bdy[EW_BLOCK], bdg[EW_BLOCK], bdu[EW_BLOCK];
+        size_t off = blk * EW_BLOCK;
+        int len = ew_len(blk, n);
+        /* the gradients may overwrite the inputs: compute into buffers */
+        swiglu_bwd_f32(bdg, bdu, in_f32(dy, off, len, bdy), in_f32(gate, off, len, bg),
+                       in_f32(up, off, len, bu), len);
+        store_row(dgate, off, bdg, len);
+        store_row(dup, off, bdu, len);
     }
 }
 
@@ -616,14 +1013,21 @@ static zo_status check_ids(const char *op, const char *what, const int32_t *ids,
     return ZO_OK;
 }
 
-zo_status cpu_embedding_forward(gpu_tensor out, const int32_t *tokens, gpu_tensor wte,
-                                gpu_tensor wpe, int n, int t, int c, int vocab, int nt)
+zo_status cpu_embedding_forward(cpu_scratch *ws, gpu_tensor out, const int32_t *tokens,
+                                gpu_tensor wte, gpu_tensor wpe, int n, int t, int c, int vocab,
+                                int nt)
 {
     zo_status s = check_ids("gpu_embedding_forward", "tokens", tokens, n, vocab, 0);
     if (s != ZO_OK) return s;
-#pragma omp parallel num_threads(nthreads(nt))
+    const int team = nthreads(nt);
+    const size_t cb = al64((size_t)c * sizeof(float));
+    char *base;
+    s = reserve_team(ws, "gpu_embedding_forward", 0, 2 * cb, team, &base);
+    if (s != ZO_OK) return s;
+#pragma omp parallel num_threads(team)
     {
-        float *row = malloc((size_t)c * sizeof(float)), *pr = malloc((size_t)c * sizeof(float));
+        char *mine = team_slice(base, 0, 2 * cb);
+        float *row = (float *)mine, *pr = (float *)(mine + cb);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
             load_row(row, wte, (size_t)tokens[r] * c, c);
@@ -633,8 +1037,6 @@ zo_status cpu_embedding_forward(gpu_tensor out, const int32_t *tokens, gpu_tenso
             }
             store_row(out, (size_t)r * c, row, c);
         }
-        free(row);
-        free(pr);
     }
     return ZO_OK;
 }
@@ -663,117 +1065,194 @@ zo_status cpu_embedding_backward(gpu_tensor dwte, gpu_tensor dwpe, gpu_tensor do
     return ZO_OK;
 }
 
-/* log(sum(exp(row))) with the max subtracted, summed in double. */
-static float row_lse(const float *row, int v)
+/* max and log(sum(exp(row - max))), the sum in double over fixed lanes. */
+VEC_CLONES static float row_lse(const float *restrict row, int v)
 {
+    float m[LANES];
+    double acc[LANES];
+    for (int l = 0; l < LANES; l++) m[l] = -INFINITY, acc[l] = 0.0;
+    int vb = v / LANES * LANES;
+    for (int j = 0; j < vb; j += LANES)
+        for (int l = 0; l < LANES; l++) m[l] = row[j + l] > m[l] ? row[j + l] : m[l];
     float mx = -INFINITY;
-    for (int j = 0; j < v; j++)
-        if (row[j] > mx) mx = row[j];
+    for (int l = 0; l < LANES; l++) mx = m[l] > mx ? m[l] : mx;
+    for (int j = vb; j < v; j++) mx = row[j] > mx ? row[j] : mx;
+    for (int j = 0; j < vb; j += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += (double)fexp(row[j + l] - mx);
     double s = 0.0;
-    for (int j = 0; j < v; j++) s += exp((double)(row[j] - mx));
+    for (int l = 0; l < LANES; l++) s += acc[l];
+    for (int j = vb; j < v; j++) s += (double)fexp(row[j] - mx);
     return mx + (float)log(s);
 }
 
-zo_status cpu_cross_entropy_forward(float *losses, gpu_tensor logits, const int32_t *targets,
-                                    int n, int v, int nt)
+/* row = scale * exp(row - L) */
+VEC_CLONES static void row_softmax_scaled(float *restrict row, int v, float L, float scale)
 {
-    zo_status s = check_ids("gpu_cross_entropy_forward", "targets", targets, n, v, 1);
+    for (int j = 0; j < v; j++) row[j] = scale * fexp(row[j] - L);
+}
+
+zo_status cpu_cross_entropy_forward(cpu_scratch *ws, float *losses, gpu_tensor logits,
+                                    const int32_t *targets, int n, int v, int nt)
+{
+    const char *op = "gpu_cross_entropy_forward";
+    zo_status s = check_ids(op, "targets", targets, n, v, 1);
     if (s != ZO_OK) return s;
-#pragma omp parallel num_threads(nthreads(nt))
+    const int team = nthreads(nt);
+    const size_t vb = (size_t)v * sizeof(float);
+    char *base;
+    s = reserve_team(ws, op, 0, vb, team, &base);
+    if (s != ZO_OK) return s;
+#pragma omp parallel num_threads(team)
     {
-        float *row = malloc((size_t)v * sizeof(float));
+        float *row = (float *)team_slice(base, 0, vb);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
             if (targets[r] < 0) {
                 losses[r] = 0.0f;
                 continue;
             }
-            load_row(row, logits, (size_t)r * v, v);
-            losses[r] = row_lse(row, v) - row[targets[r]];
+            const float *lr = in_f32(logits, (size_t)r * v, v, row);
+            losses[r] = row_lse(lr, v) - lr[targets[r]];
         }
-        free(row);
     }
     return ZO_OK;
 }
 
-zo_status cpu_cross_entropy_backward(gpu_tensor dlogits, gpu_tensor logits,
+zo_status cpu_cross_entropy_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_tensor logits,
                                      const int32_t *targets, float dloss, int n, int v, int nt)
 {
-    zo_status s = check_ids("gpu_cross_entropy_backward", "targets", targets, n, v, 1);
+    const char *op = "gpu_cross_entropy_backward";
+    zo_status s = check_ids(op, "targets", targets, n, v, 1);
     if (s != ZO_OK) return s;
-#pragma omp parallel num_threads(nthreads(nt))
+    const int team = nthreads(nt);
+    const size_t vb = (size_t)v * sizeof(float);
+    char *base;
+    s = reserve_team(ws, op, 0, vb, team, &base);
+    if (s != ZO_OK) return s;
+#pragma omp parallel num_threads(team)
     {
-        float *row = malloc((size_t)v * sizeof(float));
+        float *row = (float *)team_slice(base, 0, vb);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
             if (targets[r] < 0) {
                 memset(row, 0, (size_t)v * sizeof(float));
             } else {
                 load_row(row, logits, (size_t)r * v, v);
-                float L = row_lse(row, v);
-                for (int j = 0; j < v; j++) row[j] = dloss * expf(row[j] - L);
+                row_softmax_scaled(row, v, row_lse(row, v), dloss);
                 row[targets[r]] -= dloss;
             }
             store_row(dlogits, (size_t)r * v, row, v);
         }
-        free(row);
     }
     return ZO_OK;
 }
 
 /* ---- elementwise and reductions -------------------------------------------------------------------- */
 
+VEC_CLONES static void scale_f32(float *y, const float *x, float alpha, int n)
+{
+#pragma omp simd /* in place (output == an input) is fine: same index */
+    for (int i = 0; i < n; i++) y[i] = x[i] * alpha;
+}
+
+/* Nonzero when any of x[0..n) is inf or nan (all exponent bits set). */
+VEC_CLONES static int nonfinite_f32(const float *restrict x, int n)
+{
+    int bad = 0;
+    for (int i = 0; i < n; i++) bad |= (zo_f32_bits(x[i]) & 0x7f800000u) == 0x7f800000u;
+    return bad;
+}
+
+/* sum of x[i]^2 in double, over fixed lanes */
+VEC_CLONES static double sumsq_f32(const float *restrict x, int n)
+{
+    double acc[LANES];
+    for (int l = 0; l < LANES; l++) acc[l] = 0.0;
+    int nb = n / LANES * LANES;
+    for (int j = 0; j < nb; j += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += (double)x[j + l] * x[j + l];
+    double s = 0.0;
+    for (int l = 0; l < LANES; l++) s += acc[l];
+    for (int j = nb; j < n; j++) s += (double)x[j] * x[j];
+    return s;
+}
+
 void cpu_add(gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n, int nt)
 {
-    if (y.dtype == ZO_DTYPE_F32 && a.dtype == ZO_DTYPE_F32 && b.dtype == ZO_DTYPE_F32) {
-        float *py = y.data;
-        const float *pa = a.data, *pb = b.data;
 #pragma omp parallel for schedule(static) num_threads(nthreads(nt))
-        for (size_t i = 0; i < n; i++) py[i] = pa[i] + pb[i];
-        return;
+    for (size_t blk = 0; blk < ew_blocks(n); blk++) {
+        float ba[EW_BLOCK], bb[EW_BLOCK], by[EW_BLOCK];
+        size_t off = blk * EW_BLOCK;
+        int len = ew_len(blk, n);
+        float *py = out_f32(y, off, by);
+        add_f32(py, in_f32(a, off, len, ba), in_f32(b, off, len, bb), len);
+        out_done(y, off, py, len);
     }
-#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
-    for (size_t i = 0; i < n; i++) st(y, i, ld(a, i) + ld(b, i));
 }
 
 void cpu_scale(gpu_tensor x, float alpha, size_t n, int nt)
 {
 #pragma omp parallel for schedule(static) num_threads(nthreads(nt))
-    for (size_t i = 0; i < n; i++) st(x, i, ld(x, i) * alpha);
+    for (size_t blk = 0; blk < ew_blocks(n); blk++) {
+        float bx[EW_BLOCK], by[EW_BLOCK];
+        size_t off = blk * EW_BLOCK;
+        int len = ew_len(blk, n);
+        float *py = out_f32(x, off, by);
+        scale_f32(py, in_f32(x, off, len, bx), alpha, len);
+        out_done(x, off, py, len);
+    }
 }
 
 void cpu_cast(gpu_tensor dst, gpu_tensor src, size_t n, int nt)
 {
+    if (dst.dtype == src.dtype) {
+        if (dst.data != src.data) memmove(dst.data, src.data, n * zo_dtype_size(dst.dtype));
+        return;
+    }
 #pragma omp parallel for schedule(static) num_threads(nthreads(nt))
-    for (size_t i = 0; i < n; i++) st(dst, i, ld(src, i));
+    for (size_t blk = 0; blk < ew_blocks(n); blk++) {
+        float bx[EW_BLOCK];
+        size_t off = blk * EW_BLOCK;
+        int len = ew_len(blk, n);
+        store_row(dst, off, in_f32(src, off, len, bx), len);
+    }
 }
 
 void cpu_check_finite(int32_t *flag, gpu_tensor x, size_t n, int nt)
 {
     int bad = 0;
 #pragma omp parallel for schedule(static) reduction(| : bad) num_threads(nthreads(nt))
-    for (size_t i = 0; i < n; i++) bad |= !isfinite(ld(x, i));
+    for (size_t blk = 0; blk < ew_blocks(n); blk++) {
+        float bx[EW_BLOCK];
+        size_t off = blk * EW_BLOCK;
+        int len = ew_len(blk, n);
+        bad |= nonfinite_f32(in_f32(x, off, len, bx), len);
+    }
     if (bad) *flag |= 1;
 }
 
-#define SUMSQ_CHUNK 16384
+#define SUMSQ_CHUNK 16384 /* a multiple of EW_BLOCK */
 
-void cpu_sum_squares(float *sum, gpu_tensor x, size_t n, int nt)
+zo_status cpu_sum_squares(cpu_scratch *ws, float *sum, gpu_tensor x, size_t n, int nt)
 {
     size_t chunks = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
-    double *part = malloc(chunks * sizeof(double));
+    double *part;
+    zo_status st = cpu_scratch_reserve(ws, chunks * sizeof(double), "gpu_sum_squares",
+                                       (void **)&part);
+    if (st != ZO_OK) return st;
 #pragma omp parallel for schedule(static) num_threads(nthreads(nt))
     for (size_t k = 0; k < chunks; k++) {
         size_t end = (k + 1) * SUMSQ_CHUNK < n ? (k + 1) * SUMSQ_CHUNK : n;
         double s = 0.0;
-        for (size_t i = k * SUMSQ_CHUNK; i < end; i++) {
-            double v = ld(x, i);
-            s += v * v;
+        float bx[EW_BLOCK];
+        for (size_t off = k * SUMSQ_CHUNK; off < end; off += EW_BLOCK) {
+            int len = (int)(end - off < EW_BLOCK ? end - off : EW_BLOCK);
+            s += sumsq_f32(in_f32(x, off, len, bx), len);
         }
         part[k] = s;
     }
     double total = 0.0;
     for (size_t k = 0; k < chunks; k++) total += part[k];
-    free(part);
     *sum += (float)total;
+    return ZO_OK;
 }

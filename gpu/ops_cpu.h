@@ -4,50 +4,97 @@
  *
  * Every kernel uses static schedules and reduces in a fixed order, so its
  * result does not depend on `nt`. Arguments are those of the public op of
- * the same name (gpu/device.h), already checked. */
+ * the same name (gpu/device.h), already checked.
+ *
+ * Kernels that need working memory take a scratch arena (one per stream in
+ * device_cpu.c) and reserve it before their parallel region, so no thread
+ * allocates; when the host is out of memory they return ZO_ERR_NOMEM with a
+ * message naming the op and the size, and write nothing. */
 #ifndef ZO_GPU_OPS_CPU_H
 #define ZO_GPU_OPS_CPU_H
 
 #include "gpu/device.h"
 
-void cpu_gemm(const gpu_gemm_desc *d, int nt);
+/* ---- scratch arena ----------------------------------------------------------- */
+
+/* One growing block: a reservation frees it and allocates a larger one when
+ * it is too small, so a stream's ops reach a steady size and then allocate
+ * nothing. Not thread-safe: one user (a stream worker) at a time. */
+typedef struct cpu_scratch {
+    void *base;
+    size_t cap;
+    /* (test seam) asked before every reservation; nonzero fails it exactly
+     * as a failed host allocation would. NULL in normal use. */
+    int (*fail)(void *arg);
+    void *fail_arg;
+} cpu_scratch;
+
+void cpu_scratch_init(cpu_scratch *ws);
+void cpu_scratch_free(cpu_scratch *ws);
+/* *out = at least `bytes` bytes, 64-byte aligned, valid until the next
+ * reservation. `op` names the caller in the ZO_ERR_NOMEM message. */
+zo_status cpu_scratch_reserve(cpu_scratch *ws, size_t bytes, const char *op, void **out);
+
+/* ---- fault injection (tests): a mock of a host running out of memory --------- */
+
+/* After `*_skip` more successful calls, the next `*_fail` calls fail with
+ * ZO_ERR_NOMEM: `scratch_*` counts scratch reservations of the ops on any
+ * stream of the device, `alloc_*` counts gpu_mem_alloc and gpu_host_alloc.
+ * Zero fail counts turn injection off. */
+typedef struct gpu_cpu_faults {
+    int scratch_skip, scratch_fail;
+    int alloc_skip, alloc_fail;
+} gpu_cpu_faults;
+
+/* Replace the device's fault plan. ZO_ERR_INVALID unless `dev` is a CPU
+ * device. */
+zo_status gpu_cpu_inject_faults(gpu_device_t dev, const gpu_cpu_faults *f);
+
+/* ---- kernels ------------------------------------------------------------------ */
+
+zo_status cpu_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt);
 /* The plain triple loop (fp32 accumulation), the baseline of bench_gpu. */
 void cpu_gemm_naive(const gpu_gemm_desc *d);
 
-void cpu_bias_forward(gpu_tensor y, gpu_tensor bias, int n, int c, int64_t ldy, int nt);
+zo_status cpu_bias_forward(cpu_scratch *ws, gpu_tensor y, gpu_tensor bias, int n, int c,
+                           int64_t ldy, int nt);
 void cpu_bias_backward(gpu_tensor dbias, gpu_tensor dy, int n, int c, int64_t lddy, int nt);
-void cpu_layernorm_forward(gpu_tensor y, float *mean, float *rstd, gpu_tensor x, gpu_tensor w,
-                           gpu_tensor b, int n, int c, float eps, int nt);
-void cpu_layernorm_backward(gpu_tensor dx, gpu_tensor dw, gpu_tensor db, gpu_tensor dy,
-                            gpu_tensor x, gpu_tensor w, const float *mean, const float *rstd,
-                            int n, int c, int nt);
-void cpu_rmsnorm_forward(gpu_tensor y, float *rstd, gpu_tensor x, gpu_tensor w, int n, int c,
-                         float eps, int nt);
-void cpu_rmsnorm_backward(gpu_tensor dx, gpu_tensor dw, gpu_tensor dy, gpu_tensor x,
-                          gpu_tensor w, const float *rstd, int n, int c, int nt);
-void cpu_attention_forward(const gpu_attn_desc *a, gpu_tensor out, float *lse, gpu_tensor qkv,
-                           int nt);
-void cpu_attention_backward(const gpu_attn_desc *a, gpu_tensor dqkv, gpu_tensor dout,
-                            gpu_tensor qkv, gpu_tensor out, const float *lse, int nt);
-void cpu_rope(gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx, float theta,
-              int pos0, int inverse, int nt);
+zo_status cpu_layernorm_forward(cpu_scratch *ws, gpu_tensor y, float *mean, float *rstd,
+                                gpu_tensor x, gpu_tensor w, gpu_tensor b, int n, int c, float eps,
+                                int nt);
+zo_status cpu_layernorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, gpu_tensor db,
+                                 gpu_tensor dy, gpu_tensor x, gpu_tensor w, const float *mean,
+                                 const float *rstd, int n, int c, int nt);
+zo_status cpu_rmsnorm_forward(cpu_scratch *ws, gpu_tensor y, float *rstd, gpu_tensor x,
+                              gpu_tensor w, int n, int c, float eps, int nt);
+zo_status cpu_rmsnorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, gpu_tensor dy,
+                               gpu_tensor x, gpu_tensor w, const float *rstd, int n, int c,
+                               int nt);
+zo_status cpu_attention_forward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tensor out,
+                                float *lse, gpu_tensor qkv, int nt);
+zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tensor dqkv,
+                                 gpu_tensor dout, gpu_tensor qkv, gpu_tensor out,
+                                 const float *lse, int nt);
+zo_status cpu_rope(cpu_scratch *ws, gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx,
+                   float theta, int pos0, int inverse, int nt);
 void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int nt);
 void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int nt);
 void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, int nt);
 void cpu_swiglu_backward(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy, gpu_tensor gate,
                          gpu_tensor up, size_t n, int nt);
-zo_status cpu_embedding_forward(gpu_tensor out, const int32_t *tokens, gpu_tensor wte,
-                                gpu_tensor wpe, int n, int t, int c, int vocab, int nt);
+zo_status cpu_embedding_forward(cpu_scratch *ws, gpu_tensor out, const int32_t *tokens,
+                                gpu_tensor wte, gpu_tensor wpe, int n, int t, int c, int vocab,
+                                int nt);
 zo_status cpu_embedding_backward(gpu_tensor dwte, gpu_tensor dwpe, gpu_tensor dout,
                                  const int32_t *tokens, int n, int t, int c, int vocab, int nt);
-zo_status cpu_cross_entropy_forward(float *losses, gpu_tensor logits, const int32_t *targets,
-                                    int n, int v, int nt);
-zo_status cpu_cross_entropy_backward(gpu_tensor dlogits, gpu_tensor logits,
+zo_status cpu_cross_entropy_forward(cpu_scratch *ws, float *losses, gpu_tensor logits,
+                                    const int32_t *targets, int n, int v, int nt);
+zo_status cpu_cross_entropy_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_tensor logits,
                                      const int32_t *targets, float dloss, int n, int v, int nt);
 void cpu_add(gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n, int nt);
 void cpu_scale(gpu_tensor x, float alpha, size_t n, int nt);
 void cpu_cast(gpu_tensor dst, gpu_tensor src, size_t n, int nt);
 void cpu_check_finite(int32_t *flag, gpu_tensor x, size_t n, int nt);
-void cpu_sum_squares(float *sum, gpu_tensor x, size_t n, int nt);
+zo_status cpu_sum_squares(cpu_scratch *ws, float *sum, gpu_tensor x, size_t n, int nt);
 
 #endif

@@ -15,7 +15,7 @@
 #include <cmocka.h>
 
 #include "gpu/device.h" /* defines: gpu_device_init_cpu, gpu_gemm, ... */
-#include "gpu/ops_cpu.h" /* defines: cpu_gemm_naive */
+#include "gpu/ops_cpu.h" /* defines: cpu_gemm_naive, gpu_cpu_inject_faults */
 
 static gpu_device_t dev;
 static gpu_stream_t S;
@@ -672,6 +672,8 @@ static void test_attention(void **state)
     run_attention((gpu_attn_desc){.b = 2, .t = 6, .hq = 4, .hkv = 2, .d = 4}, ZO_DTYPE_F32); /* GQA */
     run_attention((gpu_attn_desc){.b = 1, .t = 5, .hq = 3, .hkv = 1, .d = 6}, ZO_DTYPE_F32); /* MQA */
     run_attention((gpu_attn_desc){.b = 1, .t = 5, .hq = 2, .hkv = 1, .d = 8}, ZO_DTYPE_BF16);
+    /* several query blocks (48 rows each), a head width off the 32-column panels */
+    run_attention((gpu_attn_desc){.b = 1, .t = 101, .hq = 2, .hkv = 1, .d = 12}, ZO_DTYPE_F32);
 }
 
 /* ---- RoPE ------------------------------------------------------------------------------------------ */
@@ -945,6 +947,255 @@ static void test_elementwise(void **state)
     gpu_mem_free(dev, flag);
 }
 
+/* Attention, GELU, cross-entropy and LayerNorm (forward and backward) on
+ * devices with 1 and 2 threads give bit-identical results; shapes span
+ * several attention query blocks and elementwise blocks. */
+static void test_determinism_ops(void **state)
+{
+    (void)state;
+    const gpu_attn_desc ad = {.b = 2, .t = 100, .hq = 4, .hkv = 2, .d = 16};
+    const int nr = 200, c = 96; /* rows x width of the GELU / CE / LayerNorm inputs */
+    const size_t nq = (size_t)ad.b * ad.t * (ad.hq + 2 * ad.hkv) * ad.d;
+    const size_t no = (size_t)ad.b * ad.t * ad.hq * ad.d, nx = (size_t)nr * c;
+    const size_t nlse = (size_t)ad.b * ad.hq * ad.t;
+    /* inputs: qkv, dout, x, dy, w, b, targets; outputs: out, lse, dqkv, gelu y,
+     * gelu dx, losses, dlogits, ln y, mean, rstd, ln dx, dw, db */
+    const size_t n_in = nq + no + 2 * nx + 2 * (size_t)c + nr;
+    const size_t n_out = no + nlse + nq + 2 * nx + nr + nx + nx + 2 * (size_t)nr + nx + 2 * (size_t)c;
+    float *hin = malloc(n_in * 4), *res[2];
+    for (size_t i = 0; i < n_in - nr; i++) hin[i] = (float)(urand() * 2.0);
+    int32_t *htg = (int32_t *)(hin + n_in - nr);
+    for (int i = 0; i < nr; i++) htg[i] = (i * 37 + 5) % c;
+    for (int run = 0; run < 2; run++) {
+        gpu_device_t d;
+        gpu_stream_t s;
+        gpu_cpu_options opt = {.n_threads = run + 1};
+        assert_int_equal(gpu_device_init_cpu(&opt, &d), ZO_OK);
+        assert_int_equal(gpu_stream_create(d, &s), ZO_OK);
+        float *in, *out;
+        assert_int_equal(gpu_mem_alloc(d, n_in * 4, (void **)&in), ZO_OK);
+        assert_int_equal(gpu_mem_alloc(d, n_out * 4, (void **)&out), ZO_OK);
+        assert_int_equal(gpu_memcpy_async(s, in, hin, n_in * 4, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+        assert_int_equal(gpu_memset_async(s, out, 0, n_out * 4), ZO_OK);
+        const zo_dtype f = ZO_DTYPE_F32;
+        float *qkv = in, *dout = qkv + nq, *x = dout + no, *dy = x + nx, *w = dy + nx, *bb = w + c;
+        int32_t *tg = (int32_t *)(bb + c);
+        float *ao = out, *lse = ao + no, *dqkv = lse + nlse, *gy = dqkv + nq, *gdx = gy + nx;
+        float *loss = gdx + nx, *dlog = loss + nr, *ly = dlog + nx, *mean = ly + nx;
+        float *rstd = mean + nr, *ldx = rstd + nr, *dw = ldx + nx, *db = dw + c;
+        assert_int_equal(gpu_attention_forward(s, &ad, gpu_t(ao, f), lse, gpu_t(qkv, f)), ZO_OK);
+        assert_int_equal(gpu_attention_backward(s, &ad, gpu_t(dqkv, f), gpu_t(dout, f),
+                                                gpu_t(qkv, f), gpu_t(ao, f), lse), ZO_OK);
+        assert_int_equal(gpu_gelu_forward(s, gpu_t(gy, f), gpu_t(x, f), nx), ZO_OK);
+        assert_int_equal(gpu_gelu_backward(s, gpu_t(gdx, f), gpu_t(dy, f), gpu_t(x, f), nx), ZO_OK);
+        assert_int_equal(gpu_cross_entropy_forward(s, loss, gpu_t(x, f), tg, nr, c), ZO_OK);
+        assert_int_equal(gpu_cross_entropy_backward(s, gpu_t(dlog, f), gpu_t(x, f), tg, 0.25f, nr, c),
+                         ZO_OK);
+        assert_int_equal(gpu_layernorm_forward(s, gpu_t(ly, f), mean, rstd, gpu_t(x, f), gpu_t(w, f),
+                                               gpu_t(bb, f), nr, c, 1e-5f), ZO_OK);
+        assert_int_equal(gpu_layernorm_backward(s, gpu_t(ldx, f), gpu_t(dw, f), gpu_t(db, f),
+                                                gpu_t(dy, f), gpu_t(x, f), gpu_t(w, f), mean, rstd,
+                                                nr, c), ZO_OK);
+        res[run] = malloc(n_out * 4);
+        assert_int_equal(gpu_memcpy_async(s, res[run], out, n_out * 4, GPU_COPY_DEVICE_TO_HOST), ZO_OK);
+        assert_int_equal(gpu_stream_synchronize(s), ZO_OK);
+        gpu_mem_free(d, in);
+        gpu_mem_free(d, out);
+        gpu_device_free(d);
+    }
+    assert_memory_equal(res[0], res[1], n_out * 4);
+    free(res[0]), free(res[1]), free(hin);
+}
+
+/* ---- fault injection: host memory running out ------------------------------------------------ */
+
+/* Every op that needs scratch memory, on small shapes. The inputs live in
+ * one device block and all outputs in another, so a run can be reset and
+ * compared as a whole. */
+enum { F_N = 8, F_C = 32, F_T = 8, F_HQ = 2, F_HKV = 1, F_D = 16, F_V = 16 };
+#define F_QKV ((F_HQ + 2 * F_HKV) * F_D) /* 64 columns of qkv */
+
+typedef struct fault_bufs {
+    float *in, *out; /* device blocks */
+    size_t in_n, out_n;
+    float *x, *w, *b, *w2, *qkv, *dqkv_in, *wte, *wpe; /* inputs */
+    int32_t *tok;
+    float *y, *dx, *dw, *db, *mean, *rstd, *ao, *lse, *dqkv, *loss, *sum; /* outputs */
+} fault_bufs;
+
+static const char *const fault_ops[] = {
+    "gpu_gemm", "gpu_bias_forward", "gpu_layernorm_forward", "gpu_layernorm_backward",
+    "gpu_rmsnorm_forward", "gpu_rmsnorm_backward", "gpu_attention_forward",
+    "gpu_attention_backward", "gpu_rope", "gpu_embedding_forward",
+    "gpu_cross_entropy_forward", "gpu_cross_entropy_backward", "gpu_sum_squares",
+};
+#define N_FAULT_OPS (int)(sizeof fault_ops / sizeof fault_ops[0])
+
+/* Enqueue op k of fault_ops (reading fb's inputs, writing its outputs). */
+static void fault_enqueue(const fault_bufs *fb, int k)
+{
+    const zo_dtype f = ZO_DTYPE_F32;
+    gpu_attn_desc ad = {.b = 1, .t = F_T, .hq = F_HQ, .hkv = F_HKV, .d = F_D};
+    gpu_gemm_desc g = {.m = F_N, .n = F_C, .k = F_C, .alpha = 1, .a = gpu_t(fb->x, f),
+                       .b = gpu_t(fb->w2, f), .c = gpu_t(fb->y, f), .lda = F_C, .ldb = F_C,
+                       .ldc = F_C};
+    zo_status s = ZO_ERR_INTERNAL;
+    switch (k) {
+    case 0: s = gpu_gemm(S, &g); break;
+    case 1:
+        s = gpu_memcpy_async(S, fb->y, fb->x, F_N * F_C * 4, GPU_COPY_DEVICE_TO_DEVICE);
+        if (s == ZO_OK) s = gpu_bias_forward(S, gpu_t(fb->y, f), gpu_t(fb->b, f), F_N, F_C, F_C);
+        break;
+    case 2:
+        s = gpu_layernorm_forward(S, gpu_t(fb->y, f), fb->mean, fb->rstd, gpu_t(fb->x, f),
+                                  gpu_t(fb->w, f), gpu_t(fb->b, f), F_N, F_C, 1e-5f);
+        break;
+    case 3:
+        s = gpu_layernorm_forward(S, gpu_t(fb->y, f), fb->mean, fb->rstd, gpu_t(fb->x, f),
+                                  gpu_t(fb->w, f), gpu_t(fb->b, f), F_N, F_C, 1e-5f);
+        if (s == ZO_OK)
+            s = gpu_layernorm_backward(S, gpu_t(fb->dx, f), gpu_t(fb->dw, f), gpu_t(fb->db, f),
+                                       gpu_t(fb->w2, f), gpu_t(fb->x, f), gpu_t(fb->w, f),
+                                       fb->mean, fb->rstd, F_N, F_C);
+        break;
+    case 4:
+        s = gpu_rmsnorm_forward(S, gpu_t(fb->y, f), fb->rstd, gpu_t(fb->x, f), gpu_t(fb->w, f),
+                                F_N, F_C, 1e-5f);
+        break;
+    case 5:
+        s = gpu_rmsnorm_forward(S, gpu_t(fb->y, f), fb->rstd, gpu_t(fb->x, f), gpu_t(fb->w, f),
+                                F_N, F_C, 1e-5f);
+        if (s == ZO_OK)
+            s = gpu_rmsnorm_backward(S, gpu_t(fb->dx, f), gpu_t(fb->dw, f), gpu_t(fb->w2, f),
+                                     gpu_t(fb->x, f), gpu_t(fb->w, f), fb->rstd, F_N, F_C);
+        break;
+    case 6: s = gpu_attention_forward(S, &ad, gpu_t(fb->ao, f), fb->lse, gpu_t(fb->qkv, f)); break;
+    case 7:
+        s = gpu_attention_forward(S, &ad, gpu_t(fb->ao, f), fb->lse, gpu_t(fb->qkv, f));
+        if (s == ZO_OK)
+            s = gpu_attention_backward(S, &ad, gpu_t(fb->dqkv, f), gpu_t(fb->dqkv_in, f),
+                                       gpu_t(fb->qkv, f), gpu_t(fb->ao, f), fb->lse);
+        break;
+    case 8:
+        s = gpu_memcpy_async(S, fb->y, fb->x, F_N * F_C * 4, GPU_COPY_DEVICE_TO_DEVICE);
+        if (s == ZO_OK) s = gpu_rope_forward(S, gpu_t(fb->y, f), F_N, F_T, 2, 16, F_C, 1e4f, 0);
+        break;
+    case 9:
+        s = gpu_embedding_forward(S, gpu_t(fb->y, f), fb->tok, gpu_t(fb->wte, f),
+                                  gpu_t(fb->wpe, f), F_N, F_T, F_C, F_V);
+        break;
+    case 10:
+        s = gpu_cross_entropy_forward(S, fb->loss, gpu_t(fb->x, f), fb->tok, F_N, F_C);
+        break;
+    case 11:
+        s = gpu_cross_entropy_backward(S, gpu_t(fb->y, f), gpu_t(fb->x, f), fb->tok, 0.5f, F_N,
+                                       F_C);
+        break;
+    case 12: s = gpu_sum_squares(S, fb->sum, gpu_t(fb->x, f), F_N * F_C); break;
+    }
+    assert_int_equal(s, ZO_OK); /* enqueuing succeeds; the failure comes while running */
+}
+
+/* Every scratch-using op reports ZO_ERR_NOMEM (naming itself) through
+ * gpu_stream_synchronize when its scratch cannot be had, writes nothing,
+ * and the same stream then runs it again to the same bits. Injected
+ * device allocation failures return ZO_ERR_NOMEM and leave no trace. */
+static void test_fault_injection(void **state)
+{
+    (void)state;
+    fault_bufs fb = {0};
+    const size_t nx = F_N * F_C, nq = (size_t)F_T * F_QKV;
+    /* x, w, b, w2 (c x c), qkv, dout, wte, wpe, then the tokens */
+    fb.in_n = nx + 2 * F_C + (size_t)F_C * F_C + 2 * nq + (size_t)(F_V + F_T) * F_C + F_N;
+    /* y, dx, dw, db, mean, rstd, attention out, lse, dqkv, losses, sum */
+    fb.out_n = 2 * nx + 2 * F_C + 2 * F_N + (size_t)F_T * F_HQ * F_D + F_HQ * F_T + nq + F_N + 1;
+    assert_int_equal(gpu_mem_alloc(dev, fb.in_n * 4, (void **)&fb.in), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(dev, fb.out_n * 4, (void **)&fb.out), ZO_OK);
+    float *p = fb.in;
+    fb.x = p, p += nx;
+    fb.w = p, p += F_C;
+    fb.b = p, p += F_C;
+    fb.w2 = p, p += F_C * F_C;
+    fb.qkv = p, p += nq;
+    fb.dqkv_in = p, p += nq;
+    fb.wte = p, p += F_V * F_C;
+    fb.wpe = p, p += F_T * F_C;
+    fb.tok = (int32_t *)p;
+    for (float *q = fb.in; q < (float *)fb.tok; q++) *q = (float)urand();
+    for (int i = 0; i < F_N; i++) fb.tok[i] = (i * 5 + 3) % F_V;
+    p = fb.out;
+    fb.y = p, p += nx;
+    fb.dx = p, p += nx;
+    fb.dw = p, p += F_C;
+    fb.db = p, p += F_C;
+    fb.mean = p, p += F_N;
+    fb.rstd = p, p += F_N;
+    fb.ao = p, p += F_T * F_HQ * F_D;
+    fb.lse = p, p += F_HQ * F_T;
+    fb.dqkv = p, p += nq;
+    fb.loss = p, p += F_N;
+    fb.sum = p;
+    float *want = malloc(fb.out_n * 4), *got = malloc(fb.out_n * 4);
+
+    for (int k = 0; k < N_FAULT_OPS; k++) {
+        /* a clean run gives the reference bits */
+        assert_int_equal(gpu_memset_async(S, fb.out, 0, fb.out_n * 4), ZO_OK);
+        fault_enqueue(&fb, k);
+        assert_int_equal(gpu_memcpy_async(S, want, fb.out, fb.out_n * 4, GPU_COPY_DEVICE_TO_HOST), ZO_OK);
+        assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+        /* the last scratch reservation of the sequence fails (ops 3, 5, 7
+         * run a forward first, which must succeed) */
+        int skip = (k == 3 || k == 5 || k == 7) ? 1 : 0;
+        gpu_cpu_faults fp = {.scratch_skip = skip, .scratch_fail = 1};
+        assert_int_equal(gpu_cpu_inject_faults(dev, &fp), ZO_OK);
+        assert_int_equal(gpu_memset_async(S, fb.out, 0, fb.out_n * 4), ZO_OK);
+        fault_enqueue(&fb, k);
+        zo_clear_error();
+        zo_status st = gpu_stream_synchronize(S);
+        if (st != ZO_ERR_NOMEM || !strstr(zo_last_error(), fault_ops[k]))
+            printf("  %s: status %s, message \"%s\"\n", fault_ops[k], zo_status_name(st),
+                   zo_last_error());
+        assert_int_equal(st, ZO_ERR_NOMEM);
+        assert_non_null(strstr(zo_last_error(), fault_ops[k]));
+        assert_non_null(strstr(zo_last_error(), "bytes"));
+        assert_int_equal(gpu_stream_synchronize(S), ZO_OK); /* reported once */
+        /* the device is still usable: the same op runs to the same bits */
+        assert_int_equal(gpu_memset_async(S, fb.out, 0, fb.out_n * 4), ZO_OK);
+        fault_enqueue(&fb, k);
+        assert_int_equal(gpu_memcpy_async(S, got, fb.out, fb.out_n * 4, GPU_COPY_DEVICE_TO_HOST), ZO_OK);
+        assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+        if (memcmp(got, want, fb.out_n * 4) != 0) printf("  %s: rerun differs\n", fault_ops[k]);
+        assert_memory_equal(got, want, fb.out_n * 4);
+    }
+
+    /* device and pinned allocations: the second call fails, then all work */
+    gpu_cpu_faults fa = {.alloc_skip = 1, .alloc_fail = 1};
+    assert_int_equal(gpu_cpu_inject_faults(dev, &fa), ZO_OK);
+    gpu_mem_stats before, after;
+    gpu_mem_get_stats(dev, &before);
+    void *p1 = NULL, *p2 = NULL, *p3 = NULL;
+    assert_int_equal(gpu_mem_alloc(dev, 1000, &p1), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(dev, 1000, &p2), ZO_ERR_NOMEM);
+    assert_non_null(strstr(zo_last_error(), "gpu_mem_alloc"));
+    assert_int_equal(gpu_host_alloc(dev, 1000, &p3), ZO_OK);
+    gpu_mem_get_stats(dev, &after);
+    assert_int_equal(after.n_allocs, before.n_allocs + 1); /* the failed one is not counted */
+    gpu_cpu_faults fh = {.alloc_fail = 1};
+    assert_int_equal(gpu_cpu_inject_faults(dev, &fh), ZO_OK);
+    void *p4 = NULL;
+    assert_int_equal(gpu_host_alloc(dev, 64, &p4), ZO_ERR_NOMEM);
+    assert_non_null(strstr(zo_last_error(), "gpu_host_alloc"));
+    gpu_mem_free(dev, p1);
+    gpu_host_free(dev, p3);
+    gpu_cpu_faults off = {0};
+    assert_int_equal(gpu_cpu_inject_faults(dev, &off), ZO_OK);
+
+    free(want);
+    free(got);
+    gpu_mem_free(dev, fb.in);
+    gpu_mem_free(dev, fb.out);
+}
+
 /* ---- determinism ---------------------------------------------------------------------------------------------- */
 
 /* The same ops on devices with 1 and 2 threads give bit-identical results. */
@@ -1019,6 +1270,8 @@ int main(void)
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_determinism),
+        cmocka_unit_test(test_determinism_ops),
+        cmocka_unit_test(test_fault_injection),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
