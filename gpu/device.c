@@ -1,6 +1,8 @@
 /* The public device functions: check arguments once for every backend, then
  * call the backend's table. */
+#include <math.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "gpu/device_impl.h" /* defines: gpu_backend_iface, struct gpu_device */
@@ -579,4 +581,93 @@ zo_status gpu_sum_squares(gpu_stream_t s, float *sum, gpu_tensor x, size_t n)
     if (!n) return ZO_OK;
     TRY(check_tensor("gpu_sum_squares", "x", x));
     return s->dev->iface->sum_squares(s, sum, x, n);
+}
+
+/* ---- ops: optimizer ----------------------------------------------------------------- */
+
+static zo_status check_adam_hparams(const char *op, const gpu_adam_hparams *hp)
+{
+    if (!hp) return zo_error(ZO_ERR_INVALID, "%s: hparams is NULL", op);
+    if (!(isfinite(hp->lr) && hp->lr >= 0.0f))
+        return zo_error(ZO_ERR_INVALID, "%s: lr = %g must be finite and >= 0", op, hp->lr);
+    if (!(hp->beta1 >= 0.0f && hp->beta1 < 1.0f))
+        return zo_error(ZO_ERR_INVALID, "%s: beta1 = %g outside [0, 1)", op, hp->beta1);
+    if (!(hp->beta2 >= 0.0f && hp->beta2 < 1.0f))
+        return zo_error(ZO_ERR_INVALID, "%s: beta2 = %g outside [0, 1)", op, hp->beta2);
+    if (!(isfinite(hp->eps) && hp->eps >= 0.0f))
+        return zo_error(ZO_ERR_INVALID, "%s: eps = %g must be finite and >= 0", op, hp->eps);
+    if (!(isfinite(hp->weight_decay) && hp->weight_decay >= 0.0f))
+        return zo_error(ZO_ERR_INVALID, "%s: weight_decay = %g must be finite and >= 0", op,
+                        hp->weight_decay);
+    if (hp->decay != GPU_ADAM_DECAY_ADAMW && hp->decay != GPU_ADAM_DECAY_L2)
+        return zo_error(ZO_ERR_INVALID, "%s: decay %d is neither ADAMW nor L2", op,
+                        (int)hp->decay);
+    if (hp->step < 1)
+        return zo_error(ZO_ERR_INVALID, "%s: step = %ld must be >= 1 (1-based)", op, hp->step);
+    if (!(isfinite(hp->grad_mult) && hp->grad_mult > 0.0f))
+        return zo_error(ZO_ERR_INVALID, "%s: grad_mult = %g must be finite and > 0 (1 for none)",
+                        op, hp->grad_mult);
+    return ZO_OK;
+}
+
+/* The per-step scalars, in double then rounded once to float: the same
+ * expressions as cpu_adam's, so both give the same floats. */
+static gpu_adam_consts adam_consts_make(const gpu_adam_hparams *hp)
+{
+    double bc1 = 1.0 - pow((double)hp->beta1, (double)hp->step);
+    double bc2 = 1.0 - pow((double)hp->beta2, (double)hp->step);
+    gpu_adam_consts c = {
+        .grad_mult = hp->grad_mult,
+        .beta1 = hp->beta1,
+        .omb1 = (float)(1.0 - (double)hp->beta1),
+        .beta2 = hp->beta2,
+        .omb2 = (float)(1.0 - (double)hp->beta2),
+        .eps = hp->eps,
+        .use_l2 = hp->decay == GPU_ADAM_DECAY_L2,
+    };
+    c.l2 = c.use_l2 ? hp->weight_decay : 0.0f;
+    c.lr_wd = c.use_l2 ? 0.0f : (float)((double)hp->lr * (double)hp->weight_decay);
+    c.step_size = (float)((double)hp->lr / bc1);
+    c.inv_bc2_sqrt = (float)(1.0 / sqrt(bc2));
+    return c;
+}
+
+/* Whether [a, a + na) and [b, b + nb) share a byte. */
+static int bytes_overlap(const void *a, size_t na, const void *b, size_t nb)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + nb && y < x + na;
+}
+
+zo_status gpu_adam_update(gpu_stream_t s, const gpu_adam_hparams *hp, size_t n, float *param,
+                          gpu_tensor grad, float *m, float *v, gpu_tensor out16)
+{
+    const char *op = "gpu_adam_update";
+    NEED_STREAM("gpu_adam_update");
+    TRY(check_adam_hparams(op, hp));
+    if (!dtype_ok(grad.dtype))
+        return zo_error(ZO_ERR_INVALID, "%s: grad has unknown dtype %d", op, (int)grad.dtype);
+    if (out16.data && out16.dtype != ZO_DTYPE_F16 && out16.dtype != ZO_DTYPE_BF16)
+        return zo_error(ZO_ERR_INVALID, "%s: out16 dtype %d is not fp16 or bf16", op,
+                        (int)out16.dtype);
+    if (!n) return ZO_OK;
+    TRY(check_ptr(op, "param", param));
+    TRY(check_ptr(op, "m", m));
+    TRY(check_ptr(op, "v", v));
+    TRY(check_tensor(op, "grad", grad));
+    if (n > SIZE_MAX / 4) return zo_error(ZO_ERR_INVALID, "%s: n = %zu too large", op, n);
+    const void *arr[5] = {param, m, v, grad.data, out16.data};
+    size_t len[5] = {4 * n, 4 * n, 4 * n, zo_dtype_size(grad.dtype) * n,
+                     out16.data ? zo_dtype_size(out16.dtype) * n : 0};
+    const char *name[5] = {"param", "m", "v", "grad", "out16"};
+    for (int a = 0; a < 5; a++)
+        for (int b = a + 1; b < 5; b++)
+            if (arr[b] && bytes_overlap(arr[a], len[a], arr[b], len[b]))
+                return zo_error(ZO_ERR_INVALID, "%s: buffers %s and %s overlap", op, name[a],
+                                name[b]);
+    if (!s->dev->iface->adam_update)
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s: backend \"%s\" has no Adam op", op,
+                        s->dev->iface->name);
+    gpu_adam_consts c = adam_consts_make(hp);
+    return s->dev->iface->adam_update(s, &c, n, param, grad, m, v, out16);
 }

@@ -245,4 +245,42 @@ zo_status gpu_check_finite(gpu_stream_t s, int32_t *flag, gpu_tensor x, size_t n
  * order (for gradient clipping). */
 zo_status gpu_sum_squares(gpu_stream_t s, float *sum, gpu_tensor x, size_t n);
 
+/* ---- ops: optimizer ----------------------------------------------------------------
+ * Adam / AdamW over fp32 master state kept on the device (an optimizer the
+ * plan places on the GPU). Same update, operation order and per-step scalars
+ * as cpu_adam (docs/cpu_adam.md), so a step on the device gives the same
+ * bits as one on the CPU (the CPU backend does; CUDA does where its IEEE
+ * operations and RNE conversions agree, which is everywhere but nan
+ * payloads). Per element, with g the stored gradient:
+ *     g  = g * grad_mult                 (1/loss_scale times the clip coefficient)
+ *     g += weight_decay * p              (GPU_ADAM_DECAY_L2 only)
+ *     m  = beta1 * m + (1 - beta1) * g
+ *     v  = beta2 * v + (1 - beta2) * (g * g)
+ *     d  = sqrt(v) * (1 / sqrt(1 - beta2^step)) + eps
+ *     p  = p - (lr * weight_decay) * p   (GPU_ADAM_DECAY_ADAMW only)
+ *     p  = p - (lr / (1 - beta1^step)) * (m / d)
+ *     out16 = round_to_nearest_even(p)   (when out16.data is not NULL)
+ * The scalars in parentheses are computed once per call in double and
+ * rounded to float (by device.c, for every backend). */
+typedef enum gpu_adam_decay {
+    GPU_ADAM_DECAY_ADAMW = 0, /* decoupled: p -= lr * weight_decay * p */
+    GPU_ADAM_DECAY_L2,        /* classic Adam: g += weight_decay * p */
+} gpu_adam_decay;
+
+typedef struct gpu_adam_hparams {
+    float lr, beta1, beta2, eps, weight_decay;
+    gpu_adam_decay decay;
+    long step;       /* 1-based, for bias correction */
+    float grad_mult; /* applied to the stored gradient; must be finite and > 0 */
+} gpu_adam_hparams;
+
+/* One step over n elements, in place: param, m, v [n] fp32 device buffers;
+ * grad [n] fp32, fp16 or bf16; out16 [n] fp16 or bf16 receives the updated
+ * weights (out16.data NULL: no copy). The buffers must not overlap.
+ * ZO_ERR_INVALID for hyperparameters out of range (as cpu_adam: lr, eps,
+ * weight_decay finite and >= 0, betas in [0, 1), step >= 1, grad_mult > 0),
+ * NULL buffers, dtypes or overlap. */
+zo_status gpu_adam_update(gpu_stream_t s, const gpu_adam_hparams *hp, size_t n, float *param,
+                          gpu_tensor grad, float *m, float *v, gpu_tensor out16);
+
 #endif

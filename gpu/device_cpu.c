@@ -187,6 +187,12 @@ struct cpu_cmd {
         gpu_gemm_desc gemm;
         struct { gpu_attn_desc a; gpu_tensor t0, t1, t2, t3; float *f0; const float *cf0; } attn;
         struct {
+            gpu_adam_consts c;
+            size_t n;
+            float *param, *m, *v;
+            gpu_tensor grad, out16;
+        } adam;
+        struct {
             gpu_tensor t[6];
             float *f[2];
             const float *cf[2];
@@ -886,6 +892,28 @@ static zo_status cpu_op_sum_squares(gpu_stream_t s, float *sum, gpu_tensor x, si
     return enqueue(s, cmd);
 }
 
+static zo_status run_adam_update(cpu_cmd *c, int nt)
+{
+    cpu_adam_update(&c->u.adam.c, c->u.adam.n, c->u.adam.param, c->u.adam.grad, c->u.adam.m,
+                    c->u.adam.v, c->u.adam.out16, nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_op_adam_update(gpu_stream_t s, const gpu_adam_consts *k, size_t n,
+                                    float *param, gpu_tensor grad, float *m, float *v,
+                                    gpu_tensor out16)
+{
+    NEW_CMD(cmd, s, run_adam_update, "gpu_adam_update");
+    cmd->u.adam.c = *k;
+    cmd->u.adam.n = n;
+    cmd->u.adam.param = param;
+    cmd->u.adam.grad = grad;
+    cmd->u.adam.m = m;
+    cmd->u.adam.v = v;
+    cmd->u.adam.out16 = out16;
+    return enqueue(s, cmd);
+}
+
 /* ---- the device -------------------------------------------------------------------------- */
 
 static void cpu_free(gpu_device_t dev)
@@ -940,6 +968,7 @@ static const gpu_backend_iface cpu_iface = {
     .cast = cpu_op_cast,
     .check_finite = cpu_op_check_finite,
     .sum_squares = cpu_op_sum_squares,
+    .adam_update = cpu_op_adam_update,
 };
 
 zo_status gpu_cpu_inject_faults(gpu_device_t dev, const gpu_cpu_faults *f)

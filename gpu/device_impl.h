@@ -9,6 +9,21 @@
 
 #include "gpu/device.h"
 
+/* The loop-invariant scalars of one gpu_adam_update, computed once by
+ * device.c (in double, rounded to float, as cpu_adam does) so that every
+ * backend uses the very same values. */
+typedef struct gpu_adam_consts {
+    float grad_mult;     /* applied to the stored gradient */
+    float beta1, omb1;   /* beta1, 1 - beta1 */
+    float beta2, omb2;   /* beta2, 1 - beta2 */
+    float eps;
+    float l2;            /* weight_decay for GPU_ADAM_DECAY_L2, else 0 */
+    float lr_wd;         /* lr * weight_decay for GPU_ADAM_DECAY_ADAMW, else 0 */
+    float step_size;     /* lr / (1 - beta1^step) */
+    float inv_bc2_sqrt;  /* 1 / sqrt(1 - beta2^step) */
+    int use_l2;          /* GPU_ADAM_DECAY_L2 */
+} gpu_adam_consts;
+
 typedef struct gpu_backend_iface {
     const char *name;
     void (*free)(gpu_device_t dev);
@@ -85,6 +100,9 @@ typedef struct gpu_backend_iface {
     zo_status (*cast)(gpu_stream_t s, gpu_tensor dst, gpu_tensor src, size_t n);
     zo_status (*check_finite)(gpu_stream_t s, int32_t *flag, gpu_tensor x, size_t n);
     zo_status (*sum_squares)(gpu_stream_t s, float *sum, gpu_tensor x, size_t n);
+    /* gpu_adam_update with the per-step scalars already computed */
+    zo_status (*adam_update)(gpu_stream_t s, const gpu_adam_consts *c, size_t n,
+                             float *param, gpu_tensor grad, float *m, float *v, gpu_tensor out16);
 } gpu_backend_iface;
 
 /* Live streams and events are kept on lists so gpu_device_free can end them. */

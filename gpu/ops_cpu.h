@@ -14,6 +14,7 @@
 #define ZO_GPU_OPS_CPU_H
 
 #include "gpu/device.h"
+#include "gpu/device_impl.h" /* defines: gpu_adam_consts */
 
 /* ---- scratch arena ----------------------------------------------------------- */
 
@@ -96,5 +97,9 @@ void cpu_scale(gpu_tensor x, float alpha, size_t n, int nt);
 void cpu_cast(gpu_tensor dst, gpu_tensor src, size_t n, int nt);
 void cpu_check_finite(int32_t *flag, gpu_tensor x, size_t n, int nt);
 zo_status cpu_sum_squares(cpu_scratch *ws, float *sum, gpu_tensor x, size_t n, int nt);
+/* ops_cpu_adam.c (built with -ffp-contract=off, unlike this file's GEMM):
+ * gpu_adam_update, element by element in cpu_adam's scalar order. */
+void cpu_adam_update(const gpu_adam_consts *c, size_t n, float *param, gpu_tensor grad, float *m,
+                     float *v, gpu_tensor out16, int nt);
 
 #endif

@@ -16,6 +16,7 @@
 
 #include "gpu/device.h" /* defines: gpu_device_init_cpu, gpu_gemm, ... */
 #include "gpu/ops_cpu.h" /* defines: cpu_gemm_naive, gpu_cpu_inject_faults */
+#include "cpu_adam/cpu_adam.h" /* defines: adam_update_impl (the reference of gpu_adam_update) */
 
 static gpu_device_t dev;
 static gpu_stream_t S;
@@ -1249,6 +1250,155 @@ static void test_determinism(void **state)
     free(A), free(B);
 }
 
+/* ---- optimizer -------------------------------------------------------------------- */
+
+/* A device copy of n elements of host array h (any dtype). */
+static void *adam_put(const void *h, size_t bytes)
+{
+    void *d = NULL;
+    assert_int_equal(gpu_mem_alloc(dev, bytes, &d), ZO_OK);
+    assert_int_equal(gpu_memcpy_async(S, d, h, bytes, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+    return d;
+}
+
+static void adam_get(void *h, const void *d, size_t bytes)
+{
+    assert_int_equal(gpu_memcpy_async(S, h, d, bytes, GPU_COPY_DEVICE_TO_HOST), ZO_OK);
+    assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+}
+
+/* Index of the first byte-level difference of two arrays of n elements of
+ * `es` bytes, or -1. */
+static long first_diff(const void *a, const void *b, size_t n, size_t es)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp((const char *)a + i * es, (const char *)b + i * es, es)) return (long)i;
+    return -1;
+}
+
+/* gpu_adam_update against cpu_adam (impl `ref`) over `steps` steps: params,
+ * m, v and the 16-bit copy must be the same bits after every step. */
+static void adam_case(adam_impl ref, size_t n, zo_dtype gd, adam_decay decay, zo_dtype od,
+                      int with_out, int steps, float grad_mult)
+{
+    size_t gs = zo_dtype_size(gd), os = zo_dtype_size(od);
+    float *p = malloc(4 * n), *m = calloc(n, 4), *v = calloc(n, 4);
+    float *dp = malloc(4 * n), *dm = malloc(4 * n), *dv = malloc(4 * n);
+    void *g = malloc(gs * n), *o = calloc(n, os), *dout = calloc(n, os);
+    for (size_t i = 0; i < n; i++) p[i] = (float)(urand() * 2.0);
+    float *dpar = adam_put(p, 4 * n), *dmom = adam_put(m, 4 * n), *dvar = adam_put(v, 4 * n);
+    void *dgrad = NULL, *dout16 = with_out ? adam_put(o, os * n) : NULL;
+    assert_int_equal(gpu_mem_alloc(dev, gs * n, &dgrad), ZO_OK);
+    assert_int_equal(gpu_stream_synchronize(S), ZO_OK); /* the copies of p have left p */
+    adam_hparams hp = adam_hparams_default();
+    hp.lr = 3e-3f;
+    hp.beta2 = 0.95f;
+    hp.weight_decay = 0.1f;
+    hp.decay = decay;
+    hp.grad_mult = grad_mult;
+    for (int step = 1; step <= steps; step++) {
+        /* gradients over many magnitudes, with zeros, so sqrt(v) spans a range */
+        for (size_t i = 0; i < n; i++) {
+            double mag = pow(10.0, -6.0 + 7.0 * (urand() * 0.5 + 0.5));
+            zo_store_f32(g, gd, i, i % 97 == 0 ? 0.0f : (float)(urand() * mag));
+        }
+        assert_int_equal(gpu_memcpy_async(S, dgrad, g, gs * n, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+        hp.step = step;
+        gpu_adam_hparams gh = {.lr = hp.lr, .beta1 = hp.beta1, .beta2 = hp.beta2, .eps = hp.eps,
+                               .weight_decay = hp.weight_decay,
+                               .decay = decay == ADAM_DECAY_L2 ? GPU_ADAM_DECAY_L2
+                                                               : GPU_ADAM_DECAY_ADAMW,
+                               .step = step, .grad_mult = grad_mult};
+        assert_int_equal(gpu_adam_update(S, &gh, n, dpar, gpu_t(dgrad, gd), dmom, dvar,
+                                         gpu_t(dout16, od)),
+                         ZO_OK);
+        assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+        assert_int_equal(adam_update_impl(ref, &hp, n, p, g, gd, m, v, with_out ? o : NULL, od, 2),
+                         ZO_OK);
+        adam_get(dp, dpar, 4 * n);
+        adam_get(dm, dmom, 4 * n);
+        adam_get(dv, dvar, 4 * n);
+        long dpi = first_diff(p, dp, n, 4), dmi = first_diff(m, dm, n, 4),
+             dvi = first_diff(v, dv, n, 4), doi = -1;
+        if (with_out) {
+            adam_get(dout, dout16, os * n);
+            doi = first_diff(o, dout, n, os);
+        }
+        if (dpi >= 0 || dmi >= 0 || dvi >= 0 || doi >= 0) {
+            long i = dpi >= 0 ? dpi : dmi >= 0 ? dmi : dvi >= 0 ? dvi : doi;
+            printf("  adam %s n=%zu grad %s decay %s step %d: first difference at %ld: "
+                   "p %.9g vs %.9g, m %.9g vs %.9g, v %.9g vs %.9g\n",
+                   adam_impl_name(ref), n, zo_dtype_name(gd), decay == ADAM_DECAY_L2 ? "l2" : "adamw",
+                   step, i, p[i], dp[i], m[i], dm[i], v[i], dv[i]);
+        }
+        assert_int_equal(dpi, -1);
+        assert_int_equal(dmi, -1);
+        assert_int_equal(dvi, -1);
+        assert_int_equal(doi, -1);
+    }
+    gpu_mem_free(dev, dpar);
+    gpu_mem_free(dev, dmom);
+    gpu_mem_free(dev, dvar);
+    gpu_mem_free(dev, dgrad);
+    gpu_mem_free(dev, dout16);
+    free(p), free(m), free(v), free(dp), free(dm), free(dv), free(g), free(o), free(dout);
+}
+
+static void test_adam_update(void **state)
+{
+    (void)state;
+    const zo_dtype gds[3] = {ZO_DTYPE_F32, ZO_DTYPE_F16, ZO_DTYPE_BF16};
+    for (int gi = 0; gi < 3; gi++)
+        for (int dec = 0; dec < 2; dec++) {
+            adam_decay decay = dec ? ADAM_DECAY_L2 : ADAM_DECAY_ADAMW;
+            zo_dtype od = gi == 2 ? ZO_DTYPE_BF16 : ZO_DTYPE_F16;
+            /* the scalar reference; step 1 is the strongest bias correction */
+            adam_case(ADAM_IMPL_SCALAR, 1003, gds[gi], decay, od, 1, 3, 1.0f);
+            /* the loss-scaled, clipped gradient of a real step, no 16-bit copy */
+            adam_case(ADAM_IMPL_SCALAR, 517, gds[gi], decay, od, 0, 2, 0.7f / 65536.0f);
+        }
+    /* the vectorized cpu_adam the runtime really calls, and a team of threads here */
+    adam_case(ADAM_IMPL_AUTO, 70001, ZO_DTYPE_F32, ADAM_DECAY_ADAMW, ZO_DTYPE_BF16, 1, 2, 0.5f);
+    adam_case(ADAM_IMPL_AUTO, 70001, ZO_DTYPE_F16, ADAM_DECAY_L2, ZO_DTYPE_F16, 1, 2, 1.0f);
+}
+
+static void test_adam_errors(void **state)
+{
+    (void)state;
+    size_t n = 64;
+    float *buf = NULL;
+    assert_int_equal(gpu_mem_alloc(dev, 4 * 4 * n, (void **)&buf), ZO_OK);
+    float *p = buf, *m = buf + n, *v = buf + 2 * n, *g = buf + 3 * n;
+    gpu_adam_hparams hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                           .weight_decay = 0.0f, .decay = GPU_ADAM_DECAY_ADAMW, .step = 1,
+                           .grad_mult = 1.0f};
+    gpu_tensor gt = gpu_t(g, ZO_DTYPE_F32), none = gpu_t(NULL, ZO_DTYPE_F16);
+    assert_int_equal(gpu_adam_update(S, NULL, n, p, gt, m, v, none), ZO_ERR_INVALID);
+    gpu_adam_hparams bad = hp;
+    bad.step = 0;
+    assert_int_equal(gpu_adam_update(S, &bad, n, p, gt, m, v, none), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "step"));
+    bad = hp;
+    bad.grad_mult = 0.0f;
+    assert_int_equal(gpu_adam_update(S, &bad, n, p, gt, m, v, none), ZO_ERR_INVALID);
+    bad = hp;
+    bad.beta2 = 1.0f;
+    assert_int_equal(gpu_adam_update(S, &bad, n, p, gt, m, v, none), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "beta2"));
+    assert_int_equal(gpu_adam_update(S, &hp, n, NULL, gt, m, v, none), ZO_ERR_INVALID);
+    assert_int_equal(gpu_adam_update(S, &hp, n, p, gpu_t(NULL, ZO_DTYPE_F32), m, v, none),
+                     ZO_ERR_INVALID);
+    /* a 16-bit copy must be 16-bit */
+    assert_int_equal(gpu_adam_update(S, &hp, n, p, gt, m, v, gpu_t(g, ZO_DTYPE_F32)),
+                     ZO_ERR_INVALID);
+    /* overlapping buffers: m shares its end with v */
+    assert_int_equal(gpu_adam_update(S, &hp, n, p, gt, m + 1, v, none), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "overlap"));
+    assert_int_equal(gpu_adam_update(S, &hp, 0, NULL, gt, NULL, NULL, none), ZO_OK);
+    assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+    gpu_mem_free(dev, buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1272,6 +1422,8 @@ int main(void)
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_determinism_ops),
         cmocka_unit_test(test_fault_injection),
+        cmocka_unit_test(test_adam_update),
+        cmocka_unit_test(test_adam_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -852,6 +852,63 @@ static void test_reductions(void **state)
     }
 }
 
+/* gpu_adam_update: explicitly rounded operations in cpu_adam's order, so the
+ * backend under test must give the CPU backend's bits for params, m, v and
+ * the 16-bit copy, after every one of three steps. */
+static void test_adam(void **state)
+{
+    (void)state;
+    const size_t n = 100003;
+    int bad = 0;
+    for (int di = 0; di < 3; di++)
+        for (int l2 = 0; l2 < 2; l2++) {
+            zo_dtype gd = DTYPES[di], od = di == 2 ? ZO_DTYPE_BF16 : ZO_DTYPE_F16;
+            twin p = tw_rand(n, ZO_DTYPE_F32, 2.0f), m = tw_out(n, ZO_DTYPE_F32),
+                 v = tw_out(n, ZO_DTYPE_F32), o = tw_out(n, od), g = tw_alloc(n, gd);
+            assert_int_equal(gpu_memset_async(sgpu, m.g.data, 0, 4 * n), ZO_OK);
+            assert_int_equal(gpu_memset_async(sgpu, v.g.data, 0, 4 * n), ZO_OK);
+            void *tmp = malloc(n * zo_dtype_size(gd));
+            for (int step = 1; step <= 3; step++) {
+                /* gradients over seven decades, every 97th zero */
+                for (size_t i = 0; i < n; i++) {
+                    float mag = powf(10.0f, -6.0f + 3.5f * (frand() + 1.0f));
+                    zo_store_f32(tmp, gd, i, i % 97 == 0 ? 0.0f : frand() * mag);
+                }
+                put(scpu, g.c.data, tmp, n * zo_dtype_size(gd));
+                put(sgpu, g.g.data, tmp, n * zo_dtype_size(gd));
+                gpu_adam_hparams hp = {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                                       .weight_decay = 0.1f,
+                                       .decay = l2 ? GPU_ADAM_DECAY_L2 : GPU_ADAM_DECAY_ADAMW,
+                                       .step = step, .grad_mult = step == 2 ? 0.7f / 1024 : 1.0f};
+                assert_int_equal(gpu_adam_update(scpu, &hp, n, p.c.data, g.c, m.c.data, v.c.data,
+                                                 o.c),
+                                 ZO_OK);
+                assert_int_equal(gpu_adam_update(sgpu, &hp, n, p.g.data, g.g, m.g.data, v.g.data,
+                                                 o.g),
+                                 ZO_OK);
+                twin outs[4] = {p, m, v, o};
+                const char *names[4] = {"adam param", "adam m", "adam v", "adam out16"};
+                for (int k = 0; k < 4; k++) {
+                    size_t bytes = n * zo_dtype_size(outs[k].c.dtype);
+                    unsigned char *a = malloc(bytes), *b = malloc(bytes);
+                    get(scpu, a, outs[k].c.data, bytes);
+                    get(sgpu, b, outs[k].g.data, bytes);
+                    if (memcmp(a, b, bytes)) {
+                        bad++;
+                        tw_check(names[k], outs[k], (tol){0.0, 0.0}); /* prints the first */
+                        printf("  (grad %s, %s, step %d)\n", zo_dtype_name(gd),
+                               l2 ? "l2" : "adamw", step);
+                    }
+                    free(a);
+                    free(b);
+                }
+            }
+            free(tmp);
+            tw_free(p), tw_free(m), tw_free(v), tw_free(o), tw_free(g);
+        }
+    assert_int_equal(bad, 0);
+}
+
 int main(void)
 {
     const char *env = getenv("ZO_PARITY_BACKEND");
@@ -870,6 +927,7 @@ int main(void)
         cmocka_unit_test(test_rope),          cmocka_unit_test(test_activations),
         cmocka_unit_test(test_embedding),     cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_elementwise),   cmocka_unit_test(test_reductions),
+        cmocka_unit_test(test_adam),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

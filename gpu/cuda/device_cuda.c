@@ -622,6 +622,14 @@ static zo_status cuda_op_sum_squares(gpu_stream_t s, float *sum, gpu_tensor x, s
     return cuda_launch_sum_squares(cs->stream, sum, x, n, cs->partials);
 }
 
+static zo_status cuda_op_adam_update(gpu_stream_t s, const gpu_adam_consts *k, size_t n,
+                                     float *param, gpu_tensor grad, float *m, float *v,
+                                     gpu_tensor out16)
+{
+    ENTER(s);
+    return cuda_launch_adam_update(cs->stream, k, n, param, grad, m, v, out16);
+}
+
 /* ---- the device ------------------------------------------------------------------------------------ */
 
 static void cuda_free(gpu_device_t dev)
@@ -694,6 +702,7 @@ static const gpu_backend_iface cuda_iface = {
     .cast = cuda_op_cast,
     .check_finite = cuda_op_check_finite,
     .sum_squares = cuda_op_sum_squares,
+    .adam_update = cuda_op_adam_update,
 };
 
 zo_status gpu_device_init_cuda(const gpu_cuda_options *opt, gpu_device_t *out)
