@@ -1,6 +1,7 @@
 /* train: train a GPT-2 or LLaMA-family model on a token file on the offload
- * runtime: the CPU device backend with its memory capped by --device-mem,
- * weights resident or streamed from pinned host memory or NVMe, AdamW over
+ * runtime: on the CPU device backend or a CUDA GPU (--device), its memory
+ * capped by --device-mem, weights resident or streamed from pinned host
+ * memory or NVMe, AdamW over
  * fp32 master state in memory and/or on NVMe, checkpoints, a plan from
  * memplan. See --help. */
 #include <errno.h>
@@ -15,6 +16,7 @@
 #include "common/model_config.h" /* defines: zo_model_config_load, zo_model_preset_find */
 #include "common/units.h"        /* defines: zo_parse_size, zo_parse_int, zo_format_bytes */
 #include "examples/trainer.h"    /* defines: tf_offload_model */
+#include "gpu/cuda/device_cuda.h" /* defines: gpu_device_open, gpu_cuda_device_count */
 #include "offload/offload.h"     /* defines: offload_init, offload_micro_batch, offload_step */
 #include "model/data.h"          /* defines: model_tokens, model_batch_get */
 #include "model/safetensors.h"   /* defines: model_load_path, model_save */
@@ -70,9 +72,12 @@ static void usage(FILE *f)
         "  --nvme-dir DIR         where NVMe state lives\n"
         "\n"
         "device:\n"
-        "  --device cpu           the device backend (only cpu in this build)\n"
-        "  --device-mem SIZE      device memory capacity, e.g. 512MiB, 2GB (default unlimited)\n"
-        "  --threads N            threads per op (default: all)\n"
+        "  --device NAME          cpu, cuda or cuda:N (default cpu; cuda needs a build with CUDA\n"
+        "                         and a GPU)\n"
+        "  --device-mem SIZE      device memory capacity, e.g. 512MiB, 2GB, on either backend\n"
+        "                         (default: the plan's hardware.gpu_mem, else unlimited on cpu\n"
+        "                         and the free memory on cuda)\n"
+        "  --threads N            threads per op on cpu, and of the CPU Adam (default: all)\n"
         "\n"
         "checkpoints and output:\n"
         "  --ckpt DIR             save a checkpoint (weights, optimizer state, counters) into DIR\n"
@@ -248,10 +253,10 @@ static int parse_args(int argc, char **argv, train_args *a)
             if (st != ZO_OK) st = zo_error_wrap(st, "--dtype");
             break;
         case OPT_SEED: st = zo_parse_int(optarg, "--seed", 0, 0x7fffffffL, &a->seed); break;
-        case OPT_DEVICE:
+        case OPT_DEVICE: /* the name here; whether it exists when opened in main */
             a->device = optarg;
-            if (strcmp(optarg, "cpu"))
-                st = zo_error(ZO_ERR_UNSUPPORTED, "--device %s: only 'cpu' is available in this build", optarg);
+            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda") && strncmp(optarg, "cuda:", 5))
+                st = zo_error(ZO_ERR_INVALID, "--device %s: expected cpu, cuda or cuda:N", optarg);
             break;
         case OPT_DEVMEM: st = zo_parse_size(optarg, "--device-mem", 0, &a->device_mem); break;
         case OPT_THREADS: st = zo_parse_int(optarg, "--threads", 1, 1024, &a->threads); break;
@@ -319,6 +324,26 @@ static void pause_hook(void *user, const char *point)
     for (;;) pause();
 }
 
+/* --device NAME with --device-mem as the capacity: the CPU backend with its
+ * thread count, or gpu_device_open's "cuda"/"cuda:N". A CUDA name gets a
+ * message saying what is missing: the backend in this build, or a GPU. */
+static zo_status open_device(const char *name, size_t capacity, int threads, gpu_device_t *out)
+{
+    if (!strcmp(name, "cpu")) {
+        gpu_cpu_options o = {.capacity = capacity, .n_threads = threads};
+        return gpu_device_init_cpu(&o, out);
+    }
+    zo_status st = gpu_device_open(name, capacity, out);
+    if (st == ZO_ERR_UNSUPPORTED)
+        return zo_error_wrap(st, "--device %s: rebuild with the CUDA toolkit (nvcc) installed, or "
+                                 "use --device cpu", name);
+    if (st == ZO_ERR_NOT_FOUND && !gpu_cuda_device_count())
+        return zo_error_wrap(st, "--device %s: no CUDA GPU found on this machine (use --device cpu)",
+                             name);
+    if (st != ZO_OK) return zo_error_wrap(st, "--device %s", name);
+    return ZO_OK;
+}
+
 static void print_tiers(const offload_stats *st, const offload_prediction *pred)
 {
     char b1[32], b2[32];
@@ -368,8 +393,7 @@ int main(int argc, char **argv)
     }
     if ((st = load_config(a.model, &cfg)) != ZO_OK) goto out;
     if ((st = model_tokens_open(&tokens, a.data, a.width, cfg.vocab)) != ZO_OK) goto out;
-    gpu_cpu_options dopt = {.capacity = a.device_mem, .n_threads = (int)a.threads};
-    if ((st = gpu_device_init_cpu(&dopt, &dev)) != ZO_OK) goto out;
+    if ((st = open_device(a.device, (size_t)a.device_mem, (int)a.threads, &dev)) != ZO_OK) goto out;
     if ((st = gpu_stream_create(dev, &s)) != ZO_OK) goto out_dev;
     tf_options to = {.recompute = oc->recompute, .external_res = 1};
     if ((st = tf_init_opts(&m, &cfg, dev, a.dtype, (int)a.micro_batch, (int)a.seq, &to)) != ZO_OK)
@@ -411,11 +435,12 @@ int main(int argc, char **argv)
     gpu_mem_stats ms;
     gpu_mem_get_stats(dev, &ms);
     printf("# train: %s (%s), %llu parameters, %d layers, hidden %d, vocab %d; dtype %s; "
-           "batch %ld x %ld x %d; data %s (%llu tokens); device cpu, %s in use of %s\n",
+           "batch %ld x %ld x %d; data %s (%llu tokens); device %s, %s in use of %s\n",
            cfg.name, zo_arch_name(cfg.arch), (unsigned long long)l->total_numel,
            cfg.n_layers, cfg.hidden, cfg.vocab, zo_dtype_name(a.dtype), a.micro_batch, a.seq, accum,
-           a.data, (unsigned long long)tokens.n, zo_format_bytes(ms.in_use, b1, sizeof b1),
-           a.device_mem ? zo_format_bytes(a.device_mem, b2, sizeof b2) : "unlimited");
+           a.data, (unsigned long long)tokens.n, gpu_device_name(dev),
+           zo_format_bytes(ms.in_use, b1, sizeof b1),
+           ms.capacity ? zo_format_bytes(ms.capacity, b2, sizeof b2) : "unlimited");
     printf("# placement: weights %s (prefetch %d), optimizer cpu %.2f nvme %.2f, checkpoints %s, "
            "recompute %s%s%s\n",
            offload_tier_name(oc->params_on), oc->prefetch_depth, oc->opt_frac[OFFLOAD_CPU],
@@ -472,7 +497,7 @@ int main(int argc, char **argv)
     if (progress) fprintf(stderr, "\n");
     gpu_mem_get_stats(dev, &ms);
     printf("# device memory: peak %s of %s\n", zo_format_bytes(ms.high_water, b1, sizeof b1),
-           a.device_mem ? zo_format_bytes(a.device_mem, b2, sizeof b2) : "unlimited");
+           ms.capacity ? zo_format_bytes(ms.capacity, b2, sizeof b2) : "unlimited");
     offload_stats ost;
     offload_get_stats(rt, &ost);
     print_tiers(&ost, a.plan ? &a.p.predicted : NULL);

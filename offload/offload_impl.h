@@ -66,7 +66,9 @@ struct offload {
     /* the parameter store */
     void *store_host;           /* CPU tier: pinned [n] dtype */
     void *store_dev;            /* DEVICE tier: device [n] dtype */
-    void *stage16[2];           /* DEVICE tier: pinned [sub_group] dtype (new weights) */
+    /* DEVICE tier, in the step: the new weights of a block are assembled in
+     * gradient slot k's pinned buffer (gs[k].host) and copied on h2d;
+     * stage16_ev[k] (h2d) says that copy is done and the buffer is free */
     gpu_event_t stage16_ev[2];
     int stage16_pending[2];
 

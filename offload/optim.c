@@ -223,11 +223,17 @@ zo_status offload_step(offload_t *rt, offload_step_info *info)
         rt->bytes_disk_written += ns.bytes_written;
     }
 #endif
-    /* the device tier's last copies of new weights */
+    /* the device tier's last copies of new weights: the host waits on the
+     * events of the (at most two) copies still in flight, not on a stream or
+     * the device, so the next micro-batch reads the new weights */
     if (st == ZO_OK && rt->cfg.params_on == OFFLOAD_DEVICE) {
         double t1 = offload_now();
-        st = gpu_stream_synchronize(rt->h2d);
-        rt->stage16_pending[0] = rt->stage16_pending[1] = 0;
+        for (int k = 0; k < 2; k++) {
+            if (!rt->stage16_pending[k]) continue;
+            zo_status sk = gpu_event_synchronize(rt->stage16_ev[k]);
+            rt->stage16_pending[k] = 0;
+            if (st == ZO_OK) st = sk;
+        }
         rt->time[OFFLOAD_TIME_OPTIMIZER] += offload_now() - t1;
     }
     offload_slots_invalidate(rt);

@@ -20,7 +20,13 @@
 #include "model/data.h"        /* defines: model_tokens, model_batch_get */
 #include "model/safetensors.h" /* defines: model_st_open, model_load_path */
 
-#define FIX ZO_FIXTURES_DIR "/gpu/"
+/* The PyTorch references: the committed ones, or those the ctest entry
+ * test_transformer_torch has just made with /usr/bin/python3 (ZO_GPU_FIXTURES). */
+static const char *fix_dir(void)
+{
+    const char *d = getenv("ZO_GPU_FIXTURES");
+    return d && *d ? d : ZO_FIXTURES_DIR "/gpu";
+}
 #define B 2
 #define T 8
 
@@ -30,7 +36,7 @@
 static float *read_expected(const char *name, const char *tensor, size_t *n)
 {
     char path[512];
-    snprintf(path, sizeof path, FIX "%s_expected.safetensors", name);
+    snprintf(path, sizeof path, "%s/%s_expected.safetensors", fix_dir(), name);
     model_st_file f;
     assert_int_equal(model_st_open(&f, path), ZO_OK);
     const model_st_tensor *t = model_st_find(&f, tensor);
@@ -58,7 +64,7 @@ static void fixture_open(fixture *fx, const char *name, zo_dtype dt, int n_threa
     memset(fx, 0, sizeof *fx);
     fx->name = name;
     char path[512];
-    snprintf(path, sizeof path, FIX "%s.json", name);
+    snprintf(path, sizeof path, "%s/%s.json", fix_dir(), name);
     assert_int_equal(zo_model_config_load(path, &fx->cfg), ZO_OK);
     gpu_cpu_options o = {.n_threads = n_threads};
     assert_int_equal(gpu_device_init_cpu(&o, &fx->dev), ZO_OK);
@@ -66,7 +72,7 @@ static void fixture_open(fixture *fx, const char *name, zo_dtype dt, int n_threa
     assert_int_equal(tf_init(&fx->m, &fx->cfg, fx->dev, dt, B, T), ZO_OK);
     tf_adamw none = {.lr = 0};
     assert_int_equal(tf_trainer_init(&fx->tr, &fx->m, opt ? opt : &none), ZO_OK);
-    snprintf(path, sizeof path, FIX "%s.safetensors", name);
+    snprintf(path, sizeof path, "%s/%s.safetensors", fix_dir(), name);
     model_load_report rep;
     assert_int_equal(model_load_path(path, &fx->m.layout, (void *const *)fx->tr.master,
                                      ZO_DTYPE_F32, MODEL_LOAD_STRICT, &rep), ZO_OK);
@@ -147,7 +153,7 @@ static void run_against_torch(const char *name)
     float **want = calloc(nb, sizeof(float *));
     for (int b = 0; b < nb; b++) want[b] = calloc(fx.m.layout.block_numel[b] + 1, sizeof(float));
     char path[512];
-    snprintf(path, sizeof path, FIX "%s_grads.safetensors", name);
+    snprintf(path, sizeof path, "%s/%s_grads.safetensors", fix_dir(), name);
     assert_int_equal(model_load_path(path, &fx.m.layout, (void *const *)want, ZO_DTYPE_F32, 0, NULL), ZO_OK);
     int bad = 0;
     double sumsq = 0.0;
@@ -367,7 +373,9 @@ static void test_capacity(void **state)
 {
     (void)state;
     zo_model_config cfg;
-    assert_int_equal(zo_model_config_load(FIX "tiny_gpt2.json", &cfg), ZO_OK);
+    char path[512];
+    snprintf(path, sizeof path, "%s/tiny_gpt2.json", fix_dir());
+    assert_int_equal(zo_model_config_load(path, &cfg), ZO_OK);
     /* measure what a step needs, unlimited */
     gpu_device_t dev;
     gpu_stream_t s;

@@ -1,0 +1,107 @@
+/* The installed tree is usable: `cmake --install` into a temporary prefix,
+ * then the 40-line program of docs/offload.md (examples/train_min.c) builds
+ * against it through find_package(zoffload) and through pkg-config, and the
+ * installed memplan writes a plan that the program trains from. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+static char prefix[256];
+
+/* Run a shell command; print its output on failure; return its exit code. */
+static int sh(const char *fmt, ...)
+{
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    char full[sizeof cmd + sizeof prefix + 32];
+    snprintf(full, sizeof full, "(%s) >%s/log 2>&1", cmd, prefix);
+    int st = system(full);
+    int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    if (rc) {
+        print_error("command failed (exit %d): %s\n", rc, cmd);
+        char show[512];
+        snprintf(show, sizeof show, "tail -n 30 %s/log >&2", prefix);
+        if (system(show)) {}
+    }
+    return rc;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(prefix, sizeof prefix, "/tmp/zo_test_install_%d", (int)getpid());
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", prefix);
+    return system(cmd);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", prefix);
+    return system(cmd);
+}
+
+static void test_install_and_link(void **state)
+{
+    (void)state;
+    const char *src = ZO_SOURCE_DIR, *build = ZO_BUILD_DIR;
+    assert_int_equal(sh("cmake --install %s --prefix %s/usr", build, prefix), 0);
+    assert_int_equal(sh("test -x %s/usr/bin/memplan && test -x %s/usr/bin/train", prefix, prefix), 0);
+    assert_int_equal(sh("test -f %s/usr/include/zoffload/offload/offload.h", prefix), 0);
+
+    /* a separate CMake project */
+    assert_int_equal(sh("mkdir -p %s/consumer && cp %s/examples/train_min.c %s/consumer/ && "
+                        "printf '%%s\\n' 'cmake_minimum_required(VERSION 3.25)' "
+                        "'project(consumer C)' 'find_package(zoffload REQUIRED)' "
+                        "'add_executable(train_min train_min.c)' "
+                        "'target_link_libraries(train_min PRIVATE zoffload::transformer)' "
+                        "> %s/consumer/CMakeLists.txt",
+                        prefix, src, prefix, prefix),
+                     0);
+    assert_int_equal(sh("cmake -S %s/consumer -B %s/consumer/build -DCMAKE_PREFIX_PATH=%s/usr && "
+                        "cmake --build %s/consumer/build",
+                        prefix, prefix, prefix, prefix),
+                     0);
+
+    /* pkg-config */
+    assert_int_equal(sh("PKG_CONFIG_PATH=$(dirname $(find %s/usr -name zoffload.pc)) && "
+                        "export PKG_CONFIG_PATH && cc -std=c11 -o %s/train_min_pc %s/examples/train_min.c "
+                        "$(pkg-config --cflags zoffload) $(pkg-config --libs --static zoffload)",
+                        prefix, prefix, src),
+                     0);
+
+    /* the installed memplan writes a plan; both builds train from it */
+    assert_int_equal(sh("cd %s && %s/usr/bin/memplan estimate --model gpt2 --seq 16 --micro-batch 1 "
+                        "--params cpu --optimizer cpu --gpu-mem 1GiB --json > plan.json; test -s plan.json",
+                        prefix, prefix),
+                     0);
+    assert_int_equal(sh("cd %s && ./consumer/build/train_min plan.json 1 | grep -q '^step 0 loss' && "
+                        "./train_min_pc plan.json 1 | grep -q '^step 0 loss' && test -s stats.json",
+                        prefix),
+                     0);
+}
+
+int main(void)
+{
+    if (system("cmake --version >/dev/null 2>&1 && pkg-config --version >/dev/null 2>&1") != 0) {
+        printf("skipped: cmake or pkg-config missing\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_install_and_link, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
