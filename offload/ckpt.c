@@ -127,6 +127,13 @@ static zo_status fill_opt(void *user, int index, uint64_t first, uint64_t count,
             e = stop;
             continue;
         }
+        if (e >= rt->dev_first) { /* the device share (the end of the index) */
+            zo_status st = offload_dev_state_get(rt, index, e - rt->dev_first, end - e,
+                                                 out + (e - first));
+            if (st != ZO_OK) return st;
+            e = end;
+            continue;
+        }
         /* on NVMe: find and load the sub-group holding e */
         size_t G = offload_opt_groups(rt), f = 0, n = 0, g;
         for (g = 0; g < G; g++) {
@@ -341,6 +348,9 @@ zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
         st = offload_opt_store_group(rt, g, buf, buf + n, buf + 2 * n);
         free(buf);
     }
+    for (int i = 0; i < 3 && st == ZO_OK && rt->dev_first < rt->n; i++)
+        st = offload_dev_state_set(rt, i, 0, rt->n - rt->dev_first,
+                                   (const float *)(data[i] + rt->dev_first * 4));
     if (st != ZO_OK) goto out_close;
     /* the 16-bit store from the master */
     float *all = malloc(rt->n * sizeof(float) + 4);

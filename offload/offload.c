@@ -40,6 +40,7 @@ void offload_config_defaults(offload_config *c)
     memset(c, 0, sizeof *c);
     c->params_on = OFFLOAD_DEVICE;
     c->opt_frac[OFFLOAD_CPU] = 1.0;
+    c->grads_on = OFFLOAD_CPU;
     c->checkpoints_on = OFFLOAD_DEVICE;
     c->prefetch_depth = 2;
     c->sub_group = OFFLOAD_DEFAULT_SUB_GROUP;
@@ -110,10 +111,9 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
     }
     if (fabs(sum - 1.0) > 1e-6)
         return zo_error(ZO_ERR_INVALID, "offload_init: optimizer fractions sum to %g, not 1", sum);
-    if (c->opt_frac[OFFLOAD_DEVICE] > 0)
-        return zo_error(ZO_ERR_UNSUPPORTED,
-                        "offload_init: optimizer state on the device is not implemented "
-                        "(use cpu and nvme fractions)");
+    if (c->grads_on != OFFLOAD_DEVICE && c->grads_on != OFFLOAD_CPU)
+        return zo_error(ZO_ERR_INVALID, "offload_init: gradients live on gpu or cpu, not %s",
+                        offload_tier_name(c->grads_on));
     if (c->recompute && !m->recompute)
         return zo_error(ZO_ERR_INVALID, "offload_init: recompute needs the model's recompute function");
     if (c->checkpoints_on == OFFLOAD_CPU && !c->recompute)
@@ -137,6 +137,49 @@ static int cmp_decay(const void *a, const void *b)
     const offload_decay_range *x = a, *y = b;
     if (x->block != y->block) return x->block < y->block ? -1 : 1;
     return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* The optimizer's device share: the suffix of whole blocks whose size is
+ * nearest opt_frac[DEVICE] * n (at least one block when the fraction is not
+ * 0), so that a block's gradient stays on the device or leaves it whole. */
+static void split_device_share(offload_t *rt)
+{
+    double f = rt->cfg.opt_frac[OFFLOAD_DEVICE];
+    rt->dev_block = rt->nb;
+    if (f <= 0) {
+        rt->dev_first = rt->n;
+        return;
+    }
+    double want = f * (double)rt->n, best = -1;
+    for (int b = rt->nb - 1; b >= 0; b--) {
+        double d = fabs((double)(rt->n - rt->off[b]) - want);
+        if (best < 0 || d < best || rt->dev_block == rt->nb) {
+            best = d;
+            rt->dev_block = b;
+        }
+    }
+    rt->dev_first = rt->off[rt->dev_block];
+}
+
+/* Device buffers of the optimizer's device share: master, m, v and the fp32
+ * gradient sum, counted against the device's capacity like everything else. */
+static zo_status alloc_device_opt(offload_t *rt)
+{
+    zo_status st;
+    size_t nd = rt->n - rt->dev_first;
+    if (!nd) return ZO_OK;
+    float **arr[4] = {&rt->d_master, &rt->d_mom, &rt->d_var, &rt->d_grad};
+    const char *what[4] = {"fp32 master", "m", "v", "fp32 gradient sum"};
+    for (int i = 0; i < 4; i++) {
+        if ((st = gpu_mem_alloc(rt->dev, nd * 4, (void **)arr[i])) != ZO_OK)
+            return zo_error_wrap(st, "offload_init: optimizer on the device: %s of %zu elements",
+                                 what[i], nd);
+        if ((st = gpu_memset_async(rt->h2d, *arr[i], 0, nd * 4)) != ZO_OK) return st;
+    }
+    if ((st = gpu_mem_alloc(rt->dev, 8, &rt->d_stats)) != ZO_OK)
+        return zo_error_wrap(st, "offload_init: optimizer on the device: gradient statistics");
+    if ((st = gpu_event_create(rt->dev, &rt->d_done)) != ZO_OK) return st;
+    return gpu_stream_synchronize(rt->h2d);
 }
 
 static zo_status alloc_slots(offload_t *rt)
@@ -164,18 +207,24 @@ static zo_status alloc_slots(offload_t *rt)
 static zo_status alloc_grads(offload_t *rt)
 {
     zo_status st;
+    /* the pinned halves are one buffer: at step time it holds the fp32
+     * gradient of the largest block (the device share's exact statistics) */
+    void *pinned;
+    if ((st = offload_host_alloc(rt, OFFLOAD_GRAD_SLOTS * rt->slot_bytes, 1, &pinned)) != ZO_OK)
+        return st;
     for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) {
         offload_gslot *g = &rt->gs[k];
         g->block = -1;
+        g->host = (char *)pinned + (size_t)k * rt->slot_bytes;
         if ((st = gpu_mem_alloc(rt->dev, rt->slot_bytes, &g->dev)) != ZO_OK)
             return zo_error_wrap(st, "offload_init: device gradient buffer (%zu bytes)", rt->slot_bytes);
-        if ((st = offload_host_alloc(rt, rt->slot_bytes, 1, &g->host)) != ZO_OK) return st;
         if ((st = gpu_event_create(rt->dev, &g->done)) != ZO_OK) return st;
         if ((st = gpu_event_create(rt->dev, &g->copied)) != ZO_OK) return st;
     }
-    if ((st = offload_host_alloc(rt, rt->n * sizeof(float), 0, (void **)&rt->grad)) != ZO_OK)
+    /* the host share's fp32 sum; the device share's is d_grad */
+    if ((st = offload_host_alloc(rt, rt->dev_first * sizeof(float), 0, (void **)&rt->grad)) != ZO_OK)
         return zo_error_wrap(st, "offload_init: fp32 gradients");
-    memset(rt->grad, 0, rt->n * sizeof(float));
+    if (rt->dev_first) memset(rt->grad, 0, rt->dev_first * sizeof(float));
     for (int k = 0; k < 2; k++) {
         if ((st = gpu_event_create(rt->dev, &rt->stage16_ev[k])) != ZO_OK) return st;
     }
@@ -281,6 +330,7 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
         if (rt->numel[b] > rt->largest) rt->largest = rt->numel[b];
     }
     rt->n = rt->off[nb];
+    split_device_share(rt);
     rt->slot_bytes = rt->largest * rt->es;
     if (rt->slot_bytes < 256) rt->slot_bytes = 256;
     /* the schedule: forward in order, backward in reverse */
@@ -325,10 +375,11 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     if ((st = alloc_grads(rt)) != ZO_OK) goto out_free;
     if ((st = alloc_boundaries(rt)) != ZO_OK) goto out_free;
 
-    /* optimizer state: the first elements in memory, the rest on NVMe */
+    /* optimizer state: the first elements in memory, then NVMe, then the
+     * device share (whole blocks at the end) */
     size_t n_nvme = (size_t)llround((double)rt->n * rt->cfg.opt_frac[OFFLOAD_NVME]);
-    if (n_nvme > rt->n) n_nvme = rt->n;
-    rt->n_cpu = rt->n - n_nvme;
+    if (n_nvme > rt->dev_first || rt->cfg.opt_frac[OFFLOAD_CPU] <= 0) n_nvme = rt->dev_first;
+    rt->n_cpu = rt->dev_first - n_nvme;
     if ((st = offload_host_alloc(rt, rt->n_cpu * 4, 0, (void **)&rt->master)) != ZO_OK ||
         (st = offload_host_alloc(rt, rt->n_cpu * 4, 0, (void **)&rt->mom)) != ZO_OK ||
         (st = offload_host_alloc(rt, rt->n_cpu * 4, 0, (void **)&rt->var)) != ZO_OK) {
@@ -341,6 +392,7 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
         memset(rt->var, 0, rt->n_cpu * 4);
     }
     if ((st = offload_nvme_init(rt)) != ZO_OK) goto out_free;
+    if ((st = alloc_device_opt(rt)) != ZO_OK) goto out_free;
     offload_device_peak(rt);
     *out = rt;
     return ZO_OK;
@@ -375,10 +427,10 @@ void offload_free(offload_t *rt)
     free(rt->par_ring_used);
     for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) {
         gpu_mem_free(d, rt->gs[k].dev);
-        offload_host_free(rt, rt->gs[k].host, rt->slot_bytes, 1);
         if (rt->gs[k].done) gpu_event_destroy(rt->gs[k].done);
         if (rt->gs[k].copied) gpu_event_destroy(rt->gs[k].copied);
     }
+    offload_host_free(rt, rt->gs[0].host, OFFLOAD_GRAD_SLOTS * rt->slot_bytes, 1);
     for (int k = 0; k < 2; k++) {
         if (rt->stage16_ev[k]) gpu_event_destroy(rt->stage16_ev[k]);
         offload_ring *r = &rt->ring[k];
@@ -394,7 +446,13 @@ void offload_free(offload_t *rt)
     if (rt->bnd_host)
         for (int k = 0; k < rt->nb - 1; k++) offload_host_free(rt, rt->bnd_host[k], rt->m.boundary_bytes, 1);
     free(rt->bnd_host);
-    offload_host_free(rt, rt->grad, rt->n * 4, 0);
+    offload_host_free(rt, rt->grad, rt->dev_first * 4, 0);
+    gpu_mem_free(d, rt->d_master);
+    gpu_mem_free(d, rt->d_mom);
+    gpu_mem_free(d, rt->d_var);
+    gpu_mem_free(d, rt->d_grad);
+    gpu_mem_free(d, rt->d_stats);
+    if (rt->d_done) gpu_event_destroy(rt->d_done);
     offload_host_free(rt, rt->master, rt->n_cpu * 4, 0);
     offload_host_free(rt, rt->mom, rt->n_cpu * 4, 0);
     offload_host_free(rt, rt->var, rt->n_cpu * 4, 0);
@@ -492,11 +550,23 @@ zo_status offload_set_weights(offload_t *rt, const float *const *blocks)
         free(buf);
         if (st != ZO_OK) return st;
     }
+    /* and on the device, block by block; moments and gradient sum zeroed */
+    for (int b = rt->dev_block; b < rt->nb; b++) {
+        size_t rel = rt->off[b] - rt->dev_first;
+        if ((st = offload_dev_state_set(rt, 0, rel, rt->numel[b], blocks[b])) != ZO_OK) return st;
+    }
+    if (rt->d_master) {
+        size_t nd = rt->n - rt->dev_first;
+        if ((st = offload_dev_state_set(rt, 1, 0, nd, NULL)) != ZO_OK ||
+            (st = offload_dev_state_set(rt, 2, 0, nd, NULL)) != ZO_OK ||
+            (st = offload_dev_state_set(rt, 3, 0, nd, NULL)) != ZO_OK)
+            return st;
+    }
     rt->step = 0;
     rt->good_steps = 0;
     rt->skipped = 0;
     rt->micro = 0;
-    memset(rt->grad, 0, rt->n * 4);
+    if (rt->dev_first) memset(rt->grad, 0, rt->dev_first * 4);
     return offload_store_from_master(rt, blocks);
 }
 
@@ -523,6 +593,8 @@ zo_status offload_get_weights(offload_t *rt, float *const *blocks)
         }
         free(buf);
     }
+    for (int b = rt->dev_block; b < rt->nb && st == ZO_OK; b++)
+        st = offload_dev_state_get(rt, 0, rt->off[b] - rt->dev_first, rt->numel[b], blocks[b]);
     return st;
 }
 
@@ -530,8 +602,8 @@ float offload_loss_scale(const offload_t *rt) { return rt->loss_scale; }
 
 const float *offload_grad(const offload_t *rt, size_t *n)
 {
-    if (n) *n = rt->n;
-    return rt->micro ? rt->grad : NULL;
+    if (n) *n = rt->dev_first;
+    return rt->micro && rt->dev_first ? rt->grad : NULL;
 }
 
 size_t offload_block_offset(const offload_t *rt, int block) { return rt->off[block]; }

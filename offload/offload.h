@@ -19,7 +19,11 @@
  *   `grad_accum` micro-batches);
  * - the optimizer step: AdamW (cpu_adam) over sub-groups of the fp32 master
  *   state, which lives in CPU memory, on NVMe (pipelined: read ahead, update,
- *   write behind) or is split between them by fraction. The clip coefficient
+ *   write behind) or is split between them by fraction. A share of the state
+ *   may live on the device instead (opt_frac[OFFLOAD_DEVICE], rounded to
+ *   whole blocks at the end of the model): its gradients never leave the
+ *   device (added there in fp32 over micro-batches) and gpu_adam_update
+ *   updates it, with cpu_adam's arithmetic. The clip coefficient
  *   comes from the sum of squares of the gradient; with fp16 a dynamic loss
  *   scale skips steps whose gradients overflow. New 16-bit weights go straight
  *   into the parameter store;
@@ -32,8 +36,9 @@
  *
  * The flat parameter index: blocks are concatenated in order, so element e
  * of block b is flat element block_offset(b) + e. Optimizer sub-groups and the
- * CPU/NVMe split are ranges of this index: [0, n_cpu) in memory, [n_cpu, n)
- * on NVMe.
+ * CPU/NVMe/device split are ranges of this index: [0, n_cpu) in memory,
+ * [n_cpu, n_dev_first) on NVMe, [n_dev_first, n) on the device (whole
+ * blocks).
  *
  * Results do not depend on where state lives: resident, streamed, optimizer
  * in memory or on NVMe, the arithmetic and its order are the same, so losses
@@ -120,9 +125,15 @@ typedef void (*offload_ckpt_hook)(void *user, const char *point);
 
 typedef struct offload_config {
     offload_tier params_on;          /* DEVICE: resident; CPU, NVME: streamed */
-    double opt_frac[OFFLOAD_TIERS];  /* optimizer state split; the device share must be 0 */
+    double opt_frac[OFFLOAD_TIERS];  /* optimizer state split (the device share: whole blocks) */
+    /* Where the plan puts gradients (gpu or cpu). The gradients of the
+     * optimizer's device share stay on the device and those of its host
+     * share go to the host whatever this says (a gradient lives where its
+     * optimizer state is); kept for reports. */
+    offload_tier grads_on;
     offload_tier checkpoints_on;     /* DEVICE or CPU (CPU needs recompute) */
-    int recompute;                   /* rebuild each block's activations in backward */
+    int recompute;                   /* rebuild each block's activations in backward (a plan's
+                                        "selective" reads as 0: see offload_plan_load) */
     int prefetch_depth;              /* blocks loaded ahead of the one computing (0..16) */
     const char *nvme_dir;            /* where NVMe state lives (needed when used) */
     size_t sub_group;                /* optimizer sub-group, elements; 0 = 1M */
@@ -157,6 +168,10 @@ typedef struct offload_plan {
     int seq, micro_batch;            /* 0 when absent */
     int dtype;                       /* zo_dtype, -1 when absent */
     uint64_t gpu_mem;                /* hardware.gpu_mem; 0 when absent */
+    /* The plan said recompute "selective": read as none (cfg.recompute 0),
+     * since the attention keeps no s x s scores and selective would
+     * recompute nothing; programs say so when they print the plan. */
+    int selective_as_none;
 } offload_plan;
 
 /* Defaults: offload_config_defaults, nothing predicted, dtype -1. */
@@ -208,7 +223,9 @@ zo_status offload_step(offload_t *rt, offload_step_info *info);
 float offload_loss_scale(const offload_t *rt);
 /* The fp32 gradient of the last step (flat, unscaled sum over micro-batches
  * times loss_scale: divide by loss_scale * grad_accum for the mean), valid
- * after the micro-batches and until offload_step. NULL when none. */
+ * after the micro-batches and until offload_step. NULL when none. Only the
+ * host share: *n is the first element of the optimizer's device share (n
+ * when there is none); that share's gradient is on the device. */
 const float *offload_grad(const offload_t *rt, size_t *n);
 /* Flat offset of block b. */
 size_t offload_block_offset(const offload_t *rt, int block);

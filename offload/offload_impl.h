@@ -93,7 +93,14 @@ struct offload {
     offload_ring ring[2];
 
     /* optimizer state */
-    size_t n_cpu;               /* [0, n_cpu) in memory, [n_cpu, n) on NVMe */
+    size_t n_cpu;               /* [0, n_cpu) in memory, [n_cpu, dev_first) on NVMe */
+    /* the device share: flat [dev_first, n), blocks [dev_block, nb) */
+    size_t dev_first;
+    int dev_block;
+    float *d_master, *d_mom, *d_var; /* device [n - dev_first] fp32 */
+    float *d_grad;              /* device [n - dev_first] fp32, summed over micro-batches */
+    void *d_stats;              /* device: float sum of squares, int32 inf/nan flag */
+    gpu_event_t d_done;         /* d2h stream: the device share's update has run */
     float *master, *mom, *var;  /* [n_cpu] */
     int64_t step;
     float loss_scale;
@@ -142,6 +149,13 @@ zo_status offload_grads_drain(offload_t *rt);
 /* Move the 16-bit weights of [first, first + n) (given as fp32 or 16-bit in
  * `src16`) into the store. */
 zo_status offload_store_range(offload_t *rt, size_t first, size_t n, const void *src16);
+
+/* The device share of the optimizer state (optim.c): copy elements
+ * [first, first + n) of the share (relative to dev_first) of master (which
+ * 0), m (1), v (2) or the gradient sum (3) out to host memory, or in from
+ * it (src NULL: zeros). Synchronous (on the d2h / h2d streams). */
+zo_status offload_dev_state_get(offload_t *rt, int which, size_t first, size_t n, float *dst);
+zo_status offload_dev_state_set(offload_t *rt, int which, size_t first, size_t n, const float *src);
 
 /* Optimizer state on NVMe (optim.c). */
 zo_status offload_nvme_init(offload_t *rt);

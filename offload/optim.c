@@ -104,6 +104,27 @@ static int block_of(const offload_t *rt, size_t a)
     return lo;
 }
 
+/* Where the decay ranges cut block b from element `rel` (of the block):
+ * returns the end of the piece starting there (at most `stop`) and whether
+ * it decays. */
+static size_t decay_piece(const offload_t *rt, int b, size_t rel, size_t stop, int *decay)
+{
+    *decay = rt->m.decay ? 0 : 1;
+    if (!rt->m.decay) return stop;
+    for (int i = 0; i < rt->m.n_decay; i++) {
+        const offload_decay_range *d = &rt->m.decay[i];
+        if (d->block != b || d->offset + d->numel <= rel) continue;
+        if (d->offset <= rel) {
+            *decay = 1;
+            if (d->offset + d->numel < stop) stop = d->offset + d->numel;
+        } else if (d->offset < stop) {
+            stop = d->offset;
+        }
+        break; /* sorted: the first range ending after rel decides */
+    }
+    return stop;
+}
+
 /* Update flat [first, first + n) whose state is P, M, V (n each). */
 static zo_status update_range(step_ctx *c, size_t first, size_t n, float *P, float *M, float *V)
 {
@@ -115,21 +136,8 @@ static zo_status update_range(step_ctx *c, size_t first, size_t n, float *P, flo
         if (rt->cfg.params_on != OFFLOAD_CPU) TRY(assembly_begin(c, b));
         /* split [pos, bend) at the block's decay ranges */
         while (pos < bend) {
-            size_t rel = pos - rt->off[b], stop = bend - rt->off[b];
-            int decay = rt->m.decay ? 0 : 1;
-            if (rt->m.decay) {
-                for (int i = 0; i < rt->m.n_decay; i++) {
-                    const offload_decay_range *d = &rt->m.decay[i];
-                    if (d->block != b || d->offset + d->numel <= rel) continue;
-                    if (d->offset <= rel) {
-                        decay = 1;
-                        if (d->offset + d->numel < stop) stop = d->offset + d->numel;
-                    } else if (d->offset < stop) {
-                        stop = d->offset;
-                    }
-                    break; /* sorted: the first range ending after rel decides */
-                }
-            }
+            int decay;
+            size_t stop = decay_piece(rt, b, pos - rt->off[b], bend - rt->off[b], &decay);
             size_t e = rt->off[b] + stop;
             TRY(update_piece(c, b, pos, e, decay, P + (pos - first), M + (pos - first),
                              V + (pos - first)));
@@ -138,6 +146,142 @@ static zo_status update_range(step_ctx *c, size_t first, size_t n, float *P, flo
         if (pos == rt->off[b + 1] && rt->cfg.params_on != OFFLOAD_CPU) TRY(assembly_end(c, b));
     }
     return ZO_OK;
+}
+
+/* ---- the optimizer's device share ------------------------------------------------------ */
+
+/* Enqueue the update of the device share on the d2h stream, block by block:
+ * gpu_adam_update (cpu_adam's arithmetic) over each decay piece, the new
+ * weights written straight into the device store, or into a device staging
+ * buffer (gradient slot 0) copied out to the host store. NVMe weights are
+ * written from the pinned buffer after each block (the host waits). */
+static zo_status dev_update(step_ctx *c)
+{
+    offload_t *rt = c->rt;
+    gpu_stream_t s = rt->d2h;
+    int wide = rt->m.dtype == ZO_DTYPE_F32;
+    gpu_adam_hparams hp = {.lr = c->hp.lr, .beta1 = c->hp.beta1, .beta2 = c->hp.beta2,
+                           .eps = c->hp.eps, .weight_decay = c->hp.weight_decay,
+                           .decay = GPU_ADAM_DECAY_ADAMW, .step = c->hp.step,
+                           .grad_mult = c->hp.grad_mult};
+    for (int b = rt->dev_block; b < rt->nb; b++) {
+        size_t nb = rt->numel[b], base = rt->off[b] - rt->dev_first, bytes = nb * rt->es;
+        if (!nb) continue;
+        /* dst [nb] model dtype on the device */
+        char *dst = rt->cfg.params_on == OFFLOAD_DEVICE ? (char *)rt->store_dev + rt->off[b] * rt->es
+                                                        : (char *)rt->gs[0].dev;
+        for (size_t rel = 0; rel < nb;) {
+            int decay;
+            size_t stop = decay_piece(rt, b, rel, nb, &decay);
+            gpu_adam_hparams h = hp;
+            if (!decay) h.weight_decay = 0.0f;
+            gpu_tensor out = gpu_t(wide ? NULL : dst + rel * rt->es, rt->m.dtype);
+            zo_status st = gpu_adam_update(s, &h, stop - rel, rt->d_master + base + rel,
+                                           gpu_t(rt->d_grad + base + rel, ZO_DTYPE_F32),
+                                           rt->d_mom + base + rel, rt->d_var + base + rel, out);
+            if (st != ZO_OK)
+                return zo_error_wrap(st, "offload_step: device share, block %d elements %zu..%zu",
+                                     b, rel, stop);
+            rel = stop;
+        }
+        if (wide) TRY(gpu_memcpy_async(s, dst, rt->d_master + base, bytes, GPU_COPY_DEVICE_TO_DEVICE));
+        if (rt->cfg.params_on == OFFLOAD_CPU) {
+            TRY(gpu_memcpy_async(s, (char *)rt->store_host + rt->off[b] * rt->es, dst, bytes,
+                                 GPU_COPY_DEVICE_TO_HOST));
+            rt->bytes_d2h += bytes;
+        } else if (rt->cfg.params_on == OFFLOAD_NVME) {
+            TRY(gpu_memcpy_async(s, rt->gs[0].host, dst, bytes, GPU_COPY_DEVICE_TO_HOST));
+            TRY(gpu_event_record(rt->d_done, s));
+            TRY(gpu_event_synchronize(rt->d_done));
+            rt->bytes_d2h += bytes;
+            double t0 = offload_now();
+            zo_status st = offload_par_write(rt, b, rt->gs[0].host);
+            rt->time[OFFLOAD_TIME_DISK] += offload_now() - t0;
+            rt->bytes_disk_written += bytes;
+            if (st != ZO_OK) return st;
+        }
+    }
+    return gpu_event_record(rt->d_done, s);
+}
+
+/* Sum of squares and inf/nan flag of the device share's gradient sum.
+ * exact: block by block, each block's fp32 sum copied into the pinned
+ * gradient buffer (2 slots: room for the largest block in fp32) and summed
+ * by the host's own function, in block order: the very bits the host would
+ * get with this share in memory, so clipping gives bit-identical steps.
+ * Otherwise on the device (no copy; gpu_sum_squares accumulates in double
+ * and rounds the total to float, so the norm differs in its last bits). */
+static zo_status dev_grad_stats(offload_t *rt, int exact, double *sumsq, int *nonfinite)
+{
+    /* *sumsq and *nonfinite hold the host share's figures: added to in
+     * block order, as if the blocks were on the host */
+    gpu_stream_t s = rt->d2h;
+    if (exact) {
+        double t0 = offload_now();
+        for (int b = rt->dev_block; b < rt->nb; b++) {
+            if (!rt->numel[b]) continue;
+            size_t base = rt->off[b] - rt->dev_first, n = rt->numel[b];
+            double ss;
+            int nf;
+            TRY(gpu_memcpy_async(s, rt->gs[0].host, rt->d_grad + base, n * 4,
+                                 GPU_COPY_DEVICE_TO_HOST));
+            TRY(gpu_event_record(rt->d_done, s));
+            TRY(gpu_event_synchronize(rt->d_done));
+            rt->bytes_d2h += n * 4;
+            TRY(adam_grad_stats(rt->gs[0].host, ZO_DTYPE_F32, n, rt->cfg.n_threads, &ss, &nf));
+            *sumsq += ss;
+            *nonfinite |= nf;
+        }
+        rt->time[OFFLOAD_TIME_GRADS] += offload_now() - t0;
+        return ZO_OK;
+    }
+    size_t nd = rt->n - rt->dev_first;
+    float *sum = rt->d_stats;
+    int32_t *flag = (int32_t *)((char *)rt->d_stats + 4);
+    unsigned char host[8];
+    TRY(gpu_memset_async(s, rt->d_stats, 0, 8));
+    TRY(gpu_sum_squares(s, sum, gpu_t(rt->d_grad, ZO_DTYPE_F32), nd));
+    TRY(gpu_check_finite(s, flag, gpu_t(rt->d_grad, ZO_DTYPE_F32), nd));
+    TRY(gpu_memcpy_async(s, host, rt->d_stats, 8, GPU_COPY_DEVICE_TO_HOST));
+    TRY(gpu_event_record(rt->d_done, s));
+    TRY(gpu_event_synchronize(rt->d_done));
+    float f;
+    int32_t bad;
+    memcpy(&f, host, 4);
+    memcpy(&bad, host + 4, 4);
+    *sumsq += (double)f;
+    *nonfinite |= bad != 0 || !isfinite(f);
+    return ZO_OK;
+}
+
+static float *dev_array(offload_t *rt, int which)
+{
+    float *a[4] = {rt->d_master, rt->d_mom, rt->d_var, rt->d_grad};
+    return which >= 0 && which < 4 ? a[which] : NULL;
+}
+
+zo_status offload_dev_state_get(offload_t *rt, int which, size_t first, size_t n, float *dst)
+{
+    float *a = dev_array(rt, which);
+    if (!a || first + n > rt->n - rt->dev_first)
+        return zo_error(ZO_ERR_INTERNAL, "offload: device optimizer state %d [%zu, +%zu) out of range",
+                        which, first, n);
+    if (!n) return ZO_OK;
+    TRY(gpu_memcpy_async(rt->d2h, dst, a + first, n * 4, GPU_COPY_DEVICE_TO_HOST));
+    TRY(gpu_event_record(rt->d_done, rt->d2h));
+    return gpu_event_synchronize(rt->d_done);
+}
+
+zo_status offload_dev_state_set(offload_t *rt, int which, size_t first, size_t n, const float *src)
+{
+    float *a = dev_array(rt, which);
+    if (!a || first + n > rt->n - rt->dev_first)
+        return zo_error(ZO_ERR_INTERNAL, "offload: device optimizer state %d [%zu, +%zu) out of range",
+                        which, first, n);
+    if (!n) return ZO_OK;
+    if (src) TRY(gpu_memcpy_async(rt->h2d, a + first, src, n * 4, GPU_COPY_HOST_TO_DEVICE));
+    else TRY(gpu_memset_async(rt->h2d, a + first, 0, n * 4));
+    return gpu_stream_synchronize(rt->h2d);
 }
 
 #ifdef ZO_OFFLOAD_HAVE_NVME
@@ -163,7 +307,7 @@ zo_status offload_step(offload_t *rt, offload_step_info *info)
     double t0 = offload_now();
     double sumsq = 0.0;
     int nonfinite = 0;
-    for (int b = 0; b < rt->nb; b++) {
+    for (int b = 0; b < rt->dev_block; b++) {
         if (!rt->numel[b]) continue;
         double ss;
         int nf;
@@ -172,6 +316,8 @@ zo_status offload_step(offload_t *rt, offload_step_info *info)
         sumsq += ss;
         nonfinite |= nf;
     }
+    if (rt->d_grad) /* the device share's blocks, last */
+        TRY(dev_grad_stats(rt, rt->cfg.adam.clip > 0.0f, &sumsq, &nonfinite));
     double denom = (double)rt->loss_scale * (double)rt->micro;
     double norm = sqrt(sumsq) / denom;
     info->grad_norm = (float)norm;
@@ -204,8 +350,11 @@ zo_status offload_step(offload_t *rt, offload_step_info *info)
     c.hp.step = (long)rt->step;
     c.hp.grad_mult = (float)(coef / denom);
 
-    /* the state in memory, sub-group by sub-group */
+    /* the device share first: enqueued, it runs while the host updates its
+     * share (NVMe weights: block by block, the host waiting) */
     zo_status st = ZO_OK;
+    if (rt->d_master) st = dev_update(&c);
+    /* the state in memory, sub-group by sub-group */
     size_t sg = rt->cfg.sub_group;
     for (size_t f = 0; f < rt->n_cpu && st == ZO_OK; f += sg) {
         size_t n = rt->n_cpu - f < sg ? rt->n_cpu - f : sg;
@@ -223,6 +372,13 @@ zo_status offload_step(offload_t *rt, offload_step_info *info)
         rt->bytes_disk_written += ns.bytes_written;
     }
 #endif
+    /* the device share's update and its copies out */
+    if (rt->d_master) {
+        double t1 = offload_now();
+        zo_status sd = gpu_event_synchronize(rt->d_done);
+        if (st == ZO_OK) st = sd;
+        rt->time[OFFLOAD_TIME_OPTIMIZER] += offload_now() - t1;
+    }
     /* the device tier's last copies of new weights: the host waits on the
      * events of the (at most two) copies still in flight, not on a stream or
      * the device, so the next micro-batch reads the new weights */
@@ -267,7 +423,7 @@ static zo_status store_open(offload_t *rt, nvme_engine_t **eng, nvme_store_t **s
 zo_status offload_nvme_init(offload_t *rt)
 {
     zo_status st;
-    size_t n_nvme = rt->n - rt->n_cpu;
+    size_t n_nvme = rt->dev_first - rt->n_cpu;
     char prefix[64];
     if (n_nvme) {
         snprintf(prefix, sizeof prefix, "zo-opt-%d", (int)getpid());

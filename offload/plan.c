@@ -94,9 +94,16 @@ static zo_status parse_plan(const cJSON *root, const char *path, offload_plan *p
             return zo_error(ZO_ERR_FORMAT, "%s: %s.recompute must be a string", path, trn);
         if (!strcmp(rc->valuestring, "none")) c->recompute = 0;
         else if (!strcmp(rc->valuestring, "full")) c->recompute = 1;
-        else
-            return zo_error(ZO_ERR_FORMAT, "%s: %s.recompute \"%s\": the runtime does none or full", path,
-                            trn, rc->valuestring);
+        else if (!strcmp(rc->valuestring, "selective")) {
+            /* selective recompute keeps all but the attention core, which is
+             * worth recomputing only when it stores the s x s scores; this
+             * attention is memory-efficient (it keeps one log-sum-exp per
+             * row), so selective saves nothing over none */
+            c->recompute = 0;
+            p->selective_as_none = 1;
+        } else
+            return zo_error(ZO_ERR_FORMAT, "%s: %s.recompute \"%s\": the runtime does none, selective (as none) or full",
+                            path, trn, rc->valuestring);
     }
 
     const cJSON *pl = get(root, "placement");
@@ -104,9 +111,8 @@ static zo_status parse_plan(const cJSON *root, const char *path, offload_plan *p
     if ((st = opt_tier(pl, "placement", "params", path, &c->params_on)) != ZO_OK ||
         (st = opt_tier(pl, "placement", "checkpoints", path, &c->checkpoints_on)) != ZO_OK)
         return st;
-    offload_tier grads = OFFLOAD_CPU;
-    if ((st = opt_tier(pl, "placement", "grads", path, &grads)) != ZO_OK) return st;
-    if (grads == OFFLOAD_NVME)
+    if ((st = opt_tier(pl, "placement", "grads", path, &c->grads_on)) != ZO_OK) return st;
+    if (c->grads_on == OFFLOAD_NVME)
         return zo_error(ZO_ERR_FORMAT, "%s: placement.grads: gradients go to gpu or cpu", path);
     const cJSON *op = get(pl, "optimizer");
     if (op) {

@@ -231,11 +231,23 @@ static zo_status grads_take(offload_t *rt, gpu_stream_t s, int avoid, int *out)
     return ZO_OK;
 }
 
-/* Backward of a block wrote slot k's gradients for `block`: copy them out. */
+/* Backward of a block wrote slot k's gradients for `block`: copy them out,
+ * or, for a block of the optimizer's device share, add them to its fp32 sum
+ * on the device (the same fp32 additions as the host's, so the same bits). */
 static zo_status grads_send(offload_t *rt, gpu_stream_t s, int k, int block)
 {
     offload_gslot *g = &rt->gs[k];
     size_t bytes = rt->numel[block] * rt->es;
+    if (block >= rt->dev_block) {
+        float *acc = rt->d_grad + (rt->off[block] - rt->dev_first);
+        size_t n = rt->numel[block];
+        /* acc [n] fp32 += slot [n] model dtype, in stream order after backward;
+         * the slot is zeroed for its next block later on the same stream */
+        if (n) TRY(gpu_add(s, gpu_t(acc, ZO_DTYPE_F32), gpu_t(acc, ZO_DTYPE_F32),
+                           gpu_t(g->dev, rt->m.dtype), n));
+        g->block = -1;
+        return ZO_OK;
+    }
     TRY(gpu_event_record(g->done, s));
     TRY(gpu_stream_wait_event(rt->d2h, g->done));
     if (bytes) TRY(gpu_memcpy_async(rt->d2h, g->host, g->dev, bytes, GPU_COPY_DEVICE_TO_HOST));
@@ -346,7 +358,11 @@ zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s)
     int nb = rt->nb;
     rt->pos = 0;
     rt->has_prev = 0;
-    if (rt->micro == 0) memset(rt->grad, 0, rt->n * sizeof(float));
+    if (rt->micro == 0) {
+        if (rt->dev_first) memset(rt->grad, 0, rt->dev_first * sizeof(float));
+        if (rt->d_grad)
+            TRY(gpu_memset_async(s, rt->d_grad, 0, (rt->n - rt->dev_first) * sizeof(float)));
+    }
     /* the activations ring starts empty each micro-batch */
     for (int k = 0; k < 2; k++) rt->ring[k].holds = -1;
 

@@ -689,6 +689,137 @@ static void plan_for(const run *r, plan_estimate *e)
 }
 
 
+/* Optimizer state on the device (wholly or in part) updates with
+ * gpu_adam_update, cpu_adam's arithmetic, and its gradients are summed on the
+ * device with the host's fp32 additions: bit-identical losses against the
+ * optimizer on the CPU, over 20 steps of 2 micro-batches. With clipping the
+ * device share's sum of squares is taken with the host's function (exact
+ * mode), so the norms are the same bits too; without clipping it is taken on
+ * the device and the reported norm agrees to float rounding. */
+static void test_device_optimizer(void **state)
+{
+    (void)state;
+    zo_model_config cfgs[2] = {tiny_llama(3, 64, 128), tiny_gpt(3, 64, 128)};
+    zo_dtype dts[2] = {ZO_DTYPE_BF16, ZO_DTYPE_F16};
+    for (int c = 0; c < 2; c++)
+        for (int clip = 0; clip < 2; clip++) {
+            run base = {.cfg = cfgs[c], .dt = dts[c], .B = 2, .T = 16, .steps = 20};
+            base_config(&base.oc);
+            base.oc.sub_group = 3000;
+            base.oc.grad_accum = 2;
+            base.oc.adam.clip = clip ? 1.0f : 0.0f;
+            run ref = base;
+            assert_int_equal(do_run(&ref), ZO_OK);
+            char name[64];
+            snprintf(name, sizeof name, "%s, clip %s", c ? "gpt fp16" : "llama bf16",
+                     clip ? "1" : "off");
+            print_losses(name, &ref);
+            int engaged = 0;
+            for (int k = 0; k < ref.steps; k++) engaged += ref.info[k].grad_norm > 1.0f;
+            struct {
+                const char *name;
+                offload_tier params;
+                double dev, nvme;
+                int prefetch;
+            } v[] = {
+                {"resident, optimizer gpu", OFFLOAD_DEVICE, 1.0, 0, 0},
+                {"streamed, optimizer gpu", OFFLOAD_CPU, 1.0, 0, 2},
+                {"streamed, cpu/gpu split", OFFLOAD_CPU, 0.5, 0, 1},
+                {"nvme weights, nvme/gpu split", OFFLOAD_NVME, 0.4, 0.6, 1},
+            };
+            for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+                run r = base;
+                r.oc.params_on = v[i].params;
+                r.oc.grads_on = OFFLOAD_DEVICE;
+                r.oc.opt_frac[OFFLOAD_DEVICE] = v[i].dev;
+                r.oc.opt_frac[OFFLOAD_NVME] = v[i].nvme;
+                r.oc.opt_frac[OFFLOAD_CPU] = 1.0 - v[i].dev - v[i].nvme;
+                r.oc.prefetch_depth = v[i].prefetch;
+                zo_status st = do_run(&r);
+                if (st == ZO_ERR_UNSUPPORTED) {
+                    printf("  %-28s skipped: %s\n", v[i].name, zo_last_error());
+                    continue;
+                }
+                assert_int_equal(st, ZO_OK);
+                print_losses(v[i].name, &r);
+                assert_same_losses(v[i].name, &ref, &r);
+                for (int k = 0; k < r.steps; k++) {
+                    if (clip)
+                        assert_memory_equal(&r.info[k].grad_norm, &ref.info[k].grad_norm,
+                                            sizeof(float));
+                    else
+                        assert_true(fabsf(r.info[k].grad_norm - ref.info[k].grad_norm) <=
+                                    1e-6f * ref.info[k].grad_norm);
+                    assert_true(r.info[k].loss_scale == ref.info[k].loss_scale);
+                }
+                /* the device share's state is on the device: more device memory */
+                assert_true(r.stats.peak[OFFLOAD_DEVICE] > ref.stats.peak[OFFLOAD_DEVICE] ||
+                            v[i].params != OFFLOAD_DEVICE);
+            }
+            if (clip) printf("    clipping engaged in %d of %d steps\n", engaged, base.steps);
+        }
+}
+
+/* A checkpoint of a run with its optimizer on the device resumes into one
+ * with the optimizer on the CPU (the file is flat, wherever the state was),
+ * and the next losses equal the uninterrupted run's, bit for bit. */
+static void test_device_optimizer_resume(void **state)
+{
+    (void)state;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/resume-dev", nvme_dir);
+    remove_tree(dir);
+    run u = {.cfg = tiny_llama(2, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 12};
+    base_config(&u.oc);
+    u.oc.params_on = OFFLOAD_CPU;
+    u.oc.grads_on = OFFLOAD_DEVICE;
+    u.oc.opt_frac[OFFLOAD_CPU] = 0.4;
+    u.oc.opt_frac[OFFLOAD_DEVICE] = 0.6;
+    run a = u, b = u;
+    assert_int_equal(do_run(&u), ZO_OK);
+    a.steps = 6;
+    a.save_dir = dir;
+    a.save_at = 6;
+    assert_int_equal(do_run(&a), ZO_OK);
+    b.oc.opt_frac[OFFLOAD_CPU] = 1.0;
+    b.oc.opt_frac[OFFLOAD_DEVICE] = 0.0;
+    b.resume_dir = dir;
+    b.start_step = 6;
+    assert_int_equal(do_run(&b), ZO_OK);
+    print_losses("optimizer split cpu/gpu", &u);
+    for (int k = 6; k < 12; k++) {
+        if (memcmp(&u.loss[k], &b.loss[k], sizeof(float))) {
+            fprintf(stderr, "step %d: resumed loss %.9g, uninterrupted %.9g\n", k, b.loss[k], u.loss[k]);
+            fail();
+        }
+    }
+    remove_tree(dir);
+}
+
+/* A plan's "selective" recompute reads as none (the attention keeps no
+ * s x s scores), and placement.grads is read. */
+static void test_plan_selective(void **state)
+{
+    (void)state;
+    char path[300];
+    snprintf(path, sizeof path, "%s/plan-selective.json", nvme_dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"format\": \"zoffload-plan\", \"training\": {\"recompute\": \"selective\"},"
+          " \"placement\": {\"params\": \"gpu\", \"grads\": \"gpu\","
+          " \"optimizer\": {\"gpu\": 0.25, \"cpu\": 0.75, \"nvme\": 0}}}\n", f);
+    fclose(f);
+    offload_plan p;
+    offload_plan_defaults(&p);
+    p.cfg.recompute = 1;
+    assert_int_equal(offload_plan_load(path, &p), ZO_OK);
+    assert_int_equal(p.cfg.recompute, 0);
+    assert_int_equal(p.selective_as_none, 1);
+    assert_int_equal(p.cfg.grads_on, OFFLOAD_DEVICE);
+    assert_true(p.cfg.opt_frac[OFFLOAD_DEVICE] == 0.25);
+    remove(path);
+}
+
 /* The peak bytes measured per tier against memplan's estimate: within 3%. */
 static void test_memplan_agrees(void **state)
 {
@@ -747,6 +878,9 @@ int main(void)
         cmocka_unit_test(test_resume),
         cmocka_unit_test(test_kill_during_checkpoint),
         cmocka_unit_test(test_memplan_agrees),
+        cmocka_unit_test(test_device_optimizer),
+        cmocka_unit_test(test_device_optimizer_resume),
+        cmocka_unit_test(test_plan_selective),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     rmdir(nvme_dir);
