@@ -64,9 +64,13 @@ static void usage(FILE *f)
         "placement (a plan, then these flags; see docs/offload.md):\n"
         "  --plan FILE            the JSON memplan writes: placement, buffers, batch, dtype\n"
         "  --params-on gpu|cpu|nvme     16-bit weights: resident, or streamed from pinned host / NVMe\n"
-        "  --optimizer-on SPEC    fp32 master + Adam moments: cpu, nvme, or cpu=0.7,nvme=0.3\n"
+        "  --optimizer-on SPEC    fp32 master + Adam moments: cpu, nvme, gpu, or fractions\n"
+        "                         cpu=0.5,nvme=0.3,gpu=0.2 (the gpu share: whole blocks, its\n"
+        "                         gradients summed and updated on the device)\n"
         "  --checkpoints-on gpu|cpu     activation checkpoints between blocks (cpu needs --recompute full)\n"
-        "  --recompute none|full  recompute each block's activations in backward (default none)\n"
+        "  --recompute none|selective|full  recompute each block's activations in backward\n"
+        "                         (default none; selective runs as none: the attention keeps\n"
+        "                         no s x s scores, so there is nothing selective to recompute)\n"
         "  --prefetch N           blocks loaded ahead of the one computing (default 2)\n"
         "  --sub-group N          optimizer sub-group, parameters (default 1M)\n"
         "  --nvme-dir DIR         where NVMe state lives\n"
@@ -151,7 +155,7 @@ static zo_status parse_float(const char *s, const char *flag, double lo, double 
     return st;
 }
 
-/* --optimizer-on: "cpu", "nvme" or fractions "cpu=0.7,nvme=0.3". */
+/* --optimizer-on: "cpu", "nvme", "gpu" or fractions "cpu=0.7,nvme=0.3". */
 static zo_status parse_opt_on(const char *s, offload_config *c)
 {
     double f[OFFLOAD_TIERS] = {0};
@@ -174,6 +178,7 @@ static zo_status parse_opt_on(const char *s, offload_config *c)
         }
     }
     memcpy(c->opt_frac, f, sizeof f);
+    if (f[OFFLOAD_DEVICE] > 0) c->grads_on = OFFLOAD_DEVICE; /* that share's gradients stay there */
     return ZO_OK;
 }
 
@@ -216,7 +221,8 @@ static int parse_args(int argc, char **argv, train_args *a)
         case OPT_CKPT_ON: st = offload_tier_parse(optarg, "--checkpoints-on", &oc->checkpoints_on); break;
         case OPT_RECOMPUTE:
             if (!strcmp(optarg, "none") || !strcmp(optarg, "full")) oc->recompute = !strcmp(optarg, "full");
-            else st = zo_error(ZO_ERR_INVALID, "--recompute %s: none or full", optarg);
+            else if (!strcmp(optarg, "selective")) oc->recompute = 0, a->p.selective_as_none = 1;
+            else st = zo_error(ZO_ERR_INVALID, "--recompute %s: none, selective (runs as none) or full", optarg);
             break;
         case OPT_PREFETCH:
             st = zo_parse_int(optarg, "--prefetch", 0, 16, &v);
@@ -441,11 +447,15 @@ int main(int argc, char **argv)
            a.data, (unsigned long long)tokens.n, gpu_device_name(dev),
            zo_format_bytes(ms.in_use, b1, sizeof b1),
            ms.capacity ? zo_format_bytes(ms.capacity, b2, sizeof b2) : "unlimited");
-    printf("# placement: weights %s (prefetch %d), optimizer cpu %.2f nvme %.2f, checkpoints %s, "
-           "recompute %s%s%s\n",
+    printf("# placement: weights %s (prefetch %d), optimizer cpu %.2f nvme %.2f gpu %.2f, "
+           "gradients %s, checkpoints %s, recompute %s%s%s\n",
            offload_tier_name(oc->params_on), oc->prefetch_depth, oc->opt_frac[OFFLOAD_CPU],
-           oc->opt_frac[OFFLOAD_NVME], offload_tier_name(oc->checkpoints_on),
+           oc->opt_frac[OFFLOAD_NVME], oc->opt_frac[OFFLOAD_DEVICE],
+           offload_tier_name(oc->grads_on), offload_tier_name(oc->checkpoints_on),
            oc->recompute ? "full" : "none", a.plan ? "; plan " : "", a.plan ? a.plan : "");
+    if (a.p.selective_as_none && !oc->recompute)
+        printf("# recompute: \"selective\" runs as none (the attention keeps no s x s "
+               "scores, so selective would recompute nothing)\n");
     fflush(stdout);
 
     size_t n = (size_t)a.micro_batch * a.seq;

@@ -283,6 +283,8 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
     /* ---- gradients ---- */
     uint64_t g_elems = t->zero >= 2 ? ceil_div(sh.params, dp) : sh.params;
     if (t->grads_on == PLAN_GPU) {
+        /* in the plan's gradient dtype: the runtime sums the gradients of
+         * its GPU optimizer share in fp32 (--grad-dtype fp32, 4 B/param) */
         add(e, "gradients", PLAN_GPU, PLAN_GRADS, g_elems * gsz);
     } else {
         /* added in fp32 on the host as blocks arrive (micro-batches, a tied
@@ -290,6 +292,13 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
         add(e, "gradients (fp32 accumulation)", PLAN_CPU, PLAN_GRADS, g_elems * 4);
         add(e, "gradient staging (2 blocks)", PLAN_GPU, PLAN_GRADS, 2 * sh.largest * gsz);
     }
+    /* a GPU optimizer share: backward writes each block's gradients (in
+     * the weights' dtype) into one of two staging blocks before they are
+     * added to the sum, and the host reads that share's fp32 gradient
+     * through the pinned staging for an exact clipping norm */
+    int g_dev = t->opt_frac[PLAN_GPU] > 0;
+    if (g_dev && t->grads_on == PLAN_GPU)
+        add(e, "gradient staging (2 blocks)", PLAN_GPU, PLAN_BUFFERS, 2 * sh.largest * wsz);
 
     /* ---- optimizer state ---- */
     uint64_t o_elems = t->zero >= 1 ? ceil_div(sh.params, dp) : sh.params;
@@ -319,7 +328,9 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
     if (t->params_on == PLAN_NVME)
         add(e, "fp16/bf16 weights read-ahead", PLAN_CPU, PLAN_BUFFERS,
             (uint64_t)(t->buf.prefetch_depth + 1) * host_slot);
-    if (t->params_on != PLAN_GPU || t->grads_on != PLAN_GPU) {
+    /* (also with a GPU optimizer share: the runtime reads that share's fp32
+     * gradient through it, block by block, for an exact clipping norm) */
+    if (t->params_on != PLAN_GPU || t->grads_on != PLAN_GPU || g_dev) {
         uint64_t pinned = t->buf.pinned_staging ? t->buf.pinned_staging : 2 * host_slot;
         add(e, "pinned staging", PLAN_CPU, PLAN_BUFFERS, pinned);
     }

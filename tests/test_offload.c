@@ -675,7 +675,10 @@ static void plan_for(const run *r, plan_estimate *e)
     t.dropout = 0;
     t.flash_attn = 1;
     t.params_on = (plan_tier)r->oc.params_on;
-    t.grads_on = PLAN_CPU;
+    t.grads_on = (plan_tier)r->oc.grads_on;
+    /* the runtime sums the gradients of a device optimizer share in fp32:
+     * such a plan is made with --grad-dtype fp32 */
+    if (r->oc.opt_frac[OFFLOAD_DEVICE] > 0) t.grad_dtype = ZO_DTYPE_F32;
     t.checkpoints_on = (plan_tier)r->oc.checkpoints_on;
     for (int i = 0; i < PLAN_TIERS; i++) t.opt_frac[i] = r->oc.opt_frac[i];
     t.buf.cuda_context = t.buf.cublas_workspace = 0;
@@ -830,11 +833,14 @@ static void test_memplan_agrees(void **state)
         double nvme;
         int recompute;
         offload_tier ckpt;
+        double dev; /* optimizer on the device (gradients there too) */
     } v[] = {
-        {"weights cpu, optimizer cpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU},
-        {"weights cpu, optimizer split", OFFLOAD_CPU, 0.5, 1, OFFLOAD_DEVICE},
-        {"weights nvme, optimizer nvme", OFFLOAD_NVME, 1.0, 1, OFFLOAD_CPU},
-        {"resident, no recompute", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE},
+        {"weights cpu, optimizer cpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0},
+        {"weights cpu, optimizer split", OFFLOAD_CPU, 0.5, 1, OFFLOAD_DEVICE, 0},
+        {"weights nvme, optimizer nvme", OFFLOAD_NVME, 1.0, 1, OFFLOAD_CPU, 0},
+        {"resident, no recompute", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 0},
+        {"weights cpu, optimizer gpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 1.0},
+        {"resident, optimizer and grads gpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 1.0},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         run r = {.cfg = tiny_llama(8, 128, 512), .dt = ZO_DTYPE_BF16, .B = 2, .T = 32, .steps = 2};
@@ -842,8 +848,10 @@ static void test_memplan_agrees(void **state)
         r.oc.grad_accum = 2;
         r.oc.sub_group = 50000;
         r.oc.params_on = v[i].params;
-        r.oc.opt_frac[OFFLOAD_CPU] = 1 - v[i].nvme;
+        r.oc.opt_frac[OFFLOAD_CPU] = 1 - v[i].nvme - v[i].dev;
         r.oc.opt_frac[OFFLOAD_NVME] = v[i].nvme;
+        r.oc.opt_frac[OFFLOAD_DEVICE] = v[i].dev;
+        if (v[i].dev > 0) r.oc.grads_on = OFFLOAD_DEVICE;
         r.oc.recompute = v[i].recompute;
         r.oc.checkpoints_on = v[i].ckpt;
         zo_status st = do_run(&r);
