@@ -389,6 +389,20 @@ static void test_placement(void **state)
     assert_false(e.fits);
     uint64_t P = 13015864320ull;
     assert_int_equal(e.bytes[PLAN_GPU][PLAN_OPTIMIZER], 12 * P);
+    /* a GPU optimizer share: gradients in the plan's dtype (the runtime sums
+     * them in fp32: --grad-dtype fp32), plus the runtime's two staging
+     * blocks (weights' dtype, buffers: not model states, so the ZeRO paper's
+     * figures stand) and its pinned staging (it reads that share's fp32
+     * gradient through it for an exact clipping norm); the largest block is
+     * a layer (see below) */
+    uint64_t big = 3ull * 5120 * 13824 + 4ull * 5120 * 5120 + 2 * 5120;
+    assert_int_equal(e.bytes[PLAN_GPU][PLAN_GRADS], 2 * P);
+    assert_int_equal(item_bytes(&e, "gradient staging (2 blocks)", PLAN_GPU), 2 * 2 * big);
+    assert_int_equal(item_bytes(&e, "pinned staging", PLAN_CPU), 2 * 2 * big);
+    s.t.grad_dtype = ZO_DTYPE_F32;
+    assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &e), ZO_OK);
+    assert_int_equal(e.bytes[PLAN_GPU][PLAN_GRADS], 4 * P);
+    s.t.grad_dtype = s.t.dtype;
 
     s.t.grads_on = PLAN_CPU;
     s.t.opt_frac[PLAN_GPU] = 0;
