@@ -99,6 +99,7 @@ typedef struct run {
     offload_step_info info[64];
     offload_stats stats;
     zo_status init_status;
+    zo_status expect_init; /* when not ZO_OK: offload_init must fail so, and the run stops */
     /* checkpoints */
     const char *save_dir;  /* save after save_at steps (0: never) */
     int save_at;
@@ -145,6 +146,10 @@ static zo_status do_run(run *r)
     offload_t *rt = NULL;
     st = r->init_status = offload_init(&rt, dev, &tm.om, &r->oc);
     if (st == ZO_ERR_UNSUPPORTED) goto out_model;
+    if (r->expect_init != ZO_OK) {
+        assert_int_equal(st, r->expect_init);
+        goto out_model;
+    }
     if (st != ZO_OK) fprintf(stderr, "offload_init: %s\n", zo_last_error());
     assert_int_equal(st, ZO_OK);
 
@@ -763,6 +768,38 @@ static void test_device_optimizer(void **state)
         }
 }
 
+/* The device share's state counts against the device's capacity: a run
+ * trains within the peak it measured without a limit, and one whose limit
+ * leaves no room for the optimizer's device share is refused at init. */
+static void test_device_optimizer_capacity(void **state)
+{
+    (void)state;
+    run r = {.cfg = tiny_llama(4, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 3};
+    base_config(&r.oc);
+    r.oc.params_on = OFFLOAD_CPU;
+    r.oc.grads_on = OFFLOAD_DEVICE;
+    r.oc.opt_frac[OFFLOAD_CPU] = 0.0;
+    r.oc.opt_frac[OFFLOAD_DEVICE] = 1.0;
+    run free_run = r;
+    assert_int_equal(do_run(&free_run), ZO_OK);
+    uint64_t peak = free_run.stats.peak[OFFLOAD_DEVICE];
+    run capped = r;
+    capped.capacity = peak;
+    assert_int_equal(do_run(&capped), ZO_OK);
+    assert_true(capped.stats.peak[OFFLOAD_DEVICE] <= peak);
+    assert_memory_equal(capped.loss, free_run.loss, sizeof(float) * 3);
+    /* the device share's 16 B/param are most of the peak: three quarters of
+     * it leaves no room for them, and the message says which part failed */
+    run tight = r;
+    tight.capacity = peak - peak / 4;
+    tight.expect_init = ZO_ERR_CAPACITY;
+    assert_int_equal(do_run(&tight), ZO_ERR_CAPACITY);
+    assert_non_null(strstr(zo_last_error(), "optimizer on the device"));
+    printf("  device peak %llu B trains under a cap of %llu B; a cap of %llu B: %s\n",
+           (unsigned long long)peak, (unsigned long long)capped.capacity,
+           (unsigned long long)tight.capacity, zo_last_error());
+}
+
 /* A checkpoint of a run with its optimizer on the device resumes into one
  * with the optimizer on the CPU (the file is flat, wherever the state was),
  * and the next losses equal the uninterrupted run's, bit for bit. */
@@ -888,6 +925,7 @@ int main(void)
         cmocka_unit_test(test_memplan_agrees),
         cmocka_unit_test(test_device_optimizer),
         cmocka_unit_test(test_device_optimizer_resume),
+        cmocka_unit_test(test_device_optimizer_capacity),
         cmocka_unit_test(test_plan_selective),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
