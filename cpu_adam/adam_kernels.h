@@ -7,21 +7,12 @@
 #include <math.h>
 #include <stddef.h>
 
+#include "common/adam_math.h" /* zo_adam_consts, zo_adam_step_elem */
 #include "common/dtype.h" /* zo_dtype, scalar RNE conversions */
 
-/* Loop-invariant scalars of one step, computed once (in double, rounded to
- * float) so that every implementation uses the very same values. */
-typedef struct adam_consts {
-    float grad_mult;     /* applied to the stored gradient */
-    float beta1, omb1;   /* beta1, 1 - beta1 */
-    float beta2, omb2;   /* beta2, 1 - beta2 */
-    float eps;
-    float l2;            /* weight_decay for ADAM_DECAY_L2, else 0 */
-    float lr_wd;         /* lr * weight_decay for ADAM_DECAY_ADAMW, else 0 */
-    float step_size;     /* lr / (1 - beta1^step) */
-    float inv_bc2_sqrt;  /* 1 / sqrt(1 - beta2^step) */
-    int use_l2;          /* ADAM_DECAY_L2 */
-} adam_consts;
+/* Loop-invariant scalars of one step (common/adam_math.h), computed once so
+ * that every implementation uses the very same values. */
+typedef zo_adam_consts adam_consts;
 
 /* Update n elements starting at the given pointers (one thread's chunk);
  * out NULL means no 16-bit copy, else od is ZO_DTYPE_F16 or ZO_DTYPE_BF16. */
@@ -31,21 +22,13 @@ typedef void (*adam_update_fn)(const adam_consts *c, size_t n, float *restrict p
 /* Sum of squares of n elements in double (inf/nan propagate into it). */
 typedef double (*adam_sumsq_fn)(const void *g, zo_dtype gd, size_t n);
 
-/* One element of the update: the reference sequence of operations. Every
- * vector kernel performs exactly these operations, in this order, lane by
- * lane; the library is built with -ffp-contract=off so no FMA sneaks in. */
+/* One element of the update: the reference sequence of operations
+ * (common/adam_math.h). Every vector kernel performs exactly these
+ * operations, in this order, lane by lane; the library is built with
+ * -ffp-contract=off so no FMA sneaks in. */
 static inline float adam_step_elem(const adam_consts *c, float p, float g, float *m, float *v)
 {
-    g = g * c->grad_mult;
-    if (c->use_l2) g = g + c->l2 * p;
-    float mi = c->beta1 * *m + c->omb1 * g;
-    float vi = c->beta2 * *v + c->omb2 * (g * g);
-    float d = sqrtf(vi) * c->inv_bc2_sqrt + c->eps;
-    if (!c->use_l2) p = p - c->lr_wd * p; /* not p * (1 - lr*wd): 1 - lr*wd rounds badly */
-    p = p - c->step_size * (mi / d);
-    *m = mi;
-    *v = vi;
-    return p;
+    return zo_adam_step_elem(c, p, g, m, v);
 }
 
 /* Elements [i0, n) with the scalar sequence: the reference, and the head and

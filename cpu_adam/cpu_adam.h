@@ -37,18 +37,13 @@
 
 #include "common/dtype.h"  /* zo_dtype */
 #include "common/status.h" /* zo_status */
+#include "common/adam_math.h" /* zo_adam_hparams */
 
-typedef enum adam_decay {
-    ADAM_DECAY_ADAMW = 0, /* decoupled: p -= lr * weight_decay * p */
-    ADAM_DECAY_L2,        /* classic Adam: g += weight_decay * p */
-} adam_decay;
-
-typedef struct adam_hparams {
-    float lr, beta1, beta2, eps, weight_decay;
-    adam_decay decay;
-    long step;       /* 1-based, for bias correction */
-    float grad_mult; /* 1/loss_scale * clip coefficient; 1 for none, must be > 0 */
-} adam_hparams;
+/* The hyperparameters are common/adam_math.h's, under this module's names. */
+typedef zo_adam_decay adam_decay;
+#define ADAM_DECAY_ADAMW ZO_ADAM_DECAY_ADAMW /* decoupled: p -= lr * weight_decay * p */
+#define ADAM_DECAY_L2 ZO_ADAM_DECAY_L2       /* classic Adam: g += weight_decay * p */
+typedef zo_adam_hparams adam_hparams;
 
 typedef enum adam_impl {
     ADAM_IMPL_AUTO = 0, /* the best the CPU supports (adam_best_impl) */

@@ -585,53 +585,6 @@ zo_status gpu_sum_squares(gpu_stream_t s, float *sum, gpu_tensor x, size_t n)
 
 /* ---- ops: optimizer ----------------------------------------------------------------- */
 
-static zo_status check_adam_hparams(const char *op, const gpu_adam_hparams *hp)
-{
-    if (!hp) return zo_error(ZO_ERR_INVALID, "%s: hparams is NULL", op);
-    if (!(isfinite(hp->lr) && hp->lr >= 0.0f))
-        return zo_error(ZO_ERR_INVALID, "%s: lr = %g must be finite and >= 0", op, hp->lr);
-    if (!(hp->beta1 >= 0.0f && hp->beta1 < 1.0f))
-        return zo_error(ZO_ERR_INVALID, "%s: beta1 = %g outside [0, 1)", op, hp->beta1);
-    if (!(hp->beta2 >= 0.0f && hp->beta2 < 1.0f))
-        return zo_error(ZO_ERR_INVALID, "%s: beta2 = %g outside [0, 1)", op, hp->beta2);
-    if (!(isfinite(hp->eps) && hp->eps >= 0.0f))
-        return zo_error(ZO_ERR_INVALID, "%s: eps = %g must be finite and >= 0", op, hp->eps);
-    if (!(isfinite(hp->weight_decay) && hp->weight_decay >= 0.0f))
-        return zo_error(ZO_ERR_INVALID, "%s: weight_decay = %g must be finite and >= 0", op,
-                        hp->weight_decay);
-    if (hp->decay != GPU_ADAM_DECAY_ADAMW && hp->decay != GPU_ADAM_DECAY_L2)
-        return zo_error(ZO_ERR_INVALID, "%s: decay %d is neither ADAMW nor L2", op,
-                        (int)hp->decay);
-    if (hp->step < 1)
-        return zo_error(ZO_ERR_INVALID, "%s: step = %ld must be >= 1 (1-based)", op, hp->step);
-    if (!(isfinite(hp->grad_mult) && hp->grad_mult > 0.0f))
-        return zo_error(ZO_ERR_INVALID, "%s: grad_mult = %g must be finite and > 0 (1 for none)",
-                        op, hp->grad_mult);
-    return ZO_OK;
-}
-
-/* The per-step scalars, in double then rounded once to float: the same
- * expressions as cpu_adam's, so both give the same floats. */
-static gpu_adam_consts adam_consts_make(const gpu_adam_hparams *hp)
-{
-    double bc1 = 1.0 - pow((double)hp->beta1, (double)hp->step);
-    double bc2 = 1.0 - pow((double)hp->beta2, (double)hp->step);
-    gpu_adam_consts c = {
-        .grad_mult = hp->grad_mult,
-        .beta1 = hp->beta1,
-        .omb1 = (float)(1.0 - (double)hp->beta1),
-        .beta2 = hp->beta2,
-        .omb2 = (float)(1.0 - (double)hp->beta2),
-        .eps = hp->eps,
-        .use_l2 = hp->decay == GPU_ADAM_DECAY_L2,
-    };
-    c.l2 = c.use_l2 ? hp->weight_decay : 0.0f;
-    c.lr_wd = c.use_l2 ? 0.0f : (float)((double)hp->lr * (double)hp->weight_decay);
-    c.step_size = (float)((double)hp->lr / bc1);
-    c.inv_bc2_sqrt = (float)(1.0 / sqrt(bc2));
-    return c;
-}
-
 /* Whether [a, a + na) and [b, b + nb) share a byte. */
 static int bytes_overlap(const void *a, size_t na, const void *b, size_t nb)
 {
@@ -644,7 +597,7 @@ zo_status gpu_adam_update(gpu_stream_t s, const gpu_adam_hparams *hp, size_t n, 
 {
     const char *op = "gpu_adam_update";
     NEED_STREAM("gpu_adam_update");
-    TRY(check_adam_hparams(op, hp));
+    TRY(zo_adam_check_hparams(op, hp));
     if (!dtype_ok(grad.dtype))
         return zo_error(ZO_ERR_INVALID, "%s: grad has unknown dtype %d", op, (int)grad.dtype);
     if (out16.data && out16.dtype != ZO_DTYPE_F16 && out16.dtype != ZO_DTYPE_BF16)
@@ -668,6 +621,6 @@ zo_status gpu_adam_update(gpu_stream_t s, const gpu_adam_hparams *hp, size_t n, 
     if (!s->dev->iface->adam_update)
         return zo_error(ZO_ERR_UNSUPPORTED, "%s: backend \"%s\" has no Adam op", op,
                         s->dev->iface->name);
-    gpu_adam_consts c = adam_consts_make(hp);
+    gpu_adam_consts c = zo_adam_consts_make(hp);
     return s->dev->iface->adam_update(s, &c, n, param, grad, m, v, out16);
 }

@@ -34,6 +34,7 @@
 
 #include "common/dtype.h"  /* zo_dtype */
 #include "common/status.h" /* zo_status */
+#include "common/adam_math.h" /* zo_adam_hparams */
 
 typedef struct gpu_device *gpu_device_t;
 typedef struct gpu_stream *gpu_stream_t;
@@ -262,17 +263,10 @@ zo_status gpu_sum_squares(gpu_stream_t s, float *sum, gpu_tensor x, size_t n);
  *     out16 = round_to_nearest_even(p)   (when out16.data is not NULL)
  * The scalars in parentheses are computed once per call in double and
  * rounded to float (by device.c, for every backend). */
-typedef enum gpu_adam_decay {
-    GPU_ADAM_DECAY_ADAMW = 0, /* decoupled: p -= lr * weight_decay * p */
-    GPU_ADAM_DECAY_L2,        /* classic Adam: g += weight_decay * p */
-} gpu_adam_decay;
-
-typedef struct gpu_adam_hparams {
-    float lr, beta1, beta2, eps, weight_decay;
-    gpu_adam_decay decay;
-    long step;       /* 1-based, for bias correction */
-    float grad_mult; /* applied to the stored gradient; must be finite and > 0 */
-} gpu_adam_hparams;
+typedef zo_adam_decay gpu_adam_decay; /* common/adam_math.h */
+#define GPU_ADAM_DECAY_ADAMW ZO_ADAM_DECAY_ADAMW /* decoupled: p -= lr * weight_decay * p */
+#define GPU_ADAM_DECAY_L2 ZO_ADAM_DECAY_L2       /* classic Adam: g += weight_decay * p */
+typedef zo_adam_hparams gpu_adam_hparams;
 
 /* One step over n elements, in place: param, m, v [n] fp32 device buffers;
  * grad [n] fp32, fp16 or bf16; out16 [n] fp16 or bf16 receives the updated

@@ -12,17 +12,7 @@
 /* The loop-invariant scalars of one gpu_adam_update, computed once by
  * device.c (in double, rounded to float, as cpu_adam does) so that every
  * backend uses the very same values. */
-typedef struct gpu_adam_consts {
-    float grad_mult;     /* applied to the stored gradient */
-    float beta1, omb1;   /* beta1, 1 - beta1 */
-    float beta2, omb2;   /* beta2, 1 - beta2 */
-    float eps;
-    float l2;            /* weight_decay for GPU_ADAM_DECAY_L2, else 0 */
-    float lr_wd;         /* lr * weight_decay for GPU_ADAM_DECAY_ADAMW, else 0 */
-    float step_size;     /* lr / (1 - beta1^step) */
-    float inv_bc2_sqrt;  /* 1 / sqrt(1 - beta2^step) */
-    int use_l2;          /* GPU_ADAM_DECAY_L2 */
-} gpu_adam_consts;
+typedef zo_adam_consts gpu_adam_consts; /* common/adam_math.h */
 
 typedef struct gpu_backend_iface {
     const char *name;

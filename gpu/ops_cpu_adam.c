@@ -1,28 +1,14 @@
 /* The CPU backend's Adam / AdamW (gpu_adam_update): the reference sequence of
- * cpu_adam (docs/cpu_adam.md) written again here, since gpu/ does not depend
- * on cpu_adam/. Built with -ffp-contract=off so that no multiply-add is fused
- * and every operation rounds as the scalar formula says; tests/test_gpu.c
- * checks the bits against cpu_adam itself. */
+ * common/adam_math.h, which cpu_adam follows too. Built with -ffp-contract=off
+ * so that no multiply-add is fused; tests/test_gpu.c checks the bits against
+ * cpu_adam itself. */
 #include <math.h>
 #include <omp.h>
 
+#include "common/adam_math.h" /* defines: zo_adam_step_elem */
 #include "common/dtype.h" /* defines: zo_load_f32, zo_store_f32 */
 #include "gpu/ops_cpu.h"  /* defines: cpu_adam_update, gpu_adam_consts */
 
-/* One element: the operations of cpu_adam's adam_step_elem in the same order. */
-static inline float adam_elem(const gpu_adam_consts *c, float p, float g, float *m, float *v)
-{
-    g = g * c->grad_mult;
-    if (c->use_l2) g = g + c->l2 * p;
-    float mi = c->beta1 * *m + c->omb1 * g;
-    float vi = c->beta2 * *v + c->omb2 * (g * g);
-    float d = sqrtf(vi) * c->inv_bc2_sqrt + c->eps;
-    if (!c->use_l2) p = p - c->lr_wd * p; /* not p * (1 - lr*wd): that constant rounds badly */
-    p = p - c->step_size * (mi / d);
-    *m = mi;
-    *v = vi;
-    return p;
-}
 
 /* param, m, v [n] fp32; grad [n] any dtype; out16 [n] fp16/bf16 or data NULL.
  * Element-wise, so the split among threads does not change a bit. */
@@ -37,7 +23,7 @@ void cpu_adam_update(const gpu_adam_consts *c, size_t n, float *param, gpu_tenso
     zo_dtype od = out16.dtype;
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (size_t i = 0; i < n; i++) {
-        float p = adam_elem(c, param[i], zo_load_f32(g, gd, i), &m[i], &v[i]);
+        float p = zo_adam_step_elem(c, param[i], zo_load_f32(g, gd, i), &m[i], &v[i]);
         param[i] = p;
         if (out) zo_store_f32(out, od, i, p);
     }

@@ -1,0 +1,81 @@
+/* Adam / AdamW: the hyperparameters, their checks, the per-step scalars and
+ * the per-element sequence of operations, defined once. cpu_adam's kernels
+ * and every device backend follow this definition, so an update gives the
+ * same bits wherever it runs (see docs/cpu_adam.md).
+ *
+ * Per element, with g the stored gradient:
+ *     g  = g * grad_mult                 (1/loss_scale times the clip coefficient)
+ *     g += weight_decay * p              (L2 only)
+ *     m  = beta1 * m + (1 - beta1) * g
+ *     v  = beta2 * v + (1 - beta2) * (g * g)
+ *     d  = sqrt(v) * (1 / sqrt(1 - beta2^step)) + eps
+ *     p  = p - (lr * weight_decay) * p   (AdamW only)
+ *     p  = p - (lr / (1 - beta1^step)) * (m / d)
+ * The scalars in parentheses are computed once per step in double and
+ * rounded to float (zo_adam_consts_make). A translation unit that calls
+ * zo_adam_step_elem must be compiled with -ffp-contract=off, so that no
+ * multiply-add is fused. */
+#ifndef ZO_COMMON_ADAM_MATH_H
+#define ZO_COMMON_ADAM_MATH_H
+
+#include <math.h>
+
+#include "common/status.h" /* zo_status */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum zo_adam_decay {
+    ZO_ADAM_DECAY_ADAMW = 0, /* decoupled: p -= lr * weight_decay * p */
+    ZO_ADAM_DECAY_L2,        /* classic Adam: g += weight_decay * p */
+} zo_adam_decay;
+
+typedef struct zo_adam_hparams {
+    float lr, beta1, beta2, eps, weight_decay;
+    zo_adam_decay decay;
+    long step;       /* 1-based, for bias correction */
+    float grad_mult; /* 1/loss_scale * clip coefficient; 1 for none, must be > 0 */
+} zo_adam_hparams;
+
+/* Loop-invariant scalars of one step. */
+typedef struct zo_adam_consts {
+    float grad_mult;     /* applied to the stored gradient */
+    float beta1, omb1;   /* beta1, 1 - beta1 */
+    float beta2, omb2;   /* beta2, 1 - beta2 */
+    float eps;
+    float l2;            /* weight_decay for L2, else 0 */
+    float lr_wd;         /* lr * weight_decay for AdamW, else 0 */
+    float step_size;     /* lr / (1 - beta1^step) */
+    float inv_bc2_sqrt;  /* 1 / sqrt(1 - beta2^step) */
+    int use_l2;          /* ZO_ADAM_DECAY_L2 */
+} zo_adam_consts;
+
+/* ZO_ERR_INVALID naming `who` and the field when a hyperparameter is out of
+ * range: lr, eps, weight_decay finite and >= 0; betas in [0, 1); step >= 1;
+ * grad_mult finite and > 0; decay one of the two modes. */
+zo_status zo_adam_check_hparams(const char *who, const zo_adam_hparams *hp);
+
+/* The per-step scalars (hp already checked). */
+zo_adam_consts zo_adam_consts_make(const zo_adam_hparams *hp);
+
+/* One element: the reference sequence of operations. */
+static inline float zo_adam_step_elem(const zo_adam_consts *c, float p, float g, float *m, float *v)
+{
+    g = g * c->grad_mult;
+    if (c->use_l2) g = g + c->l2 * p;
+    float mi = c->beta1 * *m + c->omb1 * g;
+    float vi = c->beta2 * *v + c->omb2 * (g * g);
+    float d = sqrtf(vi) * c->inv_bc2_sqrt + c->eps;
+    if (!c->use_l2) p = p - c->lr_wd * p; /* not p * (1 - lr*wd): 1 - lr*wd rounds badly */
+    p = p - c->step_size * (mi / d);
+    *m = mi;
+    *v = vi;
+    return p;
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
