@@ -111,23 +111,27 @@ enum {
     OPT_JSON, OPT_GLOBAL_BATCH, OPT_SVG, OPT_PLAN, OPT_HELP,
 };
 
+/* The model and hardware flags, shared by estimate and plan. */
+#define MODEL_HW_OPTIONS                                                        \
+    {"model", required_argument, 0, OPT_MODEL},                                 \
+    {"params", required_argument, 0, OPT_PARAMS},                               \
+    {"layers", required_argument, 0, OPT_LAYERS},                               \
+    {"hidden", required_argument, 0, OPT_HIDDEN},                               \
+    {"heads", required_argument, 0, OPT_HEADS},                                 \
+    {"kv-heads", required_argument, 0, OPT_KV_HEADS},                           \
+    {"ffn", required_argument, 0, OPT_FFN},                                     \
+    {"vocab", required_argument, 0, OPT_VOCAB},                                 \
+    {"arch", required_argument, 0, OPT_ARCH},                                   \
+    {"hw", required_argument, 0, OPT_HW},                                       \
+    {"gpus", required_argument, 0, OPT_GPUS},                                   \
+    {"gpus-per-node", required_argument, 0, OPT_GPUS_PER_NODE},                 \
+    {"gpu-mem", required_argument, 0, OPT_GPU_MEM},                             \
+    {"cpu-mem", required_argument, 0, OPT_CPU_MEM},                             \
+    {"nvme", required_argument, 0, OPT_NVME},                                   \
+    {"seq", required_argument, 0, OPT_SEQ}
+
 static const struct option estimate_opts[] = {
-    {"model", required_argument, 0, OPT_MODEL},
-    {"params", required_argument, 0, OPT_PARAMS},
-    {"layers", required_argument, 0, OPT_LAYERS},
-    {"hidden", required_argument, 0, OPT_HIDDEN},
-    {"heads", required_argument, 0, OPT_HEADS},
-    {"kv-heads", required_argument, 0, OPT_KV_HEADS},
-    {"ffn", required_argument, 0, OPT_FFN},
-    {"vocab", required_argument, 0, OPT_VOCAB},
-    {"arch", required_argument, 0, OPT_ARCH},
-    {"hw", required_argument, 0, OPT_HW},
-    {"gpus", required_argument, 0, OPT_GPUS},
-    {"gpus-per-node", required_argument, 0, OPT_GPUS_PER_NODE},
-    {"gpu-mem", required_argument, 0, OPT_GPU_MEM},
-    {"cpu-mem", required_argument, 0, OPT_CPU_MEM},
-    {"nvme", required_argument, 0, OPT_NVME},
-    {"seq", required_argument, 0, OPT_SEQ},
+    MODEL_HW_OPTIONS,
     {"micro-batch", required_argument, 0, OPT_MICRO_BATCH},
     {"grad-accum", required_argument, 0, OPT_GRAD_ACCUM},
     {"dtype", required_argument, 0, OPT_DTYPE},
@@ -648,22 +652,7 @@ enum {
 };
 
 static const struct option plan_opts[] = {
-    {"model", required_argument, 0, OPT_MODEL},
-    {"params", required_argument, 0, OPT_PARAMS},
-    {"layers", required_argument, 0, OPT_LAYERS},
-    {"hidden", required_argument, 0, OPT_HIDDEN},
-    {"heads", required_argument, 0, OPT_HEADS},
-    {"kv-heads", required_argument, 0, OPT_KV_HEADS},
-    {"ffn", required_argument, 0, OPT_FFN},
-    {"vocab", required_argument, 0, OPT_VOCAB},
-    {"arch", required_argument, 0, OPT_ARCH},
-    {"hw", required_argument, 0, OPT_HW},
-    {"gpus", required_argument, 0, OPT_GPUS},
-    {"gpus-per-node", required_argument, 0, OPT_GPUS_PER_NODE},
-    {"gpu-mem", required_argument, 0, OPT_GPU_MEM},
-    {"cpu-mem", required_argument, 0, OPT_CPU_MEM},
-    {"nvme", required_argument, 0, OPT_NVME},
-    {"seq", required_argument, 0, OPT_SEQ},
+    MODEL_HW_OPTIONS,
     {"global-batch", required_argument, 0, OPT_GLOBAL_BATCH},
     {"dtype", required_argument, 0, OPT_DTYPE},
     {"grad-dtype", required_argument, 0, OPT_GRAD_DTYPE},

@@ -1,4 +1,5 @@
 #include "planfile.h"
+#include "report.h" /* plan_json_add_placement */
 
 #include <math.h>
 #include <stdio.h>
@@ -175,13 +176,7 @@ cJSON *plan_file_json(const zo_model_config *m, const plan_hw *hw, const plan_tr
     cJSON_AddNumberToObject(jp, "zero", t->zero);
     cJSON_AddStringToObject(jp, "schedule", t->vpp > 1 ? "interleaved-1f1b" : "1f1b");
 
-    cJSON *jl = cJSON_AddObjectToObject(root, "placement");
-    cJSON_AddStringToObject(jl, "params", plan_tier_name(t->params_on));
-    cJSON_AddStringToObject(jl, "grads", plan_tier_name(t->grads_on));
-    cJSON *jo = cJSON_AddObjectToObject(jl, "optimizer");
-    for (int i = 0; i < PLAN_TIERS; i++)
-        cJSON_AddNumberToObject(jo, plan_tier_name((plan_tier)i), t->opt_frac[i]);
-    cJSON_AddStringToObject(jl, "checkpoints", plan_tier_name(t->checkpoints_on));
+    plan_json_add_placement(root, t);
 
     cJSON *jn = cJSON_AddObjectToObject(root, "nvme");
     cJSON_AddStringToObject(jn, "dir", PLAN_NVME_DIR_PLACEHOLDER);

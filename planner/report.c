@@ -27,6 +27,17 @@ void plan_format_fractions(const double f[PLAN_TIERS], char *buf, size_t len)
     }
 }
 
+void plan_json_add_placement(cJSON *parent, const plan_train *t)
+{
+    cJSON *jp = cJSON_AddObjectToObject(parent, "placement");
+    cJSON_AddStringToObject(jp, "params", plan_tier_name(t->params_on));
+    cJSON_AddStringToObject(jp, "grads", plan_tier_name(t->grads_on));
+    cJSON *jo = cJSON_AddObjectToObject(jp, "optimizer");
+    for (int i = 0; i < PLAN_TIERS; i++)
+        cJSON_AddNumberToObject(jo, plan_tier_name((plan_tier)i), t->opt_frac[i]);
+    cJSON_AddStringToObject(jp, "checkpoints", plan_tier_name(t->checkpoints_on));
+}
+
 static void add_u64(cJSON *o, const char *k, uint64_t v) { cJSON_AddNumberToObject(o, k, (double)v); }
 
 cJSON *plan_report_time_json(const plan_time *pt)
@@ -101,13 +112,7 @@ cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_
     cJSON_AddBoolToObject(jc, "flash_attn", t->flash_attn);
     cJSON_AddBoolToObject(jc, "dropout", t->dropout);
     cJSON_AddStringToObject(jc, "schedule", t->vpp > 1 ? "interleaved-1f1b" : "1f1b");
-    cJSON *jp = cJSON_AddObjectToObject(jc, "placement");
-    cJSON_AddStringToObject(jp, "params", plan_tier_name(t->params_on));
-    cJSON_AddStringToObject(jp, "grads", plan_tier_name(t->grads_on));
-    cJSON *jo = cJSON_AddObjectToObject(jp, "optimizer");
-    for (int i = 0; i < PLAN_TIERS; i++)
-        cJSON_AddNumberToObject(jo, plan_tier_name((plan_tier)i), t->opt_frac[i]);
-    cJSON_AddStringToObject(jp, "checkpoints", plan_tier_name(t->checkpoints_on));
+    plan_json_add_placement(jc, t);
     cJSON *jb = cJSON_AddObjectToObject(jc, "buffers");
     add_u64(jb, "cuda_context", t->buf.cuda_context);
     add_u64(jb, "cublas_workspace", t->buf.cublas_workspace);

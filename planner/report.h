@@ -28,6 +28,10 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
 /* The time section of the table: step time, its parts, tokens/s, MFU, HFU. */
 void plan_report_time_table(FILE *out, const plan_time *pt);
 
+/* "placement": {"params", "grads", "optimizer": {tier: fraction}, "checkpoints"},
+ * as both the estimate's JSON and the plan file carry it. */
+void plan_json_add_placement(cJSON *parent, const plan_train *t);
+
 /* "optimizer cpu=0.5,nvme=0.5" style description of a fraction split. */
 void plan_format_fractions(const double frac[PLAN_TIERS], char *buf, size_t len);
 
