@@ -10,27 +10,30 @@
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                 \
          i += (size_t)gridDim.x * blockDim.x)
 
-/* y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); y, x [n] */
+/* y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed as the
+ * CPU reference does through 1 + tanh(u) = 2 sigmoid(2u): y = x / (1 + exp(-2u)).
+ * The tanh form loses all relative precision for x below about -3, where
+ * 1 + tanh(u) cancels. y, x [n] */
 __global__ void gelu_forward_kernel(gpu_tensor y, gpu_tensor x, size_t n)
 {
     GRID_STRIDE(i, n)
     {
-        float v = tload(x, i);
-        tstore(y, i, 0.5f * v * (1.0f + tanhf(GELU_K * (v + 0.044715f * v * v * v))));
+        float v = tload(x, i), u = GELU_K * (v + 0.044715f * v * v * v);
+        tstore(y, i, v / (1.0f + expf(-2.0f * u)));
     }
 }
 
-/* dx = dy * gelu'(x); dx, dy, x [n] */
+/* dx = dy * gelu'(x) = dy * (s + 2 x s (1 - s) du/dx), s = sigmoid(2u), as
+ * the CPU reference (no cancellation); dx, dy, x [n] */
 __global__ void gelu_backward_kernel(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n)
 {
     GRID_STRIDE(i, n)
     {
         float v = tload(x, i);
         float u = GELU_K * (v + 0.044715f * v * v * v);
-        float th = tanhf(u);
         float du = GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
-        float g = 0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * du;
-        tstore(dx, i, tload(dy, i) * g);
+        float sg = 1.0f / (1.0f + expf(-2.0f * u));
+        tstore(dx, i, tload(dy, i) * (sg + 2.0f * v * sg * (1.0f - sg) * du));
     }
 }
 

@@ -282,10 +282,11 @@ static zo_status allow_smem(K *kernel, size_t bytes, const char *name)
     if (bytes <= 48u * 1024u) return ZO_OK;
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)bytes);
-    if (e != cudaSuccess)
-        return zo_error(ZO_ERR_DEVICE, "cudaFuncSetAttribute(%s, %zu bytes of shared memory): %s",
-                        name, bytes, cudaGetErrorString(e));
-    return ZO_OK;
+    if (e == cudaSuccess) return ZO_OK;
+    /* clear it: left behind, it would fail the next launch check of any kernel */
+    (void)cudaGetLastError();
+    return zo_error(ZO_ERR_DEVICE, "cudaFuncSetAttribute(%s, %zu bytes of shared memory): %s", name,
+                    bytes, cudaGetErrorString(e));
 }
 
 /* Dimensions per lane for head dim d: 1, 2, 4 or 8 (d <= 256), else 0. */

@@ -302,6 +302,7 @@ out_free_err_dev:
     cudaFree(cs->err_dev);
 out_destroy_stream:
     cudaStreamDestroy(cs->stream);
+    (void)cudaGetLastError(); /* st already says what failed */
 out_free_cs:
     free(cs);
     return zo_error_wrap(st, "gpu_stream_create (cuda)");
@@ -349,6 +350,7 @@ static void cuda_stream_destroy(gpu_stream_t s)
     cudaFreeHost(cs->err_host);
     cudaFree(cs->err_dev);
     cudaStreamDestroy(cs->stream);
+    (void)cudaGetLastError(); /* a failure above must not fail a later launch check */
     free(cs);
 }
 
@@ -390,6 +392,7 @@ static void cuda_event_destroy(gpu_event_t ev)
 {
     cuda_event *ce = ev->impl;
     cudaEventDestroy(ce->event); /* resources go once a pending record completes */
+    (void)cudaGetLastError();    /* a failure must not fail a later launch check */
     free(ce);
 }
 
@@ -404,6 +407,12 @@ static zo_status cuda_event_record(gpu_event_t ev, gpu_stream_t s)
 
 static zo_status cuda_stream_wait_event(gpu_stream_t s, gpu_event_t ev)
 {
+    /* device.c lets a stream wait on another device's event; ev->impl is a
+     * cuda_event only when that device is a CUDA one too (another CUDA
+     * device is fine: cudaStreamWaitEvent works across devices) */
+    if (ev->dev->iface != s->dev->iface)
+        return zo_error(ZO_ERR_INVALID, "gpu_stream_wait_event: a cuda stream cannot wait on an "
+                                        "event of the %s backend", ev->dev->iface->name);
     cuda_event *ce = ev->impl;
     cuda_stream *cs = s->impl;
     zo_status st = use_device(ctx_of(s->dev));

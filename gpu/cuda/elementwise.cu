@@ -44,6 +44,15 @@ extern "C" zo_status cuda_launch_scale(cudaStream_t st, gpu_tensor x, float alph
 
 extern "C" zo_status cuda_launch_cast(cudaStream_t st, gpu_tensor dst, gpu_tensor src, size_t n)
 {
+    /* Same type: a byte copy, as the CPU backend's memmove, so every bit
+     * (nan payloads and signs too) survives; the kernel's fp32 round trip
+     * would turn a 16-bit nan into the canonical one. */
+    if (dst.dtype == src.dtype) {
+        if (dst.data == src.data) return ZO_OK;
+        return cuda_status(cudaMemcpyAsync(dst.data, src.data, n * zo_dtype_size(dst.dtype),
+                                           cudaMemcpyDeviceToDevice, st),
+                           "cudaMemcpyAsync (gpu_cast, same type)");
+    }
     cast_kernel<<<grid_for(n, BS), BS, 0, st>>>(dst, src, n);
     return cuda_launch_check("cast_kernel");
 }

@@ -1,11 +1,10 @@
 /* GEMM: row-major C = alpha op(A) op(B) + beta C through cuBLASLt, with a
  * plain tiled kernel for what cuBLASLt does not take.
  *
- * cuBLASLt is column-major. A row-major [r, c] matrix with leading dimension
- * ld is the column-major [c, r] matrix with the same ld, its transpose, so
- * the row-major product C = op(A) op(B) is computed as the column-major
- * C^T = op(B)^T op(A)^T: cuBLASLt's "A" is our B and its "B" is our A, with
- * the transposes kept as given and m, n swapped.
+ * cuBLASLt is column-major: the row-major product C = op(A) op(B) is the
+ * column-major C^T = op(B)^T op(A)^T, cuBLASLt's "A" being our B and its "B"
+ * our A (gemm_layout.h computes the layouts; tests/test_gpu_cuda_layout.c
+ * checks them on the CPU).
  *
  * cuBLASLt takes A and B of one type and C of that type or fp32:
  * fp16/bf16 inputs accumulate in fp32 (CUBLAS_COMPUTE_32F); fp32 inputs use
@@ -17,7 +16,8 @@
  * Other mixes (fp16 with bf16, fp32 inputs into a 16-bit C) and shapes for
  * which cuBLASLt offers no algorithm run on gemm_tiled_kernel (fp32
  * accumulation, no rounding of inputs). */
-#include "gpu/cuda/kernels.cuh" /* defines: tload, tstore */
+#include "gpu/cuda/gemm_layout.h" /* defines: cuda_gemm_lt_shape, cuda_gemm_operand_extent */
+#include "gpu/cuda/kernels.cuh"     /* defines: tload, tstore */
 
 #define TILE 16
 
@@ -117,11 +117,12 @@ static zo_status lt_batch(cublasLtMatrixLayout_t l, int batch, int64_t stride)
 static zo_status gemm_lt(cudaStream_t st, cublasLtHandle_t lt, void *workspace, size_t ws_bytes,
                          const gpu_gemm_desc *d)
 {
-    const int batch = d->batch > 0 ? d->batch : 1;
+    const cuda_lt_gemm g = cuda_gemm_lt_shape(d); /* g.a = our B, g.b = our A */
+    const int batch = g.batch;
     const cublasComputeType_t compute =
         d->a.dtype == ZO_DTYPE_F32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    const cublasOperation_t op_b = d->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* Lt's A */
-    const cublasOperation_t op_a = d->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N; /* Lt's B */
+    const cublasOperation_t op_b = g.a.trans ? CUBLAS_OP_T : CUBLAS_OP_N; /* Lt's A */
+    const cublasOperation_t op_a = g.b.trans ? CUBLAS_OP_T : CUBLAS_OP_N; /* Lt's B */
     cublasLtMatmulDesc_t desc = NULL;
     cublasLtMatrixLayout_t lay_b = NULL, lay_a = NULL, lay_c = NULL;
     cublasLtMatmulPreference_t pref = NULL;
@@ -136,24 +137,18 @@ static zo_status gemm_lt(cudaStream_t st, cublasLtHandle_t lt, void *workspace, 
     if ((s = LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a,
                                                sizeof op_a))) != ZO_OK)
         goto out_destroy_desc;
-    /* Lt's A = our B as stored: row-major [k, n] is column-major n x k (op N);
-     * row-major [n, k] is column-major k x n (op T). */
-    if ((s = LT(cublasLtMatrixLayoutCreate(&lay_b, lt_type(d->b.dtype),
-                                           d->trans_b ? d->k : d->n, d->trans_b ? d->n : d->k,
-                                           d->ldb))) != ZO_OK)
+    if ((s = LT(cublasLtMatrixLayoutCreate(&lay_b, lt_type(d->b.dtype), g.a.rows, g.a.cols,
+                                           g.a.ld))) != ZO_OK)
         goto out_destroy_desc;
-    /* Lt's B = our A as stored: [m, k] is k x m (op N); [k, m] is m x k (op T). */
-    if ((s = LT(cublasLtMatrixLayoutCreate(&lay_a, lt_type(d->a.dtype),
-                                           d->trans_a ? d->m : d->k, d->trans_a ? d->k : d->m,
-                                           d->lda))) != ZO_OK)
+    if ((s = LT(cublasLtMatrixLayoutCreate(&lay_a, lt_type(d->a.dtype), g.b.rows, g.b.cols,
+                                           g.b.ld))) != ZO_OK)
         goto out_destroy_lay_b;
-    /* C row-major [m, n] is column-major n x m */
-    if ((s = LT(cublasLtMatrixLayoutCreate(&lay_c, lt_type(d->c.dtype), d->n, d->m, d->ldc))) !=
-        ZO_OK)
+    if ((s = LT(cublasLtMatrixLayoutCreate(&lay_c, lt_type(d->c.dtype), g.c.rows, g.c.cols,
+                                           g.c.ld))) != ZO_OK)
         goto out_destroy_lay_a;
-    if ((s = lt_batch(lay_b, batch, d->stride_b)) != ZO_OK) goto out_destroy_lay_c;
-    if ((s = lt_batch(lay_a, batch, d->stride_a)) != ZO_OK) goto out_destroy_lay_c;
-    if ((s = lt_batch(lay_c, batch, d->stride_c)) != ZO_OK) goto out_destroy_lay_c;
+    if ((s = lt_batch(lay_b, batch, g.a.stride)) != ZO_OK) goto out_destroy_lay_c;
+    if ((s = lt_batch(lay_a, batch, g.b.stride)) != ZO_OK) goto out_destroy_lay_c;
+    if ((s = lt_batch(lay_c, batch, g.c.stride)) != ZO_OK) goto out_destroy_lay_c;
 
     if ((s = LT(cublasLtMatmulPreferenceCreate(&pref))) != ZO_OK) goto out_destroy_lay_c;
     {
@@ -214,19 +209,8 @@ static zo_status gemm_round_operand(cudaStream_t st, cublasLtHandle_t lt, cudaMe
                                     char which, zo_dtype h)
 {
     gpu_gemm_desc e = *d;
-    const int batch = d->batch > 0 ? d->batch : 1;
     gpu_tensor *op = which == 'a' ? &e.a : &e.b;
-    int64_t ld = which == 'a' ? d->lda : d->ldb, stride = which == 'a' ? d->stride_a : d->stride_b;
-    int rows, cols; /* as stored, row-major */
-    if (which == 'a') {
-        rows = d->trans_a ? d->k : d->m;
-        cols = d->trans_a ? d->m : d->k;
-    } else {
-        rows = d->trans_b ? d->n : d->k;
-        cols = d->trans_b ? d->k : d->n;
-    }
-    size_t extent = (size_t)(batch - 1) * (size_t)(batch > 1 ? stride : 0) +
-                    (size_t)(rows - 1) * (size_t)ld + (size_t)cols;
+    const size_t extent = cuda_gemm_operand_extent(d, which);
     void *tmp = NULL;
     zo_status s = cuda_status(cudaMallocFromPoolAsync(&tmp, extent * 2, pool, st),
                               "cudaMallocFromPoolAsync (gpu_gemm operand scratch)");
