@@ -91,6 +91,219 @@ static void test_plan_fractions(void **state)
     assert_int_equal(load_plan_text("{\"training\": {\"grad_accum\": -1e300}}", &p), ZO_ERR_FORMAT);
 }
 
+/* ---- a stub model ------------------------------------------------------------------------ */
+
+#define NB 4
+#define NUMEL 4096
+
+typedef struct stub {
+    gpu_device_t dev;
+    void *scratch;          /* device, NUMEL * 4: where forward copies weights */
+    void *marker_dev;       /* device int: 1 */
+    int *marker_host;       /* pinned: set by the last copy of a failing forward */
+    int fail_block;         /* forward of this block enqueues work and fails; -1 none */
+    int fail_back_block;    /* backward of this block fails; -1 none */
+    int slow_copies;        /* copies the failing forward enqueues first */
+} stub;
+
+static zo_status stub_forward(void *user, int block, const offload_block_io *io, gpu_stream_t s)
+{
+    stub *m = user;
+    zo_status st;
+    if ((st = gpu_memcpy_async(s, m->scratch, io->params, NUMEL * 2, GPU_COPY_DEVICE_TO_DEVICE)) != ZO_OK)
+        return st;
+    if (io->out && (st = gpu_memcpy_async(s, io->out, io->params, 64, GPU_COPY_DEVICE_TO_DEVICE)) != ZO_OK)
+        return st;
+    if (block != m->fail_block) return ZO_OK;
+    /* work still queued when the model reports its failure, the way a
+     * model fails at its n-th op: reading the runtime's weights */
+    for (int i = 0; i < m->slow_copies; i++)
+        if ((st = gpu_memcpy_async(s, m->scratch, io->params, NUMEL * 2, GPU_COPY_DEVICE_TO_DEVICE)) != ZO_OK)
+            return st;
+    if ((st = gpu_memcpy_async(s, m->marker_host, m->marker_dev, sizeof(int), GPU_COPY_DEVICE_TO_HOST)) != ZO_OK)
+        return st;
+    return zo_error(ZO_ERR_INTERNAL, "stub: block %d fails", block);
+}
+
+static zo_status stub_backward(void *user, int block, const offload_block_io *io, float scale,
+                               gpu_stream_t s)
+{
+    stub *m = user;
+    (void)scale;
+    /* d weight = the weights: a gradient the runtime copies out */
+    zo_status st = gpu_memcpy_async(s, io->grads, io->params, NUMEL * 2, GPU_COPY_DEVICE_TO_DEVICE);
+    if (st == ZO_OK && block == m->fail_back_block)
+        st = zo_error(ZO_ERR_INTERNAL, "stub: backward of block %d fails", block);
+    return st;
+}
+
+static zo_status stub_recompute(void *user, int block, const offload_block_io *io, gpu_stream_t s)
+{
+    (void)user, (void)block, (void)io, (void)s;
+    return ZO_OK;
+}
+
+static const size_t stub_numel[NB] = {NUMEL, NUMEL, NUMEL, NUMEL};
+
+static offload_model stub_model(stub *m)
+{
+    return (offload_model){.n_blocks = NB, .block_numel = stub_numel, .dtype = ZO_DTYPE_BF16,
+                           .boundary_bytes = 64, .user = m, .forward = stub_forward,
+                           .backward = stub_backward, .recompute = stub_recompute};
+}
+
+static void stub_open(stub *m)
+{
+    memset(m, 0, sizeof *m);
+    m->fail_block = m->fail_back_block = -1;
+    gpu_cpu_options o = {.n_threads = 1};
+    assert_int_equal(gpu_device_init_cpu(&o, &m->dev), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(m->dev, NUMEL * 4, &m->scratch), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(m->dev, sizeof(int), &m->marker_dev), ZO_OK);
+    assert_int_equal(gpu_host_alloc(m->dev, sizeof(int), (void **)&m->marker_host), ZO_OK);
+}
+
+static void stub_close(stub *m)
+{
+    gpu_mem_free(m->dev, m->scratch);
+    gpu_mem_free(m->dev, m->marker_dev);
+    gpu_host_free(m->dev, m->marker_host);
+    gpu_device_free(m->dev);
+}
+
+static void stub_weights(float *w)
+{
+    for (int i = 0; i < NB * NUMEL; i++) w[i] = (float)((i * 37) % 101 - 50) * 1e-3f;
+}
+
+static zo_status set_weights(offload_t *rt, float *w)
+{
+    const float *blocks[NB];
+    for (int b = 0; b < NB; b++) blocks[b] = w + (size_t)b * NUMEL;
+    return offload_set_weights(rt, blocks);
+}
+
+/* ---- allocation failures in offload_init ---------------------------------------------- */
+
+/* Every device and pinned allocation of offload_init fails in turn: init
+ * returns the error and leaves nothing allocated on the device. */
+static void test_init_alloc_faults(void **state)
+{
+    (void)state;
+    struct {
+        offload_tier params, ckpt;
+        int recompute;
+        double dev;
+    } v[] = {
+        {OFFLOAD_DEVICE, OFFLOAD_DEVICE, 0, 0},
+        {OFFLOAD_CPU, OFFLOAD_CPU, 1, 0},
+        {OFFLOAD_CPU, OFFLOAD_DEVICE, 0, 0.5},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        stub m;
+        stub_open(&m);
+        offload_model om = stub_model(&m);
+        offload_config c;
+        offload_config_defaults(&c);
+        c.params_on = v[i].params;
+        c.checkpoints_on = v[i].ckpt;
+        c.recompute = v[i].recompute;
+        c.opt_frac[OFFLOAD_DEVICE] = v[i].dev;
+        c.opt_frac[OFFLOAD_CPU] = 1 - v[i].dev;
+        gpu_mem_stats before;
+        gpu_mem_get_stats(m.dev, &before);
+        int k;
+        for (k = 0; k < 200; k++) {
+            gpu_cpu_faults f = {.alloc_skip = k, .alloc_fail = 1};
+            assert_int_equal(gpu_cpu_inject_faults(m.dev, &f), ZO_OK);
+            offload_t *rt = NULL;
+            zo_status st = offload_init(&rt, m.dev, &om, &c);
+            gpu_cpu_faults off = {0};
+            assert_int_equal(gpu_cpu_inject_faults(m.dev, &off), ZO_OK);
+            if (st == ZO_OK) {
+                offload_free(rt);
+                break;
+            }
+            assert_null(rt);
+            gpu_mem_stats after;
+            gpu_mem_get_stats(m.dev, &after);
+            if (after.in_use != before.in_use || after.n_allocs != before.n_allocs ||
+                after.host_pinned != before.host_pinned) {
+                fprintf(stderr, "config %zu, allocation %d failing: %zu bytes in %zu allocations left\n",
+                        i, k, after.in_use - before.in_use, (size_t)(after.n_allocs - before.n_allocs));
+                fail();
+            }
+        }
+        assert_true(k > 3 && k < 200);
+        stub_close(&m);
+    }
+}
+
+/* ---- a failing micro-batch ---------------------------------------------------------------- */
+
+/* The model fails with work queued on the compute stream that reads the
+ * runtime's weights: offload_micro_batch returns only once that work has
+ * run (offload_free right after must not free buffers in use), and the
+ * runtime trains again after it, as if the failed micro-batch never was. */
+static void test_failed_micro_batch(void **state)
+{
+    (void)state;
+    for (int mode = 0; mode < 4; mode++) {
+        int params = mode & 1, in_backward = mode >> 1;
+        stub m;
+        stub_open(&m);
+        offload_model om = stub_model(&m);
+        offload_config c;
+        offload_config_defaults(&c);
+        c.params_on = params ? OFFLOAD_CPU : OFFLOAD_DEVICE;
+        c.prefetch_depth = 1;
+        c.grad_accum = 2;
+        static float w[NB * NUMEL];
+        stub_weights(w);
+
+        /* the reference: two good micro-batches, one step */
+        offload_t *rt;
+        assert_int_equal(offload_init(&rt, m.dev, &om, &c), ZO_OK);
+        gpu_stream_t s;
+        assert_int_equal(gpu_stream_create(m.dev, &s), ZO_OK);
+        assert_int_equal(set_weights(rt, w), ZO_OK);
+        assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+        assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+        offload_step_info ref;
+        assert_int_equal(offload_step(rt, &ref), ZO_OK);
+        offload_free(rt);
+
+        /* one good micro-batch, one that fails, then two good ones */
+        assert_int_equal(offload_init(&rt, m.dev, &om, &c), ZO_OK);
+        assert_int_equal(set_weights(rt, w), ZO_OK);
+        assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+        if (in_backward) m.fail_back_block = 1;
+        else m.fail_block = 2;
+        m.slow_copies = 400;
+        *m.marker_host = 0;
+        int one = 1;
+        assert_int_equal(gpu_memcpy_async(s, m.marker_dev, &one, sizeof one, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+        assert_int_equal(gpu_stream_synchronize(s), ZO_OK);
+        assert_int_equal(offload_micro_batch(rt, s), ZO_ERR_INTERNAL);
+        /* the failing block's queued work has run by now */
+        if (!in_backward) assert_int_equal(__atomic_load_n(m.marker_host, __ATOMIC_ACQUIRE), 1);
+        m.fail_block = m.fail_back_block = -1;
+        assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+        assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+        offload_step_info info;
+        assert_int_equal(offload_step(rt, &info), ZO_OK);
+        if (info.grad_norm != ref.grad_norm) {
+            fprintf(stderr, "mode %d: norm %.9g after a failed micro-batch, %.9g without\n", mode,
+                    info.grad_norm, ref.grad_norm);
+            fail();
+        }
+        assert_int_equal(info.step, 1);
+        offload_free(rt);
+        gpu_stream_destroy(s);
+        stub_close(&m);
+    }
+}
+
 int main(void)
 {
     snprintf(tmp_dir, sizeof tmp_dir, "/tmp/zo_test_offload_edges_%d", (int)getpid());
@@ -98,6 +311,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plan_bad_sub_group),
         cmocka_unit_test(test_plan_fractions),
+        cmocka_unit_test(test_init_alloc_faults),
+        cmocka_unit_test(test_failed_micro_batch),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     rmdir(tmp_dir);
