@@ -304,6 +304,79 @@ static void test_failed_micro_batch(void **state)
     }
 }
 
+/* ---- checkpoints ----------------------------------------------------------------------- */
+
+static void set_state_field(const char *state_path, const char *key, const char *value)
+{
+    FILE *f = fopen(state_path, "r");
+    assert_non_null(f);
+    char buf[4096], out[4200];
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[len] = 0;
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    char *at = strstr(buf, pat);
+    assert_non_null(at);
+    char *val = at + strlen(pat);
+    char *end = val + strcspn(val, ",\n}");
+    snprintf(out, sizeof out, "%.*s %s%s", (int)(val - buf), buf, value, end);
+    write_file(state_path, out);
+}
+
+/* A state.json whose counters are out of range (a loss scale of 0 would
+ * turn every weight into NaN at the next step) is refused. */
+static void test_ckpt_bad_state(void **state)
+{
+    (void)state;
+    stub m;
+    stub_open(&m);
+    offload_model om = stub_model(&m);
+    om.dtype = ZO_DTYPE_F16;
+    offload_config c;
+    offload_config_defaults(&c);
+    offload_t *rt;
+    assert_int_equal(offload_init(&rt, m.dev, &om, &c), ZO_OK);
+    static float w[NB * NUMEL];
+    stub_weights(w);
+    assert_int_equal(set_weights(rt, w), ZO_OK);
+    char dir[400], state_path[500];
+    snprintf(dir, sizeof dir, "%s/ck", tmp_dir);
+    offload_ckpt_meta meta = {.data_step = 7, .seed = 3};
+    assert_int_equal(offload_save(rt, dir, &meta, NULL, NULL), ZO_OK);
+    snprintf(state_path, sizeof state_path, "%s/step-00000000/state.json", dir);
+    char saved[4096];
+    FILE *f = fopen(state_path, "r");
+    assert_non_null(f);
+    saved[fread(saved, 1, sizeof saved - 1, f)] = 0;
+    fclose(f);
+    offload_ckpt_meta got;
+    assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
+    assert_int_equal(got.data_step, 7);
+
+    const char *bad[][2] = {
+        {"loss_scale", "0"}, {"loss_scale", "-2"}, {"step", "-1"}, {"step", "1.5"},
+        {"skipped", "-3"},   {"good_steps", "-1"}, {"params", "-1"}, {"data_step", "-5"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_file(state_path, saved);
+        set_state_field(state_path, bad[i][0], bad[i][1]);
+        zo_status st = offload_load(rt, dir, &got);
+        if (st != ZO_ERR_FORMAT) {
+            fprintf(stderr, "state.json %s = %s: loaded (%d)\n", bad[i][0], bad[i][1], (int)st);
+            fail();
+        }
+        assert_non_null(strstr(zo_last_error(), bad[i][0]));
+    }
+    write_file(state_path, saved);
+    assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
+    offload_free(rt);
+    stub_close(&m);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     snprintf(tmp_dir, sizeof tmp_dir, "/tmp/zo_test_offload_edges_%d", (int)getpid());
@@ -313,6 +386,7 @@ int main(void)
         cmocka_unit_test(test_plan_fractions),
         cmocka_unit_test(test_init_alloc_faults),
         cmocka_unit_test(test_failed_micro_batch),
+        cmocka_unit_test(test_ckpt_bad_state),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     rmdir(tmp_dir);
