@@ -377,6 +377,65 @@ static void test_ckpt_bad_state(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* ---- train's flags -------------------------------------------------------------------------- */
+
+#ifdef ZO_TRAIN_BIN
+static int run_train(const char *args, char *out, size_t len)
+{
+    char cmd[2000];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", ZO_TRAIN_BIN, args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t got = fread(out, 1, len - 1, p);
+    out[got] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* --plan=FILE and an abbreviated --pla FILE are read like --plan FILE (they
+ * were accepted and ignored); --save-every without --ckpt is refused. */
+static void test_train_flags(void **state)
+{
+    (void)state;
+    char data[400], cfg[400], plan[400], args[1500];
+    static char out[1 << 16];
+    snprintf(data, sizeof data, "%s/text.txt", tmp_dir);
+    snprintf(cfg, sizeof cfg, "%s/config.json", tmp_dir);
+    snprintf(plan, sizeof plan, "%s/train-plan.json", tmp_dir);
+    FILE *f = fopen(data, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 100; i++) fprintf(f, "the quick brown fox %d. ", i % 10);
+    fclose(f);
+    write_file(cfg, "{\"model_type\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 32, \"n_head\": 2,"
+                    " \"n_positions\": 32, \"vocab_size\": 256}\n");
+    write_file(plan, "{\"format\": \"zoffload-plan\", \"training\": {\"seq\": 8, \"micro_batch\": 3},"
+                     " \"placement\": {\"params\": \"cpu\"}}\n");
+    const char *forms[] = {"--plan %s", "--plan=%s", "--pla %s"};
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        char pl[500];
+        snprintf(pl, sizeof pl, forms[i], plan);
+        snprintf(args, sizeof args, "--model %s --data %s --text --steps 1 --threads 1 %s", cfg, data, pl);
+        assert_int_equal(run_train(args, out, sizeof out), 0);
+        if (!strstr(out, "batch 3 x 8 x 1") || !strstr(out, "weights cpu")) {
+            fprintf(stderr, "train %s: the plan was not read:\n%s\n", pl, out);
+            fail();
+        }
+    }
+    /* a malformed plan given as --plan=FILE is an error too */
+    write_file(plan, "{\"format\": \"not-a-plan\"}\n");
+    snprintf(args, sizeof args, "--model %s --data %s --text --steps 1 --threads 1 --plan=%s", cfg, data, plan);
+    assert_int_equal(run_train(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "zoffload-plan"));
+    /* --save-every needs --ckpt */
+    snprintf(args, sizeof args, "--model %s --data %s --text --steps 1 --threads 1 --save-every 1", cfg, data);
+    assert_int_equal(run_train(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "--ckpt"));
+    remove(data);
+    remove(cfg);
+    remove(plan);
+}
+#endif
+
 int main(void)
 {
     snprintf(tmp_dir, sizeof tmp_dir, "/tmp/zo_test_offload_edges_%d", (int)getpid());
@@ -387,6 +446,9 @@ int main(void)
         cmocka_unit_test(test_init_alloc_faults),
         cmocka_unit_test(test_failed_micro_batch),
         cmocka_unit_test(test_ckpt_bad_state),
+#ifdef ZO_TRAIN_BIN
+        cmocka_unit_test(test_train_flags),
+#endif
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     rmdir(tmp_dir);
