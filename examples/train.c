@@ -191,24 +191,27 @@ static int parse_args(int argc, char **argv, train_args *a)
     offload_config *oc = &a->p.cfg;
     oc->adam = (offload_adamw){.lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                .weight_decay = 0.1f, .clip = 1.0f};
-    /* the plan first, so that every flag overrides it */
-    for (int i = 1; i + 1 < argc; i++)
-        if (!strcmp(argv[i], "--plan")) {
-            a->plan = argv[i + 1];
-            if (offload_plan_load(a->plan, &a->p) != ZO_OK) {
-                fprintf(stderr, "train: --plan %s\n", zo_last_error());
-                return 2;
-            }
-            if (a->p.seq) a->seq = a->p.seq;
-            if (a->p.micro_batch) a->micro_batch = a->p.micro_batch;
-            if (a->p.dtype >= 0) a->dtype = (zo_dtype)a->p.dtype;
-            if (a->p.gpu_mem) a->device_mem = a->p.gpu_mem;
-        }
+    /* the plan first, so that every flag overrides it: a first pass of
+     * getopt_long finds it in every spelling (--plan F, --plan=F, --pla F) */
     int c;
+    opterr = 0;
+    optind = 0; /* glibc: a full re-initialization */
+    while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
+        if (c != OPT_PLAN) continue;
+        a->plan = optarg;
+        if (offload_plan_load(a->plan, &a->p) != ZO_OK) {
+            fprintf(stderr, "train: --plan %s\n", zo_last_error());
+            return 2;
+        }
+        if (a->p.seq) a->seq = a->p.seq;
+        if (a->p.micro_batch) a->micro_batch = a->p.micro_batch;
+        if (a->p.dtype >= 0) a->dtype = (zo_dtype)a->p.dtype;
+        if (a->p.gpu_mem) a->device_mem = a->p.gpu_mem;
+    }
     long v;
     zo_status st = ZO_OK;
     opterr = 0;
-    optind = 1;
+    optind = 0;
     while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
         switch (c) {
         case OPT_PLAN: break; /* read above */
@@ -283,6 +286,10 @@ static int parse_args(int argc, char **argv, train_args *a)
             fprintf(stderr, "train: %s\n", zo_last_error());
             return 2;
         }
+    }
+    if (a->save_every && !a->ckpt) {
+        fprintf(stderr, "train: --save-every needs --ckpt DIR (where the checkpoints go)\n");
+        return 2;
     }
     oc->n_threads = (int)a->threads;
     if (!a->model && a->plan && a->p.model_name[0]) a->model = a->p.model_name;

@@ -7,6 +7,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -266,6 +268,14 @@ static zo_status json_number(const cJSON *o, const char *key, const char *path, 
     return ZO_OK;
 }
 
+/* A counter: a whole number in [0, 2^53] (what a double holds exactly). */
+static zo_status check_count(double v, const char *key, const char *path)
+{
+    if (!(v >= 0 && v <= 9007199254740992.0) || v != floor(v))
+        return zo_error(ZO_ERR_FORMAT, "%s: \"%s\" = %g is not a non-negative integer", path, key, v);
+    return ZO_OK;
+}
+
 static zo_status read_state(const char *path, cJSON **out)
 {
     FILE *f = fopen(path, "rb");
@@ -314,6 +324,17 @@ zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
     json_number(state, "seed", path, &seed);
     zo_clear_error();
     cJSON_Delete(state);
+    /* a tampered or corrupt state is refused before anything is loaded: a
+     * loss scale of 0 would turn the next step's weights into NaN */
+    if ((st = check_count(step, "step", path)) != ZO_OK || (st = check_count(good, "good_steps", path)) != ZO_OK ||
+        (st = check_count(skipped, "skipped", path)) != ZO_OK ||
+        (st = check_count(params, "params", path)) != ZO_OK ||
+        (st = check_count(data_step, "data_step", path)) != ZO_OK)
+        return st;
+    if (!(seed >= 0 && seed < 18446744073709551616.0))
+        return zo_error(ZO_ERR_FORMAT, "%s: \"seed\" = %g is not a 64-bit unsigned integer", path, seed);
+    if (!(scale > 0 && isfinite(scale) && scale <= FLT_MAX))
+        return zo_error(ZO_ERR_FORMAT, "%s: \"loss_scale\" = %g is not a positive float", path, scale);
     if ((size_t)params != rt->n)
         return zo_error(ZO_ERR_FORMAT, "%s: checkpoint of %.0f parameters, the model has %zu", path,
                         params, rt->n);

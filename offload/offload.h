@@ -205,7 +205,10 @@ zo_status offload_get_weights(offload_t *rt, float *const *blocks);
 /* Forward and backward of one micro-batch over every block, streamed; the
  * batch must already be on `s` (the model's business, e.g. tf_set_batch on
  * the same stream). Gradients are added to the step's fp32 host gradient.
- * On return the forward's outputs (the loss) are complete on `s`. */
+ * On return the forward's outputs (the loss) are complete on `s`. On failure
+ * the work already queued on `s` has run (the runtime may be freed at once),
+ * and the gradients accumulated since the last step are dropped: the step
+ * starts again with the next micro-batch. */
 zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s);
 
 typedef struct offload_step_info {

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,8 +25,9 @@ static zo_status opt_int(const cJSON *o, const char *obj, const char *key, const
 {
     const cJSON *v = get(o, key);
     if (!v) return ZO_OK;
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(long)v->valuedouble ||
-        v->valuedouble < lo || v->valuedouble > hi)
+    /* the range first: converting a double outside long's range is undefined */
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= (double)lo && v->valuedouble <= (double)hi) ||
+        v->valuedouble != (double)(long)v->valuedouble)
         return zo_error(ZO_ERR_FORMAT, "%s: %s.%s must be an integer in [%ld, %ld]", path, obj, key, lo, hi);
     *out = (int)v->valuedouble;
     return ZO_OK;
@@ -36,7 +38,7 @@ static zo_status opt_u64(const cJSON *o, const char *obj, const char *key, const
 {
     const cJSON *v = get(o, key);
     if (!v) return ZO_OK;
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0)
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < 18446744073709551616.0))
         return zo_error(ZO_ERR_FORMAT, "%s: %s.%s must be a non-negative number", path, obj, key);
     *out = (uint64_t)v->valuedouble;
     return ZO_OK;
@@ -88,6 +90,9 @@ static zo_status parse_plan(const cJSON *root, const char *path, offload_plan *p
             return zo_error(ZO_ERR_FORMAT, "%s: %s.dtype must be fp32, fp16 or bf16", path, trn);
         p->dtype = (int)d;
     }
+    const cJSON *opt = get(tr, "optimizer");
+    if (opt && (!cJSON_IsString(opt) || strcmp(opt->valuestring, "adamw")))
+        return zo_error(ZO_ERR_FORMAT, "%s: %s.optimizer: the runtime runs adamw only", path, trn);
     const cJSON *rc = get(tr, "recompute");
     if (rc) {
         if (!cJSON_IsString(rc))
@@ -125,6 +130,16 @@ static zo_status parse_plan(const cJSON *root, const char *path, offload_plan *p
                                 offload_tier_name((offload_tier)t));
             c->opt_frac[t] = v ? v->valuedouble : 0.0;
         }
+        /* offload_init checks these too, but its message cannot name the plan */
+        double sum = 0;
+        for (int t = 0; t < OFFLOAD_TIERS; t++) {
+            if (!(c->opt_frac[t] >= 0 && c->opt_frac[t] <= 1))
+                return zo_error(ZO_ERR_FORMAT, "%s: placement.optimizer.%s = %g is outside [0, 1]", path,
+                                offload_tier_name((offload_tier)t), c->opt_frac[t]);
+            sum += c->opt_frac[t];
+        }
+        if (fabs(sum - 1.0) > 1e-6)
+            return zo_error(ZO_ERR_FORMAT, "%s: placement.optimizer fractions sum to %g, not 1", path, sum);
     }
 
     const cJSON *nv = get(root, "nvme");
@@ -144,8 +159,10 @@ static zo_status parse_plan(const cJSON *root, const char *path, offload_plan *p
     if ((st = opt_int(bf, "buffers", "prefetch_depth", path, 0, OFFLOAD_MAX_PREFETCH,
                       &c->prefetch_depth)) != ZO_OK)
         return st;
-    if (!get(nv, "sub_group") && (st = opt_u64(bf, "buffers", "sub_group", path, &sg)) == ZO_OK)
+    if (!get(nv, "sub_group")) {
+        if ((st = opt_u64(bf, "buffers", "sub_group", path, &sg)) != ZO_OK) return st;
         c->sub_group = (size_t)sg;
+    }
     if (!get(nv, "swap_buffers"))
         if ((st = opt_int(bf, "buffers", "swap_buffers", path, 1, 1024, &c->swap_buffers)) != ZO_OK) return st;
 

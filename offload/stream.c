@@ -9,6 +9,7 @@
  * waits only on single events, timed as the part they belong to. */
 #include "offload/offload_impl.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #define TRY(expr)                                                                           \
@@ -352,9 +353,8 @@ static zo_status bounds_backward_done(offload_t *rt, gpu_stream_t s, int b)
 
 /* ---- the micro-batch ------------------------------------------------------------------- */
 
-zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s)
+static zo_status micro_batch_run(offload_t *rt, gpu_stream_t s, double t_start)
 {
-    double t_start = offload_now();
     int nb = rt->nb;
     rt->pos = 0;
     rt->has_prev = 0;
@@ -405,4 +405,33 @@ zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s)
     offload_device_peak(rt);
     rt->total_s += offload_now() - t_start;
     return ZO_OK;
+}
+
+/* After a failure part-way: let the work already queued (the model's ops on
+ * `s`, the runtime's copies) finish, so that nothing in flight uses the
+ * runtime's buffers when it returns (the caller may free it next), and
+ * forget the step's gradients, which now hold part of a micro-batch; the
+ * slots are free again, so the runtime can go on. */
+static void micro_batch_abandon(offload_t *rt, gpu_stream_t s)
+{
+    gpu_stream_synchronize(s);
+    gpu_stream_synchronize(rt->h2d);
+    gpu_stream_synchronize(rt->d2h);
+    for (int i = 0; i < rt->n_slots; i++) rt->slots[i].busy = 0;
+    for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) rt->gs[k].block = -1;
+    rt->has_prev = 0;
+    rt->micro = 0;
+}
+
+zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s)
+{
+    double t_start = offload_now();
+    zo_status st = micro_batch_run(rt, s, t_start);
+    if (st != ZO_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", zo_last_error());
+        micro_batch_abandon(rt, s);
+        st = zo_error(st, "%s", msg); /* the failure's own message, not the waits' */
+    }
+    return st;
 }

@@ -1,0 +1,456 @@
+/* Edge cases of the offload runtime, fast: plan files that say nonsense,
+ * allocation failures at every point of offload_init, a micro-batch whose
+ * model fails with work still queued, checkpoints whose state.json was
+ * tampered with, and train flags that must not be accepted and ignored.
+ * The model is a stub of a few blocks whose forward/backward copy weights
+ * around on the compute stream (the runtime's data path, no transformer). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gpu/ops_cpu.h"     /* defines: gpu_cpu_inject_faults */
+#include "offload/offload.h" /* defines: offload_init, offload_plan_load, offload_save */
+
+static char tmp_dir[256];
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* ---- plans -------------------------------------------------------------------------- */
+
+static zo_status load_plan_text(const char *text, offload_plan *p)
+{
+    char path[400];
+    snprintf(path, sizeof path, "%s/plan.json", tmp_dir);
+    write_file(path, text);
+    offload_plan_defaults(p);
+    zo_status st = offload_plan_load(path, p);
+    remove(path);
+    return st;
+}
+
+/* A bad buffers.sub_group is refused (it was silently skipped), as is a
+ * bad nvme.sub_group. */
+static void test_plan_bad_sub_group(void **state)
+{
+    (void)state;
+    offload_plan p;
+    const char *bad[] = {
+        "{\"buffers\": {\"sub_group\": \"big\"}}",
+        "{\"buffers\": {\"sub_group\": -4096}}",
+        "{\"nvme\": {\"sub_group\": \"big\"}}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(load_plan_text(bad[i], &p), ZO_ERR_FORMAT);
+        assert_non_null(strstr(zo_last_error(), "sub_group"));
+    }
+    assert_int_equal(load_plan_text("{\"buffers\": {\"sub_group\": 4096}}", &p), ZO_OK);
+    assert_int_equal(p.cfg.sub_group, 4096);
+}
+
+/* placement.optimizer: fractions in [0, 1] summing to 1, named by the plan's
+ * message. */
+static void test_plan_fractions(void **state)
+{
+    (void)state;
+    offload_plan p;
+    const char *bad[] = {
+        "{\"placement\": {\"optimizer\": {\"gpu\": 0.5, \"cpu\": 0.7}}}",
+        "{\"placement\": {\"optimizer\": {\"cpu\": -0.5, \"nvme\": 1.5}}}",
+        "{\"placement\": {\"optimizer\": {}}}",
+        "{\"placement\": {\"optimizer\": {\"cpu\": 0.3}}}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(load_plan_text(bad[i], &p), ZO_ERR_FORMAT);
+        assert_non_null(strstr(zo_last_error(), "placement.optimizer"));
+        assert_non_null(strstr(zo_last_error(), "plan.json"));
+    }
+    assert_int_equal(load_plan_text("{\"placement\": {\"optimizer\": {\"cpu\": 0.5, \"nvme\": 0.5}}}", &p),
+                     ZO_OK);
+    assert_true(p.cfg.opt_frac[OFFLOAD_CPU] == 0.5 && p.cfg.opt_frac[OFFLOAD_NVME] == 0.5 &&
+                p.cfg.opt_frac[OFFLOAD_DEVICE] == 0.0);
+    /* a plan for SGD is not run as AdamW */
+    assert_int_equal(load_plan_text("{\"training\": {\"optimizer\": \"sgd\"}}", &p), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "training.optimizer"));
+    assert_int_equal(load_plan_text("{\"training\": {\"optimizer\": \"adamw\"}}", &p), ZO_OK);
+    /* integers far out of range are refused, not converted */
+    assert_int_equal(load_plan_text("{\"training\": {\"grad_accum\": 1e300}}", &p), ZO_ERR_FORMAT);
+    assert_int_equal(load_plan_text("{\"training\": {\"grad_accum\": -1e300}}", &p), ZO_ERR_FORMAT);
+}
+
+/* ---- a stub model ------------------------------------------------------------------------ */
+
+#define NB 4
+#define NUMEL 4096
+
+typedef struct stub {
+    gpu_device_t dev;
+    void *scratch;          /* device, NUMEL * 4: where forward copies weights */
+    void *marker_dev;       /* device int: 1 */
+    int *marker_host;       /* pinned: set by the last copy of a failing forward */
+    int fail_block;         /* forward of this block enqueues work and fails; -1 none */
+    int fail_back_block;    /* backward of this block fails; -1 none */
+    int slow_copies;        /* copies the failing forward enqueues first */
+} stub;
+
+static zo_status stub_forward(void *user, int block, const offload_block_io *io, gpu_stream_t s)
+{
+    stub *m = user;
+    zo_status st;
+    if ((st = gpu_memcpy_async(s, m->scratch, io->params, NUMEL * 2, GPU_COPY_DEVICE_TO_DEVICE)) != ZO_OK)
+        return st;
+    if (io->out && (st = gpu_memcpy_async(s, io->out, io->params, 64, GPU_COPY_DEVICE_TO_DEVICE)) != ZO_OK)
+        return st;
+    if (block != m->fail_block) return ZO_OK;
+    /* work still queued when the model reports its failure, the way a
+     * model fails at its n-th op: reading the runtime's weights */
+    for (int i = 0; i < m->slow_copies; i++)
+        if ((st = gpu_memcpy_async(s, m->scratch, io->params, NUMEL * 2, GPU_COPY_DEVICE_TO_DEVICE)) != ZO_OK)
+            return st;
+    if ((st = gpu_memcpy_async(s, m->marker_host, m->marker_dev, sizeof(int), GPU_COPY_DEVICE_TO_HOST)) != ZO_OK)
+        return st;
+    return zo_error(ZO_ERR_INTERNAL, "stub: block %d fails", block);
+}
+
+static zo_status stub_backward(void *user, int block, const offload_block_io *io, float scale,
+                               gpu_stream_t s)
+{
+    stub *m = user;
+    (void)scale;
+    /* d weight = the weights: a gradient the runtime copies out */
+    zo_status st = gpu_memcpy_async(s, io->grads, io->params, NUMEL * 2, GPU_COPY_DEVICE_TO_DEVICE);
+    if (st == ZO_OK && block == m->fail_back_block)
+        st = zo_error(ZO_ERR_INTERNAL, "stub: backward of block %d fails", block);
+    return st;
+}
+
+static zo_status stub_recompute(void *user, int block, const offload_block_io *io, gpu_stream_t s)
+{
+    (void)user, (void)block, (void)io, (void)s;
+    return ZO_OK;
+}
+
+static const size_t stub_numel[NB] = {NUMEL, NUMEL, NUMEL, NUMEL};
+
+static offload_model stub_model(stub *m)
+{
+    return (offload_model){.n_blocks = NB, .block_numel = stub_numel, .dtype = ZO_DTYPE_BF16,
+                           .boundary_bytes = 64, .user = m, .forward = stub_forward,
+                           .backward = stub_backward, .recompute = stub_recompute};
+}
+
+static void stub_open(stub *m)
+{
+    memset(m, 0, sizeof *m);
+    m->fail_block = m->fail_back_block = -1;
+    gpu_cpu_options o = {.n_threads = 1};
+    assert_int_equal(gpu_device_init_cpu(&o, &m->dev), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(m->dev, NUMEL * 4, &m->scratch), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(m->dev, sizeof(int), &m->marker_dev), ZO_OK);
+    assert_int_equal(gpu_host_alloc(m->dev, sizeof(int), (void **)&m->marker_host), ZO_OK);
+}
+
+static void stub_close(stub *m)
+{
+    gpu_mem_free(m->dev, m->scratch);
+    gpu_mem_free(m->dev, m->marker_dev);
+    gpu_host_free(m->dev, m->marker_host);
+    gpu_device_free(m->dev);
+}
+
+static void stub_weights(float *w)
+{
+    for (int i = 0; i < NB * NUMEL; i++) w[i] = (float)((i * 37) % 101 - 50) * 1e-3f;
+}
+
+static zo_status set_weights(offload_t *rt, float *w)
+{
+    const float *blocks[NB];
+    for (int b = 0; b < NB; b++) blocks[b] = w + (size_t)b * NUMEL;
+    return offload_set_weights(rt, blocks);
+}
+
+/* ---- allocation failures in offload_init ---------------------------------------------- */
+
+/* Every device and pinned allocation of offload_init fails in turn: init
+ * returns the error and leaves nothing allocated on the device. */
+static void test_init_alloc_faults(void **state)
+{
+    (void)state;
+    struct {
+        offload_tier params, ckpt;
+        int recompute;
+        double dev;
+    } v[] = {
+        {OFFLOAD_DEVICE, OFFLOAD_DEVICE, 0, 0},
+        {OFFLOAD_CPU, OFFLOAD_CPU, 1, 0},
+        {OFFLOAD_CPU, OFFLOAD_DEVICE, 0, 0.5},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        stub m;
+        stub_open(&m);
+        offload_model om = stub_model(&m);
+        offload_config c;
+        offload_config_defaults(&c);
+        c.params_on = v[i].params;
+        c.checkpoints_on = v[i].ckpt;
+        c.recompute = v[i].recompute;
+        c.opt_frac[OFFLOAD_DEVICE] = v[i].dev;
+        c.opt_frac[OFFLOAD_CPU] = 1 - v[i].dev;
+        gpu_mem_stats before;
+        gpu_mem_get_stats(m.dev, &before);
+        int k;
+        for (k = 0; k < 200; k++) {
+            gpu_cpu_faults f = {.alloc_skip = k, .alloc_fail = 1};
+            assert_int_equal(gpu_cpu_inject_faults(m.dev, &f), ZO_OK);
+            offload_t *rt = NULL;
+            zo_status st = offload_init(&rt, m.dev, &om, &c);
+            gpu_cpu_faults off = {0};
+            assert_int_equal(gpu_cpu_inject_faults(m.dev, &off), ZO_OK);
+            if (st == ZO_OK) {
+                offload_free(rt);
+                break;
+            }
+            assert_null(rt);
+            gpu_mem_stats after;
+            gpu_mem_get_stats(m.dev, &after);
+            if (after.in_use != before.in_use || after.n_allocs != before.n_allocs ||
+                after.host_pinned != before.host_pinned) {
+                fprintf(stderr, "config %zu, allocation %d failing: %zu bytes in %zu allocations left\n",
+                        i, k, after.in_use - before.in_use, (size_t)(after.n_allocs - before.n_allocs));
+                fail();
+            }
+        }
+        assert_true(k > 3 && k < 200);
+        stub_close(&m);
+    }
+}
+
+/* ---- a failing micro-batch ---------------------------------------------------------------- */
+
+/* The model fails with work queued on the compute stream that reads the
+ * runtime's weights: offload_micro_batch returns only once that work has
+ * run (offload_free right after must not free buffers in use), and the
+ * runtime trains again after it, as if the failed micro-batch never was. */
+static void test_failed_micro_batch(void **state)
+{
+    (void)state;
+    for (int mode = 0; mode < 4; mode++) {
+        int params = mode & 1, in_backward = mode >> 1;
+        stub m;
+        stub_open(&m);
+        offload_model om = stub_model(&m);
+        offload_config c;
+        offload_config_defaults(&c);
+        c.params_on = params ? OFFLOAD_CPU : OFFLOAD_DEVICE;
+        c.prefetch_depth = 1;
+        c.grad_accum = 2;
+        static float w[NB * NUMEL];
+        stub_weights(w);
+
+        /* the reference: two good micro-batches, one step */
+        offload_t *rt;
+        assert_int_equal(offload_init(&rt, m.dev, &om, &c), ZO_OK);
+        gpu_stream_t s;
+        assert_int_equal(gpu_stream_create(m.dev, &s), ZO_OK);
+        assert_int_equal(set_weights(rt, w), ZO_OK);
+        assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+        assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+        offload_step_info ref;
+        assert_int_equal(offload_step(rt, &ref), ZO_OK);
+        offload_free(rt);
+
+        /* one good micro-batch, one that fails, then two good ones */
+        assert_int_equal(offload_init(&rt, m.dev, &om, &c), ZO_OK);
+        assert_int_equal(set_weights(rt, w), ZO_OK);
+        assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+        if (in_backward) m.fail_back_block = 1;
+        else m.fail_block = 2;
+        m.slow_copies = 400;
+        *m.marker_host = 0;
+        int one = 1;
+        assert_int_equal(gpu_memcpy_async(s, m.marker_dev, &one, sizeof one, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+        assert_int_equal(gpu_stream_synchronize(s), ZO_OK);
+        assert_int_equal(offload_micro_batch(rt, s), ZO_ERR_INTERNAL);
+        /* the failing block's queued work has run by now */
+        if (!in_backward) assert_int_equal(__atomic_load_n(m.marker_host, __ATOMIC_ACQUIRE), 1);
+        m.fail_block = m.fail_back_block = -1;
+        assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+        assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+        offload_step_info info;
+        assert_int_equal(offload_step(rt, &info), ZO_OK);
+        if (info.grad_norm != ref.grad_norm) {
+            fprintf(stderr, "mode %d: norm %.9g after a failed micro-batch, %.9g without\n", mode,
+                    info.grad_norm, ref.grad_norm);
+            fail();
+        }
+        assert_int_equal(info.step, 1);
+        offload_free(rt);
+        gpu_stream_destroy(s);
+        stub_close(&m);
+    }
+}
+
+/* ---- checkpoints ----------------------------------------------------------------------- */
+
+static void set_state_field(const char *state_path, const char *key, const char *value)
+{
+    FILE *f = fopen(state_path, "r");
+    assert_non_null(f);
+    char buf[4096], out[4200];
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[len] = 0;
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    char *at = strstr(buf, pat);
+    assert_non_null(at);
+    char *val = at + strlen(pat);
+    char *end = val + strcspn(val, ",\n}");
+    snprintf(out, sizeof out, "%.*s %s%s", (int)(val - buf), buf, value, end);
+    write_file(state_path, out);
+}
+
+/* A state.json whose counters are out of range (a loss scale of 0 would
+ * turn every weight into NaN at the next step) is refused. */
+static void test_ckpt_bad_state(void **state)
+{
+    (void)state;
+    stub m;
+    stub_open(&m);
+    offload_model om = stub_model(&m);
+    om.dtype = ZO_DTYPE_F16;
+    offload_config c;
+    offload_config_defaults(&c);
+    offload_t *rt;
+    assert_int_equal(offload_init(&rt, m.dev, &om, &c), ZO_OK);
+    static float w[NB * NUMEL];
+    stub_weights(w);
+    assert_int_equal(set_weights(rt, w), ZO_OK);
+    char dir[400], state_path[500];
+    snprintf(dir, sizeof dir, "%s/ck", tmp_dir);
+    offload_ckpt_meta meta = {.data_step = 7, .seed = 3};
+    assert_int_equal(offload_save(rt, dir, &meta, NULL, NULL), ZO_OK);
+    snprintf(state_path, sizeof state_path, "%s/step-00000000/state.json", dir);
+    char saved[4096];
+    FILE *f = fopen(state_path, "r");
+    assert_non_null(f);
+    saved[fread(saved, 1, sizeof saved - 1, f)] = 0;
+    fclose(f);
+    offload_ckpt_meta got;
+    assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
+    assert_int_equal(got.data_step, 7);
+
+    const char *bad[][2] = {
+        {"loss_scale", "0"}, {"loss_scale", "-2"}, {"step", "-1"}, {"step", "1.5"},
+        {"skipped", "-3"},   {"good_steps", "-1"}, {"params", "-1"}, {"data_step", "-5"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_file(state_path, saved);
+        set_state_field(state_path, bad[i][0], bad[i][1]);
+        zo_status st = offload_load(rt, dir, &got);
+        if (st != ZO_ERR_FORMAT) {
+            fprintf(stderr, "state.json %s = %s: loaded (%d)\n", bad[i][0], bad[i][1], (int)st);
+            fail();
+        }
+        assert_non_null(strstr(zo_last_error(), bad[i][0]));
+    }
+    write_file(state_path, saved);
+    assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
+    offload_free(rt);
+    stub_close(&m);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* ---- train's flags -------------------------------------------------------------------------- */
+
+#ifdef ZO_TRAIN_BIN
+static int run_train(const char *args, char *out, size_t len)
+{
+    char cmd[2000];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", ZO_TRAIN_BIN, args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t got = fread(out, 1, len - 1, p);
+    out[got] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* --plan=FILE and an abbreviated --pla FILE are read like --plan FILE (they
+ * were accepted and ignored); --save-every without --ckpt is refused. */
+static void test_train_flags(void **state)
+{
+    (void)state;
+    char data[400], cfg[400], plan[400], args[1500];
+    static char out[1 << 16];
+    snprintf(data, sizeof data, "%s/text.txt", tmp_dir);
+    snprintf(cfg, sizeof cfg, "%s/config.json", tmp_dir);
+    snprintf(plan, sizeof plan, "%s/train-plan.json", tmp_dir);
+    FILE *f = fopen(data, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 100; i++) fprintf(f, "the quick brown fox %d. ", i % 10);
+    fclose(f);
+    write_file(cfg, "{\"model_type\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 32, \"n_head\": 2,"
+                    " \"n_positions\": 32, \"vocab_size\": 256}\n");
+    write_file(plan, "{\"format\": \"zoffload-plan\", \"training\": {\"seq\": 8, \"micro_batch\": 3},"
+                     " \"placement\": {\"params\": \"cpu\"}}\n");
+    const char *forms[] = {"--plan %s", "--plan=%s", "--pla %s"};
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        char pl[500];
+        snprintf(pl, sizeof pl, forms[i], plan);
+        snprintf(args, sizeof args, "--model %s --data %s --text --steps 1 --threads 1 %s", cfg, data, pl);
+        assert_int_equal(run_train(args, out, sizeof out), 0);
+        if (!strstr(out, "batch 3 x 8 x 1") || !strstr(out, "weights cpu")) {
+            fprintf(stderr, "train %s: the plan was not read:\n%s\n", pl, out);
+            fail();
+        }
+    }
+    /* a malformed plan given as --plan=FILE is an error too */
+    write_file(plan, "{\"format\": \"not-a-plan\"}\n");
+    snprintf(args, sizeof args, "--model %s --data %s --text --steps 1 --threads 1 --plan=%s", cfg, data, plan);
+    assert_int_equal(run_train(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "zoffload-plan"));
+    /* --save-every needs --ckpt */
+    snprintf(args, sizeof args, "--model %s --data %s --text --steps 1 --threads 1 --save-every 1", cfg, data);
+    assert_int_equal(run_train(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "--ckpt"));
+    remove(data);
+    remove(cfg);
+    remove(plan);
+}
+#endif
+
+int main(void)
+{
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/zo_test_offload_edges_%d", (int)getpid());
+    mkdir(tmp_dir, 0755);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_plan_bad_sub_group),
+        cmocka_unit_test(test_plan_fractions),
+        cmocka_unit_test(test_init_alloc_faults),
+        cmocka_unit_test(test_failed_micro_batch),
+        cmocka_unit_test(test_ckpt_bad_state),
+#ifdef ZO_TRAIN_BIN
+        cmocka_unit_test(test_train_flags),
+#endif
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    rmdir(tmp_dir);
+    return rc;
+}
