@@ -196,9 +196,15 @@ zo_status offload_save(offload_t *rt, const char *dir, const offload_ckpt_meta *
     if (mkdir(dir, 0755) && errno != EEXIST)
         return zo_error(ZO_ERR_IO, "%s: mkdir: %s", dir, strerror(errno));
     char name[64], latest[256], final[4096], tmp[4096], path[4200];
-    snprintf(name, sizeof name, "step-%08lld", (long long)rt->step);
+    /* step-N, or step-N.K when the latest checkpoint already has that name
+     * (fp16 steps skipped for overflow leave the step count where it was but
+     * move the data position and the loss scale; a run resumed from an older
+     * directory reaches a step number already taken). Every save is kept:
+     * the new one becomes the latest and the others are removed after. */
     read_latest(dir, latest, sizeof latest);
-    if (!strcmp(latest, name)) return ZO_OK; /* this state is the latest checkpoint already */
+    snprintf(name, sizeof name, "step-%08lld", (long long)rt->step);
+    for (int k = 1; !strcmp(latest, name); k++)
+        snprintf(name, sizeof name, "step-%08lld.%d", (long long)rt->step, k);
     snprintf(final, sizeof final, "%s/%s", dir, name);
     snprintf(tmp, sizeof tmp, "%s/.tmp-%s", dir, name);
     remove_dir(tmp);   /* leftovers of a crash */

@@ -420,7 +420,7 @@ void offload_free(offload_t *rt)
     if (rt->par_ring)
         for (int i = 0; i < rt->n_slots; i++) {
             offload_host_free(rt, rt->par_ring[i], rt->slot_bytes, 1);
-            if (rt->par_ring_ev[i]) gpu_event_destroy(rt->par_ring_ev[i]);
+            if (rt->par_ring_ev && rt->par_ring_ev[i]) gpu_event_destroy(rt->par_ring_ev[i]);
         }
     free(rt->par_ring);
     free(rt->par_ring_ev);

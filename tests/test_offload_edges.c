@@ -377,6 +377,45 @@ static void test_ckpt_bad_state(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* Saving twice at the same step count (an fp16 step skipped for overflow
+ * leaves it unchanged) keeps the second state: it becomes the latest, under
+ * a name of its own, and loads. */
+static void test_ckpt_same_step(void **state)
+{
+    (void)state;
+    stub m;
+    stub_open(&m);
+    offload_model om = stub_model(&m);
+    offload_config c;
+    offload_config_defaults(&c);
+    offload_t *rt;
+    assert_int_equal(offload_init(&rt, m.dev, &om, &c), ZO_OK);
+    static float w[NB * NUMEL];
+    stub_weights(w);
+    assert_int_equal(set_weights(rt, w), ZO_OK);
+    char dir[400], path[500];
+    snprintf(dir, sizeof dir, "%s/same", tmp_dir);
+    offload_ckpt_meta meta = {.data_step = 7, .seed = 3};
+    assert_int_equal(offload_save(rt, dir, &meta, NULL, NULL), ZO_OK);
+    meta.data_step = 8; /* the data moved on, the step count did not */
+    assert_int_equal(offload_save(rt, dir, &meta, NULL, NULL), ZO_OK);
+    offload_ckpt_meta got;
+    assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
+    assert_int_equal(got.data_step, 8);
+    /* only the latest is kept */
+    snprintf(path, sizeof path, "%s/step-00000000", dir);
+    assert_int_not_equal(access(path, F_OK), 0);
+    meta.data_step = 9;
+    assert_int_equal(offload_save(rt, dir, &meta, NULL, NULL), ZO_OK);
+    assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
+    assert_int_equal(got.data_step, 9);
+    offload_free(rt);
+    stub_close(&m);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* ---- train's flags -------------------------------------------------------------------------- */
 
 #ifdef ZO_TRAIN_BIN
@@ -446,6 +485,7 @@ int main(void)
         cmocka_unit_test(test_init_alloc_faults),
         cmocka_unit_test(test_failed_micro_batch),
         cmocka_unit_test(test_ckpt_bad_state),
+        cmocka_unit_test(test_ckpt_same_step),
 #ifdef ZO_TRAIN_BIN
         cmocka_unit_test(test_train_flags),
 #endif
