@@ -426,6 +426,13 @@ zo_status nvme_io_submit(nvme_engine_t *e, nvme_io *io)
         return zo_error(ZO_ERR_INVALID, "nvme_io_submit: op must be read or write");
     if (!io->buf && io->len)
         return zo_error(ZO_ERR_INVALID, "nvme_io_submit: NULL buffer for %zu bytes", io->len);
+    /* Pieces are handed out before any completes: a range past the largest
+     * file offset would fail on one piece while another, its offset wrapped,
+     * went to the start of the file. */
+    if (io->offset > (uint64_t)INT64_MAX || (uint64_t)io->len > (uint64_t)INT64_MAX - io->offset)
+        return zo_error(ZO_ERR_INVALID, "nvme_io_submit: %zu bytes at offset %llu of %s pass the "
+                        "largest file offset", io->len, (unsigned long long)io->offset,
+                        e->files[io->fid].path);
     io->status = ZO_OK;
     io->error[0] = '\0';
     io->bytes_done = 0;

@@ -68,6 +68,9 @@ static zo_status index_grow(nvme_store_t *s, size_t want)
 
 static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
+/* End of the store's address space: aligned, and a file offset (off_t). */
+#define STORE_MAX_ADDR ((uint64_t)INT64_MAX & ~(uint64_t)(NVME_ALIGN - 1))
+
 zo_status nvme_store_init(nvme_store_t **out, nvme_engine_t *engine, const nvme_store_config *cfg)
 {
     *out = NULL;
@@ -233,7 +236,14 @@ zo_status nvme_store_add(nvme_store_t *s, size_t n, const char *const *names,
                             "than 127 bytes", i);
         if (nbytes[i] == 0)
             return zo_error(ZO_ERR_INVALID, "nvme_store_add: tensor %s has 0 bytes", names[i]);
-        end = align_up(end, NVME_ALIGN) + nbytes[i];
+        /* Addresses (and so file offsets) stay below 2^63: larger sums
+         * would wrap to a small footprint with overlapping tensors. */
+        uint64_t at = align_up(end, NVME_ALIGN);
+        if ((uint64_t)nbytes[i] > STORE_MAX_ADDR - at)
+            return zo_error(ZO_ERR_CAPACITY, "nvme_store_add: tensor %s of %zu bytes at store "
+                            "address %llu passes the largest file offset", names[i], nbytes[i],
+                            (unsigned long long)at);
+        end = at + nbytes[i];
     }
     zo_status st;
     if (s->nt + n > s->cap) {

@@ -484,6 +484,36 @@ static void test_invalid_arguments(void **state)
     nvme_engine_free(e);
 }
 
+/* A transfer whose end passes the largest file offset (off_t) is refused
+ * whole: split into pieces, its first piece would fail (a negative offset)
+ * while a later one, its offset wrapped past 2^64, wrote over the start of
+ * the file. */
+static void test_offset_overflow_refused(void **state)
+{
+    fixture *f = *state;
+    nvme_engine_t *e = engine_or_skip(&(nvme_engine_config){.block_size = 4096});
+    int fid;
+    assert_int_equal(nvme_file_open(e, f->path, NVME_FILE_CREATE | NVME_FILE_TRUNC, &fid), ZO_OK);
+    void *buf;
+    assert_int_equal(nvme_buf_alloc(e, 3 * 4096, &buf), ZO_OK);
+    unsigned char *want = malloc(3 * 4096);
+    fill_bytes(want, 3 * 4096, 7);
+    memcpy(buf, want, 3 * 4096);
+    assert_int_equal(nvme_write(e, fid, buf, 3 * 4096, 0), ZO_OK);
+    memset(buf, 0xab, 3 * 4096);
+    static const uint64_t offs[] = {UINT64_MAX - 4095, UINT64_MAX - 8191, (uint64_t)INT64_MAX - 4095};
+    for (size_t i = 0; i < sizeof offs / sizeof offs[0]; i++) {
+        assert_int_equal(nvme_write(e, fid, buf, 3 * 4096, offs[i]), ZO_ERR_INVALID);
+        assert_non_null(strstr(zo_last_error(), "offset"));
+        assert_int_equal(nvme_read(e, fid, buf, 3 * 4096, offs[i]), ZO_ERR_INVALID);
+        assert_int_equal(nvme_engine_busy(e), 0);
+    }
+    assert_file_holds(f->path, 0, want, 3 * 4096);
+    free(want);
+    nvme_buf_free(e, buf);
+    nvme_engine_free(e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -502,6 +532,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_read_past_end, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wakeup_from_another_thread, setup, teardown),
         cmocka_unit_test_setup_teardown(test_invalid_arguments, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_offset_overflow_refused, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

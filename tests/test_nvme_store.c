@@ -410,6 +410,35 @@ static void test_store_capacity_message(void **state)
     nvme_store_free(s);
 }
 
+/* Sizes whose sum (with alignment) passes 2^64 are refused, not wrapped to a
+ * small footprint whose tensors would overlap. */
+static void test_store_size_overflow(void **state)
+{
+    fixture *f = *state;
+    nvme_store_t *s = store_on(f, 2, 0, 0);
+    int first = add1(s, "first", 5000);
+    uint64_t footprint = nvme_store_footprint(s);
+    static const size_t one[1] = {SIZE_MAX - 100};
+    static const size_t two[2] = {(size_t)1 << 63, (size_t)1 << 63};
+    const char *names[2] = {"x", "y"};
+    int ids[2] = {-1, -1};
+    assert_int_equal(nvme_store_add(s, 1, names, one, ids), ZO_ERR_CAPACITY);
+    assert_int_equal(nvme_store_add(s, 2, names, two, ids), ZO_ERR_CAPACITY);
+    assert_int_equal(nvme_store_footprint(s), footprint); /* nothing added */
+    assert_int_equal(nvme_store_find(s, "x", ids), ZO_ERR_NOT_FOUND);
+    /* the store still works: a later tensor lands after the first one */
+    int later = add1(s, "x", 100);
+    assert_true(nvme_store_footprint(s) > footprint);
+    unsigned char a[5000], b[100], back[5000];
+    fill_bytes(a, sizeof a, 1);
+    fill_bytes(b, sizeof b, 2);
+    assert_int_equal(nvme_store_write(s, first, a), ZO_OK);
+    assert_int_equal(nvme_store_write(s, later, b), ZO_OK);
+    assert_int_equal(nvme_store_read(s, first, back), ZO_OK);
+    assert_memory_equal(back, a, sizeof a);
+    nvme_store_free(s);
+}
+
 /* ---- the pipelined step ------------------------------------------------------------------ */
 
 /* A plain Adam(W) step: the test's own update, used on both paths. */
@@ -622,6 +651,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_store_tiny_filesystem, setup, teardown),
         cmocka_unit_test_setup_teardown(test_store_file_size_limit, setup, teardown),
         cmocka_unit_test_setup_teardown(test_store_capacity_message, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_store_size_overflow, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pipeline_equals_in_memory, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pipeline_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pipeline_capacity, setup, teardown),
