@@ -362,7 +362,14 @@ zo_status model_st_write(const char *path, const model_st_entry *entries, int n,
             goto out_free_root;
         }
         uint64_t numel = 1;
-        for (int d = 0; d < e->ndim; d++) numel *= (uint64_t)e->shape[d];
+        for (int d = 0; d < e->ndim; d++) {
+            if (e->shape[d] < 0 || (e->shape[d] && numel > UINT64_MAX / 8 / (uint64_t)e->shape[d])) {
+                st = zo_error(ZO_ERR_INVALID, "%s: tensor \"%s\": dimension %d of %lld is negative or too large",
+                              path, e->name, d, (long long)e->shape[d]);
+                goto out_free_root;
+            }
+            numel *= (uint64_t)e->shape[d];
+        }
         uint64_t bytes = numel * zo_dtype_size(e->dtype);
         cJSON *t = cJSON_AddObjectToObject(root, e->name);
         if (!t || !cJSON_AddStringToObject(t, "dtype", st_dtype_name(e->dtype))) goto out_nomem;
@@ -472,9 +479,12 @@ static zo_status read_index(const char *path, cJSON **root_out, char ***shards_o
     }
     int n = 0;
     for (const cJSON *e = wm->child; e; e = e->next) {
-        if (!cJSON_IsString(e) || !e->valuestring[0] || e->valuestring[0] == '/') {
+        /* a file beside the index: no absolute path, no way up out of its directory */
+        if (!cJSON_IsString(e) || !e->valuestring[0] || e->valuestring[0] == '/' ||
+            strstr(e->valuestring, "..")) {
             st = zo_error(ZO_ERR_FORMAT,
-                          "%s: weight_map: tensor \"%s\": shard must be a relative file name",
+                          "%s: weight_map: tensor \"%s\": shard must be a file name beside the index "
+                          "(no '/' at the start, no '..')",
                           path, e->string);
             goto out_free_shards;
         }

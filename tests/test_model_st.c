@@ -267,6 +267,13 @@ static void test_st_write_atomic(void **state)
     assert_int_equal(model_st_write("/nonexistent-dir/x.safetensors", &e, 1, failing_fill, NULL),
                      ZO_ERR_IO);
     assert_non_null(strstr(zo_last_error(), "/nonexistent-dir/x.safetensors"));
+    /* a negative dimension is refused before anything is read from the entry */
+    model_st_entry neg = {.name = "y", .dtype = ZO_DTYPE_F32, .ndim = 2, .shape = {4, -1}};
+    assert_int_equal(model_st_write(path, &neg, 1, failing_fill, NULL), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "\"y\""));
+    b = slurp(path, &len);
+    assert_int_equal(len, 3); /* the old file is untouched */
+    free(b);
 }
 
 /* ---- checkpoints written by PyTorch ------------------------------------------ */
@@ -570,6 +577,8 @@ static void test_malformed_index(void **state)
         {"{\"metadata\":{}}", ZO_ERR_FORMAT, "weight_map"},
         {"{\"weight_map\":{\"a\":\"s1.safetensors\"", ZO_ERR_FORMAT, "malformed"},
         {"{\"weight_map\":{\"a\":\"/etc/passwd\"}}", ZO_ERR_FORMAT, "\"a\""},
+        {"{\"weight_map\":{\"a\":\"../s1.safetensors\"}}", ZO_ERR_FORMAT, "no '..'"},
+        {"{\"weight_map\":{\"a\":\"sub/../../x.safetensors\"}}", ZO_ERR_FORMAT, "no '..'"},
         {"{\"weight_map\":{\"a\":\"s1.safetensors\",\"z\":\"s3.safetensors\"}}", ZO_ERR_FORMAT,
          "\"a\""}, /* both shards hold "a" */
     };
