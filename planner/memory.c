@@ -163,6 +163,11 @@ zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, con
         return zo_error(ZO_ERR_INVALID, "--optimizer: fractions sum to %g, not 1", sum);
     if (t->grads_on == PLAN_NVME)
         return zo_error(ZO_ERR_INVALID, "--grads: gradients live on gpu or cpu, not nvme");
+    if (t->checkpoints_on == PLAN_CPU && t->recompute != PLAN_RECOMPUTE_FULL)
+        return zo_error(ZO_ERR_INVALID,
+                        "--checkpoints cpu needs --recompute full: the runtime moves each layer's "
+                        "input checkpoint to the host; without recompute every activation stays "
+                        "on the GPU");
     if (t->checkpoints_on == PLAN_NVME)
         return zo_error(ZO_ERR_INVALID, "--checkpoints: activation checkpoints live on gpu or cpu");
     if (t->buf.fragmentation < 0 || t->buf.fragmentation > 1)

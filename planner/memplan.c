@@ -628,6 +628,8 @@ static const char usage_plan[] =
     "  --max-micro-batch N     largest micro-batch tried (default 16)\n"
     "  --opt-steps N           optimizer CPU/NVMe split in 1/N steps (default 10)\n"
     "  --max-prefetch N        prefetch depths tried for streamed weights (default 3)\n"
+    "  --cuda-context SIZE --cublas-workspace SIZE --fragmentation F --sub-group N\n"
+    "                          working buffers, as for estimate\n"
     "  --top N                 plans printed (default 5)\n"
     "  --json FILE             write the best as a plan file (docs/plan-format.md)\n"
     "  --svg FILE              a picture of the best plan\n"
@@ -653,6 +655,10 @@ enum {
 
 static const struct option plan_opts[] = {
     MODEL_HW_OPTIONS,
+    {"cuda-context", required_argument, 0, OPT_CUDA_CONTEXT},
+    {"cublas-workspace", required_argument, 0, OPT_CUBLAS_WS},
+    {"fragmentation", required_argument, 0, OPT_FRAG},
+    {"sub-group", required_argument, 0, OPT_SUB_GROUP},
     {"global-batch", required_argument, 0, OPT_GLOBAL_BATCH},
     {"dtype", required_argument, 0, OPT_DTYPE},
     {"grad-dtype", required_argument, 0, OPT_GRAD_DTYPE},
@@ -694,6 +700,9 @@ typedef struct plan_args {
     long tp, pp, max_mb, opt_steps, max_prefetch;
     int recompute, no_offload, no_nvme;
     plan_objective objective;
+    /* working buffers: the values, and which flags set them */
+    plan_buffers buf;
+    int cuda_context_set, cublas_set, frag_set, sub_group_set;
 } plan_args;
 
 static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usage, int max_model)
@@ -762,6 +771,22 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
             else st = zo_error(ZO_ERR_INVALID, "--recompute: '%s' is not none, selective or full", optarg);
             break;
         case OPT_SVG: a->svg_path = optarg; break;
+        case OPT_CUDA_CONTEXT:
+            st = zo_parse_size(optarg, "--cuda-context", 1, &a->buf.cuda_context);
+            a->cuda_context_set = 1;
+            break;
+        case OPT_CUBLAS_WS:
+            st = zo_parse_size(optarg, "--cublas-workspace", 1, &a->buf.cublas_workspace);
+            a->cublas_set = 1;
+            break;
+        case OPT_FRAG:
+            st = zo_parse_double(optarg, "--fragmentation", 0, 1, &a->buf.fragmentation);
+            a->frag_set = 1;
+            break;
+        case OPT_SUB_GROUP:
+            st = zo_parse_count(optarg, "--sub-group", &a->buf.sub_group);
+            a->sub_group_set = 1;
+            break;
         case PO_MAX_GPUS: st = zo_parse_int(optarg, "--max-gpus", 1, 1 << 16, &a->max_gpus); break;
         case PO_OBJECTIVE:
             if (!strcasecmp(optarg, "time")) a->objective = PLAN_OBJ_TIME;
@@ -836,6 +861,10 @@ static void args_space(const plan_args *a, const zo_model_config *m, const plan_
     if (a->opt_steps) s->opt_steps = (int)a->opt_steps;
     if (a->max_prefetch) s->max_prefetch = (int)a->max_prefetch;
     s->objective = a->objective;
+    if (a->cuda_context_set) s->base.buf.cuda_context = a->buf.cuda_context;
+    if (a->cublas_set) s->base.buf.cublas_workspace = a->buf.cublas_workspace;
+    if (a->frag_set) s->base.buf.fragmentation = a->buf.fragmentation;
+    if (a->sub_group_set) s->base.buf.sub_group = a->buf.sub_group;
 }
 
 static void print_plan_line(const plan_candidate *c, const char *lead)

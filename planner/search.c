@@ -134,7 +134,8 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
                     t->opt_frac[PLAN_CPU] = 1 - t->opt_frac[PLAN_NVME];
                     t->grads_on = PLAN_CPU;
                 }
-                int ckmax = s->allow_offload ? PLAN_CPU : PLAN_GPU;
+                /* host checkpoints are layer inputs kept for full recompute */
+                int ckmax = s->allow_offload && t->recompute == PLAN_RECOMPUTE_FULL ? PLAN_CPU : PLAN_GPU;
                 for (int ck = PLAN_GPU; ck <= ckmax; ck++) {
                     t->checkpoints_on = (plan_tier)ck;
                     int streamed = pl != PLAN_GPU || z >= 3;

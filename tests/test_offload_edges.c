@@ -421,7 +421,7 @@ static void test_ckpt_same_step(void **state)
 #ifdef ZO_TRAIN_BIN
 static int run_train(const char *args, char *out, size_t len)
 {
-    char cmd[2000];
+    char cmd[4200];
     snprintf(cmd, sizeof cmd, "%s %s 2>&1", ZO_TRAIN_BIN, args);
     FILE *p = popen(cmd, "r");
     assert_non_null(p);
@@ -475,6 +475,47 @@ static void test_train_flags(void **state)
 }
 #endif
 
+/* The planner's search and the runtime end to end: `memplan plan --json` for
+ * a tiny LLaMA on a 6 MiB device, then `train --plan` runs that plan within
+ * the capacity, and its measured device peak is within 3% of the plan's. */
+static void test_searched_plan_runs(void **state)
+{
+    (void)state;
+    char dir[400], cmd[3000], out[16384];
+    snprintf(dir, sizeof dir, "%s/searched", tmp_dir);
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p %s && cd %s && printf '%%s' '{\"model_type\": \"llama\", "
+             "\"num_hidden_layers\": 8, \"hidden_size\": 128, \"num_attention_heads\": 4, "
+             "\"num_key_value_heads\": 2, \"intermediate_size\": 256, \"vocab_size\": 256, "
+             "\"max_position_embeddings\": 128}' > config.json && "
+             "for i in $(seq 200); do printf 'hello world %%d. ' $i; done > text.txt && "
+             "%s plan --model config.json --gpu-mem 6MiB --cpu-mem 1GiB --nvme 1GiB --seq 64 "
+             "--global-batch 4 --cuda-context 0 --cublas-workspace 0 --fragmentation 0 "
+             "--json plan.json --top 1 > /dev/null",
+             dir, dir, ZO_MEMPLAN_BIN);
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd,
+             "--model %s/config.json --plan %s/plan.json --data %s/text.txt --text --steps 3 "
+             "--nvme-dir %s --stats-json %s/stats.json",
+             dir, dir, dir, dir, dir);
+    int rc = run_train(cmd, out, sizeof out);
+    if (rc != 0) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    const char *line = strstr(out, "# peak bytes per tier: gpu ");
+    assert_non_null(line);
+    const char *pct = strstr(line, "(plan ");
+    assert_non_null(pct);
+    const char *comma = strchr(pct, ',');
+    assert_non_null(comma);
+    double ratio = atof(comma + 1) / 100.0;
+    if (!(ratio > 0.97 && ratio < 1.03)) {
+        fprintf(stderr, "measured/planned GPU peak %.4f: %.*s\n", ratio, (int)(strchr(line, '\n') - line), line);
+        fail();
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     snprintf(tmp_dir, sizeof tmp_dir, "/tmp/zo_test_offload_edges_%d", (int)getpid());
@@ -486,6 +527,7 @@ int main(void)
         cmocka_unit_test(test_failed_micro_batch),
         cmocka_unit_test(test_ckpt_bad_state),
         cmocka_unit_test(test_ckpt_same_step),
+        cmocka_unit_test(test_searched_plan_runs),
 #ifdef ZO_TRAIN_BIN
         cmocka_unit_test(test_train_flags),
 #endif

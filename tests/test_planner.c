@@ -518,6 +518,7 @@ static void test_cli_bad_input(void **state)
     expect_bad("estimate --model llama-2-13b --micro-batch 0", "--micro-batch: 0 is out of range");
     expect_bad("estimate --model llama-2-13b --seq -4", "--seq");
     expect_bad("estimate --model llama-2-13b --zero 4", "--zero");
+    expect_bad("estimate --model llama-2-13b --checkpoints cpu", "--checkpoints cpu needs --recompute full");
     expect_bad("estimate --model llama-2-13b --grads nvme", "--grads: 'nvme' is not one of gpu, cpu");
     expect_bad("estimate --model llama-2-13b --dp 3 --gpus 8", "= 3 ranks, but the hardware has 8 GPUs");
     expect_bad("estimate --model gpt2 --seq 4096", "exceeds the 1024 learned positions");
