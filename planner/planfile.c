@@ -128,30 +128,7 @@ cJSON *plan_file_json(const zo_model_config *m, const plan_hw *hw, const plan_tr
     cJSON_AddStringToObject(root, "format", PLAN_FILE_FORMAT);
     cJSON_AddNumberToObject(root, "version", PLAN_FILE_VERSION);
 
-    cJSON *jm = cJSON_AddObjectToObject(root, "model");
-    cJSON_AddStringToObject(jm, "name", m->name);
-    add_u64(jm, "params", zo_model_params(m));
-    if (m->params_override) {
-        add_u64(jm, "params_only", m->params_override);
-        cJSON_AddNumberToObject(jm, "max_seq", m->max_seq);
-    } else {
-        cJSON_AddStringToObject(jm, "family", m->family);
-        cJSON_AddStringToObject(jm, "arch", zo_arch_name(m->arch));
-        cJSON_AddNumberToObject(jm, "layers", m->n_layers);
-        cJSON_AddNumberToObject(jm, "hidden", m->hidden);
-        cJSON_AddNumberToObject(jm, "heads", m->n_heads);
-        cJSON_AddNumberToObject(jm, "kv_heads", m->n_kv_heads);
-        cJSON_AddNumberToObject(jm, "head_dim", m->head_dim);
-        cJSON_AddNumberToObject(jm, "ffn", m->ffn);
-        cJSON_AddNumberToObject(jm, "vocab", m->vocab);
-        cJSON_AddNumberToObject(jm, "max_seq", m->max_seq);
-        cJSON_AddBoolToObject(jm, "tied_embeddings", m->tied_embeddings);
-        cJSON_AddBoolToObject(jm, "attn_bias", m->attn_bias);
-        cJSON_AddBoolToObject(jm, "out_bias", m->out_bias);
-        cJSON_AddBoolToObject(jm, "norm_bias", m->norm_bias);
-        cJSON_AddNumberToObject(jm, "norm_eps", m->norm_eps);
-        cJSON_AddNumberToObject(jm, "rope_theta", m->rope_theta);
-    }
+    cJSON_AddItemToObject(root, "model", plan_json_model(m));
 
     cJSON_AddItemToObject(root, "hardware", plan_hw_json(hw));
 

@@ -38,6 +38,37 @@ void plan_json_add_placement(cJSON *parent, const plan_train *t)
     cJSON_AddStringToObject(jp, "checkpoints", plan_tier_name(t->checkpoints_on));
 }
 
+static void add_u64(cJSON *o, const char *k, uint64_t v);
+
+cJSON *plan_json_model(const zo_model_config *m)
+{
+    cJSON *jm = cJSON_CreateObject();
+    cJSON_AddStringToObject(jm, "name", m->name);
+    add_u64(jm, "params", zo_model_params(m));
+    if (m->params_override) {
+        add_u64(jm, "params_only", m->params_override);
+        cJSON_AddNumberToObject(jm, "max_seq", m->max_seq);
+        return jm;
+    }
+    cJSON_AddStringToObject(jm, "family", m->family);
+    cJSON_AddStringToObject(jm, "arch", zo_arch_name(m->arch));
+    cJSON_AddNumberToObject(jm, "layers", m->n_layers);
+    cJSON_AddNumberToObject(jm, "hidden", m->hidden);
+    cJSON_AddNumberToObject(jm, "heads", m->n_heads);
+    cJSON_AddNumberToObject(jm, "kv_heads", m->n_kv_heads);
+    cJSON_AddNumberToObject(jm, "head_dim", m->head_dim);
+    cJSON_AddNumberToObject(jm, "ffn", m->ffn);
+    cJSON_AddNumberToObject(jm, "vocab", m->vocab);
+    cJSON_AddNumberToObject(jm, "max_seq", m->max_seq);
+    cJSON_AddBoolToObject(jm, "tied_embeddings", m->tied_embeddings);
+    cJSON_AddBoolToObject(jm, "attn_bias", m->attn_bias);
+    cJSON_AddBoolToObject(jm, "out_bias", m->out_bias);
+    cJSON_AddBoolToObject(jm, "norm_bias", m->norm_bias);
+    cJSON_AddNumberToObject(jm, "norm_eps", m->norm_eps);
+    cJSON_AddNumberToObject(jm, "rope_theta", m->rope_theta);
+    return jm;
+}
+
 static void add_u64(cJSON *o, const char *k, uint64_t v) { cJSON_AddNumberToObject(o, k, (double)v); }
 
 cJSON *plan_report_time_json(const plan_time *pt)
@@ -69,21 +100,7 @@ cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_
                         const plan_estimate *e, const plan_time *pt, const char *suggestion)
 {
     cJSON *root = cJSON_CreateObject();
-    cJSON *jm = cJSON_AddObjectToObject(root, "model");
-    cJSON_AddStringToObject(jm, "name", m->name);
-    add_u64(jm, "params", e->params);
-    if (!m->params_override) {
-        cJSON_AddStringToObject(jm, "arch", zo_arch_name(m->arch));
-        cJSON_AddNumberToObject(jm, "layers", m->n_layers);
-        cJSON_AddNumberToObject(jm, "hidden", m->hidden);
-        cJSON_AddNumberToObject(jm, "heads", m->n_heads);
-        cJSON_AddNumberToObject(jm, "kv_heads", m->n_kv_heads);
-        cJSON_AddNumberToObject(jm, "head_dim", m->head_dim);
-        cJSON_AddNumberToObject(jm, "ffn", m->ffn);
-        cJSON_AddNumberToObject(jm, "vocab", m->vocab);
-        cJSON_AddNumberToObject(jm, "max_seq", m->max_seq);
-        cJSON_AddBoolToObject(jm, "tied_embeddings", m->tied_embeddings);
-    }
+    cJSON_AddItemToObject(root, "model", plan_json_model(m));
 
     cJSON *jh = cJSON_AddObjectToObject(root, "hardware");
     cJSON_AddStringToObject(jh, "name", hw->name);

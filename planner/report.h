@@ -28,6 +28,10 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
 /* The time section of the table: step time, its parts, tokens/s, MFU, HFU. */
 void plan_report_time_table(FILE *out, const plan_time *pt);
 
+/* The model's shape as both the estimate's JSON and the plan file carry it
+ * (docs/memplan-json.md, docs/plan-format.md); the caller owns it. */
+cJSON *plan_json_model(const zo_model_config *m);
+
 /* "placement": {"params", "grads", "optimizer": {tier: fraction}, "checkpoints"},
  * as both the estimate's JSON and the plan file carry it. */
 void plan_json_add_placement(cJSON *parent, const plan_train *t);
