@@ -600,6 +600,8 @@ zo_status offload_get_weights(offload_t *rt, float *const *blocks)
 
 float offload_loss_scale(const offload_t *rt) { return rt->loss_scale; }
 
+void offload_set_lr(offload_t *rt, float lr) { rt->cfg.adam.lr = lr; }
+
 const float *offload_grad(const offload_t *rt, size_t *n)
 {
     if (n) *n = rt->dev_first;

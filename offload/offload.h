@@ -211,6 +211,12 @@ zo_status offload_get_weights(offload_t *rt, float *const *blocks);
  * starts again with the next micro-batch. */
 zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s);
 
+/* Forward only (evaluation): every block in order, weights streamed as in
+ * training, no gradients and nothing added to the step; the model's loss is
+ * complete on `s` on return. Between micro-batches of a step or between
+ * steps alike. */
+zo_status offload_forward(offload_t *rt, gpu_stream_t s);
+
 typedef struct offload_step_info {
     float grad_norm;   /* global norm of the mean gradient, before clipping */
     float loss_scale;  /* the scale the step's backward used */
@@ -221,6 +227,9 @@ typedef struct offload_step_info {
 /* After grad_accum micro-batches: unscale, clip, AdamW over every sub-group,
  * new weights into the parameter store. */
 zo_status offload_step(offload_t *rt, offload_step_info *info);
+
+/* The learning rate of the next steps (a schedule sets it before each step). */
+void offload_set_lr(offload_t *rt, float lr);
 
 /* The loss scale the next backward uses. */
 float offload_loss_scale(const offload_t *rt);

@@ -353,6 +353,20 @@ static zo_status bounds_backward_done(offload_t *rt, gpu_stream_t s, int b)
 
 /* ---- the micro-batch ------------------------------------------------------------------- */
 
+/* Forward of every block in order. */
+static zo_status forward_blocks(offload_t *rt, gpu_stream_t s)
+{
+    for (int b = 0; b < rt->nb; b++) {
+        offload_block_io io = {0};
+        TRY(acquire(rt, s, b, &io.params, &io.dep_params));
+        TRY(bounds_forward(rt, s, b, &io));
+        TRY(rt->m.forward(rt->m.user, b, &io, s));
+        TRY(bounds_forward_done(rt, s, b));
+        TRY(release(rt, s, b));
+    }
+    return ZO_OK;
+}
+
 static zo_status micro_batch_run(offload_t *rt, gpu_stream_t s, double t_start)
 {
     int nb = rt->nb;
@@ -366,14 +380,7 @@ static zo_status micro_batch_run(offload_t *rt, gpu_stream_t s, double t_start)
     /* the activations ring starts empty each micro-batch */
     for (int k = 0; k < 2; k++) rt->ring[k].holds = -1;
 
-    for (int b = 0; b < nb; b++) {
-        offload_block_io io = {0};
-        TRY(acquire(rt, s, b, &io.params, &io.dep_params));
-        TRY(bounds_forward(rt, s, b, &io));
-        TRY(rt->m.forward(rt->m.user, b, &io, s));
-        TRY(bounds_forward_done(rt, s, b));
-        TRY(release(rt, s, b));
-    }
+    TRY(forward_blocks(rt, s));
     for (int b = nb - 1; b >= 0; b--) {
         offload_block_io io = {0};
         TRY(acquire(rt, s, b, &io.params, &io.dep_params));
@@ -421,6 +428,31 @@ static void micro_batch_abandon(offload_t *rt, gpu_stream_t s)
     for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) rt->gs[k].block = -1;
     rt->has_prev = 0;
     rt->micro = 0;
+}
+
+static zo_status forward_run(offload_t *rt, gpu_stream_t s)
+{
+    rt->pos = 0;
+    rt->has_prev = 0;
+    for (int k = 0; k < 2; k++) rt->ring[k].holds = -1;
+    TRY(forward_blocks(rt, s));
+    TRY(timed_wait(rt, rt->prev_done, OFFLOAD_TIME_COMPUTE));
+    rt->has_prev = 0;
+    return ZO_OK;
+}
+
+zo_status offload_forward(offload_t *rt, gpu_stream_t s)
+{
+    int micro = rt->micro;
+    zo_status st = forward_run(rt, s);
+    if (st != ZO_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", zo_last_error());
+        micro_batch_abandon(rt, s);
+        rt->micro = micro; /* the step's gradients are untouched by a forward */
+        st = zo_error(st, "%s", msg);
+    }
+    return st;
 }
 
 zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s)

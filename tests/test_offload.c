@@ -107,6 +107,7 @@ typedef struct run {
     int start_step;        /* first step (resume) */
     float *final_grad;     /* when set: copy of the last step's fp32 gradient */
     size_t final_grad_n;
+    int eval;              /* offload_forward before each micro-batch: the same loss */
 } run;
 
 static char nvme_dir[256];
@@ -176,11 +177,17 @@ static zo_status do_run(run *r)
         for (int j = 0; j < accum; j++) {
             make_batch(r->cfg.vocab, r->B, r->T, (int64_t)k * accum + j, in, tg);
             assert_int_equal(tf_set_batch(&m, s, in, tg, r->B, r->T), ZO_OK);
+            float eval_loss = 0;
+            if (r->eval) {
+                assert_int_equal(offload_forward(rt, s), ZO_OK);
+                assert_int_equal(tf_loss(&m, s, &eval_loss), ZO_OK);
+            }
             st = offload_micro_batch(rt, s);
             if (st != ZO_OK) fprintf(stderr, "micro-batch: %s\n", zo_last_error());
             assert_int_equal(st, ZO_OK);
             float loss;
             assert_int_equal(tf_loss(&m, s, &loss), ZO_OK);
+            if (r->eval) assert_memory_equal(&eval_loss, &loss, sizeof loss);
             sum += loss;
         }
         r->loss[k] = (float)(sum / accum);
@@ -286,6 +293,32 @@ static void test_trains(void **state)
         assert_true(fabsf(r.info[k].grad_norm - ref.info[k].grad_norm) < 1e-3f * ref.info[k].grad_norm);
     }
     assert_true(r.loss[r.steps - 1] < r.loss[0] - 0.2f);
+}
+
+/* A forward-only pass (evaluation) between micro-batches gives the loss the
+ * micro-batch's own forward gives and changes nothing in training, whether
+ * the weights are resident or streamed and the checkpoints on either tier. */
+static void test_forward_only(void **state)
+{
+    (void)state;
+    run base = {.cfg = tiny_llama(3, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 6};
+    base_config(&base.oc);
+    base.oc.grad_accum = 2;
+    assert_int_equal(do_run(&base), ZO_OK);
+    for (int v = 0; v < 3; v++) {
+        run r = base;
+        r.eval = 1;
+        if (v >= 1) {
+            r.oc.params_on = OFFLOAD_CPU;
+            r.oc.prefetch_depth = 1;
+        }
+        if (v == 2) {
+            r.oc.recompute = 1;
+            r.oc.checkpoints_on = OFFLOAD_CPU;
+        }
+        assert_int_equal(do_run(&r), ZO_OK);
+        assert_same_losses("forward only", &base, &r);
+    }
 }
 
 /* The data path does not change the arithmetic: bit-identical losses. */
@@ -916,6 +949,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_trains),
         cmocka_unit_test(test_bit_identical),
+        cmocka_unit_test(test_forward_only),
         cmocka_unit_test(test_larger_than_device),
         cmocka_unit_test(test_grad_accum),
         cmocka_unit_test(test_clipping),
