@@ -178,7 +178,6 @@ static zo_status parse_opt_on(const char *s, offload_config *c)
         }
     }
     memcpy(c->opt_frac, f, sizeof f);
-    if (f[OFFLOAD_DEVICE] > 0) c->grads_on = OFFLOAD_DEVICE; /* that share's gradients stay there */
     return ZO_OK;
 }
 
@@ -458,7 +457,8 @@ int main(int argc, char **argv)
            "gradients %s, checkpoints %s, recompute %s%s%s\n",
            offload_tier_name(oc->params_on), oc->prefetch_depth, oc->opt_frac[OFFLOAD_CPU],
            oc->opt_frac[OFFLOAD_NVME], oc->opt_frac[OFFLOAD_DEVICE],
-           offload_tier_name(oc->grads_on), offload_tier_name(oc->checkpoints_on),
+           oc->opt_frac[OFFLOAD_DEVICE] >= 1 ? "gpu" : oc->opt_frac[OFFLOAD_DEVICE] > 0 ? "gpu+cpu" : "cpu",
+           offload_tier_name(oc->checkpoints_on),
            oc->recompute ? "full" : "none", a.plan ? "; plan " : "", a.plan ? a.plan : "");
     if (a.p.selective_as_none && !oc->recompute)
         printf("# recompute: \"selective\" runs as none (the attention keeps no s x s "

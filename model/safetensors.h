@@ -87,6 +87,19 @@ typedef struct model_st_entry {
 zo_status model_st_write(const char *path, const model_st_entry *entries, int n,
                          model_st_fill_fn fill, void *ctx);
 
+/* The same file written piece by piece, in any order: open writes the
+ * header (entries' data is not used), put writes elements [first, first +
+ * count) of tensor `index` from src (in the entry's dtype), commit checks
+ * that every byte was put and renames the file into place. Both commit and
+ * abort free the writer. */
+typedef struct model_st_writer model_st_writer;
+zo_status model_st_writer_open(model_st_writer **w, const char *path, const model_st_entry *entries,
+                               int n);
+zo_status model_st_writer_put(model_st_writer *w, int index, uint64_t first, uint64_t count,
+                              const void *src);
+zo_status model_st_writer_commit(model_st_writer *w);
+void model_st_writer_abort(model_st_writer *w);
+
 /* ---- checkpoints: one file, a sharded index, or a directory --------------- */
 
 typedef struct model_ckpt_entry {

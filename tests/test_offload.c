@@ -431,7 +431,9 @@ static void test_grad_accum(void **state)
     }
 }
 
-/* Read tensor `name` of DIR/latest's optimizer.safetensors (n floats). */
+/* Read array `name` (master, exp_avg, exp_avg_sq) of DIR/latest's
+ * optimizer.safetensors: the blocks' tensors "block.<b>.<name>" one after
+ * the other (n floats). */
 static float *read_opt_tensor(const char *dir, const char *name, size_t n)
 {
     char latest[256], path[512];
@@ -444,11 +446,18 @@ static float *read_opt_tensor(const char *dir, const char *name, size_t n)
     snprintf(path, sizeof path, "%s/%s/optimizer.safetensors", dir, latest);
     model_st_file st;
     assert_int_equal(model_st_open(&st, path), ZO_OK);
-    const model_st_tensor *t = model_st_find(&st, name);
-    assert_non_null(t);
-    assert_int_equal(t->numel, n);
     float *out = malloc(n * 4);
-    assert_int_equal(model_st_read(&st, t, out, ZO_DTYPE_F32, 0), ZO_OK);
+    size_t got = 0;
+    for (int b = 0;; b++) {
+        char tn[64];
+        snprintf(tn, sizeof tn, "block.%d.%s", b, name);
+        const model_st_tensor *t = model_st_find(&st, tn);
+        if (!t) break;
+        assert_true(got + t->numel <= n);
+        assert_int_equal(model_st_read(&st, t, out + got, ZO_DTYPE_F32, 0), ZO_OK);
+        got += t->numel;
+    }
+    assert_int_equal(got, n);
     model_st_close(&st);
     return out;
 }
@@ -713,7 +722,8 @@ static void plan_for(const run *r, plan_estimate *e)
     t.dropout = 0;
     t.flash_attn = 1;
     t.params_on = (plan_tier)r->oc.params_on;
-    t.grads_on = (plan_tier)r->oc.grads_on;
+    /* the runtime sums a gradient where its optimizer state lives */
+    t.grads_on = r->oc.opt_frac[OFFLOAD_DEVICE] > 0 ? PLAN_GPU : PLAN_CPU;
     /* the runtime sums the gradients of a device optimizer share in fp32:
      * such a plan is made with --grad-dtype fp32 */
     if (r->oc.opt_frac[OFFLOAD_DEVICE] > 0) t.grad_dtype = ZO_DTYPE_F32;
@@ -771,7 +781,6 @@ static void test_device_optimizer(void **state)
             for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
                 run r = base;
                 r.oc.params_on = v[i].params;
-                r.oc.grads_on = OFFLOAD_DEVICE;
                 r.oc.opt_frac[OFFLOAD_DEVICE] = v[i].dev;
                 r.oc.opt_frac[OFFLOAD_NVME] = v[i].nvme;
                 r.oc.opt_frac[OFFLOAD_CPU] = 1.0 - v[i].dev - v[i].nvme;
@@ -810,7 +819,6 @@ static void test_device_optimizer_capacity(void **state)
     run r = {.cfg = tiny_llama(4, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 3};
     base_config(&r.oc);
     r.oc.params_on = OFFLOAD_CPU;
-    r.oc.grads_on = OFFLOAD_DEVICE;
     r.oc.opt_frac[OFFLOAD_CPU] = 0.0;
     r.oc.opt_frac[OFFLOAD_DEVICE] = 1.0;
     run free_run = r;
@@ -845,7 +853,6 @@ static void test_device_optimizer_resume(void **state)
     run u = {.cfg = tiny_llama(2, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 12};
     base_config(&u.oc);
     u.oc.params_on = OFFLOAD_CPU;
-    u.oc.grads_on = OFFLOAD_DEVICE;
     u.oc.opt_frac[OFFLOAD_CPU] = 0.4;
     u.oc.opt_frac[OFFLOAD_DEVICE] = 0.6;
     run a = u, b = u;
@@ -870,7 +877,7 @@ static void test_device_optimizer_resume(void **state)
 }
 
 /* A plan's "selective" recompute reads as none (the attention keeps no
- * s x s scores), and placement.grads is read. */
+ * s x s scores), and placement.grads is checked. */
 static void test_plan_selective(void **state)
 {
     (void)state;
@@ -888,8 +895,16 @@ static void test_plan_selective(void **state)
     assert_int_equal(offload_plan_load(path, &p), ZO_OK);
     assert_int_equal(p.cfg.recompute, 0);
     assert_int_equal(p.selective_as_none, 1);
-    assert_int_equal(p.cfg.grads_on, OFFLOAD_DEVICE);
     assert_true(p.cfg.opt_frac[OFFLOAD_DEVICE] == 0.25);
+    /* gradients are summed where their optimizer state is: "grads" is
+     * checked (gpu or cpu), not a choice of its own */
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"format\": \"zoffload-plan\", \"placement\": {\"grads\": \"nvme\"}}\n", f);
+    fclose(f);
+    offload_plan_defaults(&p);
+    assert_int_equal(offload_plan_load(path, &p), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "placement.grads"));
     remove(path);
 }
 
@@ -921,7 +936,6 @@ static void test_memplan_agrees(void **state)
         r.oc.opt_frac[OFFLOAD_CPU] = 1 - v[i].nvme - v[i].dev;
         r.oc.opt_frac[OFFLOAD_NVME] = v[i].nvme;
         r.oc.opt_frac[OFFLOAD_DEVICE] = v[i].dev;
-        if (v[i].dev > 0) r.oc.grads_on = OFFLOAD_DEVICE;
         r.oc.recompute = v[i].recompute;
         r.oc.checkpoints_on = v[i].ckpt;
         zo_status st = do_run(&r);
