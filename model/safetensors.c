@@ -334,6 +334,16 @@ zo_status model_st_read(const model_st_file *f, const model_st_tensor *t, void *
                                  transpose);
 }
 
+void model_st_release(const model_st_file *f, const model_st_tensor *t)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)model_st_data(f, t), e = a + (uintptr_t)(t->end - t->begin);
+    /* whole pages inside the tensor only: its neighbours may still be read */
+    a = (a + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
+    e &= ~((uintptr_t)page - 1);
+    if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
+}
+
 /* ---- writing ------------------------------------------------------------------ */
 
 #define WRITE_CHUNK_BYTES (4u << 20)
