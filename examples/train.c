@@ -178,7 +178,6 @@ static zo_status parse_opt_on(const char *s, offload_config *c)
         }
     }
     memcpy(c->opt_frac, f, sizeof f);
-    if (f[OFFLOAD_DEVICE] > 0) c->grads_on = OFFLOAD_DEVICE; /* that share's gradients stay there */
     return ZO_OK;
 }
 
@@ -314,10 +313,51 @@ static zo_status load_config(const char *arg, zo_model_config *cfg)
 
 /* ---- checkpoints --------------------------------------------------------------- */
 
-static zo_status write_weights(void *user, const char *path, const float *const *blocks)
+static zo_status write_weights(void *user, const char *path, offload_block_reader read, void *ctx)
 {
     const model_layout *l = user;
-    return model_save(path, l, (const void *const *)blocks, ZO_DTYPE_F32, ZO_DTYPE_F32);
+    return model_save_streamed(path, l, read, ctx, ZO_DTYPE_F32);
+}
+
+/* ---- weights block by block ------------------------------------------------------ */
+
+static zo_status set_block(void *ctx, int block, const void *buf)
+{
+    return offload_set_block(ctx, block, buf);
+}
+
+static zo_status get_block(void *ctx, int block, float *dst)
+{
+    return offload_get_block(ctx, block, dst);
+}
+
+/* The initial weights, one block at a time: from a safetensors checkpoint
+ * (every tensor of the model in it) or random from the seed. Host memory
+ * holds one block, whatever the model's size. */
+static zo_status initial_weights(offload_t *rt, const model_layout *l, const char *weights,
+                                 uint64_t seed)
+{
+    size_t largest = 1;
+    for (int b = 0; b < l->n_blocks; b++)
+        if (l->block_numel[b] > largest) largest = l->block_numel[b];
+    float *buf = malloc(largest * sizeof(float));
+    if (!buf) return zo_error(ZO_ERR_NOMEM, "train: out of host memory for a block of %zu weights", largest);
+    zo_status st = ZO_OK;
+    if (weights) {
+        model_ckpt c;
+        if ((st = model_ckpt_open(&c, weights)) == ZO_OK) {
+            st = model_load_streamed(&c, l, buf, ZO_DTYPE_F32, 0, NULL, set_block, rt);
+            model_ckpt_close(&c);
+        }
+    } else {
+        uint64_t rng = tf_init_rng(seed);
+        for (int b = 0; b < l->n_blocks && st == ZO_OK; b++) {
+            tf_init_block_weights(l, b, buf, &rng);
+            st = offload_set_block(rt, b, buf);
+        }
+    }
+    free(buf);
+    return st;
 }
 
 /* Test seam: ZO_TRAIN_CKPT_PAUSE="POINT:N:FD" makes the N-th checkpoint
@@ -394,7 +434,6 @@ int main(int argc, char **argv)
     tf_offload_model tm = {0};
     offload_t *rt = NULL;
     int32_t *inputs = NULL, *targets = NULL;
-    float **w = NULL;
     char b1[32], b2[32];
     offload_config *oc = &a.p.cfg;
     rc = 1;
@@ -416,26 +455,7 @@ int main(int argc, char **argv)
 
     /* initial weights: a checkpoint, a safetensors file, or random */
     const model_layout *l = &m.layout;
-    w = calloc((size_t)l->n_blocks, sizeof(float *));
-    if (!w) {
-        st = zo_error(ZO_ERR_NOMEM, "train: out of host memory");
-        goto out_rt;
-    }
-    for (int b = 0; b < l->n_blocks; b++)
-        if (!(w[b] = calloc(l->block_numel[b] + 1, sizeof(float)))) {
-            st = zo_error(ZO_ERR_NOMEM, "train: out of host memory for the initial weights");
-            goto out_rt;
-        }
-    if (a.weights) {
-        if ((st = model_load_path(a.weights, l, (void *const *)w, ZO_DTYPE_F32, 0, NULL)) != ZO_OK)
-            goto out_rt;
-    } else {
-        tf_init_weights(l, w, (uint64_t)a.seed);
-    }
-    if ((st = offload_set_weights(rt, (const float *const *)w)) != ZO_OK) goto out_rt;
-    for (int b = 0; b < l->n_blocks; b++) free(w[b]);
-    free(w);
-    w = NULL;
+    if ((st = initial_weights(rt, l, a.weights, (uint64_t)a.seed)) != ZO_OK) goto out_rt;
     int accum = oc->grad_accum ? oc->grad_accum : 1;
     long k0 = 0;
     if (a.resume) {
@@ -458,7 +478,8 @@ int main(int argc, char **argv)
            "gradients %s, checkpoints %s, recompute %s%s%s\n",
            offload_tier_name(oc->params_on), oc->prefetch_depth, oc->opt_frac[OFFLOAD_CPU],
            oc->opt_frac[OFFLOAD_NVME], oc->opt_frac[OFFLOAD_DEVICE],
-           offload_tier_name(oc->grads_on), offload_tier_name(oc->checkpoints_on),
+           oc->opt_frac[OFFLOAD_DEVICE] >= 1 ? "gpu" : oc->opt_frac[OFFLOAD_DEVICE] > 0 ? "gpu+cpu" : "cpu",
+           offload_tier_name(oc->checkpoints_on),
            oc->recompute ? "full" : "none", a.plan ? "; plan " : "", a.plan ? a.plan : "");
     if (a.p.selective_as_none && !oc->recompute)
         printf("# recompute: \"selective\" runs as none (the attention keeps no s x s "
@@ -502,7 +523,8 @@ int main(int argc, char **argv)
         int last = k + 1 == a.steps;
         if (a.ckpt && ((a.save_every && (k + 1) % a.save_every == 0) || last)) {
             offload_ckpt_meta meta = {.data_step = (k + 1) * accum, .seed = (uint64_t)a.seed};
-            if ((st = offload_save(rt, a.ckpt, &meta, write_weights, (void *)l)) != ZO_OK) goto out_rt;
+            if ((st = offload_save_streamed(rt, a.ckpt, &meta, write_weights, (void *)l)) != ZO_OK)
+                goto out_rt;
             printf("# checkpoint %s step %ld\n", a.ckpt, k + 1);
         }
         if (progress) {
@@ -524,24 +546,12 @@ int main(int argc, char **argv)
         printf("# stats %s\n", a.stats_json);
     }
     if (a.save) {
-        float *all = malloc(l->total_numel * sizeof(float) + 4);
-        float **blocks = calloc((size_t)l->n_blocks, sizeof(float *));
-        st = all && blocks ? ZO_OK : zo_error(ZO_ERR_NOMEM, "train: out of host memory for --save");
-        size_t off = 0;
-        for (int b = 0; st == ZO_OK && b < l->n_blocks; off += l->block_numel[b], b++) blocks[b] = all + off;
-        if (st == ZO_OK) st = offload_get_weights(rt, blocks);
-        if (st == ZO_OK) st = model_save(a.save, l, (const void *const *)blocks, ZO_DTYPE_F32, ZO_DTYPE_F32);
-        free(all);
-        free(blocks);
-        if (st != ZO_OK) goto out_rt;
+        if ((st = model_save_streamed(a.save, l, get_block, rt, ZO_DTYPE_F32)) != ZO_OK) goto out_rt;
         printf("# saved %s\n", a.save);
     }
     rc = 0;
 
 out_rt:
-    if (w)
-        for (int b = 0; b < m.layout.n_blocks; b++) free(w[b]);
-    free(w);
     offload_free(rt);
 out_model:
     tf_offload_model_free(&tm);

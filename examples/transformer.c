@@ -479,13 +479,16 @@ static double gauss(uint64_t *s) /* Box-Muller */
     return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
 }
 
-void tf_init_weights(const model_layout *l, float *const *host_blocks, uint64_t seed)
+uint64_t tf_init_rng(uint64_t seed) { return seed * 0x2545f4914f6cdd1dull + 1; }
+
+void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_t *rng)
 {
-    uint64_t s = seed * 0x2545f4914f6cdd1dull + 1;
     double proj_std = 0.02 / sqrt(2.0 * (l->n_layers > 0 ? l->n_layers : 1));
+    /* the layout's tensors are in block order */
     for (int i = 0; i < l->n_tensors; i++) {
         const model_tensor *t = &l->tensors[i];
-        float *p = host_blocks[t->block] + t->offset;
+        if (t->block != block) continue;
+        float *p = dst + t->offset;
         int is_norm = t->role == MODEL_ROLE_LN1_W || t->role == MODEL_ROLE_LN2_W ||
                       t->role == MODEL_ROLE_NORM_W;
         if (t->ndim == 1) {
@@ -493,6 +496,12 @@ void tf_init_weights(const model_layout *l, float *const *host_blocks, uint64_t 
             continue;
         }
         double std = (t->role == MODEL_ROLE_ATTN_OUT_W || t->role == MODEL_ROLE_MLP_DOWN_W) ? proj_std : 0.02;
-        for (size_t e = 0; e < t->numel; e++) p[e] = (float)(gauss(&s) * std);
+        for (size_t e = 0; e < t->numel; e++) p[e] = (float)(gauss(rng) * std);
     }
+}
+
+void tf_init_weights(const model_layout *l, float *const *host_blocks, uint64_t seed)
+{
+    uint64_t s = tf_init_rng(seed);
+    for (int b = 0; b < l->n_blocks; b++) tf_init_block_weights(l, b, host_blocks[b], &s);
 }

@@ -125,12 +125,10 @@ typedef void (*offload_ckpt_hook)(void *user, const char *point);
 
 typedef struct offload_config {
     offload_tier params_on;          /* DEVICE: resident; CPU, NVME: streamed */
-    double opt_frac[OFFLOAD_TIERS];  /* optimizer state split (the device share: whole blocks) */
-    /* Where the plan puts gradients (gpu or cpu). The gradients of the
-     * optimizer's device share stay on the device and those of its host
-     * share go to the host whatever this says (a gradient lives where its
-     * optimizer state is); kept for reports. */
-    offload_tier grads_on;
+    /* Optimizer state split (the device share: whole blocks). A gradient is
+     * summed where its optimizer state lives: on the device for the device
+     * share, in fp32 host memory for the rest. */
+    double opt_frac[OFFLOAD_TIERS];
     offload_tier checkpoints_on;     /* DEVICE or CPU (CPU needs recompute) */
     int recompute;                   /* rebuild each block's activations in backward (a plan's
                                         "selective" reads as 0: see offload_plan_load) */
@@ -194,10 +192,18 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
                        const offload_config *cfg);
 void offload_free(offload_t *rt);
 
-/* Set the fp32 master weights (blocks[b]: block_numel[b] floats) and the
- * 16-bit store from them; optimizer moments and counters restart at zero. */
+/* Set the fp32 master weights of one block (block_numel[block] floats) and
+ * its 16-bit weights from them; its optimizer moments restart at zero, and
+ * gradients accumulated since the last step are dropped. Host memory holds
+ * the block in flight and no more, whatever the model's size: load a model
+ * block by block (e.g. model_load_block) through it. */
+zo_status offload_set_block(offload_t *rt, int block, const float *w);
+/* Read one block's fp32 master weights back. */
+zo_status offload_get_block(offload_t *rt, int block, float *w);
+
+/* Every block at once (blocks[b]: block_numel[b] floats); the step counter
+ * and the loss-scale history restart too. */
 zo_status offload_set_weights(offload_t *rt, const float *const *blocks);
-/* Read the fp32 master weights back. */
 zo_status offload_get_weights(offload_t *rt, float *const *blocks);
 
 /* ---- training -------------------------------------------------------------- */
@@ -285,19 +291,32 @@ typedef struct offload_ckpt_meta {
 } offload_ckpt_meta;
 
 /* Write the model's weights (fp32 master blocks) under `path` (e.g. as
- * safetensors with the model's names); the runtime calls it once per save. */
+ * safetensors with the model's names); the runtime calls it once per save,
+ * with the whole model gathered in host memory. */
 typedef zo_status (*offload_weights_writer)(void *user, const char *path,
                                             const float *const *blocks);
 
+/* Read block b's fp32 master weights into dst (block_numel[b] floats). */
+typedef zo_status (*offload_block_reader)(void *ctx, int block, float *dst);
+/* Write the model's weights under `path`, reading them one block at a time
+ * through read(ctx, b, dst), in any order and as often as it needs (e.g.
+ * model_save_streamed). */
+typedef zo_status (*offload_weights_stream)(void *user, const char *path,
+                                            offload_block_reader read, void *ctx);
+
 /* Save a checkpoint into DIR/step-<N>/ (weights through `writer` when not
- * NULL as model.safetensors, optimizer.safetensors with the flat fp32 master,
- * m and v, and state.json), built in DIR/.tmp-step-<N>/ with every file
+ * NULL as model.safetensors, optimizer.safetensors with each block's fp32
+ * master, m and v, and state.json), built in DIR/.tmp-step-<N>/ with every file
  * fsynced, renamed into place, then DIR/latest (a one-line file naming the
  * directory) replaced atomically; older step-* directories are removed after.
  * The hook (config.ckpt_hook) is called at "begin", "optimizer-half",
  * "before-rename" and "before-latest". */
 zo_status offload_save(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
                        offload_weights_writer writer, void *writer_user);
+/* The same, the weights written block by block: host memory holds a few
+ * blocks, never the model, whatever tier the state lives on. */
+zo_status offload_save_streamed(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
+                                offload_weights_stream writer, void *writer_user);
 
 /* Load the checkpoint DIR/latest names (or DIR itself when it holds a
  * state.json): master, moments, step, loss scale; the 16-bit store is rebuilt

@@ -116,8 +116,11 @@ static zo_status parse_plan(const cJSON *root, const char *path, offload_plan *p
     if ((st = opt_tier(pl, "placement", "params", path, &c->params_on)) != ZO_OK ||
         (st = opt_tier(pl, "placement", "checkpoints", path, &c->checkpoints_on)) != ZO_OK)
         return st;
-    if ((st = opt_tier(pl, "placement", "grads", path, &c->grads_on)) != ZO_OK) return st;
-    if (c->grads_on == OFFLOAD_NVME)
+    /* a gradient is summed where its optimizer state lives: the field is
+     * checked, not used */
+    offload_tier grads_on = OFFLOAD_CPU;
+    if ((st = opt_tier(pl, "placement", "grads", path, &grads_on)) != ZO_OK) return st;
+    if (grads_on == OFFLOAD_NVME)
         return zo_error(ZO_ERR_FORMAT, "%s: placement.grads: gradients go to gpu or cpu", path);
     const cJSON *op = get(pl, "optimizer");
     if (op) {
