@@ -78,7 +78,7 @@ zo_status plan_hw_apply_flags(const plan_hw_flags *f, plan_hw *hw, plan_hw_basis
         o = add(b, "--gpu-mem", f->gpu_mem_arg, "gpu_mem", (double)hw->gpu_mem, (double)f->gpu_mem);
         if (o)
             snprintf(o->text, sizeof o->text, "%s compute with %.2f GiB of memory (--gpu-mem %s; %s has "
-                     "%.2f GiB): the time is a %s's; --gpu NAME for another GPU", hw->gpu,
+                     "%.2f GiB): the times are the %s's; --gpu NAME for another GPU", hw->gpu,
                      gib(f->gpu_mem), f->gpu_mem_arg, who, gib(hw->gpu_mem), hw->gpu);
         hw->gpu_mem = f->gpu_mem;
     }
