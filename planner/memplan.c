@@ -688,10 +688,12 @@ static const char usage_plan[] =
     "rank by predicted step time.\n"
     "\n"
     "  --model, --params, --layers ... --arch   the model, as for 'memplan estimate'\n"
-    "  --hw NAME|FILE          hardware preset or calibrated profile (default h100-80gb)\n"
+    "  --hw NAME|FILE          machine preset or calibrated profile (default h100-80gb)\n"
+    "  --gpu NAME [--host NAME]  one GPU preset in a host (rtx-4090, l40s, ...; 'memplan hardware')\n"
     "  --gpus N                GPUs in the job (default: the preset's)\n"
     "  --max-gpus N            also try fewer GPUs (powers of two and whole nodes up to N)\n"
-    "  --gpus-per-node N, --gpu-mem SIZE, --cpu-mem SIZE, --nvme SIZE   hardware overrides\n"
+    "  --gpus-per-node N, --gpu-mem SIZE, --cpu-mem SIZE, --nvme SIZE, --pcie LINK\n"
+    "                          hardware overrides, named in the report's first lines\n"
     "  --seq N                 sequence length (default: the model's)\n"
     "  --global-batch N        sequences per step (default 8 x GPUs)\n"
     "  --dtype, --grad-dtype, --optim, --no-flash-attn, --dropout, --no-dropout   as for estimate\n"
@@ -713,13 +715,18 @@ static const char usage_plan[] =
 
 static const char usage_max_model[] =
     "usage: memplan max-model [--family gpt|llama|gpt3|megatron|llama2|llama3 | --model NAME]\n"
-    "                         [--hw NAME|FILE] [--gpus N] [--seq N] [--strategy NAME] [--json]\n"
+    "                         [--hw NAME|FILE | --gpu NAME [--host NAME]] [--gpus N]\n"
+    "                         [--gpu-mem SIZE] [--cpu-mem SIZE] [--nvme SIZE] [--pcie LINK]\n"
+    "                         [--seq N] [--strategy NAME]\n"
     "\n"
     "The largest model of a family that trains on the hardware, per strategy: data-parallel,\n"
     "zero-1, zero-2, zero-3, 3d-parallel, zero-offload (ZeRO-2, gradients and optimizer on\n"
     "the CPU), zero-infinity-cpu (ZeRO-3, everything on the CPU), zero-infinity-nvme\n"
     "(weights and optimizer on NVMe). Micro-batch 1; recompute, checkpoint placement and\n"
     "prefetch are searched. Shapes interpolate the family's presets (hidden a multiple of 128).\n"
+    "Each row also gives the estimate flags that place it, and the largest preset that fits\n"
+    "that way with the 'memplan estimate' command that checks it. On one GPU the ZeRO stages\n"
+    "and 3-D parallelism are left out (nothing to shard) unless --strategy names one.\n"
     "\n"
     "exit status: 0, 2 bad input\n";
 
@@ -1181,7 +1188,8 @@ static const char usage_calibrate[] =
     "CPU memory size and cores, memory bandwidth (a triad), CPU AdamW parameters/s\n"
     "(cpu_adam), and the free space and write/read rates of --nvme-dir (a file of\n"
     "--nvme-bytes, default 512MiB, through the nvme module's io_uring engine). What cannot\n"
-    "be measured here (the GPU, PCIe) comes from --base (default h100-80gb); the profile's\n"
+    "be measured here (the GPU, PCIe) comes from --base (default h100-80gb; a machine or a\n"
+    "GPU preset such as rtx-4090, 'memplan hardware'); the profile's\n"
     "\"note\" says which. Default output: stdout.\n";
 
 static int cmd_calibrate(int argc, char **argv)
