@@ -1091,13 +1091,21 @@ static const zo_model_preset *largest_preset(const zo_model_config *shape, const
     return best;
 }
 
+/* tokens/s: whole above 100, three digits below */
+static const char *fmt_rate(double v, char *buf, size_t len)
+{
+    if (v >= 100) snprintf(buf, len, "%.0f", v);
+    else snprintf(buf, len, "%.3g", v);
+    return buf;
+}
+
 /* One strategy's row: the largest model, its step, the flags that place it,
  * and the largest preset that fits with the command that checks it. */
 static void print_max_model_row(plan_strategy strat, const zo_model_config *shape,
                                 const plan_candidate *c, uint64_t n, const plan_hw *hw,
                                 const plan_hw_basis *basis)
 {
-    char cnt[32], shp[32], flags[256], hwflags[512], pre[64] = "none";
+    char cnt[32], shp[32], flags[256], hwflags[512], pre[96] = "none", rate[32], prate[32];
     snprintf(shp, sizeof shp, "%dx%d", shape->n_layers, shape->hidden);
     plan_train d, x;
     plan_time pt;
@@ -1105,9 +1113,12 @@ static void print_max_model_row(plan_strategy strat, const zo_model_config *shap
     d.seq = c->t.seq;
     plan_train_flags(&d, &c->t, flags, sizeof flags);
     const zo_model_preset *p = largest_preset(shape, c, n, hw, &x, &pt);
-    if (p) snprintf(pre, sizeof pre, "%s (%.3g s, %.4g)", p->name, pt.step, pt.tokens_per_s);
-    printf("%-20s %8s  %-12s %9.3g s %9.4g  %s\n", plan_strategy_name(strat),
-           zo_format_count(n, cnt, sizeof cnt), shp, c->time.step, c->time.tokens_per_s, pre);
+    if (p)
+        snprintf(pre, sizeof pre, "%s (%.3g s, %s)", p->name, pt.step,
+                 fmt_rate(pt.tokens_per_s, prate, sizeof prate));
+    printf("%-20s %8s  %-12s %9.3g s %9s  %s\n", plan_strategy_name(strat),
+           zo_format_count(n, cnt, sizeof cnt), shp, c->time.step,
+           fmt_rate(c->time.tokens_per_s, rate, sizeof rate), pre);
     printf("    flags: %s\n", flags[0] ? flags : "(the defaults)");
     if (!p) return;
     plan_train_defaults(&d, &p->cfg);
