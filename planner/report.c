@@ -96,8 +96,44 @@ cJSON *plan_report_time_json(const plan_time *pt)
     return jt;
 }
 
+/* "fits_with" (the fastest alternative's flags) and "suggestions", ranked. */
+static void add_suggestions(cJSON *root, const plan_suggestions *sg)
+{
+    if (!sg || sg->n == 0) return;
+    cJSON_AddStringToObject(root, "fits_with", sg->alt[0].flags);
+    cJSON *arr = cJSON_AddArrayToObject(root, "suggestions");
+    for (int i = 0; i < sg->n; i++) {
+        const plan_alternative *a = &sg->alt[i];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "kind", plan_alt_kind_name(a->kind));
+        cJSON_AddStringToObject(o, "flags", a->flags);
+        cJSON_AddStringToObject(o, "what", a->what);
+        cJSON_AddNumberToObject(o, "step_s", a->time.step);
+        cJSON_AddNumberToObject(o, "tokens_per_s", a->time.tokens_per_s);
+        cJSON_AddNumberToObject(o, "mfu", a->time.mfu);
+        cJSON *pr = cJSON_AddObjectToObject(o, "per_rank");
+        for (int tier = 0; tier < PLAN_TIERS; tier++)
+            add_u64(pr, plan_tier_name((plan_tier)tier), a->total[tier]);
+        cJSON_AddItemToArray(arr, o);
+    }
+}
+
+/* The verdict's alternatives, fastest first, tokens/s beside each. */
+static void print_suggestions(FILE *out, const plan_suggestions *sg)
+{
+    fprintf(out, "         fits with: any of these, fastest first (add the flags to the command):\n");
+    for (int i = 0; i < sg->n; i++) {
+        const plan_alternative *a = &sg->alt[i];
+        fprintf(out, "         %2d. %9.3f s/step %10.4g tokens/s  %s\n", i + 1, a->time.step,
+                a->time.tokens_per_s, a->flags);
+        fprintf(out, "             (%s; per rank GPU %.1f, CPU %.1f, NVMe %.1f GiB)\n", a->what,
+                (double)a->total[PLAN_GPU] / (1 << 30), (double)a->total[PLAN_CPU] / (1 << 30),
+                (double)a->total[PLAN_NVME] / (1 << 30));
+    }
+}
+
 cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
-                        const plan_estimate *e, const plan_time *pt, const char *suggestion)
+                        const plan_estimate *e, const plan_time *pt, const plan_suggestions *sg)
 {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddItemToObject(root, "model", plan_json_model(m));
@@ -176,7 +212,7 @@ cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_
     for (int tier = 0; tier < PLAN_TIERS; tier++)
         add_u64(js, plan_tier_name((plan_tier)tier),
                 e->total[tier] > e->capacity[tier] ? e->total[tier] - e->capacity[tier] : 0);
-    if (suggestion) cJSON_AddStringToObject(root, "fits_with", suggestion);
+    add_suggestions(root, sg);
     if (pt) cJSON_AddItemToObject(root, "time", plan_report_time_json(pt));
     return root;
 }
@@ -234,7 +270,7 @@ void plan_report_time_table(FILE *out, const plan_time *pt)
 
 void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
                        const plan_train *t, const plan_estimate *e, const plan_time *pt,
-                       const char *suggestion)
+                       const plan_suggestions *sg)
 {
     char cnt[32], fr[64];
     static const char *tier_title[] = {"GPU", "CPU", "NVMe"};
@@ -302,8 +338,8 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
         sep = "; ";
     }
     fprintf(out, "\n");
-    if (suggestion)
-        fprintf(out, "         fits with: %s\n", suggestion);
+    if (sg && sg->n)
+        print_suggestions(out, sg);
     else
         fprintf(out, "         no offload setting alone makes it fit: add GPUs (--dp/--tp/--pp "
                      "with --zero) or shorten --seq / --micro-batch\n");
