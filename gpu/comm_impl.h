@@ -106,6 +106,8 @@ void comm_mpi_set_state(int id, comm_phase phase, uint64_t seq, comm_op_kind kin
  * are, report the fault with `what` and the ranks that did not arrive, and
  * abort the job. Does not return. */
 void comm_mpi_fault(comm_t c, int id, uint64_t seq, const char *what) __attribute__((noreturn));
+/* Called on the engine thread: report `message` and abort the job. */
+void comm_mpi_fail(comm_t c, const char *message) __attribute__((noreturn));
 #endif
 #if defined(ZO_HAVE_NCCL) && ZO_HAVE_NCCL
 extern const comm_iface comm_nccl_iface;

@@ -32,6 +32,8 @@
 #include "gpu/comm_impl.h" /* defines: comm_iface, struct comm, struct comm_request */
 
 #define ENGINE_TICK_S 0.02     /* idle wake-up: answer questions, run watchdogs */
+#define ENGINE_SPIN_S 5e-5     /* yield this long before sleeping on a condition */
+#define ENGINE_YIELD_S 0.02    /* poll a collective yielding this long, then sleeping */
 #define ENGINE_MAX_COMMS 1024  /* communicators a process may register, ever */
 #define TAG_QUERY 1
 #define TAG_REPLY 2
@@ -226,10 +228,16 @@ static int arrived_at(const int64_t msg[4], uint64_t seq)
     }
 }
 
-static void engine_mpi_abort(int code)
+__attribute__((noreturn)) static void engine_mpi_abort(int code)
 {
     MPI_Abort(MPI_COMM_WORLD, code);
     _exit(code); /* MPI_Abort should not return */
+}
+
+void comm_mpi_fail(comm_t c, const char *message)
+{
+    comm_report_fault(c, message);
+    engine_mpi_abort(1);
 }
 
 void comm_mpi_fault(comm_t c, int id, uint64_t seq, const char *what)
@@ -280,9 +288,7 @@ void comm_mpi_fault(comm_t c, int id, uint64_t seq, const char *what)
     if (!E.answers && len < cap) len += (size_t)snprintf(msg + len, cap - len, " (not known)");
     else if (!missing && len < cap)
         len += (size_t)snprintf(msg + len, cap - len, " none (all ranks are in it: a hang inside the backend)");
-    comm_report_fault(c, msg);
-    engine_mpi_abort(1);
-    __builtin_unreachable();
+    comm_mpi_fail(c, msg);
 }
 
 /* ---- the engine thread ------------------------------------------------------------------ */
@@ -403,8 +409,7 @@ static void poll_until_done(mpi_op *op, MPI_Request *r, int id)
             mpi_message(rc, err, sizeof err);
             snprintf(msg, sizeof msg, "comm: %s failed on rank %d of %d: %s", what, E.rank,
                      E.size, err);
-            comm_report_fault(c, msg);
-            engine_mpi_abort(1);
+            comm_mpi_fail(c, msg);
         }
         if (done) return;
         double now = comm_now();
@@ -415,7 +420,7 @@ static void poll_until_done(mpi_op *op, MPI_Request *r, int id)
         }
         run_watchdogs();
         check_abort();
-        if (now - start < 2e-4) {
+        if (now - start < ENGINE_YIELD_S) {
             sched_yield();
         } else {
             sleep_ns = sleep_ns ? (sleep_ns * 2 > 200000 ? 200000 : sleep_ns * 2) : 20000;
@@ -480,8 +485,7 @@ static void engine_run(mpi_op *op)
             mpi_message(rc, err, sizeof err);
             snprintf(msg, sizeof msg, "comm: %s could not start on rank %d of %d: %s", what,
                      E.rank, E.size, err);
-            comm_report_fault(op->base.comm, msg);
-            engine_mpi_abort(1);
+            comm_mpi_fail(op->base.comm, msg);
         }
         poll_until_done(op, &r, x->id);
         if (op->ctl == CTL_DUP) MPI_Comm_set_errhandler(x->comm, MPI_ERRORS_RETURN);
@@ -552,8 +556,15 @@ static void *engine_main(void *arg)
         return NULL;
     }
     for (;;) {
+        double spin_end = comm_now() + ENGINE_SPIN_S; /* the next collective often follows */
         while (!E.head && !E.stop && !E.abort_requested) {
-            wait_tick();
+            if (comm_now() < spin_end) {
+                pthread_mutex_unlock(&E.lock);
+                sched_yield();
+                pthread_mutex_lock(&E.lock);
+            } else {
+                wait_tick();
+            }
         }
         check_abort_locked();
         if (!E.head) break; /* stop, nothing left to run */
@@ -623,8 +634,17 @@ static void engine_submit(mpi_op *op)
 
 static zo_status engine_wait(mpi_op *op)
 {
+    double spin_end = comm_now() + ENGINE_SPIN_S;
     pthread_mutex_lock(&E.lock);
-    while (!op->complete || op->stream_refs > 0) pthread_cond_wait(&E.cond, &E.lock);
+    while (!op->complete || op->stream_refs > 0) {
+        if (comm_now() < spin_end) {
+            pthread_mutex_unlock(&E.lock);
+            sched_yield();
+            pthread_mutex_lock(&E.lock);
+        } else {
+            pthread_cond_wait(&E.cond, &E.lock);
+        }
+    }
     pthread_mutex_unlock(&E.lock);
     if (op->status != ZO_OK) return zo_error(op->status, "%s", op->message);
     return ZO_OK;

@@ -22,7 +22,8 @@
 
 #include <cmocka.h>
 
-#include "gpu/comm.h" /* defines: comm_init, comm_all_reduce, ... */
+#include "gpu/comm.h"              /* defines: comm_init, comm_all_reduce, ... */
+#include "gpu/cuda/device_cuda.h" /* defines: gpu_device_open, gpu_cuda_device_count */
 
 static comm_t C;
 static int R, N; /* rank, size */
@@ -131,20 +132,72 @@ static int check_copy(const void *got, zo_dtype t, size_t n, int r, size_t first
     return wrong;
 }
 
-/* Every rank's mismatch count, summed over the ranks (through the
- * communicator itself, on fp32 integers: exact). */
-static int agree(int wrong)
-{
-    float w = (float)wrong, total = 0.0f;
-    assert_int_equal(comm_all_reduce(C, &w, &total, 1, ZO_DTYPE_F32, NULL, NULL), ZO_OK);
-    return (int)total;
-}
+/* ---- buffers: host memory, or device memory with a host mirror -------------------------
+ * The MPI and SELF backends take host buffers (d == h); NCCL takes device
+ * memory, filled from and read back into the host mirror. */
+static gpu_device_t Dev; /* the CUDA device for NCCL, else NULL */
+static gpu_stream_t Copy;
+
+typedef struct buf {
+    char *h, *d;
+    size_t bytes;
+    int owner;
+} buf;
 
 static void *xmalloc(size_t bytes)
 {
     void *p = malloc(bytes ? bytes : 1);
     assert_non_null(p);
     return p;
+}
+
+static buf balloc(size_t bytes)
+{
+    buf b = {.h = xmalloc(bytes), .bytes = bytes, .owner = 1};
+    b.d = b.h;
+    if (comm_device_buffers(C))
+        assert_int_equal(gpu_mem_alloc(Dev, bytes ? bytes : 1, (void **)&b.d), ZO_OK);
+    return b;
+}
+
+/* bytes [off, off + bytes) of b: an in-place view */
+static buf bsub(buf b, size_t off, size_t bytes)
+{
+    buf v = {.h = b.h + off, .d = b.d + off, .bytes = bytes};
+    return v;
+}
+
+static void bmove(buf b, int to_device)
+{
+    if (b.d == b.h || !b.bytes) return;
+    if (to_device)
+        assert_int_equal(gpu_memcpy_async(Copy, b.d, b.h, b.bytes, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+    else
+        assert_int_equal(gpu_memcpy_async(Copy, b.h, b.d, b.bytes, GPU_COPY_DEVICE_TO_HOST), ZO_OK);
+    assert_int_equal(gpu_stream_synchronize(Copy), ZO_OK);
+}
+static void bpush(buf b) { bmove(b, 1); }
+static void bpull(buf b) { bmove(b, 0); }
+
+static void bfree(buf b)
+{
+    if (!b.owner) return;
+    if (b.d != b.h) gpu_mem_free(Dev, b.d);
+    free(b.h);
+}
+
+/* Every rank's mismatch count, summed over the ranks (through the
+ * communicator itself, on fp32 integers: exact). */
+static int agree(int wrong)
+{
+    buf w = balloc(sizeof(float));
+    *(float *)w.h = (float)wrong;
+    bpush(w);
+    assert_int_equal(comm_all_reduce(C, w.d, w.d, 1, ZO_DTYPE_F32, NULL, NULL), ZO_OK);
+    bpull(w);
+    int total = (int)*(float *)w.h;
+    bfree(w);
+    return total;
 }
 
 /* ---- launch, shards, names ---------------------------------------------------------- */
@@ -309,24 +362,27 @@ static void test_all_reduce(void **state)
     for (int ci = 0; ci < N_CASES; ci++)
         for (int k = INPUT_INTEGER; k <= INPUT_FRACTION; k++) {
             tcase q = case_at(ci);
-            char *send = xmalloc(q.n * q.es), *recv = q.in_place ? send : xmalloc(q.n * q.es);
-            fill(send, q.t, q.n, R, (input_kind)k, 0);
+            buf send = balloc(q.n * q.es), recv = q.in_place ? send : balloc(q.n * q.es);
+            fill(send.h, q.t, q.n, R, (input_kind)k, 0);
+            bpush(send);
             /* blocking for the integers, a request for the fractions */
             if (k == INPUT_INTEGER) {
-                assert_int_equal(comm_all_reduce(C, send, recv, q.n, q.t, NULL, NULL), ZO_OK);
+                assert_int_equal(comm_all_reduce(C, send.d, recv.d, q.n, q.t, NULL, NULL), ZO_OK);
             } else {
                 comm_request_t req;
-                assert_int_equal(comm_all_reduce(C, send, recv, q.n, q.t, NULL, &req), ZO_OK);
+                assert_int_equal(comm_all_reduce(C, send.d, recv.d, q.n, q.t, NULL, &req), ZO_OK);
                 assert_int_equal(comm_wait(req), ZO_OK);
             }
-            wrong += check_sum(recv, q.t, q.n, (input_kind)k, 0,
+            bpull(recv);
+            wrong += check_sum(recv.h, q.t, q.n, (input_kind)k, 0,
                                q.in_place ? "all_reduce in place" : "all_reduce");
             if (!q.in_place) { /* the input is left alone */
+                bpull(send);
                 for (size_t i = 0; i < q.n; i++)
-                    wrong += zo_load_f32(send, q.t, i) != input(R, i, (input_kind)k, q.t);
-                free(recv);
+                    wrong += zo_load_f32(send.h, q.t, i) != input(R, i, (input_kind)k, q.t);
+                bfree(recv);
             }
-            free(send);
+            bfree(send);
         }
     assert_int_equal(agree(wrong), 0);
 }
@@ -341,18 +397,21 @@ static void test_reduce_scatter(void **state)
         tcase q = case_at(ci);
         size_t padded = comm_padded_count(q.n, N), block = padded / (size_t)N, off, cnt;
         comm_shard(q.n, N, R, &off, &cnt);
-        char *send = xmalloc(padded * q.es);
-        memset(send, 0, padded * q.es);
-        fill(send, q.t, q.n, R, INPUT_FRACTION, 0);
-        char *recv = q.in_place ? send + off * q.es : xmalloc(block * q.es);
+        buf send = balloc(padded * q.es);
+        memset(send.h, 0, padded * q.es);
+        fill(send.h, q.t, q.n, R, INPUT_FRACTION, 0);
+        bpush(send);
+        buf recv = q.in_place ? bsub(send, (size_t)R * block * q.es, block * q.es)
+                              : balloc(block * q.es);
         comm_request_t req;
-        assert_int_equal(comm_reduce_scatter(C, send, recv, block, q.t, NULL, &req), ZO_OK);
+        assert_int_equal(comm_reduce_scatter(C, send.d, recv.d, block, q.t, NULL, &req), ZO_OK);
         assert_int_equal(comm_wait(req), ZO_OK);
-        wrong += check_sum(recv, q.t, cnt, INPUT_FRACTION, off,
+        bpull(recv);
+        wrong += check_sum(recv.h, q.t, cnt, INPUT_FRACTION, off,
                            q.in_place ? "reduce_scatter in place" : "reduce_scatter");
-        for (size_t i = cnt; i < block; i++) wrong += zo_load_f32(recv, q.t, i) != 0.0f;
-        if (!q.in_place) free(recv);
-        free(send);
+        for (size_t i = cnt; i < block; i++) wrong += zo_load_f32(recv.h, q.t, i) != 0.0f;
+        bfree(recv);
+        bfree(send);
     }
     assert_int_equal(agree(wrong), 0);
 }
@@ -366,18 +425,23 @@ static void test_all_gather(void **state)
     for (int ci = 0; ci < N_CASES; ci++) {
         tcase q = case_at(ci);
         size_t block = comm_padded_count(q.n, N) / (size_t)N;
-        char *recv = xmalloc((size_t)N * block * q.es);
-        memset(recv, 0xff, (size_t)N * block * q.es); /* nan: stale data shows */
-        char *send = q.in_place ? recv + (size_t)R * block * q.es : xmalloc(block * q.es);
-        fill(send, q.t, block, R, INPUT_FRACTION, (size_t)R * block);
+        buf recv = balloc((size_t)N * block * q.es);
+        memset(recv.h, 0xff, recv.bytes); /* nan: stale data shows */
+        buf send = q.in_place ? bsub(recv, (size_t)R * block * q.es, block * q.es)
+                              : balloc(block * q.es);
+        fill(send.h, q.t, block, R, INPUT_FRACTION, (size_t)R * block);
+        bpush(recv);
+        bpush(send);
         comm_request_t req;
-        assert_int_equal(comm_all_gather(C, send, recv, block, q.t, NULL, &req), ZO_OK);
+        assert_int_equal(comm_all_gather(C, send.d, recv.d, block, q.t, NULL, &req), ZO_OK);
         assert_int_equal(comm_wait(req), ZO_OK);
+        bpull(recv);
         for (int r = 0; r < N; r++)
-            wrong += check_copy(recv + (size_t)r * block * q.es, q.t, block, r, (size_t)r * block,
+            wrong += check_copy(recv.h + (size_t)r * block * q.es, q.t, block, r,
+                                (size_t)r * block,
                                 q.in_place ? "all_gather in place" : "all_gather");
-        if (!q.in_place) free(send);
-        free(recv);
+        bfree(send);
+        bfree(recv);
     }
     assert_int_equal(agree(wrong), 0);
 }
@@ -391,17 +455,20 @@ static void test_broadcast(void **state)
         for (int ri = 0; ri < 2; ri++) {
             tcase q = case_at(ci);
             int root = roots[ri];
-            char *recv = xmalloc(q.n * q.es), *send = q.in_place ? recv : xmalloc(q.n * q.es);
-            memset(recv, 0xff, q.n * q.es);
+            buf recv = balloc(q.n * q.es), send = q.in_place ? recv : balloc(q.n * q.es);
+            memset(recv.h, 0xff, q.n * q.es);
             if (R == root)
-                fill(send, q.t, q.n, root, INPUT_FRACTION, 0);
+                fill(send.h, q.t, q.n, root, INPUT_FRACTION, 0);
             else if (!q.in_place)
-                memset(send, 0x7f, q.n * q.es); /* not the root's: must not be sent */
-            assert_int_equal(comm_broadcast(C, send, recv, q.n, q.t, root, NULL, NULL), ZO_OK);
-            wrong += check_copy(recv, q.t, q.n, root, 0,
+                memset(send.h, 0x7f, q.n * q.es); /* not the root's: must not be sent */
+            bpush(recv);
+            bpush(send);
+            assert_int_equal(comm_broadcast(C, send.d, recv.d, q.n, q.t, root, NULL, NULL), ZO_OK);
+            bpull(recv);
+            wrong += check_copy(recv.h, q.t, q.n, root, 0,
                                 q.in_place ? "broadcast in place" : "broadcast");
-            if (!q.in_place) free(send);
-            free(recv);
+            if (!q.in_place) bfree(send);
+            bfree(recv);
         }
     assert_int_equal(agree(wrong), 0);
 }
@@ -424,71 +491,81 @@ static void test_async_many(void **state)
     const size_t n = 3001;
     size_t padded = comm_padded_count(n, N), block = padded / (size_t)N, off, cnt;
     comm_shard(n, N, R, &off, &cnt);
-    float *a = xmalloc(n * 4), *ar = xmalloc(n * 4);
-    uint16_t *s = xmalloc(padded * 2), *sr = xmalloc(block * 2), *g = xmalloc(padded * 2);
-    memset(s, 0, padded * 2);
-    fill(a, ZO_DTYPE_F32, n, R, INPUT_FRACTION, 0);
-    fill(s, ZO_DTYPE_BF16, n, R, INPUT_FRACTION, 0);
-    fill(g + (size_t)R * block, ZO_DTYPE_F16, block, R, INPUT_FRACTION, (size_t)R * block);
+    buf a = balloc(n * 4), ar = balloc(n * 4);
+    buf s = balloc(padded * 2), sr = balloc(block * 2), g = balloc(padded * 2);
+    buf mine = bsub(g, (size_t)R * block * 2, block * 2);
+    memset(s.h, 0, padded * 2);
+    fill(a.h, ZO_DTYPE_F32, n, R, INPUT_FRACTION, 0);
+    fill(s.h, ZO_DTYPE_BF16, n, R, INPUT_FRACTION, 0);
+    fill(mine.h, ZO_DTYPE_F16, block, R, INPUT_FRACTION, (size_t)R * block);
+    bpush(a);
+    bpush(s);
+    bpush(g);
     comm_request_t q[4];
-    assert_int_equal(comm_all_reduce(C, a, ar, n, ZO_DTYPE_F32, NULL, &q[0]), ZO_OK);
-    assert_int_equal(comm_reduce_scatter(C, s, sr, block, ZO_DTYPE_BF16, NULL, &q[1]), ZO_OK);
-    assert_int_equal(comm_all_gather(C, g + (size_t)R * block, g, block, ZO_DTYPE_F16, NULL, &q[2]),
-                     ZO_OK);
+    assert_int_equal(comm_all_reduce(C, a.d, ar.d, n, ZO_DTYPE_F32, NULL, &q[0]), ZO_OK);
+    assert_int_equal(comm_reduce_scatter(C, s.d, sr.d, block, ZO_DTYPE_BF16, NULL, &q[1]), ZO_OK);
+    assert_int_equal(comm_all_gather(C, mine.d, g.d, block, ZO_DTYPE_F16, NULL, &q[2]), ZO_OK);
     assert_int_equal(comm_barrier(C, NULL, &q[3]), ZO_OK);
     for (int i = 3; i >= 0; i--) assert_int_equal(comm_wait(q[i]), ZO_OK);
-    int wrong = check_sum(ar, ZO_DTYPE_F32, n, INPUT_FRACTION, 0, "async all_reduce");
-    wrong += check_sum(sr, ZO_DTYPE_BF16, cnt, INPUT_FRACTION, off, "async reduce_scatter");
+    bpull(ar);
+    bpull(sr);
+    bpull(g);
+    int wrong = check_sum(ar.h, ZO_DTYPE_F32, n, INPUT_FRACTION, 0, "async all_reduce");
+    wrong += check_sum(sr.h, ZO_DTYPE_BF16, cnt, INPUT_FRACTION, off, "async reduce_scatter");
     for (int r = 0; r < N; r++)
-        wrong += check_copy(g + (size_t)r * block, ZO_DTYPE_F16, block, r, (size_t)r * block,
-                            "async all_gather");
+        wrong += check_copy(g.h + (size_t)r * block * 2, ZO_DTYPE_F16, block, r,
+                            (size_t)r * block, "async all_gather");
     /* comm_test turns 1 once done, and comm_wait then returns at once */
     comm_request_t t;
-    assert_int_equal(comm_all_reduce(C, a, ar, n, ZO_DTYPE_F32, NULL, &t), ZO_OK);
+    assert_int_equal(comm_all_reduce(C, a.d, ar.d, n, ZO_DTYPE_F32, NULL, &t), ZO_OK);
     while (!comm_test(t)) {}
     assert_int_equal(comm_wait(t), ZO_OK);
-    free(a);
-    free(ar);
-    free(s);
-    free(sr);
-    free(g);
+    bfree(a);
+    bfree(ar);
+    bfree(s);
+    bfree(sr);
+    bfree(g);
     assert_int_equal(agree(wrong), 0);
 }
 
-/* Ordering by device events (CPU device): the input is produced on a device
- * stream behind a slow GEMM, the collective starts after `after`, and a
- * second stream scales the result after `done`. Without the ordering the
- * collective would read the input unscaled, or the scale would run before
- * the result arrived. */
+/* Ordering by device events: the input is produced on a device stream
+ * behind slow GEMMs, the collective starts after `after`, and a second
+ * stream scales the result after `done`. Without the ordering the collective
+ * would read the input unscaled, or the scale would run before the result
+ * arrived. The CPU device for the host backends (its memory is host memory),
+ * the CUDA device for NCCL. */
 static void test_events(void **state)
 {
     (void)state;
     gpu_cpu_options dopt = {0};
-    gpu_device_t dev;
-    assert_int_equal(gpu_device_init_cpu(&dopt, &dev), ZO_OK);
+    gpu_device_t dev = Dev;
+    if (!dev) assert_int_equal(gpu_device_init_cpu(&dopt, &dev), ZO_OK);
     comm_options o = {.backend = comm_get_backend(C), .device = dev, .timeout_s = 60};
     comm_t c;
     assert_int_equal(comm_init(&o, &c), ZO_OK);
     assert_int_equal(comm_size(c), N);
-    assert_int_equal(comm_device_buffers(c), 0); /* CPU device memory is host memory */
+    assert_int_equal(comm_device_buffers(c), Dev != NULL);
     gpu_stream_t s1, s2;
     gpu_event_t after, done;
     assert_int_equal(gpu_stream_create(dev, &s1), ZO_OK);
     assert_int_equal(gpu_stream_create(dev, &s2), ZO_OK);
     assert_int_equal(gpu_event_create(dev, &after), ZO_OK);
     assert_int_equal(gpu_event_create(dev, &done), ZO_OK);
-    const int m = 384; /* 4 GEMMs: tens of ms on the CPU device */
-    const size_t n = 5003;
+    const int m = Dev ? 4096 : 384; /* 4 GEMMs: tens of ms */
+    const size_t n = 5003, mm = (size_t)m * m;
     float *x, *y, *ga, *gc;
+    float *hx = xmalloc(n * 4), *hy = xmalloc(n * 4), *hg = xmalloc(mm * 4);
     assert_int_equal(gpu_mem_alloc(dev, n * 4, (void **)&x), ZO_OK);
     assert_int_equal(gpu_mem_alloc(dev, n * 4, (void **)&y), ZO_OK);
-    assert_int_equal(gpu_mem_alloc(dev, (size_t)m * m * 4, (void **)&ga), ZO_OK);
-    assert_int_equal(gpu_mem_alloc(dev, (size_t)m * m * 4, (void **)&gc), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(dev, mm * 4, (void **)&ga), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(dev, mm * 4, (void **)&gc), ZO_OK);
+    for (size_t i = 0; i < mm; i++) hg[i] = 1.0f / (float)m;
+    assert_int_equal(gpu_memcpy_async(s1, ga, hg, mm * 4, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+    fill(hx, ZO_DTYPE_F32, n, R, INPUT_INTEGER, 0);
     int wrong = 0;
     for (int round = 0; round < 3; round++) {
-        fill(x, ZO_DTYPE_F32, n, R, INPUT_INTEGER, 0);
-        memset(y, 0, n * 4);
-        for (size_t i = 0; i < (size_t)m * m; i++) ga[i] = 1.0f / (float)m;
+        assert_int_equal(gpu_memcpy_async(s1, x, hx, n * 4, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+        assert_int_equal(gpu_memset_async(s1, y, 0, n * 4), ZO_OK);
         gpu_gemm_desc g = {.m = m, .n = m, .k = m, .alpha = 1.0f, .a = gpu_t(ga, ZO_DTYPE_F32),
                            .b = gpu_t(ga, ZO_DTYPE_F32), .c = gpu_t(gc, ZO_DTYPE_F32),
                            .lda = m, .ldb = m, .ldc = m};
@@ -500,30 +577,58 @@ static void test_events(void **state)
         assert_int_equal(comm_all_reduce(c, x, y, n, ZO_DTYPE_F32, &ord, &req), ZO_OK);
         assert_int_equal(gpu_stream_wait_event(s2, done), ZO_OK);
         assert_int_equal(gpu_scale(s2, gpu_t(y, ZO_DTYPE_F32), 0.5f, n), ZO_OK);
+        assert_int_equal(gpu_memcpy_async(s2, hy, y, n * 4, GPU_COPY_DEVICE_TO_HOST), ZO_OK);
         assert_int_equal(gpu_stream_synchronize(s2), ZO_OK);
         /* y = (sum of 2 x) / 2: the integers' sum exactly */
-        wrong += check_sum(y, ZO_DTYPE_F32, n, INPUT_INTEGER, 0, "all_reduce ordered by events");
+        wrong += check_sum(hy, ZO_DTYPE_F32, n, INPUT_INTEGER, 0, "all_reduce ordered by events");
         assert_int_equal(comm_wait(req), ZO_OK);
         assert_int_equal(gpu_stream_synchronize(s1), ZO_OK);
     }
     /* blocking call with only `done`: the stream sees the result */
-    fill(x, ZO_DTYPE_F32, n, R, INPUT_INTEGER, 0);
+    assert_int_equal(gpu_memcpy_async(s1, x, hx, n * 4, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+    assert_int_equal(gpu_stream_synchronize(s1), ZO_OK);
     comm_order ord = {.done = done};
     assert_int_equal(comm_all_reduce(c, x, x, n, ZO_DTYPE_F32, &ord, NULL), ZO_OK);
     assert_int_equal(gpu_stream_wait_event(s2, done), ZO_OK);
+    assert_int_equal(gpu_memcpy_async(s2, hy, x, n * 4, GPU_COPY_DEVICE_TO_HOST), ZO_OK);
     assert_int_equal(gpu_stream_synchronize(s2), ZO_OK);
-    wrong += check_sum(x, ZO_DTYPE_F32, n, INPUT_INTEGER, 0, "all_reduce with done only");
+    wrong += check_sum(hy, ZO_DTYPE_F32, n, INPUT_INTEGER, 0, "all_reduce with done only");
     gpu_mem_free(dev, x);
     gpu_mem_free(dev, y);
     gpu_mem_free(dev, ga);
     gpu_mem_free(dev, gc);
+    free(hx);
+    free(hy);
+    free(hg);
     gpu_event_destroy(after);
     gpu_event_destroy(done);
     gpu_stream_destroy(s1);
     gpu_stream_destroy(s2);
     comm_free(c);
-    gpu_device_free(dev);
+    if (dev != Dev) gpu_device_free(dev);
     assert_int_equal(agree(wrong), 0);
+}
+
+/* NCCL: one GPU per rank on a node (NCCL refuses two ranks on one GPU).
+ * Every rank of a node decides alike, so they skip together. */
+static int open_cuda_device(void)
+{
+    const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK"), *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (!lr) lr = getenv("MPI_LOCALRANKID");
+    if (!ls) ls = getenv("MPI_LOCALNRANKS");
+    int local_rank = lr ? atoi(lr) : 0, local_size = ls ? atoi(ls) : 1;
+    int count = gpu_cuda_device_count();
+    if (count < local_size) {
+        printf("skipped: %d ranks on this node, %d CUDA devices\n", local_size, count);
+        return 1;
+    }
+    char name[32];
+    snprintf(name, sizeof name, "cuda:%d", local_rank);
+    if (gpu_device_open(name, 0, &Dev) != ZO_OK || gpu_stream_create(Dev, &Copy) != ZO_OK) {
+        printf("skipped: %s: %s\n", name, zo_last_error());
+        return 1;
+    }
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -535,7 +640,7 @@ int main(int argc, char **argv)
                 return 2;
             }
         } else {
-            fprintf(stderr, "usage: test_comm [--backend auto|self|mpi]\n");
+            fprintf(stderr, "usage: test_comm [--backend auto|self|mpi|nccl]\n");
             return 2;
         }
     }
@@ -543,7 +648,8 @@ int main(int argc, char **argv)
         printf("skipped: the %s backend is not in this build\n", comm_backend_name(backend));
         return 77;
     }
-    comm_options o = {.backend = backend, .timeout_s = 60};
+    if (backend == COMM_BACKEND_NCCL && open_cuda_device() != 0) return 77;
+    comm_options o = {.backend = backend, .device = Dev, .timeout_s = 60};
     if (comm_init(&o, &C) != ZO_OK) {
         fprintf(stderr, "test_comm: %s\n", zo_last_error());
         return 1;
@@ -560,5 +666,9 @@ int main(int argc, char **argv)
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     comm_free(C);
+    if (Dev) {
+        gpu_stream_destroy(Copy);
+        gpu_device_free(Dev);
+    }
     return failed ? 1 : 0;
 }
