@@ -184,6 +184,16 @@ zo_status gpu_event_synchronize(gpu_event_t ev)
     return ev->dev->iface->event_synchronize(ev);
 }
 
+zo_status gpu_launch_host_func(gpu_stream_t s, gpu_host_fn fn, void *arg)
+{
+    if (!s || !fn) return zo_error(ZO_ERR_INVALID, "gpu_launch_host_func: NULL argument");
+    if (s->dev->iface->launch_host_func) return s->dev->iface->launch_host_func(s, fn, arg);
+    zo_status st = gpu_stream_synchronize(s);
+    if (st != ZO_OK) return st;
+    fn(arg);
+    return ZO_OK;
+}
+
 /* ---- argument checks ----------------------------------------------------------- */
 
 static int dtype_ok(zo_dtype t) { return t >= ZO_DTYPE_F32 && t < ZO_DTYPE_COUNT; }

@@ -117,6 +117,13 @@ zo_status gpu_stream_wait_event(gpu_stream_t s, gpu_event_t ev);
 int gpu_event_query(gpu_event_t ev);
 zo_status gpu_event_synchronize(gpu_event_t ev);
 
+/* Run fn(arg) on a host thread in stream order: after the work enqueued on
+ * `s` so far; work enqueued on `s` later waits until fn returns (CUDA's
+ * cudaLaunchHostFunc). fn must not call the device interface. This is how
+ * host-side work (an MPI collective, gpu/comm.h) joins a stream's order. */
+typedef void (*gpu_host_fn)(void *arg);
+zo_status gpu_launch_host_func(gpu_stream_t s, gpu_host_fn fn, void *arg);
+
 /* ---- copies --------------------------------------------------------------- */
 
 typedef enum gpu_copy_kind {

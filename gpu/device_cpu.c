@@ -184,6 +184,7 @@ struct cpu_cmd {
         struct { void *dst; const void *src; size_t bytes; int value; } mem;
         struct { void *p; } free;
         struct { struct cpu_event *ev; uint64_t gen; } event;
+        struct { gpu_host_fn fn; void *arg; } host;
         gpu_gemm_desc gemm;
         struct { gpu_attn_desc a; gpu_tensor t0, t1, t2, t3; float *f0; const float *cf0; } attn;
         struct {
@@ -435,6 +436,21 @@ static zo_status cpu_event_synchronize(gpu_event_t ev)
     while (ce->completed < target) pthread_cond_wait(&ce->done, &ce->lock);
     pthread_mutex_unlock(&ce->lock);
     return ZO_OK;
+}
+
+static zo_status run_host_func(cpu_cmd *cmd, int nt)
+{
+    (void)nt;
+    cmd->u.host.fn(cmd->u.host.arg);
+    return ZO_OK;
+}
+
+static zo_status cpu_launch_host_func(gpu_stream_t s, gpu_host_fn fn, void *arg)
+{
+    NEW_CMD(cmd, s, run_host_func, "gpu_launch_host_func");
+    cmd->u.host.fn = fn;
+    cmd->u.host.arg = arg;
+    return enqueue(s, cmd);
 }
 
 /* ---- copies and stream-ordered free ------------------------------------------------------ */
@@ -943,6 +959,7 @@ static const gpu_backend_iface cpu_iface = {
     .stream_wait_event = cpu_stream_wait_event,
     .event_query = cpu_event_query,
     .event_synchronize = cpu_event_synchronize,
+    .launch_host_func = cpu_launch_host_func,
     .memcpy_async = cpu_memcpy_async,
     .memset_async = cpu_memset_async,
     .gemm = cpu_op_gemm,

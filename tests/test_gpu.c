@@ -4,6 +4,7 @@
  * reference written here from the definitions, backward against central
  * finite differences of that reference in float64. */
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -302,6 +303,69 @@ static void test_events_order(void **state)
     gpu_event_destroy(ev);
     gpu_stream_destroy(A);
     gpu_stream_destroy(B);
+}
+
+/* gpu_launch_host_func: the function runs after the work enqueued before it
+ * (it sees the GEMM's result) and work enqueued after it waits until it
+ * returns (the memset has not run while the function blocks). */
+typedef struct host_fn_ctx {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    const float *c;
+    float seen;
+    int entered, release;
+} host_fn_ctx;
+
+static void host_fn_block(void *arg)
+{
+    host_fn_ctx *h = arg;
+    pthread_mutex_lock(&h->lock);
+    h->seen = h->c[0];
+    h->entered = 1;
+    pthread_cond_broadcast(&h->cond);
+    while (!h->release) pthread_cond_wait(&h->cond, &h->lock);
+    pthread_mutex_unlock(&h->lock);
+}
+
+static void test_host_func(void **state)
+{
+    (void)state;
+    const int m = 128, k = 128, n = 128;
+    double *ha = drand_array((size_t)m * k, 1.0), *hb = drand_array((size_t)k * n, 1.0);
+    gpu_tensor a = dput(ha, (size_t)m * k, ZO_DTYPE_F32), b = dput(hb, (size_t)k * n, ZO_DTYPE_F32);
+    gpu_tensor c = dzeros((size_t)m * n, ZO_DTYPE_F32), flag = dzeros(16, ZO_DTYPE_F32);
+    assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+    host_fn_ctx h = {.c = c.data};
+    pthread_mutex_init(&h.lock, NULL);
+    pthread_cond_init(&h.cond, NULL);
+    gpu_gemm_desc g = {.m = m, .n = n, .k = k, .alpha = 1.0f, .beta = 0.0f, .a = a, .b = b,
+                       .c = c, .lda = k, .ldb = n, .ldc = n};
+    assert_int_equal(gpu_gemm(S, &g), ZO_OK);
+    assert_int_equal(gpu_launch_host_func(S, host_fn_block, &h), ZO_OK);
+    assert_int_equal(gpu_memset_async(S, flag.data, 0x7f, 16 * sizeof(float)), ZO_OK);
+    pthread_mutex_lock(&h.lock);
+    while (!h.entered) pthread_cond_wait(&h.cond, &h.lock);
+    unsigned char first;
+    memcpy(&first, flag.data, 1);
+    assert_int_equal(first, 0); /* the memset waits behind the blocked function */
+    h.release = 1;
+    pthread_cond_broadcast(&h.cond);
+    pthread_mutex_unlock(&h.lock);
+    assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+    memcpy(&first, flag.data, 1);
+    assert_int_equal(first, 0x7f);
+    double ref = 0.0;
+    for (int p = 0; p < k; p++) ref += ha[p] * hb[(size_t)p * n];
+    assert_true(fabs(h.seen - ref) <= 1e-4 * (1.0 + fabs(ref)));
+    assert_int_equal(gpu_launch_host_func(S, NULL, NULL), ZO_ERR_INVALID);
+    pthread_cond_destroy(&h.cond);
+    pthread_mutex_destroy(&h.lock);
+    dfree(a);
+    dfree(b);
+    dfree(c);
+    dfree(flag);
+    free(ha);
+    free(hb);
 }
 
 /* A round trip between two streams: B writes x[0] and records e1; C waits
@@ -1405,6 +1469,7 @@ int main(void)
         cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_capacity_concurrent),
         cmocka_unit_test(test_events_order),
+        cmocka_unit_test(test_host_func),
         cmocka_unit_test(test_streams_concurrent),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_gemm),

@@ -438,6 +438,14 @@ static zo_status cuda_event_synchronize(gpu_event_t ev)
 
 /* ---- copies -------------------------------------------------------------------------------------- */
 
+static zo_status cuda_launch_host_func(gpu_stream_t s, gpu_host_fn fn, void *arg)
+{
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
+    return CU(cudaLaunchHostFunc(cs->stream, fn, arg));
+}
+
 static zo_status cuda_memcpy_async(gpu_stream_t s, void *dst, const void *src, size_t bytes,
                                    gpu_copy_kind kind)
 {
@@ -686,6 +694,7 @@ static const gpu_backend_iface cuda_iface = {
     .stream_wait_event = cuda_stream_wait_event,
     .event_query = cuda_event_query,
     .event_synchronize = cuda_event_synchronize,
+    .launch_host_func = cuda_launch_host_func,
     .memcpy_async = cuda_memcpy_async,
     .memset_async = cuda_memset_async,
     .gemm = cuda_op_gemm,
