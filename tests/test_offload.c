@@ -876,12 +876,24 @@ static void test_plan_selective(void **state)
     (void)state;
     char path[300];
     snprintf(path, sizeof path, "%s/plan-selective.json", nvme_dir);
+    zo_model_config m = tiny_llama(2, 64, 128);
+    zo_plan *pl = malloc(sizeof *pl);
+    assert_non_null(pl);
+    zo_plan_defaults(pl, &m);
+    pl->training.recompute = ZO_PLAN_RECOMPUTE_SELECTIVE;
+    pl->placement.params = pl->placement.grads = ZO_PLAN_GPU;
+    pl->placement.optimizer[ZO_PLAN_GPU] = 0.25;
+    pl->placement.optimizer[ZO_PLAN_CPU] = 0.75;
+    cJSON *doc;
+    assert_int_equal(zo_plan_write_json(pl, path, &doc), ZO_OK);
+    free(pl);
+    char *text = cJSON_Print(doc);
+    cJSON_Delete(doc);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
-    fputs("{\"format\": \"zoffload-plan\", \"training\": {\"recompute\": \"selective\"},"
-          " \"placement\": {\"params\": \"gpu\", \"grads\": \"gpu\","
-          " \"optimizer\": {\"gpu\": 0.25, \"cpu\": 0.75, \"nvme\": 0}}}\n", f);
+    fputs(text, f);
     fclose(f);
+    free(text);
     offload_plan p;
     offload_plan_defaults(&p);
     p.cfg.recompute = 1;
