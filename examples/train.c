@@ -62,7 +62,9 @@ static void usage(FILE *f)
         "  --seed N               random init seed (default 1337)\n"
         "\n"
         "placement (a plan, then these flags; see docs/offload.md):\n"
-        "  --plan FILE            the JSON memplan writes: placement, buffers, batch, dtype\n"
+        "  --plan FILE            a plan memplan wrote (plan --json FILE, estimate --plan-out\n"
+        "                         FILE): placement, buffers, batch, dtype; its model and its\n"
+        "                         ranks (dp x tp x pp) must be this run's\n"
         "  --params-on gpu|cpu|nvme     16-bit weights: resident, or streamed from pinned host / NVMe\n"
         "  --optimizer-on SPEC    fp32 master + Adam moments: cpu, nvme, gpu, or fractions\n"
         "                         cpu=0.5,nvme=0.3,gpu=0.2 (the gpu share: whole blocks, its\n"
@@ -444,6 +446,12 @@ int main(int argc, char **argv)
         oc->ckpt_hook_user = (void *)pause_spec;
     }
     if ((st = load_config(a.model, &cfg)) != ZO_OK) goto out;
+    /* a plan made for another model or another number of ranks would run as
+     * something it never planned (the runtime is single-rank today) */
+    if (a.plan && (st = zo_plan_check_run(&a.p.file, &cfg, 1, a.plan)) != ZO_OK) {
+        fprintf(stderr, "train: --plan %s\n", zo_last_error());
+        return 2;
+    }
     if ((st = model_tokens_open(&tokens, a.data, a.width, cfg.vocab)) != ZO_OK) goto out;
     if ((st = open_device(a.device, (size_t)a.device_mem, (int)a.threads, &dev)) != ZO_OK) goto out;
     if ((st = gpu_stream_create(dev, &s)) != ZO_OK) goto out_dev;

@@ -51,8 +51,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/dtype.h"  /* defines: zo_dtype */
-#include "common/status.h" /* defines: zo_status */
+#include "common/dtype.h"       /* defines: zo_dtype */
+#include "common/plan_schema.h" /* defines: zo_plan (the plan file as read) */
+#include "common/status.h"      /* defines: zo_status */
 #include "gpu/device.h"    /* defines: gpu_device_t, gpu_stream_t */
 
 typedef struct offload offload_t;
@@ -158,27 +159,35 @@ typedef struct offload_prediction {
     double step_s;                   /* 0 when absent */
 } offload_prediction;
 
-/* The training settings a plan file holds besides the runtime's. */
+/* A plan file (docs/plan-format.md) as the runtime reads it: its
+ * configuration and the training settings it holds besides. */
 typedef struct offload_plan {
     offload_config cfg;              /* placement, buffers, grad_accum */
     offload_prediction predicted;
     char model_name[64];
-    int seq, micro_batch;            /* 0 when absent */
-    int dtype;                       /* zo_dtype, -1 when absent */
-    uint64_t gpu_mem;                /* hardware.gpu_mem; 0 when absent */
+    int seq, micro_batch;            /* 0 when no plan was read */
+    int dtype;                       /* zo_dtype, -1 when no plan was read */
+    uint64_t gpu_mem;                /* hardware.gpu_mem; 0 when the plan has no hardware */
     /* The plan said recompute "selective": read as none (cfg.recompute 0),
      * since the attention keeps no s x s scores and selective would
      * recompute nothing; programs say so when they print the plan. */
     int selective_as_none;
+    /* The file as the plan schema read it (the model and parallel layout
+     * for zo_plan_check_run); cfg.nvme_dir may point into it. */
+    zo_plan file;
 } offload_plan;
 
 /* Defaults: offload_config_defaults, nothing predicted, dtype -1. */
 void offload_plan_defaults(offload_plan *p);
 
-/* Read the JSON `memplan` writes (docs/plan-format.md; `memplan estimate
- * --json` output is read too). Fields absent keep the values already in
- * *plan (start from offload_plan_defaults). The
- * NVMe directory placeholder "${ZO_NVME_DIR}" leaves cfg.nvme_dir alone.
+/* Read a plan file through the plan schema's reader (common/plan_schema.h,
+ * the one memplan writes with), which refuses anything but that one shape:
+ * unknown or missing fields, values outside the schema's limits, another
+ * version. The plan sets the runtime's placement, buffers and grad_accum in
+ * plan->cfg and leaves the rest of cfg (AdamW, threads, loss scale, hooks) as
+ * it is (start from offload_plan_defaults); the NVMe directory placeholder
+ * "${ZO_NVME_DIR}" leaves cfg.nvme_dir alone, a directory points it into
+ * plan->file. A plan for an optimizer the runtime lacks (sgd) is refused.
  * Messages name the file and the field. */
 zo_status offload_plan_load(const char *path, offload_plan *plan);
 

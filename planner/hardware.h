@@ -10,38 +10,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/plan_schema.h" /* defines: zo_hw_profile */
 #include "common/status.h"
 
-typedef struct plan_hw {
-    char name[48];
-    char gpu[24];            /* "H100-80GB" */
-    int gpus;                /* GPUs in the job (ranks) */
-    int gpus_per_node;
-    uint64_t gpu_mem;        /* bytes per GPU */
-    uint64_t cpu_mem;        /* bytes per node */
-    uint64_t nvme;           /* bytes per node */
-    double nvme_read_bw;     /* bytes/s per node */
-    double nvme_write_bw;    /* bytes/s per node */
-    double pcie_bw;          /* bytes/s per GPU, each direction, achieved */
-    double nvlink_bw;        /* bytes/s per GPU, one direction */
-    double net_bw;           /* bytes/s per GPU across nodes */
-    double hbm_bw;           /* bytes/s */
-    double peak_flops_16;    /* dense fp16/bf16 tensor FLOP/s */
-    double peak_flops_32;    /* dense fp32 (TF32 where the GPU has it) FLOP/s */
-    double cpu_mem_bw;       /* bytes/s per node */
-    int cpu_cores;           /* per node */
-    /* cost model (docs/memplan.md, "Time"): */
-    double gemm_eff_max;     /* matmul efficiency of large operations, fraction of peak */
-    double gemm_flops_half;  /* FLOPs of one matmul at half of gemm_eff_max */
-    double hbm_eff;          /* fraction of hbm_bw that elementwise kernels reach */
-    double coll_eff;         /* fraction of a link's bandwidth a collective reaches (busbw) */
-    double nvlink_lat;       /* seconds per step of a collective inside a node */
-    double net_lat;          /* seconds per step of a collective across nodes */
-    double cpu_adam_rate;    /* AdamW parameters/s per node on the CPU; 0: from cpu_mem_bw */
-    int pcie_gen, pcie_lanes; /* the host link as it runs (0: not described); pcie_bw follows */
-    int measured;            /* 1: a profile written by `memplan calibrate` */
-    char note[160];          /* what a profile could not measure (e.g. "no GPU") */
-} plan_hw;
+/* A machine as the planner sees it: the plan schema's hardware profile, so
+ * that its fields and their ranges are one table (common/plan_schema.c). */
+typedef zo_hw_profile plan_hw;
 
 typedef struct plan_hw_preset {
     const char *name;

@@ -6,6 +6,8 @@
  *
  * Exit status: 0 fits (or a listing), 1 does not fit, 2 bad input. */
 #include <getopt.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,8 +104,9 @@ static const char usage_estimate[] =
     "  --json                  JSON instead of the table (docs/memplan-json.md)\n"
     "  --svg FILE              a picture: per tier what lives there against capacity, and the\n"
     "                          step-time split\n"
-    "  --plan FILE             estimate a plan file written by 'memplan plan --json FILE'\n"
-    "                          (docs/plan-format.md) instead of flags\n"
+    "  --plan FILE             estimate a plan file (docs/plan-format.md) instead of flags\n"
+    "  --plan-out FILE         write this configuration as a plan file for 'train --plan'\n"
+    "                          (--json prints a report, which is not a plan)\n"
     "  --hw FILE               (above) also takes a profile from 'memplan calibrate'\n";
 
 enum {
@@ -113,7 +116,7 @@ enum {
     OPT_PP, OPT_SP, OPT_VPP, OPT_ZERO, OPT_RECOMPUTE, OPT_NO_FLASH, OPT_DROPOUT, OPT_NO_DROPOUT,
     OPT_GRADS, OPT_OPTIMIZER, OPT_CHECKPOINTS, OPT_CUDA_CONTEXT, OPT_CUBLAS_WS, OPT_COMM_BUCKET,
     OPT_COMM_BUCKETS, OPT_PREFETCH, OPT_PINNED, OPT_FRAG, OPT_SUB_GROUP, OPT_SWAP_BUFFERS,
-    OPT_JSON, OPT_GLOBAL_BATCH, OPT_SVG, OPT_PLAN, OPT_HELP,
+    OPT_JSON, OPT_GLOBAL_BATCH, OPT_SVG, OPT_PLAN, OPT_PLAN_OUT, OPT_HELP,
 };
 
 /* The model and hardware flags, shared by estimate and plan. */
@@ -171,6 +174,7 @@ static const struct option estimate_opts[] = {
     {"global-batch", required_argument, 0, OPT_GLOBAL_BATCH},
     {"svg", required_argument, 0, OPT_SVG},
     {"plan", required_argument, 0, OPT_PLAN},
+    {"plan-out", required_argument, 0, OPT_PLAN_OUT},
     {"help", no_argument, 0, OPT_HELP},
     {0, 0, 0, 0},
 };
@@ -179,6 +183,35 @@ static int fail(void)
 {
     fprintf(stderr, "memplan: %s\n", zo_last_error());
     return EXIT_BADINPUT;
+}
+
+/* A flag that sets a field of the plan is checked against the plan schema's
+ * range for it, with the message a plan file holding the value gets. */
+static zo_status field_check(zo_status st, const char *flag, const char *field, double v)
+{
+    if (st != ZO_OK) return st;
+    if ((st = zo_plan_field_check(field, v)) != ZO_OK) return zo_error_wrap(st, "%s", flag);
+    return ZO_OK;
+}
+
+static zo_status field_int(const char *s, const char *flag, const char *field, long *out)
+{
+    zo_status st = zo_parse_int(s, flag, LONG_MIN, LONG_MAX, out);
+    return st != ZO_OK ? st : field_check(st, flag, field, (double)*out);
+}
+
+static zo_status field_double(const char *s, const char *flag, const char *field, double *out)
+{
+    zo_status st = zo_parse_double(s, flag, -HUGE_VAL, HUGE_VAL, out);
+    return st != ZO_OK ? st : field_check(st, flag, field, *out);
+}
+
+/* A size in bytes (units allowed) or, with `count`, a count (K/M/B/T). */
+static zo_status field_u64(const char *s, const char *flag, const char *field, int count,
+                           uint64_t *out)
+{
+    zo_status st = count ? zo_parse_count(s, flag, out) : zo_parse_size(s, flag, 1, out);
+    return st != ZO_OK ? st : field_check(st, flag, field, (double)*out);
 }
 
 static zo_status parse_tier(const char *s, const char *flag, int allow_nvme, plan_tier *out)
@@ -467,7 +500,7 @@ static int cmd_estimate(int argc, char **argv)
     plan_hw_flags hf = {0};
     plan_hw_basis basis;
     long gpus = 0, seq = 0, global_batch = 0, v;
-    const char *svg_path = NULL, *plan_path = NULL;
+    const char *svg_path = NULL, *plan_path = NULL, *plan_out = NULL;
     shape_flags sf = {0};
     int json = 0, dtype_set = 0, grad_dtype_set = 0, grads_set = 0, dropout = -1;
     plan_train t;
@@ -509,9 +542,9 @@ static int cmd_estimate(int argc, char **argv)
         case OPT_VOCAB: st = zo_parse_int(optarg, "--vocab", 1, 1 << 26, &sf.vocab); break;
         case OPT_ARCH: sf.arch = optarg; break;
         case OPT_GPUS: st = zo_parse_int(optarg, "--gpus", 1, 1 << 24, &gpus); break;
-        case OPT_SEQ: st = zo_parse_int(optarg, "--seq", 1, 1 << 24, &seq); break;
-        case OPT_MICRO_BATCH: st = zo_parse_int(optarg, "--micro-batch", 1, 1 << 20, &v); f.micro_batch = (int)v; break;
-        case OPT_GRAD_ACCUM: st = zo_parse_int(optarg, "--grad-accum", 1, 1 << 24, &v); f.grad_accum = (int)v; break;
+        case OPT_SEQ: st = field_int(optarg, "--seq", "training.seq", &seq); break;
+        case OPT_MICRO_BATCH: st = field_int(optarg, "--micro-batch", "training.micro_batch", &v); f.micro_batch = (int)v; break;
+        case OPT_GRAD_ACCUM: st = field_int(optarg, "--grad-accum", "training.grad_accum", &v); f.grad_accum = (int)v; break;
         case OPT_DTYPE: st = zo_dtype_parse(optarg, &f.dtype); dtype_set = 1; break;
         case OPT_GRAD_DTYPE: st = zo_dtype_parse(optarg, &f.grad_dtype); grad_dtype_set = 1; break;
         case OPT_OPTIM:
@@ -519,12 +552,12 @@ static int cmd_estimate(int argc, char **argv)
             else if (!strcasecmp(optarg, "sgd")) f.optimizer = PLAN_OPT_SGD;
             else st = zo_error(ZO_ERR_INVALID, "--optim: '%s' is not adamw or sgd", optarg);
             break;
-        case OPT_DP: st = zo_parse_int(optarg, "--dp", 1, 1 << 24, &i_dp.v); i_dp.set = 1; break;
-        case OPT_TP: st = zo_parse_int(optarg, "--tp", 1, 1 << 16, &i_tp.v); i_tp.set = 1; break;
-        case OPT_PP: st = zo_parse_int(optarg, "--pp", 1, 1 << 16, &i_pp.v); i_pp.set = 1; break;
+        case OPT_DP: st = field_int(optarg, "--dp", "parallel.dp", &i_dp.v); i_dp.set = 1; break;
+        case OPT_TP: st = field_int(optarg, "--tp", "parallel.tp", &i_tp.v); i_tp.set = 1; break;
+        case OPT_PP: st = field_int(optarg, "--pp", "parallel.pp", &i_pp.v); i_pp.set = 1; break;
         case OPT_SP: f.sp = 1; break;
-        case OPT_VPP: st = zo_parse_int(optarg, "--vpp", 1, 1 << 16, &v); f.vpp = (int)v; break;
-        case OPT_ZERO: st = zo_parse_int(optarg, "--zero", 0, 3, &v); f.zero = (int)v; break;
+        case OPT_VPP: st = field_int(optarg, "--vpp", "parallel.vpp", &v); f.vpp = (int)v; break;
+        case OPT_ZERO: st = field_int(optarg, "--zero", "parallel.zero", &v); f.zero = (int)v; break;
         case OPT_RECOMPUTE:
             if (!strcasecmp(optarg, "none")) f.recompute = PLAN_RECOMPUTE_NONE;
             else if (!strcasecmp(optarg, "selective")) f.recompute = PLAN_RECOMPUTE_SELECTIVE;
@@ -537,19 +570,33 @@ static int cmd_estimate(int argc, char **argv)
         case OPT_GRADS: st = parse_tier(optarg, "--grads", 0, &grads_on); grads_set = 1; break;
         case OPT_OPTIMIZER: st = parse_fractions(optarg, opt_frac); break;
         case OPT_CHECKPOINTS: st = parse_tier(optarg, "--checkpoints", 0, &ck_on); break;
-        case OPT_CUDA_CONTEXT: st = zo_parse_size(optarg, "--cuda-context", 1, &f.buf.cuda_context); break;
-        case OPT_CUBLAS_WS: st = zo_parse_size(optarg, "--cublas-workspace", 1, &f.buf.cublas_workspace); break;
-        case OPT_COMM_BUCKET: st = zo_parse_count(optarg, "--comm-bucket", &f.buf.comm_bucket); break;
-        case OPT_COMM_BUCKETS: st = zo_parse_int(optarg, "--comm-buckets", 0, 64, &v); f.buf.comm_buckets = (int)v; break;
-        case OPT_PREFETCH: st = zo_parse_int(optarg, "--prefetch", 1, 64, &v); f.buf.prefetch_depth = (int)v; break;
-        case OPT_PINNED: st = zo_parse_size(optarg, "--pinned-staging", 0, &f.buf.pinned_staging); break;
-        case OPT_FRAG: st = zo_parse_double(optarg, "--fragmentation", 0, 1, &f.buf.fragmentation); break;
-        case OPT_SUB_GROUP: st = zo_parse_count(optarg, "--sub-group", &f.buf.sub_group); break;
-        case OPT_SWAP_BUFFERS: st = zo_parse_int(optarg, "--swap-buffers", 1, 64, &v); f.buf.swap_buffers = (int)v; break;
+        case OPT_CUDA_CONTEXT:
+            st = field_u64(optarg, "--cuda-context", "buffers.cuda_context", 0, &f.buf.cuda_context);
+            break;
+        case OPT_CUBLAS_WS:
+            st = field_u64(optarg, "--cublas-workspace", "buffers.cublas_workspace", 0,
+                           &f.buf.cublas_workspace);
+            break;
+        case OPT_COMM_BUCKET:
+            st = field_u64(optarg, "--comm-bucket", "buffers.comm_bucket_elems", 1, &f.buf.comm_bucket);
+            break;
+        case OPT_COMM_BUCKETS: st = field_int(optarg, "--comm-buckets", "buffers.comm_buckets", &v); f.buf.comm_buckets = (int)v; break;
+        case OPT_PREFETCH: st = field_int(optarg, "--prefetch", "buffers.prefetch_depth", &v); f.buf.prefetch_depth = (int)v; break;
+        case OPT_PINNED:
+            st = field_u64(optarg, "--pinned-staging", "buffers.pinned_staging", 0, &f.buf.pinned_staging);
+            break;
+        case OPT_FRAG:
+            st = field_double(optarg, "--fragmentation", "buffers.fragmentation", &f.buf.fragmentation);
+            break;
+        case OPT_SUB_GROUP:
+            st = field_u64(optarg, "--sub-group", "nvme.sub_group", 1, &f.buf.sub_group);
+            break;
+        case OPT_SWAP_BUFFERS: st = field_int(optarg, "--swap-buffers", "nvme.swap_buffers", &v); f.buf.swap_buffers = (int)v; break;
         case OPT_JSON: json = 1; break;
         case OPT_GLOBAL_BATCH: st = zo_parse_int(optarg, "--global-batch", 1, 1 << 30, &global_batch); break;
         case OPT_SVG: svg_path = optarg; break;
         case OPT_PLAN: plan_path = optarg; break;
+        case OPT_PLAN_OUT: plan_out = optarg; break;
         case OPT_HELP: fputs(usage_estimate, stdout); return 0;
         case ':':
             fprintf(stderr, "memplan: %s needs a value (see 'memplan estimate --help')\n",
@@ -572,7 +619,8 @@ static int cmd_estimate(int argc, char **argv)
         for (int k = OPT_MODEL; k <= OPT_SWAP_BUFFERS; k++)
             if (seen[k]) {
                 zo_error(ZO_ERR_INVALID, "--plan: the plan file fixes the model, hardware and "
-                                         "configuration; give only --json or --svg with it");
+                                         "configuration; give only --json, --svg or --plan-out "
+                                         "with it");
                 return fail();
             }
         char *text;
@@ -674,6 +722,14 @@ estimate:
         plan_report_table(stdout, &m, &hw, &t, &e, &pt, &sg);
     }
     if (svg_path && (st = write_svg(svg_path, &m, &hw, &t, &e, &pt)) != ZO_OK) return fail();
+    if (plan_out) {
+        cJSON *doc;
+        if ((st = plan_file_json(&m, &hw, &t, &e, &pt, plan_out, &doc)) != ZO_OK) return fail();
+        st = write_json(plan_out, doc);
+        cJSON_Delete(doc);
+        if (st) return fail();
+        if (!json) printf("\nplan written to %s (train --plan %s)\n", plan_out, plan_out);
+    }
     return e.fits ? 0 : EXIT_NOFIT;
 }
 
@@ -815,7 +871,7 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
         case OPT_VOCAB: st = zo_parse_int(optarg, "--vocab", 1, 1 << 26, &a->sf.vocab); break;
         case OPT_ARCH: a->sf.arch = optarg; break;
         case OPT_GPUS: st = zo_parse_int(optarg, "--gpus", 1, 1 << 20, &a->gpus); break;
-        case OPT_SEQ: st = zo_parse_int(optarg, "--seq", 1, 1 << 24, &a->seq); break;
+        case OPT_SEQ: st = field_int(optarg, "--seq", "training.seq", &a->seq); break;
         case OPT_GLOBAL_BATCH: st = zo_parse_int(optarg, "--global-batch", 1, 1 << 30, &a->global_batch); break;
         case OPT_DTYPE: st = zo_dtype_parse(optarg, &a->dtype); a->dtype_set = 1; break;
         case OPT_GRAD_DTYPE: st = zo_dtype_parse(optarg, &a->grad_dtype); a->grad_dtype_set = 1; break;
@@ -843,8 +899,8 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
             }
             break;
         }
-        case OPT_TP: st = zo_parse_int(optarg, "--tp", 1, 1 << 16, &a->tp); break;
-        case OPT_PP: st = zo_parse_int(optarg, "--pp", 1, 1 << 16, &a->pp); break;
+        case OPT_TP: st = field_int(optarg, "--tp", "parallel.tp", &a->tp); break;
+        case OPT_PP: st = field_int(optarg, "--pp", "parallel.pp", &a->pp); break;
         case OPT_RECOMPUTE:
             if (!strcasecmp(optarg, "none")) a->recompute = PLAN_RECOMPUTE_NONE;
             else if (!strcasecmp(optarg, "selective")) a->recompute = PLAN_RECOMPUTE_SELECTIVE;
@@ -853,19 +909,20 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
             break;
         case OPT_SVG: a->svg_path = optarg; break;
         case OPT_CUDA_CONTEXT:
-            st = zo_parse_size(optarg, "--cuda-context", 1, &a->buf.cuda_context);
+            st = field_u64(optarg, "--cuda-context", "buffers.cuda_context", 0, &a->buf.cuda_context);
             a->cuda_context_set = 1;
             break;
         case OPT_CUBLAS_WS:
-            st = zo_parse_size(optarg, "--cublas-workspace", 1, &a->buf.cublas_workspace);
+            st = field_u64(optarg, "--cublas-workspace", "buffers.cublas_workspace", 0,
+                           &a->buf.cublas_workspace);
             a->cublas_set = 1;
             break;
         case OPT_FRAG:
-            st = zo_parse_double(optarg, "--fragmentation", 0, 1, &a->buf.fragmentation);
+            st = field_double(optarg, "--fragmentation", "buffers.fragmentation", &a->buf.fragmentation);
             a->frag_set = 1;
             break;
         case OPT_SUB_GROUP:
-            st = zo_parse_count(optarg, "--sub-group", &a->buf.sub_group);
+            st = field_u64(optarg, "--sub-group", "nvme.sub_group", 1, &a->buf.sub_group);
             a->sub_group_set = 1;
             break;
         case PO_MAX_GPUS: st = zo_parse_int(optarg, "--max-gpus", 1, 1 << 16, &a->max_gpus); break;
@@ -880,7 +937,9 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
         case PO_NO_NVME: a->no_nvme = 1; break;
         case PO_MAX_MB: st = zo_parse_int(optarg, "--max-micro-batch", 1, 1 << 16, &a->max_mb); break;
         case PO_OPT_STEPS: st = zo_parse_int(optarg, "--opt-steps", 1, 100, &a->opt_steps); break;
-        case PO_MAX_PREFETCH: st = zo_parse_int(optarg, "--max-prefetch", 1, 16, &a->max_prefetch); break;
+        case PO_MAX_PREFETCH:
+            st = field_int(optarg, "--max-prefetch", "buffers.prefetch_depth", &a->max_prefetch);
+            break;
         case PO_JSON_FILE: a->json_path = optarg; break;
         case PO_FAMILY: a->family = optarg; break;
         case PO_STRATEGY: a->strategy = optarg; break;
@@ -1026,7 +1085,8 @@ static int cmd_plan(int argc, char **argv)
             (st = plan_time_run(&m, &h, &b->t, &e, &pt)) != ZO_OK)
             return fail();
         if (a.json_path) {
-            cJSON *doc = plan_file_json(&m, &h, &b->t, &e, &pt);
+            cJSON *doc;
+            if ((st = plan_file_json(&m, &h, &b->t, &e, &pt, a.json_path, &doc)) != ZO_OK) return fail();
             st = write_json(a.json_path, doc);
             cJSON_Delete(doc);
             if (st) return fail();

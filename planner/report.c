@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/plan_schema.h" /* defines: zo_plan_model_write_json */
 #include "common/units.h"
 
 void plan_format_fractions(const double f[PLAN_TIERS], char *buf, size_t len)
@@ -38,36 +39,7 @@ void plan_json_add_placement(cJSON *parent, const plan_train *t)
     cJSON_AddStringToObject(jp, "checkpoints", plan_tier_name(t->checkpoints_on));
 }
 
-static void add_u64(cJSON *o, const char *k, uint64_t v);
-
-cJSON *plan_json_model(const zo_model_config *m)
-{
-    cJSON *jm = cJSON_CreateObject();
-    cJSON_AddStringToObject(jm, "name", m->name);
-    add_u64(jm, "params", zo_model_params(m));
-    if (m->params_override) {
-        add_u64(jm, "params_only", m->params_override);
-        cJSON_AddNumberToObject(jm, "max_seq", m->max_seq);
-        return jm;
-    }
-    cJSON_AddStringToObject(jm, "family", m->family);
-    cJSON_AddStringToObject(jm, "arch", zo_arch_name(m->arch));
-    cJSON_AddNumberToObject(jm, "layers", m->n_layers);
-    cJSON_AddNumberToObject(jm, "hidden", m->hidden);
-    cJSON_AddNumberToObject(jm, "heads", m->n_heads);
-    cJSON_AddNumberToObject(jm, "kv_heads", m->n_kv_heads);
-    cJSON_AddNumberToObject(jm, "head_dim", m->head_dim);
-    cJSON_AddNumberToObject(jm, "ffn", m->ffn);
-    cJSON_AddNumberToObject(jm, "vocab", m->vocab);
-    cJSON_AddNumberToObject(jm, "max_seq", m->max_seq);
-    cJSON_AddBoolToObject(jm, "tied_embeddings", m->tied_embeddings);
-    cJSON_AddBoolToObject(jm, "attn_bias", m->attn_bias);
-    cJSON_AddBoolToObject(jm, "out_bias", m->out_bias);
-    cJSON_AddBoolToObject(jm, "norm_bias", m->norm_bias);
-    cJSON_AddNumberToObject(jm, "norm_eps", m->norm_eps);
-    cJSON_AddNumberToObject(jm, "rope_theta", m->rope_theta);
-    return jm;
-}
+cJSON *plan_json_model(const zo_model_config *m) { return zo_plan_model_write_json(m); }
 
 static void add_u64(cJSON *o, const char *k, uint64_t v) { cJSON_AddNumberToObject(o, k, (double)v); }
 

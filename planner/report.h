@@ -29,11 +29,12 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
 void plan_report_time_table(FILE *out, const plan_time *pt);
 
 /* The model's shape as both the estimate's JSON and the plan file carry it
- * (docs/memplan-json.md, docs/plan-format.md); the caller owns it. */
+ * (docs/memplan-json.md, docs/plan-format.md), written by the plan schema's
+ * writer; the caller owns it. */
 cJSON *plan_json_model(const zo_model_config *m);
 
-/* "placement": {"params", "grads", "optimizer": {tier: fraction}, "checkpoints"},
- * as both the estimate's JSON and the plan file carry it. */
+/* "placement": {"params", "grads", "optimizer": {tier: fraction}, "checkpoints"}
+ * in the estimate's JSON (the same keys as the plan file's). */
 void plan_json_add_placement(cJSON *parent, const plan_train *t);
 
 /* "optimizer cpu=0.5,nvme=0.5" style description of a fraction split. */

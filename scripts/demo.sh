@@ -39,6 +39,6 @@ plan=(--model "$demo/config.json" --gpu-mem 6MiB --cpu-mem 1GiB --nvme 1GiB --se
       --checkpoints cpu --prefetch 1 --sub-group 1M --no-dropout --cuda-context 0
       --cublas-workspace 0 --fragmentation 0)
 "$m" estimate "${plan[@]}" | sed -n '1,12p'
-"$m" estimate "${plan[@]}" --json >"$demo/plan.json"
+"$m" estimate "${plan[@]}" --plan-out "$demo/plan.json" >/dev/null
 ./build/examples/train --model "$demo/config.json" --plan "$demo/plan.json" --data "$demo/text.txt" \
   --text --steps 8 --lr 2e-3 --nvme-dir "$demo" --stats-json "$demo/stats.json"

@@ -925,12 +925,29 @@ static void test_plan_selective(void **state)
     (void)state;
     char path[300];
     snprintf(path, sizeof path, "%s/plan-selective.json", nvme_dir);
+    zo_model_config m = tiny_llama(2, 64, 128);
+    zo_plan *pl = malloc(sizeof *pl);
+    assert_non_null(pl);
+    zo_plan_defaults(pl, &m);
+    pl->training.recompute = ZO_PLAN_RECOMPUTE_SELECTIVE;
+    pl->placement.params = pl->placement.grads = ZO_PLAN_GPU;
+    pl->placement.optimizer[ZO_PLAN_GPU] = 0.25;
+    pl->placement.optimizer[ZO_PLAN_CPU] = 0.75;
+    cJSON *doc;
+    assert_int_equal(zo_plan_write_json(pl, path, &doc), ZO_OK);
+    free(pl);
+    char *text = cJSON_Print(doc);
+    /* the same plan with its gradients on NVMe */
+    cJSON *pl_json = cJSON_GetObjectItemCaseSensitive(doc, "placement");
+    assert_non_null(pl_json);
+    cJSON_ReplaceItemInObjectCaseSensitive(pl_json, "grads", cJSON_CreateString("nvme"));
+    char *text_nvme = cJSON_Print(doc);
+    cJSON_Delete(doc);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
-    fputs("{\"format\": \"zoffload-plan\", \"training\": {\"recompute\": \"selective\"},"
-          " \"placement\": {\"params\": \"gpu\", \"grads\": \"gpu\","
-          " \"optimizer\": {\"gpu\": 0.25, \"cpu\": 0.75, \"nvme\": 0}}}\n", f);
+    fputs(text, f);
     fclose(f);
+    free(text);
     offload_plan p;
     offload_plan_defaults(&p);
     p.cfg.recompute = 1;
@@ -942,8 +959,9 @@ static void test_plan_selective(void **state)
      * checked (gpu or cpu), not a choice of its own */
     f = fopen(path, "w");
     assert_non_null(f);
-    fputs("{\"format\": \"zoffload-plan\", \"placement\": {\"grads\": \"nvme\"}}\n", f);
+    fputs(text_nvme, f);
     fclose(f);
+    free(text_nvme);
     offload_plan_defaults(&p);
     assert_int_equal(offload_plan_load(path, &p), ZO_ERR_FORMAT);
     assert_non_null(strstr(zo_last_error(), "placement.grads"));

@@ -261,12 +261,13 @@ static void test_plan_file_roundtrip(void **state)
     const plan_train *t = &r.best[0].t;
     assert_int_equal(plan_estimate_run(&m, &hw, t, &e), ZO_OK);
     assert_int_equal(plan_time_run(&m, &hw, t, &e, &pt), ZO_OK);
-    cJSON *doc = plan_file_json(&m, &hw, t, &e, &pt);
+    cJSON *doc;
+    assert_int_equal(plan_file_json(&m, &hw, t, &e, &pt, "p.json", &doc), ZO_OK);
     char *text = cJSON_Print(doc);
     assert_non_null(text);
     /* what the runtime needs is there */
     cJSON *nv = cJSON_GetObjectItem(doc, "nvme");
-    assert_string_equal(cJSON_GetObjectItem(nv, "dir")->valuestring, PLAN_NVME_DIR_PLACEHOLDER);
+    assert_string_equal(cJSON_GetObjectItem(nv, "dir")->valuestring, ZO_PLAN_NVME_DIR_PLACEHOLDER);
     assert_true(cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "buffers"), "prefetch_depth")->valuedouble ==
                 t->buf.prefetch_depth);
     cJSON *peak = cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "predicted"), "peak_bytes");
