@@ -20,8 +20,7 @@
 
 #include <cmocka.h>
 
-#include "gpu/cuda/device_cuda.h" /* defines: gpu_device_open, gpu_cuda_device_count */
-#include "gpu/device.h"           /* defines: gpu_gemm, gpu_attention_forward, ... */
+#include "gpu/device.h" /* defines: gpu_device_open, gpu_gemm, gpu_attention_forward, ... */
 
 static gpu_device_t cpu, gpu; /* gpu: the backend under test */
 static gpu_stream_t scpu, sgpu;

@@ -17,9 +17,9 @@
 
 #include <cmocka.h>
 
-#include "examples/trainer.h"     /* defines: tf_trainer, tf_model */
-#include "gpu/cuda/device_cuda.h" /* defines: gpu_device_open, gpu_cuda_device_count */
+#include "gpu/device.h"           /* defines: gpu_device_open, gpu_cuda_device_count */
 #include "model/safetensors.h"    /* defines: model_load_path */
+#include "tests/support/ref_trainer.h" /* defines: tf_trainer, tf_model */
 
 #define FIX ZO_FIXTURES_DIR "/gpu/"
 #define B 2

@@ -61,6 +61,12 @@ static void test_install_and_link(void **state)
     assert_int_equal(sh("cmake --install %s --prefix %s/usr", build, prefix), 0);
     assert_int_equal(sh("test -x %s/usr/bin/memplan && test -x %s/usr/bin/train", prefix, prefix), 0);
     assert_int_equal(sh("test -f %s/usr/include/zoffload/offload/offload.h", prefix), 0);
+    /* the model is a module of its own; the tests' reference trainer is not installed */
+    assert_int_equal(sh("cd %s/usr/include/zoffload && test -f transformer/transformer.h && "
+                        "test -f transformer/offload_model.h && test -f gpu/device.h && "
+                        "! test -e examples && ! test -e tests",
+                        prefix),
+                     0);
 
     /* a separate CMake project */
     assert_int_equal(sh("mkdir -p %s/consumer && cp %s/examples/train_min.c %s/consumer/ && "

@@ -18,10 +18,11 @@
 #include <unistd.h>
 
 #include "common/units.h"      /* defines: zo_format_bytes */
-#include "examples/trainer.h"  /* defines: tf_offload_model, tf_model */
 #include "model/safetensors.h" /* defines: model_save */
 #include "offload/offload.h"   /* defines: offload_init, offload_micro_batch, offload_step */
 #include "planner/memory.h"    /* defines: plan_estimate_run (the memplan estimate) */
+#include "tests/support/ref_trainer.h" /* defines: tf_trainer (the reference) */
+#include "transformer/offload_model.h" /* defines: tf_offload_model, tf_model */
 
 #define THREADS 2
 
@@ -237,8 +238,8 @@ static void assert_same_losses(const char *name, const run *a, const run *b)
     }
 }
 
-/* The same training with the reference single-device trainer (examples/
- * trainer.h: every block resident, its own AdamW). */
+/* The same training with the reference single-device trainer (tests/
+ * support/ref_trainer.h: every block resident, its own AdamW). */
 static void reference_run(run *r)
 {
     gpu_device_t dev;

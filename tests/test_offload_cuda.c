@@ -29,9 +29,9 @@
 #include <cjson/cJSON.h>
 
 #include "common/units.h"         /* defines: zo_format_bytes */
-#include "examples/trainer.h"     /* defines: tf_offload_model, tf_model */
-#include "gpu/cuda/device_cuda.h" /* defines: gpu_device_open, gpu_cuda_device_count */
+#include "gpu/device.h"           /* defines: gpu_device_open, gpu_cuda_device_count */
 #include "offload/offload.h"      /* defines: offload_init, offload_micro_batch, offload_step */
+#include "transformer/offload_model.h" /* defines: tf_offload_model, tf_model */
 
 #define THREADS 2
 #define STEPS 10

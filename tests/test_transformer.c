@@ -1,4 +1,4 @@
-/* Tests for the transformer (examples/): tiny GPT-2, LLaMA (GQA, untied) and
+/* Tests for the transformer (transformer/): tiny GPT-2, LLaMA (GQA, untied) and
  * Qwen2 (q/k/v biases, tied) against the PyTorch float64 implementation of
  * tests/fixtures/gpu/make_fixtures.py: logits, loss, every gradient, and the
  * losses of 10 AdamW steps; the block-by-block API with streamed weights;
@@ -16,9 +16,9 @@
 
 #include <cmocka.h>
 
-#include "examples/trainer.h"  /* defines: tf_trainer, tf_model */
 #include "model/data.h"        /* defines: model_tokens, model_batch_get */
 #include "model/safetensors.h" /* defines: model_st_open, model_load_path */
+#include "tests/support/ref_trainer.h" /* defines: tf_trainer, tf_model */
 
 /* The PyTorch references: the committed ones, or those the ctest entry
  * test_transformer_torch has just made with /usr/bin/python3 (ZO_GPU_FIXTURES). */

@@ -1,7 +1,7 @@
 /* GPT-2 and LLaMA forward and backward, block by block, on the device
  * interface. Shapes: N = b*t rows (tokens), h hidden, q = hq*d query width,
  * kv = hkv*d, f the MLP width, v the vocabulary. */
-#include "examples/transformer.h"
+#include "transformer/transformer.h"
 
 #include <math.h>
 #include <stdlib.h>
