@@ -188,11 +188,6 @@ zo_status gpu_event_synchronize(gpu_event_t ev)
 
 static int dtype_ok(zo_dtype t) { return t >= ZO_DTYPE_F32 && t < ZO_DTYPE_COUNT; }
 
-#define NEED_STREAM(op)                                                                     \
-    do {                                                                                    \
-        if (!s) return zo_error(ZO_ERR_INVALID, op ": NULL stream");                        \
-    } while (0)
-
 static zo_status check_tensor(const char *op, const char *name, gpu_tensor t)
 {
     if (!t.data) return zo_error(ZO_ERR_INVALID, "%s: tensor %s is NULL", op, name);
@@ -214,22 +209,16 @@ static zo_status check_ptr(const char *op, const char *name, const void *p)
     return ZO_OK;
 }
 
-/* Evaluate checks in order; the first failure returns. */
-#define TRY(expr)                                                                           \
-    do {                                                                                    \
-        zo_status try_s_ = (expr);                                                          \
-        if (try_s_ != ZO_OK) return try_s_;                                                 \
-    } while (0)
-
 /* ---- copies ------------------------------------------------------------------------ */
 
 zo_status gpu_memcpy_async(gpu_stream_t s, void *dst, const void *src, size_t bytes,
                            gpu_copy_kind kind)
 {
-    NEED_STREAM("gpu_memcpy_async");
+    zo_status st;
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_memcpy_async: NULL stream");
     if (bytes == 0) return ZO_OK;
-    TRY(check_ptr("gpu_memcpy_async", "dst", dst));
-    TRY(check_ptr("gpu_memcpy_async", "src", src));
+    if ((st = check_ptr("gpu_memcpy_async", "dst", dst)) != ZO_OK) return st;
+    if ((st = check_ptr("gpu_memcpy_async", "src", src)) != ZO_OK) return st;
     if (kind < GPU_COPY_HOST_TO_DEVICE || kind > GPU_COPY_HOST_TO_HOST)
         return zo_error(ZO_ERR_INVALID, "gpu_memcpy_async: unknown copy kind %d", (int)kind);
     return s->dev->iface->memcpy_async(s, dst, src, bytes, kind);
@@ -237,9 +226,10 @@ zo_status gpu_memcpy_async(gpu_stream_t s, void *dst, const void *src, size_t by
 
 zo_status gpu_memset_async(gpu_stream_t s, void *dst, int value, size_t bytes)
 {
-    NEED_STREAM("gpu_memset_async");
+    zo_status st;
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_memset_async: NULL stream");
     if (bytes == 0) return ZO_OK;
-    TRY(check_ptr("gpu_memset_async", "dst", dst));
+    if ((st = check_ptr("gpu_memset_async", "dst", dst)) != ZO_OK) return st;
     return s->dev->iface->memset_async(s, dst, value, bytes);
 }
 
@@ -247,15 +237,16 @@ zo_status gpu_memset_async(gpu_stream_t s, void *dst, int value, size_t bytes)
 
 zo_status gpu_gemm(gpu_stream_t s, const gpu_gemm_desc *d)
 {
+    zo_status st;
     const char *op = "gpu_gemm";
-    NEED_STREAM("gpu_gemm");
-    TRY(check_ptr(op, "desc", d));
-    TRY(check_dims(op, "m", d->m));
-    TRY(check_dims(op, "n", d->n));
-    TRY(check_dims(op, "k", d->k));
-    TRY(check_tensor(op, "a", d->a));
-    TRY(check_tensor(op, "b", d->b));
-    TRY(check_tensor(op, "c", d->c));
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_gemm: NULL stream");
+    if ((st = check_ptr(op, "desc", d)) != ZO_OK) return st;
+    if ((st = check_dims(op, "m", d->m)) != ZO_OK) return st;
+    if ((st = check_dims(op, "n", d->n)) != ZO_OK) return st;
+    if ((st = check_dims(op, "k", d->k)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "a", d->a)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "b", d->b)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "c", d->c)) != ZO_OK) return st;
     int64_t a_cols = d->trans_a ? d->m : d->k, b_cols = d->trans_b ? d->k : d->n;
     if (d->lda < a_cols)
         return zo_error(ZO_ERR_INVALID, "%s: lda %lld < %lld columns of a", op,
@@ -272,12 +263,13 @@ zo_status gpu_gemm(gpu_stream_t s, const gpu_gemm_desc *d)
 zo_status gpu_bias_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor bias, int n, int c,
                            int64_t ldy)
 {
+    zo_status st;
     const char *op = "gpu_bias_forward";
-    NEED_STREAM("gpu_bias_forward");
-    TRY(check_tensor(op, "y", y));
-    TRY(check_tensor(op, "bias", bias));
-    TRY(check_dims(op, "n", n));
-    TRY(check_dims(op, "c", c));
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_bias_forward: NULL stream");
+    if ((st = check_tensor(op, "y", y)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "bias", bias)) != ZO_OK) return st;
+    if ((st = check_dims(op, "n", n)) != ZO_OK) return st;
+    if ((st = check_dims(op, "c", c)) != ZO_OK) return st;
     if (ldy < c) return zo_error(ZO_ERR_INVALID, "%s: ldy %lld < c %d", op, (long long)ldy, c);
     return s->dev->iface->bias_forward(s, y, bias, n, c, ldy);
 }
@@ -285,12 +277,13 @@ zo_status gpu_bias_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor bias, int n,
 zo_status gpu_bias_backward(gpu_stream_t s, gpu_tensor dbias, gpu_tensor dy, int n, int c,
                             int64_t lddy)
 {
+    zo_status st;
     const char *op = "gpu_bias_backward";
-    NEED_STREAM("gpu_bias_backward");
-    TRY(check_tensor(op, "dbias", dbias));
-    TRY(check_tensor(op, "dy", dy));
-    TRY(check_dims(op, "n", n));
-    TRY(check_dims(op, "c", c));
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_bias_backward: NULL stream");
+    if ((st = check_tensor(op, "dbias", dbias)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "dy", dy)) != ZO_OK) return st;
+    if ((st = check_dims(op, "n", n)) != ZO_OK) return st;
+    if ((st = check_dims(op, "c", c)) != ZO_OK) return st;
     if (lddy < c)
         return zo_error(ZO_ERR_INVALID, "%s: lddy %lld < c %d", op, (long long)lddy, c);
     return s->dev->iface->bias_backward(s, dbias, dy, n, c, lddy);
@@ -300,16 +293,17 @@ zo_status gpu_layernorm_forward(gpu_stream_t s, gpu_tensor y, float *mean, float
                                 gpu_tensor x, gpu_tensor w, gpu_tensor b, int n, int c,
                                 float eps)
 {
+    zo_status st;
     const char *op = "gpu_layernorm_forward";
-    NEED_STREAM("gpu_layernorm_forward");
-    TRY(check_tensor(op, "y", y));
-    TRY(check_tensor(op, "x", x));
-    TRY(check_tensor(op, "w", w));
-    if (b.data) TRY(check_tensor(op, "b", b));
-    TRY(check_ptr(op, "mean", mean));
-    TRY(check_ptr(op, "rstd", rstd));
-    TRY(check_dims(op, "n", n));
-    TRY(check_dims(op, "c", c));
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_layernorm_forward: NULL stream");
+    if ((st = check_tensor(op, "y", y)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "x", x)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "w", w)) != ZO_OK) return st;
+    if (b.data && (st = check_tensor(op, "b", b)) != ZO_OK) return st;
+    if ((st = check_ptr(op, "mean", mean)) != ZO_OK) return st;
+    if ((st = check_ptr(op, "rstd", rstd)) != ZO_OK) return st;
+    if ((st = check_dims(op, "n", n)) != ZO_OK) return st;
+    if ((st = check_dims(op, "c", c)) != ZO_OK) return st;
     return s->dev->iface->layernorm_forward(s, y, mean, rstd, x, w, b, n, c, eps);
 }
 
@@ -317,59 +311,63 @@ zo_status gpu_layernorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw, g
                                  gpu_tensor dy, gpu_tensor x, gpu_tensor w, const float *mean,
                                  const float *rstd, int n, int c)
 {
+    zo_status st;
     const char *op = "gpu_layernorm_backward";
-    NEED_STREAM("gpu_layernorm_backward");
-    TRY(check_tensor(op, "dx", dx));
-    TRY(check_tensor(op, "dw", dw));
-    if (db.data) TRY(check_tensor(op, "db", db));
-    TRY(check_tensor(op, "dy", dy));
-    TRY(check_tensor(op, "x", x));
-    TRY(check_tensor(op, "w", w));
-    TRY(check_ptr(op, "mean", mean));
-    TRY(check_ptr(op, "rstd", rstd));
-    TRY(check_dims(op, "n", n));
-    TRY(check_dims(op, "c", c));
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_layernorm_backward: NULL stream");
+    if ((st = check_tensor(op, "dx", dx)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "dw", dw)) != ZO_OK) return st;
+    if (db.data && (st = check_tensor(op, "db", db)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "dy", dy)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "x", x)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "w", w)) != ZO_OK) return st;
+    if ((st = check_ptr(op, "mean", mean)) != ZO_OK) return st;
+    if ((st = check_ptr(op, "rstd", rstd)) != ZO_OK) return st;
+    if ((st = check_dims(op, "n", n)) != ZO_OK) return st;
+    if ((st = check_dims(op, "c", c)) != ZO_OK) return st;
     return s->dev->iface->layernorm_backward(s, dx, dw, db, dy, x, w, mean, rstd, n, c);
 }
 
 zo_status gpu_rmsnorm_forward(gpu_stream_t s, gpu_tensor y, float *rstd, gpu_tensor x,
                               gpu_tensor w, int n, int c, float eps)
 {
+    zo_status st;
     const char *op = "gpu_rmsnorm_forward";
-    NEED_STREAM("gpu_rmsnorm_forward");
-    TRY(check_tensor(op, "y", y));
-    TRY(check_tensor(op, "x", x));
-    TRY(check_tensor(op, "w", w));
-    TRY(check_ptr(op, "rstd", rstd));
-    TRY(check_dims(op, "n", n));
-    TRY(check_dims(op, "c", c));
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_rmsnorm_forward: NULL stream");
+    if ((st = check_tensor(op, "y", y)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "x", x)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "w", w)) != ZO_OK) return st;
+    if ((st = check_ptr(op, "rstd", rstd)) != ZO_OK) return st;
+    if ((st = check_dims(op, "n", n)) != ZO_OK) return st;
+    if ((st = check_dims(op, "c", c)) != ZO_OK) return st;
     return s->dev->iface->rmsnorm_forward(s, y, rstd, x, w, n, c, eps);
 }
 
 zo_status gpu_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw, gpu_tensor dy,
                                gpu_tensor x, gpu_tensor w, const float *rstd, int n, int c)
 {
+    zo_status st;
     const char *op = "gpu_rmsnorm_backward";
-    NEED_STREAM("gpu_rmsnorm_backward");
-    TRY(check_tensor(op, "dx", dx));
-    TRY(check_tensor(op, "dw", dw));
-    TRY(check_tensor(op, "dy", dy));
-    TRY(check_tensor(op, "x", x));
-    TRY(check_tensor(op, "w", w));
-    TRY(check_ptr(op, "rstd", rstd));
-    TRY(check_dims(op, "n", n));
-    TRY(check_dims(op, "c", c));
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_rmsnorm_backward: NULL stream");
+    if ((st = check_tensor(op, "dx", dx)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "dw", dw)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "dy", dy)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "x", x)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "w", w)) != ZO_OK) return st;
+    if ((st = check_ptr(op, "rstd", rstd)) != ZO_OK) return st;
+    if ((st = check_dims(op, "n", n)) != ZO_OK) return st;
+    if ((st = check_dims(op, "c", c)) != ZO_OK) return st;
     return s->dev->iface->rmsnorm_backward(s, dx, dw, dy, x, w, rstd, n, c);
 }
 
 static zo_status check_attn(const char *op, const gpu_attn_desc *a)
 {
-    TRY(check_ptr(op, "desc", a));
-    TRY(check_dims(op, "b", a->b));
-    TRY(check_dims(op, "t", a->t));
-    TRY(check_dims(op, "hq", a->hq));
-    TRY(check_dims(op, "hkv", a->hkv));
-    TRY(check_dims(op, "d", a->d));
+    zo_status st;
+    if ((st = check_ptr(op, "desc", a)) != ZO_OK) return st;
+    if ((st = check_dims(op, "b", a->b)) != ZO_OK) return st;
+    if ((st = check_dims(op, "t", a->t)) != ZO_OK) return st;
+    if ((st = check_dims(op, "hq", a->hq)) != ZO_OK) return st;
+    if ((st = check_dims(op, "hkv", a->hkv)) != ZO_OK) return st;
+    if ((st = check_dims(op, "d", a->d)) != ZO_OK) return st;
     if (a->hq % a->hkv)
         return zo_error(ZO_ERR_INVALID, "%s: hkv %d does not divide hq %d", op, a->hkv, a->hq);
     return ZO_OK;
@@ -378,12 +376,13 @@ static zo_status check_attn(const char *op, const gpu_attn_desc *a)
 zo_status gpu_attention_forward(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor out,
                                 float *lse, gpu_tensor qkv)
 {
+    zo_status st;
     const char *op = "gpu_attention_forward";
-    NEED_STREAM("gpu_attention_forward");
-    TRY(check_attn(op, a));
-    TRY(check_tensor(op, "out", out));
-    TRY(check_tensor(op, "qkv", qkv));
-    TRY(check_ptr(op, "lse", lse));
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_attention_forward: NULL stream");
+    if ((st = check_attn(op, a)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "out", out)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "qkv", qkv)) != ZO_OK) return st;
+    if ((st = check_ptr(op, "lse", lse)) != ZO_OK) return st;
     return s->dev->iface->attention_forward(s, a, out, lse, qkv);
 }
 
@@ -391,25 +390,27 @@ zo_status gpu_attention_backward(gpu_stream_t s, const gpu_attn_desc *a, gpu_ten
                                  gpu_tensor dout, gpu_tensor qkv, gpu_tensor out,
                                  const float *lse)
 {
+    zo_status st;
     const char *op = "gpu_attention_backward";
-    NEED_STREAM("gpu_attention_backward");
-    TRY(check_attn(op, a));
-    TRY(check_tensor(op, "dqkv", dqkv));
-    TRY(check_tensor(op, "dout", dout));
-    TRY(check_tensor(op, "qkv", qkv));
-    TRY(check_tensor(op, "out", out));
-    TRY(check_ptr(op, "lse", lse));
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_attention_backward: NULL stream");
+    if ((st = check_attn(op, a)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "dqkv", dqkv)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "dout", dout)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "qkv", qkv)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "out", out)) != ZO_OK) return st;
+    if ((st = check_ptr(op, "lse", lse)) != ZO_OK) return st;
     return s->dev->iface->attention_backward(s, a, dqkv, dout, qkv, out, lse);
 }
 
 static zo_status rope_common(const char *op, gpu_stream_t s, gpu_tensor x, int n, int t,
                              int n_heads, int d, int64_t ldx, float theta, int pos0, int inverse)
 {
-    TRY(check_tensor(op, "x", x));
-    TRY(check_dims(op, "n", n));
-    TRY(check_dims(op, "t", t));
-    TRY(check_dims(op, "n_heads", n_heads));
-    TRY(check_dims(op, "d", d));
+    zo_status st;
+    if ((st = check_tensor(op, "x", x)) != ZO_OK) return st;
+    if ((st = check_dims(op, "n", n)) != ZO_OK) return st;
+    if ((st = check_dims(op, "t", t)) != ZO_OK) return st;
+    if ((st = check_dims(op, "n_heads", n_heads)) != ZO_OK) return st;
+    if ((st = check_dims(op, "d", d)) != ZO_OK) return st;
     if (d % 2) return zo_error(ZO_ERR_INVALID, "%s: head dim %d is odd", op, d);
     if (ldx < (int64_t)n_heads * d)
         return zo_error(ZO_ERR_INVALID, "%s: ldx %lld < n_heads*d %lld", op, (long long)ldx,
@@ -422,74 +423,79 @@ static zo_status rope_common(const char *op, gpu_stream_t s, gpu_tensor x, int n
 zo_status gpu_rope_forward(gpu_stream_t s, gpu_tensor x, int n, int t, int n_heads, int d,
                            int64_t ldx, float theta, int pos0)
 {
-    NEED_STREAM("gpu_rope_forward");
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_rope_forward: NULL stream");
     return rope_common("gpu_rope_forward", s, x, n, t, n_heads, d, ldx, theta, pos0, 0);
 }
 
 zo_status gpu_rope_backward(gpu_stream_t s, gpu_tensor dx, int n, int t, int n_heads, int d,
                             int64_t ldx, float theta, int pos0)
 {
-    NEED_STREAM("gpu_rope_backward");
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_rope_backward: NULL stream");
     return rope_common("gpu_rope_backward", s, dx, n, t, n_heads, d, ldx, theta, pos0, 1);
 }
 
 zo_status gpu_gelu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, size_t n)
 {
-    NEED_STREAM("gpu_gelu_forward");
+    zo_status st;
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_gelu_forward: NULL stream");
     if (!n) return ZO_OK;
-    TRY(check_tensor("gpu_gelu_forward", "y", y));
-    TRY(check_tensor("gpu_gelu_forward", "x", x));
+    if ((st = check_tensor("gpu_gelu_forward", "y", y)) != ZO_OK) return st;
+    if ((st = check_tensor("gpu_gelu_forward", "x", x)) != ZO_OK) return st;
     return s->dev->iface->gelu_forward(s, y, x, n);
 }
 
 zo_status gpu_gelu_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n)
 {
-    NEED_STREAM("gpu_gelu_backward");
+    zo_status st;
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_gelu_backward: NULL stream");
     if (!n) return ZO_OK;
-    TRY(check_tensor("gpu_gelu_backward", "dx", dx));
-    TRY(check_tensor("gpu_gelu_backward", "dy", dy));
-    TRY(check_tensor("gpu_gelu_backward", "x", x));
+    if ((st = check_tensor("gpu_gelu_backward", "dx", dx)) != ZO_OK) return st;
+    if ((st = check_tensor("gpu_gelu_backward", "dy", dy)) != ZO_OK) return st;
+    if ((st = check_tensor("gpu_gelu_backward", "x", x)) != ZO_OK) return st;
     return s->dev->iface->gelu_backward(s, dx, dy, x, n);
 }
 
 zo_status gpu_swiglu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor gate, gpu_tensor up,
                              size_t n)
 {
-    NEED_STREAM("gpu_swiglu_forward");
+    zo_status st;
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_swiglu_forward: NULL stream");
     if (!n) return ZO_OK;
-    TRY(check_tensor("gpu_swiglu_forward", "y", y));
-    TRY(check_tensor("gpu_swiglu_forward", "gate", gate));
-    TRY(check_tensor("gpu_swiglu_forward", "up", up));
+    if ((st = check_tensor("gpu_swiglu_forward", "y", y)) != ZO_OK) return st;
+    if ((st = check_tensor("gpu_swiglu_forward", "gate", gate)) != ZO_OK) return st;
+    if ((st = check_tensor("gpu_swiglu_forward", "up", up)) != ZO_OK) return st;
     return s->dev->iface->swiglu_forward(s, y, gate, up, n);
 }
 
 zo_status gpu_swiglu_backward(gpu_stream_t s, gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy,
                               gpu_tensor gate, gpu_tensor up, size_t n)
 {
+    zo_status st;
     const char *op = "gpu_swiglu_backward";
-    NEED_STREAM("gpu_swiglu_backward");
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_swiglu_backward: NULL stream");
     if (!n) return ZO_OK;
-    TRY(check_tensor(op, "dgate", dgate));
-    TRY(check_tensor(op, "dup", dup));
-    TRY(check_tensor(op, "dy", dy));
-    TRY(check_tensor(op, "gate", gate));
-    TRY(check_tensor(op, "up", up));
+    if ((st = check_tensor(op, "dgate", dgate)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "dup", dup)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "dy", dy)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "gate", gate)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "up", up)) != ZO_OK) return st;
     return s->dev->iface->swiglu_backward(s, dgate, dup, dy, gate, up, n);
 }
 
 zo_status gpu_embedding_forward(gpu_stream_t s, gpu_tensor out, const int32_t *tokens,
                                 gpu_tensor wte, gpu_tensor wpe, int n, int t, int c, int vocab)
 {
+    zo_status st;
     const char *op = "gpu_embedding_forward";
-    NEED_STREAM("gpu_embedding_forward");
-    TRY(check_tensor(op, "out", out));
-    TRY(check_tensor(op, "wte", wte));
-    if (wpe.data) TRY(check_tensor(op, "wpe", wpe));
-    TRY(check_ptr(op, "tokens", tokens));
-    TRY(check_dims(op, "n", n));
-    TRY(check_dims(op, "t", t));
-    TRY(check_dims(op, "c", c));
-    TRY(check_dims(op, "vocab", vocab));
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_embedding_forward: NULL stream");
+    if ((st = check_tensor(op, "out", out)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "wte", wte)) != ZO_OK) return st;
+    if (wpe.data && (st = check_tensor(op, "wpe", wpe)) != ZO_OK) return st;
+    if ((st = check_ptr(op, "tokens", tokens)) != ZO_OK) return st;
+    if ((st = check_dims(op, "n", n)) != ZO_OK) return st;
+    if ((st = check_dims(op, "t", t)) != ZO_OK) return st;
+    if ((st = check_dims(op, "c", c)) != ZO_OK) return st;
+    if ((st = check_dims(op, "vocab", vocab)) != ZO_OK) return st;
     return s->dev->iface->embedding_forward(s, out, tokens, wte, wpe, n, t, c, vocab);
 }
 
@@ -497,42 +503,45 @@ zo_status gpu_embedding_backward(gpu_stream_t s, gpu_tensor dwte, gpu_tensor dwp
                                  gpu_tensor dout, const int32_t *tokens, int n, int t, int c,
                                  int vocab)
 {
+    zo_status st;
     const char *op = "gpu_embedding_backward";
-    NEED_STREAM("gpu_embedding_backward");
-    TRY(check_tensor(op, "dwte", dwte));
-    if (dwpe.data) TRY(check_tensor(op, "dwpe", dwpe));
-    TRY(check_tensor(op, "dout", dout));
-    TRY(check_ptr(op, "tokens", tokens));
-    TRY(check_dims(op, "n", n));
-    TRY(check_dims(op, "t", t));
-    TRY(check_dims(op, "c", c));
-    TRY(check_dims(op, "vocab", vocab));
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_embedding_backward: NULL stream");
+    if ((st = check_tensor(op, "dwte", dwte)) != ZO_OK) return st;
+    if (dwpe.data && (st = check_tensor(op, "dwpe", dwpe)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "dout", dout)) != ZO_OK) return st;
+    if ((st = check_ptr(op, "tokens", tokens)) != ZO_OK) return st;
+    if ((st = check_dims(op, "n", n)) != ZO_OK) return st;
+    if ((st = check_dims(op, "t", t)) != ZO_OK) return st;
+    if ((st = check_dims(op, "c", c)) != ZO_OK) return st;
+    if ((st = check_dims(op, "vocab", vocab)) != ZO_OK) return st;
     return s->dev->iface->embedding_backward(s, dwte, dwpe, dout, tokens, n, t, c, vocab);
 }
 
 zo_status gpu_cross_entropy_forward(gpu_stream_t s, float *losses, gpu_tensor logits,
                                     const int32_t *targets, int n, int v)
 {
+    zo_status st;
     const char *op = "gpu_cross_entropy_forward";
-    NEED_STREAM("gpu_cross_entropy_forward");
-    TRY(check_ptr(op, "losses", losses));
-    TRY(check_tensor(op, "logits", logits));
-    TRY(check_ptr(op, "targets", targets));
-    TRY(check_dims(op, "n", n));
-    TRY(check_dims(op, "v", v));
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_cross_entropy_forward: NULL stream");
+    if ((st = check_ptr(op, "losses", losses)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "logits", logits)) != ZO_OK) return st;
+    if ((st = check_ptr(op, "targets", targets)) != ZO_OK) return st;
+    if ((st = check_dims(op, "n", n)) != ZO_OK) return st;
+    if ((st = check_dims(op, "v", v)) != ZO_OK) return st;
     return s->dev->iface->cross_entropy_forward(s, losses, logits, targets, n, v);
 }
 
 zo_status gpu_cross_entropy_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor logits,
                                      const int32_t *targets, float dloss, int n, int v)
 {
+    zo_status st;
     const char *op = "gpu_cross_entropy_backward";
-    NEED_STREAM("gpu_cross_entropy_backward");
-    TRY(check_tensor(op, "dlogits", dlogits));
-    TRY(check_tensor(op, "logits", logits));
-    TRY(check_ptr(op, "targets", targets));
-    TRY(check_dims(op, "n", n));
-    TRY(check_dims(op, "v", v));
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_cross_entropy_backward: NULL stream");
+    if ((st = check_tensor(op, "dlogits", dlogits)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "logits", logits)) != ZO_OK) return st;
+    if ((st = check_ptr(op, "targets", targets)) != ZO_OK) return st;
+    if ((st = check_dims(op, "n", n)) != ZO_OK) return st;
+    if ((st = check_dims(op, "v", v)) != ZO_OK) return st;
     if (dlogits.data == logits.data && dlogits.dtype != logits.dtype)
         return zo_error(ZO_ERR_INVALID, "%s: in place needs one dtype", op);
     return s->dev->iface->cross_entropy_backward(s, dlogits, logits, targets, dloss, n, v);
@@ -540,46 +549,51 @@ zo_status gpu_cross_entropy_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_ten
 
 zo_status gpu_add(gpu_stream_t s, gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n)
 {
-    NEED_STREAM("gpu_add");
+    zo_status st;
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_add: NULL stream");
     if (!n) return ZO_OK;
-    TRY(check_tensor("gpu_add", "y", y));
-    TRY(check_tensor("gpu_add", "a", a));
-    TRY(check_tensor("gpu_add", "b", b));
+    if ((st = check_tensor("gpu_add", "y", y)) != ZO_OK) return st;
+    if ((st = check_tensor("gpu_add", "a", a)) != ZO_OK) return st;
+    if ((st = check_tensor("gpu_add", "b", b)) != ZO_OK) return st;
     return s->dev->iface->add(s, y, a, b, n);
 }
 
 zo_status gpu_scale(gpu_stream_t s, gpu_tensor x, float alpha, size_t n)
 {
-    NEED_STREAM("gpu_scale");
+    zo_status st;
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_scale: NULL stream");
     if (!n) return ZO_OK;
-    TRY(check_tensor("gpu_scale", "x", x));
+    if ((st = check_tensor("gpu_scale", "x", x)) != ZO_OK) return st;
     return s->dev->iface->scale(s, x, alpha, n);
 }
 
 zo_status gpu_cast(gpu_stream_t s, gpu_tensor dst, gpu_tensor src, size_t n)
 {
-    NEED_STREAM("gpu_cast");
+    zo_status st;
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_cast: NULL stream");
     if (!n) return ZO_OK;
-    TRY(check_tensor("gpu_cast", "dst", dst));
-    TRY(check_tensor("gpu_cast", "src", src));
+    if ((st = check_tensor("gpu_cast", "dst", dst)) != ZO_OK) return st;
+    if ((st = check_tensor("gpu_cast", "src", src)) != ZO_OK) return st;
     return s->dev->iface->cast(s, dst, src, n);
 }
 
 zo_status gpu_check_finite(gpu_stream_t s, int32_t *flag, gpu_tensor x, size_t n)
 {
-    NEED_STREAM("gpu_check_finite");
-    TRY(check_ptr("gpu_check_finite", "flag", flag));
+    zo_status st;
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_check_finite: NULL stream");
+    if ((st = check_ptr("gpu_check_finite", "flag", flag)) != ZO_OK) return st;
     if (!n) return ZO_OK;
-    TRY(check_tensor("gpu_check_finite", "x", x));
+    if ((st = check_tensor("gpu_check_finite", "x", x)) != ZO_OK) return st;
     return s->dev->iface->check_finite(s, flag, x, n);
 }
 
 zo_status gpu_sum_squares(gpu_stream_t s, float *sum, gpu_tensor x, size_t n)
 {
-    NEED_STREAM("gpu_sum_squares");
-    TRY(check_ptr("gpu_sum_squares", "sum", sum));
+    zo_status st;
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_sum_squares: NULL stream");
+    if ((st = check_ptr("gpu_sum_squares", "sum", sum)) != ZO_OK) return st;
     if (!n) return ZO_OK;
-    TRY(check_tensor("gpu_sum_squares", "x", x));
+    if ((st = check_tensor("gpu_sum_squares", "x", x)) != ZO_OK) return st;
     return s->dev->iface->sum_squares(s, sum, x, n);
 }
 
@@ -595,19 +609,20 @@ static int bytes_overlap(const void *a, size_t na, const void *b, size_t nb)
 zo_status gpu_adam_update(gpu_stream_t s, const gpu_adam_hparams *hp, size_t n, float *param,
                           gpu_tensor grad, float *m, float *v, gpu_tensor out16)
 {
+    zo_status st;
     const char *op = "gpu_adam_update";
-    NEED_STREAM("gpu_adam_update");
-    TRY(zo_adam_check_hparams(op, hp));
+    if (!s) return zo_error(ZO_ERR_INVALID, "gpu_adam_update: NULL stream");
+    if ((st = zo_adam_check_hparams(op, hp)) != ZO_OK) return st;
     if (!dtype_ok(grad.dtype))
         return zo_error(ZO_ERR_INVALID, "%s: grad has unknown dtype %d", op, (int)grad.dtype);
     if (out16.data && out16.dtype != ZO_DTYPE_F16 && out16.dtype != ZO_DTYPE_BF16)
         return zo_error(ZO_ERR_INVALID, "%s: out16 dtype %d is not fp16 or bf16", op,
                         (int)out16.dtype);
     if (!n) return ZO_OK;
-    TRY(check_ptr(op, "param", param));
-    TRY(check_ptr(op, "m", m));
-    TRY(check_ptr(op, "v", v));
-    TRY(check_tensor(op, "grad", grad));
+    if ((st = check_ptr(op, "param", param)) != ZO_OK) return st;
+    if ((st = check_ptr(op, "m", m)) != ZO_OK) return st;
+    if ((st = check_ptr(op, "v", v)) != ZO_OK) return st;
+    if ((st = check_tensor(op, "grad", grad)) != ZO_OK) return st;
     if (n > SIZE_MAX / 4) return zo_error(ZO_ERR_INVALID, "%s: n = %zu too large", op, n);
     const void *arr[5] = {param, m, v, grad.data, out16.data};
     size_t len[5] = {4 * n, 4 * n, 4 * n, zo_dtype_size(grad.dtype) * n,
