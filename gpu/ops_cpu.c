@@ -202,60 +202,57 @@ gemm_kernel(int kc, const float *restrict Ap, const float *restrict Bp, float *r
     }
 }
 
-/* A panels of X [m][k] (row stride ldx): Ap[s][p][r] = X[s*MR + r][p], zero past m. */
+/* Panels of R rows of X [m][k] (row stride ldx), each stored k-major:
+ * P[s][p][r] = X[s*R + r][p], zero past m. */
+static inline void pack_rows(float *restrict P, const float *X, size_t ldx, int m, int k, int R)
+{
+    for (int s = 0; s < (m + R - 1) / R; s++) {
+        float *dst = P + (size_t)s * k * R;
+        for (int r = 0; r < R; r++) {
+            int i = s * R + r;
+            if (i < m)
+                for (int p = 0; p < k; p++) dst[(size_t)p * R + r] = X[(size_t)i * ldx + p];
+            else
+                for (int p = 0; p < k; p++) dst[(size_t)p * R + r] = 0.0f;
+        }
+    }
+}
+
+/* Panels of R columns of X [k][m]: P[s][p][r] = X[p][s*R + r], zero past m. */
+static inline void pack_cols(float *restrict P, const float *X, size_t ldx, int m, int k, int R)
+{
+    for (int s = 0; s < (m + R - 1) / R; s++) {
+        float *dst = P + (size_t)s * k * R;
+        int w = m - s * R < R ? m - s * R : R;
+        for (int p = 0; p < k; p++) {
+            const float *src = X + (size_t)p * ldx + (size_t)s * R;
+            for (int r = 0; r < R; r++) dst[(size_t)p * R + r] = r < w ? src[r] : 0.0f;
+        }
+    }
+}
+
+/* A panels of X [m][k]: Ap[s][p][r] = X[s*MR + r][p]. */
 static void pack_a_rows(float *restrict Ap, const float *X, size_t ldx, int m, int k)
 {
-    for (int s = 0; s < (m + MR - 1) / MR; s++) {
-        float *dst = Ap + (size_t)s * k * MR;
-        for (int r = 0; r < MR; r++) {
-            int i = s * MR + r;
-            if (i < m)
-                for (int p = 0; p < k; p++) dst[(size_t)p * MR + r] = X[(size_t)i * ldx + p];
-            else
-                for (int p = 0; p < k; p++) dst[(size_t)p * MR + r] = 0.0f;
-        }
-    }
+    pack_rows(Ap, X, ldx, m, k, MR);
 }
 
-/* A panels of X^T, X [k][m]: Ap[s][p][r] = X[p][s*MR + r], zero past m. */
+/* A panels of X^T, X [k][m]: Ap[s][p][r] = X[p][s*MR + r]. */
 static void pack_a_cols(float *restrict Ap, const float *X, size_t ldx, int m, int k)
 {
-    for (int s = 0; s < (m + MR - 1) / MR; s++) {
-        float *dst = Ap + (size_t)s * k * MR;
-        int w = m - s * MR < MR ? m - s * MR : MR;
-        for (int p = 0; p < k; p++) {
-            const float *src = X + (size_t)p * ldx + (size_t)s * MR;
-            for (int r = 0; r < MR; r++) dst[(size_t)p * MR + r] = r < w ? src[r] : 0.0f;
-        }
-    }
+    pack_cols(Ap, X, ldx, m, k, MR);
 }
 
-/* B panels of X^T, X [n][k]: Bp[s][p][c] = X[s*NR + c][p], zero past n. */
+/* B panels of X^T, X [n][k]: Bp[s][p][c] = X[s*NR + c][p]. */
 static void pack_b_rows(float *restrict Bp, const float *X, size_t ldx, int n, int k)
 {
-    for (int s = 0; s < (n + NR - 1) / NR; s++) {
-        float *dst = Bp + (size_t)s * k * NR;
-        for (int c = 0; c < NR; c++) {
-            int j = s * NR + c;
-            if (j < n)
-                for (int p = 0; p < k; p++) dst[(size_t)p * NR + c] = X[(size_t)j * ldx + p];
-            else
-                for (int p = 0; p < k; p++) dst[(size_t)p * NR + c] = 0.0f;
-        }
-    }
+    pack_rows(Bp, X, ldx, n, k, NR);
 }
 
-/* B panels of X [k][n]: Bp[s][p][c] = X[p][s*NR + c], zero past n. */
+/* B panels of X [k][n]: Bp[s][p][c] = X[p][s*NR + c]. */
 static void pack_b_cols(float *restrict Bp, const float *X, size_t ldx, int k, int n)
 {
-    for (int s = 0; s < (n + NR - 1) / NR; s++) {
-        float *dst = Bp + (size_t)s * k * NR;
-        int w = n - s * NR < NR ? n - s * NR : NR;
-        for (int p = 0; p < k; p++) {
-            const float *src = X + (size_t)p * ldx + (size_t)s * NR;
-            for (int c = 0; c < NR; c++) dst[(size_t)p * NR + c] = c < w ? src[c] : 0.0f;
-        }
-    }
+    pack_cols(Bp, X, ldx, n, k, NR);
 }
 
 /* Ap = panels of op(A)[i0..i0+mc, p0..p0+kc]: read in place for fp32,
