@@ -22,6 +22,7 @@
 #include "offload/offload.h"   /* defines: offload_init, offload_micro_batch, offload_step */
 #include "planner/memory.h"    /* defines: plan_estimate_run (the memplan estimate) */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer (the reference) */
+#include "tests/support/run.h"         /* defines: run_capture */
 #include "transformer/offload_model.h" /* defines: tf_offload_model, tf_model */
 
 #define THREADS 2
@@ -603,17 +604,6 @@ static void test_resume(void **state)
     remove_tree(dir);
 }
 
-/* Run a command, capture its stdout; returns the exit code. */
-static int run_cmd(const char *cmd, char *buf, size_t len)
-{
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t got = fread(buf, 1, len - 1, p);
-    buf[got] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* The "step K loss X" lines of train's output, from step `from` on. */
 static void step_lines(const char *out, int from, char *dst, size_t len)
 {
@@ -660,7 +650,7 @@ static void test_kill_during_checkpoint(void **state)
              ZO_TRAIN_BIN, cfg, data, dir);
     static char out[1 << 16], want[4096], got[4096];
     snprintf(cmd, sizeof cmd, "%s 2>&1", base);
-    assert_int_equal(run_cmd(cmd, out, sizeof out), 0);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
     step_lines(out, 2, want, sizeof want);
 
     const char *points[] = {"begin", "optimizer-half", "before-rename", "before-latest"};
@@ -690,7 +680,7 @@ static void test_kill_during_checkpoint(void **state)
         close(fds[0]);
         /* the previous checkpoint loads: resume from it */
         snprintf(cmd, sizeof cmd, "%s --resume %s 2>&1", base, ck);
-        assert_int_equal(run_cmd(cmd, out, sizeof out), 0);
+        assert_int_equal(run_capture(cmd, out, sizeof out), 0);
         assert_non_null(strstr(out, "at step 2\n"));
         step_lines(out, 2, got, sizeof got);
         assert_string_equal(got, want);

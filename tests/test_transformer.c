@@ -19,6 +19,7 @@
 #include "model/data.h"        /* defines: model_tokens, model_batch_get */
 #include "model/safetensors.h" /* defines: model_st_open, model_load_path */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer, tf_model */
+#include "tests/support/run.h"         /* defines: run_capture */
 
 /* The PyTorch references: the committed ones, or those the ctest entry
  * test_transformer_torch has just made with /usr/bin/python3 (ZO_GPU_FIXTURES). */
@@ -430,17 +431,6 @@ static void test_capacity(void **state)
 
 /* ---- the train program ----------------------------------------------------------------------------- */
 
-/* Run a shell command, capture stdout+stderr into buf; returns the exit code. */
-static int run_cmd(const char *cmd, char *buf, size_t len)
-{
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t got = fread(buf, 1, len - 1, p);
-    buf[got] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static void test_train_program(void **state)
 {
     (void)state;
@@ -463,7 +453,7 @@ static void test_train_program(void **state)
     snprintf(cmd, sizeof cmd,
              "%s --model %s --data %s --text --steps 40 --micro-batch 4 --seq 32 --lr 1e-2 "
              "--device-mem 16MiB --threads 2 --save %s 2>&1", ZO_TRAIN_BIN, cfg, text, save);
-    assert_int_equal(run_cmd(cmd, out, sizeof out), 0);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
     /* losses from "step K loss X" lines: the mean of the last 5 is well below the first */
     float first = -1, last5 = 0;
     int steps = 0;
@@ -489,19 +479,19 @@ static void test_train_program(void **state)
 
     /* errors name the flag or the file */
     snprintf(cmd, sizeof cmd, "%s --model %s 2>&1", ZO_TRAIN_BIN, cfg);
-    assert_int_equal(run_cmd(cmd, out, sizeof out), 2);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 2);
     assert_non_null(strstr(out, "--data"));
     snprintf(cmd, sizeof cmd, "%s --model %s --data %s/missing.bin 2>&1", ZO_TRAIN_BIN, cfg, dir);
-    assert_int_equal(run_cmd(cmd, out, sizeof out), 1);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 1);
     assert_non_null(strstr(out, "missing.bin"));
     snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --steps x 2>&1", ZO_TRAIN_BIN, cfg, text);
-    assert_int_equal(run_cmd(cmd, out, sizeof out), 2);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 2);
     assert_non_null(strstr(out, "--steps"));
     snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --seq 32 --device-mem 64KiB 2>&1", ZO_TRAIN_BIN, cfg, text);
-    assert_int_equal(run_cmd(cmd, out, sizeof out), 1);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 1);
     assert_non_null(strstr(out, "capacity"));
     snprintf(cmd, sizeof cmd, "%s --help", ZO_TRAIN_BIN);
-    assert_int_equal(run_cmd(cmd, out, sizeof out), 0);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
     assert_non_null(strstr(out, "--device-mem"));
 
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
