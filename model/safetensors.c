@@ -16,7 +16,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "model_io.h" /* defines: model_io_* file helpers */
+#include "common/fileio.h" /* defines: zo_file_create, zo_file_append, zo_file_read_all */
+#include "model_io.h"       /* defines: model_io_convert_rows */
 
 /* ---- element types ------------------------------------------------------- */
 
@@ -389,13 +390,13 @@ zo_status model_st_write(const char *path, const model_st_entry *entries, int n,
     size_t hlen = strlen(header);
     size_t padded = (hlen + 7) & ~(size_t)7; /* data starts 8-byte aligned */
 
-    model_io_file out;
-    if ((st = model_io_create(&out, path)) != ZO_OK) goto out_free_header;
+    zo_file_writer out;
+    if ((st = zo_file_create(&out, path)) != ZO_OK) goto out_free_header;
     uint8_t lenbuf[8];
     for (int i = 0; i < 8; i++) lenbuf[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-    if ((st = model_io_append(&out, lenbuf, 8)) != ZO_OK) goto out_abort;
-    if ((st = model_io_append(&out, header, hlen)) != ZO_OK) goto out_abort;
-    if ((st = model_io_append(&out, "       ", padded - hlen)) != ZO_OK) goto out_abort;
+    if ((st = zo_file_append(&out, lenbuf, 8)) != ZO_OK) goto out_abort;
+    if ((st = zo_file_append(&out, header, hlen)) != ZO_OK) goto out_abort;
+    if ((st = zo_file_append(&out, "       ", padded - hlen)) != ZO_OK) goto out_abort;
     chunk = malloc(WRITE_CHUNK_BYTES);
     if (!chunk) {
         st = zo_error(ZO_ERR_NOMEM, "%s: cannot allocate a write buffer", path);
@@ -407,7 +408,7 @@ zo_status model_st_write(const char *path, const model_st_entry *entries, int n,
         uint64_t numel = 1;
         for (int d = 0; d < e->ndim; d++) numel *= (uint64_t)e->shape[d];
         if (e->data) {
-            if ((st = model_io_append(&out, e->data, (size_t)(numel * esz))) != ZO_OK)
+            if ((st = zo_file_append(&out, e->data, (size_t)(numel * esz))) != ZO_OK)
                 goto out_abort;
             continue;
         }
@@ -418,13 +419,13 @@ zo_status model_st_write(const char *path, const model_st_entry *entries, int n,
                 zo_error_wrap(st, "%s: tensor \"%s\"", path, e->name);
                 goto out_abort;
             }
-            if ((st = model_io_append(&out, chunk, (size_t)(count * esz))) != ZO_OK) goto out_abort;
+            if ((st = zo_file_append(&out, chunk, (size_t)(count * esz))) != ZO_OK) goto out_abort;
         }
     }
-    st = model_io_commit(&out);
+    st = zo_file_commit(&out);
     goto out_free_chunk;
 out_abort:
-    model_io_abort(&out);
+    zo_file_abort(&out);
 out_free_chunk:
     free(chunk);
 out_free_header:
@@ -458,7 +459,8 @@ static zo_status read_index(const char *path, cJSON **root_out, char ***shards_o
     zo_status st;
     char *text = NULL;
     size_t len = 0;
-    if ((st = model_io_read_small(path, 64u << 20, &text, &len)) != ZO_OK) return st;
+    if ((st = zo_file_read_all(path, 64u << 20, "a checkpoint index", &text, &len)) != ZO_OK)
+        return st;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (!root) {
