@@ -503,14 +503,43 @@ static void norm_param_grads(gpu_tensor dw, gpu_tensor db, gpu_tensor dy, gpu_te
     }
 }
 
-zo_status cpu_layernorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, gpu_tensor db,
-                                 gpu_tensor dy, gpu_tensor x, gpu_tensor w, const float *mean,
-                                 const float *rstd, int n, int c, int nt)
+/* dx[row] += the row's LayerNorm input gradient (o holds dx's row). */
+static inline void layernorm_dx_row(float *restrict o, const float *g, const float *xr,
+                                    const float *wv, float m, float rs, int c)
+{
+    double s1 = 0.0, s2 = 0.0; /* mean(dxhat), mean(dxhat * xhat) */
+    for (int j = 0; j < c; j++) {
+        float xh = (xr[j] - m) * rs, dxh = g[j] * wv[j];
+        s1 += dxh;
+        s2 += (double)dxh * xh;
+    }
+    float m1 = (float)(s1 / c), m2 = (float)(s2 / c);
+    for (int j = 0; j < c; j++) {
+        float xh = (xr[j] - m) * rs, dxh = g[j] * wv[j];
+        o[j] += rs * (dxh - m1 - xh * m2);
+    }
+}
+
+/* The same for RMSNorm (no mean). */
+static inline void rmsnorm_dx_row(float *restrict o, const float *g, const float *xr,
+                                  const float *wv, float rs, int c)
+{
+    double s2 = 0.0; /* mean(dxhat * xhat) */
+    for (int j = 0; j < c; j++) s2 += (double)(g[j] * wv[j]) * (xr[j] * rs);
+    float m2 = (float)(s2 / c);
+    for (int j = 0; j < c; j++) o[j] += rs * (g[j] * wv[j] - xr[j] * rs * m2);
+}
+
+/* Backward of LayerNorm (mean given) or RMSNorm (mean NULL): dx += per
+ * row, then the parameter gradients. */
+static zo_status norm_backward(cpu_scratch *ws, const char *op, gpu_tensor dx, gpu_tensor dw,
+                               gpu_tensor db, gpu_tensor dy, gpu_tensor x, gpu_tensor w,
+                               const float *mean, const float *rstd, int n, int c, int nt)
 {
     const int team = nthreads(nt);
     const size_t cb = al64((size_t)c * sizeof(float));
     char *base;
-    zo_status st = reserve_team(ws, "gpu_layernorm_backward", cb, 3 * cb, team, &base);
+    zo_status st = reserve_team(ws, op, cb, 3 * cb, team, &base);
     if (st != ZO_OK) return st;
     float *wv = (float *)base;
     load_row(wv, w, 0, c);
@@ -523,23 +552,23 @@ zo_status cpu_layernorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, 
             load_row(g, dy, (size_t)r * c, c);
             load_row(xr, x, (size_t)r * c, c);
             load_row(o, dx, (size_t)r * c, c);
-            float m = mean[r], rs = rstd[r];
-            double s1 = 0.0, s2 = 0.0; /* mean(dxhat), mean(dxhat * xhat) */
-            for (int j = 0; j < c; j++) {
-                float xh = (xr[j] - m) * rs, dxh = g[j] * wv[j];
-                s1 += dxh;
-                s2 += (double)dxh * xh;
-            }
-            float m1 = (float)(s1 / c), m2 = (float)(s2 / c);
-            for (int j = 0; j < c; j++) {
-                float xh = (xr[j] - m) * rs, dxh = g[j] * wv[j];
-                o[j] += rs * (dxh - m1 - xh * m2);
-            }
+            if (mean)
+                layernorm_dx_row(o, g, xr, wv, mean[r], rstd[r], c);
+            else
+                rmsnorm_dx_row(o, g, xr, wv, rstd[r], c);
             store_row(dx, (size_t)r * c, o, c);
         }
     }
     norm_param_grads(dw, db, dy, x, mean, rstd, n, c, nt);
     return ZO_OK;
+}
+
+zo_status cpu_layernorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, gpu_tensor db,
+                                 gpu_tensor dy, gpu_tensor x, gpu_tensor w, const float *mean,
+                                 const float *rstd, int n, int c, int nt)
+{
+    return norm_backward(ws, "gpu_layernorm_backward", dx, dw, db, dy, x, w, mean, rstd, n, c,
+                         nt);
 }
 
 zo_status cpu_rmsnorm_forward(cpu_scratch *ws, gpu_tensor y, float *rstd, gpu_tensor x,
@@ -573,33 +602,9 @@ zo_status cpu_rmsnorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, gp
                                gpu_tensor x, gpu_tensor w, const float *rstd, int n, int c,
                                int nt)
 {
-    const int team = nthreads(nt);
-    const size_t cb = al64((size_t)c * sizeof(float));
-    char *base;
-    zo_status st = reserve_team(ws, "gpu_rmsnorm_backward", cb, 3 * cb, team, &base);
-    if (st != ZO_OK) return st;
-    float *wv = (float *)base;
-    load_row(wv, w, 0, c);
-#pragma omp parallel num_threads(team)
-    {
-        char *mine = team_slice(base, cb, 3 * cb);
-        float *g = (float *)mine, *xr = (float *)(mine + cb), *o = (float *)(mine + 2 * cb);
-#pragma omp for schedule(static)
-        for (int r = 0; r < n; r++) {
-            load_row(g, dy, (size_t)r * c, c);
-            load_row(xr, x, (size_t)r * c, c);
-            load_row(o, dx, (size_t)r * c, c);
-            float rs = rstd[r];
-            double s2 = 0.0; /* mean(dxhat * xhat) */
-            for (int j = 0; j < c; j++) s2 += (double)(g[j] * wv[j]) * (xr[j] * rs);
-            float m2 = (float)(s2 / c);
-            for (int j = 0; j < c; j++) o[j] += rs * (g[j] * wv[j] - xr[j] * rs * m2);
-            store_row(dx, (size_t)r * c, o, c);
-        }
-    }
     gpu_tensor none = {NULL, ZO_DTYPE_F32};
-    norm_param_grads(dw, none, dy, x, NULL, rstd, n, c, nt);
-    return ZO_OK;
+    return norm_backward(ws, "gpu_rmsnorm_backward", dx, dw, none, dy, x, w, NULL, rstd, n, c,
+                         nt);
 }
 
 /* ---- attention ---------------------------------------------------------------------------
