@@ -18,6 +18,7 @@
 
 #include "model/data.h"        /* defines: model_tokens, model_batch_get */
 #include "model/safetensors.h" /* defines: model_st_open, model_load_path */
+#include "tests/support/check.h" /* defines: check_close_f32 */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer, tf_model */
 #include "tests/support/run.h"         /* defines: run_capture */
 
@@ -99,23 +100,6 @@ static void fixture_close(fixture *fx)
     gpu_device_free(fx->dev);
 }
 
-static int check_close(const char *what, const float *got, const float *want, size_t n,
-                       double atol, double rtol)
-{
-    int bad = 0;
-    double maxd = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - want[i]);
-        if (d > maxd || isnan(d)) maxd = d;
-        if (!(d <= atol + rtol * fabs(want[i]))) {
-            if (bad < 5) printf("  %s[%zu]: got %.8g want %.8g\n", what, i, got[i], want[i]);
-            bad++;
-        }
-    }
-    if (bad) printf("  %s: %d of %zu mismatched, max diff %.3g\n", what, bad, n, maxd);
-    return bad;
-}
-
 /* ---- logits, loss, gradients ------------------------------------------------------------ */
 
 static void download_as(fixture *fx, float *dst, const void *src, size_t n, zo_dtype dt)
@@ -143,13 +127,13 @@ static void run_against_torch(const char *name)
     float *want_logits = read_expected(name, "logits", &n);
     float *want_loss = read_expected(name, "loss", NULL);
     assert_int_equal(n, (size_t)B * T * V);
-    assert_int_equal(check_close("logits", logits, want_logits, n, 2e-5, 2e-5), 0);
-    assert_int_equal(check_close("loss", &loss, want_loss, 1, 1e-5, 1e-5), 0);
+    assert_int_equal(check_close_f32("logits", logits, want_logits, n, 2e-5, 2e-5), 0);
+    assert_int_equal(check_close_f32("loss", &loss, want_loss, 1, 1e-5, 1e-5), 0);
 
     /* backward: every gradient, loaded by name from the torch file */
     tf_step_info info;
     assert_int_equal(tf_trainer_grads(&fx.tr, fx.s, fx.inputs, fx.targets, B, T, &info), ZO_OK);
-    assert_int_equal(check_close("loss (trainer)", &info.loss, want_loss, 1, 1e-5, 1e-5), 0);
+    assert_int_equal(check_close_f32("loss (trainer)", &info.loss, want_loss, 1, 1e-5, 1e-5), 0);
     int nb = fx.m.layout.n_blocks;
     float **want = calloc(nb, sizeof(float *));
     for (int b = 0; b < nb; b++) want[b] = calloc(fx.m.layout.block_numel[b] + 1, sizeof(float));
@@ -160,7 +144,7 @@ static void run_against_torch(const char *name)
     double sumsq = 0.0;
     for (int i = 0; i < fx.m.layout.n_tensors; i++) {
         const model_tensor *t = &fx.m.layout.tensors[i];
-        bad += check_close(t->name, fx.tr.grad[t->block] + t->offset, want[t->block] + t->offset,
+        bad += check_close_f32(t->name, fx.tr.grad[t->block] + t->offset, want[t->block] + t->offset,
                            t->numel, 1e-5, 1e-3);
         for (size_t e = 0; e < t->numel; e++) sumsq += (double)want[t->block][t->offset + e] * want[t->block][t->offset + e];
     }
@@ -232,7 +216,7 @@ static void run_training(const char *name)
         assert_int_equal(tf_trainer_step(&fx.tr, fx.s, in, tg, B, T, &info), ZO_OK);
         got[k] = info.loss;
     }
-    assert_int_equal(check_close("train losses", got, want, n, 1e-4, 1e-4), 0);
+    assert_int_equal(check_close_f32("train losses", got, want, n, 1e-4, 1e-4), 0);
     model_tokens_close(&tok);
     unlink(path);
     free(want);
@@ -264,7 +248,7 @@ static void test_bf16_fp16(void **state)
         assert_int_equal(tf_trainer_grads(&fx.tr, fx.s, fx.inputs, fx.targets, B, T, &info), ZO_OK);
         float *want = read_expected("tiny_llama", "loss", NULL);
         /* rounding of weights and activations: bf16 keeps 8 bits, fp16 11 */
-        assert_int_equal(check_close(zo_dtype_name(dts[i]), &info.loss, want, 1, 0.0,
+        assert_int_equal(check_close_f32(zo_dtype_name(dts[i]), &info.loss, want, 1, 0.0,
                                      dts[i] == ZO_DTYPE_BF16 ? 2e-2 : 3e-3), 0);
         assert_int_equal(info.skipped, 0);
         free(want);
