@@ -1,13 +1,14 @@
 #include "model_config.h"
 
 #include <ctype.h>
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cjson/cJSON.h>
+
+#include "common/fileio.h" /* defines: zo_file_read_all */
 
 /* GPT family: LayerNorm with bias, 4h GELU MLP with biases, learned positions,
  * tied output layer. */
@@ -383,31 +384,10 @@ out_free_root:
 
 zo_status zo_model_config_load(const char *path, zo_model_config *out)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return zo_error(ZO_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    zo_status st = ZO_OK;
-    char *buf = NULL;
-    if (fseek(f, 0, SEEK_END) != 0) goto out_read_error;
-    long len = ftell(f);
-    if (len < 0 || fseek(f, 0, SEEK_SET) != 0) goto out_read_error;
-    if (len > (64l << 20)) {
-        st = zo_error(ZO_ERR_FORMAT, "%s: %ld bytes is too large for a config.json", path, len);
-        goto out_close;
-    }
-    buf = malloc((size_t)len + 1);
-    if (!buf) {
-        st = zo_error(ZO_ERR_NOMEM, "%s: cannot allocate %ld bytes", path, len + 1);
-        goto out_close;
-    }
-    if (fread(buf, 1, (size_t)len, f) != (size_t)len) goto out_read_error;
-    buf[len] = '\0';
+    char *buf;
+    zo_status st = zo_file_read_all(path, 64u << 20, "a config.json", &buf, NULL);
+    if (st != ZO_OK) return st;
     st = zo_model_config_parse(buf, path, out);
-    goto out_free_buf;
-out_read_error:
-    st = zo_error(ZO_ERR_IO, "%s: read failed: %s", path, strerror(errno));
-out_free_buf:
     free(buf);
-out_close:
-    fclose(f);
     return st;
 }

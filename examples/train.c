@@ -15,11 +15,11 @@
 
 #include "common/model_config.h" /* defines: zo_model_config_load, zo_model_preset_find */
 #include "common/units.h"        /* defines: zo_parse_size, zo_parse_int, zo_format_bytes */
-#include "examples/trainer.h"    /* defines: tf_offload_model */
-#include "gpu/cuda/device_cuda.h" /* defines: gpu_device_open, gpu_cuda_device_count */
+#include "gpu/device.h"           /* defines: gpu_device_open, gpu_cuda_device_count */
 #include "offload/offload.h"     /* defines: offload_init, offload_micro_batch, offload_step */
 #include "model/data.h"          /* defines: model_tokens, model_batch_get */
 #include "model/safetensors.h"   /* defines: model_load_path, model_save */
+#include "transformer/offload_model.h" /* defines: tf_offload_model */
 
 typedef struct train_args {
     const char *model, *weights, *data, *save, *device;

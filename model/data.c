@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "model_io.h" /* defines: model_io_create, model_io_append, model_io_commit */
+#include "common/fileio.h" /* defines: zo_file_create, zo_file_append, zo_file_commit */
 
 zo_status model_tokens_open(model_tokens *t, const char *path, model_token_width width, int vocab)
 {
@@ -144,8 +144,8 @@ zo_status model_bytes_encode_file(const char *text_path, const char *tokens_path
     model_tokens text;
     zo_status st = model_tokens_open(&text, text_path, MODEL_TOKENS_BYTES, MODEL_BYTE_VOCAB);
     if (st) return st;
-    model_io_file out;
-    if ((st = model_io_create(&out, tokens_path)) != ZO_OK) goto out_close_text;
+    zo_file_writer out;
+    if ((st = zo_file_create(&out, tokens_path)) != ZO_OK) goto out_close_text;
     enum { CHUNK = 1 << 16 };
     uint8_t buf[CHUNK * 4];
     for (uint64_t i = 0; i < text.n; i += CHUNK) {
@@ -156,12 +156,12 @@ zo_status model_bytes_encode_file(const char *text_path, const char *tokens_path
             p[0] = c; /* little endian: the byte, then zeros */
             memset(p + 1, 0, (size_t)width - 1);
         }
-        if ((st = model_io_append(&out, buf, (size_t)(m * (uint64_t)width))) != ZO_OK) {
-            model_io_abort(&out);
+        if ((st = zo_file_append(&out, buf, (size_t)(m * (uint64_t)width))) != ZO_OK) {
+            zo_file_abort(&out);
             goto out_close_text;
         }
     }
-    if ((st = model_io_commit(&out)) != ZO_OK) goto out_close_text;
+    if ((st = zo_file_commit(&out)) != ZO_OK) goto out_close_text;
     if (n_tokens) *n_tokens = text.n;
 out_close_text:
     model_tokens_close(&text);

@@ -16,7 +16,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "model_io.h" /* defines: model_io_* file helpers */
+#include "common/fileio.h" /* defines: zo_file_create, zo_file_append, zo_file_read_all */
+#include "model_io.h"       /* defines: model_io_convert_rows */
 
 /* ---- element types ------------------------------------------------------- */
 
@@ -349,7 +350,7 @@ void model_st_release(const model_st_file *f, const model_st_tensor *t)
 #define WRITE_CHUNK_BYTES (4u << 20)
 
 struct model_st_writer {
-    model_io_file out;
+    zo_file_writer out;
     int n;
     uint64_t data_start;       /* 8 + padded header */
     uint64_t *begin, *numel;   /* [n] byte offset in the data, elements */
@@ -426,13 +427,13 @@ zo_status model_st_writer_open(model_st_writer **wo, const char *path, const mod
     size_t hlen = strlen(header);
     size_t padded = (hlen + 7) & ~(size_t)7; /* data starts 8-byte aligned */
     w->data_start = 8 + padded;
-    if ((st = model_io_create(&w->out, path)) != ZO_OK) goto out_free;
+    if ((st = zo_file_create(&w->out, path)) != ZO_OK) goto out_free;
     uint8_t lenbuf[8];
     for (int i = 0; i < 8; i++) lenbuf[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-    if ((st = model_io_append(&w->out, lenbuf, 8)) != ZO_OK ||
-        (st = model_io_append(&w->out, header, hlen)) != ZO_OK ||
-        (st = model_io_append(&w->out, "       ", padded - hlen)) != ZO_OK) {
-        model_io_abort(&w->out);
+    if ((st = zo_file_append(&w->out, lenbuf, 8)) != ZO_OK ||
+        (st = zo_file_append(&w->out, header, hlen)) != ZO_OK ||
+        (st = zo_file_append(&w->out, "       ", padded - hlen)) != ZO_OK) {
+        zo_file_abort(&w->out);
         goto out_free;
     }
     free(header);
@@ -477,9 +478,9 @@ zo_status model_st_writer_commit(model_st_writer *w)
     if (w->put != w->total) {
         st = zo_error(ZO_ERR_INTERNAL, "%s: %llu of %llu data bytes were written", w->out.path,
                       (unsigned long long)w->put, (unsigned long long)w->total);
-        model_io_abort(&w->out);
+        zo_file_abort(&w->out);
     } else {
-        st = model_io_commit(&w->out);
+        st = zo_file_commit(&w->out);
     }
     writer_release(w);
     return st;
@@ -488,7 +489,7 @@ zo_status model_st_writer_commit(model_st_writer *w)
 void model_st_writer_abort(model_st_writer *w)
 {
     if (!w) return;
-    model_io_abort(&w->out);
+    zo_file_abort(&w->out);
     writer_release(w);
 }
 
@@ -551,7 +552,8 @@ static zo_status read_index(const char *path, cJSON **root_out, char ***shards_o
     zo_status st;
     char *text = NULL;
     size_t len = 0;
-    if ((st = model_io_read_small(path, 64u << 20, &text, &len)) != ZO_OK) return st;
+    if ((st = zo_file_read_all(path, 64u << 20, "a checkpoint index", &text, &len)) != ZO_OK)
+        return st;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (!root) {

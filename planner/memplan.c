@@ -12,12 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <errno.h>
 #include <sys/stat.h>
 #include <time.h>
 
 #include <cjson/cJSON.h>
 
+#include "common/fileio.h" /* defines: zo_file_read_all, zo_file_write_all */
 #include "common/model_config.h"
 #include "common/units.h"
 #include "planner/basis.h"
@@ -264,42 +264,7 @@ static int is_file(const char *p)
 /* The whole file as a string (the caller frees it). */
 static zo_status read_text(const char *path, char **out)
 {
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return zo_error(ZO_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    zo_status st = ZO_OK;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    if (!buf) {
-        st = zo_error(ZO_ERR_NOMEM, "%s: out of memory", path);
-        goto out_close;
-    }
-    for (;;) {
-        if (n + 1 >= cap) {
-            char *nb = cap > (64u << 20) ? NULL : realloc(buf, cap * 2);
-            if (!nb) {
-                st = zo_error(ZO_ERR_FORMAT, "%s: too large for a JSON description", path);
-                goto out_free;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
-        if (r == 0) break;
-    }
-    if (ferror(f)) {
-        st = zo_error(ZO_ERR_IO, "%s: read error", path);
-        goto out_free;
-    }
-    buf[n] = '\0';
-    *out = buf;
-    goto out_close;
-out_free:
-    free(buf);
-out_close:
-    fclose(f);
-    return st;
+    return zo_file_read_all(path, 64u << 20, "a JSON description", out, NULL);
 }
 
 /* --hw NAME (a preset) or --hw FILE (a profile from `memplan calibrate`). */
@@ -389,20 +354,9 @@ static zo_status write_json(const char *path, cJSON *doc)
 {
     char *text = doc ? cJSON_Print(doc) : NULL;
     if (!text) return zo_error(ZO_ERR_NOMEM, "%s: out of memory building JSON", path);
-    zo_status st = ZO_OK;
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        st = zo_error(ZO_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-        goto out_free;
-    }
-    if (fputs(text, f) < 0 || fputc('\n', f) < 0) st = zo_error(ZO_ERR_IO, "%s: write failed", tmp);
-    if (fclose(f) && !st) st = zo_error(ZO_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
-    if (!st && rename(tmp, path))
-        st = zo_error(ZO_ERR_IO, "%s: cannot rename into place: %s", path, strerror(errno));
-    if (st) remove(tmp);
-out_free:
+    size_t n = strlen(text);
+    text[n] = '\n'; /* replaces the NUL: the file ends with a newline */
+    zo_status st = zo_file_write_all(path, text, n + 1);
     free(text);
     return st;
 }
@@ -421,11 +375,7 @@ static zo_status write_svg(const char *path, const zo_model_config *m, const pla
 
 static zo_status write_text(const char *path, const char *text)
 {
-    FILE *f = fopen(path, "w");
-    if (!f) return zo_error(ZO_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-    zo_status st = fputs(text, f) < 0 ? zo_error(ZO_ERR_IO, "%s: write failed", path) : ZO_OK;
-    if (fclose(f) && !st) st = zo_error(ZO_ERR_IO, "%s: write failed: %s", path, strerror(errno));
-    return st;
+    return zo_file_write_all(path, text, strlen(text));
 }
 
 typedef struct shape_flags {

@@ -18,10 +18,12 @@
 #include <unistd.h>
 
 #include "common/units.h"      /* defines: zo_format_bytes */
-#include "examples/trainer.h"  /* defines: tf_offload_model, tf_model */
 #include "model/safetensors.h" /* defines: model_save */
 #include "offload/offload.h"   /* defines: offload_init, offload_micro_batch, offload_step */
 #include "planner/memory.h"    /* defines: plan_estimate_run (the memplan estimate) */
+#include "tests/support/ref_trainer.h" /* defines: tf_trainer (the reference) */
+#include "tests/support/run.h"         /* defines: run_capture */
+#include "transformer/offload_model.h" /* defines: tf_offload_model, tf_model */
 
 #define THREADS 2
 
@@ -279,8 +281,8 @@ static void assert_same_losses(const char *name, const run *a, const run *b)
     }
 }
 
-/* The same training with the reference single-device trainer (examples/
- * trainer.h: every block resident, its own AdamW). */
+/* The same training with the reference single-device trainer (tests/
+ * support/ref_trainer.h: every block resident, its own AdamW). */
 static void reference_run(run *r)
 {
     gpu_device_t dev;
@@ -653,17 +655,6 @@ static void test_resume(void **state)
     remove_tree(dir);
 }
 
-/* Run a command, capture its stdout; returns the exit code. */
-static int run_cmd(const char *cmd, char *buf, size_t len)
-{
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t got = fread(buf, 1, len - 1, p);
-    buf[got] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* The "step K loss X" lines of train's output, from step `from` on. */
 static void step_lines(const char *out, int from, char *dst, size_t len)
 {
@@ -710,7 +701,7 @@ static void test_kill_during_checkpoint(void **state)
              ZO_TRAIN_BIN, cfg, data, dir);
     static char out[1 << 16], want[4096], got[4096];
     snprintf(cmd, sizeof cmd, "%s 2>&1", base);
-    assert_int_equal(run_cmd(cmd, out, sizeof out), 0);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
     step_lines(out, 2, want, sizeof want);
 
     const char *points[] = {"begin", "optimizer-half", "before-rename", "before-latest"};
@@ -740,7 +731,7 @@ static void test_kill_during_checkpoint(void **state)
         close(fds[0]);
         /* the previous checkpoint loads: resume from it */
         snprintf(cmd, sizeof cmd, "%s --resume %s 2>&1", base, ck);
-        assert_int_equal(run_cmd(cmd, out, sizeof out), 0);
+        assert_int_equal(run_capture(cmd, out, sizeof out), 0);
         assert_non_null(strstr(out, "at step 2\n"));
         step_lines(out, 2, got, sizeof got);
         assert_string_equal(got, want);

@@ -20,6 +20,7 @@
 
 #include "gpu/ops_cpu.h"     /* defines: gpu_cpu_inject_faults */
 #include "offload/offload.h" /* defines: offload_init, offload_plan_load, offload_save */
+#include "tests/support/run.h" /* defines: run_program */
 
 static char tmp_dir[256];
 
@@ -454,14 +455,7 @@ static void test_ckpt_same_step(void **state)
 #ifdef ZO_TRAIN_BIN
 static int run_train(const char *args, char *out, size_t len)
 {
-    char cmd[4200];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", ZO_TRAIN_BIN, args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t got = fread(out, 1, len - 1, p);
-    out[got] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return run_program(ZO_TRAIN_BIN, args, out, len);
 }
 
 /* --plan=FILE and an abbreviated --pla FILE are read like --plan FILE (they

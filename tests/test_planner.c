@@ -19,6 +19,7 @@
 #include "planner/hardware.h"
 #include "planner/memory.h"
 #include "planner/report.h"
+#include "tests/support/run.h" /* defines: run_memplan */
 
 /* ---- parameter counts ------------------------------------------------------ */
 
@@ -464,25 +465,6 @@ static void test_tensor_parallel_params(void **state)
 }
 
 /* ---- the CLI ------------------------------------------------------------------------ */
-
-static const char *memplan_path(void)
-{
-    const char *p = getenv("MEMPLAN");
-    return p ? p : ZO_BUILD_DIR "/planner/memplan";
-}
-
-/* Run memplan with args; capture stdout+stderr; return the exit status. */
-static int run_memplan(const char *args, char *out, size_t len)
-{
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", memplan_path(), args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, len - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static void write_file(const char *path, const char *text)
 {

@@ -22,6 +22,7 @@
 #include "planner/cost.h"
 #include "planner/planfile.h"
 #include "planner/search.h"
+#include "tests/support/run.h" /* defines: run_memplan */
 
 /* The documented margin of max-model against the papers (docs/memplan.md). */
 #define MAX_MODEL_MARGIN 1.5
@@ -311,24 +312,6 @@ static void test_plan_file_roundtrip(void **state)
 }
 
 /* ---- the CLI ------------------------------------------------------------------------ */
-
-static const char *memplan_path(void)
-{
-    const char *p = getenv("MEMPLAN");
-    return p ? p : ZO_BUILD_DIR "/planner/memplan";
-}
-
-static int run_memplan(const char *args, char *out, size_t len)
-{
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", memplan_path(), args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, len - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static void test_cli_plan(void **state)
 {

@@ -17,8 +17,8 @@
  *
  * Everything is enqueued on the stream passed in; nothing waits unless the
  * function says so. */
-#ifndef ZO_EXAMPLES_TRANSFORMER_H
-#define ZO_EXAMPLES_TRANSFORMER_H
+#ifndef ZO_TRANSFORMER_TRANSFORMER_H
+#define ZO_TRANSFORMER_TRANSFORMER_H
 
 #include <stdint.h>
 
