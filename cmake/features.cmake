@@ -9,6 +9,40 @@ function(zo_feature_line name found detail)
   endif()
 endfunction()
 
+# ZO_DEPS_PREFIX: a folder into which Debian packages were unpacked with
+# `dpkg -x` (scripts/gpu-check.sh does it with those scripts/gpu-carry.sh
+# downloads), for a machine without them and without a registry. Their
+# pkg-config files name /usr; copies that name the prefix go to
+# <build>/deps-pkgconfig, which comes first on PKG_CONFIG_PATH, and the prefix
+# comes first for find_program/find_library (its pkg-config is used when the
+# machine has none). Programs run outside the build tree (installed ones) need
+# <prefix>/usr/lib/x86_64-linux-gnu on LD_LIBRARY_PATH; gpu-check.sh sets it.
+macro(zo_use_deps_prefix)
+  if(ZO_DEPS_PREFIX)
+    get_filename_component(_zo_dp "${ZO_DEPS_PREFIX}" ABSOLUTE)
+    if(NOT IS_DIRECTORY "${_zo_dp}/usr")
+      message(FATAL_ERROR "ZO_DEPS_PREFIX=${ZO_DEPS_PREFIX}: no usr/ folder there "
+                          "(unpack the packages with dpkg -x first: scripts/gpu-check.sh deps)")
+    endif()
+    set(_zo_pcdir "${PROJECT_BINARY_DIR}/deps-pkgconfig")
+    file(REMOVE_RECURSE "${_zo_pcdir}")
+    file(GLOB _zo_pcs "${_zo_dp}/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc"
+                      "${_zo_dp}/usr/lib/pkgconfig/*.pc" "${_zo_dp}/usr/share/pkgconfig/*.pc")
+    foreach(_zo_pc IN LISTS _zo_pcs)
+      file(READ "${_zo_pc}" _zo_text)
+      string(REGEX REPLACE "(=|-I|-L)/usr([/ \n])" "\\1${_zo_dp}/usr\\2" _zo_text "${_zo_text}")
+      get_filename_component(_zo_name "${_zo_pc}" NAME)
+      file(WRITE "${_zo_pcdir}/${_zo_name}" "${_zo_text}")
+    endforeach()
+    set(ENV{PKG_CONFIG_PATH} "${_zo_pcdir}:$ENV{PKG_CONFIG_PATH}")
+    # the carried pkgconf finds its library (configure-time children only)
+    set(ENV{LD_LIBRARY_PATH} "${_zo_dp}/usr/lib/x86_64-linux-gnu:$ENV{LD_LIBRARY_PATH}")
+    list(PREPEND CMAKE_PREFIX_PATH "${_zo_dp}/usr")
+    list(LENGTH _zo_pcs _zo_n)
+    message(STATUS "feature: dependency prefix: ${_zo_dp} (${_zo_n} pkg-config files)")
+  endif()
+endmacro()
+
 function(_zo_require opt found what)
   if("${${opt}}" STREQUAL "ON" AND NOT ${found})
     message(FATAL_ERROR "${opt}=ON but ${what} was not found")
