@@ -352,6 +352,77 @@ static void test_determinism(void **state)
     free(grads[1]);
 }
 
+/* ---- initialisation ------------------------------------------------------------------------------ */
+
+/* The sequence the random initialisation is defined by: one splitmix64
+ * stream over the layout's tensors in order, two draws (Box-Muller) per
+ * element of every 2-D tensor. */
+static uint64_t ref_splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* tf_init_weights (its elements drawn in parallel) gives the sequential
+ * stream's values, bit for bit, and block by block the same. */
+static void test_init_sequence(void **state)
+{
+    (void)state;
+    /* matrices of 384 x 1152: past the size the draw goes parallel at */
+    zo_model_config c = {0};
+    snprintf(c.name, sizeof c.name, "init-llama");
+    snprintf(c.family, sizeof c.family, "llama2");
+    c.arch = ZO_ARCH_LLAMA;
+    c.n_layers = 2;
+    c.hidden = 384;
+    c.n_heads = c.n_kv_heads = 4;
+    c.ffn = 1152;
+    c.vocab = 300;
+    c.max_seq = 64;
+    c.norm_eps = 1e-5f;
+    c.rope_theta = 10000.0f;
+    assert_int_equal(zo_model_config_validate(&c), ZO_OK);
+    model_layout lay;
+    assert_int_equal(model_layout_init(&lay, &c), ZO_OK);
+    const model_layout *l = &lay;
+    int nb = l->n_blocks;
+    float **w = calloc((size_t)nb, sizeof *w);
+    for (int b = 0; b < nb; b++) w[b] = calloc(l->block_numel[b] + 1, sizeof(float));
+    tf_init_weights(l, w, 42);
+    uint64_t s = tf_init_rng(42);
+    double proj_std = 0.02 / sqrt(2.0 * l->n_layers);
+    for (int i = 0; i < l->n_tensors; i++) {
+        const model_tensor *t = &l->tensors[i];
+        if (t->ndim == 1) continue;
+        double std = t->role == MODEL_ROLE_ATTN_OUT_W || t->role == MODEL_ROLE_MLP_DOWN_W ? proj_std : 0.02;
+        for (size_t e = 0; e < t->numel; e++) {
+            double u1 = ((ref_splitmix(&s) >> 11) + 1.0) / 9007199254740993.0;
+            double u2 = (ref_splitmix(&s) >> 11) / 9007199254740992.0;
+            float want = (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2) * std);
+            if (memcmp(&want, &w[t->block][t->offset + e], sizeof want)) {
+                fprintf(stderr, "%s[%zu]: %.9g, the sequence gives %.9g\n", t->name, e,
+                        w[t->block][t->offset + e], want);
+                fail();
+            }
+        }
+    }
+    float *one = calloc(l->block_numel[0] + 1, sizeof(float));
+    uint64_t rng = tf_init_rng(42);
+    for (int b = 0; b < nb; b++) {
+        float *blk = realloc(one, (l->block_numel[b] + 1) * sizeof(float));
+        assert_non_null(blk);
+        one = blk;
+        tf_init_block_weights(l, b, one, &rng);
+        assert_memory_equal(one, w[b], l->block_numel[b] * sizeof(float));
+    }
+    free(one);
+    for (int b = 0; b < nb; b++) free(w[b]);
+    free(w);
+    model_layout_free(&lay);
+}
+
 /* ---- capacity ------------------------------------------------------------------------------------ */
 
 static void test_capacity(void **state)
@@ -493,6 +564,7 @@ int main(void)
         cmocka_unit_test(test_bf16_fp16),
         cmocka_unit_test(test_block_streaming),
         cmocka_unit_test(test_determinism),
+        cmocka_unit_test(test_init_sequence),
         cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_train_program),
     };

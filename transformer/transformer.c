@@ -543,7 +543,17 @@ void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_
             continue;
         }
         double std = (t->role == MODEL_ROLE_ATTN_OUT_W || t->role == MODEL_ROLE_MLP_DOWN_W) ? proj_std : 0.02;
-        for (size_t e = 0; e < t->numel; e++) p[e] = (float)(gauss(rng) * std);
+        /* splitmix is a counter: element e draws the two values after
+         * 2e draws of the tensor, so the elements are independent (and the
+         * values the sequential draw gives) */
+        uint64_t s0 = *rng;
+        long long n = (long long)t->numel;
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (long long e = 0; e < n; e++) {
+            uint64_t s = s0 + 2 * (uint64_t)e * 0x9e3779b97f4a7c15ull;
+            p[e] = (float)(gauss(&s) * std);
+        }
+        *rng = s0 + 2 * (uint64_t)n * 0x9e3779b97f4a7c15ull;
     }
 }
 
