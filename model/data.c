@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/fileio.h" /* defines: zo_file_create, zo_file_append, zo_file_commit */
+#include "common/fileio.h" /* defines: zo_file_open_regular, zo_file_create, zo_file_commit */
 
 zo_status model_tokens_open(model_tokens *t, const char *path, model_token_width width, int vocab)
 {
@@ -24,19 +24,10 @@ zo_status model_tokens_open(model_tokens *t, const char *path, model_token_width
     if (!t->path) return zo_error(ZO_ERR_NOMEM, "%s: cannot copy the path", path);
     t->width = width;
     t->vocab = vocab;
-    t->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (t->fd < 0) {
-        st = zo_error(errno == ENOENT ? ZO_ERR_NOT_FOUND : ZO_ERR_IO, "%s: cannot open: %s", path,
-                      strerror(errno));
-        goto out_close;
-    }
+    if ((st = zo_file_open_regular(path, "a token file", &t->fd)) != ZO_OK) goto out_close;
     struct stat sb;
     if (fstat(t->fd, &sb) != 0) {
         st = zo_error(ZO_ERR_IO, "%s: fstat: %s", path, strerror(errno));
-        goto out_close;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        st = zo_error(ZO_ERR_INVALID, "%s: not a regular file", path);
         goto out_close;
     }
     if (sb.st_size == 0 || (uint64_t)sb.st_size % (uint64_t)width) {

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cmocka.h>
 #include <unistd.h>
@@ -324,6 +325,16 @@ static void test_tokens_errors(void **state)
     snprintf(path, sizeof path, "%s/nope.bin", tmpdir);
     assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U16, 1000), ZO_ERR_NOT_FOUND);
     assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_BYTES, 100), ZO_ERR_INVALID);
+    /* a FIFO nobody writes to is refused at once, naming it (opening it
+     * waited for a writer forever: the alarm ends the test then) */
+    snprintf(path, sizeof path, "%s/fifo.bin", tmpdir);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    alarm(20);
+    assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U16, 1000), ZO_ERR_INVALID);
+    alarm(0);
+    assert_non_null(strstr(zo_last_error(), path));
+    assert_non_null(strstr(zo_last_error(), "not a regular file (a FIFO)"));
+    unlink(path);
 }
 
 /* Byte-level tokenizer: a text file as tokens, encoded to uint16, decoded back. */
