@@ -301,10 +301,9 @@ static zo_status nvme_open(wstore *ws, const char *dir)
     zo_status st;
     nvme_engine_config ec = {0};
     if ((st = nvme_engine_init(&w->engine, &ec)) != ZO_OK) return st;
-    char prefix[64];
-    snprintf(prefix, sizeof prefix, "zo-par-%d", (int)getpid());
+    /* <dir>/zo-par-<random>.0.swap, created exclusively and locked (nvme_store.h) */
     const char *dirs[1] = {dir};
-    nvme_store_config sc = {.dirs = dirs, .ndirs = 1, .prefix = prefix};
+    nvme_store_config sc = {.dirs = dirs, .ndirs = 1, .prefix = "zo-par"};
     if ((st = nvme_store_init(&w->store, w->engine, &sc)) != ZO_OK)
         return zo_error_wrap(st, "offload: NVMe store in %s", dir);
     w->ids = calloc((size_t)g->nb, sizeof(int));

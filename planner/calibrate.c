@@ -129,7 +129,8 @@ static zo_status measure_nvme(const plan_calibrate_opts *o, double *rd, double *
     if (st) return zo_error_wrap(st, "calibrate: NVMe engine");
     if ((st = nvme_buf_alloc(e, chunk, &buf)) != ZO_OK) goto out_engine;
     memset(buf, 0x5a, chunk);
-    if ((st = nvme_file_open(e, path, NVME_FILE_CREATE | NVME_FILE_TRUNC, &fid)) != ZO_OK)
+    /* a file of its own: never one planted under the name, never through a link */
+    if ((st = nvme_file_open(e, path, NVME_FILE_EXCL, &fid)) != ZO_OK)
         goto out_buf;
     *direct = nvme_file_is_direct(e, fid);
     if ((st = nvme_file_allocate(e, fid, total)) != ZO_OK) goto out_file;
