@@ -6,6 +6,7 @@
  * memplan. See --help. */
 #include <errno.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +61,10 @@ static void usage(FILE *f)
         "  --dtype fp32|fp16|bf16 device storage of weights, gradients, activations (default fp32)\n"
         "  --grad-accum K         micro-batches per optimizer step (default 1)\n"
         "  --seed N               random init seed (default 1337)\n"
+        "  --max-skipped-steps N  fp16: steps skipped for overflow in a row before the run\n"
+        "                         stops with an error (default 50); gradients that are not\n"
+        "                         finite with no loss scale to lower (fp32, bf16, fp16 at\n"
+        "                         scale 1) stop it at once, naming the block\n"
         "\n"
         "placement (a plan, then these flags; see docs/offload.md):\n"
         "  --plan FILE            a plan memplan wrote (plan --json FILE, estimate --plan-out\n"
@@ -86,14 +91,29 @@ static void usage(FILE *f)
         "  --threads N            threads per op on cpu, and of the CPU Adam (default: all)\n"
         "\n"
         "checkpoints and output:\n"
-        "  --ckpt DIR             save a checkpoint (weights, optimizer state, counters) into DIR\n"
+        "  --ckpt DIR             save a checkpoint (weights, optimizer state, counters) into DIR;\n"
+        "                         DIR is locked for the run (a second run on it is refused)\n"
         "  --save-every N         every N steps (default: only at the end)\n"
-        "  --resume DIR           continue from DIR's latest checkpoint\n"
+        "  --keep-checkpoints K   checkpoints kept in DIR: the latest and the K-1 others with the\n"
+        "                         highest step numbers (default 1: the latest only); only\n"
+        "                         folders named step-N or step-N.K are ever removed\n"
+        "  --resume DIR           continue from DIR's latest checkpoint (every file's checksum\n"
+        "                         verified first)\n"
         "  --stats-json FILE      peak bytes per tier (and the plan's prediction) and the time split\n"
         "  --save FILE            write the trained weights as safetensors (Hugging Face names)\n"
         "  -h, --help             this text\n"
         "\n"
-        "Prints one line per step: step K loss X norm G tok/s R mem M.\n");
+        "Prints one line per step: step K loss X norm G tok/s R mem M.\n"
+        "\n"
+        "Input files (--model, --data, --weights and its shards, --plan) must be regular files:\n"
+        "a FIFO or a device is refused, naming it. SIGINT, SIGTERM or SIGHUP stop the run after\n"
+        "the current micro-batch, its NVMe swap files removed; swap files a killed run left behind in\n"
+        "--nvme-dir are removed by the next run there.\n"
+        "\n"
+        "exit status: 0 trained; 1 failed at run time (out of memory or a tier's capacity,\n"
+        "a device or disk error, gradients not finite, the checkpoint folder in use by\n"
+        "another run); 2 bad input (flags, config, data, weights, plan, or a checkpoint that\n"
+        "is damaged or of another model); a signal that stopped it ends it the same way.\n");
 }
 
 enum {
@@ -101,7 +121,7 @@ enum {
     OPT_LR, OPT_B1, OPT_B2, OPT_EPS, OPT_WD, OPT_CLIP, OPT_DTYPE, OPT_SEED, OPT_DEVICE,
     OPT_DEVMEM, OPT_THREADS, OPT_SAVE, OPT_ACCUM, OPT_PLAN, OPT_PARAMS_ON, OPT_OPT_ON,
     OPT_CKPT_ON, OPT_RECOMPUTE, OPT_PREFETCH, OPT_SUBGROUP, OPT_NVME_DIR, OPT_CKPT, OPT_SAVE_EVERY,
-    OPT_RESUME, OPT_STATS,
+    OPT_RESUME, OPT_STATS, OPT_KEEP_CKPT, OPT_MAX_SKIPPED,
 };
 
 static const struct option long_opts[] = {
@@ -138,6 +158,8 @@ static const struct option long_opts[] = {
     {"save-every", required_argument, 0, OPT_SAVE_EVERY},
     {"resume", required_argument, 0, OPT_RESUME},
     {"stats-json", required_argument, 0, OPT_STATS},
+    {"keep-checkpoints", required_argument, 0, OPT_KEEP_CKPT},
+    {"max-skipped-steps", required_argument, 0, OPT_MAX_SKIPPED},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -243,6 +265,14 @@ static int parse_args(int argc, char **argv, train_args *a)
         case OPT_CKPT: a->ckpt = optarg; break;
         case OPT_SAVE_EVERY: st = zo_parse_int(optarg, "--save-every", 1, 1L << 40, &a->save_every); break;
         case OPT_RESUME: a->resume = optarg; break;
+        case OPT_KEEP_CKPT:
+            st = zo_parse_int(optarg, "--keep-checkpoints", 1, 1 << 20, &v);
+            oc->keep_checkpoints = (int)v;
+            break;
+        case OPT_MAX_SKIPPED:
+            st = zo_parse_int(optarg, "--max-skipped-steps", 1, 1 << 20, &v);
+            oc->max_skipped_steps = (int)v;
+            break;
         case OPT_STATS: a->stats_json = optarg; break;
         case OPT_MODEL: a->model = optarg; break;
         case OPT_WEIGHTS: a->weights = optarg; break;
@@ -288,10 +318,12 @@ static int parse_args(int argc, char **argv, train_args *a)
             return 2;
         }
     }
-    if (a->save_every && !a->ckpt) {
-        fprintf(stderr, "train: --save-every needs --ckpt DIR (where the checkpoints go)\n");
+    if ((a->save_every || oc->keep_checkpoints) && !a->ckpt) {
+        fprintf(stderr, "train: %s needs --ckpt DIR (where the checkpoints go)\n",
+                a->save_every ? "--save-every" : "--keep-checkpoints");
         return 2;
     }
+    oc->ckpt_dir = a->ckpt; /* locked from the start of the run */
     oc->n_threads = (int)a->threads;
     if (!a->model && a->plan && a->p.model_name[0]) a->model = a->p.model_name;
     if (optind < argc) {
@@ -362,10 +394,13 @@ static zo_status initial_weights(offload_t *rt, const model_layout *l, const cha
     return st;
 }
 
+static volatile sig_atomic_t stop_signal; /* SIGINT, SIGTERM or SIGHUP came */
+
 /* Test seam: ZO_TRAIN_CKPT_PAUSE="POINT:N:FD" makes the N-th checkpoint
  * write, at hook POINT ("begin", "optimizer-half", "before-rename",
  * "before-latest"), write one byte to FD and wait there for a signal (a test
- * kills the process mid-write). */
+ * kills the process mid-write, or stops it with SIGTERM: the write goes on
+ * then, and the run ends as a stopped run does). */
 static void pause_hook(void *user, const char *point)
 {
     static int saves;
@@ -375,8 +410,16 @@ static void pause_hook(void *user, const char *point)
     int nth = 0, fd = -1;
     if (sscanf(spec, "%63[^:]:%d:%d", want, &nth, &fd) != 3 || strcmp(want, point) || nth != saves)
         return;
-    if (write(fd, "k", 1) != 1) return;
-    for (;;) pause();
+    /* the stop signals held until sigsuspend waits, so none is missed */
+    sigset_t stop, old;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGHUP);
+    sigprocmask(SIG_BLOCK, &stop, &old);
+    if (write(fd, "k", 1) == 1)
+        while (!stop_signal) sigsuspend(&old);
+    sigprocmask(SIG_SETMASK, &old, NULL);
 }
 
 /* --device NAME with --device-mem as the capacity: the CPU backend with its
@@ -417,6 +460,44 @@ static void print_tiers(const offload_stats *st, const offload_prediction *pred)
     printf(" (runtime total %.3fs)\n", st->total_s);
 }
 
+/* ---- exit status and signals ------------------------------------------------------ */
+
+/* What failed, for the exit status: reading the inputs (config, data,
+ * weights, plan, a checkpoint to resume), setting up (device, runtime), or
+ * training. */
+typedef enum run_phase { PHASE_INPUT, PHASE_SETUP, PHASE_TRAIN } run_phase;
+
+/* memplan's convention: 2 bad input, 1 failed at run time. */
+static int exit_code(zo_status st, run_phase phase)
+{
+    switch (st) {
+    case ZO_OK: return 0;
+    case ZO_ERR_NOMEM:
+    case ZO_ERR_CAPACITY:
+    case ZO_ERR_DEVICE:
+    case ZO_ERR_INTERNAL:
+    case ZO_ERR_BUSY: return 1;
+    case ZO_ERR_IO: return phase == PHASE_INPUT ? 2 : 1; /* an input that cannot be read */
+    default: return phase == PHASE_TRAIN ? 1 : 2;
+    }
+}
+
+static void on_stop_signal(int sig) { stop_signal = sig; }
+
+/* SIGINT, SIGTERM and SIGHUP end the run at the next micro-batch, through
+ * the normal exit path (swap files removed, locks released). */
+static void catch_stop_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART; /* I/O in flight completes */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+}
+
 int main(int argc, char **argv)
 {
     train_args a;
@@ -438,7 +519,8 @@ int main(int argc, char **argv)
     int32_t *inputs = NULL, *targets = NULL;
     char b1[32], b2[32];
     offload_config *oc = &a.p.cfg;
-    rc = 1;
+    run_phase phase = PHASE_INPUT;
+    catch_stop_signals();
 
     const char *pause_spec = getenv("ZO_TRAIN_CKPT_PAUSE");
     if (pause_spec) {
@@ -453,6 +535,7 @@ int main(int argc, char **argv)
         return 2;
     }
     if ((st = model_tokens_open(&tokens, a.data, a.width, cfg.vocab)) != ZO_OK) goto out;
+    phase = PHASE_SETUP;
     if ((st = open_device(a.device, (size_t)a.device_mem, (int)a.threads, &dev)) != ZO_OK) goto out;
     if ((st = gpu_stream_create(dev, &s)) != ZO_OK) goto out_dev;
     tf_options to = {.recompute = oc->recompute, .external_res = 1};
@@ -462,6 +545,7 @@ int main(int argc, char **argv)
     if ((st = offload_init(&rt, dev, &tm.om, oc)) != ZO_OK) goto out_model;
 
     /* initial weights: a checkpoint, a safetensors file, or random */
+    phase = PHASE_INPUT;
     const model_layout *l = &m.layout;
     if ((st = initial_weights(rt, l, a.weights, (uint64_t)a.seed)) != ZO_OK) goto out_rt;
     int accum = oc->grad_accum ? oc->grad_accum : 1;
@@ -494,6 +578,7 @@ int main(int argc, char **argv)
                "scores, so selective would recompute nothing)\n");
     fflush(stdout);
 
+    phase = PHASE_TRAIN;
     size_t n = (size_t)a.micro_batch * a.seq;
     inputs = malloc(n * sizeof *inputs);
     targets = malloc(n * sizeof *targets);
@@ -508,7 +593,10 @@ int main(int argc, char **argv)
         for (int j = 0; j < accum; j++) {
             st = model_batch_get(&tokens, (int)a.micro_batch, (int)a.seq, k * accum + j, 0,
                                  MODEL_SAMPLE_SEQUENTIAL, inputs, targets);
-            if (st != ZO_OK) goto out_rt;
+            if (st != ZO_OK) {
+                phase = PHASE_INPUT; /* the data file holds what it should not */
+                goto out_rt;
+            }
             float loss;
             if ((st = tf_set_batch(&m, s, inputs, targets, (int)a.micro_batch, (int)a.seq)) != ZO_OK ||
                 (st = offload_micro_batch(rt, s)) != ZO_OK || (st = tf_loss(&m, s, &loss)) != ZO_OK) {
@@ -516,6 +604,7 @@ int main(int argc, char **argv)
                 goto out_rt;
             }
             sum += loss;
+            if (stop_signal) goto out_signal;
         }
         offload_step_info info;
         if ((st = offload_step(rt, &info)) != ZO_OK) {
@@ -535,6 +624,7 @@ int main(int argc, char **argv)
                 goto out_rt;
             printf("# checkpoint %s step %ld\n", a.ckpt, k + 1);
         }
+        if (stop_signal) goto out_signal;
         if (progress) {
             double el = now_seconds() - t_start;
             fprintf(stderr, "\r[%ld/%ld] loss %.4f, %.0fs left ", k + 1, a.steps, sum / accum,
@@ -557,7 +647,11 @@ int main(int argc, char **argv)
         if ((st = model_save_streamed(a.save, l, get_block, rt, ZO_DTYPE_F32)) != ZO_OK) goto out_rt;
         printf("# saved %s\n", a.save);
     }
-    rc = 0;
+    st = ZO_OK;
+    goto out_rt;
+
+out_signal:
+    st = zo_error(ZO_ERR_INTERNAL, "stopped by signal %d (%s)", (int)stop_signal, strsignal(stop_signal));
 
 out_rt:
     offload_free(rt);
@@ -571,6 +665,12 @@ out:
     model_tokens_close(&tokens);
     free(inputs);
     free(targets);
-    if (rc) fprintf(stderr, "train: %s\n", zo_last_error());
-    return rc;
+    if (st == ZO_OK) return 0;
+    fprintf(stderr, "train: %s\n", zo_last_error());
+    if (stop_signal) { /* cleaned up: end the way the signal would have */
+        fflush(NULL);
+        signal(stop_signal, SIG_DFL);
+        raise(stop_signal);
+    }
+    return exit_code(st, phase);
 }

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/model_limits.h" /* defines: zo_model_config_check_limits */
+
 static const char *const role_names[MODEL_ROLE_COUNT] = {
     [MODEL_ROLE_TOK_EMB] = "tok_emb",
     [MODEL_ROLE_POS_EMB] = "pos_emb",
@@ -143,7 +145,10 @@ zo_status model_layout_init(model_layout *l, const zo_model_config *cfg_in)
                         "model layout: %s: only the parameter total is known (--params), not "
                         "the shapes",
                         cfg.name);
-    if ((st = zo_model_config_validate(&cfg)) != ZO_OK)
+    /* products of the shape (tensor sizes, the block count) are formed
+     * below: nonsense is refused before, not wrapped around */
+    if ((st = zo_model_config_validate(&cfg)) != ZO_OK ||
+        (st = zo_model_config_check_limits(&cfg)) != ZO_OK)
         return zo_error_wrap(st, "model layout: %s", cfg.name);
     l->cfg = cfg;
     l->n_layers = cfg.n_layers;

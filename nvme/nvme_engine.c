@@ -218,16 +218,17 @@ static zo_status check_fid(const nvme_engine_t *e, int fid, const char *what)
     return ZO_OK;
 }
 
-/* A second descriptor of the file `fd` is open on, with O_DIRECT: reopened
- * through /proc/self/fd (the same file whatever its name leads to now), else
- * by name without following a link, and kept only when it is that file. */
-static int reopen_direct(int fd, const char *path)
+/* A descriptor of its own (O_RDWR | extra) on the file `fd` is open on:
+ * reopened through /proc/self/fd (the same file whatever its name leads to
+ * now), else by name without following a link, and kept only when it is
+ * that file. */
+static int reopen_same(int fd, const char *path, int extra)
 {
     char self[64];
     snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
-    int d = open(self, O_RDWR | O_CLOEXEC | O_DIRECT);
+    int d = open(self, O_RDWR | O_CLOEXEC | extra);
     if (d < 0 && (errno == ENOENT || errno == EACCES))
-        d = open(path, O_RDWR | O_CLOEXEC | O_DIRECT | O_NOFOLLOW);
+        d = open(path, O_RDWR | O_CLOEXEC | extra | O_NOFOLLOW);
     if (d < 0) return -1;
     struct stat a, b;
     if (fstat(fd, &a) != 0 || fstat(d, &b) != 0 || a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
@@ -251,9 +252,11 @@ zo_status nvme_file_open_fd(nvme_engine_t *e, int fd, const char *path, int *fid
                         NVME_MAX_FILES);
     zo_status st;
     nvme_file *f = &e->files[id];
-    f->fd_buf = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    /* not a dup: a lock the caller holds on fd stays its own (a ring's
+     * registered files outlive a killed process for a while) */
+    f->fd_buf = reopen_same(fd, path, 0);
     if (f->fd_buf < 0)
-        return zo_error(ZO_ERR_IO, "nvme_file_open %s: dup: %s", path, strerror(errno));
+        return zo_error(ZO_ERR_IO, "nvme_file_open %s: reopen: %s", path, strerror(errno));
     f->path = strdup(path);
     if (!f->path) {
         st = zo_error(ZO_ERR_NOMEM, "nvme_file_open %s: out of memory", path);
@@ -262,7 +265,7 @@ zo_status nvme_file_open_fd(nvme_engine_t *e, int fd, const char *path, int *fid
     f->fd_direct = -1;
     f->direct = 0;
     if (!e->buffered) {
-        f->fd_direct = reopen_direct(f->fd_buf, path);
+        f->fd_direct = reopen_same(f->fd_buf, path, O_DIRECT);
         if (f->fd_direct >= 0) {
             f->direct = 1;
         } else if (!e->noted_direct) {

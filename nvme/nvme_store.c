@@ -33,6 +33,7 @@ struct nvme_store {
     nvme_engine_t *e;
     int nfiles;
     int *fids;
+    int *lock_fds;       /* each file's flock, held for the store's life */
     char **paths;
     char **dirs;
     uint64_t *file_len;  /* bytes of each file the layout uses (and reserved) */
@@ -120,6 +121,7 @@ zo_status nvme_store_remove_stale(const char *dir, const char *prefix, int *remo
         close(dfd);
         return zo_error(ZO_ERR_IO, "swap directory %s: %s", dir, strerror(e));
     }
+    rewinddir(d);
     struct dirent *de;
     while ((de = readdir(d))) {
         if (!swap_name_match(de->d_name, prefix)) continue;
@@ -196,10 +198,11 @@ zo_status nvme_store_init(nvme_store_t **out, nvme_engine_t *engine, const nvme_
     s->preallocate = cfg->preallocate;
     s->keep_files = cfg->keep_files;
     s->fids = malloc(sizeof *s->fids * (size_t)cfg->ndirs);
+    s->lock_fds = malloc(sizeof *s->lock_fds * (size_t)cfg->ndirs);
     s->paths = calloc((size_t)cfg->ndirs, sizeof *s->paths);
     s->dirs = calloc((size_t)cfg->ndirs, sizeof *s->dirs);
     s->file_len = calloc((size_t)cfg->ndirs, sizeof *s->file_len);
-    if (!s->fids || !s->paths || !s->dirs || !s->file_len) {
+    if (!s->fids || !s->lock_fds || !s->paths || !s->dirs || !s->file_len) {
         st = zo_error(ZO_ERR_NOMEM, "nvme_store_init: out of memory");
         goto out_free_store;
     }
@@ -223,11 +226,12 @@ zo_status nvme_store_init(nvme_store_t **out, nvme_engine_t *engine, const nvme_
         s->stale_removed += stale;
         int fd = -1;
         if ((st = create_swap(dir, prefix, k, &s->paths[k], &fd)) != ZO_OK) goto out_close_files;
-        /* the engine's descriptor shares the lock; it goes when the engine closes it */
+        /* the lock stays on fd, out of the ring: a killed run's lock goes at once */
+        s->lock_fds[k] = fd;
         st = nvme_file_open_fd(engine, fd, s->paths[k], &s->fids[k]);
-        close(fd);
         if (st != ZO_OK) {
             unlink(s->paths[k]);
+            close(fd);
             zo_error_wrap(st, "nvme_store_init");
             goto out_close_files;
         }
@@ -240,6 +244,7 @@ out_close_files:
     for (int k = 0; k < s->nfiles; k++) {
         unlink(s->paths[k]); /* while its lock is held: the name is still ours */
         nvme_file_close(engine, s->fids[k]);
+        close(s->lock_fds[k]);
     }
     for (int k = 0; k < cfg->ndirs; k++) {
         free(s->paths[k]);
@@ -247,6 +252,7 @@ out_close_files:
     }
 out_free_store:
     free(s->fids);
+    free(s->lock_fds);
     free(s->paths);
     free(s->dirs);
     free(s->file_len);
@@ -260,6 +266,7 @@ void nvme_store_free(nvme_store_t *s)
     for (int k = 0; k < s->nfiles; k++) {
         if (!s->keep_files) unlink(s->paths[k]); /* while its lock is held: the name is still ours */
         nvme_file_close(s->e, s->fids[k]);
+        close(s->lock_fds[k]);
         free(s->paths[k]);
         free(s->dirs[k]);
     }
@@ -267,6 +274,7 @@ void nvme_store_free(nvme_store_t *s)
     free(s->t);
     free(s->htab);
     free(s->fids);
+    free(s->lock_fds);
     free(s->paths);
     free(s->dirs);
     free(s->file_len);

@@ -1,32 +1,38 @@
 /* Training checkpoints: a directory per save, built under a temporary name,
- * every file fsynced, renamed into place, then the `latest` pointer replaced
- * atomically. A crash at any moment leaves `latest` naming a complete
- * checkpoint.
+ * every file fsynced, the manifest (every file's size and XXH3-64) written
+ * last, renamed into place, then the `latest` pointer replaced atomically. A
+ * crash at any moment leaves `latest` naming a complete checkpoint; a
+ * damaged one is refused when loaded, naming the file.
+ *
+ * The checkpoint folder is locked for as long as the runtime writes into it
+ * (one run per folder), and the runtime removes only what it writes itself,
+ * never through a link: directories named exactly step-<N> or step-<N>.<k>
+ * (the newest `keep_checkpoints` are kept: the latest and the highest
+ * numbered others) and the .tmp-<name> leftovers of an interrupted save.
  *
  * Weights and optimizer state move one block at a time, through the
  * optimizer shards and the weight store: host memory holds a few blocks, never
  * the model. optimizer.safetensors holds "block.<b>.master", ".exp_avg" and
- * ".exp_avg_sq" for every block b, in block order (version 2; version 1's
- * three whole-model tensors "master", "exp_avg", "exp_avg_sq" still load). */
+ * ".exp_avg_sq" for every block b, in block order. */
 #include "offload/offload_impl.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <float.h>
-#include <math.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cjson/cJSON.h>
-
+#include "common/fileio.h"     /* defines: zo_dir_lock_take, zo_dir_remove_at, zo_file_write_all */
 #include "model/safetensors.h" /* defines: model_st_write, model_st_open */
+#include "offload/ckpt_meta.h" /* defines: ckpt_state, ckpt_manifest */
 
-#define STATE_FORMAT "zoffload-train-state"
-#define STATE_VERSION 2
+#define OPT_FILE "optimizer.safetensors"
+#define MODEL_FILE "model.safetensors"
+#define LATEST_FILE "latest"
 
 static const char *const opt_names[3] = {"master", "exp_avg", "exp_avg_sq"};
 
@@ -46,68 +52,100 @@ static zo_status fsync_path(const char *path)
     return ZO_OK;
 }
 
-/* Write a small file atomically: <path>.tmp, fsync, rename, fsync the directory. */
-static zo_status write_atomic(const char *dir, const char *name, const char *text)
+/* The checkpoint DIR/latest names, "" when there is no such file; a name
+ * that is not one the runtime writes (e.g. "../x") is refused. */
+static zo_status read_latest(const char *dir, char *name, size_t len)
 {
-    char path[4096], tmp[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return zo_error(ZO_ERR_IO, "%s: create: %s", tmp, strerror(errno));
-    size_t len = strlen(text), done = 0;
-    while (done < len) {
-        ssize_t w = write(fd, text + done, len - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) {
-            int e = errno;
-            close(fd);
-            unlink(tmp);
-            return zo_error(ZO_ERR_IO, "%s: write: %s", tmp, strerror(e));
-        }
-        done += (size_t)w;
-    }
-    if (fsync(fd)) {
-        int e = errno;
-        close(fd);
-        unlink(tmp);
-        return zo_error(ZO_ERR_IO, "%s: fsync: %s", tmp, strerror(e));
-    }
-    close(fd);
-    if (rename(tmp, path)) {
-        int e = errno;
-        unlink(tmp);
-        return zo_error(ZO_ERR_IO, "rename %s -> %s: %s", tmp, path, strerror(e));
-    }
-    return fsync_path(dir);
+    char path[4200], *text;
+    name[0] = 0;
+    snprintf(path, sizeof path, "%s/" LATEST_FILE, dir);
+    struct stat sb;
+    if (lstat(path, &sb) != 0 && errno == ENOENT) return ZO_OK;
+    zo_status st = zo_file_read_all(path, 256, "a checkpoint folder's latest pointer", &text, NULL);
+    if (st != ZO_OK) return st;
+    text[strcspn(text, "\r\n")] = 0;
+    int64_t step;
+    int k;
+    if (!ckpt_name_parse(text, &step, &k) || strlen(text) >= len)
+        st = zo_error(ZO_ERR_FORMAT, "%s: \"%.64s\" is not a checkpoint's name (step-NNNNNNNN)", path, text);
+    else
+        snprintf(name, len, "%s", text);
+    free(text);
+    return st;
 }
 
-/* rm -r of a checkpoint directory (files only, one level). */
-static void remove_dir(const char *path)
+zo_status offload_ckpt_lock(offload_t *rt, const char *dir)
 {
-    DIR *d = opendir(path);
-    if (!d) return;
-    struct dirent *e;
-    char p[4096];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-        unlink(p);
+    if (zo_dir_lock_holds(&rt->ckpt_lock, dir)) return ZO_OK;
+    if (mkdir(dir, 0755) && errno != EEXIST)
+        return zo_error(ZO_ERR_IO, "%s: mkdir: %s", dir, strerror(errno));
+    zo_dir_lock l;
+    zo_status st = zo_dir_lock_take(dir, "the checkpoint folder", &l);
+    if (st != ZO_OK) return st;
+    zo_dir_lock_release(&rt->ckpt_lock); /* a save into another folder moves the lock there */
+    rt->ckpt_lock = l;
+    return ZO_OK;
+}
+
+typedef struct ckpt_entry {
+    char name[64];
+    int64_t step;
+    int k;
+} ckpt_entry;
+
+static int cmp_newest_first(const void *a, const void *b)
+{
+    const ckpt_entry *x = a, *y = b;
+    if (x->step != y->step) return x->step > y->step ? -1 : 1;
+    return x->k > y->k ? -1 : x->k < y->k;
+}
+
+/* After a save: the checkpoints beyond the newest `keep` go (the latest is
+ * always kept, then the highest step numbers), and so do leftovers of
+ * interrupted saves. Only directories with the exact names the runtime
+ * writes are touched, never through a link; failures leave things be (the
+ * new checkpoint is complete either way). */
+static void rotate(const offload_t *rt, int dfd, const char *latest)
+{
+    int keep = rt->cfg.keep_checkpoints > 0 ? rt->cfg.keep_checkpoints : 1;
+    int cap = 16, n = 0;
+    ckpt_entry *e = malloc((size_t)cap * sizeof *e);
+    int fd = dup(dfd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d || !e) {
+        if (fd >= 0 && !d) close(fd);
+        free(e);
+        return;
+    }
+    rewinddir(d); /* the descriptor is a dup: its position is dfd's */
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        int tmp = !strncmp(de->d_name, ".tmp-", 5);
+        const char *name = tmp ? de->d_name + 5 : de->d_name;
+        int64_t step;
+        int k;
+        struct stat sb;
+        if (!ckpt_name_parse(name, &step, &k) || strlen(de->d_name) >= sizeof e->name ||
+            fstatat(dfd, de->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(sb.st_mode))
+            continue;
+        if (tmp) { /* no save is under way but ours, which is done: a crash's leftovers */
+            zo_dir_remove_at(dfd, de->d_name);
+            continue;
+        }
+        if (!strcmp(name, latest)) continue;
+        if (n == cap) {
+            ckpt_entry *g = realloc(e, 2 * (size_t)cap * sizeof *e);
+            if (!g) break;
+            e = g;
+            cap *= 2;
+        }
+        e[n++] = (ckpt_entry){.step = step, .k = k};
+        snprintf(e[n - 1].name, sizeof e->name, "%s", name);
     }
     closedir(d);
-    rmdir(path);
-}
-
-/* The directory name `latest` holds, or "" when none. */
-static void read_latest(const char *dir, char *name, size_t len)
-{
-    char path[4096];
-    name[0] = 0;
-    snprintf(path, sizeof path, "%s/latest", dir);
-    FILE *f = fopen(path, "r");
-    if (!f) return;
-    if (!fgets(name, (int)len, f)) name[0] = 0;
-    fclose(f);
-    name[strcspn(name, "\r\n")] = 0;
+    qsort(e, (size_t)n, sizeof *e, cmp_newest_first);
+    for (int i = keep - 1; i < n; i++) zo_dir_remove_at(dfd, e[i].name);
+    free(e);
 }
 
 /* ---- saving ------------------------------------------------------------------------ */
@@ -170,27 +208,36 @@ out_free:
     return st;
 }
 
-static zo_status write_state(offload_t *rt, const char *dir, const offload_ckpt_meta *meta)
+/* The name of this save: step-N, or step-N.K with K one past the largest
+ * suffix anything named step-N[.k] in the folder (or `latest`) has, so that
+ * names grow with every save of one step count (fp16 steps skipped for
+ * overflow leave the step count where it was but move the data position and
+ * the loss scale; a run resumed from an older checkpoint reaches a step
+ * number already taken). Whatever holds such a name is left alone here. */
+static zo_status pick_name(const offload_t *rt, int dfd, const char *latest, char *name, size_t len)
 {
-    cJSON *o = cJSON_CreateObject();
-    if (!o) return zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
-    cJSON_AddStringToObject(o, "format", STATE_FORMAT);
-    cJSON_AddNumberToObject(o, "version", STATE_VERSION);
-    cJSON_AddNumberToObject(o, "step", (double)rt->step);
-    cJSON_AddNumberToObject(o, "loss_scale", (double)rt->loss_scale);
-    cJSON_AddNumberToObject(o, "good_steps", rt->good_steps);
-    cJSON_AddNumberToObject(o, "skipped", (double)rt->skipped);
-    cJSON_AddNumberToObject(o, "params", (double)rt->g.n);
-    cJSON_AddNumberToObject(o, "blocks", rt->g.nb);
-    cJSON_AddStringToObject(o, "dtype", zo_dtype_name(rt->m.dtype));
-    cJSON_AddNumberToObject(o, "data_step", meta ? (double)meta->data_step : 0);
-    cJSON_AddNumberToObject(o, "seed", meta ? (double)meta->seed : 0);
-    char *text = cJSON_Print(o);
-    cJSON_Delete(o);
-    if (!text) return zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
-    zo_status st = write_atomic(dir, "state.json", text);
-    free(text);
-    return st;
+    int64_t step;
+    int k, next = 0;
+    if (ckpt_name_parse(latest, &step, &k) && step == rt->step) next = k + 1;
+    int fd = dup(dfd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0) close(fd);
+        return zo_error(ZO_ERR_IO, "offload_save: cannot list the checkpoint folder: %s", strerror(errno));
+    }
+    rewinddir(d); /* the descriptor is a dup: its position is dfd's */
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        const char *n = strncmp(de->d_name, ".tmp-", 5) ? de->d_name : de->d_name + 5;
+        if (ckpt_name_parse(n, &step, &k) && step == rt->step && k + 1 > next) next = k + 1;
+    }
+    closedir(d);
+    if (next > 1000000)
+        return zo_error(ZO_ERR_IO, "offload_save: no free checkpoint name for step %lld",
+                        (long long)rt->step);
+    if (next) snprintf(name, len, "step-%08lld.%d", (long long)rt->step, next);
+    else snprintf(name, len, "step-%08lld", (long long)rt->step);
+    return ZO_OK;
 }
 
 zo_status offload_save_streamed(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
@@ -201,60 +248,71 @@ zo_status offload_save_streamed(offload_t *rt, const char *dir, const offload_ck
     if (rt->micro)
         return zo_error(ZO_ERR_INVALID, "offload_save: %d micro-batches are accumulated; save between steps",
                         rt->micro);
-    if (mkdir(dir, 0755) && errno != EEXIST)
-        return zo_error(ZO_ERR_IO, "%s: mkdir: %s", dir, strerror(errno));
-    char name[64], latest[256], final[4096], tmp[4096], path[4200];
-    /* step-N, or step-N.K when the latest checkpoint already has that name
-     * (fp16 steps skipped for overflow leave the step count where it was but
-     * move the data position and the loss scale; a run resumed from an older
-     * directory reaches a step number already taken). Every save is kept:
-     * the new one becomes the latest and the others are removed after. */
-    read_latest(dir, latest, sizeof latest);
-    snprintf(name, sizeof name, "step-%08lld", (long long)rt->step);
-    for (int k = 1; !strcmp(latest, name); k++)
-        snprintf(name, sizeof name, "step-%08lld.%d", (long long)rt->step, k);
-    snprintf(final, sizeof final, "%s/%s", dir, name);
-    snprintf(tmp, sizeof tmp, "%s/.tmp-%s", dir, name);
-    remove_dir(tmp);   /* leftovers of a crash */
-    remove_dir(final); /* renamed but never made latest */
-    if (mkdir(tmp, 0755)) return zo_error(ZO_ERR_IO, "%s: mkdir: %s", tmp, strerror(errno));
+    if ((st = offload_ckpt_lock(rt, dir)) != ZO_OK) return st;
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return zo_error(ZO_ERR_IO, "%s: open: %s", dir, strerror(errno));
+    char name[64], latest[256], tname[80], tmp[4200], path[4400];
+    if (read_latest(dir, latest, sizeof latest) != ZO_OK) latest[0] = 0; /* replaced below */
+    if ((st = pick_name(rt, dfd, latest, name, sizeof name)) != ZO_OK) goto out_close;
+    snprintf(tname, sizeof tname, ".tmp-%s", name);
+    snprintf(tmp, sizeof tmp, "%s/%s", dir, tname);
+    if ((st = zo_dir_remove_at(dfd, tname)) != ZO_OK) goto out_close; /* leftovers of a crash */
+    if (mkdirat(dfd, tname, 0755)) {
+        st = zo_error(ZO_ERR_IO, "%s: mkdir: %s", tmp, strerror(errno));
+        goto out_close;
+    }
     hook(rt, "begin");
+    const char *files[3];
+    int n_files = 0;
     /* the state as the shards hold it: nothing cached in between */
     if ((st = ostate_sync(rt->shards, rt->n_shards)) != ZO_OK) goto out_remove;
     if (writer) {
-        snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+        snprintf(path, sizeof path, "%s/" MODEL_FILE, tmp);
         if ((st = writer(writer_user, path, read_master, rt)) != ZO_OK) goto out_remove;
+        files[n_files++] = MODEL_FILE;
     }
-    snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
+    snprintf(path, sizeof path, "%s/" OPT_FILE, tmp);
     if ((st = write_opt(rt, path)) != ZO_OK) goto out_remove;
+    files[n_files++] = OPT_FILE;
     if ((st = ostate_sync(rt->shards, rt->n_shards)) != ZO_OK) goto out_remove;
-    if ((st = write_state(rt, tmp, meta)) != ZO_OK) goto out_remove;
+    ckpt_state cs = {.step = rt->step, .loss_scale = rt->loss_scale, .good_steps = rt->good_steps,
+                     .skipped = rt->skipped, .skipped_in_a_row = rt->skipped_in_a_row,
+                     .params = rt->g.n, .blocks = rt->g.nb, .dtype = rt->m.dtype,
+                     .data_step = meta ? meta->data_step : 0, .seed = meta ? meta->seed : 0};
+    if ((st = ckpt_state_write(tmp, &cs)) != ZO_OK) goto out_remove;
+    files[n_files++] = CKPT_STATE_NAME;
+    /* last: what every file is, read back from the disk */
+    ckpt_layout lay = {.blocks = rt->g.nb, .params = rt->g.n, .dtype = rt->m.dtype,
+                       .state_version = CKPT_STATE_VERSION};
+    if ((st = ckpt_manifest_write(tmp, &lay, files, n_files)) != ZO_OK) goto out_remove;
     if ((st = fsync_path(tmp)) != ZO_OK) goto out_remove;
     hook(rt, "before-rename");
-    if (rename(tmp, final)) {
-        st = zo_error(ZO_ERR_IO, "rename %s -> %s: %s", tmp, final, strerror(errno));
+    if (renameat(dfd, tname, dfd, name)) {
+        st = zo_error(ZO_ERR_IO, "rename %s -> %s/%s: %s", tmp, dir, name, strerror(errno));
         goto out_remove;
     }
-    if ((st = fsync_path(dir)) != ZO_OK) return st;
+    if (fsync(dfd)) {
+        st = zo_error(ZO_ERR_IO, "%s: fsync: %s", dir, strerror(errno));
+        goto out_close;
+    }
     hook(rt, "before-latest");
     char line[80];
     snprintf(line, sizeof line, "%s\n", name);
-    if ((st = write_atomic(dir, "latest", line)) != ZO_OK) return st;
+    snprintf(path, sizeof path, "%s/" LATEST_FILE, dir);
+    if ((st = zo_file_write_all(path, line, strlen(line))) != ZO_OK) goto out_close;
     /* older checkpoints go once the new one is the latest */
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *de;
-        while ((de = readdir(d))) {
-            if (strncmp(de->d_name, "step-", 5) || !strcmp(de->d_name, name)) continue;
-            snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-            remove_dir(path);
-        }
-        closedir(d);
-    }
+    rotate(rt, dfd, name);
+    close(dfd);
     return ZO_OK;
 
-out_remove:
-    remove_dir(tmp);
+out_remove: {
+    char msg[1024]; /* the failure, not the clean-up's */
+    snprintf(msg, sizeof msg, "%s", zo_last_error());
+    zo_dir_remove_at(dfd, tname);
+    zo_error(st, "%s", msg);
+}
+out_close:
+    close(dfd);
     return st;
 }
 
@@ -294,60 +352,17 @@ zo_status offload_save(offload_t *rt, const char *dir, const offload_ckpt_meta *
 
 /* ---- loading ------------------------------------------------------------------------ */
 
-static zo_status json_number(const cJSON *o, const char *key, const char *path, double *out)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!cJSON_IsNumber(v)) return zo_error(ZO_ERR_FORMAT, "%s: field \"%s\" missing or not a number", path, key);
-    *out = v->valuedouble;
-    return ZO_OK;
-}
-
-/* A counter: a whole number in [0, 2^53] (what a double holds exactly). */
-static zo_status check_count(double v, const char *key, const char *path)
-{
-    if (!(v >= 0 && v <= 9007199254740992.0) || v != floor(v))
-        return zo_error(ZO_ERR_FORMAT, "%s: \"%s\" = %g is not a non-negative integer", path, key, v);
-    return ZO_OK;
-}
-
-static zo_status read_state(const char *path, cJSON **out)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return zo_error(errno == ENOENT ? ZO_ERR_NOT_FOUND : ZO_ERR_IO, "%s: %s", path, strerror(errno));
-    char buf[4096];
-    size_t len = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[len] = 0;
-    *out = cJSON_Parse(buf);
-    if (!*out) return zo_error(ZO_ERR_FORMAT, "%s: not valid JSON", path);
-    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(*out, "format");
-    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, STATE_FORMAT)) {
-        cJSON_Delete(*out);
-        return zo_error(ZO_ERR_FORMAT, "%s: \"format\" is not \"%s\"", path, STATE_FORMAT);
-    }
-    return ZO_OK;
-}
-
-/* Where array a (master, m, v) of block b is in the file: a tensor and the
- * element it starts at. */
-typedef struct opt_source {
-    const model_st_tensor *t[3];
-    size_t first;
-} opt_source;
-
-static zo_status find_sources(const offload_t *rt, const model_st_file *f, int version, int b,
-                              opt_source *src)
+/* Where array a (master, m, v) of block b is in the file. */
+static zo_status find_sources(const offload_t *rt, const model_st_file *f, int b,
+                              const model_st_tensor *t[3])
 {
     char name[48];
-    src->first = version == 1 ? rt->off[b] : 0;
-    size_t want = version == 1 ? rt->g.n : rt->numel[b];
     for (int a = 0; a < 3; a++) {
-        if (version == 1) snprintf(name, sizeof name, "%s", opt_names[a]);
-        else snprintf(name, sizeof name, "block.%d.%s", b, opt_names[a]);
-        const model_st_tensor *t = model_st_find(f, name);
-        if (!t || t->dtype != ZO_DTYPE_F32 || t->numel != want)
-            return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\" missing or not F32 [%zu]", f->path, name, want);
-        src->t[a] = t;
+        snprintf(name, sizeof name, "block.%d.%s", b, opt_names[a]);
+        t[a] = model_st_find(f, name);
+        if (!t[a] || t[a]->dtype != ZO_DTYPE_F32 || t[a]->numel != rt->numel[b])
+            return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\" missing or not F32 [%zu]", f->path, name,
+                            rt->numel[b]);
     }
     return ZO_OK;
 }
@@ -373,72 +388,100 @@ static zo_status read_f32(const model_st_file *f, const model_st_tensor *t, size
     return ZO_OK;
 }
 
+/* Master and moments are finite and the second moment is not negative
+ * (its square root divides the update). */
+static zo_status check_values(const model_st_file *f, const model_st_tensor *const t[3], size_t first,
+                              size_t n, const float *const v[3])
+{
+    for (int a = 0; a < 3; a++) {
+        size_t i = offload_find_nonfinite(v[a], n);
+        if (i == n && a == 2)
+            for (i = 0; i < n && !(v[a][i] < 0); i++) {}
+        if (i < n)
+            return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\" element %zu is %g: %s", f->path, t[a]->name,
+                            first + i, (double)v[a][i],
+                            a == 2 ? "a second moment must be finite and not negative" : "not finite");
+    }
+    return ZO_OK;
+}
+
+/* The checkpoint `dir` names: itself when it holds a state.json, else the
+ * one its `latest` names. */
+static zo_status resolve(const char *dir, char *ck, size_t len)
+{
+    char path[4200], name[256];
+    snprintf(path, sizeof path, "%s/" CKPT_STATE_NAME, dir);
+    if (access(path, F_OK) == 0) {
+        snprintf(ck, len, "%s", dir);
+        return ZO_OK;
+    }
+    zo_status st = read_latest(dir, name, sizeof name);
+    if (st != ZO_OK) return st;
+    if (!name[0])
+        return zo_error(ZO_ERR_NOT_FOUND, "%s: no checkpoint (no state.json and no 'latest')", dir);
+    snprintf(ck, len, "%s/%s", dir, name);
+    return ZO_OK;
+}
+
+/* The state and the manifest against the running model, and every file's
+ * checksum, before anything is overwritten. */
+static zo_status check_checkpoint(const offload_t *rt, const char *ck, ckpt_state *cs)
+{
+    char path[4200];
+    zo_status st;
+    snprintf(path, sizeof path, "%s/" CKPT_STATE_NAME, ck);
+    if ((st = ckpt_state_read(path, cs)) != ZO_OK) return st;
+    if (cs->params != rt->g.n || cs->blocks != rt->g.nb)
+        return zo_error(ZO_ERR_INVALID, "%s: a checkpoint of %" PRIu64 " parameters in %d blocks; the "
+                        "model has %zu in %d", path, cs->params, cs->blocks, rt->g.n, rt->g.nb);
+    if (cs->dtype != rt->m.dtype)
+        return zo_error(ZO_ERR_INVALID, "%s: a checkpoint of a %s run; this run trains in %s (its loss "
+                        "scale and weights would not carry over)", path, zo_dtype_name(cs->dtype),
+                        zo_dtype_name(rt->m.dtype));
+    ckpt_manifest mf;
+    if ((st = ckpt_manifest_read(ck, &mf)) != ZO_OK) return st;
+    snprintf(path, sizeof path, "%s/" CKPT_MANIFEST_NAME, ck);
+    const ckpt_layout *l = &mf.layout;
+    if (l->blocks != rt->g.nb || l->params != rt->g.n || l->dtype != rt->m.dtype ||
+        l->state_version != CKPT_STATE_VERSION)
+        st = zo_error(ZO_ERR_INVALID, "%s: layout %d blocks, %" PRIu64 " parameters, %s, state version "
+                      "%d; this run: %d blocks, %zu parameters, %s, version %d", path, l->blocks,
+                      l->params, zo_dtype_name(l->dtype), l->state_version, rt->g.nb, rt->g.n,
+                      zo_dtype_name(rt->m.dtype), CKPT_STATE_VERSION);
+    else if (!ckpt_manifest_find(&mf, CKPT_STATE_NAME) || !ckpt_manifest_find(&mf, OPT_FILE))
+        st = zo_error(ZO_ERR_FORMAT, "%s: does not list %s and %s", path, CKPT_STATE_NAME, OPT_FILE);
+    else
+        st = ckpt_manifest_verify(ck, &mf);
+    ckpt_manifest_free(&mf);
+    return st;
+}
+
 zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
 {
     char ck[4096], path[4200];
     zo_status st;
-    snprintf(path, sizeof path, "%s/state.json", dir);
-    if (access(path, F_OK) == 0) {
-        snprintf(ck, sizeof ck, "%s", dir);
-    } else {
-        char name[256];
-        read_latest(dir, name, sizeof name);
-        if (!name[0] || strchr(name, '/'))
-            return zo_error(ZO_ERR_NOT_FOUND, "%s: no checkpoint (no state.json and no valid 'latest')", dir);
-        snprintf(ck, sizeof ck, "%s/%s", dir, name);
-        snprintf(path, sizeof path, "%s/state.json", ck);
-    }
-    cJSON *state = NULL;
-    if ((st = read_state(path, &state)) != ZO_OK) return st;
-    double step = 0, scale = 1, good = 0, skipped = 0, params = 0, data_step = 0, seed = 0, version = 1;
-    if ((st = json_number(state, "step", path, &step)) != ZO_OK ||
-        (st = json_number(state, "loss_scale", path, &scale)) != ZO_OK ||
-        (st = json_number(state, "good_steps", path, &good)) != ZO_OK ||
-        (st = json_number(state, "skipped", path, &skipped)) != ZO_OK ||
-        (st = json_number(state, "params", path, &params)) != ZO_OK ||
-        (st = json_number(state, "version", path, &version)) != ZO_OK) {
-        cJSON_Delete(state);
-        return st;
-    }
-    json_number(state, "data_step", path, &data_step);
-    json_number(state, "seed", path, &seed);
-    zo_clear_error();
-    cJSON_Delete(state);
-    /* a tampered or corrupt state is refused before anything is loaded: a
-     * loss scale of 0 would turn the next step's weights into NaN */
-    if ((st = check_count(step, "step", path)) != ZO_OK || (st = check_count(good, "good_steps", path)) != ZO_OK ||
-        (st = check_count(skipped, "skipped", path)) != ZO_OK ||
-        (st = check_count(params, "params", path)) != ZO_OK ||
-        (st = check_count(data_step, "data_step", path)) != ZO_OK)
-        return st;
-    if (version != 1 && version != STATE_VERSION)
-        return zo_error(ZO_ERR_FORMAT, "%s: \"version\" = %g: this runtime reads versions 1 and %d", path,
-                        version, STATE_VERSION);
-    if (!(seed >= 0 && seed < 18446744073709551616.0))
-        return zo_error(ZO_ERR_FORMAT, "%s: \"seed\" = %g is not a 64-bit unsigned integer", path, seed);
-    if (!(scale > 0 && isfinite(scale) && scale <= FLT_MAX))
-        return zo_error(ZO_ERR_FORMAT, "%s: \"loss_scale\" = %g is not a positive float", path, scale);
-    if ((size_t)params != rt->g.n)
-        return zo_error(ZO_ERR_FORMAT, "%s: checkpoint of %.0f parameters, the model has %zu", path,
-                        params, rt->g.n);
+    ckpt_state cs;
+    if ((st = resolve(dir, ck, sizeof ck)) != ZO_OK) return st;
+    if ((st = check_checkpoint(rt, ck, &cs)) != ZO_OK) return st;
 
     model_st_file f;
-    snprintf(path, sizeof path, "%s/optimizer.safetensors", ck);
+    snprintf(path, sizeof path, "%s/" OPT_FILE, ck);
     if ((st = model_st_open(&f, path)) != ZO_OK) return st;
     /* every tensor is there before anything is overwritten */
-    opt_source src;
+    const model_st_tensor *src[3];
     for (int b = 0; b < rt->g.nb; b++)
-        if ((st = find_sources(rt, &f, (int)version, b, &src)) != ZO_OK) goto out_close;
+        if ((st = find_sources(rt, &f, b, src)) != ZO_OK) goto out_close;
     if ((st = offload_grads_drain(rt)) != ZO_OK) goto out_close;
     size_t C = io_chunk(rt);
     float *buf;
     if ((st = offload_host_alloc(&rt->env, 3 * C * 4, 0, (void **)&buf)) != ZO_OK) goto out_close;
+    const float *const v[3] = {buf, buf + C, buf + 2 * C};
     for (int b = 0; b < rt->g.nb && st == ZO_OK; b++) {
-        find_sources(rt, &f, (int)version, b, &src);
+        find_sources(rt, &f, b, src);
         for (size_t rel = 0; rel < rt->numel[b] && st == ZO_OK; rel += C) {
             size_t k = rt->numel[b] - rel < C ? rt->numel[b] - rel : C;
-            for (int a = 0; a < 3 && st == ZO_OK; a++)
-                st = read_f32(&f, src.t[a], src.first + rel, k, buf + (size_t)a * C);
+            for (int a = 0; a < 3 && st == ZO_OK; a++) st = read_f32(&f, src[a], rel, k, buf + (size_t)a * C);
+            if (st == ZO_OK) st = check_values(&f, src, rel, k, v);
             if (st == ZO_OK)
                 st = ostate_write(rt->shards, rt->n_shards, rt->off[b] + rel, k, buf, buf + C, buf + 2 * C);
             /* the 16-bit store from the master */
@@ -452,14 +495,15 @@ zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
     if (st == ZO_OK) st = ss;
     offload_slots_invalidate(rt);
     if (st != ZO_OK) goto out_close;
-    rt->step = (int64_t)step;
-    rt->loss_scale = (float)scale;
-    rt->good_steps = (int)good;
-    rt->skipped = (int64_t)skipped;
+    rt->step = cs.step;
+    rt->loss_scale = cs.loss_scale;
+    rt->good_steps = cs.good_steps;
+    rt->skipped = cs.skipped;
+    rt->skipped_in_a_row = cs.skipped_in_a_row;
     rt->micro = 0;
     if (meta) {
-        meta->data_step = (int64_t)data_step;
-        meta->seed = (uint64_t)seed;
+        meta->data_step = cs.data_step;
+        meta->seed = cs.seed;
     }
 out_close:
     model_st_close(&f);

@@ -85,8 +85,10 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
         if (!c->nvme_dir || !*c->nvme_dir)
             return zo_error(ZO_ERR_INVALID, "offload_init: NVMe placement needs an NVMe directory (--nvme-dir)");
     }
-    if (c->grad_accum < 0 || c->n_threads < 0 || c->loss_scale < 0 || c->loss_scale_window < 0)
-        return zo_error(ZO_ERR_INVALID, "offload_init: negative grad_accum, threads or loss scale");
+    if (c->grad_accum < 0 || c->n_threads < 0 || c->loss_scale < 0 || c->loss_scale_window < 0 ||
+        c->max_skipped_steps < 0 || c->keep_checkpoints < 0)
+        return zo_error(ZO_ERR_INVALID, "offload_init: negative grad_accum, threads, loss scale, "
+                        "max_skipped_steps or keep_checkpoints");
     return ZO_OK;
 }
 
@@ -229,6 +231,11 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     if (!rt->cfg.swap_buffers) rt->cfg.swap_buffers = 3;
     if (!rt->cfg.grad_accum) rt->cfg.grad_accum = 1;
     if (!rt->cfg.loss_scale_window) rt->cfg.loss_scale_window = OFFLOAD_LOSS_SCALE_WINDOW;
+    if (!rt->cfg.max_skipped_steps) rt->cfg.max_skipped_steps = OFFLOAD_MAX_SKIPPED_STEPS;
+    rt->ckpt_lock.fd = -1;
+    /* a second run on the same checkpoint folder is refused before anything
+     * is allocated */
+    if (cfg->ckpt_dir && (st = offload_ckpt_lock(rt, cfg->ckpt_dir)) != ZO_OK) goto out_free;
     rt->env = (offload_env){.dev = dev, .acct = &rt->acct, .n_threads = cfg->n_threads};
     rt->dev_block = model->n_blocks;
     if ((st = copy_model(rt, model)) != ZO_OK) goto out_free;
@@ -271,6 +278,7 @@ void offload_free(offload_t *rt)
     free(rt->off);
     free(rt->sched);
     free(rt->decay);
+    zo_dir_lock_release(&rt->ckpt_lock);
     free(rt);
 }
 
@@ -283,10 +291,30 @@ static zo_status check_block(const offload_t *rt, const char *fn, int block)
     return ZO_OK;
 }
 
+size_t offload_find_nonfinite(const float *p, size_t n)
+{
+    /* exponent all ones: inf or nan; the loop runs without a branch per value */
+    const uint32_t *u = (const uint32_t *)(const void *)p;
+    size_t chunk = 4096;
+    for (size_t a = 0; a < n; a += chunk) {
+        size_t e = n - a < chunk ? n : a + chunk;
+        uint32_t any = 0;
+        for (size_t i = a; i < e; i++) any |= (uint32_t)((u[i] & 0x7f800000u) == 0x7f800000u);
+        if (!any) continue;
+        for (size_t i = a; i < e; i++)
+            if ((u[i] & 0x7f800000u) == 0x7f800000u) return i;
+    }
+    return n;
+}
+
 /* Block b's master and 16-bit weights from w, its moments zeroed. */
 static zo_status set_block(offload_t *rt, int b, const float *w)
 {
     zo_status st;
+    size_t bad = offload_find_nonfinite(w, rt->numel[b]);
+    if (bad < rt->numel[b])
+        return zo_error(ZO_ERR_INVALID, "offload: block %d element %zu is %g: weights must be finite", b,
+                        bad, (double)w[bad]);
     if ((st = ostate_write(rt->shards, rt->n_shards, rt->off[b], rt->numel[b], w, NULL, NULL)) != ZO_OK)
         return st;
     return wstore_put_f32(rt->ws, b, 0, rt->numel[b], w);
@@ -336,6 +364,7 @@ zo_status offload_set_weights(offload_t *rt, const float *const *blocks)
     rt->step = 0;
     rt->good_steps = 0;
     rt->skipped = 0;
+    rt->skipped_in_a_row = 0;
     return ZO_OK;
 }
 

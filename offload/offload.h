@@ -142,6 +142,17 @@ typedef struct offload_config {
     offload_adamw adam;
     float loss_scale;                /* initial; 0 = 65536 with fp16, else 1 (no scaling) */
     int loss_scale_window;           /* good steps before the scale doubles; 0 = 200 */
+    /* fp16: steps skipped for overflow in a row before offload_step fails
+     * (the gradients are not finite at any scale); 0 = 50 */
+    int max_skipped_steps;
+    /* (optional) the checkpoint folder: created if missing and locked at
+     * init, for the runtime's life (a second run on it is refused there,
+     * ZO_ERR_BUSY naming the holder). offload_save locks the folder it
+     * saves into in any case. */
+    const char *ckpt_dir;
+    /* checkpoints kept in the folder: the latest and the keep - 1 others
+     * with the highest step numbers; 0 = 1 (the latest only) */
+    int keep_checkpoints;
     offload_ckpt_hook ckpt_hook;     /* (optional) test seam */
     void *ckpt_hook_user;
 } offload_config;
@@ -202,7 +213,9 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
 void offload_free(offload_t *rt);
 
 /* Set the fp32 master weights of one block (block_numel[block] floats) and
- * its 16-bit weights from them; its optimizer moments restart at zero, and
+ * its 16-bit weights from them (a value that is not finite is refused,
+ * ZO_ERR_INVALID naming the block and element, before anything changes);
+ * its optimizer moments restart at zero, and
  * gradients accumulated since the last step are dropped. Host memory holds
  * the block in flight and no more, whatever the model's size: load a model
  * block by block (e.g. model_load_block) through it. */
@@ -235,12 +248,17 @@ zo_status offload_forward(offload_t *rt, gpu_stream_t s);
 typedef struct offload_step_info {
     float grad_norm;   /* global norm of the mean gradient, before clipping */
     float loss_scale;  /* the scale the step's backward used */
-    int skipped;       /* 1 when inf/nan skipped the update (fp16) */
+    int skipped;       /* 1 when inf/nan skipped the update (fp16, a scale to lower) */
     int64_t step;      /* optimizer steps taken so far */
 } offload_step_info;
 
 /* After grad_accum micro-batches: unscale, clip, AdamW over every sub-group,
- * new weights into the parameter store. */
+ * new weights into the parameter store. Gradients that are not finite skip
+ * the step and halve the loss scale when there is one to lower (fp16 above
+ * a scale of 1), up to config.max_skipped_steps in a row; otherwise (fp32,
+ * bf16, fp16 at scale 1, or too many in a row) the step fails with
+ * ZO_ERR_INVALID naming the first block whose gradients are not finite, and
+ * nothing is updated. */
 zo_status offload_step(offload_t *rt, offload_step_info *info);
 
 /* The learning rate of the next steps (a schedule sets it before each step). */
@@ -315,11 +333,17 @@ typedef zo_status (*offload_weights_stream)(void *user, const char *path,
 
 /* Save a checkpoint into DIR/step-<N>/ (weights through `writer` when not
  * NULL as model.safetensors, optimizer.safetensors with each block's fp32
- * master, m and v, and state.json), built in DIR/.tmp-step-<N>/ with every file
- * fsynced, renamed into place, then DIR/latest (a one-line file naming the
- * directory) replaced atomically; older step-* directories are removed after.
- * The hook (config.ckpt_hook) is called at "begin", "optimizer-half",
- * "before-rename" and "before-latest". */
+ * master, m and v, state.json, and last manifest.json: every other file's
+ * size and XXH3-64 and the layout), built in DIR/.tmp-step-<N>/ with every
+ * file fsynced, renamed into place, then DIR/latest (a one-line file naming
+ * the directory) replaced atomically. DIR is created if missing and locked
+ * for the runtime's life (ZO_ERR_BUSY, naming the holder, when another run
+ * holds it). Then the checkpoints beyond config.keep_checkpoints go (the
+ * latest stays, then the highest step numbers), and the .tmp-step-* of
+ * interrupted saves: only directories named exactly step-<N> or
+ * step-<N>.<k> (and .tmp- those), never through a link; nothing else in DIR
+ * is touched. The hook (config.ckpt_hook) is called at "begin",
+ * "optimizer-half", "before-rename" and "before-latest". */
 zo_status offload_save(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
                        offload_weights_writer writer, void *writer_user);
 /* The same, the weights written block by block: host memory holds a few
@@ -329,7 +353,14 @@ zo_status offload_save_streamed(offload_t *rt, const char *dir, const offload_ck
 
 /* Load the checkpoint DIR/latest names (or DIR itself when it holds a
  * state.json): master, moments, step, loss scale; the 16-bit store is rebuilt
- * from the master. meta (may be NULL) receives the caller's counters. */
+ * from the master. meta (may be NULL) receives the caller's counters. Before
+ * anything is overwritten: state.json has every field, in range, version 3;
+ * its parameters, blocks and dtype are the running model's; the manifest
+ * lists state.json and optimizer.safetensors and every file it lists has its
+ * size and checksum (ZO_ERR_CHECKSUM naming the file otherwise). Values that
+ * are not finite (a negative second moment too) are refused naming the
+ * tensor and element; the runtime's state is then partly loaded: load again
+ * or set the weights. */
 zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta);
 
 #endif

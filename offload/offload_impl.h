@@ -33,6 +33,7 @@
 #define ZO_OFFLOAD_IMPL_H
 
 #include "common/adam_math.h" /* defines: zo_adam_hparams */
+#include "common/fileio.h"    /* defines: zo_dir_lock */
 #include "offload/offload.h"
 
 #define OFFLOAD_MAX_PREFETCH 16
@@ -41,6 +42,7 @@
 #define OFFLOAD_LOSS_SCALE_INIT 65536.0f
 #define OFFLOAD_LOSS_SCALE_WINDOW 200
 #define OFFLOAD_DEFAULT_SUB_GROUP (1u << 20)
+#define OFFLOAD_MAX_SKIPPED_STEPS 50 /* fp16 overflow skips in a row before the step fails */
 
 /* ---- acct.c: the clock, memory per tier, counters -------------------------------- */
 
@@ -160,8 +162,10 @@ typedef struct oshard_ops {
     float *(*grad)(oshard *sh, size_t first);
     /* (optional) Zero that gradient sum on stream s. */
     zo_status (*grad_zero)(oshard *sh, gpu_stream_t s);
-    /* (optional) Add its sum of squares and inf/nan flag, block by block. */
-    zo_status (*grad_stats)(oshard *sh, int exact, double *sumsq, int *nonfinite);
+    /* (optional) Add its sum of squares, block by block; *bad_block gets the
+     * first of its blocks whose gradient holds an inf or nan, and is left
+     * as it is when none does. */
+    zo_status (*grad_stats)(oshard *sh, int exact, double *sumsq, int *bad_block);
     void (*free)(oshard *sh);
 } oshard_ops;
 
@@ -272,6 +276,10 @@ struct offload {
     int dynamic_scale;          /* fp16: the scale moves */
     int good_steps;
     int64_t skipped;
+    int skipped_in_a_row;       /* fp16 overflow skips since the last step taken */
+
+    /* the checkpoint folder this runtime writes into, locked (ckpt.c) */
+    zo_dir_lock ckpt_lock;
 };
 
 /* stream.c */
@@ -287,6 +295,13 @@ zo_status offload_stream_forward(offload_t *rt, gpu_stream_t s);
 /* optim.c: unscale, clip and update every shard from the gradient sums;
  * the gradients must be drained. */
 zo_status offload_optim_step(offload_t *rt, offload_step_info *info);
+
+/* ckpt.c: lock `dir` (created if missing) for this runtime's life; a
+ * runtime holds one checkpoint folder, the last it locked. */
+zo_status offload_ckpt_lock(offload_t *rt, const char *dir);
+
+/* The index of the first of n values that is inf or nan, n when none. */
+size_t offload_find_nonfinite(const float *p, size_t n);
 
 /* Convert n fp32 values to the weights' dtype. */
 void offload_to_dtype(const offload_geom *g, void *dst, const float *src, size_t n);

@@ -108,13 +108,13 @@ static zo_status update_dev(void *ctx, int b, float *P, float *M, float *V, floa
     return ws->ops->put_dev_done(ws, b, s);
 }
 
-/* Sum of squares and inf/nan of the step's gradient: the host's blocks in
- * order, then the device shard's. */
-static zo_status grad_stats(offload_t *rt, double *sumsq, int *nonfinite)
+/* Sum of squares of the step's gradient and the first block holding an inf
+ * or nan (-1: none): the host's blocks in order, then the device shard's. */
+static zo_status grad_stats(offload_t *rt, double *sumsq, int *bad_block)
 {
     zo_status st;
     *sumsq = 0.0;
-    *nonfinite = 0;
+    *bad_block = -1;
     for (int b = 0; b < rt->dev_block; b++) {
         if (!rt->numel[b]) continue;
         double ss;
@@ -123,12 +123,42 @@ static zo_status grad_stats(offload_t *rt, double *sumsq, int *nonfinite)
                                   &ss, &nf)) != ZO_OK)
             return st;
         *sumsq += ss;
-        *nonfinite |= nf;
+        if (nf && *bad_block < 0) *bad_block = b;
     }
     oshard *d = rt->dev_shard;
-    if (d && (st = d->ops->grad_stats(d, rt->cfg.adam.clip > 0.0f, sumsq, nonfinite)) != ZO_OK)
+    if (d && (st = d->ops->grad_stats(d, rt->cfg.adam.clip > 0.0f, sumsq, bad_block)) != ZO_OK)
         return st;
     return ZO_OK;
+}
+
+/* Gradients with an inf or nan: with a loss scale to lower (fp16 above 1) the
+ * step is skipped and the scale halved, a bounded number of times in a row;
+ * otherwise nothing would ever change it, and the step fails naming the
+ * block. */
+static zo_status nonfinite_step(offload_t *rt, int bad_block, offload_step_info *info)
+{
+    int can_lower = rt->dynamic_scale && rt->loss_scale > 1.0f;
+    if (can_lower && rt->skipped_in_a_row < rt->cfg.max_skipped_steps) {
+        rt->loss_scale *= 0.5f;
+        rt->good_steps = 0;
+        rt->skipped++;
+        rt->skipped_in_a_row++;
+        info->skipped = 1;
+        info->step = rt->step;
+        return ZO_OK;
+    }
+    char why[160];
+    if (!rt->dynamic_scale)
+        snprintf(why, sizeof why, "in %s there is no loss scale to lower", zo_dtype_name(rt->m.dtype));
+    else if (!can_lower)
+        snprintf(why, sizeof why, "the fp16 loss scale is already %g, nothing left to lower",
+                 (double)rt->loss_scale);
+    else
+        snprintf(why, sizeof why, "%d steps in a row were skipped for overflow already "
+                 "(max_skipped_steps)", rt->skipped_in_a_row);
+    return zo_error(ZO_ERR_INVALID, "offload_step %lld: the gradients of block %d hold inf or nan "
+                    "and %s: training diverged (a learning rate too high?) or its inputs are bad; "
+                    "nothing was updated", (long long)rt->step + 1, bad_block, why);
 }
 
 zo_status offload_optim_step(offload_t *rt, offload_step_info *info)
@@ -136,23 +166,19 @@ zo_status offload_optim_step(offload_t *rt, offload_step_info *info)
     offload_acct *a = &rt->acct;
     zo_status st;
     info->loss_scale = rt->loss_scale;
+    info->skipped = 0;
     double t0 = offload_now();
     double sumsq;
-    int nonfinite;
-    if ((st = grad_stats(rt, &sumsq, &nonfinite)) != ZO_OK) return st;
+    int bad_block;
+    if ((st = grad_stats(rt, &sumsq, &bad_block)) != ZO_OK) return st;
     double denom = (double)rt->loss_scale * (double)rt->micro;
     double norm = sqrt(sumsq) / denom;
     info->grad_norm = (float)norm;
     rt->micro = 0;
-    if (nonfinite) {
-        /* an overflow: no update, a smaller scale */
-        if (rt->dynamic_scale && rt->loss_scale > 1.0f) rt->loss_scale *= 0.5f;
-        rt->good_steps = 0;
-        rt->skipped++;
-        info->skipped = 1;
-        info->step = rt->step;
+    if (bad_block >= 0) {
+        st = nonfinite_step(rt, bad_block, info);
         a->time[OFFLOAD_TIME_OPTIMIZER] += offload_now() - t0;
-        return ZO_OK;
+        return st;
     }
     double coef = 1.0;
     if (rt->cfg.adam.clip > 0.0f) {
@@ -193,6 +219,7 @@ zo_status offload_optim_step(offload_t *rt, offload_step_info *info)
     zo_status sw = rt->ws->ops->sync(rt->ws);
     if (st == ZO_OK) st = sw;
     if (st != ZO_OK) return zo_error_wrap(st, "offload_step %lld", (long long)rt->step);
+    rt->skipped_in_a_row = 0;
     if (rt->dynamic_scale && ++rt->good_steps >= rt->cfg.loss_scale_window) {
         rt->loss_scale *= 2.0f;
         rt->good_steps = 0;

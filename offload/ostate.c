@@ -293,10 +293,9 @@ static zo_status nvs_create(oshard *sh, const oshard_config *c)
     s->cg = -1;
     nvme_engine_config ec = {0};
     if ((st = nvme_engine_init(&s->engine, &ec)) != ZO_OK) return st;
-    char prefix[64];
-    snprintf(prefix, sizeof prefix, "zo-opt-%d", (int)getpid());
+    /* <dir>/zo-opt-<random>.0.swap, created exclusively and locked (nvme_store.h) */
     const char *dirs[1] = {c->nvme_dir};
-    nvme_store_config sc = {.dirs = dirs, .ndirs = 1, .prefix = prefix};
+    nvme_store_config sc = {.dirs = dirs, .ndirs = 1, .prefix = "zo-opt"};
     if ((st = nvme_store_init(&s->store, s->engine, &sc)) != ZO_OK)
         return zo_error_wrap(st, "offload: NVMe store in %s", c->nvme_dir);
     s->group = c->sub_group < sh->n ? c->sub_group : sh->n;
@@ -423,7 +422,7 @@ static zo_status dev_grad_zero(oshard *sh, gpu_stream_t s)
  * gives bit-identical steps. Otherwise on the device (no copy;
  * gpu_sum_squares accumulates in double and rounds the total to float, so
  * the norm differs in its last bits). */
-static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, int *nonfinite)
+static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, int *bad_block)
 {
     dev_shard *d = (dev_shard *)sh;
     const offload_geom *g = sh->g;
@@ -447,7 +446,7 @@ static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, int *nonfi
             if ((st = adam_grad_stats(d->stats_host, ZO_DTYPE_F32, n, env->n_threads, &ss, &nf)) != ZO_OK)
                 return st;
             *sumsq += ss;
-            *nonfinite |= nf;
+            if (nf && *bad_block < 0) *bad_block = b;
         }
         env->acct->time[OFFLOAD_TIME_GRADS] += offload_now() - t0;
         return ZO_OK;
@@ -466,7 +465,21 @@ static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, int *nonfi
     memcpy(&f, host, 4);
     memcpy(&bad, host + 4, 4);
     *sumsq += (double)f;
-    *nonfinite |= bad != 0 || !isfinite(f);
+    if (!bad && isfinite(f)) return ZO_OK;
+    /* the step fails or is skipped: which block, checked one by one */
+    for (int b = d->b0; b < g->nb && *bad_block < 0; b++) {
+        if (!g->numel[b]) continue;
+        if ((st = gpu_memset_async(s, flag, 0, 4)) != ZO_OK ||
+            (st = gpu_check_finite(s, flag, gpu_t(d->G + (g->off[b] - sh->first), ZO_DTYPE_F32),
+                                   g->numel[b])) != ZO_OK ||
+            (st = gpu_memcpy_async(s, host + 4, flag, 4, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
+            (st = gpu_event_record(d->done, s)) != ZO_OK || (st = gpu_event_synchronize(d->done)) != ZO_OK)
+            return st;
+        memcpy(&bad, host + 4, 4);
+        if (bad) *bad_block = b;
+    }
+    /* finite values whose sum of squares overflows fp32: named by the share's first block */
+    if (*bad_block < 0) *bad_block = d->b0;
     return ZO_OK;
 }
 

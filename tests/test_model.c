@@ -1,4 +1,5 @@
 /* Tests for model/: parameter layout, safetensors, token data. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/model_config.h"
+#include "common/model_limits.h"
 #include "model/data.h"
 #include "model/layout.h"
 
@@ -71,6 +73,56 @@ static void test_layout_hf_configs(void **state)
         if (zo_model_config_load(path, &cfg)) fail_msg("%s", zo_last_error());
         check_layout(&cfg);
     }
+}
+
+/* Shapes whose products overflow and constants that make no sense are
+ * refused by name before anything is formed from them (layers at INT_MAX
+ * wrapped the block count; a norm epsilon or RoPE base below zero trained);
+ * every preset and real config is within the limits. */
+static void test_layout_limits(void **state)
+{
+    (void)state;
+    zo_model_config base;
+    assert_int_equal(zo_model_preset_find("llama-2-7b", &base), ZO_OK);
+    size_t n;
+    const zo_model_preset *p = zo_model_presets(&n);
+    for (size_t i = 0; i < n; i++) {
+        zo_model_config c = p[i].cfg;
+        if (zo_model_config_validate(&c) == ZO_OK && zo_model_config_check_limits(&c) != ZO_OK)
+            fail_msg("preset %s: %s", p[i].name, zo_last_error());
+    }
+    struct {
+        const char *what;
+        zo_model_config c;
+        const char *said;
+    } bad[] = {
+        {"eps", base, "rms_norm_eps"}, {"theta", base, "rope_theta"}, {"theta inf", base, "rope_theta"},
+        {"layers", base, "layers"}, {"hidden", base, "2^53"}, {"vocab", base, "token embedding"},
+        {"nan eps", base, "rms_norm_eps"},
+    };
+    bad[0].c.norm_eps = -1e-6f;
+    bad[1].c.rope_theta = -1e4f;
+    bad[2].c.rope_theta = INFINITY;
+    bad[3].c.n_layers = 2147483647;
+    bad[4].c.hidden = 2147483646;
+    bad[4].c.n_heads = bad[4].c.n_kv_heads = 2;
+    bad[4].c.head_dim = 0;
+    bad[5].c.vocab = 2147483647;
+    bad[5].c.hidden = 8388608;
+    bad[5].c.head_dim = 0;
+    bad[6].c.norm_eps = NAN;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        model_layout l;
+        zo_status st = model_layout_init(&l, &bad[i].c);
+        if (st != ZO_ERR_INVALID || !strstr(zo_last_error(), bad[i].said))
+            fail_msg("%s: %s (%s)", bad[i].what, zo_status_name(st), zo_last_error());
+    }
+    zo_model_config gpt;
+    assert_int_equal(zo_model_preset_find("gpt2", &gpt), ZO_OK);
+    gpt.norm_eps = -1e-5f;
+    model_layout l;
+    assert_int_equal(model_layout_init(&l, &gpt), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "layer_norm_epsilon"));
 }
 
 /* Variants the presets do not cover: untied GPT, Qwen2-style q/k/v biases,
@@ -387,6 +439,7 @@ int main(void)
         cmocka_unit_test(test_layout_presets),
         cmocka_unit_test(test_layout_hf_configs),
         cmocka_unit_test(test_layout_variants),
+        cmocka_unit_test(test_layout_limits),
         cmocka_unit_test(test_layout_views),
         cmocka_unit_test(test_batches_sequential),
         cmocka_unit_test(test_batches_random),
