@@ -487,6 +487,9 @@ static void dev_destroy(oshard *sh)
 {
     dev_shard *d = (dev_shard *)sh;
     gpu_device_t dev = sh->env->dev;
+    /* dev_create's zero fills may still be queued (a later allocation of it
+     * failed): they finish before their arrays go */
+    if (sh->env->h2d) gpu_stream_synchronize(sh->env->h2d);
     for (int a = 0; a < 4; a++) gpu_mem_free(dev, dev_array(d, a));
     gpu_mem_free(dev, d->stats);
     offload_host_free(sh->env, d->stats_host, sh->g->largest * 4, 1);

@@ -673,8 +673,8 @@ static void test_nonfinite_weights(void **state)
     stub m;
     stub_open(&m);
     offload_t *rt = stub_runtime(&m, ZO_DTYPE_BF16, NULL);
-    static float w[NUMEL], back[NUMEL];
-    stub_weights(w);
+    static float w[NB * NUMEL], back[NUMEL];
+    stub_weights(w); /* block 2 is w's first NUMEL values */
     w[77] = NAN;
     assert_int_equal(offload_set_block(rt, 2, w), ZO_ERR_INVALID);
     assert_non_null(strstr(zo_last_error(), "block 2 element 77"));
@@ -974,7 +974,7 @@ static void tiny_run_files(const char *dir, char *cfg, char *data, size_t len)
 /* `timeout 60 train ARGS`: a run that hangs (a FIFO waited on) fails. */
 static int run_train_limited(const char *args, char *out, size_t len)
 {
-    char cmd[3000];
+    char cmd[4400];
     snprintf(cmd, sizeof cmd, "timeout 60 %s %s 2>&1", ZO_TRAIN_BIN, args);
     return run_capture(cmd, out, len);
 }
