@@ -67,7 +67,7 @@ static void usage(FILE *f)
         "                         scale 1) stop it at once, naming the block\n"
         "\n"
         "placement (a plan, then these flags; see docs/offload.md):\n"
-        "  --plan FILE            a plan memplan wrote (plan --json FILE, estimate --plan-out\n"
+        "  --plan FILE            a plan memplan wrote (plan --json-out FILE, estimate --plan-out\n"
         "                         FILE): placement, buffers, batch, dtype; its model and its\n"
         "                         ranks (dp x tp x pp) must be this run's\n"
         "  --params-on gpu|cpu|nvme     16-bit weights: resident, or streamed from pinned host / NVMe\n"

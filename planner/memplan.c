@@ -100,13 +100,15 @@ static const char usage_estimate[] =
     "  --fragmentation F       allocator allowance, fraction of the GPU total (default 0.05)\n"
     "  --sub-group N           optimizer sub-group for NVMe swapping (default 100M params)\n"
     "  --swap-buffers N        sub-groups of pinned swap buffers (default 3)\n"
-    "output:\n"
-    "  --json                  JSON instead of the table (docs/memplan-json.md)\n"
+    "output (every command: --json prints its JSON to stdout instead of the table,\n"
+    "--json-out FILE writes it to FILE beside the table):\n"
+    "  --json                  the report as JSON instead of the table (docs/memplan-json.md)\n"
+    "  --json-out FILE         the same report written to FILE\n"
     "  --svg FILE              a picture: per tier what lives there against capacity, and the\n"
     "                          step-time split\n"
     "  --plan FILE             estimate a plan file (docs/plan-format.md) instead of flags\n"
     "  --plan-out FILE         write this configuration as a plan file for 'train --plan'\n"
-    "                          (--json prints a report, which is not a plan)\n"
+    "                          (the report --json prints is not a plan)\n"
     "  --hw FILE               (above) also takes a profile from 'memplan calibrate'\n";
 
 enum {
@@ -116,7 +118,7 @@ enum {
     OPT_PP, OPT_SP, OPT_VPP, OPT_ZERO, OPT_RECOMPUTE, OPT_NO_FLASH, OPT_DROPOUT, OPT_NO_DROPOUT,
     OPT_GRADS, OPT_OPTIMIZER, OPT_CHECKPOINTS, OPT_CUDA_CONTEXT, OPT_CUBLAS_WS, OPT_COMM_BUCKET,
     OPT_COMM_BUCKETS, OPT_PREFETCH, OPT_PINNED, OPT_FRAG, OPT_SUB_GROUP, OPT_SWAP_BUFFERS,
-    OPT_JSON, OPT_GLOBAL_BATCH, OPT_SVG, OPT_PLAN, OPT_PLAN_OUT, OPT_HELP,
+    OPT_JSON, OPT_GLOBAL_BATCH, OPT_SVG, OPT_PLAN, OPT_PLAN_OUT, OPT_HELP, OPT_JSON_OUT,
 };
 
 /* The model and hardware flags, shared by estimate and plan. */
@@ -171,6 +173,7 @@ static const struct option estimate_opts[] = {
     {"sub-group", required_argument, 0, OPT_SUB_GROUP},
     {"swap-buffers", required_argument, 0, OPT_SWAP_BUFFERS},
     {"json", no_argument, 0, OPT_JSON},
+    {"json-out", required_argument, 0, OPT_JSON_OUT},
     {"global-batch", required_argument, 0, OPT_GLOBAL_BATCH},
     {"svg", required_argument, 0, OPT_SVG},
     {"plan", required_argument, 0, OPT_PLAN},
@@ -363,6 +366,32 @@ static zo_status write_json(const char *path, cJSON *doc)
 
 static zo_status write_text(const char *path, const char *text);
 
+/* The --json convention of every command: `--json` prints the command's JSON
+ * document to stdout in place of its table, `--json-out FILE` writes it to
+ * FILE (atomically) beside the table. Takes doc. */
+static zo_status emit_json(cJSON *doc, int to_stdout, const char *path)
+{
+    zo_status st = ZO_OK;
+    if (path) st = write_json(path, doc);
+    if (st == ZO_OK && to_stdout) {
+        char *text = doc ? cJSON_Print(doc) : NULL;
+        if (text) puts(text);
+        else st = zo_error(ZO_ERR_NOMEM, "out of memory printing JSON");
+        free(text);
+    }
+    cJSON_Delete(doc);
+    return st;
+}
+
+/* An argument left over after the options: the old `--json FILE`? */
+static void unexpected_argument(const char *cmd, int argc, char **argv)
+{
+    int after_json = optind > 1 && !strcmp(argv[optind - 1], "--json");
+    zo_error(ZO_ERR_INVALID, "%s: unexpected argument '%s'%s", cmd, argv[optind],
+             after_json ? " (--json prints JSON to stdout; --json-out FILE writes it to FILE)" : "");
+    (void)argc;
+}
+
 static zo_status write_svg(const char *path, const zo_model_config *m, const plan_hw *hw,
                            const plan_train *t, const plan_estimate *e, const plan_time *pt)
 {
@@ -450,7 +479,7 @@ static int cmd_estimate(int argc, char **argv)
     plan_hw_flags hf = {0};
     plan_hw_basis basis;
     long gpus = 0, seq = 0, global_batch = 0, v;
-    const char *svg_path = NULL, *plan_path = NULL, *plan_out = NULL;
+    const char *svg_path = NULL, *plan_path = NULL, *plan_out = NULL, *json_out = NULL;
     shape_flags sf = {0};
     int json = 0, dtype_set = 0, grad_dtype_set = 0, grads_set = 0, dropout = -1;
     plan_train t;
@@ -543,6 +572,7 @@ static int cmd_estimate(int argc, char **argv)
             break;
         case OPT_SWAP_BUFFERS: st = field_int(optarg, "--swap-buffers", "nvme.swap_buffers", &v); f.buf.swap_buffers = (int)v; break;
         case OPT_JSON: json = 1; break;
+        case OPT_JSON_OUT: json_out = optarg; break;
         case OPT_GLOBAL_BATCH: st = zo_parse_int(optarg, "--global-batch", 1, 1 << 30, &global_batch); break;
         case OPT_SVG: svg_path = optarg; break;
         case OPT_PLAN: plan_path = optarg; break;
@@ -560,7 +590,7 @@ static int cmd_estimate(int argc, char **argv)
         if (st) return fail();
     }
     if (optind < argc) {
-        zo_error(ZO_ERR_INVALID, "estimate: unexpected argument '%s'", argv[optind]);
+        unexpected_argument("estimate", argc, argv);
         return fail();
     }
     plan_hw hw;
@@ -569,7 +599,8 @@ static int cmd_estimate(int argc, char **argv)
         for (int k = OPT_MODEL; k <= OPT_SWAP_BUFFERS; k++)
             if (seen[k]) {
                 zo_error(ZO_ERR_INVALID, "--plan: the plan file fixes the model, hardware and "
-                                         "configuration; give only --json, --svg or --plan-out "
+                                         "configuration; give only --json, --json-out, --svg or "
+                                         "--plan-out "
                                          "with it");
                 return fail();
             }
@@ -654,20 +685,13 @@ estimate:
     if ((st = plan_time_run(&m, &hw, &t, &e, &pt)) != ZO_OK) return fail();
     plan_suggestions sg = {0};
     if (!e.fits && (st = plan_suggest(&m, &hw, &t, &sg)) != ZO_OK) return fail();
-    if (json) {
+    if (json || json_out) {
         cJSON *doc = plan_report_json(&m, &hw, &t, &e, &pt, &sg);
         cJSON_AddItemToObject(cJSON_GetObjectItem(doc, "hardware"), "basis",
                               plan_hw_basis_json(&hw, &basis));
-        char *text = cJSON_Print(doc);
-        if (!text) {
-            cJSON_Delete(doc);
-            fprintf(stderr, "memplan: out of memory printing JSON\n");
-            return EXIT_BADINPUT;
-        }
-        puts(text);
-        free(text);
-        cJSON_Delete(doc);
-    } else {
+        if ((st = emit_json(doc, json, json_out)) != ZO_OK) return fail();
+    }
+    if (!json) {
         plan_report_basis(stdout, &hw, &basis);
         plan_report_table(stdout, &m, &hw, &t, &e, &pt, &sg);
     }
@@ -714,7 +738,9 @@ static const char usage_plan[] =
     "  --cuda-context SIZE --cublas-workspace SIZE --fragmentation F --sub-group N\n"
     "                          working buffers, as for estimate\n"
     "  --top N                 plans printed (default 5)\n"
-    "  --json FILE             write the best as a plan file (docs/plan-format.md)\n"
+    "  --json                  the best as a plan file (docs/plan-format.md) on stdout, instead\n"
+    "                          of the table\n"
+    "  --json-out FILE         write the best as a plan file to FILE (train --plan FILE)\n"
     "  --svg FILE              a picture of the best plan\n"
     "\n"
     "exit status: 0 a plan fits, 1 nothing fits, 2 bad input\n";
@@ -723,7 +749,7 @@ static const char usage_max_model[] =
     "usage: memplan max-model [--family gpt|llama|gpt3|megatron|llama2|llama3 | --model NAME]\n"
     "                         [--hw NAME|FILE | --gpu NAME [--host NAME]] [--gpus N]\n"
     "                         [--gpu-mem SIZE] [--cpu-mem SIZE] [--nvme SIZE] [--pcie LINK]\n"
-    "                         [--seq N] [--strategy NAME]\n"
+    "                         [--seq N] [--strategy NAME] [--json | --json-out FILE]\n"
     "\n"
     "The largest model of a family that trains on the hardware, per strategy: data-parallel,\n"
     "zero-1, zero-2, zero-3, 3d-parallel, zero-offload (ZeRO-2, gradients and optimizer on\n"
@@ -733,6 +759,7 @@ static const char usage_max_model[] =
     "Each row also gives the estimate flags that place it, and the largest preset that fits\n"
     "that way with the 'memplan estimate' command that checks it. On one GPU the ZeRO stages\n"
     "and 3-D parallelism are left out (nothing to shard) unless --strategy names one.\n"
+    "--json prints the rows as JSON instead of the table; --json-out FILE writes them to FILE.\n"
     "\n"
     "exit status: 0, 2 bad input\n";
 
@@ -767,7 +794,8 @@ static const struct option plan_opts[] = {
     {"max-micro-batch", required_argument, 0, PO_MAX_MB},
     {"opt-steps", required_argument, 0, PO_OPT_STEPS},
     {"max-prefetch", required_argument, 0, PO_MAX_PREFETCH},
-    {"json", required_argument, 0, PO_JSON_FILE},
+    {"json", no_argument, 0, PO_JSON_FLAG},
+    {"json-out", required_argument, 0, PO_JSON_FILE},
     {"family", required_argument, 0, PO_FAMILY},
     {"strategy", required_argument, 0, PO_STRATEGY},
     {"help", no_argument, 0, OPT_HELP},
@@ -891,6 +919,7 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
             st = field_int(optarg, "--max-prefetch", "buffers.prefetch_depth", &a->max_prefetch);
             break;
         case PO_JSON_FILE: a->json_path = optarg; break;
+        case PO_JSON_FLAG: a->json_flag = 1; break;
         case PO_FAMILY: a->family = optarg; break;
         case PO_STRATEGY: a->strategy = optarg; break;
         case OPT_HELP: fputs(usage, stdout); return -1;
@@ -906,8 +935,7 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
         if (st) return fail();
     }
     if (optind < argc) {
-        zo_error(ZO_ERR_INVALID, "%s: unexpected argument '%s'", max_model ? "max-model" : "plan",
-                 argv[optind]);
+        unexpected_argument(max_model ? "max-model" : "plan", argc, argv);
         return fail();
     }
     return 0;
@@ -998,35 +1026,41 @@ static int cmd_plan(int argc, char **argv)
 
     char cnt[32];
     static const char *obj[] = {"step time", "GPU memory", "GPU-seconds per token"};
-    plan_report_basis(stdout, &hw, &basis);
-    printf("%s (%s params) on %s: %s%d x %s; seq %d, global batch %d; ranked by %s\n", m.name,
+    /* --json: stdout holds the plan alone */
+    FILE *tab = a.json_flag ? fopen("/dev/null", "w") : stdout;
+    if (!tab) tab = stderr;
+    plan_report_basis(tab, &hw, &basis);
+    fprintf(tab, "%s (%s params) on %s: %s%d x %s; seq %d, global batch %d; ranked by %s\n", m.name,
            zo_format_count(zo_model_params(&m), cnt, sizeof cnt), hw.name,
            s.max_gpus ? "up to " : "", hw.gpus, hw.gpu, s.base.seq, s.global_batch,
            obj[s.objective]);
-    printf("searched %llu configurations (%llu fit) in %.2f s: %.3g configurations/s\n",
+    fprintf(tab, "searched %llu configurations (%llu fit) in %.2f s: %.3g configurations/s\n",
            (unsigned long long)r.configs, (unsigned long long)r.feasible, dt,
            dt > 0 ? (double)r.configs / dt : 0.0);
     if (r.n_best == 0) {
-        printf("\nnothing fits: more GPUs (--gpus / --max-gpus), a shorter --seq or a smaller "
-               "--global-batch%s\n", s.allow_offload ? "" : ", or allow offload (drop --no-offload)");
+        fprintf(a.json_flag ? stderr : tab, "\nnothing fits: more GPUs (--gpus / --max-gpus), a shorter "
+                "--seq or a smaller --global-batch%s\n",
+                s.allow_offload ? "" : ", or allow offload (drop --no-offload)");
+        if (tab != stdout && tab != stderr) fclose(tab);
         return EXIT_NOFIT;
     }
     const plan_candidate *b = &r.best[0];
-    printf("\nbest: %.4g s per step, %.4g tokens/s, MFU %.1f%%\n", b->time.step,
-           b->time.tokens_per_s, 100 * b->time.mfu);
-    print_plan_line(b, "  ");
+    fprintf(tab, "\nbest: %.4g s per step, %.4g tokens/s, MFU %.1f%%\n", b->time.step,
+            b->time.tokens_per_s, 100 * b->time.mfu);
+    if (!a.json_flag) print_plan_line(b, "  ");
     char why[2048];
     plan_explain(&m, &hw, b, why, sizeof why);
     for (char *sv = NULL, *line = strtok_r(why, "\n", &sv); line; line = strtok_r(NULL, "\n", &sv))
-        printf("  - %s\n", line);
-    plan_report_time_table(stdout, &b->time);
+        fprintf(tab, "  - %s\n", line);
+    plan_report_time_table(tab, &b->time);
     for (int i = 1; i < r.n_best; i++) {
         char d[1024];
         plan_describe_diff(b, &r.best[i], d, sizeof d);
-        printf("\n%d. %.4g s per step: %s\n", i + 1, r.best[i].time.step, d);
+        fprintf(tab, "\n%d. %.4g s per step: %s\n", i + 1, r.best[i].time.step, d);
     }
+    if (tab != stdout && tab != stderr) fclose(tab);
 
-    if (a.json_path || a.svg_path) {
+    if (a.json_path || a.json_flag || a.svg_path) {
         plan_hw h = hw;
         h.gpus = b->gpus;
         plan_estimate e;
@@ -1034,14 +1068,14 @@ static int cmd_plan(int argc, char **argv)
         if ((st = plan_estimate_run(&m, &h, &b->t, &e)) != ZO_OK ||
             (st = plan_time_run(&m, &h, &b->t, &e, &pt)) != ZO_OK)
             return fail();
-        if (a.json_path) {
+        if (a.json_path || a.json_flag) {
             cJSON *doc;
-            if ((st = plan_file_json(&m, &h, &b->t, &e, &pt, a.json_path, &doc)) != ZO_OK) return fail();
-            st = write_json(a.json_path, doc);
-            cJSON_Delete(doc);
-            if (st) return fail();
-            printf("\nplan written to %s (memplan estimate --plan %s; train --plan %s)\n",
-                   a.json_path, a.json_path, a.json_path);
+            const char *what = a.json_path ? a.json_path : "the plan";
+            if ((st = plan_file_json(&m, &h, &b->t, &e, &pt, what, &doc)) != ZO_OK) return fail();
+            if ((st = emit_json(doc, a.json_flag, a.json_path)) != ZO_OK) return fail();
+            if (a.json_path && !a.json_flag)
+                printf("\nplan written to %s (memplan estimate --plan %s; train --plan %s)\n",
+                       a.json_path, a.json_path, a.json_path);
         }
         if (a.svg_path && (st = write_svg(a.svg_path, &m, &h, &b->t, &e, &pt)) != ZO_OK)
             return fail();
@@ -1110,10 +1144,11 @@ static const char *fmt_rate(double v, char *buf, size_t len)
 }
 
 /* One strategy's row: the largest model, its step, the flags that place it,
- * and the largest preset that fits with the command that checks it. */
+ * and the largest preset that fits with the command that checks it; printed
+ * when `print`, added to the JSON rows when rows is not NULL. */
 static void print_max_model_row(plan_strategy strat, const zo_model_config *shape,
                                 const plan_candidate *c, uint64_t n, const plan_hw *hw,
-                                const plan_hw_basis *basis)
+                                const plan_hw_basis *basis, cJSON *rows, int print)
 {
     char cnt[32], shp[32], flags[256], hwflags[512], pre[96] = "none", rate[32], prate[32];
     snprintf(shp, sizeof shp, "%dx%d", shape->n_layers, shape->hidden);
@@ -1126,17 +1161,41 @@ static void print_max_model_row(plan_strategy strat, const zo_model_config *shap
     if (p)
         snprintf(pre, sizeof pre, "%s (%.3g s, %s)", p->name, pt.step,
                  fmt_rate(pt.tokens_per_s, prate, sizeof prate));
-    printf("%-20s %8s  %-12s %9.3g s %9s  %s\n", plan_strategy_name(strat),
-           zo_format_count(n, cnt, sizeof cnt), shp, c->time.step,
-           fmt_rate(c->time.tokens_per_s, rate, sizeof rate), pre);
-    printf("    flags: %s\n", flags[0] ? flags : "(the defaults)");
-    if (!p) return;
+    cJSON *row = rows ? cJSON_CreateObject() : NULL;
+    if (row) {
+        cJSON_AddStringToObject(row, "strategy", plan_strategy_name(strat));
+        cJSON_AddNumberToObject(row, "params", (double)n);
+        cJSON_AddNumberToObject(row, "layers", shape->n_layers);
+        cJSON_AddNumberToObject(row, "hidden", shape->hidden);
+        cJSON_AddNumberToObject(row, "step_s", c->time.step);
+        cJSON_AddNumberToObject(row, "tokens_per_s", c->time.tokens_per_s);
+        cJSON_AddStringToObject(row, "flags", flags);
+        cJSON_AddItemToArray(rows, row);
+    }
+    if (print) {
+        printf("%-20s %8s  %-12s %9.3g s %9s  %s\n", plan_strategy_name(strat),
+               zo_format_count(n, cnt, sizeof cnt), shp, c->time.step,
+               fmt_rate(c->time.tokens_per_s, rate, sizeof rate), pre);
+        printf("    flags: %s\n", flags[0] ? flags : "(the defaults)");
+    }
+    if (!p) {
+        if (row) cJSON_AddNullToObject(row, "preset");
+        return;
+    }
     plan_train_defaults(&d, &p->cfg);
     d.seq = x.seq;
     plan_train_flags(&d, &x, flags, sizeof flags);
     plan_hw_basis_flags(basis, hwflags, sizeof hwflags);
-    printf("    check: memplan estimate --model %s%s%s --seq %d%s%s\n", p->name, hwflags[0] ? " " : "",
-           hwflags, x.seq, flags[0] ? " " : "", flags);
+    char check[1024];
+    snprintf(check, sizeof check, "memplan estimate --model %s%s%s --seq %d%s%s", p->name,
+             hwflags[0] ? " " : "", hwflags, x.seq, flags[0] ? " " : "", flags);
+    if (print) printf("    check: %s\n", check);
+    if (!row) return;
+    cJSON *pr = cJSON_AddObjectToObject(row, "preset");
+    cJSON_AddStringToObject(pr, "name", p->name);
+    cJSON_AddNumberToObject(pr, "step_s", pt.step);
+    cJSON_AddNumberToObject(pr, "tokens_per_s", pt.tokens_per_s);
+    cJSON_AddStringToObject(pr, "check", check);
 }
 
 static int cmd_max_model(int argc, char **argv)
@@ -1170,39 +1229,51 @@ static int cmd_max_model(int argc, char **argv)
     plan_space base;
     args_space(&a, &ref, &hw, &base);
     base.base.seq = a.seq ? (int)a.seq : 0;
-    plan_report_basis(stdout, &hw, &basis);
-    printf("\nlargest %s model on %d x %s (%.2f GiB CPU memory, %.2f TB NVMe per node), seq %d%s; "
-           "micro-batch 1\n",
-           family, hw.gpus, hw.gpu, (double)hw.cpu_mem / (1 << 30), hw.nvme / 1e12,
-           a.seq ? (int)a.seq : ref.max_seq, a.seq ? "" : " (the family's)");
-    /* on one GPU ZeRO and 3-D parallelism have nothing to shard */
-    int one = hw.gpus == 1 && only < 0;
-    if (one)
-        printf("one GPU: ZeRO-1/2/3 and 3-D parallelism shard nothing; data-parallel stands for "
-               "them\n");
-    printf("\n%-20s %8s  %-12s %11s %9s  %s\n", "strategy", "largest", "shape (LxH)", "step",
-           "tokens/s", "largest preset that fits (step s, tokens/s)");
+    /* --json / --json-out: the rows as JSON (docs/memplan-json.md) */
+    cJSON *rows = a.json_flag || a.json_path ? cJSON_CreateArray() : NULL;
+    int one = hw.gpus == 1 && only < 0; /* on one GPU ZeRO and 3-D parallelism shard nothing */
+    if (!a.json_flag) {
+        plan_report_basis(stdout, &hw, &basis);
+        printf("\nlargest %s model on %d x %s (%.2f GiB CPU memory, %.2f TB NVMe per node), seq %d%s; "
+               "micro-batch 1\n",
+               family, hw.gpus, hw.gpu, (double)hw.cpu_mem / (1 << 30), hw.nvme / 1e12,
+               a.seq ? (int)a.seq : ref.max_seq, a.seq ? "" : " (the family's)");
+        if (one)
+            printf("one GPU: ZeRO-1/2/3 and 3-D parallelism shard nothing; data-parallel stands for "
+                   "them\n");
+        printf("\n%-20s %8s  %-12s %11s %9s  %s\n", "strategy", "largest", "shape (LxH)", "step",
+               "tokens/s", "largest preset that fits (step s, tokens/s)");
+    }
     for (int i = 0; i < PLAN_STRATEGIES; i++) {
         if (only >= 0 && i != only) continue;
         if (one && i >= PLAN_STRAT_ZERO1 && i <= PLAN_STRAT_3D) continue;
         zo_model_config shape;
         plan_candidate c;
         uint64_t n;
-        if ((st = plan_max_model(family, &hw, &base, (plan_strategy)i, &shape, &c, &n)) != ZO_OK)
+        if ((st = plan_max_model(family, &hw, &base, (plan_strategy)i, &shape, &c, &n)) != ZO_OK) {
+            cJSON_Delete(rows);
             return fail();
-        if (!n) {
-            printf("%-20s %8s\n", plan_strategy_name((plan_strategy)i), "none fits");
+        }
+        if (n) {
+            print_max_model_row((plan_strategy)i, &shape, &c, n, &hw, &basis, rows, !a.json_flag);
             continue;
         }
-        print_max_model_row((plan_strategy)i, &shape, &c, n, &hw, &basis);
+        if (!a.json_flag) printf("%-20s %8s\n", plan_strategy_name((plan_strategy)i), "none fits");
+        if (rows) { /* none fits: a row of 0 parameters */
+            cJSON *row = cJSON_CreateObject();
+            cJSON_AddStringToObject(row, "strategy", plan_strategy_name((plan_strategy)i));
+            cJSON_AddNumberToObject(row, "params", 0);
+            cJSON_AddItemToArray(rows, row);
+        }
     }
+    if (rows && (st = emit_json(rows, a.json_flag, a.json_path)) != ZO_OK) return fail();
     return 0;
 }
 
 /* ---- memplan calibrate ----------------------------------------------------------- */
 
 static const char usage_calibrate[] =
-    "usage: memplan calibrate [--out FILE] [--base PRESET] [--nvme-dir DIR] [--threads N]\n"
+    "usage: memplan calibrate [--json | --json-out FILE] [--base PRESET] [--nvme-dir DIR] [--threads N]\n"
     "                         [--adam-params N] [--seconds S] [--nvme-bytes SIZE]\n"
     "\n"
     "Measure this machine and write a hardware profile (JSON) that '--hw FILE' reads:\n"
@@ -1211,12 +1282,14 @@ static const char usage_calibrate[] =
     "--nvme-bytes, default 512MiB, through the nvme module's io_uring engine). What cannot\n"
     "be measured here (the GPU, PCIe) comes from --base (default h100-80gb; a machine or a\n"
     "GPU preset such as rtx-4090, 'memplan hardware'); the profile's\n"
-    "\"note\" says which. Default output: stdout.\n";
+    "\"note\" says which. --json (the default) prints it to stdout; --json-out FILE (or\n"
+    "--out FILE) writes it to FILE.\n";
 
 static int cmd_calibrate(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"out", required_argument, 0, 'o'},      {"base", required_argument, 0, 'b'},
+        {"out", required_argument, 0, 'o'},      {"json-out", required_argument, 0, 'o'},
+        {"json", no_argument, 0, 'j'},           {"base", required_argument, 0, 'b'},
         {"nvme-dir", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
         {"adam-params", required_argument, 0, 'a'}, {"seconds", required_argument, 0, 's'},
         {"nvme-bytes", required_argument, 0, 'N'},
@@ -1234,6 +1307,7 @@ static int cmd_calibrate(int argc, char **argv)
     while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
         switch (c) {
         case 'o': out = optarg; break;
+        case 'j': break; /* stdout: the default */
         case 'b': o.base = optarg; break;
         case 'n': o.nvme_dir = optarg; break;
         case 't': st = zo_parse_int(optarg, "--threads", 1, 4096, &v); o.threads = (int)v; break;
@@ -1251,7 +1325,7 @@ static int cmd_calibrate(int argc, char **argv)
         if (st) return fail();
     }
     if (optind < argc) {
-        zo_error(ZO_ERR_INVALID, "calibrate: unexpected argument '%s'", argv[optind]);
+        unexpected_argument("calibrate", argc, argv);
         return fail();
     }
     plan_hw hw;

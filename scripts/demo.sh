@@ -21,7 +21,7 @@ echo "== 3. ZeRO-Infinity: parameters streamed from the CPU, optimizer split CPU
 echo
 echo "== 4. memplan plan: the fastest plan that fits, written for the runtime"
 "$m" plan --model llama-2-13b --hw h100-80gb --seq 4096 --global-batch 8 --top 3 \
-  --json build/llama-2-13b.plan.json --svg build/llama-2-13b.plan.svg
+  --json-out build/llama-2-13b.plan.json --svg build/llama-2-13b.plan.svg
 
 echo
 echo "== 4. the runtime: a model 4x the device memory trains on the CPU backend"

@@ -211,7 +211,7 @@ def make_plan(run, m):
 
     path = os.path.join(wd, "plan13b.json")
     r = run.memplan("plan", *hw_args, *common, "--global-batch", a.micro_batch, "--grad-dtype", "fp32",
-                    "--top", "3", "--json", os.path.join(wd, "memplan-plan.json"), ok=(0, 1))
+                    "--top", "3", "--json-out", os.path.join(wd, "memplan-plan.json"), ok=(0, 1))
     run.log("# memplan plan:\n" + "\n".join("#   " + x for x in r.stdout.strip().splitlines()[:12]))
     chosen, params = None, None
     if r.returncode == 0:

@@ -1183,7 +1183,7 @@ static void test_train_locks_and_swap_files(void **state)
 }
 #endif
 
-/* The planner's search and the runtime end to end: `memplan plan --json` for
+/* The planner's search and the runtime end to end: `memplan plan --json-out` for
  * a tiny LLaMA on a 6 MiB device, then `train --plan` runs that plan within
  * the capacity, and its measured device peak is within 3% of the plan's. */
 static void test_searched_plan_runs(void **state)
@@ -1199,7 +1199,7 @@ static void test_searched_plan_runs(void **state)
              "for i in $(seq 200); do printf 'hello world %%d. ' $i; done > text.txt && "
              "%s plan --model config.json --gpu-mem 6MiB --cpu-mem 1GiB --nvme 1GiB --seq 64 "
              "--global-batch 4 --cuda-context 0 --cublas-workspace 0 --fragmentation 0 "
-             "--json plan.json --top 1 > /dev/null",
+             "--json-out plan.json --top 1 > /dev/null",
              dir, dir, ZO_MEMPLAN_BIN);
     assert_int_equal(system(cmd), 0);
     snprintf(cmd, sizeof cmd,

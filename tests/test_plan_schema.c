@@ -530,6 +530,70 @@ static void test_train_refuses_other_plans(void **state)
 }
 #endif
 
+#ifdef ZO_MEMPLAN_BIN
+/* memplan's stdout alone (its messages go to the terminal); its exit status. */
+static int memplan_stdout(const char *args, char *out, size_t len)
+{
+    char cmd[2000];
+    snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null", ZO_MEMPLAN_BIN, args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t got = fread(out, 1, len - 1, p);
+    out[got] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* One --json convention in every command: --json prints the command's JSON
+ * on stdout (nothing else), --json-out FILE writes it beside the table
+ * (plan --json took a FILE, max-model --json demanded a value and wrote
+ * nothing). */
+static void test_memplan_json_convention(void **state)
+{
+    (void)state;
+    static char out[1 << 18];
+    char args[1500], path[400];
+    snprintf(path, sizeof path, "%s/out.json", tmp_dir);
+    const char *plan_flags = "plan --model llama-2-7b --hw dgx-a100-80gb --gpus 8 --global-batch 64 --top 2";
+    const char *cmds[] = {"estimate --model gpt2 --seq 128", plan_flags,
+                          "max-model --family llama --gpu rtx-4090 --strategy zero-offload"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        /* --json: stdout is one JSON document */
+        snprintf(args, sizeof args, "%s --json", cmds[i]);
+        int rc = memplan_stdout(args, out, sizeof out);
+        assert_true(rc == 0 || rc == 1);
+        cJSON *a = cJSON_Parse(out);
+        if (!a) {
+            fprintf(stderr, "memplan %s: stdout is not JSON:\n%.400s\n", args, out);
+            fail();
+        }
+        /* --json-out FILE: the same document in FILE, the table on stdout */
+        remove(path);
+        snprintf(args, sizeof args, "%s --json-out %s", cmds[i], path);
+        assert_int_equal(memplan_stdout(args, out, sizeof out), rc);
+        assert_null(cJSON_Parse(out));
+        char *text = read_file(path); /* static: not freed */
+        cJSON *b = cJSON_Parse(text);
+        assert_non_null(b);
+        if (i == 1) { /* plan: the document is the best plan, as train reads it */
+            zo_plan p;
+            assert_int_equal(zo_plan_read(text, strlen(text), path, &p), ZO_OK);
+            assert_non_null(strstr(out, "best: "));
+        }
+        assert_true(cJSON_Compare(a, b, 1) || i == 1); /* the plan's timings are rounded the same */
+        cJSON_Delete(a);
+        cJSON_Delete(b);
+    }
+    /* the old plan --json FILE is refused, saying what to use */
+    snprintf(args, sizeof args, "%s --json %s", plan_flags, path);
+    char cmd[2000];
+    snprintf(cmd, sizeof cmd, "%s %s", ZO_MEMPLAN_BIN, args);
+    assert_int_equal(run(cmd, out, sizeof out), 2);
+    assert_non_null(strstr(out, "--json-out FILE writes it to FILE"));
+    remove(path);
+}
+#endif
+
 int main(void)
 {
     snprintf(tmp_dir, sizeof tmp_dir, "/tmp/zo_test_plan_schema_%d", (int)getpid());
@@ -542,6 +606,9 @@ int main(void)
 #if defined(ZO_MEMPLAN_BIN) && defined(ZO_TRAIN_BIN)
         cmocka_unit_test(test_limits_memplan_runtime),
         cmocka_unit_test(test_train_refuses_other_plans),
+#endif
+#ifdef ZO_MEMPLAN_BIN
+        cmocka_unit_test(test_memplan_json_convention),
 #endif
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

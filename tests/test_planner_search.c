@@ -320,7 +320,7 @@ static void test_cli_plan(void **state)
     char dir[] = "/tmp/memplan-plan-XXXXXX", args[1024];
     assert_non_null(mkdtemp(dir));
     snprintf(args, sizeof args,
-             "plan --model llama-2-13b --hw h100-80gb --cpu-mem 96GiB --json %s/p.json --svg %s/p.svg",
+             "plan --model llama-2-13b --hw h100-80gb --cpu-mem 96GiB --json-out %s/p.json --svg %s/p.svg",
              dir, dir);
     assert_int_equal(run_memplan(args, out, sizeof out), 0);
     assert_non_null(strstr(out, "configurations/s"));
