@@ -43,17 +43,23 @@ static char *read_file(const char *path)
     return buf;
 }
 
-/* Run a command; its stdout and stderr into out; its exit status. */
-static int run(const char *cmd, char *out, size_t len)
+/* Run a shell command; what it prints on stdout into out; its exit status. */
+static int capture(const char *cmd, char *out, size_t len)
 {
-    char full[4400];
-    snprintf(full, sizeof full, "%s 2>&1", cmd);
-    FILE *p = popen(full, "r");
+    FILE *p = popen(cmd, "r");
     assert_non_null(p);
     size_t got = fread(out, 1, len - 1, p);
     out[got] = 0;
     int st = pclose(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Run a command; its stdout and stderr into out; its exit status. */
+static int run(const char *cmd, char *out, size_t len)
+{
+    char full[4400];
+    snprintf(full, sizeof full, "%s 2>&1", cmd);
+    return capture(full, out, len);
 }
 
 /* A plan with every object: the schema's defaults for LLaMA-2-7B, values off
@@ -536,12 +542,7 @@ static int memplan_stdout(const char *args, char *out, size_t len)
 {
     char cmd[2000];
     snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null", ZO_MEMPLAN_BIN, args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t got = fread(out, 1, len - 1, p);
-    out[got] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return capture(cmd, out, len);
 }
 
 /* One --json convention in every command: --json prints the command's JSON
