@@ -64,7 +64,7 @@ static const char usage_estimate[] =
     "  --gpus-per-node N, --gpu-mem SIZE, --cpu-mem SIZE (per node), --nvme SIZE (per node)\n"
     "                          sizes: 80GB, 80GiB, 1.5TB or bytes\n"
     "training:\n"
-    "  --seq N                 sequence length (default: the model's positions)\n"
+    "  --seq N                 sequence length (default: the model's positions, at most 4096)\n"
     "  --micro-batch N         sequences per micro-batch (default 1)\n"
     "  --grad-accum N          micro-batches per step per data-parallel rank (default 1)\n"
     "  --global-batch N        sequences per step: sets --grad-accum = N / (micro-batch x DP)\n"
@@ -93,6 +93,13 @@ static const char usage_estimate[] =
     "  --fragmentation F       allocator allowance, fraction of the GPU total (default 0.05)\n"
     "  --sub-group N           optimizer sub-group for NVMe swapping (default 100M params)\n"
     "  --swap-buffers N        sub-groups of pinned swap buffers (default 3)\n"
+    "mixture of experts:\n"
+    "  --ep N                  expert parallelism: each expert on one of N data-parallel ranks\n"
+    "  --capacity-factor F     tokens an expert takes, x its fair share (default 0: dropless)\n"
+    "runtime schedule (time only):\n"
+    "  --no-dp-overlap         reduce gradients after the backward (as Megatron-LM 2021)\n"
+    "  --fused-grad-accum      the weight-gradient GEMM adds into the gradient buffer\n"
+    "                          (Megatron's gradient-accumulation fusion; default: a pass)\n"
     "output:\n"
     "  --json                  JSON instead of the table (docs/memplan-json.md)\n"
     "  --svg FILE              a picture: per tier what lives there against capacity, and the\n"
@@ -108,6 +115,7 @@ enum {
     OPT_PP, OPT_SP, OPT_VPP, OPT_ZERO, OPT_RECOMPUTE, OPT_NO_FLASH, OPT_DROPOUT, OPT_NO_DROPOUT,
     OPT_GRADS, OPT_OPTIMIZER, OPT_CHECKPOINTS, OPT_CUDA_CONTEXT, OPT_CUBLAS_WS, OPT_COMM_BUCKET,
     OPT_COMM_BUCKETS, OPT_PREFETCH, OPT_PINNED, OPT_FRAG, OPT_SUB_GROUP, OPT_SWAP_BUFFERS,
+    OPT_EP, OPT_CAPACITY, OPT_NO_DP_OVERLAP, OPT_FUSED_ACCUM, /* the last configuration flag */
     OPT_JSON, OPT_GLOBAL_BATCH, OPT_SVG, OPT_PLAN, OPT_HELP,
 };
 
@@ -159,6 +167,10 @@ static const struct option estimate_opts[] = {
     {"fragmentation", required_argument, 0, OPT_FRAG},
     {"sub-group", required_argument, 0, OPT_SUB_GROUP},
     {"swap-buffers", required_argument, 0, OPT_SWAP_BUFFERS},
+    {"ep", required_argument, 0, OPT_EP},
+    {"capacity-factor", required_argument, 0, OPT_CAPACITY},
+    {"no-dp-overlap", no_argument, 0, OPT_NO_DP_OVERLAP},
+    {"fused-grad-accum", no_argument, 0, OPT_FUSED_ACCUM},
     {"json", no_argument, 0, OPT_JSON},
     {"global-batch", required_argument, 0, OPT_GLOBAL_BATCH},
     {"svg", required_argument, 0, OPT_SVG},
@@ -171,6 +183,15 @@ static int fail(void)
 {
     fprintf(stderr, "memplan: %s\n", zo_last_error());
     return EXIT_BADINPUT;
+}
+
+/* What is valid but probably not meant, to stderr. */
+static void warn(const plan_train *t, const plan_hw *hw)
+{
+    char w[1024];
+    if (!plan_train_warnings(t, hw, w, sizeof w)) return;
+    for (char *sv = NULL, *line = strtok_r(w, "\n", &sv); line; line = strtok_r(NULL, "\n", &sv))
+        fprintf(stderr, "memplan: warning: %s\n", line);
 }
 
 static zo_status parse_tier(const char *s, const char *flag, int allow_nvme, plan_tier *out)
@@ -468,6 +489,9 @@ static int cmd_estimate(int argc, char **argv)
         case OPT_FRAG: st = zo_parse_double(optarg, "--fragmentation", 0, 1, &f.buf.fragmentation); break;
         case OPT_SUB_GROUP: st = zo_parse_count(optarg, "--sub-group", &f.buf.sub_group); break;
         case OPT_SWAP_BUFFERS: st = zo_parse_int(optarg, "--swap-buffers", 1, 64, &v); f.buf.swap_buffers = (int)v; break;
+        case OPT_EP: st = zo_parse_int(optarg, "--ep", 1, 1 << 16, &v); f.ep = (int)v; break;
+        case OPT_CAPACITY: st = zo_parse_double(optarg, "--capacity-factor", 0, 64, &f.capacity_factor); break;
+        case OPT_NO_DP_OVERLAP: case OPT_FUSED_ACCUM: break;
         case OPT_JSON: json = 1; break;
         case OPT_GLOBAL_BATCH: st = zo_parse_int(optarg, "--global-batch", 1, 1 << 30, &global_batch); break;
         case OPT_SVG: svg_path = optarg; break;
@@ -491,7 +515,7 @@ static int cmd_estimate(int argc, char **argv)
     plan_hw hw;
     if (plan_path) {
         /* a plan file says everything; only the output flags combine with it */
-        for (int k = OPT_MODEL; k <= OPT_SWAP_BUFFERS; k++)
+        for (int k = OPT_MODEL; k <= OPT_FUSED_ACCUM; k++)
             if (seen[k]) {
                 zo_error(ZO_ERR_INVALID, "--plan: the plan file fixes the model, hardware and "
                                          "configuration; give only --json or --svg with it");
@@ -513,7 +537,9 @@ static int cmd_estimate(int argc, char **argv)
     if (gpus_per_node) hw.gpus_per_node = (int)gpus_per_node;
 
     plan_train_defaults(&t, &m);
+    plan_train_fit_hw(&t, &hw);
     if (seq) t.seq = (int)seq;
+    t.seq_is_default = !seq;
     if (f.micro_batch) t.micro_batch = f.micro_batch;
     if (f.grad_accum) t.grad_accum = f.grad_accum;
     if (dtype_set) t.dtype = t.grad_dtype = f.dtype;
@@ -557,6 +583,10 @@ static int cmd_estimate(int argc, char **argv)
     if (seen[OPT_FRAG]) t.buf.fragmentation = f.buf.fragmentation;
     if (seen[OPT_SUB_GROUP]) t.buf.sub_group = f.buf.sub_group;
     if (seen[OPT_SWAP_BUFFERS]) t.buf.swap_buffers = f.buf.swap_buffers;
+    if (f.ep) t.ep = f.ep;
+    t.capacity_factor = f.capacity_factor;
+    if (seen[OPT_NO_DP_OVERLAP]) t.dp_overlap = 0;
+    if (seen[OPT_FUSED_ACCUM]) t.fused_grad_accum = 1;
 
     if (global_batch) {
         long per = (long)t.micro_batch * t.dp;
@@ -577,6 +607,7 @@ static int cmd_estimate(int argc, char **argv)
     plan_time pt;
 estimate:
     if ((st = plan_estimate_run(&m, &hw, &t, &e)) != ZO_OK) return fail();
+    warn(&t, &hw);
     if ((st = plan_time_run(&m, &hw, &t, &e, &pt)) != ZO_OK) return fail();
     char flags[256];
     int found = 0;
@@ -617,7 +648,7 @@ static const char usage_plan[] =
     "  --gpus N                GPUs in the job (default: the preset's)\n"
     "  --max-gpus N            also try fewer GPUs (powers of two and whole nodes up to N)\n"
     "  --gpus-per-node N, --gpu-mem SIZE, --cpu-mem SIZE, --nvme SIZE   hardware overrides\n"
-    "  --seq N                 sequence length (default: the model's)\n"
+    "  --seq N                 sequence length (default: the model's positions, at most 4096)\n"
     "  --global-batch N        sequences per step (default 8 x GPUs)\n"
     "  --dtype, --grad-dtype, --optim, --no-flash-attn, --dropout, --no-dropout   as for estimate\n"
     "  --objective time|memory|cost   rank by step time (default), GPU memory, or\n"
@@ -842,6 +873,7 @@ static void args_space(const plan_args *a, const zo_model_config *m, const plan_
     plan_space_defaults(s, m, hw);
     if (a->max_gpus) s->max_gpus = (int)a->max_gpus;
     if (a->seq) s->base.seq = (int)a->seq;
+    s->base.seq_is_default = !a->seq;
     if (a->global_batch) s->global_batch = (int)a->global_batch;
     if (a->dtype_set) s->base.dtype = s->base.grad_dtype = a->dtype;
     if (a->grad_dtype_set) s->base.grad_dtype = a->grad_dtype;

@@ -24,6 +24,7 @@ void plan_space_defaults(plan_space *s, const zo_model_config *m, const plan_hw 
     s->opt_on = -1;
     s->objective = PLAN_OBJ_TIME;
     plan_train_defaults(&s->base, m);
+    plan_train_fit_hw(&s->base, hw);
 }
 
 /* ---- the ranked list -------------------------------------------------------------- */
