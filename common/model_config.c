@@ -299,23 +299,22 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     int known = 0;
     for (size_t i = 0; i < sizeof runtime_families / sizeof runtime_families[0]; i++)
         known |= !strcmp(c->family, runtime_families[i]);
-    const char *lacks = !known                                   ? "its layers"
-                        : c->moe.experts                         ? "mixture-of-experts layers"
-                        : c->mla.kv_rank                         ? "latent attention"
-                        : c->pos != ZO_POS_ARCH || c->pos_offset ? "its positions"
-                        : c->layer_norms && c->layer_norms != 2  ? "its norms"
-                        : c->parallel_block                      ? "parallel attention and MLP"
-                        : c->embed_norm                          ? "an embedding norm"
-                        : c->qk_norm                             ? "q/k norms"
-                        : c->act[0] && strcmp(c->act, c->arch == ZO_ARCH_GPT ? "gelu_new" : "silu")
-                            ? "its activation"
-                            : NULL;
-    if (!lacks) return ZO_OK;
+    int other_act = c->act[0] && strcmp(c->act, c->arch == ZO_ARCH_GPT ? "gelu_new" : "silu");
+    char lacks[64];
+    if (!known) snprintf(lacks, sizeof lacks, "its layers");
+    else if (c->moe.experts) snprintf(lacks, sizeof lacks, "mixture-of-experts layers");
+    else if (c->mla.kv_rank) snprintf(lacks, sizeof lacks, "latent attention");
+    else if (c->pos != ZO_POS_ARCH || c->pos_offset) snprintf(lacks, sizeof lacks, "its positions");
+    else if (c->layer_norms && c->layer_norms != 2) snprintf(lacks, sizeof lacks, "its norms");
+    else if (c->parallel_block) snprintf(lacks, sizeof lacks, "parallel attention and MLP");
+    else if (c->embed_norm) snprintf(lacks, sizeof lacks, "an embedding norm");
+    else if (c->qk_norm) snprintf(lacks, sizeof lacks, "q/k norms");
+    else if (other_act) snprintf(lacks, sizeof lacks, "the activation %s", c->act);
+    else return ZO_OK;
     return zo_error(ZO_ERR_UNSUPPORTED,
-                    "model %s: family \"%s\": the runtime does not implement %s%s%s (it trains "
+                    "model %s: family \"%s\": the runtime does not implement %s (it trains "
                     "GPT-2, LLaMA, Mistral and Qwen2 layers; memplan sizes this family)",
-                    c->name, c->family, lacks, c->act[0] && !strcmp(lacks, "its activation") ? " " : "",
-                    c->act[0] && !strcmp(lacks, "its activation") ? c->act : "");
+                    c->name, c->family, lacks);
 }
 
 /* ---- Hugging Face config.json ------------------------------------------- */
