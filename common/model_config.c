@@ -291,7 +291,7 @@ uint64_t zo_model_params(const zo_model_config *c)
 
 /* ---- the runtime's share ------------------------------------------------------ */
 
-static const char *const runtime_families[] = {"gpt2", "gpt3", "megatron", "custom", "llama",
+static const char *const runtime_families[] = {"", "gpt2", "gpt3", "megatron", "custom", "llama",
                                                "llama2", "llama3", "mistral", "qwen2"};
 
 zo_status zo_model_config_runtime_check(const zo_model_config *c)

@@ -653,7 +653,8 @@ static const char usage_plan[] =
     "  --dtype, --grad-dtype, --optim, --no-flash-attn, --dropout, --no-dropout   as for estimate\n"
     "  --objective time|memory|cost   rank by step time (default), GPU memory, or\n"
     "                          GPU-seconds per token\n"
-    "  --zero S | --zero A-B   only these ZeRO stages      --tp N, --pp N   fix a degree\n"
+    "  --zero S | --zero A-B   only these ZeRO stages      --tp N, --pp N, --ep N   fix a degree\n"
+    "                          (EP, for a mixture of experts: searched over DP's divisors)\n"
     "  --recompute none|selective|full   fix recompute\n"
     "  --no-offload            everything on the GPU       --no-nvme   nothing on NVMe\n"
     "  --max-micro-batch N     largest micro-batch tried (default 16)\n"
@@ -700,6 +701,7 @@ static const struct option plan_opts[] = {
     {"zero", required_argument, 0, OPT_ZERO},
     {"tp", required_argument, 0, OPT_TP},
     {"pp", required_argument, 0, OPT_PP},
+    {"ep", required_argument, 0, OPT_EP},
     {"recompute", required_argument, 0, OPT_RECOMPUTE},
     {"svg", required_argument, 0, OPT_SVG},
     {"max-gpus", required_argument, 0, PO_MAX_GPUS},
@@ -728,7 +730,7 @@ typedef struct plan_args {
     shape_flags sf;
     plan_space space; /* the fields the flags set; defaults filled later */
     int zero_set, zmin, zmax;
-    long tp, pp, max_mb, opt_steps, max_prefetch;
+    long tp, pp, ep, max_mb, opt_steps, max_prefetch;
     int recompute, no_offload, no_nvme;
     plan_objective objective;
     /* working buffers: the values, and which flags set them */
@@ -795,6 +797,7 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
         }
         case OPT_TP: st = zo_parse_int(optarg, "--tp", 1, 1 << 16, &a->tp); break;
         case OPT_PP: st = zo_parse_int(optarg, "--pp", 1, 1 << 16, &a->pp); break;
+        case OPT_EP: st = zo_parse_int(optarg, "--ep", 1, 1 << 16, &a->ep); break;
         case OPT_RECOMPUTE:
             if (!strcasecmp(optarg, "none")) a->recompute = PLAN_RECOMPUTE_NONE;
             else if (!strcasecmp(optarg, "selective")) a->recompute = PLAN_RECOMPUTE_SELECTIVE;
@@ -886,6 +889,7 @@ static void args_space(const plan_args *a, const zo_model_config *m, const plan_
     }
     s->tp = (int)a->tp;
     s->pp = (int)a->pp;
+    s->ep = (int)a->ep;
     s->recompute = a->recompute;
     if (a->no_offload) s->allow_offload = 0;
     if (a->no_nvme) s->allow_nvme = 0;
@@ -904,8 +908,10 @@ static void print_plan_line(const plan_candidate *c, const char *lead)
     const plan_train *t = &c->t;
     char fr[64];
     plan_format_fractions(t->opt_frac, fr, sizeof fr);
-    printf("%s%d GPU%s: DP %d x TP %d%s x PP %d%s, ZeRO-%d, micro-batch %d x %d, recompute %s\n",
-           lead, c->gpus, c->gpus == 1 ? "" : "s", t->dp, t->tp, t->sp ? " (+SP)" : "", t->pp,
+    char ep[24] = "";
+    if (t->ep > 1) snprintf(ep, sizeof ep, " (EP %d)", t->ep);
+    printf("%s%d GPU%s: DP %d%s x TP %d%s x PP %d%s, ZeRO-%d, micro-batch %d x %d, recompute %s\n",
+           lead, c->gpus, c->gpus == 1 ? "" : "s", t->dp, ep, t->tp, t->sp ? " (+SP)" : "", t->pp,
            t->vpp > 1 ? " (interleaved)" : "", t->zero, t->micro_batch, t->grad_accum,
            plan_recompute_name(t->recompute));
     printf("%sweights on %s, gradients on %s, optimizer on %s, checkpoints on %s, prefetch %d\n",
