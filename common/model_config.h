@@ -106,6 +106,14 @@ zo_status zo_model_config_load(const char *path, zo_model_config *out);
 /* The same from a string in memory; `path` is used in messages only. */
 zo_status zo_model_config_parse(const char *json, const char *path, zo_model_config *out);
 
+/* The planner-only fields (those after params_override) as a JSON object
+ * for plan files and reports ({"moe": {...}, "mla": {...}, ...}); NULL when
+ * the shape has none. The caller owns it. */
+struct cJSON *zo_model_config_features_json(const zo_model_config *cfg);
+/* Read such an object back into `cfg`; errors name `path` and the field. */
+zo_status zo_model_config_features_parse(const struct cJSON *features, const char *path,
+                                         zo_model_config *cfg);
+
 /* Fill derived fields (head_dim, n_kv_heads) and check the shape is sane:
  * positive sizes, heads dividing hidden where head_dim is derived, kv heads
  * dividing heads. */

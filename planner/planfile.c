@@ -150,6 +150,8 @@ cJSON *plan_file_json(const zo_model_config *m, const plan_hw *hw, const plan_tr
     cJSON_AddNumberToObject(jp, "pp", t->pp);
     cJSON_AddNumberToObject(jp, "vpp", t->vpp);
     cJSON_AddBoolToObject(jp, "sp", t->sp);
+    cJSON_AddNumberToObject(jp, "ep", t->ep);
+    cJSON_AddNumberToObject(jp, "capacity_factor", t->capacity_factor);
     cJSON_AddNumberToObject(jp, "zero", t->zero);
     cJSON_AddStringToObject(jp, "schedule", t->vpp > 1 ? "interleaved-1f1b" : "1f1b");
 
@@ -304,6 +306,8 @@ zo_status plan_file_parse(const char *text, const char *path, zo_model_config *m
         m->norm_bias = (int)num(&r, jm, "model", "norm_bias", 0, 1);
         m->norm_eps = (float)num(&r, jm, "model", "norm_eps", 0, 1);
         m->rope_theta = (float)num(&r, jm, "model", "rope_theta", 0, 1e12);
+        const cJSON *features = cJSON_GetObjectItemCaseSensitive(jm, "features");
+        if (features && !r.st) r.st = zo_model_config_features_parse(features, path, m);
     }
     if (r.st) goto out_free_doc;
     if ((r.st = zo_model_config_validate(m)) != ZO_OK) {
@@ -337,6 +341,10 @@ zo_status plan_file_parse(const char *text, const char *path, zo_model_config *m
     t->pp = (int)num(&r, jp, "parallel", "pp", 1, 1 << 16);
     t->vpp = (int)num(&r, jp, "parallel", "vpp", 1, 1 << 16);
     t->sp = (int)num(&r, jp, "parallel", "sp", 0, 1);
+    /* written since the model families: absent in older plan files */
+    if (cJSON_GetObjectItemCaseSensitive(jp, "ep")) t->ep = (int)num(&r, jp, "parallel", "ep", 1, 1 << 16);
+    if (cJSON_GetObjectItemCaseSensitive(jp, "capacity_factor"))
+        t->capacity_factor = num(&r, jp, "parallel", "capacity_factor", 0, 64);
     t->zero = (int)num(&r, jp, "parallel", "zero", 0, 3);
     t->params_on = tier(&r, jl, "placement", "params");
     t->grads_on = tier(&r, jl, "placement", "grads");

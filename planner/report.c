@@ -66,6 +66,15 @@ cJSON *plan_json_model(const zo_model_config *m)
     cJSON_AddBoolToObject(jm, "norm_bias", m->norm_bias);
     cJSON_AddNumberToObject(jm, "norm_eps", m->norm_eps);
     cJSON_AddNumberToObject(jm, "rope_theta", m->rope_theta);
+    /* the families beyond GPT and LLaMA layers (MoE, MLA, ...), and what a
+     * token of an MoE model uses */
+    cJSON *features = zo_model_config_features_json(m);
+    if (features) cJSON_AddItemToObject(jm, "features", features);
+    if (m->moe.experts) {
+        zo_param_counts pc;
+        zo_model_param_counts(m, &pc);
+        add_u64(jm, "active_params", pc.active);
+    }
     return jm;
 }
 

@@ -18,6 +18,7 @@
 #include "planner/cost.h"
 #include "planner/hardware.h"
 #include "planner/memory.h"
+#include "planner/planfile.h"
 
 static void load(const char *name, zo_model_config *c)
 {
@@ -380,6 +381,41 @@ static void test_mixtral_ep_time(void **state)
     assert_true(ep8.pt.dp_comm_total < ep1.pt.dp_comm_total);
 }
 
+/* A plan file keeps what the family adds (experts, latent attention, ...)
+ * and the expert parallelism: read back, the same bytes and step. */
+static void test_plan_file_keeps_family(void **state)
+{
+    (void)state;
+    static const char *configs[] = {"mixtral-8x7b.json", "deepseek-v2-lite.json", "gemma-2-2b.json",
+                                    "falcon-7b.json", "bloom-560m.json", "opt-125m.json"};
+    for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
+        moe_setup s;
+        load(configs[i], &s.m);
+        assert_int_equal(plan_hw_find("dgx-h100", &s.hw), ZO_OK);
+        plan_train_defaults(&s.t, &s.m);
+        s.t.seq = 2048;
+        s.t.dp = 8;
+        s.t.zero = 1;
+        if (s.m.moe.experts) s.t.ep = s.m.moe.experts % 8 ? 1 : 8;
+        assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &s.e), ZO_OK);
+        assert_int_equal(plan_time_run(&s.m, &s.hw, &s.t, &s.e, &s.pt), ZO_OK);
+        cJSON *doc = plan_file_json(&s.m, &s.hw, &s.t, &s.e, &s.pt);
+        char *text = cJSON_Print(doc);
+        cJSON_Delete(doc);
+        assert_non_null(text);
+        moe_setup b;
+        zo_status st = plan_file_parse(text, "p.json", &b.m, &b.hw, &b.t);
+        free(text);
+        if (st) fail_msg("%s: %s", configs[i], zo_last_error());
+        assert_int_equal(zo_model_params(&b.m), zo_model_params(&s.m));
+        assert_int_equal(b.t.ep, s.t.ep);
+        assert_int_equal(plan_estimate_run(&b.m, &b.hw, &b.t, &b.e), ZO_OK);
+        assert_int_equal(plan_time_run(&b.m, &b.hw, &b.t, &b.e, &b.pt), ZO_OK);
+        assert_int_equal(b.e.total[PLAN_GPU], s.e.total[PLAN_GPU]);
+        assert_true(fabs(b.pt.step - s.pt.step) < 1e-9 * s.pt.step);
+    }
+}
+
 static void test_moe_validation(void **state)
 {
     (void)state;
@@ -442,6 +478,7 @@ int main(void)
         cmocka_unit_test(test_refused),         cmocka_unit_test(test_cli_refused),
         cmocka_unit_test(test_mixtral_ep8_bytes), cmocka_unit_test(test_mixtral_ep_time),
         cmocka_unit_test(test_moe_validation),  cmocka_unit_test(test_deepseek_stages),
+        cmocka_unit_test(test_plan_file_keeps_family),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
