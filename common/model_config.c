@@ -187,6 +187,13 @@ static uint64_t norm_params(const zo_model_config *c, uint64_t width)
     return c->norm_bias ? 2 * width : width;
 }
 
+uint64_t zo_model_position_rows(const zo_model_config *c)
+{
+    if ((c->pos == ZO_POS_ARCH && c->arch == ZO_ARCH_GPT) || c->pos == ZO_POS_LEARNED)
+        return (uint64_t)c->max_seq + (uint64_t)c->pos_offset;
+    return 0;
+}
+
 int zo_model_layer_is_moe(const zo_model_config *c, int layer)
 {
     return c->moe.experts > 0 && layer >= c->moe.first_dense;
@@ -262,10 +269,7 @@ void zo_model_param_counts(const zo_model_config *c, zo_param_counts *o)
         return;
     }
     uint64_t h = (uint64_t)c->hidden, v = (uint64_t)c->vocab;
-    uint64_t pos = 0;
-    if ((c->pos == ZO_POS_ARCH && c->arch == ZO_ARCH_GPT) || c->pos == ZO_POS_LEARNED)
-        pos = (uint64_t)c->max_seq + (uint64_t)c->pos_offset;
-    o->embedding = v * h + pos * h + (c->embed_norm ? norm_params(c, h) : 0);
+    o->embedding = v * h + zo_model_position_rows(c) * h + (c->embed_norm ? norm_params(c, h) : 0);
     /* two kinds of layer: dense (all, or DeepSeek's first ones) and MoE */
     int n_moe = c->moe.experts ? c->n_layers - c->moe.first_dense : 0;
     int n_dense = c->n_layers - n_moe;

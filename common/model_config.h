@@ -146,6 +146,10 @@ typedef struct zo_layer_params {
 } zo_layer_params;
 
 int zo_model_layer_is_moe(const zo_model_config *cfg, int layer);
+
+/* Rows of the learned position table (GPT-2's max_seq, OPT's max_seq + 2);
+ * 0 for rotary and ALiBi models, which take any sequence length. */
+uint64_t zo_model_position_rows(const zo_model_config *cfg);
 void zo_model_layer_params(const zo_model_config *cfg, int layer, zo_layer_params *out);
 
 /* Widths of the attention's tensors per token: q, k, v (all heads) and the

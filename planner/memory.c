@@ -268,7 +268,7 @@ zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, con
             return zo_error(ZO_ERR_INVALID,
                             "--pp %d x --vpp %d does not divide the %d layers of %s", t->pp,
                             t->vpp, m->n_layers, m->name);
-        if (m->arch == ZO_ARCH_GPT && m->pos == ZO_POS_ARCH && t->seq > m->max_seq)
+        if (zo_model_position_rows(m) && t->seq > m->max_seq)
             return zo_error(ZO_ERR_INVALID,
                             "--seq %d exceeds the %d learned positions of %s", t->seq,
                             m->max_seq, m->name);
@@ -384,10 +384,7 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
         if (layer > o->largest) o->largest = layer;
     }
     if (o->first) {
-        uint64_t pos = 0;
-        if ((m->pos == ZO_POS_ARCH && m->arch == ZO_ARCH_GPT) || m->pos == ZO_POS_LEARNED)
-            pos = (uint64_t)m->max_seq + (uint64_t)m->pos_offset;
-        uint64_t emb = ceil_div(v * h, tp) + pos * h + (m->embed_norm ? norm : 0);
+        uint64_t emb = ceil_div(v * h, tp) + zo_model_position_rows(m) * h + (m->embed_norm ? norm : 0);
         o->params += emb;
         if (emb > o->largest) o->largest = emb;
     }

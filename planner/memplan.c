@@ -399,7 +399,8 @@ static zo_status build_model(const char *model, uint64_t params_n, const shape_f
             m->ffn = gpt ? 4 * m->hidden : ((8 * m->hidden / 3 + 255) / 256) * 256;
         if (model) snprintf(m->name + strlen(m->name), sizeof m->name - strlen(m->name), "%s", "*");
     }
-    if (seq && seq > m->max_seq && m->arch == ZO_ARCH_LLAMA) m->max_seq = (int)seq;
+    /* rotary and ALiBi models take longer sequences; a learned table does not */
+    if (seq && seq > m->max_seq && !zo_model_position_rows(m)) m->max_seq = (int)seq;
     if (!model && seq) m->max_seq = (int)seq;
     return zo_model_config_validate(m);
 }
@@ -948,10 +949,11 @@ static int cmd_plan(int argc, char **argv)
 
     char cnt[32];
     static const char *obj[] = {"step time", "GPU memory", "GPU-seconds per token"};
-    printf("%s (%s params) on %s: %s%d x %s; seq %d, global batch %d; ranked by %s\n", m.name,
+    printf("%s (%s params) on %s: %s%d x %s; seq %d%s, global batch %d; ranked by %s\n", m.name,
            zo_format_count(zo_model_params(&m), cnt, sizeof cnt), hw.name,
-           s.max_gpus ? "up to " : "", hw.gpus, hw.gpu, s.base.seq, s.global_batch,
-           obj[s.objective]);
+           s.max_gpus ? "up to " : "", hw.gpus, hw.gpu, s.base.seq,
+           s.base.seq_is_default ? " (default: the model's positions, at most 4096)" : "",
+           s.global_batch, obj[s.objective]);
     printf("searched %llu configurations (%llu fit) in %.2f s: %.3g configurations/s\n",
            (unsigned long long)r.configs, (unsigned long long)r.feasible, dt,
            dt > 0 ? (double)r.configs / dt : 0.0);
@@ -1145,6 +1147,15 @@ static int cmd_models(void)
                c->vocab, c->max_seq, (unsigned long long)np, zo_format_count(np, cnt, sizeof cnt));
     }
     printf("\nAlso: --model PATH/config.json (Hugging Face), --params N, or a custom shape.\n");
+    /* the config.json families by model_type: sized exactly, or refused */
+    const zo_family_info *fi = zo_model_families(&n);
+    printf("\nconfig.json families (model_type; * = the runtime trains it too):\n");
+    for (size_t i = 0; i < n; i++)
+        if (fi[i].modelled)
+            printf("  %-16s%s %s\n", fi[i].model_type, fi[i].trainable ? "*" : " ", fi[i].what);
+    printf("refused by name:\n");
+    for (size_t i = 0; i < n; i++)
+        if (!fi[i].modelled) printf("  %-17s %s\n", fi[i].model_type, fi[i].what);
     return 0;
 }
 

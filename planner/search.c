@@ -225,7 +225,7 @@ zo_status plan_search(const zo_model_config *m, const plan_hw *hw, const plan_sp
     if (s->zero_min < 0 || s->zero_max > 3 || s->zero_min > s->zero_max)
         return zo_error(ZO_ERR_INVALID, "--zero: stages between 0 and 3");
     if (s->base.seq < 1) return zo_error(ZO_ERR_INVALID, "--seq must be positive");
-    if (m->arch == ZO_ARCH_GPT && !m->params_override && s->base.seq > m->max_seq)
+    if (!m->params_override && zo_model_position_rows(m) && s->base.seq > m->max_seq)
         return zo_error(ZO_ERR_INVALID, "--seq %d exceeds the %d learned positions of %s",
                         s->base.seq, m->max_seq, m->name);
     /* the hardware and buffers are checked once, on a trivially valid layout */

@@ -274,6 +274,36 @@ static void test_cli_refused(void **state)
     }
 }
 
+/* The defaults a user trips on: --seq is not Llama-3.1's 131072 positions
+ * but at most 4096, and says so; a V100 gets fp16 (bf16 refused) and a
+ * warning for FlashAttention. */
+static void test_cli_defaults(void **state)
+{
+    (void)state;
+    static char out[1 << 16];
+    char args[1024];
+    snprintf(args, sizeof args, "estimate --model %s/hf-configs/llama-3.1-8b.json --hw h100-80gb",
+             ZO_FIXTURES_DIR);
+    run_memplan(args, out, sizeof out);
+    assert_non_null(strstr(out, "seq 4096 (default: the model's positions, at most 4096)"));
+    snprintf(args, sizeof args, "estimate --model %s/hf-configs/llama-3.1-8b.json --seq 8192",
+             ZO_FIXTURES_DIR);
+    run_memplan(args, out, sizeof out);
+    assert_non_null(strstr(out, "seq 8192,"));
+    /* GPT-2's 1024 learned positions are below the cap and stay the default */
+    assert_true(run_memplan("estimate --model gpt2", out, sizeof out) <= 1);
+    assert_non_null(strstr(out, "seq 1024 (default"));
+
+    assert_int_equal(run_memplan("estimate --model gpt2 --hw v100-32gb --dtype bf16", out, sizeof out), 2);
+    assert_non_null(strstr(out, "--dtype bf16"));
+    assert_non_null(strstr(out, "V100"));
+    assert_int_equal(run_memplan("estimate --model gpt2 --hw v100-32gb", out, sizeof out), 0);
+    assert_non_null(strstr(out, "fp16 weights"));
+    assert_non_null(strstr(out, "warning: V100-32GB has no FlashAttention"));
+    assert_int_equal(run_memplan("estimate --model gpt2 --hw v100-32gb --no-flash-attn", out, sizeof out), 0);
+    assert_null(strstr(out, "warning"));
+}
+
 /* ---- a mixture of experts with expert parallelism ------------------------------------- */
 
 typedef struct moe_setup {
@@ -478,7 +508,7 @@ int main(void)
         cmocka_unit_test(test_refused),         cmocka_unit_test(test_cli_refused),
         cmocka_unit_test(test_mixtral_ep8_bytes), cmocka_unit_test(test_mixtral_ep_time),
         cmocka_unit_test(test_moe_validation),  cmocka_unit_test(test_deepseek_stages),
-        cmocka_unit_test(test_plan_file_keeps_family),
+        cmocka_unit_test(test_plan_file_keeps_family), cmocka_unit_test(test_cli_defaults),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
