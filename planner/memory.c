@@ -134,23 +134,21 @@ uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, 
     uint64_t tp = (uint64_t)t->tp;
     uint64_t q, k, v, o;
     zo_model_attn_widths(m, &q, &k, &v, &o);
-    uint64_t routed = (uint64_t)llround((double)sb * plan_routed_rows(m, t));
+    uint64_t routed = moe ? (uint64_t)llround((double)sb * plan_routed_rows(m, t)) : 0;
     int norms = m->layer_norms ? m->layer_norms : 2;
+    /* the rows this layer does not have, as one mask of flags */
+    unsigned skip = (m->arch != ZO_ARCH_GPT ? PLAN_ACT_GPT : 0) |
+                    (m->arch != ZO_ARCH_LLAMA ? PLAN_ACT_LLAMA : 0) |
+                    (!t->dropout ? PLAN_ACT_DROPOUT : 0) |
+                    (t->flash_attn || !keep_s2 ? PLAN_ACT_S2 : 0) |
+                    (!t->flash_attn ? PLAN_ACT_FLASH : 0) | (moe ? PLAN_ACT_DENSE : PLAN_ACT_MOE) |
+                    (m->parallel_block ? PLAN_ACT_SEQ : 0) | (norms == 1 ? PLAN_ACT_TWO_NORMS : 0) |
+                    (!m->mla.kv_rank ? PLAN_ACT_MLA : 0) | (!m->qk_norm ? PLAN_ACT_QKNORM : 0);
     uint64_t total = 0;
     for (size_t i = 0; i < sizeof act_table / sizeof act_table[0]; i++) {
         const plan_act_entry *e = &act_table[i];
         unsigned fl = e->flags;
-        if ((fl & PLAN_ACT_GPT) && m->arch != ZO_ARCH_GPT) continue;
-        if ((fl & PLAN_ACT_LLAMA) && m->arch != ZO_ARCH_LLAMA) continue;
-        if ((fl & PLAN_ACT_DROPOUT) && !t->dropout) continue;
-        if ((fl & PLAN_ACT_S2) && (t->flash_attn || !keep_s2)) continue;
-        if ((fl & PLAN_ACT_FLASH) && !t->flash_attn) continue;
-        if ((fl & PLAN_ACT_DENSE) && moe) continue;
-        if ((fl & PLAN_ACT_MOE) && !moe) continue;
-        if ((fl & PLAN_ACT_SEQ) && m->parallel_block) continue;
-        if ((fl & PLAN_ACT_TWO_NORMS) && norms == 1) continue;
-        if ((fl & PLAN_ACT_MLA) && !m->mla.kv_rank) continue;
-        if ((fl & PLAN_ACT_QKNORM) && !m->qk_norm) continue;
+        if (fl & skip) continue;
         uint64_t n;
         switch (e->width) {
         case PLAN_W_H: n = sb * (uint64_t)m->hidden; break;
@@ -171,7 +169,7 @@ uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, 
         }
         n *= e->bytes ? (uint64_t)e->bytes : act;
         uint64_t div = (fl & PLAN_ACT_TP) || t->sp ? tp : 1;
-        total += ceil_div(n, div);
+        total += div == 1 ? n : ceil_div(n, div);
     }
     return total;
 }
@@ -512,7 +510,8 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
         for (int moe = 0; moe < 2; moe++) {
             if (!kinds[moe]) continue;
             uint64_t f = plan_layer_act_bytes_of(m, t, 1, moe);
-            uint64_t sl = plan_layer_act_bytes_of(m, t, 0, moe);
+            /* without the s^2 terms: only selective recompute needs it */
+            uint64_t sl = t->recompute == PLAN_RECOMPUTE_SELECTIVE ? plan_layer_act_bytes_of(m, t, 0, moe) : f;
             uint64_t st = t->recompute == PLAN_RECOMPUTE_NONE        ? f
                           : t->recompute == PLAN_RECOMPUTE_SELECTIVE ? sl
                                                                      : ceil_div(s * b * h * act, sp_div);
