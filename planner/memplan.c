@@ -53,7 +53,9 @@ static const char usage_estimate[] =
     "\n"
     "model (one of):\n"
     "  --model NAME            a preset ('memplan models')\n"
-    "  --model PATH            a Hugging Face config.json (gpt2, llama, mistral, qwen2, ...)\n"
+    "  --model PATH            a Hugging Face config.json (its family by model_type: LLaMA,\n"
+    "                          Qwen2/3, Gemma, Mixtral, DeepSeek, GPT-NeoX, Falcon, OPT, BLOOM,\n"
+    "                          ...; 'memplan models' lists them and those refused)\n"
     "  --params N              a model known only by its size (e.g. 7.5e9, 13B): model\n"
     "                          states only, activations unknown\n"
     "  --layers N --hidden N --heads N [--kv-heads N] [--ffn N] --vocab N [--arch gpt|llama]\n"
@@ -677,7 +679,9 @@ static const char usage_max_model[] =
     "zero-1, zero-2, zero-3, 3d-parallel, zero-offload (ZeRO-2, gradients and optimizer on\n"
     "the CPU), zero-infinity-cpu (ZeRO-3, everything on the CPU), zero-infinity-nvme\n"
     "(weights and optimizer on NVMe). Micro-batch 1; recompute, checkpoint placement and\n"
-    "prefetch are searched. Shapes interpolate the family's presets (hidden a multiple of 128).\n"
+    "prefetch are searched. Shapes interpolate the family's presets (hidden a multiple of 128);\n"
+    "3d-parallel searches every TP x PP layout on the widths TP divides, each as deep (in\n"
+    "multiples of PP, up to twice the family's depth) as fits.\n"
     "\n"
     "exit status: 0, 2 bad input\n";
 
