@@ -304,7 +304,11 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     int known = 0;
     for (size_t i = 0; i < sizeof runtime_families / sizeof runtime_families[0]; i++)
         known |= !strcmp(c->family, runtime_families[i]);
-    int other_act = c->act[0] && strcmp(c->act, c->arch == ZO_ARCH_GPT ? "gelu_new" : "silu");
+    /* GPT: GELU's tanh form (GPT-2's gelu_new, also named these); LLaMA: SiLU */
+    int other_act = c->act[0] && (c->arch == ZO_ARCH_GPT
+                                      ? strcmp(c->act, "gelu_new") && strcmp(c->act, "gelu_fast") &&
+                                            strcmp(c->act, "gelu_pytorch_tanh")
+                                      : strcmp(c->act, "silu"));
     char lacks[64];
     if (!known) snprintf(lacks, sizeof lacks, "its layers");
     else if (c->moe.experts) snprintf(lacks, sizeof lacks, "mixture-of-experts layers");

@@ -451,7 +451,7 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
     /* activation checkpoints in host memory: written during the forward and
      * read back during the backward of every micro-batch, hidden behind them */
     if (t->checkpoints_on == PLAN_CPU && e->activations_known) {
-        double ck = n_mb * (double)e->act_layer * ((double)m->n_layers / t->pp) / pcie;
+        double ck = n_mb * (double)e->act_stage / pcie;
         o->h2d_total += ck;
         o->d2h_total += ck;
         o->h2d += dmax(ck - bwd_window, 0);
