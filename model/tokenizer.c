@@ -191,6 +191,12 @@ struct model_tokenizer {
     int32_t ascii_id[128];     /* SentencePiece: the token of each ASCII character */
     int32_t unk;
     int byte_level, byte_fallback, fuse_unk, ignore_merges;
+    /* SentencePiece text without a pre-tokenizer is one word; BPE may cut it
+     * before each "▁" that follows another character when no merge joins a
+     * symbol ending in another character to one starting with "▁" (nothing
+     * can then span the cut): words become short and cacheable, the ids the
+     * same. */
+    int sp_cut;
     norm_step *norm;
     int n_norm;
     split_kind split;
@@ -789,7 +795,25 @@ static zo_status load_model(model_tokenizer *t, const cJSON *m)
         rank++;
     }
     free(cat);
-    return st;
+    if (st != ZO_OK || t->byte_level) return st;
+    const uint8_t *mark = (const uint8_t *)"\xe2\x96\x81";
+    t->sp_cut = str_map_get(&t->vocab, t->strs.p, mark, 3, hash_bytes(mark, 3)) >= 0;
+    cJSON_ArrayForEach(it, merges)
+    {
+        const char *a, *b;
+        size_t an;
+        if (cJSON_IsString(it)) {
+            a = it->valuestring;
+            b = strchr(a, ' ') + 1;
+            an = (size_t)(b - 1 - a);
+        } else {
+            a = cJSON_GetArrayItem(it, 0)->valuestring;
+            b = cJSON_GetArrayItem(it, 1)->valuestring;
+            an = strlen(a);
+        }
+        if (!memcmp(b, mark, 3) && (an < 3 || memcmp(a + an - 3, mark, 3))) t->sp_cut = 0;
+    }
+    return ZO_OK;
 }
 
 static const char *const EOT_NAMES[] = {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|im_end|>"};
@@ -1399,6 +1423,16 @@ static zo_status encode_words(model_tok_ctx *c, const char *text, size_t n, int 
         return ZO_OK;
     case SPLIT_NONE:
         break;
+    }
+    if (t->sp_cut) {
+        size_t a = 0;
+        for (const uint8_t *p = s + 1; (p = memmem(p, n - (size_t)(p - s), "\xe2\x96\x81", 3)); p += 3) {
+            size_t i = (size_t)(p - s);
+            if (i >= 3 && !memcmp(s + i - 3, "\xe2\x96\x81", 3)) continue; /* a run of marks stays whole */
+            if ((st = bpe_word(c, s + a, i - a, out)) != ZO_OK) return st;
+            a = i;
+        }
+        return bpe_word(c, s + a, n - a, out);
     }
     return bpe_word(c, s, n, out);
 }
