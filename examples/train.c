@@ -32,7 +32,7 @@ typedef struct train_args {
     model_token_width width;
     int set_width;       /* --tokens-u32 or --text given */
     model_packing packing;
-    int set_packing;
+    int set_packing, set_eval_batches;
     long steps, micro_batch, seq, seed, threads, save_every;
     long eval_every, eval_batches, schedule_steps;
     ft_schedule sched;   /* its lr: the AdamW lr (--lr) */
@@ -47,8 +47,10 @@ static void usage(FILE *f)
     fprintf(f,
         "usage: train --model CONFIG|PRESET --data FILE [options]\n"
         "\n"
-        "Train a GPT-2 or LLaMA-family transformer on a token file. Batches are\n"
-        "sequential: at step k, row i starts at token ((k*B + i) * S) mod (N - S - 1).\n"
+        "Train or fine-tune a GPT-2 or LLaMA-family transformer on a token file, or on\n"
+        "text through the model's tokenizer.json (docs/finetune.md). Batches are\n"
+        "sequential: at step k, row i starts at token ((k*B + i) * S) mod (N - S - 1)\n"
+        "(padded rows: row i is record (k*B + i) mod R).\n"
         "\n"
         "model and data:\n"
         "  --model CONFIG|PRESET  a Hugging Face config.json, or a preset name (gpt2, llama-2-7b, ...)\n"
@@ -310,7 +312,10 @@ static int parse_args(int argc, char **argv, train_args *a)
             break;
         case OPT_EVAL_DATA: a->eval_data = optarg; break;
         case OPT_EVAL_EVERY: st = zo_parse_int(optarg, "--eval-every", 1, 1L << 40, &a->eval_every); break;
-        case OPT_EVAL_BATCHES: st = zo_parse_int(optarg, "--eval-batches", 1, 1L << 30, &a->eval_batches); break;
+        case OPT_EVAL_BATCHES:
+            st = zo_parse_int(optarg, "--eval-batches", 1, 1L << 30, &a->eval_batches);
+            a->set_eval_batches = 1;
+            break;
         case OPT_SCHEDULE: st = ft_schedule_parse(optarg, "--lr-schedule", &a->sched.kind); break;
         case OPT_WARMUP: st = zo_parse_int(optarg, "--warmup", 0, 1L << 40, &a->sched.warmup); break;
         case OPT_MIN_LR: st = zo_parse_double(optarg, "--min-lr", 0.0, 10.0, &a->sched.min_lr); break;
@@ -367,7 +372,7 @@ static int parse_args(int argc, char **argv, train_args *a)
     }
     const char *bad = NULL;
     if (a->tokenizer && a->width == MODEL_TOKENS_BYTES) bad = "--text reads bytes as tokens: leave it out with --tokenizer";
-    else if ((a->eval_every || a->eval_batches != 10) && !a->eval_data) bad = "--eval-every and --eval-batches need --eval-data FILE";
+    else if ((a->eval_every || a->set_eval_batches) && !a->eval_data) bad = "--eval-every and --eval-batches need --eval-data FILE";
     else if ((a->eot || a->set_packing) && !a->tokenizer) bad = "--eot and --packing need --tokenizer (they shape text as it is tokenized)";
     else if (a->sched.min_lr > a->sched.lr) bad = "--min-lr is above --lr";
     if (bad) {
