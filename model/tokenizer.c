@@ -1179,7 +1179,8 @@ static zo_status bpe_word(model_tok_ctx *c, const uint8_t *w, size_t n, model_id
         }
     }
     /* the initial symbols */
-    if ((st = grow_symbols(c, n * 4 + 1)) != ZO_OK) return st;
+    /* at most one symbol per byte (a byte-fallback character: one per byte) */
+    if ((st = grow_symbols(c, n + 1)) != ZO_OK) return st;
     int32_t *id = c->sid, m = 0;
     if (t->byte_level) {
         for (size_t i = 0; i < n; i++) {
