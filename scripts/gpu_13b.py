@@ -376,7 +376,8 @@ def main():
                 (init_s, steps, step_pred, limit))
     rc, lines, secs, killed = run_train(run, cmd, limit)
     shutil.rmtree(nv, ignore_errors=True)
-    tok = [float(w[7]) for w in (ln.split() for ln in lines) if len(w) >= 8 and w[0] == "step" and w[6] == "tok/s"]
+    tok = [float(w[w.index("tok/s") + 1]) for w in (ln.split() for ln in lines)
+           if len(w) >= 2 and w[0] == "step" and "tok/s" in w[:-1]]
     if rc != 0:
         why = "stopped at its %.0f s limit" % limit if killed else "exit %d" % rc
         last = [ln for ln in lines if ln.strip()][-1:] or ["no output"]
