@@ -63,6 +63,24 @@ typedef struct roof_args {
     int threads;
 } roof_args;
 
+/* 16 gradients from element i of g (fp32, fp16 or bf16), as fp32. */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m512
+roof_load_grad(const void *g, size_t i, zo_dtype gd)
+{
+    if (gd == ZO_DTYPE_F32) return _mm512_loadu_ps((const float *)g + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)g + i));
+    if (gd == ZO_DTYPE_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* 16 fp32 values as fp16 or bf16 (bf16 truncated: the roof counts bytes). */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline __m256i
+roof_to16(__m512 x, zo_dtype od)
+{
+    if (od == ZO_DTYPE_F16) return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16));
+}
+
 /* Same static split as the library: contiguous chunks on 64 elements. */
 static void split(size_t n, int t, int nt, size_t *lo, size_t *hi)
 {
@@ -78,24 +96,12 @@ roof_avx512(size_t n, float *p, const void *g, zo_dtype gd, float *m, float *v, 
     /* 16 elements per step; n is a multiple of 64 in every chunk but the
      * last, whose tail is left alone (a few elements of 64M). */
     for (size_t i = 0; i + 16 <= n; i += 16) {
-        __m512 gg;
-        if (gd == ZO_DTYPE_F32) gg = _mm512_loadu_ps((const float *)g + i);
-        else if (gd == ZO_DTYPE_F16)
-            gg = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)g + i)));
-        else
-            gg = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)g + i))),
-                16));
+        __m512 gg = roof_load_grad(g, i, gd);
         __m512 pp = _mm512_add_ps(_mm512_loadu_ps(p + i), gg);
         _mm512_storeu_ps(p + i, pp);
         _mm512_storeu_ps(m + i, _mm512_add_ps(_mm512_loadu_ps(m + i), gg));
         _mm512_storeu_ps(v + i, _mm512_add_ps(_mm512_loadu_ps(v + i), gg));
-        if (out) {
-            __m256i h = od == ZO_DTYPE_F16 ? _mm512_cvtps_ph(pp, _MM_FROUND_TO_NEAREST_INT)
-                                           : _mm512_cvtepi32_epi16(_mm512_srli_epi32(
-                                                 _mm512_castps_si512(pp), 16));
-            _mm256_storeu_si256((__m256i *)((uint16_t *)out + i), h);
-        }
+        if (out) _mm256_storeu_si256((__m256i *)((uint16_t *)out + i), roof_to16(pp, od));
     }
 }
 
@@ -107,24 +113,12 @@ roof_avx512_lf(size_t n, float *p, const void *g, zo_dtype gd, float *m, float *
 {
     for (size_t i = 0; i + 16 <= n; i += 16) {
         __m512 pp = _mm512_loadu_ps(p + i), mm = _mm512_loadu_ps(m + i);
-        __m512 vv = _mm512_loadu_ps(v + i), gg;
-        if (gd == ZO_DTYPE_F32) gg = _mm512_loadu_ps((const float *)g + i);
-        else if (gd == ZO_DTYPE_F16)
-            gg = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)g + i)));
-        else
-            gg = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)g + i))),
-                16));
+        __m512 vv = _mm512_loadu_ps(v + i), gg = roof_load_grad(g, i, gd);
         pp = _mm512_add_ps(pp, gg);
         _mm512_storeu_ps(p + i, pp);
         _mm512_storeu_ps(m + i, _mm512_add_ps(mm, gg));
         _mm512_storeu_ps(v + i, _mm512_add_ps(vv, gg));
-        if (out) {
-            __m256i h = od == ZO_DTYPE_F16 ? _mm512_cvtps_ph(pp, _MM_FROUND_TO_NEAREST_INT)
-                                           : _mm512_cvtepi32_epi16(_mm512_srli_epi32(
-                                                 _mm512_castps_si512(pp), 16));
-            _mm256_stream_si256((__m256i *)((uint16_t *)out + i), h);
-        }
+        if (out) _mm256_stream_si256((__m256i *)((uint16_t *)out + i), roof_to16(pp, od));
     }
     _mm_sfence();
 }

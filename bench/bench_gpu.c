@@ -15,9 +15,9 @@
 #include <string.h>
 
 #include "bench/bench.h"          /* defines: bench_header, bench_time_best, bench_row */
-#include "examples/trainer.h"     /* defines: tf_trainer, tf_trainer_grads */
 #include "gpu/device.h"           /* defines: gpu_gemm, gpu_stream_synchronize */
 #include "gpu/ops_cpu.h"          /* defines: cpu_gemm_naive */
+#include "tests/support/ref_trainer.h" /* defines: tf_trainer, tf_trainer_grads */
 
 typedef struct gemm_case {
     const char *what;

@@ -20,8 +20,7 @@
 #include <cuda_runtime_api.h> /* defines: cudaStreamCreate, cudaGetDeviceProperties */
 
 #include "bench/bench.h"          /* defines: bench_header, bench_time_best, bench_row */
-#include "gpu/cuda/device_cuda.h" /* defines: gpu_device_open, gpu_cuda_device_count */
-#include "gpu/device.h"           /* defines: gpu_gemm, gpu_attention_forward, ... */
+#include "gpu/device.h"           /* defines: gpu_device_open, gpu_gemm, gpu_attention_forward, ... */
 
 #define MAX_ALGOS 8
 #define LT_WS (32u << 20) /* cuBLASLt workspace, as the backend's per stream */

@@ -19,9 +19,9 @@
 
 #include "bench/bench.h"          /* defines: bench_header, bench_time_best, bench_row */
 #include "common/units.h"         /* defines: zo_format_bytes, zo_parse_int, zo_parse_size */
-#include "examples/trainer.h"     /* defines: tf_offload_model */
-#include "gpu/cuda/device_cuda.h" /* defines: gpu_device_open, gpu_cuda_device_count */
+#include "gpu/device.h"           /* defines: gpu_device_open, gpu_cuda_device_count */
 #include "offload/offload.h"      /* defines: offload_init, offload_micro_batch, offload_step */
+#include "transformer/offload_model.h" /* defines: tf_offload_model */
 
 /* The model and batch of a run; defaults depend on the device. */
 typedef struct bench_shape {

@@ -2,7 +2,7 @@
 # against a naive triple loop measured in the same run, and one training
 # step of a small GPT-2 on the device interface.
 add_executable(bench_gpu ${CMAKE_CURRENT_SOURCE_DIR}/bench_gpu.c)
-target_link_libraries(bench_gpu PRIVATE zo_bench_harness zo_gpu zo_transformer)
+target_link_libraries(bench_gpu PRIVATE zo_bench_harness zo_gpu zo_ref_trainer)
 
 if(ZO_HAVE_CUDA)
   # bench_gpu_cuda: the CUDA backend (GEMM vs cuBLASLt's best, copies,

@@ -9,6 +9,40 @@ function(zo_feature_line name found detail)
   endif()
 endfunction()
 
+# ZO_DEPS_PREFIX: a folder into which Debian packages were unpacked with
+# `dpkg -x` (scripts/gpu-check.sh does it with those scripts/gpu-carry.sh
+# downloads), for a machine without them and without a registry. Their
+# pkg-config files name /usr; copies that name the prefix go to
+# <build>/deps-pkgconfig, which comes first on PKG_CONFIG_PATH, and the prefix
+# comes first for find_program/find_library (its pkg-config is used when the
+# machine has none). Programs run outside the build tree (installed ones) need
+# <prefix>/usr/lib/x86_64-linux-gnu on LD_LIBRARY_PATH; gpu-check.sh sets it.
+macro(zo_use_deps_prefix)
+  if(ZO_DEPS_PREFIX)
+    get_filename_component(_zo_dp "${ZO_DEPS_PREFIX}" ABSOLUTE)
+    if(NOT IS_DIRECTORY "${_zo_dp}/usr")
+      message(FATAL_ERROR "ZO_DEPS_PREFIX=${ZO_DEPS_PREFIX}: no usr/ folder there "
+                          "(unpack the packages with dpkg -x first: scripts/gpu-check.sh deps)")
+    endif()
+    set(_zo_pcdir "${PROJECT_BINARY_DIR}/deps-pkgconfig")
+    file(REMOVE_RECURSE "${_zo_pcdir}")
+    file(GLOB _zo_pcs "${_zo_dp}/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc"
+                      "${_zo_dp}/usr/lib/pkgconfig/*.pc" "${_zo_dp}/usr/share/pkgconfig/*.pc")
+    foreach(_zo_pc IN LISTS _zo_pcs)
+      file(READ "${_zo_pc}" _zo_text)
+      string(REGEX REPLACE "(=|-I|-L)/usr([/ \n])" "\\1${_zo_dp}/usr\\2" _zo_text "${_zo_text}")
+      get_filename_component(_zo_name "${_zo_pc}" NAME)
+      file(WRITE "${_zo_pcdir}/${_zo_name}" "${_zo_text}")
+    endforeach()
+    set(ENV{PKG_CONFIG_PATH} "${_zo_pcdir}:$ENV{PKG_CONFIG_PATH}")
+    # the carried pkgconf finds its library (configure-time children only)
+    set(ENV{LD_LIBRARY_PATH} "${_zo_dp}/usr/lib/x86_64-linux-gnu:$ENV{LD_LIBRARY_PATH}")
+    list(PREPEND CMAKE_PREFIX_PATH "${_zo_dp}/usr")
+    list(LENGTH _zo_pcs _zo_n)
+    message(STATUS "feature: dependency prefix: ${_zo_dp} (${_zo_n} pkg-config files)")
+  endif()
+endmacro()
+
 function(_zo_require opt found what)
   if("${${opt}}" STREQUAL "ON" AND NOT ${found})
     message(FATAL_ERROR "${opt}=ON but ${what} was not found")
@@ -43,24 +77,42 @@ macro(zo_detect_cuda)
   endif()
 endmacro()
 
+# NCCL: the device collectives of the comm NCCL backend (gpu/cuda/comm_nccl.c).
+# Needs CUDA, and MPI to broadcast the NCCL unique id: detect MPI first.
 macro(zo_detect_nccl)
   set(ZO_HAVE_NCCL OFF)
-  if(NOT ZO_NCCL STREQUAL "OFF" AND ZO_HAVE_CUDA)
+  set(_zo_nccl_why "not found")
+  if(ZO_NCCL STREQUAL "OFF")
+    set(_zo_nccl_why "disabled (ZO_NCCL=OFF)")
+  elseif(NOT ZO_HAVE_CUDA)
+    set(_zo_nccl_why "not built: needs the CUDA backend")
+  elseif(NOT ZO_HAVE_MPI)
+    set(_zo_nccl_why "not built: needs MPI (the NCCL unique id is broadcast over MPI)")
+  else()
     find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/include)
     find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu)
     if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
       set(ZO_HAVE_NCCL ON)
-      if(NOT TARGET zo_nccl)
-        add_library(zo_nccl UNKNOWN IMPORTED)
-        set_target_properties(zo_nccl PROPERTIES IMPORTED_LOCATION ${NCCL_LIBRARY}
+      file(STRINGS ${NCCL_INCLUDE_DIR}/nccl.h _zo_nccl_ver REGEX "#define NCCL_(MAJOR|MINOR|PATCH) ")
+      string(REGEX REPLACE ".*NCCL_MAJOR ([0-9]+).*NCCL_MINOR ([0-9]+).*NCCL_PATCH ([0-9]+).*"
+             "\\1.\\2.\\3" NCCL_VERSION "${_zo_nccl_ver}")
+      if(NOT TARGET NCCL::NCCL)
+        add_library(NCCL::NCCL UNKNOWN IMPORTED)
+        set_target_properties(NCCL::NCCL PROPERTIES IMPORTED_LOCATION ${NCCL_LIBRARY}
                               INTERFACE_INCLUDE_DIRECTORIES ${NCCL_INCLUDE_DIR})
       endif()
     endif()
   endif()
-  _zo_require(ZO_NCCL ZO_HAVE_NCCL "NCCL (with CUDA)")
-  zo_feature_line("NCCL comm backend" ZO_HAVE_NCCL "${NCCL_LIBRARY}")
+  _zo_require(ZO_NCCL ZO_HAVE_NCCL "NCCL (with CUDA and MPI)")
+  if(ZO_HAVE_NCCL)
+    message(STATUS "feature: NCCL comm backend: found ${NCCL_VERSION} (${NCCL_LIBRARY})")
+  else()
+    message(STATUS "feature: NCCL comm backend: ${_zo_nccl_why}")
+  endif()
 endmacro()
 
+# MPI: the comm MPI backend (gpu/comm_mpi.c), imported target MPI::MPI_C, and
+# mpiexec for the multi-rank tests (MPIEXEC_EXECUTABLE).
 macro(zo_detect_mpi)
   set(ZO_HAVE_MPI OFF)
   if(NOT ZO_MPI STREQUAL "OFF")
@@ -70,7 +122,14 @@ macro(zo_detect_mpi)
     endif()
   endif()
   _zo_require(ZO_MPI ZO_HAVE_MPI "MPI")
-  zo_feature_line("MPI comm backend" ZO_HAVE_MPI "${MPI_C_VERSION}")
+  if(ZO_MPI STREQUAL "OFF")
+    message(STATUS "feature: MPI comm backend: disabled (ZO_MPI=OFF)")
+  elseif(ZO_HAVE_MPI)
+    message(STATUS "feature: MPI comm backend: found MPI ${MPI_C_VERSION} (${MPI_C_LIB_NAMES}; "
+                   "tests run by ${MPIEXEC_EXECUTABLE})")
+  else()
+    message(STATUS "feature: MPI comm backend: not found")
+  endif()
 endmacro()
 
 # zo_add_test(NAME src... LIBS lib...): one cmocka binary, run by ctest.

@@ -2,7 +2,6 @@
 
 #include <ctype.h>
 #include <stddef.h>
-#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -10,6 +9,8 @@
 #include <string.h>
 
 #include <cjson/cJSON.h>
+
+#include "common/fileio.h" /* defines: zo_file_read_all */
 
 /* GPT family: LayerNorm with bias, 4h GELU MLP with biases, learned positions,
  * tied output layer. */
@@ -324,93 +325,6 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
                     "model %s: family \"%s\": the runtime does not implement %s (it trains "
                     "GPT-2, LLaMA, Mistral and Qwen2 layers; memplan sizes this family)",
                     c->name, c->family, lacks);
-}
-
-/* ---- the planner-only fields as JSON ---------------------------------------------- */
-
-static const char *const pos_names[] = {"arch", "rotary", "alibi", "learned"};
-
-/* Each integer field once: its JSON name, where it lives in the config. */
-typedef struct feature_field {
-    const char *group; /* NULL: top level; "mla", "moe" */
-    const char *key;
-    size_t offset;
-} feature_field;
-
-#define F(g, k, member) {g, k, offsetof(zo_model_config, member)}
-static const feature_field feature_fields[] = {
-    F(NULL, "position_offset", pos_offset), F(NULL, "layer_norms", layer_norms),
-    F(NULL, "parallel_block", parallel_block), F(NULL, "embed_norm", embed_norm),
-    F(NULL, "qk_norm", qk_norm),           F("mla", "q_rank", mla.q_rank),
-    F("mla", "kv_rank", mla.kv_rank),      F("mla", "qk_nope", mla.qk_nope),
-    F("mla", "qk_rope", mla.qk_rope),      F("mla", "v_dim", mla.v_dim),
-    F("moe", "experts", moe.experts),      F("moe", "top_k", moe.top_k),
-    F("moe", "expert_ffn", moe.expert_ffn), F("moe", "shared_ffn", moe.shared_ffn),
-    F("moe", "shared_gate", moe.shared_gate), F("moe", "router_bias", moe.router_bias),
-    F("moe", "first_dense", moe.first_dense),
-};
-#undef F
-
-cJSON *zo_model_config_features_json(const zo_model_config *c)
-{
-    cJSON *o = cJSON_CreateObject();
-    if (!o) return NULL;
-    int any = 0;
-    if (c->act[0] && strcmp(c->act, c->arch == ZO_ARCH_GPT ? "gelu_new" : "silu"))
-        any |= cJSON_AddStringToObject(o, "act", c->act) != NULL;
-    if (c->pos != ZO_POS_ARCH) any |= cJSON_AddStringToObject(o, "positions", pos_names[c->pos]) != NULL;
-    for (size_t i = 0; i < sizeof feature_fields / sizeof feature_fields[0]; i++) {
-        const feature_field *f = &feature_fields[i];
-        int v = *(const int *)((const char *)c + f->offset);
-        if (!v || (f->group && !strcmp(f->group, "mla") && !c->mla.kv_rank) ||
-            (f->group && !strcmp(f->group, "moe") && !c->moe.experts))
-            continue;
-        cJSON *parent = o;
-        if (f->group) {
-            parent = cJSON_GetObjectItemCaseSensitive(o, f->group);
-            if (!parent) parent = cJSON_AddObjectToObject(o, f->group);
-        }
-        cJSON_AddNumberToObject(parent, f->key, v);
-        any = 1;
-    }
-    if (!any) {
-        cJSON_Delete(o);
-        return NULL;
-    }
-    return o;
-}
-
-zo_status zo_model_config_features_parse(const cJSON *o, const char *path, zo_model_config *c)
-{
-    if (!cJSON_IsObject(o))
-        return zo_error(ZO_ERR_FORMAT, "%s: field \"model.features\" must be an object", path);
-    const cJSON *act = cJSON_GetObjectItemCaseSensitive(o, "act");
-    if (cJSON_IsString(act)) snprintf(c->act, sizeof c->act, "%.19s", act->valuestring);
-    const cJSON *pos = cJSON_GetObjectItemCaseSensitive(o, "positions");
-    if (pos) {
-        size_t i = 0;
-        while (i < sizeof pos_names / sizeof pos_names[0] &&
-               !(cJSON_IsString(pos) && !strcmp(pos->valuestring, pos_names[i])))
-            i++;
-        if (i == sizeof pos_names / sizeof pos_names[0])
-            return zo_error(ZO_ERR_FORMAT,
-                            "%s: field \"model.features.positions\" is not arch, rotary, alibi "
-                            "or learned", path);
-        c->pos = (zo_pos)i;
-    }
-    for (size_t i = 0; i < sizeof feature_fields / sizeof feature_fields[0]; i++) {
-        const feature_field *f = &feature_fields[i];
-        const cJSON *parent = f->group ? cJSON_GetObjectItemCaseSensitive(o, f->group) : o;
-        const cJSON *v = parent ? cJSON_GetObjectItemCaseSensitive(parent, f->key) : NULL;
-        if (!v) continue;
-        if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 1 << 26 ||
-            v->valuedouble != floor(v->valuedouble))
-            return zo_error(ZO_ERR_FORMAT,
-                            "%s: field \"model.features.%s%s%s\" must be a non-negative integer",
-                            path, f->group ? f->group : "", f->group ? "." : "", f->key);
-        *(int *)((char *)c + f->offset) = (int)v->valuedouble;
-    }
-    return ZO_OK;
 }
 
 /* ---- Hugging Face config.json ------------------------------------------- */
@@ -985,31 +899,10 @@ out_free_root:
 
 zo_status zo_model_config_load(const char *path, zo_model_config *out)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return zo_error(ZO_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    zo_status st = ZO_OK;
-    char *buf = NULL;
-    if (fseek(f, 0, SEEK_END) != 0) goto out_read_error;
-    long len = ftell(f);
-    if (len < 0 || fseek(f, 0, SEEK_SET) != 0) goto out_read_error;
-    if (len > (64l << 20)) {
-        st = zo_error(ZO_ERR_FORMAT, "%s: %ld bytes is too large for a config.json", path, len);
-        goto out_close;
-    }
-    buf = malloc((size_t)len + 1);
-    if (!buf) {
-        st = zo_error(ZO_ERR_NOMEM, "%s: cannot allocate %ld bytes", path, len + 1);
-        goto out_close;
-    }
-    if (fread(buf, 1, (size_t)len, f) != (size_t)len) goto out_read_error;
-    buf[len] = '\0';
+    char *buf;
+    zo_status st = zo_file_read_all(path, 64u << 20, "a config.json", &buf, NULL);
+    if (st != ZO_OK) return st;
     st = zo_model_config_parse(buf, path, out);
-    goto out_free_buf;
-out_read_error:
-    st = zo_error(ZO_ERR_IO, "%s: read failed: %s", path, strerror(errno));
-out_free_buf:
     free(buf);
-out_close:
-    fclose(f);
     return st;
 }

@@ -70,7 +70,8 @@ typedef struct zo_model_config {
     uint64_t params_override; /* != 0: only the total is known (--params) */
     /* ---- beyond the runtime's GPT and LLaMA layers. All 0 for what the
      * runtime builds; memplan sizes them, zo_model_config_runtime_check
-     * refuses them for training. ---- */
+     * refuses them for training; plans carry them as "model.features"
+     * (common/plan_schema.c). ---- */
     char act[20];        /* the config's activation when it names one ("gelu_pytorch_tanh") */
     zo_pos pos;
     int pos_offset;      /* OPT: its learned table has max_seq + 2 rows */
@@ -105,14 +106,6 @@ zo_status zo_model_preset_find(const char *name, zo_model_config *out);
 zo_status zo_model_config_load(const char *path, zo_model_config *out);
 /* The same from a string in memory; `path` is used in messages only. */
 zo_status zo_model_config_parse(const char *json, const char *path, zo_model_config *out);
-
-/* The planner-only fields (those after params_override) as a JSON object
- * for plan files and reports ({"moe": {...}, "mla": {...}, ...}); NULL when
- * the shape has none. The caller owns it. */
-struct cJSON *zo_model_config_features_json(const zo_model_config *cfg);
-/* Read such an object back into `cfg`; errors name `path` and the field. */
-zo_status zo_model_config_features_parse(const struct cJSON *features, const char *path,
-                                         zo_model_config *cfg);
 
 /* Fill derived fields (head_dim, n_kv_heads) and check the shape is sane:
  * positive sizes, heads dividing hidden where head_dim is derived, kv heads

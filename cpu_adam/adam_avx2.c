@@ -11,8 +11,6 @@
 
 #define ADAM_INLINE static inline __attribute__((always_inline))
 
-enum { OUT_NONE = 0, OUT_F16, OUT_BF16 };
-
 typedef struct avx2_k {
     __m256 gm, b1, omb1, b2, omb2, eps, l2, lr_wd, step, ibc2;
 } avx2_k;
@@ -106,26 +104,7 @@ ADAM_INLINE void avx2_update_t(const adam_consts *c, size_t n, float *restrict p
     adam_update_scalar_range(c, i, n, p, g, gd, m, v, o, odt);
 }
 
-void adam_update_avx2(const adam_consts *c, size_t n, float *restrict p, const void *restrict g,
-                      zo_dtype gd, float *restrict m, float *restrict v, void *restrict out,
-                      zo_dtype od)
-{
-    int o = !out ? OUT_NONE : od == ZO_DTYPE_F16 ? OUT_F16 : OUT_BF16;
-    /* One specialized loop per (gradient type, copy type, decay mode). */
-#define ADAM_CASE(GD, OD, L2)                                                                  \
-    if (gd == (GD) && o == (OD) && c->use_l2 == (L2)) {                                        \
-        avx2_update_t(c, n, p, g, GD, m, v, out, OD, L2);                                      \
-        return;                                                                                \
-    }
-#define ADAM_CASES(GD)                                                                         \
-    ADAM_CASE(GD, OUT_NONE, 0) ADAM_CASE(GD, OUT_F16, 0) ADAM_CASE(GD, OUT_BF16, 0)            \
-    ADAM_CASE(GD, OUT_NONE, 1) ADAM_CASE(GD, OUT_F16, 1) ADAM_CASE(GD, OUT_BF16, 1)
-    ADAM_CASES(ZO_DTYPE_F32)
-    ADAM_CASES(ZO_DTYPE_F16)
-    ADAM_CASES(ZO_DTYPE_BF16)
-#undef ADAM_CASES
-#undef ADAM_CASE
-}
+ADAM_SPECIALIZED_UPDATE(adam_update_avx2, avx2_update_t)
 
 /* Squares of 8 fp32 lanes widened to double, added into two accumulators. */
 ADAM_INLINE void avx2_sq_acc(__m256 x, __m256d *a, __m256d *b)

@@ -13,8 +13,6 @@
 
 #define ADAM_INLINE static inline __attribute__((always_inline))
 
-enum { OUT_NONE = 0, OUT_F16, OUT_BF16 };
-
 /* Broadcast step constants. */
 typedef struct avx512_k {
     __m512 gm, b1, omb1, b2, omb2, eps, l2, lr_wd, step, ibc2;
@@ -144,26 +142,7 @@ ADAM_INLINE void avx512_update_t(const adam_consts *c, size_t n, float *restrict
         avx512_span(&K, i, (__mmask16)((1u << (n - i)) - 1), 1, p, g, gd, m, v, out, od, l2, 0);
 }
 
-void ADAM_AVX512_UPDATE(const adam_consts *c, size_t n, float *restrict p, const void *restrict g,
-                        zo_dtype gd, float *restrict m, float *restrict v, void *restrict out,
-                        zo_dtype od)
-{
-    int o = !out ? OUT_NONE : od == ZO_DTYPE_F16 ? OUT_F16 : OUT_BF16;
-    /* One specialized loop per (gradient type, copy type, decay mode). */
-#define ADAM_CASE(GD, OD, L2)                                                                  \
-    if (gd == (GD) && o == (OD) && c->use_l2 == (L2)) {                                        \
-        avx512_update_t(c, n, p, g, GD, m, v, out, OD, L2);                                    \
-        return;                                                                                \
-    }
-#define ADAM_CASES(GD)                                                                         \
-    ADAM_CASE(GD, OUT_NONE, 0) ADAM_CASE(GD, OUT_F16, 0) ADAM_CASE(GD, OUT_BF16, 0)            \
-    ADAM_CASE(GD, OUT_NONE, 1) ADAM_CASE(GD, OUT_F16, 1) ADAM_CASE(GD, OUT_BF16, 1)
-    ADAM_CASES(ZO_DTYPE_F32)
-    ADAM_CASES(ZO_DTYPE_F16)
-    ADAM_CASES(ZO_DTYPE_BF16)
-#undef ADAM_CASES
-#undef ADAM_CASE
-}
+ADAM_SPECIALIZED_UPDATE(ADAM_AVX512_UPDATE, avx512_update_t)
 
 #ifdef ADAM_AVX512_SUMSQ
 /* Squares of 16 fp32 lanes widened to double, added into two accumulators. */

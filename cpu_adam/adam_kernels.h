@@ -22,6 +22,34 @@ typedef void (*adam_update_fn)(const adam_consts *c, size_t n, float *restrict p
 /* Sum of squares of n elements in double (inf/nan propagate into it). */
 typedef double (*adam_sumsq_fn)(const void *g, zo_dtype gd, size_t n);
 
+/* The 16-bit copy a vector kernel writes: none, fp16 or bf16. */
+enum { OUT_NONE = 0, OUT_F16, OUT_BF16 };
+
+/* The entry point of a vector kernel, NAME with the adam_update_fn
+ * signature: it calls BODY(c, n, p, g, GD, m, v, out, OD, L2), an
+ * always-inline body, with constant gradient type GD, copy OD and decay mode
+ * L2, so each of the 18 combinations compiles to its own loop. */
+#define ADAM_KEY_(gd, od, l2) (((int)(gd) * 3 + (od)) * 2 + (l2))
+#define ADAM_CASE_(BODY, GD, OD, L2)                                                          \
+    case ADAM_KEY_(GD, OD, L2): BODY(c, n, p, g, GD, m, v, out, OD, L2); break;
+#define ADAM_CASES_(BODY, GD)                                                                 \
+    ADAM_CASE_(BODY, GD, OUT_NONE, 0) ADAM_CASE_(BODY, GD, OUT_F16, 0)                        \
+    ADAM_CASE_(BODY, GD, OUT_BF16, 0) ADAM_CASE_(BODY, GD, OUT_NONE, 1)                       \
+    ADAM_CASE_(BODY, GD, OUT_F16, 1) ADAM_CASE_(BODY, GD, OUT_BF16, 1)
+#define ADAM_SPECIALIZED_UPDATE(NAME, BODY)                                                   \
+    void NAME(const adam_consts *c, size_t n, float *restrict p, const void *restrict g,     \
+              zo_dtype gd, float *restrict m, float *restrict v, void *restrict out,         \
+              zo_dtype od)                                                                    \
+    {                                                                                         \
+        int o = !out ? OUT_NONE : od == ZO_DTYPE_F16 ? OUT_F16 : OUT_BF16;                    \
+        switch (ADAM_KEY_(gd, o, c->use_l2 != 0)) {                                           \
+            ADAM_CASES_(BODY, ZO_DTYPE_F32)                                                   \
+            ADAM_CASES_(BODY, ZO_DTYPE_F16)                                                   \
+            ADAM_CASES_(BODY, ZO_DTYPE_BF16)                                                  \
+        default: break; /* cpu_adam.c passes only the types above */                          \
+        }                                                                                     \
+    }
+
 /* One element of the update: the reference sequence of operations
  * (common/adam_math.h). Every vector kernel performs exactly these
  * operations, in this order, lane by lane; the library is built with

@@ -1,11 +1,11 @@
 /* The smallest program on the runtime: train a model from a memplan plan. */
 #include <stdio.h>
 #include <stdlib.h>
-#include "examples/trainer.h" /* tf_model, tf_offload_model (pulls in offload/offload.h) */
+#include "transformer/offload_model.h" /* tf_model, tf_offload_model (pulls in offload/offload.h) */
 
 int main(int argc, char **argv)
 {
-    if (argc < 3) return fprintf(stderr, "usage: %s PLAN.json STEPS\n", argv[0]), 2;
+    if (argc < 3) return fprintf(stderr, "usage: %s PLAN.json STEPS [cpu|cuda]\n", argv[0]), 2;
     offload_plan p;
     offload_plan_defaults(&p);
     zo_model_config cfg;
@@ -15,10 +15,9 @@ int main(int argc, char **argv)
     tf_offload_model tm;
     offload_t *rt;
     if (offload_plan_load(argv[1], &p) || zo_model_preset_find(p.model_name, &cfg)) goto fail;
-    gpu_cpu_options dopt = {.capacity = p.gpu_mem};
     tf_options to = {.recompute = p.cfg.recompute, .external_res = 1};
     int B = p.micro_batch ? p.micro_batch : 1, T = p.seq ? p.seq : 64;
-    if (gpu_device_init_cpu(&dopt, &dev) || gpu_stream_create(dev, &s) ||
+    if (gpu_device_open(argc > 3 ? argv[3] : "cpu", p.gpu_mem, &dev) || gpu_stream_create(dev, &s) ||
         tf_init_opts(&m, &cfg, dev, p.dtype < 0 ? ZO_DTYPE_BF16 : (zo_dtype)p.dtype, B, T, &to) ||
         tf_offload_model_init(&tm, &m) || offload_init(&rt, dev, &tm.om, &p.cfg))
         goto fail;

@@ -184,14 +184,19 @@ zo_status gpu_event_synchronize(gpu_event_t ev)
     return ev->dev->iface->event_synchronize(ev);
 }
 
+zo_status gpu_launch_host_func(gpu_stream_t s, gpu_host_fn fn, void *arg)
+{
+    if (!s || !fn) return zo_error(ZO_ERR_INVALID, "gpu_launch_host_func: NULL argument");
+    if (s->dev->iface->launch_host_func) return s->dev->iface->launch_host_func(s, fn, arg);
+    zo_status st = gpu_stream_synchronize(s);
+    if (st != ZO_OK) return st;
+    fn(arg);
+    return ZO_OK;
+}
+
 /* ---- argument checks ----------------------------------------------------------- */
 
 static int dtype_ok(zo_dtype t) { return t >= ZO_DTYPE_F32 && t < ZO_DTYPE_COUNT; }
-
-#define NEED_STREAM(op)                                                                     \
-    do {                                                                                    \
-        if (!s) return zo_error(ZO_ERR_INVALID, op ": NULL stream");                        \
-    } while (0)
 
 static zo_status check_tensor(const char *op, const char *name, gpu_tensor t)
 {
@@ -202,34 +207,81 @@ static zo_status check_tensor(const char *op, const char *name, gpu_tensor t)
     return ZO_OK;
 }
 
-static zo_status check_dims(const char *op, const char *what, long long v)
+static zo_status check_stream(const char *op, gpu_stream_t s)
 {
-    if (v <= 0) return zo_error(ZO_ERR_INVALID, "%s: %s must be > 0 (got %lld)", op, what, v);
+    if (!s) return zo_error(ZO_ERR_INVALID, "%s: NULL stream", op);
     return ZO_OK;
 }
 
-static zo_status check_ptr(const char *op, const char *name, const void *p)
-{
-    if (!p) return zo_error(ZO_ERR_INVALID, "%s: %s is NULL", op, name);
-    return ZO_OK;
-}
+/* One argument of an op, as the checks see it. */
+typedef enum arg_kind {
+    ARG_TENSOR,     /* data not NULL, a known dtype */
+    ARG_TENSOR_OPT, /* the same, when data is not NULL (an optional tensor) */
+    ARG_PTR,        /* not NULL */
+    ARG_DIM,        /* > 0 */
+    ARG_COUNT,      /* elements or bytes: 0 makes the op do nothing */
+} arg_kind;
 
-/* Evaluate checks in order; the first failure returns. */
-#define TRY(expr)                                                                           \
-    do {                                                                                    \
-        zo_status try_s_ = (expr);                                                          \
-        if (try_s_ != ZO_OK) return try_s_;                                                 \
-    } while (0)
+typedef struct op_arg {
+    arg_kind kind;
+    const char *name; /* as the messages name it */
+    gpu_tensor t;
+    const void *p;
+    long long v;
+} op_arg;
+
+/* Each names the argument after the expression: TENSOR(y) is "tensor y". */
+#define TENSOR(x) ((op_arg){ARG_TENSOR, #x, .t = (x)})
+#define TENSOR_OPT(x) ((op_arg){ARG_TENSOR_OPT, #x, .t = (x)})
+#define PTR(x) ((op_arg){ARG_PTR, #x, .p = (x)})
+#define DIM(x) ((op_arg){ARG_DIM, #x, .v = (x)})
+/* a descriptor's fields, named as the field */
+#define DIM_OF(desc, f) ((op_arg){ARG_DIM, #f, .v = (desc)->f})
+#define TENSOR_OF(desc, f) ((op_arg){ARG_TENSOR, #f, .t = (desc)->f})
+#define COUNT(x) ((op_arg){ARG_COUNT, #x, .v = (x) != 0})
+/* The list an op passes to op_check: the array and its length. */
+#define ARGS(...)                                                                           \
+    (const op_arg[]){__VA_ARGS__}, (int)(sizeof((op_arg[]){__VA_ARGS__}) / sizeof(op_arg))
+
+/* Check an op's stream, then its arguments in the order given. Returns 1
+ * when the op is to run; 0 when it is to return *st at once: the first
+ * failed check, or ZO_OK when a COUNT is 0 (nothing to do: the arguments
+ * after it are not checked). */
+static int op_check(zo_status *st, gpu_stream_t s, const char *op, const op_arg *a, int n)
+{
+    if ((*st = check_stream(op, s)) != ZO_OK) return 0;
+    for (int i = 0; i < n; i++) {
+        switch (a[i].kind) {
+        case ARG_COUNT:
+            if (!a[i].v) return 0;
+            break;
+        case ARG_TENSOR_OPT:
+            if (a[i].t.data) *st = check_tensor(op, a[i].name, a[i].t);
+            break;
+        case ARG_TENSOR:
+            *st = check_tensor(op, a[i].name, a[i].t);
+            break;
+        case ARG_PTR:
+            if (!a[i].p) *st = zo_error(ZO_ERR_INVALID, "%s: %s is NULL", op, a[i].name);
+            break;
+        case ARG_DIM:
+            if (a[i].v <= 0)
+                *st = zo_error(ZO_ERR_INVALID, "%s: %s must be > 0 (got %lld)", op, a[i].name,
+                               a[i].v);
+            break;
+        }
+        if (*st != ZO_OK) return 0;
+    }
+    return 1;
+}
 
 /* ---- copies ------------------------------------------------------------------------ */
 
 zo_status gpu_memcpy_async(gpu_stream_t s, void *dst, const void *src, size_t bytes,
                            gpu_copy_kind kind)
 {
-    NEED_STREAM("gpu_memcpy_async");
-    if (bytes == 0) return ZO_OK;
-    TRY(check_ptr("gpu_memcpy_async", "dst", dst));
-    TRY(check_ptr("gpu_memcpy_async", "src", src));
+    zo_status st;
+    if (!op_check(&st, s, __func__, ARGS(COUNT(bytes), PTR(dst), PTR(src)))) return st;
     if (kind < GPU_COPY_HOST_TO_DEVICE || kind > GPU_COPY_HOST_TO_HOST)
         return zo_error(ZO_ERR_INVALID, "gpu_memcpy_async: unknown copy kind %d", (int)kind);
     return s->dev->iface->memcpy_async(s, dst, src, bytes, kind);
@@ -237,25 +289,22 @@ zo_status gpu_memcpy_async(gpu_stream_t s, void *dst, const void *src, size_t by
 
 zo_status gpu_memset_async(gpu_stream_t s, void *dst, int value, size_t bytes)
 {
-    NEED_STREAM("gpu_memset_async");
-    if (bytes == 0) return ZO_OK;
-    TRY(check_ptr("gpu_memset_async", "dst", dst));
+    zo_status st;
+    if (!op_check(&st, s, __func__, ARGS(COUNT(bytes), PTR(dst)))) return st;
     return s->dev->iface->memset_async(s, dst, value, bytes);
 }
 
 /* ---- ops ------------------------------------------------------------------------------ */
 
-zo_status gpu_gemm(gpu_stream_t s, const gpu_gemm_desc *d)
+zo_status gpu_gemm(gpu_stream_t s, const gpu_gemm_desc *desc)
 {
-    const char *op = "gpu_gemm";
-    NEED_STREAM("gpu_gemm");
-    TRY(check_ptr(op, "desc", d));
-    TRY(check_dims(op, "m", d->m));
-    TRY(check_dims(op, "n", d->n));
-    TRY(check_dims(op, "k", d->k));
-    TRY(check_tensor(op, "a", d->a));
-    TRY(check_tensor(op, "b", d->b));
-    TRY(check_tensor(op, "c", d->c));
+    const char *op = __func__;
+    const gpu_gemm_desc *d = desc;
+    zo_status st;
+    if (!op_check(&st, s, op, ARGS(PTR(desc))) ||
+        !op_check(&st, s, op, ARGS(DIM_OF(d, m), DIM_OF(d, n), DIM_OF(d, k), TENSOR_OF(d, a),
+                                   TENSOR_OF(d, b), TENSOR_OF(d, c))))
+        return st;
     int64_t a_cols = d->trans_a ? d->m : d->k, b_cols = d->trans_b ? d->k : d->n;
     if (d->lda < a_cols)
         return zo_error(ZO_ERR_INVALID, "%s: lda %lld < %lld columns of a", op,
@@ -272,27 +321,20 @@ zo_status gpu_gemm(gpu_stream_t s, const gpu_gemm_desc *d)
 zo_status gpu_bias_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor bias, int n, int c,
                            int64_t ldy)
 {
-    const char *op = "gpu_bias_forward";
-    NEED_STREAM("gpu_bias_forward");
-    TRY(check_tensor(op, "y", y));
-    TRY(check_tensor(op, "bias", bias));
-    TRY(check_dims(op, "n", n));
-    TRY(check_dims(op, "c", c));
-    if (ldy < c) return zo_error(ZO_ERR_INVALID, "%s: ldy %lld < c %d", op, (long long)ldy, c);
+    zo_status st;
+    if (!op_check(&st, s, __func__, ARGS(TENSOR(y), TENSOR(bias), DIM(n), DIM(c)))) return st;
+    if (ldy < c)
+        return zo_error(ZO_ERR_INVALID, "%s: ldy %lld < c %d", __func__, (long long)ldy, c);
     return s->dev->iface->bias_forward(s, y, bias, n, c, ldy);
 }
 
 zo_status gpu_bias_backward(gpu_stream_t s, gpu_tensor dbias, gpu_tensor dy, int n, int c,
                             int64_t lddy)
 {
-    const char *op = "gpu_bias_backward";
-    NEED_STREAM("gpu_bias_backward");
-    TRY(check_tensor(op, "dbias", dbias));
-    TRY(check_tensor(op, "dy", dy));
-    TRY(check_dims(op, "n", n));
-    TRY(check_dims(op, "c", c));
+    zo_status st;
+    if (!op_check(&st, s, __func__, ARGS(TENSOR(dbias), TENSOR(dy), DIM(n), DIM(c)))) return st;
     if (lddy < c)
-        return zo_error(ZO_ERR_INVALID, "%s: lddy %lld < c %d", op, (long long)lddy, c);
+        return zo_error(ZO_ERR_INVALID, "%s: lddy %lld < c %d", __func__, (long long)lddy, c);
     return s->dev->iface->bias_backward(s, dbias, dy, n, c, lddy);
 }
 
@@ -300,16 +342,10 @@ zo_status gpu_layernorm_forward(gpu_stream_t s, gpu_tensor y, float *mean, float
                                 gpu_tensor x, gpu_tensor w, gpu_tensor b, int n, int c,
                                 float eps)
 {
-    const char *op = "gpu_layernorm_forward";
-    NEED_STREAM("gpu_layernorm_forward");
-    TRY(check_tensor(op, "y", y));
-    TRY(check_tensor(op, "x", x));
-    TRY(check_tensor(op, "w", w));
-    if (b.data) TRY(check_tensor(op, "b", b));
-    TRY(check_ptr(op, "mean", mean));
-    TRY(check_ptr(op, "rstd", rstd));
-    TRY(check_dims(op, "n", n));
-    TRY(check_dims(op, "c", c));
+    zo_status st;
+    if (!op_check(&st, s, __func__, ARGS(TENSOR(y), TENSOR(x), TENSOR(w), TENSOR_OPT(b),
+                                         PTR(mean), PTR(rstd), DIM(n), DIM(c))))
+        return st;
     return s->dev->iface->layernorm_forward(s, y, mean, rstd, x, w, b, n, c, eps);
 }
 
@@ -317,73 +353,57 @@ zo_status gpu_layernorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw, g
                                  gpu_tensor dy, gpu_tensor x, gpu_tensor w, const float *mean,
                                  const float *rstd, int n, int c)
 {
-    const char *op = "gpu_layernorm_backward";
-    NEED_STREAM("gpu_layernorm_backward");
-    TRY(check_tensor(op, "dx", dx));
-    TRY(check_tensor(op, "dw", dw));
-    if (db.data) TRY(check_tensor(op, "db", db));
-    TRY(check_tensor(op, "dy", dy));
-    TRY(check_tensor(op, "x", x));
-    TRY(check_tensor(op, "w", w));
-    TRY(check_ptr(op, "mean", mean));
-    TRY(check_ptr(op, "rstd", rstd));
-    TRY(check_dims(op, "n", n));
-    TRY(check_dims(op, "c", c));
+    zo_status st;
+    if (!op_check(&st, s, __func__, ARGS(TENSOR(dx), TENSOR(dw), TENSOR_OPT(db), TENSOR(dy),
+                                         TENSOR(x), TENSOR(w), PTR(mean), PTR(rstd), DIM(n),
+                                         DIM(c))))
+        return st;
     return s->dev->iface->layernorm_backward(s, dx, dw, db, dy, x, w, mean, rstd, n, c);
 }
 
 zo_status gpu_rmsnorm_forward(gpu_stream_t s, gpu_tensor y, float *rstd, gpu_tensor x,
                               gpu_tensor w, int n, int c, float eps)
 {
-    const char *op = "gpu_rmsnorm_forward";
-    NEED_STREAM("gpu_rmsnorm_forward");
-    TRY(check_tensor(op, "y", y));
-    TRY(check_tensor(op, "x", x));
-    TRY(check_tensor(op, "w", w));
-    TRY(check_ptr(op, "rstd", rstd));
-    TRY(check_dims(op, "n", n));
-    TRY(check_dims(op, "c", c));
+    zo_status st;
+    if (!op_check(&st, s, __func__, ARGS(TENSOR(y), TENSOR(x), TENSOR(w), PTR(rstd), DIM(n),
+                                         DIM(c))))
+        return st;
     return s->dev->iface->rmsnorm_forward(s, y, rstd, x, w, n, c, eps);
 }
 
 zo_status gpu_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw, gpu_tensor dy,
                                gpu_tensor x, gpu_tensor w, const float *rstd, int n, int c)
 {
-    const char *op = "gpu_rmsnorm_backward";
-    NEED_STREAM("gpu_rmsnorm_backward");
-    TRY(check_tensor(op, "dx", dx));
-    TRY(check_tensor(op, "dw", dw));
-    TRY(check_tensor(op, "dy", dy));
-    TRY(check_tensor(op, "x", x));
-    TRY(check_tensor(op, "w", w));
-    TRY(check_ptr(op, "rstd", rstd));
-    TRY(check_dims(op, "n", n));
-    TRY(check_dims(op, "c", c));
+    zo_status st;
+    if (!op_check(&st, s, __func__, ARGS(TENSOR(dx), TENSOR(dw), TENSOR(dy), TENSOR(x),
+                                         TENSOR(w), PTR(rstd), DIM(n), DIM(c))))
+        return st;
     return s->dev->iface->rmsnorm_backward(s, dx, dw, dy, x, w, rstd, n, c);
 }
 
-static zo_status check_attn(const char *op, const gpu_attn_desc *a)
+/* The stream and the attention descriptor: 1 when they are usable, else 0
+ * with the failure in *st. */
+static int attn_check(zo_status *st, gpu_stream_t s, const char *op, const gpu_attn_desc *desc)
 {
-    TRY(check_ptr(op, "desc", a));
-    TRY(check_dims(op, "b", a->b));
-    TRY(check_dims(op, "t", a->t));
-    TRY(check_dims(op, "hq", a->hq));
-    TRY(check_dims(op, "hkv", a->hkv));
-    TRY(check_dims(op, "d", a->d));
-    if (a->hq % a->hkv)
-        return zo_error(ZO_ERR_INVALID, "%s: hkv %d does not divide hq %d", op, a->hkv, a->hq);
-    return ZO_OK;
+    const gpu_attn_desc *a = desc;
+    if (!op_check(st, s, op, ARGS(PTR(desc))) ||
+        !op_check(st, s, op, ARGS(DIM_OF(a, b), DIM_OF(a, t), DIM_OF(a, hq), DIM_OF(a, hkv),
+                                  DIM_OF(a, d))))
+        return 0;
+    if (a->hq % a->hkv) {
+        *st = zo_error(ZO_ERR_INVALID, "%s: hkv %d does not divide hq %d", op, a->hkv, a->hq);
+        return 0;
+    }
+    return 1;
 }
 
 zo_status gpu_attention_forward(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor out,
                                 float *lse, gpu_tensor qkv)
 {
-    const char *op = "gpu_attention_forward";
-    NEED_STREAM("gpu_attention_forward");
-    TRY(check_attn(op, a));
-    TRY(check_tensor(op, "out", out));
-    TRY(check_tensor(op, "qkv", qkv));
-    TRY(check_ptr(op, "lse", lse));
+    zo_status st;
+    if (!attn_check(&st, s, __func__, a) ||
+        !op_check(&st, s, __func__, ARGS(TENSOR(out), TENSOR(qkv), PTR(lse))))
+        return st;
     return s->dev->iface->attention_forward(s, a, out, lse, qkv);
 }
 
@@ -391,25 +411,19 @@ zo_status gpu_attention_backward(gpu_stream_t s, const gpu_attn_desc *a, gpu_ten
                                  gpu_tensor dout, gpu_tensor qkv, gpu_tensor out,
                                  const float *lse)
 {
-    const char *op = "gpu_attention_backward";
-    NEED_STREAM("gpu_attention_backward");
-    TRY(check_attn(op, a));
-    TRY(check_tensor(op, "dqkv", dqkv));
-    TRY(check_tensor(op, "dout", dout));
-    TRY(check_tensor(op, "qkv", qkv));
-    TRY(check_tensor(op, "out", out));
-    TRY(check_ptr(op, "lse", lse));
+    zo_status st;
+    if (!attn_check(&st, s, __func__, a) ||
+        !op_check(&st, s, __func__, ARGS(TENSOR(dqkv), TENSOR(dout), TENSOR(qkv), TENSOR(out),
+                                         PTR(lse))))
+        return st;
     return s->dev->iface->attention_backward(s, a, dqkv, dout, qkv, out, lse);
 }
 
 static zo_status rope_common(const char *op, gpu_stream_t s, gpu_tensor x, int n, int t,
                              int n_heads, int d, int64_t ldx, float theta, int pos0, int inverse)
 {
-    TRY(check_tensor(op, "x", x));
-    TRY(check_dims(op, "n", n));
-    TRY(check_dims(op, "t", t));
-    TRY(check_dims(op, "n_heads", n_heads));
-    TRY(check_dims(op, "d", d));
+    zo_status st;
+    if (!op_check(&st, s, op, ARGS(TENSOR(x), DIM(n), DIM(t), DIM(n_heads), DIM(d)))) return st;
     if (d % 2) return zo_error(ZO_ERR_INVALID, "%s: head dim %d is odd", op, d);
     if (ldx < (int64_t)n_heads * d)
         return zo_error(ZO_ERR_INVALID, "%s: ldx %lld < n_heads*d %lld", op, (long long)ldx,
@@ -422,74 +436,55 @@ static zo_status rope_common(const char *op, gpu_stream_t s, gpu_tensor x, int n
 zo_status gpu_rope_forward(gpu_stream_t s, gpu_tensor x, int n, int t, int n_heads, int d,
                            int64_t ldx, float theta, int pos0)
 {
-    NEED_STREAM("gpu_rope_forward");
-    return rope_common("gpu_rope_forward", s, x, n, t, n_heads, d, ldx, theta, pos0, 0);
+    return rope_common(__func__, s, x, n, t, n_heads, d, ldx, theta, pos0, 0);
 }
 
 zo_status gpu_rope_backward(gpu_stream_t s, gpu_tensor dx, int n, int t, int n_heads, int d,
                             int64_t ldx, float theta, int pos0)
 {
-    NEED_STREAM("gpu_rope_backward");
-    return rope_common("gpu_rope_backward", s, dx, n, t, n_heads, d, ldx, theta, pos0, 1);
+    return rope_common(__func__, s, dx, n, t, n_heads, d, ldx, theta, pos0, 1);
 }
 
 zo_status gpu_gelu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, size_t n)
 {
-    NEED_STREAM("gpu_gelu_forward");
-    if (!n) return ZO_OK;
-    TRY(check_tensor("gpu_gelu_forward", "y", y));
-    TRY(check_tensor("gpu_gelu_forward", "x", x));
+    zo_status st;
+    if (!op_check(&st, s, __func__, ARGS(COUNT(n), TENSOR(y), TENSOR(x)))) return st;
     return s->dev->iface->gelu_forward(s, y, x, n);
 }
 
 zo_status gpu_gelu_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n)
 {
-    NEED_STREAM("gpu_gelu_backward");
-    if (!n) return ZO_OK;
-    TRY(check_tensor("gpu_gelu_backward", "dx", dx));
-    TRY(check_tensor("gpu_gelu_backward", "dy", dy));
-    TRY(check_tensor("gpu_gelu_backward", "x", x));
+    zo_status st;
+    if (!op_check(&st, s, __func__, ARGS(COUNT(n), TENSOR(dx), TENSOR(dy), TENSOR(x)))) return st;
     return s->dev->iface->gelu_backward(s, dx, dy, x, n);
 }
 
 zo_status gpu_swiglu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor gate, gpu_tensor up,
                              size_t n)
 {
-    NEED_STREAM("gpu_swiglu_forward");
-    if (!n) return ZO_OK;
-    TRY(check_tensor("gpu_swiglu_forward", "y", y));
-    TRY(check_tensor("gpu_swiglu_forward", "gate", gate));
-    TRY(check_tensor("gpu_swiglu_forward", "up", up));
+    zo_status st;
+    if (!op_check(&st, s, __func__, ARGS(COUNT(n), TENSOR(y), TENSOR(gate), TENSOR(up))))
+        return st;
     return s->dev->iface->swiglu_forward(s, y, gate, up, n);
 }
 
 zo_status gpu_swiglu_backward(gpu_stream_t s, gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy,
                               gpu_tensor gate, gpu_tensor up, size_t n)
 {
-    const char *op = "gpu_swiglu_backward";
-    NEED_STREAM("gpu_swiglu_backward");
-    if (!n) return ZO_OK;
-    TRY(check_tensor(op, "dgate", dgate));
-    TRY(check_tensor(op, "dup", dup));
-    TRY(check_tensor(op, "dy", dy));
-    TRY(check_tensor(op, "gate", gate));
-    TRY(check_tensor(op, "up", up));
+    zo_status st;
+    if (!op_check(&st, s, __func__, ARGS(COUNT(n), TENSOR(dgate), TENSOR(dup), TENSOR(dy),
+                                         TENSOR(gate), TENSOR(up))))
+        return st;
     return s->dev->iface->swiglu_backward(s, dgate, dup, dy, gate, up, n);
 }
 
 zo_status gpu_embedding_forward(gpu_stream_t s, gpu_tensor out, const int32_t *tokens,
                                 gpu_tensor wte, gpu_tensor wpe, int n, int t, int c, int vocab)
 {
-    const char *op = "gpu_embedding_forward";
-    NEED_STREAM("gpu_embedding_forward");
-    TRY(check_tensor(op, "out", out));
-    TRY(check_tensor(op, "wte", wte));
-    if (wpe.data) TRY(check_tensor(op, "wpe", wpe));
-    TRY(check_ptr(op, "tokens", tokens));
-    TRY(check_dims(op, "n", n));
-    TRY(check_dims(op, "t", t));
-    TRY(check_dims(op, "c", c));
-    TRY(check_dims(op, "vocab", vocab));
+    zo_status st;
+    if (!op_check(&st, s, __func__, ARGS(TENSOR(out), TENSOR(wte), TENSOR_OPT(wpe), PTR(tokens),
+                                         DIM(n), DIM(t), DIM(c), DIM(vocab))))
+        return st;
     return s->dev->iface->embedding_forward(s, out, tokens, wte, wpe, n, t, c, vocab);
 }
 
@@ -497,89 +492,67 @@ zo_status gpu_embedding_backward(gpu_stream_t s, gpu_tensor dwte, gpu_tensor dwp
                                  gpu_tensor dout, const int32_t *tokens, int n, int t, int c,
                                  int vocab)
 {
-    const char *op = "gpu_embedding_backward";
-    NEED_STREAM("gpu_embedding_backward");
-    TRY(check_tensor(op, "dwte", dwte));
-    if (dwpe.data) TRY(check_tensor(op, "dwpe", dwpe));
-    TRY(check_tensor(op, "dout", dout));
-    TRY(check_ptr(op, "tokens", tokens));
-    TRY(check_dims(op, "n", n));
-    TRY(check_dims(op, "t", t));
-    TRY(check_dims(op, "c", c));
-    TRY(check_dims(op, "vocab", vocab));
+    zo_status st;
+    if (!op_check(&st, s, __func__, ARGS(TENSOR(dwte), TENSOR_OPT(dwpe), TENSOR(dout),
+                                         PTR(tokens), DIM(n), DIM(t), DIM(c), DIM(vocab))))
+        return st;
     return s->dev->iface->embedding_backward(s, dwte, dwpe, dout, tokens, n, t, c, vocab);
 }
 
 zo_status gpu_cross_entropy_forward(gpu_stream_t s, float *losses, gpu_tensor logits,
                                     const int32_t *targets, int n, int v)
 {
-    const char *op = "gpu_cross_entropy_forward";
-    NEED_STREAM("gpu_cross_entropy_forward");
-    TRY(check_ptr(op, "losses", losses));
-    TRY(check_tensor(op, "logits", logits));
-    TRY(check_ptr(op, "targets", targets));
-    TRY(check_dims(op, "n", n));
-    TRY(check_dims(op, "v", v));
+    zo_status st;
+    if (!op_check(&st, s, __func__, ARGS(PTR(losses), TENSOR(logits), PTR(targets), DIM(n),
+                                         DIM(v))))
+        return st;
     return s->dev->iface->cross_entropy_forward(s, losses, logits, targets, n, v);
 }
 
 zo_status gpu_cross_entropy_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor logits,
                                      const int32_t *targets, float dloss, int n, int v)
 {
-    const char *op = "gpu_cross_entropy_backward";
-    NEED_STREAM("gpu_cross_entropy_backward");
-    TRY(check_tensor(op, "dlogits", dlogits));
-    TRY(check_tensor(op, "logits", logits));
-    TRY(check_ptr(op, "targets", targets));
-    TRY(check_dims(op, "n", n));
-    TRY(check_dims(op, "v", v));
+    zo_status st;
+    if (!op_check(&st, s, __func__, ARGS(TENSOR(dlogits), TENSOR(logits), PTR(targets), DIM(n),
+                                         DIM(v))))
+        return st;
     if (dlogits.data == logits.data && dlogits.dtype != logits.dtype)
-        return zo_error(ZO_ERR_INVALID, "%s: in place needs one dtype", op);
+        return zo_error(ZO_ERR_INVALID, "%s: in place needs one dtype", __func__);
     return s->dev->iface->cross_entropy_backward(s, dlogits, logits, targets, dloss, n, v);
 }
 
 zo_status gpu_add(gpu_stream_t s, gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n)
 {
-    NEED_STREAM("gpu_add");
-    if (!n) return ZO_OK;
-    TRY(check_tensor("gpu_add", "y", y));
-    TRY(check_tensor("gpu_add", "a", a));
-    TRY(check_tensor("gpu_add", "b", b));
+    zo_status st;
+    if (!op_check(&st, s, __func__, ARGS(COUNT(n), TENSOR(y), TENSOR(a), TENSOR(b)))) return st;
     return s->dev->iface->add(s, y, a, b, n);
 }
 
 zo_status gpu_scale(gpu_stream_t s, gpu_tensor x, float alpha, size_t n)
 {
-    NEED_STREAM("gpu_scale");
-    if (!n) return ZO_OK;
-    TRY(check_tensor("gpu_scale", "x", x));
+    zo_status st;
+    if (!op_check(&st, s, __func__, ARGS(COUNT(n), TENSOR(x)))) return st;
     return s->dev->iface->scale(s, x, alpha, n);
 }
 
 zo_status gpu_cast(gpu_stream_t s, gpu_tensor dst, gpu_tensor src, size_t n)
 {
-    NEED_STREAM("gpu_cast");
-    if (!n) return ZO_OK;
-    TRY(check_tensor("gpu_cast", "dst", dst));
-    TRY(check_tensor("gpu_cast", "src", src));
+    zo_status st;
+    if (!op_check(&st, s, __func__, ARGS(COUNT(n), TENSOR(dst), TENSOR(src)))) return st;
     return s->dev->iface->cast(s, dst, src, n);
 }
 
 zo_status gpu_check_finite(gpu_stream_t s, int32_t *flag, gpu_tensor x, size_t n)
 {
-    NEED_STREAM("gpu_check_finite");
-    TRY(check_ptr("gpu_check_finite", "flag", flag));
-    if (!n) return ZO_OK;
-    TRY(check_tensor("gpu_check_finite", "x", x));
+    zo_status st;
+    if (!op_check(&st, s, __func__, ARGS(PTR(flag), COUNT(n), TENSOR(x)))) return st;
     return s->dev->iface->check_finite(s, flag, x, n);
 }
 
 zo_status gpu_sum_squares(gpu_stream_t s, float *sum, gpu_tensor x, size_t n)
 {
-    NEED_STREAM("gpu_sum_squares");
-    TRY(check_ptr("gpu_sum_squares", "sum", sum));
-    if (!n) return ZO_OK;
-    TRY(check_tensor("gpu_sum_squares", "x", x));
+    zo_status st;
+    if (!op_check(&st, s, __func__, ARGS(PTR(sum), COUNT(n), TENSOR(x)))) return st;
     return s->dev->iface->sum_squares(s, sum, x, n);
 }
 
@@ -595,19 +568,17 @@ static int bytes_overlap(const void *a, size_t na, const void *b, size_t nb)
 zo_status gpu_adam_update(gpu_stream_t s, const gpu_adam_hparams *hp, size_t n, float *param,
                           gpu_tensor grad, float *m, float *v, gpu_tensor out16)
 {
-    const char *op = "gpu_adam_update";
-    NEED_STREAM("gpu_adam_update");
-    TRY(zo_adam_check_hparams(op, hp));
+    zo_status st;
+    const char *op = __func__;
+    if ((st = check_stream(op, s)) != ZO_OK) return st;
+    if ((st = zo_adam_check_hparams(op, hp)) != ZO_OK) return st;
     if (!dtype_ok(grad.dtype))
         return zo_error(ZO_ERR_INVALID, "%s: grad has unknown dtype %d", op, (int)grad.dtype);
     if (out16.data && out16.dtype != ZO_DTYPE_F16 && out16.dtype != ZO_DTYPE_BF16)
         return zo_error(ZO_ERR_INVALID, "%s: out16 dtype %d is not fp16 or bf16", op,
                         (int)out16.dtype);
-    if (!n) return ZO_OK;
-    TRY(check_ptr(op, "param", param));
-    TRY(check_ptr(op, "m", m));
-    TRY(check_ptr(op, "v", v));
-    TRY(check_tensor(op, "grad", grad));
+    if (!op_check(&st, s, op, ARGS(COUNT(n), PTR(param), PTR(m), PTR(v), TENSOR(grad))))
+        return st;
     if (n > SIZE_MAX / 4) return zo_error(ZO_ERR_INVALID, "%s: n = %zu too large", op, n);
     const void *arr[5] = {param, m, v, grad.data, out16.data};
     size_t len[5] = {4 * n, 4 * n, 4 * n, zo_dtype_size(grad.dtype) * n,

@@ -62,6 +62,18 @@ typedef struct gpu_cpu_options {
 /* The CPU backend: the reference for every other backend. */
 zo_status gpu_device_init_cpu(const gpu_cpu_options *opt, gpu_device_t *out);
 
+/* Open a device by name, whichever backends this build has: "cpu" (always),
+ * "cuda" (= "cuda:0") or "cuda:N". `capacity` is the device memory limit in
+ * bytes (0: the backend's default: unlimited for cpu, the free memory for
+ * cuda). ZO_ERR_INVALID for a malformed name, ZO_ERR_UNSUPPORTED for "cuda"
+ * in a build without CUDA, ZO_ERR_NOT_FOUND when the device does not exist.
+ * gpu/cuda/device_cuda.h opens a CUDA device with all of its options. */
+zo_status gpu_device_open(const char *name, size_t capacity, gpu_device_t *out);
+
+/* Number of CUDA devices usable here: 0 when the build has no CUDA, when no
+ * driver is installed or no device is present (never an error). */
+int gpu_cuda_device_count(void);
+
 /* Destroy the streams (after their queued work) and events still alive,
  * then the device. Device allocations must be freed before. */
 void gpu_device_free(gpu_device_t dev);
@@ -116,6 +128,13 @@ zo_status gpu_stream_wait_event(gpu_stream_t s, gpu_event_t ev);
 /* 1 when the latest record has completed (or there was none), else 0. */
 int gpu_event_query(gpu_event_t ev);
 zo_status gpu_event_synchronize(gpu_event_t ev);
+
+/* Run fn(arg) on a host thread in stream order: after the work enqueued on
+ * `s` so far; work enqueued on `s` later waits until fn returns (CUDA's
+ * cudaLaunchHostFunc). fn must not call the device interface. This is how
+ * host-side work (an MPI collective, gpu/comm.h) joins a stream's order. */
+typedef void (*gpu_host_fn)(void *arg);
+zo_status gpu_launch_host_func(gpu_stream_t s, gpu_host_fn fn, void *arg);
 
 /* ---- copies --------------------------------------------------------------- */
 

@@ -174,36 +174,40 @@ static void cpu_host_free(gpu_device_t dev, void *p)
 typedef struct cpu_cmd cpu_cmd;
 typedef zo_status (*cpu_cmd_fn)(cpu_cmd *cmd, int nt);
 
+/* The arguments of one command, copied when it is queued. */
+typedef union cpu_args {
+    struct { void *dst; const void *src; size_t bytes; int value; } mem;
+    struct { void *p; } free;
+    struct { struct cpu_event *ev; uint64_t gen; } event;
+    struct { gpu_host_fn fn; void *arg; } host;
+    gpu_gemm_desc gemm;
+    struct { gpu_attn_desc a; gpu_tensor t0, t1, t2, t3; float *f0; const float *cf0; } attn;
+    struct {
+        gpu_adam_consts c;
+        size_t n;
+        float *param, *m, *v;
+        gpu_tensor grad, out16;
+    } adam;
+    struct {
+        gpu_tensor t[6];
+        float *f[2];
+        const float *cf[2];
+        const int32_t *ids;
+        int32_t *flag;
+        int i[6];
+        int64_t l;
+        float x;
+        size_t n;
+    } op;
+} cpu_args;
+
 /* A command: the function to run and a copy of its arguments. */
 struct cpu_cmd {
     cpu_cmd *next;
     cpu_cmd_fn run;
     gpu_device_t dev;
     cpu_scratch *ws; /* the running stream's arena, set by its worker */
-    union {
-        struct { void *dst; const void *src; size_t bytes; int value; } mem;
-        struct { void *p; } free;
-        struct { struct cpu_event *ev; uint64_t gen; } event;
-        gpu_gemm_desc gemm;
-        struct { gpu_attn_desc a; gpu_tensor t0, t1, t2, t3; float *f0; const float *cf0; } attn;
-        struct {
-            gpu_adam_consts c;
-            size_t n;
-            float *param, *m, *v;
-            gpu_tensor grad, out16;
-        } adam;
-        struct {
-            gpu_tensor t[6];
-            float *f[2];
-            const float *cf[2];
-            const int32_t *ids;
-            int32_t *flag;
-            int i[6];
-            int64_t l;
-            float x;
-            size_t n;
-        } op;
-    } u;
+    cpu_args u;
 };
 
 typedef struct cpu_stream {
@@ -294,18 +298,30 @@ static zo_status enqueue(gpu_stream_t s, cpu_cmd *cmd)
     return ZO_OK;
 }
 
-static cpu_cmd *new_cmd(gpu_stream_t s, cpu_cmd_fn fn)
+/* A command that runs fn on the stream's worker; NULL when the host has no
+ * memory for it. */
+static cpu_cmd *new_cmd(gpu_stream_t s, cpu_cmd_fn fn, const cpu_args *args)
 {
     cpu_cmd *cmd = calloc(1, sizeof *cmd);
     if (!cmd) return NULL;
     cmd->run = fn;
     cmd->dev = s->dev;
+    if (args) cmd->u = *args;
     return cmd;
 }
 
-#define NEW_CMD(var, s, fn, op)                                                             \
-    cpu_cmd *var = new_cmd(s, fn);                                                          \
-    if (!var) return zo_error(ZO_ERR_NOMEM, "%s: out of host memory for a command", op)
+static zo_status no_cmd(const char *op)
+{
+    return zo_error(ZO_ERR_NOMEM, "%s: out of host memory for a command", op);
+}
+
+/* Queue fn with a copy of its arguments; `op` names the call in messages. */
+static zo_status submit(gpu_stream_t s, cpu_cmd_fn fn, const char *op, const cpu_args *args)
+{
+    cpu_cmd *cmd = new_cmd(s, fn, args);
+    if (!cmd) return no_cmd(op);
+    return enqueue(s, cmd);
+}
 
 static zo_status cpu_stream_synchronize(gpu_stream_t s)
 {
@@ -387,7 +403,8 @@ static zo_status run_event_complete(cpu_cmd *cmd, int nt)
 static zo_status cpu_event_record(gpu_event_t ev, gpu_stream_t s)
 {
     cpu_event *ce = ev->impl;
-    NEW_CMD(cmd, s, run_event_complete, "gpu_event_record");
+    cpu_cmd *cmd = new_cmd(s, run_event_complete, NULL);
+    if (!cmd) return no_cmd("gpu_event_record");
     pthread_mutex_lock(&ce->lock);
     cmd->u.event.ev = ce;
     cmd->u.event.gen = ++ce->recorded;
@@ -412,10 +429,8 @@ static zo_status cpu_stream_wait_event(gpu_stream_t s, gpu_event_t ev)
     uint64_t gen = ce->recorded;
     pthread_mutex_unlock(&ce->lock);
     if (gen == 0) return ZO_OK; /* never recorded: nothing to wait for */
-    NEW_CMD(cmd, s, run_event_wait, "gpu_stream_wait_event");
-    cmd->u.event.ev = ce;
-    cmd->u.event.gen = gen;
-    return enqueue(s, cmd);
+    cpu_args args = {.event = {.ev = ce, .gen = gen}};
+    return submit(s, run_event_wait, "gpu_stream_wait_event", &args);
 }
 
 static int cpu_event_query(gpu_event_t ev)
@@ -437,6 +452,19 @@ static zo_status cpu_event_synchronize(gpu_event_t ev)
     return ZO_OK;
 }
 
+static zo_status run_host_func(cpu_cmd *cmd, int nt)
+{
+    (void)nt;
+    cmd->u.host.fn(cmd->u.host.arg);
+    return ZO_OK;
+}
+
+static zo_status cpu_launch_host_func(gpu_stream_t s, gpu_host_fn fn, void *arg)
+{
+    cpu_args args = {.host = {.fn = fn, .arg = arg}};
+    return submit(s, run_host_func, "gpu_launch_host_func", &args);
+}
+
 /* ---- copies and stream-ordered free ------------------------------------------------------ */
 
 static zo_status run_memcpy(cpu_cmd *cmd, int nt)
@@ -450,11 +478,8 @@ static zo_status cpu_memcpy_async(gpu_stream_t s, void *dst, const void *src, si
                                   gpu_copy_kind kind)
 {
     (void)kind; /* one address space */
-    NEW_CMD(cmd, s, run_memcpy, "gpu_memcpy_async");
-    cmd->u.mem.dst = dst;
-    cmd->u.mem.src = src;
-    cmd->u.mem.bytes = bytes;
-    return enqueue(s, cmd);
+    cpu_args args = {.mem = {.dst = dst, .src = src, .bytes = bytes}};
+    return submit(s, run_memcpy, "gpu_memcpy_async", &args);
 }
 
 static zo_status run_memset(cpu_cmd *cmd, int nt)
@@ -466,11 +491,8 @@ static zo_status run_memset(cpu_cmd *cmd, int nt)
 
 static zo_status cpu_memset_async(gpu_stream_t s, void *dst, int value, size_t bytes)
 {
-    NEW_CMD(cmd, s, run_memset, "gpu_memset_async");
-    cmd->u.mem.dst = dst;
-    cmd->u.mem.value = value;
-    cmd->u.mem.bytes = bytes;
-    return enqueue(s, cmd);
+    cpu_args args = {.mem = {.dst = dst, .value = value, .bytes = bytes}};
+    return submit(s, run_memset, "gpu_memset_async", &args);
 }
 
 static zo_status run_free(cpu_cmd *cmd, int nt)
@@ -483,9 +505,8 @@ static zo_status run_free(cpu_cmd *cmd, int nt)
 static zo_status cpu_mem_free_async(gpu_device_t dev, void *p, gpu_stream_t s)
 {
     (void)dev;
-    NEW_CMD(cmd, s, run_free, "gpu_mem_free_async");
-    cmd->u.free.p = p;
-    return enqueue(s, cmd);
+    cpu_args args = {.free = {.p = p}};
+    return submit(s, run_free, "gpu_mem_free_async", &args);
 }
 
 /* ---- ops: each packs its arguments into a command run by the worker ----------------------- */
@@ -497,9 +518,8 @@ static zo_status run_gemm(cpu_cmd *c, int nt)
 
 static zo_status cpu_op_gemm(gpu_stream_t s, const gpu_gemm_desc *d)
 {
-    NEW_CMD(cmd, s, run_gemm, "gpu_gemm");
-    cmd->u.gemm = *d;
-    return enqueue(s, cmd);
+    cpu_args args = {.gemm = *d};
+    return submit(s, run_gemm, "gpu_gemm", &args);
 }
 
 #define OP (c->u.op)
@@ -512,13 +532,8 @@ static zo_status run_bias_forward(cpu_cmd *c, int nt)
 static zo_status cpu_op_bias_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor bias, int n, int c,
                                      int64_t ldy)
 {
-    NEW_CMD(cmd, s, run_bias_forward, "gpu_bias_forward");
-    cmd->u.op.t[0] = y;
-    cmd->u.op.t[1] = bias;
-    cmd->u.op.i[0] = n;
-    cmd->u.op.i[1] = c;
-    cmd->u.op.l = ldy;
-    return enqueue(s, cmd);
+    cpu_args args = {.op = {.t = {y, bias}, .i = {n, c}, .l = ldy}};
+    return submit(s, run_bias_forward, "gpu_bias_forward", &args);
 }
 
 static zo_status run_bias_backward(cpu_cmd *c, int nt)
@@ -530,13 +545,8 @@ static zo_status run_bias_backward(cpu_cmd *c, int nt)
 static zo_status cpu_op_bias_backward(gpu_stream_t s, gpu_tensor dbias, gpu_tensor dy, int n,
                                       int c, int64_t lddy)
 {
-    NEW_CMD(cmd, s, run_bias_backward, "gpu_bias_backward");
-    cmd->u.op.t[0] = dbias;
-    cmd->u.op.t[1] = dy;
-    cmd->u.op.i[0] = n;
-    cmd->u.op.i[1] = c;
-    cmd->u.op.l = lddy;
-    return enqueue(s, cmd);
+    cpu_args args = {.op = {.t = {dbias, dy}, .i = {n, c}, .l = lddy}};
+    return submit(s, run_bias_backward, "gpu_bias_backward", &args);
 }
 
 static zo_status run_layernorm_forward(cpu_cmd *c, int nt)
@@ -549,17 +559,8 @@ static zo_status cpu_op_layernorm_forward(gpu_stream_t s, gpu_tensor y, float *m
                                           gpu_tensor x, gpu_tensor w, gpu_tensor b, int n, int c,
                                           float eps)
 {
-    NEW_CMD(cmd, s, run_layernorm_forward, "gpu_layernorm_forward");
-    cmd->u.op.t[0] = y;
-    cmd->u.op.t[1] = x;
-    cmd->u.op.t[2] = w;
-    cmd->u.op.t[3] = b;
-    cmd->u.op.f[0] = mean;
-    cmd->u.op.f[1] = rstd;
-    cmd->u.op.i[0] = n;
-    cmd->u.op.i[1] = c;
-    cmd->u.op.x = eps;
-    return enqueue(s, cmd);
+    cpu_args args = {.op = {.t = {y, x, w, b}, .f = {mean, rstd}, .i = {n, c}, .x = eps}};
+    return submit(s, run_layernorm_forward, "gpu_layernorm_forward", &args);
 }
 
 static zo_status run_layernorm_backward(cpu_cmd *c, int nt)
@@ -573,14 +574,8 @@ static zo_status cpu_op_layernorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_te
                                            gpu_tensor w, const float *mean, const float *rstd,
                                            int n, int c)
 {
-    NEW_CMD(cmd, s, run_layernorm_backward, "gpu_layernorm_backward");
-    gpu_tensor t[6] = {dx, dw, db, dy, x, w};
-    memcpy(cmd->u.op.t, t, sizeof t);
-    cmd->u.op.cf[0] = mean;
-    cmd->u.op.cf[1] = rstd;
-    cmd->u.op.i[0] = n;
-    cmd->u.op.i[1] = c;
-    return enqueue(s, cmd);
+    cpu_args args = {.op = {.t = {dx, dw, db, dy, x, w}, .cf = {mean, rstd}, .i = {n, c}}};
+    return submit(s, run_layernorm_backward, "gpu_layernorm_backward", &args);
 }
 
 static zo_status run_rmsnorm_forward(cpu_cmd *c, int nt)
@@ -592,15 +587,8 @@ static zo_status run_rmsnorm_forward(cpu_cmd *c, int nt)
 static zo_status cpu_op_rmsnorm_forward(gpu_stream_t s, gpu_tensor y, float *rstd, gpu_tensor x,
                                         gpu_tensor w, int n, int c, float eps)
 {
-    NEW_CMD(cmd, s, run_rmsnorm_forward, "gpu_rmsnorm_forward");
-    cmd->u.op.t[0] = y;
-    cmd->u.op.t[1] = x;
-    cmd->u.op.t[2] = w;
-    cmd->u.op.f[0] = rstd;
-    cmd->u.op.i[0] = n;
-    cmd->u.op.i[1] = c;
-    cmd->u.op.x = eps;
-    return enqueue(s, cmd);
+    cpu_args args = {.op = {.t = {y, x, w}, .f = {rstd}, .i = {n, c}, .x = eps}};
+    return submit(s, run_rmsnorm_forward, "gpu_rmsnorm_forward", &args);
 }
 
 static zo_status run_rmsnorm_backward(cpu_cmd *c, int nt)
@@ -613,13 +601,8 @@ static zo_status cpu_op_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tens
                                          gpu_tensor dy, gpu_tensor x, gpu_tensor w,
                                          const float *rstd, int n, int c)
 {
-    NEW_CMD(cmd, s, run_rmsnorm_backward, "gpu_rmsnorm_backward");
-    gpu_tensor t[5] = {dx, dw, dy, x, w};
-    memcpy(cmd->u.op.t, t, sizeof t);
-    cmd->u.op.cf[0] = rstd;
-    cmd->u.op.i[0] = n;
-    cmd->u.op.i[1] = c;
-    return enqueue(s, cmd);
+    cpu_args args = {.op = {.t = {dx, dw, dy, x, w}, .cf = {rstd}, .i = {n, c}}};
+    return submit(s, run_rmsnorm_backward, "gpu_rmsnorm_backward", &args);
 }
 
 #define AT (c->u.attn)
@@ -632,12 +615,8 @@ static zo_status run_attention_forward(cpu_cmd *c, int nt)
 static zo_status cpu_op_attention_forward(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor out,
                                           float *lse, gpu_tensor qkv)
 {
-    NEW_CMD(cmd, s, run_attention_forward, "gpu_attention_forward");
-    cmd->u.attn.a = *a;
-    cmd->u.attn.t0 = out;
-    cmd->u.attn.t1 = qkv;
-    cmd->u.attn.f0 = lse;
-    return enqueue(s, cmd);
+    cpu_args args = {.attn = {.a = *a, .t0 = out, .t1 = qkv, .f0 = lse}};
+    return submit(s, run_attention_forward, "gpu_attention_forward", &args);
 }
 
 static zo_status run_attention_backward(cpu_cmd *c, int nt)
@@ -649,14 +628,8 @@ static zo_status cpu_op_attention_backward(gpu_stream_t s, const gpu_attn_desc *
                                            gpu_tensor dqkv, gpu_tensor dout, gpu_tensor qkv,
                                            gpu_tensor out, const float *lse)
 {
-    NEW_CMD(cmd, s, run_attention_backward, "gpu_attention_backward");
-    cmd->u.attn.a = *a;
-    cmd->u.attn.t0 = dqkv;
-    cmd->u.attn.t1 = dout;
-    cmd->u.attn.t2 = qkv;
-    cmd->u.attn.t3 = out;
-    cmd->u.attn.cf0 = lse;
-    return enqueue(s, cmd);
+    cpu_args args = {.attn = {.a = *a, .t0 = dqkv, .t1 = dout, .t2 = qkv, .t3 = out, .cf0 = lse}};
+    return submit(s, run_attention_backward, "gpu_attention_backward", &args);
 }
 
 static zo_status run_rope(cpu_cmd *c, int nt)
@@ -668,13 +641,9 @@ static zo_status run_rope(cpu_cmd *c, int nt)
 static zo_status cpu_op_rope(gpu_stream_t s, gpu_tensor x, int n, int t, int n_heads, int d,
                              int64_t ldx, float theta, int pos0, int inverse)
 {
-    NEW_CMD(cmd, s, run_rope, "gpu_rope");
-    cmd->u.op.t[0] = x;
-    int i[6] = {n, t, n_heads, d, pos0, inverse};
-    memcpy(cmd->u.op.i, i, sizeof i);
-    cmd->u.op.l = ldx;
-    cmd->u.op.x = theta;
-    return enqueue(s, cmd);
+    cpu_args args = {.op = {.t = {x}, .i = {n, t, n_heads, d, pos0, inverse}, .l = ldx,
+                      .x = theta}};
+    return submit(s, run_rope, "gpu_rope", &args);
 }
 
 static zo_status run_gelu_forward(cpu_cmd *c, int nt)
@@ -685,11 +654,8 @@ static zo_status run_gelu_forward(cpu_cmd *c, int nt)
 
 static zo_status cpu_op_gelu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, size_t n)
 {
-    NEW_CMD(cmd, s, run_gelu_forward, "gpu_gelu_forward");
-    cmd->u.op.t[0] = y;
-    cmd->u.op.t[1] = x;
-    cmd->u.op.n = n;
-    return enqueue(s, cmd);
+    cpu_args args = {.op = {.t = {y, x}, .n = n}};
+    return submit(s, run_gelu_forward, "gpu_gelu_forward", &args);
 }
 
 static zo_status run_gelu_backward(cpu_cmd *c, int nt)
@@ -701,12 +667,8 @@ static zo_status run_gelu_backward(cpu_cmd *c, int nt)
 static zo_status cpu_op_gelu_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, gpu_tensor x,
                                       size_t n)
 {
-    NEW_CMD(cmd, s, run_gelu_backward, "gpu_gelu_backward");
-    cmd->u.op.t[0] = dx;
-    cmd->u.op.t[1] = dy;
-    cmd->u.op.t[2] = x;
-    cmd->u.op.n = n;
-    return enqueue(s, cmd);
+    cpu_args args = {.op = {.t = {dx, dy, x}, .n = n}};
+    return submit(s, run_gelu_backward, "gpu_gelu_backward", &args);
 }
 
 static zo_status run_swiglu_forward(cpu_cmd *c, int nt)
@@ -718,12 +680,8 @@ static zo_status run_swiglu_forward(cpu_cmd *c, int nt)
 static zo_status cpu_op_swiglu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor gate,
                                        gpu_tensor up, size_t n)
 {
-    NEW_CMD(cmd, s, run_swiglu_forward, "gpu_swiglu_forward");
-    cmd->u.op.t[0] = y;
-    cmd->u.op.t[1] = gate;
-    cmd->u.op.t[2] = up;
-    cmd->u.op.n = n;
-    return enqueue(s, cmd);
+    cpu_args args = {.op = {.t = {y, gate, up}, .n = n}};
+    return submit(s, run_swiglu_forward, "gpu_swiglu_forward", &args);
 }
 
 static zo_status run_swiglu_backward(cpu_cmd *c, int nt)
@@ -735,11 +693,8 @@ static zo_status run_swiglu_backward(cpu_cmd *c, int nt)
 static zo_status cpu_op_swiglu_backward(gpu_stream_t s, gpu_tensor dgate, gpu_tensor dup,
                                         gpu_tensor dy, gpu_tensor gate, gpu_tensor up, size_t n)
 {
-    NEW_CMD(cmd, s, run_swiglu_backward, "gpu_swiglu_backward");
-    gpu_tensor t[5] = {dgate, dup, dy, gate, up};
-    memcpy(cmd->u.op.t, t, sizeof t);
-    cmd->u.op.n = n;
-    return enqueue(s, cmd);
+    cpu_args args = {.op = {.t = {dgate, dup, dy, gate, up}, .n = n}};
+    return submit(s, run_swiglu_backward, "gpu_swiglu_backward", &args);
 }
 
 static zo_status run_embedding_forward(cpu_cmd *c, int nt)
@@ -752,14 +707,8 @@ static zo_status cpu_op_embedding_forward(gpu_stream_t s, gpu_tensor out, const 
                                           gpu_tensor wte, gpu_tensor wpe, int n, int t, int c,
                                           int vocab)
 {
-    NEW_CMD(cmd, s, run_embedding_forward, "gpu_embedding_forward");
-    cmd->u.op.t[0] = out;
-    cmd->u.op.t[1] = wte;
-    cmd->u.op.t[2] = wpe;
-    cmd->u.op.ids = tokens;
-    int i[4] = {n, t, c, vocab};
-    memcpy(cmd->u.op.i, i, sizeof i);
-    return enqueue(s, cmd);
+    cpu_args args = {.op = {.t = {out, wte, wpe}, .ids = tokens, .i = {n, t, c, vocab}}};
+    return submit(s, run_embedding_forward, "gpu_embedding_forward", &args);
 }
 
 static zo_status run_embedding_backward(cpu_cmd *c, int nt)
@@ -772,14 +721,8 @@ static zo_status cpu_op_embedding_backward(gpu_stream_t s, gpu_tensor dwte, gpu_
                                            gpu_tensor dout, const int32_t *tokens, int n, int t,
                                            int c, int vocab)
 {
-    NEW_CMD(cmd, s, run_embedding_backward, "gpu_embedding_backward");
-    cmd->u.op.t[0] = dwte;
-    cmd->u.op.t[1] = dwpe;
-    cmd->u.op.t[2] = dout;
-    cmd->u.op.ids = tokens;
-    int i[4] = {n, t, c, vocab};
-    memcpy(cmd->u.op.i, i, sizeof i);
-    return enqueue(s, cmd);
+    cpu_args args = {.op = {.t = {dwte, dwpe, dout}, .ids = tokens, .i = {n, t, c, vocab}}};
+    return submit(s, run_embedding_backward, "gpu_embedding_backward", &args);
 }
 
 static zo_status run_ce_forward(cpu_cmd *c, int nt)
@@ -790,13 +733,8 @@ static zo_status run_ce_forward(cpu_cmd *c, int nt)
 static zo_status cpu_op_ce_forward(gpu_stream_t s, float *losses, gpu_tensor logits,
                                    const int32_t *targets, int n, int v)
 {
-    NEW_CMD(cmd, s, run_ce_forward, "gpu_cross_entropy_forward");
-    cmd->u.op.f[0] = losses;
-    cmd->u.op.t[0] = logits;
-    cmd->u.op.ids = targets;
-    cmd->u.op.i[0] = n;
-    cmd->u.op.i[1] = v;
-    return enqueue(s, cmd);
+    cpu_args args = {.op = {.f = {losses}, .t = {logits}, .ids = targets, .i = {n, v}}};
+    return submit(s, run_ce_forward, "gpu_cross_entropy_forward", &args);
 }
 
 static zo_status run_ce_backward(cpu_cmd *c, int nt)
@@ -807,14 +745,8 @@ static zo_status run_ce_backward(cpu_cmd *c, int nt)
 static zo_status cpu_op_ce_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor logits,
                                     const int32_t *targets, float dloss, int n, int v)
 {
-    NEW_CMD(cmd, s, run_ce_backward, "gpu_cross_entropy_backward");
-    cmd->u.op.t[0] = dlogits;
-    cmd->u.op.t[1] = logits;
-    cmd->u.op.ids = targets;
-    cmd->u.op.x = dloss;
-    cmd->u.op.i[0] = n;
-    cmd->u.op.i[1] = v;
-    return enqueue(s, cmd);
+    cpu_args args = {.op = {.t = {dlogits, logits}, .ids = targets, .x = dloss, .i = {n, v}}};
+    return submit(s, run_ce_backward, "gpu_cross_entropy_backward", &args);
 }
 
 static zo_status run_add(cpu_cmd *c, int nt)
@@ -825,12 +757,8 @@ static zo_status run_add(cpu_cmd *c, int nt)
 
 static zo_status cpu_op_add(gpu_stream_t s, gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n)
 {
-    NEW_CMD(cmd, s, run_add, "gpu_add");
-    cmd->u.op.t[0] = y;
-    cmd->u.op.t[1] = a;
-    cmd->u.op.t[2] = b;
-    cmd->u.op.n = n;
-    return enqueue(s, cmd);
+    cpu_args args = {.op = {.t = {y, a, b}, .n = n}};
+    return submit(s, run_add, "gpu_add", &args);
 }
 
 static zo_status run_scale(cpu_cmd *c, int nt)
@@ -841,11 +769,8 @@ static zo_status run_scale(cpu_cmd *c, int nt)
 
 static zo_status cpu_op_scale(gpu_stream_t s, gpu_tensor x, float alpha, size_t n)
 {
-    NEW_CMD(cmd, s, run_scale, "gpu_scale");
-    cmd->u.op.t[0] = x;
-    cmd->u.op.x = alpha;
-    cmd->u.op.n = n;
-    return enqueue(s, cmd);
+    cpu_args args = {.op = {.t = {x}, .x = alpha, .n = n}};
+    return submit(s, run_scale, "gpu_scale", &args);
 }
 
 static zo_status run_cast(cpu_cmd *c, int nt)
@@ -856,11 +781,8 @@ static zo_status run_cast(cpu_cmd *c, int nt)
 
 static zo_status cpu_op_cast(gpu_stream_t s, gpu_tensor dst, gpu_tensor src, size_t n)
 {
-    NEW_CMD(cmd, s, run_cast, "gpu_cast");
-    cmd->u.op.t[0] = dst;
-    cmd->u.op.t[1] = src;
-    cmd->u.op.n = n;
-    return enqueue(s, cmd);
+    cpu_args args = {.op = {.t = {dst, src}, .n = n}};
+    return submit(s, run_cast, "gpu_cast", &args);
 }
 
 static zo_status run_check_finite(cpu_cmd *c, int nt)
@@ -871,11 +793,8 @@ static zo_status run_check_finite(cpu_cmd *c, int nt)
 
 static zo_status cpu_op_check_finite(gpu_stream_t s, int32_t *flag, gpu_tensor x, size_t n)
 {
-    NEW_CMD(cmd, s, run_check_finite, "gpu_check_finite");
-    cmd->u.op.flag = flag;
-    cmd->u.op.t[0] = x;
-    cmd->u.op.n = n;
-    return enqueue(s, cmd);
+    cpu_args args = {.op = {.flag = flag, .t = {x}, .n = n}};
+    return submit(s, run_check_finite, "gpu_check_finite", &args);
 }
 
 static zo_status run_sum_squares(cpu_cmd *c, int nt)
@@ -885,11 +804,8 @@ static zo_status run_sum_squares(cpu_cmd *c, int nt)
 
 static zo_status cpu_op_sum_squares(gpu_stream_t s, float *sum, gpu_tensor x, size_t n)
 {
-    NEW_CMD(cmd, s, run_sum_squares, "gpu_sum_squares");
-    cmd->u.op.f[0] = sum;
-    cmd->u.op.t[0] = x;
-    cmd->u.op.n = n;
-    return enqueue(s, cmd);
+    cpu_args args = {.op = {.f = {sum}, .t = {x}, .n = n}};
+    return submit(s, run_sum_squares, "gpu_sum_squares", &args);
 }
 
 static zo_status run_adam_update(cpu_cmd *c, int nt)
@@ -903,15 +819,9 @@ static zo_status cpu_op_adam_update(gpu_stream_t s, const gpu_adam_consts *k, si
                                     float *param, gpu_tensor grad, float *m, float *v,
                                     gpu_tensor out16)
 {
-    NEW_CMD(cmd, s, run_adam_update, "gpu_adam_update");
-    cmd->u.adam.c = *k;
-    cmd->u.adam.n = n;
-    cmd->u.adam.param = param;
-    cmd->u.adam.grad = grad;
-    cmd->u.adam.m = m;
-    cmd->u.adam.v = v;
-    cmd->u.adam.out16 = out16;
-    return enqueue(s, cmd);
+    cpu_args args = {.adam = {.c = *k, .n = n, .param = param, .grad = grad, .m = m, .v = v,
+                      .out16 = out16}};
+    return submit(s, run_adam_update, "gpu_adam_update", &args);
 }
 
 /* ---- the device -------------------------------------------------------------------------- */
@@ -943,6 +853,7 @@ static const gpu_backend_iface cpu_iface = {
     .stream_wait_event = cpu_stream_wait_event,
     .event_query = cpu_event_query,
     .event_synchronize = cpu_event_synchronize,
+    .launch_host_func = cpu_launch_host_func,
     .memcpy_async = cpu_memcpy_async,
     .memset_async = cpu_memset_async,
     .gemm = cpu_op_gemm,

@@ -39,6 +39,8 @@ typedef struct gpu_backend_iface {
     zo_status (*stream_wait_event)(gpu_stream_t s, gpu_event_t ev);
     int (*event_query)(gpu_event_t ev);
     zo_status (*event_synchronize)(gpu_event_t ev);
+    /* (optional) NULL: synchronize the stream, then call fn on the caller's thread */
+    zo_status (*launch_host_func)(gpu_stream_t s, gpu_host_fn fn, void *arg);
 
     /* copies */
     zo_status (*memcpy_async)(gpu_stream_t s, void *dst, const void *src, size_t bytes,

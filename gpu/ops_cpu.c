@@ -202,60 +202,57 @@ gemm_kernel(int kc, const float *restrict Ap, const float *restrict Bp, float *r
     }
 }
 
-/* A panels of X [m][k] (row stride ldx): Ap[s][p][r] = X[s*MR + r][p], zero past m. */
+/* Panels of R rows of X [m][k] (row stride ldx), each stored k-major:
+ * P[s][p][r] = X[s*R + r][p], zero past m. */
+static inline void pack_rows(float *restrict P, const float *X, size_t ldx, int m, int k, int R)
+{
+    for (int s = 0; s < (m + R - 1) / R; s++) {
+        float *dst = P + (size_t)s * k * R;
+        for (int r = 0; r < R; r++) {
+            int i = s * R + r;
+            if (i < m)
+                for (int p = 0; p < k; p++) dst[(size_t)p * R + r] = X[(size_t)i * ldx + p];
+            else
+                for (int p = 0; p < k; p++) dst[(size_t)p * R + r] = 0.0f;
+        }
+    }
+}
+
+/* Panels of R columns of X [k][m]: P[s][p][r] = X[p][s*R + r], zero past m. */
+static inline void pack_cols(float *restrict P, const float *X, size_t ldx, int m, int k, int R)
+{
+    for (int s = 0; s < (m + R - 1) / R; s++) {
+        float *dst = P + (size_t)s * k * R;
+        int w = m - s * R < R ? m - s * R : R;
+        for (int p = 0; p < k; p++) {
+            const float *src = X + (size_t)p * ldx + (size_t)s * R;
+            for (int r = 0; r < R; r++) dst[(size_t)p * R + r] = r < w ? src[r] : 0.0f;
+        }
+    }
+}
+
+/* A panels of X [m][k]: Ap[s][p][r] = X[s*MR + r][p]. */
 static void pack_a_rows(float *restrict Ap, const float *X, size_t ldx, int m, int k)
 {
-    for (int s = 0; s < (m + MR - 1) / MR; s++) {
-        float *dst = Ap + (size_t)s * k * MR;
-        for (int r = 0; r < MR; r++) {
-            int i = s * MR + r;
-            if (i < m)
-                for (int p = 0; p < k; p++) dst[(size_t)p * MR + r] = X[(size_t)i * ldx + p];
-            else
-                for (int p = 0; p < k; p++) dst[(size_t)p * MR + r] = 0.0f;
-        }
-    }
+    pack_rows(Ap, X, ldx, m, k, MR);
 }
 
-/* A panels of X^T, X [k][m]: Ap[s][p][r] = X[p][s*MR + r], zero past m. */
+/* A panels of X^T, X [k][m]: Ap[s][p][r] = X[p][s*MR + r]. */
 static void pack_a_cols(float *restrict Ap, const float *X, size_t ldx, int m, int k)
 {
-    for (int s = 0; s < (m + MR - 1) / MR; s++) {
-        float *dst = Ap + (size_t)s * k * MR;
-        int w = m - s * MR < MR ? m - s * MR : MR;
-        for (int p = 0; p < k; p++) {
-            const float *src = X + (size_t)p * ldx + (size_t)s * MR;
-            for (int r = 0; r < MR; r++) dst[(size_t)p * MR + r] = r < w ? src[r] : 0.0f;
-        }
-    }
+    pack_cols(Ap, X, ldx, m, k, MR);
 }
 
-/* B panels of X^T, X [n][k]: Bp[s][p][c] = X[s*NR + c][p], zero past n. */
+/* B panels of X^T, X [n][k]: Bp[s][p][c] = X[s*NR + c][p]. */
 static void pack_b_rows(float *restrict Bp, const float *X, size_t ldx, int n, int k)
 {
-    for (int s = 0; s < (n + NR - 1) / NR; s++) {
-        float *dst = Bp + (size_t)s * k * NR;
-        for (int c = 0; c < NR; c++) {
-            int j = s * NR + c;
-            if (j < n)
-                for (int p = 0; p < k; p++) dst[(size_t)p * NR + c] = X[(size_t)j * ldx + p];
-            else
-                for (int p = 0; p < k; p++) dst[(size_t)p * NR + c] = 0.0f;
-        }
-    }
+    pack_rows(Bp, X, ldx, n, k, NR);
 }
 
-/* B panels of X [k][n]: Bp[s][p][c] = X[p][s*NR + c], zero past n. */
+/* B panels of X [k][n]: Bp[s][p][c] = X[p][s*NR + c]. */
 static void pack_b_cols(float *restrict Bp, const float *X, size_t ldx, int k, int n)
 {
-    for (int s = 0; s < (n + NR - 1) / NR; s++) {
-        float *dst = Bp + (size_t)s * k * NR;
-        int w = n - s * NR < NR ? n - s * NR : NR;
-        for (int p = 0; p < k; p++) {
-            const float *src = X + (size_t)p * ldx + (size_t)s * NR;
-            for (int c = 0; c < NR; c++) dst[(size_t)p * NR + c] = c < w ? src[c] : 0.0f;
-        }
-    }
+    pack_cols(Bp, X, ldx, n, k, NR);
 }
 
 /* Ap = panels of op(A)[i0..i0+mc, p0..p0+kc]: read in place for fp32,
@@ -506,14 +503,43 @@ static void norm_param_grads(gpu_tensor dw, gpu_tensor db, gpu_tensor dy, gpu_te
     }
 }
 
-zo_status cpu_layernorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, gpu_tensor db,
-                                 gpu_tensor dy, gpu_tensor x, gpu_tensor w, const float *mean,
-                                 const float *rstd, int n, int c, int nt)
+/* dx[row] += the row's LayerNorm input gradient (o holds dx's row). */
+static inline void layernorm_dx_row(float *restrict o, const float *g, const float *xr,
+                                    const float *wv, float m, float rs, int c)
+{
+    double s1 = 0.0, s2 = 0.0; /* mean(dxhat), mean(dxhat * xhat) */
+    for (int j = 0; j < c; j++) {
+        float xh = (xr[j] - m) * rs, dxh = g[j] * wv[j];
+        s1 += dxh;
+        s2 += (double)dxh * xh;
+    }
+    float m1 = (float)(s1 / c), m2 = (float)(s2 / c);
+    for (int j = 0; j < c; j++) {
+        float xh = (xr[j] - m) * rs, dxh = g[j] * wv[j];
+        o[j] += rs * (dxh - m1 - xh * m2);
+    }
+}
+
+/* The same for RMSNorm (no mean). */
+static inline void rmsnorm_dx_row(float *restrict o, const float *g, const float *xr,
+                                  const float *wv, float rs, int c)
+{
+    double s2 = 0.0; /* mean(dxhat * xhat) */
+    for (int j = 0; j < c; j++) s2 += (double)(g[j] * wv[j]) * (xr[j] * rs);
+    float m2 = (float)(s2 / c);
+    for (int j = 0; j < c; j++) o[j] += rs * (g[j] * wv[j] - xr[j] * rs * m2);
+}
+
+/* Backward of LayerNorm (mean given) or RMSNorm (mean NULL): dx += per
+ * row, then the parameter gradients. */
+static zo_status norm_backward(cpu_scratch *ws, const char *op, gpu_tensor dx, gpu_tensor dw,
+                               gpu_tensor db, gpu_tensor dy, gpu_tensor x, gpu_tensor w,
+                               const float *mean, const float *rstd, int n, int c, int nt)
 {
     const int team = nthreads(nt);
     const size_t cb = al64((size_t)c * sizeof(float));
     char *base;
-    zo_status st = reserve_team(ws, "gpu_layernorm_backward", cb, 3 * cb, team, &base);
+    zo_status st = reserve_team(ws, op, cb, 3 * cb, team, &base);
     if (st != ZO_OK) return st;
     float *wv = (float *)base;
     load_row(wv, w, 0, c);
@@ -526,23 +552,23 @@ zo_status cpu_layernorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, 
             load_row(g, dy, (size_t)r * c, c);
             load_row(xr, x, (size_t)r * c, c);
             load_row(o, dx, (size_t)r * c, c);
-            float m = mean[r], rs = rstd[r];
-            double s1 = 0.0, s2 = 0.0; /* mean(dxhat), mean(dxhat * xhat) */
-            for (int j = 0; j < c; j++) {
-                float xh = (xr[j] - m) * rs, dxh = g[j] * wv[j];
-                s1 += dxh;
-                s2 += (double)dxh * xh;
-            }
-            float m1 = (float)(s1 / c), m2 = (float)(s2 / c);
-            for (int j = 0; j < c; j++) {
-                float xh = (xr[j] - m) * rs, dxh = g[j] * wv[j];
-                o[j] += rs * (dxh - m1 - xh * m2);
-            }
+            if (mean)
+                layernorm_dx_row(o, g, xr, wv, mean[r], rstd[r], c);
+            else
+                rmsnorm_dx_row(o, g, xr, wv, rstd[r], c);
             store_row(dx, (size_t)r * c, o, c);
         }
     }
     norm_param_grads(dw, db, dy, x, mean, rstd, n, c, nt);
     return ZO_OK;
+}
+
+zo_status cpu_layernorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, gpu_tensor db,
+                                 gpu_tensor dy, gpu_tensor x, gpu_tensor w, const float *mean,
+                                 const float *rstd, int n, int c, int nt)
+{
+    return norm_backward(ws, "gpu_layernorm_backward", dx, dw, db, dy, x, w, mean, rstd, n, c,
+                         nt);
 }
 
 zo_status cpu_rmsnorm_forward(cpu_scratch *ws, gpu_tensor y, float *rstd, gpu_tensor x,
@@ -576,33 +602,9 @@ zo_status cpu_rmsnorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, gp
                                gpu_tensor x, gpu_tensor w, const float *rstd, int n, int c,
                                int nt)
 {
-    const int team = nthreads(nt);
-    const size_t cb = al64((size_t)c * sizeof(float));
-    char *base;
-    zo_status st = reserve_team(ws, "gpu_rmsnorm_backward", cb, 3 * cb, team, &base);
-    if (st != ZO_OK) return st;
-    float *wv = (float *)base;
-    load_row(wv, w, 0, c);
-#pragma omp parallel num_threads(team)
-    {
-        char *mine = team_slice(base, cb, 3 * cb);
-        float *g = (float *)mine, *xr = (float *)(mine + cb), *o = (float *)(mine + 2 * cb);
-#pragma omp for schedule(static)
-        for (int r = 0; r < n; r++) {
-            load_row(g, dy, (size_t)r * c, c);
-            load_row(xr, x, (size_t)r * c, c);
-            load_row(o, dx, (size_t)r * c, c);
-            float rs = rstd[r];
-            double s2 = 0.0; /* mean(dxhat * xhat) */
-            for (int j = 0; j < c; j++) s2 += (double)(g[j] * wv[j]) * (xr[j] * rs);
-            float m2 = (float)(s2 / c);
-            for (int j = 0; j < c; j++) o[j] += rs * (g[j] * wv[j] - xr[j] * rs * m2);
-            store_row(dx, (size_t)r * c, o, c);
-        }
-    }
     gpu_tensor none = {NULL, ZO_DTYPE_F32};
-    norm_param_grads(dw, none, dy, x, NULL, rstd, n, c, nt);
-    return ZO_OK;
+    return norm_backward(ws, "gpu_rmsnorm_backward", dx, dw, none, dy, x, w, NULL, rstd, n, c,
+                         nt);
 }
 
 /* ---- attention ---------------------------------------------------------------------------

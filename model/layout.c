@@ -40,12 +40,14 @@ const char *model_role_name(model_role r)
     return (unsigned)r < MODEL_ROLE_COUNT ? role_names[r] : "?";
 }
 
-/* Builder state: tensors are appended in buffer order. */
+/* Builder state: tensors are appended in buffer order. The first failure is
+ * kept in `st` and makes later appends do nothing, so the caller checks once. */
 typedef struct builder {
     model_layout *l;
     int cap;
     int block;
     int layer;
+    zo_status st;
 } builder;
 
 static model_view *view_at(model_layout *l, int block, model_role r)
@@ -53,18 +55,23 @@ static model_view *view_at(model_layout *l, int block, model_role r)
     return &l->views[(size_t)block * MODEL_ROLE_COUNT + r];
 }
 
-/* Append one tensor of shape [d0] or [d0, d1] to the current block. */
-static zo_status add_tensor(builder *b, model_role role, int hf_transposed, int64_t d0,
-                            int64_t d1, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* Append one tensor of shape [d0] or [d0, d1] to the current block (nothing
+ * after a failure: see builder.st). */
+static void add(builder *b, model_role role, int hf_transposed, int64_t d0, int64_t d1,
+                const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
-static zo_status add_tensor(builder *b, model_role role, int hf_transposed, int64_t d0,
-                            int64_t d1, const char *fmt, ...)
+static void add(builder *b, model_role role, int hf_transposed, int64_t d0, int64_t d1,
+                const char *fmt, ...)
 {
     model_layout *l = b->l;
+    if (b->st != ZO_OK) return;
     if (l->n_tensors == b->cap) {
         int cap = b->cap ? 2 * b->cap : 64;
         model_tensor *t = realloc(l->tensors, (size_t)cap * sizeof *t);
-        if (!t) return zo_error(ZO_ERR_NOMEM, "model layout: cannot grow to %d tensors", cap);
+        if (!t) {
+            b->st = zo_error(ZO_ERR_NOMEM, "model layout: cannot grow to %d tensors", cap);
+            return;
+        }
         l->tensors = t;
         b->cap = cap;
     }
@@ -92,7 +99,6 @@ static zo_status add_tensor(builder *b, model_role role, int hf_transposed, int6
     v->shape[1] = t->shape[1];
     v->tensor = l->n_tensors;
     l->n_tensors++;
-    return ZO_OK;
 }
 
 /* A view covering the adjacent roles first..last (rows stacked), or a row
@@ -127,11 +133,6 @@ static void sub_view(model_layout *l, int block, model_role whole, model_role pa
     v->tensor = -1;
 }
 
-#define ADD(...)                                                                                   \
-    do {                                                                                           \
-        if ((st = add_tensor(&b, __VA_ARGS__)) != ZO_OK) goto out_free_layout;                     \
-    } while (0)
-
 zo_status model_layout_init(model_layout *l, const zo_model_config *cfg_in)
 {
     zo_status st;
@@ -161,14 +162,14 @@ zo_status model_layout_init(model_layout *l, const zo_model_config *cfg_in)
     const int64_t h = cfg.hidden, v = cfg.vocab, f = cfg.ffn;
     const int64_t q = (int64_t)cfg.n_heads * cfg.head_dim;
     const int64_t kv = (int64_t)cfg.n_kv_heads * cfg.head_dim;
-    builder b = {.l = l, .block = 0, .layer = -1};
+    builder b = {.l = l, .block = 0, .layer = -1, .st = ZO_OK};
 
     /* block 0: embedding */
     if (gpt) {
-        ADD(MODEL_ROLE_TOK_EMB, 0, v, h, "wte.weight");
-        ADD(MODEL_ROLE_POS_EMB, 0, cfg.max_seq, h, "wpe.weight");
+        add(&b, MODEL_ROLE_TOK_EMB, 0, v, h, "wte.weight");
+        add(&b, MODEL_ROLE_POS_EMB, 0, cfg.max_seq, h, "wpe.weight");
     } else {
-        ADD(MODEL_ROLE_TOK_EMB, 0, v, h, "model.embed_tokens.weight");
+        add(&b, MODEL_ROLE_TOK_EMB, 0, v, h, "model.embed_tokens.weight");
     }
 
     /* blocks 1..L: layers */
@@ -177,18 +178,19 @@ zo_status model_layout_init(model_layout *l, const zo_model_config *cfg_in)
         b.layer = i;
         int bl = b.block;
         if (gpt) {
-            ADD(MODEL_ROLE_LN1_W, 0, h, 0, "h.%d.ln_1.weight", i);
-            if (cfg.norm_bias) ADD(MODEL_ROLE_LN1_B, 0, h, 0, "h.%d.ln_1.bias", i);
-            ADD(MODEL_ROLE_QKV_W, 1, q + 2 * kv, h, "h.%d.attn.c_attn.weight", i);
-            if (cfg.attn_bias) ADD(MODEL_ROLE_QKV_B, 0, q + 2 * kv, 0, "h.%d.attn.c_attn.bias", i);
-            ADD(MODEL_ROLE_ATTN_OUT_W, 1, h, q, "h.%d.attn.c_proj.weight", i);
-            if (cfg.out_bias) ADD(MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "h.%d.attn.c_proj.bias", i);
-            ADD(MODEL_ROLE_LN2_W, 0, h, 0, "h.%d.ln_2.weight", i);
-            if (cfg.norm_bias) ADD(MODEL_ROLE_LN2_B, 0, h, 0, "h.%d.ln_2.bias", i);
-            ADD(MODEL_ROLE_MLP_UP_W, 1, f, h, "h.%d.mlp.c_fc.weight", i);
-            if (cfg.out_bias) ADD(MODEL_ROLE_MLP_UP_B, 0, f, 0, "h.%d.mlp.c_fc.bias", i);
-            ADD(MODEL_ROLE_MLP_DOWN_W, 1, h, f, "h.%d.mlp.c_proj.weight", i);
-            if (cfg.out_bias) ADD(MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "h.%d.mlp.c_proj.bias", i);
+            add(&b, MODEL_ROLE_LN1_W, 0, h, 0, "h.%d.ln_1.weight", i);
+            if (cfg.norm_bias) add(&b, MODEL_ROLE_LN1_B, 0, h, 0, "h.%d.ln_1.bias", i);
+            add(&b, MODEL_ROLE_QKV_W, 1, q + 2 * kv, h, "h.%d.attn.c_attn.weight", i);
+            if (cfg.attn_bias)
+                add(&b, MODEL_ROLE_QKV_B, 0, q + 2 * kv, 0, "h.%d.attn.c_attn.bias", i);
+            add(&b, MODEL_ROLE_ATTN_OUT_W, 1, h, q, "h.%d.attn.c_proj.weight", i);
+            if (cfg.out_bias) add(&b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "h.%d.attn.c_proj.bias", i);
+            add(&b, MODEL_ROLE_LN2_W, 0, h, 0, "h.%d.ln_2.weight", i);
+            if (cfg.norm_bias) add(&b, MODEL_ROLE_LN2_B, 0, h, 0, "h.%d.ln_2.bias", i);
+            add(&b, MODEL_ROLE_MLP_UP_W, 1, f, h, "h.%d.mlp.c_fc.weight", i);
+            if (cfg.out_bias) add(&b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "h.%d.mlp.c_fc.bias", i);
+            add(&b, MODEL_ROLE_MLP_DOWN_W, 1, h, f, "h.%d.mlp.c_proj.weight", i);
+            if (cfg.out_bias) add(&b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "h.%d.mlp.c_proj.bias", i);
             /* q, k, v are row ranges of the fused c_attn */
             sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_Q_W, 0, q);
             sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_K_W, q, kv);
@@ -198,29 +200,32 @@ zo_status model_layout_init(model_layout *l, const zo_model_config *cfg_in)
             sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_V_B, q + kv, kv);
         } else {
             const char *p = "model.layers";
-            ADD(MODEL_ROLE_LN1_W, 0, h, 0, "%s.%d.input_layernorm.weight", p, i);
-            if (cfg.norm_bias) ADD(MODEL_ROLE_LN1_B, 0, h, 0, "%s.%d.input_layernorm.bias", p, i);
-            ADD(MODEL_ROLE_Q_W, 0, q, h, "%s.%d.self_attn.q_proj.weight", p, i);
-            ADD(MODEL_ROLE_K_W, 0, kv, h, "%s.%d.self_attn.k_proj.weight", p, i);
-            ADD(MODEL_ROLE_V_W, 0, kv, h, "%s.%d.self_attn.v_proj.weight", p, i);
-            if (cfg.attn_bias) {
-                ADD(MODEL_ROLE_Q_B, 0, q, 0, "%s.%d.self_attn.q_proj.bias", p, i);
-                ADD(MODEL_ROLE_K_B, 0, kv, 0, "%s.%d.self_attn.k_proj.bias", p, i);
-                ADD(MODEL_ROLE_V_B, 0, kv, 0, "%s.%d.self_attn.v_proj.bias", p, i);
-            }
-            ADD(MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.self_attn.o_proj.weight", p, i);
-            if (cfg.out_bias) ADD(MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.self_attn.o_proj.bias", p, i);
-            ADD(MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.post_attention_layernorm.weight", p, i);
+            add(&b, MODEL_ROLE_LN1_W, 0, h, 0, "%s.%d.input_layernorm.weight", p, i);
             if (cfg.norm_bias)
-                ADD(MODEL_ROLE_LN2_B, 0, h, 0, "%s.%d.post_attention_layernorm.bias", p, i);
-            ADD(MODEL_ROLE_MLP_GATE_W, 0, f, h, "%s.%d.mlp.gate_proj.weight", p, i);
-            ADD(MODEL_ROLE_MLP_UP_W, 0, f, h, "%s.%d.mlp.up_proj.weight", p, i);
-            if (cfg.out_bias) {
-                ADD(MODEL_ROLE_MLP_GATE_B, 0, f, 0, "%s.%d.mlp.gate_proj.bias", p, i);
-                ADD(MODEL_ROLE_MLP_UP_B, 0, f, 0, "%s.%d.mlp.up_proj.bias", p, i);
+                add(&b, MODEL_ROLE_LN1_B, 0, h, 0, "%s.%d.input_layernorm.bias", p, i);
+            add(&b, MODEL_ROLE_Q_W, 0, q, h, "%s.%d.self_attn.q_proj.weight", p, i);
+            add(&b, MODEL_ROLE_K_W, 0, kv, h, "%s.%d.self_attn.k_proj.weight", p, i);
+            add(&b, MODEL_ROLE_V_W, 0, kv, h, "%s.%d.self_attn.v_proj.weight", p, i);
+            if (cfg.attn_bias) {
+                add(&b, MODEL_ROLE_Q_B, 0, q, 0, "%s.%d.self_attn.q_proj.bias", p, i);
+                add(&b, MODEL_ROLE_K_B, 0, kv, 0, "%s.%d.self_attn.k_proj.bias", p, i);
+                add(&b, MODEL_ROLE_V_B, 0, kv, 0, "%s.%d.self_attn.v_proj.bias", p, i);
             }
-            ADD(MODEL_ROLE_MLP_DOWN_W, 0, h, f, "%s.%d.mlp.down_proj.weight", p, i);
-            if (cfg.out_bias) ADD(MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "%s.%d.mlp.down_proj.bias", p, i);
+            add(&b, MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.self_attn.o_proj.weight", p, i);
+            if (cfg.out_bias)
+                add(&b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.self_attn.o_proj.bias", p, i);
+            add(&b, MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.post_attention_layernorm.weight", p, i);
+            if (cfg.norm_bias)
+                add(&b, MODEL_ROLE_LN2_B, 0, h, 0, "%s.%d.post_attention_layernorm.bias", p, i);
+            add(&b, MODEL_ROLE_MLP_GATE_W, 0, f, h, "%s.%d.mlp.gate_proj.weight", p, i);
+            add(&b, MODEL_ROLE_MLP_UP_W, 0, f, h, "%s.%d.mlp.up_proj.weight", p, i);
+            if (cfg.out_bias) {
+                add(&b, MODEL_ROLE_MLP_GATE_B, 0, f, 0, "%s.%d.mlp.gate_proj.bias", p, i);
+                add(&b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "%s.%d.mlp.up_proj.bias", p, i);
+            }
+            add(&b, MODEL_ROLE_MLP_DOWN_W, 0, h, f, "%s.%d.mlp.down_proj.weight", p, i);
+            if (cfg.out_bias)
+                add(&b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "%s.%d.mlp.down_proj.bias", p, i);
             static const model_role qkv_w[] = {MODEL_ROLE_Q_W, MODEL_ROLE_K_W, MODEL_ROLE_V_W};
             static const model_role qkv_b[] = {MODEL_ROLE_Q_B, MODEL_ROLE_K_B, MODEL_ROLE_V_B};
             static const model_role gu_w[] = {MODEL_ROLE_MLP_GATE_W, MODEL_ROLE_MLP_UP_W};
@@ -236,13 +241,14 @@ zo_status model_layout_init(model_layout *l, const zo_model_config *cfg_in)
     b.block = model_layout_head_block(l);
     b.layer = -1;
     if (gpt) {
-        ADD(MODEL_ROLE_NORM_W, 0, h, 0, "ln_f.weight");
-        if (cfg.norm_bias) ADD(MODEL_ROLE_NORM_B, 0, h, 0, "ln_f.bias");
+        add(&b, MODEL_ROLE_NORM_W, 0, h, 0, "ln_f.weight");
+        if (cfg.norm_bias) add(&b, MODEL_ROLE_NORM_B, 0, h, 0, "ln_f.bias");
     } else {
-        ADD(MODEL_ROLE_NORM_W, 0, h, 0, "model.norm.weight");
-        if (cfg.norm_bias) ADD(MODEL_ROLE_NORM_B, 0, h, 0, "model.norm.bias");
+        add(&b, MODEL_ROLE_NORM_W, 0, h, 0, "model.norm.weight");
+        if (cfg.norm_bias) add(&b, MODEL_ROLE_NORM_B, 0, h, 0, "model.norm.bias");
     }
-    if (!cfg.tied_embeddings) ADD(MODEL_ROLE_LM_HEAD_W, 0, v, h, "lm_head.weight");
+    if (!cfg.tied_embeddings) add(&b, MODEL_ROLE_LM_HEAD_W, 0, v, h, "lm_head.weight");
+    if ((st = b.st) != ZO_OK) goto out_free_layout;
 
     for (int i = 0; i < l->n_blocks; i++) l->total_numel += l->block_numel[i];
     if ((uint64_t)l->total_numel != zo_model_params(&cfg)) {

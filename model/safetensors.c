@@ -16,7 +16,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "model_io.h" /* defines: model_io_* file helpers */
+#include "common/fileio.h" /* defines: zo_file_create, zo_file_append, zo_file_read_all */
+#include "model_io.h"       /* defines: model_io_convert_rows */
 
 /* ---- element types ------------------------------------------------------- */
 
@@ -334,18 +335,55 @@ zo_status model_st_read(const model_st_file *f, const model_st_tensor *t, void *
                                  transpose);
 }
 
+void model_st_release(const model_st_file *f, const model_st_tensor *t)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)model_st_data(f, t), e = a + (uintptr_t)(t->end - t->begin);
+    /* whole pages inside the tensor only: its neighbours may still be read */
+    a = (a + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
+    e &= ~((uintptr_t)page - 1);
+    if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
+}
+
 /* ---- writing ------------------------------------------------------------------ */
 
 #define WRITE_CHUNK_BYTES (4u << 20)
 
-zo_status model_st_write(const char *path, const model_st_entry *entries, int n,
-                         model_st_fill_fn fill, void *ctx)
+struct model_st_writer {
+    zo_file_writer out;
+    int n;
+    uint64_t data_start;       /* 8 + padded header */
+    uint64_t *begin, *numel;   /* [n] byte offset in the data, elements */
+    size_t *esz;               /* [n] */
+    const char **names;        /* [n] the caller's */
+    uint64_t total, put;       /* data bytes: all of them, written so far */
+};
+
+static void writer_release(model_st_writer *w)
 {
+    free(w->begin);
+    free(w->numel);
+    free(w->esz);
+    free(w->names);
+    free(w);
+}
+
+zo_status model_st_writer_open(model_st_writer **wo, const char *path, const model_st_entry *entries,
+                               int n)
+{
+    *wo = NULL;
     zo_status st = ZO_OK;
     char *header = NULL;
-    uint8_t *chunk = NULL;
+    model_st_writer *w = calloc(1, sizeof *w);
     cJSON *root = cJSON_CreateObject();
-    if (!root) return zo_error(ZO_ERR_NOMEM, "%s: cannot build the header", path);
+    if (!w || !root) goto out_nomem;
+    w->n = n;
+    size_t nn = n > 0 ? (size_t)n : 1;
+    w->begin = calloc(nn, sizeof *w->begin);
+    w->numel = calloc(nn, sizeof *w->numel);
+    w->esz = calloc(nn, sizeof *w->esz);
+    w->names = calloc(nn, sizeof *w->names);
+    if (!w->begin || !w->numel || !w->esz || !w->names) goto out_nomem;
     cJSON *meta = cJSON_AddObjectToObject(root, "__metadata__");
     if (!meta || !cJSON_AddStringToObject(meta, "format", "pt")) goto out_nomem;
     uint64_t off = 0;
@@ -354,23 +392,22 @@ zo_status model_st_write(const char *path, const model_st_entry *entries, int n,
         if (e->ndim < 0 || e->ndim > MODEL_ST_MAX_DIMS || (unsigned)e->dtype >= ZO_DTYPE_COUNT) {
             st = zo_error(ZO_ERR_INVALID, "%s: tensor \"%s\": bad dtype or %d dimensions", path,
                           e->name, e->ndim);
-            goto out_free_root;
-        }
-        if (!e->data && !fill) {
-            st = zo_error(ZO_ERR_INVALID, "%s: tensor \"%s\": no data and no fill function",
-                          path, e->name);
-            goto out_free_root;
+            goto out_free;
         }
         uint64_t numel = 1;
         for (int d = 0; d < e->ndim; d++) {
             if (e->shape[d] < 0 || (e->shape[d] && numel > UINT64_MAX / 8 / (uint64_t)e->shape[d])) {
                 st = zo_error(ZO_ERR_INVALID, "%s: tensor \"%s\": dimension %d of %lld is negative or too large",
                               path, e->name, d, (long long)e->shape[d]);
-                goto out_free_root;
+                goto out_free;
             }
             numel *= (uint64_t)e->shape[d];
         }
-        uint64_t bytes = numel * zo_dtype_size(e->dtype);
+        w->esz[i] = zo_dtype_size(e->dtype);
+        w->numel[i] = numel;
+        w->begin[i] = off;
+        w->names[i] = e->name;
+        uint64_t bytes = numel * w->esz[i];
         cJSON *t = cJSON_AddObjectToObject(root, e->name);
         if (!t || !cJSON_AddStringToObject(t, "dtype", st_dtype_name(e->dtype))) goto out_nomem;
         cJSON *shape = cJSON_AddArrayToObject(t, "shape");
@@ -384,57 +421,114 @@ zo_status model_st_write(const char *path, const model_st_entry *entries, int n,
             goto out_nomem;
         off += bytes;
     }
+    w->total = off;
     header = cJSON_PrintUnformatted(root);
     if (!header) goto out_nomem;
     size_t hlen = strlen(header);
     size_t padded = (hlen + 7) & ~(size_t)7; /* data starts 8-byte aligned */
-
-    model_io_file out;
-    if ((st = model_io_create(&out, path)) != ZO_OK) goto out_free_header;
+    w->data_start = 8 + padded;
+    if ((st = zo_file_create(&w->out, path)) != ZO_OK) goto out_free;
     uint8_t lenbuf[8];
     for (int i = 0; i < 8; i++) lenbuf[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-    if ((st = model_io_append(&out, lenbuf, 8)) != ZO_OK) goto out_abort;
-    if ((st = model_io_append(&out, header, hlen)) != ZO_OK) goto out_abort;
-    if ((st = model_io_append(&out, "       ", padded - hlen)) != ZO_OK) goto out_abort;
-    chunk = malloc(WRITE_CHUNK_BYTES);
-    if (!chunk) {
-        st = zo_error(ZO_ERR_NOMEM, "%s: cannot allocate a write buffer", path);
-        goto out_abort;
+    if ((st = zo_file_append(&w->out, lenbuf, 8)) != ZO_OK ||
+        (st = zo_file_append(&w->out, header, hlen)) != ZO_OK ||
+        (st = zo_file_append(&w->out, "       ", padded - hlen)) != ZO_OK) {
+        zo_file_abort(&w->out);
+        goto out_free;
     }
-    for (int i = 0; i < n; i++) {
-        const model_st_entry *e = &entries[i];
-        size_t esz = zo_dtype_size(e->dtype);
-        uint64_t numel = 1;
-        for (int d = 0; d < e->ndim; d++) numel *= (uint64_t)e->shape[d];
-        if (e->data) {
-            if ((st = model_io_append(&out, e->data, (size_t)(numel * esz))) != ZO_OK)
-                goto out_abort;
-            continue;
-        }
-        uint64_t per = WRITE_CHUNK_BYTES / esz;
-        for (uint64_t first = 0; first < numel; first += per) {
-            uint64_t count = numel - first < per ? numel - first : per;
-            if ((st = fill(ctx, i, first, count, chunk)) != ZO_OK) {
-                zo_error_wrap(st, "%s: tensor \"%s\"", path, e->name);
-                goto out_abort;
-            }
-            if ((st = model_io_append(&out, chunk, (size_t)(count * esz))) != ZO_OK) goto out_abort;
-        }
-    }
-    st = model_io_commit(&out);
-    goto out_free_chunk;
-out_abort:
-    model_io_abort(&out);
-out_free_chunk:
-    free(chunk);
-out_free_header:
     free(header);
-out_free_root:
     cJSON_Delete(root);
-    return st;
+    *wo = w;
+    return ZO_OK;
 out_nomem:
     st = zo_error(ZO_ERR_NOMEM, "%s: cannot build the header", path);
-    goto out_free_root;
+out_free:
+    free(header);
+    cJSON_Delete(root);
+    if (w) writer_release(w);
+    return st;
+}
+
+zo_status model_st_writer_put(model_st_writer *w, int index, uint64_t first, uint64_t count,
+                              const void *src)
+{
+    if (index < 0 || index >= w->n || first > w->numel[index] || count > w->numel[index] - first)
+        return zo_error(ZO_ERR_INVALID, "%s: elements %llu..%llu of tensor %d are outside it",
+                        w->out.path, (unsigned long long)first, (unsigned long long)(first + count), index);
+    uint64_t at = w->data_start + w->begin[index] + first * w->esz[index];
+    size_t left = (size_t)(count * w->esz[index]);
+    const char *p = src;
+    while (left) {
+        ssize_t r = pwrite(w->out.fd, p, left > (1u << 30) ? (1u << 30) : left, (off_t)at);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0)
+            return zo_error(ZO_ERR_IO, "%s: tensor \"%s\": write at byte %llu: %s", w->out.tmp_path,
+                            w->names[index], (unsigned long long)at, strerror(errno));
+        p += r;
+        at += (uint64_t)r;
+        left -= (size_t)r;
+        w->put += (uint64_t)r;
+    }
+    return ZO_OK;
+}
+
+zo_status model_st_writer_commit(model_st_writer *w)
+{
+    zo_status st;
+    if (w->put != w->total) {
+        st = zo_error(ZO_ERR_INTERNAL, "%s: %llu of %llu data bytes were written", w->out.path,
+                      (unsigned long long)w->put, (unsigned long long)w->total);
+        zo_file_abort(&w->out);
+    } else {
+        st = zo_file_commit(&w->out);
+    }
+    writer_release(w);
+    return st;
+}
+
+void model_st_writer_abort(model_st_writer *w)
+{
+    if (!w) return;
+    zo_file_abort(&w->out);
+    writer_release(w);
+}
+
+zo_status model_st_write(const char *path, const model_st_entry *entries, int n,
+                         model_st_fill_fn fill, void *ctx)
+{
+    for (int i = 0; i < n; i++)
+        if (!entries[i].data && !fill)
+            return zo_error(ZO_ERR_INVALID, "%s: tensor \"%s\": no data and no fill function", path,
+                            entries[i].name);
+    model_st_writer *w;
+    zo_status st = model_st_writer_open(&w, path, entries, n);
+    if (st != ZO_OK) return st;
+    uint8_t *chunk = malloc(WRITE_CHUNK_BYTES);
+    if (!chunk) {
+        model_st_writer_abort(w);
+        return zo_error(ZO_ERR_NOMEM, "%s: cannot allocate a write buffer", path);
+    }
+    for (int i = 0; i < n && st == ZO_OK; i++) {
+        const model_st_entry *e = &entries[i];
+        if (e->data) {
+            st = model_st_writer_put(w, i, 0, w->numel[i], e->data);
+            continue;
+        }
+        uint64_t per = WRITE_CHUNK_BYTES / w->esz[i];
+        for (uint64_t first = 0; first < w->numel[i] && st == ZO_OK; first += per) {
+            uint64_t count = w->numel[i] - first < per ? w->numel[i] - first : per;
+            if ((st = fill(ctx, i, first, count, chunk)) != ZO_OK)
+                zo_error_wrap(st, "%s: tensor \"%s\"", path, e->name);
+            else
+                st = model_st_writer_put(w, i, first, count, chunk);
+        }
+    }
+    free(chunk);
+    if (st != ZO_OK) {
+        model_st_writer_abort(w);
+        return st;
+    }
+    return model_st_writer_commit(w);
 }
 
 /* ---- checkpoints ------------------------------------------------------------- */
@@ -458,7 +552,8 @@ static zo_status read_index(const char *path, cJSON **root_out, char ***shards_o
     zo_status st;
     char *text = NULL;
     size_t len = 0;
-    if ((st = model_io_read_small(path, 64u << 20, &text, &len)) != ZO_OK) return st;
+    if ((st = zo_file_read_all(path, 64u << 20, "a checkpoint index", &text, &len)) != ZO_OK)
+        return st;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (!root) {

@@ -65,6 +65,9 @@ static inline const void *model_st_data(const model_st_file *f, const model_st_t
  * [c, r]. ZO_ERR_UNSUPPORTED for element types other than F32/F16/BF16. */
 zo_status model_st_read(const model_st_file *f, const model_st_tensor *t, void *dst, zo_dtype dt,
                         int transpose);
+/* Let go of the memory a tensor's mapped pages hold (after reading it): the
+ * process's resident memory does not grow with the file. */
+void model_st_release(const model_st_file *f, const model_st_tensor *t);
 
 /* ---- writing ------------------------------------------------------------- */
 
@@ -86,6 +89,19 @@ typedef struct model_st_entry {
  * data. */
 zo_status model_st_write(const char *path, const model_st_entry *entries, int n,
                          model_st_fill_fn fill, void *ctx);
+
+/* The same file written piece by piece, in any order: open writes the
+ * header (entries' data is not used), put writes elements [first, first +
+ * count) of tensor `index` from src (in the entry's dtype), commit checks
+ * that every byte was put and renames the file into place. Both commit and
+ * abort free the writer. */
+typedef struct model_st_writer model_st_writer;
+zo_status model_st_writer_open(model_st_writer **w, const char *path, const model_st_entry *entries,
+                               int n);
+zo_status model_st_writer_put(model_st_writer *w, int index, uint64_t first, uint64_t count,
+                              const void *src);
+zo_status model_st_writer_commit(model_st_writer *w);
+void model_st_writer_abort(model_st_writer *w);
 
 /* ---- checkpoints: one file, a sharded index, or a directory --------------- */
 
@@ -153,10 +169,30 @@ zo_status model_load(const model_ckpt *c, const model_layout *l, void *const *bl
 zo_status model_load_path(const char *path, const model_layout *l, void *const *blocks,
                           zo_dtype dt, unsigned flags, model_load_report *rep);
 
+/* Receives block `block`'s buffer once it is filled. */
+typedef zo_status (*model_block_sink)(void *ctx, int block, const void *buf);
+
+/* model_load one block at a time through one buffer (the largest block's
+ * elements of `dt`): each block is filled (zeros where the checkpoint lacks
+ * a tensor and MODEL_LOAD_ALLOW_MISSING is set) and handed to sink before
+ * the next is read, and the file's pages are let go after each tensor, so
+ * host memory holds one block whatever the model's size. */
+zo_status model_load_streamed(const model_ckpt *c, const model_layout *l, void *buf, zo_dtype dt,
+                              unsigned flags, model_load_report *rep, model_block_sink sink,
+                              void *ctx);
+
 /* Write the model as one safetensors file with Hugging Face names and layout
  * (Conv1D weights back to [in, out]; no lm_head.weight when tied), converting
  * the block buffers (dtype buf_dt) to file_dt. */
 zo_status model_save(const char *path, const model_layout *l, const void *const *blocks,
                      zo_dtype buf_dt, zo_dtype file_dt);
+
+/* Reads block b's fp32 weights into dst (l->block_numel[b] floats). */
+typedef zo_status (*model_block_read_fn)(void *ctx, int block, float *dst);
+
+/* model_save with the weights read one block at a time (fp32) through
+ * read(ctx, b, dst): host memory holds one block. */
+zo_status model_save_streamed(const char *path, const model_layout *l, model_block_read_fn read,
+                              void *ctx, zo_dtype file_dt);
 
 #endif

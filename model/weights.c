@@ -112,6 +112,7 @@ zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block
         }
         zo_status st = model_st_read(f, s, (uint8_t *)buf + t->offset * esz, dt, t->hf_transposed);
         if (st) return st;
+        model_st_release(f, s);
         rep->n_loaded++;
     }
     if (missing && !(flags & MODEL_LOAD_ALLOW_MISSING)) {
@@ -123,16 +124,11 @@ zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block
     return ZO_OK;
 }
 
-zo_status model_load(const model_ckpt *c, const model_layout *l, void *const *blocks,
-                     zo_dtype dt, unsigned flags, model_load_report *rep)
+/* After every block: missing tensors (an error unless allowed) and
+ * checkpoint tensors that matched nothing (an error with MODEL_LOAD_STRICT). */
+static zo_status load_finish(const model_ckpt *c, const model_layout *l, unsigned flags,
+                             model_load_report *rep)
 {
-    model_load_report local;
-    if (!rep) rep = &local;
-    memset(rep, 0, sizeof *rep);
-    for (int b = 0; b < l->n_blocks; b++) {
-        zo_status st = model_load_block(c, l, b, blocks[b], dt, flags | MODEL_LOAD_ALLOW_MISSING, rep);
-        if (st) return st;
-    }
     if (rep->n_missing && !(flags & MODEL_LOAD_ALLOW_MISSING))
         return zo_error(ZO_ERR_NOT_FOUND,
                         "%s: %d of the %d tensors of %s are missing, first \"%s\"", c->path,
@@ -153,6 +149,39 @@ zo_status model_load(const model_ckpt *c, const model_layout *l, void *const *bl
     return ZO_OK;
 }
 
+zo_status model_load(const model_ckpt *c, const model_layout *l, void *const *blocks,
+                     zo_dtype dt, unsigned flags, model_load_report *rep)
+{
+    model_load_report local;
+    if (!rep) rep = &local;
+    memset(rep, 0, sizeof *rep);
+    for (int b = 0; b < l->n_blocks; b++) {
+        zo_status st = model_load_block(c, l, b, blocks[b], dt, flags | MODEL_LOAD_ALLOW_MISSING, rep);
+        if (st) return st;
+    }
+    return load_finish(c, l, flags, rep);
+}
+
+zo_status model_load_streamed(const model_ckpt *c, const model_layout *l, void *buf, zo_dtype dt,
+                              unsigned flags, model_load_report *rep, model_block_sink sink,
+                              void *ctx)
+{
+    model_load_report local;
+    if (!rep) rep = &local;
+    memset(rep, 0, sizeof *rep);
+    size_t esz = zo_dtype_size(dt);
+    zo_status st;
+    for (int b = 0; b < l->n_blocks; b++) {
+        memset(buf, 0, l->block_numel[b] * esz);
+        if ((st = model_load_block(c, l, b, buf, dt, flags | MODEL_LOAD_ALLOW_MISSING, rep)) != ZO_OK)
+            return st;
+        /* a block with tensors missing is not handed on when that is an error */
+        if (rep->n_missing && !(flags & MODEL_LOAD_ALLOW_MISSING)) break;
+        if ((st = sink(ctx, b, buf)) != ZO_OK) return st;
+    }
+    return load_finish(c, l, flags, rep);
+}
+
 zo_status model_load_path(const char *path, const model_layout *l, void *const *blocks,
                           zo_dtype dt, unsigned flags, model_load_report *rep)
 {
@@ -166,10 +195,13 @@ zo_status model_load_path(const char *path, const model_layout *l, void *const *
 
 /* ---- saving --------------------------------------------------------------------- */
 
+typedef struct stream_ctx stream_ctx;
+
 typedef struct save_ctx {
     const model_layout *l;
     const void *const *blocks;
     zo_dtype buf_dt, file_dt;
+    stream_ctx *stream;     /* model_save_streamed: blocks come through it */
 } save_ctx;
 
 /* Elements [first, first + count) of tensor `index` in its file layout. */
@@ -195,16 +227,22 @@ static zo_status save_fill(void *vctx, int index, uint64_t first, uint64_t count
     return ZO_OK;
 }
 
-zo_status model_save(const char *path, const model_layout *l, const void *const *blocks,
-                     zo_dtype buf_dt, zo_dtype file_dt)
+/* The block reader behind model_save_streamed: one block cached. */
+typedef struct stream_ctx {
+    model_block_read_fn read;
+    void *ctx;
+    float *buf;
+    int block;
+} stream_ctx;
+
+/* Entries of the layout's tensors in its (block) order. */
+static model_st_entry *save_entries(const char *path, const model_layout *l, zo_dtype file_dt)
 {
-    if ((unsigned)buf_dt >= ZO_DTYPE_COUNT || (unsigned)file_dt >= ZO_DTYPE_COUNT)
-        return zo_error(ZO_ERR_INVALID, "%s: bad dtype", path);
-    for (int b = 0; b < l->n_blocks; b++)
-        if (!blocks[b]) return zo_error(ZO_ERR_INVALID, "%s: block %d has no buffer", path, b);
     model_st_entry *e = calloc(l->n_tensors ? (size_t)l->n_tensors : 1, sizeof *e);
-    if (!e) return zo_error(ZO_ERR_NOMEM, "%s: cannot allocate %d entries", path, l->n_tensors);
-    size_t bsz = zo_dtype_size(buf_dt);
+    if (!e) {
+        zo_error(ZO_ERR_NOMEM, "%s: cannot allocate %d entries", path, l->n_tensors);
+        return NULL;
+    }
     for (int i = 0; i < l->n_tensors; i++) {
         const model_tensor *t = &l->tensors[i];
         e[i].name = t->name;
@@ -212,11 +250,66 @@ zo_status model_save(const char *path, const model_layout *l, const void *const 
         e[i].ndim = t->ndim;
         e[i].shape[0] = t->hf_transposed ? t->shape[1] : t->shape[0];
         e[i].shape[1] = t->hf_transposed ? t->shape[0] : t->shape[1];
+    }
+    return e;
+}
+
+zo_status model_save(const char *path, const model_layout *l, const void *const *blocks,
+                     zo_dtype buf_dt, zo_dtype file_dt)
+{
+    if ((unsigned)buf_dt >= ZO_DTYPE_COUNT || (unsigned)file_dt >= ZO_DTYPE_COUNT)
+        return zo_error(ZO_ERR_INVALID, "%s: bad dtype", path);
+    for (int b = 0; b < l->n_blocks; b++)
+        if (!blocks[b]) return zo_error(ZO_ERR_INVALID, "%s: block %d has no buffer", path, b);
+    model_st_entry *e = save_entries(path, l, file_dt);
+    if (!e) return ZO_ERR_NOMEM;
+    size_t bsz = zo_dtype_size(buf_dt);
+    for (int i = 0; i < l->n_tensors; i++) {
+        const model_tensor *t = &l->tensors[i];
         if (!t->hf_transposed && buf_dt == file_dt)
             e[i].data = (const uint8_t *)blocks[t->block] + t->offset * bsz;
     }
     save_ctx x = {.l = l, .blocks = blocks, .buf_dt = buf_dt, .file_dt = file_dt};
     zo_status st = model_st_write(path, e, l->n_tensors, save_fill, &x);
     free(e);
+    return st;
+}
+
+static zo_status stream_fill(void *vctx, int index, uint64_t first, uint64_t count, void *dst)
+{
+    save_ctx *x = vctx;
+    stream_ctx *sc = x->stream;
+    int b = x->l->tensors[index].block;
+    if (sc->block != b) {
+        zo_status st = sc->read(sc->ctx, b, sc->buf);
+        sc->block = st == ZO_OK ? b : -1;
+        if (st != ZO_OK) return st;
+    }
+    return save_fill(vctx, index, first, count, dst);
+}
+
+zo_status model_save_streamed(const char *path, const model_layout *l, model_block_read_fn read,
+                              void *ctx, zo_dtype file_dt)
+{
+    if ((unsigned)file_dt >= ZO_DTYPE_COUNT) return zo_error(ZO_ERR_INVALID, "%s: bad dtype", path);
+    size_t largest = 1;
+    for (int b = 0; b < l->n_blocks; b++)
+        if (l->block_numel[b] > largest) largest = l->block_numel[b];
+    stream_ctx sc = {.read = read, .ctx = ctx, .buf = malloc(largest * sizeof(float)), .block = -1};
+    /* every block is read into the one buffer: save_fill finds it there */
+    const void **blocks = calloc((size_t)l->n_blocks, sizeof *blocks);
+    model_st_entry *e = save_entries(path, l, file_dt);
+    zo_status st = ZO_OK;
+    if (!sc.buf || !blocks || !e) {
+        st = zo_error(ZO_ERR_NOMEM, "%s: cannot allocate a block of %zu floats", path, largest);
+        goto out_free;
+    }
+    for (int b = 0; b < l->n_blocks; b++) blocks[b] = sc.buf;
+    save_ctx x = {.l = l, .blocks = blocks, .buf_dt = ZO_DTYPE_F32, .file_dt = file_dt, .stream = &sc};
+    st = model_st_write(path, e, l->n_tensors, stream_fill, &x);
+out_free:
+    free(e);
+    free(blocks);
+    free(sc.buf);
     return st;
 }

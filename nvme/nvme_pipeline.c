@@ -168,19 +168,42 @@ zo_status nvme_pipeline_store_group(nvme_pipeline_t *p, size_t g, const float *m
     return ZO_OK;
 }
 
-zo_status nvme_pipeline_load_group(nvme_pipeline_t *p, size_t g, float *master, float *m,
-                                   float *v)
+zo_status nvme_pipeline_load_group_part(nvme_pipeline_t *p, size_t g, size_t from, size_t count,
+                                        float *master, float *m, float *v)
 {
     zo_status st = check_group(p, g, "nvme_pipeline_load_group");
     if (st != ZO_OK) return st;
     size_t first, n;
     nvme_pipeline_group_range(p, g, &first, &n);
+    if (from > n || count > n - from)
+        return zo_error(ZO_ERR_INVALID, "nvme_pipeline_load_group: elements %zu..%zu of a group of %zu",
+                        from, from + count, n);
     float *dst[3] = {master, m, v};
     for (int j = 0; j < 3; j++) {
         st = nvme_store_read(p->s, p->ids[3 * g + j], p->slot[0].buf[j]);
         if (st != ZO_OK) return st;
-        memcpy(dst[j], p->slot[0].buf[j], n * sizeof(float));
+        memcpy(dst[j], p->slot[0].buf[j] + from, count * sizeof(float));
     }
+    return ZO_OK;
+}
+
+zo_status nvme_pipeline_load_group(nvme_pipeline_t *p, size_t g, float *master, float *m,
+                                   float *v)
+{
+    size_t first, n;
+    nvme_pipeline_group_range(p, g, &first, &n);
+    return nvme_pipeline_load_group_part(p, g, 0, n, master, m, v);
+}
+
+zo_status nvme_pipeline_slot_buffers(nvme_pipeline_t *p, int k, float **master, float **m,
+                                     float **v)
+{
+    if (k < 1 || k >= p->nslots)
+        return zo_error(ZO_ERR_INVALID, "nvme_pipeline_slot_buffers: slot %d of %d (slot 0 is the pipeline's)",
+                        k, p->nslots);
+    *master = p->slot[k].buf[0];
+    *m = p->slot[k].buf[1];
+    *v = p->slot[k].buf[2];
     return ZO_OK;
 }
 

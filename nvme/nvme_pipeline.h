@@ -62,6 +62,17 @@ zo_status nvme_pipeline_store_group(nvme_pipeline_t *p, size_t g, const float *m
                                     const float *m, const float *v);
 zo_status nvme_pipeline_load_group(nvme_pipeline_t *p, size_t g, float *master, float *m,
                                    float *v);
+/* Elements [from, from + count) of sub-group g (relative to the group) into
+ * master, m and v (count floats each): the group is read whole through a
+ * slot buffer, the rest is left alone. */
+zo_status nvme_pipeline_load_group_part(nvme_pipeline_t *p, size_t g, size_t from, size_t count,
+                                        float *master, float *m, float *v);
+
+/* The aligned buffers of slot k (1 <= k < nslots; group_elems floats each),
+ * which the caller may use as its own between steps (load_group and
+ * store_group go through slot 0; a step uses every slot). */
+zo_status nvme_pipeline_slot_buffers(nvme_pipeline_t *p, int k, float **master, float **m,
+                                     float **v);
 
 /* One step: every sub-group read, updated by fn(user, ...), written back.
  * On an error (I/O, checksum, or the callback's) the step stops, waits for

@@ -1,7 +1,13 @@
 /* Training checkpoints: a directory per save, built under a temporary name,
  * every file fsynced, renamed into place, then the `latest` pointer replaced
  * atomically. A crash at any moment leaves `latest` naming a complete
- * checkpoint. */
+ * checkpoint.
+ *
+ * Weights and optimizer state move one block at a time, through the
+ * optimizer shards and the weight store: host memory holds a few blocks, never
+ * the model. optimizer.safetensors holds "block.<b>.master", ".exp_avg" and
+ * ".exp_avg_sq" for every block b, in block order (version 2; version 1's
+ * three whole-model tensors "master", "exp_avg", "exp_avg_sq" still load). */
 #include "offload/offload_impl.h"
 
 #include <dirent.h>
@@ -20,8 +26,11 @@
 #include "model/safetensors.h" /* defines: model_st_write, model_st_open */
 
 #define STATE_FORMAT "zoffload-train-state"
+#define STATE_VERSION 2
 
-static void hook(offload_t *rt, const char *point)
+static const char *const opt_names[3] = {"master", "exp_avg", "exp_avg_sq"};
+
+static void hook(const offload_t *rt, const char *point)
 {
     if (rt->cfg.ckpt_hook) rt->cfg.ckpt_hook(rt->cfg.ckpt_hook_user, point);
 }
@@ -101,66 +110,64 @@ static void read_latest(const char *dir, char *name, size_t len)
     name[strcspn(name, "\r\n")] = 0;
 }
 
-/* ---- the optimizer state as a safetensors file ----------------------------------- */
+/* ---- saving ------------------------------------------------------------------------ */
 
-typedef struct fill_ctx {
-    offload_t *rt;
-    float *buf;          /* one NVMe sub-group: master, m, v */
-    size_t buf_n;
-    long group;          /* cached sub-group, -1 none */
-    int half_called;
-} fill_ctx;
-
-static zo_status fill_opt(void *user, int index, uint64_t first, uint64_t count, void *dst)
+/* Elements moved at once by a save or a load: one sub-group of master, m
+ * and v in host memory (at most a block). */
+static size_t io_chunk(const offload_t *rt)
 {
-    fill_ctx *c = user;
-    offload_t *rt = c->rt;
-    if (index == 1 && !c->half_called) { /* the master is written, the moments not yet */
-        c->half_called = 1;
-        hook(rt, "optimizer-half");
+    size_t c = rt->cfg.sub_group < rt->g.largest ? rt->cfg.sub_group : rt->g.largest;
+    return c ? c : 1;
+}
+
+static zo_status read_master(void *ctx, int block, float *dst)
+{
+    offload_t *rt = ctx;
+    if (block < 0 || block >= rt->g.nb)
+        return zo_error(ZO_ERR_INVALID, "offload: block %d of %d", block, rt->g.nb);
+    return ostate_read(rt->shards, rt->n_shards, rt->off[block], rt->numel[block], dst, NULL, NULL);
+}
+
+/* optimizer.safetensors: three tensors a block, chunk by chunk, each chunk
+ * read once from the shards (an NVMe sub-group is read once). */
+static zo_status write_opt(offload_t *rt, const char *path)
+{
+    int nb = rt->g.nb;
+    size_t C = io_chunk(rt);
+    zo_status st;
+    float *buf = NULL;
+    model_st_writer *w = NULL;
+    model_st_entry *e = calloc(3 * (size_t)nb, sizeof *e);
+    char(*names)[48] = calloc(3 * (size_t)nb, sizeof *names);
+    if (!e || !names) {
+        st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
+        goto out_free;
     }
-    float *out = dst;
-    const float *cpu = index == 0 ? rt->master : index == 1 ? rt->mom : rt->var;
-    uint64_t e = first, end = first + count;
-    while (e < end) {
-        if (e < rt->n_cpu) {
-            uint64_t stop = end < rt->n_cpu ? end : rt->n_cpu;
-            memcpy(out + (e - first), cpu + e, (stop - e) * 4);
-            e = stop;
-            continue;
+    for (int b = 0; b < nb; b++)
+        for (int a = 0; a < 3; a++) {
+            size_t i = 3 * (size_t)b + (size_t)a;
+            snprintf(names[i], sizeof names[i], "block.%d.%s", b, opt_names[a]);
+            e[i] = (model_st_entry){.name = names[i], .dtype = ZO_DTYPE_F32, .ndim = 1,
+                                    .shape = {(int64_t)rt->numel[b]}};
         }
-        if (e >= rt->dev_first) { /* the device share (the end of the index) */
-            zo_status st = offload_dev_state_get(rt, index, e - rt->dev_first, end - e,
-                                                 out + (e - first));
-            if (st != ZO_OK) return st;
-            e = end;
-            continue;
+    if ((st = offload_host_alloc(&rt->env, 3 * C * 4, 0, (void **)&buf)) != ZO_OK) goto out_free;
+    if ((st = model_st_writer_open(&w, path, e, 3 * nb)) != ZO_OK) goto out_free;
+    for (int b = 0; b < nb && st == ZO_OK; b++) {
+        if (b == nb / 2) hook(rt, "optimizer-half"); /* half the blocks are written */
+        for (size_t rel = 0; rel < rt->numel[b] && st == ZO_OK; rel += C) {
+            size_t k = rt->numel[b] - rel < C ? rt->numel[b] - rel : C;
+            st = ostate_read(rt->shards, rt->n_shards, rt->off[b] + rel, k, buf, buf + C, buf + 2 * C);
+            for (int a = 0; a < 3 && st == ZO_OK; a++)
+                st = model_st_writer_put(w, 3 * b + a, rel, k, buf + (size_t)a * C);
         }
-        /* on NVMe: find and load the sub-group holding e */
-        size_t G = offload_opt_groups(rt), f = 0, n = 0, g;
-        for (g = 0; g < G; g++) {
-            offload_opt_group_range(rt, g, &f, &n);
-            if (e - rt->n_cpu < f + n) break;
-        }
-        if (g == G) return zo_error(ZO_ERR_INTERNAL, "offload_save: element %llu beyond the state",
-                                    (unsigned long long)e);
-        if (c->group != (long)g) {
-            if (n > c->buf_n) {
-                free(c->buf);
-                c->buf = malloc(3 * n * sizeof(float));
-                if (!c->buf) return zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
-                c->buf_n = n;
-            }
-            zo_status st = offload_opt_load_group(rt, g, c->buf, c->buf + n, c->buf + 2 * n);
-            if (st != ZO_OK) return st;
-            c->group = (long)g;
-        }
-        size_t lo = rt->n_cpu + f;
-        uint64_t stop = end < lo + n ? end : lo + n;
-        memcpy(out + (e - first), c->buf + (size_t)index * n + (e - lo), (stop - e) * 4);
-        e = stop;
     }
-    return ZO_OK;
+    if (st == ZO_OK) st = model_st_writer_commit(w);
+    else model_st_writer_abort(w);
+out_free:
+    offload_host_free(&rt->env, buf, 3 * C * 4, 0);
+    free(names);
+    free(e);
+    return st;
 }
 
 static zo_status write_state(offload_t *rt, const char *dir, const offload_ckpt_meta *meta)
@@ -168,12 +175,13 @@ static zo_status write_state(offload_t *rt, const char *dir, const offload_ckpt_
     cJSON *o = cJSON_CreateObject();
     if (!o) return zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
     cJSON_AddStringToObject(o, "format", STATE_FORMAT);
-    cJSON_AddNumberToObject(o, "version", 1);
+    cJSON_AddNumberToObject(o, "version", STATE_VERSION);
     cJSON_AddNumberToObject(o, "step", (double)rt->step);
     cJSON_AddNumberToObject(o, "loss_scale", (double)rt->loss_scale);
     cJSON_AddNumberToObject(o, "good_steps", rt->good_steps);
     cJSON_AddNumberToObject(o, "skipped", (double)rt->skipped);
-    cJSON_AddNumberToObject(o, "params", (double)rt->n);
+    cJSON_AddNumberToObject(o, "params", (double)rt->g.n);
+    cJSON_AddNumberToObject(o, "blocks", rt->g.nb);
     cJSON_AddStringToObject(o, "dtype", zo_dtype_name(rt->m.dtype));
     cJSON_AddNumberToObject(o, "data_step", meta ? (double)meta->data_step : 0);
     cJSON_AddNumberToObject(o, "seed", meta ? (double)meta->seed : 0);
@@ -185,8 +193,8 @@ static zo_status write_state(offload_t *rt, const char *dir, const offload_ckpt_
     return st;
 }
 
-zo_status offload_save(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
-                       offload_weights_writer writer, void *writer_user)
+zo_status offload_save_streamed(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
+                                offload_weights_stream writer, void *writer_user)
 {
     zo_status st = offload_grads_drain(rt);
     if (st != ZO_OK) return st;
@@ -211,29 +219,15 @@ zo_status offload_save(offload_t *rt, const char *dir, const offload_ckpt_meta *
     remove_dir(final); /* renamed but never made latest */
     if (mkdir(tmp, 0755)) return zo_error(ZO_ERR_IO, "%s: mkdir: %s", tmp, strerror(errno));
     hook(rt, "begin");
-
+    /* the state as the shards hold it: nothing cached in between */
+    if ((st = ostate_sync(rt->shards, rt->n_shards)) != ZO_OK) goto out_remove;
     if (writer) {
-        float *all = malloc(rt->n * sizeof(float) + 4);
-        float **blocks = calloc((size_t)rt->nb, sizeof(float *));
-        if (!all || !blocks) st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
-        for (int b = 0; st == ZO_OK && b < rt->nb; b++) blocks[b] = all + rt->off[b];
-        if (st == ZO_OK) st = offload_get_weights(rt, blocks);
         snprintf(path, sizeof path, "%s/model.safetensors", tmp);
-        if (st == ZO_OK) st = writer(writer_user, path, (const float *const *)blocks);
-        free(all);
-        free(blocks);
-        if (st != ZO_OK) goto out_remove;
+        if ((st = writer(writer_user, path, read_master, rt)) != ZO_OK) goto out_remove;
     }
-    fill_ctx fc = {.rt = rt, .group = -1};
-    model_st_entry e[3] = {
-        {.name = "master", .dtype = ZO_DTYPE_F32, .ndim = 1, .shape = {(int64_t)rt->n}},
-        {.name = "exp_avg", .dtype = ZO_DTYPE_F32, .ndim = 1, .shape = {(int64_t)rt->n}},
-        {.name = "exp_avg_sq", .dtype = ZO_DTYPE_F32, .ndim = 1, .shape = {(int64_t)rt->n}},
-    };
     snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
-    st = model_st_write(path, e, 3, fill_opt, &fc);
-    free(fc.buf);
-    if (st != ZO_OK) goto out_remove;
+    if ((st = write_opt(rt, path)) != ZO_OK) goto out_remove;
+    if ((st = ostate_sync(rt->shards, rt->n_shards)) != ZO_OK) goto out_remove;
     if ((st = write_state(rt, tmp, meta)) != ZO_OK) goto out_remove;
     if ((st = fsync_path(tmp)) != ZO_OK) goto out_remove;
     hook(rt, "before-rename");
@@ -262,6 +256,40 @@ zo_status offload_save(offload_t *rt, const char *dir, const offload_ckpt_meta *
 out_remove:
     remove_dir(tmp);
     return st;
+}
+
+/* A whole-model writer behind the streamed interface: the blocks gathered
+ * in host memory first (what offload_save's writer asks for). */
+typedef struct gather_ctx {
+    offload_weights_writer writer;
+    void *user;
+    size_t n;
+    int nb;
+    const size_t *off;
+} gather_ctx;
+
+static zo_status gather_write(void *user, const char *path, offload_block_reader read, void *ctx)
+{
+    gather_ctx *g = user;
+    zo_status st = ZO_OK;
+    float *all = malloc(g->n * sizeof(float) + 4);
+    float **blocks = calloc((size_t)g->nb, sizeof(float *));
+    if (!all || !blocks) st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
+    for (int b = 0; st == ZO_OK && b < g->nb; b++) {
+        blocks[b] = all + g->off[b];
+        st = read(ctx, b, blocks[b]);
+    }
+    if (st == ZO_OK) st = g->writer(g->user, path, (const float *const *)blocks);
+    free(all);
+    free(blocks);
+    return st;
+}
+
+zo_status offload_save(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
+                       offload_weights_writer writer, void *writer_user)
+{
+    gather_ctx g = {.writer = writer, .user = writer_user, .n = rt->g.n, .nb = rt->g.nb, .off = rt->off};
+    return offload_save_streamed(rt, dir, meta, writer ? gather_write : NULL, &g);
 }
 
 /* ---- loading ------------------------------------------------------------------------ */
@@ -300,6 +328,51 @@ static zo_status read_state(const char *path, cJSON **out)
     return ZO_OK;
 }
 
+/* Where array a (master, m, v) of block b is in the file: a tensor and the
+ * element it starts at. */
+typedef struct opt_source {
+    const model_st_tensor *t[3];
+    size_t first;
+} opt_source;
+
+static zo_status find_sources(const offload_t *rt, const model_st_file *f, int version, int b,
+                              opt_source *src)
+{
+    char name[48];
+    src->first = version == 1 ? rt->off[b] : 0;
+    size_t want = version == 1 ? rt->g.n : rt->numel[b];
+    for (int a = 0; a < 3; a++) {
+        if (version == 1) snprintf(name, sizeof name, "%s", opt_names[a]);
+        else snprintf(name, sizeof name, "block.%d.%s", b, opt_names[a]);
+        const model_st_tensor *t = model_st_find(f, name);
+        if (!t || t->dtype != ZO_DTYPE_F32 || t->numel != want)
+            return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\" missing or not F32 [%zu]", f->path, name, want);
+        src->t[a] = t;
+    }
+    return ZO_OK;
+}
+
+/* n fp32 values of tensor t from element `first`, read (not mapped: host
+ * memory holds what is read, no more). */
+static zo_status read_f32(const model_st_file *f, const model_st_tensor *t, size_t first, size_t n,
+                          float *dst)
+{
+    uint64_t at = f->data_start + t->begin + (uint64_t)first * 4;
+    size_t left = n * 4;
+    char *p = (char *)dst;
+    while (left) {
+        ssize_t r = pread(f->fd, p, left, (off_t)at);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0)
+            return zo_error(ZO_ERR_IO, "%s: read at byte %llu: %s", f->path, (unsigned long long)at,
+                            r < 0 ? strerror(errno) : "end of file");
+        p += r;
+        at += (uint64_t)r;
+        left -= (size_t)r;
+    }
+    return ZO_OK;
+}
+
 zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
 {
     char ck[4096], path[4200];
@@ -317,12 +390,13 @@ zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
     }
     cJSON *state = NULL;
     if ((st = read_state(path, &state)) != ZO_OK) return st;
-    double step = 0, scale = 1, good = 0, skipped = 0, params = 0, data_step = 0, seed = 0;
+    double step = 0, scale = 1, good = 0, skipped = 0, params = 0, data_step = 0, seed = 0, version = 1;
     if ((st = json_number(state, "step", path, &step)) != ZO_OK ||
         (st = json_number(state, "loss_scale", path, &scale)) != ZO_OK ||
         (st = json_number(state, "good_steps", path, &good)) != ZO_OK ||
         (st = json_number(state, "skipped", path, &skipped)) != ZO_OK ||
-        (st = json_number(state, "params", path, &params)) != ZO_OK) {
+        (st = json_number(state, "params", path, &params)) != ZO_OK ||
+        (st = json_number(state, "version", path, &version)) != ZO_OK) {
         cJSON_Delete(state);
         return st;
     }
@@ -337,62 +411,46 @@ zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
         (st = check_count(params, "params", path)) != ZO_OK ||
         (st = check_count(data_step, "data_step", path)) != ZO_OK)
         return st;
+    if (version != 1 && version != STATE_VERSION)
+        return zo_error(ZO_ERR_FORMAT, "%s: \"version\" = %g: this runtime reads versions 1 and %d", path,
+                        version, STATE_VERSION);
     if (!(seed >= 0 && seed < 18446744073709551616.0))
         return zo_error(ZO_ERR_FORMAT, "%s: \"seed\" = %g is not a 64-bit unsigned integer", path, seed);
     if (!(scale > 0 && isfinite(scale) && scale <= FLT_MAX))
         return zo_error(ZO_ERR_FORMAT, "%s: \"loss_scale\" = %g is not a positive float", path, scale);
-    if ((size_t)params != rt->n)
+    if ((size_t)params != rt->g.n)
         return zo_error(ZO_ERR_FORMAT, "%s: checkpoint of %.0f parameters, the model has %zu", path,
-                        params, rt->n);
+                        params, rt->g.n);
 
     model_st_file f;
     snprintf(path, sizeof path, "%s/optimizer.safetensors", ck);
     if ((st = model_st_open(&f, path)) != ZO_OK) return st;
-    const char *names[3] = {"master", "exp_avg", "exp_avg_sq"};
-    const uint8_t *data[3];
-    for (int i = 0; i < 3; i++) {
-        const model_st_tensor *t = model_st_find(&f, names[i]);
-        if (!t || t->dtype != ZO_DTYPE_F32 || t->numel != rt->n) {
-            model_st_close(&f);
-            return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\" missing or not F32 [%zu]", path, names[i], rt->n);
-        }
-        data[i] = model_st_data(&f, t);
-    }
+    /* every tensor is there before anything is overwritten */
+    opt_source src;
+    for (int b = 0; b < rt->g.nb; b++)
+        if ((st = find_sources(rt, &f, (int)version, b, &src)) != ZO_OK) goto out_close;
     if ((st = offload_grads_drain(rt)) != ZO_OK) goto out_close;
-    memcpy(rt->master, data[0], rt->n_cpu * 4);
-    memcpy(rt->mom, data[1], rt->n_cpu * 4);
-    memcpy(rt->var, data[2], rt->n_cpu * 4);
-    size_t G = offload_opt_groups(rt);
-    for (size_t g = 0; g < G && st == ZO_OK; g++) {
-        size_t fst, n;
-        offload_opt_group_range(rt, g, &fst, &n);
-        float *buf = malloc(3 * n * sizeof(float));
-        if (!buf) {
-            st = zo_error(ZO_ERR_NOMEM, "offload_load: out of host memory");
-            break;
+    size_t C = io_chunk(rt);
+    float *buf;
+    if ((st = offload_host_alloc(&rt->env, 3 * C * 4, 0, (void **)&buf)) != ZO_OK) goto out_close;
+    for (int b = 0; b < rt->g.nb && st == ZO_OK; b++) {
+        find_sources(rt, &f, (int)version, b, &src);
+        for (size_t rel = 0; rel < rt->numel[b] && st == ZO_OK; rel += C) {
+            size_t k = rt->numel[b] - rel < C ? rt->numel[b] - rel : C;
+            for (int a = 0; a < 3 && st == ZO_OK; a++)
+                st = read_f32(&f, src.t[a], src.first + rel, k, buf + (size_t)a * C);
+            if (st == ZO_OK)
+                st = ostate_write(rt->shards, rt->n_shards, rt->off[b] + rel, k, buf, buf + C, buf + 2 * C);
+            /* the 16-bit store from the master */
+            if (st == ZO_OK) st = wstore_put_f32(rt->ws, b, rel, k, buf);
         }
-        for (int i = 0; i < 3; i++) memcpy(buf + (size_t)i * n, data[i] + (rt->n_cpu + fst) * 4, n * 4);
-        st = offload_opt_store_group(rt, g, buf, buf + n, buf + 2 * n);
-        free(buf);
     }
-    for (int i = 0; i < 3 && st == ZO_OK && rt->dev_first < rt->n; i++)
-        st = offload_dev_state_set(rt, i, 0, rt->n - rt->dev_first,
-                                   (const float *)(data[i] + rt->dev_first * 4));
-    if (st != ZO_OK) goto out_close;
-    /* the 16-bit store from the master */
-    float *all = malloc(rt->n * sizeof(float) + 4);
-    const float **blocks = calloc((size_t)rt->nb, sizeof(float *));
-    if (!all || !blocks) {
-        free(all);
-        free(blocks);
-        st = zo_error(ZO_ERR_NOMEM, "offload_load: out of host memory");
-        goto out_close;
-    }
-    memcpy(all, data[0], rt->n * 4);
-    for (int b = 0; b < rt->nb; b++) blocks[b] = all + rt->off[b];
-    st = offload_store_from_master(rt, blocks);
-    free(all);
-    free(blocks);
+    offload_host_free(&rt->env, buf, 3 * C * 4, 0);
+    zo_status ss = ostate_sync(rt->shards, rt->n_shards);
+    if (st == ZO_OK) st = ss;
+    ss = rt->ws->ops->sync(rt->ws);
+    if (st == ZO_OK) st = ss;
+    offload_slots_invalidate(rt);
     if (st != ZO_OK) goto out_close;
     rt->step = (int64_t)step;
     rt->loss_scale = (float)scale;

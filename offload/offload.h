@@ -51,8 +51,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/dtype.h"  /* defines: zo_dtype */
-#include "common/status.h" /* defines: zo_status */
+#include "common/dtype.h"       /* defines: zo_dtype */
+#include "common/plan_schema.h" /* defines: zo_plan (the plan file as read) */
+#include "common/status.h"      /* defines: zo_status */
 #include "gpu/device.h"    /* defines: gpu_device_t, gpu_stream_t */
 
 typedef struct offload offload_t;
@@ -125,12 +126,10 @@ typedef void (*offload_ckpt_hook)(void *user, const char *point);
 
 typedef struct offload_config {
     offload_tier params_on;          /* DEVICE: resident; CPU, NVME: streamed */
-    double opt_frac[OFFLOAD_TIERS];  /* optimizer state split (the device share: whole blocks) */
-    /* Where the plan puts gradients (gpu or cpu). The gradients of the
-     * optimizer's device share stay on the device and those of its host
-     * share go to the host whatever this says (a gradient lives where its
-     * optimizer state is); kept for reports. */
-    offload_tier grads_on;
+    /* Optimizer state split (the device share: whole blocks). A gradient is
+     * summed where its optimizer state lives: on the device for the device
+     * share, in fp32 host memory for the rest. */
+    double opt_frac[OFFLOAD_TIERS];
     offload_tier checkpoints_on;     /* DEVICE or CPU (CPU needs recompute) */
     int recompute;                   /* rebuild each block's activations in backward (a plan's
                                         "selective" reads as 0: see offload_plan_load) */
@@ -160,27 +159,35 @@ typedef struct offload_prediction {
     double step_s;                   /* 0 when absent */
 } offload_prediction;
 
-/* The training settings a plan file holds besides the runtime's. */
+/* A plan file (docs/plan-format.md) as the runtime reads it: its
+ * configuration and the training settings it holds besides. */
 typedef struct offload_plan {
     offload_config cfg;              /* placement, buffers, grad_accum */
     offload_prediction predicted;
     char model_name[64];
-    int seq, micro_batch;            /* 0 when absent */
-    int dtype;                       /* zo_dtype, -1 when absent */
-    uint64_t gpu_mem;                /* hardware.gpu_mem; 0 when absent */
+    int seq, micro_batch;            /* 0 when no plan was read */
+    int dtype;                       /* zo_dtype, -1 when no plan was read */
+    uint64_t gpu_mem;                /* hardware.gpu_mem; 0 when the plan has no hardware */
     /* The plan said recompute "selective": read as none (cfg.recompute 0),
      * since the attention keeps no s x s scores and selective would
      * recompute nothing; programs say so when they print the plan. */
     int selective_as_none;
+    /* The file as the plan schema read it (the model and parallel layout
+     * for zo_plan_check_run); cfg.nvme_dir may point into it. */
+    zo_plan file;
 } offload_plan;
 
 /* Defaults: offload_config_defaults, nothing predicted, dtype -1. */
 void offload_plan_defaults(offload_plan *p);
 
-/* Read the JSON `memplan` writes (docs/plan-format.md; `memplan estimate
- * --json` output is read too). Fields absent keep the values already in
- * *plan (start from offload_plan_defaults). The
- * NVMe directory placeholder "${ZO_NVME_DIR}" leaves cfg.nvme_dir alone.
+/* Read a plan file through the plan schema's reader (common/plan_schema.h,
+ * the one memplan writes with), which refuses anything but that one shape:
+ * unknown or missing fields, values outside the schema's limits, another
+ * version. The plan sets the runtime's placement, buffers and grad_accum in
+ * plan->cfg and leaves the rest of cfg (AdamW, threads, loss scale, hooks) as
+ * it is (start from offload_plan_defaults); the NVMe directory placeholder
+ * "${ZO_NVME_DIR}" leaves cfg.nvme_dir alone, a directory points it into
+ * plan->file. A plan for an optimizer the runtime lacks (sgd) is refused.
  * Messages name the file and the field. */
 zo_status offload_plan_load(const char *path, offload_plan *plan);
 
@@ -194,10 +201,18 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
                        const offload_config *cfg);
 void offload_free(offload_t *rt);
 
-/* Set the fp32 master weights (blocks[b]: block_numel[b] floats) and the
- * 16-bit store from them; optimizer moments and counters restart at zero. */
+/* Set the fp32 master weights of one block (block_numel[block] floats) and
+ * its 16-bit weights from them; its optimizer moments restart at zero, and
+ * gradients accumulated since the last step are dropped. Host memory holds
+ * the block in flight and no more, whatever the model's size: load a model
+ * block by block (e.g. model_load_block) through it. */
+zo_status offload_set_block(offload_t *rt, int block, const float *w);
+/* Read one block's fp32 master weights back. */
+zo_status offload_get_block(offload_t *rt, int block, float *w);
+
+/* Every block at once (blocks[b]: block_numel[b] floats); the step counter
+ * and the loss-scale history restart too. */
 zo_status offload_set_weights(offload_t *rt, const float *const *blocks);
-/* Read the fp32 master weights back. */
 zo_status offload_get_weights(offload_t *rt, float *const *blocks);
 
 /* ---- training -------------------------------------------------------------- */
@@ -285,19 +300,32 @@ typedef struct offload_ckpt_meta {
 } offload_ckpt_meta;
 
 /* Write the model's weights (fp32 master blocks) under `path` (e.g. as
- * safetensors with the model's names); the runtime calls it once per save. */
+ * safetensors with the model's names); the runtime calls it once per save,
+ * with the whole model gathered in host memory. */
 typedef zo_status (*offload_weights_writer)(void *user, const char *path,
                                             const float *const *blocks);
 
+/* Read block b's fp32 master weights into dst (block_numel[b] floats). */
+typedef zo_status (*offload_block_reader)(void *ctx, int block, float *dst);
+/* Write the model's weights under `path`, reading them one block at a time
+ * through read(ctx, b, dst), in any order and as often as it needs (e.g.
+ * model_save_streamed). */
+typedef zo_status (*offload_weights_stream)(void *user, const char *path,
+                                            offload_block_reader read, void *ctx);
+
 /* Save a checkpoint into DIR/step-<N>/ (weights through `writer` when not
- * NULL as model.safetensors, optimizer.safetensors with the flat fp32 master,
- * m and v, and state.json), built in DIR/.tmp-step-<N>/ with every file
+ * NULL as model.safetensors, optimizer.safetensors with each block's fp32
+ * master, m and v, and state.json), built in DIR/.tmp-step-<N>/ with every file
  * fsynced, renamed into place, then DIR/latest (a one-line file naming the
  * directory) replaced atomically; older step-* directories are removed after.
  * The hook (config.ckpt_hook) is called at "begin", "optimizer-half",
  * "before-rename" and "before-latest". */
 zo_status offload_save(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
                        offload_weights_writer writer, void *writer_user);
+/* The same, the weights written block by block: host memory holds a few
+ * blocks, never the model, whatever tier the state lives on. */
+zo_status offload_save_streamed(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
+                                offload_weights_stream writer, void *writer_user);
 
 /* Load the checkpoint DIR/latest names (or DIR itself when it holds a
  * state.json): master, moments, step, loss scale; the 16-bit store is rebuilt

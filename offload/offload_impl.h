@@ -1,20 +1,200 @@
-/* Internals of the offload runtime shared by its files (not installed). */
+/* Internals of the offload runtime (not installed).
+ *
+ * The runtime is built in layers; a file calls only into the layers below it:
+ *
+ *   offload.c   the public life cycle: configuration, init/free, weights in
+ *               and out block by block, the step's entry, measurements
+ *   stream.c    one micro-batch: device slots, prefetch, gradients out,
+ *               activation boundaries
+ *   optim.c     the step's arithmetic: gradient statistics, clipping, AdamW
+ *               over every optimizer shard, new weights into the store
+ *   ckpt.c      training checkpoints, one block at a time
+ *   wstore.c    where the 16-bit weights live: a weight store object
+ *               (device-resident, pinned host, NVMe)
+ *   ostate.c    where the fp32 master and Adam moments live: optimizer-state
+ *               shard objects (host memory, NVMe, device), ranges of the
+ *               flat parameter index
+ *   acct.c      the clock, memory accounting per tier, counters
+ *
+ * The store and the shards are chosen once, at init, from the configuration;
+ * nothing above them asks where state lives. Every staging buffer has one
+ * role and one owner:
+ *   - device weight slots (stream.c): blocks streamed in for compute;
+ *   - gradient slots (stream.c): a device buffer per slot for backward and
+ *     its pinned host copy for the fp32 sum on the host;
+ *   - the store's incoming weights (wstore.c): pinned buffers the new 16-bit
+ *     weights of a block pass through on their way to the device or NVMe,
+ *     and the read-ahead ring of an NVMe store;
+ *   - the device shard's statistics buffer (ostate.c): one block's fp32
+ *     gradient on the host for an exact clipping norm;
+ *   - the NVMe shard's group cache (ostate.c): one sub-group of master and
+ *     moments while weights or checkpoints move in or out. */
 #ifndef ZO_OFFLOAD_IMPL_H
 #define ZO_OFFLOAD_IMPL_H
 
+#include "common/adam_math.h" /* defines: zo_adam_hparams */
 #include "offload/offload.h"
-
-#ifdef ZO_OFFLOAD_HAVE_NVME
-#include "nvme/nvme_engine.h"   /* defines: nvme_engine_t */
-#include "nvme/nvme_pipeline.h" /* defines: nvme_pipeline_t */
-#include "nvme/nvme_store.h"    /* defines: nvme_store_t */
-#endif
 
 #define OFFLOAD_MAX_PREFETCH 16
 #define OFFLOAD_GRAD_SLOTS 2
+#define OFFLOAD_MAX_SHARDS 3
 #define OFFLOAD_LOSS_SCALE_INIT 65536.0f
 #define OFFLOAD_LOSS_SCALE_WINDOW 200
 #define OFFLOAD_DEFAULT_SUB_GROUP (1u << 20)
+
+/* ---- acct.c: the clock, memory per tier, counters -------------------------------- */
+
+typedef struct offload_acct {
+    uint64_t use[OFFLOAD_TIERS], peak[OFFLOAD_TIERS];
+    double time[OFFLOAD_TIME_PARTS];
+    double total_s;
+    int64_t n_micro, n_steps;
+    uint64_t bytes_h2d, bytes_d2h, bytes_disk_read, bytes_disk_written;
+} offload_acct;
+
+/* What every object of the runtime works with. */
+typedef struct offload_env {
+    gpu_device_t dev;
+    gpu_stream_t h2d, d2h; /* the runtime's copy streams */
+    offload_acct *acct;
+    int n_threads;         /* CPU Adam threads; 0 = OpenMP's default */
+} offload_env;
+
+/* The model's blocks on the flat parameter index. */
+typedef struct offload_geom {
+    int nb;
+    const size_t *numel;   /* [nb] */
+    const size_t *off;     /* [nb + 1] flat offsets */
+    size_t n;              /* elements of the whole model */
+    size_t largest;        /* elements of the largest block */
+    zo_dtype dtype;        /* of the 16-bit (or fp32) weights */
+    size_t es;             /* bytes per element of dtype */
+    size_t slot_bytes;     /* largest * es, at least 256 */
+} offload_geom;
+
+double offload_now(void);
+void offload_count(offload_acct *a, offload_tier t, int64_t delta);
+/* Host memory counted against the CPU tier (pinned: through the device). */
+zo_status offload_host_alloc(const offload_env *env, size_t bytes, int pinned, void **out);
+void offload_host_free(const offload_env *env, void *p, size_t bytes, int pinned);
+/* Host wait on one event, added to a part of the time split. */
+zo_status offload_timed_wait(const offload_env *env, gpu_event_t ev, offload_time_part part);
+/* The block holding flat element `a` (blocks of no elements skipped). */
+int offload_block_of(const offload_geom *g, size_t a);
+
+/* ---- wstore.c: the 16-bit weights -------------------------------------------------- */
+
+typedef struct wstore wstore;
+
+typedef struct wstore_ops {
+    /* Block b's weights in device memory when the store keeps them there
+     * (the compute reads them in place), else NULL. */
+    const void *(*resident)(wstore *ws, int b);
+    /* Start copying block b's weights into device memory `dst` on the h2d
+     * stream (streamed stores); the copy is ordered on h2d. */
+    zo_status (*fetch)(wstore *ws, int b, void *dst);
+    /* Host memory for new weights of elements [rel, rel + n) of block b (in
+     * the dtype), valid until put_host_done of the same range, which hands
+     * them to the store. n is at most put_max. */
+    zo_status (*put_host)(wstore *ws, int b, size_t rel, size_t n, void **dst);
+    zo_status (*put_host_done)(wstore *ws, int b, size_t rel, size_t n);
+    /* Device memory for all new weights of block b, written on stream s;
+     * put_dev_done (on the same stream) hands them to the store. */
+    zo_status (*put_dev)(wstore *ws, int b, void **dst);
+    zo_status (*put_dev_done)(wstore *ws, int b, gpu_stream_t s);
+    /* Every put has reached the store: later fetches and compute see it. */
+    zo_status (*sync)(wstore *ws);
+    void (*free)(wstore *ws);
+} wstore_ops;
+
+struct wstore {
+    const wstore_ops *ops;
+    const offload_env *env;
+    const offload_geom *g;
+    offload_tier tier;
+    int resident;          /* resident() gives every block: nothing is fetched */
+    size_t put_max;        /* elements put_host takes at once */
+};
+
+typedef struct wstore_config {
+    offload_tier tier;
+    int ring;              /* NVMe: pinned read-ahead buffers (the device slots' count) */
+    int dev_puts;          /* new weights will come from the device (a device shard) */
+    size_t chunk;          /* device tier: elements a host put stages at once */
+    const char *nvme_dir;
+} wstore_config;
+
+zo_status wstore_create(const offload_env *env, const offload_geom *g, const wstore_config *c,
+                        wstore **out);
+void wstore_free(wstore *ws);
+/* Put elements [rel, rel + n) of block b's weights, given in fp32, chunk by
+ * chunk. */
+zo_status wstore_put_f32(wstore *ws, int b, size_t rel, size_t n, const float *src);
+
+/* ---- ostate.c: fp32 master weights and Adam moments ------------------------------- */
+
+typedef struct oshard oshard;
+
+/* The step, as the shards call it. */
+typedef struct oshard_update {
+    /* host state of flat [first, first + n): master P, moments M and V */
+    zo_status (*host)(void *ctx, size_t first, size_t n, float *P, float *M, float *V);
+    /* device state of block b: P, M, V and the fp32 gradient sum G, on `s` */
+    zo_status (*dev)(void *ctx, int b, float *P, float *M, float *V, float *G, gpu_stream_t s);
+    void *ctx;
+} oshard_update;
+
+typedef struct oshard_ops {
+    /* Elements [first, first + n) (flat, within the shard) of the master and
+     * the moments into host arrays; a NULL array is skipped. */
+    zo_status (*read)(oshard *sh, size_t first, size_t n, float *P, float *M, float *V);
+    /* ... and from host arrays; NULL moments are written as zeros. */
+    zo_status (*write)(oshard *sh, size_t first, size_t n, const float *P, const float *M,
+                       const float *V);
+    /* Writes have reached the shard's tier. */
+    zo_status (*sync)(oshard *sh);
+    /* Update every element (the device shard enqueues: sync waits). */
+    zo_status (*step)(oshard *sh, const oshard_update *u);
+    /* (optional) The fp32 gradient sum kept with the state, at flat element
+     * `first`; NULL when gradients are summed on the host. */
+    float *(*grad)(oshard *sh, size_t first);
+    /* (optional) Zero that gradient sum on stream s. */
+    zo_status (*grad_zero)(oshard *sh, gpu_stream_t s);
+    /* (optional) Add its sum of squares and inf/nan flag, block by block. */
+    zo_status (*grad_stats)(oshard *sh, int exact, double *sumsq, int *nonfinite);
+    void (*free)(oshard *sh);
+} oshard_ops;
+
+struct oshard {
+    const oshard_ops *ops;
+    const offload_env *env;
+    const offload_geom *g;
+    offload_tier tier;
+    size_t first, n;       /* the flat range it holds */
+};
+
+typedef struct oshard_config {
+    offload_tier tier;
+    size_t first, n;
+    size_t sub_group;      /* elements per update call (host) / per NVMe group */
+    int swap_buffers;      /* NVMe pipeline buffers */
+    int exact_stats;       /* device: a pinned block for exact clipping statistics */
+    const char *nvme_dir;
+} oshard_config;
+
+zo_status oshard_create(const offload_env *env, const offload_geom *g, const oshard_config *c,
+                        oshard **out);
+void oshard_free(oshard *sh);
+
+/* Over every shard in flat order: elements [first, first + n) anywhere in
+ * the index. */
+zo_status ostate_read(oshard *const *sh, int n_sh, size_t first, size_t n, float *P, float *M,
+                      float *V);
+zo_status ostate_write(oshard *const *sh, int n_sh, size_t first, size_t n, const float *P,
+                       const float *M, const float *V);
+zo_status ostate_sync(oshard *const *sh, int n_sh);
+
+/* ---- stream.c and optim.c: the training loop --------------------------------------- */
 
 /* A device slot holding one block's weights while it computes. */
 typedef struct offload_slot {
@@ -30,8 +210,8 @@ typedef struct offload_slot {
 /* A device gradient buffer and its pinned host copy. */
 typedef struct offload_gslot {
     void *dev;          /* device, slot_bytes */
-    void *host;         /* pinned, slot_bytes */
-    int block;          /* the block whose gradients are in flight, -1 none */
+    void *host;         /* pinned, slot_bytes (NULL when no gradient goes to the host) */
+    int block;          /* the block whose gradients are in flight to the host, -1 none */
     gpu_event_t done;   /* compute stream: backward wrote them */
     gpu_event_t copied; /* d2h stream: they are on the host */
 } offload_gslot;
@@ -47,32 +227,26 @@ typedef struct offload_ring {
 } offload_ring;
 
 struct offload {
-    gpu_device_t dev;
+    offload_env env;
+    offload_acct acct;
     offload_config cfg;
     /* the model, with owned copies of its arrays */
     offload_model m;
+    offload_geom g;
     size_t *numel;              /* [nb] */
+    size_t *off;                /* [nb + 1] */
     int *dep;                   /* [nb] */
-    offload_decay_range *decay; /* [n_decay] sorted by flat offset */
-    int nb;
-    size_t n;                   /* elements of the whole model */
-    size_t *off;                /* [nb + 1] flat offsets */
-    size_t largest;             /* elements of the largest block */
-    size_t es;                  /* bytes per element of the model's dtype */
-    size_t slot_bytes;          /* largest * es, at least 256 */
+    offload_decay_range *decay; /* [n_decay] sorted by block and offset */
 
-    gpu_stream_t h2d, d2h;
+    /* where state lives */
+    wstore *ws;
+    oshard *shards[OFFLOAD_MAX_SHARDS]; /* in flat order */
+    int n_shards;
+    oshard *dev_shard;          /* the shard whose gradients stay on the device, or NULL */
+    int dev_block;              /* its first block (nb: none) */
+    size_t host_n;              /* flat [0, host_n): gradients summed on the host */
 
-    /* the parameter store */
-    void *store_host;           /* CPU tier: pinned [n] dtype */
-    void *store_dev;            /* DEVICE tier: device [n] dtype */
-    /* DEVICE tier, in the step: the new weights of a block are assembled in
-     * gradient slot k's pinned buffer (gs[k].host) and copied on h2d;
-     * stage16_ev[k] (h2d) says that copy is done and the buffer is free */
-    gpu_event_t stage16_ev[2];
-    int stage16_pending[2];
-
-    /* streaming */
+    /* streaming (stream.c) */
     int n_slots;
     offload_slot *slots;
     uint64_t tick;
@@ -82,91 +256,39 @@ struct offload {
     gpu_event_t prev_done;      /* compute stream: the last block's work */
     int has_prev;
 
-    /* gradients */
+    /* gradients (stream.c) */
     offload_gslot gs[OFFLOAD_GRAD_SLOTS];
-    float *grad;                /* host [n] fp32, summed over micro-batches */
-    int micro;                  /* micro-batches in grad */
+    float *grad;                /* host [host_n] fp32, summed over micro-batches */
+    int micro;                  /* micro-batches in the sums */
 
-    /* activation boundaries */
+    /* activation boundaries (stream.c) */
     void **bnd;                 /* checkpoints on the device: [nb - 1] device buffers */
     void **bnd_host;            /* checkpoints in host memory: [nb - 1] pinned */
     offload_ring ring[2];
 
-    /* optimizer state */
-    size_t n_cpu;               /* [0, n_cpu) in memory, [n_cpu, dev_first) on NVMe */
-    /* the device share: flat [dev_first, n), blocks [dev_block, nb) */
-    size_t dev_first;
-    int dev_block;
-    float *d_master, *d_mom, *d_var; /* device [n - dev_first] fp32 */
-    float *d_grad;              /* device [n - dev_first] fp32, summed over micro-batches */
-    void *d_stats;              /* device: float sum of squares, int32 inf/nan flag */
-    gpu_event_t d_done;         /* d2h stream: the device share's update has run */
-    float *master, *mom, *var;  /* [n_cpu] */
+    /* training counters */
     int64_t step;
     float loss_scale;
     int dynamic_scale;          /* fp16: the scale moves */
     int good_steps;
     int64_t skipped;
-    /* the step in progress (read by the update callback) */
-    float hp_grad_mult;
-    int nvme_blk;               /* NVMe params: block being assembled, -1 none */
-
-#ifdef ZO_OFFLOAD_HAVE_NVME
-    nvme_engine_t *opt_engine, *par_engine;
-    nvme_store_t *opt_store, *par_store;
-    nvme_pipeline_t *pipe;
-    int *par_ids;               /* [nb] tensor ids of the 16-bit weights on NVMe */
-#endif
-    void *par_stage;            /* NVMe params: aligned [slot_bytes] block assembly */
-    void **par_ring;            /* NVMe params: [n_slots] pinned read-ahead buffers */
-    gpu_event_t *par_ring_ev;
-    int *par_ring_used;
-    int par_ring_next;
-
-    /* measurements */
-    uint64_t use[OFFLOAD_TIERS], peak[OFFLOAD_TIERS];
-    double time[OFFLOAD_TIME_PARTS];
-    double total_s;
-    int64_t n_micro, n_steps;
-    uint64_t bytes_h2d, bytes_d2h, bytes_disk_read, bytes_disk_written;
 };
 
-double offload_now(void);
-
-/* Host memory counted against the CPU tier. */
-zo_status offload_host_alloc(offload_t *rt, size_t bytes, int pinned, void **out);
-void offload_host_free(offload_t *rt, void *p, size_t bytes, int pinned);
-void offload_count(offload_t *rt, offload_tier t, int64_t delta);
-/* The device tier's figures come from the device's own counters. */
-void offload_device_peak(offload_t *rt);
-
-/* Write the 16-bit weights of every block from fp32 master blocks. */
-zo_status offload_store_from_master(offload_t *rt, const float *const *blocks);
-/* Forget which blocks the device slots hold (after the store changed). */
+/* stream.c */
+zo_status offload_stream_init(offload_t *rt);
+void offload_stream_free(offload_t *rt);
+/* Forget which blocks the device slots hold (the store changed). */
 void offload_slots_invalidate(offload_t *rt);
-/* Finish outstanding gradient copies (before a step or a free). */
+/* Finish outstanding gradient copies into the host sum. */
 zo_status offload_grads_drain(offload_t *rt);
-/* Move the 16-bit weights of [first, first + n) (given as fp32 or 16-bit in
- * `src16`) into the store. */
-zo_status offload_store_range(offload_t *rt, size_t first, size_t n, const void *src16);
+zo_status offload_stream_micro_batch(offload_t *rt, gpu_stream_t s);
+zo_status offload_stream_forward(offload_t *rt, gpu_stream_t s);
 
-/* The device share of the optimizer state (optim.c): copy elements
- * [first, first + n) of the share (relative to dev_first) of master (which
- * 0), m (1), v (2) or the gradient sum (3) out to host memory, or in from
- * it (src NULL: zeros). Synchronous (on the d2h / h2d streams). */
-zo_status offload_dev_state_get(offload_t *rt, int which, size_t first, size_t n, float *dst);
-zo_status offload_dev_state_set(offload_t *rt, int which, size_t first, size_t n, const float *src);
+/* optim.c: unscale, clip and update every shard from the gradient sums;
+ * the gradients must be drained. */
+zo_status offload_optim_step(offload_t *rt, offload_step_info *info);
 
-/* Optimizer state on NVMe (optim.c). */
-zo_status offload_nvme_init(offload_t *rt);
-void offload_nvme_free(offload_t *rt);
-zo_status offload_opt_load_group(offload_t *rt, size_t g, float *master, float *m, float *v);
-zo_status offload_opt_store_group(offload_t *rt, size_t g, const float *master, const float *m,
-                                  const float *v);
-size_t offload_opt_groups(const offload_t *rt);
-void offload_opt_group_range(const offload_t *rt, size_t g, size_t *first, size_t *n);
-/* 16-bit weights of block b on NVMe. */
-zo_status offload_par_write(offload_t *rt, int block, const void *buf);
-zo_status offload_par_read(offload_t *rt, int block, void *buf);
+/* Convert n fp32 values to the weights' dtype. */
+void offload_to_dtype(const offload_geom *g, void *dst, const float *src, size_t n);
 
 #endif

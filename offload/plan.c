@@ -2,8 +2,6 @@
 #include "offload/offload_impl.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,177 +9,12 @@
 
 #include <cjson/cJSON.h>
 
-#define PLAN_MAX_BYTES (16u << 20)
-#define NVME_DIR_PLACEHOLDER "${ZO_NVME_DIR}"
-
-static const cJSON *get(const cJSON *o, const char *key)
-{
-    return o ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL;
-}
-
-/* An integer field, when present; messages name the file and the field. */
-static zo_status opt_int(const cJSON *o, const char *obj, const char *key, const char *path,
-                         long lo, long hi, int *out)
-{
-    const cJSON *v = get(o, key);
-    if (!v) return ZO_OK;
-    /* the range first: converting a double outside long's range is undefined */
-    if (!cJSON_IsNumber(v) || !(v->valuedouble >= (double)lo && v->valuedouble <= (double)hi) ||
-        v->valuedouble != (double)(long)v->valuedouble)
-        return zo_error(ZO_ERR_FORMAT, "%s: %s.%s must be an integer in [%ld, %ld]", path, obj, key, lo, hi);
-    *out = (int)v->valuedouble;
-    return ZO_OK;
-}
-
-static zo_status opt_u64(const cJSON *o, const char *obj, const char *key, const char *path,
-                         uint64_t *out)
-{
-    const cJSON *v = get(o, key);
-    if (!v) return ZO_OK;
-    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < 18446744073709551616.0))
-        return zo_error(ZO_ERR_FORMAT, "%s: %s.%s must be a non-negative number", path, obj, key);
-    *out = (uint64_t)v->valuedouble;
-    return ZO_OK;
-}
-
-static zo_status opt_tier(const cJSON *o, const char *obj, const char *key, const char *path,
-                          offload_tier *out)
-{
-    const cJSON *v = get(o, key);
-    if (!v) return ZO_OK;
-    char what[128];
-    snprintf(what, sizeof what, "%s: %s.%s", path, obj, key);
-    if (!cJSON_IsString(v)) return zo_error(ZO_ERR_FORMAT, "%s must be a string", what);
-    zo_status st = offload_tier_parse(v->valuestring, what, out);
-    return st == ZO_OK ? ZO_OK : ZO_ERR_FORMAT;
-}
-
-static zo_status parse_plan(const cJSON *root, const char *path, offload_plan *p)
-{
-    zo_status st;
-    offload_config *c = &p->cfg;
-    if (!cJSON_IsObject(root)) return zo_error(ZO_ERR_FORMAT, "%s: a plan is a JSON object", path);
-    const cJSON *fmt = get(root, "format");
-    if (fmt && (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "zoffload-plan")))
-        return zo_error(ZO_ERR_FORMAT, "%s: \"format\" is not \"zoffload-plan\"", path);
-
-    const cJSON *model = get(root, "model");
-    const cJSON *name = get(model, "name");
-    if (cJSON_IsString(name)) snprintf(p->model_name, sizeof p->model_name, "%s", name->valuestring);
-
-    const cJSON *hw = get(root, "hardware");
-    if ((st = opt_u64(hw, "hardware", "gpu_mem", path, &p->gpu_mem)) != ZO_OK) return st;
-
-    /* training: "training" (plan files) or "config" (memplan estimate --json) */
-    const cJSON *tr = get(root, "training");
-    const char *trn = "training";
-    if (!tr) {
-        tr = get(root, "config");
-        trn = "config";
-    }
-    if ((st = opt_int(tr, trn, "seq", path, 1, 1 << 24, &p->seq)) != ZO_OK ||
-        (st = opt_int(tr, trn, "micro_batch", path, 1, 1 << 20, &p->micro_batch)) != ZO_OK ||
-        (st = opt_int(tr, trn, "grad_accum", path, 1, 1 << 20, &c->grad_accum)) != ZO_OK)
-        return st;
-    const cJSON *dt = get(tr, "dtype");
-    if (dt) {
-        zo_dtype d;
-        if (!cJSON_IsString(dt) || zo_dtype_parse(dt->valuestring, &d) != ZO_OK)
-            return zo_error(ZO_ERR_FORMAT, "%s: %s.dtype must be fp32, fp16 or bf16", path, trn);
-        p->dtype = (int)d;
-    }
-    const cJSON *opt = get(tr, "optimizer");
-    if (opt && (!cJSON_IsString(opt) || strcmp(opt->valuestring, "adamw")))
-        return zo_error(ZO_ERR_FORMAT, "%s: %s.optimizer: the runtime runs adamw only", path, trn);
-    const cJSON *rc = get(tr, "recompute");
-    if (rc) {
-        if (!cJSON_IsString(rc))
-            return zo_error(ZO_ERR_FORMAT, "%s: %s.recompute must be a string", path, trn);
-        if (!strcmp(rc->valuestring, "none")) c->recompute = 0;
-        else if (!strcmp(rc->valuestring, "full")) c->recompute = 1;
-        else if (!strcmp(rc->valuestring, "selective")) {
-            /* selective recompute keeps all but the attention core, which is
-             * worth recomputing only when it stores the s x s scores; this
-             * attention is memory-efficient (it keeps one log-sum-exp per
-             * row), so selective saves nothing over none */
-            c->recompute = 0;
-            p->selective_as_none = 1;
-        } else
-            return zo_error(ZO_ERR_FORMAT, "%s: %s.recompute \"%s\": the runtime does none, selective (as none) or full",
-                            path, trn, rc->valuestring);
-    }
-
-    const cJSON *pl = get(root, "placement");
-    if (!pl) pl = get(tr, "placement");
-    if ((st = opt_tier(pl, "placement", "params", path, &c->params_on)) != ZO_OK ||
-        (st = opt_tier(pl, "placement", "checkpoints", path, &c->checkpoints_on)) != ZO_OK)
-        return st;
-    if ((st = opt_tier(pl, "placement", "grads", path, &c->grads_on)) != ZO_OK) return st;
-    if (c->grads_on == OFFLOAD_NVME)
-        return zo_error(ZO_ERR_FORMAT, "%s: placement.grads: gradients go to gpu or cpu", path);
-    const cJSON *op = get(pl, "optimizer");
-    if (op) {
-        if (!cJSON_IsObject(op))
-            return zo_error(ZO_ERR_FORMAT, "%s: placement.optimizer must be {\"gpu\": f, \"cpu\": f, \"nvme\": f}", path);
-        for (int t = 0; t < OFFLOAD_TIERS; t++) {
-            const cJSON *v = get(op, offload_tier_name((offload_tier)t));
-            if (v && !cJSON_IsNumber(v))
-                return zo_error(ZO_ERR_FORMAT, "%s: placement.optimizer.%s must be a number", path,
-                                offload_tier_name((offload_tier)t));
-            c->opt_frac[t] = v ? v->valuedouble : 0.0;
-        }
-        /* offload_init checks these too, but its message cannot name the plan */
-        double sum = 0;
-        for (int t = 0; t < OFFLOAD_TIERS; t++) {
-            if (!(c->opt_frac[t] >= 0 && c->opt_frac[t] <= 1))
-                return zo_error(ZO_ERR_FORMAT, "%s: placement.optimizer.%s = %g is outside [0, 1]", path,
-                                offload_tier_name((offload_tier)t), c->opt_frac[t]);
-            sum += c->opt_frac[t];
-        }
-        if (fabs(sum - 1.0) > 1e-6)
-            return zo_error(ZO_ERR_FORMAT, "%s: placement.optimizer fractions sum to %g, not 1", path, sum);
-    }
-
-    const cJSON *nv = get(root, "nvme");
-    const cJSON *dir = get(nv, "dir");
-    if (cJSON_IsString(dir) && strcmp(dir->valuestring, NVME_DIR_PLACEHOLDER)) {
-        static __thread char dirbuf[4096]; /* the plan's own directory outlives the JSON */
-        snprintf(dirbuf, sizeof dirbuf, "%s", dir->valuestring);
-        c->nvme_dir = dirbuf;
-    }
-    uint64_t sg = c->sub_group;
-    if ((st = opt_u64(nv, "nvme", "sub_group", path, &sg)) != ZO_OK) return st;
-    c->sub_group = (size_t)sg;
-    if ((st = opt_int(nv, "nvme", "swap_buffers", path, 1, 1024, &c->swap_buffers)) != ZO_OK) return st;
-
-    const cJSON *bf = get(root, "buffers");
-    if (!bf) bf = get(tr, "buffers");
-    if ((st = opt_int(bf, "buffers", "prefetch_depth", path, 0, OFFLOAD_MAX_PREFETCH,
-                      &c->prefetch_depth)) != ZO_OK)
-        return st;
-    if (!get(nv, "sub_group")) {
-        if ((st = opt_u64(bf, "buffers", "sub_group", path, &sg)) != ZO_OK) return st;
-        c->sub_group = (size_t)sg;
-    }
-    if (!get(nv, "swap_buffers"))
-        if ((st = opt_int(bf, "buffers", "swap_buffers", path, 1, 1024, &c->swap_buffers)) != ZO_OK) return st;
-
-    /* the prediction: "predicted.peak_bytes" (plan files) or "per_rank.<tier>.total" */
-    const cJSON *pr = get(root, "predicted");
-    const cJSON *peak = get(pr, "peak_bytes");
-    const cJSON *per = get(root, "per_rank");
-    for (int t = 0; t < OFFLOAD_TIERS; t++) {
-        const char *tn = offload_tier_name((offload_tier)t);
-        const cJSON *v = peak ? get(peak, tn) : get(get(per, tn), "total");
-        if (cJSON_IsNumber(v)) {
-            p->predicted.peak[t] = (uint64_t)v->valuedouble;
-            p->predicted.present = 1;
-        }
-    }
-    const cJSON *ss = get(pr, "step_s");
-    if (cJSON_IsNumber(ss)) p->predicted.step_s = ss->valuedouble;
-    return ZO_OK;
-}
+/* The schema's tiers are the runtime's, value for value. */
+_Static_assert((int)ZO_PLAN_GPU == OFFLOAD_DEVICE && (int)ZO_PLAN_CPU == OFFLOAD_CPU &&
+                   (int)ZO_PLAN_NVME == OFFLOAD_NVME && (int)ZO_PLAN_TIERS == OFFLOAD_TIERS,
+               "plan tiers");
+_Static_assert(ZO_PLAN_MAX_PREFETCH <= OFFLOAD_MAX_PREFETCH,
+               "the plan schema's prefetch limit is one the runtime can run");
 
 void offload_plan_defaults(offload_plan *p)
 {
@@ -192,33 +25,41 @@ void offload_plan_defaults(offload_plan *p)
 
 zo_status offload_plan_load(const char *path, offload_plan *plan)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return zo_error(errno == ENOENT ? ZO_ERR_NOT_FOUND : ZO_ERR_IO, "%s: %s", path, strerror(errno));
-    char *text = malloc(PLAN_MAX_BYTES + 1);
-    if (!text) {
-        fclose(f);
-        return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", path);
+    zo_plan *f = &plan->file;
+    zo_status st = zo_plan_load(path, f);
+    if (st != ZO_OK) return st;
+    if (f->training.optimizer != ZO_PLAN_ADAMW)
+        return zo_error(ZO_ERR_FORMAT, "%s: field \"training.optimizer\" is %s: the runtime runs "
+                        "adamw only", path, zo_plan_optimizer_name(f->training.optimizer));
+
+    offload_config *c = &plan->cfg;
+    c->params_on = (offload_tier)f->placement.params;
+    c->checkpoints_on = (offload_tier)f->placement.checkpoints;
+    memcpy(c->opt_frac, f->placement.optimizer, sizeof c->opt_frac);
+    /* selective recompute keeps all but the attention core, which is worth
+     * recomputing only when it stores the s x s scores; this attention is
+     * memory-efficient (it keeps one log-sum-exp per row), so selective
+     * saves nothing over none */
+    c->recompute = f->training.recompute == ZO_PLAN_RECOMPUTE_FULL;
+    plan->selective_as_none = f->training.recompute == ZO_PLAN_RECOMPUTE_SELECTIVE;
+    c->grad_accum = f->training.grad_accum;
+    c->prefetch_depth = f->buffers.prefetch_depth;
+    c->sub_group = (size_t)f->nvme.sub_group;
+    c->swap_buffers = f->nvme.swap_buffers;
+    if (strcmp(f->nvme.dir, ZO_PLAN_NVME_DIR_PLACEHOLDER)) c->nvme_dir = f->nvme.dir;
+
+    snprintf(plan->model_name, sizeof plan->model_name, "%s", f->model.name);
+    plan->seq = f->training.seq;
+    plan->micro_batch = f->training.micro_batch;
+    plan->dtype = (int)f->training.dtype;
+    if (f->has_hardware) plan->gpu_mem = f->hardware.gpu_mem;
+    memset(&plan->predicted, 0, sizeof plan->predicted);
+    if (f->has_predicted) {
+        plan->predicted.present = 1;
+        memcpy(plan->predicted.peak, f->predicted.peak_bytes, sizeof plan->predicted.peak);
+        plan->predicted.step_s = f->predicted.step_s;
     }
-    size_t len = fread(text, 1, PLAN_MAX_BYTES + 1, f);
-    fclose(f);
-    if (len > PLAN_MAX_BYTES) {
-        free(text);
-        return zo_error(ZO_ERR_FORMAT, "%s: larger than %u bytes", path, PLAN_MAX_BYTES);
-    }
-    text[len] = 0;
-    cJSON *root = cJSON_ParseWithLength(text, len);
-    zo_status st;
-    if (!root) {
-        const char *at = cJSON_GetErrorPtr();
-        int line = 1;
-        for (const char *q = text; at && q < at && *q; q++) line += *q == '\n';
-        st = zo_error(ZO_ERR_FORMAT, "%s: malformed JSON near line %d", path, line);
-    } else {
-        st = parse_plan(root, path, plan);
-        cJSON_Delete(root);
-    }
-    free(text);
-    return st;
+    return ZO_OK;
 }
 
 /* ---- measurements out -------------------------------------------------------------------- */

@@ -1,7 +1,8 @@
 /* One micro-batch: blocks forward in order and backward in reverse, their
- * weights streamed through the device slots, their gradients streamed back
- * to the host, the activations between blocks kept on the device or in host
- * memory.
+ * weights streamed from the weight store through the device slots, their
+ * gradients summed where their optimizer state lives (fp32 on the host, or
+ * on the device for the device shard), the activations between blocks kept
+ * on the device or in host memory.
  *
  * Streams: the caller's compute stream `s`, the runtime's h2d stream (weights
  * and activation checkpoints coming in) and d2h stream (gradients and
@@ -10,28 +11,138 @@
 #include "offload/offload_impl.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#define TRY(expr)                                                                           \
-    do {                                                                                    \
-        zo_status try_s_ = (expr);                                                          \
-        if (try_s_ != ZO_OK) return try_s_;                                                 \
-    } while (0)
+/* ---- allocation ------------------------------------------------------------------- */
 
-/* Host wait on one event, added to a part of the time split. */
-static zo_status timed_wait(offload_t *rt, gpu_event_t ev, offload_time_part part)
+static zo_status alloc_slots(offload_t *rt)
 {
-    double t0 = offload_now();
-    zo_status st = gpu_event_synchronize(ev);
-    rt->time[part] += offload_now() - t0;
-    return st;
+    zo_status st;
+    int has_dep = 0;
+    for (int b = 0; b < rt->g.nb; b++) has_dep |= rt->dep[b] >= 0;
+    rt->n_slots = rt->cfg.prefetch_depth + 1;
+    if (has_dep && rt->n_slots < 2) rt->n_slots = 2;
+    if (rt->n_slots > rt->g.nb) rt->n_slots = rt->g.nb;
+    rt->slots = calloc((size_t)rt->n_slots, sizeof *rt->slots);
+    if (!rt->slots) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    for (int i = 0; i < rt->n_slots; i++) {
+        offload_slot *sl = &rt->slots[i];
+        sl->block = -1;
+        if ((st = gpu_mem_alloc(rt->env.dev, rt->g.slot_bytes, &sl->buf)) != ZO_OK)
+            return zo_error_wrap(st, "offload_init: device weight slot %d of %d (%zu bytes each)", i + 1,
+                                 rt->n_slots, rt->g.slot_bytes);
+        if ((st = gpu_event_create(rt->env.dev, &sl->ready)) != ZO_OK) return st;
+        if ((st = gpu_event_create(rt->env.dev, &sl->freed)) != ZO_OK) return st;
+    }
+    return ZO_OK;
+}
+
+static zo_status alloc_grads(offload_t *rt)
+{
+    zo_status st;
+    const offload_env *env = &rt->env;
+    size_t sb = rt->g.slot_bytes;
+    /* the pinned halves, one buffer, when some gradient goes to the host */
+    void *pinned = NULL;
+    if (rt->host_n && (st = offload_host_alloc(env, OFFLOAD_GRAD_SLOTS * sb, 1, &pinned)) != ZO_OK)
+        return zo_error_wrap(st, "offload_init: pinned gradient buffers");
+    for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) {
+        offload_gslot *g = &rt->gs[k];
+        g->block = -1;
+        g->host = pinned ? (char *)pinned + (size_t)k * sb : NULL;
+        if ((st = gpu_mem_alloc(env->dev, sb, &g->dev)) != ZO_OK)
+            return zo_error_wrap(st, "offload_init: device gradient buffer (%zu bytes)", sb);
+        if ((st = gpu_event_create(env->dev, &g->done)) != ZO_OK) return st;
+        if ((st = gpu_event_create(env->dev, &g->copied)) != ZO_OK) return st;
+    }
+    /* the host's fp32 sum; the device shard keeps its own */
+    if ((st = offload_host_alloc(env, rt->host_n * sizeof(float), 0, (void **)&rt->grad)) != ZO_OK)
+        return zo_error_wrap(st, "offload_init: fp32 gradients");
+    if (rt->host_n) memset(rt->grad, 0, rt->host_n * sizeof(float));
+    return gpu_event_create(env->dev, &rt->prev_done);
+}
+
+static zo_status alloc_boundaries(offload_t *rt)
+{
+    zo_status st;
+    const offload_env *env = &rt->env;
+    size_t nbnd = (size_t)(rt->g.nb - 1), bytes = rt->m.boundary_bytes;
+    if (!nbnd || !bytes) return ZO_OK;
+    if (rt->cfg.checkpoints_on == OFFLOAD_DEVICE) {
+        rt->bnd = calloc(nbnd, sizeof(void *));
+        if (!rt->bnd) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+        for (size_t k = 0; k < nbnd; k++)
+            if ((st = gpu_mem_alloc(env->dev, bytes, &rt->bnd[k])) != ZO_OK)
+                return zo_error_wrap(st, "offload_init: activation checkpoint %zu of %zu on the device", k + 1, nbnd);
+        return ZO_OK;
+    }
+    rt->bnd_host = calloc(nbnd, sizeof(void *));
+    if (!rt->bnd_host) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    for (size_t k = 0; k < nbnd; k++)
+        if ((st = offload_host_alloc(env, bytes, 1, &rt->bnd_host[k])) != ZO_OK)
+            return zo_error_wrap(st, "offload_init: activation checkpoints in host memory");
+    for (int k = 0; k < 2; k++) {
+        offload_ring *r = &rt->ring[k];
+        r->holds = -1;
+        if ((st = gpu_mem_alloc(env->dev, bytes, &r->buf)) != ZO_OK)
+            return zo_error_wrap(st, "offload_init: activation ring on the device");
+        if ((st = gpu_event_create(env->dev, &r->used)) != ZO_OK ||
+            (st = gpu_event_create(env->dev, &r->filled)) != ZO_OK ||
+            (st = gpu_event_create(env->dev, &r->saved)) != ZO_OK)
+            return st;
+    }
+    return ZO_OK;
+}
+
+zo_status offload_stream_init(offload_t *rt)
+{
+    zo_status st;
+    if (!rt->ws->resident && (st = alloc_slots(rt)) != ZO_OK) return st;
+    if ((st = alloc_grads(rt)) != ZO_OK) return st;
+    return alloc_boundaries(rt);
+}
+
+void offload_stream_free(offload_t *rt)
+{
+    gpu_device_t d = rt->env.dev;
+    const offload_env *env = &rt->env;
+    if (rt->slots)
+        for (int i = 0; i < rt->n_slots; i++) {
+            gpu_mem_free(d, rt->slots[i].buf);
+            if (rt->slots[i].ready) gpu_event_destroy(rt->slots[i].ready);
+            if (rt->slots[i].freed) gpu_event_destroy(rt->slots[i].freed);
+        }
+    free(rt->slots);
+    rt->slots = NULL;
+    for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) {
+        gpu_mem_free(d, rt->gs[k].dev);
+        if (rt->gs[k].done) gpu_event_destroy(rt->gs[k].done);
+        if (rt->gs[k].copied) gpu_event_destroy(rt->gs[k].copied);
+    }
+    offload_host_free(env, rt->gs[0].host, OFFLOAD_GRAD_SLOTS * rt->g.slot_bytes, 1);
+    offload_host_free(env, rt->grad, rt->host_n * sizeof(float), 0);
+    for (int k = 0; k < 2; k++) {
+        offload_ring *r = &rt->ring[k];
+        gpu_mem_free(d, r->buf);
+        if (r->used) gpu_event_destroy(r->used);
+        if (r->filled) gpu_event_destroy(r->filled);
+        if (r->saved) gpu_event_destroy(r->saved);
+    }
+    if (rt->prev_done) gpu_event_destroy(rt->prev_done);
+    if (rt->bnd)
+        for (int k = 0; k < rt->g.nb - 1; k++) gpu_mem_free(d, rt->bnd[k]);
+    free(rt->bnd);
+    if (rt->bnd_host)
+        for (int k = 0; k < rt->g.nb - 1; k++) offload_host_free(env, rt->bnd_host[k], rt->m.boundary_bytes, 1);
+    free(rt->bnd_host);
 }
 
 /* ---- weights --------------------------------------------------------------------- */
 
-static const void *resident_params(offload_t *rt, int b)
+void offload_slots_invalidate(offload_t *rt)
 {
-    return (const char *)rt->store_dev + rt->off[b] * rt->es;
+    for (int i = 0; i < rt->n_slots; i++) rt->slots[i].block = -1;
 }
 
 static int slot_of(offload_t *rt, int block)
@@ -55,6 +166,7 @@ static int needed_soon(offload_t *rt, int block, int from, int to)
  * (every free slot holds a block needed before this one). */
 static zo_status load_block(offload_t *rt, int block, int horizon_end, int *slot_out)
 {
+    zo_status st;
     *slot_out = -1;
     int best = -1;
     for (int i = 0; i < rt->n_slots; i++) {
@@ -65,32 +177,11 @@ static zo_status load_block(offload_t *rt, int block, int horizon_end, int *slot
     }
     if (best < 0) return ZO_OK;
     offload_slot *sl = &rt->slots[best];
-    size_t bytes = rt->numel[block] * rt->es;
     /* the copy overwrites the slot after the last block that used it has run */
-    if (sl->used) TRY(gpu_stream_wait_event(rt->h2d, sl->freed));
-    const void *src;
-    if (rt->cfg.params_on == OFFLOAD_CPU) {
-        src = (const char *)rt->store_host + rt->off[block] * rt->es;
-    } else {
-        /* NVMe: read into a pinned buffer of the ring, whose last copy must be done */
-        int r = rt->par_ring_next;
-        rt->par_ring_next = (r + 1) % rt->n_slots;
-        if (rt->par_ring_used[r]) TRY(timed_wait(rt, rt->par_ring_ev[r], OFFLOAD_TIME_WEIGHTS));
-        double t0 = offload_now();
-        zo_status st = offload_par_read(rt, block, rt->par_ring[r]);
-        rt->time[OFFLOAD_TIME_DISK] += offload_now() - t0;
-        if (st != ZO_OK) return st;
-        rt->bytes_disk_read += bytes;
-        src = rt->par_ring[r];
-        TRY(gpu_memcpy_async(rt->h2d, sl->buf, src, bytes, GPU_COPY_HOST_TO_DEVICE));
-        TRY(gpu_event_record(rt->par_ring_ev[r], rt->h2d));
-        rt->par_ring_used[r] = 1;
-        goto loaded;
-    }
-    if (bytes) TRY(gpu_memcpy_async(rt->h2d, sl->buf, src, bytes, GPU_COPY_HOST_TO_DEVICE));
-loaded:
-    TRY(gpu_event_record(sl->ready, rt->h2d));
-    rt->bytes_h2d += bytes;
+    if (sl->used && (st = gpu_stream_wait_event(rt->env.h2d, sl->freed)) != ZO_OK) return st;
+    if ((st = rt->ws->ops->fetch(rt->ws, block, sl->buf)) != ZO_OK ||
+        (st = gpu_event_record(sl->ready, rt->env.h2d)) != ZO_OK)
+        return st;
     sl->block = block;
     *slot_out = best;
     return ZO_OK;
@@ -99,6 +190,7 @@ loaded:
 /* Issue loads for the blocks of schedule positions [pos, pos + depth]. */
 static zo_status prefetch(offload_t *rt)
 {
+    zo_status st;
     int end = rt->pos + rt->cfg.prefetch_depth + 1;
     if (end > rt->n_sched) end = rt->n_sched;
     for (int p = rt->pos; p < end; p++) {
@@ -106,7 +198,7 @@ static zo_status prefetch(offload_t *rt)
         for (int k = 0; k < 2; k++) {
             if (need[k] < 0 || slot_of(rt, need[k]) >= 0) continue;
             int s;
-            TRY(load_block(rt, need[k], p + 1, &s));
+            if ((st = load_block(rt, need[k], p + 1, &s)) != ZO_OK) return st;
             if (s < 0) return ZO_OK; /* no slot free: later positions wait too */
         }
     }
@@ -118,22 +210,25 @@ static zo_status prefetch(offload_t *rt)
 static zo_status acquire(offload_t *rt, gpu_stream_t s, int b, const void **params,
                          const void **dep_params)
 {
+    zo_status st;
+    wstore *ws = rt->ws;
     int dep = rt->dep[b];
     *dep_params = NULL;
     /* wait until the previous block has run: the compute part of the split */
-    if (rt->has_prev) TRY(timed_wait(rt, rt->prev_done, OFFLOAD_TIME_COMPUTE));
-    if (rt->cfg.params_on == OFFLOAD_DEVICE) {
-        *params = resident_params(rt, b);
-        if (dep >= 0) *dep_params = resident_params(rt, dep);
+    if (rt->has_prev && (st = offload_timed_wait(&rt->env, rt->prev_done, OFFLOAD_TIME_COMPUTE)) != ZO_OK)
+        return st;
+    if (ws->resident) {
+        *params = ws->ops->resident(ws, b);
+        if (dep >= 0) *dep_params = ws->ops->resident(ws, dep);
         return ZO_OK;
     }
-    TRY(prefetch(rt));
+    if ((st = prefetch(rt)) != ZO_OK) return st;
     int ids[2] = {b, dep};
     for (int k = 0; k < 2; k++) {
         if (ids[k] < 0) continue;
         int i = slot_of(rt, ids[k]);
         if (i < 0) {
-            TRY(load_block(rt, ids[k], rt->pos + 1, &i));
+            if ((st = load_block(rt, ids[k], rt->pos + 1, &i)) != ZO_OK) return st;
             if (i < 0)
                 return zo_error(ZO_ERR_INTERNAL, "offload: no device slot free for block %d (%d slots)",
                                 ids[k], rt->n_slots);
@@ -141,8 +236,9 @@ static zo_status acquire(offload_t *rt, gpu_stream_t s, int b, const void **para
         offload_slot *sl = &rt->slots[i];
         sl->busy = 1;
         /* the time the weights were late by */
-        TRY(timed_wait(rt, sl->ready, OFFLOAD_TIME_WEIGHTS));
-        TRY(gpu_stream_wait_event(s, sl->ready));
+        if ((st = offload_timed_wait(&rt->env, sl->ready, OFFLOAD_TIME_WEIGHTS)) != ZO_OK ||
+            (st = gpu_stream_wait_event(s, sl->ready)) != ZO_OK)
+            return st;
         if (k == 0) *params = sl->buf;
         else *dep_params = sl->buf;
     }
@@ -152,17 +248,18 @@ static zo_status acquire(offload_t *rt, gpu_stream_t s, int b, const void **para
 /* Block b's work is enqueued on s: mark its slots reusable after it. */
 static zo_status release(offload_t *rt, gpu_stream_t s, int b)
 {
-    TRY(gpu_event_record(rt->prev_done, s));
+    zo_status st;
+    if ((st = gpu_event_record(rt->prev_done, s)) != ZO_OK) return st;
     rt->has_prev = 1;
     rt->pos++;
-    if (rt->cfg.params_on == OFFLOAD_DEVICE) return ZO_OK;
+    if (rt->ws->resident) return ZO_OK;
     int ids[2] = {b, rt->dep[b]};
     for (int k = 0; k < 2; k++) {
         if (ids[k] < 0) continue;
         int i = slot_of(rt, ids[k]);
         if (i < 0) continue;
         offload_slot *sl = &rt->slots[i];
-        TRY(gpu_event_record(sl->freed, s));
+        if ((st = gpu_event_record(sl->freed, s)) != ZO_OK) return st;
         sl->used = 1;
         sl->busy = 0;
         sl->released = ++rt->tick;
@@ -178,7 +275,8 @@ static zo_status grads_accumulate(offload_t *rt, int k)
 {
     offload_gslot *g = &rt->gs[k];
     if (g->block < 0) return ZO_OK;
-    TRY(timed_wait(rt, g->copied, OFFLOAD_TIME_GRADS));
+    zo_status st = offload_timed_wait(&rt->env, g->copied, OFFLOAD_TIME_GRADS);
+    if (st != ZO_OK) return st;
     double t0 = offload_now();
     int b = g->block;
     size_t n = rt->numel[b];
@@ -202,19 +300,22 @@ static zo_status grads_accumulate(offload_t *rt, int k)
     }
     }
     g->block = -1;
-    rt->time[OFFLOAD_TIME_GRADS] += offload_now() - t0;
+    rt->acct.time[OFFLOAD_TIME_GRADS] += offload_now() - t0;
     return ZO_OK;
 }
 
 zo_status offload_grads_drain(offload_t *rt)
 {
-    for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) TRY(grads_accumulate(rt, k));
+    zo_status st;
+    for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++)
+        if ((st = grads_accumulate(rt, k)) != ZO_OK) return st;
     return ZO_OK;
 }
 
 /* A free gradient slot, zeroed on s; `avoid` is a slot already taken. */
 static zo_status grads_take(offload_t *rt, gpu_stream_t s, int avoid, int *out)
 {
+    zo_status st;
     int k = -1;
     for (int i = 0; i < OFFLOAD_GRAD_SLOTS; i++)
         if (i != avoid && rt->gs[i].block < 0) {
@@ -223,37 +324,42 @@ static zo_status grads_take(offload_t *rt, gpu_stream_t s, int avoid, int *out)
         }
     if (k < 0) {
         k = avoid == 0 ? 1 : 0;
-        TRY(grads_accumulate(rt, k));
+        if ((st = grads_accumulate(rt, k)) != ZO_OK) return st;
     }
     /* the device buffer is free once its last copy out has run */
-    TRY(gpu_stream_wait_event(s, rt->gs[k].copied));
-    TRY(gpu_memset_async(s, rt->gs[k].dev, 0, rt->slot_bytes));
+    if ((st = gpu_stream_wait_event(s, rt->gs[k].copied)) != ZO_OK ||
+        (st = gpu_memset_async(s, rt->gs[k].dev, 0, rt->g.slot_bytes)) != ZO_OK)
+        return st;
     *out = k;
     return ZO_OK;
 }
 
-/* Backward of a block wrote slot k's gradients for `block`: copy them out,
- * or, for a block of the optimizer's device share, add them to its fp32 sum
- * on the device (the same fp32 additions as the host's, so the same bits). */
+/* Backward of a block wrote slot k's gradients for `block`: add them to the
+ * device shard's fp32 sum when the block's state is there (the same fp32
+ * additions as the host's, so the same bits), else copy them out. */
 static zo_status grads_send(offload_t *rt, gpu_stream_t s, int k, int block)
 {
+    zo_status st;
     offload_gslot *g = &rt->gs[k];
-    size_t bytes = rt->numel[block] * rt->es;
+    size_t n = rt->numel[block], bytes = n * rt->g.es;
     if (block >= rt->dev_block) {
-        float *acc = rt->d_grad + (rt->off[block] - rt->dev_first);
-        size_t n = rt->numel[block];
+        oshard *d = rt->dev_shard;
+        float *acc = d->ops->grad(d, rt->off[block]);
         /* acc [n] fp32 += slot [n] model dtype, in stream order after backward;
          * the slot is zeroed for its next block later on the same stream */
-        if (n) TRY(gpu_add(s, gpu_t(acc, ZO_DTYPE_F32), gpu_t(acc, ZO_DTYPE_F32),
-                           gpu_t(g->dev, rt->m.dtype), n));
+        if (n && (st = gpu_add(s, gpu_t(acc, ZO_DTYPE_F32), gpu_t(acc, ZO_DTYPE_F32),
+                               gpu_t(g->dev, rt->m.dtype), n)) != ZO_OK)
+            return st;
         g->block = -1;
         return ZO_OK;
     }
-    TRY(gpu_event_record(g->done, s));
-    TRY(gpu_stream_wait_event(rt->d2h, g->done));
-    if (bytes) TRY(gpu_memcpy_async(rt->d2h, g->host, g->dev, bytes, GPU_COPY_DEVICE_TO_HOST));
-    TRY(gpu_event_record(g->copied, rt->d2h));
-    rt->bytes_d2h += bytes;
+    if ((st = gpu_event_record(g->done, s)) != ZO_OK ||
+        (st = gpu_stream_wait_event(rt->env.d2h, g->done)) != ZO_OK)
+        return st;
+    if (bytes && (st = gpu_memcpy_async(rt->env.d2h, g->host, g->dev, bytes, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK)
+        return st;
+    if ((st = gpu_event_record(g->copied, rt->env.d2h)) != ZO_OK) return st;
+    rt->acct.bytes_d2h += bytes;
     g->block = block;
     return ZO_OK;
 }
@@ -266,7 +372,8 @@ static offload_ring *ring_of(offload_t *rt, int k) { return &rt->ring[k & 1]; }
 /* Forward of block b: its input boundary b-1 and output boundary b. */
 static zo_status bounds_forward(offload_t *rt, gpu_stream_t s, int b, offload_block_io *io)
 {
-    int last = rt->nb - 1;
+    zo_status st;
+    int last = rt->g.nb - 1;
     io->in = NULL;
     io->out = NULL;
     if (!rt->m.boundary_bytes) return ZO_OK;
@@ -279,7 +386,7 @@ static zo_status bounds_forward(offload_t *rt, gpu_stream_t s, int b, offload_bl
     if (b < last) {
         offload_ring *r = ring_of(rt, b);
         /* overwritten only once its previous boundary reached the host */
-        if (r->has_saved) TRY(gpu_stream_wait_event(s, r->saved));
+        if (r->has_saved && (st = gpu_stream_wait_event(s, r->saved)) != ZO_OK) return st;
         io->out = r->buf;
         r->holds = b;
     }
@@ -289,19 +396,22 @@ static zo_status bounds_forward(offload_t *rt, gpu_stream_t s, int b, offload_bl
 /* After forward of block b: send boundary b to host memory. */
 static zo_status bounds_forward_done(offload_t *rt, gpu_stream_t s, int b)
 {
-    if (rt->bnd || !rt->m.boundary_bytes || b >= rt->nb - 1) return ZO_OK;
+    zo_status st;
+    gpu_stream_t d2h = rt->env.d2h;
+    if (rt->bnd || !rt->m.boundary_bytes || b >= rt->g.nb - 1) return ZO_OK;
     offload_ring *r = ring_of(rt, b);
-    TRY(gpu_event_record(r->used, s));
+    if ((st = gpu_event_record(r->used, s)) != ZO_OK) return st;
     r->has_used = 1;
-    TRY(gpu_stream_wait_event(rt->d2h, r->used));
-    TRY(gpu_memcpy_async(rt->d2h, rt->bnd_host[b], r->buf, rt->m.boundary_bytes,
-                         GPU_COPY_DEVICE_TO_HOST));
-    TRY(gpu_event_record(r->saved, rt->d2h));
+    if ((st = gpu_stream_wait_event(d2h, r->used)) != ZO_OK ||
+        (st = gpu_memcpy_async(d2h, rt->bnd_host[b], r->buf, rt->m.boundary_bytes,
+                               GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
+        (st = gpu_event_record(r->saved, d2h)) != ZO_OK)
+        return st;
     r->has_saved = 1;
-    rt->bytes_d2h += rt->m.boundary_bytes;
+    rt->acct.bytes_d2h += rt->m.boundary_bytes;
     if (b > 0) { /* the input was read by this block too */
         offload_ring *ri = ring_of(rt, b - 1);
-        TRY(gpu_event_record(ri->used, s));
+        if ((st = gpu_event_record(ri->used, s)) != ZO_OK) return st;
         ri->has_used = 1;
     }
     return ZO_OK;
@@ -310,21 +420,25 @@ static zo_status bounds_forward_done(offload_t *rt, gpu_stream_t s, int b)
 /* Load boundary k into its ring slot (host-memory checkpoints). */
 static zo_status bounds_load(offload_t *rt, int k)
 {
+    zo_status st;
+    gpu_stream_t h2d = rt->env.h2d;
     offload_ring *r = ring_of(rt, k);
     if (r->holds == k) return ZO_OK;
-    if (r->has_used) TRY(gpu_stream_wait_event(rt->h2d, r->used));
-    TRY(gpu_memcpy_async(rt->h2d, r->buf, rt->bnd_host[k], rt->m.boundary_bytes,
-                         GPU_COPY_HOST_TO_DEVICE));
-    TRY(gpu_event_record(r->filled, rt->h2d));
+    if (r->has_used && (st = gpu_stream_wait_event(h2d, r->used)) != ZO_OK) return st;
+    if ((st = gpu_memcpy_async(h2d, r->buf, rt->bnd_host[k], rt->m.boundary_bytes,
+                               GPU_COPY_HOST_TO_DEVICE)) != ZO_OK ||
+        (st = gpu_event_record(r->filled, h2d)) != ZO_OK)
+        return st;
     r->has_filled = 1;
     r->holds = k;
-    rt->bytes_h2d += rt->m.boundary_bytes;
+    rt->acct.bytes_h2d += rt->m.boundary_bytes;
     return ZO_OK;
 }
 
 /* Backward of block b reads boundary b-1. */
 static zo_status bounds_backward(offload_t *rt, gpu_stream_t s, int b, offload_block_io *io)
 {
+    zo_status st;
     io->in = NULL;
     io->out = NULL;
     if (!rt->m.boundary_bytes || b == 0) return ZO_OK;
@@ -333,8 +447,8 @@ static zo_status bounds_backward(offload_t *rt, gpu_stream_t s, int b, offload_b
         return ZO_OK;
     }
     offload_ring *r = ring_of(rt, b - 1);
-    TRY(bounds_load(rt, b - 1));
-    if (r->has_filled) TRY(gpu_stream_wait_event(s, r->filled));
+    if ((st = bounds_load(rt, b - 1)) != ZO_OK) return st;
+    if (r->has_filled && (st = gpu_stream_wait_event(s, r->filled)) != ZO_OK) return st;
     io->in = r->buf;
     return ZO_OK;
 }
@@ -343,74 +457,94 @@ static zo_status bounds_backward(offload_t *rt, gpu_stream_t s, int b, offload_b
  * block b-1 (boundary b-2) into the other slot. */
 static zo_status bounds_backward_done(offload_t *rt, gpu_stream_t s, int b)
 {
+    zo_status st;
     if (rt->bnd || !rt->m.boundary_bytes || b == 0) return ZO_OK;
     offload_ring *r = ring_of(rt, b - 1);
-    TRY(gpu_event_record(r->used, s));
+    if ((st = gpu_event_record(r->used, s)) != ZO_OK) return st;
     r->has_used = 1;
-    if (b >= 2) TRY(bounds_load(rt, b - 2));
-    return ZO_OK;
+    return b >= 2 ? bounds_load(rt, b - 2) : ZO_OK;
 }
 
 /* ---- the micro-batch ------------------------------------------------------------------- */
 
+/* The schedule starts again; the activations ring is empty. */
+static void pass_begin(offload_t *rt)
+{
+    rt->pos = 0;
+    rt->has_prev = 0;
+    for (int k = 0; k < 2; k++) rt->ring[k].holds = -1;
+}
+
 /* Forward of every block in order. */
 static zo_status forward_blocks(offload_t *rt, gpu_stream_t s)
 {
-    for (int b = 0; b < rt->nb; b++) {
+    zo_status st;
+    for (int b = 0; b < rt->g.nb; b++) {
         offload_block_io io = {0};
-        TRY(acquire(rt, s, b, &io.params, &io.dep_params));
-        TRY(bounds_forward(rt, s, b, &io));
-        TRY(rt->m.forward(rt->m.user, b, &io, s));
-        TRY(bounds_forward_done(rt, s, b));
-        TRY(release(rt, s, b));
+        if ((st = acquire(rt, s, b, &io.params, &io.dep_params)) != ZO_OK ||
+            (st = bounds_forward(rt, s, b, &io)) != ZO_OK ||
+            (st = rt->m.forward(rt->m.user, b, &io, s)) != ZO_OK ||
+            (st = bounds_forward_done(rt, s, b)) != ZO_OK || (st = release(rt, s, b)) != ZO_OK)
+            return st;
     }
     return ZO_OK;
 }
 
-static zo_status micro_batch_run(offload_t *rt, gpu_stream_t s, double t_start)
+/* Backward of block b, its gradients sent on. */
+static zo_status backward_block(offload_t *rt, gpu_stream_t s, int b)
 {
-    int nb = rt->nb;
-    rt->pos = 0;
-    rt->has_prev = 0;
-    if (rt->micro == 0) {
-        if (rt->dev_first) memset(rt->grad, 0, rt->dev_first * sizeof(float));
-        if (rt->d_grad)
-            TRY(gpu_memset_async(s, rt->d_grad, 0, (rt->n - rt->dev_first) * sizeof(float)));
+    zo_status st;
+    offload_block_io io = {0};
+    int k, kd = -1, dep = rt->dep[b];
+    if ((st = acquire(rt, s, b, &io.params, &io.dep_params)) != ZO_OK ||
+        (st = bounds_backward(rt, s, b, &io)) != ZO_OK || (st = grads_take(rt, s, -1, &k)) != ZO_OK)
+        return st;
+    io.grads = rt->gs[k].dev;
+    if (dep >= 0) {
+        if ((st = grads_take(rt, s, k, &kd)) != ZO_OK) return st;
+        io.dep_grads = rt->gs[kd].dev;
     }
-    /* the activations ring starts empty each micro-batch */
-    for (int k = 0; k < 2; k++) rt->ring[k].holds = -1;
+    if (rt->cfg.recompute && (st = rt->m.recompute(rt->m.user, b, &io, s)) != ZO_OK) return st;
+    if ((st = rt->m.backward(rt->m.user, b, &io, rt->loss_scale, s)) != ZO_OK) return st;
+    /* the dependency's share first: the same order whatever the placement */
+    if (kd >= 0 && (st = grads_send(rt, s, kd, dep)) != ZO_OK) return st;
+    if ((st = grads_send(rt, s, k, b)) != ZO_OK || (st = bounds_backward_done(rt, s, b)) != ZO_OK ||
+        (st = release(rt, s, b)) != ZO_OK)
+        return st;
+    /* add the previous block's gradients while the device runs this one */
+    for (int i = 0; i < OFFLOAD_GRAD_SLOTS; i++)
+        if (i != k && i != kd && (st = grads_accumulate(rt, i)) != ZO_OK) return st;
+    return ZO_OK;
+}
 
-    TRY(forward_blocks(rt, s));
-    for (int b = nb - 1; b >= 0; b--) {
-        offload_block_io io = {0};
-        TRY(acquire(rt, s, b, &io.params, &io.dep_params));
-        TRY(bounds_backward(rt, s, b, &io));
-        int k, kd = -1, dep = rt->dep[b];
-        TRY(grads_take(rt, s, -1, &k));
-        io.grads = rt->gs[k].dev;
-        if (dep >= 0) {
-            TRY(grads_take(rt, s, k, &kd));
-            io.dep_grads = rt->gs[kd].dev;
-        }
-        if (rt->cfg.recompute) TRY(rt->m.recompute(rt->m.user, b, &io, s));
-        TRY(rt->m.backward(rt->m.user, b, &io, rt->loss_scale, s));
-        /* the dependency's share first: the same order whatever the placement */
-        if (kd >= 0) TRY(grads_send(rt, s, kd, dep));
-        TRY(grads_send(rt, s, k, b));
-        TRY(bounds_backward_done(rt, s, b));
-        TRY(release(rt, s, b));
-        /* add the previous block's gradients while the device runs this one */
-        for (int i = 0; i < OFFLOAD_GRAD_SLOTS; i++)
-            if (i != k && i != kd) TRY(grads_accumulate(rt, i));
+static zo_status micro_batch_run(offload_t *rt, gpu_stream_t s)
+{
+    zo_status st;
+    pass_begin(rt);
+    if (rt->micro == 0) {
+        if (rt->host_n) memset(rt->grad, 0, rt->host_n * sizeof(float));
+        if (rt->dev_shard && (st = rt->dev_shard->ops->grad_zero(rt->dev_shard, s)) != ZO_OK) return st;
     }
+    if ((st = forward_blocks(rt, s)) != ZO_OK) return st;
+    for (int b = rt->g.nb - 1; b >= 0; b--)
+        if ((st = backward_block(rt, s, b)) != ZO_OK) return st;
     /* the compute of the last block, then its gradients */
-    TRY(timed_wait(rt, rt->prev_done, OFFLOAD_TIME_COMPUTE));
-    TRY(offload_grads_drain(rt));
+    if ((st = offload_timed_wait(&rt->env, rt->prev_done, OFFLOAD_TIME_COMPUTE)) != ZO_OK ||
+        (st = offload_grads_drain(rt)) != ZO_OK)
+        return st;
     rt->has_prev = 0;
     rt->micro++;
-    rt->n_micro++;
-    offload_device_peak(rt);
-    rt->total_s += offload_now() - t_start;
+    return ZO_OK;
+}
+
+static zo_status forward_run(offload_t *rt, gpu_stream_t s)
+{
+    zo_status st;
+    pass_begin(rt);
+    if ((st = forward_blocks(rt, s)) != ZO_OK ||
+        (st = offload_timed_wait(&rt->env, rt->prev_done, OFFLOAD_TIME_COMPUTE)) != ZO_OK)
+        return st;
+    rt->has_prev = 0;
     return ZO_OK;
 }
 
@@ -418,52 +552,32 @@ static zo_status micro_batch_run(offload_t *rt, gpu_stream_t s, double t_start)
  * `s`, the runtime's copies) finish, so that nothing in flight uses the
  * runtime's buffers when it returns (the caller may free it next), and
  * forget the step's gradients, which now hold part of a micro-batch; the
- * slots are free again, so the runtime can go on. */
-static void micro_batch_abandon(offload_t *rt, gpu_stream_t s)
+ * slots are free again, so the runtime can go on. A forward leaves the
+ * step's gradients alone. */
+static zo_status abandon(offload_t *rt, gpu_stream_t s, zo_status st, int keep_grads)
 {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", zo_last_error());
     gpu_stream_synchronize(s);
-    gpu_stream_synchronize(rt->h2d);
-    gpu_stream_synchronize(rt->d2h);
+    gpu_stream_synchronize(rt->env.h2d);
+    gpu_stream_synchronize(rt->env.d2h);
     for (int i = 0; i < rt->n_slots; i++) rt->slots[i].busy = 0;
-    for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) rt->gs[k].block = -1;
     rt->has_prev = 0;
-    rt->micro = 0;
+    if (!keep_grads) {
+        for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) rt->gs[k].block = -1;
+        rt->micro = 0;
+    }
+    return zo_error(st, "%s", msg); /* the failure's own message, not the waits' */
 }
 
-static zo_status forward_run(offload_t *rt, gpu_stream_t s)
+zo_status offload_stream_micro_batch(offload_t *rt, gpu_stream_t s)
 {
-    rt->pos = 0;
-    rt->has_prev = 0;
-    for (int k = 0; k < 2; k++) rt->ring[k].holds = -1;
-    TRY(forward_blocks(rt, s));
-    TRY(timed_wait(rt, rt->prev_done, OFFLOAD_TIME_COMPUTE));
-    rt->has_prev = 0;
-    return ZO_OK;
+    zo_status st = micro_batch_run(rt, s);
+    return st == ZO_OK ? ZO_OK : abandon(rt, s, st, 0);
 }
 
-zo_status offload_forward(offload_t *rt, gpu_stream_t s)
+zo_status offload_stream_forward(offload_t *rt, gpu_stream_t s)
 {
-    int micro = rt->micro;
     zo_status st = forward_run(rt, s);
-    if (st != ZO_OK) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", zo_last_error());
-        micro_batch_abandon(rt, s);
-        rt->micro = micro; /* the step's gradients are untouched by a forward */
-        st = zo_error(st, "%s", msg);
-    }
-    return st;
-}
-
-zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s)
-{
-    double t_start = offload_now();
-    zo_status st = micro_batch_run(rt, s, t_start);
-    if (st != ZO_OK) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", zo_last_error());
-        micro_batch_abandon(rt, s);
-        st = zo_error(st, "%s", msg); /* the failure's own message, not the waits' */
-    }
-    return st;
+    return st == ZO_OK ? ZO_OK : abandon(rt, s, st, 1);
 }

@@ -2,6 +2,7 @@
 
 #include <ctype.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MIB (1024ull * 1024)
@@ -26,19 +27,19 @@
 /* GPU memory is the total the driver reports (nvidia-smi), e.g. 81559 MiB for
  * an H100-80GB. */
 #define V100 .gpu = "V100-32GB", .gpu_mem = 32768 * MIB, .hbm_bw = 900 * GBs, \
-    .peak_flops_16 = 125 * TF, .peak_flops_32 = 15.7 * TF, .nvlink_bw = 150 * GBs, .pcie_bw = 12 * GBs, \
+    .peak_flops_16 = 125 * TF, .peak_flops_32 = 15.7 * TF, .nvlink_bw = 150 * GBs, .pcie_bw = 12 * GBs, .pcie_gen = 3, .pcie_lanes = 16, \
     .gemm_eff_max = V100_EFF, .gemm_flops_half = V100_HALF, COMMON_COST
 #define A100_40 .gpu = "A100-40GB", .gpu_mem = 40960 * MIB, .hbm_bw = 1555 * GBs, \
-    .peak_flops_16 = 312 * TF, .peak_flops_32 = 156 * TF, .nvlink_bw = 300 * GBs, .pcie_bw = 25 * GBs, \
+    .peak_flops_16 = 312 * TF, .peak_flops_32 = 156 * TF, .nvlink_bw = 300 * GBs, .pcie_bw = 25 * GBs, .pcie_gen = 4, .pcie_lanes = 16, \
     .gemm_eff_max = A100_EFF, .gemm_flops_half = A100_HALF, COMMON_COST
 #define A100_80 .gpu = "A100-80GB", .gpu_mem = 81920 * MIB, .hbm_bw = 2039 * GBs, \
-    .peak_flops_16 = 312 * TF, .peak_flops_32 = 156 * TF, .nvlink_bw = 300 * GBs, .pcie_bw = 25 * GBs, \
+    .peak_flops_16 = 312 * TF, .peak_flops_32 = 156 * TF, .nvlink_bw = 300 * GBs, .pcie_bw = 25 * GBs, .pcie_gen = 4, .pcie_lanes = 16, \
     .gemm_eff_max = A100_EFF, .gemm_flops_half = A100_HALF, COMMON_COST
 #define H100 .gpu = "H100-80GB", .gpu_mem = 81559 * MIB, .hbm_bw = 3350 * GBs, \
-    .peak_flops_16 = 989 * TF, .peak_flops_32 = 495 * TF, .nvlink_bw = 450 * GBs, .pcie_bw = 50 * GBs, \
+    .peak_flops_16 = 989 * TF, .peak_flops_32 = 495 * TF, .nvlink_bw = 450 * GBs, .pcie_bw = 50 * GBs, .pcie_gen = 5, .pcie_lanes = 16, \
     .gemm_eff_max = H100_EFF, .gemm_flops_half = H100_HALF, COMMON_COST
 #define H200 .gpu = "H200-141GB", .gpu_mem = 143771 * MIB, .hbm_bw = 4800 * GBs, \
-    .peak_flops_16 = 989 * TF, .peak_flops_32 = 495 * TF, .nvlink_bw = 450 * GBs, .pcie_bw = 50 * GBs, \
+    .peak_flops_16 = 989 * TF, .peak_flops_32 = 495 * TF, .nvlink_bw = 450 * GBs, .pcie_bw = 50 * GBs, .pcie_gen = 5, .pcie_lanes = 16, \
     .gemm_eff_max = H100_EFF, .gemm_flops_half = H100_HALF, COMMON_COST
 
 static const plan_hw_preset presets[] = {
@@ -90,10 +91,87 @@ static const plan_hw_preset presets[] = {
       .net_bw = 50 * GBs, .cpu_mem_bw = 450 * GBs, .cpu_cores = 112}},
 };
 
+/* ---- GPU presets: one GPU in a host of its class ------------------------------------
+ *
+ * Each figure is the datasheet's (docs/memplan.md, "GPU presets", names the
+ * document and the table): memory is what the driver reports (nvidia-smi),
+ * tensor rates are dense. Training multiplies fp16/bf16 with fp32
+ * accumulation; GeForce cards run that at half their fp16-accumulate rate,
+ * so tensor_16 is the fp32-accumulate figure everywhere. */
+
+/* Half-efficiency matmul size over peak: 4.8, 4.2 and 4.0 us for the V100,
+ * A100 and H100 curves above; new presets take 4.2 us x their peak. */
+#define HALF_S 4.2e-6
+/* Generations whose GEMMs were not measured for this model take the A100's
+ * (the tuned) efficiency; Hopper PCIe takes the H100's. */
+#define GA10X_EFF A100_EFF
+#define ADA_EFF A100_EFF
+#define GB20X_EFF A100_EFF
+
+static const plan_gpu_spec gpu_presets[] = {
+    {"rtx-3090", "3090,geforce-rtx-3090", "RTX-3090-24GB", "GeForce RTX 3090 (Ampere, GA102)",
+     "desktop", 24576 * MIB, 71 * TF, 142 * TF, 35.6 * TF, 936 * GBs, 4, 16, 0, GA10X_EFF, 0},
+    {"rtx-4090", "4090,geforce-rtx-4090", "RTX-4090-24GB", "GeForce RTX 4090 (Ada, AD102)",
+     "desktop", 24564 * MIB, 165.2 * TF, 330.3 * TF, 82.6 * TF, 1008 * GBs, 4, 16, 0, ADA_EFF, 0},
+    {"rtx-5090", "5090,geforce-rtx-5090", "RTX-5090-32GB", "GeForce RTX 5090 (Blackwell, GB202)",
+     "desktop", 32607 * MIB, 209.5 * TF, 419 * TF, 104.8 * TF, 1792 * GBs, 5, 16, 0, GB20X_EFF, 0},
+    {"rtx-a6000", "a6000", "RTX-A6000-48GB", "RTX A6000 (Ampere, GA102)", "workstation",
+     49140 * MIB, 154.8 * TF, 154.8 * TF, 77.4 * TF, 768 * GBs, 4, 16, 0, GA10X_EFF, 0},
+    {"rtx-6000-ada", "6000-ada,rtx6000ada", "RTX-6000-Ada-48GB", "RTX 6000 Ada Generation (AD102)",
+     "workstation", 49140 * MIB, 364.2 * TF, 364.2 * TF, 182.1 * TF, 960 * GBs, 4, 16, 0, ADA_EFF, 0},
+    {"l4", "nvidia-l4", "L4-24GB", "L4 (Ada, AD104)", "server", 23034 * MIB, 121 * TF, 121 * TF,
+     60 * TF, 300 * GBs, 4, 16, 0, ADA_EFF, 0},
+    {"l40s", "nvidia-l40s", "L40S-48GB", "L40S (Ada, AD102)", "server", 46068 * MIB, 362.05 * TF,
+     362.05 * TF, 183 * TF, 864 * GBs, 4, 16, 0, ADA_EFF, 0},
+    {"a10g", "nvidia-a10g", "A10G-24GB", "A10G (Ampere, GA102; AWS G5)", "server", 23028 * MIB,
+     70 * TF, 0, 35 * TF, 600 * GBs, 4, 16, 0, GA10X_EFF, 0},
+    {"a100-40gb-pcie", "a100-pcie-40gb,a100-pcie", "A100-40GB-PCIe", "A100 40GB PCIe (GA100)",
+     "server", 40960 * MIB, 312 * TF, 312 * TF, 156 * TF, 1555 * GBs, 4, 16, 0, A100_EFF, A100_HALF},
+    {"a100-80gb-pcie", "a100-pcie-80gb", "A100-80GB-PCIe", "A100 80GB PCIe (GA100)", "server",
+     81920 * MIB, 312 * TF, 312 * TF, 156 * TF, 1935 * GBs, 4, 16, 0, A100_EFF, A100_HALF},
+    {"h100-pcie", "h100-80gb-pcie,h100-pcie-80gb", "H100-80GB-PCIe", "H100 PCIe (Hopper, GH100)",
+     "server", 81559 * MIB, 756 * TF, 756 * TF, 378 * TF, 2000 * GBs, 5, 16, 0, H100_EFF, 0},
+    /* the SXM GPUs of the presets above, for --gpu */
+    {"v100-32gb", "v100,v100-sxm2", "V100-32GB", "V100 SXM2 32GB (Volta, GV100)", "server",
+     32768 * MIB, 125 * TF, 125 * TF, 15.7 * TF, 900 * GBs, 3, 16, 150 * GBs, V100_EFF, V100_HALF},
+    {"a100-40gb", "a100,a100-sxm4-40gb", "A100-40GB", "A100 40GB SXM4 (GA100)", "server",
+     40960 * MIB, 312 * TF, 312 * TF, 156 * TF, 1555 * GBs, 4, 16, 300 * GBs, A100_EFF, A100_HALF},
+    {"a100-80gb", "a100-sxm4-80gb", "A100-80GB", "A100 80GB SXM4 (GA100)", "server", 81920 * MIB,
+     312 * TF, 312 * TF, 156 * TF, 2039 * GBs, 4, 16, 300 * GBs, A100_EFF, A100_HALF},
+    {"h100-80gb", "h100,h100-sxm", "H100-80GB", "H100 SXM5 80GB (Hopper, GH100)", "server",
+     81559 * MIB, 989 * TF, 989 * TF, 495 * TF, 3350 * GBs, 5, 16, 450 * GBs, H100_EFF, H100_HALF},
+    {"h200-141gb", "h200", "H200-141GB", "H200 SXM 141GB (Hopper, GH100)", "server",
+     143771 * MIB, 989 * TF, 989 * TF, 495 * TF, 4800 * GBs, 5, 16, 450 * GBs, H100_EFF, H100_HALF},
+};
+
+/* Hosts: memory bandwidth is channels x MT/s x 8 bytes (DDR5), NVMe the
+ * drive's datasheet sequential rates (docs/memplan.md, "Hosts"). */
+static const plan_host_spec host_presets[] = {
+    {"desktop", "64 GiB DDR5-5600 (2 channels), 16 cores, 2 TB PCIe 4.0 NVMe, 10 GbE",
+     64 * GIB, 89.6 * GBs, 16, 2000000000000ull, 7.45 * GBs, 6.9 * GBs, 1.25 * GBs},
+    {"workstation", "256 GiB DDR5-4800 (8 channels), 32 cores, 4 TB PCIe 4.0 NVMe, 25 GbE",
+     256 * GIB, 307.2 * GBs, 32, 4000000000000ull, 7.45 * GBs, 6.9 * GBs, 3.125 * GBs},
+    {"server", "a GPU's share of a 4-GPU server: 256 GiB DDR5-4800 (4 channels), 24 cores, "
+               "3.84 TB U.2 NVMe, 100 Gb/s",
+     256 * GIB, 153.6 * GBs, 24, 3840000000000ull, 6.5 * GBs, 3.5 * GBs, 12.5 * GBs},
+};
+
 const plan_hw_preset *plan_hw_presets(size_t *count)
 {
     *count = sizeof presets / sizeof presets[0];
     return presets;
+}
+
+const plan_gpu_spec *plan_gpu_presets(size_t *count)
+{
+    *count = sizeof gpu_presets / sizeof gpu_presets[0];
+    return gpu_presets;
+}
+
+const plan_host_spec *plan_host_presets(size_t *count)
+{
+    *count = sizeof host_presets / sizeof host_presets[0];
+    return host_presets;
 }
 
 static void norm(const char *s, char *o, size_t n)
@@ -111,40 +189,190 @@ static int common_prefix(const char *a, const char *b)
     return k;
 }
 
-zo_status plan_hw_find(const char *name, plan_hw *out)
+/* A table of names to look a word up in. */
+typedef struct name_table {
+    size_t n;
+    const char *(*name)(size_t i);
+    const char *(*aliases)(size_t i);
+} name_table;
+
+/* The index of `want` in `t` (-1 on a miss); score[i] how close name i is. */
+static long match(const name_table *t, const char *want_raw, int *score)
 {
     char want[64], cand[64], buf[128];
-    norm(name ? name : "", want, sizeof want);
-    size_t n = sizeof presets / sizeof presets[0];
-    int score[sizeof presets / sizeof presets[0]];
-    for (size_t i = 0; i < n; i++) {
-        norm(presets[i].name, cand, sizeof cand);
-        if (!strcmp(cand, want)) goto found;
+    norm(want_raw ? want_raw : "", want, sizeof want);
+    for (size_t i = 0; i < t->n; i++) {
+        norm(t->name(i), cand, sizeof cand);
+        if (!strcmp(cand, want)) return (long)i;
         score[i] = common_prefix(cand, want) * 2 + (strstr(cand, want) ? 1 : 0);
-        snprintf(buf, sizeof buf, "%s", presets[i].aliases);
-        for (char *sv = NULL, *t = strtok_r(buf, ",", &sv); t; t = strtok_r(NULL, ",", &sv)) {
-            norm(t, cand, sizeof cand);
-            if (!strcmp(cand, want)) goto found;
+        snprintf(buf, sizeof buf, "%s", t->aliases(i));
+        for (char *sv = NULL, *tok = strtok_r(buf, ",", &sv); tok; tok = strtok_r(NULL, ",", &sv)) {
+            norm(tok, cand, sizeof cand);
+            if (!strcmp(cand, want)) return (long)i;
             int sc = common_prefix(cand, want) * 2;
             if (sc > score[i]) score[i] = sc;
         }
-        continue;
-    found:
+    }
+    return -1;
+}
+
+static const char *preset_name(size_t i) { return presets[i].name; }
+static const char *preset_aliases(size_t i) { return presets[i].aliases; }
+static const char *gpu_name(size_t i) { return gpu_presets[i].name; }
+static const char *gpu_aliases(size_t i) { return gpu_presets[i].aliases; }
+static const char *host_name(size_t i) { return host_presets[i].name; }
+static const char *no_aliases(size_t i) { (void)i; return ""; }
+
+#define NPRESETS (sizeof presets / sizeof presets[0])
+#define NGPUS (sizeof gpu_presets / sizeof gpu_presets[0])
+#define NHOSTS (sizeof host_presets / sizeof host_presets[0])
+static const name_table node_table = {NPRESETS, preset_name, preset_aliases};
+static const name_table gpu_table = {NGPUS, gpu_name, gpu_aliases};
+static const name_table host_table = {NHOSTS, host_name, no_aliases};
+
+/* The three closest names over one or two tables, best first. */
+static void closest(const name_table *a, int *sa, const name_table *b, int *sb, char *hint,
+                    size_t len)
+{
+    hint[0] = '\0';
+    for (int k = 0; k < 3; k++) {
+        const name_table *bt = NULL;
+        int *bs = NULL;
+        size_t bi = 0;
+        for (int w = 0; w < 2; w++) {
+            const name_table *t = w ? b : a;
+            int *sc = w ? sb : sa;
+            for (size_t i = 0; t && i < t->n; i++)
+                if (!bs || sc[i] > bs[bi]) bt = t, bs = sc, bi = i;
+        }
+        if (!bs) return;
+        size_t u = strlen(hint);
+        snprintf(hint + u, len - u, "%s%s", u ? ", " : "", bt->name(bi));
+        bs[bi] = -1;
+    }
+}
+
+zo_status plan_hw_find(const char *name, plan_hw *out)
+{
+    int sn[NPRESETS], sg[NGPUS];
+    long i = match(&node_table, name, sn);
+    if (i >= 0) {
         *out = presets[i].hw;
         return ZO_OK;
     }
-    char hint[160] = "";
-    for (int k = 0; k < 3; k++) {
-        size_t b = 0;
-        for (size_t i = 1; i < n; i++)
-            if (score[i] > score[b]) b = i;
-        size_t u = strlen(hint);
-        snprintf(hint + u, sizeof hint - u, "%s%s", k ? ", " : "", presets[b].name);
-        score[b] = -1;
+    long g = match(&gpu_table, name, sg);
+    if (g >= 0) {
+        plan_hw_gpu_node(&gpu_presets[g], NULL, out);
+        return ZO_OK;
     }
+    char hint[192];
+    closest(&node_table, sn, &gpu_table, sg, hint, sizeof hint);
     return zo_error(ZO_ERR_NOT_FOUND,
                     "unknown hardware '%s'; closest presets: %s ('memplan hardware' lists all)",
                     name ? name : "", hint);
+}
+
+/* The index of `name` in `t`, or -1 with a message naming the closest. */
+static long find_named(const name_table *t, const char *name, const char *what)
+{
+    int sc[NPRESETS + NGPUS + NHOSTS];
+    long i = match(t, name, sc);
+    if (i >= 0) return i;
+    char hint[192];
+    closest(t, sc, NULL, NULL, hint, sizeof hint);
+    zo_error(ZO_ERR_NOT_FOUND, "%s '%s'; closest: %s ('memplan hardware' lists all)", what,
+             name ? name : "", hint);
+    return -1;
+}
+
+zo_status plan_gpu_find(const char *name, const plan_gpu_spec **out)
+{
+    long i = find_named(&gpu_table, name, "--gpu: unknown GPU");
+    if (i < 0) return ZO_ERR_NOT_FOUND;
+    *out = &gpu_presets[i];
+    return ZO_OK;
+}
+
+zo_status plan_host_find(const char *name, const plan_host_spec **out)
+{
+    long i = find_named(&host_table, name, "--host: unknown host");
+    if (i < 0) return ZO_ERR_NOT_FOUND;
+    *out = &host_presets[i];
+    return ZO_OK;
+}
+
+void plan_hw_gpu_node(const plan_gpu_spec *g, const plan_host_spec *h, plan_hw *o)
+{
+    const plan_host_spec *usual = NULL;
+    for (size_t i = 0; i < NHOSTS; i++)
+        if (!strcmp(host_presets[i].name, g->host)) usual = &host_presets[i];
+    if (!h) h = usual;
+    memset(o, 0, sizeof *o);
+    if (h == usual) snprintf(o->name, sizeof o->name, "%s", g->name);
+    else snprintf(o->name, sizeof o->name, "%s+%s", g->name, h->name);
+    snprintf(o->gpu, sizeof o->gpu, "%s", g->label);
+    o->gpus = o->gpus_per_node = 1;
+    o->gpu_mem = g->mem;
+    o->hbm_bw = g->mem_bw;
+    o->peak_flops_16 = g->tensor_16;
+    o->peak_flops_32 = g->tensor_32;
+    o->pcie_gen = g->pcie_gen;
+    o->pcie_lanes = g->pcie_lanes;
+    o->pcie_bw = plan_pcie_bw(g->pcie_gen, g->pcie_lanes);
+    /* without NVLink, peers talk over PCIe */
+    o->nvlink_bw = g->nvlink_bw > 0 ? g->nvlink_bw : o->pcie_bw;
+    o->gemm_eff_max = g->gemm_eff_max;
+    o->gemm_flops_half = g->gemm_flops_half > 0 ? g->gemm_flops_half : HALF_S * g->tensor_16;
+    o->hbm_eff = 0.85;
+    o->coll_eff = 0.80;
+    o->nvlink_lat = 6e-6;
+    o->net_lat = 12e-6;
+    o->cpu_mem = h->cpu_mem;
+    o->cpu_mem_bw = h->cpu_mem_bw;
+    o->cpu_cores = h->cpu_cores;
+    o->nvme = h->nvme;
+    o->nvme_read_bw = h->nvme_read_bw;
+    o->nvme_write_bw = h->nvme_write_bw;
+    o->net_bw = h->net_bw;
+}
+
+/* Pinned host<->device copies reach about 12, 25 and 50 GB/s over x16 links
+ * of generations 3, 4 and 5 (76-79% of 15.75, 31.5 and 63 GB/s raw), as the
+ * presets above assume; narrower links scale by their lanes. */
+double plan_pcie_bw(int gen, int lanes)
+{
+    static const double x16[] = {0, 2 * GBs, 4 * GBs, 12 * GBs, 25 * GBs, 50 * GBs, 100 * GBs};
+    if (gen < 1 || gen > 6 || lanes < 1) return 0;
+    return x16[gen] * lanes / 16.0;
+}
+
+zo_status plan_pcie_parse(const char *s, int default_lanes, int *gen, int *lanes)
+{
+    char t[32];
+    norm(s ? s : "", t, sizeof t); /* "gen4x16", "40x16", "4x8" */
+    const char *p = t;
+    if (!strncmp(p, "gen", 3)) p += 3;
+    else if (!strncmp(p, "pcie", 4)) p += 4;
+    if (!strncmp(p, "gen", 3)) p += 3;
+    int g = 0, l = default_lanes;
+    if (*p < '1' || *p > '6') goto bad;
+    g = *p++ - '0';
+    if (*p == '0') p++; /* "4.0" */
+    if (*p == 'x') {
+        char *end;
+        long v = strtol(p + 1, &end, 10);
+        if (end == p + 1 || *end || (v != 1 && v != 2 && v != 4 && v != 8 && v != 16)) goto bad;
+        l = (int)v;
+    } else if (*p) {
+        goto bad;
+    }
+    *gen = g;
+    *lanes = l;
+    return ZO_OK;
+bad:
+    return zo_error(ZO_ERR_INVALID, "--pcie: '%s' is not a PCIe link such as gen4x16, gen3x8 or "
+                                    "gen5 (generation 1-6, lanes 1, 2, 4, 8 or 16)",
+                    s ? s : "");
 }
 
 int plan_hw_ranks_per_node(const plan_hw *hw)

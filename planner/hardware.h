@@ -10,37 +10,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/plan_schema.h" /* defines: zo_hw_profile */
 #include "common/status.h"
 
-typedef struct plan_hw {
-    char name[48];
-    char gpu[24];            /* "H100-80GB" */
-    int gpus;                /* GPUs in the job (ranks) */
-    int gpus_per_node;
-    uint64_t gpu_mem;        /* bytes per GPU */
-    uint64_t cpu_mem;        /* bytes per node */
-    uint64_t nvme;           /* bytes per node */
-    double nvme_read_bw;     /* bytes/s per node */
-    double nvme_write_bw;    /* bytes/s per node */
-    double pcie_bw;          /* bytes/s per GPU, each direction, achieved */
-    double nvlink_bw;        /* bytes/s per GPU, one direction */
-    double net_bw;           /* bytes/s per GPU across nodes */
-    double hbm_bw;           /* bytes/s */
-    double peak_flops_16;    /* dense fp16/bf16 tensor FLOP/s */
-    double peak_flops_32;    /* dense fp32 (TF32 where the GPU has it) FLOP/s */
-    double cpu_mem_bw;       /* bytes/s per node */
-    int cpu_cores;           /* per node */
-    /* cost model (docs/memplan.md, "Time"): */
-    double gemm_eff_max;     /* matmul efficiency of large operations, fraction of peak */
-    double gemm_flops_half;  /* FLOPs of one matmul at half of gemm_eff_max */
-    double hbm_eff;          /* fraction of hbm_bw that elementwise kernels reach */
-    double coll_eff;         /* fraction of a link's bandwidth a collective reaches (busbw) */
-    double nvlink_lat;       /* seconds per step of a collective inside a node */
-    double net_lat;          /* seconds per step of a collective across nodes */
-    double cpu_adam_rate;    /* AdamW parameters/s per node on the CPU; 0: from cpu_mem_bw */
-    int measured;            /* 1: a profile written by `memplan calibrate` */
-    char note[160];          /* what a profile could not measure (e.g. "no GPU") */
-} plan_hw;
+/* A machine as the planner sees it: the plan schema's hardware profile, so
+ * that its fields and their ranges are one table (common/plan_schema.c). */
+typedef zo_hw_profile plan_hw;
 
 typedef struct plan_hw_preset {
     const char *name;
@@ -51,9 +26,61 @@ typedef struct plan_hw_preset {
 
 const plan_hw_preset *plan_hw_presets(size_t *count);
 
-/* Find a preset by name or alias (case, '-', '_' ignored). On a miss the
- * message lists the closest names. */
+/* Find a preset by name or alias (case, '-', '_' ignored): a whole preset, or
+ * a GPU preset on its usual host (as plan_hw_gpu_node with host NULL). On a
+ * miss the message lists the closest names. */
 zo_status plan_hw_find(const char *name, plan_hw *out);
+
+/* ---- GPU and host presets (single-node machines) ---------------------------------- */
+
+/* One GPU's datasheet figures; docs/memplan.md ("GPU presets") names the
+ * datasheet and the figure behind each. Rates are dense (no sparsity). */
+typedef struct plan_gpu_spec {
+    const char *name;        /* "rtx-4090" */
+    const char *aliases;     /* comma-separated */
+    const char *label;       /* plan_hw.gpu: "RTX-4090-24GB" */
+    const char *product;     /* "GeForce RTX 4090 (Ada, AD102)" */
+    const char *host;        /* the host preset it usually sits in */
+    uint64_t mem;            /* bytes: the total the driver reports (nvidia-smi) */
+    double tensor_16;        /* fp16/bf16 tensor FLOP/s with fp32 accumulation (training) */
+    double tensor_16_acc16;  /* fp16 tensor FLOP/s with fp16 accumulation; 0: not published */
+    double tensor_32;        /* TF32 tensor FLOP/s (V100: fp32) */
+    double mem_bw;           /* bytes/s */
+    int pcie_gen, pcie_lanes;
+    double nvlink_bw;        /* bytes/s per GPU, one direction; 0: none (peers over PCIe) */
+    double gemm_eff_max;     /* the generation's matmul efficiency (docs/memplan.md, "Time") */
+    double gemm_flops_half;  /* FLOPs at half of it; 0: 4.2 us at tensor_16 */
+} plan_gpu_spec;
+
+/* The host a GPU sits in: per node. */
+typedef struct plan_host_spec {
+    const char *name;        /* "desktop" */
+    const char *summary;
+    uint64_t cpu_mem;        /* bytes */
+    double cpu_mem_bw;       /* bytes/s: channels x transfer rate x 8 bytes */
+    int cpu_cores;
+    uint64_t nvme;           /* bytes */
+    double nvme_read_bw, nvme_write_bw; /* bytes/s: the drive's datasheet sequential rates */
+    double net_bw;           /* bytes/s per GPU to other nodes */
+} plan_host_spec;
+
+const plan_gpu_spec *plan_gpu_presets(size_t *count);
+const plan_host_spec *plan_host_presets(size_t *count);
+
+/* By name or alias, as plan_hw_find; a miss names the closest presets. */
+zo_status plan_gpu_find(const char *name, const plan_gpu_spec **out);
+zo_status plan_host_find(const char *name, const plan_host_spec **out);
+
+/* One node of `gpu` in `host` (NULL: the GPU's usual host); one GPU, named
+ * "<gpu>" or "<gpu>+<host>" when the host is not the usual one. */
+void plan_hw_gpu_node(const plan_gpu_spec *gpu, const plan_host_spec *host, plan_hw *out);
+
+/* Achieved host<->device bandwidth (bytes/s, each direction) of a PCIe link:
+ * about 12, 25 and 50 GB/s at x16 for generations 3, 4 and 5. */
+double plan_pcie_bw(int gen, int lanes);
+
+/* "gen4x16", "4x8", "4.0 x16", "gen5" (lanes: `default_lanes`). */
+zo_status plan_pcie_parse(const char *s, int default_lanes, int *gen, int *lanes);
 
 /* Ranks that share one node's CPU memory and NVMe. */
 int plan_hw_ranks_per_node(const plan_hw *hw);

@@ -462,6 +462,10 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
     int g_dev = t->opt_frac[PLAN_GPU] > 0;
     if (g_dev && t->grads_on == PLAN_GPU)
         add(e, "gradient staging (2 blocks)", PLAN_GPU, PLAN_BUFFERS, 2 * sh.largest * wsz);
+    /* ... and writes the new weights of a block it updates into a staging
+     * block when they live off the GPU */
+    if (g_dev && t->params_on != PLAN_GPU)
+        add(e, "new-weights staging (1 block)", PLAN_GPU, PLAN_BUFFERS, slot);
 
     /* ---- optimizer state ---- */
     uint64_t o_elems = t->zero >= 1 ? sharded : sh.params;
@@ -488,15 +492,26 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
     /* with ZeRO-3 a rank reads and writes only its 1/DP partition of a block
      * through host memory (the rest arrives by all-gather) */
     uint64_t host_slot = t->zero >= 3 ? ceil_div(slot, dp) : slot;
+    uint64_t largest_part = t->zero >= 3 ? ceil_div(sh.largest, dp) : sh.largest;
     if (t->params_on == PLAN_NVME)
         add(e, "fp16/bf16 weights read-ahead", PLAN_CPU, PLAN_BUFFERS,
             (uint64_t)(t->buf.prefetch_depth + 1) * host_slot);
-    /* (also with a GPU optimizer share: the runtime reads that share's fp32
-     * gradient through it, block by block, for an exact clipping norm) */
-    if (t->params_on != PLAN_GPU || t->grads_on != PLAN_GPU || g_dev) {
-        uint64_t pinned = t->buf.pinned_staging ? t->buf.pinned_staging : 2 * host_slot;
-        add(e, "pinned staging", PLAN_CPU, PLAN_BUFFERS, pinned);
+    /* the runtime's pinned staging, one buffer a role: gradients on their
+     * way to the host's fp32 sum (two blocks, when some optimizer state is
+     * off the GPU); new weights on their way into a GPU-resident store (two
+     * sub-group chunks) or to NVMe (one block); one block's fp32 gradient of
+     * a GPU optimizer share for an exact clipping norm */
+    uint64_t pinned = 0;
+    if (t->opt_frac[PLAN_GPU] < 1.0 || t->grads_on != PLAN_GPU) pinned += 2 * host_slot;
+    if (t->params_on == PLAN_GPU) {
+        uint64_t chunk = t->buf.sub_group && t->buf.sub_group < largest_part ? t->buf.sub_group : largest_part;
+        pinned += 2 * chunk * wsz;
+    } else if (t->params_on == PLAN_NVME) {
+        pinned += host_slot;
     }
+    if (g_dev) pinned += largest_part * 4;
+    if (t->buf.pinned_staging) pinned = t->buf.pinned_staging;
+    add(e, "pinned staging", PLAN_CPU, PLAN_BUFFERS, pinned);
 
     /* ---- activations ---- */
     e->activations_known = !m->params_override;

@@ -6,18 +6,21 @@
  *
  * Exit status: 0 fits (or a listing), 1 does not fit, 2 bad input. */
 #include <getopt.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <errno.h>
 #include <sys/stat.h>
 #include <time.h>
 
 #include <cjson/cJSON.h>
 
+#include "common/fileio.h" /* defines: zo_file_read_all, zo_file_write_all */
 #include "common/model_config.h"
 #include "common/units.h"
+#include "planner/basis.h"
 #include "planner/calibrate.h"
 #include "planner/cost.h"
 #include "planner/hardware.h"
@@ -60,11 +63,15 @@ static const char usage_estimate[] =
     "                          states only, activations unknown\n"
     "  --layers N --hidden N --heads N [--kv-heads N] [--ffn N] --vocab N [--arch gpt|llama]\n"
     "                          a custom shape (also overrides fields of --model)\n"
-    "hardware:\n"
-    "  --hw NAME               a preset ('memplan hardware'); default h100-80gb\n"
+    "hardware (the report's first lines say what its figures rest on):\n"
+    "  --hw NAME               a machine preset ('memplan hardware'); default h100-80gb\n"
+    "  --gpu NAME              one GPU preset (rtx-4090, l40s, a100-80gb-pcie, ...) in its usual\n"
+    "                          host; with --gpus N, N of them in one node\n"
+    "  --host NAME             with --gpu: desktop, workstation or server\n"
     "  --gpus N                GPUs in the job (default: DP x TP x PP, or the preset's)\n"
     "  --gpus-per-node N, --gpu-mem SIZE, --cpu-mem SIZE (per node), --nvme SIZE (per node)\n"
     "                          sizes: 80GB, 80GiB, 1.5TB or bytes\n"
+    "  --pcie LINK             the host link as it runs: gen4x16, gen3x8, gen5 (lanes kept)\n"
     "training:\n"
     "  --seq N                 sequence length (default: the model's positions, at most 4096)\n"
     "  --micro-batch N         sequences per micro-batch (default 1)\n"
@@ -106,19 +113,20 @@ static const char usage_estimate[] =
     "  --json                  JSON instead of the table (docs/memplan-json.md)\n"
     "  --svg FILE              a picture: per tier what lives there against capacity, and the\n"
     "                          step-time split\n"
-    "  --plan FILE             estimate a plan file written by 'memplan plan --json FILE'\n"
-    "                          (docs/plan-format.md) instead of flags\n"
+    "  --plan FILE             estimate a plan file (docs/plan-format.md) instead of flags\n"
+    "  --plan-out FILE         write this configuration as a plan file for 'train --plan'\n"
+    "                          (--json prints a report, which is not a plan)\n"
     "  --hw FILE               (above) also takes a profile from 'memplan calibrate'\n";
 
 enum {
     OPT_MODEL = 256, OPT_PARAMS, OPT_LAYERS, OPT_HIDDEN, OPT_HEADS, OPT_KV_HEADS, OPT_FFN,
     OPT_VOCAB, OPT_ARCH, OPT_HW, OPT_GPUS, OPT_GPUS_PER_NODE, OPT_GPU_MEM, OPT_CPU_MEM, OPT_NVME,
-    OPT_SEQ, OPT_MICRO_BATCH, OPT_GRAD_ACCUM, OPT_DTYPE, OPT_GRAD_DTYPE, OPT_OPTIM, OPT_DP, OPT_TP,
+    OPT_GPU, OPT_HOST, OPT_PCIE, OPT_SEQ, OPT_MICRO_BATCH, OPT_GRAD_ACCUM, OPT_DTYPE, OPT_GRAD_DTYPE, OPT_OPTIM, OPT_DP, OPT_TP,
     OPT_PP, OPT_SP, OPT_VPP, OPT_ZERO, OPT_RECOMPUTE, OPT_NO_FLASH, OPT_DROPOUT, OPT_NO_DROPOUT,
     OPT_GRADS, OPT_OPTIMIZER, OPT_CHECKPOINTS, OPT_CUDA_CONTEXT, OPT_CUBLAS_WS, OPT_COMM_BUCKET,
     OPT_COMM_BUCKETS, OPT_PREFETCH, OPT_PINNED, OPT_FRAG, OPT_SUB_GROUP, OPT_SWAP_BUFFERS,
     OPT_EP, OPT_CAPACITY, OPT_NO_DP_OVERLAP, OPT_FUSED_ACCUM, /* the last configuration flag */
-    OPT_JSON, OPT_GLOBAL_BATCH, OPT_SVG, OPT_PLAN, OPT_HELP,
+    OPT_JSON, OPT_GLOBAL_BATCH, OPT_SVG, OPT_PLAN, OPT_PLAN_OUT, OPT_HELP,
 };
 
 /* The model and hardware flags, shared by estimate and plan. */
@@ -138,6 +146,9 @@ enum {
     {"gpu-mem", required_argument, 0, OPT_GPU_MEM},                             \
     {"cpu-mem", required_argument, 0, OPT_CPU_MEM},                             \
     {"nvme", required_argument, 0, OPT_NVME},                                   \
+    {"gpu", required_argument, 0, OPT_GPU},                                     \
+    {"host", required_argument, 0, OPT_HOST},                                   \
+    {"pcie", required_argument, 0, OPT_PCIE},                                   \
     {"seq", required_argument, 0, OPT_SEQ}
 
 static const struct option estimate_opts[] = {
@@ -177,6 +188,7 @@ static const struct option estimate_opts[] = {
     {"global-batch", required_argument, 0, OPT_GLOBAL_BATCH},
     {"svg", required_argument, 0, OPT_SVG},
     {"plan", required_argument, 0, OPT_PLAN},
+    {"plan-out", required_argument, 0, OPT_PLAN_OUT},
     {"help", no_argument, 0, OPT_HELP},
     {0, 0, 0, 0},
 };
@@ -194,6 +206,35 @@ static void warn(const plan_train *t, const plan_hw *hw)
     if (!plan_train_warnings(t, hw, w, sizeof w)) return;
     for (char *sv = NULL, *line = strtok_r(w, "\n", &sv); line; line = strtok_r(NULL, "\n", &sv))
         fprintf(stderr, "memplan: warning: %s\n", line);
+}
+
+/* A flag that sets a field of the plan is checked against the plan schema's
+ * range for it, with the message a plan file holding the value gets. */
+static zo_status field_check(zo_status st, const char *flag, const char *field, double v)
+{
+    if (st != ZO_OK) return st;
+    if ((st = zo_plan_field_check(field, v)) != ZO_OK) return zo_error_wrap(st, "%s", flag);
+    return ZO_OK;
+}
+
+static zo_status field_int(const char *s, const char *flag, const char *field, long *out)
+{
+    zo_status st = zo_parse_int(s, flag, LONG_MIN, LONG_MAX, out);
+    return st != ZO_OK ? st : field_check(st, flag, field, (double)*out);
+}
+
+static zo_status field_double(const char *s, const char *flag, const char *field, double *out)
+{
+    zo_status st = zo_parse_double(s, flag, -HUGE_VAL, HUGE_VAL, out);
+    return st != ZO_OK ? st : field_check(st, flag, field, *out);
+}
+
+/* A size in bytes (units allowed) or, with `count`, a count (K/M/B/T). */
+static zo_status field_u64(const char *s, const char *flag, const char *field, int count,
+                           uint64_t *out)
+{
+    zo_status st = count ? zo_parse_count(s, flag, out) : zo_parse_size(s, flag, 1, out);
+    return st != ZO_OK ? st : field_check(st, flag, field, (double)*out);
 }
 
 static zo_status parse_tier(const char *s, const char *flag, int allow_nvme, plan_tier *out)
@@ -246,42 +287,7 @@ static int is_file(const char *p)
 /* The whole file as a string (the caller frees it). */
 static zo_status read_text(const char *path, char **out)
 {
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return zo_error(ZO_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    zo_status st = ZO_OK;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    if (!buf) {
-        st = zo_error(ZO_ERR_NOMEM, "%s: out of memory", path);
-        goto out_close;
-    }
-    for (;;) {
-        if (n + 1 >= cap) {
-            char *nb = cap > (64u << 20) ? NULL : realloc(buf, cap * 2);
-            if (!nb) {
-                st = zo_error(ZO_ERR_FORMAT, "%s: too large for a JSON description", path);
-                goto out_free;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
-        if (r == 0) break;
-    }
-    if (ferror(f)) {
-        st = zo_error(ZO_ERR_IO, "%s: read error", path);
-        goto out_free;
-    }
-    buf[n] = '\0';
-    *out = buf;
-    goto out_close;
-out_free:
-    free(buf);
-out_close:
-    fclose(f);
-    return st;
+    return zo_file_read_all(path, 64u << 20, "a JSON description", out, NULL);
 }
 
 /* --hw NAME (a preset) or --hw FILE (a profile from `memplan calibrate`). */
@@ -297,25 +303,83 @@ static zo_status load_hw(const char *name, plan_hw *hw)
     return st;
 }
 
+#define DEFAULT_HW "h100-80gb"
+
+/* The hardware flags, shared by estimate, plan and max-model: 1 when `c` is one. */
+static int parse_hw_flag(int c, const char *arg, plan_hw_flags *f, zo_status *st)
+{
+    long v;
+    switch (c) {
+    case OPT_HW: f->hw = arg; return 1;
+    case OPT_GPU: f->gpu = arg; return 1;
+    case OPT_HOST: f->host = arg; return 1;
+    case OPT_PCIE: f->pcie = arg; return 1;
+    case OPT_GPU_MEM:
+        f->gpu_mem_arg = arg;
+        *st = zo_parse_size(arg, "--gpu-mem", 0, &f->gpu_mem);
+        return 1;
+    case OPT_CPU_MEM:
+        f->cpu_mem_arg = arg;
+        *st = zo_parse_size(arg, "--cpu-mem", 0, &f->cpu_mem);
+        return 1;
+    case OPT_NVME:
+        f->nvme_arg = arg;
+        *st = zo_parse_size(arg, "--nvme", 1, &f->nvme);
+        return 1;
+    case OPT_GPUS_PER_NODE:
+        *st = zo_parse_int(arg, "--gpus-per-node", 1, 1024, &v);
+        f->gpus_per_node = v;
+        return 1;
+    default: return 0;
+    }
+}
+
+static int is_node_preset(const char *name)
+{
+    size_t n;
+    const plan_hw_preset *p = plan_hw_presets(&n);
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(p[i].name, name)) return 1;
+    return 0;
+}
+
+/* The machine the hardware flags describe, and what its figures rest on. */
+static zo_status build_hw(const plan_hw_flags *f, plan_hw *hw, plan_hw_basis *b)
+{
+    zo_status st;
+    if ((st = plan_hw_flags_check(f)) != ZO_OK) return st;
+    const char *name = f->hw ? f->hw : DEFAULT_HW;
+    if (f->gpu) {
+        st = plan_hw_from_gpu(f, hw, b);
+    } else if ((st = load_hw(name, hw)) != ZO_OK) {
+        return st;
+    } else if (is_file(name)) {
+        plan_hw_basis_init(b, PLAN_HW_PROFILE, name, 0, hw);
+    } else if (is_node_preset(hw->name)) {
+        plan_hw_basis_init(b, PLAN_HW_PRESET, hw->name, !f->hw, hw);
+    } else { /* --hw named a GPU preset: as --gpu */
+        plan_hw_flags g = *f;
+        g.gpu = name;
+        g.hw = NULL;
+        st = plan_hw_from_gpu(&g, hw, b);
+    }
+    return st ? st : plan_hw_apply_flags(f, hw, b);
+}
+
+/* --gpu builds one node: --gpus N puts N of the GPU in it. */
+static void gpu_node_size(const plan_hw_flags *f, const plan_hw_basis *b, plan_hw *hw)
+{
+    if (b->source == PLAN_HW_GPU && !f->gpus_per_node) hw->gpus_per_node = hw->gpus;
+}
+
 /* Write a cJSON document to `path` (a temporary file renamed into place). */
 static zo_status write_json(const char *path, cJSON *doc)
 {
     char *text = doc ? cJSON_Print(doc) : NULL;
     if (!text) return zo_error(ZO_ERR_NOMEM, "%s: out of memory building JSON", path);
-    zo_status st = ZO_OK;
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        st = zo_error(ZO_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-        goto out_free;
-    }
-    if (fputs(text, f) < 0 || fputc('\n', f) < 0) st = zo_error(ZO_ERR_IO, "%s: write failed", tmp);
-    if (fclose(f) && !st) st = zo_error(ZO_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
-    if (!st && rename(tmp, path))
-        st = zo_error(ZO_ERR_IO, "%s: cannot rename into place: %s", path, strerror(errno));
-    if (st) remove(tmp);
-out_free:
+    size_t n = strlen(text);
+    text[n] = '\n'; /* replaces the NUL: the file ends with a newline */
+    zo_status st = zo_file_write_all(path, text, n + 1);
     free(text);
     return st;
 }
@@ -334,11 +398,7 @@ static zo_status write_svg(const char *path, const zo_model_config *m, const pla
 
 static zo_status write_text(const char *path, const char *text)
 {
-    FILE *f = fopen(path, "w");
-    if (!f) return zo_error(ZO_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-    zo_status st = fputs(text, f) < 0 ? zo_error(ZO_ERR_IO, "%s: write failed", path) : ZO_OK;
-    if (fclose(f) && !st) st = zo_error(ZO_ERR_IO, "%s: write failed: %s", path, strerror(errno));
-    return st;
+    return zo_file_write_all(path, text, strlen(text));
 }
 
 typedef struct shape_flags {
@@ -409,10 +469,12 @@ static zo_status build_model(const char *model, uint64_t params_n, const shape_f
 
 static int cmd_estimate(int argc, char **argv)
 {
-    const char *model = NULL, *hw_name = "h100-80gb";
-    uint64_t params_n = 0, gpu_mem = 0, cpu_mem = 0, nvme = 0;
-    long gpus = 0, gpus_per_node = 0, seq = 0, global_batch = 0, v;
-    const char *svg_path = NULL, *plan_path = NULL;
+    const char *model = NULL;
+    uint64_t params_n = 0;
+    plan_hw_flags hf = {0};
+    plan_hw_basis basis;
+    long gpus = 0, seq = 0, global_batch = 0, v;
+    const char *svg_path = NULL, *plan_path = NULL, *plan_out = NULL;
     shape_flags sf = {0};
     int json = 0, dtype_set = 0, grad_dtype_set = 0, grads_set = 0, dropout = -1;
     plan_train t;
@@ -433,6 +495,10 @@ static int cmd_estimate(int argc, char **argv)
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":", estimate_opts, NULL)) != -1) {
         if (c >= OPT_MODEL && c <= OPT_HELP) seen[c] = 1;
+        if (parse_hw_flag(c, optarg, &hf, &st)) {
+            if (st) return fail();
+            continue;
+        }
         switch (c) {
         case OPT_MODEL: model = optarg; break;
         case OPT_PARAMS:
@@ -449,15 +515,10 @@ static int cmd_estimate(int argc, char **argv)
         case OPT_FFN: st = zo_parse_int(optarg, "--ffn", 1, 1 << 26, &sf.ffn); break;
         case OPT_VOCAB: st = zo_parse_int(optarg, "--vocab", 1, 1 << 26, &sf.vocab); break;
         case OPT_ARCH: sf.arch = optarg; break;
-        case OPT_HW: hw_name = optarg; break;
         case OPT_GPUS: st = zo_parse_int(optarg, "--gpus", 1, 1 << 24, &gpus); break;
-        case OPT_GPUS_PER_NODE: st = zo_parse_int(optarg, "--gpus-per-node", 1, 1024, &gpus_per_node); break;
-        case OPT_GPU_MEM: st = zo_parse_size(optarg, "--gpu-mem", 0, &gpu_mem); break;
-        case OPT_CPU_MEM: st = zo_parse_size(optarg, "--cpu-mem", 0, &cpu_mem); break;
-        case OPT_NVME: st = zo_parse_size(optarg, "--nvme", 1, &nvme); break;
-        case OPT_SEQ: st = zo_parse_int(optarg, "--seq", 1, 1 << 24, &seq); break;
-        case OPT_MICRO_BATCH: st = zo_parse_int(optarg, "--micro-batch", 1, 1 << 20, &v); f.micro_batch = (int)v; break;
-        case OPT_GRAD_ACCUM: st = zo_parse_int(optarg, "--grad-accum", 1, 1 << 24, &v); f.grad_accum = (int)v; break;
+        case OPT_SEQ: st = field_int(optarg, "--seq", "training.seq", &seq); break;
+        case OPT_MICRO_BATCH: st = field_int(optarg, "--micro-batch", "training.micro_batch", &v); f.micro_batch = (int)v; break;
+        case OPT_GRAD_ACCUM: st = field_int(optarg, "--grad-accum", "training.grad_accum", &v); f.grad_accum = (int)v; break;
         case OPT_DTYPE: st = zo_dtype_parse(optarg, &f.dtype); dtype_set = 1; break;
         case OPT_GRAD_DTYPE: st = zo_dtype_parse(optarg, &f.grad_dtype); grad_dtype_set = 1; break;
         case OPT_OPTIM:
@@ -465,12 +526,12 @@ static int cmd_estimate(int argc, char **argv)
             else if (!strcasecmp(optarg, "sgd")) f.optimizer = PLAN_OPT_SGD;
             else st = zo_error(ZO_ERR_INVALID, "--optim: '%s' is not adamw or sgd", optarg);
             break;
-        case OPT_DP: st = zo_parse_int(optarg, "--dp", 1, 1 << 24, &i_dp.v); i_dp.set = 1; break;
-        case OPT_TP: st = zo_parse_int(optarg, "--tp", 1, 1 << 16, &i_tp.v); i_tp.set = 1; break;
-        case OPT_PP: st = zo_parse_int(optarg, "--pp", 1, 1 << 16, &i_pp.v); i_pp.set = 1; break;
+        case OPT_DP: st = field_int(optarg, "--dp", "parallel.dp", &i_dp.v); i_dp.set = 1; break;
+        case OPT_TP: st = field_int(optarg, "--tp", "parallel.tp", &i_tp.v); i_tp.set = 1; break;
+        case OPT_PP: st = field_int(optarg, "--pp", "parallel.pp", &i_pp.v); i_pp.set = 1; break;
         case OPT_SP: f.sp = 1; break;
-        case OPT_VPP: st = zo_parse_int(optarg, "--vpp", 1, 1 << 16, &v); f.vpp = (int)v; break;
-        case OPT_ZERO: st = zo_parse_int(optarg, "--zero", 0, 3, &v); f.zero = (int)v; break;
+        case OPT_VPP: st = field_int(optarg, "--vpp", "parallel.vpp", &v); f.vpp = (int)v; break;
+        case OPT_ZERO: st = field_int(optarg, "--zero", "parallel.zero", &v); f.zero = (int)v; break;
         case OPT_RECOMPUTE:
             if (!strcasecmp(optarg, "none")) f.recompute = PLAN_RECOMPUTE_NONE;
             else if (!strcasecmp(optarg, "selective")) f.recompute = PLAN_RECOMPUTE_SELECTIVE;
@@ -483,22 +544,39 @@ static int cmd_estimate(int argc, char **argv)
         case OPT_GRADS: st = parse_tier(optarg, "--grads", 0, &grads_on); grads_set = 1; break;
         case OPT_OPTIMIZER: st = parse_fractions(optarg, opt_frac); break;
         case OPT_CHECKPOINTS: st = parse_tier(optarg, "--checkpoints", 0, &ck_on); break;
-        case OPT_CUDA_CONTEXT: st = zo_parse_size(optarg, "--cuda-context", 1, &f.buf.cuda_context); break;
-        case OPT_CUBLAS_WS: st = zo_parse_size(optarg, "--cublas-workspace", 1, &f.buf.cublas_workspace); break;
-        case OPT_COMM_BUCKET: st = zo_parse_count(optarg, "--comm-bucket", &f.buf.comm_bucket); break;
-        case OPT_COMM_BUCKETS: st = zo_parse_int(optarg, "--comm-buckets", 0, 64, &v); f.buf.comm_buckets = (int)v; break;
-        case OPT_PREFETCH: st = zo_parse_int(optarg, "--prefetch", 1, 64, &v); f.buf.prefetch_depth = (int)v; break;
-        case OPT_PINNED: st = zo_parse_size(optarg, "--pinned-staging", 0, &f.buf.pinned_staging); break;
-        case OPT_FRAG: st = zo_parse_double(optarg, "--fragmentation", 0, 1, &f.buf.fragmentation); break;
-        case OPT_SUB_GROUP: st = zo_parse_count(optarg, "--sub-group", &f.buf.sub_group); break;
-        case OPT_SWAP_BUFFERS: st = zo_parse_int(optarg, "--swap-buffers", 1, 64, &v); f.buf.swap_buffers = (int)v; break;
-        case OPT_EP: st = zo_parse_int(optarg, "--ep", 1, 1 << 16, &v); f.ep = (int)v; break;
-        case OPT_CAPACITY: st = zo_parse_double(optarg, "--capacity-factor", 0, 64, &f.capacity_factor); break;
+        case OPT_CUDA_CONTEXT:
+            st = field_u64(optarg, "--cuda-context", "buffers.cuda_context", 0, &f.buf.cuda_context);
+            break;
+        case OPT_CUBLAS_WS:
+            st = field_u64(optarg, "--cublas-workspace", "buffers.cublas_workspace", 0,
+                           &f.buf.cublas_workspace);
+            break;
+        case OPT_COMM_BUCKET:
+            st = field_u64(optarg, "--comm-bucket", "buffers.comm_bucket_elems", 1, &f.buf.comm_bucket);
+            break;
+        case OPT_COMM_BUCKETS: st = field_int(optarg, "--comm-buckets", "buffers.comm_buckets", &v); f.buf.comm_buckets = (int)v; break;
+        case OPT_PREFETCH: st = field_int(optarg, "--prefetch", "buffers.prefetch_depth", &v); f.buf.prefetch_depth = (int)v; break;
+        case OPT_PINNED:
+            st = field_u64(optarg, "--pinned-staging", "buffers.pinned_staging", 0, &f.buf.pinned_staging);
+            break;
+        case OPT_FRAG:
+            st = field_double(optarg, "--fragmentation", "buffers.fragmentation", &f.buf.fragmentation);
+            break;
+        case OPT_SUB_GROUP:
+            st = field_u64(optarg, "--sub-group", "nvme.sub_group", 1, &f.buf.sub_group);
+            break;
+        case OPT_SWAP_BUFFERS: st = field_int(optarg, "--swap-buffers", "nvme.swap_buffers", &v); f.buf.swap_buffers = (int)v; break;
+        case OPT_EP: st = field_int(optarg, "--ep", "parallel.ep", &v); f.ep = (int)v; break;
+        case OPT_CAPACITY:
+            st = field_double(optarg, "--capacity-factor", "parallel.capacity_factor",
+                              &f.capacity_factor);
+            break;
         case OPT_NO_DP_OVERLAP: case OPT_FUSED_ACCUM: break;
         case OPT_JSON: json = 1; break;
         case OPT_GLOBAL_BATCH: st = zo_parse_int(optarg, "--global-batch", 1, 1 << 30, &global_batch); break;
         case OPT_SVG: svg_path = optarg; break;
         case OPT_PLAN: plan_path = optarg; break;
+        case OPT_PLAN_OUT: plan_out = optarg; break;
         case OPT_HELP: fputs(usage_estimate, stdout); return 0;
         case ':':
             fprintf(stderr, "memplan: %s needs a value (see 'memplan estimate --help')\n",
@@ -521,7 +599,8 @@ static int cmd_estimate(int argc, char **argv)
         for (int k = OPT_MODEL; k <= OPT_FUSED_ACCUM; k++)
             if (seen[k]) {
                 zo_error(ZO_ERR_INVALID, "--plan: the plan file fixes the model, hardware and "
-                                         "configuration; give only --json or --svg with it");
+                                         "configuration; give only --json, --svg or --plan-out "
+                                         "with it");
                 return fail();
             }
         char *text;
@@ -529,15 +608,12 @@ static int cmd_estimate(int argc, char **argv)
         st = plan_file_parse(text, plan_path, &m, &hw, &t);
         free(text);
         if (st) return fail();
+        plan_hw_basis_init(&basis, PLAN_HW_PLAN, plan_path, 0, &hw);
         goto estimate;
     }
     if ((st = build_model(model, params_n, &sf, seq, &m)) != ZO_OK) return fail();
 
-    if ((st = load_hw(hw_name, &hw)) != ZO_OK) return fail();
-    if (gpu_mem) hw.gpu_mem = gpu_mem;
-    if (seen[OPT_CPU_MEM]) hw.cpu_mem = cpu_mem;
-    if (seen[OPT_NVME]) hw.nvme = nvme;
-    if (gpus_per_node) hw.gpus_per_node = (int)gpus_per_node;
+    if ((st = build_hw(&hf, &hw, &basis)) != ZO_OK) return fail();
 
     plan_train_defaults(&t, &m);
     plan_train_fit_hw(&t, &hw);
@@ -566,6 +642,7 @@ static int cmd_estimate(int argc, char **argv)
         if (t.dp < 1) t.dp = 1;
     }
     hw.gpus = gpus ? (int)gpus : (int)((long)t.dp * model_par);
+    gpu_node_size(&hf, &basis, &hw);
     if (f.vpp) t.vpp = f.vpp;
     t.sp = f.sp;
     t.zero = f.zero;
@@ -612,14 +689,12 @@ estimate:
     if ((st = plan_estimate_run(&m, &hw, &t, &e)) != ZO_OK) return fail();
     warn(&t, &hw);
     if ((st = plan_time_run(&m, &hw, &t, &e, &pt)) != ZO_OK) return fail();
-    char flags[256];
-    int found = 0;
-    plan_train better;
-    if (!e.fits && (st = plan_suggest(&m, &hw, &t, &better, flags, sizeof flags, &found)) != ZO_OK)
-        return fail();
-    const char *suggestion = found ? flags : NULL;
+    plan_suggestions sg = {0};
+    if (!e.fits && (st = plan_suggest(&m, &hw, &t, &sg)) != ZO_OK) return fail();
     if (json) {
-        cJSON *doc = plan_report_json(&m, &hw, &t, &e, &pt, suggestion);
+        cJSON *doc = plan_report_json(&m, &hw, &t, &e, &pt, &sg);
+        cJSON_AddItemToObject(cJSON_GetObjectItem(doc, "hardware"), "basis",
+                              plan_hw_basis_json(&hw, &basis));
         char *text = cJSON_Print(doc);
         if (!text) {
             cJSON_Delete(doc);
@@ -630,9 +705,18 @@ estimate:
         free(text);
         cJSON_Delete(doc);
     } else {
-        plan_report_table(stdout, &m, &hw, &t, &e, &pt, suggestion);
+        plan_report_basis(stdout, &hw, &basis);
+        plan_report_table(stdout, &m, &hw, &t, &e, &pt, &sg);
     }
     if (svg_path && (st = write_svg(svg_path, &m, &hw, &t, &e, &pt)) != ZO_OK) return fail();
+    if (plan_out) {
+        cJSON *doc;
+        if ((st = plan_file_json(&m, &hw, &t, &e, &pt, plan_out, &doc)) != ZO_OK) return fail();
+        st = write_json(plan_out, doc);
+        cJSON_Delete(doc);
+        if (st) return fail();
+        if (!json) printf("\nplan written to %s (train --plan %s)\n", plan_out, plan_out);
+    }
     return e.fits ? 0 : EXIT_NOFIT;
 }
 
@@ -647,10 +731,12 @@ static const char usage_plan[] =
     "rank by predicted step time.\n"
     "\n"
     "  --model, --params, --layers ... --arch   the model, as for 'memplan estimate'\n"
-    "  --hw NAME|FILE          hardware preset or calibrated profile (default h100-80gb)\n"
+    "  --hw NAME|FILE          machine preset or calibrated profile (default h100-80gb)\n"
+    "  --gpu NAME [--host NAME]  one GPU preset in a host (rtx-4090, l40s, ...; 'memplan hardware')\n"
     "  --gpus N                GPUs in the job (default: the preset's)\n"
     "  --max-gpus N            also try fewer GPUs (powers of two and whole nodes up to N)\n"
-    "  --gpus-per-node N, --gpu-mem SIZE, --cpu-mem SIZE, --nvme SIZE   hardware overrides\n"
+    "  --gpus-per-node N, --gpu-mem SIZE, --cpu-mem SIZE, --nvme SIZE, --pcie LINK\n"
+    "                          hardware overrides, named in the report's first lines\n"
     "  --seq N                 sequence length (default: the model's positions, at most 4096)\n"
     "  --global-batch N        sequences per step (default 8 x GPUs)\n"
     "  --dtype, --grad-dtype, --optim, --no-flash-attn, --dropout, --no-dropout   as for estimate\n"
@@ -673,7 +759,9 @@ static const char usage_plan[] =
 
 static const char usage_max_model[] =
     "usage: memplan max-model [--family gpt|llama|gpt3|megatron|llama2|llama3 | --model NAME]\n"
-    "                         [--hw NAME|FILE] [--gpus N] [--seq N] [--strategy NAME] [--json]\n"
+    "                         [--hw NAME|FILE | --gpu NAME [--host NAME]] [--gpus N]\n"
+    "                         [--gpu-mem SIZE] [--cpu-mem SIZE] [--nvme SIZE] [--pcie LINK]\n"
+    "                         [--seq N] [--strategy NAME]\n"
     "\n"
     "The largest model of a family that trains on the hardware, per strategy: data-parallel,\n"
     "zero-1, zero-2, zero-3, 3d-parallel, zero-offload (ZeRO-2, gradients and optimizer on\n"
@@ -682,6 +770,9 @@ static const char usage_max_model[] =
     "prefetch are searched. Shapes interpolate the family's presets (hidden a multiple of 128);\n"
     "3d-parallel searches every TP x PP layout on the widths TP divides, each as deep (in\n"
     "multiples of PP, up to twice the family's depth) as fits.\n"
+    "Each row also gives the estimate flags that place it, and the largest preset that fits\n"
+    "that way with the 'memplan estimate' command that checks it. On one GPU the ZeRO stages\n"
+    "and 3-D parallelism are left out (nothing to shard) unless --strategy names one.\n"
     "\n"
     "exit status: 0, 2 bad input\n";
 
@@ -726,10 +817,11 @@ static const struct option plan_opts[] = {
 
 /* What `plan` and `max-model` share: model, hardware, training and the space. */
 typedef struct plan_args {
-    const char *model, *hw_name, *json_path, *svg_path, *family, *strategy;
-    uint64_t params_n, gpu_mem, cpu_mem, nvme;
-    long gpus, gpus_per_node, seq, global_batch, max_gpus, top;
-    int cpu_mem_set, nvme_set, dtype_set, grad_dtype_set, no_flash, dropout, json_flag;
+    const char *model, *json_path, *svg_path, *family, *strategy;
+    uint64_t params_n;
+    plan_hw_flags hwf;
+    long gpus, seq, global_batch, max_gpus, top;
+    int dtype_set, grad_dtype_set, no_flash, dropout, json_flag;
     zo_dtype dtype, grad_dtype;
     plan_optimizer optim;
     shape_flags sf;
@@ -748,7 +840,6 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
     zo_status st = ZO_OK;
     int c;
     memset(a, 0, sizeof *a);
-    a->hw_name = "h100-80gb";
     a->dropout = -1;
     a->recompute = -1;
     a->top = 5;
@@ -756,6 +847,10 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":", plan_opts, NULL)) != -1) {
         long v;
+        if (parse_hw_flag(c, optarg, &a->hwf, &st)) {
+            if (st) return fail();
+            continue;
+        }
         switch (c) {
         case OPT_MODEL: a->model = optarg; break;
         case OPT_PARAMS: st = zo_parse_count(optarg, "--params", &a->params_n); break;
@@ -766,13 +861,8 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
         case OPT_FFN: st = zo_parse_int(optarg, "--ffn", 1, 1 << 26, &a->sf.ffn); break;
         case OPT_VOCAB: st = zo_parse_int(optarg, "--vocab", 1, 1 << 26, &a->sf.vocab); break;
         case OPT_ARCH: a->sf.arch = optarg; break;
-        case OPT_HW: a->hw_name = optarg; break;
         case OPT_GPUS: st = zo_parse_int(optarg, "--gpus", 1, 1 << 20, &a->gpus); break;
-        case OPT_GPUS_PER_NODE: st = zo_parse_int(optarg, "--gpus-per-node", 1, 1024, &a->gpus_per_node); break;
-        case OPT_GPU_MEM: st = zo_parse_size(optarg, "--gpu-mem", 0, &a->gpu_mem); break;
-        case OPT_CPU_MEM: st = zo_parse_size(optarg, "--cpu-mem", 0, &a->cpu_mem); a->cpu_mem_set = 1; break;
-        case OPT_NVME: st = zo_parse_size(optarg, "--nvme", 1, &a->nvme); a->nvme_set = 1; break;
-        case OPT_SEQ: st = zo_parse_int(optarg, "--seq", 1, 1 << 24, &a->seq); break;
+        case OPT_SEQ: st = field_int(optarg, "--seq", "training.seq", &a->seq); break;
         case OPT_GLOBAL_BATCH: st = zo_parse_int(optarg, "--global-batch", 1, 1 << 30, &a->global_batch); break;
         case OPT_DTYPE: st = zo_dtype_parse(optarg, &a->dtype); a->dtype_set = 1; break;
         case OPT_GRAD_DTYPE: st = zo_dtype_parse(optarg, &a->grad_dtype); a->grad_dtype_set = 1; break;
@@ -800,9 +890,9 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
             }
             break;
         }
-        case OPT_TP: st = zo_parse_int(optarg, "--tp", 1, 1 << 16, &a->tp); break;
-        case OPT_PP: st = zo_parse_int(optarg, "--pp", 1, 1 << 16, &a->pp); break;
-        case OPT_EP: st = zo_parse_int(optarg, "--ep", 1, 1 << 16, &a->ep); break;
+        case OPT_TP: st = field_int(optarg, "--tp", "parallel.tp", &a->tp); break;
+        case OPT_PP: st = field_int(optarg, "--pp", "parallel.pp", &a->pp); break;
+        case OPT_EP: st = field_int(optarg, "--ep", "parallel.ep", &a->ep); break;
         case OPT_RECOMPUTE:
             if (!strcasecmp(optarg, "none")) a->recompute = PLAN_RECOMPUTE_NONE;
             else if (!strcasecmp(optarg, "selective")) a->recompute = PLAN_RECOMPUTE_SELECTIVE;
@@ -811,19 +901,20 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
             break;
         case OPT_SVG: a->svg_path = optarg; break;
         case OPT_CUDA_CONTEXT:
-            st = zo_parse_size(optarg, "--cuda-context", 1, &a->buf.cuda_context);
+            st = field_u64(optarg, "--cuda-context", "buffers.cuda_context", 0, &a->buf.cuda_context);
             a->cuda_context_set = 1;
             break;
         case OPT_CUBLAS_WS:
-            st = zo_parse_size(optarg, "--cublas-workspace", 1, &a->buf.cublas_workspace);
+            st = field_u64(optarg, "--cublas-workspace", "buffers.cublas_workspace", 0,
+                           &a->buf.cublas_workspace);
             a->cublas_set = 1;
             break;
         case OPT_FRAG:
-            st = zo_parse_double(optarg, "--fragmentation", 0, 1, &a->buf.fragmentation);
+            st = field_double(optarg, "--fragmentation", "buffers.fragmentation", &a->buf.fragmentation);
             a->frag_set = 1;
             break;
         case OPT_SUB_GROUP:
-            st = zo_parse_count(optarg, "--sub-group", &a->buf.sub_group);
+            st = field_u64(optarg, "--sub-group", "nvme.sub_group", 1, &a->buf.sub_group);
             a->sub_group_set = 1;
             break;
         case PO_MAX_GPUS: st = zo_parse_int(optarg, "--max-gpus", 1, 1 << 16, &a->max_gpus); break;
@@ -838,7 +929,9 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
         case PO_NO_NVME: a->no_nvme = 1; break;
         case PO_MAX_MB: st = zo_parse_int(optarg, "--max-micro-batch", 1, 1 << 16, &a->max_mb); break;
         case PO_OPT_STEPS: st = zo_parse_int(optarg, "--opt-steps", 1, 100, &a->opt_steps); break;
-        case PO_MAX_PREFETCH: st = zo_parse_int(optarg, "--max-prefetch", 1, 16, &a->max_prefetch); break;
+        case PO_MAX_PREFETCH:
+            st = field_int(optarg, "--max-prefetch", "buffers.prefetch_depth", &a->max_prefetch);
+            break;
         case PO_JSON_FILE: a->json_path = optarg; break;
         case PO_FAMILY: a->family = optarg; break;
         case PO_STRATEGY: a->strategy = optarg; break;
@@ -862,16 +955,13 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
     return 0;
 }
 
-static zo_status args_hw(const plan_args *a, plan_hw *hw)
+static zo_status args_hw(const plan_args *a, plan_hw *hw, plan_hw_basis *b)
 {
-    zo_status st = load_hw(a->hw_name, hw);
+    zo_status st = build_hw(&a->hwf, hw, b);
     if (st) return st;
-    if (a->gpu_mem) hw->gpu_mem = a->gpu_mem;
-    if (a->cpu_mem_set) hw->cpu_mem = a->cpu_mem;
-    if (a->nvme_set) hw->nvme = a->nvme;
-    if (a->gpus_per_node) hw->gpus_per_node = (int)a->gpus_per_node;
     if (a->max_gpus) hw->gpus = (int)a->max_gpus;
     else if (a->gpus) hw->gpus = (int)a->gpus;
+    gpu_node_size(&a->hwf, b, hw);
     return ZO_OK;
 }
 
@@ -942,10 +1032,11 @@ static int cmd_plan(int argc, char **argv)
     zo_status st;
     zo_model_config m;
     plan_hw hw;
+    plan_hw_basis basis;
     plan_space s;
     plan_result r;
     if ((st = build_model(a.model, a.params_n, &a.sf, a.seq, &m)) != ZO_OK) return fail();
-    if ((st = args_hw(&a, &hw)) != ZO_OK) return fail();
+    if ((st = args_hw(&a, &hw, &basis)) != ZO_OK) return fail();
     args_space(&a, &m, &hw, &s);
     double t0 = now_s();
     if ((st = plan_search(&m, &hw, &s, (int)a.top, &r)) != ZO_OK) return fail();
@@ -953,6 +1044,7 @@ static int cmd_plan(int argc, char **argv)
 
     char cnt[32];
     static const char *obj[] = {"step time", "GPU memory", "GPU-seconds per token"};
+    plan_report_basis(stdout, &hw, &basis);
     printf("%s (%s params) on %s: %s%d x %s; seq %d%s, global batch %d; ranked by %s\n", m.name,
            zo_format_count(zo_model_params(&m), cnt, sizeof cnt), hw.name,
            s.max_gpus ? "up to " : "", hw.gpus, hw.gpu, s.base.seq,
@@ -990,7 +1082,8 @@ static int cmd_plan(int argc, char **argv)
             (st = plan_time_run(&m, &h, &b->t, &e, &pt)) != ZO_OK)
             return fail();
         if (a.json_path) {
-            cJSON *doc = plan_file_json(&m, &h, &b->t, &e, &pt);
+            cJSON *doc;
+            if ((st = plan_file_json(&m, &h, &b->t, &e, &pt, a.json_path, &doc)) != ZO_OK) return fail();
             st = write_json(a.json_path, doc);
             cJSON_Delete(doc);
             if (st) return fail();
@@ -1001,6 +1094,96 @@ static int cmd_plan(int argc, char **argv)
             return fail();
     }
     return 0;
+}
+
+/* `m` trained as the searched plan `ct` trains its shape: the estimate's
+ * defaults for `m` with the plan's layout, batch, recompute and placement. */
+static void preset_config(const zo_model_config *m, const plan_train *ct, plan_train *x)
+{
+    plan_train_defaults(x, m);
+    x->seq = ct->seq;
+    x->micro_batch = ct->micro_batch;
+    x->grad_accum = ct->grad_accum;
+    x->dp = ct->dp;
+    x->tp = ct->tp;
+    x->pp = ct->pp;
+    x->vpp = ct->vpp;
+    x->sp = ct->sp;
+    x->zero = ct->zero;
+    x->recompute = ct->recompute;
+    x->params_on = ct->params_on;
+    x->grads_on = ct->grads_on;
+    x->checkpoints_on = ct->checkpoints_on;
+    memcpy(x->opt_frac, ct->opt_frac, sizeof x->opt_frac);
+    x->buf.prefetch_depth = ct->buf.prefetch_depth;
+}
+
+/* The largest preset of the shape's architecture, at most `n` parameters,
+ * that fits with the plan `c` found for the strategy (NULL: none does). */
+static const zo_model_preset *largest_preset(const zo_model_config *shape, const plan_candidate *c,
+                                             uint64_t n, const plan_hw *hw, plan_train *t,
+                                             plan_time *pt)
+{
+    size_t np;
+    const zo_model_preset *p = zo_model_presets(&np), *best = NULL;
+    uint64_t best_n = 0;
+    plan_hw h = *hw;
+    h.gpus = c->gpus;
+    for (size_t i = 0; i < np; i++) {
+        const zo_model_config *m = &p[i].cfg;
+        uint64_t pn = zo_model_params(m);
+        if (m->arch != shape->arch || pn > n || pn <= best_n) continue;
+        plan_train x;
+        plan_estimate e;
+        plan_time tt;
+        preset_config(m, &c->t, &x);
+        if (plan_estimate_run(m, &h, &x, &e) != ZO_OK || !e.fits ||
+            plan_time_run(m, &h, &x, &e, &tt) != ZO_OK)
+            continue;
+        best = &p[i];
+        best_n = pn;
+        *t = x;
+        *pt = tt;
+    }
+    return best;
+}
+
+/* tokens/s: whole above 100, three digits below */
+static const char *fmt_rate(double v, char *buf, size_t len)
+{
+    if (v >= 100) snprintf(buf, len, "%.0f", v);
+    else snprintf(buf, len, "%.3g", v);
+    return buf;
+}
+
+/* One strategy's row: the largest model, its step, the flags that place it,
+ * and the largest preset that fits with the command that checks it. */
+static void print_max_model_row(plan_strategy strat, const zo_model_config *shape,
+                                const plan_candidate *c, uint64_t n, const plan_hw *hw,
+                                const plan_hw_basis *basis)
+{
+    char cnt[32], shp[32], flags[256], hwflags[512], pre[96] = "none", rate[32], prate[32];
+    snprintf(shp, sizeof shp, "%dx%d", shape->n_layers, shape->hidden);
+    plan_train d, x;
+    plan_time pt;
+    plan_train_defaults(&d, shape);
+    d.seq = c->t.seq;
+    plan_train_flags(&d, &c->t, flags, sizeof flags);
+    const zo_model_preset *p = largest_preset(shape, c, n, hw, &x, &pt);
+    if (p)
+        snprintf(pre, sizeof pre, "%s (%.3g s, %s)", p->name, pt.step,
+                 fmt_rate(pt.tokens_per_s, prate, sizeof prate));
+    printf("%-20s %8s  %-12s %9.3g s %9s  %s\n", plan_strategy_name(strat),
+           zo_format_count(n, cnt, sizeof cnt), shp, c->time.step,
+           fmt_rate(c->time.tokens_per_s, rate, sizeof rate), pre);
+    printf("    flags: %s\n", flags[0] ? flags : "(the defaults)");
+    if (!p) return;
+    plan_train_defaults(&d, &p->cfg);
+    d.seq = x.seq;
+    plan_train_flags(&d, &x, flags, sizeof flags);
+    plan_hw_basis_flags(basis, hwflags, sizeof hwflags);
+    printf("    check: memplan estimate --model %s%s%s --seq %d%s%s\n", p->name, hwflags[0] ? " " : "",
+           hwflags, x.seq, flags[0] ? " " : "", flags);
 }
 
 static int cmd_max_model(int argc, char **argv)
@@ -1018,7 +1201,8 @@ static int cmd_max_model(int argc, char **argv)
     }
     if (!family) family = "gpt";
     if ((st = plan_family_shape(family, 1e9, &ref)) != ZO_OK) return fail();
-    if ((st = args_hw(&a, &hw)) != ZO_OK) return fail();
+    plan_hw_basis basis;
+    if ((st = args_hw(&a, &hw, &basis)) != ZO_OK) return fail();
     int only = -1;
     if (a.strategy) {
         for (int i = 0; i < PLAN_STRATEGIES; i++)
@@ -1033,27 +1217,31 @@ static int cmd_max_model(int argc, char **argv)
     plan_space base;
     args_space(&a, &ref, &hw, &base);
     base.base.seq = a.seq ? (int)a.seq : 0;
-    printf("largest %s model on %s (%d x %s, %.0f GiB CPU and %.1f TB NVMe per node), seq %s\n",
-           family, hw.name, hw.gpus, hw.gpu, (double)hw.cpu_mem / (1 << 30), hw.nvme / 1e12,
-           a.seq ? "as given" : "the family's");
-    printf("%-20s %12s  %-14s %-10s %s\n", "strategy", "params", "shape (LxH)", "step", "plan");
+    plan_report_basis(stdout, &hw, &basis);
+    printf("\nlargest %s model on %d x %s (%.2f GiB CPU memory, %.2f TB NVMe per node), seq %d%s; "
+           "micro-batch 1\n",
+           family, hw.gpus, hw.gpu, (double)hw.cpu_mem / (1 << 30), hw.nvme / 1e12,
+           a.seq ? (int)a.seq : ref.max_seq, a.seq ? "" : " (the family's)");
+    /* on one GPU ZeRO and 3-D parallelism have nothing to shard */
+    int one = hw.gpus == 1 && only < 0;
+    if (one)
+        printf("one GPU: ZeRO-1/2/3 and 3-D parallelism shard nothing; data-parallel stands for "
+               "them\n");
+    printf("\n%-20s %8s  %-12s %11s %9s  %s\n", "strategy", "largest", "shape (LxH)", "step",
+           "tokens/s", "largest preset that fits (step s, tokens/s)");
     for (int i = 0; i < PLAN_STRATEGIES; i++) {
         if (only >= 0 && i != only) continue;
+        if (one && i >= PLAN_STRAT_ZERO1 && i <= PLAN_STRAT_3D) continue;
         zo_model_config shape;
         plan_candidate c;
         uint64_t n;
         if ((st = plan_max_model(family, &hw, &base, (plan_strategy)i, &shape, &c, &n)) != ZO_OK)
             return fail();
         if (!n) {
-            printf("%-20s %12s\n", plan_strategy_name((plan_strategy)i), "none fits");
+            printf("%-20s %8s\n", plan_strategy_name((plan_strategy)i), "none fits");
             continue;
         }
-        char cnt[32], shp[32];
-        snprintf(shp, sizeof shp, "%dx%d", shape.n_layers, shape.hidden);
-        printf("%-20s %12s  %-14s %7.2f s  TP %d PP %d ZeRO-%d, recompute %s, checkpoints %s\n",
-               plan_strategy_name((plan_strategy)i), zo_format_count(n, cnt, sizeof cnt), shp,
-               c.time.step, c.t.tp, c.t.pp, c.t.zero, plan_recompute_name(c.t.recompute),
-               plan_tier_name(c.t.checkpoints_on));
+        print_max_model_row((plan_strategy)i, &shape, &c, n, &hw, &basis);
     }
     return 0;
 }
@@ -1068,7 +1256,8 @@ static const char usage_calibrate[] =
     "CPU memory size and cores, memory bandwidth (a triad), CPU AdamW parameters/s\n"
     "(cpu_adam), and the free space and write/read rates of --nvme-dir (a file of\n"
     "--nvme-bytes, default 512MiB, through the nvme module's io_uring engine). What cannot\n"
-    "be measured here (the GPU, PCIe) comes from --base (default h100-80gb); the profile's\n"
+    "be measured here (the GPU, PCIe) comes from --base (default h100-80gb; a machine or a\n"
+    "GPU preset such as rtx-4090, 'memplan hardware'); the profile's\n"
     "\"note\" says which. Default output: stdout.\n";
 
 static int cmd_calibrate(int argc, char **argv)
@@ -1167,6 +1356,7 @@ static int cmd_hardware(void)
 {
     size_t n;
     const plan_hw_preset *p = plan_hw_presets(&n);
+    printf("machines (--hw NAME):\n");
     printf("%-15s %-60s %10s %10s %9s %9s\n", "name", "summary", "GPU mem", "PCIe", "NVMe rd",
            "NVMe wr");
     for (size_t i = 0; i < n; i++) {
@@ -1175,8 +1365,27 @@ static int cmd_hardware(void)
                zo_format_bytes(p[i].hw.gpu_mem, mem, sizeof mem), p[i].hw.pcie_bw / 1e9,
                p[i].hw.nvme_read_bw / 1e9, p[i].hw.nvme_write_bw / 1e9);
     }
-    printf("\nOverride with --gpus --gpus-per-node --gpu-mem --cpu-mem --nvme (CPU memory and NVMe "
-           "are per node).\n");
+    const plan_gpu_spec *g = plan_gpu_presets(&n);
+    printf("\nGPUs (--gpu NAME [--host NAME]; datasheet figures, dense; docs/memplan.md cites "
+           "each):\n");
+    printf("%-15s %-36s %10s %15s %10s %8s %10s %-11s\n", "name", "product", "memory",
+           "bf16 TFLOPS*", "fp16acc16", "TF32", "mem GB/s", "PCIe, host");
+    for (size_t i = 0; i < n; i++) {
+        char mem[32], acc16[16] = "-";
+        if (g[i].tensor_16_acc16 > 0) snprintf(acc16, sizeof acc16, "%.4g", g[i].tensor_16_acc16 / 1e12);
+        printf("%-15s %-36s %10s %15.4g %10s %8.4g %10.4g %d.0 x%d, %s\n", g[i].name, g[i].product,
+               zo_format_bytes(g[i].mem, mem, sizeof mem), g[i].tensor_16 / 1e12, acc16,
+               g[i].tensor_32 / 1e12, g[i].mem_bw / 1e9, g[i].pcie_gen, g[i].pcie_lanes, g[i].host);
+    }
+    printf("  * fp16/bf16 tensor with fp32 accumulation, the rate training gets (GeForce cards run "
+           "it at half\n    their fp16-accumulate rate, fp16acc16)\n");
+    const plan_host_spec *h = plan_host_presets(&n);
+    printf("\nhosts (--host NAME, with --gpu):\n");
+    for (size_t i = 0; i < n; i++)
+        printf("%-15s %s; NVMe read %.4g, write %.4g GB/s\n", h[i].name, h[i].summary,
+               h[i].nvme_read_bw / 1e9, h[i].nvme_write_bw / 1e9);
+    printf("\nOverride with --gpus --gpus-per-node --gpu-mem --cpu-mem --nvme --pcie (CPU memory and "
+           "NVMe are per node).\n");
     return 0;
 }
 

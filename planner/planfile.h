@@ -1,30 +1,39 @@
-/* Plan files (docs/plan-format.md) and hardware profiles: JSON built and
- * parsed in memory; the CLI reads and writes the files. */
+/* Plan files (docs/plan-format.md) and hardware profiles: the planner's side
+ * of the plan schema (common/plan_schema.h), which writes, reads and checks
+ * them; the CLI reads and writes the files. */
 #ifndef ZO_PLANNER_PLANFILE_H
 #define ZO_PLANNER_PLANFILE_H
 
 #include <cjson/cJSON.h>
 
+#include "common/plan_schema.h" /* defines: zo_plan, zo_plan_read, zo_plan_write_json */
 #include "planner/cost.h"
 #include "planner/memory.h"
 
-#define PLAN_FILE_FORMAT "zoffload-plan"
-#define PLAN_FILE_VERSION 1
-#define PLAN_HW_FORMAT "zoffload-hw"
-#define PLAN_NVME_DIR_PLACEHOLDER "${ZO_NVME_DIR}"
+/* The plan for a configuration (docs/plan-format.md): the model, the
+ * hardware (may be NULL), the training settings and, when `e` is given, the
+ * prediction (with the step time when `pt` is). */
+void plan_file_from(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
+                    const plan_estimate *e, const plan_time *pt, zo_plan *out);
 
-/* The plan the runtime executes (`train --plan FILE`): model shape,
- * hardware, training settings, placement, buffers and the predicted peak
- * bytes per tier and step time. NULL when out of memory. */
-cJSON *plan_file_json(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
-                      const plan_estimate *e, const plan_time *pt);
+/* The same as JSON, through the schema's one writer, which refuses a plan
+ * outside the schema's limits; `what` names it in messages. The caller owns
+ * *out. */
+zo_status plan_file_json(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
+                         const plan_estimate *e, const plan_time *pt, const char *what,
+                         cJSON **out);
 
-/* Read a plan back (`memplan estimate --plan FILE`); messages name `path`
- * and the field. */
+/* A plan read by the schema's reader, as the planner's configuration
+ * (`memplan estimate --plan FILE`): it needs the plan's hardware, and the
+ * configuration is validated; messages name `path`. */
+zo_status plan_file_to(const zo_plan *p, const char *path, zo_model_config *m, plan_hw *hw,
+                       plan_train *t);
+
+/* zo_plan_read and plan_file_to. */
 zo_status plan_file_parse(const char *text, const char *path, zo_model_config *m, plan_hw *hw,
                           plan_train *t);
 
-/* A hardware description, every field (what `memplan calibrate` writes). */
+/* A hardware profile, every field (what `memplan calibrate` writes). */
 cJSON *plan_hw_json(const plan_hw *hw);
 
 /* Parse a hardware profile (the object plan_hw_json writes, alone or as the

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/plan_schema.h" /* defines: zo_plan_model_write_json */
 #include "common/units.h"
 
 void plan_format_fractions(const double f[PLAN_TIERS], char *buf, size_t len)
@@ -38,47 +39,19 @@ void plan_json_add_placement(cJSON *parent, const plan_train *t)
     cJSON_AddStringToObject(jp, "checkpoints", plan_tier_name(t->checkpoints_on));
 }
 
-static void add_u64(cJSON *o, const char *k, uint64_t v);
+static void add_u64(cJSON *o, const char *k, uint64_t v) { cJSON_AddNumberToObject(o, k, (double)v); }
 
+/* The plan's model object, and what a token of an MoE model uses. */
 cJSON *plan_json_model(const zo_model_config *m)
 {
-    cJSON *jm = cJSON_CreateObject();
-    cJSON_AddStringToObject(jm, "name", m->name);
-    add_u64(jm, "params", zo_model_params(m));
-    if (m->params_override) {
-        add_u64(jm, "params_only", m->params_override);
-        cJSON_AddNumberToObject(jm, "max_seq", m->max_seq);
-        return jm;
-    }
-    cJSON_AddStringToObject(jm, "family", m->family);
-    cJSON_AddStringToObject(jm, "arch", zo_arch_name(m->arch));
-    cJSON_AddNumberToObject(jm, "layers", m->n_layers);
-    cJSON_AddNumberToObject(jm, "hidden", m->hidden);
-    cJSON_AddNumberToObject(jm, "heads", m->n_heads);
-    cJSON_AddNumberToObject(jm, "kv_heads", m->n_kv_heads);
-    cJSON_AddNumberToObject(jm, "head_dim", m->head_dim);
-    cJSON_AddNumberToObject(jm, "ffn", m->ffn);
-    cJSON_AddNumberToObject(jm, "vocab", m->vocab);
-    cJSON_AddNumberToObject(jm, "max_seq", m->max_seq);
-    cJSON_AddBoolToObject(jm, "tied_embeddings", m->tied_embeddings);
-    cJSON_AddBoolToObject(jm, "attn_bias", m->attn_bias);
-    cJSON_AddBoolToObject(jm, "out_bias", m->out_bias);
-    cJSON_AddBoolToObject(jm, "norm_bias", m->norm_bias);
-    cJSON_AddNumberToObject(jm, "norm_eps", m->norm_eps);
-    cJSON_AddNumberToObject(jm, "rope_theta", m->rope_theta);
-    /* the families beyond GPT and LLaMA layers (MoE, MLA, ...), and what a
-     * token of an MoE model uses */
-    cJSON *features = zo_model_config_features_json(m);
-    if (features) cJSON_AddItemToObject(jm, "features", features);
-    if (m->moe.experts) {
+    cJSON *jm = zo_plan_model_write_json(m);
+    if (jm && m->moe.experts) {
         zo_param_counts pc;
         zo_model_param_counts(m, &pc);
         add_u64(jm, "active_params", pc.active);
     }
     return jm;
 }
-
-static void add_u64(cJSON *o, const char *k, uint64_t v) { cJSON_AddNumberToObject(o, k, (double)v); }
 
 cJSON *plan_report_time_json(const plan_time *pt)
 {
@@ -105,8 +78,44 @@ cJSON *plan_report_time_json(const plan_time *pt)
     return jt;
 }
 
+/* "fits_with" (the fastest alternative's flags) and "suggestions", ranked. */
+static void add_suggestions(cJSON *root, const plan_suggestions *sg)
+{
+    if (!sg || sg->n == 0) return;
+    cJSON_AddStringToObject(root, "fits_with", sg->alt[0].flags);
+    cJSON *arr = cJSON_AddArrayToObject(root, "suggestions");
+    for (int i = 0; i < sg->n; i++) {
+        const plan_alternative *a = &sg->alt[i];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "kind", plan_alt_kind_name(a->kind));
+        cJSON_AddStringToObject(o, "flags", a->flags);
+        cJSON_AddStringToObject(o, "what", a->what);
+        cJSON_AddNumberToObject(o, "step_s", a->time.step);
+        cJSON_AddNumberToObject(o, "tokens_per_s", a->time.tokens_per_s);
+        cJSON_AddNumberToObject(o, "mfu", a->time.mfu);
+        cJSON *pr = cJSON_AddObjectToObject(o, "per_rank");
+        for (int tier = 0; tier < PLAN_TIERS; tier++)
+            add_u64(pr, plan_tier_name((plan_tier)tier), a->total[tier]);
+        cJSON_AddItemToArray(arr, o);
+    }
+}
+
+/* The verdict's alternatives, fastest first, tokens/s beside each. */
+static void print_suggestions(FILE *out, const plan_suggestions *sg)
+{
+    fprintf(out, "         fits with: any of these, fastest first (add the flags to the command):\n");
+    for (int i = 0; i < sg->n; i++) {
+        const plan_alternative *a = &sg->alt[i];
+        fprintf(out, "         %2d. %9.3f s/step %10.4g tokens/s  %s\n", i + 1, a->time.step,
+                a->time.tokens_per_s, a->flags);
+        fprintf(out, "             (%s; per rank GPU %.1f, CPU %.1f, NVMe %.1f GiB)\n", a->what,
+                (double)a->total[PLAN_GPU] / (1 << 30), (double)a->total[PLAN_CPU] / (1 << 30),
+                (double)a->total[PLAN_NVME] / (1 << 30));
+    }
+}
+
 cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
-                        const plan_estimate *e, const plan_time *pt, const char *suggestion)
+                        const plan_estimate *e, const plan_time *pt, const plan_suggestions *sg)
 {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddItemToObject(root, "model", plan_json_model(m));
@@ -188,7 +197,7 @@ cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_
     for (int tier = 0; tier < PLAN_TIERS; tier++)
         add_u64(js, plan_tier_name((plan_tier)tier),
                 e->total[tier] > e->capacity[tier] ? e->total[tier] - e->capacity[tier] : 0);
-    if (suggestion) cJSON_AddStringToObject(root, "fits_with", suggestion);
+    add_suggestions(root, sg);
     if (pt) cJSON_AddItemToObject(root, "time", plan_report_time_json(pt));
     return root;
 }
@@ -246,7 +255,7 @@ void plan_report_time_table(FILE *out, const plan_time *pt)
 
 void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
                        const plan_train *t, const plan_estimate *e, const plan_time *pt,
-                       const char *suggestion)
+                       const plan_suggestions *sg)
 {
     char cnt[32], fr[64];
     static const char *tier_title[] = {"GPU", "CPU", "NVMe"};
@@ -326,8 +335,8 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
         sep = "; ";
     }
     fprintf(out, "\n");
-    if (suggestion)
-        fprintf(out, "         fits with: %s\n", suggestion);
+    if (sg && sg->n)
+        print_suggestions(out, sg);
     else
         fprintf(out, "         no offload setting alone makes it fit: add GPUs (--dp/--tp/--pp "
                      "with --zero) or shorten --seq / --micro-batch\n");

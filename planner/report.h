@@ -8,32 +8,33 @@
 
 #include "planner/cost.h"
 #include "planner/memory.h"
+#include "planner/suggest.h"
 
 /* The JSON document of an estimate; the caller owns it (cJSON_Delete), NULL
- * when out of memory. `pt` (may be NULL) adds the "time" object;
- * `suggestion` (may be NULL) names flags that make a non-fitting
- * configuration fit. */
+ * when out of memory. `pt` (may be NULL) adds the "time" object; `sg` (may
+ * be NULL) the alternatives that make a non-fitting configuration fit. */
 cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
-                        const plan_estimate *e, const plan_time *pt, const char *suggestion);
+                        const plan_estimate *e, const plan_time *pt, const plan_suggestions *sg);
 
 /* The "time" object alone (docs/memplan-json.md). */
 cJSON *plan_report_time_json(const plan_time *pt);
 
 /* The readable table: per tier, the largest consumers first, GiB and % of
- * capacity, and a one-line verdict. */
+ * capacity, and a verdict (with the alternatives in `sg` when it does not fit). */
 void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
                        const plan_train *t, const plan_estimate *e, const plan_time *pt,
-                       const char *suggestion);
+                       const plan_suggestions *sg);
 
 /* The time section of the table: step time, its parts, tokens/s, MFU, HFU. */
 void plan_report_time_table(FILE *out, const plan_time *pt);
 
 /* The model's shape as both the estimate's JSON and the plan file carry it
- * (docs/memplan-json.md, docs/plan-format.md); the caller owns it. */
+ * (docs/memplan-json.md, docs/plan-format.md), written by the plan schema's
+ * writer; the caller owns it. */
 cJSON *plan_json_model(const zo_model_config *m);
 
-/* "placement": {"params", "grads", "optimizer": {tier: fraction}, "checkpoints"},
- * as both the estimate's JSON and the plan file carry it. */
+/* "placement": {"params", "grads", "optimizer": {tier: fraction}, "checkpoints"}
+ * in the estimate's JSON (the same keys as the plan file's). */
 void plan_json_add_placement(cJSON *parent, const plan_train *t);
 
 /* "optimizer cpu=0.5,nvme=0.5" style description of a fraction split. */

@@ -1,60 +1,208 @@
 #include "suggest.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-typedef struct rung {
-    const char *flags;
-    plan_tier params, grads, checkpoints;
-    double opt[PLAN_TIERS];
-    int full_recompute;
-} rung;
+#include "planner/report.h" /* plan_format_fractions */
 
-/* Cheapest first: each rung moves more state off the GPU, or off the CPU. */
-static const rung ladder[] = {
-    {"--recompute full", PLAN_GPU, PLAN_GPU, PLAN_GPU, {1, 0, 0}, 1},
-    {"--grads cpu --optimizer cpu", PLAN_GPU, PLAN_CPU, PLAN_GPU, {0, 1, 0}, 0},
-    {"--recompute full --grads cpu --optimizer cpu", PLAN_GPU, PLAN_CPU, PLAN_GPU, {0, 1, 0}, 1},
-    {"--recompute full --grads cpu --optimizer cpu --checkpoints cpu", PLAN_GPU, PLAN_CPU, PLAN_CPU,
-     {0, 1, 0}, 1},
-    {"--recompute full --params cpu --grads cpu --optimizer cpu --checkpoints cpu", PLAN_CPU,
-     PLAN_CPU, PLAN_CPU, {0, 1, 0}, 1},
-    {"--recompute full --params cpu --grads cpu --optimizer cpu=0.5,nvme=0.5 --checkpoints cpu",
-     PLAN_CPU, PLAN_CPU, PLAN_CPU, {0, 0.5, 0.5}, 1},
-    {"--recompute full --params cpu --grads cpu --optimizer nvme --checkpoints cpu", PLAN_CPU,
-     PLAN_CPU, PLAN_CPU, {0, 0, 1}, 1},
-    {"--recompute full --params nvme --grads cpu --optimizer nvme --checkpoints cpu", PLAN_NVME,
-     PLAN_CPU, PLAN_CPU, {0, 0, 1}, 1},
+static const char *kind_names[PLAN_ALT_KINDS] = {"offload"};
+
+const char *plan_alt_kind_name(plan_alt_kind k) { return k < PLAN_ALT_KINDS ? kind_names[k] : "?"; }
+
+/* ---- flags ----------------------------------------------------------------------- */
+
+static void append(char *buf, size_t len, const char *fmt, const char *flag, const char *v)
+{
+    size_t u = strlen(buf);
+    if (u + 1 >= len) return;
+    snprintf(buf + u, len - u, fmt, u ? " " : "", flag, v);
+}
+
+static void append_int(char *buf, size_t len, const char *flag, long v)
+{
+    char s[24];
+    snprintf(s, sizeof s, "%ld", v);
+    append(buf, len, "%s%s %s", flag, s);
+}
+
+void plan_train_flags(const plan_train *from, const plan_train *to, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    if (to->dp != from->dp) append_int(buf, len, "--dp", to->dp);
+    if (to->tp != from->tp) append_int(buf, len, "--tp", to->tp);
+    if (to->pp != from->pp) append_int(buf, len, "--pp", to->pp);
+    if (to->sp && !from->sp) append(buf, len, "%s%s%s", "--sp", "");
+    if (to->vpp != from->vpp) append_int(buf, len, "--vpp", to->vpp);
+    if (to->zero != from->zero) append_int(buf, len, "--zero", to->zero);
+    if (to->micro_batch != from->micro_batch) append_int(buf, len, "--micro-batch", to->micro_batch);
+    if (to->grad_accum != from->grad_accum) append_int(buf, len, "--grad-accum", to->grad_accum);
+    if (to->recompute != from->recompute)
+        append(buf, len, "%s%s %s", "--recompute", plan_recompute_name(to->recompute));
+    if (to->params_on != from->params_on)
+        append(buf, len, "%s%s %s", "--params", plan_tier_name(to->params_on));
+    if (to->grads_on != from->grads_on)
+        append(buf, len, "%s%s %s", "--grads", plan_tier_name(to->grads_on));
+    if (memcmp(to->opt_frac, from->opt_frac, sizeof to->opt_frac)) {
+        char fr[64];
+        plan_format_fractions(to->opt_frac, fr, sizeof fr);
+        append(buf, len, "%s%s %s", "--optimizer", fr);
+    }
+    if (to->checkpoints_on != from->checkpoints_on)
+        append(buf, len, "%s%s %s", "--checkpoints", plan_tier_name(to->checkpoints_on));
+    if (to->buf.prefetch_depth != from->buf.prefetch_depth)
+        append_int(buf, len, "--prefetch", to->buf.prefetch_depth);
+}
+
+/* ---- generators ------------------------------------------------------------------- */
+
+/* A generator proposes its i-th alternative to `t` in *c (and says what it
+ * is): 1 proposed, 0 nothing at this index, -1 no more. A new kind of
+ * alternative (LoRA, QLoRA) is one more generator in `generators`. */
+typedef int (*alt_gen)(const zo_model_config *m, const plan_hw *hw, const plan_train *t, int i,
+                       plan_train *c, char *what, size_t len);
+
+/* Where state goes, cheapest first (the `none` optimizer split is searched). */
+typedef struct placement {
+    const char *what;
+    plan_tier params, grads;
+    double opt[PLAN_TIERS]; /* nvme < 0: the least NVMe share in tenths that fits */
+} placement;
+
+static const placement placements[] = {
+    {NULL, PLAN_GPU, PLAN_GPU, {-1, -1, -1}}, /* as given */
+    {"ZeRO-Offload: gradients and optimizer on the CPU", PLAN_GPU, PLAN_CPU, {0, 1, 0}},
+    {"ZeRO-Offload, optimizer split between CPU and NVMe", PLAN_GPU, PLAN_CPU, {0, -1, -1}},
+    {"ZeRO-Offload, optimizer on NVMe", PLAN_GPU, PLAN_CPU, {0, 0, 1}},
+    {"ZeRO-Infinity: weights streamed from the CPU", PLAN_CPU, PLAN_CPU, {0, 1, 0}},
+    {"weights streamed from the CPU, optimizer split between CPU and NVMe", PLAN_CPU, PLAN_CPU,
+     {0, -1, -1}},
+    {"weights streamed from the CPU, optimizer on NVMe", PLAN_CPU, PLAN_CPU, {0, 0, 1}},
+    {"ZeRO-Infinity: weights and optimizer on NVMe", PLAN_NVME, PLAN_CPU, {0, 0, 1}},
+};
+#define N_PLACEMENTS (int)(sizeof placements / sizeof placements[0])
+
+/* Recompute and checkpoints: as given, full recompute, and full recompute
+ * with the checkpoints in CPU memory (the runtime needs full recompute). */
+#define N_ACTIVATION 3
+static const char *activation_what[N_ACTIVATION] = {NULL, "full recompute",
+                                                    "full recompute, checkpoints in CPU memory"};
+
+static int fits(const zo_model_config *m, const plan_hw *hw, const plan_train *c, zo_status *st)
+{
+    plan_estimate e;
+    *st = plan_estimate_run(m, hw, c, &e);
+    return *st == ZO_OK && e.fits;
+}
+
+static int gen_offload(const zo_model_config *m, const plan_hw *hw, const plan_train *t, int i,
+                       plan_train *c, char *what, size_t len)
+{
+    if (i >= N_PLACEMENTS * N_ACTIVATION) return -1;
+    const placement *p = &placements[i % N_PLACEMENTS];
+    int act = i / N_PLACEMENTS;
+    *c = *t;
+    if (act >= 1) c->recompute = PLAN_RECOMPUTE_FULL;
+    if (act == 2) c->checkpoints_on = PLAN_CPU;
+    if (p->what) {
+        c->params_on = p->params;
+        c->grads_on = p->grads;
+        memcpy(c->opt_frac, p->opt, sizeof c->opt_frac);
+    }
+    /* never undo what the user already offloaded */
+    if (t->params_on > c->params_on) c->params_on = t->params_on;
+    if (t->grads_on > c->grads_on) c->grads_on = t->grads_on;
+    if (t->checkpoints_on > c->checkpoints_on) c->checkpoints_on = t->checkpoints_on;
+    if (c->recompute < t->recompute) c->recompute = t->recompute;
+    if (p->what && p->opt[PLAN_NVME] < 0) {
+        /* the least NVMe share that fits; none when all of it fits in CPU memory */
+        zo_status st;
+        c->opt_frac[PLAN_GPU] = 0;
+        c->opt_frac[PLAN_CPU] = 1;
+        c->opt_frac[PLAN_NVME] = 0;
+        if (fits(m, hw, c, &st)) return 0;
+        int k = 1;
+        for (; k < 10; k++) {
+            c->opt_frac[PLAN_CPU] = (10 - k) / 10.0;
+            c->opt_frac[PLAN_NVME] = k / 10.0;
+            if (fits(m, hw, c, &st)) break;
+        }
+        if (k == 10) return 0;
+    }
+    if (t->opt_frac[PLAN_NVME] > c->opt_frac[PLAN_NVME] || t->opt_frac[PLAN_GPU] < c->opt_frac[PLAN_GPU])
+        memcpy(c->opt_frac, t->opt_frac, sizeof c->opt_frac);
+    what[0] = '\0';
+    const char *parts[2] = {activation_what[act], p->what};
+    for (int k = 0; k < 2; k++) {
+        if (!parts[k]) continue;
+        size_t u = strlen(what);
+        snprintf(what + u, len - u, "%s%s", u ? "; " : "", parts[k]);
+    }
+    return 1;
+}
+
+static const struct {
+    plan_alt_kind kind;
+    alt_gen gen;
+} generators[] = {
+    {PLAN_ALT_OFFLOAD, gen_offload},
 };
 
-zo_status plan_suggest(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
-                       plan_train *out, char *flags, size_t flags_len, int *found)
+/* ---- the ranked list --------------------------------------------------------------- */
+
+static int same_config(const plan_train *a, const plan_train *b)
 {
-    *found = 0;
-    for (size_t i = 0; i < sizeof ladder / sizeof ladder[0]; i++) {
-        const rung *r = &ladder[i];
-        plan_train c = *t;
-        c.params_on = r->params;
-        c.grads_on = r->grads;
-        c.checkpoints_on = r->checkpoints;
-        memcpy(c.opt_frac, r->opt, sizeof c.opt_frac);
-        if (r->full_recompute) c.recompute = PLAN_RECOMPUTE_FULL;
-        /* a rung must not undo what the user already offloaded */
-        if (c.recompute < t->recompute) c.recompute = t->recompute;
-        if (t->params_on > c.params_on) c.params_on = t->params_on;
-        if (t->checkpoints_on > c.checkpoints_on) c.checkpoints_on = t->checkpoints_on;
-        if (t->grads_on > c.grads_on) c.grads_on = t->grads_on;
-        if (t->opt_frac[PLAN_NVME] > c.opt_frac[PLAN_NVME] || t->opt_frac[PLAN_GPU] < c.opt_frac[PLAN_GPU])
-            memcpy(c.opt_frac, t->opt_frac, sizeof c.opt_frac);
-        plan_estimate e;
-        zo_status st = plan_estimate_run(m, hw, &c, &e);
-        if (st) return st;
-        if (e.fits) {
-            *out = c;
-            snprintf(flags, flags_len, "%s", r->flags);
-            *found = 1;
-            return ZO_OK;
+    return a->recompute == b->recompute && a->params_on == b->params_on &&
+           a->grads_on == b->grads_on && a->checkpoints_on == b->checkpoints_on &&
+           !memcmp(a->opt_frac, b->opt_frac, sizeof a->opt_frac) && a->zero == b->zero &&
+           a->micro_batch == b->micro_batch && a->grad_accum == b->grad_accum &&
+           a->dp == b->dp && a->tp == b->tp && a->pp == b->pp;
+}
+
+static int by_step(const void *x, const void *y)
+{
+    const plan_alternative *a = x, *b = y;
+    return a->time.step < b->time.step ? -1 : a->time.step > b->time.step ? 1 : 0;
+}
+
+zo_status plan_suggest(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
+                       plan_suggestions *out)
+{
+    out->n = out->tried = 0;
+    plan_train seen[PLAN_SUGGEST_MAX * 2];
+    int n_seen = 0;
+    for (size_t g = 0; g < sizeof generators / sizeof generators[0]; g++) {
+        for (int i = 0;; i++) {
+            plan_train c;
+            char what[96];
+            int r = generators[g].gen(m, hw, t, i, &c, what, sizeof what);
+            if (r < 0) break;
+            if (r == 0 || same_config(&c, t)) continue;
+            int dup = 0;
+            for (int k = 0; k < n_seen && !dup; k++) dup = same_config(&c, &seen[k]);
+            if (dup || n_seen == (int)(sizeof seen / sizeof seen[0])) continue;
+            seen[n_seen++] = c;
+            out->tried++;
+            plan_estimate e;
+            zo_status st = plan_estimate_run(m, hw, &c, &e);
+            if (st) return st;
+            if (!e.fits || out->n == PLAN_SUGGEST_MAX) continue;
+            plan_alternative *a = &out->alt[out->n];
+            if ((st = plan_time_run(m, hw, &c, &e, &a->time)) != ZO_OK) return st;
+            a->kind = generators[g].kind;
+            a->t = c;
+            memcpy(a->total, e.total, sizeof a->total);
+            snprintf(a->what, sizeof a->what, "%s", what);
+            plan_train_flags(t, &c, a->flags, sizeof a->flags);
+            out->n++;
         }
     }
+    /* insertion order is the ladder's: a stable sort keeps it among equal times */
+    for (int i = 1; i < out->n; i++)
+        for (int j = i; j > 0 && by_step(&out->alt[j - 1], &out->alt[j]) > 0; j--) {
+            plan_alternative tmp = out->alt[j];
+            out->alt[j] = out->alt[j - 1];
+            out->alt[j - 1] = tmp;
+        }
     return ZO_OK;
 }

@@ -1,13 +1,49 @@
-/* When a configuration does not fit: the first of a fixed ladder of offload
- * steps (ZeRO-Offload, then ZeRO-Infinity) that makes it fit. */
+/* When a configuration does not fit: every alternative that does, each one
+ * applied and estimated, fastest first.
+ *
+ * An alternative is a change to the configuration and the command-line flags
+ * that make it. Its kind names the family of changes that produced it: the
+ * offload ladder today (recompute, and where weights, gradients, optimizer
+ * state and checkpoints live); trainable subsets (LoRA, QLoRA) are further
+ * kinds, each a generator in suggest.c, listed and ranked the same way. */
 #ifndef ZO_PLANNER_SUGGEST_H
 #define ZO_PLANNER_SUGGEST_H
 
+#include "planner/cost.h"
 #include "planner/memory.h"
 
-/* On success *found is 1, *out the changed configuration, `flags` the
- * command-line flags that select it (e.g. "--grads cpu --optimizer cpu"). */
+typedef enum plan_alt_kind {
+    PLAN_ALT_OFFLOAD = 0, /* recompute and placement: ZeRO-Offload, ZeRO-Infinity */
+    PLAN_ALT_KINDS,
+} plan_alt_kind;
+
+const char *plan_alt_kind_name(plan_alt_kind k); /* "offload" */
+
+#define PLAN_SUGGEST_MAX 32
+
+typedef struct plan_alternative {
+    plan_alt_kind kind;
+    char flags[192];            /* added to the command line: "--grads cpu --optimizer cpu" */
+    char what[96];              /* in words: "ZeRO-Offload: gradients and optimizer on the CPU" */
+    plan_train t;               /* the configuration the flags select */
+    uint64_t total[PLAN_TIERS]; /* bytes per rank */
+    plan_time time;             /* its predicted step */
+} plan_alternative;
+
+typedef struct plan_suggestions {
+    int n;                      /* alternatives that fit, fastest first */
+    int tried;                  /* distinct alternatives estimated */
+    plan_alternative alt[PLAN_SUGGEST_MAX];
+} plan_suggestions;
+
+/* Every alternative to `t` that fits `hw`, ranked by predicted step time;
+ * out->n is 0 when none does. */
 zo_status plan_suggest(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
-                       plan_train *out, char *flags, size_t flags_len, int *found);
+                       plan_suggestions *out);
+
+/* The flags that turn `from` into `to` (memplan estimate's spelling), for the
+ * fields a suggestion or a searched plan sets: parallel degrees, ZeRO,
+ * micro-batch, accumulation, recompute, placement, prefetch. "" when equal. */
+void plan_train_flags(const plan_train *from, const plan_train *to, char *buf, size_t len);
 
 #endif

@@ -1,13 +1,15 @@
 #!/bin/sh
 # Run a test binary against PyTorch references made now, by Debian's
-# python3-torch: run_with_torch.sh TEST GENERATOR OUTDIR.
-# Exits 77 (skipped) when /usr/bin/python3 cannot import torch.
+# python3-torch (or $ZO_TORCH_PYTHON: scripts/gpu-check.sh sets it to the GPU
+# machine's python3): run_with_torch.sh TEST GENERATOR OUTDIR.
+# Exits 77 (skipped) when that python cannot import torch.
 set -e
 test_bin=$1 generator=$2 out=$3
-if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
-  echo "skipped: /usr/bin/python3 cannot import torch (apt-get install python3-torch)"
+py=${ZO_TORCH_PYTHON:-/usr/bin/python3}
+if ! "$py" -c 'import torch' 2>/dev/null; then
+  echo "skipped: $py cannot import torch (apt-get install python3-torch)"
   exit 77
 fi
 rm -rf "$out"
-/usr/bin/python3 "$generator" --out "$out"
+"$py" "$generator" --out "$out"
 ZO_GPU_FIXTURES=$out exec "$test_bin"

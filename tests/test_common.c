@@ -1,16 +1,20 @@
-/* Tests for common/: status messages, dtype conversions, size parsing. */
+/* Tests for common/: status messages, dtype conversions, size parsing, file I/O. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <immintrin.h>
 
 #include "common/dtype.h"
+#include "common/fileio.h"
 #include "common/status.h"
 #include "common/units.h"
 
@@ -165,13 +169,135 @@ static void test_format(void **state)
     assert_string_equal(zo_format_count(13015864320ull, b, sizeof b), "13.02B");
 }
 
+/* ---- file I/O -------------------------------------------------------------------------- */
+
+static char *temp_dir(void)
+{
+    static char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/zo_test_fileio_XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    return dir;
+}
+
+static void remove_dir(const char *dir)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* Whatever is left in dir besides `keep` (a temporary file would be). */
+static int stray_files(const char *dir, const char *keep)
+{
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "test -z \"$(ls -A %s | grep -vx '%s')\"", dir, keep);
+    return system(cmd) != 0;
+}
+
+static void test_file_write_read(void **state)
+{
+    (void)state;
+    char *dir = temp_dir(), path[128];
+    snprintf(path, sizeof path, "%s/out.txt", dir);
+    const char text[] = "line one\nline two\n";
+    assert_int_equal(zo_file_write_all(path, text, strlen(text)), ZO_OK);
+    char *got;
+    size_t n;
+    assert_int_equal(zo_file_read_all(path, 1 << 20, "a test file", &got, &n), ZO_OK);
+    assert_int_equal(n, strlen(text));
+    assert_string_equal(got, text);
+    free(got);
+    assert_false(stray_files(dir, "out.txt"));
+
+    /* a streamed write replaces the file only when committed */
+    zo_file_writer w;
+    assert_int_equal(zo_file_create(&w, path), ZO_OK);
+    assert_int_equal(zo_file_append(&w, "new", 3), ZO_OK);
+    assert_int_equal(zo_file_read_all(path, 1 << 20, "a test file", &got, NULL), ZO_OK);
+    assert_string_equal(got, text); /* not yet */
+    free(got);
+    zo_file_abort(&w);
+    assert_false(stray_files(dir, "out.txt"));
+    assert_int_equal(zo_file_create(&w, path), ZO_OK);
+    assert_int_equal(zo_file_append(&w, "new", 3), ZO_OK);
+    assert_int_equal(zo_file_commit(&w), ZO_OK);
+    assert_int_equal(zo_file_read_all(path, 1 << 20, "a test file", &got, &n), ZO_OK);
+    assert_string_equal(got, "new");
+    free(got);
+
+    /* an empty file reads as "" */
+    assert_int_equal(zo_file_write_all(path, "", 0), ZO_OK);
+    assert_int_equal(zo_file_read_all(path, 1 << 20, "a test file", &got, &n), ZO_OK);
+    assert_int_equal(n, 0);
+    assert_string_equal(got, "");
+    free(got);
+    remove_dir(dir);
+}
+
+static void test_file_errors(void **state)
+{
+    (void)state;
+    char *dir = temp_dir(), path[128];
+    char *got = (char *)1;
+
+    /* a missing file names itself and the system's reason */
+    snprintf(path, sizeof path, "%s/absent.json", dir);
+    assert_int_equal(zo_file_read_all(path, 100, "a test file", &got, NULL), ZO_ERR_IO);
+    assert_null(got);
+    assert_non_null(strstr(zo_last_error(), "absent.json: cannot open"));
+
+    /* one byte over the limit: refused before reading, naming the size and the limit */
+    snprintf(path, sizeof path, "%s/big.json", dir);
+    char big[101];
+    memset(big, 'x', sizeof big);
+    assert_int_equal(zo_file_write_all(path, big, sizeof big), ZO_OK);
+    assert_int_equal(zo_file_read_all(path, 100, "a test file", &got, NULL), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "101 bytes is too large for a test file (at most 100)"));
+    assert_int_equal(zo_file_read_all(path, 101, "a test file", &got, NULL), ZO_OK);
+    free(got);
+
+    /* the same through a pipe, whose size is unknown until its end (a writer
+     * whose reader never comes gives up after 20 s) */
+    char fifo[128], feed[512];
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    snprintf(feed, sizeof feed, "mkfifo %s", fifo);
+    assert_int_equal(system(feed), 0);
+    snprintf(feed, sizeof feed,
+             "(timeout 20 sh -c 'head -c 5000 /dev/zero | tr \"\\0\" y > %s' &)", fifo);
+    assert_int_equal(system(feed), 0);
+    assert_int_equal(zo_file_read_all(fifo, 4999, "a test file", &got, NULL), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "more than 4999 bytes is too large for a test file"));
+    assert_int_equal(system(feed), 0);
+    size_t n;
+    assert_int_equal(zo_file_read_all(fifo, 5000, "a test file", &got, &n), ZO_OK);
+    assert_int_equal(n, 5000);
+    assert_int_equal(strspn(got, "y"), 5000);
+    free(got);
+    /* longer than the first buffer: it grows */
+    snprintf(feed, sizeof feed,
+             "(timeout 20 sh -c 'head -c 200000 /dev/zero | tr \"\\0\" y > %s' &)", fifo);
+    assert_int_equal(system(feed), 0);
+    assert_int_equal(zo_file_read_all(fifo, 1 << 20, "a test file", &got, &n), ZO_OK);
+    assert_int_equal(n, 200000);
+    assert_int_equal(strspn(got, "y"), 200000);
+    free(got);
+
+    /* a directory that does not exist: nothing is written, the message names the file */
+    snprintf(path, sizeof path, "%s/no/such/dir/out.json", dir);
+    assert_int_equal(zo_file_write_all(path, "x", 1), ZO_ERR_IO);
+    assert_non_null(strstr(zo_last_error(), "out.json.tmp."));
+    assert_non_null(strstr(zo_last_error(), "cannot create"));
+    remove_dir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_check),     cmocka_unit_test(test_bf16_rounding),
         cmocka_unit_test(test_f16_against_hardware), cmocka_unit_test(test_f16_edges),
         cmocka_unit_test(test_parse_size),       cmocka_unit_test(test_parse_count),
-        cmocka_unit_test(test_format),
+        cmocka_unit_test(test_format),           cmocka_unit_test(test_file_write_read),
+        cmocka_unit_test(test_file_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

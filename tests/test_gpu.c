@@ -4,6 +4,7 @@
  * reference written here from the definitions, backward against central
  * finite differences of that reference in float64. */
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +18,7 @@
 #include "gpu/device.h" /* defines: gpu_device_init_cpu, gpu_gemm, ... */
 #include "gpu/ops_cpu.h" /* defines: cpu_gemm_naive, gpu_cpu_inject_faults */
 #include "cpu_adam/cpu_adam.h" /* defines: adam_update_impl (the reference of gpu_adam_update) */
+#include "tests/support/check.h" /* defines: check_close_f64 */
 
 static gpu_device_t dev;
 static gpu_stream_t S;
@@ -91,25 +93,6 @@ static double *dget(gpu_tensor x, size_t n)
 }
 
 static void dfree(gpu_tensor x) { gpu_mem_free(dev, x.data); }
-
-/* Count elements outside atol + rtol*|want|; print the first few and the max
- * difference, like llm.c's checks. */
-static int check_close(const char *what, const double *got, const double *want, size_t n,
-                       double atol, double rtol)
-{
-    int bad = 0;
-    double maxd = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs(got[i] - want[i]);
-        if (d > maxd || isnan(d)) maxd = d;
-        if (!(d <= atol + rtol * fabs(want[i]))) {
-            if (bad < 5) printf("  %s[%zu]: got %.8g want %.8g\n", what, i, got[i], want[i]);
-            bad++;
-        }
-    }
-    if (bad) printf("  %s: %d of %zu mismatched, max diff %.3g\n", what, bad, n, maxd);
-    return bad;
-}
 
 /* ---- finite differences -----------------------------------------------------------
  * For out = f(in[0..n_in)), the gradient of L = sum_i g[i] * out[i] with
@@ -304,6 +287,69 @@ static void test_events_order(void **state)
     gpu_stream_destroy(B);
 }
 
+/* gpu_launch_host_func: the function runs after the work enqueued before it
+ * (it sees the GEMM's result) and work enqueued after it waits until it
+ * returns (the memset has not run while the function blocks). */
+typedef struct host_fn_ctx {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    const float *c;
+    float seen;
+    int entered, release;
+} host_fn_ctx;
+
+static void host_fn_block(void *arg)
+{
+    host_fn_ctx *h = arg;
+    pthread_mutex_lock(&h->lock);
+    h->seen = h->c[0];
+    h->entered = 1;
+    pthread_cond_broadcast(&h->cond);
+    while (!h->release) pthread_cond_wait(&h->cond, &h->lock);
+    pthread_mutex_unlock(&h->lock);
+}
+
+static void test_host_func(void **state)
+{
+    (void)state;
+    const int m = 128, k = 128, n = 128;
+    double *ha = drand_array((size_t)m * k, 1.0), *hb = drand_array((size_t)k * n, 1.0);
+    gpu_tensor a = dput(ha, (size_t)m * k, ZO_DTYPE_F32), b = dput(hb, (size_t)k * n, ZO_DTYPE_F32);
+    gpu_tensor c = dzeros((size_t)m * n, ZO_DTYPE_F32), flag = dzeros(16, ZO_DTYPE_F32);
+    assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+    host_fn_ctx h = {.c = c.data};
+    pthread_mutex_init(&h.lock, NULL);
+    pthread_cond_init(&h.cond, NULL);
+    gpu_gemm_desc g = {.m = m, .n = n, .k = k, .alpha = 1.0f, .beta = 0.0f, .a = a, .b = b,
+                       .c = c, .lda = k, .ldb = n, .ldc = n};
+    assert_int_equal(gpu_gemm(S, &g), ZO_OK);
+    assert_int_equal(gpu_launch_host_func(S, host_fn_block, &h), ZO_OK);
+    assert_int_equal(gpu_memset_async(S, flag.data, 0x7f, 16 * sizeof(float)), ZO_OK);
+    pthread_mutex_lock(&h.lock);
+    while (!h.entered) pthread_cond_wait(&h.cond, &h.lock);
+    unsigned char first;
+    memcpy(&first, flag.data, 1);
+    assert_int_equal(first, 0); /* the memset waits behind the blocked function */
+    h.release = 1;
+    pthread_cond_broadcast(&h.cond);
+    pthread_mutex_unlock(&h.lock);
+    assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+    memcpy(&first, flag.data, 1);
+    assert_int_equal(first, 0x7f);
+    double ref = 0.0;
+    for (int p = 0; p < k; p++) ref += ha[p] * hb[(size_t)p * n];
+    assert_true(fabs(h.seen - ref) <= 1e-4 * (1.0 + fabs(ref)));
+    assert_int_equal(gpu_launch_host_func(S, NULL, NULL), ZO_ERR_INVALID);
+    pthread_cond_destroy(&h.cond);
+    pthread_mutex_destroy(&h.lock);
+    dfree(a);
+    dfree(b);
+    dfree(c);
+    dfree(flag);
+    free(ha);
+    free(hb);
+}
+
 /* A round trip between two streams: B writes x[0] and records e1; C waits
  * for e1, writes x[1], records e2; B waits for e2 and reads both. B's work
  * before its wait must run first (or C would wait forever), and B's read
@@ -433,7 +479,7 @@ static int run_gemm_case(gemm_cfg g, zo_dtype dt, int naive)
     double *got = dget(c, nc);
     /* padding columns between n and ldc must stay as they were */
     double tol = dt == ZO_DTYPE_F32 ? 2e-5 * sqrt((double)g.k) : dt == ZO_DTYPE_F16 ? 2e-3 : 1e-2;
-    int bad = check_close("gemm", got, want, nc, tol, tol);
+    int bad = check_close_f64("gemm", got, want, nc, tol, tol);
     free(A), free(B), free(C), free(want), free(got);
     dfree(a), dfree(b), dfree(c);
     return bad;
@@ -493,8 +539,8 @@ static void test_gemm_backward(void **state)
     assert_int_equal(gpu_gemm(S, &d1), ZO_OK);
     assert_int_equal(gpu_gemm(S, &d2), ZO_OK);
     double *ga = dget(da, m * k), *gb = dget(db, n * k);
-    assert_int_equal(check_close("dA", ga, wa, m * k, 1e-5, 1e-4), 0);
-    assert_int_equal(check_close("dB", gb, wb, n * k, 1e-5, 1e-4), 0);
+    assert_int_equal(check_close_f64("dA", ga, wa, m * k, 1e-5, 1e-4), 0);
+    assert_int_equal(check_close_f64("dB", gb, wb, n * k, 1e-5, 1e-4), 0);
     free(A), free(B), free(C), free(G), free(wa), free(wb), free(ga), free(gb);
     dfree(a), dfree(b), dfree(dc), dfree(da), dfree(db);
 }
@@ -518,8 +564,8 @@ static void test_bias(void **state)
         wdb[j] = Bv[j];
         for (int r = 0; r < n; r++) wdb[j] += G[r * ld + j];
     }
-    assert_int_equal(check_close("bias y", gy, wy, n * ld, 1e-6, 1e-6), 0);
-    assert_int_equal(check_close("bias db", gdb, wdb, c, 1e-5, 1e-5), 0);
+    assert_int_equal(check_close_f64("bias y", gy, wy, n * ld, 1e-6, 1e-6), 0);
+    assert_int_equal(check_close_f64("bias db", gdb, wdb, c, 1e-5, 1e-5), 0);
     free(Y), free(Bv), free(G), free(gy), free(gdb), free(wy), free(wdb);
     dfree(y), dfree(b), dfree(g), dfree(db);
 }
@@ -581,10 +627,10 @@ static void run_norm(int rms, zo_dtype dt)
     }
     double *gy = dget(y, nc), *gdx = dget(dx, nc), *gdw = dget(dw, g.c), *gdb = dget(db, g.c);
     double tol = dt == ZO_DTYPE_F32 ? 1e-4 : dt == ZO_DTYPE_F16 ? 4e-3 : 3e-2;
-    assert_int_equal(check_close("norm y", gy, wy, nc, tol, tol), 0);
-    assert_int_equal(check_close("norm dx", gdx, wdx, nc, tol, tol), 0);
-    assert_int_equal(check_close("norm dw", gdw, wdw, g.c, tol * 4, tol), 0);
-    if (!rms) assert_int_equal(check_close("norm db", gdb, wdb, g.c, tol * 4, tol), 0);
+    assert_int_equal(check_close_f64("norm y", gy, wy, nc, tol, tol), 0);
+    assert_int_equal(check_close_f64("norm dx", gdx, wdx, nc, tol, tol), 0);
+    assert_int_equal(check_close_f64("norm dw", gdw, wdw, g.c, tol * 4, tol), 0);
+    if (!rms) assert_int_equal(check_close_f64("norm db", gdb, wdb, g.c, tol * 4, tol), 0);
     free(X), free(W), free(Bv), free(G), free(DX0), free(wy), free(wdx), free(wdw), free(wdb);
     free(gy), free(gdx), free(gdw), free(gdb);
     dfree(x), dfree(w), dfree(b), dfree(y), dfree(dy), dfree(dx), dfree(dw), dfree(db);
@@ -659,8 +705,8 @@ static void run_attention(gpu_attn_desc a, zo_dtype dt)
     assert_int_equal(gpu_attention_backward(S, &a, dqkv, dout, qkv, out, lse), ZO_OK);
     double *go = dget(out, no), *gdq = dget(dqkv, nq);
     double tol = dt == ZO_DTYPE_F32 ? 1e-4 : 1e-2;
-    assert_int_equal(check_close("attn out", go, wo, no, tol, tol), 0);
-    assert_int_equal(check_close("attn dqkv", gdq, wdq, nq, tol, tol), 0);
+    assert_int_equal(check_close_f64("attn out", go, wo, no, tol, tol), 0);
+    assert_int_equal(check_close_f64("attn dqkv", gdq, wdq, nq, tol, tol), 0);
     free(Q), free(G), free(wo), free(wdq), free(go), free(gdq);
     dfree(qkv), dfree(out), dfree(dout), dfree(dqkv);
     gpu_mem_free(dev, lse);
@@ -720,8 +766,8 @@ static void test_rope(void **state)
     assert_int_equal(gpu_rope_forward(S, x, g.n, g.t, g.heads, g.d, g.ld, (float)g.theta, g.pos0), ZO_OK);
     assert_int_equal(gpu_rope_backward(S, dx, g.n, g.t, g.heads, g.d, g.ld, (float)g.theta, g.pos0), ZO_OK);
     double *gy = dget(x, n), *gdx = dget(dx, n);
-    assert_int_equal(check_close("rope y", gy, wy, n, 1e-5, 1e-5), 0);
-    assert_int_equal(check_close("rope dx", gdx, wdx, n, 1e-5, 1e-5), 0);
+    assert_int_equal(check_close_f64("rope y", gy, wy, n, 1e-5, 1e-5), 0);
+    assert_int_equal(check_close_f64("rope dx", gdx, wdx, n, 1e-5, 1e-5), 0);
     free(X), free(G), free(wy), free(wdx), free(gy), free(gdx);
     dfree(x), dfree(dx);
 }
@@ -761,8 +807,8 @@ static void test_gelu(void **state)
     assert_int_equal(gpu_gelu_forward(S, y, x, n), ZO_OK);
     assert_int_equal(gpu_gelu_backward(S, dx, dy, x, n), ZO_OK);
     double *gy = dget(y, n), *gdx = dget(dx, n);
-    assert_int_equal(check_close("gelu y", gy, wy, n, 1e-6, 1e-5), 0);
-    assert_int_equal(check_close("gelu dx", gdx, wdx, n, 1e-6, 1e-5), 0);
+    assert_int_equal(check_close_f64("gelu y", gy, wy, n, 1e-6, 1e-5), 0);
+    assert_int_equal(check_close_f64("gelu dx", gdx, wdx, n, 1e-6, 1e-5), 0);
     free(X), free(G), free(wy), free(wdx), free(gy), free(gdx);
     dfree(x), dfree(y), dfree(dy), dfree(dx);
 }
@@ -782,9 +828,9 @@ static void test_swiglu(void **state)
     assert_int_equal(gpu_swiglu_forward(S, y, gt, u, n), ZO_OK);
     assert_int_equal(gpu_swiglu_backward(S, dg, du, dy, gt, u, n), ZO_OK);
     double *gy = dget(y, n), *gdg = dget(dg, n), *gdu = dget(du, n);
-    assert_int_equal(check_close("swiglu y", gy, wy, n, 1e-6, 1e-5), 0);
-    assert_int_equal(check_close("swiglu dgate", gdg, wdg, n, 1e-6, 1e-5), 0);
-    assert_int_equal(check_close("swiglu dup", gdu, wdu, n, 1e-6, 1e-5), 0);
+    assert_int_equal(check_close_f64("swiglu y", gy, wy, n, 1e-6, 1e-5), 0);
+    assert_int_equal(check_close_f64("swiglu dgate", gdg, wdg, n, 1e-6, 1e-5), 0);
+    assert_int_equal(check_close_f64("swiglu dup", gdu, wdu, n, 1e-6, 1e-5), 0);
     free(Gt), free(U), free(G), free(wy), free(wdg), free(wdu), free(gy), free(gdg), free(gdu);
     dfree(gt), dfree(u), dfree(y), dfree(dy), dfree(dg), dfree(du);
 }
@@ -825,9 +871,9 @@ static void test_embedding(void **state)
     assert_int_equal(gpu_embedding_forward(S, out, dtok, w, p, g.n, g.t, g.c, g.vocab), ZO_OK);
     assert_int_equal(gpu_embedding_backward(S, dw, dp, dout, dtok, g.n, g.t, g.c, g.vocab), ZO_OK);
     double *go = dget(out, no), *gdw = dget(dw, nw), *gdp = dget(dp, np);
-    assert_int_equal(check_close("emb out", go, wo, no, 1e-6, 1e-6), 0);
-    assert_int_equal(check_close("emb dwte", gdw, wdw, nw, 1e-5, 1e-5), 0);
-    assert_int_equal(check_close("emb dwpe", gdp, wdp, np, 1e-5, 1e-5), 0);
+    assert_int_equal(check_close_f64("emb out", go, wo, no, 1e-6, 1e-6), 0);
+    assert_int_equal(check_close_f64("emb dwte", gdw, wdw, nw, 1e-5, 1e-5), 0);
+    assert_int_equal(check_close_f64("emb dwpe", gdp, wdp, np, 1e-5, 1e-5), 0);
     free(W), free(P), free(G), free(wo), free(wdw), free(wdp), free(go), free(gdw), free(gdp);
     dfree(w), dfree(p), dfree(out), dfree(dout), dfree(dw), dfree(dp);
     gpu_mem_free(dev, dtok);
@@ -874,8 +920,8 @@ static void test_cross_entropy(void **state)
     assert_int_equal(gpu_cross_entropy_forward(S, losses, lg, dt, g.n, g.v), ZO_OK);
     assert_int_equal(gpu_cross_entropy_backward(S, lg, lg, dt, 1.0f / 5, g.n, g.v), ZO_OK); /* in place */
     double *gl = dget(gpu_t(losses, ZO_DTYPE_F32), g.n), *gd = dget(lg, nl);
-    assert_int_equal(check_close("ce loss", gl, wl, g.n, 1e-5, 1e-5), 0);
-    assert_int_equal(check_close("ce dlogits", gd, wd, nl, 1e-6, 1e-4), 0);
+    assert_int_equal(check_close_f64("ce loss", gl, wl, g.n, 1e-5, 1e-5), 0);
+    assert_int_equal(check_close_f64("ce dlogits", gd, wd, nl, 1e-6, 1e-4), 0);
     free(L), free(wd), free(gl), free(gd);
     dfree(lg);
     gpu_mem_free(dev, dt);
@@ -903,8 +949,8 @@ static void test_elementwise(void **state)
         wh[i] = wy[i];
     }
     round_to(wh, n, ZO_DTYPE_F16);
-    assert_int_equal(check_close("add+scale", gy, wy, n, 1e-6, 1e-6), 0);
-    assert_int_equal(check_close("cast f16", gh, wh, n, 1e-6, 1e-3), 0);
+    assert_int_equal(check_close_f64("add+scale", gy, wy, n, 1e-6, 1e-6), 0);
+    assert_int_equal(check_close_f64("cast f16", gh, wh, n, 1e-6, 1e-3), 0);
     /* sum of squares accumulates onto *sum */
     float *sum;
     int32_t *flag;
@@ -1405,6 +1451,7 @@ int main(void)
         cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_capacity_concurrent),
         cmocka_unit_test(test_events_order),
+        cmocka_unit_test(test_host_func),
         cmocka_unit_test(test_streams_concurrent),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_gemm),

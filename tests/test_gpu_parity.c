@@ -20,8 +20,8 @@
 
 #include <cmocka.h>
 
-#include "gpu/cuda/device_cuda.h" /* defines: gpu_device_open, gpu_cuda_device_count */
-#include "gpu/device.h"           /* defines: gpu_gemm, gpu_attention_forward, ... */
+#include "gpu/device.h" /* defines: gpu_device_open, gpu_gemm, gpu_attention_forward, ... */
+#include "tests/support/check.h" /* defines: check_close_scaled_f32 */
 
 static gpu_device_t cpu, gpu; /* gpu: the backend under test */
 static gpu_stream_t scpu, sgpu;
@@ -163,22 +163,9 @@ static tol tol_max(tol a, tol b)
  * the largest difference, return the mismatch count. */
 static int compare(const char *what, zo_dtype t, const float *c, const float *g, size_t n, tol tl)
 {
-    double scale = 0.0, maxd = 0.0;
-    for (size_t i = 0; i < n; i++)
-        if (fabs(c[i]) > scale) scale = fabs(c[i]);
-    int bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)g[i] - c[i]);
-        if (d > maxd || isnan(d)) maxd = d;
-        if (!(d <= tl.atol * scale + tl.rtol * fabs(c[i]))) {
-            if (bad < 5) printf("  %s[%zu]: cuda %.8g cpu %.8g\n", what, i, g[i], c[i]);
-            bad++;
-        }
-    }
-    if (bad)
-        printf("  %s (%s): %d of %zu mismatched, max diff %.3g, scale %.3g\n", what,
-               zo_dtype_name(t), bad, n, maxd, scale);
-    return bad;
+    char label[160];
+    snprintf(label, sizeof label, "%s (%s, cuda vs cpu)", what, zo_dtype_name(t));
+    return check_close_scaled_f32(label, g, c, n, tl.atol, tl.rtol);
 }
 
 static int tw_check(const char *what, twin x, tol tl)

@@ -17,9 +17,10 @@
 
 #include <cmocka.h>
 
-#include "examples/trainer.h"     /* defines: tf_trainer, tf_model */
-#include "gpu/cuda/device_cuda.h" /* defines: gpu_device_open, gpu_cuda_device_count */
+#include "gpu/device.h"           /* defines: gpu_device_open, gpu_cuda_device_count */
 #include "model/safetensors.h"    /* defines: model_load_path */
+#include "tests/support/check.h" /* defines: check_close_scaled_f32 */
+#include "tests/support/ref_trainer.h" /* defines: tf_trainer, tf_model */
 
 #define FIX ZO_FIXTURES_DIR "/gpu/"
 #define B 2
@@ -62,28 +63,6 @@ static void side_close(side *sd)
     gpu_device_free(sd->dev);
 }
 
-/* Count elements of got (the backend under test) outside atol * max|want| +
- * rtol * |want|; print the first few. */
-static int check(const char *what, const float *got, const float *want, size_t n, double atol,
-                 double rtol)
-{
-    double scale = 0.0, maxd = 0.0;
-    for (size_t i = 0; i < n; i++)
-        if (fabs(want[i]) > scale) scale = fabs(want[i]);
-    int bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - want[i]);
-        if (d > maxd || isnan(d)) maxd = d;
-        if (!(d <= atol * scale + rtol * fabs(want[i]))) {
-            if (bad < 5) printf("  %s[%zu]: %s %.8g cpu %.8g\n", what, i, backend, got[i], want[i]);
-            bad++;
-        }
-    }
-    if (bad) printf("  %s: %d of %zu mismatched, max diff %.3g (scale %.3g)\n", what, bad, n, maxd,
-                    scale);
-    return bad;
-}
-
 /* A deterministic batch of ids below vocab, targets shifted by one. */
 static void make_batch(int vocab, int step, int32_t *in, int32_t *tg)
 {
@@ -118,14 +97,14 @@ static void run_model(const char *name, zo_dtype dt)
     tf_step_info ir, id;
     assert_int_equal(tf_trainer_grads(&ref.tr, ref.s, in, tg, B, T, &ir), ZO_OK);
     assert_int_equal(tf_trainer_grads(&dut.tr, dut.s, in, tg, B, T, &id), ZO_OK);
-    bad += check("loss", &id.loss, &ir.loss, 1, 0.0, loss_rtol);
+    bad += check_close_scaled_f32("loss", &id.loss, &ir.loss, 1, 0.0, loss_rtol);
     if (is_f32) {
         for (int i = 0; i < ref.m.layout.n_tensors; i++) {
             const model_tensor *t = &ref.m.layout.tensors[i];
-            bad += check(t->name, dut.tr.grad[t->block] + t->offset,
-                         ref.tr.grad[t->block] + t->offset, t->numel, 5e-3, 2e-2);
+            bad += check_close_scaled_f32(t->name, dut.tr.grad[t->block] + t->offset,
+                                          ref.tr.grad[t->block] + t->offset, t->numel, 5e-3, 2e-2);
         }
-        bad += check("grad norm", &id.grad_norm, &ir.grad_norm, 1, 0.0, 5e-3);
+        bad += check_close_scaled_f32("grad norm", &id.grad_norm, &ir.grad_norm, 1, 0.0, 5e-3);
     }
 
     /* a short training run: the same losses step after step */
@@ -138,7 +117,8 @@ static void run_model(const char *name, zo_dtype dt)
         ld[k] = id.loss;
         assert_int_equal(id.skipped, ir.skipped);
     }
-    bad += check("train losses", ld, lr, STEPS, 0.0, is_f32 ? 5e-3 : 3 * loss_rtol);
+    bad += check_close_scaled_f32("train losses", ld, lr, STEPS, 0.0,
+                                  is_f32 ? 5e-3 : 3 * loss_rtol);
     if (bad) printf("  in %s %s\n", name, zo_dtype_name(dt));
     assert_int_equal(bad, 0);
     side_close(&dut);

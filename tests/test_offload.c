@@ -18,10 +18,12 @@
 #include <unistd.h>
 
 #include "common/units.h"      /* defines: zo_format_bytes */
-#include "examples/trainer.h"  /* defines: tf_offload_model, tf_model */
 #include "model/safetensors.h" /* defines: model_save */
 #include "offload/offload.h"   /* defines: offload_init, offload_micro_batch, offload_step */
 #include "planner/memory.h"    /* defines: plan_estimate_run (the memplan estimate) */
+#include "tests/support/ref_trainer.h" /* defines: tf_trainer (the reference) */
+#include "tests/support/run.h"         /* defines: run_capture */
+#include "transformer/offload_model.h" /* defines: tf_offload_model, tf_model */
 
 #define THREADS 2
 
@@ -108,7 +110,39 @@ typedef struct run {
     float *final_grad;     /* when set: copy of the last step's fp32 gradient */
     size_t final_grad_n;
     int eval;              /* offload_forward before each micro-batch: the same loss */
+    /* host memory: the growth of the resident set's high-water mark while
+     * saving and loading (streamed weights writer), in bytes */
+    int measure_io;
+    uint64_t save_growth, load_growth, rss_at_save;
 } run;
+
+/* VmHWM or VmRSS of this process, bytes; 0 when /proc says nothing. */
+static uint64_t proc_status_kb(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    uint64_t v = 0;
+    size_t kl = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, key, kl) && line[kl] == ':') v = strtoull(line + kl + 1, NULL, 10) * 1024;
+    fclose(f);
+    return v;
+}
+
+/* Start a new high-water mark at the current resident set (Linux 4.0+). */
+static int reset_hwm(void)
+{
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f) return 0;
+    int ok = fputs("5", f) >= 0;
+    return fclose(f) == 0 && ok;
+}
+
+static zo_status stream_writer(void *user, const char *path, offload_block_reader read, void *ctx)
+{
+    return model_save_streamed(path, user, read, ctx, ZO_DTYPE_F32);
+}
 
 static char nvme_dir[256];
 
@@ -163,7 +197,10 @@ static zo_status do_run(run *r)
     free(w);
     if (r->resume_dir) {
         offload_ckpt_meta meta;
+        uint64_t rss = proc_status_kb("VmRSS");
+        if (r->measure_io) assert_true(reset_hwm());
         st = offload_load(rt, r->resume_dir, &meta);
+        if (r->measure_io) r->load_growth = proc_status_kb("VmHWM") - rss;
         if (st != ZO_OK) fprintf(stderr, "offload_load: %s\n", zo_last_error());
         assert_int_equal(st, ZO_OK);
         assert_int_equal(meta.data_step, r->start_step);
@@ -203,7 +240,14 @@ static zo_status do_run(run *r)
         assert_int_equal(st, ZO_OK);
         if (r->save_dir && k + 1 == r->save_at) {
             offload_ckpt_meta meta = {.data_step = k + 1, .seed = 1234};
-            st = offload_save(rt, r->save_dir, &meta, weights_writer, (void *)l);
+            if (r->measure_io) {
+                r->rss_at_save = proc_status_kb("VmRSS");
+                assert_true(reset_hwm());
+                st = offload_save_streamed(rt, r->save_dir, &meta, stream_writer, (void *)l);
+                r->save_growth = proc_status_kb("VmHWM") - r->rss_at_save;
+            } else {
+                st = offload_save(rt, r->save_dir, &meta, weights_writer, (void *)l);
+            }
             if (st != ZO_OK) fprintf(stderr, "save: %s\n", zo_last_error());
             assert_int_equal(st, ZO_OK);
         }
@@ -237,8 +281,8 @@ static void assert_same_losses(const char *name, const run *a, const run *b)
     }
 }
 
-/* The same training with the reference single-device trainer (examples/
- * trainer.h: every block resident, its own AdamW). */
+/* The same training with the reference single-device trainer (tests/
+ * support/ref_trainer.h: every block resident, its own AdamW). */
 static void reference_run(run *r)
 {
     gpu_device_t dev;
@@ -431,7 +475,9 @@ static void test_grad_accum(void **state)
     }
 }
 
-/* Read tensor `name` of DIR/latest's optimizer.safetensors (n floats). */
+/* Read array `name` (master, exp_avg, exp_avg_sq) of DIR/latest's
+ * optimizer.safetensors: the blocks' tensors "block.<b>.<name>" one after
+ * the other (n floats). */
 static float *read_opt_tensor(const char *dir, const char *name, size_t n)
 {
     char latest[256], path[512];
@@ -444,11 +490,18 @@ static float *read_opt_tensor(const char *dir, const char *name, size_t n)
     snprintf(path, sizeof path, "%s/%s/optimizer.safetensors", dir, latest);
     model_st_file st;
     assert_int_equal(model_st_open(&st, path), ZO_OK);
-    const model_st_tensor *t = model_st_find(&st, name);
-    assert_non_null(t);
-    assert_int_equal(t->numel, n);
     float *out = malloc(n * 4);
-    assert_int_equal(model_st_read(&st, t, out, ZO_DTYPE_F32, 0), ZO_OK);
+    size_t got = 0;
+    for (int b = 0;; b++) {
+        char tn[64];
+        snprintf(tn, sizeof tn, "block.%d.%s", b, name);
+        const model_st_tensor *t = model_st_find(&st, tn);
+        if (!t) break;
+        assert_true(got + t->numel <= n);
+        assert_int_equal(model_st_read(&st, t, out + got, ZO_DTYPE_F32, 0), ZO_OK);
+        got += t->numel;
+    }
+    assert_int_equal(got, n);
     model_st_close(&st);
     return out;
 }
@@ -602,17 +655,6 @@ static void test_resume(void **state)
     remove_tree(dir);
 }
 
-/* Run a command, capture its stdout; returns the exit code. */
-static int run_cmd(const char *cmd, char *buf, size_t len)
-{
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t got = fread(buf, 1, len - 1, p);
-    buf[got] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* The "step K loss X" lines of train's output, from step `from` on. */
 static void step_lines(const char *out, int from, char *dst, size_t len)
 {
@@ -659,7 +701,7 @@ static void test_kill_during_checkpoint(void **state)
              ZO_TRAIN_BIN, cfg, data, dir);
     static char out[1 << 16], want[4096], got[4096];
     snprintf(cmd, sizeof cmd, "%s 2>&1", base);
-    assert_int_equal(run_cmd(cmd, out, sizeof out), 0);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
     step_lines(out, 2, want, sizeof want);
 
     const char *points[] = {"begin", "optimizer-half", "before-rename", "before-latest"};
@@ -689,7 +731,7 @@ static void test_kill_during_checkpoint(void **state)
         close(fds[0]);
         /* the previous checkpoint loads: resume from it */
         snprintf(cmd, sizeof cmd, "%s --resume %s 2>&1", base, ck);
-        assert_int_equal(run_cmd(cmd, out, sizeof out), 0);
+        assert_int_equal(run_capture(cmd, out, sizeof out), 0);
         assert_non_null(strstr(out, "at step 2\n"));
         step_lines(out, 2, got, sizeof got);
         assert_string_equal(got, want);
@@ -713,7 +755,8 @@ static void plan_for(const run *r, plan_estimate *e)
     t.dropout = 0;
     t.flash_attn = 1;
     t.params_on = (plan_tier)r->oc.params_on;
-    t.grads_on = (plan_tier)r->oc.grads_on;
+    /* the runtime sums a gradient where its optimizer state lives */
+    t.grads_on = r->oc.opt_frac[OFFLOAD_DEVICE] > 0 ? PLAN_GPU : PLAN_CPU;
     /* the runtime sums the gradients of a device optimizer share in fp32:
      * such a plan is made with --grad-dtype fp32 */
     if (r->oc.opt_frac[OFFLOAD_DEVICE] > 0) t.grad_dtype = ZO_DTYPE_F32;
@@ -771,7 +814,6 @@ static void test_device_optimizer(void **state)
             for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
                 run r = base;
                 r.oc.params_on = v[i].params;
-                r.oc.grads_on = OFFLOAD_DEVICE;
                 r.oc.opt_frac[OFFLOAD_DEVICE] = v[i].dev;
                 r.oc.opt_frac[OFFLOAD_NVME] = v[i].nvme;
                 r.oc.opt_frac[OFFLOAD_CPU] = 1.0 - v[i].dev - v[i].nvme;
@@ -810,7 +852,6 @@ static void test_device_optimizer_capacity(void **state)
     run r = {.cfg = tiny_llama(4, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 3};
     base_config(&r.oc);
     r.oc.params_on = OFFLOAD_CPU;
-    r.oc.grads_on = OFFLOAD_DEVICE;
     r.oc.opt_frac[OFFLOAD_CPU] = 0.0;
     r.oc.opt_frac[OFFLOAD_DEVICE] = 1.0;
     run free_run = r;
@@ -845,7 +886,6 @@ static void test_device_optimizer_resume(void **state)
     run u = {.cfg = tiny_llama(2, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 12};
     base_config(&u.oc);
     u.oc.params_on = OFFLOAD_CPU;
-    u.oc.grads_on = OFFLOAD_DEVICE;
     u.oc.opt_frac[OFFLOAD_CPU] = 0.4;
     u.oc.opt_frac[OFFLOAD_DEVICE] = 0.6;
     run a = u, b = u;
@@ -870,27 +910,107 @@ static void test_device_optimizer_resume(void **state)
 }
 
 /* A plan's "selective" recompute reads as none (the attention keeps no
- * s x s scores), and placement.grads is read. */
+ * s x s scores), and placement.grads is checked. */
 static void test_plan_selective(void **state)
 {
     (void)state;
     char path[300];
     snprintf(path, sizeof path, "%s/plan-selective.json", nvme_dir);
+    zo_model_config m = tiny_llama(2, 64, 128);
+    zo_plan *pl = malloc(sizeof *pl);
+    assert_non_null(pl);
+    zo_plan_defaults(pl, &m);
+    pl->training.recompute = ZO_PLAN_RECOMPUTE_SELECTIVE;
+    pl->placement.params = pl->placement.grads = ZO_PLAN_GPU;
+    pl->placement.optimizer[ZO_PLAN_GPU] = 0.25;
+    pl->placement.optimizer[ZO_PLAN_CPU] = 0.75;
+    cJSON *doc;
+    assert_int_equal(zo_plan_write_json(pl, path, &doc), ZO_OK);
+    free(pl);
+    char *text = cJSON_Print(doc);
+    /* the same plan with its gradients on NVMe */
+    cJSON *pl_json = cJSON_GetObjectItemCaseSensitive(doc, "placement");
+    assert_non_null(pl_json);
+    cJSON_ReplaceItemInObjectCaseSensitive(pl_json, "grads", cJSON_CreateString("nvme"));
+    char *text_nvme = cJSON_Print(doc);
+    cJSON_Delete(doc);
     FILE *f = fopen(path, "w");
     assert_non_null(f);
-    fputs("{\"format\": \"zoffload-plan\", \"training\": {\"recompute\": \"selective\"},"
-          " \"placement\": {\"params\": \"gpu\", \"grads\": \"gpu\","
-          " \"optimizer\": {\"gpu\": 0.25, \"cpu\": 0.75, \"nvme\": 0}}}\n", f);
+    fputs(text, f);
     fclose(f);
+    free(text);
     offload_plan p;
     offload_plan_defaults(&p);
     p.cfg.recompute = 1;
     assert_int_equal(offload_plan_load(path, &p), ZO_OK);
     assert_int_equal(p.cfg.recompute, 0);
     assert_int_equal(p.selective_as_none, 1);
-    assert_int_equal(p.cfg.grads_on, OFFLOAD_DEVICE);
     assert_true(p.cfg.opt_frac[OFFLOAD_DEVICE] == 0.25);
+    /* gradients are summed where their optimizer state is: "grads" is
+     * checked (gpu or cpu), not a choice of its own */
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text_nvme, f);
+    fclose(f);
+    free(text_nvme);
+    offload_plan_defaults(&p);
+    assert_int_equal(offload_plan_load(path, &p), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "placement.grads"));
     remove(path);
+}
+
+/* A model whose weights and optimizer state live on NVMe saves and resumes
+ * a checkpoint block by block: the resident set grows by a few blocks at
+ * most while saving or loading (never by the model: host memory holds the
+ * plan's CPU tier and no copy of the weights or the state), and the losses
+ * go on bit for bit. */
+static void test_nvme_checkpoint_memory(void **state)
+{
+    (void)state;
+    if (!proc_status_kb("VmHWM") || !reset_hwm()) skip();
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/ck-memory", nvme_dir);
+    run full = {.cfg = tiny_llama(16, 256, 512), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 4};
+    base_config(&full.oc);
+    full.oc.params_on = OFFLOAD_NVME;
+    full.oc.prefetch_depth = 1;
+    full.oc.opt_frac[OFFLOAD_CPU] = 0;
+    full.oc.opt_frac[OFFLOAD_NVME] = 1;
+    full.oc.sub_group = 65536;
+    run first = full;
+    first.save_dir = dir;
+    first.save_at = 2;
+    first.measure_io = 1;
+    zo_status st = do_run(&full);
+    if (st == ZO_ERR_UNSUPPORTED) skip();
+    assert_int_equal(st, ZO_OK);
+    assert_int_equal(do_run(&first), ZO_OK);
+    run resumed = full;
+    resumed.resume_dir = dir;
+    resumed.start_step = 2;
+    resumed.measure_io = 1;
+    assert_int_equal(do_run(&resumed), ZO_OK);
+    for (int k = 2; k < full.steps; k++) {
+        if (memcmp(&full.loss[k], &resumed.loss[k], sizeof(float))) {
+            fprintf(stderr, "step %d: loss %.9g resumed, %.9g uninterrupted\n", k, resumed.loss[k],
+                    full.loss[k]);
+            fail();
+        }
+    }
+    /* the bound: a few blocks (the largest, a layer, in fp32) over what the
+     * runtime holds; the model in fp32 is several times that */
+    zo_model_config c = full.cfg;
+    uint64_t layer = 4ull * c.hidden * c.hidden * 3 / 4 + 3ull * c.hidden * c.ffn + 2ull * c.hidden;
+    uint64_t model = (uint64_t)c.n_layers * layer + 2ull * c.vocab * c.hidden;
+    uint64_t bound = 4 * layer * 4 + (8u << 20); /* + the writer's 4 MiB chunk and the allocator's slack */
+    printf("  model %.1f MiB fp32, CPU tier peak %.1f MiB; resident set grew by %.1f MiB saving, "
+           "%.1f MiB loading (bound %.1f MiB)\n", model * 4 / 1048576.0,
+           full.stats.peak[OFFLOAD_CPU] / 1048576.0, first.save_growth / 1048576.0,
+           resumed.load_growth / 1048576.0, bound / 1048576.0);
+    assert_true(4 * model > 2 * bound);
+    assert_true(first.save_growth <= bound);
+    assert_true(resumed.load_growth <= bound);
+    remove_tree(dir);
 }
 
 /* The peak bytes measured per tier against memplan's estimate: within 3%. */
@@ -921,7 +1041,6 @@ static void test_memplan_agrees(void **state)
         r.oc.opt_frac[OFFLOAD_CPU] = 1 - v[i].nvme - v[i].dev;
         r.oc.opt_frac[OFFLOAD_NVME] = v[i].nvme;
         r.oc.opt_frac[OFFLOAD_DEVICE] = v[i].dev;
-        if (v[i].dev > 0) r.oc.grads_on = OFFLOAD_DEVICE;
         r.oc.recompute = v[i].recompute;
         r.oc.checkpoints_on = v[i].ckpt;
         zo_status st = do_run(&r);
@@ -956,6 +1075,7 @@ int main(void)
         cmocka_unit_test(test_loss_scale),
         cmocka_unit_test(test_resume),
         cmocka_unit_test(test_kill_during_checkpoint),
+        cmocka_unit_test(test_nvme_checkpoint_memory),
         cmocka_unit_test(test_memplan_agrees),
         cmocka_unit_test(test_device_optimizer),
         cmocka_unit_test(test_device_optimizer_resume),

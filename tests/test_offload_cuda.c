@@ -29,9 +29,10 @@
 #include <cjson/cJSON.h>
 
 #include "common/units.h"         /* defines: zo_format_bytes */
-#include "examples/trainer.h"     /* defines: tf_offload_model, tf_model */
-#include "gpu/cuda/device_cuda.h" /* defines: gpu_device_open, gpu_cuda_device_count */
+#include "gpu/device.h"           /* defines: gpu_device_open, gpu_cuda_device_count */
 #include "offload/offload.h"      /* defines: offload_init, offload_micro_batch, offload_step */
+#include "transformer/offload_model.h" /* defines: tf_offload_model, tf_model */
+#include "tests/support/run.h"         /* defines: run_capture */
 
 #define THREADS 2
 #define STEPS 10
@@ -287,16 +288,6 @@ static void test_gpt2_streamed(void **state)
 
 /* ---- the train program ------------------------------------------------------------------ */
 
-static int run_cmd(const char *cmd, char *buf, size_t len)
-{
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t got = fread(buf, 1, len - 1, p);
-    buf[got] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* The "step K loss X" lines of train's output; returns how many. */
 static int parse_losses(const char *out, float *loss, int max)
 {
@@ -359,7 +350,7 @@ static void test_train_program(void **state)
                  "--dtype bf16 --threads 2 --params-on cpu --prefetch 2 --recompute full "
                  "--checkpoints-on cpu --device %s --device-mem 4MiB --stats-json %s 2>&1",
                  ZO_TRAIN_BIN, cfg, text, devs[i], stats);
-        int rc = run_cmd(cmd, out[i], sizeof out[i]);
+        int rc = run_capture(cmd, out[i], sizeof out[i]);
         if (rc != 0) printf("%s\n", out[i]);
         assert_int_equal(rc, 0);
         assert_int_equal(parse_losses(out[i], loss[i], 8), 8);
@@ -381,7 +372,7 @@ static void test_train_program(void **state)
 
     /* a malformed device name is a usage error naming the flag */
     snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --device tpu 2>&1", ZO_TRAIN_BIN, cfg, text);
-    assert_int_equal(run_cmd(cmd, out[0], sizeof out[0]), 2);
+    assert_int_equal(run_capture(cmd, out[0], sizeof out[0]), 2);
     assert_non_null(strstr(out[0], "--device tpu"));
 
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

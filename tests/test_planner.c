@@ -19,6 +19,7 @@
 #include "planner/hardware.h"
 #include "planner/memory.h"
 #include "planner/report.h"
+#include "tests/support/run.h" /* defines: run_memplan */
 
 /* ---- parameter counts ------------------------------------------------------ */
 
@@ -401,13 +402,15 @@ static void test_placement(void **state)
     /* a GPU optimizer share: gradients in the plan's dtype (the runtime sums
      * them in fp32: --grad-dtype fp32), plus the runtime's two staging
      * blocks (weights' dtype, buffers: not model states, so the ZeRO paper's
-     * figures stand) and its pinned staging (it reads that share's fp32
-     * gradient through it for an exact clipping norm); the largest block is
-     * a layer (see below) */
+     * figures stand) and its pinned staging: one block of that share's fp32
+     * gradient (read for an exact clipping norm) and two sub-group chunks of
+     * new weights on their way into the resident store (set and loaded from
+     * the host); the largest block is a layer (see below) */
     uint64_t big = 3ull * 5120 * 13824 + 4ull * 5120 * 5120 + 2 * 5120;
+    uint64_t chunk = s.t.buf.sub_group < big ? s.t.buf.sub_group : big;
     assert_int_equal(e.bytes[PLAN_GPU][PLAN_GRADS], 2 * P);
     assert_int_equal(item_bytes(&e, "gradient staging (2 blocks)", PLAN_GPU), 2 * 2 * big);
-    assert_int_equal(item_bytes(&e, "pinned staging", PLAN_CPU), 2 * 2 * big);
+    assert_int_equal(item_bytes(&e, "pinned staging", PLAN_CPU), 4 * big + 2 * 2 * chunk);
     s.t.grad_dtype = ZO_DTYPE_F32;
     assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &e), ZO_OK);
     assert_int_equal(e.bytes[PLAN_GPU][PLAN_GRADS], 4 * P);
@@ -471,25 +474,6 @@ static void test_tensor_parallel_params(void **state)
 }
 
 /* ---- the CLI ------------------------------------------------------------------------ */
-
-static const char *memplan_path(void)
-{
-    const char *p = getenv("MEMPLAN");
-    return p ? p : ZO_BUILD_DIR "/planner/memplan";
-}
-
-/* Run memplan with args; capture stdout+stderr; return the exit status. */
-static int run_memplan(const char *args, char *out, size_t len)
-{
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", memplan_path(), args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, len - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static void write_file(const char *path, const char *text)
 {

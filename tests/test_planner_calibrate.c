@@ -13,25 +13,10 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+
 #include <cjson/cJSON.h>
 
-static const char *memplan_path(void)
-{
-    const char *p = getenv("MEMPLAN");
-    return p ? p : ZO_BUILD_DIR "/planner/memplan";
-}
-
-static int run_memplan(const char *args, char *out, size_t len)
-{
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", memplan_path(), args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, len - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+#include "tests/support/run.h" /* defines: run_memplan */
 
 static cJSON *load_json(const char *path)
 {

@@ -18,6 +18,7 @@
 #include "planner/cost.h"
 #include "planner/hardware.h"
 #include "planner/memory.h"
+#include "tests/support/run.h" /* defines: run_memplan */
 
 /* The error allowed on each development case; docs/memplan.md reports the
  * errors themselves. */
@@ -354,24 +355,6 @@ static void test_data_parallel(void **state)
 }
 
 /* ---- the CLI ------------------------------------------------------------------------ */
-
-static const char *memplan_path(void)
-{
-    const char *p = getenv("MEMPLAN");
-    return p ? p : ZO_BUILD_DIR "/planner/memplan";
-}
-
-static int run_memplan(const char *args, char *out, size_t len)
-{
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", memplan_path(), args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, len - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static double jnum(cJSON *o, const char *path)
 {

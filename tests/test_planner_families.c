@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include <cmocka.h>
 
@@ -19,6 +18,7 @@
 #include "planner/hardware.h"
 #include "planner/memory.h"
 #include "planner/planfile.h"
+#include "tests/support/run.h" /* defines: run_memplan */
 
 static void load(const char *name, zo_model_config *c)
 {
@@ -238,24 +238,6 @@ static void test_refused(void **state)
                      ZO_OK);
 }
 
-static const char *memplan_path(void)
-{
-    const char *p = getenv("MEMPLAN");
-    return p ? p : ZO_BUILD_DIR "/planner/memplan";
-}
-
-static int run_memplan(const char *args, char *out, size_t len)
-{
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", memplan_path(), args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, len - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* The CLI: exit 2 naming the key, for published configs it does not model. */
 static void test_cli_refused(void **state)
 {
@@ -411,8 +393,9 @@ static void test_mixtral_ep_time(void **state)
     assert_true(ep8.pt.dp_comm_total < ep1.pt.dp_comm_total);
 }
 
-/* A plan file keeps what the family adds (experts, latent attention, ...)
- * and the expert parallelism: read back, the same bytes and step. */
+/* A plan file keeps what the family adds (experts, latent attention, ...),
+ * the expert parallelism and capacity factor and the schedule switches:
+ * read back, the same model, bytes and step. */
 static void test_plan_file_keeps_family(void **state)
 {
     (void)state;
@@ -427,9 +410,13 @@ static void test_plan_file_keeps_family(void **state)
         s.t.dp = 8;
         s.t.zero = 1;
         if (s.m.moe.experts) s.t.ep = s.m.moe.experts % 8 ? 1 : 8;
+        if (s.m.moe.experts) s.t.capacity_factor = 1.25;
+        s.t.dp_overlap = 0;
+        s.t.fused_grad_accum = 1;
         assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &s.e), ZO_OK);
         assert_int_equal(plan_time_run(&s.m, &s.hw, &s.t, &s.e, &s.pt), ZO_OK);
-        cJSON *doc = plan_file_json(&s.m, &s.hw, &s.t, &s.e, &s.pt);
+        cJSON *doc;
+        assert_int_equal(plan_file_json(&s.m, &s.hw, &s.t, &s.e, &s.pt, "p.json", &doc), ZO_OK);
         char *text = cJSON_Print(doc);
         cJSON_Delete(doc);
         assert_non_null(text);
@@ -439,6 +426,14 @@ static void test_plan_file_keeps_family(void **state)
         if (st) fail_msg("%s: %s", configs[i], zo_last_error());
         assert_int_equal(zo_model_params(&b.m), zo_model_params(&s.m));
         assert_int_equal(b.t.ep, s.t.ep);
+        assert_true(b.t.capacity_factor == s.t.capacity_factor);
+        assert_true(b.t.dp_overlap == 0 && b.t.fused_grad_accum == 1);
+        assert_memory_equal(&b.m.moe, &s.m.moe, sizeof s.m.moe);
+        assert_memory_equal(&b.m.mla, &s.m.mla, sizeof s.m.mla);
+        assert_string_equal(b.m.act, s.m.act);
+        assert_true(b.m.pos == s.m.pos && b.m.pos_offset == s.m.pos_offset &&
+                    b.m.layer_norms == s.m.layer_norms && b.m.parallel_block == s.m.parallel_block &&
+                    b.m.embed_norm == s.m.embed_norm && b.m.qk_norm == s.m.qk_norm);
         assert_int_equal(plan_estimate_run(&b.m, &b.hw, &b.t, &b.e), ZO_OK);
         assert_int_equal(plan_time_run(&b.m, &b.hw, &b.t, &b.e, &b.pt), ZO_OK);
         assert_int_equal(b.e.total[PLAN_GPU], s.e.total[PLAN_GPU]);

@@ -22,6 +22,7 @@
 #include "planner/cost.h"
 #include "planner/planfile.h"
 #include "planner/search.h"
+#include "tests/support/run.h" /* defines: run_memplan */
 
 /* The documented margin of max-model against the papers (docs/memplan.md). */
 #define MAX_MODEL_MARGIN 1.5
@@ -261,12 +262,13 @@ static void test_plan_file_roundtrip(void **state)
     const plan_train *t = &r.best[0].t;
     assert_int_equal(plan_estimate_run(&m, &hw, t, &e), ZO_OK);
     assert_int_equal(plan_time_run(&m, &hw, t, &e, &pt), ZO_OK);
-    cJSON *doc = plan_file_json(&m, &hw, t, &e, &pt);
+    cJSON *doc;
+    assert_int_equal(plan_file_json(&m, &hw, t, &e, &pt, "p.json", &doc), ZO_OK);
     char *text = cJSON_Print(doc);
     assert_non_null(text);
     /* what the runtime needs is there */
     cJSON *nv = cJSON_GetObjectItem(doc, "nvme");
-    assert_string_equal(cJSON_GetObjectItem(nv, "dir")->valuestring, PLAN_NVME_DIR_PLACEHOLDER);
+    assert_string_equal(cJSON_GetObjectItem(nv, "dir")->valuestring, ZO_PLAN_NVME_DIR_PLACEHOLDER);
     assert_true(cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "buffers"), "prefetch_depth")->valuedouble ==
                 t->buf.prefetch_depth);
     cJSON *peak = cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "predicted"), "peak_bytes");
@@ -310,24 +312,6 @@ static void test_plan_file_roundtrip(void **state)
 }
 
 /* ---- the CLI ------------------------------------------------------------------------ */
-
-static const char *memplan_path(void)
-{
-    const char *p = getenv("MEMPLAN");
-    return p ? p : ZO_BUILD_DIR "/planner/memplan";
-}
-
-static int run_memplan(const char *args, char *out, size_t len)
-{
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", memplan_path(), args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, len - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static void test_cli_plan(void **state)
 {

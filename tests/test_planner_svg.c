@@ -17,6 +17,7 @@
 #include "common/model_config.h"
 #include "planner/cost.h"
 #include "planner/svg.h"
+#include "tests/support/run.h" /* defines: run_memplan_bin */
 
 static int count(const char *hay, const char *needle)
 {
@@ -82,7 +83,7 @@ static void test_svg_renders(void **state)
     (void)state;
     char dir[] = "/tmp/memplan-svg-XXXXXX", cmd[2048], path[512];
     assert_non_null(mkdtemp(dir));
-    const char *memplan = getenv("MEMPLAN") ? getenv("MEMPLAN") : ZO_BUILD_DIR "/planner/memplan";
+    const char *memplan = run_memplan_bin();
     snprintf(cmd, sizeof cmd,
              "%s plan --model llama-2-13b --hw h100-80gb --cpu-mem 96GiB --top 1 --svg %s/plan.svg "
              ">/dev/null && rsvg-convert -o %s/plan.png %s/plan.svg",

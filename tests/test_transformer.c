@@ -1,4 +1,4 @@
-/* Tests for the transformer (examples/): tiny GPT-2, LLaMA (GQA, untied) and
+/* Tests for the transformer (transformer/): tiny GPT-2, LLaMA (GQA, untied) and
  * Qwen2 (q/k/v biases, tied) against the PyTorch float64 implementation of
  * tests/fixtures/gpu/make_fixtures.py: logits, loss, every gradient, and the
  * losses of 10 AdamW steps; the block-by-block API with streamed weights;
@@ -16,9 +16,11 @@
 
 #include <cmocka.h>
 
-#include "examples/trainer.h"  /* defines: tf_trainer, tf_model */
 #include "model/data.h"        /* defines: model_tokens, model_batch_get */
 #include "model/safetensors.h" /* defines: model_st_open, model_load_path */
+#include "tests/support/check.h" /* defines: check_close_f32 */
+#include "tests/support/ref_trainer.h" /* defines: tf_trainer, tf_model */
+#include "tests/support/run.h"         /* defines: run_capture */
 
 /* The PyTorch references: the committed ones, or those the ctest entry
  * test_transformer_torch has just made with /usr/bin/python3 (ZO_GPU_FIXTURES). */
@@ -98,23 +100,6 @@ static void fixture_close(fixture *fx)
     gpu_device_free(fx->dev);
 }
 
-static int check_close(const char *what, const float *got, const float *want, size_t n,
-                       double atol, double rtol)
-{
-    int bad = 0;
-    double maxd = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - want[i]);
-        if (d > maxd || isnan(d)) maxd = d;
-        if (!(d <= atol + rtol * fabs(want[i]))) {
-            if (bad < 5) printf("  %s[%zu]: got %.8g want %.8g\n", what, i, got[i], want[i]);
-            bad++;
-        }
-    }
-    if (bad) printf("  %s: %d of %zu mismatched, max diff %.3g\n", what, bad, n, maxd);
-    return bad;
-}
-
 /* ---- logits, loss, gradients ------------------------------------------------------------ */
 
 static void download_as(fixture *fx, float *dst, const void *src, size_t n, zo_dtype dt)
@@ -142,13 +127,13 @@ static void run_against_torch(const char *name)
     float *want_logits = read_expected(name, "logits", &n);
     float *want_loss = read_expected(name, "loss", NULL);
     assert_int_equal(n, (size_t)B * T * V);
-    assert_int_equal(check_close("logits", logits, want_logits, n, 2e-5, 2e-5), 0);
-    assert_int_equal(check_close("loss", &loss, want_loss, 1, 1e-5, 1e-5), 0);
+    assert_int_equal(check_close_f32("logits", logits, want_logits, n, 2e-5, 2e-5), 0);
+    assert_int_equal(check_close_f32("loss", &loss, want_loss, 1, 1e-5, 1e-5), 0);
 
     /* backward: every gradient, loaded by name from the torch file */
     tf_step_info info;
     assert_int_equal(tf_trainer_grads(&fx.tr, fx.s, fx.inputs, fx.targets, B, T, &info), ZO_OK);
-    assert_int_equal(check_close("loss (trainer)", &info.loss, want_loss, 1, 1e-5, 1e-5), 0);
+    assert_int_equal(check_close_f32("loss (trainer)", &info.loss, want_loss, 1, 1e-5, 1e-5), 0);
     int nb = fx.m.layout.n_blocks;
     float **want = calloc(nb, sizeof(float *));
     for (int b = 0; b < nb; b++) want[b] = calloc(fx.m.layout.block_numel[b] + 1, sizeof(float));
@@ -159,7 +144,7 @@ static void run_against_torch(const char *name)
     double sumsq = 0.0;
     for (int i = 0; i < fx.m.layout.n_tensors; i++) {
         const model_tensor *t = &fx.m.layout.tensors[i];
-        bad += check_close(t->name, fx.tr.grad[t->block] + t->offset, want[t->block] + t->offset,
+        bad += check_close_f32(t->name, fx.tr.grad[t->block] + t->offset, want[t->block] + t->offset,
                            t->numel, 1e-5, 1e-3);
         for (size_t e = 0; e < t->numel; e++) sumsq += (double)want[t->block][t->offset + e] * want[t->block][t->offset + e];
     }
@@ -231,7 +216,7 @@ static void run_training(const char *name)
         assert_int_equal(tf_trainer_step(&fx.tr, fx.s, in, tg, B, T, &info), ZO_OK);
         got[k] = info.loss;
     }
-    assert_int_equal(check_close("train losses", got, want, n, 1e-4, 1e-4), 0);
+    assert_int_equal(check_close_f32("train losses", got, want, n, 1e-4, 1e-4), 0);
     model_tokens_close(&tok);
     unlink(path);
     free(want);
@@ -263,7 +248,7 @@ static void test_bf16_fp16(void **state)
         assert_int_equal(tf_trainer_grads(&fx.tr, fx.s, fx.inputs, fx.targets, B, T, &info), ZO_OK);
         float *want = read_expected("tiny_llama", "loss", NULL);
         /* rounding of weights and activations: bf16 keeps 8 bits, fp16 11 */
-        assert_int_equal(check_close(zo_dtype_name(dts[i]), &info.loss, want, 1, 0.0,
+        assert_int_equal(check_close_f32(zo_dtype_name(dts[i]), &info.loss, want, 1, 0.0,
                                      dts[i] == ZO_DTYPE_BF16 ? 2e-2 : 3e-3), 0);
         assert_int_equal(info.skipped, 0);
         free(want);
@@ -367,6 +352,77 @@ static void test_determinism(void **state)
     free(grads[1]);
 }
 
+/* ---- initialisation ------------------------------------------------------------------------------ */
+
+/* The sequence the random initialisation is defined by: one splitmix64
+ * stream over the layout's tensors in order, two draws (Box-Muller) per
+ * element of every 2-D tensor. */
+static uint64_t ref_splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* tf_init_weights (its elements drawn in parallel) gives the sequential
+ * stream's values, bit for bit, and block by block the same. */
+static void test_init_sequence(void **state)
+{
+    (void)state;
+    /* matrices of 384 x 1152: past the size the draw goes parallel at */
+    zo_model_config c = {0};
+    snprintf(c.name, sizeof c.name, "init-llama");
+    snprintf(c.family, sizeof c.family, "llama2");
+    c.arch = ZO_ARCH_LLAMA;
+    c.n_layers = 2;
+    c.hidden = 384;
+    c.n_heads = c.n_kv_heads = 4;
+    c.ffn = 1152;
+    c.vocab = 300;
+    c.max_seq = 64;
+    c.norm_eps = 1e-5f;
+    c.rope_theta = 10000.0f;
+    assert_int_equal(zo_model_config_validate(&c), ZO_OK);
+    model_layout lay;
+    assert_int_equal(model_layout_init(&lay, &c), ZO_OK);
+    const model_layout *l = &lay;
+    int nb = l->n_blocks;
+    float **w = calloc((size_t)nb, sizeof *w);
+    for (int b = 0; b < nb; b++) w[b] = calloc(l->block_numel[b] + 1, sizeof(float));
+    tf_init_weights(l, w, 42);
+    uint64_t s = tf_init_rng(42);
+    double proj_std = 0.02 / sqrt(2.0 * l->n_layers);
+    for (int i = 0; i < l->n_tensors; i++) {
+        const model_tensor *t = &l->tensors[i];
+        if (t->ndim == 1) continue;
+        double std = t->role == MODEL_ROLE_ATTN_OUT_W || t->role == MODEL_ROLE_MLP_DOWN_W ? proj_std : 0.02;
+        for (size_t e = 0; e < t->numel; e++) {
+            double u1 = ((ref_splitmix(&s) >> 11) + 1.0) / 9007199254740993.0;
+            double u2 = (ref_splitmix(&s) >> 11) / 9007199254740992.0;
+            float want = (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2) * std);
+            if (memcmp(&want, &w[t->block][t->offset + e], sizeof want)) {
+                fprintf(stderr, "%s[%zu]: %.9g, the sequence gives %.9g\n", t->name, e,
+                        w[t->block][t->offset + e], want);
+                fail();
+            }
+        }
+    }
+    float *one = calloc(l->block_numel[0] + 1, sizeof(float));
+    uint64_t rng = tf_init_rng(42);
+    for (int b = 0; b < nb; b++) {
+        float *blk = realloc(one, (l->block_numel[b] + 1) * sizeof(float));
+        assert_non_null(blk);
+        one = blk;
+        tf_init_block_weights(l, b, one, &rng);
+        assert_memory_equal(one, w[b], l->block_numel[b] * sizeof(float));
+    }
+    free(one);
+    for (int b = 0; b < nb; b++) free(w[b]);
+    free(w);
+    model_layout_free(&lay);
+}
+
 /* ---- capacity ------------------------------------------------------------------------------------ */
 
 static void test_capacity(void **state)
@@ -430,17 +486,6 @@ static void test_capacity(void **state)
 
 /* ---- the train program ----------------------------------------------------------------------------- */
 
-/* Run a shell command, capture stdout+stderr into buf; returns the exit code. */
-static int run_cmd(const char *cmd, char *buf, size_t len)
-{
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t got = fread(buf, 1, len - 1, p);
-    buf[got] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static void test_train_program(void **state)
 {
     (void)state;
@@ -463,7 +508,7 @@ static void test_train_program(void **state)
     snprintf(cmd, sizeof cmd,
              "%s --model %s --data %s --text --steps 40 --micro-batch 4 --seq 32 --lr 1e-2 "
              "--device-mem 16MiB --threads 2 --save %s 2>&1", ZO_TRAIN_BIN, cfg, text, save);
-    assert_int_equal(run_cmd(cmd, out, sizeof out), 0);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
     /* losses from "step K loss X" lines: the mean of the last 5 is well below the first */
     float first = -1, last5 = 0;
     int steps = 0;
@@ -489,19 +534,19 @@ static void test_train_program(void **state)
 
     /* errors name the flag or the file */
     snprintf(cmd, sizeof cmd, "%s --model %s 2>&1", ZO_TRAIN_BIN, cfg);
-    assert_int_equal(run_cmd(cmd, out, sizeof out), 2);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 2);
     assert_non_null(strstr(out, "--data"));
     snprintf(cmd, sizeof cmd, "%s --model %s --data %s/missing.bin 2>&1", ZO_TRAIN_BIN, cfg, dir);
-    assert_int_equal(run_cmd(cmd, out, sizeof out), 1);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 1);
     assert_non_null(strstr(out, "missing.bin"));
     snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --steps x 2>&1", ZO_TRAIN_BIN, cfg, text);
-    assert_int_equal(run_cmd(cmd, out, sizeof out), 2);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 2);
     assert_non_null(strstr(out, "--steps"));
     snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --seq 32 --device-mem 64KiB 2>&1", ZO_TRAIN_BIN, cfg, text);
-    assert_int_equal(run_cmd(cmd, out, sizeof out), 1);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 1);
     assert_non_null(strstr(out, "capacity"));
     snprintf(cmd, sizeof cmd, "%s --help", ZO_TRAIN_BIN);
-    assert_int_equal(run_cmd(cmd, out, sizeof out), 0);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
     assert_non_null(strstr(out, "--device-mem"));
 
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
@@ -519,6 +564,7 @@ int main(void)
         cmocka_unit_test(test_bf16_fp16),
         cmocka_unit_test(test_block_streaming),
         cmocka_unit_test(test_determinism),
+        cmocka_unit_test(test_init_sequence),
         cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_train_program),
     };

@@ -438,6 +438,14 @@ static zo_status cuda_event_synchronize(gpu_event_t ev)
 
 /* ---- copies -------------------------------------------------------------------------------------- */
 
+static zo_status cuda_launch_host_func(gpu_stream_t s, gpu_host_fn fn, void *arg)
+{
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
+    return CU(cudaLaunchHostFunc(cs->stream, fn, arg));
+}
+
 static zo_status cuda_memcpy_async(gpu_stream_t s, void *dst, const void *src, size_t bytes,
                                    gpu_copy_kind kind)
 {
@@ -458,16 +466,11 @@ static zo_status cuda_memset_async(gpu_stream_t s, void *dst, int value, size_t 
 
 /* ---- ops: make the device current, then launch on the stream -------------------------------------- */
 
-#define ENTER(s)                                                                             \
-    cuda_stream *cs = (s)->impl;                                                             \
-    do {                                                                                     \
-        zo_status enter_st_ = use_device(ctx_of((s)->dev));                                  \
-        if (enter_st_ != ZO_OK) return enter_st_;                                            \
-    } while (0)
-
 static zo_status cuda_op_gemm(gpu_stream_t s, const gpu_gemm_desc *d)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     cuda_ctx *c = ctx_of(s->dev);
     return cuda_gemm(cs->stream, c->lt, c->pool, cs->workspace, CUDA_LT_WORKSPACE, d);
 }
@@ -475,14 +478,18 @@ static zo_status cuda_op_gemm(gpu_stream_t s, const gpu_gemm_desc *d)
 static zo_status cuda_op_bias_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor bias, int n, int c,
                                       int64_t ldy)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     return cuda_launch_bias_forward(cs->stream, y, bias, n, c, ldy);
 }
 
 static zo_status cuda_op_bias_backward(gpu_stream_t s, gpu_tensor dbias, gpu_tensor dy, int n,
                                        int c, int64_t lddy)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     return cuda_launch_bias_backward(cs->stream, dbias, dy, n, c, lddy);
 }
 
@@ -490,7 +497,9 @@ static zo_status cuda_op_layernorm_forward(gpu_stream_t s, gpu_tensor y, float *
                                            gpu_tensor x, gpu_tensor w, gpu_tensor b, int n, int c,
                                            float eps)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     return cuda_launch_layernorm_forward(cs->stream, y, mean, rstd, x, w, b, n, c, eps);
 }
 
@@ -499,14 +508,18 @@ static zo_status cuda_op_layernorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_t
                                             gpu_tensor w, const float *mean, const float *rstd,
                                             int n, int c)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     return cuda_launch_layernorm_backward(cs->stream, dx, dw, db, dy, x, w, mean, rstd, n, c);
 }
 
 static zo_status cuda_op_rmsnorm_forward(gpu_stream_t s, gpu_tensor y, float *rstd, gpu_tensor x,
                                          gpu_tensor w, int n, int c, float eps)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     return cuda_launch_rmsnorm_forward(cs->stream, y, rstd, x, w, n, c, eps);
 }
 
@@ -514,14 +527,18 @@ static zo_status cuda_op_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_ten
                                           gpu_tensor dy, gpu_tensor x, gpu_tensor w,
                                           const float *rstd, int n, int c)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     return cuda_launch_rmsnorm_backward(cs->stream, dx, dw, dy, x, w, rstd, n, c);
 }
 
 static zo_status cuda_op_attention_forward(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor out,
                                            float *lse, gpu_tensor qkv)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     return cuda_launch_attention_forward(cs->stream, a, out, lse, qkv);
 }
 
@@ -529,41 +546,53 @@ static zo_status cuda_op_attention_backward(gpu_stream_t s, const gpu_attn_desc 
                                             gpu_tensor dqkv, gpu_tensor dout, gpu_tensor qkv,
                                             gpu_tensor out, const float *lse)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     return cuda_launch_attention_backward(cs->stream, a, dqkv, dout, qkv, out, lse);
 }
 
 static zo_status cuda_op_rope(gpu_stream_t s, gpu_tensor x, int n, int t, int n_heads, int d,
                               int64_t ldx, float theta, int pos0, int inverse)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     return cuda_launch_rope(cs->stream, x, n, t, n_heads, d, ldx, theta, pos0, inverse);
 }
 
 static zo_status cuda_op_gelu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, size_t n)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     return cuda_launch_gelu_forward(cs->stream, y, x, n);
 }
 
 static zo_status cuda_op_gelu_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, gpu_tensor x,
                                        size_t n)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     return cuda_launch_gelu_backward(cs->stream, dx, dy, x, n);
 }
 
 static zo_status cuda_op_swiglu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor gate,
                                         gpu_tensor up, size_t n)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     return cuda_launch_swiglu_forward(cs->stream, y, gate, up, n);
 }
 
 static zo_status cuda_op_swiglu_backward(gpu_stream_t s, gpu_tensor dgate, gpu_tensor dup,
                                          gpu_tensor dy, gpu_tensor gate, gpu_tensor up, size_t n)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     return cuda_launch_swiglu_backward(cs->stream, dgate, dup, dy, gate, up, n);
 }
 
@@ -571,7 +600,9 @@ static zo_status cuda_op_embedding_forward(gpu_stream_t s, gpu_tensor out, const
                                            gpu_tensor wte, gpu_tensor wpe, int n, int t, int c,
                                            int vocab)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     return cuda_launch_embedding_forward(cs->stream, cs->err_dev, out, tokens, wte, wpe, n, t, c,
                                          vocab);
 }
@@ -580,7 +611,9 @@ static zo_status cuda_op_embedding_backward(gpu_stream_t s, gpu_tensor dwte, gpu
                                             gpu_tensor dout, const int32_t *tokens, int n, int t,
                                             int c, int vocab)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     return cuda_launch_embedding_backward(cs->stream, cs->err_dev, dwte, dwpe, dout, tokens, n, t,
                                           c, vocab);
 }
@@ -588,7 +621,9 @@ static zo_status cuda_op_embedding_backward(gpu_stream_t s, gpu_tensor dwte, gpu
 static zo_status cuda_op_ce_forward(gpu_stream_t s, float *losses, gpu_tensor logits,
                                     const int32_t *targets, int n, int v)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     return cuda_launch_cross_entropy_forward(cs->stream, cs->err_dev, losses, logits, targets, n,
                                              v);
 }
@@ -596,38 +631,50 @@ static zo_status cuda_op_ce_forward(gpu_stream_t s, float *losses, gpu_tensor lo
 static zo_status cuda_op_ce_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor logits,
                                      const int32_t *targets, float dloss, int n, int v)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     return cuda_launch_cross_entropy_backward(cs->stream, cs->err_dev, dlogits, logits, targets,
                                               dloss, n, v);
 }
 
 static zo_status cuda_op_add(gpu_stream_t s, gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     return cuda_launch_add(cs->stream, y, a, b, n);
 }
 
 static zo_status cuda_op_scale(gpu_stream_t s, gpu_tensor x, float alpha, size_t n)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     return cuda_launch_scale(cs->stream, x, alpha, n);
 }
 
 static zo_status cuda_op_cast(gpu_stream_t s, gpu_tensor dst, gpu_tensor src, size_t n)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     return cuda_launch_cast(cs->stream, dst, src, n);
 }
 
 static zo_status cuda_op_check_finite(gpu_stream_t s, int32_t *flag, gpu_tensor x, size_t n)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     return cuda_launch_check_finite(cs->stream, flag, x, n);
 }
 
 static zo_status cuda_op_sum_squares(gpu_stream_t s, float *sum, gpu_tensor x, size_t n)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     return cuda_launch_sum_squares(cs->stream, sum, x, n, cs->partials);
 }
 
@@ -635,7 +682,9 @@ static zo_status cuda_op_adam_update(gpu_stream_t s, const gpu_adam_consts *k, s
                                      float *param, gpu_tensor grad, float *m, float *v,
                                      gpu_tensor out16)
 {
-    ENTER(s);
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
     return cuda_launch_adam_update(cs->stream, k, n, param, grad, m, v, out16);
 }
 
@@ -686,6 +735,7 @@ static const gpu_backend_iface cuda_iface = {
     .stream_wait_event = cuda_stream_wait_event,
     .event_query = cuda_event_query,
     .event_synchronize = cuda_event_synchronize,
+    .launch_host_func = cuda_launch_host_func,
     .memcpy_async = cuda_memcpy_async,
     .memset_async = cuda_memset_async,
     .gemm = cuda_op_gemm,

@@ -1,15 +1,15 @@
-/* Opening devices: the CUDA backend and a by-name opener over every backend.
+/* Opening a CUDA device with all of its options.
  *
  * gpu_device_init_cuda exists only in builds with CUDA (ZO_HAVE_CUDA is
- * defined to 1 for every target that links zo_gpu); gpu_device_open and
- * gpu_cuda_device_count exist in every build, so programs can name a device
- * on their command line without build-time guards. */
+ * defined to 1 for every target that links zo_gpu). gpu_device_open and
+ * gpu_cuda_device_count (gpu/device.h) exist in every build, so programs can
+ * name a device on their command line without build-time guards. */
 #ifndef ZO_GPU_CUDA_DEVICE_CUDA_H
 #define ZO_GPU_CUDA_DEVICE_CUDA_H
 
 #include <stddef.h>
 
-#include "gpu/device.h" /* defines: gpu_device_t, gpu_cpu_options */
+#include "gpu/device.h" /* defines: gpu_device_t */
 
 #ifdef __cplusplus
 extern "C" {
@@ -29,17 +29,6 @@ typedef struct gpu_cuda_options {
  * (naming the CUDA call) when the device cannot be used. */
 zo_status gpu_device_init_cuda(const gpu_cuda_options *opt, gpu_device_t *out);
 #endif
-
-/* Number of CUDA devices usable here: 0 when the build has no CUDA, when no
- * driver is installed or no device is present (never an error). */
-int gpu_cuda_device_count(void);
-
-/* Open a device by name: "cpu", "cuda" (= "cuda:0") or "cuda:N". `capacity`
- * is the device memory limit in bytes (0: the backend's default: unlimited
- * for cpu, the free memory for cuda). ZO_ERR_INVALID for a malformed name,
- * ZO_ERR_UNSUPPORTED for "cuda" in a build without CUDA, ZO_ERR_NOT_FOUND
- * when the device does not exist. */
-zo_status gpu_device_open(const char *name, size_t capacity, gpu_device_t *out);
 
 #ifdef __cplusplus
 }

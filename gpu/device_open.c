@@ -4,10 +4,11 @@
 #include <string.h>
 
 #include "common/units.h"         /* defines: zo_parse_int */
-#include "gpu/cuda/device_cuda.h" /* defines: gpu_device_open, gpu_device_init_cuda */
+#include "gpu/device.h"           /* defines: gpu_device_open, gpu_device_init_cpu */
 
 #if defined(ZO_HAVE_CUDA) && ZO_HAVE_CUDA
-#include <cuda_runtime_api.h> /* defines: cudaGetDeviceCount */
+#include <cuda_runtime_api.h>     /* defines: cudaGetDeviceCount */
+#include "gpu/cuda/device_cuda.h" /* defines: gpu_device_init_cuda */
 #endif
 
 int gpu_cuda_device_count(void)

@@ -17,8 +17,8 @@
  *
  * Everything is enqueued on the stream passed in; nothing waits unless the
  * function says so. */
-#ifndef ZO_EXAMPLES_TRANSFORMER_H
-#define ZO_EXAMPLES_TRANSFORMER_H
+#ifndef ZO_TRANSFORMER_TRANSFORMER_H
+#define ZO_TRANSFORMER_TRANSFORMER_H
 
 #include <stdint.h>
 
@@ -142,5 +142,9 @@ zo_status tf_loss(tf_model *m, gpu_stream_t s, float *loss);
  * weights ~ N(0, 0.02), output projections of residual branches scaled by
  * 1/sqrt(2 L), biases 0, norm weights 1. */
 void tf_init_weights(const model_layout *l, float *const *host_blocks, uint64_t seed);
+/* The same weights one block at a time: *rng starts as tf_init_rng(seed) and
+ * the blocks are taken in order, 0 to n_blocks - 1. */
+uint64_t tf_init_rng(uint64_t seed);
+void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_t *rng);
 
 #endif

@@ -1,20 +1,19 @@
-/* A training step on one device: fp32 master weights and AdamW state on the
- * host, the model's parameters and gradients (in the model's dtype) on the
- * device, the ZeRO-Offload data flow without streaming (every block stays
- * resident). Used by the `train` program and the tests.
+/* The reference trainer of the tests and benchmarks, independent of the
+ * offload runtime: fp32 master weights and AdamW state on the host, the
+ * model's parameters and gradients (in the model's dtype) on the device,
+ * every block resident, its own AdamW (torch semantics). Not installed.
  *
  * One step: upload the batch, zero the gradients, forward and backward,
  * reduce the sum of squares and the inf/nan flag on the device, copy the
  * gradients to the host as fp32, clip, AdamW, write the new weights back
  * to the device in the model's dtype. With fp16, a dynamic loss scale skips
  * steps whose gradients overflow. */
-#ifndef ZO_EXAMPLES_TRAINER_H
-#define ZO_EXAMPLES_TRAINER_H
+#ifndef ZO_TESTS_SUPPORT_REF_TRAINER_H
+#define ZO_TESTS_SUPPORT_REF_TRAINER_H
 
 #include <stdint.h>
 
-#include "examples/transformer.h" /* defines: tf_model */
-#include "offload/offload.h"      /* defines: offload_model */
+#include "transformer/transformer.h" /* defines: tf_model */
 
 typedef struct tf_adamw {
     float lr, beta1, beta2, eps, weight_decay;
@@ -63,21 +62,5 @@ zo_status tf_trainer_grads(tf_trainer *tr, gpu_stream_t s, const int32_t *inputs
 /* tf_trainer_grads, then clip and AdamW, then upload the new weights. */
 zo_status tf_trainer_step(tf_trainer *tr, gpu_stream_t s, const int32_t *inputs,
                           const int32_t *targets, int b, int t, tf_step_info *info);
-
-/* ---- the transformer on the offload runtime ---------------------------------
- * The blocks of a tf_model as an offload_model: the runtime owns the weights,
- * gradients and the residual stream between blocks; the model keeps its
- * per-layer activations (or one shared set with recompute). The model must
- * be built with tf_options.external_res = 1 (and .recompute = 1 when the
- * runtime recomputes). Weight decay applies to the 2-D tensors. */
-typedef struct tf_offload_model {
-    tf_model *m;
-    offload_model om;
-    int *dep;                    /* [n_blocks]: the tied head reads the embedding */
-    offload_decay_range *decay;  /* the 2-D tensors */
-} tf_offload_model;
-
-zo_status tf_offload_model_init(tf_offload_model *a, tf_model *m);
-void tf_offload_model_free(tf_offload_model *a);
 
 #endif

@@ -1,17 +1,11 @@
 /* GPT-2 and LLaMA forward and backward, block by block, on the device
  * interface. Shapes: N = b*t rows (tokens), h hidden, q = hq*d query width,
  * kv = hkv*d, f the MLP width, v the vocabulary. */
-#include "examples/transformer.h"
+#include "transformer/transformer.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define TRY(expr)                                                                           \
-    do {                                                                                    \
-        zo_status try_s_ = (expr);                                                          \
-        if (try_s_ != ZO_OK) return try_s_;                                                 \
-    } while (0)
 
 static int is_gpt(const tf_model *m) { return m->cfg.arch == ZO_ARCH_GPT; }
 static int qkv_width(const zo_model_config *c) { return (c->n_heads + 2 * c->n_kv_heads) * c->head_dim; }
@@ -19,14 +13,28 @@ static int q_width(const zo_model_config *c) { return c->n_heads * c->head_dim; 
 
 /* ---- allocation ------------------------------------------------------------ */
 
-/* Allocate one activation buffer and count it. */
-static zo_status act_alloc(tf_model *m, void **p, size_t bytes, const char *what)
+/* One activation buffer to allocate: where its pointer goes, its bytes (0:
+ * none, the model has no such buffer) and its name for messages. */
+typedef struct act_req {
+    void **p;
+    size_t bytes;
+    const char *what;
+} act_req;
+
+/* Allocate the buffers in order and count them; the first failure names its
+ * buffer (the ones already allocated are tf_free's). */
+static zo_status act_alloc(tf_model *m, const act_req *r, size_t n)
 {
-    zo_status st = gpu_mem_alloc(m->dev, bytes, p);
-    if (st != ZO_OK) return zo_error_wrap(st, "transformer activations (%s)", what);
-    m->act_bytes += bytes;
+    for (size_t i = 0; i < n; i++) {
+        if (!r[i].bytes) continue;
+        zo_status st = gpu_mem_alloc(m->dev, r[i].bytes, r[i].p);
+        if (st != ZO_OK) return zo_error_wrap(st, "transformer activations (%s)", r[i].what);
+        m->act_bytes += r[i].bytes;
+    }
     return ZO_OK;
 }
+
+#define N_REQ(r) (sizeof(r) / sizeof((r)[0]))
 
 zo_status tf_init(tf_model *m, const zo_model_config *cfg, gpu_device_t dev, zo_dtype dtype,
                   int B, int T)
@@ -37,11 +45,12 @@ zo_status tf_init(tf_model *m, const zo_model_config *cfg, gpu_device_t dev, zo_
 zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev, zo_dtype dtype,
                        int B, int T, const tf_options *opts)
 {
+    zo_status st;
     memset(m, 0, sizeof *m);
     if (opts) m->opts = *opts;
     if (B < 1 || T < 1)
         return zo_error(ZO_ERR_INVALID, "tf_init: micro-batch %d x %d must be positive", B, T);
-    TRY(model_layout_init(&m->layout, cfg));
+    if ((st = model_layout_init(&m->layout, cfg)) != ZO_OK) return st;
     m->cfg = m->layout.cfg;
     m->dev = dev;
     m->dtype = dtype;
@@ -61,45 +70,51 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         tf_free(m);
         return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory");
     }
-    zo_status st = ZO_OK;
-#define A(ptr, bytes, what)                                                                 \
-    if ((st = act_alloc(m, (void **)&(ptr), (bytes), (what))) != ZO_OK) goto out_free
-    A(m->tokens, N * 4, "tokens");
-    A(m->targets, N * 4, "targets");
+    const act_req io[] = {{(void **)&m->tokens, N * 4, "tokens"}, {(void **)&m->targets, N * 4, "targets"}};
+    if ((st = act_alloc(m, io, N_REQ(io))) != ZO_OK) goto out_free;
     if (!m->opts.external_res)
-        for (size_t l = 0; l <= L; l++) A(m->res[l], N * h * es, "residual");
+        for (size_t l = 0; l <= L; l++) {
+            const act_req r[] = {{&m->res[l], N * h * es, "residual"}};
+            if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) goto out_free;
+        }
     /* with recompute, every layer shares one set of activation buffers */
     size_t n_sets = m->opts.recompute ? (L ? 1 : 0) : L;
+    int llama = c->arch != ZO_ARCH_GPT;
     for (size_t l = 0; l < n_sets; l++) {
         tf_layer_acts *a = &m->acts[l];
-        A(a->ln1, N * h * es, "ln1");
-        A(a->mean1, N * 4, "ln1 mean");
-        A(a->rstd1, N * 4, "ln1 rstd");
-        A(a->qkv, N * qkv_width(c) * es, "qkv");
-        A(a->att, N * q_width(c) * es, "attention");
-        A(a->lse, (size_t)B * c->n_heads * T * 4, "attention lse");
-        A(a->x_mid, N * h * es, "residual mid");
-        A(a->ln2, N * h * es, "ln2");
-        A(a->mean2, N * 4, "ln2 mean");
-        A(a->rstd2, N * 4, "ln2 rstd");
-        A(a->fc, N * f * es, "mlp fc/gate");
-        if (c->arch != ZO_ARCH_GPT) A(a->up, N * f * es, "mlp up");
-        A(a->act, N * f * es, "mlp activation");
+        const act_req r[] = {
+            {&a->ln1, N * h * es, "ln1"},
+            {(void **)&a->mean1, N * 4, "ln1 mean"},
+            {(void **)&a->rstd1, N * 4, "ln1 rstd"},
+            {&a->qkv, N * qkv_width(c) * es, "qkv"},
+            {&a->att, N * q_width(c) * es, "attention"},
+            {(void **)&a->lse, (size_t)B * c->n_heads * T * 4, "attention lse"},
+            {&a->x_mid, N * h * es, "residual mid"},
+            {&a->ln2, N * h * es, "ln2"},
+            {(void **)&a->mean2, N * 4, "ln2 mean"},
+            {(void **)&a->rstd2, N * 4, "ln2 rstd"},
+            {&a->fc, N * f * es, "mlp fc/gate"},
+            {&a->up, llama ? N * f * es : 0, "mlp up"},
+            {&a->act, N * f * es, "mlp activation"},
+        };
+        if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) goto out_free;
     }
     for (size_t l = n_sets; l < L; l++) m->acts[l] = m->acts[0];
-    A(m->lnf, N * h * es, "final norm");
-    A(m->meanf, N * 4, "final norm mean");
-    A(m->rstdf, N * 4, "final norm rstd");
-    A(m->logits, N * c->vocab * sizeof(float), "logits"); /* fp32 for the cross-entropy */
-    A(m->losses, N * 4, "losses");
-    A(m->tmp, N * h * es, "scratch");
-    A(m->dres, N * h * 4, "residual gradient");
-    A(m->dh, N * h * 4, "norm gradient");
-    A(m->dqkv, N * qkv_width(c) * 4, "qkv gradient");
-    A(m->datt, N * q_width(c) * 4, "attention gradient");
-    A(m->dff, N * f * 4, "mlp gradient");
-    if (c->arch != ZO_ARCH_GPT) A(m->dff2, N * f * 4, "mlp up gradient");
-#undef A
+    const act_req r[] = {
+        {&m->lnf, N * h * es, "final norm"},
+        {(void **)&m->meanf, N * 4, "final norm mean"},
+        {(void **)&m->rstdf, N * 4, "final norm rstd"},
+        {&m->logits, N * c->vocab * sizeof(float), "logits"}, /* fp32 for the cross-entropy */
+        {(void **)&m->losses, N * 4, "losses"},
+        {&m->tmp, N * h * es, "scratch"},
+        {(void **)&m->dres, N * h * 4, "residual gradient"},
+        {(void **)&m->dh, N * h * 4, "norm gradient"},
+        {(void **)&m->dqkv, N * qkv_width(c) * 4, "qkv gradient"},
+        {(void **)&m->datt, N * q_width(c) * 4, "attention gradient"},
+        {(void **)&m->dff, N * f * 4, "mlp gradient"},
+        {(void **)&m->dff2, llama ? N * f * 4 : 0, "mlp up gradient"},
+    };
+    if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) goto out_free;
     return ZO_OK;
 
 out_free:
@@ -148,6 +163,7 @@ gpu_tensor tf_view(const tf_model *m, const void *block_buf, int block, model_ro
 zo_status tf_set_batch(tf_model *m, gpu_stream_t s, const int32_t *inputs, const int32_t *targets,
                        int b, int t)
 {
+    zo_status st;
     if (b < 1 || b > m->B || t < 1 || t > m->T)
         return zo_error(ZO_ERR_INVALID, "tf_set_batch: batch %d x %d outside the %d x %d the model holds",
                         b, t, m->B, m->T);
@@ -155,7 +171,8 @@ zo_status tf_set_batch(tf_model *m, gpu_stream_t s, const int32_t *inputs, const
     m->t = t;
     m->n_targets = 0;
     for (int i = 0; i < b * t; i++) m->n_targets += targets[i] >= 0;
-    TRY(gpu_memcpy_async(s, m->tokens, inputs, (size_t)b * t * 4, GPU_COPY_HOST_TO_DEVICE));
+    if ((st = gpu_memcpy_async(s, m->tokens, inputs, (size_t)b * t * 4, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK)
+        return st;
     return gpu_memcpy_async(s, m->targets, targets, (size_t)b * t * 4, GPU_COPY_HOST_TO_DEVICE);
 }
 
@@ -167,10 +184,11 @@ static gpu_tensor F32(void *p) { return gpu_t(p, ZO_DTYPE_F32); }
 static zo_status linear_forward(gpu_stream_t s, gpu_tensor y, int64_t ldy, gpu_tensor x,
                                 gpu_tensor w, gpu_tensor b, int N, int out, int in)
 {
+    zo_status st;
     gpu_gemm_desc g = {.trans_b = 1, .m = N, .n = out, .k = in, .alpha = 1.0f, .beta = 0.0f,
                        .a = x, .b = w, .c = y, .lda = in, .ldb = in, .ldc = ldy};
-    TRY(gpu_gemm(s, &g));
-    if (b.data) TRY(gpu_bias_forward(s, y, b, N, out, ldy));
+    if ((st = gpu_gemm(s, &g)) != ZO_OK) return st;
+    if (b.data && (st = gpu_bias_forward(s, y, b, N, out, ldy)) != ZO_OK) return st;
     return ZO_OK;
 }
 
@@ -180,14 +198,15 @@ static zo_status linear_backward(gpu_stream_t s, gpu_tensor dx, float dx_beta, g
                                  gpu_tensor db, gpu_tensor dy, gpu_tensor x, gpu_tensor w, int N,
                                  int out, int in)
 {
+    zo_status st;
     gpu_gemm_desc gw = {.trans_a = 1, .m = out, .n = in, .k = N, .alpha = 1.0f, .beta = 1.0f,
                         .a = dy, .b = x, .c = dw, .lda = out, .ldb = in, .ldc = in};
-    TRY(gpu_gemm(s, &gw));
-    if (db.data) TRY(gpu_bias_backward(s, db, dy, N, out, out));
+    if ((st = gpu_gemm(s, &gw)) != ZO_OK) return st;
+    if (db.data && (st = gpu_bias_backward(s, db, dy, N, out, out)) != ZO_OK) return st;
     if (dx.data) {
         gpu_gemm_desc gx = {.m = N, .n = in, .k = out, .alpha = 1.0f, .beta = dx_beta, .a = dy,
                             .b = w, .c = dx, .lda = out, .ldb = in, .ldc = in};
-        TRY(gpu_gemm(s, &gx));
+        if ((st = gpu_gemm(s, &gx)) != ZO_OK) return st;
     }
     return ZO_OK;
 }
@@ -242,6 +261,7 @@ static zo_status norm_backward(tf_model *m, gpu_stream_t s, gpu_tensor dw, gpu_t
 static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s,
                                int recompute)
 {
+    zo_status st;
     const zo_model_config *c = &m->cfg;
     const int blk = model_layout_layer_block(l), N = m->b * m->t, h = c->hidden, f = c->ffn;
     const int qw = q_width(c), ld = qkv_width(c);
@@ -254,45 +274,54 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
     gpu_tensor fc = gpu_t(a->fc, dt), act = gpu_t(a->act, dt);
 
     /* attention: ln1 = norm(x); qkv[N, q+2kv] = ln1 Wqkv^T (+ b); RoPE on q, k */
-    TRY(norm_forward(m, s, ln1, a->mean1, a->rstd1, x, tf_view(m, P, blk, MODEL_ROLE_LN1_W),
-                     tf_view(m, P, blk, MODEL_ROLE_LN1_B), N));
-    TRY(linear_forward(s, qkv, ld, ln1, tf_view(m, P, blk, MODEL_ROLE_QKV_W),
-                       tf_view(m, P, blk, MODEL_ROLE_QKV_B), N, ld, h));
-    if (!is_gpt(m))
-        TRY(gpu_rope_forward(s, qkv, N, m->t, c->n_heads + c->n_kv_heads, c->head_dim, ld,
-                             c->rope_theta, 0));
+    if ((st = norm_forward(m, s, ln1, a->mean1, a->rstd1, x, tf_view(m, P, blk, MODEL_ROLE_LN1_W),
+                           tf_view(m, P, blk, MODEL_ROLE_LN1_B), N)) != ZO_OK)
+        return st;
+    if ((st = linear_forward(s, qkv, ld, ln1, tf_view(m, P, blk, MODEL_ROLE_QKV_W),
+                             tf_view(m, P, blk, MODEL_ROLE_QKV_B), N, ld, h)) != ZO_OK)
+        return st;
+    if (!is_gpt(m) && (st = gpu_rope_forward(s, qkv, N, m->t, c->n_heads + c->n_kv_heads,
+                                             c->head_dim, ld, c->rope_theta, 0)) != ZO_OK)
+        return st;
     gpu_attn_desc ad = {.b = m->b, .t = m->t, .hq = c->n_heads, .hkv = c->n_kv_heads, .d = c->head_dim};
-    TRY(gpu_attention_forward(s, &ad, att, a->lse, qkv));
+    if ((st = gpu_attention_forward(s, &ad, att, a->lse, qkv)) != ZO_OK) return st;
     /* x_mid = x + att Wo^T (+ bo) */
-    TRY(linear_forward(s, tmp, h, att, tf_view(m, P, blk, MODEL_ROLE_ATTN_OUT_W),
-                       tf_view(m, P, blk, MODEL_ROLE_ATTN_OUT_B), N, h, qw));
-    TRY(gpu_add(s, x_mid, x, tmp, (size_t)N * h));
+    if ((st = linear_forward(s, tmp, h, att, tf_view(m, P, blk, MODEL_ROLE_ATTN_OUT_W),
+                             tf_view(m, P, blk, MODEL_ROLE_ATTN_OUT_B), N, h, qw)) != ZO_OK)
+        return st;
+    if ((st = gpu_add(s, x_mid, x, tmp, (size_t)N * h)) != ZO_OK) return st;
 
     /* MLP: GPT act = gelu(ln2 Wfc^T + bfc); LLaMA act = silu(ln2 Wg^T) * (ln2 Wu^T) */
-    TRY(norm_forward(m, s, ln2, a->mean2, a->rstd2, x_mid, tf_view(m, P, blk, MODEL_ROLE_LN2_W),
-                     tf_view(m, P, blk, MODEL_ROLE_LN2_B), N));
+    if ((st = norm_forward(m, s, ln2, a->mean2, a->rstd2, x_mid, tf_view(m, P, blk, MODEL_ROLE_LN2_W),
+                           tf_view(m, P, blk, MODEL_ROLE_LN2_B), N)) != ZO_OK)
+        return st;
     if (is_gpt(m)) {
-        TRY(linear_forward(s, fc, f, ln2, tf_view(m, P, blk, MODEL_ROLE_MLP_UP_W),
-                           tf_view(m, P, blk, MODEL_ROLE_MLP_UP_B), N, f, h));
-        TRY(gpu_gelu_forward(s, act, fc, (size_t)N * f));
+        if ((st = linear_forward(s, fc, f, ln2, tf_view(m, P, blk, MODEL_ROLE_MLP_UP_W),
+                                 tf_view(m, P, blk, MODEL_ROLE_MLP_UP_B), N, f, h)) != ZO_OK)
+            return st;
+        if ((st = gpu_gelu_forward(s, act, fc, (size_t)N * f)) != ZO_OK) return st;
     } else {
         gpu_tensor up = gpu_t(a->up, dt);
-        TRY(linear_forward(s, fc, f, ln2, tf_view(m, P, blk, MODEL_ROLE_MLP_GATE_W),
-                           tf_view(m, P, blk, MODEL_ROLE_MLP_GATE_B), N, f, h));
-        TRY(linear_forward(s, up, f, ln2, tf_view(m, P, blk, MODEL_ROLE_MLP_UP_W),
-                           tf_view(m, P, blk, MODEL_ROLE_MLP_UP_B), N, f, h));
-        TRY(gpu_swiglu_forward(s, act, fc, up, (size_t)N * f));
+        if ((st = linear_forward(s, fc, f, ln2, tf_view(m, P, blk, MODEL_ROLE_MLP_GATE_W),
+                                 tf_view(m, P, blk, MODEL_ROLE_MLP_GATE_B), N, f, h)) != ZO_OK)
+            return st;
+        if ((st = linear_forward(s, up, f, ln2, tf_view(m, P, blk, MODEL_ROLE_MLP_UP_W),
+                                 tf_view(m, P, blk, MODEL_ROLE_MLP_UP_B), N, f, h)) != ZO_OK)
+            return st;
+        if ((st = gpu_swiglu_forward(s, act, fc, up, (size_t)N * f)) != ZO_OK) return st;
     }
     if (recompute) return ZO_OK;
     /* out = x_mid + act Wdown^T (+ b) */
-    TRY(linear_forward(s, tmp, h, act, tf_view(m, P, blk, MODEL_ROLE_MLP_DOWN_W),
-                       tf_view(m, P, blk, MODEL_ROLE_MLP_DOWN_B), N, h, f));
+    if ((st = linear_forward(s, tmp, h, act, tf_view(m, P, blk, MODEL_ROLE_MLP_DOWN_W),
+                             tf_view(m, P, blk, MODEL_ROLE_MLP_DOWN_B), N, h, f)) != ZO_OK)
+        return st;
     return gpu_add(s, out, x_mid, tmp, (size_t)N * h);
 }
 
 /* On entry dres = dL/d(res[l+1]); on exit dL/d(res[l]). */
 static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s)
 {
+    zo_status st;
     const zo_model_config *c = &m->cfg;
     const int blk = model_layout_layer_block(l), N = m->b * m->t, h = c->hidden, f = c->ffn;
     const int qw = q_width(c), ld = qkv_width(c);
@@ -308,35 +337,42 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
 #define GV(role) tf_view(m, G, blk, role)
 
     /* MLP down projection: dact[N, f] = dres Wdown */
-    TRY(linear_backward(s, dff, 0.0f, GV(MODEL_ROLE_MLP_DOWN_W), GV(MODEL_ROLE_MLP_DOWN_B), dres,
-                        act, PV(MODEL_ROLE_MLP_DOWN_W), N, h, f));
+    if ((st = linear_backward(s, dff, 0.0f, GV(MODEL_ROLE_MLP_DOWN_W), GV(MODEL_ROLE_MLP_DOWN_B), dres,
+                              act, PV(MODEL_ROLE_MLP_DOWN_W), N, h, f)) != ZO_OK)
+        return st;
     if (is_gpt(m)) {
-        TRY(gpu_gelu_backward(s, dff, dff, fc, (size_t)N * f)); /* dfc, in place */
-        TRY(linear_backward(s, dh, 0.0f, GV(MODEL_ROLE_MLP_UP_W), GV(MODEL_ROLE_MLP_UP_B), dff, ln2,
-                            PV(MODEL_ROLE_MLP_UP_W), N, f, h));
+        if ((st = gpu_gelu_backward(s, dff, dff, fc, (size_t)N * f)) != ZO_OK) return st; /* dfc, in place */
+        if ((st = linear_backward(s, dh, 0.0f, GV(MODEL_ROLE_MLP_UP_W), GV(MODEL_ROLE_MLP_UP_B), dff, ln2,
+                                  PV(MODEL_ROLE_MLP_UP_W), N, f, h)) != ZO_OK)
+            return st;
     } else {
         gpu_tensor dup = F32(m->dff2), up = gpu_t(a->up, dt);
-        TRY(gpu_swiglu_backward(s, dff, dup, dff, fc, up, (size_t)N * f)); /* dgate in place */
-        TRY(linear_backward(s, dh, 0.0f, GV(MODEL_ROLE_MLP_GATE_W), GV(MODEL_ROLE_MLP_GATE_B), dff,
-                            ln2, PV(MODEL_ROLE_MLP_GATE_W), N, f, h));
-        TRY(linear_backward(s, dh, 1.0f, GV(MODEL_ROLE_MLP_UP_W), GV(MODEL_ROLE_MLP_UP_B), dup, ln2,
-                            PV(MODEL_ROLE_MLP_UP_W), N, f, h));
+        if ((st = gpu_swiglu_backward(s, dff, dup, dff, fc, up, (size_t)N * f)) != ZO_OK) return st; /* dgate in place */
+        if ((st = linear_backward(s, dh, 0.0f, GV(MODEL_ROLE_MLP_GATE_W), GV(MODEL_ROLE_MLP_GATE_B), dff,
+                                  ln2, PV(MODEL_ROLE_MLP_GATE_W), N, f, h)) != ZO_OK)
+            return st;
+        if ((st = linear_backward(s, dh, 1.0f, GV(MODEL_ROLE_MLP_UP_W), GV(MODEL_ROLE_MLP_UP_B), dup, ln2,
+                                  PV(MODEL_ROLE_MLP_UP_W), N, f, h)) != ZO_OK)
+            return st;
     }
     /* dres (= d x_mid so far) += norm2 backward */
-    TRY(norm_backward(m, s, GV(MODEL_ROLE_LN2_W), GV(MODEL_ROLE_LN2_B), x_mid, PV(MODEL_ROLE_LN2_W),
-                      a->mean2, a->rstd2, N));
+    if ((st = norm_backward(m, s, GV(MODEL_ROLE_LN2_W), GV(MODEL_ROLE_LN2_B), x_mid, PV(MODEL_ROLE_LN2_W),
+                            a->mean2, a->rstd2, N)) != ZO_OK)
+        return st;
 
     /* attention output projection: datt[N, q] = dres Wo */
     gpu_tensor datt = F32(m->datt), dqkv = F32(m->dqkv);
-    TRY(linear_backward(s, datt, 0.0f, GV(MODEL_ROLE_ATTN_OUT_W), GV(MODEL_ROLE_ATTN_OUT_B), dres,
-                        att, PV(MODEL_ROLE_ATTN_OUT_W), N, h, qw));
+    if ((st = linear_backward(s, datt, 0.0f, GV(MODEL_ROLE_ATTN_OUT_W), GV(MODEL_ROLE_ATTN_OUT_B), dres,
+                              att, PV(MODEL_ROLE_ATTN_OUT_W), N, h, qw)) != ZO_OK)
+        return st;
     gpu_attn_desc ad = {.b = m->b, .t = m->t, .hq = c->n_heads, .hkv = c->n_kv_heads, .d = c->head_dim};
-    TRY(gpu_attention_backward(s, &ad, dqkv, datt, qkv, att, a->lse));
-    if (!is_gpt(m))
-        TRY(gpu_rope_backward(s, dqkv, N, m->t, c->n_heads + c->n_kv_heads, c->head_dim, ld,
-                              c->rope_theta, 0));
-    TRY(linear_backward(s, dh, 0.0f, GV(MODEL_ROLE_QKV_W), GV(MODEL_ROLE_QKV_B), dqkv, ln1,
-                        PV(MODEL_ROLE_QKV_W), N, ld, h));
+    if ((st = gpu_attention_backward(s, &ad, dqkv, datt, qkv, att, a->lse)) != ZO_OK) return st;
+    if (!is_gpt(m) && (st = gpu_rope_backward(s, dqkv, N, m->t, c->n_heads + c->n_kv_heads,
+                                              c->head_dim, ld, c->rope_theta, 0)) != ZO_OK)
+        return st;
+    if ((st = linear_backward(s, dh, 0.0f, GV(MODEL_ROLE_QKV_W), GV(MODEL_ROLE_QKV_B), dqkv, ln1,
+                              PV(MODEL_ROLE_QKV_W), N, ld, h)) != ZO_OK)
+        return st;
     /* dres (= d x) += norm1 backward */
     return norm_backward(m, s, GV(MODEL_ROLE_LN1_W), GV(MODEL_ROLE_LN1_B), x, PV(MODEL_ROLE_LN1_W),
                          a->mean1, a->rstd1, N);
@@ -353,22 +389,26 @@ static gpu_tensor head_weight(tf_model *m, const void *params, const void *embed
 
 static zo_status head_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t s)
 {
+    zo_status st;
     const zo_model_config *c = &m->cfg;
     const int blk = model_layout_head_block(&m->layout), N = m->b * m->t;
     gpu_tensor w = head_weight(m, bb->params, bb->embed_params, blk);
     if (!w.data) return zo_error(ZO_ERR_INVALID, "head forward: tied model needs the embedding parameters");
     gpu_tensor lnf = gpu_t(m->lnf, m->dtype), logits = F32(m->logits);
-    TRY(norm_forward(m, s, lnf, m->meanf, m->rstdf, gpu_t(m->res[c->n_layers], m->dtype),
-                     tf_view(m, bb->params, blk, MODEL_ROLE_NORM_W),
-                     tf_view(m, bb->params, blk, MODEL_ROLE_NORM_B), N));
+    if ((st = norm_forward(m, s, lnf, m->meanf, m->rstdf, gpu_t(m->res[c->n_layers], m->dtype),
+                           tf_view(m, bb->params, blk, MODEL_ROLE_NORM_W),
+                           tf_view(m, bb->params, blk, MODEL_ROLE_NORM_B), N)) != ZO_OK)
+        return st;
     /* logits[N, v] = lnf W^T */
-    TRY(linear_forward(s, logits, c->vocab, lnf, w, gpu_t(NULL, m->dtype), N, c->vocab, c->hidden));
+    if ((st = linear_forward(s, logits, c->vocab, lnf, w, gpu_t(NULL, m->dtype), N, c->vocab, c->hidden)) != ZO_OK)
+        return st;
     return gpu_cross_entropy_forward(s, m->losses, logits, m->targets, N, c->vocab);
 }
 
 static zo_status head_backward(tf_model *m, const tf_block_bufs *bb, float loss_scale,
                                gpu_stream_t s)
 {
+    zo_status st;
     const zo_model_config *c = &m->cfg;
     const int blk = model_layout_head_block(&m->layout), N = m->b * m->t;
     gpu_tensor w = head_weight(m, bb->params, bb->embed_params, blk);
@@ -379,11 +419,13 @@ static zo_status head_backward(tf_model *m, const tf_block_bufs *bb, float loss_
     gpu_tensor logits = F32(m->logits), lnf = gpu_t(m->lnf, m->dtype);
     float dloss = m->n_targets ? loss_scale / (float)m->n_targets : 0.0f;
     /* dlogits = dloss * (softmax - onehot), in place of the logits */
-    TRY(gpu_cross_entropy_backward(s, logits, logits, m->targets, dloss, N, c->vocab));
-    TRY(linear_backward(s, F32(m->dh), 0.0f, dw, gpu_t(NULL, m->dtype), logits, lnf, w, N, c->vocab,
-                        c->hidden));
+    if ((st = gpu_cross_entropy_backward(s, logits, logits, m->targets, dloss, N, c->vocab)) != ZO_OK)
+        return st;
+    if ((st = linear_backward(s, F32(m->dh), 0.0f, dw, gpu_t(NULL, m->dtype), logits, lnf, w, N, c->vocab,
+                              c->hidden)) != ZO_OK)
+        return st;
     /* the residual gradient starts here: dres = norm_f backward */
-    TRY(gpu_memset_async(s, m->dres, 0, (size_t)N * c->hidden * 4));
+    if ((st = gpu_memset_async(s, m->dres, 0, (size_t)N * c->hidden * 4)) != ZO_OK) return st;
     return norm_backward(m, s, tf_view(m, bb->grads, blk, MODEL_ROLE_NORM_W),
                          tf_view(m, bb->grads, blk, MODEL_ROLE_NORM_B),
                          gpu_t(m->res[c->n_layers], m->dtype),
@@ -402,7 +444,8 @@ static zo_status check_block(const tf_model *m, int block, const tf_block_bufs *
 
 zo_status tf_block_forward(tf_model *m, int block, const tf_block_bufs *bufs, gpu_stream_t s)
 {
-    TRY(check_block(m, block, bufs, 0));
+    zo_status st;
+    if ((st = check_block(m, block, bufs, 0)) != ZO_OK) return st;
     if (block == MODEL_BLOCK_EMBED) return embed_forward(m, bufs, s);
     if (block == model_layout_head_block(&m->layout)) return head_forward(m, bufs, s);
     return layer_forward(m, block - 1, bufs, s, 0);
@@ -410,7 +453,8 @@ zo_status tf_block_forward(tf_model *m, int block, const tf_block_bufs *bufs, gp
 
 zo_status tf_block_recompute(tf_model *m, int block, const tf_block_bufs *bufs, gpu_stream_t s)
 {
-    TRY(check_block(m, block, bufs, 0));
+    zo_status st;
+    if ((st = check_block(m, block, bufs, 0)) != ZO_OK) return st;
     if (block == MODEL_BLOCK_EMBED || block == model_layout_head_block(&m->layout))
         return ZO_OK; /* the embedding saves nothing; the head's activations are its own */
     return layer_forward(m, block - 1, bufs, s, 1);
@@ -419,7 +463,8 @@ zo_status tf_block_recompute(tf_model *m, int block, const tf_block_bufs *bufs, 
 zo_status tf_block_backward(tf_model *m, int block, const tf_block_bufs *bufs, float loss_scale,
                             gpu_stream_t s)
 {
-    TRY(check_block(m, block, bufs, 1));
+    zo_status st;
+    if ((st = check_block(m, block, bufs, 1)) != ZO_OK) return st;
     if (block == MODEL_BLOCK_EMBED) return embed_backward(m, bufs, s);
     if (block == model_layout_head_block(&m->layout)) return head_backward(m, bufs, loss_scale, s);
     return layer_backward(m, block - 1, bufs, s);
@@ -427,9 +472,10 @@ zo_status tf_block_backward(tf_model *m, int block, const tf_block_bufs *bufs, f
 
 zo_status tf_forward(tf_model *m, void *const *params, gpu_stream_t s)
 {
+    zo_status st;
     for (int i = 0; i < m->layout.n_blocks; i++) {
         tf_block_bufs bb = {.params = params[i], .embed_params = params[MODEL_BLOCK_EMBED]};
-        TRY(tf_block_forward(m, i, &bb, s));
+        if ((st = tf_block_forward(m, i, &bb, s)) != ZO_OK) return st;
     }
     return ZO_OK;
 }
@@ -437,11 +483,12 @@ zo_status tf_forward(tf_model *m, void *const *params, gpu_stream_t s)
 zo_status tf_backward(tf_model *m, void *const *params, void *const *grads, float loss_scale,
                       gpu_stream_t s)
 {
+    zo_status st;
     for (int i = m->layout.n_blocks - 1; i >= 0; i--) {
         tf_block_bufs bb = {.params = params[i], .grads = grads[i],
                             .embed_params = params[MODEL_BLOCK_EMBED],
                             .embed_grads = grads[MODEL_BLOCK_EMBED]};
-        TRY(tf_block_backward(m, i, &bb, loss_scale, s));
+        if ((st = tf_block_backward(m, i, &bb, loss_scale, s)) != ZO_OK) return st;
     }
     return ZO_OK;
 }
@@ -479,13 +526,16 @@ static double gauss(uint64_t *s) /* Box-Muller */
     return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
 }
 
-void tf_init_weights(const model_layout *l, float *const *host_blocks, uint64_t seed)
+uint64_t tf_init_rng(uint64_t seed) { return seed * 0x2545f4914f6cdd1dull + 1; }
+
+void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_t *rng)
 {
-    uint64_t s = seed * 0x2545f4914f6cdd1dull + 1;
     double proj_std = 0.02 / sqrt(2.0 * (l->n_layers > 0 ? l->n_layers : 1));
+    /* the layout's tensors are in block order */
     for (int i = 0; i < l->n_tensors; i++) {
         const model_tensor *t = &l->tensors[i];
-        float *p = host_blocks[t->block] + t->offset;
+        if (t->block != block) continue;
+        float *p = dst + t->offset;
         int is_norm = t->role == MODEL_ROLE_LN1_W || t->role == MODEL_ROLE_LN2_W ||
                       t->role == MODEL_ROLE_NORM_W;
         if (t->ndim == 1) {
@@ -493,6 +543,22 @@ void tf_init_weights(const model_layout *l, float *const *host_blocks, uint64_t 
             continue;
         }
         double std = (t->role == MODEL_ROLE_ATTN_OUT_W || t->role == MODEL_ROLE_MLP_DOWN_W) ? proj_std : 0.02;
-        for (size_t e = 0; e < t->numel; e++) p[e] = (float)(gauss(&s) * std);
+        /* splitmix is a counter: element e draws the two values after
+         * 2e draws of the tensor, so the elements are independent (and the
+         * values the sequential draw gives) */
+        uint64_t s0 = *rng;
+        long long n = (long long)t->numel;
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (long long e = 0; e < n; e++) {
+            uint64_t s = s0 + 2 * (uint64_t)e * 0x9e3779b97f4a7c15ull;
+            p[e] = (float)(gauss(&s) * std);
+        }
+        *rng = s0 + 2 * (uint64_t)n * 0x9e3779b97f4a7c15ull;
     }
+}
+
+void tf_init_weights(const model_layout *l, float *const *host_blocks, uint64_t seed)
+{
+    uint64_t s = tf_init_rng(seed);
+    for (int b = 0; b < l->n_blocks; b++) tf_init_block_weights(l, b, host_blocks[b], &s);
 }

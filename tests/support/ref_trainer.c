@@ -1,5 +1,6 @@
-/* Master weights, AdamW and the per-step data flow between host and device. */
-#include "examples/trainer.h"
+/* The reference trainer: master weights, AdamW and the per-step data flow
+ * between host and device, every block resident. */
+#include "tests/support/ref_trainer.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -195,89 +196,4 @@ zo_status tf_trainer_step(tf_trainer *tr, gpu_stream_t s, const int32_t *inputs,
                      model_tensor_decays(te), tr->step);
     }
     return tf_trainer_upload(tr, s);
-}
-
-/* ---- the transformer on the offload runtime ---------------------------------- */
-
-/* Point the residual stream of block b at the runtime's buffers. */
-static void tf_bind(tf_model *m, int b, const offload_block_io *io)
-{
-    if (b >= 1) m->res[b - 1] = (void *)io->in;
-    if (b <= m->cfg.n_layers) m->res[b] = io->out;
-}
-
-static tf_block_bufs tf_bufs(const offload_block_io *io)
-{
-    tf_block_bufs bb = {.params = io->params, .grads = io->grads, .embed_params = io->dep_params,
-                        .embed_grads = io->dep_grads};
-    return bb;
-}
-
-static zo_status tf_off_forward(void *user, int b, const offload_block_io *io, gpu_stream_t s)
-{
-    tf_model *m = user;
-    tf_bind(m, b, io);
-    tf_block_bufs bb = tf_bufs(io);
-    return tf_block_forward(m, b, &bb, s);
-}
-
-static zo_status tf_off_recompute(void *user, int b, const offload_block_io *io, gpu_stream_t s)
-{
-    tf_model *m = user;
-    tf_bind(m, b, io);
-    tf_block_bufs bb = tf_bufs(io);
-    return tf_block_recompute(m, b, &bb, s);
-}
-
-static zo_status tf_off_backward(void *user, int b, const offload_block_io *io, float loss_scale,
-                                 gpu_stream_t s)
-{
-    tf_model *m = user;
-    tf_bind(m, b, io);
-    tf_block_bufs bb = tf_bufs(io);
-    return tf_block_backward(m, b, &bb, loss_scale, s);
-}
-
-zo_status tf_offload_model_init(tf_offload_model *a, tf_model *m)
-{
-    memset(a, 0, sizeof *a);
-    if (!m->opts.external_res)
-        return zo_error(ZO_ERR_INVALID, "tf_offload_model_init: the model must be built with external_res");
-    const model_layout *l = &m->layout;
-    a->m = m;
-    a->dep = calloc((size_t)l->n_blocks, sizeof(int));
-    a->decay = calloc((size_t)l->n_tensors + 1, sizeof *a->decay);
-    if (!a->dep || !a->decay) {
-        tf_offload_model_free(a);
-        return zo_error(ZO_ERR_NOMEM, "tf_offload_model_init: out of host memory");
-    }
-    for (int b = 0; b < l->n_blocks; b++) a->dep[b] = -1;
-    if (m->cfg.tied_embeddings) a->dep[model_layout_head_block(l)] = MODEL_BLOCK_EMBED;
-    int nd = 0;
-    for (int i = 0; i < l->n_tensors; i++) {
-        const model_tensor *t = &l->tensors[i];
-        if (model_tensor_decays(t))
-            a->decay[nd++] = (offload_decay_range){.block = t->block, .offset = t->offset, .numel = t->numel};
-    }
-    a->om = (offload_model){
-        .n_blocks = l->n_blocks,
-        .block_numel = l->block_numel,
-        .block_dep = a->dep,
-        .dtype = m->dtype,
-        .boundary_bytes = (size_t)m->B * m->T * m->cfg.hidden * zo_dtype_size(m->dtype),
-        .decay = a->decay,
-        .n_decay = nd,
-        .user = m,
-        .forward = tf_off_forward,
-        .backward = tf_off_backward,
-        .recompute = m->opts.recompute ? tf_off_recompute : NULL,
-    };
-    return ZO_OK;
-}
-
-void tf_offload_model_free(tf_offload_model *a)
-{
-    free(a->dep);
-    free(a->decay);
-    memset(a, 0, sizeof *a);
 }

@@ -1,0 +1,117 @@
+/* Private: the table of functions a communicator backend fills, and the
+ * structs behind the opaque handles. Only comm.c and the backends include
+ * this.
+ *
+ * comm.c checks arguments once for every backend, numbers the collectives,
+ * allocates the request (iface->op_size bytes, a struct comm_request first)
+ * and calls start; entries may assume valid arguments. */
+#ifndef ZO_GPU_COMM_IMPL_H
+#define ZO_GPU_COMM_IMPL_H
+
+#include <stdint.h>
+
+#include "gpu/comm.h"
+
+typedef enum comm_op_kind {
+    COMM_OP_ALL_REDUCE = 0,
+    COMM_OP_REDUCE_SCATTER,
+    COMM_OP_ALL_GATHER,
+    COMM_OP_BROADCAST,
+    COMM_OP_BARRIER,
+    COMM_OP_KIND_COUNT,
+} comm_op_kind;
+
+/* "all_reduce", "reduce_scatter", ... */
+const char *comm_op_name(comm_op_kind k);
+
+/* One collective. A backend's request struct starts with this. */
+struct comm_request {
+    comm_t comm;
+    comm_op_kind kind;
+    const void *send;
+    void *recv;
+    size_t count; /* all_reduce, broadcast: elements; reduce_scatter: per rank
+                     (received); all_gather: per rank (sent) */
+    zo_dtype dtype;
+    int root;
+    gpu_event_t after, done;
+    uint64_t seq; /* the communicator's collective number, from 1 */
+};
+
+typedef struct comm_iface {
+    const char *name;
+    size_t op_size; /* bytes of a request (>= sizeof(struct comm_request)) */
+    void (*free)(comm_t c);
+    /* Enqueue the collective; it must not fail after enqueuing part of it. */
+    zo_status (*start)(comm_t c, struct comm_request *op);
+    /* Block until the collective completed (or the job was aborted); after
+     * it returns comm.c frees the request. */
+    zo_status (*wait)(struct comm_request *op);
+    int (*test)(struct comm_request *op);
+    /* End every rank; does not return. */
+    void (*abort)(comm_t c, int code, const char *message) __attribute__((noreturn));
+} comm_iface;
+
+struct comm {
+    const comm_iface *iface;
+    comm_backend backend;
+    int rank, size;
+    int device_buffers;
+    double timeout_s;
+    gpu_device_t device;
+    comm_fault_fn on_fault;
+    void *fault_arg;
+    uint64_t seq; /* collectives issued so far */
+    void *ctx;    /* the backend's */
+};
+
+/* "all_reduce #7 (bf16, 1000 elements)" into buf. */
+void comm_op_describe(const struct comm_request *op, char *buf, size_t n);
+/* Hand a fault message to the communicator's on_fault (stderr by default). */
+void comm_report_fault(comm_t c, const char *message);
+/* Seconds on a monotonic clock. */
+double comm_now(void);
+
+/* Backends' constructors: fill c->ctx, c->rank, c->size, c->device_buffers
+ * (comm.c has set iface, backend, device, timeout and the fault handler). */
+zo_status comm_self_init(comm_t c);
+#if defined(ZO_HAVE_MPI) && ZO_HAVE_MPI
+extern const comm_iface comm_mpi_iface;
+zo_status comm_mpi_init(comm_t c);
+/* For the NCCL backend: a blocking broadcast of host bytes from rank 0 over
+ * the MPI communicator `mpi` (an MPI backend comm). */
+zo_status comm_mpi_bcast_bytes(comm_t mpi, void *buf, size_t bytes);
+
+/* The MPI engine keeps, for every communicator of the process, where it is
+ * in its sequence of collectives, and answers the questions of a rank that
+ * timed out. A backend whose collectives do not run on the engine thread
+ * (NCCL) publishes its state here and registers a watchdog called by the
+ * engine thread about every 20 ms. */
+typedef enum comm_phase {
+    COMM_PHASE_IDLE = 0, /* between collectives */
+    COMM_PHASE_WAITING,  /* the next collective waits for its input (the `after` event) */
+    COMM_PHASE_RUNNING,  /* inside collective `seq` */
+} comm_phase;
+
+typedef void (*comm_watch_fn)(void *arg);
+/* Register comm `c` (any backend) with the engine; its id is the number of
+ * communicators this process registered before it (the same on every rank,
+ * since every rank creates them in the same order). */
+zo_status comm_mpi_register(comm_t c, comm_watch_fn watch, void *arg, int *id);
+void comm_mpi_unregister(int id);
+/* Publish comm `id`'s state: phase, the collective it is in (or the last one
+ * completed when idle), and its kind. */
+void comm_mpi_set_state(int id, comm_phase phase, uint64_t seq, comm_op_kind kind);
+/* Called on the engine thread by a watchdog: ask the other ranks where they
+ * are, report the fault with `what` and the ranks that did not arrive, and
+ * abort the job. Does not return. */
+void comm_mpi_fault(comm_t c, int id, uint64_t seq, const char *what) __attribute__((noreturn));
+/* Called on the engine thread: report `message` and abort the job. */
+void comm_mpi_fail(comm_t c, const char *message) __attribute__((noreturn));
+#endif
+#if defined(ZO_HAVE_NCCL) && ZO_HAVE_NCCL
+extern const comm_iface comm_nccl_iface;
+zo_status comm_nccl_init(comm_t c);
+#endif
+
+#endif

@@ -1,0 +1,597 @@
+/* Optimizer-state shards: the fp32 master weights and Adam moments of a
+ * range of the flat parameter index, wherever they live.
+ *
+ *   host     three arrays in host memory, updated sub-group by sub-group
+ *   nvme     sub-groups in an NVMe store, updated by the pipelined step
+ *            (read ahead || update || write behind); reads and writes from
+ *            outside the step go through a cache of one sub-group
+ *   device   three arrays and the fp32 gradient sum in device memory (whole
+ *            blocks at the end of the index), updated by gpu_adam_update on
+ *            the d2h stream while the host updates its shards */
+#include "offload/offload_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cpu_adam/cpu_adam.h" /* defines: adam_grad_stats */
+
+#ifdef ZO_OFFLOAD_HAVE_NVME
+#include "nvme/nvme_engine.h"   /* defines: nvme_engine_t */
+#include "nvme/nvme_pipeline.h" /* defines: nvme_pipeline_t */
+#include "nvme/nvme_store.h"    /* defines: nvme_store_t */
+#endif
+
+/* ---- host memory ----------------------------------------------------------------------- */
+
+typedef struct host_shard {
+    oshard base;
+    float *P, *M, *V;  /* [n] */
+    size_t sub_group;
+} host_shard;
+
+static zo_status host_read(oshard *sh, size_t first, size_t n, float *P, float *M, float *V)
+{
+    host_shard *h = (host_shard *)sh;
+    size_t r = first - sh->first;
+    if (P) memcpy(P, h->P + r, n * 4);
+    if (M) memcpy(M, h->M + r, n * 4);
+    if (V) memcpy(V, h->V + r, n * 4);
+    return ZO_OK;
+}
+
+static void copy_or_zero(float *dst, const float *src, size_t n)
+{
+    if (src) memcpy(dst, src, n * 4);
+    else memset(dst, 0, n * 4);
+}
+
+static zo_status host_write(oshard *sh, size_t first, size_t n, const float *P, const float *M,
+                            const float *V)
+{
+    host_shard *h = (host_shard *)sh;
+    size_t r = first - sh->first;
+    if (P) memcpy(h->P + r, P, n * 4);
+    copy_or_zero(h->M + r, M, n);
+    copy_or_zero(h->V + r, V, n);
+    return ZO_OK;
+}
+
+static zo_status host_sync(oshard *sh)
+{
+    (void)sh;
+    return ZO_OK;
+}
+
+static zo_status host_step(oshard *sh, const oshard_update *u)
+{
+    host_shard *h = (host_shard *)sh;
+    zo_status st;
+    for (size_t f = 0; f < sh->n; f += h->sub_group) {
+        size_t n = sh->n - f < h->sub_group ? sh->n - f : h->sub_group;
+        if ((st = u->host(u->ctx, sh->first + f, n, h->P + f, h->M + f, h->V + f)) != ZO_OK) return st;
+    }
+    return ZO_OK;
+}
+
+static void host_destroy(oshard *sh)
+{
+    host_shard *h = (host_shard *)sh;
+    offload_host_free(sh->env, h->P, sh->n * 4, 0);
+    offload_host_free(sh->env, h->M, sh->n * 4, 0);
+    offload_host_free(sh->env, h->V, sh->n * 4, 0);
+    free(h);
+}
+
+static const oshard_ops host_ops = {
+    .read = host_read, .write = host_write, .sync = host_sync, .step = host_step,
+    .free = host_destroy,
+};
+
+static zo_status host_create(oshard *sh, const oshard_config *c)
+{
+    host_shard *h = (host_shard *)sh;
+    zo_status st;
+    h->sub_group = c->sub_group;
+    float **arr[3] = {&h->P, &h->M, &h->V};
+    for (int i = 0; i < 3; i++) {
+        if ((st = offload_host_alloc(sh->env, sh->n * 4, 0, (void **)arr[i])) != ZO_OK)
+            return zo_error_wrap(st, "offload_init: optimizer state in memory");
+        if (sh->n) memset(*arr[i], 0, sh->n * 4);
+    }
+    return ZO_OK;
+}
+
+/* ---- NVMe ------------------------------------------------------------------------------- */
+
+#ifdef ZO_OFFLOAD_HAVE_NVME
+
+typedef struct nvme_shard {
+    oshard base;
+    nvme_engine_t *engine;
+    nvme_store_t *store;
+    nvme_pipeline_t *pipe;
+    size_t group;      /* elements of the largest sub-group */
+    int nslots;
+    int counted;       /* its bytes are counted in the tiers */
+    /* the group cache: master, m, v of one sub-group while state moves in
+     * or out between steps, in the pipeline's slot 1 (idle then) */
+    float *cache[3];
+    long cg;           /* the cached group, -1 none */
+    int loaded;        /* the cache holds the whole group (as on disk, or newer) */
+    size_t covered;    /* not loaded: elements [0, covered) were written */
+    int dirty;         /* newer than the disk */
+} nvme_shard;
+
+static void group_range(nvme_shard *s, size_t g, size_t *first, size_t *n)
+{
+    nvme_pipeline_group_range(s->pipe, g, first, n);
+}
+
+/* The cache holds all of its group: read what was not written. */
+static zo_status cache_complete(nvme_shard *s)
+{
+    if (s->loaded || s->cg < 0) return ZO_OK;
+    size_t f, n;
+    group_range(s, (size_t)s->cg, &f, &n);
+    if (s->covered < n) {
+        size_t c = s->covered;
+        zo_status st = nvme_pipeline_load_group_part(s->pipe, (size_t)s->cg, c, n - c, s->cache[0] + c,
+                                                     s->cache[1] + c, s->cache[2] + c);
+        if (st != ZO_OK) return st;
+        s->base.env->acct->bytes_disk_read += 3 * n * 4;
+    }
+    s->loaded = 1;
+    return ZO_OK;
+}
+
+static zo_status cache_flush(nvme_shard *s)
+{
+    zo_status st;
+    if (!s->dirty) return ZO_OK;
+    if ((st = cache_complete(s)) != ZO_OK) return st;
+    if ((st = nvme_pipeline_store_group(s->pipe, (size_t)s->cg, s->cache[0], s->cache[1], s->cache[2])) != ZO_OK)
+        return st;
+    size_t f, n;
+    group_range(s, (size_t)s->cg, &f, &n);
+    s->base.env->acct->bytes_disk_written += 3 * n * 4;
+    s->dirty = 0;
+    return ZO_OK;
+}
+
+/* Make group g the cached one; `fresh`: about to be written from its first
+ * element on, so the disk's copy is not read. */
+static zo_status cache_take(nvme_shard *s, size_t g, int fresh)
+{
+    zo_status st;
+    if (s->cg == (long)g) return ZO_OK;
+    if ((st = cache_flush(s)) != ZO_OK) return st;
+    s->cg = (long)g;
+    s->covered = 0;
+    s->loaded = 0;
+    if (fresh) return ZO_OK;
+    size_t f, n;
+    group_range(s, g, &f, &n);
+    if ((st = nvme_pipeline_load_group(s->pipe, g, s->cache[0], s->cache[1], s->cache[2])) != ZO_OK) {
+        s->cg = -1;
+        return st;
+    }
+    s->base.env->acct->bytes_disk_read += 3 * n * 4;
+    s->loaded = 1;
+    return ZO_OK;
+}
+
+static zo_status nvs_read(oshard *sh, size_t first, size_t n, float *P, float *M, float *V)
+{
+    nvme_shard *s = (nvme_shard *)sh;
+    float *out[3] = {P, M, V};
+    size_t rel = first - sh->first, end = rel + n, base = rel;
+    zo_status st;
+    while (rel < end) {
+        size_t g = rel / s->group, gf, gn; /* every group but the last has s->group elements */
+        group_range(s, g, &gf, &gn);
+        if ((st = cache_take(s, g, 0)) != ZO_OK || (st = cache_complete(s)) != ZO_OK) return st;
+        size_t stop = end < gf + gn ? end : gf + gn;
+        for (int a = 0; a < 3; a++)
+            if (out[a]) memcpy(out[a] + (rel - base), s->cache[a] + (rel - gf), (stop - rel) * 4);
+        rel = stop;
+    }
+    return ZO_OK;
+}
+
+static zo_status nvs_write(oshard *sh, size_t first, size_t n, const float *P, const float *M,
+                           const float *V)
+{
+    nvme_shard *s = (nvme_shard *)sh;
+    const float *in[3] = {P, M, V};
+    size_t rel = first - sh->first, end = rel + n, base = rel;
+    zo_status st;
+    while (rel < end) {
+        size_t g = rel / s->group, gf, gn;
+        group_range(s, g, &gf, &gn);
+        size_t stop = end < gf + gn ? end : gf + gn;
+        /* a write that starts the group, or goes on where the last one
+         * stopped, needs nothing from the disk (without P the master is
+         * kept: that needs it) */
+        if ((st = cache_take(s, g, rel == gf && P)) != ZO_OK) return st;
+        if (!s->loaded && (rel - gf != s->covered || !P) && (st = cache_complete(s)) != ZO_OK) return st;
+        for (int a = 0; a < 3; a++) {
+            float *dst = s->cache[a] + (rel - gf);
+            if (in[a]) memcpy(dst, in[a] + (rel - base), (stop - rel) * 4);
+            else if (a) memset(dst, 0, (stop - rel) * 4);
+        }
+        if (!s->loaded) s->covered = stop - gf;
+        s->dirty = 1;
+        rel = stop;
+    }
+    return ZO_OK;
+}
+
+static zo_status nvs_sync(oshard *sh)
+{
+    nvme_shard *s = (nvme_shard *)sh;
+    zo_status st = cache_flush(s);
+    s->cg = -1; /* the step uses the slot next */
+    return st;
+}
+
+typedef struct nvs_step_ctx {
+    oshard *sh;
+    const oshard_update *u;
+} nvs_step_ctx;
+
+static zo_status nvs_update(void *user, size_t group, size_t first, size_t n, float *master,
+                             float *m, float *v)
+{
+    (void)group;
+    nvs_step_ctx *c = user;
+    return c->u->host(c->u->ctx, c->sh->first + first, n, master, m, v);
+}
+
+static zo_status nvs_step(oshard *sh, const oshard_update *u)
+{
+    nvme_shard *s = (nvme_shard *)sh;
+    offload_acct *a = sh->env->acct;
+    zo_status st = nvs_sync(sh);
+    if (st != ZO_OK) return st;
+    nvs_step_ctx c = {.sh = sh, .u = u};
+    nvme_step_stats ns;
+    st = nvme_pipeline_step(s->pipe, nvs_update, &c, &ns);
+    a->time[OFFLOAD_TIME_DISK] += ns.wait_seconds;
+    a->time[OFFLOAD_TIME_OPTIMIZER] += ns.seconds - ns.wait_seconds;
+    a->bytes_disk_read += ns.bytes_read;
+    a->bytes_disk_written += ns.bytes_written;
+    return st;
+}
+
+static void nvs_destroy(oshard *sh)
+{
+    nvme_shard *s = (nvme_shard *)sh;
+    offload_acct *a = sh->env->acct;
+    if (s->counted) {
+        offload_count(a, OFFLOAD_CPU, -(int64_t)((size_t)s->nslots * s->group * 12));
+        offload_count(a, OFFLOAD_NVME, -(int64_t)nvme_store_footprint(s->store));
+    }
+    if (s->pipe) nvme_pipeline_free(s->pipe);
+    if (s->store) nvme_store_free(s->store);
+    if (s->engine) nvme_engine_free(s->engine);
+    free(s);
+}
+
+static const oshard_ops nvs_ops = {
+    .read = nvs_read, .write = nvs_write, .sync = nvs_sync, .step = nvs_step,
+    .free = nvs_destroy,
+};
+
+static zo_status nvs_create(oshard *sh, const oshard_config *c)
+{
+    nvme_shard *s = (nvme_shard *)sh;
+    offload_acct *a = sh->env->acct;
+    zo_status st;
+    s->cg = -1;
+    nvme_engine_config ec = {0};
+    if ((st = nvme_engine_init(&s->engine, &ec)) != ZO_OK) return st;
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "zo-opt-%d", (int)getpid());
+    const char *dirs[1] = {c->nvme_dir};
+    nvme_store_config sc = {.dirs = dirs, .ndirs = 1, .prefix = prefix};
+    if ((st = nvme_store_init(&s->store, s->engine, &sc)) != ZO_OK)
+        return zo_error_wrap(st, "offload: NVMe store in %s", c->nvme_dir);
+    s->group = c->sub_group < sh->n ? c->sub_group : sh->n;
+    s->nslots = c->swap_buffers < 2 ? 2 : c->swap_buffers;
+    nvme_pipeline_config pc = {.n_elems = sh->n, .group_elems = s->group, .nslots = s->nslots,
+                               .prefix = "opt"};
+    if ((st = nvme_pipeline_init(&s->pipe, s->store, &pc)) != ZO_OK)
+        return zo_error_wrap(st, "offload: optimizer state on NVMe");
+    if ((st = nvme_pipeline_slot_buffers(s->pipe, 1, &s->cache[0], &s->cache[1], &s->cache[2])) != ZO_OK)
+        return st;
+    offload_count(a, OFFLOAD_NVME, (int64_t)nvme_store_footprint(s->store));
+    /* the pipeline's sub-group buffers: master, m, v per slot */
+    offload_count(a, OFFLOAD_CPU, (int64_t)((size_t)s->nslots * s->group * 12));
+    s->counted = 1;
+    return ZO_OK;
+}
+
+#define NVME_SHARD_SIZE sizeof(nvme_shard)
+
+#else /* no nvme module: the configuration is refused at init */
+
+static const oshard_ops nvs_ops;
+static zo_status nvs_create(oshard *sh, const oshard_config *c)
+{
+    (void)sh, (void)c;
+    return zo_error(ZO_ERR_UNSUPPORTED, "offload: optimizer state on NVMe needs the nvme module (liburing, xxHash)");
+}
+#define NVME_SHARD_SIZE sizeof(oshard)
+
+#endif
+
+/* ---- device memory ---------------------------------------------------------------------------- */
+
+typedef struct dev_shard {
+    oshard base;
+    float *P, *M, *V, *G; /* device [n] fp32; G: the gradient sum over micro-batches */
+    int b0;               /* its first block (whole blocks to the end) */
+    void *stats;          /* device: float sum of squares, int32 inf/nan flag */
+    float *stats_host;    /* pinned [largest]: one block's fp32 gradient (exact statistics) */
+    gpu_event_t done;     /* d2h: the shard's work so far has run */
+    int pending;          /* the step's update is enqueued and not waited for */
+} dev_shard;
+
+static float *dev_array(dev_shard *d, int a)
+{
+    float *arr[4] = {d->P, d->M, d->V, d->G};
+    return arr[a];
+}
+
+static zo_status dev_wait(dev_shard *d, offload_time_part part)
+{
+    zo_status st = gpu_event_record(d->done, d->base.env->d2h);
+    if (st == ZO_OK) st = offload_timed_wait(d->base.env, d->done, part);
+    return st;
+}
+
+static zo_status dev_read(oshard *sh, size_t first, size_t n, float *P, float *M, float *V)
+{
+    dev_shard *d = (dev_shard *)sh;
+    float *out[3] = {P, M, V};
+    size_t r = first - sh->first;
+    zo_status st;
+    if (!n) return ZO_OK;
+    for (int a = 0; a < 3; a++)
+        if (out[a] && (st = gpu_memcpy_async(sh->env->d2h, out[a], dev_array(d, a) + r, n * 4,
+                                             GPU_COPY_DEVICE_TO_HOST)) != ZO_OK)
+            return st;
+    return dev_wait(d, OFFLOAD_TIME_OPTIMIZER);
+}
+
+static zo_status dev_write(oshard *sh, size_t first, size_t n, const float *P, const float *M,
+                           const float *V)
+{
+    dev_shard *d = (dev_shard *)sh;
+    const float *in[3] = {P, M, V};
+    gpu_stream_t s = sh->env->h2d;
+    size_t r = first - sh->first;
+    zo_status st;
+    if (!n) return ZO_OK;
+    for (int a = 0; a < 3; a++) {
+        float *dst = dev_array(d, a) + r;
+        if (in[a]) st = gpu_memcpy_async(s, dst, in[a], n * 4, GPU_COPY_HOST_TO_DEVICE);
+        else if (a) st = gpu_memset_async(s, dst, 0, n * 4);
+        else continue;
+        if (st != ZO_OK) return st;
+    }
+    return gpu_stream_synchronize(s);
+}
+
+static zo_status dev_sync(oshard *sh)
+{
+    dev_shard *d = (dev_shard *)sh;
+    if (!d->pending) return ZO_OK;
+    d->pending = 0;
+    return offload_timed_wait(sh->env, d->done, OFFLOAD_TIME_OPTIMIZER);
+}
+
+static zo_status dev_step(oshard *sh, const oshard_update *u)
+{
+    dev_shard *d = (dev_shard *)sh;
+    const offload_geom *g = sh->g;
+    gpu_stream_t s = sh->env->d2h;
+    zo_status st;
+    for (int b = d->b0; b < g->nb; b++) {
+        size_t r = g->off[b] - sh->first;
+        if (!g->numel[b]) continue;
+        if ((st = u->dev(u->ctx, b, d->P + r, d->M + r, d->V + r, d->G + r, s)) != ZO_OK) return st;
+    }
+    if ((st = gpu_event_record(d->done, s)) != ZO_OK) return st;
+    d->pending = 1;
+    return ZO_OK;
+}
+
+static float *dev_grad(oshard *sh, size_t first) { return ((dev_shard *)sh)->G + (first - sh->first); }
+
+static zo_status dev_grad_zero(oshard *sh, gpu_stream_t s)
+{
+    return sh->n ? gpu_memset_async(s, ((dev_shard *)sh)->G, 0, sh->n * 4) : ZO_OK;
+}
+
+/* exact: block by block, each block's fp32 sum copied to the pinned
+ * statistics buffer and summed by the host's own function, in block order:
+ * the very bits the host would get with these blocks in memory, so clipping
+ * gives bit-identical steps. Otherwise on the device (no copy;
+ * gpu_sum_squares accumulates in double and rounds the total to float, so
+ * the norm differs in its last bits). */
+static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, int *nonfinite)
+{
+    dev_shard *d = (dev_shard *)sh;
+    const offload_geom *g = sh->g;
+    const offload_env *env = sh->env;
+    gpu_stream_t s = env->d2h;
+    zo_status st;
+    if (exact) {
+        if (!d->stats_host)
+            return zo_error(ZO_ERR_INTERNAL, "offload: exact statistics without their buffer");
+        double t0 = offload_now();
+        for (int b = d->b0; b < g->nb; b++) {
+            size_t n = g->numel[b];
+            if (!n) continue;
+            double ss;
+            int nf;
+            if ((st = gpu_memcpy_async(s, d->stats_host, d->G + (g->off[b] - sh->first), n * 4,
+                                       GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
+                (st = gpu_event_record(d->done, s)) != ZO_OK || (st = gpu_event_synchronize(d->done)) != ZO_OK)
+                return st;
+            env->acct->bytes_d2h += n * 4;
+            if ((st = adam_grad_stats(d->stats_host, ZO_DTYPE_F32, n, env->n_threads, &ss, &nf)) != ZO_OK)
+                return st;
+            *sumsq += ss;
+            *nonfinite |= nf;
+        }
+        env->acct->time[OFFLOAD_TIME_GRADS] += offload_now() - t0;
+        return ZO_OK;
+    }
+    float *sum = d->stats;
+    int32_t *flag = (int32_t *)((char *)d->stats + 4);
+    unsigned char host[8];
+    if ((st = gpu_memset_async(s, d->stats, 0, 8)) != ZO_OK ||
+        (st = gpu_sum_squares(s, sum, gpu_t(d->G, ZO_DTYPE_F32), sh->n)) != ZO_OK ||
+        (st = gpu_check_finite(s, flag, gpu_t(d->G, ZO_DTYPE_F32), sh->n)) != ZO_OK ||
+        (st = gpu_memcpy_async(s, host, d->stats, 8, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
+        (st = gpu_event_record(d->done, s)) != ZO_OK || (st = gpu_event_synchronize(d->done)) != ZO_OK)
+        return st;
+    float f;
+    int32_t bad;
+    memcpy(&f, host, 4);
+    memcpy(&bad, host + 4, 4);
+    *sumsq += (double)f;
+    *nonfinite |= bad != 0 || !isfinite(f);
+    return ZO_OK;
+}
+
+static void dev_destroy(oshard *sh)
+{
+    dev_shard *d = (dev_shard *)sh;
+    gpu_device_t dev = sh->env->dev;
+    for (int a = 0; a < 4; a++) gpu_mem_free(dev, dev_array(d, a));
+    gpu_mem_free(dev, d->stats);
+    offload_host_free(sh->env, d->stats_host, sh->g->largest * 4, 1);
+    if (d->done) gpu_event_destroy(d->done);
+    free(d);
+}
+
+static const oshard_ops dev_ops = {
+    .read = dev_read, .write = dev_write, .sync = dev_sync, .step = dev_step, .grad = dev_grad,
+    .grad_zero = dev_grad_zero, .grad_stats = dev_grad_stats, .free = dev_destroy,
+};
+
+static zo_status dev_create(oshard *sh, const oshard_config *c)
+{
+    dev_shard *d = (dev_shard *)sh;
+    const offload_env *env = sh->env;
+    zo_status st;
+    d->b0 = offload_block_of(sh->g, sh->first);
+    if (sh->g->off[d->b0] != sh->first)
+        return zo_error(ZO_ERR_INTERNAL, "offload: the device shard starts inside block %d", d->b0);
+    float **arr[4] = {&d->P, &d->M, &d->V, &d->G};
+    const char *what[4] = {"fp32 master", "m", "v", "fp32 gradient sum"};
+    for (int a = 0; a < 4; a++) {
+        if ((st = gpu_mem_alloc(env->dev, sh->n * 4, (void **)arr[a])) != ZO_OK)
+            return zo_error_wrap(st, "offload_init: optimizer on the device: %s of %zu elements",
+                                 what[a], sh->n);
+        if ((st = gpu_memset_async(env->h2d, *arr[a], 0, sh->n * 4)) != ZO_OK) return st;
+    }
+    if ((st = gpu_mem_alloc(env->dev, 8, &d->stats)) != ZO_OK)
+        return zo_error_wrap(st, "offload_init: optimizer on the device: gradient statistics");
+    if (c->exact_stats &&
+        (st = offload_host_alloc(env, sh->g->largest * 4, 1, (void **)&d->stats_host)) != ZO_OK)
+        return zo_error_wrap(st, "offload_init: optimizer on the device: pinned statistics block");
+    if ((st = gpu_event_create(env->dev, &d->done)) != ZO_OK) return st;
+    return gpu_stream_synchronize(env->h2d);
+}
+
+/* ---- life cycle ----------------------------------------------------------------------------------- */
+
+zo_status oshard_create(const offload_env *env, const offload_geom *g, const oshard_config *c,
+                        oshard **out)
+{
+    *out = NULL;
+    static const size_t size[OFFLOAD_TIERS] = {sizeof(dev_shard), sizeof(host_shard), NVME_SHARD_SIZE};
+    static const oshard_ops *const ops[OFFLOAD_TIERS] = {&dev_ops, &host_ops, &nvs_ops};
+    zo_status (*const create[OFFLOAD_TIERS])(oshard *, const oshard_config *) = {dev_create, host_create,
+                                                                                   nvs_create};
+    oshard *sh = calloc(1, size[c->tier]);
+    if (!sh) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    sh->ops = ops[c->tier];
+    sh->env = env;
+    sh->g = g;
+    sh->tier = c->tier;
+    sh->first = c->first;
+    sh->n = c->n;
+    zo_status st = create[c->tier](sh, c);
+    if (st != ZO_OK) {
+        if (sh->ops->free) sh->ops->free(sh);
+        else free(sh);
+        return st;
+    }
+    *out = sh;
+    return ZO_OK;
+}
+
+void oshard_free(oshard *sh)
+{
+    if (sh) sh->ops->free(sh);
+}
+
+/* The part of [first, first + n) that shard s holds: [*a, *e), empty when *a == *e. */
+static void piece(const oshard *s, size_t first, size_t n, size_t *a, size_t *e)
+{
+    size_t lo = first > s->first ? first : s->first;
+    size_t hi = first + n < s->first + s->n ? first + n : s->first + s->n;
+    *a = lo;
+    *e = hi > lo ? hi : lo;
+}
+
+static float *opt_at(float *p, size_t k) { return p ? p + k : NULL; }
+static const float *opt_cat(const float *p, size_t k) { return p ? p + k : NULL; }
+
+zo_status ostate_read(oshard *const *sh, int n_sh, size_t first, size_t n, float *P, float *M,
+                      float *V)
+{
+    zo_status st;
+    for (int i = 0; i < n_sh; i++) {
+        size_t a, e;
+        piece(sh[i], first, n, &a, &e);
+        if (a == e) continue;
+        size_t k = a - first;
+        if ((st = sh[i]->ops->read(sh[i], a, e - a, opt_at(P, k), opt_at(M, k), opt_at(V, k))) != ZO_OK)
+            return st;
+    }
+    return ZO_OK;
+}
+
+zo_status ostate_write(oshard *const *sh, int n_sh, size_t first, size_t n, const float *P,
+                       const float *M, const float *V)
+{
+    zo_status st;
+    for (int i = 0; i < n_sh; i++) {
+        size_t a, e;
+        piece(sh[i], first, n, &a, &e);
+        if (a == e) continue;
+        size_t k = a - first;
+        if ((st = sh[i]->ops->write(sh[i], a, e - a, opt_cat(P, k), opt_cat(M, k), opt_cat(V, k))) != ZO_OK)
+            return st;
+    }
+    return ZO_OK;
+}
+
+zo_status ostate_sync(oshard *const *sh, int n_sh)
+{
+    zo_status st = ZO_OK;
+    for (int i = 0; i < n_sh; i++) {
+        zo_status si = sh[i]->ops->sync(sh[i]);
+        if (st == ZO_OK) st = si;
+    }
+    return st;
+}

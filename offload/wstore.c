@@ -1,0 +1,511 @@
+/* Weight stores: where the 16-bit weights of every block live between uses.
+ *
+ *   device   resident in device memory: the compute reads them in place;
+ *            new weights from the host arrive through two pinned chunks,
+ *            copied on the h2d stream while the next chunk is being written
+ *   host     in pinned host memory: streamed to a device slot before use;
+ *            new weights from the host are written in place
+ *   nvme     one tensor per block in an NVMe store: read into a pinned
+ *            read-ahead ring, then copied to a device slot; new weights are
+ *            assembled block by block in a pinned buffer and written
+ *
+ * New weights from the device (the optimizer's device shard) go through one
+ * device staging block when the store is not on the device. */
+#include "offload/offload_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifdef ZO_OFFLOAD_HAVE_NVME
+#include "nvme/nvme_engine.h" /* defines: nvme_engine_t */
+#include "nvme/nvme_store.h"  /* defines: nvme_store_t */
+#endif
+
+typedef struct wstore_impl {
+    wstore base;
+    /* device tier */
+    void *dev;                 /* device [n] dtype */
+    void *stage[2];            /* pinned [put_max] dtype: host puts on their way in */
+    gpu_event_t stage_ev[2];   /* h2d: the chunk's copy is done */
+    int stage_pending[2];
+    int stage_cur;
+    /* host tier */
+    void *host;                /* pinned [n] dtype */
+    /* new weights from the device (host and nvme tiers) */
+    void *dev_stage;           /* device [slot_bytes] */
+    gpu_event_t dev_ev;        /* the stream of the last device put: its copy out is done */
+    int dev_pending;
+    /* nvme tier */
+    void *asm_buf;             /* pinned [slot_bytes]: a block on its way to NVMe */
+    int asm_block;             /* the block being assembled, -1 none */
+    size_t asm_done;           /* its elements written so far */
+    int n_ring;
+    void **ring;               /* [n_ring] pinned [slot_bytes]: read-ahead */
+    gpu_event_t *ring_ev;      /* h2d: the buffer's copy to the device is done */
+    int *ring_used;
+    int ring_next;
+#ifdef ZO_OFFLOAD_HAVE_NVME
+    nvme_engine_t *engine;
+    nvme_store_t *store;
+    int *ids;                  /* [nb] tensor ids */
+    int counted;               /* the store's bytes are counted in the NVMe tier */
+#endif
+} wstore_impl;
+
+static wstore_impl *impl(wstore *ws) { return (wstore_impl *)ws; }
+
+static size_t block_bytes(const wstore *ws, int b) { return ws->g->numel[b] * ws->g->es; }
+
+static char *at(const wstore *ws, void *base, int b, size_t rel)
+{
+    return (char *)base + (ws->g->off[b] + rel) * ws->g->es;
+}
+
+/* ---- the device tier --------------------------------------------------------------------- */
+
+static const void *dev_resident(wstore *ws, int b) { return at(ws, impl(ws)->dev, b, 0); }
+
+static zo_status dev_fetch(wstore *ws, int b, void *dst)
+{
+    (void)ws, (void)b, (void)dst;
+    return zo_error(ZO_ERR_INTERNAL, "offload: resident weights are not fetched");
+}
+
+static zo_status dev_put_host(wstore *ws, int b, size_t rel, size_t n, void **dst)
+{
+    wstore_impl *w = impl(ws);
+    (void)b, (void)rel;
+    if (n > ws->put_max)
+        return zo_error(ZO_ERR_INTERNAL, "offload: a put of %zu elements (at most %zu)", n, ws->put_max);
+    int k = w->stage_cur ^= 1;
+    if (w->stage_pending[k]) {
+        zo_status st = offload_timed_wait(ws->env, w->stage_ev[k], OFFLOAD_TIME_OPTIMIZER);
+        w->stage_pending[k] = 0;
+        if (st != ZO_OK) return st;
+    }
+    *dst = w->stage[k];
+    return ZO_OK;
+}
+
+static zo_status dev_put_host_done(wstore *ws, int b, size_t rel, size_t n)
+{
+    wstore_impl *w = impl(ws);
+    const offload_env *env = ws->env;
+    int k = w->stage_cur;
+    size_t bytes = n * ws->g->es;
+    zo_status st;
+    if (!bytes) return ZO_OK;
+    if ((st = gpu_memcpy_async(env->h2d, at(ws, w->dev, b, rel), w->stage[k], bytes,
+                               GPU_COPY_HOST_TO_DEVICE)) != ZO_OK ||
+        (st = gpu_event_record(w->stage_ev[k], env->h2d)) != ZO_OK)
+        return st;
+    w->stage_pending[k] = 1;
+    env->acct->bytes_h2d += bytes;
+    return ZO_OK;
+}
+
+static zo_status dev_put_dev(wstore *ws, int b, void **dst)
+{
+    *dst = at(ws, impl(ws)->dev, b, 0);
+    return ZO_OK;
+}
+
+static zo_status dev_put_dev_done(wstore *ws, int b, gpu_stream_t s)
+{
+    wstore_impl *w = impl(ws);
+    (void)b;
+    /* in place: the compute waits for the stream's work */
+    zo_status st = gpu_event_record(w->dev_ev, s);
+    if (st == ZO_OK) w->dev_pending = 1;
+    return st;
+}
+
+/* The device and host tiers' puts from the device and the device tier's
+ * chunks have all arrived. */
+static zo_status common_sync(wstore *ws)
+{
+    wstore_impl *w = impl(ws);
+    zo_status st = ZO_OK;
+    for (int k = 0; k < 2; k++) {
+        if (!w->stage_pending[k]) continue;
+        zo_status sk = offload_timed_wait(ws->env, w->stage_ev[k], OFFLOAD_TIME_OPTIMIZER);
+        w->stage_pending[k] = 0;
+        if (st == ZO_OK) st = sk;
+    }
+    if (w->dev_pending) {
+        zo_status sk = offload_timed_wait(ws->env, w->dev_ev, OFFLOAD_TIME_OPTIMIZER);
+        w->dev_pending = 0;
+        if (st == ZO_OK) st = sk;
+    }
+    return st;
+}
+
+/* ---- the host tier ------------------------------------------------------------------------ */
+
+static const void *none_resident(wstore *ws, int b)
+{
+    (void)ws, (void)b;
+    return NULL;
+}
+
+static zo_status host_fetch(wstore *ws, int b, void *dst)
+{
+    const offload_env *env = ws->env;
+    size_t bytes = block_bytes(ws, b);
+    if (!bytes) return ZO_OK;
+    zo_status st = gpu_memcpy_async(env->h2d, dst, at(ws, impl(ws)->host, b, 0), bytes,
+                                    GPU_COPY_HOST_TO_DEVICE);
+    if (st == ZO_OK) env->acct->bytes_h2d += bytes;
+    return st;
+}
+
+static zo_status host_put_host(wstore *ws, int b, size_t rel, size_t n, void **dst)
+{
+    (void)n;
+    *dst = at(ws, impl(ws)->host, b, rel);
+    return ZO_OK;
+}
+
+static zo_status nothing_done(wstore *ws, int b, size_t rel, size_t n)
+{
+    (void)ws, (void)b, (void)rel, (void)n;
+    return ZO_OK;
+}
+
+static zo_status staged_put_dev(wstore *ws, int b, void **dst)
+{
+    (void)b;
+    if (!impl(ws)->dev_stage)
+        return zo_error(ZO_ERR_INTERNAL, "offload: weights from the device without a staging block");
+    *dst = impl(ws)->dev_stage;
+    return ZO_OK;
+}
+
+static zo_status host_put_dev_done(wstore *ws, int b, gpu_stream_t s)
+{
+    wstore_impl *w = impl(ws);
+    size_t bytes = block_bytes(ws, b);
+    zo_status st;
+    if (!bytes) return ZO_OK;
+    /* the next put into the staging block is ordered after this copy on s */
+    if ((st = gpu_memcpy_async(s, at(ws, w->host, b, 0), w->dev_stage, bytes,
+                               GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
+        (st = gpu_event_record(w->dev_ev, s)) != ZO_OK)
+        return st;
+    w->dev_pending = 1;
+    ws->env->acct->bytes_d2h += bytes;
+    return ZO_OK;
+}
+
+/* ---- the nvme tier ------------------------------------------------------------------------- */
+
+#ifdef ZO_OFFLOAD_HAVE_NVME
+
+static zo_status nvme_write_block(wstore *ws, int b)
+{
+    wstore_impl *w = impl(ws);
+    double t0 = offload_now();
+    zo_status st = nvme_store_write(w->store, w->ids[b], w->asm_buf);
+    ws->env->acct->time[OFFLOAD_TIME_DISK] += offload_now() - t0;
+    if (st != ZO_OK) return zo_error_wrap(st, "offload: weights of block %d to NVMe", b);
+    ws->env->acct->bytes_disk_written += block_bytes(ws, b);
+    return ZO_OK;
+}
+
+static zo_status nvme_fetch(wstore *ws, int b, void *dst)
+{
+    wstore_impl *w = impl(ws);
+    const offload_env *env = ws->env;
+    size_t bytes = block_bytes(ws, b);
+    zo_status st;
+    if (!bytes) return ZO_OK;
+    /* a read-ahead buffer whose last copy to the device is done */
+    int r = w->ring_next;
+    w->ring_next = (r + 1) % w->n_ring;
+    if (w->ring_used[r] &&
+        (st = offload_timed_wait(env, w->ring_ev[r], OFFLOAD_TIME_WEIGHTS)) != ZO_OK)
+        return st;
+    double t0 = offload_now();
+    st = nvme_store_read(w->store, w->ids[b], w->ring[r]);
+    env->acct->time[OFFLOAD_TIME_DISK] += offload_now() - t0;
+    if (st != ZO_OK) return zo_error_wrap(st, "offload: weights of block %d from NVMe", b);
+    env->acct->bytes_disk_read += bytes;
+    if ((st = gpu_memcpy_async(env->h2d, dst, w->ring[r], bytes, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK ||
+        (st = gpu_event_record(w->ring_ev[r], env->h2d)) != ZO_OK)
+        return st;
+    w->ring_used[r] = 1;
+    env->acct->bytes_h2d += bytes;
+    return ZO_OK;
+}
+
+static zo_status nvme_put_host(wstore *ws, int b, size_t rel, size_t n, void **dst)
+{
+    wstore_impl *w = impl(ws);
+    (void)n;
+    if (w->asm_block != b) {
+        if (w->asm_block >= 0)
+            return zo_error(ZO_ERR_INTERNAL, "offload: new weights of block %d left incomplete for block %d",
+                            w->asm_block, b);
+        w->asm_block = b;
+        w->asm_done = 0;
+    }
+    *dst = (char *)w->asm_buf + rel * ws->g->es;
+    return ZO_OK;
+}
+
+static zo_status nvme_put_host_done(wstore *ws, int b, size_t rel, size_t n)
+{
+    wstore_impl *w = impl(ws);
+    (void)rel;
+    w->asm_done += n;
+    if (w->asm_done < ws->g->numel[b]) return ZO_OK;
+    w->asm_block = -1;
+    return nvme_write_block(ws, b);
+}
+
+static zo_status nvme_put_dev_done(wstore *ws, int b, gpu_stream_t s)
+{
+    wstore_impl *w = impl(ws);
+    size_t bytes = block_bytes(ws, b);
+    zo_status st;
+    if (!bytes) return ZO_OK;
+    if (w->asm_block >= 0)
+        return zo_error(ZO_ERR_INTERNAL, "offload: block %d from the device while block %d is assembled",
+                        b, w->asm_block);
+    if ((st = gpu_memcpy_async(s, w->asm_buf, w->dev_stage, bytes, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
+        (st = gpu_event_record(w->dev_ev, s)) != ZO_OK ||
+        (st = offload_timed_wait(ws->env, w->dev_ev, OFFLOAD_TIME_OPTIMIZER)) != ZO_OK)
+        return st;
+    ws->env->acct->bytes_d2h += bytes;
+    return nvme_write_block(ws, b);
+}
+
+static zo_status nvme_sync(wstore *ws)
+{
+    wstore_impl *w = impl(ws);
+    if (w->asm_block >= 0) {
+        int b = w->asm_block;
+        w->asm_block = -1;
+        return zo_error(ZO_ERR_INTERNAL, "offload: new weights of block %d left incomplete (%zu of %zu)",
+                        b, w->asm_done, ws->g->numel[b]);
+    }
+    return ZO_OK;
+}
+
+static zo_status nvme_open(wstore *ws, const char *dir)
+{
+    wstore_impl *w = impl(ws);
+    const offload_geom *g = ws->g;
+    zo_status st;
+    nvme_engine_config ec = {0};
+    if ((st = nvme_engine_init(&w->engine, &ec)) != ZO_OK) return st;
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "zo-par-%d", (int)getpid());
+    const char *dirs[1] = {dir};
+    nvme_store_config sc = {.dirs = dirs, .ndirs = 1, .prefix = prefix};
+    if ((st = nvme_store_init(&w->store, w->engine, &sc)) != ZO_OK)
+        return zo_error_wrap(st, "offload: NVMe store in %s", dir);
+    w->ids = calloc((size_t)g->nb, sizeof(int));
+    char(*names)[32] = calloc((size_t)g->nb, sizeof *names);
+    const char **np = calloc((size_t)g->nb, sizeof *np);
+    size_t *bytes = calloc((size_t)g->nb, sizeof(size_t));
+    if (!w->ids || !names || !np || !bytes) {
+        st = zo_error(ZO_ERR_NOMEM, "offload: out of host memory");
+        goto out_free;
+    }
+    for (int b = 0; b < g->nb; b++) {
+        snprintf(names[b], sizeof names[b], "param.%d", b);
+        np[b] = names[b];
+        bytes[b] = g->numel[b] ? g->numel[b] * g->es : g->es;
+    }
+    st = nvme_store_add(w->store, (size_t)g->nb, np, bytes, w->ids);
+    if (st != ZO_OK) st = zo_error_wrap(st, "offload: weights on NVMe");
+    else {
+        offload_count(ws->env->acct, OFFLOAD_NVME, (int64_t)nvme_store_footprint(w->store));
+        w->counted = 1;
+    }
+out_free:
+    free(names);
+    free(np);
+    free(bytes);
+    return st;
+}
+
+static void nvme_close(wstore *ws)
+{
+    wstore_impl *w = impl(ws);
+    if (w->counted) offload_count(ws->env->acct, OFFLOAD_NVME, -(int64_t)nvme_store_footprint(w->store));
+    if (w->store) nvme_store_free(w->store);
+    if (w->engine) nvme_engine_free(w->engine);
+    free(w->ids);
+}
+
+#else /* no nvme module: the configuration is refused at init */
+
+static zo_status nvme_open(wstore *ws, const char *dir)
+{
+    (void)ws, (void)dir;
+    return zo_error(ZO_ERR_UNSUPPORTED, "offload: weights on NVMe need the nvme module (liburing, xxHash)");
+}
+static void nvme_close(wstore *ws) { (void)ws; }
+#define nvme_fetch dev_fetch
+#define nvme_put_host host_put_host
+#define nvme_put_host_done nothing_done
+#define nvme_put_dev_done host_put_dev_done
+#define nvme_sync common_sync
+
+#endif
+
+/* ---- life cycle ------------------------------------------------------------------------------- */
+
+static void wstore_destroy(wstore *ws)
+{
+    wstore_impl *w = impl(ws);
+    const offload_env *env = ws->env;
+    size_t chunk_bytes = ws->put_max * ws->g->es;
+    gpu_mem_free(env->dev, w->dev);
+    for (int k = 0; k < 2; k++) {
+        offload_host_free(env, w->stage[k], chunk_bytes, 1);
+        if (w->stage_ev[k]) gpu_event_destroy(w->stage_ev[k]);
+    }
+    offload_host_free(env, w->host, ws->g->n * ws->g->es, 1);
+    gpu_mem_free(env->dev, w->dev_stage);
+    if (w->dev_ev) gpu_event_destroy(w->dev_ev);
+    offload_host_free(env, w->asm_buf, ws->g->slot_bytes, 1);
+    for (int i = 0; w->ring && i < w->n_ring; i++) {
+        offload_host_free(env, w->ring[i], ws->g->slot_bytes, 1);
+        if (w->ring_ev[i]) gpu_event_destroy(w->ring_ev[i]);
+    }
+    free(w->ring);
+    free(w->ring_ev);
+    free(w->ring_used);
+    if (ws->tier == OFFLOAD_NVME) nvme_close(ws);
+    free(w);
+}
+
+static const wstore_ops dev_ops = {
+    .resident = dev_resident, .fetch = dev_fetch, .put_host = dev_put_host,
+    .put_host_done = dev_put_host_done, .put_dev = dev_put_dev, .put_dev_done = dev_put_dev_done,
+    .sync = common_sync, .free = wstore_destroy,
+};
+static const wstore_ops host_ops = {
+    .resident = none_resident, .fetch = host_fetch, .put_host = host_put_host,
+    .put_host_done = nothing_done, .put_dev = staged_put_dev, .put_dev_done = host_put_dev_done,
+    .sync = common_sync, .free = wstore_destroy,
+};
+static const wstore_ops nvme_ops = {
+    .resident = none_resident, .fetch = nvme_fetch, .put_host = nvme_put_host,
+    .put_host_done = nvme_put_host_done, .put_dev = staged_put_dev, .put_dev_done = nvme_put_dev_done,
+    .sync = nvme_sync, .free = wstore_destroy,
+};
+
+static zo_status create_dev(wstore *ws, const wstore_config *c)
+{
+    wstore_impl *w = impl(ws);
+    const offload_env *env = ws->env;
+    size_t bytes = ws->g->n * ws->g->es;
+    zo_status st;
+    if ((st = gpu_mem_alloc(env->dev, bytes, &w->dev)) != ZO_OK)
+        return zo_error_wrap(st, "offload_init: resident weights (%zu bytes) on the device", bytes);
+    ws->put_max = c->chunk ? c->chunk : 1;
+    if (ws->put_max > ws->g->largest && ws->g->largest) ws->put_max = ws->g->largest;
+    for (int k = 0; k < 2; k++) {
+        if ((st = offload_host_alloc(env, ws->put_max * ws->g->es, 1, &w->stage[k])) != ZO_OK)
+            return zo_error_wrap(st, "offload_init: pinned staging of new weights");
+        if ((st = gpu_event_create(env->dev, &w->stage_ev[k])) != ZO_OK) return st;
+    }
+    return ZO_OK;
+}
+
+static zo_status create_host(wstore *ws)
+{
+    wstore_impl *w = impl(ws);
+    size_t bytes = ws->g->n * ws->g->es;
+    zo_status st = offload_host_alloc(ws->env, bytes, 1, &w->host);
+    if (st != ZO_OK) return zo_error_wrap(st, "offload_init: weights in pinned host memory");
+    if (bytes) memset(w->host, 0, bytes);
+    ws->put_max = ws->g->largest;
+    return ZO_OK;
+}
+
+static zo_status create_nvme(wstore *ws, const wstore_config *c)
+{
+    wstore_impl *w = impl(ws);
+    const offload_env *env = ws->env;
+    size_t sb = ws->g->slot_bytes;
+    zo_status st;
+    if ((st = nvme_open(ws, c->nvme_dir)) != ZO_OK) return st;
+    ws->put_max = ws->g->largest;
+    w->asm_block = -1;
+    if ((st = offload_host_alloc(env, sb, 1, &w->asm_buf)) != ZO_OK)
+        return zo_error_wrap(st, "offload_init: pinned buffer of weights to NVMe");
+    w->n_ring = c->ring > 0 ? c->ring : 1;
+    w->ring = calloc((size_t)w->n_ring, sizeof(void *));
+    w->ring_ev = calloc((size_t)w->n_ring, sizeof(gpu_event_t));
+    w->ring_used = calloc((size_t)w->n_ring, sizeof(int));
+    if (!w->ring || !w->ring_ev || !w->ring_used) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    for (int i = 0; i < w->n_ring; i++) {
+        if ((st = offload_host_alloc(env, sb, 1, &w->ring[i])) != ZO_OK)
+            return zo_error_wrap(st, "offload_init: NVMe weights read-ahead");
+        if ((st = gpu_event_create(env->dev, &w->ring_ev[i])) != ZO_OK) return st;
+    }
+    return ZO_OK;
+}
+
+zo_status wstore_create(const offload_env *env, const offload_geom *g, const wstore_config *c,
+                        wstore **out)
+{
+    *out = NULL;
+    wstore_impl *w = calloc(1, sizeof *w);
+    if (!w) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    wstore *ws = &w->base;
+    ws->env = env;
+    ws->g = g;
+    ws->tier = c->tier;
+    zo_status st;
+    switch (c->tier) {
+    case OFFLOAD_DEVICE:
+        ws->ops = &dev_ops;
+        ws->resident = 1;
+        st = create_dev(ws, c);
+        break;
+    case OFFLOAD_CPU:
+        ws->ops = &host_ops;
+        st = create_host(ws);
+        break;
+    default:
+        ws->ops = &nvme_ops;
+        st = create_nvme(ws, c);
+        break;
+    }
+    if (st == ZO_OK && (st = gpu_event_create(env->dev, &w->dev_ev)) != ZO_OK) goto out_free;
+    if (st == ZO_OK && c->dev_puts && c->tier != OFFLOAD_DEVICE &&
+        (st = gpu_mem_alloc(env->dev, g->slot_bytes, &w->dev_stage)) != ZO_OK)
+        st = zo_error_wrap(st, "offload_init: device staging of new weights (%zu bytes)", g->slot_bytes);
+    if (st != ZO_OK) goto out_free;
+    *out = ws;
+    return ZO_OK;
+out_free:
+    wstore_destroy(ws);
+    return st;
+}
+
+void wstore_free(wstore *ws)
+{
+    if (ws) ws->ops->free(ws);
+}
+
+zo_status wstore_put_f32(wstore *ws, int b, size_t rel, size_t n, const float *src)
+{
+    zo_status st;
+    for (size_t done = 0; done < n; done += ws->put_max) {
+        size_t k = n - done < ws->put_max ? n - done : ws->put_max;
+        void *dst;
+        if ((st = ws->ops->put_host(ws, b, rel + done, k, &dst)) != ZO_OK) return st;
+        offload_to_dtype(ws->g, dst, src + done, k);
+        if ((st = ws->ops->put_host_done(ws, b, rel + done, k)) != ZO_OK) return st;
+    }
+    return ZO_OK;
+}

@@ -1,0 +1,25 @@
+/* Running the project's programs from a test: one shell command, its output
+ * captured, its exit code returned. Used by every test that runs memplan,
+ * train or a build (tests only; links cmocka). */
+#ifndef ZO_TESTS_SUPPORT_RUN_H
+#define ZO_TESTS_SUPPORT_RUN_H
+
+#include <stddef.h>
+
+/* Run `cmd` through /bin/sh and capture its standard output (add 2>&1 to
+ * the command for its errors too): the first len - 1 bytes are kept in
+ * `out`, NUL-terminated, and the rest is read and dropped so the program
+ * never blocks on a full pipe. Returns the exit code, or -1 when a signal
+ * ended it. Fails the running test when the shell cannot be started. */
+int run_capture(const char *cmd, char *out, size_t len);
+
+/* run_capture of "PROGRAM ARGS 2>&1": stdout and stderr together. */
+int run_program(const char *program, const char *args, char *out, size_t len);
+
+/* The memplan under test: $MEMPLAN (set by ctest), else the build tree's. */
+const char *run_memplan_bin(void);
+
+/* run_program of memplan. */
+int run_memplan(const char *args, char *out, size_t len);
+
+#endif

@@ -1,0 +1,674 @@
+/* Tests for gpu/comm.h: every collective on every dtype (fp32, fp16, bf16),
+ * in place and out of place, blocking and asynchronous, on odd sizes and
+ * sizes the rank count does not divide, against a reference each rank
+ * computes locally (the inputs are a deterministic function of rank and
+ * index, so every rank knows what all the others sent); ordering by device
+ * events with the CPU device; launch variables, shards and argument errors.
+ *
+ * Run as one plain process (the SELF backend) and under mpiexec with 1, 2
+ * and 4 ranks (`test_comm --backend mpi`). Every rank runs the same
+ * collectives; a check counts mismatches locally, then the ranks sum their
+ * counts so that all of them pass or fail the same assertion (a rank that
+ * left a test early would leave the others waiting in a collective). */
+#include <limits.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gpu/comm.h"              /* defines: comm_init, comm_all_reduce, ... */
+#include "gpu/cuda/device_cuda.h" /* defines: gpu_device_open, gpu_cuda_device_count */
+
+static comm_t C;
+static int R, N; /* rank, size */
+static comm_backend backend = COMM_BACKEND_AUTO;
+
+static const zo_dtype dtypes[] = {ZO_DTYPE_F32, ZO_DTYPE_F16, ZO_DTYPE_BF16};
+#define N_DTYPES (sizeof dtypes / sizeof dtypes[0])
+/* odd sizes, primes, sizes no rank count divides, one larger than a page */
+static const size_t sizes[] = {1, 3, 7, 64, 1001, 4099, 65537};
+#define N_SIZES (sizeof sizes / sizeof sizes[0])
+
+/* One case of a collective's test: a dtype, a size, in place or not. */
+typedef struct tcase {
+    zo_dtype t;
+    size_t n, es;
+    int in_place;
+} tcase;
+#define N_CASES ((int)(N_DTYPES * N_SIZES * 2))
+
+static tcase case_at(int i)
+{
+    tcase c = {.t = dtypes[(size_t)i / (N_SIZES * 2)], .n = sizes[((size_t)i / 2) % N_SIZES],
+               .in_place = i % 2};
+    c.es = zo_dtype_size(c.t);
+    return c;
+}
+
+/* ---- inputs and references --------------------------------------------------------- */
+
+typedef enum input_kind {
+    INPUT_INTEGER, /* small integers: every partial sum exact in bf16, any order */
+    INPUT_FRACTION /* values in [-2, 2): sums round, checked against a bound */
+} input_kind;
+
+static double round_to(double v, zo_dtype t)
+{
+    uint16_t h[1];
+    float f[1];
+    void *p = t == ZO_DTYPE_F32 ? (void *)f : (void *)h;
+    zo_store_f32(p, t, 0, (float)v);
+    return zo_load_f32(p, t, 0);
+}
+
+/* What rank r holds at index i, as stored in t. */
+static double input(int r, size_t i, input_kind k, zo_dtype t)
+{
+    if (k == INPUT_INTEGER) return (double)((int)((i * 131 + (size_t)r * 17 + 5) % 33) - 16);
+    uint64_t x = (uint64_t)i * 0x9e3779b97f4a7c15ull + (uint64_t)(r + 1) * 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 31;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 29;
+    return round_to((double)(x >> 11) / 9007199254740992.0 * 4.0 - 2.0, t);
+}
+
+static void fill(void *buf, zo_dtype t, size_t n, int r, input_kind k, size_t first)
+{
+    for (size_t i = 0; i < n; i++) zo_store_f32(buf, t, i, (float)input(r, first + i, k, t));
+}
+
+/* The unit roundoff of t: the relative error of one rounding. */
+static double unit_roundoff(zo_dtype t)
+{
+    return t == ZO_DTYPE_F32 ? 0x1p-24 : t == ZO_DTYPE_F16 ? 0x1p-11 : 0x1p-8;
+}
+
+/* Check the sum over ranks of input(., first + i): exact for integers; for
+ * fractions within N roundings of the sum of magnitudes (each step of the
+ * backend's algorithm rounds once, plus the final store). Returns the number
+ * of mismatches, printing the first. */
+static int check_sum(const void *got, zo_dtype t, size_t n, input_kind k, size_t first,
+                     const char *what)
+{
+    int wrong = 0;
+    for (size_t i = 0; i < n; i++) {
+        double ref = 0.0, mag = 0.0;
+        for (int r = 0; r < N; r++) {
+            double v = input(r, first + i, k, t);
+            ref += v;
+            mag += fabs(v);
+        }
+        double g = zo_load_f32(got, t, i);
+        double tol = k == INPUT_INTEGER ? 0.0 : (double)N * unit_roundoff(t) * mag + 1e-30;
+        if (!(fabs(g - ref) <= tol)) {
+            if (!wrong)
+                fprintf(stderr, "rank %d: %s %s: element %zu = %.9g, expected %.9g (tol %.3g)\n",
+                        R, what, zo_dtype_name(t), first + i, g, ref, tol);
+            wrong++;
+        }
+    }
+    return wrong;
+}
+
+/* Elements equal to rank r's input (a copy: exact). */
+static int check_copy(const void *got, zo_dtype t, size_t n, int r, size_t first, const char *what)
+{
+    int wrong = 0;
+    for (size_t i = 0; i < n; i++) {
+        double g = zo_load_f32(got, t, i), ref = input(r, first + i, INPUT_FRACTION, t);
+        if (g != ref) {
+            if (!wrong)
+                fprintf(stderr, "rank %d: %s %s: element %zu = %.9g, expected rank %d's %.9g\n",
+                        R, what, zo_dtype_name(t), first + i, g, r, ref);
+            wrong++;
+        }
+    }
+    return wrong;
+}
+
+/* ---- buffers: host memory, or device memory with a host mirror -------------------------
+ * The MPI and SELF backends take host buffers (d == h); NCCL takes device
+ * memory, filled from and read back into the host mirror. */
+static gpu_device_t Dev; /* the CUDA device for NCCL, else NULL */
+static gpu_stream_t Copy;
+
+typedef struct buf {
+    char *h, *d;
+    size_t bytes;
+    int owner;
+} buf;
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+    assert_non_null(p);
+    return p;
+}
+
+static buf balloc(size_t bytes)
+{
+    buf b = {.h = xmalloc(bytes), .bytes = bytes, .owner = 1};
+    b.d = b.h;
+    if (comm_device_buffers(C))
+        assert_int_equal(gpu_mem_alloc(Dev, bytes ? bytes : 1, (void **)&b.d), ZO_OK);
+    return b;
+}
+
+/* bytes [off, off + bytes) of b: an in-place view */
+static buf bsub(buf b, size_t off, size_t bytes)
+{
+    buf v = {.h = b.h + off, .d = b.d + off, .bytes = bytes};
+    return v;
+}
+
+static void bmove(buf b, int to_device)
+{
+    if (b.d == b.h || !b.bytes) return;
+    if (to_device)
+        assert_int_equal(gpu_memcpy_async(Copy, b.d, b.h, b.bytes, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+    else
+        assert_int_equal(gpu_memcpy_async(Copy, b.h, b.d, b.bytes, GPU_COPY_DEVICE_TO_HOST), ZO_OK);
+    assert_int_equal(gpu_stream_synchronize(Copy), ZO_OK);
+}
+static void bpush(buf b) { bmove(b, 1); }
+static void bpull(buf b) { bmove(b, 0); }
+
+static void bfree(buf b)
+{
+    if (!b.owner) return;
+    if (b.d != b.h) gpu_mem_free(Dev, b.d);
+    free(b.h);
+}
+
+/* Every rank's mismatch count, summed over the ranks (through the
+ * communicator itself, on fp32 integers: exact). */
+static int agree(int wrong)
+{
+    buf w = balloc(sizeof(float));
+    *(float *)w.h = (float)wrong;
+    bpush(w);
+    assert_int_equal(comm_all_reduce(C, w.d, w.d, 1, ZO_DTYPE_F32, NULL, NULL), ZO_OK);
+    bpull(w);
+    int total = (int)*(float *)w.h;
+    bfree(w);
+    return total;
+}
+
+/* ---- launch, shards, names ---------------------------------------------------------- */
+
+static const char *const launch_vars[] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                          "PMI_RANK", "PMI_SIZE"};
+#define N_LAUNCH_VARS 4
+
+static void test_launch_detect(void **state)
+{
+    (void)state;
+    char *saved[N_LAUNCH_VARS];
+    for (int v = 0; v < N_LAUNCH_VARS; v++) {
+        const char *s = getenv(launch_vars[v]);
+        saved[v] = s ? strdup(s) : NULL;
+        unsetenv(launch_vars[v]);
+    }
+    comm_launch l;
+    assert_int_equal(comm_launch_detect(&l), ZO_OK);
+    assert_int_equal(l.found, 0);
+    assert_int_equal(l.rank, 0);
+    assert_int_equal(l.size, 1);
+
+    setenv("PMI_RANK", "2", 1);
+    setenv("PMI_SIZE", "4", 1);
+    assert_int_equal(comm_launch_detect(&l), ZO_OK);
+    assert_int_equal(l.found, 1);
+    assert_int_equal(l.rank, 2);
+    assert_int_equal(l.size, 4);
+    assert_string_equal(l.size_var, "PMI_SIZE");
+
+    /* Open MPI's variables come first */
+    setenv("OMPI_COMM_WORLD_RANK", "0", 1);
+    setenv("OMPI_COMM_WORLD_SIZE", "3", 1);
+    assert_int_equal(comm_launch_detect(&l), ZO_OK);
+    assert_int_equal(l.rank, 0);
+    assert_int_equal(l.size, 3);
+    assert_string_equal(l.rank_var, "OMPI_COMM_WORLD_RANK");
+
+    /* malformed, out of range, half set: refused by name */
+    setenv("OMPI_COMM_WORLD_RANK", "x1", 1);
+    assert_int_equal(comm_launch_detect(&l), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "OMPI_COMM_WORLD_RANK"));
+    setenv("OMPI_COMM_WORLD_RANK", "3", 1);
+    assert_int_equal(comm_launch_detect(&l), ZO_ERR_INVALID);
+    unsetenv("OMPI_COMM_WORLD_SIZE");
+    assert_int_equal(comm_launch_detect(&l), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "OMPI_COMM_WORLD_SIZE"));
+
+#if !(defined(ZO_HAVE_MPI) && ZO_HAVE_MPI)
+    /* a launcher's several ranks in a build without MPI: refused, not SELF */
+    setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+    setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+    comm_t c = NULL;
+    assert_int_equal(comm_init(NULL, &c), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "rank 1 of 4"));
+    assert_null(c);
+#endif
+
+    for (int v = 0; v < N_LAUNCH_VARS; v++) {
+        if (saved[v])
+            setenv(launch_vars[v], saved[v], 1);
+        else
+            unsetenv(launch_vars[v]);
+        free(saved[v]);
+    }
+}
+
+static void test_shard(void **state)
+{
+    (void)state;
+    assert_int_equal(comm_padded_count(10, 4), 12);
+    assert_int_equal(comm_padded_count(12, 4), 12);
+    assert_int_equal(comm_padded_count(0, 4), 0);
+    assert_int_equal(comm_padded_count(5, 1), 5);
+    for (size_t n = 0; n < 40; n++)
+        for (int size = 1; size <= 9; size++) {
+            size_t next = 0, block = comm_padded_count(n, size) / (size_t)size;
+            for (int r = 0; r < size; r++) {
+                size_t off, cnt;
+                comm_shard(n, size, r, &off, &cnt);
+                assert_int_equal(off, (size_t)r * block);
+                assert_true(cnt <= block);
+                if (cnt) assert_int_equal(off, next); /* contiguous, in rank order */
+                next += cnt;
+            }
+            assert_int_equal(next, n); /* every element exactly once */
+        }
+}
+
+static void test_names(void **state)
+{
+    (void)state;
+    comm_backend b;
+    assert_int_equal(comm_backend_parse("MPI", &b), ZO_OK);
+    assert_int_equal(b, COMM_BACKEND_MPI);
+    assert_int_equal(comm_backend_parse("nccl", &b), ZO_OK);
+    assert_int_equal(b, COMM_BACKEND_NCCL);
+    assert_int_equal(comm_backend_parse("gloo", &b), ZO_ERR_INVALID);
+    assert_string_equal(comm_backend_name(COMM_BACKEND_SELF), "self");
+    assert_int_equal(comm_backend_built(COMM_BACKEND_SELF), 1);
+    if (backend != COMM_BACKEND_AUTO) assert_int_equal(comm_get_backend(C), backend);
+    assert_true(comm_rank(C) >= 0 && comm_rank(C) < comm_size(C));
+}
+
+/* Errors in arguments are returned by the call, before any communication. */
+static void test_args(void **state)
+{
+    (void)state;
+    float a[8] = {0}, b[8 * 4] = {0};
+    comm_request_t req = (comm_request_t)a;
+    assert_int_equal(comm_all_reduce(NULL, a, b, 1, ZO_DTYPE_F32, NULL, &req), ZO_ERR_INVALID);
+    assert_null(req);
+    assert_int_equal(comm_all_reduce(C, a, b, 1, (zo_dtype)7, NULL, NULL), ZO_ERR_INVALID);
+    assert_int_equal(comm_all_reduce(C, NULL, b, 1, ZO_DTYPE_F32, NULL, NULL), ZO_ERR_INVALID);
+    assert_int_equal(comm_all_reduce(C, a, b, (size_t)INT_MAX + 1, ZO_DTYPE_F32, NULL, NULL),
+                     ZO_ERR_INVALID);
+    /* overlapping but not the in-place pattern */
+    assert_int_equal(comm_all_reduce(C, a, a + 1, 4, ZO_DTYPE_F32, NULL, NULL), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "overlap"));
+    assert_int_equal(comm_reduce_scatter(C, b, b + (size_t)R * 2 + 1, 2, ZO_DTYPE_F32, NULL, NULL),
+                     ZO_ERR_INVALID);
+    assert_int_equal(comm_broadcast(C, a, b, 1, ZO_DTYPE_F32, N, NULL, NULL), ZO_ERR_INVALID);
+    assert_int_equal(comm_broadcast(C, a, b, 1, ZO_DTYPE_F32, -1, NULL, NULL), ZO_ERR_INVALID);
+    assert_int_equal(comm_wait(NULL), ZO_ERR_INVALID);
+    /* events without a device to order them on */
+    if (!comm_device_buffers(C)) {
+        comm_order ord = {.after = (gpu_event_t)a};
+        assert_int_equal(comm_all_reduce(C, a, b, 1, ZO_DTYPE_F32, &ord, NULL), ZO_ERR_INVALID);
+        assert_non_null(strstr(zo_last_error(), "device"));
+    }
+    /* options */
+    comm_t c = NULL;
+    comm_options o = {.backend = COMM_BACKEND_SELF, .timeout_s = -1};
+    assert_int_equal(comm_init(&o, &c), ZO_ERR_INVALID);
+    o.timeout_s = 0;
+    setenv("ZO_COMM_TIMEOUT", "soon", 1);
+    assert_int_equal(comm_init(&o, &c), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "ZO_COMM_TIMEOUT"));
+    setenv("ZO_COMM_TIMEOUT", "12.5", 1);
+    assert_int_equal(comm_init(&o, &c), ZO_OK);
+    assert_true(comm_timeout(c) == 12.5);
+    assert_int_equal(comm_size(c), 1);
+    comm_free(c);
+    unsetenv("ZO_COMM_TIMEOUT");
+    o.timeout_s = 0;
+    assert_int_equal(comm_init(&o, &c), ZO_OK);
+    assert_true(comm_timeout(c) == 300.0);
+    comm_free(c);
+    o.backend = COMM_BACKEND_NCCL;
+    assert_int_equal(comm_init(&o, &c), comm_backend_built(COMM_BACKEND_NCCL) ? ZO_ERR_INVALID
+                                                                               : ZO_ERR_UNSUPPORTED);
+    assert_null(c);
+}
+
+/* ---- collectives ----------------------------------------------------------------------- */
+
+static void test_all_reduce(void **state)
+{
+    (void)state;
+    int wrong = 0;
+    for (int ci = 0; ci < N_CASES; ci++)
+        for (int k = INPUT_INTEGER; k <= INPUT_FRACTION; k++) {
+            tcase q = case_at(ci);
+            buf send = balloc(q.n * q.es), recv = q.in_place ? send : balloc(q.n * q.es);
+            fill(send.h, q.t, q.n, R, (input_kind)k, 0);
+            bpush(send);
+            /* blocking for the integers, a request for the fractions */
+            if (k == INPUT_INTEGER) {
+                assert_int_equal(comm_all_reduce(C, send.d, recv.d, q.n, q.t, NULL, NULL), ZO_OK);
+            } else {
+                comm_request_t req;
+                assert_int_equal(comm_all_reduce(C, send.d, recv.d, q.n, q.t, NULL, &req), ZO_OK);
+                assert_int_equal(comm_wait(req), ZO_OK);
+            }
+            bpull(recv);
+            wrong += check_sum(recv.h, q.t, q.n, (input_kind)k, 0,
+                               q.in_place ? "all_reduce in place" : "all_reduce");
+            if (!q.in_place) { /* the input is left alone */
+                bpull(send);
+                for (size_t i = 0; i < q.n; i++)
+                    wrong += zo_load_f32(send.h, q.t, i) != input(R, i, (input_kind)k, q.t);
+                bfree(recv);
+            }
+            bfree(send);
+        }
+    assert_int_equal(agree(wrong), 0);
+}
+
+/* Reduce-scatter of n elements padded to a multiple of the ranks: each rank
+ * gets its shard's sums, the pad sums to zero. */
+static void test_reduce_scatter(void **state)
+{
+    (void)state;
+    int wrong = 0;
+    for (int ci = 0; ci < N_CASES; ci++) {
+        tcase q = case_at(ci);
+        size_t padded = comm_padded_count(q.n, N), block = padded / (size_t)N, off, cnt;
+        comm_shard(q.n, N, R, &off, &cnt);
+        buf send = balloc(padded * q.es);
+        memset(send.h, 0, padded * q.es);
+        fill(send.h, q.t, q.n, R, INPUT_FRACTION, 0);
+        bpush(send);
+        buf recv = q.in_place ? bsub(send, (size_t)R * block * q.es, block * q.es)
+                              : balloc(block * q.es);
+        comm_request_t req;
+        assert_int_equal(comm_reduce_scatter(C, send.d, recv.d, block, q.t, NULL, &req), ZO_OK);
+        assert_int_equal(comm_wait(req), ZO_OK);
+        bpull(recv);
+        wrong += check_sum(recv.h, q.t, cnt, INPUT_FRACTION, off,
+                           q.in_place ? "reduce_scatter in place" : "reduce_scatter");
+        for (size_t i = cnt; i < block; i++) wrong += zo_load_f32(recv.h, q.t, i) != 0.0f;
+        bfree(recv);
+        bfree(send);
+    }
+    assert_int_equal(agree(wrong), 0);
+}
+
+/* All-gather: rank r sends its shard of a padded buffer; every rank ends
+ * with every rank's block. */
+static void test_all_gather(void **state)
+{
+    (void)state;
+    int wrong = 0;
+    for (int ci = 0; ci < N_CASES; ci++) {
+        tcase q = case_at(ci);
+        size_t block = comm_padded_count(q.n, N) / (size_t)N;
+        buf recv = balloc((size_t)N * block * q.es);
+        memset(recv.h, 0xff, recv.bytes); /* nan: stale data shows */
+        buf send = q.in_place ? bsub(recv, (size_t)R * block * q.es, block * q.es)
+                              : balloc(block * q.es);
+        fill(send.h, q.t, block, R, INPUT_FRACTION, (size_t)R * block);
+        bpush(recv);
+        bpush(send);
+        comm_request_t req;
+        assert_int_equal(comm_all_gather(C, send.d, recv.d, block, q.t, NULL, &req), ZO_OK);
+        assert_int_equal(comm_wait(req), ZO_OK);
+        bpull(recv);
+        for (int r = 0; r < N; r++)
+            wrong += check_copy(recv.h + (size_t)r * block * q.es, q.t, block, r,
+                                (size_t)r * block,
+                                q.in_place ? "all_gather in place" : "all_gather");
+        bfree(send);
+        bfree(recv);
+    }
+    assert_int_equal(agree(wrong), 0);
+}
+
+static void test_broadcast(void **state)
+{
+    (void)state;
+    int wrong = 0;
+    int roots[2] = {0, N - 1};
+    for (int ci = 0; ci < N_CASES; ci++)
+        for (int ri = 0; ri < 2; ri++) {
+            tcase q = case_at(ci);
+            int root = roots[ri];
+            buf recv = balloc(q.n * q.es), send = q.in_place ? recv : balloc(q.n * q.es);
+            memset(recv.h, 0xff, q.n * q.es);
+            if (R == root)
+                fill(send.h, q.t, q.n, root, INPUT_FRACTION, 0);
+            else if (!q.in_place)
+                memset(send.h, 0x7f, q.n * q.es); /* not the root's: must not be sent */
+            bpush(recv);
+            bpush(send);
+            assert_int_equal(comm_broadcast(C, send.d, recv.d, q.n, q.t, root, NULL, NULL), ZO_OK);
+            bpull(recv);
+            wrong += check_copy(recv.h, q.t, q.n, root, 0,
+                                q.in_place ? "broadcast in place" : "broadcast");
+            if (!q.in_place) bfree(send);
+            bfree(recv);
+        }
+    assert_int_equal(agree(wrong), 0);
+}
+
+static void test_barrier(void **state)
+{
+    (void)state;
+    assert_int_equal(comm_barrier(C, NULL, NULL), ZO_OK);
+    comm_request_t req;
+    assert_int_equal(comm_barrier(C, NULL, &req), ZO_OK);
+    assert_int_equal(comm_wait(req), ZO_OK);
+    /* a count of 0 is a valid (empty) collective */
+    assert_int_equal(comm_all_reduce(C, NULL, NULL, 0, ZO_DTYPE_F32, NULL, NULL), ZO_OK);
+}
+
+/* Several collectives in flight at once, completed in reverse order. */
+static void test_async_many(void **state)
+{
+    (void)state;
+    const size_t n = 3001;
+    size_t padded = comm_padded_count(n, N), block = padded / (size_t)N, off, cnt;
+    comm_shard(n, N, R, &off, &cnt);
+    buf a = balloc(n * 4), ar = balloc(n * 4);
+    buf s = balloc(padded * 2), sr = balloc(block * 2), g = balloc(padded * 2);
+    buf mine = bsub(g, (size_t)R * block * 2, block * 2);
+    memset(s.h, 0, padded * 2);
+    fill(a.h, ZO_DTYPE_F32, n, R, INPUT_FRACTION, 0);
+    fill(s.h, ZO_DTYPE_BF16, n, R, INPUT_FRACTION, 0);
+    fill(mine.h, ZO_DTYPE_F16, block, R, INPUT_FRACTION, (size_t)R * block);
+    bpush(a);
+    bpush(s);
+    bpush(g);
+    comm_request_t q[4];
+    assert_int_equal(comm_all_reduce(C, a.d, ar.d, n, ZO_DTYPE_F32, NULL, &q[0]), ZO_OK);
+    assert_int_equal(comm_reduce_scatter(C, s.d, sr.d, block, ZO_DTYPE_BF16, NULL, &q[1]), ZO_OK);
+    assert_int_equal(comm_all_gather(C, mine.d, g.d, block, ZO_DTYPE_F16, NULL, &q[2]), ZO_OK);
+    assert_int_equal(comm_barrier(C, NULL, &q[3]), ZO_OK);
+    for (int i = 3; i >= 0; i--) assert_int_equal(comm_wait(q[i]), ZO_OK);
+    bpull(ar);
+    bpull(sr);
+    bpull(g);
+    int wrong = check_sum(ar.h, ZO_DTYPE_F32, n, INPUT_FRACTION, 0, "async all_reduce");
+    wrong += check_sum(sr.h, ZO_DTYPE_BF16, cnt, INPUT_FRACTION, off, "async reduce_scatter");
+    for (int r = 0; r < N; r++)
+        wrong += check_copy(g.h + (size_t)r * block * 2, ZO_DTYPE_F16, block, r,
+                            (size_t)r * block, "async all_gather");
+    /* comm_test turns 1 once done, and comm_wait then returns at once */
+    comm_request_t t;
+    assert_int_equal(comm_all_reduce(C, a.d, ar.d, n, ZO_DTYPE_F32, NULL, &t), ZO_OK);
+    while (!comm_test(t)) {}
+    assert_int_equal(comm_wait(t), ZO_OK);
+    bfree(a);
+    bfree(ar);
+    bfree(s);
+    bfree(sr);
+    bfree(g);
+    assert_int_equal(agree(wrong), 0);
+}
+
+/* Ordering by device events: the input is produced on a device stream
+ * behind slow GEMMs, the collective starts after `after`, and a second
+ * stream scales the result after `done`. Without the ordering the collective
+ * would read the input unscaled, or the scale would run before the result
+ * arrived. The CPU device for the host backends (its memory is host memory),
+ * the CUDA device for NCCL. */
+static void test_events(void **state)
+{
+    (void)state;
+    gpu_cpu_options dopt = {0};
+    gpu_device_t dev = Dev;
+    if (!dev) assert_int_equal(gpu_device_init_cpu(&dopt, &dev), ZO_OK);
+    comm_options o = {.backend = comm_get_backend(C), .device = dev, .timeout_s = 60};
+    comm_t c;
+    assert_int_equal(comm_init(&o, &c), ZO_OK);
+    assert_int_equal(comm_size(c), N);
+    assert_int_equal(comm_device_buffers(c), Dev != NULL);
+    gpu_stream_t s1, s2;
+    gpu_event_t after, done;
+    assert_int_equal(gpu_stream_create(dev, &s1), ZO_OK);
+    assert_int_equal(gpu_stream_create(dev, &s2), ZO_OK);
+    assert_int_equal(gpu_event_create(dev, &after), ZO_OK);
+    assert_int_equal(gpu_event_create(dev, &done), ZO_OK);
+    const int m = Dev ? 4096 : 384; /* 4 GEMMs: tens of ms */
+    const size_t n = 5003, mm = (size_t)m * m;
+    float *x, *y, *ga, *gc;
+    float *hx = xmalloc(n * 4), *hy = xmalloc(n * 4), *hg = xmalloc(mm * 4);
+    assert_int_equal(gpu_mem_alloc(dev, n * 4, (void **)&x), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(dev, n * 4, (void **)&y), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(dev, mm * 4, (void **)&ga), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(dev, mm * 4, (void **)&gc), ZO_OK);
+    for (size_t i = 0; i < mm; i++) hg[i] = 1.0f / (float)m;
+    assert_int_equal(gpu_memcpy_async(s1, ga, hg, mm * 4, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+    fill(hx, ZO_DTYPE_F32, n, R, INPUT_INTEGER, 0);
+    int wrong = 0;
+    for (int round = 0; round < 3; round++) {
+        assert_int_equal(gpu_memcpy_async(s1, x, hx, n * 4, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+        assert_int_equal(gpu_memset_async(s1, y, 0, n * 4), ZO_OK);
+        gpu_gemm_desc g = {.m = m, .n = m, .k = m, .alpha = 1.0f, .a = gpu_t(ga, ZO_DTYPE_F32),
+                           .b = gpu_t(ga, ZO_DTYPE_F32), .c = gpu_t(gc, ZO_DTYPE_F32),
+                           .lda = m, .ldb = m, .ldc = m};
+        for (int j = 0; j < 4; j++) assert_int_equal(gpu_gemm(s1, &g), ZO_OK);
+        assert_int_equal(gpu_scale(s1, gpu_t(x, ZO_DTYPE_F32), 2.0f, n), ZO_OK);
+        assert_int_equal(gpu_event_record(after, s1), ZO_OK);
+        comm_order ord = {.after = after, .done = done};
+        comm_request_t req;
+        assert_int_equal(comm_all_reduce(c, x, y, n, ZO_DTYPE_F32, &ord, &req), ZO_OK);
+        assert_int_equal(gpu_stream_wait_event(s2, done), ZO_OK);
+        assert_int_equal(gpu_scale(s2, gpu_t(y, ZO_DTYPE_F32), 0.5f, n), ZO_OK);
+        assert_int_equal(gpu_memcpy_async(s2, hy, y, n * 4, GPU_COPY_DEVICE_TO_HOST), ZO_OK);
+        assert_int_equal(gpu_stream_synchronize(s2), ZO_OK);
+        /* y = (sum of 2 x) / 2: the integers' sum exactly */
+        wrong += check_sum(hy, ZO_DTYPE_F32, n, INPUT_INTEGER, 0, "all_reduce ordered by events");
+        assert_int_equal(comm_wait(req), ZO_OK);
+        assert_int_equal(gpu_stream_synchronize(s1), ZO_OK);
+    }
+    /* blocking call with only `done`: the stream sees the result */
+    assert_int_equal(gpu_memcpy_async(s1, x, hx, n * 4, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+    assert_int_equal(gpu_stream_synchronize(s1), ZO_OK);
+    comm_order ord = {.done = done};
+    assert_int_equal(comm_all_reduce(c, x, x, n, ZO_DTYPE_F32, &ord, NULL), ZO_OK);
+    assert_int_equal(gpu_stream_wait_event(s2, done), ZO_OK);
+    assert_int_equal(gpu_memcpy_async(s2, hy, x, n * 4, GPU_COPY_DEVICE_TO_HOST), ZO_OK);
+    assert_int_equal(gpu_stream_synchronize(s2), ZO_OK);
+    wrong += check_sum(hy, ZO_DTYPE_F32, n, INPUT_INTEGER, 0, "all_reduce with done only");
+    gpu_mem_free(dev, x);
+    gpu_mem_free(dev, y);
+    gpu_mem_free(dev, ga);
+    gpu_mem_free(dev, gc);
+    free(hx);
+    free(hy);
+    free(hg);
+    gpu_event_destroy(after);
+    gpu_event_destroy(done);
+    gpu_stream_destroy(s1);
+    gpu_stream_destroy(s2);
+    comm_free(c);
+    if (dev != Dev) gpu_device_free(dev);
+    assert_int_equal(agree(wrong), 0);
+}
+
+/* NCCL: one GPU per rank on a node (NCCL refuses two ranks on one GPU).
+ * Every rank of a node decides alike, so they skip together. */
+static int open_cuda_device(void)
+{
+    const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK"), *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (!lr) lr = getenv("MPI_LOCALRANKID");
+    if (!ls) ls = getenv("MPI_LOCALNRANKS");
+    int local_rank = lr ? atoi(lr) : 0, local_size = ls ? atoi(ls) : 1;
+    int count = gpu_cuda_device_count();
+    if (count < local_size) {
+        printf("skipped: %d ranks on this node, %d CUDA devices\n", local_size, count);
+        return 1;
+    }
+    char name[32];
+    snprintf(name, sizeof name, "cuda:%d", local_rank);
+    if (gpu_device_open(name, 0, &Dev) != ZO_OK || gpu_stream_create(Dev, &Copy) != ZO_OK) {
+        printf("skipped: %s: %s\n", name, zo_last_error());
+        return 1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--backend") && i + 1 < argc) {
+            if (comm_backend_parse(argv[++i], &backend) != ZO_OK) {
+                fprintf(stderr, "test_comm: %s\n", zo_last_error());
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "usage: test_comm [--backend auto|self|mpi|nccl]\n");
+            return 2;
+        }
+    }
+    if (!comm_backend_built(backend)) {
+        printf("skipped: the %s backend is not in this build\n", comm_backend_name(backend));
+        return 77;
+    }
+    if (backend == COMM_BACKEND_NCCL && open_cuda_device() != 0) return 77;
+    comm_options o = {.backend = backend, .device = Dev, .timeout_s = 60};
+    if (comm_init(&o, &C) != ZO_OK) {
+        fprintf(stderr, "test_comm: %s\n", zo_last_error());
+        return 1;
+    }
+    R = comm_rank(C);
+    N = comm_size(C);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_launch_detect), cmocka_unit_test(test_shard),
+        cmocka_unit_test(test_names),         cmocka_unit_test(test_args),
+        cmocka_unit_test(test_all_reduce),    cmocka_unit_test(test_reduce_scatter),
+        cmocka_unit_test(test_all_gather),    cmocka_unit_test(test_broadcast),
+        cmocka_unit_test(test_barrier),       cmocka_unit_test(test_async_many),
+        cmocka_unit_test(test_events),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    comm_free(C);
+    if (Dev) {
+        gpu_stream_destroy(Copy);
+        gpu_device_free(Dev);
+    }
+    return failed ? 1 : 0;
+}

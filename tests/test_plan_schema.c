@@ -1,0 +1,596 @@
+/* The plan schema (common/plan_schema.h) and its two users: what the one
+ * writer writes the one reader reads back; every field is required, unknown
+ * ones are refused by name, the version is checked; each limit of the table
+ * holds for memplan's flags and for the runtime's reader alike, with the same
+ * message; `train --plan` refuses a plan made for another model or another
+ * number of ranks (zo_plan_check_run compares a family's features too). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/plan_schema.h" /* defines: zo_plan_read, zo_plan_write_json, zo_plan_field_range */
+#include "offload/offload.h"    /* defines: offload_plan_load */
+
+static char tmp_dir[256];
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static char *read_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return buf;
+}
+
+/* Run a command; its stdout and stderr into out; its exit status. */
+static int run(const char *cmd, char *out, size_t len)
+{
+    char full[4400];
+    snprintf(full, sizeof full, "%s 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    assert_non_null(p);
+    size_t got = fread(out, 1, len - 1, p);
+    out[got] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* A plan with every object: the schema's defaults for LLaMA-2-7B, values off
+ * the defaults, a hardware profile and a prediction. */
+static void full_plan(zo_plan *p)
+{
+    zo_model_config m;
+    assert_int_equal(zo_model_preset_find("llama-2-7b", &m), ZO_OK);
+    zo_plan_defaults(p, &m);
+    p->training.seq = 2048;
+    p->training.micro_batch = 3;
+    p->training.grad_accum = 5;
+    p->training.grad_dtype = ZO_DTYPE_F32;
+    p->training.recompute = ZO_PLAN_RECOMPUTE_FULL;
+    p->training.dp_overlap = 0;
+    p->training.fused_grad_accum = 1;
+    p->parallel = (zo_plan_parallel){.dp = 2, .tp = 2, .pp = 2, .vpp = 2, .sp = 1, .ep = 2,
+                                     .capacity_factor = 1.5, .zero = 1};
+    p->placement = (zo_plan_placement){.params = ZO_PLAN_NVME, .grads = ZO_PLAN_CPU,
+                                       .checkpoints = ZO_PLAN_CPU, .optimizer = {0.25, 0.5, 0.25}};
+    snprintf(p->nvme.dir, sizeof p->nvme.dir, "/mnt/nvme0");
+    p->nvme.sub_group = 12345;
+    p->nvme.swap_buffers = 4;
+    p->buffers = (zo_plan_buffers){.prefetch_depth = 3, .comm_bucket_elems = 1000,
+                                   .comm_buckets = 2, .pinned_staging = 4096,
+                                   .cuda_context = 1 << 20, .cublas_workspace = 1 << 10,
+                                   .fragmentation = 0.125};
+    p->has_hardware = 1;
+    p->hardware = (zo_hw_profile){.name = "box", .gpu = "GPU-X", .gpus = 8, .gpus_per_node = 8,
+                                  .gpu_mem = 1ull << 34, .cpu_mem = 1ull << 38, .nvme = 1ull << 40,
+                                  .pcie_bw = 2.5e10, .gemm_eff_max = 0.5, .measured = 1,
+                                  .note = "measured"};
+    p->has_predicted = 1;
+    p->predicted = (zo_plan_predicted){.peak_bytes = {1, 2, 3}, .capacity_bytes = {4, 5, 6},
+                                       .fits = 1, .step_s = 1.5, .tokens_per_s = 1e4, .mfu = 0.25};
+}
+
+static char *plan_text(const zo_plan *p)
+{
+    cJSON *doc;
+    assert_int_equal(zo_plan_write_json(p, "plan", &doc), ZO_OK);
+    char *text = cJSON_Print(doc);
+    cJSON_Delete(doc);
+    assert_non_null(text);
+    return text;
+}
+
+static zo_status read_doc(const cJSON *doc, zo_plan *out)
+{
+    char *text = cJSON_PrintUnformatted(doc);
+    assert_non_null(text);
+    zo_status st = zo_plan_read(text, strlen(text), "p.json", out);
+    free(text);
+    return st;
+}
+
+/* Every leaf of a document, as its dotted name and its object. */
+typedef struct leaf {
+    char name[128];
+    cJSON *parent;
+    cJSON *item;
+} leaf;
+
+static void leaves(cJSON *o, const char *prefix, leaf *out, int *n, int max)
+{
+    for (cJSON *c = o->child; c; c = c->next) {
+        char name[128];
+        snprintf(name, sizeof name, "%s%s%s", prefix, prefix[0] ? "." : "", c->string);
+        if (cJSON_IsObject(c)) {
+            leaves(c, name, out, n, max);
+            continue;
+        }
+        assert_true(*n < max);
+        snprintf(out[*n].name, sizeof out[*n].name, "%s", name);
+        out[*n].parent = o;
+        out[*n].item = c;
+        (*n)++;
+    }
+}
+
+/* full_plan as a parsed document, and its leaves. */
+static cJSON *full_doc(leaf *l, int *n, int max)
+{
+    zo_plan *p = malloc(sizeof *p);
+    assert_non_null(p);
+    full_plan(p);
+    char *text = plan_text(p);
+    free(p);
+    cJSON *doc = cJSON_Parse(text);
+    free(text);
+    assert_non_null(doc);
+    *n = 0;
+    leaves(doc, "", l, n, max);
+    return doc;
+}
+
+/* ---- the schema alone -------------------------------------------------------------------- */
+
+/* What the writer writes, the reader reads to the same plan (written again,
+ * the same text). */
+static void test_roundtrip(void **state)
+{
+    (void)state;
+    zo_plan *p = malloc(sizeof *p), *q = malloc(sizeof *q);
+    assert_non_null(p);
+    assert_non_null(q);
+    full_plan(p);
+    char *text = plan_text(p);
+    assert_int_equal(zo_plan_read(text, strlen(text), "p.json", q), ZO_OK);
+    char *again = plan_text(q);
+    assert_string_equal(text, again);
+    assert_int_equal(q->parallel.vpp, 2);
+    assert_true(q->placement.optimizer[ZO_PLAN_NVME] == 0.25);
+    assert_string_equal(q->nvme.dir, "/mnt/nvme0");
+    assert_true(q->hardware.gpu_mem == 1ull << 34 && q->predicted.capacity_bytes[2] == 6);
+    assert_true(zo_model_params(&q->model) == zo_model_params(&p->model));
+    assert_true(q->parallel.ep == 2 && q->parallel.capacity_factor == 1.5);
+    assert_true(q->training.dp_overlap == 0 && q->training.fused_grad_accum == 1);
+    free(again);
+    free(text);
+
+    /* the families' features (experts, latent attention, positions, norms),
+     * from published config.json files */
+    static const char *configs[] = {"deepseek-v2-lite.json", "qwen1.5-moe-a2.7b.json",
+                                    "deepseek-v3.json",      "gemma-2-2b.json",
+                                    "falcon-7b.json",        "opt-125m.json",
+                                    "bloom-560m.json",       "qwen3-0.6b.json"};
+    for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
+        char path[512];
+        zo_model_config m;
+        snprintf(path, sizeof path, "%s/hf-configs/%s", ZO_FIXTURES_DIR, configs[i]);
+        assert_int_equal(zo_model_config_load(path, &m), ZO_OK);
+        zo_plan_defaults(p, &m);
+        text = plan_text(p);
+        assert_int_equal(zo_plan_read(text, strlen(text), "p.json", q), ZO_OK);
+        again = plan_text(q);
+        assert_string_equal(text, again);
+        assert_memory_equal(&q->model.moe, &m.moe, sizeof m.moe);
+        assert_memory_equal(&q->model.mla, &m.mla, sizeof m.mla);
+        assert_string_equal(q->model.act, m.act);
+        assert_true(q->model.pos == m.pos && q->model.pos_offset == m.pos_offset &&
+                    q->model.layer_norms == m.layer_norms &&
+                    q->model.parallel_block == m.parallel_block &&
+                    q->model.embed_norm == m.embed_norm && q->model.qk_norm == m.qk_norm);
+        assert_true(zo_model_params(&q->model) == zo_model_params(&m));
+        assert_int_equal(zo_plan_check_run(q, &m, 1, "p.json"), ZO_OK);
+        free(again);
+        free(text);
+    }
+
+    /* hardware and prediction are optional, as wholes */
+    p->has_hardware = p->has_predicted = 0;
+    text = plan_text(p);
+    assert_null(strstr(text, "\"hardware\""));
+    assert_int_equal(zo_plan_read(text, strlen(text), "p.json", q), ZO_OK);
+    assert_false(q->has_hardware || q->has_predicted);
+    free(text);
+
+    /* a model known only by its size carries no shape */
+    zo_model_config m = {.name = "big", .max_seq = 4096, .params_override = 70000000000ull};
+    zo_plan_defaults(p, &m);
+    text = plan_text(p);
+    assert_null(strstr(text, "\"layers\""));
+    assert_null(strstr(text, "\"features\""));
+    assert_non_null(strstr(text, "\"params_only\""));
+    assert_int_equal(zo_plan_read(text, strlen(text), "p.json", q), ZO_OK);
+    assert_true(q->model.params_override == 70000000000ull);
+    free(text);
+    free(p);
+    free(q);
+}
+
+/* Each field of a full plan, removed, is refused as missing, by its name;
+ * an unknown field in any object is refused by its name. */
+static void test_required_and_unknown(void **state)
+{
+    (void)state;
+    zo_plan *q = malloc(sizeof *q);
+    assert_non_null(q);
+    static leaf l[256];
+    int n;
+    cJSON *doc = full_doc(l, &n, 256);
+    assert_true(n > 80);
+    char want[200];
+    for (int i = 0; i < n; i++) {
+        cJSON *item = cJSON_DetachItemViaPointer(l[i].parent, l[i].item);
+        assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
+        snprintf(want, sizeof want, "p.json: missing field \"%.127s\"", l[i].name);
+        if (!strstr(zo_last_error(), want)) {
+            fprintf(stderr, "without %s: %s\n", l[i].name, zo_last_error());
+            fail();
+        }
+        cJSON_AddItemToObject(l[i].parent, l[i].item->string, item);
+    }
+    assert_int_equal(read_doc(doc, q), ZO_OK);
+    /* an unknown field, in every object */
+    const char *objects[] = {"", "model", "model.features", "model.features.mla",
+                             "model.features.moe", "hardware", "training", "parallel",
+                             "placement", "placement.optimizer", "nvme", "buffers", "predicted",
+                             "predicted.peak_bytes"};
+    for (size_t i = 0; i < sizeof objects / sizeof objects[0]; i++) {
+        cJSON *o = doc;
+        char path[64];
+        snprintf(path, sizeof path, "%s", objects[i]);
+        for (char *sv = NULL, *k = strtok_r(path, ".", &sv); k; k = strtok_r(NULL, ".", &sv))
+            assert_non_null(o = cJSON_GetObjectItemCaseSensitive(o, k));
+        cJSON_AddNumberToObject(o, "colour", 1);
+        assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
+        snprintf(want, sizeof want, "p.json: unknown field \"%s%scolour\"", objects[i],
+                 objects[i][0] ? "." : "");
+        if (!strstr(zo_last_error(), want)) {
+            fprintf(stderr, "%s: %s\n", want, zo_last_error());
+            fail();
+        }
+        cJSON_DeleteItemFromObjectCaseSensitive(o, "colour");
+    }
+    /* a field given twice */
+    cJSON_AddNumberToObject(cJSON_GetObjectItemCaseSensitive(doc, "buffers"), "prefetch_depth", 1);
+    assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "p.json: field \"buffers.prefetch_depth\" appears twice"));
+    cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(doc, "buffers"),
+                                            "prefetch_depth");
+    assert_int_equal(read_doc(doc, q), ZO_OK);
+    /* the version, the format, the parameter count against the shape */
+    cJSON_ReplaceItemInObjectCaseSensitive(doc, "version", cJSON_CreateNumber(2));
+    assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "p.json: field \"version\""));
+    cJSON_ReplaceItemInObjectCaseSensitive(doc, "version", cJSON_CreateNumber(1));
+    cJSON_DeleteItemFromObjectCaseSensitive(doc, "format");
+    assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "\"zoffload-plan\""));
+    cJSON_AddStringToObject(doc, "format", "zoffload-plan");
+    cJSON *model = cJSON_GetObjectItemCaseSensitive(doc, "model");
+    cJSON_ReplaceItemInObjectCaseSensitive(model, "params", cJSON_CreateNumber(1000));
+    assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "model.params"));
+    cJSON_Delete(doc);
+    free(q);
+}
+
+/* Each number of the table at its limits is read; one past is refused with
+ * the file, the field and the table's message for the value. The model's
+ * numbers and the optimizer's fractions are tied to each other (the
+ * parameter count, the sum), so they are left to the other tests. */
+static void test_limits(void **state)
+{
+    (void)state;
+    zo_plan *q = malloc(sizeof *q);
+    assert_non_null(q);
+    static leaf l[256];
+    int n, tried = 0;
+    cJSON *doc = full_doc(l, &n, 256);
+    for (int i = 0; i < n; i++) {
+        double lo, hi;
+        if (!cJSON_IsNumber(l[i].item) || !strncmp(l[i].name, "model.", 6) ||
+            !strncmp(l[i].name, "placement.", 10) || !strcmp(l[i].name, "version") ||
+            !strcmp(l[i].name, "hardware.version"))
+            continue;
+        assert_int_equal(zo_plan_field_range(l[i].name, &lo, &hi), ZO_OK);
+        double keep = l[i].item->valuedouble;
+        int integer = keep == floor(keep) && zo_plan_field_check(l[i].name, lo + 0.5) != ZO_OK &&
+                      lo + 0.5 <= hi;
+        double step = integer ? 1 : (hi - lo) / 2;
+        /* past a limit: one more, or the next double where one more is not one */
+        double up = hi + step > hi ? hi + step : nextafter(hi, INFINITY);
+        double cases[] = {lo, hi, lo - step, up};
+        for (int k = 0; k < 4; k++) {
+            cJSON_SetNumberValue(l[i].item, cases[k]);
+            zo_status st = read_doc(doc, q);
+            if (k < 2) {
+                if (st != ZO_OK) fprintf(stderr, "%s = %g: %s\n", l[i].name, cases[k], zo_last_error());
+                assert_int_equal(st, ZO_OK);
+                continue;
+            }
+            assert_int_equal(st, ZO_ERR_FORMAT);
+            char want[300];
+            snprintf(want, sizeof want, "%s", zo_last_error());
+            assert_int_equal(zo_plan_field_check(l[i].name, cases[k]), ZO_ERR_INVALID);
+            char full[600];
+            snprintf(full, sizeof full, "p.json: field \"%.127s\": %.300s", l[i].name, zo_last_error());
+            if (strcmp(want, full)) {
+                fprintf(stderr, "got  %s\nwant %s\n", want, full);
+                fail();
+            }
+        }
+        cJSON_SetNumberValue(l[i].item, keep);
+        tried++;
+    }
+    assert_true(tried > 40);
+    cJSON_Delete(doc);
+    free(q);
+}
+
+/* zo_plan_check_run: the parameter count, then the shape (two models of the
+ * same size that differ in heads, or in a family's positions), then the
+ * ranks. */
+static void test_check_run(void **state)
+{
+    (void)state;
+    zo_model_config a = {.name = "a", .arch = ZO_ARCH_LLAMA, .n_layers = 2, .hidden = 64,
+                         .n_heads = 4, .n_kv_heads = 4, .ffn = 128, .vocab = 256, .max_seq = 64,
+                         .norm_eps = 1e-5f, .rope_theta = 1e4f};
+    zo_model_config b = a;
+    snprintf(b.name, sizeof b.name, "b");
+    b.n_heads = b.n_kv_heads = 8;
+    assert_int_equal(zo_model_config_validate(&a), ZO_OK);
+    assert_int_equal(zo_model_config_validate(&b), ZO_OK);
+    assert_true(zo_model_params(&a) == zo_model_params(&b));
+    zo_plan *p = malloc(sizeof *p);
+    assert_non_null(p);
+    zo_plan_defaults(p, &a);
+    assert_int_equal(zo_plan_check_run(p, &a, 1, "p.json"), ZO_OK);
+    assert_int_equal(zo_plan_check_run(p, &b, 1, "p.json"), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "p.json: the plan's model.heads is 4; the run's model \"b\" has 8"));
+    zo_model_config c = a;
+    c.n_layers = 3;
+    assert_int_equal(zo_plan_check_run(p, &c, 1, "p.json"), ZO_ERR_INVALID);
+    char want[200];
+    snprintf(want, sizeof want, "of %llu parameters; the run's model \"a\" has %llu",
+             (unsigned long long)zo_model_params(&a), (unsigned long long)zo_model_params(&c));
+    assert_non_null(strstr(zo_last_error(), want));
+    /* what a family adds, of the same size: ALiBi for rotary positions */
+    zo_model_config d = a;
+    d.pos = ZO_POS_ALIBI;
+    assert_true(zo_model_params(&a) == zo_model_params(&d));
+    assert_int_equal(zo_plan_check_run(p, &d, 1, "p.json"), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "p.json: the plan's model.features.positions is arch; "
+                                            "the run's model \"a\" has alibi"));
+    p->parallel.dp = 4;
+    p->parallel.pp = 2;
+    assert_int_equal(zo_plan_check_run(p, &a, 1, "p.json"), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "for 8 ranks (parallel.dp 4 x tp 1 x pp 2); this run has 1"));
+    assert_int_equal(zo_plan_check_run(p, &a, 8, "p.json"), ZO_OK);
+    free(p);
+}
+
+/* ---- memplan and the runtime ------------------------------------------------------------ */
+
+#if defined(ZO_MEMPLAN_BIN) && defined(ZO_TRAIN_BIN)
+static const char tiny_config[] =
+    "{\"model_type\": \"llama\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
+    "\"vocab_size\": 256, \"max_position_embeddings\": 64}";
+
+/* `memplan estimate` of the tiny model with `extra` flags last, writing the
+ * plan to `plan`; its exit status, its output in out. */
+static int estimate(const char *extra, const char *plan, char *out, size_t len)
+{
+    char cmd[2000];
+    snprintf(cmd, sizeof cmd,
+             "%s estimate --model %s/config.json --gpu-mem 64MiB --cpu-mem 1GiB --nvme 1GiB "
+             "--seq 32 --params cpu --grads cpu --optimizer cpu --cuda-context 0 "
+             "--cublas-workspace 0 %s --plan-out %s",
+             ZO_MEMPLAN_BIN, tmp_dir, extra, plan);
+    return run(cmd, out, len);
+}
+
+/* The field of a plan file, set to `v`, written back. */
+static void edit_plan(const char *path, const char *field, double v)
+{
+    cJSON *doc = cJSON_Parse(read_file(path));
+    assert_non_null(doc);
+    char name[64];
+    snprintf(name, sizeof name, "%s", field);
+    char *key = strrchr(name, '.');
+    *key++ = '\0';
+    cJSON *o = cJSON_GetObjectItemCaseSensitive(doc, name);
+    assert_non_null(o);
+    assert_true(cJSON_ReplaceItemInObjectCaseSensitive(o, key, cJSON_CreateNumber(v)));
+    char *text = cJSON_Print(doc);
+    write_file(path, text);
+    free(text);
+    cJSON_Delete(doc);
+}
+
+static double plan_value(const zo_plan *p, const char *field)
+{
+    if (!strcmp(field, "training.micro_batch")) return p->training.micro_batch;
+    if (!strcmp(field, "training.grad_accum")) return p->training.grad_accum;
+    if (!strcmp(field, "parallel.zero")) return p->parallel.zero;
+    if (!strcmp(field, "buffers.prefetch_depth")) return p->buffers.prefetch_depth;
+    if (!strcmp(field, "buffers.comm_buckets")) return p->buffers.comm_buckets;
+    if (!strcmp(field, "buffers.fragmentation")) return p->buffers.fragmentation;
+    if (!strcmp(field, "nvme.swap_buffers")) return p->nvme.swap_buffers;
+    if (!strcmp(field, "nvme.sub_group")) return (double)p->nvme.sub_group;
+    fail_msg("no field %s", field);
+    return 0;
+}
+
+/* memplan writes a plan at each limit of the fields its flags set, and the
+ * runtime reads it; one past the limit, memplan refuses the flag and the
+ * runtime the plan holding it, with the table's one message. */
+static void test_limits_memplan_runtime(void **state)
+{
+    (void)state;
+    char path[400], plan[400], flags[200];
+    static char out[1 << 16];
+    snprintf(path, sizeof path, "%s/config.json", tmp_dir);
+    write_file(path, tiny_config);
+    snprintf(plan, sizeof plan, "%s/limits.json", tmp_dir);
+    const struct {
+        const char *flag, *field;
+        int below; /* the flag can say one below the limit (--sub-group 0 is a count's error) */
+    } f[] = {
+        {"--micro-batch", "training.micro_batch", 1}, {"--grad-accum", "training.grad_accum", 1},
+        {"--zero", "parallel.zero", 1},              {"--prefetch", "buffers.prefetch_depth", 1},
+        {"--comm-buckets", "buffers.comm_buckets", 1}, {"--fragmentation", "buffers.fragmentation", 1},
+        {"--swap-buffers", "nvme.swap_buffers", 1},  {"--sub-group", "nvme.sub_group", 0},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        double lo, hi;
+        assert_int_equal(zo_plan_field_range(f[i].field, &lo, &hi), ZO_OK);
+        double step = strcmp(f[i].field, "buffers.fragmentation") ? 1 : 0.5;
+        double at[] = {lo, hi}, past[] = {hi + step, lo - step};
+        for (int k = 0; k < 2; k++) {
+            snprintf(flags, sizeof flags, "%s %.17g", f[i].flag, at[k]);
+            int rc = estimate(flags, plan, out, sizeof out);
+            if (rc != 0 && rc != 1) fprintf(stderr, "memplan %s: exit %d\n%s\n", flags, rc, out);
+            assert_true(rc == 0 || rc == 1); /* fits or not, the plan is written */
+            offload_plan p;
+            offload_plan_defaults(&p);
+            zo_status st = offload_plan_load(plan, &p);
+            if (st != ZO_OK) fprintf(stderr, "%s: %s\n", flags, zo_last_error());
+            assert_int_equal(st, ZO_OK);
+            assert_true(plan_value(&p.file, f[i].field) == at[k]);
+        }
+        /* the plan at the upper limit, edited one past it */
+        for (int k = 0; k < 1 + f[i].below; k++) {
+            assert_int_equal(zo_plan_field_check(f[i].field, past[k]), ZO_ERR_INVALID);
+            char why[200], want[700];
+            snprintf(why, sizeof why, "%s", zo_last_error());
+            snprintf(flags, sizeof flags, "%s %.17g", f[i].flag, past[k]);
+            char other[400];
+            snprintf(other, sizeof other, "%s/past.json", tmp_dir);
+            assert_int_equal(estimate(flags, other, out, sizeof out), 2);
+            snprintf(want, sizeof want, "memplan: %s: %s\n", f[i].flag, why);
+            if (!strstr(out, want)) {
+                fprintf(stderr, "memplan %s said:\n%s\nwanted: %s", flags, out, want);
+                fail();
+            }
+            assert_int_not_equal(access(other, F_OK), 0); /* no plan written */
+            snprintf(flags, sizeof flags, "%s %.17g", f[i].flag, hi);
+            assert_true(estimate(flags, plan, out, sizeof out) <= 1);
+            edit_plan(plan, f[i].field, past[k]);
+            offload_plan p;
+            offload_plan_defaults(&p);
+            assert_int_equal(offload_plan_load(plan, &p), ZO_ERR_FORMAT);
+            snprintf(want, sizeof want, "%s: field \"%s\": %s", plan, f[i].field, why);
+            if (strcmp(zo_last_error(), want)) {
+                fprintf(stderr, "runtime said: %s\nwanted:       %s\n", zo_last_error(), want);
+                fail();
+            }
+        }
+    }
+    remove(plan);
+    remove(path);
+}
+
+/* `train --plan` runs a plan made for its model and one rank, and refuses a
+ * plan made for another model or for more ranks, naming both values. */
+static void test_train_refuses_other_plans(void **state)
+{
+    (void)state;
+    char cfg[300], data[300], plan[300], cmd[3000];
+    static char out[1 << 16];
+    snprintf(cfg, sizeof cfg, "%s/config.json", tmp_dir);
+    snprintf(data, sizeof data, "%s/text.txt", tmp_dir);
+    snprintf(plan, sizeof plan, "%s/other.json", tmp_dir);
+    write_file(cfg, tiny_config);
+    FILE *f = fopen(data, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 200; i++) fprintf(f, "the quick brown fox %d. ", i % 10);
+    fclose(f);
+    zo_model_config tiny, big;
+    assert_int_equal(zo_model_config_load(cfg, &tiny), ZO_OK);
+    assert_int_equal(zo_model_preset_find("llama-2-13b", &big), ZO_OK);
+
+    /* LLaMA-2-13B on 64 GPUs */
+    snprintf(cmd, sizeof cmd, "%s estimate --model llama-2-13b --hw dgx-h100 --gpus 64 --zero 3 "
+             "--plan-out %s", ZO_MEMPLAN_BIN, plan);
+    int rc = run(cmd, out, sizeof out);
+    assert_true(rc == 0 || rc == 1);
+    const char *train_args = "--data %s --text --steps 1 --threads 1 --model %s --plan %s";
+    char args[1200];
+    snprintf(args, sizeof args, train_args, data, cfg, plan);
+    snprintf(cmd, sizeof cmd, "%s %s", ZO_TRAIN_BIN, args);
+    assert_int_equal(run(cmd, out, sizeof out), 2);
+    char want[600];
+    snprintf(want, sizeof want, "train: --plan %s: the plan is for model \"llama-2-13b\" of %llu "
+             "parameters; the run's model \"%s\" has %llu", plan,
+             (unsigned long long)zo_model_params(&big), tiny.name,
+             (unsigned long long)zo_model_params(&tiny));
+    if (!strstr(out, want)) {
+        fprintf(stderr, "train said:\n%s\nwanted: %s\n", out, want);
+        fail();
+    }
+    assert_null(strstr(out, "step 0"));
+
+    /* the tiny model's own plan, for DP 2 */
+    assert_true(estimate("--dp 2", plan, out, sizeof out) <= 1);
+    assert_int_equal(run(cmd, out, sizeof out), 2);
+    assert_non_null(strstr(out, "the plan is for 2 ranks (parallel.dp 2 x tp 1 x pp 1); this run has 1"));
+    /* and for one rank: it trains */
+    assert_true(estimate("", plan, out, sizeof out) <= 1);
+    rc = run(cmd, out, sizeof out);
+    if (rc) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "step 0 loss"));
+    /* a report is not a plan */
+    snprintf(cmd, sizeof cmd, "%s estimate --model %s --json > %s", ZO_MEMPLAN_BIN, cfg, plan);
+    assert_true(system(cmd) != -1);
+    snprintf(cmd, sizeof cmd, "%s %s", ZO_TRAIN_BIN, args);
+    assert_int_equal(run(cmd, out, sizeof out), 2);
+    assert_non_null(strstr(out, "missing field \"format\" (\"zoffload-plan\")"));
+    remove(plan);
+    remove(cfg);
+    remove(data);
+}
+#endif
+
+int main(void)
+{
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/zo_test_plan_schema_%d", (int)getpid());
+    mkdir(tmp_dir, 0755);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_roundtrip),
+        cmocka_unit_test(test_required_and_unknown),
+        cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_check_run),
+#if defined(ZO_MEMPLAN_BIN) && defined(ZO_TRAIN_BIN)
+        cmocka_unit_test(test_limits_memplan_runtime),
+        cmocka_unit_test(test_train_refuses_other_plans),
+#endif
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);
+    if (system(cmd)) {}
+    return rc;
+}

@@ -1,0 +1,23 @@
+/* The transformer on the offload runtime: the blocks of a tf_model as an
+ * offload_model. The runtime owns the weights, gradients and the residual
+ * stream between blocks; the model keeps its per-layer activations (or one
+ * shared set with recompute). The model must be built with
+ * tf_options.external_res = 1 (and .recompute = 1 when the runtime
+ * recomputes). Weight decay applies to the 2-D tensors. */
+#ifndef ZO_TRANSFORMER_OFFLOAD_MODEL_H
+#define ZO_TRANSFORMER_OFFLOAD_MODEL_H
+
+#include "offload/offload.h"          /* defines: offload_model */
+#include "transformer/transformer.h"  /* defines: tf_model */
+
+typedef struct tf_offload_model {
+    tf_model *m;
+    offload_model om;
+    int *dep;                    /* [n_blocks]: the tied head reads the embedding */
+    offload_decay_range *decay;  /* the 2-D tensors */
+} tf_offload_model;
+
+zo_status tf_offload_model_init(tf_offload_model *a, tf_model *m);
+void tf_offload_model_free(tf_offload_model *a);
+
+#endif
