@@ -20,7 +20,8 @@ typedef enum ftype {
 } ftype;
 
 enum {
-    F_SHAPE = 1 << 0,     /* the model's shape: absent for a model known only by its size */
+    F_SHAPE = 1 << 0,     /* the model's shape (a field, or a section of them): absent for a
+                             model known only by its size */
     F_COMPARE = 1 << 1,   /* compared with the run's model (zo_plan_check_run) */
     F_SIZE_ONLY = 1 << 2, /* model.params_only: present only for a size-only model */
     F_DERIVED = 1 << 3,   /* model.params: written from the shape, checked against it */
@@ -50,6 +51,7 @@ static const char *const tier_names[] = {"gpu", "cpu", "nvme", NULL};
 static const char *const host_tier_names[] = {"gpu", "cpu", NULL}; /* no nvme */
 static const char *const recompute_names[] = {"none", "selective", "full", NULL};
 static const char *const optimizer_names[] = {"adamw", "sgd", NULL};
+static const char *const pos_names[] = {"arch", "rotary", "alibi", "learned", NULL}; /* zo_pos */
 
 #define M zo_model_config
 static const field model_fields[] = {
@@ -73,7 +75,39 @@ static const field model_fields[] = {
     {"norm_eps", F_FLT, offsetof(M, norm_eps), 0, 0, 1, NULL, F_SHAPE},
     {"rope_theta", F_FLT, offsetof(M, rope_theta), 0, 0, 1e12, NULL, F_SHAPE},
 };
+
+/* What a family adds to the GPT and LLaMA layers (zo_model_config after
+ * params_override; all 0 or "" for what the runtime builds). */
+static const field features_fields[] = {
+    STR(M, act, F_SHAPE),
+    {"positions", F_NAME, offsetof(M, pos), 0, 0, 0, pos_names, F_SHAPE | F_COMPARE},
+    {"position_offset", F_INT, offsetof(M, pos_offset), 0, 0, P2(24), NULL, F_SHAPE | F_COMPARE},
+    INT(M, layer_norms, 0, 64, F_SHAPE | F_COMPARE),
+    BOOL(M, parallel_block, F_SHAPE | F_COMPARE),
+    BOOL(M, embed_norm, F_SHAPE | F_COMPARE),
+    BOOL(M, qk_norm, F_SHAPE | F_COMPARE),
+};
 #undef M
+
+#define A zo_mla
+static const field mla_fields[] = {
+    INT(A, q_rank, 0, P2(24), F_SHAPE | F_COMPARE),  INT(A, kv_rank, 0, P2(24), F_SHAPE | F_COMPARE),
+    INT(A, qk_nope, 0, P2(20), F_SHAPE | F_COMPARE), INT(A, qk_rope, 0, P2(20), F_SHAPE | F_COMPARE),
+    INT(A, v_dim, 0, P2(20), F_SHAPE | F_COMPARE),
+};
+#undef A
+
+#define E zo_moe
+static const field moe_fields[] = {
+    INT(E, experts, 0, P2(20), F_SHAPE | F_COMPARE),
+    INT(E, top_k, 0, P2(20), F_SHAPE | F_COMPARE),
+    INT(E, expert_ffn, 0, P2(26), F_SHAPE | F_COMPARE),
+    INT(E, shared_ffn, 0, P2(26), F_SHAPE | F_COMPARE),
+    BOOL(E, shared_gate, F_SHAPE | F_COMPARE),
+    BOOL(E, router_bias, F_SHAPE | F_COMPARE),
+    INT(E, first_dense, 0, P2(20), F_SHAPE | F_COMPARE),
+};
+#undef E
 
 #define H zo_hw_profile
 static const field hw_fields[] = {
@@ -119,13 +153,16 @@ static const field training_fields[] = {
     NAME(T, recompute, recompute_names, 0),
     BOOL(T, flash_attn, 0),
     BOOL(T, dropout, 0),
+    BOOL(T, dp_overlap, 0),
+    BOOL(T, fused_grad_accum, 0),
 };
 #undef T
 
 #define R zo_plan_parallel
 static const field parallel_fields[] = {
     INT(R, dp, 1, P2(24), 0), INT(R, tp, 1, P2(16), 0), INT(R, pp, 1, P2(16), 0),
-    INT(R, vpp, 1, P2(16), 0), BOOL(R, sp, 0), INT(R, zero, 0, 3, 0),
+    INT(R, vpp, 1, P2(16), 0), BOOL(R, sp, 0), INT(R, ep, 1, P2(16), 0),
+    DBL(R, capacity_factor, 0, 64), INT(R, zero, 0, 3, 0),
 };
 #undef R
 
@@ -190,19 +227,26 @@ typedef struct section {
     size_t has_off;     /* NO_FLAG: present whenever its parent is */
     const char *format; /* the object carries "format" (this) and "version" */
     int version;
+    unsigned flags;     /* F_SHAPE: absent, with all its children, for a size-only model */
 } section;
 
 #define NO_FLAG ((size_t)-1)
 #define FIELDS(a) a, sizeof a / sizeof a[0]
 #define AT(m) offsetof(zo_plan, m)
 enum {
-    S_TOP, S_MODEL, S_HARDWARE, S_TRAINING, S_PARALLEL, S_PLACEMENT, S_OPTIMIZER, S_NVME,
+    S_TOP, S_MODEL, S_FEATURES, S_MLA, S_MOE, S_HARDWARE, S_TRAINING, S_PARALLEL, S_PLACEMENT, S_OPTIMIZER, S_NVME,
     S_BUFFERS, S_PREDICTED, S_PEAK, S_CAPACITY,
 };
 /* In the order they are read and written; a parent before its children. */
 static const section sections[] = {
     [S_TOP] = {"", -1, NULL, 0, 0, NO_FLAG, ZO_PLAN_FORMAT, ZO_PLAN_VERSION},
     [S_MODEL] = {"model", S_TOP, FIELDS(model_fields), AT(model), NO_FLAG, NULL, 0},
+    [S_FEATURES] = {"model.features", S_MODEL, FIELDS(features_fields), AT(model), NO_FLAG, NULL, 0,
+                    F_SHAPE},
+    [S_MLA] = {"model.features.mla", S_FEATURES, FIELDS(mla_fields), AT(model.mla), NO_FLAG, NULL,
+               0, F_SHAPE},
+    [S_MOE] = {"model.features.moe", S_FEATURES, FIELDS(moe_fields), AT(model.moe), NO_FLAG, NULL,
+               0, F_SHAPE},
     [S_HARDWARE] = {"hardware", S_TOP, FIELDS(hw_fields), AT(hardware), AT(has_hardware),
                     ZO_HW_FORMAT, ZO_HW_VERSION},
     [S_TRAINING] = {"training", S_TOP, FIELDS(training_fields), AT(training), NO_FLAG, NULL, 0},
@@ -221,7 +265,8 @@ static const section sections[] = {
 };
 #define N_SECTIONS (sizeof sections / sizeof sections[0])
 
-_Static_assert(sizeof(zo_arch) == sizeof(int) && sizeof(zo_dtype) == sizeof(int) &&
+_Static_assert(sizeof(zo_arch) == sizeof(int) && sizeof(zo_pos) == sizeof(int) &&
+                   sizeof(zo_dtype) == sizeof(int) &&
                    sizeof(zo_plan_tier) == sizeof(int) && sizeof(zo_plan_recompute) == sizeof(int) &&
                    sizeof(zo_plan_optimizer) == sizeof(int),
                "F_NAME and F_DTYPE fields are stored as int");
@@ -360,8 +405,9 @@ void zo_plan_defaults(zo_plan *p, const zo_model_config *m)
                                      .grad_dtype = ZO_DTYPE_BF16,
                                      .optimizer = ZO_PLAN_ADAMW,
                                      .recompute = ZO_PLAN_RECOMPUTE_NONE,
-                                     .flash_attn = 1};
-    p->parallel = (zo_plan_parallel){.dp = 1, .tp = 1, .pp = 1, .vpp = 1};
+                                     .flash_attn = 1,
+                                     .dp_overlap = 1};
+    p->parallel = (zo_plan_parallel){.dp = 1, .tp = 1, .pp = 1, .vpp = 1, .ep = 1};
     p->placement.optimizer[ZO_PLAN_GPU] = 1.0;
     snprintf(p->nvme.dir, sizeof p->nvme.dir, "%s", ZO_PLAN_NVME_DIR_PLACEHOLDER);
     p->nvme.sub_group = 1u << 20;
@@ -377,11 +423,35 @@ static int skip_field(const field *f, const zo_model_config *m)
     return 0;
 }
 
+/* Whether a section is there, given that its parent is: its has_* flag in
+ * the plan `p` (NULL: writing one object alone, no flags), its shape for the
+ * model `m` (NULL: not a model's). */
+static int section_here(const section *s, const zo_plan *p, const zo_model_config *m)
+{
+    if (s->has_off != NO_FLAG && p && !*(const int *)((const char *)p + s->has_off)) return 0;
+    return !((s->flags & F_SHAPE) && m && m->params_override);
+}
+
 static int section_present(const section *s, const zo_plan *p)
 {
     for (; s; s = s->parent >= 0 ? &sections[s->parent] : NULL)
-        if (s->has_off != NO_FLAG && !*(const int *)((const char *)p + s->has_off)) return 0;
+        if (!section_here(s, p, &p->model)) return 0;
     return 1;
+}
+
+/* The key of a section in its parent ("mla" of "model.features.mla"). */
+static const char *section_key(const section *s)
+{
+    const char *key = strrchr(s->path, '.');
+    return key ? key + 1 : s->path;
+}
+
+/* Whether section i is the model's or one of its children's. */
+static int in_model(int i)
+{
+    for (; i >= 0; i = sections[i].parent)
+        if (i == S_MODEL) return 1;
+    return 0;
 }
 
 static void field_prefix(const section *s, char *buf, size_t len)
@@ -492,47 +562,51 @@ static int add_fields(cJSON *o, const section *s, const void *base, const zo_mod
     return 1;
 }
 
-zo_status zo_plan_write_json(const zo_plan *p, const char *what, cJSON **out)
+/* Section i into `o`, its fields then its children, from `base` (the
+ * section's struct); `p` and `m` as for section_here. */
+static int write_section(cJSON *o, int i, const char *base, const zo_plan *p,
+                         const zo_model_config *m)
 {
-    *out = NULL;
-    zo_status st = zo_plan_check(p, what);
-    if (st != ZO_OK) return st;
-    cJSON *obj[N_SECTIONS] = {0};
-    obj[S_TOP] = cJSON_CreateObject();
-    if (!obj[S_TOP]) goto out_nomem;
-    for (size_t i = 0; i < N_SECTIONS; i++) {
-        const section *s = &sections[i];
-        if (!section_present(s, p)) continue;
-        if (i != S_TOP) {
-            const char *key = strrchr(s->path, '.');
-            key = key ? key + 1 : s->path;
-            if (!(obj[i] = cJSON_AddObjectToObject(obj[s->parent], key))) goto out_free;
-        }
-        if (!add_fields(obj[i], s, (const char *)p + s->off, i == S_MODEL ? &p->model : NULL))
-            goto out_free;
+    if (!add_fields(o, &sections[i], base, m)) return 0;
+    for (size_t c = 0; c < N_SECTIONS; c++) {
+        const section *s = &sections[c];
+        if (s->parent != i || !section_here(s, p, m)) continue;
+        cJSON *child = cJSON_AddObjectToObject(o, section_key(s));
+        if (!child || !write_section(child, (int)c, base + (s->off - sections[i].off), p, m))
+            return 0;
     }
-    *out = obj[S_TOP];
-    return ZO_OK;
-out_free:
-    cJSON_Delete(obj[S_TOP]);
-out_nomem:
-    return zo_error(ZO_ERR_NOMEM, "%s: out of memory writing the plan", what);
+    return 1;
 }
 
-/* One object alone (the model, a hardware profile). */
-static cJSON *section_json(int i, const void *base, const zo_model_config *m)
+/* One object alone (a plan, the model, a hardware profile). */
+static cJSON *section_json(int i, const void *base, const zo_plan *p, const zo_model_config *m)
 {
     cJSON *o = cJSON_CreateObject();
-    if (o && !add_fields(o, &sections[i], base, m)) {
+    if (o && !write_section(o, i, base, p, m)) {
         cJSON_Delete(o);
         return NULL;
     }
     return o;
 }
 
-cJSON *zo_plan_model_write_json(const zo_model_config *m) { return section_json(S_MODEL, m, m); }
+zo_status zo_plan_write_json(const zo_plan *p, const char *what, cJSON **out)
+{
+    zo_status st = zo_plan_check(p, what);
+    if (st != ZO_OK) return st;
+    if (!(*out = section_json(S_TOP, p, p, &p->model)))
+        return zo_error(ZO_ERR_NOMEM, "%s: out of memory writing the plan", what);
+    return ZO_OK;
+}
 
-cJSON *zo_hw_profile_write_json(const zo_hw_profile *hw) { return section_json(S_HARDWARE, hw, NULL); }
+cJSON *zo_plan_model_write_json(const zo_model_config *m)
+{
+    return section_json(S_MODEL, m, NULL, m);
+}
+
+cJSON *zo_hw_profile_write_json(const zo_hw_profile *hw)
+{
+    return section_json(S_HARDWARE, hw, NULL, NULL);
+}
 
 /* ---- reading ------------------------------------------------------------------------- */
 
@@ -713,11 +787,10 @@ zo_status zo_plan_read(const char *text, size_t len, const char *path, zo_plan *
         field_prefix(s, prefix, sizeof prefix);
         if (i != S_TOP) {
             if (!obj[s->parent]) continue; /* an optional parent is absent */
-            const char *key = strrchr(s->path, '.');
-            key = key ? key + 1 : s->path;
-            obj[i] = cJSON_GetObjectItemCaseSensitive(obj[s->parent], key);
+            obj[i] = cJSON_GetObjectItemCaseSensitive(obj[s->parent], section_key(s));
             if (!obj[i]) {
-                if (s->has_off != NO_FLAG) continue;
+                /* optional, or a size-only model's shape (its model was read first) */
+                if (s->has_off != NO_FLAG || !section_here(s, NULL, &out->model)) continue;
                 st = zo_error(ZO_ERR_FORMAT, "%s: missing object \"%s\"", path, s->path);
                 break;
             }
@@ -728,8 +801,7 @@ zo_status zo_plan_read(const char *text, size_t len, const char *path, zo_plan *
             if (s->has_off != NO_FLAG) *(int *)((char *)out + s->has_off) = 1;
         }
         reader r = {path, prefix, 0};
-        st = read_object(&r, obj[i], s, (char *)out + s->off, i == S_MODEL ? &out->model : NULL,
-                         &params);
+        st = read_object(&r, obj[i], s, (char *)out + s->off, &out->model, &params);
     }
     if (st == ZO_OK) {
         if (!out->model.family[0])
@@ -773,16 +845,21 @@ zo_status zo_plan_check_run(const zo_plan *p, const zo_model_config *m, int worl
         return zo_error(ZO_ERR_INVALID, "%s: the plan is for model \"%s\" of %llu parameters; the "
                         "run's model \"%s\" has %llu", path, p->model.name,
                         (unsigned long long)want, m->name, (unsigned long long)have);
-    for (size_t k = 0; k < sizeof model_fields / sizeof model_fields[0] && !p->model.params_override; k++) {
-        const field *f = &model_fields[k];
-        if (!(f->flags & F_COMPARE)) continue;
-        int a = (int)get_num(f, &p->model), b = (int)get_num(f, m);
-        if (a == b) continue;
-        if (f->type == F_NAME)
-            return zo_error(ZO_ERR_INVALID, "%s: the plan's model.%s is %s; the run's model \"%s\" "
-                            "has %s", path, f->key, f->names[a], m->name, f->names[b]);
-        return zo_error(ZO_ERR_INVALID, "%s: the plan's model.%s is %d; the run's model \"%s\" has %d",
-                        path, f->key, a, m->name, b);
+    for (int i = 0; i < (int)N_SECTIONS && !p->model.params_override; i++) {
+        const section *s = &sections[i];
+        if (!in_model(i)) continue;
+        size_t at = s->off - AT(model); /* the section's struct inside a zo_model_config */
+        for (size_t k = 0; k < s->n; k++) {
+            const field *f = &s->f[k];
+            if (!(f->flags & F_COMPARE)) continue;
+            int a = (int)get_num(f, (const char *)&p->model + at), b = (int)get_num(f, (const char *)m + at);
+            if (a == b) continue;
+            if (f->type == F_NAME)
+                return zo_error(ZO_ERR_INVALID, "%s: the plan's %s.%s is %s; the run's model \"%s\" "
+                                "has %s", path, s->path, f->key, f->names[a], m->name, f->names[b]);
+            return zo_error(ZO_ERR_INVALID, "%s: the plan's %s.%s is %d; the run's model \"%s\" "
+                            "has %d", path, s->path, f->key, a, m->name, b);
+        }
     }
     long ranks = (long)p->parallel.dp * p->parallel.tp * p->parallel.pp;
     if (ranks != world_size)

@@ -7,8 +7,8 @@
  * A plan is one JSON object, "format": "zoffload-plan", "version": 1. Every
  * field is required except the objects "hardware" and "predicted" (each
  * present whole or absent) and, for a model known only by its size
- * ("model.params_only"), the model's shape. Unknown fields are refused by
- * name; messages name the file and the field. */
+ * ("model.params_only"), the model's shape (its "features" included).
+ * Unknown fields are refused by name; messages name the file and the field. */
 #ifndef ZO_COMMON_PLAN_SCHEMA_H
 #define ZO_COMMON_PLAN_SCHEMA_H
 
@@ -83,11 +83,16 @@ typedef struct zo_plan_training {
     zo_plan_optimizer optimizer;
     zo_plan_recompute recompute;
     int flash_attn, dropout;
+    /* how the trainer schedules (the planner's time only, docs/memplan.md "Time") */
+    int dp_overlap;               /* gradient reduction overlaps the last backward */
+    int fused_grad_accum;         /* the weight-gradient GEMM adds into the gradient buffer */
 } zo_plan_training;
 
 typedef struct zo_plan_parallel {
     int dp, tp, pp, vpp;          /* vpp: model chunks per pipeline stage */
     int sp;                       /* sequence parallelism */
+    int ep;                       /* expert parallelism (MoE): experts over ep of the dp ranks */
+    double capacity_factor;       /* MoE: tokens an expert takes, x its fair share; 0: dropless */
     int zero;                     /* ZeRO stage 0..3 */
 } zo_plan_parallel;
 
@@ -135,7 +140,8 @@ typedef struct zo_plan {
 
 /* A valid plan for model `m` (copied) with everything on the GPU: its
  * positions as seq, micro-batch 1, no accumulation, bf16, AdamW, no
- * recompute, one rank, prefetch 2, sub-group 1M, 3 swap buffers, no reserved
+ * recompute, gradient reduction overlapped, one rank (EP 1, dropless),
+ * prefetch 2, sub-group 1M, 3 swap buffers, no reserved
  * buffers, the NVMe placeholder, no hardware and no prediction. */
 void zo_plan_defaults(zo_plan *p, const zo_model_config *m);
 
@@ -165,14 +171,15 @@ zo_status zo_plan_field_range(const char *field, double *lo, double *hi);
 zo_status zo_plan_field_check(const char *field, double value);
 
 /* Whether a plan can run here: the model `m` has the plan's parameter count
- * and shape (layers, widths, heads, vocabulary, biases, tied embeddings) and
+ * and shape (layers, widths, heads, vocabulary, biases, tied embeddings, and
+ * the features of its family: positions, norms, experts, latent attention) and
  * the run's `world_size` ranks are the plan's dp x tp x pp. Messages name
  * the plan (`path`) and both values. ZO_ERR_INVALID. */
 zo_status zo_plan_check_run(const zo_plan *p, const zo_model_config *m, int world_size,
                             const char *path);
 
-/* The "model" object alone, as a plan carries it (the estimate's report
- * carries it too). NULL when out of memory. */
+/* The "model" object alone (its "features" included), as a plan carries it
+ * (the estimate's report carries it too). NULL when out of memory. */
 cJSON *zo_plan_model_write_json(const zo_model_config *m);
 
 /* ---- hardware profiles ----------------------------------------------------- */

@@ -145,6 +145,9 @@ zo_status model_layout_init(model_layout *l, const zo_model_config *cfg_in)
                         cfg.name);
     if ((st = zo_model_config_validate(&cfg)) != ZO_OK)
         return zo_error_wrap(st, "model layout: %s", cfg.name);
+    /* memplan sizes more families than the layout builds: refuse the rest by name */
+    if ((st = zo_model_config_runtime_check(&cfg)) != ZO_OK)
+        return zo_error_wrap(st, "model layout");
     l->cfg = cfg;
     l->n_layers = cfg.n_layers;
     l->n_blocks = cfg.n_layers + 2;

@@ -19,7 +19,8 @@
 typedef struct plan_time_mb {
     double fwd, bwd, rc;        /* compute seconds: forward, backward, recompute */
     double tp_fwd, tp_bwd, tp_rc; /* tensor-parallel collectives of each pass */
-    double total;               /* fwd + bwd + rc + the three TP parts */
+    double ep_fwd, ep_bwd, ep_rc; /* expert-parallel all-to-alls of each pass */
+    double total;               /* fwd + bwd + rc + the TP and EP parts */
     double layer_fwd, layer_bwd;  /* one layer with its TP collectives; bwd includes recompute */
     double layer_compute;       /* one layer's fwd + bwd + rc compute (overlap window per block) */
     double model_flops_token;   /* fwd + bwd FLOPs per token of the whole model (MFU) */
@@ -38,6 +39,7 @@ typedef struct plan_time {
     double optimizer_gpu; /* the update on the GPU */
     double cpu_adam;      /* AdamW on the CPU over the CPU and NVMe shares */
     double nvme;          /* exposed NVMe traffic (optimizer swap, streamed weights) */
+    double ep_comm;       /* expert-parallel all-to-alls (not overlapped) */
     /* totals before overlap */
     double dp_comm_total, h2d_total, d2h_total, nvme_total;
     double step;          /* seconds per step: the sum of the exposed parts */
@@ -66,7 +68,7 @@ double plan_allreduce_s(double bytes, int p, double bw, double lat);
 double plan_allgather_s(double bytes, int p, double bw, double lat); /* = reduce-scatter */
 
 /* The names of the parts, in the order of the step (JSON keys, SVG legend). */
-#define PLAN_TIME_PARTS 12
+#define PLAN_TIME_PARTS 13
 const char *plan_time_part_name(int i);
 double plan_time_part(const plan_time *pt, int i);
 

@@ -1,7 +1,10 @@
 #include "memory.h"
 
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 const char *plan_tier_name(plan_tier t)
 {
@@ -21,19 +24,34 @@ const char *plan_recompute_name(plan_recompute r)
     return r <= PLAN_RECOMPUTE_FULL ? n[r] : "?";
 }
 
+int plan_default_seq(const zo_model_config *m)
+{
+    /* not the positions a model was trained to reach: 131072 for Llama-3.1
+     * would plan 62.6 GiB of logits for one sequence */
+    return m->max_seq > 0 && m->max_seq < PLAN_DEFAULT_SEQ ? m->max_seq : PLAN_DEFAULT_SEQ;
+}
+
+/* GPT-2, GPT-3, Megatron and OPT train with dropout; GPT-NeoX, Falcon, BLOOM
+ * and the LLaMA families set it to 0. */
+static int default_dropout(const zo_model_config *m)
+{
+    return m->arch == ZO_ARCH_GPT && (m->pos == ZO_POS_ARCH || m->pos == ZO_POS_LEARNED);
+}
+
 void plan_train_defaults(plan_train *t, const zo_model_config *m)
 {
     memset(t, 0, sizeof *t);
-    t->seq = m->max_seq > 0 ? m->max_seq : 2048;
+    t->seq = plan_default_seq(m);
     t->micro_batch = 1;
     t->grad_accum = 1;
     t->dtype = ZO_DTYPE_BF16;
     t->grad_dtype = ZO_DTYPE_BF16;
     t->optimizer = PLAN_OPT_ADAMW;
-    t->dp = t->tp = t->pp = t->vpp = 1;
+    t->dp = t->tp = t->pp = t->vpp = t->ep = 1;
+    t->dp_overlap = 1;
     t->recompute = PLAN_RECOMPUTE_NONE;
     t->flash_attn = 1;
-    t->dropout = m->arch == ZO_ARCH_GPT;
+    t->dropout = default_dropout(m);
     t->params_on = t->grads_on = t->checkpoints_on = PLAN_GPU;
     t->opt_frac[PLAN_GPU] = 1.0;
     t->buf.cuda_context = 512ull << 20;
@@ -53,23 +71,44 @@ static const plan_act_entry act_table[] = {
     /* attention */
     {"norm_1", "input", PLAN_W_H, 0, 0},
     {"attn.qkv", "input (norm_1 output)", PLAN_W_H, 0, 0},
+    {"attn.q_a_norm", "input, output (q_a output)", PLAN_W_QLORA, 0, PLAN_ACT_MLA},
+    {"attn.q_a_norm", "output (q_b input)", PLAN_W_QLORA, 0, PLAN_ACT_MLA},
+    {"attn.kv_a_norm", "input (kv_a output)", PLAN_W_KVLORA, 0, PLAN_ACT_MLA},
+    {"attn.kv_a_norm", "output (kv_b input)", PLAN_W_KVLORA, 0, PLAN_ACT_MLA},
+    {"attn.q_norm", "input", PLAN_W_Q, 0, PLAN_ACT_TP | PLAN_ACT_QKNORM},
+    {"attn.k_norm", "input", PLAN_W_KV, 0, PLAN_ACT_TP | PLAN_ACT_QKNORM},
     {"attn.scores", "Q", PLAN_W_Q, 0, PLAN_ACT_TP},
     {"attn.scores", "K", PLAN_W_KV, 0, PLAN_ACT_TP},
     {"attn.softmax", "output", PLAN_W_SCORES, 0, PLAN_ACT_TP | PLAN_ACT_S2},
     {"attn.dropout", "mask", PLAN_W_SCORES, 1, PLAN_ACT_TP | PLAN_ACT_S2 | PLAN_ACT_DROPOUT},
     {"attn.context", "dropout output", PLAN_W_SCORES, 0, PLAN_ACT_TP | PLAN_ACT_S2 | PLAN_ACT_DROPOUT},
-    {"attn.context", "V", PLAN_W_KV, 0, PLAN_ACT_TP},
+    {"attn.context", "V", PLAN_W_V, 0, PLAN_ACT_TP},
     {"attn.flash", "logsumexp (fp32)", PLAN_W_HEADS, 4, PLAN_ACT_TP | PLAN_ACT_FLASH},
-    {"attn.out", "input", PLAN_W_Q, 0, PLAN_ACT_TP},
+    {"attn.out", "input", PLAN_W_O, 0, PLAN_ACT_TP},
     {"attn.resid_dropout", "mask", PLAN_W_H, 1, PLAN_ACT_DROPOUT},
-    /* MLP */
-    {"norm_2", "input", PLAN_W_H, 0, 0},
-    {"mlp.in", "input (norm_2 output)", PLAN_W_H, 0, 0},
-    {"mlp.gelu", "input", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_GPT},
-    {"mlp.fc_out", "input (gelu output)", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_GPT},
-    {"mlp.swiglu", "gate output", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_LLAMA},
-    {"mlp.swiglu", "up output", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_LLAMA},
-    {"mlp.down", "input (swiglu output)", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_LLAMA},
+    /* Gemma-2: norms after attention and after the MLP */
+    {"norm.post", "inputs", PLAN_W_NORMS, 0, 0},
+    /* MLP (a parallel block's MLP reads the attention's input: no norm_2
+     * input; with one norm for both, no MLP input either) */
+    {"norm_2", "input", PLAN_W_H, 0, PLAN_ACT_SEQ},
+    {"mlp.in", "input (norm_2 output)", PLAN_W_H, 0, PLAN_ACT_TWO_NORMS},
+    {"mlp.gelu", "input", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_GPT | PLAN_ACT_DENSE},
+    {"mlp.fc_out", "input (gelu output)", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_GPT | PLAN_ACT_DENSE},
+    {"mlp.swiglu", "gate output", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_LLAMA | PLAN_ACT_DENSE},
+    {"mlp.swiglu", "up output", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_LLAMA | PLAN_ACT_DENSE},
+    {"mlp.down", "input (swiglu output)", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_LLAMA | PLAN_ACT_DENSE},
+    /* MoE: the router, the routed tokens in and out of the experts (the
+     * outputs for the routing weights' gradient), the experts' gated MLPs
+     * over the routed rows, the shared expert over every token */
+    {"moe.router", "probabilities (fp32)", PLAN_W_ROUTER, 4, PLAN_ACT_MOE},
+    {"moe.dispatch", "routed tokens", PLAN_W_ROUTED_H, 0, PLAN_ACT_MOE},
+    {"moe.expert", "gate output", PLAN_W_ROUTED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
+    {"moe.expert", "up output", PLAN_W_ROUTED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
+    {"moe.expert.down", "input (swiglu output)", PLAN_W_ROUTED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
+    {"moe.combine", "expert outputs", PLAN_W_ROUTED_H, 0, PLAN_ACT_MOE},
+    {"moe.shared", "gate output", PLAN_W_SHARED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
+    {"moe.shared", "up output", PLAN_W_SHARED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
+    {"moe.shared.down", "input (swiglu output)", PLAN_W_SHARED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
     {"mlp.dropout", "mask", PLAN_W_H, 1, PLAN_ACT_DROPOUT},
 };
 
@@ -81,34 +120,109 @@ const plan_act_entry *plan_act_table(size_t *count)
 
 static uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
-uint64_t plan_layer_act_bytes(const zo_model_config *m, const plan_train *t, int keep_s2)
+double plan_routed_rows(const zo_model_config *m, const plan_train *t)
 {
-    uint64_t s = (uint64_t)t->seq, b = (uint64_t)t->micro_batch;
-    uint64_t a = (uint64_t)m->n_heads, hd = (uint64_t)m->head_dim;
+    return m->moe.top_k * (t->capacity_factor > 0 ? t->capacity_factor : 1.0);
+}
+
+uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, int keep_s2,
+                                 int moe)
+{
+    uint64_t s = (uint64_t)t->seq, b = (uint64_t)t->micro_batch, sb = s * b;
+    uint64_t a = (uint64_t)m->n_heads;
     uint64_t act = zo_dtype_size(t->dtype);
     uint64_t tp = (uint64_t)t->tp;
+    uint64_t q, k, v, o;
+    zo_model_attn_widths(m, &q, &k, &v, &o);
+    uint64_t routed = moe ? (uint64_t)llround((double)sb * plan_routed_rows(m, t)) : 0;
+    int norms = m->layer_norms ? m->layer_norms : 2;
+    /* the rows this layer does not have, as one mask of flags */
+    unsigned skip = (m->arch != ZO_ARCH_GPT ? PLAN_ACT_GPT : 0) |
+                    (m->arch != ZO_ARCH_LLAMA ? PLAN_ACT_LLAMA : 0) |
+                    (!t->dropout ? PLAN_ACT_DROPOUT : 0) |
+                    (t->flash_attn || !keep_s2 ? PLAN_ACT_S2 : 0) |
+                    (!t->flash_attn ? PLAN_ACT_FLASH : 0) | (moe ? PLAN_ACT_DENSE : PLAN_ACT_MOE) |
+                    (m->parallel_block ? PLAN_ACT_SEQ : 0) | (norms == 1 ? PLAN_ACT_TWO_NORMS : 0) |
+                    (!m->mla.kv_rank ? PLAN_ACT_MLA : 0) | (!m->qk_norm ? PLAN_ACT_QKNORM : 0);
     uint64_t total = 0;
     for (size_t i = 0; i < sizeof act_table / sizeof act_table[0]; i++) {
         const plan_act_entry *e = &act_table[i];
-        if ((e->flags & PLAN_ACT_GPT) && m->arch != ZO_ARCH_GPT) continue;
-        if ((e->flags & PLAN_ACT_LLAMA) && m->arch != ZO_ARCH_LLAMA) continue;
-        if ((e->flags & PLAN_ACT_DROPOUT) && !t->dropout) continue;
-        if ((e->flags & PLAN_ACT_S2) && (t->flash_attn || !keep_s2)) continue;
-        if ((e->flags & PLAN_ACT_FLASH) && !t->flash_attn) continue;
+        unsigned fl = e->flags;
+        if (fl & skip) continue;
         uint64_t n;
         switch (e->width) {
-        case PLAN_W_H: n = s * b * (uint64_t)m->hidden; break;
-        case PLAN_W_Q: n = s * b * a * hd; break;
-        case PLAN_W_KV: n = s * b * (uint64_t)m->n_kv_heads * hd; break;
-        case PLAN_W_FFN: n = s * b * (uint64_t)m->ffn; break;
+        case PLAN_W_H: n = sb * (uint64_t)m->hidden; break;
+        case PLAN_W_Q: n = sb * q; break;
+        case PLAN_W_KV: n = sb * k; break;
+        case PLAN_W_V: n = sb * v; break;
+        case PLAN_W_O: n = sb * o; break;
+        case PLAN_W_FFN: n = sb * (uint64_t)m->ffn; break;
         case PLAN_W_SCORES: n = a * s * s * b; break;
-        default: n = a * s * b; break;
+        case PLAN_W_HEADS: n = a * sb; break;
+        case PLAN_W_QLORA: n = sb * (uint64_t)m->mla.q_rank; break;
+        case PLAN_W_KVLORA: n = sb * (uint64_t)(m->mla.kv_rank + m->mla.qk_rope); break;
+        case PLAN_W_NORMS: n = norms > 2 ? sb * (uint64_t)m->hidden * (uint64_t)(norms - 2) : 0; break;
+        case PLAN_W_ROUTER: n = sb * (uint64_t)m->moe.experts; break;
+        case PLAN_W_ROUTED_H: n = routed * (uint64_t)m->hidden; break;
+        case PLAN_W_ROUTED_FFN: n = routed * (uint64_t)m->moe.expert_ffn; break;
+        default: n = sb * (uint64_t)m->moe.shared_ffn; break;
         }
         n *= e->bytes ? (uint64_t)e->bytes : act;
-        uint64_t div = (e->flags & PLAN_ACT_TP) || t->sp ? tp : 1;
-        total += ceil_div(n, div);
+        uint64_t div = (fl & PLAN_ACT_TP) || t->sp ? tp : 1;
+        total += div == 1 ? n : ceil_div(n, div);
     }
     return total;
+}
+
+uint64_t plan_layer_act_bytes(const zo_model_config *m, const plan_train *t, int keep_s2)
+{
+    return plan_layer_act_bytes_of(m, t, keep_s2, 0);
+}
+
+/* ---- what the GPU can run -------------------------------------------------------- */
+
+/* By the GPU's name, until the hardware description carries its compute
+ * capability: Volta (V100) and older have no bf16 tensor cores and no
+ * FlashAttention kernels (FlashAttention needs Turing or later, FA-2 Ampere). */
+static int gpu_is_volta_or_older(const plan_hw *hw)
+{
+    return !strncasecmp(hw->gpu, "V100", 4) || !strncasecmp(hw->gpu, "P100", 4);
+}
+
+void plan_train_fit_hw(plan_train *t, const plan_hw *hw)
+{
+    if (!gpu_is_volta_or_older(hw)) return;
+    if (t->dtype == ZO_DTYPE_BF16) t->dtype = ZO_DTYPE_F16;
+    if (t->grad_dtype == ZO_DTYPE_BF16) t->grad_dtype = ZO_DTYPE_F16;
+}
+
+static void say(char *buf, size_t len, size_t *used, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void say(char *buf, size_t len, size_t *used, const char *fmt, ...)
+{
+    if (*used >= len) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + *used, len - *used, fmt, ap);
+    va_end(ap);
+    if (n > 0) *used += (size_t)n;
+    if (*used >= len) *used = len - 1;
+}
+
+int plan_train_warnings(const plan_train *t, const plan_hw *hw, char *buf, size_t len)
+{
+    size_t used = 0;
+    int n = 0;
+    if (len) buf[0] = '\0';
+    if (t->flash_attn && gpu_is_volta_or_older(hw)) {
+        say(buf, len, &used,
+            "%s has no FlashAttention kernels: the attention's memory is that of a "
+            "memory-efficient kernel (xformers, PyTorch SDPA), its time is optimistic; "
+            "--no-flash-attn plans standard attention\n",
+            hw->gpu);
+        n++;
+    }
+    return n;
 }
 
 /* ---- validation ------------------------------------------------------------- */
@@ -117,8 +231,23 @@ zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, con
 {
     if (t->seq <= 0 || t->micro_batch <= 0 || t->grad_accum <= 0)
         return zo_error(ZO_ERR_INVALID, "--seq, --micro-batch and --grad-accum must be positive");
-    if (t->dp <= 0 || t->tp <= 0 || t->pp <= 0 || t->vpp <= 0)
-        return zo_error(ZO_ERR_INVALID, "--dp, --tp, --pp and --vpp must be positive");
+    if (t->dp <= 0 || t->tp <= 0 || t->pp <= 0 || t->vpp <= 0 || t->ep <= 0)
+        return zo_error(ZO_ERR_INVALID, "--dp, --tp, --pp, --vpp and --ep must be positive");
+    if (t->ep > 1) {
+        if (!m->moe.experts)
+            return zo_error(ZO_ERR_INVALID, "--ep %d: %s has no experts to shard", t->ep, m->name);
+        if (t->dp % t->ep)
+            return zo_error(ZO_ERR_INVALID,
+                            "--ep %d must divide the data-parallel degree (DP %d): expert "
+                            "parallelism shards the experts over data-parallel ranks",
+                            t->ep, t->dp);
+        if (m->moe.experts % t->ep)
+            return zo_error(ZO_ERR_INVALID, "--ep %d does not divide the %d experts of %s",
+                            t->ep, m->moe.experts, m->name);
+    }
+    if (t->capacity_factor < 0 || (t->capacity_factor > 0 && !m->moe.experts))
+        return zo_error(ZO_ERR_INVALID, "--capacity-factor %g: %s", t->capacity_factor,
+                        t->capacity_factor < 0 ? "must not be negative" : "the model has no experts");
     if (t->zero < 0 || t->zero > 3)
         return zo_error(ZO_ERR_INVALID, "--zero %d: the ZeRO stage is 0, 1, 2 or 3", t->zero);
     if (!m->params_override) {
@@ -137,13 +266,18 @@ zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, con
             return zo_error(ZO_ERR_INVALID,
                             "--pp %d x --vpp %d does not divide the %d layers of %s", t->pp,
                             t->vpp, m->n_layers, m->name);
-        if (m->arch == ZO_ARCH_GPT && t->seq > m->max_seq)
+        if (zo_model_position_rows(m) && t->seq > m->max_seq)
             return zo_error(ZO_ERR_INVALID,
                             "--seq %d exceeds the %d learned positions of %s", t->seq,
                             m->max_seq, m->name);
     }
     if (t->vpp > 1 && t->pp == 1)
         return zo_error(ZO_ERR_INVALID, "--vpp %d needs pipeline parallelism (--pp > 1)", t->vpp);
+    if ((t->dtype == ZO_DTYPE_BF16 || t->grad_dtype == ZO_DTYPE_BF16) && gpu_is_volta_or_older(hw))
+        return zo_error(ZO_ERR_INVALID,
+                        "--dtype bf16: %s has no bf16 tensor cores (Volta and older); use "
+                        "--dtype fp16 (with loss scaling) or fp32",
+                        hw->gpu);
     if (t->sp && t->tp == 1)
         return zo_error(ZO_ERR_INVALID, "--sp needs tensor parallelism (--tp > 1)");
     long long world = (long long)t->dp * t->tp * t->pp;
@@ -191,13 +325,24 @@ static void add(plan_estimate *e, const char *name, plan_tier tier, plan_kind ki
         e->items[e->n_items++] = (plan_item){name, tier, kind, bytes};
 }
 
-/* Parameter elements on one rank of a pipeline stage (after TP, before ZeRO). */
+/* Parameter elements on one rank of a pipeline stage (after TP and EP,
+ * before ZeRO). */
 typedef struct stage_shape {
     uint64_t params;     /* elements */
+    uint64_t experts;    /* of which routed experts (sharded by ZeRO over DP / EP) */
     uint64_t largest;    /* elements of the largest block */
     int layers;
+    int moe_layers;      /* of which MoE layers */
     int first, last;
 } stage_shape;
+
+/* One layer on one rank: TP splits the projections, EP the routed experts. */
+static uint64_t layer_on_rank(const zo_layer_params *lp, const plan_train *t, uint64_t *experts)
+{
+    uint64_t tp = (uint64_t)t->tp;
+    *experts = (uint64_t)(lp->experts / t->ep) * ceil_div(lp->expert, tp);
+    return ceil_div(lp->tp_split, tp) + lp->replicated + *experts;
+}
 
 static void stage_params(const zo_model_config *m, const plan_train *t, int stage,
                          stage_shape *o)
@@ -211,25 +356,33 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
         o->params = ceil_div(m->params_override, tp * (uint64_t)t->pp);
         return;
     }
-    uint64_t h = (uint64_t)m->hidden, f = (uint64_t)m->ffn, v = (uint64_t)m->vocab;
-    uint64_t q = (uint64_t)m->n_heads * (uint64_t)m->head_dim;
-    uint64_t kv = (uint64_t)m->n_kv_heads * (uint64_t)m->head_dim;
+    uint64_t h = (uint64_t)m->hidden, v = (uint64_t)m->vocab;
     uint64_t norm = m->norm_bias ? 2 * h : h;
     /* column/row-parallel weights are split over TP; norms and the biases
-     * added after a row-parallel reduction are replicated */
-    uint64_t split = h * (q + 2 * kv) + q * h + (m->arch == ZO_ARCH_GPT ? 2 : 3) * h * f;
-    if (m->attn_bias) split += q + 2 * kv;
-    uint64_t repl = 2 * norm;
-    if (m->out_bias) {
-        repl += 2 * h;                                   /* attention out, MLP out */
-        split += m->arch == ZO_ARCH_GPT ? f : 2 * f;     /* MLP in */
-    }
-    uint64_t layer = split / tp + repl;
+     * added after a row-parallel reduction are replicated; the stage's layers
+     * are dense, or MoE from the model's first_dense on */
     o->layers = m->n_layers / t->pp;
-    o->params = layer * (uint64_t)o->layers;
-    o->largest = layer;
+    int first_layer = stage * o->layers;
+    int n_moe = 0;
+    for (int i = first_layer; i < first_layer + o->layers; i++) n_moe += zo_model_layer_is_moe(m, i);
+    o->moe_layers = n_moe;
+    zo_layer_params lp;
+    uint64_t ex;
+    if (o->layers - n_moe) {
+        zo_model_layer_params(m, 0, &lp);
+        uint64_t layer = layer_on_rank(&lp, t, &ex);
+        o->params += (uint64_t)(o->layers - n_moe) * layer;
+        if (layer > o->largest) o->largest = layer;
+    }
+    if (n_moe) {
+        zo_model_layer_params(m, m->n_layers - 1, &lp);
+        uint64_t layer = layer_on_rank(&lp, t, &ex);
+        o->params += (uint64_t)n_moe * layer;
+        o->experts = (uint64_t)n_moe * ex;
+        if (layer > o->largest) o->largest = layer;
+    }
     if (o->first) {
-        uint64_t emb = ceil_div(v * h, tp) + (m->arch == ZO_ARCH_GPT ? (uint64_t)m->max_seq * h : 0);
+        uint64_t emb = ceil_div(v * h, tp) + zo_model_position_rows(m) * h + (m->embed_norm ? norm : 0);
         o->params += emb;
         if (emb > o->largest) o->largest = emb;
     }
@@ -271,10 +424,15 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
     uint64_t dp = (uint64_t)t->dp;
     uint64_t wsz = zo_dtype_size(t->dtype), gsz = zo_dtype_size(t->grad_dtype);
     e->stage_params = sh.params;
+    e->stage_expert_params = sh.experts;
     e->largest_block = sh.largest;
+    /* ZeRO shards over the ranks that hold the same parameters: all of DP
+     * for the rest, DP / EP ("expert data parallel") for routed experts */
+    uint64_t edp = dp / (uint64_t)t->ep, dense = sh.params - sh.experts;
+    uint64_t sharded = ceil_div(dense, dp) + ceil_div(sh.experts, edp);
 
     /* ---- parameters ---- */
-    uint64_t p_elems = t->zero >= 3 ? ceil_div(sh.params, dp) : sh.params;
+    uint64_t p_elems = t->zero >= 3 ? sharded : sh.params;
     e->rank_params = p_elems;
     add(e, "fp16/bf16 weights", t->params_on, PLAN_PARAMS, p_elems * wsz);
     int streamed = t->params_on != PLAN_GPU || t->zero >= 3;
@@ -286,7 +444,7 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
             PLAN_GPU, PLAN_BUFFERS, (uint64_t)(t->buf.prefetch_depth + 1) * slot);
 
     /* ---- gradients ---- */
-    uint64_t g_elems = t->zero >= 2 ? ceil_div(sh.params, dp) : sh.params;
+    uint64_t g_elems = t->zero >= 2 ? sharded : sh.params;
     if (t->grads_on == PLAN_GPU) {
         /* in the plan's gradient dtype: the runtime sums the gradients of
          * its GPU optimizer share in fp32 (--grad-dtype fp32, 4 B/param) */
@@ -310,7 +468,7 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
         add(e, "new-weights staging (1 block)", PLAN_GPU, PLAN_BUFFERS, slot);
 
     /* ---- optimizer state ---- */
-    uint64_t o_elems = t->zero >= 1 ? ceil_div(sh.params, dp) : sh.params;
+    uint64_t o_elems = t->zero >= 1 ? sharded : sh.params;
     uint64_t master = t->dtype == ZO_DTYPE_F32 ? 0 : 4; /* fp32 master copy */
     uint64_t per = master + (t->optimizer == PLAN_OPT_ADAMW ? 8 : 4);
     uint64_t o_bytes = o_elems * per;
@@ -361,11 +519,24 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
         uint64_t s = (uint64_t)t->seq, b = (uint64_t)t->micro_batch, h = (uint64_t)m->hidden;
         uint64_t tp = (uint64_t)t->tp, act = wsz;
         uint64_t sp_div = t->sp ? tp : 1;
-        uint64_t full = plan_layer_act_bytes(m, t, 1);
-        uint64_t stored = t->recompute == PLAN_RECOMPUTE_NONE        ? full
-                          : t->recompute == PLAN_RECOMPUTE_SELECTIVE ? plan_layer_act_bytes(m, t, 0)
+        /* the stage's layers: dense ones and MoE ones save different tensors */
+        int kinds[2] = {sh.layers - sh.moe_layers, sh.moe_layers};
+        uint64_t full = 0, sel = 0, stored = 0, stage_stored = 0;
+        for (int moe = 0; moe < 2; moe++) {
+            if (!kinds[moe]) continue;
+            uint64_t f = plan_layer_act_bytes_of(m, t, 1, moe);
+            /* without the s^2 terms: only selective recompute needs it */
+            uint64_t sl = t->recompute == PLAN_RECOMPUTE_SELECTIVE ? plan_layer_act_bytes_of(m, t, 0, moe) : f;
+            uint64_t st = t->recompute == PLAN_RECOMPUTE_NONE        ? f
+                          : t->recompute == PLAN_RECOMPUTE_SELECTIVE ? sl
                                                                      : ceil_div(s * b * h * act, sp_div);
+            if (f > full) full = f;
+            if (f - sl > sel) sel = f - sl;
+            if (st > stored) stored = st;
+            stage_stored += (uint64_t)kinds[moe] * st;
+        }
         e->act_layer = stored;
+        e->act_stage = stage_stored;
         /* micro-batches in flight: 1F1B keeps p on the first stage, one fewer
          * on each later one; interleaving adds (p-1)/(p m) of the pipeline */
         double inflight = (double)(t->pp - stage);
@@ -373,7 +544,7 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
         if (inflight > t->grad_accum) inflight = t->grad_accum;
         if (inflight < 1) inflight = 1;
         e->inflight = inflight;
-        uint64_t layers_bytes = (uint64_t)llround((double)stored * sh.layers * inflight);
+        uint64_t layers_bytes = (uint64_t)llround((double)stage_stored * inflight);
         plan_tier ck = t->checkpoints_on;
         if (ck == PLAN_CPU) {
             /* pinned host copies; two layers' worth stay on the GPU in flight */
@@ -385,11 +556,13 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
         if (t->recompute == PLAN_RECOMPUTE_FULL)
             add(e, "recompute working set (1 layer)", PLAN_GPU, PLAN_ACTIVATIONS, full);
         else if (t->recompute == PLAN_RECOMPUTE_SELECTIVE)
-            add(e, "recompute working set (attention core)", PLAN_GPU, PLAN_ACTIVATIONS,
-                full - plan_layer_act_bytes(m, t, 0));
+            add(e, "recompute working set (attention core)", PLAN_GPU, PLAN_ACTIVATIONS, sel);
         if (sh.first && t->dropout)
             add(e, "embedding dropout mask", PLAN_GPU, PLAN_ACTIVATIONS,
                 (uint64_t)llround((double)ceil_div(s * b * h, sp_div) * inflight));
+        if (sh.first && m->embed_norm)
+            add(e, "embedding norm input", PLAN_GPU, PLAN_ACTIVATIONS,
+                (uint64_t)llround((double)ceil_div(s * b * h * act, sp_div) * inflight));
         if (sh.last) {
             /* final norm input and output-layer input (16-bit); logits in
              * fp32 for the cross-entropy (its gradient is written in place) */
@@ -400,12 +573,19 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
         }
         /* backward of one layer at a time: the fp32 gradients of the
          * residual, a norm output, qkv, the attention output and the MLP
-         * (two for SwiGLU), one projection scratch in the activation dtype,
+         * (two for SwiGLU; in an MoE layer over the routed rows and the
+         * shared expert), one projection scratch in the activation dtype,
          * and the token ids, targets and per-token losses */
-        uint64_t q = (uint64_t)m->n_heads * (uint64_t)m->head_dim;
-        uint64_t kv = (uint64_t)m->n_kv_heads * (uint64_t)m->head_dim;
-        uint64_t mlp = (uint64_t)m->ffn * (m->arch == ZO_ARCH_GPT ? 1 : 2);
-        uint64_t dgrad = 4 * s * b * (2 * h + ceil_div(2 * q + 2 * kv + mlp, tp));
+        uint64_t q, k, v, o;
+        zo_model_attn_widths(m, &q, &k, &v, &o);
+        uint64_t gated = m->arch == ZO_ARCH_GPT ? 1 : 2;
+        uint64_t mlp = sh.layers > sh.moe_layers ? (uint64_t)m->ffn * gated : 0;
+        if (sh.moe_layers) {
+            uint64_t moe = (uint64_t)llround(plan_routed_rows(m, t) * m->moe.expert_ffn) * gated +
+                           (uint64_t)m->moe.shared_ffn * gated;
+            if (moe > mlp) mlp = moe;
+        }
+        uint64_t dgrad = 4 * s * b * (2 * h + ceil_div(q + k + v + o + mlp, tp));
         add(e, "backward working set (fp32 activation gradients, scratch)", PLAN_GPU,
             PLAN_ACTIVATIONS, dgrad + s * b * h * act + 12 * s * b);
     }

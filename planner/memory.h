@@ -55,11 +55,20 @@ typedef struct plan_train {
     zo_dtype grad_dtype;      /* gradients on the device (fp32: Megatron's 18 B/param) */
     plan_optimizer optimizer;
     int dp, tp, pp, vpp;      /* vpp > 1: interleaved 1F1B with vpp chunks per stage */
+    int ep;                   /* expert parallel: MoE experts sharded over ep of the dp ranks */
+    double capacity_factor;   /* MoE: tokens an expert takes, x its fair share; 0: dropless */
     int sp;                   /* sequence parallel (with tp) */
     int zero;                 /* 0..3 */
     plan_recompute recompute;
     int flash_attn;
     int dropout;              /* dropout masks saved (GPT default on, LLaMA off) */
+    int seq_is_default;       /* seq was not given: plan_train_defaults chose it (reports say so) */
+    /* how the runtime schedules two things (cost model only, docs/memplan.md "Time"): */
+    int dp_overlap;           /* 1: gradient reduction overlaps the last backward (0: after it,
+                                 as Megatron-LM 2021 did) */
+    int fused_grad_accum;     /* 1: the weight-gradient GEMM adds into the gradient buffer
+                                 (Megatron's gradient-accumulation fusion); 0: a separate pass
+                                 per micro-batch (this runtime's staging blocks) */
     plan_tier params_on;      /* GPU, CPU or NVMe */
     plan_tier grads_on;       /* GPU or CPU */
     plan_tier checkpoints_on; /* GPU or CPU: where stored activations live */
@@ -87,9 +96,11 @@ typedef struct plan_estimate {
     int stage;                 /* pipeline stage reported: 0 first, pp-1 last */
     uint64_t params;           /* whole model */
     uint64_t stage_params;     /* this rank's parameters before ZeRO sharding */
+    uint64_t stage_expert_params; /* of those, routed experts (ZeRO shards them over DP / EP) */
     uint64_t rank_params;      /* held on this rank after ZeRO-3 */
     uint64_t largest_block;    /* elements of the largest streamed block on a rank */
-    uint64_t act_layer;        /* bytes one layer saves for one micro-batch */
+    uint64_t act_layer;        /* bytes the largest layer saves for one micro-batch */
+    uint64_t act_stage;        /* bytes the stage's layers save for one micro-batch */
     double inflight;           /* micro-batches in flight on this stage */
     int n_items;
     plan_item items[PLAN_MAX_ITEMS];
@@ -104,6 +115,10 @@ const char *plan_recompute_name(plan_recompute r);
  * dropout as the architecture has it, working buffers as documented. */
 void plan_train_defaults(plan_train *t, const zo_model_config *m);
 
+/* Adjust the defaults to the GPU: fp16 on Volta and older (no bf16 tensor
+ * cores). Called after the defaults and before the user's flags. */
+void plan_train_fit_hw(plan_train *t, const plan_hw *hw);
+
 /* Check a configuration against the model and hardware: TP divides heads
  * and kv heads, PP (x VPP) divides layers, DP x TP x PP equals the GPUs,
  * fractions sum to 1, placements are possible. Messages name the flag. */
@@ -117,20 +132,40 @@ zo_status plan_estimate_run(const zo_model_config *m, const plan_hw *hw, const p
 void plan_estimate_unchecked(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
                              plan_estimate *out);
 
-/* Parameter elements one rank of pipeline stage `stage` holds after TP and
- * before ZeRO, the largest streamed block (elements) and the stage's layers. */
+/* Parameter elements one rank of pipeline stage `stage` holds after TP (and
+ * EP for routed experts) and before ZeRO, the largest streamed block
+ * (elements) and the stage's layers. */
 void plan_stage_shape(const zo_model_config *m, const plan_train *t, int stage,
                       uint64_t *params, uint64_t *largest, int *layers);
+
+/* The default --seq when none is given: the model's positions, at most
+ * PLAN_DEFAULT_SEQ (docs/memplan.md, "Defaults"). */
+#define PLAN_DEFAULT_SEQ 4096
+int plan_default_seq(const zo_model_config *m);
+
+/* Warnings about a configuration that is valid but probably not what the
+ * user wants (no FlashAttention kernels on the GPU, ...), one per line, into
+ * `buf`; returns how many. */
+int plan_train_warnings(const plan_train *t, const plan_hw *hw, char *buf, size_t len);
 
 /* ---- the activation table ------------------------------------------------ */
 
 typedef enum plan_act_width {
     PLAN_W_H,      /* s*b*h */
-    PLAN_W_Q,      /* s*b*heads*head_dim */
-    PLAN_W_KV,     /* s*b*kv_heads*head_dim */
+    PLAN_W_Q,      /* s*b*heads*head_dim (MLA: heads*(qk_nope + qk_rope)) */
+    PLAN_W_KV,     /* s*b*kv_heads*head_dim: the keys (MLA: as q) */
     PLAN_W_FFN,    /* s*b*ffn */
     PLAN_W_SCORES, /* heads*s*s*b: attention probabilities */
     PLAN_W_HEADS,  /* heads*s*b: per-row softmax statistics */
+    PLAN_W_V,      /* s*b*kv_heads*head_dim: the values (MLA: heads*v_dim) */
+    PLAN_W_O,      /* s*b*heads*head_dim: the output projection's input (MLA: heads*v_dim) */
+    PLAN_W_QLORA,  /* s*b*q_lora_rank (MLA) */
+    PLAN_W_KVLORA, /* s*b*(kv_lora_rank + qk_rope) (MLA) */
+    PLAN_W_NORMS,  /* s*b*h*(norms per layer - 2): Gemma-2's extra norms */
+    PLAN_W_ROUTER, /* s*b*experts: the router's probabilities */
+    PLAN_W_ROUTED_H,   /* s*b*top_k*h (x capacity factor): tokens at the experts */
+    PLAN_W_ROUTED_FFN, /* s*b*top_k*expert_ffn (x capacity factor) */
+    PLAN_W_SHARED_FFN, /* s*b*shared_ffn */
 } plan_act_width;
 
 enum {
@@ -140,6 +175,12 @@ enum {
     PLAN_ACT_S2 = 1 << 3,       /* an s^2 term: gone with flash attention or selective recompute */
     PLAN_ACT_FLASH = 1 << 4,    /* only with flash attention */
     PLAN_ACT_TP = 1 << 5,       /* sharded by tensor parallelism; else only by sequence parallelism */
+    PLAN_ACT_DENSE = 1 << 6,    /* only in a dense MLP layer */
+    PLAN_ACT_MOE = 1 << 7,      /* only in an MoE layer */
+    PLAN_ACT_SEQ = 1 << 8,      /* only when attention and MLP run one after the other */
+    PLAN_ACT_TWO_NORMS = 1 << 9, /* only with a norm of its own before the MLP */
+    PLAN_ACT_MLA = 1 << 10,     /* only with latent attention */
+    PLAN_ACT_QKNORM = 1 << 11,  /* only with q/k norms */
 };
 
 typedef struct plan_act_entry {
@@ -153,7 +194,14 @@ typedef struct plan_act_entry {
 const plan_act_entry *plan_act_table(size_t *count);
 
 /* Bytes one layer saves for backward for one micro-batch, from the table,
- * before recompute (recompute is applied by the caller). */
+ * before recompute (recompute is applied by the caller): a dense layer, or
+ * with `moe` an MoE layer. */
 uint64_t plan_layer_act_bytes(const zo_model_config *m, const plan_train *t, int keep_s2);
+uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, int keep_s2,
+                                 int moe);
+
+/* Routed token rows per token (top_k, times the capacity factor when one is
+ * set): what the experts of an MoE layer compute on. */
+double plan_routed_rows(const zo_model_config *m, const plan_train *t);
 
 #endif

@@ -56,7 +56,9 @@ static const char usage_estimate[] =
     "\n"
     "model (one of):\n"
     "  --model NAME            a preset ('memplan models')\n"
-    "  --model PATH            a Hugging Face config.json (gpt2, llama, mistral, qwen2, ...)\n"
+    "  --model PATH            a Hugging Face config.json (its family by model_type: LLaMA,\n"
+    "                          Qwen2/3, Gemma, Mixtral, DeepSeek, GPT-NeoX, Falcon, OPT, BLOOM,\n"
+    "                          ...; 'memplan models' lists them and those refused)\n"
     "  --params N              a model known only by its size (e.g. 7.5e9, 13B): model\n"
     "                          states only, activations unknown\n"
     "  --layers N --hidden N --heads N [--kv-heads N] [--ffn N] --vocab N [--arch gpt|llama]\n"
@@ -71,7 +73,7 @@ static const char usage_estimate[] =
     "                          sizes: 80GB, 80GiB, 1.5TB or bytes\n"
     "  --pcie LINK             the host link as it runs: gen4x16, gen3x8, gen5 (lanes kept)\n"
     "training:\n"
-    "  --seq N                 sequence length (default: the model's positions)\n"
+    "  --seq N                 sequence length (default: the model's positions, at most 4096)\n"
     "  --micro-batch N         sequences per micro-batch (default 1)\n"
     "  --grad-accum N          micro-batches per step per data-parallel rank (default 1)\n"
     "  --global-batch N        sequences per step: sets --grad-accum = N / (micro-batch x DP)\n"
@@ -100,6 +102,13 @@ static const char usage_estimate[] =
     "  --fragmentation F       allocator allowance, fraction of the GPU total (default 0.05)\n"
     "  --sub-group N           optimizer sub-group for NVMe swapping (default 100M params)\n"
     "  --swap-buffers N        sub-groups of pinned swap buffers (default 3)\n"
+    "mixture of experts:\n"
+    "  --ep N                  expert parallelism: each expert on one of N data-parallel ranks\n"
+    "  --capacity-factor F     tokens an expert takes, x its fair share (default 0: dropless)\n"
+    "runtime schedule (time only):\n"
+    "  --no-dp-overlap         reduce gradients after the backward (as Megatron-LM 2021)\n"
+    "  --fused-grad-accum      the weight-gradient GEMM adds into the gradient buffer\n"
+    "                          (Megatron's gradient-accumulation fusion; default: a pass)\n"
     "output:\n"
     "  --json                  JSON instead of the table (docs/memplan-json.md)\n"
     "  --svg FILE              a picture: per tier what lives there against capacity, and the\n"
@@ -116,6 +125,7 @@ enum {
     OPT_PP, OPT_SP, OPT_VPP, OPT_ZERO, OPT_RECOMPUTE, OPT_NO_FLASH, OPT_DROPOUT, OPT_NO_DROPOUT,
     OPT_GRADS, OPT_OPTIMIZER, OPT_CHECKPOINTS, OPT_CUDA_CONTEXT, OPT_CUBLAS_WS, OPT_COMM_BUCKET,
     OPT_COMM_BUCKETS, OPT_PREFETCH, OPT_PINNED, OPT_FRAG, OPT_SUB_GROUP, OPT_SWAP_BUFFERS,
+    OPT_EP, OPT_CAPACITY, OPT_NO_DP_OVERLAP, OPT_FUSED_ACCUM, /* the last configuration flag */
     OPT_JSON, OPT_GLOBAL_BATCH, OPT_SVG, OPT_PLAN, OPT_PLAN_OUT, OPT_HELP,
 };
 
@@ -170,6 +180,10 @@ static const struct option estimate_opts[] = {
     {"fragmentation", required_argument, 0, OPT_FRAG},
     {"sub-group", required_argument, 0, OPT_SUB_GROUP},
     {"swap-buffers", required_argument, 0, OPT_SWAP_BUFFERS},
+    {"ep", required_argument, 0, OPT_EP},
+    {"capacity-factor", required_argument, 0, OPT_CAPACITY},
+    {"no-dp-overlap", no_argument, 0, OPT_NO_DP_OVERLAP},
+    {"fused-grad-accum", no_argument, 0, OPT_FUSED_ACCUM},
     {"json", no_argument, 0, OPT_JSON},
     {"global-batch", required_argument, 0, OPT_GLOBAL_BATCH},
     {"svg", required_argument, 0, OPT_SVG},
@@ -183,6 +197,15 @@ static int fail(void)
 {
     fprintf(stderr, "memplan: %s\n", zo_last_error());
     return EXIT_BADINPUT;
+}
+
+/* What is valid but probably not meant, to stderr. */
+static void warn(const plan_train *t, const plan_hw *hw)
+{
+    char w[1024];
+    if (!plan_train_warnings(t, hw, w, sizeof w)) return;
+    for (char *sv = NULL, *line = strtok_r(w, "\n", &sv); line; line = strtok_r(NULL, "\n", &sv))
+        fprintf(stderr, "memplan: warning: %s\n", line);
 }
 
 /* A flag that sets a field of the plan is checked against the plan schema's
@@ -438,7 +461,8 @@ static zo_status build_model(const char *model, uint64_t params_n, const shape_f
             m->ffn = gpt ? 4 * m->hidden : ((8 * m->hidden / 3 + 255) / 256) * 256;
         if (model) snprintf(m->name + strlen(m->name), sizeof m->name - strlen(m->name), "%s", "*");
     }
-    if (seq && seq > m->max_seq && m->arch == ZO_ARCH_LLAMA) m->max_seq = (int)seq;
+    /* rotary and ALiBi models take longer sequences; a learned table does not */
+    if (seq && seq > m->max_seq && !zo_model_position_rows(m)) m->max_seq = (int)seq;
     if (!model && seq) m->max_seq = (int)seq;
     return zo_model_config_validate(m);
 }
@@ -542,6 +566,12 @@ static int cmd_estimate(int argc, char **argv)
             st = field_u64(optarg, "--sub-group", "nvme.sub_group", 1, &f.buf.sub_group);
             break;
         case OPT_SWAP_BUFFERS: st = field_int(optarg, "--swap-buffers", "nvme.swap_buffers", &v); f.buf.swap_buffers = (int)v; break;
+        case OPT_EP: st = field_int(optarg, "--ep", "parallel.ep", &v); f.ep = (int)v; break;
+        case OPT_CAPACITY:
+            st = field_double(optarg, "--capacity-factor", "parallel.capacity_factor",
+                              &f.capacity_factor);
+            break;
+        case OPT_NO_DP_OVERLAP: case OPT_FUSED_ACCUM: break;
         case OPT_JSON: json = 1; break;
         case OPT_GLOBAL_BATCH: st = zo_parse_int(optarg, "--global-batch", 1, 1 << 30, &global_batch); break;
         case OPT_SVG: svg_path = optarg; break;
@@ -566,7 +596,7 @@ static int cmd_estimate(int argc, char **argv)
     plan_hw hw;
     if (plan_path) {
         /* a plan file says everything; only the output flags combine with it */
-        for (int k = OPT_MODEL; k <= OPT_SWAP_BUFFERS; k++)
+        for (int k = OPT_MODEL; k <= OPT_FUSED_ACCUM; k++)
             if (seen[k]) {
                 zo_error(ZO_ERR_INVALID, "--plan: the plan file fixes the model, hardware and "
                                          "configuration; give only --json, --svg or --plan-out "
@@ -586,7 +616,9 @@ static int cmd_estimate(int argc, char **argv)
     if ((st = build_hw(&hf, &hw, &basis)) != ZO_OK) return fail();
 
     plan_train_defaults(&t, &m);
+    plan_train_fit_hw(&t, &hw);
     if (seq) t.seq = (int)seq;
+    t.seq_is_default = !seq;
     if (f.micro_batch) t.micro_batch = f.micro_batch;
     if (f.grad_accum) t.grad_accum = f.grad_accum;
     if (dtype_set) t.dtype = t.grad_dtype = f.dtype;
@@ -631,6 +663,10 @@ static int cmd_estimate(int argc, char **argv)
     if (seen[OPT_FRAG]) t.buf.fragmentation = f.buf.fragmentation;
     if (seen[OPT_SUB_GROUP]) t.buf.sub_group = f.buf.sub_group;
     if (seen[OPT_SWAP_BUFFERS]) t.buf.swap_buffers = f.buf.swap_buffers;
+    if (f.ep) t.ep = f.ep;
+    t.capacity_factor = f.capacity_factor;
+    if (seen[OPT_NO_DP_OVERLAP]) t.dp_overlap = 0;
+    if (seen[OPT_FUSED_ACCUM]) t.fused_grad_accum = 1;
 
     if (global_batch) {
         long per = (long)t.micro_batch * t.dp;
@@ -651,6 +687,7 @@ static int cmd_estimate(int argc, char **argv)
     plan_time pt;
 estimate:
     if ((st = plan_estimate_run(&m, &hw, &t, &e)) != ZO_OK) return fail();
+    warn(&t, &hw);
     if ((st = plan_time_run(&m, &hw, &t, &e, &pt)) != ZO_OK) return fail();
     plan_suggestions sg = {0};
     if (!e.fits && (st = plan_suggest(&m, &hw, &t, &sg)) != ZO_OK) return fail();
@@ -700,12 +737,13 @@ static const char usage_plan[] =
     "  --max-gpus N            also try fewer GPUs (powers of two and whole nodes up to N)\n"
     "  --gpus-per-node N, --gpu-mem SIZE, --cpu-mem SIZE, --nvme SIZE, --pcie LINK\n"
     "                          hardware overrides, named in the report's first lines\n"
-    "  --seq N                 sequence length (default: the model's)\n"
+    "  --seq N                 sequence length (default: the model's positions, at most 4096)\n"
     "  --global-batch N        sequences per step (default 8 x GPUs)\n"
     "  --dtype, --grad-dtype, --optim, --no-flash-attn, --dropout, --no-dropout   as for estimate\n"
     "  --objective time|memory|cost   rank by step time (default), GPU memory, or\n"
     "                          GPU-seconds per token\n"
-    "  --zero S | --zero A-B   only these ZeRO stages      --tp N, --pp N   fix a degree\n"
+    "  --zero S | --zero A-B   only these ZeRO stages      --tp N, --pp N, --ep N   fix a degree\n"
+    "                          (EP, for a mixture of experts: searched over DP's divisors)\n"
     "  --recompute none|selective|full   fix recompute\n"
     "  --no-offload            everything on the GPU       --no-nvme   nothing on NVMe\n"
     "  --max-micro-batch N     largest micro-batch tried (default 16)\n"
@@ -729,7 +767,9 @@ static const char usage_max_model[] =
     "zero-1, zero-2, zero-3, 3d-parallel, zero-offload (ZeRO-2, gradients and optimizer on\n"
     "the CPU), zero-infinity-cpu (ZeRO-3, everything on the CPU), zero-infinity-nvme\n"
     "(weights and optimizer on NVMe). Micro-batch 1; recompute, checkpoint placement and\n"
-    "prefetch are searched. Shapes interpolate the family's presets (hidden a multiple of 128).\n"
+    "prefetch are searched. Shapes interpolate the family's presets (hidden a multiple of 128);\n"
+    "3d-parallel searches every TP x PP layout on the widths TP divides, each as deep (in\n"
+    "multiples of PP, up to twice the family's depth) as fits.\n"
     "Each row also gives the estimate flags that place it, and the largest preset that fits\n"
     "that way with the 'memplan estimate' command that checks it. On one GPU the ZeRO stages\n"
     "and 3-D parallelism are left out (nothing to shard) unless --strategy names one.\n"
@@ -757,6 +797,7 @@ static const struct option plan_opts[] = {
     {"zero", required_argument, 0, OPT_ZERO},
     {"tp", required_argument, 0, OPT_TP},
     {"pp", required_argument, 0, OPT_PP},
+    {"ep", required_argument, 0, OPT_EP},
     {"recompute", required_argument, 0, OPT_RECOMPUTE},
     {"svg", required_argument, 0, OPT_SVG},
     {"max-gpus", required_argument, 0, PO_MAX_GPUS},
@@ -786,7 +827,7 @@ typedef struct plan_args {
     shape_flags sf;
     plan_space space; /* the fields the flags set; defaults filled later */
     int zero_set, zmin, zmax;
-    long tp, pp, max_mb, opt_steps, max_prefetch;
+    long tp, pp, ep, max_mb, opt_steps, max_prefetch;
     int recompute, no_offload, no_nvme;
     plan_objective objective;
     /* working buffers: the values, and which flags set them */
@@ -851,6 +892,7 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
         }
         case OPT_TP: st = field_int(optarg, "--tp", "parallel.tp", &a->tp); break;
         case OPT_PP: st = field_int(optarg, "--pp", "parallel.pp", &a->pp); break;
+        case OPT_EP: st = field_int(optarg, "--ep", "parallel.ep", &a->ep); break;
         case OPT_RECOMPUTE:
             if (!strcasecmp(optarg, "none")) a->recompute = PLAN_RECOMPUTE_NONE;
             else if (!strcasecmp(optarg, "selective")) a->recompute = PLAN_RECOMPUTE_SELECTIVE;
@@ -929,6 +971,7 @@ static void args_space(const plan_args *a, const zo_model_config *m, const plan_
     plan_space_defaults(s, m, hw);
     if (a->max_gpus) s->max_gpus = (int)a->max_gpus;
     if (a->seq) s->base.seq = (int)a->seq;
+    s->base.seq_is_default = !a->seq;
     if (a->global_batch) s->global_batch = (int)a->global_batch;
     if (a->dtype_set) s->base.dtype = s->base.grad_dtype = a->dtype;
     if (a->grad_dtype_set) s->base.grad_dtype = a->grad_dtype;
@@ -941,6 +984,7 @@ static void args_space(const plan_args *a, const zo_model_config *m, const plan_
     }
     s->tp = (int)a->tp;
     s->pp = (int)a->pp;
+    s->ep = (int)a->ep;
     s->recompute = a->recompute;
     if (a->no_offload) s->allow_offload = 0;
     if (a->no_nvme) s->allow_nvme = 0;
@@ -959,8 +1003,10 @@ static void print_plan_line(const plan_candidate *c, const char *lead)
     const plan_train *t = &c->t;
     char fr[64];
     plan_format_fractions(t->opt_frac, fr, sizeof fr);
-    printf("%s%d GPU%s: DP %d x TP %d%s x PP %d%s, ZeRO-%d, micro-batch %d x %d, recompute %s\n",
-           lead, c->gpus, c->gpus == 1 ? "" : "s", t->dp, t->tp, t->sp ? " (+SP)" : "", t->pp,
+    char ep[24] = "";
+    if (t->ep > 1) snprintf(ep, sizeof ep, " (EP %d)", t->ep);
+    printf("%s%d GPU%s: DP %d%s x TP %d%s x PP %d%s, ZeRO-%d, micro-batch %d x %d, recompute %s\n",
+           lead, c->gpus, c->gpus == 1 ? "" : "s", t->dp, ep, t->tp, t->sp ? " (+SP)" : "", t->pp,
            t->vpp > 1 ? " (interleaved)" : "", t->zero, t->micro_batch, t->grad_accum,
            plan_recompute_name(t->recompute));
     printf("%sweights on %s, gradients on %s, optimizer on %s, checkpoints on %s, prefetch %d\n",
@@ -999,10 +1045,11 @@ static int cmd_plan(int argc, char **argv)
     char cnt[32];
     static const char *obj[] = {"step time", "GPU memory", "GPU-seconds per token"};
     plan_report_basis(stdout, &hw, &basis);
-    printf("%s (%s params) on %s: %s%d x %s; seq %d, global batch %d; ranked by %s\n", m.name,
+    printf("%s (%s params) on %s: %s%d x %s; seq %d%s, global batch %d; ranked by %s\n", m.name,
            zo_format_count(zo_model_params(&m), cnt, sizeof cnt), hw.name,
-           s.max_gpus ? "up to " : "", hw.gpus, hw.gpu, s.base.seq, s.global_batch,
-           obj[s.objective]);
+           s.max_gpus ? "up to " : "", hw.gpus, hw.gpu, s.base.seq,
+           s.base.seq_is_default ? " (default: the model's positions, at most 4096)" : "",
+           s.global_batch, obj[s.objective]);
     printf("searched %llu configurations (%llu fit) in %.2f s: %.3g configurations/s\n",
            (unsigned long long)r.configs, (unsigned long long)r.feasible, dt,
            dt > 0 ? (double)r.configs / dt : 0.0);
@@ -1293,6 +1340,15 @@ static int cmd_models(void)
                c->vocab, c->max_seq, (unsigned long long)np, zo_format_count(np, cnt, sizeof cnt));
     }
     printf("\nAlso: --model PATH/config.json (Hugging Face), --params N, or a custom shape.\n");
+    /* the config.json families by model_type: sized exactly, or refused */
+    const zo_family_info *fi = zo_model_families(&n);
+    printf("\nconfig.json families (model_type; * = the runtime trains it too):\n");
+    for (size_t i = 0; i < n; i++)
+        if (fi[i].modelled)
+            printf("  %-16s%s %s\n", fi[i].model_type, fi[i].trainable ? "*" : " ", fi[i].what);
+    printf("refused by name:\n");
+    for (size_t i = 0; i < n; i++)
+        if (!fi[i].modelled) printf("  %-17s %s\n", fi[i].model_type, fi[i].what);
     return 0;
 }
 

@@ -71,9 +71,11 @@ void plan_file_from(const zo_model_config *m, const plan_hw *hw, const plan_trai
         .seq = t->seq, .micro_batch = t->micro_batch, .grad_accum = t->grad_accum,
         .dtype = t->dtype, .grad_dtype = t->grad_dtype,
         .optimizer = (zo_plan_optimizer)t->optimizer, .recompute = (zo_plan_recompute)t->recompute,
-        .flash_attn = t->flash_attn, .dropout = t->dropout};
+        .flash_attn = t->flash_attn, .dropout = t->dropout, .dp_overlap = t->dp_overlap,
+        .fused_grad_accum = t->fused_grad_accum};
     p->parallel = (zo_plan_parallel){.dp = t->dp, .tp = t->tp, .pp = t->pp, .vpp = t->vpp,
-                                     .sp = t->sp, .zero = t->zero};
+                                     .sp = t->sp, .ep = t->ep,
+                                     .capacity_factor = t->capacity_factor, .zero = t->zero};
     p->placement.params = (zo_plan_tier)t->params_on;
     p->placement.grads = (zo_plan_tier)t->grads_on;
     p->placement.checkpoints = (zo_plan_tier)t->checkpoints_on;
@@ -130,11 +132,15 @@ zo_status plan_file_to(const zo_plan *p, const char *path, zo_model_config *m, p
     t->recompute = (plan_recompute)tr->recompute;
     t->flash_attn = tr->flash_attn;
     t->dropout = tr->dropout;
+    t->dp_overlap = tr->dp_overlap;
+    t->fused_grad_accum = tr->fused_grad_accum;
     t->dp = p->parallel.dp;
     t->tp = p->parallel.tp;
     t->pp = p->parallel.pp;
     t->vpp = p->parallel.vpp;
     t->sp = p->parallel.sp;
+    t->ep = p->parallel.ep;
+    t->capacity_factor = p->parallel.capacity_factor;
     t->zero = p->parallel.zero;
     t->params_on = (plan_tier)p->placement.params;
     t->grads_on = (plan_tier)p->placement.grads;

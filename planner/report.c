@@ -39,9 +39,19 @@ void plan_json_add_placement(cJSON *parent, const plan_train *t)
     cJSON_AddStringToObject(jp, "checkpoints", plan_tier_name(t->checkpoints_on));
 }
 
-cJSON *plan_json_model(const zo_model_config *m) { return zo_plan_model_write_json(m); }
-
 static void add_u64(cJSON *o, const char *k, uint64_t v) { cJSON_AddNumberToObject(o, k, (double)v); }
+
+/* The plan's model object, and what a token of an MoE model uses. */
+cJSON *plan_json_model(const zo_model_config *m)
+{
+    cJSON *jm = zo_plan_model_write_json(m);
+    if (jm && m->moe.experts) {
+        zo_param_counts pc;
+        zo_model_param_counts(m, &pc);
+        add_u64(jm, "active_params", pc.active);
+    }
+    return jm;
+}
 
 cJSON *plan_report_time_json(const plan_time *pt)
 {
@@ -121,6 +131,7 @@ cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_
 
     cJSON *jc = cJSON_AddObjectToObject(root, "config");
     cJSON_AddNumberToObject(jc, "seq", t->seq);
+    cJSON_AddBoolToObject(jc, "seq_is_default", t->seq_is_default);
     cJSON_AddNumberToObject(jc, "micro_batch", t->micro_batch);
     cJSON_AddNumberToObject(jc, "grad_accum", t->grad_accum);
     cJSON_AddNumberToObject(jc, "global_batch", (double)t->micro_batch * t->grad_accum * t->dp);
@@ -131,6 +142,8 @@ cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_
     cJSON_AddNumberToObject(jc, "tp", t->tp);
     cJSON_AddNumberToObject(jc, "pp", t->pp);
     cJSON_AddNumberToObject(jc, "vpp", t->vpp);
+    cJSON_AddNumberToObject(jc, "ep", t->ep);
+    cJSON_AddNumberToObject(jc, "capacity_factor", t->capacity_factor);
     cJSON_AddBoolToObject(jc, "sp", t->sp);
     cJSON_AddNumberToObject(jc, "zero", t->zero);
     cJSON_AddStringToObject(jc, "recompute", plan_recompute_name(t->recompute));
@@ -214,7 +227,7 @@ static const char *part_title[PLAN_TIME_PARTS] = {
     "forward compute", "backward compute", "recompute", "tensor-parallel collectives",
     "pipeline bubble", "pipeline sends", "data-parallel collectives (exposed)",
     "host->device copies (exposed)", "device->host gradients (exposed)", "optimizer on the GPU",
-    "CPU AdamW", "NVMe traffic (exposed)",
+    "CPU AdamW", "NVMe traffic (exposed)", "expert-parallel all-to-alls",
 };
 
 static void fmt_s(double s, char *buf, size_t len)
@@ -246,16 +259,28 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
 {
     char cnt[32], fr[64];
     static const char *tier_title[] = {"GPU", "CPU", "NVMe"};
-    fprintf(out, "%s (%s params) on %s: %d x %s, %d per node\n", m->name,
-            zo_format_count(e->params, cnt, sizeof cnt), hw->name, hw->gpus, hw->gpu,
+    zo_param_counts pc;
+    zo_model_param_counts(m, &pc);
+    char act[48] = "";
+    if (pc.experts) {
+        char a[32];
+        snprintf(act, sizeof act, ", %s active", zo_format_count(pc.active, a, sizeof a));
+    }
+    fprintf(out, "%s (%s params%s) on %s: %d x %s, %d per node\n", m->name,
+            zo_format_count(e->params, cnt, sizeof cnt), act, hw->name, hw->gpus, hw->gpu,
             hw->gpus_per_node);
     plan_format_fractions(t->opt_frac, fr, sizeof fr);
     fprintf(out,
-            "  seq %d, micro-batch %d, grad-accum %d, %s weights, %s grads, %s; DP %d, TP %d%s, "
+            "  seq %d%s, micro-batch %d, grad-accum %d, %s weights, %s grads, %s; DP %d, TP %d%s, "
             "PP %d%s, ZeRO-%d\n",
-            t->seq, t->micro_batch, t->grad_accum, zo_dtype_name(t->dtype),
+            t->seq, t->seq_is_default ? " (default: the model's positions, at most 4096)" : "",
+            t->micro_batch, t->grad_accum, zo_dtype_name(t->dtype),
             zo_dtype_name(t->grad_dtype), t->optimizer == PLAN_OPT_ADAMW ? "AdamW" : "SGD", t->dp,
             t->tp, t->sp ? " (+SP)" : "", t->pp, t->vpp > 1 ? " (interleaved)" : "", t->zero);
+    if (t->ep > 1 || t->capacity_factor > 0)
+        fprintf(out, "  experts: EP %d (%d of %d experts per rank), %s\n", t->ep,
+                m->moe.experts / t->ep, m->moe.experts,
+                t->capacity_factor > 0 ? "capacity-limited" : "dropless routing");
     fprintf(out,
             "  recompute %s, %s attention%s; params on %s, grads on %s, optimizer on %s, "
             "checkpoints on %s\n",

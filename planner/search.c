@@ -24,6 +24,7 @@ void plan_space_defaults(plan_space *s, const zo_model_config *m, const plan_hw 
     s->opt_on = -1;
     s->objective = PLAN_OBJ_TIME;
     plan_train_defaults(&s->base, m);
+    plan_train_fit_hw(&s->base, hw);
 }
 
 /* ---- the ranked list -------------------------------------------------------------- */
@@ -33,7 +34,7 @@ static int same_shape(const plan_candidate *a, const plan_train *t, int gpus)
 {
     const plan_train *u = &a->t;
     return a->gpus == gpus && u->dp == t->dp && u->tp == t->tp && u->pp == t->pp &&
-           u->vpp == t->vpp && u->sp == t->sp && u->zero == t->zero &&
+           u->ep == t->ep && u->vpp == t->vpp && u->sp == t->sp && u->zero == t->zero &&
            u->micro_batch == t->micro_batch && u->recompute == t->recompute &&
            u->params_on == t->params_on && u->grads_on == t->grads_on &&
            u->checkpoints_on == t->checkpoints_on && u->opt_frac[0] == t->opt_frac[0] &&
@@ -180,6 +181,10 @@ static void walk_gpus(walk *w, int gpus)
                 for (int v = 1; v <= vmax; v++) {
                     if (v > 1 && L % (pp * v)) continue;
                     for (int sp = 0; sp <= (tp > 1); sp++) {
+                      /* expert parallelism over data-parallel ranks (MoE only) */
+                      for (int ep = 1; ep <= dp; ep++) {
+                        if (dp % ep || (ep > 1 && (!m->moe.experts || m->moe.experts % ep))) continue;
+                        if (s->ep && ep != s->ep) continue;
                         for (int rc = PLAN_RECOMPUTE_NONE; rc <= PLAN_RECOMPUTE_FULL; rc++) {
                             if (s->recompute >= 0 && rc != s->recompute) continue;
                             /* with flash attention selective recompute saves nothing */
@@ -191,6 +196,7 @@ static void walk_gpus(walk *w, int gpus)
                             t.pp = pp;
                             t.vpp = v;
                             t.sp = sp;
+                            t.ep = ep;
                             t.micro_batch = mbs;
                             t.grad_accum = ga;
                             t.recompute = (plan_recompute)rc;
@@ -198,6 +204,7 @@ static void walk_gpus(walk *w, int gpus)
                             plan_time_microbatch(m, &w->hw, &t, &mb);
                             walk_placements(w, &t, &mb);
                         }
+                      }
                     }
                 }
             }
@@ -218,14 +225,14 @@ zo_status plan_search(const zo_model_config *m, const plan_hw *hw, const plan_sp
     if (s->zero_min < 0 || s->zero_max > 3 || s->zero_min > s->zero_max)
         return zo_error(ZO_ERR_INVALID, "--zero: stages between 0 and 3");
     if (s->base.seq < 1) return zo_error(ZO_ERR_INVALID, "--seq must be positive");
-    if (m->arch == ZO_ARCH_GPT && !m->params_override && s->base.seq > m->max_seq)
+    if (!m->params_override && zo_model_position_rows(m) && s->base.seq > m->max_seq)
         return zo_error(ZO_ERR_INVALID, "--seq %d exceeds the %d learned positions of %s",
                         s->base.seq, m->max_seq, m->name);
     /* the hardware and buffers are checked once, on a trivially valid layout */
     plan_train probe = s->base;
     plan_hw h1 = *hw;
     h1.gpus = 1;
-    probe.dp = probe.tp = probe.pp = probe.vpp = 1;
+    probe.dp = probe.tp = probe.pp = probe.vpp = probe.ep = 1;
     probe.sp = 0;
     probe.zero = 0;
     probe.seq = s->base.seq;
@@ -297,6 +304,7 @@ void plan_describe_diff(const plan_candidate *best, const plan_candidate *c, cha
     DIFF(y->dp != x->dp, "DP %d instead of %d", y->dp, x->dp);
     DIFF(y->tp != x->tp, "TP %d instead of %d", y->tp, x->tp);
     DIFF(y->pp != x->pp, "PP %d instead of %d", y->pp, x->pp);
+    DIFF(y->ep != x->ep, "EP %d instead of %d", y->ep, x->ep);
     DIFF(y->vpp != x->vpp, "%d model chunks per stage instead of %d", y->vpp, x->vpp);
     DIFF(y->sp != x->sp, "%s sequence parallelism", y->sp ? "with" : "without");
     DIFF(y->zero != x->zero, "ZeRO-%d instead of ZeRO-%d", y->zero, x->zero);
@@ -442,6 +450,14 @@ static int in_family(const char *want, const zo_model_config *c)
 
 zo_status plan_family_shape(const char *family, double params, zo_model_config *out)
 {
+    return plan_family_shape_div(family, params, 1, 1, out);
+}
+
+/* The family's curve at `params`: continuous width and depth, and the
+ * preset whose kind of layer (and kv heads, MLP ratio) the shape takes. */
+static zo_status family_point(const char *family, double params, const zo_model_config **tmpl,
+                              double *hidden, double *layers)
+{
     size_t n;
     const zo_model_preset *p = zo_model_presets(&n);
     const zo_model_config *lo = NULL, *hi = NULL, *small = NULL, *large = NULL;
@@ -472,23 +488,28 @@ zo_status plan_family_shape(const char *family, double params, zo_model_config *
         bm = hi;
         x = 1;
     }
-    double hidden, layers;
     if (a == bm) {
-        hidden = a->hidden * x;
-        layers = a->n_layers * x;
+        *hidden = a->hidden * x;
+        *layers = a->n_layers * x;
     } else {
         double pa = (double)zo_model_params(a), pb = (double)zo_model_params(bm);
         double f = pb > pa ? (log(params) - log(pa)) / (log(pb) - log(pa)) : 0;
-        hidden = exp(log(a->hidden) + f * (log(bm->hidden) - log(a->hidden)));
-        layers = exp(log(a->n_layers) + f * (log(bm->n_layers) - log(a->n_layers)));
+        *hidden = exp(log(a->hidden) + f * (log(bm->hidden) - log(a->hidden)));
+        *layers = exp(log(a->n_layers) + f * (log(bm->n_layers) - log(a->n_layers)));
     }
+    *tmpl = a;
+    return ZO_OK;
+}
+
+/* A shape of the family's kind of layer with this width and depth. */
+static zo_status family_make(const char *family, const zo_model_config *a, int h, int layers,
+                             zo_model_config *out)
+{
     *out = *a;
-    int h = (int)llround(hidden / 128) * 128;
-    if (h < 128) h = 128;
     out->hidden = h;
     out->n_heads = h / 128;
     out->head_dim = 128;
-    out->n_layers = layers < 1 ? 1 : (int)llround(layers);
+    out->n_layers = layers;
     if (a->n_kv_heads == a->n_heads || out->n_heads % 8) out->n_kv_heads = out->n_heads;
     else out->n_kv_heads = 8;
     if (a->arch == ZO_ARCH_GPT) out->ffn = 4 * h;
@@ -496,6 +517,36 @@ zo_status plan_family_shape(const char *family, double params, zo_model_config *
     out->params_override = 0;
     snprintf(out->name, sizeof out->name, "%s-%dx%d", family, out->n_layers, h);
     return zo_model_config_validate(out);
+}
+
+zo_status plan_family_shape_div(const char *family, double params, int tp, int pp,
+                                zo_model_config *out)
+{
+    const zo_model_config *a;
+    double hidden, layers;
+    zo_status st = family_point(family, params, &a, &hidden, &layers);
+    if (st) return st;
+    /* heads of 128, a multiple of tp of them; layers a multiple of pp */
+    int unit = 128 * (tp > 0 ? tp : 1), lp = pp > 0 ? pp : 1;
+    int h = (int)llround(hidden / unit) * unit;
+    if (h < unit) h = unit;
+    int l = (int)llround(layers / lp) * lp;
+    return family_make(family, a, h, l < lp ? lp : l, out);
+}
+
+/* The family's depth at a width (its curve is monotone in both). */
+static zo_status family_depth(const char *family, double width, const zo_model_config **tmpl,
+                              double *layers)
+{
+    double lo = 1e6, hi = 1e16, hidden = 0;
+    zo_status st = ZO_OK;
+    for (int it = 0; it < 80 && hi / lo > 1.0001; it++) {
+        double mid = sqrt(lo * hi);
+        if ((st = family_point(family, mid, tmpl, &hidden, layers)) != ZO_OK) return st;
+        if (hidden < width) lo = mid;
+        else hi = mid;
+    }
+    return family_point(family, hi, tmpl, &hidden, layers);
 }
 
 static void strategy_space(plan_strategy st, plan_space *s)
@@ -540,39 +591,117 @@ static void strategy_space(plan_strategy st, plan_space *s)
     }
 }
 
+/* Does `m` train with `strategy` on TP x PP (tp, pp 0: free)? The best plan. */
+static zo_status shape_fits(zo_model_config *m, const plan_hw *hw, const plan_space *base,
+                            plan_strategy strategy, int tp, int pp, plan_candidate *plan,
+                            int *fits)
+{
+    plan_space s = *base;
+    s.gpus = hw->gpus;
+    s.max_gpus = 0;
+    strategy_space(strategy, &s);
+    if (tp) s.tp = tp;
+    if (pp) s.pp = pp;
+    s.base.seq = base->base.seq > 0 ? base->base.seq : plan_default_seq(m);
+    if (m->arch == ZO_ARCH_GPT && s.base.seq > m->max_seq) m->max_seq = s.base.seq;
+    s.base.dropout = m->arch == ZO_ARCH_GPT;
+    *fits = 0;
+    /* a layout the shape cannot take (kv heads TP does not divide): no */
+    if (tp && m->n_kv_heads % tp) return ZO_OK;
+    plan_result r;
+    zo_status st = plan_search(m, hw, &s, 1, &r);
+    if (st) return st;
+    if (r.n_best) *plan = r.best[0];
+    *fits = r.n_best > 0;
+    return ZO_OK;
+}
+
+/* One strategy without model parallelism: a binary search along the
+ * family's curve (a larger size is wider and deeper, and needs more memory
+ * per rank). */
+static zo_status max_on_curve(const char *family, const plan_hw *hw, const plan_space *base,
+                              plan_strategy strategy, zo_model_config *shape,
+                              plan_candidate *plan, uint64_t *params)
+{
+    double lo = 1e7, hi = 1e15; /* lo fits (checked first), hi does not */
+    for (int it = 0; it < 48 && hi / lo > 1.005; it++) {
+        double mid = it == 0 ? lo : sqrt(lo * hi);
+        zo_model_config m;
+        plan_candidate c;
+        int fits;
+        zo_status st = plan_family_shape(family, mid, &m);
+        if (!st) st = shape_fits(&m, hw, base, strategy, 0, 0, &c, &fits);
+        if (st) return st;
+        if (fits) {
+            lo = mid;
+            *shape = m;
+            *plan = c;
+            *params = zo_model_params(&m);
+        } else {
+            if (it == 0) break; /* even the smallest does not fit */
+            hi = mid;
+        }
+    }
+    return ZO_OK;
+}
+
+/* 3-D parallelism: TP must divide the heads and PP the layers, so along the
+ * family's curve sizes that fit alternate with sizes that do not. Every TP x
+ * PP layout is searched on the shapes it can run: each width with heads a
+ * multiple of TP, and at that width the deepest multiple of PP layers that
+ * fits (memory grows with depth), up to twice the family's depth there. */
+static zo_status max_3d(const char *family, const plan_hw *hw, const plan_space *base,
+                        zo_model_config *shape, plan_candidate *plan, uint64_t *params)
+{
+    int node = hw->gpus_per_node < hw->gpus ? hw->gpus_per_node : hw->gpus;
+    for (int tp = 1; tp <= node; tp++) {
+        if (hw->gpus % tp) continue;
+        for (int pp = 1; pp <= hw->gpus / tp; pp++) {
+            if ((hw->gpus / tp) % pp) continue;
+            for (int h = 128 * tp;; h += 128 * tp) {
+                const zo_model_config *a;
+                double depth;
+                zo_status st = family_depth(family, h, &a, &depth);
+                if (st) return st;
+                int top = (int)(2 * depth) / pp; /* in pipeline stages of layers */
+                if (top < 1) top = 1;
+                int lo = 0, hi = top + 1; /* stages: lo fits (0: none yet), hi does not */
+                plan_candidate best;
+                zo_model_config m, fit;
+                while (hi - lo > 1) {
+                    int mid = (lo + hi) / 2, fits;
+                    if ((st = family_make(family, a, h, mid * pp, &m)) != ZO_OK) return st;
+                    plan_candidate c;
+                    if ((st = shape_fits(&m, hw, base, PLAN_STRAT_3D, tp, pp, &c, &fits)) != ZO_OK)
+                        return st;
+                    if (fits) {
+                        lo = mid;
+                        fit = m;
+                        best = c;
+                    } else {
+                        hi = mid;
+                    }
+                }
+                /* not even one stage of layers fits: wider ones will not either */
+                if (!lo) break;
+                uint64_t n = zo_model_params(&fit);
+                if (n > *params) {
+                    *params = n;
+                    *shape = fit;
+                    *plan = best;
+                }
+            }
+        }
+    }
+    return ZO_OK;
+}
+
 zo_status plan_max_model(const char *family, const plan_hw *hw, const plan_space *base,
                          plan_strategy strategy, zo_model_config *shape, plan_candidate *plan,
                          uint64_t *params)
 {
     *params = 0;
     if (strategy >= PLAN_STRATEGIES) return zo_error(ZO_ERR_INVALID, "unknown strategy");
-    double lo = 1e7, hi = 1e15; /* lo fits (checked below), hi does not */
-    zo_model_config m;
-    plan_result r;
-    zo_status st;
-    int found = 0;
-    for (int it = 0; it < 48 && hi / lo > 1.005; it++) {
-        double mid = it == 0 ? lo : sqrt(lo * hi);
-        if ((st = plan_family_shape(family, mid, &m)) != ZO_OK) return st;
-        plan_space s = *base;
-        s.gpus = hw->gpus;
-        s.max_gpus = 0;
-        strategy_space(strategy, &s);
-        s.base.seq = base->base.seq > 0 ? base->base.seq : m.max_seq;
-        if (m.arch == ZO_ARCH_GPT && s.base.seq > m.max_seq) m.max_seq = s.base.seq;
-        s.base.dropout = m.arch == ZO_ARCH_GPT;
-        if ((st = plan_search(&m, hw, &s, 1, &r)) != ZO_OK) return st;
-        if (r.n_best > 0) {
-            lo = mid;
-            found = 1;
-            *shape = m;
-            *plan = r.best[0];
-            *params = zo_model_params(&m);
-        } else {
-            if (it == 0) return ZO_OK; /* even the smallest does not fit */
-            hi = mid;
-        }
-    }
-    (void)found;
-    return ZO_OK;
+    if (strategy == PLAN_STRAT_3D) return max_3d(family, hw, base, shape, plan, params);
+    return max_on_curve(family, hw, base, strategy, shape, plan, params);
 }

@@ -14,9 +14,21 @@
 #include "model/data.h"
 #include "model/layout.h"
 
-static const char *hf_configs[] = {"gpt2.json",       "gpt2-xl.json",     "llama-2-7b.json",
-                                   "llama-2-13b.json", "llama-2-70b.json", "llama-3-8b.json",
-                                   "mistral-7b.json"};
+static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "llama-2-7b.json",
+                                   "llama-2-13b.json",  "llama-2-70b.json", "llama-3-8b.json",
+                                   "mistral-7b.json",   "llama-7b.json",    "llama-3.1-8b.json",
+                                   "llama-3.2-1b.json", "qwen2.5-0.5b.json", "qwen2.5-7b.json"};
+
+/* Families memplan sizes but the runtime does not build: the layout (and so
+ * `train`) refuses each by name. */
+static const struct { const char *config, *family; } not_built[] = {
+    {"mixtral-8x7b.json", "mixtral"},       {"qwen1.5-moe-a2.7b.json", "qwen2_moe"},
+    {"deepseek-v2-lite.json", "deepseek_v2"}, {"gemma-2b.json", "gemma"},
+    {"gemma-2-2b.json", "gemma2"},          {"qwen3-0.6b.json", "qwen3"},
+    {"phi-3-mini-4k-instruct.json", "phi3"}, {"pythia-160m.json", "gpt_neox"},
+    {"falcon-7b.json", "falcon"},           {"opt-125m.json", "opt"},
+    {"bloom-560m.json", "bloom"},
+};
 
 /* Tensors tile each block exactly, in order, and sum to the config's count. */
 static void check_layout(const zo_model_config *cfg)
@@ -70,6 +82,30 @@ static void test_layout_hf_configs(void **state)
         if (zo_model_config_load(path, &cfg)) fail_msg("%s", zo_last_error());
         check_layout(&cfg);
     }
+}
+
+static void test_layout_refuses_families(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof not_built / sizeof not_built[0]; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/hf-configs/%s", ZO_FIXTURES_DIR, not_built[i].config);
+        zo_model_config cfg;
+        if (zo_model_config_load(path, &cfg)) fail_msg("%s", zo_last_error());
+        model_layout l;
+        assert_int_equal(model_layout_init(&l, &cfg), ZO_ERR_UNSUPPORTED);
+        char want[64];
+        snprintf(want, sizeof want, "family \"%s\"", not_built[i].family);
+        if (!strstr(zo_last_error(), want))
+            fail_msg("%s: \"%s\" does not name %s", not_built[i].config, zo_last_error(), want);
+    }
+    /* a LLaMA config with another activation is not the runtime's SwiGLU */
+    zo_model_config c;
+    assert_int_equal(zo_model_preset_find("llama-2-7b", &c), ZO_OK);
+    snprintf(c.act, sizeof c.act, "gelu");
+    model_layout l;
+    assert_int_equal(model_layout_init(&l, &c), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "gelu"));
 }
 
 /* Variants the presets do not cover: untied GPT, Qwen2-style q/k/v biases,
@@ -377,6 +413,7 @@ int main(void)
         cmocka_unit_test(test_layout_hf_configs),
         cmocka_unit_test(test_layout_variants),
         cmocka_unit_test(test_layout_views),
+        cmocka_unit_test(test_layout_refuses_families),
         cmocka_unit_test(test_batches_sequential),
         cmocka_unit_test(test_batches_random),
         cmocka_unit_test(test_tokens_errors),

@@ -3,7 +3,7 @@
  * ones are refused by name, the version is checked; each limit of the table
  * holds for memplan's flags and for the runtime's reader alike, with the same
  * message; `train --plan` refuses a plan made for another model or another
- * number of ranks. */
+ * number of ranks (zo_plan_check_run compares a family's features too). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -68,7 +68,10 @@ static void full_plan(zo_plan *p)
     p->training.grad_accum = 5;
     p->training.grad_dtype = ZO_DTYPE_F32;
     p->training.recompute = ZO_PLAN_RECOMPUTE_FULL;
-    p->parallel = (zo_plan_parallel){.dp = 2, .tp = 2, .pp = 2, .vpp = 2, .sp = 1, .zero = 1};
+    p->training.dp_overlap = 0;
+    p->training.fused_grad_accum = 1;
+    p->parallel = (zo_plan_parallel){.dp = 2, .tp = 2, .pp = 2, .vpp = 2, .sp = 1, .ep = 2,
+                                     .capacity_factor = 1.5, .zero = 1};
     p->placement = (zo_plan_placement){.params = ZO_PLAN_NVME, .grads = ZO_PLAN_CPU,
                                        .checkpoints = ZO_PLAN_CPU, .optimizer = {0.25, 0.5, 0.25}};
     snprintf(p->nvme.dir, sizeof p->nvme.dir, "/mnt/nvme0");
@@ -167,8 +170,39 @@ static void test_roundtrip(void **state)
     assert_string_equal(q->nvme.dir, "/mnt/nvme0");
     assert_true(q->hardware.gpu_mem == 1ull << 34 && q->predicted.capacity_bytes[2] == 6);
     assert_true(zo_model_params(&q->model) == zo_model_params(&p->model));
+    assert_true(q->parallel.ep == 2 && q->parallel.capacity_factor == 1.5);
+    assert_true(q->training.dp_overlap == 0 && q->training.fused_grad_accum == 1);
     free(again);
     free(text);
+
+    /* the families' features (experts, latent attention, positions, norms),
+     * from published config.json files */
+    static const char *configs[] = {"deepseek-v2-lite.json", "qwen1.5-moe-a2.7b.json",
+                                    "deepseek-v3.json",      "gemma-2-2b.json",
+                                    "falcon-7b.json",        "opt-125m.json",
+                                    "bloom-560m.json",       "qwen3-0.6b.json"};
+    for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
+        char path[512];
+        zo_model_config m;
+        snprintf(path, sizeof path, "%s/hf-configs/%s", ZO_FIXTURES_DIR, configs[i]);
+        assert_int_equal(zo_model_config_load(path, &m), ZO_OK);
+        zo_plan_defaults(p, &m);
+        text = plan_text(p);
+        assert_int_equal(zo_plan_read(text, strlen(text), "p.json", q), ZO_OK);
+        again = plan_text(q);
+        assert_string_equal(text, again);
+        assert_memory_equal(&q->model.moe, &m.moe, sizeof m.moe);
+        assert_memory_equal(&q->model.mla, &m.mla, sizeof m.mla);
+        assert_string_equal(q->model.act, m.act);
+        assert_true(q->model.pos == m.pos && q->model.pos_offset == m.pos_offset &&
+                    q->model.layer_norms == m.layer_norms &&
+                    q->model.parallel_block == m.parallel_block &&
+                    q->model.embed_norm == m.embed_norm && q->model.qk_norm == m.qk_norm);
+        assert_true(zo_model_params(&q->model) == zo_model_params(&m));
+        assert_int_equal(zo_plan_check_run(q, &m, 1, "p.json"), ZO_OK);
+        free(again);
+        free(text);
+    }
 
     /* hardware and prediction are optional, as wholes */
     p->has_hardware = p->has_predicted = 0;
@@ -183,6 +217,7 @@ static void test_roundtrip(void **state)
     zo_plan_defaults(p, &m);
     text = plan_text(p);
     assert_null(strstr(text, "\"layers\""));
+    assert_null(strstr(text, "\"features\""));
     assert_non_null(strstr(text, "\"params_only\""));
     assert_int_equal(zo_plan_read(text, strlen(text), "p.json", q), ZO_OK);
     assert_true(q->model.params_override == 70000000000ull);
@@ -215,8 +250,9 @@ static void test_required_and_unknown(void **state)
     }
     assert_int_equal(read_doc(doc, q), ZO_OK);
     /* an unknown field, in every object */
-    const char *objects[] = {"", "model", "hardware", "training", "parallel", "placement",
-                             "placement.optimizer", "nvme", "buffers", "predicted",
+    const char *objects[] = {"", "model", "model.features", "model.features.mla",
+                             "model.features.moe", "hardware", "training", "parallel",
+                             "placement", "placement.optimizer", "nvme", "buffers", "predicted",
                              "predicted.peak_bytes"};
     for (size_t i = 0; i < sizeof objects / sizeof objects[0]; i++) {
         cJSON *o = doc;
@@ -312,7 +348,8 @@ static void test_limits(void **state)
 }
 
 /* zo_plan_check_run: the parameter count, then the shape (two models of the
- * same size that differ in heads), then the ranks. */
+ * same size that differ in heads, or in a family's positions), then the
+ * ranks. */
 static void test_check_run(void **state)
 {
     (void)state;
@@ -338,6 +375,13 @@ static void test_check_run(void **state)
     snprintf(want, sizeof want, "of %llu parameters; the run's model \"a\" has %llu",
              (unsigned long long)zo_model_params(&a), (unsigned long long)zo_model_params(&c));
     assert_non_null(strstr(zo_last_error(), want));
+    /* what a family adds, of the same size: ALiBi for rotary positions */
+    zo_model_config d = a;
+    d.pos = ZO_POS_ALIBI;
+    assert_true(zo_model_params(&a) == zo_model_params(&d));
+    assert_int_equal(zo_plan_check_run(p, &d, 1, "p.json"), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "p.json: the plan's model.features.positions is arch; "
+                                            "the run's model \"a\" has alibi"));
     p->parallel.dp = 4;
     p->parallel.pp = 2;
     assert_int_equal(zo_plan_check_run(p, &a, 1, "p.json"), ZO_ERR_INVALID);

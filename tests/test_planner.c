@@ -114,9 +114,18 @@ static void test_config_errors(void **state)
     assert_int_equal(zo_model_config_parse(qwen, "q.json", &c), ZO_OK);
     /* embed 6400 + layers 2*(2*64 + 64*(64+32+32) + (64+32+32) + 64*64 + 3*64*128) + norm 64 */
     assert_int_equal(zo_model_params(&c), 6400 + 2 * (128 + 8192 + 128 + 4096 + 24576) + 64);
+    /* a family that is not modelled is refused by name, never parsed as the
+     * nearest one (LLaMA's fields are not LLaMA's layers); its Hugging Face
+     * class, when it is one we model, names the family instead */
     const char *other = "{\"model_type\": \"yi\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
                         "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"vocab_size\": 100}";
-    assert_int_equal(zo_model_config_parse(other, "y.json", &c), ZO_OK);
+    assert_int_equal(zo_model_config_parse(other, "y.json", &c), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "\"model_type\""));
+    assert_non_null(strstr(zo_last_error(), "yi"));
+    const char *by_class = "{\"model_type\": \"yi\", \"architectures\": [\"LlamaForCausalLM\"], "
+                           "\"num_hidden_layers\": 2, \"hidden_size\": 64, \"num_attention_heads\": 4, "
+                           "\"intermediate_size\": 128, \"vocab_size\": 100}";
+    assert_int_equal(zo_model_config_parse(by_class, "y.json", &c), ZO_OK);
     assert_int_equal(c.arch, ZO_ARCH_LLAMA);
     const char *obias = "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 64, "
                         "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"vocab_size\": 100, "
