@@ -469,6 +469,38 @@ static void test_sizes(void **state)
     for (int i = 0; i < 3; i++) off = (off + 15) / 16 * 16 + zo_nf4_bytes(f * h);
     assert_int_equal(tf_frozen_bytes(m, 1), off);
     fx_close(&fx);
+
+    /* LLaMA-2-7B's frozen base with QLoRA: 7 NF4 weights a layer, bf16 norms,
+     * embedding and head (the figure docs/transformer.md quotes) */
+    char path[512];
+    snprintf(path, sizeof path, "%s/hf-configs/llama-2-7b.json", ZO_FIXTURES_DIR);
+    zo_model_config c7;
+    assert_int_equal(zo_model_config_load(path, &c7), ZO_OK);
+    gpu_device_t dev;
+    gpu_cpu_options o = {.n_threads = 1};
+    assert_int_equal(gpu_device_init_cpu(&o, &dev), ZO_OK);
+    tf_options opts = {.lora = {.r = 16, .alpha = 32, .targets = ZO_LORA_ALL_LINEAR, .nf4 = 1}};
+    tf_model m7;
+    assert_int_equal(tf_init_opts(&m7, &c7, dev, ZO_DTYPE_BF16, 1, 1, &opts), ZO_OK);
+    uint64_t frozen = 0, nf4 = 0, bf16 = 0, adapters = 0;
+    for (int b = 0; b < m7.layout.n_blocks; b++) {
+        frozen += tf_frozen_bytes(&m7, b);
+        adapters += tf_block_bytes(&m7, b);
+    }
+    for (int i = 0; i < m7.layout.n_tensors; i++) {
+        const model_tensor *t = &m7.layout.tensors[i];
+        int layer_linear = t->layer >= 0 && t->ndim == 2;
+        if (layer_linear) nf4 += zo_nf4_bytes(t->numel);
+        else bf16 += 2 * t->numel;
+    }
+    /* the frozen bytes are the parts plus under 16 bytes of alignment a tensor */
+    assert_true(frozen >= nf4 + bf16 && frozen < nf4 + bf16 + 16 * (uint64_t)m7.layout.n_tensors);
+    assert_int_equal(adapters, 2 * 39976960ull);
+    printf("  LLaMA-2-7B QLoRA: frozen base %llu bytes (NF4 weights %llu, bf16 %llu); r 16 adapters %llu bytes\n",
+           (unsigned long long)frozen, (unsigned long long)nf4, (unsigned long long)bf16,
+           (unsigned long long)adapters);
+    tf_free(&m7);
+    gpu_device_free(dev);
 }
 
 /* QLoRA (NF4 base) against LoRA on the bf16 base, both computing in bf16,
