@@ -623,6 +623,9 @@ static void test_errors(void **state)
     assert_int_equal(zo_model_config_load(path, &g), ZO_OK);
     assert_int_equal(tf_init_opts(&m, &g, fx.dev, ZO_DTYPE_F32, B, T, &o), ZO_ERR_INVALID);
     assert_non_null(strstr(zo_last_error(), "gate"));
+    o.lora = (tf_lora_options){.nf4 = 1}; /* an NF4 base without adapters */
+    assert_int_equal(tf_init_opts(&m, &g, fx.dev, ZO_DTYPE_F32, B, T, &o), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "NF4"));
     fx_close(&fx);
 }
 
