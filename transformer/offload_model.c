@@ -49,6 +49,8 @@ zo_status tf_offload_model_init(tf_offload_model *a, tf_model *m)
     memset(a, 0, sizeof *a);
     if (!m->opts.external_res)
         return zo_error(ZO_ERR_INVALID, "tf_offload_model_init: the model must be built with external_res");
+    if (m->opts.lora.r > 0) /* frozen buffers beside the trainable ones: not in the runtime yet */
+        return zo_error(ZO_ERR_UNSUPPORTED, "tf_offload_model_init: the runtime does not train LoRA models yet");
     const model_layout *l = &m->layout;
     a->m = m;
     a->dep = calloc((size_t)l->n_blocks, sizeof(int));
