@@ -22,6 +22,7 @@
 #include "offload/offload.h"     /* defines: offload_init, offload_micro_batch, offload_step */
 #include "model/corpus.h"        /* defines: model_corpus_read, model_corpus_tokenize */
 #include "model/data.h"          /* defines: model_tokens, model_batch_get */
+#include "model/lora.h"          /* defines: model_lora_save, model_lora_load, model_lora_read_config */
 #include "model/safetensors.h"   /* defines: model_load_path, model_save */
 #include "transformer/offload_model.h" /* defines: tf_offload_model */
 
@@ -36,6 +37,9 @@ typedef struct train_args {
     long steps, micro_batch, seq, seed, threads, save_every;
     long eval_every, eval_batches, schedule_steps;
     ft_schedule sched;   /* its lr: the AdamW lr (--lr) */
+    zo_lora_config lora; /* r 0: full fine-tuning */
+    int qlora;
+    const char *adapter; /* PEFT adapter directory to start from */
     offload_plan p;      /* the runtime's configuration: the plan, then the flags */
     zo_dtype dtype;
     uint64_t device_mem;
@@ -89,6 +93,18 @@ static void usage(FILE *f)
         "  --grad-accum K         micro-batches per optimizer step (default 1)\n"
         "  --seed N               random init seed (default 1337)\n"
         "\n"
+        "fine-tuning method (default: full fine-tuning of every weight):\n"
+        "  --lora R               train LoRA adapters of rank R over a frozen base: the base's\n"
+        "                         weights get no gradients and no optimizer state\n"
+        "  --lora-targets LIST    linear layers with adapters: q,k,v,o,gate,up,down (any of them)\n"
+        "                         or all-linear (default q,v; GPT-2: q, k or v adapt c_attn)\n"
+        "  --lora-alpha A         the adapters' update is scaled by A / R (default 8, PEFT's)\n"
+        "  --qlora                the base's linear weights in NF4 with double quantization\n"
+        "  --adapter DIR          start from a PEFT adapter directory (adapter_config.json and\n"
+        "                         adapter_model.safetensors; its r, alpha and targets are used)\n"
+        "  --adapters-on gpu|cpu|nvme  where the adapters live (default gpu; --params-on places\n"
+        "                         the frozen base)\n"
+        "\n"
         "placement (a plan, then these flags; see docs/offload.md):\n"
         "  --plan FILE            a plan memplan wrote (plan --json FILE, estimate --plan-out\n"
         "                         FILE): placement, buffers, batch, dtype; its model and its\n"
@@ -124,7 +140,9 @@ static void usage(FILE *f)
         "  --save-every N         every N steps (default: only at the end)\n"
         "  --resume DIR           continue from DIR's latest checkpoint\n"
         "  --stats-json FILE      peak bytes per tier (and the plan's prediction) and the time split\n"
-        "  --save FILE            write the trained weights as safetensors (Hugging Face names)\n"
+        "  --save FILE            write the trained weights as safetensors (Hugging Face names);\n"
+        "                         with LoRA, a PEFT adapter directory FILE (Hugging Face PEFT\n"
+        "                         loads it onto the base)\n"
         "  --log FILE             one JSON object per step: step, loss, lr, grad_norm, tokens_per_s,\n"
         "                         peak_bytes per tier, eval_loss and eval_ppl when evaluated\n"
         "                         (appended to with --resume)\n"
@@ -143,6 +161,7 @@ enum {
     OPT_CKPT_ON, OPT_RECOMPUTE, OPT_PREFETCH, OPT_SUBGROUP, OPT_NVME_DIR, OPT_CKPT, OPT_SAVE_EVERY,
     OPT_RESUME, OPT_STATS, OPT_TOKENIZER, OPT_EOT, OPT_PACKING, OPT_EVAL_DATA, OPT_EVAL_EVERY,
     OPT_EVAL_BATCHES, OPT_SCHEDULE, OPT_WARMUP, OPT_MIN_LR, OPT_SCHEDULE_STEPS, OPT_LOG, OPT_PLOT,
+    OPT_LORA, OPT_LORA_TARGETS, OPT_LORA_ALPHA, OPT_QLORA, OPT_ADAPTER, OPT_ADAPTERS_ON,
 };
 
 static const struct option long_opts[] = {
@@ -191,6 +210,12 @@ static const struct option long_opts[] = {
     {"schedule-steps", required_argument, 0, OPT_SCHEDULE_STEPS},
     {"log", required_argument, 0, OPT_LOG},
     {"plot", required_argument, 0, OPT_PLOT},
+    {"lora", required_argument, 0, OPT_LORA},
+    {"lora-targets", required_argument, 0, OPT_LORA_TARGETS},
+    {"lora-alpha", required_argument, 0, OPT_LORA_ALPHA},
+    {"qlora", no_argument, 0, OPT_QLORA},
+    {"adapter", required_argument, 0, OPT_ADAPTER},
+    {"adapters-on", required_argument, 0, OPT_ADAPTERS_ON},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -241,7 +266,7 @@ static int parse_args(int argc, char **argv, train_args *a)
 {
     *a = (train_args){.width = MODEL_TOKENS_U16, .steps = 100, .micro_batch = 4, .seq = 64,
                       .seed = 1337, .dtype = ZO_DTYPE_F32, .device = "cpu", .eval_batches = 10,
-                      .sched = {.lr = 3e-4}};
+                      .sched = {.lr = 3e-4}, .lora = {.alpha = 8.0f}};
     offload_plan_defaults(&a->p);
     offload_config *oc = &a->p.cfg;
     oc->adam = (offload_adamw){.lr = (float)a->sched.lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
@@ -294,6 +319,15 @@ static int parse_args(int argc, char **argv, train_args *a)
             break;
         }
         case OPT_NVME_DIR: oc->nvme_dir = optarg; break;
+        case OPT_LORA:
+            st = zo_parse_int(optarg, "--lora", 1, 1 << 16, &v);
+            a->lora.r = (int)v;
+            break;
+        case OPT_LORA_TARGETS: st = zo_lora_targets_parse(optarg, &a->lora.targets); break;
+        case OPT_LORA_ALPHA: st = parse_float(optarg, "--lora-alpha", 1e-6, 1e6, &a->lora.alpha); break;
+        case OPT_QLORA: a->qlora = 1; break;
+        case OPT_ADAPTER: a->adapter = optarg; break;
+        case OPT_ADAPTERS_ON: st = offload_tier_parse(optarg, "--adapters-on", &oc->trainable_on); break;
         case OPT_CKPT: a->ckpt = optarg; break;
         case OPT_SAVE_EVERY: st = zo_parse_int(optarg, "--save-every", 1, 1L << 40, &a->save_every); break;
         case OPT_RESUME: a->resume = optarg; break;
@@ -376,6 +410,8 @@ static int parse_args(int argc, char **argv, train_args *a)
     else if ((a->eval_every || a->set_eval_batches) && !a->eval_data) bad = "--eval-every and --eval-batches need --eval-data FILE";
     else if ((a->eot || a->set_packing) && !a->tokenizer) bad = "--eot and --packing need --tokenizer (they shape text as it is tokenized)";
     else if (a->sched.min_lr > a->sched.lr) bad = "--min-lr is above --lr";
+    else if (!a->lora.r && !a->adapter && (a->qlora || a->lora.targets))
+        bad = "--qlora and --lora-targets need --lora R (or --adapter DIR)";
     if (bad) {
         fprintf(stderr, "train: %s\n", bad);
         return 2;
@@ -448,6 +484,120 @@ static zo_status initial_weights(offload_t *rt, const model_layout *l, const cha
         }
     }
     free(buf);
+    return st;
+}
+
+/* ---- LoRA ---------------------------------------------------------------------------- */
+
+/* The LoRA choice: the flags, or the adapter directory's config (which a
+ * flag given as well must agree with); q,v by default. */
+static zo_status lora_choice(train_args *a, const zo_model_config *cfg)
+{
+    if (a->adapter) {
+        zo_lora_config lc;
+        zo_status st = model_lora_read_config(a->adapter, cfg, &lc, NULL, 0);
+        if (st != ZO_OK) return st;
+        if ((a->lora.r && a->lora.r != lc.r) || (a->lora.targets && a->lora.targets != lc.targets))
+            return zo_error(ZO_ERR_INVALID, "--adapter %s has r %d on other targets than --lora/--lora-targets say",
+                            a->adapter, lc.r);
+        a->lora = lc;
+    }
+    if (!a->lora.r) return ZO_OK;
+    if (!a->lora.targets) a->lora.targets = ZO_LORA_Q | ZO_LORA_V;
+    return zo_lora_check(cfg, &a->lora);
+}
+
+static size_t frozen_total(const tf_model *m)
+{
+    size_t n = 0;
+    for (int b = 0; b < m->layout.n_blocks; b++) n += tf_frozen_bytes(m, b);
+    return n;
+}
+
+/* The frozen base of a block, packed (NF4 where QLoRA says) into its store. */
+typedef struct base_sink {
+    offload_t *rt;
+    const tf_model *m;
+    void *packed;
+} base_sink;
+
+static zo_status set_base_block(void *ctx, int block, const void *buf)
+{
+    base_sink *b = ctx;
+    zo_status st = tf_frozen_pack(b->m, block, buf, b->packed);
+    return st == ZO_OK ? offload_set_frozen_block(b->rt, block, b->packed) : st;
+}
+
+static zo_status lora_weights(offload_t *rt, tf_model *m, const train_args *a)
+{
+    const model_layout *l = &m->layout, *ad = &m->adapters;
+    size_t largest = 1, fbig = 1, abig = 1;
+    for (int b = 0; b < l->n_blocks; b++) {
+        if (l->block_numel[b] > largest) largest = l->block_numel[b];
+        if (tf_frozen_bytes(m, b) > fbig) fbig = tf_frozen_bytes(m, b);
+        if (ad->block_numel[b] > abig) abig = ad->block_numel[b];
+    }
+    zo_status st = ZO_OK;
+    float *buf = malloc(largest * sizeof(float));
+    base_sink sink = {.rt = rt, .m = m, .packed = malloc(fbig)};
+    void **ablocks = calloc((size_t)ad->n_blocks, sizeof *ablocks);
+    if (!buf || !sink.packed || !ablocks) {
+        st = zo_error(ZO_ERR_NOMEM, "train: out of host memory for a block of %zu weights", largest);
+        goto out_free;
+    }
+    /* the base, block by block */
+    if (a->weights) {
+        model_ckpt c;
+        if ((st = model_ckpt_open(&c, a->weights)) != ZO_OK) goto out_free;
+        st = model_load_streamed(&c, l, buf, ZO_DTYPE_F32, 0, NULL, set_base_block, &sink);
+        model_ckpt_close(&c);
+    } else {
+        uint64_t rng = tf_init_rng((uint64_t)a->seed);
+        for (int b = 0; b < l->n_blocks && st == ZO_OK; b++) {
+            tf_init_block_weights(l, b, buf, &rng);
+            st = set_base_block(&sink, b, buf);
+        }
+    }
+    if (st != ZO_OK) goto out_free;
+    /* the adapters: small, every block at once */
+    for (int b = 0; b < ad->n_blocks; b++)
+        if (!(ablocks[b] = calloc(ad->block_numel[b] + 1, sizeof(float)))) {
+            st = zo_error(ZO_ERR_NOMEM, "train: out of host memory for the adapters");
+            goto out_free;
+        }
+    if (a->adapter) {
+        st = model_lora_load(a->adapter, ad, ablocks, ZO_DTYPE_F32);
+    } else {
+        uint64_t rng = tf_init_rng((uint64_t)a->seed + 1);
+        for (int b = 0; b < ad->n_blocks; b++) tf_init_lora_block(ad, b, ablocks[b], &rng);
+    }
+    for (int b = 0; b < ad->n_blocks && st == ZO_OK; b++) st = offload_set_block(rt, b, ablocks[b]);
+out_free:
+    for (int b = 0; ablocks && b < ad->n_blocks; b++) free(ablocks[b]);
+    free(ablocks);
+    free(sink.packed);
+    free(buf);
+    return st;
+}
+
+/* --save with LoRA: a PEFT adapter directory. */
+static zo_status save_adapters(offload_t *rt, const tf_model *m, const train_args *a)
+{
+    const model_layout *ad = &m->adapters;
+    zo_status st = ZO_OK;
+    void **blocks = calloc((size_t)ad->n_blocks, sizeof *blocks);
+    if (!blocks) return zo_error(ZO_ERR_NOMEM, "train: out of host memory for the adapters");
+    for (int b = 0; b < ad->n_blocks && st == ZO_OK; b++) {
+        if (!(blocks[b] = calloc(ad->block_numel[b] + 1, sizeof(float))))
+            st = zo_error(ZO_ERR_NOMEM, "train: out of host memory for the adapters");
+        else
+            st = offload_get_block(rt, b, blocks[b]);
+    }
+    if (st == ZO_OK)
+        st = model_lora_save(a->save, ad, &a->lora, a->model, (const void *const *)blocks, ZO_DTYPE_F32,
+                             ZO_DTYPE_F32);
+    for (int b = 0; b < ad->n_blocks; b++) free(blocks[b]);
+    free(blocks);
     return st;
 }
 
@@ -645,15 +795,28 @@ int main(int argc, char **argv)
     if (a.eval_data && (st = open_data(&a, a.eval_data, tok, eot, cfg.vocab, &eval)) != ZO_OK) goto out;
     if ((st = open_device(a.device, (size_t)a.device_mem, (int)a.threads, &dev)) != ZO_OK) goto out;
     if ((st = gpu_stream_create(dev, &s)) != ZO_OK) goto out_dev;
-    tf_options to = {.recompute = oc->recompute, .external_res = 1};
+    if ((st = lora_choice(&a, &cfg)) != ZO_OK) goto out_dev;
+    tf_options to = {.recompute = oc->recompute, .external_res = 1,
+                     .lora = {.r = a.lora.r, .alpha = a.lora.alpha, .targets = a.lora.targets, .nf4 = a.qlora}};
     if ((st = tf_init_opts(&m, &cfg, dev, a.dtype, (int)a.micro_batch, (int)a.seq, &to)) != ZO_OK)
         goto out_dev;
+    if (a.lora.r) {
+        char tg[128];
+        printf("# LoRA r %d alpha %g on %s%s: %zu trainable parameters over a frozen base of %s\n",
+               a.lora.r, a.lora.alpha, zo_lora_targets_str(a.lora.targets, tg, sizeof tg),
+               a.qlora ? " (QLoRA: NF4 base)" : "", m.adapters.total_numel,
+               zo_format_bytes(frozen_total(&m), b1, sizeof b1));
+    }
     if ((st = tf_offload_model_init(&tm, &m)) != ZO_OK) goto out_model;
     if ((st = offload_init(&rt, dev, &tm.om, oc)) != ZO_OK) goto out_model;
 
-    /* initial weights: a checkpoint, a safetensors file, or random */
-    const model_layout *l = &m.layout;
-    if ((st = initial_weights(rt, l, a.weights, (uint64_t)a.seed)) != ZO_OK) goto out_rt;
+    /* initial weights: a checkpoint, a safetensors file, or random; with
+     * LoRA, the frozen base from them and the adapters from --adapter or
+     * PEFT's init */
+    const model_layout *l = a.lora.r ? &m.adapters : &m.layout;
+    if (a.lora.r) st = lora_weights(rt, &m, &a);
+    else st = initial_weights(rt, l, a.weights, (uint64_t)a.seed);
+    if (st != ZO_OK) goto out_rt;
     int accum = oc->grad_accum ? oc->grad_accum : 1;
     long k0 = 0;
     if (a.resume) {
@@ -790,7 +953,9 @@ int main(int argc, char **argv)
         printf("# stats %s\n", a.stats_json);
     }
     if (a.save) {
-        if ((st = model_save_streamed(a.save, l, get_block, rt, ZO_DTYPE_F32)) != ZO_OK) goto out_rt;
+        if (a.lora.r) st = save_adapters(rt, &m, &a);
+        else st = model_save_streamed(a.save, l, get_block, rt, ZO_DTYPE_F32);
+        if (st != ZO_OK) goto out_rt;
         printf("# saved %s\n", a.save);
     }
     rc = 0;

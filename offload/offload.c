@@ -32,6 +32,7 @@ void offload_config_defaults(offload_config *c)
 {
     memset(c, 0, sizeof *c);
     c->params_on = OFFLOAD_DEVICE;
+    c->trainable_on = OFFLOAD_DEVICE;
     c->opt_frac[OFFLOAD_CPU] = 1.0;
     c->checkpoints_on = OFFLOAD_DEVICE;
     c->prefetch_depth = 2;
@@ -58,7 +59,7 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
         return zo_error(ZO_ERR_INVALID, "offload_init: the model needs blocks, forward and backward");
     if (m->dtype != ZO_DTYPE_F32 && m->dtype != ZO_DTYPE_F16 && m->dtype != ZO_DTYPE_BF16)
         return zo_error(ZO_ERR_INVALID, "offload_init: unsupported dtype %d", (int)m->dtype);
-    if (c->params_on >= OFFLOAD_TIERS || c->checkpoints_on > OFFLOAD_CPU)
+    if (c->params_on >= OFFLOAD_TIERS || c->trainable_on >= OFFLOAD_TIERS || c->checkpoints_on > OFFLOAD_CPU)
         return zo_error(ZO_ERR_INVALID, "offload_init: checkpoints live on gpu or cpu");
     if (c->prefetch_depth < 0 || c->prefetch_depth > OFFLOAD_MAX_PREFETCH)
         return zo_error(ZO_ERR_INVALID, "offload_init: prefetch depth %d outside 0..%d",
@@ -77,7 +78,8 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
     if (c->checkpoints_on == OFFLOAD_CPU && !c->recompute)
         return zo_error(ZO_ERR_INVALID,
                         "offload_init: checkpoints in host memory need recompute (only block inputs are kept)");
-    int nvme = c->params_on == OFFLOAD_NVME || c->opt_frac[OFFLOAD_NVME] > 0;
+    int nvme = c->params_on == OFFLOAD_NVME || c->opt_frac[OFFLOAD_NVME] > 0 ||
+               (m->frozen_bytes && c->trainable_on == OFFLOAD_NVME);
     if (nvme) {
 #ifndef ZO_OFFLOAD_HAVE_NVME
         return zo_error(ZO_ERR_UNSUPPORTED, "offload_init: NVMe tiers need the nvme module (liburing, xxHash)");
@@ -133,6 +135,22 @@ static zo_status copy_model(offload_t *rt, const offload_model *model)
     rt->n_sched = 2 * nb;
     rt->m.block_numel = rt->numel;
     rt->m.block_dep = rt->dep;
+    if (model->frozen_bytes) {
+        /* the frozen base: a geometry of bytes */
+        rt->fbytes = calloc((size_t)nb, sizeof(size_t));
+        rt->foff = calloc((size_t)nb + 1, sizeof(size_t));
+        if (!rt->fbytes || !rt->foff) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+        offload_geom *f = &rt->fg;
+        *f = (offload_geom){.nb = nb, .numel = rt->fbytes, .off = rt->foff, .dtype = ZO_DTYPE_F32, .es = 1};
+        for (int b = 0; b < nb; b++) {
+            rt->fbytes[b] = model->frozen_bytes[b];
+            rt->foff[b + 1] = rt->foff[b] + rt->fbytes[b];
+            if (rt->fbytes[b] > f->largest) f->largest = rt->fbytes[b];
+        }
+        f->n = rt->foff[nb];
+        f->slot_bytes = (f->largest + 255) & ~(size_t)255;
+        rt->m.frozen_bytes = rt->fbytes;
+    }
     rt->m.decay = NULL;
     rt->m.n_decay = 0;
     if (!model->decay || model->n_decay <= 0) return ZO_OK;
@@ -238,12 +256,24 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
 
     if ((st = gpu_stream_create(dev, &rt->env.h2d)) != ZO_OK) goto out_free;
     if ((st = gpu_stream_create(dev, &rt->env.d2h)) != ZO_OK) goto out_free;
-    int device_share = rt->cfg.opt_frac[OFFLOAD_DEVICE] > 0;
-    size_t chunk = rt->cfg.sub_group;
-    wstore_config wc = {.tier = rt->cfg.params_on, .dev_puts = device_share, .chunk = chunk,
-                        .nvme_dir = rt->cfg.nvme_dir};
-    if (rt->cfg.params_on != OFFLOAD_DEVICE) rt->n_slots = wc.ring = slot_count(rt);
+    /* the weights' stores: the trainable ones where params_on says (with a
+     * frozen base: where trainable_on says, the base where params_on says);
+     * slots for what is streamed */
+    int frozen = model->frozen_bytes != NULL;
+    offload_tier w_on = frozen ? rt->cfg.trainable_on : rt->cfg.params_on;
+    int w_streamed = w_on != OFFLOAD_DEVICE, f_streamed = frozen && rt->cfg.params_on != OFFLOAD_DEVICE;
+    if (w_streamed || f_streamed) rt->n_slots = slot_count(rt);
+    rt->fslot = f_streamed ? rt->fg.slot_bytes : 0;
+    rt->slot_size = rt->fslot + (w_streamed ? rt->g.slot_bytes : 0);
+    wstore_config wc = {.tier = w_on, .dev_puts = rt->cfg.opt_frac[OFFLOAD_DEVICE] > 0,
+                        .chunk = rt->cfg.sub_group, .nvme_dir = rt->cfg.nvme_dir, .name = "par",
+                        .ring = rt->n_slots};
     if ((st = wstore_create(&rt->env, &rt->g, &wc, &rt->ws)) != ZO_OK) goto out_free;
+    if (frozen) {
+        wstore_config fc = {.tier = rt->cfg.params_on, .chunk = rt->cfg.sub_group,
+                            .nvme_dir = rt->cfg.nvme_dir, .name = "frz", .ring = rt->n_slots};
+        if ((st = wstore_create(&rt->env, &rt->fg, &fc, &rt->fws)) != ZO_OK) goto out_free;
+    }
     if ((st = create_shards(rt)) != ZO_OK) goto out_free;
     if ((st = offload_stream_init(rt)) != ZO_OK) goto out_free;
     device_peak(rt);
@@ -264,6 +294,9 @@ void offload_free(offload_t *rt)
     offload_stream_free(rt);
     for (int i = 0; i < rt->n_shards; i++) oshard_free(rt->shards[i]);
     wstore_free(rt->ws);
+    wstore_free(rt->fws);
+    free(rt->fbytes);
+    free(rt->foff);
     if (rt->env.h2d) gpu_stream_destroy(rt->env.h2d);
     if (rt->env.d2h) gpu_stream_destroy(rt->env.d2h);
     free(rt->numel);
@@ -315,6 +348,26 @@ zo_status offload_set_block(offload_t *rt, int block, const float *w)
         (st = set_block(rt, block, w)) != ZO_OK)
         return st;
     return weights_end(rt);
+}
+
+zo_status offload_set_frozen_block(offload_t *rt, int block, const void *bytes)
+{
+    zo_status st = check_block(rt, "offload_set_frozen_block", block);
+    if (st != ZO_OK) return st;
+    if (!rt->fws) return zo_error(ZO_ERR_INVALID, "offload_set_frozen_block: the model has no frozen base");
+    if ((st = wstore_put_raw(rt->fws, block, 0, rt->fbytes[block], bytes)) != ZO_OK ||
+        (st = rt->fws->ops->sync(rt->fws)) != ZO_OK)
+        return st;
+    offload_slots_invalidate(rt);
+    return ZO_OK;
+}
+
+zo_status offload_get_frozen_block(offload_t *rt, int block, void *bytes)
+{
+    zo_status st = check_block(rt, "offload_get_frozen_block", block);
+    if (st != ZO_OK) return st;
+    if (!rt->fws) return zo_error(ZO_ERR_INVALID, "offload_get_frozen_block: the model has no frozen base");
+    return rt->fws->ops->get_host(rt->fws, block, bytes);
 }
 
 zo_status offload_get_block(offload_t *rt, int block, float *w)
@@ -418,7 +471,7 @@ void offload_get_stats(const offload_t *rt, offload_stats *o)
     o->bytes_disk_read = a->bytes_disk_read;
     o->bytes_disk_written = a->bytes_disk_written;
     o->n_slots = rt->n_slots;
-    o->slot_bytes = rt->n_slots ? rt->g.slot_bytes : 0;
+    o->slot_bytes = rt->n_slots ? rt->slot_size : 0;
 }
 
 void offload_reset_times(offload_t *rt)

@@ -77,6 +77,8 @@ typedef struct offload_block_io {
     void *grads;            /* backward: its gradients, zeroed before; add to them */
     const void *dep_params; /* the weights of block_dep[b] (e.g. the tied embedding), or NULL */
     void *dep_grads;        /* backward: gradients of block_dep[b], zeroed before, or NULL */
+    const void *frozen;     /* the block's frozen base (offload_model.frozen_bytes), or NULL */
+    const void *dep_frozen; /* the frozen base of block_dep[b], or NULL */
     const void *in;         /* the activation from block b-1 (NULL for block 0) */
     void *out;              /* forward: the activation for block b+1 (NULL for the last) */
 } offload_block_io;
@@ -111,6 +113,12 @@ typedef struct offload_model {
     /* (optional) Rebuild what backward reads from `in`, without writing
      * `out`. Called before backward when config.recompute is set. */
     offload_block_fn recompute;
+    /* (optional) A frozen base per block (e.g. the base weights under LoRA
+     * adapters, 16-bit or NF4): frozen_bytes[b] bytes the model reads and
+     * never trains: no gradients, no optimizer state, never written back.
+     * The block's trainable weights are then block_numel[b] elements beside
+     * it (0 for a block with nothing to train). NULL: nothing frozen. */
+    const size_t *frozen_bytes;
 } offload_model;
 
 /* ---- the configuration (what a plan says) -------------------------------- */
@@ -125,7 +133,10 @@ typedef struct offload_adamw {
 typedef void (*offload_ckpt_hook)(void *user, const char *point);
 
 typedef struct offload_config {
-    offload_tier params_on;          /* DEVICE: resident; CPU, NVME: streamed */
+    offload_tier params_on;          /* DEVICE: resident; CPU, NVME: streamed (with a frozen
+                                        base: where the base lives) */
+    offload_tier trainable_on;       /* with a frozen base: where the trainable weights
+                                        live (default DEVICE); without, unused */
     /* Optimizer state split (the device share: whole blocks). A gradient is
      * summed where its optimizer state lives: on the device for the device
      * share, in fp32 host memory for the rest. */
@@ -209,6 +220,11 @@ void offload_free(offload_t *rt);
 zo_status offload_set_block(offload_t *rt, int block, const float *w);
 /* Read one block's fp32 master weights back. */
 zo_status offload_get_block(offload_t *rt, int block, float *w);
+
+/* A block's frozen base (frozen_bytes[block] bytes, e.g. tf_frozen_pack's)
+ * into its store, and back. Set every block's before training. */
+zo_status offload_set_frozen_block(offload_t *rt, int block, const void *bytes);
+zo_status offload_get_frozen_block(offload_t *rt, int block, void *bytes);
 
 /* Every block at once (blocks[b]: block_numel[b] floats); the step counter
  * and the loss-scale history restart too. */

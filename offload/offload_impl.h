@@ -104,6 +104,9 @@ typedef struct wstore_ops {
     zo_status (*put_dev_done)(wstore *ws, int b, gpu_stream_t s);
     /* Every put has reached the store: later fetches and compute see it. */
     zo_status (*sync)(wstore *ws);
+    /* Block b's weights (numel[b] elements of the dtype) into host memory,
+     * synchronously. */
+    zo_status (*get_host)(wstore *ws, int b, void *dst);
     void (*free)(wstore *ws);
 } wstore_ops;
 
@@ -122,6 +125,7 @@ typedef struct wstore_config {
     int dev_puts;          /* new weights will come from the device (a device shard) */
     size_t chunk;          /* device tier: elements a host put stages at once */
     const char *nvme_dir;
+    const char *name;      /* what it holds ("par", "frz"): NVMe file names, messages */
 } wstore_config;
 
 zo_status wstore_create(const offload_env *env, const offload_geom *g, const wstore_config *c,
@@ -130,6 +134,8 @@ void wstore_free(wstore *ws);
 /* Put elements [rel, rel + n) of block b's weights, given in fp32, chunk by
  * chunk. */
 zo_status wstore_put_f32(wstore *ws, int b, size_t rel, size_t n, const float *src);
+/* ... given as the store's own elements (bytes copied as they are). */
+zo_status wstore_put_raw(wstore *ws, int b, size_t rel, size_t n, const void *src);
 
 /* ---- ostate.c: fp32 master weights and Adam moments ------------------------------- */
 
@@ -239,14 +245,21 @@ struct offload {
     offload_decay_range *decay; /* [n_decay] sorted by block and offset */
 
     /* where state lives */
-    wstore *ws;
+    wstore *ws;                 /* the trainable weights */
+    wstore *fws;                /* the frozen base (offload_model.frozen_bytes), or NULL */
+    offload_geom fg;            /* its geometry: bytes (es 1) per block */
+    size_t *fbytes, *foff;      /* [nb], [nb + 1] */
+    size_t fslot;               /* bytes of a slot's frozen part (0: the base is resident) */
     oshard *shards[OFFLOAD_MAX_SHARDS]; /* in flat order */
     int n_shards;
     oshard *dev_shard;          /* the shard whose gradients stay on the device, or NULL */
     int dev_block;              /* its first block (nb: none) */
     size_t host_n;              /* flat [0, host_n): gradients summed on the host */
 
-    /* streaming (stream.c) */
+    /* streaming (stream.c): a slot holds a block's frozen base (fslot bytes,
+     * when that is streamed) then its trainable weights (g.slot_bytes, when
+     * those are streamed) */
+    size_t slot_size;
     int n_slots;
     offload_slot *slots;
     uint64_t tick;

@@ -19,19 +19,14 @@
 static zo_status alloc_slots(offload_t *rt)
 {
     zo_status st;
-    int has_dep = 0;
-    for (int b = 0; b < rt->g.nb; b++) has_dep |= rt->dep[b] >= 0;
-    rt->n_slots = rt->cfg.prefetch_depth + 1;
-    if (has_dep && rt->n_slots < 2) rt->n_slots = 2;
-    if (rt->n_slots > rt->g.nb) rt->n_slots = rt->g.nb;
     rt->slots = calloc((size_t)rt->n_slots, sizeof *rt->slots);
     if (!rt->slots) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
     for (int i = 0; i < rt->n_slots; i++) {
         offload_slot *sl = &rt->slots[i];
         sl->block = -1;
-        if ((st = gpu_mem_alloc(rt->env.dev, rt->g.slot_bytes, &sl->buf)) != ZO_OK)
+        if ((st = gpu_mem_alloc(rt->env.dev, rt->slot_size, &sl->buf)) != ZO_OK)
             return zo_error_wrap(st, "offload_init: device weight slot %d of %d (%zu bytes each)", i + 1,
-                                 rt->n_slots, rt->g.slot_bytes);
+                                 rt->n_slots, rt->slot_size);
         if ((st = gpu_event_create(rt->env.dev, &sl->ready)) != ZO_OK) return st;
         if ((st = gpu_event_create(rt->env.dev, &sl->freed)) != ZO_OK) return st;
     }
@@ -98,7 +93,7 @@ static zo_status alloc_boundaries(offload_t *rt)
 zo_status offload_stream_init(offload_t *rt)
 {
     zo_status st;
-    if (!rt->ws->resident && (st = alloc_slots(rt)) != ZO_OK) return st;
+    if (rt->n_slots && (st = alloc_slots(rt)) != ZO_OK) return st;
     if ((st = alloc_grads(rt)) != ZO_OK) return st;
     return alloc_boundaries(rt);
 }
@@ -179,9 +174,12 @@ static zo_status load_block(offload_t *rt, int block, int horizon_end, int *slot
     offload_slot *sl = &rt->slots[best];
     /* the copy overwrites the slot after the last block that used it has run */
     if (sl->used && (st = gpu_stream_wait_event(rt->env.h2d, sl->freed)) != ZO_OK) return st;
-    if ((st = rt->ws->ops->fetch(rt->ws, block, sl->buf)) != ZO_OK ||
-        (st = gpu_event_record(sl->ready, rt->env.h2d)) != ZO_OK)
+    /* the frozen base first, then the trainable weights: the parts streamed */
+    if (rt->fws && !rt->fws->resident && (st = rt->fws->ops->fetch(rt->fws, block, sl->buf)) != ZO_OK)
         return st;
+    if (!rt->ws->resident && (st = rt->ws->ops->fetch(rt->ws, block, (char *)sl->buf + rt->fslot)) != ZO_OK)
+        return st;
+    if ((st = gpu_event_record(sl->ready, rt->env.h2d)) != ZO_OK) return st;
     sl->block = block;
     *slot_out = best;
     return ZO_OK;
@@ -205,21 +203,29 @@ static zo_status prefetch(offload_t *rt)
     return ZO_OK;
 }
 
+/* Where block b's weights and frozen base are for compute: resident in
+ * their stores, or in slot `slot` (NULL: nothing streamed). */
+static void block_pointers(offload_t *rt, int b, const offload_slot *slot, const void **params,
+                           const void **frozen)
+{
+    wstore *ws = rt->ws, *fws = rt->fws;
+    *params = ws->resident ? ws->ops->resident(ws, b) : (const char *)slot->buf + rt->fslot;
+    *frozen = !fws ? NULL : fws->resident ? fws->ops->resident(fws, b) : slot->buf;
+}
+
 /* Make block b's weights (and its dependency's) usable on `s`: the device
  * waits for their copies by event. */
-static zo_status acquire(offload_t *rt, gpu_stream_t s, int b, const void **params,
-                         const void **dep_params)
+static zo_status acquire(offload_t *rt, gpu_stream_t s, int b, offload_block_io *io)
 {
     zo_status st;
-    wstore *ws = rt->ws;
     int dep = rt->dep[b];
-    *dep_params = NULL;
+    io->dep_params = io->dep_frozen = NULL;
     /* wait until the previous block has run: the compute part of the split */
     if (rt->has_prev && (st = offload_timed_wait(&rt->env, rt->prev_done, OFFLOAD_TIME_COMPUTE)) != ZO_OK)
         return st;
-    if (ws->resident) {
-        *params = ws->ops->resident(ws, b);
-        if (dep >= 0) *dep_params = ws->ops->resident(ws, dep);
+    if (!rt->n_slots) {
+        block_pointers(rt, b, NULL, &io->params, &io->frozen);
+        if (dep >= 0) block_pointers(rt, dep, NULL, &io->dep_params, &io->dep_frozen);
         return ZO_OK;
     }
     if ((st = prefetch(rt)) != ZO_OK) return st;
@@ -239,8 +245,8 @@ static zo_status acquire(offload_t *rt, gpu_stream_t s, int b, const void **para
         if ((st = offload_timed_wait(&rt->env, sl->ready, OFFLOAD_TIME_WEIGHTS)) != ZO_OK ||
             (st = gpu_stream_wait_event(s, sl->ready)) != ZO_OK)
             return st;
-        if (k == 0) *params = sl->buf;
-        else *dep_params = sl->buf;
+        if (k == 0) block_pointers(rt, b, sl, &io->params, &io->frozen);
+        else block_pointers(rt, dep, sl, &io->dep_params, &io->dep_frozen);
     }
     return ZO_OK;
 }
@@ -252,7 +258,7 @@ static zo_status release(offload_t *rt, gpu_stream_t s, int b)
     if ((st = gpu_event_record(rt->prev_done, s)) != ZO_OK) return st;
     rt->has_prev = 1;
     rt->pos++;
-    if (rt->ws->resident) return ZO_OK;
+    if (!rt->n_slots) return ZO_OK;
     int ids[2] = {b, rt->dep[b]};
     for (int k = 0; k < 2; k++) {
         if (ids[k] < 0) continue;
@@ -481,7 +487,7 @@ static zo_status forward_blocks(offload_t *rt, gpu_stream_t s)
     zo_status st;
     for (int b = 0; b < rt->g.nb; b++) {
         offload_block_io io = {0};
-        if ((st = acquire(rt, s, b, &io.params, &io.dep_params)) != ZO_OK ||
+        if ((st = acquire(rt, s, b, &io)) != ZO_OK ||
             (st = bounds_forward(rt, s, b, &io)) != ZO_OK ||
             (st = rt->m.forward(rt->m.user, b, &io, s)) != ZO_OK ||
             (st = bounds_forward_done(rt, s, b)) != ZO_OK || (st = release(rt, s, b)) != ZO_OK)
@@ -496,7 +502,7 @@ static zo_status backward_block(offload_t *rt, gpu_stream_t s, int b)
     zo_status st;
     offload_block_io io = {0};
     int k, kd = -1, dep = rt->dep[b];
-    if ((st = acquire(rt, s, b, &io.params, &io.dep_params)) != ZO_OK ||
+    if ((st = acquire(rt, s, b, &io)) != ZO_OK ||
         (st = bounds_backward(rt, s, b, &io)) != ZO_OK || (st = grads_take(rt, s, -1, &k)) != ZO_OK)
         return st;
     io.grads = rt->gs[k].dev;

@@ -122,6 +122,19 @@ static zo_status dev_put_dev_done(wstore *ws, int b, gpu_stream_t s)
     return st;
 }
 
+static zo_status dev_get_host(wstore *ws, int b, void *dst)
+{
+    const offload_env *env = ws->env;
+    wstore_impl *w = impl(ws);
+    size_t bytes = block_bytes(ws, b);
+    zo_status st;
+    if (!bytes) return ZO_OK;
+    if ((st = gpu_memcpy_async(env->d2h, dst, at(ws, w->dev, b, 0), bytes, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
+        (st = gpu_event_record(w->dev_ev, env->d2h)) != ZO_OK)
+        return st;
+    return gpu_event_synchronize(w->dev_ev);
+}
+
 /* The device and host tiers' puts from the device and the device tier's
  * chunks have all arrived. */
 static zo_status common_sync(wstore *ws)
@@ -159,6 +172,12 @@ static zo_status host_fetch(wstore *ws, int b, void *dst)
                                     GPU_COPY_HOST_TO_DEVICE);
     if (st == ZO_OK) env->acct->bytes_h2d += bytes;
     return st;
+}
+
+static zo_status host_get_host(wstore *ws, int b, void *dst)
+{
+    memcpy(dst, at(ws, impl(ws)->host, b, 0), block_bytes(ws, b));
+    return ZO_OK;
 }
 
 static zo_status host_put_host(wstore *ws, int b, size_t rel, size_t n, void **dst)
@@ -240,6 +259,18 @@ static zo_status nvme_fetch(wstore *ws, int b, void *dst)
     return ZO_OK;
 }
 
+static zo_status nvme_get_host(wstore *ws, int b, void *dst)
+{
+    wstore_impl *w = impl(ws);
+    if (!block_bytes(ws, b)) return ZO_OK;
+    double t0 = offload_now();
+    zo_status st = nvme_store_read(w->store, w->ids[b], dst);
+    ws->env->acct->time[OFFLOAD_TIME_DISK] += offload_now() - t0;
+    if (st != ZO_OK) return zo_error_wrap(st, "offload: weights of block %d from NVMe", b);
+    ws->env->acct->bytes_disk_read += block_bytes(ws, b);
+    return ZO_OK;
+}
+
 static zo_status nvme_put_host(wstore *ws, int b, size_t rel, size_t n, void **dst)
 {
     wstore_impl *w = impl(ws);
@@ -294,7 +325,7 @@ static zo_status nvme_sync(wstore *ws)
     return ZO_OK;
 }
 
-static zo_status nvme_open(wstore *ws, const char *dir)
+static zo_status nvme_open(wstore *ws, const char *dir, const char *name)
 {
     wstore_impl *w = impl(ws);
     const offload_geom *g = ws->g;
@@ -302,7 +333,7 @@ static zo_status nvme_open(wstore *ws, const char *dir)
     nvme_engine_config ec = {0};
     if ((st = nvme_engine_init(&w->engine, &ec)) != ZO_OK) return st;
     char prefix[64];
-    snprintf(prefix, sizeof prefix, "zo-par-%d", (int)getpid());
+    snprintf(prefix, sizeof prefix, "zo-%s-%d", name, (int)getpid());
     const char *dirs[1] = {dir};
     nvme_store_config sc = {.dirs = dirs, .ndirs = 1, .prefix = prefix};
     if ((st = nvme_store_init(&w->store, w->engine, &sc)) != ZO_OK)
@@ -344,9 +375,9 @@ static void nvme_close(wstore *ws)
 
 #else /* no nvme module: the configuration is refused at init */
 
-static zo_status nvme_open(wstore *ws, const char *dir)
+static zo_status nvme_open(wstore *ws, const char *dir, const char *name)
 {
-    (void)ws, (void)dir;
+    (void)ws, (void)dir, (void)name;
     return zo_error(ZO_ERR_UNSUPPORTED, "offload: weights on NVMe need the nvme module (liburing, xxHash)");
 }
 static void nvme_close(wstore *ws) { (void)ws; }
@@ -355,6 +386,7 @@ static void nvme_close(wstore *ws) { (void)ws; }
 #define nvme_put_host_done nothing_done
 #define nvme_put_dev_done host_put_dev_done
 #define nvme_sync common_sync
+#define nvme_get_host host_get_host
 
 #endif
 
@@ -388,17 +420,17 @@ static void wstore_destroy(wstore *ws)
 static const wstore_ops dev_ops = {
     .resident = dev_resident, .fetch = dev_fetch, .put_host = dev_put_host,
     .put_host_done = dev_put_host_done, .put_dev = dev_put_dev, .put_dev_done = dev_put_dev_done,
-    .sync = common_sync, .free = wstore_destroy,
+    .sync = common_sync, .get_host = dev_get_host, .free = wstore_destroy,
 };
 static const wstore_ops host_ops = {
     .resident = none_resident, .fetch = host_fetch, .put_host = host_put_host,
     .put_host_done = nothing_done, .put_dev = staged_put_dev, .put_dev_done = host_put_dev_done,
-    .sync = common_sync, .free = wstore_destroy,
+    .sync = common_sync, .get_host = host_get_host, .free = wstore_destroy,
 };
 static const wstore_ops nvme_ops = {
     .resident = none_resident, .fetch = nvme_fetch, .put_host = nvme_put_host,
     .put_host_done = nvme_put_host_done, .put_dev = staged_put_dev, .put_dev_done = nvme_put_dev_done,
-    .sync = nvme_sync, .free = wstore_destroy,
+    .sync = nvme_sync, .get_host = nvme_get_host, .free = wstore_destroy,
 };
 
 static zo_status create_dev(wstore *ws, const wstore_config *c)
@@ -436,7 +468,7 @@ static zo_status create_nvme(wstore *ws, const wstore_config *c)
     const offload_env *env = ws->env;
     size_t sb = ws->g->slot_bytes;
     zo_status st;
-    if ((st = nvme_open(ws, c->nvme_dir)) != ZO_OK) return st;
+    if ((st = nvme_open(ws, c->nvme_dir, c->name ? c->name : "par")) != ZO_OK) return st;
     ws->put_max = ws->g->largest;
     w->asm_block = -1;
     if ((st = offload_host_alloc(env, sb, 1, &w->asm_buf)) != ZO_OK)
@@ -497,15 +529,29 @@ void wstore_free(wstore *ws)
     if (ws) ws->ops->free(ws);
 }
 
-zo_status wstore_put_f32(wstore *ws, int b, size_t rel, size_t n, const float *src)
+/* Put [rel, rel + n) of block b chunk by chunk, each chunk written by fill
+ * from element `done` of the source. */
+static zo_status put_chunks(wstore *ws, int b, size_t rel, size_t n, const void *src, int f32)
 {
     zo_status st;
+    size_t es = ws->g->es;
     for (size_t done = 0; done < n; done += ws->put_max) {
         size_t k = n - done < ws->put_max ? n - done : ws->put_max;
         void *dst;
         if ((st = ws->ops->put_host(ws, b, rel + done, k, &dst)) != ZO_OK) return st;
-        offload_to_dtype(ws->g, dst, src + done, k);
+        if (f32) offload_to_dtype(ws->g, dst, (const float *)src + done, k);
+        else memcpy(dst, (const char *)src + done * es, k * es);
         if ((st = ws->ops->put_host_done(ws, b, rel + done, k)) != ZO_OK) return st;
     }
     return ZO_OK;
+}
+
+zo_status wstore_put_f32(wstore *ws, int b, size_t rel, size_t n, const float *src)
+{
+    return put_chunks(ws, b, rel, n, src, 1);
+}
+
+zo_status wstore_put_raw(wstore *ws, int b, size_t rel, size_t n, const void *src)
+{
+    return put_chunks(ws, b, rel, n, src, 0);
 }
