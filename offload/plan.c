@@ -1,13 +1,13 @@
 /* Plans in (the JSON memplan writes) and measurements out. */
 #include "offload/offload_impl.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <cjson/cJSON.h>
+
+#include "common/fileio.h" /* defines: zo_file_write_all */
 
 /* The schema's tiers are the runtime's, value for value. */
 _Static_assert((int)ZO_PLAN_GPU == OFFLOAD_DEVICE && (int)ZO_PLAN_CPU == OFFLOAD_CPU &&
@@ -102,20 +102,9 @@ zo_status offload_write_stats_json(const offload_t *rt, const offload_prediction
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     if (!text) return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", path);
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    zo_status st = ZO_OK;
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        st = zo_error(ZO_ERR_IO, "%s: %s", tmp, strerror(errno));
-    } else {
-        int bad = fputs(text, f) < 0 || fputc('\n', f) < 0 || fflush(f) || fsync(fileno(f));
-        bad |= fclose(f) != 0;
-        if (bad || rename(tmp, path)) {
-            st = zo_error(ZO_ERR_IO, "%s: write: %s", path, strerror(errno));
-            unlink(tmp);
-        }
-    }
+    size_t n = strlen(text);
+    text[n] = '\n'; /* replaces the NUL: the file ends with a newline */
+    zo_status st = zo_file_write_all(path, text, n + 1);
     free(text);
     return st;
 }

@@ -21,6 +21,7 @@
 #include "model/safetensors.h" /* defines: model_save */
 #include "offload/offload.h"   /* defines: offload_init, offload_micro_batch, offload_step */
 #include "planner/memory.h"    /* defines: plan_estimate_run (the memplan estimate) */
+#include "tests/support/files.h"       /* defines: files_write_plan, files_write_text */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer (the reference) */
 #include "tests/support/run.h"         /* defines: run_capture */
 #include "transformer/offload_model.h" /* defines: tf_offload_model, tf_model */
@@ -689,11 +690,8 @@ static void test_kill_during_checkpoint(void **state)
     assert_non_null(f);
     for (int i = 0; i < 300; i++) fprintf(f, "the quick brown fox jumps over the lazy dog %d. ", i % 10);
     fclose(f);
-    f = fopen(cfg, "w");
-    assert_non_null(f);
-    fprintf(f, "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 32, \"n_head\": 2,"
-               " \"n_positions\": 32, \"vocab_size\": 256}\n");
-    fclose(f);
+    files_write_text(cfg, "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 32, \"n_head\": 2,"
+                          " \"n_positions\": 32, \"vocab_size\": 256}\n");
     snprintf(base, sizeof base,
              "%s --model %s --data %s --text --steps 6 --micro-batch 2 --seq 16 --lr 1e-2 "
              "--dtype fp16 --threads 2 --params-on cpu --optimizer-on cpu=0.5,nvme=0.5 "
@@ -924,21 +922,7 @@ static void test_plan_selective(void **state)
     pl->placement.params = pl->placement.grads = ZO_PLAN_GPU;
     pl->placement.optimizer[ZO_PLAN_GPU] = 0.25;
     pl->placement.optimizer[ZO_PLAN_CPU] = 0.75;
-    cJSON *doc;
-    assert_int_equal(zo_plan_write_json(pl, path, &doc), ZO_OK);
-    free(pl);
-    char *text = cJSON_Print(doc);
-    /* the same plan with its gradients on NVMe */
-    cJSON *pl_json = cJSON_GetObjectItemCaseSensitive(doc, "placement");
-    assert_non_null(pl_json);
-    cJSON_ReplaceItemInObjectCaseSensitive(pl_json, "grads", cJSON_CreateString("nvme"));
-    char *text_nvme = cJSON_Print(doc);
-    cJSON_Delete(doc);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-    free(text);
+    files_write_plan(path, pl, NULL, NULL);
     offload_plan p;
     offload_plan_defaults(&p);
     p.cfg.recompute = 1;
@@ -947,12 +931,10 @@ static void test_plan_selective(void **state)
     assert_int_equal(p.selective_as_none, 1);
     assert_true(p.cfg.opt_frac[OFFLOAD_DEVICE] == 0.25);
     /* gradients are summed where their optimizer state is: "grads" is
-     * checked (gpu or cpu), not a choice of its own */
-    f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text_nvme, f);
-    fclose(f);
-    free(text_nvme);
+     * checked (gpu or cpu), not a choice of its own; the same plan with its
+     * gradients on NVMe is refused */
+    files_write_plan(path, pl, "placement.grads", "\"nvme\"");
+    free(pl);
     offload_plan_defaults(&p);
     assert_int_equal(offload_plan_load(path, &p), ZO_ERR_FORMAT);
     assert_non_null(strstr(zo_last_error(), "placement.grads"));

@@ -1,0 +1,66 @@
+/* Whole files, JSON edits and plans for tests. */
+#include "tests/support/files.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/fileio.h" /* defines: zo_file_write_all, zo_file_read_all */
+
+void files_write(const char *path, const void *buf, size_t len)
+{
+    if (zo_file_write_all(path, buf, len) != ZO_OK) fail_msg("%s", zo_last_error());
+}
+
+void files_write_text(const char *path, const char *text)
+{
+    files_write(path, text, strlen(text));
+}
+
+char *files_read_text(const char *path)
+{
+    char *text;
+    if (zo_file_read_all(path, 64u << 20, "a test's file", &text, NULL) != ZO_OK)
+        fail_msg("%s", zo_last_error());
+    return text;
+}
+
+void files_json_set(cJSON *doc, const char *field, const char *value)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s", field);
+    char *key = strrchr(path, '.');
+    if (!key) fail_msg("files_json_set: \"%s\" is not OBJECT.MEMBER", field);
+    *key++ = '\0';
+    cJSON *o = doc;
+    for (char *sv = NULL, *k = strtok_r(path, ".", &sv); k; k = strtok_r(NULL, ".", &sv))
+        if (!(o = cJSON_GetObjectItemCaseSensitive(o, k))) fail_msg("%s: no object \"%s\"", field, k);
+    cJSON_DeleteItemFromObjectCaseSensitive(o, key);
+    if (!value) return;
+    cJSON *v = cJSON_Parse(value);
+    if (!v) fail_msg("%s: \"%s\" is not JSON", field, value);
+    cJSON_AddItemToObject(o, key, v);
+}
+
+void files_write_json(const char *path, const cJSON *doc)
+{
+    char *text = cJSON_Print(doc);
+    if (!text) fail_msg("%s: cannot print the JSON", path);
+    files_write_text(path, text);
+    free(text);
+}
+
+void files_write_plan(const char *path, const zo_plan *p, const char *field, const char *value)
+{
+    cJSON *doc;
+    if (zo_plan_write_json(p, path, &doc) != ZO_OK) fail_msg("%s", zo_last_error());
+    if (field) files_json_set(doc, field, value);
+    files_write_json(path, doc);
+    cJSON_Delete(doc);
+}

@@ -1,0 +1,34 @@
+/* Files a test writes and reads back: whole files, JSON documents edited
+ * field by field, plans as the plan schema writes them. Every helper fails
+ * the running test when the file cannot be written or read (tests only;
+ * links cmocka). */
+#ifndef ZO_TESTS_SUPPORT_FILES_H
+#define ZO_TESTS_SUPPORT_FILES_H
+
+#include <stddef.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/plan_schema.h" /* defines: zo_plan */
+
+/* buf[0..len) as the whole of path (common/fileio.h: atomically). */
+void files_write(const char *path, const void *buf, size_t len);
+void files_write_text(const char *path, const char *text);
+
+/* The whole of path, NUL-terminated; the caller frees it. */
+char *files_read_text(const char *path);
+
+/* The member at the dotted name `field` of doc ("placement.grads": the
+ * member "grads" of the object "placement") replaced by the JSON text
+ * `value`, or removed when value is NULL. Every object on the way must
+ * exist; the member need not. */
+void files_json_set(cJSON *doc, const char *field, const char *value);
+
+/* doc, printed, as the whole of path. */
+void files_write_json(const char *path, const cJSON *doc);
+
+/* The plan p as the plan schema's writer writes it, with files_json_set(
+ * field, value) applied when field is not NULL, as the whole of path. */
+void files_write_plan(const char *path, const zo_plan *p, const char *field, const char *value);
+
+#endif
