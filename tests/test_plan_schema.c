@@ -19,9 +19,10 @@
 #include <cjson/cJSON.h>
 
 #include "common/plan_schema.h" /* defines: zo_plan_read, zo_plan_write_json, zo_plan_field_range */
+#include "common/units.h"       /* defines: zo_format_bytes */
 #include "offload/offload.h"    /* defines: offload_plan_load */
 #include "tests/support/files.h" /* defines: files_write_text, files_read_text, files_json_set */
-#include "tests/support/run.h"   /* defines: run_program */
+#include "tests/support/run.h"   /* defines: run_program, run_capture */
 
 static char tmp_dir[256];
 
@@ -491,6 +492,61 @@ static void test_train_refuses_other_plans(void **state)
     remove(cfg);
     remove(data);
 }
+
+/* `train --check-plan`: a 13B plan checked against its model in 300 MB of
+ * address space (nothing of the model allocated, no device, no data): the
+ * placement and the plan's predicted peaks printed, exit 0; against another
+ * model, the refusal a run gives, exit 2; without --plan, exit 2. */
+static void test_train_check_plan(void **state)
+{
+    (void)state;
+    char plan[300], cfg[300], cmd[2000];
+    static char out[1 << 16];
+    snprintf(plan, sizeof plan, "%s/check.json", tmp_dir);
+    snprintf(cfg, sizeof cfg, "%s/config.json", tmp_dir);
+    files_write_text(cfg, tiny_config);
+    snprintf(cmd, sizeof cmd, "estimate --model llama-2-13b --hw h200-141gb --seq 2048 --recompute full "
+             "--params cpu --optimizer gpu=0.25,cpu=0.5,nvme=0.25 --plan-out %s", plan);
+    int rc = run_program(ZO_MEMPLAN_BIN, cmd, out, sizeof out);
+    assert_true(rc == 0 || rc == 1);
+    zo_plan *p = malloc(sizeof *p);
+    assert_non_null(p);
+    assert_int_equal(zo_plan_load(plan, p), ZO_OK);
+
+    /* a sanitizer's shadow memory needs terabytes of address space */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    const char *limit = "";
+#else
+    const char *limit = "ulimit -v 300000; ";
+#endif
+    snprintf(cmd, sizeof cmd, "%s%s --check-plan --plan %s 2>&1", limit, ZO_TRAIN_BIN, plan);
+    rc = run_capture(cmd, out, sizeof out);
+    if (rc) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    char want[400], b[3][32];
+    snprintf(want, sizeof want, "# check-plan: llama-2-13b (llama), %llu parameters",
+             (unsigned long long)zo_model_params(&p->model));
+    assert_non_null(strstr(out, want));
+    assert_non_null(strstr(out, "# placement: weights cpu (prefetch 2), optimizer cpu 0.50 nvme 0.25 gpu 0.25"));
+    snprintf(want, sizeof want, "# plan predicts peak bytes per tier: gpu %s, cpu %s, nvme %s",
+             zo_format_bytes(p->predicted.peak_bytes[ZO_PLAN_GPU], b[0], sizeof b[0]),
+             zo_format_bytes(p->predicted.peak_bytes[ZO_PLAN_CPU], b[1], sizeof b[1]),
+             zo_format_bytes(p->predicted.peak_bytes[ZO_PLAN_NVME], b[2], sizeof b[2]));
+    if (!strstr(out, want)) {
+        fprintf(stderr, "train said:\n%s\nwanted: %s\n", out, want);
+        fail();
+    }
+    assert_null(strstr(out, "step 0"));
+
+    snprintf(cmd, sizeof cmd, "--check-plan --plan %s --model %s", plan, cfg);
+    assert_int_equal(run_program(ZO_TRAIN_BIN, cmd, out, sizeof out), 2);
+    assert_non_null(strstr(out, "the plan is for model \"llama-2-13b\""));
+    assert_int_equal(run_program(ZO_TRAIN_BIN, "--check-plan --model gpt2", out, sizeof out), 2);
+    assert_non_null(strstr(out, "--check-plan needs --plan FILE"));
+    free(p);
+    remove(plan);
+    remove(cfg);
+}
 #endif
 
 int main(void)
@@ -505,6 +561,7 @@ int main(void)
 #if defined(ZO_MEMPLAN_BIN) && defined(ZO_TRAIN_BIN)
         cmocka_unit_test(test_limits_memplan_runtime),
         cmocka_unit_test(test_train_refuses_other_plans),
+        cmocka_unit_test(test_train_check_plan),
 #endif
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
