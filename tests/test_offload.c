@@ -21,7 +21,7 @@
 #include "model/safetensors.h" /* defines: model_save */
 #include "offload/offload.h"   /* defines: offload_init, offload_micro_batch, offload_step */
 #include "planner/memory.h"    /* defines: plan_estimate_run (the memplan estimate) */
-#include "tests/support/files.h"       /* defines: files_write_plan, files_write_text */
+#include "tests/support/files.h"       /* defines: files_write_plan, files_remove_tree */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer (the reference) */
 #include "tests/support/run.h"         /* defines: run_capture */
 #include "transformer/offload_model.h" /* defines: tf_offload_model, tf_model */
@@ -507,13 +507,6 @@ static float *read_opt_tensor(const char *dir, const char *name, size_t n)
     return out;
 }
 
-static void remove_tree(const char *dir)
-{
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-}
-
 /* Clipping as torch.nn.utils.clip_grad_norm_: the gradient Adam sees is
  * g * clip / (norm + 1e-6) when the norm exceeds clip, g otherwise; the
  * first moment after one step is (1 - beta1) times it. */
@@ -525,7 +518,7 @@ static void test_clipping(void **state)
     snprintf(dir, sizeof dir, "%s/clip", nvme_dir);
     float clips[2] = {1e-3f, 1e3f};
     for (int c = 0; c < 2; c++) {
-        remove_tree(dir);
+        files_remove_tree(dir);
         run r = {.cfg = tiny_gpt(2, 64, 128), .dt = ZO_DTYPE_F32, .B = 2, .T = 16, .steps = 1,
                  .final_grad = g, .save_dir = dir, .save_at = 1};
         base_config(&r.oc);
@@ -557,7 +550,7 @@ static void test_clipping(void **state)
         }
         free(m);
     }
-    remove_tree(dir);
+    files_remove_tree(dir);
 }
 
 /* fp16 dynamic loss scaling: an overflow skips the step (no update, no
@@ -567,7 +560,7 @@ static void test_loss_scale(void **state)
     (void)state;
     char dir[300];
     snprintf(dir, sizeof dir, "%s/scale", nvme_dir);
-    remove_tree(dir);
+    files_remove_tree(dir);
     run r = {.cfg = tiny_gpt(2, 64, 128), .dt = ZO_DTYPE_F16, .B = 2, .T = 16, .steps = 24,
              .save_dir = dir, .save_at = 2};
     base_config(&r.oc);
@@ -605,7 +598,7 @@ static void test_loss_scale(void **state)
     float *m = read_opt_tensor(dir, "exp_avg", n);
     for (size_t i = 0; i < n; i++) assert_true(m[i] == 0.0f);
     free(m);
-    remove_tree(dir);
+    files_remove_tree(dir);
 }
 
 /* Save after 10 steps, resume in a new runtime: the next 10 losses equal the
@@ -616,7 +609,7 @@ static void test_resume(void **state)
     (void)state;
     char dir[300];
     snprintf(dir, sizeof dir, "%s/resume", nvme_dir);
-    remove_tree(dir);
+    files_remove_tree(dir);
     run u = {.cfg = tiny_gpt(2, 64, 128), .dt = ZO_DTYPE_F16, .B = 2, .T = 16, .steps = 20};
     base_config(&u.oc);
     u.oc.params_on = OFFLOAD_CPU;
@@ -653,7 +646,7 @@ static void test_resume(void **state)
         }
         assert_true(u.info[k].loss_scale == b.info[k].loss_scale);
     }
-    remove_tree(dir);
+    files_remove_tree(dir);
 }
 
 /* The "step K loss X" lines of train's output, from step `from` on. */
@@ -681,7 +674,7 @@ static void test_kill_during_checkpoint(void **state)
     (void)state;
     char dir[300], data[400], cfg[400], ck[400], base[1500], cmd[2000];
     snprintf(dir, sizeof dir, "%s/kill", nvme_dir);
-    remove_tree(dir);
+    files_remove_tree(dir);
     assert_int_equal(mkdir(dir, 0755), 0);
     snprintf(data, sizeof data, "%s/text.txt", dir);
     snprintf(cfg, sizeof cfg, "%s/config.json", dir);
@@ -704,7 +697,7 @@ static void test_kill_during_checkpoint(void **state)
 
     const char *points[] = {"begin", "optimizer-half", "before-rename", "before-latest"};
     for (size_t i = 0; i < sizeof points / sizeof points[0]; i++) {
-        remove_tree(ck);
+        files_remove_tree(ck);
         int fds[2];
         assert_int_equal(pipe(fds), 0);
         pid_t pid = fork();
@@ -737,7 +730,7 @@ static void test_kill_during_checkpoint(void **state)
             if (*q == '\n') *q = ' ';
         printf("  killed at %-15s resumed at step 2, losses as uninterrupted: %s\n", points[i], got);
     }
-    remove_tree(dir);
+    files_remove_tree(dir);
 }
 
 /* memplan's estimate of the configuration a run used. */
@@ -880,7 +873,7 @@ static void test_device_optimizer_resume(void **state)
     (void)state;
     char dir[300];
     snprintf(dir, sizeof dir, "%s/resume-dev", nvme_dir);
-    remove_tree(dir);
+    files_remove_tree(dir);
     run u = {.cfg = tiny_llama(2, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 12};
     base_config(&u.oc);
     u.oc.params_on = OFFLOAD_CPU;
@@ -904,7 +897,7 @@ static void test_device_optimizer_resume(void **state)
             fail();
         }
     }
-    remove_tree(dir);
+    files_remove_tree(dir);
 }
 
 /* A plan's "selective" recompute reads as none (the attention keeps no
@@ -992,7 +985,7 @@ static void test_nvme_checkpoint_memory(void **state)
     assert_true(4 * model > 2 * bound);
     assert_true(first.save_growth <= bound);
     assert_true(resumed.load_growth <= bound);
-    remove_tree(dir);
+    files_remove_tree(dir);
 }
 
 /* The peak bytes measured per tier against memplan's estimate: within 3%. */

@@ -32,6 +32,7 @@
 #include "gpu/device.h"           /* defines: gpu_device_open, gpu_cuda_device_count */
 #include "offload/offload.h"      /* defines: offload_init, offload_micro_batch, offload_step */
 #include "transformer/offload_model.h" /* defines: tf_offload_model, tf_model */
+#include "tests/support/files.h"       /* defines: files_remove_tree */
 #include "tests/support/run.h"         /* defines: run_capture */
 
 #define THREADS 2
@@ -375,8 +376,7 @@ static void test_train_program(void **state)
     assert_int_equal(run_capture(cmd, out[0], sizeof out[0]), 2);
     assert_non_null(strstr(out[0], "--device tpu"));
 
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    files_remove_tree(dir);
 }
 
 int main(void)

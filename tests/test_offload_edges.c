@@ -19,7 +19,7 @@
 
 #include "gpu/ops_cpu.h"     /* defines: gpu_cpu_inject_faults */
 #include "offload/offload.h" /* defines: offload_init, offload_plan_load, offload_save */
-#include "tests/support/files.h" /* defines: files_write_plan, files_write_text */
+#include "tests/support/files.h" /* defines: files_write_plan, files_write_text, files_remove_tree */
 #include "tests/support/run.h"   /* defines: run_program */
 
 static char tmp_dir[256];
@@ -190,6 +190,22 @@ static zo_status set_weights(offload_t *rt, float *w)
     return offload_set_weights(rt, blocks);
 }
 
+/* The stub with its weights in a runtime of the default configuration. */
+static offload_t *stub_runtime(stub *m, zo_dtype dt)
+{
+    stub_open(m);
+    offload_model om = stub_model(m);
+    om.dtype = dt;
+    offload_config c;
+    offload_config_defaults(&c);
+    offload_t *rt;
+    assert_int_equal(offload_init(&rt, m->dev, &om, &c), ZO_OK);
+    static float w[NB * NUMEL];
+    stub_weights(w);
+    assert_int_equal(set_weights(rt, w), ZO_OK);
+    return rt;
+}
+
 /* ---- allocation failures in offload_init ---------------------------------------------- */
 
 /* Every device and pinned allocation of offload_init fails in turn: init
@@ -333,16 +349,7 @@ static void test_ckpt_bad_state(void **state)
 {
     (void)state;
     stub m;
-    stub_open(&m);
-    offload_model om = stub_model(&m);
-    om.dtype = ZO_DTYPE_F16;
-    offload_config c;
-    offload_config_defaults(&c);
-    offload_t *rt;
-    assert_int_equal(offload_init(&rt, m.dev, &om, &c), ZO_OK);
-    static float w[NB * NUMEL];
-    stub_weights(w);
-    assert_int_equal(set_weights(rt, w), ZO_OK);
+    offload_t *rt = stub_runtime(&m, ZO_DTYPE_F16);
     char dir[400], state_path[500];
     snprintf(dir, sizeof dir, "%s/ck", tmp_dir);
     offload_ckpt_meta meta = {.data_step = 7, .seed = 3};
@@ -372,9 +379,7 @@ static void test_ckpt_bad_state(void **state)
     assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
     offload_free(rt);
     stub_close(&m);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    files_remove_tree(dir);
 }
 
 /* Saving twice at the same step count (an fp16 step skipped for overflow
@@ -384,15 +389,7 @@ static void test_ckpt_same_step(void **state)
 {
     (void)state;
     stub m;
-    stub_open(&m);
-    offload_model om = stub_model(&m);
-    offload_config c;
-    offload_config_defaults(&c);
-    offload_t *rt;
-    assert_int_equal(offload_init(&rt, m.dev, &om, &c), ZO_OK);
-    static float w[NB * NUMEL];
-    stub_weights(w);
-    assert_int_equal(set_weights(rt, w), ZO_OK);
+    offload_t *rt = stub_runtime(&m, ZO_DTYPE_BF16);
     char dir[400], path[500];
     snprintf(dir, sizeof dir, "%s/same", tmp_dir);
     offload_ckpt_meta meta = {.data_step = 7, .seed = 3};
@@ -411,9 +408,7 @@ static void test_ckpt_same_step(void **state)
     assert_int_equal(got.data_step, 9);
     offload_free(rt);
     stub_close(&m);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    files_remove_tree(dir);
 }
 
 /* ---- train's flags -------------------------------------------------------------------------- */
@@ -518,8 +513,7 @@ static void test_searched_plan_runs(void **state)
         fprintf(stderr, "measured/planned GPU peak %.4f: %.*s\n", ratio, (int)(strchr(line, '\n') - line), line);
         fail();
     }
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    files_remove_tree(dir);
 }
 
 int main(void)

@@ -19,7 +19,7 @@
 #include "planner/hardware.h"
 #include "planner/memory.h"
 #include "planner/report.h"
-#include "tests/support/files.h" /* defines: files_write_text */
+#include "tests/support/files.h" /* defines: files_write_text, files_remove_tree */
 #include "tests/support/run.h"   /* defines: run_memplan */
 
 /* ---- parameter counts ------------------------------------------------------ */
@@ -516,8 +516,7 @@ static void test_cli_bad_input(void **state)
     expect_bad(args, "missing.json: missing field \"num_hidden_layers\"");
     snprintf(args, sizeof args, "estimate --model %s/nothere.json", dir);
     expect_bad(args, "nothere.json: cannot open");
-    snprintf(args, sizeof args, "rm -rf %s", dir);
-    assert_int_equal(system(args), 0);
+    files_remove_tree(dir);
 }
 
 static void test_cli_json(void **state)

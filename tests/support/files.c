@@ -1,6 +1,9 @@
 /* Whole files, JSON edits and plans for tests. */
+#define _XOPEN_SOURCE 700 /* nftw */
 #include "tests/support/files.h"
 
+#include <errno.h>
+#include <ftw.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -29,6 +33,19 @@ char *files_read_text(const char *path)
     if (zo_file_read_all(path, 64u << 20, "a test's file", &text, NULL) != ZO_OK)
         fail_msg("%s", zo_last_error());
     return text;
+}
+
+static int remove_one(const char *path, const struct stat *sb, int type, struct FTW *ftw)
+{
+    (void)sb;
+    (void)ftw;
+    return (type == FTW_DP ? rmdir(path) : unlink(path)) ? -1 : 0;
+}
+
+void files_remove_tree(const char *dir)
+{
+    if (nftw(dir, remove_one, 16, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT)
+        fail_msg("cannot remove %s: %s", dir, strerror(errno));
 }
 
 void files_json_set(cJSON *doc, const char *field, const char *value)

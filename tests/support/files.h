@@ -18,6 +18,9 @@ void files_write_text(const char *path, const char *text);
 /* The whole of path, NUL-terminated; the caller frees it. */
 char *files_read_text(const char *path);
 
+/* dir and everything below it (links not followed); nothing there is fine. */
+void files_remove_tree(const char *dir);
+
 /* The member at the dotted name `field` of doc ("placement.grads": the
  * member "grads" of the object "placement") replaced by the JSON text
  * `value`, or removed when value is NULL. Every object on the way must
