@@ -7,7 +7,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "common/fileio.h" /* defines: zo_file_write_all */
+#include "common/fileio.h" /* defines: zo_file_write_json */
 
 /* The schema's tiers are the runtime's, value for value. */
 _Static_assert((int)ZO_PLAN_GPU == OFFLOAD_DEVICE && (int)ZO_PLAN_CPU == OFFLOAD_CPU &&
@@ -99,12 +99,7 @@ zo_status offload_write_stats_json(const offload_t *rt, const offload_prediction
     cJSON_AddNumberToObject(by, "disk_written", (double)s.bytes_disk_written);
     cJSON_AddNumberToObject(o, "device_slots", s.n_slots);
     cJSON_AddNumberToObject(o, "slot_bytes", (double)s.slot_bytes);
-    char *text = cJSON_Print(o);
+    zo_status st = zo_file_write_json(path, o);
     cJSON_Delete(o);
-    if (!text) return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", path);
-    size_t n = strlen(text);
-    text[n] = '\n'; /* replaces the NUL: the file ends with a newline */
-    zo_status st = zo_file_write_all(path, text, n + 1);
-    free(text);
     return st;
 }

@@ -22,6 +22,7 @@
 #include "offload/offload.h"   /* defines: offload_init, offload_micro_batch, offload_step */
 #include "planner/memory.h"    /* defines: plan_estimate_run (the memplan estimate) */
 #include "tests/support/files.h"       /* defines: files_write_plan, files_remove_tree */
+#include "tests/support/models.h"      /* defines: tiny_model */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer (the reference) */
 #include "tests/support/run.h"         /* defines: run_capture */
 #include "transformer/offload_model.h" /* defines: tf_offload_model, tf_model */
@@ -32,41 +33,12 @@
 
 static zo_model_config tiny_gpt(int layers, int hidden, int vocab)
 {
-    zo_model_config c = {0};
-    snprintf(c.name, sizeof c.name, "tiny-gpt");
-    snprintf(c.family, sizeof c.family, "gpt2");
-    c.arch = ZO_ARCH_GPT;
-    c.n_layers = layers;
-    c.hidden = hidden;
-    c.n_heads = 4;
-    c.n_kv_heads = 4;
-    c.ffn = 4 * hidden;
-    c.vocab = vocab;
-    c.max_seq = 64;
-    c.tied_embeddings = 1;
-    c.attn_bias = c.out_bias = c.norm_bias = 1;
-    c.norm_eps = 1e-5f;
-    assert_int_equal(zo_model_config_validate(&c), ZO_OK);
-    return c;
+    return tiny_model(ZO_ARCH_GPT, layers, hidden, vocab, 64);
 }
 
 static zo_model_config tiny_llama(int layers, int hidden, int vocab)
 {
-    zo_model_config c = {0};
-    snprintf(c.name, sizeof c.name, "tiny-llama");
-    snprintf(c.family, sizeof c.family, "llama2");
-    c.arch = ZO_ARCH_LLAMA;
-    c.n_layers = layers;
-    c.hidden = hidden;
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
-    c.ffn = 3 * hidden;
-    c.vocab = vocab;
-    c.max_seq = 64;
-    c.norm_eps = 1e-5f;
-    c.rope_theta = 10000.0f;
-    assert_int_equal(zo_model_config_validate(&c), ZO_OK);
-    return c;
+    return tiny_model(ZO_ARCH_LLAMA, layers, hidden, vocab, 64);
 }
 
 /* Tokens of micro-batch `k`: rows b x t of a pseudo-random text with some
@@ -679,10 +651,7 @@ static void test_kill_during_checkpoint(void **state)
     snprintf(data, sizeof data, "%s/text.txt", dir);
     snprintf(cfg, sizeof cfg, "%s/config.json", dir);
     snprintf(ck, sizeof ck, "%s/ck", dir);
-    FILE *f = fopen(data, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 300; i++) fprintf(f, "the quick brown fox jumps over the lazy dog %d. ", i % 10);
-    fclose(f);
+    files_write_sample_text(data, 300);
     files_write_text(cfg, "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 32, \"n_head\": 2,"
                           " \"n_positions\": 32, \"vocab_size\": 256}\n");
     snprintf(base, sizeof base,

@@ -429,10 +429,7 @@ static void test_train_flags(void **state)
     snprintf(data, sizeof data, "%s/text.txt", tmp_dir);
     snprintf(cfg, sizeof cfg, "%s/config.json", tmp_dir);
     snprintf(plan, sizeof plan, "%s/train-plan.json", tmp_dir);
-    FILE *f = fopen(data, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 100; i++) fprintf(f, "the quick brown fox %d. ", i % 10);
-    fclose(f);
+    files_write_sample_text(data, 100);
     files_write_text(cfg, "{\"model_type\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 32, \"n_head\": 2,"
                           " \"n_positions\": 32, \"vocab_size\": 256}\n");
     /* a plan for this model: fp32, weights streamed from the host, the

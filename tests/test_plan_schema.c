@@ -445,10 +445,7 @@ static void test_train_refuses_other_plans(void **state)
     snprintf(data, sizeof data, "%s/text.txt", tmp_dir);
     snprintf(plan, sizeof plan, "%s/other.json", tmp_dir);
     files_write_text(cfg, tiny_config);
-    FILE *f = fopen(data, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 200; i++) fprintf(f, "the quick brown fox %d. ", i % 10);
-    fclose(f);
+    files_write_sample_text(data, 200);
     zo_model_config tiny, big;
     assert_int_equal(zo_model_config_load(cfg, &tiny), ZO_OK);
     assert_int_equal(zo_model_preset_find("llama-2-13b", &big), ZO_OK);

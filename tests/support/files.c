@@ -27,6 +27,17 @@ void files_write_text(const char *path, const char *text)
     files_write(path, text, strlen(text));
 }
 
+void files_write_sample_text(const char *path, int sentences)
+{
+    static const char s[] = "the quick brown fox jumps over the lazy dog %d. ";
+    char *text = malloc((size_t)sentences * sizeof s + 1), *p = text;
+    if (!text) fail_msg("out of memory for %d sentences", sentences);
+    *p = '\0';
+    for (int i = 0; i < sentences; i++) p += sprintf(p, s, i % 10);
+    files_write_text(path, text);
+    free(text);
+}
+
 char *files_read_text(const char *path)
 {
     char *text;

@@ -15,6 +15,11 @@
 void files_write(const char *path, const void *buf, size_t len);
 void files_write_text(const char *path, const char *text);
 
+/* `sentences` sentences of English-like text ("the quick brown fox jumps
+ * over the lazy dog 3. ", the number cycling 0-9) as the whole of path: data
+ * for `train --text`. */
+void files_write_sample_text(const char *path, int sentences);
+
 /* The whole of path, NUL-terminated; the caller frees it. */
 char *files_read_text(const char *path);
 
