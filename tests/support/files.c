@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "common/fileio.h" /* defines: zo_file_write_all, zo_file_read_all */
+#include "common/fileio.h" /* defines: zo_file_write_all, zo_file_write_json, zo_file_read_all */
 
 void files_write(const char *path, const void *buf, size_t len)
 {
@@ -78,10 +78,7 @@ void files_json_set(cJSON *doc, const char *field, const char *value)
 
 void files_write_json(const char *path, const cJSON *doc)
 {
-    char *text = cJSON_Print(doc);
-    if (!text) fail_msg("%s: cannot print the JSON", path);
-    files_write_text(path, text);
-    free(text);
+    if (zo_file_write_json(path, doc) != ZO_OK) fail_msg("%s", zo_last_error());
 }
 
 void files_write_plan(const char *path, const zo_plan *p, const char *field, const char *value)

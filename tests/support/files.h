@@ -32,7 +32,7 @@ void files_remove_tree(const char *dir);
  * exist; the member need not. */
 void files_json_set(cJSON *doc, const char *field, const char *value);
 
-/* doc, printed, as the whole of path. */
+/* doc, printed (zo_file_write_json), as the whole of path. */
 void files_write_json(const char *path, const cJSON *doc);
 
 /* The plan p as the plan schema's writer writes it, with files_json_set(
