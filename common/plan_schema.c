@@ -1,10 +1,11 @@
 #include "plan_schema.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "common/fileio.h" /* defines: zo_file_read_all */
 
 /* ---- the table -------------------------------------------------------------------- */
 
@@ -816,22 +817,12 @@ out_free_doc:
 
 zo_status zo_plan_load(const char *path, zo_plan *out)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return zo_error(errno == ENOENT ? ZO_ERR_NOT_FOUND : ZO_ERR_IO, "%s: %s", path, strerror(errno));
-    char *text = malloc(ZO_PLAN_MAX_BYTES + 1);
-    zo_status st;
-    if (!text) {
-        st = zo_error(ZO_ERR_NOMEM, "%s: out of host memory", path);
-        goto out_close;
-    }
-    size_t len = fread(text, 1, ZO_PLAN_MAX_BYTES + 1, f);
-    if (ferror(f)) st = zo_error(ZO_ERR_IO, "%s: read failed: %s", path, strerror(errno));
-    else if (len > ZO_PLAN_MAX_BYTES)
-        st = zo_error(ZO_ERR_FORMAT, "%s: larger than %u bytes", path, ZO_PLAN_MAX_BYTES);
-    else st = zo_plan_read(text, len, path, out);
+    char *text;
+    size_t len;
+    zo_status st = zo_file_read_all(path, ZO_PLAN_MAX_BYTES, "a plan", &text, &len);
+    if (st != ZO_OK) return st;
+    st = zo_plan_read(text, len, path, out);
     free(text);
-out_close:
-    fclose(f);
     return st;
 }
 

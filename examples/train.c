@@ -44,6 +44,7 @@ typedef struct train_args {
     zo_dtype dtype;
     uint64_t device_mem;
     int set_dtype, set_mb, set_seq, set_devmem; /* given as flags (they beat the plan) */
+    int check_plan;      /* --check-plan: check the plan against the model, run nothing */
 } train_args;
 
 static void usage(FILE *f)
@@ -109,6 +110,10 @@ static void usage(FILE *f)
         "  --plan FILE            a plan memplan wrote (plan --json FILE, estimate --plan-out\n"
         "                         FILE): placement, buffers, batch, dtype; its model and its\n"
         "                         ranks (dp x tp x pp) must be this run's\n"
+        "  --check-plan           with --plan: check the plan against --model (default: the\n"
+        "                         plan's model), print the placement and the plan's predicted\n"
+        "                         peaks per tier, and exit (0: they agree) without opening a\n"
+        "                         device, reading --data or allocating the model\n"
         "  --params-on gpu|cpu|nvme     16-bit weights: resident, or streamed from pinned host / NVMe\n"
         "  --optimizer-on SPEC    fp32 master + Adam moments: cpu, nvme, gpu, or fractions\n"
         "                         cpu=0.5,nvme=0.3,gpu=0.2 (the gpu share: whole blocks, its\n"
@@ -155,7 +160,7 @@ static void usage(FILE *f)
 }
 
 enum {
-    OPT_MODEL = 256, OPT_WEIGHTS, OPT_DATA, OPT_U32, OPT_TEXT, OPT_STEPS, OPT_MB, OPT_SEQ,
+    OPT_MODEL = 256, OPT_CHECK_PLAN, OPT_WEIGHTS, OPT_DATA, OPT_U32, OPT_TEXT, OPT_STEPS, OPT_MB, OPT_SEQ,
     OPT_LR, OPT_B1, OPT_B2, OPT_EPS, OPT_WD, OPT_CLIP, OPT_DTYPE, OPT_SEED, OPT_DEVICE,
     OPT_DEVMEM, OPT_THREADS, OPT_SAVE, OPT_ACCUM, OPT_PLAN, OPT_PARAMS_ON, OPT_OPT_ON,
     OPT_CKPT_ON, OPT_RECOMPUTE, OPT_PREFETCH, OPT_SUBGROUP, OPT_NVME_DIR, OPT_CKPT, OPT_SAVE_EVERY,
@@ -187,6 +192,7 @@ static const struct option long_opts[] = {
     {"save", required_argument, 0, OPT_SAVE},
     {"grad-accum", required_argument, 0, OPT_ACCUM},
     {"plan", required_argument, 0, OPT_PLAN},
+    {"check-plan", no_argument, 0, OPT_CHECK_PLAN},
     {"params-on", required_argument, 0, OPT_PARAMS_ON},
     {"optimizer-on", required_argument, 0, OPT_OPT_ON},
     {"checkpoints-on", required_argument, 0, OPT_CKPT_ON},
@@ -295,6 +301,7 @@ static int parse_args(int argc, char **argv, train_args *a)
     while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
         switch (c) {
         case OPT_PLAN: break; /* read above */
+        case OPT_CHECK_PLAN: a->check_plan = 1; break;
         case OPT_ACCUM:
             st = zo_parse_int(optarg, "--grad-accum", 1, 1 << 20, &v);
             oc->grad_accum = (int)v;
@@ -734,11 +741,65 @@ static void print_tiers(const offload_stats *st, const offload_prediction *pred)
     printf(" (runtime total %.3fs)\n", st->total_s);
 }
 
+/* "# placement: ..." of the run's configuration (the plan's, then the flags). */
+static void print_placement(const train_args *a)
+{
+    const offload_config *oc = &a->p.cfg;
+    printf("# placement: weights %s (prefetch %d), optimizer cpu %.2f nvme %.2f gpu %.2f, "
+           "gradients %s, checkpoints %s, recompute %s%s%s\n",
+           offload_tier_name(oc->params_on), oc->prefetch_depth, oc->opt_frac[OFFLOAD_CPU],
+           oc->opt_frac[OFFLOAD_NVME], oc->opt_frac[OFFLOAD_DEVICE],
+           oc->opt_frac[OFFLOAD_DEVICE] >= 1 ? "gpu" : oc->opt_frac[OFFLOAD_DEVICE] > 0 ? "gpu+cpu" : "cpu",
+           offload_tier_name(oc->checkpoints_on),
+           oc->recompute ? "full" : "none", a->plan ? "; plan " : "", a->plan ? a->plan : "");
+}
+
+/* --check-plan: the plan against the model (its parameters and the run's one
+ * rank, as a run checks them), the placement the run would use and the
+ * plan's predictions; no device, no data, nothing of the model allocated.
+ * Exit status: 0 they agree, 2 they do not or a file is bad. */
+static int check_plan(const train_args *a)
+{
+    if (!a->plan || !a->model) {
+        fprintf(stderr, "train: --check-plan needs --plan FILE%s\n", a->plan ? " and --model" : "");
+        return 2;
+    }
+    zo_model_config cfg;
+    if (load_config(a->model, &cfg) != ZO_OK) {
+        fprintf(stderr, "train: %s\n", zo_last_error());
+        return 2;
+    }
+    if (zo_plan_check_run(&a->p.file, &cfg, 1, a->plan) != ZO_OK) {
+        fprintf(stderr, "train: --plan %s\n", zo_last_error());
+        return 2;
+    }
+    const offload_config *oc = &a->p.cfg;
+    printf("# check-plan: %s (%s), %llu parameters, %d layers, hidden %d, vocab %d; dtype %s; "
+           "batch %ld x %ld x %d: the plan is for this model and one rank\n",
+           cfg.name, zo_arch_name(cfg.arch), (unsigned long long)zo_model_params(&cfg), cfg.n_layers,
+           cfg.hidden, cfg.vocab, zo_dtype_name(a->dtype), a->micro_batch, a->seq,
+           oc->grad_accum ? oc->grad_accum : 1);
+    print_placement(a);
+    const offload_prediction *pr = &a->p.predicted;
+    if (!pr->present) {
+        printf("# plan predicts: nothing (the plan has no \"predicted\" member)\n");
+        return 0;
+    }
+    char b[32];
+    printf("# plan predicts peak bytes per tier:");
+    for (int t = 0; t < OFFLOAD_TIERS; t++)
+        printf(" %s %s%s", offload_tier_name((offload_tier)t), zo_format_bytes(pr->peak[t], b, sizeof b),
+               t + 1 < OFFLOAD_TIERS ? "," : "");
+    printf("; step %.3g s\n", pr->step_s);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     train_args a;
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc == 1 ? 0 : 2;
+    if (a.check_plan) return check_plan(&a);
     if (!a.model || !a.data) {
         fprintf(stderr, "train: %s is required (see --help)\n", !a.model ? "--model" : "--data");
         return 2;
@@ -835,13 +896,7 @@ int main(int argc, char **argv)
            a.data, (unsigned long long)tokens.n, gpu_device_name(dev),
            zo_format_bytes(ms.in_use, b1, sizeof b1),
            ms.capacity ? zo_format_bytes(ms.capacity, b2, sizeof b2) : "unlimited");
-    printf("# placement: weights %s (prefetch %d), optimizer cpu %.2f nvme %.2f gpu %.2f, "
-           "gradients %s, checkpoints %s, recompute %s%s%s\n",
-           offload_tier_name(oc->params_on), oc->prefetch_depth, oc->opt_frac[OFFLOAD_CPU],
-           oc->opt_frac[OFFLOAD_NVME], oc->opt_frac[OFFLOAD_DEVICE],
-           oc->opt_frac[OFFLOAD_DEVICE] >= 1 ? "gpu" : oc->opt_frac[OFFLOAD_DEVICE] > 0 ? "gpu+cpu" : "cpu",
-           offload_tier_name(oc->checkpoints_on),
-           oc->recompute ? "full" : "none", a.plan ? "; plan " : "", a.plan ? a.plan : "");
+    print_placement(&a);
     if (a.p.selective_as_none && !oc->recompute)
         printf("# recompute: \"selective\" runs as none (the attention keeps no s x s "
                "scores, so selective would recompute nothing)\n");

@@ -1,13 +1,13 @@
 /* Plans in (the JSON memplan writes) and measurements out. */
 #include "offload/offload_impl.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <cjson/cJSON.h>
+
+#include "common/fileio.h" /* defines: zo_file_write_json */
 
 /* The schema's tiers are the runtime's, value for value. */
 _Static_assert((int)ZO_PLAN_GPU == OFFLOAD_DEVICE && (int)ZO_PLAN_CPU == OFFLOAD_CPU &&
@@ -99,23 +99,7 @@ zo_status offload_write_stats_json(const offload_t *rt, const offload_prediction
     cJSON_AddNumberToObject(by, "disk_written", (double)s.bytes_disk_written);
     cJSON_AddNumberToObject(o, "device_slots", s.n_slots);
     cJSON_AddNumberToObject(o, "slot_bytes", (double)s.slot_bytes);
-    char *text = cJSON_Print(o);
+    zo_status st = zo_file_write_json(path, o);
     cJSON_Delete(o);
-    if (!text) return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", path);
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    zo_status st = ZO_OK;
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        st = zo_error(ZO_ERR_IO, "%s: %s", tmp, strerror(errno));
-    } else {
-        int bad = fputs(text, f) < 0 || fputc('\n', f) < 0 || fflush(f) || fsync(fileno(f));
-        bad |= fclose(f) != 0;
-        if (bad || rename(tmp, path)) {
-            st = zo_error(ZO_ERR_IO, "%s: write: %s", path, strerror(errno));
-            unlink(tmp);
-        }
-    }
-    free(text);
     return st;
 }

@@ -17,7 +17,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "common/fileio.h" /* defines: zo_file_read_all, zo_file_write_all */
+#include "common/fileio.h" /* defines: zo_file_read_all, zo_file_write_all, zo_file_write_json */
 #include "common/model_config.h"
 #include "common/units.h"
 #include "planner/basis.h"
@@ -372,18 +372,6 @@ static void gpu_node_size(const plan_hw_flags *f, const plan_hw_basis *b, plan_h
     if (b->source == PLAN_HW_GPU && !f->gpus_per_node) hw->gpus_per_node = hw->gpus;
 }
 
-/* Write a cJSON document to `path` (a temporary file renamed into place). */
-static zo_status write_json(const char *path, cJSON *doc)
-{
-    char *text = doc ? cJSON_Print(doc) : NULL;
-    if (!text) return zo_error(ZO_ERR_NOMEM, "%s: out of memory building JSON", path);
-    size_t n = strlen(text);
-    text[n] = '\n'; /* replaces the NUL: the file ends with a newline */
-    zo_status st = zo_file_write_all(path, text, n + 1);
-    free(text);
-    return st;
-}
-
 static zo_status write_text(const char *path, const char *text);
 
 static zo_status write_svg(const char *path, const zo_model_config *m, const plan_hw *hw,
@@ -712,7 +700,7 @@ estimate:
     if (plan_out) {
         cJSON *doc;
         if ((st = plan_file_json(&m, &hw, &t, &e, &pt, plan_out, &doc)) != ZO_OK) return fail();
-        st = write_json(plan_out, doc);
+        st = zo_file_write_json(plan_out, doc);
         cJSON_Delete(doc);
         if (st) return fail();
         if (!json) printf("\nplan written to %s (train --plan %s)\n", plan_out, plan_out);
@@ -1084,7 +1072,7 @@ static int cmd_plan(int argc, char **argv)
         if (a.json_path) {
             cJSON *doc;
             if ((st = plan_file_json(&m, &h, &b->t, &e, &pt, a.json_path, &doc)) != ZO_OK) return fail();
-            st = write_json(a.json_path, doc);
+            st = zo_file_write_json(a.json_path, doc);
             cJSON_Delete(doc);
             if (st) return fail();
             printf("\nplan written to %s (memplan estimate --plan %s; train --plan %s)\n",
@@ -1305,7 +1293,7 @@ static int cmd_calibrate(int argc, char **argv)
     if ((st = plan_calibrate_run(&o, &hw)) != ZO_OK) return fail();
     cJSON *doc = plan_hw_json(&hw);
     if (out) {
-        st = write_json(out, doc);
+        st = zo_file_write_json(out, doc);
         cJSON_Delete(doc);
         if (st) return fail();
         fprintf(stderr, "memplan: profile written to %s: CPU AdamW %.3g params/s, memory %.3g GB/s, "

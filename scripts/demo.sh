@@ -25,9 +25,11 @@ echo
 echo "== 4. memplan plan: the fastest plan that fits, written for the runtime"
 "$m" plan --model llama-2-13b --hw h100-80gb --seq 4096 --global-batch 8 --top 3 \
   --json build/llama-2-13b.plan.json --svg build/llama-2-13b.plan.svg
+# train checks that plan against LLaMA-2-13B as a run would, allocating nothing
+./build/examples/train --check-plan --plan build/llama-2-13b.plan.json
 
 echo
-echo "== 4. the runtime: a model 4x the device memory trains on the CPU backend"
+echo "== 5. the runtime: a model 4x the device memory trains on the CPU backend"
 # A LLaMA-shaped model of 24 layers (9.5M parameters, 19 MiB of bf16 weights)
 # on a "device" of 6 MiB: memplan sizes it first, then train executes that plan.
 demo=$(mktemp -d)

@@ -13,6 +13,7 @@
 #include "common/model_config.h"
 #include "model/data.h"
 #include "model/layout.h"
+#include "tests/support/files.h" /* defines: files_write */
 
 static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "llama-2-7b.json",
                                    "llama-2-13b.json",  "llama-2-70b.json", "llama-3-8b.json",
@@ -215,14 +216,6 @@ static int teardown_tmp(void **state)
     return rmdir(tmpdir);
 }
 
-static void write_file(const char *path, const void *buf, size_t len)
-{
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(buf, 1, len, f), len);
-    fclose(f);
-}
-
 /* n tokens from a small LCG, below vocab, written little-endian with width w */
 static uint32_t *write_tokens(const char *path, size_t n, int w, uint32_t vocab)
 {
@@ -236,7 +229,7 @@ static uint32_t *write_tokens(const char *path, size_t n, int w, uint32_t vocab)
         ids[i] = (x >> 8) % vocab;
         for (int b = 0; b < w; b++) raw[i * (size_t)w + (size_t)b] = (uint8_t)(ids[i] >> (8 * b));
     }
-    write_file(path, raw, n * (size_t)w);
+    files_write(path, raw, n * (size_t)w);
     free(raw);
     return ids;
 }
@@ -327,7 +320,7 @@ static void test_tokens_errors(void **state)
     uint16_t raw[200];
     for (int i = 0; i < 200; i++) raw[i] = (uint16_t)(i % 100);
     raw[123] = 1500;
-    write_file(path, raw, sizeof raw);
+    files_write(path, raw, sizeof raw);
     assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U16, 1000), ZO_OK);
     assert_int_equal(model_tokens_check(&t, 0, 100), ZO_OK);
     assert_int_equal(model_tokens_check(&t, 0, t.n), ZO_ERR_FORMAT);
@@ -350,12 +343,12 @@ static void test_tokens_errors(void **state)
 
     /* an odd byte count is not a uint16 token file; nor is an empty file */
     snprintf(path, sizeof path, "%s/odd.bin", tmpdir);
-    write_file(path, raw, 7);
+    files_write(path, raw, 7);
     assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U16, 1000), ZO_ERR_FORMAT);
     assert_non_null(strstr(zo_last_error(), path));
     assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U32, 1000), ZO_ERR_FORMAT);
     snprintf(path, sizeof path, "%s/empty.bin", tmpdir);
-    write_file(path, raw, 0);
+    files_write(path, raw, 0);
     assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U16, 1000), ZO_ERR_FORMAT);
     snprintf(path, sizeof path, "%s/nope.bin", tmpdir);
     assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U16, 1000), ZO_ERR_NOT_FOUND);
@@ -371,7 +364,7 @@ static void test_byte_tokens(void **state)
     snprintf(tok_path, sizeof tok_path, "%s/text.bin", tmpdir);
     const char text[] = "To be, or not to be: that is the question.\n\xc3\xa9t\xc3\xa9\n";
     size_t n = sizeof text - 1;
-    write_file(text_path, text, n);
+    files_write(text_path, text, n);
 
     model_tokens t;
     assert_int_equal(model_tokens_open(&t, text_path, MODEL_TOKENS_BYTES, MODEL_BYTE_VOCAB), ZO_OK);

@@ -21,6 +21,8 @@
 #include "model/safetensors.h" /* defines: model_save */
 #include "offload/offload.h"   /* defines: offload_init, offload_micro_batch, offload_step */
 #include "planner/memory.h"    /* defines: plan_estimate_run (the memplan estimate) */
+#include "tests/support/files.h"       /* defines: files_write_plan, files_remove_tree */
+#include "tests/support/models.h"      /* defines: tiny_model */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer (the reference) */
 #include "tests/support/run.h"         /* defines: run_capture */
 #include "transformer/offload_model.h" /* defines: tf_offload_model, tf_model */
@@ -31,41 +33,12 @@
 
 static zo_model_config tiny_gpt(int layers, int hidden, int vocab)
 {
-    zo_model_config c = {0};
-    snprintf(c.name, sizeof c.name, "tiny-gpt");
-    snprintf(c.family, sizeof c.family, "gpt2");
-    c.arch = ZO_ARCH_GPT;
-    c.n_layers = layers;
-    c.hidden = hidden;
-    c.n_heads = 4;
-    c.n_kv_heads = 4;
-    c.ffn = 4 * hidden;
-    c.vocab = vocab;
-    c.max_seq = 64;
-    c.tied_embeddings = 1;
-    c.attn_bias = c.out_bias = c.norm_bias = 1;
-    c.norm_eps = 1e-5f;
-    assert_int_equal(zo_model_config_validate(&c), ZO_OK);
-    return c;
+    return tiny_model(ZO_ARCH_GPT, layers, hidden, vocab, 64);
 }
 
 static zo_model_config tiny_llama(int layers, int hidden, int vocab)
 {
-    zo_model_config c = {0};
-    snprintf(c.name, sizeof c.name, "tiny-llama");
-    snprintf(c.family, sizeof c.family, "llama2");
-    c.arch = ZO_ARCH_LLAMA;
-    c.n_layers = layers;
-    c.hidden = hidden;
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
-    c.ffn = 3 * hidden;
-    c.vocab = vocab;
-    c.max_seq = 64;
-    c.norm_eps = 1e-5f;
-    c.rope_theta = 10000.0f;
-    assert_int_equal(zo_model_config_validate(&c), ZO_OK);
-    return c;
+    return tiny_model(ZO_ARCH_LLAMA, layers, hidden, vocab, 64);
 }
 
 /* Tokens of micro-batch `k`: rows b x t of a pseudo-random text with some
@@ -595,13 +568,6 @@ static float *read_opt_tensor(const char *dir, const char *name, size_t n)
     return out;
 }
 
-static void remove_tree(const char *dir)
-{
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-}
-
 /* Clipping as torch.nn.utils.clip_grad_norm_: the gradient Adam sees is
  * g * clip / (norm + 1e-6) when the norm exceeds clip, g otherwise; the
  * first moment after one step is (1 - beta1) times it. */
@@ -613,7 +579,7 @@ static void test_clipping(void **state)
     snprintf(dir, sizeof dir, "%s/clip", nvme_dir);
     float clips[2] = {1e-3f, 1e3f};
     for (int c = 0; c < 2; c++) {
-        remove_tree(dir);
+        files_remove_tree(dir);
         run r = {.cfg = tiny_gpt(2, 64, 128), .dt = ZO_DTYPE_F32, .B = 2, .T = 16, .steps = 1,
                  .final_grad = g, .save_dir = dir, .save_at = 1};
         base_config(&r.oc);
@@ -645,7 +611,7 @@ static void test_clipping(void **state)
         }
         free(m);
     }
-    remove_tree(dir);
+    files_remove_tree(dir);
 }
 
 /* fp16 dynamic loss scaling: an overflow skips the step (no update, no
@@ -655,7 +621,7 @@ static void test_loss_scale(void **state)
     (void)state;
     char dir[300];
     snprintf(dir, sizeof dir, "%s/scale", nvme_dir);
-    remove_tree(dir);
+    files_remove_tree(dir);
     run r = {.cfg = tiny_gpt(2, 64, 128), .dt = ZO_DTYPE_F16, .B = 2, .T = 16, .steps = 24,
              .save_dir = dir, .save_at = 2};
     base_config(&r.oc);
@@ -693,7 +659,7 @@ static void test_loss_scale(void **state)
     float *m = read_opt_tensor(dir, "exp_avg", n);
     for (size_t i = 0; i < n; i++) assert_true(m[i] == 0.0f);
     free(m);
-    remove_tree(dir);
+    files_remove_tree(dir);
 }
 
 /* Save after 10 steps, resume in a new runtime: the next 10 losses equal the
@@ -704,7 +670,7 @@ static void test_resume(void **state)
     (void)state;
     char dir[300];
     snprintf(dir, sizeof dir, "%s/resume", nvme_dir);
-    remove_tree(dir);
+    files_remove_tree(dir);
     run u = {.cfg = tiny_gpt(2, 64, 128), .dt = ZO_DTYPE_F16, .B = 2, .T = 16, .steps = 20};
     base_config(&u.oc);
     u.oc.params_on = OFFLOAD_CPU;
@@ -741,7 +707,7 @@ static void test_resume(void **state)
         }
         assert_true(u.info[k].loss_scale == b.info[k].loss_scale);
     }
-    remove_tree(dir);
+    files_remove_tree(dir);
 }
 
 /* The "step K loss X" lines of train's output, from step `from` on. */
@@ -769,20 +735,14 @@ static void test_kill_during_checkpoint(void **state)
     (void)state;
     char dir[300], data[400], cfg[400], ck[400], base[1500], cmd[2000];
     snprintf(dir, sizeof dir, "%s/kill", nvme_dir);
-    remove_tree(dir);
+    files_remove_tree(dir);
     assert_int_equal(mkdir(dir, 0755), 0);
     snprintf(data, sizeof data, "%s/text.txt", dir);
     snprintf(cfg, sizeof cfg, "%s/config.json", dir);
     snprintf(ck, sizeof ck, "%s/ck", dir);
-    FILE *f = fopen(data, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 300; i++) fprintf(f, "the quick brown fox jumps over the lazy dog %d. ", i % 10);
-    fclose(f);
-    f = fopen(cfg, "w");
-    assert_non_null(f);
-    fprintf(f, "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 32, \"n_head\": 2,"
-               " \"n_positions\": 32, \"vocab_size\": 256}\n");
-    fclose(f);
+    files_write_sample_text(data, 300);
+    files_write_text(cfg, "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 32, \"n_head\": 2,"
+                          " \"n_positions\": 32, \"vocab_size\": 256}\n");
     snprintf(base, sizeof base,
              "%s --model %s --data %s --text --steps 6 --micro-batch 2 --seq 16 --lr 1e-2 "
              "--dtype fp16 --threads 2 --params-on cpu --optimizer-on cpu=0.5,nvme=0.5 "
@@ -795,7 +755,7 @@ static void test_kill_during_checkpoint(void **state)
 
     const char *points[] = {"begin", "optimizer-half", "before-rename", "before-latest"};
     for (size_t i = 0; i < sizeof points / sizeof points[0]; i++) {
-        remove_tree(ck);
+        files_remove_tree(ck);
         int fds[2];
         assert_int_equal(pipe(fds), 0);
         pid_t pid = fork();
@@ -828,7 +788,7 @@ static void test_kill_during_checkpoint(void **state)
             if (*q == '\n') *q = ' ';
         printf("  killed at %-15s resumed at step 2, losses as uninterrupted: %s\n", points[i], got);
     }
-    remove_tree(dir);
+    files_remove_tree(dir);
 }
 
 /* memplan's estimate of the configuration a run used. */
@@ -971,7 +931,7 @@ static void test_device_optimizer_resume(void **state)
     (void)state;
     char dir[300];
     snprintf(dir, sizeof dir, "%s/resume-dev", nvme_dir);
-    remove_tree(dir);
+    files_remove_tree(dir);
     run u = {.cfg = tiny_llama(2, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 12};
     base_config(&u.oc);
     u.oc.params_on = OFFLOAD_CPU;
@@ -995,7 +955,7 @@ static void test_device_optimizer_resume(void **state)
             fail();
         }
     }
-    remove_tree(dir);
+    files_remove_tree(dir);
 }
 
 /* A plan's "selective" recompute reads as none (the attention keeps no
@@ -1013,21 +973,7 @@ static void test_plan_selective(void **state)
     pl->placement.params = pl->placement.grads = ZO_PLAN_GPU;
     pl->placement.optimizer[ZO_PLAN_GPU] = 0.25;
     pl->placement.optimizer[ZO_PLAN_CPU] = 0.75;
-    cJSON *doc;
-    assert_int_equal(zo_plan_write_json(pl, path, &doc), ZO_OK);
-    free(pl);
-    char *text = cJSON_Print(doc);
-    /* the same plan with its gradients on NVMe */
-    cJSON *pl_json = cJSON_GetObjectItemCaseSensitive(doc, "placement");
-    assert_non_null(pl_json);
-    cJSON_ReplaceItemInObjectCaseSensitive(pl_json, "grads", cJSON_CreateString("nvme"));
-    char *text_nvme = cJSON_Print(doc);
-    cJSON_Delete(doc);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-    free(text);
+    files_write_plan(path, pl, NULL, NULL);
     offload_plan p;
     offload_plan_defaults(&p);
     p.cfg.recompute = 1;
@@ -1036,12 +982,10 @@ static void test_plan_selective(void **state)
     assert_int_equal(p.selective_as_none, 1);
     assert_true(p.cfg.opt_frac[OFFLOAD_DEVICE] == 0.25);
     /* gradients are summed where their optimizer state is: "grads" is
-     * checked (gpu or cpu), not a choice of its own */
-    f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text_nvme, f);
-    fclose(f);
-    free(text_nvme);
+     * checked (gpu or cpu), not a choice of its own; the same plan with its
+     * gradients on NVMe is refused */
+    files_write_plan(path, pl, "placement.grads", "\"nvme\"");
+    free(pl);
     offload_plan_defaults(&p);
     assert_int_equal(offload_plan_load(path, &p), ZO_ERR_FORMAT);
     assert_non_null(strstr(zo_last_error(), "placement.grads"));
@@ -1099,7 +1043,7 @@ static void test_nvme_checkpoint_memory(void **state)
     assert_true(4 * model > 2 * bound);
     assert_true(first.save_growth <= bound);
     assert_true(resumed.load_growth <= bound);
-    remove_tree(dir);
+    files_remove_tree(dir);
 }
 
 /* The peak bytes measured per tier against memplan's estimate: within 3%. */

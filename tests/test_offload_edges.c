@@ -13,24 +13,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "gpu/ops_cpu.h"     /* defines: gpu_cpu_inject_faults */
 #include "offload/offload.h" /* defines: offload_init, offload_plan_load, offload_save */
-#include "tests/support/run.h" /* defines: run_program */
+#include "tests/support/files.h" /* defines: files_write_plan, files_write_text, files_remove_tree */
+#include "tests/support/run.h"   /* defines: run_program */
 
 static char tmp_dir[256];
-
-static void write_file(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-}
 
 /* ---- plans -------------------------------------------------------------------------- */
 
@@ -44,29 +36,10 @@ static zo_status load_plan_with(const char *field, const char *value, offload_pl
     zo_plan *pl = malloc(sizeof *pl);
     assert_non_null(pl);
     zo_plan_defaults(pl, &m);
-    cJSON *doc;
-    assert_int_equal(zo_plan_write_json(pl, "plan", &doc), ZO_OK);
-    free(pl);
-    char obj_path[128];
-    snprintf(obj_path, sizeof obj_path, "%s", field);
-    char *key = strrchr(obj_path, '.');
-    assert_non_null(key);
-    *key++ = '\0';
-    cJSON *o = doc;
-    for (char *sv = NULL, *k = strtok_r(obj_path, ".", &sv); k; k = strtok_r(NULL, ".", &sv))
-        assert_non_null(o = cJSON_GetObjectItemCaseSensitive(o, k));
-    cJSON_DeleteItemFromObjectCaseSensitive(o, key);
-    if (value) {
-        cJSON *v = cJSON_Parse(value);
-        assert_non_null(v);
-        cJSON_AddItemToObject(o, key, v);
-    }
-    char *text = cJSON_Print(doc);
-    cJSON_Delete(doc);
     char path[400];
     snprintf(path, sizeof path, "%s/plan.json", tmp_dir);
-    write_file(path, text);
-    free(text);
+    files_write_plan(path, pl, field, value);
+    free(pl);
     offload_plan_defaults(p);
     zo_status st = offload_plan_load(path, p);
     remove(path);
@@ -217,6 +190,22 @@ static zo_status set_weights(offload_t *rt, float *w)
     return offload_set_weights(rt, blocks);
 }
 
+/* The stub with its weights in a runtime of the default configuration. */
+static offload_t *stub_runtime(stub *m, zo_dtype dt)
+{
+    stub_open(m);
+    offload_model om = stub_model(m);
+    om.dtype = dt;
+    offload_config c;
+    offload_config_defaults(&c);
+    offload_t *rt;
+    assert_int_equal(offload_init(&rt, m->dev, &om, &c), ZO_OK);
+    static float w[NB * NUMEL];
+    stub_weights(w);
+    assert_int_equal(set_weights(rt, w), ZO_OK);
+    return rt;
+}
+
 /* ---- allocation failures in offload_init ---------------------------------------------- */
 
 /* Every device and pinned allocation of offload_init fails in turn: init
@@ -342,12 +331,7 @@ static void test_failed_micro_batch(void **state)
 
 static void set_state_field(const char *state_path, const char *key, const char *value)
 {
-    FILE *f = fopen(state_path, "r");
-    assert_non_null(f);
-    char buf[4096], out[4200];
-    size_t len = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[len] = 0;
+    char *buf = files_read_text(state_path), out[4200];
     char pat[64];
     snprintf(pat, sizeof pat, "\"%s\":", key);
     char *at = strstr(buf, pat);
@@ -355,7 +339,8 @@ static void set_state_field(const char *state_path, const char *key, const char 
     char *val = at + strlen(pat);
     char *end = val + strcspn(val, ",\n}");
     snprintf(out, sizeof out, "%.*s %s%s", (int)(val - buf), buf, value, end);
-    write_file(state_path, out);
+    free(buf);
+    files_write_text(state_path, out);
 }
 
 /* A state.json whose counters are out of range (a loss scale of 0 would
@@ -364,26 +349,13 @@ static void test_ckpt_bad_state(void **state)
 {
     (void)state;
     stub m;
-    stub_open(&m);
-    offload_model om = stub_model(&m);
-    om.dtype = ZO_DTYPE_F16;
-    offload_config c;
-    offload_config_defaults(&c);
-    offload_t *rt;
-    assert_int_equal(offload_init(&rt, m.dev, &om, &c), ZO_OK);
-    static float w[NB * NUMEL];
-    stub_weights(w);
-    assert_int_equal(set_weights(rt, w), ZO_OK);
+    offload_t *rt = stub_runtime(&m, ZO_DTYPE_F16);
     char dir[400], state_path[500];
     snprintf(dir, sizeof dir, "%s/ck", tmp_dir);
     offload_ckpt_meta meta = {.data_step = 7, .seed = 3};
     assert_int_equal(offload_save(rt, dir, &meta, NULL, NULL), ZO_OK);
     snprintf(state_path, sizeof state_path, "%s/step-00000000/state.json", dir);
-    char saved[4096];
-    FILE *f = fopen(state_path, "r");
-    assert_non_null(f);
-    saved[fread(saved, 1, sizeof saved - 1, f)] = 0;
-    fclose(f);
+    char *saved = files_read_text(state_path);
     offload_ckpt_meta got;
     assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
     assert_int_equal(got.data_step, 7);
@@ -393,7 +365,7 @@ static void test_ckpt_bad_state(void **state)
         {"skipped", "-3"},   {"good_steps", "-1"}, {"params", "-1"}, {"data_step", "-5"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        write_file(state_path, saved);
+        files_write_text(state_path, saved);
         set_state_field(state_path, bad[i][0], bad[i][1]);
         zo_status st = offload_load(rt, dir, &got);
         if (st != ZO_ERR_FORMAT) {
@@ -402,13 +374,12 @@ static void test_ckpt_bad_state(void **state)
         }
         assert_non_null(strstr(zo_last_error(), bad[i][0]));
     }
-    write_file(state_path, saved);
+    files_write_text(state_path, saved);
+    free(saved);
     assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
     offload_free(rt);
     stub_close(&m);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    files_remove_tree(dir);
 }
 
 /* Saving twice at the same step count (an fp16 step skipped for overflow
@@ -418,15 +389,7 @@ static void test_ckpt_same_step(void **state)
 {
     (void)state;
     stub m;
-    stub_open(&m);
-    offload_model om = stub_model(&m);
-    offload_config c;
-    offload_config_defaults(&c);
-    offload_t *rt;
-    assert_int_equal(offload_init(&rt, m.dev, &om, &c), ZO_OK);
-    static float w[NB * NUMEL];
-    stub_weights(w);
-    assert_int_equal(set_weights(rt, w), ZO_OK);
+    offload_t *rt = stub_runtime(&m, ZO_DTYPE_BF16);
     char dir[400], path[500];
     snprintf(dir, sizeof dir, "%s/same", tmp_dir);
     offload_ckpt_meta meta = {.data_step = 7, .seed = 3};
@@ -445,9 +408,7 @@ static void test_ckpt_same_step(void **state)
     assert_int_equal(got.data_step, 9);
     offload_free(rt);
     stub_close(&m);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    files_remove_tree(dir);
 }
 
 /* ---- train's flags -------------------------------------------------------------------------- */
@@ -468,12 +429,9 @@ static void test_train_flags(void **state)
     snprintf(data, sizeof data, "%s/text.txt", tmp_dir);
     snprintf(cfg, sizeof cfg, "%s/config.json", tmp_dir);
     snprintf(plan, sizeof plan, "%s/train-plan.json", tmp_dir);
-    FILE *f = fopen(data, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 100; i++) fprintf(f, "the quick brown fox %d. ", i % 10);
-    fclose(f);
-    write_file(cfg, "{\"model_type\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 32, \"n_head\": 2,"
-                    " \"n_positions\": 32, \"vocab_size\": 256}\n");
+    files_write_sample_text(data, 100);
+    files_write_text(cfg, "{\"model_type\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 32, \"n_head\": 2,"
+                          " \"n_positions\": 32, \"vocab_size\": 256}\n");
     /* a plan for this model: fp32, weights streamed from the host, the
      * optimizer and its gradients there too */
     zo_model_config mc;
@@ -487,13 +445,8 @@ static void test_train_flags(void **state)
     pl->placement.params = pl->placement.grads = ZO_PLAN_CPU;
     pl->placement.optimizer[ZO_PLAN_GPU] = 0;
     pl->placement.optimizer[ZO_PLAN_CPU] = 1;
-    cJSON *doc;
-    assert_int_equal(zo_plan_write_json(pl, plan, &doc), ZO_OK);
+    files_write_plan(plan, pl, NULL, NULL);
     free(pl);
-    char *text = cJSON_Print(doc);
-    cJSON_Delete(doc);
-    write_file(plan, text);
-    free(text);
     const char *forms[] = {"--plan %s", "--plan=%s", "--pla %s"};
     for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
         char pl[500];
@@ -506,7 +459,7 @@ static void test_train_flags(void **state)
         }
     }
     /* a malformed plan given as --plan=FILE is an error too */
-    write_file(plan, "{\"format\": \"not-a-plan\"}\n");
+    files_write_text(plan, "{\"format\": \"not-a-plan\"}\n");
     snprintf(args, sizeof args, "--model %s --data %s --text --steps 1 --threads 1 --plan=%s", cfg, data, plan);
     assert_int_equal(run_train(args, out, sizeof out), 2);
     assert_non_null(strstr(out, "zoffload-plan"));
@@ -557,8 +510,7 @@ static void test_searched_plan_runs(void **state)
         fprintf(stderr, "measured/planned GPU peak %.4f: %.*s\n", ratio, (int)(strchr(line, '\n') - line), line);
         fail();
     }
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    files_remove_tree(dir);
 }
 
 int main(void)

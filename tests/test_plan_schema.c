@@ -14,47 +14,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "common/plan_schema.h" /* defines: zo_plan_read, zo_plan_write_json, zo_plan_field_range */
+#include "common/units.h"       /* defines: zo_format_bytes */
 #include "offload/offload.h"    /* defines: offload_plan_load */
+#include "tests/support/files.h" /* defines: files_write_text, files_read_text, files_json_set */
+#include "tests/support/run.h"   /* defines: run_program, run_capture */
 
 static char tmp_dir[256];
-
-static void write_file(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-}
-
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    static char buf[1 << 16];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    return buf;
-}
-
-/* Run a command; its stdout and stderr into out; its exit status. */
-static int run(const char *cmd, char *out, size_t len)
-{
-    char full[4400];
-    snprintf(full, sizeof full, "%s 2>&1", cmd);
-    FILE *p = popen(full, "r");
-    assert_non_null(p);
-    size_t got = fread(out, 1, len - 1, p);
-    out[got] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 /* A plan with every object: the schema's defaults for LLaMA-2-7B, values off
  * the defaults, a hardware profile and a prediction. */
@@ -402,30 +372,26 @@ static const char tiny_config[] =
  * plan to `plan`; its exit status, its output in out. */
 static int estimate(const char *extra, const char *plan, char *out, size_t len)
 {
-    char cmd[2000];
-    snprintf(cmd, sizeof cmd,
-             "%s estimate --model %s/config.json --gpu-mem 64MiB --cpu-mem 1GiB --nvme 1GiB "
+    char args[2000];
+    snprintf(args, sizeof args,
+             "estimate --model %s/config.json --gpu-mem 64MiB --cpu-mem 1GiB --nvme 1GiB "
              "--seq 32 --params cpu --grads cpu --optimizer cpu --cuda-context 0 "
              "--cublas-workspace 0 %s --plan-out %s",
-             ZO_MEMPLAN_BIN, tmp_dir, extra, plan);
-    return run(cmd, out, len);
+             tmp_dir, extra, plan);
+    return run_program(ZO_MEMPLAN_BIN, args, out, len);
 }
 
 /* The field of a plan file, set to `v`, written back. */
 static void edit_plan(const char *path, const char *field, double v)
 {
-    cJSON *doc = cJSON_Parse(read_file(path));
-    assert_non_null(doc);
-    char name[64];
-    snprintf(name, sizeof name, "%s", field);
-    char *key = strrchr(name, '.');
-    *key++ = '\0';
-    cJSON *o = cJSON_GetObjectItemCaseSensitive(doc, name);
-    assert_non_null(o);
-    assert_true(cJSON_ReplaceItemInObjectCaseSensitive(o, key, cJSON_CreateNumber(v)));
-    char *text = cJSON_Print(doc);
-    write_file(path, text);
+    char *text = files_read_text(path);
+    cJSON *doc = cJSON_Parse(text);
     free(text);
+    assert_non_null(doc);
+    char value[64];
+    snprintf(value, sizeof value, "%.17g", v);
+    files_json_set(doc, field, value);
+    files_write_json(path, doc);
     cJSON_Delete(doc);
 }
 
@@ -452,7 +418,7 @@ static void test_limits_memplan_runtime(void **state)
     char path[400], plan[400], flags[200];
     static char out[1 << 16];
     snprintf(path, sizeof path, "%s/config.json", tmp_dir);
-    write_file(path, tiny_config);
+    files_write_text(path, tiny_config);
     snprintf(plan, sizeof plan, "%s/limits.json", tmp_dir);
     const struct {
         const char *flag, *field;
@@ -522,25 +488,21 @@ static void test_train_refuses_other_plans(void **state)
     snprintf(cfg, sizeof cfg, "%s/config.json", tmp_dir);
     snprintf(data, sizeof data, "%s/text.txt", tmp_dir);
     snprintf(plan, sizeof plan, "%s/other.json", tmp_dir);
-    write_file(cfg, tiny_config);
-    FILE *f = fopen(data, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 200; i++) fprintf(f, "the quick brown fox %d. ", i % 10);
-    fclose(f);
+    files_write_text(cfg, tiny_config);
+    files_write_sample_text(data, 200);
     zo_model_config tiny, big;
     assert_int_equal(zo_model_config_load(cfg, &tiny), ZO_OK);
     assert_int_equal(zo_model_preset_find("llama-2-13b", &big), ZO_OK);
 
     /* LLaMA-2-13B on 64 GPUs */
-    snprintf(cmd, sizeof cmd, "%s estimate --model llama-2-13b --hw dgx-h100 --gpus 64 --zero 3 "
-             "--plan-out %s", ZO_MEMPLAN_BIN, plan);
-    int rc = run(cmd, out, sizeof out);
+    snprintf(cmd, sizeof cmd, "estimate --model llama-2-13b --hw dgx-h100 --gpus 64 --zero 3 "
+             "--plan-out %s", plan);
+    int rc = run_program(ZO_MEMPLAN_BIN, cmd, out, sizeof out);
     assert_true(rc == 0 || rc == 1);
     const char *train_args = "--data %s --text --steps 1 --threads 1 --model %s --plan %s";
     char args[1200];
     snprintf(args, sizeof args, train_args, data, cfg, plan);
-    snprintf(cmd, sizeof cmd, "%s %s", ZO_TRAIN_BIN, args);
-    assert_int_equal(run(cmd, out, sizeof out), 2);
+    assert_int_equal(run_program(ZO_TRAIN_BIN, args, out, sizeof out), 2);
     char want[600];
     snprintf(want, sizeof want, "train: --plan %s: the plan is for model \"llama-2-13b\" of %llu "
              "parameters; the run's model \"%s\" has %llu", plan,
@@ -554,23 +516,79 @@ static void test_train_refuses_other_plans(void **state)
 
     /* the tiny model's own plan, for DP 2 */
     assert_true(estimate("--dp 2", plan, out, sizeof out) <= 1);
-    assert_int_equal(run(cmd, out, sizeof out), 2);
+    assert_int_equal(run_program(ZO_TRAIN_BIN, args, out, sizeof out), 2);
     assert_non_null(strstr(out, "the plan is for 2 ranks (parallel.dp 2 x tp 1 x pp 1); this run has 1"));
     /* and for one rank: it trains */
     assert_true(estimate("", plan, out, sizeof out) <= 1);
-    rc = run(cmd, out, sizeof out);
+    rc = run_program(ZO_TRAIN_BIN, args, out, sizeof out);
     if (rc) fprintf(stderr, "%s\n", out);
     assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "step 0 loss"));
     /* a report is not a plan */
     snprintf(cmd, sizeof cmd, "%s estimate --model %s --json > %s", ZO_MEMPLAN_BIN, cfg, plan);
     assert_true(system(cmd) != -1);
-    snprintf(cmd, sizeof cmd, "%s %s", ZO_TRAIN_BIN, args);
-    assert_int_equal(run(cmd, out, sizeof out), 2);
+    assert_int_equal(run_program(ZO_TRAIN_BIN, args, out, sizeof out), 2);
     assert_non_null(strstr(out, "missing field \"format\" (\"zoffload-plan\")"));
     remove(plan);
     remove(cfg);
     remove(data);
+}
+
+/* `train --check-plan`: a 13B plan checked against its model in 8 GB of
+ * address space (nothing of the model allocated, no device, no data): the
+ * placement and the plan's predicted peaks printed, exit 0; against another
+ * model, the refusal a run gives, exit 2; without --plan, exit 2. */
+static void test_train_check_plan(void **state)
+{
+    (void)state;
+    char plan[300], cfg[300], cmd[2000];
+    static char out[1 << 16];
+    snprintf(plan, sizeof plan, "%s/check.json", tmp_dir);
+    snprintf(cfg, sizeof cfg, "%s/config.json", tmp_dir);
+    files_write_text(cfg, tiny_config);
+    snprintf(cmd, sizeof cmd, "estimate --model llama-2-13b --hw h200-141gb --seq 2048 --recompute full "
+             "--params cpu --optimizer gpu=0.25,cpu=0.5,nvme=0.25 --plan-out %s", plan);
+    int rc = run_program(ZO_MEMPLAN_BIN, cmd, out, sizeof out);
+    assert_true(rc == 0 || rc == 1);
+    zo_plan *p = malloc(sizeof *p);
+    assert_non_null(p);
+    assert_int_equal(zo_plan_load(plan, p), ZO_OK);
+
+    /* 8 GB of address space: the shared libraries (cuBLAS in a CUDA build)
+     * fit, the 13B model's 26 GB of bf16 weights do not; a sanitizer's
+     * shadow memory needs terabytes */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    const char *limit = "";
+#else
+    const char *limit = "ulimit -v 8000000; ";
+#endif
+    snprintf(cmd, sizeof cmd, "%s%s --check-plan --plan %s 2>&1", limit, ZO_TRAIN_BIN, plan);
+    rc = run_capture(cmd, out, sizeof out);
+    if (rc) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    char want[400], b[3][32];
+    snprintf(want, sizeof want, "# check-plan: llama-2-13b (llama), %llu parameters",
+             (unsigned long long)zo_model_params(&p->model));
+    assert_non_null(strstr(out, want));
+    assert_non_null(strstr(out, "# placement: weights cpu (prefetch 2), optimizer cpu 0.50 nvme 0.25 gpu 0.25"));
+    snprintf(want, sizeof want, "# plan predicts peak bytes per tier: gpu %s, cpu %s, nvme %s",
+             zo_format_bytes(p->predicted.peak_bytes[ZO_PLAN_GPU], b[0], sizeof b[0]),
+             zo_format_bytes(p->predicted.peak_bytes[ZO_PLAN_CPU], b[1], sizeof b[1]),
+             zo_format_bytes(p->predicted.peak_bytes[ZO_PLAN_NVME], b[2], sizeof b[2]));
+    if (!strstr(out, want)) {
+        fprintf(stderr, "train said:\n%s\nwanted: %s\n", out, want);
+        fail();
+    }
+    assert_null(strstr(out, "step 0"));
+
+    snprintf(cmd, sizeof cmd, "--check-plan --plan %s --model %s", plan, cfg);
+    assert_int_equal(run_program(ZO_TRAIN_BIN, cmd, out, sizeof out), 2);
+    assert_non_null(strstr(out, "the plan is for model \"llama-2-13b\""));
+    assert_int_equal(run_program(ZO_TRAIN_BIN, "--check-plan --model gpt2", out, sizeof out), 2);
+    assert_non_null(strstr(out, "--check-plan needs --plan FILE"));
+    free(p);
+    remove(plan);
+    remove(cfg);
 }
 #endif
 
@@ -586,6 +604,7 @@ int main(void)
 #if defined(ZO_MEMPLAN_BIN) && defined(ZO_TRAIN_BIN)
         cmocka_unit_test(test_limits_memplan_runtime),
         cmocka_unit_test(test_train_refuses_other_plans),
+        cmocka_unit_test(test_train_check_plan),
 #endif
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

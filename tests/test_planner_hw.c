@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include <cmocka.h>
 #include <cjson/cJSON.h>
@@ -21,6 +20,7 @@
 #include "planner/cost.h"
 #include "planner/hardware.h"
 #include "planner/suggest.h"
+#include "tests/support/run.h" /* defines: run_memplan */
 
 #define MIB (1024.0 * 1024.0)
 
@@ -258,24 +258,6 @@ static void test_suggestions_ranked(void **state)
 }
 
 /* ---- the CLI ------------------------------------------------------------------------------ */
-
-static const char *memplan_path(void)
-{
-    const char *p = getenv("MEMPLAN");
-    return p ? p : ZO_BUILD_DIR "/planner/memplan";
-}
-
-static int run_memplan(const char *args, char *out, size_t len)
-{
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%.1024s %.7000s 2>&1", memplan_path(), args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, len - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static cJSON *run_json(const char *args, int want_rc)
 {
