@@ -49,7 +49,7 @@ plan=(--model "$demo/config.json" --gpu-mem 6MiB --cpu-mem 1GiB --nvme 1GiB --se
   --text --steps 8 --lr 2e-3 --nvme-dir "$demo" --stats-json "$demo/stats.json"
 
 echo
-echo "== 5. fine-tuning through a tokenizer: tokenize text, train a small model, fine-tune it"
+echo "== 6. fine-tuning through a tokenizer: tokenize text, train a small model, fine-tune it"
 # The shipped vocabulary: byte-level BPE as GPT-2's, 1024 ids, trained on this
 # repository's docs (tests/fixtures/tokenizer/small-bpe.json; a real model's
 # tokenizer.json works the same way).
