@@ -134,6 +134,17 @@ static void usage(FILE *f)
         "                         and the free memory on cuda)\n"
         "  --threads N            threads per op on cpu, and of the CPU Adam (default: all)\n"
         "\n"
+        "optimizer schedule (docs/offload.md, \"Schedules\"):\n"
+        "  --schedule KIND        serial: the update after the micro-batches (default); overlap:\n"
+        "                         on a thread of its own beside the device's work (with exact\n"
+        "                         clipping after the norm, beside the next forward: the serial\n"
+        "                         results bit for bit); dpu: step t's update during step t+1,\n"
+        "                         which uses the weights of step t-1\n"
+        "  --clip-stale           overlap: clip with the previous step's norm, so each block's\n"
+        "                         update starts as soon as its gradients are complete\n"
+        "  --dpu-warmup N         dpu: serial steps first (default 0)\n"
+        "  --opt-threads N        the optimizer's threads with overlap or dpu (default --threads)\n"
+        "\n"
         "evaluation:\n"
         "  --eval-data FILE       held-out data, read as --data is; prints the loss and perplexity\n"
         "                         (forward only, through the same runtime)\n"
@@ -167,6 +178,7 @@ enum {
     OPT_RESUME, OPT_STATS, OPT_TOKENIZER, OPT_EOT, OPT_PACKING, OPT_EVAL_DATA, OPT_EVAL_EVERY,
     OPT_EVAL_BATCHES, OPT_SCHEDULE, OPT_WARMUP, OPT_MIN_LR, OPT_SCHEDULE_STEPS, OPT_LOG, OPT_PLOT,
     OPT_LORA, OPT_LORA_TARGETS, OPT_LORA_ALPHA, OPT_QLORA, OPT_ADAPTER, OPT_ADAPTERS_ON,
+    OPT_SCHED, OPT_CLIP_STALE, OPT_DPU_WARMUP, OPT_OPT_THREADS,
 };
 
 static const struct option long_opts[] = {
@@ -222,6 +234,10 @@ static const struct option long_opts[] = {
     {"qlora", no_argument, 0, OPT_QLORA},
     {"adapter", required_argument, 0, OPT_ADAPTER},
     {"adapters-on", required_argument, 0, OPT_ADAPTERS_ON},
+    {"schedule", required_argument, 0, OPT_SCHED},
+    {"clip-stale", no_argument, 0, OPT_CLIP_STALE},
+    {"dpu-warmup", required_argument, 0, OPT_DPU_WARMUP},
+    {"opt-threads", required_argument, 0, OPT_OPT_THREADS},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -335,6 +351,16 @@ static int parse_args(int argc, char **argv, train_args *a)
         case OPT_QLORA: a->qlora = 1; break;
         case OPT_ADAPTER: a->adapter = optarg; break;
         case OPT_ADAPTERS_ON: st = offload_tier_parse(optarg, "--adapters-on", &oc->trainable_on); break;
+        case OPT_SCHED: st = offload_schedule_parse(optarg, "--schedule", &oc->schedule); break;
+        case OPT_CLIP_STALE: oc->clip_stale = 1; break;
+        case OPT_DPU_WARMUP:
+            st = zo_parse_int(optarg, "--dpu-warmup", 0, 1 << 30, &v);
+            oc->dpu_warmup = (int)v;
+            break;
+        case OPT_OPT_THREADS:
+            st = zo_parse_int(optarg, "--opt-threads", 1, 4096, &v);
+            oc->opt_threads = (int)v;
+            break;
         case OPT_CKPT: a->ckpt = optarg; break;
         case OPT_SAVE_EVERY: st = zo_parse_int(optarg, "--save-every", 1, 1L << 40, &a->save_every); break;
         case OPT_RESUME: a->resume = optarg; break;
@@ -739,6 +765,9 @@ static void print_tiers(const offload_stats *st, const offload_prediction *pred)
         printf(" %s %.3fs%s", offload_time_part_name((offload_time_part)p), st->time[p],
                p + 1 < OFFLOAD_TIME_PARTS ? "," : "");
     printf(" (runtime total %.3fs)\n", st->total_s);
+    if (st->optimizer_s > 0)
+        printf("# optimizer: %.3fs on the host, %.0f%% of it beside the device's work\n", st->optimizer_s,
+               100.0 * st->optimizer_overlap);
 }
 
 /* "# placement: ..." of the run's configuration (the plan's, then the flags). */

@@ -22,6 +22,22 @@ zo_status offload_tier_parse(const char *s, const char *what, offload_tier *out)
     return ZO_OK;
 }
 
+const char *offload_schedule_name(offload_schedule s)
+{
+    static const char *n[] = {"serial", "overlap", "dpu"};
+    return (unsigned)s <= OFFLOAD_SCHEDULE_DPU ? n[s] : "?";
+}
+
+zo_status offload_schedule_parse(const char *s, const char *what, offload_schedule *out)
+{
+    for (int i = 0; i <= OFFLOAD_SCHEDULE_DPU; i++)
+        if (!strcmp(s, offload_schedule_name((offload_schedule)i))) {
+            *out = (offload_schedule)i;
+            return ZO_OK;
+        }
+    return zo_error(ZO_ERR_INVALID, "%s: '%s' is not a schedule (serial, overlap or dpu)", what, s);
+}
+
 const char *offload_time_part_name(offload_time_part p)
 {
     static const char *n[] = {"compute", "weights", "grads", "optimizer", "disk"};
@@ -87,8 +103,18 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
         if (!c->nvme_dir || !*c->nvme_dir)
             return zo_error(ZO_ERR_INVALID, "offload_init: NVMe placement needs an NVMe directory (--nvme-dir)");
     }
-    if (c->grad_accum < 0 || c->n_threads < 0 || c->loss_scale < 0 || c->loss_scale_window < 0)
-        return zo_error(ZO_ERR_INVALID, "offload_init: negative grad_accum, threads or loss scale");
+    if (c->grad_accum < 0 || c->n_threads < 0 || c->loss_scale < 0 || c->loss_scale_window < 0 ||
+        c->opt_threads < 0 || c->dpu_warmup < 0)
+        return zo_error(ZO_ERR_INVALID, "offload_init: negative grad_accum, threads, warmup or loss scale");
+    if ((unsigned)c->schedule > OFFLOAD_SCHEDULE_DPU)
+        return zo_error(ZO_ERR_INVALID, "offload_init: schedule %d is not serial, overlap or dpu", (int)c->schedule);
+    /* the device share's update writes the resident weights in place, on
+     * the device: it cannot wait a step */
+    if (c->schedule == OFFLOAD_SCHEDULE_DPU && c->opt_frac[OFFLOAD_DEVICE] > 0)
+        return zo_error(ZO_ERR_UNSUPPORTED,
+                        "offload_init: the delayed parameter update (dpu) runs the CPU optimizer; with optimizer "
+                        "state on the device (gpu %g) use schedule overlap or serial",
+                        c->opt_frac[OFFLOAD_DEVICE]);
     return ZO_OK;
 }
 
@@ -248,6 +274,7 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     if (!rt->cfg.grad_accum) rt->cfg.grad_accum = 1;
     if (!rt->cfg.loss_scale_window) rt->cfg.loss_scale_window = OFFLOAD_LOSS_SCALE_WINDOW;
     rt->env = (offload_env){.dev = dev, .acct = &rt->acct, .n_threads = cfg->n_threads};
+    pthread_mutex_init(&rt->acct.mu, NULL);
     rt->dev_block = model->n_blocks;
     if ((st = copy_model(rt, model)) != ZO_OK) goto out_free;
     rt->dynamic_scale = model->dtype == ZO_DTYPE_F16;
@@ -276,6 +303,7 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     }
     if ((st = create_shards(rt)) != ZO_OK) goto out_free;
     if ((st = offload_stream_init(rt)) != ZO_OK) goto out_free;
+    if ((st = offload_optim_init(rt)) != ZO_OK) goto out_free;
     device_peak(rt);
     *out = rt;
     return ZO_OK;
@@ -288,6 +316,8 @@ out_free:
 void offload_free(offload_t *rt)
 {
     if (!rt) return;
+    /* the optimizer's thread ends first: its update may use everything */
+    offload_optim_free(rt);
     /* let queued copies finish before their buffers go */
     if (rt->env.h2d) gpu_stream_synchronize(rt->env.h2d);
     if (rt->env.d2h) gpu_stream_synchronize(rt->env.d2h);
@@ -304,6 +334,7 @@ void offload_free(offload_t *rt)
     free(rt->off);
     free(rt->sched);
     free(rt->decay);
+    pthread_mutex_destroy(&rt->acct.mu);
     free(rt);
 }
 
@@ -328,9 +359,10 @@ static zo_status set_block(offload_t *rt, int b, const float *w)
 /* Whatever the gradient sums held is dropped: the weights changed. */
 static zo_status weights_begin(offload_t *rt)
 {
-    zo_status st = offload_grads_drain(rt);
+    zo_status st = offload_optim_settle(rt);
+    zo_status sd = offload_grads_drain(rt);
     rt->micro = 0;
-    return st;
+    return st != ZO_OK ? st : sd;
 }
 
 /* The store and the shards hold what was put; the slots forget. */
@@ -365,7 +397,7 @@ zo_status offload_set_frozen_block(offload_t *rt, int block, const void *bytes)
 zo_status offload_get_frozen_block(offload_t *rt, int block, void *bytes)
 {
     zo_status st = check_block(rt, "offload_get_frozen_block", block);
-    if (st != ZO_OK) return st;
+    if (st != ZO_OK || (st = offload_optim_settle(rt)) != ZO_OK) return st;
     if (!rt->fws) return zo_error(ZO_ERR_INVALID, "offload_get_frozen_block: the model has no frozen base");
     return rt->fws->ops->get_host(rt->fws, block, bytes);
 }
@@ -373,7 +405,7 @@ zo_status offload_get_frozen_block(offload_t *rt, int block, void *bytes)
 zo_status offload_get_block(offload_t *rt, int block, float *w)
 {
     zo_status st = check_block(rt, "offload_get_block", block);
-    if (st != ZO_OK) return st;
+    if (st != ZO_OK || (st = offload_optim_settle(rt)) != ZO_OK) return st;
     return ostate_read(rt->shards, rt->n_shards, rt->off[block], rt->numel[block], w, NULL, NULL);
 }
 
@@ -405,7 +437,9 @@ zo_status offload_get_weights(offload_t *rt, float *const *blocks)
 zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s)
 {
     double t0 = offload_now();
+    __atomic_store_n(&rt->device_busy, 1, __ATOMIC_RELAXED);
     zo_status st = offload_stream_micro_batch(rt, s);
+    __atomic_store_n(&rt->device_busy, 0, __ATOMIC_RELAXED);
     if (st != ZO_OK) return st;
     rt->acct.n_micro++;
     device_peak(rt);
@@ -415,7 +449,10 @@ zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s)
 
 zo_status offload_forward(offload_t *rt, gpu_stream_t s)
 {
-    return offload_stream_forward(rt, s);
+    __atomic_store_n(&rt->device_busy, 1, __ATOMIC_RELAXED);
+    zo_status st = offload_stream_forward(rt, s);
+    __atomic_store_n(&rt->device_busy, 0, __ATOMIC_RELAXED);
+    return st;
 }
 
 zo_status offload_step(offload_t *rt, offload_step_info *info)
@@ -425,8 +462,12 @@ zo_status offload_step(offload_t *rt, offload_step_info *info)
     zo_status st = offload_grads_drain(rt);
     if (st != ZO_OK) return st;
     if (!rt->micro) return zo_error(ZO_ERR_INVALID, "offload_step: no micro-batch since the last step");
-    /* the shards hold what was written to them since the last step */
-    if ((st = ostate_sync(rt->shards, rt->n_shards)) != ZO_OK) return st;
+    /* the update before this one is done (and, with dpu, published), and
+     * the shards hold what was written to them since, unless this step's
+     * updates started during backward (they did both) */
+    if (!offload_optim_early(rt) &&
+        ((st = offload_optim_settle(rt)) != ZO_OK || (st = ostate_sync(rt->shards, rt->n_shards)) != ZO_OK))
+        return st;
     st = offload_optim_step(rt, info);
     offload_slots_invalidate(rt);
     if (st == ZO_OK && !info->skipped) rt->acct.n_steps++;
@@ -466,10 +507,14 @@ void offload_get_stats(const offload_t *rt, offload_stats *o)
     o->micro_batches = a->n_micro;
     o->steps = a->n_steps;
     o->skipped = rt->skipped;
-    o->bytes_h2d = a->bytes_h2d;
-    o->bytes_d2h = a->bytes_d2h;
-    o->bytes_disk_read = a->bytes_disk_read;
-    o->bytes_disk_written = a->bytes_disk_written;
+    o->bytes_h2d = a->bytes[OFFLOAD_BYTES_H2D];
+    o->bytes_d2h = a->bytes[OFFLOAD_BYTES_D2H];
+    o->bytes_disk_read = a->bytes[OFFLOAD_BYTES_DISK_READ];
+    o->bytes_disk_written = a->bytes[OFFLOAD_BYTES_DISK_WRITTEN];
+    pthread_mutex_lock((pthread_mutex_t *)&a->mu);
+    o->optimizer_s = a->opt_busy_s;
+    o->optimizer_overlap = a->opt_busy_s > 0 ? a->opt_overlap_s / a->opt_busy_s : 0.0;
+    pthread_mutex_unlock((pthread_mutex_t *)&a->mu);
     o->n_slots = rt->n_slots;
     o->slot_bytes = rt->n_slots ? rt->slot_size : 0;
 }
@@ -480,5 +525,6 @@ void offload_reset_times(offload_t *rt)
     memset(a->time, 0, sizeof a->time);
     a->total_s = 0;
     a->n_micro = a->n_steps = 0;
-    a->bytes_h2d = a->bytes_d2h = a->bytes_disk_read = a->bytes_disk_written = 0;
+    memset(a->bytes, 0, sizeof a->bytes);
+    a->opt_busy_s = a->opt_overlap_s = 0;
 }

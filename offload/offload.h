@@ -128,6 +128,28 @@ typedef struct offload_adamw {
     float clip; /* max global gradient norm; 0: no clipping */
 } offload_adamw;
 
+/* When the optimizer's update runs (docs/offload.md, "Schedules").
+ * - SERIAL: after the step's micro-batches, the host waiting (the default).
+ * - OVERLAP: on the optimizer's own thread beside the device's work. With
+ *   exact clipping (or fp16 loss scaling) the norm comes first: the update
+ *   starts after the last backward and runs while the next micro-batch's
+ *   forward goes on, each block's forward waiting for exactly that block's
+ *   new weights; the results are the serial schedule's, bit for bit. Without
+ *   clipping, or with clip_stale, a block's update starts as soon as its
+ *   gradients are complete, while backward runs on through the earlier
+ *   blocks.
+ * - DPU (delayed parameter update): after dpu_warmup serial steps, step t's
+ *   update runs during step t+1's micro-batches, which use the weights of
+ *   step t - 1; the new weights are published at the next step. */
+typedef enum offload_schedule {
+    OFFLOAD_SCHEDULE_SERIAL = 0,
+    OFFLOAD_SCHEDULE_OVERLAP,
+    OFFLOAD_SCHEDULE_DPU,
+} offload_schedule;
+
+const char *offload_schedule_name(offload_schedule s); /* "serial", "overlap", "dpu" */
+zo_status offload_schedule_parse(const char *s, const char *what, offload_schedule *out);
+
 /* Test seam for checkpoint writes: called at named points of the write (see
  * offload_save); a test blocks or kills the process there. */
 typedef void (*offload_ckpt_hook)(void *user, const char *point);
@@ -150,6 +172,12 @@ typedef struct offload_config {
     int swap_buffers;                /* sub-group buffers of the NVMe pipeline; 0 = 3 */
     int grad_accum;                  /* micro-batches per step; 0 = 1 */
     int n_threads;                   /* CPU Adam threads; 0 = OpenMP's default */
+    offload_schedule schedule;       /* when the update runs (default SERIAL) */
+    int clip_stale;                  /* OVERLAP: clip with the previous step's norm, so that
+                                        updates start during backward */
+    int dpu_warmup;                  /* DPU: serial steps first (default 0) */
+    int opt_threads;                 /* CPU Adam threads of the optimizer's thread (OVERLAP,
+                                        DPU); 0 = n_threads */
     offload_adamw adam;
     float loss_scale;                /* initial; 0 = 65536 with fp16, else 1 (no scaling) */
     int loss_scale_window;           /* good steps before the scale doubles; 0 = 200 */
@@ -296,6 +324,8 @@ typedef struct offload_stats {
     uint64_t bytes_h2d, bytes_d2h, bytes_disk_read, bytes_disk_written;
     int n_slots;                    /* device weight slots (0 when resident) */
     size_t slot_bytes;
+    double optimizer_s;             /* the CPU update's own time (every schedule) */
+    double optimizer_overlap;       /* the fraction of it that ran while the device computed */
 } offload_stats;
 
 void offload_get_stats(const offload_t *rt, offload_stats *out);

@@ -32,6 +32,8 @@
 #ifndef ZO_OFFLOAD_IMPL_H
 #define ZO_OFFLOAD_IMPL_H
 
+#include <pthread.h>
+
 #include "common/adam_math.h" /* defines: zo_adam_hparams */
 #include "offload/offload.h"
 
@@ -44,12 +46,24 @@
 
 /* ---- acct.c: the clock, memory per tier, counters -------------------------------- */
 
+typedef enum offload_bytes_kind {
+    OFFLOAD_BYTES_H2D = 0,
+    OFFLOAD_BYTES_D2H,
+    OFFLOAD_BYTES_DISK_READ,
+    OFFLOAD_BYTES_DISK_WRITTEN,
+    OFFLOAD_BYTES_KINDS,
+} offload_bytes_kind;
+
+/* Updated from the host thread and the optimizer's thread alike: through
+ * the functions below, under its lock. */
 typedef struct offload_acct {
+    pthread_mutex_t mu;
     uint64_t use[OFFLOAD_TIERS], peak[OFFLOAD_TIERS];
     double time[OFFLOAD_TIME_PARTS];
     double total_s;
     int64_t n_micro, n_steps;
-    uint64_t bytes_h2d, bytes_d2h, bytes_disk_read, bytes_disk_written;
+    uint64_t bytes[OFFLOAD_BYTES_KINDS];
+    double opt_busy_s, opt_overlap_s; /* the optimizer's time, and its part while the device computed */
 } offload_acct;
 
 /* What every object of the runtime works with. */
@@ -74,6 +88,8 @@ typedef struct offload_geom {
 
 double offload_now(void);
 void offload_count(offload_acct *a, offload_tier t, int64_t delta);
+void offload_add_time(offload_acct *a, offload_time_part p, double seconds);
+void offload_add_bytes(offload_acct *a, offload_bytes_kind k, uint64_t n);
 /* Host memory counted against the CPU tier (pinned: through the device). */
 zo_status offload_host_alloc(const offload_env *env, size_t bytes, int pinned, void **out);
 void offload_host_free(const offload_env *env, void *p, size_t bytes, int pinned);
@@ -136,6 +152,8 @@ void wstore_free(wstore *ws);
 zo_status wstore_put_f32(wstore *ws, int b, size_t rel, size_t n, const float *src);
 /* ... given as the store's own elements (bytes copied as they are). */
 zo_status wstore_put_raw(wstore *ws, int b, size_t rel, size_t n, const void *src);
+/* Every block of host store `from` (same geometry) put into `to`, synced. */
+zo_status wstore_publish(wstore *from, wstore *to);
 
 /* ---- ostate.c: fp32 master weights and Adam moments ------------------------------- */
 
@@ -161,6 +179,9 @@ typedef struct oshard_ops {
     zo_status (*sync)(oshard *sh);
     /* Update every element (the device shard enqueues: sync waits). */
     zo_status (*step)(oshard *sh, const oshard_update *u);
+    /* (host shards) Update flat [first, first + n) within the shard, as its
+     * gradients complete (the schedule's updates during backward). */
+    zo_status (*step_range)(oshard *sh, size_t first, size_t n, const oshard_update *u);
     /* (optional) The fp32 gradient sum kept with the state, at flat element
      * `first`; NULL when gradients are summed on the host. */
     float *(*grad)(oshard *sh, size_t first);
@@ -218,6 +239,7 @@ typedef struct offload_gslot {
     void *dev;          /* device, slot_bytes */
     void *host;         /* pinned, slot_bytes (NULL when no gradient goes to the host) */
     int block;          /* the block whose gradients are in flight to the host, -1 none */
+    int own;            /* they are the block's own (not a dependant's share) */
     gpu_event_t done;   /* compute stream: backward wrote them */
     gpu_event_t copied; /* d2h stream: they are on the host */
 } offload_gslot;
@@ -272,7 +294,31 @@ struct offload {
     /* gradients (stream.c) */
     offload_gslot gs[OFFLOAD_GRAD_SLOTS];
     float *grad;                /* host [host_n] fp32, summed over micro-batches */
+    unsigned char *grad_fresh;  /* [nb] the step's first addition into block b writes (lazy zero) */
     int micro;                  /* micro-batches in the sums */
+
+    /* the optimizer's schedule (optim.c) */
+    int opt_threaded;           /* OVERLAP or DPU: updates run on opt_thread */
+    pthread_t opt_thread;
+    int opt_started;
+    pthread_mutex_t opt_mu;
+    pthread_cond_t opt_cv;      /* job posted, block published, job done */
+    int opt_job;                /* OFFLOAD_JOB_* being run or posted */
+    int opt_quit;
+    zo_status opt_status;       /* the last job's failure, reported at the next step */
+    char opt_msg[512];
+    int *opt_queue;             /* [nb] blocks to update (updates during backward) */
+    int opt_qhead, opt_qtail, opt_qclosed;
+    int64_t *published;         /* [nb] the step whose weights block b's store holds */
+    zo_adam_hparams opt_hp;     /* the running job's hyperparameters */
+    int opt_early;              /* this step's updates started during backward */
+    double *blk_sumsq;          /* [nb] per-block statistics of the step's gradient */
+    int *blk_nonfinite;
+    float prev_norm;
+    int have_prev_norm;
+    wstore *shadow;             /* DPU: a host store the update writes into */
+    int dpu_pending;            /* DPU: the shadow holds an update not yet published */
+    int device_busy;            /* a micro-batch is running (for the overlap figure) */
 
     /* activation boundaries (stream.c) */
     void **bnd;                 /* checkpoints on the device: [nb - 1] device buffers */
@@ -297,9 +343,26 @@ zo_status offload_grads_drain(offload_t *rt);
 zo_status offload_stream_micro_batch(offload_t *rt, gpu_stream_t s);
 zo_status offload_stream_forward(offload_t *rt, gpu_stream_t s);
 
-/* optim.c: unscale, clip and update every shard from the gradient sums;
- * the gradients must be drained. */
+/* optim.c: unscale, clip and update every shard from the gradient sums
+ * (drained), as the schedule says. */
+enum { OFFLOAD_JOB_NONE = 0, OFFLOAD_JOB_ALL, OFFLOAD_JOB_BLOCKS };
+zo_status offload_optim_init(offload_t *rt);
+void offload_optim_free(offload_t *rt);
 zo_status offload_optim_step(offload_t *rt, offload_step_info *info);
+/* Every update done and every new weight in the store (before anything
+ * reads or writes the state from outside the step). */
+zo_status offload_optim_settle(offload_t *rt);
+/* Block b's weights are the current step's (a forward waits for its
+ * update); with wait 0, 1 when they are, 0 when not yet. */
+int offload_optim_ready(offload_t *rt, int b, int wait);
+/* The last micro-batch of a step completed block b's gradients: its update
+ * may start now (OVERLAP without exact clipping). */
+zo_status offload_optim_block_done(offload_t *rt, int b);
+/* A micro-batch starts: when it is the step's last and the schedule allows
+ * (overlap without exact clipping), its blocks' updates start as their
+ * gradients complete (offload_optim_early says so). */
+zo_status offload_optim_micro_begin(offload_t *rt);
+int offload_optim_early(const offload_t *rt);
 
 /* Convert n fp32 values to the weights' dtype. */
 void offload_to_dtype(const offload_geom *g, void *dst, const float *src, size_t n);

@@ -89,6 +89,10 @@ zo_status offload_write_stats_json(const offload_t *rt, const offload_prediction
         cJSON_AddNumberToObject(ts, offload_time_part_name((offload_time_part)p), s.time[p]);
     cJSON_AddNumberToObject(ts, "total", s.total_s);
     if (pred && pred->step_s > 0) cJSON_AddNumberToObject(o, "predicted_step_s", pred->step_s);
+    cJSON *op = cJSON_AddObjectToObject(o, "optimizer");
+    cJSON_AddStringToObject(op, "schedule", offload_schedule_name(rt->cfg.schedule));
+    cJSON_AddNumberToObject(op, "host_s", s.optimizer_s);
+    cJSON_AddNumberToObject(op, "overlap_fraction", s.optimizer_overlap);
     cJSON_AddNumberToObject(o, "micro_batches", (double)s.micro_batches);
     cJSON_AddNumberToObject(o, "steps", (double)s.steps);
     cJSON_AddNumberToObject(o, "skipped", (double)s.skipped);

@@ -102,7 +102,7 @@ static zo_status dev_put_host_done(wstore *ws, int b, size_t rel, size_t n)
         (st = gpu_event_record(w->stage_ev[k], env->h2d)) != ZO_OK)
         return st;
     w->stage_pending[k] = 1;
-    env->acct->bytes_h2d += bytes;
+    offload_add_bytes(env->acct, OFFLOAD_BYTES_H2D, bytes);
     return ZO_OK;
 }
 
@@ -170,7 +170,7 @@ static zo_status host_fetch(wstore *ws, int b, void *dst)
     if (!bytes) return ZO_OK;
     zo_status st = gpu_memcpy_async(env->h2d, dst, at(ws, impl(ws)->host, b, 0), bytes,
                                     GPU_COPY_HOST_TO_DEVICE);
-    if (st == ZO_OK) env->acct->bytes_h2d += bytes;
+    if (st == ZO_OK) offload_add_bytes(env->acct, OFFLOAD_BYTES_H2D, bytes);
     return st;
 }
 
@@ -214,7 +214,7 @@ static zo_status host_put_dev_done(wstore *ws, int b, gpu_stream_t s)
         (st = gpu_event_record(w->dev_ev, s)) != ZO_OK)
         return st;
     w->dev_pending = 1;
-    ws->env->acct->bytes_d2h += bytes;
+    offload_add_bytes(ws->env->acct, OFFLOAD_BYTES_D2H, bytes);
     return ZO_OK;
 }
 
@@ -227,9 +227,9 @@ static zo_status nvme_write_block(wstore *ws, int b)
     wstore_impl *w = impl(ws);
     double t0 = offload_now();
     zo_status st = nvme_store_write(w->store, w->ids[b], w->asm_buf);
-    ws->env->acct->time[OFFLOAD_TIME_DISK] += offload_now() - t0;
+    offload_add_time(ws->env->acct, OFFLOAD_TIME_DISK, offload_now() - t0);
     if (st != ZO_OK) return zo_error_wrap(st, "offload: weights of block %d to NVMe", b);
-    ws->env->acct->bytes_disk_written += block_bytes(ws, b);
+    offload_add_bytes(ws->env->acct, OFFLOAD_BYTES_DISK_WRITTEN, block_bytes(ws, b));
     return ZO_OK;
 }
 
@@ -248,14 +248,14 @@ static zo_status nvme_fetch(wstore *ws, int b, void *dst)
         return st;
     double t0 = offload_now();
     st = nvme_store_read(w->store, w->ids[b], w->ring[r]);
-    env->acct->time[OFFLOAD_TIME_DISK] += offload_now() - t0;
+    offload_add_time(env->acct, OFFLOAD_TIME_DISK, offload_now() - t0);
     if (st != ZO_OK) return zo_error_wrap(st, "offload: weights of block %d from NVMe", b);
-    env->acct->bytes_disk_read += bytes;
+    offload_add_bytes(env->acct, OFFLOAD_BYTES_DISK_READ, bytes);
     if ((st = gpu_memcpy_async(env->h2d, dst, w->ring[r], bytes, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK ||
         (st = gpu_event_record(w->ring_ev[r], env->h2d)) != ZO_OK)
         return st;
     w->ring_used[r] = 1;
-    env->acct->bytes_h2d += bytes;
+    offload_add_bytes(env->acct, OFFLOAD_BYTES_H2D, bytes);
     return ZO_OK;
 }
 
@@ -265,9 +265,9 @@ static zo_status nvme_get_host(wstore *ws, int b, void *dst)
     if (!block_bytes(ws, b)) return ZO_OK;
     double t0 = offload_now();
     zo_status st = nvme_store_read(w->store, w->ids[b], dst);
-    ws->env->acct->time[OFFLOAD_TIME_DISK] += offload_now() - t0;
+    offload_add_time(ws->env->acct, OFFLOAD_TIME_DISK, offload_now() - t0);
     if (st != ZO_OK) return zo_error_wrap(st, "offload: weights of block %d from NVMe", b);
-    ws->env->acct->bytes_disk_read += block_bytes(ws, b);
+    offload_add_bytes(ws->env->acct, OFFLOAD_BYTES_DISK_READ, block_bytes(ws, b));
     return ZO_OK;
 }
 
@@ -309,7 +309,7 @@ static zo_status nvme_put_dev_done(wstore *ws, int b, gpu_stream_t s)
         (st = gpu_event_record(w->dev_ev, s)) != ZO_OK ||
         (st = offload_timed_wait(ws->env, w->dev_ev, OFFLOAD_TIME_OPTIMIZER)) != ZO_OK)
         return st;
-    ws->env->acct->bytes_d2h += bytes;
+    offload_add_bytes(ws->env->acct, OFFLOAD_BYTES_D2H, bytes);
     return nvme_write_block(ws, b);
 }
 
@@ -554,4 +554,15 @@ zo_status wstore_put_f32(wstore *ws, int b, size_t rel, size_t n, const float *s
 zo_status wstore_put_raw(wstore *ws, int b, size_t rel, size_t n, const void *src)
 {
     return put_chunks(ws, b, rel, n, src, 0);
+}
+
+zo_status wstore_publish(wstore *from, wstore *to)
+{
+    wstore_impl *f = impl(from);
+    zo_status st;
+    if (from->tier != OFFLOAD_CPU || !f->host)
+        return zo_error(ZO_ERR_INTERNAL, "offload: weights published from a store not in host memory");
+    for (int b = 0; b < to->g->nb; b++)
+        if ((st = wstore_put_raw(to, b, 0, to->g->numel[b], at(from, f->host, b, 0))) != ZO_OK) return st;
+    return to->ops->sync(to);
 }

@@ -401,6 +401,78 @@ static void test_lora(void **state)
         }
 }
 
+/* The optimizer's schedules. Overlap with exact clipping (the update after
+ * the norm, beside the next forward) and overlap without clipping (each
+ * block's update as soon as its gradients are complete, beside the rest of
+ * backward) give the serial schedule's losses and norms bit for bit, with
+ * the optimizer state in memory, on NVMe, split, or partly on the device,
+ * weights resident or streamed; the optimizer's time overlapped with the
+ * device's is reported. With the previous step's norm (clip_stale) and with
+ * the delayed update (dpu) the losses still fall. */
+static void test_schedules(void **state)
+{
+    (void)state;
+    for (int clip = 1; clip >= 0; clip--) {
+        run base = {.cfg = tiny_llama(3, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 12};
+        base_config(&base.oc);
+        base.oc.sub_group = 3000;
+        base.oc.grad_accum = 2;
+        base.oc.adam.clip = clip ? 1.0f : 0.0f;
+        struct {
+            const char *name;
+            offload_tier params;
+            double cpu, nvme, dev;
+        } v[] = {
+            {"resident, optimizer cpu", OFFLOAD_DEVICE, 1, 0, 0},
+            {"streamed, optimizer nvme", OFFLOAD_CPU, 0, 1, 0},
+            {"nvme weights, cpu/nvme split", OFFLOAD_NVME, 0.5, 0.5, 0},
+            {"streamed, cpu/gpu split", OFFLOAD_CPU, 0.5, 0, 0.5},
+        };
+        for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+            run ref = base;
+            ref.oc.params_on = v[i].params;
+            ref.oc.prefetch_depth = 1;
+            ref.oc.opt_frac[OFFLOAD_CPU] = v[i].cpu;
+            ref.oc.opt_frac[OFFLOAD_NVME] = v[i].nvme;
+            ref.oc.opt_frac[OFFLOAD_DEVICE] = v[i].dev;
+            zo_status st = do_run(&ref);
+            if (st == ZO_ERR_UNSUPPORTED) continue;
+            assert_int_equal(st, ZO_OK);
+            run r = ref;
+            r.oc.schedule = OFFLOAD_SCHEDULE_OVERLAP;
+            r.oc.opt_threads = 1;
+            assert_int_equal(do_run(&r), ZO_OK);
+            char name[96];
+            snprintf(name, sizeof name, "overlap, %s%s", v[i].name, clip ? "" : ", no clip");
+            print_losses(name, &r);
+            printf("  %-28s optimizer %.3f s, %.0f%% beside the device\n", "", r.stats.optimizer_s,
+                   100 * r.stats.optimizer_overlap);
+            assert_same_losses(name, &ref, &r);
+            for (int k = 0; k < r.steps; k++)
+                assert_memory_equal(&r.info[k].grad_norm, &ref.info[k].grad_norm, sizeof(float));
+            assert_true(r.stats.optimizer_s > 0);
+        }
+    }
+    /* the previous step's norm, and the delayed update: not the serial
+     * schedule's numbers, but training all the same */
+    run base = {.cfg = tiny_llama(3, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 20};
+    base_config(&base.oc);
+    assert_int_equal(do_run(&base), ZO_OK);
+    for (int k = 0; k < 2; k++) {
+        run r = base;
+        r.oc.schedule = k ? OFFLOAD_SCHEDULE_DPU : OFFLOAD_SCHEDULE_OVERLAP;
+        r.oc.clip_stale = 1;
+        r.oc.dpu_warmup = 3;
+        r.oc.opt_threads = 1;
+        assert_int_equal(do_run(&r), ZO_OK);
+        print_losses(k ? "dpu, warmup 3" : "overlap, clip_stale", &r);
+        /* the same first step (no norm before it; dpu: a serial warmup) */
+        assert_memory_equal(&r.loss[0], &base.loss[0], sizeof(float));
+        if (k) for (int j = 0; j <= 3; j++) assert_memory_equal(&r.loss[j], &base.loss[j], sizeof(float));
+        assert_true(r.loss[r.steps - 1] < r.loss[0] - 0.2f);
+    }
+}
+
 /* A forward-only pass (evaluation) between micro-batches gives the loss the
  * micro-batch's own forward gives and changes nothing in training, whether
  * the weights are resident or streamed and the checkpoints on either tier. */
@@ -1102,6 +1174,7 @@ int main(void)
         cmocka_unit_test(test_trains),
         cmocka_unit_test(test_bit_identical),
         cmocka_unit_test(test_forward_only),
+        cmocka_unit_test(test_schedules),
         cmocka_unit_test(test_lora),
         cmocka_unit_test(test_larger_than_device),
         cmocka_unit_test(test_grad_accum),

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/dtype.h"      /* defines: zo_bf16_to_f32 */
+#include "cpu_adam/cpu_adam.h" /* defines: adam_update, adam_grad_stats (the reference) */
 #include "gpu/ops_cpu.h"     /* defines: gpu_cpu_inject_faults */
 #include "offload/offload.h" /* defines: offload_init, offload_plan_load, offload_save */
 #include "tests/support/files.h" /* defines: files_write_plan, files_write_text, files_remove_tree */
@@ -327,6 +330,92 @@ static void test_failed_micro_batch(void **state)
     }
 }
 
+/* ---- the delayed parameter update ------------------------------------------------------ */
+
+/* The stub's gradient is the 16-bit weights its micro-batch used, so the
+ * delayed update can be computed here in closed form: after `warmup` serial
+ * steps, step t's micro-batch uses the weights of step t - 1 while step
+ * t - 1's update runs; with cpu_adam's own functions the reference gives
+ * the runtime's gradient norm at every step and its final master weights,
+ * bit for bit. */
+static void test_dpu_one_step_late(void **state)
+{
+    (void)state;
+    enum { STEPS = 9, WARMUP = 2, N = NB * NUMEL };
+    stub m;
+    stub_open(&m);
+    offload_model om = stub_model(&m);
+    offload_config c;
+    offload_config_defaults(&c);
+    c.schedule = OFFLOAD_SCHEDULE_DPU;
+    c.dpu_warmup = WARMUP;
+    c.opt_threads = 1;
+    c.adam.clip = 0.5f; /* engages: the gradient is the weights */
+    static float w[N], P[N], M[N], V[N], g[N];
+    static uint16_t hist[STEPS + 1][N]; /* the 16-bit weights after each update */
+    stub_weights(w);
+    memcpy(P, w, sizeof P);
+    zo_convert(hist[0], ZO_DTYPE_BF16, P, ZO_DTYPE_F32, N);
+    offload_t *rt;
+    gpu_stream_t s;
+    assert_int_equal(offload_init(&rt, m.dev, &om, &c), ZO_OK);
+    assert_int_equal(gpu_stream_create(m.dev, &s), ZO_OK);
+    assert_int_equal(set_weights(rt, w), ZO_OK);
+    for (int t = 0; t < STEPS; t++) {
+        /* the runtime */
+        assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+        offload_step_info info;
+        assert_int_equal(offload_step(rt, &info), ZO_OK);
+        /* the reference: the weights the micro-batch used, a step late once
+         * the warmup is over */
+        const uint16_t *used = hist[t <= WARMUP ? t : t - 1];
+        for (int i = 0; i < N; i++) g[i] = zo_bf16_to_f32(used[i]);
+        double sumsq = 0;
+        for (int b = 0; b < NB; b++) {
+            double ss;
+            int nf;
+            assert_int_equal(adam_grad_stats(g + b * NUMEL, ZO_DTYPE_F32, NUMEL, 1, &ss, &nf), ZO_OK);
+            sumsq += ss;
+        }
+        double norm = sqrt(sumsq), coef = c.adam.clip / (norm + 1e-6);
+        if (memcmp(&info.grad_norm, &(float){(float)norm}, sizeof(float))) {
+            fprintf(stderr, "step %d: norm %.9g, the one-step-late reference %.9g\n", t, info.grad_norm, norm);
+            fail();
+        }
+        adam_hparams hp = adam_hparams_default();
+        hp.lr = c.adam.lr;
+        hp.beta1 = c.adam.beta1;
+        hp.beta2 = c.adam.beta2;
+        hp.eps = c.adam.eps;
+        hp.weight_decay = c.adam.weight_decay;
+        hp.decay = ADAM_DECAY_ADAMW;
+        hp.step = t + 1;
+        hp.grad_mult = (float)(coef < 1.0 ? coef : 1.0);
+        assert_int_equal(adam_update(&hp, N, P, g, ZO_DTYPE_F32, M, V, hist[t + 1], ZO_DTYPE_BF16, 1), ZO_OK);
+    }
+    /* the last update, published: the runtime's master is the reference's */
+    static float got[N];
+    float *blocks[NB];
+    for (int b = 0; b < NB; b++) blocks[b] = got + b * NUMEL;
+    assert_int_equal(offload_get_weights(rt, blocks), ZO_OK);
+    assert_memory_equal(got, P, sizeof got);
+    /* and the serial schedule differs from it: the delay is real */
+    offload_free(rt);
+    c.schedule = OFFLOAD_SCHEDULE_SERIAL;
+    assert_int_equal(offload_init(&rt, m.dev, &om, &c), ZO_OK);
+    assert_int_equal(set_weights(rt, w), ZO_OK);
+    for (int t = 0; t < STEPS; t++) {
+        offload_step_info info;
+        assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+        assert_int_equal(offload_step(rt, &info), ZO_OK);
+    }
+    assert_int_equal(offload_get_weights(rt, blocks), ZO_OK);
+    assert_true(memcmp(got, P, sizeof got) != 0);
+    offload_free(rt);
+    gpu_stream_destroy(s);
+    stub_close(&m);
+}
+
 /* ---- checkpoints ----------------------------------------------------------------------- */
 
 static void set_state_field(const char *state_path, const char *key, const char *value)
@@ -522,6 +611,7 @@ int main(void)
         cmocka_unit_test(test_plan_fractions),
         cmocka_unit_test(test_init_alloc_faults),
         cmocka_unit_test(test_failed_micro_batch),
+        cmocka_unit_test(test_dpu_one_step_late),
         cmocka_unit_test(test_ckpt_bad_state),
         cmocka_unit_test(test_ckpt_same_step),
         cmocka_unit_test(test_searched_plan_runs),
