@@ -13,6 +13,7 @@
  * device staging block when the store is not on the device. */
 #include "offload/offload_impl.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +52,10 @@ typedef struct wstore_impl {
     nvme_store_t *store;
     int *ids;                  /* [nb] tensor ids */
     int counted;               /* the store's bytes are counted in the NVMe tier */
+    /* the host thread fetches while the optimizer's thread writes (schedules
+     * other than serial): one ring, one caller at a time */
+    pthread_mutex_t io_mu;
+    int io_mu_init;
 #endif
 } wstore_impl;
 
@@ -226,7 +231,9 @@ static zo_status nvme_write_block(wstore *ws, int b)
 {
     wstore_impl *w = impl(ws);
     double t0 = offload_now();
+    pthread_mutex_lock(&w->io_mu);
     zo_status st = nvme_store_write(w->store, w->ids[b], w->asm_buf);
+    pthread_mutex_unlock(&w->io_mu);
     offload_add_time(ws->env->acct, OFFLOAD_TIME_DISK, offload_now() - t0);
     if (st != ZO_OK) return zo_error_wrap(st, "offload: weights of block %d to NVMe", b);
     offload_add_bytes(ws->env->acct, OFFLOAD_BYTES_DISK_WRITTEN, block_bytes(ws, b));
@@ -247,7 +254,9 @@ static zo_status nvme_fetch(wstore *ws, int b, void *dst)
         (st = offload_timed_wait(env, w->ring_ev[r], OFFLOAD_TIME_WEIGHTS)) != ZO_OK)
         return st;
     double t0 = offload_now();
+    pthread_mutex_lock(&w->io_mu);
     st = nvme_store_read(w->store, w->ids[b], w->ring[r]);
+    pthread_mutex_unlock(&w->io_mu);
     offload_add_time(env->acct, OFFLOAD_TIME_DISK, offload_now() - t0);
     if (st != ZO_OK) return zo_error_wrap(st, "offload: weights of block %d from NVMe", b);
     offload_add_bytes(env->acct, OFFLOAD_BYTES_DISK_READ, bytes);
@@ -264,7 +273,9 @@ static zo_status nvme_get_host(wstore *ws, int b, void *dst)
     wstore_impl *w = impl(ws);
     if (!block_bytes(ws, b)) return ZO_OK;
     double t0 = offload_now();
+    pthread_mutex_lock(&w->io_mu);
     zo_status st = nvme_store_read(w->store, w->ids[b], dst);
+    pthread_mutex_unlock(&w->io_mu);
     offload_add_time(ws->env->acct, OFFLOAD_TIME_DISK, offload_now() - t0);
     if (st != ZO_OK) return zo_error_wrap(st, "offload: weights of block %d from NVMe", b);
     offload_add_bytes(ws->env->acct, OFFLOAD_BYTES_DISK_READ, block_bytes(ws, b));
@@ -330,6 +341,8 @@ static zo_status nvme_open(wstore *ws, const char *dir, const char *name)
     wstore_impl *w = impl(ws);
     const offload_geom *g = ws->g;
     zo_status st;
+    pthread_mutex_init(&w->io_mu, NULL);
+    w->io_mu_init = 1;
     nvme_engine_config ec = {0};
     if ((st = nvme_engine_init(&w->engine, &ec)) != ZO_OK) return st;
     char prefix[64];
@@ -371,6 +384,7 @@ static void nvme_close(wstore *ws)
     if (w->store) nvme_store_free(w->store);
     if (w->engine) nvme_engine_free(w->engine);
     free(w->ids);
+    if (w->io_mu_init) pthread_mutex_destroy(&w->io_mu);
 }
 
 #else /* no nvme module: the configuration is refused at init */
