@@ -392,6 +392,22 @@ double plan_hw_cpu_adam_rate(const plan_hw *hw)
     return hw->cpu_mem_bw * ADAM_BW_EFF / ADAM_BYTES;
 }
 
+/* One AVX-512 thread of AdamW over fp32 master, m, v with a 16-bit gradient
+ * and weight out: cpu_adam's adam_update measured 0.55e9 elements/s per
+ * thread on this project's 2-core VM (docs/memplan.md, "Optimizer schedules"). */
+#define ADAM_THREAD_RATE 5e8
+
+double plan_hw_cpu_adam_rate_threads(const plan_hw *hw, double threads)
+{
+    double roof = plan_hw_cpu_adam_rate(hw);
+    if (threads <= 0 || hw->cpu_cores <= 0) return roof;
+    double one = hw->cpu_adam_thread_rate > 0 ? hw->cpu_adam_thread_rate
+                 : hw->cpu_adam_rate > 0      ? hw->cpu_adam_rate / hw->cpu_cores
+                                              : ADAM_THREAD_RATE;
+    double r = threads * one;
+    return r < roof ? r : roof;
+}
+
 double plan_hw_gemm_eff(const plan_hw *hw, double flops)
 {
     return hw->gemm_eff_max * flops / (flops + hw->gemm_flops_half);

@@ -89,6 +89,13 @@ int plan_hw_ranks_per_node(const plan_hw *hw);
  * the node's memory bandwidth over the bytes one update moves. */
 double plan_hw_cpu_adam_rate(const plan_hw *hw);
 
+/* AdamW parameters/s of `threads` threads of one node: threads x the rate
+ * of one thread (cpu_adam_thread_rate; when 0, cpu_adam_rate / cpu_cores
+ * if cpu_adam_rate is given, else 5e8), at most plan_hw_cpu_adam_rate (the
+ * memory-bandwidth roof, or the rate measured on every core). threads <= 0
+ * or no cores known: plan_hw_cpu_adam_rate. */
+double plan_hw_cpu_adam_rate_threads(const plan_hw *hw, double threads);
+
 /* Matmul efficiency (fraction of peak) of one operation of `flops`:
  * gemm_eff_max * flops / (flops + gemm_flops_half). */
 double plan_hw_gemm_eff(const plan_hw *hw, double flops);

@@ -125,7 +125,9 @@ enum {
     OPT_PP, OPT_SP, OPT_VPP, OPT_ZERO, OPT_RECOMPUTE, OPT_NO_FLASH, OPT_DROPOUT, OPT_NO_DROPOUT,
     OPT_GRADS, OPT_OPTIMIZER, OPT_CHECKPOINTS, OPT_CUDA_CONTEXT, OPT_CUBLAS_WS, OPT_COMM_BUCKET,
     OPT_COMM_BUCKETS, OPT_PREFETCH, OPT_PINNED, OPT_FRAG, OPT_SUB_GROUP, OPT_SWAP_BUFFERS,
-    OPT_EP, OPT_CAPACITY, OPT_NO_DP_OVERLAP, OPT_FUSED_ACCUM, /* the last configuration flag */
+    OPT_EP, OPT_CAPACITY, OPT_LORA, OPT_LORA_TARGETS, OPT_LORA_ALPHA, OPT_QLORA, OPT_SCHEDULE,
+    OPT_DPU_WARMUP, OPT_OPT_THREADS, OPT_CLIP_STALE,
+    OPT_NO_DP_OVERLAP, OPT_FUSED_ACCUM, /* the last configuration flag */
     OPT_JSON, OPT_GLOBAL_BATCH, OPT_SVG, OPT_PLAN, OPT_PLAN_OUT, OPT_HELP,
 };
 
@@ -151,8 +153,21 @@ enum {
     {"pcie", required_argument, 0, OPT_PCIE},                                   \
     {"seq", required_argument, 0, OPT_SEQ}
 
+/* What is trained and how the optimizer is scheduled, shared by estimate,
+ * plan and max-model. */
+#define METHOD_OPTIONS                                                          \
+    {"lora", required_argument, 0, OPT_LORA},                                   \
+    {"lora-targets", required_argument, 0, OPT_LORA_TARGETS},                   \
+    {"lora-alpha", required_argument, 0, OPT_LORA_ALPHA},                       \
+    {"qlora", no_argument, 0, OPT_QLORA},                                       \
+    {"schedule", required_argument, 0, OPT_SCHEDULE},                           \
+    {"dpu-warmup", required_argument, 0, OPT_DPU_WARMUP},                       \
+    {"opt-threads", required_argument, 0, OPT_OPT_THREADS},                     \
+    {"clip-stale", no_argument, 0, OPT_CLIP_STALE}
+
 static const struct option estimate_opts[] = {
     MODEL_HW_OPTIONS,
+    METHOD_OPTIONS,
     {"micro-batch", required_argument, 0, OPT_MICRO_BATCH},
     {"grad-accum", required_argument, 0, OPT_GRAD_ACCUM},
     {"dtype", required_argument, 0, OPT_DTYPE},
@@ -334,6 +349,79 @@ static int parse_hw_flag(int c, const char *arg, plan_hw_flags *f, zo_status *st
     }
 }
 
+/* The method and schedule flags as given (METHOD_OPTIONS). */
+typedef struct method_flags {
+    long lora_r;           /* --lora R; 0: not given */
+    int qlora;
+    const char *targets;   /* --lora-targets */
+    double alpha;          /* --lora-alpha */
+    int alpha_set;
+    int schedule;          /* --schedule: a plan_schedule; -1: not given */
+    long dpu_warmup;
+    int dpu_warmup_set;
+    long opt_threads;
+    int clip_stale;
+} method_flags;
+
+static void method_flags_init(method_flags *f)
+{
+    memset(f, 0, sizeof *f);
+    f->schedule = -1;
+}
+
+/* One of METHOD_OPTIONS: 1 when `c` is one. */
+static int parse_method_flag(int c, const char *arg, method_flags *f, zo_status *st)
+{
+    switch (c) {
+    case OPT_LORA: *st = field_int(arg, "--lora", "training.lora.r", &f->lora_r); return 1;
+    case OPT_LORA_TARGETS: f->targets = arg; return 1;
+    case OPT_LORA_ALPHA:
+        *st = field_double(arg, "--lora-alpha", "training.lora.alpha", &f->alpha);
+        f->alpha_set = 1;
+        return 1;
+    case OPT_QLORA: f->qlora = 1; return 1;
+    case OPT_SCHEDULE:
+        f->schedule = -1;
+        for (int i = 0; i < PLAN_SCHEDULES; i++)
+            if (!strcasecmp(arg, plan_schedule_name((plan_schedule)i))) f->schedule = i;
+        if (f->schedule < 0)
+            *st = zo_error(ZO_ERR_INVALID, "--schedule: '%s' is not serial, overlap or dpu", arg);
+        return 1;
+    case OPT_DPU_WARMUP:
+        *st = field_int(arg, "--dpu-warmup", "training.dpu_warmup", &f->dpu_warmup);
+        f->dpu_warmup_set = 1;
+        return 1;
+    case OPT_OPT_THREADS:
+        *st = field_int(arg, "--opt-threads", "training.opt_threads", &f->opt_threads);
+        return 1;
+    case OPT_CLIP_STALE: f->clip_stale = 1; return 1;
+    default: return 0;
+    }
+}
+
+/* The method and schedule flags applied to `t` (the schedule only when
+ * given: `plan` searches it otherwise). */
+static zo_status apply_method_flags(const method_flags *f, plan_train *t)
+{
+    zo_status st;
+    if (!f->lora_r && (f->qlora || f->targets || f->alpha_set))
+        return zo_error(ZO_ERR_INVALID, "%s needs --lora R (the adapters' rank)",
+                        f->qlora ? "--qlora" : f->targets ? "--lora-targets" : "--lora-alpha");
+    if (f->lora_r) {
+        t->method = f->qlora ? PLAN_METHOD_QLORA : PLAN_METHOD_LORA;
+        t->lora.r = (int)f->lora_r;
+        t->lora.alpha = f->alpha_set ? (float)f->alpha : PLAN_LORA_DEFAULT_ALPHA;
+        t->lora.targets = PLAN_LORA_DEFAULT_TARGETS;
+        if (f->targets && (st = zo_lora_targets_parse(f->targets, &t->lora.targets)) != ZO_OK)
+            return zo_error_wrap(st, "--lora-targets");
+    }
+    if (f->schedule >= 0) t->schedule = (plan_schedule)f->schedule;
+    if (f->dpu_warmup_set) t->dpu_warmup = (int)f->dpu_warmup;
+    t->opt_threads = (int)f->opt_threads;
+    t->clip_stale = f->clip_stale;
+    return ZO_OK;
+}
+
 static int is_node_preset(const char *name)
 {
     size_t n;
@@ -489,13 +577,15 @@ static int cmd_estimate(int argc, char **argv)
     unsigned char seen[OPT_HELP + 1] = {0};
     double opt_frac[PLAN_TIERS] = {1, 0, 0};
     plan_tier params_on = PLAN_GPU, grads_on = PLAN_GPU, ck_on = PLAN_GPU;
+    method_flags mf;
+    method_flags_init(&mf);
     zo_status st = ZO_OK;
     int c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":", estimate_opts, NULL)) != -1) {
         if (c >= OPT_MODEL && c <= OPT_HELP) seen[c] = 1;
-        if (parse_hw_flag(c, optarg, &hf, &st)) {
+        if (parse_hw_flag(c, optarg, &hf, &st) || parse_method_flag(c, optarg, &mf, &st)) {
             if (st) return fail();
             continue;
         }
@@ -667,6 +757,7 @@ static int cmd_estimate(int argc, char **argv)
     t.capacity_factor = f.capacity_factor;
     if (seen[OPT_NO_DP_OVERLAP]) t.dp_overlap = 0;
     if (seen[OPT_FUSED_ACCUM]) t.fused_grad_accum = 1;
+    if ((st = apply_method_flags(&mf, &t)) != ZO_OK) return fail();
 
     if (global_batch) {
         long per = (long)t.micro_batch * t.dp;
@@ -783,6 +874,7 @@ enum {
 
 static const struct option plan_opts[] = {
     MODEL_HW_OPTIONS,
+    METHOD_OPTIONS,
     {"cuda-context", required_argument, 0, OPT_CUDA_CONTEXT},
     {"cublas-workspace", required_argument, 0, OPT_CUBLAS_WS},
     {"fragmentation", required_argument, 0, OPT_FRAG},
@@ -833,6 +925,7 @@ typedef struct plan_args {
     /* working buffers: the values, and which flags set them */
     plan_buffers buf;
     int cuda_context_set, cublas_set, frag_set, sub_group_set;
+    method_flags mf;
 } plan_args;
 
 static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usage, int max_model)
@@ -843,11 +936,12 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
     a->dropout = -1;
     a->recompute = -1;
     a->top = 5;
+    method_flags_init(&a->mf);
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":", plan_opts, NULL)) != -1) {
         long v;
-        if (parse_hw_flag(c, optarg, &a->hwf, &st)) {
+        if (parse_hw_flag(c, optarg, &a->hwf, &st) || parse_method_flag(c, optarg, &a->mf, &st)) {
             if (st) return fail();
             continue;
         }
@@ -965,8 +1059,8 @@ static zo_status args_hw(const plan_args *a, plan_hw *hw, plan_hw_basis *b)
     return ZO_OK;
 }
 
-static void args_space(const plan_args *a, const zo_model_config *m, const plan_hw *hw,
-                       plan_space *s)
+static zo_status args_space(const plan_args *a, const zo_model_config *m, const plan_hw *hw,
+                            plan_space *s)
 {
     plan_space_defaults(s, m, hw);
     if (a->max_gpus) s->max_gpus = (int)a->max_gpus;
@@ -996,6 +1090,8 @@ static void args_space(const plan_args *a, const zo_model_config *m, const plan_
     if (a->cublas_set) s->base.buf.cublas_workspace = a->buf.cublas_workspace;
     if (a->frag_set) s->base.buf.fragmentation = a->buf.fragmentation;
     if (a->sub_group_set) s->base.buf.sub_group = a->buf.sub_group;
+    s->schedule = a->mf.schedule; /* searched unless given */
+    return apply_method_flags(&a->mf, &s->base);
 }
 
 static void print_plan_line(const plan_candidate *c, const char *lead)
@@ -1009,9 +1105,11 @@ static void print_plan_line(const plan_candidate *c, const char *lead)
            lead, c->gpus, c->gpus == 1 ? "" : "s", t->dp, ep, t->tp, t->sp ? " (+SP)" : "", t->pp,
            t->vpp > 1 ? " (interleaved)" : "", t->zero, t->micro_batch, t->grad_accum,
            plan_recompute_name(t->recompute));
-    printf("%sweights on %s, gradients on %s, optimizer on %s, checkpoints on %s, prefetch %d\n",
-           lead, plan_tier_name(t->params_on), plan_tier_name(t->grads_on), fr,
-           plan_tier_name(t->checkpoints_on), t->buf.prefetch_depth);
+    printf("%s%s on %s, gradients on %s, optimizer on %s, checkpoints on %s, prefetch %d, "
+           "optimizer schedule %s\n",
+           lead, t->method == PLAN_METHOD_FULL ? "weights" : "frozen base",
+           plan_tier_name(t->params_on), plan_tier_name(t->grads_on), fr,
+           plan_tier_name(t->checkpoints_on), t->buf.prefetch_depth, plan_schedule_name(t->schedule));
     printf("%sper rank: GPU %.1f GiB, CPU %.1f GiB, NVMe %.1f GiB\n", lead,
            (double)c->total[PLAN_GPU] / (1 << 30), (double)c->total[PLAN_CPU] / (1 << 30),
            (double)c->total[PLAN_NVME] / (1 << 30));
@@ -1037,7 +1135,7 @@ static int cmd_plan(int argc, char **argv)
     plan_result r;
     if ((st = build_model(a.model, a.params_n, &a.sf, a.seq, &m)) != ZO_OK) return fail();
     if ((st = args_hw(&a, &hw, &basis)) != ZO_OK) return fail();
-    args_space(&a, &m, &hw, &s);
+    if ((st = args_space(&a, &m, &hw, &s)) != ZO_OK) return fail();
     double t0 = now_s();
     if ((st = plan_search(&m, &hw, &s, (int)a.top, &r)) != ZO_OK) return fail();
     double dt = now_s() - t0;
@@ -1215,7 +1313,7 @@ static int cmd_max_model(int argc, char **argv)
         }
     }
     plan_space base;
-    args_space(&a, &ref, &hw, &base);
+    if ((st = args_space(&a, &ref, &hw, &base)) != ZO_OK) return fail();
     base.base.seq = a.seq ? (int)a.seq : 0;
     plan_report_basis(stdout, &hw, &basis);
     printf("\nlargest %s model on %d x %s (%.2f GiB CPU memory, %.2f TB NVMe per node), seq %d%s; "

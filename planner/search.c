@@ -22,6 +22,7 @@ void plan_space_defaults(plan_space *s, const zo_model_config *m, const plan_hw 
     s->recompute = -1;
     s->params_on = -1;
     s->opt_on = -1;
+    s->schedule = -1;
     s->objective = PLAN_OBJ_TIME;
     plan_train_defaults(&s->base, m);
     plan_train_fit_hw(&s->base, hw);
@@ -38,7 +39,8 @@ static int same_shape(const plan_candidate *a, const plan_train *t, int gpus)
            u->micro_batch == t->micro_batch && u->recompute == t->recompute &&
            u->params_on == t->params_on && u->grads_on == t->grads_on &&
            u->checkpoints_on == t->checkpoints_on && u->opt_frac[0] == t->opt_frac[0] &&
-           u->opt_frac[1] == t->opt_frac[1] && u->opt_frac[2] == t->opt_frac[2];
+           u->opt_frac[1] == t->opt_frac[1] && u->opt_frac[2] == t->opt_frac[2] &&
+           u->schedule == t->schedule;
 }
 
 typedef struct ranked {
@@ -117,11 +119,12 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
             if (s->params_on >= 0 && pl != s->params_on) continue;
             t->params_on = (plan_tier)pl;
             /* optimizer: on the GPU (k = -1), or k/steps of it on NVMe, the
-             * rest on the CPU; streamed weights need the CPU optimizer */
+             * rest on the CPU; streamed weights need the CPU optimizer
+             * (LoRA's need not: the base streams, the adapters stay) */
             int kmax = !s->allow_offload ? -1 : s->allow_nvme ? steps : 0;
             for (int k = -1; k <= kmax; k++) {
                 if (k >= 0 && !s->allow_offload) break;
-                if (k < 0 && pl != PLAN_GPU) continue;
+                if (k < 0 && pl != PLAN_GPU && t->method == PLAN_METHOD_FULL) continue;
                 if (s->opt_on == PLAN_GPU && k >= 0) continue;
                 if (s->opt_on == PLAN_CPU && k != 0) continue;
                 if (s->opt_on == PLAN_NVME && k != steps) continue;
@@ -148,9 +151,20 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
                         plan_estimate_unchecked(w->m, &w->hw, t, &e);
                         if (!e.fits) continue;
                         w->r->feasible++;
+                        t->schedule = PLAN_SCHED_SERIAL;
                         plan_time_step(w->m, &w->hw, t, &e, mb, &pt);
-                        double sc = score_of(s, &pt, &e, w->hw.gpus);
-                        if (sc < worst(&w->rk)) rank_insert(&w->rk, t, w->hw.gpus, sc, &pt, &e);
+                        /* the optimizer schedule: one more dimension, when
+                         * the CPU updates something */
+                        for (int sch = PLAN_SCHED_SERIAL; sch < PLAN_SCHEDULES; sch++) {
+                            if (s->schedule >= 0 && sch != s->schedule) continue;
+                            if (sch != PLAN_SCHED_SERIAL && pt.sched.cpu_n <= 0 &&
+                                s->schedule < 0)
+                                break;
+                            t->schedule = (plan_schedule)sch;
+                            if (sch != PLAN_SCHED_SERIAL) plan_time_schedule(&pt, t->schedule);
+                            double sc = score_of(s, &pt, &e, w->hw.gpus);
+                            if (sc < worst(&w->rk)) rank_insert(&w->rk, t, w->hw.gpus, sc, &pt, &e);
+                        }
                     }
                 }
             }
@@ -324,6 +338,8 @@ void plan_describe_diff(const plan_candidate *best, const plan_candidate *c, cha
     }
     DIFF(y->checkpoints_on != x->checkpoints_on, "checkpoints on %s instead of %s",
          tier_words(y->checkpoints_on), tier_words(x->checkpoints_on));
+    DIFF(y->schedule != x->schedule, "optimizer schedule %s instead of %s",
+         plan_schedule_name(y->schedule), plan_schedule_name(x->schedule));
     int streamed = y->params_on != PLAN_GPU || y->zero >= 3 || x->params_on != PLAN_GPU || x->zero >= 3;
     DIFF(streamed && y->buf.prefetch_depth != x->buf.prefetch_depth, "prefetch %d instead of %d",
          y->buf.prefetch_depth, x->buf.prefetch_depth);
@@ -358,6 +374,35 @@ static void because(sbuf *b, const char *what, const plan_estimate *e, int fits,
         put(b, "%s because it is faster (%.3f s per step against %.3f s)\n", what, best_step,
             step);
     }
+}
+
+/* The optimizer schedule against the others on the same configuration. */
+static void explain_schedule(sbuf *b, const plan_candidate *c)
+{
+    if (c->time.sched.cpu_n <= 0) return;
+    double step[PLAN_SCHEDULES];
+    for (int s = 0; s < PLAN_SCHEDULES; s++) {
+        plan_time x = c->time;
+        plan_time_schedule(&x, (plan_schedule)s);
+        step[s] = x.step;
+    }
+    const plan_time *pt = &c->time;
+    put(b, "optimizer schedule %s: %.3f s per step against %.3f s serial", plan_schedule_name(pt->schedule),
+        pt->step, step[PLAN_SCHED_SERIAL]);
+    if (pt->schedule != PLAN_SCHED_OVERLAP)
+        put(b, ", %.3f s overlapped (%s clipping)", step[PLAN_SCHED_OVERLAP],
+            c->t.clip_stale ? "stale" : "exact");
+    if (pt->schedule != PLAN_SCHED_DPU) put(b, ", %.3f s with the delayed update", step[PLAN_SCHED_DPU]);
+    put(b, "; %.3f s of the CPU optimizer's %.3f s run beside the GPU's work", pt->opt_hidden,
+        pt->opt_s);
+    if (pt->schedule == PLAN_SCHED_DPU)
+        put(b, "; after %d serial steps each step computes with the weights before the previous "
+               "step's update (--schedule overlap keeps the serial results bit for bit)",
+            c->t.dpu_warmup);
+    else if (pt->schedule == PLAN_SCHED_OVERLAP && !c->t.clip_stale)
+        put(b, "; exact clipping: the updates wait for the whole backward's norm (--clip-stale "
+               "lets them start as each block's gradients are complete)");
+    put(b, "\n");
 }
 
 void plan_explain(const zo_model_config *m, const plan_hw *hw, const plan_candidate *c, char *buf,
@@ -424,6 +469,7 @@ void plan_explain(const zo_model_config *m, const plan_hw *hw, const plan_candid
         snprintf(what, sizeof what, "ZeRO-%d rather than ZeRO-%d", t->zero, t->zero - 1);
         because(&b, what, &e, fits, step, c->time.step, PLAN_GPU);
     }
+    explain_schedule(&b, c);
     if (!b.used) put(&b, "everything on the GPU: it fits there\n");
 }
 
