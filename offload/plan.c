@@ -31,6 +31,10 @@ zo_status offload_plan_load(const char *path, offload_plan *plan)
     if (f->training.optimizer != ZO_PLAN_ADAMW)
         return zo_error(ZO_ERR_FORMAT, "%s: field \"training.optimizer\" is %s: the runtime runs "
                         "adamw only", path, zo_plan_optimizer_name(f->training.optimizer));
+    if (f->training.method != ZO_PLAN_FULL)
+        return zo_error(ZO_ERR_FORMAT, "%s: field \"training.method\" is %s: the runtime does not "
+                        "train adapters from a plan yet (full only)", path,
+                        zo_plan_method_name(f->training.method));
 
     offload_config *c = &plan->cfg;
     c->params_on = (offload_tier)f->placement.params;

@@ -1214,6 +1214,12 @@ static void preset_config(const zo_model_config *m, const plan_train *ct, plan_t
     x->checkpoints_on = ct->checkpoints_on;
     memcpy(x->opt_frac, ct->opt_frac, sizeof x->opt_frac);
     x->buf.prefetch_depth = ct->buf.prefetch_depth;
+    x->method = ct->method;
+    x->lora = ct->lora;
+    x->schedule = ct->schedule;
+    x->dpu_warmup = ct->dpu_warmup;
+    x->opt_threads = ct->opt_threads;
+    x->clip_stale = ct->clip_stale;
 }
 
 /* The largest preset of the shape's architecture, at most `n` parameters,
@@ -1406,10 +1412,10 @@ static int cmd_calibrate(int argc, char **argv)
         st = write_json(out, doc);
         cJSON_Delete(doc);
         if (st) return fail();
-        fprintf(stderr, "memplan: profile written to %s: CPU AdamW %.3g params/s, memory %.3g GB/s, "
-                        "%.1f GiB RAM, %d cores (%s)\n",
-                out, hw.cpu_adam_rate, hw.cpu_mem_bw / 1e9, (double)hw.cpu_mem / (1 << 30),
-                hw.cpu_cores, hw.note);
+        fprintf(stderr, "memplan: profile written to %s: CPU AdamW %.3g params/s (%.3g on one "
+                        "thread), memory %.3g GB/s, %.1f GiB RAM, %d cores (%s)\n",
+                out, hw.cpu_adam_rate, hw.cpu_adam_thread_rate, hw.cpu_mem_bw / 1e9,
+                (double)hw.cpu_mem / (1 << 30), hw.cpu_cores, hw.note);
         return 0;
     }
     char *text = doc ? cJSON_Print(doc) : NULL;

@@ -24,33 +24,35 @@ const char *plan_bound_name(plan_bound b)
  * - exact clipping: every update waits for the global norm, i.e. for the
  *   whole backward; the CPU updates blocks in forward order and the next
  *   forward of block i waits for block i's update. The first forward then
- *   ends at max over i of (U_i + F_i): U_i the updates of blocks 0..i (and
- *   the pipeline's fill), F_i the forward of blocks i..n-1. What that adds
- *   to the step, beyond the GPU's own optimizer share, is returned.
+ *   ends at max over i of (fill + U_i + F_i): U_i the updates of blocks
+ *   0..i, F_i the forward of blocks i..n-1. What that adds to the step,
+ *   beyond the GPU's own optimizer share, is returned.
  * - stale clipping (or none): block i's update starts when its gradients
  *   are complete, in the last micro-batch's backward, B_i before its end (the
- *   backward of blocks 0..i-1 still to run); blocks in backward order, and
- *   the next forward waits for block 0's, the last. The chain ends at max
- *   over i of (U_i - B_i). */
-static double overlap_added(const plan_sched_in *in, double u[3], double fill, int stale)
+ *   backward of blocks 0..i-1 still to run); blocks in backward order (the
+ *   pipeline filled before the first, the last block), and the next forward
+ *   waits for block 0's, the last. The chain ends at the largest of
+ *   U_i - B_i, and fill + U_n-1 - B_n-1. */
+static double overlap_added(const plan_sched_in *in, const double u[3], double fill, int stale)
 {
     double fsum = 0;
     for (int k = 0; k < 3; k++) fsum += in->seg_n[k] * in->seg_fwd[k];
-    double ucum = fill, fpre = 0, bpre = 0, worst = -INFINITY;
+    double ucum = stale ? 0 : fill, fpre = 0, bpre = 0, worst = -INFINITY, last = -INFINITY;
     for (int k = 0; k < 3; k++) {
         int n = in->seg_n[k];
         if (!n) continue;
         double f = in->seg_fwd[k], b = in->seg_bwd[k];
         /* the kind's first block, then its last */
         double first = stale ? ucum + u[k] - bpre : ucum + u[k] + fsum - fpre;
-        double last = stale ? ucum + n * u[k] - bpre - (n - 1) * b
-                            : ucum + n * u[k] + fsum - fpre - (n - 1) * f;
+        last = stale ? ucum + n * u[k] - bpre - (n - 1) * b
+                     : ucum + n * u[k] + fsum - fpre - (n - 1) * f;
         worst = dmax(worst, dmax(first, last));
         ucum += n * u[k];
         fpre += n * f;
         bpre += n * b;
     }
     if (worst == -INFINITY) return 0;
+    if (stale) worst = dmax(worst, last + fill);
     double after = stale ? worst : worst - fsum; /* the chain beyond what it overlaps */
     return dmax(after - in->opt_gpu, 0);
 }
@@ -62,7 +64,8 @@ void plan_time_schedule(plan_time *o, plan_schedule s)
     /* serial: CPU AdamW and the NVMe share pipelined (the slower of the two
      * and one sub-group to fill it), then the new weights uploaded */
     double a = n > 0 ? n / in->rate_serial : 0, nv = in->n_elem * n;
-    double w_elem = n > 0 ? in->w_bytes / in->pcie : 0, up = n > 0 ? n * in->w_bytes / in->pcie : 0;
+    int upload = n > 0 && in->w_bytes > 0;
+    double w_elem = upload ? in->w_bytes / in->pcie : 0, up = upload ? n * in->w_bytes / in->pcie : 0;
     double cpu_s = a, nvme_s = n > 0 ? dmax(a, nv) + in->fill * dmin(a, nv) - a : 0, up_s = up;
     double serial_opt = cpu_s + nvme_s + up_s;
     double base = in->gpu + in->opt_gpu;
