@@ -400,7 +400,8 @@ double plan_hw_cpu_adam_rate(const plan_hw *hw)
 double plan_hw_cpu_adam_rate_threads(const plan_hw *hw, double threads)
 {
     double roof = plan_hw_cpu_adam_rate(hw);
-    if (threads <= 0 || hw->cpu_cores <= 0) return roof;
+    /* every core: the node's rate itself (measured on all of them) */
+    if (threads <= 0 || hw->cpu_cores <= 0 || threads >= hw->cpu_cores) return roof;
     double one = hw->cpu_adam_thread_rate > 0 ? hw->cpu_adam_thread_rate
                  : hw->cpu_adam_rate > 0      ? hw->cpu_adam_rate / hw->cpu_cores
                                               : ADAM_THREAD_RATE;

@@ -92,8 +92,8 @@ double plan_hw_cpu_adam_rate(const plan_hw *hw);
 /* AdamW parameters/s of `threads` threads of one node: threads x the rate
  * of one thread (cpu_adam_thread_rate; when 0, cpu_adam_rate / cpu_cores
  * if cpu_adam_rate is given, else 5e8), at most plan_hw_cpu_adam_rate (the
- * memory-bandwidth roof, or the rate measured on every core). threads <= 0
- * or no cores known: plan_hw_cpu_adam_rate. */
+ * memory-bandwidth roof, or the rate measured on every core). threads <= 0,
+ * threads >= cpu_cores or no cores known: plan_hw_cpu_adam_rate. */
 double plan_hw_cpu_adam_rate_threads(const plan_hw *hw, double threads);
 
 /* The CPU backend as a machine, to set the planner's prediction beside the

@@ -103,6 +103,10 @@ static double score_of(const plan_space *s, const plan_time *pt, const plan_esti
     }
 }
 
+/* A searched optimizer schedule other than serial must save this fraction
+ * of the serial step. */
+#define SCHED_MIN_GAIN 0.02
+
 /* The placements and ZeRO stages of one parallel layout. */
 static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
 {
@@ -162,6 +166,11 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
                                 break;
                             t->schedule = (plan_schedule)sch;
                             if (sch != PLAN_SCHED_SERIAL) plan_time_schedule(&pt, t->schedule);
+                            /* results that differ from the serial step's (stale
+                             * clipping, delayed updates) only for a real gain */
+                            if (sch != PLAN_SCHED_SERIAL && s->schedule < 0 &&
+                                pt.step > (1 - SCHED_MIN_GAIN) * pt.serial_step)
+                                continue;
                             double sc = score_of(s, &pt, &e, w->hw.gpus);
                             if (sc < worst(&w->rk)) rank_insert(&w->rk, t, w->hw.gpus, sc, &pt, &e);
                         }
