@@ -91,21 +91,24 @@ typedef struct walk {
     plan_result *r;
 } walk;
 
+/* A searched optimizer schedule other than serial counts this much slower
+ * in the ranking: it must beat every serial plan by that much (the simpler
+ * schedule otherwise; dpu changes what a step computes with). */
+#define SCHED_MIN_GAIN 0.02
+
 static double score_of(const plan_space *s, const plan_time *pt, const plan_estimate *e,
                        int gpus)
 {
+    double step = pt->step;
+    if (s->schedule < 0 && pt->schedule != PLAN_SCHED_SERIAL) step *= 1 + SCHED_MIN_GAIN;
     switch (s->objective) {
     case PLAN_OBJ_MEMORY:
         /* GPU bytes first, step time breaks ties (a second is worth 1 byte) */
-        return (double)e->total[PLAN_GPU] + pt->step;
-    case PLAN_OBJ_COST: return gpus / pt->tokens_per_s; /* GPU-seconds per token */
-    default: return pt->step;
+        return (double)e->total[PLAN_GPU] + step;
+    case PLAN_OBJ_COST: return gpus * step / pt->sched.tokens; /* GPU-seconds per token */
+    default: return step;
     }
 }
-
-/* A searched optimizer schedule other than serial must save this fraction
- * of the serial step. */
-#define SCHED_MIN_GAIN 0.02
 
 /* The placements and ZeRO stages of one parallel layout. */
 static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
@@ -166,11 +169,6 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
                                 break;
                             t->schedule = (plan_schedule)sch;
                             if (sch != PLAN_SCHED_SERIAL) plan_time_schedule(&pt, t->schedule);
-                            /* results that differ from the serial step's (stale
-                             * clipping, delayed updates) only for a real gain */
-                            if (sch != PLAN_SCHED_SERIAL && s->schedule < 0 &&
-                                pt.step > (1 - SCHED_MIN_GAIN) * pt.serial_step)
-                                continue;
                             double sc = score_of(s, &pt, &e, w->hw.gpus);
                             if (sc < worst(&w->rk)) rank_insert(&w->rk, t, w->hw.gpus, sc, &pt, &e);
                         }
