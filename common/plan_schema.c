@@ -190,6 +190,7 @@ static const field placement_fields[] = {
     NAME(L, params, tier_names, 0),
     NAME(L, grads, host_tier_names, 0),
     NAME(L, checkpoints, host_tier_names, 0),
+    NAME(L, adapters, tier_names, 0),
 };
 #undef L
 
@@ -503,14 +504,20 @@ static void field_prefix(const section *s, char *buf, size_t len)
 }
 
 /* training.lora is there exactly for a LoRA or QLoRA plan, and its adapters
- * exist in the model (GPT-2 has no gate). */
-static zo_status check_method(const zo_plan_training *t, const zo_model_config *m)
+ * exist in the model (GPT-2 has no gate); only adapters have a placement of
+ * their own. */
+static zo_status check_method(const zo_plan_training *t, const zo_plan_placement *pl,
+                              const zo_model_config *m)
 {
     const char *name = zo_plan_method_name(t->method);
     if (t->method == ZO_PLAN_FULL) {
         if (t->has_lora)
             return zo_error(ZO_ERR_INVALID, "field \"training.lora\" is given but \"training.method\" "
                             "is full (adapters are trained with method lora or qlora)");
+        if (pl->adapters != ZO_PLAN_GPU)
+            return zo_error(ZO_ERR_INVALID, "field \"placement.adapters\" is %s but "
+                            "\"training.method\" is full: a plan without adapters says gpu",
+                            zo_plan_tier_name(pl->adapters));
         return ZO_OK;
     }
     if (!t->has_lora)
@@ -538,7 +545,7 @@ static zo_status check_whole(zo_plan *p, uint64_t params_read)
     if (fabs(sum - 1.0) > 1e-6)
         return zo_error(ZO_ERR_INVALID, "field \"placement.optimizer\": the fractions sum to %g, "
                         "not 1", sum);
-    return check_method(&p->training, &p->model);
+    return check_method(&p->training, &p->placement, &p->model);
 }
 
 zo_status zo_plan_check(const zo_plan *p, const char *what)

@@ -125,6 +125,8 @@ typedef struct zo_plan_placement {
     zo_plan_tier params;          /* gpu, cpu or nvme */
     zo_plan_tier grads;           /* gpu or cpu */
     zo_plan_tier checkpoints;     /* gpu or cpu */
+    zo_plan_tier adapters;        /* LoRA/QLoRA: where the adapters live (gpu, cpu, nvme);
+                                     full: gpu */
     double optimizer[ZO_PLAN_TIERS]; /* fractions of the optimizer state, summing to 1 */
 } zo_plan_placement;
 

@@ -473,16 +473,17 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
         }
     }
 
-    /* streamed weights (params on CPU or NVMe): this rank's share crosses PCIe
-     * in the forward and again in the backward of every micro-batch; NVMe
-     * reads share the node's drives. Hidden behind compute; the largest block
-     * (embedding or head) shows when it takes longer than `prefetch` layers. */
+    /* streamed weights (params on CPU or NVMe; LoRA: the base and the
+     * adapters off the GPU): this rank's share crosses PCIe in the forward
+     * and again in the backward of every micro-batch; NVMe reads share the
+     * node's drives. Hidden behind compute; the largest block (embedding or
+     * head) shows when it takes longer than `prefetch` layers. */
     double pcie = hw->pcie_bw;
     double rank_w = (double)e->stream_bytes;
     double stream = 0, nvme_stream = 0;
-    if (t->params_on != PLAN_GPU) {
+    if (e->stream_bytes > 0) {
         stream = 2 * n_mb * rank_w / pcie;
-        if (t->params_on == PLAN_NVME) nvme_stream = 2 * n_mb * rank_w * rpn / hw->nvme_read_bw;
+        nvme_stream = 2 * n_mb * (double)e->stream_nvme_bytes * rpn / hw->nvme_read_bw;
         double big = (double)e->largest_bytes / pcie / (t->zero >= 3 ? t->dp : 1);
         double ahead = t->buf.prefetch_depth * mb->layer_compute / 3; /* a layer's fwd ~ 1/3 */
         o->h2d_total = stream;
@@ -540,15 +541,17 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
         in->rate_over = sgd * plan_hw_cpu_adam_rate_threads(hw, in->threads_over * rpn) / rpn;
         double nv = fn / (1 - fg) * per * rpn;
         in->n_elem = nv / hw->nvme_read_bw + nv / hw->nvme_write_bw;
-        if (t->params_on == PLAN_NVME && !peft) in->n_elem += wsz * rpn / hw->nvme_write_bw;
-        in->w_bytes = t->params_on == PLAN_GPU || peft ? wsz : 0;
+        /* (the weights a step writes: the model's, or LoRA's adapters) */
+        plan_tier w_on = peft ? t->adapters_on : t->params_on;
+        if (w_on == PLAN_NVME) in->n_elem += wsz * rpn / hw->nvme_write_bw;
+        in->w_bytes = w_on == PLAN_GPU ? wsz : 0;
         in->pcie = pcie;
         /* pipelined: one sub-group fills it */
         in->fill = (double)t->buf.sub_group < o_elems ? (double)t->buf.sub_group / o_elems : 1;
         in->cpu_n = cpu_n;
         o->nvme_total = in->n_elem * cpu_n + nvme_stream;
     }
-    if (t->params_on == PLAN_NVME && nvme_stream > 0 && o->nvme_total == 0) o->nvme_total = nvme_stream;
+    if (nvme_stream > 0 && o->nvme_total == 0) o->nvme_total = nvme_stream;
 
     /* what the schedule works with (planner/schedule.c): the GPU's work, its
      * exposed copies, the links' traffic, and the blocks of a micro-batch:

@@ -67,6 +67,7 @@ void plan_train_defaults(plan_train *t, const zo_model_config *m)
     t->flash_attn = 1;
     t->dropout = default_dropout(m);
     t->method = PLAN_METHOD_FULL;
+    t->adapters_on = PLAN_GPU;
     t->schedule = PLAN_SCHED_SERIAL;
     t->dpu_warmup = 10;
     t->params_on = t->grads_on = t->checkpoints_on = PLAN_GPU;
@@ -249,7 +250,15 @@ int plan_train_warnings(const plan_train *t, const plan_hw *hw, char *buf, size_
  * layer; not latent attention or experts). */
 static zo_status plan_peft_validate(const plan_train *t, const zo_model_config *m)
 {
-    if (t->method == PLAN_METHOD_FULL) return ZO_OK;
+    if (t->adapters_on < PLAN_GPU || t->adapters_on >= PLAN_TIERS)
+        return zo_error(ZO_ERR_INVALID, "--adapters-on: tier %d is not gpu, cpu or nvme",
+                        (int)t->adapters_on);
+    if (t->method == PLAN_METHOD_FULL)
+        return t->adapters_on == PLAN_GPU
+                   ? ZO_OK
+                   : zo_error(ZO_ERR_INVALID, "--adapters-on %s needs --lora R: only adapters have "
+                                              "a placement of their own",
+                              plan_tier_name(t->adapters_on));
     if (t->method != PLAN_METHOD_LORA && t->method != PLAN_METHOD_QLORA)
         return zo_error(ZO_ERR_INVALID, "training method %d is not full, lora or qlora", (int)t->method);
     const char *flag = t->method == PLAN_METHOD_QLORA ? "--qlora" : "--lora";
@@ -536,26 +545,36 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
 
     /* ---- parameters ---- */
     uint64_t p_elems = t->zero >= 3 ? sharded : tr;
-    uint64_t slot = peft ? pf.largest_frozen : sh.largest * wsz;
+    uint64_t slot = sh.largest * wsz, fslot = 0, aslot = 0;
     if (!peft) {
         e->rank_params = p_elems;
         add(e, "fp16/bf16 weights", t->params_on, PLAN_PARAMS, p_elems * wsz);
         e->weight_bytes = sh.params * wsz;
-        e->stream_bytes = p_elems * wsz;
+        e->stream_bytes = t->params_on != PLAN_GPU ? p_elems * wsz : 0;
+        e->stream_nvme_bytes = t->params_on == PLAN_NVME ? p_elems * wsz : 0;
         e->train_first = sh.first ? sh.emb : 0;
         e->train_last = sh.last ? sh.head : 0;
         e->train_layer = sh.layers ? (sh.params - sh.emb - sh.head) / (uint64_t)sh.layers : 0;
         e->trainable = e->params;
     } else {
+        /* two weight stores (the runtime's): the frozen base where --params
+         * says, the adapters where --adapters-on says; a device slot holds a
+         * block of each that streams (the base's rounded up to 256 bytes, the
+         * adapters' at least 256) */
         uint64_t frozen = t->zero >= 3 ? ceil_div(pf.frozen, dp) : pf.frozen;
         e->rank_params = (t->zero >= 3 ? ceil_div(sh.params, dp) : sh.params) + p_elems;
         add(e, t->method == PLAN_METHOD_QLORA ? "frozen base (NF4 layers; embeddings, head, norms 16-bit)"
                                               : "frozen base (16-bit)",
             t->params_on, PLAN_PARAMS, frozen);
-        /* the adapters live on the GPU whatever the base's placement */
-        add(e, "LoRA adapters (A, B)", PLAN_GPU, PLAN_PARAMS, p_elems * wsz);
+        add(e, "LoRA adapters (A, B)", t->adapters_on, PLAN_PARAMS, p_elems * wsz);
+        fslot = ceil_div(pf.largest_frozen, 256) * 256;
+        aslot = tr_largest * wsz > 256 ? tr_largest * wsz : 256;
+        slot = (t->params_on != PLAN_GPU ? fslot : 0) + (t->adapters_on != PLAN_GPU ? aslot : 0);
         e->weight_bytes = pf.frozen + tr * wsz;
-        e->stream_bytes = frozen;
+        e->stream_bytes = (t->params_on != PLAN_GPU ? frozen : 0) +
+                          (t->adapters_on != PLAN_GPU ? p_elems * wsz : 0);
+        e->stream_nvme_bytes = (t->params_on == PLAN_NVME ? frozen : 0) +
+                               (t->adapters_on == PLAN_NVME ? p_elems * wsz : 0);
         e->train_layer = pf.layer_trainable;
         e->trainable = zo_lora_trainable_params(m, t->lora.r, t->lora.targets);
         e->nf4_bytes = pf.nf4;
@@ -566,7 +585,7 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
     e->largest_bytes = slot;
     e->layers = sh.layers;
     if (m->params_override) e->train_first = tr; /* only the size: one block */
-    int streamed = t->params_on != PLAN_GPU || t->zero >= 3;
+    int streamed = t->params_on != PLAN_GPU || t->zero >= 3 || (peft && t->adapters_on != PLAN_GPU);
     /* the block computing holds a slot too: depth + 1 slots (the runtime's pool) */
     if (streamed)
         add(e, t->zero >= 3 && t->params_on == PLAN_GPU ? "ZeRO-3 gather slots ((prefetch + 1) x block)"
@@ -593,9 +612,9 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
     if (g_dev && t->grads_on == PLAN_GPU)
         add(e, "gradient staging (2 blocks)", PLAN_GPU, PLAN_BUFFERS, 2 * tr_largest * wsz);
     /* ... and writes the new weights of a block it updates into a staging
-     * block when they live off the GPU (LoRA's adapters never do) */
-    if (g_dev && t->params_on != PLAN_GPU && !peft)
-        add(e, "new-weights staging (1 block)", PLAN_GPU, PLAN_BUFFERS, slot);
+     * block when they live off the GPU (LoRA: the adapters') */
+    if (g_dev && (peft ? t->adapters_on : t->params_on) != PLAN_GPU)
+        add(e, "new-weights staging (1 block)", PLAN_GPU, PLAN_BUFFERS, peft ? aslot : slot);
 
     /* ---- optimizer state ---- */
     uint64_t o_elems = t->zero >= 1 ? sharded : tr;
@@ -623,9 +642,15 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
      * through host memory (the rest arrives by all-gather) */
     uint64_t host_slot = t->zero >= 3 ? ceil_div(slot, dp) : slot;
     uint64_t largest_part = t->zero >= 3 ? ceil_div(sh.largest, dp) : sh.largest;
-    if (t->params_on == PLAN_NVME)
-        add(e, "fp16/bf16 weights read-ahead", PLAN_CPU, PLAN_BUFFERS,
-            (uint64_t)(t->buf.prefetch_depth + 1) * host_slot);
+    uint64_t ring = (uint64_t)(t->buf.prefetch_depth + 1);
+    if (!peft && t->params_on == PLAN_NVME)
+        add(e, "fp16/bf16 weights read-ahead", PLAN_CPU, PLAN_BUFFERS, ring * host_slot);
+    /* LoRA: a store on NVMe reads ahead into a ring of its slots and
+     * assembles a block to write in one more (the frozen one's never used) */
+    uint64_t nvme_slots = peft ? (t->params_on == PLAN_NVME ? fslot : 0) +
+                                     (t->adapters_on == PLAN_NVME ? aslot : 0)
+                               : 0;
+    if (nvme_slots) add(e, "NVMe weights read-ahead", PLAN_CPU, PLAN_BUFFERS, ring * nvme_slots);
     /* the runtime's pinned staging, one buffer a role: gradients on their
      * way to the host's fp32 sum (two blocks, when some optimizer state is
      * off the GPU); new weights on their way into a GPU-resident store (two
@@ -633,15 +658,22 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
      * a GPU optimizer share for an exact clipping norm */
     /* (LoRA: the gradients and new weights are the adapters', which live on
      * the GPU; the frozen base is never written back) */
-    uint64_t pinned = 0;
+    uint64_t pinned = 0, sg = t->buf.sub_group;
     if (peft) largest_part = t->zero >= 3 ? ceil_div(tr_largest, dp) : tr_largest;
     if (t->opt_frac[PLAN_GPU] < 1.0 || t->grads_on != PLAN_GPU)
         pinned += 2 * (peft ? largest_part * wsz : host_slot);
-    if (t->params_on == PLAN_GPU || peft) {
-        uint64_t chunk = t->buf.sub_group && t->buf.sub_group < largest_part ? t->buf.sub_group : largest_part;
+    if (!peft && t->params_on == PLAN_GPU) {
+        uint64_t chunk = sg && sg < largest_part ? sg : largest_part;
         pinned += 2 * chunk * wsz;
-    } else if (t->params_on == PLAN_NVME) {
+    } else if (!peft && t->params_on == PLAN_NVME) {
         pinned += host_slot;
+    } else if (peft) {
+        /* a resident store takes its blocks through two chunks (the frozen
+         * one's in bytes); one on NVMe assembles a block in one slot */
+        uint64_t fl = pf.largest_frozen;
+        if (t->params_on == PLAN_GPU) pinned += 2 * (sg && sg < fl ? sg : fl);
+        if (t->adapters_on == PLAN_GPU) pinned += 2 * (sg && sg < largest_part ? sg : largest_part) * wsz;
+        pinned += nvme_slots;
     }
     if (g_dev) pinned += largest_part * 4;
     if (t->buf.pinned_staging) pinned = t->buf.pinned_staging;

@@ -96,6 +96,8 @@ typedef struct plan_train {
                                  (less one per rank beside the GPU's work), shared by its ranks */
     int clip_stale;           /* overlap: clipping takes the previous step's norm (or is off) */
     plan_tier params_on;      /* GPU, CPU or NVMe (LoRA: the frozen base) */
+    plan_tier adapters_on;    /* LoRA: where the adapters live (GPU, CPU or NVMe; streamed
+                                 like weights when not on the GPU); full: GPU */
     plan_tier grads_on;       /* GPU or CPU */
     plan_tier checkpoints_on; /* GPU or CPU: where stored activations live */
     double opt_frac[PLAN_TIERS]; /* optimizer state split, sums to 1 */
@@ -139,7 +141,8 @@ typedef struct plan_estimate {
     uint64_t weight_bytes;     /* this rank's weights before ZeRO-3 (LoRA: the frozen base in
                                   its format, and the adapters) */
     uint64_t stream_bytes;     /* of the weights, what streams from the host per pass (after
-                                  ZeRO-3; LoRA: the frozen base) */
+                                  ZeRO-3; LoRA: the base and the adapters off the GPU) */
+    uint64_t stream_nvme_bytes; /* of those, read from NVMe */
     uint64_t largest_bytes;    /* bytes of the largest streamed block */
     uint64_t trainable;        /* whole model: trainable parameters (LoRA: PEFT's count) */
     uint64_t nf4_bytes;        /* QLoRA: of weight_bytes, the NF4 tensors */

@@ -89,6 +89,8 @@ static const char usage_estimate[] =
     "                          do not depend on it)\n"
     "  --qlora                 with --lora: the base's linear weights in NF4 with double\n"
     "                          quantization (QLoRA); embeddings, head and norms stay 16-bit\n"
+    "  --adapters-on gpu|cpu|nvme  with --lora: where the adapters live (default gpu; else\n"
+    "                          streamed like weights); --params places the frozen base\n"
     "parallelism:\n"
     "  --dp N --tp N --pp N    data, tensor and pipeline parallel degrees (default 1)\n"
     "  --sp                    sequence parallelism (with --tp)\n"
@@ -142,7 +144,8 @@ enum {
     OPT_PP, OPT_SP, OPT_VPP, OPT_ZERO, OPT_RECOMPUTE, OPT_NO_FLASH, OPT_DROPOUT, OPT_NO_DROPOUT,
     OPT_GRADS, OPT_OPTIMIZER, OPT_CHECKPOINTS, OPT_CUDA_CONTEXT, OPT_CUBLAS_WS, OPT_COMM_BUCKET,
     OPT_COMM_BUCKETS, OPT_PREFETCH, OPT_PINNED, OPT_FRAG, OPT_SUB_GROUP, OPT_SWAP_BUFFERS,
-    OPT_EP, OPT_CAPACITY, OPT_LORA, OPT_LORA_TARGETS, OPT_LORA_ALPHA, OPT_QLORA, OPT_SCHEDULE,
+    OPT_EP, OPT_CAPACITY, OPT_LORA, OPT_LORA_TARGETS, OPT_LORA_ALPHA, OPT_QLORA, OPT_ADAPTERS_ON,
+    OPT_SCHEDULE,
     OPT_DPU_WARMUP, OPT_OPT_THREADS, OPT_CLIP_STALE,
     OPT_NO_DP_OVERLAP, OPT_FUSED_ACCUM, /* the last configuration flag */
     OPT_JSON, OPT_GLOBAL_BATCH, OPT_SVG, OPT_PLAN, OPT_PLAN_OUT, OPT_HELP,
@@ -177,6 +180,7 @@ enum {
     {"lora-targets", required_argument, 0, OPT_LORA_TARGETS},                   \
     {"lora-alpha", required_argument, 0, OPT_LORA_ALPHA},                       \
     {"qlora", no_argument, 0, OPT_QLORA},                                       \
+    {"adapters-on", required_argument, 0, OPT_ADAPTERS_ON},                     \
     {"schedule", required_argument, 0, OPT_SCHEDULE},                           \
     {"dpu-warmup", required_argument, 0, OPT_DPU_WARMUP},                       \
     {"opt-threads", required_argument, 0, OPT_OPT_THREADS},                     \
@@ -373,6 +377,7 @@ typedef struct method_flags {
     const char *targets;   /* --lora-targets */
     double alpha;          /* --lora-alpha */
     int alpha_set;
+    int adapters_on;       /* --adapters-on: a plan_tier; -1: not given */
     int schedule;          /* --schedule: a plan_schedule; -1: not given */
     long dpu_warmup;
     int dpu_warmup_set;
@@ -384,6 +389,7 @@ static void method_flags_init(method_flags *f)
 {
     memset(f, 0, sizeof *f);
     f->schedule = -1;
+    f->adapters_on = -1;
 }
 
 /* One of METHOD_OPTIONS: 1 when `c` is one. */
@@ -397,6 +403,12 @@ static int parse_method_flag(int c, const char *arg, method_flags *f, zo_status 
         f->alpha_set = 1;
         return 1;
     case OPT_QLORA: f->qlora = 1; return 1;
+    case OPT_ADAPTERS_ON: {
+        plan_tier tier = PLAN_GPU;
+        *st = parse_tier(arg, "--adapters-on", 1, &tier);
+        f->adapters_on = (int)tier;
+        return 1;
+    }
     case OPT_SCHEDULE:
         f->schedule = -1;
         for (int i = 0; i < PLAN_SCHEDULES; i++)
@@ -421,9 +433,10 @@ static int parse_method_flag(int c, const char *arg, method_flags *f, zo_status 
 static zo_status apply_method_flags(const method_flags *f, plan_train *t)
 {
     zo_status st;
-    if (!f->lora_r && (f->qlora || f->targets || f->alpha_set))
+    if (!f->lora_r && (f->qlora || f->targets || f->alpha_set || f->adapters_on >= 0))
         return zo_error(ZO_ERR_INVALID, "%s needs --lora R (the adapters' rank)",
-                        f->qlora ? "--qlora" : f->targets ? "--lora-targets" : "--lora-alpha");
+                        f->qlora ? "--qlora" : f->targets ? "--lora-targets"
+                                           : f->alpha_set ? "--lora-alpha" : "--adapters-on");
     if (f->lora_r) {
         t->method = f->qlora ? PLAN_METHOD_QLORA : PLAN_METHOD_LORA;
         t->lora.r = (int)f->lora_r;
@@ -431,6 +444,7 @@ static zo_status apply_method_flags(const method_flags *f, plan_train *t)
         t->lora.targets = PLAN_LORA_DEFAULT_TARGETS;
         if (f->targets && (st = zo_lora_targets_parse(f->targets, &t->lora.targets)) != ZO_OK)
             return zo_error_wrap(st, "--lora-targets");
+        if (f->adapters_on >= 0) t->adapters_on = (plan_tier)f->adapters_on;
     }
     if (f->schedule >= 0) t->schedule = (plan_schedule)f->schedule;
     if (f->dpu_warmup_set) t->dpu_warmup = (int)f->dpu_warmup;
@@ -849,7 +863,8 @@ static const char usage_plan[] =
     "  --global-batch N        sequences per step (default 8 x GPUs)\n"
     "  --dtype, --grad-dtype, --optim, --no-flash-attn, --dropout, --no-dropout   as for estimate\n"
     "  --lora R [--lora-targets LIST] [--lora-alpha A] [--qlora]   fine-tune adapters on a\n"
-    "                          frozen base (LoRA, QLoRA), as for estimate\n"
+    "                          frozen base (LoRA, QLoRA), as for estimate; where the base and\n"
+    "                          the adapters live is searched (--adapters-on fixes the adapters)\n"
     "  --schedule serial|overlap|dpu   fix the optimizer schedule (default: searched, each\n"
     "                          plan with the fastest); --clip-stale, --dpu-warmup N,\n"
     "                          --opt-threads N as for estimate\n"
@@ -1116,6 +1131,7 @@ static zo_status args_space(const plan_args *a, const zo_model_config *m, const 
     if (a->frag_set) s->base.buf.fragmentation = a->buf.fragmentation;
     if (a->sub_group_set) s->base.buf.sub_group = a->buf.sub_group;
     s->schedule = a->mf.schedule; /* searched unless given */
+    s->adapters_on = a->mf.adapters_on;
     return apply_method_flags(&a->mf, &s->base);
 }
 
@@ -1130,10 +1146,12 @@ static void print_plan_line(const plan_candidate *c, const char *lead)
            lead, c->gpus, c->gpus == 1 ? "" : "s", t->dp, ep, t->tp, t->sp ? " (+SP)" : "", t->pp,
            t->vpp > 1 ? " (interleaved)" : "", t->zero, t->micro_batch, t->grad_accum,
            plan_recompute_name(t->recompute));
-    printf("%s%s on %s, gradients on %s, optimizer on %s, checkpoints on %s, prefetch %d, "
+    char ad[32] = "";
+    if (t->method != PLAN_METHOD_FULL) snprintf(ad, sizeof ad, ", adapters on %s", plan_tier_name(t->adapters_on));
+    printf("%s%s on %s%s, gradients on %s, optimizer on %s, checkpoints on %s, prefetch %d, "
            "optimizer schedule %s\n",
            lead, t->method == PLAN_METHOD_FULL ? "weights" : "frozen base",
-           plan_tier_name(t->params_on), plan_tier_name(t->grads_on), fr,
+           plan_tier_name(t->params_on), ad, plan_tier_name(t->grads_on), fr,
            plan_tier_name(t->checkpoints_on), t->buf.prefetch_depth, plan_schedule_name(t->schedule));
     printf("%sper rank: GPU %.1f GiB, CPU %.1f GiB, NVMe %.1f GiB\n", lead,
            (double)c->total[PLAN_GPU] / (1 << 30), (double)c->total[PLAN_CPU] / (1 << 30),
@@ -1241,6 +1259,7 @@ static void preset_config(const zo_model_config *m, const plan_train *ct, plan_t
     x->buf.prefetch_depth = ct->buf.prefetch_depth;
     x->method = ct->method;
     x->lora = ct->lora;
+    x->adapters_on = ct->adapters_on;
     x->schedule = ct->schedule;
     x->dpu_warmup = ct->dpu_warmup;
     x->opt_threads = ct->opt_threads;

@@ -90,6 +90,7 @@ void plan_file_from(const zo_model_config *m, const plan_hw *hw, const plan_trai
     p->placement.params = (zo_plan_tier)t->params_on;
     p->placement.grads = (zo_plan_tier)t->grads_on;
     p->placement.checkpoints = (zo_plan_tier)t->checkpoints_on;
+    p->placement.adapters = (zo_plan_tier)t->adapters_on;
     memcpy(p->placement.optimizer, t->opt_frac, sizeof p->placement.optimizer);
     p->nvme.sub_group = t->buf.sub_group;
     p->nvme.swap_buffers = t->buf.swap_buffers;
@@ -162,6 +163,7 @@ zo_status plan_file_to(const zo_plan *p, const char *path, zo_model_config *m, p
     t->params_on = (plan_tier)p->placement.params;
     t->grads_on = (plan_tier)p->placement.grads;
     t->checkpoints_on = (plan_tier)p->placement.checkpoints;
+    t->adapters_on = (plan_tier)p->placement.adapters;
     memcpy(t->opt_frac, p->placement.optimizer, sizeof t->opt_frac);
     t->buf.sub_group = p->nvme.sub_group;
     t->buf.swap_buffers = p->nvme.swap_buffers;

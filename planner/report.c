@@ -37,6 +37,7 @@ void plan_json_add_placement(cJSON *parent, const plan_train *t)
     for (int i = 0; i < PLAN_TIERS; i++)
         cJSON_AddNumberToObject(jo, plan_tier_name((plan_tier)i), t->opt_frac[i]);
     cJSON_AddStringToObject(jp, "checkpoints", plan_tier_name(t->checkpoints_on));
+    cJSON_AddStringToObject(jp, "adapters", plan_tier_name(t->adapters_on));
 }
 
 static void add_u64(cJSON *o, const char *k, uint64_t v) { cJSON_AddNumberToObject(o, k, (double)v); }
@@ -385,6 +386,8 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
                     zo_format_bytes(e->nf4_bytes, nf, sizeof nf), zo_dtype_name(t->dtype));
         else
             fprintf(out, "    frozen base in %s\n", zo_dtype_name(t->dtype));
+        fprintf(out, "    the frozen base on %s, the adapters on %s\n", plan_tier_name(t->params_on),
+                plan_tier_name(t->adapters_on));
     }
     if (t->pp > 1)
         fprintf(out, "  per rank of pipeline stage %d (the one that needs the most GPU memory)\n",

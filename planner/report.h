@@ -38,7 +38,7 @@ void plan_report_schedule(FILE *out, const plan_time *pt);
  * writer; the caller owns it. */
 cJSON *plan_json_model(const zo_model_config *m);
 
-/* "placement": {"params", "grads", "optimizer": {tier: fraction}, "checkpoints"}
+/* "placement": {"params", "grads", "optimizer": {tier: fraction}, "checkpoints", "adapters"}
  * in the estimate's JSON (the same keys as the plan file's). */
 void plan_json_add_placement(cJSON *parent, const plan_train *t);
 

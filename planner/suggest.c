@@ -68,6 +68,8 @@ void plan_train_flags(const plan_train *from, const plan_train *to, char *buf, s
         }
         if (to->method == PLAN_METHOD_QLORA && from->method != PLAN_METHOD_QLORA)
             append(buf, len, "%s%s%s", "--qlora", "");
+        if (to->adapters_on != from->adapters_on)
+            append(buf, len, "%s%s %s", "--adapters-on", plan_tier_name(to->adapters_on));
     }
     if (to->schedule != from->schedule)
         append(buf, len, "%s%s %s", "--schedule", plan_schedule_name(to->schedule));
@@ -248,6 +250,7 @@ static const struct {
 static int same_config(const plan_train *a, const plan_train *b)
 {
     return a->method == b->method && a->lora.r == b->lora.r && a->lora.targets == b->lora.targets &&
+           a->adapters_on == b->adapters_on &&
            a->recompute == b->recompute && a->params_on == b->params_on &&
            a->grads_on == b->grads_on && a->checkpoints_on == b->checkpoints_on &&
            !memcmp(a->opt_frac, b->opt_frac, sizeof a->opt_frac) && a->zero == b->zero &&

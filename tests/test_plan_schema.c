@@ -80,7 +80,8 @@ static void full_plan(zo_plan *p)
     p->parallel = (zo_plan_parallel){.dp = 2, .tp = 2, .pp = 2, .vpp = 2, .sp = 1, .ep = 2,
                                      .capacity_factor = 1.5, .zero = 1};
     p->placement = (zo_plan_placement){.params = ZO_PLAN_NVME, .grads = ZO_PLAN_CPU,
-                                       .checkpoints = ZO_PLAN_CPU, .optimizer = {0.25, 0.5, 0.25}};
+                                       .checkpoints = ZO_PLAN_CPU, .adapters = ZO_PLAN_CPU,
+                                       .optimizer = {0.25, 0.5, 0.25}};
     snprintf(p->nvme.dir, sizeof p->nvme.dir, "/mnt/nvme0");
     p->nvme.sub_group = 12345;
     p->nvme.swap_buffers = 4;
@@ -189,6 +190,7 @@ static void test_roundtrip(void **state)
     assert_true(q->training.optimizer_schedule == ZO_PLAN_SCHED_DPU && q->training.dpu_warmup == 5 &&
                 q->training.opt_threads == 3 && q->training.clip_stale == 1);
     assert_true(q->hardware.cpu_adam_thread_rate == 4e8);
+    assert_true(q->placement.adapters == ZO_PLAN_CPU);
     free(again);
     free(text);
 
@@ -339,6 +341,11 @@ static void test_method(void **state)
     assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
     assert_non_null(strstr(zo_last_error(), "\"training.lora\" is given but \"training.method\" is full"));
     cJSON *detached = cJSON_DetachItemFromObjectCaseSensitive(tr, "lora");
+    /* without adapters, nothing has the adapters' placement */
+    cJSON *pl = cJSON_GetObjectItemCaseSensitive(doc, "placement");
+    assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "\"placement.adapters\" is cpu but \"training.method\" is full"));
+    cJSON_ReplaceItemInObjectCaseSensitive(pl, "adapters", cJSON_CreateString("gpu"));
     assert_int_equal(read_doc(doc, q), ZO_OK);
     assert_false(q->training.has_lora);
     cJSON_ReplaceItemInObjectCaseSensitive(tr, "method", cJSON_CreateString("lora"));

@@ -211,6 +211,34 @@ static void test_lora_memory(void **state)
     /* with the base streamed, the adapters' optimizer may stay on the GPU:
      * no gradients cross PCIe */
     assert_true(st.pt.d2h_total == 0 && st.pt.cpu_adam == 0);
+
+    /* the base on NVMe and the adapters in host memory, both streamed: a
+     * slot holds a block of each (the base's rounded up to 256 bytes); the
+     * base's NVMe store reads ahead into a ring of its slots and keeps one
+     * more to assemble a block */
+    cfg nv = q;
+    nv.t.params_on = PLAN_NVME;
+    nv.t.adapters_on = PLAN_CPU;
+    run_cfg(&nv);
+    uint64_t ring = (uint64_t)(nv.t.buf.prefetch_depth + 1);
+    uint64_t fslot = (head + 255) / 256 * 256, aslot = A / (uint64_t)L * 2;
+    assert_true(nv.e.bytes[PLAN_NVME][PLAN_PARAMS] == got);
+    assert_true(item(&nv.e, "LoRA adapters") == A * 2 && nv.e.bytes[PLAN_CPU][PLAN_PARAMS] == A * 2);
+    assert_true(item(&nv.e, "weight slots") == ring * (fslot + aslot));
+    assert_true(item(&nv.e, "NVMe weights read-ahead") == ring * fslot);
+    /* both cross PCIe twice per micro-batch, the base also from NVMe */
+    assert_true(fabs(nv.pt.h2d_total - 2.0 * (double)(got + A * 2) / nv.hw.pcie_bw) < 1e-9 * nv.pt.h2d_total);
+    /* the CPU's updates of adapters that live on the host stay there; of
+     * adapters on the GPU they go up */
+    nv.t.opt_frac[PLAN_GPU] = 0;
+    nv.t.opt_frac[PLAN_CPU] = 1;
+    nv.t.grads_on = PLAN_CPU;
+    run_cfg(&nv);
+    assert_true(nv.pt.sched.cpu_n == (double)A && nv.pt.sched.w_bytes == 0);
+    nv.t.adapters_on = PLAN_GPU;
+    run_cfg(&nv);
+    assert_true(nv.pt.sched.w_bytes == 2);
+    assert_true(fabs(nv.pt.h2d_total - 2.0 * (double)got / nv.hw.pcie_bw) < 1e-9 * nv.pt.h2d_total);
 }
 
 /* ---- time ----------------------------------------------------------------------------------- */
