@@ -461,6 +461,9 @@ void plan_stage_shape(const zo_model_config *m, const plan_train *t, int stage,
     *layers = sh.layers;
 }
 
+/* The NVMe store's alignment of a tensor's start (nvme_engine.h's NVME_ALIGN). */
+#define PLAN_NVME_ALIGN 4096
+
 /* NF4 tensors start and end on 16 bytes in the frozen buffer
  * (transformer.h's TF_FROZEN_ALIGN): each rounded up, an upper bound of the
  * runtime's layout within 15 bytes a tensor. */
@@ -562,11 +565,23 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
          * block of each that streams (the base's rounded up to 256 bytes, the
          * adapters' at least 256) */
         uint64_t frozen = t->zero >= 3 ? ceil_div(pf.frozen, dp) : pf.frozen;
+        uint64_t adapters = p_elems * wsz;
         e->rank_params = (t->zero >= 3 ? ceil_div(sh.params, dp) : sh.params) + p_elems;
+        /* on NVMe a store's blocks start on NVMe_ALIGN bytes (O_DIRECT): every
+         * block but the last rounded up (the adapters' last block, the head,
+         * is empty) */
+        uint64_t fz = frozen, ad = adapters;
+        if (t->params_on == PLAN_NVME && t->zero < 3 && sh.layers)
+            fz = (sh.first ? ceil_div(pf.first_frozen, PLAN_NVME_ALIGN) * PLAN_NVME_ALIGN : 0) +
+                 (uint64_t)(sh.layers - (sh.last ? 0 : 1)) *
+                     (ceil_div(pf.layer_frozen, PLAN_NVME_ALIGN) * PLAN_NVME_ALIGN) +
+                 (sh.last ? pf.last_frozen : pf.layer_frozen);
+        if (t->adapters_on == PLAN_NVME && t->zero < 3)
+            ad = (uint64_t)sh.layers * ceil_div(pf.layer_trainable * wsz, PLAN_NVME_ALIGN) * PLAN_NVME_ALIGN;
         add(e, t->method == PLAN_METHOD_QLORA ? "frozen base (NF4 layers; embeddings, head, norms 16-bit)"
                                               : "frozen base (16-bit)",
-            t->params_on, PLAN_PARAMS, frozen);
-        add(e, "LoRA adapters (A, B)", t->adapters_on, PLAN_PARAMS, p_elems * wsz);
+            t->params_on, PLAN_PARAMS, fz);
+        add(e, "LoRA adapters (A, B)", t->adapters_on, PLAN_PARAMS, ad);
         fslot = ceil_div(pf.largest_frozen, 256) * 256;
         aslot = tr_largest * wsz > 256 ? tr_largest * wsz : 256;
         slot = (t->params_on != PLAN_GPU ? fslot : 0) + (t->adapters_on != PLAN_GPU ? aslot : 0);
