@@ -18,6 +18,7 @@ typedef enum ftype {
     F_STR,   /* char[size] */
     F_NAME,  /* an int-sized enum, one of `names` (its index) */
     F_DTYPE, /* zo_dtype by its name */
+    F_TARGETS, /* unsigned ZO_LORA_* bits, written as "q,v" or "all-linear" */
 } ftype;
 
 enum {
@@ -46,6 +47,7 @@ typedef struct field {
 #define STR(s, k, fl) {#k, F_STR, offsetof(s, k), sizeof(((s *)0)->k), 0, 0, NULL, fl}
 #define NAME(s, k, n, fl) {#k, F_NAME, offsetof(s, k), 0, 0, 0, n, fl}
 #define DTYPE(s, k) {#k, F_DTYPE, offsetof(s, k), 0, 0, 0, NULL, 0}
+#define FLT(s, k, lo, hi) {#k, F_FLT, offsetof(s, k), 0, lo, hi, NULL, 0}
 
 static const char *const arch_names[] = {"gpt", "llama", NULL};
 static const char *const tier_names[] = {"gpu", "cpu", "nvme", NULL};
@@ -53,6 +55,8 @@ static const char *const host_tier_names[] = {"gpu", "cpu", NULL}; /* no nvme */
 static const char *const recompute_names[] = {"none", "selective", "full", NULL};
 static const char *const optimizer_names[] = {"adamw", "sgd", NULL};
 static const char *const pos_names[] = {"arch", "rotary", "alibi", "learned", NULL}; /* zo_pos */
+static const char *const method_names[] = {"full", "lora", "qlora", NULL};
+static const char *const schedule_names[] = {"serial", "overlap", "dpu", NULL};
 
 #define M zo_model_config
 static const field model_fields[] = {
@@ -136,6 +140,7 @@ static const field hw_fields[] = {
     DBL(H, nvlink_lat, 0, 1),
     DBL(H, net_lat, 0, 1),
     DBL(H, cpu_adam_rate, 0, 1e15),
+    DBL(H, cpu_adam_thread_rate, 0, 1e15),
     INT(H, pcie_gen, 0, 6, 0),
     INT(H, pcie_lanes, 0, 32, 0),
     INT(H, measured, 0, 1, 0),
@@ -156,8 +161,22 @@ static const field training_fields[] = {
     BOOL(T, dropout, 0),
     BOOL(T, dp_overlap, 0),
     BOOL(T, fused_grad_accum, 0),
+    NAME(T, method, method_names, 0),
+    NAME(T, optimizer_schedule, schedule_names, 0),
+    INT(T, dpu_warmup, 0, P2(20), 0),
+    INT(T, opt_threads, 0, 4096, 0),
+    BOOL(T, clip_stale, 0),
 };
 #undef T
+
+/* training.lora: the adapters of a LoRA or QLoRA plan */
+#define LC zo_lora_config
+static const field lora_fields[] = {
+    INT(LC, r, 1, P2(16), 0),
+    FLT(LC, alpha, 1.0 / 64, 1e6),
+    {"targets", F_TARGETS, offsetof(LC, targets), 0, 0, 0, NULL, 0},
+};
+#undef LC
 
 #define R zo_plan_parallel
 static const field parallel_fields[] = {
@@ -172,6 +191,7 @@ static const field placement_fields[] = {
     NAME(L, params, tier_names, 0),
     NAME(L, grads, host_tier_names, 0),
     NAME(L, checkpoints, host_tier_names, 0),
+    NAME(L, adapters, tier_names, 0),
 };
 #undef L
 
@@ -235,7 +255,7 @@ typedef struct section {
 #define FIELDS(a) a, sizeof a / sizeof a[0]
 #define AT(m) offsetof(zo_plan, m)
 enum {
-    S_TOP, S_MODEL, S_FEATURES, S_MLA, S_MOE, S_HARDWARE, S_TRAINING, S_PARALLEL, S_PLACEMENT, S_OPTIMIZER, S_NVME,
+    S_TOP, S_MODEL, S_FEATURES, S_MLA, S_MOE, S_HARDWARE, S_TRAINING, S_LORA, S_PARALLEL, S_PLACEMENT, S_OPTIMIZER, S_NVME,
     S_BUFFERS, S_PREDICTED, S_PEAK, S_CAPACITY,
 };
 /* In the order they are read and written; a parent before its children. */
@@ -251,6 +271,8 @@ static const section sections[] = {
     [S_HARDWARE] = {"hardware", S_TOP, FIELDS(hw_fields), AT(hardware), AT(has_hardware),
                     ZO_HW_FORMAT, ZO_HW_VERSION},
     [S_TRAINING] = {"training", S_TOP, FIELDS(training_fields), AT(training), NO_FLAG, NULL, 0},
+    [S_LORA] = {"training.lora", S_TRAINING, FIELDS(lora_fields), AT(training.lora),
+                AT(training.has_lora), NULL, 0},
     [S_PARALLEL] = {"parallel", S_TOP, FIELDS(parallel_fields), AT(parallel), NO_FLAG, NULL, 0},
     [S_PLACEMENT] = {"placement", S_TOP, FIELDS(placement_fields), AT(placement), NO_FLAG, NULL, 0},
     [S_OPTIMIZER] = {"placement.optimizer", S_PLACEMENT, FIELDS(fraction_fields),
@@ -269,7 +291,9 @@ static const section sections[] = {
 _Static_assert(sizeof(zo_arch) == sizeof(int) && sizeof(zo_pos) == sizeof(int) &&
                    sizeof(zo_dtype) == sizeof(int) &&
                    sizeof(zo_plan_tier) == sizeof(int) && sizeof(zo_plan_recompute) == sizeof(int) &&
-                   sizeof(zo_plan_optimizer) == sizeof(int),
+                   sizeof(zo_plan_optimizer) == sizeof(int) &&
+                   sizeof(zo_plan_method) == sizeof(int) && sizeof(zo_plan_schedule) == sizeof(int) &&
+                   sizeof(((zo_lora_config *)0)->targets) == sizeof(int),
                "F_NAME and F_DTYPE fields are stored as int");
 
 const char *zo_plan_tier_name(zo_plan_tier t)
@@ -285,6 +309,16 @@ const char *zo_plan_recompute_name(zo_plan_recompute r)
 const char *zo_plan_optimizer_name(zo_plan_optimizer o)
 {
     return o >= 0 && o <= ZO_PLAN_SGD ? optimizer_names[o] : "?";
+}
+
+const char *zo_plan_method_name(zo_plan_method m)
+{
+    return m >= 0 && m <= ZO_PLAN_QLORA ? method_names[m] : "?";
+}
+
+const char *zo_plan_schedule_name(zo_plan_schedule s)
+{
+    return s >= 0 && s <= ZO_PLAN_SCHED_DPU ? schedule_names[s] : "?";
 }
 
 /* ---- values ------------------------------------------------------------------------- */
@@ -304,7 +338,8 @@ static double get_num(const field *f, const void *base)
     case F_INT:
     case F_BOOL:
     case F_NAME:
-    case F_DTYPE: return *(const int *)p;
+    case F_DTYPE:
+    case F_TARGETS: return *(const int *)p;
     case F_U64: return (double)*(const uint64_t *)p;
     case F_DBL: return *(const double *)p;
     case F_FLT: return *(const float *)p;
@@ -320,7 +355,8 @@ static void set_num(const field *f, void *base, double v)
     case F_INT:
     case F_BOOL:
     case F_NAME:
-    case F_DTYPE: *(int *)p = (int)v; break;
+    case F_DTYPE:
+    case F_TARGETS: *(int *)p = (int)v; break;
     case F_U64: *(uint64_t *)p = (uint64_t)v; break;
     case F_DBL: *(double *)p = v; break;
     case F_FLT: *(float *)p = (float)v; break;
@@ -386,6 +422,11 @@ static zo_status check_value(const field *f, const void *base, const char *prefi
         if (i != 0 && i != 1)
             return zo_error(ZO_ERR_INVALID, "field \"%s%s\" = %d is not 0 or 1", prefix, f->key, i);
         return ZO_OK;
+    case F_TARGETS:
+        if (!(*(const unsigned *)p & ZO_LORA_ALL_LINEAR) || (*(const unsigned *)p & ~ZO_LORA_ALL_LINEAR))
+            return zo_error(ZO_ERR_INVALID, "field \"%s%s\" = 0x%x names no target layers", prefix,
+                            f->key, *(const unsigned *)p);
+        return ZO_OK;
     default:
         if (check_number(f, get_num(f, base)) != ZO_OK)
             return zo_error_wrap(ZO_ERR_INVALID, "field \"%s%s\"", prefix, f->key);
@@ -407,7 +448,10 @@ void zo_plan_defaults(zo_plan *p, const zo_model_config *m)
                                      .optimizer = ZO_PLAN_ADAMW,
                                      .recompute = ZO_PLAN_RECOMPUTE_NONE,
                                      .flash_attn = 1,
-                                     .dp_overlap = 1};
+                                     .dp_overlap = 1,
+                                     .method = ZO_PLAN_FULL,
+                                     .optimizer_schedule = ZO_PLAN_SCHED_SERIAL,
+                                     .dpu_warmup = 10};
     p->parallel = (zo_plan_parallel){.dp = 1, .tp = 1, .pp = 1, .vpp = 1, .ep = 1};
     p->placement.optimizer[ZO_PLAN_GPU] = 1.0;
     snprintf(p->nvme.dir, sizeof p->nvme.dir, "%s", ZO_PLAN_NVME_DIR_PLACEHOLDER);
@@ -460,6 +504,33 @@ static void field_prefix(const section *s, char *buf, size_t len)
     snprintf(buf, len, "%s%s", s->path, s->path[0] ? "." : "");
 }
 
+/* training.lora is there exactly for a LoRA or QLoRA plan, and its adapters
+ * exist in the model (GPT-2 has no gate); only adapters have a placement of
+ * their own. */
+static zo_status check_method(const zo_plan_training *t, const zo_plan_placement *pl,
+                              const zo_model_config *m)
+{
+    const char *name = zo_plan_method_name(t->method);
+    if (t->method == ZO_PLAN_FULL) {
+        if (t->has_lora)
+            return zo_error(ZO_ERR_INVALID, "field \"training.lora\" is given but \"training.method\" "
+                            "is full (adapters are trained with method lora or qlora)");
+        if (pl->adapters != ZO_PLAN_GPU)
+            return zo_error(ZO_ERR_INVALID, "field \"placement.adapters\" is %s but "
+                            "\"training.method\" is full: a plan without adapters says gpu",
+                            zo_plan_tier_name(pl->adapters));
+        return ZO_OK;
+    }
+    if (!t->has_lora)
+        return zo_error(ZO_ERR_INVALID, "field \"training.method\" is %s: missing object "
+                        "\"training.lora\"", name);
+    if (m->params_override)
+        return zo_error(ZO_ERR_INVALID, "field \"training.method\" is %s: the adapters need the "
+                        "model's shape, and \"model.params_only\" has none", name);
+    zo_status st = zo_lora_check(m, &t->lora);
+    return st == ZO_OK ? ZO_OK : zo_error_wrap(st, "field \"training.lora\"");
+}
+
 /* What no single field says: the shape is sane and has the parameters the
  * file says, the optimizer's fractions sum to 1. */
 static zo_status check_whole(zo_plan *p, uint64_t params_read)
@@ -475,7 +546,7 @@ static zo_status check_whole(zo_plan *p, uint64_t params_read)
     if (fabs(sum - 1.0) > 1e-6)
         return zo_error(ZO_ERR_INVALID, "field \"placement.optimizer\": the fractions sum to %g, "
                         "not 1", sum);
-    return ZO_OK;
+    return check_method(&p->training, &p->placement, &p->model);
 }
 
 zo_status zo_plan_check(const zo_plan *p, const char *what)
@@ -541,6 +612,11 @@ static int add_field(cJSON *o, const field *f, const void *base)
     case F_BOOL: v = cJSON_CreateBool(*(const int *)p); break;
     case F_NAME: v = cJSON_CreateString(f->names[*(const int *)p]); break;
     case F_DTYPE: v = cJSON_CreateString(zo_dtype_name((zo_dtype) * (const int *)p)); break;
+    case F_TARGETS: {
+        char t[64];
+        v = cJSON_CreateString(zo_lora_targets_str(*(const unsigned *)p, t, sizeof t));
+        break;
+    }
     default: v = cJSON_CreateNumber(get_num(f, base)); break;
     }
     return v && cJSON_AddItemToObject(o, f->key, v);
@@ -659,6 +735,14 @@ static zo_status read_field(const reader *r, const cJSON *o, const field *f, voi
             return zo_error(ZO_ERR_FORMAT, "%s: field \"%s%s\" must be fp32, fp16 or bf16", r->path,
                             r->prefix, f->key);
         *(int *)p = (int)d;
+        return ZO_OK;
+    }
+    case F_TARGETS: {
+        unsigned bits;
+        if (!cJSON_IsString(v) || zo_lora_targets_parse(v->valuestring, &bits) != ZO_OK)
+            return zo_error(ZO_ERR_FORMAT, "%s: field \"%s%s\" must be a comma-separated list of "
+                            "q, k, v, o, gate, up, down, or all-linear", r->path, r->prefix, f->key);
+        *(unsigned *)p = bits;
         return ZO_OK;
     }
     default:

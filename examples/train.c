@@ -526,6 +526,12 @@ static zo_status initial_weights(offload_t *rt, const model_layout *l, const cha
  * flag given as well must agree with); q,v by default. */
 static zo_status lora_choice(train_args *a, const zo_model_config *cfg)
 {
+    /* a plan for LoRA or QLoRA, unless the flags choose */
+    const zo_plan_training *pt = &a->p.file.training;
+    if (a->plan && pt->method != ZO_PLAN_FULL && !a->lora.r && !a->adapter) {
+        a->lora = pt->lora;
+        a->qlora = pt->method == ZO_PLAN_QLORA;
+    }
     if (a->adapter) {
         zo_lora_config lc;
         zo_status st = model_lora_read_config(a->adapter, cfg, &lc, NULL, 0);

@@ -41,6 +41,15 @@ zo_status offload_plan_load(const char *path, offload_plan *plan)
      * memory-efficient (it keeps one log-sum-exp per row), so selective
      * saves nothing over none */
     c->recompute = f->training.recompute == ZO_PLAN_RECOMPUTE_FULL;
+    /* the optimizer's schedule; LoRA: the adapters' place (the method and
+     * its r, alpha and targets are the program's: plan->file.training) */
+    c->schedule = f->training.optimizer_schedule == ZO_PLAN_SCHED_DPU       ? OFFLOAD_SCHEDULE_DPU
+                  : f->training.optimizer_schedule == ZO_PLAN_SCHED_OVERLAP ? OFFLOAD_SCHEDULE_OVERLAP
+                                                                                : OFFLOAD_SCHEDULE_SERIAL;
+    c->dpu_warmup = f->training.dpu_warmup;
+    c->opt_threads = f->training.opt_threads;
+    c->clip_stale = f->training.clip_stale;
+    if (f->training.method != ZO_PLAN_FULL) c->trainable_on = (offload_tier)f->placement.adapters;
     plan->selective_as_none = f->training.recompute == ZO_PLAN_RECOMPUTE_SELECTIVE;
     c->grad_accum = f->training.grad_accum;
     c->prefetch_depth = f->buffers.prefetch_depth;

@@ -13,7 +13,6 @@
 #define HOST_BW_EFF 0.7
 
 static double dmax(double a, double b) { return a > b ? a : b; }
-static double dmin(double a, double b) { return a < b ? a : b; }
 
 double plan_allreduce_s(double bytes, int p, double bw, double lat)
 {
@@ -38,6 +37,7 @@ typedef struct ctx {
     double peak;    /* FLOP/s of the dtype */
     double hbm;     /* achieved bytes/s */
     double esz;     /* bytes per activation element */
+    int frozen;     /* LoRA: the weights are frozen, the backward computes no weight gradients */
 } ctx;
 
 /* One matmul (M x K) @ (K x N): a roofline of compute at the size's
@@ -88,7 +88,7 @@ typedef struct layer_time {
 static void mm(const ctx *c, double M, double N, double K, double *f, double *b)
 {
     *f += gemm(c, M, N, K);
-    *b += gemm(c, M, K, N) + gemm(c, K, N, M);
+    *b += gemm(c, M, K, N) + (c->frozen ? 0 : gemm(c, K, N, M));
 }
 
 /* The same for `n` matmuls of one shape run as one grouped kernel (the
@@ -96,7 +96,7 @@ static void mm(const ctx *c, double M, double N, double K, double *f, double *b)
 static void mm_n(const ctx *c, double n, double M, double N, double K, double *f, double *b)
 {
     *f += bmm(c, n, M, N, K);
-    *b += bmm(c, n, M, K, N) + bmm(c, n, K, N, M);
+    *b += bmm(c, n, M, K, N) + (c->frozen ? 0 : bmm(c, n, K, N, M));
 }
 
 /* An all-to-all over p ranks, `bytes` leaving each rank (1/p stays). */
@@ -104,6 +104,31 @@ static double alltoall_s(double bytes, int p, double bw, double lat)
 {
     if (p <= 1 || bytes <= 0) return 0;
     return (double)(p - 1) / p * bytes / bw + (p - 1) * lat;
+}
+
+/* LoRA adapters of one layer on one rank (T rows): per adapted layer
+ * u = x A^T and y += (alpha/r) u B^T forward; du = dy B, dB += dy^T u,
+ * dA += du^T x and dx += du A backward. QLoRA dequantizes each linear
+ * weight before its GEMM, in the forward and again in the backward. */
+static void adapters_time(const zo_model_config *m, const plan_train *t, const ctx *c, double T,
+                          double *f, double *b)
+{
+    double r = t->lora.r, tp = t->tp;
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int n = zo_lora_layer_modules(m, t->lora.targets, mods);
+    for (int i = 0; i < n; i++) {
+        int row = (mods[i].targets & (ZO_LORA_O | ZO_LORA_DOWN)) != 0;
+        double in = (double)mods[i].in / (row ? tp : 1), out = (double)mods[i].out / (row ? 1 : tp);
+        *f += gemm(c, T, r, in) + gemm(c, T, out, r);
+        *b += gemm(c, T, r, out) + gemm(c, out, r, T) + gemm(c, r, in, T) + gemm(c, T, in, r);
+    }
+    if (t->method == PLAN_METHOD_QLORA) {
+        plan_peft pf;
+        plan_peft_stage(m, t, 0, &pf);
+        double dq = ew(c, (double)pf.layer_nf4 + (double)pf.layer_linear * c->esz);
+        *f += dq;
+        *b += dq;
+    }
 }
 
 static void layer_time_of(const zo_model_config *m, const plan_train *t, const ctx *c, int moe,
@@ -222,6 +247,7 @@ static void layer_time_of(const zo_model_config *m, const plan_train *t, const c
         ew_f += ew(c, T * 2 * e * (q + k) / tp);
     if (m->qk_norm) ew_f += ew(c, T * 2 * e * (q + k) / tp);
 
+    if (c->frozen) adapters_time(m, t, c, T, &mm_f, &mm_b);
     o->fwd = mm_f + attn_f + ew_f;
     o->bwd = mm_b + attn_b + 2 * ew_f;
 
@@ -251,7 +277,8 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
 {
     memset(out, 0, sizeof *out);
     ctx c = {hw, t->dtype == ZO_DTYPE_F32 ? hw->peak_flops_32 : hw->peak_flops_16,
-             hw->hbm_bw * hw->hbm_eff, (double)zo_dtype_size(t->dtype)};
+             hw->hbm_bw * hw->hbm_eff, (double)zo_dtype_size(t->dtype),
+             t->method != PLAN_METHOD_FULL};
     double s = t->seq, b = t->micro_batch, T = s * b, tp = t->tp;
     if (m->params_override) {
         /* only the size is known: 6N FLOPs per token at the curve's top */
@@ -286,8 +313,11 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
     /* last stage: final norm, output matmul, fp32 cross-entropy over v/t columns */
     double last_f = ew(&c, T * 2 * e * h / (t->sp ? tp : 1)) + gemm(&c, T, v / tp, h) +
                     ew(&c, T * v / tp * 4 * 2);
+    /* (a frozen head computes its input gradient only; a frozen embedding
+     * has no backward) */
     double last_b = 2 * ew(&c, T * 2 * e * h / (t->sp ? tp : 1)) + gemm(&c, T, h, v / tp) +
-                    gemm(&c, h, v / tp, T) + ew(&c, T * v / tp * 4 * 2);
+                    (c.frozen ? 0 : gemm(&c, h, v / tp, T)) + ew(&c, T * v / tp * 4 * 2);
+    double first_b = c.frozen ? 0 : first;
 
     /* the slower of the first stage (its layers, the embedding) and the
      * last (its layers, more of them MoE, the logits) */
@@ -301,10 +331,11 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
         double ef, eb, etp;
         if (t->pp == 1) {
             ef = first + last_f;
-            eb = first + last_b;
+            eb = first_b + last_b;
             etp = 2 * first_tp;
         } else if (stage == 0) {
-            ef = eb = first;
+            ef = first;
+            eb = first_b;
             etp = 2 * first_tp;
         } else {
             ef = last_f;
@@ -350,6 +381,14 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
     out->rc_flops_token = t->recompute == PLAN_RECOMPUTE_FULL                        ? lf
                           : t->recompute == PLAN_RECOMPUTE_SELECTIVE && !t->flash_attn ? la
                                                                                        : 0;
+    if (c.frozen) {
+        /* LoRA: the forward, the input gradients (the base's matmuls once
+         * more, the attention core twice), and 6 FLOPs per token per adapter
+         * parameter (2 forward, 4 backward) */
+        double a = (double)zo_lora_trainable_params(m, t->lora.r, t->lora.targets);
+        out->model_flops_token = 2 * lf + la + 4 * h * v + 6 * a;
+        if (t->recompute == PLAN_RECOMPUTE_FULL) out->rc_flops_token += 2 * a;
+    }
 }
 
 /* ---- the step ---------------------------------------------------------------------- */
@@ -367,8 +406,9 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
      * weights' dtype) are added into the rank's gradient buffer on the GPU:
      * an elementwise pass that reads the new gradient and reads and writes
      * the buffer, per micro-batch (Megatron's DDP hook and this runtime's
-     * staging blocks alike; offloaded gradients are summed on the host, below) */
-    double P = (double)e->stage_params, Pe = (double)e->stage_expert_params;
+     * staging blocks alike; offloaded gradients are summed on the host, below);
+     * P counts what is trained (LoRA: the adapters) */
+    double P = (double)e->train_params, Pe = (double)e->train_expert_params;
     /* ZeRO's partition: the rest over DP, routed experts over DP / EP */
     int edp = t->dp / t->ep;
     double P_shard = (P - Pe) / t->dp + Pe / edp;
@@ -419,7 +459,9 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
                                     : plan_allreduce_s(G, group, bw, lat);
                 gat += t->zero >= 1 ? plan_allgather_s(W, group, bw, lat) : 0;
             } else {
-                z3 += 2 * plan_allgather_s(W, group, bw, lat) + plan_allgather_s(G, group, bw, lat);
+                /* (the weights computed with: LoRA's frozen base too) */
+                double W3 = part ? W : (double)e->weight_bytes - Pe * wsz;
+                z3 += 2 * plan_allgather_s(W3, group, bw, lat) + plan_allgather_s(G, group, bw, lat);
             }
         }
         if (t->zero <= 2) {
@@ -431,17 +473,18 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
         }
     }
 
-    /* streamed weights (params on CPU or NVMe): this rank's share crosses PCIe
-     * in the forward and again in the backward of every micro-batch; NVMe
-     * reads share the node's drives. Hidden behind compute; the largest block
-     * (embedding or head) shows when it takes longer than `prefetch` layers. */
+    /* streamed weights (params on CPU or NVMe; LoRA: the base and the
+     * adapters off the GPU): this rank's share crosses PCIe in the forward
+     * and again in the backward of every micro-batch; NVMe reads share the
+     * node's drives. Hidden behind compute; the largest block (embedding or
+     * head) shows when it takes longer than `prefetch` layers. */
     double pcie = hw->pcie_bw;
-    double rank_w = (double)e->rank_params * wsz;
+    double rank_w = (double)e->stream_bytes;
     double stream = 0, nvme_stream = 0;
-    if (t->params_on != PLAN_GPU) {
+    if (e->stream_bytes > 0) {
         stream = 2 * n_mb * rank_w / pcie;
-        if (t->params_on == PLAN_NVME) nvme_stream = 2 * n_mb * rank_w * rpn / hw->nvme_read_bw;
-        double big = (double)e->largest_block * wsz / pcie / (t->zero >= 3 ? t->dp : 1);
+        nvme_stream = 2 * n_mb * (double)e->stream_nvme_bytes * rpn / hw->nvme_read_bw;
+        double big = (double)e->largest_bytes / pcie / (t->zero >= 3 ? t->dp : 1);
         double ahead = t->buf.prefetch_depth * mb->layer_compute / 3; /* a layer's fwd ~ 1/3 */
         o->h2d_total = stream;
         o->h2d = dmax(dmax(stream, nvme_stream) - window, 0) + 2 * n_mb * dmax(big - ahead, 0) +
@@ -467,7 +510,7 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
         double accum = n_mb > 1 ? n_mb * g_elems * (4 + 4 + gsz) / host_bw : 0;
         double s = dmax(copy, accum);
         o->d2h_total += s;
-        o->d2h += dmax(s - bwd_window, 0) + (double)e->largest_block * gsz / pcie;
+        o->d2h += dmax(s - bwd_window, 0) + (double)e->train_largest * gsz / pcie;
     }
 
     /* the optimizer: on the GPU over its fraction: unscale and inf check
@@ -479,35 +522,74 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
     double fg = t->opt_frac[PLAN_GPU], fn = t->opt_frac[PLAN_NVME];
     double per = (t->dtype == ZO_DTYPE_F32 ? 0 : 4) + (t->optimizer == PLAN_OPT_ADAMW ? 8 : 4);
     if (fg > 0) o->optimizer_gpu = fg * o_elems * (2 * per + 5 * gsz + 4 + wsz) / (hw->hbm_bw * hw->hbm_eff);
+    plan_sched_in *in = &o->sched;
     double cpu_n = (1 - fg) * o_elems;
+    int peft = t->method != PLAN_METHOD_FULL;
     if (cpu_n > 0) {
-        double rate = plan_hw_cpu_adam_rate(hw) / rpn;
-        if (t->optimizer == PLAN_OPT_SGD) rate *= 1.5; /* momentum only: less traffic */
-        o->cpu_adam = cpu_n / rate;
-        double nv = fn * o_elems * per * rpn;
-        double nvme_opt = nv / hw->nvme_read_bw + nv / hw->nvme_write_bw;
-        if (t->params_on == PLAN_NVME) nvme_opt += cpu_n * wsz * rpn / hw->nvme_write_bw;
-        o->nvme_total = nvme_opt + nvme_stream;
-        /* pipelined: the slower of the two, plus one sub-group to fill it */
-        double sg = (double)t->buf.sub_group < o_elems ? (double)t->buf.sub_group / o_elems : 1;
-        double phase = dmax(o->cpu_adam, nvme_opt) + sg * dmin(o->cpu_adam, nvme_opt);
-        o->nvme = phase - o->cpu_adam;
-        /* updated weights back to a GPU that keeps them */
-        if (t->params_on == PLAN_GPU) o->h2d += cpu_n * wsz / pcie;
+        /* seconds per element: CPU AdamW on the optimizer's threads (all the
+         * node's cores when it runs alone, less one per rank beside the
+         * GPU's work; plan_hw_cpu_adam_rate_threads), the NVMe share read and
+         * written (and streamed weights written back), the new weights
+         * uploaded to a GPU that keeps them (LoRA's adapters always) */
+        int cores = hw->cpu_cores;
+        in->threads_serial = t->opt_threads ? t->opt_threads : cores ? (double)cores / rpn : 0;
+        in->threads_over = t->opt_threads ? t->opt_threads
+                           : cores        ? dmax((double)(cores - rpn) / rpn, 1)
+                                          : 0;
+        double sgd = t->optimizer == PLAN_OPT_SGD ? 1.5 : 1; /* momentum only: less traffic */
+        in->rate_serial = sgd * plan_hw_cpu_adam_rate_threads(hw, in->threads_serial * rpn) / rpn;
+        in->rate_over = sgd * plan_hw_cpu_adam_rate_threads(hw, in->threads_over * rpn) / rpn;
+        double nv = fn / (1 - fg) * per * rpn;
+        in->n_elem = nv / hw->nvme_read_bw + nv / hw->nvme_write_bw;
+        /* (the weights a step writes: the model's, or LoRA's adapters) */
+        plan_tier w_on = peft ? t->adapters_on : t->params_on;
+        if (w_on == PLAN_NVME) in->n_elem += wsz * rpn / hw->nvme_write_bw;
+        in->w_bytes = w_on == PLAN_GPU ? wsz : 0;
+        in->pcie = pcie;
+        /* pipelined: one sub-group fills it */
+        in->fill = (double)t->buf.sub_group < o_elems ? (double)t->buf.sub_group / o_elems : 1;
+        in->cpu_n = cpu_n;
+        o->nvme_total = in->n_elem * cpu_n + nvme_stream;
     }
-    if (t->params_on == PLAN_NVME && nvme_stream > 0 && o->nvme_total == 0) o->nvme_total = nvme_stream;
+    if (nvme_stream > 0 && o->nvme_total == 0) o->nvme_total = nvme_stream;
 
-    o->step = o->forward + o->backward + o->recompute + o->tp_comm + o->pp_bubble + o->pp_comm +
-              o->dp_comm + o->h2d + o->d2h + o->optimizer_gpu + o->cpu_adam + o->nvme +
-              o->ep_comm;
+    /* what the schedule works with (planner/schedule.c): the GPU's work, its
+     * exposed copies, the links' traffic, and the blocks of a micro-batch:
+     * the stage's first block (embedding), its layers, its last (head),
+     * with what the CPU updates in each */
+    in->gpu = o->forward + o->backward + o->recompute + o->tp_comm + o->pp_bubble + o->pp_comm +
+              o->dp_comm + o->h2d + o->d2h + o->ep_comm;
+    in->h2d = o->h2d;
+    in->opt_gpu = o->optimizer_gpu;
+    in->h2d_busy = o->h2d_total;
+    in->d2h_busy = o->d2h_total;
+    in->nvme_busy = nvme_stream;
+    int layers = e->layers;
+    in->seg_n[0] = e->train_first > 0 || (e->stage == 0 && layers);
+    in->seg_n[1] = layers;
+    in->seg_n[2] = e->train_last > 0 || (e->stage == t->pp - 1 && layers);
+    double ratio = P > 0 ? cpu_n / P : 0;
+    in->seg_elems[0] = (double)e->train_first * ratio;
+    in->seg_elems[1] = (double)e->train_layer * ratio;
+    in->seg_elems[2] = (double)e->train_last * ratio;
+    in->fwd1 = mb->fwd + mb->tp_fwd + mb->ep_fwd;
+    in->clip_stale = o->clip_stale = t->clip_stale;
+    o->dpu_warmup = t->dpu_warmup;
+    double bwd1 = mb->bwd + mb->rc + mb->tp_bwd + mb->tp_rc + mb->ep_bwd + mb->ep_rc;
+    in->seg_fwd[1] = layers ? mb->layer_fwd : 0;
+    in->seg_bwd[1] = layers ? mb->layer_bwd : 0;
+    /* the rest of the micro-batch (embedding, logits) on its end blocks */
+    int end = in->seg_n[2] ? 2 : 0;
+    in->seg_n[end] = 1;
+    in->seg_fwd[end] = dmax(in->fwd1 - layers * in->seg_fwd[1], 0);
+    in->seg_bwd[end] = dmax(bwd1 - layers * in->seg_bwd[1], 0);
     double tokens = (double)t->seq * t->micro_batch * t->grad_accum * t->dp;
-    o->tokens_per_s = tokens / o->step;
+    in->tokens = tokens;
+    in->peak = (t->dtype == ZO_DTYPE_F32 ? hw->peak_flops_32 : hw->peak_flops_16) *
+               ((double)t->dp * t->tp * t->pp);
     o->model_flops = mb->model_flops_token * tokens;
     o->hw_flops = o->model_flops + mb->rc_flops_token * tokens;
-    double peak = (t->dtype == ZO_DTYPE_F32 ? hw->peak_flops_32 : hw->peak_flops_16) *
-                  ((double)t->dp * t->tp * t->pp);
-    o->mfu = o->model_flops / (o->step * peak);
-    o->hfu = o->hw_flops / (o->step * peak);
+    plan_time_schedule(o, t->schedule);
 }
 
 zo_status plan_time_run(const zo_model_config *m, const plan_hw *hw, const plan_train *t,

@@ -6,6 +6,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "common/nf4.h" /* defines: zo_nf4_bytes */
+
 const char *plan_tier_name(plan_tier t)
 {
     static const char *n[] = {"gpu", "cpu", "nvme"};
@@ -22,6 +24,18 @@ const char *plan_recompute_name(plan_recompute r)
 {
     static const char *n[] = {"none", "selective", "full"};
     return r <= PLAN_RECOMPUTE_FULL ? n[r] : "?";
+}
+
+const char *plan_method_name(plan_method m)
+{
+    static const char *n[] = {"full", "lora", "qlora"};
+    return m <= PLAN_METHOD_QLORA ? n[m] : "?";
+}
+
+const char *plan_schedule_name(plan_schedule s)
+{
+    static const char *n[] = {"serial", "overlap", "dpu"};
+    return s < PLAN_SCHEDULES ? n[s] : "?";
 }
 
 int plan_default_seq(const zo_model_config *m)
@@ -52,6 +66,10 @@ void plan_train_defaults(plan_train *t, const zo_model_config *m)
     t->recompute = PLAN_RECOMPUTE_NONE;
     t->flash_attn = 1;
     t->dropout = default_dropout(m);
+    t->method = PLAN_METHOD_FULL;
+    t->adapters_on = PLAN_GPU;
+    t->schedule = PLAN_SCHED_SERIAL;
+    t->dpu_warmup = 10;
     t->params_on = t->grads_on = t->checkpoints_on = PLAN_GPU;
     t->opt_frac[PLAN_GPU] = 1.0;
     t->buf.cuda_context = 512ull << 20;
@@ -227,6 +245,36 @@ int plan_train_warnings(const plan_train *t, const plan_hw *hw, char *buf, size_
 
 /* ---- validation ------------------------------------------------------------- */
 
+/* A LoRA or QLoRA configuration: adapters the model has, on layers whose
+ * linear weights the model knows (every projection of a GPT or LLaMA
+ * layer; not latent attention or experts). */
+static zo_status plan_peft_validate(const plan_train *t, const zo_model_config *m)
+{
+    if (t->adapters_on < PLAN_GPU || t->adapters_on >= PLAN_TIERS)
+        return zo_error(ZO_ERR_INVALID, "--adapters-on: tier %d is not gpu, cpu or nvme",
+                        (int)t->adapters_on);
+    if (t->method == PLAN_METHOD_FULL)
+        return t->adapters_on == PLAN_GPU
+                   ? ZO_OK
+                   : zo_error(ZO_ERR_INVALID, "--adapters-on %s needs --lora R: only adapters have "
+                                              "a placement of their own",
+                              plan_tier_name(t->adapters_on));
+    if (t->method != PLAN_METHOD_LORA && t->method != PLAN_METHOD_QLORA)
+        return zo_error(ZO_ERR_INVALID, "training method %d is not full, lora or qlora", (int)t->method);
+    const char *flag = t->method == PLAN_METHOD_QLORA ? "--qlora" : "--lora";
+    if (m->params_override)
+        return zo_error(ZO_ERR_INVALID, "%s: the adapters need the model's shape (--model or a "
+                                        "shape, not --params N)", flag);
+    if (m->moe.experts)
+        return zo_error(ZO_ERR_INVALID, "%s: %s is a mixture of experts, whose adapters (on every "
+                                        "expert, or on attention only) are not modelled", flag, m->name);
+    if (m->mla.kv_rank)
+        return zo_error(ZO_ERR_INVALID, "%s: %s has latent attention, whose projections the "
+                                        "adapter targets do not name", flag, m->name);
+    zo_status st = zo_lora_check(m, &t->lora);
+    return st == ZO_OK ? ZO_OK : zo_error_wrap(st, "%s", flag);
+}
+
 zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, const plan_hw *hw)
 {
     if (t->seq <= 0 || t->micro_batch <= 0 || t->grad_accum <= 0)
@@ -312,7 +360,11 @@ zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, con
         return zo_error(ZO_ERR_INVALID, "--sub-group and its buffer count must be positive");
     if (hw->gpu_mem == 0 || hw->gpus <= 0 || hw->gpus_per_node <= 0)
         return zo_error(ZO_ERR_INVALID, "hardware: GPU memory and GPU counts must be positive");
-    return ZO_OK;
+    if (t->schedule < PLAN_SCHED_SERIAL || t->schedule >= PLAN_SCHEDULES)
+        return zo_error(ZO_ERR_INVALID, "--schedule: %d is not serial, overlap or dpu", (int)t->schedule);
+    if (t->opt_threads < 0 || t->dpu_warmup < 0)
+        return zo_error(ZO_ERR_INVALID, "--opt-threads and --dpu-warmup must not be negative");
+    return plan_peft_validate(t, m);
 }
 
 /* ---- the estimate ------------------------------------------------------------ */
@@ -329,6 +381,7 @@ static void add(plan_estimate *e, const char *name, plan_tier tier, plan_kind ki
  * before ZeRO). */
 typedef struct stage_shape {
     uint64_t params;     /* elements */
+    uint64_t emb, head;  /* of which the embedding block (first stage), the head block (last) */
     uint64_t experts;    /* of which routed experts (sharded by ZeRO over DP / EP) */
     uint64_t largest;    /* elements of the largest block */
     int layers;
@@ -384,6 +437,7 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
     if (o->first) {
         uint64_t emb = ceil_div(v * h, tp) + zo_model_position_rows(m) * h + (m->embed_norm ? norm : 0);
         o->params += emb;
+        o->emb = emb;
         if (emb > o->largest) o->largest = emb;
     }
     if (o->last) {
@@ -392,6 +446,7 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
          * word embedding lives on the last stage too */
         if (!m->tied_embeddings || !o->first) head += ceil_div(v * h, tp);
         o->params += head;
+        o->head = head;
         if (head > o->largest) o->largest = head;
     }
 }
@@ -404,6 +459,58 @@ void plan_stage_shape(const zo_model_config *m, const plan_train *t, int stage,
     *params = sh.params;
     *largest = sh.largest;
     *layers = sh.layers;
+}
+
+/* The NVMe store's alignment of a tensor's start (nvme_engine.h's NVME_ALIGN). */
+#define PLAN_NVME_ALIGN 4096
+
+/* NF4 tensors start and end on 16 bytes in the frozen buffer
+ * (transformer.h's TF_FROZEN_ALIGN): each rounded up, an upper bound of the
+ * runtime's layout within 15 bytes a tensor. */
+#define PEFT_NF4_ALIGN 16
+
+void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, plan_peft *o)
+{
+    memset(o, 0, sizeof *o);
+    stage_shape sh;
+    stage_params(m, t, stage, &sh);
+    uint64_t wsz = zo_dtype_size(t->dtype), tp = (uint64_t)t->tp, r = (uint64_t)t->lora.r;
+    int nf4 = t->method == PLAN_METHOD_QLORA;
+    o->layers = sh.layers;
+    /* one layer: its linear weights (PEFT's all-linear), split by TP; the
+     * norms and biases stay in the model dtype */
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int n = zo_lora_layer_modules(m, ZO_LORA_ALL_LINEAR, mods);
+    for (int i = 0; i < n; i++) {
+        uint64_t w = ceil_div((uint64_t)(mods[i].in * mods[i].out), tp);
+        o->layer_linear += w;
+        o->layer_nf4 += ceil_div(zo_nf4_bytes(w), PEFT_NF4_ALIGN) * PEFT_NF4_ALIGN;
+        if (w > o->largest_linear) o->largest_linear = w;
+    }
+    zo_layer_params lp;
+    uint64_t ex;
+    zo_model_layer_params(m, 0, &lp);
+    uint64_t layer = layer_on_rank(&lp, t, &ex);
+    o->layer_frozen = nf4 ? (layer - o->layer_linear) * wsz + o->layer_nf4 : layer * wsz;
+    /* the adapters: column-parallel layers keep A [r, in] whole and split B
+     * [out, r]; row-parallel ones (o, down: their input is split) the reverse */
+    n = zo_lora_layer_modules(m, t->lora.targets, mods);
+    o->n_adapters = n;
+    for (int i = 0; i < n; i++) {
+        int row = (mods[i].targets & (ZO_LORA_O | ZO_LORA_DOWN)) != 0;
+        uint64_t in = (uint64_t)mods[i].in, out = (uint64_t)mods[i].out;
+        o->layer_trainable += r * (row ? ceil_div(in, tp) + out : in + ceil_div(out, tp));
+    }
+    o->trainable = (uint64_t)sh.layers * o->layer_trainable;
+    /* the embedding and head blocks stay whole in the model dtype (QLoRA
+     * quantizes the layers' linear weights only) */
+    o->first_frozen = sh.emb * wsz;
+    o->last_frozen = sh.head * wsz;
+    o->frozen = (uint64_t)sh.layers * o->layer_frozen + o->first_frozen + o->last_frozen;
+    o->nf4 = nf4 ? (uint64_t)sh.layers * o->layer_nf4 : 0;
+    o->largest_frozen = o->layer_frozen;
+    if (o->first_frozen > o->largest_frozen) o->largest_frozen = o->first_frozen;
+    if (o->last_frozen > o->largest_frozen) o->largest_frozen = o->last_frozen;
 }
 
 static uint64_t frac_of(uint64_t total, double f) { return (uint64_t)llround((double)total * f); }
@@ -426,25 +533,82 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
     e->stage_params = sh.params;
     e->stage_expert_params = sh.experts;
     e->largest_block = sh.largest;
+    /* LoRA / QLoRA: the adapters are trained (gradients, optimizer state),
+     * the frozen base is only read (docs/memplan.md, "LoRA and QLoRA") */
+    int peft = t->method != PLAN_METHOD_FULL;
+    plan_peft pf;
+    if (peft) plan_peft_stage(m, t, stage, &pf);
+    uint64_t tr = peft ? pf.trainable : sh.params;
+    uint64_t tr_ex = peft ? 0 : sh.experts;
+    uint64_t tr_largest = peft ? pf.layer_trainable : sh.largest;
     /* ZeRO shards over the ranks that hold the same parameters: all of DP
      * for the rest, DP / EP ("expert data parallel") for routed experts */
-    uint64_t edp = dp / (uint64_t)t->ep, dense = sh.params - sh.experts;
-    uint64_t sharded = ceil_div(dense, dp) + ceil_div(sh.experts, edp);
+    uint64_t edp = dp / (uint64_t)t->ep, dense = tr - tr_ex;
+    uint64_t sharded = ceil_div(dense, dp) + ceil_div(tr_ex, edp);
 
     /* ---- parameters ---- */
-    uint64_t p_elems = t->zero >= 3 ? sharded : sh.params;
-    e->rank_params = p_elems;
-    add(e, "fp16/bf16 weights", t->params_on, PLAN_PARAMS, p_elems * wsz);
-    int streamed = t->params_on != PLAN_GPU || t->zero >= 3;
-    uint64_t slot = sh.largest * wsz;
+    uint64_t p_elems = t->zero >= 3 ? sharded : tr;
+    uint64_t slot = sh.largest * wsz, fslot = 0, aslot = 0;
+    if (!peft) {
+        e->rank_params = p_elems;
+        add(e, "fp16/bf16 weights", t->params_on, PLAN_PARAMS, p_elems * wsz);
+        e->weight_bytes = sh.params * wsz;
+        e->stream_bytes = t->params_on != PLAN_GPU ? p_elems * wsz : 0;
+        e->stream_nvme_bytes = t->params_on == PLAN_NVME ? p_elems * wsz : 0;
+        e->train_first = sh.first ? sh.emb : 0;
+        e->train_last = sh.last ? sh.head : 0;
+        e->train_layer = sh.layers ? (sh.params - sh.emb - sh.head) / (uint64_t)sh.layers : 0;
+        e->trainable = e->params;
+    } else {
+        /* two weight stores (the runtime's): the frozen base where --params
+         * says, the adapters where --adapters-on says; a device slot holds a
+         * block of each that streams (the base's rounded up to 256 bytes, the
+         * adapters' at least 256) */
+        uint64_t frozen = t->zero >= 3 ? ceil_div(pf.frozen, dp) : pf.frozen;
+        uint64_t adapters = p_elems * wsz;
+        e->rank_params = (t->zero >= 3 ? ceil_div(sh.params, dp) : sh.params) + p_elems;
+        /* on NVMe a store's blocks start on NVMe_ALIGN bytes (O_DIRECT): every
+         * block but the last rounded up (the adapters' last block, the head,
+         * is empty) */
+        uint64_t fz = frozen, ad = adapters;
+        if (t->params_on == PLAN_NVME && t->zero < 3 && sh.layers)
+            fz = (sh.first ? ceil_div(pf.first_frozen, PLAN_NVME_ALIGN) * PLAN_NVME_ALIGN : 0) +
+                 (uint64_t)(sh.layers - (sh.last ? 0 : 1)) *
+                     (ceil_div(pf.layer_frozen, PLAN_NVME_ALIGN) * PLAN_NVME_ALIGN) +
+                 (sh.last ? pf.last_frozen : pf.layer_frozen);
+        if (t->adapters_on == PLAN_NVME && t->zero < 3)
+            ad = (uint64_t)sh.layers * ceil_div(pf.layer_trainable * wsz, PLAN_NVME_ALIGN) * PLAN_NVME_ALIGN;
+        add(e, t->method == PLAN_METHOD_QLORA ? "frozen base (NF4 layers; embeddings, head, norms 16-bit)"
+                                              : "frozen base (16-bit)",
+            t->params_on, PLAN_PARAMS, fz);
+        add(e, "LoRA adapters (A, B)", t->adapters_on, PLAN_PARAMS, ad);
+        fslot = ceil_div(pf.largest_frozen, 256) * 256;
+        aslot = tr_largest * wsz > 256 ? tr_largest * wsz : 256;
+        slot = (t->params_on != PLAN_GPU ? fslot : 0) + (t->adapters_on != PLAN_GPU ? aslot : 0);
+        e->weight_bytes = pf.frozen + tr * wsz;
+        e->stream_bytes = (t->params_on != PLAN_GPU ? frozen : 0) +
+                          (t->adapters_on != PLAN_GPU ? p_elems * wsz : 0);
+        e->stream_nvme_bytes = (t->params_on == PLAN_NVME ? frozen : 0) +
+                               (t->adapters_on == PLAN_NVME ? p_elems * wsz : 0);
+        e->train_layer = pf.layer_trainable;
+        e->trainable = zo_lora_trainable_params(m, t->lora.r, t->lora.targets);
+        e->nf4_bytes = pf.nf4;
+    }
+    e->train_params = tr;
+    e->train_expert_params = tr_ex;
+    e->train_largest = tr_largest;
+    e->largest_bytes = slot;
+    e->layers = sh.layers;
+    if (m->params_override) e->train_first = tr; /* only the size: one block */
+    int streamed = t->params_on != PLAN_GPU || t->zero >= 3 || (peft && t->adapters_on != PLAN_GPU);
     /* the block computing holds a slot too: depth + 1 slots (the runtime's pool) */
     if (streamed)
         add(e, t->zero >= 3 && t->params_on == PLAN_GPU ? "ZeRO-3 gather slots ((prefetch + 1) x block)"
                                                         : "weight slots ((depth + 1) x largest block)",
             PLAN_GPU, PLAN_BUFFERS, (uint64_t)(t->buf.prefetch_depth + 1) * slot);
 
-    /* ---- gradients ---- */
-    uint64_t g_elems = t->zero >= 2 ? sharded : sh.params;
+    /* ---- gradients (of what is trained) ---- */
+    uint64_t g_elems = t->zero >= 2 ? sharded : tr;
     if (t->grads_on == PLAN_GPU) {
         /* in the plan's gradient dtype: the runtime sums the gradients of
          * its GPU optimizer share in fp32 (--grad-dtype fp32, 4 B/param) */
@@ -453,7 +617,7 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
         /* added in fp32 on the host as blocks arrive (micro-batches, a tied
          * embedding's two parts, fp16 unscaling), whatever the accumulation */
         add(e, "gradients (fp32 accumulation)", PLAN_CPU, PLAN_GRADS, g_elems * 4);
-        add(e, "gradient staging (2 blocks)", PLAN_GPU, PLAN_GRADS, 2 * sh.largest * gsz);
+        add(e, "gradient staging (2 blocks)", PLAN_GPU, PLAN_GRADS, 2 * tr_largest * gsz);
     }
     /* a GPU optimizer share: backward writes each block's gradients (in
      * the weights' dtype) into one of two staging blocks before they are
@@ -461,14 +625,14 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
      * through the pinned staging for an exact clipping norm */
     int g_dev = t->opt_frac[PLAN_GPU] > 0;
     if (g_dev && t->grads_on == PLAN_GPU)
-        add(e, "gradient staging (2 blocks)", PLAN_GPU, PLAN_BUFFERS, 2 * sh.largest * wsz);
+        add(e, "gradient staging (2 blocks)", PLAN_GPU, PLAN_BUFFERS, 2 * tr_largest * wsz);
     /* ... and writes the new weights of a block it updates into a staging
-     * block when they live off the GPU */
-    if (g_dev && t->params_on != PLAN_GPU)
-        add(e, "new-weights staging (1 block)", PLAN_GPU, PLAN_BUFFERS, slot);
+     * block when they live off the GPU (LoRA: the adapters') */
+    if (g_dev && (peft ? t->adapters_on : t->params_on) != PLAN_GPU)
+        add(e, "new-weights staging (1 block)", PLAN_GPU, PLAN_BUFFERS, peft ? aslot : slot);
 
     /* ---- optimizer state ---- */
-    uint64_t o_elems = t->zero >= 1 ? sharded : sh.params;
+    uint64_t o_elems = t->zero >= 1 ? sharded : tr;
     uint64_t master = t->dtype == ZO_DTYPE_F32 ? 0 : 4; /* fp32 master copy */
     uint64_t per = master + (t->optimizer == PLAN_OPT_ADAMW ? 8 : 4);
     uint64_t o_bytes = o_elems * per;
@@ -493,21 +657,38 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
      * through host memory (the rest arrives by all-gather) */
     uint64_t host_slot = t->zero >= 3 ? ceil_div(slot, dp) : slot;
     uint64_t largest_part = t->zero >= 3 ? ceil_div(sh.largest, dp) : sh.largest;
-    if (t->params_on == PLAN_NVME)
-        add(e, "fp16/bf16 weights read-ahead", PLAN_CPU, PLAN_BUFFERS,
-            (uint64_t)(t->buf.prefetch_depth + 1) * host_slot);
+    uint64_t ring = (uint64_t)(t->buf.prefetch_depth + 1);
+    if (!peft && t->params_on == PLAN_NVME)
+        add(e, "fp16/bf16 weights read-ahead", PLAN_CPU, PLAN_BUFFERS, ring * host_slot);
+    /* LoRA: a store on NVMe reads ahead into a ring of its slots and
+     * assembles a block to write in one more (the frozen one's never used) */
+    uint64_t nvme_slots = peft ? (t->params_on == PLAN_NVME ? fslot : 0) +
+                                     (t->adapters_on == PLAN_NVME ? aslot : 0)
+                               : 0;
+    if (nvme_slots) add(e, "NVMe weights read-ahead", PLAN_CPU, PLAN_BUFFERS, ring * nvme_slots);
     /* the runtime's pinned staging, one buffer a role: gradients on their
      * way to the host's fp32 sum (two blocks, when some optimizer state is
      * off the GPU); new weights on their way into a GPU-resident store (two
      * sub-group chunks) or to NVMe (one block); one block's fp32 gradient of
      * a GPU optimizer share for an exact clipping norm */
-    uint64_t pinned = 0;
-    if (t->opt_frac[PLAN_GPU] < 1.0 || t->grads_on != PLAN_GPU) pinned += 2 * host_slot;
-    if (t->params_on == PLAN_GPU) {
-        uint64_t chunk = t->buf.sub_group && t->buf.sub_group < largest_part ? t->buf.sub_group : largest_part;
+    /* (LoRA: the gradients and new weights are the adapters', which live on
+     * the GPU; the frozen base is never written back) */
+    uint64_t pinned = 0, sg = t->buf.sub_group;
+    if (peft) largest_part = t->zero >= 3 ? ceil_div(tr_largest, dp) : tr_largest;
+    if (t->opt_frac[PLAN_GPU] < 1.0 || t->grads_on != PLAN_GPU)
+        pinned += 2 * (peft ? largest_part * wsz : host_slot);
+    if (!peft && t->params_on == PLAN_GPU) {
+        uint64_t chunk = sg && sg < largest_part ? sg : largest_part;
         pinned += 2 * chunk * wsz;
-    } else if (t->params_on == PLAN_NVME) {
+    } else if (!peft && t->params_on == PLAN_NVME) {
         pinned += host_slot;
+    } else if (peft) {
+        /* a resident store takes its blocks through two chunks (the frozen
+         * one's in bytes); one on NVMe assembles a block in one slot */
+        uint64_t fl = pf.largest_frozen;
+        if (t->params_on == PLAN_GPU) pinned += 2 * (sg && sg < fl ? sg : fl);
+        if (t->adapters_on == PLAN_GPU) pinned += 2 * (sg && sg < largest_part ? sg : largest_part) * wsz;
+        pinned += nvme_slots;
     }
     if (g_dev) pinned += largest_part * 4;
     if (t->buf.pinned_staging) pinned = t->buf.pinned_staging;
@@ -522,11 +703,13 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
         /* the stage's layers: dense ones and MoE ones save different tensors */
         int kinds[2] = {sh.layers - sh.moe_layers, sh.moe_layers};
         uint64_t full = 0, sel = 0, stored = 0, stage_stored = 0;
+        /* LoRA: each adapter's A x [s b, r] is kept for its backward */
+        uint64_t lora_u = peft ? s * b * (uint64_t)pf.n_adapters * (uint64_t)t->lora.r * act : 0;
         for (int moe = 0; moe < 2; moe++) {
             if (!kinds[moe]) continue;
-            uint64_t f = plan_layer_act_bytes_of(m, t, 1, moe);
+            uint64_t f = plan_layer_act_bytes_of(m, t, 1, moe) + lora_u;
             /* without the s^2 terms: only selective recompute needs it */
-            uint64_t sl = t->recompute == PLAN_RECOMPUTE_SELECTIVE ? plan_layer_act_bytes_of(m, t, 0, moe) : f;
+            uint64_t sl = t->recompute == PLAN_RECOMPUTE_SELECTIVE ? plan_layer_act_bytes_of(m, t, 0, moe) + lora_u : f;
             uint64_t st = t->recompute == PLAN_RECOMPUTE_NONE        ? f
                           : t->recompute == PLAN_RECOMPUTE_SELECTIVE ? sl
                                                                      : ceil_div(s * b * h * act, sp_div);
@@ -588,7 +771,16 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
         uint64_t dgrad = 4 * s * b * (2 * h + ceil_div(q + k + v + o + mlp, tp));
         add(e, "backward working set (fp32 activation gradients, scratch)", PLAN_GPU,
             PLAN_ACTIVATIONS, dgrad + s * b * h * act + 12 * s * b);
+        /* LoRA: one adapter's gradient of A x [s b, r] and a sink for the
+         * frozen norms' weight gradients (fp32); QLoRA: one linear weight
+         * dequantized at a time */
+        if (peft)
+            add(e, "LoRA backward scratch (fp32)", PLAN_GPU, PLAN_ACTIVATIONS,
+                4 * s * b * (uint64_t)t->lora.r + 8 * h);
     }
+    if (t->method == PLAN_METHOD_QLORA)
+        add(e, "NF4 dequantization scratch (1 linear weight)", PLAN_GPU, PLAN_BUFFERS,
+            pf.largest_linear * wsz);
 
     /* ---- working buffers on the GPU ---- */
     add(e, "CUDA context", PLAN_GPU, PLAN_BUFFERS, t->buf.cuda_context);

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "common/dtype.h"
+#include "common/lora.h" /* defines: zo_lora_config */
 #include "common/model_config.h"
 #include "common/status.h"
 #include "planner/hardware.h"
@@ -27,6 +28,24 @@ typedef enum plan_kind {
 } plan_kind;
 
 typedef enum plan_optimizer { PLAN_OPT_ADAMW = 0, PLAN_OPT_SGD } plan_optimizer;
+
+/* What is trained (docs/memplan.md, "LoRA and QLoRA"): every parameter, or
+ * LoRA adapters on a frozen base in the model dtype (lora) or with its
+ * layers' linear weights in NF4 (qlora). */
+typedef enum plan_method { PLAN_METHOD_FULL = 0, PLAN_METHOD_LORA, PLAN_METHOD_QLORA } plan_method;
+
+/* When the CPU optimizer runs (docs/memplan.md, "Optimizer schedules"). */
+typedef enum plan_schedule {
+    PLAN_SCHED_SERIAL = 0, /* after the backward: forward + backward, then the update */
+    PLAN_SCHED_OVERLAP,    /* block by block beside the GPU's work */
+    PLAN_SCHED_DPU,        /* delayed parameter update: step t's beside step t+1 */
+    PLAN_SCHEDULES,
+} plan_schedule;
+
+/* --lora R alone: PEFT's defaults (lora_alpha 8; q_proj and v_proj, which
+ * on GPT-2 is its fused c_attn) */
+#define PLAN_LORA_DEFAULT_ALPHA 8.0f
+#define PLAN_LORA_DEFAULT_TARGETS (ZO_LORA_Q | ZO_LORA_V)
 
 typedef enum plan_recompute {
     PLAN_RECOMPUTE_NONE = 0,
@@ -69,7 +88,16 @@ typedef struct plan_train {
     int fused_grad_accum;     /* 1: the weight-gradient GEMM adds into the gradient buffer
                                  (Megatron's gradient-accumulation fusion); 0: a separate pass
                                  per micro-batch (this runtime's staging blocks) */
-    plan_tier params_on;      /* GPU, CPU or NVMe */
+    plan_method method;       /* full fine-tuning, LoRA or QLoRA */
+    zo_lora_config lora;      /* method lora / qlora: rank, alpha, target layers */
+    plan_schedule schedule;   /* when the CPU optimizer runs (cost model) */
+    int dpu_warmup;           /* dpu: serial steps first (reported, not in the step time) */
+    int opt_threads;          /* CPU threads per rank for the optimizer; 0: the node's cores
+                                 (less one per rank beside the GPU's work), shared by its ranks */
+    int clip_stale;           /* overlap: clipping takes the previous step's norm (or is off) */
+    plan_tier params_on;      /* GPU, CPU or NVMe (LoRA: the frozen base) */
+    plan_tier adapters_on;    /* LoRA: where the adapters live (GPU, CPU or NVMe; streamed
+                                 like weights when not on the GPU); full: GPU */
     plan_tier grads_on;       /* GPU or CPU */
     plan_tier checkpoints_on; /* GPU or CPU: where stored activations live */
     double opt_frac[PLAN_TIERS]; /* optimizer state split, sums to 1 */
@@ -101,6 +129,23 @@ typedef struct plan_estimate {
     uint64_t largest_block;    /* elements of the largest streamed block on a rank */
     uint64_t act_layer;        /* bytes the largest layer saves for one micro-batch */
     uint64_t act_stage;        /* bytes the stage's layers save for one micro-batch */
+    /* what is trained and what the GPU computes with (full: the stage's
+     * parameters; LoRA: the adapters, beside the frozen base) */
+    uint64_t train_params;     /* trainable elements on this rank before ZeRO */
+    uint64_t train_expert_params; /* of those, routed experts */
+    uint64_t train_largest;    /* trainable elements of the largest block */
+    uint64_t train_first, train_layer, train_last; /* trainable elements of the stage's first
+                                 block (the embedding on stage 0), of one layer (the stage's
+                                 average), of its last block (the head on the last stage) */
+    int layers;                /* the stage's layers */
+    uint64_t weight_bytes;     /* this rank's weights before ZeRO-3 (LoRA: the frozen base in
+                                  its format, and the adapters) */
+    uint64_t stream_bytes;     /* of the weights, what streams from the host per pass (after
+                                  ZeRO-3; LoRA: the base and the adapters off the GPU) */
+    uint64_t stream_nvme_bytes; /* of those, read from NVMe */
+    uint64_t largest_bytes;    /* bytes of the largest streamed block */
+    uint64_t trainable;        /* whole model: trainable parameters (LoRA: PEFT's count) */
+    uint64_t nf4_bytes;        /* QLoRA: of weight_bytes, the NF4 tensors */
     double inflight;           /* micro-batches in flight on this stage */
     int n_items;
     plan_item items[PLAN_MAX_ITEMS];
@@ -109,6 +154,8 @@ typedef struct plan_estimate {
 const char *plan_tier_name(plan_tier t);   /* "gpu", "cpu", "nvme" */
 const char *plan_kind_name(plan_kind k);   /* "params", "grads", ... */
 const char *plan_recompute_name(plan_recompute r);
+const char *plan_method_name(plan_method m);     /* "full", "lora", "qlora" */
+const char *plan_schedule_name(plan_schedule s); /* "serial", "overlap", "dpu" */
 
 /* Defaults for a model: its max sequence, micro-batch 1, bf16, AdamW, no
  * parallelism, ZeRO 0, no recompute, flash attention, everything on the GPU,
@@ -199,6 +246,32 @@ const plan_act_entry *plan_act_table(size_t *count);
 uint64_t plan_layer_act_bytes(const zo_model_config *m, const plan_train *t, int keep_s2);
 uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, int keep_s2,
                                  int moe);
+
+/* ---- LoRA and QLoRA ------------------------------------------------------- */
+
+/* What one rank of a pipeline stage holds when it trains adapters on a
+ * frozen base (TP splits each adapted layer as its weight: a column-parallel
+ * layer's A is whole on every rank and its B split, a row-parallel layer's A
+ * split and its B whole). */
+typedef struct plan_peft {
+    uint64_t trainable;      /* adapter elements of the stage's layers on this rank */
+    uint64_t layer_trainable; /* of one layer */
+    uint64_t frozen;         /* bytes of the frozen base on this rank: the stage's blocks */
+    uint64_t nf4;            /* of those, NF4 tensors (QLoRA) */
+    uint64_t layer_frozen;   /* bytes of one layer's frozen block */
+    uint64_t first_frozen, last_frozen; /* bytes of the embedding (stage 0) and head (last
+                                           stage) blocks; 0 elsewhere */
+    uint64_t largest_frozen; /* bytes of the largest frozen block */
+    uint64_t layer_linear;   /* elements of one layer's linear weights on this rank */
+    uint64_t layer_nf4;      /* QLoRA: their bytes in NF4 (each rounded up to 16 bytes) */
+    uint64_t largest_linear; /* elements of the largest of them (QLoRA's dequantization scratch) */
+    int n_adapters;          /* adapted linear layers in a layer */
+    int layers;
+} plan_peft;
+
+/* The frozen base and the adapters of stage `stage` on one rank (method
+ * lora or qlora; after plan_train_validate). */
+void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, plan_peft *out);
 
 /* Routed token rows per token (top_k, times the capacity factor when one is
  * set): what the experts of an MoE layer compute on. */

@@ -80,6 +80,17 @@ static const char usage_estimate[] =
     "  --dtype fp16|bf16|fp32  weights and activations (default bf16)\n"
     "  --grad-dtype DTYPE      gradients (default: --dtype; fp32 = Megatron's 18 B/param)\n"
     "  --optim adamw|sgd       AdamW: fp32 master + m + v (12 B/param); SGD: master + momentum\n"
+    "fine-tuning method (default: every parameter):\n"
+    "  --lora R                LoRA adapters of rank R on a frozen base: trainable parameters\n"
+    "                          as Hugging Face PEFT counts them; no base gradients or optimizer state\n"
+    "  --lora-targets LIST     q,k,v,o,gate,up,down (or PEFT's q_proj, ...) or all-linear\n"
+    "                          (default q,v: PEFT's; on GPT-2 its fused c_attn)\n"
+    "  --lora-alpha A          the adapters' scale alpha / R (default 8, PEFT's; time and memory\n"
+    "                          do not depend on it)\n"
+    "  --qlora                 with --lora: the base's linear weights in NF4 with double\n"
+    "                          quantization (QLoRA); embeddings, head and norms stay 16-bit\n"
+    "  --adapters-on gpu|cpu|nvme  with --lora: where the adapters live (default gpu; else\n"
+    "                          streamed like weights); --params places the frozen base\n"
     "parallelism:\n"
     "  --dp N --tp N --pp N    data, tensor and pipeline parallel degrees (default 1)\n"
     "  --sp                    sequence parallelism (with --tp)\n"
@@ -106,6 +117,14 @@ static const char usage_estimate[] =
     "  --ep N                  expert parallelism: each expert on one of N data-parallel ranks\n"
     "  --capacity-factor F     tokens an expert takes, x its fair share (default 0: dropless)\n"
     "runtime schedule (time only):\n"
+    "  --schedule serial|overlap|dpu  when the CPU optimizer runs: after the backward (serial,\n"
+    "                          default), block by block beside the GPU (overlap), or one step\n"
+    "                          late beside the next step (dpu, the delayed parameter update)\n"
+    "  --clip-stale            overlap: clip with the previous step's norm (or no clipping), so\n"
+    "                          a block's update starts when its gradients are complete\n"
+    "  --dpu-warmup N          dpu: serial steps first (default 10)\n"
+    "  --opt-threads N         CPU threads per rank for the optimizer (default: the host's cores;\n"
+    "                          less one per rank when it runs beside the GPU)\n"
     "  --no-dp-overlap         reduce gradients after the backward (as Megatron-LM 2021)\n"
     "  --fused-grad-accum      the weight-gradient GEMM adds into the gradient buffer\n"
     "                          (Megatron's gradient-accumulation fusion; default: a pass)\n"
@@ -125,7 +144,10 @@ enum {
     OPT_PP, OPT_SP, OPT_VPP, OPT_ZERO, OPT_RECOMPUTE, OPT_NO_FLASH, OPT_DROPOUT, OPT_NO_DROPOUT,
     OPT_GRADS, OPT_OPTIMIZER, OPT_CHECKPOINTS, OPT_CUDA_CONTEXT, OPT_CUBLAS_WS, OPT_COMM_BUCKET,
     OPT_COMM_BUCKETS, OPT_PREFETCH, OPT_PINNED, OPT_FRAG, OPT_SUB_GROUP, OPT_SWAP_BUFFERS,
-    OPT_EP, OPT_CAPACITY, OPT_NO_DP_OVERLAP, OPT_FUSED_ACCUM, /* the last configuration flag */
+    OPT_EP, OPT_CAPACITY, OPT_LORA, OPT_LORA_TARGETS, OPT_LORA_ALPHA, OPT_QLORA, OPT_ADAPTERS_ON,
+    OPT_SCHEDULE,
+    OPT_DPU_WARMUP, OPT_OPT_THREADS, OPT_CLIP_STALE,
+    OPT_NO_DP_OVERLAP, OPT_FUSED_ACCUM, /* the last configuration flag */
     OPT_JSON, OPT_GLOBAL_BATCH, OPT_SVG, OPT_PLAN, OPT_PLAN_OUT, OPT_HELP,
 };
 
@@ -151,8 +173,22 @@ enum {
     {"pcie", required_argument, 0, OPT_PCIE},                                   \
     {"seq", required_argument, 0, OPT_SEQ}
 
+/* What is trained and how the optimizer is scheduled, shared by estimate,
+ * plan and max-model. */
+#define METHOD_OPTIONS                                                          \
+    {"lora", required_argument, 0, OPT_LORA},                                   \
+    {"lora-targets", required_argument, 0, OPT_LORA_TARGETS},                   \
+    {"lora-alpha", required_argument, 0, OPT_LORA_ALPHA},                       \
+    {"qlora", no_argument, 0, OPT_QLORA},                                       \
+    {"adapters-on", required_argument, 0, OPT_ADAPTERS_ON},                     \
+    {"schedule", required_argument, 0, OPT_SCHEDULE},                           \
+    {"dpu-warmup", required_argument, 0, OPT_DPU_WARMUP},                       \
+    {"opt-threads", required_argument, 0, OPT_OPT_THREADS},                     \
+    {"clip-stale", no_argument, 0, OPT_CLIP_STALE}
+
 static const struct option estimate_opts[] = {
     MODEL_HW_OPTIONS,
+    METHOD_OPTIONS,
     {"micro-batch", required_argument, 0, OPT_MICRO_BATCH},
     {"grad-accum", required_argument, 0, OPT_GRAD_ACCUM},
     {"dtype", required_argument, 0, OPT_DTYPE},
@@ -334,6 +370,89 @@ static int parse_hw_flag(int c, const char *arg, plan_hw_flags *f, zo_status *st
     }
 }
 
+/* The method and schedule flags as given (METHOD_OPTIONS). */
+typedef struct method_flags {
+    long lora_r;           /* --lora R; 0: not given */
+    int qlora;
+    const char *targets;   /* --lora-targets */
+    double alpha;          /* --lora-alpha */
+    int alpha_set;
+    int adapters_on;       /* --adapters-on: a plan_tier; -1: not given */
+    int schedule;          /* --schedule: a plan_schedule; -1: not given */
+    long dpu_warmup;
+    int dpu_warmup_set;
+    long opt_threads;
+    int clip_stale;
+} method_flags;
+
+static void method_flags_init(method_flags *f)
+{
+    memset(f, 0, sizeof *f);
+    f->schedule = -1;
+    f->adapters_on = -1;
+}
+
+/* One of METHOD_OPTIONS: 1 when `c` is one. */
+static int parse_method_flag(int c, const char *arg, method_flags *f, zo_status *st)
+{
+    switch (c) {
+    case OPT_LORA: *st = field_int(arg, "--lora", "training.lora.r", &f->lora_r); return 1;
+    case OPT_LORA_TARGETS: f->targets = arg; return 1;
+    case OPT_LORA_ALPHA:
+        *st = field_double(arg, "--lora-alpha", "training.lora.alpha", &f->alpha);
+        f->alpha_set = 1;
+        return 1;
+    case OPT_QLORA: f->qlora = 1; return 1;
+    case OPT_ADAPTERS_ON: {
+        plan_tier tier = PLAN_GPU;
+        *st = parse_tier(arg, "--adapters-on", 1, &tier);
+        f->adapters_on = (int)tier;
+        return 1;
+    }
+    case OPT_SCHEDULE:
+        f->schedule = -1;
+        for (int i = 0; i < PLAN_SCHEDULES; i++)
+            if (!strcasecmp(arg, plan_schedule_name((plan_schedule)i))) f->schedule = i;
+        if (f->schedule < 0)
+            *st = zo_error(ZO_ERR_INVALID, "--schedule: '%s' is not serial, overlap or dpu", arg);
+        return 1;
+    case OPT_DPU_WARMUP:
+        *st = field_int(arg, "--dpu-warmup", "training.dpu_warmup", &f->dpu_warmup);
+        f->dpu_warmup_set = 1;
+        return 1;
+    case OPT_OPT_THREADS:
+        *st = field_int(arg, "--opt-threads", "training.opt_threads", &f->opt_threads);
+        return 1;
+    case OPT_CLIP_STALE: f->clip_stale = 1; return 1;
+    default: return 0;
+    }
+}
+
+/* The method and schedule flags applied to `t` (the schedule only when
+ * given: `plan` searches it otherwise). */
+static zo_status apply_method_flags(const method_flags *f, plan_train *t)
+{
+    zo_status st;
+    if (!f->lora_r && (f->qlora || f->targets || f->alpha_set || f->adapters_on >= 0))
+        return zo_error(ZO_ERR_INVALID, "%s needs --lora R (the adapters' rank)",
+                        f->qlora ? "--qlora" : f->targets ? "--lora-targets"
+                                           : f->alpha_set ? "--lora-alpha" : "--adapters-on");
+    if (f->lora_r) {
+        t->method = f->qlora ? PLAN_METHOD_QLORA : PLAN_METHOD_LORA;
+        t->lora.r = (int)f->lora_r;
+        t->lora.alpha = f->alpha_set ? (float)f->alpha : PLAN_LORA_DEFAULT_ALPHA;
+        t->lora.targets = PLAN_LORA_DEFAULT_TARGETS;
+        if (f->targets && (st = zo_lora_targets_parse(f->targets, &t->lora.targets)) != ZO_OK)
+            return zo_error_wrap(st, "--lora-targets");
+        if (f->adapters_on >= 0) t->adapters_on = (plan_tier)f->adapters_on;
+    }
+    if (f->schedule >= 0) t->schedule = (plan_schedule)f->schedule;
+    if (f->dpu_warmup_set) t->dpu_warmup = (int)f->dpu_warmup;
+    t->opt_threads = (int)f->opt_threads;
+    t->clip_stale = f->clip_stale;
+    return ZO_OK;
+}
+
 static int is_node_preset(const char *name)
 {
     size_t n;
@@ -477,13 +596,15 @@ static int cmd_estimate(int argc, char **argv)
     unsigned char seen[OPT_HELP + 1] = {0};
     double opt_frac[PLAN_TIERS] = {1, 0, 0};
     plan_tier params_on = PLAN_GPU, grads_on = PLAN_GPU, ck_on = PLAN_GPU;
+    method_flags mf;
+    method_flags_init(&mf);
     zo_status st = ZO_OK;
     int c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":", estimate_opts, NULL)) != -1) {
         if (c >= OPT_MODEL && c <= OPT_HELP) seen[c] = 1;
-        if (parse_hw_flag(c, optarg, &hf, &st)) {
+        if (parse_hw_flag(c, optarg, &hf, &st) || parse_method_flag(c, optarg, &mf, &st)) {
             if (st) return fail();
             continue;
         }
@@ -655,6 +776,7 @@ static int cmd_estimate(int argc, char **argv)
     t.capacity_factor = f.capacity_factor;
     if (seen[OPT_NO_DP_OVERLAP]) t.dp_overlap = 0;
     if (seen[OPT_FUSED_ACCUM]) t.fused_grad_accum = 1;
+    if ((st = apply_method_flags(&mf, &t)) != ZO_OK) return fail();
 
     if (global_batch) {
         long per = (long)t.micro_batch * t.dp;
@@ -715,8 +837,8 @@ static const char usage_plan[] =
     "\n"
     "Search every DP x TP x PP layout, ZeRO stage, sequence parallelism, recompute,\n"
     "micro-batch, interleaving, placement of weights / gradients / optimizer state\n"
-    "(fractions) / checkpoints across GPU, CPU and NVMe, and prefetch depth; keep what fits;\n"
-    "rank by predicted step time.\n"
+    "(fractions) / checkpoints across GPU, CPU and NVMe, prefetch depth, and the CPU\n"
+    "optimizer's schedule (serial, overlap, dpu); keep what fits; rank by predicted step time.\n"
     "\n"
     "  --model, --params, --layers ... --arch   the model, as for 'memplan estimate'\n"
     "  --hw NAME|FILE          machine preset or calibrated profile (default h100-80gb)\n"
@@ -728,6 +850,12 @@ static const char usage_plan[] =
     "  --seq N                 sequence length (default: the model's positions, at most 4096)\n"
     "  --global-batch N        sequences per step (default 8 x GPUs)\n"
     "  --dtype, --grad-dtype, --optim, --no-flash-attn, --dropout, --no-dropout   as for estimate\n"
+    "  --lora R [--lora-targets LIST] [--lora-alpha A] [--qlora]   fine-tune adapters on a\n"
+    "                          frozen base (LoRA, QLoRA), as for estimate; where the base and\n"
+    "                          the adapters live is searched (--adapters-on fixes the adapters)\n"
+    "  --schedule serial|overlap|dpu   fix the optimizer schedule (default: searched, each\n"
+    "                          plan with the fastest); --clip-stale, --dpu-warmup N,\n"
+    "                          --opt-threads N as for estimate\n"
     "  --objective time|memory|cost   rank by step time (default), GPU memory, or\n"
     "                          GPU-seconds per token\n"
     "  --zero S | --zero A-B   only these ZeRO stages      --tp N, --pp N, --ep N   fix a degree\n"
@@ -750,6 +878,7 @@ static const char usage_max_model[] =
     "                         [--hw NAME|FILE | --gpu NAME [--host NAME]] [--gpus N]\n"
     "                         [--gpu-mem SIZE] [--cpu-mem SIZE] [--nvme SIZE] [--pcie LINK]\n"
     "                         [--seq N] [--strategy NAME]\n"
+    "                         [--lora R [--lora-targets LIST] [--qlora]] [--schedule S]\n"
     "\n"
     "The largest model of a family that trains on the hardware, per strategy: data-parallel,\n"
     "zero-1, zero-2, zero-3, 3d-parallel, zero-offload (ZeRO-2, gradients and optimizer on\n"
@@ -758,6 +887,8 @@ static const char usage_max_model[] =
     "prefetch are searched. Shapes interpolate the family's presets (hidden a multiple of 128);\n"
     "3d-parallel searches every TP x PP layout on the widths TP divides, each as deep (in\n"
     "multiples of PP, up to twice the family's depth) as fits.\n"
+    "With --lora (and --qlora) every size is fine-tuned with adapters on a frozen base. The\n"
+    "optimizer schedule is searched unless --schedule fixes it; the flags name the one taken.\n"
     "Each row also gives the estimate flags that place it, and the largest preset that fits\n"
     "that way with the 'memplan estimate' command that checks it. On one GPU the ZeRO stages\n"
     "and 3-D parallelism are left out (nothing to shard) unless --strategy names one.\n"
@@ -771,6 +902,7 @@ enum {
 
 static const struct option plan_opts[] = {
     MODEL_HW_OPTIONS,
+    METHOD_OPTIONS,
     {"cuda-context", required_argument, 0, OPT_CUDA_CONTEXT},
     {"cublas-workspace", required_argument, 0, OPT_CUBLAS_WS},
     {"fragmentation", required_argument, 0, OPT_FRAG},
@@ -821,6 +953,7 @@ typedef struct plan_args {
     /* working buffers: the values, and which flags set them */
     plan_buffers buf;
     int cuda_context_set, cublas_set, frag_set, sub_group_set;
+    method_flags mf;
 } plan_args;
 
 static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usage, int max_model)
@@ -831,11 +964,12 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
     a->dropout = -1;
     a->recompute = -1;
     a->top = 5;
+    method_flags_init(&a->mf);
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":", plan_opts, NULL)) != -1) {
         long v;
-        if (parse_hw_flag(c, optarg, &a->hwf, &st)) {
+        if (parse_hw_flag(c, optarg, &a->hwf, &st) || parse_method_flag(c, optarg, &a->mf, &st)) {
             if (st) return fail();
             continue;
         }
@@ -953,8 +1087,8 @@ static zo_status args_hw(const plan_args *a, plan_hw *hw, plan_hw_basis *b)
     return ZO_OK;
 }
 
-static void args_space(const plan_args *a, const zo_model_config *m, const plan_hw *hw,
-                       plan_space *s)
+static zo_status args_space(const plan_args *a, const zo_model_config *m, const plan_hw *hw,
+                            plan_space *s)
 {
     plan_space_defaults(s, m, hw);
     if (a->max_gpus) s->max_gpus = (int)a->max_gpus;
@@ -984,6 +1118,9 @@ static void args_space(const plan_args *a, const zo_model_config *m, const plan_
     if (a->cublas_set) s->base.buf.cublas_workspace = a->buf.cublas_workspace;
     if (a->frag_set) s->base.buf.fragmentation = a->buf.fragmentation;
     if (a->sub_group_set) s->base.buf.sub_group = a->buf.sub_group;
+    s->schedule = a->mf.schedule; /* searched unless given */
+    s->adapters_on = a->mf.adapters_on;
+    return apply_method_flags(&a->mf, &s->base);
 }
 
 static void print_plan_line(const plan_candidate *c, const char *lead)
@@ -997,9 +1134,13 @@ static void print_plan_line(const plan_candidate *c, const char *lead)
            lead, c->gpus, c->gpus == 1 ? "" : "s", t->dp, ep, t->tp, t->sp ? " (+SP)" : "", t->pp,
            t->vpp > 1 ? " (interleaved)" : "", t->zero, t->micro_batch, t->grad_accum,
            plan_recompute_name(t->recompute));
-    printf("%sweights on %s, gradients on %s, optimizer on %s, checkpoints on %s, prefetch %d\n",
-           lead, plan_tier_name(t->params_on), plan_tier_name(t->grads_on), fr,
-           plan_tier_name(t->checkpoints_on), t->buf.prefetch_depth);
+    char ad[32] = "";
+    if (t->method != PLAN_METHOD_FULL) snprintf(ad, sizeof ad, ", adapters on %s", plan_tier_name(t->adapters_on));
+    printf("%s%s on %s%s, gradients on %s, optimizer on %s, checkpoints on %s, prefetch %d, "
+           "optimizer schedule %s\n",
+           lead, t->method == PLAN_METHOD_FULL ? "weights" : "frozen base",
+           plan_tier_name(t->params_on), ad, plan_tier_name(t->grads_on), fr,
+           plan_tier_name(t->checkpoints_on), t->buf.prefetch_depth, plan_schedule_name(t->schedule));
     printf("%sper rank: GPU %.1f GiB, CPU %.1f GiB, NVMe %.1f GiB\n", lead,
            (double)c->total[PLAN_GPU] / (1 << 30), (double)c->total[PLAN_CPU] / (1 << 30),
            (double)c->total[PLAN_NVME] / (1 << 30));
@@ -1025,7 +1166,7 @@ static int cmd_plan(int argc, char **argv)
     plan_result r;
     if ((st = build_model(a.model, a.params_n, &a.sf, a.seq, &m)) != ZO_OK) return fail();
     if ((st = args_hw(&a, &hw, &basis)) != ZO_OK) return fail();
-    args_space(&a, &m, &hw, &s);
+    if ((st = args_space(&a, &m, &hw, &s)) != ZO_OK) return fail();
     double t0 = now_s();
     if ((st = plan_search(&m, &hw, &s, (int)a.top, &r)) != ZO_OK) return fail();
     double dt = now_s() - t0;
@@ -1104,6 +1245,13 @@ static void preset_config(const zo_model_config *m, const plan_train *ct, plan_t
     x->checkpoints_on = ct->checkpoints_on;
     memcpy(x->opt_frac, ct->opt_frac, sizeof x->opt_frac);
     x->buf.prefetch_depth = ct->buf.prefetch_depth;
+    x->method = ct->method;
+    x->lora = ct->lora;
+    x->adapters_on = ct->adapters_on;
+    x->schedule = ct->schedule;
+    x->dpu_warmup = ct->dpu_warmup;
+    x->opt_threads = ct->opt_threads;
+    x->clip_stale = ct->clip_stale;
 }
 
 /* The largest preset of the shape's architecture, at most `n` parameters,
@@ -1203,7 +1351,7 @@ static int cmd_max_model(int argc, char **argv)
         }
     }
     plan_space base;
-    args_space(&a, &ref, &hw, &base);
+    if ((st = args_space(&a, &ref, &hw, &base)) != ZO_OK) return fail();
     base.base.seq = a.seq ? (int)a.seq : 0;
     plan_report_basis(stdout, &hw, &basis);
     printf("\nlargest %s model on %d x %s (%.2f GiB CPU memory, %.2f TB NVMe per node), seq %d%s; "
@@ -1296,10 +1444,10 @@ static int cmd_calibrate(int argc, char **argv)
         st = zo_file_write_json(out, doc);
         cJSON_Delete(doc);
         if (st) return fail();
-        fprintf(stderr, "memplan: profile written to %s: CPU AdamW %.3g params/s, memory %.3g GB/s, "
-                        "%.1f GiB RAM, %d cores (%s)\n",
-                out, hw.cpu_adam_rate, hw.cpu_mem_bw / 1e9, (double)hw.cpu_mem / (1 << 30),
-                hw.cpu_cores, hw.note);
+        fprintf(stderr, "memplan: profile written to %s: CPU AdamW %.3g params/s (%.3g on one "
+                        "thread), memory %.3g GB/s, %.1f GiB RAM, %d cores (%s)\n",
+                out, hw.cpu_adam_rate, hw.cpu_adam_thread_rate, hw.cpu_mem_bw / 1e9,
+                (double)hw.cpu_mem / (1 << 30), hw.cpu_cores, hw.note);
         return 0;
     }
     char *text = doc ? cJSON_Print(doc) : NULL;

@@ -13,6 +13,13 @@ _Static_assert((int)ZO_PLAN_RECOMPUTE_NONE == PLAN_RECOMPUTE_NONE &&
                    (int)ZO_PLAN_RECOMPUTE_FULL == PLAN_RECOMPUTE_FULL,
                "recompute");
 _Static_assert((int)ZO_PLAN_ADAMW == PLAN_OPT_ADAMW && (int)ZO_PLAN_SGD == PLAN_OPT_SGD, "optimizer");
+_Static_assert((int)ZO_PLAN_FULL == PLAN_METHOD_FULL && (int)ZO_PLAN_LORA == PLAN_METHOD_LORA &&
+                   (int)ZO_PLAN_QLORA == PLAN_METHOD_QLORA,
+               "method");
+_Static_assert((int)ZO_PLAN_SCHED_SERIAL == PLAN_SCHED_SERIAL &&
+                   (int)ZO_PLAN_SCHED_OVERLAP == PLAN_SCHED_OVERLAP &&
+                   (int)ZO_PLAN_SCHED_DPU == PLAN_SCHED_DPU,
+               "schedule");
 
 /* ---- hardware ----------------------------------------------------------------------- */
 
@@ -72,13 +79,18 @@ void plan_file_from(const zo_model_config *m, const plan_hw *hw, const plan_trai
         .dtype = t->dtype, .grad_dtype = t->grad_dtype,
         .optimizer = (zo_plan_optimizer)t->optimizer, .recompute = (zo_plan_recompute)t->recompute,
         .flash_attn = t->flash_attn, .dropout = t->dropout, .dp_overlap = t->dp_overlap,
-        .fused_grad_accum = t->fused_grad_accum};
+        .fused_grad_accum = t->fused_grad_accum, .method = (zo_plan_method)t->method,
+        .optimizer_schedule = (zo_plan_schedule)t->schedule, .dpu_warmup = t->dpu_warmup,
+        .opt_threads = t->opt_threads, .clip_stale = t->clip_stale,
+        .has_lora = t->method != PLAN_METHOD_FULL, .lora = t->lora};
+    if (!p->training.has_lora) memset(&p->training.lora, 0, sizeof p->training.lora);
     p->parallel = (zo_plan_parallel){.dp = t->dp, .tp = t->tp, .pp = t->pp, .vpp = t->vpp,
                                      .sp = t->sp, .ep = t->ep,
                                      .capacity_factor = t->capacity_factor, .zero = t->zero};
     p->placement.params = (zo_plan_tier)t->params_on;
     p->placement.grads = (zo_plan_tier)t->grads_on;
     p->placement.checkpoints = (zo_plan_tier)t->checkpoints_on;
+    p->placement.adapters = (zo_plan_tier)t->adapters_on;
     memcpy(p->placement.optimizer, t->opt_frac, sizeof p->placement.optimizer);
     p->nvme.sub_group = t->buf.sub_group;
     p->nvme.swap_buffers = t->buf.swap_buffers;
@@ -134,6 +146,12 @@ zo_status plan_file_to(const zo_plan *p, const char *path, zo_model_config *m, p
     t->dropout = tr->dropout;
     t->dp_overlap = tr->dp_overlap;
     t->fused_grad_accum = tr->fused_grad_accum;
+    t->method = (plan_method)tr->method;
+    if (tr->has_lora) t->lora = tr->lora;
+    t->schedule = (plan_schedule)tr->optimizer_schedule;
+    t->dpu_warmup = tr->dpu_warmup;
+    t->opt_threads = tr->opt_threads;
+    t->clip_stale = tr->clip_stale;
     t->dp = p->parallel.dp;
     t->tp = p->parallel.tp;
     t->pp = p->parallel.pp;
@@ -145,6 +163,7 @@ zo_status plan_file_to(const zo_plan *p, const char *path, zo_model_config *m, p
     t->params_on = (plan_tier)p->placement.params;
     t->grads_on = (plan_tier)p->placement.grads;
     t->checkpoints_on = (plan_tier)p->placement.checkpoints;
+    t->adapters_on = (plan_tier)p->placement.adapters;
     memcpy(t->opt_frac, p->placement.optimizer, sizeof t->opt_frac);
     t->buf.sub_group = p->nvme.sub_group;
     t->buf.swap_buffers = p->nvme.swap_buffers;
@@ -157,6 +176,28 @@ zo_status plan_file_to(const zo_plan *p, const char *path, zo_model_config *m, p
     t->buf.fragmentation = p->buffers.fragmentation;
     zo_status st = plan_train_validate(t, m, hw);
     return st == ZO_OK ? ZO_OK : zo_error_wrap(st, "%s", path);
+}
+
+zo_status plan_file_predict(const zo_plan *p, const char *path, int schedule, plan_estimate *e,
+                            plan_time *out)
+{
+    zo_model_config m;
+    plan_hw hw;
+    plan_train t;
+    zo_status st = plan_file_to(p, path, &m, &hw, &t);
+    if (st != ZO_OK) return st;
+    if (schedule >= 0) {
+        if (schedule >= PLAN_SCHEDULES)
+            return zo_error(ZO_ERR_INVALID, "%s: schedule %d is not serial, overlap or dpu", path,
+                            schedule);
+        t.schedule = (plan_schedule)schedule;
+    }
+    plan_estimate est;
+    if (!e) e = &est;
+    if ((st = plan_estimate_run(&m, &hw, &t, e)) != ZO_OK ||
+        (st = plan_time_run(&m, &hw, &t, e, out)) != ZO_OK)
+        return zo_error_wrap(st, "%s", path);
+    return ZO_OK;
 }
 
 zo_status plan_file_parse(const char *text, const char *path, zo_model_config *m, plan_hw *hw,

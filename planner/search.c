@@ -22,6 +22,8 @@ void plan_space_defaults(plan_space *s, const zo_model_config *m, const plan_hw 
     s->recompute = -1;
     s->params_on = -1;
     s->opt_on = -1;
+    s->schedule = -1;
+    s->adapters_on = -1;
     s->objective = PLAN_OBJ_TIME;
     plan_train_defaults(&s->base, m);
     plan_train_fit_hw(&s->base, hw);
@@ -38,7 +40,8 @@ static int same_shape(const plan_candidate *a, const plan_train *t, int gpus)
            u->micro_batch == t->micro_batch && u->recompute == t->recompute &&
            u->params_on == t->params_on && u->grads_on == t->grads_on &&
            u->checkpoints_on == t->checkpoints_on && u->opt_frac[0] == t->opt_frac[0] &&
-           u->opt_frac[1] == t->opt_frac[1] && u->opt_frac[2] == t->opt_frac[2];
+           u->opt_frac[1] == t->opt_frac[1] && u->opt_frac[2] == t->opt_frac[2] &&
+           u->schedule == t->schedule && u->adapters_on == t->adapters_on;
 }
 
 typedef struct ranked {
@@ -89,15 +92,22 @@ typedef struct walk {
     plan_result *r;
 } walk;
 
+/* A searched optimizer schedule other than serial counts this much slower
+ * in the ranking: it must beat every serial plan by that much (the simpler
+ * schedule otherwise; dpu changes what a step computes with). */
+#define SCHED_MIN_GAIN 0.02
+
 static double score_of(const plan_space *s, const plan_time *pt, const plan_estimate *e,
                        int gpus)
 {
+    double step = pt->step;
+    if (s->schedule < 0 && pt->schedule != PLAN_SCHED_SERIAL) step *= 1 + SCHED_MIN_GAIN;
     switch (s->objective) {
     case PLAN_OBJ_MEMORY:
         /* GPU bytes first, step time breaks ties (a second is worth 1 byte) */
-        return (double)e->total[PLAN_GPU] + pt->step;
-    case PLAN_OBJ_COST: return gpus / pt->tokens_per_s; /* GPU-seconds per token */
-    default: return pt->step;
+        return (double)e->total[PLAN_GPU] + step;
+    case PLAN_OBJ_COST: return gpus * step / pt->sched.tokens; /* GPU-seconds per token */
+    default: return step;
     }
 }
 
@@ -111,17 +121,23 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
     if (t->dp == 1) zmin = zmax = 0; /* nothing to shard */
     int pmax = !s->allow_offload ? PLAN_GPU : s->allow_nvme ? PLAN_NVME : PLAN_CPU;
     int steps = s->opt_steps > 0 ? s->opt_steps : 1;
+    /* LoRA: the adapters on any tier the weights may take */
+    int amax = t->method == PLAN_METHOD_FULL ? PLAN_GPU : pmax;
     for (int z = zmin; z <= zmax; z++) {
         t->zero = z;
-        for (int pl = PLAN_GPU; pl <= pmax; pl++) {
+        for (int pla = 0; pla <= (pmax + 1) * (amax + 1) - 1; pla++) {
+            int pl = pla / (amax + 1), ad = pla % (amax + 1);
             if (s->params_on >= 0 && pl != s->params_on) continue;
+            if (s->adapters_on >= 0 && t->method != PLAN_METHOD_FULL && ad != s->adapters_on) continue;
             t->params_on = (plan_tier)pl;
+            t->adapters_on = (plan_tier)ad;
             /* optimizer: on the GPU (k = -1), or k/steps of it on NVMe, the
-             * rest on the CPU; streamed weights need the CPU optimizer */
+             * rest on the CPU; streamed weights need the CPU optimizer
+             * (LoRA's need not: the base streams, the adapters stay) */
             int kmax = !s->allow_offload ? -1 : s->allow_nvme ? steps : 0;
             for (int k = -1; k <= kmax; k++) {
                 if (k >= 0 && !s->allow_offload) break;
-                if (k < 0 && pl != PLAN_GPU) continue;
+                if (k < 0 && pl != PLAN_GPU && t->method == PLAN_METHOD_FULL) continue;
                 if (s->opt_on == PLAN_GPU && k >= 0) continue;
                 if (s->opt_on == PLAN_CPU && k != 0) continue;
                 if (s->opt_on == PLAN_NVME && k != steps) continue;
@@ -139,7 +155,7 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
                 int ckmax = s->allow_offload && t->recompute == PLAN_RECOMPUTE_FULL ? PLAN_CPU : PLAN_GPU;
                 for (int ck = PLAN_GPU; ck <= ckmax; ck++) {
                     t->checkpoints_on = (plan_tier)ck;
-                    int streamed = pl != PLAN_GPU || z >= 3;
+                    int streamed = pl != PLAN_GPU || ad != PLAN_GPU || z >= 3;
                     int dmin = streamed ? 1 : s->base.buf.prefetch_depth;
                     int dmax = streamed ? s->max_prefetch : s->base.buf.prefetch_depth;
                     for (int d = dmin; d <= dmax; d++) {
@@ -148,9 +164,20 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
                         plan_estimate_unchecked(w->m, &w->hw, t, &e);
                         if (!e.fits) continue;
                         w->r->feasible++;
+                        t->schedule = PLAN_SCHED_SERIAL;
                         plan_time_step(w->m, &w->hw, t, &e, mb, &pt);
-                        double sc = score_of(s, &pt, &e, w->hw.gpus);
-                        if (sc < worst(&w->rk)) rank_insert(&w->rk, t, w->hw.gpus, sc, &pt, &e);
+                        /* the optimizer schedule: one more dimension, when
+                         * the CPU updates something */
+                        for (int sch = PLAN_SCHED_SERIAL; sch < PLAN_SCHEDULES; sch++) {
+                            if (s->schedule >= 0 && sch != s->schedule) continue;
+                            if (sch != PLAN_SCHED_SERIAL && pt.sched.cpu_n <= 0 &&
+                                s->schedule < 0)
+                                break;
+                            t->schedule = (plan_schedule)sch;
+                            if (sch != PLAN_SCHED_SERIAL) plan_time_schedule(&pt, t->schedule);
+                            double sc = score_of(s, &pt, &e, w->hw.gpus);
+                            if (sc < worst(&w->rk)) rank_insert(&w->rk, t, w->hw.gpus, sc, &pt, &e);
+                        }
                     }
                 }
             }
@@ -324,7 +351,12 @@ void plan_describe_diff(const plan_candidate *best, const plan_candidate *c, cha
     }
     DIFF(y->checkpoints_on != x->checkpoints_on, "checkpoints on %s instead of %s",
          tier_words(y->checkpoints_on), tier_words(x->checkpoints_on));
-    int streamed = y->params_on != PLAN_GPU || y->zero >= 3 || x->params_on != PLAN_GPU || x->zero >= 3;
+    DIFF(y->adapters_on != x->adapters_on, "adapters on %s instead of %s", tier_words(y->adapters_on),
+         tier_words(x->adapters_on));
+    DIFF(y->schedule != x->schedule, "optimizer schedule %s instead of %s",
+         plan_schedule_name(y->schedule), plan_schedule_name(x->schedule));
+    int streamed = y->params_on != PLAN_GPU || y->zero >= 3 || x->params_on != PLAN_GPU || x->zero >= 3 ||
+                   y->adapters_on != PLAN_GPU || x->adapters_on != PLAN_GPU;
     DIFF(streamed && y->buf.prefetch_depth != x->buf.prefetch_depth, "prefetch %d instead of %d",
          y->buf.prefetch_depth, x->buf.prefetch_depth);
 #undef DIFF
@@ -360,6 +392,42 @@ static void because(sbuf *b, const char *what, const plan_estimate *e, int fits,
     }
 }
 
+/* The optimizer schedule against the others on the same configuration. */
+static void explain_schedule(sbuf *b, const plan_candidate *c)
+{
+    if (c->time.sched.cpu_n <= 0) return;
+    double step[PLAN_SCHEDULES];
+    for (int s = 0; s < PLAN_SCHEDULES; s++) {
+        plan_time x = c->time;
+        plan_time_schedule(&x, (plan_schedule)s);
+        step[s] = x.step;
+    }
+    const plan_time *pt = &c->time;
+    if (pt->schedule == PLAN_SCHED_SERIAL) {
+        put(b, "optimizer schedule serial (%.3f s per step): overlapped %.3f s (%s clipping), with "
+               "the delayed update %.3f s; another is taken for at least %.0f%% less\n",
+            pt->step, step[PLAN_SCHED_OVERLAP], c->t.clip_stale ? "stale" : "exact",
+            step[PLAN_SCHED_DPU], 100 * SCHED_MIN_GAIN);
+        return;
+    }
+    put(b, "optimizer schedule %s: %.3f s per step against %.3f s serial", plan_schedule_name(pt->schedule),
+        pt->step, step[PLAN_SCHED_SERIAL]);
+    if (pt->schedule != PLAN_SCHED_OVERLAP)
+        put(b, ", %.3f s overlapped (%s clipping)", step[PLAN_SCHED_OVERLAP],
+            c->t.clip_stale ? "stale" : "exact");
+    if (pt->schedule != PLAN_SCHED_DPU) put(b, ", %.3f s with the delayed update", step[PLAN_SCHED_DPU]);
+    put(b, "; %.3f s of the CPU optimizer's %.3f s run beside the GPU's work", pt->opt_hidden,
+        pt->opt_s);
+    if (pt->schedule == PLAN_SCHED_DPU)
+        put(b, "; after %d serial steps each step computes with the weights before the previous "
+               "step's update (--schedule overlap keeps the serial results bit for bit)",
+            c->t.dpu_warmup);
+    else if (pt->schedule == PLAN_SCHED_OVERLAP && !c->t.clip_stale)
+        put(b, "; exact clipping: the updates wait for the whole backward's norm (--clip-stale "
+               "lets them start as each block's gradients are complete)");
+    put(b, "\n");
+}
+
 void plan_explain(const zo_model_config *m, const plan_hw *hw, const plan_candidate *c, char *buf,
                   size_t len)
 {
@@ -392,7 +460,9 @@ void plan_explain(const zo_model_config *m, const plan_hw *hw, const plan_candid
             u.opt_frac[PLAN_GPU] = 1;
             u.opt_frac[PLAN_CPU] = 0;
             u.grads_on = PLAN_GPU;
-            u.params_on = PLAN_GPU;
+            /* (full fine-tuning: a GPU optimizer updates resident weights;
+             * LoRA's adapters have their own placement) */
+            if (t->method == PLAN_METHOD_FULL) u.params_on = PLAN_GPU;
             int fits = try_change(m, &h, &u, &e, &step);
             because(&b, "optimizer on the CPU", &e, fits, step, c->time.step, PLAN_GPU);
         }
@@ -401,8 +471,16 @@ void plan_explain(const zo_model_config *m, const plan_hw *hw, const plan_candid
         plan_train u = *t;
         u.params_on = t->params_on == PLAN_NVME ? PLAN_CPU : PLAN_GPU;
         int fits = try_change(m, &h, &u, &e, &step);
-        snprintf(what, sizeof what, "weights streamed from %s", tier_words(t->params_on));
+        snprintf(what, sizeof what, "%s streamed from %s",
+                 t->method == PLAN_METHOD_FULL ? "weights" : "frozen base", tier_words(t->params_on));
         because(&b, what, &e, fits, step, c->time.step, t->params_on == PLAN_NVME ? PLAN_CPU : PLAN_GPU);
+    }
+    if (t->adapters_on != PLAN_GPU) {
+        plan_train u = *t;
+        u.adapters_on = PLAN_GPU;
+        int fits = try_change(m, &h, &u, &e, &step);
+        snprintf(what, sizeof what, "adapters streamed from %s", tier_words(t->adapters_on));
+        because(&b, what, &e, fits, step, c->time.step, PLAN_GPU);
     }
     if (t->checkpoints_on == PLAN_CPU) {
         plan_train u = *t;
@@ -424,6 +502,7 @@ void plan_explain(const zo_model_config *m, const plan_hw *hw, const plan_candid
         snprintf(what, sizeof what, "ZeRO-%d rather than ZeRO-%d", t->zero, t->zero - 1);
         because(&b, what, &e, fits, step, c->time.step, PLAN_GPU);
     }
+    explain_schedule(&b, c);
     if (!b.used) put(&b, "everything on the GPU: it fits there\n");
 }
 

@@ -39,6 +39,8 @@ typedef struct plan_space {
     int recompute;         /* -1: all; else a plan_recompute */
     int params_on;         /* -1: free; else the plan_tier of the weights */
     int opt_on;            /* -1: free; else all optimizer state on this plan_tier */
+    int schedule;          /* -1: every optimizer schedule; else a plan_schedule */
+    int adapters_on;       /* LoRA: -1 free; else the plan_tier of the adapters */
     plan_objective objective;
     plan_train base;       /* dtype, grad dtype, optimizer, seq, flash, dropout, buffers */
 } plan_space;

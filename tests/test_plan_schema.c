@@ -40,10 +40,18 @@ static void full_plan(zo_plan *p)
     p->training.recompute = ZO_PLAN_RECOMPUTE_FULL;
     p->training.dp_overlap = 0;
     p->training.fused_grad_accum = 1;
+    p->training.method = ZO_PLAN_QLORA;
+    p->training.has_lora = 1;
+    p->training.lora = (zo_lora_config){.r = 16, .alpha = 32, .targets = ZO_LORA_ALL_LINEAR};
+    p->training.optimizer_schedule = ZO_PLAN_SCHED_DPU;
+    p->training.dpu_warmup = 5;
+    p->training.opt_threads = 3;
+    p->training.clip_stale = 1;
     p->parallel = (zo_plan_parallel){.dp = 2, .tp = 2, .pp = 2, .vpp = 2, .sp = 1, .ep = 2,
                                      .capacity_factor = 1.5, .zero = 1};
     p->placement = (zo_plan_placement){.params = ZO_PLAN_NVME, .grads = ZO_PLAN_CPU,
-                                       .checkpoints = ZO_PLAN_CPU, .optimizer = {0.25, 0.5, 0.25}};
+                                       .checkpoints = ZO_PLAN_CPU, .adapters = ZO_PLAN_CPU,
+                                       .optimizer = {0.25, 0.5, 0.25}};
     snprintf(p->nvme.dir, sizeof p->nvme.dir, "/mnt/nvme0");
     p->nvme.sub_group = 12345;
     p->nvme.swap_buffers = 4;
@@ -55,6 +63,7 @@ static void full_plan(zo_plan *p)
     p->hardware = (zo_hw_profile){.name = "box", .gpu = "GPU-X", .gpus = 8, .gpus_per_node = 8,
                                   .gpu_mem = 1ull << 34, .cpu_mem = 1ull << 38, .nvme = 1ull << 40,
                                   .pcie_bw = 2.5e10, .gemm_eff_max = 0.5, .measured = 1,
+                                  .cpu_adam_rate = 2e9, .cpu_adam_thread_rate = 4e8,
                                   .note = "measured"};
     p->has_predicted = 1;
     p->predicted = (zo_plan_predicted){.peak_bytes = {1, 2, 3}, .capacity_bytes = {4, 5, 6},
@@ -142,6 +151,16 @@ static void test_roundtrip(void **state)
     assert_true(zo_model_params(&q->model) == zo_model_params(&p->model));
     assert_true(q->parallel.ep == 2 && q->parallel.capacity_factor == 1.5);
     assert_true(q->training.dp_overlap == 0 && q->training.fused_grad_accum == 1);
+    assert_true(q->training.method == ZO_PLAN_QLORA && q->training.has_lora);
+    assert_true(q->training.lora.r == 16 && q->training.lora.alpha == 32 &&
+                q->training.lora.targets == ZO_LORA_ALL_LINEAR);
+    assert_non_null(strstr(text, "\"all-linear\""));
+    assert_non_null(strstr(text, "\"qlora\""));
+    assert_non_null(strstr(text, "\"dpu\""));
+    assert_true(q->training.optimizer_schedule == ZO_PLAN_SCHED_DPU && q->training.dpu_warmup == 5 &&
+                q->training.opt_threads == 3 && q->training.clip_stale == 1);
+    assert_true(q->hardware.cpu_adam_thread_rate == 4e8);
+    assert_true(q->placement.adapters == ZO_PLAN_CPU);
     free(again);
     free(text);
 
@@ -221,7 +240,7 @@ static void test_required_and_unknown(void **state)
     assert_int_equal(read_doc(doc, q), ZO_OK);
     /* an unknown field, in every object */
     const char *objects[] = {"", "model", "model.features", "model.features.mla",
-                             "model.features.moe", "hardware", "training", "parallel",
+                             "model.features.moe", "hardware", "training", "training.lora", "parallel",
                              "placement", "placement.optimizer", "nvme", "buffers", "predicted",
                              "predicted.peak_bytes"};
     for (size_t i = 0; i < sizeof objects / sizeof objects[0]; i++) {
@@ -261,6 +280,82 @@ static void test_required_and_unknown(void **state)
     assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
     assert_non_null(strstr(zo_last_error(), "model.params"));
     cJSON_Delete(doc);
+    free(q);
+}
+
+/* training.lora is there exactly for a LoRA or QLoRA plan; its targets are
+ * PEFT's module names or ours, and must exist in the model. */
+static void test_method(void **state)
+{
+    (void)state;
+    zo_plan *q = malloc(sizeof *q);
+    assert_non_null(q);
+    static leaf l[256];
+    int n;
+    cJSON *doc = full_doc(l, &n, 256);
+    cJSON *tr = cJSON_GetObjectItemCaseSensitive(doc, "training");
+    cJSON *lora = cJSON_GetObjectItemCaseSensitive(tr, "lora");
+    /* PEFT's names are read as ours */
+    cJSON_ReplaceItemInObjectCaseSensitive(lora, "targets", cJSON_CreateString("q_proj,v_proj"));
+    assert_int_equal(read_doc(doc, q), ZO_OK);
+    assert_true(q->training.lora.targets == (ZO_LORA_Q | ZO_LORA_V));
+    cJSON_ReplaceItemInObjectCaseSensitive(lora, "targets", cJSON_CreateString("q,attn"));
+    assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "p.json: field \"training.lora.targets\" must be a "
+                                            "comma-separated list of q, k, v, o, gate, up, down, or all-linear"));
+    cJSON_ReplaceItemInObjectCaseSensitive(lora, "targets", cJSON_CreateString(""));
+    assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
+    cJSON_ReplaceItemInObjectCaseSensitive(lora, "targets", cJSON_CreateString("all-linear"));
+    /* a full plan carries no adapters, a LoRA plan must */
+    cJSON_ReplaceItemInObjectCaseSensitive(tr, "method", cJSON_CreateString("full"));
+    assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "\"training.lora\" is given but \"training.method\" is full"));
+    cJSON *detached = cJSON_DetachItemFromObjectCaseSensitive(tr, "lora");
+    /* without adapters, nothing has the adapters' placement */
+    cJSON *pl = cJSON_GetObjectItemCaseSensitive(doc, "placement");
+    assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "\"placement.adapters\" is cpu but \"training.method\" is full"));
+    cJSON_ReplaceItemInObjectCaseSensitive(pl, "adapters", cJSON_CreateString("gpu"));
+    assert_int_equal(read_doc(doc, q), ZO_OK);
+    assert_false(q->training.has_lora);
+    cJSON_ReplaceItemInObjectCaseSensitive(tr, "method", cJSON_CreateString("lora"));
+    assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "field \"training.method\" is lora: missing object "
+                                            "\"training.lora\""));
+    cJSON_AddItemToObject(tr, "lora", detached);
+    assert_int_equal(read_doc(doc, q), ZO_OK);
+    assert_true(q->training.method == ZO_PLAN_LORA);
+    cJSON_ReplaceItemInObjectCaseSensitive(tr, "method", cJSON_CreateString("adapters"));
+    assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "field \"training.method\" must be full, lora or qlora"));
+    cJSON_ReplaceItemInObjectCaseSensitive(tr, "method", cJSON_CreateString("lora"));
+    cJSON_ReplaceItemInObjectCaseSensitive(tr, "optimizer_schedule", cJSON_CreateString("async"));
+    assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "\"training.optimizer_schedule\" must be serial, overlap or dpu"));
+    cJSON_ReplaceItemInObjectCaseSensitive(tr, "optimizer_schedule", cJSON_CreateString("overlap"));
+    assert_int_equal(read_doc(doc, q), ZO_OK);
+    cJSON_Delete(doc);
+
+    /* GPT-2 has no gate; a model known by its size has no layers to adapt */
+    zo_model_config gpt2;
+    assert_int_equal(zo_model_preset_find("gpt2", &gpt2), ZO_OK);
+    zo_plan_defaults(q, &gpt2);
+    q->training.method = ZO_PLAN_LORA;
+    q->training.has_lora = 1;
+    q->training.lora = (zo_lora_config){.r = 8, .alpha = 16, .targets = ZO_LORA_GATE};
+    cJSON *out;
+    assert_int_equal(zo_plan_write_json(q, "g.json", &out), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "g.json: field \"training.lora\": LoRA: gpt2 has no gate"));
+    q->training.lora.targets = ZO_LORA_Q | ZO_LORA_V;
+    assert_int_equal(zo_plan_write_json(q, "g.json", &out), ZO_OK);
+    cJSON_Delete(out);
+    zo_model_config big = {.name = "big", .max_seq = 4096, .params_override = 70000000000ull};
+    zo_plan_defaults(q, &big);
+    q->training.method = ZO_PLAN_QLORA;
+    q->training.has_lora = 1;
+    q->training.lora = (zo_lora_config){.r = 8, .alpha = 16, .targets = ZO_LORA_Q};
+    assert_int_equal(zo_plan_write_json(q, "b.json", &out), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "the adapters need the model's shape"));
     free(q);
 }
 
@@ -478,6 +573,40 @@ static void test_limits_memplan_runtime(void **state)
     remove(path);
 }
 
+/* A plan that trains adapters is read by the schema and refused by the
+ * runtime by its field until the runtime trains them from a plan. */
+static void test_runtime_reads_lora(void **state)
+{
+    (void)state;
+    char path[400], plan[400], data[400], cmd[2000];
+    static char out[1 << 16];
+    snprintf(path, sizeof path, "%s/config.json", tmp_dir);
+    files_write_text(path, tiny_config);
+    snprintf(plan, sizeof plan, "%s/lora.json", tmp_dir);
+    snprintf(data, sizeof data, "%s/text.txt", tmp_dir);
+    files_write_sample_text(data, 200);
+    assert_true(estimate("--lora 4 --qlora --schedule overlap --clip-stale", plan, out, sizeof out) <= 1);
+    zo_plan *f = malloc(sizeof *f);
+    assert_non_null(f);
+    assert_int_equal(zo_plan_load(plan, f), ZO_OK);
+    assert_true(f->training.method == ZO_PLAN_QLORA && f->training.lora.r == 4);
+    free(f);
+    /* the runtime takes the schedule and the adapters' place; train the method */
+    offload_plan p;
+    offload_plan_defaults(&p);
+    assert_int_equal(offload_plan_load(plan, &p), ZO_OK);
+    assert_int_equal(p.cfg.schedule, OFFLOAD_SCHEDULE_OVERLAP);
+    assert_int_equal(p.cfg.clip_stale, 1);
+    assert_int_equal(p.cfg.trainable_on, OFFLOAD_DEVICE);
+    snprintf(cmd, sizeof cmd, "%s --plan %s --model %s --data %s --text --steps 2 --threads 2 2>&1", ZO_TRAIN_BIN,
+             plan, path, data);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+    assert_non_null(strstr(out, "# LoRA r 4"));
+    assert_non_null(strstr(out, "(QLoRA: NF4 base)"));
+    remove(plan);
+    remove(path);
+}
+
 /* `train --plan` runs a plan made for its model and one rank, and refuses a
  * plan made for another model or for more ranks, naming both values. */
 static void test_train_refuses_other_plans(void **state)
@@ -600,11 +729,13 @@ int main(void)
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_required_and_unknown),
         cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_method),
         cmocka_unit_test(test_check_run),
 #if defined(ZO_MEMPLAN_BIN) && defined(ZO_TRAIN_BIN)
         cmocka_unit_test(test_limits_memplan_runtime),
         cmocka_unit_test(test_train_refuses_other_plans),
         cmocka_unit_test(test_train_check_plan),
+        cmocka_unit_test(test_runtime_reads_lora),
 #endif
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -241,6 +241,7 @@ static void test_suggestions_ranked(void **state)
     static plan_suggestions sg;
     assert_int_equal(plan_suggest(&m, &hw, &t, &sg), ZO_OK);
     assert_true(sg.n >= 3 && sg.n <= sg.tried);
+    int offload = 0;
     for (int i = 0; i < sg.n; i++) {
         const plan_alternative *a = &sg.alt[i];
         if (i) assert_true(sg.alt[i - 1].time.step <= a->time.step);
@@ -252,9 +253,15 @@ static void test_suggestions_ranked(void **state)
         assert_int_equal(plan_time_run(&m, &hw, &a->t, &ea, &pt), ZO_OK);
         assert_true(pt.step == a->time.step);
         assert_true(a->flags[0] != '\0' && a->what[0] != '\0');
-        assert_string_equal(plan_alt_kind_name(a->kind), "offload");
+        /* the kind names what is trained: the offload ladder keeps it, the
+         * LoRA and QLoRA kinds train adapters on a 16-bit or NF4 base */
+        static const plan_method method_of[PLAN_ALT_KINDS] = {PLAN_METHOD_FULL, PLAN_METHOD_LORA,
+                                                              PLAN_METHOD_QLORA};
+        assert_true(a->t.method == method_of[a->kind]);
+        offload += a->kind == PLAN_ALT_OFFLOAD;
         for (int j = 0; j < i; j++) assert_string_not_equal(sg.alt[j].flags, a->flags);
     }
+    assert_true(offload >= 3);
 }
 
 /* ---- the CLI ------------------------------------------------------------------------------ */
