@@ -112,6 +112,17 @@ zo_status zo_file_write_all(const char *path, const void *buf, size_t len)
     return zo_file_commit(&f);
 }
 
+zo_status zo_file_write_json(const char *path, const cJSON *doc)
+{
+    char *text = doc ? cJSON_Print(doc) : NULL;
+    if (!text) return zo_error(ZO_ERR_NOMEM, "%s: out of memory building JSON", path);
+    size_t n = strlen(text);
+    text[n] = '\n'; /* replaces the NUL: the file ends with a newline */
+    zo_status st = zo_file_write_all(path, text, n + 1);
+    free(text);
+    return st;
+}
+
 /* read(2) retried on EINTR: bytes read, 0 at the end, -1 on error. */
 static ssize_t read_some(int fd, void *buf, size_t len)
 {

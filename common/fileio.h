@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/status.h" /* defines: zo_status */
 
 /* A file being written as "<path>.tmp.<pid>", next to its final path. */
@@ -33,6 +35,11 @@ void zo_file_abort(zo_file_writer *f);
 /* `len` bytes of buf as the whole of `path`, atomically (create, append,
  * commit). */
 zo_status zo_file_write_all(const char *path, const void *buf, size_t len);
+
+/* doc as cJSON prints it, and a newline, as the whole of `path`
+ * (zo_file_write_all); a NULL doc (one that could not be built) or no memory
+ * to print it is ZO_ERR_NOMEM. */
+zo_status zo_file_write_json(const char *path, const cJSON *doc);
 
 /* Read the whole of `path`, a regular file (see zo_file_open_regular), into
  * a NUL-terminated buffer the caller frees; *len (may be NULL) gets its

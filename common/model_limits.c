@@ -23,11 +23,18 @@ zo_status zo_model_config_check_limits(const zo_model_config *c)
         return zo_error(ZO_ERR_INVALID, "model %s: %d layers is more than %d", n, c->n_layers,
                         ZO_MODEL_MAX_LAYERS);
     /* an upper bound of every family's count, in double: the largest tensors
-     * and the sum, with every bias and both MLP shapes (GELU: 2 h f, SwiGLU:
-     * 3 h f) counted */
-    double h = c->hidden, v = c->vocab, f = c->ffn, s = c->max_seq;
+     * and the sum, with every bias and norm and both MLP shapes (GELU: 2 h f,
+     * SwiGLU: 3 h f) counted; a layer counted as dense and MoE at once, its
+     * attention as MLA (latent, DeepSeek-V2/V3) when kv_rank is set */
+    double h = c->hidden, v = c->vocab, f = c->ffn, s = c->max_seq + (double)c->pos_offset;
+    double heads = c->n_heads;
     double hd = c->head_dim > 0 ? c->head_dim : (c->n_heads > 0 ? h / c->n_heads : h);
-    double q = (double)c->n_heads * hd, kv = (double)(c->n_kv_heads > 0 ? c->n_kv_heads : c->n_heads) * hd;
+    double q = heads * hd, kv = (double)(c->n_kv_heads > 0 ? c->n_kv_heads : c->n_heads) * hd;
+    const zo_mla *a = &c->mla;
+    double qr = a->q_rank, kr = a->kv_rank, qk = (double)a->qk_nope + a->qk_rope;
+    double mq = heads * qk, mkv = kr * heads * ((double)a->qk_nope + a->v_dim), mo = heads * a->v_dim;
+    const zo_moe *e = &c->moe;
+    double ex = e->experts, ef = e->expert_ffn, sf = e->shared_ffn;
     struct {
         const char *what;
         double numel;
@@ -37,16 +44,27 @@ zo_status zo_model_config_check_limits(const zo_model_config *c)
         {"the q/k/v projection ((heads + 2 kv heads) x head_dim x hidden)", (q + 2 * kv) * h},
         {"the attention output (hidden x heads x head_dim)", h * q},
         {"an MLP projection (ffn x hidden)", f * h},
+        {"the latent q projection (heads x qk head dims x q_lora_rank, or x hidden)", mq * (qr > h ? qr : h)},
+        {"the latent kv projections (kv_lora_rank x heads x (qk_nope + v) head dims)", mkv},
+        {"the latent attention output (hidden x heads x v_head_dim)", h * mo},
+        {"an expert's projection (expert ffn x hidden)", ef * h},
+        {"the shared experts' projection (shared ffn x hidden)", sf * h},
+        {"the router (experts x hidden)", ex * h},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         if (t[i].numel > ZO_MODEL_MAX_PARAMS)
             return zo_error(ZO_ERR_INVALID, "model %s: %s would hold %.4g elements, more than 2^53", n,
                             t[i].what, t[i].numel);
-    double layer = (q + 2 * kv) * h + h * q + 3 * f * h + (q + 2 * kv) + 2 * f + 6 * h;
-    double total = 2 * v * h + s * h + (double)c->n_layers * layer + 2 * h;
+    double attn = (q + 2 * kv) * h + h * q + (q + 2 * kv);
+    if (a->kv_rank)
+        attn += h * qr + qr * mq + h * mq + h * (kr + a->qk_rope) + mkv + h * mo + qr + kr;
+    double mlp = 3 * f * h + 2 * f + h;
+    double moe = ex * (3 * ef * h + 2 * ef + h) + ex * h + ex + 3 * sf * h + h;
+    double layer = attn + mlp + moe + 8 * h + 4 * hd;
+    double total = 2 * v * h + s * h + (double)c->n_layers * layer + 4 * h;
     if (total > ZO_MODEL_MAX_PARAMS)
-        return zo_error(ZO_ERR_INVALID, "model %s: %d layers of hidden %d, ffn %d and vocab %d make up "
+        return zo_error(ZO_ERR_INVALID, "model %s: %d layers of hidden %d, ffn %d%s and vocab %d make up "
                         "to %.4g parameters, more than 2^53", n, c->n_layers, c->hidden, c->ffn,
-                        c->vocab, total);
+                        e->experts ? " (and the experts)" : "", c->vocab, total);
     return ZO_OK;
 }

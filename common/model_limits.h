@@ -1,9 +1,9 @@
 /* What a model's shape and constants must satisfy beyond being positive
  * (zo_model_config_validate): no count the project forms from them can
- * overflow, and the constants make sense. Called by the layout
- * (model/layout.c) and meant for every parser of a shape (presets,
- * config.json, plans), so that nonsense is bad input (memplan exit 2), never
- * a wrapped product that "does not fit". */
+ * overflow, and the constants make sense. Called by
+ * zo_model_config_validate, and so by every parser of a shape (presets,
+ * config.json, plans, memplan's flags) and the layout, so that nonsense is
+ * bad input (memplan exit 2), never a wrapped product that "does not fit". */
 #ifndef ZO_COMMON_MODEL_LIMITS_H
 #define ZO_COMMON_MODEL_LIMITS_H
 
@@ -23,8 +23,10 @@
  * is negative or not finite; the
  * layers are more than ZO_MODEL_MAX_LAYERS; or an upper bound of the
  * parameter count or of one tensor's elements passes ZO_MODEL_MAX_PARAMS
- * (computed in double, so the check itself cannot overflow). A config with
- * only a parameter total (params_override) has just that total checked. */
+ * (computed in double, so the check itself cannot overflow; MoE experts,
+ * shared experts and routers, and latent attention's projections counted).
+ * A config with only a parameter total (params_override) has just that
+ * total checked. zo_model_config_validate calls it. */
 zo_status zo_model_config_check_limits(const zo_model_config *c);
 
 #endif

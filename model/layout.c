@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/model_limits.h" /* defines: zo_model_config_check_limits */
 
 static const char *const role_names[MODEL_ROLE_COUNT] = {
     [MODEL_ROLE_TOK_EMB] = "tok_emb",
@@ -147,9 +146,11 @@ zo_status model_layout_init(model_layout *l, const zo_model_config *cfg_in)
                         cfg.name);
     /* products of the shape (tensor sizes, the block count) are formed
      * below: nonsense is refused before, not wrapped around */
-    if ((st = zo_model_config_validate(&cfg)) != ZO_OK ||
-        (st = zo_model_config_check_limits(&cfg)) != ZO_OK)
+    if ((st = zo_model_config_validate(&cfg)) != ZO_OK) /* with its limits (model_limits.h) */
         return zo_error_wrap(st, "model layout: %s", cfg.name);
+    /* memplan sizes more families than the layout builds: refuse the rest by name */
+    if ((st = zo_model_config_runtime_check(&cfg)) != ZO_OK)
+        return zo_error_wrap(st, "model layout");
     l->cfg = cfg;
     l->n_layers = cfg.n_layers;
     l->n_blocks = cfg.n_layers + 2;

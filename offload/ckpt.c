@@ -243,7 +243,8 @@ static zo_status pick_name(const offload_t *rt, int dfd, const char *latest, cha
 zo_status offload_save_streamed(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
                                 offload_weights_stream writer, void *writer_user)
 {
-    zo_status st = offload_grads_drain(rt);
+    zo_status st = offload_optim_settle(rt);
+    if (st == ZO_OK) st = offload_grads_drain(rt);
     if (st != ZO_OK) return st;
     if (rt->micro)
         return zo_error(ZO_ERR_INVALID, "offload_save: %d micro-batches are accumulated; save between steps",
@@ -471,7 +472,7 @@ zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
     const model_st_tensor *src[3];
     for (int b = 0; b < rt->g.nb; b++)
         if ((st = find_sources(rt, &f, b, src)) != ZO_OK) goto out_close;
-    if ((st = offload_grads_drain(rt)) != ZO_OK) goto out_close;
+    if ((st = offload_optim_settle(rt)) != ZO_OK || (st = offload_grads_drain(rt)) != ZO_OK) goto out_close;
     size_t C = io_chunk(rt);
     float *buf;
     if ((st = offload_host_alloc(&rt->env, 3 * C * 4, 0, (void **)&buf)) != ZO_OK) goto out_close;
@@ -501,6 +502,7 @@ zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
     rt->skipped = cs.skipped;
     rt->skipped_in_a_row = cs.skipped_in_a_row;
     rt->micro = 0;
+    offload_optim_settle(rt); /* every block's weights are this step's */
     if (meta) {
         meta->data_step = cs.data_step;
         meta->seed = cs.seed;

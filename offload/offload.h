@@ -77,6 +77,8 @@ typedef struct offload_block_io {
     void *grads;            /* backward: its gradients, zeroed before; add to them */
     const void *dep_params; /* the weights of block_dep[b] (e.g. the tied embedding), or NULL */
     void *dep_grads;        /* backward: gradients of block_dep[b], zeroed before, or NULL */
+    const void *frozen;     /* the block's frozen base (offload_model.frozen_bytes), or NULL */
+    const void *dep_frozen; /* the frozen base of block_dep[b], or NULL */
     const void *in;         /* the activation from block b-1 (NULL for block 0) */
     void *out;              /* forward: the activation for block b+1 (NULL for the last) */
 } offload_block_io;
@@ -111,6 +113,12 @@ typedef struct offload_model {
     /* (optional) Rebuild what backward reads from `in`, without writing
      * `out`. Called before backward when config.recompute is set. */
     offload_block_fn recompute;
+    /* (optional) A frozen base per block (e.g. the base weights under LoRA
+     * adapters, 16-bit or NF4): frozen_bytes[b] bytes the model reads and
+     * never trains: no gradients, no optimizer state, never written back.
+     * The block's trainable weights are then block_numel[b] elements beside
+     * it (0 for a block with nothing to train). NULL: nothing frozen. */
+    const size_t *frozen_bytes;
 } offload_model;
 
 /* ---- the configuration (what a plan says) -------------------------------- */
@@ -120,12 +128,37 @@ typedef struct offload_adamw {
     float clip; /* max global gradient norm; 0: no clipping */
 } offload_adamw;
 
+/* When the optimizer's update runs (docs/offload.md, "Schedules").
+ * - SERIAL: after the step's micro-batches, the host waiting (the default).
+ * - OVERLAP: on the optimizer's own thread beside the device's work. With
+ *   exact clipping (or fp16 loss scaling) the norm comes first: the update
+ *   starts after the last backward and runs while the next micro-batch's
+ *   forward goes on, each block's forward waiting for exactly that block's
+ *   new weights; the results are the serial schedule's, bit for bit. Without
+ *   clipping, or with clip_stale, a block's update starts as soon as its
+ *   gradients are complete, while backward runs on through the earlier
+ *   blocks.
+ * - DPU (delayed parameter update): after dpu_warmup serial steps, step t's
+ *   update runs during step t+1's micro-batches, which use the weights of
+ *   step t - 1; the new weights are published at the next step. */
+typedef enum offload_schedule {
+    OFFLOAD_SCHEDULE_SERIAL = 0,
+    OFFLOAD_SCHEDULE_OVERLAP,
+    OFFLOAD_SCHEDULE_DPU,
+} offload_schedule;
+
+const char *offload_schedule_name(offload_schedule s); /* "serial", "overlap", "dpu" */
+zo_status offload_schedule_parse(const char *s, const char *what, offload_schedule *out);
+
 /* Test seam for checkpoint writes: called at named points of the write (see
  * offload_save); a test blocks or kills the process there. */
 typedef void (*offload_ckpt_hook)(void *user, const char *point);
 
 typedef struct offload_config {
-    offload_tier params_on;          /* DEVICE: resident; CPU, NVME: streamed */
+    offload_tier params_on;          /* DEVICE: resident; CPU, NVME: streamed (with a frozen
+                                        base: where the base lives) */
+    offload_tier trainable_on;       /* with a frozen base: where the trainable weights
+                                        live (default DEVICE); without, unused */
     /* Optimizer state split (the device share: whole blocks). A gradient is
      * summed where its optimizer state lives: on the device for the device
      * share, in fp32 host memory for the rest. */
@@ -139,6 +172,12 @@ typedef struct offload_config {
     int swap_buffers;                /* sub-group buffers of the NVMe pipeline; 0 = 3 */
     int grad_accum;                  /* micro-batches per step; 0 = 1 */
     int n_threads;                   /* CPU Adam threads; 0 = OpenMP's default */
+    offload_schedule schedule;       /* when the update runs (default SERIAL) */
+    int clip_stale;                  /* OVERLAP: clip with the previous step's norm, so that
+                                        updates start during backward */
+    int dpu_warmup;                  /* DPU: serial steps first (default 0) */
+    int opt_threads;                 /* CPU Adam threads of the optimizer's thread (OVERLAP,
+                                        DPU); 0 = n_threads */
     offload_adamw adam;
     float loss_scale;                /* initial; 0 = 65536 with fp16, else 1 (no scaling) */
     int loss_scale_window;           /* good steps before the scale doubles; 0 = 200 */
@@ -223,6 +262,11 @@ zo_status offload_set_block(offload_t *rt, int block, const float *w);
 /* Read one block's fp32 master weights back. */
 zo_status offload_get_block(offload_t *rt, int block, float *w);
 
+/* A block's frozen base (frozen_bytes[block] bytes, e.g. tf_frozen_pack's)
+ * into its store, and back. Set every block's before training. */
+zo_status offload_set_frozen_block(offload_t *rt, int block, const void *bytes);
+zo_status offload_get_frozen_block(offload_t *rt, int block, void *bytes);
+
 /* Every block at once (blocks[b]: block_numel[b] floats); the step counter
  * and the loss-scale history restart too. */
 zo_status offload_set_weights(offload_t *rt, const float *const *blocks);
@@ -298,6 +342,8 @@ typedef struct offload_stats {
     uint64_t bytes_h2d, bytes_d2h, bytes_disk_read, bytes_disk_written;
     int n_slots;                    /* device weight slots (0 when resident) */
     size_t slot_bytes;
+    double optimizer_s;             /* the CPU update's own time (every schedule) */
+    double optimizer_overlap;       /* the fraction of it that ran while the device computed */
 } offload_stats;
 
 void offload_get_stats(const offload_t *rt, offload_stats *out);

@@ -32,6 +32,8 @@
 #ifndef ZO_OFFLOAD_IMPL_H
 #define ZO_OFFLOAD_IMPL_H
 
+#include <pthread.h>
+
 #include "common/adam_math.h" /* defines: zo_adam_hparams */
 #include "common/fileio.h"    /* defines: zo_dir_lock */
 #include "offload/offload.h"
@@ -46,12 +48,24 @@
 
 /* ---- acct.c: the clock, memory per tier, counters -------------------------------- */
 
+typedef enum offload_bytes_kind {
+    OFFLOAD_BYTES_H2D = 0,
+    OFFLOAD_BYTES_D2H,
+    OFFLOAD_BYTES_DISK_READ,
+    OFFLOAD_BYTES_DISK_WRITTEN,
+    OFFLOAD_BYTES_KINDS,
+} offload_bytes_kind;
+
+/* Updated from the host thread and the optimizer's thread alike: through
+ * the functions below, under its lock. */
 typedef struct offload_acct {
+    pthread_mutex_t mu;
     uint64_t use[OFFLOAD_TIERS], peak[OFFLOAD_TIERS];
     double time[OFFLOAD_TIME_PARTS];
     double total_s;
     int64_t n_micro, n_steps;
-    uint64_t bytes_h2d, bytes_d2h, bytes_disk_read, bytes_disk_written;
+    uint64_t bytes[OFFLOAD_BYTES_KINDS];
+    double opt_busy_s, opt_overlap_s; /* the optimizer's time, and its part while the device computed */
 } offload_acct;
 
 /* What every object of the runtime works with. */
@@ -76,6 +90,8 @@ typedef struct offload_geom {
 
 double offload_now(void);
 void offload_count(offload_acct *a, offload_tier t, int64_t delta);
+void offload_add_time(offload_acct *a, offload_time_part p, double seconds);
+void offload_add_bytes(offload_acct *a, offload_bytes_kind k, uint64_t n);
 /* Host memory counted against the CPU tier (pinned: through the device). */
 zo_status offload_host_alloc(const offload_env *env, size_t bytes, int pinned, void **out);
 void offload_host_free(const offload_env *env, void *p, size_t bytes, int pinned);
@@ -106,6 +122,9 @@ typedef struct wstore_ops {
     zo_status (*put_dev_done)(wstore *ws, int b, gpu_stream_t s);
     /* Every put has reached the store: later fetches and compute see it. */
     zo_status (*sync)(wstore *ws);
+    /* Block b's weights (numel[b] elements of the dtype) into host memory,
+     * synchronously. */
+    zo_status (*get_host)(wstore *ws, int b, void *dst);
     void (*free)(wstore *ws);
 } wstore_ops;
 
@@ -124,6 +143,7 @@ typedef struct wstore_config {
     int dev_puts;          /* new weights will come from the device (a device shard) */
     size_t chunk;          /* device tier: elements a host put stages at once */
     const char *nvme_dir;
+    const char *name;      /* what it holds ("par", "frz"): NVMe file names, messages */
 } wstore_config;
 
 zo_status wstore_create(const offload_env *env, const offload_geom *g, const wstore_config *c,
@@ -132,6 +152,10 @@ void wstore_free(wstore *ws);
 /* Put elements [rel, rel + n) of block b's weights, given in fp32, chunk by
  * chunk. */
 zo_status wstore_put_f32(wstore *ws, int b, size_t rel, size_t n, const float *src);
+/* ... given as the store's own elements (bytes copied as they are). */
+zo_status wstore_put_raw(wstore *ws, int b, size_t rel, size_t n, const void *src);
+/* Every block of host store `from` (same geometry) put into `to`, synced. */
+zo_status wstore_publish(wstore *from, wstore *to);
 
 /* ---- ostate.c: fp32 master weights and Adam moments ------------------------------- */
 
@@ -157,6 +181,9 @@ typedef struct oshard_ops {
     zo_status (*sync)(oshard *sh);
     /* Update every element (the device shard enqueues: sync waits). */
     zo_status (*step)(oshard *sh, const oshard_update *u);
+    /* (host shards) Update flat [first, first + n) within the shard, as its
+     * gradients complete (the schedule's updates during backward). */
+    zo_status (*step_range)(oshard *sh, size_t first, size_t n, const oshard_update *u);
     /* (optional) The fp32 gradient sum kept with the state, at flat element
      * `first`; NULL when gradients are summed on the host. */
     float *(*grad)(oshard *sh, size_t first);
@@ -216,6 +243,7 @@ typedef struct offload_gslot {
     void *dev;          /* device, slot_bytes */
     void *host;         /* pinned, slot_bytes (NULL when no gradient goes to the host) */
     int block;          /* the block whose gradients are in flight to the host, -1 none */
+    int own;            /* they are the block's own (not a dependant's share) */
     gpu_event_t done;   /* compute stream: backward wrote them */
     gpu_event_t copied; /* d2h stream: they are on the host */
 } offload_gslot;
@@ -243,14 +271,21 @@ struct offload {
     offload_decay_range *decay; /* [n_decay] sorted by block and offset */
 
     /* where state lives */
-    wstore *ws;
+    wstore *ws;                 /* the trainable weights */
+    wstore *fws;                /* the frozen base (offload_model.frozen_bytes), or NULL */
+    offload_geom fg;            /* its geometry: bytes (es 1) per block */
+    size_t *fbytes, *foff;      /* [nb], [nb + 1] */
+    size_t fslot;               /* bytes of a slot's frozen part (0: the base is resident) */
     oshard *shards[OFFLOAD_MAX_SHARDS]; /* in flat order */
     int n_shards;
     oshard *dev_shard;          /* the shard whose gradients stay on the device, or NULL */
     int dev_block;              /* its first block (nb: none) */
     size_t host_n;              /* flat [0, host_n): gradients summed on the host */
 
-    /* streaming (stream.c) */
+    /* streaming (stream.c): a slot holds a block's frozen base (fslot bytes,
+     * when that is streamed) then its trainable weights (g.slot_bytes, when
+     * those are streamed) */
+    size_t slot_size;
     int n_slots;
     offload_slot *slots;
     uint64_t tick;
@@ -263,7 +298,31 @@ struct offload {
     /* gradients (stream.c) */
     offload_gslot gs[OFFLOAD_GRAD_SLOTS];
     float *grad;                /* host [host_n] fp32, summed over micro-batches */
+    unsigned char *grad_fresh;  /* [nb] the step's first addition into block b writes (lazy zero) */
     int micro;                  /* micro-batches in the sums */
+
+    /* the optimizer's schedule (optim.c) */
+    int opt_threaded;           /* OVERLAP or DPU: updates run on opt_thread */
+    pthread_t opt_thread;
+    int opt_started;
+    pthread_mutex_t opt_mu;
+    pthread_cond_t opt_cv;      /* job posted, block published, job done */
+    int opt_job;                /* OFFLOAD_JOB_* being run or posted */
+    int opt_quit;
+    zo_status opt_status;       /* the last job's failure, reported at the next step */
+    char opt_msg[512];
+    int *opt_queue;             /* [nb] blocks to update (updates during backward) */
+    int opt_qhead, opt_qtail, opt_qclosed;
+    int64_t *published;         /* [nb] the step whose weights block b's store holds */
+    zo_adam_hparams opt_hp;     /* the running job's hyperparameters */
+    int opt_early;              /* this step's updates started during backward */
+    double *blk_sumsq;          /* [nb] per-block statistics of the step's gradient */
+    int *blk_nonfinite;
+    float prev_norm;
+    int have_prev_norm;
+    wstore *shadow;             /* DPU: a host store the update writes into */
+    int dpu_pending;            /* DPU: the shadow holds an update not yet published */
+    int device_busy;            /* a micro-batch is running (for the overlap figure) */
 
     /* activation boundaries (stream.c) */
     void **bnd;                 /* checkpoints on the device: [nb - 1] device buffers */
@@ -292,9 +351,26 @@ zo_status offload_grads_drain(offload_t *rt);
 zo_status offload_stream_micro_batch(offload_t *rt, gpu_stream_t s);
 zo_status offload_stream_forward(offload_t *rt, gpu_stream_t s);
 
-/* optim.c: unscale, clip and update every shard from the gradient sums;
- * the gradients must be drained. */
+/* optim.c: unscale, clip and update every shard from the gradient sums
+ * (drained), as the schedule says. */
+enum { OFFLOAD_JOB_NONE = 0, OFFLOAD_JOB_ALL, OFFLOAD_JOB_BLOCKS };
+zo_status offload_optim_init(offload_t *rt);
+void offload_optim_free(offload_t *rt);
 zo_status offload_optim_step(offload_t *rt, offload_step_info *info);
+/* Every update done and every new weight in the store (before anything
+ * reads or writes the state from outside the step). */
+zo_status offload_optim_settle(offload_t *rt);
+/* Block b's weights are the current step's (a forward waits for its
+ * update); with wait 0, 1 when they are, 0 when not yet. */
+int offload_optim_ready(offload_t *rt, int b, int wait);
+/* The last micro-batch of a step completed block b's gradients: its update
+ * may start now (OVERLAP without exact clipping). */
+zo_status offload_optim_block_done(offload_t *rt, int b);
+/* A micro-batch starts: when it is the step's last and the schedule allows
+ * (overlap without exact clipping), its blocks' updates start as their
+ * gradients complete (offload_optim_early says so). */
+zo_status offload_optim_micro_begin(offload_t *rt);
+int offload_optim_early(const offload_t *rt);
 
 /* ckpt.c: lock `dir` (created if missing) for this runtime's life; a
  * runtime holds one checkpoint folder, the last it locked. */

@@ -174,6 +174,9 @@ zo_status plan_calibrate_run(const plan_calibrate_opts *o, plan_hw *hw)
     hw->cpu_cores = cores > 0 ? (int)cores : 1;
     if ((st = measure_bw(o, threads, &hw->cpu_mem_bw)) != ZO_OK) return st;
     if ((st = measure_adam(o, threads, &hw->cpu_adam_rate)) != ZO_OK) return st;
+    /* one thread: the optimizer's rate on the threads a plan sets aside
+     * (plan_hw_cpu_adam_rate_threads) */
+    if ((st = measure_adam(o, 1, &hw->cpu_adam_thread_rate)) != ZO_OK) return st;
     if (o->nvme_dir) {
         struct statvfs vs;
         if (statvfs(o->nvme_dir, &vs))

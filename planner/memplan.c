@@ -17,7 +17,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "common/fileio.h" /* defines: zo_file_read_all, zo_file_write_all */
+#include "common/fileio.h" /* defines: zo_file_read_all, zo_file_write_all, zo_file_write_json */
 #include "common/model_config.h"
 #include "common/units.h"
 #include "planner/basis.h"
@@ -56,7 +56,9 @@ static const char usage_estimate[] =
     "\n"
     "model (one of):\n"
     "  --model NAME            a preset ('memplan models')\n"
-    "  --model PATH            a Hugging Face config.json (gpt2, llama, mistral, qwen2, ...)\n"
+    "  --model PATH            a Hugging Face config.json (its family by model_type: LLaMA,\n"
+    "                          Qwen2/3, Gemma, Mixtral, DeepSeek, GPT-NeoX, Falcon, OPT, BLOOM,\n"
+    "                          ...; 'memplan models' lists them and those refused)\n"
     "  --params N              a model known only by its size (e.g. 7.5e9, 13B): model\n"
     "                          states only, activations unknown\n"
     "  --layers N --hidden N --heads N [--kv-heads N] [--ffn N] --vocab N [--arch gpt|llama]\n"
@@ -71,13 +73,24 @@ static const char usage_estimate[] =
     "                          sizes: 80GB, 80GiB, 1.5TB or bytes\n"
     "  --pcie LINK             the host link as it runs: gen4x16, gen3x8, gen5 (lanes kept)\n"
     "training:\n"
-    "  --seq N                 sequence length (default: the model's positions)\n"
+    "  --seq N                 sequence length (default: the model's positions, at most 4096)\n"
     "  --micro-batch N         sequences per micro-batch (default 1)\n"
     "  --grad-accum N          micro-batches per step per data-parallel rank (default 1)\n"
     "  --global-batch N        sequences per step: sets --grad-accum = N / (micro-batch x DP)\n"
     "  --dtype fp16|bf16|fp32  weights and activations (default bf16)\n"
     "  --grad-dtype DTYPE      gradients (default: --dtype; fp32 = Megatron's 18 B/param)\n"
     "  --optim adamw|sgd       AdamW: fp32 master + m + v (12 B/param); SGD: master + momentum\n"
+    "fine-tuning method (default: every parameter):\n"
+    "  --lora R                LoRA adapters of rank R on a frozen base: trainable parameters\n"
+    "                          as Hugging Face PEFT counts them; no base gradients or optimizer state\n"
+    "  --lora-targets LIST     q,k,v,o,gate,up,down (or PEFT's q_proj, ...) or all-linear\n"
+    "                          (default q,v: PEFT's; on GPT-2 its fused c_attn)\n"
+    "  --lora-alpha A          the adapters' scale alpha / R (default 8, PEFT's; time and memory\n"
+    "                          do not depend on it)\n"
+    "  --qlora                 with --lora: the base's linear weights in NF4 with double\n"
+    "                          quantization (QLoRA); embeddings, head and norms stay 16-bit\n"
+    "  --adapters-on gpu|cpu|nvme  with --lora: where the adapters live (default gpu; else\n"
+    "                          streamed like weights); --params places the frozen base\n"
     "parallelism:\n"
     "  --dp N --tp N --pp N    data, tensor and pipeline parallel degrees (default 1)\n"
     "  --sp                    sequence parallelism (with --tp)\n"
@@ -100,6 +113,21 @@ static const char usage_estimate[] =
     "  --fragmentation F       allocator allowance, fraction of the GPU total (default 0.05)\n"
     "  --sub-group N           optimizer sub-group for NVMe swapping (default 100M params)\n"
     "  --swap-buffers N        sub-groups of pinned swap buffers (default 3)\n"
+    "mixture of experts:\n"
+    "  --ep N                  expert parallelism: each expert on one of N data-parallel ranks\n"
+    "  --capacity-factor F     tokens an expert takes, x its fair share (default 0: dropless)\n"
+    "runtime schedule (time only):\n"
+    "  --schedule serial|overlap|dpu  when the CPU optimizer runs: after the backward (serial,\n"
+    "                          default), block by block beside the GPU (overlap), or one step\n"
+    "                          late beside the next step (dpu, the delayed parameter update)\n"
+    "  --clip-stale            overlap: clip with the previous step's norm (or no clipping), so\n"
+    "                          a block's update starts when its gradients are complete\n"
+    "  --dpu-warmup N          dpu: serial steps first (default 10)\n"
+    "  --opt-threads N         CPU threads per rank for the optimizer (default: the host's cores;\n"
+    "                          less one per rank when it runs beside the GPU)\n"
+    "  --no-dp-overlap         reduce gradients after the backward (as Megatron-LM 2021)\n"
+    "  --fused-grad-accum      the weight-gradient GEMM adds into the gradient buffer\n"
+    "                          (Megatron's gradient-accumulation fusion; default: a pass)\n"
     "output (every command: --json prints its JSON to stdout instead of the table,\n"
     "--json-out FILE writes it to FILE beside the table):\n"
     "  --json                  the report as JSON instead of the table (docs/memplan-json.md)\n"
@@ -118,6 +146,10 @@ enum {
     OPT_PP, OPT_SP, OPT_VPP, OPT_ZERO, OPT_RECOMPUTE, OPT_NO_FLASH, OPT_DROPOUT, OPT_NO_DROPOUT,
     OPT_GRADS, OPT_OPTIMIZER, OPT_CHECKPOINTS, OPT_CUDA_CONTEXT, OPT_CUBLAS_WS, OPT_COMM_BUCKET,
     OPT_COMM_BUCKETS, OPT_PREFETCH, OPT_PINNED, OPT_FRAG, OPT_SUB_GROUP, OPT_SWAP_BUFFERS,
+    OPT_EP, OPT_CAPACITY, OPT_LORA, OPT_LORA_TARGETS, OPT_LORA_ALPHA, OPT_QLORA, OPT_ADAPTERS_ON,
+    OPT_SCHEDULE,
+    OPT_DPU_WARMUP, OPT_OPT_THREADS, OPT_CLIP_STALE,
+    OPT_NO_DP_OVERLAP, OPT_FUSED_ACCUM, /* the last configuration flag */
     OPT_JSON, OPT_GLOBAL_BATCH, OPT_SVG, OPT_PLAN, OPT_PLAN_OUT, OPT_HELP, OPT_JSON_OUT,
 };
 
@@ -143,8 +175,22 @@ enum {
     {"pcie", required_argument, 0, OPT_PCIE},                                   \
     {"seq", required_argument, 0, OPT_SEQ}
 
+/* What is trained and how the optimizer is scheduled, shared by estimate,
+ * plan and max-model. */
+#define METHOD_OPTIONS                                                          \
+    {"lora", required_argument, 0, OPT_LORA},                                   \
+    {"lora-targets", required_argument, 0, OPT_LORA_TARGETS},                   \
+    {"lora-alpha", required_argument, 0, OPT_LORA_ALPHA},                       \
+    {"qlora", no_argument, 0, OPT_QLORA},                                       \
+    {"adapters-on", required_argument, 0, OPT_ADAPTERS_ON},                     \
+    {"schedule", required_argument, 0, OPT_SCHEDULE},                           \
+    {"dpu-warmup", required_argument, 0, OPT_DPU_WARMUP},                       \
+    {"opt-threads", required_argument, 0, OPT_OPT_THREADS},                     \
+    {"clip-stale", no_argument, 0, OPT_CLIP_STALE}
+
 static const struct option estimate_opts[] = {
     MODEL_HW_OPTIONS,
+    METHOD_OPTIONS,
     {"micro-batch", required_argument, 0, OPT_MICRO_BATCH},
     {"grad-accum", required_argument, 0, OPT_GRAD_ACCUM},
     {"dtype", required_argument, 0, OPT_DTYPE},
@@ -172,6 +218,10 @@ static const struct option estimate_opts[] = {
     {"fragmentation", required_argument, 0, OPT_FRAG},
     {"sub-group", required_argument, 0, OPT_SUB_GROUP},
     {"swap-buffers", required_argument, 0, OPT_SWAP_BUFFERS},
+    {"ep", required_argument, 0, OPT_EP},
+    {"capacity-factor", required_argument, 0, OPT_CAPACITY},
+    {"no-dp-overlap", no_argument, 0, OPT_NO_DP_OVERLAP},
+    {"fused-grad-accum", no_argument, 0, OPT_FUSED_ACCUM},
     {"json", no_argument, 0, OPT_JSON},
     {"json-out", required_argument, 0, OPT_JSON_OUT},
     {"global-batch", required_argument, 0, OPT_GLOBAL_BATCH},
@@ -186,6 +236,15 @@ static int fail(void)
 {
     fprintf(stderr, "memplan: %s\n", zo_last_error());
     return EXIT_BADINPUT;
+}
+
+/* What is valid but probably not meant, to stderr. */
+static void warn(const plan_train *t, const plan_hw *hw)
+{
+    char w[1024];
+    if (!plan_train_warnings(t, hw, w, sizeof w)) return;
+    for (char *sv = NULL, *line = strtok_r(w, "\n", &sv); line; line = strtok_r(NULL, "\n", &sv))
+        fprintf(stderr, "memplan: warning: %s\n", line);
 }
 
 /* A flag that sets a field of the plan is checked against the plan schema's
@@ -314,6 +373,89 @@ static int parse_hw_flag(int c, const char *arg, plan_hw_flags *f, zo_status *st
     }
 }
 
+/* The method and schedule flags as given (METHOD_OPTIONS). */
+typedef struct method_flags {
+    long lora_r;           /* --lora R; 0: not given */
+    int qlora;
+    const char *targets;   /* --lora-targets */
+    double alpha;          /* --lora-alpha */
+    int alpha_set;
+    int adapters_on;       /* --adapters-on: a plan_tier; -1: not given */
+    int schedule;          /* --schedule: a plan_schedule; -1: not given */
+    long dpu_warmup;
+    int dpu_warmup_set;
+    long opt_threads;
+    int clip_stale;
+} method_flags;
+
+static void method_flags_init(method_flags *f)
+{
+    memset(f, 0, sizeof *f);
+    f->schedule = -1;
+    f->adapters_on = -1;
+}
+
+/* One of METHOD_OPTIONS: 1 when `c` is one. */
+static int parse_method_flag(int c, const char *arg, method_flags *f, zo_status *st)
+{
+    switch (c) {
+    case OPT_LORA: *st = field_int(arg, "--lora", "training.lora.r", &f->lora_r); return 1;
+    case OPT_LORA_TARGETS: f->targets = arg; return 1;
+    case OPT_LORA_ALPHA:
+        *st = field_double(arg, "--lora-alpha", "training.lora.alpha", &f->alpha);
+        f->alpha_set = 1;
+        return 1;
+    case OPT_QLORA: f->qlora = 1; return 1;
+    case OPT_ADAPTERS_ON: {
+        plan_tier tier = PLAN_GPU;
+        *st = parse_tier(arg, "--adapters-on", 1, &tier);
+        f->adapters_on = (int)tier;
+        return 1;
+    }
+    case OPT_SCHEDULE:
+        f->schedule = -1;
+        for (int i = 0; i < PLAN_SCHEDULES; i++)
+            if (!strcasecmp(arg, plan_schedule_name((plan_schedule)i))) f->schedule = i;
+        if (f->schedule < 0)
+            *st = zo_error(ZO_ERR_INVALID, "--schedule: '%s' is not serial, overlap or dpu", arg);
+        return 1;
+    case OPT_DPU_WARMUP:
+        *st = field_int(arg, "--dpu-warmup", "training.dpu_warmup", &f->dpu_warmup);
+        f->dpu_warmup_set = 1;
+        return 1;
+    case OPT_OPT_THREADS:
+        *st = field_int(arg, "--opt-threads", "training.opt_threads", &f->opt_threads);
+        return 1;
+    case OPT_CLIP_STALE: f->clip_stale = 1; return 1;
+    default: return 0;
+    }
+}
+
+/* The method and schedule flags applied to `t` (the schedule only when
+ * given: `plan` searches it otherwise). */
+static zo_status apply_method_flags(const method_flags *f, plan_train *t)
+{
+    zo_status st;
+    if (!f->lora_r && (f->qlora || f->targets || f->alpha_set || f->adapters_on >= 0))
+        return zo_error(ZO_ERR_INVALID, "%s needs --lora R (the adapters' rank)",
+                        f->qlora ? "--qlora" : f->targets ? "--lora-targets"
+                                           : f->alpha_set ? "--lora-alpha" : "--adapters-on");
+    if (f->lora_r) {
+        t->method = f->qlora ? PLAN_METHOD_QLORA : PLAN_METHOD_LORA;
+        t->lora.r = (int)f->lora_r;
+        t->lora.alpha = f->alpha_set ? (float)f->alpha : PLAN_LORA_DEFAULT_ALPHA;
+        t->lora.targets = PLAN_LORA_DEFAULT_TARGETS;
+        if (f->targets && (st = zo_lora_targets_parse(f->targets, &t->lora.targets)) != ZO_OK)
+            return zo_error_wrap(st, "--lora-targets");
+        if (f->adapters_on >= 0) t->adapters_on = (plan_tier)f->adapters_on;
+    }
+    if (f->schedule >= 0) t->schedule = (plan_schedule)f->schedule;
+    if (f->dpu_warmup_set) t->dpu_warmup = (int)f->dpu_warmup;
+    t->opt_threads = (int)f->opt_threads;
+    t->clip_stale = f->clip_stale;
+    return ZO_OK;
+}
+
 static int is_node_preset(const char *name)
 {
     size_t n;
@@ -352,18 +494,6 @@ static void gpu_node_size(const plan_hw_flags *f, const plan_hw_basis *b, plan_h
     if (b->source == PLAN_HW_GPU && !f->gpus_per_node) hw->gpus_per_node = hw->gpus;
 }
 
-/* Write a cJSON document to `path` (a temporary file renamed into place). */
-static zo_status write_json(const char *path, cJSON *doc)
-{
-    char *text = doc ? cJSON_Print(doc) : NULL;
-    if (!text) return zo_error(ZO_ERR_NOMEM, "%s: out of memory building JSON", path);
-    size_t n = strlen(text);
-    text[n] = '\n'; /* replaces the NUL: the file ends with a newline */
-    zo_status st = zo_file_write_all(path, text, n + 1);
-    free(text);
-    return st;
-}
-
 static zo_status write_text(const char *path, const char *text);
 
 /* The --json convention of every command: `--json` prints the command's JSON
@@ -372,7 +502,7 @@ static zo_status write_text(const char *path, const char *text);
 static zo_status emit_json(cJSON *doc, int to_stdout, const char *path)
 {
     zo_status st = ZO_OK;
-    if (path) st = write_json(path, doc);
+    if (path) st = zo_file_write_json(path, doc);
     if (st == ZO_OK && to_stdout) {
         char *text = doc ? cJSON_Print(doc) : NULL;
         if (text) puts(text);
@@ -467,7 +597,8 @@ static zo_status build_model(const char *model, uint64_t params_n, const shape_f
             m->ffn = gpt ? 4 * m->hidden : ((8 * m->hidden / 3 + 255) / 256) * 256;
         if (model) snprintf(m->name + strlen(m->name), sizeof m->name - strlen(m->name), "%s", "*");
     }
-    if (seq && seq > m->max_seq && m->arch == ZO_ARCH_LLAMA) m->max_seq = (int)seq;
+    /* rotary and ALiBi models take longer sequences; a learned table does not */
+    if (seq && seq > m->max_seq && !zo_model_position_rows(m)) m->max_seq = (int)seq;
     if (!model && seq) m->max_seq = (int)seq;
     return zo_model_config_validate(m);
 }
@@ -494,13 +625,15 @@ static int cmd_estimate(int argc, char **argv)
     unsigned char seen[OPT_HELP + 1] = {0};
     double opt_frac[PLAN_TIERS] = {1, 0, 0};
     plan_tier params_on = PLAN_GPU, grads_on = PLAN_GPU, ck_on = PLAN_GPU;
+    method_flags mf;
+    method_flags_init(&mf);
     zo_status st = ZO_OK;
     int c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":", estimate_opts, NULL)) != -1) {
         if (c >= OPT_MODEL && c <= OPT_HELP) seen[c] = 1;
-        if (parse_hw_flag(c, optarg, &hf, &st)) {
+        if (parse_hw_flag(c, optarg, &hf, &st) || parse_method_flag(c, optarg, &mf, &st)) {
             if (st) return fail();
             continue;
         }
@@ -571,6 +704,12 @@ static int cmd_estimate(int argc, char **argv)
             st = field_u64(optarg, "--sub-group", "nvme.sub_group", 1, &f.buf.sub_group);
             break;
         case OPT_SWAP_BUFFERS: st = field_int(optarg, "--swap-buffers", "nvme.swap_buffers", &v); f.buf.swap_buffers = (int)v; break;
+        case OPT_EP: st = field_int(optarg, "--ep", "parallel.ep", &v); f.ep = (int)v; break;
+        case OPT_CAPACITY:
+            st = field_double(optarg, "--capacity-factor", "parallel.capacity_factor",
+                              &f.capacity_factor);
+            break;
+        case OPT_NO_DP_OVERLAP: case OPT_FUSED_ACCUM: break;
         case OPT_JSON: json = 1; break;
         case OPT_JSON_OUT: json_out = optarg; break;
         case OPT_GLOBAL_BATCH: st = zo_parse_int(optarg, "--global-batch", 1, 1 << 30, &global_batch); break;
@@ -596,7 +735,7 @@ static int cmd_estimate(int argc, char **argv)
     plan_hw hw;
     if (plan_path) {
         /* a plan file says everything; only the output flags combine with it */
-        for (int k = OPT_MODEL; k <= OPT_SWAP_BUFFERS; k++)
+        for (int k = OPT_MODEL; k <= OPT_FUSED_ACCUM; k++)
             if (seen[k]) {
                 zo_error(ZO_ERR_INVALID, "--plan: the plan file fixes the model, hardware and "
                                          "configuration; give only --json, --json-out, --svg or "
@@ -617,7 +756,9 @@ static int cmd_estimate(int argc, char **argv)
     if ((st = build_hw(&hf, &hw, &basis)) != ZO_OK) return fail();
 
     plan_train_defaults(&t, &m);
+    plan_train_fit_hw(&t, &hw);
     if (seq) t.seq = (int)seq;
+    t.seq_is_default = !seq;
     if (f.micro_batch) t.micro_batch = f.micro_batch;
     if (f.grad_accum) t.grad_accum = f.grad_accum;
     if (dtype_set) t.dtype = t.grad_dtype = f.dtype;
@@ -662,6 +803,11 @@ static int cmd_estimate(int argc, char **argv)
     if (seen[OPT_FRAG]) t.buf.fragmentation = f.buf.fragmentation;
     if (seen[OPT_SUB_GROUP]) t.buf.sub_group = f.buf.sub_group;
     if (seen[OPT_SWAP_BUFFERS]) t.buf.swap_buffers = f.buf.swap_buffers;
+    if (f.ep) t.ep = f.ep;
+    t.capacity_factor = f.capacity_factor;
+    if (seen[OPT_NO_DP_OVERLAP]) t.dp_overlap = 0;
+    if (seen[OPT_FUSED_ACCUM]) t.fused_grad_accum = 1;
+    if ((st = apply_method_flags(&mf, &t)) != ZO_OK) return fail();
 
     if (global_batch) {
         long per = (long)t.micro_batch * t.dp;
@@ -682,6 +828,7 @@ static int cmd_estimate(int argc, char **argv)
     plan_time pt;
 estimate:
     if ((st = plan_estimate_run(&m, &hw, &t, &e)) != ZO_OK) return fail();
+    warn(&t, &hw);
     if ((st = plan_time_run(&m, &hw, &t, &e, &pt)) != ZO_OK) return fail();
     plan_suggestions sg = {0};
     if (!e.fits && (st = plan_suggest(&m, &hw, &t, &sg)) != ZO_OK) return fail();
@@ -699,7 +846,7 @@ estimate:
     if (plan_out) {
         cJSON *doc;
         if ((st = plan_file_json(&m, &hw, &t, &e, &pt, plan_out, &doc)) != ZO_OK) return fail();
-        st = write_json(plan_out, doc);
+        st = zo_file_write_json(plan_out, doc);
         cJSON_Delete(doc);
         if (st) return fail();
         if (!json) printf("\nplan written to %s (train --plan %s)\n", plan_out, plan_out);
@@ -714,8 +861,8 @@ static const char usage_plan[] =
     "\n"
     "Search every DP x TP x PP layout, ZeRO stage, sequence parallelism, recompute,\n"
     "micro-batch, interleaving, placement of weights / gradients / optimizer state\n"
-    "(fractions) / checkpoints across GPU, CPU and NVMe, and prefetch depth; keep what fits;\n"
-    "rank by predicted step time.\n"
+    "(fractions) / checkpoints across GPU, CPU and NVMe, prefetch depth, and the CPU\n"
+    "optimizer's schedule (serial, overlap, dpu); keep what fits; rank by predicted step time.\n"
     "\n"
     "  --model, --params, --layers ... --arch   the model, as for 'memplan estimate'\n"
     "  --hw NAME|FILE          machine preset or calibrated profile (default h100-80gb)\n"
@@ -724,12 +871,19 @@ static const char usage_plan[] =
     "  --max-gpus N            also try fewer GPUs (powers of two and whole nodes up to N)\n"
     "  --gpus-per-node N, --gpu-mem SIZE, --cpu-mem SIZE, --nvme SIZE, --pcie LINK\n"
     "                          hardware overrides, named in the report's first lines\n"
-    "  --seq N                 sequence length (default: the model's)\n"
+    "  --seq N                 sequence length (default: the model's positions, at most 4096)\n"
     "  --global-batch N        sequences per step (default 8 x GPUs)\n"
     "  --dtype, --grad-dtype, --optim, --no-flash-attn, --dropout, --no-dropout   as for estimate\n"
+    "  --lora R [--lora-targets LIST] [--lora-alpha A] [--qlora]   fine-tune adapters on a\n"
+    "                          frozen base (LoRA, QLoRA), as for estimate; where the base and\n"
+    "                          the adapters live is searched (--adapters-on fixes the adapters)\n"
+    "  --schedule serial|overlap|dpu   fix the optimizer schedule (default: searched, each\n"
+    "                          plan with the fastest); --clip-stale, --dpu-warmup N,\n"
+    "                          --opt-threads N as for estimate\n"
     "  --objective time|memory|cost   rank by step time (default), GPU memory, or\n"
     "                          GPU-seconds per token\n"
-    "  --zero S | --zero A-B   only these ZeRO stages      --tp N, --pp N   fix a degree\n"
+    "  --zero S | --zero A-B   only these ZeRO stages      --tp N, --pp N, --ep N   fix a degree\n"
+    "                          (EP, for a mixture of experts: searched over DP's divisors)\n"
     "  --recompute none|selective|full   fix recompute\n"
     "  --no-offload            everything on the GPU       --no-nvme   nothing on NVMe\n"
     "  --max-micro-batch N     largest micro-batch tried (default 16)\n"
@@ -750,12 +904,17 @@ static const char usage_max_model[] =
     "                         [--hw NAME|FILE | --gpu NAME [--host NAME]] [--gpus N]\n"
     "                         [--gpu-mem SIZE] [--cpu-mem SIZE] [--nvme SIZE] [--pcie LINK]\n"
     "                         [--seq N] [--strategy NAME] [--json | --json-out FILE]\n"
+    "                         [--lora R [--lora-targets LIST] [--qlora]] [--schedule S]\n"
     "\n"
     "The largest model of a family that trains on the hardware, per strategy: data-parallel,\n"
     "zero-1, zero-2, zero-3, 3d-parallel, zero-offload (ZeRO-2, gradients and optimizer on\n"
     "the CPU), zero-infinity-cpu (ZeRO-3, everything on the CPU), zero-infinity-nvme\n"
     "(weights and optimizer on NVMe). Micro-batch 1; recompute, checkpoint placement and\n"
-    "prefetch are searched. Shapes interpolate the family's presets (hidden a multiple of 128).\n"
+    "prefetch are searched. Shapes interpolate the family's presets (hidden a multiple of 128);\n"
+    "3d-parallel searches every TP x PP layout on the widths TP divides, each as deep (in\n"
+    "multiples of PP, up to twice the family's depth) as fits.\n"
+    "With --lora (and --qlora) every size is fine-tuned with adapters on a frozen base. The\n"
+    "optimizer schedule is searched unless --schedule fixes it; the flags name the one taken.\n"
     "Each row also gives the estimate flags that place it, and the largest preset that fits\n"
     "that way with the 'memplan estimate' command that checks it. On one GPU the ZeRO stages\n"
     "and 3-D parallelism are left out (nothing to shard) unless --strategy names one.\n"
@@ -770,6 +929,7 @@ enum {
 
 static const struct option plan_opts[] = {
     MODEL_HW_OPTIONS,
+    METHOD_OPTIONS,
     {"cuda-context", required_argument, 0, OPT_CUDA_CONTEXT},
     {"cublas-workspace", required_argument, 0, OPT_CUBLAS_WS},
     {"fragmentation", required_argument, 0, OPT_FRAG},
@@ -784,6 +944,7 @@ static const struct option plan_opts[] = {
     {"zero", required_argument, 0, OPT_ZERO},
     {"tp", required_argument, 0, OPT_TP},
     {"pp", required_argument, 0, OPT_PP},
+    {"ep", required_argument, 0, OPT_EP},
     {"recompute", required_argument, 0, OPT_RECOMPUTE},
     {"svg", required_argument, 0, OPT_SVG},
     {"max-gpus", required_argument, 0, PO_MAX_GPUS},
@@ -814,12 +975,13 @@ typedef struct plan_args {
     shape_flags sf;
     plan_space space; /* the fields the flags set; defaults filled later */
     int zero_set, zmin, zmax;
-    long tp, pp, max_mb, opt_steps, max_prefetch;
+    long tp, pp, ep, max_mb, opt_steps, max_prefetch;
     int recompute, no_offload, no_nvme;
     plan_objective objective;
     /* working buffers: the values, and which flags set them */
     plan_buffers buf;
     int cuda_context_set, cublas_set, frag_set, sub_group_set;
+    method_flags mf;
 } plan_args;
 
 static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usage, int max_model)
@@ -830,11 +992,12 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
     a->dropout = -1;
     a->recompute = -1;
     a->top = 5;
+    method_flags_init(&a->mf);
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":", plan_opts, NULL)) != -1) {
         long v;
-        if (parse_hw_flag(c, optarg, &a->hwf, &st)) {
+        if (parse_hw_flag(c, optarg, &a->hwf, &st) || parse_method_flag(c, optarg, &a->mf, &st)) {
             if (st) return fail();
             continue;
         }
@@ -879,6 +1042,7 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
         }
         case OPT_TP: st = field_int(optarg, "--tp", "parallel.tp", &a->tp); break;
         case OPT_PP: st = field_int(optarg, "--pp", "parallel.pp", &a->pp); break;
+        case OPT_EP: st = field_int(optarg, "--ep", "parallel.ep", &a->ep); break;
         case OPT_RECOMPUTE:
             if (!strcasecmp(optarg, "none")) a->recompute = PLAN_RECOMPUTE_NONE;
             else if (!strcasecmp(optarg, "selective")) a->recompute = PLAN_RECOMPUTE_SELECTIVE;
@@ -951,12 +1115,13 @@ static zo_status args_hw(const plan_args *a, plan_hw *hw, plan_hw_basis *b)
     return ZO_OK;
 }
 
-static void args_space(const plan_args *a, const zo_model_config *m, const plan_hw *hw,
-                       plan_space *s)
+static zo_status args_space(const plan_args *a, const zo_model_config *m, const plan_hw *hw,
+                            plan_space *s)
 {
     plan_space_defaults(s, m, hw);
     if (a->max_gpus) s->max_gpus = (int)a->max_gpus;
     if (a->seq) s->base.seq = (int)a->seq;
+    s->base.seq_is_default = !a->seq;
     if (a->global_batch) s->global_batch = (int)a->global_batch;
     if (a->dtype_set) s->base.dtype = s->base.grad_dtype = a->dtype;
     if (a->grad_dtype_set) s->base.grad_dtype = a->grad_dtype;
@@ -969,6 +1134,7 @@ static void args_space(const plan_args *a, const zo_model_config *m, const plan_
     }
     s->tp = (int)a->tp;
     s->pp = (int)a->pp;
+    s->ep = (int)a->ep;
     s->recompute = a->recompute;
     if (a->no_offload) s->allow_offload = 0;
     if (a->no_nvme) s->allow_nvme = 0;
@@ -980,6 +1146,9 @@ static void args_space(const plan_args *a, const zo_model_config *m, const plan_
     if (a->cublas_set) s->base.buf.cublas_workspace = a->buf.cublas_workspace;
     if (a->frag_set) s->base.buf.fragmentation = a->buf.fragmentation;
     if (a->sub_group_set) s->base.buf.sub_group = a->buf.sub_group;
+    s->schedule = a->mf.schedule; /* searched unless given */
+    s->adapters_on = a->mf.adapters_on;
+    return apply_method_flags(&a->mf, &s->base);
 }
 
 static void print_plan_line(const plan_candidate *c, const char *lead)
@@ -987,13 +1156,19 @@ static void print_plan_line(const plan_candidate *c, const char *lead)
     const plan_train *t = &c->t;
     char fr[64];
     plan_format_fractions(t->opt_frac, fr, sizeof fr);
-    printf("%s%d GPU%s: DP %d x TP %d%s x PP %d%s, ZeRO-%d, micro-batch %d x %d, recompute %s\n",
-           lead, c->gpus, c->gpus == 1 ? "" : "s", t->dp, t->tp, t->sp ? " (+SP)" : "", t->pp,
+    char ep[24] = "";
+    if (t->ep > 1) snprintf(ep, sizeof ep, " (EP %d)", t->ep);
+    printf("%s%d GPU%s: DP %d%s x TP %d%s x PP %d%s, ZeRO-%d, micro-batch %d x %d, recompute %s\n",
+           lead, c->gpus, c->gpus == 1 ? "" : "s", t->dp, ep, t->tp, t->sp ? " (+SP)" : "", t->pp,
            t->vpp > 1 ? " (interleaved)" : "", t->zero, t->micro_batch, t->grad_accum,
            plan_recompute_name(t->recompute));
-    printf("%sweights on %s, gradients on %s, optimizer on %s, checkpoints on %s, prefetch %d\n",
-           lead, plan_tier_name(t->params_on), plan_tier_name(t->grads_on), fr,
-           plan_tier_name(t->checkpoints_on), t->buf.prefetch_depth);
+    char ad[32] = "";
+    if (t->method != PLAN_METHOD_FULL) snprintf(ad, sizeof ad, ", adapters on %s", plan_tier_name(t->adapters_on));
+    printf("%s%s on %s%s, gradients on %s, optimizer on %s, checkpoints on %s, prefetch %d, "
+           "optimizer schedule %s\n",
+           lead, t->method == PLAN_METHOD_FULL ? "weights" : "frozen base",
+           plan_tier_name(t->params_on), ad, plan_tier_name(t->grads_on), fr,
+           plan_tier_name(t->checkpoints_on), t->buf.prefetch_depth, plan_schedule_name(t->schedule));
     printf("%sper rank: GPU %.1f GiB, CPU %.1f GiB, NVMe %.1f GiB\n", lead,
            (double)c->total[PLAN_GPU] / (1 << 30), (double)c->total[PLAN_CPU] / (1 << 30),
            (double)c->total[PLAN_NVME] / (1 << 30));
@@ -1019,7 +1194,7 @@ static int cmd_plan(int argc, char **argv)
     plan_result r;
     if ((st = build_model(a.model, a.params_n, &a.sf, a.seq, &m)) != ZO_OK) return fail();
     if ((st = args_hw(&a, &hw, &basis)) != ZO_OK) return fail();
-    args_space(&a, &m, &hw, &s);
+    if ((st = args_space(&a, &m, &hw, &s)) != ZO_OK) return fail();
     double t0 = now_s();
     if ((st = plan_search(&m, &hw, &s, (int)a.top, &r)) != ZO_OK) return fail();
     double dt = now_s() - t0;
@@ -1030,10 +1205,11 @@ static int cmd_plan(int argc, char **argv)
     FILE *tab = a.json_flag ? fopen("/dev/null", "w") : stdout;
     if (!tab) tab = stderr;
     plan_report_basis(tab, &hw, &basis);
-    fprintf(tab, "%s (%s params) on %s: %s%d x %s; seq %d, global batch %d; ranked by %s\n", m.name,
-           zo_format_count(zo_model_params(&m), cnt, sizeof cnt), hw.name,
-           s.max_gpus ? "up to " : "", hw.gpus, hw.gpu, s.base.seq, s.global_batch,
-           obj[s.objective]);
+    fprintf(tab, "%s (%s params) on %s: %s%d x %s; seq %d%s, global batch %d; ranked by %s\n", m.name,
+            zo_format_count(zo_model_params(&m), cnt, sizeof cnt), hw.name,
+            s.max_gpus ? "up to " : "", hw.gpus, hw.gpu, s.base.seq,
+            s.base.seq_is_default ? " (default: the model's positions, at most 4096)" : "",
+            s.global_batch, obj[s.objective]);
     fprintf(tab, "searched %llu configurations (%llu fit) in %.2f s: %.3g configurations/s\n",
            (unsigned long long)r.configs, (unsigned long long)r.feasible, dt,
            dt > 0 ? (double)r.configs / dt : 0.0);
@@ -1103,6 +1279,13 @@ static void preset_config(const zo_model_config *m, const plan_train *ct, plan_t
     x->checkpoints_on = ct->checkpoints_on;
     memcpy(x->opt_frac, ct->opt_frac, sizeof x->opt_frac);
     x->buf.prefetch_depth = ct->buf.prefetch_depth;
+    x->method = ct->method;
+    x->lora = ct->lora;
+    x->adapters_on = ct->adapters_on;
+    x->schedule = ct->schedule;
+    x->dpu_warmup = ct->dpu_warmup;
+    x->opt_threads = ct->opt_threads;
+    x->clip_stale = ct->clip_stale;
 }
 
 /* The largest preset of the shape's architecture, at most `n` parameters,
@@ -1227,7 +1410,7 @@ static int cmd_max_model(int argc, char **argv)
         }
     }
     plan_space base;
-    args_space(&a, &ref, &hw, &base);
+    if ((st = args_space(&a, &ref, &hw, &base)) != ZO_OK) return fail();
     base.base.seq = a.seq ? (int)a.seq : 0;
     /* --json / --json-out: the rows as JSON (docs/memplan-json.md) */
     cJSON *rows = a.json_flag || a.json_path ? cJSON_CreateArray() : NULL;
@@ -1332,13 +1515,13 @@ static int cmd_calibrate(int argc, char **argv)
     if ((st = plan_calibrate_run(&o, &hw)) != ZO_OK) return fail();
     cJSON *doc = plan_hw_json(&hw);
     if (out) {
-        st = write_json(out, doc);
+        st = zo_file_write_json(out, doc);
         cJSON_Delete(doc);
         if (st) return fail();
-        fprintf(stderr, "memplan: profile written to %s: CPU AdamW %.3g params/s, memory %.3g GB/s, "
-                        "%.1f GiB RAM, %d cores (%s)\n",
-                out, hw.cpu_adam_rate, hw.cpu_mem_bw / 1e9, (double)hw.cpu_mem / (1 << 30),
-                hw.cpu_cores, hw.note);
+        fprintf(stderr, "memplan: profile written to %s: CPU AdamW %.3g params/s (%.3g on one "
+                        "thread), memory %.3g GB/s, %.1f GiB RAM, %d cores (%s)\n",
+                out, hw.cpu_adam_rate, hw.cpu_adam_thread_rate, hw.cpu_mem_bw / 1e9,
+                (double)hw.cpu_mem / (1 << 30), hw.cpu_cores, hw.note);
         return 0;
     }
     char *text = doc ? cJSON_Print(doc) : NULL;
@@ -1367,6 +1550,15 @@ static int cmd_models(void)
                c->vocab, c->max_seq, (unsigned long long)np, zo_format_count(np, cnt, sizeof cnt));
     }
     printf("\nAlso: --model PATH/config.json (Hugging Face), --params N, or a custom shape.\n");
+    /* the config.json families by model_type: sized exactly, or refused */
+    const zo_family_info *fi = zo_model_families(&n);
+    printf("\nconfig.json families (model_type; * = the runtime trains it too):\n");
+    for (size_t i = 0; i < n; i++)
+        if (fi[i].modelled)
+            printf("  %-16s%s %s\n", fi[i].model_type, fi[i].trainable ? "*" : " ", fi[i].what);
+    printf("refused by name:\n");
+    for (size_t i = 0; i < n; i++)
+        if (!fi[i].modelled) printf("  %-17s %s\n", fi[i].model_type, fi[i].what);
     return 0;
 }
 

@@ -16,10 +16,23 @@
 #include "common/model_limits.h"
 #include "model/data.h"
 #include "model/layout.h"
+#include "tests/support/files.h" /* defines: files_write */
 
-static const char *hf_configs[] = {"gpt2.json",       "gpt2-xl.json",     "llama-2-7b.json",
-                                   "llama-2-13b.json", "llama-2-70b.json", "llama-3-8b.json",
-                                   "mistral-7b.json"};
+static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "llama-2-7b.json",
+                                   "llama-2-13b.json",  "llama-2-70b.json", "llama-3-8b.json",
+                                   "mistral-7b.json",   "llama-7b.json",    "llama-3.1-8b.json",
+                                   "llama-3.2-1b.json", "qwen2.5-0.5b.json", "qwen2.5-7b.json"};
+
+/* Families memplan sizes but the runtime does not build: the layout (and so
+ * `train`) refuses each by name. */
+static const struct { const char *config, *family; } not_built[] = {
+    {"mixtral-8x7b.json", "mixtral"},       {"qwen1.5-moe-a2.7b.json", "qwen2_moe"},
+    {"deepseek-v2-lite.json", "deepseek_v2"}, {"gemma-2b.json", "gemma"},
+    {"gemma-2-2b.json", "gemma2"},          {"qwen3-0.6b.json", "qwen3"},
+    {"phi-3-mini-4k-instruct.json", "phi3"}, {"pythia-160m.json", "gpt_neox"},
+    {"falcon-7b.json", "falcon"},           {"opt-125m.json", "opt"},
+    {"bloom-560m.json", "bloom"},
+};
 
 /* Tensors tile each block exactly, in order, and sum to the config's count. */
 static void check_layout(const zo_model_config *cfg)
@@ -123,6 +136,30 @@ static void test_layout_limits(void **state)
     model_layout l;
     assert_int_equal(model_layout_init(&l, &gpt), ZO_ERR_INVALID);
     assert_non_null(strstr(zo_last_error(), "layer_norm_epsilon"));
+}
+
+static void test_layout_refuses_families(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof not_built / sizeof not_built[0]; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/hf-configs/%s", ZO_FIXTURES_DIR, not_built[i].config);
+        zo_model_config cfg;
+        if (zo_model_config_load(path, &cfg)) fail_msg("%s", zo_last_error());
+        model_layout l;
+        assert_int_equal(model_layout_init(&l, &cfg), ZO_ERR_UNSUPPORTED);
+        char want[64];
+        snprintf(want, sizeof want, "family \"%s\"", not_built[i].family);
+        if (!strstr(zo_last_error(), want))
+            fail_msg("%s: \"%s\" does not name %s", not_built[i].config, zo_last_error(), want);
+    }
+    /* a LLaMA config with another activation is not the runtime's SwiGLU */
+    zo_model_config c;
+    assert_int_equal(zo_model_preset_find("llama-2-7b", &c), ZO_OK);
+    snprintf(c.act, sizeof c.act, "gelu");
+    model_layout l;
+    assert_int_equal(model_layout_init(&l, &c), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "gelu"));
 }
 
 /* Variants the presets do not cover: untied GPT, Qwen2-style q/k/v biases,
@@ -232,14 +269,6 @@ static int teardown_tmp(void **state)
     return rmdir(tmpdir);
 }
 
-static void write_file(const char *path, const void *buf, size_t len)
-{
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(buf, 1, len, f), len);
-    fclose(f);
-}
-
 /* n tokens from a small LCG, below vocab, written little-endian with width w */
 static uint32_t *write_tokens(const char *path, size_t n, int w, uint32_t vocab)
 {
@@ -253,7 +282,7 @@ static uint32_t *write_tokens(const char *path, size_t n, int w, uint32_t vocab)
         ids[i] = (x >> 8) % vocab;
         for (int b = 0; b < w; b++) raw[i * (size_t)w + (size_t)b] = (uint8_t)(ids[i] >> (8 * b));
     }
-    write_file(path, raw, n * (size_t)w);
+    files_write(path, raw, n * (size_t)w);
     free(raw);
     return ids;
 }
@@ -344,7 +373,7 @@ static void test_tokens_errors(void **state)
     uint16_t raw[200];
     for (int i = 0; i < 200; i++) raw[i] = (uint16_t)(i % 100);
     raw[123] = 1500;
-    write_file(path, raw, sizeof raw);
+    files_write(path, raw, sizeof raw);
     assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U16, 1000), ZO_OK);
     assert_int_equal(model_tokens_check(&t, 0, 100), ZO_OK);
     assert_int_equal(model_tokens_check(&t, 0, t.n), ZO_ERR_FORMAT);
@@ -367,12 +396,12 @@ static void test_tokens_errors(void **state)
 
     /* an odd byte count is not a uint16 token file; nor is an empty file */
     snprintf(path, sizeof path, "%s/odd.bin", tmpdir);
-    write_file(path, raw, 7);
+    files_write(path, raw, 7);
     assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U16, 1000), ZO_ERR_FORMAT);
     assert_non_null(strstr(zo_last_error(), path));
     assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U32, 1000), ZO_ERR_FORMAT);
     snprintf(path, sizeof path, "%s/empty.bin", tmpdir);
-    write_file(path, raw, 0);
+    files_write(path, raw, 0);
     assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U16, 1000), ZO_ERR_FORMAT);
     snprintf(path, sizeof path, "%s/nope.bin", tmpdir);
     assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U16, 1000), ZO_ERR_NOT_FOUND);
@@ -398,7 +427,7 @@ static void test_byte_tokens(void **state)
     snprintf(tok_path, sizeof tok_path, "%s/text.bin", tmpdir);
     const char text[] = "To be, or not to be: that is the question.\n\xc3\xa9t\xc3\xa9\n";
     size_t n = sizeof text - 1;
-    write_file(text_path, text, n);
+    files_write(text_path, text, n);
 
     model_tokens t;
     assert_int_equal(model_tokens_open(&t, text_path, MODEL_TOKENS_BYTES, MODEL_BYTE_VOCAB), ZO_OK);
@@ -441,6 +470,7 @@ int main(void)
         cmocka_unit_test(test_layout_variants),
         cmocka_unit_test(test_layout_limits),
         cmocka_unit_test(test_layout_views),
+        cmocka_unit_test(test_layout_refuses_families),
         cmocka_unit_test(test_batches_sequential),
         cmocka_unit_test(test_batches_random),
         cmocka_unit_test(test_tokens_errors),

@@ -9,34 +9,29 @@
 #include <stddef.h>
 #include <cmocka.h>
 
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <math.h>
 #include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 
+#include "common/dtype.h"      /* defines: zo_bf16_to_f32 */
+#include "cpu_adam/cpu_adam.h" /* defines: adam_update, adam_grad_stats (the reference) */
 #include "gpu/ops_cpu.h"     /* defines: gpu_cpu_inject_faults */
 #include "model/safetensors.h" /* defines: model_st_open */
 #include "offload/ckpt_meta.h" /* defines: ckpt_manifest_write (to re-sign an edited checkpoint) */
 #include "offload/offload.h" /* defines: offload_init, offload_plan_load, offload_save */
-#include "tests/support/run.h" /* defines: run_program */
+#include "tests/support/files.h" /* defines: files_write_plan, files_write_text, files_remove_tree */
+#include "tests/support/run.h"   /* defines: run_program, run_capture, run_paused */
 
 static char tmp_dir[256];
-
-static void write_file(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-}
 
 /* ---- plans -------------------------------------------------------------------------- */
 
@@ -50,29 +45,10 @@ static zo_status load_plan_with(const char *field, const char *value, offload_pl
     zo_plan *pl = malloc(sizeof *pl);
     assert_non_null(pl);
     zo_plan_defaults(pl, &m);
-    cJSON *doc;
-    assert_int_equal(zo_plan_write_json(pl, "plan", &doc), ZO_OK);
-    free(pl);
-    char obj_path[128];
-    snprintf(obj_path, sizeof obj_path, "%s", field);
-    char *key = strrchr(obj_path, '.');
-    assert_non_null(key);
-    *key++ = '\0';
-    cJSON *o = doc;
-    for (char *sv = NULL, *k = strtok_r(obj_path, ".", &sv); k; k = strtok_r(NULL, ".", &sv))
-        assert_non_null(o = cJSON_GetObjectItemCaseSensitive(o, k));
-    cJSON_DeleteItemFromObjectCaseSensitive(o, key);
-    if (value) {
-        cJSON *v = cJSON_Parse(value);
-        assert_non_null(v);
-        cJSON_AddItemToObject(o, key, v);
-    }
-    char *text = cJSON_Print(doc);
-    cJSON_Delete(doc);
     char path[400];
     snprintf(path, sizeof path, "%s/plan.json", tmp_dir);
-    write_file(path, text);
-    free(text);
+    files_write_plan(path, pl, field, value);
+    free(pl);
     offload_plan_defaults(p);
     zo_status st = offload_plan_load(path, p);
     remove(path);
@@ -227,6 +203,23 @@ static zo_status set_weights(offload_t *rt, float *w)
     return offload_set_weights(rt, blocks);
 }
 
+/* A runtime on the (open) stub model with its weights set: of configuration
+ * c0, or the default one when c0 is NULL. */
+static offload_t *stub_runtime(stub *m, zo_dtype dt, const offload_config *c0)
+{
+    offload_model om = stub_model(m);
+    om.dtype = dt;
+    offload_config c;
+    if (c0) c = *c0;
+    else offload_config_defaults(&c);
+    offload_t *rt;
+    assert_int_equal(offload_init(&rt, m->dev, &om, &c), ZO_OK);
+    static float w[NB * NUMEL];
+    stub_weights(w);
+    assert_int_equal(set_weights(rt, w), ZO_OK);
+    return rt;
+}
+
 /* ---- allocation failures in offload_init ---------------------------------------------- */
 
 /* Every device and pinned allocation of offload_init fails in turn: init
@@ -348,16 +341,97 @@ static void test_failed_micro_batch(void **state)
     }
 }
 
+/* ---- the delayed parameter update ------------------------------------------------------ */
+
+/* The stub's gradient is the 16-bit weights its micro-batch used, so the
+ * delayed update can be computed here in closed form: after `warmup` serial
+ * steps, step t's micro-batch uses the weights of step t - 1 while step
+ * t - 1's update runs; with cpu_adam's own functions the reference gives
+ * the runtime's gradient norm at every step and its final master weights,
+ * bit for bit. */
+static void test_dpu_one_step_late(void **state)
+{
+    (void)state;
+    enum { STEPS = 9, WARMUP = 2, N = NB * NUMEL };
+    stub m;
+    stub_open(&m);
+    offload_model om = stub_model(&m);
+    offload_config c;
+    offload_config_defaults(&c);
+    c.schedule = OFFLOAD_SCHEDULE_DPU;
+    c.dpu_warmup = WARMUP;
+    c.opt_threads = 1;
+    c.adam.clip = 0.5f; /* engages: the gradient is the weights */
+    static float w[N], P[N], M[N], V[N], g[N];
+    static uint16_t hist[STEPS + 1][N]; /* the 16-bit weights after each update */
+    stub_weights(w);
+    memcpy(P, w, sizeof P);
+    zo_convert(hist[0], ZO_DTYPE_BF16, P, ZO_DTYPE_F32, N);
+    offload_t *rt;
+    gpu_stream_t s;
+    assert_int_equal(offload_init(&rt, m.dev, &om, &c), ZO_OK);
+    assert_int_equal(gpu_stream_create(m.dev, &s), ZO_OK);
+    assert_int_equal(set_weights(rt, w), ZO_OK);
+    for (int t = 0; t < STEPS; t++) {
+        /* the runtime */
+        assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+        offload_step_info info;
+        assert_int_equal(offload_step(rt, &info), ZO_OK);
+        /* the reference: the weights the micro-batch used, a step late once
+         * the warmup is over */
+        const uint16_t *used = hist[t <= WARMUP ? t : t - 1];
+        for (int i = 0; i < N; i++) g[i] = zo_bf16_to_f32(used[i]);
+        double sumsq = 0;
+        for (int b = 0; b < NB; b++) {
+            double ss;
+            int nf;
+            assert_int_equal(adam_grad_stats(g + b * NUMEL, ZO_DTYPE_F32, NUMEL, 1, &ss, &nf), ZO_OK);
+            sumsq += ss;
+        }
+        double norm = sqrt(sumsq), coef = c.adam.clip / (norm + 1e-6);
+        if (memcmp(&info.grad_norm, &(float){(float)norm}, sizeof(float))) {
+            fprintf(stderr, "step %d: norm %.9g, the one-step-late reference %.9g\n", t, info.grad_norm, norm);
+            fail();
+        }
+        adam_hparams hp = adam_hparams_default();
+        hp.lr = c.adam.lr;
+        hp.beta1 = c.adam.beta1;
+        hp.beta2 = c.adam.beta2;
+        hp.eps = c.adam.eps;
+        hp.weight_decay = c.adam.weight_decay;
+        hp.decay = ADAM_DECAY_ADAMW;
+        hp.step = t + 1;
+        hp.grad_mult = (float)(coef < 1.0 ? coef : 1.0);
+        assert_int_equal(adam_update(&hp, N, P, g, ZO_DTYPE_F32, M, V, hist[t + 1], ZO_DTYPE_BF16, 1), ZO_OK);
+    }
+    /* the last update, published: the runtime's master is the reference's */
+    static float got[N];
+    float *blocks[NB];
+    for (int b = 0; b < NB; b++) blocks[b] = got + b * NUMEL;
+    assert_int_equal(offload_get_weights(rt, blocks), ZO_OK);
+    assert_memory_equal(got, P, sizeof got);
+    /* and the serial schedule differs from it: the delay is real */
+    offload_free(rt);
+    c.schedule = OFFLOAD_SCHEDULE_SERIAL;
+    assert_int_equal(offload_init(&rt, m.dev, &om, &c), ZO_OK);
+    assert_int_equal(set_weights(rt, w), ZO_OK);
+    for (int t = 0; t < STEPS; t++) {
+        offload_step_info info;
+        assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+        assert_int_equal(offload_step(rt, &info), ZO_OK);
+    }
+    assert_int_equal(offload_get_weights(rt, blocks), ZO_OK);
+    assert_true(memcmp(got, P, sizeof got) != 0);
+    offload_free(rt);
+    gpu_stream_destroy(s);
+    stub_close(&m);
+}
+
 /* ---- checkpoints ----------------------------------------------------------------------- */
 
 static void set_state_field(const char *state_path, const char *key, const char *value)
 {
-    FILE *f = fopen(state_path, "r");
-    assert_non_null(f);
-    char buf[4096], out[4200];
-    size_t len = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[len] = 0;
+    char *buf = files_read_text(state_path), out[4200];
     char pat[64];
     snprintf(pat, sizeof pat, "\"%s\":", key);
     char *at = strstr(buf, pat);
@@ -365,7 +439,8 @@ static void set_state_field(const char *state_path, const char *key, const char 
     char *val = at + strlen(pat);
     char *end = val + strcspn(val, ",\n}");
     snprintf(out, sizeof out, "%.*s %s%s", (int)(val - buf), buf, value, end);
-    write_file(state_path, out);
+    free(buf);
+    files_write_text(state_path, out);
 }
 
 /* A state.json whose counters are out of range (a loss scale of 0 would
@@ -375,25 +450,13 @@ static void test_ckpt_bad_state(void **state)
     (void)state;
     stub m;
     stub_open(&m);
-    offload_model om = stub_model(&m);
-    om.dtype = ZO_DTYPE_F16;
-    offload_config c;
-    offload_config_defaults(&c);
-    offload_t *rt;
-    assert_int_equal(offload_init(&rt, m.dev, &om, &c), ZO_OK);
-    static float w[NB * NUMEL];
-    stub_weights(w);
-    assert_int_equal(set_weights(rt, w), ZO_OK);
+    offload_t *rt = stub_runtime(&m, ZO_DTYPE_F16, NULL);
     char dir[400], state_path[500];
     snprintf(dir, sizeof dir, "%s/ck", tmp_dir);
     offload_ckpt_meta meta = {.data_step = 7, .seed = 3};
     assert_int_equal(offload_save(rt, dir, &meta, NULL, NULL), ZO_OK);
     snprintf(state_path, sizeof state_path, "%s/step-00000000/state.json", dir);
-    char saved[4096];
-    FILE *f = fopen(state_path, "r");
-    assert_non_null(f);
-    saved[fread(saved, 1, sizeof saved - 1, f)] = 0;
-    fclose(f);
+    char *saved = files_read_text(state_path);
     offload_ckpt_meta got;
     assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
     assert_int_equal(got.data_step, 7);
@@ -403,7 +466,7 @@ static void test_ckpt_bad_state(void **state)
         {"skipped", "-3"},   {"good_steps", "-1"}, {"params", "-1"}, {"data_step", "-5"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        write_file(state_path, saved);
+        files_write_text(state_path, saved);
         set_state_field(state_path, bad[i][0], bad[i][1]);
         zo_status st = offload_load(rt, dir, &got);
         if (st != ZO_ERR_FORMAT) {
@@ -412,13 +475,12 @@ static void test_ckpt_bad_state(void **state)
         }
         assert_non_null(strstr(zo_last_error(), bad[i][0]));
     }
-    write_file(state_path, saved);
+    files_write_text(state_path, saved);
+    free(saved);
     assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
     offload_free(rt);
     stub_close(&m);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    files_remove_tree(dir);
 }
 
 /* Saving twice at the same step count (an fp16 step skipped for overflow
@@ -429,14 +491,7 @@ static void test_ckpt_same_step(void **state)
     (void)state;
     stub m;
     stub_open(&m);
-    offload_model om = stub_model(&m);
-    offload_config c;
-    offload_config_defaults(&c);
-    offload_t *rt;
-    assert_int_equal(offload_init(&rt, m.dev, &om, &c), ZO_OK);
-    static float w[NB * NUMEL];
-    stub_weights(w);
-    assert_int_equal(set_weights(rt, w), ZO_OK);
+    offload_t *rt = stub_runtime(&m, ZO_DTYPE_BF16, NULL);
     char dir[400], path[500];
     snprintf(dir, sizeof dir, "%s/same", tmp_dir);
     offload_ckpt_meta meta = {.data_step = 7, .seed = 3};
@@ -455,19 +510,10 @@ static void test_ckpt_same_step(void **state)
     assert_int_equal(got.data_step, 9);
     offload_free(rt);
     stub_close(&m);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    files_remove_tree(dir);
 }
 
 /* ---- checkpoints: checksums, strict state, rotation, locks ------------------------------ */
-
-static void rm_rf(const char *dir)
-{
-    char cmd[800];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-}
 
 static char *slurp_file(const char *path, size_t *len)
 {
@@ -482,30 +528,6 @@ static char *slurp_file(const char *path, size_t *len)
     fclose(f);
     *len = (size_t)n;
     return buf;
-}
-
-static void spit_file(const char *path, const void *buf, size_t len)
-{
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(buf, 1, len, f), len);
-    fclose(f);
-}
-
-/* A runtime on the stub model with its weights set. */
-static offload_t *stub_runtime(stub *m, zo_dtype dt, const offload_config *c0)
-{
-    offload_model om = stub_model(m);
-    om.dtype = dt;
-    offload_config c;
-    if (c0) c = *c0;
-    else offload_config_defaults(&c);
-    offload_t *rt;
-    assert_int_equal(offload_init(&rt, m->dev, &om, &c), ZO_OK);
-    static float w[NB * NUMEL];
-    stub_weights(w);
-    assert_int_equal(set_weights(rt, w), ZO_OK);
-    return rt;
 }
 
 /* A model.safetensors of the weights, block by block (what train writes). */
@@ -547,7 +569,7 @@ static void test_ckpt_checksums(void **state)
             size_t at = t == 8 ? len - 1 : (len / 8) * (size_t)t + 3;
             if (!strcmp(files[fi], "state.json") && strchr(" \n\t\r:,\"{}", orig[at])) at = len / 2;
             orig[at] ^= 0x01;
-            spit_file(path, orig, len);
+            files_write(path, orig, len);
             orig[at] ^= 0x01;
             offload_ckpt_meta got = {0};
             zo_status st = offload_load(rt, dir, &got);
@@ -559,10 +581,10 @@ static void test_ckpt_checksums(void **state)
             assert_non_null(strstr(zo_last_error(), files[fi]));
             if (strcmp(files[fi], "state.json")) assert_int_equal(st, ZO_ERR_CHECKSUM);
         }
-        spit_file(path, orig, len - 1); /* cut short */
+        files_write(path, orig, len - 1); /* cut short */
         assert_int_not_equal(offload_load(rt, dir, NULL), ZO_OK);
         assert_non_null(strstr(zo_last_error(), files[fi]));
-        spit_file(path, orig, len);
+        files_write(path, orig, len);
         free(orig);
     }
     /* nothing was overwritten by the refused loads */
@@ -578,13 +600,13 @@ static void test_ckpt_checksums(void **state)
     hex = strchr(hex + 7, '"') + 1;
     char was = hex[0];
     hex[0] = was == '0' ? '1' : '0';
-    spit_file(path, man, len);
+    files_write(path, man, len);
     assert_int_equal(offload_load(rt, dir, NULL), ZO_ERR_CHECKSUM);
     remove(path);
     assert_int_equal(offload_load(rt, dir, NULL), ZO_ERR_FORMAT);
     assert_non_null(strstr(zo_last_error(), "manifest.json: missing"));
     hex[0] = was;
-    spit_file(path, man, len);
+    files_write(path, man, len);
     free(man);
     offload_ckpt_meta got;
     assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
@@ -592,7 +614,7 @@ static void test_ckpt_checksums(void **state)
     assert_int_equal(got.seed, 3);
     offload_free(rt);
     stub_close(&m);
-    rm_rf(dir);
+    files_remove_tree(dir);
 }
 
 /* state.json: every field required, nothing unknown, version 3, and its
@@ -622,7 +644,7 @@ static void test_ckpt_state_strict(void **state)
         cJSON_DeleteItemFromObjectCaseSensitive(o, fields[i]);
         char *text = cJSON_Print(o);
         cJSON_Delete(o);
-        spit_file(path, text, strlen(text));
+        files_write(path, text, strlen(text));
         free(text);
         assert_int_equal(offload_load(rt, dir, NULL), ZO_ERR_FORMAT);
         if (!strstr(zo_last_error(), fields[i])) {
@@ -643,7 +665,7 @@ static void test_ckpt_state_strict(void **state)
         cJSON_AddItemToObject(o, bad[i].key, cJSON_Parse(bad[i].value));
         char *text = cJSON_Print(o);
         cJSON_Delete(o);
-        spit_file(path, text, strlen(text));
+        files_write(path, text, strlen(text));
         free(text);
         zo_status st = offload_load(rt, dir, NULL);
         if (st == ZO_OK || !strstr(zo_last_error(), bad[i].said)) {
@@ -652,7 +674,7 @@ static void test_ckpt_state_strict(void **state)
             fail();
         }
     }
-    spit_file(path, saved, len);
+    files_write(path, saved, len);
     free(saved);
     offload_free(rt);
     /* the same checkpoint into a fp16 run: refused, naming both */
@@ -661,7 +683,7 @@ static void test_ckpt_state_strict(void **state)
     assert_non_null(strstr(zo_last_error(), "a checkpoint of a bf16 run; this run trains in fp16"));
     offload_free(rt);
     stub_close(&m);
-    rm_rf(dir);
+    files_remove_tree(dir);
 }
 
 /* Non-finite values are refused at every door: a weight set with
@@ -703,7 +725,7 @@ static void test_nonfinite_weights(void **state)
         char *copy = malloc(len);
         memcpy(copy, orig, len);
         memcpy(copy + at, &bad[i].value, 4);
-        spit_file(path, copy, len);
+        files_write(path, copy, len);
         free(copy);
         /* signed again, as a checkpoint saved that way would be */
         ckpt_layout lay = {.blocks = NB, .params = NB * NUMEL, .dtype = ZO_DTYPE_BF16,
@@ -718,12 +740,12 @@ static void test_nonfinite_weights(void **state)
             fprintf(stderr, "%s\n", zo_last_error());
             fail();
         }
-        spit_file(path, orig, len);
+        files_write(path, orig, len);
         free(orig);
     }
     offload_free(rt);
     stub_close(&m);
-    rm_rf(dir);
+    files_remove_tree(dir);
 }
 
 /* Gradients that are not finite: without a loss scale to lower (bf16) the
@@ -781,6 +803,41 @@ static void test_nonfinite_gradients(void **state)
     assert_int_equal(offload_step(rt, &info), ZO_ERR_INVALID);
     assert_non_null(strstr(zo_last_error(), "already 1"));
     offload_free(rt);
+
+    /* the optimizer's schedules: the same error, from the step on the host
+     * thread, naming the block, whether the updates would run after the norm
+     * (overlap with clipping, dpu) or had started during backward (overlap
+     * without clipping: the block's own update never starts); the next good
+     * step trains */
+    const struct {
+        offload_schedule sched;
+        float clip;
+        const char *tail;
+    } sc[] = {
+        {OFFLOAD_SCHEDULE_OVERLAP, 1.0f, "nothing was updated"},
+        {OFFLOAD_SCHEDULE_OVERLAP, 0.0f, "had started (schedule overlap without exact clipping)"},
+        {OFFLOAD_SCHEDULE_DPU, 1.0f, "nothing was updated"},
+    };
+    for (size_t i = 0; i < sizeof sc / sizeof sc[0]; i++) {
+        offload_config_defaults(&c);
+        c.schedule = sc[i].sched;
+        c.adam.clip = sc[i].clip;
+        rt = stub_runtime(&m, ZO_DTYPE_BF16, &c);
+        assert_int_equal(offload_get_block(rt, 2, before), ZO_OK);
+        m.nan_block = 2;
+        assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+        assert_int_equal(offload_step(rt, &info), ZO_ERR_INVALID);
+        if (!strstr(zo_last_error(), "gradients of block 2 hold inf or nan") || !strstr(zo_last_error(), sc[i].tail))
+            fail_msg("schedule %s, clip %g: %s", offload_schedule_name(sc[i].sched), (double)sc[i].clip,
+                     zo_last_error());
+        assert_int_equal(offload_get_block(rt, 2, after), ZO_OK);
+        assert_memory_equal(before, after, sizeof before);
+        m.nan_block = -1;
+        assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+        assert_int_equal(offload_step(rt, &info), ZO_OK);
+        assert_int_equal(info.step, 1);
+        offload_free(rt);
+    }
     gpu_stream_destroy(s);
     stub_close(&m);
 }
@@ -804,16 +861,16 @@ static void test_ckpt_rotation(void **state)
     char dir[400], mine[400], p[800];
     snprintf(dir, sizeof dir, "%s/rot", tmp_dir);
     snprintf(mine, sizeof mine, "%s/users-own", tmp_dir);
-    rm_rf(dir);
-    rm_rf(mine);
+    files_remove_tree(dir);
+    files_remove_tree(mine);
     assert_int_equal(mkdir(dir, 0755), 0);
     assert_int_equal(mkdir(mine, 0755), 0);
     snprintf(p, sizeof p, "%s/keep.txt", mine);
-    write_file(p, "precious");
+    files_write_text(p, "precious");
     snprintf(p, sizeof p, "%s/step-best", dir);
     assert_int_equal(mkdir(p, 0755), 0);
     snprintf(p, sizeof p, "%s/step-best/notes.txt", dir);
-    write_file(p, "mine");
+    files_write_text(p, "mine");
     const char *links[] = {"step-00000009", ".tmp-step-00000000.3", "step-00000000.9x"};
     for (size_t i = 0; i < sizeof links / sizeof links[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", dir, links[i]);
@@ -847,13 +904,13 @@ static void test_ckpt_rotation(void **state)
     for (size_t i = 0; i < sizeof links / sizeof links[0]; i++) assert_true(exists(dir, links[i]));
     /* a `latest` pointing out of the folder is refused */
     snprintf(p, sizeof p, "%s/latest", dir);
-    write_file(p, "../users-own\n");
+    files_write_text(p, "../users-own\n");
     assert_int_equal(offload_load(rt, dir, NULL), ZO_ERR_FORMAT);
     assert_non_null(strstr(zo_last_error(), "not a checkpoint's name"));
     offload_free(rt);
     stub_close(&m);
-    rm_rf(dir);
-    rm_rf(mine);
+    files_remove_tree(dir);
+    files_remove_tree(mine);
 }
 
 /* One runtime per checkpoint folder: a second is refused at init, naming the
@@ -884,7 +941,7 @@ static void test_ckpt_lock(void **state)
     assert_int_equal(offload_save(b, dir, NULL, NULL, NULL), ZO_OK);
     offload_free(b);
     stub_close(&m);
-    rm_rf(dir);
+    files_remove_tree(dir);
 }
 
 /* ---- train's flags -------------------------------------------------------------------------- */
@@ -905,12 +962,9 @@ static void test_train_flags(void **state)
     snprintf(data, sizeof data, "%s/text.txt", tmp_dir);
     snprintf(cfg, sizeof cfg, "%s/config.json", tmp_dir);
     snprintf(plan, sizeof plan, "%s/train-plan.json", tmp_dir);
-    FILE *f = fopen(data, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 100; i++) fprintf(f, "the quick brown fox %d. ", i % 10);
-    fclose(f);
-    write_file(cfg, "{\"model_type\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 32, \"n_head\": 2,"
-                    " \"n_positions\": 32, \"vocab_size\": 256}\n");
+    files_write_sample_text(data, 100);
+    files_write_text(cfg, "{\"model_type\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 32, \"n_head\": 2,"
+                          " \"n_positions\": 32, \"vocab_size\": 256}\n");
     /* a plan for this model: fp32, weights streamed from the host, the
      * optimizer and its gradients there too */
     zo_model_config mc;
@@ -924,13 +978,8 @@ static void test_train_flags(void **state)
     pl->placement.params = pl->placement.grads = ZO_PLAN_CPU;
     pl->placement.optimizer[ZO_PLAN_GPU] = 0;
     pl->placement.optimizer[ZO_PLAN_CPU] = 1;
-    cJSON *doc;
-    assert_int_equal(zo_plan_write_json(pl, plan, &doc), ZO_OK);
+    files_write_plan(plan, pl, NULL, NULL);
     free(pl);
-    char *text = cJSON_Print(doc);
-    cJSON_Delete(doc);
-    write_file(plan, text);
-    free(text);
     const char *forms[] = {"--plan %s", "--plan=%s", "--pla %s"};
     for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
         char pl[500];
@@ -943,7 +992,7 @@ static void test_train_flags(void **state)
         }
     }
     /* a malformed plan given as --plan=FILE is an error too */
-    write_file(plan, "{\"format\": \"not-a-plan\"}\n");
+    files_write_text(plan, "{\"format\": \"not-a-plan\"}\n");
     snprintf(args, sizeof args, "--model %s --data %s --text --steps 1 --threads 1 --plan=%s", cfg, data, plan);
     assert_int_equal(run_train(args, out, sizeof out), 2);
     assert_non_null(strstr(out, "zoffload-plan"));
@@ -967,7 +1016,7 @@ static void tiny_run_files(const char *dir, char *cfg, char *data, size_t len)
     assert_non_null(f);
     for (int i = 0; i < 200; i++) fprintf(f, "the quick brown fox %d. ", i % 10);
     fclose(f);
-    write_file(cfg, "{\"model_type\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 32, \"n_head\": 2,"
+    files_write_text(cfg, "{\"model_type\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 32, \"n_head\": 2,"
                     " \"n_positions\": 32, \"vocab_size\": 256}\n");
 }
 
@@ -980,22 +1029,24 @@ static int run_train_limited(const char *args, char *out, size_t len)
 }
 
 /* Bad input is exit 2 (memplan's convention; missing files were exit 1),
- * naming the file: a FIFO given for any input (it hung), a config whose
- * constants or shape make no sense, weights that are not finite, a damaged
- * checkpoint to resume from. */
+ * naming the file: a FIFO given for any input (it hung: config, data, eval
+ * data, tokenizer, weights, plan, an adapter's config), a missing tokenizer
+ * or adapter, a config whose constants or shape make no sense, weights that
+ * are not finite, a damaged checkpoint to resume from. */
 static void test_train_bad_inputs(void **state)
 {
     (void)state;
     char dir[400], cfg[500], data[500], fifo[500], bad[500], args[2500];
     static char out[1 << 16];
     snprintf(dir, sizeof dir, "%s/inputs", tmp_dir);
-    rm_rf(dir);
+    files_remove_tree(dir);
     assert_int_equal(mkdir(dir, 0755), 0);
     tiny_run_files(dir, cfg, data, sizeof cfg);
     snprintf(fifo, sizeof fifo, "%s/fifo", dir);
     assert_int_equal(mkfifo(fifo, 0600), 0);
     const char *forms[] = {"--model %s --data %s --text", "--model %s --text --data %s",
-                           "--model %s --data %s --text --weights %s", "--model %s --data %s --text --plan %s"};
+                           "--model %s --data %s --text --weights %s", "--model %s --data %s --text --plan %s",
+                           "--model %s --data %s --tokenizer %s", "--model %s --data %s --text --eval-data %s"};
     for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
         const char *a1 = i == 0 ? fifo : cfg, *a2 = i == 1 ? fifo : data;
         char form[200];
@@ -1010,6 +1061,22 @@ static void test_train_bad_inputs(void **state)
     snprintf(args, sizeof args, "--model %s --data %s/missing.bin --steps 1 --seq 16", cfg, dir);
     assert_int_equal(run_train_limited(args, out, sizeof out), 2);
     assert_non_null(strstr(out, "missing.bin"));
+    snprintf(args, sizeof args, "--model %s --data %s --tokenizer %s/missing.json --steps 1 --seq 16", cfg, data, dir);
+    assert_int_equal(run_train_limited(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "missing.json"));
+    /* a PEFT adapter directory whose config is a FIFO, or missing */
+    char adapter[600];
+    snprintf(adapter, sizeof adapter, "%s/adapter", dir);
+    assert_int_equal(mkdir(adapter, 0755), 0);
+    snprintf(args, sizeof args, "--model %s --data %s --text --adapter %s --steps 1 --threads 1 --seq 16", cfg, data,
+             adapter);
+    assert_int_equal(run_train_limited(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "adapter_config.json"));
+    char acfg[700];
+    snprintf(acfg, sizeof acfg, "%s/adapter_config.json", adapter);
+    assert_int_equal(mkfifo(acfg, 0600), 0);
+    assert_int_equal(run_train_limited(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "adapter_config.json: not a regular file (a FIFO)"));
 
     /* constants and shapes that parse but make no sense */
     struct {
@@ -1030,7 +1097,7 @@ static void test_train_bad_inputs(void **state)
     };
     snprintf(bad, sizeof bad, "%s/bad.json", dir);
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
-        write_file(bad, cfgs[i].config);
+        files_write_text(bad, cfgs[i].config);
         snprintf(args, sizeof args, "--model %s --data %s --text --steps 1 --threads 1 --seq 16", bad, data);
         int rc = run_train_limited(args, out, sizeof out);
         if (rc != 2 || !strstr(out, cfgs[i].said)) {
@@ -1074,10 +1141,11 @@ static void test_train_bad_inputs(void **state)
     assert_int_equal(run_train_limited(args, out, sizeof out), 2);
     assert_non_null(strstr(out, "optimizer.safetensors: checksum mismatch"));
     assert_null(strstr(out, "step 2 loss"));
-    rm_rf(dir);
+    files_remove_tree(dir);
 }
 
-/* Swap files in --nvme-dir of the run in progress, by prefix. */
+/* Swap files in --nvme-dir of the run in progress, by prefix: weights
+ * (zo-par), a LoRA run's frozen base (zo-frz), optimizer state (zo-opt). */
 static int swap_files(const char *dir)
 {
     int n = 0;
@@ -1085,7 +1153,8 @@ static int swap_files(const char *dir)
     if (!d) return -1;
     struct dirent *de;
     while ((de = readdir(d)))
-        n += (!strncmp(de->d_name, "zo-opt-", 7) || !strncmp(de->d_name, "zo-par-", 7)) &&
+        n += (!strncmp(de->d_name, "zo-opt-", 7) || !strncmp(de->d_name, "zo-par-", 7) ||
+              !strncmp(de->d_name, "zo-frz-", 7)) &&
              strstr(de->d_name, ".swap");
     closedir(d);
     return n;
@@ -1095,24 +1164,9 @@ static int swap_files(const char *dir)
  * checkpoint (the test seam); returns its pid. */
 static pid_t start_paused(const char *args)
 {
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        close(fds[0]);
-        char env[64], cmd[3000];
-        snprintf(env, sizeof env, "begin:1:%d", fds[1]);
-        setenv("ZO_TRAIN_CKPT_PAUSE", env, 1);
-        snprintf(cmd, sizeof cmd, "exec %s %s >/dev/null 2>&1", ZO_TRAIN_BIN, args);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    close(fds[1]);
-    char c;
-    assert_int_equal(read(fds[0], &c, 1), 1); /* it is inside its checkpoint */
-    close(fds[0]);
-    return pid;
+    char cmd[4400];
+    snprintf(cmd, sizeof cmd, "%s %s", ZO_TRAIN_BIN, args);
+    return run_paused(cmd, "begin", 1);
 }
 
 /* A second run on a --ckpt folder in use is refused at start (exit 1),
@@ -1126,7 +1180,7 @@ static void test_train_locks_and_swap_files(void **state)
     char dir[400], cfg[500], data[500], nv[500], ck[500], args[4096], base[2000], want[600];
     static char out[1 << 16];
     snprintf(dir, sizeof dir, "%s/swap", tmp_dir);
-    rm_rf(dir);
+    files_remove_tree(dir);
     assert_int_equal(mkdir(dir, 0755), 0);
     tiny_run_files(dir, cfg, data, sizeof cfg);
     snprintf(nv, sizeof nv, "%s/nvme", dir);
@@ -1168,7 +1222,7 @@ static void test_train_locks_and_swap_files(void **state)
     assert_true(WIFSIGNALED(ws) && WTERMSIG(ws) == SIGTERM);
     assert_int_equal(swap_files(nv), 0);
     /* SIGKILL leaves them; the next run removes them */
-    rm_rf(ck);
+    files_remove_tree(ck);
     snprintf(args, sizeof args, "%s --ckpt %s --save-every 1", base, ck);
     a = start_paused(args);
     assert_int_equal(kill(a, SIGKILL), 0);
@@ -1179,7 +1233,30 @@ static void test_train_locks_and_swap_files(void **state)
     if (rc) fprintf(stderr, "train %s\n=> %s\n", args, out);
     assert_int_equal(rc, 0);
     assert_int_equal(swap_files(nv), 0);
-    rm_rf(dir);
+
+    /* LoRA with the optimizer on its own thread: the frozen base (zo-frz),
+     * the adapters (zo-par) and their optimizer state (zo-opt) each in a
+     * swap file of its own; SIGTERM removes them, SIGKILL leaves them to the
+     * next run */
+    files_remove_tree(ck);
+    snprintf(args, sizeof args, "%s --ckpt %s --save-every 1 --lora 2 --adapters-on nvme --schedule overlap", base,
+             ck);
+    a = start_paused(args);
+    assert_int_equal(swap_files(nv), 3);
+    assert_int_equal(kill(a, SIGTERM), 0);
+    assert_int_equal(waitpid(a, &ws, 0), a);
+    assert_true(WIFSIGNALED(ws) && WTERMSIG(ws) == SIGTERM);
+    assert_int_equal(swap_files(nv), 0);
+    files_remove_tree(ck);
+    a = start_paused(args);
+    assert_int_equal(kill(a, SIGKILL), 0);
+    assert_int_equal(waitpid(a, &ws, 0), a);
+    assert_int_equal(swap_files(nv), 3);
+    rc = run_train_limited(args, out, sizeof out);
+    if (rc) fprintf(stderr, "train %s\n=> %s\n", args, out);
+    assert_int_equal(rc, 0);
+    assert_int_equal(swap_files(nv), 0);
+    files_remove_tree(dir);
 }
 #endif
 
@@ -1220,8 +1297,7 @@ static void test_searched_plan_runs(void **state)
         fprintf(stderr, "measured/planned GPU peak %.4f: %.*s\n", ratio, (int)(strchr(line, '\n') - line), line);
         fail();
     }
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    files_remove_tree(dir);
 }
 
 int main(void)
@@ -1233,6 +1309,7 @@ int main(void)
         cmocka_unit_test(test_plan_fractions),
         cmocka_unit_test(test_init_alloc_faults),
         cmocka_unit_test(test_failed_micro_batch),
+        cmocka_unit_test(test_dpu_one_step_late),
         cmocka_unit_test(test_ckpt_bad_state),
         cmocka_unit_test(test_ckpt_same_step),
         cmocka_unit_test(test_ckpt_checksums),
