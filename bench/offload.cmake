@@ -8,3 +8,9 @@ target_link_libraries(bench_offload PRIVATE zo_bench_harness zo_offload zo_trans
 # model and device, alternating; the ratios last.
 add_executable(bench_lora ${CMAKE_CURRENT_SOURCE_DIR}/bench_lora.c)
 target_link_libraries(bench_lora PRIVATE zo_bench_harness zo_offload zo_transformer)
+
+# bench_schedule: the planner's step time for the optimizer schedules
+# (serial, overlap, dpu) against the runtime's on the CPU backend, three
+# placements; the largest relative difference last.
+add_executable(bench_schedule ${CMAKE_CURRENT_SOURCE_DIR}/bench_schedule.c)
+target_link_libraries(bench_schedule PRIVATE zo_bench_harness zo_offload zo_transformer zo_planner_calibrate m)
