@@ -873,11 +873,61 @@ static void plan_for(const run *r, plan_estimate *e)
     t.buf.prefetch_depth = r->oc.prefetch_depth;
     t.buf.sub_group = r->oc.sub_group;
     t.buf.swap_buffers = r->oc.swap_buffers ? r->oc.swap_buffers : 3;
+    if (r->lora.r > 0) {
+        t.method = r->lora.nf4 ? PLAN_METHOD_QLORA : PLAN_METHOD_LORA;
+        t.lora = (zo_lora_config){.r = r->lora.r, .alpha = r->lora.alpha, .targets = r->lora.targets};
+        t.adapters_on = (plan_tier)r->oc.trainable_on;
+    }
     plan_hw hw = {.gpus = 1, .gpus_per_node = 1, .gpu_mem = 1ull << 40, .cpu_mem = 1ull << 40,
                   .nvme = 1ull << 40};
     assert_int_equal(plan_estimate_run(&r->cfg, &hw, &t, e), ZO_OK);
 }
 
+
+/* LoRA and QLoRA: the peak bytes per tier against memplan's estimate of the
+ * same method and placement, within 3%. */
+static void test_memplan_agrees_lora(void **state)
+{
+    (void)state;
+    struct {
+        const char *name;
+        int nf4;
+        offload_tier base, adapters;
+        double dev;
+        int recompute;
+    } v[] = {
+        {"lora, all resident", 0, OFFLOAD_DEVICE, OFFLOAD_DEVICE, 1.0, 0},
+        {"lora, base streamed from cpu", 0, OFFLOAD_CPU, OFFLOAD_DEVICE, 0, 1},
+        {"qlora, all resident", 1, OFFLOAD_DEVICE, OFFLOAD_DEVICE, 0, 0},
+        {"qlora, base on nvme, adapters cpu", 1, OFFLOAD_NVME, OFFLOAD_CPU, 0, 1},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        run r = {.cfg = tiny_llama(8, 128, 512), .dt = ZO_DTYPE_BF16, .B = 2, .T = 32, .steps = 2};
+        base_config(&r.oc);
+        r.oc.sub_group = 50000;
+        r.oc.params_on = v[i].base;
+        r.oc.trainable_on = v[i].adapters;
+        r.oc.opt_frac[OFFLOAD_CPU] = 1 - v[i].dev;
+        r.oc.opt_frac[OFFLOAD_DEVICE] = v[i].dev;
+        r.oc.recompute = v[i].recompute;
+        r.oc.checkpoints_on = OFFLOAD_DEVICE;
+        r.lora = (tf_lora_options){.r = 8, .alpha = 16, .targets = ZO_LORA_ALL_LINEAR, .nf4 = v[i].nf4};
+        zo_status st = do_run(&r);
+        if (st == ZO_ERR_UNSUPPORTED) continue;
+        assert_int_equal(st, ZO_OK);
+        plan_estimate e;
+        plan_for(&r, &e);
+        printf("  %s\n", v[i].name);
+        for (int t = 0; t < PLAN_TIERS; t++) {
+            uint64_t want = e.total[t];
+            double ratio = want ? (double)r.stats.peak[t] / (double)want : 0;
+            printf("    %-5s measured %10llu  memplan %10llu  ratio %.4f\n", plan_tier_name((plan_tier)t),
+                   (unsigned long long)r.stats.peak[t], (unsigned long long)e.total[t], ratio);
+            if (want) assert_true(ratio > 0.97 && ratio < 1.03);
+            else assert_int_equal(r.stats.peak[t], 0);
+        }
+    }
+}
 
 /* Optimizer state on the device (wholly or in part) updates with
  * gpu_adam_update, cpu_adam's arithmetic, and its gradients are summed on the
@@ -1169,6 +1219,7 @@ int main(void)
         cmocka_unit_test(test_kill_during_checkpoint),
         cmocka_unit_test(test_nvme_checkpoint_memory),
         cmocka_unit_test(test_memplan_agrees),
+        cmocka_unit_test(test_memplan_agrees_lora),
         cmocka_unit_test(test_device_optimizer),
         cmocka_unit_test(test_device_optimizer_resume),
         cmocka_unit_test(test_device_optimizer_capacity),
