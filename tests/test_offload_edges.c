@@ -220,6 +220,23 @@ static offload_t *stub_runtime(stub *m, zo_dtype dt, const offload_config *c0)
     return rt;
 }
 
+/* A checkpoint test's start: the stub open, a runtime of the default
+ * configuration on it, and the folder <tmp>/<name> to save into in dir. */
+static offload_t *ckpt_setup(stub *m, zo_dtype dt, const char *name, char *dir, size_t len)
+{
+    stub_open(m);
+    snprintf(dir, len, "%s/%s", tmp_dir, name);
+    return stub_runtime(m, dt, NULL);
+}
+
+/* ... and its end: the runtime, the stub and the folder gone. */
+static void ckpt_teardown(offload_t *rt, stub *m, const char *dir)
+{
+    offload_free(rt);
+    stub_close(m);
+    files_remove_tree(dir);
+}
+
 /* ---- allocation failures in offload_init ---------------------------------------------- */
 
 /* Every device and pinned allocation of offload_init fails in turn: init
@@ -449,10 +466,8 @@ static void test_ckpt_bad_state(void **state)
 {
     (void)state;
     stub m;
-    stub_open(&m);
-    offload_t *rt = stub_runtime(&m, ZO_DTYPE_F16, NULL);
     char dir[400], state_path[500];
-    snprintf(dir, sizeof dir, "%s/ck", tmp_dir);
+    offload_t *rt = ckpt_setup(&m, ZO_DTYPE_F16, "ck", dir, sizeof dir);
     offload_ckpt_meta meta = {.data_step = 7, .seed = 3};
     assert_int_equal(offload_save(rt, dir, &meta, NULL, NULL), ZO_OK);
     snprintf(state_path, sizeof state_path, "%s/step-00000000/state.json", dir);
@@ -478,9 +493,7 @@ static void test_ckpt_bad_state(void **state)
     files_write_text(state_path, saved);
     free(saved);
     assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
-    offload_free(rt);
-    stub_close(&m);
-    files_remove_tree(dir);
+    ckpt_teardown(rt, &m, dir);
 }
 
 /* Saving twice at the same step count (an fp16 step skipped for overflow
@@ -490,10 +503,8 @@ static void test_ckpt_same_step(void **state)
 {
     (void)state;
     stub m;
-    stub_open(&m);
-    offload_t *rt = stub_runtime(&m, ZO_DTYPE_BF16, NULL);
     char dir[400], path[500];
-    snprintf(dir, sizeof dir, "%s/same", tmp_dir);
+    offload_t *rt = ckpt_setup(&m, ZO_DTYPE_BF16, "same", dir, sizeof dir);
     offload_ckpt_meta meta = {.data_step = 7, .seed = 3};
     assert_int_equal(offload_save(rt, dir, &meta, NULL, NULL), ZO_OK);
     meta.data_step = 8; /* the data moved on, the step count did not */
@@ -508,9 +519,7 @@ static void test_ckpt_same_step(void **state)
     assert_int_equal(offload_save(rt, dir, &meta, NULL, NULL), ZO_OK);
     assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
     assert_int_equal(got.data_step, 9);
-    offload_free(rt);
-    stub_close(&m);
-    files_remove_tree(dir);
+    ckpt_teardown(rt, &m, dir);
 }
 
 /* ---- checkpoints: checksums, strict state, rotation, locks ------------------------------ */
@@ -549,10 +558,8 @@ static void test_ckpt_checksums(void **state)
 {
     (void)state;
     stub m;
-    stub_open(&m);
-    offload_t *rt = stub_runtime(&m, ZO_DTYPE_BF16, NULL);
     char dir[400], ck[500], path[700];
-    snprintf(dir, sizeof dir, "%s/sums", tmp_dir);
+    offload_t *rt = ckpt_setup(&m, ZO_DTYPE_BF16, "sums", dir, sizeof dir);
     offload_ckpt_meta meta = {.data_step = 7, .seed = 3};
     assert_int_equal(offload_save_streamed(rt, dir, &meta, stub_writer, NULL), ZO_OK);
     snprintf(ck, sizeof ck, "%s/step-00000000", dir);
@@ -612,9 +619,7 @@ static void test_ckpt_checksums(void **state)
     assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
     assert_int_equal(got.data_step, 7);
     assert_int_equal(got.seed, 3);
-    offload_free(rt);
-    stub_close(&m);
-    files_remove_tree(dir);
+    ckpt_teardown(rt, &m, dir);
 }
 
 /* state.json: every field required, nothing unknown, version 3, and its
@@ -624,10 +629,8 @@ static void test_ckpt_state_strict(void **state)
 {
     (void)state;
     stub m;
-    stub_open(&m);
-    offload_t *rt = stub_runtime(&m, ZO_DTYPE_BF16, NULL);
     char dir[400], path[700];
-    snprintf(dir, sizeof dir, "%s/strict", tmp_dir);
+    offload_t *rt = ckpt_setup(&m, ZO_DTYPE_BF16, "strict", dir, sizeof dir);
     offload_ckpt_meta meta = {.data_step = 7, .seed = 18446744073709551615ull};
     assert_int_equal(offload_save(rt, dir, &meta, NULL, NULL), ZO_OK);
     offload_ckpt_meta got;
@@ -681,9 +684,7 @@ static void test_ckpt_state_strict(void **state)
     rt = stub_runtime(&m, ZO_DTYPE_F16, NULL);
     assert_int_equal(offload_load(rt, dir, NULL), ZO_ERR_INVALID);
     assert_non_null(strstr(zo_last_error(), "a checkpoint of a bf16 run; this run trains in fp16"));
-    offload_free(rt);
-    stub_close(&m);
-    files_remove_tree(dir);
+    ckpt_teardown(rt, &m, dir);
 }
 
 /* Non-finite values are refused at every door: a weight set with
@@ -743,9 +744,7 @@ static void test_nonfinite_weights(void **state)
         files_write(path, orig, len);
         free(orig);
     }
-    offload_free(rt);
-    stub_close(&m);
-    files_remove_tree(dir);
+    ckpt_teardown(rt, &m, dir);
 }
 
 /* Gradients that are not finite: without a loss scale to lower (bf16) the
@@ -907,9 +906,7 @@ static void test_ckpt_rotation(void **state)
     files_write_text(p, "../users-own\n");
     assert_int_equal(offload_load(rt, dir, NULL), ZO_ERR_FORMAT);
     assert_non_null(strstr(zo_last_error(), "not a checkpoint's name"));
-    offload_free(rt);
-    stub_close(&m);
-    files_remove_tree(dir);
+    ckpt_teardown(rt, &m, dir);
     files_remove_tree(mine);
 }
 
