@@ -877,12 +877,28 @@ static void catch_stop_signals(void)
     sigaction(SIGHUP, &sa, NULL);
 }
 
+/* "# method: ..." of the run's configuration: what is trained (LoRA from the
+ * plan, the flags or --adapter) and the optimizer's schedule. */
+static void print_method(const train_args *a)
+{
+    const offload_config *oc = &a->p.cfg;
+    char tg[128];
+    printf("# method: %s", !a->lora.r ? "full" : a->qlora ? "qlora" : "lora");
+    if (a->lora.r)
+        printf(" (LoRA r %d alpha %g on %s, adapters on %s)", a->lora.r, a->lora.alpha,
+               zo_lora_targets_str(a->lora.targets, tg, sizeof tg), offload_tier_name(oc->trainable_on));
+    printf("; optimizer schedule %s", offload_schedule_name(oc->schedule));
+    if (oc->schedule == OFFLOAD_SCHEDULE_DPU) printf(" (warm-up %d)", oc->dpu_warmup);
+    if (oc->schedule == OFFLOAD_SCHEDULE_OVERLAP && oc->clip_stale) printf(" (clip stale)");
+    printf("\n");
+}
+
 /* --check-plan: the plan against the model (its parameters and the run's one
- * rank, as a run checks them), the placement the run would use and the
- * plan's predictions; no device, no data, nothing of the model allocated.
- * Exit status: 0 they agree, 2 they do not or a file is bad (1 only when
- * the host runs out of memory reading them). */
-static int check_plan(const train_args *a)
+ * rank, as a run checks them), the placement, method and schedule the run
+ * would use and the plan's predictions; no device, no data, nothing of the
+ * model allocated. Exit status: 0 they agree, 2 they do not or a file is bad
+ * (1 only when the host runs out of memory reading them). */
+static int check_plan(train_args *a)
 {
     if (!a->plan || !a->model) {
         fprintf(stderr, "train: --check-plan needs --plan FILE%s\n", a->plan ? " and --model" : "");
@@ -904,7 +920,12 @@ static int check_plan(const train_args *a)
            cfg.name, zo_arch_name(cfg.arch), (unsigned long long)zo_model_params(&cfg), cfg.n_layers,
            cfg.hidden, cfg.vocab, zo_dtype_name(a->dtype), a->micro_batch, a->seq,
            oc->grad_accum ? oc->grad_accum : 1);
+    if (lora_choice(a, &cfg) != ZO_OK) {
+        fprintf(stderr, "train: --plan %s: %s\n", a->plan, zo_last_error());
+        return 2;
+    }
     print_placement(a);
+    print_method(a);
     const offload_prediction *pr = &a->p.predicted;
     if (!pr->present) {
         printf("# plan predicts: nothing (the plan has no \"predicted\" member)\n");
@@ -1026,6 +1047,7 @@ int main(int argc, char **argv)
            zo_format_bytes(ms.in_use, b1, sizeof b1),
            ms.capacity ? zo_format_bytes(ms.capacity, b2, sizeof b2) : "unlimited");
     print_placement(&a);
+    print_method(&a);
     if (a.p.selective_as_none && !oc->recompute)
         printf("# recompute: \"selective\" runs as none (the attention keeps no s x s "
                "scores, so selective would recompute nothing)\n");

@@ -16,16 +16,23 @@
 #   sanitize  compute-sanitizer memcheck on those three; then racecheck,
 #             synccheck and initcheck on test_gpu_parity while time is left
 #   bench     bench_gpu_cuda; bench_offload --device cuda on a 1.3B GPT shape
-#             (streamed prefetch 1 and 2 against resident)
+#             (streamed prefetch 1 and 2 against resident); scripts/gpu_schedules.py:
+#             the 1.3B LLaMA's step under the optimizer schedules serial, overlap
+#             and dpu against memplan's; bench_lora --device cuda (full vs LoRA vs
+#             QLoRA step), each while this command's time lasts
 #   torch     bench/torch_side_by_side.py: train --device cuda against PyTorch
-#   13b       scripts/gpu_13b.py: a LLaMA-2-13B-shaped fine-tune from a memplan plan
+#   13b       scripts/gpu_13b.py: LLaMA-2-13B-shaped runs from memplan plans: full
+#             fine-tuning, QLoRA (r 16, every linear layer), then the full plan
+#             under the other optimizer schedules while time is left
 #   all       the six above, in that order, inside one deadline
 # Phases that need no GPU (for this machine and for checks elsewhere):
 #   deps      only unpack .carry/ into the prefix
-#   plan13b   the 13B plan for a described machine, checked against the 13B
-#             model by `train --check-plan`, and its placement planned for a
-#             tiny model and run by `train --plan` on the CPU backend (ZO_13B_*
-#             below describe the machine)
+#   plan13b   the 13B plans (full and QLoRA) for a described machine, checked
+#             against the 13B model by `train --check-plan`, each placement and
+#             method planned for a tiny model and run by `train --plan` on the
+#             CPU backend, the tiny full plan under each optimizer schedule, and
+#             gpu_schedules.py on the tiny model (ZO_13B_* below describe the
+#             machine)
 #   summary   print the table of what the phases recorded on this machine
 #
 # Without a GPU the GPU phases fail at once with one line and exit 2. Exit 1
@@ -37,7 +44,8 @@
 # ZO_GPUCHECK_JOBS (default nproc), ZO_GPUCHECK_DEADLINE (seconds this command
 # may run, default 570), ZO_GPUCHECK_PYTHON (default python3),
 # ZO_NVME_DIR (the 13B run's NVMe folder; default the largest free file
-# system among the build folder and /tmp), ZO_13B_* (scripts/gpu_13b.py --help).
+# system among the build folder and /tmp), ZO_13B_* (scripts/gpu_13b.py --help;
+# ZO_13B_RUNS=full,qlora,schedules picks the 13B runs).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$PWD
@@ -355,7 +363,44 @@ phase_bench() {
     row bench "bench_offload --device cuda (1.3B)" FAIL "exit $rc$([ $rc = 124 ] && echo ': out of time')"
     bad=1
   fi
+  # the optimizer schedules on the 1.3B LLaMA, weights on the GPU, the optimizer on the CPU
+  # (issue 14): gpu_schedules.py writes its rows; it calibrates the profile the 13b phase reuses
+  local l
+  pcie_args
+  l=$(($(left) - 120)) # bench_lora's share of what is left
+  [ $l -gt 240 ] && l=240
+  PYTHONUNBUFFERED=1 run_step bench "$l" "$PY" scripts/gpu_schedules.py --train "$B/examples/train" \
+    --memplan "$B/planner/memplan" --device cuda --workdir "$STATE/schedules" --nvme-dir "$(nvme_dir)" \
+    --hw-cache "$STATE/hw.json" --rows "$STATE/bench.rows" --phase bench --time-limit "$((l - 30))" \
+    "${PCIE[@]}"
+  rc=$?
+  [ $rc = 124 ] && row bench "gpu_schedules.py (1.3B)" FAIL "out of time"
+  [ $rc = 0 ] || bad=1
+  # full fine-tuning against LoRA and QLoRA (r 16, every linear layer) on a 1.3B LLaMA shape (issue 15)
+  out=$STATE/bench_lora.txt
+  run_step bench 150 "$B/bench/bench_lora" --device cuda --layers 24 --hidden 2048 --seq 1024 --batch 4 --rounds 2
+  rc=$?
+  awk '/^## .*bench_lora/ {buf=""} {buf = buf $0 "\n"} END {printf "%s", buf}' "$LOGDIR/bench.log" > "$out"
+  if [ $rc = 0 ]; then
+    local k
+    for k in lora qlora; do
+      row bench "bench_lora 1.3B: $k step / full fine-tuning step" info \
+        "$(awk -F': ' -v k="$k" '$1 == k " step / full fine-tuning step" {print $2}' "$out")$(
+          awk -v k="$k" '$1 == k && $2 == "step" && $4 == "s" {print " (" $3 " s vs full " f " s)"} $1 == "full" {f = $4}' "$out")"
+    done
+  else
+    row bench "bench_lora --device cuda (1.3B)" FAIL "exit $rc$([ $rc = 124 ] && echo ': out of time')"
+    bad=1
+  fi
   return $bad
+}
+
+# PCIE: --pcie-gbs of bench_gpu_cuda's pinned host->device rate once the bench phase measured it,
+# for the hardware profile gpu_schedules.py and gpu_13b.py plan with
+pcie_args() {
+  PCIE=()
+  [ -f "$STATE/pcie_h2d_gbs" ] && PCIE=(--pcie-gbs "$(cat "$STATE/pcie_h2d_gbs")")
+  return 0
 }
 
 # ---- torch, 13b -------------------------------------------------------------------
@@ -384,13 +429,12 @@ nvme_dir() { # ZO_NVME_DIR, else the emptiest of the build folder's and /tmp's f
 
 phase_13b() {
   ensure_build 13b || return 1
-  local l nv pcie=()
+  local l
+  pcie_args
   l=$(left)
-  nv=$(nvme_dir)
-  [ -f "$STATE/pcie_h2d_gbs" ] && pcie=(--pcie-gbs "$(cat "$STATE/pcie_h2d_gbs")")
   PYTHONUNBUFFERED=1 run_step 13b "$((l - 15))" "$PY" scripts/gpu_13b.py --train "$B/examples/train" \
-    --memplan "$B/planner/memplan" --device cuda --workdir "$STATE/13b" --nvme-dir "$nv" \
-    --rows "$STATE/13b.rows" --time-limit "$((l - 30))" "${pcie[@]}"
+    --memplan "$B/planner/memplan" --device cuda --workdir "$STATE/13b" --nvme-dir "$(nvme_dir)" \
+    --hw-cache "$STATE/hw.json" --rows "$STATE/13b.rows" --time-limit "$((l - 30))" "${PCIE[@]}"
   local rc=$?
   [ $rc = 124 ] && row 13b "13B run" FAIL "out of time"
   return $rc
@@ -403,9 +447,23 @@ phase_plan13b() {
     row plan13b "memplan and train" FAIL "not built in $bin/ (cmake --build $bin)"
     return 1
   fi
+  local rc=0 want
   "$PY" scripts/gpu_13b.py --train "$bin/examples/train" --memplan "$bin/planner/memplan" --device cpu \
     --workdir "$STATE/plan13b" --nvme-dir "$STATE/plan13b/nvme" --rows "$STATE/plan13b.rows" \
-    >> "$LOGDIR/plan13b.log" 2>&1
+    >> "$LOGDIR/plan13b.log" 2>&1 || rc=1
+  "$PY" scripts/gpu_schedules.py --train "$bin/examples/train" --memplan "$bin/planner/memplan" --device cpu \
+    --model tests/fixtures/gpu/tiny_llama.json --seq 16 --micro-batch 1 --label "tiny, CPU optimizer" \
+    --workdir "$STATE/plan13b/schedules" --nvme-dir "$STATE/plan13b/nvme" --rows "$STATE/plan13b.rows" \
+    --phase plan13b >> "$LOGDIR/plan13b.log" 2>&1 || rc=1
+  # what the GPU runs rest on, each checked here (a row missing is a check that did not run)
+  for want in "train --check-plan (13B)" "train --plan ran it (tiny LLaMA, full, CPU backend)" \
+              "train --check-plan (QLoRA 13B)" "train --plan ran it (tiny LLaMA, qlora, CPU backend)" \
+              "tiny LLaMA schedule overlap ran (CPU backend)" \
+              "tiny, CPU optimizer schedule dpu ran (CPU backend)"; do
+    grep -qF "$(printf 'plan13b\t%s\tok\t' "$want")" "$STATE/plan13b.rows" ||
+      { row plan13b "$want" FAIL "no ok row (see plan13b.log)"; rc=1; }
+  done
+  return $rc
 }
 
 # ---- summary ----------------------------------------------------------------------
