@@ -362,6 +362,12 @@ zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, con
         return zo_error(ZO_ERR_INVALID, "hardware: GPU memory and GPU counts must be positive");
     if (t->schedule < PLAN_SCHED_SERIAL || t->schedule >= PLAN_SCHEDULES)
         return zo_error(ZO_ERR_INVALID, "--schedule: %d is not serial, overlap or dpu", (int)t->schedule);
+    /* the runtime's GPU share updates the resident weights in place: it
+     * cannot wait a step (offload_init refuses it too) */
+    if (t->schedule == PLAN_SCHED_DPU && t->opt_frac[PLAN_GPU] > 0)
+        return zo_error(ZO_ERR_INVALID, "--schedule dpu: the delayed update runs the CPU optimizer; with "
+                        "optimizer state on the GPU (--optimizer gpu=%g) use overlap or serial",
+                        t->opt_frac[PLAN_GPU]);
     if (t->opt_threads < 0 || t->dpu_warmup < 0)
         return zo_error(ZO_ERR_INVALID, "--opt-threads and --dpu-warmup must not be negative");
     return plan_peft_validate(t, m);

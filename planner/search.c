@@ -170,6 +170,8 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
                          * the CPU updates something */
                         for (int sch = PLAN_SCHED_SERIAL; sch < PLAN_SCHEDULES; sch++) {
                             if (s->schedule >= 0 && sch != s->schedule) continue;
+                            /* (the GPU's share cannot wait a step) */
+                            if (sch == PLAN_SCHED_DPU && t->opt_frac[PLAN_GPU] > 0) continue;
                             if (sch != PLAN_SCHED_SERIAL && pt.sched.cpu_n <= 0 &&
                                 s->schedule < 0)
                                 break;
@@ -372,9 +374,13 @@ static double gib(uint64_t v) { return (double)v / (1 << 30); }
 static int try_change(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
                       plan_estimate *e, double *step)
 {
-    if (plan_estimate_run(m, hw, t, e)) return 0;
+    plan_train u = *t;
+    /* a change that puts optimizer state on the GPU takes the delayed
+     * update's place with the overlapped schedule (dpu cannot wait on it) */
+    if (u.schedule == PLAN_SCHED_DPU && u.opt_frac[PLAN_GPU] > 0) u.schedule = PLAN_SCHED_OVERLAP;
+    if (plan_estimate_run(m, hw, &u, e)) return 0;
     plan_time pt;
-    if (plan_time_run(m, hw, t, e, &pt)) return 0;
+    if (plan_time_run(m, hw, &u, e, &pt)) return 0;
     *step = pt.step;
     return e->fits;
 }
@@ -403,11 +409,13 @@ static void explain_schedule(sbuf *b, const plan_candidate *c)
         step[s] = x.step;
     }
     const plan_time *pt = &c->time;
+    int dpu = c->t.opt_frac[PLAN_GPU] <= 0; /* (not with a GPU share) */
     if (pt->schedule == PLAN_SCHED_SERIAL) {
-        put(b, "optimizer schedule serial (%.3f s per step): overlapped %.3f s (%s clipping), with "
-               "the delayed update %.3f s; another is taken for at least %.0f%% less\n",
-            pt->step, step[PLAN_SCHED_OVERLAP], c->t.clip_stale ? "stale" : "exact",
-            step[PLAN_SCHED_DPU], 100 * SCHED_MIN_GAIN);
+        put(b, "optimizer schedule serial (%.3f s per step): overlapped %.3f s (%s clipping)", pt->step,
+            step[PLAN_SCHED_OVERLAP], c->t.clip_stale ? "stale" : "exact");
+        if (dpu) put(b, ", with the delayed update %.3f s", step[PLAN_SCHED_DPU]);
+        else put(b, " (no delayed update with optimizer state on the GPU)");
+        put(b, "; another is taken for at least %.0f%% less\n", 100 * SCHED_MIN_GAIN);
         return;
     }
     put(b, "optimizer schedule %s: %.3f s per step against %.3f s serial", plan_schedule_name(pt->schedule),
@@ -415,7 +423,7 @@ static void explain_schedule(sbuf *b, const plan_candidate *c)
     if (pt->schedule != PLAN_SCHED_OVERLAP)
         put(b, ", %.3f s overlapped (%s clipping)", step[PLAN_SCHED_OVERLAP],
             c->t.clip_stale ? "stale" : "exact");
-    if (pt->schedule != PLAN_SCHED_DPU) put(b, ", %.3f s with the delayed update", step[PLAN_SCHED_DPU]);
+    if (pt->schedule != PLAN_SCHED_DPU && dpu) put(b, ", %.3f s with the delayed update", step[PLAN_SCHED_DPU]);
     put(b, "; %.3f s of the CPU optimizer's %.3f s run beside the GPU's work", pt->opt_hidden,
         pt->opt_s);
     if (pt->schedule == PLAN_SCHED_DPU)

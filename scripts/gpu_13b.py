@@ -607,15 +607,16 @@ def compare_schedules(run, label, path, model, steps, done=None):
     the log and a row per schedule (goal within 15% on CUDA; on the CPU backend the schedule ran as
     asked, the ratios figures only). `done`: a measurement of the plan already made (its schedule)."""
     res = {}
+    gpu_share = shares(load(path))[0]
     for s in SCHEDULES:
+        if s == "dpu" and gpu_share > 0:  # memplan and offload_init refuse it: that share cannot wait a step
+            run.row("%s schedule %s" % (label, s), "skip", "dpu takes no optimizer share on the device; "
+                    "this plan has gpu %.2f" % gpu_share)
+            continue
         spath, plan, rep = schedule_plan(run, path, s)
         pred, serial = rep["time"]["step_s"], rep["time"]["schedule"]["serial_step_s"]
         if not rep["fits"]:
             run.row("%s schedule %s" % (label, s), "skip", "does not fit: %s" % rep.get("shortfall", "?"))
-            continue
-        if s == "dpu" and shares(plan)[0] > 0:  # offload_init refuses it: that share cannot wait a step
-            run.row("%s schedule %s" % (label, s), "skip", "the runtime's dpu takes no optimizer share on the "
-                    "device; this plan has gpu %.2f" % shares(plan)[0])
             continue
         if done and done["stats"]["optimizer"]["schedule"] == s:
             meas = done

@@ -385,7 +385,7 @@ static void test_plan_file(void **state)
     char path[256], args[1024];
     snprintf(path, sizeof path, "/tmp/zo_test_peft_%d.json", (int)getpid());
     snprintf(args, sizeof args, "estimate --model llama-2-13b --gpu rtx-4090 --seq 1024 --lora 32 "
-             "--lora-targets q,k,v,o --lora-alpha 64 --qlora --recompute full --schedule dpu "
+             "--lora-targets q,k,v,o --lora-alpha 64 --qlora --recompute full --optimizer cpu --schedule dpu "
              "--opt-threads 6 --plan-out %s", path);
     cJSON *doc = memplan_json(args, 0);
     zo_plan p;

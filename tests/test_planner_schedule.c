@@ -210,6 +210,35 @@ static void test_13b_h100(void **state)
     }
 }
 
+/* The delayed update runs the CPU optimizer only (offload_init refuses a
+ * GPU share under it): a search fixed to dpu keeps the optimizer off the
+ * GPU even for a model whose state fits there, and an estimate that asks
+ * for both is refused, naming the flags. */
+static void test_dpu_no_gpu_share(void **state)
+{
+    (void)state;
+    zo_model_config m;
+    plan_hw hw;
+    plan_space s;
+    static plan_result r;
+    assert_int_equal(zo_model_preset_find("gpt2", &m), ZO_OK);
+    assert_int_equal(plan_hw_find("h100-80gb", &hw), ZO_OK);
+    plan_space_defaults(&s, &m, &hw);
+    s.global_batch = 8;
+    s.schedule = PLAN_SCHED_DPU;
+    assert_int_equal(plan_search(&m, &hw, &s, 3, &r), ZO_OK);
+    assert_true(r.n_best > 0);
+    for (int i = 0; i < r.n_best; i++) {
+        assert_true(r.best[i].t.schedule == PLAN_SCHED_DPU);
+        assert_true(r.best[i].t.opt_frac[PLAN_GPU] == 0);
+    }
+    static char out[4096];
+    assert_int_equal(run_memplan("estimate --model gpt2 --schedule dpu --optimizer gpu=0.5,cpu=0.5", out,
+                                 sizeof out), 2);
+    assert_non_null(strstr(out, "--schedule dpu"));
+    assert_non_null(strstr(out, "--optimizer gpu=0.5"));
+}
+
 /* The same through the CLI: the choice explained, the JSON's parts adding
  * up to step_s, the plan file carrying the schedule. */
 static void test_cli(void **state)
@@ -383,6 +412,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_against_simulation), cmocka_unit_test(test_link_bound),
         cmocka_unit_test(test_13b_h100),           cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_dpu_no_gpu_share),
         cmocka_unit_test(test_threads),            cmocka_unit_test(test_predict_plan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
