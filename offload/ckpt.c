@@ -442,7 +442,7 @@ zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
             if (st == ZO_OK)
                 st = ostate_write(rt->shards, rt->n_shards, rt->off[b] + rel, k, buf, buf + C, buf + 2 * C);
             /* the 16-bit store from the master */
-            if (st == ZO_OK) st = wstore_put_f32(rt->ws, b, rel, k, buf);
+            if (st == ZO_OK) st = wstore_load_f32(rt->ws, b, rel, k, buf);
         }
     }
     offload_host_free(&rt->env, buf, 3 * C * 4, 0);

@@ -54,6 +54,7 @@
 #include "common/dtype.h"       /* defines: zo_dtype */
 #include "common/plan_schema.h" /* defines: zo_plan (the plan file as read) */
 #include "common/status.h"      /* defines: zo_status */
+#include "gpu/comm.h"      /* defines: comm_t (data parallelism) */
 #include "gpu/device.h"    /* defines: gpu_device_t, gpu_stream_t */
 
 typedef struct offload offload_t;
@@ -144,6 +145,22 @@ typedef struct offload_config {
     int loss_scale_window;           /* good steps before the scale doubles; 0 = 200 */
     offload_ckpt_hook ckpt_hook;     /* (optional) test seam */
     void *ckpt_hook_user;
+    /* Data parallelism (ZeRO-DP, docs/offload.md "Several ranks"): every
+     * rank of `comm` runs its own runtime on its own micro-batches, and the
+     * runtimes agree through collectives. NULL, or a communicator of one
+     * rank: one rank, no collective. The communicator must order by this
+     * runtime's device (comm_options.device) and take its memory: NCCL, or
+     * MPI with the CPU device (whose memory is host memory). */
+    comm_t comm;
+    /* ZeRO stage over the ranks of comm: 0 every rank holds everything and
+     * gradients are all-reduced; 1 the optimizer state (fp32 master, m, v)
+     * is partitioned, gradients reduce-scattered at the step and the new
+     * 16-bit weights all-gathered; 2 gradients too, reduce-scattered block
+     * by block as backward produces them; 3 the 16-bit weights too,
+     * all-gathered into the device slots one block ahead of use. Stages 1
+     * and 2 keep every 16-bit weight on the device (params_on gpu); stage 3
+     * takes any params_on (the rank's part lives there). */
+    int zero_stage;
 } offload_config;
 
 /* prefetch 2, everything on the device, no recompute, sub-group 1M, AdamW
@@ -207,7 +224,9 @@ void offload_free(offload_t *rt);
  * the block in flight and no more, whatever the model's size: load a model
  * block by block (e.g. model_load_block) through it. */
 zo_status offload_set_block(offload_t *rt, int block, const float *w);
-/* Read one block's fp32 master weights back. */
+/* Read one block's fp32 master weights back. With the optimizer state
+ * partitioned over ranks (ZeRO 1-3) the parts are all-gathered: a
+ * collective, every rank reads the same blocks in the same order. */
 zo_status offload_get_block(offload_t *rt, int block, float *w);
 
 /* Every block at once (blocks[b]: block_numel[b] floats); the step counter
@@ -265,6 +284,7 @@ typedef enum offload_time_part {
     OFFLOAD_TIME_GRADS,        /* gradient copies and fp32 accumulation */
     OFFLOAD_TIME_OPTIMIZER,    /* the CPU Adam update */
     OFFLOAD_TIME_DISK,         /* NVMe reads and writes the host waited for */
+    OFFLOAD_TIME_COMM,         /* collectives the host waited for (several ranks) */
     OFFLOAD_TIME_PARTS,
 } offload_time_part;
 
@@ -280,11 +300,30 @@ typedef struct offload_stats {
     uint64_t bytes_h2d, bytes_d2h, bytes_disk_read, bytes_disk_written;
     int n_slots;                    /* device weight slots (0 when resident) */
     size_t slot_bytes;
+    /* Data parallelism: the collectives of this rank since init (or the
+     * last reset), in model elements, the ZeRO paper's unit: an all-reduce
+     * of n elements counts 2n (a reduce-scatter and an all-gather), a
+     * reduce-scatter or an all-gather n; the padding that makes each block
+     * divide among the ranks is counted apart. */
+    int rank, ranks;                /* 0 of 1 without data parallelism */
+    uint64_t comm_elems, comm_pad_elems;
+    int64_t comm_calls;
+    /* ZeRO-3: elements of the blocks the backward found still gathered in
+     * a device slot since the forward (not gathered again); comm_elems plus
+     * these is the paper's count, which gathers every block twice */
+    uint64_t comm_reused_elems;
 } offload_stats;
 
 void offload_get_stats(const offload_t *rt, offload_stats *out);
 /* Restart the times and counters (not the peaks). */
 void offload_reset_times(offload_t *rt);
+
+/* Data parallelism: `bytes` (at most OFFLOAD_GATHER_MAX) of host memory
+ * from every rank into all[rank * bytes], on every rank, in rank order (a
+ * collective: every rank calls it at the same point). With one rank, a
+ * copy. For what programs print for the whole job: losses, peaks. */
+#define OFFLOAD_GATHER_MAX 256
+zo_status offload_gather(offload_t *rt, const void *mine, size_t bytes, void *all);
 
 /* Write {"peak_bytes": {...}, "predicted_bytes": {...}, "time_s": {...},
  * ...} to `path` (atomically); pred may be NULL. */

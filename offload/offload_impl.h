@@ -14,6 +14,12 @@
  *   ostate.c    where the fp32 master and Adam moments live: optimizer-state
  *               shard objects (host memory, NVMe, device), ranges of the
  *               flat parameter index
+ *   grads.c     gradient sums: where each block's gradient is added over
+ *               micro-batches, and its reduction over ranks (ZeRO)
+ *   wgather.c   the ZeRO-3 weight store: the rank's part of every block in
+ *               an inner store, all-gathered into a device slot on fetch
+ *   dp.c        data parallelism: the rank's part of every block, the
+ *               communication buckets, the runtime's collectives, counted
  *   acct.c      the clock, memory accounting per tier, counters
  *
  * The store and the shards are chosen once, at init, from the configuration;
@@ -50,7 +56,12 @@ typedef struct offload_acct {
     double total_s;
     int64_t n_micro, n_steps;
     uint64_t bytes_h2d, bytes_d2h, bytes_disk_read, bytes_disk_written;
+    uint64_t comm_elems, comm_pad_elems; /* collectives (offload_stats) */
+    uint64_t bwd_reused_elems; /* blocks the backward found in a slot the forward loaded */
+    int64_t comm_calls;
 } offload_acct;
+
+typedef struct offload_dp offload_dp;
 
 /* What every object of the runtime works with. */
 typedef struct offload_env {
@@ -58,6 +69,7 @@ typedef struct offload_env {
     gpu_stream_t h2d, d2h; /* the runtime's copy streams */
     offload_acct *acct;
     int n_threads;         /* CPU Adam threads; 0 = OpenMP's default */
+    offload_dp *dp;        /* data parallelism, NULL with one rank */
 } offload_env;
 
 /* The model's blocks on the flat parameter index. */
@@ -82,10 +94,76 @@ zo_status offload_timed_wait(const offload_env *env, gpu_event_t ev, offload_tim
 /* The block holding flat element `a` (blocks of no elements skipped). */
 int offload_block_of(const offload_geom *g, size_t a);
 
+/* ---- dp.c: data parallelism ------------------------------------------------------- */
+
+/* The partition: every block is one bucket, padded to a multiple of the
+ * rank count and split in equal parts (comm_padded_count, comm_shard); rank
+ * r's part of block b is elements [part_off[b], part_off[b] + part_n[b]).
+ * With ZeRO 1-3 the optimizer state, the gradient sums it reads and (ZeRO
+ * 3) the 16-bit weights of a rank are its parts: the rank's geometry has
+ * block b of part_n[b] elements. Stage 0 partitions nothing (its part is
+ * the whole block). */
+struct offload_dp {
+    comm_t comm;
+    int rank, size, stage;
+    const offload_env *env;
+    int nb;
+    size_t *pad;           /* [nb] block b padded: comm_padded_count(numel, size) */
+    size_t *part_off;      /* [nb] the rank's part of block b: first element */
+    size_t *part_n;        /* [nb] ... and its elements (possibly 0) */
+    size_t *loc_off;       /* [nb + 1] the rank's geometry: flat offsets of the parts */
+    size_t largest_pad;    /* the largest padded block */
+    /* two fp32 buckets of largest_pad elements on the device: a block's
+     * gradient (or master weights) while a collective runs on it */
+    float *bucket[2];
+    gpu_event_t bucket_ev[2]; /* the bucket's last use is done (its stream's record) */
+    void *small;           /* device [size * OFFLOAD_GATHER_MAX]: offload_gather */
+    gpu_event_t ev_in, ev_out; /* a collective's `after` and `done` */
+    /* collectives in flight, oldest first (they complete in issue order) */
+    comm_request_t *req;
+    size_t n_req, head, cap_req;
+};
+
+typedef enum dp_op {
+    DP_ALL_REDUCE = 0,     /* in place over `count` elements */
+    DP_REDUCE_SCATTER,     /* in place: block b padded, the rank's part at part_off */
+    DP_ALL_GATHER,         /* in place: likewise */
+} dp_op;
+
+zo_status offload_dp_create(const offload_env *env, const offload_geom *g, comm_t comm, int stage,
+                            offload_dp **out);
+void offload_dp_free(offload_dp *dp);
+/* 1 when the optimizer state (and what follows it) is partitioned: ZeRO 1-3. */
+int offload_dp_partitioned(const offload_dp *dp);
+/* The rank's geometry (the parts of every block) over the arrays of dp;
+ * with stage 0 (or no dp) the model's own. */
+void offload_dp_geom(const offload_dp *dp, const offload_geom *g, offload_geom *out);
+/* Issue a collective on device buffer `buf` (fp32, fp16 or bf16) holding
+ * block b: an all-reduce of its numel elements, or a reduce-scatter or
+ * all-gather in place over the padded block (the rank's part at
+ * part_off[b]). `after` (may be NULL): the collective reads its input after
+ * the event's latest record; its completion is recorded on `done` (may be
+ * NULL). Counted in the accounting; the request is kept until
+ * offload_dp_wait. */
+zo_status offload_dp_collective(offload_dp *dp, dp_op op, int b, size_t numel, void *buf, zo_dtype dt,
+                                gpu_event_t after, gpu_event_t done);
+/* Complete every collective issued so far. */
+zo_status offload_dp_wait(offload_dp *dp);
+/* Block b's fp32 values from every rank's part: `part` (host, part_n[b]
+ * values) in, the whole block (host, numel values) out. Blocking. */
+zo_status offload_dp_gather_block(offload_dp *dp, int b, size_t numel, const float *part, float *all);
+/* `bytes` of host memory from every rank into all[rank * bytes]. Blocking. */
+zo_status offload_dp_gather(offload_dp *dp, const void *mine, size_t bytes, void *all);
+
 /* ---- wstore.c: the 16-bit weights -------------------------------------------------- */
 
 typedef struct wstore wstore;
 
+/* Two kinds of writes: `put` is the optimizer's (the new weights of the
+ * elements this rank updates, in the optimizer's geometry: the rank's parts
+ * with ZeRO 1-3; a replicated store all-gathers them), `load` anybody's
+ * who has whole blocks on every rank (weights set, checkpoints loaded: the
+ * store keeps what is its own, no collective). Fetch gives whole blocks. */
 typedef struct wstore_ops {
     /* Block b's weights in device memory when the store keeps them there
      * (the compute reads them in place), else NULL. */
@@ -104,6 +182,9 @@ typedef struct wstore_ops {
     zo_status (*put_dev_done)(wstore *ws, int b, gpu_stream_t s);
     /* Every put has reached the store: later fetches and compute see it. */
     zo_status (*sync)(wstore *ws);
+    /* Elements [rel, rel + n) of block b (whole-block coordinates) from
+     * fp32, which every rank has. */
+    zo_status (*load)(wstore *ws, int b, size_t rel, size_t n, const float *src);
     void (*free)(wstore *ws);
 } wstore_ops;
 
@@ -122,14 +203,26 @@ typedef struct wstore_config {
     int dev_puts;          /* new weights will come from the device (a device shard) */
     size_t chunk;          /* device tier: elements a host put stages at once */
     const char *nvme_dir;
+    /* ZeRO-3 (env->dp partitioned, stage 3): the rank's geometry, over
+     * which the inner store keeps its parts */
+    const offload_geom *part_geom;
+    int plain;             /* a store of g as given, whatever env->dp says (ZeRO-3's inner) */
 } wstore_config;
 
+/* The store the configuration and env->dp ask for: one rank or ZeRO 0, the
+ * tier's store; ZeRO 1-2, the device store holding every block, padded,
+ * its puts all-gathered; ZeRO 3, wgather.c over the tier's store of the
+ * rank's parts. */
 zo_status wstore_create(const offload_env *env, const offload_geom *g, const wstore_config *c,
                         wstore **out);
 void wstore_free(wstore *ws);
-/* Put elements [rel, rel + n) of block b's weights, given in fp32, chunk by
- * chunk. */
-zo_status wstore_put_f32(wstore *ws, int b, size_t rel, size_t n, const float *src);
+/* Load elements [rel, rel + n) of block b's weights (whole-block
+ * coordinates), given in fp32: ws->ops->load. */
+zo_status wstore_load_f32(wstore *ws, int b, size_t rel, size_t n, const float *src);
+/* The tier stores' load: puts of chunks of at most put_max. */
+zo_status wstore_load_by_puts(wstore *ws, int b, size_t rel, size_t n, const float *src);
+/* wgather.c: the ZeRO-3 store over `inner` (the rank's parts), owning it. */
+zo_status wgather_create(const offload_env *env, const offload_geom *g, wstore *inner, wstore **out);
 
 /* ---- ostate.c: fp32 master weights and Adam moments ------------------------------- */
 
@@ -202,6 +295,7 @@ typedef struct offload_slot {
     int block;          /* the block whose weights it holds (or is loading), -1 none */
     int busy;           /* acquired and not released */
     int used;           /* the freed event has been recorded at least once */
+    int fwd;            /* loaded for a forward position, not yet used by the backward */
     uint64_t released;  /* tick of the last release (least recently released goes first) */
     gpu_event_t ready;  /* on the h2d stream: the weights have arrived */
     gpu_event_t freed;  /* on the compute stream: the last block using it has run */
@@ -210,8 +304,9 @@ typedef struct offload_slot {
 /* A device gradient buffer and its pinned host copy. */
 typedef struct offload_gslot {
     void *dev;          /* device, slot_bytes */
-    void *host;         /* pinned, slot_bytes (NULL when no gradient goes to the host) */
+    void *host;         /* pinned, ghost_bytes (NULL when no gradient goes to the host) */
     int block;          /* the block whose gradients are in flight to the host, -1 none */
+    size_t n;           /* ... and how many elements (of ghost_dtype) */
     gpu_event_t done;   /* compute stream: backward wrote them */
     gpu_event_t copied; /* d2h stream: they are on the host */
 } offload_gslot;
@@ -239,12 +334,14 @@ struct offload {
     offload_decay_range *decay; /* [n_decay] sorted by block and offset */
 
     /* where state lives */
+    offload_dp *dp;             /* several ranks (env.dp), or NULL */
+    offload_geom og;            /* the optimizer's geometry: the rank's parts (ZeRO 1-3) or the model */
     wstore *ws;
-    oshard *shards[OFFLOAD_MAX_SHARDS]; /* in flat order */
+    oshard *shards[OFFLOAD_MAX_SHARDS]; /* in flat order of og */
     int n_shards;
     oshard *dev_shard;          /* the shard whose gradients stay on the device, or NULL */
-    int dev_block;              /* its first block (nb: none) */
-    size_t host_n;              /* flat [0, host_n): gradients summed on the host */
+    int dev_block;              /* the device share's first block (nb: none), the same on every rank */
+    size_t host_n;              /* og's flat [0, host_n): gradients summed on the host */
 
     /* streaming (stream.c) */
     int n_slots;
@@ -256,9 +353,18 @@ struct offload {
     gpu_event_t prev_done;      /* compute stream: the last block's work */
     int has_prev;
 
-    /* gradients (stream.c) */
+    /* gradients (grads.c) */
     offload_gslot gs[OFFLOAD_GRAD_SLOTS];
-    float *grad;                /* host [host_n] fp32, summed over micro-batches */
+    float *grad;                /* host [grad_n] fp32, summed over micro-batches */
+    size_t grad_n;
+    size_t *aoff;               /* [nb] block b is added at grad + aoff[b] (b < dev_block) */
+    size_t *goff;               /* [nb] the optimizer's part of block b is at grad + goff[b] */
+    zo_dtype ghost_dtype;       /* what the pinned halves hold: the model's dtype, or fp32 parts */
+    size_t ghost_bytes, ghost_pinned; /* one pinned half; all of them */
+    float *dfull;               /* ZeRO-1, device share: unreduced fp32 sums, padded (device) */
+    size_t *dfoff, dfull_n;
+    zo_status (*grads_send)(offload_t *rt, gpu_stream_t s, int k, int block);
+    zo_status (*grads_reduce)(offload_t *rt);
     int micro;                  /* micro-batches in the sums */
 
     /* activation boundaries (stream.c) */
@@ -279,8 +385,23 @@ zo_status offload_stream_init(offload_t *rt);
 void offload_stream_free(offload_t *rt);
 /* Forget which blocks the device slots hold (the store changed). */
 void offload_slots_invalidate(offload_t *rt);
+
+/* grads.c */
+zo_status offload_grads_init(offload_t *rt);
+void offload_grads_free(offload_t *rt);
+/* Zero the sums (the first micro-batch of a step), on s. */
+zo_status offload_grads_zero(offload_t *rt, gpu_stream_t s);
+/* A free gradient slot zeroed on s (not `avoid`). */
+zo_status offload_grads_take(offload_t *rt, gpu_stream_t s, int avoid, int *out);
+/* Backward wrote slot k's gradients of `block`: send them to their sum. */
+zo_status offload_grads_send(offload_t *rt, gpu_stream_t s, int k, int block);
+/* Add slot k's copy (once on the host) into the host sum. */
+zo_status offload_grads_accumulate(offload_t *rt, int k);
 /* Finish outstanding gradient copies into the host sum. */
 zo_status offload_grads_drain(offload_t *rt);
+/* At the step, the sums drained: reduce them over the ranks (ZeRO 0-1), or
+ * wait for the reductions made during backward (ZeRO 2-3). */
+zo_status offload_grads_reduce(offload_t *rt);
 zo_status offload_stream_micro_batch(offload_t *rt, gpu_stream_t s);
 zo_status offload_stream_forward(offload_t *rt, gpu_stream_t s);
 

@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_adam/cpu_adam.h" /* defines: adam_update, adam_grad_stats */
@@ -36,21 +37,36 @@ static size_t decay_piece(const offload_t *rt, int b, size_t rel, size_t stop, i
     return stop;
 }
 
-/* One AdamW call over flat [a, e) of block b, all with or without decay;
- * P, M, V point at element a; the new weights go to the store. */
+/* Where the optimizer's part of block b starts in the whole block (decay
+ * ranges are in whole-block coordinates). */
+static size_t part_first(const offload_t *rt, int b)
+{
+    return offload_dp_partitioned(rt->dp) ? rt->dp->part_off[b] : 0;
+}
+
+/* decay_piece in the optimizer's coordinates of block b (its part). */
+static size_t decay_piece_part(const offload_t *rt, int b, size_t rel, size_t stop, int *decay)
+{
+    size_t base = part_first(rt, b);
+    return decay_piece(rt, b, base + rel, base + stop, decay) - base;
+}
+
+/* One AdamW call over the optimizer's flat [a, e) of block b, all with or
+ * without decay; P, M, V point at element a; the new weights go to the
+ * store. */
 static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay, float *P,
                               float *M, float *V)
 {
     offload_t *rt = c->rt;
     wstore *ws = rt->ws;
-    size_t rel = a - rt->off[b], n = e - a;
+    size_t rel = a - rt->og.off[b], n = e - a;
     adam_hparams hp = c->hp;
     if (!decay) hp.weight_decay = 0.0f;
     void *dst;
     zo_status st = ws->ops->put_host(ws, b, rel, n, &dst);
     if (st != ZO_OK) return st;
     int wide = rt->m.dtype == ZO_DTYPE_F32;
-    st = adam_update(&hp, n, P, rt->grad + a, ZO_DTYPE_F32, M, V, wide ? NULL : dst, rt->m.dtype,
+    st = adam_update(&hp, n, P, rt->grad + rt->goff[b] + rel, ZO_DTYPE_F32, M, V, wide ? NULL : dst, rt->m.dtype,
                      rt->cfg.n_threads);
     if (st != ZO_OK)
         return zo_error_wrap(st, "offload_step: block %d elements %zu..%zu", b, rel, rel + n);
@@ -64,15 +80,16 @@ static zo_status update_host(void *ctx, size_t first, size_t n, float *P, float 
 {
     step_ctx *c = ctx;
     offload_t *rt = c->rt;
+    const size_t *off = rt->og.off;
     zo_status st;
     size_t pos = first, end = first + n;
     while (pos < end) {
-        int b = offload_block_of(&rt->g, pos);
-        size_t bend = rt->off[b + 1] < end ? rt->off[b + 1] : end;
+        int b = offload_block_of(&rt->og, pos);
+        size_t bend = off[b + 1] < end ? off[b + 1] : end;
         while (pos < bend) {
             int decay;
-            size_t stop = decay_piece(rt, b, pos - rt->off[b], bend - rt->off[b], &decay);
-            size_t e = rt->off[b] + stop, k = pos - first;
+            size_t stop = decay_piece_part(rt, b, pos - off[b], bend - off[b], &decay);
+            size_t e = off[b] + stop, k = pos - first;
             if ((st = update_piece(c, b, pos, e, decay, P + k, M + k, V + k)) != ZO_OK) return st;
             pos = e;
         }
@@ -88,14 +105,14 @@ static zo_status update_dev(void *ctx, int b, float *P, float *M, float *V, floa
     step_ctx *c = ctx;
     offload_t *rt = c->rt;
     wstore *ws = rt->ws;
-    size_t nb = rt->numel[b], es = rt->g.es;
+    size_t nb = rt->og.numel[b], es = rt->g.es;
     int wide = rt->m.dtype == ZO_DTYPE_F32;
     char *dst;
     zo_status st = ws->ops->put_dev(ws, b, (void **)&dst);
     if (st != ZO_OK) return st;
     for (size_t rel = 0; rel < nb;) {
         int decay;
-        size_t stop = decay_piece(rt, b, rel, nb, &decay);
+        size_t stop = decay_piece_part(rt, b, rel, nb, &decay);
         gpu_adam_hparams h = c->hp;
         if (!decay) h.weight_decay = 0.0f;
         gpu_tensor out = gpu_t(wide ? NULL : dst + rel * es, rt->m.dtype);
@@ -109,17 +126,19 @@ static zo_status update_dev(void *ctx, int b, float *P, float *M, float *V, floa
 }
 
 /* Sum of squares and inf/nan of the step's gradient: the host's blocks in
- * order, then the device shard's. */
+ * order, then the device shard's; with the optimizer partitioned, each
+ * rank's over its parts, then the ranks' in rank order (the same double on
+ * every rank). */
 static zo_status grad_stats(offload_t *rt, double *sumsq, int *nonfinite)
 {
     zo_status st;
     *sumsq = 0.0;
     *nonfinite = 0;
     for (int b = 0; b < rt->dev_block; b++) {
-        if (!rt->numel[b]) continue;
+        if (!rt->og.numel[b]) continue;
         double ss;
         int nf;
-        if ((st = adam_grad_stats(rt->grad + rt->off[b], ZO_DTYPE_F32, rt->numel[b], rt->cfg.n_threads,
+        if ((st = adam_grad_stats(rt->grad + rt->goff[b], ZO_DTYPE_F32, rt->og.numel[b], rt->cfg.n_threads,
                                   &ss, &nf)) != ZO_OK)
             return st;
         *sumsq += ss;
@@ -128,7 +147,21 @@ static zo_status grad_stats(offload_t *rt, double *sumsq, int *nonfinite)
     oshard *d = rt->dev_shard;
     if (d && (st = d->ops->grad_stats(d, rt->cfg.adam.clip > 0.0f, sumsq, nonfinite)) != ZO_OK)
         return st;
-    return ZO_OK;
+    if (!offload_dp_partitioned(rt->dp)) return ZO_OK;
+    struct {
+        double sumsq;
+        int32_t nonfinite, pad;
+    } mine = {*sumsq, *nonfinite, 0}, *all = calloc((size_t)rt->dp->size, sizeof mine);
+    if (!all) return zo_error(ZO_ERR_NOMEM, "offload_step: out of host memory");
+    st = offload_dp_gather(rt->dp, &mine, sizeof mine, all);
+    *sumsq = 0.0;
+    *nonfinite = 0;
+    for (int r = 0; r < rt->dp->size && st == ZO_OK; r++) {
+        *sumsq += all[r].sumsq;
+        *nonfinite |= all[r].nonfinite;
+    }
+    free(all);
+    return st;
 }
 
 zo_status offload_optim_step(offload_t *rt, offload_step_info *info)
@@ -140,7 +173,8 @@ zo_status offload_optim_step(offload_t *rt, offload_step_info *info)
     double sumsq;
     int nonfinite;
     if ((st = grad_stats(rt, &sumsq, &nonfinite)) != ZO_OK) return st;
-    double denom = (double)rt->loss_scale * (double)rt->micro;
+    /* the mean over the global batch: every rank's micro-batches */
+    double denom = (double)rt->loss_scale * (double)rt->micro * (rt->dp ? rt->dp->size : 1);
     double norm = sqrt(sumsq) / denom;
     info->grad_norm = (float)norm;
     rt->micro = 0;

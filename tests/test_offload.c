@@ -23,6 +23,7 @@
 #include "planner/memory.h"    /* defines: plan_estimate_run (the memplan estimate) */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer (the reference) */
 #include "tests/support/run.h"         /* defines: run_capture */
+#include "tests/support/tiny.h"        /* defines: tiny_llama_config, tiny_batch */
 #include "transformer/offload_model.h" /* defines: tf_offload_model, tf_model */
 
 #define THREADS 2
@@ -51,40 +52,15 @@ static zo_model_config tiny_gpt(int layers, int hidden, int vocab)
 
 static zo_model_config tiny_llama(int layers, int hidden, int vocab)
 {
-    zo_model_config c = {0};
-    snprintf(c.name, sizeof c.name, "tiny-llama");
-    snprintf(c.family, sizeof c.family, "llama2");
-    c.arch = ZO_ARCH_LLAMA;
-    c.n_layers = layers;
-    c.hidden = hidden;
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
-    c.ffn = 3 * hidden;
-    c.vocab = vocab;
-    c.max_seq = 64;
-    c.norm_eps = 1e-5f;
-    c.rope_theta = 10000.0f;
+    zo_model_config c = tiny_llama_config(layers, hidden, vocab);
     assert_int_equal(zo_model_config_validate(&c), ZO_OK);
     return c;
 }
 
-/* Tokens of micro-batch `k`: rows b x t of a pseudo-random text with some
- * structure (so the loss falls). Row r is global row k*b + r, so k
- * micro-batches of b rows hold the rows of one batch of k*b. */
+/* Tokens of micro-batch `k`: rows b x t (tests/support/tiny.h). */
 static void make_batch(int vocab, int b, int t, int64_t k, int32_t *in, int32_t *tg)
 {
-    for (int r = 0; r < b; r++) {
-        uint64_t s = (uint64_t)(k * b + r + 1) * 0x9e3779b97f4a7c15ull;
-        int32_t prev = (int32_t)(s >> 40) % vocab;
-        for (int j = 0; j <= t; j++) {
-            s = s * 6364136223846793005ull + 1442695040888963407ull;
-            /* mostly the next id after the previous one, sometimes random */
-            int32_t id = ((s >> 33) % 4) ? (prev + 1) % vocab : (int32_t)((s >> 20) % (uint64_t)vocab);
-            if (j < t) in[r * t + j] = id;
-            if (j > 0) tg[r * t + j - 1] = id;
-            prev = id;
-        }
-    }
+    tiny_batch(vocab, b, t, k, in, tg);
 }
 
 /* ---- a training run ---------------------------------------------------------------- */

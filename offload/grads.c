@@ -1,0 +1,367 @@
+/* Gradient sums: where each block's gradient is added over the micro-batches
+ * of a step, and (several ranks) how it is reduced.
+ *
+ * A block's gradient is summed where its optimizer state lives: blocks of
+ * the optimizer's device shard on the device (fp32), the others in fp32
+ * host memory (copied out of the gradient slot on the d2h stream, added by
+ * the host while the device runs the next block's backward).
+ *
+ * Several ranks (offload_dp), chosen once at init:
+ *   ZeRO 0   sums as with one rank, of the whole model; at the step each
+ *            block's sum is all-reduced (through a device bucket when it is
+ *            in host memory)
+ *   ZeRO 1   the same sums; at the step each block's sum is
+ *            reduce-scattered and the rank keeps its part (in place in the
+ *            host sums, which are padded per block; into the device shard's
+ *            sum from an unreduced device copy)
+ *   ZeRO 2-3 after each block's backward its gradient is cast to fp32 in a
+ *            device bucket and reduce-scattered; only the rank's part is
+ *            summed (no rank holds a whole gradient)
+ * Every reduction is in fp32. The host sums: rt->grad, block b added at
+ * aoff[b]; the optimizer reads its part of block b at goff[b]. */
+#include "offload/offload_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the sums ------------------------------------------------------------------------ */
+
+/* The device sum of block b (b >= dev_block): the device shard's, or the
+ * unreduced copy ZeRO-1 keeps. */
+static float *dev_sum(offload_t *rt, int b)
+{
+    if (rt->dfull) return rt->dfull + rt->dfoff[b];
+    oshard *d = rt->dev_shard;
+    return d->ops->grad(d, rt->og.off[b]);
+}
+
+/* Add the gradients of gradient slot k (on the host once its copy is done)
+ * into the fp32 sum. */
+zo_status offload_grads_accumulate(offload_t *rt, int k)
+{
+    offload_gslot *g = &rt->gs[k];
+    if (g->block < 0) return ZO_OK;
+    zo_status st = offload_timed_wait(&rt->env, g->copied, OFFLOAD_TIME_GRADS);
+    if (st != ZO_OK) return st;
+    double t0 = offload_now();
+    size_t n = g->n;
+    float *acc = rt->grad + rt->aoff[g->block];
+    const void *src = g->host;
+    switch (rt->ghost_dtype) {
+    case ZO_DTYPE_F32: {
+        const float *x = src;
+        for (size_t i = 0; i < n; i++) acc[i] += x[i];
+        break;
+    }
+    case ZO_DTYPE_F16: {
+        const uint16_t *x = src;
+        for (size_t i = 0; i < n; i++) acc[i] += zo_f16_to_f32(x[i]);
+        break;
+    }
+    default: {
+        const uint16_t *x = src;
+        for (size_t i = 0; i < n; i++) acc[i] += zo_bf16_to_f32(x[i]);
+        break;
+    }
+    }
+    g->block = -1;
+    rt->acct.time[OFFLOAD_TIME_GRADS] += offload_now() - t0;
+    return ZO_OK;
+}
+
+zo_status offload_grads_drain(offload_t *rt)
+{
+    zo_status st;
+    for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++)
+        if ((st = offload_grads_accumulate(rt, k)) != ZO_OK) return st;
+    return ZO_OK;
+}
+
+/* A free gradient slot, zeroed on s; `avoid` is a slot already taken. */
+zo_status offload_grads_take(offload_t *rt, gpu_stream_t s, int avoid, int *out)
+{
+    zo_status st;
+    int k = -1;
+    for (int i = 0; i < OFFLOAD_GRAD_SLOTS; i++)
+        if (i != avoid && rt->gs[i].block < 0) {
+            k = i;
+            break;
+        }
+    if (k < 0) {
+        k = avoid == 0 ? 1 : 0;
+        if ((st = offload_grads_accumulate(rt, k)) != ZO_OK) return st;
+    }
+    /* the device buffer (and its bucket) is free once its last copy out has run */
+    if ((st = gpu_stream_wait_event(s, rt->gs[k].copied)) != ZO_OK ||
+        (st = gpu_memset_async(s, rt->gs[k].dev, 0, rt->g.slot_bytes)) != ZO_OK)
+        return st;
+    *out = k;
+    return ZO_OK;
+}
+
+zo_status offload_grads_zero(offload_t *rt, gpu_stream_t s)
+{
+    zo_status st;
+    if (rt->grad_n) memset(rt->grad, 0, rt->grad_n * sizeof(float));
+    if (rt->dev_shard && (st = rt->dev_shard->ops->grad_zero(rt->dev_shard, s)) != ZO_OK) return st;
+    if (rt->dfull && (st = gpu_memset_async(s, rt->dfull, 0, rt->dfull_n * sizeof(float))) != ZO_OK) return st;
+    return ZO_OK;
+}
+
+/* ---- after a block's backward ------------------------------------------------------------ */
+
+/* One rank, ZeRO 0-1: add slot k's gradients of `block` to its device sum
+ * when its state is there (the same fp32 additions as the host's, so the
+ * same bits), else copy them out for the host to add. */
+static zo_status send_local(offload_t *rt, gpu_stream_t s, int k, int block)
+{
+    zo_status st;
+    offload_gslot *g = &rt->gs[k];
+    size_t n = rt->numel[block], bytes = n * rt->g.es;
+    if (block >= rt->dev_block) {
+        float *acc = dev_sum(rt, block);
+        /* acc [n] fp32 += slot [n] model dtype, in stream order after backward;
+         * the slot is zeroed for its next block later on the same stream */
+        if (n && (st = gpu_add(s, gpu_t(acc, ZO_DTYPE_F32), gpu_t(acc, ZO_DTYPE_F32),
+                               gpu_t(g->dev, rt->m.dtype), n)) != ZO_OK)
+            return st;
+        g->block = -1;
+        return ZO_OK;
+    }
+    if ((st = gpu_event_record(g->done, s)) != ZO_OK ||
+        (st = gpu_stream_wait_event(rt->env.d2h, g->done)) != ZO_OK)
+        return st;
+    if (bytes && (st = gpu_memcpy_async(rt->env.d2h, g->host, g->dev, bytes, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK)
+        return st;
+    if ((st = gpu_event_record(g->copied, rt->env.d2h)) != ZO_OK) return st;
+    rt->acct.bytes_d2h += bytes;
+    g->block = block;
+    g->n = n;
+    return ZO_OK;
+}
+
+/* ZeRO 2-3: slot k's gradients of `block` in fp32 into bucket k (padded
+ * with zeros), reduce-scattered in place; on the d2h stream (the compute
+ * goes on) the rank's part is added to its device sum or copied out for the
+ * host. The slot's `copied` marks the bucket free. */
+static zo_status send_scatter(offload_t *rt, gpu_stream_t s, int k, int block)
+{
+    offload_dp *dp = rt->env.dp;
+    offload_gslot *g = &rt->gs[k];
+    gpu_stream_t d2h = rt->env.d2h;
+    size_t n = rt->numel[block], pn = dp->part_n[block];
+    float *bk = dp->bucket[k], *part = bk + dp->part_off[block];
+    zo_status st;
+    g->block = -1;
+    if (!n) return ZO_OK;
+    if (rt->m.dtype == ZO_DTYPE_F32) st = gpu_memcpy_async(s, bk, g->dev, n * 4, GPU_COPY_DEVICE_TO_DEVICE);
+    else st = gpu_cast(s, gpu_t(bk, ZO_DTYPE_F32), gpu_t(g->dev, rt->m.dtype), n);
+    if (st != ZO_OK) return st;
+    if (dp->pad[block] > n && (st = gpu_memset_async(s, bk + n, 0, (dp->pad[block] - n) * 4)) != ZO_OK) return st;
+    if ((st = gpu_event_record(dp->ev_in, s)) != ZO_OK ||
+        (st = offload_dp_collective(dp, DP_REDUCE_SCATTER, block, n, bk, ZO_DTYPE_F32, dp->ev_in, dp->ev_out)) !=
+            ZO_OK ||
+        (st = gpu_stream_wait_event(d2h, dp->ev_out)) != ZO_OK)
+        return st;
+    if (block >= rt->dev_block) {
+        float *acc = pn ? dev_sum(rt, block) : NULL;
+        if (pn && (st = gpu_add(d2h, gpu_t(acc, ZO_DTYPE_F32), gpu_t(acc, ZO_DTYPE_F32),
+                                gpu_t(part, ZO_DTYPE_F32), pn)) != ZO_OK)
+            return st;
+        return gpu_event_record(g->copied, d2h);
+    }
+    if (pn && (st = gpu_memcpy_async(d2h, g->host, part, pn * 4, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK) return st;
+    if ((st = gpu_event_record(g->copied, d2h)) != ZO_OK) return st;
+    rt->acct.bytes_d2h += pn * 4;
+    g->block = block;
+    g->n = pn;
+    return ZO_OK;
+}
+
+zo_status offload_grads_send(offload_t *rt, gpu_stream_t s, int k, int block)
+{
+    return rt->grads_send(rt, s, k, block);
+}
+
+/* ---- at the step: ZeRO 0-1 ---------------------------------------------------------- */
+
+/* Block b's host sum through bucket k: in, reduced, the result (whole, or
+ * the rank's part at goff) back out; the bucket's event marks it free. */
+static zo_status reduce_host_block(offload_t *rt, int b, int k, dp_op op)
+{
+    offload_dp *dp = rt->env.dp;
+    const offload_env *env = &rt->env;
+    size_t n = rt->numel[b];
+    float *bk = dp->bucket[k], *sum = rt->grad + rt->aoff[b];
+    zo_status st;
+    if ((st = offload_timed_wait(env, dp->bucket_ev[k], OFFLOAD_TIME_GRADS)) != ZO_OK ||
+        (st = gpu_memcpy_async(env->h2d, bk, sum, n * 4, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK)
+        return st;
+    if (op == DP_REDUCE_SCATTER && dp->pad[b] > n &&
+        (st = gpu_memset_async(env->h2d, bk + n, 0, (dp->pad[b] - n) * 4)) != ZO_OK)
+        return st;
+    if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK ||
+        (st = offload_dp_collective(dp, op, b, n, bk, ZO_DTYPE_F32, dp->ev_in, dp->ev_out)) != ZO_OK ||
+        (st = gpu_stream_wait_event(env->d2h, dp->ev_out)) != ZO_OK)
+        return st;
+    if (op == DP_ALL_REDUCE) st = gpu_memcpy_async(env->d2h, sum, bk, n * 4, GPU_COPY_DEVICE_TO_HOST);
+    else if (dp->part_n[b])
+        st = gpu_memcpy_async(env->d2h, rt->grad + rt->goff[b], bk + dp->part_off[b], dp->part_n[b] * 4,
+                              GPU_COPY_DEVICE_TO_HOST);
+    if (st != ZO_OK) return st;
+    rt->acct.bytes_h2d += n * 4;
+    rt->acct.bytes_d2h += (op == DP_ALL_REDUCE ? n : dp->part_n[b]) * 4;
+    return gpu_event_record(dp->bucket_ev[k], env->d2h);
+}
+
+/* Block b's device sum: all-reduced in place (ZeRO 0: the device shard
+ * holds the whole block), or reduce-scattered in place in the unreduced
+ * copy and the rank's part copied into the device shard's sum (ZeRO 1). The
+ * micro-batches' additions are done: the host waited for the compute. */
+static zo_status reduce_dev_block(offload_t *rt, int b, dp_op op)
+{
+    offload_dp *dp = rt->env.dp;
+    gpu_stream_t d2h = rt->env.d2h;
+    float *sum = dev_sum(rt, b);
+    zo_status st;
+    if (op == DP_ALL_REDUCE) return offload_dp_collective(dp, op, b, rt->numel[b], sum, ZO_DTYPE_F32, NULL, NULL);
+    if ((st = offload_dp_collective(dp, op, b, rt->numel[b], sum, ZO_DTYPE_F32, NULL, dp->ev_out)) != ZO_OK ||
+        (st = gpu_stream_wait_event(d2h, dp->ev_out)) != ZO_OK)
+        return st;
+    if (!dp->part_n[b]) return ZO_OK;
+    oshard *d = rt->dev_shard;
+    return gpu_memcpy_async(d2h, d->ops->grad(d, rt->og.off[b]), sum + dp->part_off[b], dp->part_n[b] * 4,
+                            GPU_COPY_DEVICE_TO_DEVICE);
+}
+
+static zo_status reduce_at_step(offload_t *rt, dp_op op)
+{
+    offload_dp *dp = rt->env.dp;
+    zo_status st = ZO_OK;
+    double t0 = offload_now();
+    int k = 0;
+    for (int b = 0; b < rt->g.nb && st == ZO_OK; b++) {
+        if (!rt->numel[b]) continue;
+        if (b < rt->dev_block) {
+            st = reduce_host_block(rt, b, k, op);
+            k ^= 1;
+        } else {
+            st = reduce_dev_block(rt, b, op);
+        }
+    }
+    zo_status sw = offload_dp_wait(dp);
+    if (st == ZO_OK) st = sw;
+    sw = gpu_stream_synchronize(rt->env.d2h);
+    if (st == ZO_OK) st = sw;
+    rt->acct.time[OFFLOAD_TIME_COMM] += offload_now() - t0;
+    return st;
+}
+
+static zo_status reduce_all(offload_t *rt) { return reduce_at_step(rt, DP_ALL_REDUCE); }
+static zo_status reduce_scatter(offload_t *rt) { return reduce_at_step(rt, DP_REDUCE_SCATTER); }
+
+/* ZeRO 2-3 reduced each block as it came; one rank has nothing to reduce. */
+static zo_status reduce_none(offload_t *rt)
+{
+    return offload_dp_wait(rt->env.dp);
+}
+
+zo_status offload_grads_reduce(offload_t *rt) { return rt->grads_reduce(rt); }
+
+/* ---- allocation ---------------------------------------------------------------------- */
+
+/* Where the sums live (aoff, goff, grad_n; dfull), and which functions
+ * send and reduce them. */
+static zo_status layout(offload_t *rt)
+{
+    offload_dp *dp = rt->env.dp;
+    int nb = rt->g.nb, stage = dp ? dp->stage : 0;
+    rt->aoff = calloc((size_t)nb, sizeof(size_t));
+    rt->goff = calloc((size_t)nb, sizeof(size_t));
+    if (!rt->aoff || !rt->goff) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    rt->grads_send = send_local;
+    rt->grads_reduce = reduce_none;
+    rt->ghost_dtype = rt->m.dtype;
+    rt->ghost_bytes = rt->g.slot_bytes;
+    size_t o = 0;
+    if (!dp || stage == 0) {
+        for (int b = 0; b < nb; b++) rt->aoff[b] = rt->goff[b] = rt->off[b];
+        rt->grad_n = rt->off[rt->dev_block];
+        if (dp) rt->grads_reduce = reduce_all;
+        return ZO_OK;
+    }
+    if (stage == 1) {
+        /* whole blocks summed, padded, the rank's part reduced in place */
+        for (int b = 0; b < rt->dev_block; b++) {
+            rt->aoff[b] = o;
+            rt->goff[b] = o + dp->part_off[b];
+            o += dp->pad[b];
+        }
+        rt->grad_n = o;
+        rt->grads_reduce = reduce_scatter;
+        size_t d = 0;
+        rt->dfoff = calloc((size_t)nb, sizeof(size_t));
+        if (!rt->dfoff) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+        for (int b = rt->dev_block; b < nb; b++) {
+            rt->dfoff[b] = d;
+            d += dp->pad[b];
+        }
+        rt->dfull_n = d;
+        return ZO_OK;
+    }
+    /* ZeRO 2-3: the rank's parts only, reduced as backward produces them */
+    for (int b = 0; b < nb; b++) rt->aoff[b] = rt->goff[b] = dp->loc_off[b];
+    rt->grad_n = dp->loc_off[rt->dev_block];
+    rt->grads_send = send_scatter;
+    rt->ghost_dtype = ZO_DTYPE_F32;
+    rt->ghost_bytes = rt->og.largest * 4;
+    return ZO_OK;
+}
+
+zo_status offload_grads_init(offload_t *rt)
+{
+    zo_status st;
+    const offload_env *env = &rt->env;
+    size_t sb = rt->g.slot_bytes;
+    if ((st = layout(rt)) != ZO_OK) return st;
+    /* the pinned halves, one buffer, when some gradient goes to the host */
+    size_t hb = rt->ghost_bytes;
+    void *pinned = NULL;
+    if (rt->dev_block > 0 && hb && (st = offload_host_alloc(env, OFFLOAD_GRAD_SLOTS * hb, 1, &pinned)) != ZO_OK)
+        return zo_error_wrap(st, "offload_init: pinned gradient buffers");
+    rt->ghost_pinned = pinned ? OFFLOAD_GRAD_SLOTS * hb : 0;
+    for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) {
+        offload_gslot *g = &rt->gs[k];
+        g->block = -1;
+        g->host = pinned ? (char *)pinned + (size_t)k * hb : NULL;
+        if ((st = gpu_mem_alloc(env->dev, sb, &g->dev)) != ZO_OK)
+            return zo_error_wrap(st, "offload_init: device gradient buffer (%zu bytes)", sb);
+        if ((st = gpu_event_create(env->dev, &g->done)) != ZO_OK) return st;
+        if ((st = gpu_event_create(env->dev, &g->copied)) != ZO_OK) return st;
+    }
+    /* the host's fp32 sums; the device shard keeps its own */
+    if ((st = offload_host_alloc(env, rt->grad_n * sizeof(float), 0, (void **)&rt->grad)) != ZO_OK)
+        return zo_error_wrap(st, "offload_init: fp32 gradients");
+    if (rt->grad_n) memset(rt->grad, 0, rt->grad_n * sizeof(float));
+    if (rt->dfull_n && (st = gpu_mem_alloc(env->dev, rt->dfull_n * sizeof(float), (void **)&rt->dfull)) != ZO_OK)
+        return zo_error_wrap(st, "offload_init: unreduced fp32 gradients of the device share (ZeRO-1, %zu bytes)",
+                             rt->dfull_n * sizeof(float));
+    return ZO_OK;
+}
+
+void offload_grads_free(offload_t *rt)
+{
+    gpu_device_t d = rt->env.dev;
+    const offload_env *env = &rt->env;
+    for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) {
+        gpu_mem_free(d, rt->gs[k].dev);
+        if (rt->gs[k].done) gpu_event_destroy(rt->gs[k].done);
+        if (rt->gs[k].copied) gpu_event_destroy(rt->gs[k].copied);
+    }
+    offload_host_free(env, rt->gs[0].host, rt->ghost_pinned, 1);
+    offload_host_free(env, rt->grad, rt->grad_n * sizeof(float), 0);
+    gpu_mem_free(d, rt->dfull);
+    free(rt->aoff);
+    free(rt->goff);
+    free(rt->dfoff);
+}
