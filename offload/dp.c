@@ -30,7 +30,7 @@ void offload_dp_geom(const offload_dp *dp, const offload_geom *g, offload_geom *
 }
 
 zo_status offload_dp_create(const offload_env *env, const offload_geom *g, comm_t comm, int stage,
-                            offload_dp **out)
+                            size_t bucket, offload_dp **out)
 {
     *out = NULL;
     zo_status st;
@@ -72,7 +72,12 @@ zo_status offload_dp_create(const offload_env *env, const offload_geom *g, comm_
                       "too few for ZeRO-%d over %d ranks", dp->rank, dp->size, g->n, stage, dp->size);
         goto out_free;
     }
-    size_t bb = dp->largest_pad * sizeof(float);
+    /* the buckets: a piece of every rank's part, at most the largest block */
+    size_t cap = bucket ? bucket : OFFLOAD_DEFAULT_BUCKET;
+    dp->bucket_q = cap / (size_t)dp->size;
+    if (!dp->bucket_q) dp->bucket_q = 1;
+    if (dp->bucket_q * (size_t)dp->size > dp->largest_pad) dp->bucket_q = dp->largest_pad / (size_t)dp->size;
+    size_t bb = dp->bucket_q * (size_t)dp->size * sizeof(float);
     for (int k = 0; k < 2; k++) {
         if ((st = gpu_mem_alloc(env->dev, bb, (void **)&dp->bucket[k])) != ZO_OK) {
             st = zo_error_wrap(st, "offload_init: communication bucket %d of 2 (%zu bytes)", k + 1, bb);
@@ -150,35 +155,73 @@ static zo_status push(offload_dp *dp, comm_request_t r)
     return ZO_OK;
 }
 
-zo_status offload_dp_collective(offload_dp *dp, dp_op op, int b, size_t numel, void *buf, zo_dtype dt,
+zo_status offload_dp_collective(offload_dp *dp, dp_op op, size_t count, size_t real, void *buf, zo_dtype dt,
                                 gpu_event_t after, gpu_event_t done)
 {
     offload_acct *a = dp->env->acct;
     comm_order ord = {.after = after, .done = done};
     comm_request_t r = NULL;
-    size_t es = zo_dtype_size(dt), part = dp->pad[b] / (size_t)dp->size;
-    char *mine = (char *)buf + (size_t)dp->rank * part * es;
+    size_t es = zo_dtype_size(dt);
+    char *mine = (char *)buf + (size_t)dp->rank * count * es;
     zo_status st;
     reap(dp);
     switch (op) {
     case DP_ALL_REDUCE:
-        st = comm_all_reduce(dp->comm, buf, buf, numel, dt, &ord, &r);
-        a->comm_elems += 2 * numel;
+        st = comm_all_reduce(dp->comm, buf, buf, count, dt, &ord, &r);
+        a->comm_elems += 2 * real;
+        a->comm_pad_elems += 2 * (count - real);
         break;
     case DP_REDUCE_SCATTER:
-        st = comm_reduce_scatter(dp->comm, buf, mine, part, dt, &ord, &r);
-        a->comm_elems += numel;
-        a->comm_pad_elems += dp->pad[b] - numel;
+        st = comm_reduce_scatter(dp->comm, buf, mine, count, dt, &ord, &r);
+        a->comm_elems += real;
+        a->comm_pad_elems += count * (size_t)dp->size - real;
         break;
     default:
-        st = comm_all_gather(dp->comm, mine, buf, part, dt, &ord, &r);
-        a->comm_elems += numel;
-        a->comm_pad_elems += dp->pad[b] - numel;
+        st = comm_all_gather(dp->comm, mine, buf, count, dt, &ord, &r);
+        a->comm_elems += real;
+        a->comm_pad_elems += count * (size_t)dp->size - real;
         break;
     }
-    if (st != ZO_OK) return zo_error_wrap(st, "offload: collective on block %d", b);
+    if (st != ZO_OK) return st;
     a->comm_calls++;
     return push(dp, r);
+}
+
+zo_status offload_dp_block(offload_dp *dp, dp_op op, int b, size_t numel, void *buf, zo_dtype dt,
+                           gpu_event_t after, gpu_event_t done)
+{
+    size_t count = op == DP_ALL_REDUCE ? numel : dp->pad[b] / (size_t)dp->size;
+    zo_status st = offload_dp_collective(dp, op, count, numel, buf, dt, after, done);
+    if (st != ZO_OK) return zo_error_wrap(st, "offload: collective on block %d", b);
+    return ZO_OK;
+}
+
+size_t offload_dp_pieces(const offload_dp *dp, int b)
+{
+    size_t c = dp->pad[b] / (size_t)dp->size;
+    return c ? (c + dp->bucket_q - 1) / dp->bucket_q : 0;
+}
+
+size_t offload_dp_piece_src(const offload_dp *dp, int b, size_t numel, int r, size_t first, size_t q,
+                            size_t *n)
+{
+    size_t at = (size_t)r * (dp->pad[b] / (size_t)dp->size) + first;
+    *n = at >= numel ? 0 : (numel - at < q ? numel - at : q);
+    return at;
+}
+
+void offload_dp_piece(const offload_dp *dp, int b, size_t numel, size_t j, size_t *first, size_t *q,
+                      size_t *real)
+{
+    size_t c = dp->pad[b] / (size_t)dp->size;
+    *first = j * dp->bucket_q;
+    *q = c - *first < dp->bucket_q ? c - *first : dp->bucket_q;
+    *real = 0;
+    for (int r = 0; r < dp->size; r++) {
+        size_t n;
+        offload_dp_piece_src(dp, b, numel, r, *first, *q, &n);
+        *real += n;
+    }
 }
 
 zo_status offload_dp_wait(offload_dp *dp)
@@ -203,19 +246,29 @@ zo_status offload_dp_gather_block(offload_dp *dp, int b, size_t numel, const flo
     const offload_env *env = dp->env;
     float *buf = dp->bucket[0];
     zo_status st;
-    if (!numel) return ZO_OK;
-    /* the bucket's last collective is done: every request waited */
-    if ((st = offload_dp_wait(dp)) != ZO_OK) return st;
-    if (dp->part_n[b] &&
-        (st = gpu_memcpy_async(env->h2d, buf + dp->part_off[b], part, dp->part_n[b] * 4,
-                               GPU_COPY_HOST_TO_DEVICE)) != ZO_OK)
-        return st;
-    if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK ||
-        (st = offload_dp_collective(dp, DP_ALL_GATHER, b, numel, buf, ZO_DTYPE_F32, dp->ev_in, dp->ev_out)) !=
-            ZO_OK ||
-        (st = gpu_stream_wait_event(env->d2h, dp->ev_out)) != ZO_OK ||
-        (st = gpu_memcpy_async(env->d2h, all, buf, numel * 4, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK)
-        return st;
+    /* piece by piece through bucket 0: the rank's piece in, every rank's
+     * gathered, each copied to its place in the whole block */
+    for (size_t j = 0; j < offload_dp_pieces(dp, b); j++) {
+        size_t first, q, real, n;
+        offload_dp_piece(dp, b, numel, j, &first, &q, &real);
+        /* the bucket's last piece has left (the host waited for it) */
+        if ((st = offload_dp_wait(dp)) != ZO_OK || (st = gpu_stream_synchronize(env->d2h)) != ZO_OK) return st;
+        offload_dp_piece_src(dp, b, numel, dp->rank, first, q, &n);
+        if (n && (st = gpu_memcpy_async(env->h2d, buf + (size_t)dp->rank * q, part + first, n * 4,
+                                        GPU_COPY_HOST_TO_DEVICE)) != ZO_OK)
+            return st;
+        if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK ||
+            (st = offload_dp_collective(dp, DP_ALL_GATHER, q, real, buf, ZO_DTYPE_F32, dp->ev_in, dp->ev_out)) !=
+                ZO_OK ||
+            (st = gpu_stream_wait_event(env->d2h, dp->ev_out)) != ZO_OK)
+            return st;
+        for (int r = 0; r < dp->size; r++) {
+            size_t at = offload_dp_piece_src(dp, b, numel, r, first, q, &n);
+            if (n && (st = gpu_memcpy_async(env->d2h, all + at, buf + (size_t)r * q, n * 4,
+                                            GPU_COPY_DEVICE_TO_HOST)) != ZO_OK)
+                return st;
+        }
+    }
     if ((st = offload_dp_wait(dp)) != ZO_OK) return st;
     return gpu_stream_synchronize(env->d2h);
 }

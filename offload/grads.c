@@ -140,41 +140,74 @@ static zo_status send_local(offload_t *rt, gpu_stream_t s, int k, int block)
     return ZO_OK;
 }
 
-/* ZeRO 2-3: slot k's gradients of `block` in fp32 into bucket k (padded
- * with zeros), reduce-scattered in place; on the d2h stream (the compute
- * goes on) the rank's part is added to its device sum or copied out for the
- * host. The slot's `copied` marks the bucket free. */
+/* Elements of the rank's part in piece (first, q) of a part of pn. */
+static size_t mine_in(size_t pn, size_t first, size_t q)
+{
+    return first >= pn ? 0 : (pn - first < q ? pn - first : q);
+}
+
+/* Piece (first, q) of block b into bucket bk, every rank's share of it
+ * rank after rank, from `src` (n elements of dtype dt, device or host, by
+ * `kind`) in fp32, the padding zeroed; on stream s. */
+static zo_status pack_piece(offload_t *rt, gpu_stream_t s, int b, size_t n, const void *src, zo_dtype dt,
+                            gpu_copy_kind kind, size_t first, size_t q, float *bk)
+{
+    offload_dp *dp = rt->env.dp;
+    size_t es = zo_dtype_size(dt);
+    zo_status st;
+    for (int r = 0; r < dp->size; r++) {
+        size_t nr, at = offload_dp_piece_src(dp, b, n, r, first, q, &nr);
+        float *dst = bk + (size_t)r * q;
+        const char *from = (const char *)src + at * es;
+        if (!nr) st = ZO_OK;
+        else if (dt == ZO_DTYPE_F32) st = gpu_memcpy_async(s, dst, from, nr * 4, kind);
+        else st = gpu_cast(s, gpu_t(dst, ZO_DTYPE_F32), gpu_t((void *)from, dt), nr);
+        if (st != ZO_OK) return st;
+        if (nr < q && (st = gpu_memset_async(s, dst + nr, 0, (q - nr) * 4)) != ZO_OK) return st;
+    }
+    return ZO_OK;
+}
+
+/* ZeRO 2-3: slot k's gradients of `block` in fp32 into bucket k, piece by
+ * piece (one piece when the block fits), reduce-scattered in place; on the
+ * d2h stream (the compute goes on) the rank's piece is added to its device
+ * sum or copied out for the host. The slot's `copied` marks the bucket free. */
 static zo_status send_scatter(offload_t *rt, gpu_stream_t s, int k, int block)
 {
     offload_dp *dp = rt->env.dp;
     offload_gslot *g = &rt->gs[k];
     gpu_stream_t d2h = rt->env.d2h;
     size_t n = rt->numel[block], pn = dp->part_n[block];
-    float *bk = dp->bucket[k], *part = bk + dp->part_off[block];
+    float *bk = dp->bucket[k], *mine = bk;
+    int dev = block >= rt->dev_block;
+    float *acc = dev && pn ? dev_sum(rt, block) : NULL;
     zo_status st;
     g->block = -1;
-    if (!n) return ZO_OK;
-    if (rt->m.dtype == ZO_DTYPE_F32) st = gpu_memcpy_async(s, bk, g->dev, n * 4, GPU_COPY_DEVICE_TO_DEVICE);
-    else st = gpu_cast(s, gpu_t(bk, ZO_DTYPE_F32), gpu_t(g->dev, rt->m.dtype), n);
-    if (st != ZO_OK) return st;
-    if (dp->pad[block] > n && (st = gpu_memset_async(s, bk + n, 0, (dp->pad[block] - n) * 4)) != ZO_OK) return st;
-    if ((st = gpu_event_record(dp->ev_in, s)) != ZO_OK ||
-        (st = offload_dp_collective(dp, DP_REDUCE_SCATTER, block, n, bk, ZO_DTYPE_F32, dp->ev_in, dp->ev_out)) !=
-            ZO_OK ||
-        (st = gpu_stream_wait_event(d2h, dp->ev_out)) != ZO_OK)
-        return st;
-    if (block >= rt->dev_block) {
-        float *acc = pn ? dev_sum(rt, block) : NULL;
-        if (pn && (st = gpu_add(d2h, gpu_t(acc, ZO_DTYPE_F32), gpu_t(acc, ZO_DTYPE_F32),
-                                gpu_t(part, ZO_DTYPE_F32), pn)) != ZO_OK)
+    for (size_t j = 0; j < offload_dp_pieces(dp, block); j++) {
+        size_t first, q, real;
+        offload_dp_piece(dp, block, n, j, &first, &q, &real);
+        mine = bk + (size_t)dp->rank * q;
+        /* the bucket's previous piece has left it */
+        if (j && (st = gpu_stream_wait_event(s, g->copied)) != ZO_OK) return st;
+        if ((st = pack_piece(rt, s, block, n, g->dev, rt->m.dtype, GPU_COPY_DEVICE_TO_DEVICE, first, q, bk)) !=
+                ZO_OK ||
+            (st = gpu_event_record(dp->ev_in, s)) != ZO_OK ||
+            (st = offload_dp_collective(dp, DP_REDUCE_SCATTER, q, real, bk, ZO_DTYPE_F32, dp->ev_in, dp->ev_out)) !=
+                ZO_OK ||
+            (st = gpu_stream_wait_event(d2h, dp->ev_out)) != ZO_OK)
             return st;
-        return gpu_event_record(g->copied, d2h);
+        size_t m = mine_in(pn, first, q);
+        if (m && dev) st = gpu_add(d2h, gpu_t(acc + first, ZO_DTYPE_F32), gpu_t(acc + first, ZO_DTYPE_F32),
+                                   gpu_t(mine, ZO_DTYPE_F32), m);
+        else if (m) st = gpu_memcpy_async(d2h, (float *)g->host + first, mine, m * 4, GPU_COPY_DEVICE_TO_HOST);
+        if (st != ZO_OK) return st;
+        if (!dev) rt->acct.bytes_d2h += m * 4;
+        if ((st = gpu_event_record(g->copied, d2h)) != ZO_OK) return st;
     }
-    if (pn && (st = gpu_memcpy_async(d2h, g->host, part, pn * 4, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK) return st;
-    if ((st = gpu_event_record(g->copied, d2h)) != ZO_OK) return st;
-    rt->acct.bytes_d2h += pn * 4;
-    g->block = block;
-    g->n = pn;
+    if (!dev && n) {
+        g->block = block;
+        g->n = pn;
+    }
     return ZO_OK;
 }
 
@@ -185,53 +218,60 @@ zo_status offload_grads_send(offload_t *rt, gpu_stream_t s, int k, int block)
 
 /* ---- at the step: ZeRO 0-1 ---------------------------------------------------------- */
 
-/* Block b's host sum through bucket k: in, reduced, the result (whole, or
- * the rank's part at goff) back out; the bucket's event marks it free. */
-static zo_status reduce_host_block(offload_t *rt, int b, int k, dp_op op)
+/* Block b's host sum through the buckets (alternating, *k the next),
+ * piece by piece: in, reduced, the result (whole, or the rank's part at
+ * goff) back out; a bucket's event marks it free. */
+static zo_status reduce_host_block(offload_t *rt, int b, int *k, dp_op op)
 {
     offload_dp *dp = rt->env.dp;
     const offload_env *env = &rt->env;
-    size_t n = rt->numel[b];
-    float *bk = dp->bucket[k], *sum = rt->grad + rt->aoff[b];
+    size_t n = rt->numel[b], cap = dp->bucket_q * (size_t)dp->size;
+    float *sum = rt->grad + rt->aoff[b];
+    size_t pieces = op == DP_ALL_REDUCE ? (n + cap - 1) / cap : offload_dp_pieces(dp, b);
     zo_status st;
-    if ((st = offload_timed_wait(env, dp->bucket_ev[k], OFFLOAD_TIME_GRADS)) != ZO_OK ||
-        (st = gpu_memcpy_async(env->h2d, bk, sum, n * 4, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK)
-        return st;
-    if (op == DP_REDUCE_SCATTER && dp->pad[b] > n &&
-        (st = gpu_memset_async(env->h2d, bk + n, 0, (dp->pad[b] - n) * 4)) != ZO_OK)
-        return st;
-    if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK ||
-        (st = offload_dp_collective(dp, op, b, n, bk, ZO_DTYPE_F32, dp->ev_in, dp->ev_out)) != ZO_OK ||
-        (st = gpu_stream_wait_event(env->d2h, dp->ev_out)) != ZO_OK)
-        return st;
-    if (op == DP_ALL_REDUCE) st = gpu_memcpy_async(env->d2h, sum, bk, n * 4, GPU_COPY_DEVICE_TO_HOST);
-    else if (dp->part_n[b])
-        st = gpu_memcpy_async(env->d2h, rt->grad + rt->goff[b], bk + dp->part_off[b], dp->part_n[b] * 4,
-                              GPU_COPY_DEVICE_TO_HOST);
-    if (st != ZO_OK) return st;
-    rt->acct.bytes_h2d += n * 4;
-    rt->acct.bytes_d2h += (op == DP_ALL_REDUCE ? n : dp->part_n[b]) * 4;
-    return gpu_event_record(dp->bucket_ev[k], env->d2h);
+    for (size_t j = 0; j < pieces; j++, *k ^= 1) {
+        float *bk = dp->bucket[*k];
+        size_t first, q, real, out;
+        if ((st = offload_timed_wait(env, dp->bucket_ev[*k], OFFLOAD_TIME_GRADS)) != ZO_OK) return st;
+        if (op == DP_ALL_REDUCE) { /* contiguous pieces: no padding */
+            first = j * cap;
+            q = real = out = n - first < cap ? n - first : cap;
+            st = gpu_memcpy_async(env->h2d, bk, sum + first, q * 4, GPU_COPY_HOST_TO_DEVICE);
+        } else {
+            offload_dp_piece(dp, b, n, j, &first, &q, &real);
+            out = mine_in(dp->part_n[b], first, q);
+            st = pack_piece(rt, env->h2d, b, n, sum, ZO_DTYPE_F32, GPU_COPY_HOST_TO_DEVICE, first, q, bk);
+        }
+        if (st != ZO_OK) return st;
+        if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK ||
+            (st = offload_dp_collective(dp, op, q, real, bk, ZO_DTYPE_F32, dp->ev_in, dp->ev_out)) != ZO_OK ||
+            (st = gpu_stream_wait_event(env->d2h, dp->ev_out)) != ZO_OK)
+            return st;
+        if (op == DP_ALL_REDUCE) st = gpu_memcpy_async(env->d2h, sum + first, bk, out * 4, GPU_COPY_DEVICE_TO_HOST);
+        else if (out)
+            st = gpu_memcpy_async(env->d2h, rt->grad + rt->goff[b] + first, bk + (size_t)dp->rank * q, out * 4,
+                                  GPU_COPY_DEVICE_TO_HOST);
+        if (st != ZO_OK) return st;
+        rt->acct.bytes_h2d += real * 4;
+        rt->acct.bytes_d2h += out * 4;
+        if ((st = gpu_event_record(dp->bucket_ev[*k], env->d2h)) != ZO_OK) return st;
+    }
+    return ZO_OK;
 }
 
-/* Block b's device sum: all-reduced in place (ZeRO 0: the device shard
- * holds the whole block), or reduce-scattered in place in the unreduced
- * copy and the rank's part copied into the device shard's sum (ZeRO 1). The
- * micro-batches' additions are done: the host waited for the compute. */
+/* Block b's device sum, reduced in place: all-reduced (ZeRO 0: the device
+ * shard holds the whole block) or reduce-scattered (ZeRO 1: the device
+ * shard reads its part there, offload_grads_dev_part). The micro-batches'
+ * additions are done: the host waited for the compute. */
 static zo_status reduce_dev_block(offload_t *rt, int b, dp_op op)
 {
-    offload_dp *dp = rt->env.dp;
-    gpu_stream_t d2h = rt->env.d2h;
-    float *sum = dev_sum(rt, b);
-    zo_status st;
-    if (op == DP_ALL_REDUCE) return offload_dp_collective(dp, op, b, rt->numel[b], sum, ZO_DTYPE_F32, NULL, NULL);
-    if ((st = offload_dp_collective(dp, op, b, rt->numel[b], sum, ZO_DTYPE_F32, NULL, dp->ev_out)) != ZO_OK ||
-        (st = gpu_stream_wait_event(d2h, dp->ev_out)) != ZO_OK)
-        return st;
-    if (!dp->part_n[b]) return ZO_OK;
-    oshard *d = rt->dev_shard;
-    return gpu_memcpy_async(d2h, d->ops->grad(d, rt->og.off[b]), sum + dp->part_off[b], dp->part_n[b] * 4,
-                            GPU_COPY_DEVICE_TO_DEVICE);
+    return offload_dp_block(rt->env.dp, op, b, rt->numel[b], dev_sum(rt, b), ZO_DTYPE_F32, NULL, NULL);
+}
+
+float *offload_grads_dev_part(void *ctx, int b)
+{
+    offload_t *rt = ctx;
+    return rt->dfull + rt->dfoff[b] + rt->env.dp->part_off[b];
 }
 
 static zo_status reduce_at_step(offload_t *rt, dp_op op)
@@ -243,8 +283,7 @@ static zo_status reduce_at_step(offload_t *rt, dp_op op)
     for (int b = 0; b < rt->g.nb && st == ZO_OK; b++) {
         if (!rt->numel[b]) continue;
         if (b < rt->dev_block) {
-            st = reduce_host_block(rt, b, k, op);
-            k ^= 1;
+            st = reduce_host_block(rt, b, &k, op);
         } else {
             st = reduce_dev_block(rt, b, op);
         }

@@ -210,6 +210,11 @@ static zo_status create_shards(offload_t *rt)
         oshard_config sc = {.tier = part[i].tier, .first = part[i].first, .n = part[i].n,
                             .sub_group = c->sub_group, .swap_buffers = c->swap_buffers,
                             .exact_stats = c->adam.clip > 0.0f, .nvme_dir = c->nvme_dir};
+        /* ZeRO-1: whole sums, reduced in place, the part read there */
+        if (rt->dp && rt->dp->stage == 1) {
+            sc.grad_of = offload_grads_dev_part;
+            sc.grad_ctx = rt;
+        }
         oshard *sh;
         zo_status st = oshard_create(&rt->env, og, &sc, &sh);
         if (st != ZO_OK) return st;
@@ -247,7 +252,7 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     rt->dev_block = model->n_blocks;
     if ((st = copy_model(rt, model)) != ZO_OK) goto out_free;
     if (cfg->comm && comm_size(cfg->comm) > 1) {
-        if ((st = offload_dp_create(&rt->env, &rt->g, cfg->comm, cfg->zero_stage, &rt->dp)) != ZO_OK)
+        if ((st = offload_dp_create(&rt->env, &rt->g, cfg->comm, cfg->zero_stage, cfg->comm_bucket, &rt->dp)) != ZO_OK)
             goto out_free;
         rt->env.dp = rt->dp;
         /* a slot takes a padded block (the all-gathers and reduce-scatters in place) */
@@ -467,7 +472,8 @@ void offload_get_stats(const offload_t *rt, offload_stats *o)
     o->comm_elems = a->comm_elems;
     o->comm_pad_elems = a->comm_pad_elems;
     o->comm_calls = a->comm_calls;
-    o->comm_reused_elems = rt->dp && rt->dp->stage >= 3 ? a->bwd_reused_elems : 0;
+    o->comm_reused_elems = rt->dp && rt->dp->stage >= 3 ? a->reused_elems : 0;
+    for (int i = 0; i < rt->n_shards; i++) o->optimizer_bytes[rt->shards[i]->tier] += rt->shards[i]->n * 12;
 }
 
 zo_status offload_gather(offload_t *rt, const void *mine, size_t bytes, void *all)
@@ -488,6 +494,6 @@ void offload_reset_times(offload_t *rt)
     a->total_s = 0;
     a->n_micro = a->n_steps = 0;
     a->bytes_h2d = a->bytes_d2h = a->bytes_disk_read = a->bytes_disk_written = 0;
-    a->comm_elems = a->comm_pad_elems = a->bwd_reused_elems = 0;
+    a->comm_elems = a->comm_pad_elems = a->reused_elems = 0;
     a->comm_calls = 0;
 }

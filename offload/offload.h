@@ -161,6 +161,10 @@ typedef struct offload_config {
      * and 2 keep every 16-bit weight on the device (params_on gpu); stage 3
      * takes any params_on (the rank's part lives there). */
     int zero_stage;
+    /* Elements of a communication bucket (fp32; two of them on the device):
+     * a block larger than it is reduced in pieces. 0: 25M (the plan's
+     * comm.bucket), at most the largest block. */
+    size_t comm_bucket;
 } offload_config;
 
 /* prefetch 2, everything on the device, no recompute, sub-group 1M, AdamW
@@ -308,10 +312,15 @@ typedef struct offload_stats {
     int rank, ranks;                /* 0 of 1 without data parallelism */
     uint64_t comm_elems, comm_pad_elems;
     int64_t comm_calls;
-    /* ZeRO-3: elements of the blocks the backward found still gathered in
-     * a device slot since the forward (not gathered again); comm_elems plus
-     * these is the paper's count, which gathers every block twice */
+    /* ZeRO-3: elements of the blocks a forward or a backward found still
+     * gathered in a device slot by the pass before it (not gathered again:
+     * the last blocks of a forward are the first of its backward, and so on
+     * across micro-batches); comm_elems plus these is the paper's count,
+     * which gathers every block twice a micro-batch */
     uint64_t comm_reused_elems;
+    /* fp32 master, m and v this rank holds, per tier (1/N of the model's
+     * with ZeRO 1-3 over N ranks) */
+    uint64_t optimizer_bytes[OFFLOAD_TIERS];
 } offload_stats;
 
 void offload_get_stats(const offload_t *rt, offload_stats *out);

@@ -47,6 +47,7 @@
 #define OFFLOAD_LOSS_SCALE_INIT 65536.0f
 #define OFFLOAD_LOSS_SCALE_WINDOW 200
 #define OFFLOAD_DEFAULT_SUB_GROUP (1u << 20)
+#define OFFLOAD_DEFAULT_BUCKET 25000000u /* elements (memplan's comm.bucket) */
 
 /* ---- acct.c: the clock, memory per tier, counters -------------------------------- */
 
@@ -57,7 +58,7 @@ typedef struct offload_acct {
     int64_t n_micro, n_steps;
     uint64_t bytes_h2d, bytes_d2h, bytes_disk_read, bytes_disk_written;
     uint64_t comm_elems, comm_pad_elems; /* collectives (offload_stats) */
-    uint64_t bwd_reused_elems; /* blocks the backward found in a slot the forward loaded */
+    uint64_t reused_elems; /* blocks a half-pass found in a slot an earlier one loaded */
     int64_t comm_calls;
 } offload_acct;
 
@@ -113,9 +114,14 @@ struct offload_dp {
     size_t *part_n;        /* [nb] ... and its elements (possibly 0) */
     size_t *loc_off;       /* [nb + 1] the rank's geometry: flat offsets of the parts */
     size_t largest_pad;    /* the largest padded block */
-    /* two fp32 buckets of largest_pad elements on the device: a block's
-     * gradient (or master weights) while a collective runs on it */
+    /* two fp32 buckets of bucket_q x size elements on the device: a piece of
+     * a block's gradient (or master weights) while a collective runs on it.
+     * A block whose part is longer than bucket_q goes in pieces: piece j
+     * holds elements [j q, j q + q) of every rank's part, rank after rank
+     * (offload_dp_piece), so that a reduce-scatter of the piece leaves each
+     * rank a piece of its own part. */
     float *bucket[2];
+    size_t bucket_q;       /* elements of a rank's part per piece */
     gpu_event_t bucket_ev[2]; /* the bucket's last use is done (its stream's record) */
     void *small;           /* device [size * OFFLOAD_GATHER_MAX]: offload_gather */
     gpu_event_t ev_in, ev_out; /* a collective's `after` and `done` */
@@ -130,23 +136,39 @@ typedef enum dp_op {
     DP_ALL_GATHER,         /* in place: likewise */
 } dp_op;
 
+/* bucket: elements per communication bucket (0: 25M), rounded to the rank
+ * count, at most the largest padded block. */
 zo_status offload_dp_create(const offload_env *env, const offload_geom *g, comm_t comm, int stage,
-                            offload_dp **out);
+                            size_t bucket, offload_dp **out);
 void offload_dp_free(offload_dp *dp);
 /* 1 when the optimizer state (and what follows it) is partitioned: ZeRO 1-3. */
 int offload_dp_partitioned(const offload_dp *dp);
 /* The rank's geometry (the parts of every block) over the arrays of dp;
  * with stage 0 (or no dp) the model's own. */
 void offload_dp_geom(const offload_dp *dp, const offload_geom *g, offload_geom *out);
-/* Issue a collective on device buffer `buf` (fp32, fp16 or bf16) holding
- * block b: an all-reduce of its numel elements, or a reduce-scatter or
- * all-gather in place over the padded block (the rank's part at
- * part_off[b]). `after` (may be NULL): the collective reads its input after
- * the event's latest record; its completion is recorded on `done` (may be
- * NULL). Counted in the accounting; the request is kept until
- * offload_dp_wait. */
-zo_status offload_dp_collective(offload_dp *dp, dp_op op, int b, size_t numel, void *buf, zo_dtype dt,
+/* Issue a collective on device buffer `buf` (fp32, fp16 or bf16): an
+ * all-reduce of `count` elements, or a reduce-scatter or all-gather in
+ * place of `count` elements per rank (the rank's at buf + rank * count);
+ * `real` of them are the model's (the rest padding). `after` (may be NULL):
+ * the collective reads its input after the event's latest record; its
+ * completion is recorded on `done` (may be NULL). Counted in the
+ * accounting; the request is kept until offload_dp_wait. */
+zo_status offload_dp_collective(offload_dp *dp, dp_op op, size_t count, size_t real, void *buf, zo_dtype dt,
                                 gpu_event_t after, gpu_event_t done);
+/* The same on all of block b in place (numel elements of it real): an
+ * all-reduce of numel, or a reduce-scatter / all-gather of the padded block. */
+zo_status offload_dp_block(offload_dp *dp, dp_op op, int b, size_t numel, void *buf, zo_dtype dt,
+                           gpu_event_t after, gpu_event_t done);
+/* The pieces of block b (at least 1 when it has elements); piece j covers
+ * elements [*first, *first + *q) of every rank's part; *real: of the
+ * piece's size * q elements, the model's. */
+size_t offload_dp_pieces(const offload_dp *dp, int b);
+void offload_dp_piece(const offload_dp *dp, int b, size_t numel, size_t j, size_t *first, size_t *q,
+                      size_t *real);
+/* Where rank r's share of piece (first, q) starts in the whole block, and
+ * how many of its q elements are the model's (the rest padding). */
+size_t offload_dp_piece_src(const offload_dp *dp, int b, size_t numel, int r, size_t first, size_t q,
+                            size_t *n);
 /* Complete every collective issued so far. */
 zo_status offload_dp_wait(offload_dp *dp);
 /* Block b's fp32 values from every rank's part: `part` (host, part_n[b]
@@ -273,6 +295,10 @@ typedef struct oshard_config {
     int swap_buffers;      /* NVMe pipeline buffers */
     int exact_stats;       /* device: a pinned block for exact clipping statistics */
     const char *nvme_dir;
+    /* device: block b's gradient sum is kept by the runtime at grad_of(ctx,
+     * b) (ZeRO-1 reduces it in place there); NULL: the shard's own */
+    float *(*grad_of)(void *ctx, int b);
+    void *grad_ctx;
 } oshard_config;
 
 zo_status oshard_create(const offload_env *env, const offload_geom *g, const oshard_config *c,
@@ -289,13 +315,16 @@ zo_status ostate_sync(oshard *const *sh, int n_sh);
 
 /* ---- stream.c and optim.c: the training loop --------------------------------------- */
 
+/* grads.c: ZeRO-1's device shard reads its part of block b's sum here. */
+float *offload_grads_dev_part(void *rt, int b);
+
 /* A device slot holding one block's weights while it computes. */
 typedef struct offload_slot {
     void *buf;          /* device, slot_bytes */
     int block;          /* the block whose weights it holds (or is loading), -1 none */
     int busy;           /* acquired and not released */
     int used;           /* the freed event has been recorded at least once */
-    int fwd;            /* loaded for a forward position, not yet used by the backward */
+    uint64_t seg;       /* 2 pass + (backward): the half-pass it was loaded for, or last used by */
     uint64_t released;  /* tick of the last release (least recently released goes first) */
     gpu_event_t ready;  /* on the h2d stream: the weights have arrived */
     gpu_event_t freed;  /* on the compute stream: the last block using it has run */
@@ -350,6 +379,7 @@ struct offload {
     int *sched;                 /* [2 nb] the blocks of one micro-batch in order */
     int n_sched;
     int pos;                    /* schedule position being acquired */
+    uint64_t pass;              /* passes (micro-batches, forwards) begun */
     gpu_event_t prev_done;      /* compute stream: the last block's work */
     int has_prev;
 
@@ -361,7 +391,7 @@ struct offload {
     size_t *goff;               /* [nb] the optimizer's part of block b is at grad + goff[b] */
     zo_dtype ghost_dtype;       /* what the pinned halves hold: the model's dtype, or fp32 parts */
     size_t ghost_bytes, ghost_pinned; /* one pinned half; all of them */
-    float *dfull;               /* ZeRO-1, device share: unreduced fp32 sums, padded (device) */
+    float *dfull;               /* ZeRO-1, device share: whole fp32 sums, padded, reduced in place (device) */
     size_t *dfoff, dfull_n;
     zo_status (*grads_send)(offload_t *rt, gpu_stream_t s, int k, int block);
     zo_status (*grads_reduce)(offload_t *rt);

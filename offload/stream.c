@@ -153,7 +153,7 @@ static zo_status load_block(offload_t *rt, int block, int horizon_end, int *slot
         (st = gpu_event_record(sl->ready, rt->env.h2d)) != ZO_OK)
         return st;
     sl->block = block;
-    sl->fwd = horizon_end - 1 < rt->g.nb; /* loaded for a forward position */
+    sl->seg = 2 * rt->pass + (horizon_end - 1 >= rt->g.nb); /* the half-pass it was loaded for */
     *slot_out = best;
     return ZO_OK;
 }
@@ -206,10 +206,12 @@ static zo_status acquire(offload_t *rt, gpu_stream_t s, int b, const void **para
         }
         offload_slot *sl = &rt->slots[i];
         sl->busy = 1;
-        /* the backward found the forward's copy still there: not fetched again */
-        if (rt->pos >= rt->g.nb && sl->fwd) {
-            rt->acct.bwd_reused_elems += rt->numel[ids[k]];
-            sl->fwd = 0;
+        /* a half-pass (a forward, a backward) found the copy an earlier one
+         * loaded still there: not fetched again */
+        uint64_t seg = 2 * rt->pass + (rt->pos >= rt->g.nb);
+        if (sl->seg != seg) {
+            rt->acct.reused_elems += rt->numel[ids[k]];
+            sl->seg = seg;
         }
         /* the time the weights were late by */
         if ((st = offload_timed_wait(&rt->env, sl->ready, OFFLOAD_TIME_WEIGHTS)) != ZO_OK ||
@@ -349,6 +351,7 @@ static zo_status bounds_backward_done(offload_t *rt, gpu_stream_t s, int b)
 /* The schedule starts again; the activations ring is empty. */
 static void pass_begin(offload_t *rt)
 {
+    rt->pass++;
     rt->pos = 0;
     rt->has_prev = 0;
     for (int k = 0; k < 2; k++) rt->ring[k].holds = -1;

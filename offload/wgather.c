@@ -45,7 +45,7 @@ static zo_status wg_fetch(wstore *ws, int b, void *dst)
         return st;
     }
     if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK ||
-        (st = offload_dp_collective(dp, DP_ALL_GATHER, b, ws->g->numel[b], dst, ws->g->dtype, dp->ev_in,
+        (st = offload_dp_block(dp, DP_ALL_GATHER, b, ws->g->numel[b], dst, ws->g->dtype, dp->ev_in,
                                     dp->ev_out)) != ZO_OK)
         return st;
     return gpu_stream_wait_event(env->h2d, dp->ev_out);

@@ -155,7 +155,7 @@ static zo_status dev_gather_ready(wstore *ws, int all)
             joined = 1;
         }
         if (ws->g->numel[b] &&
-            (st = offload_dp_collective(env->dp, DP_ALL_GATHER, b, ws->g->numel[b], at(ws, w->dev, b, 0),
+            (st = offload_dp_block(env->dp, DP_ALL_GATHER, b, ws->g->numel[b], at(ws, w->dev, b, 0),
                                         ws->g->dtype, dp->ev_in, NULL)) != ZO_OK)
             return st;
         w->got[b] = 0;

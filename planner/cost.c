@@ -231,6 +231,15 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
 
 /* ---- the step ---------------------------------------------------------------------- */
 
+void plan_dp_comm_elems(const plan_train *t, double P, double *grads, double *weights)
+{
+    double A = t->grad_accum;
+    *grads = *weights = 0;
+    if (t->dp <= 1) return;
+    *grads = t->zero == 0 ? 2 * P : t->zero == 1 ? P : A * P;
+    *weights = t->zero == 0 ? 0 : t->zero <= 2 ? P : 2 * A * P;
+}
+
 void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
                     const plan_estimate *e, const plan_time_mb *mb, plan_time *o)
 {
@@ -260,29 +269,27 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
         o->pp_comm = 2 * v * n_mb * (lat + bytes / bw);
     }
 
-    /* data parallel: gradients reduced once per step (ZeRO 0-2), overlapped
-     * with the last micro-batch's backward down to one bucket; updated weights
-     * all-gathered after the step (ZeRO 1-2); ZeRO-3 gathers the weights twice
-     * and reduce-scatters the gradients every micro-batch, overlapped with
-     * that micro-batch's compute */
+    /* data parallel (plan_dp_comm_elems): gradients all-reduced (ZeRO 0) or
+     * reduce-scattered (ZeRO 1) once per step, overlapped with the last
+     * micro-batch's backward down to one bucket, or reduce-scattered every
+     * micro-batch (ZeRO 2-3) behind its backward; updated weights
+     * all-gathered after the step (ZeRO 1-2); ZeRO-3 gathers the weights
+     * twice every micro-batch, overlapped with that micro-batch's compute */
     double P = (double)e->stage_params;
     if (t->dp > 1) {
         double bw, lat;
         link_for(hw, t->dp, t->tp, &bw, &lat);
-        double G = P * gsz, W = P * wsz;
+        double G = P * gsz, W = P * wsz, ge, we;
+        plan_dp_comm_elems(t, P, &ge, &we);
         double last_bwd = mb->bwd + mb->rc;
         double bucket = (double)t->buf.comm_bucket < P ? (double)t->buf.comm_bucket / P : 1;
-        if (t->zero <= 2) {
-            double red = t->zero == 2 ? plan_allgather_s(G, t->dp, bw, lat)
-                                      : plan_allreduce_s(G, t->dp, bw, lat);
-            double gat = t->zero >= 1 ? plan_allgather_s(W, t->dp, bw, lat) : 0;
-            o->dp_comm_total = red + gat;
-            o->dp_comm = dmax(red - last_bwd, red * bucket) + gat;
-        } else {
-            double per = 2 * plan_allgather_s(W, t->dp, bw, lat) + plan_allgather_s(G, t->dp, bw, lat);
-            o->dp_comm_total = n_mb * per;
-            o->dp_comm = dmax(o->dp_comm_total - window, o->dp_comm_total * bucket);
-        }
+        /* a reduce-scatter or an all-gather of P elements each, an all-reduce of 2P */
+        double red = t->zero == 0 ? plan_allreduce_s(G, t->dp, bw, lat) : ge / P * plan_allgather_s(G, t->dp, bw, lat);
+        double gat = we / P * plan_allgather_s(W, t->dp, bw, lat);
+        o->dp_comm_total = red + gat;
+        if (t->zero <= 1) o->dp_comm = dmax(red - last_bwd, red * bucket) + gat;
+        else if (t->zero == 2) o->dp_comm = dmax(red - bwd_window, red * bucket) + gat;
+        else o->dp_comm = dmax(o->dp_comm_total - window, o->dp_comm_total * bucket);
     }
 
     /* streamed weights (params on CPU or NVMe): this rank's share crosses PCIe

@@ -255,6 +255,9 @@ void plan_stage_shape(const zo_model_config *m, const plan_train *t, int stage,
 
 static uint64_t frac_of(uint64_t total, double f) { return (uint64_t)llround((double)total * f); }
 
+/* One rank's part of a block of n elements split over dp ranks. */
+static uint64_t largest_part_of(uint64_t n, uint64_t dp) { return ceil_div(n, dp); }
+
 static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
                                 int stage, plan_estimate *e)
 {
@@ -307,7 +310,7 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
     /* ... and writes the new weights of a block it updates into a staging
      * block when they live off the GPU */
     if (g_dev && t->params_on != PLAN_GPU)
-        add(e, "new-weights staging (1 block)", PLAN_GPU, PLAN_BUFFERS, slot);
+        add(e, "new-weights staging (1 block)", PLAN_GPU, PLAN_BUFFERS, t->zero >= 3 ? ceil_div(slot, dp) : slot);
 
     /* ---- optimizer state ---- */
     uint64_t o_elems = t->zero >= 1 ? ceil_div(sh.params, dp) : sh.params;
@@ -344,14 +347,16 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
      * sub-group chunks) or to NVMe (one block); one block's fp32 gradient of
      * a GPU optimizer share for an exact clipping norm */
     uint64_t pinned = 0;
-    if (t->opt_frac[PLAN_GPU] < 1.0 || t->grads_on != PLAN_GPU) pinned += 2 * host_slot;
+    /* (ZeRO 2-3 over several ranks: a block's reduced fp32 part) */
+    uint64_t grad_half = t->zero >= 2 && dp > 1 ? largest_part_of(sh.largest, dp) * 4 : host_slot;
+    if (t->opt_frac[PLAN_GPU] < 1.0 || t->grads_on != PLAN_GPU) pinned += 2 * grad_half;
     if (t->params_on == PLAN_GPU) {
         uint64_t chunk = t->buf.sub_group && t->buf.sub_group < largest_part ? t->buf.sub_group : largest_part;
         pinned += 2 * chunk * wsz;
     } else if (t->params_on == PLAN_NVME) {
         pinned += host_slot;
     }
-    if (g_dev) pinned += largest_part * 4;
+    if (g_dev) pinned += (t->zero >= 1 ? largest_part_of(sh.largest, dp) : sh.largest) * 4; /* the optimizer's part */
     if (t->buf.pinned_staging) pinned = t->buf.pinned_staging;
     add(e, "pinned staging", PLAN_CPU, PLAN_BUFFERS, pinned);
 
@@ -413,9 +418,14 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
     /* ---- working buffers on the GPU ---- */
     add(e, "CUDA context", PLAN_GPU, PLAN_BUFFERS, t->buf.cuda_context);
     add(e, "cuBLAS workspace", PLAN_GPU, PLAN_BUFFERS, t->buf.cublas_workspace);
-    if (t->dp > 1)
-        add(e, "gradient communication buckets", PLAN_GPU, PLAN_BUFFERS,
-            (uint64_t)t->buf.comm_buckets * t->buf.comm_bucket * gsz);
+    /* the runtime reduces in fp32, through buckets of comm_bucket elements
+     * (rounded down to a multiple of DP), at most the largest block padded */
+    if (t->dp > 1) {
+        uint64_t cap = t->buf.comm_bucket / dp * dp, whole = ceil_div(sh.largest, dp) * dp;
+        if (!cap) cap = dp;
+        add(e, "communication buckets (fp32)", PLAN_GPU, PLAN_BUFFERS,
+            (uint64_t)t->buf.comm_buckets * (cap < whole ? cap : whole) * 4);
+    }
     uint64_t gpu_sum = 0;
     for (int k = 0; k < PLAN_KINDS; k++) gpu_sum += e->bytes[PLAN_GPU][k];
     add(e, "allocator fragmentation allowance", PLAN_GPU, PLAN_BUFFERS,

@@ -23,6 +23,7 @@
 #include "planner/memory.h"    /* defines: plan_estimate_run (the memplan estimate) */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer (the reference) */
 #include "tests/support/run.h"         /* defines: run_capture */
+#include "tests/support/runtime_plan.h" /* defines: runtime_plan_estimate */
 #include "tests/support/tiny.h"        /* defines: tiny_llama_config, tiny_batch */
 #include "transformer/offload_model.h" /* defines: tf_offload_model, tf_model */
 
@@ -721,31 +722,7 @@ static void test_kill_during_checkpoint(void **state)
 /* memplan's estimate of the configuration a run used. */
 static void plan_for(const run *r, plan_estimate *e)
 {
-    plan_train t;
-    plan_train_defaults(&t, &r->cfg);
-    t.seq = r->T;
-    t.micro_batch = r->B;
-    t.grad_accum = r->oc.grad_accum ? r->oc.grad_accum : 1;
-    t.dtype = t.grad_dtype = r->dt;
-    t.recompute = r->oc.recompute ? PLAN_RECOMPUTE_FULL : PLAN_RECOMPUTE_NONE;
-    t.dropout = 0;
-    t.flash_attn = 1;
-    t.params_on = (plan_tier)r->oc.params_on;
-    /* the runtime sums a gradient where its optimizer state lives */
-    t.grads_on = r->oc.opt_frac[OFFLOAD_DEVICE] > 0 ? PLAN_GPU : PLAN_CPU;
-    /* the runtime sums the gradients of a device optimizer share in fp32:
-     * such a plan is made with --grad-dtype fp32 */
-    if (r->oc.opt_frac[OFFLOAD_DEVICE] > 0) t.grad_dtype = ZO_DTYPE_F32;
-    t.checkpoints_on = (plan_tier)r->oc.checkpoints_on;
-    for (int i = 0; i < PLAN_TIERS; i++) t.opt_frac[i] = r->oc.opt_frac[i];
-    t.buf.cuda_context = t.buf.cublas_workspace = 0;
-    t.buf.fragmentation = 0;
-    t.buf.prefetch_depth = r->oc.prefetch_depth;
-    t.buf.sub_group = r->oc.sub_group;
-    t.buf.swap_buffers = r->oc.swap_buffers ? r->oc.swap_buffers : 3;
-    plan_hw hw = {.gpus = 1, .gpus_per_node = 1, .gpu_mem = 1ull << 40, .cpu_mem = 1ull << 40,
-                  .nvme = 1ull << 40};
-    assert_int_equal(plan_estimate_run(&r->cfg, &hw, &t, e), ZO_OK);
+    runtime_plan_estimate(&r->cfg, r->dt, r->B, r->T, &r->oc, 1, e);
 }
 
 

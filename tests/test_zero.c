@@ -30,7 +30,9 @@
 
 #include "gpu/comm.h"                  /* defines: comm_init */
 #include "offload/offload.h"           /* defines: offload_init */
+#include "planner/cost.h"              /* defines: plan_dp_comm_elems */
 #include "planner/memory.h"            /* defines: plan_estimate_run */
+#include "tests/support/runtime_plan.h" /* defines: runtime_plan_estimate */
 #include "tests/support/tiny.h"        /* defines: tiny_llama_config, tiny_batch */
 #include "transformer/offload_model.h" /* defines: tf_offload_model */
 
@@ -133,6 +135,17 @@ out_model:
     return st;
 }
 
+/* One double from every rank, in rank order (the test's own collective). */
+static void gather_doubles(double mine, double *all)
+{
+    if (ranks == 1) {
+        all[0] = mine;
+        return;
+    }
+    /* host buffers: the MPI communicator on the CPU device */
+    assert_int_equal(comm_all_gather(comm, &mine, all, 2, ZO_DTYPE_F32, NULL, NULL), ZO_OK);
+}
+
 /* The same global batches on one rank: grad-accum R x A (rank 0 only). */
 static void reference(const dp_run *r, dp_run *ref)
 {
@@ -150,8 +163,9 @@ static dp_run small_run(int stage, double nvme, float clip)
     base_config(&r.oc);
     r.oc.comm = comm;
     r.oc.zero_stage = stage;
-    r.oc.opt_frac[OFFLOAD_CPU] = 1 - nvme;
-    r.oc.opt_frac[OFFLOAD_NVME] = nvme;
+    r.oc.opt_frac[OFFLOAD_CPU] = nvme < 0 ? 0.5 : 1 - nvme; /* nvme < 0: half on the device */
+    r.oc.opt_frac[OFFLOAD_NVME] = nvme < 0 ? 0 : nvme;
+    r.oc.opt_frac[OFFLOAD_DEVICE] = nvme < 0 ? 0.5 : 0;
     r.oc.adam.clip = clip;
     r.data_ranks = ranks;
     return r;
@@ -172,10 +186,13 @@ static void test_losses(void **state)
         float clip;
         offload_tier params; /* stage 3's */
         int max_ranks;
-    } v[] = {{ZO_DTYPE_F32, 0, 1.0f, OFFLOAD_DEVICE, 64},
-             {ZO_DTYPE_F32, 1.0, 1.0f, OFFLOAD_NVME, 64},
-             {ZO_DTYPE_BF16, 0, 0.0f, OFFLOAD_CPU, 2},
-             {ZO_DTYPE_BF16, 1.0, 0.0f, OFFLOAD_DEVICE, 2}};
+        size_t bucket;       /* elements (1000: every block in pieces) */
+    } v[] = {{ZO_DTYPE_F32, 0, 1.0f, OFFLOAD_DEVICE, 64, 0},
+             {ZO_DTYPE_F32, 1.0, 1.0f, OFFLOAD_NVME, 64, 1000},
+             {ZO_DTYPE_F32, -1, 1.0f, OFFLOAD_CPU, 64, 0},
+             {ZO_DTYPE_BF16, 0, 0.0f, OFFLOAD_CPU, 2, 1000},
+             {ZO_DTYPE_BF16, 1.0, 0.0f, OFFLOAD_DEVICE, 2, 0},
+             {ZO_DTYPE_BF16, -1, 0.0f, OFFLOAD_NVME, 2, 1000}};
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         dp_run ref;
         int have_ref = 0;
@@ -183,10 +200,17 @@ static void test_losses(void **state)
         for (int stage = 0; stage <= 3; stage++) {
             dp_run r = small_run(stage, v[i].nvme, v[i].clip);
             r.dt = v[i].dt;
+            r.oc.comm_bucket = v[i].bucket;
             if (stage == 3) r.oc.params_on = v[i].params;
             zo_status st = train(&r);
             if (st == ZO_ERR_UNSUPPORTED) continue; /* NVMe without the nvme module */
             assert_int_equal(st, ZO_OK);
+            /* the master weights agree on every rank (ZeRO 0: every rank's
+             * own replica; 1-3: the gathered parts) */
+            double *sums = calloc((size_t)ranks, sizeof *sums);
+            gather_doubles(r.weights_sum, sums);
+            for (int q = 1; q < ranks; q++) assert_true(sums[q] == sums[0]);
+            free(sums);
             if (rank != 0) continue;
             if (!have_ref) {
                 reference(&r, &ref);
@@ -199,14 +223,15 @@ static void test_losses(void **state)
                 if (rel > worst) worst = rel;
                 same += r.loss[k] == ref.loss[k];
             }
-            printf("  ZeRO-%d, %d ranks, %s, optimizer %s, clip %g%s: %d of %d steps bit-identical, worst "
+            printf("  ZeRO-%d, %d ranks, %s, optimizer %s, clip %g%s%s: %d of %d steps bit-identical, worst "
                    "%.2e relative (loss %.6f -> %.6f)\n",
-                   stage, ranks, zo_dtype_name(v[i].dt), v[i].nvme ? "nvme" : "cpu", v[i].clip,
+                   stage, ranks, zo_dtype_name(v[i].dt), v[i].nvme < 0 ? "cpu+gpu" : v[i].nvme ? "nvme" : "cpu",
+                   v[i].clip,
                    stage == 3 ? (v[i].params == OFFLOAD_DEVICE ? ", weights gpu"
                                  : v[i].params == OFFLOAD_CPU  ? ", weights cpu"
                                                                : ", weights nvme")
                               : "",
-                   same, STEPS, worst, r.loss[0], r.loss[STEPS - 1]);
+                   v[i].bucket ? ", buckets of 1000" : "", same, STEPS, worst, r.loss[0], r.loss[STEPS - 1]);
             if (worst > 1e-6 || getenv("ZO_TEST_VERBOSE"))
                 for (int k = 0; k < STEPS; k++)
                     printf("    step %2d loss %.9f ref %.9f norm %.7f ref %.7f\n", k, r.loss[k], ref.loss[k],
@@ -215,6 +240,120 @@ static void test_losses(void **state)
             if (ranks <= 2 && v[i].clip == 0) assert_int_equal(same, STEPS);
         }
     }
+}
+
+/* memplan's estimate for run r: --dp N --zero S. */
+static void plan_for(const dp_run *r, plan_estimate *e)
+{
+    runtime_plan_estimate(&r->cfg, r->dt, r->B, r->T, &r->oc, r->oc.comm ? ranks : 1, e);
+}
+
+/* Each rank's peak per tier against memplan --dp N --zero S, within 3%;
+ * the optimizer state per rank is 1/N of the model's (ZeRO 1-3). */
+static void test_memory(void **state)
+{
+    (void)state;
+    struct {
+        int stage;
+        offload_tier params;
+        double nvme, dev;
+        int recompute;
+        offload_tier ckpt;
+        size_t bucket;
+    } v[] = {
+        {0, OFFLOAD_DEVICE, 0, 0, 0, OFFLOAD_DEVICE, 0}, {1, OFFLOAD_DEVICE, 0, 0, 0, OFFLOAD_DEVICE, 0},
+        {1, OFFLOAD_DEVICE, 1, 0, 1, OFFLOAD_CPU, 0},    {2, OFFLOAD_DEVICE, 0, 0, 0, OFFLOAD_DEVICE, 0},
+        {2, OFFLOAD_DEVICE, 0.5, 0, 1, OFFLOAD_CPU, 0},  {3, OFFLOAD_DEVICE, 0, 0, 0, OFFLOAD_DEVICE, 0},
+        {3, OFFLOAD_CPU, 0, 0, 1, OFFLOAD_CPU, 0},       {3, OFFLOAD_NVME, 1, 0, 1, OFFLOAD_CPU, 0},
+        {2, OFFLOAD_DEVICE, 0, 1, 0, OFFLOAD_DEVICE, 0}, {3, OFFLOAD_CPU, 0, 1, 1, OFFLOAD_CPU, 0},
+        {1, OFFLOAD_DEVICE, 0, 1, 0, OFFLOAD_DEVICE, 0}, {0, OFFLOAD_CPU, 0.5, 0, 1, OFFLOAD_CPU, 0},
+        {2, OFFLOAD_DEVICE, 0, 0, 0, OFFLOAD_DEVICE, 20000},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        dp_run r = {.cfg = tiny_llama_config(8, 128, 512), .dt = ZO_DTYPE_BF16, .B = 2, .T = 32, .steps = 2};
+        base_config(&r.oc);
+        r.oc.comm = comm;
+        r.oc.zero_stage = v[i].stage;
+        r.oc.sub_group = 50000;
+        r.oc.params_on = v[i].params;
+        r.oc.opt_frac[OFFLOAD_CPU] = 1 - v[i].nvme - v[i].dev;
+        r.oc.opt_frac[OFFLOAD_NVME] = v[i].nvme;
+        r.oc.opt_frac[OFFLOAD_DEVICE] = v[i].dev;
+        r.oc.recompute = v[i].recompute;
+        r.oc.checkpoints_on = v[i].ckpt;
+        r.oc.comm_bucket = v[i].bucket;
+        r.data_ranks = ranks;
+        zo_status st = train(&r);
+        if (st == ZO_ERR_UNSUPPORTED) continue;
+        assert_int_equal(st, ZO_OK);
+        plan_estimate e;
+        plan_for(&r, &e);
+        int bad = 0;
+        char line[512];
+        int n = snprintf(line, sizeof line, "  rank %d of %d, ZeRO-%d, weights %s, optimizer cpu %.1f nvme %.1f gpu %.1f:",
+                         rank, ranks, v[i].stage, offload_tier_name(v[i].params), 1 - v[i].nvme - v[i].dev,
+                         v[i].nvme, v[i].dev);
+        for (int t = 0; t < PLAN_TIERS; t++) {
+            uint64_t want = e.total[t];
+            double ratio = want ? (double)r.stats.peak[t] / (double)want : 0;
+            n += snprintf(line + n, sizeof line - (size_t)n, " %s %llu/%llu (%.4f)", plan_tier_name((plan_tier)t),
+                          (unsigned long long)r.stats.peak[t], (unsigned long long)want, ratio);
+            if (want ? !(ratio > 0.97 && ratio < 1.03) : r.stats.peak[t] != 0) bad++;
+        }
+        /* the optimizer state: 1/N of the model's (each block's part, padded) */
+        uint64_t opt = 0, whole = 12 * (uint64_t)e.params;
+        for (int t = 0; t < OFFLOAD_TIERS; t++) opt += r.stats.optimizer_bytes[t];
+        int parts = v[i].stage >= 1 && ranks > 1;
+        uint64_t want_opt = parts ? whole / (uint64_t)ranks : whole;
+        n += snprintf(line + n, sizeof line - (size_t)n, "; optimizer %llu = 1/%d of %llu", (unsigned long long)opt,
+                      parts ? ranks : 1, (unsigned long long)whole);
+        if (parts ? llabs((long long)opt - (long long)want_opt) > 12LL * 10 * ranks : opt != whole) bad++;
+        printf("%s\n", line);
+        if (bad && rank == 0)
+            for (int k = 0; k < e.n_items; k++)
+                printf("    memplan: %-5s %-60s %llu\n", plan_tier_name(e.items[k].tier), e.items[k].name,
+                       (unsigned long long)e.items[k].bytes);
+        assert_int_equal(bad, 0);
+    }
+}
+
+/* Elements per step counted by the runtime against the ZeRO paper's count
+ * and the planner's (plan_dp_comm_elems): one micro-batch per rank, an
+ * untied model (a tied head reads the embedding a second time). */
+static void test_comm_volume(void **state)
+{
+    (void)state;
+    if (ranks < 2) skip();
+    for (int stage = 0; stage <= 3; stage++)
+        for (int accum = 1; accum <= 2; accum++) {
+            dp_run r = small_run(stage, 0, 1.0f);
+            r.oc.comm_bucket = accum == 2 ? 1000 : 0; /* in pieces: the same count */
+            r.steps = 3;
+            r.oc.grad_accum = accum;
+            r.oc.prefetch_depth = 1;
+            assert_int_equal(train(&r), ZO_OK);
+            uint64_t psi = 0;
+            tf_model m;
+            (void)m;
+            plan_train t;
+            plan_train_defaults(&t, &r.cfg);
+            t.dp = ranks;
+            t.zero = stage;
+            t.grad_accum = accum;
+            psi = zo_model_params(&r.cfg);
+            double ge, we;
+            plan_dp_comm_elems(&t, (double)psi, &ge, &we);
+            uint64_t paper = stage <= 2 ? 2 * psi : 3 * psi; /* one micro-batch */
+            uint64_t got = r.comm_per_step + r.reused_per_step;
+            if (rank == 0)
+                printf("  ZeRO-%d, %d ranks, grad-accum %d: %llu elements a step (%llu sent, %llu found still "
+                       "gathered), Psi = %llu: %.3f Psi; memplan %.3f Psi; padding %llu\n",
+                       stage, ranks, accum, (unsigned long long)got, (unsigned long long)r.comm_per_step,
+                       (unsigned long long)r.reused_per_step, (unsigned long long)psi, (double)got / (double)psi,
+                       (ge + we) / (double)psi, (unsigned long long)r.stats.comm_pad_elems / 3);
+            assert_true((double)got == ge + we);
+            if (accum == 1) assert_true(got == paper);
+        }
 }
 
 int main(int argc, char **argv)
@@ -233,6 +372,8 @@ int main(int argc, char **argv)
     mkdir(nvme_dir, 0755);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_losses),
+        cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_comm_volume),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     rmdir(nvme_dir);

@@ -17,6 +17,7 @@ zo_model_config tiny_llama_config(int layers, int hidden, int vocab)
     c.max_seq = 64;
     c.norm_eps = 1e-5f;
     c.rope_theta = 10000.0f;
+    zo_model_config_validate(&c); /* the derived fields (head_dim); valid by construction */
     return c;
 }
 
