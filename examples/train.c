@@ -3,9 +3,10 @@
  * capped by --device-mem, weights resident or streamed from pinned host
  * memory or NVMe, AdamW over
  * fp32 master state in memory and/or on NVMe, checkpoints, a plan from
- * memplan. See --help. */
+ * memplan; on several ranks under mpirun (ZeRO stages 0-3). See --help. */
 #include <errno.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 
 #include "common/model_config.h" /* defines: zo_model_config_load, zo_model_preset_find */
 #include "common/units.h"        /* defines: zo_parse_size, zo_parse_int, zo_format_bytes */
+#include "gpu/comm.h"             /* defines: comm_init, comm_launch_detect, comm_abort */
 #include "gpu/device.h"           /* defines: gpu_device_open, gpu_cuda_device_count */
 #include "offload/offload.h"     /* defines: offload_init, offload_micro_batch, offload_step */
 #include "model/data.h"          /* defines: model_tokens, model_batch_get */
@@ -29,6 +31,7 @@ typedef struct train_args {
     offload_plan p;      /* the runtime's configuration: the plan, then the flags */
     zo_dtype dtype;
     uint64_t device_mem;
+    double comm_timeout; /* seconds; 0: ZO_COMM_TIMEOUT or the communicator's default */
     int set_dtype, set_mb, set_seq, set_devmem; /* given as flags (they beat the plan) */
 } train_args;
 
@@ -85,6 +88,13 @@ static void usage(FILE *f)
         "                         and the free memory on cuda)\n"
         "  --threads N            threads per op on cpu, and of the CPU Adam (default: all)\n"
         "\n"
+        "several ranks (under mpirun -np N, or a launcher setting OMPI_COMM_WORLD_* or PMI_*):\n"
+        "  --zero 0|1|2|3         ZeRO stage (default: the plan's, else 0): 0 replicate, 1 partition\n"
+        "                         the optimizer state, 2 also the gradients, 3 also the weights\n"
+        "  --comm-timeout S       a collective not done in S seconds ends every rank (default 300)\n"
+        "  Rank r of N reads micro-batches (k N + r) K + j of step k: the global batch of one\n"
+        "  rank with --grad-accum N K. Rank 0 prints; the others print only errors.\n"
+        "\n"
         "checkpoints and output:\n"
         "  --ckpt DIR             save a checkpoint (weights, optimizer state, counters) into DIR\n"
         "  --save-every N         every N steps (default: only at the end)\n"
@@ -93,7 +103,8 @@ static void usage(FILE *f)
         "  --save FILE            write the trained weights as safetensors (Hugging Face names)\n"
         "  -h, --help             this text\n"
         "\n"
-        "Prints one line per step: step K loss X norm G tok/s R mem M.\n");
+        "Prints one line per step: step K loss X norm G tok/s R mem M (loss: the mean over\n"
+        "the global batch; tok/s: every rank's tokens).\n");
 }
 
 enum {
@@ -101,7 +112,7 @@ enum {
     OPT_LR, OPT_B1, OPT_B2, OPT_EPS, OPT_WD, OPT_CLIP, OPT_DTYPE, OPT_SEED, OPT_DEVICE,
     OPT_DEVMEM, OPT_THREADS, OPT_SAVE, OPT_ACCUM, OPT_PLAN, OPT_PARAMS_ON, OPT_OPT_ON,
     OPT_CKPT_ON, OPT_RECOMPUTE, OPT_PREFETCH, OPT_SUBGROUP, OPT_NVME_DIR, OPT_CKPT, OPT_SAVE_EVERY,
-    OPT_RESUME, OPT_STATS,
+    OPT_RESUME, OPT_STATS, OPT_ZERO, OPT_COMM_TIMEOUT,
 };
 
 static const struct option long_opts[] = {
@@ -138,6 +149,8 @@ static const struct option long_opts[] = {
     {"save-every", required_argument, 0, OPT_SAVE_EVERY},
     {"resume", required_argument, 0, OPT_RESUME},
     {"stats-json", required_argument, 0, OPT_STATS},
+    {"zero", required_argument, 0, OPT_ZERO},
+    {"comm-timeout", required_argument, 0, OPT_COMM_TIMEOUT},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -244,6 +257,11 @@ static int parse_args(int argc, char **argv, train_args *a)
         case OPT_SAVE_EVERY: st = zo_parse_int(optarg, "--save-every", 1, 1L << 40, &a->save_every); break;
         case OPT_RESUME: a->resume = optarg; break;
         case OPT_STATS: a->stats_json = optarg; break;
+        case OPT_ZERO:
+            st = zo_parse_int(optarg, "--zero", 0, 3, &v);
+            oc->zero_stage = (int)v;
+            break;
+        case OPT_COMM_TIMEOUT: st = zo_parse_double(optarg, "--comm-timeout", 0.001, 1e7, &a->comm_timeout); break;
         case OPT_MODEL: a->model = optarg; break;
         case OPT_WEIGHTS: a->weights = optarg; break;
         case OPT_DATA: a->data = optarg; break;
@@ -399,22 +417,94 @@ static zo_status open_device(const char *name, size_t capacity, int threads, gpu
     return ZO_OK;
 }
 
-static void print_tiers(const offload_stats *st, const offload_prediction *pred)
+/* Peak bytes per tier beside the plan's prediction (per rank). */
+static void print_peaks(const char *who, const uint64_t *peak, const offload_prediction *pred)
 {
     char b1[32], b2[32];
-    printf("# peak bytes per tier:");
+    printf("# %speak bytes per tier:", who);
     for (int t = 0; t < OFFLOAD_TIERS; t++) {
-        printf(" %s %s", offload_tier_name((offload_tier)t), zo_format_bytes(st->peak[t], b1, sizeof b1));
+        printf(" %s %s", offload_tier_name((offload_tier)t), zo_format_bytes(peak[t], b1, sizeof b1));
         if (pred && pred->present && pred->peak[t])
             printf(" (plan %s, %.1f%%)", zo_format_bytes(pred->peak[t], b2, sizeof b2),
-                   100.0 * (double)st->peak[t] / (double)pred->peak[t]);
+                   100.0 * (double)peak[t] / (double)pred->peak[t]);
         printf(t + 1 < OFFLOAD_TIERS ? "," : "\n");
+    }
+}
+
+/* Every rank's peaks (gathered: a collective), rank 0 prints them; then
+ * this rank's time split. */
+static zo_status print_tiers(offload_t *rt, const offload_stats *st, const offload_prediction *pred,
+                             uint64_t psi)
+{
+    if (st->ranks <= 1) {
+        print_peaks("", st->peak, pred);
+    } else {
+        uint64_t *all = calloc((size_t)st->ranks * OFFLOAD_TIERS, sizeof *all);
+        if (!all) return zo_error(ZO_ERR_NOMEM, "train: out of host memory");
+        zo_status e = offload_gather(rt, st->peak, sizeof st->peak, all);
+        for (int r = 0; r < st->ranks && e == ZO_OK; r++) {
+            char who[32];
+            snprintf(who, sizeof who, "rank %d of %d: ", r, st->ranks);
+            print_peaks(who, all + (size_t)r * OFFLOAD_TIERS, pred);
+        }
+        free(all);
+        if (e != ZO_OK) return e;
+        printf("# communication: %.3f Psi per step (%llu elements in %lld collectives since the start)\n",
+               st->steps ? (double)(st->comm_elems + st->comm_reused_elems) / (double)st->steps /
+                               (double)psi : 0.0,
+               (unsigned long long)st->comm_elems, (long long)st->comm_calls);
     }
     printf("# time:");
     for (int p = 0; p < OFFLOAD_TIME_PARTS; p++)
         printf(" %s %.3fs%s", offload_time_part_name((offload_time_part)p), st->time[p],
                p + 1 < OFFLOAD_TIME_PARTS ? "," : "");
     printf(" (runtime total %.3fs)\n", st->total_s);
+    return ZO_OK;
+}
+
+/* Several ranks: reading a block is a collective (the parts are gathered),
+ * so rank 0's writer says which block it reads next and the others read it
+ * too, in whatever order and as often as the writer asks; -1 ends. */
+static zo_status read_told(offload_t *rt, int32_t block, float *dst, int32_t *told)
+{
+    offload_stats st;
+    offload_get_stats(rt, &st);
+    int32_t *all = calloc((size_t)st.ranks, sizeof *all);
+    if (!all) return zo_error(ZO_ERR_NOMEM, "train: out of host memory");
+    zo_status e = offload_gather(rt, &block, sizeof block, all);
+    *told = all[0];
+    free(all);
+    if (e != ZO_OK) return e;
+    return *told >= 0 ? offload_get_block(rt, *told, dst) : ZO_OK;
+}
+
+static zo_status get_block_told(void *ctx, int block, float *dst)
+{
+    int32_t told;
+    return read_told(ctx, block, dst, &told);
+}
+
+/* The trained weights as safetensors: rank 0 writes, every rank reads the
+ * blocks it reads. */
+static zo_status save_weights(offload_t *rt, const char *path, const model_layout *l, int rank, int ranks)
+{
+    if (ranks <= 1) return model_save_streamed(path, l, get_block, rt, ZO_DTYPE_F32);
+    zo_status st;
+    int32_t told = 0;
+    if (rank == 0) {
+        st = model_save_streamed(path, l, get_block_told, rt, ZO_DTYPE_F32);
+        zo_status se = read_told(rt, -1, NULL, &told);
+        return st != ZO_OK ? st : se;
+    }
+    size_t largest = 1;
+    for (int b = 0; b < l->n_blocks; b++)
+        if (l->block_numel[b] > largest) largest = l->block_numel[b];
+    float *buf = malloc(largest * sizeof(float));
+    if (!buf) return zo_error(ZO_ERR_NOMEM, "train: out of host memory for a block of %zu weights", largest);
+    do st = read_told(rt, 0, buf, &told);
+    while (st == ZO_OK && told >= 0);
+    free(buf);
+    return st;
 }
 
 int main(int argc, char **argv)
@@ -438,22 +528,49 @@ int main(int argc, char **argv)
     int32_t *inputs = NULL, *targets = NULL;
     char b1[32], b2[32];
     offload_config *oc = &a.p.cfg;
+    comm_t comm = NULL;
+    int rank = 0, ranks = 1;
+    double *losses = NULL;
     rc = 1;
 
+    long kill_rank = -1, kill_step = -1;
+    const char *kill_spec = getenv("ZO_TRAIN_KILL");
+    if (kill_spec && sscanf(kill_spec, "%ld:%ld", &kill_rank, &kill_step) != 2) {
+        fprintf(stderr, "train: ZO_TRAIN_KILL=%s is not RANK:STEP\n", kill_spec);
+        return 2;
+    }
     const char *pause_spec = getenv("ZO_TRAIN_CKPT_PAUSE");
     if (pause_spec) {
         oc->ckpt_hook = pause_hook;
         oc->ckpt_hook_user = (void *)pause_spec;
     }
     if ((st = load_config(a.model, &cfg)) != ZO_OK) goto out;
+    /* the ranks the launcher started (one without a launcher) */
+    comm_launch launch;
+    if ((st = comm_launch_detect(&launch)) != ZO_OK) goto out;
     /* a plan made for another model or another number of ranks would run as
-     * something it never planned (the runtime is single-rank today) */
-    if (a.plan && (st = zo_plan_check_run(&a.p.file, &cfg, 1, a.plan)) != ZO_OK) {
+     * something it never planned */
+    if (a.plan && (st = zo_plan_check_run(&a.p.file, &cfg, launch.size, a.plan)) != ZO_OK) {
         fprintf(stderr, "train: --plan %s\n", zo_last_error());
+        return 2;
+    }
+    if (launch.size > 1 && (a.ckpt || a.resume)) {
+        fprintf(stderr, "train: --ckpt and --resume run on one rank\n");
         return 2;
     }
     if ((st = model_tokens_open(&tokens, a.data, a.width, cfg.vocab)) != ZO_OK) goto out;
     if ((st = open_device(a.device, (size_t)a.device_mem, (int)a.threads, &dev)) != ZO_OK) goto out;
+    /* the communicator: MPI or NCCL under a launcher, else one rank */
+    comm_options co = {.device = dev, .timeout_s = a.comm_timeout};
+    if ((st = comm_init(&co, &comm)) != ZO_OK) goto out_dev;
+    rank = comm_rank(comm);
+    ranks = comm_size(comm);
+    oc->comm = comm;
+    /* rank 0 speaks for the job; the others print only errors */
+    if (rank > 0 && !freopen("/dev/null", "w", stdout)) {
+        st = zo_error(ZO_ERR_IO, "train: rank %d: /dev/null: %s", rank, strerror(errno));
+        goto out_dev;
+    }
     if ((st = gpu_stream_create(dev, &s)) != ZO_OK) goto out_dev;
     tf_options to = {.recompute = oc->recompute, .external_res = 1};
     if ((st = tf_init_opts(&m, &cfg, dev, a.dtype, (int)a.micro_batch, (int)a.seq, &to)) != ZO_OK)
@@ -482,6 +599,9 @@ int main(int argc, char **argv)
            a.data, (unsigned long long)tokens.n, gpu_device_name(dev),
            zo_format_bytes(ms.in_use, b1, sizeof b1),
            ms.capacity ? zo_format_bytes(ms.capacity, b2, sizeof b2) : "unlimited");
+    if (ranks > 1)
+        printf("# ranks: %d (%s), ZeRO-%d; global batch %ld x %ld x %d x %d ranks\n", ranks,
+               comm_backend_name(comm_get_backend(comm)), oc->zero_stage, a.micro_batch, a.seq, accum, ranks);
     printf("# placement: weights %s (prefetch %d), optimizer cpu %.2f nvme %.2f gpu %.2f, "
            "gradients %s, checkpoints %s, recompute %s%s%s\n",
            offload_tier_name(oc->params_on), oc->prefetch_depth, oc->opt_frac[OFFLOAD_CPU],
@@ -497,7 +617,8 @@ int main(int argc, char **argv)
     size_t n = (size_t)a.micro_batch * a.seq;
     inputs = malloc(n * sizeof *inputs);
     targets = malloc(n * sizeof *targets);
-    if (!inputs || !targets) {
+    losses = calloc((size_t)ranks, sizeof *losses);
+    if (!inputs || !targets || !losses) {
         st = zo_error(ZO_ERR_NOMEM, "train: out of host memory for the batch");
         goto out_rt;
     }
@@ -506,7 +627,8 @@ int main(int argc, char **argv)
     for (long k = k0; k < a.steps; k++) {
         double t0 = now_seconds(), sum = 0;
         for (int j = 0; j < accum; j++) {
-            st = model_batch_get(&tokens, (int)a.micro_batch, (int)a.seq, k * accum + j, 0,
+            /* rank r's slice of the global batch of step k */
+            st = model_batch_get(&tokens, (int)a.micro_batch, (int)a.seq, (k * ranks + rank) * accum + j, 0,
                                  MODEL_SAMPLE_SEQUENTIAL, inputs, targets);
             if (st != ZO_OK) goto out_rt;
             float loss;
@@ -517,15 +639,21 @@ int main(int argc, char **argv)
             }
             sum += loss;
         }
+        /* test seam: ZO_TRAIN_KILL="RANK:STEP" kills that rank mid-step */
+        if (kill_rank == rank && kill_step == k) raise(SIGKILL);
         offload_step_info info;
         if ((st = offload_step(rt, &info)) != ZO_OK) {
             st = zo_error_wrap(st, "step %ld", k);
             goto out_rt;
         }
+        /* the mean over the global batch: every rank's sum, in rank order */
+        if ((st = offload_gather(rt, &sum, sizeof sum, losses)) != ZO_OK) goto out_rt;
+        sum = 0;
+        for (int r = 0; r < ranks; r++) sum += losses[r];
         double dt = now_seconds() - t0;
         gpu_mem_get_stats(dev, &ms);
-        printf("step %ld loss %.6f norm %.4f tok/s %.0f mem %s%s\n", k, sum / accum, info.grad_norm,
-               (double)n * accum / dt, zo_format_bytes(ms.high_water, b1, sizeof b1),
+        printf("step %ld loss %.6f norm %.4f tok/s %.0f mem %s%s\n", k, sum / (accum * ranks), info.grad_norm,
+               (double)n * accum * ranks / dt, zo_format_bytes(ms.high_water, b1, sizeof b1),
                info.skipped ? " (overflow: skipped)" : "");
         fflush(stdout);
         int last = k + 1 == a.steps;
@@ -537,7 +665,7 @@ int main(int argc, char **argv)
         }
         if (progress) {
             double el = now_seconds() - t_start;
-            fprintf(stderr, "\r[%ld/%ld] loss %.4f, %.0fs left ", k + 1, a.steps, sum / accum,
+            fprintf(stderr, "\r[%ld/%ld] loss %.4f, %.0fs left ", k + 1, a.steps, sum / (accum * ranks),
                     el / (k + 1 - k0) * (a.steps - k - 1));
         }
     }
@@ -547,14 +675,14 @@ int main(int argc, char **argv)
            ms.capacity ? zo_format_bytes(ms.capacity, b2, sizeof b2) : "unlimited");
     offload_stats ost;
     offload_get_stats(rt, &ost);
-    print_tiers(&ost, a.plan ? &a.p.predicted : NULL);
+    if ((st = print_tiers(rt, &ost, a.plan ? &a.p.predicted : NULL, l->total_numel)) != ZO_OK) goto out_rt;
     if (a.stats_json) {
         if ((st = offload_write_stats_json(rt, a.plan ? &a.p.predicted : NULL, a.stats_json)) != ZO_OK)
             goto out_rt;
         printf("# stats %s\n", a.stats_json);
     }
     if (a.save) {
-        if ((st = model_save_streamed(a.save, l, get_block, rt, ZO_DTYPE_F32)) != ZO_OK) goto out_rt;
+        if ((st = save_weights(rt, a.save, l, rank, ranks)) != ZO_OK) goto out_rt;
         printf("# saved %s\n", a.save);
     }
     rc = 0;
@@ -565,12 +693,21 @@ out_model:
     tf_offload_model_free(&tm);
     tf_free(&m);
 out_dev:
+    if (rc && ranks > 1) {
+        /* the others would wait for this rank in a collective until their
+         * timeout: end the job now, saying why */
+        char msg[1200];
+        snprintf(msg, sizeof msg, "train: rank %d of %d: %s", rank, ranks, zo_last_error());
+        comm_abort(comm, 1, msg);
+    }
+    comm_free(comm);
     if (s) gpu_stream_destroy(s);
     gpu_device_free(dev);
 out:
     model_tokens_close(&tokens);
     free(inputs);
     free(targets);
+    free(losses);
     if (rc) fprintf(stderr, "train: %s\n", zo_last_error());
     return rc;
 }

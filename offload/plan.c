@@ -32,7 +32,12 @@ zo_status offload_plan_load(const char *path, offload_plan *plan)
         return zo_error(ZO_ERR_FORMAT, "%s: field \"training.optimizer\" is %s: the runtime runs "
                         "adamw only", path, zo_plan_optimizer_name(f->training.optimizer));
 
+    if (f->parallel.tp != 1 || f->parallel.pp != 1)
+        return zo_error(ZO_ERR_FORMAT, "%s: fields \"parallel.tp\" %d and \"parallel.pp\" %d: the runtime "
+                        "runs data parallelism only (tp 1, pp 1)", path, f->parallel.tp, f->parallel.pp);
+
     offload_config *c = &plan->cfg;
+    c->zero_stage = f->parallel.zero;
     c->params_on = (offload_tier)f->placement.params;
     c->checkpoints_on = (offload_tier)f->placement.checkpoints;
     memcpy(c->opt_frac, f->placement.optimizer, sizeof c->opt_frac);

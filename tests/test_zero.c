@@ -15,7 +15,12 @@
  *   --dp N --zero S, within 3%; the optimizer state per rank falls as 1/N.
  * - Communication: elements per step counted by the runtime equal the ZeRO
  *   paper's (2 Psi for stages 0-2, 3 Psi for stage 3, the blocks the
- *   backward found still gathered counted as sent) and the planner's. */
+ *   backward found still gathered counted as sent) and the planner's.
+ * Run plainly (one rank), it also launches `train` under mpiexec:
+ * - 2 ranks from memplan plans for ZeRO 0-3 print the losses of one rank
+ *   with grad-accum 2, and each rank's peaks within 3% of the plan's;
+ * - a rank killed mid-step: every other rank ends within the timeout plus a
+ *   few seconds. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -26,6 +31,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "gpu/comm.h"                  /* defines: comm_init */
@@ -356,6 +363,166 @@ static void test_comm_volume(void **state)
         }
 }
 
+/* ---- train under mpiexec (run from the plain test) ------------------------------------ */
+
+#define TIMEOUT_S 3
+#define SLACK_S 20 /* launch and teardown of mpiexec on a loaded 2-core machine */
+
+static char tmp_dir[256];
+
+static const char tiny_config[] =
+    "{\"model_type\": \"llama\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
+    "\"vocab_size\": 256, \"max_position_embeddings\": 64}";
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Run `cmd` (stdout and stderr), its exit status (128 + signal), its time. */
+static int run_timed(const char *cmd, char *out, size_t cap, double *seconds)
+{
+    double t0 = now_s();
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t len = 0, got;
+    while (len + 1 < cap && (got = fread(out + len, 1, cap - 1 - len, p)) > 0) len += got;
+    out[len] = '\0';
+    char sink[4096];
+    while (fread(sink, 1, sizeof sink, p) > 0) {}
+    int st = pclose(p);
+    if (seconds) *seconds = now_s() - t0;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void write_inputs(void)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", tmp_dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(tiny_config, f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/text.txt", tmp_dir);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 3000; i++) fprintf(f, "the quick brown fox %d jumps. ", i % 17);
+    fclose(f);
+}
+
+/* `train` on the tiny model and text: on `np` ranks (0: no launcher) with
+ * the extra flags; env: variables before the command. */
+static int train_run(int np, const char *env, const char *mpi_flags, const char *extra, char *out, size_t cap,
+                     double *seconds)
+{
+    char cmd[4096], launch[1024] = "";
+    if (np)
+        snprintf(launch, sizeof launch, "ZO_MPIEXEC_FLAGS='%s' %s %s %d", mpi_flags, ZO_RUN_MPI, ZO_MPIEXEC, np);
+    snprintf(cmd, sizeof cmd,
+             "%s %s %s --model %s/config.json --data %s/text.txt --text --threads 1 --micro-batch 2 --seq 32 "
+             "--dtype bf16 %s 2>&1",
+             env, launch, ZO_TRAIN_BIN, tmp_dir, tmp_dir, extra);
+    return run_timed(cmd, out, cap, seconds);
+}
+
+/* The "step K loss X" prefixes of train's output, one a line. */
+static void step_losses(const char *out, char *dst, size_t cap)
+{
+    size_t n = 0;
+    dst[0] = 0;
+    for (const char *p = strstr(out, "step "); p; p = strstr(p + 1, "\nstep ")) {
+        if (*p == '\n') p++;
+        const char *e = strstr(p, " norm");
+        if (!e || (size_t)(e - p) + 2 > cap - n) break;
+        memcpy(dst + n, p, (size_t)(e - p));
+        n += (size_t)(e - p);
+        dst[n++] = '\n';
+        dst[n] = 0;
+    }
+}
+
+/* Two ranks from a memplan plan (--dp 2 --zero S) against one rank with
+ * grad-accum 2: the same losses; each rank's peaks within 3% of the plan's. */
+static void test_train_ranks(void **state)
+{
+    (void)state;
+    if (ranks > 1) skip(); /* launched from the plain run */
+    static char out[1 << 16];
+    char ref[4096], got[4096], cmd[2048], plan[512];
+    int rc = train_run(0, "", "", "--steps 6 --clip 0 --grad-accum 2", out, sizeof out, NULL);
+    if (rc) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    step_losses(out, ref, sizeof ref);
+    assert_non_null(strstr(ref, "step 5 loss"));
+    const char *place[4] = {"--params gpu --optimizer cpu", "--params gpu --optimizer nvme",
+                            "--params gpu --optimizer cpu", "--params cpu --optimizer cpu"};
+    for (int stage = 0; stage <= 3; stage++) {
+        snprintf(plan, sizeof plan, "%s/plan%d.json", tmp_dir, stage);
+        snprintf(cmd, sizeof cmd,
+                 "%s estimate --model %s/config.json --gpu-mem 64MiB --cpu-mem 1GiB --nvme 1GiB --seq 32 "
+                 "--micro-batch 2 --dtype bf16 --grads cpu %s --cuda-context 0 --cublas-workspace 0 "
+                 "--fragmentation 0 --no-dropout --dp 2 --zero %d --plan-out %s 2>&1",
+                 ZO_MEMPLAN_BIN, tmp_dir, place[stage], stage, plan);
+        rc = run_timed(cmd, out, sizeof out, NULL);
+        if (rc) fprintf(stderr, "%s\n", out);
+        assert_int_equal(rc, 0);
+        char extra[1024];
+        snprintf(extra, sizeof extra, "--steps 6 --clip 0 --plan %s --nvme-dir %s", plan, tmp_dir);
+        rc = train_run(2, "", "", extra, out, sizeof out, NULL);
+        step_losses(out, got, sizeof got);
+        printf("  ZeRO-%d (%s), 2 ranks: %s\n", stage, place[stage], strcmp(got, ref) ? "LOSSES DIFFER" : "the losses of one rank with grad-accum 2");
+        if (rc || strcmp(got, ref)) fprintf(stderr, "%s\nwanted:\n%s", out, ref);
+        assert_int_equal(rc, 0);
+        assert_string_equal(got, ref);
+        /* every rank's peaks, printed by rank 0 beside the plan's */
+        for (int r = 0; r < 2; r++) {
+            char who[64];
+            snprintf(who, sizeof who, "# rank %d of 2: peak bytes per tier:", r);
+            const char *line = strstr(out, who);
+            assert_non_null(line);
+            const char *nl = strchr(line, '\n');
+            printf("  %.*s\n", (int)(nl - line), line);
+            int checked = 0;
+            for (const char *p = strstr(line, "(plan "); p && p < nl; p = strstr(p + 1, "(plan ")) {
+                const char *c = strchr(p, ',');
+                double pct = atof(c + 2);
+                assert_true(pct > 97.0 && pct < 103.0);
+                checked++;
+            }
+            assert_true(checked >= 2);
+        }
+    }
+}
+
+/* A rank killed by SIGKILL mid-step: with Open MPI's default the launcher
+ * ends the others; with --enable-recovery the others' collective times out
+ * (--comm-timeout 3) and ends them, naming the dead rank. Either way no rank
+ * trains on, and all are gone within the timeout plus a few seconds. */
+static void test_train_kill(void **state)
+{
+    (void)state;
+    if (ranks > 1) skip();
+    static char out[1 << 16];
+    char extra[256];
+    snprintf(extra, sizeof extra, "--steps 200 --zero 2 --comm-timeout %d", TIMEOUT_S);
+    const char *flags[2] = {"", "--enable-recovery"};
+    int openmpi = system(ZO_MPIEXEC " --version 2>&1 | grep -qiE 'open ?mpi|openrte'") == 0;
+    for (int i = 0; i < (openmpi ? 2 : 1); i++) {
+        double s;
+        int rc = train_run(3, "ZO_TRAIN_KILL=1:3", flags[i], extra, out, sizeof out, &s);
+        printf("  rank 1 of 3 killed at step 3%s: exit %d after %.1f s\n", i ? " (--enable-recovery)" : "", rc, s);
+        if (s >= TIMEOUT_S + SLACK_S || strstr(out, "step 4 ")) fprintf(stderr, "%s\n", out);
+        assert_true(s < TIMEOUT_S + SLACK_S);
+        assert_null(strstr(out, "step 4 "));        /* nobody trained on */
+        assert_null(strstr(out, "# device memory")); /* nor finished */
+        if (i == 0) assert_int_not_equal(rc, 0);
+        else assert_non_null(strstr(out, "did not arrive: rank 1 (no answer"));
+    }
+}
+
 int main(int argc, char **argv)
 {
     (void)argc, (void)argv;
@@ -370,13 +537,25 @@ int main(int argc, char **argv)
     ranks = comm_size(comm);
     snprintf(nvme_dir, sizeof nvme_dir, "/tmp/zo_test_zero_%d_%d", (int)getppid(), rank);
     mkdir(nvme_dir, 0755);
+    if (ranks == 1) {
+        snprintf(tmp_dir, sizeof tmp_dir, "/tmp/zo_test_zero_train_%d", (int)getpid());
+        mkdir(tmp_dir, 0755);
+        write_inputs();
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_losses),
         cmocka_unit_test(test_memory),
         cmocka_unit_test(test_comm_volume),
+        cmocka_unit_test(test_train_ranks),
+        cmocka_unit_test(test_train_kill),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     rmdir(nvme_dir);
+    if (ranks == 1 && !rc) {
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
+        if (system(cmd)) rc = 1;
+    }
     /* a rank that failed ends the job: the others would wait in a collective */
     if (rc && ranks > 1) comm_abort(comm, 1, "test_zero: a test failed on this rank");
     comm_free(comm);
