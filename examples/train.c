@@ -97,8 +97,11 @@ static void usage(FILE *f)
         "\n"
         "checkpoints and output:\n"
         "  --ckpt DIR             save a checkpoint (weights, optimizer state, counters) into DIR\n"
+        "                         (several ranks: a directory they share; each rank writes its\n"
+        "                         shard of the optimizer state)\n"
         "  --save-every N         every N steps (default: only at the end)\n"
-        "  --resume DIR           continue from DIR's latest checkpoint\n"
+        "  --resume DIR           continue from DIR's latest checkpoint (saved on any number of\n"
+        "                         ranks whose global batch is this run's)\n"
         "  --stats-json FILE      peak bytes per tier (and the plan's prediction) and the time split\n"
         "  --save FILE            write the trained weights as safetensors (Hugging Face names)\n"
         "  -h, --help             this text\n"
@@ -346,11 +349,6 @@ static zo_status set_block(void *ctx, int block, const void *buf)
     return offload_set_block(ctx, block, buf);
 }
 
-static zo_status get_block(void *ctx, int block, float *dst)
-{
-    return offload_get_block(ctx, block, dst);
-}
-
 /* The initial weights, one block at a time: from a safetensors checkpoint
  * (every tensor of the model in it) or random from the seed. Host memory
  * holds one block, whatever the model's size. */
@@ -462,51 +460,6 @@ static zo_status print_tiers(offload_t *rt, const offload_stats *st, const offlo
     return ZO_OK;
 }
 
-/* Several ranks: reading a block is a collective (the parts are gathered),
- * so rank 0's writer says which block it reads next and the others read it
- * too, in whatever order and as often as the writer asks; -1 ends. */
-static zo_status read_told(offload_t *rt, int32_t block, float *dst, int32_t *told)
-{
-    offload_stats st;
-    offload_get_stats(rt, &st);
-    int32_t *all = calloc((size_t)st.ranks, sizeof *all);
-    if (!all) return zo_error(ZO_ERR_NOMEM, "train: out of host memory");
-    zo_status e = offload_gather(rt, &block, sizeof block, all);
-    *told = all[0];
-    free(all);
-    if (e != ZO_OK) return e;
-    return *told >= 0 ? offload_get_block(rt, *told, dst) : ZO_OK;
-}
-
-static zo_status get_block_told(void *ctx, int block, float *dst)
-{
-    int32_t told;
-    return read_told(ctx, block, dst, &told);
-}
-
-/* The trained weights as safetensors: rank 0 writes, every rank reads the
- * blocks it reads. */
-static zo_status save_weights(offload_t *rt, const char *path, const model_layout *l, int rank, int ranks)
-{
-    if (ranks <= 1) return model_save_streamed(path, l, get_block, rt, ZO_DTYPE_F32);
-    zo_status st;
-    int32_t told = 0;
-    if (rank == 0) {
-        st = model_save_streamed(path, l, get_block_told, rt, ZO_DTYPE_F32);
-        zo_status se = read_told(rt, -1, NULL, &told);
-        return st != ZO_OK ? st : se;
-    }
-    size_t largest = 1;
-    for (int b = 0; b < l->n_blocks; b++)
-        if (l->block_numel[b] > largest) largest = l->block_numel[b];
-    float *buf = malloc(largest * sizeof(float));
-    if (!buf) return zo_error(ZO_ERR_NOMEM, "train: out of host memory for a block of %zu weights", largest);
-    do st = read_told(rt, 0, buf, &told);
-    while (st == ZO_OK && told >= 0);
-    free(buf);
-    return st;
-}
-
 int main(int argc, char **argv)
 {
     train_args a;
@@ -554,10 +507,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "train: --plan %s\n", zo_last_error());
         return 2;
     }
-    if (launch.size > 1 && (a.ckpt || a.resume)) {
-        fprintf(stderr, "train: --ckpt and --resume run on one rank\n");
-        return 2;
-    }
     if ((st = model_tokens_open(&tokens, a.data, a.width, cfg.vocab)) != ZO_OK) goto out;
     if ((st = open_device(a.device, (size_t)a.device_mem, (int)a.threads, &dev)) != ZO_OK) goto out;
     /* the communicator: MPI or NCCL under a launcher, else one rank */
@@ -586,7 +535,15 @@ int main(int argc, char **argv)
     if (a.resume) {
         offload_ckpt_meta meta;
         if ((st = offload_load(rt, a.resume, &meta)) != ZO_OK) goto out_rt;
-        k0 = (long)(meta.data_step / accum);
+        /* the data position counts every rank's micro-batches: it resumes on
+         * any rank count whose global batch (ranks x grad-accum) divides it */
+        if (meta.data_step % (accum * ranks)) {
+            st = zo_error(ZO_ERR_INVALID, "--resume %s: the checkpoint is %lld micro-batches into the data, not "
+                          "a whole number of global batches of %d ranks x grad-accum %d", a.resume,
+                          (long long)meta.data_step, ranks, accum);
+            goto out_rt;
+        }
+        k0 = (long)(meta.data_step / (accum * ranks));
         printf("# resumed from %s at step %ld\n", a.resume, k0);
     }
 
@@ -658,7 +615,7 @@ int main(int argc, char **argv)
         fflush(stdout);
         int last = k + 1 == a.steps;
         if (a.ckpt && ((a.save_every && (k + 1) % a.save_every == 0) || last)) {
-            offload_ckpt_meta meta = {.data_step = (k + 1) * accum, .seed = (uint64_t)a.seed};
+            offload_ckpt_meta meta = {.data_step = (k + 1) * accum * ranks, .seed = (uint64_t)a.seed};
             if ((st = offload_save_streamed(rt, a.ckpt, &meta, write_weights, (void *)l)) != ZO_OK)
                 goto out_rt;
             printf("# checkpoint %s step %ld\n", a.ckpt, k + 1);
@@ -682,7 +639,8 @@ int main(int argc, char **argv)
         printf("# stats %s\n", a.stats_json);
     }
     if (a.save) {
-        if ((st = save_weights(rt, a.save, l, rank, ranks)) != ZO_OK) goto out_rt;
+        /* every rank takes part: with the optimizer state partitioned, blocks are gathered */
+        if ((st = offload_write_weights(rt, a.save, write_weights, (void *)l)) != ZO_OK) goto out_rt;
         printf("# saved %s\n", a.save);
     }
     rc = 0;

@@ -23,6 +23,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/fileio.h"     /* defines: zo_file_read_all */
 #include "model/safetensors.h" /* defines: model_st_write, model_st_open */
 
 #define STATE_FORMAT "zoffload-train-state"
@@ -125,40 +126,46 @@ static zo_status read_master(void *ctx, int block, float *dst)
     offload_t *rt = ctx;
     if (block < 0 || block >= rt->g.nb)
         return zo_error(ZO_ERR_INVALID, "offload: block %d of %d", block, rt->g.nb);
-    return ostate_read(rt->shards, rt->n_shards, rt->off[block], rt->numel[block], dst, NULL, NULL);
+    return offload_get_block(rt, block, dst);
 }
 
 /* optimizer.safetensors: three tensors a block, chunk by chunk, each chunk
- * read once from the shards (an NVMe sub-group is read once). */
+ * read once from the shards (an NVMe sub-group is read once). The blocks as
+ * the optimizer holds them (og): whole, or the rank's parts (a rank's shard
+ * file; a block of which it holds nothing has no tensors). */
 static zo_status write_opt(offload_t *rt, const char *path)
 {
-    int nb = rt->g.nb;
+    int nb = rt->g.nb, n = 0;
+    const offload_geom *og = &rt->og;
     size_t C = io_chunk(rt);
     zo_status st;
     float *buf = NULL;
     model_st_writer *w = NULL;
     model_st_entry *e = calloc(3 * (size_t)nb, sizeof *e);
     char(*names)[48] = calloc(3 * (size_t)nb, sizeof *names);
-    if (!e || !names) {
+    int *first = calloc((size_t)nb, sizeof *first); /* block b's first entry */
+    if (!e || !names || !first) {
         st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
         goto out_free;
     }
-    for (int b = 0; b < nb; b++)
-        for (int a = 0; a < 3; a++) {
-            size_t i = 3 * (size_t)b + (size_t)a;
-            snprintf(names[i], sizeof names[i], "block.%d.%s", b, opt_names[a]);
-            e[i] = (model_st_entry){.name = names[i], .dtype = ZO_DTYPE_F32, .ndim = 1,
-                                    .shape = {(int64_t)rt->numel[b]}};
+    for (int b = 0; b < nb; b++) {
+        first[b] = n;
+        if (!og->numel[b] && rt->dp) continue;
+        for (int a = 0; a < 3; a++, n++) {
+            snprintf(names[n], sizeof names[n], "block.%d.%s", b, opt_names[a]);
+            e[n] = (model_st_entry){.name = names[n], .dtype = ZO_DTYPE_F32, .ndim = 1,
+                                    .shape = {(int64_t)og->numel[b]}};
         }
+    }
     if ((st = offload_host_alloc(&rt->env, 3 * C * 4, 0, (void **)&buf)) != ZO_OK) goto out_free;
-    if ((st = model_st_writer_open(&w, path, e, 3 * nb)) != ZO_OK) goto out_free;
+    if ((st = model_st_writer_open(&w, path, e, n)) != ZO_OK) goto out_free;
     for (int b = 0; b < nb && st == ZO_OK; b++) {
         if (b == nb / 2) hook(rt, "optimizer-half"); /* half the blocks are written */
-        for (size_t rel = 0; rel < rt->numel[b] && st == ZO_OK; rel += C) {
-            size_t k = rt->numel[b] - rel < C ? rt->numel[b] - rel : C;
-            st = ostate_read(rt->shards, rt->n_shards, rt->off[b] + rel, k, buf, buf + C, buf + 2 * C);
+        for (size_t rel = 0; rel < og->numel[b] && st == ZO_OK; rel += C) {
+            size_t k = og->numel[b] - rel < C ? og->numel[b] - rel : C;
+            st = ostate_read(rt->shards, rt->n_shards, og->off[b] + rel, k, buf, buf + C, buf + 2 * C);
             for (int a = 0; a < 3 && st == ZO_OK; a++)
-                st = model_st_writer_put(w, 3 * b + a, rel, k, buf + (size_t)a * C);
+                st = model_st_writer_put(w, first[b] + a, rel, k, buf + (size_t)a * C);
         }
     }
     if (st == ZO_OK) st = model_st_writer_commit(w);
@@ -167,6 +174,7 @@ out_free:
     offload_host_free(&rt->env, buf, 3 * C * 4, 0);
     free(names);
     free(e);
+    free(first);
     return st;
 }
 
@@ -193,42 +201,36 @@ static zo_status write_state(offload_t *rt, const char *dir, const offload_ckpt_
     return st;
 }
 
-zo_status offload_save_streamed(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
-                                offload_weights_stream writer, void *writer_user)
+/* The new checkpoint's names: DIR/step-N, or DIR/step-N.K when the latest
+ * checkpoint already has that name (fp16 steps skipped for overflow leave
+ * the step count where it was but move the data position and the loss
+ * scale; a run resumed from an older directory reaches a step number
+ * already taken), built in DIR/.tmp-<name>, which is made here (leftovers
+ * of a crash removed). */
+static zo_status ckpt_prepare(offload_t *rt, const char *dir, char *name, size_t name_len, char *final,
+                              char *tmp)
 {
-    zo_status st = offload_grads_drain(rt);
-    if (st != ZO_OK) return st;
-    if (rt->micro)
-        return zo_error(ZO_ERR_INVALID, "offload_save: %d micro-batches are accumulated; save between steps",
-                        rt->micro);
-    if (mkdir(dir, 0755) && errno != EEXIST)
-        return zo_error(ZO_ERR_IO, "%s: mkdir: %s", dir, strerror(errno));
-    char name[64], latest[256], final[4096], tmp[4096], path[4200];
-    /* step-N, or step-N.K when the latest checkpoint already has that name
-     * (fp16 steps skipped for overflow leave the step count where it was but
-     * move the data position and the loss scale; a run resumed from an older
-     * directory reaches a step number already taken). Every save is kept:
-     * the new one becomes the latest and the others are removed after. */
+    char latest[256];
+    if (mkdir(dir, 0755) && errno != EEXIST) return zo_error(ZO_ERR_IO, "%s: mkdir: %s", dir, strerror(errno));
     read_latest(dir, latest, sizeof latest);
-    snprintf(name, sizeof name, "step-%08lld", (long long)rt->step);
-    for (int k = 1; !strcmp(latest, name); k++)
-        snprintf(name, sizeof name, "step-%08lld.%d", (long long)rt->step, k);
-    snprintf(final, sizeof final, "%s/%s", dir, name);
-    snprintf(tmp, sizeof tmp, "%s/.tmp-%s", dir, name);
+    snprintf(name, name_len, "step-%08lld", (long long)rt->step);
+    for (int k = 1; !strcmp(latest, name); k++) snprintf(name, name_len, "step-%08lld.%d", (long long)rt->step, k);
+    snprintf(final, 4096, "%s/%s", dir, name);
+    snprintf(tmp, 4096, "%s/.tmp-%s", dir, name);
     remove_dir(tmp);   /* leftovers of a crash */
     remove_dir(final); /* renamed but never made latest */
     if (mkdir(tmp, 0755)) return zo_error(ZO_ERR_IO, "%s: mkdir: %s", tmp, strerror(errno));
-    hook(rt, "begin");
-    /* the state as the shards hold it: nothing cached in between */
-    if ((st = ostate_sync(rt->shards, rt->n_shards)) != ZO_OK) goto out_remove;
-    if (writer) {
-        snprintf(path, sizeof path, "%s/model.safetensors", tmp);
-        if ((st = writer(writer_user, path, read_master, rt)) != ZO_OK) goto out_remove;
-    }
-    snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
-    if ((st = write_opt(rt, path)) != ZO_OK) goto out_remove;
-    if ((st = ostate_sync(rt->shards, rt->n_shards)) != ZO_OK) goto out_remove;
-    if ((st = write_state(rt, tmp, meta)) != ZO_OK) goto out_remove;
+    return ZO_OK;
+}
+
+/* The complete DIR/.tmp-<name> renamed to DIR/<name>, made the latest, and
+ * the older checkpoints removed. Every save is kept until the new one is
+ * the latest. */
+static zo_status ckpt_publish(offload_t *rt, const char *dir, const char *name, const char *final,
+                              const char *tmp)
+{
+    char path[4200];
+    zo_status st;
     if ((st = fsync_path(tmp)) != ZO_OK) goto out_remove;
     hook(rt, "before-rename");
     if (rename(tmp, final)) {
@@ -256,6 +258,197 @@ zo_status offload_save_streamed(offload_t *rt, const char *dir, const offload_ck
 out_remove:
     remove_dir(tmp);
     return st;
+}
+
+/* ---- several ranks: a shard per rank and a manifest ---------------------------------
+ *
+ * ZeRO 0: every rank holds the same state, and rank 0 saves it as one rank
+ * does. ZeRO 1-3: in the same directory, each rank writes its optimizer
+ * shard, optimizer-<r>-of-<N>.safetensors (three tensors per block of its
+ * part, none for a block of which it holds nothing), rank 0 the weights
+ * (model.safetensors, every rank reading the blocks it asks for: they are
+ * gathered), state.json and, last, manifest.json: the rank count and each
+ * block's elements and part size, from which a run of any rank count
+ * re-partitions (offload_load). The directory is renamed into place once
+ * every rank's files are in it. Each stage ends with every rank learning
+ * whether every other succeeded. */
+
+static const char *const manifest_name = "manifest.json";
+#define MANIFEST_FORMAT "zoffload-optimizer-shards"
+#define MANIFEST_VERSION 1
+
+static void shard_file(char *buf, size_t len, int r, int n)
+{
+    snprintf(buf, len, "optimizer-%05d-of-%05d.safetensors", r, n);
+}
+
+/* Every rank's status of a stage: the first failure becomes every rank's. */
+static zo_status dp_agree(offload_t *rt, zo_status mine, const char *what)
+{
+    offload_dp *dp = rt->dp;
+    int32_t *all = calloc((size_t)dp->size, sizeof *all), me = (int32_t)mine;
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", mine != ZO_OK ? zo_last_error() : "");
+    if (!all) return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", what);
+    zo_status st = offload_dp_gather(dp, &me, sizeof me, all);
+    for (int r = 0; r < dp->size && st == ZO_OK; r++)
+        if (all[r] != ZO_OK)
+            st = r == dp->rank ? zo_error(mine, "%s", msg)
+                               : zo_error((zo_status)all[r], "%s: rank %d of %d failed", what, r, dp->size);
+    free(all);
+    return st;
+}
+
+/* Rank 0 reads a block (for its writer) and tells the others, who read it
+ * too: reading a partitioned block is a collective. -1 ends. */
+static zo_status told_read(offload_t *rt, int32_t block, float *dst, int32_t *told)
+{
+    int32_t *all = calloc((size_t)rt->dp->size, sizeof *all);
+    if (!all) return zo_error(ZO_ERR_NOMEM, "offload: out of host memory");
+    zo_status st = offload_dp_gather(rt->dp, &block, sizeof block, all);
+    *told = all[0];
+    free(all);
+    if (st != ZO_OK) return st;
+    return *told >= 0 ? offload_get_block(rt, *told, dst) : ZO_OK;
+}
+
+static zo_status read_master_told(void *ctx, int block, float *dst)
+{
+    int32_t told;
+    return told_read(ctx, block, dst, &told);
+}
+
+zo_status offload_write_weights(offload_t *rt, const char *path, offload_weights_stream writer, void *user)
+{
+    if (!offload_dp_partitioned(rt->dp)) /* every rank has every block: rank 0 writes */
+        return rt->dp && rt->dp->rank ? ZO_OK : writer(user, path, read_master, rt);
+    zo_status st;
+    int32_t told = 0;
+    if (rt->dp->rank == 0) {
+        st = writer(user, path, read_master_told, rt);
+        zo_status se = told_read(rt, -1, NULL, &told);
+        return st != ZO_OK ? st : se;
+    }
+    float *buf;
+    if ((st = offload_host_alloc(&rt->env, rt->g.largest * sizeof(float) + 4, 0, (void **)&buf)) != ZO_OK)
+        return st;
+    do st = told_read(rt, 0, buf, &told);
+    while (st == ZO_OK && told >= 0);
+    offload_host_free(&rt->env, buf, rt->g.largest * sizeof(float) + 4, 0);
+    return st;
+}
+
+static zo_status write_manifest(offload_t *rt, const char *dir)
+{
+    offload_dp *dp = rt->dp;
+    char file[64];
+    cJSON *o = cJSON_CreateObject(), *blocks, *files;
+    if (!o) return zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
+    cJSON_AddStringToObject(o, "format", MANIFEST_FORMAT);
+    cJSON_AddNumberToObject(o, "version", MANIFEST_VERSION);
+    cJSON_AddNumberToObject(o, "ranks", dp->size);
+    cJSON_AddNumberToObject(o, "zero_stage", dp->stage);
+    cJSON_AddNumberToObject(o, "params", (double)rt->g.n);
+    /* block b: [elements, part]; rank r holds [r part, min(elements, (r + 1) part)) */
+    blocks = cJSON_AddArrayToObject(o, "blocks");
+    files = cJSON_AddArrayToObject(o, "files");
+    for (int b = 0; blocks && b < rt->g.nb; b++) {
+        cJSON *e = cJSON_CreateArray();
+        cJSON_AddItemToArray(e, cJSON_CreateNumber((double)rt->numel[b]));
+        cJSON_AddItemToArray(e, cJSON_CreateNumber((double)(dp->pad[b] / (size_t)dp->size)));
+        cJSON_AddItemToArray(blocks, e);
+    }
+    for (int r = 0; files && r < dp->size; r++) {
+        shard_file(file, sizeof file, r, dp->size);
+        cJSON_AddItemToArray(files, cJSON_CreateString(file));
+    }
+    char *text = blocks && files ? cJSON_Print(o) : NULL;
+    cJSON_Delete(o);
+    if (!text) return zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
+    zo_status st = write_atomic(dir, manifest_name, text);
+    free(text);
+    return st;
+}
+
+static zo_status save_one(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
+                          offload_weights_stream writer, void *writer_user);
+
+static zo_status save_ranks(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
+                            offload_weights_stream writer, void *writer_user)
+{
+    offload_dp *dp = rt->dp;
+    if (!offload_dp_partitioned(dp))
+        return dp_agree(rt, dp->rank == 0 ? save_one(rt, dir, meta, writer, writer_user) : ZO_OK,
+                        "offload_save");
+    char name[64] = "", final[4096], tmp[4096], path[4200], file[64];
+    zo_status st = dp->rank == 0 ? ckpt_prepare(rt, dir, name, sizeof name, final, tmp) : ZO_OK;
+    /* the directory rank 0 made, for everybody */
+    char *names = calloc((size_t)dp->size, sizeof name);
+    if (!names) return zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
+    if ((st = dp_agree(rt, st, "offload_save")) == ZO_OK) st = offload_dp_gather(dp, name, sizeof name, names);
+    if (st == ZO_OK) {
+        snprintf(name, sizeof name, "%s", names);
+        snprintf(final, sizeof final, "%s/%s", dir, name);
+        snprintf(tmp, sizeof tmp, "%s/.tmp-%s", dir, name);
+    }
+    free(names);
+    if (st != ZO_OK) return st;
+    hook(rt, "begin");
+    /* this rank's shard */
+    shard_file(file, sizeof file, dp->rank, dp->size);
+    snprintf(path, sizeof path, "%s/%s", tmp, file);
+    if ((st = ostate_sync(rt->shards, rt->n_shards)) == ZO_OK && (st = write_opt(rt, path)) == ZO_OK)
+        st = ostate_sync(rt->shards, rt->n_shards);
+    /* the weights, gathered block by block (every rank takes part) */
+    if (writer) {
+        snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+        zo_status sw = offload_write_weights(rt, path, writer, writer_user);
+        if (st == ZO_OK) st = sw;
+    }
+    st = dp_agree(rt, st, "offload_save");
+    /* rank 0 completes it: the counters, the manifest last, then into place */
+    if (dp->rank == 0) {
+        if (st == ZO_OK && (st = write_state(rt, tmp, meta)) == ZO_OK && (st = write_manifest(rt, tmp)) == ZO_OK)
+            st = ckpt_publish(rt, dir, name, final, tmp);
+        else remove_dir(tmp);
+    }
+    return dp_agree(rt, st, "offload_save");
+}
+
+static zo_status save_one(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
+                          offload_weights_stream writer, void *writer_user)
+{
+    char name[64], final[4096], tmp[4096], path[4200];
+    zo_status st;
+    if ((st = ckpt_prepare(rt, dir, name, sizeof name, final, tmp)) != ZO_OK) return st;
+    hook(rt, "begin");
+    /* the state as the shards hold it: nothing cached in between */
+    if ((st = ostate_sync(rt->shards, rt->n_shards)) != ZO_OK) goto out_remove;
+    if (writer) {
+        snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+        if ((st = writer(writer_user, path, read_master, rt)) != ZO_OK) goto out_remove;
+    }
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
+    if ((st = write_opt(rt, path)) != ZO_OK) goto out_remove;
+    if ((st = ostate_sync(rt->shards, rt->n_shards)) != ZO_OK) goto out_remove;
+    if ((st = write_state(rt, tmp, meta)) != ZO_OK) goto out_remove;
+    return ckpt_publish(rt, dir, name, final, tmp);
+
+out_remove:
+    remove_dir(tmp);
+    return st;
+}
+
+zo_status offload_save_streamed(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
+                                offload_weights_stream writer, void *writer_user)
+{
+    zo_status st = offload_grads_drain(rt);
+    if (st != ZO_OK) return st;
+    if (rt->micro)
+        return zo_error(ZO_ERR_INVALID, "offload_save: %d micro-batches are accumulated; save between steps",
+                        rt->micro);
+    if (rt->dp) return save_ranks(rt, dir, meta, writer, writer_user);
+    return save_one(rt, dir, meta, writer, writer_user);
 }
 
 /* A whole-model writer behind the streamed interface: the blocks gathered
@@ -373,6 +566,167 @@ static zo_status read_f32(const model_st_file *f, const model_st_tensor *t, size
     return ZO_OK;
 }
 
+/* A checkpoint's optimizer state as whole-block ranges, whatever its form:
+ * optimizer.safetensors (versions 1 and 2), or the shards of N ranks with
+ * their manifest, re-partitioned on the fly for this run's ranks. */
+typedef struct ck_source {
+    int version;
+    model_st_file one;      /* one file */
+    int opened;
+    int ranks;              /* shards: how many, 0 for one file */
+    size_t *part;           /* [nb] shards: elements of a rank's part of block b */
+    model_st_file *files;   /* [ranks] */
+    int n_files;
+} ck_source;
+
+static void source_close(ck_source *s)
+{
+    if (s->opened) model_st_close(&s->one);
+    for (int r = 0; r < s->n_files; r++) model_st_close(&s->files[r]);
+    free(s->files);
+    free(s->part);
+    memset(s, 0, sizeof *s);
+}
+
+/* Elements of rank r's part of a block of n split in parts of c. */
+static size_t shard_n(size_t n, size_t c, int r)
+{
+    size_t a = (size_t)r * c;
+    return a >= n ? 0 : (n - a < c ? n - a : c);
+}
+
+static zo_status shard_tensor(const ck_source *s, int r, int b, int a, size_t want, const model_st_tensor **out)
+{
+    char name[48];
+    snprintf(name, sizeof name, "block.%d.%s", b, opt_names[a]);
+    const model_st_tensor *t = model_st_find(&s->files[r], name);
+    if (!t || t->dtype != ZO_DTYPE_F32 || t->numel != want)
+        return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\" missing or not F32 [%zu]", s->files[r].path, name, want);
+    *out = t;
+    return ZO_OK;
+}
+
+/* manifest.json: the rank count and the partition; every shard opened and
+ * every tensor checked. */
+static zo_status open_shards(const offload_t *rt, const char *ck, ck_source *s)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", ck, manifest_name);
+    char *text;
+    zo_status st = zo_file_read_all(path, 1u << 26, "a checkpoint manifest", &text, NULL);
+    if (st != ZO_OK) return st;
+    cJSON *o = cJSON_Parse(text);
+    free(text);
+    if (!o) return zo_error(ZO_ERR_FORMAT, "%s: not valid JSON", path);
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(o, "format");
+    const cJSON *ver = cJSON_GetObjectItemCaseSensitive(o, "version");
+    const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(o, "ranks");
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(o, "params");
+    const cJSON *blocks = cJSON_GetObjectItemCaseSensitive(o, "blocks");
+    const cJSON *files = cJSON_GetObjectItemCaseSensitive(o, "files");
+    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, MANIFEST_FORMAT) || !cJSON_IsNumber(ver) ||
+        ver->valuedouble != MANIFEST_VERSION) {
+        st = zo_error(ZO_ERR_FORMAT, "%s: not a version %d \"%s\" manifest", path, MANIFEST_VERSION,
+                      MANIFEST_FORMAT);
+        goto out_free;
+    }
+    if (!cJSON_IsNumber(ranks) || ranks->valuedouble < 1 || ranks->valuedouble > 1 << 20 ||
+        ranks->valuedouble != floor(ranks->valuedouble) || !cJSON_IsArray(files) ||
+        cJSON_GetArraySize(files) != (int)ranks->valuedouble) {
+        st = zo_error(ZO_ERR_FORMAT, "%s: \"ranks\" is not a rank count with a file for each", path);
+        goto out_free;
+    }
+    if (!cJSON_IsNumber(params) || params->valuedouble != (double)rt->g.n || !cJSON_IsArray(blocks) ||
+        cJSON_GetArraySize(blocks) != rt->g.nb) {
+        st = zo_error(ZO_ERR_FORMAT, "%s: shards of another model (\"params\", \"blocks\"): this one has %zu "
+                      "parameters in %d blocks", path, rt->g.n, rt->g.nb);
+        goto out_free;
+    }
+    s->ranks = (int)ranks->valuedouble;
+    s->part = calloc((size_t)rt->g.nb, sizeof *s->part);
+    s->files = calloc((size_t)s->ranks, sizeof *s->files);
+    if (!s->part || !s->files) {
+        st = zo_error(ZO_ERR_NOMEM, "offload_load: out of host memory");
+        goto out_free;
+    }
+    for (int b = 0; b < rt->g.nb; b++) {
+        const cJSON *e = cJSON_GetArrayItem(blocks, b);
+        const cJSON *n = cJSON_GetArrayItem(e, 0), *c = cJSON_GetArrayItem(e, 1);
+        if (!cJSON_IsArray(e) || !cJSON_IsNumber(n) || !cJSON_IsNumber(c) || n->valuedouble != (double)rt->numel[b] ||
+            c->valuedouble != floor(c->valuedouble) || c->valuedouble * s->ranks < n->valuedouble ||
+            c->valuedouble > n->valuedouble + 1) {
+            st = zo_error(ZO_ERR_FORMAT, "%s: block %d is not [%zu elements, a part of at least 1/%d of them]", path,
+                          b, rt->numel[b], s->ranks);
+            goto out_free;
+        }
+        s->part[b] = (size_t)c->valuedouble;
+    }
+    for (int r = 0; r < s->ranks; r++) {
+        const cJSON *f = cJSON_GetArrayItem(files, r);
+        if (!cJSON_IsString(f) || strchr(f->valuestring, '/')) {
+            st = zo_error(ZO_ERR_FORMAT, "%s: \"files\"[%d] is not a file name", path, r);
+            goto out_free;
+        }
+        snprintf(path, sizeof path, "%s/%s", ck, f->valuestring);
+        if ((st = model_st_open(&s->files[r], path)) != ZO_OK) goto out_free;
+        s->n_files++;
+        for (int b = 0; b < rt->g.nb; b++) {
+            size_t n = shard_n(rt->numel[b], s->part[b], r);
+            const model_st_tensor *t;
+            for (int a = 0; a < 3 && n; a++)
+                if ((st = shard_tensor(s, r, b, a, n, &t)) != ZO_OK) goto out_free;
+        }
+    }
+out_free:
+    cJSON_Delete(o);
+    return st;
+}
+
+static zo_status source_open(const offload_t *rt, const char *ck, int version, ck_source *s)
+{
+    char path[4200];
+    zo_status st;
+    memset(s, 0, sizeof *s);
+    s->version = version;
+    snprintf(path, sizeof path, "%s/%s", ck, manifest_name);
+    if (access(path, F_OK) == 0) {
+        if ((st = open_shards(rt, ck, s)) != ZO_OK) source_close(s);
+        return st;
+    }
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", ck);
+    if ((st = model_st_open(&s->one, path)) != ZO_OK) return st;
+    s->opened = 1;
+    opt_source src;
+    for (int b = 0; b < rt->g.nb; b++)
+        if ((st = find_sources(rt, &s->one, version, b, &src)) != ZO_OK) {
+            source_close(s);
+            return st;
+        }
+    return ZO_OK;
+}
+
+/* Elements [rel, rel + k) of block b's array a (master, m, v) into dst. */
+static zo_status source_read(ck_source *s, const offload_t *rt, int b, size_t rel, size_t k, int a, float *dst)
+{
+    zo_status st;
+    if (!s->ranks) {
+        opt_source src;
+        if ((st = find_sources(rt, &s->one, s->version, b, &src)) != ZO_OK) return st;
+        return read_f32(&s->one, src.t[a], src.first + rel, k, dst);
+    }
+    size_t c = s->part[b];
+    for (int r = (int)(rel / c); r < s->ranks && (size_t)r * c < rel + k; r++) {
+        size_t first = (size_t)r * c, n = shard_n(rt->numel[b], c, r);
+        size_t lo = rel > first ? rel : first, hi = rel + k < first + n ? rel + k : first + n;
+        const model_st_tensor *t = NULL;
+        if (lo >= hi) continue;
+        if ((st = shard_tensor(s, r, b, a, n, &t)) != ZO_OK ||
+            (st = read_f32(&s->files[r], t, lo - first, hi - lo, dst + (lo - rel))) != ZO_OK)
+            return st;
+    }
+    return ZO_OK;
+}
+
 zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
 {
     char ck[4096], path[4200];
@@ -422,25 +776,28 @@ zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
         return zo_error(ZO_ERR_FORMAT, "%s: checkpoint of %.0f parameters, the model has %zu", path,
                         params, rt->g.n);
 
-    model_st_file f;
-    snprintf(path, sizeof path, "%s/optimizer.safetensors", ck);
-    if ((st = model_st_open(&f, path)) != ZO_OK) return st;
     /* every tensor is there before anything is overwritten */
-    opt_source src;
-    for (int b = 0; b < rt->g.nb; b++)
-        if ((st = find_sources(rt, &f, (int)version, b, &src)) != ZO_OK) goto out_close;
+    ck_source src;
+    if ((st = source_open(rt, ck, (int)version, &src)) != ZO_OK) return st;
     if ((st = offload_grads_drain(rt)) != ZO_OK) goto out_close;
     size_t C = io_chunk(rt);
     float *buf;
     if ((st = offload_host_alloc(&rt->env, 3 * C * 4, 0, (void **)&buf)) != ZO_OK) goto out_close;
     for (int b = 0; b < rt->g.nb && st == ZO_OK; b++) {
-        find_sources(rt, &f, (int)version, b, &src);
-        for (size_t rel = 0; rel < rt->numel[b] && st == ZO_OK; rel += C) {
-            size_t k = rt->numel[b] - rel < C ? rt->numel[b] - rel : C;
-            for (int a = 0; a < 3 && st == ZO_OK; a++)
-                st = read_f32(&f, src.t[a], src.first + rel, k, buf + (size_t)a * C);
-            if (st == ZO_OK)
-                st = ostate_write(rt->shards, rt->n_shards, rt->off[b] + rel, k, buf, buf + C, buf + 2 * C);
+        /* the optimizer's part of the block [po, pe) (all of it with one
+         * rank); the store needs the whole block's weights, or that part */
+        size_t po = offload_dp_part_first(rt->dp, b), pe = po + rt->og.numel[b];
+        size_t r0 = rt->ws->part_only ? po : 0, r1 = rt->ws->part_only ? pe : rt->numel[b];
+        for (size_t rel = r0; rel < r1 && st == ZO_OK; rel += C) {
+            size_t k = r1 - rel < C ? r1 - rel : C;
+            size_t lo = rel > po ? rel : po, hi = rel + k < pe ? rel + k : pe;
+            st = source_read(&src, rt, b, rel, k, 0, buf);
+            if (lo < hi) {
+                for (int a = 1; a < 3 && st == ZO_OK; a++) st = source_read(&src, rt, b, lo, hi - lo, a, buf + a * C);
+                if (st == ZO_OK)
+                    st = ostate_write(rt->shards, rt->n_shards, rt->og.off[b] + (lo - po), hi - lo, buf + (lo - rel),
+                                      buf + C, buf + 2 * C);
+            }
             /* the 16-bit store from the master */
             if (st == ZO_OK) st = wstore_load_f32(rt->ws, b, rel, k, buf);
         }
@@ -462,6 +819,6 @@ zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
         meta->seed = (uint64_t)seed;
     }
 out_close:
-    model_st_close(&f);
+    source_close(&src);
     return st;
 }

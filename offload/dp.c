@@ -15,6 +15,8 @@
 
 int offload_dp_partitioned(const offload_dp *dp) { return dp && dp->stage >= 1; }
 
+size_t offload_dp_part_first(const offload_dp *dp, int b) { return offload_dp_partitioned(dp) ? dp->part_off[b] : 0; }
+
 void offload_dp_geom(const offload_dp *dp, const offload_geom *g, offload_geom *out)
 {
     *out = *g;

@@ -312,19 +312,13 @@ static zo_status check_block(const offload_t *rt, const char *fn, int block)
     return ZO_OK;
 }
 
-/* Where the optimizer's part of block b starts in the whole block. */
-static size_t part_first(const offload_t *rt, int b)
-{
-    return offload_dp_partitioned(rt->dp) ? rt->dp->part_off[b] : 0;
-}
-
 /* Block b's master and 16-bit weights from w (the whole block: the rank
  * keeps its part), its moments zeroed. */
 static zo_status set_block(offload_t *rt, int b, const float *w)
 {
     zo_status st;
-    if ((st = ostate_write(rt->shards, rt->n_shards, rt->og.off[b], rt->og.numel[b], w + part_first(rt, b), NULL,
-                           NULL)) != ZO_OK)
+    if ((st = ostate_write(rt->shards, rt->n_shards, rt->og.off[b], rt->og.numel[b],
+                           w + offload_dp_part_first(rt->dp, b), NULL, NULL)) != ZO_OK)
         return st;
     return wstore_load_f32(rt->ws, b, 0, rt->numel[b], w);
 }

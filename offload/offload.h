@@ -367,13 +367,24 @@ typedef zo_status (*offload_weights_stream)(void *user, const char *path,
  * fsynced, renamed into place, then DIR/latest (a one-line file naming the
  * directory) replaced atomically; older step-* directories are removed after.
  * The hook (config.ckpt_hook) is called at "begin", "optimizer-half",
- * "before-rename" and "before-latest". */
+ * "before-rename" and "before-latest".
+ * Several ranks: every rank calls it, on a directory they share. ZeRO 0:
+ * rank 0 saves the one-rank checkpoint. ZeRO 1-3: each rank writes its
+ * shard of the optimizer state (optimizer-<r>-of-<N>.safetensors) and rank 0
+ * the weights, state.json and manifest.json (the partition); the directory
+ * is renamed into place once every rank's files are in it. */
 zo_status offload_save(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
                        offload_weights_writer writer, void *writer_user);
 /* The same, the weights written block by block: host memory holds a few
  * blocks, never the model, whatever tier the state lives on. */
 zo_status offload_save_streamed(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
                                 offload_weights_stream writer, void *writer_user);
+
+/* Write the model's weights (fp32 master) under `path` through `writer`,
+ * reading one block at a time; with several ranks every rank calls it:
+ * rank 0 writes, and when the optimizer state is partitioned the others
+ * read the blocks it reads (each is gathered across ranks). */
+zo_status offload_write_weights(offload_t *rt, const char *path, offload_weights_stream writer, void *user);
 
 /* Load the checkpoint DIR/latest names (or DIR itself when it holds a
  * state.json): master, moments, step, loss scale; the 16-bit store is rebuilt

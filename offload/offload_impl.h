@@ -143,6 +143,9 @@ zo_status offload_dp_create(const offload_env *env, const offload_geom *g, comm_
 void offload_dp_free(offload_dp *dp);
 /* 1 when the optimizer state (and what follows it) is partitioned: ZeRO 1-3. */
 int offload_dp_partitioned(const offload_dp *dp);
+/* Where the optimizer's part of block b starts in the whole block (0 when
+ * not partitioned or dp is NULL). */
+size_t offload_dp_part_first(const offload_dp *dp, int b);
 /* The rank's geometry (the parts of every block) over the arrays of dp;
  * with stage 0 (or no dp) the model's own. */
 void offload_dp_geom(const offload_dp *dp, const offload_geom *g, offload_geom *out);
@@ -216,6 +219,7 @@ struct wstore {
     const offload_geom *g;
     offload_tier tier;
     int resident;          /* resident() gives every block: nothing is fetched */
+    int part_only;         /* keeps only the rank's part of each block (ZeRO-3): loads of the rest are dropped */
     size_t put_max;        /* elements put_host takes at once */
 };
 

@@ -37,17 +37,11 @@ static size_t decay_piece(const offload_t *rt, int b, size_t rel, size_t stop, i
     return stop;
 }
 
-/* Where the optimizer's part of block b starts in the whole block (decay
+/* decay_piece in the optimizer's coordinates of block b (its part; decay
  * ranges are in whole-block coordinates). */
-static size_t part_first(const offload_t *rt, int b)
-{
-    return offload_dp_partitioned(rt->dp) ? rt->dp->part_off[b] : 0;
-}
-
-/* decay_piece in the optimizer's coordinates of block b (its part). */
 static size_t decay_piece_part(const offload_t *rt, int b, size_t rel, size_t stop, int *decay)
 {
-    size_t base = part_first(rt, b);
+    size_t base = offload_dp_part_first(rt->dp, b);
     return decay_piece(rt, b, base + rel, base + stop, decay) - base;
 }
 

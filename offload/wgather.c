@@ -118,7 +118,7 @@ zo_status wgather_create(const offload_env *env, const offload_geom *g, wstore *
     }
     w->inner = inner;
     w->base = (wstore){.ops = &wgather_ops, .env = env, .g = g, .tier = inner->tier, .resident = 0,
-                       .put_max = inner->put_max};
+                       .part_only = 1, .put_max = inner->put_max};
     *out = &w->base;
     return ZO_OK;
 }

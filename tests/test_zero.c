@@ -497,6 +497,83 @@ static void test_train_ranks(void **state)
     }
 }
 
+/* The losses of train's "step K loss X" lines, by step (nan where absent). */
+static void parse_losses(const char *out, double *loss, int n)
+{
+    for (int k = 0; k < n; k++) loss[k] = NAN;
+    for (const char *p = out; (p = strstr(p, "step ")); p++) {
+        if (p != out && p[-1] != '\n') continue;
+        int k;
+        double x;
+        if (sscanf(p, "step %d loss %lf", &k, &x) == 2 && k >= 0 && k < n) loss[k] = x;
+    }
+}
+
+/* Steps [from, to) of got against want: within 1e-6 relative (the printed
+ * digits: 6 decimals of a loss near 5). */
+static void assert_losses_close(const double *got, const double *want, int from, int to, const char *what)
+{
+    double worst = 0;
+    for (int k = from; k < to; k++) {
+        double rel = fabs(got[k] - want[k]) / fabs(want[k]);
+        if (!(rel <= worst)) worst = rel;
+    }
+    printf("  %s: steps %d-%d within %.1e of the uninterrupted run's\n", what, from, to - 1, worst);
+    assert_true(worst <= 1e-6);
+}
+
+/* A checkpoint of 4 ranks (ZeRO 0: one rank's form; 1-3: a shard per rank
+ * and a manifest) resumed on 4, 2 and 1 ranks with the same global batch:
+ * the losses go on as the uninterrupted 4-rank run's. */
+static void test_train_resume(void **state)
+{
+    (void)state;
+    if (ranks > 1) skip();
+    static char out[1 << 16];
+    char extra[2048], dir[512];
+    const char *place[4] = {"", "--optimizer-on nvme", "--optimizer-on cpu=0.5,gpu=0.5", "--params-on cpu"};
+    for (int stage = 0; stage <= 3; stage++) {
+        double full[8], got[8];
+        snprintf(dir, sizeof dir, "%s/ck%d", tmp_dir, stage);
+        snprintf(extra, sizeof extra, "--dtype fp32 --steps 8 --zero %d %s --nvme-dir %s", stage, place[stage],
+                 tmp_dir);
+        int rc = train_run(4, "", "", extra, out, sizeof out, NULL);
+        if (rc) fprintf(stderr, "%s\n", out);
+        assert_int_equal(rc, 0);
+        parse_losses(out, full, 8);
+        snprintf(extra, sizeof extra, "--dtype fp32 --steps 4 --zero %d %s --nvme-dir %s --ckpt %s", stage,
+                 place[stage], tmp_dir, dir);
+        rc = train_run(4, "", "", extra, out, sizeof out, NULL);
+        if (rc) fprintf(stderr, "%s\n", out);
+        assert_int_equal(rc, 0);
+        int np[3] = {4, 2, 0};
+        for (int i = 0; i < 3; i++) {
+            int on = np[i] ? np[i] : 1;
+            snprintf(extra, sizeof extra, "--dtype fp32 --steps 8 --zero %d %s --nvme-dir %s --grad-accum %d --resume %s",
+                     stage, place[stage], tmp_dir, 4 / on, dir);
+            rc = train_run(np[i], "", "", extra, out, sizeof out, NULL);
+            if (rc || !strstr(out, "at step 4")) fprintf(stderr, "%s\n", out);
+            assert_int_equal(rc, 0);
+            assert_non_null(strstr(out, "at step 4"));
+            parse_losses(out, got, 8);
+            char what[128];
+            snprintf(what, sizeof what, "ZeRO-%d %s: 4 ranks' checkpoint on %d rank%s", stage, place[stage], on,
+                     on > 1 ? "s" : "");
+            assert_losses_close(got, full, 4, 8, what);
+        }
+    }
+    /* a manifest that does not match its shards is refused by name */
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"ranks\":\\t4/\"ranks\":\\t3/' %s/ck3/step-00000004/manifest.json", tmp_dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(extra, sizeof extra, "--dtype fp32 --steps 8 --grad-accum 4 --resume %s/ck3", tmp_dir);
+    int rc = train_run(0, "", "", extra, out, sizeof out, NULL);
+    printf("  a manifest of 3 ranks over 4 shards: exit %d\n", rc);
+    if (!strstr(out, "\"ranks\" is not a rank count with a file for each")) fprintf(stderr, "%s\n", out);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(out, "manifest.json: \"ranks\" is not a rank count with a file for each"));
+}
+
 /* A rank killed by SIGKILL mid-step: with Open MPI's default the launcher
  * ends the others; with --enable-recovery the others' collective times out
  * (--comm-timeout 3) and ends them, naming the dead rank. Either way no rank
@@ -506,20 +583,38 @@ static void test_train_kill(void **state)
     (void)state;
     if (ranks > 1) skip();
     static char out[1 << 16];
-    char extra[256];
-    snprintf(extra, sizeof extra, "--steps 200 --zero 2 --comm-timeout %d", TIMEOUT_S);
+    char extra[2048];
+    char dir[512];
+    double full[8], got[8];
+    snprintf(dir, sizeof dir, "%s/ck-kill", tmp_dir);
+    /* the uninterrupted run */
+    int rc = train_run(3, "", "", "--dtype fp32 --steps 8 --zero 2", out, sizeof out, NULL);
+    assert_int_equal(rc, 0);
+    parse_losses(out, full, 8);
+    snprintf(extra, sizeof extra, "--dtype fp32 --steps 200 --zero 2 --comm-timeout %d --ckpt %s --save-every 2",
+             TIMEOUT_S, dir);
     const char *flags[2] = {"", "--enable-recovery"};
     int openmpi = system(ZO_MPIEXEC " --version 2>&1 | grep -qiE 'open ?mpi|openrte'") == 0;
     for (int i = 0; i < (openmpi ? 2 : 1); i++) {
         double s;
-        int rc = train_run(3, "ZO_TRAIN_KILL=1:3", flags[i], extra, out, sizeof out, &s);
-        printf("  rank 1 of 3 killed at step 3%s: exit %d after %.1f s\n", i ? " (--enable-recovery)" : "", rc, s);
-        if (s >= TIMEOUT_S + SLACK_S || strstr(out, "step 4 ")) fprintf(stderr, "%s\n", out);
+        rc = train_run(3, "ZO_TRAIN_KILL=1:5", flags[i], extra, out, sizeof out, &s);
+        printf("  rank 1 of 3 killed in step 5%s: exit %d after %.1f s\n", i ? " (--enable-recovery)" : "", rc, s);
+        if (s >= TIMEOUT_S + SLACK_S || strstr(out, "step 5 ")) fprintf(stderr, "%s\n", out);
         assert_true(s < TIMEOUT_S + SLACK_S);
-        assert_null(strstr(out, "step 4 "));        /* nobody trained on */
+        assert_null(strstr(out, "step 5 "));        /* nobody trained on */
         assert_null(strstr(out, "# device memory")); /* nor finished */
         if (i == 0) assert_int_not_equal(rc, 0);
         else assert_non_null(strstr(out, "did not arrive: rank 1 (no answer"));
+        /* the last complete checkpoint (step 4) loads, here on one rank */
+        snprintf(extra, sizeof extra, "--dtype fp32 --steps 8 --grad-accum 3 --resume %s", dir);
+        rc = train_run(0, "", "", extra, out, sizeof out, NULL);
+        if (rc || !strstr(out, "at step 4")) fprintf(stderr, "%s\n", out);
+        assert_int_equal(rc, 0);
+        assert_non_null(strstr(out, "at step 4"));
+        parse_losses(out, got, 8);
+        assert_losses_close(got, full, 4, 8, "the checkpoint left by the killed job, on one rank");
+        snprintf(extra, sizeof extra, "--dtype fp32 --steps 200 --zero 2 --comm-timeout %d --ckpt %s --save-every 2",
+                 TIMEOUT_S, dir);
     }
 }
 
@@ -547,6 +642,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_memory),
         cmocka_unit_test(test_comm_volume),
         cmocka_unit_test(test_train_ranks),
+        cmocka_unit_test(test_train_resume),
         cmocka_unit_test(test_train_kill),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
