@@ -7,13 +7,14 @@
  * the host while the device runs the next block's backward).
  *
  * Several ranks (offload_dp), chosen once at init:
- *   ZeRO 0   sums as with one rank, of the whole model; at the step each
- *            block's sum is all-reduced (through a device bucket when it is
- *            in host memory)
- *   ZeRO 1   the same sums; at the step each block's sum is
- *            reduce-scattered and the rank keeps its part (in place in the
- *            host sums, which are padded per block; into the device shard's
- *            sum from an unreduced device copy)
+ *   ZeRO 0   sums as with one rank, of the whole model; in the step's last
+ *            micro-batch each block's sum is all-reduced as soon as it is
+ *            complete (through a device bucket when it is in host memory),
+ *            behind the backward of the blocks before it (DDP's buckets)
+ *   ZeRO 1   the same sums, reduce-scattered the same way; the rank keeps
+ *            its part (in place in the host sums, padded per block; in
+ *            place in the whole device sums ZeRO-1 keeps for a device
+ *            share, where the device shard reads it)
  *   ZeRO 2-3 after each block's backward its gradient is cast to fp32 in a
  *            device bucket and reduce-scattered; only the rank's part is
  *            summed (no rank holds a whole gradient)
@@ -34,6 +35,8 @@ static float *dev_sum(offload_t *rt, int b)
     oshard *d = rt->dev_shard;
     return d->ops->grad(d, rt->og.off[b]);
 }
+
+static zo_status added(offload_t *rt, int b, gpu_stream_t s);
 
 /* Add the gradients of gradient slot k (on the host once its copy is done)
  * into the fp32 sum. */
@@ -64,9 +67,10 @@ zo_status offload_grads_accumulate(offload_t *rt, int k)
         break;
     }
     }
+    int b = g->block;
     g->block = -1;
     rt->acct.time[OFFLOAD_TIME_GRADS] += offload_now() - t0;
-    return ZO_OK;
+    return added(rt, b, NULL);
 }
 
 zo_status offload_grads_drain(offload_t *rt)
@@ -99,13 +103,39 @@ zo_status offload_grads_take(offload_t *rt, gpu_stream_t s, int avoid, int *out)
     return ZO_OK;
 }
 
-zo_status offload_grads_zero(offload_t *rt, gpu_stream_t s)
+zo_status offload_grads_begin(offload_t *rt, gpu_stream_t s)
 {
     zo_status st;
-    if (rt->grad_n) memset(rt->grad, 0, rt->grad_n * sizeof(float));
-    if (rt->dev_shard && (st = rt->dev_shard->ops->grad_zero(rt->dev_shard, s)) != ZO_OK) return st;
-    if (rt->dfull && (st = gpu_memset_async(s, rt->dfull, 0, rt->dfull_n * sizeof(float))) != ZO_OK) return st;
+    int nb = rt->g.nb;
+    if (rt->micro == 0) {
+        if (rt->grad_n) memset(rt->grad, 0, rt->grad_n * sizeof(float));
+        if (rt->dev_shard && (st = rt->dev_shard->ops->grad_zero(rt->dev_shard, s)) != ZO_OK) return st;
+        if (rt->dfull && (st = gpu_memset_async(s, rt->dfull, 0, rt->dfull_n * sizeof(float))) != ZO_OK) return st;
+        if (rt->reduced) memset(rt->reduced, 0, (size_t)nb);
+    } else if (rt->reduced && memchr(rt->reduced, 1, (size_t)nb)) {
+        return zo_error(ZO_ERR_INVALID, "offload_micro_batch: the gradients of %d micro-batches (grad_accum) are "
+                        "already reduced over the ranks: offload_step first", rt->micro);
+    }
+    rt->overlap = rt->red_op >= 0 && rt->micro + 1 == rt->cfg.grad_accum;
+    if (rt->contrib) memset(rt->contrib, 0, (size_t)nb * sizeof *rt->contrib);
     return ZO_OK;
+}
+
+static zo_status reduce_host_block(offload_t *rt, int b, int *k, dp_op op);
+static zo_status reduce_dev_block(offload_t *rt, int b, dp_op op, gpu_event_t after);
+
+/* ZeRO 0-1, the step's last micro-batch: one more addition to block b's
+ * sum; the last one reduces it at once (a device sum after the additions
+ * enqueued on s). */
+static zo_status added(offload_t *rt, int b, gpu_stream_t s)
+{
+    offload_dp *dp = rt->env.dp;
+    zo_status st;
+    if (!rt->overlap || ++rt->contrib[b] < rt->contrib_want[b] || !rt->numel[b]) return ZO_OK;
+    rt->reduced[b] = 1;
+    if (b < rt->dev_block) return reduce_host_block(rt, b, &rt->red_k, (dp_op)rt->red_op);
+    if ((st = gpu_event_record(dp->ev_in, s)) != ZO_OK) return st;
+    return reduce_dev_block(rt, b, (dp_op)rt->red_op, dp->ev_in);
 }
 
 /* ---- after a block's backward ------------------------------------------------------------ */
@@ -126,7 +156,7 @@ static zo_status send_local(offload_t *rt, gpu_stream_t s, int k, int block)
                                gpu_t(g->dev, rt->m.dtype), n)) != ZO_OK)
             return st;
         g->block = -1;
-        return ZO_OK;
+        return added(rt, block, s);
     }
     if ((st = gpu_event_record(g->done, s)) != ZO_OK ||
         (st = gpu_stream_wait_event(rt->env.d2h, g->done)) != ZO_OK)
@@ -261,11 +291,11 @@ static zo_status reduce_host_block(offload_t *rt, int b, int *k, dp_op op)
 
 /* Block b's device sum, reduced in place: all-reduced (ZeRO 0: the device
  * shard holds the whole block) or reduce-scattered (ZeRO 1: the device
- * shard reads its part there, offload_grads_dev_part). The micro-batches'
- * additions are done: the host waited for the compute. */
-static zo_status reduce_dev_block(offload_t *rt, int b, dp_op op)
+ * shard reads its part there, offload_grads_dev_part), after `after` (the
+ * last addition; NULL at the step: the host waited for the compute). */
+static zo_status reduce_dev_block(offload_t *rt, int b, dp_op op, gpu_event_t after)
 {
-    return offload_dp_block(rt->env.dp, op, b, rt->numel[b], dev_sum(rt, b), ZO_DTYPE_F32, NULL, NULL);
+    return offload_dp_block(rt->env.dp, op, b, rt->numel[b], dev_sum(rt, b), ZO_DTYPE_F32, after, NULL);
 }
 
 float *offload_grads_dev_part(void *ctx, int b)
@@ -274,19 +304,20 @@ float *offload_grads_dev_part(void *ctx, int b)
     return rt->dfull + rt->dfoff[b] + rt->env.dp->part_off[b];
 }
 
-static zo_status reduce_at_step(offload_t *rt, dp_op op)
+/* ZeRO 0-1 at the step: what the last micro-batch did not reduce (all of
+ * it when the step came after fewer than grad_accum), then every reduction
+ * done and its result in place. */
+static zo_status reduce_at_step(offload_t *rt)
 {
     offload_dp *dp = rt->env.dp;
     zo_status st = ZO_OK;
     double t0 = offload_now();
-    int k = 0;
-    for (int b = 0; b < rt->g.nb && st == ZO_OK; b++) {
-        if (!rt->numel[b]) continue;
-        if (b < rt->dev_block) {
-            st = reduce_host_block(rt, b, &k, op);
-        } else {
-            st = reduce_dev_block(rt, b, op);
+    for (int b = 0; b < rt->g.nb; b++) {
+        if (st == ZO_OK && rt->numel[b] && !rt->reduced[b]) {
+            if (b < rt->dev_block) st = reduce_host_block(rt, b, &rt->red_k, (dp_op)rt->red_op);
+            else st = reduce_dev_block(rt, b, (dp_op)rt->red_op, NULL);
         }
+        rt->reduced[b] = 0;
     }
     zo_status sw = offload_dp_wait(dp);
     if (st == ZO_OK) st = sw;
@@ -295,9 +326,6 @@ static zo_status reduce_at_step(offload_t *rt, dp_op op)
     rt->acct.time[OFFLOAD_TIME_COMM] += offload_now() - t0;
     return st;
 }
-
-static zo_status reduce_all(offload_t *rt) { return reduce_at_step(rt, DP_ALL_REDUCE); }
-static zo_status reduce_scatter(offload_t *rt) { return reduce_at_step(rt, DP_REDUCE_SCATTER); }
 
 /* ZeRO 2-3 reduced each block as it came; one rank has nothing to reduce. */
 static zo_status reduce_none(offload_t *rt)
@@ -320,13 +348,28 @@ static zo_status layout(offload_t *rt)
     if (!rt->aoff || !rt->goff) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
     rt->grads_send = send_local;
     rt->grads_reduce = reduce_none;
+    rt->red_op = -1;
     rt->ghost_dtype = rt->m.dtype;
     rt->ghost_bytes = rt->g.slot_bytes;
     size_t o = 0;
+    if (dp && stage <= 1) {
+        /* a block's sum is complete after its own backward and those of
+         * the blocks reading its weights */
+        rt->contrib = calloc((size_t)nb, sizeof *rt->contrib);
+        rt->contrib_want = calloc((size_t)nb, sizeof *rt->contrib_want);
+        rt->reduced = calloc((size_t)nb, 1);
+        if (!rt->contrib || !rt->contrib_want || !rt->reduced)
+            return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+        for (int b = 0; b < nb; b++) {
+            rt->contrib_want[b]++;
+            if (rt->dep[b] >= 0) rt->contrib_want[rt->dep[b]]++;
+        }
+        rt->grads_reduce = reduce_at_step;
+        rt->red_op = stage == 0 ? DP_ALL_REDUCE : DP_REDUCE_SCATTER;
+    }
     if (!dp || stage == 0) {
         for (int b = 0; b < nb; b++) rt->aoff[b] = rt->goff[b] = rt->off[b];
         rt->grad_n = rt->off[rt->dev_block];
-        if (dp) rt->grads_reduce = reduce_all;
         return ZO_OK;
     }
     if (stage == 1) {
@@ -337,7 +380,6 @@ static zo_status layout(offload_t *rt)
             o += dp->pad[b];
         }
         rt->grad_n = o;
-        rt->grads_reduce = reduce_scatter;
         size_t d = 0;
         rt->dfoff = calloc((size_t)nb, sizeof(size_t));
         if (!rt->dfoff) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
@@ -403,4 +445,7 @@ void offload_grads_free(offload_t *rt)
     free(rt->aoff);
     free(rt->goff);
     free(rt->dfoff);
+    free(rt->contrib);
+    free(rt->contrib_want);
+    free(rt->reduced);
 }

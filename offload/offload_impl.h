@@ -399,6 +399,13 @@ struct offload {
     size_t *dfoff, dfull_n;
     zo_status (*grads_send)(offload_t *rt, gpu_stream_t s, int k, int block);
     zo_status (*grads_reduce)(offload_t *rt);
+    /* ZeRO 0-1: each block reduced in the step's last micro-batch as soon as
+     * its sum is complete (behind the backward of the blocks before it) */
+    int red_op;                 /* dp_op of the step's reduction, -1 none */
+    int overlap;                /* this micro-batch is the step's last */
+    int *contrib, *contrib_want; /* [nb] additions to block b's sum in it; how many there are */
+    unsigned char *reduced;     /* [nb] block b reduced this step */
+    int red_k;                  /* the next bucket */
     int micro;                  /* micro-batches in the sums */
 
     /* activation boundaries (stream.c) */
@@ -423,8 +430,10 @@ void offload_slots_invalidate(offload_t *rt);
 /* grads.c */
 zo_status offload_grads_init(offload_t *rt);
 void offload_grads_free(offload_t *rt);
-/* Zero the sums (the first micro-batch of a step), on s. */
-zo_status offload_grads_zero(offload_t *rt, gpu_stream_t s);
+/* A micro-batch begins: the sums zeroed on s when it is the step's first;
+ * ZeRO 0-1: whether it is the step's last (its blocks are reduced as they
+ * complete; ZO_ERR_INVALID after the reduction: step first). */
+zo_status offload_grads_begin(offload_t *rt, gpu_stream_t s);
 /* A free gradient slot zeroed on s (not `avoid`). */
 zo_status offload_grads_take(offload_t *rt, gpu_stream_t s, int avoid, int *out);
 /* Backward wrote slot k's gradients of `block`: send them to their sum. */

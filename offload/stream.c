@@ -403,7 +403,7 @@ static zo_status micro_batch_run(offload_t *rt, gpu_stream_t s)
 {
     zo_status st;
     pass_begin(rt);
-    if (rt->micro == 0 && (st = offload_grads_zero(rt, s)) != ZO_OK) return st;
+    if ((st = offload_grads_begin(rt, s)) != ZO_OK) return st;
     if ((st = forward_blocks(rt, s)) != ZO_OK) return st;
     for (int b = rt->g.nb - 1; b >= 0; b--)
         if ((st = backward_block(rt, s, b)) != ZO_OK) return st;

@@ -33,20 +33,7 @@
 
 static zo_model_config tiny_gpt(int layers, int hidden, int vocab)
 {
-    zo_model_config c = {0};
-    snprintf(c.name, sizeof c.name, "tiny-gpt");
-    snprintf(c.family, sizeof c.family, "gpt2");
-    c.arch = ZO_ARCH_GPT;
-    c.n_layers = layers;
-    c.hidden = hidden;
-    c.n_heads = 4;
-    c.n_kv_heads = 4;
-    c.ffn = 4 * hidden;
-    c.vocab = vocab;
-    c.max_seq = 64;
-    c.tied_embeddings = 1;
-    c.attn_bias = c.out_bias = c.norm_bias = 1;
-    c.norm_eps = 1e-5f;
+    zo_model_config c = tiny_gpt_config(layers, hidden, vocab);
     assert_int_equal(zo_model_config_validate(&c), ZO_OK);
     return c;
 }

@@ -194,12 +194,14 @@ static void test_losses(void **state)
         offload_tier params; /* stage 3's */
         int max_ranks;
         size_t bucket;       /* elements (1000: every block in pieces) */
-    } v[] = {{ZO_DTYPE_F32, 0, 1.0f, OFFLOAD_DEVICE, 64, 0},
-             {ZO_DTYPE_F32, 1.0, 1.0f, OFFLOAD_NVME, 64, 1000},
-             {ZO_DTYPE_F32, -1, 1.0f, OFFLOAD_CPU, 64, 0},
-             {ZO_DTYPE_BF16, 0, 0.0f, OFFLOAD_CPU, 2, 1000},
-             {ZO_DTYPE_BF16, 1.0, 0.0f, OFFLOAD_DEVICE, 2, 0},
-             {ZO_DTYPE_BF16, -1, 0.0f, OFFLOAD_NVME, 2, 1000}};
+        int gpt;             /* GPT-2: the head reads the embedding (tied) */
+    } v[] = {{ZO_DTYPE_F32, 0, 1.0f, OFFLOAD_DEVICE, 64, 0, 0},
+             {ZO_DTYPE_F32, 1.0, 1.0f, OFFLOAD_NVME, 64, 1000, 0},
+             {ZO_DTYPE_F32, -1, 1.0f, OFFLOAD_CPU, 64, 0, 0},
+             {ZO_DTYPE_F32, 0, 1.0f, OFFLOAD_CPU, 64, 1000, 1},
+             {ZO_DTYPE_BF16, 0, 0.0f, OFFLOAD_CPU, 2, 1000, 0},
+             {ZO_DTYPE_BF16, 1.0, 0.0f, OFFLOAD_DEVICE, 2, 0, 0},
+             {ZO_DTYPE_BF16, -1, 0.0f, OFFLOAD_NVME, 2, 1000, 0}};
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         dp_run ref;
         int have_ref = 0;
@@ -208,6 +210,7 @@ static void test_losses(void **state)
             dp_run r = small_run(stage, v[i].nvme, v[i].clip);
             r.dt = v[i].dt;
             r.oc.comm_bucket = v[i].bucket;
+            if (v[i].gpt) r.cfg = tiny_gpt_config(2, 32, 64);
             if (stage == 3) r.oc.params_on = v[i].params;
             zo_status st = train(&r);
             if (st == ZO_ERR_UNSUPPORTED) continue; /* NVMe without the nvme module */
@@ -230,9 +233,9 @@ static void test_losses(void **state)
                 if (rel > worst) worst = rel;
                 same += r.loss[k] == ref.loss[k];
             }
-            printf("  ZeRO-%d, %d ranks, %s, optimizer %s, clip %g%s%s: %d of %d steps bit-identical, worst "
+            printf("  ZeRO-%d, %d ranks, %s%s, optimizer %s, clip %g%s%s: %d of %d steps bit-identical, worst "
                    "%.2e relative (loss %.6f -> %.6f)\n",
-                   stage, ranks, zo_dtype_name(v[i].dt), v[i].nvme < 0 ? "cpu+gpu" : v[i].nvme ? "nvme" : "cpu",
+                   stage, ranks, v[i].gpt ? "GPT-2 (tied), " : "", zo_dtype_name(v[i].dt), v[i].nvme < 0 ? "cpu+gpu" : v[i].nvme ? "nvme" : "cpu",
                    v[i].clip,
                    stage == 3 ? (v[i].params == OFFLOAD_DEVICE ? ", weights gpu"
                                  : v[i].params == OFFLOAD_CPU  ? ", weights cpu"

@@ -11,6 +11,9 @@
 /* LLaMA family: `layers` layers of `hidden` (4 heads, 2 key/value heads,
  * ffn 3 x hidden), vocabulary `vocab`, 64 positions, untied. */
 zo_model_config tiny_llama_config(int layers, int hidden, int vocab);
+/* GPT-2 family: biases, LayerNorm, 4 heads, ffn 4 x hidden, the head tied
+ * to the embedding (it reads block 0's weights). */
+zo_model_config tiny_gpt_config(int layers, int hidden, int vocab);
 
 /* Tokens of micro-batch `k`: rows b x t; row r is global row k*b + r, so k
  * micro-batches of b rows hold the rows of one batch of k*b. Mostly the
