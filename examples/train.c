@@ -82,7 +82,8 @@ static void usage(FILE *f)
         "\n"
         "device:\n"
         "  --device NAME          cpu, cuda or cuda:N (default cpu; cuda needs a build with CUDA\n"
-        "                         and a GPU)\n"
+        "                         and a GPU; on several ranks, cuda is the GPU of the rank's\n"
+        "                         local rank: OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID)\n"
         "  --device-mem SIZE      device memory capacity, e.g. 512MiB, 2GB, on either backend\n"
         "                         (default: the plan's hardware.gpu_mem, else unlimited on cpu\n"
         "                         and the free memory on cuda)\n"
@@ -103,6 +104,7 @@ static void usage(FILE *f)
         "  --resume DIR           continue from DIR's latest checkpoint (saved on any number of\n"
         "                         ranks whose global batch is this run's)\n"
         "  --stats-json FILE      peak bytes per tier (and the plan's prediction) and the time split\n"
+        "                         (several ranks: rank r > 0 writes FILE.rank<r>)\n"
         "  --save FILE            write the trained weights as safetensors (Hugging Face names)\n"
         "  -h, --help             this text\n"
         "\n"
@@ -508,7 +510,14 @@ int main(int argc, char **argv)
         return 2;
     }
     if ((st = model_tokens_open(&tokens, a.data, a.width, cfg.vocab)) != ZO_OK) goto out;
-    if ((st = open_device(a.device, (size_t)a.device_mem, (int)a.threads, &dev)) != ZO_OK) goto out;
+    /* several ranks on "cuda": one GPU per rank of a node, by the launcher's local rank */
+    char device[32];
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!local) local = getenv("MPI_LOCALRANKID"); /* MPICH's hydra */
+    if (!local) local = getenv("SLURM_LOCALID");
+    snprintf(device, sizeof device, "%s", a.device);
+    if (launch.size > 1 && !strcmp(a.device, "cuda") && local) snprintf(device, sizeof device, "cuda:%s", local);
+    if ((st = open_device(device, (size_t)a.device_mem, (int)a.threads, &dev)) != ZO_OK) goto out;
     /* the communicator: MPI or NCCL under a launcher, else one rank */
     comm_options co = {.device = dev, .timeout_s = a.comm_timeout};
     if ((st = comm_init(&co, &comm)) != ZO_OK) goto out_dev;
@@ -634,7 +643,10 @@ int main(int argc, char **argv)
     offload_get_stats(rt, &ost);
     if ((st = print_tiers(rt, &ost, a.plan ? &a.p.predicted : NULL, l->total_numel)) != ZO_OK) goto out_rt;
     if (a.stats_json) {
-        if ((st = offload_write_stats_json(rt, a.plan ? &a.p.predicted : NULL, a.stats_json)) != ZO_OK)
+        /* rank r > 0 writes FILE.rank<r> */
+        char stats_path[4200];
+        snprintf(stats_path, sizeof stats_path, rank ? "%s.rank%d" : "%s", a.stats_json, rank);
+        if ((st = offload_write_stats_json(rt, a.plan ? &a.p.predicted : NULL, stats_path)) != ZO_OK)
             goto out_rt;
         printf("# stats %s\n", a.stats_json);
     }

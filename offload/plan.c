@@ -105,6 +105,15 @@ zo_status offload_write_stats_json(const offload_t *rt, const offload_prediction
     cJSON_AddNumberToObject(by, "disk_written", (double)s.bytes_disk_written);
     cJSON_AddNumberToObject(o, "device_slots", s.n_slots);
     cJSON_AddNumberToObject(o, "slot_bytes", (double)s.slot_bytes);
+    if (s.ranks > 1) { /* this rank of a data-parallel job (docs/offload.md, "Several ranks") */
+        cJSON *cm = cJSON_AddObjectToObject(o, "comm");
+        cJSON_AddNumberToObject(cm, "rank", s.rank);
+        cJSON_AddNumberToObject(cm, "ranks", s.ranks);
+        cJSON_AddNumberToObject(cm, "elements", (double)s.comm_elems);
+        cJSON_AddNumberToObject(cm, "reused_elements", (double)s.comm_reused_elems);
+        cJSON_AddNumberToObject(cm, "padding_elements", (double)s.comm_pad_elems);
+        cJSON_AddNumberToObject(cm, "collectives", (double)s.comm_calls);
+    }
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     if (!text) return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", path);
