@@ -32,7 +32,11 @@
  *   activations are rebuilt from its input before its backward;
  * - training checkpoints: weights, optimizer state and counters written to a
  *   temporary directory, flushed and renamed, so a crash at any moment leaves
- *   the previous checkpoint loadable.
+ *   the previous checkpoint loadable;
+ * - several ranks (config.comm, zero_stage): ZeRO-DP stages 0-3, each rank
+ *   keeping its part of every block of what the stage partitions, the
+ *   collectives on device memory ordered by events (docs/offload.md,
+ *   "Several ranks").
  *
  * The flat parameter index: blocks are concatenated in order, so element e
  * of block b is flat element block_offset(b) + e. Optimizer sub-groups and the
