@@ -498,6 +498,14 @@ static void test_train_ranks(void **state)
             assert_true(checked >= 2);
         }
     }
+    /* a plan for 2 ranks on 3 is refused by every rank, naming both */
+    char extra[1024];
+    snprintf(extra, sizeof extra, "--steps 1 --plan %s/plan2.json", tmp_dir);
+    rc = train_run(3, "", "", extra, out, sizeof out, NULL);
+    printf("  the plan for 2 ranks on 3: exit %d\n", rc);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(out, "the plan is for 2 ranks (parallel.dp 2 x tp 1 x pp 1); this run has 3"));
+    assert_null(strstr(out, "step 0 "));
 }
 
 /* The losses of train's "step K loss X" lines, by step (nan where absent). */
