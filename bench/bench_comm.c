@@ -25,7 +25,7 @@
 #include "bench/bench.h"          /* defines: bench_header, bench_row, bench_result */
 #include "common/units.h"         /* defines: zo_parse_size, zo_parse_int */
 #include "gpu/comm.h"             /* defines: comm_init, comm_all_reduce, ... */
-#include "gpu/cuda/device_cuda.h" /* defines: gpu_device_open, gpu_cuda_device_count */
+#include "gpu/device.h"           /* defines: gpu_device_open, gpu_cuda_device_count */
 
 typedef struct opts {
     uint64_t min_bytes, max_bytes;

@@ -9,3 +9,14 @@ target_link_libraries(bench_offload PRIVATE zo_bench_harness zo_offload zo_trans
 # all-reduce of the model, in the same run; the speed-up last.
 add_executable(bench_zero ${CMAKE_CURRENT_SOURCE_DIR}/bench_zero.c)
 target_link_libraries(bench_zero PRIVATE zo_bench_harness zo_offload zo_comm zo_transformer)
+
+# bench_lora: one step of full fine-tuning against LoRA and QLoRA on the same
+# model and device, alternating; the ratios last.
+add_executable(bench_lora ${CMAKE_CURRENT_SOURCE_DIR}/bench_lora.c)
+target_link_libraries(bench_lora PRIVATE zo_bench_harness zo_offload zo_transformer)
+
+# bench_schedule: the planner's step time for the optimizer schedules
+# (serial, overlap, dpu) against the runtime's on the CPU backend, three
+# placements; the largest relative difference last.
+add_executable(bench_schedule ${CMAKE_CURRENT_SOURCE_DIR}/bench_schedule.c)
+target_link_libraries(bench_schedule PRIVATE zo_bench_harness zo_offload zo_transformer zo_planner_calibrate m)

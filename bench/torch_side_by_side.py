@@ -362,9 +362,10 @@ def run_contender(args, name, cfg, m, data, limit):
         log("   " + line)
         if name.startswith("ours"):
             w = line.split()
-            if len(w) >= 8 and w[0] == "step" and w[2] == "loss" and w[6] == "tok/s":
+            # train's step line: "step K loss L lr X norm N tok/s T mem ..." (named fields)
+            if len(w) >= 4 and w[0] == "step" and w[2] == "loss" and "tok/s" in w[:-1]:
                 res["loss"].append(float(w[3]))
-                res["tok_s"].append(float(w[7]))
+                res["tok_s"].append(float(w[w.index("tok/s") + 1]))
         elif line.startswith("STEP "):
             d = json.loads(line[5:])
             res["loss"].append(d["loss"])

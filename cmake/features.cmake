@@ -132,13 +132,15 @@ macro(zo_detect_mpi)
   endif()
 endmacro()
 
-# zo_add_test(NAME src... LIBS lib...): one cmocka binary, run by ctest.
+# zo_add_test(NAME SOURCES src... LIBS lib... [TIMEOUT s] [ENV VAR=value...]):
+# one cmocka binary, run by ctest (nothing at all with ZO_BUILD_TESTS=OFF, so
+# properties go through ENV here, or under if(TARGET NAME)).
 # A test that needs what the machine lacks exits 77, reported as skipped.
 function(zo_add_test name)
   if(NOT ZO_BUILD_TESTS)
     return()
   endif()
-  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS;ENV" ${ARGN})
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE ${T_LIBS} PkgConfig::CMOCKA)
   target_compile_definitions(${name} PRIVATE ZO_FIXTURES_DIR="${ZO_FIXTURES_DIR}"
@@ -147,5 +149,12 @@ function(zo_add_test name)
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
   endif()
+  if(ZO_SANITIZE)
+    # ASan and UBSan slow the runtime tests several times over
+    math(EXPR T_TIMEOUT "${T_TIMEOUT} * 4")
+  endif()
   set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT ${T_TIMEOUT})
+  if(T_ENV)
+    set_tests_properties(${name} PROPERTIES ENVIRONMENT "${T_ENV}")
+  endif()
 endfunction()

@@ -1,12 +1,15 @@
-/* Atomic writes and bounded whole-file reads. */
+/* Atomic writes, bounded whole-file reads, regular files only, and the
+ * folders the runtime owns (removal without links, locks). */
 #include "common/fileio.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -109,6 +112,17 @@ zo_status zo_file_write_all(const char *path, const void *buf, size_t len)
     return zo_file_commit(&f);
 }
 
+zo_status zo_file_write_json(const char *path, const cJSON *doc)
+{
+    char *text = doc ? cJSON_Print(doc) : NULL;
+    if (!text) return zo_error(ZO_ERR_NOMEM, "%s: out of memory building JSON", path);
+    size_t n = strlen(text);
+    text[n] = '\n'; /* replaces the NUL: the file ends with a newline */
+    zo_status st = zo_file_write_all(path, text, n + 1);
+    free(text);
+    return st;
+}
+
 /* read(2) retried on EINTR: bytes read, 0 at the end, -1 on error. */
 static ssize_t read_some(int fd, void *buf, size_t len)
 {
@@ -118,18 +132,60 @@ static ssize_t read_some(int fd, void *buf, size_t len)
     }
 }
 
+static const char *file_kind(mode_t m)
+{
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISSOCK(m)) return "a socket";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISDIR(m)) return "a directory";
+    return "not a file";
+}
+
+zo_status zo_file_open_regular(const char *path, const char *what, int *fd)
+{
+    *fd = -1;
+    /* non-blocking: opening a FIFO for reading waits for a writer otherwise */
+    int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (f < 0) {
+        int e = errno;
+        return zo_error(e == ENOENT ? ZO_ERR_NOT_FOUND : ZO_ERR_IO, "%s: cannot open: %s", path,
+                        strerror(e));
+    }
+    struct stat sb;
+    if (fstat(f, &sb) != 0) {
+        int e = errno;
+        close(f);
+        return zo_error(ZO_ERR_IO, "%s: fstat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(f);
+        return zo_error(ZO_ERR_INVALID, "%s: not a regular file (%s): %s must be a regular file", path,
+                        file_kind(sb.st_mode), what);
+    }
+    int fl = fcntl(f, F_GETFL);
+    if (fl < 0 || fcntl(f, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        close(f);
+        return zo_error(ZO_ERR_IO, "%s: fcntl: %s", path, strerror(e));
+    }
+    *fd = f;
+    return ZO_OK;
+}
+
 zo_status zo_file_read_all(const char *path, size_t limit, const char *what, char **out,
                            size_t *len)
 {
     *out = NULL;
     if (len) *len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return zo_error(ZO_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    zo_status st = ZO_OK;
+    int fd;
+    zo_status st = zo_file_open_regular(path, what, &fd);
+    if (st == ZO_ERR_NOT_FOUND) return ZO_ERR_IO; /* the message names the reason */
+    if (st != ZO_OK) return st;
     char *buf = NULL;
     size_t cap = 1 << 16, n = 0; /* buf holds cap bytes, the last for the NUL */
     struct stat sb;
-    if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode)) {
+    if (fstat(fd, &sb) == 0) {
         if ((uint64_t)sb.st_size > limit) {
             st = zo_error(ZO_ERR_FORMAT, "%s: %lld bytes is too large for %s (at most %zu)", path,
                           (long long)sb.st_size, what, limit);
@@ -137,7 +193,7 @@ zo_status zo_file_read_all(const char *path, size_t limit, const char *what, cha
         }
         cap = (size_t)sb.st_size + 1; /* the whole file, unless it grows */
     }
-    if (cap > limit + 1) cap = limit + 1; /* a pipe: never read past the limit */
+    if (cap > limit + 1) cap = limit + 1; /* a file growing: never read past the limit */
     if (!(buf = malloc(cap))) goto out_nomem;
     for (;;) {
         if (n + 1 == cap) { /* full: one more byte says whether the file goes on */
@@ -177,4 +233,115 @@ out_free:
 out_close:
     close(fd);
     return st;
+}
+
+/* ---- folders the runtime owns ------------------------------------------------------ */
+
+zo_status zo_dir_remove_at(int dirfd, const char *name)
+{
+    int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        if (e == ENOENT) return ZO_OK;
+        if (e == ELOOP || e == ENOTDIR)
+            return zo_error(ZO_ERR_INVALID, "%s: not a directory (a link or a file): left alone", name);
+        return zo_error(ZO_ERR_IO, "%s: open: %s", name, strerror(e));
+    }
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        int e = errno;
+        close(fd);
+        return zo_error(ZO_ERR_IO, "%s: fdopendir: %s", name, strerror(e));
+    }
+    /* entries relative to the directory opened above: a link put in its
+     * place meanwhile changes nothing */
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        struct stat sb;
+        if (fstatat(fd, de->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || S_ISDIR(sb.st_mode)) continue;
+        unlinkat(fd, de->d_name, 0); /* a link itself, never its target */
+    }
+    closedir(d);
+    if (unlinkat(dirfd, name, AT_REMOVEDIR) != 0 && errno != ENOENT)
+        return zo_error(ZO_ERR_IO, "%s: cannot remove: %s", name, strerror(errno));
+    return ZO_OK;
+}
+
+/* "pid P on host H" from a lock file's text, or "pid unknown". */
+static void lock_holder(int fd, char *out, size_t len)
+{
+    char buf[320];
+    ssize_t r = pread(fd, buf, sizeof buf - 1, 0);
+    buf[r > 0 ? r : 0] = 0;
+    long pid;
+    char host[256];
+    if (sscanf(buf, "pid %ld host %255s", &pid, host) == 2)
+        snprintf(out, len, "pid %ld on host %s", pid, host);
+    else
+        snprintf(out, len, "pid unknown");
+}
+
+zo_status zo_dir_lock_take(const char *dir, const char *what, zo_dir_lock *out)
+{
+    out->fd = -1;
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+        int e = errno;
+        return zo_error(e == ENOENT ? ZO_ERR_NOT_FOUND : ZO_ERR_IO, "%s: %s: cannot open: %s", dir,
+                        what, strerror(e));
+    }
+    struct stat ds;
+    if (fstat(dfd, &ds) != 0) {
+        int e = errno;
+        close(dfd);
+        return zo_error(ZO_ERR_IO, "%s: fstat: %s", dir, strerror(e));
+    }
+    int fd = openat(dfd, ZO_DIR_LOCK_NAME, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    int e = errno;
+    close(dfd);
+    if (fd < 0)
+        return zo_error(ZO_ERR_IO, "%s/%s: cannot open the lock of %s: %s", dir, ZO_DIR_LOCK_NAME,
+                        what, e == ELOOP ? "it is a symbolic link" : strerror(e));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return zo_error(ZO_ERR_IO, "%s/%s: the lock of %s is not a regular file", dir,
+                        ZO_DIR_LOCK_NAME, what);
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        e = errno;
+        char holder[300];
+        lock_holder(fd, holder, sizeof holder);
+        close(fd);
+        if (e == EWOULDBLOCK)
+            return zo_error(ZO_ERR_BUSY, "%s: %s is in use by another run (%s; lock %s/%s)", dir,
+                            what, holder, dir, ZO_DIR_LOCK_NAME);
+        return zo_error(ZO_ERR_IO, "%s/%s: flock: %s", dir, ZO_DIR_LOCK_NAME, strerror(e));
+    }
+    char host[256] = "unknown", text[320];
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = 0;
+    for (char *p = host; *p; p++)
+        if (*p == ' ' || *p == '\n') *p = '_';
+    int n = snprintf(text, sizeof text, "pid %ld host %s\n", (long)getpid(), host);
+    /* who holds it, for the message a second run prints (best effort) */
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, text, (size_t)n, 0) != n) { /* the lock holds anyway */ }
+    out->fd = fd;
+    out->dev = (uint64_t)ds.st_dev;
+    out->ino = (uint64_t)ds.st_ino;
+    return ZO_OK;
+}
+
+int zo_dir_lock_holds(const zo_dir_lock *l, const char *dir)
+{
+    struct stat sb;
+    return l->fd >= 0 && stat(dir, &sb) == 0 && (uint64_t)sb.st_dev == l->dev &&
+           (uint64_t)sb.st_ino == l->ino;
+}
+
+void zo_dir_lock_release(zo_dir_lock *l)
+{
+    if (l->fd >= 0) close(l->fd); /* closing the last descriptor releases the flock */
+    l->fd = -1;
 }

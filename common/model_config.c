@@ -1,14 +1,19 @@
 #include "model_config.h"
 
 #include <ctype.h>
+#include <limits.h>
+#include <stddef.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cjson/cJSON.h>
 
-#include "common/fileio.h" /* defines: zo_file_read_all */
+#include "common/fileio.h"       /* defines: zo_file_read_all */
+#include "common/json.h"         /* defines: zo_json_parse */
+#include "common/model_limits.h" /* defines: zo_model_config_check_limits */
 
 /* GPT family: LayerNorm with bias, 4h GELU MLP with biases, learned positions,
  * tied output layer. */
@@ -142,7 +147,7 @@ zo_status zo_model_preset_find(const char *name, zo_model_config *out)
 
 zo_status zo_model_config_validate(zo_model_config *c)
 {
-    if (c->params_override) return ZO_OK;
+    if (c->params_override) return zo_model_config_check_limits(c);
     struct { const char *name; int v; } f[] = {
         {"layers", c->n_layers}, {"hidden", c->hidden}, {"heads", c->n_heads},
         {"ffn", c->ffn},         {"vocab", c->vocab},   {"seq", c->max_seq},
@@ -161,37 +166,135 @@ zo_status zo_model_config_validate(zo_model_config *c)
     if (c->n_kv_heads > c->n_heads || c->n_heads % c->n_kv_heads)
         return zo_error(ZO_ERR_INVALID, "model %s: kv-heads (%d) must divide heads (%d)", c->name,
                         c->n_kv_heads, c->n_heads);
-    return ZO_OK;
+    const zo_mla *a = &c->mla;
+    /* in 64 bits: the head dims' sums are formed (as int) by the counts */
+    if (a->kv_rank && (a->kv_rank < 0 || a->qk_nope < 0 || a->qk_rope < 0 || a->v_dim <= 0 ||
+                       a->q_rank < 0 || (int64_t)a->qk_nope + a->qk_rope <= 0 ||
+                       (int64_t)a->qk_nope + a->qk_rope > INT_MAX ||
+                       (int64_t)a->qk_nope + a->v_dim > INT_MAX))
+        return zo_error(ZO_ERR_INVALID, "model %s: latent attention needs qk_nope + qk_rope and "
+                                        "v head dims above zero (and their sums within %d)",
+                        c->name, INT_MAX);
+    const zo_moe *e = &c->moe;
+    if (e->experts) {
+        if (e->top_k < 1 || e->top_k > e->experts || e->expert_ffn <= 0)
+            return zo_error(ZO_ERR_INVALID,
+                            "model %s: experts per token (%d) must be 1..%d and the expert "
+                            "width positive (%d)",
+                            c->name, e->top_k, e->experts, e->expert_ffn);
+        if (e->first_dense < 0 || e->first_dense > c->n_layers || e->shared_ffn < 0)
+            return zo_error(ZO_ERR_INVALID, "model %s: %d dense first layers of %d", c->name,
+                            e->first_dense, c->n_layers);
+    }
+    /* no product of the shape can overflow, and the constants make sense */
+    return zo_model_config_check_limits(c);
+}
+
+/* ---- parameter counts ------------------------------------------------------- */
+
+static uint64_t norm_params(const zo_model_config *c, uint64_t width)
+{
+    return c->norm_bias ? 2 * width : width;
+}
+
+uint64_t zo_model_position_rows(const zo_model_config *c)
+{
+    if ((c->pos == ZO_POS_ARCH && c->arch == ZO_ARCH_GPT) || c->pos == ZO_POS_LEARNED)
+        return (uint64_t)c->max_seq + (uint64_t)c->pos_offset;
+    return 0;
+}
+
+int zo_model_layer_is_moe(const zo_model_config *c, int layer)
+{
+    return c->moe.experts > 0 && layer >= c->moe.first_dense;
+}
+
+void zo_model_attn_widths(const zo_model_config *c, uint64_t *q, uint64_t *k, uint64_t *v,
+                          uint64_t *o)
+{
+    uint64_t a = (uint64_t)c->n_heads;
+    if (c->mla.kv_rank) {
+        *q = *k = a * (uint64_t)(c->mla.qk_nope + c->mla.qk_rope);
+        *v = *o = a * (uint64_t)c->mla.v_dim;
+    } else {
+        *q = *o = a * (uint64_t)c->head_dim;
+        *k = *v = (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim;
+    }
+}
+
+void zo_model_layer_params(const zo_model_config *c, int layer, zo_layer_params *o)
+{
+    memset(o, 0, sizeof *o);
+    uint64_t h = (uint64_t)c->hidden, f = (uint64_t)c->ffn, q, k, v, out;
+    zo_model_attn_widths(c, &q, &k, &v, &out);
+    o->replicated = (uint64_t)(c->layer_norms ? c->layer_norms : 2) * norm_params(c, h);
+
+    /* attention: column-parallel q/k/v (with their biases), row-parallel output */
+    const zo_mla *a = &c->mla;
+    if (a->kv_rank) {
+        /* the down projections and their norms are whole on every TP rank */
+        uint64_t qr = (uint64_t)a->q_rank, kr = (uint64_t)a->kv_rank;
+        if (qr) {
+            o->replicated += h * qr + norm_params(c, qr);
+            o->tp_split += qr * q;
+        } else {
+            o->tp_split += h * q;
+        }
+        o->replicated += h * (kr + (uint64_t)a->qk_rope) + norm_params(c, kr);
+        o->tp_split += kr * (uint64_t)c->n_heads * (uint64_t)(a->qk_nope + a->v_dim);
+        o->tp_split += out * h;
+    } else {
+        o->tp_split += h * (q + k + v) + out * h;
+        if (c->attn_bias) o->tp_split += q + k + v;
+    }
+    if (c->out_bias) o->replicated += h; /* the attention output's bias */
+    if (c->qk_norm) o->replicated += 2 * norm_params(c, (uint64_t)c->head_dim);
+
+    /* MLP: GPT up/down, LLaMA gate/up/down; or the experts */
+    uint64_t mats = c->arch == ZO_ARCH_GPT ? 2 : 3;
+    if (zo_model_layer_is_moe(c, layer)) {
+        const zo_moe *e = &c->moe;
+        o->experts = e->experts;
+        o->expert = mats * h * (uint64_t)e->expert_ffn;
+        o->replicated += h * (uint64_t)e->experts + (e->router_bias ? (uint64_t)e->experts : 0);
+        o->tp_split += mats * h * (uint64_t)e->shared_ffn;
+        if (e->shared_gate) o->replicated += h;
+    } else {
+        o->tp_split += mats * h * f;
+        if (c->out_bias) {
+            o->tp_split += (mats - 1) * f; /* column-parallel inputs */
+            o->replicated += h;            /* the output's bias */
+        }
+    }
+    o->total = o->tp_split + o->replicated + (uint64_t)o->experts * o->expert;
+    o->active = o->total;
+    if (o->experts) o->active -= (uint64_t)(o->experts - c->moe.top_k) * o->expert;
 }
 
 void zo_model_param_counts(const zo_model_config *c, zo_param_counts *o)
 {
     memset(o, 0, sizeof *o);
     if (c->params_override) {
-        o->total = c->params_override;
+        o->total = o->active = c->params_override;
         return;
     }
-    uint64_t h = (uint64_t)c->hidden, v = (uint64_t)c->vocab, f = (uint64_t)c->ffn;
-    uint64_t q = (uint64_t)c->n_heads * (uint64_t)c->head_dim;
-    uint64_t kv = (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim;
-    uint64_t norm = c->norm_bias ? 2 * h : h;
-    uint64_t attn = h * (q + 2 * kv) + q * h;
-    if (c->attn_bias) attn += q + 2 * kv;
-    if (c->out_bias) attn += h;
-    uint64_t mlp;
-    if (c->arch == ZO_ARCH_GPT) {
-        mlp = 2 * h * f;
-        if (c->out_bias) mlp += f + h;
-    } else {
-        mlp = 3 * h * f;
-        if (c->out_bias) mlp += 2 * f + h;
-    }
-    o->embedding = v * h + (c->arch == ZO_ARCH_GPT ? (uint64_t)c->max_seq * h : 0);
-    o->per_layer = 2 * norm + attn + mlp;
-    o->layers = (uint64_t)c->n_layers * o->per_layer;
-    o->final_norm = norm;
+    uint64_t h = (uint64_t)c->hidden, v = (uint64_t)c->vocab;
+    o->embedding = v * h + zo_model_position_rows(c) * h + (c->embed_norm ? norm_params(c, h) : 0);
+    /* two kinds of layer: dense (all, or DeepSeek's first ones) and MoE */
+    int n_moe = c->moe.experts ? c->n_layers - c->moe.first_dense : 0;
+    int n_dense = c->n_layers - n_moe;
+    zo_layer_params d = {0}, e = {0};
+    if (n_dense) zo_model_layer_params(c, 0, &d);
+    if (n_moe) zo_model_layer_params(c, c->n_layers - 1, &e);
+    o->per_layer = n_moe ? e.total : d.total;
+    o->layers = (uint64_t)n_dense * d.total + (uint64_t)n_moe * e.total;
+    o->experts = (uint64_t)n_moe * (uint64_t)e.experts * e.expert;
+    o->moe_layers = n_moe;
+    uint64_t active = (uint64_t)n_dense * d.active + (uint64_t)n_moe * e.active;
+    o->final_norm = norm_params(c, h);
     o->head = c->tied_embeddings ? 0 : v * h;
     o->total = o->embedding + o->layers + o->final_norm + o->head;
+    o->active = o->embedding + active + o->final_norm + o->head;
 }
 
 uint64_t zo_model_params(const zo_model_config *c)
@@ -201,143 +304,552 @@ uint64_t zo_model_params(const zo_model_config *c)
     return pc.total;
 }
 
+/* ---- the runtime's share ------------------------------------------------------ */
+
+static const char *const runtime_families[] = {"", "gpt2", "gpt3", "megatron", "custom", "llama",
+                                               "llama2", "llama3", "mistral", "qwen2"};
+
+zo_status zo_model_config_runtime_check(const zo_model_config *c)
+{
+    int known = 0;
+    for (size_t i = 0; i < sizeof runtime_families / sizeof runtime_families[0]; i++)
+        known |= !strcmp(c->family, runtime_families[i]);
+    /* GPT: GELU's tanh form (GPT-2's gelu_new, also named these); LLaMA: SiLU */
+    int other_act = c->act[0] && (c->arch == ZO_ARCH_GPT
+                                      ? strcmp(c->act, "gelu_new") && strcmp(c->act, "gelu_fast") &&
+                                            strcmp(c->act, "gelu_pytorch_tanh")
+                                      : strcmp(c->act, "silu"));
+    char lacks[64];
+    if (!known) snprintf(lacks, sizeof lacks, "its layers");
+    else if (c->moe.experts) snprintf(lacks, sizeof lacks, "mixture-of-experts layers");
+    else if (c->mla.kv_rank) snprintf(lacks, sizeof lacks, "latent attention");
+    else if (c->pos != ZO_POS_ARCH || c->pos_offset) snprintf(lacks, sizeof lacks, "its positions");
+    else if (c->layer_norms && c->layer_norms != 2) snprintf(lacks, sizeof lacks, "its norms");
+    else if (c->parallel_block) snprintf(lacks, sizeof lacks, "parallel attention and MLP");
+    else if (c->embed_norm) snprintf(lacks, sizeof lacks, "an embedding norm");
+    else if (c->qk_norm) snprintf(lacks, sizeof lacks, "q/k norms");
+    else if (other_act) snprintf(lacks, sizeof lacks, "the activation %s", c->act);
+    else return ZO_OK;
+    return zo_error(ZO_ERR_UNSUPPORTED,
+                    "model %s: family \"%s\": the runtime does not implement %s (it trains "
+                    "GPT-2, LLaMA, Mistral and Qwen2 layers; memplan sizes this family)",
+                    c->name, c->family, lacks);
+}
+
 /* ---- Hugging Face config.json ------------------------------------------- */
 
-static void line_col(const char *text, const char *at, int *line, int *col)
+/* A reader with a sticky status: the first error is kept, later reads return
+ * their defaults, and the parser checks r.st once at the end. */
+typedef struct hf {
+    const cJSON *root;
+    const char *path;
+    const char *type; /* the family's model_type, for messages */
+    zo_status st;
+} hf;
+
+static const cJSON *hf_item(const hf *r, const char *key)
 {
-    *line = 1;
-    *col = 1;
-    for (const char *p = text; p < at && *p; p++) {
-        if (*p == '\n') {
-            (*line)++;
-            *col = 1;
-        } else {
-            (*col)++;
+    const cJSON *it = key ? cJSON_GetObjectItemCaseSensitive(r->root, key) : NULL;
+    return it && !cJSON_IsNull(it) ? it : NULL;
+}
+
+static void hf_fail(hf *r, zo_status code, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void hf_fail(hf *r, zo_status code, const char *key, const char *fmt, ...)
+{
+    if (r->st) return;
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    r->st = zo_error(code, "%s: field \"%s\": %s", r->path, key, what);
+}
+
+#define REQ (-1) /* a default that makes the key required */
+
+/* An integer at least `min` from the first of `key`, `alt` present; `def`
+ * when both are absent, or an error when def is REQ. */
+static int hf_int2(hf *r, const char *key, const char *alt, int min, int def)
+{
+    const cJSON *it = hf_item(r, key);
+    const char *name = key;
+    if (!it && alt) {
+        it = hf_item(r, alt);
+        name = alt;
+    }
+    if (!it) {
+        if (def == REQ && !r->st)
+            r->st = zo_error(ZO_ERR_FORMAT, "%s: missing field \"%s\"", r->path, key);
+        return def;
+    }
+    if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) || it->valuedouble < min ||
+        it->valuedouble > 2147483647.0) {
+        hf_fail(r, ZO_ERR_FORMAT, name, "must be an integer of at least %d", min);
+        return def;
+    }
+    return (int)it->valuedouble;
+}
+
+static int hf_int(hf *r, const char *key, int def) { return hf_int2(r, key, NULL, 1, def); }
+
+/* a x b, a width formed from the value of `key` (GPT's 4 x hidden MLP,
+ * DeepSeek's shared experts): past an int it is refused naming the key,
+ * before the product is formed (n_embd = 2147483647 overflowed it). */
+static int hf_times(hf *r, const char *key, int a, int b)
+{
+    if (a > 0 && b > INT_MAX / a) {
+        hf_fail(r, ZO_ERR_FORMAT, key, "%d x %d is more than %d", a, b, INT_MAX);
+        return 0;
+    }
+    return a * b;
+}
+
+/* The item when it has the right type; an error naming it when not. */
+static const cJSON *hf_typed(hf *r, const char *key, cJSON_bool (*is)(const cJSON *const),
+                             const char *what)
+{
+    const cJSON *it = hf_item(r, key);
+    if (it && !is(it)) {
+        hf_fail(r, ZO_ERR_FORMAT, key, "must be %s", what);
+        return NULL;
+    }
+    return it;
+}
+
+static float hf_float(hf *r, const char *key, float def)
+{
+    const cJSON *it = hf_typed(r, key, cJSON_IsNumber, "a number");
+    return it ? (float)it->valuedouble : def;
+}
+
+static int hf_bool(hf *r, const char *key, int def)
+{
+    const cJSON *it = hf_typed(r, key, cJSON_IsBool, "true or false");
+    return it ? cJSON_IsTrue(it) : def;
+}
+
+static void hf_act(hf *r, const char *key, const char *alt, zo_model_config *c)
+{
+    const cJSON *it = hf_item(r, key);
+    if (!it && alt) it = hf_item(r, alt);
+    if (it && cJSON_IsString(it)) snprintf(c->act, sizeof c->act, "%.19s", it->valuestring);
+}
+
+/* Keys that change the model's size. A family's parser lists the ones it
+ * models; any other one set to something but its neutral value is refused. */
+typedef enum neutral { N_FALSY = 0, N_TRUE, N_ONE } neutral;
+static const struct {
+    const char *key;
+    neutral neutral;
+    const char *what;
+} size_keys[] = {
+    {"num_local_experts", N_FALSY, "routed experts"},
+    {"num_experts", N_FALSY, "routed experts"},
+    {"n_routed_experts", N_FALSY, "routed experts"},
+    {"moe_intermediate_size", N_FALSY, "expert MLPs"},
+    {"shared_expert_intermediate_size", N_FALSY, "a shared expert"},
+    {"n_shared_experts", N_FALSY, "shared experts"},
+    {"first_k_dense_replace", N_FALSY, "dense first layers among MoE layers"},
+    {"moe_layer_freq", N_ONE, "MoE layers every n-th layer"},
+    {"decoder_sparse_step", N_ONE, "MoE layers every n-th layer"},
+    {"mlp_only_layers", N_FALSY, "dense layers among MoE layers"},
+    {"kv_lora_rank", N_FALSY, "latent (low-rank) key/value projections"},
+    {"q_lora_rank", N_FALSY, "a low-rank query projection"},
+    {"num_nextn_predict_layers", N_FALSY, "multi-token prediction layers"},
+    {"attention_bias", N_FALSY, "biases on the q/k/v/o projections"},
+    {"mlp_bias", N_FALSY, "MLP biases"},
+    {"word_embed_proj_dim", N_FALSY, "embedding projections"},
+    {"do_layer_norm_before", N_TRUE, "post-norm layers"},
+    {"_remove_final_layer_norm", N_FALSY, "no final norm"},
+    {"is_encoder_decoder", N_FALSY, "an encoder-decoder"},
+    {"add_cross_attention", N_FALSY, "cross-attention"},
+    {"use_qk_norm", N_FALSY, "q/k norms"},
+    {"qk_layernorm", N_FALSY, "q/k norms"},
+    {"lm_head_bias", N_FALSY, "a biased output layer"},
+    {"text_config", N_FALSY, "a multimodal model (the text model is under \"text_config\")"},
+    {"vision_config", N_FALSY, "a multimodal model"},
+};
+
+static int is_neutral(const cJSON *it, neutral n)
+{
+    if (!it || cJSON_IsNull(it)) return 1;
+    switch (n) {
+    case N_TRUE: return cJSON_IsTrue(it);
+    case N_ONE: return cJSON_IsNumber(it) && it->valuedouble == 1;
+    default:
+        return cJSON_IsFalse(it) || (cJSON_IsNumber(it) && it->valuedouble == 0) ||
+               ((cJSON_IsArray(it) || cJSON_IsObject(it)) && !it->child) ||
+               (cJSON_IsString(it) && !it->valuestring[0]);
+    }
+}
+
+/* `modelled`: the size keys this family's parser reads, comma-separated. */
+static void hf_refuse_unmodelled(hf *r, const char *modelled)
+{
+    for (size_t i = 0; i < sizeof size_keys / sizeof size_keys[0] && !r->st; i++) {
+        const char *k = size_keys[i].key;
+        size_t n = strlen(k);
+        const char *at = modelled ? strstr(modelled, k) : NULL;
+        if (at && (at[n] == ',' || !at[n]) && (at == modelled || at[-1] == ',')) continue;
+        if (is_neutral(hf_item(r, k), size_keys[i].neutral)) continue;
+        hf_fail(r, ZO_ERR_UNSUPPORTED, k,
+                "%s, which memplan's %s parser does not model (the size would be wrong)",
+                size_keys[i].what, r->type);
+    }
+    /* hybrid models name each layer's kind; attention of any window is modelled */
+    const cJSON *lt = hf_item(r, "layer_types"), *e;
+    cJSON_ArrayForEach(e, lt)
+    {
+        if (cJSON_IsString(e) && strcmp(e->valuestring, "full_attention") &&
+            strcmp(e->valuestring, "sliding_attention")) {
+            hf_fail(r, ZO_ERR_UNSUPPORTED, "layer_types",
+                    "\"%s\" layers, which memplan does not model", e->valuestring);
+            break;
         }
     }
 }
 
-/* An integer field: ZO_OK, or ZO_ERR_NOT_FOUND when absent/null and optional. */
-static zo_status get_int(const cJSON *root, const char *path, const char *field, int required,
-                         int *out)
+/* ---- the families --------------------------------------------------------------- */
+
+typedef struct family family;
+struct family {
+    const char *type;      /* model_type */
+    const char *arch_name; /* architectures[0] of its Hugging Face class */
+    void (*parse)(hf *r, zo_model_config *c, const family *f);
+    const char *what;      /* what is modelled, or why it is refused */
+    int tied;              /* Hugging Face's default of tie_word_embeddings */
+    int kv_heads;          /* default num_key_value_heads; 0: the heads */
+    int head_dim;          /* default head_dim; 0: hidden / heads */
+    const char *modelled;  /* size keys the parser reads */
+    int trainable;
+};
+
+/* The shape under the keys most families use; `ffn` names the MLP width. */
+static void hf_shape(hf *r, zo_model_config *c, const char *ffn)
 {
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, field);
-    if (!it || cJSON_IsNull(it)) {
-        if (required)
-            return zo_error(ZO_ERR_FORMAT, "%s: missing field \"%s\"", path, field);
-        return ZO_ERR_NOT_FOUND;
-    }
-    if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) ||
-        it->valuedouble <= 0 || it->valuedouble > 2147483647.0)
-        return zo_error(ZO_ERR_FORMAT, "%s: field \"%s\" must be a positive integer", path,
-                        field);
-    *out = (int)it->valuedouble;
-    return ZO_OK;
+    c->n_layers = hf_int(r, "num_hidden_layers", REQ);
+    c->hidden = hf_int(r, "hidden_size", REQ);
+    c->n_heads = hf_int(r, "num_attention_heads", REQ);
+    c->ffn = hf_int(r, ffn, REQ);
+    c->vocab = hf_int(r, "vocab_size", REQ);
+    c->max_seq = hf_int(r, "max_position_embeddings", 2048);
 }
 
-static zo_status get_float(const cJSON *root, const char *path, const char *field, float *out)
+static void parse_gpt2(hf *r, zo_model_config *c, const family *f)
 {
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, field);
-    if (!it || cJSON_IsNull(it)) return ZO_ERR_NOT_FOUND;
-    if (!cJSON_IsNumber(it))
-        return zo_error(ZO_ERR_FORMAT, "%s: field \"%s\" must be a number", path, field);
-    *out = (float)it->valuedouble;
-    return ZO_OK;
-}
-
-static zo_status get_bool(const cJSON *root, const char *path, const char *field, int *out)
-{
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, field);
-    if (!it || cJSON_IsNull(it)) return ZO_ERR_NOT_FOUND;
-    if (!cJSON_IsBool(it))
-        return zo_error(ZO_ERR_FORMAT, "%s: field \"%s\" must be true or false", path, field);
-    *out = cJSON_IsTrue(it);
-    return ZO_OK;
-}
-
-#define OPTIONAL(call)                                                                   \
-    do {                                                                                 \
-        zo_status s_ = (call);                                                           \
-        if (s_ != ZO_OK && s_ != ZO_ERR_NOT_FOUND) { st = s_; goto out; }                 \
-    } while (0)
-#define REQUIRED(call)                                                                   \
-    do {                                                                                 \
-        if ((st = (call)) != ZO_OK) goto out;                                            \
-    } while (0)
-
-static zo_status parse_gpt2(const cJSON *root, const char *path, zo_model_config *c)
-{
-    zo_status st = ZO_OK;
     c->arch = ZO_ARCH_GPT;
-    snprintf(c->family, sizeof c->family, "gpt2");
-    c->tied_embeddings = 1;
     c->attn_bias = c->out_bias = c->norm_bias = 1;
-    c->norm_eps = 1e-5f;
-    REQUIRED(get_int(root, path, "n_layer", 1, &c->n_layers));
-    REQUIRED(get_int(root, path, "n_embd", 1, &c->hidden));
-    REQUIRED(get_int(root, path, "n_head", 1, &c->n_heads));
-    REQUIRED(get_int(root, path, "vocab_size", 1, &c->vocab));
-    REQUIRED(get_int(root, path, "n_positions", 1, &c->max_seq));
-    c->ffn = 4 * c->hidden;
-    OPTIONAL(get_int(root, path, "n_inner", 0, &c->ffn));
-    OPTIONAL(get_float(root, path, "layer_norm_epsilon", &c->norm_eps));
-    OPTIONAL(get_bool(root, path, "tie_word_embeddings", &c->tied_embeddings));
-out:
-    return st;
+    c->n_layers = hf_int(r, "n_layer", REQ);
+    c->hidden = hf_int(r, "n_embd", REQ);
+    c->n_heads = hf_int(r, "n_head", REQ);
+    c->vocab = hf_int(r, "vocab_size", REQ);
+    c->max_seq = hf_int(r, "n_positions", REQ);
+    c->ffn = hf_item(r, "n_inner") ? hf_int(r, "n_inner", REQ) : hf_times(r, "n_embd", 4, c->hidden);
+    c->norm_eps = hf_float(r, "layer_norm_epsilon", 1e-5f);
+    c->tied_embeddings = hf_bool(r, "tie_word_embeddings", f->tied);
+    hf_act(r, "activation_function", NULL, c);
 }
 
-static zo_status parse_llama(const cJSON *root, const char *path, const char *type,
-                             zo_model_config *c)
+/* The LLaMA-shaped families: RMSNorm, gated MLP, rotary positions, GQA. */
+static void parse_llama(hf *r, zo_model_config *c, const family *f)
 {
-    zo_status st = ZO_OK;
     c->arch = ZO_ARCH_LLAMA;
-    snprintf(c->family, sizeof c->family, "%s", type);
-    c->norm_eps = 1e-6f;
-    c->rope_theta = 10000.0f;
-    c->attn_bias = !strcmp(type, "qwen2"); /* Qwen2 has q/k/v biases */
-    REQUIRED(get_int(root, path, "num_hidden_layers", 1, &c->n_layers));
-    REQUIRED(get_int(root, path, "hidden_size", 1, &c->hidden));
-    REQUIRED(get_int(root, path, "num_attention_heads", 1, &c->n_heads));
-    REQUIRED(get_int(root, path, "intermediate_size", 1, &c->ffn));
-    REQUIRED(get_int(root, path, "vocab_size", 1, &c->vocab));
-    c->max_seq = 4096;
-    OPTIONAL(get_int(root, path, "max_position_embeddings", 0, &c->max_seq));
-    c->n_kv_heads = c->n_heads;
-    OPTIONAL(get_int(root, path, "num_key_value_heads", 0, &c->n_kv_heads));
-    OPTIONAL(get_int(root, path, "head_dim", 0, &c->head_dim));
-    OPTIONAL(get_float(root, path, "rms_norm_eps", &c->norm_eps));
-    OPTIONAL(get_float(root, path, "rope_theta", &c->rope_theta));
-    OPTIONAL(get_bool(root, path, "tie_word_embeddings", &c->tied_embeddings));
-    int attention_bias = 0;
-    OPTIONAL(get_bool(root, path, "attention_bias", &attention_bias));
-    if (attention_bias) {
-        /* LLaMA's attention_bias puts biases on q, k, v and o; only Qwen2's
-         * q/k/v-only biases are modelled */
-        st = zo_error(ZO_ERR_UNSUPPORTED,
-                      "%s: field \"attention_bias\": biases on the q/k/v/o projections are not "
-                      "supported",
-                      path);
-        goto out;
+    hf_shape(r, c, "intermediate_size");
+    c->n_kv_heads = hf_int(r, "num_key_value_heads", f->kv_heads ? f->kv_heads : c->n_heads);
+    c->head_dim = hf_int(r, "head_dim", f->head_dim);
+    c->norm_eps = hf_float(r, "rms_norm_eps", 1e-6f);
+    c->rope_theta = hf_float(r, "rope_theta", 10000.0f);
+    c->tied_embeddings = hf_bool(r, "tie_word_embeddings", f->tied);
+    hf_act(r, "hidden_act", "hidden_activation", c);
+    /* Qwen2 and Qwen2-MoE put biases on q, k and v (not o) */
+    c->attn_bias = !strcmp(f->type, "qwen2") || !strcmp(f->type, "qwen2_moe");
+    /* Qwen3: RMSNorm over head_dim on q and k; Gemma-2: norms after attention
+     * and MLP too */
+    c->qk_norm = !strncmp(f->type, "qwen3", 5);
+    if (!strcmp(f->type, "gemma2")) c->layer_norms = 4;
+}
+
+static void parse_mixtral(hf *r, zo_model_config *c, const family *f)
+{
+    parse_llama(r, c, f);
+    c->moe.experts = hf_int(r, "num_local_experts", 8);
+    c->moe.top_k = hf_int(r, "num_experts_per_tok", 2);
+    c->moe.expert_ffn = c->ffn;
+}
+
+/* Qwen2-MoE (Qwen1.5-MoE) and Qwen3-MoE: every layer an MoE layer (the dense
+ * exceptions, mlp_only_layers and decoder_sparse_step, are refused). */
+static void parse_qwen_moe(hf *r, zo_model_config *c, const family *f)
+{
+    parse_llama(r, c, f);
+    int qwen2 = !strcmp(f->type, "qwen2_moe");
+    c->moe.experts = hf_int(r, "num_experts", qwen2 ? 60 : 128);
+    c->moe.top_k = hf_int(r, "num_experts_per_tok", qwen2 ? 4 : 8);
+    c->moe.expert_ffn = hf_int(r, "moe_intermediate_size", qwen2 ? 1408 : 768);
+    if (qwen2) {
+        c->moe.shared_ffn = hf_int2(r, "shared_expert_intermediate_size", NULL, 0, 5632);
+        c->moe.shared_gate = c->moe.shared_ffn > 0;
     }
-    int mlp_bias = 0;
-    OPTIONAL(get_bool(root, path, "mlp_bias", &mlp_bias));
-    if (mlp_bias)
-        st = zo_error(ZO_ERR_UNSUPPORTED, "%s: field \"mlp_bias\": MLP biases are not supported",
-                      path);
-out:
-    return st;
+    if (hf_int(r, "decoder_sparse_step", 1) != 1)
+        hf_fail(r, ZO_ERR_UNSUPPORTED, "decoder_sparse_step",
+                "MoE layers every n-th layer are not modelled (only 1)");
+    if (!is_neutral(hf_item(r, "mlp_only_layers"), N_FALSY))
+        hf_fail(r, ZO_ERR_UNSUPPORTED, "mlp_only_layers",
+                "dense layers among MoE layers are not modelled");
+}
+
+/* DeepSeek (MoE), DeepSeek-V2 and -V3: latent attention (V2/V3), dense first
+ * layers, shared + routed experts; V3's router has a score correction per
+ * expert. V3's multi-token prediction modules (num_nextn_predict_layers) are
+ * not part of the model Hugging Face builds and are not counted. */
+static void parse_deepseek(hf *r, zo_model_config *c, const family *f)
+{
+    parse_llama(r, c, f);
+    int v3 = !strcmp(f->type, "deepseek_v3");
+    if (strcmp(f->type, "deepseek")) {
+        c->mla.kv_rank = hf_int(r, "kv_lora_rank", 512);
+        c->mla.q_rank = hf_int2(r, "q_lora_rank", NULL, 0, 0); /* null: direct */
+        c->mla.qk_nope = hf_int(r, "qk_nope_head_dim", 128);
+        c->mla.qk_rope = hf_int(r, "qk_rope_head_dim", 64);
+        c->mla.v_dim = hf_int(r, "v_head_dim", 128);
+        c->n_kv_heads = c->n_heads;
+        if (c->mla.qk_nope > INT_MAX - c->mla.qk_rope) /* both at least 1 */
+            hf_fail(r, ZO_ERR_FORMAT, "qk_rope_head_dim", "with qk_nope_head_dim %d it is more than %d",
+                    c->mla.qk_nope, INT_MAX);
+        else
+            c->head_dim = c->mla.qk_nope + c->mla.qk_rope;
+    }
+    /* n_routed_experts null: a dense model */
+    c->moe.experts = hf_int2(r, "n_routed_experts", NULL, 0, 0);
+    if (c->moe.experts) {
+        c->moe.top_k = hf_int(r, "num_experts_per_tok", REQ);
+        c->moe.expert_ffn = hf_int(r, "moe_intermediate_size", REQ);
+        c->moe.shared_ffn = hf_times(r, "n_shared_experts", hf_int2(r, "n_shared_experts", NULL, 0, 0),
+                                     c->moe.expert_ffn);
+        c->moe.first_dense = hf_int2(r, "first_k_dense_replace", NULL, 0, 0);
+        const cJSON *m = hf_item(r, "topk_method");
+        c->moe.router_bias = v3 && (!m || (cJSON_IsString(m) && !strcmp(m->valuestring, "noaux_tc")));
+        if (hf_int(r, "moe_layer_freq", 1) != 1)
+            hf_fail(r, ZO_ERR_UNSUPPORTED, "moe_layer_freq",
+                    "MoE layers every n-th layer are not modelled (only 1)");
+    }
+}
+
+/* GPT-NeoX / Pythia: LayerNorm, fused biased qkv, GELU MLP with biases,
+ * partial rotary positions, parallel residual, untied output layer. */
+static void parse_neox(hf *r, zo_model_config *c, const family *f)
+{
+    c->arch = ZO_ARCH_GPT;
+    c->pos = ZO_POS_ROTARY;
+    c->norm_bias = c->attn_bias = c->out_bias = 1;
+    hf_shape(r, c, "intermediate_size");
+    c->norm_eps = hf_float(r, "layer_norm_eps", 1e-5f);
+    c->rope_theta = hf_float(r, "rotary_emb_base", 10000.0f);
+    c->tied_embeddings = hf_bool(r, "tie_word_embeddings", f->tied);
+    c->parallel_block = hf_bool(r, "use_parallel_residual", 1);
+    hf_act(r, "hidden_act", NULL, c);
+    /* without attention biases the MLP keeps its own: not one of our shapes */
+    if (!hf_bool(r, "attention_bias", 1))
+        hf_fail(r, ZO_ERR_UNSUPPORTED, "attention_bias",
+                "false (an unbiased attention with a biased MLP) is not modelled");
+}
+
+/* Falcon: LayerNorm, fused qkv (multi-query, or GQA with the new decoder
+ * architecture), GELU MLP, rotary or ALiBi, parallel attention with one norm
+ * (two with the new architecture), tied output layer. The old model_types
+ * RefinedWebModel (7B) and RefinedWeb (40B) are the same family. */
+static void parse_falcon(hf *r, zo_model_config *c, const family *f)
+{
+    c->arch = ZO_ARCH_GPT;
+    c->norm_bias = 1;
+    c->n_layers = hf_int2(r, "num_hidden_layers", "n_layer", 1, REQ);
+    c->hidden = hf_int2(r, "hidden_size", "n_embed", 1, REQ);
+    c->n_heads = hf_int2(r, "num_attention_heads", "n_head", 1, REQ);
+    c->vocab = hf_int(r, "vocab_size", REQ);
+    c->max_seq = hf_int(r, "max_position_embeddings", 2048);
+    c->ffn = hf_item(r, "ffn_hidden_size") ? hf_int(r, "ffn_hidden_size", REQ)
+                                           : hf_times(r, "hidden_size", 4, c->hidden);
+    c->norm_eps = hf_float(r, "layer_norm_epsilon", 1e-5f);
+    c->rope_theta = hf_float(r, "rope_theta", 10000.0f);
+    c->tied_embeddings = hf_bool(r, "tie_word_embeddings", f->tied);
+    c->attn_bias = c->out_bias = hf_bool(r, "bias", 0);
+    c->pos = hf_bool(r, "alibi", 0) ? ZO_POS_ALIBI : ZO_POS_ROTARY;
+    int new_arch = hf_bool(r, "new_decoder_architecture", !strcmp(f->type, "RefinedWeb"));
+    c->parallel_block = new_arch || hf_bool(r, "parallel_attn", 1);
+    if (new_arch) {
+        c->n_kv_heads = hf_int2(r, "num_kv_heads", "n_head_kv", 1, c->n_heads);
+        c->layer_norms = hf_int(r, "num_ln_in_parallel_attn", 2);
+    } else {
+        c->n_kv_heads = hf_bool(r, "multi_query", 1) ? 1 : c->n_heads;
+        c->layer_norms = c->parallel_block ? 1 : 2;
+    }
+    hf_act(r, "activation", NULL, c);
+}
+
+/* OPT: LayerNorm, biased q/k/v/o and MLP (ReLU), learned positions with two
+ * extra rows, tied output layer. OPT-350m's post-norm layers and embedding
+ * projections are refused. */
+static void parse_opt(hf *r, zo_model_config *c, const family *f)
+{
+    c->arch = ZO_ARCH_GPT;
+    c->pos = ZO_POS_LEARNED;
+    c->pos_offset = 2;
+    c->norm_bias = 1;
+    hf_shape(r, c, "ffn_dim");
+    c->tied_embeddings = hf_bool(r, "tie_word_embeddings", f->tied);
+    c->attn_bias = c->out_bias = hf_bool(r, "enable_bias", 1);
+    hf_act(r, "activation_function", NULL, c);
+    if (hf_int(r, "word_embed_proj_dim", c->hidden) != c->hidden)
+        hf_fail(r, ZO_ERR_UNSUPPORTED, "word_embed_proj_dim",
+                "an embedding narrower than hidden_size (projected in and out) is not modelled");
+    if (!hf_bool(r, "layer_norm_elementwise_affine", 1))
+        hf_fail(r, ZO_ERR_UNSUPPORTED, "layer_norm_elementwise_affine",
+                "norms without weights are not modelled");
+}
+
+/* BLOOM: LayerNorm (also on the word embeddings), fused biased qkv, 4h GELU
+ * MLP with biases, ALiBi, tied output layer. */
+static void parse_bloom(hf *r, zo_model_config *c, const family *f)
+{
+    c->arch = ZO_ARCH_GPT;
+    c->pos = ZO_POS_ALIBI;
+    c->embed_norm = 1;
+    c->norm_bias = c->attn_bias = c->out_bias = 1;
+    c->n_layers = hf_int2(r, "n_layer", "num_hidden_layers", 1, REQ);
+    c->hidden = hf_int2(r, "hidden_size", "n_embed", 1, REQ);
+    c->n_heads = hf_int2(r, "n_head", "num_attention_heads", 1, REQ);
+    c->vocab = hf_int(r, "vocab_size", REQ);
+    c->max_seq = hf_int(r, "seq_length", 2048); /* ALiBi: no table; the training length */
+    c->ffn = hf_times(r, "hidden_size", 4, c->hidden);
+    c->norm_eps = hf_float(r, "layer_norm_epsilon", 1e-5f);
+    c->tied_embeddings = hf_bool(r, "tie_word_embeddings", f->tied);
+}
+
+#define MOE_KEYS "num_experts,moe_intermediate_size,decoder_sparse_step,mlp_only_layers"
+#define DS_KEYS "n_routed_experts,moe_intermediate_size,n_shared_experts,first_k_dense_replace," \
+                "moe_layer_freq"
+#define MLA_KEYS "kv_lora_rank,q_lora_rank"
+
+static const family families[] = {
+    {"gpt2", "GPT2LMHeadModel", parse_gpt2,
+     "GPT-2: LayerNorm, biased fused qkv and GELU MLP, learned positions, tied", 1, 0, 0, NULL, 1},
+    {"llama", "LlamaForCausalLM", parse_llama,
+     "LLaMA 1/2/3: RMSNorm, SwiGLU, rotary, GQA; untied unless tie_word_embeddings", 0, 0, 0,
+     NULL, 1},
+    {"mistral", "MistralForCausalLM", parse_llama, "Mistral: LLaMA layers (sliding window)", 0,
+     8, 0, NULL, 1},
+    {"qwen2", "Qwen2ForCausalLM", parse_llama, "Qwen2 / Qwen2.5: LLaMA layers, q/k/v biases", 0,
+     32, 0, NULL, 1},
+    {"qwen3", "Qwen3ForCausalLM", parse_llama, "Qwen3: LLaMA layers, q/k RMSNorm over head_dim",
+     0, 32, 128, NULL, 0},
+    {"gemma", "GemmaForCausalLM", parse_llama,
+     "Gemma: LLaMA layers with GeGLU, head_dim 256, tied", 1, 16, 256, NULL, 0},
+    {"gemma2", "Gemma2ForCausalLM", parse_llama,
+     "Gemma-2: Gemma layers with norms before and after attention and MLP (4), tied", 1, 16, 256,
+     NULL, 0},
+    {"phi3", "Phi3ForCausalLM", parse_llama,
+     "Phi-3: LLaMA layers (fused qkv and gate/up projections)", 0, 0, 0, NULL, 0},
+    {"mixtral", "MixtralForCausalLM", parse_mixtral,
+     "Mixtral: Mistral attention, MoE MLP (router + num_local_experts SwiGLU experts)", 0, 8, 0,
+     "num_local_experts", 0},
+    {"qwen2_moe", "Qwen2MoeForCausalLM", parse_qwen_moe,
+     "Qwen1.5-MoE / Qwen2-MoE: Qwen2 attention, routed experts + a gated shared expert", 0, 16,
+     0, MOE_KEYS ",shared_expert_intermediate_size", 0},
+    {"qwen3_moe", "Qwen3MoeForCausalLM", parse_qwen_moe,
+     "Qwen3-MoE: Qwen3 attention, routed experts", 0, 4, 128, MOE_KEYS, 0},
+    {"deepseek", "DeepseekForCausalLM", parse_deepseek,
+     "DeepSeekMoE: LLaMA attention, dense first layers, shared + routed experts", 0, 0, 0,
+     DS_KEYS, 0},
+    {"deepseek_v2", "DeepseekV2ForCausalLM", parse_deepseek,
+     "DeepSeek-V2: latent attention (MLA), dense first layers, shared + routed experts", 0, 0, 0,
+     DS_KEYS "," MLA_KEYS, 0},
+    {"deepseek_v3", "DeepseekV3ForCausalLM", parse_deepseek,
+     "DeepSeek-V3: V2 layers, a router score correction per expert (MTP modules not counted)",
+     0, 0, 0, DS_KEYS "," MLA_KEYS ",num_nextn_predict_layers", 0},
+    {"gpt_neox", "GPTNeoXForCausalLM", parse_neox,
+     "GPT-NeoX / Pythia: LayerNorm, biased fused qkv and GELU MLP, partial rotary, parallel "
+     "residual, untied", 0, 0, 0, "attention_bias", 0},
+    {"falcon", "FalconForCausalLM", parse_falcon,
+     "Falcon: LayerNorm, fused multi-query or GQA qkv, GELU MLP, rotary or ALiBi, parallel "
+     "attention, tied", 1, 0, 0, NULL, 0},
+    {"RefinedWebModel", NULL, parse_falcon, "Falcon (its first model_type)", 1, 0, 0, NULL, 0},
+    {"RefinedWeb", NULL, parse_falcon, "Falcon-40B (its first model_type)", 1, 0, 0, NULL, 0},
+    {"opt", "OPTForCausalLM", parse_opt,
+     "OPT: LayerNorm, biased q/k/v/o and ReLU MLP, learned positions (+2 rows), tied", 1, 0, 0,
+     "word_embed_proj_dim,do_layer_norm_before", 0},
+    {"bloom", "BloomForCausalLM", parse_bloom,
+     "BLOOM: LayerNorm (and on the embeddings), biased fused qkv and GELU MLP, ALiBi, tied", 1,
+     0, 0, NULL, 0},
+    /* recognised and refused */
+    {"t5", "T5ForConditionalGeneration", NULL, "encoder-decoder", 0, 0, 0, NULL, 0},
+    {"mt5", NULL, NULL, "encoder-decoder", 0, 0, 0, NULL, 0},
+    {"bart", NULL, NULL, "encoder-decoder", 0, 0, 0, NULL, 0},
+    {"whisper", NULL, NULL, "encoder-decoder (speech)", 0, 0, 0, NULL, 0},
+    {"bert", "BertForMaskedLM", NULL, "encoder-only", 0, 0, 0, NULL, 0},
+    {"roberta", NULL, NULL, "encoder-only", 0, 0, 0, NULL, 0},
+    {"mamba", "MambaForCausalLM", NULL, "state-space layers", 0, 0, 0, NULL, 0},
+    {"mamba2", NULL, NULL, "state-space layers", 0, 0, 0, NULL, 0},
+    {"rwkv", NULL, NULL, "recurrent (RWKV) layers", 0, 0, 0, NULL, 0},
+    {"jamba", NULL, NULL, "hybrid attention / state-space layers with experts", 0, 0, 0, NULL, 0},
+    {"qwen3_next", NULL, NULL, "hybrid linear / full attention layers", 0, 0, 0, NULL, 0},
+    {"phi", "PhiForCausalLM", NULL, "Phi-1/2: a biased output layer and partial rotary", 0, 0, 0,
+     NULL, 0},
+    {"phimoe", "PhiMoEForCausalLM", NULL,
+     "Phi-3.5-MoE: LayerNorm, biased attention output and output layer", 0, 0, 0, NULL, 0},
+    {"phi3small", NULL, NULL, "Phi-3-small: block-sparse attention and its own MLP", 0, 0, 0,
+     NULL, 0},
+    {"gptj", "GPTJForCausalLM", NULL, "GPT-J: a biased output layer", 0, 0, 0, NULL, 0},
+    {"gemma3", NULL, NULL, "multimodal (Gemma-3 with vision)", 0, 0, 0, NULL, 0},
+    {"llama4", NULL, NULL, "multimodal with interleaved MoE layers", 0, 0, 0, NULL, 0},
+    {"mllama", NULL, NULL, "multimodal (cross-attention layers)", 0, 0, 0, NULL, 0},
+    {"llava", NULL, NULL, "multimodal", 0, 0, 0, NULL, 0},
+};
+
+static const zo_family_info *family_infos(size_t *count)
+{
+    static zo_family_info info[sizeof families / sizeof families[0]];
+    *count = sizeof families / sizeof families[0];
+    for (size_t i = 0; i < *count; i++)
+        info[i] = (zo_family_info){families[i].type, families[i].what, families[i].parse != NULL,
+                                   families[i].trainable};
+    return info;
+}
+
+const zo_family_info *zo_model_families(size_t *count) { return family_infos(count); }
+
+static const family *family_by_type(const char *t)
+{
+    for (size_t i = 0; t && i < sizeof families / sizeof families[0]; i++)
+        if (!strcmp(families[i].type, t)) return &families[i];
+    return NULL;
+}
+
+static const family *family_by_arch(const cJSON *archs)
+{
+    const cJSON *a = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
+    for (size_t i = 0; cJSON_IsString(a) && i < sizeof families / sizeof families[0]; i++)
+        if (families[i].arch_name && !strcmp(families[i].arch_name, a->valuestring))
+            return &families[i];
+    return NULL;
+}
+
+static void list_modelled(char *buf, size_t len)
+{
+    buf[0] = '\0';
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++) {
+        if (!families[i].parse || !families[i].arch_name) continue;
+        size_t u = strlen(buf);
+        snprintf(buf + u, len - u, "%s%s", u ? ", " : "", families[i].type);
+    }
 }
 
 zo_status zo_model_config_parse(const char *json, const char *path, zo_model_config *out)
 {
-    zo_status st = ZO_OK;
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithOpts(json, &end, 1);
-    if (!root) {
-        int line, col;
-        line_col(json, end ? end : json, &line, &col);
-        return zo_error(ZO_ERR_FORMAT, "%s:%d:%d: malformed JSON", path, line, col);
-    }
+    cJSON *root;
+    /* malformed JSON (line and column named) and keys given twice refused */
+    zo_status st = zo_json_parse(json, strlen(json), path, &root);
+    if (st != ZO_OK) return st;
     if (!cJSON_IsObject(root)) {
         st = zo_error(ZO_ERR_FORMAT, "%s: expected a JSON object at the top level", path);
         goto out_free_root;
@@ -347,30 +859,42 @@ zo_status zo_model_config_parse(const char *json, const char *path, zo_model_con
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
-    const char *t = cJSON_IsString(type) ? type->valuestring : NULL;
-    int has_llama_fields = cJSON_HasObjectItem(root, "hidden_size") &&
-                           cJSON_HasObjectItem(root, "intermediate_size") &&
-                           cJSON_HasObjectItem(root, "num_hidden_layers");
-    if (type && !t) {
+    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    if (type && !cJSON_IsString(type)) {
         st = zo_error(ZO_ERR_FORMAT, "%s: field \"model_type\" must be a string", path);
         goto out_free_root;
     }
-    if (t && !strcmp(t, "gpt2")) {
-        st = parse_gpt2(root, path, &c);
-    } else if (t && (!strcmp(t, "llama") || !strcmp(t, "mistral") || !strcmp(t, "qwen2"))) {
-        st = parse_llama(root, path, t, &c);
-    } else if (has_llama_fields) {
-        st = parse_llama(root, path, t ? t : "custom", &c);
-    } else if (t) {
-        st = zo_error(ZO_ERR_UNSUPPORTED,
-                      "%s: field \"model_type\": unsupported value \"%s\" (supported: gpt2, "
-                      "llama, mistral, qwen2, or any config with hidden_size, "
-                      "intermediate_size, num_hidden_layers, num_attention_heads, vocab_size)",
-                      path, t);
-    } else {
-        st = zo_error(ZO_ERR_FORMAT, "%s: missing field \"model_type\"", path);
+    /* the model_type names the family; the architectures' class when the
+     * type is absent or not one we know (it builds the same modules) */
+    const char *t = type ? type->valuestring : NULL;
+    const family *f = family_by_type(t);
+    if (!f) f = family_by_arch(archs);
+    char known[512];
+    list_modelled(known, sizeof known);
+    if (!f) {
+        if (t)
+            st = zo_error(ZO_ERR_UNSUPPORTED,
+                          "%s: field \"model_type\": unknown family \"%s\" (memplan models: %s)",
+                          path, t, known);
+        else
+            st = zo_error(ZO_ERR_FORMAT,
+                          "%s: missing field \"model_type\" (and no known \"architectures\")",
+                          path);
+        goto out_free_root;
     }
-    if (st) goto out_free_root;
+    if (!f->parse) {
+        st = zo_error(ZO_ERR_UNSUPPORTED,
+                      "%s: field \"model_type\": \"%s\" is %s, which memplan does not model "
+                      "(it models: %s)",
+                      path, f->type, f->what, known);
+        goto out_free_root;
+    }
+    hf r = {root, path, f->type, ZO_OK};
+    f->parse(&r, &c, f);
+    hf_refuse_unmodelled(&r, f->modelled);
+    if ((st = r.st) != ZO_OK) goto out_free_root;
+    /* the family as a name the rest of the project uses ("falcon" for its old types) */
+    snprintf(c.family, sizeof c.family, "%s", f->parse == parse_falcon ? "falcon" : f->type);
     snprintf(c.name, sizeof c.name, "%.63s", base);
     if ((st = zo_model_config_validate(&c)) != ZO_OK) {
         zo_error_wrap(st, "%s", path);

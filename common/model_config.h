@@ -15,6 +15,40 @@ typedef enum zo_arch {
     ZO_ARCH_LLAMA,   /* RMSNorm, SwiGLU MLP, RoPE, GQA, no biases (unless attn_bias), no dropout */
 } zo_arch;
 
+/* Positions, where a family differs from its arch (planner only). */
+typedef enum zo_pos {
+    ZO_POS_ARCH = 0, /* the arch's own: learned max_seq x h (GPT), rotary (LLaMA) */
+    ZO_POS_ROTARY,   /* rotary, no parameters (GPT-NeoX, Falcon) */
+    ZO_POS_ALIBI,    /* attention biases, no parameters (BLOOM, Falcon-RW) */
+    ZO_POS_LEARNED,  /* a learned table of max_seq + pos_offset rows (OPT) */
+} zo_pos;
+
+/* Multi-head latent attention (DeepSeek-V2/V3); kv_rank 0: standard attention.
+ * q = q_b(norm(q_a(x))) (or q_proj(x) when q_rank is 0); [c_kv, k_rope] =
+ * kv_a(x); [k_nope, v] = kv_b(norm(c_kv)); heads of qk_nope + qk_rope for q
+ * and k, v_dim for v. */
+typedef struct zo_mla {
+    int q_rank;  /* q_lora_rank; 0: q projected directly */
+    int kv_rank; /* kv_lora_rank */
+    int qk_nope; /* qk_nope_head_dim */
+    int qk_rope; /* qk_rope_head_dim (one rotary key shared by all heads) */
+    int v_dim;   /* v_head_dim */
+} zo_mla;
+
+/* Mixture of experts; experts 0: a dense model. Every layer from first_dense
+ * on is an MoE layer: a router (h x experts), `experts` routed gated MLPs of
+ * expert_ffn of which each token uses top_k, and shared experts of
+ * shared_ffn (all of them together) that every token uses. */
+typedef struct zo_moe {
+    int experts;     /* routed experts per MoE layer */
+    int top_k;       /* routed experts per token */
+    int expert_ffn;  /* inner width of one routed expert */
+    int shared_ffn;  /* inner width of the shared expert(s) together; 0: none */
+    int shared_gate; /* Qwen2-MoE: a sigmoid gate (h -> 1) on the shared expert */
+    int router_bias; /* DeepSeek-V3: a score correction per expert in the router */
+    int first_dense; /* the first layers keep the dense MLP of ffn (DeepSeek) */
+} zo_moe;
+
 typedef struct zo_model_config {
     char name[64];
     char family[16];   /* "gpt2", "gpt3", "megatron", "llama2", "llama3", "mistral", "qwen2", "custom" */
@@ -34,6 +68,19 @@ typedef struct zo_model_config {
     float norm_eps;
     float rope_theta;  /* LLaMA only */
     uint64_t params_override; /* != 0: only the total is known (--params) */
+    /* ---- beyond the runtime's GPT and LLaMA layers. All 0 for what the
+     * runtime builds; memplan sizes them, zo_model_config_runtime_check
+     * refuses them for training; plans carry them as "model.features"
+     * (common/plan_schema.c). ---- */
+    char act[20];        /* the config's activation when it names one ("gelu_pytorch_tanh") */
+    zo_pos pos;
+    int pos_offset;      /* OPT: its learned table has max_seq + 2 rows */
+    int layer_norms;     /* norms per layer; 0: two (Falcon-7B: one, Gemma-2: four) */
+    int parallel_block;  /* attention and MLP read the same input (GPT-NeoX, Falcon, ...) */
+    int embed_norm;      /* BLOOM: a LayerNorm on the word embeddings */
+    int qk_norm;         /* Qwen3: an RMSNorm over head_dim on q and on k */
+    zo_mla mla;
+    zo_moe moe;
 } zo_model_config;
 
 typedef struct zo_model_preset {
@@ -49,26 +96,75 @@ const zo_model_preset *zo_model_presets(size_t *count);
  * miss, returns ZO_ERR_NOT_FOUND with a message listing the closest names. */
 zo_status zo_model_preset_find(const char *name, zo_model_config *out);
 
-/* Parse a Hugging Face config.json (model_type gpt2, llama, mistral, qwen2, or
- * any config with the LLaMA fields). Errors name the file and the field, and
- * malformed JSON gives the line and column. */
+/* Parse a Hugging Face config.json: a parser per family, chosen by
+ * "model_type" (or "architectures"), with the family's Hugging Face defaults
+ * for absent keys (docs/memplan.md, "Model families", lists them). A family
+ * that is not modelled, or a key that changes the size and that the
+ * family's parser does not model, is refused with ZO_ERR_UNSUPPORTED naming
+ * the key. Errors name the file and the field, and malformed JSON gives the
+ * line and column. */
 zo_status zo_model_config_load(const char *path, zo_model_config *out);
 /* The same from a string in memory; `path` is used in messages only. */
 zo_status zo_model_config_parse(const char *json, const char *path, zo_model_config *out);
 
 /* Fill derived fields (head_dim, n_kv_heads) and check the shape is sane:
  * positive sizes, heads dividing hidden where head_dim is derived, kv heads
- * dividing heads. */
+ * dividing heads, and the limits of common/model_limits.h (no product of the
+ * shape overflows; norm epsilons and rope_theta finite and not negative). A
+ * config with only a total (params_override) has that total checked. */
 zo_status zo_model_config_validate(zo_model_config *cfg);
+
+/* The families zo_model_config_parse knows, modelled or refused, with what
+ * each one is: for `memplan models` and the docs. */
+typedef struct zo_family_info {
+    const char *model_type;  /* "mixtral" */
+    const char *what;        /* "LLaMA layers, MoE MLP (router + experts)" or why refused */
+    int modelled;            /* 0: recognised and refused */
+    int trainable;           /* the runtime (examples/train) builds it */
+} zo_family_info;
+const zo_family_info *zo_model_families(size_t *count);
+
+/* ZO_OK when the runtime (model/, examples/) implements this shape: GPT-2,
+ * LLaMA, Mistral or Qwen2 layers and nothing of the planner-only fields;
+ * else ZO_ERR_UNSUPPORTED naming the family and what it lacks. */
+zo_status zo_model_config_runtime_check(const zo_model_config *cfg);
+
+/* One layer's parameters, by how tensor parallelism treats them. */
+typedef struct zo_layer_params {
+    uint64_t tp_split;   /* column/row-parallel matrices and the biases split with them */
+    uint64_t replicated; /* norms, biases after a row-parallel reduction, MLA down
+                            projections, the router and the shared expert's gate */
+    uint64_t expert;     /* one routed expert (split by TP like an MLP) */
+    int experts;         /* routed experts in this layer; 0: a dense layer */
+    uint64_t total;      /* tp_split + replicated + experts x expert */
+    uint64_t active;     /* used by one token: total less (experts - top_k) x expert */
+} zo_layer_params;
+
+int zo_model_layer_is_moe(const zo_model_config *cfg, int layer);
+
+/* Rows of the learned position table (GPT-2's max_seq, OPT's max_seq + 2);
+ * 0 for rotary and ALiBi models, which take any sequence length. */
+uint64_t zo_model_position_rows(const zo_model_config *cfg);
+void zo_model_layer_params(const zo_model_config *cfg, int layer, zo_layer_params *out);
+
+/* Widths of the attention's tensors per token: q, k, v (all heads) and the
+ * output projection's input. Standard attention: heads x head_dim, kv_heads
+ * x head_dim twice, heads x head_dim; MLA: heads x (qk_nope + qk_rope) for
+ * q and k, heads x v_dim for v and the output. */
+void zo_model_attn_widths(const zo_model_config *cfg, uint64_t *q, uint64_t *k, uint64_t *v,
+                          uint64_t *o);
 
 /* Exact parameter counts. */
 typedef struct zo_param_counts {
-    uint64_t embedding;   /* token (+ position) embeddings */
-    uint64_t per_layer;   /* one transformer layer, norms and biases included */
-    uint64_t layers;      /* n_layers * per_layer */
+    uint64_t embedding;   /* token (+ position) embeddings (+ BLOOM's embedding norm) */
+    uint64_t per_layer;   /* one transformer layer (the last one), norms and biases included */
+    uint64_t layers;      /* all layers (n_layers * per_layer when they are alike) */
     uint64_t final_norm;
     uint64_t head;        /* output projection; 0 when tied */
     uint64_t total;
+    uint64_t experts;     /* routed expert parameters, all layers (in `layers`) */
+    uint64_t active;      /* used per token: total less the routed experts a token skips */
+    int moe_layers;       /* layers with experts */
 } zo_param_counts;
 
 void zo_model_param_counts(const zo_model_config *cfg, zo_param_counts *out);

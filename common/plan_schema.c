@@ -1,10 +1,11 @@
 #include "plan_schema.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "common/fileio.h" /* defines: zo_file_read_all */
 
 /* ---- the table -------------------------------------------------------------------- */
 
@@ -17,10 +18,12 @@ typedef enum ftype {
     F_STR,   /* char[size] */
     F_NAME,  /* an int-sized enum, one of `names` (its index) */
     F_DTYPE, /* zo_dtype by its name */
+    F_TARGETS, /* unsigned ZO_LORA_* bits, written as "q,v" or "all-linear" */
 } ftype;
 
 enum {
-    F_SHAPE = 1 << 0,     /* the model's shape: absent for a model known only by its size */
+    F_SHAPE = 1 << 0,     /* the model's shape (a field, or a section of them): absent for a
+                             model known only by its size */
     F_COMPARE = 1 << 1,   /* compared with the run's model (zo_plan_check_run) */
     F_SIZE_ONLY = 1 << 2, /* model.params_only: present only for a size-only model */
     F_DERIVED = 1 << 3,   /* model.params: written from the shape, checked against it */
@@ -44,12 +47,16 @@ typedef struct field {
 #define STR(s, k, fl) {#k, F_STR, offsetof(s, k), sizeof(((s *)0)->k), 0, 0, NULL, fl}
 #define NAME(s, k, n, fl) {#k, F_NAME, offsetof(s, k), 0, 0, 0, n, fl}
 #define DTYPE(s, k) {#k, F_DTYPE, offsetof(s, k), 0, 0, 0, NULL, 0}
+#define FLT(s, k, lo, hi) {#k, F_FLT, offsetof(s, k), 0, lo, hi, NULL, 0}
 
 static const char *const arch_names[] = {"gpt", "llama", NULL};
 static const char *const tier_names[] = {"gpu", "cpu", "nvme", NULL};
 static const char *const host_tier_names[] = {"gpu", "cpu", NULL}; /* no nvme */
 static const char *const recompute_names[] = {"none", "selective", "full", NULL};
 static const char *const optimizer_names[] = {"adamw", "sgd", NULL};
+static const char *const pos_names[] = {"arch", "rotary", "alibi", "learned", NULL}; /* zo_pos */
+static const char *const method_names[] = {"full", "lora", "qlora", NULL};
+static const char *const schedule_names[] = {"serial", "overlap", "dpu", NULL};
 
 #define M zo_model_config
 static const field model_fields[] = {
@@ -73,7 +80,39 @@ static const field model_fields[] = {
     {"norm_eps", F_FLT, offsetof(M, norm_eps), 0, 0, 1, NULL, F_SHAPE},
     {"rope_theta", F_FLT, offsetof(M, rope_theta), 0, 0, 1e12, NULL, F_SHAPE},
 };
+
+/* What a family adds to the GPT and LLaMA layers (zo_model_config after
+ * params_override; all 0 or "" for what the runtime builds). */
+static const field features_fields[] = {
+    STR(M, act, F_SHAPE),
+    {"positions", F_NAME, offsetof(M, pos), 0, 0, 0, pos_names, F_SHAPE | F_COMPARE},
+    {"position_offset", F_INT, offsetof(M, pos_offset), 0, 0, P2(24), NULL, F_SHAPE | F_COMPARE},
+    INT(M, layer_norms, 0, 64, F_SHAPE | F_COMPARE),
+    BOOL(M, parallel_block, F_SHAPE | F_COMPARE),
+    BOOL(M, embed_norm, F_SHAPE | F_COMPARE),
+    BOOL(M, qk_norm, F_SHAPE | F_COMPARE),
+};
 #undef M
+
+#define A zo_mla
+static const field mla_fields[] = {
+    INT(A, q_rank, 0, P2(24), F_SHAPE | F_COMPARE),  INT(A, kv_rank, 0, P2(24), F_SHAPE | F_COMPARE),
+    INT(A, qk_nope, 0, P2(20), F_SHAPE | F_COMPARE), INT(A, qk_rope, 0, P2(20), F_SHAPE | F_COMPARE),
+    INT(A, v_dim, 0, P2(20), F_SHAPE | F_COMPARE),
+};
+#undef A
+
+#define E zo_moe
+static const field moe_fields[] = {
+    INT(E, experts, 0, P2(20), F_SHAPE | F_COMPARE),
+    INT(E, top_k, 0, P2(20), F_SHAPE | F_COMPARE),
+    INT(E, expert_ffn, 0, P2(26), F_SHAPE | F_COMPARE),
+    INT(E, shared_ffn, 0, P2(26), F_SHAPE | F_COMPARE),
+    BOOL(E, shared_gate, F_SHAPE | F_COMPARE),
+    BOOL(E, router_bias, F_SHAPE | F_COMPARE),
+    INT(E, first_dense, 0, P2(20), F_SHAPE | F_COMPARE),
+};
+#undef E
 
 #define H zo_hw_profile
 static const field hw_fields[] = {
@@ -101,6 +140,7 @@ static const field hw_fields[] = {
     DBL(H, nvlink_lat, 0, 1),
     DBL(H, net_lat, 0, 1),
     DBL(H, cpu_adam_rate, 0, 1e15),
+    DBL(H, cpu_adam_thread_rate, 0, 1e15),
     INT(H, pcie_gen, 0, 6, 0),
     INT(H, pcie_lanes, 0, 32, 0),
     INT(H, measured, 0, 1, 0),
@@ -119,13 +159,30 @@ static const field training_fields[] = {
     NAME(T, recompute, recompute_names, 0),
     BOOL(T, flash_attn, 0),
     BOOL(T, dropout, 0),
+    BOOL(T, dp_overlap, 0),
+    BOOL(T, fused_grad_accum, 0),
+    NAME(T, method, method_names, 0),
+    NAME(T, optimizer_schedule, schedule_names, 0),
+    INT(T, dpu_warmup, 0, P2(20), 0),
+    INT(T, opt_threads, 0, 4096, 0),
+    BOOL(T, clip_stale, 0),
 };
 #undef T
+
+/* training.lora: the adapters of a LoRA or QLoRA plan */
+#define LC zo_lora_config
+static const field lora_fields[] = {
+    INT(LC, r, 1, P2(16), 0),
+    FLT(LC, alpha, 1.0 / 64, 1e6),
+    {"targets", F_TARGETS, offsetof(LC, targets), 0, 0, 0, NULL, 0},
+};
+#undef LC
 
 #define R zo_plan_parallel
 static const field parallel_fields[] = {
     INT(R, dp, 1, P2(24), 0), INT(R, tp, 1, P2(16), 0), INT(R, pp, 1, P2(16), 0),
-    INT(R, vpp, 1, P2(16), 0), BOOL(R, sp, 0), INT(R, zero, 0, 3, 0),
+    INT(R, vpp, 1, P2(16), 0), BOOL(R, sp, 0), INT(R, ep, 1, P2(16), 0),
+    DBL(R, capacity_factor, 0, 64), INT(R, zero, 0, 3, 0),
 };
 #undef R
 
@@ -134,6 +191,7 @@ static const field placement_fields[] = {
     NAME(L, params, tier_names, 0),
     NAME(L, grads, host_tier_names, 0),
     NAME(L, checkpoints, host_tier_names, 0),
+    NAME(L, adapters, tier_names, 0),
 };
 #undef L
 
@@ -190,22 +248,31 @@ typedef struct section {
     size_t has_off;     /* NO_FLAG: present whenever its parent is */
     const char *format; /* the object carries "format" (this) and "version" */
     int version;
+    unsigned flags;     /* F_SHAPE: absent, with all its children, for a size-only model */
 } section;
 
 #define NO_FLAG ((size_t)-1)
 #define FIELDS(a) a, sizeof a / sizeof a[0]
 #define AT(m) offsetof(zo_plan, m)
 enum {
-    S_TOP, S_MODEL, S_HARDWARE, S_TRAINING, S_PARALLEL, S_PLACEMENT, S_OPTIMIZER, S_NVME,
+    S_TOP, S_MODEL, S_FEATURES, S_MLA, S_MOE, S_HARDWARE, S_TRAINING, S_LORA, S_PARALLEL, S_PLACEMENT, S_OPTIMIZER, S_NVME,
     S_BUFFERS, S_PREDICTED, S_PEAK, S_CAPACITY,
 };
 /* In the order they are read and written; a parent before its children. */
 static const section sections[] = {
     [S_TOP] = {"", -1, NULL, 0, 0, NO_FLAG, ZO_PLAN_FORMAT, ZO_PLAN_VERSION},
     [S_MODEL] = {"model", S_TOP, FIELDS(model_fields), AT(model), NO_FLAG, NULL, 0},
+    [S_FEATURES] = {"model.features", S_MODEL, FIELDS(features_fields), AT(model), NO_FLAG, NULL, 0,
+                    F_SHAPE},
+    [S_MLA] = {"model.features.mla", S_FEATURES, FIELDS(mla_fields), AT(model.mla), NO_FLAG, NULL,
+               0, F_SHAPE},
+    [S_MOE] = {"model.features.moe", S_FEATURES, FIELDS(moe_fields), AT(model.moe), NO_FLAG, NULL,
+               0, F_SHAPE},
     [S_HARDWARE] = {"hardware", S_TOP, FIELDS(hw_fields), AT(hardware), AT(has_hardware),
                     ZO_HW_FORMAT, ZO_HW_VERSION},
     [S_TRAINING] = {"training", S_TOP, FIELDS(training_fields), AT(training), NO_FLAG, NULL, 0},
+    [S_LORA] = {"training.lora", S_TRAINING, FIELDS(lora_fields), AT(training.lora),
+                AT(training.has_lora), NULL, 0},
     [S_PARALLEL] = {"parallel", S_TOP, FIELDS(parallel_fields), AT(parallel), NO_FLAG, NULL, 0},
     [S_PLACEMENT] = {"placement", S_TOP, FIELDS(placement_fields), AT(placement), NO_FLAG, NULL, 0},
     [S_OPTIMIZER] = {"placement.optimizer", S_PLACEMENT, FIELDS(fraction_fields),
@@ -221,9 +288,12 @@ static const section sections[] = {
 };
 #define N_SECTIONS (sizeof sections / sizeof sections[0])
 
-_Static_assert(sizeof(zo_arch) == sizeof(int) && sizeof(zo_dtype) == sizeof(int) &&
+_Static_assert(sizeof(zo_arch) == sizeof(int) && sizeof(zo_pos) == sizeof(int) &&
+                   sizeof(zo_dtype) == sizeof(int) &&
                    sizeof(zo_plan_tier) == sizeof(int) && sizeof(zo_plan_recompute) == sizeof(int) &&
-                   sizeof(zo_plan_optimizer) == sizeof(int),
+                   sizeof(zo_plan_optimizer) == sizeof(int) &&
+                   sizeof(zo_plan_method) == sizeof(int) && sizeof(zo_plan_schedule) == sizeof(int) &&
+                   sizeof(((zo_lora_config *)0)->targets) == sizeof(int),
                "F_NAME and F_DTYPE fields are stored as int");
 
 const char *zo_plan_tier_name(zo_plan_tier t)
@@ -239,6 +309,16 @@ const char *zo_plan_recompute_name(zo_plan_recompute r)
 const char *zo_plan_optimizer_name(zo_plan_optimizer o)
 {
     return o >= 0 && o <= ZO_PLAN_SGD ? optimizer_names[o] : "?";
+}
+
+const char *zo_plan_method_name(zo_plan_method m)
+{
+    return m >= 0 && m <= ZO_PLAN_QLORA ? method_names[m] : "?";
+}
+
+const char *zo_plan_schedule_name(zo_plan_schedule s)
+{
+    return s >= 0 && s <= ZO_PLAN_SCHED_DPU ? schedule_names[s] : "?";
 }
 
 /* ---- values ------------------------------------------------------------------------- */
@@ -258,7 +338,8 @@ static double get_num(const field *f, const void *base)
     case F_INT:
     case F_BOOL:
     case F_NAME:
-    case F_DTYPE: return *(const int *)p;
+    case F_DTYPE:
+    case F_TARGETS: return *(const int *)p;
     case F_U64: return (double)*(const uint64_t *)p;
     case F_DBL: return *(const double *)p;
     case F_FLT: return *(const float *)p;
@@ -274,7 +355,8 @@ static void set_num(const field *f, void *base, double v)
     case F_INT:
     case F_BOOL:
     case F_NAME:
-    case F_DTYPE: *(int *)p = (int)v; break;
+    case F_DTYPE:
+    case F_TARGETS: *(int *)p = (int)v; break;
     case F_U64: *(uint64_t *)p = (uint64_t)v; break;
     case F_DBL: *(double *)p = v; break;
     case F_FLT: *(float *)p = (float)v; break;
@@ -340,6 +422,11 @@ static zo_status check_value(const field *f, const void *base, const char *prefi
         if (i != 0 && i != 1)
             return zo_error(ZO_ERR_INVALID, "field \"%s%s\" = %d is not 0 or 1", prefix, f->key, i);
         return ZO_OK;
+    case F_TARGETS:
+        if (!(*(const unsigned *)p & ZO_LORA_ALL_LINEAR) || (*(const unsigned *)p & ~ZO_LORA_ALL_LINEAR))
+            return zo_error(ZO_ERR_INVALID, "field \"%s%s\" = 0x%x names no target layers", prefix,
+                            f->key, *(const unsigned *)p);
+        return ZO_OK;
     default:
         if (check_number(f, get_num(f, base)) != ZO_OK)
             return zo_error_wrap(ZO_ERR_INVALID, "field \"%s%s\"", prefix, f->key);
@@ -360,8 +447,12 @@ void zo_plan_defaults(zo_plan *p, const zo_model_config *m)
                                      .grad_dtype = ZO_DTYPE_BF16,
                                      .optimizer = ZO_PLAN_ADAMW,
                                      .recompute = ZO_PLAN_RECOMPUTE_NONE,
-                                     .flash_attn = 1};
-    p->parallel = (zo_plan_parallel){.dp = 1, .tp = 1, .pp = 1, .vpp = 1};
+                                     .flash_attn = 1,
+                                     .dp_overlap = 1,
+                                     .method = ZO_PLAN_FULL,
+                                     .optimizer_schedule = ZO_PLAN_SCHED_SERIAL,
+                                     .dpu_warmup = 10};
+    p->parallel = (zo_plan_parallel){.dp = 1, .tp = 1, .pp = 1, .vpp = 1, .ep = 1};
     p->placement.optimizer[ZO_PLAN_GPU] = 1.0;
     snprintf(p->nvme.dir, sizeof p->nvme.dir, "%s", ZO_PLAN_NVME_DIR_PLACEHOLDER);
     p->nvme.sub_group = 1u << 20;
@@ -377,16 +468,67 @@ static int skip_field(const field *f, const zo_model_config *m)
     return 0;
 }
 
+/* Whether a section is there, given that its parent is: its has_* flag in
+ * the plan `p` (NULL: writing one object alone, no flags), its shape for the
+ * model `m` (NULL: not a model's). */
+static int section_here(const section *s, const zo_plan *p, const zo_model_config *m)
+{
+    if (s->has_off != NO_FLAG && p && !*(const int *)((const char *)p + s->has_off)) return 0;
+    return !((s->flags & F_SHAPE) && m && m->params_override);
+}
+
 static int section_present(const section *s, const zo_plan *p)
 {
     for (; s; s = s->parent >= 0 ? &sections[s->parent] : NULL)
-        if (s->has_off != NO_FLAG && !*(const int *)((const char *)p + s->has_off)) return 0;
+        if (!section_here(s, p, &p->model)) return 0;
     return 1;
+}
+
+/* The key of a section in its parent ("mla" of "model.features.mla"). */
+static const char *section_key(const section *s)
+{
+    const char *key = strrchr(s->path, '.');
+    return key ? key + 1 : s->path;
+}
+
+/* Whether section i is the model's or one of its children's. */
+static int in_model(int i)
+{
+    for (; i >= 0; i = sections[i].parent)
+        if (i == S_MODEL) return 1;
+    return 0;
 }
 
 static void field_prefix(const section *s, char *buf, size_t len)
 {
     snprintf(buf, len, "%s%s", s->path, s->path[0] ? "." : "");
+}
+
+/* training.lora is there exactly for a LoRA or QLoRA plan, and its adapters
+ * exist in the model (GPT-2 has no gate); only adapters have a placement of
+ * their own. */
+static zo_status check_method(const zo_plan_training *t, const zo_plan_placement *pl,
+                              const zo_model_config *m)
+{
+    const char *name = zo_plan_method_name(t->method);
+    if (t->method == ZO_PLAN_FULL) {
+        if (t->has_lora)
+            return zo_error(ZO_ERR_INVALID, "field \"training.lora\" is given but \"training.method\" "
+                            "is full (adapters are trained with method lora or qlora)");
+        if (pl->adapters != ZO_PLAN_GPU)
+            return zo_error(ZO_ERR_INVALID, "field \"placement.adapters\" is %s but "
+                            "\"training.method\" is full: a plan without adapters says gpu",
+                            zo_plan_tier_name(pl->adapters));
+        return ZO_OK;
+    }
+    if (!t->has_lora)
+        return zo_error(ZO_ERR_INVALID, "field \"training.method\" is %s: missing object "
+                        "\"training.lora\"", name);
+    if (m->params_override)
+        return zo_error(ZO_ERR_INVALID, "field \"training.method\" is %s: the adapters need the "
+                        "model's shape, and \"model.params_only\" has none", name);
+    zo_status st = zo_lora_check(m, &t->lora);
+    return st == ZO_OK ? ZO_OK : zo_error_wrap(st, "field \"training.lora\"");
 }
 
 /* What no single field says: the shape is sane and has the parameters the
@@ -404,7 +546,7 @@ static zo_status check_whole(zo_plan *p, uint64_t params_read)
     if (fabs(sum - 1.0) > 1e-6)
         return zo_error(ZO_ERR_INVALID, "field \"placement.optimizer\": the fractions sum to %g, "
                         "not 1", sum);
-    return ZO_OK;
+    return check_method(&p->training, &p->placement, &p->model);
 }
 
 zo_status zo_plan_check(const zo_plan *p, const char *what)
@@ -470,6 +612,11 @@ static int add_field(cJSON *o, const field *f, const void *base)
     case F_BOOL: v = cJSON_CreateBool(*(const int *)p); break;
     case F_NAME: v = cJSON_CreateString(f->names[*(const int *)p]); break;
     case F_DTYPE: v = cJSON_CreateString(zo_dtype_name((zo_dtype) * (const int *)p)); break;
+    case F_TARGETS: {
+        char t[64];
+        v = cJSON_CreateString(zo_lora_targets_str(*(const unsigned *)p, t, sizeof t));
+        break;
+    }
     default: v = cJSON_CreateNumber(get_num(f, base)); break;
     }
     return v && cJSON_AddItemToObject(o, f->key, v);
@@ -492,47 +639,51 @@ static int add_fields(cJSON *o, const section *s, const void *base, const zo_mod
     return 1;
 }
 
-zo_status zo_plan_write_json(const zo_plan *p, const char *what, cJSON **out)
+/* Section i into `o`, its fields then its children, from `base` (the
+ * section's struct); `p` and `m` as for section_here. */
+static int write_section(cJSON *o, int i, const char *base, const zo_plan *p,
+                         const zo_model_config *m)
 {
-    *out = NULL;
-    zo_status st = zo_plan_check(p, what);
-    if (st != ZO_OK) return st;
-    cJSON *obj[N_SECTIONS] = {0};
-    obj[S_TOP] = cJSON_CreateObject();
-    if (!obj[S_TOP]) goto out_nomem;
-    for (size_t i = 0; i < N_SECTIONS; i++) {
-        const section *s = &sections[i];
-        if (!section_present(s, p)) continue;
-        if (i != S_TOP) {
-            const char *key = strrchr(s->path, '.');
-            key = key ? key + 1 : s->path;
-            if (!(obj[i] = cJSON_AddObjectToObject(obj[s->parent], key))) goto out_free;
-        }
-        if (!add_fields(obj[i], s, (const char *)p + s->off, i == S_MODEL ? &p->model : NULL))
-            goto out_free;
+    if (!add_fields(o, &sections[i], base, m)) return 0;
+    for (size_t c = 0; c < N_SECTIONS; c++) {
+        const section *s = &sections[c];
+        if (s->parent != i || !section_here(s, p, m)) continue;
+        cJSON *child = cJSON_AddObjectToObject(o, section_key(s));
+        if (!child || !write_section(child, (int)c, base + (s->off - sections[i].off), p, m))
+            return 0;
     }
-    *out = obj[S_TOP];
-    return ZO_OK;
-out_free:
-    cJSON_Delete(obj[S_TOP]);
-out_nomem:
-    return zo_error(ZO_ERR_NOMEM, "%s: out of memory writing the plan", what);
+    return 1;
 }
 
-/* One object alone (the model, a hardware profile). */
-static cJSON *section_json(int i, const void *base, const zo_model_config *m)
+/* One object alone (a plan, the model, a hardware profile). */
+static cJSON *section_json(int i, const void *base, const zo_plan *p, const zo_model_config *m)
 {
     cJSON *o = cJSON_CreateObject();
-    if (o && !add_fields(o, &sections[i], base, m)) {
+    if (o && !write_section(o, i, base, p, m)) {
         cJSON_Delete(o);
         return NULL;
     }
     return o;
 }
 
-cJSON *zo_plan_model_write_json(const zo_model_config *m) { return section_json(S_MODEL, m, m); }
+zo_status zo_plan_write_json(const zo_plan *p, const char *what, cJSON **out)
+{
+    zo_status st = zo_plan_check(p, what);
+    if (st != ZO_OK) return st;
+    if (!(*out = section_json(S_TOP, p, p, &p->model)))
+        return zo_error(ZO_ERR_NOMEM, "%s: out of memory writing the plan", what);
+    return ZO_OK;
+}
 
-cJSON *zo_hw_profile_write_json(const zo_hw_profile *hw) { return section_json(S_HARDWARE, hw, NULL); }
+cJSON *zo_plan_model_write_json(const zo_model_config *m)
+{
+    return section_json(S_MODEL, m, NULL, m);
+}
+
+cJSON *zo_hw_profile_write_json(const zo_hw_profile *hw)
+{
+    return section_json(S_HARDWARE, hw, NULL, NULL);
+}
 
 /* ---- reading ------------------------------------------------------------------------- */
 
@@ -584,6 +735,14 @@ static zo_status read_field(const reader *r, const cJSON *o, const field *f, voi
             return zo_error(ZO_ERR_FORMAT, "%s: field \"%s%s\" must be fp32, fp16 or bf16", r->path,
                             r->prefix, f->key);
         *(int *)p = (int)d;
+        return ZO_OK;
+    }
+    case F_TARGETS: {
+        unsigned bits;
+        if (!cJSON_IsString(v) || zo_lora_targets_parse(v->valuestring, &bits) != ZO_OK)
+            return zo_error(ZO_ERR_FORMAT, "%s: field \"%s%s\" must be a comma-separated list of "
+                            "q, k, v, o, gate, up, down, or all-linear", r->path, r->prefix, f->key);
+        *(unsigned *)p = bits;
         return ZO_OK;
     }
     default:
@@ -713,11 +872,10 @@ zo_status zo_plan_read(const char *text, size_t len, const char *path, zo_plan *
         field_prefix(s, prefix, sizeof prefix);
         if (i != S_TOP) {
             if (!obj[s->parent]) continue; /* an optional parent is absent */
-            const char *key = strrchr(s->path, '.');
-            key = key ? key + 1 : s->path;
-            obj[i] = cJSON_GetObjectItemCaseSensitive(obj[s->parent], key);
+            obj[i] = cJSON_GetObjectItemCaseSensitive(obj[s->parent], section_key(s));
             if (!obj[i]) {
-                if (s->has_off != NO_FLAG) continue;
+                /* optional, or a size-only model's shape (its model was read first) */
+                if (s->has_off != NO_FLAG || !section_here(s, NULL, &out->model)) continue;
                 st = zo_error(ZO_ERR_FORMAT, "%s: missing object \"%s\"", path, s->path);
                 break;
             }
@@ -728,8 +886,7 @@ zo_status zo_plan_read(const char *text, size_t len, const char *path, zo_plan *
             if (s->has_off != NO_FLAG) *(int *)((char *)out + s->has_off) = 1;
         }
         reader r = {path, prefix, 0};
-        st = read_object(&r, obj[i], s, (char *)out + s->off, i == S_MODEL ? &out->model : NULL,
-                         &params);
+        st = read_object(&r, obj[i], s, (char *)out + s->off, &out->model, &params);
     }
     if (st == ZO_OK) {
         if (!out->model.family[0])
@@ -744,22 +901,12 @@ out_free_doc:
 
 zo_status zo_plan_load(const char *path, zo_plan *out)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return zo_error(errno == ENOENT ? ZO_ERR_NOT_FOUND : ZO_ERR_IO, "%s: %s", path, strerror(errno));
-    char *text = malloc(ZO_PLAN_MAX_BYTES + 1);
-    zo_status st;
-    if (!text) {
-        st = zo_error(ZO_ERR_NOMEM, "%s: out of host memory", path);
-        goto out_close;
-    }
-    size_t len = fread(text, 1, ZO_PLAN_MAX_BYTES + 1, f);
-    if (ferror(f)) st = zo_error(ZO_ERR_IO, "%s: read failed: %s", path, strerror(errno));
-    else if (len > ZO_PLAN_MAX_BYTES)
-        st = zo_error(ZO_ERR_FORMAT, "%s: larger than %u bytes", path, ZO_PLAN_MAX_BYTES);
-    else st = zo_plan_read(text, len, path, out);
+    char *text;
+    size_t len;
+    zo_status st = zo_file_read_all(path, ZO_PLAN_MAX_BYTES, "a plan", &text, &len);
+    if (st != ZO_OK) return st;
+    st = zo_plan_read(text, len, path, out);
     free(text);
-out_close:
-    fclose(f);
     return st;
 }
 
@@ -773,16 +920,21 @@ zo_status zo_plan_check_run(const zo_plan *p, const zo_model_config *m, int worl
         return zo_error(ZO_ERR_INVALID, "%s: the plan is for model \"%s\" of %llu parameters; the "
                         "run's model \"%s\" has %llu", path, p->model.name,
                         (unsigned long long)want, m->name, (unsigned long long)have);
-    for (size_t k = 0; k < sizeof model_fields / sizeof model_fields[0] && !p->model.params_override; k++) {
-        const field *f = &model_fields[k];
-        if (!(f->flags & F_COMPARE)) continue;
-        int a = (int)get_num(f, &p->model), b = (int)get_num(f, m);
-        if (a == b) continue;
-        if (f->type == F_NAME)
-            return zo_error(ZO_ERR_INVALID, "%s: the plan's model.%s is %s; the run's model \"%s\" "
-                            "has %s", path, f->key, f->names[a], m->name, f->names[b]);
-        return zo_error(ZO_ERR_INVALID, "%s: the plan's model.%s is %d; the run's model \"%s\" has %d",
-                        path, f->key, a, m->name, b);
+    for (int i = 0; i < (int)N_SECTIONS && !p->model.params_override; i++) {
+        const section *s = &sections[i];
+        if (!in_model(i)) continue;
+        size_t at = s->off - AT(model); /* the section's struct inside a zo_model_config */
+        for (size_t k = 0; k < s->n; k++) {
+            const field *f = &s->f[k];
+            if (!(f->flags & F_COMPARE)) continue;
+            int a = (int)get_num(f, (const char *)&p->model + at), b = (int)get_num(f, (const char *)m + at);
+            if (a == b) continue;
+            if (f->type == F_NAME)
+                return zo_error(ZO_ERR_INVALID, "%s: the plan's %s.%s is %s; the run's model \"%s\" "
+                                "has %s", path, s->path, f->key, f->names[a], m->name, f->names[b]);
+            return zo_error(ZO_ERR_INVALID, "%s: the plan's %s.%s is %d; the run's model \"%s\" "
+                            "has %d", path, s->path, f->key, a, m->name, b);
+        }
     }
     long ranks = (long)p->parallel.dp * p->parallel.tp * p->parallel.pp;
     if (ranks != world_size)

@@ -6,9 +6,10 @@
  *
  * A plan is one JSON object, "format": "zoffload-plan", "version": 1. Every
  * field is required except the objects "hardware" and "predicted" (each
- * present whole or absent) and, for a model known only by its size
- * ("model.params_only"), the model's shape. Unknown fields are refused by
- * name; messages name the file and the field. */
+ * present whole or absent), "training.lora" (present exactly when
+ * "training.method" is lora or qlora) and, for a model known only by its
+ * size ("model.params_only"), the model's shape (its "features" included).
+ * Unknown fields are refused by name; messages name the file and the field. */
 #ifndef ZO_COMMON_PLAN_SCHEMA_H
 #define ZO_COMMON_PLAN_SCHEMA_H
 
@@ -18,6 +19,7 @@
 #include <cjson/cJSON.h>
 
 #include "dtype.h"
+#include "lora.h" /* defines: zo_lora_config */
 #include "model_config.h"
 #include "status.h"
 
@@ -42,6 +44,19 @@ typedef enum zo_plan_recompute {
 } zo_plan_recompute;
 
 typedef enum zo_plan_optimizer { ZO_PLAN_ADAMW = 0, ZO_PLAN_SGD } zo_plan_optimizer;
+
+/* What is trained: every parameter, or LoRA adapters on a frozen base kept
+ * in the model dtype (lora) or in NF4 (qlora). */
+typedef enum zo_plan_method { ZO_PLAN_FULL = 0, ZO_PLAN_LORA, ZO_PLAN_QLORA } zo_plan_method;
+
+/* When the CPU optimizer runs (docs/memplan.md, "Optimizer schedules"):
+ * after the backward (serial); block by block beside the GPU's work
+ * (overlap); or one step late, beside the next step (dpu). */
+typedef enum zo_plan_schedule {
+    ZO_PLAN_SCHED_SERIAL = 0,
+    ZO_PLAN_SCHED_OVERLAP,
+    ZO_PLAN_SCHED_DPU,
+} zo_plan_schedule;
 
 /* A hardware profile: a plan's "hardware" and the file `memplan calibrate`
  * writes ("format": "zoffload-hw"). The planner's plan_hw. */
@@ -71,6 +86,8 @@ typedef struct zo_hw_profile {
     double nvlink_lat;       /* seconds per step of a collective inside a node */
     double net_lat;          /* seconds per step of a collective across nodes */
     double cpu_adam_rate;    /* AdamW parameters/s per node on the CPU; 0: from cpu_mem_bw */
+    double cpu_adam_thread_rate; /* AdamW parameters/s of one thread; 0: cpu_adam_rate /
+                                    cpu_cores when cpu_adam_rate is given, else 5e8 */
     int pcie_gen, pcie_lanes; /* the host link as it runs (0: not described); pcie_bw follows */
     int measured;            /* 1: a profile written by `memplan calibrate` */
     char note[160];          /* what a profile could not measure (e.g. "no GPU") */
@@ -83,11 +100,24 @@ typedef struct zo_plan_training {
     zo_plan_optimizer optimizer;
     zo_plan_recompute recompute;
     int flash_attn, dropout;
+    /* how the trainer schedules (the planner's time only, docs/memplan.md "Time") */
+    int dp_overlap;               /* gradient reduction overlaps the last backward */
+    int fused_grad_accum;         /* the weight-gradient GEMM adds into the gradient buffer */
+    zo_plan_method method;        /* full, lora or qlora */
+    zo_plan_schedule optimizer_schedule; /* serial, overlap or dpu */
+    int dpu_warmup;               /* dpu: serial steps before the delayed update starts */
+    int opt_threads;              /* CPU threads the optimizer runs on; 0: the host's cores
+                                     (less one per rank beside the GPU's work) */
+    int clip_stale;               /* clipping takes the previous step's norm (overlap) */
+    int has_lora;                 /* "training.lora" is present: method lora or qlora */
+    zo_lora_config lora;          /* r, alpha, targets (ZO_LORA_* bits) */
 } zo_plan_training;
 
 typedef struct zo_plan_parallel {
     int dp, tp, pp, vpp;          /* vpp: model chunks per pipeline stage */
     int sp;                       /* sequence parallelism */
+    int ep;                       /* expert parallelism (MoE): experts over ep of the dp ranks */
+    double capacity_factor;       /* MoE: tokens an expert takes, x its fair share; 0: dropless */
     int zero;                     /* ZeRO stage 0..3 */
 } zo_plan_parallel;
 
@@ -95,6 +125,8 @@ typedef struct zo_plan_placement {
     zo_plan_tier params;          /* gpu, cpu or nvme */
     zo_plan_tier grads;           /* gpu or cpu */
     zo_plan_tier checkpoints;     /* gpu or cpu */
+    zo_plan_tier adapters;        /* LoRA/QLoRA: where the adapters live (gpu, cpu, nvme);
+                                     full: gpu */
     double optimizer[ZO_PLAN_TIERS]; /* fractions of the optimizer state, summing to 1 */
 } zo_plan_placement;
 
@@ -135,7 +167,10 @@ typedef struct zo_plan {
 
 /* A valid plan for model `m` (copied) with everything on the GPU: its
  * positions as seq, micro-batch 1, no accumulation, bf16, AdamW, no
- * recompute, one rank, prefetch 2, sub-group 1M, 3 swap buffers, no reserved
+ * recompute, gradient reduction overlapped, full fine-tuning, the serial
+ * optimizer schedule (DPU warm-up 10, optimizer threads 0, exact
+ * clipping), one rank (EP 1, dropless),
+ * prefetch 2, sub-group 1M, 3 swap buffers, no reserved
  * buffers, the NVMe placeholder, no hardware and no prediction. */
 void zo_plan_defaults(zo_plan *p, const zo_model_config *m);
 
@@ -165,14 +200,15 @@ zo_status zo_plan_field_range(const char *field, double *lo, double *hi);
 zo_status zo_plan_field_check(const char *field, double value);
 
 /* Whether a plan can run here: the model `m` has the plan's parameter count
- * and shape (layers, widths, heads, vocabulary, biases, tied embeddings) and
+ * and shape (layers, widths, heads, vocabulary, biases, tied embeddings, and
+ * the features of its family: positions, norms, experts, latent attention) and
  * the run's `world_size` ranks are the plan's dp x tp x pp. Messages name
  * the plan (`path`) and both values. ZO_ERR_INVALID. */
 zo_status zo_plan_check_run(const zo_plan *p, const zo_model_config *m, int world_size,
                             const char *path);
 
-/* The "model" object alone, as a plan carries it (the estimate's report
- * carries it too). NULL when out of memory. */
+/* The "model" object alone (its "features" included), as a plan carries it
+ * (the estimate's report carries it too). NULL when out of memory. */
 cJSON *zo_plan_model_write_json(const zo_model_config *m);
 
 /* ---- hardware profiles ----------------------------------------------------- */
@@ -191,5 +227,7 @@ zo_status zo_hw_profile_read_json(const cJSON *o, const char *path, const char *
 const char *zo_plan_tier_name(zo_plan_tier t);           /* "gpu", "cpu", "nvme" */
 const char *zo_plan_recompute_name(zo_plan_recompute r); /* "none", "selective", "full" */
 const char *zo_plan_optimizer_name(zo_plan_optimizer o); /* "adamw", "sgd" */
+const char *zo_plan_method_name(zo_plan_method m);       /* "full", "lora", "qlora" */
+const char *zo_plan_schedule_name(zo_plan_schedule s);   /* "serial", "overlap", "dpu" */
 
 #endif

@@ -20,6 +20,7 @@ const char *zo_status_name(zo_status s)
     case ZO_ERR_UNSUPPORTED: return "ZO_ERR_UNSUPPORTED";
     case ZO_ERR_NOT_FOUND: return "ZO_ERR_NOT_FOUND";
     case ZO_ERR_INTERNAL: return "ZO_ERR_INTERNAL";
+    case ZO_ERR_BUSY: return "ZO_ERR_BUSY";
     }
     return "ZO_ERR_?";
 }

@@ -21,6 +21,7 @@ typedef enum zo_status {
     ZO_ERR_UNSUPPORTED, /* feature not built or not available here */
     ZO_ERR_NOT_FOUND,   /* named thing (preset, tensor, file) does not exist */
     ZO_ERR_INTERNAL,    /* a bug: an invariant did not hold */
+    ZO_ERR_BUSY,        /* held by another process (a lock on a folder or a file) */
 } zo_status;
 
 /* A fixed string naming the status, e.g. "ZO_ERR_IO". */

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "common/nf4.h"      /* defines: ZO_NF4_ALIGN */
 #include "gpu/device_impl.h" /* defines: gpu_backend_iface, struct gpu_device */
 
 zo_status gpu_device_wrap(const gpu_backend_iface *iface, void *ctx, gpu_device_t *out)
@@ -554,6 +555,15 @@ zo_status gpu_sum_squares(gpu_stream_t s, float *sum, gpu_tensor x, size_t n)
     zo_status st;
     if (!op_check(&st, s, __func__, ARGS(PTR(sum), COUNT(n), TENSOR(x)))) return st;
     return s->dev->iface->sum_squares(s, sum, x, n);
+}
+
+zo_status gpu_nf4_dequantize(gpu_stream_t s, gpu_tensor out, const void *nf4, size_t n)
+{
+    zo_status st;
+    if (!op_check(&st, s, __func__, ARGS(COUNT(n), TENSOR(out), PTR(nf4)))) return st;
+    if ((uintptr_t)nf4 % ZO_NF4_ALIGN)
+        return zo_error(ZO_ERR_INVALID, "%s: nf4 is not %d-byte aligned", __func__, ZO_NF4_ALIGN);
+    return s->dev->iface->nf4_dequantize(s, out, nf4, n);
 }
 
 /* ---- ops: optimizer ----------------------------------------------------------------- */

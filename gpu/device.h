@@ -265,6 +265,16 @@ zo_status gpu_check_finite(gpu_stream_t s, int32_t *flag, gpu_tensor x, size_t n
  * order (for gradient clipping). */
 zo_status gpu_sum_squares(gpu_stream_t s, float *sum, gpu_tensor x, size_t n);
 
+/* ---- ops: quantized weights --------------------------------------------------------
+ * out[n] = the NF4 tensor of n weights at `nf4` dequantized: the layout and
+ * the arithmetic of common/nf4.h (fp32: map[absq] * scale2 + offset per block
+ * of 64, times the 4-bit code's value, each product and sum rounded as
+ * written, then rounded to out's type), so every backend gives the bits of
+ * zo_nf4_dequantize. nf4: zo_nf4_bytes(n) bytes of device memory,
+ * ZO_NF4_ALIGN-aligned; QLoRA dequantizes a frozen weight with it just
+ * before the GEMM that reads it. */
+zo_status gpu_nf4_dequantize(gpu_stream_t s, gpu_tensor out, const void *nf4, size_t n);
+
 /* ---- ops: optimizer ----------------------------------------------------------------
  * Adam / AdamW over fp32 master state kept on the device (an optimizer the
  * plan places on the GPU). Same update, operation order and per-step scalars

@@ -193,6 +193,7 @@ typedef union cpu_args {
         float *f[2];
         const float *cf[2];
         const int32_t *ids;
+        const void *cp; /* a read-only buffer (an NF4 tensor) */
         int32_t *flag;
         int i[6];
         int64_t l;
@@ -808,6 +809,18 @@ static zo_status cpu_op_sum_squares(gpu_stream_t s, float *sum, gpu_tensor x, si
     return submit(s, run_sum_squares, "gpu_sum_squares", &args);
 }
 
+static zo_status run_nf4_dequantize(cpu_cmd *c, int nt)
+{
+    cpu_nf4_dequantize(OP.t[0], OP.cp, OP.n, nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_op_nf4_dequantize(gpu_stream_t s, gpu_tensor out, const void *nf4, size_t n)
+{
+    cpu_args args = {.op = {.t = {out}, .cp = nf4, .n = n}};
+    return submit(s, run_nf4_dequantize, "gpu_nf4_dequantize", &args);
+}
+
 static zo_status run_adam_update(cpu_cmd *c, int nt)
 {
     cpu_adam_update(&c->u.adam.c, c->u.adam.n, c->u.adam.param, c->u.adam.grad, c->u.adam.m,
@@ -879,6 +892,7 @@ static const gpu_backend_iface cpu_iface = {
     .cast = cpu_op_cast,
     .check_finite = cpu_op_check_finite,
     .sum_squares = cpu_op_sum_squares,
+    .nf4_dequantize = cpu_op_nf4_dequantize,
     .adam_update = cpu_op_adam_update,
 };
 

@@ -92,6 +92,7 @@ typedef struct gpu_backend_iface {
     zo_status (*cast)(gpu_stream_t s, gpu_tensor dst, gpu_tensor src, size_t n);
     zo_status (*check_finite)(gpu_stream_t s, int32_t *flag, gpu_tensor x, size_t n);
     zo_status (*sum_squares)(gpu_stream_t s, float *sum, gpu_tensor x, size_t n);
+    zo_status (*nf4_dequantize)(gpu_stream_t s, gpu_tensor out, const void *nf4, size_t n);
     /* gpu_adam_update with the per-step scalars already computed */
     zo_status (*adam_update)(gpu_stream_t s, const gpu_adam_consts *c, size_t n,
                              float *param, gpu_tensor grad, float *m, float *v, gpu_tensor out16);

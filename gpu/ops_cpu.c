@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/nf4.h" /* defines: zo_nf4_dequantize */
+
 /* ---- element access --------------------------------------------------------- */
 
 static inline float ld(gpu_tensor t, size_t i) { return zo_load_f32(t.data, t.dtype, i); }
@@ -1257,4 +1259,9 @@ zo_status cpu_sum_squares(cpu_scratch *ws, float *sum, gpu_tensor x, size_t n, i
     for (size_t k = 0; k < chunks; k++) total += part[k];
     *sum += (float)total;
     return ZO_OK;
+}
+
+void cpu_nf4_dequantize(gpu_tensor out, const void *nf4, size_t n, int nt)
+{
+    zo_nf4_dequantize(out.data, out.dtype, nf4, n, nthreads(nt));
 }

@@ -2,13 +2,18 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/fileio.h" /* defines: zo_file_create, zo_file_append, zo_file_commit */
+#include <cjson/cJSON.h>
+
+#include "common/fileio.h" /* defines: zo_file_open_regular, zo_file_create, zo_file_append,
+                              zo_file_commit, zo_file_read_all */
+#include "common/json.h"   /* defines: zo_json_parse */
 
 zo_status model_tokens_open(model_tokens *t, const char *path, model_token_width width, int vocab)
 {
@@ -24,19 +29,10 @@ zo_status model_tokens_open(model_tokens *t, const char *path, model_token_width
     if (!t->path) return zo_error(ZO_ERR_NOMEM, "%s: cannot copy the path", path);
     t->width = width;
     t->vocab = vocab;
-    t->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (t->fd < 0) {
-        st = zo_error(errno == ENOENT ? ZO_ERR_NOT_FOUND : ZO_ERR_IO, "%s: cannot open: %s", path,
-                      strerror(errno));
-        goto out_close;
-    }
+    if ((st = zo_file_open_regular(path, "a token file", &t->fd)) != ZO_OK) goto out_close;
     struct stat sb;
     if (fstat(t->fd, &sb) != 0) {
         st = zo_error(ZO_ERR_IO, "%s: fstat: %s", path, strerror(errno));
-        goto out_close;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        st = zo_error(ZO_ERR_INVALID, "%s: not a regular file", path);
         goto out_close;
     }
     if (sb.st_size == 0 || (uint64_t)sb.st_size % (uint64_t)width) {
@@ -61,9 +57,41 @@ out_close:
     return st;
 }
 
+zo_status model_tokens_from_ids(model_tokens *t, const char *name, uint32_t *ids, uint64_t n,
+                                int vocab, uint8_t *mask, uint64_t *rows, uint64_t n_rows,
+                                int32_t pad_id)
+{
+    memset(t, 0, sizeof *t);
+    t->fd = -1;
+    t->owned = (uint8_t *)ids;
+    t->mask = mask;
+    t->rows = rows;
+    t->n_rows = n_rows;
+    t->pad_id = pad_id;
+    t->map = t->owned;
+    t->map_size = n * sizeof(uint32_t);
+    t->n = n;
+    t->width = MODEL_TOKENS_U32;
+    t->vocab = vocab;
+    zo_status st = ZO_OK;
+    if (!(t->path = strdup(name))) st = zo_error(ZO_ERR_NOMEM, "%s: cannot copy the name", name);
+    else if (!n) st = zo_error(ZO_ERR_INVALID, "%s: no tokens", name);
+    else if (vocab < 1) st = zo_error(ZO_ERR_INVALID, "%s: vocabulary of %d", name, vocab);
+    else if (rows && (!n_rows || rows[0] != 0 || rows[n_rows] != n))
+        st = zo_error(ZO_ERR_INVALID, "%s: rows do not cover the %llu tokens", name, (unsigned long long)n);
+    else if (pad_id < 0 || pad_id >= vocab)
+        st = zo_error(ZO_ERR_INVALID, "%s: pad id %d outside the vocabulary of %d", name, pad_id, vocab);
+    if (st == ZO_OK) st = model_tokens_check(t, 0, n); /* in memory: cheap, and checked once */
+    if (st != ZO_OK) model_tokens_close(t);
+    return st;
+}
+
 void model_tokens_close(model_tokens *t)
 {
-    if (t->map) munmap((void *)t->map, t->map_size);
+    if (t->owned) free(t->owned);
+    else if (t->map) munmap((void *)t->map, t->map_size);
+    free(t->mask);
+    free(t->rows);
     if (t->fd >= 0) close(t->fd);
     free(t->path);
     memset(t, 0, sizeof *t);
@@ -110,12 +138,34 @@ uint64_t model_batch_offset(const model_tokens *t, int B, int T, int64_t step, i
     return (uint64_t)((k * (uint64_t)T) % span);
 }
 
+/* One padded row: record r of the rows, cut to T + 1 tokens. */
+static void batch_row_padded(const model_tokens *t, int T, uint64_t r, int32_t *in, int32_t *tg)
+{
+    uint64_t a = t->rows[r], len = t->rows[r + 1] - a;
+    if (len > (uint64_t)T + 1) len = (uint64_t)T + 1;
+    for (int j = 0; j < T; j++) {
+        uint64_t p = a + (uint64_t)j;
+        in[j] = (uint64_t)j < len ? (int32_t)model_tokens_get(t, p) : t->pad_id;
+        tg[j] = (uint64_t)j + 1 < len && (!t->mask || t->mask[p + 1]) ? (int32_t)model_tokens_get(t, p + 1) : -1;
+    }
+}
+
 zo_status model_batch_get(const model_tokens *t, int B, int T, int64_t step, uint64_t seed,
                           model_sample mode, int32_t *inputs, int32_t *targets)
 {
     if (B < 1 || T < 1 || step < 0)
         return zo_error(ZO_ERR_INVALID, "%s: batch %d x %d at step %lld", t->path, B, T,
                         (long long)step);
+    if (t->rows) { /* in memory, checked when made */
+        for (int b = 0; b < B; b++) {
+            uint64_t r = (uint64_t)(((unsigned __int128)(uint64_t)step * (uint64_t)B + (uint64_t)b) % t->n_rows);
+            if (mode == MODEL_SAMPLE_RANDOM)
+                r = (uint64_t)(((unsigned __int128)mix64(seed ^ mix64((uint64_t)step ^ mix64((uint64_t)b + 1))) *
+                                t->n_rows) >> 64);
+            batch_row_padded(t, T, r, inputs + (size_t)b * (size_t)T, targets + (size_t)b * (size_t)T);
+        }
+        return ZO_OK;
+    }
     if (t->n < (uint64_t)T + 2)
         return zo_error(ZO_ERR_INVALID,
                         "%s: %llu tokens are too few for sequences of %d (need at least %d)",
@@ -130,9 +180,188 @@ zo_status model_batch_get(const model_tokens *t, int B, int T, int64_t step, uin
         for (int j = 0; j < T; j++) {
             in[j] = (int32_t)model_tokens_get(t, off + (uint64_t)j);
             tg[j] = (int32_t)model_tokens_get(t, off + (uint64_t)j + 1);
+            if (t->mask && !t->mask[off + (uint64_t)j + 1]) tg[j] = -1;
         }
     }
     return ZO_OK;
+}
+
+/* ---- token files with a side file --------------------------------------------------- */
+
+#define INFO_LIMIT (1 << 20)
+
+static char *info_path(const char *path)
+{
+    size_t n = strlen(path);
+    char *p = malloc(n + 6);
+    if (p) {
+        memcpy(p, path, n);
+        memcpy(p + n, ".json", 6);
+    }
+    return p;
+}
+
+model_token_width model_tokens_width_for(int vocab)
+{
+    return vocab <= 65536 ? MODEL_TOKENS_U16 : MODEL_TOKENS_U32;
+}
+
+zo_status model_tokens_info_read(const char *path, model_tokens_info *info, int *found)
+{
+    memset(info, 0, sizeof *info);
+    info->eot = -1;
+    *found = 0;
+    char *ip = info_path(path), *text = NULL;
+    size_t len;
+    if (!ip) return zo_error(ZO_ERR_NOMEM, "%s: out of memory", path);
+    if (access(ip, F_OK) != 0 && errno == ENOENT) { /* no side file: an older token file */
+        free(ip);
+        return ZO_OK;
+    }
+    zo_status st = zo_file_read_all(ip, INFO_LIMIT, "a token file's side file", &text, &len);
+    if (st != ZO_OK) {
+        free(ip);
+        return st;
+    }
+    cJSON *root;
+    st = zo_json_parse(text, len, ip, &root);
+    free(text);
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(root, "dtype");
+    const cJSON *voc = cJSON_GetObjectItemCaseSensitive(root, "vocab");
+    const cJSON *eot = cJSON_GetObjectItemCaseSensitive(root, "eot");
+    const cJSON *docs = cJSON_GetObjectItemCaseSensitive(root, "documents");
+    const cJSON *toks = cJSON_GetObjectItemCaseSensitive(root, "tokens");
+    const cJSON *tk = cJSON_GetObjectItemCaseSensitive(root, "tokenizer");
+    /* malformed, or a key given twice: zo_json_parse named it */
+    if (st == ZO_OK && (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "zoffload-tokens")))
+        st = zo_error(ZO_ERR_FORMAT, "%s: \"format\" is not \"zoffload-tokens\"", ip);
+    else if (st == ZO_OK &&
+             (!cJSON_IsString(dt) || (strcmp(dt->valuestring, "uint16") && strcmp(dt->valuestring, "uint32"))))
+        st = zo_error(ZO_ERR_FORMAT, "%s: \"dtype\" must be \"uint16\" or \"uint32\"", ip);
+    else if (st == ZO_OK && (!cJSON_IsNumber(voc) || voc->valuedouble < 1 || voc->valuedouble > INT32_MAX))
+        st = zo_error(ZO_ERR_FORMAT, "%s: \"vocab\" must be a positive integer", ip);
+    if (st == ZO_OK) {
+        info->width = !strcmp(dt->valuestring, "uint16") ? MODEL_TOKENS_U16 : MODEL_TOKENS_U32;
+        info->vocab = voc->valueint;
+        if (cJSON_IsNumber(eot)) info->eot = eot->valueint;
+        if (cJSON_IsNumber(docs) && docs->valuedouble >= 0) info->documents = (uint64_t)docs->valuedouble;
+        if (cJSON_IsNumber(toks) && toks->valuedouble >= 0) info->tokens = (uint64_t)toks->valuedouble;
+        if (cJSON_IsString(tk)) snprintf(info->tokenizer, sizeof info->tokenizer, "%s", tk->valuestring);
+        if (info->width == MODEL_TOKENS_U16 && info->vocab > 65536)
+            st = zo_error(ZO_ERR_FORMAT, "%s: a vocabulary of %d does not fit uint16 tokens", ip, info->vocab);
+        else
+            *found = 1;
+    }
+    cJSON_Delete(root);
+    free(ip);
+    return st;
+}
+
+zo_status model_tokens_writer_open(model_tokens_writer *w, const char *path, model_token_width width,
+                                   int vocab)
+{
+    memset(w, 0, sizeof *w);
+    if (width != MODEL_TOKENS_U16 && width != MODEL_TOKENS_U32)
+        return zo_error(ZO_ERR_INVALID, "%s: tokens are written as 2 or 4 bytes, not %d", path, (int)width);
+    if (vocab < 1 || (width == MODEL_TOKENS_U16 && vocab > 65536))
+        return zo_error(ZO_ERR_INVALID, "%s: a vocabulary of %d does not fit %d-byte tokens", path, vocab,
+                        (int)width);
+    zo_file_writer *f = calloc(1, sizeof *f);
+    if (!f || !(w->path = strdup(path))) {
+        free(f);
+        return zo_error(ZO_ERR_NOMEM, "%s: out of memory", path);
+    }
+    zo_status st = zo_file_create(f, path);
+    if (st != ZO_OK) {
+        free(f);
+        free(w->path);
+        w->path = NULL;
+        return st;
+    }
+    w->file = f;
+    w->width = width;
+    w->vocab = vocab;
+    return ZO_OK;
+}
+
+zo_status model_tokens_writer_append(model_tokens_writer *w, const int32_t *ids, size_t n)
+{
+    size_t bytes = n * (size_t)w->width;
+    if (bytes > w->buf_cap) {
+        uint8_t *nb = realloc(w->buf, bytes);
+        if (!nb) return zo_error(ZO_ERR_NOMEM, "%s: out of memory for %zu tokens", w->path, n);
+        w->buf = nb;
+        w->buf_cap = bytes;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= w->vocab)
+            return zo_error(ZO_ERR_INVALID, "%s: token %llu is %d, outside the vocabulary of %d", w->path,
+                            (unsigned long long)(w->n + i), ids[i], w->vocab);
+        uint32_t v = (uint32_t)ids[i];
+        uint8_t *p = w->buf + i * (size_t)w->width;
+        p[0] = (uint8_t)v; /* little endian */
+        p[1] = (uint8_t)(v >> 8);
+        if (w->width == MODEL_TOKENS_U32) {
+            p[2] = (uint8_t)(v >> 16);
+            p[3] = (uint8_t)(v >> 24);
+        }
+    }
+    zo_status st = zo_file_append(w->file, w->buf, bytes);
+    if (st == ZO_OK) w->n += n;
+    return st;
+}
+
+static void writer_free(model_tokens_writer *w)
+{
+    free(w->file);
+    free(w->path);
+    free(w->buf);
+    memset(w, 0, sizeof *w);
+}
+
+void model_tokens_writer_abort(model_tokens_writer *w)
+{
+    if (w->file) zo_file_abort(w->file);
+    writer_free(w);
+}
+
+zo_status model_tokens_writer_commit(model_tokens_writer *w, const model_tokens_info *info)
+{
+    zo_status st = zo_file_commit(w->file);
+    if (st != ZO_OK) {
+        writer_free(w);
+        return st;
+    }
+    cJSON *root = cJSON_CreateObject();
+    char *ip = info_path(w->path), *text = NULL;
+    if (root) {
+        cJSON_AddStringToObject(root, "format", "zoffload-tokens");
+        cJSON_AddNumberToObject(root, "version", 1);
+        cJSON_AddStringToObject(root, "dtype", w->width == MODEL_TOKENS_U16 ? "uint16" : "uint32");
+        cJSON_AddNumberToObject(root, "vocab", w->vocab);
+        cJSON_AddNumberToObject(root, "eot", info->eot);
+        cJSON_AddNumberToObject(root, "documents", (double)info->documents);
+        cJSON_AddNumberToObject(root, "tokens", (double)w->n);
+        cJSON_AddStringToObject(root, "tokenizer", info->tokenizer);
+        text = cJSON_Print(root);
+    }
+    if (!root || !ip || !text) {
+        st = zo_error(ZO_ERR_NOMEM, "%s: out of memory for the side file", w->path);
+    } else {
+        zo_file_writer f;
+        if ((st = zo_file_create(&f, ip)) == ZO_OK) {
+            size_t tl = strlen(text);
+            text[tl] = '\n'; /* cJSON_Print leaves room for the NUL: replace it */
+            if ((st = zo_file_append(&f, text, tl + 1)) == ZO_OK) st = zo_file_commit(&f);
+            else zo_file_abort(&f);
+        }
+    }
+    cJSON_free(text);
+    cJSON_Delete(root);
+    free(ip);
+    writer_free(w);
+    return st;
 }
 
 zo_status model_bytes_encode_file(const char *text_path, const char *tokens_path,

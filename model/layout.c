@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+
 static const char *const role_names[MODEL_ROLE_COUNT] = {
     [MODEL_ROLE_TOK_EMB] = "tok_emb",
     [MODEL_ROLE_POS_EMB] = "pos_emb",
@@ -143,8 +144,13 @@ zo_status model_layout_init(model_layout *l, const zo_model_config *cfg_in)
                         "model layout: %s: only the parameter total is known (--params), not "
                         "the shapes",
                         cfg.name);
-    if ((st = zo_model_config_validate(&cfg)) != ZO_OK)
+    /* products of the shape (tensor sizes, the block count) are formed
+     * below: nonsense is refused before, not wrapped around */
+    if ((st = zo_model_config_validate(&cfg)) != ZO_OK) /* with its limits (model_limits.h) */
         return zo_error_wrap(st, "model layout: %s", cfg.name);
+    /* memplan sizes more families than the layout builds: refuse the rest by name */
+    if ((st = zo_model_config_runtime_check(&cfg)) != ZO_OK)
+        return zo_error_wrap(st, "model layout");
     l->cfg = cfg;
     l->n_layers = cfg.n_layers;
     l->n_blocks = cfg.n_layers + 2;

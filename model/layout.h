@@ -84,6 +84,9 @@ typedef struct model_tensor {
     int ndim;                         /* 1 or 2 */
     int64_t shape[2];                 /* our layout: linear weights [out, in] */
     int hf_transposed;                /* 1 where HF stores [in, out] (GPT-2 Conv1D) */
+    int lora;                         /* in a LoRA adapter layout (model/lora.h): MODEL_LORA_A
+                                       * or MODEL_LORA_B, role then names the adapted weight;
+                                       * 0 in a model's layout */
 } model_tensor;
 
 /* A view by role: a tensor, or a fused run of adjacent tensors. */

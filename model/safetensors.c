@@ -16,7 +16,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "common/fileio.h" /* defines: zo_file_create, zo_file_append, zo_file_read_all */
+#include "common/fileio.h" /* defines: zo_file_create, zo_file_read_all, zo_file_open_regular */
+#include "common/json.h"   /* defines: zo_json_parse, zo_json_check_unique */
 #include "model_io.h"       /* defines: model_io_convert_rows */
 
 /* ---- element types ------------------------------------------------------- */
@@ -207,6 +208,8 @@ static zo_status parse_header(model_st_file *f, const char *json, size_t len)
         st = zo_error(ZO_ERR_FORMAT, "%s: header is not a JSON object", f->path);
         goto out_free_root;
     }
+    /* a key twice, a tensor or a field of one: refused (common/json.h) */
+    if ((st = zo_json_check_unique(root, f->path)) != ZO_OK) goto out_free_root;
     int n = 0;
     for (const cJSON *e = root->child; e; e = e->next)
         if (strcmp(e->string, "__metadata__")) n++;
@@ -254,19 +257,10 @@ zo_status model_st_open(model_st_file *f, const char *path)
     f->fd = -1;
     f->path = strdup(path);
     if (!f->path) return zo_error(ZO_ERR_NOMEM, "%s: cannot copy the path", path);
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0) {
-        st = zo_error(errno == ENOENT ? ZO_ERR_NOT_FOUND : ZO_ERR_IO, "%s: cannot open: %s", path,
-                      strerror(errno));
-        goto out_close;
-    }
+    if ((st = zo_file_open_regular(path, "a safetensors file", &f->fd)) != ZO_OK) goto out_close;
     struct stat sb;
     if (fstat(f->fd, &sb) != 0) {
         st = zo_error(ZO_ERR_IO, "%s: fstat: %s", path, strerror(errno));
-        goto out_close;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        st = zo_error(ZO_ERR_INVALID, "%s: not a regular file", path);
         goto out_close;
     }
     f->file_size = (uint64_t)sb.st_size;
@@ -554,13 +548,8 @@ static zo_status read_index(const char *path, cJSON **root_out, char ***shards_o
     size_t len = 0;
     if ((st = zo_file_read_all(path, 64u << 20, "a checkpoint index", &text, &len)) != ZO_OK)
         return st;
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
-    if (!root) {
-        st = zo_error(ZO_ERR_FORMAT, "%s: malformed JSON near byte %zu", path,
-                      end ? (size_t)(end - text) : 0);
-        goto out_free_text;
-    }
+    cJSON *root;
+    if ((st = zo_json_parse(text, len, path, &root)) != ZO_OK) goto out_free_text;
     const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (!cJSON_IsObject(wm)) {
         st = zo_error(ZO_ERR_FORMAT, "%s: missing object \"weight_map\"", path);

@@ -63,6 +63,22 @@ static const model_ckpt_entry *find_entry(const model_ckpt *c, const model_layou
     return e;
 }
 
+/* The first of n values of type dt that is inf or nan (exponent all ones),
+ * n when none. */
+static size_t first_nonfinite(const void *p, zo_dtype dt, size_t n)
+{
+    if (dt == ZO_DTYPE_F32) {
+        const uint32_t *u = p;
+        for (size_t i = 0; i < n; i++)
+            if ((u[i] & 0x7f800000u) == 0x7f800000u) return i;
+        return n;
+    }
+    const uint16_t *u = p, e = dt == ZO_DTYPE_F16 ? 0x7c00 : 0x7f80;
+    for (size_t i = 0; i < n; i++)
+        if ((u[i] & e) == e) return i;
+    return n;
+}
+
 static void note_name(char *dst, const char *name, int count)
 {
     if (count == 1) snprintf(dst, MODEL_TENSOR_NAME_MAX, "%s", name);
@@ -110,8 +126,17 @@ zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block
                             "%s: tensor \"%s\": shape %s in the file, the model (%s) expects %s",
                             f->path, s->name, got_s, l->cfg.name, want_s);
         }
-        zo_status st = model_st_read(f, s, (uint8_t *)buf + t->offset * esz, dt, t->hf_transposed);
+        uint8_t *dst = (uint8_t *)buf + t->offset * esz;
+        zo_status st = model_st_read(f, s, dst, dt, t->hf_transposed);
         if (st) return st;
+        /* inf or nan in a weight makes every loss nan: refused, named */
+        size_t bad = first_nonfinite(dst, dt, t->numel);
+        if (bad < t->numel) {
+            /* the element as the file numbers it ([in, out] for a Conv1D weight) */
+            size_t in = (size_t)t->shape[1], at = t->hf_transposed ? (bad % in) * (size_t)t->shape[0] + bad / in : bad;
+            return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\" element %zu is %g: weights must be finite",
+                            f->path, s->name, at, (double)zo_load_f32(dst, dt, bad));
+        }
         model_st_release(f, s);
         rep->n_loaded++;
     }

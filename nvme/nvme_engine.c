@@ -218,7 +218,28 @@ static zo_status check_fid(const nvme_engine_t *e, int fid, const char *what)
     return ZO_OK;
 }
 
-zo_status nvme_file_open(nvme_engine_t *e, const char *path, int flags, int *fid)
+/* A descriptor of its own (O_RDWR | extra) on the file `fd` is open on:
+ * reopened through /proc/self/fd (the same file whatever its name leads to
+ * now), else by name without following a link, and kept only when it is
+ * that file. */
+static int reopen_same(int fd, const char *path, int extra)
+{
+    char self[64];
+    snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+    int d = open(self, O_RDWR | O_CLOEXEC | extra);
+    if (d < 0 && (errno == ENOENT || errno == EACCES))
+        d = open(path, O_RDWR | O_CLOEXEC | extra | O_NOFOLLOW);
+    if (d < 0) return -1;
+    struct stat a, b;
+    if (fstat(fd, &a) != 0 || fstat(d, &b) != 0 || a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
+        close(d);
+        errno = EXDEV;
+        return -1;
+    }
+    return d;
+}
+
+zo_status nvme_file_open_fd(nvme_engine_t *e, int fd, const char *path, int *fid)
 {
     int id = -1;
     for (int i = 0; i < NVME_MAX_FILES; i++)
@@ -229,17 +250,13 @@ zo_status nvme_file_open(nvme_engine_t *e, const char *path, int flags, int *fid
     if (id < 0)
         return zo_error(ZO_ERR_CAPACITY, "nvme_file_open %s: more than %d files open", path,
                         NVME_MAX_FILES);
-    int oflags = O_RDWR | O_CLOEXEC | ((flags & NVME_FILE_CREATE) ? O_CREAT : 0) |
-                 ((flags & NVME_FILE_TRUNC) ? O_TRUNC : 0);
     zo_status st;
     nvme_file *f = &e->files[id];
-    f->fd_buf = open(path, oflags, 0600);
-    if (f->fd_buf < 0) {
-        int err = errno;
-        return zo_error(err == ENOENT ? ZO_ERR_NOT_FOUND : ZO_ERR_IO,
-                        "nvme_file_open: open(%s) failed: %s (errno %d)", path, strerror(err),
-                        err);
-    }
+    /* not a dup: a lock the caller holds on fd stays its own (a ring's
+     * registered files outlive a killed process for a while) */
+    f->fd_buf = reopen_same(fd, path, 0);
+    if (f->fd_buf < 0)
+        return zo_error(ZO_ERR_IO, "nvme_file_open %s: reopen: %s", path, strerror(errno));
     f->path = strdup(path);
     if (!f->path) {
         st = zo_error(ZO_ERR_NOMEM, "nvme_file_open %s: out of memory", path);
@@ -248,7 +265,7 @@ zo_status nvme_file_open(nvme_engine_t *e, const char *path, int flags, int *fid
     f->fd_direct = -1;
     f->direct = 0;
     if (!e->buffered) {
-        f->fd_direct = open(path, O_RDWR | O_CLOEXEC | O_DIRECT);
+        f->fd_direct = reopen_same(f->fd_buf, path, O_DIRECT);
         if (f->fd_direct >= 0) {
             f->direct = 1;
         } else if (!e->noted_direct) {
@@ -270,6 +287,23 @@ zo_status nvme_file_open(nvme_engine_t *e, const char *path, int flags, int *fid
 out_close_buf:
     close(f->fd_buf);
     f->fd_buf = -1;
+    return st;
+}
+
+zo_status nvme_file_open(nvme_engine_t *e, const char *path, int flags, int *fid)
+{
+    int oflags = O_RDWR | O_CLOEXEC | ((flags & NVME_FILE_CREATE) ? O_CREAT : 0) |
+                 ((flags & NVME_FILE_TRUNC) ? O_TRUNC : 0) |
+                 ((flags & NVME_FILE_EXCL) ? O_CREAT | O_EXCL | O_NOFOLLOW : 0);
+    int fd = open(path, oflags, 0600);
+    if (fd < 0) {
+        int err = errno;
+        return zo_error(err == ENOENT ? ZO_ERR_NOT_FOUND : ZO_ERR_IO,
+                        "nvme_file_open: open(%s) failed: %s (errno %d)", path, strerror(err),
+                        err);
+    }
+    zo_status st = nvme_file_open_fd(e, fd, path, fid);
+    close(fd); /* the engine holds its own descriptor */
     return st;
 }
 

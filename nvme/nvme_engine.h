@@ -105,9 +105,19 @@ const char *nvme_engine_notes(const nvme_engine_t *e);
 void nvme_engine_get_stats(const nvme_engine_t *e, nvme_engine_stats *out);
 
 /* Files. NVME_FILE_CREATE creates the file (mode 0600) if missing;
- * NVME_FILE_TRUNC empties it. */
-enum { NVME_FILE_CREATE = 1, NVME_FILE_TRUNC = 2 };
+ * NVME_FILE_TRUNC empties it; NVME_FILE_EXCL creates it, and it must not
+ * exist before (a link in its place is not followed: an error, as is any
+ * file there). */
+enum { NVME_FILE_CREATE = 1, NVME_FILE_TRUNC = 2, NVME_FILE_EXCL = 4 };
 zo_status nvme_file_open(nvme_engine_t *e, const char *path, int flags, int *fid);
+/* A file the caller has open (read-write) as `fd`, named `path` in
+ * messages: the engine opens descriptors of its own on that same file
+ * (through /proc/self/fd, else the name, checked to lead to the same file),
+ * never on another one that the name leads to meanwhile. A flock the caller
+ * holds on fd stays the caller's: it goes when the caller closes fd, at
+ * once, even when the process is killed (the ring's references to its own
+ * descriptors are dropped later). */
+zo_status nvme_file_open_fd(nvme_engine_t *e, int fd, const char *path, int *fid);
 zo_status nvme_file_close(nvme_engine_t *e, int fid);
 const char *nvme_file_path(const nvme_engine_t *e, int fid);
 int nvme_file_is_direct(const nvme_engine_t *e, int fid);

@@ -2,13 +2,18 @@
  * See nvme_store.h. */
 #include "nvme_store.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -28,6 +33,7 @@ struct nvme_store {
     nvme_engine_t *e;
     int nfiles;
     int *fids;
+    int *lock_fds;       /* each file's flock, held for the store's life */
     char **paths;
     char **dirs;
     uint64_t *file_len;  /* bytes of each file the layout uses (and reserved) */
@@ -35,6 +41,7 @@ struct nvme_store {
     size_t cblock;
     int preallocate;
     int keep_files;
+    int stale_removed;   /* swap files of dead runs removed at init */
     uint64_t end;        /* first free address */
     store_tensor *t;
     size_t nt, cap;
@@ -71,6 +78,106 @@ static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 /* End of the store's address space: aligned, and a file offset (off_t). */
 #define STORE_MAX_ADDR ((uint64_t)INT64_MAX & ~(uint64_t)(NVME_ALIGN - 1))
 
+/* ---- swap files: unique, exclusive, locked ------------------------------------------- */
+
+/* 64 random bits: the kernel's, else a hash of the time, the pid and a
+ * counter (unique enough with O_EXCL retrying). */
+static uint64_t random_token(void)
+{
+    uint64_t v;
+    if (getrandom(&v, sizeof v, GRND_NONBLOCK) == (ssize_t)sizeof v) return v;
+    static uint64_t count;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t mix[4] = {(uint64_t)ts.tv_sec, (uint64_t)ts.tv_nsec, (uint64_t)getpid(),
+                       __atomic_add_fetch(&count, 1, __ATOMIC_RELAXED)};
+    return XXH3_64bits(mix, sizeof mix);
+}
+
+/* "<prefix>-<16 hex digits>.<k>.swap" exactly: 1 when `name` is such a
+ * swap file of `prefix`. */
+static int swap_name_match(const char *name, const char *prefix)
+{
+    size_t p = strlen(prefix);
+    if (strncmp(name, prefix, p) || name[p] != '-') return 0;
+    const char *h = name + p + 1;
+    if (strspn(h, "0123456789abcdef") != 16 || h[16] != '.') return 0;
+    const char *k = h + 17;
+    size_t nd = strspn(k, "0123456789");
+    if (!nd || nd > 9 || (nd > 1 && k[0] == '0')) return 0;
+    return !strcmp(k + nd, ".swap");
+}
+
+zo_status nvme_store_remove_stale(const char *dir, const char *prefix, int *removed)
+{
+    if (removed) *removed = 0;
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return zo_error(ZO_ERR_IO, "swap directory %s: %s", dir, strerror(errno));
+    int dfd2 = dup(dfd);
+    DIR *d = dfd2 >= 0 ? fdopendir(dfd2) : NULL;
+    if (!d) {
+        int e = errno;
+        if (dfd2 >= 0) close(dfd2);
+        close(dfd);
+        return zo_error(ZO_ERR_IO, "swap directory %s: %s", dir, strerror(e));
+    }
+    rewinddir(d);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!swap_name_match(de->d_name, prefix)) continue;
+        int fd = openat(dfd, de->d_name, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) continue;
+        struct stat a, b;
+        /* ours to remove: a regular file of this user that no live run holds
+         * locked, still under that name */
+        if (fstat(fd, &a) == 0 && S_ISREG(a.st_mode) && a.st_uid == geteuid() &&
+            flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+            fstatat(dfd, de->d_name, &b, AT_SYMLINK_NOFOLLOW) == 0 && a.st_dev == b.st_dev &&
+            a.st_ino == b.st_ino && unlinkat(dfd, de->d_name, 0) == 0 && removed)
+            (*removed)++;
+        close(fd);
+    }
+    closedir(d);
+    close(dfd);
+    return ZO_OK;
+}
+
+/* Create <dir>/<prefix>-<token>.<k>.swap: a name no other run (in any pid
+ * namespace) has, made exclusively (never over a file or through a link
+ * planted there), locked for the store's life so that a sweep of another
+ * run leaves it alone, and still under its name once locked (a sweep that
+ * got to it first, between the create and the lock, removed it: another
+ * name then). *fd: the locked descriptor. */
+static zo_status create_swap(const char *dir, const char *prefix, int k, char **path_out, int *fd_out)
+{
+    size_t len = strlen(dir) + strlen(prefix) + 48;
+    char *path = malloc(len);
+    if (!path) return zo_error(ZO_ERR_NOMEM, "nvme_store_init: out of memory");
+    for (int tries = 0; tries < 16; tries++) {
+        snprintf(path, len, "%s/%s-%016llx.%d.swap", dir, prefix, (unsigned long long)random_token(), k);
+        int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd < 0 && errno == EEXIST) continue;
+        if (fd < 0) {
+            int e = errno;
+            zo_status st = zo_error(e == ENOENT ? ZO_ERR_NOT_FOUND : ZO_ERR_IO,
+                                    "nvme_store_init: create %s: %s (errno %d)", path, strerror(e), e);
+            free(path);
+            return st;
+        }
+        struct stat a, b;
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0 && fstat(fd, &a) == 0 && lstat(path, &b) == 0 &&
+            a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+            *path_out = path;
+            *fd_out = fd;
+            return ZO_OK;
+        }
+        close(fd); /* a sweep holds or removed it: it removes it */
+    }
+    zo_status st = zo_error(ZO_ERR_IO, "nvme_store_init: no free swap file name in %s", dir);
+    free(path);
+    return st;
+}
+
 zo_status nvme_store_init(nvme_store_t **out, nvme_engine_t *engine, const nvme_store_config *cfg)
 {
     *out = NULL;
@@ -91,10 +198,11 @@ zo_status nvme_store_init(nvme_store_t **out, nvme_engine_t *engine, const nvme_
     s->preallocate = cfg->preallocate;
     s->keep_files = cfg->keep_files;
     s->fids = malloc(sizeof *s->fids * (size_t)cfg->ndirs);
+    s->lock_fds = malloc(sizeof *s->lock_fds * (size_t)cfg->ndirs);
     s->paths = calloc((size_t)cfg->ndirs, sizeof *s->paths);
     s->dirs = calloc((size_t)cfg->ndirs, sizeof *s->dirs);
     s->file_len = calloc((size_t)cfg->ndirs, sizeof *s->file_len);
-    if (!s->fids || !s->paths || !s->dirs || !s->file_len) {
+    if (!s->fids || !s->lock_fds || !s->paths || !s->dirs || !s->file_len) {
         st = zo_error(ZO_ERR_NOMEM, "nvme_store_init: out of memory");
         goto out_free_store;
     }
@@ -107,16 +215,23 @@ zo_status nvme_store_init(nvme_store_t **out, nvme_engine_t *engine, const nvme_
                           bad ? strerror(errno) : "not a directory");
             goto out_close_files;
         }
-        size_t len = strlen(dir) + strlen(prefix) + 32;
-        s->paths[k] = malloc(len);
         s->dirs[k] = strdup(dir);
-        if (!s->paths[k] || !s->dirs[k]) {
+        if (!s->dirs[k]) {
             st = zo_error(ZO_ERR_NOMEM, "nvme_store_init: out of memory");
             goto out_close_files;
         }
-        snprintf(s->paths[k], len, "%s/%s.%d.swap", dir, prefix, k);
-        st = nvme_file_open(engine, s->paths[k], NVME_FILE_CREATE | NVME_FILE_TRUNC, &s->fids[k]);
+        /* files of runs that died (killed: nothing removed them) go first */
+        int stale = 0;
+        if ((st = nvme_store_remove_stale(dir, prefix, &stale)) != ZO_OK) goto out_close_files;
+        s->stale_removed += stale;
+        int fd = -1;
+        if ((st = create_swap(dir, prefix, k, &s->paths[k], &fd)) != ZO_OK) goto out_close_files;
+        /* the lock stays on fd, out of the ring: a killed run's lock goes at once */
+        s->lock_fds[k] = fd;
+        st = nvme_file_open_fd(engine, fd, s->paths[k], &s->fids[k]);
         if (st != ZO_OK) {
+            unlink(s->paths[k]);
+            close(fd);
             zo_error_wrap(st, "nvme_store_init");
             goto out_close_files;
         }
@@ -127,8 +242,9 @@ zo_status nvme_store_init(nvme_store_t **out, nvme_engine_t *engine, const nvme_
 
 out_close_files:
     for (int k = 0; k < s->nfiles; k++) {
+        unlink(s->paths[k]); /* while its lock is held: the name is still ours */
         nvme_file_close(engine, s->fids[k]);
-        unlink(s->paths[k]);
+        close(s->lock_fds[k]);
     }
     for (int k = 0; k < cfg->ndirs; k++) {
         free(s->paths[k]);
@@ -136,6 +252,7 @@ out_close_files:
     }
 out_free_store:
     free(s->fids);
+    free(s->lock_fds);
     free(s->paths);
     free(s->dirs);
     free(s->file_len);
@@ -147,8 +264,9 @@ void nvme_store_free(nvme_store_t *s)
 {
     if (!s) return;
     for (int k = 0; k < s->nfiles; k++) {
+        if (!s->keep_files) unlink(s->paths[k]); /* while its lock is held: the name is still ours */
         nvme_file_close(s->e, s->fids[k]);
-        if (!s->keep_files) unlink(s->paths[k]);
+        close(s->lock_fds[k]);
         free(s->paths[k]);
         free(s->dirs[k]);
     }
@@ -156,6 +274,7 @@ void nvme_store_free(nvme_store_t *s)
     free(s->t);
     free(s->htab);
     free(s->fids);
+    free(s->lock_fds);
     free(s->paths);
     free(s->dirs);
     free(s->file_len);
@@ -328,6 +447,7 @@ size_t nvme_store_nbytes(const nvme_store_t *s, int id)
 
 uint64_t nvme_store_footprint(const nvme_store_t *s) { return s->end; }
 int nvme_store_nfiles(const nvme_store_t *s) { return s->nfiles; }
+int nvme_store_stale_removed(const nvme_store_t *s) { return s->stale_removed; }
 int nvme_store_file_id(const nvme_store_t *s, int k) { return s->fids[k]; }
 nvme_engine_t *nvme_store_engine(const nvme_store_t *s) { return s->e; }
 

@@ -1,7 +1,14 @@
 /* The swap store: named tensors in files on one or more drives.
  *
- * A store owns one file per directory given (<dir>/<prefix>.<k>.swap; a
- * directory may be named twice for two files on it). The store's address
+ * A store owns one file per directory given (<dir>/<prefix>-<16 hex
+ * digits>.<k>.swap; a directory may be named twice for two files on it).
+ * The hex digits are random, so runs sharing a directory never share a
+ * file, not even runs in separate pid namespaces; each file is created
+ * exclusively (never over a file, never through a link planted under its
+ * name), locked (flock) for the store's life, and removed when the store is
+ * freed. A run that was killed leaves its files behind, unlocked: the next
+ * store with the same prefix in the directory removes them at init (a live
+ * run's files are locked and left alone). The store's address
  * space is striped over the files in `stripe_size` units, so a large tensor
  * is read from every drive at once. Tensors start at NVME_ALIGN-aligned
  * addresses.
@@ -39,10 +46,18 @@ typedef struct nvme_store_config {
     size_t stripe_size;       /* 0 = the engine's block size; a multiple of NVME_ALIGN */
     size_t checksum_block;    /* 0 = stripe_size; a multiple of NVME_ALIGN */
     int preallocate;          /* reserve disk space when tensors are added */
-    int keep_files;           /* do not delete the files at nvme_store_free */
+    int keep_files;           /* do not delete the files at nvme_store_free (unlocked
+                                 then: the next store's sweep removes them) */
 } nvme_store_config;
 
 zo_status nvme_store_init(nvme_store_t **out, nvme_engine_t *engine, const nvme_store_config *cfg);
+/* Swap files of dead runs removed by nvme_store_init. */
+int nvme_store_stale_removed(const nvme_store_t *s);
+/* Remove <dir>/<prefix>-<16 hex>.<k>.swap files that no process holds
+ * locked (their run died), when they are regular files of this user; any
+ * other name, a link, a live run's file is left alone. *removed (may be
+ * NULL) counts them. */
+zo_status nvme_store_remove_stale(const char *dir, const char *prefix, int *removed);
 /* Closes (and unless keep_files removes) the files; no op may be in flight. */
 void nvme_store_free(nvme_store_t *s);
 

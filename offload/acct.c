@@ -15,8 +15,24 @@ double offload_now(void)
 
 void offload_count(offload_acct *a, offload_tier t, int64_t delta)
 {
+    pthread_mutex_lock(&a->mu);
     a->use[t] = (uint64_t)((int64_t)a->use[t] + delta);
     if (a->use[t] > a->peak[t]) a->peak[t] = a->use[t];
+    pthread_mutex_unlock(&a->mu);
+}
+
+void offload_add_time(offload_acct *a, offload_time_part p, double seconds)
+{
+    pthread_mutex_lock(&a->mu);
+    a->time[p] += seconds;
+    pthread_mutex_unlock(&a->mu);
+}
+
+void offload_add_bytes(offload_acct *a, offload_bytes_kind k, uint64_t n)
+{
+    pthread_mutex_lock(&a->mu);
+    a->bytes[k] += n;
+    pthread_mutex_unlock(&a->mu);
 }
 
 zo_status offload_host_alloc(const offload_env *env, size_t bytes, int pinned, void **out)
@@ -46,7 +62,7 @@ zo_status offload_timed_wait(const offload_env *env, gpu_event_t ev, offload_tim
 {
     double t0 = offload_now();
     zo_status st = gpu_event_synchronize(ev);
-    env->acct->time[part] += offload_now() - t0;
+    offload_add_time(env->acct, part, offload_now() - t0);
     return st;
 }
 

@@ -1,33 +1,46 @@
 /* Training checkpoints: a directory per save, built under a temporary name,
- * every file fsynced, renamed into place, then the `latest` pointer replaced
- * atomically. A crash at any moment leaves `latest` naming a complete
- * checkpoint.
+ * every file fsynced, the manifest (every file's size and XXH3-64) written
+ * last, renamed into place, then the `latest` pointer replaced atomically. A
+ * crash at any moment leaves `latest` naming a complete checkpoint; a
+ * damaged one is refused when loaded, naming the file.
+ *
+ * The checkpoint folder is locked for as long as the runtime writes into it
+ * (one run per folder), and the runtime removes only what it writes itself,
+ * never through a link: directories named exactly step-<N> or step-<N>.<k>
+ * (the newest `keep_checkpoints` are kept: the latest and the highest
+ * numbered others) and the .tmp-<name> leftovers of an interrupted save.
  *
  * Weights and optimizer state move one block at a time, through the
  * optimizer shards and the weight store: host memory holds a few blocks, never
  * the model. optimizer.safetensors holds "block.<b>.master", ".exp_avg" and
- * ".exp_avg_sq" for every block b, in block order (version 2; version 1's
- * three whole-model tensors "master", "exp_avg", "exp_avg_sq" still load). */
+ * ".exp_avg_sq" for every block b, in block order.
+ *
+ * Several ranks: ZeRO 0 ranks hold the same state, and rank 0 saves it as
+ * one rank does. ZeRO 1-3: in the same directory each rank writes its
+ * shard, optimizer-<r>-of-<N>.safetensors (three tensors per block of its
+ * part, none for a block of which it holds nothing), rank 0 the weights
+ * (every rank reading the blocks it is asked for: they are gathered),
+ * state.json and, last, the manifest with every file's sum and the
+ * partition, from which a run of any rank count re-partitions. */
 #include "offload/offload_impl.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <float.h>
-#include <math.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cjson/cJSON.h>
-
-#include "common/fileio.h"     /* defines: zo_file_read_all */
+#include "common/fileio.h"     /* defines: zo_dir_lock_take, zo_dir_remove_at, zo_file_write_all */
 #include "model/safetensors.h" /* defines: model_st_write, model_st_open */
+#include "offload/ckpt_meta.h" /* defines: ckpt_state, ckpt_manifest */
 
-#define STATE_FORMAT "zoffload-train-state"
-#define STATE_VERSION 2
+#define OPT_FILE "optimizer.safetensors"
+#define MODEL_FILE "model.safetensors"
+#define LATEST_FILE "latest"
 
 static const char *const opt_names[3] = {"master", "exp_avg", "exp_avg_sq"};
 
@@ -47,68 +60,100 @@ static zo_status fsync_path(const char *path)
     return ZO_OK;
 }
 
-/* Write a small file atomically: <path>.tmp, fsync, rename, fsync the directory. */
-static zo_status write_atomic(const char *dir, const char *name, const char *text)
+/* The checkpoint DIR/latest names, "" when there is no such file; a name
+ * that is not one the runtime writes (e.g. "../x") is refused. */
+static zo_status read_latest(const char *dir, char *name, size_t len)
 {
-    char path[4096], tmp[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return zo_error(ZO_ERR_IO, "%s: create: %s", tmp, strerror(errno));
-    size_t len = strlen(text), done = 0;
-    while (done < len) {
-        ssize_t w = write(fd, text + done, len - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) {
-            int e = errno;
-            close(fd);
-            unlink(tmp);
-            return zo_error(ZO_ERR_IO, "%s: write: %s", tmp, strerror(e));
-        }
-        done += (size_t)w;
-    }
-    if (fsync(fd)) {
-        int e = errno;
-        close(fd);
-        unlink(tmp);
-        return zo_error(ZO_ERR_IO, "%s: fsync: %s", tmp, strerror(e));
-    }
-    close(fd);
-    if (rename(tmp, path)) {
-        int e = errno;
-        unlink(tmp);
-        return zo_error(ZO_ERR_IO, "rename %s -> %s: %s", tmp, path, strerror(e));
-    }
-    return fsync_path(dir);
+    char path[4200], *text;
+    name[0] = 0;
+    snprintf(path, sizeof path, "%s/" LATEST_FILE, dir);
+    struct stat sb;
+    if (lstat(path, &sb) != 0 && errno == ENOENT) return ZO_OK;
+    zo_status st = zo_file_read_all(path, 256, "a checkpoint folder's latest pointer", &text, NULL);
+    if (st != ZO_OK) return st;
+    text[strcspn(text, "\r\n")] = 0;
+    int64_t step;
+    int k;
+    if (!ckpt_name_parse(text, &step, &k) || strlen(text) >= len)
+        st = zo_error(ZO_ERR_FORMAT, "%s: \"%.64s\" is not a checkpoint's name (step-NNNNNNNN)", path, text);
+    else
+        snprintf(name, len, "%s", text);
+    free(text);
+    return st;
 }
 
-/* rm -r of a checkpoint directory (files only, one level). */
-static void remove_dir(const char *path)
+zo_status offload_ckpt_lock(offload_t *rt, const char *dir)
 {
-    DIR *d = opendir(path);
-    if (!d) return;
-    struct dirent *e;
-    char p[4096];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", path, e->d_name);
-        unlink(p);
+    if (zo_dir_lock_holds(&rt->ckpt_lock, dir)) return ZO_OK;
+    if (mkdir(dir, 0755) && errno != EEXIST)
+        return zo_error(ZO_ERR_IO, "%s: mkdir: %s", dir, strerror(errno));
+    zo_dir_lock l;
+    zo_status st = zo_dir_lock_take(dir, "the checkpoint folder", &l);
+    if (st != ZO_OK) return st;
+    zo_dir_lock_release(&rt->ckpt_lock); /* a save into another folder moves the lock there */
+    rt->ckpt_lock = l;
+    return ZO_OK;
+}
+
+typedef struct ckpt_entry {
+    char name[64];
+    int64_t step;
+    int k;
+} ckpt_entry;
+
+static int cmp_newest_first(const void *a, const void *b)
+{
+    const ckpt_entry *x = a, *y = b;
+    if (x->step != y->step) return x->step > y->step ? -1 : 1;
+    return x->k > y->k ? -1 : x->k < y->k;
+}
+
+/* After a save: the checkpoints beyond the newest `keep` go (the latest is
+ * always kept, then the highest step numbers), and so do leftovers of
+ * interrupted saves. Only directories with the exact names the runtime
+ * writes are touched, never through a link; failures leave things be (the
+ * new checkpoint is complete either way). */
+static void rotate(const offload_t *rt, int dfd, const char *latest)
+{
+    int keep = rt->cfg.keep_checkpoints > 0 ? rt->cfg.keep_checkpoints : 1;
+    int cap = 16, n = 0;
+    ckpt_entry *e = malloc((size_t)cap * sizeof *e);
+    int fd = dup(dfd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d || !e) {
+        if (fd >= 0 && !d) close(fd);
+        free(e);
+        return;
+    }
+    rewinddir(d); /* the descriptor is a dup: its position is dfd's */
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        int tmp = !strncmp(de->d_name, ".tmp-", 5);
+        const char *name = tmp ? de->d_name + 5 : de->d_name;
+        int64_t step;
+        int k;
+        struct stat sb;
+        if (!ckpt_name_parse(name, &step, &k) || strlen(de->d_name) >= sizeof e->name ||
+            fstatat(dfd, de->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(sb.st_mode))
+            continue;
+        if (tmp) { /* no save is under way but ours, which is done: a crash's leftovers */
+            zo_dir_remove_at(dfd, de->d_name);
+            continue;
+        }
+        if (!strcmp(name, latest)) continue;
+        if (n == cap) {
+            ckpt_entry *g = realloc(e, 2 * (size_t)cap * sizeof *e);
+            if (!g) break;
+            e = g;
+            cap *= 2;
+        }
+        e[n++] = (ckpt_entry){.step = step, .k = k};
+        snprintf(e[n - 1].name, sizeof e->name, "%s", name);
     }
     closedir(d);
-    rmdir(path);
-}
-
-/* The directory name `latest` holds, or "" when none. */
-static void read_latest(const char *dir, char *name, size_t len)
-{
-    char path[4096];
-    name[0] = 0;
-    snprintf(path, sizeof path, "%s/latest", dir);
-    FILE *f = fopen(path, "r");
-    if (!f) return;
-    if (!fgets(name, (int)len, f)) name[0] = 0;
-    fclose(f);
-    name[strcspn(name, "\r\n")] = 0;
+    qsort(e, (size_t)n, sizeof *e, cmp_newest_first);
+    for (int i = keep - 1; i < n; i++) zo_dir_remove_at(dfd, e[i].name);
+    free(e);
 }
 
 /* ---- saving ------------------------------------------------------------------------ */
@@ -178,114 +223,45 @@ out_free:
     return st;
 }
 
-static zo_status write_state(offload_t *rt, const char *dir, const offload_ckpt_meta *meta)
+/* The name of this save: step-N, or step-N.K with K one past the largest
+ * suffix anything named step-N[.k] in the folder (or `latest`) has, so that
+ * names grow with every save of one step count (fp16 steps skipped for
+ * overflow leave the step count where it was but move the data position and
+ * the loss scale; a run resumed from an older checkpoint reaches a step
+ * number already taken). Whatever holds such a name is left alone here. */
+static zo_status pick_name(const offload_t *rt, int dfd, const char *latest, char *name, size_t len)
 {
-    cJSON *o = cJSON_CreateObject();
-    if (!o) return zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
-    cJSON_AddStringToObject(o, "format", STATE_FORMAT);
-    cJSON_AddNumberToObject(o, "version", STATE_VERSION);
-    cJSON_AddNumberToObject(o, "step", (double)rt->step);
-    cJSON_AddNumberToObject(o, "loss_scale", (double)rt->loss_scale);
-    cJSON_AddNumberToObject(o, "good_steps", rt->good_steps);
-    cJSON_AddNumberToObject(o, "skipped", (double)rt->skipped);
-    cJSON_AddNumberToObject(o, "params", (double)rt->g.n);
-    cJSON_AddNumberToObject(o, "blocks", rt->g.nb);
-    cJSON_AddStringToObject(o, "dtype", zo_dtype_name(rt->m.dtype));
-    cJSON_AddNumberToObject(o, "data_step", meta ? (double)meta->data_step : 0);
-    cJSON_AddNumberToObject(o, "seed", meta ? (double)meta->seed : 0);
-    char *text = cJSON_Print(o);
-    cJSON_Delete(o);
-    if (!text) return zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
-    zo_status st = write_atomic(dir, "state.json", text);
-    free(text);
-    return st;
-}
-
-/* The new checkpoint's names: DIR/step-N, or DIR/step-N.K when the latest
- * checkpoint already has that name (fp16 steps skipped for overflow leave
- * the step count where it was but move the data position and the loss
- * scale; a run resumed from an older directory reaches a step number
- * already taken), built in DIR/.tmp-<name>, which is made here (leftovers
- * of a crash removed). */
-static zo_status ckpt_prepare(offload_t *rt, const char *dir, char *name, size_t name_len, char *final,
-                              char *tmp)
-{
-    char latest[256];
-    if (mkdir(dir, 0755) && errno != EEXIST) return zo_error(ZO_ERR_IO, "%s: mkdir: %s", dir, strerror(errno));
-    read_latest(dir, latest, sizeof latest);
-    snprintf(name, name_len, "step-%08lld", (long long)rt->step);
-    for (int k = 1; !strcmp(latest, name); k++) snprintf(name, name_len, "step-%08lld.%d", (long long)rt->step, k);
-    snprintf(final, 4096, "%s/%s", dir, name);
-    snprintf(tmp, 4096, "%s/.tmp-%s", dir, name);
-    remove_dir(tmp);   /* leftovers of a crash */
-    remove_dir(final); /* renamed but never made latest */
-    if (mkdir(tmp, 0755)) return zo_error(ZO_ERR_IO, "%s: mkdir: %s", tmp, strerror(errno));
+    int64_t step;
+    int k, next = 0;
+    if (ckpt_name_parse(latest, &step, &k) && step == rt->step) next = k + 1;
+    int fd = dup(dfd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0) close(fd);
+        return zo_error(ZO_ERR_IO, "offload_save: cannot list the checkpoint folder: %s", strerror(errno));
+    }
+    rewinddir(d); /* the descriptor is a dup: its position is dfd's */
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        const char *n = strncmp(de->d_name, ".tmp-", 5) ? de->d_name : de->d_name + 5;
+        if (ckpt_name_parse(n, &step, &k) && step == rt->step && k + 1 > next) next = k + 1;
+    }
+    closedir(d);
+    if (next > 1000000)
+        return zo_error(ZO_ERR_IO, "offload_save: no free checkpoint name for step %lld",
+                        (long long)rt->step);
+    if (next) snprintf(name, len, "step-%08lld.%d", (long long)rt->step, next);
+    else snprintf(name, len, "step-%08lld", (long long)rt->step);
     return ZO_OK;
 }
 
-/* The complete DIR/.tmp-<name> renamed to DIR/<name>, made the latest, and
- * the older checkpoints removed. Every save is kept until the new one is
- * the latest. */
-static zo_status ckpt_publish(offload_t *rt, const char *dir, const char *name, const char *final,
-                              const char *tmp)
+/* ---- several ranks ------------------------------------------------------------------ */
+
+/* Every rank's status of a stage: the first failure becomes every rank's
+ * (no data parallelism: mine). */
+static zo_status dp_agree(offload_t *rt, offload_dp *dp, zo_status mine, const char *what)
 {
-    char path[4200];
-    zo_status st;
-    if ((st = fsync_path(tmp)) != ZO_OK) goto out_remove;
-    hook(rt, "before-rename");
-    if (rename(tmp, final)) {
-        st = zo_error(ZO_ERR_IO, "rename %s -> %s: %s", tmp, final, strerror(errno));
-        goto out_remove;
-    }
-    if ((st = fsync_path(dir)) != ZO_OK) return st;
-    hook(rt, "before-latest");
-    char line[80];
-    snprintf(line, sizeof line, "%s\n", name);
-    if ((st = write_atomic(dir, "latest", line)) != ZO_OK) return st;
-    /* older checkpoints go once the new one is the latest */
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *de;
-        while ((de = readdir(d))) {
-            if (strncmp(de->d_name, "step-", 5) || !strcmp(de->d_name, name)) continue;
-            snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-            remove_dir(path);
-        }
-        closedir(d);
-    }
-    return ZO_OK;
-
-out_remove:
-    remove_dir(tmp);
-    return st;
-}
-
-/* ---- several ranks: a shard per rank and a manifest ---------------------------------
- *
- * ZeRO 0: every rank holds the same state, and rank 0 saves it as one rank
- * does. ZeRO 1-3: in the same directory, each rank writes its optimizer
- * shard, optimizer-<r>-of-<N>.safetensors (three tensors per block of its
- * part, none for a block of which it holds nothing), rank 0 the weights
- * (model.safetensors, every rank reading the blocks it asks for: they are
- * gathered), state.json and, last, manifest.json: the rank count and each
- * block's elements and part size, from which a run of any rank count
- * re-partitions (offload_load). The directory is renamed into place once
- * every rank's files are in it. Each stage ends with every rank learning
- * whether every other succeeded. */
-
-static const char *const manifest_name = "manifest.json";
-#define MANIFEST_FORMAT "zoffload-optimizer-shards"
-#define MANIFEST_VERSION 1
-
-static void shard_file(char *buf, size_t len, int r, int n)
-{
-    snprintf(buf, len, "optimizer-%05d-of-%05d.safetensors", r, n);
-}
-
-/* Every rank's status of a stage: the first failure becomes every rank's. */
-static zo_status dp_agree(offload_t *rt, zo_status mine, const char *what)
-{
-    offload_dp *dp = rt->dp;
+    if (!dp) return mine;
     int32_t *all = calloc((size_t)dp->size, sizeof *all), me = (int32_t)mine;
     char msg[512];
     snprintf(msg, sizeof msg, "%s", mine != ZO_OK ? zo_last_error() : "");
@@ -296,6 +272,7 @@ static zo_status dp_agree(offload_t *rt, zo_status mine, const char *what)
             st = r == dp->rank ? zo_error(mine, "%s", msg)
                                : zo_error((zo_status)all[r], "%s: rank %d of %d failed", what, r, dp->size);
     free(all);
+    (void)rt;
     return st;
 }
 
@@ -338,117 +315,187 @@ zo_status offload_write_weights(offload_t *rt, const char *path, offload_weights
     return st;
 }
 
-static zo_status write_manifest(offload_t *rt, const char *dir)
+/* ---- a save ----------------------------------------------------------------------------- */
+
+/* The checkpoint under construction: DIR/.tmp-<name>, renamed to DIR/<name>
+ * once complete. Only the rank that publishes (rank 0, or the only one)
+ * holds the folder's lock and descriptor. */
+typedef struct save_dir {
+    int dfd;
+    char name[64], tname[80], tmp[4200];
+} save_dir;
+
+/* Lock DIR, pick the name, make DIR/.tmp-<name> (a crash's leftovers of it
+ * removed first). */
+static zo_status save_begin(offload_t *rt, const char *dir, save_dir *s)
 {
-    offload_dp *dp = rt->dp;
-    char file[64];
-    cJSON *o = cJSON_CreateObject(), *blocks, *files;
-    if (!o) return zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
-    cJSON_AddStringToObject(o, "format", MANIFEST_FORMAT);
-    cJSON_AddNumberToObject(o, "version", MANIFEST_VERSION);
-    cJSON_AddNumberToObject(o, "ranks", dp->size);
-    cJSON_AddNumberToObject(o, "zero_stage", dp->stage);
-    cJSON_AddNumberToObject(o, "params", (double)rt->g.n);
-    /* block b: [elements, part]; rank r holds [r part, min(elements, (r + 1) part)) */
-    blocks = cJSON_AddArrayToObject(o, "blocks");
-    files = cJSON_AddArrayToObject(o, "files");
-    for (int b = 0; blocks && b < rt->g.nb; b++) {
-        cJSON *e = cJSON_CreateArray();
-        cJSON_AddItemToArray(e, cJSON_CreateNumber((double)rt->numel[b]));
-        cJSON_AddItemToArray(e, cJSON_CreateNumber((double)(dp->pad[b] / (size_t)dp->size)));
-        cJSON_AddItemToArray(blocks, e);
+    char latest[256];
+    zo_status st;
+    if ((st = offload_ckpt_lock(rt, dir)) != ZO_OK) return st;
+    s->dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (s->dfd < 0) return zo_error(ZO_ERR_IO, "%s: open: %s", dir, strerror(errno));
+    if (read_latest(dir, latest, sizeof latest) != ZO_OK) latest[0] = 0; /* replaced at the end */
+    if ((st = pick_name(rt, s->dfd, latest, s->name, sizeof s->name)) == ZO_OK) {
+        snprintf(s->tname, sizeof s->tname, ".tmp-%s", s->name);
+        snprintf(s->tmp, sizeof s->tmp, "%s/%s", dir, s->tname);
+        if ((st = zo_dir_remove_at(s->dfd, s->tname)) == ZO_OK && mkdirat(s->dfd, s->tname, 0755))
+            st = zo_error(ZO_ERR_IO, "%s: mkdir: %s", s->tmp, strerror(errno));
     }
-    for (int r = 0; files && r < dp->size; r++) {
-        shard_file(file, sizeof file, r, dp->size);
-        cJSON_AddItemToArray(files, cJSON_CreateString(file));
+    if (st != ZO_OK) {
+        close(s->dfd);
+        s->dfd = -1;
     }
-    char *text = blocks && files ? cJSON_Print(o) : NULL;
-    cJSON_Delete(o);
-    if (!text) return zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
-    zo_status st = write_atomic(dir, manifest_name, text);
-    free(text);
     return st;
 }
 
-static zo_status save_one(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
-                          offload_weights_stream writer, void *writer_user);
-
-static zo_status save_ranks(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
-                            offload_weights_stream writer, void *writer_user)
+/* A failed save: the temporary directory goes, the failure's message stays. */
+static zo_status save_abort(save_dir *s, zo_status st)
 {
-    offload_dp *dp = rt->dp;
-    if (!offload_dp_partitioned(dp))
-        return dp_agree(rt, dp->rank == 0 ? save_one(rt, dir, meta, writer, writer_user) : ZO_OK,
-                        "offload_save");
-    char name[64] = "", final[4096], tmp[4096], path[4200], file[64];
-    zo_status st = dp->rank == 0 ? ckpt_prepare(rt, dir, name, sizeof name, final, tmp) : ZO_OK;
-    /* the directory rank 0 made, for everybody */
-    char *names = calloc((size_t)dp->size, sizeof name);
-    if (!names) return zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
-    if ((st = dp_agree(rt, st, "offload_save")) == ZO_OK) st = offload_dp_gather(dp, name, sizeof name, names);
+    if (s->dfd < 0) return st;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", zo_last_error());
+    zo_dir_remove_at(s->dfd, s->tname);
+    close(s->dfd);
+    s->dfd = -1;
+    return zo_error(st, "%s", msg);
+}
+
+/* The complete directory renamed into place and made the latest; the
+ * checkpoints beyond the ones kept go after. */
+static zo_status save_publish(offload_t *rt, const char *dir, save_dir *s)
+{
+    char path[4400], line[80];
+    zo_status st;
+    if ((st = fsync_path(s->tmp)) != ZO_OK) return save_abort(s, st);
+    hook(rt, "before-rename");
+    if (renameat(s->dfd, s->tname, s->dfd, s->name))
+        return save_abort(s, zo_error(ZO_ERR_IO, "rename %s -> %s/%s: %s", s->tmp, dir, s->name, strerror(errno)));
+    if (fsync(s->dfd)) st = zo_error(ZO_ERR_IO, "%s: fsync: %s", dir, strerror(errno));
     if (st == ZO_OK) {
-        snprintf(name, sizeof name, "%s", names);
-        snprintf(final, sizeof final, "%s/%s", dir, name);
-        snprintf(tmp, sizeof tmp, "%s/.tmp-%s", dir, name);
+        hook(rt, "before-latest");
+        snprintf(line, sizeof line, "%s\n", s->name);
+        snprintf(path, sizeof path, "%s/" LATEST_FILE, dir);
+        st = zo_file_write_all(path, line, strlen(line));
     }
-    free(names);
+    /* older checkpoints go once the new one is the latest */
+    if (st == ZO_OK) rotate(rt, s->dfd, s->name);
+    close(s->dfd);
+    s->dfd = -1;
+    return st;
+}
+
+/* state.json, the manifest's entries for it and for the weights (`model`)
+ * and the optimizer files (`opt`, one per rank), then manifest.json: what
+ * every file is, read back from the disk, and the partition when the
+ * optimizer state is in shards. */
+static zo_status save_finish(offload_t *rt, const save_dir *s, offload_dp *dp, const offload_ckpt_meta *meta,
+                             int model, const ckpt_file_sum *opt, int n_opt)
+{
+    ckpt_state cs = {.step = rt->step, .loss_scale = rt->loss_scale, .good_steps = rt->good_steps,
+                     .skipped = rt->skipped, .skipped_in_a_row = rt->skipped_in_a_row,
+                     .params = rt->g.n, .blocks = rt->g.nb, .dtype = rt->m.dtype,
+                     .data_step = meta ? meta->data_step : 0, .seed = meta ? meta->seed : 0};
+    zo_status st = ckpt_state_write(s->tmp, &cs);
     if (st != ZO_OK) return st;
+    ckpt_manifest mf = {.layout = {.blocks = rt->g.nb, .params = rt->g.n, .dtype = rt->m.dtype,
+                                   .state_version = CKPT_STATE_VERSION}};
+    mf.files = calloc((size_t)n_opt + 2, sizeof *mf.files);
+    uint64_t *numel = NULL, *part = NULL;
+    if (dp) {
+        numel = calloc((size_t)rt->g.nb, sizeof *numel);
+        part = calloc((size_t)rt->g.nb, sizeof *part);
+    }
+    if (!mf.files || (dp && (!numel || !part))) {
+        st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
+        goto out_free;
+    }
+    if (model && (st = ckpt_file_hash(s->tmp, MODEL_FILE, &mf.files[mf.n_files++])) != ZO_OK) goto out_free;
+    for (int r = 0; r < n_opt; r++) mf.files[mf.n_files++] = opt[r];
+    if ((st = ckpt_file_hash(s->tmp, CKPT_STATE_NAME, &mf.files[mf.n_files++])) != ZO_OK) goto out_free;
+    if (dp) {
+        /* rank r holds elements [r part, min(numel, (r + 1) part)) of a block */
+        for (int b = 0; b < rt->g.nb; b++) {
+            numel[b] = rt->numel[b];
+            part[b] = dp->pad[b] / (size_t)dp->size;
+        }
+        mf.partition = (ckpt_partition){.ranks = dp->size, .zero_stage = dp->stage, .numel = numel, .part = part};
+    }
+    st = ckpt_manifest_write_sums(s->tmp, &mf);
+out_free:
+    free(mf.files);
+    free(numel);
+    free(part);
+    return st;
+}
+
+/* One checkpoint written by the ranks of `dp` (NULL: this rank alone, with
+ * every block's state): each writes its optimizer file (the one
+ * optimizer.safetensors alone, a shard optimizer-<r>-of-<N>.safetensors
+ * each otherwise), the weights are written by rank 0 (gathered block by
+ * block, every rank taking part), and rank 0 completes it. Each stage ends
+ * with every rank learning whether every other succeeded. */
+static zo_status save_ckpt(offload_t *rt, offload_dp *dp, const char *dir, const offload_ckpt_meta *meta,
+                           offload_weights_stream writer, void *writer_user)
+{
+    int rank = dp ? dp->rank : 0, ranks = dp ? dp->size : 1;
+    save_dir s = {.dfd = -1};
+    char path[4400], file[64];
+    zo_status st = rank == 0 ? save_begin(rt, dir, &s) : ZO_OK;
+    if ((st = dp_agree(rt, dp, st, "offload_save")) != ZO_OK) return save_abort(&s, st);
+    if (dp) { /* the name rank 0 picked, for everybody */
+        char *names = calloc((size_t)ranks, sizeof s.name);
+        if (!names) st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
+        else st = offload_dp_gather(dp, s.name, sizeof s.name, names);
+        if (st == ZO_OK) snprintf(s.name, sizeof s.name, "%s", names);
+        free(names);
+        if ((st = dp_agree(rt, dp, st, "offload_save")) != ZO_OK) return save_abort(&s, st);
+        snprintf(s.tname, sizeof s.tname, ".tmp-%s", s.name);
+        snprintf(s.tmp, sizeof s.tmp, "%s/%s", dir, s.tname);
+    }
     hook(rt, "begin");
-    /* this rank's shard */
-    shard_file(file, sizeof file, dp->rank, dp->size);
-    snprintf(path, sizeof path, "%s/%s", tmp, file);
-    if ((st = ostate_sync(rt->shards, rt->n_shards)) == ZO_OK && (st = write_opt(rt, path)) == ZO_OK)
-        st = ostate_sync(rt->shards, rt->n_shards);
-    /* the weights, gathered block by block (every rank takes part) */
+    /* this rank's optimizer state, as the shards hold it: nothing cached in between */
+    if (dp) ckpt_shard_name(file, sizeof file, rank, ranks);
+    else snprintf(file, sizeof file, OPT_FILE);
+    snprintf(path, sizeof path, "%s/%s", s.tmp, file);
+    ckpt_file_sum mine;
+    memset(&mine, 0, sizeof mine);
+    if ((st = ostate_sync(rt->shards, rt->n_shards)) == ZO_OK && (st = write_opt(rt, path)) == ZO_OK &&
+        (st = ostate_sync(rt->shards, rt->n_shards)) == ZO_OK)
+        st = ckpt_file_hash(s.tmp, file, &mine);
+    /* the weights (a collective when they are partitioned) */
     if (writer) {
-        snprintf(path, sizeof path, "%s/model.safetensors", tmp);
-        zo_status sw = offload_write_weights(rt, path, writer, writer_user);
+        snprintf(path, sizeof path, "%s/" MODEL_FILE, s.tmp);
+        zo_status sw = dp ? offload_write_weights(rt, path, writer, writer_user)
+                          : writer(writer_user, path, read_master, rt);
         if (st == ZO_OK) st = sw;
     }
-    st = dp_agree(rt, st, "offload_save");
-    /* rank 0 completes it: the counters, the manifest last, then into place */
-    if (dp->rank == 0) {
-        if (st == ZO_OK && (st = write_state(rt, tmp, meta)) == ZO_OK && (st = write_manifest(rt, tmp)) == ZO_OK)
-            st = ckpt_publish(rt, dir, name, final, tmp);
-        else remove_dir(tmp);
+    st = dp_agree(rt, dp, st, "offload_save");
+    ckpt_file_sum *sums = calloc((size_t)ranks, sizeof *sums);
+    if (st == ZO_OK && !sums) st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
+    if (st == ZO_OK) st = dp ? offload_dp_gather(dp, &mine, sizeof mine, sums) : (sums[0] = mine, ZO_OK);
+    if (rank == 0) {
+        if (st == ZO_OK) st = save_finish(rt, &s, dp, meta, writer != NULL, sums, ranks);
+        st = st == ZO_OK ? save_publish(rt, dir, &s) : save_abort(&s, st);
     }
-    return dp_agree(rt, st, "offload_save");
-}
-
-static zo_status save_one(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
-                          offload_weights_stream writer, void *writer_user)
-{
-    char name[64], final[4096], tmp[4096], path[4200];
-    zo_status st;
-    if ((st = ckpt_prepare(rt, dir, name, sizeof name, final, tmp)) != ZO_OK) return st;
-    hook(rt, "begin");
-    /* the state as the shards hold it: nothing cached in between */
-    if ((st = ostate_sync(rt->shards, rt->n_shards)) != ZO_OK) goto out_remove;
-    if (writer) {
-        snprintf(path, sizeof path, "%s/model.safetensors", tmp);
-        if ((st = writer(writer_user, path, read_master, rt)) != ZO_OK) goto out_remove;
-    }
-    snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
-    if ((st = write_opt(rt, path)) != ZO_OK) goto out_remove;
-    if ((st = ostate_sync(rt->shards, rt->n_shards)) != ZO_OK) goto out_remove;
-    if ((st = write_state(rt, tmp, meta)) != ZO_OK) goto out_remove;
-    return ckpt_publish(rt, dir, name, final, tmp);
-
-out_remove:
-    remove_dir(tmp);
-    return st;
+    free(sums);
+    return dp_agree(rt, dp, st, "offload_save");
 }
 
 zo_status offload_save_streamed(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
                                 offload_weights_stream writer, void *writer_user)
 {
-    zo_status st = offload_grads_drain(rt);
-    if (st != ZO_OK) return st;
-    if (rt->micro)
-        return zo_error(ZO_ERR_INVALID, "offload_save: %d micro-batches are accumulated; save between steps",
-                        rt->micro);
-    if (rt->dp) return save_ranks(rt, dir, meta, writer, writer_user);
-    return save_one(rt, dir, meta, writer, writer_user);
+    zo_status st = offload_optim_settle(rt);
+    if (st == ZO_OK) st = offload_grads_drain(rt);
+    if (st == ZO_OK && rt->micro)
+        st = zo_error(ZO_ERR_INVALID, "offload_save: %d micro-batches are accumulated; save between steps",
+                      rt->micro);
+    if ((st = dp_agree(rt, rt->dp, st, "offload_save")) != ZO_OK) return st;
+    if (offload_dp_partitioned(rt->dp)) return save_ckpt(rt, rt->dp, dir, meta, writer, writer_user);
+    /* ZeRO 0: every rank holds the same state; rank 0 saves it as one rank does */
+    if (rt->dp)
+        return dp_agree(rt, rt->dp, rt->dp->rank == 0 ? save_ckpt(rt, NULL, dir, meta, writer, writer_user) : ZO_OK,
+                        "offload_save");
+    return save_ckpt(rt, NULL, dir, meta, writer, writer_user);
 }
 
 /* A whole-model writer behind the streamed interface: the blocks gathered
@@ -487,67 +534,10 @@ zo_status offload_save(offload_t *rt, const char *dir, const offload_ckpt_meta *
 
 /* ---- loading ------------------------------------------------------------------------ */
 
-static zo_status json_number(const cJSON *o, const char *key, const char *path, double *out)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!cJSON_IsNumber(v)) return zo_error(ZO_ERR_FORMAT, "%s: field \"%s\" missing or not a number", path, key);
-    *out = v->valuedouble;
-    return ZO_OK;
-}
-
-/* A counter: a whole number in [0, 2^53] (what a double holds exactly). */
-static zo_status check_count(double v, const char *key, const char *path)
-{
-    if (!(v >= 0 && v <= 9007199254740992.0) || v != floor(v))
-        return zo_error(ZO_ERR_FORMAT, "%s: \"%s\" = %g is not a non-negative integer", path, key, v);
-    return ZO_OK;
-}
-
-static zo_status read_state(const char *path, cJSON **out)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return zo_error(errno == ENOENT ? ZO_ERR_NOT_FOUND : ZO_ERR_IO, "%s: %s", path, strerror(errno));
-    char buf[4096];
-    size_t len = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[len] = 0;
-    *out = cJSON_Parse(buf);
-    if (!*out) return zo_error(ZO_ERR_FORMAT, "%s: not valid JSON", path);
-    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(*out, "format");
-    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, STATE_FORMAT)) {
-        cJSON_Delete(*out);
-        return zo_error(ZO_ERR_FORMAT, "%s: \"format\" is not \"%s\"", path, STATE_FORMAT);
-    }
-    return ZO_OK;
-}
-
-/* Where array a (master, m, v) of block b is in the file: a tensor and the
- * element it starts at. */
-typedef struct opt_source {
-    const model_st_tensor *t[3];
-    size_t first;
-} opt_source;
-
-static zo_status find_sources(const offload_t *rt, const model_st_file *f, int version, int b,
-                              opt_source *src)
-{
-    char name[48];
-    src->first = version == 1 ? rt->off[b] : 0;
-    size_t want = version == 1 ? rt->g.n : rt->numel[b];
-    for (int a = 0; a < 3; a++) {
-        if (version == 1) snprintf(name, sizeof name, "%s", opt_names[a]);
-        else snprintf(name, sizeof name, "block.%d.%s", b, opt_names[a]);
-        const model_st_tensor *t = model_st_find(f, name);
-        if (!t || t->dtype != ZO_DTYPE_F32 || t->numel != want)
-            return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\" missing or not F32 [%zu]", f->path, name, want);
-        src->t[a] = t;
-    }
-    return ZO_OK;
-}
-
 /* n fp32 values of tensor t from element `first`, read (not mapped: host
- * memory holds what is read, no more). */
-static zo_status read_f32(const model_st_file *f, const model_st_tensor *t, size_t first, size_t n,
+ * memory holds what is read, no more), then checked: finite, and a second
+ * moment (array 2) not negative (its square root divides the update). */
+static zo_status read_f32(const model_st_file *f, const model_st_tensor *t, int a, size_t first, size_t n,
                           float *dst)
 {
     uint64_t at = f->data_start + t->begin + (uint64_t)first * 4;
@@ -563,18 +553,23 @@ static zo_status read_f32(const model_st_file *f, const model_st_tensor *t, size
         at += (uint64_t)r;
         left -= (size_t)r;
     }
+    size_t i = offload_find_nonfinite(dst, n);
+    if (i == n && a == 2)
+        for (i = 0; i < n && !(dst[i] < 0); i++) {}
+    if (i < n)
+        return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\" element %zu is %g: %s", f->path, t->name, first + i,
+                        (double)dst[i], a == 2 ? "a second moment must be finite and not negative" : "not finite");
     return ZO_OK;
 }
 
 /* A checkpoint's optimizer state as whole-block ranges, whatever its form:
- * optimizer.safetensors (versions 1 and 2), or the shards of N ranks with
- * their manifest, re-partitioned on the fly for this run's ranks. */
+ * optimizer.safetensors, or the shards of N ranks (the manifest's
+ * partition), re-partitioned on the fly for this run's ranks. */
 typedef struct ck_source {
-    int version;
     model_st_file one;      /* one file */
     int opened;
     int ranks;              /* shards: how many, 0 for one file */
-    size_t *part;           /* [nb] shards: elements of a rank's part of block b */
+    const uint64_t *part;   /* [nb] shards: elements of a rank's part of block b (the manifest's) */
     model_st_file *files;   /* [ranks] */
     int n_files;
 } ck_source;
@@ -584,7 +579,6 @@ static void source_close(ck_source *s)
     if (s->opened) model_st_close(&s->one);
     for (int r = 0; r < s->n_files; r++) model_st_close(&s->files[r]);
     free(s->files);
-    free(s->part);
     memset(s, 0, sizeof *s);
 }
 
@@ -595,191 +589,143 @@ static size_t shard_n(size_t n, size_t c, int r)
     return a >= n ? 0 : (n - a < c ? n - a : c);
 }
 
-static zo_status shard_tensor(const ck_source *s, int r, int b, int a, size_t want, const model_st_tensor **out)
+/* Array a of block b in file f: an F32 tensor of `want` elements. */
+static zo_status find_tensor(const model_st_file *f, int b, int a, size_t want, const model_st_tensor **out)
 {
     char name[48];
     snprintf(name, sizeof name, "block.%d.%s", b, opt_names[a]);
-    const model_st_tensor *t = model_st_find(&s->files[r], name);
+    const model_st_tensor *t = model_st_find(f, name);
     if (!t || t->dtype != ZO_DTYPE_F32 || t->numel != want)
-        return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\" missing or not F32 [%zu]", s->files[r].path, name, want);
+        return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\" missing or not F32 [%zu]", f->path, name, want);
     *out = t;
     return ZO_OK;
 }
 
-/* manifest.json: the rank count and the partition; every shard opened and
- * every tensor checked. */
-static zo_status open_shards(const offload_t *rt, const char *ck, ck_source *s)
+/* Every file of the optimizer state opened and every tensor checked before
+ * anything is overwritten. */
+static zo_status source_open(const offload_t *rt, const char *ck, const ckpt_manifest *mf, ck_source *s)
 {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/%s", ck, manifest_name);
-    char *text;
-    zo_status st = zo_file_read_all(path, 1u << 26, "a checkpoint manifest", &text, NULL);
-    if (st != ZO_OK) return st;
-    cJSON *o = cJSON_Parse(text);
-    free(text);
-    if (!o) return zo_error(ZO_ERR_FORMAT, "%s: not valid JSON", path);
-    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(o, "format");
-    const cJSON *ver = cJSON_GetObjectItemCaseSensitive(o, "version");
-    const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(o, "ranks");
-    const cJSON *params = cJSON_GetObjectItemCaseSensitive(o, "params");
-    const cJSON *blocks = cJSON_GetObjectItemCaseSensitive(o, "blocks");
-    const cJSON *files = cJSON_GetObjectItemCaseSensitive(o, "files");
-    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, MANIFEST_FORMAT) || !cJSON_IsNumber(ver) ||
-        ver->valuedouble != MANIFEST_VERSION) {
-        st = zo_error(ZO_ERR_FORMAT, "%s: not a version %d \"%s\" manifest", path, MANIFEST_VERSION,
-                      MANIFEST_FORMAT);
-        goto out_free;
-    }
-    if (!cJSON_IsNumber(ranks) || ranks->valuedouble < 1 || ranks->valuedouble > 1 << 20 ||
-        ranks->valuedouble != floor(ranks->valuedouble) || !cJSON_IsArray(files) ||
-        cJSON_GetArraySize(files) != (int)ranks->valuedouble) {
-        st = zo_error(ZO_ERR_FORMAT, "%s: \"ranks\" is not a rank count with a file for each", path);
-        goto out_free;
-    }
-    if (!cJSON_IsNumber(params) || params->valuedouble != (double)rt->g.n || !cJSON_IsArray(blocks) ||
-        cJSON_GetArraySize(blocks) != rt->g.nb) {
-        st = zo_error(ZO_ERR_FORMAT, "%s: shards of another model (\"params\", \"blocks\"): this one has %zu "
-                      "parameters in %d blocks", path, rt->g.n, rt->g.nb);
-        goto out_free;
-    }
-    s->ranks = (int)ranks->valuedouble;
-    s->part = calloc((size_t)rt->g.nb, sizeof *s->part);
-    s->files = calloc((size_t)s->ranks, sizeof *s->files);
-    if (!s->part || !s->files) {
-        st = zo_error(ZO_ERR_NOMEM, "offload_load: out of host memory");
-        goto out_free;
-    }
-    for (int b = 0; b < rt->g.nb; b++) {
-        const cJSON *e = cJSON_GetArrayItem(blocks, b);
-        const cJSON *n = cJSON_GetArrayItem(e, 0), *c = cJSON_GetArrayItem(e, 1);
-        if (!cJSON_IsArray(e) || !cJSON_IsNumber(n) || !cJSON_IsNumber(c) || n->valuedouble != (double)rt->numel[b] ||
-            c->valuedouble != floor(c->valuedouble) || c->valuedouble * s->ranks < n->valuedouble ||
-            c->valuedouble > n->valuedouble + 1) {
-            st = zo_error(ZO_ERR_FORMAT, "%s: block %d is not [%zu elements, a part of at least 1/%d of them]", path,
-                          b, rt->numel[b], s->ranks);
-            goto out_free;
-        }
-        s->part[b] = (size_t)c->valuedouble;
-    }
-    for (int r = 0; r < s->ranks; r++) {
-        const cJSON *f = cJSON_GetArrayItem(files, r);
-        if (!cJSON_IsString(f) || strchr(f->valuestring, '/')) {
-            st = zo_error(ZO_ERR_FORMAT, "%s: \"files\"[%d] is not a file name", path, r);
-            goto out_free;
-        }
-        snprintf(path, sizeof path, "%s/%s", ck, f->valuestring);
-        if ((st = model_st_open(&s->files[r], path)) != ZO_OK) goto out_free;
-        s->n_files++;
-        for (int b = 0; b < rt->g.nb; b++) {
-            size_t n = shard_n(rt->numel[b], s->part[b], r);
-            const model_st_tensor *t;
-            for (int a = 0; a < 3 && n; a++)
-                if ((st = shard_tensor(s, r, b, a, n, &t)) != ZO_OK) goto out_free;
-        }
-    }
-out_free:
-    cJSON_Delete(o);
-    return st;
-}
-
-static zo_status source_open(const offload_t *rt, const char *ck, int version, ck_source *s)
-{
-    char path[4200];
-    zo_status st;
+    char path[4200], name[64];
+    const model_st_tensor *t;
+    zo_status st = ZO_OK;
     memset(s, 0, sizeof *s);
-    s->version = version;
-    snprintf(path, sizeof path, "%s/%s", ck, manifest_name);
-    if (access(path, F_OK) == 0) {
-        if ((st = open_shards(rt, ck, s)) != ZO_OK) source_close(s);
+    const ckpt_partition *p = &mf->partition;
+    if (!p->ranks) {
+        snprintf(path, sizeof path, "%s/" OPT_FILE, ck);
+        if ((st = model_st_open(&s->one, path)) != ZO_OK) return st;
+        s->opened = 1;
+        for (int b = 0; b < rt->g.nb && st == ZO_OK; b++)
+            for (int a = 0; a < 3 && st == ZO_OK; a++) st = find_tensor(&s->one, b, a, rt->numel[b], &t);
+        if (st != ZO_OK) source_close(s);
         return st;
     }
-    snprintf(path, sizeof path, "%s/optimizer.safetensors", ck);
-    if ((st = model_st_open(&s->one, path)) != ZO_OK) return st;
-    s->opened = 1;
-    opt_source src;
+    snprintf(path, sizeof path, "%s/" CKPT_MANIFEST_NAME, ck);
     for (int b = 0; b < rt->g.nb; b++)
-        if ((st = find_sources(rt, &s->one, version, b, &src)) != ZO_OK) {
-            source_close(s);
-            return st;
+        if (p->numel[b] != rt->numel[b])
+            return zo_error(ZO_ERR_INVALID, "%s: \"partition.blocks[%d]\" has %" PRIu64 " elements; this "
+                            "model's block %d has %zu", path, b, p->numel[b], b, rt->numel[b]);
+    s->ranks = p->ranks;
+    s->part = p->part;
+    if (!(s->files = calloc((size_t)s->ranks, sizeof *s->files)))
+        return zo_error(ZO_ERR_NOMEM, "offload_load: out of host memory");
+    for (int r = 0; r < s->ranks && st == ZO_OK; r++) {
+        ckpt_shard_name(name, sizeof name, r, s->ranks);
+        snprintf(path, sizeof path, "%s/%s", ck, name);
+        if ((st = model_st_open(&s->files[r], path)) != ZO_OK) break;
+        s->n_files++;
+        for (int b = 0; b < rt->g.nb && st == ZO_OK; b++) {
+            size_t n = shard_n(rt->numel[b], s->part[b], r);
+            for (int a = 0; a < 3 && n && st == ZO_OK; a++) st = find_tensor(&s->files[r], b, a, n, &t);
         }
-    return ZO_OK;
+    }
+    if (st != ZO_OK) source_close(s);
+    return st;
 }
 
 /* Elements [rel, rel + k) of block b's array a (master, m, v) into dst. */
 static zo_status source_read(ck_source *s, const offload_t *rt, int b, size_t rel, size_t k, int a, float *dst)
 {
+    const model_st_tensor *t = NULL;
     zo_status st;
     if (!s->ranks) {
-        opt_source src;
-        if ((st = find_sources(rt, &s->one, s->version, b, &src)) != ZO_OK) return st;
-        return read_f32(&s->one, src.t[a], src.first + rel, k, dst);
+        if ((st = find_tensor(&s->one, b, a, rt->numel[b], &t)) != ZO_OK) return st;
+        return read_f32(&s->one, t, a, rel, k, dst);
     }
     size_t c = s->part[b];
-    for (int r = (int)(rel / c); r < s->ranks && (size_t)r * c < rel + k; r++) {
+    for (int r = c ? (int)(rel / c) : 0; r < s->ranks && (size_t)r * c < rel + k; r++) {
         size_t first = (size_t)r * c, n = shard_n(rt->numel[b], c, r);
         size_t lo = rel > first ? rel : first, hi = rel + k < first + n ? rel + k : first + n;
-        const model_st_tensor *t = NULL;
         if (lo >= hi) continue;
-        if ((st = shard_tensor(s, r, b, a, n, &t)) != ZO_OK ||
-            (st = read_f32(&s->files[r], t, lo - first, hi - lo, dst + (lo - rel))) != ZO_OK)
+        if ((st = find_tensor(&s->files[r], b, a, n, &t)) != ZO_OK ||
+            (st = read_f32(&s->files[r], t, a, lo - first, hi - lo, dst + (lo - rel))) != ZO_OK)
             return st;
     }
     return ZO_OK;
 }
 
+/* The checkpoint `dir` names: itself when it holds a state.json, else the
+ * one its `latest` names. */
+static zo_status resolve(const char *dir, char *ck, size_t len)
+{
+    char path[4200], name[256];
+    snprintf(path, sizeof path, "%s/" CKPT_STATE_NAME, dir);
+    if (access(path, F_OK) == 0) {
+        snprintf(ck, len, "%s", dir);
+        return ZO_OK;
+    }
+    zo_status st = read_latest(dir, name, sizeof name);
+    if (st != ZO_OK) return st;
+    if (!name[0])
+        return zo_error(ZO_ERR_NOT_FOUND, "%s: no checkpoint (no state.json and no 'latest')", dir);
+    snprintf(ck, len, "%s/%s", dir, name);
+    return ZO_OK;
+}
+
+/* The state and the manifest against the running model, and every file's
+ * checksum, before anything is overwritten; the manifest stays with the
+ * caller (its partition). */
+static zo_status check_checkpoint(const offload_t *rt, const char *ck, ckpt_state *cs, ckpt_manifest *mf)
+{
+    char path[4200];
+    zo_status st;
+    snprintf(path, sizeof path, "%s/" CKPT_STATE_NAME, ck);
+    if ((st = ckpt_state_read(path, cs)) != ZO_OK) return st;
+    if (cs->params != rt->g.n || cs->blocks != rt->g.nb)
+        return zo_error(ZO_ERR_INVALID, "%s: a checkpoint of %" PRIu64 " parameters in %d blocks; the "
+                        "model has %zu in %d", path, cs->params, cs->blocks, rt->g.n, rt->g.nb);
+    if (cs->dtype != rt->m.dtype)
+        return zo_error(ZO_ERR_INVALID, "%s: a checkpoint of a %s run; this run trains in %s (its loss "
+                        "scale and weights would not carry over)", path, zo_dtype_name(cs->dtype),
+                        zo_dtype_name(rt->m.dtype));
+    if ((st = ckpt_manifest_read(ck, mf)) != ZO_OK) return st;
+    snprintf(path, sizeof path, "%s/" CKPT_MANIFEST_NAME, ck);
+    const ckpt_layout *l = &mf->layout;
+    if (l->blocks != rt->g.nb || l->params != rt->g.n || l->dtype != rt->m.dtype ||
+        l->state_version != CKPT_STATE_VERSION)
+        st = zo_error(ZO_ERR_INVALID, "%s: layout %d blocks, %" PRIu64 " parameters, %s, state version "
+                      "%d; this run: %d blocks, %zu parameters, %s, version %d", path, l->blocks,
+                      l->params, zo_dtype_name(l->dtype), l->state_version, rt->g.nb, rt->g.n,
+                      zo_dtype_name(rt->m.dtype), CKPT_STATE_VERSION);
+    else if (!ckpt_manifest_find(mf, CKPT_STATE_NAME) || (!mf->partition.ranks && !ckpt_manifest_find(mf, OPT_FILE)))
+        st = zo_error(ZO_ERR_FORMAT, "%s: does not list %s and %s", path, CKPT_STATE_NAME, OPT_FILE);
+    else
+        st = ckpt_manifest_verify(ck, mf);
+    if (st != ZO_OK) ckpt_manifest_free(mf);
+    return st;
+}
+
 zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
 {
-    char ck[4096], path[4200];
+    char ck[4096];
     zo_status st;
-    snprintf(path, sizeof path, "%s/state.json", dir);
-    if (access(path, F_OK) == 0) {
-        snprintf(ck, sizeof ck, "%s", dir);
-    } else {
-        char name[256];
-        read_latest(dir, name, sizeof name);
-        if (!name[0] || strchr(name, '/'))
-            return zo_error(ZO_ERR_NOT_FOUND, "%s: no checkpoint (no state.json and no valid 'latest')", dir);
-        snprintf(ck, sizeof ck, "%s/%s", dir, name);
-        snprintf(path, sizeof path, "%s/state.json", ck);
-    }
-    cJSON *state = NULL;
-    if ((st = read_state(path, &state)) != ZO_OK) return st;
-    double step = 0, scale = 1, good = 0, skipped = 0, params = 0, data_step = 0, seed = 0, version = 1;
-    if ((st = json_number(state, "step", path, &step)) != ZO_OK ||
-        (st = json_number(state, "loss_scale", path, &scale)) != ZO_OK ||
-        (st = json_number(state, "good_steps", path, &good)) != ZO_OK ||
-        (st = json_number(state, "skipped", path, &skipped)) != ZO_OK ||
-        (st = json_number(state, "params", path, &params)) != ZO_OK ||
-        (st = json_number(state, "version", path, &version)) != ZO_OK) {
-        cJSON_Delete(state);
-        return st;
-    }
-    json_number(state, "data_step", path, &data_step);
-    json_number(state, "seed", path, &seed);
-    zo_clear_error();
-    cJSON_Delete(state);
-    /* a tampered or corrupt state is refused before anything is loaded: a
-     * loss scale of 0 would turn the next step's weights into NaN */
-    if ((st = check_count(step, "step", path)) != ZO_OK || (st = check_count(good, "good_steps", path)) != ZO_OK ||
-        (st = check_count(skipped, "skipped", path)) != ZO_OK ||
-        (st = check_count(params, "params", path)) != ZO_OK ||
-        (st = check_count(data_step, "data_step", path)) != ZO_OK)
-        return st;
-    if (version != 1 && version != STATE_VERSION)
-        return zo_error(ZO_ERR_FORMAT, "%s: \"version\" = %g: this runtime reads versions 1 and %d", path,
-                        version, STATE_VERSION);
-    if (!(seed >= 0 && seed < 18446744073709551616.0))
-        return zo_error(ZO_ERR_FORMAT, "%s: \"seed\" = %g is not a 64-bit unsigned integer", path, seed);
-    if (!(scale > 0 && isfinite(scale) && scale <= FLT_MAX))
-        return zo_error(ZO_ERR_FORMAT, "%s: \"loss_scale\" = %g is not a positive float", path, scale);
-    if ((size_t)params != rt->g.n)
-        return zo_error(ZO_ERR_FORMAT, "%s: checkpoint of %.0f parameters, the model has %zu", path,
-                        params, rt->g.n);
-
+    ckpt_state cs;
+    ckpt_manifest mf;
+    if ((st = resolve(dir, ck, sizeof ck)) != ZO_OK) return st;
+    if ((st = check_checkpoint(rt, ck, &cs, &mf)) != ZO_OK) return st;
     /* every tensor is there before anything is overwritten */
     ck_source src;
-    if ((st = source_open(rt, ck, (int)version, &src)) != ZO_OK) return st;
-    if ((st = offload_grads_drain(rt)) != ZO_OK) goto out_close;
+    if ((st = source_open(rt, ck, &mf, &src)) != ZO_OK) goto out_manifest;
+    if ((st = offload_optim_settle(rt)) != ZO_OK || (st = offload_grads_drain(rt)) != ZO_OK) goto out_close;
     size_t C = io_chunk(rt);
     float *buf;
     if ((st = offload_host_alloc(&rt->env, 3 * C * 4, 0, (void **)&buf)) != ZO_OK) goto out_close;
@@ -809,16 +755,20 @@ zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
     if (st == ZO_OK) st = ss;
     offload_slots_invalidate(rt);
     if (st != ZO_OK) goto out_close;
-    rt->step = (int64_t)step;
-    rt->loss_scale = (float)scale;
-    rt->good_steps = (int)good;
-    rt->skipped = (int64_t)skipped;
+    rt->step = cs.step;
+    rt->loss_scale = cs.loss_scale;
+    rt->good_steps = cs.good_steps;
+    rt->skipped = cs.skipped;
+    rt->skipped_in_a_row = cs.skipped_in_a_row;
     rt->micro = 0;
+    offload_optim_settle(rt); /* every block's weights are this step's */
     if (meta) {
-        meta->data_step = (int64_t)data_step;
-        meta->seed = (uint64_t)seed;
+        meta->data_step = cs.data_step;
+        meta->seed = cs.seed;
     }
 out_close:
     source_close(&src);
+out_manifest:
+    ckpt_manifest_free(&mf);
     return st;
 }

@@ -237,7 +237,7 @@ zo_status offload_dp_wait(offload_dp *dp)
         if (st == ZO_OK) st = sw;
     }
     dp->head = dp->n_req = 0;
-    dp->env->acct->time[OFFLOAD_TIME_COMM] += offload_now() - t0;
+    offload_add_time(dp->env->acct, OFFLOAD_TIME_COMM, offload_now() - t0);
     return st;
 }
 
@@ -291,7 +291,7 @@ zo_status offload_dp_gather(offload_dp *dp, const void *mine, size_t bytes, void
         return st;
     double t0 = offload_now();
     st = comm_all_gather(dp->comm, buf + (size_t)dp->rank * stride, buf, words, ZO_DTYPE_F32, &ord, NULL);
-    dp->env->acct->time[OFFLOAD_TIME_COMM] += offload_now() - t0;
+    offload_add_time(dp->env->acct, OFFLOAD_TIME_COMM, offload_now() - t0);
     if (st != ZO_OK) return zo_error_wrap(st, "offload_gather");
     for (int r = 0; r < dp->size; r++)
         if ((st = gpu_memcpy_async(env->d2h, (char *)all + (size_t)r * bytes, buf + (size_t)r * stride, bytes,

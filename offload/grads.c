@@ -47,9 +47,16 @@ zo_status offload_grads_accumulate(offload_t *rt, int k)
     zo_status st = offload_timed_wait(&rt->env, g->copied, OFFLOAD_TIME_GRADS);
     if (st != ZO_OK) return st;
     double t0 = offload_now();
+    int b = g->block;
     size_t n = g->n;
-    float *acc = rt->grad + rt->aoff[g->block];
+    float *acc = rt->grad + rt->aoff[b];
     const void *src = g->host;
+    /* the step's first addition into the block starts from zero (lazily:
+     * the update of the step before may still be reading the other blocks) */
+    if (rt->grad_fresh[b]) {
+        if (n) memset(acc, 0, n * sizeof(float)); /* a block with nothing to train: no sum at all */
+        rt->grad_fresh[b] = 0;
+    }
     switch (rt->ghost_dtype) {
     case ZO_DTYPE_F32: {
         const float *x = src;
@@ -67,10 +74,13 @@ zo_status offload_grads_accumulate(offload_t *rt, int k)
         break;
     }
     }
-    int b = g->block;
     g->block = -1;
-    rt->acct.time[OFFLOAD_TIME_GRADS] += offload_now() - t0;
-    return added(rt, b, NULL);
+    offload_add_time(&rt->acct, OFFLOAD_TIME_GRADS, offload_now() - t0);
+    if ((st = added(rt, b, NULL)) != ZO_OK) return st;
+    /* a block's own gradients come last (the shares of blocks that read it
+     * came in earlier backwards): in the step's last micro-batch they are
+     * complete, and its update may start */
+    return g->own && offload_optim_early(rt) ? offload_optim_block_done(rt, b) : ZO_OK;
 }
 
 zo_status offload_grads_drain(offload_t *rt)
@@ -108,7 +118,7 @@ zo_status offload_grads_begin(offload_t *rt, gpu_stream_t s)
     zo_status st;
     int nb = rt->g.nb;
     if (rt->micro == 0) {
-        if (rt->grad_n) memset(rt->grad, 0, rt->grad_n * sizeof(float));
+        memset(rt->grad_fresh, 1, (size_t)nb);
         if (rt->dev_shard && (st = rt->dev_shard->ops->grad_zero(rt->dev_shard, s)) != ZO_OK) return st;
         if (rt->dfull && (st = gpu_memset_async(s, rt->dfull, 0, rt->dfull_n * sizeof(float))) != ZO_OK) return st;
         if (rt->reduced) memset(rt->reduced, 0, (size_t)nb);
@@ -116,7 +126,7 @@ zo_status offload_grads_begin(offload_t *rt, gpu_stream_t s)
         return zo_error(ZO_ERR_INVALID, "offload_micro_batch: the gradients of %d micro-batches (grad_accum) are "
                         "already reduced over the ranks: offload_step first", rt->micro);
     }
-    rt->overlap = rt->red_op >= 0 && rt->micro + 1 == rt->cfg.grad_accum;
+    rt->reduce_now = rt->red_op >= 0 && rt->micro + 1 == rt->cfg.grad_accum;
     if (rt->contrib) memset(rt->contrib, 0, (size_t)nb * sizeof *rt->contrib);
     return ZO_OK;
 }
@@ -131,7 +141,7 @@ static zo_status added(offload_t *rt, int b, gpu_stream_t s)
 {
     offload_dp *dp = rt->env.dp;
     zo_status st;
-    if (!rt->overlap || ++rt->contrib[b] < rt->contrib_want[b] || !rt->numel[b]) return ZO_OK;
+    if (!rt->reduce_now || ++rt->contrib[b] < rt->contrib_want[b] || !rt->numel[b]) return ZO_OK;
     rt->reduced[b] = 1;
     if (b < rt->dev_block) return reduce_host_block(rt, b, &rt->red_k, (dp_op)rt->red_op);
     if ((st = gpu_event_record(dp->ev_in, s)) != ZO_OK) return st;
@@ -143,7 +153,7 @@ static zo_status added(offload_t *rt, int b, gpu_stream_t s)
 /* One rank, ZeRO 0-1: add slot k's gradients of `block` to its device sum
  * when its state is there (the same fp32 additions as the host's, so the
  * same bits), else copy them out for the host to add. */
-static zo_status send_local(offload_t *rt, gpu_stream_t s, int k, int block)
+static zo_status send_local(offload_t *rt, gpu_stream_t s, int k, int block, int own)
 {
     zo_status st;
     offload_gslot *g = &rt->gs[k];
@@ -164,9 +174,10 @@ static zo_status send_local(offload_t *rt, gpu_stream_t s, int k, int block)
     if (bytes && (st = gpu_memcpy_async(rt->env.d2h, g->host, g->dev, bytes, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK)
         return st;
     if ((st = gpu_event_record(g->copied, rt->env.d2h)) != ZO_OK) return st;
-    rt->acct.bytes_d2h += bytes;
+    offload_add_bytes(&rt->acct, OFFLOAD_BYTES_D2H, bytes);
     g->block = block;
     g->n = n;
+    g->own = own;
     return ZO_OK;
 }
 
@@ -202,7 +213,7 @@ static zo_status pack_piece(offload_t *rt, gpu_stream_t s, int b, size_t n, cons
  * piece (one piece when the block fits), reduce-scattered in place; on the
  * d2h stream (the compute goes on) the rank's piece is added to its device
  * sum or copied out for the host. The slot's `copied` marks the bucket free. */
-static zo_status send_scatter(offload_t *rt, gpu_stream_t s, int k, int block)
+static zo_status send_scatter(offload_t *rt, gpu_stream_t s, int k, int block, int own)
 {
     offload_dp *dp = rt->env.dp;
     offload_gslot *g = &rt->gs[k];
@@ -231,19 +242,20 @@ static zo_status send_scatter(offload_t *rt, gpu_stream_t s, int k, int block)
                                    gpu_t(mine, ZO_DTYPE_F32), m);
         else if (m) st = gpu_memcpy_async(d2h, (float *)g->host + first, mine, m * 4, GPU_COPY_DEVICE_TO_HOST);
         if (st != ZO_OK) return st;
-        if (!dev) rt->acct.bytes_d2h += m * 4;
+        if (!dev) offload_add_bytes(&rt->acct, OFFLOAD_BYTES_D2H, m * 4);
         if ((st = gpu_event_record(g->copied, d2h)) != ZO_OK) return st;
     }
     if (!dev && n) {
         g->block = block;
         g->n = pn;
+        g->own = own;
     }
     return ZO_OK;
 }
 
-zo_status offload_grads_send(offload_t *rt, gpu_stream_t s, int k, int block)
+zo_status offload_grads_send(offload_t *rt, gpu_stream_t s, int k, int block, int own)
 {
-    return rt->grads_send(rt, s, k, block);
+    return rt->grads_send(rt, s, k, block, own);
 }
 
 /* ---- at the step: ZeRO 0-1 ---------------------------------------------------------- */
@@ -282,8 +294,8 @@ static zo_status reduce_host_block(offload_t *rt, int b, int *k, dp_op op)
             st = gpu_memcpy_async(env->d2h, rt->grad + rt->goff[b] + first, bk + (size_t)dp->rank * q, out * 4,
                                   GPU_COPY_DEVICE_TO_HOST);
         if (st != ZO_OK) return st;
-        rt->acct.bytes_h2d += real * 4;
-        rt->acct.bytes_d2h += out * 4;
+        offload_add_bytes(&rt->acct, OFFLOAD_BYTES_H2D, real * 4);
+        offload_add_bytes(&rt->acct, OFFLOAD_BYTES_D2H, out * 4);
         if ((st = gpu_event_record(dp->bucket_ev[*k], env->d2h)) != ZO_OK) return st;
     }
     return ZO_OK;
@@ -323,7 +335,7 @@ static zo_status reduce_at_step(offload_t *rt)
     if (st == ZO_OK) st = sw;
     sw = gpu_stream_synchronize(rt->env.d2h);
     if (st == ZO_OK) st = sw;
-    rt->acct.time[OFFLOAD_TIME_COMM] += offload_now() - t0;
+    offload_add_time(&rt->acct, OFFLOAD_TIME_COMM, offload_now() - t0);
     return st;
 }
 
@@ -408,7 +420,7 @@ zo_status offload_grads_init(offload_t *rt)
     /* the pinned halves, one buffer, when some gradient goes to the host */
     size_t hb = rt->ghost_bytes;
     void *pinned = NULL;
-    if (rt->dev_block > 0 && hb && (st = offload_host_alloc(env, OFFLOAD_GRAD_SLOTS * hb, 1, &pinned)) != ZO_OK)
+    if (rt->off[rt->dev_block] && hb && (st = offload_host_alloc(env, OFFLOAD_GRAD_SLOTS * hb, 1, &pinned)) != ZO_OK)
         return zo_error_wrap(st, "offload_init: pinned gradient buffers");
     rt->ghost_pinned = pinned ? OFFLOAD_GRAD_SLOTS * hb : 0;
     for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) {
@@ -424,6 +436,7 @@ zo_status offload_grads_init(offload_t *rt)
     if ((st = offload_host_alloc(env, rt->grad_n * sizeof(float), 0, (void **)&rt->grad)) != ZO_OK)
         return zo_error_wrap(st, "offload_init: fp32 gradients");
     if (rt->grad_n) memset(rt->grad, 0, rt->grad_n * sizeof(float));
+    if (!(rt->grad_fresh = calloc((size_t)rt->g.nb, 1))) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
     if (rt->dfull_n && (st = gpu_mem_alloc(env->dev, rt->dfull_n * sizeof(float), (void **)&rt->dfull)) != ZO_OK)
         return zo_error_wrap(st, "offload_init: unreduced fp32 gradients of the device share (ZeRO-1, %zu bytes)",
                              rt->dfull_n * sizeof(float));
@@ -448,4 +461,5 @@ void offload_grads_free(offload_t *rt)
     free(rt->contrib);
     free(rt->contrib_want);
     free(rt->reduced);
+    free(rt->grad_fresh);
 }

@@ -22,6 +22,22 @@ zo_status offload_tier_parse(const char *s, const char *what, offload_tier *out)
     return ZO_OK;
 }
 
+const char *offload_schedule_name(offload_schedule s)
+{
+    static const char *n[] = {"serial", "overlap", "dpu"};
+    return (unsigned)s <= OFFLOAD_SCHEDULE_DPU ? n[s] : "?";
+}
+
+zo_status offload_schedule_parse(const char *s, const char *what, offload_schedule *out)
+{
+    for (int i = 0; i <= OFFLOAD_SCHEDULE_DPU; i++)
+        if (!strcmp(s, offload_schedule_name((offload_schedule)i))) {
+            *out = (offload_schedule)i;
+            return ZO_OK;
+        }
+    return zo_error(ZO_ERR_INVALID, "%s: '%s' is not a schedule (serial, overlap or dpu)", what, s);
+}
+
 const char *offload_time_part_name(offload_time_part p)
 {
     static const char *n[] = {"compute", "weights", "grads", "optimizer", "disk", "comm"};
@@ -32,6 +48,7 @@ void offload_config_defaults(offload_config *c)
 {
     memset(c, 0, sizeof *c);
     c->params_on = OFFLOAD_DEVICE;
+    c->trainable_on = OFFLOAD_DEVICE;
     c->opt_frac[OFFLOAD_CPU] = 1.0;
     c->checkpoints_on = OFFLOAD_DEVICE;
     c->prefetch_depth = 2;
@@ -58,7 +75,7 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
         return zo_error(ZO_ERR_INVALID, "offload_init: the model needs blocks, forward and backward");
     if (m->dtype != ZO_DTYPE_F32 && m->dtype != ZO_DTYPE_F16 && m->dtype != ZO_DTYPE_BF16)
         return zo_error(ZO_ERR_INVALID, "offload_init: unsupported dtype %d", (int)m->dtype);
-    if (c->params_on >= OFFLOAD_TIERS || c->checkpoints_on > OFFLOAD_CPU)
+    if (c->params_on >= OFFLOAD_TIERS || c->trainable_on >= OFFLOAD_TIERS || c->checkpoints_on > OFFLOAD_CPU)
         return zo_error(ZO_ERR_INVALID, "offload_init: checkpoints live on gpu or cpu");
     if (c->prefetch_depth < 0 || c->prefetch_depth > OFFLOAD_MAX_PREFETCH)
         return zo_error(ZO_ERR_INVALID, "offload_init: prefetch depth %d outside 0..%d",
@@ -77,7 +94,8 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
     if (c->checkpoints_on == OFFLOAD_CPU && !c->recompute)
         return zo_error(ZO_ERR_INVALID,
                         "offload_init: checkpoints in host memory need recompute (only block inputs are kept)");
-    int nvme = c->params_on == OFFLOAD_NVME || c->opt_frac[OFFLOAD_NVME] > 0;
+    int nvme = c->params_on == OFFLOAD_NVME || c->opt_frac[OFFLOAD_NVME] > 0 ||
+               (m->frozen_bytes && c->trainable_on == OFFLOAD_NVME);
     if (nvme) {
 #ifndef ZO_OFFLOAD_HAVE_NVME
         return zo_error(ZO_ERR_UNSUPPORTED, "offload_init: NVMe tiers need the nvme module (liburing, xxHash)");
@@ -85,18 +103,40 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
         if (!c->nvme_dir || !*c->nvme_dir)
             return zo_error(ZO_ERR_INVALID, "offload_init: NVMe placement needs an NVMe directory (--nvme-dir)");
     }
-    if (c->grad_accum < 0 || c->n_threads < 0 || c->loss_scale < 0 || c->loss_scale_window < 0)
-        return zo_error(ZO_ERR_INVALID, "offload_init: negative grad_accum, threads or loss scale");
+    if (c->grad_accum < 0 || c->n_threads < 0 || c->loss_scale < 0 || c->loss_scale_window < 0 ||
+        c->max_skipped_steps < 0 || c->keep_checkpoints < 0 || c->opt_threads < 0 || c->dpu_warmup < 0)
+        return zo_error(ZO_ERR_INVALID, "offload_init: negative grad_accum, threads, warmup, loss scale, "
+                        "max_skipped_steps or keep_checkpoints");
+    if ((unsigned)c->schedule > OFFLOAD_SCHEDULE_DPU)
+        return zo_error(ZO_ERR_INVALID, "offload_init: schedule %d is not serial, overlap or dpu", (int)c->schedule);
+    /* the device share's update writes the resident weights in place, on
+     * the device: it cannot wait a step */
+    if (c->schedule == OFFLOAD_SCHEDULE_DPU && c->opt_frac[OFFLOAD_DEVICE] > 0)
+        return zo_error(ZO_ERR_UNSUPPORTED,
+                        "offload_init: the delayed parameter update (dpu) runs the CPU optimizer; with optimizer "
+                        "state on the device (gpu %g) use schedule overlap or serial",
+                        c->opt_frac[OFFLOAD_DEVICE]);
     if (c->zero_stage < 0 || c->zero_stage > 3)
         return zo_error(ZO_ERR_INVALID, "offload_init: ZeRO stage %d (0, 1, 2 or 3)", c->zero_stage);
+    int ranks = c->comm ? comm_size(c->comm) : 1;
     /* stages 1-2 keep every 16-bit weight on every rank: offloading them is
      * ZeRO-3's (ZeRO-Infinity), as in DeepSpeed */
-    if (c->comm && comm_size(c->comm) > 1 && (c->zero_stage == 1 || c->zero_stage == 2) &&
-        c->params_on != OFFLOAD_DEVICE)
+    if (ranks > 1 && (c->zero_stage == 1 || c->zero_stage == 2) && c->params_on != OFFLOAD_DEVICE)
         return zo_error(ZO_ERR_INVALID,
                         "offload_init: ZeRO-%d keeps every 16-bit weight on the device (params_on gpu); "
                         "weights on %s need ZeRO-3, which partitions them", c->zero_stage,
                         offload_tier_name(c->params_on));
+    /* not built (docs/offload.md, "Not done"): several ranks train every
+     * weight, the optimizer on the host thread */
+    if (ranks > 1 && m->frozen_bytes)
+        return zo_error(ZO_ERR_UNSUPPORTED,
+                        "offload_init: several ranks (%d, ZeRO-%d) with a frozen base (LoRA/QLoRA adapters: "
+                        "offload_model.frozen_bytes) are not built: train adapters on one rank", ranks,
+                        c->zero_stage);
+    if (ranks > 1 && c->schedule != OFFLOAD_SCHEDULE_SERIAL)
+        return zo_error(ZO_ERR_UNSUPPORTED,
+                        "offload_init: several ranks (%d, ZeRO-%d) with the optimizer schedule %s are not built: "
+                        "use schedule serial", ranks, c->zero_stage, offload_schedule_name(c->schedule));
     return ZO_OK;
 }
 
@@ -143,6 +183,22 @@ static zo_status copy_model(offload_t *rt, const offload_model *model)
     rt->n_sched = 2 * nb;
     rt->m.block_numel = rt->numel;
     rt->m.block_dep = rt->dep;
+    if (model->frozen_bytes) {
+        /* the frozen base: a geometry of bytes */
+        rt->fbytes = calloc((size_t)nb, sizeof(size_t));
+        rt->foff = calloc((size_t)nb + 1, sizeof(size_t));
+        if (!rt->fbytes || !rt->foff) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+        offload_geom *f = &rt->fg;
+        *f = (offload_geom){.nb = nb, .numel = rt->fbytes, .off = rt->foff, .dtype = ZO_DTYPE_F32, .es = 1};
+        for (int b = 0; b < nb; b++) {
+            rt->fbytes[b] = model->frozen_bytes[b];
+            rt->foff[b + 1] = rt->foff[b] + rt->fbytes[b];
+            if (rt->fbytes[b] > f->largest) f->largest = rt->fbytes[b];
+        }
+        f->n = rt->foff[nb];
+        f->slot_bytes = (f->largest + 255) & ~(size_t)255;
+        rt->m.frozen_bytes = rt->fbytes;
+    }
     rt->m.decay = NULL;
     rt->m.n_decay = 0;
     if (!model->decay || model->n_decay <= 0) return ZO_OK;
@@ -248,6 +304,14 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     if (!rt->cfg.swap_buffers) rt->cfg.swap_buffers = 3;
     if (!rt->cfg.grad_accum) rt->cfg.grad_accum = 1;
     if (!rt->cfg.loss_scale_window) rt->cfg.loss_scale_window = OFFLOAD_LOSS_SCALE_WINDOW;
+    if (!rt->cfg.max_skipped_steps) rt->cfg.max_skipped_steps = OFFLOAD_MAX_SKIPPED_STEPS;
+    rt->ckpt_lock.fd = -1;
+    pthread_mutex_init(&rt->acct.mu, NULL);
+    /* a second run on the same checkpoint folder is refused before anything
+     * is allocated (several ranks share the folder: rank 0 holds it) */
+    if (cfg->ckpt_dir && (!cfg->comm || comm_rank(cfg->comm) == 0) &&
+        (st = offload_ckpt_lock(rt, cfg->ckpt_dir)) != ZO_OK)
+        goto out_free;
     rt->env = (offload_env){.dev = dev, .acct = &rt->acct, .n_threads = cfg->n_threads};
     rt->dev_block = model->n_blocks;
     if ((st = copy_model(rt, model)) != ZO_OK) goto out_free;
@@ -265,15 +329,29 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
 
     if ((st = gpu_stream_create(dev, &rt->env.h2d)) != ZO_OK) goto out_free;
     if ((st = gpu_stream_create(dev, &rt->env.d2h)) != ZO_OK) goto out_free;
-    int device_share = rt->cfg.opt_frac[OFFLOAD_DEVICE] > 0;
-    size_t chunk = rt->cfg.sub_group;
-    wstore_config wc = {.tier = rt->cfg.params_on, .dev_puts = device_share, .chunk = chunk,
-                        .nvme_dir = rt->cfg.nvme_dir, .part_geom = &rt->og};
-    if (rt->cfg.params_on != OFFLOAD_DEVICE || (rt->dp && rt->dp->stage >= 3))
-        rt->n_slots = wc.ring = slot_count(rt);
+    /* the weights' stores: the trainable ones where params_on says (with a
+     * frozen base: where trainable_on says, the base where params_on says);
+     * slots for what is streamed (ZeRO-3: the rank's parts gathered into
+     * them, wherever the parts live) */
+    int frozen = model->frozen_bytes != NULL;
+    offload_tier w_on = frozen ? rt->cfg.trainable_on : rt->cfg.params_on;
+    int w_streamed = w_on != OFFLOAD_DEVICE || (rt->dp && rt->dp->stage >= 3);
+    int f_streamed = frozen && rt->cfg.params_on != OFFLOAD_DEVICE;
+    if (w_streamed || f_streamed) rt->n_slots = slot_count(rt);
+    rt->fslot = f_streamed ? rt->fg.slot_bytes : 0;
+    rt->slot_size = rt->fslot + (w_streamed ? rt->g.slot_bytes : 0);
+    wstore_config wc = {.tier = w_on, .dev_puts = rt->cfg.opt_frac[OFFLOAD_DEVICE] > 0,
+                        .chunk = rt->cfg.sub_group, .nvme_dir = rt->cfg.nvme_dir, .name = "par",
+                        .ring = rt->n_slots, .part_geom = &rt->og};
     if ((st = wstore_create(&rt->env, &rt->g, &wc, &rt->ws)) != ZO_OK) goto out_free;
+    if (frozen) {
+        wstore_config fc = {.tier = rt->cfg.params_on, .chunk = rt->cfg.sub_group,
+                            .nvme_dir = rt->cfg.nvme_dir, .name = "frz", .ring = rt->n_slots};
+        if ((st = wstore_create(&rt->env, &rt->fg, &fc, &rt->fws)) != ZO_OK) goto out_free;
+    }
     if ((st = create_shards(rt)) != ZO_OK) goto out_free;
     if ((st = offload_stream_init(rt)) != ZO_OK) goto out_free;
+    if ((st = offload_optim_init(rt)) != ZO_OK) goto out_free;
     device_peak(rt);
     *out = rt;
     return ZO_OK;
@@ -286,12 +364,17 @@ out_free:
 void offload_free(offload_t *rt)
 {
     if (!rt) return;
+    /* the optimizer's thread ends first: its update may use everything */
+    offload_optim_free(rt);
     /* let queued copies finish before their buffers go */
     if (rt->env.h2d) gpu_stream_synchronize(rt->env.h2d);
     if (rt->env.d2h) gpu_stream_synchronize(rt->env.d2h);
     offload_stream_free(rt);
     for (int i = 0; i < rt->n_shards; i++) oshard_free(rt->shards[i]);
     wstore_free(rt->ws);
+    wstore_free(rt->fws);
+    free(rt->fbytes);
+    free(rt->foff);
     if (rt->env.h2d) gpu_stream_destroy(rt->env.h2d);
     if (rt->env.d2h) gpu_stream_destroy(rt->env.d2h);
     offload_dp_free(rt->dp);
@@ -300,6 +383,8 @@ void offload_free(offload_t *rt)
     free(rt->off);
     free(rt->sched);
     free(rt->decay);
+    zo_dir_lock_release(&rt->ckpt_lock);
+    pthread_mutex_destroy(&rt->acct.mu);
     free(rt);
 }
 
@@ -312,11 +397,31 @@ static zo_status check_block(const offload_t *rt, const char *fn, int block)
     return ZO_OK;
 }
 
+size_t offload_find_nonfinite(const float *p, size_t n)
+{
+    /* exponent all ones: inf or nan; the loop runs without a branch per value */
+    const uint32_t *u = (const uint32_t *)(const void *)p;
+    size_t chunk = 4096;
+    for (size_t a = 0; a < n; a += chunk) {
+        size_t e = n - a < chunk ? n : a + chunk;
+        uint32_t any = 0;
+        for (size_t i = a; i < e; i++) any |= (uint32_t)((u[i] & 0x7f800000u) == 0x7f800000u);
+        if (!any) continue;
+        for (size_t i = a; i < e; i++)
+            if ((u[i] & 0x7f800000u) == 0x7f800000u) return i;
+    }
+    return n;
+}
+
 /* Block b's master and 16-bit weights from w (the whole block: the rank
  * keeps its part), its moments zeroed. */
 static zo_status set_block(offload_t *rt, int b, const float *w)
 {
     zo_status st;
+    size_t bad = offload_find_nonfinite(w, rt->numel[b]);
+    if (bad < rt->numel[b])
+        return zo_error(ZO_ERR_INVALID, "offload: block %d element %zu is %g: weights must be finite", b,
+                        bad, (double)w[bad]);
     if ((st = ostate_write(rt->shards, rt->n_shards, rt->og.off[b], rt->og.numel[b],
                            w + offload_dp_part_first(rt->dp, b), NULL, NULL)) != ZO_OK)
         return st;
@@ -326,9 +431,10 @@ static zo_status set_block(offload_t *rt, int b, const float *w)
 /* Whatever the gradient sums held is dropped: the weights changed. */
 static zo_status weights_begin(offload_t *rt)
 {
-    zo_status st = offload_grads_drain(rt);
+    zo_status st = offload_optim_settle(rt);
+    zo_status sd = offload_grads_drain(rt);
     rt->micro = 0;
-    return st;
+    return st != ZO_OK ? st : sd;
 }
 
 /* The store and the shards hold what was put; the slots forget. */
@@ -348,10 +454,30 @@ zo_status offload_set_block(offload_t *rt, int block, const float *w)
     return weights_end(rt);
 }
 
+zo_status offload_set_frozen_block(offload_t *rt, int block, const void *bytes)
+{
+    zo_status st = check_block(rt, "offload_set_frozen_block", block);
+    if (st != ZO_OK) return st;
+    if (!rt->fws) return zo_error(ZO_ERR_INVALID, "offload_set_frozen_block: the model has no frozen base");
+    if ((st = wstore_put_raw(rt->fws, block, 0, rt->fbytes[block], bytes)) != ZO_OK ||
+        (st = rt->fws->ops->sync(rt->fws)) != ZO_OK)
+        return st;
+    offload_slots_invalidate(rt);
+    return ZO_OK;
+}
+
+zo_status offload_get_frozen_block(offload_t *rt, int block, void *bytes)
+{
+    zo_status st = check_block(rt, "offload_get_frozen_block", block);
+    if (st != ZO_OK || (st = offload_optim_settle(rt)) != ZO_OK) return st;
+    if (!rt->fws) return zo_error(ZO_ERR_INVALID, "offload_get_frozen_block: the model has no frozen base");
+    return rt->fws->ops->get_host(rt->fws, block, bytes);
+}
+
 zo_status offload_get_block(offload_t *rt, int block, float *w)
 {
     zo_status st = check_block(rt, "offload_get_block", block);
-    if (st != ZO_OK) return st;
+    if (st != ZO_OK || (st = offload_optim_settle(rt)) != ZO_OK) return st;
     const offload_geom *og = &rt->og;
     if (!offload_dp_partitioned(rt->dp))
         return ostate_read(rt->shards, rt->n_shards, og->off[block], og->numel[block], w, NULL, NULL);
@@ -377,6 +503,7 @@ zo_status offload_set_weights(offload_t *rt, const float *const *blocks)
     rt->step = 0;
     rt->good_steps = 0;
     rt->skipped = 0;
+    rt->skipped_in_a_row = 0;
     return ZO_OK;
 }
 
@@ -393,7 +520,9 @@ zo_status offload_get_weights(offload_t *rt, float *const *blocks)
 zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s)
 {
     double t0 = offload_now();
+    __atomic_store_n(&rt->device_busy, 1, __ATOMIC_RELAXED);
     zo_status st = offload_stream_micro_batch(rt, s);
+    __atomic_store_n(&rt->device_busy, 0, __ATOMIC_RELAXED);
     if (st != ZO_OK) return st;
     rt->acct.n_micro++;
     device_peak(rt);
@@ -403,7 +532,10 @@ zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s)
 
 zo_status offload_forward(offload_t *rt, gpu_stream_t s)
 {
-    return offload_stream_forward(rt, s);
+    __atomic_store_n(&rt->device_busy, 1, __ATOMIC_RELAXED);
+    zo_status st = offload_stream_forward(rt, s);
+    __atomic_store_n(&rt->device_busy, 0, __ATOMIC_RELAXED);
+    return st;
 }
 
 zo_status offload_step(offload_t *rt, offload_step_info *info)
@@ -414,8 +546,12 @@ zo_status offload_step(offload_t *rt, offload_step_info *info)
     if (st != ZO_OK) return st;
     if (!rt->micro) return zo_error(ZO_ERR_INVALID, "offload_step: no micro-batch since the last step");
     if ((st = offload_grads_reduce(rt)) != ZO_OK) return zo_error_wrap(st, "offload_step: gradient reduction");
-    /* the shards hold what was written to them since the last step */
-    if ((st = ostate_sync(rt->shards, rt->n_shards)) != ZO_OK) return st;
+    /* the update before this one is done (and, with dpu, published), and
+     * the shards hold what was written to them since, unless this step's
+     * updates started during backward (they did both) */
+    if (!offload_optim_early(rt) &&
+        ((st = offload_optim_settle(rt)) != ZO_OK || (st = ostate_sync(rt->shards, rt->n_shards)) != ZO_OK))
+        return st;
     st = offload_optim_step(rt, info);
     offload_slots_invalidate(rt);
     if (st == ZO_OK && !info->skipped) rt->acct.n_steps++;
@@ -455,12 +591,16 @@ void offload_get_stats(const offload_t *rt, offload_stats *o)
     o->micro_batches = a->n_micro;
     o->steps = a->n_steps;
     o->skipped = rt->skipped;
-    o->bytes_h2d = a->bytes_h2d;
-    o->bytes_d2h = a->bytes_d2h;
-    o->bytes_disk_read = a->bytes_disk_read;
-    o->bytes_disk_written = a->bytes_disk_written;
+    o->bytes_h2d = a->bytes[OFFLOAD_BYTES_H2D];
+    o->bytes_d2h = a->bytes[OFFLOAD_BYTES_D2H];
+    o->bytes_disk_read = a->bytes[OFFLOAD_BYTES_DISK_READ];
+    o->bytes_disk_written = a->bytes[OFFLOAD_BYTES_DISK_WRITTEN];
+    pthread_mutex_lock((pthread_mutex_t *)&a->mu);
+    o->optimizer_s = a->opt_busy_s;
+    o->optimizer_overlap = a->opt_busy_s > 0 ? a->opt_overlap_s / a->opt_busy_s : 0.0;
+    pthread_mutex_unlock((pthread_mutex_t *)&a->mu);
     o->n_slots = rt->n_slots;
-    o->slot_bytes = rt->n_slots ? rt->g.slot_bytes : 0;
+    o->slot_bytes = rt->n_slots ? rt->slot_size : 0;
     o->rank = rt->dp ? rt->dp->rank : 0;
     o->ranks = rt->dp ? rt->dp->size : 1;
     o->comm_elems = a->comm_elems;
@@ -487,7 +627,8 @@ void offload_reset_times(offload_t *rt)
     memset(a->time, 0, sizeof a->time);
     a->total_s = 0;
     a->n_micro = a->n_steps = 0;
-    a->bytes_h2d = a->bytes_d2h = a->bytes_disk_read = a->bytes_disk_written = 0;
+    memset(a->bytes, 0, sizeof a->bytes);
+    a->opt_busy_s = a->opt_overlap_s = 0;
     a->comm_elems = a->comm_pad_elems = a->reused_elems = 0;
     a->comm_calls = 0;
 }

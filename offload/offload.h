@@ -82,6 +82,8 @@ typedef struct offload_block_io {
     void *grads;            /* backward: its gradients, zeroed before; add to them */
     const void *dep_params; /* the weights of block_dep[b] (e.g. the tied embedding), or NULL */
     void *dep_grads;        /* backward: gradients of block_dep[b], zeroed before, or NULL */
+    const void *frozen;     /* the block's frozen base (offload_model.frozen_bytes), or NULL */
+    const void *dep_frozen; /* the frozen base of block_dep[b], or NULL */
     const void *in;         /* the activation from block b-1 (NULL for block 0) */
     void *out;              /* forward: the activation for block b+1 (NULL for the last) */
 } offload_block_io;
@@ -116,6 +118,12 @@ typedef struct offload_model {
     /* (optional) Rebuild what backward reads from `in`, without writing
      * `out`. Called before backward when config.recompute is set. */
     offload_block_fn recompute;
+    /* (optional) A frozen base per block (e.g. the base weights under LoRA
+     * adapters, 16-bit or NF4): frozen_bytes[b] bytes the model reads and
+     * never trains: no gradients, no optimizer state, never written back.
+     * The block's trainable weights are then block_numel[b] elements beside
+     * it (0 for a block with nothing to train). NULL: nothing frozen. */
+    const size_t *frozen_bytes;
 } offload_model;
 
 /* ---- the configuration (what a plan says) -------------------------------- */
@@ -125,12 +133,37 @@ typedef struct offload_adamw {
     float clip; /* max global gradient norm; 0: no clipping */
 } offload_adamw;
 
+/* When the optimizer's update runs (docs/offload.md, "Schedules").
+ * - SERIAL: after the step's micro-batches, the host waiting (the default).
+ * - OVERLAP: on the optimizer's own thread beside the device's work. With
+ *   exact clipping (or fp16 loss scaling) the norm comes first: the update
+ *   starts after the last backward and runs while the next micro-batch's
+ *   forward goes on, each block's forward waiting for exactly that block's
+ *   new weights; the results are the serial schedule's, bit for bit. Without
+ *   clipping, or with clip_stale, a block's update starts as soon as its
+ *   gradients are complete, while backward runs on through the earlier
+ *   blocks.
+ * - DPU (delayed parameter update): after dpu_warmup serial steps, step t's
+ *   update runs during step t+1's micro-batches, which use the weights of
+ *   step t - 1; the new weights are published at the next step. */
+typedef enum offload_schedule {
+    OFFLOAD_SCHEDULE_SERIAL = 0,
+    OFFLOAD_SCHEDULE_OVERLAP,
+    OFFLOAD_SCHEDULE_DPU,
+} offload_schedule;
+
+const char *offload_schedule_name(offload_schedule s); /* "serial", "overlap", "dpu" */
+zo_status offload_schedule_parse(const char *s, const char *what, offload_schedule *out);
+
 /* Test seam for checkpoint writes: called at named points of the write (see
  * offload_save); a test blocks or kills the process there. */
 typedef void (*offload_ckpt_hook)(void *user, const char *point);
 
 typedef struct offload_config {
-    offload_tier params_on;          /* DEVICE: resident; CPU, NVME: streamed */
+    offload_tier params_on;          /* DEVICE: resident; CPU, NVME: streamed (with a frozen
+                                        base: where the base lives) */
+    offload_tier trainable_on;       /* with a frozen base: where the trainable weights
+                                        live (default DEVICE); without, unused */
     /* Optimizer state split (the device share: whole blocks). A gradient is
      * summed where its optimizer state lives: on the device for the device
      * share, in fp32 host memory for the rest. */
@@ -144,9 +177,26 @@ typedef struct offload_config {
     int swap_buffers;                /* sub-group buffers of the NVMe pipeline; 0 = 3 */
     int grad_accum;                  /* micro-batches per step; 0 = 1 */
     int n_threads;                   /* CPU Adam threads; 0 = OpenMP's default */
+    offload_schedule schedule;       /* when the update runs (default SERIAL) */
+    int clip_stale;                  /* OVERLAP: clip with the previous step's norm, so that
+                                        updates start during backward */
+    int dpu_warmup;                  /* DPU: serial steps first (default 0) */
+    int opt_threads;                 /* CPU Adam threads of the optimizer's thread (OVERLAP,
+                                        DPU); 0 = n_threads */
     offload_adamw adam;
     float loss_scale;                /* initial; 0 = 65536 with fp16, else 1 (no scaling) */
     int loss_scale_window;           /* good steps before the scale doubles; 0 = 200 */
+    /* fp16: steps skipped for overflow in a row before offload_step fails
+     * (the gradients are not finite at any scale); 0 = 50 */
+    int max_skipped_steps;
+    /* (optional) the checkpoint folder: created if missing and locked at
+     * init, for the runtime's life (a second run on it is refused there,
+     * ZO_ERR_BUSY naming the holder). offload_save locks the folder it
+     * saves into in any case. */
+    const char *ckpt_dir;
+    /* checkpoints kept in the folder: the latest and the keep - 1 others
+     * with the highest step numbers; 0 = 1 (the latest only) */
+    int keep_checkpoints;
     offload_ckpt_hook ckpt_hook;     /* (optional) test seam */
     void *ckpt_hook_user;
     /* Data parallelism (ZeRO-DP, docs/offload.md "Several ranks"): every
@@ -227,7 +277,9 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
 void offload_free(offload_t *rt);
 
 /* Set the fp32 master weights of one block (block_numel[block] floats) and
- * its 16-bit weights from them; its optimizer moments restart at zero, and
+ * its 16-bit weights from them (a value that is not finite is refused,
+ * ZO_ERR_INVALID naming the block and element, before anything changes);
+ * its optimizer moments restart at zero, and
  * gradients accumulated since the last step are dropped. Host memory holds
  * the block in flight and no more, whatever the model's size: load a model
  * block by block (e.g. model_load_block) through it. */
@@ -236,6 +288,11 @@ zo_status offload_set_block(offload_t *rt, int block, const float *w);
  * partitioned over ranks (ZeRO 1-3) the parts are all-gathered: a
  * collective, every rank reads the same blocks in the same order. */
 zo_status offload_get_block(offload_t *rt, int block, float *w);
+
+/* A block's frozen base (frozen_bytes[block] bytes, e.g. tf_frozen_pack's)
+ * into its store, and back. Set every block's before training. */
+zo_status offload_set_frozen_block(offload_t *rt, int block, const void *bytes);
+zo_status offload_get_frozen_block(offload_t *rt, int block, void *bytes);
 
 /* Every block at once (blocks[b]: block_numel[b] floats); the step counter
  * and the loss-scale history restart too. */
@@ -262,12 +319,17 @@ zo_status offload_forward(offload_t *rt, gpu_stream_t s);
 typedef struct offload_step_info {
     float grad_norm;   /* global norm of the mean gradient, before clipping */
     float loss_scale;  /* the scale the step's backward used */
-    int skipped;       /* 1 when inf/nan skipped the update (fp16) */
+    int skipped;       /* 1 when inf/nan skipped the update (fp16, a scale to lower) */
     int64_t step;      /* optimizer steps taken so far */
 } offload_step_info;
 
 /* After grad_accum micro-batches: unscale, clip, AdamW over every sub-group,
- * new weights into the parameter store. */
+ * new weights into the parameter store. Gradients that are not finite skip
+ * the step and halve the loss scale when there is one to lower (fp16 above
+ * a scale of 1), up to config.max_skipped_steps in a row; otherwise (fp32,
+ * bf16, fp16 at scale 1, or too many in a row) the step fails with
+ * ZO_ERR_INVALID naming the first block whose gradients are not finite, and
+ * nothing is updated. */
 zo_status offload_step(offload_t *rt, offload_step_info *info);
 
 /* The learning rate of the next steps (a schedule sets it before each step). */
@@ -308,6 +370,8 @@ typedef struct offload_stats {
     uint64_t bytes_h2d, bytes_d2h, bytes_disk_read, bytes_disk_written;
     int n_slots;                    /* device weight slots (0 when resident) */
     size_t slot_bytes;
+    double optimizer_s;             /* the CPU update's own time (every schedule) */
+    double optimizer_overlap;       /* the fraction of it that ran while the device computed */
     /* Data parallelism: the collectives of this rank since init (or the
      * last reset), in model elements, the ZeRO paper's unit: an all-reduce
      * of n elements counts 2n (a reduce-scatter and an all-gather), a
@@ -367,16 +431,24 @@ typedef zo_status (*offload_weights_stream)(void *user, const char *path,
 
 /* Save a checkpoint into DIR/step-<N>/ (weights through `writer` when not
  * NULL as model.safetensors, optimizer.safetensors with each block's fp32
- * master, m and v, and state.json), built in DIR/.tmp-step-<N>/ with every file
- * fsynced, renamed into place, then DIR/latest (a one-line file naming the
- * directory) replaced atomically; older step-* directories are removed after.
- * The hook (config.ckpt_hook) is called at "begin", "optimizer-half",
- * "before-rename" and "before-latest".
- * Several ranks: every rank calls it, on a directory they share. ZeRO 0:
- * rank 0 saves the one-rank checkpoint. ZeRO 1-3: each rank writes its
- * shard of the optimizer state (optimizer-<r>-of-<N>.safetensors) and rank 0
- * the weights, state.json and manifest.json (the partition); the directory
- * is renamed into place once every rank's files are in it. */
+ * master, m and v, state.json, and last manifest.json: every other file's
+ * size and XXH3-64 and the layout), built in DIR/.tmp-step-<N>/ with every
+ * file fsynced, renamed into place, then DIR/latest (a one-line file naming
+ * the directory) replaced atomically. DIR is created if missing and locked
+ * for the runtime's life (ZO_ERR_BUSY, naming the holder, when another run
+ * holds it). Then the checkpoints beyond config.keep_checkpoints go (the
+ * latest stays, then the highest step numbers), and the .tmp-step-* of
+ * interrupted saves: only directories named exactly step-<N> or
+ * step-<N>.<k> (and .tmp- those), never through a link; nothing else in DIR
+ * is touched. The hook (config.ckpt_hook) is called at "begin",
+ * "optimizer-half", "before-rename" and "before-latest".
+ * Several ranks: every rank calls it, on a directory they share; rank 0
+ * holds the lock. ZeRO 0: rank 0 saves the one-rank checkpoint. ZeRO 1-3:
+ * each rank writes its shard of the optimizer state
+ * (optimizer-<r>-of-<N>.safetensors) and rank 0 the weights, state.json and
+ * the manifest, which adds the partition; the directory is renamed into
+ * place once every rank's files are in it. offload_load reads either form
+ * on any rank count. */
 zo_status offload_save(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
                        offload_weights_writer writer, void *writer_user);
 /* The same, the weights written block by block: host memory holds a few
@@ -392,7 +464,14 @@ zo_status offload_write_weights(offload_t *rt, const char *path, offload_weights
 
 /* Load the checkpoint DIR/latest names (or DIR itself when it holds a
  * state.json): master, moments, step, loss scale; the 16-bit store is rebuilt
- * from the master. meta (may be NULL) receives the caller's counters. */
+ * from the master. meta (may be NULL) receives the caller's counters. Before
+ * anything is overwritten: state.json has every field, in range, version 3;
+ * its parameters, blocks and dtype are the running model's; the manifest
+ * lists state.json and optimizer.safetensors and every file it lists has its
+ * size and checksum (ZO_ERR_CHECKSUM naming the file otherwise). Values that
+ * are not finite (a negative second moment too) are refused naming the
+ * tensor and element; the runtime's state is then partly loaded: load again
+ * or set the weights. */
 zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta);
 
 #endif

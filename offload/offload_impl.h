@@ -26,8 +26,10 @@
  * nothing above them asks where state lives. Every staging buffer has one
  * role and one owner:
  *   - device weight slots (stream.c): blocks streamed in for compute;
- *   - gradient slots (stream.c): a device buffer per slot for backward and
+ *   - gradient slots (grads.c): a device buffer per slot for backward and
  *     its pinned host copy for the fp32 sum on the host;
+ *   - the communication buckets (dp.c, several ranks): two fp32 device
+ *     buffers a piece of a block passes through while a collective runs;
  *   - the store's incoming weights (wstore.c): pinned buffers the new 16-bit
  *     weights of a block pass through on their way to the device or NVMe,
  *     and the read-ahead ring of an NVMe store;
@@ -38,7 +40,10 @@
 #ifndef ZO_OFFLOAD_IMPL_H
 #define ZO_OFFLOAD_IMPL_H
 
+#include <pthread.h>
+
 #include "common/adam_math.h" /* defines: zo_adam_hparams */
+#include "common/fileio.h"    /* defines: zo_dir_lock */
 #include "offload/offload.h"
 
 #define OFFLOAD_MAX_PREFETCH 16
@@ -48,16 +53,31 @@
 #define OFFLOAD_LOSS_SCALE_WINDOW 200
 #define OFFLOAD_DEFAULT_SUB_GROUP (1u << 20)
 #define OFFLOAD_DEFAULT_BUCKET 25000000u /* elements (memplan's comm.bucket) */
+#define OFFLOAD_MAX_SKIPPED_STEPS 50 /* fp16 overflow skips in a row before the step fails */
 
 /* ---- acct.c: the clock, memory per tier, counters -------------------------------- */
 
+typedef enum offload_bytes_kind {
+    OFFLOAD_BYTES_H2D = 0,
+    OFFLOAD_BYTES_D2H,
+    OFFLOAD_BYTES_DISK_READ,
+    OFFLOAD_BYTES_DISK_WRITTEN,
+    OFFLOAD_BYTES_KINDS,
+} offload_bytes_kind;
+
+/* Updated from the host thread and the optimizer's thread alike: through
+ * the functions below, under its lock. */
 typedef struct offload_acct {
+    pthread_mutex_t mu;
     uint64_t use[OFFLOAD_TIERS], peak[OFFLOAD_TIERS];
     double time[OFFLOAD_TIME_PARTS];
     double total_s;
     int64_t n_micro, n_steps;
-    uint64_t bytes_h2d, bytes_d2h, bytes_disk_read, bytes_disk_written;
-    uint64_t comm_elems, comm_pad_elems; /* collectives (offload_stats) */
+    uint64_t bytes[OFFLOAD_BYTES_KINDS];
+    double opt_busy_s, opt_overlap_s; /* the optimizer's time, and its part while the device computed */
+    /* several ranks (offload_stats), counted by the host thread alone: a
+     * data-parallel run has no optimizer thread (serial schedule) */
+    uint64_t comm_elems, comm_pad_elems; /* collectives */
     uint64_t reused_elems; /* blocks a half-pass found in a slot an earlier one loaded */
     int64_t comm_calls;
 } offload_acct;
@@ -87,6 +107,8 @@ typedef struct offload_geom {
 
 double offload_now(void);
 void offload_count(offload_acct *a, offload_tier t, int64_t delta);
+void offload_add_time(offload_acct *a, offload_time_part p, double seconds);
+void offload_add_bytes(offload_acct *a, offload_bytes_kind k, uint64_t n);
 /* Host memory counted against the CPU tier (pinned: through the device). */
 zo_status offload_host_alloc(const offload_env *env, size_t bytes, int pinned, void **out);
 void offload_host_free(const offload_env *env, void *p, size_t bytes, int pinned);
@@ -210,6 +232,9 @@ typedef struct wstore_ops {
     /* Elements [rel, rel + n) of block b (whole-block coordinates) from
      * fp32, which every rank has. */
     zo_status (*load)(wstore *ws, int b, size_t rel, size_t n, const float *src);
+    /* Block b's weights (numel[b] elements of the dtype) into host memory,
+     * synchronously (the tier stores: the frozen base's reads). */
+    zo_status (*get_host)(wstore *ws, int b, void *dst);
     void (*free)(wstore *ws);
 } wstore_ops;
 
@@ -229,6 +254,7 @@ typedef struct wstore_config {
     int dev_puts;          /* new weights will come from the device (a device shard) */
     size_t chunk;          /* device tier: elements a host put stages at once */
     const char *nvme_dir;
+    const char *name;      /* what it holds ("par", "frz"): NVMe file names, messages */
     /* ZeRO-3 (env->dp partitioned, stage 3): the rank's geometry, over
      * which the inner store keeps its parts */
     const offload_geom *part_geom;
@@ -247,6 +273,11 @@ void wstore_free(wstore *ws);
 zo_status wstore_load_f32(wstore *ws, int b, size_t rel, size_t n, const float *src);
 /* The tier stores' load: puts of chunks of at most put_max. */
 zo_status wstore_load_by_puts(wstore *ws, int b, size_t rel, size_t n, const float *src);
+/* Put elements [rel, rel + n) of block b's weights given as the store's own
+ * elements (bytes copied as they are), chunk by chunk. */
+zo_status wstore_put_raw(wstore *ws, int b, size_t rel, size_t n, const void *src);
+/* Every block of host store `from` (same geometry) put into `to`, synced. */
+zo_status wstore_publish(wstore *from, wstore *to);
 /* wgather.c: the ZeRO-3 store over `inner` (the rank's parts), owning it. */
 zo_status wgather_create(const offload_env *env, const offload_geom *g, wstore *inner, wstore **out);
 
@@ -274,13 +305,18 @@ typedef struct oshard_ops {
     zo_status (*sync)(oshard *sh);
     /* Update every element (the device shard enqueues: sync waits). */
     zo_status (*step)(oshard *sh, const oshard_update *u);
+    /* (host shards) Update flat [first, first + n) within the shard, as its
+     * gradients complete (the schedule's updates during backward). */
+    zo_status (*step_range)(oshard *sh, size_t first, size_t n, const oshard_update *u);
     /* (optional) The fp32 gradient sum kept with the state, at flat element
      * `first`; NULL when gradients are summed on the host. */
     float *(*grad)(oshard *sh, size_t first);
     /* (optional) Zero that gradient sum on stream s. */
     zo_status (*grad_zero)(oshard *sh, gpu_stream_t s);
-    /* (optional) Add its sum of squares and inf/nan flag, block by block. */
-    zo_status (*grad_stats)(oshard *sh, int exact, double *sumsq, int *nonfinite);
+    /* (optional) Add its sum of squares, block by block; *bad_block gets the
+     * first of its blocks whose gradient holds an inf or nan, and is left
+     * as it is when none does. */
+    zo_status (*grad_stats)(oshard *sh, int exact, double *sumsq, int *bad_block);
     void (*free)(oshard *sh);
 } oshard_ops;
 
@@ -340,6 +376,7 @@ typedef struct offload_gslot {
     void *host;         /* pinned, ghost_bytes (NULL when no gradient goes to the host) */
     int block;          /* the block whose gradients are in flight to the host, -1 none */
     size_t n;           /* ... and how many elements (of ghost_dtype) */
+    int own;            /* they are the block's own (not a dependant's share) */
     gpu_event_t done;   /* compute stream: backward wrote them */
     gpu_event_t copied; /* d2h stream: they are on the host */
 } offload_gslot;
@@ -369,14 +406,21 @@ struct offload {
     /* where state lives */
     offload_dp *dp;             /* several ranks (env.dp), or NULL */
     offload_geom og;            /* the optimizer's geometry: the rank's parts (ZeRO 1-3) or the model */
-    wstore *ws;
+    wstore *ws;                 /* the trainable weights */
+    wstore *fws;                /* the frozen base (offload_model.frozen_bytes), or NULL */
+    offload_geom fg;            /* its geometry: bytes (es 1) per block */
+    size_t *fbytes, *foff;      /* [nb], [nb + 1] */
+    size_t fslot;               /* bytes of a slot's frozen part (0: the base is resident) */
     oshard *shards[OFFLOAD_MAX_SHARDS]; /* in flat order of og */
     int n_shards;
     oshard *dev_shard;          /* the shard whose gradients stay on the device, or NULL */
     int dev_block;              /* the device share's first block (nb: none), the same on every rank */
     size_t host_n;              /* og's flat [0, host_n): gradients summed on the host */
 
-    /* streaming (stream.c) */
+    /* streaming (stream.c): a slot holds a block's frozen base (fslot bytes,
+     * when that is streamed) then its trainable weights (g.slot_bytes, when
+     * those are streamed) */
+    size_t slot_size;
     int n_slots;
     offload_slot *slots;
     uint64_t tick;
@@ -391,22 +435,46 @@ struct offload {
     offload_gslot gs[OFFLOAD_GRAD_SLOTS];
     float *grad;                /* host [grad_n] fp32, summed over micro-batches */
     size_t grad_n;
+    unsigned char *grad_fresh;  /* [nb] the step's first addition into block b writes (lazy zero) */
     size_t *aoff;               /* [nb] block b is added at grad + aoff[b] (b < dev_block) */
     size_t *goff;               /* [nb] the optimizer's part of block b is at grad + goff[b] */
     zo_dtype ghost_dtype;       /* what the pinned halves hold: the model's dtype, or fp32 parts */
     size_t ghost_bytes, ghost_pinned; /* one pinned half; all of them */
     float *dfull;               /* ZeRO-1, device share: whole fp32 sums, padded, reduced in place (device) */
     size_t *dfoff, dfull_n;
-    zo_status (*grads_send)(offload_t *rt, gpu_stream_t s, int k, int block);
+    zo_status (*grads_send)(offload_t *rt, gpu_stream_t s, int k, int block, int own);
     zo_status (*grads_reduce)(offload_t *rt);
     /* ZeRO 0-1: each block reduced in the step's last micro-batch as soon as
      * its sum is complete (behind the backward of the blocks before it) */
     int red_op;                 /* dp_op of the step's reduction, -1 none */
-    int overlap;                /* this micro-batch is the step's last */
+    int reduce_now;             /* this micro-batch is the step's last: reduce as sums complete */
     int *contrib, *contrib_want; /* [nb] additions to block b's sum in it; how many there are */
     unsigned char *reduced;     /* [nb] block b reduced this step */
     int red_k;                  /* the next bucket */
     int micro;                  /* micro-batches in the sums */
+
+    /* the optimizer's schedule (optim.c) */
+    int opt_threaded;           /* OVERLAP or DPU: updates run on opt_thread */
+    pthread_t opt_thread;
+    int opt_started;
+    pthread_mutex_t opt_mu;
+    pthread_cond_t opt_cv;      /* job posted, block published, job done */
+    int opt_job;                /* OFFLOAD_JOB_* being run or posted */
+    int opt_quit;
+    zo_status opt_status;       /* the last job's failure, reported at the next step */
+    char opt_msg[512];
+    int *opt_queue;             /* [nb] blocks to update (updates during backward) */
+    int opt_qhead, opt_qtail, opt_qclosed;
+    int64_t *published;         /* [nb] the step whose weights block b's store holds */
+    zo_adam_hparams opt_hp;     /* the running job's hyperparameters */
+    int opt_early;              /* this step's updates started during backward */
+    double *blk_sumsq;          /* [nb] per-block statistics of the step's gradient */
+    int *blk_nonfinite;
+    float prev_norm;
+    int have_prev_norm;
+    wstore *shadow;             /* DPU: a host store the update writes into */
+    int dpu_pending;            /* DPU: the shadow holds an update not yet published */
+    int device_busy;            /* a micro-batch is running (for the overlap figure) */
 
     /* activation boundaries (stream.c) */
     void **bnd;                 /* checkpoints on the device: [nb - 1] device buffers */
@@ -419,6 +487,10 @@ struct offload {
     int dynamic_scale;          /* fp16: the scale moves */
     int good_steps;
     int64_t skipped;
+    int skipped_in_a_row;       /* fp16 overflow skips since the last step taken */
+
+    /* the checkpoint folder this runtime writes into, locked (ckpt.c) */
+    zo_dir_lock ckpt_lock;
 };
 
 /* stream.c */
@@ -436,8 +508,9 @@ void offload_grads_free(offload_t *rt);
 zo_status offload_grads_begin(offload_t *rt, gpu_stream_t s);
 /* A free gradient slot zeroed on s (not `avoid`). */
 zo_status offload_grads_take(offload_t *rt, gpu_stream_t s, int avoid, int *out);
-/* Backward wrote slot k's gradients of `block`: send them to their sum. */
-zo_status offload_grads_send(offload_t *rt, gpu_stream_t s, int k, int block);
+/* Backward wrote slot k's gradients of `block` (own: the block's own, not
+ * a dependant's share): send them to their sum. */
+zo_status offload_grads_send(offload_t *rt, gpu_stream_t s, int k, int block, int own);
 /* Add slot k's copy (once on the host) into the host sum. */
 zo_status offload_grads_accumulate(offload_t *rt, int k);
 /* Finish outstanding gradient copies into the host sum. */
@@ -448,9 +521,33 @@ zo_status offload_grads_reduce(offload_t *rt);
 zo_status offload_stream_micro_batch(offload_t *rt, gpu_stream_t s);
 zo_status offload_stream_forward(offload_t *rt, gpu_stream_t s);
 
-/* optim.c: unscale, clip and update every shard from the gradient sums;
- * the gradients must be drained. */
+/* optim.c: unscale, clip and update every shard from the gradient sums
+ * (drained), as the schedule says. */
+enum { OFFLOAD_JOB_NONE = 0, OFFLOAD_JOB_ALL, OFFLOAD_JOB_BLOCKS };
+zo_status offload_optim_init(offload_t *rt);
+void offload_optim_free(offload_t *rt);
 zo_status offload_optim_step(offload_t *rt, offload_step_info *info);
+/* Every update done and every new weight in the store (before anything
+ * reads or writes the state from outside the step). */
+zo_status offload_optim_settle(offload_t *rt);
+/* Block b's weights are the current step's (a forward waits for its
+ * update); with wait 0, 1 when they are, 0 when not yet. */
+int offload_optim_ready(offload_t *rt, int b, int wait);
+/* The last micro-batch of a step completed block b's gradients: its update
+ * may start now (OVERLAP without exact clipping). */
+zo_status offload_optim_block_done(offload_t *rt, int b);
+/* A micro-batch starts: when it is the step's last and the schedule allows
+ * (overlap without exact clipping), its blocks' updates start as their
+ * gradients complete (offload_optim_early says so). */
+zo_status offload_optim_micro_begin(offload_t *rt);
+int offload_optim_early(const offload_t *rt);
+
+/* ckpt.c: lock `dir` (created if missing) for this runtime's life; a
+ * runtime holds one checkpoint folder, the last it locked. */
+zo_status offload_ckpt_lock(offload_t *rt, const char *dir);
+
+/* The index of the first of n values that is inf or nan, n when none. */
+size_t offload_find_nonfinite(const float *p, size_t n);
 
 /* Convert n fp32 values to the weights' dtype. */
 void offload_to_dtype(const offload_geom *g, void *dst, const float *src, size_t n);

@@ -1,10 +1,23 @@
 /* The optimizer step: gradient statistics over every block in a fixed
  * order, the unscale and clip coefficient, then AdamW over every optimizer
  * shard (the device shard enqueued first, so it runs while the host updates
- * its shards), the new weights handed to the weight store as they come. */
+ * its shards), the new weights handed to the weight store as they come.
+ *
+ * When the update runs is the schedule's business (offload.h,
+ * offload_schedule): on the host thread after the micro-batches (serial),
+ * or on the optimizer's own thread beside the device's work (overlap, dpu).
+ * Each block's weights in the store carry the step they belong to
+ * (`published`); a forward waits for exactly the block it loads.
+ *
+ * The optimizer's geometry (rt->og) is the model's with one rank and with
+ * ZeRO 0, the rank's part of every block with ZeRO 1-3: the shards, the
+ * gradient sums it reads (rt->goff) and its puts into the store are in
+ * those coordinates; the decay ranges are the whole block's. Several ranks
+ * run the serial schedule (offload_init refuses the others). */
 #include "offload/offload_impl.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,8 +26,41 @@
 
 typedef struct step_ctx {
     offload_t *rt;
-    adam_hparams hp;
+    wstore *dst;       /* where the new weights go: the store, or the DPU shadow */
 } step_ctx;
+
+/* ---- publishing: a block's new weights are in the store ------------------------------ */
+
+static void publish(offload_t *rt, int b, int64_t step)
+{
+    pthread_mutex_lock(&rt->opt_mu);
+    rt->published[b] = step;
+    pthread_cond_broadcast(&rt->opt_cv);
+    pthread_mutex_unlock(&rt->opt_mu);
+}
+
+static void publish_all(offload_t *rt, int64_t step)
+{
+    pthread_mutex_lock(&rt->opt_mu);
+    for (int b = 0; b < rt->g.nb; b++) rt->published[b] = step;
+    pthread_cond_broadcast(&rt->opt_cv);
+    pthread_mutex_unlock(&rt->opt_mu);
+}
+
+int offload_optim_ready(offload_t *rt, int b, int wait)
+{
+    /* dpu: the micro-batches use the weights the store holds, a step late */
+    if (rt->dpu_pending) return 1;
+    pthread_mutex_lock(&rt->opt_mu);
+    /* a failed job publishes nothing more: the step reports its failure */
+    while (wait && rt->published[b] < rt->step && rt->opt_job != OFFLOAD_JOB_NONE)
+        pthread_cond_wait(&rt->opt_cv, &rt->opt_mu);
+    int ready = rt->published[b] >= rt->step;
+    pthread_mutex_unlock(&rt->opt_mu);
+    return ready;
+}
+
+/* ---- the update of a range ---------------------------------------------------------- */
 
 /* Where the decay ranges cut block b from element `rel` (of the block):
  * returns the end of the piece starting there (at most `stop`) and whether
@@ -47,29 +93,55 @@ static size_t decay_piece_part(const offload_t *rt, int b, size_t rel, size_t st
 
 /* One AdamW call over the optimizer's flat [a, e) of block b, all with or
  * without decay; P, M, V point at element a; the new weights go to the
- * store. */
+ * store. The time it takes counts as overlapped when the device was
+ * computing at both ends. */
 static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay, float *P,
                               float *M, float *V)
 {
     offload_t *rt = c->rt;
-    wstore *ws = rt->ws;
+    wstore *ws = c->dst;
     size_t rel = a - rt->og.off[b], n = e - a;
-    adam_hparams hp = c->hp;
+    adam_hparams hp = rt->opt_hp;
     if (!decay) hp.weight_decay = 0.0f;
+    double t0 = offload_now();
+    int busy0 = __atomic_load_n(&rt->device_busy, __ATOMIC_RELAXED);
     void *dst;
     zo_status st = ws->ops->put_host(ws, b, rel, n, &dst);
     if (st != ZO_OK) return st;
     int wide = rt->m.dtype == ZO_DTYPE_F32;
+    int threads = rt->opt_threaded && rt->cfg.opt_threads ? rt->cfg.opt_threads : rt->cfg.n_threads;
     st = adam_update(&hp, n, P, rt->grad + rt->goff[b] + rel, ZO_DTYPE_F32, M, V, wide ? NULL : dst, rt->m.dtype,
-                     rt->cfg.n_threads);
+                     threads);
     if (st != ZO_OK)
         return zo_error_wrap(st, "offload_step: block %d elements %zu..%zu", b, rel, rel + n);
     if (wide) memcpy(dst, P, n * 4);
-    return ws->ops->put_host_done(ws, b, rel, n);
+    st = ws->ops->put_host_done(ws, b, rel, n);
+    double dt = offload_now() - t0;
+    int busy1 = __atomic_load_n(&rt->device_busy, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&rt->acct.mu);
+    rt->acct.opt_busy_s += dt;
+    if (busy0 && busy1) rt->acct.opt_overlap_s += dt;
+    pthread_mutex_unlock(&rt->acct.mu);
+    return st;
+}
+
+/* The new weights of block b are complete: in the store, for a forward
+ * that waits for them (the optimizer's thread; the shadow's publication
+ * waits for the next step; the serial schedule publishes every block at
+ * the end of its update, which a ZeRO 1-2 store's round of all-gathers
+ * needs: its sync ends the round). */
+static zo_status block_complete(step_ctx *c, int b)
+{
+    offload_t *rt = c->rt;
+    if (c->dst != rt->ws || !rt->opt_threaded) return ZO_OK;
+    zo_status st = c->dst->ops->sync(c->dst);
+    if (st == ZO_OK) publish(rt, b, rt->opt_hp.step);
+    return st;
 }
 
 /* A host shard's update of flat [first, first + n) whose state is P, M, V:
- * split at blocks and at the blocks' decay ranges. */
+ * split at blocks and at the blocks' decay ranges; a block whose last
+ * element this updates is published. */
 static zo_status update_host(void *ctx, size_t first, size_t n, float *P, float *M, float *V)
 {
     step_ctx *c = ctx;
@@ -87,6 +159,7 @@ static zo_status update_host(void *ctx, size_t first, size_t n, float *P, float 
             if ((st = update_piece(c, b, pos, e, decay, P + k, M + k, V + k)) != ZO_OK) return st;
             pos = e;
         }
+        if (pos == off[b + 1] && (st = block_complete(c, b)) != ZO_OK) return st;
     }
     return ZO_OK;
 }
@@ -98,7 +171,7 @@ static zo_status update_dev(void *ctx, int b, float *P, float *M, float *V, floa
 {
     step_ctx *c = ctx;
     offload_t *rt = c->rt;
-    wstore *ws = rt->ws;
+    wstore *ws = c->dst;
     size_t nb = rt->og.numel[b], es = rt->g.es;
     int wide = rt->m.dtype == ZO_DTYPE_F32;
     char *dst;
@@ -107,7 +180,7 @@ static zo_status update_dev(void *ctx, int b, float *P, float *M, float *V, floa
     for (size_t rel = 0; rel < nb;) {
         int decay;
         size_t stop = decay_piece_part(rt, b, rel, nb, &decay);
-        gpu_adam_hparams h = c->hp;
+        gpu_adam_hparams h = rt->opt_hp;
         if (!decay) h.weight_decay = 0.0f;
         gpu_tensor out = gpu_t(wide ? NULL : dst + rel * es, rt->m.dtype);
         st = gpu_adam_update(s, &h, stop - rel, P + rel, gpu_t(G + rel, ZO_DTYPE_F32), M + rel, V + rel, out);
@@ -119,112 +192,394 @@ static zo_status update_dev(void *ctx, int b, float *P, float *M, float *V, floa
     return ws->ops->put_dev_done(ws, b, s);
 }
 
-/* Sum of squares and inf/nan of the step's gradient: the host's blocks in
- * order, then the device shard's; with the optimizer partitioned, each
- * rank's over its parts, then the ranks' in rank order (the same double on
- * every rank). */
-static zo_status grad_stats(offload_t *rt, double *sumsq, int *nonfinite)
+static oshard_update updater(step_ctx *c)
+{
+    return (oshard_update){.host = update_host, .dev = update_dev, .ctx = c};
+}
+
+/* ---- the jobs ---------------------------------------------------------------------------- */
+
+/* Every host shard in flat order (a block split between two host shards is
+ * completed by the second), then the device shard's update (enqueued by the
+ * host thread) waited for; every block published. */
+static zo_status job_all(offload_t *rt, step_ctx *c)
+{
+    zo_status st = ZO_OK;
+    oshard_update u = updater(c);
+    for (int b = 0; b < rt->g.nb; b++) /* nothing to update */
+        if (!rt->og.numel[b] && c->dst == rt->ws) publish(rt, b, rt->opt_hp.step);
+    for (int i = 0; i < rt->n_shards && st == ZO_OK; i++) {
+        oshard *sh = rt->shards[i];
+        if (sh == rt->dev_shard) continue;
+        double ts = offload_now();
+        st = sh->ops->step(sh, &u);
+        /* the NVMe shard splits its own time between disk and optimizer */
+        if (sh->tier != OFFLOAD_NVME) offload_add_time(&rt->acct, OFFLOAD_TIME_OPTIMIZER, offload_now() - ts);
+    }
+    oshard *d = rt->dev_shard;
+    zo_status sd = d ? d->ops->sync(d) : ZO_OK;
+    if (st == ZO_OK) st = sd;
+    zo_status sw = c->dst->ops->sync(c->dst);
+    if (st == ZO_OK) st = sw;
+    if (st == ZO_OK && c->dst == rt->ws) publish_all(rt, rt->opt_hp.step);
+    return st;
+}
+
+/* Blocks queued as their gradients complete (updates during backward):
+ * each block's range on the host shards, then published. */
+static zo_status job_blocks(offload_t *rt, step_ctx *c)
+{
+    zo_status st = ZO_OK;
+    oshard_update u = updater(c);
+    for (;;) {
+        pthread_mutex_lock(&rt->opt_mu);
+        while (rt->opt_qhead == rt->opt_qtail && !rt->opt_qclosed) pthread_cond_wait(&rt->opt_cv, &rt->opt_mu);
+        int have = rt->opt_qhead < rt->opt_qtail;
+        int b = have ? rt->opt_queue[rt->opt_qhead++] : -1;
+        pthread_mutex_unlock(&rt->opt_mu);
+        if (!have) break;
+        if (st != ZO_OK) continue; /* drain the queue after a failure */
+        double ts = offload_now();
+        for (int i = 0; i < rt->n_shards && st == ZO_OK; i++) {
+            oshard *sh = rt->shards[i];
+            const size_t *off = rt->og.off;
+            size_t a = off[b] > sh->first ? off[b] : sh->first;
+            size_t e = off[b + 1] < sh->first + sh->n ? off[b + 1] : sh->first + sh->n;
+            if (sh != rt->dev_shard && a < e) st = sh->ops->step_range(sh, a, e - a, &u);
+        }
+        offload_add_time(&rt->acct, OFFLOAD_TIME_OPTIMIZER, offload_now() - ts);
+        if (st == ZO_OK && !rt->og.numel[b]) st = block_complete(c, b);
+    }
+    for (int i = 0; i < rt->n_shards; i++) {
+        zo_status si = rt->shards[i] == rt->dev_shard ? ZO_OK : rt->shards[i]->ops->sync(rt->shards[i]);
+        if (st == ZO_OK) st = si;
+    }
+    return st;
+}
+
+static void *opt_main(void *arg)
+{
+    offload_t *rt = arg;
+    step_ctx c = {.rt = rt};
+    pthread_mutex_lock(&rt->opt_mu);
+    for (;;) {
+        while (rt->opt_job == OFFLOAD_JOB_NONE && !rt->opt_quit) pthread_cond_wait(&rt->opt_cv, &rt->opt_mu);
+        if (rt->opt_quit) break;
+        int job = rt->opt_job;
+        c.dst = rt->dpu_pending ? rt->shadow : rt->ws;
+        pthread_mutex_unlock(&rt->opt_mu);
+        zo_status st = job == OFFLOAD_JOB_ALL ? job_all(rt, &c) : job_blocks(rt, &c);
+        pthread_mutex_lock(&rt->opt_mu);
+        if (st != ZO_OK && rt->opt_status == ZO_OK) {
+            rt->opt_status = st;
+            snprintf(rt->opt_msg, sizeof rt->opt_msg, "%s", zo_last_error());
+        }
+        rt->opt_job = OFFLOAD_JOB_NONE;
+        pthread_cond_broadcast(&rt->opt_cv);
+    }
+    pthread_mutex_unlock(&rt->opt_mu);
+    return NULL;
+}
+
+static void post(offload_t *rt, int job)
+{
+    pthread_mutex_lock(&rt->opt_mu);
+    rt->opt_job = job;
+    rt->opt_qhead = rt->opt_qtail = 0;
+    rt->opt_qclosed = 0;
+    pthread_cond_broadcast(&rt->opt_cv);
+    pthread_mutex_unlock(&rt->opt_mu);
+}
+
+/* Wait for the job in flight; its failure, if any. */
+static zo_status join(offload_t *rt)
+{
+    pthread_mutex_lock(&rt->opt_mu);
+    rt->opt_qclosed = 1;
+    pthread_cond_broadcast(&rt->opt_cv);
+    while (rt->opt_job != OFFLOAD_JOB_NONE) pthread_cond_wait(&rt->opt_cv, &rt->opt_mu);
+    zo_status st = rt->opt_status;
+    rt->opt_status = ZO_OK;
+    pthread_mutex_unlock(&rt->opt_mu);
+    return st == ZO_OK ? ZO_OK : zo_error(st, "%s", rt->opt_msg);
+}
+
+zo_status offload_optim_settle(offload_t *rt)
+{
+    zo_status st = join(rt);
+    if (rt->dpu_pending) {
+        /* DPU: the last update's weights into the store */
+        zo_status sp = wstore_publish(rt->shadow, rt->ws);
+        if (st == ZO_OK) st = sp;
+        rt->dpu_pending = 0;
+    }
+    publish_all(rt, rt->step);
+    offload_slots_invalidate(rt);
+    return st;
+}
+
+/* ---- the step ---------------------------------------------------------------------------- */
+
+/* The hyperparameters of step `step` with gradient multiplier coef / denom. */
+static void set_hparams(offload_t *rt, int64_t step, double coef, double denom)
+{
+    adam_hparams hp = adam_hparams_default();
+    hp.lr = rt->cfg.adam.lr;
+    hp.beta1 = rt->cfg.adam.beta1;
+    hp.beta2 = rt->cfg.adam.beta2;
+    hp.eps = rt->cfg.adam.eps;
+    hp.weight_decay = rt->cfg.adam.weight_decay;
+    hp.decay = ADAM_DECAY_ADAMW;
+    hp.step = (long)step;
+    hp.grad_mult = (float)(coef / denom);
+    rt->opt_hp = hp;
+}
+
+static double clip_coef(const offload_t *rt, double norm)
+{
+    if (rt->cfg.adam.clip <= 0.0f) return 1.0;
+    double c = rt->cfg.adam.clip / (norm + 1e-6);
+    return c < 1.0 ? c : 1.0;
+}
+
+int offload_optim_early(const offload_t *rt) { return rt->opt_early; }
+
+zo_status offload_optim_micro_begin(offload_t *rt)
+{
+    rt->opt_early = 0;
+    if (rt->cfg.schedule != OFFLOAD_SCHEDULE_OVERLAP || rt->dynamic_scale ||
+        rt->micro + 1 != rt->cfg.grad_accum)
+        return ZO_OK;
+    double coef;
+    if (rt->cfg.adam.clip <= 0.0f) coef = 1.0;
+    else if (rt->cfg.clip_stale && rt->have_prev_norm) coef = clip_coef(rt, rt->prev_norm);
+    else return ZO_OK;
+    /* the update of the step before (exact clipping: the first step) ends first */
+    zo_status st = join(rt);
+    if (st != ZO_OK) return st;
+    set_hparams(rt, rt->step + 1, coef, (double)rt->loss_scale * (double)rt->cfg.grad_accum);
+    rt->opt_early = 1;
+    post(rt, OFFLOAD_JOB_BLOCKS);
+    return ZO_OK;
+}
+
+zo_status offload_optim_block_done(offload_t *rt, int b)
+{
+    if (!rt->opt_early || b >= rt->dev_block) return ZO_OK;
+    double ss = 0.0;
+    int nf = 0;
+    zo_status st = ZO_OK;
+    if (rt->og.numel[b])
+        st = adam_grad_stats(rt->grad + rt->goff[b], ZO_DTYPE_F32, rt->og.numel[b], rt->cfg.n_threads, &ss, &nf);
+    if (st != ZO_OK) return st;
+    rt->blk_sumsq[b] = ss;
+    rt->blk_nonfinite[b] = nf;
+    if (nf) return ZO_OK; /* not updated: the step reports it */
+    pthread_mutex_lock(&rt->opt_mu);
+    rt->opt_queue[rt->opt_qtail++] = b;
+    pthread_cond_broadcast(&rt->opt_cv);
+    pthread_mutex_unlock(&rt->opt_mu);
+    return ZO_OK;
+}
+
+/* Sum of squares of the step's gradient and the first block holding an inf
+ * or nan (-1: none): the host's blocks in order, then the device shard's.
+ * Blocks whose statistics were taken as their gradients completed
+ * (offload_optim_block_done) are not summed again. With the optimizer
+ * partitioned, each rank's over its parts, then the ranks' in rank order
+ * (the same double on every rank) and the first bad block of any. */
+static zo_status grad_stats(offload_t *rt, double *sumsq, int *first_bad)
 {
     zo_status st;
     *sumsq = 0.0;
-    *nonfinite = 0;
+    *first_bad = -1;
     for (int b = 0; b < rt->dev_block; b++) {
-        if (!rt->og.numel[b]) continue;
-        double ss;
-        int nf;
-        if ((st = adam_grad_stats(rt->grad + rt->goff[b], ZO_DTYPE_F32, rt->og.numel[b], rt->cfg.n_threads,
-                                  &ss, &nf)) != ZO_OK)
+        double ss = 0.0;
+        int nf = 0;
+        if (rt->opt_early) {
+            ss = rt->blk_sumsq[b];
+            nf = rt->blk_nonfinite[b];
+        } else if (rt->og.numel[b] &&
+                   (st = adam_grad_stats(rt->grad + rt->goff[b], ZO_DTYPE_F32, rt->og.numel[b], rt->cfg.n_threads,
+                                         &ss, &nf)) != ZO_OK) {
             return st;
+        }
         *sumsq += ss;
-        *nonfinite |= nf;
+        if (nf && *first_bad < 0) *first_bad = b;
     }
     oshard *d = rt->dev_shard;
-    if (d && (st = d->ops->grad_stats(d, rt->cfg.adam.clip > 0.0f, sumsq, nonfinite)) != ZO_OK)
+    if (d && (st = d->ops->grad_stats(d, rt->cfg.adam.clip > 0.0f, sumsq, first_bad)) != ZO_OK)
         return st;
     if (!offload_dp_partitioned(rt->dp)) return ZO_OK;
     struct {
         double sumsq;
-        int32_t nonfinite, pad;
-    } mine = {*sumsq, *nonfinite, 0}, *all = calloc((size_t)rt->dp->size, sizeof mine);
+        int32_t first_bad, pad;
+    } mine = {*sumsq, *first_bad, 0}, *all = calloc((size_t)rt->dp->size, sizeof mine);
     if (!all) return zo_error(ZO_ERR_NOMEM, "offload_step: out of host memory");
     st = offload_dp_gather(rt->dp, &mine, sizeof mine, all);
     *sumsq = 0.0;
-    *nonfinite = 0;
+    *first_bad = -1;
     for (int r = 0; r < rt->dp->size && st == ZO_OK; r++) {
         *sumsq += all[r].sumsq;
-        *nonfinite |= all[r].nonfinite;
+        if (all[r].first_bad >= 0 && (*first_bad < 0 || all[r].first_bad < *first_bad)) *first_bad = all[r].first_bad;
     }
     free(all);
     return st;
+}
+
+/* Gradients with an inf or nan: with a loss scale to lower (fp16 above 1) the
+ * step is skipped and the scale halved, a bounded number of times in a row;
+ * otherwise nothing would ever change it, and the step fails naming the
+ * block. `early`: the updates of the blocks whose gradients completed
+ * finite had started during backward (overlap without exact clipping, never
+ * with a loss scale). */
+static zo_status nonfinite_step(offload_t *rt, int bad_block, int early, offload_step_info *info)
+{
+    int can_lower = !early && rt->dynamic_scale && rt->loss_scale > 1.0f;
+    if (can_lower && rt->skipped_in_a_row < rt->cfg.max_skipped_steps) {
+        rt->loss_scale *= 0.5f;
+        rt->good_steps = 0;
+        rt->skipped++;
+        rt->skipped_in_a_row++;
+        info->skipped = 1;
+        info->step = rt->step;
+        return ZO_OK;
+    }
+    char why[160];
+    if (!rt->dynamic_scale)
+        snprintf(why, sizeof why, "in %s there is no loss scale to lower", zo_dtype_name(rt->m.dtype));
+    else if (!can_lower)
+        snprintf(why, sizeof why, "the fp16 loss scale is already %g, nothing left to lower",
+                 (double)rt->loss_scale);
+    else
+        snprintf(why, sizeof why, "%d steps in a row were skipped for overflow already "
+                 "(max_skipped_steps)", rt->skipped_in_a_row);
+    return zo_error(ZO_ERR_INVALID, "offload_step %lld: the gradients of block %d hold inf or nan "
+                    "and %s: training diverged (a learning rate too high?) or its inputs are bad; %s",
+                    (long long)rt->step + 1, bad_block, why,
+                    early ? "the updates of the blocks whose gradients were finite had started "
+                            "(schedule overlap without exact clipping)"
+                          : "nothing was updated");
 }
 
 zo_status offload_optim_step(offload_t *rt, offload_step_info *info)
 {
     offload_acct *a = &rt->acct;
     zo_status st;
+    int early = rt->opt_early;
+    /* the updates started during backward finish first */
+    if (early && (st = join(rt)) != ZO_OK) {
+        rt->opt_early = 0;
+        return st;
+    }
     info->loss_scale = rt->loss_scale;
+    info->skipped = 0;
     double t0 = offload_now();
     double sumsq;
-    int nonfinite;
-    if ((st = grad_stats(rt, &sumsq, &nonfinite)) != ZO_OK) return st;
+    int first_bad;
+    st = grad_stats(rt, &sumsq, &first_bad);
+    rt->opt_early = 0;
+    if (st != ZO_OK) return st;
     /* the mean over the global batch: every rank's micro-batches */
     double denom = (double)rt->loss_scale * (double)rt->micro * (rt->dp ? rt->dp->size : 1);
     double norm = sqrt(sumsq) / denom;
     info->grad_norm = (float)norm;
     rt->micro = 0;
-    if (nonfinite) {
-        /* an overflow: no update, a smaller scale */
-        if (rt->dynamic_scale && rt->loss_scale > 1.0f) rt->loss_scale *= 0.5f;
-        rt->good_steps = 0;
-        rt->skipped++;
-        info->skipped = 1;
-        info->step = rt->step;
-        a->time[OFFLOAD_TIME_OPTIMIZER] += offload_now() - t0;
-        return ZO_OK;
+    if (first_bad >= 0) {
+        st = nonfinite_step(rt, first_bad, early, info);
+        offload_add_time(a, OFFLOAD_TIME_OPTIMIZER, offload_now() - t0);
+        return st;
     }
-    double coef = 1.0;
-    if (rt->cfg.adam.clip > 0.0f) {
-        double cc = rt->cfg.adam.clip / (norm + 1e-6);
-        if (cc < 1.0) coef = cc;
+    rt->prev_norm = (float)norm;
+    rt->have_prev_norm = 1;
+    step_ctx c = {.rt = rt, .dst = rt->ws};
+    int dpu = rt->cfg.schedule == OFFLOAD_SCHEDULE_DPU && rt->step >= rt->cfg.dpu_warmup;
+    if (dpu) {
+        c.dst = rt->shadow;
+        rt->dpu_pending = 1;
     }
+    if (!early) set_hparams(rt, rt->step + 1, clip_coef(rt, norm), denom);
     rt->step++;
-    step_ctx c = {.rt = rt};
-    c.hp = adam_hparams_default();
-    c.hp.lr = rt->cfg.adam.lr;
-    c.hp.beta1 = rt->cfg.adam.beta1;
-    c.hp.beta2 = rt->cfg.adam.beta2;
-    c.hp.eps = rt->cfg.adam.eps;
-    c.hp.weight_decay = rt->cfg.adam.weight_decay;
-    c.hp.decay = ADAM_DECAY_ADAMW;
-    c.hp.step = (long)rt->step;
-    c.hp.grad_mult = (float)(coef / denom);
-    oshard_update u = {.host = update_host, .dev = update_dev, .ctx = &c};
-
     /* the device shard first: enqueued, it runs while the host updates the
-     * others in flat order (a block split between two host shards is
-     * completed by the second) */
+     * others */
+    oshard_update u = updater(&c);
     oshard *d = rt->dev_shard;
-    if (d) st = d->ops->step(d, &u);
-    double t_host = offload_now();
-    for (int i = 0; i < rt->n_shards && st == ZO_OK; i++) {
-        oshard *sh = rt->shards[i];
-        if (sh == d) continue;
-        double ts = offload_now();
-        st = sh->ops->step(sh, &u);
-        /* the NVMe shard splits its own time between disk and optimizer */
-        if (sh->tier != OFFLOAD_NVME) a->time[OFFLOAD_TIME_OPTIMIZER] += offload_now() - ts;
+    if (d && (st = d->ops->step(d, &u)) != ZO_OK) return zo_error_wrap(st, "offload_step %lld", (long long)rt->step);
+    if (early) {
+        /* the host shards are done: the device shard's blocks remain */
+        zo_status sd = d ? d->ops->sync(d) : ZO_OK;
+        zo_status sw = rt->ws->ops->sync(rt->ws);
+        st = sd != ZO_OK ? sd : sw;
+        if (st == ZO_OK) publish_all(rt, rt->step);
+    } else if (rt->opt_threaded) {
+        post(rt, OFFLOAD_JOB_ALL); /* runs beside the next micro-batches */
+    } else {
+        st = job_all(rt, &c);
     }
-    a->time[OFFLOAD_TIME_OPTIMIZER] += t_host - t0;
-    /* the device shard's update, then every new weight in the store */
-    zo_status sd = d ? d->ops->sync(d) : ZO_OK;
-    if (st == ZO_OK) st = sd;
-    zo_status sw = rt->ws->ops->sync(rt->ws);
-    if (st == ZO_OK) st = sw;
     if (st != ZO_OK) return zo_error_wrap(st, "offload_step %lld", (long long)rt->step);
+    rt->skipped_in_a_row = 0;
     if (rt->dynamic_scale && ++rt->good_steps >= rt->cfg.loss_scale_window) {
         rt->loss_scale *= 2.0f;
         rt->good_steps = 0;
     }
     info->step = rt->step;
     return ZO_OK;
+}
+
+/* ---- life cycle ---------------------------------------------------------------------- */
+
+zo_status offload_optim_init(offload_t *rt)
+{
+    int nb = rt->g.nb;
+    rt->published = calloc((size_t)nb, sizeof *rt->published);
+    rt->opt_queue = calloc((size_t)nb, sizeof *rt->opt_queue);
+    rt->blk_sumsq = calloc((size_t)nb, sizeof *rt->blk_sumsq);
+    rt->blk_nonfinite = calloc((size_t)nb, sizeof *rt->blk_nonfinite);
+    if (!rt->published || !rt->opt_queue || !rt->blk_sumsq || !rt->blk_nonfinite)
+        return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    pthread_mutex_init(&rt->opt_mu, NULL);
+    pthread_cond_init(&rt->opt_cv, NULL);
+    rt->opt_threaded = rt->cfg.schedule != OFFLOAD_SCHEDULE_SERIAL;
+    zo_status st;
+    if (rt->cfg.schedule == OFFLOAD_SCHEDULE_DPU) {
+        /* the new weights of the update in flight land in a host copy */
+        wstore_config sc = {.tier = OFFLOAD_CPU, .name = "dpu"};
+        if ((st = wstore_create(&rt->env, &rt->g, &sc, &rt->shadow)) != ZO_OK)
+            return zo_error_wrap(st, "offload_init: the delayed update's copy of the weights");
+    }
+    if (rt->opt_threaded) {
+        /* the thread takes no signals: the application's handlers run on its
+         * own threads (train's SIGINT/SIGTERM stop, its test seam's
+         * sigsuspend) */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        int rc = pthread_create(&rt->opt_thread, NULL, opt_main, rt);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (rc) return zo_error(ZO_ERR_NOMEM, "offload_init: cannot start the optimizer's thread");
+        rt->opt_started = 1;
+    }
+    return ZO_OK;
+}
+
+void offload_optim_free(offload_t *rt)
+{
+    if (rt->opt_started) {
+        join(rt);
+        pthread_mutex_lock(&rt->opt_mu);
+        rt->opt_quit = 1;
+        pthread_cond_broadcast(&rt->opt_cv);
+        pthread_mutex_unlock(&rt->opt_mu);
+        pthread_join(rt->opt_thread, NULL);
+        rt->opt_started = 0;
+    }
+    if (rt->published) {
+        pthread_mutex_destroy(&rt->opt_mu);
+        pthread_cond_destroy(&rt->opt_cv);
+    }
+    wstore_free(rt->shadow);
+    free(rt->published);
+    free(rt->opt_queue);
+    free(rt->blk_sumsq);
+    free(rt->blk_nonfinite);
 }

@@ -65,15 +65,21 @@ static zo_status host_sync(oshard *sh)
     return ZO_OK;
 }
 
-static zo_status host_step(oshard *sh, const oshard_update *u)
+static zo_status host_step_range(oshard *sh, size_t first, size_t n, const oshard_update *u)
 {
     host_shard *h = (host_shard *)sh;
     zo_status st;
-    for (size_t f = 0; f < sh->n; f += h->sub_group) {
-        size_t n = sh->n - f < h->sub_group ? sh->n - f : h->sub_group;
-        if ((st = u->host(u->ctx, sh->first + f, n, h->P + f, h->M + f, h->V + f)) != ZO_OK) return st;
+    size_t r0 = first - sh->first;
+    for (size_t f = 0; f < n; f += h->sub_group) {
+        size_t k = n - f < h->sub_group ? n - f : h->sub_group, r = r0 + f;
+        if ((st = u->host(u->ctx, first + f, k, h->P + r, h->M + r, h->V + r)) != ZO_OK) return st;
     }
     return ZO_OK;
+}
+
+static zo_status host_step(oshard *sh, const oshard_update *u)
+{
+    return host_step_range(sh, sh->first, sh->n, u);
 }
 
 static void host_destroy(oshard *sh)
@@ -87,7 +93,7 @@ static void host_destroy(oshard *sh)
 
 static const oshard_ops host_ops = {
     .read = host_read, .write = host_write, .sync = host_sync, .step = host_step,
-    .free = host_destroy,
+    .step_range = host_step_range, .free = host_destroy,
 };
 
 static zo_status host_create(oshard *sh, const oshard_config *c)
@@ -141,7 +147,7 @@ static zo_status cache_complete(nvme_shard *s)
         zo_status st = nvme_pipeline_load_group_part(s->pipe, (size_t)s->cg, c, n - c, s->cache[0] + c,
                                                      s->cache[1] + c, s->cache[2] + c);
         if (st != ZO_OK) return st;
-        s->base.env->acct->bytes_disk_read += 3 * n * 4;
+        offload_add_bytes(s->base.env->acct, OFFLOAD_BYTES_DISK_READ, 3 * n * 4);
     }
     s->loaded = 1;
     return ZO_OK;
@@ -156,7 +162,7 @@ static zo_status cache_flush(nvme_shard *s)
         return st;
     size_t f, n;
     group_range(s, (size_t)s->cg, &f, &n);
-    s->base.env->acct->bytes_disk_written += 3 * n * 4;
+    offload_add_bytes(s->base.env->acct, OFFLOAD_BYTES_DISK_WRITTEN, 3 * n * 4);
     s->dirty = 0;
     return ZO_OK;
 }
@@ -178,7 +184,7 @@ static zo_status cache_take(nvme_shard *s, size_t g, int fresh)
         s->cg = -1;
         return st;
     }
-    s->base.env->acct->bytes_disk_read += 3 * n * 4;
+    offload_add_bytes(s->base.env->acct, OFFLOAD_BYTES_DISK_READ, 3 * n * 4);
     s->loaded = 1;
     return ZO_OK;
 }
@@ -250,6 +256,28 @@ static zo_status nvs_update(void *user, size_t group, size_t first, size_t n, fl
     return c->u->host(c->u->ctx, c->sh->first + first, n, master, m, v);
 }
 
+/* A range updated through the group cache: each sub-group read, the part
+ * in range updated, written back when the cache moves on (no read-ahead:
+ * this runs beside the device's backward). */
+static zo_status nvs_step_range(oshard *sh, size_t first, size_t n, const oshard_update *u)
+{
+    nvme_shard *s = (nvme_shard *)sh;
+    size_t rel = first - sh->first, end = rel + n;
+    zo_status st;
+    while (rel < end) {
+        size_t g = rel / s->group, gf, gn;
+        group_range(s, g, &gf, &gn);
+        if ((st = cache_take(s, g, 0)) != ZO_OK || (st = cache_complete(s)) != ZO_OK) return st;
+        size_t stop = end < gf + gn ? end : gf + gn, o = rel - gf;
+        if ((st = u->host(u->ctx, sh->first + rel, stop - rel, s->cache[0] + o, s->cache[1] + o, s->cache[2] + o)) !=
+            ZO_OK)
+            return st;
+        s->dirty = 1;
+        rel = stop;
+    }
+    return ZO_OK;
+}
+
 static zo_status nvs_step(oshard *sh, const oshard_update *u)
 {
     nvme_shard *s = (nvme_shard *)sh;
@@ -259,10 +287,10 @@ static zo_status nvs_step(oshard *sh, const oshard_update *u)
     nvs_step_ctx c = {.sh = sh, .u = u};
     nvme_step_stats ns;
     st = nvme_pipeline_step(s->pipe, nvs_update, &c, &ns);
-    a->time[OFFLOAD_TIME_DISK] += ns.wait_seconds;
-    a->time[OFFLOAD_TIME_OPTIMIZER] += ns.seconds - ns.wait_seconds;
-    a->bytes_disk_read += ns.bytes_read;
-    a->bytes_disk_written += ns.bytes_written;
+    offload_add_time(a, OFFLOAD_TIME_DISK, ns.wait_seconds);
+    offload_add_time(a, OFFLOAD_TIME_OPTIMIZER, ns.seconds - ns.wait_seconds);
+    offload_add_bytes(a, OFFLOAD_BYTES_DISK_READ, ns.bytes_read);
+    offload_add_bytes(a, OFFLOAD_BYTES_DISK_WRITTEN, ns.bytes_written);
     return st;
 }
 
@@ -282,7 +310,7 @@ static void nvs_destroy(oshard *sh)
 
 static const oshard_ops nvs_ops = {
     .read = nvs_read, .write = nvs_write, .sync = nvs_sync, .step = nvs_step,
-    .free = nvs_destroy,
+    .step_range = nvs_step_range, .free = nvs_destroy,
 };
 
 static zo_status nvs_create(oshard *sh, const oshard_config *c)
@@ -293,10 +321,9 @@ static zo_status nvs_create(oshard *sh, const oshard_config *c)
     s->cg = -1;
     nvme_engine_config ec = {0};
     if ((st = nvme_engine_init(&s->engine, &ec)) != ZO_OK) return st;
-    char prefix[64];
-    snprintf(prefix, sizeof prefix, "zo-opt-%d", (int)getpid());
+    /* <dir>/zo-opt-<random>.0.swap, created exclusively and locked (nvme_store.h) */
     const char *dirs[1] = {c->nvme_dir};
-    nvme_store_config sc = {.dirs = dirs, .ndirs = 1, .prefix = prefix};
+    nvme_store_config sc = {.dirs = dirs, .ndirs = 1, .prefix = "zo-opt"};
     if ((st = nvme_store_init(&s->store, s->engine, &sc)) != ZO_OK)
         return zo_error_wrap(st, "offload: NVMe store in %s", c->nvme_dir);
     s->group = c->sub_group < sh->n ? c->sub_group : sh->n;
@@ -427,7 +454,12 @@ static float *dev_grad(oshard *sh, size_t first)
 static zo_status dev_grad_zero(oshard *sh, gpu_stream_t s)
 {
     dev_shard *d = (dev_shard *)sh;
-    return sh->n && d->G ? gpu_memset_async(s, d->G, 0, sh->n * 4) : ZO_OK; /* else its owner's */
+    zo_status st;
+    if (!sh->n || !d->G) return ZO_OK; /* no sums, or its owner's (ZeRO-1: the runtime's) */
+    /* the update that reads the sums runs on d2h, perhaps still (schedules
+     * other than serial return before it ends) */
+    if ((st = gpu_stream_wait_event(s, d->done)) != ZO_OK) return st;
+    return gpu_memset_async(s, d->G, 0, sh->n * 4);
 }
 
 /* exact: block by block, each block's fp32 sum copied to the pinned
@@ -436,7 +468,7 @@ static zo_status dev_grad_zero(oshard *sh, gpu_stream_t s)
  * gives bit-identical steps. Otherwise on the device (no copy;
  * gpu_sum_squares accumulates in double and rounds the total to float, so
  * the norm differs in its last bits). */
-static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, int *nonfinite)
+static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, int *bad_block)
 {
     dev_shard *d = (dev_shard *)sh;
     const offload_geom *g = sh->g;
@@ -456,13 +488,13 @@ static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, int *nonfi
                                        GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
                 (st = gpu_event_record(d->done, s)) != ZO_OK || (st = gpu_event_synchronize(d->done)) != ZO_OK)
                 return st;
-            env->acct->bytes_d2h += n * 4;
+            offload_add_bytes(env->acct, OFFLOAD_BYTES_D2H, n * 4);
             if ((st = adam_grad_stats(d->stats_host, ZO_DTYPE_F32, n, env->n_threads, &ss, &nf)) != ZO_OK)
                 return st;
             *sumsq += ss;
-            *nonfinite |= nf;
+            if (nf && *bad_block < 0) *bad_block = b;
         }
-        env->acct->time[OFFLOAD_TIME_GRADS] += offload_now() - t0;
+        offload_add_time(env->acct, OFFLOAD_TIME_GRADS, offload_now() - t0);
         return ZO_OK;
     }
     float *sum = d->stats;
@@ -488,7 +520,20 @@ static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, int *nonfi
     memcpy(&f, host, 4);
     memcpy(&bad, host + 4, 4);
     *sumsq += (double)f;
-    *nonfinite |= bad != 0 || !isfinite(f);
+    if (!bad && isfinite(f)) return ZO_OK;
+    /* the step fails or is skipped: which block, checked one by one */
+    for (int b = d->b0; b < g->nb && *bad_block < 0; b++) {
+        if (!g->numel[b]) continue;
+        if ((st = gpu_memset_async(s, flag, 0, 4)) != ZO_OK ||
+            (st = gpu_check_finite(s, flag, gpu_t(grad_block(d, b), ZO_DTYPE_F32), g->numel[b])) != ZO_OK ||
+            (st = gpu_memcpy_async(s, host + 4, flag, 4, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
+            (st = gpu_event_record(d->done, s)) != ZO_OK || (st = gpu_event_synchronize(d->done)) != ZO_OK)
+            return st;
+        memcpy(&bad, host + 4, 4);
+        if (bad) *bad_block = b;
+    }
+    /* finite values whose sum of squares overflows fp32: named by the share's first block */
+    if (*bad_block < 0) *bad_block = d->b0;
     return ZO_OK;
 }
 
@@ -496,6 +541,9 @@ static void dev_destroy(oshard *sh)
 {
     dev_shard *d = (dev_shard *)sh;
     gpu_device_t dev = sh->env->dev;
+    /* dev_create's zero fills may still be queued (a later allocation of it
+     * failed): they finish before their arrays go */
+    if (sh->env->h2d) gpu_stream_synchronize(sh->env->h2d);
     for (int a = 0; a < 4; a++) gpu_mem_free(dev, dev_array(d, a));
     gpu_mem_free(dev, d->stats);
     offload_host_free(sh->env, d->stats_host, sh->g->largest * 4, 1);

@@ -1,13 +1,13 @@
 /* Plans in (the JSON memplan writes) and measurements out. */
 #include "offload/offload_impl.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <cjson/cJSON.h>
+
+#include "common/fileio.h" /* defines: zo_file_write_json */
 
 /* The schema's tiers are the runtime's, value for value. */
 _Static_assert((int)ZO_PLAN_GPU == OFFLOAD_DEVICE && (int)ZO_PLAN_CPU == OFFLOAD_CPU &&
@@ -46,6 +46,15 @@ zo_status offload_plan_load(const char *path, offload_plan *plan)
      * memory-efficient (it keeps one log-sum-exp per row), so selective
      * saves nothing over none */
     c->recompute = f->training.recompute == ZO_PLAN_RECOMPUTE_FULL;
+    /* the optimizer's schedule; LoRA: the adapters' place (the method and
+     * its r, alpha and targets are the program's: plan->file.training) */
+    c->schedule = f->training.optimizer_schedule == ZO_PLAN_SCHED_DPU       ? OFFLOAD_SCHEDULE_DPU
+                  : f->training.optimizer_schedule == ZO_PLAN_SCHED_OVERLAP ? OFFLOAD_SCHEDULE_OVERLAP
+                                                                                : OFFLOAD_SCHEDULE_SERIAL;
+    c->dpu_warmup = f->training.dpu_warmup;
+    c->opt_threads = f->training.opt_threads;
+    c->clip_stale = f->training.clip_stale;
+    if (f->training.method != ZO_PLAN_FULL) c->trainable_on = (offload_tier)f->placement.adapters;
     plan->selective_as_none = f->training.recompute == ZO_PLAN_RECOMPUTE_SELECTIVE;
     c->grad_accum = f->training.grad_accum;
     c->prefetch_depth = f->buffers.prefetch_depth;
@@ -95,6 +104,10 @@ zo_status offload_write_stats_json(const offload_t *rt, const offload_prediction
         cJSON_AddNumberToObject(ts, offload_time_part_name((offload_time_part)p), s.time[p]);
     cJSON_AddNumberToObject(ts, "total", s.total_s);
     if (pred && pred->step_s > 0) cJSON_AddNumberToObject(o, "predicted_step_s", pred->step_s);
+    cJSON *op = cJSON_AddObjectToObject(o, "optimizer");
+    cJSON_AddStringToObject(op, "schedule", offload_schedule_name(rt->cfg.schedule));
+    cJSON_AddNumberToObject(op, "host_s", s.optimizer_s);
+    cJSON_AddNumberToObject(op, "overlap_fraction", s.optimizer_overlap);
     cJSON_AddNumberToObject(o, "micro_batches", (double)s.micro_batches);
     cJSON_AddNumberToObject(o, "steps", (double)s.steps);
     cJSON_AddNumberToObject(o, "skipped", (double)s.skipped);
@@ -114,23 +127,7 @@ zo_status offload_write_stats_json(const offload_t *rt, const offload_prediction
         cJSON_AddNumberToObject(cm, "padding_elements", (double)s.comm_pad_elems);
         cJSON_AddNumberToObject(cm, "collectives", (double)s.comm_calls);
     }
-    char *text = cJSON_Print(o);
+    zo_status st = zo_file_write_json(path, o);
     cJSON_Delete(o);
-    if (!text) return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", path);
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    zo_status st = ZO_OK;
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        st = zo_error(ZO_ERR_IO, "%s: %s", tmp, strerror(errno));
-    } else {
-        int bad = fputs(text, f) < 0 || fputc('\n', f) < 0 || fflush(f) || fsync(fileno(f));
-        bad |= fclose(f) != 0;
-        if (bad || rename(tmp, path)) {
-            st = zo_error(ZO_ERR_IO, "%s: write: %s", path, strerror(errno));
-            unlink(tmp);
-        }
-    }
-    free(text);
     return st;
 }

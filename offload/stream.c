@@ -19,19 +19,14 @@
 static zo_status alloc_slots(offload_t *rt)
 {
     zo_status st;
-    int has_dep = 0;
-    for (int b = 0; b < rt->g.nb; b++) has_dep |= rt->dep[b] >= 0;
-    rt->n_slots = rt->cfg.prefetch_depth + 1;
-    if (has_dep && rt->n_slots < 2) rt->n_slots = 2;
-    if (rt->n_slots > rt->g.nb) rt->n_slots = rt->g.nb;
     rt->slots = calloc((size_t)rt->n_slots, sizeof *rt->slots);
     if (!rt->slots) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
     for (int i = 0; i < rt->n_slots; i++) {
         offload_slot *sl = &rt->slots[i];
         sl->block = -1;
-        if ((st = gpu_mem_alloc(rt->env.dev, rt->g.slot_bytes, &sl->buf)) != ZO_OK)
+        if ((st = gpu_mem_alloc(rt->env.dev, rt->slot_size, &sl->buf)) != ZO_OK)
             return zo_error_wrap(st, "offload_init: device weight slot %d of %d (%zu bytes each)", i + 1,
-                                 rt->n_slots, rt->g.slot_bytes);
+                                 rt->n_slots, rt->slot_size);
         if ((st = gpu_event_create(rt->env.dev, &sl->ready)) != ZO_OK) return st;
         if ((st = gpu_event_create(rt->env.dev, &sl->freed)) != ZO_OK) return st;
     }
@@ -73,7 +68,7 @@ static zo_status alloc_boundaries(offload_t *rt)
 zo_status offload_stream_init(offload_t *rt)
 {
     zo_status st;
-    if (!rt->ws->resident && (st = alloc_slots(rt)) != ZO_OK) return st;
+    if (rt->n_slots && (st = alloc_slots(rt)) != ZO_OK) return st;
     if ((st = offload_grads_init(rt)) != ZO_OK) return st;
     if ((st = gpu_event_create(rt->env.dev, &rt->prev_done)) != ZO_OK) return st;
     return alloc_boundaries(rt);
@@ -149,9 +144,12 @@ static zo_status load_block(offload_t *rt, int block, int horizon_end, int *slot
     offload_slot *sl = &rt->slots[best];
     /* the copy overwrites the slot after the last block that used it has run */
     if (sl->used && (st = gpu_stream_wait_event(rt->env.h2d, sl->freed)) != ZO_OK) return st;
-    if ((st = rt->ws->ops->fetch(rt->ws, block, sl->buf)) != ZO_OK ||
-        (st = gpu_event_record(sl->ready, rt->env.h2d)) != ZO_OK)
+    /* the frozen base first, then the trainable weights: the parts streamed */
+    if (rt->fws && !rt->fws->resident && (st = rt->fws->ops->fetch(rt->fws, block, sl->buf)) != ZO_OK)
         return st;
+    if (!rt->ws->resident && (st = rt->ws->ops->fetch(rt->ws, block, (char *)sl->buf + rt->fslot)) != ZO_OK)
+        return st;
+    if ((st = gpu_event_record(sl->ready, rt->env.h2d)) != ZO_OK) return st;
     sl->block = block;
     sl->seg = 2 * rt->pass + (horizon_end - 1 >= rt->g.nb); /* the half-pass it was loaded for */
     *slot_out = best;
@@ -168,6 +166,7 @@ static zo_status prefetch(offload_t *rt)
         int need[2] = {rt->sched[p], rt->dep[rt->sched[p]]};
         for (int k = 0; k < 2; k++) {
             if (need[k] < 0 || slot_of(rt, need[k]) >= 0) continue;
+            if (!offload_optim_ready(rt, need[k], 0)) return ZO_OK; /* its update runs: later */
             int s;
             if ((st = load_block(rt, need[k], p + 1, &s)) != ZO_OK) return st;
             if (s < 0) return ZO_OK; /* no slot free: later positions wait too */
@@ -176,21 +175,39 @@ static zo_status prefetch(offload_t *rt)
     return ZO_OK;
 }
 
+/* Where block b's weights and frozen base are for compute: resident in
+ * their stores, or in slot `slot` (NULL: nothing streamed). */
+static void block_pointers(offload_t *rt, int b, const offload_slot *slot, const void **params,
+                           const void **frozen)
+{
+    wstore *ws = rt->ws, *fws = rt->fws;
+    *params = ws->resident ? ws->ops->resident(ws, b) : (const char *)slot->buf + rt->fslot;
+    *frozen = !fws ? NULL : fws->resident ? fws->ops->resident(fws, b) : slot->buf;
+}
+
 /* Make block b's weights (and its dependency's) usable on `s`: the device
  * waits for their copies by event. */
-static zo_status acquire(offload_t *rt, gpu_stream_t s, int b, const void **params,
-                         const void **dep_params)
+static zo_status acquire(offload_t *rt, gpu_stream_t s, int b, offload_block_io *io)
 {
     zo_status st;
-    wstore *ws = rt->ws;
     int dep = rt->dep[b];
-    *dep_params = NULL;
+    io->dep_params = io->dep_frozen = NULL;
     /* wait until the previous block has run: the compute part of the split */
     if (rt->has_prev && (st = offload_timed_wait(&rt->env, rt->prev_done, OFFLOAD_TIME_COMPUTE)) != ZO_OK)
         return st;
-    if (ws->resident) {
-        *params = ws->ops->resident(ws, b);
-        if (dep >= 0) *dep_params = ws->ops->resident(ws, dep);
+    /* the weights of this step: the update of the block (and of the block
+     * it reads) has published them */
+    int ids0[2] = {b, dep};
+    for (int k = 0; k < 2; k++) {
+        if (ids0[k] < 0) continue;
+        double t0 = offload_now();
+        int ready = offload_optim_ready(rt, ids0[k], 1);
+        offload_add_time(&rt->acct, OFFLOAD_TIME_WEIGHTS, offload_now() - t0);
+        if (!ready) return zo_error(ZO_ERR_INVALID, "offload: block %d: the optimizer's update failed", ids0[k]);
+    }
+    if (!rt->n_slots) {
+        block_pointers(rt, b, NULL, &io->params, &io->frozen);
+        if (dep >= 0) block_pointers(rt, dep, NULL, &io->dep_params, &io->dep_frozen);
         return ZO_OK;
     }
     if ((st = prefetch(rt)) != ZO_OK) return st;
@@ -217,8 +234,8 @@ static zo_status acquire(offload_t *rt, gpu_stream_t s, int b, const void **para
         if ((st = offload_timed_wait(&rt->env, sl->ready, OFFLOAD_TIME_WEIGHTS)) != ZO_OK ||
             (st = gpu_stream_wait_event(s, sl->ready)) != ZO_OK)
             return st;
-        if (k == 0) *params = sl->buf;
-        else *dep_params = sl->buf;
+        if (k == 0) block_pointers(rt, b, sl, &io->params, &io->frozen);
+        else block_pointers(rt, dep, sl, &io->dep_params, &io->dep_frozen);
     }
     return ZO_OK;
 }
@@ -230,7 +247,7 @@ static zo_status release(offload_t *rt, gpu_stream_t s, int b)
     if ((st = gpu_event_record(rt->prev_done, s)) != ZO_OK) return st;
     rt->has_prev = 1;
     rt->pos++;
-    if (rt->ws->resident) return ZO_OK;
+    if (!rt->n_slots) return ZO_OK;
     int ids[2] = {b, rt->dep[b]};
     for (int k = 0; k < 2; k++) {
         if (ids[k] < 0) continue;
@@ -289,7 +306,7 @@ static zo_status bounds_forward_done(offload_t *rt, gpu_stream_t s, int b)
         (st = gpu_event_record(r->saved, d2h)) != ZO_OK)
         return st;
     r->has_saved = 1;
-    rt->acct.bytes_d2h += rt->m.boundary_bytes;
+    offload_add_bytes(&rt->acct, OFFLOAD_BYTES_D2H, rt->m.boundary_bytes);
     if (b > 0) { /* the input was read by this block too */
         offload_ring *ri = ring_of(rt, b - 1);
         if ((st = gpu_event_record(ri->used, s)) != ZO_OK) return st;
@@ -312,7 +329,7 @@ static zo_status bounds_load(offload_t *rt, int k)
         return st;
     r->has_filled = 1;
     r->holds = k;
-    rt->acct.bytes_h2d += rt->m.boundary_bytes;
+    offload_add_bytes(&rt->acct, OFFLOAD_BYTES_H2D, rt->m.boundary_bytes);
     return ZO_OK;
 }
 
@@ -363,7 +380,7 @@ static zo_status forward_blocks(offload_t *rt, gpu_stream_t s)
     zo_status st;
     for (int b = 0; b < rt->g.nb; b++) {
         offload_block_io io = {0};
-        if ((st = acquire(rt, s, b, &io.params, &io.dep_params)) != ZO_OK ||
+        if ((st = acquire(rt, s, b, &io)) != ZO_OK ||
             (st = bounds_forward(rt, s, b, &io)) != ZO_OK ||
             (st = rt->m.forward(rt->m.user, b, &io, s)) != ZO_OK ||
             (st = bounds_forward_done(rt, s, b)) != ZO_OK || (st = release(rt, s, b)) != ZO_OK)
@@ -378,7 +395,7 @@ static zo_status backward_block(offload_t *rt, gpu_stream_t s, int b)
     zo_status st;
     offload_block_io io = {0};
     int k, kd = -1, dep = rt->dep[b];
-    if ((st = acquire(rt, s, b, &io.params, &io.dep_params)) != ZO_OK ||
+    if ((st = acquire(rt, s, b, &io)) != ZO_OK ||
         (st = bounds_backward(rt, s, b, &io)) != ZO_OK || (st = offload_grads_take(rt, s, -1, &k)) != ZO_OK)
         return st;
     io.grads = rt->gs[k].dev;
@@ -389,8 +406,8 @@ static zo_status backward_block(offload_t *rt, gpu_stream_t s, int b)
     if (rt->cfg.recompute && (st = rt->m.recompute(rt->m.user, b, &io, s)) != ZO_OK) return st;
     if ((st = rt->m.backward(rt->m.user, b, &io, rt->loss_scale, s)) != ZO_OK) return st;
     /* the dependency's share first: the same order whatever the placement */
-    if (kd >= 0 && (st = offload_grads_send(rt, s, kd, dep)) != ZO_OK) return st;
-    if ((st = offload_grads_send(rt, s, k, b)) != ZO_OK || (st = bounds_backward_done(rt, s, b)) != ZO_OK ||
+    if (kd >= 0 && (st = offload_grads_send(rt, s, kd, dep, 0)) != ZO_OK) return st;
+    if ((st = offload_grads_send(rt, s, k, b, 1)) != ZO_OK || (st = bounds_backward_done(rt, s, b)) != ZO_OK ||
         (st = release(rt, s, b)) != ZO_OK)
         return st;
     /* add the previous block's gradients while the device runs this one */
@@ -403,7 +420,7 @@ static zo_status micro_batch_run(offload_t *rt, gpu_stream_t s)
 {
     zo_status st;
     pass_begin(rt);
-    if ((st = offload_grads_begin(rt, s)) != ZO_OK) return st;
+    if ((st = offload_grads_begin(rt, s)) != ZO_OK || (st = offload_optim_micro_begin(rt)) != ZO_OK) return st;
     if ((st = forward_blocks(rt, s)) != ZO_OK) return st;
     for (int b = rt->g.nb - 1; b >= 0; b--)
         if ((st = backward_block(rt, s, b)) != ZO_OK) return st;

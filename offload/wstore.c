@@ -19,6 +19,7 @@
  * block of which this rank holds nothing included). ZeRO 3: wgather.c. */
 #include "offload/offload_impl.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +67,10 @@ typedef struct wstore_impl {
     nvme_store_t *store;
     int *ids;                  /* [nb] tensor ids */
     int counted;               /* the store's bytes are counted in the NVMe tier */
+    /* the host thread fetches while the optimizer's thread writes (schedules
+     * other than serial): one ring, one caller at a time */
+    pthread_mutex_t io_mu;
+    int io_mu_init;
 #endif
 } wstore_impl;
 
@@ -126,7 +131,7 @@ static zo_status dev_copy_in(wstore *ws, int b, size_t pos, size_t n)
         (st = gpu_event_record(w->stage_ev[k], env->h2d)) != ZO_OK)
         return st;
     w->stage_pending[k] = 1;
-    env->acct->bytes_h2d += bytes;
+    offload_add_bytes(env->acct, OFFLOAD_BYTES_H2D, bytes);
     return ZO_OK;
 }
 
@@ -213,6 +218,19 @@ static zo_status dev_load(wstore *ws, int b, size_t rel, size_t n, const float *
     return ZO_OK;
 }
 
+static zo_status dev_get_host(wstore *ws, int b, void *dst)
+{
+    const offload_env *env = ws->env;
+    wstore_impl *w = impl(ws);
+    size_t bytes = block_bytes(ws, b);
+    zo_status st;
+    if (!bytes) return ZO_OK;
+    if ((st = gpu_memcpy_async(env->d2h, dst, at(ws, w->dev, b, 0), bytes, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
+        (st = gpu_event_record(w->dev_ev, env->d2h)) != ZO_OK)
+        return st;
+    return gpu_event_synchronize(w->dev_ev);
+}
+
 /* The device and host tiers' puts from the device and the device tier's
  * chunks have all arrived (ZeRO 1-2: and every block is gathered). */
 static zo_status common_sync(wstore *ws)
@@ -259,8 +277,14 @@ static zo_status host_fetch(wstore *ws, int b, void *dst)
     if (!bytes) return ZO_OK;
     zo_status st = gpu_memcpy_async(env->h2d, dst, at(ws, impl(ws)->host, b, 0), bytes,
                                     GPU_COPY_HOST_TO_DEVICE);
-    if (st == ZO_OK) env->acct->bytes_h2d += bytes;
+    if (st == ZO_OK) offload_add_bytes(env->acct, OFFLOAD_BYTES_H2D, bytes);
     return st;
+}
+
+static zo_status host_get_host(wstore *ws, int b, void *dst)
+{
+    memcpy(dst, at(ws, impl(ws)->host, b, 0), block_bytes(ws, b));
+    return ZO_OK;
 }
 
 static zo_status host_put_host(wstore *ws, int b, size_t rel, size_t n, void **dst)
@@ -297,7 +321,7 @@ static zo_status host_put_dev_done(wstore *ws, int b, gpu_stream_t s)
         (st = gpu_event_record(w->dev_ev, s)) != ZO_OK)
         return st;
     w->dev_pending = 1;
-    ws->env->acct->bytes_d2h += bytes;
+    offload_add_bytes(ws->env->acct, OFFLOAD_BYTES_D2H, bytes);
     return ZO_OK;
 }
 
@@ -309,10 +333,12 @@ static zo_status nvme_write_block(wstore *ws, int b)
 {
     wstore_impl *w = impl(ws);
     double t0 = offload_now();
+    pthread_mutex_lock(&w->io_mu);
     zo_status st = nvme_store_write(w->store, w->ids[b], w->asm_buf);
-    ws->env->acct->time[OFFLOAD_TIME_DISK] += offload_now() - t0;
+    pthread_mutex_unlock(&w->io_mu);
+    offload_add_time(ws->env->acct, OFFLOAD_TIME_DISK, offload_now() - t0);
     if (st != ZO_OK) return zo_error_wrap(st, "offload: weights of block %d to NVMe", b);
-    ws->env->acct->bytes_disk_written += block_bytes(ws, b);
+    offload_add_bytes(ws->env->acct, OFFLOAD_BYTES_DISK_WRITTEN, block_bytes(ws, b));
     return ZO_OK;
 }
 
@@ -330,15 +356,31 @@ static zo_status nvme_fetch(wstore *ws, int b, void *dst)
         (st = offload_timed_wait(env, w->ring_ev[r], OFFLOAD_TIME_WEIGHTS)) != ZO_OK)
         return st;
     double t0 = offload_now();
+    pthread_mutex_lock(&w->io_mu);
     st = nvme_store_read(w->store, w->ids[b], w->ring[r]);
-    env->acct->time[OFFLOAD_TIME_DISK] += offload_now() - t0;
+    pthread_mutex_unlock(&w->io_mu);
+    offload_add_time(env->acct, OFFLOAD_TIME_DISK, offload_now() - t0);
     if (st != ZO_OK) return zo_error_wrap(st, "offload: weights of block %d from NVMe", b);
-    env->acct->bytes_disk_read += bytes;
+    offload_add_bytes(env->acct, OFFLOAD_BYTES_DISK_READ, bytes);
     if ((st = gpu_memcpy_async(env->h2d, dst, w->ring[r], bytes, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK ||
         (st = gpu_event_record(w->ring_ev[r], env->h2d)) != ZO_OK)
         return st;
     w->ring_used[r] = 1;
-    env->acct->bytes_h2d += bytes;
+    offload_add_bytes(env->acct, OFFLOAD_BYTES_H2D, bytes);
+    return ZO_OK;
+}
+
+static zo_status nvme_get_host(wstore *ws, int b, void *dst)
+{
+    wstore_impl *w = impl(ws);
+    if (!block_bytes(ws, b)) return ZO_OK;
+    double t0 = offload_now();
+    pthread_mutex_lock(&w->io_mu);
+    zo_status st = nvme_store_read(w->store, w->ids[b], dst);
+    pthread_mutex_unlock(&w->io_mu);
+    offload_add_time(ws->env->acct, OFFLOAD_TIME_DISK, offload_now() - t0);
+    if (st != ZO_OK) return zo_error_wrap(st, "offload: weights of block %d from NVMe", b);
+    offload_add_bytes(ws->env->acct, OFFLOAD_BYTES_DISK_READ, block_bytes(ws, b));
     return ZO_OK;
 }
 
@@ -380,7 +422,7 @@ static zo_status nvme_put_dev_done(wstore *ws, int b, gpu_stream_t s)
         (st = gpu_event_record(w->dev_ev, s)) != ZO_OK ||
         (st = offload_timed_wait(ws->env, w->dev_ev, OFFLOAD_TIME_OPTIMIZER)) != ZO_OK)
         return st;
-    ws->env->acct->bytes_d2h += bytes;
+    offload_add_bytes(ws->env->acct, OFFLOAD_BYTES_D2H, bytes);
     return nvme_write_block(ws, b);
 }
 
@@ -396,15 +438,19 @@ static zo_status nvme_sync(wstore *ws)
     return ZO_OK;
 }
 
-static zo_status nvme_open(wstore *ws, const char *dir)
+static zo_status nvme_open(wstore *ws, const char *dir, const char *name)
 {
     wstore_impl *w = impl(ws);
     const offload_geom *g = ws->g;
     zo_status st;
+    pthread_mutex_init(&w->io_mu, NULL);
+    w->io_mu_init = 1;
     nvme_engine_config ec = {0};
     if ((st = nvme_engine_init(&w->engine, &ec)) != ZO_OK) return st;
+    /* <dir>/zo-<name>-<random>.0.swap ("par", "frz"), created exclusively
+     * and locked; unlocked ones of dead runs are removed (nvme_store.h) */
     char prefix[64];
-    snprintf(prefix, sizeof prefix, "zo-par-%d", (int)getpid());
+    snprintf(prefix, sizeof prefix, "zo-%s", name);
     const char *dirs[1] = {dir};
     nvme_store_config sc = {.dirs = dirs, .ndirs = 1, .prefix = prefix};
     if ((st = nvme_store_init(&w->store, w->engine, &sc)) != ZO_OK)
@@ -442,13 +488,14 @@ static void nvme_close(wstore *ws)
     if (w->store) nvme_store_free(w->store);
     if (w->engine) nvme_engine_free(w->engine);
     free(w->ids);
+    if (w->io_mu_init) pthread_mutex_destroy(&w->io_mu);
 }
 
 #else /* no nvme module: the configuration is refused at init */
 
-static zo_status nvme_open(wstore *ws, const char *dir)
+static zo_status nvme_open(wstore *ws, const char *dir, const char *name)
 {
-    (void)ws, (void)dir;
+    (void)ws, (void)dir, (void)name;
     return zo_error(ZO_ERR_UNSUPPORTED, "offload: weights on NVMe need the nvme module (liburing, xxHash)");
 }
 static void nvme_close(wstore *ws) { (void)ws; }
@@ -457,6 +504,7 @@ static void nvme_close(wstore *ws) { (void)ws; }
 #define nvme_put_host_done nothing_done
 #define nvme_put_dev_done host_put_dev_done
 #define nvme_sync common_sync
+#define nvme_get_host host_get_host
 
 #endif
 
@@ -493,17 +541,17 @@ static void wstore_destroy(wstore *ws)
 static const wstore_ops dev_ops = {
     .resident = dev_resident, .fetch = dev_fetch, .put_host = dev_put_host,
     .put_host_done = dev_put_host_done, .put_dev = dev_put_dev, .put_dev_done = dev_put_dev_done,
-    .sync = common_sync, .load = dev_load, .free = wstore_destroy,
+    .sync = common_sync, .load = dev_load, .get_host = dev_get_host, .free = wstore_destroy,
 };
 static const wstore_ops host_ops = {
     .resident = none_resident, .fetch = host_fetch, .put_host = host_put_host,
     .put_host_done = nothing_done, .put_dev = staged_put_dev, .put_dev_done = host_put_dev_done,
-    .sync = common_sync, .load = wstore_load_by_puts, .free = wstore_destroy,
+    .sync = common_sync, .load = wstore_load_by_puts, .get_host = host_get_host, .free = wstore_destroy,
 };
 static const wstore_ops nvme_ops = {
     .resident = none_resident, .fetch = nvme_fetch, .put_host = nvme_put_host,
     .put_host_done = nvme_put_host_done, .put_dev = staged_put_dev, .put_dev_done = nvme_put_dev_done,
-    .sync = nvme_sync, .load = wstore_load_by_puts, .free = wstore_destroy,
+    .sync = nvme_sync, .load = wstore_load_by_puts, .get_host = nvme_get_host, .free = wstore_destroy,
 };
 
 /* ZeRO 1-2: every block padded to a multiple of the rank count (an
@@ -565,7 +613,7 @@ static zo_status create_nvme(wstore *ws, const wstore_config *c)
     const offload_env *env = ws->env;
     size_t sb = ws->g->slot_bytes;
     zo_status st;
-    if ((st = nvme_open(ws, c->nvme_dir)) != ZO_OK) return st;
+    if ((st = nvme_open(ws, c->nvme_dir, c->name ? c->name : "par")) != ZO_OK) return st;
     ws->put_max = ws->g->largest;
     w->asm_block = -1;
     if ((st = offload_host_alloc(env, sb, 1, &w->asm_buf)) != ZO_OK)
@@ -641,15 +689,40 @@ zo_status wstore_load_f32(wstore *ws, int b, size_t rel, size_t n, const float *
     return ws->ops->load(ws, b, rel, n, src);
 }
 
-zo_status wstore_load_by_puts(wstore *ws, int b, size_t rel, size_t n, const float *src)
+/* Put [rel, rel + n) of block b chunk by chunk, each chunk converted from
+ * fp32 or copied as it is from element `done` of the source. */
+static zo_status put_chunks(wstore *ws, int b, size_t rel, size_t n, const void *src, int f32)
 {
     zo_status st;
+    size_t es = ws->g->es;
     for (size_t done = 0; done < n; done += ws->put_max) {
         size_t k = n - done < ws->put_max ? n - done : ws->put_max;
         void *dst;
         if ((st = ws->ops->put_host(ws, b, rel + done, k, &dst)) != ZO_OK) return st;
-        offload_to_dtype(ws->g, dst, src + done, k);
+        if (f32) offload_to_dtype(ws->g, dst, (const float *)src + done, k);
+        else memcpy(dst, (const char *)src + done * es, k * es);
         if ((st = ws->ops->put_host_done(ws, b, rel + done, k)) != ZO_OK) return st;
     }
     return ZO_OK;
+}
+
+zo_status wstore_load_by_puts(wstore *ws, int b, size_t rel, size_t n, const float *src)
+{
+    return put_chunks(ws, b, rel, n, src, 1);
+}
+
+zo_status wstore_put_raw(wstore *ws, int b, size_t rel, size_t n, const void *src)
+{
+    return put_chunks(ws, b, rel, n, src, 0);
+}
+
+zo_status wstore_publish(wstore *from, wstore *to)
+{
+    wstore_impl *f = impl(from);
+    zo_status st;
+    if (from->tier != OFFLOAD_CPU || !f->host)
+        return zo_error(ZO_ERR_INTERNAL, "offload: weights published from a store not in host memory");
+    for (int b = 0; b < to->g->nb; b++)
+        if ((st = wstore_put_raw(to, b, 0, to->g->numel[b], at(from, f->host, b, 0))) != ZO_OK) return st;
+    return to->ops->sync(to);
 }

@@ -129,7 +129,8 @@ static zo_status measure_nvme(const plan_calibrate_opts *o, double *rd, double *
     if (st) return zo_error_wrap(st, "calibrate: NVMe engine");
     if ((st = nvme_buf_alloc(e, chunk, &buf)) != ZO_OK) goto out_engine;
     memset(buf, 0x5a, chunk);
-    if ((st = nvme_file_open(e, path, NVME_FILE_CREATE | NVME_FILE_TRUNC, &fid)) != ZO_OK)
+    /* a file of its own: never one planted under the name, never through a link */
+    if ((st = nvme_file_open(e, path, NVME_FILE_EXCL, &fid)) != ZO_OK)
         goto out_buf;
     *direct = nvme_file_is_direct(e, fid);
     if ((st = nvme_file_allocate(e, fid, total)) != ZO_OK) goto out_file;
@@ -173,6 +174,9 @@ zo_status plan_calibrate_run(const plan_calibrate_opts *o, plan_hw *hw)
     hw->cpu_cores = cores > 0 ? (int)cores : 1;
     if ((st = measure_bw(o, threads, &hw->cpu_mem_bw)) != ZO_OK) return st;
     if ((st = measure_adam(o, threads, &hw->cpu_adam_rate)) != ZO_OK) return st;
+    /* one thread: the optimizer's rate on the threads a plan sets aside
+     * (plan_hw_cpu_adam_rate_threads) */
+    if ((st = measure_adam(o, 1, &hw->cpu_adam_thread_rate)) != ZO_OK) return st;
     if (o->nvme_dir) {
         struct statvfs vs;
         if (statvfs(o->nvme_dir, &vs))

@@ -27,7 +27,8 @@ void plan_calibrate_defaults(plan_calibrate_opts *o);
 /* Fill *hw: the base preset, then the measured CPU memory size (sysinfo),
  * cores (sysconf), memory bandwidth (a triad over three arrays), CPU AdamW
  * parameters/s (cpu_adam's adam_update: fp32 master/m/v, bf16 gradient and
- * bf16 weights out), NVMe capacity of nvme_dir and its write and read rates
+ * bf16 weights out) on `threads` threads, and on one (cpu_adam_thread_rate),
+ * NVMe capacity of nvme_dir and its write and read rates
  * through the nvme module's io_uring engine (a file written, fdatasync'd
  * when buffered, read back, removed); gpus = gpus_per_node = 1.
  * hw->note says what was not measured. */

@@ -13,7 +13,6 @@
 #define HOST_BW_EFF 0.7
 
 static double dmax(double a, double b) { return a > b ? a : b; }
-static double dmin(double a, double b) { return a < b ? a : b; }
 
 double plan_allreduce_s(double bytes, int p, double bw, double lat)
 {
@@ -38,6 +37,7 @@ typedef struct ctx {
     double peak;    /* FLOP/s of the dtype */
     double hbm;     /* achieved bytes/s */
     double esz;     /* bytes per activation element */
+    int frozen;     /* LoRA: the weights are frozen, the backward computes no weight gradients */
 } ctx;
 
 /* One matmul (M x K) @ (K x N): a roofline of compute at the size's
@@ -78,45 +78,157 @@ static void link_for(const plan_hw *hw, int p, long stride, double *bw, double *
 typedef struct layer_time {
     double fwd, bwd, rc;        /* compute */
     double tp_fwd, tp_bwd, tp_rc;
+    double ep_fwd, ep_bwd, ep_rc; /* expert-parallel all-to-alls */
     double flops_token;         /* model fwd FLOPs per token (whole layer, all TP ranks) */
     double attn_flops_token;    /* the attention core's share */
 } layer_time;
 
-static void layer_time_of(const zo_model_config *m, const plan_train *t, const ctx *c,
+/* One matmul (M x K) @ (K x N) forward; its backward is the input gradient
+ * (M x N)(N x K) and the weight gradient (K x M)(M x N). */
+static void mm(const ctx *c, double M, double N, double K, double *f, double *b)
+{
+    *f += gemm(c, M, N, K);
+    *b += gemm(c, M, K, N) + (c->frozen ? 0 : gemm(c, K, N, M));
+}
+
+/* The same for `n` matmuls of one shape run as one grouped kernel (the
+ * experts of an MoE layer). */
+static void mm_n(const ctx *c, double n, double M, double N, double K, double *f, double *b)
+{
+    *f += bmm(c, n, M, N, K);
+    *b += bmm(c, n, M, K, N) + (c->frozen ? 0 : bmm(c, n, K, N, M));
+}
+
+/* An all-to-all over p ranks, `bytes` leaving each rank (1/p stays). */
+static double alltoall_s(double bytes, int p, double bw, double lat)
+{
+    if (p <= 1 || bytes <= 0) return 0;
+    return (double)(p - 1) / p * bytes / bw + (p - 1) * lat;
+}
+
+/* LoRA adapters of one layer on one rank (T rows): per adapted layer
+ * u = x A^T and y += (alpha/r) u B^T forward; du = dy B, dB += dy^T u,
+ * dA += du^T x and dx += du A backward. QLoRA dequantizes each linear
+ * weight before its GEMM, in the forward and again in the backward. */
+static void adapters_time(const zo_model_config *m, const plan_train *t, const ctx *c, double T,
+                          double *f, double *b)
+{
+    double r = t->lora.r, tp = t->tp;
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int n = zo_lora_layer_modules(m, t->lora.targets, mods);
+    for (int i = 0; i < n; i++) {
+        int row = (mods[i].targets & (ZO_LORA_O | ZO_LORA_DOWN)) != 0;
+        double in = (double)mods[i].in / (row ? tp : 1), out = (double)mods[i].out / (row ? 1 : tp);
+        *f += gemm(c, T, r, in) + gemm(c, T, out, r);
+        *b += gemm(c, T, r, out) + gemm(c, out, r, T) + gemm(c, r, in, T) + gemm(c, T, in, r);
+    }
+    if (t->method == PLAN_METHOD_QLORA) {
+        plan_peft pf;
+        plan_peft_stage(m, t, 0, &pf);
+        double dq = ew(c, (double)pf.layer_nf4 + (double)pf.layer_linear * c->esz);
+        *f += dq;
+        *b += dq;
+    }
+}
+
+static void layer_time_of(const zo_model_config *m, const plan_train *t, const ctx *c, int moe,
                           layer_time *o)
 {
     memset(o, 0, sizeof *o);
     double s = t->seq, b = t->micro_batch, T = s * b, tp = t->tp;
-    double h = m->hidden, f = m->ffn, hd = m->head_dim;
-    double q = (double)m->n_heads * hd, kv = (double)m->n_kv_heads * hd;
+    double h = m->hidden, f = m->ffn;
+    uint64_t uq, uk, uv, uo;
+    zo_model_attn_widths(m, &uq, &uk, &uv, &uo);
+    double q = (double)uq, k = (double)uk, v = (double)uv, ow = (double)uo;
     double heads = m->n_heads / tp; /* per rank */
+    double dqk = q / m->n_heads, dv = v / (m->mla.kv_rank ? m->n_heads : m->n_kv_heads);
     double Tsp = t->sp ? T / tp : T; /* rows of the sequence-parallel regions */
     int gpt = m->arch == ZO_ARCH_GPT;
     double e = c->esz;
     double drop = t->dropout ? 1 : 0; /* mask bytes per element */
+    double mm_f = 0, mm_b = 0, wparams = 0; /* matmul weights a token meets (for FLOPs) */
 
-    /* matmuls: forward once; backward the input and the weight gradients */
-    double mm = gemm(c, T, (q + 2 * kv) / tp, h) + gemm(c, T, h, q / tp);
-    double mm_b = gemm(c, T, h, (q + 2 * kv) / tp) + gemm(c, h, (q + 2 * kv) / tp, T) +
-                  gemm(c, T, q / tp, h) + gemm(c, q / tp, h, T);
-    int n_in = gpt ? 1 : 2; /* GPT: fc1; LLaMA: gate and up */
-    mm += n_in * gemm(c, T, f / tp, h) + gemm(c, T, h, f / tp);
-    mm_b += n_in * (gemm(c, T, h, f / tp) + gemm(c, h, f / tp, T)) + gemm(c, T, f / tp, h) +
-            gemm(c, f / tp, h, T);
-    o->flops_token = 2 * (h * (q + 2 * kv) + q * h + (n_in + 1) * h * f) + 4 * s * q;
-    o->attn_flops_token = 4 * s * q;
+    /* attention projections: column-parallel in, row-parallel out; MLA's
+     * down projections are whole on every rank */
+    if (m->mla.kv_rank) {
+        const zo_mla *a = &m->mla;
+        double qr = a->q_rank, kr = a->kv_rank, kvb = (double)m->n_heads * (a->qk_nope + a->v_dim);
+        if (a->q_rank) {
+            mm(c, T, qr, h, &mm_f, &mm_b);
+            mm(c, T, q / tp, qr, &mm_f, &mm_b);
+            wparams += h * qr + qr * q;
+        } else {
+            mm(c, T, q / tp, h, &mm_f, &mm_b);
+            wparams += h * q;
+        }
+        mm(c, T, kr + a->qk_rope, h, &mm_f, &mm_b);
+        mm(c, T, kvb / tp, kr, &mm_f, &mm_b);
+        wparams += h * (kr + a->qk_rope) + kr * kvb;
+    } else {
+        mm(c, T, (q + k + v) / tp, h, &mm_f, &mm_b);
+        wparams += h * (q + k + v);
+    }
+    mm(c, T, h, ow / tp, &mm_f, &mm_b);
+    wparams += ow * h;
+
+    /* the MLP: GPT fc1 (or LLaMA gate and up) then fc2 (down); an MoE layer
+     * runs a router, its experts over the routed rows that reach this rank
+     * (EP spreads the experts, each rank receives top_k rows per token on
+     * average: dropless, balanced; a capacity factor pads to it) as grouped
+     * GEMMs, and the shared expert over every token */
+    int n_in = gpt ? 1 : 2;
+    double mlp_ew = 0; /* bytes of the MLP's elementwise kernels */
+    if (moe) {
+        const zo_moe *x = &m->moe;
+        double R = T * plan_routed_rows(m, t);       /* rows at this rank's experts */
+        double local = (double)x->experts / t->ep;   /* experts on this rank */
+        double fe = x->expert_ffn;
+        mm(c, T, x->experts, h, &mm_f, &mm_b);       /* router, on every TP rank */
+        for (int i = 0; i < n_in; i++) mm_n(c, local, R / local, fe / tp, h, &mm_f, &mm_b);
+        mm_n(c, local, R / local, h, fe / tp, &mm_f, &mm_b);
+        wparams += h * x->experts + (n_in + 1) * h * fe * x->top_k;
+        if (x->shared_ffn) {
+            for (int i = 0; i < n_in; i++) mm(c, T, x->shared_ffn / tp, h, &mm_f, &mm_b);
+            mm(c, T, h, x->shared_ffn / tp, &mm_f, &mm_b);
+            wparams += (n_in + 1) * h * x->shared_ffn;
+        }
+        /* router softmax / top-k (fp32), tokens permuted to the experts and
+         * back (read + write each way), the gated activation of the experts
+         * and of the shared expert, the weighted sum of the expert outputs */
+        mlp_ew = T * x->experts * 4 * 2 + 2 * 2 * R * h * e + R * 3 * e * fe / tp +
+                 T * 3 * e * x->shared_ffn / tp + R * h * e * 2;
+        /* expert parallelism: each token's rows go to the experts' ranks and
+         * come back (dispatch and combine), in every pass */
+        if (t->ep > 1) {
+            double bw, lat;
+            link_for(c->hw, t->ep, t->tp, &bw, &lat);
+            double a2a = alltoall_s(R * h * e, t->ep, bw, lat);
+            o->ep_fwd = 2 * a2a;
+            o->ep_bwd = 2 * a2a;
+        }
+    } else {
+        for (int i = 0; i < n_in; i++) mm(c, T, f / tp, h, &mm_f, &mm_b);
+        mm(c, T, h, f / tp, &mm_f, &mm_b);
+        wparams += (n_in + 1) * h * f;
+        if (gpt) /* bias + GeLU over the ffn columns of this rank */
+            mlp_ew = T * 2 * e * f / tp;
+        else /* SwiGLU (gate, up -> out) */
+            mlp_ew = T * 3 * e * f / tp;
+    }
+    o->flops_token = 2 * wparams + 2 * s * (dqk + dv) * m->n_heads;
+    o->attn_flops_token = 2 * s * (dqk + dv) * m->n_heads;
 
     /* the attention core */
     double attn_f, attn_b, attn_rc;
     if (t->flash_attn) {
-        double fl = 4 * s * s * hd * b * heads * FLASH_CAUSAL;
+        double fl = 2 * s * s * (dqk + dv) * b * heads * FLASH_CAUSAL;
         double eff = plan_hw_gemm_eff(c->hw, fl) * FLASH_REL_EFF;
         attn_f = fl / (c->peak * eff);
         attn_b = FLASH_BWD * attn_f;
         attn_rc = 0; /* flash already recomputes the scores in its backward */
     } else {
         double n = b * heads, sc = n * s * s; /* score elements per rank */
-        double core = bmm(c, n, s, s, hd) + bmm(c, n, s, hd, s);
+        double core = bmm(c, n, s, s, dqk) + bmm(c, n, s, dv, s);
         double soft = ew(c, sc * (2 * e + (t->dropout ? 2 * e + drop : 0)));
         attn_f = core + soft;
         attn_b = 2 * core + 2 * soft;
@@ -124,18 +236,19 @@ static void layer_time_of(const zo_model_config *m, const plan_train *t, const c
     }
 
     /* elementwise kernels (bytes read + written per row) */
+    double norms = m->layer_norms ? m->layer_norms : 2;
     double row;
-    if (gpt) /* 2 LayerNorms (4h), 2 bias-dropout-residual adds (6h + mask) */
-        row = 2 * 2 * e * h + 2 * (3 * e * h + drop * h);
-    else /* 2 RMSNorms, 2 residual adds */
-        row = 2 * 2 * e * h + 2 * 3 * e * h;
-    double ew_f = ew(c, Tsp * row);
-    if (gpt) /* bias + GeLU over the ffn columns of this rank */
-        ew_f += ew(c, T * 2 * e * f / tp);
-    else /* SwiGLU (gate, up -> out) and RoPE on q and k */
-        ew_f += ew(c, T * (3 * e * f / tp + 2 * e * (q + kv) / tp));
+    if (gpt) /* LayerNorms (4h), 2 bias-dropout-residual adds (6h + mask) */
+        row = norms * 2 * e * h + 2 * (3 * e * h + drop * h);
+    else /* RMSNorms, 2 residual adds */
+        row = norms * 2 * e * h + 2 * 3 * e * h;
+    double ew_f = ew(c, Tsp * row) + ew(c, mlp_ew);
+    if (m->pos == ZO_POS_ROTARY || (!gpt && m->pos == ZO_POS_ARCH)) /* rotary on q and k */
+        ew_f += ew(c, T * 2 * e * (q + k) / tp);
+    if (m->qk_norm) ew_f += ew(c, T * 2 * e * (q + k) / tp);
 
-    o->fwd = mm + attn_f + ew_f;
+    if (c->frozen) adapters_time(m, t, c, T, &mm_f, &mm_b);
+    o->fwd = mm_f + attn_f + ew_f;
     o->bwd = mm_b + attn_b + 2 * ew_f;
 
     /* tensor-parallel collectives, two sub-blocks (attention, MLP) per layer:
@@ -153,6 +266,7 @@ static void layer_time_of(const zo_model_config *m, const plan_train *t, const c
     if (t->recompute == PLAN_RECOMPUTE_FULL) {
         o->rc = o->fwd;
         o->tp_rc = o->tp_fwd;
+        o->ep_rc = o->ep_fwd;
     } else if (t->recompute == PLAN_RECOMPUTE_SELECTIVE) {
         o->rc = attn_rc;
     }
@@ -163,7 +277,8 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
 {
     memset(out, 0, sizeof *out);
     ctx c = {hw, t->dtype == ZO_DTYPE_F32 ? hw->peak_flops_32 : hw->peak_flops_16,
-             hw->hbm_bw * hw->hbm_eff, (double)zo_dtype_size(t->dtype)};
+             hw->hbm_bw * hw->hbm_eff, (double)zo_dtype_size(t->dtype),
+             t->method != PLAN_METHOD_FULL};
     double s = t->seq, b = t->micro_batch, T = s * b, tp = t->tp;
     if (m->params_override) {
         /* only the size is known: 6N FLOPs per token at the curve's top */
@@ -179,9 +294,12 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
         out->layer_compute = out->total;
         return;
     }
-    layer_time lt;
-    layer_time_of(m, t, &c, &lt);
-    double nl = (double)m->n_layers / t->pp;
+    /* dense and MoE layers (DeepSeek: dense first layers, then MoE) */
+    layer_time lt[2];
+    int L = m->n_layers, per = L / t->pp;
+    int n_moe_all = m->moe.experts ? L - m->moe.first_dense : 0;
+    layer_time_of(m, t, &c, 0, &lt[0]);
+    if (n_moe_all) layer_time_of(m, t, &c, 1, &lt[1]);
     double h = m->hidden, v = m->vocab, e = c.esz;
 
     /* first stage: embedding lookup (+ dropout); with TP the vocabulary-parallel
@@ -195,38 +313,82 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
     /* last stage: final norm, output matmul, fp32 cross-entropy over v/t columns */
     double last_f = ew(&c, T * 2 * e * h / (t->sp ? tp : 1)) + gemm(&c, T, v / tp, h) +
                     ew(&c, T * v / tp * 4 * 2);
+    /* (a frozen head computes its input gradient only; a frozen embedding
+     * has no backward) */
     double last_b = 2 * ew(&c, T * 2 * e * h / (t->sp ? tp : 1)) + gemm(&c, T, h, v / tp) +
-                    gemm(&c, h, v / tp, T) + ew(&c, T * v / tp * 4 * 2);
-    double extra_f, extra_b, extra_tp;
-    if (t->pp == 1) {
-        extra_f = first + last_f;
-        extra_b = first + last_b;
-        extra_tp = 2 * first_tp;
-    } else if (first + 2 * first_tp > last_f + last_b) {
-        extra_f = first;
-        extra_b = first;
-        extra_tp = 2 * first_tp;
-    } else {
-        extra_f = last_f;
-        extra_b = last_b;
-        extra_tp = 0;
+                    (c.frozen ? 0 : gemm(&c, h, v / tp, T)) + ew(&c, T * v / tp * 4 * 2);
+    double first_b = c.frozen ? 0 : first;
+
+    /* the slower of the first stage (its layers, the embedding) and the
+     * last (its layers, more of them MoE, the logits) */
+    double best = -1;
+    for (int k = 0; k < 2; k++) {
+        int stage = k ? t->pp - 1 : 0;
+        if (k && t->pp == 1) break;
+        int lo = stage * per, n_moe = 0;
+        for (int i = lo; i < lo + per; i++) n_moe += zo_model_layer_is_moe(m, i);
+        double nl[2] = {per - n_moe, n_moe};
+        double ef, eb, etp;
+        if (t->pp == 1) {
+            ef = first + last_f;
+            eb = first_b + last_b;
+            etp = 2 * first_tp;
+        } else if (stage == 0) {
+            ef = first;
+            eb = first_b;
+            etp = 2 * first_tp;
+        } else {
+            ef = last_f;
+            eb = last_b;
+            etp = 0;
+        }
+        plan_time_mb o;
+        memset(&o, 0, sizeof o);
+        for (int j = 0; j < 2; j++) {
+            if (!nl[j]) continue;
+            const layer_time *x = &lt[j];
+            o.fwd += nl[j] * x->fwd;
+            o.bwd += nl[j] * x->bwd;
+            o.rc += nl[j] * x->rc;
+            o.tp_fwd += nl[j] * x->tp_fwd;
+            o.tp_bwd += nl[j] * x->tp_bwd;
+            o.tp_rc += nl[j] * x->tp_rc;
+            o.ep_fwd += nl[j] * x->ep_fwd;
+            o.ep_bwd += nl[j] * x->ep_bwd;
+            o.ep_rc += nl[j] * x->ep_rc;
+        }
+        o.fwd += ef;
+        o.bwd += eb;
+        o.tp_fwd += etp / 2;
+        o.tp_bwd += etp / 2;
+        o.total = o.fwd + o.bwd + o.rc + o.tp_fwd + o.tp_bwd + o.tp_rc + o.ep_fwd + o.ep_bwd +
+                  o.ep_rc;
+        /* one layer as reported and as the overlap window: the heavier kind
+         * the stage has */
+        const layer_time *x = nl[1] ? &lt[1] : &lt[0];
+        o.layer_fwd = x->fwd + x->tp_fwd + x->ep_fwd;
+        o.layer_bwd = x->bwd + x->rc + x->tp_bwd + x->tp_rc + x->ep_bwd + x->ep_rc;
+        o.layer_compute = x->fwd + x->bwd + x->rc;
+        if (o.total > best) {
+            best = o.total;
+            *out = o;
+        }
     }
-    out->fwd = nl * lt.fwd + extra_f;
-    out->bwd = nl * lt.bwd + extra_b;
-    out->rc = nl * lt.rc;
-    out->tp_fwd = nl * lt.tp_fwd + extra_tp / 2;
-    out->tp_bwd = nl * lt.tp_bwd + extra_tp / 2;
-    out->tp_rc = nl * lt.tp_rc;
-    out->total = out->fwd + out->bwd + out->rc + out->tp_fwd + out->tp_bwd + out->tp_rc;
-    out->layer_fwd = lt.fwd + lt.tp_fwd;
-    out->layer_bwd = lt.bwd + lt.rc + lt.tp_bwd + lt.tp_rc;
-    out->layer_compute = lt.fwd + lt.bwd + lt.rc;
-    out->model_flops_token = 3 * (m->n_layers * lt.flops_token + 2 * h * v);
-    out->rc_flops_token = t->recompute == PLAN_RECOMPUTE_FULL
-                              ? m->n_layers * lt.flops_token
-                          : t->recompute == PLAN_RECOMPUTE_SELECTIVE && !t->flash_attn
-                              ? m->n_layers * lt.attn_flops_token
-                              : 0;
+    double lf = (L - n_moe_all) * lt[0].flops_token + (n_moe_all ? n_moe_all * lt[1].flops_token : 0);
+    double la = (L - n_moe_all) * lt[0].attn_flops_token +
+                (n_moe_all ? n_moe_all * lt[1].attn_flops_token : 0);
+    out->model_flops_token = 3 * (lf + 2 * h * v);
+    out->rc_flops_token = t->recompute == PLAN_RECOMPUTE_FULL                        ? lf
+                          : t->recompute == PLAN_RECOMPUTE_SELECTIVE && !t->flash_attn ? la
+                                                                                       : 0;
+    if (c.frozen) {
+        /* LoRA: the forward, the input gradients (the base's matmuls once
+         * more, the attention core twice), and 6 FLOPs per token per adapter
+         * parameter (2 forward, 4 backward) */
+        double a = (double)zo_lora_trainable_params(m, t->lora.r, t->lora.targets);
+        out->model_flops_token = 2 * lf + la + 4 * h * v + 6 * a;
+        if (t->recompute == PLAN_RECOMPUTE_FULL) out->rc_flops_token += 2 * a;
+    }
 }
 
 /* ---- the step ---------------------------------------------------------------------- */
@@ -249,11 +411,25 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
     double wsz = (double)zo_dtype_size(t->dtype), gsz = (double)zo_dtype_size(t->grad_dtype);
     int rpn = e->ranks_per_node;
 
+    /* every micro-batch's weight gradients (written by the backward in the
+     * weights' dtype) are added into the rank's gradient buffer on the GPU:
+     * an elementwise pass that reads the new gradient and reads and writes
+     * the buffer, per micro-batch (Megatron's DDP hook and this runtime's
+     * staging blocks alike; offloaded gradients are summed on the host, below);
+     * P counts what is trained (LoRA: the adapters) */
+    double P = (double)e->train_params, Pe = (double)e->train_expert_params;
+    /* ZeRO's partition: the rest over DP, routed experts over DP / EP */
+    int edp = t->dp / t->ep;
+    double P_shard = (P - Pe) / t->dp + Pe / edp;
+    double acc = 0;
+    if (t->grads_on == PLAN_GPU && !t->fused_grad_accum && !m->params_override)
+        acc = (t->zero >= 2 ? P_shard : P) * (wsz + 2 * gsz) / (hw->hbm_bw * hw->hbm_eff);
     o->forward = n_mb * mb->fwd;
-    o->backward = n_mb * mb->bwd;
+    o->backward = n_mb * (mb->bwd + acc);
     o->recompute = n_mb * mb->rc;
     o->tp_comm = n_mb * (mb->tp_fwd + mb->tp_bwd + mb->tp_rc);
-    o->pp_bubble = t->pp > 1 ? (p - 1) / v * mb->total : 0;
+    o->ep_comm = n_mb * (mb->ep_fwd + mb->ep_bwd + mb->ep_rc);
+    o->pp_bubble = t->pp > 1 ? (p - 1) / v * (mb->total + acc) : 0;
     double window = n_mb * (mb->fwd + mb->bwd + mb->rc); /* compute that hides copies */
     double bwd_window = n_mb * (mb->bwd + mb->rc);
 
@@ -274,35 +450,45 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
      * micro-batch's backward down to one bucket, or reduce-scattered every
      * micro-batch (ZeRO 2-3) behind its backward; updated weights
      * all-gathered after the step (ZeRO 1-2); ZeRO-3 gathers the weights
-     * twice every micro-batch, overlapped with that micro-batch's compute */
-    double P = (double)e->stage_params;
+     * twice every micro-batch, overlapped with that micro-batch's compute.
+     * With experts: the dense parameters over all DP ranks, the routed
+     * experts over the DP / EP ranks that hold the same experts (stride TP x EP) */
     if (t->dp > 1) {
-        double bw, lat;
-        link_for(hw, t->dp, t->tp, &bw, &lat);
-        double G = P * gsz, W = P * wsz, ge, we;
-        plan_dp_comm_elems(t, P, &ge, &we);
         double last_bwd = mb->bwd + mb->rc;
         double bucket = (double)t->buf.comm_bucket < P ? (double)t->buf.comm_bucket / P : 1;
-        /* a reduce-scatter or an all-gather of P elements each, an all-reduce of 2P */
-        double red = t->zero == 0 ? plan_allreduce_s(G, t->dp, bw, lat) : ge / P * plan_allgather_s(G, t->dp, bw, lat);
-        double gat = we / P * plan_allgather_s(W, t->dp, bw, lat);
+        double red = 0, gat = 0;
+        for (int part = 0; part < 2; part++) {
+            int group = part ? edp : t->dp;
+            double n = part ? Pe : P - Pe;
+            if (group <= 1 || n <= 0) continue;
+            double bw, lat, ge, we;
+            link_for(hw, group, part ? (long)t->tp * t->ep : t->tp, &bw, &lat);
+            plan_dp_comm_elems(t, n, &ge, &we);
+            /* ZeRO-3 gathers what the step computes with (LoRA: the frozen base too) */
+            double G = n * gsz, W = t->zero >= 3 && !part ? (double)e->weight_bytes - Pe * wsz : n * wsz;
+            /* a reduce-scatter or an all-gather of n elements each, an all-reduce of 2n */
+            red += t->zero == 0 ? plan_allreduce_s(G, group, bw, lat) : ge / n * plan_allgather_s(G, group, bw, lat);
+            gat += we / n * plan_allgather_s(W, group, bw, lat);
+        }
         o->dp_comm_total = red + gat;
-        if (t->zero <= 1) o->dp_comm = dmax(red - last_bwd, red * bucket) + gat;
+        if (!t->dp_overlap && t->zero <= 2) o->dp_comm = red + gat;
+        else if (t->zero <= 1) o->dp_comm = dmax(red - last_bwd, red * bucket) + gat;
         else if (t->zero == 2) o->dp_comm = dmax(red - bwd_window, red * bucket) + gat;
         else o->dp_comm = dmax(o->dp_comm_total - window, o->dp_comm_total * bucket);
     }
 
-    /* streamed weights (params on CPU or NVMe): this rank's share crosses PCIe
-     * in the forward and again in the backward of every micro-batch; NVMe
-     * reads share the node's drives. Hidden behind compute; the largest block
-     * (embedding or head) shows when it takes longer than `prefetch` layers. */
+    /* streamed weights (params on CPU or NVMe; LoRA: the base and the
+     * adapters off the GPU): this rank's share crosses PCIe in the forward
+     * and again in the backward of every micro-batch; NVMe reads share the
+     * node's drives. Hidden behind compute; the largest block (embedding or
+     * head) shows when it takes longer than `prefetch` layers. */
     double pcie = hw->pcie_bw;
-    double rank_w = (double)e->rank_params * wsz;
+    double rank_w = (double)e->stream_bytes;
     double stream = 0, nvme_stream = 0;
-    if (t->params_on != PLAN_GPU) {
+    if (e->stream_bytes > 0) {
         stream = 2 * n_mb * rank_w / pcie;
-        if (t->params_on == PLAN_NVME) nvme_stream = 2 * n_mb * rank_w * rpn / hw->nvme_read_bw;
-        double big = (double)e->largest_block * wsz / pcie / (t->zero >= 3 ? t->dp : 1);
+        nvme_stream = 2 * n_mb * (double)e->stream_nvme_bytes * rpn / hw->nvme_read_bw;
+        double big = (double)e->largest_bytes / pcie / (t->zero >= 3 ? t->dp : 1);
         double ahead = t->buf.prefetch_depth * mb->layer_compute / 3; /* a layer's fwd ~ 1/3 */
         o->h2d_total = stream;
         o->h2d = dmax(dmax(stream, nvme_stream) - window, 0) + 2 * n_mb * dmax(big - ahead, 0) +
@@ -312,7 +498,7 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
     /* activation checkpoints in host memory: written during the forward and
      * read back during the backward of every micro-batch, hidden behind them */
     if (t->checkpoints_on == PLAN_CPU && e->activations_known) {
-        double ck = n_mb * (double)e->act_layer * ((double)m->n_layers / t->pp) / pcie;
+        double ck = n_mb * (double)e->act_stage / pcie;
         o->h2d_total += ck;
         o->d2h_total += ck;
         o->h2d += dmax(ck - bwd_window, 0);
@@ -321,14 +507,14 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
 
     /* gradients to the host: this rank's partition every micro-batch (fp32
      * accumulation on the host when there are several), hidden behind backward */
-    double g_elems = t->zero >= 2 ? P / t->dp : P;
+    double g_elems = t->zero >= 2 ? P_shard : P;
     if (t->grads_on == PLAN_CPU) {
         double copy = n_mb * g_elems * gsz / pcie;
         double host_bw = hw->cpu_mem_bw * HOST_BW_EFF / rpn;
         double accum = n_mb > 1 ? n_mb * g_elems * (4 + 4 + gsz) / host_bw : 0;
         double s = dmax(copy, accum);
         o->d2h_total += s;
-        o->d2h += dmax(s - bwd_window, 0) + (double)e->largest_block * gsz / pcie;
+        o->d2h += dmax(s - bwd_window, 0) + (double)e->train_largest * gsz / pcie;
     }
 
     /* the optimizer: on the GPU over its fraction: unscale and inf check
@@ -336,38 +522,78 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
      * gradient read; master, m, v written), cast (master read, weight
      * written), zeroing (gradient written); on the CPU over the rest, with the
      * NVMe share read ahead and written behind */
-    double o_elems = t->zero >= 1 ? P / t->dp : P;
+    double o_elems = t->zero >= 1 ? P_shard : P;
     double fg = t->opt_frac[PLAN_GPU], fn = t->opt_frac[PLAN_NVME];
     double per = (t->dtype == ZO_DTYPE_F32 ? 0 : 4) + (t->optimizer == PLAN_OPT_ADAMW ? 8 : 4);
     if (fg > 0) o->optimizer_gpu = fg * o_elems * (2 * per + 5 * gsz + 4 + wsz) / (hw->hbm_bw * hw->hbm_eff);
+    plan_sched_in *in = &o->sched;
     double cpu_n = (1 - fg) * o_elems;
+    int peft = t->method != PLAN_METHOD_FULL;
     if (cpu_n > 0) {
-        double rate = plan_hw_cpu_adam_rate(hw) / rpn;
-        if (t->optimizer == PLAN_OPT_SGD) rate *= 1.5; /* momentum only: less traffic */
-        o->cpu_adam = cpu_n / rate;
-        double nv = fn * o_elems * per * rpn;
-        double nvme_opt = nv / hw->nvme_read_bw + nv / hw->nvme_write_bw;
-        if (t->params_on == PLAN_NVME) nvme_opt += cpu_n * wsz * rpn / hw->nvme_write_bw;
-        o->nvme_total = nvme_opt + nvme_stream;
-        /* pipelined: the slower of the two, plus one sub-group to fill it */
-        double sg = (double)t->buf.sub_group < o_elems ? (double)t->buf.sub_group / o_elems : 1;
-        double phase = dmax(o->cpu_adam, nvme_opt) + sg * dmin(o->cpu_adam, nvme_opt);
-        o->nvme = phase - o->cpu_adam;
-        /* updated weights back to a GPU that keeps them */
-        if (t->params_on == PLAN_GPU) o->h2d += cpu_n * wsz / pcie;
+        /* seconds per element: CPU AdamW on the optimizer's threads (all the
+         * node's cores when it runs alone, less one per rank beside the
+         * GPU's work; plan_hw_cpu_adam_rate_threads), the NVMe share read and
+         * written (and streamed weights written back), the new weights
+         * uploaded to a GPU that keeps them (LoRA's adapters always) */
+        int cores = hw->cpu_cores;
+        in->threads_serial = t->opt_threads ? t->opt_threads : cores ? (double)cores / rpn : 0;
+        in->threads_over = t->opt_threads ? t->opt_threads
+                           : cores        ? dmax((double)(cores - rpn) / rpn, 1)
+                                          : 0;
+        double sgd = t->optimizer == PLAN_OPT_SGD ? 1.5 : 1; /* momentum only: less traffic */
+        in->rate_serial = sgd * plan_hw_cpu_adam_rate_threads(hw, in->threads_serial * rpn) / rpn;
+        in->rate_over = sgd * plan_hw_cpu_adam_rate_threads(hw, in->threads_over * rpn) / rpn;
+        double nv = fn / (1 - fg) * per * rpn;
+        in->n_elem = nv / hw->nvme_read_bw + nv / hw->nvme_write_bw;
+        /* (the weights a step writes: the model's, or LoRA's adapters) */
+        plan_tier w_on = peft ? t->adapters_on : t->params_on;
+        if (w_on == PLAN_NVME) in->n_elem += wsz * rpn / hw->nvme_write_bw;
+        in->w_bytes = w_on == PLAN_GPU ? wsz : 0;
+        in->pcie = pcie;
+        /* pipelined: one sub-group fills it */
+        in->fill = (double)t->buf.sub_group < o_elems ? (double)t->buf.sub_group / o_elems : 1;
+        in->cpu_n = cpu_n;
+        o->nvme_total = in->n_elem * cpu_n + nvme_stream;
     }
-    if (t->params_on == PLAN_NVME && nvme_stream > 0 && o->nvme_total == 0) o->nvme_total = nvme_stream;
+    if (nvme_stream > 0 && o->nvme_total == 0) o->nvme_total = nvme_stream;
 
-    o->step = o->forward + o->backward + o->recompute + o->tp_comm + o->pp_bubble + o->pp_comm +
-              o->dp_comm + o->h2d + o->d2h + o->optimizer_gpu + o->cpu_adam + o->nvme;
+    /* what the schedule works with (planner/schedule.c): the GPU's work, its
+     * exposed copies, the links' traffic, and the blocks of a micro-batch:
+     * the stage's first block (embedding), its layers, its last (head),
+     * with what the CPU updates in each */
+    in->gpu = o->forward + o->backward + o->recompute + o->tp_comm + o->pp_bubble + o->pp_comm +
+              o->dp_comm + o->h2d + o->d2h + o->ep_comm;
+    in->h2d = o->h2d;
+    in->opt_gpu = o->optimizer_gpu;
+    in->h2d_busy = o->h2d_total;
+    in->d2h_busy = o->d2h_total;
+    in->nvme_busy = nvme_stream;
+    int layers = e->layers;
+    in->seg_n[0] = e->train_first > 0 || (e->stage == 0 && layers);
+    in->seg_n[1] = layers;
+    in->seg_n[2] = e->train_last > 0 || (e->stage == t->pp - 1 && layers);
+    double ratio = P > 0 ? cpu_n / P : 0;
+    in->seg_elems[0] = (double)e->train_first * ratio;
+    in->seg_elems[1] = (double)e->train_layer * ratio;
+    in->seg_elems[2] = (double)e->train_last * ratio;
+    in->fwd1 = mb->fwd + mb->tp_fwd + mb->ep_fwd;
+    in->clip_stale = o->clip_stale = t->clip_stale;
+    o->dpu_warmup = t->dpu_warmup;
+    double bwd1 = mb->bwd + mb->rc + mb->tp_bwd + mb->tp_rc + mb->ep_bwd + mb->ep_rc;
+    in->seg_fwd[1] = layers ? mb->layer_fwd : 0;
+    in->seg_bwd[1] = layers ? mb->layer_bwd : 0;
+    /* the rest of the micro-batch (embedding, logits) on its end blocks */
+    int end = in->seg_n[2] ? 2 : 0;
+    in->seg_n[end] = 1;
+    in->seg_fwd[end] = dmax(in->fwd1 - layers * in->seg_fwd[1], 0);
+    in->seg_bwd[end] = dmax(bwd1 - layers * in->seg_bwd[1], 0);
     double tokens = (double)t->seq * t->micro_batch * t->grad_accum * t->dp;
-    o->tokens_per_s = tokens / o->step;
+    in->tokens = tokens;
+    in->peak = (t->dtype == ZO_DTYPE_F32 ? hw->peak_flops_32 : hw->peak_flops_16) *
+               ((double)t->dp * t->tp * t->pp);
     o->model_flops = mb->model_flops_token * tokens;
     o->hw_flops = o->model_flops + mb->rc_flops_token * tokens;
-    double peak = (t->dtype == ZO_DTYPE_F32 ? hw->peak_flops_32 : hw->peak_flops_16) *
-                  ((double)t->dp * t->tp * t->pp);
-    o->mfu = o->model_flops / (o->step * peak);
-    o->hfu = o->hw_flops / (o->step * peak);
+    plan_time_schedule(o, t->schedule);
 }
 
 zo_status plan_time_run(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
@@ -388,7 +614,7 @@ zo_status plan_time_run(const zo_model_config *m, const plan_hw *hw, const plan_
 
 static const char *part_names[PLAN_TIME_PARTS] = {
     "forward", "backward", "recompute", "tp_comm", "pp_bubble", "pp_comm",
-    "dp_comm", "h2d", "d2h", "optimizer_gpu", "cpu_adam", "nvme",
+    "dp_comm", "h2d", "d2h", "optimizer_gpu", "cpu_adam", "nvme", "ep_comm",
 };
 
 const char *plan_time_part_name(int i) { return i >= 0 && i < PLAN_TIME_PARTS ? part_names[i] : "?"; }
@@ -397,6 +623,7 @@ double plan_time_part(const plan_time *pt, int i)
 {
     const double v[PLAN_TIME_PARTS] = {pt->forward, pt->backward, pt->recompute, pt->tp_comm,
                                        pt->pp_bubble, pt->pp_comm, pt->dp_comm, pt->h2d,
-                                       pt->d2h, pt->optimizer_gpu, pt->cpu_adam, pt->nvme};
+                                       pt->d2h, pt->optimizer_gpu, pt->cpu_adam, pt->nvme,
+                                       pt->ep_comm};
     return i >= 0 && i < PLAN_TIME_PARTS ? v[i] : 0;
 }

@@ -19,12 +19,50 @@
 typedef struct plan_time_mb {
     double fwd, bwd, rc;        /* compute seconds: forward, backward, recompute */
     double tp_fwd, tp_bwd, tp_rc; /* tensor-parallel collectives of each pass */
-    double total;               /* fwd + bwd + rc + the three TP parts */
+    double ep_fwd, ep_bwd, ep_rc; /* expert-parallel all-to-alls of each pass */
+    double total;               /* fwd + bwd + rc + the TP and EP parts */
     double layer_fwd, layer_bwd;  /* one layer with its TP collectives; bwd includes recompute */
     double layer_compute;       /* one layer's fwd + bwd + rc compute (overlap window per block) */
     double model_flops_token;   /* fwd + bwd FLOPs per token of the whole model (MFU) */
     double rc_flops_token;      /* recomputed FLOPs per token (HFU adds them) */
 } plan_time_mb;
+
+/* What the optimizer schedule works with (planner/schedule.c, filled by
+ * plan_time_step): the GPU's work of a step, the optimizer's rates, the
+ * links' traffic and the blocks of one micro-batch. Seconds per step of one
+ * rank unless said otherwise. */
+typedef struct plan_sched_in {
+    double gpu;          /* the GPU's work before the update: every part but the optimizer's */
+    double h2d;          /* of it, the exposed host->device copies (streamed weights, checkpoints) */
+    double opt_gpu;      /* the update of the GPU's optimizer share, on the GPU */
+    double cpu_n;        /* elements the CPU updates (0: the optimizer is on the GPU) */
+    double threads_serial, threads_over; /* optimizer threads per rank: alone, beside the GPU */
+    double rate_serial, rate_over;       /* AdamW elements/s per rank with them */
+    double n_elem;       /* NVMe seconds per CPU-updated element (its share read and written) */
+    double w_bytes;      /* bytes uploaded per CPU-updated element (its new weights; 0: none) */
+    double pcie;         /* host->device bytes/s */
+    double fill;         /* one sub-group, as a fraction of the elements: fills the pipeline */
+    int seg_n[3];        /* blocks of the stage: first (embedding), layers, last (head) */
+    double seg_fwd[3];   /* one micro-batch's forward of one block of each kind */
+    double seg_bwd[3];   /* its backward (recompute and collectives included) */
+    double seg_elems[3]; /* elements the CPU updates per block of each kind */
+    double fwd1;         /* one micro-batch's forward (what waits for the overlapped update) */
+    int clip_stale;      /* overlap: an update need not wait for the global norm */
+    double h2d_busy, d2h_busy, nvme_busy; /* each link's traffic before overlap, the update's
+                                             own not included */
+    double tokens, peak; /* tokens per step; dense peak FLOP/s of all GPUs */
+} plan_sched_in;
+
+/* What sets the step: the resource on its critical path. */
+typedef enum plan_bound {
+    PLAN_BOUND_GPU = 0, /* GPU work (the optimizer hidden, or none on the CPU) */
+    PLAN_BOUND_OPT,     /* the CPU optimizer chain (AdamW, its NVMe traffic, uploads) */
+    PLAN_BOUND_H2D,     /* PCIe host->device */
+    PLAN_BOUND_D2H,     /* PCIe device->host */
+    PLAN_BOUND_NVME,    /* NVMe */
+} plan_bound;
+
+const char *plan_bound_name(plan_bound b); /* "gpu", "optimizer", "h2d", "d2h", "nvme" */
 
 typedef struct plan_time {
     /* seconds per optimizer step on the critical rank */
@@ -38,9 +76,24 @@ typedef struct plan_time {
     double optimizer_gpu; /* the update on the GPU */
     double cpu_adam;      /* AdamW on the CPU over the CPU and NVMe shares */
     double nvme;          /* exposed NVMe traffic (optimizer swap, streamed weights) */
+    double ep_comm;       /* expert-parallel all-to-alls (not overlapped) */
     /* totals before overlap */
     double dp_comm_total, h2d_total, d2h_total, nvme_total;
-    double step;          /* seconds per step: the sum of the exposed parts */
+    double step;          /* seconds per step: the critical path, the sum of the exposed parts */
+    /* the optimizer schedule (docs/memplan.md, "Optimizer schedules") */
+    plan_schedule schedule;
+    double serial_step;   /* the same configuration with the serial schedule */
+    double opt_s;         /* the CPU optimizer's own time in this schedule: AdamW, NVMe and
+                             uploads as they pipeline (serial: their sum) */
+    double opt_hidden;    /* of it, beside GPU work: the overlapped amount */
+    double opt_exposed;   /* of it, on the critical path: cpu_adam + nvme + the upload in h2d */
+    plan_bound bound;     /* what sets the step */
+    double opt_threads;   /* CPU threads per rank the optimizer runs on */
+    double cpu_adam_rate; /* AdamW elements/s per rank with them */
+    double cpu_adam_total; /* CPU AdamW before overlap */
+    int dpu_warmup;       /* dpu: serial steps before the delayed update (reported) */
+    int clip_stale;       /* overlap: updates need not wait for the global norm */
+    plan_sched_in sched;
     double tokens_per_s;
     double model_flops;   /* per step, all GPUs (6N + attention per token) */
     double hw_flops;      /* model_flops plus recompute */
@@ -55,6 +108,11 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
  * the rank's parameters and what lives where). */
 void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
                     const plan_estimate *e, const plan_time_mb *mb, plan_time *out);
+
+/* The step of `pt` (from plan_time_step) under schedule `s`: its step,
+ * parts, tokens/s and utilisation recomputed from pt->sched. The parts
+ * add up to the step; pt->opt_hidden is the optimizer time hidden. */
+void plan_time_schedule(plan_time *pt, plan_schedule s);
 
 /* Both, after validating the configuration. */
 zo_status plan_time_run(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
@@ -76,7 +134,7 @@ double plan_allgather_s(double bytes, int p, double bw, double lat); /* = reduce
 void plan_dp_comm_elems(const plan_train *t, double P, double *grads, double *weights);
 
 /* The names of the parts, in the order of the step (JSON keys, SVG legend). */
-#define PLAN_TIME_PARTS 12
+#define PLAN_TIME_PARTS 13
 const char *plan_time_part_name(int i);
 double plan_time_part(const plan_time *pt, int i);
 

@@ -392,6 +392,42 @@ double plan_hw_cpu_adam_rate(const plan_hw *hw)
     return hw->cpu_mem_bw * ADAM_BW_EFF / ADAM_BYTES;
 }
 
+/* One AVX-512 thread of AdamW over fp32 master, m, v with a 16-bit gradient
+ * and weight out: cpu_adam's adam_update measured 0.55e9 elements/s per
+ * thread on this project's 2-core VM (docs/memplan.md, "Optimizer schedules"). */
+#define ADAM_THREAD_RATE 5e8
+
+double plan_hw_cpu_adam_rate_threads(const plan_hw *hw, double threads)
+{
+    double roof = plan_hw_cpu_adam_rate(hw);
+    /* every core: the node's rate itself (measured on all of them) */
+    if (threads <= 0 || hw->cpu_cores <= 0 || threads >= hw->cpu_cores) return roof;
+    double one = hw->cpu_adam_thread_rate > 0 ? hw->cpu_adam_thread_rate
+                 : hw->cpu_adam_rate > 0      ? hw->cpu_adam_rate / hw->cpu_cores
+                                              : ADAM_THREAD_RATE;
+    double r = threads * one;
+    return r < roof ? r : roof;
+}
+
+void plan_hw_cpu_backend(const plan_hw *host, double flops, double copy_bw, uint64_t dev_mem,
+                         plan_hw *out)
+{
+    *out = *host;
+    snprintf(out->name, sizeof out->name, "cpu-backend");
+    snprintf(out->gpu, sizeof out->gpu, "CPU");
+    out->gpus = out->gpus_per_node = 1;
+    out->gpu_mem = dev_mem;
+    out->peak_flops_16 = out->peak_flops_32 = flops;
+    out->gemm_eff_max = 1;
+    out->gemm_flops_half = 0;
+    out->hbm_bw = host->cpu_mem_bw;
+    out->hbm_eff = 1;
+    out->pcie_bw = copy_bw;
+    out->pcie_gen = out->pcie_lanes = 0;
+    snprintf(out->note, sizeof out->note, "the CPU backend: compute %.3g FLOP/s, copies %.3g B/s",
+             flops, copy_bw);
+}
+
 double plan_hw_gemm_eff(const plan_hw *hw, double flops)
 {
     return hw->gemm_eff_max * flops / (flops + hw->gemm_flops_half);

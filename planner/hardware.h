@@ -89,6 +89,24 @@ int plan_hw_ranks_per_node(const plan_hw *hw);
  * the node's memory bandwidth over the bytes one update moves. */
 double plan_hw_cpu_adam_rate(const plan_hw *hw);
 
+/* AdamW parameters/s of `threads` threads of one node: threads x the rate
+ * of one thread (cpu_adam_thread_rate; when 0, cpu_adam_rate / cpu_cores
+ * if cpu_adam_rate is given, else 5e8), at most plan_hw_cpu_adam_rate (the
+ * memory-bandwidth roof, or the rate measured on every core). threads <= 0,
+ * threads >= cpu_cores or no cores known: plan_hw_cpu_adam_rate. */
+double plan_hw_cpu_adam_rate_threads(const plan_hw *hw, double threads);
+
+/* The CPU backend as a machine, to set the planner's prediction beside the
+ * runtime's measured step on it (docs/memplan.md, "The CPU backend as
+ * hardware"): `host` is this host's profile (memplan calibrate: memory,
+ * cores, triad bandwidth, AdamW rates, NVMe); its "GPU" is the same CPU with
+ * `dev_mem` bytes of device memory, computing every matmul at `flops` (the
+ * CPU backend's measured rate on its compute threads: gemm_eff_max 1, no size
+ * curve) and elementwise work at the triad's bandwidth, copying to and from
+ * the host at `copy_bw` (memcpy). One GPU, one node. */
+void plan_hw_cpu_backend(const plan_hw *host, double flops, double copy_bw, uint64_t dev_mem,
+                         plan_hw *out);
+
 /* Matmul efficiency (fraction of peak) of one operation of `flops`:
  * gemm_eff_max * flops / (flops + gemm_flops_half). */
 double plan_hw_gemm_eff(const plan_hw *hw, double flops);

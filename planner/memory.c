@@ -1,7 +1,12 @@
 #include "memory.h"
 
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
+#include <strings.h>
+
+#include "common/nf4.h" /* defines: zo_nf4_bytes */
 
 const char *plan_tier_name(plan_tier t)
 {
@@ -21,19 +26,50 @@ const char *plan_recompute_name(plan_recompute r)
     return r <= PLAN_RECOMPUTE_FULL ? n[r] : "?";
 }
 
+const char *plan_method_name(plan_method m)
+{
+    static const char *n[] = {"full", "lora", "qlora"};
+    return m <= PLAN_METHOD_QLORA ? n[m] : "?";
+}
+
+const char *plan_schedule_name(plan_schedule s)
+{
+    static const char *n[] = {"serial", "overlap", "dpu"};
+    return s < PLAN_SCHEDULES ? n[s] : "?";
+}
+
+int plan_default_seq(const zo_model_config *m)
+{
+    /* not the positions a model was trained to reach: 131072 for Llama-3.1
+     * would plan 62.6 GiB of logits for one sequence */
+    return m->max_seq > 0 && m->max_seq < PLAN_DEFAULT_SEQ ? m->max_seq : PLAN_DEFAULT_SEQ;
+}
+
+/* GPT-2, GPT-3, Megatron and OPT train with dropout; GPT-NeoX, Falcon, BLOOM
+ * and the LLaMA families set it to 0. */
+static int default_dropout(const zo_model_config *m)
+{
+    return m->arch == ZO_ARCH_GPT && (m->pos == ZO_POS_ARCH || m->pos == ZO_POS_LEARNED);
+}
+
 void plan_train_defaults(plan_train *t, const zo_model_config *m)
 {
     memset(t, 0, sizeof *t);
-    t->seq = m->max_seq > 0 ? m->max_seq : 2048;
+    t->seq = plan_default_seq(m);
     t->micro_batch = 1;
     t->grad_accum = 1;
     t->dtype = ZO_DTYPE_BF16;
     t->grad_dtype = ZO_DTYPE_BF16;
     t->optimizer = PLAN_OPT_ADAMW;
-    t->dp = t->tp = t->pp = t->vpp = 1;
+    t->dp = t->tp = t->pp = t->vpp = t->ep = 1;
+    t->dp_overlap = 1;
     t->recompute = PLAN_RECOMPUTE_NONE;
     t->flash_attn = 1;
-    t->dropout = m->arch == ZO_ARCH_GPT;
+    t->dropout = default_dropout(m);
+    t->method = PLAN_METHOD_FULL;
+    t->adapters_on = PLAN_GPU;
+    t->schedule = PLAN_SCHED_SERIAL;
+    t->dpu_warmup = 10;
     t->params_on = t->grads_on = t->checkpoints_on = PLAN_GPU;
     t->opt_frac[PLAN_GPU] = 1.0;
     t->buf.cuda_context = 512ull << 20;
@@ -53,23 +89,44 @@ static const plan_act_entry act_table[] = {
     /* attention */
     {"norm_1", "input", PLAN_W_H, 0, 0},
     {"attn.qkv", "input (norm_1 output)", PLAN_W_H, 0, 0},
+    {"attn.q_a_norm", "input, output (q_a output)", PLAN_W_QLORA, 0, PLAN_ACT_MLA},
+    {"attn.q_a_norm", "output (q_b input)", PLAN_W_QLORA, 0, PLAN_ACT_MLA},
+    {"attn.kv_a_norm", "input (kv_a output)", PLAN_W_KVLORA, 0, PLAN_ACT_MLA},
+    {"attn.kv_a_norm", "output (kv_b input)", PLAN_W_KVLORA, 0, PLAN_ACT_MLA},
+    {"attn.q_norm", "input", PLAN_W_Q, 0, PLAN_ACT_TP | PLAN_ACT_QKNORM},
+    {"attn.k_norm", "input", PLAN_W_KV, 0, PLAN_ACT_TP | PLAN_ACT_QKNORM},
     {"attn.scores", "Q", PLAN_W_Q, 0, PLAN_ACT_TP},
     {"attn.scores", "K", PLAN_W_KV, 0, PLAN_ACT_TP},
     {"attn.softmax", "output", PLAN_W_SCORES, 0, PLAN_ACT_TP | PLAN_ACT_S2},
     {"attn.dropout", "mask", PLAN_W_SCORES, 1, PLAN_ACT_TP | PLAN_ACT_S2 | PLAN_ACT_DROPOUT},
     {"attn.context", "dropout output", PLAN_W_SCORES, 0, PLAN_ACT_TP | PLAN_ACT_S2 | PLAN_ACT_DROPOUT},
-    {"attn.context", "V", PLAN_W_KV, 0, PLAN_ACT_TP},
+    {"attn.context", "V", PLAN_W_V, 0, PLAN_ACT_TP},
     {"attn.flash", "logsumexp (fp32)", PLAN_W_HEADS, 4, PLAN_ACT_TP | PLAN_ACT_FLASH},
-    {"attn.out", "input", PLAN_W_Q, 0, PLAN_ACT_TP},
+    {"attn.out", "input", PLAN_W_O, 0, PLAN_ACT_TP},
     {"attn.resid_dropout", "mask", PLAN_W_H, 1, PLAN_ACT_DROPOUT},
-    /* MLP */
-    {"norm_2", "input", PLAN_W_H, 0, 0},
-    {"mlp.in", "input (norm_2 output)", PLAN_W_H, 0, 0},
-    {"mlp.gelu", "input", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_GPT},
-    {"mlp.fc_out", "input (gelu output)", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_GPT},
-    {"mlp.swiglu", "gate output", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_LLAMA},
-    {"mlp.swiglu", "up output", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_LLAMA},
-    {"mlp.down", "input (swiglu output)", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_LLAMA},
+    /* Gemma-2: norms after attention and after the MLP */
+    {"norm.post", "inputs", PLAN_W_NORMS, 0, 0},
+    /* MLP (a parallel block's MLP reads the attention's input: no norm_2
+     * input; with one norm for both, no MLP input either) */
+    {"norm_2", "input", PLAN_W_H, 0, PLAN_ACT_SEQ},
+    {"mlp.in", "input (norm_2 output)", PLAN_W_H, 0, PLAN_ACT_TWO_NORMS},
+    {"mlp.gelu", "input", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_GPT | PLAN_ACT_DENSE},
+    {"mlp.fc_out", "input (gelu output)", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_GPT | PLAN_ACT_DENSE},
+    {"mlp.swiglu", "gate output", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_LLAMA | PLAN_ACT_DENSE},
+    {"mlp.swiglu", "up output", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_LLAMA | PLAN_ACT_DENSE},
+    {"mlp.down", "input (swiglu output)", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_LLAMA | PLAN_ACT_DENSE},
+    /* MoE: the router, the routed tokens in and out of the experts (the
+     * outputs for the routing weights' gradient), the experts' gated MLPs
+     * over the routed rows, the shared expert over every token */
+    {"moe.router", "probabilities (fp32)", PLAN_W_ROUTER, 4, PLAN_ACT_MOE},
+    {"moe.dispatch", "routed tokens", PLAN_W_ROUTED_H, 0, PLAN_ACT_MOE},
+    {"moe.expert", "gate output", PLAN_W_ROUTED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
+    {"moe.expert", "up output", PLAN_W_ROUTED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
+    {"moe.expert.down", "input (swiglu output)", PLAN_W_ROUTED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
+    {"moe.combine", "expert outputs", PLAN_W_ROUTED_H, 0, PLAN_ACT_MOE},
+    {"moe.shared", "gate output", PLAN_W_SHARED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
+    {"moe.shared", "up output", PLAN_W_SHARED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
+    {"moe.shared.down", "input (swiglu output)", PLAN_W_SHARED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
     {"mlp.dropout", "mask", PLAN_W_H, 1, PLAN_ACT_DROPOUT},
 };
 
@@ -81,44 +138,164 @@ const plan_act_entry *plan_act_table(size_t *count)
 
 static uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
-uint64_t plan_layer_act_bytes(const zo_model_config *m, const plan_train *t, int keep_s2)
+double plan_routed_rows(const zo_model_config *m, const plan_train *t)
 {
-    uint64_t s = (uint64_t)t->seq, b = (uint64_t)t->micro_batch;
-    uint64_t a = (uint64_t)m->n_heads, hd = (uint64_t)m->head_dim;
+    return m->moe.top_k * (t->capacity_factor > 0 ? t->capacity_factor : 1.0);
+}
+
+uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, int keep_s2,
+                                 int moe)
+{
+    uint64_t s = (uint64_t)t->seq, b = (uint64_t)t->micro_batch, sb = s * b;
+    uint64_t a = (uint64_t)m->n_heads;
     uint64_t act = zo_dtype_size(t->dtype);
     uint64_t tp = (uint64_t)t->tp;
+    uint64_t q, k, v, o;
+    zo_model_attn_widths(m, &q, &k, &v, &o);
+    uint64_t routed = moe ? (uint64_t)llround((double)sb * plan_routed_rows(m, t)) : 0;
+    int norms = m->layer_norms ? m->layer_norms : 2;
+    /* the rows this layer does not have, as one mask of flags */
+    unsigned skip = (m->arch != ZO_ARCH_GPT ? PLAN_ACT_GPT : 0) |
+                    (m->arch != ZO_ARCH_LLAMA ? PLAN_ACT_LLAMA : 0) |
+                    (!t->dropout ? PLAN_ACT_DROPOUT : 0) |
+                    (t->flash_attn || !keep_s2 ? PLAN_ACT_S2 : 0) |
+                    (!t->flash_attn ? PLAN_ACT_FLASH : 0) | (moe ? PLAN_ACT_DENSE : PLAN_ACT_MOE) |
+                    (m->parallel_block ? PLAN_ACT_SEQ : 0) | (norms == 1 ? PLAN_ACT_TWO_NORMS : 0) |
+                    (!m->mla.kv_rank ? PLAN_ACT_MLA : 0) | (!m->qk_norm ? PLAN_ACT_QKNORM : 0);
     uint64_t total = 0;
     for (size_t i = 0; i < sizeof act_table / sizeof act_table[0]; i++) {
         const plan_act_entry *e = &act_table[i];
-        if ((e->flags & PLAN_ACT_GPT) && m->arch != ZO_ARCH_GPT) continue;
-        if ((e->flags & PLAN_ACT_LLAMA) && m->arch != ZO_ARCH_LLAMA) continue;
-        if ((e->flags & PLAN_ACT_DROPOUT) && !t->dropout) continue;
-        if ((e->flags & PLAN_ACT_S2) && (t->flash_attn || !keep_s2)) continue;
-        if ((e->flags & PLAN_ACT_FLASH) && !t->flash_attn) continue;
+        unsigned fl = e->flags;
+        if (fl & skip) continue;
         uint64_t n;
         switch (e->width) {
-        case PLAN_W_H: n = s * b * (uint64_t)m->hidden; break;
-        case PLAN_W_Q: n = s * b * a * hd; break;
-        case PLAN_W_KV: n = s * b * (uint64_t)m->n_kv_heads * hd; break;
-        case PLAN_W_FFN: n = s * b * (uint64_t)m->ffn; break;
+        case PLAN_W_H: n = sb * (uint64_t)m->hidden; break;
+        case PLAN_W_Q: n = sb * q; break;
+        case PLAN_W_KV: n = sb * k; break;
+        case PLAN_W_V: n = sb * v; break;
+        case PLAN_W_O: n = sb * o; break;
+        case PLAN_W_FFN: n = sb * (uint64_t)m->ffn; break;
         case PLAN_W_SCORES: n = a * s * s * b; break;
-        default: n = a * s * b; break;
+        case PLAN_W_HEADS: n = a * sb; break;
+        case PLAN_W_QLORA: n = sb * (uint64_t)m->mla.q_rank; break;
+        case PLAN_W_KVLORA: n = sb * (uint64_t)(m->mla.kv_rank + m->mla.qk_rope); break;
+        case PLAN_W_NORMS: n = norms > 2 ? sb * (uint64_t)m->hidden * (uint64_t)(norms - 2) : 0; break;
+        case PLAN_W_ROUTER: n = sb * (uint64_t)m->moe.experts; break;
+        case PLAN_W_ROUTED_H: n = routed * (uint64_t)m->hidden; break;
+        case PLAN_W_ROUTED_FFN: n = routed * (uint64_t)m->moe.expert_ffn; break;
+        default: n = sb * (uint64_t)m->moe.shared_ffn; break;
         }
         n *= e->bytes ? (uint64_t)e->bytes : act;
-        uint64_t div = (e->flags & PLAN_ACT_TP) || t->sp ? tp : 1;
-        total += ceil_div(n, div);
+        uint64_t div = (fl & PLAN_ACT_TP) || t->sp ? tp : 1;
+        total += div == 1 ? n : ceil_div(n, div);
     }
     return total;
 }
 
+uint64_t plan_layer_act_bytes(const zo_model_config *m, const plan_train *t, int keep_s2)
+{
+    return plan_layer_act_bytes_of(m, t, keep_s2, 0);
+}
+
+/* ---- what the GPU can run -------------------------------------------------------- */
+
+/* By the GPU's name, until the hardware description carries its compute
+ * capability: Volta (V100) and older have no bf16 tensor cores and no
+ * FlashAttention kernels (FlashAttention needs Turing or later, FA-2 Ampere). */
+static int gpu_is_volta_or_older(const plan_hw *hw)
+{
+    return !strncasecmp(hw->gpu, "V100", 4) || !strncasecmp(hw->gpu, "P100", 4);
+}
+
+void plan_train_fit_hw(plan_train *t, const plan_hw *hw)
+{
+    if (!gpu_is_volta_or_older(hw)) return;
+    if (t->dtype == ZO_DTYPE_BF16) t->dtype = ZO_DTYPE_F16;
+    if (t->grad_dtype == ZO_DTYPE_BF16) t->grad_dtype = ZO_DTYPE_F16;
+}
+
+static void say(char *buf, size_t len, size_t *used, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void say(char *buf, size_t len, size_t *used, const char *fmt, ...)
+{
+    if (*used >= len) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + *used, len - *used, fmt, ap);
+    va_end(ap);
+    if (n > 0) *used += (size_t)n;
+    if (*used >= len) *used = len - 1;
+}
+
+int plan_train_warnings(const plan_train *t, const plan_hw *hw, char *buf, size_t len)
+{
+    size_t used = 0;
+    int n = 0;
+    if (len) buf[0] = '\0';
+    if (t->flash_attn && gpu_is_volta_or_older(hw)) {
+        say(buf, len, &used,
+            "%s has no FlashAttention kernels: the attention's memory is that of a "
+            "memory-efficient kernel (xformers, PyTorch SDPA), its time is optimistic; "
+            "--no-flash-attn plans standard attention\n",
+            hw->gpu);
+        n++;
+    }
+    return n;
+}
+
 /* ---- validation ------------------------------------------------------------- */
+
+/* A LoRA or QLoRA configuration: adapters the model has, on layers whose
+ * linear weights the model knows (every projection of a GPT or LLaMA
+ * layer; not latent attention or experts). */
+static zo_status plan_peft_validate(const plan_train *t, const zo_model_config *m)
+{
+    if (t->adapters_on < PLAN_GPU || t->adapters_on >= PLAN_TIERS)
+        return zo_error(ZO_ERR_INVALID, "--adapters-on: tier %d is not gpu, cpu or nvme",
+                        (int)t->adapters_on);
+    if (t->method == PLAN_METHOD_FULL)
+        return t->adapters_on == PLAN_GPU
+                   ? ZO_OK
+                   : zo_error(ZO_ERR_INVALID, "--adapters-on %s needs --lora R: only adapters have "
+                                              "a placement of their own",
+                              plan_tier_name(t->adapters_on));
+    if (t->method != PLAN_METHOD_LORA && t->method != PLAN_METHOD_QLORA)
+        return zo_error(ZO_ERR_INVALID, "training method %d is not full, lora or qlora", (int)t->method);
+    const char *flag = t->method == PLAN_METHOD_QLORA ? "--qlora" : "--lora";
+    if (m->params_override)
+        return zo_error(ZO_ERR_INVALID, "%s: the adapters need the model's shape (--model or a "
+                                        "shape, not --params N)", flag);
+    if (m->moe.experts)
+        return zo_error(ZO_ERR_INVALID, "%s: %s is a mixture of experts, whose adapters (on every "
+                                        "expert, or on attention only) are not modelled", flag, m->name);
+    if (m->mla.kv_rank)
+        return zo_error(ZO_ERR_INVALID, "%s: %s has latent attention, whose projections the "
+                                        "adapter targets do not name", flag, m->name);
+    zo_status st = zo_lora_check(m, &t->lora);
+    return st == ZO_OK ? ZO_OK : zo_error_wrap(st, "%s", flag);
+}
 
 zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, const plan_hw *hw)
 {
     if (t->seq <= 0 || t->micro_batch <= 0 || t->grad_accum <= 0)
         return zo_error(ZO_ERR_INVALID, "--seq, --micro-batch and --grad-accum must be positive");
-    if (t->dp <= 0 || t->tp <= 0 || t->pp <= 0 || t->vpp <= 0)
-        return zo_error(ZO_ERR_INVALID, "--dp, --tp, --pp and --vpp must be positive");
+    if (t->dp <= 0 || t->tp <= 0 || t->pp <= 0 || t->vpp <= 0 || t->ep <= 0)
+        return zo_error(ZO_ERR_INVALID, "--dp, --tp, --pp, --vpp and --ep must be positive");
+    if (t->ep > 1) {
+        if (!m->moe.experts)
+            return zo_error(ZO_ERR_INVALID, "--ep %d: %s has no experts to shard", t->ep, m->name);
+        if (t->dp % t->ep)
+            return zo_error(ZO_ERR_INVALID,
+                            "--ep %d must divide the data-parallel degree (DP %d): expert "
+                            "parallelism shards the experts over data-parallel ranks",
+                            t->ep, t->dp);
+        if (m->moe.experts % t->ep)
+            return zo_error(ZO_ERR_INVALID, "--ep %d does not divide the %d experts of %s",
+                            t->ep, m->moe.experts, m->name);
+    }
+    if (t->capacity_factor < 0 || (t->capacity_factor > 0 && !m->moe.experts))
+        return zo_error(ZO_ERR_INVALID, "--capacity-factor %g: %s", t->capacity_factor,
+                        t->capacity_factor < 0 ? "must not be negative" : "the model has no experts");
     if (t->zero < 0 || t->zero > 3)
         return zo_error(ZO_ERR_INVALID, "--zero %d: the ZeRO stage is 0, 1, 2 or 3", t->zero);
     if (!m->params_override) {
@@ -137,13 +314,18 @@ zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, con
             return zo_error(ZO_ERR_INVALID,
                             "--pp %d x --vpp %d does not divide the %d layers of %s", t->pp,
                             t->vpp, m->n_layers, m->name);
-        if (m->arch == ZO_ARCH_GPT && t->seq > m->max_seq)
+        if (zo_model_position_rows(m) && t->seq > m->max_seq)
             return zo_error(ZO_ERR_INVALID,
                             "--seq %d exceeds the %d learned positions of %s", t->seq,
                             m->max_seq, m->name);
     }
     if (t->vpp > 1 && t->pp == 1)
         return zo_error(ZO_ERR_INVALID, "--vpp %d needs pipeline parallelism (--pp > 1)", t->vpp);
+    if ((t->dtype == ZO_DTYPE_BF16 || t->grad_dtype == ZO_DTYPE_BF16) && gpu_is_volta_or_older(hw))
+        return zo_error(ZO_ERR_INVALID,
+                        "--dtype bf16: %s has no bf16 tensor cores (Volta and older); use "
+                        "--dtype fp16 (with loss scaling) or fp32",
+                        hw->gpu);
     if (t->sp && t->tp == 1)
         return zo_error(ZO_ERR_INVALID, "--sp needs tensor parallelism (--tp > 1)");
     long long world = (long long)t->dp * t->tp * t->pp;
@@ -178,7 +360,11 @@ zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, con
         return zo_error(ZO_ERR_INVALID, "--sub-group and its buffer count must be positive");
     if (hw->gpu_mem == 0 || hw->gpus <= 0 || hw->gpus_per_node <= 0)
         return zo_error(ZO_ERR_INVALID, "hardware: GPU memory and GPU counts must be positive");
-    return ZO_OK;
+    if (t->schedule < PLAN_SCHED_SERIAL || t->schedule >= PLAN_SCHEDULES)
+        return zo_error(ZO_ERR_INVALID, "--schedule: %d is not serial, overlap or dpu", (int)t->schedule);
+    if (t->opt_threads < 0 || t->dpu_warmup < 0)
+        return zo_error(ZO_ERR_INVALID, "--opt-threads and --dpu-warmup must not be negative");
+    return plan_peft_validate(t, m);
 }
 
 /* ---- the estimate ------------------------------------------------------------ */
@@ -191,13 +377,25 @@ static void add(plan_estimate *e, const char *name, plan_tier tier, plan_kind ki
         e->items[e->n_items++] = (plan_item){name, tier, kind, bytes};
 }
 
-/* Parameter elements on one rank of a pipeline stage (after TP, before ZeRO). */
+/* Parameter elements on one rank of a pipeline stage (after TP and EP,
+ * before ZeRO). */
 typedef struct stage_shape {
     uint64_t params;     /* elements */
+    uint64_t emb, head;  /* of which the embedding block (first stage), the head block (last) */
+    uint64_t experts;    /* of which routed experts (sharded by ZeRO over DP / EP) */
     uint64_t largest;    /* elements of the largest block */
     int layers;
+    int moe_layers;      /* of which MoE layers */
     int first, last;
 } stage_shape;
+
+/* One layer on one rank: TP splits the projections, EP the routed experts. */
+static uint64_t layer_on_rank(const zo_layer_params *lp, const plan_train *t, uint64_t *experts)
+{
+    uint64_t tp = (uint64_t)t->tp;
+    *experts = (uint64_t)(lp->experts / t->ep) * ceil_div(lp->expert, tp);
+    return ceil_div(lp->tp_split, tp) + lp->replicated + *experts;
+}
 
 static void stage_params(const zo_model_config *m, const plan_train *t, int stage,
                          stage_shape *o)
@@ -211,26 +409,35 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
         o->params = ceil_div(m->params_override, tp * (uint64_t)t->pp);
         return;
     }
-    uint64_t h = (uint64_t)m->hidden, f = (uint64_t)m->ffn, v = (uint64_t)m->vocab;
-    uint64_t q = (uint64_t)m->n_heads * (uint64_t)m->head_dim;
-    uint64_t kv = (uint64_t)m->n_kv_heads * (uint64_t)m->head_dim;
+    uint64_t h = (uint64_t)m->hidden, v = (uint64_t)m->vocab;
     uint64_t norm = m->norm_bias ? 2 * h : h;
     /* column/row-parallel weights are split over TP; norms and the biases
-     * added after a row-parallel reduction are replicated */
-    uint64_t split = h * (q + 2 * kv) + q * h + (m->arch == ZO_ARCH_GPT ? 2 : 3) * h * f;
-    if (m->attn_bias) split += q + 2 * kv;
-    uint64_t repl = 2 * norm;
-    if (m->out_bias) {
-        repl += 2 * h;                                   /* attention out, MLP out */
-        split += m->arch == ZO_ARCH_GPT ? f : 2 * f;     /* MLP in */
-    }
-    uint64_t layer = split / tp + repl;
+     * added after a row-parallel reduction are replicated; the stage's layers
+     * are dense, or MoE from the model's first_dense on */
     o->layers = m->n_layers / t->pp;
-    o->params = layer * (uint64_t)o->layers;
-    o->largest = layer;
+    int first_layer = stage * o->layers;
+    int n_moe = 0;
+    for (int i = first_layer; i < first_layer + o->layers; i++) n_moe += zo_model_layer_is_moe(m, i);
+    o->moe_layers = n_moe;
+    zo_layer_params lp;
+    uint64_t ex;
+    if (o->layers - n_moe) {
+        zo_model_layer_params(m, 0, &lp);
+        uint64_t layer = layer_on_rank(&lp, t, &ex);
+        o->params += (uint64_t)(o->layers - n_moe) * layer;
+        if (layer > o->largest) o->largest = layer;
+    }
+    if (n_moe) {
+        zo_model_layer_params(m, m->n_layers - 1, &lp);
+        uint64_t layer = layer_on_rank(&lp, t, &ex);
+        o->params += (uint64_t)n_moe * layer;
+        o->experts = (uint64_t)n_moe * ex;
+        if (layer > o->largest) o->largest = layer;
+    }
     if (o->first) {
-        uint64_t emb = ceil_div(v * h, tp) + (m->arch == ZO_ARCH_GPT ? (uint64_t)m->max_seq * h : 0);
+        uint64_t emb = ceil_div(v * h, tp) + zo_model_position_rows(m) * h + (m->embed_norm ? norm : 0);
         o->params += emb;
+        o->emb = emb;
         if (emb > o->largest) o->largest = emb;
     }
     if (o->last) {
@@ -239,6 +446,7 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
          * word embedding lives on the last stage too */
         if (!m->tied_embeddings || !o->first) head += ceil_div(v * h, tp);
         o->params += head;
+        o->head = head;
         if (head > o->largest) o->largest = head;
     }
 }
@@ -251,6 +459,58 @@ void plan_stage_shape(const zo_model_config *m, const plan_train *t, int stage,
     *params = sh.params;
     *largest = sh.largest;
     *layers = sh.layers;
+}
+
+/* The NVMe store's alignment of a tensor's start (nvme_engine.h's NVME_ALIGN). */
+#define PLAN_NVME_ALIGN 4096
+
+/* NF4 tensors start and end on 16 bytes in the frozen buffer
+ * (transformer.h's TF_FROZEN_ALIGN): each rounded up, an upper bound of the
+ * runtime's layout within 15 bytes a tensor. */
+#define PEFT_NF4_ALIGN 16
+
+void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, plan_peft *o)
+{
+    memset(o, 0, sizeof *o);
+    stage_shape sh;
+    stage_params(m, t, stage, &sh);
+    uint64_t wsz = zo_dtype_size(t->dtype), tp = (uint64_t)t->tp, r = (uint64_t)t->lora.r;
+    int nf4 = t->method == PLAN_METHOD_QLORA;
+    o->layers = sh.layers;
+    /* one layer: its linear weights (PEFT's all-linear), split by TP; the
+     * norms and biases stay in the model dtype */
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int n = zo_lora_layer_modules(m, ZO_LORA_ALL_LINEAR, mods);
+    for (int i = 0; i < n; i++) {
+        uint64_t w = ceil_div((uint64_t)(mods[i].in * mods[i].out), tp);
+        o->layer_linear += w;
+        o->layer_nf4 += ceil_div(zo_nf4_bytes(w), PEFT_NF4_ALIGN) * PEFT_NF4_ALIGN;
+        if (w > o->largest_linear) o->largest_linear = w;
+    }
+    zo_layer_params lp;
+    uint64_t ex;
+    zo_model_layer_params(m, 0, &lp);
+    uint64_t layer = layer_on_rank(&lp, t, &ex);
+    o->layer_frozen = nf4 ? (layer - o->layer_linear) * wsz + o->layer_nf4 : layer * wsz;
+    /* the adapters: column-parallel layers keep A [r, in] whole and split B
+     * [out, r]; row-parallel ones (o, down: their input is split) the reverse */
+    n = zo_lora_layer_modules(m, t->lora.targets, mods);
+    o->n_adapters = n;
+    for (int i = 0; i < n; i++) {
+        int row = (mods[i].targets & (ZO_LORA_O | ZO_LORA_DOWN)) != 0;
+        uint64_t in = (uint64_t)mods[i].in, out = (uint64_t)mods[i].out;
+        o->layer_trainable += r * (row ? ceil_div(in, tp) + out : in + ceil_div(out, tp));
+    }
+    o->trainable = (uint64_t)sh.layers * o->layer_trainable;
+    /* the embedding and head blocks stay whole in the model dtype (QLoRA
+     * quantizes the layers' linear weights only) */
+    o->first_frozen = sh.emb * wsz;
+    o->last_frozen = sh.head * wsz;
+    o->frozen = (uint64_t)sh.layers * o->layer_frozen + o->first_frozen + o->last_frozen;
+    o->nf4 = nf4 ? (uint64_t)sh.layers * o->layer_nf4 : 0;
+    o->largest_frozen = o->layer_frozen;
+    if (o->first_frozen > o->largest_frozen) o->largest_frozen = o->first_frozen;
+    if (o->last_frozen > o->largest_frozen) o->largest_frozen = o->last_frozen;
 }
 
 static uint64_t frac_of(uint64_t total, double f) { return (uint64_t)llround((double)total * f); }
@@ -274,22 +534,84 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
     uint64_t dp = (uint64_t)t->dp;
     uint64_t wsz = zo_dtype_size(t->dtype), gsz = zo_dtype_size(t->grad_dtype);
     e->stage_params = sh.params;
+    e->stage_expert_params = sh.experts;
     e->largest_block = sh.largest;
+    /* LoRA / QLoRA: the adapters are trained (gradients, optimizer state),
+     * the frozen base is only read (docs/memplan.md, "LoRA and QLoRA") */
+    int peft = t->method != PLAN_METHOD_FULL;
+    plan_peft pf;
+    if (peft) plan_peft_stage(m, t, stage, &pf);
+    uint64_t tr = peft ? pf.trainable : sh.params;
+    uint64_t tr_ex = peft ? 0 : sh.experts;
+    uint64_t tr_largest = peft ? pf.layer_trainable : sh.largest;
+    /* ZeRO shards over the ranks that hold the same parameters: all of DP
+     * for the rest, DP / EP ("expert data parallel") for routed experts */
+    uint64_t edp = dp / (uint64_t)t->ep, dense = tr - tr_ex;
+    uint64_t sharded = ceil_div(dense, dp) + ceil_div(tr_ex, edp);
 
     /* ---- parameters ---- */
-    uint64_t p_elems = t->zero >= 3 ? ceil_div(sh.params, dp) : sh.params;
-    e->rank_params = p_elems;
-    add(e, "fp16/bf16 weights", t->params_on, PLAN_PARAMS, p_elems * wsz);
-    int streamed = t->params_on != PLAN_GPU || t->zero >= 3;
-    uint64_t slot = sh.largest * wsz;
+    uint64_t p_elems = t->zero >= 3 ? sharded : tr;
+    uint64_t slot = sh.largest * wsz, fslot = 0, aslot = 0;
+    if (!peft) {
+        e->rank_params = p_elems;
+        add(e, "fp16/bf16 weights", t->params_on, PLAN_PARAMS, p_elems * wsz);
+        e->weight_bytes = sh.params * wsz;
+        e->stream_bytes = t->params_on != PLAN_GPU ? p_elems * wsz : 0;
+        e->stream_nvme_bytes = t->params_on == PLAN_NVME ? p_elems * wsz : 0;
+        e->train_first = sh.first ? sh.emb : 0;
+        e->train_last = sh.last ? sh.head : 0;
+        e->train_layer = sh.layers ? (sh.params - sh.emb - sh.head) / (uint64_t)sh.layers : 0;
+        e->trainable = e->params;
+    } else {
+        /* two weight stores (the runtime's): the frozen base where --params
+         * says, the adapters where --adapters-on says; a device slot holds a
+         * block of each that streams (the base's rounded up to 256 bytes, the
+         * adapters' at least 256) */
+        uint64_t frozen = t->zero >= 3 ? ceil_div(pf.frozen, dp) : pf.frozen;
+        uint64_t adapters = p_elems * wsz;
+        e->rank_params = (t->zero >= 3 ? ceil_div(sh.params, dp) : sh.params) + p_elems;
+        /* on NVMe a store's blocks start on NVMe_ALIGN bytes (O_DIRECT): every
+         * block but the last rounded up (the adapters' last block, the head,
+         * is empty) */
+        uint64_t fz = frozen, ad = adapters;
+        if (t->params_on == PLAN_NVME && t->zero < 3 && sh.layers)
+            fz = (sh.first ? ceil_div(pf.first_frozen, PLAN_NVME_ALIGN) * PLAN_NVME_ALIGN : 0) +
+                 (uint64_t)(sh.layers - (sh.last ? 0 : 1)) *
+                     (ceil_div(pf.layer_frozen, PLAN_NVME_ALIGN) * PLAN_NVME_ALIGN) +
+                 (sh.last ? pf.last_frozen : pf.layer_frozen);
+        if (t->adapters_on == PLAN_NVME && t->zero < 3)
+            ad = (uint64_t)sh.layers * ceil_div(pf.layer_trainable * wsz, PLAN_NVME_ALIGN) * PLAN_NVME_ALIGN;
+        add(e, t->method == PLAN_METHOD_QLORA ? "frozen base (NF4 layers; embeddings, head, norms 16-bit)"
+                                              : "frozen base (16-bit)",
+            t->params_on, PLAN_PARAMS, fz);
+        add(e, "LoRA adapters (A, B)", t->adapters_on, PLAN_PARAMS, ad);
+        fslot = ceil_div(pf.largest_frozen, 256) * 256;
+        aslot = tr_largest * wsz > 256 ? tr_largest * wsz : 256;
+        slot = (t->params_on != PLAN_GPU ? fslot : 0) + (t->adapters_on != PLAN_GPU ? aslot : 0);
+        e->weight_bytes = pf.frozen + tr * wsz;
+        e->stream_bytes = (t->params_on != PLAN_GPU ? frozen : 0) +
+                          (t->adapters_on != PLAN_GPU ? p_elems * wsz : 0);
+        e->stream_nvme_bytes = (t->params_on == PLAN_NVME ? frozen : 0) +
+                               (t->adapters_on == PLAN_NVME ? p_elems * wsz : 0);
+        e->train_layer = pf.layer_trainable;
+        e->trainable = zo_lora_trainable_params(m, t->lora.r, t->lora.targets);
+        e->nf4_bytes = pf.nf4;
+    }
+    e->train_params = tr;
+    e->train_expert_params = tr_ex;
+    e->train_largest = tr_largest;
+    e->largest_bytes = slot;
+    e->layers = sh.layers;
+    if (m->params_override) e->train_first = tr; /* only the size: one block */
+    int streamed = t->params_on != PLAN_GPU || t->zero >= 3 || (peft && t->adapters_on != PLAN_GPU);
     /* the block computing holds a slot too: depth + 1 slots (the runtime's pool) */
     if (streamed)
         add(e, t->zero >= 3 && t->params_on == PLAN_GPU ? "ZeRO-3 gather slots ((prefetch + 1) x block)"
                                                         : "weight slots ((depth + 1) x largest block)",
             PLAN_GPU, PLAN_BUFFERS, (uint64_t)(t->buf.prefetch_depth + 1) * slot);
 
-    /* ---- gradients ---- */
-    uint64_t g_elems = t->zero >= 2 ? ceil_div(sh.params, dp) : sh.params;
+    /* ---- gradients (of what is trained) ---- */
+    uint64_t g_elems = t->zero >= 2 ? sharded : tr;
     if (t->grads_on == PLAN_GPU) {
         /* in the plan's gradient dtype: the runtime sums the gradients of
          * its GPU optimizer share in fp32 (--grad-dtype fp32, 4 B/param) */
@@ -298,7 +620,7 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
         /* added in fp32 on the host as blocks arrive (micro-batches, a tied
          * embedding's two parts, fp16 unscaling), whatever the accumulation */
         add(e, "gradients (fp32 accumulation)", PLAN_CPU, PLAN_GRADS, g_elems * 4);
-        add(e, "gradient staging (2 blocks)", PLAN_GPU, PLAN_GRADS, 2 * sh.largest * gsz);
+        add(e, "gradient staging (2 blocks)", PLAN_GPU, PLAN_GRADS, 2 * tr_largest * gsz);
     }
     /* a GPU optimizer share: backward writes each block's gradients (in
      * the weights' dtype) into one of two staging blocks before they are
@@ -306,14 +628,16 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
      * through the pinned staging for an exact clipping norm */
     int g_dev = t->opt_frac[PLAN_GPU] > 0;
     if (g_dev && t->grads_on == PLAN_GPU)
-        add(e, "gradient staging (2 blocks)", PLAN_GPU, PLAN_BUFFERS, 2 * sh.largest * wsz);
+        add(e, "gradient staging (2 blocks)", PLAN_GPU, PLAN_BUFFERS, 2 * tr_largest * wsz);
     /* ... and writes the new weights of a block it updates into a staging
-     * block when they live off the GPU */
-    if (g_dev && t->params_on != PLAN_GPU)
-        add(e, "new-weights staging (1 block)", PLAN_GPU, PLAN_BUFFERS, t->zero >= 3 ? ceil_div(slot, dp) : slot);
+     * block when they live off the GPU (LoRA: the adapters'; ZeRO-3: its part) */
+    if (g_dev && (peft ? t->adapters_on : t->params_on) != PLAN_GPU) {
+        uint64_t ns = peft ? aslot : slot;
+        add(e, "new-weights staging (1 block)", PLAN_GPU, PLAN_BUFFERS, t->zero >= 3 ? ceil_div(ns, dp) : ns);
+    }
 
     /* ---- optimizer state ---- */
-    uint64_t o_elems = t->zero >= 1 ? ceil_div(sh.params, dp) : sh.params;
+    uint64_t o_elems = t->zero >= 1 ? sharded : tr;
     uint64_t master = t->dtype == ZO_DTYPE_F32 ? 0 : 4; /* fp32 master copy */
     uint64_t per = master + (t->optimizer == PLAN_OPT_ADAMW ? 8 : 4);
     uint64_t o_bytes = o_elems * per;
@@ -338,25 +662,45 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
      * through host memory (the rest arrives by all-gather) */
     uint64_t host_slot = t->zero >= 3 ? ceil_div(slot, dp) : slot;
     uint64_t largest_part = t->zero >= 3 ? ceil_div(sh.largest, dp) : sh.largest;
-    if (t->params_on == PLAN_NVME)
-        add(e, "fp16/bf16 weights read-ahead", PLAN_CPU, PLAN_BUFFERS,
-            (uint64_t)(t->buf.prefetch_depth + 1) * host_slot);
+    uint64_t ring = (uint64_t)(t->buf.prefetch_depth + 1);
+    if (!peft && t->params_on == PLAN_NVME)
+        add(e, "fp16/bf16 weights read-ahead", PLAN_CPU, PLAN_BUFFERS, ring * host_slot);
+    /* LoRA: a store on NVMe reads ahead into a ring of its slots and
+     * assembles a block to write in one more (the frozen one's never used) */
+    uint64_t nvme_slots = peft ? (t->params_on == PLAN_NVME ? fslot : 0) +
+                                     (t->adapters_on == PLAN_NVME ? aslot : 0)
+                               : 0;
+    if (nvme_slots) add(e, "NVMe weights read-ahead", PLAN_CPU, PLAN_BUFFERS, ring * nvme_slots);
     /* the runtime's pinned staging, one buffer a role: gradients on their
      * way to the host's fp32 sum (two blocks, when some optimizer state is
      * off the GPU); new weights on their way into a GPU-resident store (two
      * sub-group chunks) or to NVMe (one block); one block's fp32 gradient of
      * a GPU optimizer share for an exact clipping norm */
-    uint64_t pinned = 0;
-    /* (ZeRO 2-3 over several ranks: a block's reduced fp32 part) */
-    uint64_t grad_half = t->zero >= 2 && dp > 1 ? largest_part_of(sh.largest, dp) * 4 : host_slot;
+    /* (LoRA: the gradients and new weights are the adapters', which live on
+     * the GPU; the frozen base is never written back. ZeRO 2-3 over several
+     * ranks: a block's reduced fp32 part) */
+    uint64_t pinned = 0, sg = t->buf.sub_group;
+    if (peft) largest_part = t->zero >= 3 ? ceil_div(tr_largest, dp) : tr_largest;
+    uint64_t grad_half = peft                      ? largest_part * wsz
+                         : t->zero >= 2 && dp > 1 ? largest_part_of(sh.largest, dp) * 4
+                                                  : host_slot;
     if (t->opt_frac[PLAN_GPU] < 1.0 || t->grads_on != PLAN_GPU) pinned += 2 * grad_half;
-    if (t->params_on == PLAN_GPU) {
-        uint64_t chunk = t->buf.sub_group && t->buf.sub_group < largest_part ? t->buf.sub_group : largest_part;
+    if (!peft && t->params_on == PLAN_GPU) {
+        uint64_t chunk = sg && sg < largest_part ? sg : largest_part;
         pinned += 2 * chunk * wsz;
-    } else if (t->params_on == PLAN_NVME) {
+    } else if (!peft && t->params_on == PLAN_NVME) {
         pinned += host_slot;
+    } else if (peft) {
+        /* a resident store takes its blocks through two chunks (the frozen
+         * one's in bytes); one on NVMe assembles a block in one slot */
+        uint64_t fl = pf.largest_frozen;
+        if (t->params_on == PLAN_GPU) pinned += 2 * (sg && sg < fl ? sg : fl);
+        if (t->adapters_on == PLAN_GPU) pinned += 2 * (sg && sg < largest_part ? sg : largest_part) * wsz;
+        pinned += nvme_slots;
     }
-    if (g_dev) pinned += (t->zero >= 1 ? largest_part_of(sh.largest, dp) : sh.largest) * 4; /* the optimizer's part */
+    /* the optimizer's part of a block (LoRA: of the adapters') */
+    uint64_t opt_block = peft ? tr_largest : sh.largest;
+    if (g_dev) pinned += (t->zero >= 1 ? largest_part_of(opt_block, dp) : opt_block) * 4;
     if (t->buf.pinned_staging) pinned = t->buf.pinned_staging;
     add(e, "pinned staging", PLAN_CPU, PLAN_BUFFERS, pinned);
 
@@ -366,11 +710,26 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
         uint64_t s = (uint64_t)t->seq, b = (uint64_t)t->micro_batch, h = (uint64_t)m->hidden;
         uint64_t tp = (uint64_t)t->tp, act = wsz;
         uint64_t sp_div = t->sp ? tp : 1;
-        uint64_t full = plan_layer_act_bytes(m, t, 1);
-        uint64_t stored = t->recompute == PLAN_RECOMPUTE_NONE        ? full
-                          : t->recompute == PLAN_RECOMPUTE_SELECTIVE ? plan_layer_act_bytes(m, t, 0)
+        /* the stage's layers: dense ones and MoE ones save different tensors */
+        int kinds[2] = {sh.layers - sh.moe_layers, sh.moe_layers};
+        uint64_t full = 0, sel = 0, stored = 0, stage_stored = 0;
+        /* LoRA: each adapter's A x [s b, r] is kept for its backward */
+        uint64_t lora_u = peft ? s * b * (uint64_t)pf.n_adapters * (uint64_t)t->lora.r * act : 0;
+        for (int moe = 0; moe < 2; moe++) {
+            if (!kinds[moe]) continue;
+            uint64_t f = plan_layer_act_bytes_of(m, t, 1, moe) + lora_u;
+            /* without the s^2 terms: only selective recompute needs it */
+            uint64_t sl = t->recompute == PLAN_RECOMPUTE_SELECTIVE ? plan_layer_act_bytes_of(m, t, 0, moe) + lora_u : f;
+            uint64_t st = t->recompute == PLAN_RECOMPUTE_NONE        ? f
+                          : t->recompute == PLAN_RECOMPUTE_SELECTIVE ? sl
                                                                      : ceil_div(s * b * h * act, sp_div);
+            if (f > full) full = f;
+            if (f - sl > sel) sel = f - sl;
+            if (st > stored) stored = st;
+            stage_stored += (uint64_t)kinds[moe] * st;
+        }
         e->act_layer = stored;
+        e->act_stage = stage_stored;
         /* micro-batches in flight: 1F1B keeps p on the first stage, one fewer
          * on each later one; interleaving adds (p-1)/(p m) of the pipeline */
         double inflight = (double)(t->pp - stage);
@@ -378,7 +737,7 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
         if (inflight > t->grad_accum) inflight = t->grad_accum;
         if (inflight < 1) inflight = 1;
         e->inflight = inflight;
-        uint64_t layers_bytes = (uint64_t)llround((double)stored * sh.layers * inflight);
+        uint64_t layers_bytes = (uint64_t)llround((double)stage_stored * inflight);
         plan_tier ck = t->checkpoints_on;
         if (ck == PLAN_CPU) {
             /* pinned host copies; two layers' worth stay on the GPU in flight */
@@ -390,11 +749,13 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
         if (t->recompute == PLAN_RECOMPUTE_FULL)
             add(e, "recompute working set (1 layer)", PLAN_GPU, PLAN_ACTIVATIONS, full);
         else if (t->recompute == PLAN_RECOMPUTE_SELECTIVE)
-            add(e, "recompute working set (attention core)", PLAN_GPU, PLAN_ACTIVATIONS,
-                full - plan_layer_act_bytes(m, t, 0));
+            add(e, "recompute working set (attention core)", PLAN_GPU, PLAN_ACTIVATIONS, sel);
         if (sh.first && t->dropout)
             add(e, "embedding dropout mask", PLAN_GPU, PLAN_ACTIVATIONS,
                 (uint64_t)llround((double)ceil_div(s * b * h, sp_div) * inflight));
+        if (sh.first && m->embed_norm)
+            add(e, "embedding norm input", PLAN_GPU, PLAN_ACTIVATIONS,
+                (uint64_t)llround((double)ceil_div(s * b * h * act, sp_div) * inflight));
         if (sh.last) {
             /* final norm input and output-layer input (16-bit); logits in
              * fp32 for the cross-entropy (its gradient is written in place) */
@@ -405,15 +766,31 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
         }
         /* backward of one layer at a time: the fp32 gradients of the
          * residual, a norm output, qkv, the attention output and the MLP
-         * (two for SwiGLU), one projection scratch in the activation dtype,
+         * (two for SwiGLU; in an MoE layer over the routed rows and the
+         * shared expert), one projection scratch in the activation dtype,
          * and the token ids, targets and per-token losses */
-        uint64_t q = (uint64_t)m->n_heads * (uint64_t)m->head_dim;
-        uint64_t kv = (uint64_t)m->n_kv_heads * (uint64_t)m->head_dim;
-        uint64_t mlp = (uint64_t)m->ffn * (m->arch == ZO_ARCH_GPT ? 1 : 2);
-        uint64_t dgrad = 4 * s * b * (2 * h + ceil_div(2 * q + 2 * kv + mlp, tp));
+        uint64_t q, k, v, o;
+        zo_model_attn_widths(m, &q, &k, &v, &o);
+        uint64_t gated = m->arch == ZO_ARCH_GPT ? 1 : 2;
+        uint64_t mlp = sh.layers > sh.moe_layers ? (uint64_t)m->ffn * gated : 0;
+        if (sh.moe_layers) {
+            uint64_t moe = (uint64_t)llround(plan_routed_rows(m, t) * m->moe.expert_ffn) * gated +
+                           (uint64_t)m->moe.shared_ffn * gated;
+            if (moe > mlp) mlp = moe;
+        }
+        uint64_t dgrad = 4 * s * b * (2 * h + ceil_div(q + k + v + o + mlp, tp));
         add(e, "backward working set (fp32 activation gradients, scratch)", PLAN_GPU,
             PLAN_ACTIVATIONS, dgrad + s * b * h * act + 12 * s * b);
+        /* LoRA: one adapter's gradient of A x [s b, r] and a sink for the
+         * frozen norms' weight gradients (fp32); QLoRA: one linear weight
+         * dequantized at a time */
+        if (peft)
+            add(e, "LoRA backward scratch (fp32)", PLAN_GPU, PLAN_ACTIVATIONS,
+                4 * s * b * (uint64_t)t->lora.r + 8 * h);
     }
+    if (t->method == PLAN_METHOD_QLORA)
+        add(e, "NF4 dequantization scratch (1 linear weight)", PLAN_GPU, PLAN_BUFFERS,
+            pf.largest_linear * wsz);
 
     /* ---- working buffers on the GPU ---- */
     add(e, "CUDA context", PLAN_GPU, PLAN_BUFFERS, t->buf.cuda_context);

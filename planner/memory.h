@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "common/dtype.h"
+#include "common/lora.h" /* defines: zo_lora_config */
 #include "common/model_config.h"
 #include "common/status.h"
 #include "planner/hardware.h"
@@ -27,6 +28,24 @@ typedef enum plan_kind {
 } plan_kind;
 
 typedef enum plan_optimizer { PLAN_OPT_ADAMW = 0, PLAN_OPT_SGD } plan_optimizer;
+
+/* What is trained (docs/memplan.md, "LoRA and QLoRA"): every parameter, or
+ * LoRA adapters on a frozen base in the model dtype (lora) or with its
+ * layers' linear weights in NF4 (qlora). */
+typedef enum plan_method { PLAN_METHOD_FULL = 0, PLAN_METHOD_LORA, PLAN_METHOD_QLORA } plan_method;
+
+/* When the CPU optimizer runs (docs/memplan.md, "Optimizer schedules"). */
+typedef enum plan_schedule {
+    PLAN_SCHED_SERIAL = 0, /* after the backward: forward + backward, then the update */
+    PLAN_SCHED_OVERLAP,    /* block by block beside the GPU's work */
+    PLAN_SCHED_DPU,        /* delayed parameter update: step t's beside step t+1 */
+    PLAN_SCHEDULES,
+} plan_schedule;
+
+/* --lora R alone: PEFT's defaults (lora_alpha 8; q_proj and v_proj, which
+ * on GPT-2 is its fused c_attn) */
+#define PLAN_LORA_DEFAULT_ALPHA 8.0f
+#define PLAN_LORA_DEFAULT_TARGETS (ZO_LORA_Q | ZO_LORA_V)
 
 typedef enum plan_recompute {
     PLAN_RECOMPUTE_NONE = 0,
@@ -55,12 +74,30 @@ typedef struct plan_train {
     zo_dtype grad_dtype;      /* gradients on the device (fp32: Megatron's 18 B/param) */
     plan_optimizer optimizer;
     int dp, tp, pp, vpp;      /* vpp > 1: interleaved 1F1B with vpp chunks per stage */
+    int ep;                   /* expert parallel: MoE experts sharded over ep of the dp ranks */
+    double capacity_factor;   /* MoE: tokens an expert takes, x its fair share; 0: dropless */
     int sp;                   /* sequence parallel (with tp) */
     int zero;                 /* 0..3 */
     plan_recompute recompute;
     int flash_attn;
     int dropout;              /* dropout masks saved (GPT default on, LLaMA off) */
-    plan_tier params_on;      /* GPU, CPU or NVMe */
+    int seq_is_default;       /* seq was not given: plan_train_defaults chose it (reports say so) */
+    /* how the runtime schedules two things (cost model only, docs/memplan.md "Time"): */
+    int dp_overlap;           /* 1: gradient reduction overlaps the last backward (0: after it,
+                                 as Megatron-LM 2021 did) */
+    int fused_grad_accum;     /* 1: the weight-gradient GEMM adds into the gradient buffer
+                                 (Megatron's gradient-accumulation fusion); 0: a separate pass
+                                 per micro-batch (this runtime's staging blocks) */
+    plan_method method;       /* full fine-tuning, LoRA or QLoRA */
+    zo_lora_config lora;      /* method lora / qlora: rank, alpha, target layers */
+    plan_schedule schedule;   /* when the CPU optimizer runs (cost model) */
+    int dpu_warmup;           /* dpu: serial steps first (reported, not in the step time) */
+    int opt_threads;          /* CPU threads per rank for the optimizer; 0: the node's cores
+                                 (less one per rank beside the GPU's work), shared by its ranks */
+    int clip_stale;           /* overlap: clipping takes the previous step's norm (or is off) */
+    plan_tier params_on;      /* GPU, CPU or NVMe (LoRA: the frozen base) */
+    plan_tier adapters_on;    /* LoRA: where the adapters live (GPU, CPU or NVMe; streamed
+                                 like weights when not on the GPU); full: GPU */
     plan_tier grads_on;       /* GPU or CPU */
     plan_tier checkpoints_on; /* GPU or CPU: where stored activations live */
     double opt_frac[PLAN_TIERS]; /* optimizer state split, sums to 1 */
@@ -87,9 +124,28 @@ typedef struct plan_estimate {
     int stage;                 /* pipeline stage reported: 0 first, pp-1 last */
     uint64_t params;           /* whole model */
     uint64_t stage_params;     /* this rank's parameters before ZeRO sharding */
+    uint64_t stage_expert_params; /* of those, routed experts (ZeRO shards them over DP / EP) */
     uint64_t rank_params;      /* held on this rank after ZeRO-3 */
     uint64_t largest_block;    /* elements of the largest streamed block on a rank */
-    uint64_t act_layer;        /* bytes one layer saves for one micro-batch */
+    uint64_t act_layer;        /* bytes the largest layer saves for one micro-batch */
+    uint64_t act_stage;        /* bytes the stage's layers save for one micro-batch */
+    /* what is trained and what the GPU computes with (full: the stage's
+     * parameters; LoRA: the adapters, beside the frozen base) */
+    uint64_t train_params;     /* trainable elements on this rank before ZeRO */
+    uint64_t train_expert_params; /* of those, routed experts */
+    uint64_t train_largest;    /* trainable elements of the largest block */
+    uint64_t train_first, train_layer, train_last; /* trainable elements of the stage's first
+                                 block (the embedding on stage 0), of one layer (the stage's
+                                 average), of its last block (the head on the last stage) */
+    int layers;                /* the stage's layers */
+    uint64_t weight_bytes;     /* this rank's weights before ZeRO-3 (LoRA: the frozen base in
+                                  its format, and the adapters) */
+    uint64_t stream_bytes;     /* of the weights, what streams from the host per pass (after
+                                  ZeRO-3; LoRA: the base and the adapters off the GPU) */
+    uint64_t stream_nvme_bytes; /* of those, read from NVMe */
+    uint64_t largest_bytes;    /* bytes of the largest streamed block */
+    uint64_t trainable;        /* whole model: trainable parameters (LoRA: PEFT's count) */
+    uint64_t nf4_bytes;        /* QLoRA: of weight_bytes, the NF4 tensors */
     double inflight;           /* micro-batches in flight on this stage */
     int n_items;
     plan_item items[PLAN_MAX_ITEMS];
@@ -98,11 +154,17 @@ typedef struct plan_estimate {
 const char *plan_tier_name(plan_tier t);   /* "gpu", "cpu", "nvme" */
 const char *plan_kind_name(plan_kind k);   /* "params", "grads", ... */
 const char *plan_recompute_name(plan_recompute r);
+const char *plan_method_name(plan_method m);     /* "full", "lora", "qlora" */
+const char *plan_schedule_name(plan_schedule s); /* "serial", "overlap", "dpu" */
 
 /* Defaults for a model: its max sequence, micro-batch 1, bf16, AdamW, no
  * parallelism, ZeRO 0, no recompute, flash attention, everything on the GPU,
  * dropout as the architecture has it, working buffers as documented. */
 void plan_train_defaults(plan_train *t, const zo_model_config *m);
+
+/* Adjust the defaults to the GPU: fp16 on Volta and older (no bf16 tensor
+ * cores). Called after the defaults and before the user's flags. */
+void plan_train_fit_hw(plan_train *t, const plan_hw *hw);
 
 /* Check a configuration against the model and hardware: TP divides heads
  * and kv heads, PP (x VPP) divides layers, DP x TP x PP equals the GPUs,
@@ -117,20 +179,40 @@ zo_status plan_estimate_run(const zo_model_config *m, const plan_hw *hw, const p
 void plan_estimate_unchecked(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
                              plan_estimate *out);
 
-/* Parameter elements one rank of pipeline stage `stage` holds after TP and
- * before ZeRO, the largest streamed block (elements) and the stage's layers. */
+/* Parameter elements one rank of pipeline stage `stage` holds after TP (and
+ * EP for routed experts) and before ZeRO, the largest streamed block
+ * (elements) and the stage's layers. */
 void plan_stage_shape(const zo_model_config *m, const plan_train *t, int stage,
                       uint64_t *params, uint64_t *largest, int *layers);
+
+/* The default --seq when none is given: the model's positions, at most
+ * PLAN_DEFAULT_SEQ (docs/memplan.md, "Defaults"). */
+#define PLAN_DEFAULT_SEQ 4096
+int plan_default_seq(const zo_model_config *m);
+
+/* Warnings about a configuration that is valid but probably not what the
+ * user wants (no FlashAttention kernels on the GPU, ...), one per line, into
+ * `buf`; returns how many. */
+int plan_train_warnings(const plan_train *t, const plan_hw *hw, char *buf, size_t len);
 
 /* ---- the activation table ------------------------------------------------ */
 
 typedef enum plan_act_width {
     PLAN_W_H,      /* s*b*h */
-    PLAN_W_Q,      /* s*b*heads*head_dim */
-    PLAN_W_KV,     /* s*b*kv_heads*head_dim */
+    PLAN_W_Q,      /* s*b*heads*head_dim (MLA: heads*(qk_nope + qk_rope)) */
+    PLAN_W_KV,     /* s*b*kv_heads*head_dim: the keys (MLA: as q) */
     PLAN_W_FFN,    /* s*b*ffn */
     PLAN_W_SCORES, /* heads*s*s*b: attention probabilities */
     PLAN_W_HEADS,  /* heads*s*b: per-row softmax statistics */
+    PLAN_W_V,      /* s*b*kv_heads*head_dim: the values (MLA: heads*v_dim) */
+    PLAN_W_O,      /* s*b*heads*head_dim: the output projection's input (MLA: heads*v_dim) */
+    PLAN_W_QLORA,  /* s*b*q_lora_rank (MLA) */
+    PLAN_W_KVLORA, /* s*b*(kv_lora_rank + qk_rope) (MLA) */
+    PLAN_W_NORMS,  /* s*b*h*(norms per layer - 2): Gemma-2's extra norms */
+    PLAN_W_ROUTER, /* s*b*experts: the router's probabilities */
+    PLAN_W_ROUTED_H,   /* s*b*top_k*h (x capacity factor): tokens at the experts */
+    PLAN_W_ROUTED_FFN, /* s*b*top_k*expert_ffn (x capacity factor) */
+    PLAN_W_SHARED_FFN, /* s*b*shared_ffn */
 } plan_act_width;
 
 enum {
@@ -140,6 +222,12 @@ enum {
     PLAN_ACT_S2 = 1 << 3,       /* an s^2 term: gone with flash attention or selective recompute */
     PLAN_ACT_FLASH = 1 << 4,    /* only with flash attention */
     PLAN_ACT_TP = 1 << 5,       /* sharded by tensor parallelism; else only by sequence parallelism */
+    PLAN_ACT_DENSE = 1 << 6,    /* only in a dense MLP layer */
+    PLAN_ACT_MOE = 1 << 7,      /* only in an MoE layer */
+    PLAN_ACT_SEQ = 1 << 8,      /* only when attention and MLP run one after the other */
+    PLAN_ACT_TWO_NORMS = 1 << 9, /* only with a norm of its own before the MLP */
+    PLAN_ACT_MLA = 1 << 10,     /* only with latent attention */
+    PLAN_ACT_QKNORM = 1 << 11,  /* only with q/k norms */
 };
 
 typedef struct plan_act_entry {
@@ -153,7 +241,40 @@ typedef struct plan_act_entry {
 const plan_act_entry *plan_act_table(size_t *count);
 
 /* Bytes one layer saves for backward for one micro-batch, from the table,
- * before recompute (recompute is applied by the caller). */
+ * before recompute (recompute is applied by the caller): a dense layer, or
+ * with `moe` an MoE layer. */
 uint64_t plan_layer_act_bytes(const zo_model_config *m, const plan_train *t, int keep_s2);
+uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, int keep_s2,
+                                 int moe);
+
+/* ---- LoRA and QLoRA ------------------------------------------------------- */
+
+/* What one rank of a pipeline stage holds when it trains adapters on a
+ * frozen base (TP splits each adapted layer as its weight: a column-parallel
+ * layer's A is whole on every rank and its B split, a row-parallel layer's A
+ * split and its B whole). */
+typedef struct plan_peft {
+    uint64_t trainable;      /* adapter elements of the stage's layers on this rank */
+    uint64_t layer_trainable; /* of one layer */
+    uint64_t frozen;         /* bytes of the frozen base on this rank: the stage's blocks */
+    uint64_t nf4;            /* of those, NF4 tensors (QLoRA) */
+    uint64_t layer_frozen;   /* bytes of one layer's frozen block */
+    uint64_t first_frozen, last_frozen; /* bytes of the embedding (stage 0) and head (last
+                                           stage) blocks; 0 elsewhere */
+    uint64_t largest_frozen; /* bytes of the largest frozen block */
+    uint64_t layer_linear;   /* elements of one layer's linear weights on this rank */
+    uint64_t layer_nf4;      /* QLoRA: their bytes in NF4 (each rounded up to 16 bytes) */
+    uint64_t largest_linear; /* elements of the largest of them (QLoRA's dequantization scratch) */
+    int n_adapters;          /* adapted linear layers in a layer */
+    int layers;
+} plan_peft;
+
+/* The frozen base and the adapters of stage `stage` on one rank (method
+ * lora or qlora; after plan_train_validate). */
+void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, plan_peft *out);
+
+/* Routed token rows per token (top_k, times the capacity factor when one is
+ * set): what the experts of an MoE layer compute on. */
+double plan_routed_rows(const zo_model_config *m, const plan_train *t);
 
 #endif

@@ -17,7 +17,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "common/fileio.h" /* defines: zo_file_read_all, zo_file_write_all */
+#include "common/fileio.h" /* defines: zo_file_read_all, zo_file_write_all, zo_file_write_json */
 #include "common/model_config.h"
 #include "common/units.h"
 #include "planner/basis.h"
@@ -56,7 +56,9 @@ static const char usage_estimate[] =
     "\n"
     "model (one of):\n"
     "  --model NAME            a preset ('memplan models')\n"
-    "  --model PATH            a Hugging Face config.json (gpt2, llama, mistral, qwen2, ...)\n"
+    "  --model PATH            a Hugging Face config.json (its family by model_type: LLaMA,\n"
+    "                          Qwen2/3, Gemma, Mixtral, DeepSeek, GPT-NeoX, Falcon, OPT, BLOOM,\n"
+    "                          ...; 'memplan models' lists them and those refused)\n"
     "  --params N              a model known only by its size (e.g. 7.5e9, 13B): model\n"
     "                          states only, activations unknown\n"
     "  --layers N --hidden N --heads N [--kv-heads N] [--ffn N] --vocab N [--arch gpt|llama]\n"
@@ -71,13 +73,24 @@ static const char usage_estimate[] =
     "                          sizes: 80GB, 80GiB, 1.5TB or bytes\n"
     "  --pcie LINK             the host link as it runs: gen4x16, gen3x8, gen5 (lanes kept)\n"
     "training:\n"
-    "  --seq N                 sequence length (default: the model's positions)\n"
+    "  --seq N                 sequence length (default: the model's positions, at most 4096)\n"
     "  --micro-batch N         sequences per micro-batch (default 1)\n"
     "  --grad-accum N          micro-batches per step per data-parallel rank (default 1)\n"
     "  --global-batch N        sequences per step: sets --grad-accum = N / (micro-batch x DP)\n"
     "  --dtype fp16|bf16|fp32  weights and activations (default bf16)\n"
     "  --grad-dtype DTYPE      gradients (default: --dtype; fp32 = Megatron's 18 B/param)\n"
     "  --optim adamw|sgd       AdamW: fp32 master + m + v (12 B/param); SGD: master + momentum\n"
+    "fine-tuning method (default: every parameter):\n"
+    "  --lora R                LoRA adapters of rank R on a frozen base: trainable parameters\n"
+    "                          as Hugging Face PEFT counts them; no base gradients or optimizer state\n"
+    "  --lora-targets LIST     q,k,v,o,gate,up,down (or PEFT's q_proj, ...) or all-linear\n"
+    "                          (default q,v: PEFT's; on GPT-2 its fused c_attn)\n"
+    "  --lora-alpha A          the adapters' scale alpha / R (default 8, PEFT's; time and memory\n"
+    "                          do not depend on it)\n"
+    "  --qlora                 with --lora: the base's linear weights in NF4 with double\n"
+    "                          quantization (QLoRA); embeddings, head and norms stay 16-bit\n"
+    "  --adapters-on gpu|cpu|nvme  with --lora: where the adapters live (default gpu; else\n"
+    "                          streamed like weights); --params places the frozen base\n"
     "parallelism:\n"
     "  --dp N --tp N --pp N    data, tensor and pipeline parallel degrees (default 1)\n"
     "  --sp                    sequence parallelism (with --tp)\n"
@@ -100,13 +113,30 @@ static const char usage_estimate[] =
     "  --fragmentation F       allocator allowance, fraction of the GPU total (default 0.05)\n"
     "  --sub-group N           optimizer sub-group for NVMe swapping (default 100M params)\n"
     "  --swap-buffers N        sub-groups of pinned swap buffers (default 3)\n"
-    "output:\n"
-    "  --json                  JSON instead of the table (docs/memplan-json.md)\n"
+    "mixture of experts:\n"
+    "  --ep N                  expert parallelism: each expert on one of N data-parallel ranks\n"
+    "  --capacity-factor F     tokens an expert takes, x its fair share (default 0: dropless)\n"
+    "runtime schedule (time only):\n"
+    "  --schedule serial|overlap|dpu  when the CPU optimizer runs: after the backward (serial,\n"
+    "                          default), block by block beside the GPU (overlap), or one step\n"
+    "                          late beside the next step (dpu, the delayed parameter update)\n"
+    "  --clip-stale            overlap: clip with the previous step's norm (or no clipping), so\n"
+    "                          a block's update starts when its gradients are complete\n"
+    "  --dpu-warmup N          dpu: serial steps first (default 10)\n"
+    "  --opt-threads N         CPU threads per rank for the optimizer (default: the host's cores;\n"
+    "                          less one per rank when it runs beside the GPU)\n"
+    "  --no-dp-overlap         reduce gradients after the backward (as Megatron-LM 2021)\n"
+    "  --fused-grad-accum      the weight-gradient GEMM adds into the gradient buffer\n"
+    "                          (Megatron's gradient-accumulation fusion; default: a pass)\n"
+    "output (every command: --json prints its JSON to stdout instead of the table,\n"
+    "--json-out FILE writes it to FILE beside the table):\n"
+    "  --json                  the report as JSON instead of the table (docs/memplan-json.md)\n"
+    "  --json-out FILE         the same report written to FILE\n"
     "  --svg FILE              a picture: per tier what lives there against capacity, and the\n"
     "                          step-time split\n"
     "  --plan FILE             estimate a plan file (docs/plan-format.md) instead of flags\n"
     "  --plan-out FILE         write this configuration as a plan file for 'train --plan'\n"
-    "                          (--json prints a report, which is not a plan)\n"
+    "                          (the report --json prints is not a plan)\n"
     "  --hw FILE               (above) also takes a profile from 'memplan calibrate'\n";
 
 enum {
@@ -116,7 +146,11 @@ enum {
     OPT_PP, OPT_SP, OPT_VPP, OPT_ZERO, OPT_RECOMPUTE, OPT_NO_FLASH, OPT_DROPOUT, OPT_NO_DROPOUT,
     OPT_GRADS, OPT_OPTIMIZER, OPT_CHECKPOINTS, OPT_CUDA_CONTEXT, OPT_CUBLAS_WS, OPT_COMM_BUCKET,
     OPT_COMM_BUCKETS, OPT_PREFETCH, OPT_PINNED, OPT_FRAG, OPT_SUB_GROUP, OPT_SWAP_BUFFERS,
-    OPT_JSON, OPT_GLOBAL_BATCH, OPT_SVG, OPT_PLAN, OPT_PLAN_OUT, OPT_HELP,
+    OPT_EP, OPT_CAPACITY, OPT_LORA, OPT_LORA_TARGETS, OPT_LORA_ALPHA, OPT_QLORA, OPT_ADAPTERS_ON,
+    OPT_SCHEDULE,
+    OPT_DPU_WARMUP, OPT_OPT_THREADS, OPT_CLIP_STALE,
+    OPT_NO_DP_OVERLAP, OPT_FUSED_ACCUM, /* the last configuration flag */
+    OPT_JSON, OPT_GLOBAL_BATCH, OPT_SVG, OPT_PLAN, OPT_PLAN_OUT, OPT_HELP, OPT_JSON_OUT,
 };
 
 /* The model and hardware flags, shared by estimate and plan. */
@@ -141,8 +175,22 @@ enum {
     {"pcie", required_argument, 0, OPT_PCIE},                                   \
     {"seq", required_argument, 0, OPT_SEQ}
 
+/* What is trained and how the optimizer is scheduled, shared by estimate,
+ * plan and max-model. */
+#define METHOD_OPTIONS                                                          \
+    {"lora", required_argument, 0, OPT_LORA},                                   \
+    {"lora-targets", required_argument, 0, OPT_LORA_TARGETS},                   \
+    {"lora-alpha", required_argument, 0, OPT_LORA_ALPHA},                       \
+    {"qlora", no_argument, 0, OPT_QLORA},                                       \
+    {"adapters-on", required_argument, 0, OPT_ADAPTERS_ON},                     \
+    {"schedule", required_argument, 0, OPT_SCHEDULE},                           \
+    {"dpu-warmup", required_argument, 0, OPT_DPU_WARMUP},                       \
+    {"opt-threads", required_argument, 0, OPT_OPT_THREADS},                     \
+    {"clip-stale", no_argument, 0, OPT_CLIP_STALE}
+
 static const struct option estimate_opts[] = {
     MODEL_HW_OPTIONS,
+    METHOD_OPTIONS,
     {"micro-batch", required_argument, 0, OPT_MICRO_BATCH},
     {"grad-accum", required_argument, 0, OPT_GRAD_ACCUM},
     {"dtype", required_argument, 0, OPT_DTYPE},
@@ -170,7 +218,12 @@ static const struct option estimate_opts[] = {
     {"fragmentation", required_argument, 0, OPT_FRAG},
     {"sub-group", required_argument, 0, OPT_SUB_GROUP},
     {"swap-buffers", required_argument, 0, OPT_SWAP_BUFFERS},
+    {"ep", required_argument, 0, OPT_EP},
+    {"capacity-factor", required_argument, 0, OPT_CAPACITY},
+    {"no-dp-overlap", no_argument, 0, OPT_NO_DP_OVERLAP},
+    {"fused-grad-accum", no_argument, 0, OPT_FUSED_ACCUM},
     {"json", no_argument, 0, OPT_JSON},
+    {"json-out", required_argument, 0, OPT_JSON_OUT},
     {"global-batch", required_argument, 0, OPT_GLOBAL_BATCH},
     {"svg", required_argument, 0, OPT_SVG},
     {"plan", required_argument, 0, OPT_PLAN},
@@ -183,6 +236,15 @@ static int fail(void)
 {
     fprintf(stderr, "memplan: %s\n", zo_last_error());
     return EXIT_BADINPUT;
+}
+
+/* What is valid but probably not meant, to stderr. */
+static void warn(const plan_train *t, const plan_hw *hw)
+{
+    char w[1024];
+    if (!plan_train_warnings(t, hw, w, sizeof w)) return;
+    for (char *sv = NULL, *line = strtok_r(w, "\n", &sv); line; line = strtok_r(NULL, "\n", &sv))
+        fprintf(stderr, "memplan: warning: %s\n", line);
 }
 
 /* A flag that sets a field of the plan is checked against the plan schema's
@@ -311,6 +373,89 @@ static int parse_hw_flag(int c, const char *arg, plan_hw_flags *f, zo_status *st
     }
 }
 
+/* The method and schedule flags as given (METHOD_OPTIONS). */
+typedef struct method_flags {
+    long lora_r;           /* --lora R; 0: not given */
+    int qlora;
+    const char *targets;   /* --lora-targets */
+    double alpha;          /* --lora-alpha */
+    int alpha_set;
+    int adapters_on;       /* --adapters-on: a plan_tier; -1: not given */
+    int schedule;          /* --schedule: a plan_schedule; -1: not given */
+    long dpu_warmup;
+    int dpu_warmup_set;
+    long opt_threads;
+    int clip_stale;
+} method_flags;
+
+static void method_flags_init(method_flags *f)
+{
+    memset(f, 0, sizeof *f);
+    f->schedule = -1;
+    f->adapters_on = -1;
+}
+
+/* One of METHOD_OPTIONS: 1 when `c` is one. */
+static int parse_method_flag(int c, const char *arg, method_flags *f, zo_status *st)
+{
+    switch (c) {
+    case OPT_LORA: *st = field_int(arg, "--lora", "training.lora.r", &f->lora_r); return 1;
+    case OPT_LORA_TARGETS: f->targets = arg; return 1;
+    case OPT_LORA_ALPHA:
+        *st = field_double(arg, "--lora-alpha", "training.lora.alpha", &f->alpha);
+        f->alpha_set = 1;
+        return 1;
+    case OPT_QLORA: f->qlora = 1; return 1;
+    case OPT_ADAPTERS_ON: {
+        plan_tier tier = PLAN_GPU;
+        *st = parse_tier(arg, "--adapters-on", 1, &tier);
+        f->adapters_on = (int)tier;
+        return 1;
+    }
+    case OPT_SCHEDULE:
+        f->schedule = -1;
+        for (int i = 0; i < PLAN_SCHEDULES; i++)
+            if (!strcasecmp(arg, plan_schedule_name((plan_schedule)i))) f->schedule = i;
+        if (f->schedule < 0)
+            *st = zo_error(ZO_ERR_INVALID, "--schedule: '%s' is not serial, overlap or dpu", arg);
+        return 1;
+    case OPT_DPU_WARMUP:
+        *st = field_int(arg, "--dpu-warmup", "training.dpu_warmup", &f->dpu_warmup);
+        f->dpu_warmup_set = 1;
+        return 1;
+    case OPT_OPT_THREADS:
+        *st = field_int(arg, "--opt-threads", "training.opt_threads", &f->opt_threads);
+        return 1;
+    case OPT_CLIP_STALE: f->clip_stale = 1; return 1;
+    default: return 0;
+    }
+}
+
+/* The method and schedule flags applied to `t` (the schedule only when
+ * given: `plan` searches it otherwise). */
+static zo_status apply_method_flags(const method_flags *f, plan_train *t)
+{
+    zo_status st;
+    if (!f->lora_r && (f->qlora || f->targets || f->alpha_set || f->adapters_on >= 0))
+        return zo_error(ZO_ERR_INVALID, "%s needs --lora R (the adapters' rank)",
+                        f->qlora ? "--qlora" : f->targets ? "--lora-targets"
+                                           : f->alpha_set ? "--lora-alpha" : "--adapters-on");
+    if (f->lora_r) {
+        t->method = f->qlora ? PLAN_METHOD_QLORA : PLAN_METHOD_LORA;
+        t->lora.r = (int)f->lora_r;
+        t->lora.alpha = f->alpha_set ? (float)f->alpha : PLAN_LORA_DEFAULT_ALPHA;
+        t->lora.targets = PLAN_LORA_DEFAULT_TARGETS;
+        if (f->targets && (st = zo_lora_targets_parse(f->targets, &t->lora.targets)) != ZO_OK)
+            return zo_error_wrap(st, "--lora-targets");
+        if (f->adapters_on >= 0) t->adapters_on = (plan_tier)f->adapters_on;
+    }
+    if (f->schedule >= 0) t->schedule = (plan_schedule)f->schedule;
+    if (f->dpu_warmup_set) t->dpu_warmup = (int)f->dpu_warmup;
+    t->opt_threads = (int)f->opt_threads;
+    t->clip_stale = f->clip_stale;
+    return ZO_OK;
+}
+
 static int is_node_preset(const char *name)
 {
     size_t n;
@@ -349,19 +494,33 @@ static void gpu_node_size(const plan_hw_flags *f, const plan_hw_basis *b, plan_h
     if (b->source == PLAN_HW_GPU && !f->gpus_per_node) hw->gpus_per_node = hw->gpus;
 }
 
-/* Write a cJSON document to `path` (a temporary file renamed into place). */
-static zo_status write_json(const char *path, cJSON *doc)
+static zo_status write_text(const char *path, const char *text);
+
+/* The --json convention of every command: `--json` prints the command's JSON
+ * document to stdout in place of its table, `--json-out FILE` writes it to
+ * FILE (atomically) beside the table. Takes doc. */
+static zo_status emit_json(cJSON *doc, int to_stdout, const char *path)
 {
-    char *text = doc ? cJSON_Print(doc) : NULL;
-    if (!text) return zo_error(ZO_ERR_NOMEM, "%s: out of memory building JSON", path);
-    size_t n = strlen(text);
-    text[n] = '\n'; /* replaces the NUL: the file ends with a newline */
-    zo_status st = zo_file_write_all(path, text, n + 1);
-    free(text);
+    zo_status st = ZO_OK;
+    if (path) st = zo_file_write_json(path, doc);
+    if (st == ZO_OK && to_stdout) {
+        char *text = doc ? cJSON_Print(doc) : NULL;
+        if (text) puts(text);
+        else st = zo_error(ZO_ERR_NOMEM, "out of memory printing JSON");
+        free(text);
+    }
+    cJSON_Delete(doc);
     return st;
 }
 
-static zo_status write_text(const char *path, const char *text);
+/* An argument left over after the options: the old `--json FILE`? */
+static void unexpected_argument(const char *cmd, int argc, char **argv)
+{
+    int after_json = optind > 1 && !strcmp(argv[optind - 1], "--json");
+    zo_error(ZO_ERR_INVALID, "%s: unexpected argument '%s'%s", cmd, argv[optind],
+             after_json ? " (--json prints JSON to stdout; --json-out FILE writes it to FILE)" : "");
+    (void)argc;
+}
 
 static zo_status write_svg(const char *path, const zo_model_config *m, const plan_hw *hw,
                            const plan_train *t, const plan_estimate *e, const plan_time *pt)
@@ -438,7 +597,8 @@ static zo_status build_model(const char *model, uint64_t params_n, const shape_f
             m->ffn = gpt ? 4 * m->hidden : ((8 * m->hidden / 3 + 255) / 256) * 256;
         if (model) snprintf(m->name + strlen(m->name), sizeof m->name - strlen(m->name), "%s", "*");
     }
-    if (seq && seq > m->max_seq && m->arch == ZO_ARCH_LLAMA) m->max_seq = (int)seq;
+    /* rotary and ALiBi models take longer sequences; a learned table does not */
+    if (seq && seq > m->max_seq && !zo_model_position_rows(m)) m->max_seq = (int)seq;
     if (!model && seq) m->max_seq = (int)seq;
     return zo_model_config_validate(m);
 }
@@ -450,7 +610,7 @@ static int cmd_estimate(int argc, char **argv)
     plan_hw_flags hf = {0};
     plan_hw_basis basis;
     long gpus = 0, seq = 0, global_batch = 0, v;
-    const char *svg_path = NULL, *plan_path = NULL, *plan_out = NULL;
+    const char *svg_path = NULL, *plan_path = NULL, *plan_out = NULL, *json_out = NULL;
     shape_flags sf = {0};
     int json = 0, dtype_set = 0, grad_dtype_set = 0, grads_set = 0, dropout = -1;
     plan_train t;
@@ -465,13 +625,15 @@ static int cmd_estimate(int argc, char **argv)
     unsigned char seen[OPT_HELP + 1] = {0};
     double opt_frac[PLAN_TIERS] = {1, 0, 0};
     plan_tier params_on = PLAN_GPU, grads_on = PLAN_GPU, ck_on = PLAN_GPU;
+    method_flags mf;
+    method_flags_init(&mf);
     zo_status st = ZO_OK;
     int c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":", estimate_opts, NULL)) != -1) {
         if (c >= OPT_MODEL && c <= OPT_HELP) seen[c] = 1;
-        if (parse_hw_flag(c, optarg, &hf, &st)) {
+        if (parse_hw_flag(c, optarg, &hf, &st) || parse_method_flag(c, optarg, &mf, &st)) {
             if (st) return fail();
             continue;
         }
@@ -542,7 +704,14 @@ static int cmd_estimate(int argc, char **argv)
             st = field_u64(optarg, "--sub-group", "nvme.sub_group", 1, &f.buf.sub_group);
             break;
         case OPT_SWAP_BUFFERS: st = field_int(optarg, "--swap-buffers", "nvme.swap_buffers", &v); f.buf.swap_buffers = (int)v; break;
+        case OPT_EP: st = field_int(optarg, "--ep", "parallel.ep", &v); f.ep = (int)v; break;
+        case OPT_CAPACITY:
+            st = field_double(optarg, "--capacity-factor", "parallel.capacity_factor",
+                              &f.capacity_factor);
+            break;
+        case OPT_NO_DP_OVERLAP: case OPT_FUSED_ACCUM: break;
         case OPT_JSON: json = 1; break;
+        case OPT_JSON_OUT: json_out = optarg; break;
         case OPT_GLOBAL_BATCH: st = zo_parse_int(optarg, "--global-batch", 1, 1 << 30, &global_batch); break;
         case OPT_SVG: svg_path = optarg; break;
         case OPT_PLAN: plan_path = optarg; break;
@@ -560,16 +729,17 @@ static int cmd_estimate(int argc, char **argv)
         if (st) return fail();
     }
     if (optind < argc) {
-        zo_error(ZO_ERR_INVALID, "estimate: unexpected argument '%s'", argv[optind]);
+        unexpected_argument("estimate", argc, argv);
         return fail();
     }
     plan_hw hw;
     if (plan_path) {
         /* a plan file says everything; only the output flags combine with it */
-        for (int k = OPT_MODEL; k <= OPT_SWAP_BUFFERS; k++)
+        for (int k = OPT_MODEL; k <= OPT_FUSED_ACCUM; k++)
             if (seen[k]) {
                 zo_error(ZO_ERR_INVALID, "--plan: the plan file fixes the model, hardware and "
-                                         "configuration; give only --json, --svg or --plan-out "
+                                         "configuration; give only --json, --json-out, --svg or "
+                                         "--plan-out "
                                          "with it");
                 return fail();
             }
@@ -586,7 +756,9 @@ static int cmd_estimate(int argc, char **argv)
     if ((st = build_hw(&hf, &hw, &basis)) != ZO_OK) return fail();
 
     plan_train_defaults(&t, &m);
+    plan_train_fit_hw(&t, &hw);
     if (seq) t.seq = (int)seq;
+    t.seq_is_default = !seq;
     if (f.micro_batch) t.micro_batch = f.micro_batch;
     if (f.grad_accum) t.grad_accum = f.grad_accum;
     if (dtype_set) t.dtype = t.grad_dtype = f.dtype;
@@ -631,6 +803,11 @@ static int cmd_estimate(int argc, char **argv)
     if (seen[OPT_FRAG]) t.buf.fragmentation = f.buf.fragmentation;
     if (seen[OPT_SUB_GROUP]) t.buf.sub_group = f.buf.sub_group;
     if (seen[OPT_SWAP_BUFFERS]) t.buf.swap_buffers = f.buf.swap_buffers;
+    if (f.ep) t.ep = f.ep;
+    t.capacity_factor = f.capacity_factor;
+    if (seen[OPT_NO_DP_OVERLAP]) t.dp_overlap = 0;
+    if (seen[OPT_FUSED_ACCUM]) t.fused_grad_accum = 1;
+    if ((st = apply_method_flags(&mf, &t)) != ZO_OK) return fail();
 
     if (global_batch) {
         long per = (long)t.micro_batch * t.dp;
@@ -651,23 +828,17 @@ static int cmd_estimate(int argc, char **argv)
     plan_time pt;
 estimate:
     if ((st = plan_estimate_run(&m, &hw, &t, &e)) != ZO_OK) return fail();
+    warn(&t, &hw);
     if ((st = plan_time_run(&m, &hw, &t, &e, &pt)) != ZO_OK) return fail();
     plan_suggestions sg = {0};
     if (!e.fits && (st = plan_suggest(&m, &hw, &t, &sg)) != ZO_OK) return fail();
-    if (json) {
+    if (json || json_out) {
         cJSON *doc = plan_report_json(&m, &hw, &t, &e, &pt, &sg);
         cJSON_AddItemToObject(cJSON_GetObjectItem(doc, "hardware"), "basis",
                               plan_hw_basis_json(&hw, &basis));
-        char *text = cJSON_Print(doc);
-        if (!text) {
-            cJSON_Delete(doc);
-            fprintf(stderr, "memplan: out of memory printing JSON\n");
-            return EXIT_BADINPUT;
-        }
-        puts(text);
-        free(text);
-        cJSON_Delete(doc);
-    } else {
+        if ((st = emit_json(doc, json, json_out)) != ZO_OK) return fail();
+    }
+    if (!json) {
         plan_report_basis(stdout, &hw, &basis);
         plan_report_table(stdout, &m, &hw, &t, &e, &pt, &sg);
     }
@@ -675,7 +846,7 @@ estimate:
     if (plan_out) {
         cJSON *doc;
         if ((st = plan_file_json(&m, &hw, &t, &e, &pt, plan_out, &doc)) != ZO_OK) return fail();
-        st = write_json(plan_out, doc);
+        st = zo_file_write_json(plan_out, doc);
         cJSON_Delete(doc);
         if (st) return fail();
         if (!json) printf("\nplan written to %s (train --plan %s)\n", plan_out, plan_out);
@@ -690,8 +861,8 @@ static const char usage_plan[] =
     "\n"
     "Search every DP x TP x PP layout, ZeRO stage, sequence parallelism, recompute,\n"
     "micro-batch, interleaving, placement of weights / gradients / optimizer state\n"
-    "(fractions) / checkpoints across GPU, CPU and NVMe, and prefetch depth; keep what fits;\n"
-    "rank by predicted step time.\n"
+    "(fractions) / checkpoints across GPU, CPU and NVMe, prefetch depth, and the CPU\n"
+    "optimizer's schedule (serial, overlap, dpu); keep what fits; rank by predicted step time.\n"
     "\n"
     "  --model, --params, --layers ... --arch   the model, as for 'memplan estimate'\n"
     "  --hw NAME|FILE          machine preset or calibrated profile (default h100-80gb)\n"
@@ -700,12 +871,19 @@ static const char usage_plan[] =
     "  --max-gpus N            also try fewer GPUs (powers of two and whole nodes up to N)\n"
     "  --gpus-per-node N, --gpu-mem SIZE, --cpu-mem SIZE, --nvme SIZE, --pcie LINK\n"
     "                          hardware overrides, named in the report's first lines\n"
-    "  --seq N                 sequence length (default: the model's)\n"
+    "  --seq N                 sequence length (default: the model's positions, at most 4096)\n"
     "  --global-batch N        sequences per step (default 8 x GPUs)\n"
     "  --dtype, --grad-dtype, --optim, --no-flash-attn, --dropout, --no-dropout   as for estimate\n"
+    "  --lora R [--lora-targets LIST] [--lora-alpha A] [--qlora]   fine-tune adapters on a\n"
+    "                          frozen base (LoRA, QLoRA), as for estimate; where the base and\n"
+    "                          the adapters live is searched (--adapters-on fixes the adapters)\n"
+    "  --schedule serial|overlap|dpu   fix the optimizer schedule (default: searched, each\n"
+    "                          plan with the fastest); --clip-stale, --dpu-warmup N,\n"
+    "                          --opt-threads N as for estimate\n"
     "  --objective time|memory|cost   rank by step time (default), GPU memory, or\n"
     "                          GPU-seconds per token\n"
-    "  --zero S | --zero A-B   only these ZeRO stages      --tp N, --pp N   fix a degree\n"
+    "  --zero S | --zero A-B   only these ZeRO stages      --tp N, --pp N, --ep N   fix a degree\n"
+    "                          (EP, for a mixture of experts: searched over DP's divisors)\n"
     "  --recompute none|selective|full   fix recompute\n"
     "  --no-offload            everything on the GPU       --no-nvme   nothing on NVMe\n"
     "  --max-micro-batch N     largest micro-batch tried (default 16)\n"
@@ -714,7 +892,9 @@ static const char usage_plan[] =
     "  --cuda-context SIZE --cublas-workspace SIZE --fragmentation F --sub-group N\n"
     "                          working buffers, as for estimate\n"
     "  --top N                 plans printed (default 5)\n"
-    "  --json FILE             write the best as a plan file (docs/plan-format.md)\n"
+    "  --json                  the best as a plan file (docs/plan-format.md) on stdout, instead\n"
+    "                          of the table\n"
+    "  --json-out FILE         write the best as a plan file to FILE (train --plan FILE)\n"
     "  --svg FILE              a picture of the best plan\n"
     "\n"
     "exit status: 0 a plan fits, 1 nothing fits, 2 bad input\n";
@@ -723,16 +903,22 @@ static const char usage_max_model[] =
     "usage: memplan max-model [--family gpt|llama|gpt3|megatron|llama2|llama3 | --model NAME]\n"
     "                         [--hw NAME|FILE | --gpu NAME [--host NAME]] [--gpus N]\n"
     "                         [--gpu-mem SIZE] [--cpu-mem SIZE] [--nvme SIZE] [--pcie LINK]\n"
-    "                         [--seq N] [--strategy NAME]\n"
+    "                         [--seq N] [--strategy NAME] [--json | --json-out FILE]\n"
+    "                         [--lora R [--lora-targets LIST] [--qlora]] [--schedule S]\n"
     "\n"
     "The largest model of a family that trains on the hardware, per strategy: data-parallel,\n"
     "zero-1, zero-2, zero-3, 3d-parallel, zero-offload (ZeRO-2, gradients and optimizer on\n"
     "the CPU), zero-infinity-cpu (ZeRO-3, everything on the CPU), zero-infinity-nvme\n"
     "(weights and optimizer on NVMe). Micro-batch 1; recompute, checkpoint placement and\n"
-    "prefetch are searched. Shapes interpolate the family's presets (hidden a multiple of 128).\n"
+    "prefetch are searched. Shapes interpolate the family's presets (hidden a multiple of 128);\n"
+    "3d-parallel searches every TP x PP layout on the widths TP divides, each as deep (in\n"
+    "multiples of PP, up to twice the family's depth) as fits.\n"
+    "With --lora (and --qlora) every size is fine-tuned with adapters on a frozen base. The\n"
+    "optimizer schedule is searched unless --schedule fixes it; the flags name the one taken.\n"
     "Each row also gives the estimate flags that place it, and the largest preset that fits\n"
     "that way with the 'memplan estimate' command that checks it. On one GPU the ZeRO stages\n"
     "and 3-D parallelism are left out (nothing to shard) unless --strategy names one.\n"
+    "--json prints the rows as JSON instead of the table; --json-out FILE writes them to FILE.\n"
     "\n"
     "exit status: 0, 2 bad input\n";
 
@@ -743,6 +929,7 @@ enum {
 
 static const struct option plan_opts[] = {
     MODEL_HW_OPTIONS,
+    METHOD_OPTIONS,
     {"cuda-context", required_argument, 0, OPT_CUDA_CONTEXT},
     {"cublas-workspace", required_argument, 0, OPT_CUBLAS_WS},
     {"fragmentation", required_argument, 0, OPT_FRAG},
@@ -757,6 +944,7 @@ static const struct option plan_opts[] = {
     {"zero", required_argument, 0, OPT_ZERO},
     {"tp", required_argument, 0, OPT_TP},
     {"pp", required_argument, 0, OPT_PP},
+    {"ep", required_argument, 0, OPT_EP},
     {"recompute", required_argument, 0, OPT_RECOMPUTE},
     {"svg", required_argument, 0, OPT_SVG},
     {"max-gpus", required_argument, 0, PO_MAX_GPUS},
@@ -767,7 +955,8 @@ static const struct option plan_opts[] = {
     {"max-micro-batch", required_argument, 0, PO_MAX_MB},
     {"opt-steps", required_argument, 0, PO_OPT_STEPS},
     {"max-prefetch", required_argument, 0, PO_MAX_PREFETCH},
-    {"json", required_argument, 0, PO_JSON_FILE},
+    {"json", no_argument, 0, PO_JSON_FLAG},
+    {"json-out", required_argument, 0, PO_JSON_FILE},
     {"family", required_argument, 0, PO_FAMILY},
     {"strategy", required_argument, 0, PO_STRATEGY},
     {"help", no_argument, 0, OPT_HELP},
@@ -786,12 +975,13 @@ typedef struct plan_args {
     shape_flags sf;
     plan_space space; /* the fields the flags set; defaults filled later */
     int zero_set, zmin, zmax;
-    long tp, pp, max_mb, opt_steps, max_prefetch;
+    long tp, pp, ep, max_mb, opt_steps, max_prefetch;
     int recompute, no_offload, no_nvme;
     plan_objective objective;
     /* working buffers: the values, and which flags set them */
     plan_buffers buf;
     int cuda_context_set, cublas_set, frag_set, sub_group_set;
+    method_flags mf;
 } plan_args;
 
 static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usage, int max_model)
@@ -802,11 +992,12 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
     a->dropout = -1;
     a->recompute = -1;
     a->top = 5;
+    method_flags_init(&a->mf);
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":", plan_opts, NULL)) != -1) {
         long v;
-        if (parse_hw_flag(c, optarg, &a->hwf, &st)) {
+        if (parse_hw_flag(c, optarg, &a->hwf, &st) || parse_method_flag(c, optarg, &a->mf, &st)) {
             if (st) return fail();
             continue;
         }
@@ -851,6 +1042,7 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
         }
         case OPT_TP: st = field_int(optarg, "--tp", "parallel.tp", &a->tp); break;
         case OPT_PP: st = field_int(optarg, "--pp", "parallel.pp", &a->pp); break;
+        case OPT_EP: st = field_int(optarg, "--ep", "parallel.ep", &a->ep); break;
         case OPT_RECOMPUTE:
             if (!strcasecmp(optarg, "none")) a->recompute = PLAN_RECOMPUTE_NONE;
             else if (!strcasecmp(optarg, "selective")) a->recompute = PLAN_RECOMPUTE_SELECTIVE;
@@ -891,6 +1083,7 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
             st = field_int(optarg, "--max-prefetch", "buffers.prefetch_depth", &a->max_prefetch);
             break;
         case PO_JSON_FILE: a->json_path = optarg; break;
+        case PO_JSON_FLAG: a->json_flag = 1; break;
         case PO_FAMILY: a->family = optarg; break;
         case PO_STRATEGY: a->strategy = optarg; break;
         case OPT_HELP: fputs(usage, stdout); return -1;
@@ -906,8 +1099,7 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
         if (st) return fail();
     }
     if (optind < argc) {
-        zo_error(ZO_ERR_INVALID, "%s: unexpected argument '%s'", max_model ? "max-model" : "plan",
-                 argv[optind]);
+        unexpected_argument(max_model ? "max-model" : "plan", argc, argv);
         return fail();
     }
     return 0;
@@ -923,12 +1115,13 @@ static zo_status args_hw(const plan_args *a, plan_hw *hw, plan_hw_basis *b)
     return ZO_OK;
 }
 
-static void args_space(const plan_args *a, const zo_model_config *m, const plan_hw *hw,
-                       plan_space *s)
+static zo_status args_space(const plan_args *a, const zo_model_config *m, const plan_hw *hw,
+                            plan_space *s)
 {
     plan_space_defaults(s, m, hw);
     if (a->max_gpus) s->max_gpus = (int)a->max_gpus;
     if (a->seq) s->base.seq = (int)a->seq;
+    s->base.seq_is_default = !a->seq;
     if (a->global_batch) s->global_batch = (int)a->global_batch;
     if (a->dtype_set) s->base.dtype = s->base.grad_dtype = a->dtype;
     if (a->grad_dtype_set) s->base.grad_dtype = a->grad_dtype;
@@ -941,6 +1134,7 @@ static void args_space(const plan_args *a, const zo_model_config *m, const plan_
     }
     s->tp = (int)a->tp;
     s->pp = (int)a->pp;
+    s->ep = (int)a->ep;
     s->recompute = a->recompute;
     if (a->no_offload) s->allow_offload = 0;
     if (a->no_nvme) s->allow_nvme = 0;
@@ -952,6 +1146,9 @@ static void args_space(const plan_args *a, const zo_model_config *m, const plan_
     if (a->cublas_set) s->base.buf.cublas_workspace = a->buf.cublas_workspace;
     if (a->frag_set) s->base.buf.fragmentation = a->buf.fragmentation;
     if (a->sub_group_set) s->base.buf.sub_group = a->buf.sub_group;
+    s->schedule = a->mf.schedule; /* searched unless given */
+    s->adapters_on = a->mf.adapters_on;
+    return apply_method_flags(&a->mf, &s->base);
 }
 
 static void print_plan_line(const plan_candidate *c, const char *lead)
@@ -959,13 +1156,19 @@ static void print_plan_line(const plan_candidate *c, const char *lead)
     const plan_train *t = &c->t;
     char fr[64];
     plan_format_fractions(t->opt_frac, fr, sizeof fr);
-    printf("%s%d GPU%s: DP %d x TP %d%s x PP %d%s, ZeRO-%d, micro-batch %d x %d, recompute %s\n",
-           lead, c->gpus, c->gpus == 1 ? "" : "s", t->dp, t->tp, t->sp ? " (+SP)" : "", t->pp,
+    char ep[24] = "";
+    if (t->ep > 1) snprintf(ep, sizeof ep, " (EP %d)", t->ep);
+    printf("%s%d GPU%s: DP %d%s x TP %d%s x PP %d%s, ZeRO-%d, micro-batch %d x %d, recompute %s\n",
+           lead, c->gpus, c->gpus == 1 ? "" : "s", t->dp, ep, t->tp, t->sp ? " (+SP)" : "", t->pp,
            t->vpp > 1 ? " (interleaved)" : "", t->zero, t->micro_batch, t->grad_accum,
            plan_recompute_name(t->recompute));
-    printf("%sweights on %s, gradients on %s, optimizer on %s, checkpoints on %s, prefetch %d\n",
-           lead, plan_tier_name(t->params_on), plan_tier_name(t->grads_on), fr,
-           plan_tier_name(t->checkpoints_on), t->buf.prefetch_depth);
+    char ad[32] = "";
+    if (t->method != PLAN_METHOD_FULL) snprintf(ad, sizeof ad, ", adapters on %s", plan_tier_name(t->adapters_on));
+    printf("%s%s on %s%s, gradients on %s, optimizer on %s, checkpoints on %s, prefetch %d, "
+           "optimizer schedule %s\n",
+           lead, t->method == PLAN_METHOD_FULL ? "weights" : "frozen base",
+           plan_tier_name(t->params_on), ad, plan_tier_name(t->grads_on), fr,
+           plan_tier_name(t->checkpoints_on), t->buf.prefetch_depth, plan_schedule_name(t->schedule));
     printf("%sper rank: GPU %.1f GiB, CPU %.1f GiB, NVMe %.1f GiB\n", lead,
            (double)c->total[PLAN_GPU] / (1 << 30), (double)c->total[PLAN_CPU] / (1 << 30),
            (double)c->total[PLAN_NVME] / (1 << 30));
@@ -991,42 +1194,49 @@ static int cmd_plan(int argc, char **argv)
     plan_result r;
     if ((st = build_model(a.model, a.params_n, &a.sf, a.seq, &m)) != ZO_OK) return fail();
     if ((st = args_hw(&a, &hw, &basis)) != ZO_OK) return fail();
-    args_space(&a, &m, &hw, &s);
+    if ((st = args_space(&a, &m, &hw, &s)) != ZO_OK) return fail();
     double t0 = now_s();
     if ((st = plan_search(&m, &hw, &s, (int)a.top, &r)) != ZO_OK) return fail();
     double dt = now_s() - t0;
 
     char cnt[32];
     static const char *obj[] = {"step time", "GPU memory", "GPU-seconds per token"};
-    plan_report_basis(stdout, &hw, &basis);
-    printf("%s (%s params) on %s: %s%d x %s; seq %d, global batch %d; ranked by %s\n", m.name,
-           zo_format_count(zo_model_params(&m), cnt, sizeof cnt), hw.name,
-           s.max_gpus ? "up to " : "", hw.gpus, hw.gpu, s.base.seq, s.global_batch,
-           obj[s.objective]);
-    printf("searched %llu configurations (%llu fit) in %.2f s: %.3g configurations/s\n",
+    /* --json: stdout holds the plan alone */
+    FILE *tab = a.json_flag ? fopen("/dev/null", "w") : stdout;
+    if (!tab) tab = stderr;
+    plan_report_basis(tab, &hw, &basis);
+    fprintf(tab, "%s (%s params) on %s: %s%d x %s; seq %d%s, global batch %d; ranked by %s\n", m.name,
+            zo_format_count(zo_model_params(&m), cnt, sizeof cnt), hw.name,
+            s.max_gpus ? "up to " : "", hw.gpus, hw.gpu, s.base.seq,
+            s.base.seq_is_default ? " (default: the model's positions, at most 4096)" : "",
+            s.global_batch, obj[s.objective]);
+    fprintf(tab, "searched %llu configurations (%llu fit) in %.2f s: %.3g configurations/s\n",
            (unsigned long long)r.configs, (unsigned long long)r.feasible, dt,
            dt > 0 ? (double)r.configs / dt : 0.0);
     if (r.n_best == 0) {
-        printf("\nnothing fits: more GPUs (--gpus / --max-gpus), a shorter --seq or a smaller "
-               "--global-batch%s\n", s.allow_offload ? "" : ", or allow offload (drop --no-offload)");
+        fprintf(a.json_flag ? stderr : tab, "\nnothing fits: more GPUs (--gpus / --max-gpus), a shorter "
+                "--seq or a smaller --global-batch%s\n",
+                s.allow_offload ? "" : ", or allow offload (drop --no-offload)");
+        if (tab != stdout && tab != stderr) fclose(tab);
         return EXIT_NOFIT;
     }
     const plan_candidate *b = &r.best[0];
-    printf("\nbest: %.4g s per step, %.4g tokens/s, MFU %.1f%%\n", b->time.step,
-           b->time.tokens_per_s, 100 * b->time.mfu);
-    print_plan_line(b, "  ");
+    fprintf(tab, "\nbest: %.4g s per step, %.4g tokens/s, MFU %.1f%%\n", b->time.step,
+            b->time.tokens_per_s, 100 * b->time.mfu);
+    if (!a.json_flag) print_plan_line(b, "  ");
     char why[2048];
     plan_explain(&m, &hw, b, why, sizeof why);
     for (char *sv = NULL, *line = strtok_r(why, "\n", &sv); line; line = strtok_r(NULL, "\n", &sv))
-        printf("  - %s\n", line);
-    plan_report_time_table(stdout, &b->time);
+        fprintf(tab, "  - %s\n", line);
+    plan_report_time_table(tab, &b->time);
     for (int i = 1; i < r.n_best; i++) {
         char d[1024];
         plan_describe_diff(b, &r.best[i], d, sizeof d);
-        printf("\n%d. %.4g s per step: %s\n", i + 1, r.best[i].time.step, d);
+        fprintf(tab, "\n%d. %.4g s per step: %s\n", i + 1, r.best[i].time.step, d);
     }
+    if (tab != stdout && tab != stderr) fclose(tab);
 
-    if (a.json_path || a.svg_path) {
+    if (a.json_path || a.json_flag || a.svg_path) {
         plan_hw h = hw;
         h.gpus = b->gpus;
         plan_estimate e;
@@ -1034,14 +1244,14 @@ static int cmd_plan(int argc, char **argv)
         if ((st = plan_estimate_run(&m, &h, &b->t, &e)) != ZO_OK ||
             (st = plan_time_run(&m, &h, &b->t, &e, &pt)) != ZO_OK)
             return fail();
-        if (a.json_path) {
+        if (a.json_path || a.json_flag) {
             cJSON *doc;
-            if ((st = plan_file_json(&m, &h, &b->t, &e, &pt, a.json_path, &doc)) != ZO_OK) return fail();
-            st = write_json(a.json_path, doc);
-            cJSON_Delete(doc);
-            if (st) return fail();
-            printf("\nplan written to %s (memplan estimate --plan %s; train --plan %s)\n",
-                   a.json_path, a.json_path, a.json_path);
+            const char *what = a.json_path ? a.json_path : "the plan";
+            if ((st = plan_file_json(&m, &h, &b->t, &e, &pt, what, &doc)) != ZO_OK) return fail();
+            if ((st = emit_json(doc, a.json_flag, a.json_path)) != ZO_OK) return fail();
+            if (a.json_path && !a.json_flag)
+                printf("\nplan written to %s (memplan estimate --plan %s; train --plan %s)\n",
+                       a.json_path, a.json_path, a.json_path);
         }
         if (a.svg_path && (st = write_svg(a.svg_path, &m, &h, &b->t, &e, &pt)) != ZO_OK)
             return fail();
@@ -1069,6 +1279,13 @@ static void preset_config(const zo_model_config *m, const plan_train *ct, plan_t
     x->checkpoints_on = ct->checkpoints_on;
     memcpy(x->opt_frac, ct->opt_frac, sizeof x->opt_frac);
     x->buf.prefetch_depth = ct->buf.prefetch_depth;
+    x->method = ct->method;
+    x->lora = ct->lora;
+    x->adapters_on = ct->adapters_on;
+    x->schedule = ct->schedule;
+    x->dpu_warmup = ct->dpu_warmup;
+    x->opt_threads = ct->opt_threads;
+    x->clip_stale = ct->clip_stale;
 }
 
 /* The largest preset of the shape's architecture, at most `n` parameters,
@@ -1110,10 +1327,11 @@ static const char *fmt_rate(double v, char *buf, size_t len)
 }
 
 /* One strategy's row: the largest model, its step, the flags that place it,
- * and the largest preset that fits with the command that checks it. */
+ * and the largest preset that fits with the command that checks it; printed
+ * when `print`, added to the JSON rows when rows is not NULL. */
 static void print_max_model_row(plan_strategy strat, const zo_model_config *shape,
                                 const plan_candidate *c, uint64_t n, const plan_hw *hw,
-                                const plan_hw_basis *basis)
+                                const plan_hw_basis *basis, cJSON *rows, int print)
 {
     char cnt[32], shp[32], flags[256], hwflags[512], pre[96] = "none", rate[32], prate[32];
     snprintf(shp, sizeof shp, "%dx%d", shape->n_layers, shape->hidden);
@@ -1126,17 +1344,41 @@ static void print_max_model_row(plan_strategy strat, const zo_model_config *shap
     if (p)
         snprintf(pre, sizeof pre, "%s (%.3g s, %s)", p->name, pt.step,
                  fmt_rate(pt.tokens_per_s, prate, sizeof prate));
-    printf("%-20s %8s  %-12s %9.3g s %9s  %s\n", plan_strategy_name(strat),
-           zo_format_count(n, cnt, sizeof cnt), shp, c->time.step,
-           fmt_rate(c->time.tokens_per_s, rate, sizeof rate), pre);
-    printf("    flags: %s\n", flags[0] ? flags : "(the defaults)");
-    if (!p) return;
+    cJSON *row = rows ? cJSON_CreateObject() : NULL;
+    if (row) {
+        cJSON_AddStringToObject(row, "strategy", plan_strategy_name(strat));
+        cJSON_AddNumberToObject(row, "params", (double)n);
+        cJSON_AddNumberToObject(row, "layers", shape->n_layers);
+        cJSON_AddNumberToObject(row, "hidden", shape->hidden);
+        cJSON_AddNumberToObject(row, "step_s", c->time.step);
+        cJSON_AddNumberToObject(row, "tokens_per_s", c->time.tokens_per_s);
+        cJSON_AddStringToObject(row, "flags", flags);
+        cJSON_AddItemToArray(rows, row);
+    }
+    if (print) {
+        printf("%-20s %8s  %-12s %9.3g s %9s  %s\n", plan_strategy_name(strat),
+               zo_format_count(n, cnt, sizeof cnt), shp, c->time.step,
+               fmt_rate(c->time.tokens_per_s, rate, sizeof rate), pre);
+        printf("    flags: %s\n", flags[0] ? flags : "(the defaults)");
+    }
+    if (!p) {
+        if (row) cJSON_AddNullToObject(row, "preset");
+        return;
+    }
     plan_train_defaults(&d, &p->cfg);
     d.seq = x.seq;
     plan_train_flags(&d, &x, flags, sizeof flags);
     plan_hw_basis_flags(basis, hwflags, sizeof hwflags);
-    printf("    check: memplan estimate --model %s%s%s --seq %d%s%s\n", p->name, hwflags[0] ? " " : "",
-           hwflags, x.seq, flags[0] ? " " : "", flags);
+    char check[1024];
+    snprintf(check, sizeof check, "memplan estimate --model %s%s%s --seq %d%s%s", p->name,
+             hwflags[0] ? " " : "", hwflags, x.seq, flags[0] ? " " : "", flags);
+    if (print) printf("    check: %s\n", check);
+    if (!row) return;
+    cJSON *pr = cJSON_AddObjectToObject(row, "preset");
+    cJSON_AddStringToObject(pr, "name", p->name);
+    cJSON_AddNumberToObject(pr, "step_s", pt.step);
+    cJSON_AddNumberToObject(pr, "tokens_per_s", pt.tokens_per_s);
+    cJSON_AddStringToObject(pr, "check", check);
 }
 
 static int cmd_max_model(int argc, char **argv)
@@ -1168,41 +1410,53 @@ static int cmd_max_model(int argc, char **argv)
         }
     }
     plan_space base;
-    args_space(&a, &ref, &hw, &base);
+    if ((st = args_space(&a, &ref, &hw, &base)) != ZO_OK) return fail();
     base.base.seq = a.seq ? (int)a.seq : 0;
-    plan_report_basis(stdout, &hw, &basis);
-    printf("\nlargest %s model on %d x %s (%.2f GiB CPU memory, %.2f TB NVMe per node), seq %d%s; "
-           "micro-batch 1\n",
-           family, hw.gpus, hw.gpu, (double)hw.cpu_mem / (1 << 30), hw.nvme / 1e12,
-           a.seq ? (int)a.seq : ref.max_seq, a.seq ? "" : " (the family's)");
-    /* on one GPU ZeRO and 3-D parallelism have nothing to shard */
-    int one = hw.gpus == 1 && only < 0;
-    if (one)
-        printf("one GPU: ZeRO-1/2/3 and 3-D parallelism shard nothing; data-parallel stands for "
-               "them\n");
-    printf("\n%-20s %8s  %-12s %11s %9s  %s\n", "strategy", "largest", "shape (LxH)", "step",
-           "tokens/s", "largest preset that fits (step s, tokens/s)");
+    /* --json / --json-out: the rows as JSON (docs/memplan-json.md) */
+    cJSON *rows = a.json_flag || a.json_path ? cJSON_CreateArray() : NULL;
+    int one = hw.gpus == 1 && only < 0; /* on one GPU ZeRO and 3-D parallelism shard nothing */
+    if (!a.json_flag) {
+        plan_report_basis(stdout, &hw, &basis);
+        printf("\nlargest %s model on %d x %s (%.2f GiB CPU memory, %.2f TB NVMe per node), seq %d%s; "
+               "micro-batch 1\n",
+               family, hw.gpus, hw.gpu, (double)hw.cpu_mem / (1 << 30), hw.nvme / 1e12,
+               a.seq ? (int)a.seq : ref.max_seq, a.seq ? "" : " (the family's)");
+        if (one)
+            printf("one GPU: ZeRO-1/2/3 and 3-D parallelism shard nothing; data-parallel stands for "
+                   "them\n");
+        printf("\n%-20s %8s  %-12s %11s %9s  %s\n", "strategy", "largest", "shape (LxH)", "step",
+               "tokens/s", "largest preset that fits (step s, tokens/s)");
+    }
     for (int i = 0; i < PLAN_STRATEGIES; i++) {
         if (only >= 0 && i != only) continue;
         if (one && i >= PLAN_STRAT_ZERO1 && i <= PLAN_STRAT_3D) continue;
         zo_model_config shape;
         plan_candidate c;
         uint64_t n;
-        if ((st = plan_max_model(family, &hw, &base, (plan_strategy)i, &shape, &c, &n)) != ZO_OK)
+        if ((st = plan_max_model(family, &hw, &base, (plan_strategy)i, &shape, &c, &n)) != ZO_OK) {
+            cJSON_Delete(rows);
             return fail();
-        if (!n) {
-            printf("%-20s %8s\n", plan_strategy_name((plan_strategy)i), "none fits");
+        }
+        if (n) {
+            print_max_model_row((plan_strategy)i, &shape, &c, n, &hw, &basis, rows, !a.json_flag);
             continue;
         }
-        print_max_model_row((plan_strategy)i, &shape, &c, n, &hw, &basis);
+        if (!a.json_flag) printf("%-20s %8s\n", plan_strategy_name((plan_strategy)i), "none fits");
+        if (rows) { /* none fits: a row of 0 parameters */
+            cJSON *row = cJSON_CreateObject();
+            cJSON_AddStringToObject(row, "strategy", plan_strategy_name((plan_strategy)i));
+            cJSON_AddNumberToObject(row, "params", 0);
+            cJSON_AddItemToArray(rows, row);
+        }
     }
+    if (rows && (st = emit_json(rows, a.json_flag, a.json_path)) != ZO_OK) return fail();
     return 0;
 }
 
 /* ---- memplan calibrate ----------------------------------------------------------- */
 
 static const char usage_calibrate[] =
-    "usage: memplan calibrate [--out FILE] [--base PRESET] [--nvme-dir DIR] [--threads N]\n"
+    "usage: memplan calibrate [--json | --json-out FILE] [--base PRESET] [--nvme-dir DIR] [--threads N]\n"
     "                         [--adam-params N] [--seconds S] [--nvme-bytes SIZE]\n"
     "\n"
     "Measure this machine and write a hardware profile (JSON) that '--hw FILE' reads:\n"
@@ -1211,12 +1465,14 @@ static const char usage_calibrate[] =
     "--nvme-bytes, default 512MiB, through the nvme module's io_uring engine). What cannot\n"
     "be measured here (the GPU, PCIe) comes from --base (default h100-80gb; a machine or a\n"
     "GPU preset such as rtx-4090, 'memplan hardware'); the profile's\n"
-    "\"note\" says which. Default output: stdout.\n";
+    "\"note\" says which. --json (the default) prints it to stdout; --json-out FILE (or\n"
+    "--out FILE) writes it to FILE.\n";
 
 static int cmd_calibrate(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"out", required_argument, 0, 'o'},      {"base", required_argument, 0, 'b'},
+        {"out", required_argument, 0, 'o'},      {"json-out", required_argument, 0, 'o'},
+        {"json", no_argument, 0, 'j'},           {"base", required_argument, 0, 'b'},
         {"nvme-dir", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
         {"adam-params", required_argument, 0, 'a'}, {"seconds", required_argument, 0, 's'},
         {"nvme-bytes", required_argument, 0, 'N'},
@@ -1234,6 +1490,7 @@ static int cmd_calibrate(int argc, char **argv)
     while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
         switch (c) {
         case 'o': out = optarg; break;
+        case 'j': break; /* stdout: the default */
         case 'b': o.base = optarg; break;
         case 'n': o.nvme_dir = optarg; break;
         case 't': st = zo_parse_int(optarg, "--threads", 1, 4096, &v); o.threads = (int)v; break;
@@ -1251,20 +1508,20 @@ static int cmd_calibrate(int argc, char **argv)
         if (st) return fail();
     }
     if (optind < argc) {
-        zo_error(ZO_ERR_INVALID, "calibrate: unexpected argument '%s'", argv[optind]);
+        unexpected_argument("calibrate", argc, argv);
         return fail();
     }
     plan_hw hw;
     if ((st = plan_calibrate_run(&o, &hw)) != ZO_OK) return fail();
     cJSON *doc = plan_hw_json(&hw);
     if (out) {
-        st = write_json(out, doc);
+        st = zo_file_write_json(out, doc);
         cJSON_Delete(doc);
         if (st) return fail();
-        fprintf(stderr, "memplan: profile written to %s: CPU AdamW %.3g params/s, memory %.3g GB/s, "
-                        "%.1f GiB RAM, %d cores (%s)\n",
-                out, hw.cpu_adam_rate, hw.cpu_mem_bw / 1e9, (double)hw.cpu_mem / (1 << 30),
-                hw.cpu_cores, hw.note);
+        fprintf(stderr, "memplan: profile written to %s: CPU AdamW %.3g params/s (%.3g on one "
+                        "thread), memory %.3g GB/s, %.1f GiB RAM, %d cores (%s)\n",
+                out, hw.cpu_adam_rate, hw.cpu_adam_thread_rate, hw.cpu_mem_bw / 1e9,
+                (double)hw.cpu_mem / (1 << 30), hw.cpu_cores, hw.note);
         return 0;
     }
     char *text = doc ? cJSON_Print(doc) : NULL;
@@ -1293,6 +1550,15 @@ static int cmd_models(void)
                c->vocab, c->max_seq, (unsigned long long)np, zo_format_count(np, cnt, sizeof cnt));
     }
     printf("\nAlso: --model PATH/config.json (Hugging Face), --params N, or a custom shape.\n");
+    /* the config.json families by model_type: sized exactly, or refused */
+    const zo_family_info *fi = zo_model_families(&n);
+    printf("\nconfig.json families (model_type; * = the runtime trains it too):\n");
+    for (size_t i = 0; i < n; i++)
+        if (fi[i].modelled)
+            printf("  %-16s%s %s\n", fi[i].model_type, fi[i].trainable ? "*" : " ", fi[i].what);
+    printf("refused by name:\n");
+    for (size_t i = 0; i < n; i++)
+        if (!fi[i].modelled) printf("  %-17s %s\n", fi[i].model_type, fi[i].what);
     return 0;
 }
 

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/json.h" /* defines: zo_json_parse */
+
 /* The schema's enums are the planner's, value for value. */
 _Static_assert((int)ZO_PLAN_GPU == PLAN_GPU && (int)ZO_PLAN_CPU == PLAN_CPU &&
                    (int)ZO_PLAN_NVME == PLAN_NVME && (int)ZO_PLAN_TIERS == PLAN_TIERS,
@@ -13,6 +15,13 @@ _Static_assert((int)ZO_PLAN_RECOMPUTE_NONE == PLAN_RECOMPUTE_NONE &&
                    (int)ZO_PLAN_RECOMPUTE_FULL == PLAN_RECOMPUTE_FULL,
                "recompute");
 _Static_assert((int)ZO_PLAN_ADAMW == PLAN_OPT_ADAMW && (int)ZO_PLAN_SGD == PLAN_OPT_SGD, "optimizer");
+_Static_assert((int)ZO_PLAN_FULL == PLAN_METHOD_FULL && (int)ZO_PLAN_LORA == PLAN_METHOD_LORA &&
+                   (int)ZO_PLAN_QLORA == PLAN_METHOD_QLORA,
+               "method");
+_Static_assert((int)ZO_PLAN_SCHED_SERIAL == PLAN_SCHED_SERIAL &&
+                   (int)ZO_PLAN_SCHED_OVERLAP == PLAN_SCHED_OVERLAP &&
+                   (int)ZO_PLAN_SCHED_DPU == PLAN_SCHED_DPU,
+               "schedule");
 
 /* ---- hardware ----------------------------------------------------------------------- */
 
@@ -34,17 +43,10 @@ zo_status plan_hw_from_json(const cJSON *o, const char *path, plan_hw *hw)
 
 zo_status plan_hw_parse(const char *text, const char *path, plan_hw *hw)
 {
-    const char *end = NULL;
-    cJSON *doc = cJSON_ParseWithOpts(text, &end, 0);
-    if (!doc) {
-        int line = 1, col = 1;
-        for (const char *p = text; end && p < end && *p; p++) {
-            if (*p == '\n') line++, col = 1;
-            else col++;
-        }
-        return zo_error(ZO_ERR_FORMAT, "%s:%d:%d: malformed JSON", path, line, col);
-    }
-    zo_status st;
+    cJSON *doc;
+    /* malformed JSON (line and column named) and keys given twice refused */
+    zo_status st = zo_json_parse(text, strlen(text), path, &doc);
+    if (st != ZO_OK) return st;
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(doc, "format");
     if (cJSON_IsString(fmt) && !strcmp(fmt->valuestring, ZO_PLAN_FORMAT))
         st = zo_hw_profile_read_json(cJSON_GetObjectItemCaseSensitive(doc, "hardware"), path,
@@ -71,12 +73,19 @@ void plan_file_from(const zo_model_config *m, const plan_hw *hw, const plan_trai
         .seq = t->seq, .micro_batch = t->micro_batch, .grad_accum = t->grad_accum,
         .dtype = t->dtype, .grad_dtype = t->grad_dtype,
         .optimizer = (zo_plan_optimizer)t->optimizer, .recompute = (zo_plan_recompute)t->recompute,
-        .flash_attn = t->flash_attn, .dropout = t->dropout};
+        .flash_attn = t->flash_attn, .dropout = t->dropout, .dp_overlap = t->dp_overlap,
+        .fused_grad_accum = t->fused_grad_accum, .method = (zo_plan_method)t->method,
+        .optimizer_schedule = (zo_plan_schedule)t->schedule, .dpu_warmup = t->dpu_warmup,
+        .opt_threads = t->opt_threads, .clip_stale = t->clip_stale,
+        .has_lora = t->method != PLAN_METHOD_FULL, .lora = t->lora};
+    if (!p->training.has_lora) memset(&p->training.lora, 0, sizeof p->training.lora);
     p->parallel = (zo_plan_parallel){.dp = t->dp, .tp = t->tp, .pp = t->pp, .vpp = t->vpp,
-                                     .sp = t->sp, .zero = t->zero};
+                                     .sp = t->sp, .ep = t->ep,
+                                     .capacity_factor = t->capacity_factor, .zero = t->zero};
     p->placement.params = (zo_plan_tier)t->params_on;
     p->placement.grads = (zo_plan_tier)t->grads_on;
     p->placement.checkpoints = (zo_plan_tier)t->checkpoints_on;
+    p->placement.adapters = (zo_plan_tier)t->adapters_on;
     memcpy(p->placement.optimizer, t->opt_frac, sizeof p->placement.optimizer);
     p->nvme.sub_group = t->buf.sub_group;
     p->nvme.swap_buffers = t->buf.swap_buffers;
@@ -130,15 +139,26 @@ zo_status plan_file_to(const zo_plan *p, const char *path, zo_model_config *m, p
     t->recompute = (plan_recompute)tr->recompute;
     t->flash_attn = tr->flash_attn;
     t->dropout = tr->dropout;
+    t->dp_overlap = tr->dp_overlap;
+    t->fused_grad_accum = tr->fused_grad_accum;
+    t->method = (plan_method)tr->method;
+    if (tr->has_lora) t->lora = tr->lora;
+    t->schedule = (plan_schedule)tr->optimizer_schedule;
+    t->dpu_warmup = tr->dpu_warmup;
+    t->opt_threads = tr->opt_threads;
+    t->clip_stale = tr->clip_stale;
     t->dp = p->parallel.dp;
     t->tp = p->parallel.tp;
     t->pp = p->parallel.pp;
     t->vpp = p->parallel.vpp;
     t->sp = p->parallel.sp;
+    t->ep = p->parallel.ep;
+    t->capacity_factor = p->parallel.capacity_factor;
     t->zero = p->parallel.zero;
     t->params_on = (plan_tier)p->placement.params;
     t->grads_on = (plan_tier)p->placement.grads;
     t->checkpoints_on = (plan_tier)p->placement.checkpoints;
+    t->adapters_on = (plan_tier)p->placement.adapters;
     memcpy(t->opt_frac, p->placement.optimizer, sizeof t->opt_frac);
     t->buf.sub_group = p->nvme.sub_group;
     t->buf.swap_buffers = p->nvme.swap_buffers;
@@ -151,6 +171,28 @@ zo_status plan_file_to(const zo_plan *p, const char *path, zo_model_config *m, p
     t->buf.fragmentation = p->buffers.fragmentation;
     zo_status st = plan_train_validate(t, m, hw);
     return st == ZO_OK ? ZO_OK : zo_error_wrap(st, "%s", path);
+}
+
+zo_status plan_file_predict(const zo_plan *p, const char *path, int schedule, plan_estimate *e,
+                            plan_time *out)
+{
+    zo_model_config m;
+    plan_hw hw;
+    plan_train t;
+    zo_status st = plan_file_to(p, path, &m, &hw, &t);
+    if (st != ZO_OK) return st;
+    if (schedule >= 0) {
+        if (schedule >= PLAN_SCHEDULES)
+            return zo_error(ZO_ERR_INVALID, "%s: schedule %d is not serial, overlap or dpu", path,
+                            schedule);
+        t.schedule = (plan_schedule)schedule;
+    }
+    plan_estimate est;
+    if (!e) e = &est;
+    if ((st = plan_estimate_run(&m, &hw, &t, e)) != ZO_OK ||
+        (st = plan_time_run(&m, &hw, &t, e, out)) != ZO_OK)
+        return zo_error_wrap(st, "%s", path);
+    return ZO_OK;
 }
 
 zo_status plan_file_parse(const char *text, const char *path, zo_model_config *m, plan_hw *hw,

@@ -29,6 +29,14 @@ zo_status plan_file_json(const zo_model_config *m, const plan_hw *hw, const plan
 zo_status plan_file_to(const zo_plan *p, const char *path, zo_model_config *m, plan_hw *hw,
                        plan_train *t);
 
+/* What the planner predicts for a plan (the runtime's tests compare it with
+ * a measured run): its estimate (`e` may be NULL) and its step, under the
+ * plan's optimizer schedule (`schedule` -1) or another (a plan_schedule).
+ * Pure: no I/O. The plan needs its "hardware" (plan_file_to). To predict the
+ * CPU backend, give the plan the hardware of plan_hw_cpu_backend. */
+zo_status plan_file_predict(const zo_plan *p, const char *path, int schedule, plan_estimate *e,
+                            plan_time *out);
+
 /* zo_plan_read and plan_file_to. */
 zo_status plan_file_parse(const char *text, const char *path, zo_model_config *m, plan_hw *hw,
                           plan_train *t);

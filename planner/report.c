@@ -37,11 +37,22 @@ void plan_json_add_placement(cJSON *parent, const plan_train *t)
     for (int i = 0; i < PLAN_TIERS; i++)
         cJSON_AddNumberToObject(jo, plan_tier_name((plan_tier)i), t->opt_frac[i]);
     cJSON_AddStringToObject(jp, "checkpoints", plan_tier_name(t->checkpoints_on));
+    cJSON_AddStringToObject(jp, "adapters", plan_tier_name(t->adapters_on));
 }
 
-cJSON *plan_json_model(const zo_model_config *m) { return zo_plan_model_write_json(m); }
-
 static void add_u64(cJSON *o, const char *k, uint64_t v) { cJSON_AddNumberToObject(o, k, (double)v); }
+
+/* The plan's model object, and what a token of an MoE model uses. */
+cJSON *plan_json_model(const zo_model_config *m)
+{
+    cJSON *jm = zo_plan_model_write_json(m);
+    if (jm && m->moe.experts) {
+        zo_param_counts pc;
+        zo_model_param_counts(m, &pc);
+        add_u64(jm, "active_params", pc.active);
+    }
+    return jm;
+}
 
 cJSON *plan_report_time_json(const plan_time *pt)
 {
@@ -57,10 +68,22 @@ cJSON *plan_report_time_json(const plan_time *pt)
     for (int i = 0; i < PLAN_TIME_PARTS; i++)
         cJSON_AddNumberToObject(parts, plan_time_part_name(i), plan_time_part(pt, i));
     cJSON *tot = cJSON_AddObjectToObject(jt, "before_overlap");
+    cJSON_AddNumberToObject(tot, "cpu_adam", pt->cpu_adam_total);
     cJSON_AddNumberToObject(tot, "dp_comm", pt->dp_comm_total);
     cJSON_AddNumberToObject(tot, "h2d", pt->h2d_total);
     cJSON_AddNumberToObject(tot, "d2h", pt->d2h_total);
     cJSON_AddNumberToObject(tot, "nvme", pt->nvme_total);
+    cJSON *js = cJSON_AddObjectToObject(jt, "schedule");
+    cJSON_AddStringToObject(js, "name", plan_schedule_name(pt->schedule));
+    cJSON_AddNumberToObject(js, "serial_step_s", pt->serial_step);
+    cJSON_AddNumberToObject(js, "optimizer_s", pt->opt_s);
+    cJSON_AddNumberToObject(js, "overlapped_s", pt->opt_hidden);
+    cJSON_AddNumberToObject(js, "exposed_s", pt->opt_exposed);
+    cJSON_AddStringToObject(js, "bound", plan_bound_name(pt->bound));
+    cJSON_AddNumberToObject(js, "opt_threads", pt->opt_threads);
+    cJSON_AddNumberToObject(js, "cpu_adam_rate", pt->cpu_adam_rate);
+    cJSON_AddNumberToObject(js, "dpu_warmup", pt->dpu_warmup);
+    cJSON_AddBoolToObject(js, "clip_stale", pt->clip_stale);
     cJSON *jl = cJSON_AddObjectToObject(jt, "microbatch");
     cJSON_AddNumberToObject(jl, "stage_s", pt->mb.total);
     cJSON_AddNumberToObject(jl, "layer_forward_s", pt->mb.layer_fwd);
@@ -121,6 +144,7 @@ cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_
 
     cJSON *jc = cJSON_AddObjectToObject(root, "config");
     cJSON_AddNumberToObject(jc, "seq", t->seq);
+    cJSON_AddBoolToObject(jc, "seq_is_default", t->seq_is_default);
     cJSON_AddNumberToObject(jc, "micro_batch", t->micro_batch);
     cJSON_AddNumberToObject(jc, "grad_accum", t->grad_accum);
     cJSON_AddNumberToObject(jc, "global_batch", (double)t->micro_batch * t->grad_accum * t->dp);
@@ -131,12 +155,26 @@ cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_
     cJSON_AddNumberToObject(jc, "tp", t->tp);
     cJSON_AddNumberToObject(jc, "pp", t->pp);
     cJSON_AddNumberToObject(jc, "vpp", t->vpp);
+    cJSON_AddNumberToObject(jc, "ep", t->ep);
+    cJSON_AddNumberToObject(jc, "capacity_factor", t->capacity_factor);
     cJSON_AddBoolToObject(jc, "sp", t->sp);
     cJSON_AddNumberToObject(jc, "zero", t->zero);
     cJSON_AddStringToObject(jc, "recompute", plan_recompute_name(t->recompute));
     cJSON_AddBoolToObject(jc, "flash_attn", t->flash_attn);
     cJSON_AddBoolToObject(jc, "dropout", t->dropout);
     cJSON_AddStringToObject(jc, "schedule", t->vpp > 1 ? "interleaved-1f1b" : "1f1b");
+    cJSON_AddStringToObject(jc, "method", plan_method_name(t->method));
+    if (t->method != PLAN_METHOD_FULL) {
+        char tg[64];
+        cJSON *jl = cJSON_AddObjectToObject(jc, "lora");
+        cJSON_AddNumberToObject(jl, "r", t->lora.r);
+        cJSON_AddNumberToObject(jl, "alpha", t->lora.alpha);
+        cJSON_AddStringToObject(jl, "targets", zo_lora_targets_str(t->lora.targets, tg, sizeof tg));
+    }
+    cJSON_AddStringToObject(jc, "optimizer_schedule", plan_schedule_name(t->schedule));
+    cJSON_AddNumberToObject(jc, "dpu_warmup", t->dpu_warmup);
+    cJSON_AddNumberToObject(jc, "opt_threads", t->opt_threads);
+    cJSON_AddBoolToObject(jc, "clip_stale", t->clip_stale);
     plan_json_add_placement(jc, t);
     cJSON *jb = cJSON_AddObjectToObject(jc, "buffers");
     add_u64(jb, "cuda_context", t->buf.cuda_context);
@@ -175,6 +213,12 @@ cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_
     cJSON_AddNumberToObject(root, "pipeline_stage", e->stage);
     add_u64(root, "stage_params", e->stage_params);
     add_u64(root, "rank_params", e->rank_params);
+    add_u64(root, "trainable_params", e->trainable);
+    add_u64(root, "rank_trainable_params", e->train_params);
+    if (t->method != PLAN_METHOD_FULL) {
+        add_u64(root, "frozen_bytes", e->weight_bytes - e->train_params * zo_dtype_size(t->dtype));
+        add_u64(root, "nf4_bytes", e->nf4_bytes);
+    }
     if (e->activations_known) {
         add_u64(root, "activations_per_layer", e->act_layer);
         cJSON_AddNumberToObject(root, "microbatches_in_flight", e->inflight);
@@ -187,6 +231,20 @@ cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_
     add_suggestions(root, sg);
     if (pt) cJSON_AddItemToObject(root, "time", plan_report_time_json(pt));
     return root;
+}
+
+/* 39976960 -> "39,976,960" */
+static const char *group_digits(uint64_t v, char *buf, size_t len)
+{
+    char d[32];
+    int n = snprintf(d, sizeof d, "%llu", (unsigned long long)v), k = 0;
+    size_t o = 0;
+    for (int i = 0; i < n && o + 2 < len; i++) {
+        if (i && (n - i) % 3 == 0) buf[o++] = ',';
+        buf[o++] = d[k++];
+    }
+    buf[o] = '\0';
+    return buf;
 }
 
 static int cmp_items(const void *a, const void *b)
@@ -214,7 +272,7 @@ static const char *part_title[PLAN_TIME_PARTS] = {
     "forward compute", "backward compute", "recompute", "tensor-parallel collectives",
     "pipeline bubble", "pipeline sends", "data-parallel collectives (exposed)",
     "host->device copies (exposed)", "device->host gradients (exposed)", "optimizer on the GPU",
-    "CPU AdamW", "NVMe traffic (exposed)",
+    "CPU AdamW", "NVMe traffic (exposed)", "expert-parallel all-to-alls",
 };
 
 static void fmt_s(double s, char *buf, size_t len)
@@ -238,6 +296,46 @@ void plan_report_time_table(FILE *out, const plan_time *pt)
     if (pt->mb.layer_fwd > 0)
         fprintf(out, "    (one layer, one micro-batch: forward %.2f ms, backward %.2f ms)\n",
                 pt->mb.layer_fwd * 1e3, pt->mb.layer_bwd * 1e3);
+    plan_report_schedule(out, pt);
+}
+
+/* seconds in a sentence: "7.438 s", "918.9 ms" */
+static const char *secs(double s, char *buf, size_t len)
+{
+    if (s >= 1) snprintf(buf, len, "%.3f s", s);
+    else snprintf(buf, len, "%.1f ms", s * 1e3);
+    return buf;
+}
+
+void plan_report_schedule(FILE *out, const plan_time *pt)
+{
+    if (pt->sched.cpu_n <= 0) return;
+    char b[32], c[32], d[32];
+    static const char *what[PLAN_SCHEDULES] = {
+        "serial: the CPU update after the backward",
+        "overlap: the CPU update block by block beside the GPU's work",
+        "dpu: each step's CPU update beside the next step's forward and backward",
+    };
+    fprintf(out, "  optimizer schedule %s\n", what[pt->schedule]);
+    if (pt->schedule == PLAN_SCHED_OVERLAP)
+        fprintf(out, "    %s\n", pt->clip_stale ? "updates start as each block's gradients are "
+                                                  "complete (clipping by the previous step's norm)"
+                                                : "exact clipping: updates start after the "
+                                                  "backward, each next forward block waits for "
+                                                  "its own");
+    if (pt->schedule == PLAN_SCHED_DPU)
+        fprintf(out, "    after %d serial steps; from then on a step computes with the weights "
+                     "before the previous step's update\n", pt->dpu_warmup);
+    fprintf(out, "    CPU optimizer %s on %.3g threads (%.3g params/s): %s beside GPU work, %s "
+                 "exposed; the step is bound by %s\n",
+            secs(pt->opt_s, b, sizeof b), pt->opt_threads, pt->cpu_adam_rate,
+            secs(pt->opt_hidden, c, sizeof c), secs(pt->opt_exposed, d, sizeof d),
+            pt->bound == PLAN_BOUND_GPU ? "the GPU's work" : pt->bound == PLAN_BOUND_OPT
+                                                                 ? "the CPU optimizer"
+                                                                 : plan_bound_name(pt->bound));
+    if (pt->schedule != PLAN_SCHED_SERIAL)
+        fprintf(out, "    the serial schedule: %s per step (%.2fx this one)\n",
+                secs(pt->serial_step, b, sizeof b), pt->serial_step / pt->step);
 }
 
 void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
@@ -246,22 +344,51 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
 {
     char cnt[32], fr[64];
     static const char *tier_title[] = {"GPU", "CPU", "NVMe"};
-    fprintf(out, "%s (%s params) on %s: %d x %s, %d per node\n", m->name,
-            zo_format_count(e->params, cnt, sizeof cnt), hw->name, hw->gpus, hw->gpu,
+    zo_param_counts pc;
+    zo_model_param_counts(m, &pc);
+    char act[48] = "";
+    if (pc.experts) {
+        char a[32];
+        snprintf(act, sizeof act, ", %s active", zo_format_count(pc.active, a, sizeof a));
+    }
+    fprintf(out, "%s (%s params%s) on %s: %d x %s, %d per node\n", m->name,
+            zo_format_count(e->params, cnt, sizeof cnt), act, hw->name, hw->gpus, hw->gpu,
             hw->gpus_per_node);
     plan_format_fractions(t->opt_frac, fr, sizeof fr);
     fprintf(out,
-            "  seq %d, micro-batch %d, grad-accum %d, %s weights, %s grads, %s; DP %d, TP %d%s, "
+            "  seq %d%s, micro-batch %d, grad-accum %d, %s weights, %s grads, %s; DP %d, TP %d%s, "
             "PP %d%s, ZeRO-%d\n",
-            t->seq, t->micro_batch, t->grad_accum, zo_dtype_name(t->dtype),
+            t->seq, t->seq_is_default ? " (default: the model's positions, at most 4096)" : "",
+            t->micro_batch, t->grad_accum, zo_dtype_name(t->dtype),
             zo_dtype_name(t->grad_dtype), t->optimizer == PLAN_OPT_ADAMW ? "AdamW" : "SGD", t->dp,
             t->tp, t->sp ? " (+SP)" : "", t->pp, t->vpp > 1 ? " (interleaved)" : "", t->zero);
+    if (t->ep > 1 || t->capacity_factor > 0)
+        fprintf(out, "  experts: EP %d (%d of %d experts per rank), %s\n", t->ep,
+                m->moe.experts / t->ep, m->moe.experts,
+                t->capacity_factor > 0 ? "capacity-limited" : "dropless routing");
     fprintf(out,
             "  recompute %s, %s attention%s; params on %s, grads on %s, optimizer on %s, "
             "checkpoints on %s\n",
             plan_recompute_name(t->recompute), t->flash_attn ? "flash" : "standard",
             t->dropout ? ", dropout" : "", plan_tier_name(t->params_on),
             plan_tier_name(t->grads_on), fr, plan_tier_name(t->checkpoints_on));
+    if (t->method != PLAN_METHOD_FULL) {
+        char tg[64], tr[32], nf[32];
+        fprintf(out, "  %s r %d (alpha %g) on %s: %s trainable parameters (%.3g%%, as PEFT counts "
+                     "them)\n",
+                t->method == PLAN_METHOD_QLORA ? "QLoRA" : "LoRA", t->lora.r, (double)t->lora.alpha,
+                zo_lora_targets_str(t->lora.targets, tg, sizeof tg),
+                group_digits(e->trainable, tr, sizeof tr),
+                100.0 * (double)e->trainable / (double)e->params);
+        if (t->method == PLAN_METHOD_QLORA)
+            fprintf(out, "    frozen base: the layers' linear weights in NF4 with double quantization "
+                         "(%s), embeddings, head and norms in %s\n",
+                    zo_format_bytes(e->nf4_bytes, nf, sizeof nf), zo_dtype_name(t->dtype));
+        else
+            fprintf(out, "    frozen base in %s\n", zo_dtype_name(t->dtype));
+        fprintf(out, "    the frozen base on %s, the adapters on %s\n", plan_tier_name(t->params_on),
+                plan_tier_name(t->adapters_on));
+    }
     if (t->pp > 1)
         fprintf(out, "  per rank of pipeline stage %d (the one that needs the most GPU memory)\n",
                 e->stage);
@@ -313,7 +440,8 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
     if (sg && sg->n)
         print_suggestions(out, sg);
     else
-        fprintf(out, "         no offload setting alone makes it fit: add GPUs (--dp/--tp/--pp "
-                     "with --zero) or shorten --seq / --micro-batch\n");
+        fprintf(out, "         no offload setting%s alone makes it fit: add GPUs (--dp/--tp/--pp "
+                     "with --zero) or shorten --seq / --micro-batch\n",
+                t->method == PLAN_METHOD_QLORA ? "" : ", LoRA or QLoRA");
     if (pt) plan_report_time_table(out, pt);
 }

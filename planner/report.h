@@ -25,15 +25,20 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
                        const plan_train *t, const plan_estimate *e, const plan_time *pt,
                        const plan_suggestions *sg);
 
-/* The time section of the table: step time, its parts, tokens/s, MFU, HFU. */
+/* The time section of the table: step time, its parts, tokens/s, MFU, HFU,
+ * and the optimizer schedule. */
 void plan_report_time_table(FILE *out, const plan_time *pt);
+
+/* The optimizer schedule's lines (nothing when the CPU updates nothing):
+ * which, the optimizer's time, how much of it is hidden, the serial step. */
+void plan_report_schedule(FILE *out, const plan_time *pt);
 
 /* The model's shape as both the estimate's JSON and the plan file carry it
  * (docs/memplan-json.md, docs/plan-format.md), written by the plan schema's
  * writer; the caller owns it. */
 cJSON *plan_json_model(const zo_model_config *m);
 
-/* "placement": {"params", "grads", "optimizer": {tier: fraction}, "checkpoints"}
+/* "placement": {"params", "grads", "optimizer": {tier: fraction}, "checkpoints", "adapters"}
  * in the estimate's JSON (the same keys as the plan file's). */
 void plan_json_add_placement(cJSON *parent, const plan_train *t);
 

@@ -22,8 +22,11 @@ void plan_space_defaults(plan_space *s, const zo_model_config *m, const plan_hw 
     s->recompute = -1;
     s->params_on = -1;
     s->opt_on = -1;
+    s->schedule = -1;
+    s->adapters_on = -1;
     s->objective = PLAN_OBJ_TIME;
     plan_train_defaults(&s->base, m);
+    plan_train_fit_hw(&s->base, hw);
 }
 
 /* ---- the ranked list -------------------------------------------------------------- */
@@ -33,11 +36,12 @@ static int same_shape(const plan_candidate *a, const plan_train *t, int gpus)
 {
     const plan_train *u = &a->t;
     return a->gpus == gpus && u->dp == t->dp && u->tp == t->tp && u->pp == t->pp &&
-           u->vpp == t->vpp && u->sp == t->sp && u->zero == t->zero &&
+           u->ep == t->ep && u->vpp == t->vpp && u->sp == t->sp && u->zero == t->zero &&
            u->micro_batch == t->micro_batch && u->recompute == t->recompute &&
            u->params_on == t->params_on && u->grads_on == t->grads_on &&
            u->checkpoints_on == t->checkpoints_on && u->opt_frac[0] == t->opt_frac[0] &&
-           u->opt_frac[1] == t->opt_frac[1] && u->opt_frac[2] == t->opt_frac[2];
+           u->opt_frac[1] == t->opt_frac[1] && u->opt_frac[2] == t->opt_frac[2] &&
+           u->schedule == t->schedule && u->adapters_on == t->adapters_on;
 }
 
 typedef struct ranked {
@@ -88,15 +92,22 @@ typedef struct walk {
     plan_result *r;
 } walk;
 
+/* A searched optimizer schedule other than serial counts this much slower
+ * in the ranking: it must beat every serial plan by that much (the simpler
+ * schedule otherwise; dpu changes what a step computes with). */
+#define SCHED_MIN_GAIN 0.02
+
 static double score_of(const plan_space *s, const plan_time *pt, const plan_estimate *e,
                        int gpus)
 {
+    double step = pt->step;
+    if (s->schedule < 0 && pt->schedule != PLAN_SCHED_SERIAL) step *= 1 + SCHED_MIN_GAIN;
     switch (s->objective) {
     case PLAN_OBJ_MEMORY:
         /* GPU bytes first, step time breaks ties (a second is worth 1 byte) */
-        return (double)e->total[PLAN_GPU] + pt->step;
-    case PLAN_OBJ_COST: return gpus / pt->tokens_per_s; /* GPU-seconds per token */
-    default: return pt->step;
+        return (double)e->total[PLAN_GPU] + step;
+    case PLAN_OBJ_COST: return gpus * step / pt->sched.tokens; /* GPU-seconds per token */
+    default: return step;
     }
 }
 
@@ -110,17 +121,23 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
     if (t->dp == 1) zmin = zmax = 0; /* nothing to shard */
     int pmax = !s->allow_offload ? PLAN_GPU : s->allow_nvme ? PLAN_NVME : PLAN_CPU;
     int steps = s->opt_steps > 0 ? s->opt_steps : 1;
+    /* LoRA: the adapters on any tier the weights may take */
+    int amax = t->method == PLAN_METHOD_FULL ? PLAN_GPU : pmax;
     for (int z = zmin; z <= zmax; z++) {
         t->zero = z;
-        for (int pl = PLAN_GPU; pl <= pmax; pl++) {
+        for (int pla = 0; pla <= (pmax + 1) * (amax + 1) - 1; pla++) {
+            int pl = pla / (amax + 1), ad = pla % (amax + 1);
             if (s->params_on >= 0 && pl != s->params_on) continue;
+            if (s->adapters_on >= 0 && t->method != PLAN_METHOD_FULL && ad != s->adapters_on) continue;
             t->params_on = (plan_tier)pl;
+            t->adapters_on = (plan_tier)ad;
             /* optimizer: on the GPU (k = -1), or k/steps of it on NVMe, the
-             * rest on the CPU; streamed weights need the CPU optimizer */
+             * rest on the CPU; streamed weights need the CPU optimizer
+             * (LoRA's need not: the base streams, the adapters stay) */
             int kmax = !s->allow_offload ? -1 : s->allow_nvme ? steps : 0;
             for (int k = -1; k <= kmax; k++) {
                 if (k >= 0 && !s->allow_offload) break;
-                if (k < 0 && pl != PLAN_GPU) continue;
+                if (k < 0 && pl != PLAN_GPU && t->method == PLAN_METHOD_FULL) continue;
                 if (s->opt_on == PLAN_GPU && k >= 0) continue;
                 if (s->opt_on == PLAN_CPU && k != 0) continue;
                 if (s->opt_on == PLAN_NVME && k != steps) continue;
@@ -138,7 +155,7 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
                 int ckmax = s->allow_offload && t->recompute == PLAN_RECOMPUTE_FULL ? PLAN_CPU : PLAN_GPU;
                 for (int ck = PLAN_GPU; ck <= ckmax; ck++) {
                     t->checkpoints_on = (plan_tier)ck;
-                    int streamed = pl != PLAN_GPU || z >= 3;
+                    int streamed = pl != PLAN_GPU || ad != PLAN_GPU || z >= 3;
                     int dmin = streamed ? 1 : s->base.buf.prefetch_depth;
                     int dmax = streamed ? s->max_prefetch : s->base.buf.prefetch_depth;
                     for (int d = dmin; d <= dmax; d++) {
@@ -147,9 +164,20 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
                         plan_estimate_unchecked(w->m, &w->hw, t, &e);
                         if (!e.fits) continue;
                         w->r->feasible++;
+                        t->schedule = PLAN_SCHED_SERIAL;
                         plan_time_step(w->m, &w->hw, t, &e, mb, &pt);
-                        double sc = score_of(s, &pt, &e, w->hw.gpus);
-                        if (sc < worst(&w->rk)) rank_insert(&w->rk, t, w->hw.gpus, sc, &pt, &e);
+                        /* the optimizer schedule: one more dimension, when
+                         * the CPU updates something */
+                        for (int sch = PLAN_SCHED_SERIAL; sch < PLAN_SCHEDULES; sch++) {
+                            if (s->schedule >= 0 && sch != s->schedule) continue;
+                            if (sch != PLAN_SCHED_SERIAL && pt.sched.cpu_n <= 0 &&
+                                s->schedule < 0)
+                                break;
+                            t->schedule = (plan_schedule)sch;
+                            if (sch != PLAN_SCHED_SERIAL) plan_time_schedule(&pt, t->schedule);
+                            double sc = score_of(s, &pt, &e, w->hw.gpus);
+                            if (sc < worst(&w->rk)) rank_insert(&w->rk, t, w->hw.gpus, sc, &pt, &e);
+                        }
                     }
                 }
             }
@@ -180,6 +208,10 @@ static void walk_gpus(walk *w, int gpus)
                 for (int v = 1; v <= vmax; v++) {
                     if (v > 1 && L % (pp * v)) continue;
                     for (int sp = 0; sp <= (tp > 1); sp++) {
+                      /* expert parallelism over data-parallel ranks (MoE only) */
+                      for (int ep = 1; ep <= dp; ep++) {
+                        if (dp % ep || (ep > 1 && (!m->moe.experts || m->moe.experts % ep))) continue;
+                        if (s->ep && ep != s->ep) continue;
                         for (int rc = PLAN_RECOMPUTE_NONE; rc <= PLAN_RECOMPUTE_FULL; rc++) {
                             if (s->recompute >= 0 && rc != s->recompute) continue;
                             /* with flash attention selective recompute saves nothing */
@@ -191,6 +223,7 @@ static void walk_gpus(walk *w, int gpus)
                             t.pp = pp;
                             t.vpp = v;
                             t.sp = sp;
+                            t.ep = ep;
                             t.micro_batch = mbs;
                             t.grad_accum = ga;
                             t.recompute = (plan_recompute)rc;
@@ -198,6 +231,7 @@ static void walk_gpus(walk *w, int gpus)
                             plan_time_microbatch(m, &w->hw, &t, &mb);
                             walk_placements(w, &t, &mb);
                         }
+                      }
                     }
                 }
             }
@@ -218,14 +252,14 @@ zo_status plan_search(const zo_model_config *m, const plan_hw *hw, const plan_sp
     if (s->zero_min < 0 || s->zero_max > 3 || s->zero_min > s->zero_max)
         return zo_error(ZO_ERR_INVALID, "--zero: stages between 0 and 3");
     if (s->base.seq < 1) return zo_error(ZO_ERR_INVALID, "--seq must be positive");
-    if (m->arch == ZO_ARCH_GPT && !m->params_override && s->base.seq > m->max_seq)
+    if (!m->params_override && zo_model_position_rows(m) && s->base.seq > m->max_seq)
         return zo_error(ZO_ERR_INVALID, "--seq %d exceeds the %d learned positions of %s",
                         s->base.seq, m->max_seq, m->name);
     /* the hardware and buffers are checked once, on a trivially valid layout */
     plan_train probe = s->base;
     plan_hw h1 = *hw;
     h1.gpus = 1;
-    probe.dp = probe.tp = probe.pp = probe.vpp = 1;
+    probe.dp = probe.tp = probe.pp = probe.vpp = probe.ep = 1;
     probe.sp = 0;
     probe.zero = 0;
     probe.seq = s->base.seq;
@@ -297,6 +331,7 @@ void plan_describe_diff(const plan_candidate *best, const plan_candidate *c, cha
     DIFF(y->dp != x->dp, "DP %d instead of %d", y->dp, x->dp);
     DIFF(y->tp != x->tp, "TP %d instead of %d", y->tp, x->tp);
     DIFF(y->pp != x->pp, "PP %d instead of %d", y->pp, x->pp);
+    DIFF(y->ep != x->ep, "EP %d instead of %d", y->ep, x->ep);
     DIFF(y->vpp != x->vpp, "%d model chunks per stage instead of %d", y->vpp, x->vpp);
     DIFF(y->sp != x->sp, "%s sequence parallelism", y->sp ? "with" : "without");
     DIFF(y->zero != x->zero, "ZeRO-%d instead of ZeRO-%d", y->zero, x->zero);
@@ -316,7 +351,12 @@ void plan_describe_diff(const plan_candidate *best, const plan_candidate *c, cha
     }
     DIFF(y->checkpoints_on != x->checkpoints_on, "checkpoints on %s instead of %s",
          tier_words(y->checkpoints_on), tier_words(x->checkpoints_on));
-    int streamed = y->params_on != PLAN_GPU || y->zero >= 3 || x->params_on != PLAN_GPU || x->zero >= 3;
+    DIFF(y->adapters_on != x->adapters_on, "adapters on %s instead of %s", tier_words(y->adapters_on),
+         tier_words(x->adapters_on));
+    DIFF(y->schedule != x->schedule, "optimizer schedule %s instead of %s",
+         plan_schedule_name(y->schedule), plan_schedule_name(x->schedule));
+    int streamed = y->params_on != PLAN_GPU || y->zero >= 3 || x->params_on != PLAN_GPU || x->zero >= 3 ||
+                   y->adapters_on != PLAN_GPU || x->adapters_on != PLAN_GPU;
     DIFF(streamed && y->buf.prefetch_depth != x->buf.prefetch_depth, "prefetch %d instead of %d",
          y->buf.prefetch_depth, x->buf.prefetch_depth);
 #undef DIFF
@@ -352,6 +392,42 @@ static void because(sbuf *b, const char *what, const plan_estimate *e, int fits,
     }
 }
 
+/* The optimizer schedule against the others on the same configuration. */
+static void explain_schedule(sbuf *b, const plan_candidate *c)
+{
+    if (c->time.sched.cpu_n <= 0) return;
+    double step[PLAN_SCHEDULES];
+    for (int s = 0; s < PLAN_SCHEDULES; s++) {
+        plan_time x = c->time;
+        plan_time_schedule(&x, (plan_schedule)s);
+        step[s] = x.step;
+    }
+    const plan_time *pt = &c->time;
+    if (pt->schedule == PLAN_SCHED_SERIAL) {
+        put(b, "optimizer schedule serial (%.3f s per step): overlapped %.3f s (%s clipping), with "
+               "the delayed update %.3f s; another is taken for at least %.0f%% less\n",
+            pt->step, step[PLAN_SCHED_OVERLAP], c->t.clip_stale ? "stale" : "exact",
+            step[PLAN_SCHED_DPU], 100 * SCHED_MIN_GAIN);
+        return;
+    }
+    put(b, "optimizer schedule %s: %.3f s per step against %.3f s serial", plan_schedule_name(pt->schedule),
+        pt->step, step[PLAN_SCHED_SERIAL]);
+    if (pt->schedule != PLAN_SCHED_OVERLAP)
+        put(b, ", %.3f s overlapped (%s clipping)", step[PLAN_SCHED_OVERLAP],
+            c->t.clip_stale ? "stale" : "exact");
+    if (pt->schedule != PLAN_SCHED_DPU) put(b, ", %.3f s with the delayed update", step[PLAN_SCHED_DPU]);
+    put(b, "; %.3f s of the CPU optimizer's %.3f s run beside the GPU's work", pt->opt_hidden,
+        pt->opt_s);
+    if (pt->schedule == PLAN_SCHED_DPU)
+        put(b, "; after %d serial steps each step computes with the weights before the previous "
+               "step's update (--schedule overlap keeps the serial results bit for bit)",
+            c->t.dpu_warmup);
+    else if (pt->schedule == PLAN_SCHED_OVERLAP && !c->t.clip_stale)
+        put(b, "; exact clipping: the updates wait for the whole backward's norm (--clip-stale "
+               "lets them start as each block's gradients are complete)");
+    put(b, "\n");
+}
+
 void plan_explain(const zo_model_config *m, const plan_hw *hw, const plan_candidate *c, char *buf,
                   size_t len)
 {
@@ -384,7 +460,9 @@ void plan_explain(const zo_model_config *m, const plan_hw *hw, const plan_candid
             u.opt_frac[PLAN_GPU] = 1;
             u.opt_frac[PLAN_CPU] = 0;
             u.grads_on = PLAN_GPU;
-            u.params_on = PLAN_GPU;
+            /* (full fine-tuning: a GPU optimizer updates resident weights;
+             * LoRA's adapters have their own placement) */
+            if (t->method == PLAN_METHOD_FULL) u.params_on = PLAN_GPU;
             int fits = try_change(m, &h, &u, &e, &step);
             because(&b, "optimizer on the CPU", &e, fits, step, c->time.step, PLAN_GPU);
         }
@@ -393,8 +471,16 @@ void plan_explain(const zo_model_config *m, const plan_hw *hw, const plan_candid
         plan_train u = *t;
         u.params_on = t->params_on == PLAN_NVME ? PLAN_CPU : PLAN_GPU;
         int fits = try_change(m, &h, &u, &e, &step);
-        snprintf(what, sizeof what, "weights streamed from %s", tier_words(t->params_on));
+        snprintf(what, sizeof what, "%s streamed from %s",
+                 t->method == PLAN_METHOD_FULL ? "weights" : "frozen base", tier_words(t->params_on));
         because(&b, what, &e, fits, step, c->time.step, t->params_on == PLAN_NVME ? PLAN_CPU : PLAN_GPU);
+    }
+    if (t->adapters_on != PLAN_GPU) {
+        plan_train u = *t;
+        u.adapters_on = PLAN_GPU;
+        int fits = try_change(m, &h, &u, &e, &step);
+        snprintf(what, sizeof what, "adapters streamed from %s", tier_words(t->adapters_on));
+        because(&b, what, &e, fits, step, c->time.step, PLAN_GPU);
     }
     if (t->checkpoints_on == PLAN_CPU) {
         plan_train u = *t;
@@ -416,6 +502,7 @@ void plan_explain(const zo_model_config *m, const plan_hw *hw, const plan_candid
         snprintf(what, sizeof what, "ZeRO-%d rather than ZeRO-%d", t->zero, t->zero - 1);
         because(&b, what, &e, fits, step, c->time.step, PLAN_GPU);
     }
+    explain_schedule(&b, c);
     if (!b.used) put(&b, "everything on the GPU: it fits there\n");
 }
 
@@ -441,6 +528,14 @@ static int in_family(const char *want, const zo_model_config *c)
 }
 
 zo_status plan_family_shape(const char *family, double params, zo_model_config *out)
+{
+    return plan_family_shape_div(family, params, 1, 1, out);
+}
+
+/* The family's curve at `params`: continuous width and depth, and the
+ * preset whose kind of layer (and kv heads, MLP ratio) the shape takes. */
+static zo_status family_point(const char *family, double params, const zo_model_config **tmpl,
+                              double *hidden, double *layers)
 {
     size_t n;
     const zo_model_preset *p = zo_model_presets(&n);
@@ -472,23 +567,28 @@ zo_status plan_family_shape(const char *family, double params, zo_model_config *
         bm = hi;
         x = 1;
     }
-    double hidden, layers;
     if (a == bm) {
-        hidden = a->hidden * x;
-        layers = a->n_layers * x;
+        *hidden = a->hidden * x;
+        *layers = a->n_layers * x;
     } else {
         double pa = (double)zo_model_params(a), pb = (double)zo_model_params(bm);
         double f = pb > pa ? (log(params) - log(pa)) / (log(pb) - log(pa)) : 0;
-        hidden = exp(log(a->hidden) + f * (log(bm->hidden) - log(a->hidden)));
-        layers = exp(log(a->n_layers) + f * (log(bm->n_layers) - log(a->n_layers)));
+        *hidden = exp(log(a->hidden) + f * (log(bm->hidden) - log(a->hidden)));
+        *layers = exp(log(a->n_layers) + f * (log(bm->n_layers) - log(a->n_layers)));
     }
+    *tmpl = a;
+    return ZO_OK;
+}
+
+/* A shape of the family's kind of layer with this width and depth. */
+static zo_status family_make(const char *family, const zo_model_config *a, int h, int layers,
+                             zo_model_config *out)
+{
     *out = *a;
-    int h = (int)llround(hidden / 128) * 128;
-    if (h < 128) h = 128;
     out->hidden = h;
     out->n_heads = h / 128;
     out->head_dim = 128;
-    out->n_layers = layers < 1 ? 1 : (int)llround(layers);
+    out->n_layers = layers;
     if (a->n_kv_heads == a->n_heads || out->n_heads % 8) out->n_kv_heads = out->n_heads;
     else out->n_kv_heads = 8;
     if (a->arch == ZO_ARCH_GPT) out->ffn = 4 * h;
@@ -496,6 +596,36 @@ zo_status plan_family_shape(const char *family, double params, zo_model_config *
     out->params_override = 0;
     snprintf(out->name, sizeof out->name, "%s-%dx%d", family, out->n_layers, h);
     return zo_model_config_validate(out);
+}
+
+zo_status plan_family_shape_div(const char *family, double params, int tp, int pp,
+                                zo_model_config *out)
+{
+    const zo_model_config *a;
+    double hidden, layers;
+    zo_status st = family_point(family, params, &a, &hidden, &layers);
+    if (st) return st;
+    /* heads of 128, a multiple of tp of them; layers a multiple of pp */
+    int unit = 128 * (tp > 0 ? tp : 1), lp = pp > 0 ? pp : 1;
+    int h = (int)llround(hidden / unit) * unit;
+    if (h < unit) h = unit;
+    int l = (int)llround(layers / lp) * lp;
+    return family_make(family, a, h, l < lp ? lp : l, out);
+}
+
+/* The family's depth at a width (its curve is monotone in both). */
+static zo_status family_depth(const char *family, double width, const zo_model_config **tmpl,
+                              double *layers)
+{
+    double lo = 1e6, hi = 1e16, hidden = 0;
+    zo_status st = ZO_OK;
+    for (int it = 0; it < 80 && hi / lo > 1.0001; it++) {
+        double mid = sqrt(lo * hi);
+        if ((st = family_point(family, mid, tmpl, &hidden, layers)) != ZO_OK) return st;
+        if (hidden < width) lo = mid;
+        else hi = mid;
+    }
+    return family_point(family, hi, tmpl, &hidden, layers);
 }
 
 static void strategy_space(plan_strategy st, plan_space *s)
@@ -540,39 +670,117 @@ static void strategy_space(plan_strategy st, plan_space *s)
     }
 }
 
+/* Does `m` train with `strategy` on TP x PP (tp, pp 0: free)? The best plan. */
+static zo_status shape_fits(zo_model_config *m, const plan_hw *hw, const plan_space *base,
+                            plan_strategy strategy, int tp, int pp, plan_candidate *plan,
+                            int *fits)
+{
+    plan_space s = *base;
+    s.gpus = hw->gpus;
+    s.max_gpus = 0;
+    strategy_space(strategy, &s);
+    if (tp) s.tp = tp;
+    if (pp) s.pp = pp;
+    s.base.seq = base->base.seq > 0 ? base->base.seq : plan_default_seq(m);
+    if (m->arch == ZO_ARCH_GPT && s.base.seq > m->max_seq) m->max_seq = s.base.seq;
+    s.base.dropout = m->arch == ZO_ARCH_GPT;
+    *fits = 0;
+    /* a layout the shape cannot take (kv heads TP does not divide): no */
+    if (tp && m->n_kv_heads % tp) return ZO_OK;
+    plan_result r;
+    zo_status st = plan_search(m, hw, &s, 1, &r);
+    if (st) return st;
+    if (r.n_best) *plan = r.best[0];
+    *fits = r.n_best > 0;
+    return ZO_OK;
+}
+
+/* One strategy without model parallelism: a binary search along the
+ * family's curve (a larger size is wider and deeper, and needs more memory
+ * per rank). */
+static zo_status max_on_curve(const char *family, const plan_hw *hw, const plan_space *base,
+                              plan_strategy strategy, zo_model_config *shape,
+                              plan_candidate *plan, uint64_t *params)
+{
+    double lo = 1e7, hi = 1e15; /* lo fits (checked first), hi does not */
+    for (int it = 0; it < 48 && hi / lo > 1.005; it++) {
+        double mid = it == 0 ? lo : sqrt(lo * hi);
+        zo_model_config m;
+        plan_candidate c;
+        int fits;
+        zo_status st = plan_family_shape(family, mid, &m);
+        if (!st) st = shape_fits(&m, hw, base, strategy, 0, 0, &c, &fits);
+        if (st) return st;
+        if (fits) {
+            lo = mid;
+            *shape = m;
+            *plan = c;
+            *params = zo_model_params(&m);
+        } else {
+            if (it == 0) break; /* even the smallest does not fit */
+            hi = mid;
+        }
+    }
+    return ZO_OK;
+}
+
+/* 3-D parallelism: TP must divide the heads and PP the layers, so along the
+ * family's curve sizes that fit alternate with sizes that do not. Every TP x
+ * PP layout is searched on the shapes it can run: each width with heads a
+ * multiple of TP, and at that width the deepest multiple of PP layers that
+ * fits (memory grows with depth), up to twice the family's depth there. */
+static zo_status max_3d(const char *family, const plan_hw *hw, const plan_space *base,
+                        zo_model_config *shape, plan_candidate *plan, uint64_t *params)
+{
+    int node = hw->gpus_per_node < hw->gpus ? hw->gpus_per_node : hw->gpus;
+    for (int tp = 1; tp <= node; tp++) {
+        if (hw->gpus % tp) continue;
+        for (int pp = 1; pp <= hw->gpus / tp; pp++) {
+            if ((hw->gpus / tp) % pp) continue;
+            for (int h = 128 * tp;; h += 128 * tp) {
+                const zo_model_config *a;
+                double depth;
+                zo_status st = family_depth(family, h, &a, &depth);
+                if (st) return st;
+                int top = (int)(2 * depth) / pp; /* in pipeline stages of layers */
+                if (top < 1) top = 1;
+                int lo = 0, hi = top + 1; /* stages: lo fits (0: none yet), hi does not */
+                plan_candidate best;
+                zo_model_config m, fit;
+                while (hi - lo > 1) {
+                    int mid = (lo + hi) / 2, fits;
+                    if ((st = family_make(family, a, h, mid * pp, &m)) != ZO_OK) return st;
+                    plan_candidate c;
+                    if ((st = shape_fits(&m, hw, base, PLAN_STRAT_3D, tp, pp, &c, &fits)) != ZO_OK)
+                        return st;
+                    if (fits) {
+                        lo = mid;
+                        fit = m;
+                        best = c;
+                    } else {
+                        hi = mid;
+                    }
+                }
+                /* not even one stage of layers fits: wider ones will not either */
+                if (!lo) break;
+                uint64_t n = zo_model_params(&fit);
+                if (n > *params) {
+                    *params = n;
+                    *shape = fit;
+                    *plan = best;
+                }
+            }
+        }
+    }
+    return ZO_OK;
+}
+
 zo_status plan_max_model(const char *family, const plan_hw *hw, const plan_space *base,
                          plan_strategy strategy, zo_model_config *shape, plan_candidate *plan,
                          uint64_t *params)
 {
     *params = 0;
     if (strategy >= PLAN_STRATEGIES) return zo_error(ZO_ERR_INVALID, "unknown strategy");
-    double lo = 1e7, hi = 1e15; /* lo fits (checked below), hi does not */
-    zo_model_config m;
-    plan_result r;
-    zo_status st;
-    int found = 0;
-    for (int it = 0; it < 48 && hi / lo > 1.005; it++) {
-        double mid = it == 0 ? lo : sqrt(lo * hi);
-        if ((st = plan_family_shape(family, mid, &m)) != ZO_OK) return st;
-        plan_space s = *base;
-        s.gpus = hw->gpus;
-        s.max_gpus = 0;
-        strategy_space(strategy, &s);
-        s.base.seq = base->base.seq > 0 ? base->base.seq : m.max_seq;
-        if (m.arch == ZO_ARCH_GPT && s.base.seq > m.max_seq) m.max_seq = s.base.seq;
-        s.base.dropout = m.arch == ZO_ARCH_GPT;
-        if ((st = plan_search(&m, hw, &s, 1, &r)) != ZO_OK) return st;
-        if (r.n_best > 0) {
-            lo = mid;
-            found = 1;
-            *shape = m;
-            *plan = r.best[0];
-            *params = zo_model_params(&m);
-        } else {
-            if (it == 0) return ZO_OK; /* even the smallest does not fit */
-            hi = mid;
-        }
-    }
-    (void)found;
-    return ZO_OK;
+    if (strategy == PLAN_STRAT_3D) return max_3d(family, hw, base, shape, plan, params);
+    return max_on_curve(family, hw, base, strategy, shape, plan, params);
 }

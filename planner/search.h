@@ -2,7 +2,8 @@
  * ranked by predicted step time (or memory, or GPU-seconds per token).
  *
  * Enumerates GPU count (up to --max-gpus), TP (dividing heads and kv heads,
- * within a node) x PP (dividing layers) x DP, micro-batch (the gradient
+ * within a node) x PP (dividing layers) x DP, EP (MoE: dividing DP and the
+ * experts), micro-batch (the gradient
  * accumulation follows from the global batch), interleaving, SP, recompute,
  * ZeRO stage, where weights / gradients / optimizer state (fractions) /
  * checkpoints live, and prefetch depth. Memory is checked before time; the
@@ -34,9 +35,12 @@ typedef struct plan_space {
     int allow_nvme;        /* 0: nothing on NVMe */
     int zero_min, zero_max;
     int tp, pp;            /* > 0: fixed */
+    int ep;                /* > 0: fixed; else every EP dividing DP and the experts (MoE) */
     int recompute;         /* -1: all; else a plan_recompute */
     int params_on;         /* -1: free; else the plan_tier of the weights */
     int opt_on;            /* -1: free; else all optimizer state on this plan_tier */
+    int schedule;          /* -1: every optimizer schedule; else a plan_schedule */
+    int adapters_on;       /* LoRA: -1 free; else the plan_tier of the adapters */
     plan_objective objective;
     plan_train base;       /* dtype, grad dtype, optimizer, seq, flash, dropout, buffers */
 } plan_space;
@@ -98,9 +102,17 @@ const char *plan_strategy_name(plan_strategy s);
  * kept), hidden a multiple of 128 (heads of 128), layers an integer. */
 zo_status plan_family_shape(const char *family, double params, zo_model_config *out);
 
+/* The same with heads a multiple of `tp` and layers a multiple of `pp`: the
+ * shapes a TP x PP layout can run. */
+zo_status plan_family_shape_div(const char *family, double params, int tp, int pp,
+                                zo_model_config *out);
+
 /* The largest model of `family` that fits `hw` with `strategy` (a search
  * over its space: micro-batch 1, any recompute, prefetch, checkpoints);
- * *params 0 when even the smallest does not fit. */
+ * *params 0 when even the smallest does not fit. 3-D parallelism searches
+ * each TP x PP layout over the shapes it can run (heads divisible by TP,
+ * layers by PP), where fitting is monotone in the size, and keeps the
+ * largest. */
 zo_status plan_max_model(const char *family, const plan_hw *hw, const plan_space *base,
                          plan_strategy strategy, zo_model_config *shape, plan_candidate *plan,
                          uint64_t *params);

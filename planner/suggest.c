@@ -6,7 +6,7 @@
 
 #include "planner/report.h" /* plan_format_fractions */
 
-static const char *kind_names[PLAN_ALT_KINDS] = {"offload"};
+static const char *kind_names[PLAN_ALT_KINDS] = {"offload", "lora", "qlora"};
 
 const char *plan_alt_kind_name(plan_alt_kind k) { return k < PLAN_ALT_KINDS ? kind_names[k] : "?"; }
 
@@ -52,6 +52,30 @@ void plan_train_flags(const plan_train *from, const plan_train *to, char *buf, s
         append(buf, len, "%s%s %s", "--checkpoints", plan_tier_name(to->checkpoints_on));
     if (to->buf.prefetch_depth != from->buf.prefetch_depth)
         append_int(buf, len, "--prefetch", to->buf.prefetch_depth);
+    if (to->method != PLAN_METHOD_FULL) {
+        /* the adapters, against what --lora alone gives (or `from`'s) */
+        int was = from->method != PLAN_METHOD_FULL;
+        unsigned targets = was ? from->lora.targets : PLAN_LORA_DEFAULT_TARGETS;
+        float alpha = was ? from->lora.alpha : PLAN_LORA_DEFAULT_ALPHA;
+        char v[64];
+        if (!was || to->lora.r != from->lora.r) append_int(buf, len, "--lora", to->lora.r);
+        if (to->lora.targets != targets)
+            append(buf, len, "%s%s %s", "--lora-targets",
+                   zo_lora_targets_str(to->lora.targets, v, sizeof v));
+        if (to->lora.alpha != alpha) {
+            snprintf(v, sizeof v, "%g", (double)to->lora.alpha);
+            append(buf, len, "%s%s %s", "--lora-alpha", v);
+        }
+        if (to->method == PLAN_METHOD_QLORA && from->method != PLAN_METHOD_QLORA)
+            append(buf, len, "%s%s%s", "--qlora", "");
+        if (to->adapters_on != from->adapters_on)
+            append(buf, len, "%s%s %s", "--adapters-on", plan_tier_name(to->adapters_on));
+    }
+    if (to->schedule != from->schedule)
+        append(buf, len, "%s%s %s", "--schedule", plan_schedule_name(to->schedule));
+    if (to->dpu_warmup != from->dpu_warmup) append_int(buf, len, "--dpu-warmup", to->dpu_warmup);
+    if (to->opt_threads != from->opt_threads) append_int(buf, len, "--opt-threads", to->opt_threads);
+    if (to->clip_stale && !from->clip_stale) append(buf, len, "%s%s%s", "--clip-stale", "");
 }
 
 /* ---- generators ------------------------------------------------------------------- */
@@ -141,18 +165,93 @@ static int gen_offload(const zo_model_config *m, const plan_hw *hw, const plan_t
     return 1;
 }
 
+/* LoRA and QLoRA in place of what is trained: the user's adapters if
+ * given, else rank 16 on every linear layer (QLoRA's finding: adapters on
+ * all of them match full fine-tuning); each on a ladder from the
+ * configuration as given to the most offloaded: full recompute, the
+ * adapters' optimizer state on the CPU (what a paged optimizer does), the
+ * frozen base streamed from the CPU, then from NVMe. */
+#define PEFT_SUGGEST_R 16
+typedef struct peft_rung {
+    const char *what;
+    int recompute;          /* full recompute */
+    plan_tier params;       /* the frozen base */
+    int opt_cpu;            /* the adapters' optimizer state (and gradients) on the CPU */
+} peft_rung;
+
+static const peft_rung peft_ladder[] = {
+    {NULL, 0, PLAN_GPU, 0},
+    {"full recompute", 1, PLAN_GPU, 0},
+    {"full recompute, the adapters' optimizer on the CPU", 1, PLAN_GPU, 1},
+    {"full recompute, the base streamed from the CPU", 1, PLAN_CPU, 0},
+    {"full recompute, the base streamed from the CPU, the adapters' optimizer on the CPU", 1,
+     PLAN_CPU, 1},
+    {"full recompute, the base streamed from NVMe, the adapters' optimizer on the CPU", 1,
+     PLAN_NVME, 1},
+};
+#define N_PEFT_LADDER (int)(sizeof peft_ladder / sizeof peft_ladder[0])
+
+static int gen_peft(const zo_model_config *m, const plan_train *t, plan_method method, int i,
+                    plan_train *c, char *what, size_t len)
+{
+    if (i >= N_PEFT_LADDER) return -1;
+    /* QLoRA for full fine-tuning or LoRA; LoRA for full fine-tuning */
+    if (t->method >= method || m->params_override || m->moe.experts || m->mla.kv_rank) return -1;
+    *c = *t;
+    c->method = method;
+    if (t->method == PLAN_METHOD_FULL)
+        c->lora = (zo_lora_config){PEFT_SUGGEST_R, PLAN_LORA_DEFAULT_ALPHA, ZO_LORA_ALL_LINEAR};
+    const peft_rung *l = &peft_ladder[i];
+    if (l->recompute) c->recompute = PLAN_RECOMPUTE_FULL;
+    if (l->params > c->params_on) c->params_on = l->params;
+    if (l->opt_cpu && c->opt_frac[PLAN_GPU] > 0) {
+        c->opt_frac[PLAN_GPU] = c->opt_frac[PLAN_NVME] = 0;
+        c->opt_frac[PLAN_CPU] = 1;
+        c->grads_on = PLAN_CPU;
+    }
+    char tg[64];
+    snprintf(what, len, "%s r %d on %s, the base frozen in %s%s%s",
+             method == PLAN_METHOD_QLORA ? "QLoRA" : "LoRA", c->lora.r,
+             zo_lora_targets_str(c->lora.targets, tg, sizeof tg),
+             method == PLAN_METHOD_QLORA ? "NF4" : zo_dtype_name(c->dtype), l->what ? "; " : "",
+             l->what ? l->what : "");
+    return 1;
+}
+
+static int gen_lora(const zo_model_config *m, const plan_hw *hw, const plan_train *t, int i,
+                    plan_train *c, char *what, size_t len)
+{
+    (void)hw;
+    return gen_peft(m, t, PLAN_METHOD_LORA, i, c, what, len);
+}
+
+static int gen_qlora(const zo_model_config *m, const plan_hw *hw, const plan_train *t, int i,
+                     plan_train *c, char *what, size_t len)
+{
+    (void)hw;
+    return gen_peft(m, t, PLAN_METHOD_QLORA, i, c, what, len);
+}
+
+/* A kind with `first_only` keeps the first of its alternatives that fits:
+ * its ladder goes from the least change to the most, and the first rung
+ * that fits is the one to take. */
 static const struct {
     plan_alt_kind kind;
     alt_gen gen;
+    int first_only;
 } generators[] = {
-    {PLAN_ALT_OFFLOAD, gen_offload},
+    {PLAN_ALT_OFFLOAD, gen_offload, 0},
+    {PLAN_ALT_LORA, gen_lora, 1},
+    {PLAN_ALT_QLORA, gen_qlora, 1},
 };
 
 /* ---- the ranked list --------------------------------------------------------------- */
 
 static int same_config(const plan_train *a, const plan_train *b)
 {
-    return a->recompute == b->recompute && a->params_on == b->params_on &&
+    return a->method == b->method && a->lora.r == b->lora.r && a->lora.targets == b->lora.targets &&
+           a->adapters_on == b->adapters_on &&
+           a->recompute == b->recompute && a->params_on == b->params_on &&
            a->grads_on == b->grads_on && a->checkpoints_on == b->checkpoints_on &&
            !memcmp(a->opt_frac, b->opt_frac, sizeof a->opt_frac) && a->zero == b->zero &&
            a->micro_batch == b->micro_batch && a->grad_accum == b->grad_accum &&
@@ -174,7 +273,7 @@ zo_status plan_suggest(const zo_model_config *m, const plan_hw *hw, const plan_t
     for (size_t g = 0; g < sizeof generators / sizeof generators[0]; g++) {
         for (int i = 0;; i++) {
             plan_train c;
-            char what[96];
+            char what[160];
             int r = generators[g].gen(m, hw, t, i, &c, what, sizeof what);
             if (r < 0) break;
             if (r == 0 || same_config(&c, t)) continue;
@@ -195,6 +294,7 @@ zo_status plan_suggest(const zo_model_config *m, const plan_hw *hw, const plan_t
             snprintf(a->what, sizeof a->what, "%s", what);
             plan_train_flags(t, &c, a->flags, sizeof a->flags);
             out->n++;
+            if (generators[g].first_only) break;
         }
     }
     /* insertion order is the ladder's: a stable sort keeps it among equal times */

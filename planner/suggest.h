@@ -3,9 +3,10 @@
  *
  * An alternative is a change to the configuration and the command-line flags
  * that make it. Its kind names the family of changes that produced it: the
- * offload ladder today (recompute, and where weights, gradients, optimizer
- * state and checkpoints live); trainable subsets (LoRA, QLoRA) are further
- * kinds, each a generator in suggest.c, listed and ranked the same way. */
+ * offload ladder (recompute, and where weights, gradients, optimizer
+ * state and checkpoints live) and trainable subsets (LoRA, QLoRA: adapters on
+ * a frozen base, each on its own ladder), each a generator in suggest.c,
+ * listed and ranked the same way. */
 #ifndef ZO_PLANNER_SUGGEST_H
 #define ZO_PLANNER_SUGGEST_H
 
@@ -14,17 +15,19 @@
 
 typedef enum plan_alt_kind {
     PLAN_ALT_OFFLOAD = 0, /* recompute and placement: ZeRO-Offload, ZeRO-Infinity */
+    PLAN_ALT_LORA,        /* LoRA adapters on a 16-bit frozen base */
+    PLAN_ALT_QLORA,       /* LoRA adapters on an NF4 frozen base */
     PLAN_ALT_KINDS,
 } plan_alt_kind;
 
-const char *plan_alt_kind_name(plan_alt_kind k); /* "offload" */
+const char *plan_alt_kind_name(plan_alt_kind k); /* "offload", "lora", "qlora" */
 
 #define PLAN_SUGGEST_MAX 32
 
 typedef struct plan_alternative {
     plan_alt_kind kind;
     char flags[192];            /* added to the command line: "--grads cpu --optimizer cpu" */
-    char what[96];              /* in words: "ZeRO-Offload: gradients and optimizer on the CPU" */
+    char what[160];             /* in words: "ZeRO-Offload: gradients and optimizer on the CPU" */
     plan_train t;               /* the configuration the flags select */
     uint64_t total[PLAN_TIERS]; /* bytes per rank */
     plan_time time;             /* its predicted step */
@@ -43,7 +46,9 @@ zo_status plan_suggest(const zo_model_config *m, const plan_hw *hw, const plan_t
 
 /* The flags that turn `from` into `to` (memplan estimate's spelling), for the
  * fields a suggestion or a searched plan sets: parallel degrees, ZeRO,
- * micro-batch, accumulation, recompute, placement, prefetch. "" when equal. */
+ * micro-batch, accumulation, recompute, placement, prefetch, LoRA / QLoRA
+ * (against --lora's defaults when `from` trains everything), the optimizer
+ * schedule. "" when equal. */
 void plan_train_flags(const plan_train *from, const plan_train *to, char *buf, size_t len);
 
 #endif

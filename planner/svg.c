@@ -55,7 +55,7 @@ static void put_text(out *o, const char *s)
 static const char *kind_color[PLAN_KINDS] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#b07aa1"};
 static const char *part_color[PLAN_TIME_PARTS] = {
     "#4e79a7", "#2f5a87", "#a0cbe8", "#f28e2b", "#bab0ac", "#9d7660",
-    "#e15759", "#59a14f", "#8cd17d", "#b6992d", "#f1ce63", "#d37295",
+    "#e15759", "#59a14f", "#8cd17d", "#b6992d", "#f1ce63", "#d37295", "#79706e",
 };
 
 #define W 960
@@ -74,7 +74,9 @@ char *plan_svg(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
     for (int i = 0; i < PLAN_TIERS; i++)
         if (i == PLAN_GPU || e->total[i] > 0) tiers[n_tiers++] = i;
     int y_time = 110 + n_tiers * 70;
-    int height = y_time + (pt ? 150 : 20);
+    /* an overlapped optimizer schedule: one more lane under the step */
+    int lane = pt && pt->schedule != PLAN_SCHED_SERIAL && pt->opt_s > 0;
+    int height = y_time + (pt ? 150 : 20) + (lane ? 50 : 0);
 
     put(&o, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     put(&o, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
@@ -87,12 +89,19 @@ char *plan_svg(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
     put(&o, " (%s params) on %d x ", zo_format_count(e->params, cnt, sizeof cnt), hw->gpus);
     put_text(&o, hw->gpu);
     put(&o, "</text>\n");
-    put(&o, "<text x=\"20\" y=\"50\">DP %d, TP %d%s, PP %d%s, ZeRO-%d, micro-batch %d x %d, "
-            "seq %d, recompute %s; weights on %s, grads on %s, checkpoints on %s</text>\n",
-        t->dp, t->tp, t->sp ? "+SP" : "", t->pp, t->vpp > 1 ? " interleaved" : "", t->zero,
+    char method[96] = "";
+    if (t->method != PLAN_METHOD_FULL) {
+        char tg[64];
+        snprintf(method, sizeof method, "%s r %d on %s; ",
+                 t->method == PLAN_METHOD_QLORA ? "QLoRA" : "LoRA", t->lora.r,
+                 zo_lora_targets_str(t->lora.targets, tg, sizeof tg));
+    }
+    put(&o, "<text x=\"20\" y=\"50\">%sDP %d, TP %d%s, PP %d%s, ZeRO-%d, micro-batch %d x %d, "
+            "seq %d, recompute %s; %s on %s, grads on %s, checkpoints on %s</text>\n",
+        method, t->dp, t->tp, t->sp ? "+SP" : "", t->pp, t->vpp > 1 ? " interleaved" : "", t->zero,
         t->micro_batch, t->grad_accum, t->seq, plan_recompute_name(t->recompute),
-        plan_tier_name(t->params_on), plan_tier_name(t->grads_on),
-        plan_tier_name(t->checkpoints_on));
+        t->method == PLAN_METHOD_FULL ? "weights" : "base", plan_tier_name(t->params_on),
+        plan_tier_name(t->grads_on), plan_tier_name(t->checkpoints_on));
 
     /* legend of kinds */
     for (int k = 0; k < PLAN_KINDS; k++) {
@@ -149,16 +158,41 @@ char *plan_svg(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
                 x, y_time, w, part_color[i], plan_time_part_name(i), v);
             x += w;
         }
+        if (lane) {
+            /* the CPU optimizer's time, ending with the step: the part beside
+             * GPU work light, the exposed part (in the bar above) solid */
+            int ly = y_time + 36;
+            double w_all = pt->opt_s * scale, w_exp = pt->opt_exposed * scale;
+            if (w_all > BAR_W) w_all = BAR_W;
+            double x0 = BAR_X + BAR_W - w_all;
+            put(&o, "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"12\" fill=\"#f1ce63\" "
+                    "fill-opacity=\"0.4\" stroke=\"#b6992d\"><title>CPU optimizer beside GPU work: "
+                    "%.4g s</title></rect>\n",
+                x0, ly, w_all - w_exp, pt->opt_hidden);
+            put(&o, "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"12\" fill=\"#f1ce63\">"
+                    "<title>CPU optimizer exposed: %.4g s</title></rect>\n",
+                x0 + w_all - w_exp, ly, w_exp, pt->opt_exposed);
+            put(&o, "<text x=\"%d\" y=\"%d\" font-size=\"12\">CPU optimizer</text>\n",
+                BAR_X + BAR_W + 12, ly + 11);
+        }
         int row = 0;
         for (int i = 0; i < PLAN_TIME_PARTS; i++) {
             double v = plan_time_part(pt, i);
             if (v <= 0) continue;
-            int lx = BAR_X + (row % 3) * 200, ly = y_time + 52 + (row / 3) * 20;
+            int lx = BAR_X + (row % 3) * 200, ly = y_time + 52 + (lane ? 20 : 0) + (row / 3) * 20;
             put(&o, "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"12\" fill=\"%s\"/>"
                     "<text x=\"%d\" y=\"%d\">%s %.1f%%</text>\n",
                 lx, ly, part_color[i], lx + 16, ly + 11, plan_time_part_name(i),
                 100 * v / pt->step);
             row++;
+        }
+        if (lane) {
+            int ly = y_time + 72 + 20 * ((row + 2) / 3) + 11;
+            put(&o, "<text x=\"%d\" y=\"%d\" font-size=\"12\">optimizer schedule %s: %.3g s of "
+                    "the CPU optimizer's %.3g s beside GPU work (light), %.3g s exposed; serial: "
+                    "%.3g s</text>\n",
+                BAR_X, ly, plan_schedule_name(pt->schedule), pt->opt_hidden, pt->opt_s,
+                pt->opt_exposed, pt->serial_step);
         }
     }
     put(&o, "</svg>\n");

@@ -2,7 +2,10 @@
 # The main job: set up, build, and size LLaMA-2-13B fine-tuning on one
 # H100-80GB: it does not fit with everything on the GPU; ZeRO-Offload of the
 # optimizer state (and then of the parameters too) makes it fit; then let the
-# planner search for the fastest plan and write it for the runtime.
+# planner search for the fastest plan and write it for the runtime; train a
+# model 4x the device memory from that plan; and fine-tune a small model on
+# text through a tokenizer, with a schedule, evaluation and a metrics log
+# drawn as SVG.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh >/dev/null
@@ -21,10 +24,12 @@ echo "== 3. ZeRO-Infinity: parameters streamed from the CPU, optimizer split CPU
 echo
 echo "== 4. memplan plan: the fastest plan that fits, written for the runtime"
 "$m" plan --model llama-2-13b --hw h100-80gb --seq 4096 --global-batch 8 --top 3 \
-  --json build/llama-2-13b.plan.json --svg build/llama-2-13b.plan.svg
+  --json-out build/llama-2-13b.plan.json --svg build/llama-2-13b.plan.svg
+# train checks that plan against LLaMA-2-13B as a run would, allocating nothing
+./build/examples/train --check-plan --plan build/llama-2-13b.plan.json
 
 echo
-echo "== 4. the runtime: a model 4x the device memory trains on the CPU backend"
+echo "== 5. the runtime: a model 4x the device memory trains on the CPU backend"
 # A LLaMA-shaped model of 24 layers (9.5M parameters, 19 MiB of bf16 weights)
 # on a "device" of 6 MiB: memplan sizes it first, then train executes that plan.
 demo=$(mktemp -d)
@@ -42,3 +47,30 @@ plan=(--model "$demo/config.json" --gpu-mem 6MiB --cpu-mem 1GiB --nvme 1GiB --se
 "$m" estimate "${plan[@]}" --plan-out "$demo/plan.json" >/dev/null
 ./build/examples/train --model "$demo/config.json" --plan "$demo/plan.json" --data "$demo/text.txt" \
   --text --steps 8 --lr 2e-3 --nvme-dir "$demo" --stats-json "$demo/stats.json"
+
+echo
+echo "== 6. fine-tuning through a tokenizer: tokenize text, train a small model, fine-tune it"
+# The shipped vocabulary: byte-level BPE as GPT-2's, 1024 ids, trained on this
+# repository's docs (tests/fixtures/tokenizer/small-bpe.json; a real model's
+# tokenizer.json works the same way).
+tok=tests/fixtures/tokenizer/small-bpe.json
+cat >"$demo/small.json" <<'JSON'
+{"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 128, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "intermediate_size": 384, "vocab_size": 1024, "max_position_embeddings": 256}
+JSON
+# every doc but offload.md (kept for the fine-tuning) and README.md (held out)
+./build/examples/tokenize --tokenizer "$tok" --out "$demo/docs.bin" $(ls docs/*.md | grep -v offload.md)
+./build/examples/train --model "$demo/small.json" --data "$demo/docs.bin" --steps 60 --micro-batch 8 \
+  --seq 128 --lr 2e-3 --save "$demo/base.safetensors" | grep -E '^(step (0|59) |# saved)'
+# fine-tune on docs/offload.md as text (tokenized on the fly): warmup then
+# cosine decay, the held-out README.md evaluated every 10 steps, a log and its SVG
+./build/examples/train --model "$demo/small.json" --weights "$demo/base.safetensors" --tokenizer "$tok" \
+  --data docs/offload.md --eval-data README.md --eval-every 10 --eval-batches 1 --steps 40 \
+  --micro-batch 8 --seq 128 --lr 1e-3 --lr-schedule cosine --warmup 5 --min-lr 1e-4 \
+  --log build/finetune.jsonl --plot build/finetune.svg | grep -E '^(eval|# plot|# data|# lr)|^step (0|39) '
+echo "last log record: $(tail -n 1 build/finetune.jsonl)"
+if command -v rsvg-convert >/dev/null; then
+  rsvg-convert build/finetune.svg -o build/finetune.png && echo "picture: build/finetune.svg (and build/finetune.png)"
+else
+  echo "picture: build/finetune.svg"
+fi

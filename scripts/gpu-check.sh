@@ -22,8 +22,10 @@
 #   all       the six above, in that order, inside one deadline
 # Phases that need no GPU (for this machine and for checks elsewhere):
 #   deps      only unpack .carry/ into the prefix
-#   plan13b   the 13B plan for a described machine, and `train --plan` on the
-#             CPU backend with a tiny model (ZO_13B_* below describe the machine)
+#   plan13b   the 13B plan for a described machine, checked against the 13B
+#             model by `train --check-plan`, and its placement planned for a
+#             tiny model and run by `train --plan` on the CPU backend (ZO_13B_*
+#             below describe the machine)
 #   summary   print the table of what the phases recorded on this machine
 #
 # Without a GPU the GPU phases fail at once with one line and exit 2. Exit 1

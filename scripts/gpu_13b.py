@@ -9,27 +9,33 @@ for that machine, its measurements beside the plan's prediction.
 2. `memplan calibrate` (on CUDA): CPU AdamW rate, memory bandwidth and the
    disk's rates measured there; GPU rates from the preset of the GPU's name;
    the pinned host->device rate of bench_gpu_cuda when given (--pcie-gbs).
-3. `memplan plan` for that machine. Full fine-tuning of 13B needs about
-   208 GB of weights, gradients and AdamW state: the optimizer state must be
-   split over GPU, CPU and disk. When memplan plan's best does not put a
-   share on all three (its search splits CPU/NVMe, or takes the GPU whole),
-   the fastest three-way split that `memplan estimate` says fits is used:
-   shares in twentieths, NVMe at least --min-nvme, full recompute, gradients
-   to the host, weights resident (or streamed when resident fits nowhere).
+3. `memplan plan --json-out FILE` for that machine. Full fine-tuning of 13B
+   needs about 208 GB of weights, gradients and AdamW state: the optimizer
+   state must be split over GPU, CPU and disk. When memplan plan's best does
+   not put a share on all three (its search splits CPU/NVMe, or takes the GPU
+   whole), the fastest three-way split that `memplan estimate` says fits is
+   used (its report, --json, ranks them; --plan-out writes the winner as the
+   plan): shares in twentieths, NVMe at least --min-nvme, full recompute,
+   gradients to the host, weights resident (or streamed when resident fits
+   nowhere). `train --check-plan` then checks the plan against the model.
 4. `train --plan` on the device for --steps steps: tokens/s, MFU (memplan's
    model FLOPs over the measured step, against the hardware peak the plan
    used), and the peak bytes per tier against the plan (goal: within 5%),
    the step time against the predicted one (goal: within 20%).
 
-Host memory: `train` today fills the whole model's initial weights in host
-fp32 (4 bytes a parameter) before handing them to the runtime, so the plan is
-made for the host memory less that (--host-reserve, default 4 x params; 0
-once the runtime takes weights block by block).
+Host memory: train loads and initialises the weights one block at a time,
+so beyond the plan's CPU tier it holds one block of fp32 (1.3 GB for 13B):
+the plan is made for 95% of the host memory. The random initialisation is
+parallel (about 3.5e7 values/s a thread; --init-rate) and the NVMe share of
+the optimizer state is written once before the first step: fewer steps run
+when the time left would not hold them.
 
 --device cpu checks everything up to the GPU: steps 1 and 3 for a described
 machine (default the H200 of this project's GPU machine: 139 GiB free GPU
-memory, 128 GiB host, 50 GiB disk), then `train --plan` with that plan on the
-CPU backend, with a tiny LLaMA in place of 13B (nothing of 13B is allocated).
+memory, 128 GiB host, 50 GiB disk); `train --check-plan` of the 13B plan
+against the 13B model (nothing of it allocated); then the same placement
+planned for a tiny LLaMA (the 13B plan's flags) and run by `train --plan` on
+the CPU backend.
 
 Exit: 0 ran and every goal met (cpu: the plan is valid and train accepted
 it), 1 a goal missed or a step failed, 2 bad usage. Rows for
@@ -150,12 +156,27 @@ def base_preset(name):
 # ---- 3. the plan -------------------------------------------------------------------------
 
 def shares(plan):
-    o = plan["config"]["placement"]["optimizer"] if "config" in plan else plan["placement"]["optimizer"]
+    o = plan["placement"]["optimizer"]
     return o.get("gpu", 0), o.get("cpu", 0), o.get("nvme", 0)
 
 
+def plan_flags(plan):
+    """memplan estimate's flags for a plan's configuration (not its model, hardware or batch)."""
+    tr, pl = plan["training"], plan["placement"]
+    return ["--dtype", tr["dtype"], "--grad-dtype", tr["grad_dtype"], "--recompute", tr["recompute"],
+            "--params", pl["params"], "--grads", pl["grads"], "--checkpoints", pl["checkpoints"],
+            "--optimizer", "gpu=%g,cpu=%g,nvme=%g" % shares(plan),
+            "--prefetch", plan["buffers"]["prefetch_depth"], "--sub-group", plan["nvme"]["sub_group"],
+            "--swap-buffers", plan["nvme"]["swap_buffers"]]
+
+
+def split_args(run, spec, params):
+    return ["--micro-batch", run.a.micro_batch, "--recompute", "full", "--params", params, "--grads", "cpu",
+            "--checkpoints", "gpu", "--optimizer", spec, "--grad-dtype", "fp32"]
+
+
 def three_way(run, hw_args, common):
-    """The fastest split of the optimizer over GPU, CPU and NVMe that fits."""
+    """The fastest split of the optimizer over GPU, CPU and NVMe that fits: (report, spec, params)."""
     best = None
     tried = 0
     for params in ("gpu", "cpu"):
@@ -165,9 +186,7 @@ def three_way(run, hw_args, common):
                 if c < 1 or n / 20 < run.a.min_nvme:
                     continue
                 spec = "gpu=%g,cpu=%g,nvme=%g" % (g / 20, c / 20, n / 20)
-                r = run.memplan("estimate", *hw_args, *common, "--micro-batch", run.a.micro_batch,
-                                "--recompute", "full", "--params", params, "--grads", "cpu",
-                                "--checkpoints", "gpu", "--optimizer", spec, "--grad-dtype", "fp32", "--json",
+                r = run.memplan("estimate", *hw_args, *common, *split_args(run, spec, params), "--json",
                                 ok=(0, 1))
                 tried += 1
                 d = json.loads(r.stdout)
@@ -181,17 +200,11 @@ def three_way(run, hw_args, common):
 def make_plan(run, m):
     a = run.a
     wd = a.workdir
-    model = run.memplan("estimate", "--model", a.model, "--seq", a.seq, "--json", ok=(0, 1))
-    params = json.loads(model.stdout)["model"]["params"]
-    reserve = parse_size(a.host_reserve, "--host-reserve") if a.host_reserve != "auto" else 4 * params
-    cpu_plan = int(m["cpu"] * 0.95) - reserve
-    run.log("# machine: GPU %s free%s, host %s available (plan: %s, after %s for train's fp32 "
-            "initial weights and 5%% slack), disk %s free under %s" % (
+    cpu_plan = int(m["cpu"] * 0.95)
+    run.log("# machine: GPU %s free%s, host %s available (plan: %s, 5%% left for train's one block of "
+            "initial weights and slack), disk %s free under %s" % (
                 gib(m["gpu"]), " (%s)" % m["name"] if m["name"] else "", gib(m["cpu"]), gib(cpu_plan),
-                gib(reserve), gib(m["nvme"]), a.nvme_dir))
-    if cpu_plan <= 0:
-        raise RuntimeError("host memory %s is less than the %s train needs for the initial weights" %
-                           (gib(m["cpu"]), gib(reserve)))
+                gib(m["nvme"]), a.nvme_dir))
     hw = a.hw or base_preset(m["name"])
     if a.calibrate:
         prof = os.path.join(wd, "hw.json")
@@ -211,7 +224,7 @@ def make_plan(run, m):
 
     path = os.path.join(wd, "plan13b.json")
     r = run.memplan("plan", *hw_args, *common, "--global-batch", a.micro_batch, "--grad-dtype", "fp32",
-                    "--top", "3", "--json", os.path.join(wd, "memplan-plan.json"), ok=(0, 1))
+                    "--top", "3", "--json-out", os.path.join(wd, "memplan-plan.json"), ok=(0, 1))
     run.log("# memplan plan:\n" + "\n".join("#   " + x for x in r.stdout.strip().splitlines()[:12]))
     chosen, params = None, None
     if r.returncode == 0:
@@ -229,24 +242,21 @@ def make_plan(run, m):
                                                                             gib(m["nvme"])))
             return None
         d, spec, params = best
-        with open(path, "w") as f:
-            json.dump(d, f, indent=1)
+        run.memplan("estimate", *hw_args, *common, *split_args(run, spec, params), "--plan-out", path, ok=(0, 1))
         chosen = ("memplan estimate, fastest of %d three-way splits" % tried, path)
         run.log("# the plan: %s; weights on %s, optimizer %s" % (chosen[0], params, spec))
     with open(chosen[1]) as f:
         plan = json.load(f)
     if chosen[1] != path:
         shutil.copyfile(chosen[1], path)
-    return plan, chosen[0], path, params
+    return plan, chosen[0], path, hw_args
 
 
 def predicted(plan):
-    """(peak bytes per tier, step s, tokens/s, mfu, model flops) from either JSON form."""
-    if "per_rank" in plan:  # memplan estimate --json
-        peak = {t: plan["per_rank"][t]["total"] for t in ("gpu", "cpu", "nvme")}
-        t = plan["time"]
-        return peak, t["step_s"], t["tokens_per_s"], t["mfu"], t["model_flops"]
-    p = plan["predicted"]  # plan file
+    """(peak bytes per tier, step s, tokens/s, mfu, model flops) of a plan file."""
+    if plan.get("format") != "zoffload-plan":
+        raise RuntimeError("not a plan file (memplan plan --json-out FILE, memplan estimate --plan-out FILE)")
+    p = plan["predicted"]
     fl = p.get("model_flops") or p["mfu"] * p["step_s"] * plan["hardware"]["peak_flops_16"]
     return p["peak_bytes"], p["step_s"], p["tokens_per_s"], p["mfu"], fl
 
@@ -257,13 +267,28 @@ def check_plan(run, plan, m, source):
     ok = g > 0 and c > 0 and n > 0 and abs(g + c + n - 1) < 1e-6
     run.row("plan: optimizer over GPU, CPU and NVMe (%s)" % source, "ok" if ok else "FAIL",
             "gpu %.2f cpu %.2f nvme %.2f" % (g, c, n), "all three > 0")
-    caps = dict(gpu=m["gpu"], nvme=m["nvme"])
+    caps = dict(gpu=m["gpu"], cpu=m["cpu"], nvme=m["nvme"])
     fit = all(peak[t] <= caps[t] for t in caps)
     run.row("plan: predicted peaks", "ok" if fit else "FAIL",
             "GPU %s, CPU %s, NVMe %s" % (gib(peak["gpu"]), gib(peak["cpu"]), gib(peak["nvme"])),
-            "GPU <= %s, NVMe <= %s" % (gib(m["gpu"]), gib(m["nvme"])))
+            "GPU <= %s, CPU <= %s, NVMe <= %s" % (gib(m["gpu"]), gib(m["cpu"]), gib(m["nvme"])))
     run.row("plan: predicted step", "info", "%.2f s, %.0f tokens/s, MFU %.1f%%" % (step, tps, 100 * mfu))
     return ok and fit
+
+
+def train_check_plan(run, path, model, plan, what):
+    """`train --check-plan`: the plan against the model, nothing allocated; its placement is the plan's."""
+    r = subprocess.run([run.a.train, "--check-plan", "--plan", path, "--model", model], capture_output=True,
+                       text=True)
+    out = (r.stdout + r.stderr).strip()
+    g, c, n = shares(plan)
+    want = "optimizer cpu %.2f nvme %.2f gpu %.2f" % (c, n, g)
+    place = [ln for ln in out.splitlines() if ln.startswith("# placement:")]
+    ok = r.returncode == 0 and bool(place) and want in place[0] and "# plan predicts peak bytes" in out
+    run.row("train --check-plan (%s)" % what, "ok" if ok else "FAIL",
+            want if ok else "exit %d: %s" % (r.returncode, out.splitlines()[-1][:150] if out else "no output"),
+            "exit 0, the plan's placement")
+    return ok
 
 
 # ---- 4. the run --------------------------------------------------------------------------
@@ -309,8 +334,8 @@ def main():
     ap.add_argument("--gpu-mem", default=env("ZO_13B_GPU_MEM", ""), help="default: free GPU memory (cpu: 139GiB)")
     ap.add_argument("--cpu-mem", default=env("ZO_13B_CPU_MEM", ""), help="default: MemAvailable (cpu: 128GiB)")
     ap.add_argument("--nvme", default=env("ZO_13B_NVME", ""), help="default: 90%% of the free disk (cpu: 50GiB)")
-    ap.add_argument("--host-reserve", default=env("ZO_13B_HOST_RESERVE", "auto"),
-                    help="host bytes the plan leaves to train's fp32 initial weights (auto: 4 x params)")
+    ap.add_argument("--init-rate", type=float, default=float(env("ZO_13B_INIT_RATE", "0")),
+                    help="random initial weights train draws a second (default: 3.5e7 x the cores)")
     ap.add_argument("--min-nvme", type=float, default=float(env("ZO_13B_MIN_NVME", "0.1")),
                     help="smallest NVMe share of the optimizer in the three-way split (default 0.1)")
     ap.add_argument("--hw", default=env("ZO_13B_HW", ""), help="hardware preset or profile (default: calibrate)")
@@ -339,8 +364,8 @@ def main():
     made = make_plan(run, m)
     if not made:
         return 1
-    plan, source, path, params_on = made
-    if not check_plan(run, plan, m, source):
+    plan, source, path, hw_args = made
+    if not check_plan(run, plan, m, source) or not train_check_plan(run, path, a.model, plan, "13B"):
         return 1
     peak, step_pred, tps_pred, mfu_pred, flops = predicted(plan)
     tokens_step = a.micro_batch * a.seq
@@ -350,33 +375,39 @@ def main():
     os.makedirs(nv, exist_ok=True)
     stats = os.path.join(a.workdir, "stats13b.json")
     if cuda:
-        model, steps, seq, mb = a.model, a.steps, a.seq, a.micro_batch
-        mr = run.memplan("estimate", "--model", model, "--seq", seq, "--json", ok=(0, 1))
-        vocab = json.loads(mr.stdout)["model"]["vocab"]
-    else:  # the plan end to end on the CPU backend, with a tiny LLaMA
-        model, steps, seq, mb = os.path.join(ROOT, "tests/fixtures/gpu/tiny_llama.json"), 2, 16, 1
-        vocab = 64
+        model, steps = a.model, a.steps
+    else:  # the same placement planned for a tiny LLaMA, run on the CPU backend
+        model, steps = os.path.join(ROOT, "tests/fixtures/gpu/tiny_llama.json"), 2
+        path = os.path.join(a.workdir, "plan-tiny.json")
+        run.memplan("estimate", "--model", model, *hw_args, "--seq", 16, "--micro-batch", 1, *plan_flags(plan),
+                    "--plan-out", path, ok=(0, 1))
+        with open(path) as f:
+            plan = json.load(f)
+        if not train_check_plan(run, path, model, plan, "tiny LLaMA"):
+            return 1
+    seq, mb, vocab = plan["training"]["seq"], plan["training"]["micro_batch"], plan["model"]["vocab"]
     data = os.path.join(a.workdir, "tokens.bin")
     write_tokens(data, vocab, mb * seq * (steps + 1) + seq + 2)
     cmd = [a.train, "--plan", path, "--model", model, "--data", data, "--device", a.device, "--steps", str(steps),
            "--nvme-dir", nv, "--stats-json", stats]
-    if not cuda:
-        cmd += ["--seq", str(seq), "--micro-batch", str(mb)]
     limit = max(30, t_end - time.time() - 10)
     if cuda:
-        # train draws the initial weights serially (40M values/s on the development VM) and writes
-        # the NVMe share of the optimizer state once before the first step: fewer steps when the
-        # time left would not hold them (2 at least: the first is a warm-up)
-        init_s = plan["model"]["params"] / float(os.environ.get("ZO_13B_INIT_RATE", "4e7"))
+        # train draws the initial weights block by block, in parallel, and writes the NVMe share of
+        # the optimizer state once before the first step: fewer steps when the time left would not
+        # hold them (2 at least: the first is a warm-up)
+        rate = a.init_rate or 3.5e7 * (os.cpu_count() or 1)
+        nvme_w = plan["hardware"].get("nvme_write_bw") or 1e9
+        init_s = plan["model"]["params"] / rate + peak["nvme"] / nvme_w
         fit = int((limit - init_s - 30) / step_pred) if step_pred else steps
         if fit < steps:
             steps = max(2, fit)
             cmd[cmd.index("--steps") + 1] = str(steps)
-        run.log("# expect: initial weights ~%.0f s, then %d steps of ~%.1f s predicted; %.0f s left" %
-                (init_s, steps, step_pred, limit))
+        run.log("# expect: initial weights and the NVMe share ~%.0f s, then %d steps of ~%.1f s predicted; "
+                "%.0f s left" % (init_s, steps, step_pred, limit))
     rc, lines, secs, killed = run_train(run, cmd, limit)
     shutil.rmtree(nv, ignore_errors=True)
-    tok = [float(w[7]) for w in (ln.split() for ln in lines) if len(w) >= 8 and w[0] == "step" and w[6] == "tok/s"]
+    tok = [float(w[w.index("tok/s") + 1]) for w in (ln.split() for ln in lines)
+           if len(w) >= 2 and w[0] == "step" and "tok/s" in w[:-1]]
     if rc != 0:
         why = "stopped at its %.0f s limit" % limit if killed else "exit %d" % rc
         last = [ln for ln in lines if ln.strip()][-1:] or ["no output"]
@@ -388,8 +419,9 @@ def main():
         g, c, n = shares(plan)
         want = "optimizer cpu %.2f nvme %.2f gpu %.2f" % (c, n, g)
         ok = bool(place) and want in place[0]
-        run.row("train --plan accepted (tiny LLaMA, CPU backend)", "ok" if ok else "FAIL",
-                "%d steps; %s" % (len(tok), want if ok else "placement line: %s" % (place[:1] or "-")))
+        ok = ok and len(tok) == steps
+        run.row("train --plan ran it (tiny LLaMA, CPU backend)", "ok" if ok else "FAIL",
+                "%d of %d steps; %s" % (len(tok), steps, want if ok else "placement line: %s" % (place[:1] or "-")))
         return 1 if run.failed else 0
 
     # ---- measured against predicted ------------------------------------------------------

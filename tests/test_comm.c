@@ -23,7 +23,7 @@
 #include <cmocka.h>
 
 #include "gpu/comm.h"              /* defines: comm_init, comm_all_reduce, ... */
-#include "gpu/cuda/device_cuda.h" /* defines: gpu_device_open, gpu_cuda_device_count */
+#include "gpu/device.h"            /* defines: gpu_device_open, gpu_cuda_device_count */
 
 static comm_t C;
 static int R, N; /* rank, size */

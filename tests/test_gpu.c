@@ -15,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "common/nf4.h"  /* defines: zo_nf4_layout_of, zo_nf4_code, zo_nf4_absmax_map */
 #include "gpu/device.h" /* defines: gpu_device_init_cpu, gpu_gemm, ... */
 #include "gpu/ops_cpu.h" /* defines: cpu_gemm_naive, gpu_cpu_inject_faults */
 #include "cpu_adam/cpu_adam.h" /* defines: adam_update_impl (the reference of gpu_adam_update) */
@@ -994,6 +995,82 @@ static void test_elementwise(void **state)
     gpu_mem_free(dev, flag);
 }
 
+/* An NF4 tensor of random bytes (any codes, any 8-bit constants) with
+ * positive scales and an offset, as a device buffer; `host` keeps its bytes. */
+static void *nf4_random(size_t n, uint8_t **host)
+{
+    zo_nf4_layout L;
+    zo_nf4_layout_of(n, &L);
+    uint8_t *h = malloc(L.bytes);
+    for (size_t i = 0; i < L.bytes; i++) h[i] = (uint8_t)(urand() * 128 + 128);
+    float offset = 0.75f, s;
+    memcpy(h, &offset, 4);
+    for (uint64_t j = 0; j < L.n_blocks2; j++) {
+        s = (float)(0.25 + 0.2 * urand());
+        memcpy(h + L.off_scale2 + 4 * j, &s, 4);
+    }
+    void *d;
+    assert_int_equal(gpu_mem_alloc(dev, L.bytes, &d), ZO_OK);
+    assert_int_equal(gpu_memcpy_async(S, d, h, L.bytes, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+    *host = h;
+    return d;
+}
+
+/* gpu_nf4_dequantize against the definition, bit for bit in every output
+ * type: w = code[c] * (map[absq] * scale2 + offset), fp32, then rounded. */
+static void test_nf4_dequantize(void **state)
+{
+    (void)state;
+    float map[256];
+    zo_nf4_absmax_map(map);
+    size_t ns[] = {1, 63, 64, 2 * 64 * 256 + 77};
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+        size_t n = ns[k];
+        uint8_t *h;
+        void *q = nf4_random(n, &h);
+        zo_nf4_layout L;
+        zo_nf4_layout_of(n, &L);
+        for (int t = 0; t < ZO_DTYPE_COUNT; t++) {
+            gpu_tensor out = dzeros(n, (zo_dtype)t);
+            assert_int_equal(gpu_nf4_dequantize(S, out, q, n), ZO_OK);
+            size_t es = zo_dtype_size((zo_dtype)t);
+            uint8_t *got = malloc(n * es), *want = malloc(n * es);
+            assert_int_equal(gpu_memcpy_async(S, got, out.data, n * es, GPU_COPY_DEVICE_TO_HOST), ZO_OK);
+            assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+            for (size_t i = 0; i < n; i++) {
+                size_t b = i / 64;
+                float offset, s;
+                memcpy(&offset, h, 4);
+                memcpy(&s, h + L.off_scale2 + 4 * (b / 256), 4);
+                volatile float scaled = map[h[L.off_absq + b]] * s; /* rounded before the add */
+                float a = scaled + offset;
+                uint8_t byte = h[L.off_codes + i / 2];
+                zo_store_f32(want, (zo_dtype)t, i, zo_nf4_code[i % 2 ? byte & 15 : byte >> 4] * a);
+            }
+            assert_memory_equal(got, want, n * es);
+            free(got);
+            free(want);
+            dfree(out);
+        }
+        gpu_mem_free(dev, q);
+        free(h);
+    }
+    /* arguments: n = 0 does nothing; a misaligned or NULL tensor is refused */
+    gpu_tensor out = dzeros(8, ZO_DTYPE_F32);
+    uint8_t *h;
+    void *q = nf4_random(8, &h);
+    assert_int_equal(gpu_nf4_dequantize(S, out, q, 0), ZO_OK);
+    zo_clear_error();
+    assert_int_equal(gpu_nf4_dequantize(S, out, (char *)q + 2, 8), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "aligned"));
+    assert_int_equal(gpu_nf4_dequantize(S, out, NULL, 8), ZO_ERR_INVALID);
+    assert_int_equal(gpu_nf4_dequantize(S, gpu_t(NULL, ZO_DTYPE_F32), q, 8), ZO_ERR_INVALID);
+    assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+    gpu_mem_free(dev, q);
+    free(h);
+    dfree(out);
+}
+
 /* Attention, GELU, cross-entropy and LayerNorm (forward and backward) on
  * devices with 1 and 2 threads give bit-identical results; shapes span
  * several attention query blocks and elementwise blocks. */
@@ -1466,6 +1543,7 @@ int main(void)
         cmocka_unit_test(test_embedding),
         cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_nf4_dequantize),
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_determinism_ops),
         cmocka_unit_test(test_fault_injection),

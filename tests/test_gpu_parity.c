@@ -20,6 +20,7 @@
 
 #include <cmocka.h>
 
+#include "common/nf4.h"  /* defines: zo_nf4_quantize, zo_nf4_bytes */
 #include "gpu/device.h" /* defines: gpu_device_open, gpu_gemm, gpu_attention_forward, ... */
 #include "tests/support/check.h" /* defines: check_close_scaled_f32 */
 
@@ -795,6 +796,39 @@ static void test_elementwise(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* NF4 weights quantized on the host, dequantized on both devices into every
+ * type: the same bits (both round each product and sum as written). */
+static void test_nf4_dequantize(void **state)
+{
+    (void)state;
+    int bad = 0;
+    const size_t ns[] = {1, 65, 3 * 64 * 256 + 1001};
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+        size_t n = ns[k], bytes = zo_nf4_bytes(n);
+        float *w = malloc(n * sizeof(float));
+        for (size_t i = 0; i < n; i++) w[i] = frand() * (float)(1 + i / 64 % 7);
+        uint8_t *q = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        assert_int_equal(zo_nf4_quantize(q, w, n, 0), ZO_OK);
+        void *qc, *qg;
+        assert_int_equal(gpu_mem_alloc(cpu, bytes, &qc), ZO_OK);
+        assert_int_equal(gpu_mem_alloc(gpu, bytes, &qg), ZO_OK);
+        put(scpu, qc, q, bytes);
+        put(sgpu, qg, q, bytes);
+        for (int di = 0; di < 3; di++) {
+            twin out = tw_out(n, DTYPES[di]);
+            assert_int_equal(gpu_nf4_dequantize(scpu, out.c, qc, n), ZO_OK);
+            assert_int_equal(gpu_nf4_dequantize(sgpu, out.g, qg, n), ZO_OK);
+            bad += tw_check("nf4 dequantize", out, (tol){0.0, 0.0});
+            tw_free(out);
+        }
+        gpu_mem_free(cpu, qc);
+        gpu_mem_free(gpu, qg);
+        free(q);
+        free(w);
+    }
+    assert_int_equal(bad, 0);
+}
+
 static void test_reductions(void **state)
 {
     (void)state;
@@ -914,7 +948,7 @@ int main(void)
         cmocka_unit_test(test_rope),          cmocka_unit_test(test_activations),
         cmocka_unit_test(test_embedding),     cmocka_unit_test(test_cross_entropy),
         cmocka_unit_test(test_elementwise),   cmocka_unit_test(test_reductions),
-        cmocka_unit_test(test_adam),
+        cmocka_unit_test(test_adam),          cmocka_unit_test(test_nf4_dequantize),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,4 +1,5 @@
 /* Tests for model/: parameter layout, safetensors, token data. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -6,17 +7,32 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cmocka.h>
 #include <unistd.h>
 
 #include "common/model_config.h"
+#include "common/model_limits.h"
 #include "model/data.h"
 #include "model/layout.h"
+#include "tests/support/files.h" /* defines: files_write */
 
-static const char *hf_configs[] = {"gpt2.json",       "gpt2-xl.json",     "llama-2-7b.json",
-                                   "llama-2-13b.json", "llama-2-70b.json", "llama-3-8b.json",
-                                   "mistral-7b.json"};
+static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "llama-2-7b.json",
+                                   "llama-2-13b.json",  "llama-2-70b.json", "llama-3-8b.json",
+                                   "mistral-7b.json",   "llama-7b.json",    "llama-3.1-8b.json",
+                                   "llama-3.2-1b.json", "qwen2.5-0.5b.json", "qwen2.5-7b.json"};
+
+/* Families memplan sizes but the runtime does not build: the layout (and so
+ * `train`) refuses each by name. */
+static const struct { const char *config, *family; } not_built[] = {
+    {"mixtral-8x7b.json", "mixtral"},       {"qwen1.5-moe-a2.7b.json", "qwen2_moe"},
+    {"deepseek-v2-lite.json", "deepseek_v2"}, {"gemma-2b.json", "gemma"},
+    {"gemma-2-2b.json", "gemma2"},          {"qwen3-0.6b.json", "qwen3"},
+    {"phi-3-mini-4k-instruct.json", "phi3"}, {"pythia-160m.json", "gpt_neox"},
+    {"falcon-7b.json", "falcon"},           {"opt-125m.json", "opt"},
+    {"bloom-560m.json", "bloom"},
+};
 
 /* Tensors tile each block exactly, in order, and sum to the config's count. */
 static void check_layout(const zo_model_config *cfg)
@@ -70,6 +86,80 @@ static void test_layout_hf_configs(void **state)
         if (zo_model_config_load(path, &cfg)) fail_msg("%s", zo_last_error());
         check_layout(&cfg);
     }
+}
+
+/* Shapes whose products overflow and constants that make no sense are
+ * refused by name before anything is formed from them (layers at INT_MAX
+ * wrapped the block count; a norm epsilon or RoPE base below zero trained);
+ * every preset and real config is within the limits. */
+static void test_layout_limits(void **state)
+{
+    (void)state;
+    zo_model_config base;
+    assert_int_equal(zo_model_preset_find("llama-2-7b", &base), ZO_OK);
+    size_t n;
+    const zo_model_preset *p = zo_model_presets(&n);
+    for (size_t i = 0; i < n; i++) {
+        zo_model_config c = p[i].cfg;
+        if (zo_model_config_validate(&c) == ZO_OK && zo_model_config_check_limits(&c) != ZO_OK)
+            fail_msg("preset %s: %s", p[i].name, zo_last_error());
+    }
+    struct {
+        const char *what;
+        zo_model_config c;
+        const char *said;
+    } bad[] = {
+        {"eps", base, "rms_norm_eps"}, {"theta", base, "rope_theta"}, {"theta inf", base, "rope_theta"},
+        {"layers", base, "layers"}, {"hidden", base, "2^53"}, {"vocab", base, "token embedding"},
+        {"nan eps", base, "rms_norm_eps"},
+    };
+    bad[0].c.norm_eps = -1e-6f;
+    bad[1].c.rope_theta = -1e4f;
+    bad[2].c.rope_theta = INFINITY;
+    bad[3].c.n_layers = 2147483647;
+    bad[4].c.hidden = 2147483646;
+    bad[4].c.n_heads = bad[4].c.n_kv_heads = 2;
+    bad[4].c.head_dim = 0;
+    bad[5].c.vocab = 2147483647;
+    bad[5].c.hidden = 8388608;
+    bad[5].c.head_dim = 0;
+    bad[6].c.norm_eps = NAN;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        model_layout l;
+        zo_status st = model_layout_init(&l, &bad[i].c);
+        if (st != ZO_ERR_INVALID || !strstr(zo_last_error(), bad[i].said))
+            fail_msg("%s: %s (%s)", bad[i].what, zo_status_name(st), zo_last_error());
+    }
+    zo_model_config gpt;
+    assert_int_equal(zo_model_preset_find("gpt2", &gpt), ZO_OK);
+    gpt.norm_eps = -1e-5f;
+    model_layout l;
+    assert_int_equal(model_layout_init(&l, &gpt), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "layer_norm_epsilon"));
+}
+
+static void test_layout_refuses_families(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof not_built / sizeof not_built[0]; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/hf-configs/%s", ZO_FIXTURES_DIR, not_built[i].config);
+        zo_model_config cfg;
+        if (zo_model_config_load(path, &cfg)) fail_msg("%s", zo_last_error());
+        model_layout l;
+        assert_int_equal(model_layout_init(&l, &cfg), ZO_ERR_UNSUPPORTED);
+        char want[64];
+        snprintf(want, sizeof want, "family \"%s\"", not_built[i].family);
+        if (!strstr(zo_last_error(), want))
+            fail_msg("%s: \"%s\" does not name %s", not_built[i].config, zo_last_error(), want);
+    }
+    /* a LLaMA config with another activation is not the runtime's SwiGLU */
+    zo_model_config c;
+    assert_int_equal(zo_model_preset_find("llama-2-7b", &c), ZO_OK);
+    snprintf(c.act, sizeof c.act, "gelu");
+    model_layout l;
+    assert_int_equal(model_layout_init(&l, &c), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "gelu"));
 }
 
 /* Variants the presets do not cover: untied GPT, Qwen2-style q/k/v biases,
@@ -179,14 +269,6 @@ static int teardown_tmp(void **state)
     return rmdir(tmpdir);
 }
 
-static void write_file(const char *path, const void *buf, size_t len)
-{
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(buf, 1, len, f), len);
-    fclose(f);
-}
-
 /* n tokens from a small LCG, below vocab, written little-endian with width w */
 static uint32_t *write_tokens(const char *path, size_t n, int w, uint32_t vocab)
 {
@@ -200,7 +282,7 @@ static uint32_t *write_tokens(const char *path, size_t n, int w, uint32_t vocab)
         ids[i] = (x >> 8) % vocab;
         for (int b = 0; b < w; b++) raw[i * (size_t)w + (size_t)b] = (uint8_t)(ids[i] >> (8 * b));
     }
-    write_file(path, raw, n * (size_t)w);
+    files_write(path, raw, n * (size_t)w);
     free(raw);
     return ids;
 }
@@ -291,7 +373,7 @@ static void test_tokens_errors(void **state)
     uint16_t raw[200];
     for (int i = 0; i < 200; i++) raw[i] = (uint16_t)(i % 100);
     raw[123] = 1500;
-    write_file(path, raw, sizeof raw);
+    files_write(path, raw, sizeof raw);
     assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U16, 1000), ZO_OK);
     assert_int_equal(model_tokens_check(&t, 0, 100), ZO_OK);
     assert_int_equal(model_tokens_check(&t, 0, t.n), ZO_ERR_FORMAT);
@@ -314,16 +396,26 @@ static void test_tokens_errors(void **state)
 
     /* an odd byte count is not a uint16 token file; nor is an empty file */
     snprintf(path, sizeof path, "%s/odd.bin", tmpdir);
-    write_file(path, raw, 7);
+    files_write(path, raw, 7);
     assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U16, 1000), ZO_ERR_FORMAT);
     assert_non_null(strstr(zo_last_error(), path));
     assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U32, 1000), ZO_ERR_FORMAT);
     snprintf(path, sizeof path, "%s/empty.bin", tmpdir);
-    write_file(path, raw, 0);
+    files_write(path, raw, 0);
     assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U16, 1000), ZO_ERR_FORMAT);
     snprintf(path, sizeof path, "%s/nope.bin", tmpdir);
     assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U16, 1000), ZO_ERR_NOT_FOUND);
     assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_BYTES, 100), ZO_ERR_INVALID);
+    /* a FIFO nobody writes to is refused at once, naming it (opening it
+     * waited for a writer forever: the alarm ends the test then) */
+    snprintf(path, sizeof path, "%s/fifo.bin", tmpdir);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    alarm(20);
+    assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U16, 1000), ZO_ERR_INVALID);
+    alarm(0);
+    assert_non_null(strstr(zo_last_error(), path));
+    assert_non_null(strstr(zo_last_error(), "not a regular file (a FIFO)"));
+    unlink(path);
 }
 
 /* Byte-level tokenizer: a text file as tokens, encoded to uint16, decoded back. */
@@ -335,7 +427,7 @@ static void test_byte_tokens(void **state)
     snprintf(tok_path, sizeof tok_path, "%s/text.bin", tmpdir);
     const char text[] = "To be, or not to be: that is the question.\n\xc3\xa9t\xc3\xa9\n";
     size_t n = sizeof text - 1;
-    write_file(text_path, text, n);
+    files_write(text_path, text, n);
 
     model_tokens t;
     assert_int_equal(model_tokens_open(&t, text_path, MODEL_TOKENS_BYTES, MODEL_BYTE_VOCAB), ZO_OK);
@@ -376,7 +468,9 @@ int main(void)
         cmocka_unit_test(test_layout_presets),
         cmocka_unit_test(test_layout_hf_configs),
         cmocka_unit_test(test_layout_variants),
+        cmocka_unit_test(test_layout_limits),
         cmocka_unit_test(test_layout_views),
+        cmocka_unit_test(test_layout_refuses_families),
         cmocka_unit_test(test_batches_sequential),
         cmocka_unit_test(test_batches_random),
         cmocka_unit_test(test_tokens_errors),

@@ -607,6 +607,31 @@ static void test_malformed_index(void **state)
     model_ckpt_close(&c);
     /* a directory with neither file */
     assert_int_equal(model_ckpt_open(&c, tmpdir), ZO_ERR_NOT_FOUND);
+    /* a FIFO as a shard, as the index, as a single file: refused at once,
+     * naming it (opening one waited for a writer forever: the alarm ends
+     * the test then) */
+    snprintf(shard, sizeof shard, "%s/s1.safetensors", dir);
+    unlink(shard);
+    assert_int_equal(mkfifo(shard, 0600), 0);
+    alarm(20);
+    assert_int_equal(model_ckpt_open(&c, dir), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "s1.safetensors: not a regular file (a FIFO)"));
+    assert_int_equal(model_ckpt_open(&c, shard), ZO_ERR_INVALID);
+    unlink(path);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    assert_int_equal(model_ckpt_open(&c, path), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "index.json: not a regular file (a FIFO)"));
+    alarm(0);
+    unlink(path);
+    unlink(shard);
+    /* keys given twice inside an entry or in the index: refused */
+    write_raw_st(shard, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"dtype\":\"F16\",\"data_offsets\":[0,8]}}", 8);
+    expect_open_error(shard, ZO_ERR_FORMAT, "a.dtype");
+    write_raw_st(shard, one, 8);
+    const char *twice = "{\"weight_map\":{\"a\":\"s1.safetensors\"},\"weight_map\":{}}";
+    spit(path, twice, strlen(twice));
+    assert_int_equal(model_ckpt_open(&c, dir), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "\"weight_map\" appears twice"));
 }
 
 /* Shape, dtype, missing and unexpected tensors when loading into a layout. */

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -484,6 +485,52 @@ static void test_invalid_arguments(void **state)
     nvme_engine_free(e);
 }
 
+/* NVME_FILE_EXCL: a file of the engine's own or nothing; a link planted
+ * under the name is not followed (its target keeps its bytes), nor is an
+ * existing file truncated. A descriptor handed over (nvme_file_open_fd)
+ * gets its O_DIRECT twin on the same file even after the name moved. */
+static void test_exclusive_create(void **state)
+{
+    fixture *f = *state;
+    nvme_engine_t *e = engine_or_skip(NULL);
+    char victim[700], moved[700];
+    snprintf(victim, sizeof victim, "%s/victim", f->dir);
+    int fd = open(victim, O_RDWR | O_CREAT, 0600);
+    assert_true(fd >= 0 && write(fd, "precious", 8) == 8);
+    close(fd);
+    assert_int_equal(symlink(victim, f->path), 0);
+    int fid;
+    assert_int_equal(nvme_file_open(e, f->path, NVME_FILE_EXCL, &fid), ZO_ERR_IO);
+    assert_non_null(strstr(zo_last_error(), "File exists"));
+    assert_int_equal(unlink(f->path), 0);
+    assert_int_equal(nvme_file_open(e, victim, NVME_FILE_EXCL, &fid), ZO_ERR_IO);
+    struct stat sb;
+    assert_int_equal(stat(victim, &sb), 0);
+    assert_int_equal(sb.st_size, 8);
+    assert_int_equal(nvme_file_open(e, f->path, NVME_FILE_EXCL, &fid), ZO_OK);
+    assert_int_equal(nvme_file_close(e, fid), ZO_OK);
+    /* a descriptor handed over, its name moved before the engine opens it */
+    fd = open(f->path, O_RDWR);
+    assert_true(fd >= 0);
+    snprintf(moved, sizeof moved, "%s/moved", f->dir);
+    assert_int_equal(rename(f->path, moved), 0);
+    assert_int_equal(symlink(victim, f->path), 0);
+    assert_int_equal(nvme_file_open_fd(e, fd, f->path, &fid), ZO_OK);
+    close(fd);
+    unsigned char *buf;
+    assert_int_equal(nvme_buf_alloc(e, 4096, (void **)&buf), ZO_OK);
+    fill_bytes(buf, 4096, 9);
+    assert_int_equal(nvme_write(e, fid, buf, 4096, 0), ZO_OK);
+    assert_int_equal(nvme_file_close(e, fid), ZO_OK);
+    assert_file_holds(moved, 0, buf, 4096);
+    assert_int_equal(stat(victim, &sb), 0);
+    assert_int_equal(sb.st_size, 8);
+    nvme_buf_free(e, buf);
+    nvme_engine_free(e);
+    unlink(moved);
+    unlink(victim);
+}
+
 /* A transfer whose end passes the largest file offset (off_t) is refused
  * whole: split into pieces, its first piece would fail (a negative offset)
  * while a later one, its offset wrapped past 2^64, wrote over the start of
@@ -533,6 +580,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_wakeup_from_another_thread, setup, teardown),
         cmocka_unit_test_setup_teardown(test_invalid_arguments, setup, teardown),
         cmocka_unit_test_setup_teardown(test_offset_overflow_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_exclusive_create, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -640,6 +641,122 @@ static void test_pipeline_capacity(void **state)
     nvme_store_free(s);
 }
 
+/* ---- swap files: exclusive, unique, locked, stale ones removed -------------------- */
+
+static nvme_store_t *store_prefix(fixture *f, const char *prefix)
+{
+    const char *dirs[1] = {f->sub[0]};
+    nvme_store_config cfg = {.dirs = dirs, .ndirs = 1, .prefix = prefix};
+    nvme_store_t *s = NULL;
+    assert_int_equal(nvme_store_init(&s, f->e, &cfg), ZO_OK);
+    return s;
+}
+
+static int count_files(const char *dir, const char *glob)
+{
+    char cmd[800], out[64];
+    snprintf(cmd, sizeof cmd, "ls -A %s | grep -c -E '%s'", dir, glob);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    out[0] = 0;
+    assert_non_null(fgets(out, sizeof out, p));
+    pclose(p);
+    return atoi(out);
+}
+
+/* Two stores of one prefix in one directory (two runs, or two containers
+ * whose pids are equal) have files of their own: neither truncates the
+ * other's (the name was <prefix>.0.swap, opened with O_TRUNC, so the second
+ * store emptied the first one's tensors). */
+static void test_store_files_unique(void **state)
+{
+    fixture *f = *state;
+    nvme_store_t *a = store_prefix(f, "zo-opt"), *b = store_prefix(f, "zo-opt");
+    assert_string_not_equal(store_path(a, 0), store_path(b, 0));
+    size_t n = 300000;
+    int ia = add1(a, "t", n), ib = add1(b, "t", n);
+    unsigned char *src = malloc(n), *src2 = malloc(n), *dst = malloc(n);
+    fill_bytes(src, n, 1);
+    fill_bytes(src2, n, 2);
+    assert_int_equal(nvme_store_write(a, ia, src), ZO_OK);
+    assert_int_equal(nvme_store_write(b, ib, src2), ZO_OK);
+    assert_int_equal(nvme_store_read(a, ia, dst), ZO_OK);
+    assert_memory_equal(dst, src, n);
+    /* "<prefix>-<16 hex>.<k>.swap", locked while the store lives */
+    const char *base = strrchr(store_path(a, 0), '/') + 1;
+    assert_int_equal(strncmp(base, "zo-opt-", 7), 0);
+    assert_int_equal(strspn(base + 7, "0123456789abcdef"), 16);
+    assert_string_equal(base + 23, ".0.swap");
+    int fd = open(store_path(a, 0), O_RDWR);
+    assert_true(fd >= 0);
+    assert_int_not_equal(flock(fd, LOCK_EX | LOCK_NB), 0);
+    close(fd);
+    char path[700];
+    snprintf(path, sizeof path, "%s", store_path(a, 0));
+    nvme_store_free(a);
+    assert_int_not_equal(access(path, F_OK), 0); /* removed with the store */
+    nvme_store_free(b);
+    assert_int_equal(count_files(f->sub[0], "swap$"), 0);
+    free(src);
+    free(src2);
+    free(dst);
+}
+
+/* A run killed left its swap file (unlocked): the next store of that prefix
+ * in the directory removes it. Left alone: a live store's locked file, a
+ * link named like a swap file (and what it points to), another prefix's
+ * file, names that are not exactly a swap file's. */
+static void test_store_stale_files(void **state)
+{
+    fixture *f = *state;
+    const char *d = f->sub[0];
+    char path[800], victim[800];
+    nvme_store_t *live = store_prefix(f, "zo-par");
+    snprintf(path, sizeof path, "%s/zo-par-0123456789abcdef.0.swap", d); /* a dead run's */
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+    assert_true(fd >= 0 && write(fd, "x", 1) == 1);
+    close(fd);
+    snprintf(victim, sizeof victim, "%s/victim.txt", f->dir);
+    fd = open(victim, O_RDWR | O_CREAT, 0600);
+    assert_true(fd >= 0 && write(fd, "precious", 8) == 8);
+    close(fd);
+    snprintf(path, sizeof path, "%s/zo-par-fedcba9876543210.0.swap", d);
+    assert_int_equal(symlink(victim, path), 0);
+    const char *others[] = {"zo-opt-0123456789abcdef.0.swap", "zo-par-0123456789abcdef.0.swap.bak",
+                            "zo-par-0123456789ABCDEF.0.swap", "zo-par-12345.0.swap", "mine.swap"};
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", d, others[i]);
+        fd = open(path, O_RDWR | O_CREAT, 0600);
+        assert_true(fd >= 0);
+        close(fd);
+    }
+    assert_int_equal(count_files(d, "^zo-par-"), 6);
+    nvme_store_t *next = store_prefix(f, "zo-par");
+    assert_int_equal(nvme_store_stale_removed(next), 1);
+    snprintf(path, sizeof path, "%s/zo-par-0123456789abcdef.0.swap", d);
+    assert_int_not_equal(access(path, F_OK), 0);
+    assert_int_equal(access(store_path(live, 0), F_OK), 0);
+    char buf[16] = {0};
+    fd = open(victim, O_RDONLY);
+    assert_int_equal(read(fd, buf, sizeof buf), 8);
+    close(fd);
+    assert_string_equal(buf, "precious");
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", d, others[i]);
+        assert_int_equal(access(path, F_OK), 0);
+    }
+    /* the live store still works */
+    size_t n = 4096;
+    int id = add1(live, "w", n);
+    unsigned char src[4096], dst[4096];
+    fill_bytes(src, n, 3);
+    assert_int_equal(nvme_store_write(live, id, src), ZO_OK);
+    assert_int_equal(nvme_store_read(live, id, dst), ZO_OK);
+    assert_memory_equal(dst, src, n);
+    nvme_store_free(next);
+    nvme_store_free(live);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -655,6 +772,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_pipeline_equals_in_memory, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pipeline_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pipeline_capacity, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_store_files_unique, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_store_stale_files, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,10 +21,11 @@
 #include "model/safetensors.h" /* defines: model_save */
 #include "offload/offload.h"   /* defines: offload_init, offload_micro_batch, offload_step */
 #include "planner/memory.h"    /* defines: plan_estimate_run (the memplan estimate) */
+#include "tests/support/files.h"       /* defines: files_write_plan, files_remove_tree */
+#include "tests/support/models.h"      /* defines: tiny_model, tiny_batch */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer (the reference) */
-#include "tests/support/run.h"         /* defines: run_capture */
-#include "tests/support/runtime_plan.h" /* defines: runtime_plan_estimate */
-#include "tests/support/tiny.h"        /* defines: tiny_llama_config, tiny_batch */
+#include "tests/support/run.h"         /* defines: run_capture, run_paused */
+#include "tests/support/runtime_plan.h" /* defines: runtime_plan_train, runtime_plan_estimate */
 #include "transformer/offload_model.h" /* defines: tf_offload_model, tf_model */
 
 #define THREADS 2
@@ -33,22 +34,12 @@
 
 static zo_model_config tiny_gpt(int layers, int hidden, int vocab)
 {
-    zo_model_config c = tiny_gpt_config(layers, hidden, vocab);
-    assert_int_equal(zo_model_config_validate(&c), ZO_OK);
-    return c;
+    return tiny_model(ZO_ARCH_GPT, layers, hidden, vocab, 64);
 }
 
 static zo_model_config tiny_llama(int layers, int hidden, int vocab)
 {
-    zo_model_config c = tiny_llama_config(layers, hidden, vocab);
-    assert_int_equal(zo_model_config_validate(&c), ZO_OK);
-    return c;
-}
-
-/* Tokens of micro-batch `k`: rows b x t (tests/support/tiny.h). */
-static void make_batch(int vocab, int b, int t, int64_t k, int32_t *in, int32_t *tg)
-{
-    tiny_batch(vocab, b, t, k, in, tg);
+    return tiny_model(ZO_ARCH_LLAMA, layers, hidden, vocab, 64);
 }
 
 /* ---- a training run ---------------------------------------------------------------- */
@@ -78,6 +69,9 @@ typedef struct run {
      * saving and loading (streamed weights writer), in bytes */
     int measure_io;
     uint64_t save_growth, load_growth, rss_at_save;
+    /* LoRA: adapters trained over a frozen base (r 0: full fine-tuning) */
+    tf_lora_options lora;
+    int base_changed;      /* out: a block's frozen base read back differs */
 } run;
 
 /* VmHWM or VmRSS of this process, bytes; 0 when /proc says nothing. */
@@ -136,7 +130,7 @@ static zo_status do_run(run *r)
     assert_int_equal(gpu_device_init_cpu(&dopt, &dev), ZO_OK);
     assert_int_equal(gpu_stream_create(dev, &s), ZO_OK);
     tf_model m;
-    tf_options to = {.recompute = r->oc.recompute, .external_res = 1};
+    tf_options to = {.recompute = r->oc.recompute, .external_res = 1, .lora = r->lora};
     zo_status st = tf_init_opts(&m, &r->cfg, dev, r->dt, r->B, r->T, &to);
     if (st != ZO_OK) fprintf(stderr, "tf_init: %s\n", zo_last_error());
     assert_int_equal(st, ZO_OK);
@@ -153,12 +147,31 @@ static zo_status do_run(run *r)
     assert_int_equal(st, ZO_OK);
 
     const model_layout *l = &m.layout;
-    float **w = calloc((size_t)l->n_blocks, sizeof(float *));
-    for (int b = 0; b < l->n_blocks; b++) w[b] = calloc(l->block_numel[b] + 1, sizeof(float));
-    tf_init_weights(l, w, 1234);
-    assert_int_equal(offload_set_weights(rt, (const float *const *)w), ZO_OK);
-    for (int b = 0; b < l->n_blocks; b++) free(w[b]);
-    free(w);
+    uint8_t **base = NULL;
+    if (r->lora.r > 0) {
+        /* the frozen base packed block by block, the adapters at PEFT's init */
+        base = calloc((size_t)l->n_blocks, sizeof *base);
+        uint64_t rng = tf_init_rng(1234), arng = tf_init_rng(99);
+        for (int b = 0; b < l->n_blocks; b++) {
+            float *w = calloc(l->block_numel[b] + 1, sizeof(float));
+            base[b] = calloc(tf_frozen_bytes(&m, b) + 1, 1);
+            tf_init_block_weights(l, b, w, &rng);
+            assert_int_equal(tf_frozen_pack(&m, b, w, base[b]), ZO_OK);
+            assert_int_equal(offload_set_frozen_block(rt, b, base[b]), ZO_OK);
+            float *a = calloc(m.adapters.block_numel[b] + 1, sizeof(float));
+            tf_init_lora_block(&m.adapters, b, a, &arng);
+            assert_int_equal(offload_set_block(rt, b, a), ZO_OK);
+            free(a);
+            free(w);
+        }
+    } else {
+        float **w = calloc((size_t)l->n_blocks, sizeof(float *));
+        for (int b = 0; b < l->n_blocks; b++) w[b] = calloc(l->block_numel[b] + 1, sizeof(float));
+        tf_init_weights(l, w, 1234);
+        assert_int_equal(offload_set_weights(rt, (const float *const *)w), ZO_OK);
+        for (int b = 0; b < l->n_blocks; b++) free(w[b]);
+        free(w);
+    }
     if (r->resume_dir) {
         offload_ckpt_meta meta;
         uint64_t rss = proc_status_kb("VmRSS");
@@ -176,7 +189,7 @@ static zo_status do_run(run *r)
     for (int k = r->start_step; k < r->steps; k++) {
         double sum = 0;
         for (int j = 0; j < accum; j++) {
-            make_batch(r->cfg.vocab, r->B, r->T, (int64_t)k * accum + j, in, tg);
+            tiny_batch(r->cfg.vocab, r->B, r->T, (int64_t)k * accum + j, in, tg);
             assert_int_equal(tf_set_batch(&m, s, in, tg, r->B, r->T), ZO_OK);
             float eval_loss = 0;
             if (r->eval) {
@@ -217,6 +230,18 @@ static zo_status do_run(run *r)
         }
     }
     offload_get_stats(rt, &r->stats);
+    if (base) {
+        /* the frozen base, never written back: the bytes it was given */
+        for (int b = 0; b < l->n_blocks; b++) {
+            size_t fb = tf_frozen_bytes(&m, b);
+            uint8_t *got = malloc(fb + 1);
+            assert_int_equal(offload_get_frozen_block(rt, b, got), ZO_OK);
+            r->base_changed |= memcmp(got, base[b], fb) != 0;
+            free(got);
+            free(base[b]);
+        }
+        free(base);
+    }
     free(in);
     free(tg);
     offload_free(rt);
@@ -266,7 +291,7 @@ static void reference_run(run *r)
     size_t n = (size_t)r->B * r->T;
     int32_t *in = malloc(n * 4), *tg = malloc(n * 4);
     for (int k = 0; k < r->steps; k++) {
-        make_batch(r->cfg.vocab, r->B, r->T, k, in, tg);
+        tiny_batch(r->cfg.vocab, r->B, r->T, k, in, tg);
         tf_step_info info;
         assert_int_equal(tf_trainer_step(&tr, s, in, tg, r->B, r->T, &info), ZO_OK);
         r->loss[k] = info.loss;
@@ -301,6 +326,133 @@ static void test_trains(void **state)
         assert_true(fabsf(r.info[k].grad_norm - ref.info[k].grad_norm) < 1e-3f * ref.info[k].grad_norm);
     }
     assert_true(r.loss[r.steps - 1] < r.loss[0] - 0.2f);
+}
+
+/* LoRA and QLoRA through the runtime: adapters trained over a frozen base,
+ * the base resident or streamed from host memory or NVMe, the adapters and
+ * their optimizer state on the device or the host. The first loss is the
+ * base model's (B starts at zero), the losses fall, every placement gives
+ * the same bits, and the frozen base reads back as it was given. */
+static void test_lora(void **state)
+{
+    (void)state;
+    zo_model_config cfgs[2] = {tiny_llama(3, 64, 128), tiny_gpt(3, 64, 128)};
+    for (int c = 0; c < 2; c++)
+        for (int nf4 = 0; nf4 < 2; nf4++) {
+            run full = {.cfg = cfgs[c], .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 1};
+            base_config(&full.oc);
+            assert_int_equal(do_run(&full), ZO_OK);
+            run ref = {.cfg = cfgs[c], .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 20};
+            base_config(&ref.oc);
+            ref.oc.adam.lr = 1e-2f;
+            ref.oc.adam.weight_decay = 0.0f;
+            ref.lora = (tf_lora_options){.r = 4, .alpha = 8, .targets = ZO_LORA_ALL_LINEAR, .nf4 = nf4};
+            assert_int_equal(do_run(&ref), ZO_OK);
+            char name[64];
+            snprintf(name, sizeof name, "%s %s, all resident", c ? "gpt2" : "llama", nf4 ? "qlora" : "lora");
+            print_losses(name, &ref);
+            assert_false(ref.base_changed);
+            if (!nf4) assert_memory_equal(&ref.loss[0], &full.loss[0], sizeof(float));
+            /* the batches differ from step to step: the mean of the last five
+             * against the first five */
+            double first = 0, last = 0;
+            for (int k = 0; k < 5; k++) first += ref.loss[k] / 5, last += ref.loss[ref.steps - 5 + k] / 5;
+            assert_true(last < first - 0.03);
+            struct {
+                const char *name;
+                offload_tier base, adapters;
+                double opt_dev;
+            } v[] = {
+                {"base streamed from cpu", OFFLOAD_CPU, OFFLOAD_DEVICE, 0},
+                {"base nvme, adapters cpu", OFFLOAD_NVME, OFFLOAD_CPU, 0},
+                {"base cpu, optimizer gpu", OFFLOAD_CPU, OFFLOAD_DEVICE, 1},
+            };
+            for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+                run r = ref;
+                r.oc.params_on = v[i].base;
+                r.oc.trainable_on = v[i].adapters;
+                r.oc.prefetch_depth = 1;
+                r.oc.opt_frac[OFFLOAD_DEVICE] = v[i].opt_dev;
+                r.oc.opt_frac[OFFLOAD_CPU] = 1 - v[i].opt_dev;
+                zo_status st = do_run(&r);
+                if (st == ZO_ERR_UNSUPPORTED) continue;
+                assert_int_equal(st, ZO_OK);
+                assert_false(r.base_changed);
+                assert_same_losses(v[i].name, &ref, &r);
+            }
+        }
+}
+
+/* The optimizer's schedules. Overlap with exact clipping (the update after
+ * the norm, beside the next forward) and overlap without clipping (each
+ * block's update as soon as its gradients are complete, beside the rest of
+ * backward) give the serial schedule's losses and norms bit for bit, with
+ * the optimizer state in memory, on NVMe, split, or partly on the device,
+ * weights resident or streamed; the optimizer's time overlapped with the
+ * device's is reported. With the previous step's norm (clip_stale) and with
+ * the delayed update (dpu) the losses still fall. */
+static void test_schedules(void **state)
+{
+    (void)state;
+    for (int clip = 1; clip >= 0; clip--) {
+        run base = {.cfg = tiny_llama(3, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 12};
+        base_config(&base.oc);
+        base.oc.sub_group = 3000;
+        base.oc.grad_accum = 2;
+        base.oc.adam.clip = clip ? 1.0f : 0.0f;
+        struct {
+            const char *name;
+            offload_tier params;
+            double cpu, nvme, dev;
+        } v[] = {
+            {"resident, optimizer cpu", OFFLOAD_DEVICE, 1, 0, 0},
+            {"streamed, optimizer nvme", OFFLOAD_CPU, 0, 1, 0},
+            {"nvme weights, cpu/nvme split", OFFLOAD_NVME, 0.5, 0.5, 0},
+            {"streamed, cpu/gpu split", OFFLOAD_CPU, 0.5, 0, 0.5},
+        };
+        for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+            run ref = base;
+            ref.oc.params_on = v[i].params;
+            ref.oc.prefetch_depth = 1;
+            ref.oc.opt_frac[OFFLOAD_CPU] = v[i].cpu;
+            ref.oc.opt_frac[OFFLOAD_NVME] = v[i].nvme;
+            ref.oc.opt_frac[OFFLOAD_DEVICE] = v[i].dev;
+            zo_status st = do_run(&ref);
+            if (st == ZO_ERR_UNSUPPORTED) continue;
+            assert_int_equal(st, ZO_OK);
+            run r = ref;
+            r.oc.schedule = OFFLOAD_SCHEDULE_OVERLAP;
+            r.oc.opt_threads = 1;
+            assert_int_equal(do_run(&r), ZO_OK);
+            char name[96];
+            snprintf(name, sizeof name, "overlap, %s%s", v[i].name, clip ? "" : ", no clip");
+            print_losses(name, &r);
+            printf("  %-28s optimizer %.3f s, %.0f%% beside the device\n", "", r.stats.optimizer_s,
+                   100 * r.stats.optimizer_overlap);
+            assert_same_losses(name, &ref, &r);
+            for (int k = 0; k < r.steps; k++)
+                assert_memory_equal(&r.info[k].grad_norm, &ref.info[k].grad_norm, sizeof(float));
+            assert_true(r.stats.optimizer_s > 0);
+        }
+    }
+    /* the previous step's norm, and the delayed update: not the serial
+     * schedule's numbers, but training all the same */
+    run base = {.cfg = tiny_llama(3, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 20};
+    base_config(&base.oc);
+    assert_int_equal(do_run(&base), ZO_OK);
+    for (int k = 0; k < 2; k++) {
+        run r = base;
+        r.oc.schedule = k ? OFFLOAD_SCHEDULE_DPU : OFFLOAD_SCHEDULE_OVERLAP;
+        r.oc.clip_stale = 1;
+        r.oc.dpu_warmup = 3;
+        r.oc.opt_threads = 1;
+        assert_int_equal(do_run(&r), ZO_OK);
+        print_losses(k ? "dpu, warmup 3" : "overlap, clip_stale", &r);
+        /* the same first step (no norm before it; dpu: a serial warmup) */
+        assert_memory_equal(&r.loss[0], &base.loss[0], sizeof(float));
+        if (k) for (int j = 0; j <= 3; j++) assert_memory_equal(&r.loss[j], &base.loss[j], sizeof(float));
+        assert_true(r.loss[r.steps - 1] < r.loss[0] - 0.2f);
+    }
 }
 
 /* A forward-only pass (evaluation) between micro-batches gives the loss the
@@ -470,13 +622,6 @@ static float *read_opt_tensor(const char *dir, const char *name, size_t n)
     return out;
 }
 
-static void remove_tree(const char *dir)
-{
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-}
-
 /* Clipping as torch.nn.utils.clip_grad_norm_: the gradient Adam sees is
  * g * clip / (norm + 1e-6) when the norm exceeds clip, g otherwise; the
  * first moment after one step is (1 - beta1) times it. */
@@ -488,7 +633,7 @@ static void test_clipping(void **state)
     snprintf(dir, sizeof dir, "%s/clip", nvme_dir);
     float clips[2] = {1e-3f, 1e3f};
     for (int c = 0; c < 2; c++) {
-        remove_tree(dir);
+        files_remove_tree(dir);
         run r = {.cfg = tiny_gpt(2, 64, 128), .dt = ZO_DTYPE_F32, .B = 2, .T = 16, .steps = 1,
                  .final_grad = g, .save_dir = dir, .save_at = 1};
         base_config(&r.oc);
@@ -520,7 +665,7 @@ static void test_clipping(void **state)
         }
         free(m);
     }
-    remove_tree(dir);
+    files_remove_tree(dir);
 }
 
 /* fp16 dynamic loss scaling: an overflow skips the step (no update, no
@@ -530,7 +675,7 @@ static void test_loss_scale(void **state)
     (void)state;
     char dir[300];
     snprintf(dir, sizeof dir, "%s/scale", nvme_dir);
-    remove_tree(dir);
+    files_remove_tree(dir);
     run r = {.cfg = tiny_gpt(2, 64, 128), .dt = ZO_DTYPE_F16, .B = 2, .T = 16, .steps = 24,
              .save_dir = dir, .save_at = 2};
     base_config(&r.oc);
@@ -568,7 +713,7 @@ static void test_loss_scale(void **state)
     float *m = read_opt_tensor(dir, "exp_avg", n);
     for (size_t i = 0; i < n; i++) assert_true(m[i] == 0.0f);
     free(m);
-    remove_tree(dir);
+    files_remove_tree(dir);
 }
 
 /* Save after 10 steps, resume in a new runtime: the next 10 losses equal the
@@ -579,7 +724,7 @@ static void test_resume(void **state)
     (void)state;
     char dir[300];
     snprintf(dir, sizeof dir, "%s/resume", nvme_dir);
-    remove_tree(dir);
+    files_remove_tree(dir);
     run u = {.cfg = tiny_gpt(2, 64, 128), .dt = ZO_DTYPE_F16, .B = 2, .T = 16, .steps = 20};
     base_config(&u.oc);
     u.oc.params_on = OFFLOAD_CPU;
@@ -616,7 +761,7 @@ static void test_resume(void **state)
         }
         assert_true(u.info[k].loss_scale == b.info[k].loss_scale);
     }
-    remove_tree(dir);
+    files_remove_tree(dir);
 }
 
 /* The "step K loss X" lines of train's output, from step `from` on. */
@@ -644,20 +789,14 @@ static void test_kill_during_checkpoint(void **state)
     (void)state;
     char dir[300], data[400], cfg[400], ck[400], base[1500], cmd[2000];
     snprintf(dir, sizeof dir, "%s/kill", nvme_dir);
-    remove_tree(dir);
+    files_remove_tree(dir);
     assert_int_equal(mkdir(dir, 0755), 0);
     snprintf(data, sizeof data, "%s/text.txt", dir);
     snprintf(cfg, sizeof cfg, "%s/config.json", dir);
     snprintf(ck, sizeof ck, "%s/ck", dir);
-    FILE *f = fopen(data, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 300; i++) fprintf(f, "the quick brown fox jumps over the lazy dog %d. ", i % 10);
-    fclose(f);
-    f = fopen(cfg, "w");
-    assert_non_null(f);
-    fprintf(f, "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 32, \"n_head\": 2,"
-               " \"n_positions\": 32, \"vocab_size\": 256}\n");
-    fclose(f);
+    files_write_sample_text(data, 300);
+    files_write_text(cfg, "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 32, \"n_head\": 2,"
+                          " \"n_positions\": 32, \"vocab_size\": 256}\n");
     snprintf(base, sizeof base,
              "%s --model %s --data %s --text --steps 6 --micro-batch 2 --seq 16 --lr 1e-2 "
              "--dtype fp16 --threads 2 --params-on cpu --optimizer-on cpu=0.5,nvme=0.5 "
@@ -670,29 +809,14 @@ static void test_kill_during_checkpoint(void **state)
 
     const char *points[] = {"begin", "optimizer-half", "before-rename", "before-latest"};
     for (size_t i = 0; i < sizeof points / sizeof points[0]; i++) {
-        remove_tree(ck);
-        int fds[2];
-        assert_int_equal(pipe(fds), 0);
-        pid_t pid = fork();
-        assert_true(pid >= 0);
-        if (pid == 0) {
-            close(fds[0]);
-            char env[64];
-            snprintf(env, sizeof env, "%s:2:%d", points[i], fds[1]);
-            setenv("ZO_TRAIN_CKPT_PAUSE", env, 1);
-            snprintf(cmd, sizeof cmd, "exec %s --ckpt %s --save-every 2 >/dev/null 2>&1", base, ck);
-            execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-            _exit(127);
-        }
-        close(fds[1]);
-        char c;
+        files_remove_tree(ck);
         /* the child is inside its second checkpoint write */
-        assert_int_equal(read(fds[0], &c, 1), 1);
+        snprintf(cmd, sizeof cmd, "%s --ckpt %s --save-every 2", base, ck);
+        pid_t pid = run_paused(cmd, points[i], 2);
         assert_int_equal(kill(pid, SIGKILL), 0);
         int ws;
         assert_int_equal(waitpid(pid, &ws, 0), pid);
         assert_true(WIFSIGNALED(ws) && WTERMSIG(ws) == SIGKILL);
-        close(fds[0]);
         /* the previous checkpoint loads: resume from it */
         snprintf(cmd, sizeof cmd, "%s --resume %s 2>&1", base, ck);
         assert_int_equal(run_capture(cmd, out, sizeof out), 0);
@@ -703,15 +827,67 @@ static void test_kill_during_checkpoint(void **state)
             if (*q == '\n') *q = ' ';
         printf("  killed at %-15s resumed at step 2, losses as uninterrupted: %s\n", points[i], got);
     }
-    remove_tree(dir);
+    files_remove_tree(dir);
 }
 
 /* memplan's estimate of the configuration a run used. */
 static void plan_for(const run *r, plan_estimate *e)
 {
-    runtime_plan_estimate(&r->cfg, r->dt, r->B, r->T, &r->oc, 1, e);
+    plan_train t;
+    runtime_plan_train(&t, &r->cfg, r->dt, r->B, r->T, &r->oc, 1);
+    if (r->lora.r > 0) {
+        t.method = r->lora.nf4 ? PLAN_METHOD_QLORA : PLAN_METHOD_LORA;
+        t.lora = (zo_lora_config){.r = r->lora.r, .alpha = r->lora.alpha, .targets = r->lora.targets};
+        t.adapters_on = (plan_tier)r->oc.trainable_on;
+    }
+    runtime_plan_estimate(&r->cfg, &t, e);
 }
 
+
+/* LoRA and QLoRA: the peak bytes per tier against memplan's estimate of the
+ * same method and placement, within 3%. */
+static void test_memplan_agrees_lora(void **state)
+{
+    (void)state;
+    struct {
+        const char *name;
+        int nf4;
+        offload_tier base, adapters;
+        double dev;
+        int recompute;
+    } v[] = {
+        {"lora, all resident", 0, OFFLOAD_DEVICE, OFFLOAD_DEVICE, 1.0, 0},
+        {"lora, base streamed from cpu", 0, OFFLOAD_CPU, OFFLOAD_DEVICE, 0, 1},
+        {"qlora, all resident", 1, OFFLOAD_DEVICE, OFFLOAD_DEVICE, 0, 0},
+        {"qlora, base on nvme, adapters cpu", 1, OFFLOAD_NVME, OFFLOAD_CPU, 0, 1},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        run r = {.cfg = tiny_llama(8, 128, 512), .dt = ZO_DTYPE_BF16, .B = 2, .T = 32, .steps = 2};
+        base_config(&r.oc);
+        r.oc.sub_group = 50000;
+        r.oc.params_on = v[i].base;
+        r.oc.trainable_on = v[i].adapters;
+        r.oc.opt_frac[OFFLOAD_CPU] = 1 - v[i].dev;
+        r.oc.opt_frac[OFFLOAD_DEVICE] = v[i].dev;
+        r.oc.recompute = v[i].recompute;
+        r.oc.checkpoints_on = OFFLOAD_DEVICE;
+        r.lora = (tf_lora_options){.r = 8, .alpha = 16, .targets = ZO_LORA_ALL_LINEAR, .nf4 = v[i].nf4};
+        zo_status st = do_run(&r);
+        if (st == ZO_ERR_UNSUPPORTED) continue;
+        assert_int_equal(st, ZO_OK);
+        plan_estimate e;
+        plan_for(&r, &e);
+        printf("  %s\n", v[i].name);
+        for (int t = 0; t < PLAN_TIERS; t++) {
+            uint64_t want = e.total[t];
+            double ratio = want ? (double)r.stats.peak[t] / (double)want : 0;
+            printf("    %-5s measured %10llu  memplan %10llu  ratio %.4f\n", plan_tier_name((plan_tier)t),
+                   (unsigned long long)r.stats.peak[t], (unsigned long long)e.total[t], ratio);
+            if (want) assert_true(ratio > 0.97 && ratio < 1.03);
+            else assert_int_equal(r.stats.peak[t], 0);
+        }
+    }
+}
 
 /* Optimizer state on the device (wholly or in part) updates with
  * gpu_adam_update, cpu_adam's arithmetic, and its gradients are summed on the
@@ -822,7 +998,7 @@ static void test_device_optimizer_resume(void **state)
     (void)state;
     char dir[300];
     snprintf(dir, sizeof dir, "%s/resume-dev", nvme_dir);
-    remove_tree(dir);
+    files_remove_tree(dir);
     run u = {.cfg = tiny_llama(2, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 12};
     base_config(&u.oc);
     u.oc.params_on = OFFLOAD_CPU;
@@ -846,7 +1022,7 @@ static void test_device_optimizer_resume(void **state)
             fail();
         }
     }
-    remove_tree(dir);
+    files_remove_tree(dir);
 }
 
 /* A plan's "selective" recompute reads as none (the attention keeps no
@@ -864,21 +1040,7 @@ static void test_plan_selective(void **state)
     pl->placement.params = pl->placement.grads = ZO_PLAN_GPU;
     pl->placement.optimizer[ZO_PLAN_GPU] = 0.25;
     pl->placement.optimizer[ZO_PLAN_CPU] = 0.75;
-    cJSON *doc;
-    assert_int_equal(zo_plan_write_json(pl, path, &doc), ZO_OK);
-    free(pl);
-    char *text = cJSON_Print(doc);
-    /* the same plan with its gradients on NVMe */
-    cJSON *pl_json = cJSON_GetObjectItemCaseSensitive(doc, "placement");
-    assert_non_null(pl_json);
-    cJSON_ReplaceItemInObjectCaseSensitive(pl_json, "grads", cJSON_CreateString("nvme"));
-    char *text_nvme = cJSON_Print(doc);
-    cJSON_Delete(doc);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-    free(text);
+    files_write_plan(path, pl, NULL, NULL);
     offload_plan p;
     offload_plan_defaults(&p);
     p.cfg.recompute = 1;
@@ -887,12 +1049,10 @@ static void test_plan_selective(void **state)
     assert_int_equal(p.selective_as_none, 1);
     assert_true(p.cfg.opt_frac[OFFLOAD_DEVICE] == 0.25);
     /* gradients are summed where their optimizer state is: "grads" is
-     * checked (gpu or cpu), not a choice of its own */
-    f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text_nvme, f);
-    fclose(f);
-    free(text_nvme);
+     * checked (gpu or cpu), not a choice of its own; the same plan with its
+     * gradients on NVMe is refused */
+    files_write_plan(path, pl, "placement.grads", "\"nvme\"");
+    free(pl);
     offload_plan_defaults(&p);
     assert_int_equal(offload_plan_load(path, &p), ZO_ERR_FORMAT);
     assert_non_null(strstr(zo_last_error(), "placement.grads"));
@@ -950,7 +1110,7 @@ static void test_nvme_checkpoint_memory(void **state)
     assert_true(4 * model > 2 * bound);
     assert_true(first.save_growth <= bound);
     assert_true(resumed.load_growth <= bound);
-    remove_tree(dir);
+    files_remove_tree(dir);
 }
 
 /* The peak bytes measured per tier against memplan's estimate: within 3%. */
@@ -1009,6 +1169,8 @@ int main(void)
         cmocka_unit_test(test_trains),
         cmocka_unit_test(test_bit_identical),
         cmocka_unit_test(test_forward_only),
+        cmocka_unit_test(test_schedules),
+        cmocka_unit_test(test_lora),
         cmocka_unit_test(test_larger_than_device),
         cmocka_unit_test(test_grad_accum),
         cmocka_unit_test(test_clipping),
@@ -1017,6 +1179,7 @@ int main(void)
         cmocka_unit_test(test_kill_during_checkpoint),
         cmocka_unit_test(test_nvme_checkpoint_memory),
         cmocka_unit_test(test_memplan_agrees),
+        cmocka_unit_test(test_memplan_agrees_lora),
         cmocka_unit_test(test_device_optimizer),
         cmocka_unit_test(test_device_optimizer_resume),
         cmocka_unit_test(test_device_optimizer_capacity),

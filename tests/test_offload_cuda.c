@@ -32,6 +32,8 @@
 #include "gpu/device.h"           /* defines: gpu_device_open, gpu_cuda_device_count */
 #include "offload/offload.h"      /* defines: offload_init, offload_micro_batch, offload_step */
 #include "transformer/offload_model.h" /* defines: tf_offload_model, tf_model */
+#include "tests/support/files.h"       /* defines: files_remove_tree, files_write_sample_text */
+#include "tests/support/models.h"      /* defines: tiny_model */
 #include "tests/support/run.h"         /* defines: run_capture */
 
 #define THREADS 2
@@ -42,45 +44,6 @@
 static const char *backend = "cuda"; /* the device under test */
 
 /* ---- the models and their data ------------------------------------------------- */
-
-static zo_model_config tiny_llama(void)
-{
-    zo_model_config c = {0};
-    snprintf(c.name, sizeof c.name, "tiny-llama");
-    snprintf(c.family, sizeof c.family, "llama2");
-    c.arch = ZO_ARCH_LLAMA;
-    c.n_layers = 12;
-    c.hidden = 128;
-    c.n_heads = 4;
-    c.n_kv_heads = 2; /* grouped-query attention */
-    c.ffn = 3 * 128;
-    c.vocab = 256;
-    c.max_seq = T;
-    c.norm_eps = 1e-5f;
-    c.rope_theta = 10000.0f;
-    assert_int_equal(zo_model_config_validate(&c), ZO_OK);
-    return c;
-}
-
-static zo_model_config tiny_gpt2(void)
-{
-    zo_model_config c = {0};
-    snprintf(c.name, sizeof c.name, "tiny-gpt2");
-    snprintf(c.family, sizeof c.family, "gpt2");
-    c.arch = ZO_ARCH_GPT;
-    c.n_layers = 12;
-    c.hidden = 128;
-    c.n_heads = 4;
-    c.n_kv_heads = 4;
-    c.ffn = 4 * 128;
-    c.vocab = 256;
-    c.max_seq = T;
-    c.tied_embeddings = 1; /* the head depends on the embedding block */
-    c.attn_bias = c.out_bias = c.norm_bias = 1;
-    c.norm_eps = 1e-5f;
-    assert_int_equal(zo_model_config_validate(&c), ZO_OK);
-    return c;
-}
 
 /* Micro-batch k: rows of mostly-incrementing ids (the loss falls). */
 static void make_batch(int vocab, int64_t k, int32_t *in, int32_t *tg)
@@ -277,13 +240,13 @@ static void check_model(const char *name, zo_model_config cfg, zo_dtype dt)
 static void test_llama_streamed(void **state)
 {
     (void)state;
-    check_model("llama", tiny_llama(), ZO_DTYPE_BF16);
+    check_model("llama", tiny_model(ZO_ARCH_LLAMA, 12, 128, 256, T), ZO_DTYPE_BF16);
 }
 
 static void test_gpt2_streamed(void **state)
 {
     (void)state;
-    check_model("gpt2", tiny_gpt2(), ZO_DTYPE_F16);
+    check_model("gpt2", tiny_model(ZO_ARCH_GPT, 12, 128, 256, T), ZO_DTYPE_F16);
 }
 
 /* ---- the train program ------------------------------------------------------------------ */
@@ -330,11 +293,8 @@ static void test_train_program(void **state)
     assert_int_equal(mkdir(dir, 0755), 0);
     snprintf(text, sizeof text, "%s/text.txt", dir);
     snprintf(cfg, sizeof cfg, "%s/config.json", dir);
-    FILE *f = fopen(text, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 300; i++) fprintf(f, "the quick brown fox jumps over the lazy dog %d. ", i % 10);
-    fclose(f);
-    f = fopen(cfg, "w");
+    files_write_sample_text(text, 300);
+    FILE *f = fopen(cfg, "w");
     assert_non_null(f);
     fprintf(f, "{\"model_type\": \"llama\", \"num_hidden_layers\": 6, \"hidden_size\": 128,"
                " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 384,"
@@ -375,8 +335,7 @@ static void test_train_program(void **state)
     assert_int_equal(run_capture(cmd, out[0], sizeof out[0]), 2);
     assert_non_null(strstr(out[0], "--device tpu"));
 
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    files_remove_tree(dir);
 }
 
 int main(void)

@@ -9,6 +9,10 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,19 +22,16 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/dtype.h"      /* defines: zo_bf16_to_f32 */
+#include "cpu_adam/cpu_adam.h" /* defines: adam_update, adam_grad_stats (the reference) */
 #include "gpu/ops_cpu.h"     /* defines: gpu_cpu_inject_faults */
+#include "model/safetensors.h" /* defines: model_st_open */
+#include "offload/ckpt_meta.h" /* defines: ckpt_manifest_write (to re-sign an edited checkpoint) */
 #include "offload/offload.h" /* defines: offload_init, offload_plan_load, offload_save */
-#include "tests/support/run.h" /* defines: run_program */
+#include "tests/support/files.h" /* defines: files_write_plan, files_write_text, files_remove_tree */
+#include "tests/support/run.h"   /* defines: run_program, run_capture, run_paused */
 
 static char tmp_dir[256];
-
-static void write_file(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-}
 
 /* ---- plans -------------------------------------------------------------------------- */
 
@@ -44,29 +45,10 @@ static zo_status load_plan_with(const char *field, const char *value, offload_pl
     zo_plan *pl = malloc(sizeof *pl);
     assert_non_null(pl);
     zo_plan_defaults(pl, &m);
-    cJSON *doc;
-    assert_int_equal(zo_plan_write_json(pl, "plan", &doc), ZO_OK);
-    free(pl);
-    char obj_path[128];
-    snprintf(obj_path, sizeof obj_path, "%s", field);
-    char *key = strrchr(obj_path, '.');
-    assert_non_null(key);
-    *key++ = '\0';
-    cJSON *o = doc;
-    for (char *sv = NULL, *k = strtok_r(obj_path, ".", &sv); k; k = strtok_r(NULL, ".", &sv))
-        assert_non_null(o = cJSON_GetObjectItemCaseSensitive(o, k));
-    cJSON_DeleteItemFromObjectCaseSensitive(o, key);
-    if (value) {
-        cJSON *v = cJSON_Parse(value);
-        assert_non_null(v);
-        cJSON_AddItemToObject(o, key, v);
-    }
-    char *text = cJSON_Print(doc);
-    cJSON_Delete(doc);
     char path[400];
     snprintf(path, sizeof path, "%s/plan.json", tmp_dir);
-    write_file(path, text);
-    free(text);
+    files_write_plan(path, pl, field, value);
+    free(pl);
     offload_plan_defaults(p);
     zo_status st = offload_plan_load(path, p);
     remove(path);
@@ -138,6 +120,7 @@ typedef struct stub {
     int fail_block;         /* forward of this block enqueues work and fails; -1 none */
     int fail_back_block;    /* backward of this block fails; -1 none */
     int slow_copies;        /* copies the failing forward enqueues first */
+    int nan_block;          /* backward of this block writes a nan into its gradient; -1 none */
 } stub;
 
 static zo_status stub_forward(void *user, int block, const offload_block_io *io, gpu_stream_t s)
@@ -166,6 +149,9 @@ static zo_status stub_backward(void *user, int block, const offload_block_io *io
     (void)scale;
     /* d weight = the weights: a gradient the runtime copies out */
     zo_status st = gpu_memcpy_async(s, io->grads, io->params, NUMEL * 2, GPU_COPY_DEVICE_TO_DEVICE);
+    static const uint16_t nan16[4] = {0x7fc0, 0x7fc0, 0x7e00, 0x7e00}; /* bf16, fp16 nan */
+    if (st == ZO_OK && block == m->nan_block) /* its element 1 (bf16) or 3 (fp16) */
+        st = gpu_memcpy_async(s, io->grads, nan16, sizeof nan16, GPU_COPY_HOST_TO_DEVICE);
     if (st == ZO_OK && block == m->fail_back_block)
         st = zo_error(ZO_ERR_INTERNAL, "stub: backward of block %d fails", block);
     return st;
@@ -189,7 +175,7 @@ static offload_model stub_model(stub *m)
 static void stub_open(stub *m)
 {
     memset(m, 0, sizeof *m);
-    m->fail_block = m->fail_back_block = -1;
+    m->fail_block = m->fail_back_block = m->nan_block = -1;
     gpu_cpu_options o = {.n_threads = 1};
     assert_int_equal(gpu_device_init_cpu(&o, &m->dev), ZO_OK);
     assert_int_equal(gpu_mem_alloc(m->dev, NUMEL * 4, &m->scratch), ZO_OK);
@@ -215,6 +201,40 @@ static zo_status set_weights(offload_t *rt, float *w)
     const float *blocks[NB];
     for (int b = 0; b < NB; b++) blocks[b] = w + (size_t)b * NUMEL;
     return offload_set_weights(rt, blocks);
+}
+
+/* A runtime on the (open) stub model with its weights set: of configuration
+ * c0, or the default one when c0 is NULL. */
+static offload_t *stub_runtime(stub *m, zo_dtype dt, const offload_config *c0)
+{
+    offload_model om = stub_model(m);
+    om.dtype = dt;
+    offload_config c;
+    if (c0) c = *c0;
+    else offload_config_defaults(&c);
+    offload_t *rt;
+    assert_int_equal(offload_init(&rt, m->dev, &om, &c), ZO_OK);
+    static float w[NB * NUMEL];
+    stub_weights(w);
+    assert_int_equal(set_weights(rt, w), ZO_OK);
+    return rt;
+}
+
+/* A checkpoint test's start: the stub open, a runtime of the default
+ * configuration on it, and the folder <tmp>/<name> to save into in dir. */
+static offload_t *ckpt_setup(stub *m, zo_dtype dt, const char *name, char *dir, size_t len)
+{
+    stub_open(m);
+    snprintf(dir, len, "%s/%s", tmp_dir, name);
+    return stub_runtime(m, dt, NULL);
+}
+
+/* ... and its end: the runtime, the stub and the folder gone. */
+static void ckpt_teardown(offload_t *rt, stub *m, const char *dir)
+{
+    offload_free(rt);
+    stub_close(m);
+    files_remove_tree(dir);
 }
 
 /* ---- allocation failures in offload_init ---------------------------------------------- */
@@ -338,16 +358,97 @@ static void test_failed_micro_batch(void **state)
     }
 }
 
+/* ---- the delayed parameter update ------------------------------------------------------ */
+
+/* The stub's gradient is the 16-bit weights its micro-batch used, so the
+ * delayed update can be computed here in closed form: after `warmup` serial
+ * steps, step t's micro-batch uses the weights of step t - 1 while step
+ * t - 1's update runs; with cpu_adam's own functions the reference gives
+ * the runtime's gradient norm at every step and its final master weights,
+ * bit for bit. */
+static void test_dpu_one_step_late(void **state)
+{
+    (void)state;
+    enum { STEPS = 9, WARMUP = 2, N = NB * NUMEL };
+    stub m;
+    stub_open(&m);
+    offload_model om = stub_model(&m);
+    offload_config c;
+    offload_config_defaults(&c);
+    c.schedule = OFFLOAD_SCHEDULE_DPU;
+    c.dpu_warmup = WARMUP;
+    c.opt_threads = 1;
+    c.adam.clip = 0.5f; /* engages: the gradient is the weights */
+    static float w[N], P[N], M[N], V[N], g[N];
+    static uint16_t hist[STEPS + 1][N]; /* the 16-bit weights after each update */
+    stub_weights(w);
+    memcpy(P, w, sizeof P);
+    zo_convert(hist[0], ZO_DTYPE_BF16, P, ZO_DTYPE_F32, N);
+    offload_t *rt;
+    gpu_stream_t s;
+    assert_int_equal(offload_init(&rt, m.dev, &om, &c), ZO_OK);
+    assert_int_equal(gpu_stream_create(m.dev, &s), ZO_OK);
+    assert_int_equal(set_weights(rt, w), ZO_OK);
+    for (int t = 0; t < STEPS; t++) {
+        /* the runtime */
+        assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+        offload_step_info info;
+        assert_int_equal(offload_step(rt, &info), ZO_OK);
+        /* the reference: the weights the micro-batch used, a step late once
+         * the warmup is over */
+        const uint16_t *used = hist[t <= WARMUP ? t : t - 1];
+        for (int i = 0; i < N; i++) g[i] = zo_bf16_to_f32(used[i]);
+        double sumsq = 0;
+        for (int b = 0; b < NB; b++) {
+            double ss;
+            int nf;
+            assert_int_equal(adam_grad_stats(g + b * NUMEL, ZO_DTYPE_F32, NUMEL, 1, &ss, &nf), ZO_OK);
+            sumsq += ss;
+        }
+        double norm = sqrt(sumsq), coef = c.adam.clip / (norm + 1e-6);
+        if (memcmp(&info.grad_norm, &(float){(float)norm}, sizeof(float))) {
+            fprintf(stderr, "step %d: norm %.9g, the one-step-late reference %.9g\n", t, info.grad_norm, norm);
+            fail();
+        }
+        adam_hparams hp = adam_hparams_default();
+        hp.lr = c.adam.lr;
+        hp.beta1 = c.adam.beta1;
+        hp.beta2 = c.adam.beta2;
+        hp.eps = c.adam.eps;
+        hp.weight_decay = c.adam.weight_decay;
+        hp.decay = ADAM_DECAY_ADAMW;
+        hp.step = t + 1;
+        hp.grad_mult = (float)(coef < 1.0 ? coef : 1.0);
+        assert_int_equal(adam_update(&hp, N, P, g, ZO_DTYPE_F32, M, V, hist[t + 1], ZO_DTYPE_BF16, 1), ZO_OK);
+    }
+    /* the last update, published: the runtime's master is the reference's */
+    static float got[N];
+    float *blocks[NB];
+    for (int b = 0; b < NB; b++) blocks[b] = got + b * NUMEL;
+    assert_int_equal(offload_get_weights(rt, blocks), ZO_OK);
+    assert_memory_equal(got, P, sizeof got);
+    /* and the serial schedule differs from it: the delay is real */
+    offload_free(rt);
+    c.schedule = OFFLOAD_SCHEDULE_SERIAL;
+    assert_int_equal(offload_init(&rt, m.dev, &om, &c), ZO_OK);
+    assert_int_equal(set_weights(rt, w), ZO_OK);
+    for (int t = 0; t < STEPS; t++) {
+        offload_step_info info;
+        assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+        assert_int_equal(offload_step(rt, &info), ZO_OK);
+    }
+    assert_int_equal(offload_get_weights(rt, blocks), ZO_OK);
+    assert_true(memcmp(got, P, sizeof got) != 0);
+    offload_free(rt);
+    gpu_stream_destroy(s);
+    stub_close(&m);
+}
+
 /* ---- checkpoints ----------------------------------------------------------------------- */
 
 static void set_state_field(const char *state_path, const char *key, const char *value)
 {
-    FILE *f = fopen(state_path, "r");
-    assert_non_null(f);
-    char buf[4096], out[4200];
-    size_t len = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[len] = 0;
+    char *buf = files_read_text(state_path), out[4200];
     char pat[64];
     snprintf(pat, sizeof pat, "\"%s\":", key);
     char *at = strstr(buf, pat);
@@ -355,7 +456,8 @@ static void set_state_field(const char *state_path, const char *key, const char 
     char *val = at + strlen(pat);
     char *end = val + strcspn(val, ",\n}");
     snprintf(out, sizeof out, "%.*s %s%s", (int)(val - buf), buf, value, end);
-    write_file(state_path, out);
+    free(buf);
+    files_write_text(state_path, out);
 }
 
 /* A state.json whose counters are out of range (a loss scale of 0 would
@@ -364,26 +466,12 @@ static void test_ckpt_bad_state(void **state)
 {
     (void)state;
     stub m;
-    stub_open(&m);
-    offload_model om = stub_model(&m);
-    om.dtype = ZO_DTYPE_F16;
-    offload_config c;
-    offload_config_defaults(&c);
-    offload_t *rt;
-    assert_int_equal(offload_init(&rt, m.dev, &om, &c), ZO_OK);
-    static float w[NB * NUMEL];
-    stub_weights(w);
-    assert_int_equal(set_weights(rt, w), ZO_OK);
     char dir[400], state_path[500];
-    snprintf(dir, sizeof dir, "%s/ck", tmp_dir);
+    offload_t *rt = ckpt_setup(&m, ZO_DTYPE_F16, "ck", dir, sizeof dir);
     offload_ckpt_meta meta = {.data_step = 7, .seed = 3};
     assert_int_equal(offload_save(rt, dir, &meta, NULL, NULL), ZO_OK);
     snprintf(state_path, sizeof state_path, "%s/step-00000000/state.json", dir);
-    char saved[4096];
-    FILE *f = fopen(state_path, "r");
-    assert_non_null(f);
-    saved[fread(saved, 1, sizeof saved - 1, f)] = 0;
-    fclose(f);
+    char *saved = files_read_text(state_path);
     offload_ckpt_meta got;
     assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
     assert_int_equal(got.data_step, 7);
@@ -393,7 +481,7 @@ static void test_ckpt_bad_state(void **state)
         {"skipped", "-3"},   {"good_steps", "-1"}, {"params", "-1"}, {"data_step", "-5"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        write_file(state_path, saved);
+        files_write_text(state_path, saved);
         set_state_field(state_path, bad[i][0], bad[i][1]);
         zo_status st = offload_load(rt, dir, &got);
         if (st != ZO_ERR_FORMAT) {
@@ -402,13 +490,10 @@ static void test_ckpt_bad_state(void **state)
         }
         assert_non_null(strstr(zo_last_error(), bad[i][0]));
     }
-    write_file(state_path, saved);
+    files_write_text(state_path, saved);
+    free(saved);
     assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
-    offload_free(rt);
-    stub_close(&m);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    ckpt_teardown(rt, &m, dir);
 }
 
 /* Saving twice at the same step count (an fp16 step skipped for overflow
@@ -418,17 +503,8 @@ static void test_ckpt_same_step(void **state)
 {
     (void)state;
     stub m;
-    stub_open(&m);
-    offload_model om = stub_model(&m);
-    offload_config c;
-    offload_config_defaults(&c);
-    offload_t *rt;
-    assert_int_equal(offload_init(&rt, m.dev, &om, &c), ZO_OK);
-    static float w[NB * NUMEL];
-    stub_weights(w);
-    assert_int_equal(set_weights(rt, w), ZO_OK);
     char dir[400], path[500];
-    snprintf(dir, sizeof dir, "%s/same", tmp_dir);
+    offload_t *rt = ckpt_setup(&m, ZO_DTYPE_BF16, "same", dir, sizeof dir);
     offload_ckpt_meta meta = {.data_step = 7, .seed = 3};
     assert_int_equal(offload_save(rt, dir, &meta, NULL, NULL), ZO_OK);
     meta.data_step = 8; /* the data moved on, the step count did not */
@@ -443,11 +519,426 @@ static void test_ckpt_same_step(void **state)
     assert_int_equal(offload_save(rt, dir, &meta, NULL, NULL), ZO_OK);
     assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
     assert_int_equal(got.data_step, 9);
+    ckpt_teardown(rt, &m, dir);
+}
+
+/* ---- checkpoints: checksums, strict state, rotation, locks ------------------------------ */
+
+static char *slurp_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+    buf[n] = 0;
+    fclose(f);
+    *len = (size_t)n;
+    return buf;
+}
+
+/* A model.safetensors of the weights, block by block (what train writes). */
+static zo_status stub_writer(void *user, const char *path, offload_block_reader read, void *ctx)
+{
+    (void)user;
+    static float w[NB * NUMEL];
+    zo_status st;
+    for (int b = 0; b < NB; b++)
+        if ((st = read(ctx, b, w + (size_t)b * NUMEL)) != ZO_OK) return st;
+    model_st_entry e = {.name = "w", .dtype = ZO_DTYPE_F32, .ndim = 1, .shape = {NB * NUMEL}, .data = w};
+    return model_st_write(path, &e, 1, NULL, NULL);
+}
+
+/* Every file of a checkpoint checksummed: one byte flipped anywhere in any
+ * of them, or a file cut short, is refused naming the file, before any
+ * state is overwritten (it loaded silently, the losses changed). */
+static void test_ckpt_checksums(void **state)
+{
+    (void)state;
+    stub m;
+    char dir[400], ck[500], path[700];
+    offload_t *rt = ckpt_setup(&m, ZO_DTYPE_BF16, "sums", dir, sizeof dir);
+    offload_ckpt_meta meta = {.data_step = 7, .seed = 3};
+    assert_int_equal(offload_save_streamed(rt, dir, &meta, stub_writer, NULL), ZO_OK);
+    snprintf(ck, sizeof ck, "%s/step-00000000", dir);
+    static float before[NUMEL], after[NUMEL];
+    assert_int_equal(offload_get_block(rt, 1, before), ZO_OK);
+    const char *files[] = {"optimizer.safetensors", "model.safetensors", "state.json"};
+    int trials = 0;
+    for (size_t fi = 0; fi < sizeof files / sizeof files[0]; fi++) {
+        snprintf(path, sizeof path, "%s/%s", ck, files[fi]);
+        size_t len;
+        char *orig = slurp_file(path, &len);
+        /* bytes spread over the file: header, data, the last one */
+        for (int t = 0; t < 9; t++) {
+            size_t at = t == 8 ? len - 1 : (len / 8) * (size_t)t + 3;
+            if (!strcmp(files[fi], "state.json") && strchr(" \n\t\r:,\"{}", orig[at])) at = len / 2;
+            orig[at] ^= 0x01;
+            files_write(path, orig, len);
+            orig[at] ^= 0x01;
+            offload_ckpt_meta got = {0};
+            zo_status st = offload_load(rt, dir, &got);
+            trials++;
+            if (st == ZO_OK) {
+                fprintf(stderr, "%s, byte %zu of %zu flipped: loaded\n", files[fi], at, len);
+                fail();
+            }
+            assert_non_null(strstr(zo_last_error(), files[fi]));
+            if (strcmp(files[fi], "state.json")) assert_int_equal(st, ZO_ERR_CHECKSUM);
+        }
+        files_write(path, orig, len - 1); /* cut short */
+        assert_int_not_equal(offload_load(rt, dir, NULL), ZO_OK);
+        assert_non_null(strstr(zo_last_error(), files[fi]));
+        files_write(path, orig, len);
+        free(orig);
+    }
+    /* nothing was overwritten by the refused loads */
+    assert_int_equal(offload_get_block(rt, 1, after), ZO_OK);
+    assert_memory_equal(before, after, sizeof before);
+    printf("  %d corruptions, every one refused naming its file\n", trials);
+    /* the manifest itself: edited, or missing */
+    snprintf(path, sizeof path, "%s/manifest.json", ck);
+    size_t len;
+    char *man = slurp_file(path, &len);
+    char *hex = strstr(man, "\"xxh3\":");
+    assert_non_null(hex);
+    hex = strchr(hex + 7, '"') + 1;
+    char was = hex[0];
+    hex[0] = was == '0' ? '1' : '0';
+    files_write(path, man, len);
+    assert_int_equal(offload_load(rt, dir, NULL), ZO_ERR_CHECKSUM);
+    remove(path);
+    assert_int_equal(offload_load(rt, dir, NULL), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "manifest.json: missing"));
+    hex[0] = was;
+    files_write(path, man, len);
+    free(man);
+    offload_ckpt_meta got;
+    assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
+    assert_int_equal(got.data_step, 7);
+    assert_int_equal(got.seed, 3);
+    ckpt_teardown(rt, &m, dir);
+}
+
+/* state.json: every field required, nothing unknown, version 3, and its
+ * parameters, blocks and dtype those of the run (a fp16 run resumed from a
+ * bf16 checkpoint loaded). */
+static void test_ckpt_state_strict(void **state)
+{
+    (void)state;
+    stub m;
+    char dir[400], path[700];
+    offload_t *rt = ckpt_setup(&m, ZO_DTYPE_BF16, "strict", dir, sizeof dir);
+    offload_ckpt_meta meta = {.data_step = 7, .seed = 18446744073709551615ull};
+    assert_int_equal(offload_save(rt, dir, &meta, NULL, NULL), ZO_OK);
+    offload_ckpt_meta got;
+    assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
+    assert_true(got.seed == 18446744073709551615ull); /* exact: a string in the file */
+    snprintf(path, sizeof path, "%s/step-00000000/state.json", dir);
+    size_t len;
+    char *saved = slurp_file(path, &len);
+    const char *fields[] = {"format", "version", "step", "loss_scale", "good_steps", "skipped",
+                            "skipped_in_a_row", "params", "blocks", "dtype", "data_step", "seed"};
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        cJSON *o = cJSON_Parse(saved);
+        assert_non_null(o);
+        cJSON_DeleteItemFromObjectCaseSensitive(o, fields[i]);
+        char *text = cJSON_Print(o);
+        cJSON_Delete(o);
+        files_write(path, text, strlen(text));
+        free(text);
+        assert_int_equal(offload_load(rt, dir, NULL), ZO_ERR_FORMAT);
+        if (!strstr(zo_last_error(), fields[i])) {
+            fprintf(stderr, "state.json without \"%s\": %s\n", fields[i], zo_last_error());
+            fail();
+        }
+    }
+    struct {
+        const char *key, *value, *said;
+    } bad[] = {
+        {"version", "2", "version"}, {"dtype", "\"fp16\"", "fp16"}, {"blocks", "5", "blocks"},
+        {"seed", "\"-1\"", "seed"}, {"skipped_in_a_row", "-1", "skipped_in_a_row"},
+        {"extra", "1", "extra"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cJSON *o = cJSON_Parse(saved);
+        cJSON_DeleteItemFromObjectCaseSensitive(o, bad[i].key);
+        cJSON_AddItemToObject(o, bad[i].key, cJSON_Parse(bad[i].value));
+        char *text = cJSON_Print(o);
+        cJSON_Delete(o);
+        files_write(path, text, strlen(text));
+        free(text);
+        zo_status st = offload_load(rt, dir, NULL);
+        if (st == ZO_OK || !strstr(zo_last_error(), bad[i].said)) {
+            fprintf(stderr, "state.json %s = %s: %s (%s)\n", bad[i].key, bad[i].value,
+                    zo_status_name(st), zo_last_error());
+            fail();
+        }
+    }
+    files_write(path, saved, len);
+    free(saved);
     offload_free(rt);
+    /* the same checkpoint into a fp16 run: refused, naming both */
+    rt = stub_runtime(&m, ZO_DTYPE_F16, NULL);
+    assert_int_equal(offload_load(rt, dir, NULL), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "a checkpoint of a bf16 run; this run trains in fp16"));
+    ckpt_teardown(rt, &m, dir);
+}
+
+/* Non-finite values are refused at every door: a weight set with
+ * offload_set_block, a master or moment in a checkpoint (even one whose
+ * checksums match), naming the block or tensor and element. */
+static void test_nonfinite_weights(void **state)
+{
+    (void)state;
+    stub m;
+    stub_open(&m);
+    offload_t *rt = stub_runtime(&m, ZO_DTYPE_BF16, NULL);
+    static float w[NB * NUMEL], back[NUMEL];
+    stub_weights(w); /* block 2 is w's first NUMEL values */
+    w[77] = NAN;
+    assert_int_equal(offload_set_block(rt, 2, w), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "block 2 element 77"));
+    w[77] = INFINITY;
+    assert_int_equal(offload_set_block(rt, 2, w), ZO_ERR_INVALID);
+    assert_int_equal(offload_get_block(rt, 2, back), ZO_OK);
+    assert_true(isfinite(back[77])); /* nothing changed */
+    char dir[400], ck[500], path[700];
+    snprintf(dir, sizeof dir, "%s/nonfinite", tmp_dir);
+    assert_int_equal(offload_save(rt, dir, NULL, NULL, NULL), ZO_OK);
+    snprintf(ck, sizeof ck, "%s/step-00000000", dir);
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", ck);
+    struct {
+        const char *tensor;
+        float value;
+    } bad[] = {{"block.1.master", NAN}, {"block.3.exp_avg", -INFINITY}, {"block.0.exp_avg_sq", -1.0f}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        size_t len;
+        char *orig = slurp_file(path, &len);
+        model_st_file f;
+        assert_int_equal(model_st_open(&f, path), ZO_OK);
+        const model_st_tensor *t = model_st_find(&f, bad[i].tensor);
+        assert_non_null(t);
+        size_t at = f.data_start + t->begin + 5 * 4;
+        model_st_close(&f);
+        char *copy = malloc(len);
+        memcpy(copy, orig, len);
+        memcpy(copy + at, &bad[i].value, 4);
+        files_write(path, copy, len);
+        free(copy);
+        /* signed again, as a checkpoint saved that way would be */
+        ckpt_layout lay = {.blocks = NB, .params = NB * NUMEL, .dtype = ZO_DTYPE_BF16,
+                           .state_version = CKPT_STATE_VERSION};
+        const char *names[] = {"optimizer.safetensors", "state.json"};
+        assert_int_equal(ckpt_manifest_write(ck, &lay, names, 2), ZO_OK);
+        zo_status st = offload_load(rt, dir, NULL);
+        assert_int_equal(st, ZO_ERR_FORMAT);
+        char want[64];
+        snprintf(want, sizeof want, "\"%s\" element 5", bad[i].tensor);
+        if (!strstr(zo_last_error(), want)) {
+            fprintf(stderr, "%s\n", zo_last_error());
+            fail();
+        }
+        files_write(path, orig, len);
+        free(orig);
+    }
+    ckpt_teardown(rt, &m, dir);
+}
+
+/* Gradients that are not finite: without a loss scale to lower (bf16) the
+ * step fails naming the block; with fp16 scaling, skipped steps halve the
+ * scale up to max_skipped_steps in a row, then the step fails; at scale 1
+ * it fails at once. Nothing is updated either way (every step was
+ * "overflow: skipped", forever, and the run ended with exit 0). */
+static void test_nonfinite_gradients(void **state)
+{
+    (void)state;
+    stub m;
+    stub_open(&m);
+    gpu_stream_t s;
+    assert_int_equal(gpu_stream_create(m.dev, &s), ZO_OK);
+    static float before[NUMEL], after[NUMEL];
+    offload_step_info info;
+
+    offload_t *rt = stub_runtime(&m, ZO_DTYPE_BF16, NULL);
+    assert_int_equal(offload_get_block(rt, 2, before), ZO_OK);
+    m.nan_block = 2;
+    assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+    assert_int_equal(offload_step(rt, &info), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "gradients of block 2 hold inf or nan"));
+    assert_non_null(strstr(zo_last_error(), "in bf16 there is no loss scale to lower"));
+    assert_int_equal(offload_get_block(rt, 2, after), ZO_OK);
+    assert_memory_equal(before, after, sizeof before);
+    /* a good step after it trains */
+    m.nan_block = -1;
+    assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+    assert_int_equal(offload_step(rt, &info), ZO_OK);
+    assert_int_equal(info.step, 1);
+    offload_free(rt);
+
+    offload_config c;
+    offload_config_defaults(&c);
+    c.loss_scale = 1024;
+    c.max_skipped_steps = 3;
+    rt = stub_runtime(&m, ZO_DTYPE_F16, &c);
+    m.nan_block = 1;
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+        assert_int_equal(offload_step(rt, &info), ZO_OK);
+        assert_int_equal(info.skipped, 1);
+        assert_true(offload_loss_scale(rt) == 1024.0f / (float)(2 << k));
+    }
+    assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+    assert_int_equal(offload_step(rt, &info), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "block 1"));
+    assert_non_null(strstr(zo_last_error(), "3 steps in a row"));
+    offload_free(rt);
+    /* at scale 1 nothing is left to lower */
+    c.loss_scale = 1;
+    rt = stub_runtime(&m, ZO_DTYPE_F16, &c);
+    assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+    assert_int_equal(offload_step(rt, &info), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "already 1"));
+    offload_free(rt);
+
+    /* the optimizer's schedules: the same error, from the step on the host
+     * thread, naming the block, whether the updates would run after the norm
+     * (overlap with clipping, dpu) or had started during backward (overlap
+     * without clipping: the block's own update never starts); the next good
+     * step trains */
+    const struct {
+        offload_schedule sched;
+        float clip;
+        const char *tail;
+    } sc[] = {
+        {OFFLOAD_SCHEDULE_OVERLAP, 1.0f, "nothing was updated"},
+        {OFFLOAD_SCHEDULE_OVERLAP, 0.0f, "had started (schedule overlap without exact clipping)"},
+        {OFFLOAD_SCHEDULE_DPU, 1.0f, "nothing was updated"},
+    };
+    for (size_t i = 0; i < sizeof sc / sizeof sc[0]; i++) {
+        offload_config_defaults(&c);
+        c.schedule = sc[i].sched;
+        c.adam.clip = sc[i].clip;
+        rt = stub_runtime(&m, ZO_DTYPE_BF16, &c);
+        assert_int_equal(offload_get_block(rt, 2, before), ZO_OK);
+        m.nan_block = 2;
+        assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+        assert_int_equal(offload_step(rt, &info), ZO_ERR_INVALID);
+        if (!strstr(zo_last_error(), "gradients of block 2 hold inf or nan") || !strstr(zo_last_error(), sc[i].tail))
+            fail_msg("schedule %s, clip %g: %s", offload_schedule_name(sc[i].sched), (double)sc[i].clip,
+                     zo_last_error());
+        assert_int_equal(offload_get_block(rt, 2, after), ZO_OK);
+        assert_memory_equal(before, after, sizeof before);
+        m.nan_block = -1;
+        assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+        assert_int_equal(offload_step(rt, &info), ZO_OK);
+        assert_int_equal(info.step, 1);
+        offload_free(rt);
+    }
+    gpu_stream_destroy(s);
     stub_close(&m);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+}
+
+static int exists(const char *dir, const char *name)
+{
+    char p[800];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return lstat(p, &sb) == 0;
+}
+
+/* Rotation removes only what the runtime wrote, never through a link: a
+ * user's step-best folder, a link named like a checkpoint (and the folder
+ * it points to) and a link named like a save's leftovers stay untouched;
+ * the newest keep_checkpoints are kept (the rotation emptied step-best and
+ * the link's target). */
+static void test_ckpt_rotation(void **state)
+{
+    (void)state;
+    char dir[400], mine[400], p[800];
+    snprintf(dir, sizeof dir, "%s/rot", tmp_dir);
+    snprintf(mine, sizeof mine, "%s/users-own", tmp_dir);
+    files_remove_tree(dir);
+    files_remove_tree(mine);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    assert_int_equal(mkdir(mine, 0755), 0);
+    snprintf(p, sizeof p, "%s/keep.txt", mine);
+    files_write_text(p, "precious");
+    snprintf(p, sizeof p, "%s/step-best", dir);
+    assert_int_equal(mkdir(p, 0755), 0);
+    snprintf(p, sizeof p, "%s/step-best/notes.txt", dir);
+    files_write_text(p, "mine");
+    const char *links[] = {"step-00000009", ".tmp-step-00000000.3", "step-00000000.9x"};
+    for (size_t i = 0; i < sizeof links / sizeof links[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, links[i]);
+        assert_int_equal(symlink(mine, p), 0);
+    }
+    stub m;
+    stub_open(&m);
+    offload_config c;
+    offload_config_defaults(&c);
+    c.keep_checkpoints = 2;
+    offload_t *rt = stub_runtime(&m, ZO_DTYPE_BF16, &c);
+    for (int k = 0; k < 4; k++) assert_int_equal(offload_save(rt, dir, NULL, NULL, NULL), ZO_OK);
+    /* names grow past anything named step-00000000.<k> (the .3 link): the
+     * latest and the next newest are kept, and both load */
+    assert_true(exists(dir, "step-00000000.6") && exists(dir, "step-00000000.7"));
+    assert_false(exists(dir, "step-00000000.4") || exists(dir, "step-00000000.5") ||
+                 exists(dir, "step-00000000"));
+    snprintf(p, sizeof p, "%s/step-00000000.6", dir);
+    assert_int_equal(offload_load(rt, p, NULL), ZO_OK);
+    assert_int_equal(offload_load(rt, dir, NULL), ZO_OK);
+    snprintf(p, sizeof p, "%s/latest", dir);
+    size_t len;
+    char *latest = slurp_file(p, &len);
+    assert_string_equal(latest, "step-00000000.7\n");
+    free(latest);
+    /* the user's things */
+    snprintf(p, sizeof p, "%s/step-best/notes.txt", dir);
+    assert_int_equal(access(p, F_OK), 0);
+    snprintf(p, sizeof p, "%s/keep.txt", mine);
+    assert_int_equal(access(p, F_OK), 0);
+    for (size_t i = 0; i < sizeof links / sizeof links[0]; i++) assert_true(exists(dir, links[i]));
+    /* a `latest` pointing out of the folder is refused */
+    snprintf(p, sizeof p, "%s/latest", dir);
+    files_write_text(p, "../users-own\n");
+    assert_int_equal(offload_load(rt, dir, NULL), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "not a checkpoint's name"));
+    ckpt_teardown(rt, &m, dir);
+    files_remove_tree(mine);
+}
+
+/* One runtime per checkpoint folder: a second is refused at init, naming the
+ * folder and the holder, and so is a save into a folder another holds (two
+ * runs removed each other's temporary folders). */
+static void test_ckpt_lock(void **state)
+{
+    (void)state;
+    char dir[400], want[64];
+    snprintf(dir, sizeof dir, "%s/locked", tmp_dir);
+    stub m;
+    stub_open(&m);
+    offload_model om = stub_model(&m);
+    offload_config c;
+    offload_config_defaults(&c);
+    c.ckpt_dir = dir;
+    offload_t *a, *b;
+    assert_int_equal(offload_init(&a, m.dev, &om, &c), ZO_OK);
+    assert_int_equal(offload_init(&b, m.dev, &om, &c), ZO_ERR_BUSY);
+    assert_null(b);
+    assert_non_null(strstr(zo_last_error(), dir));
+    snprintf(want, sizeof want, "(pid %ld on host ", (long)getpid());
+    assert_non_null(strstr(zo_last_error(), want));
+    c.ckpt_dir = NULL;
+    b = stub_runtime(&m, ZO_DTYPE_BF16, &c);
+    assert_int_equal(offload_save(b, dir, NULL, NULL, NULL), ZO_ERR_BUSY);
+    offload_free(a);
+    assert_int_equal(offload_save(b, dir, NULL, NULL, NULL), ZO_OK);
+    offload_free(b);
+    stub_close(&m);
+    files_remove_tree(dir);
 }
 
 /* ---- train's flags -------------------------------------------------------------------------- */
@@ -468,12 +959,9 @@ static void test_train_flags(void **state)
     snprintf(data, sizeof data, "%s/text.txt", tmp_dir);
     snprintf(cfg, sizeof cfg, "%s/config.json", tmp_dir);
     snprintf(plan, sizeof plan, "%s/train-plan.json", tmp_dir);
-    FILE *f = fopen(data, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 100; i++) fprintf(f, "the quick brown fox %d. ", i % 10);
-    fclose(f);
-    write_file(cfg, "{\"model_type\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 32, \"n_head\": 2,"
-                    " \"n_positions\": 32, \"vocab_size\": 256}\n");
+    files_write_sample_text(data, 100);
+    files_write_text(cfg, "{\"model_type\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 32, \"n_head\": 2,"
+                          " \"n_positions\": 32, \"vocab_size\": 256}\n");
     /* a plan for this model: fp32, weights streamed from the host, the
      * optimizer and its gradients there too */
     zo_model_config mc;
@@ -487,13 +975,8 @@ static void test_train_flags(void **state)
     pl->placement.params = pl->placement.grads = ZO_PLAN_CPU;
     pl->placement.optimizer[ZO_PLAN_GPU] = 0;
     pl->placement.optimizer[ZO_PLAN_CPU] = 1;
-    cJSON *doc;
-    assert_int_equal(zo_plan_write_json(pl, plan, &doc), ZO_OK);
+    files_write_plan(plan, pl, NULL, NULL);
     free(pl);
-    char *text = cJSON_Print(doc);
-    cJSON_Delete(doc);
-    write_file(plan, text);
-    free(text);
     const char *forms[] = {"--plan %s", "--plan=%s", "--pla %s"};
     for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
         char pl[500];
@@ -506,7 +989,7 @@ static void test_train_flags(void **state)
         }
     }
     /* a malformed plan given as --plan=FILE is an error too */
-    write_file(plan, "{\"format\": \"not-a-plan\"}\n");
+    files_write_text(plan, "{\"format\": \"not-a-plan\"}\n");
     snprintf(args, sizeof args, "--model %s --data %s --text --steps 1 --threads 1 --plan=%s", cfg, data, plan);
     assert_int_equal(run_train(args, out, sizeof out), 2);
     assert_non_null(strstr(out, "zoffload-plan"));
@@ -520,7 +1003,261 @@ static void test_train_flags(void **state)
 }
 #endif
 
-/* The planner's search and the runtime end to end: `memplan plan --json` for
+#ifdef ZO_TRAIN_BIN
+/* Files for a tiny GPT-2 run in `dir`: config.json and text.txt. */
+static void tiny_run_files(const char *dir, char *cfg, char *data, size_t len)
+{
+    snprintf(cfg, len, "%s/config.json", dir);
+    snprintf(data, len, "%s/text.txt", dir);
+    FILE *f = fopen(data, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 200; i++) fprintf(f, "the quick brown fox %d. ", i % 10);
+    fclose(f);
+    files_write_text(cfg, "{\"model_type\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 32, \"n_head\": 2,"
+                    " \"n_positions\": 32, \"vocab_size\": 256}\n");
+}
+
+/* `timeout 60 train ARGS`: a run that hangs (a FIFO waited on) fails. */
+static int run_train_limited(const char *args, char *out, size_t len)
+{
+    char cmd[4400];
+    snprintf(cmd, sizeof cmd, "timeout 60 %s %s 2>&1", ZO_TRAIN_BIN, args);
+    return run_capture(cmd, out, len);
+}
+
+/* Bad input is exit 2 (memplan's convention; missing files were exit 1),
+ * naming the file: a FIFO given for any input (it hung: config, data, eval
+ * data, tokenizer, weights, plan, an adapter's config), a missing tokenizer
+ * or adapter, a config whose constants or shape make no sense, weights that
+ * are not finite, a damaged checkpoint to resume from. */
+static void test_train_bad_inputs(void **state)
+{
+    (void)state;
+    char dir[400], cfg[500], data[500], fifo[500], bad[500], args[2500];
+    static char out[1 << 16];
+    snprintf(dir, sizeof dir, "%s/inputs", tmp_dir);
+    files_remove_tree(dir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    tiny_run_files(dir, cfg, data, sizeof cfg);
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    const char *forms[] = {"--model %s --data %s --text", "--model %s --text --data %s",
+                           "--model %s --data %s --text --weights %s", "--model %s --data %s --text --plan %s",
+                           "--model %s --data %s --tokenizer %s", "--model %s --data %s --text --eval-data %s"};
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        const char *a1 = i == 0 ? fifo : cfg, *a2 = i == 1 ? fifo : data;
+        char form[200];
+        snprintf(form, sizeof form, "%s --steps 1 --threads 1 --seq 16", forms[i]);
+        snprintf(args, sizeof args, form, a1, a2, fifo);
+        int rc = run_train_limited(args, out, sizeof out);
+        if (rc != 2 || !strstr(out, "fifo: not a regular file (a FIFO)")) {
+            fprintf(stderr, "train %s: exit %d\n%s\n", args, rc, out);
+            fail();
+        }
+    }
+    snprintf(args, sizeof args, "--model %s --data %s/missing.bin --steps 1 --seq 16", cfg, dir);
+    assert_int_equal(run_train_limited(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "missing.bin"));
+    snprintf(args, sizeof args, "--model %s --data %s --tokenizer %s/missing.json --steps 1 --seq 16", cfg, data, dir);
+    assert_int_equal(run_train_limited(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "missing.json"));
+    /* a PEFT adapter directory whose config is a FIFO, or missing */
+    char adapter[600];
+    snprintf(adapter, sizeof adapter, "%s/adapter", dir);
+    assert_int_equal(mkdir(adapter, 0755), 0);
+    snprintf(args, sizeof args, "--model %s --data %s --text --adapter %s --steps 1 --threads 1 --seq 16", cfg, data,
+             adapter);
+    assert_int_equal(run_train_limited(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "adapter_config.json"));
+    char acfg[700];
+    snprintf(acfg, sizeof acfg, "%s/adapter_config.json", adapter);
+    assert_int_equal(mkfifo(acfg, 0600), 0);
+    assert_int_equal(run_train_limited(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "adapter_config.json: not a regular file (a FIFO)"));
+
+    /* constants and shapes that parse but make no sense */
+    struct {
+        const char *config, *said;
+    } cfgs[] = {
+        {"{\"model_type\": \"llama\", \"num_hidden_layers\": 1, \"hidden_size\": 32, "
+         "\"num_attention_heads\": 2, \"intermediate_size\": 64, \"vocab_size\": 256, "
+         "\"rms_norm_eps\": -1e-6}", "rms_norm_eps"},
+        {"{\"model_type\": \"llama\", \"num_hidden_layers\": 1, \"hidden_size\": 32, "
+         "\"num_attention_heads\": 2, \"intermediate_size\": 64, \"vocab_size\": 256, "
+         "\"rope_theta\": -10000}", "rope_theta"},
+        {"{\"model_type\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 32, \"n_head\": 2, "
+         "\"n_positions\": 32, \"vocab_size\": 256, \"layer_norm_epsilon\": -1e-5}", "layer_norm_epsilon"},
+        {"{\"model_type\": \"llama\", \"num_hidden_layers\": 2147483647, \"hidden_size\": 32, "
+         "\"num_attention_heads\": 2, \"intermediate_size\": 64, \"vocab_size\": 256}", "layers"},
+        {"{\"model_type\": \"llama\", \"num_hidden_layers\": 1, \"hidden_size\": 2147483646, "
+         "\"num_attention_heads\": 2, \"intermediate_size\": 64, \"vocab_size\": 256}", "2^53"},
+    };
+    snprintf(bad, sizeof bad, "%s/bad.json", dir);
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        files_write_text(bad, cfgs[i].config);
+        snprintf(args, sizeof args, "--model %s --data %s --text --steps 1 --threads 1 --seq 16", bad, data);
+        int rc = run_train_limited(args, out, sizeof out);
+        if (rc != 2 || !strstr(out, cfgs[i].said)) {
+            fprintf(stderr, "config %zu: exit %d\n%s\n", i, rc, out);
+            fail();
+        }
+    }
+
+    /* weights with a nan: refused naming the tensor */
+    char w[500];
+    snprintf(w, sizeof w, "%s/w.safetensors", dir);
+    snprintf(args, sizeof args, "--model %s --data %s --text --steps 1 --threads 1 --seq 16 --save %s", cfg, data, w);
+    assert_int_equal(run_train_limited(args, out, sizeof out), 0);
+    model_st_file f;
+    assert_int_equal(model_st_open(&f, w), ZO_OK);
+    const model_st_tensor *t = model_st_find(&f, "h.0.mlp.c_fc.weight");
+    assert_non_null(t);
+    size_t at = f.data_start + t->begin + 4 * 10;
+    model_st_close(&f);
+    int fd = open(w, O_RDWR);
+    float nan = NAN;
+    assert_int_equal(pwrite(fd, &nan, 4, (off_t)at), 4);
+    close(fd);
+    snprintf(args, sizeof args, "--model %s --data %s --text --steps 1 --threads 1 --seq 16 --weights %s", cfg, data, w);
+    assert_int_equal(run_train_limited(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "tensor \"h.0.mlp.c_fc.weight\" element 10 is nan"));
+
+    /* a damaged checkpoint to resume from */
+    char ck[500], opt[600];
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    snprintf(args, sizeof args, "--model %s --data %s --text --steps 2 --threads 1 --seq 16 --ckpt %s", cfg, data, ck);
+    assert_int_equal(run_train_limited(args, out, sizeof out), 0);
+    snprintf(opt, sizeof opt, "%s/step-00000002/optimizer.safetensors", ck);
+    fd = open(opt, O_RDWR);
+    unsigned char c;
+    assert_int_equal(pread(fd, &c, 1, 5000), 1);
+    c ^= 0x40;
+    assert_int_equal(pwrite(fd, &c, 1, 5000), 1);
+    close(fd);
+    snprintf(args, sizeof args, "--model %s --data %s --text --steps 3 --threads 1 --seq 16 --resume %s", cfg, data, ck);
+    assert_int_equal(run_train_limited(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "optimizer.safetensors: checksum mismatch"));
+    assert_null(strstr(out, "step 2 loss"));
+    files_remove_tree(dir);
+}
+
+/* Swap files in --nvme-dir of the run in progress, by prefix: weights
+ * (zo-par), a LoRA run's frozen base (zo-frz), optimizer state (zo-opt). */
+static int swap_files(const char *dir)
+{
+    int n = 0;
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        n += (!strncmp(de->d_name, "zo-opt-", 7) || !strncmp(de->d_name, "zo-par-", 7) ||
+              !strncmp(de->d_name, "zo-frz-", 7)) &&
+             strstr(de->d_name, ".swap");
+    closedir(d);
+    return n;
+}
+
+/* `train ARGS` started in the background, paused at the start of its first
+ * checkpoint (the test seam); returns its pid. */
+static pid_t start_paused(const char *args)
+{
+    char cmd[4400];
+    snprintf(cmd, sizeof cmd, "%s %s", ZO_TRAIN_BIN, args);
+    return run_paused(cmd, "begin", 1);
+}
+
+/* A second run on a --ckpt folder in use is refused at start (exit 1),
+ * naming the folder and the holder. Swap files: a live run's are left alone
+ * by another run on the same --nvme-dir; a run stopped by SIGTERM removes
+ * its own; a run killed (SIGKILL) leaves them, and the next run removes
+ * them (20 of 20 killed runs left theirs, and nothing removed them). */
+static void test_train_locks_and_swap_files(void **state)
+{
+    (void)state;
+    char dir[400], cfg[500], data[500], nv[500], ck[500], args[4096], base[2000], want[600];
+    static char out[1 << 16];
+    snprintf(dir, sizeof dir, "%s/swap", tmp_dir);
+    files_remove_tree(dir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    tiny_run_files(dir, cfg, data, sizeof cfg);
+    snprintf(nv, sizeof nv, "%s/nvme", dir);
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    assert_int_equal(mkdir(nv, 0755), 0);
+    snprintf(base, sizeof base, "--model %s --data %s --text --steps 2 --threads 1 --seq 16 --params-on nvme "
+             "--optimizer-on cpu=0.5,nvme=0.5 --nvme-dir %s", cfg, data, nv);
+    snprintf(args, sizeof args, "%s --ckpt %s/probe", base, dir);
+    if (run_train_limited(args, out, sizeof out) != 0) {
+        if (strstr(out, "nvme module")) skip(); /* a build without liburing */
+        fprintf(stderr, "%s\n", out);
+        fail();
+    }
+    assert_int_equal(swap_files(nv), 0);
+
+    snprintf(args, sizeof args, "%s --ckpt %s --save-every 1", base, ck);
+    pid_t a = start_paused(args);
+    assert_int_equal(swap_files(nv), 2);
+    /* the same checkpoint folder: refused, exit 1, naming folder and holder */
+    assert_int_equal(run_train_limited(args, out, sizeof out), 1);
+    snprintf(want, sizeof want, "%s: the checkpoint folder is in use by another run (pid %ld on host ", ck,
+             (long)a);
+    if (!strstr(out, want)) {
+        fprintf(stderr, "%s\nwanted: %s\n", out, want);
+        fail();
+    }
+    assert_null(strstr(out, "step 0"));
+    /* another folder, the same NVMe folder: runs beside it, leaves its files */
+    snprintf(args, sizeof args, "%s --ckpt %s/other --keep-checkpoints 2 --save-every 1 --steps 3", base, dir);
+    assert_int_equal(run_train_limited(args, out, sizeof out), 0);
+    assert_int_equal(swap_files(nv), 2);
+    char p[700];
+    snprintf(p, sizeof p, "%s/other", dir);
+    assert_true(exists(p, "step-00000002") && exists(p, "step-00000003") && !exists(p, "step-00000001"));
+    /* SIGTERM: it stops after its checkpoint, its swap files removed */
+    assert_int_equal(kill(a, SIGTERM), 0);
+    int ws;
+    assert_int_equal(waitpid(a, &ws, 0), a);
+    assert_true(WIFSIGNALED(ws) && WTERMSIG(ws) == SIGTERM);
+    assert_int_equal(swap_files(nv), 0);
+    /* SIGKILL leaves them; the next run removes them */
+    files_remove_tree(ck);
+    snprintf(args, sizeof args, "%s --ckpt %s --save-every 1", base, ck);
+    a = start_paused(args);
+    assert_int_equal(kill(a, SIGKILL), 0);
+    assert_int_equal(waitpid(a, &ws, 0), a);
+    assert_int_equal(swap_files(nv), 2);
+    /* the killed run held the folder: the lock went with it */
+    int rc = run_train_limited(args, out, sizeof out);
+    if (rc) fprintf(stderr, "train %s\n=> %s\n", args, out);
+    assert_int_equal(rc, 0);
+    assert_int_equal(swap_files(nv), 0);
+
+    /* LoRA with the optimizer on its own thread: the frozen base (zo-frz),
+     * the adapters (zo-par) and their optimizer state (zo-opt) each in a
+     * swap file of its own; SIGTERM removes them, SIGKILL leaves them to the
+     * next run */
+    files_remove_tree(ck);
+    snprintf(args, sizeof args, "%s --ckpt %s --save-every 1 --lora 2 --adapters-on nvme --schedule overlap", base,
+             ck);
+    a = start_paused(args);
+    assert_int_equal(swap_files(nv), 3);
+    assert_int_equal(kill(a, SIGTERM), 0);
+    assert_int_equal(waitpid(a, &ws, 0), a);
+    assert_true(WIFSIGNALED(ws) && WTERMSIG(ws) == SIGTERM);
+    assert_int_equal(swap_files(nv), 0);
+    files_remove_tree(ck);
+    a = start_paused(args);
+    assert_int_equal(kill(a, SIGKILL), 0);
+    assert_int_equal(waitpid(a, &ws, 0), a);
+    assert_int_equal(swap_files(nv), 3);
+    rc = run_train_limited(args, out, sizeof out);
+    if (rc) fprintf(stderr, "train %s\n=> %s\n", args, out);
+    assert_int_equal(rc, 0);
+    assert_int_equal(swap_files(nv), 0);
+    files_remove_tree(dir);
+}
+#endif
+
+/* The planner's search and the runtime end to end: `memplan plan --json-out` for
  * a tiny LLaMA on a 6 MiB device, then `train --plan` runs that plan within
  * the capacity, and its measured device peak is within 3% of the plan's. */
 static void test_searched_plan_runs(void **state)
@@ -536,7 +1273,7 @@ static void test_searched_plan_runs(void **state)
              "for i in $(seq 200); do printf 'hello world %%d. ' $i; done > text.txt && "
              "%s plan --model config.json --gpu-mem 6MiB --cpu-mem 1GiB --nvme 1GiB --seq 64 "
              "--global-batch 4 --cuda-context 0 --cublas-workspace 0 --fragmentation 0 "
-             "--json plan.json --top 1 > /dev/null",
+             "--json-out plan.json --top 1 > /dev/null",
              dir, dir, ZO_MEMPLAN_BIN);
     assert_int_equal(system(cmd), 0);
     snprintf(cmd, sizeof cmd,
@@ -557,8 +1294,7 @@ static void test_searched_plan_runs(void **state)
         fprintf(stderr, "measured/planned GPU peak %.4f: %.*s\n", ratio, (int)(strchr(line, '\n') - line), line);
         fail();
     }
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    files_remove_tree(dir);
 }
 
 int main(void)
@@ -570,11 +1306,20 @@ int main(void)
         cmocka_unit_test(test_plan_fractions),
         cmocka_unit_test(test_init_alloc_faults),
         cmocka_unit_test(test_failed_micro_batch),
+        cmocka_unit_test(test_dpu_one_step_late),
         cmocka_unit_test(test_ckpt_bad_state),
         cmocka_unit_test(test_ckpt_same_step),
+        cmocka_unit_test(test_ckpt_checksums),
+        cmocka_unit_test(test_ckpt_state_strict),
+        cmocka_unit_test(test_nonfinite_weights),
+        cmocka_unit_test(test_nonfinite_gradients),
+        cmocka_unit_test(test_ckpt_rotation),
+        cmocka_unit_test(test_ckpt_lock),
         cmocka_unit_test(test_searched_plan_runs),
 #ifdef ZO_TRAIN_BIN
         cmocka_unit_test(test_train_flags),
+        cmocka_unit_test(test_train_bad_inputs),
+        cmocka_unit_test(test_train_locks_and_swap_files),
 #endif
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -3,7 +3,7 @@
  * ones are refused by name, the version is checked; each limit of the table
  * holds for memplan's flags and for the runtime's reader alike, with the same
  * message; `train --plan` refuses a plan made for another model or another
- * number of ranks. */
+ * number of ranks (zo_plan_check_run compares a family's features too). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,47 +14,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "common/plan_schema.h" /* defines: zo_plan_read, zo_plan_write_json, zo_plan_field_range */
+#include "common/units.h"       /* defines: zo_format_bytes */
 #include "offload/offload.h"    /* defines: offload_plan_load */
+#include "tests/support/files.h" /* defines: files_write_text, files_read_text, files_json_set */
+#include "tests/support/run.h"   /* defines: run_program, run_capture */
 
 static char tmp_dir[256];
-
-static void write_file(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-}
-
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    static char buf[1 << 16];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    return buf;
-}
-
-/* Run a command; its stdout and stderr into out; its exit status. */
-static int run(const char *cmd, char *out, size_t len)
-{
-    char full[4400];
-    snprintf(full, sizeof full, "%s 2>&1", cmd);
-    FILE *p = popen(full, "r");
-    assert_non_null(p);
-    size_t got = fread(out, 1, len - 1, p);
-    out[got] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 /* A plan with every object: the schema's defaults for LLaMA-2-7B, values off
  * the defaults, a hardware profile and a prediction. */
@@ -68,9 +38,20 @@ static void full_plan(zo_plan *p)
     p->training.grad_accum = 5;
     p->training.grad_dtype = ZO_DTYPE_F32;
     p->training.recompute = ZO_PLAN_RECOMPUTE_FULL;
-    p->parallel = (zo_plan_parallel){.dp = 2, .tp = 2, .pp = 2, .vpp = 2, .sp = 1, .zero = 1};
+    p->training.dp_overlap = 0;
+    p->training.fused_grad_accum = 1;
+    p->training.method = ZO_PLAN_QLORA;
+    p->training.has_lora = 1;
+    p->training.lora = (zo_lora_config){.r = 16, .alpha = 32, .targets = ZO_LORA_ALL_LINEAR};
+    p->training.optimizer_schedule = ZO_PLAN_SCHED_DPU;
+    p->training.dpu_warmup = 5;
+    p->training.opt_threads = 3;
+    p->training.clip_stale = 1;
+    p->parallel = (zo_plan_parallel){.dp = 2, .tp = 2, .pp = 2, .vpp = 2, .sp = 1, .ep = 2,
+                                     .capacity_factor = 1.5, .zero = 1};
     p->placement = (zo_plan_placement){.params = ZO_PLAN_NVME, .grads = ZO_PLAN_CPU,
-                                       .checkpoints = ZO_PLAN_CPU, .optimizer = {0.25, 0.5, 0.25}};
+                                       .checkpoints = ZO_PLAN_CPU, .adapters = ZO_PLAN_CPU,
+                                       .optimizer = {0.25, 0.5, 0.25}};
     snprintf(p->nvme.dir, sizeof p->nvme.dir, "/mnt/nvme0");
     p->nvme.sub_group = 12345;
     p->nvme.swap_buffers = 4;
@@ -82,6 +63,7 @@ static void full_plan(zo_plan *p)
     p->hardware = (zo_hw_profile){.name = "box", .gpu = "GPU-X", .gpus = 8, .gpus_per_node = 8,
                                   .gpu_mem = 1ull << 34, .cpu_mem = 1ull << 38, .nvme = 1ull << 40,
                                   .pcie_bw = 2.5e10, .gemm_eff_max = 0.5, .measured = 1,
+                                  .cpu_adam_rate = 2e9, .cpu_adam_thread_rate = 4e8,
                                   .note = "measured"};
     p->has_predicted = 1;
     p->predicted = (zo_plan_predicted){.peak_bytes = {1, 2, 3}, .capacity_bytes = {4, 5, 6},
@@ -167,8 +149,49 @@ static void test_roundtrip(void **state)
     assert_string_equal(q->nvme.dir, "/mnt/nvme0");
     assert_true(q->hardware.gpu_mem == 1ull << 34 && q->predicted.capacity_bytes[2] == 6);
     assert_true(zo_model_params(&q->model) == zo_model_params(&p->model));
+    assert_true(q->parallel.ep == 2 && q->parallel.capacity_factor == 1.5);
+    assert_true(q->training.dp_overlap == 0 && q->training.fused_grad_accum == 1);
+    assert_true(q->training.method == ZO_PLAN_QLORA && q->training.has_lora);
+    assert_true(q->training.lora.r == 16 && q->training.lora.alpha == 32 &&
+                q->training.lora.targets == ZO_LORA_ALL_LINEAR);
+    assert_non_null(strstr(text, "\"all-linear\""));
+    assert_non_null(strstr(text, "\"qlora\""));
+    assert_non_null(strstr(text, "\"dpu\""));
+    assert_true(q->training.optimizer_schedule == ZO_PLAN_SCHED_DPU && q->training.dpu_warmup == 5 &&
+                q->training.opt_threads == 3 && q->training.clip_stale == 1);
+    assert_true(q->hardware.cpu_adam_thread_rate == 4e8);
+    assert_true(q->placement.adapters == ZO_PLAN_CPU);
     free(again);
     free(text);
+
+    /* the families' features (experts, latent attention, positions, norms),
+     * from published config.json files */
+    static const char *configs[] = {"deepseek-v2-lite.json", "qwen1.5-moe-a2.7b.json",
+                                    "deepseek-v3.json",      "gemma-2-2b.json",
+                                    "falcon-7b.json",        "opt-125m.json",
+                                    "bloom-560m.json",       "qwen3-0.6b.json"};
+    for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
+        char path[512];
+        zo_model_config m;
+        snprintf(path, sizeof path, "%s/hf-configs/%s", ZO_FIXTURES_DIR, configs[i]);
+        assert_int_equal(zo_model_config_load(path, &m), ZO_OK);
+        zo_plan_defaults(p, &m);
+        text = plan_text(p);
+        assert_int_equal(zo_plan_read(text, strlen(text), "p.json", q), ZO_OK);
+        again = plan_text(q);
+        assert_string_equal(text, again);
+        assert_memory_equal(&q->model.moe, &m.moe, sizeof m.moe);
+        assert_memory_equal(&q->model.mla, &m.mla, sizeof m.mla);
+        assert_string_equal(q->model.act, m.act);
+        assert_true(q->model.pos == m.pos && q->model.pos_offset == m.pos_offset &&
+                    q->model.layer_norms == m.layer_norms &&
+                    q->model.parallel_block == m.parallel_block &&
+                    q->model.embed_norm == m.embed_norm && q->model.qk_norm == m.qk_norm);
+        assert_true(zo_model_params(&q->model) == zo_model_params(&m));
+        assert_int_equal(zo_plan_check_run(q, &m, 1, "p.json"), ZO_OK);
+        free(again);
+        free(text);
+    }
 
     /* hardware and prediction are optional, as wholes */
     p->has_hardware = p->has_predicted = 0;
@@ -183,6 +206,7 @@ static void test_roundtrip(void **state)
     zo_plan_defaults(p, &m);
     text = plan_text(p);
     assert_null(strstr(text, "\"layers\""));
+    assert_null(strstr(text, "\"features\""));
     assert_non_null(strstr(text, "\"params_only\""));
     assert_int_equal(zo_plan_read(text, strlen(text), "p.json", q), ZO_OK);
     assert_true(q->model.params_override == 70000000000ull);
@@ -215,8 +239,9 @@ static void test_required_and_unknown(void **state)
     }
     assert_int_equal(read_doc(doc, q), ZO_OK);
     /* an unknown field, in every object */
-    const char *objects[] = {"", "model", "hardware", "training", "parallel", "placement",
-                             "placement.optimizer", "nvme", "buffers", "predicted",
+    const char *objects[] = {"", "model", "model.features", "model.features.mla",
+                             "model.features.moe", "hardware", "training", "training.lora", "parallel",
+                             "placement", "placement.optimizer", "nvme", "buffers", "predicted",
                              "predicted.peak_bytes"};
     for (size_t i = 0; i < sizeof objects / sizeof objects[0]; i++) {
         cJSON *o = doc;
@@ -255,6 +280,82 @@ static void test_required_and_unknown(void **state)
     assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
     assert_non_null(strstr(zo_last_error(), "model.params"));
     cJSON_Delete(doc);
+    free(q);
+}
+
+/* training.lora is there exactly for a LoRA or QLoRA plan; its targets are
+ * PEFT's module names or ours, and must exist in the model. */
+static void test_method(void **state)
+{
+    (void)state;
+    zo_plan *q = malloc(sizeof *q);
+    assert_non_null(q);
+    static leaf l[256];
+    int n;
+    cJSON *doc = full_doc(l, &n, 256);
+    cJSON *tr = cJSON_GetObjectItemCaseSensitive(doc, "training");
+    cJSON *lora = cJSON_GetObjectItemCaseSensitive(tr, "lora");
+    /* PEFT's names are read as ours */
+    cJSON_ReplaceItemInObjectCaseSensitive(lora, "targets", cJSON_CreateString("q_proj,v_proj"));
+    assert_int_equal(read_doc(doc, q), ZO_OK);
+    assert_true(q->training.lora.targets == (ZO_LORA_Q | ZO_LORA_V));
+    cJSON_ReplaceItemInObjectCaseSensitive(lora, "targets", cJSON_CreateString("q,attn"));
+    assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "p.json: field \"training.lora.targets\" must be a "
+                                            "comma-separated list of q, k, v, o, gate, up, down, or all-linear"));
+    cJSON_ReplaceItemInObjectCaseSensitive(lora, "targets", cJSON_CreateString(""));
+    assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
+    cJSON_ReplaceItemInObjectCaseSensitive(lora, "targets", cJSON_CreateString("all-linear"));
+    /* a full plan carries no adapters, a LoRA plan must */
+    cJSON_ReplaceItemInObjectCaseSensitive(tr, "method", cJSON_CreateString("full"));
+    assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "\"training.lora\" is given but \"training.method\" is full"));
+    cJSON *detached = cJSON_DetachItemFromObjectCaseSensitive(tr, "lora");
+    /* without adapters, nothing has the adapters' placement */
+    cJSON *pl = cJSON_GetObjectItemCaseSensitive(doc, "placement");
+    assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "\"placement.adapters\" is cpu but \"training.method\" is full"));
+    cJSON_ReplaceItemInObjectCaseSensitive(pl, "adapters", cJSON_CreateString("gpu"));
+    assert_int_equal(read_doc(doc, q), ZO_OK);
+    assert_false(q->training.has_lora);
+    cJSON_ReplaceItemInObjectCaseSensitive(tr, "method", cJSON_CreateString("lora"));
+    assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "field \"training.method\" is lora: missing object "
+                                            "\"training.lora\""));
+    cJSON_AddItemToObject(tr, "lora", detached);
+    assert_int_equal(read_doc(doc, q), ZO_OK);
+    assert_true(q->training.method == ZO_PLAN_LORA);
+    cJSON_ReplaceItemInObjectCaseSensitive(tr, "method", cJSON_CreateString("adapters"));
+    assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "field \"training.method\" must be full, lora or qlora"));
+    cJSON_ReplaceItemInObjectCaseSensitive(tr, "method", cJSON_CreateString("lora"));
+    cJSON_ReplaceItemInObjectCaseSensitive(tr, "optimizer_schedule", cJSON_CreateString("async"));
+    assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "\"training.optimizer_schedule\" must be serial, overlap or dpu"));
+    cJSON_ReplaceItemInObjectCaseSensitive(tr, "optimizer_schedule", cJSON_CreateString("overlap"));
+    assert_int_equal(read_doc(doc, q), ZO_OK);
+    cJSON_Delete(doc);
+
+    /* GPT-2 has no gate; a model known by its size has no layers to adapt */
+    zo_model_config gpt2;
+    assert_int_equal(zo_model_preset_find("gpt2", &gpt2), ZO_OK);
+    zo_plan_defaults(q, &gpt2);
+    q->training.method = ZO_PLAN_LORA;
+    q->training.has_lora = 1;
+    q->training.lora = (zo_lora_config){.r = 8, .alpha = 16, .targets = ZO_LORA_GATE};
+    cJSON *out;
+    assert_int_equal(zo_plan_write_json(q, "g.json", &out), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "g.json: field \"training.lora\": LoRA: gpt2 has no gate"));
+    q->training.lora.targets = ZO_LORA_Q | ZO_LORA_V;
+    assert_int_equal(zo_plan_write_json(q, "g.json", &out), ZO_OK);
+    cJSON_Delete(out);
+    zo_model_config big = {.name = "big", .max_seq = 4096, .params_override = 70000000000ull};
+    zo_plan_defaults(q, &big);
+    q->training.method = ZO_PLAN_QLORA;
+    q->training.has_lora = 1;
+    q->training.lora = (zo_lora_config){.r = 8, .alpha = 16, .targets = ZO_LORA_Q};
+    assert_int_equal(zo_plan_write_json(q, "b.json", &out), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "the adapters need the model's shape"));
     free(q);
 }
 
@@ -312,7 +413,8 @@ static void test_limits(void **state)
 }
 
 /* zo_plan_check_run: the parameter count, then the shape (two models of the
- * same size that differ in heads), then the ranks. */
+ * same size that differ in heads, or in a family's positions), then the
+ * ranks. */
 static void test_check_run(void **state)
 {
     (void)state;
@@ -338,6 +440,13 @@ static void test_check_run(void **state)
     snprintf(want, sizeof want, "of %llu parameters; the run's model \"a\" has %llu",
              (unsigned long long)zo_model_params(&a), (unsigned long long)zo_model_params(&c));
     assert_non_null(strstr(zo_last_error(), want));
+    /* what a family adds, of the same size: ALiBi for rotary positions */
+    zo_model_config d = a;
+    d.pos = ZO_POS_ALIBI;
+    assert_true(zo_model_params(&a) == zo_model_params(&d));
+    assert_int_equal(zo_plan_check_run(p, &d, 1, "p.json"), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "p.json: the plan's model.features.positions is arch; "
+                                            "the run's model \"a\" has alibi"));
     p->parallel.dp = 4;
     p->parallel.pp = 2;
     assert_int_equal(zo_plan_check_run(p, &a, 1, "p.json"), ZO_ERR_INVALID);
@@ -358,30 +467,26 @@ static const char tiny_config[] =
  * plan to `plan`; its exit status, its output in out. */
 static int estimate(const char *extra, const char *plan, char *out, size_t len)
 {
-    char cmd[2000];
-    snprintf(cmd, sizeof cmd,
-             "%s estimate --model %s/config.json --gpu-mem 64MiB --cpu-mem 1GiB --nvme 1GiB "
+    char args[2000];
+    snprintf(args, sizeof args,
+             "estimate --model %s/config.json --gpu-mem 64MiB --cpu-mem 1GiB --nvme 1GiB "
              "--seq 32 --params cpu --grads cpu --optimizer cpu --cuda-context 0 "
              "--cublas-workspace 0 %s --plan-out %s",
-             ZO_MEMPLAN_BIN, tmp_dir, extra, plan);
-    return run(cmd, out, len);
+             tmp_dir, extra, plan);
+    return run_program(ZO_MEMPLAN_BIN, args, out, len);
 }
 
 /* The field of a plan file, set to `v`, written back. */
 static void edit_plan(const char *path, const char *field, double v)
 {
-    cJSON *doc = cJSON_Parse(read_file(path));
-    assert_non_null(doc);
-    char name[64];
-    snprintf(name, sizeof name, "%s", field);
-    char *key = strrchr(name, '.');
-    *key++ = '\0';
-    cJSON *o = cJSON_GetObjectItemCaseSensitive(doc, name);
-    assert_non_null(o);
-    assert_true(cJSON_ReplaceItemInObjectCaseSensitive(o, key, cJSON_CreateNumber(v)));
-    char *text = cJSON_Print(doc);
-    write_file(path, text);
+    char *text = files_read_text(path);
+    cJSON *doc = cJSON_Parse(text);
     free(text);
+    assert_non_null(doc);
+    char value[64];
+    snprintf(value, sizeof value, "%.17g", v);
+    files_json_set(doc, field, value);
+    files_write_json(path, doc);
     cJSON_Delete(doc);
 }
 
@@ -408,7 +513,7 @@ static void test_limits_memplan_runtime(void **state)
     char path[400], plan[400], flags[200];
     static char out[1 << 16];
     snprintf(path, sizeof path, "%s/config.json", tmp_dir);
-    write_file(path, tiny_config);
+    files_write_text(path, tiny_config);
     snprintf(plan, sizeof plan, "%s/limits.json", tmp_dir);
     const struct {
         const char *flag, *field;
@@ -468,6 +573,40 @@ static void test_limits_memplan_runtime(void **state)
     remove(path);
 }
 
+/* A plan that trains adapters is read by the schema and refused by the
+ * runtime by its field until the runtime trains them from a plan. */
+static void test_runtime_reads_lora(void **state)
+{
+    (void)state;
+    char path[400], plan[400], data[400], cmd[2000];
+    static char out[1 << 16];
+    snprintf(path, sizeof path, "%s/config.json", tmp_dir);
+    files_write_text(path, tiny_config);
+    snprintf(plan, sizeof plan, "%s/lora.json", tmp_dir);
+    snprintf(data, sizeof data, "%s/text.txt", tmp_dir);
+    files_write_sample_text(data, 200);
+    assert_true(estimate("--lora 4 --qlora --schedule overlap --clip-stale", plan, out, sizeof out) <= 1);
+    zo_plan *f = malloc(sizeof *f);
+    assert_non_null(f);
+    assert_int_equal(zo_plan_load(plan, f), ZO_OK);
+    assert_true(f->training.method == ZO_PLAN_QLORA && f->training.lora.r == 4);
+    free(f);
+    /* the runtime takes the schedule and the adapters' place; train the method */
+    offload_plan p;
+    offload_plan_defaults(&p);
+    assert_int_equal(offload_plan_load(plan, &p), ZO_OK);
+    assert_int_equal(p.cfg.schedule, OFFLOAD_SCHEDULE_OVERLAP);
+    assert_int_equal(p.cfg.clip_stale, 1);
+    assert_int_equal(p.cfg.trainable_on, OFFLOAD_DEVICE);
+    snprintf(cmd, sizeof cmd, "%s --plan %s --model %s --data %s --text --steps 2 --threads 2 2>&1", ZO_TRAIN_BIN,
+             plan, path, data);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+    assert_non_null(strstr(out, "# LoRA r 4"));
+    assert_non_null(strstr(out, "(QLoRA: NF4 base)"));
+    remove(plan);
+    remove(path);
+}
+
 /* `train --plan` runs a plan made for its model and one rank, and refuses a
  * plan made for another model or for more ranks, naming both values. */
 static void test_train_refuses_other_plans(void **state)
@@ -478,25 +617,21 @@ static void test_train_refuses_other_plans(void **state)
     snprintf(cfg, sizeof cfg, "%s/config.json", tmp_dir);
     snprintf(data, sizeof data, "%s/text.txt", tmp_dir);
     snprintf(plan, sizeof plan, "%s/other.json", tmp_dir);
-    write_file(cfg, tiny_config);
-    FILE *f = fopen(data, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 200; i++) fprintf(f, "the quick brown fox %d. ", i % 10);
-    fclose(f);
+    files_write_text(cfg, tiny_config);
+    files_write_sample_text(data, 200);
     zo_model_config tiny, big;
     assert_int_equal(zo_model_config_load(cfg, &tiny), ZO_OK);
     assert_int_equal(zo_model_preset_find("llama-2-13b", &big), ZO_OK);
 
     /* LLaMA-2-13B on 64 GPUs */
-    snprintf(cmd, sizeof cmd, "%s estimate --model llama-2-13b --hw dgx-h100 --gpus 64 --zero 3 "
-             "--plan-out %s", ZO_MEMPLAN_BIN, plan);
-    int rc = run(cmd, out, sizeof out);
+    snprintf(cmd, sizeof cmd, "estimate --model llama-2-13b --hw dgx-h100 --gpus 64 --zero 3 "
+             "--plan-out %s", plan);
+    int rc = run_program(ZO_MEMPLAN_BIN, cmd, out, sizeof out);
     assert_true(rc == 0 || rc == 1);
     const char *train_args = "--data %s --text --steps 1 --threads 1 --model %s --plan %s";
     char args[1200];
     snprintf(args, sizeof args, train_args, data, cfg, plan);
-    snprintf(cmd, sizeof cmd, "%s %s", ZO_TRAIN_BIN, args);
-    assert_int_equal(run(cmd, out, sizeof out), 2);
+    assert_int_equal(run_program(ZO_TRAIN_BIN, args, out, sizeof out), 2);
     char want[600];
     snprintf(want, sizeof want, "train: --plan %s: the plan is for model \"llama-2-13b\" of %llu "
              "parameters; the run's model \"%s\" has %llu", plan,
@@ -510,23 +645,129 @@ static void test_train_refuses_other_plans(void **state)
 
     /* the tiny model's own plan, for DP 2 */
     assert_true(estimate("--dp 2", plan, out, sizeof out) <= 1);
-    assert_int_equal(run(cmd, out, sizeof out), 2);
+    assert_int_equal(run_program(ZO_TRAIN_BIN, args, out, sizeof out), 2);
     assert_non_null(strstr(out, "the plan is for 2 ranks (parallel.dp 2 x tp 1 x pp 1); this run has 1"));
     /* and for one rank: it trains */
     assert_true(estimate("", plan, out, sizeof out) <= 1);
-    rc = run(cmd, out, sizeof out);
+    rc = run_program(ZO_TRAIN_BIN, args, out, sizeof out);
     if (rc) fprintf(stderr, "%s\n", out);
     assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "step 0 loss"));
     /* a report is not a plan */
     snprintf(cmd, sizeof cmd, "%s estimate --model %s --json > %s", ZO_MEMPLAN_BIN, cfg, plan);
     assert_true(system(cmd) != -1);
-    snprintf(cmd, sizeof cmd, "%s %s", ZO_TRAIN_BIN, args);
-    assert_int_equal(run(cmd, out, sizeof out), 2);
+    assert_int_equal(run_program(ZO_TRAIN_BIN, args, out, sizeof out), 2);
     assert_non_null(strstr(out, "missing field \"format\" (\"zoffload-plan\")"));
     remove(plan);
     remove(cfg);
     remove(data);
+}
+
+/* `train --check-plan`: a 13B plan checked against its model in 8 GB of
+ * address space (nothing of the model allocated, no device, no data): the
+ * placement and the plan's predicted peaks printed, exit 0; against another
+ * model, the refusal a run gives, exit 2; without --plan, exit 2. */
+static void test_train_check_plan(void **state)
+{
+    (void)state;
+    char plan[300], cfg[300], cmd[2000];
+    static char out[1 << 16];
+    snprintf(plan, sizeof plan, "%s/check.json", tmp_dir);
+    snprintf(cfg, sizeof cfg, "%s/config.json", tmp_dir);
+    files_write_text(cfg, tiny_config);
+    snprintf(cmd, sizeof cmd, "estimate --model llama-2-13b --hw h200-141gb --seq 2048 --recompute full "
+             "--params cpu --optimizer gpu=0.25,cpu=0.5,nvme=0.25 --plan-out %s", plan);
+    int rc = run_program(ZO_MEMPLAN_BIN, cmd, out, sizeof out);
+    assert_true(rc == 0 || rc == 1);
+    zo_plan *p = malloc(sizeof *p);
+    assert_non_null(p);
+    assert_int_equal(zo_plan_load(plan, p), ZO_OK);
+
+    /* 8 GB of address space: the shared libraries (cuBLAS in a CUDA build)
+     * fit, the 13B model's 26 GB of bf16 weights do not; a sanitizer's
+     * shadow memory needs terabytes */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    const char *limit = "";
+#else
+    const char *limit = "ulimit -v 8000000; ";
+#endif
+    snprintf(cmd, sizeof cmd, "%s%s --check-plan --plan %s 2>&1", limit, ZO_TRAIN_BIN, plan);
+    rc = run_capture(cmd, out, sizeof out);
+    if (rc) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    char want[400], b[3][32];
+    snprintf(want, sizeof want, "# check-plan: llama-2-13b (llama), %llu parameters",
+             (unsigned long long)zo_model_params(&p->model));
+    assert_non_null(strstr(out, want));
+    assert_non_null(strstr(out, "# placement: weights cpu (prefetch 2), optimizer cpu 0.50 nvme 0.25 gpu 0.25"));
+    snprintf(want, sizeof want, "# plan predicts peak bytes per tier: gpu %s, cpu %s, nvme %s",
+             zo_format_bytes(p->predicted.peak_bytes[ZO_PLAN_GPU], b[0], sizeof b[0]),
+             zo_format_bytes(p->predicted.peak_bytes[ZO_PLAN_CPU], b[1], sizeof b[1]),
+             zo_format_bytes(p->predicted.peak_bytes[ZO_PLAN_NVME], b[2], sizeof b[2]));
+    if (!strstr(out, want)) {
+        fprintf(stderr, "train said:\n%s\nwanted: %s\n", out, want);
+        fail();
+    }
+    assert_null(strstr(out, "step 0"));
+
+    snprintf(cmd, sizeof cmd, "--check-plan --plan %s --model %s", plan, cfg);
+    assert_int_equal(run_program(ZO_TRAIN_BIN, cmd, out, sizeof out), 2);
+    assert_non_null(strstr(out, "the plan is for model \"llama-2-13b\""));
+    assert_int_equal(run_program(ZO_TRAIN_BIN, "--check-plan --model gpt2", out, sizeof out), 2);
+    assert_non_null(strstr(out, "--check-plan needs --plan FILE"));
+    free(p);
+    remove(plan);
+    remove(cfg);
+}
+#endif
+
+#ifdef ZO_MEMPLAN_BIN
+/* One --json convention in every command: --json prints the command's JSON
+ * on stdout (nothing else), --json-out FILE writes it beside the table
+ * (plan --json took a FILE, max-model --json demanded a value and wrote
+ * nothing). */
+static void test_memplan_json_convention(void **state)
+{
+    (void)state;
+    static char out[1 << 18];
+    char args[1500], path[400];
+    snprintf(path, sizeof path, "%s/out.json", tmp_dir);
+    const char *plan_flags = "plan --model llama-2-7b --hw dgx-a100-80gb --gpus 8 --global-batch 64 --top 2";
+    const char *cmds[] = {"estimate --model gpt2 --seq 128", plan_flags,
+                          "max-model --family llama --gpu rtx-4090 --strategy zero-offload"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        /* --json: stdout is one JSON document */
+        snprintf(args, sizeof args, "%s %s --json 2>/dev/null", ZO_MEMPLAN_BIN, cmds[i]);
+        int rc = run_capture(args, out, sizeof out);
+        assert_true(rc == 0 || rc == 1);
+        cJSON *a = cJSON_Parse(out);
+        if (!a) {
+            fprintf(stderr, "memplan %s: stdout is not JSON:\n%.400s\n", args, out);
+            fail();
+        }
+        /* --json-out FILE: the same document in FILE, the table on stdout */
+        remove(path);
+        snprintf(args, sizeof args, "%s %s --json-out %s 2>/dev/null", ZO_MEMPLAN_BIN, cmds[i], path);
+        assert_int_equal(run_capture(args, out, sizeof out), rc);
+        assert_null(cJSON_Parse(out));
+        char *text = files_read_text(path);
+        cJSON *b = cJSON_Parse(text);
+        assert_non_null(b);
+        if (i == 1) { /* plan: the document is the best plan, as train reads it */
+            zo_plan p;
+            assert_int_equal(zo_plan_read(text, strlen(text), path, &p), ZO_OK);
+            assert_non_null(strstr(out, "best: "));
+        }
+        assert_true(cJSON_Compare(a, b, 1) || i == 1); /* the plan's timings are rounded the same */
+        cJSON_Delete(a);
+        cJSON_Delete(b);
+        free(text);
+    }
+    /* the old plan --json FILE is refused, saying what to use */
+    snprintf(args, sizeof args, "%s --json %s", plan_flags, path);
+    assert_int_equal(run_program(ZO_MEMPLAN_BIN, args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "--json-out FILE writes it to FILE"));
+    remove(path);
 }
 #endif
 
@@ -538,10 +779,16 @@ int main(void)
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_required_and_unknown),
         cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_method),
         cmocka_unit_test(test_check_run),
 #if defined(ZO_MEMPLAN_BIN) && defined(ZO_TRAIN_BIN)
         cmocka_unit_test(test_limits_memplan_runtime),
         cmocka_unit_test(test_train_refuses_other_plans),
+        cmocka_unit_test(test_train_check_plan),
+        cmocka_unit_test(test_runtime_reads_lora),
+#endif
+#ifdef ZO_MEMPLAN_BIN
+        cmocka_unit_test(test_memplan_json_convention),
 #endif
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

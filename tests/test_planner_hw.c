@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include <cmocka.h>
 #include <cjson/cJSON.h>
@@ -21,6 +20,7 @@
 #include "planner/cost.h"
 #include "planner/hardware.h"
 #include "planner/suggest.h"
+#include "tests/support/run.h" /* defines: run_memplan */
 
 #define MIB (1024.0 * 1024.0)
 
@@ -241,6 +241,7 @@ static void test_suggestions_ranked(void **state)
     static plan_suggestions sg;
     assert_int_equal(plan_suggest(&m, &hw, &t, &sg), ZO_OK);
     assert_true(sg.n >= 3 && sg.n <= sg.tried);
+    int offload = 0;
     for (int i = 0; i < sg.n; i++) {
         const plan_alternative *a = &sg.alt[i];
         if (i) assert_true(sg.alt[i - 1].time.step <= a->time.step);
@@ -252,30 +253,18 @@ static void test_suggestions_ranked(void **state)
         assert_int_equal(plan_time_run(&m, &hw, &a->t, &ea, &pt), ZO_OK);
         assert_true(pt.step == a->time.step);
         assert_true(a->flags[0] != '\0' && a->what[0] != '\0');
-        assert_string_equal(plan_alt_kind_name(a->kind), "offload");
+        /* the kind names what is trained: the offload ladder keeps it, the
+         * LoRA and QLoRA kinds train adapters on a 16-bit or NF4 base */
+        static const plan_method method_of[PLAN_ALT_KINDS] = {PLAN_METHOD_FULL, PLAN_METHOD_LORA,
+                                                              PLAN_METHOD_QLORA};
+        assert_true(a->t.method == method_of[a->kind]);
+        offload += a->kind == PLAN_ALT_OFFLOAD;
         for (int j = 0; j < i; j++) assert_string_not_equal(sg.alt[j].flags, a->flags);
     }
+    assert_true(offload >= 3);
 }
 
 /* ---- the CLI ------------------------------------------------------------------------------ */
-
-static const char *memplan_path(void)
-{
-    const char *p = getenv("MEMPLAN");
-    return p ? p : ZO_BUILD_DIR "/planner/memplan";
-}
-
-static int run_memplan(const char *args, char *out, size_t len)
-{
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%.1024s %.7000s 2>&1", memplan_path(), args);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, len - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static cJSON *run_json(const char *args, int want_rc)
 {

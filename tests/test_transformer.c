@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "model/data.h"        /* defines: model_tokens, model_batch_get */
+#include "common/fileio.h"     /* defines: zo_file_read_all */
 #include "model/safetensors.h" /* defines: model_st_open, model_load_path */
 #include "tests/support/check.h" /* defines: check_close_f32 */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer, tf_model */
@@ -352,6 +353,87 @@ static void test_determinism(void **state)
     free(grads[1]);
 }
 
+/* LoRA and QLoRA through train: adapters trained over a frozen random base,
+ * saved as a PEFT adapter directory, and read back by a second run, whose
+ * first loss is the trained adapters' (not the base's). */
+static float lora_losses(const char *out, int *steps, float *last5, int nsteps)
+{
+    float first = -1;
+    char *copy = strdup(out);
+    *last5 = 0;
+    *steps = 0;
+    for (char *line = strtok(copy, "\n"); line; line = strtok(NULL, "\n")) {
+        int k;
+        float l;
+        if (sscanf(line, "step %d loss %f", &k, &l) == 2) {
+            if (k == 0) first = l;
+            if (k >= nsteps - 5) *last5 += l / 5;
+            (*steps)++;
+        }
+    }
+    free(copy);
+    return first;
+}
+
+static void test_train_lora(void **state)
+{
+    (void)state;
+    char dir[64], text[128], ad[128], cfg[128], cmd[1400];
+    snprintf(dir, sizeof dir, "/tmp/zo_test_lora_%d", (int)getpid());
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(text, sizeof text, "%s/text.txt", dir);
+    snprintf(ad, sizeof ad, "%s/adapter", dir);
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    FILE *f = fopen(text, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 400; i++) fprintf(f, "the quick brown fox jumps over the lazy dog %d. ", i % 10);
+    fclose(f);
+    f = fopen(cfg, "w");
+    fprintf(f, "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 32, \"n_head\": 2,"
+               " \"n_positions\": 32, \"vocab_size\": 256}\n");
+    fclose(f);
+    static char out[1 << 16];
+    const char *common = "--text --micro-batch 4 --seq 32 --threads 2 --lora 4 --lora-targets all-linear";
+    for (int q = 0; q < 2; q++) {
+        snprintf(cmd, sizeof cmd, "%s --model %s --data %s %s --steps 40 --lr 1e-2 %s --save %s 2>&1",
+                 ZO_TRAIN_BIN, cfg, text, common, q ? "--qlora --params-on cpu" : "", ad);
+        assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+        assert_non_null(strstr(out, q ? "(QLoRA: NF4 base)" : "4096 trainable parameters"));
+        int steps;
+        float last5, first = lora_losses(out, &steps, &last5, 40);
+        printf("  train %s: loss %.3f -> %.3f\n", q ? "--qlora" : "--lora 4", first, last5);
+        assert_int_equal(steps, 40);
+        assert_true(last5 < first - 0.2f);
+        /* PEFT's files: the config and the adapters under PEFT's names */
+        char path[256];
+        snprintf(path, sizeof path, "%s/adapter_config.json", ad);
+        char *cj = NULL;
+        assert_int_equal(zo_file_read_all(path, 1 << 16, "adapter_config.json", &cj, NULL), ZO_OK);
+        assert_non_null(strstr(cj, "\"peft_type\":\t\"LORA\""));
+        assert_non_null(strstr(cj, "\"c_attn\""));
+        free(cj);
+        snprintf(path, sizeof path, "%s/adapter_model.safetensors", ad);
+        model_ckpt ck;
+        assert_int_equal(model_ckpt_open(&ck, path), ZO_OK);
+        assert_non_null(model_ckpt_find(&ck, "base_model.model.transformer.h.1.mlp.c_fc.lora_B.weight"));
+        model_ckpt_close(&ck);
+        /* a second run from the adapters starts where the first ended */
+        snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --micro-batch 4 --seq 32 --threads 2 "
+                                  "%s --adapter %s --steps 1 --lr 0 2>&1",
+                 ZO_TRAIN_BIN, cfg, text, q ? "--qlora" : "", ad);
+        assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+        float again = lora_losses(out, &steps, &last5, 1);
+        printf("  train --adapter: first loss %.3f\n", again);
+        assert_true(again < first - 0.2f);
+    }
+    snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --qlora 2>&1", ZO_TRAIN_BIN, cfg, text);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 2);
+    assert_non_null(strstr(out, "--lora"));
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* ---- initialisation ------------------------------------------------------------------------------ */
 
 /* The sequence the random initialisation is defined by: one splitmix64
@@ -536,8 +618,10 @@ static void test_train_program(void **state)
     snprintf(cmd, sizeof cmd, "%s --model %s 2>&1", ZO_TRAIN_BIN, cfg);
     assert_int_equal(run_capture(cmd, out, sizeof out), 2);
     assert_non_null(strstr(out, "--data"));
+    /* a missing input file is bad input (2), as memplan says it, not a run
+     * that failed (1) */
     snprintf(cmd, sizeof cmd, "%s --model %s --data %s/missing.bin 2>&1", ZO_TRAIN_BIN, cfg, dir);
-    assert_int_equal(run_capture(cmd, out, sizeof out), 1);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 2);
     assert_non_null(strstr(out, "missing.bin"));
     snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --steps x 2>&1", ZO_TRAIN_BIN, cfg, text);
     assert_int_equal(run_capture(cmd, out, sizeof out), 2);
@@ -565,6 +649,7 @@ int main(void)
         cmocka_unit_test(test_block_streaming),
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_init_sequence),
+        cmocka_unit_test(test_train_lora),
         cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_train_program),
     };

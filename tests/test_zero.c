@@ -39,8 +39,8 @@
 #include "offload/offload.h"           /* defines: offload_init */
 #include "planner/cost.h"              /* defines: plan_dp_comm_elems */
 #include "planner/memory.h"            /* defines: plan_estimate_run */
-#include "tests/support/runtime_plan.h" /* defines: runtime_plan_estimate */
-#include "tests/support/tiny.h"        /* defines: tiny_llama_config, tiny_batch */
+#include "tests/support/models.h"      /* defines: tiny_model, tiny_batch */
+#include "tests/support/runtime_plan.h" /* defines: runtime_plan_train, runtime_plan_estimate */
 #include "transformer/offload_model.h" /* defines: tf_offload_model */
 
 #define STEPS 20
@@ -166,7 +166,7 @@ static void reference(const dp_run *r, dp_run *ref)
 
 static dp_run small_run(int stage, double nvme, float clip)
 {
-    dp_run r = {.cfg = tiny_llama_config(2, 32, 64), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = STEPS};
+    dp_run r = {.cfg = tiny_model(ZO_ARCH_LLAMA, 2, 32, 64, 64), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = STEPS};
     base_config(&r.oc);
     r.oc.comm = comm;
     r.oc.zero_stage = stage;
@@ -210,7 +210,7 @@ static void test_losses(void **state)
             dp_run r = small_run(stage, v[i].nvme, v[i].clip);
             r.dt = v[i].dt;
             r.oc.comm_bucket = v[i].bucket;
-            if (v[i].gpt) r.cfg = tiny_gpt_config(2, 32, 64);
+            if (v[i].gpt) r.cfg = tiny_model(ZO_ARCH_GPT, 2, 32, 64, 64);
             if (stage == 3) r.oc.params_on = v[i].params;
             zo_status st = train(&r);
             if (st == ZO_ERR_UNSUPPORTED) continue; /* NVMe without the nvme module */
@@ -255,7 +255,9 @@ static void test_losses(void **state)
 /* memplan's estimate for run r: --dp N --zero S. */
 static void plan_for(const dp_run *r, plan_estimate *e)
 {
-    runtime_plan_estimate(&r->cfg, r->dt, r->B, r->T, &r->oc, r->oc.comm ? ranks : 1, e);
+    plan_train t;
+    runtime_plan_train(&t, &r->cfg, r->dt, r->B, r->T, &r->oc, r->oc.comm ? ranks : 1);
+    runtime_plan_estimate(&r->cfg, &t, e);
 }
 
 /* Each rank's peak per tier against memplan --dp N --zero S, within 3%;
@@ -280,7 +282,7 @@ static void test_memory(void **state)
         {2, OFFLOAD_DEVICE, 0, 0, 0, OFFLOAD_DEVICE, 20000},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
-        dp_run r = {.cfg = tiny_llama_config(8, 128, 512), .dt = ZO_DTYPE_BF16, .B = 2, .T = 32, .steps = 2};
+        dp_run r = {.cfg = tiny_model(ZO_ARCH_LLAMA, 8, 128, 512, 64), .dt = ZO_DTYPE_BF16, .B = 2, .T = 32, .steps = 2};
         base_config(&r.oc);
         r.oc.comm = comm;
         r.oc.zero_stage = v[i].stage;
@@ -573,16 +575,27 @@ static void test_train_resume(void **state)
             assert_losses_close(got, full, 4, 8, what);
         }
     }
-    /* a manifest that does not match its shards is refused by name */
+    /* a shard whose bytes changed is refused by its checksum, naming it */
     char cmd[2048];
+    snprintf(cmd, sizeof cmd, "printf 'X' | dd of=%s/ck2/step-00000004/optimizer-00001-of-00004.safetensors "
+             "bs=1 seek=200 conv=notrunc status=none", tmp_dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(extra, sizeof extra, "--dtype fp32 --steps 8 --grad-accum 4 --resume %s/ck2", tmp_dir);
+    int rc0 = train_run(0, "", "", extra, out, sizeof out, NULL);
+    printf("  a shard with one byte changed: exit %d\n", rc0);
+    if (!strstr(out, "optimizer-00001-of-00004.safetensors: checksum mismatch")) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc0, 2);
+    assert_non_null(strstr(out, "optimizer-00001-of-00004.safetensors: checksum mismatch"));
+    /* a manifest that does not match its shards is refused by name */
     snprintf(cmd, sizeof cmd, "sed -i 's/\"ranks\":\\t4/\"ranks\":\\t3/' %s/ck3/step-00000004/manifest.json", tmp_dir);
     assert_int_equal(system(cmd), 0);
     snprintf(extra, sizeof extra, "--dtype fp32 --steps 8 --grad-accum 4 --resume %s/ck3", tmp_dir);
     int rc = train_run(0, "", "", extra, out, sizeof out, NULL);
     printf("  a manifest of 3 ranks over 4 shards: exit %d\n", rc);
-    if (!strstr(out, "\"ranks\" is not a rank count with a file for each")) fprintf(stderr, "%s\n", out);
-    assert_int_not_equal(rc, 0);
-    assert_non_null(strstr(out, "manifest.json: \"ranks\" is not a rank count with a file for each"));
+    const char *want = "manifest.json: \"partition.ranks\" = 3 is not a rank count with a file for each";
+    if (!strstr(out, want)) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, want));
 }
 
 /* A rank killed by SIGKILL mid-step: with Open MPI's default the launcher

@@ -15,7 +15,7 @@ static void tf_bind(tf_model *m, int b, const offload_block_io *io)
 static tf_block_bufs tf_bufs(const offload_block_io *io)
 {
     tf_block_bufs bb = {.params = io->params, .grads = io->grads, .embed_params = io->dep_params,
-                        .embed_grads = io->dep_grads};
+                        .embed_grads = io->dep_grads, .frozen = io->frozen, .embed_frozen = io->dep_frozen};
     return bb;
 }
 
@@ -49,7 +49,10 @@ zo_status tf_offload_model_init(tf_offload_model *a, tf_model *m)
     memset(a, 0, sizeof *a);
     if (!m->opts.external_res)
         return zo_error(ZO_ERR_INVALID, "tf_offload_model_init: the model must be built with external_res");
-    const model_layout *l = &m->layout;
+    /* with LoRA the runtime trains the adapters' layout, beside each block's
+     * frozen base */
+    int lora = m->opts.lora.r > 0;
+    const model_layout *l = lora ? &m->adapters : &m->layout;
     a->m = m;
     a->dep = calloc((size_t)l->n_blocks, sizeof(int));
     a->decay = calloc((size_t)l->n_tensors + 1, sizeof *a->decay);
@@ -58,7 +61,7 @@ zo_status tf_offload_model_init(tf_offload_model *a, tf_model *m)
         return zo_error(ZO_ERR_NOMEM, "tf_offload_model_init: out of host memory");
     }
     for (int b = 0; b < l->n_blocks; b++) a->dep[b] = -1;
-    if (m->cfg.tied_embeddings) a->dep[model_layout_head_block(l)] = MODEL_BLOCK_EMBED;
+    if (m->cfg.tied_embeddings) a->dep[model_layout_head_block(&m->layout)] = MODEL_BLOCK_EMBED;
     int nd = 0;
     for (int i = 0; i < l->n_tensors; i++) {
         const model_tensor *t = &l->tensors[i];
@@ -77,6 +80,7 @@ zo_status tf_offload_model_init(tf_offload_model *a, tf_model *m)
         .forward = tf_off_forward,
         .backward = tf_off_backward,
         .recompute = m->opts.recompute ? tf_off_recompute : NULL,
+        .frozen_bytes = lora ? m->frozen_bytes : NULL,
     };
     return ZO_OK;
 }

@@ -7,7 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/nf4.h" /* defines: zo_nf4_bytes, zo_nf4_quantize */
+#include "model/lora.h" /* defines: model_lora_layout_init, MODEL_LORA_A */
+
 static int is_gpt(const tf_model *m) { return m->cfg.arch == ZO_ARCH_GPT; }
+static int has_lora(const tf_model *m) { return m->opts.lora.r > 0; }
 static int qkv_width(const zo_model_config *c) { return (c->n_heads + 2 * c->n_kv_heads) * c->head_dim; }
 static int q_width(const zo_model_config *c) { return c->n_heads * c->head_dim; }
 
@@ -36,6 +40,74 @@ static zo_status act_alloc(tf_model *m, const act_req *r, size_t n)
 
 #define N_REQ(r) (sizeof(r) / sizeof((r)[0]))
 
+/* QLoRA stores a tensor in NF4: the linear weights of the layers. */
+static int frozen_is_nf4(const tf_model *m, const model_tensor *t)
+{
+    return m->opts.lora.nf4 && t->block != MODEL_BLOCK_EMBED &&
+           t->block != model_layout_head_block(&m->layout) && t->ndim == 2;
+}
+
+static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+/* The adapter layout, the slots of one layer's adapters and the frozen
+ * buffers' offsets (host memory; the device buffers come after). */
+static zo_status lora_init(tf_model *m)
+{
+    zo_status st;
+    const tf_lora_options *o = &m->opts.lora;
+    const zo_model_config *c = &m->cfg;
+    zo_lora_config lc = {.r = o->r, .alpha = o->alpha, .targets = o->targets};
+    if ((st = model_lora_layout_init(&m->adapters, c, &lc)) != ZO_OK) return zo_error_wrap(st, "tf_init");
+    m->lora_scale = o->alpha / (float)o->r;
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    m->n_lora = zo_lora_layer_modules(c, o->targets, mods);
+    const int q = q_width(c), kv = c->n_kv_heads * c->head_dim;
+    for (int j = 0; j < m->n_lora; j++) {
+        tf_lora_slot *sl = &m->lora[j];
+        unsigned t = mods[j].targets;
+        sl->stage = t & (ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V) ? TF_LORA_QKV
+                    : t == ZO_LORA_O                         ? TF_LORA_O
+                    : t == ZO_LORA_GATE                      ? TF_LORA_GATE
+                    : t == ZO_LORA_UP                        ? TF_LORA_UP
+                                                             : TF_LORA_DOWN;
+        sl->col = t == ZO_LORA_K ? q : t == ZO_LORA_V ? q + kv : 0;
+        sl->in = (int)mods[j].in;
+        sl->out = (int)mods[j].out;
+        /* every layer block has the same adapters: layer 0's offsets serve all */
+        sl->a_off = m->adapters.tensors[2 * j].offset;
+        sl->b_off = m->adapters.tensors[2 * j + 1].offset;
+    }
+    const model_layout *l = &m->layout;
+    m->frozen_off = calloc((size_t)l->n_tensors + 1, sizeof *m->frozen_off);
+    m->frozen_bytes = calloc((size_t)l->n_blocks, sizeof *m->frozen_bytes);
+    if (!m->frozen_off || !m->frozen_bytes) return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory");
+    size_t es = zo_dtype_size(m->dtype);
+    int prev_nf4 = 0, block = -1;
+    for (int i = 0; i < l->n_tensors; i++) {
+        const model_tensor *t = &l->tensors[i];
+        if (t->block != block) prev_nf4 = 0;
+        block = t->block;
+        int nf4 = frozen_is_nf4(m, t);
+        size_t off = m->frozen_bytes[block];
+        if (nf4 || prev_nf4) off = align_up(off, TF_FROZEN_ALIGN);
+        m->frozen_off[i] = off;
+        m->frozen_bytes[block] = off + (nf4 ? zo_nf4_bytes(t->numel) : t->numel * es);
+        prev_nf4 = nf4;
+    }
+    return ZO_OK;
+}
+
+/* Elements of the largest linear weight a layer dequantizes at once (the
+ * fused q|k|v counts as one). */
+static size_t largest_linear(const zo_model_config *c)
+{
+    size_t h = (size_t)c->hidden, f = (size_t)c->ffn, q = (size_t)q_width(c), qkv = (size_t)qkv_width(c);
+    size_t w[] = {qkv * h, h * q, f * h};
+    size_t most = 0;
+    for (size_t i = 0; i < 3; i++) most = w[i] > most ? w[i] : most;
+    return most;
+}
+
 zo_status tf_init(tf_model *m, const zo_model_config *cfg, gpu_device_t dev, zo_dtype dtype,
                   int B, int T)
 {
@@ -50,6 +122,9 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     if (opts) m->opts = *opts;
     if (B < 1 || T < 1)
         return zo_error(ZO_ERR_INVALID, "tf_init: micro-batch %d x %d must be positive", B, T);
+    if (m->opts.lora.r < 0 || (m->opts.lora.nf4 && m->opts.lora.r < 1))
+        return zo_error(ZO_ERR_INVALID, "tf_init: LoRA rank %d (NF4 needs LoRA: a rank >= 1)",
+                        m->opts.lora.r);
     if ((st = model_layout_init(&m->layout, cfg)) != ZO_OK) return st;
     m->cfg = m->layout.cfg;
     m->dev = dev;
@@ -70,6 +145,9 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         tf_free(m);
         return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory");
     }
+    const int lora = has_lora(m);
+    if (lora && (st = lora_init(m)) != ZO_OK) goto out_free;
+    size_t lora_cols = lora ? (size_t)m->n_lora * m->opts.lora.r : 0;
     const act_req io[] = {{(void **)&m->tokens, N * 4, "tokens"}, {(void **)&m->targets, N * 4, "targets"}};
     if ((st = act_alloc(m, io, N_REQ(io))) != ZO_OK) goto out_free;
     if (!m->opts.external_res)
@@ -96,6 +174,7 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
             {&a->fc, N * f * es, "mlp fc/gate"},
             {&a->up, llama ? N * f * es : 0, "mlp up"},
             {&a->act, N * f * es, "mlp activation"},
+            {&a->lora_u, N * lora_cols * es, "LoRA A x"},
         };
         if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) goto out_free;
     }
@@ -113,6 +192,9 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         {(void **)&m->datt, N * q_width(c) * 4, "attention gradient"},
         {(void **)&m->dff, N * f * 4, "mlp gradient"},
         {(void **)&m->dff2, llama ? N * f * 4 : 0, "mlp up gradient"},
+        {(void **)&m->dlora, lora ? N * m->opts.lora.r * 4 : 0, "LoRA gradient"},
+        {(void **)&m->dsink, lora ? 2 * h * 4 : 0, "frozen norm gradients"},
+        {&m->wdq, lora && m->opts.lora.nf4 ? largest_linear(c) * es : 0, "dequantized weight"},
     };
     if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) goto out_free;
     return ZO_OK;
@@ -136,21 +218,51 @@ void tf_free(tf_model *m)
         for (size_t l = 0; l < n_sets; l++) {
             tf_layer_acts *a = &m->acts[l];
             void *p[] = {a->ln1, a->mean1, a->rstd1, a->qkv, a->att, a->lse, a->x_mid,
-                         a->ln2, a->mean2, a->rstd2, a->fc, a->up, a->act};
+                         a->ln2, a->mean2, a->rstd2, a->fc, a->up, a->act, a->lora_u};
             for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) gpu_mem_free(d, p[i]);
         }
     void *p[] = {m->lnf, m->meanf, m->rstdf, m->logits, m->losses, m->tmp, m->dres,
-                 m->dh, m->dqkv, m->datt, m->dff, m->dff2};
+                 m->dh, m->dqkv, m->datt, m->dff, m->dff2, m->dlora, m->dsink, m->wdq};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) gpu_mem_free(d, p[i]);
     free(m->res);
     free(m->acts);
+    free(m->frozen_off);
+    free(m->frozen_bytes);
+    model_layout_free(&m->adapters);
     model_layout_free(&m->layout);
     memset(m, 0, sizeof *m);
 }
 
 size_t tf_block_bytes(const tf_model *m, int block)
 {
-    return m->layout.block_numel[block] * zo_dtype_size(m->dtype);
+    const model_layout *l = has_lora(m) ? &m->adapters : &m->layout;
+    return l->block_numel[block] * zo_dtype_size(m->dtype);
+}
+
+size_t tf_frozen_bytes(const tf_model *m, int block)
+{
+    return has_lora(m) ? m->frozen_bytes[block] : 0;
+}
+
+zo_status tf_frozen_pack(const tf_model *m, int block, const float *src, void *dst)
+{
+    zo_status st;
+    if (!has_lora(m)) return zo_error(ZO_ERR_INVALID, "tf_frozen_pack: the model has no LoRA");
+    if (block < 0 || block >= m->layout.n_blocks)
+        return zo_error(ZO_ERR_INVALID, "tf_frozen_pack: block %d outside 0..%d", block, m->layout.n_blocks - 1);
+    uint8_t *out = dst;
+    memset(out, 0, m->frozen_bytes[block]); /* the padding too: the same bytes every time */
+    for (int i = 0; i < m->layout.n_tensors; i++) {
+        const model_tensor *t = &m->layout.tensors[i];
+        if (t->block != block) continue;
+        if (!frozen_is_nf4(m, t)) {
+            zo_convert(out + m->frozen_off[i], m->dtype, src + t->offset, ZO_DTYPE_F32, t->numel);
+            continue;
+        }
+        if ((st = zo_nf4_quantize(out + m->frozen_off[i], src + t->offset, t->numel, 0)) != ZO_OK)
+            return zo_error_wrap(st, "tf_frozen_pack: %s", t->name);
+    }
+    return ZO_OK;
 }
 
 gpu_tensor tf_view(const tf_model *m, const void *block_buf, int block, model_role role)
@@ -193,7 +305,8 @@ static zo_status linear_forward(gpu_stream_t s, gpu_tensor y, int64_t ldy, gpu_t
 }
 
 /* Given dy[N, out]: dW += dy^T x, db += colsum(dy), dx = dy W (+ dx when
- * dx_beta is 1). dx may be NULL (no input gradient needed). */
+ * dx_beta is 1). dx may be NULL (no input gradient needed); dw and db may
+ * be NULL (a frozen weight: no GEMM for its gradient). */
 static zo_status linear_backward(gpu_stream_t s, gpu_tensor dx, float dx_beta, gpu_tensor dw,
                                  gpu_tensor db, gpu_tensor dy, gpu_tensor x, gpu_tensor w, int N,
                                  int out, int in)
@@ -201,12 +314,161 @@ static zo_status linear_backward(gpu_stream_t s, gpu_tensor dx, float dx_beta, g
     zo_status st;
     gpu_gemm_desc gw = {.trans_a = 1, .m = out, .n = in, .k = N, .alpha = 1.0f, .beta = 1.0f,
                         .a = dy, .b = x, .c = dw, .lda = out, .ldb = in, .ldc = in};
-    if ((st = gpu_gemm(s, &gw)) != ZO_OK) return st;
+    if (dw.data && (st = gpu_gemm(s, &gw)) != ZO_OK) return st;
     if (db.data && (st = gpu_bias_backward(s, db, dy, N, out, out)) != ZO_OK) return st;
     if (dx.data) {
         gpu_gemm_desc gx = {.m = N, .n = in, .k = out, .alpha = 1.0f, .beta = dx_beta, .a = dy,
                             .b = w, .c = dx, .lda = out, .ldb = in, .ldc = in};
         if ((st = gpu_gemm(s, &gx)) != ZO_OK) return st;
+    }
+    return ZO_OK;
+}
+
+/* ---- the base weights and the adapters ------------------------------------------------
+ * Without LoRA the base weights are the block's parameters; with LoRA they
+ * are its frozen buffer, whose tensors sit at frozen_off (packed as the
+ * layout's, or NF4 where QLoRA says), and the parameters are the adapters. */
+
+static const void *base_buf(const tf_model *m, const tf_block_bufs *bb)
+{
+    return has_lora(m) ? bb->frozen : bb->params;
+}
+
+/* The index of the tensor of `block` holding element `e` of the block. */
+static int tensor_at(const model_layout *l, int block, size_t e)
+{
+    for (int i = 0; i < l->n_tensors; i++) {
+        const model_tensor *t = &l->tensors[i];
+        if (t->block == block && e >= t->offset && e < t->offset + t->numel) return i;
+    }
+    return -1;
+}
+
+/* A base tensor (a norm, a bias, an embedding: never an NF4 one) of a base
+ * buffer; data NULL when the block has no such role. */
+static gpu_tensor bview(const tf_model *m, const void *buf, int block, model_role role)
+{
+    if (!has_lora(m)) return tf_view(m, buf, block, role);
+    const model_view *v = model_layout_view(&m->layout, block, role);
+    int i = v && buf ? tensor_at(&m->layout, block, v->offset) : -1;
+    if (i < 0) return gpu_t(NULL, m->dtype);
+    size_t skip = (v->offset - m->layout.tensors[i].offset) * zo_dtype_size(m->dtype);
+    return gpu_t((char *)buf + m->frozen_off[i] + skip, m->dtype);
+}
+
+/* A linear weight of a layer (QKV_W fused, ATTN_OUT_W, MLP_*_W): a view of
+ * the base buffer, or, NF4, each of its tensors dequantized into m->wdq in
+ * stream order (the scratch is reused by the next weight). */
+static zo_status base_weight(tf_model *m, gpu_stream_t s, const void *buf, int block,
+                             model_role role, gpu_tensor *w)
+{
+    zo_status st;
+    if (!m->opts.lora.nf4 || !has_lora(m)) {
+        *w = bview(m, buf, block, role);
+        return ZO_OK;
+    }
+    const model_view *v = model_layout_view(&m->layout, block, role);
+    size_t es = zo_dtype_size(m->dtype);
+    for (int i = 0; v && i < m->layout.n_tensors; i++) {
+        const model_tensor *t = &m->layout.tensors[i];
+        if (t->block != block || t->offset < v->offset || t->offset >= v->offset + v->numel) continue;
+        gpu_tensor dst = gpu_t((char *)m->wdq + (t->offset - v->offset) * es, m->dtype);
+        if ((st = gpu_nf4_dequantize(s, dst, (const char *)buf + m->frozen_off[i], t->numel)) != ZO_OK)
+            return st;
+    }
+    *w = gpu_t(v ? m->wdq : NULL, m->dtype);
+    return ZO_OK;
+}
+
+/* y[N, out] (row stride ldy) = x W^T (+ b) with the base weight `wrole`
+ * and bias `brole`. */
+static zo_status base_linear_forward(tf_model *m, gpu_stream_t s, const void *buf, int block,
+                                     model_role wrole, model_role brole, gpu_tensor y, int64_t ldy,
+                                     gpu_tensor x, int N, int out, int in)
+{
+    zo_status st;
+    gpu_tensor w;
+    if ((st = base_weight(m, s, buf, block, wrole, &w)) != ZO_OK) return st;
+    return linear_forward(s, y, ldy, x, w, bview(m, buf, block, brole), N, out, in);
+}
+
+/* linear_backward through a base weight; dw and db as linear_backward
+ * (NULL with LoRA: the base is frozen). */
+static zo_status base_linear_backward(tf_model *m, gpu_stream_t s, const void *buf, int block,
+                                      model_role wrole, gpu_tensor dx, float dx_beta, gpu_tensor dw,
+                                      gpu_tensor db, gpu_tensor dy, gpu_tensor x, int N, int out,
+                                      int in)
+{
+    zo_status st;
+    gpu_tensor w;
+    if ((st = base_weight(m, s, buf, block, wrole, &w)) != ZO_OK) return st;
+    return linear_backward(s, dx, dx_beta, dw, db, dy, x, w, N, out, in);
+}
+
+/* Adapter j's A [r, in] or B [out, r] in a layer block's adapter buffer. */
+static gpu_tensor lora_part(const tf_model *m, const void *buf, int j, int part)
+{
+    size_t off = part == MODEL_LORA_A ? m->lora[j].a_off : m->lora[j].b_off;
+    return gpu_t((char *)buf + off * zo_dtype_size(m->dtype), m->dtype);
+}
+
+/* The adapters of `stage` in layer l: u_j = x A_j^T [N, r] (saved), then
+ * y[:, col_j ..] += (alpha / r) u_j B_j^T. y.data NULL: u only (recompute,
+ * whose forward stops before the GEMM the adapter adds to). */
+static zo_status lora_forward(tf_model *m, gpu_stream_t s, int l, const tf_block_bufs *bb,
+                              tf_lora_stage stage, gpu_tensor x, gpu_tensor y, int64_t ldy)
+{
+    zo_status st;
+    const int N = m->b * m->t, r = m->opts.lora.r, ldu = m->n_lora * r;
+    const zo_dtype dt = m->dtype;
+    for (int j = 0; j < m->n_lora; j++) {
+        const tf_lora_slot *sl = &m->lora[j];
+        if (sl->stage != stage) continue;
+        gpu_tensor u = gpu_t((char *)m->acts[l].lora_u + (size_t)j * r * zo_dtype_size(dt), dt);
+        gpu_gemm_desc ga = {.trans_b = 1, .m = N, .n = r, .k = sl->in, .alpha = 1.0f, .beta = 0.0f,
+                            .a = x, .b = lora_part(m, bb->params, j, MODEL_LORA_A), .c = u,
+                            .lda = sl->in, .ldb = sl->in, .ldc = ldu};
+        if ((st = gpu_gemm(s, &ga)) != ZO_OK) return st;
+        if (!y.data) continue;
+        gpu_tensor yc = gpu_t((char *)y.data + (size_t)sl->col * zo_dtype_size(y.dtype), y.dtype);
+        gpu_gemm_desc gb = {.trans_b = 1, .m = N, .n = sl->out, .k = r, .alpha = m->lora_scale,
+                            .beta = 1.0f, .a = u, .b = lora_part(m, bb->params, j, MODEL_LORA_B),
+                            .c = yc, .lda = ldu, .ldb = r, .ldc = ldy};
+        if ((st = gpu_gemm(s, &gb)) != ZO_OK) return st;
+    }
+    return ZO_OK;
+}
+
+/* Backward of the adapters of `stage` in layer l, given dy (fp32, row
+ * stride lddy; adapter j reads its columns from col_j), the saved input x
+ * [N, in] and u: du = s dy B, dB += s dy^T u, dA += du^T x, dx += du A. */
+static zo_status lora_backward(tf_model *m, gpu_stream_t s, int l, const tf_block_bufs *bb,
+                               tf_lora_stage stage, gpu_tensor dy, int64_t lddy, gpu_tensor x,
+                               gpu_tensor dx)
+{
+    zo_status st;
+    const int N = m->b * m->t, r = m->opts.lora.r, ldu = m->n_lora * r;
+    const zo_dtype dt = m->dtype;
+    gpu_tensor du = F32(m->dlora);
+    for (int j = 0; j < m->n_lora; j++) {
+        const tf_lora_slot *sl = &m->lora[j];
+        if (sl->stage != stage) continue;
+        gpu_tensor u = gpu_t((char *)m->acts[l].lora_u + (size_t)j * r * zo_dtype_size(dt), dt);
+        gpu_tensor dyc = F32((float *)dy.data + sl->col);
+        gpu_tensor A = lora_part(m, bb->params, j, MODEL_LORA_A), Bm = lora_part(m, bb->params, j, MODEL_LORA_B);
+        gpu_gemm_desc g1 = {.m = N, .n = r, .k = sl->out, .alpha = m->lora_scale, .beta = 0.0f,
+                            .a = dyc, .b = Bm, .c = du, .lda = lddy, .ldb = r, .ldc = r};
+        gpu_gemm_desc g2 = {.trans_a = 1, .m = sl->out, .n = r, .k = N, .alpha = m->lora_scale,
+                            .beta = 1.0f, .a = dyc, .b = u, .c = lora_part(m, bb->grads, j, MODEL_LORA_B),
+                            .lda = lddy, .ldb = ldu, .ldc = r};
+        gpu_gemm_desc g3 = {.trans_a = 1, .m = r, .n = sl->in, .k = N, .alpha = 1.0f, .beta = 1.0f,
+                            .a = du, .b = x, .c = lora_part(m, bb->grads, j, MODEL_LORA_A),
+                            .lda = r, .ldb = sl->in, .ldc = sl->in};
+        gpu_gemm_desc g4 = {.m = N, .n = sl->in, .k = r, .alpha = 1.0f, .beta = 1.0f, .a = du,
+                            .b = A, .c = dx, .lda = r, .ldb = sl->in, .ldc = sl->in};
+        if ((st = gpu_gemm(s, &g1)) != ZO_OK || (st = gpu_gemm(s, &g2)) != ZO_OK ||
+            (st = gpu_gemm(s, &g3)) != ZO_OK || (st = gpu_gemm(s, &g4)) != ZO_OK)
+            return st;
     }
     return ZO_OK;
 }
@@ -217,17 +479,18 @@ static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_
 {
     const zo_model_config *c = &m->cfg;
     int N = m->b * m->t;
+    const void *W = base_buf(m, bb);
     /* res[0][N, h] = wte[tokens] (+ wpe[position]) */
     return gpu_embedding_forward(s, gpu_t(m->res[0], m->dtype), m->tokens,
-                                 tf_view(m, bb->params, 0, MODEL_ROLE_TOK_EMB),
-                                 tf_view(m, bb->params, 0, MODEL_ROLE_POS_EMB), N, m->t,
-                                 c->hidden, c->vocab);
+                                 bview(m, W, 0, MODEL_ROLE_TOK_EMB), bview(m, W, 0, MODEL_ROLE_POS_EMB),
+                                 N, m->t, c->hidden, c->vocab);
 }
 
 static zo_status embed_backward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t s)
 {
     const zo_model_config *c = &m->cfg;
     int N = m->b * m->t;
+    if (has_lora(m)) return ZO_OK; /* the embedding is frozen: nothing to compute */
     return gpu_embedding_backward(s, tf_view(m, bb->grads, 0, MODEL_ROLE_TOK_EMB),
                                   tf_view(m, bb->grads, 0, MODEL_ROLE_POS_EMB), F32(m->dres),
                                   m->tokens, N, m->t, c->hidden, c->vocab);
@@ -242,12 +505,19 @@ static zo_status norm_forward(tf_model *m, gpu_stream_t s, gpu_tensor y, float *
     return gpu_rmsnorm_forward(s, y, rstd, x, w, N, c->hidden, c->norm_eps);
 }
 
-/* dres += d(norm input), given dh = d(norm output). */
-static zo_status norm_backward(tf_model *m, gpu_stream_t s, gpu_tensor dw, gpu_tensor db,
-                               gpu_tensor x, gpu_tensor w, const float *mean, const float *rstd,
-                               int N)
+/* dres += d(norm input), given dh = d(norm output). dw, db: the norm's
+ * gradients in `grads` (role w_role, b_role); with LoRA the norm is frozen
+ * and they go to a scratch nobody reads. */
+static zo_status norm_backward(tf_model *m, gpu_stream_t s, const void *grads, int block,
+                               model_role w_role, model_role b_role, gpu_tensor x, gpu_tensor w,
+                               const float *mean, const float *rstd, int N)
 {
     const zo_model_config *c = &m->cfg;
+    gpu_tensor dw = tf_view(m, grads, block, w_role), db = tf_view(m, grads, block, b_role);
+    if (has_lora(m)) {
+        dw = F32(m->dsink);
+        db = gpu_t(NULL, ZO_DTYPE_F32);
+    }
     if (is_gpt(m))
         return gpu_layernorm_backward(s, F32(m->dres), dw, db, F32(m->dh), x, w, mean, rstd, N,
                                       c->hidden);
@@ -257,7 +527,7 @@ static zo_status norm_backward(tf_model *m, gpu_stream_t s, gpu_tensor dw, gpu_t
 /* Forward of layer l. With `recompute`, stop once every activation the
  * backward reads is saved: the down projection and the residual add, whose
  * output (res[l+1]) backward does not read, are skipped and res[l+1] is not
- * written. */
+ * written (a down adapter's A x is computed: backward reads it). */
 static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s,
                                int recompute)
 {
@@ -267,18 +537,19 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
     const int qw = q_width(c), ld = qkv_width(c);
     const zo_dtype dt = m->dtype;
     tf_layer_acts *a = &m->acts[l];
-    const void *P = bb->params;
+    const void *W = base_buf(m, bb);
     gpu_tensor x = gpu_t(m->res[l], dt), out = gpu_t(m->res[l + 1], dt);
     gpu_tensor ln1 = gpu_t(a->ln1, dt), qkv = gpu_t(a->qkv, dt), att = gpu_t(a->att, dt);
     gpu_tensor x_mid = gpu_t(a->x_mid, dt), ln2 = gpu_t(a->ln2, dt), tmp = gpu_t(m->tmp, dt);
     gpu_tensor fc = gpu_t(a->fc, dt), act = gpu_t(a->act, dt);
 
-    /* attention: ln1 = norm(x); qkv[N, q+2kv] = ln1 Wqkv^T (+ b); RoPE on q, k */
-    if ((st = norm_forward(m, s, ln1, a->mean1, a->rstd1, x, tf_view(m, P, blk, MODEL_ROLE_LN1_W),
-                           tf_view(m, P, blk, MODEL_ROLE_LN1_B), N)) != ZO_OK)
+    /* attention: ln1 = norm(x); qkv[N, q+2kv] = ln1 Wqkv^T (+ b) (+ adapters); RoPE on q, k */
+    if ((st = norm_forward(m, s, ln1, a->mean1, a->rstd1, x, bview(m, W, blk, MODEL_ROLE_LN1_W),
+                           bview(m, W, blk, MODEL_ROLE_LN1_B), N)) != ZO_OK)
         return st;
-    if ((st = linear_forward(s, qkv, ld, ln1, tf_view(m, P, blk, MODEL_ROLE_QKV_W),
-                             tf_view(m, P, blk, MODEL_ROLE_QKV_B), N, ld, h)) != ZO_OK)
+    if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_QKV_W, MODEL_ROLE_QKV_B, qkv, ld, ln1, N,
+                                  ld, h)) != ZO_OK ||
+        (st = lora_forward(m, s, l, bb, TF_LORA_QKV, ln1, qkv, ld)) != ZO_OK)
         return st;
     if (!is_gpt(m) && (st = gpu_rope_forward(s, qkv, N, m->t, c->n_heads + c->n_kv_heads,
                                              c->head_dim, ld, c->rope_theta, 0)) != ZO_OK)
@@ -286,34 +557,39 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
     gpu_attn_desc ad = {.b = m->b, .t = m->t, .hq = c->n_heads, .hkv = c->n_kv_heads, .d = c->head_dim};
     if ((st = gpu_attention_forward(s, &ad, att, a->lse, qkv)) != ZO_OK) return st;
     /* x_mid = x + att Wo^T (+ bo) */
-    if ((st = linear_forward(s, tmp, h, att, tf_view(m, P, blk, MODEL_ROLE_ATTN_OUT_W),
-                             tf_view(m, P, blk, MODEL_ROLE_ATTN_OUT_B), N, h, qw)) != ZO_OK)
+    if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_ATTN_OUT_W, MODEL_ROLE_ATTN_OUT_B, tmp, h,
+                                  att, N, h, qw)) != ZO_OK ||
+        (st = lora_forward(m, s, l, bb, TF_LORA_O, att, tmp, h)) != ZO_OK)
         return st;
     if ((st = gpu_add(s, x_mid, x, tmp, (size_t)N * h)) != ZO_OK) return st;
 
     /* MLP: GPT act = gelu(ln2 Wfc^T + bfc); LLaMA act = silu(ln2 Wg^T) * (ln2 Wu^T) */
-    if ((st = norm_forward(m, s, ln2, a->mean2, a->rstd2, x_mid, tf_view(m, P, blk, MODEL_ROLE_LN2_W),
-                           tf_view(m, P, blk, MODEL_ROLE_LN2_B), N)) != ZO_OK)
+    if ((st = norm_forward(m, s, ln2, a->mean2, a->rstd2, x_mid, bview(m, W, blk, MODEL_ROLE_LN2_W),
+                           bview(m, W, blk, MODEL_ROLE_LN2_B), N)) != ZO_OK)
         return st;
     if (is_gpt(m)) {
-        if ((st = linear_forward(s, fc, f, ln2, tf_view(m, P, blk, MODEL_ROLE_MLP_UP_W),
-                                 tf_view(m, P, blk, MODEL_ROLE_MLP_UP_B), N, f, h)) != ZO_OK)
+        if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_UP_W, MODEL_ROLE_MLP_UP_B, fc, f,
+                                      ln2, N, f, h)) != ZO_OK ||
+            (st = lora_forward(m, s, l, bb, TF_LORA_UP, ln2, fc, f)) != ZO_OK)
             return st;
         if ((st = gpu_gelu_forward(s, act, fc, (size_t)N * f)) != ZO_OK) return st;
     } else {
         gpu_tensor up = gpu_t(a->up, dt);
-        if ((st = linear_forward(s, fc, f, ln2, tf_view(m, P, blk, MODEL_ROLE_MLP_GATE_W),
-                                 tf_view(m, P, blk, MODEL_ROLE_MLP_GATE_B), N, f, h)) != ZO_OK)
+        if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_GATE_W, MODEL_ROLE_MLP_GATE_B, fc,
+                                      f, ln2, N, f, h)) != ZO_OK ||
+            (st = lora_forward(m, s, l, bb, TF_LORA_GATE, ln2, fc, f)) != ZO_OK)
             return st;
-        if ((st = linear_forward(s, up, f, ln2, tf_view(m, P, blk, MODEL_ROLE_MLP_UP_W),
-                                 tf_view(m, P, blk, MODEL_ROLE_MLP_UP_B), N, f, h)) != ZO_OK)
+        if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_UP_W, MODEL_ROLE_MLP_UP_B, up, f,
+                                      ln2, N, f, h)) != ZO_OK ||
+            (st = lora_forward(m, s, l, bb, TF_LORA_UP, ln2, up, f)) != ZO_OK)
             return st;
         if ((st = gpu_swiglu_forward(s, act, fc, up, (size_t)N * f)) != ZO_OK) return st;
     }
-    if (recompute) return ZO_OK;
+    if (recompute) return lora_forward(m, s, l, bb, TF_LORA_DOWN, act, gpu_t(NULL, dt), h);
     /* out = x_mid + act Wdown^T (+ b) */
-    if ((st = linear_forward(s, tmp, h, act, tf_view(m, P, blk, MODEL_ROLE_MLP_DOWN_W),
-                             tf_view(m, P, blk, MODEL_ROLE_MLP_DOWN_B), N, h, f)) != ZO_OK)
+    if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_DOWN_W, MODEL_ROLE_MLP_DOWN_B, tmp, h,
+                                  act, N, h, f)) != ZO_OK ||
+        (st = lora_forward(m, s, l, bb, TF_LORA_DOWN, act, tmp, h)) != ZO_OK)
         return st;
     return gpu_add(s, out, x_mid, tmp, (size_t)N * h);
 }
@@ -327,64 +603,71 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     const int qw = q_width(c), ld = qkv_width(c);
     const zo_dtype dt = m->dtype;
     tf_layer_acts *a = &m->acts[l];
-    const void *P = bb->params;
-    void *G = bb->grads;
+    const void *W = base_buf(m, bb);
+    /* the base's gradients: none with LoRA (frozen) */
+    const void *G = has_lora(m) ? NULL : bb->grads;
     gpu_tensor dres = F32(m->dres), dh = F32(m->dh), dff = F32(m->dff);
     gpu_tensor x = gpu_t(m->res[l], dt), ln1 = gpu_t(a->ln1, dt), qkv = gpu_t(a->qkv, dt);
     gpu_tensor att = gpu_t(a->att, dt), x_mid = gpu_t(a->x_mid, dt), ln2 = gpu_t(a->ln2, dt);
     gpu_tensor fc = gpu_t(a->fc, dt), act = gpu_t(a->act, dt);
-#define PV(role) tf_view(m, P, blk, role)
 #define GV(role) tf_view(m, G, blk, role)
 
-    /* MLP down projection: dact[N, f] = dres Wdown */
-    if ((st = linear_backward(s, dff, 0.0f, GV(MODEL_ROLE_MLP_DOWN_W), GV(MODEL_ROLE_MLP_DOWN_B), dres,
-                              act, PV(MODEL_ROLE_MLP_DOWN_W), N, h, f)) != ZO_OK)
+    /* MLP down projection: dact[N, f] = dres Wdown (+ adapter) */
+    if ((st = base_linear_backward(m, s, W, blk, MODEL_ROLE_MLP_DOWN_W, dff, 0.0f, GV(MODEL_ROLE_MLP_DOWN_W),
+                                   GV(MODEL_ROLE_MLP_DOWN_B), dres, act, N, h, f)) != ZO_OK ||
+        (st = lora_backward(m, s, l, bb, TF_LORA_DOWN, dres, h, act, dff)) != ZO_OK)
         return st;
     if (is_gpt(m)) {
         if ((st = gpu_gelu_backward(s, dff, dff, fc, (size_t)N * f)) != ZO_OK) return st; /* dfc, in place */
-        if ((st = linear_backward(s, dh, 0.0f, GV(MODEL_ROLE_MLP_UP_W), GV(MODEL_ROLE_MLP_UP_B), dff, ln2,
-                                  PV(MODEL_ROLE_MLP_UP_W), N, f, h)) != ZO_OK)
+        if ((st = base_linear_backward(m, s, W, blk, MODEL_ROLE_MLP_UP_W, dh, 0.0f, GV(MODEL_ROLE_MLP_UP_W),
+                                       GV(MODEL_ROLE_MLP_UP_B), dff, ln2, N, f, h)) != ZO_OK ||
+            (st = lora_backward(m, s, l, bb, TF_LORA_UP, dff, f, ln2, dh)) != ZO_OK)
             return st;
     } else {
         gpu_tensor dup = F32(m->dff2), up = gpu_t(a->up, dt);
         if ((st = gpu_swiglu_backward(s, dff, dup, dff, fc, up, (size_t)N * f)) != ZO_OK) return st; /* dgate in place */
-        if ((st = linear_backward(s, dh, 0.0f, GV(MODEL_ROLE_MLP_GATE_W), GV(MODEL_ROLE_MLP_GATE_B), dff,
-                                  ln2, PV(MODEL_ROLE_MLP_GATE_W), N, f, h)) != ZO_OK)
-            return st;
-        if ((st = linear_backward(s, dh, 1.0f, GV(MODEL_ROLE_MLP_UP_W), GV(MODEL_ROLE_MLP_UP_B), dup, ln2,
-                                  PV(MODEL_ROLE_MLP_UP_W), N, f, h)) != ZO_OK)
+        if ((st = base_linear_backward(m, s, W, blk, MODEL_ROLE_MLP_GATE_W, dh, 0.0f,
+                                       GV(MODEL_ROLE_MLP_GATE_W), GV(MODEL_ROLE_MLP_GATE_B), dff, ln2, N,
+                                       f, h)) != ZO_OK ||
+            (st = base_linear_backward(m, s, W, blk, MODEL_ROLE_MLP_UP_W, dh, 1.0f, GV(MODEL_ROLE_MLP_UP_W),
+                                       GV(MODEL_ROLE_MLP_UP_B), dup, ln2, N, f, h)) != ZO_OK ||
+            (st = lora_backward(m, s, l, bb, TF_LORA_GATE, dff, f, ln2, dh)) != ZO_OK ||
+            (st = lora_backward(m, s, l, bb, TF_LORA_UP, dup, f, ln2, dh)) != ZO_OK)
             return st;
     }
     /* dres (= d x_mid so far) += norm2 backward */
-    if ((st = norm_backward(m, s, GV(MODEL_ROLE_LN2_W), GV(MODEL_ROLE_LN2_B), x_mid, PV(MODEL_ROLE_LN2_W),
-                            a->mean2, a->rstd2, N)) != ZO_OK)
+    if ((st = norm_backward(m, s, G, blk, MODEL_ROLE_LN2_W, MODEL_ROLE_LN2_B, x_mid,
+                            bview(m, W, blk, MODEL_ROLE_LN2_W), a->mean2, a->rstd2, N)) != ZO_OK)
         return st;
 
-    /* attention output projection: datt[N, q] = dres Wo */
+    /* attention output projection: datt[N, q] = dres Wo (+ adapter) */
     gpu_tensor datt = F32(m->datt), dqkv = F32(m->dqkv);
-    if ((st = linear_backward(s, datt, 0.0f, GV(MODEL_ROLE_ATTN_OUT_W), GV(MODEL_ROLE_ATTN_OUT_B), dres,
-                              att, PV(MODEL_ROLE_ATTN_OUT_W), N, h, qw)) != ZO_OK)
+    if ((st = base_linear_backward(m, s, W, blk, MODEL_ROLE_ATTN_OUT_W, datt, 0.0f,
+                                   GV(MODEL_ROLE_ATTN_OUT_W), GV(MODEL_ROLE_ATTN_OUT_B), dres, att, N, h,
+                                   qw)) != ZO_OK ||
+        (st = lora_backward(m, s, l, bb, TF_LORA_O, dres, h, att, datt)) != ZO_OK)
         return st;
     gpu_attn_desc ad = {.b = m->b, .t = m->t, .hq = c->n_heads, .hkv = c->n_kv_heads, .d = c->head_dim};
     if ((st = gpu_attention_backward(s, &ad, dqkv, datt, qkv, att, a->lse)) != ZO_OK) return st;
     if (!is_gpt(m) && (st = gpu_rope_backward(s, dqkv, N, m->t, c->n_heads + c->n_kv_heads,
                                               c->head_dim, ld, c->rope_theta, 0)) != ZO_OK)
         return st;
-    if ((st = linear_backward(s, dh, 0.0f, GV(MODEL_ROLE_QKV_W), GV(MODEL_ROLE_QKV_B), dqkv, ln1,
-                              PV(MODEL_ROLE_QKV_W), N, ld, h)) != ZO_OK)
+    if ((st = base_linear_backward(m, s, W, blk, MODEL_ROLE_QKV_W, dh, 0.0f, GV(MODEL_ROLE_QKV_W),
+                                   GV(MODEL_ROLE_QKV_B), dqkv, ln1, N, ld, h)) != ZO_OK ||
+        (st = lora_backward(m, s, l, bb, TF_LORA_QKV, dqkv, ld, ln1, dh)) != ZO_OK)
         return st;
     /* dres (= d x) += norm1 backward */
-    return norm_backward(m, s, GV(MODEL_ROLE_LN1_W), GV(MODEL_ROLE_LN1_B), x, PV(MODEL_ROLE_LN1_W),
-                         a->mean1, a->rstd1, N);
-#undef PV
+    return norm_backward(m, s, G, blk, MODEL_ROLE_LN1_W, MODEL_ROLE_LN1_B, x,
+                         bview(m, W, blk, MODEL_ROLE_LN1_W), a->mean1, a->rstd1, N);
 #undef GV
 }
 
 /* The output projection's weight: lm_head, or the token embedding when tied. */
-static gpu_tensor head_weight(tf_model *m, const void *params, const void *embed, int blk)
+static gpu_tensor head_weight(tf_model *m, const tf_block_bufs *bb, int blk)
 {
-    if (m->cfg.tied_embeddings) return tf_view(m, embed, MODEL_BLOCK_EMBED, MODEL_ROLE_TOK_EMB);
-    return tf_view(m, params, blk, MODEL_ROLE_LM_HEAD_W);
+    const void *embed = has_lora(m) ? bb->embed_frozen : bb->embed_params;
+    if (m->cfg.tied_embeddings) return bview(m, embed, MODEL_BLOCK_EMBED, MODEL_ROLE_TOK_EMB);
+    return bview(m, base_buf(m, bb), blk, MODEL_ROLE_LM_HEAD_W);
 }
 
 static zo_status head_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t s)
@@ -392,12 +675,13 @@ static zo_status head_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t
     zo_status st;
     const zo_model_config *c = &m->cfg;
     const int blk = model_layout_head_block(&m->layout), N = m->b * m->t;
-    gpu_tensor w = head_weight(m, bb->params, bb->embed_params, blk);
+    const void *W = base_buf(m, bb);
+    gpu_tensor w = head_weight(m, bb, blk);
     if (!w.data) return zo_error(ZO_ERR_INVALID, "head forward: tied model needs the embedding parameters");
     gpu_tensor lnf = gpu_t(m->lnf, m->dtype), logits = F32(m->logits);
     if ((st = norm_forward(m, s, lnf, m->meanf, m->rstdf, gpu_t(m->res[c->n_layers], m->dtype),
-                           tf_view(m, bb->params, blk, MODEL_ROLE_NORM_W),
-                           tf_view(m, bb->params, blk, MODEL_ROLE_NORM_B), N)) != ZO_OK)
+                           bview(m, W, blk, MODEL_ROLE_NORM_W), bview(m, W, blk, MODEL_ROLE_NORM_B),
+                           N)) != ZO_OK)
         return st;
     /* logits[N, v] = lnf W^T */
     if ((st = linear_forward(s, logits, c->vocab, lnf, w, gpu_t(NULL, m->dtype), N, c->vocab, c->hidden)) != ZO_OK)
@@ -411,10 +695,12 @@ static zo_status head_backward(tf_model *m, const tf_block_bufs *bb, float loss_
     zo_status st;
     const zo_model_config *c = &m->cfg;
     const int blk = model_layout_head_block(&m->layout), N = m->b * m->t;
-    gpu_tensor w = head_weight(m, bb->params, bb->embed_params, blk);
-    gpu_tensor dw = c->tied_embeddings ? tf_view(m, bb->embed_grads, MODEL_BLOCK_EMBED, MODEL_ROLE_TOK_EMB)
-                                       : tf_view(m, bb->grads, blk, MODEL_ROLE_LM_HEAD_W);
-    if (!w.data || !dw.data)
+    gpu_tensor w = head_weight(m, bb, blk);
+    /* the output projection's gradient, unless it is frozen (LoRA) */
+    gpu_tensor dw = has_lora(m)             ? gpu_t(NULL, m->dtype)
+                    : c->tied_embeddings ? tf_view(m, bb->embed_grads, MODEL_BLOCK_EMBED, MODEL_ROLE_TOK_EMB)
+                                         : tf_view(m, bb->grads, blk, MODEL_ROLE_LM_HEAD_W);
+    if (!w.data || (!dw.data && !has_lora(m)))
         return zo_error(ZO_ERR_INVALID, "head backward: tied model needs the embedding parameters and gradients");
     gpu_tensor logits = F32(m->logits), lnf = gpu_t(m->lnf, m->dtype);
     float dloss = m->n_targets ? loss_scale / (float)m->n_targets : 0.0f;
@@ -426,19 +712,24 @@ static zo_status head_backward(tf_model *m, const tf_block_bufs *bb, float loss_
         return st;
     /* the residual gradient starts here: dres = norm_f backward */
     if ((st = gpu_memset_async(s, m->dres, 0, (size_t)N * c->hidden * 4)) != ZO_OK) return st;
-    return norm_backward(m, s, tf_view(m, bb->grads, blk, MODEL_ROLE_NORM_W),
-                         tf_view(m, bb->grads, blk, MODEL_ROLE_NORM_B),
-                         gpu_t(m->res[c->n_layers], m->dtype),
-                         tf_view(m, bb->params, blk, MODEL_ROLE_NORM_W), m->meanf, m->rstdf, N);
+    return norm_backward(m, s, bb->grads, blk, MODEL_ROLE_NORM_W, MODEL_ROLE_NORM_B,
+                         gpu_t(m->res[c->n_layers], m->dtype), bview(m, base_buf(m, bb), blk, MODEL_ROLE_NORM_W),
+                         m->meanf, m->rstdf, N);
 }
 
 static zo_status check_block(const tf_model *m, int block, const tf_block_bufs *bb, int need_grads)
 {
     if (block < 0 || block >= m->layout.n_blocks)
         return zo_error(ZO_ERR_INVALID, "transformer: block %d outside 0..%d", block, m->layout.n_blocks - 1);
-    if (!bb || !bb->params || (need_grads && !bb->grads))
-        return zo_error(ZO_ERR_INVALID, "transformer: block %d buffers missing", block);
     if (!m->b) return zo_error(ZO_ERR_INVALID, "transformer: no batch set (tf_set_batch)");
+    if (!bb) return zo_error(ZO_ERR_INVALID, "transformer: block %d buffers missing", block);
+    /* with LoRA the parameters are the adapters, which the embedding and the head lack */
+    int trains = !has_lora(m) || m->adapters.block_numel[block];
+    if ((trains && !bb->params) || (trains && need_grads && !bb->grads))
+        return zo_error(ZO_ERR_INVALID, "transformer: block %d %s missing", block,
+                        has_lora(m) ? "adapters" : "buffers");
+    if (has_lora(m) && !bb->frozen)
+        return zo_error(ZO_ERR_INVALID, "transformer: block %d frozen weights missing", block);
     return ZO_OK;
 }
 
@@ -470,27 +761,52 @@ zo_status tf_block_backward(tf_model *m, int block, const tf_block_bufs *bufs, f
     return layer_backward(m, block - 1, bufs, s);
 }
 
-zo_status tf_forward(tf_model *m, void *const *params, gpu_stream_t s)
+/* Block i's buffers out of the model's arrays. */
+static tf_block_bufs block_bufs(const tf_model_bufs *b, int i)
+{
+    tf_block_bufs bb = {.params = b->params[i], .embed_params = b->params[MODEL_BLOCK_EMBED]};
+    if (b->grads) {
+        bb.grads = b->grads[i];
+        bb.embed_grads = b->grads[MODEL_BLOCK_EMBED];
+    }
+    if (b->frozen) {
+        bb.frozen = b->frozen[i];
+        bb.embed_frozen = b->frozen[MODEL_BLOCK_EMBED];
+    }
+    return bb;
+}
+
+zo_status tf_forward_all(tf_model *m, const tf_model_bufs *bufs, gpu_stream_t s)
 {
     zo_status st;
     for (int i = 0; i < m->layout.n_blocks; i++) {
-        tf_block_bufs bb = {.params = params[i], .embed_params = params[MODEL_BLOCK_EMBED]};
+        tf_block_bufs bb = block_bufs(bufs, i);
         if ((st = tf_block_forward(m, i, &bb, s)) != ZO_OK) return st;
     }
     return ZO_OK;
 }
 
-zo_status tf_backward(tf_model *m, void *const *params, void *const *grads, float loss_scale,
-                      gpu_stream_t s)
+zo_status tf_backward_all(tf_model *m, const tf_model_bufs *bufs, float loss_scale, gpu_stream_t s)
 {
     zo_status st;
     for (int i = m->layout.n_blocks - 1; i >= 0; i--) {
-        tf_block_bufs bb = {.params = params[i], .grads = grads[i],
-                            .embed_params = params[MODEL_BLOCK_EMBED],
-                            .embed_grads = grads[MODEL_BLOCK_EMBED]};
+        tf_block_bufs bb = block_bufs(bufs, i);
         if ((st = tf_block_backward(m, i, &bb, loss_scale, s)) != ZO_OK) return st;
     }
     return ZO_OK;
+}
+
+zo_status tf_forward(tf_model *m, void *const *params, gpu_stream_t s)
+{
+    tf_model_bufs b = {.params = params};
+    return tf_forward_all(m, &b, s);
+}
+
+zo_status tf_backward(tf_model *m, void *const *params, void *const *grads, float loss_scale,
+                      gpu_stream_t s)
+{
+    tf_model_bufs b = {.params = params, .grads = grads};
+    return tf_backward_all(m, &b, loss_scale, s);
 }
 
 zo_status tf_loss(tf_model *m, gpu_stream_t s, float *loss)
@@ -561,4 +877,29 @@ void tf_init_weights(const model_layout *l, float *const *host_blocks, uint64_t 
 {
     uint64_t s = tf_init_rng(seed);
     for (int b = 0; b < l->n_blocks; b++) tf_init_block_weights(l, b, host_blocks[b], &s);
+}
+
+void tf_init_lora_block(const model_layout *adapters, int block, float *dst, uint64_t *rng)
+{
+    for (int i = 0; i < adapters->n_tensors; i++) {
+        const model_tensor *t = &adapters->tensors[i];
+        if (t->block != block) continue;
+        float *p = dst + t->offset;
+        long long n = (long long)t->numel;
+        if (t->lora == MODEL_LORA_B) { /* B = 0: the adapted model starts as the base */
+            memset(p, 0, t->numel * sizeof *p);
+            continue;
+        }
+        /* A ~ U(-b, b), b = gain sqrt(3 / fan_in) with gain sqrt(2 / (1 + 5)):
+         * b = 1 / sqrt(in); one draw per element, counter-based as above */
+        double bound = 1.0 / sqrt((double)t->shape[1]);
+        uint64_t s0 = *rng;
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (long long e = 0; e < n; e++) {
+            uint64_t s = s0 + (uint64_t)e * 0x9e3779b97f4a7c15ull;
+            double u = (splitmix(&s) >> 11) / 9007199254740992.0; /* [0, 1) */
+            p[e] = (float)((2.0 * u - 1.0) * bound);
+        }
+        *rng = s0 + (uint64_t)n * 0x9e3779b97f4a7c15ull;
+    }
 }

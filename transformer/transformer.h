@@ -16,12 +16,28 @@
  * activation gradients flowing backward are fp32. Arithmetic is fp32.
  *
  * Everything is enqueued on the stream passed in; nothing waits unless the
- * function says so. */
+ * function says so.
+ *
+ * LoRA (tf_options.lora): the model's weights are frozen and only adapters
+ * train. Each block then has two buffers: the frozen base (`frozen`,
+ * read-only, tf_frozen_bytes: the block's tensors in the model dtype, or
+ * with QLoRA the layers' linear weights in NF4 with double quantization,
+ * common/nf4.h) and the trainable adapters (`params` / `grads`,
+ * tf_block_bytes: the adapter layout of model/lora.h, A [r, in] then B
+ * [out, r] for each adapted linear layer). An adapted layer computes
+ * y = W x + b + (alpha / r) B (A x); backward computes the input gradients
+ * through W but no gradient of W, b or any other frozen tensor, and adds
+ * the gradients of A and B to `grads`. The embedding and the head have no
+ * adapters (0 trainable bytes, params and grads may be NULL). With NF4 each
+ * linear weight is dequantized just before its GEMM into one scratch buffer
+ * of the model dtype (bf16 for QLoRA as published), in forward and again in
+ * backward. */
 #ifndef ZO_TRANSFORMER_TRANSFORMER_H
 #define ZO_TRANSFORMER_TRANSFORMER_H
 
 #include <stdint.h>
 
+#include "common/lora.h"         /* defines: zo_lora_config, ZO_LORA_MAX_MODULES */
 #include "common/model_config.h" /* defines: zo_model_config */
 #include "gpu/device.h"          /* defines: gpu_device_t, gpu_stream_t */
 #include "model/layout.h"        /* defines: model_layout, model_role */
@@ -39,7 +55,33 @@ typedef struct tf_layer_acts {
     void *fc;         /* [N, ffn] GPT: pre-GELU; LLaMA: gate */
     void *up;         /* [N, ffn] LLaMA: up (NULL for GPT) */
     void *act;        /* [N, ffn] GELU(fc) or silu(gate) * up */
+    void *lora_u;     /* [N, n_lora * r] LoRA: each adapter's A x (NULL without LoRA) */
 } tf_layer_acts;
+
+/* LoRA on the model: r = 0 (the default) trains every weight as before. */
+typedef struct tf_lora_options {
+    int r;            /* rank */
+    float alpha;      /* the update is scaled by alpha / r */
+    unsigned targets; /* ZO_LORA_* (common/lora.h): which linear layers carry adapters */
+    int nf4;          /* QLoRA: the frozen linear weights of the layers are NF4 */
+} tf_lora_options;
+
+/* Where an adapted linear layer's adapter acts: after which GEMM of the
+ * layer, on which of its output columns. */
+typedef enum tf_lora_stage {
+    TF_LORA_QKV = 0, /* the fused q|k|v GEMM (LLaMA q, k, v; GPT-2 c_attn) */
+    TF_LORA_O,
+    TF_LORA_GATE,
+    TF_LORA_UP,
+    TF_LORA_DOWN,
+} tf_lora_stage;
+
+typedef struct tf_lora_slot {
+    tf_lora_stage stage;
+    int col;             /* first output column in that GEMM's output (k: q, v: q + kv) */
+    int in, out;
+    size_t a_off, b_off; /* elements into a layer block's adapter buffer */
+} tf_lora_slot;
 
 /* How the model holds its activations (all zero: the defaults). */
 typedef struct tf_options {
@@ -52,6 +94,7 @@ typedef struct tf_options {
      * (block b reads res[b-1] and writes res[b]), so a runtime can keep them
      * where it likes (device slots, copies in host memory). */
     int external_res;
+    tf_lora_options lora;
 } tf_options;
 
 typedef struct tf_model {
@@ -77,7 +120,17 @@ typedef struct tf_model {
     float *dqkv;         /* [N, (hq + 2 hkv) d] */
     float *datt;         /* [N, hq d] */
     float *dff, *dff2;   /* [N, ffn] */
-    size_t act_bytes;    /* device bytes of all of the above */
+    /* LoRA (opts.lora.r > 0) */
+    model_layout adapters;  /* the trainable part (model/lora.h), block by block */
+    int n_lora;             /* adapted linear layers per layer */
+    tf_lora_slot lora[ZO_LORA_MAX_MODULES];
+    float lora_scale;       /* alpha / r */
+    size_t *frozen_off;     /* [layout.n_tensors] bytes into its block's frozen buffer */
+    size_t *frozen_bytes;   /* [n_blocks] */
+    float *dlora;           /* [N, r] gradient of one adapter's A x */
+    float *dsink;           /* [2h] where the frozen norms' weight gradients go */
+    void *wdq;              /* QLoRA: one dequantized linear weight (model dtype) */
+    size_t act_bytes;       /* device bytes of all of the above */
 } tf_model;
 
 /* Build the layout and allocate activations for micro-batches up to B x T
@@ -90,8 +143,21 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
                        int B, int T, const tf_options *opts);
 void tf_free(tf_model *m);
 
-/* Bytes of block `block`'s parameter (= gradient) buffer. */
+/* Bytes of block `block`'s parameter (= gradient) buffer: with LoRA, its
+ * adapters (0 for the embedding and the head). */
 size_t tf_block_bytes(const tf_model *m, int block);
+/* Bytes of block `block`'s frozen buffer (0 without LoRA). With QLoRA each
+ * NF4 tensor, and the tensor after it, starts at a multiple of
+ * TF_FROZEN_ALIGN bytes; otherwise the tensors are packed as the layout's. */
+#define TF_FROZEN_ALIGN 16
+size_t tf_frozen_bytes(const tf_model *m, int block);
+/* Fill a block's frozen buffer (host memory, 4-byte aligned,
+ * tf_frozen_bytes) from its weights in the layout's order as fp32
+ * (layout.block_numel[block] floats, as model_load or tf_init_weights give
+ * them): converted to the model dtype, NF4 quantized where QLoRA says
+ * (the quantization at load; ZO_ERR_INVALID for a weight that is not
+ * finite). */
+zo_status tf_frozen_pack(const tf_model *m, int block, const float *src, void *dst);
 
 /* Tensor `role` of a block buffer as a device tensor (data NULL when the
  * block has no such role). */
@@ -112,6 +178,8 @@ typedef struct tf_block_bufs {
     void *grads;
     const void *embed_params;
     void *embed_grads;
+    const void *frozen;       /* LoRA: the block's frozen base (ignored otherwise) */
+    const void *embed_frozen; /* LoRA, tied head: the embedding block's frozen base */
 } tf_block_bufs;
 
 /* Forward of one block on the current batch. The head's forward computes the
@@ -134,6 +202,16 @@ zo_status tf_block_recompute(tf_model *m, int block, const tf_block_bufs *bufs, 
 zo_status tf_forward(tf_model *m, void *const *params, gpu_stream_t s);
 zo_status tf_backward(tf_model *m, void *const *params, void *const *grads, float loss_scale,
                       gpu_stream_t s);
+/* The same with the frozen buffers of a LoRA model (frozen[i]; entries of
+ * params and grads for blocks without adapters may be NULL; grads unused by
+ * forward). */
+typedef struct tf_model_bufs {
+    void *const *params;
+    void *const *grads;
+    const void *const *frozen;
+} tf_model_bufs;
+zo_status tf_forward_all(tf_model *m, const tf_model_bufs *bufs, gpu_stream_t s);
+zo_status tf_backward_all(tf_model *m, const tf_model_bufs *bufs, float loss_scale, gpu_stream_t s);
 
 /* Synchronize the stream and return the mean loss over the counted targets. */
 zo_status tf_loss(tf_model *m, gpu_stream_t s, float *loss);
@@ -146,5 +224,10 @@ void tf_init_weights(const model_layout *l, float *const *host_blocks, uint64_t 
  * the blocks are taken in order, 0 to n_blocks - 1. */
 uint64_t tf_init_rng(uint64_t seed);
 void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_t *rng);
+/* LoRA adapters of one block as PEFT initialises them: A ~ kaiming_uniform
+ * with a = sqrt(5), i.e. uniform in +-1/sqrt(in), B = 0 (so the adapted
+ * model starts as the base). `adapters` is tf_model.adapters; dst holds
+ * adapters->block_numel[block] floats; *rng as tf_init_block_weights. */
+void tf_init_lora_block(const model_layout *adapters, int block, float *dst, uint64_t *rng);
 
 #endif

@@ -156,6 +156,9 @@ zo_status cuda_launch_check_finite(cudaStream_t st, int32_t *flag, gpu_tensor x,
 zo_status cuda_launch_sum_squares(cudaStream_t st, float *sum, gpu_tensor x, size_t n,
                                   double *partials);
 
+/* nf4.cu: common/nf4.c's arithmetic with explicitly rounded intrinsics */
+zo_status cuda_launch_nf4_dequantize(cudaStream_t st, gpu_tensor out, const void *nf4, size_t n);
+
 /* adam.cu: cpu_adam's operation order with explicitly rounded intrinsics */
 zo_status cuda_launch_adam_update(cudaStream_t st, const gpu_adam_consts *c, size_t n,
                                   float *param, gpu_tensor grad, float *m, float *v,

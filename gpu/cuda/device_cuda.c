@@ -678,6 +678,14 @@ static zo_status cuda_op_sum_squares(gpu_stream_t s, float *sum, gpu_tensor x, s
     return cuda_launch_sum_squares(cs->stream, sum, x, n, cs->partials);
 }
 
+static zo_status cuda_op_nf4_dequantize(gpu_stream_t s, gpu_tensor out, const void *nf4, size_t n)
+{
+    cuda_stream *cs = s->impl;
+    zo_status st = use_device(ctx_of(s->dev));
+    if (st != ZO_OK) return st;
+    return cuda_launch_nf4_dequantize(cs->stream, out, nf4, n);
+}
+
 static zo_status cuda_op_adam_update(gpu_stream_t s, const gpu_adam_consts *k, size_t n,
                                      float *param, gpu_tensor grad, float *m, float *v,
                                      gpu_tensor out16)
@@ -761,6 +769,7 @@ static const gpu_backend_iface cuda_iface = {
     .cast = cuda_op_cast,
     .check_finite = cuda_op_check_finite,
     .sum_squares = cuda_op_sum_squares,
+    .nf4_dequantize = cuda_op_nf4_dequantize,
     .adam_update = cuda_op_adam_update,
 };
 

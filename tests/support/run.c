@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -43,4 +44,31 @@ const char *run_memplan_bin(void)
 int run_memplan(const char *args, char *out, size_t len)
 {
     return run_program(run_memplan_bin(), args, out, len);
+}
+
+pid_t run_paused(const char *cmd, const char *point, int nth)
+{
+    int fds[2];
+    if (pipe(fds)) fail_msg("pipe failed");
+    size_t n = snprintf(NULL, 0, "exec %s >/dev/null 2>&1", cmd) + 1;
+    char *full = malloc(n);
+    if (!full) fail_msg("out of memory for a command of %zu bytes", n);
+    snprintf(full, n, "exec %s >/dev/null 2>&1", cmd);
+    pid_t pid = fork();
+    if (pid < 0) fail_msg("fork failed");
+    if (pid == 0) {
+        close(fds[0]);
+        char env[128];
+        snprintf(env, sizeof env, "%s:%d:%d", point, nth, fds[1]);
+        setenv("ZO_TRAIN_CKPT_PAUSE", env, 1);
+        execl("/bin/sh", "sh", "-c", full, (char *)NULL);
+        _exit(127);
+    }
+    free(full);
+    close(fds[1]);
+    char c;
+    ssize_t got = read(fds[0], &c, 1);
+    close(fds[0]);
+    if (got != 1) fail_msg("%s: ended before it paused at %s of checkpoint %d", cmd, point, nth);
+    return pid;
 }

@@ -5,6 +5,7 @@
 #define ZO_TESTS_SUPPORT_RUN_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 /* Run `cmd` through /bin/sh and capture its standard output (add 2>&1 to
  * the command for its errors too): the first len - 1 bytes are kept in
@@ -21,5 +22,11 @@ const char *run_memplan_bin(void);
 
 /* run_program of memplan. */
 int run_memplan(const char *args, char *out, size_t len);
+
+/* Start the shell command `cmd` (its output dropped) with train's test seam
+ * ZO_TRAIN_CKPT_PAUSE="POINT:NTH:FD" set, and return its pid once it waits
+ * at `point` of its nth checkpoint write (it wrote a byte to FD there). The
+ * caller signals and reaps it. */
+pid_t run_paused(const char *cmd, const char *point, int nth);
 
 #endif

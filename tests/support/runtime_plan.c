@@ -34,12 +34,9 @@ void runtime_plan_train(plan_train *t, const zo_model_config *m, zo_dtype dt, in
     t->zero = ranks > 1 ? oc->zero_stage : 0; /* one rank: nothing partitioned */
 }
 
-void runtime_plan_estimate(const zo_model_config *m, zo_dtype dt, int B, int T, const offload_config *oc,
-                           int ranks, plan_estimate *e)
+void runtime_plan_estimate(const zo_model_config *m, const plan_train *t, plan_estimate *e)
 {
-    plan_train t;
-    runtime_plan_train(&t, m, dt, B, T, oc, ranks);
-    plan_hw hw = {.gpus = ranks, .gpus_per_node = ranks, .gpu_mem = 1ull << 40, .cpu_mem = 1ull << 40,
+    plan_hw hw = {.gpus = t->dp, .gpus_per_node = t->dp, .gpu_mem = 1ull << 40, .cpu_mem = 1ull << 40,
                   .nvme = 1ull << 40};
-    assert_int_equal(plan_estimate_run(m, &hw, &t, e), ZO_OK);
+    assert_int_equal(plan_estimate_run(m, &hw, t, e), ZO_OK);
 }

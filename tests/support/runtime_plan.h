@@ -1,5 +1,6 @@
 /* memplan's view of a runtime configuration: the plan_train a test compares
- * the runtime's measured peaks with (test_memplan_agrees, test_zero). */
+ * the runtime's measured peaks with (test_offload's memplan comparisons,
+ * test_zero). */
 #ifndef ZO_TESTS_SUPPORT_RUNTIME_PLAN_H
 #define ZO_TESTS_SUPPORT_RUNTIME_PLAN_H
 
@@ -12,8 +13,8 @@
  * device has none). */
 void runtime_plan_train(plan_train *t, const zo_model_config *m, zo_dtype dt, int B, int T,
                         const offload_config *oc, int ranks);
-/* Its estimate (fails the test when memplan refuses it). */
-void runtime_plan_estimate(const zo_model_config *m, zo_dtype dt, int B, int T, const offload_config *oc,
-                           int ranks, plan_estimate *e);
+/* memplan's estimate of t (hardware: t->dp ranks with room for anything);
+ * fails the test when memplan refuses it. */
+void runtime_plan_estimate(const zo_model_config *m, const plan_train *t, plan_estimate *e);
 
 #endif

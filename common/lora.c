@@ -1,0 +1,128 @@
+/* LoRA targets and PEFT's trainable-parameter count (lora.h). */
+#include "lora.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+/* Target names: ours, PEFT's LLaMA module names, PEFT's GPT-2 module names. */
+static const struct {
+    const char *name;
+    unsigned bits;
+} target_names[] = {
+    {"q", ZO_LORA_Q},
+    {"k", ZO_LORA_K},
+    {"v", ZO_LORA_V},
+    {"o", ZO_LORA_O},
+    {"gate", ZO_LORA_GATE},
+    {"up", ZO_LORA_UP},
+    {"down", ZO_LORA_DOWN},
+    {"q_proj", ZO_LORA_Q},
+    {"k_proj", ZO_LORA_K},
+    {"v_proj", ZO_LORA_V},
+    {"o_proj", ZO_LORA_O},
+    {"gate_proj", ZO_LORA_GATE},
+    {"up_proj", ZO_LORA_UP},
+    {"down_proj", ZO_LORA_DOWN},
+    {"c_attn", ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V},
+    {"c_fc", ZO_LORA_UP},
+    {"c_proj", ZO_LORA_O | ZO_LORA_DOWN},
+    {"all-linear", ZO_LORA_ALL_LINEAR},
+};
+
+zo_status zo_lora_targets_parse(const char *s, unsigned *out)
+{
+    if (!s || !*s) return zo_error(ZO_ERR_INVALID, "LoRA targets: empty list");
+    unsigned bits = 0;
+    const char *p = s;
+    while (*p) {
+        size_t len = strcspn(p, ",");
+        int found = 0;
+        for (size_t i = 0; i < sizeof target_names / sizeof target_names[0]; i++)
+            if (strlen(target_names[i].name) == len && !strncasecmp(p, target_names[i].name, len)) {
+                bits |= target_names[i].bits;
+                found = 1;
+                break;
+            }
+        if (!found)
+            return zo_error(ZO_ERR_INVALID,
+                            "LoRA targets \"%s\": unknown target \"%.*s\" (expected q, k, v, o, "
+                            "gate, up, down or all-linear)",
+                            s, (int)len, p);
+        p += len;
+        if (*p == ',') p++;
+    }
+    *out = bits;
+    return ZO_OK;
+}
+
+const char *zo_lora_targets_str(unsigned targets, char *buf, size_t len)
+{
+    static const char *const names[] = {"q", "k", "v", "o", "gate", "up", "down"};
+    if (!len) return buf;
+    buf[0] = '\0';
+    if ((targets & ZO_LORA_ALL_LINEAR) == ZO_LORA_ALL_LINEAR) {
+        snprintf(buf, len, "all-linear");
+        return buf;
+    }
+    size_t n = 0;
+    for (int i = 0; i < 7 && n < len; i++)
+        if (targets & (1u << i)) n += (size_t)snprintf(buf + n, len - n, "%s%s", n ? "," : "", names[i]);
+    return buf;
+}
+
+zo_status zo_lora_check(const zo_model_config *cfg, const zo_lora_config *lc)
+{
+    if (lc->r < 1) return zo_error(ZO_ERR_INVALID, "LoRA: rank %d must be >= 1", lc->r);
+    if (!isfinite(lc->alpha) || lc->alpha <= 0.0f)
+        return zo_error(ZO_ERR_INVALID, "LoRA: alpha %g must be finite and > 0", (double)lc->alpha);
+    if (!(lc->targets & ZO_LORA_ALL_LINEAR))
+        return zo_error(ZO_ERR_INVALID, "LoRA: no target layers");
+    if (lc->targets & ~ZO_LORA_ALL_LINEAR)
+        return zo_error(ZO_ERR_INVALID, "LoRA: unknown target bits 0x%x", lc->targets);
+    int all = (lc->targets & ZO_LORA_ALL_LINEAR) == ZO_LORA_ALL_LINEAR;
+    if (cfg->arch == ZO_ARCH_GPT && (lc->targets & ZO_LORA_GATE) && !all)
+        return zo_error(ZO_ERR_INVALID,
+                        "LoRA: %s has no gate projection (its MLP is c_fc and c_proj: targets up, "
+                        "down)",
+                        cfg->name);
+    return ZO_OK;
+}
+
+int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
+                          zo_lora_module out[ZO_LORA_MAX_MODULES])
+{
+    const int64_t h = c->hidden, f = c->ffn;
+    const int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
+    const zo_lora_module gpt[] = {
+        {ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V, "c_attn", "attn.c_attn", h, q + 2 * kv},
+        {ZO_LORA_O, "attn.c_proj", "attn.c_proj", q, h},
+        {ZO_LORA_UP, "c_fc", "mlp.c_fc", h, f},
+        {ZO_LORA_DOWN, "mlp.c_proj", "mlp.c_proj", f, h},
+    };
+    const zo_lora_module llama[] = {
+        {ZO_LORA_Q, "q_proj", "self_attn.q_proj", h, q},
+        {ZO_LORA_K, "k_proj", "self_attn.k_proj", h, kv},
+        {ZO_LORA_V, "v_proj", "self_attn.v_proj", h, kv},
+        {ZO_LORA_O, "o_proj", "self_attn.o_proj", q, h},
+        {ZO_LORA_GATE, "gate_proj", "mlp.gate_proj", h, f},
+        {ZO_LORA_UP, "up_proj", "mlp.up_proj", h, f},
+        {ZO_LORA_DOWN, "down_proj", "mlp.down_proj", f, h},
+    };
+    int gpt2 = c->arch == ZO_ARCH_GPT, n = 0;
+    const zo_lora_module *all = gpt2 ? gpt : llama;
+    size_t count = gpt2 ? sizeof gpt / sizeof gpt[0] : sizeof llama / sizeof llama[0];
+    for (size_t i = 0; i < count; i++)
+        if (targets & all[i].targets) out[n++] = all[i];
+    return n;
+}
+
+uint64_t zo_lora_trainable_params(const zo_model_config *cfg, int r, unsigned targets)
+{
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int n = zo_lora_layer_modules(cfg, targets, mods);
+    uint64_t per_layer = 0;
+    for (int i = 0; i < n; i++) per_layer += (uint64_t)r * (uint64_t)(mods[i].in + mods[i].out);
+    return per_layer * (uint64_t)cfg->n_layers;
+}

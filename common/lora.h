@@ -1,0 +1,76 @@
+/* LoRA (Hu et al., 2021) as Hugging Face PEFT applies it to a causal LM:
+ * which linear layers of a transformer layer carry adapters, and how many
+ * trainable parameters that makes, counted exactly as PEFT counts them.
+ *
+ * An adapted linear layer y = W x (W [out, in], frozen) becomes
+ * y = W x + (alpha / r) B A x with A [r, in] and B [out, r] trainable, so
+ * it adds r (in + out) trainable parameters. PEFT adapts no embedding, norm,
+ * bias or output head (its "all-linear" leaves the head out), so the
+ * trainable count is n_layers times the sum of r (in + out) over the
+ * adapted layers of one transformer layer.
+ *
+ * Targets name the projections of a layer: q, k, v, o, gate, up, down.
+ * LLaMA-family models have one Linear for each (q_proj ... down_proj).
+ * GPT-2 fuses q, k and v into one Conv1D, c_attn: as PEFT targets it (its
+ * default for gpt2 is ["c_attn"]), one adapter covers the fused layer, A
+ * [r, h] and B [3h, r], so any of q, k, v on GPT-2 means c_attn; o is
+ * attn.c_proj, up is mlp.c_fc, down is mlp.c_proj, and GPT-2 has no gate. */
+#ifndef ZO_COMMON_LORA_H
+#define ZO_COMMON_LORA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model_config.h" /* defines: zo_model_config */
+#include "status.h"       /* defines: zo_status */
+
+enum {
+    ZO_LORA_Q = 1u << 0,
+    ZO_LORA_K = 1u << 1,
+    ZO_LORA_V = 1u << 2,
+    ZO_LORA_O = 1u << 3,
+    ZO_LORA_GATE = 1u << 4,
+    ZO_LORA_UP = 1u << 5,
+    ZO_LORA_DOWN = 1u << 6,
+};
+#define ZO_LORA_ALL_LINEAR 0x7fu /* every projection the architecture has */
+#define ZO_LORA_MAX_MODULES 7    /* adapted linear layers per transformer layer */
+
+typedef struct zo_lora_config {
+    int r;            /* rank; 0: no LoRA */
+    float alpha;      /* lora_alpha: the update is scaled by alpha / r */
+    unsigned targets; /* ZO_LORA_* bits */
+} zo_lora_config;
+
+/* One linear layer of a transformer layer that carries an adapter. */
+typedef struct zo_lora_module {
+    unsigned targets; /* the target bits it stands for (GPT-2 c_attn: q|k|v) */
+    const char *peft; /* its entry in PEFT's target_modules ("q_proj", "c_attn", "attn.c_proj") */
+    const char *path; /* its module path inside the layer ("self_attn.q_proj", "attn.c_attn") */
+    int64_t in, out;  /* A is [r, in], B is [out, r] */
+} zo_lora_module;
+
+/* Parse a comma-separated list of q, k, v, o, gate, up, down (PEFT's module
+ * names q_proj ... down_proj, c_attn, c_fc, c_proj are accepted too), or
+ * "all-linear". ZO_ERR_INVALID names the unknown entry. */
+zo_status zo_lora_targets_parse(const char *s, unsigned *out);
+/* "q,v", or "all-linear" for every bit. */
+const char *zo_lora_targets_str(unsigned targets, char *buf, size_t len);
+
+/* Check a LoRA choice against a model: r >= 1, alpha finite and > 0, at
+ * least one target, and an explicit target the architecture has (gate on
+ * GPT-2 is refused; "all-linear" takes what there is). */
+zo_status zo_lora_check(const zo_model_config *cfg, const zo_lora_config *lc);
+
+/* The adapted linear layers of one transformer layer, in the layer's order
+ * (LLaMA: q k v o gate up down; GPT-2: c_attn, attn.c_proj, c_fc, mlp.c_proj);
+ * returns their count. */
+int zo_lora_layer_modules(const zo_model_config *cfg, unsigned targets,
+                          zo_lora_module out[ZO_LORA_MAX_MODULES]);
+
+/* Trainable parameters of rank-r adapters on `targets`, as PEFT's
+ * print_trainable_parameters counts them (LLaMA-2-7B, r 8, q and v:
+ * 4,194,304). */
+uint64_t zo_lora_trainable_params(const zo_model_config *cfg, int r, unsigned targets);
+
+#endif

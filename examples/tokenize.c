@@ -1,0 +1,188 @@
+/* tokenize: encode text with a Hugging Face tokenizer.json into a nanoGPT
+ * token file (and its side file). See --help. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/units.h"     /* defines: zo_parse_int, zo_format_bytes */
+#include "model/corpus.h"     /* defines: model_corpus_read */
+#include "model/data.h"       /* defines: model_tokens_writer */
+#include "model/tokenizer.h"  /* defines: model_tokenizer_load, model_tokenizer_encode_many */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: tokenize --tokenizer tokenizer.json --out FILE.bin [options] INPUT...\n"
+        "\n"
+        "Encode UTF-8 text with a Hugging Face tokenizer.json (byte-level BPE: GPT-2,\n"
+        "LLaMA-3, Qwen2; SentencePiece BPE: LLaMA-2, Mistral) into a nanoGPT token file:\n"
+        "little-endian uint16 ids, uint32 when the vocabulary has more than 65536, no\n"
+        "header. Every document is followed by the end-of-text token. FILE.bin.json\n"
+        "beside it says how to read it (dtype, vocab, eot); train reads both.\n"
+        "\n"
+        "Inputs: a .jsonl file holds one {\"text\": ...} document per line; any other file\n"
+        "is one document. Invalid UTF-8 is refused with its byte offset.\n"
+        "\n"
+        "options:\n"
+        "  --tokenizer FILE   the model's tokenizer.json\n"
+        "  --out FILE         the token file to write (written under a temporary name, then renamed)\n"
+        "  --eot TOKEN|none   the separator after each document (default: the tokenizer's\n"
+        "                     <|endoftext|>, <|end_of_text|>, </s>, <eos> or <|im_end|>)\n"
+        "  --no-special       leave out the post-processor's special tokens (e.g. LLaMA-2's <s>\n"
+        "                     before each document; Hugging Face's add_special_tokens=False)\n"
+        "  --threads N        threads; documents are encoded in parallel (default: all)\n"
+        "  --print            print each document's ids as a JSON array, one per line, and\n"
+        "                     write nothing (--out not needed)\n"
+        "  -h, --help         this text\n");
+}
+
+enum { OPT_TOKENIZER = 256, OPT_OUT, OPT_EOT, OPT_NO_SPECIAL, OPT_THREADS, OPT_PRINT };
+
+static const struct option long_opts[] = {
+    {"tokenizer", required_argument, 0, OPT_TOKENIZER},
+    {"out", required_argument, 0, OPT_OUT},
+    {"eot", required_argument, 0, OPT_EOT},
+    {"no-special", no_argument, 0, OPT_NO_SPECIAL},
+    {"threads", required_argument, 0, OPT_THREADS},
+    {"print", no_argument, 0, OPT_PRINT},
+    {"help", no_argument, 0, 'h'},
+    {0, 0, 0, 0},
+};
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int main(int argc, char **argv)
+{
+    const char *tok_path = NULL, *out_path = NULL, *eot_name = NULL;
+    int special = 1, print = 0, c;
+    long threads = 0;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
+        switch (c) {
+        case OPT_TOKENIZER: tok_path = optarg; break;
+        case OPT_OUT: out_path = optarg; break;
+        case OPT_EOT: eot_name = optarg; break;
+        case OPT_NO_SPECIAL: special = 0; break;
+        case OPT_PRINT: print = 1; break;
+        case OPT_THREADS:
+            if (zo_parse_int(optarg, "--threads", 1, 1024, &threads) != ZO_OK) {
+                fprintf(stderr, "tokenize: %s\n", zo_last_error());
+                return 2;
+            }
+            break;
+        case 'h': usage(stdout); return 0;
+        default:
+            if (optopt) fprintf(stderr, "tokenize: option %s needs a value\n", argv[optind - 1]);
+            else fprintf(stderr, "tokenize: unknown option %s\n", argv[optind - 1]);
+            fprintf(stderr, "run 'tokenize --help' for the options\n");
+            return 2;
+        }
+    }
+    if (!tok_path || (!out_path && !print) || optind >= argc) {
+        fprintf(stderr, "tokenize: %s (see --help)\n",
+                !tok_path ? "--tokenizer is required" : optind >= argc ? "no input files" : "--out is required");
+        return 2;
+    }
+
+    model_tokenizer *t = NULL;
+    zo_status st = model_tokenizer_load(tok_path, &t);
+    if (st != ZO_OK) {
+        fprintf(stderr, "tokenize: %s\n", zo_last_error());
+        return 2;
+    }
+    int rc = 2;
+    int32_t eot = model_tokenizer_eot(t);
+    if (eot_name && !strcmp(eot_name, "none")) {
+        eot = -1;
+    } else if (eot_name && (eot = model_tokenizer_token_id(t, eot_name)) < 0) {
+        fprintf(stderr, "tokenize: --eot %s: no such token in %s\n", eot_name, tok_path);
+        goto out_tok;
+    } else if (!eot_name && eot < 0) {
+        fprintf(stderr, "tokenize: %s has none of the usual end-of-text tokens: name one with --eot "
+                        "TOKEN (or --eot none)\n", tok_path);
+        goto out_tok;
+    }
+    int vocab = model_tokenizer_vocab(t);
+    model_tokens_writer w = {0};
+    if (!print && (st = model_tokens_writer_open(&w, out_path, model_tokens_width_for(vocab), vocab)) != ZO_OK) {
+        fprintf(stderr, "tokenize: %s\n", zo_last_error());
+        rc = 1;
+        goto out_tok;
+    }
+    uint64_t docs = 0, bytes = 0;
+    double t0 = now_seconds(), t_encode = 0;
+    for (int i = optind; i < argc; i++) {
+        model_corpus corp;
+        if ((st = model_corpus_read(argv[i], &corp)) != ZO_OK) goto out_write;
+        if (corp.kind == MODEL_CORPUS_PAIRS) {
+            st = zo_error(ZO_ERR_INVALID, "%s: prompt/completion records keep a loss mask that a token "
+                          "file has no room for; train reads them itself (train --tokenizer %s --data %s)",
+                          argv[i], tok_path, argv[i]);
+            model_corpus_free(&corp);
+            goto out_write;
+        }
+        model_ids *ids = calloc(corp.n, sizeof *ids);
+        if (!ids) {
+            st = zo_error(ZO_ERR_NOMEM, "%s: out of memory", argv[i]);
+            model_corpus_free(&corp);
+            goto out_write;
+        }
+        double te = now_seconds();
+        st = model_tokenizer_encode_many(t, (const char *const *)corp.text, corp.len, corp.n,
+                                         special ? MODEL_TOK_ADD_SPECIAL : 0, eot, (int)threads, ids);
+        t_encode += now_seconds() - te;
+        if (st != ZO_OK) st = zo_error_wrap(st, "%s", argv[i]);
+        for (size_t d = 0; d < corp.n; d++) {
+            if (st == ZO_OK && print) {
+                putchar('[');
+                for (size_t k = 0; k < ids[d].n; k++) printf("%s%d", k ? "," : "", ids[d].v[k]);
+                printf("]\n");
+            } else if (st == ZO_OK) {
+                st = model_tokens_writer_append(&w, ids[d].v, ids[d].n);
+            }
+            bytes += corp.len[d];
+            model_ids_free(&ids[d]);
+        }
+        docs += corp.n;
+        free(ids);
+        model_corpus_free(&corp);
+        if (st != ZO_OK) goto out_write;
+    }
+    if (print) {
+        rc = 0;
+        goto out_tok;
+    }
+    uint64_t n_tokens = w.n;
+    int width = (int)w.width;
+    model_tokens_info info = {.eot = eot, .documents = docs};
+    snprintf(info.tokenizer, sizeof info.tokenizer, "%s", tok_path);
+    if ((st = model_tokens_writer_commit(&w, &info)) != ZO_OK) {
+        fprintf(stderr, "tokenize: %s\n", zo_last_error());
+        rc = 1;
+        goto out_tok;
+    }
+    char b1[32];
+    printf("# tokenize: %llu documents, %s of text -> %llu tokens (uint%d, vocab %d, %s), "
+           "%.1f MB/s encoding, %.2fs in all\n",
+           (unsigned long long)docs, zo_format_bytes(bytes, b1, sizeof b1), (unsigned long long)n_tokens,
+           width * 8, vocab, model_tokenizer_kind(t), t_encode > 0 ? (double)bytes / t_encode / 1e6 : 0.0,
+           now_seconds() - t0);
+    printf("# wrote %s and %s.json\n", out_path, out_path);
+    rc = 0;
+    goto out_tok;
+
+out_write:
+    fprintf(stderr, "tokenize: %s\n", zo_last_error());
+    if (!print) model_tokens_writer_abort(&w);
+    rc = st == ZO_ERR_NOMEM || st == ZO_ERR_IO ? 1 : 2;
+out_tok:
+    model_tokenizer_free(t);
+    return rc;
+}

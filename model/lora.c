@@ -1,0 +1,291 @@
+/* LoRA adapter layouts with PEFT's names, and PEFT adapter directories. */
+#include "lora.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/fileio.h" /* defines: zo_file_read_all, zo_file_write_all */
+#include "common/json.h"   /* defines: zo_json_parse */
+#include "safetensors.h"   /* defines: model_save, model_load_path */
+
+/* The weight an adapter sits beside (GPT-2's fused c_attn: the QKV view). */
+static model_role role_of(unsigned targets)
+{
+    switch (targets) {
+    case ZO_LORA_Q: return MODEL_ROLE_Q_W;
+    case ZO_LORA_K: return MODEL_ROLE_K_W;
+    case ZO_LORA_V: return MODEL_ROLE_V_W;
+    case ZO_LORA_O: return MODEL_ROLE_ATTN_OUT_W;
+    case ZO_LORA_GATE: return MODEL_ROLE_MLP_GATE_W;
+    case ZO_LORA_UP: return MODEL_ROLE_MLP_UP_W;
+    case ZO_LORA_DOWN: return MODEL_ROLE_MLP_DOWN_W;
+    default: return MODEL_ROLE_QKV_W;
+    }
+}
+
+zo_status model_lora_layout_init(model_layout *l, const zo_model_config *cfg_in,
+                                 const zo_lora_config *lc)
+{
+    zo_status st;
+    memset(l, 0, sizeof *l);
+    zo_model_config cfg = *cfg_in;
+    if ((st = zo_model_config_validate(&cfg)) != ZO_OK) return zo_error_wrap(st, "LoRA layout: %s", cfg.name);
+    if ((st = zo_lora_check(&cfg, lc)) != ZO_OK) return zo_error_wrap(st, "LoRA layout: %s", cfg.name);
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int nm = zo_lora_layer_modules(&cfg, lc->targets, mods);
+    l->cfg = cfg;
+    l->n_layers = cfg.n_layers;
+    l->n_blocks = cfg.n_layers + 2;
+    l->n_tensors = 2 * nm * cfg.n_layers;
+    l->block_numel = calloc((size_t)l->n_blocks, sizeof *l->block_numel);
+    l->views = calloc((size_t)l->n_blocks * MODEL_ROLE_COUNT, sizeof *l->views);
+    l->tensors = calloc(l->n_tensors ? (size_t)l->n_tensors : 1, sizeof *l->tensors);
+    if (!l->block_numel || !l->views || !l->tensors) {
+        model_layout_free(l);
+        return zo_error(ZO_ERR_NOMEM, "LoRA layout: %s: out of host memory", cfg.name);
+    }
+    const char *prefix = cfg.arch == ZO_ARCH_GPT ? "transformer.h" : "model.layers";
+    int k = 0;
+    for (int layer = 0; layer < cfg.n_layers; layer++) {
+        int blk = model_layout_layer_block(layer);
+        for (int j = 0; j < nm; j++)
+            for (int part = MODEL_LORA_A; part <= MODEL_LORA_B; part++) {
+                model_tensor *t = &l->tensors[k++];
+                snprintf(t->name, sizeof t->name, "base_model.model.%s.%d.%s.lora_%c.weight", prefix,
+                         layer, mods[j].path, part == MODEL_LORA_A ? 'A' : 'B');
+                t->block = blk;
+                t->role = role_of(mods[j].targets);
+                t->layer = layer;
+                t->lora = part;
+                t->offset = l->block_numel[blk];
+                t->ndim = 2;
+                t->shape[0] = part == MODEL_LORA_A ? lc->r : mods[j].out;
+                t->shape[1] = part == MODEL_LORA_A ? mods[j].in : lc->r;
+                t->numel = (size_t)(t->shape[0] * t->shape[1]);
+                l->block_numel[blk] += t->numel;
+            }
+    }
+    for (int b = 0; b < l->n_blocks; b++) l->total_numel += l->block_numel[b];
+    if ((uint64_t)l->total_numel != zo_lora_trainable_params(&cfg, lc->r, lc->targets)) {
+        model_layout_free(l);
+        return zo_error(ZO_ERR_INTERNAL, "LoRA layout: %s: laid out %zu, PEFT counts %llu", cfg.name,
+                        l->total_numel,
+                        (unsigned long long)zo_lora_trainable_params(&cfg, lc->r, lc->targets));
+    }
+    return ZO_OK;
+}
+
+/* ---- files ----------------------------------------------------------------------------- */
+
+static void join(char *out, size_t len, const char *dir, const char *file)
+{
+    snprintf(out, len, "%s/%s", dir, file);
+}
+
+/* Block pointers for model_save / model_load: empty blocks point at a dummy. */
+static void **block_ptrs(const model_layout *l, const void *const *blocks, void *dummy)
+{
+    void **p = calloc((size_t)l->n_blocks, sizeof *p);
+    if (!p) return NULL;
+    for (int b = 0; b < l->n_blocks; b++) p[b] = l->block_numel[b] && blocks[b] ? (void *)blocks[b] : dummy;
+    return p;
+}
+
+static cJSON *config_json(const model_layout *l, const zo_lora_config *lc, const char *base_model)
+{
+    cJSON *o = cJSON_CreateObject(), *targets = cJSON_CreateArray();
+    if (!o || !targets) {
+        cJSON_Delete(o);
+        cJSON_Delete(targets);
+        return NULL;
+    }
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int nm = zo_lora_layer_modules(&l->cfg, lc->targets, mods);
+    for (int j = 0; j < nm; j++) cJSON_AddItemToArray(targets, cJSON_CreateString(mods[j].peft));
+    cJSON_AddStringToObject(o, "peft_type", "LORA");
+    cJSON_AddStringToObject(o, "task_type", "CAUSAL_LM");
+    if (base_model && *base_model)
+        cJSON_AddStringToObject(o, "base_model_name_or_path", base_model);
+    else
+        cJSON_AddNullToObject(o, "base_model_name_or_path");
+    cJSON_AddNumberToObject(o, "r", lc->r);
+    cJSON_AddNumberToObject(o, "lora_alpha", lc->alpha);
+    cJSON_AddNumberToObject(o, "lora_dropout", 0.0);
+    cJSON_AddItemToObject(o, "target_modules", targets);
+    cJSON_AddStringToObject(o, "bias", "none");
+    /* GPT-2's layers are Conv1D, their weights stored [in, out] */
+    cJSON_AddBoolToObject(o, "fan_in_fan_out", l->cfg.arch == ZO_ARCH_GPT);
+    cJSON_AddBoolToObject(o, "inference_mode", 1);
+    cJSON_AddBoolToObject(o, "init_lora_weights", 1);
+    cJSON_AddNullToObject(o, "modules_to_save");
+    return o;
+}
+
+zo_status model_lora_save(const char *dir, const model_layout *adapters, const zo_lora_config *lc,
+                          const char *base_model, const void *const *blocks, zo_dtype buf_dt,
+                          zo_dtype file_dt)
+{
+    zo_status st;
+    char path[4096];
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return zo_error(ZO_ERR_IO, "%s: cannot create the adapter directory: %s", dir, strerror(errno));
+    float dummy = 0.0f;
+    void **ptrs = block_ptrs(adapters, blocks, &dummy);
+    cJSON *cfg = config_json(adapters, lc, base_model);
+    char *text = cfg ? cJSON_Print(cfg) : NULL;
+    if (!ptrs || !text) {
+        st = zo_error(ZO_ERR_NOMEM, "%s: out of host memory for the adapter files", dir);
+        goto out_free;
+    }
+    join(path, sizeof path, dir, MODEL_LORA_WEIGHTS);
+    if ((st = model_save(path, adapters, (const void *const *)ptrs, buf_dt, file_dt)) != ZO_OK) goto out_free;
+    join(path, sizeof path, dir, MODEL_LORA_CONFIG);
+    st = zo_file_write_all(path, text, strlen(text));
+out_free:
+    free(text);
+    cJSON_Delete(cfg);
+    free(ptrs);
+    return st;
+}
+
+/* One target_modules entry as target bits: PEFT matches a module whose name
+ * is the entry or ends with "." + the entry, so "c_proj" is both of GPT-2's
+ * projections and "attn.c_proj" the attention's only. */
+static unsigned module_bits(const char *entry)
+{
+    static const struct {
+        const char *suffix;
+        unsigned bits;
+    } full[] = {
+        {"attn.c_proj", ZO_LORA_O},
+        {"mlp.c_proj", ZO_LORA_DOWN},
+    };
+    for (size_t i = 0; i < sizeof full / sizeof full[0]; i++)
+        if (!strcmp(entry, full[i].suffix)) return full[i].bits;
+    const char *last = strrchr(entry, '.');
+    unsigned bits = 0;
+    if (zo_lora_targets_parse(last ? last + 1 : entry, &bits) != ZO_OK) return 0;
+    return bits;
+}
+
+/* The fields PEFT may set that change what the adapters compute. */
+static zo_status refuse_unsupported(const char *path, const cJSON *root)
+{
+    static const char *const must_be_false[] = {"use_rslora", "use_dora"};
+    for (size_t i = 0; i < sizeof must_be_false / sizeof must_be_false[0]; i++)
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, must_be_false[i])))
+            return zo_error(ZO_ERR_UNSUPPORTED, "%s: \"%s\": true is not supported", path, must_be_false[i]);
+    static const char *const must_be_empty[] = {"modules_to_save", "layers_to_transform",
+                                                "rank_pattern", "alpha_pattern"};
+    for (size_t i = 0; i < sizeof must_be_empty / sizeof must_be_empty[0]; i++) {
+        const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, must_be_empty[i]);
+        int empty = cJSON_IsNull(it) || ((cJSON_IsArray(it) || cJSON_IsObject(it)) && !cJSON_GetArraySize(it));
+        if (it && !empty)
+            return zo_error(ZO_ERR_UNSUPPORTED, "%s: \"%s\" is not supported (only plain adapters)",
+                            path, must_be_empty[i]);
+    }
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "peft_type");
+    if (type && !(cJSON_IsString(type) && !strcmp(type->valuestring, "LORA")))
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s: \"peft_type\" must be \"LORA\"", path);
+    const cJSON *bias = cJSON_GetObjectItemCaseSensitive(root, "bias");
+    if (bias && !(cJSON_IsString(bias) && !strcmp(bias->valuestring, "none")))
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s: \"bias\": only \"none\" is supported", path);
+    return ZO_OK;
+}
+
+static zo_status parse_targets(const char *path, const cJSON *tm, unsigned *out)
+{
+    *out = 0;
+    if (cJSON_IsString(tm)) {
+        if (!strcmp(tm->valuestring, "all-linear")) {
+            *out = ZO_LORA_ALL_LINEAR;
+            return ZO_OK;
+        }
+        return zo_error(ZO_ERR_UNSUPPORTED,
+                        "%s: \"target_modules\": the pattern \"%s\" is not supported (a list of "
+                        "module names, or \"all-linear\")",
+                        path, tm->valuestring);
+    }
+    if (!cJSON_IsArray(tm) || !cJSON_GetArraySize(tm))
+        return zo_error(ZO_ERR_FORMAT, "%s: \"target_modules\" must be a non-empty list of names", path);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, tm)
+    {
+        unsigned bits = cJSON_IsString(e) ? module_bits(e->valuestring) : 0;
+        if (!bits)
+            return zo_error(ZO_ERR_UNSUPPORTED,
+                            "%s: \"target_modules\": \"%s\" is not a linear layer of a transformer "
+                            "layer",
+                            path, cJSON_IsString(e) ? e->valuestring : "(not a string)");
+        *out |= bits;
+    }
+    return ZO_OK;
+}
+
+zo_status model_lora_read_config(const char *dir, const zo_model_config *cfg, zo_lora_config *lc,
+                                 char *base_model, size_t base_len)
+{
+    char path[4096], *text;
+    zo_status st;
+    join(path, sizeof path, dir, MODEL_LORA_CONFIG);
+    if ((st = zo_file_read_all(path, 1u << 20, "an adapter config", &text, NULL)) != ZO_OK) return st;
+    cJSON *root;
+    st = zo_json_parse(text, strlen(text), path, &root); /* keys given twice refused too */
+    free(text);
+    if (st != ZO_OK) return st;
+    if (!cJSON_IsObject(root)) {
+        st = zo_error(ZO_ERR_FORMAT, "%s: not a JSON object", path);
+        goto out_free_root;
+    }
+    if ((st = refuse_unsupported(path, root)) != ZO_OK) goto out_free_root;
+    memset(lc, 0, sizeof *lc);
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(root, "r");
+    if (!cJSON_IsNumber(r) || r->valuedouble < 1 || r->valuedouble > 1 << 20 ||
+        r->valuedouble != (int)r->valuedouble) {
+        st = zo_error(ZO_ERR_FORMAT, "%s: \"r\" must be a positive integer", path);
+        goto out_free_root;
+    }
+    lc->r = (int)r->valuedouble;
+    const cJSON *alpha = cJSON_GetObjectItemCaseSensitive(root, "lora_alpha");
+    lc->alpha = 8.0f; /* PEFT's default */
+    if (alpha) {
+        if (!cJSON_IsNumber(alpha)) {
+            st = zo_error(ZO_ERR_FORMAT, "%s: \"lora_alpha\" must be a number", path);
+            goto out_free_root;
+        }
+        lc->alpha = (float)alpha->valuedouble;
+    }
+    if ((st = parse_targets(path, cJSON_GetObjectItemCaseSensitive(root, "target_modules"),
+                            &lc->targets)) != ZO_OK)
+        goto out_free_root;
+    if ((st = zo_lora_check(cfg, lc)) != ZO_OK) {
+        st = zo_error_wrap(st, "%s", path);
+        goto out_free_root;
+    }
+    if (base_model && base_len) {
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(root, "base_model_name_or_path");
+        snprintf(base_model, base_len, "%s", cJSON_IsString(b) ? b->valuestring : "");
+    }
+out_free_root:
+    cJSON_Delete(root);
+    return st;
+}
+
+zo_status model_lora_load(const char *dir, const model_layout *adapters, void *const *blocks,
+                          zo_dtype dt)
+{
+    char path[4096];
+    join(path, sizeof path, dir, MODEL_LORA_WEIGHTS);
+    float dummy = 0.0f;
+    void **ptrs = block_ptrs(adapters, (const void *const *)blocks, &dummy);
+    if (!ptrs) return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", path);
+    model_load_report rep;
+    zo_status st = model_load_path(path, adapters, ptrs, dt, MODEL_LOAD_STRICT, &rep);
+    free(ptrs);
+    return st;
+}

@@ -1,0 +1,498 @@
+/* Tests for fine-tuning in `train` (examples/finetune.h and train.c):
+ * - learning-rate schedules: ft_lr_at and the lr train applies at every step
+ *   against the closed form written out here; a run resumed mid-warmup and
+ *   mid-decay prints the lr and loss sequence of an uninterrupted one;
+ * - evaluation: the forward-only eval loss equals the mean training loss of
+ *   the same batches at lr 0, perplexity is its exp;
+ * - the metrics log (every field, eval members on eval steps) and its SVG
+ *   (train --plot, the plot program);
+ * - the masked loss of prompt/completion data: loss and every gradient
+ *   against PyTorch's cross_entropy(ignore_index=-1)
+ *   (tests/fixtures/gpu/make_masked.py; test_finetune_torch remakes the
+ *   references with /usr/bin/python3);
+ * - train on text through a tokenizer and on prompt/completion JSONL. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <cmocka.h>
+
+#include "examples/finetune.h"  /* defines: ft_lr_at, ft_log_read */
+#include "tests/support/ref_trainer.h" /* defines: tf_trainer */
+#include "model/safetensors.h"  /* defines: model_st_open, model_load_path */
+
+/* ---- helpers --------------------------------------------------------------------------- */
+
+static char dir[64];
+
+static int setup_dir(void **state)
+{
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/zo_test_ft.XXXXXX");
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown_dir(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* Run a command, its stdout and stderr into out; returns the exit status. */
+static int run_cmd(const char *cmd, char *out, size_t cap)
+{
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* A small LLaMA (vocab 1024: the shipped tokenizers), some text, held-out
+ * text and prompt/completion pairs in dir. */
+static void write_inputs(void)
+{
+    char path[160];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"model_type\": \"llama\", \"num_hidden_layers\": 2, \"hidden_size\": 32, "
+               "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 64, "
+               "\"vocab_size\": 1024, \"max_position_embeddings\": 128}\n");
+    fclose(f);
+    static const char *words[] = {"the", "runtime", "streams", "weights", "to", "device", "memory", "and",
+                                  "offloads", "optimizer", "state", "NVMe", "planner", "sizes", "model", "GPU"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(path, sizeof path, "%s/%s.txt", dir, k ? "eval" : "train");
+        f = fopen(path, "w");
+        assert_non_null(f);
+        unsigned x = k ? 7 : 1;
+        for (int i = 0; i < (k ? 300 : 1500); i++) {
+            x = x * 1103515245u + 12345u;
+            fprintf(f, "%s%s", words[(x >> 16) % 16], (x >> 8) % 7 ? " " : ".\n");
+        }
+        fclose(f);
+    }
+    snprintf(path, sizeof path, "%s/pairs.jsonl", dir);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 64; i++)
+        fprintf(f, "{\"prompt\": \"Where do %s live?\", \"completion\": \" on the %s.\"}\n", words[i % 16],
+                words[(i * 5 + 3) % 16]);
+    fclose(f);
+}
+
+/* The "step K loss X lr Y" and "eval step K loss X" lines of train's output. */
+typedef struct run_out {
+    int n;
+    long step[64];
+    char loss[64][32], lr[64][32];
+    int n_eval;
+    long eval_step[64];
+    double eval_loss[64], eval_ppl[64];
+} run_out;
+
+static void parse_run(const char *output, run_out *r)
+{
+    memset(r, 0, sizeof *r);
+    char *text = strdup(output), *save;
+    assert_non_null(text);
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        long k;
+        char l[32], lr[32];
+        double el, ep;
+        if (sscanf(line, "step %ld loss %31s lr %31s", &k, l, lr) == 3 && r->n < 64) {
+            r->step[r->n] = k;
+            snprintf(r->loss[r->n], 32, "%s", l);
+            snprintf(r->lr[r->n], 32, "%s", lr);
+            r->n++;
+        } else if (sscanf(line, "eval step %ld loss %lf ppl %lf", &k, &el, &ep) == 3 && r->n_eval < 64) {
+            r->eval_step[r->n_eval] = k;
+            r->eval_loss[r->n_eval] = el;
+            r->eval_ppl[r->n_eval] = ep;
+            r->n_eval++;
+        }
+    }
+    free(text);
+}
+
+static char out[1 << 18];
+
+/* train with the common flags and `extra`; exit status 0 expected. */
+static void train(const char *extra, run_out *r)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "%s --model %s/config.json --tokenizer %s/tokenizer/small-bpe.json --data %s/train.txt "
+             "--micro-batch 2 --seq 32 --threads 2 %s 2>&1",
+             ZO_TRAIN_BIN, dir, ZO_FIXTURES_DIR, dir, extra);
+    int rc = run_cmd(cmd, out, sizeof out);
+    if (rc != 0) fail_msg("train exited %d:\n%s", rc, out);
+    parse_run(out, r);
+}
+
+/* ---- schedules --------------------------------------------------------------------------- */
+
+/* The closed form, written out again. */
+static double closed_form(int kind, double lr, double min_lr, long warmup, long steps, long k)
+{
+    if (k < warmup) return lr * (double)(k + 1) / (double)warmup;
+    if (kind == FT_LR_CONSTANT) return lr;
+    double p = steps > warmup ? (double)(k - warmup) / (double)(steps - warmup) : 1.0;
+    p = p > 1 ? 1 : p;
+    if (kind == FT_LR_LINEAR) return lr - (lr - min_lr) * p;
+    return min_lr + 0.5 * (lr - min_lr) * (1.0 + cos(3.14159265358979323846 * p));
+}
+
+static void test_schedules(void **state)
+{
+    (void)state;
+    static const struct {
+        int kind;
+        double lr, min_lr;
+        long warmup, steps;
+    } cases[] = {
+        {FT_LR_CONSTANT, 3e-4, 0, 0, 10},  {FT_LR_CONSTANT, 3e-4, 0, 4, 10}, {FT_LR_COSINE, 1e-3, 1e-5, 0, 10},
+        {FT_LR_COSINE, 1e-3, 1e-4, 3, 20}, {FT_LR_LINEAR, 2e-3, 0, 5, 17},   {FT_LR_LINEAR, 2e-3, 1e-4, 0, 1},
+        {FT_LR_COSINE, 1e-3, 0, 30, 20},   /* warmup longer than the schedule */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ft_schedule s = {.kind = (ft_schedule_kind)cases[i].kind, .lr = cases[i].lr, .min_lr = cases[i].min_lr,
+                         .warmup = cases[i].warmup, .steps = cases[i].steps};
+        for (long k = 0; k < cases[i].steps + 5; k++) {
+            double want = closed_form(cases[i].kind, cases[i].lr, cases[i].min_lr, cases[i].warmup,
+                                      cases[i].steps, k);
+            if (fabs(ft_lr_at(&s, k) - want) > 1e-15 * cases[i].lr)
+                fail_msg("case %zu step %ld: %.17g, closed form %.17g", i, k, ft_lr_at(&s, k), want);
+        }
+        /* warmup ends at the peak; a decay ends at the floor */
+        if (cases[i].warmup && cases[i].warmup <= cases[i].steps)
+            assert_true(fabs(ft_lr_at(&s, cases[i].warmup - 1) - cases[i].lr) < 1e-18);
+        if (cases[i].kind != FT_LR_CONSTANT && cases[i].warmup <= cases[i].steps)
+            assert_true(fabs(ft_lr_at(&s, cases[i].steps) - cases[i].min_lr) < 1e-15);
+    }
+    ft_schedule_kind k;
+    assert_int_equal(ft_schedule_parse("cosine", "--lr-schedule", &k), ZO_OK);
+    assert_int_equal(k, FT_LR_COSINE);
+    assert_int_equal(ft_schedule_parse("step", "--lr-schedule", &k), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "--lr-schedule step"));
+}
+
+/* Every step's lr (from the log, %.9g) is the closed form; resumed runs
+ * print the lines of the uninterrupted one. */
+static void test_train_schedule_resume(void **state)
+{
+    (void)state;
+    write_inputs();
+    const char *sched = "--lr 3e-3 --lr-schedule cosine --warmup 3 --min-lr 3e-4";
+    char extra[1024], log[160];
+    snprintf(log, sizeof log, "%s/full.jsonl", dir);
+    snprintf(extra, sizeof extra, "%s --steps 8 --log %s", sched, log);
+    run_out full, a, b, c;
+    train(extra, &full);
+    assert_int_equal(full.n, 8);
+    ft_record *recs;
+    size_t n;
+    assert_int_equal(ft_log_read(log, &recs, &n), ZO_OK);
+    assert_int_equal(n, 8);
+    for (size_t i = 0; i < n; i++) {
+        double want = closed_form(FT_LR_COSINE, 3e-3, 3e-4, 3, 8, (long)i);
+        assert_int_equal(recs[i].step, (long)i);
+        if (fabs(recs[i].lr - want) > 1e-8 * want) fail_msg("step %zu: lr %.9g, closed form %.9g", i, recs[i].lr, want);
+        if (fabs(strtod(full.lr[i], NULL) - want) > 1e-5 * want) fail_msg("step %zu: printed lr %s", i, full.lr[i]);
+    }
+    free(recs);
+
+    /* stop after step 1 (mid-warmup), resume to step 4 (mid-decay), resume to the end */
+    snprintf(extra, sizeof extra, "%s --steps 2 --schedule-steps 8 --ckpt %s/ck", sched, dir);
+    train(extra, &a);
+    snprintf(extra, sizeof extra, "%s --steps 5 --schedule-steps 8 --resume %s/ck --ckpt %s/ck", sched, dir, dir);
+    train(extra, &b);
+    assert_non_null(strstr(out, "resumed"));
+    snprintf(extra, sizeof extra, "%s --steps 8 --resume %s/ck --ckpt %s/ck", sched, dir, dir);
+    train(extra, &c);
+    assert_int_equal(a.n + b.n + c.n, 8);
+    run_out *parts[3] = {&a, &b, &c};
+    int k = 0;
+    for (int p = 0; p < 3; p++)
+        for (int i = 0; i < parts[p]->n; i++, k++) {
+            assert_int_equal(parts[p]->step[i], full.step[k]);
+            if (strcmp(parts[p]->loss[i], full.loss[k]) || strcmp(parts[p]->lr[i], full.lr[k]))
+                fail_msg("step %d: resumed loss %s lr %s, uninterrupted loss %s lr %s", k, parts[p]->loss[i],
+                         parts[p]->lr[i], full.loss[k], full.lr[k]);
+        }
+    /* bad flags */
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s --model %s/config.json --data %s/train.txt --text --lr 1e-3 --min-lr 1e-2 2>&1",
+             ZO_TRAIN_BIN, dir, dir);
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 2);
+    assert_non_null(strstr(out, "--min-lr"));
+    snprintf(cmd, sizeof cmd, "%s --model %s/config.json --data %s/train.txt --text --lr-schedule exp 2>&1",
+             ZO_TRAIN_BIN, dir, dir);
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 2);
+    assert_non_null(strstr(out, "--lr-schedule exp"));
+}
+
+/* ---- evaluation, the log, the picture ------------------------------------------------------- */
+
+static int count(const char *s, const char *what)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, what)); p += strlen(what)) n++;
+    return n;
+}
+
+static void test_eval_log_plot(void **state)
+{
+    (void)state;
+    write_inputs();
+    char extra[1024], log[160], svg[160], svg2[160], cmd[1024];
+    snprintf(log, sizeof log, "%s/log.jsonl", dir);
+    snprintf(svg, sizeof svg, "%s/train.svg", dir);
+    snprintf(svg2, sizeof svg2, "%s/plot.svg", dir);
+    snprintf(extra, sizeof extra,
+             "--steps 6 --lr 3e-3 --lr-schedule linear --warmup 2 --eval-data %s/eval.txt --eval-every 2 "
+             "--eval-batches 3 --log %s --plot %s",
+             dir, log, svg);
+    run_out r;
+    train(extra, &r);
+    assert_int_equal(r.n, 6);
+    assert_int_equal(r.n_eval, 3); /* after steps 1, 3, 5 */
+    for (int i = 0; i < r.n_eval; i++) {
+        assert_int_equal(r.eval_step[i], 2 * i + 1);
+        assert_true(fabs(r.eval_ppl[i] - exp(r.eval_loss[i])) <= 1e-4 * r.eval_ppl[i]);
+    }
+    /* the log: every member, eval members on eval steps only */
+    FILE *f = fopen(log, "r");
+    assert_non_null(f);
+    char line[1024];
+    int lines = 0;
+    while (fgets(line, sizeof line, f)) {
+        cJSON *o = cJSON_Parse(line);
+        assert_non_null(o);
+        static const char *members[] = {"step", "loss", "lr", "grad_norm", "tokens_per_s"};
+        for (int m = 0; m < 5; m++) assert_true(cJSON_IsNumber(cJSON_GetObjectItem(o, members[m])));
+        const cJSON *pk = cJSON_GetObjectItem(o, "peak_bytes");
+        assert_true(cJSON_GetObjectItem(pk, "gpu")->valuedouble > 0);
+        assert_true(cJSON_GetObjectItem(pk, "cpu")->valuedouble > 0);
+        assert_true(cJSON_IsNumber(cJSON_GetObjectItem(pk, "nvme")));
+        int step = cJSON_GetObjectItem(o, "step")->valueint;
+        assert_int_equal(step, lines);
+        assert_int_equal(cJSON_HasObjectItem(o, "eval_loss"), step % 2 == 1);
+        if (step % 2) assert_true(fabs(cJSON_GetObjectItem(o, "eval_loss")->valuedouble - r.eval_loss[step / 2]) < 1e-5);
+        cJSON_Delete(o);
+        lines++;
+    }
+    fclose(f);
+    assert_int_equal(lines, 6);
+    /* the pictures: two panels, three lines, three eval points */
+    for (int k = 0; k < 2; k++) {
+        if (k) {
+            snprintf(cmd, sizeof cmd, "%s %s --out %s 2>&1", ZO_PLOT_BIN, log, svg2);
+            assert_int_equal(run_cmd(cmd, out, sizeof out), 0);
+        }
+        f = fopen(k ? svg2 : svg, "r");
+        assert_non_null(f);
+        size_t len = fread(out, 1, sizeof out - 1, f);
+        out[len] = 0;
+        fclose(f);
+        assert_non_null(strstr(out, "<svg"));
+        assert_non_null(strstr(out, "</svg>"));
+        assert_int_equal(count(out, "<polyline"), 3);
+        assert_int_equal(count(out, "<circle"), 3);
+        assert_non_null(strstr(out, "learning rate"));
+    }
+    snprintf(cmd, sizeof cmd, "%s %s/missing.jsonl --out %s 2>&1", ZO_PLOT_BIN, dir, svg2);
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 2);
+
+    /* the eval loss is the mean training loss of the same batches with nothing learned:
+     * train on the held-out text at lr 0, eval over the first 3 batches */
+    snprintf(cmd, sizeof cmd,
+             "%s --model %s/config.json --tokenizer %s/tokenizer/small-bpe.json --data %s/eval.txt "
+             "--micro-batch 2 --seq 32 --threads 2 --steps 3 --lr 0 --eval-data %s/eval.txt --eval-batches 3 2>&1",
+             ZO_TRAIN_BIN, dir, ZO_FIXTURES_DIR, dir, dir);
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 0);
+    parse_run(out, &r);
+    assert_int_equal(r.n, 3);
+    assert_int_equal(r.n_eval, 1);
+    double mean = (strtod(r.loss[0], NULL) + strtod(r.loss[1], NULL) + strtod(r.loss[2], NULL)) / 3;
+    printf("  eval loss %.6f, mean training loss at lr 0 %.6f\n", r.eval_loss[0], mean);
+    assert_true(fabs(r.eval_loss[0] - mean) < 2e-6 * mean);
+
+    /* flags that need others */
+    snprintf(cmd, sizeof cmd, "%s --model %s/config.json --data %s/train.txt --text --eval-every 2 2>&1",
+             ZO_TRAIN_BIN, dir, dir);
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 2);
+    assert_non_null(strstr(out, "--eval-data"));
+    snprintf(cmd, sizeof cmd, "%s --model %s/config.json --data %s/train.txt --text --tokenizer x.json 2>&1",
+             ZO_TRAIN_BIN, dir, dir);
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 2);
+    assert_non_null(strstr(out, "--text"));
+}
+
+/* ---- prompt/completion data --------------------------------------------------------------------- */
+
+#define B 2
+#define T 8
+
+static const char *masked_dir(void)
+{
+    const char *d = getenv("ZO_GPU_FIXTURES");
+    return d && *d ? d : ZO_FIXTURES_DIR "/gpu";
+}
+
+static float *read_tensor(const char *path, const char *name, size_t *n)
+{
+    model_st_file f;
+    assert_int_equal(model_st_open(&f, path), ZO_OK);
+    const model_st_tensor *t = model_st_find(&f, name);
+    if (!t) fail_msg("%s: no tensor %s", path, name);
+    float *v = malloc(t->numel * sizeof(float));
+    assert_int_equal(model_st_read(&f, t, v, ZO_DTYPE_F32, 0), ZO_OK);
+    if (n) *n = t->numel;
+    model_st_close(&f);
+    return v;
+}
+
+static int close_enough(const char *what, const float *got, const float *want, size_t n, double atol, double rtol)
+{
+    int bad = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!(fabs((double)got[i] - want[i]) <= atol + rtol * fabs(want[i]))) {
+            if (bad < 5) printf("  %s[%zu]: got %.8g want %.8g\n", what, i, got[i], want[i]);
+            bad++;
+        }
+    return bad;
+}
+
+/* The model's masked mean loss and every gradient against PyTorch's
+ * cross_entropy(ignore_index=-1), within test_transformer's tolerances. */
+static void masked_vs_torch(const char *name)
+{
+    char path[512];
+    zo_model_config cfg;
+    snprintf(path, sizeof path, "%s/gpu/%s.json", ZO_FIXTURES_DIR, name);
+    assert_int_equal(zo_model_config_load(path, &cfg), ZO_OK);
+    gpu_device_t dev;
+    gpu_stream_t s;
+    gpu_cpu_options o = {.n_threads = 2};
+    assert_int_equal(gpu_device_init_cpu(&o, &dev), ZO_OK);
+    assert_int_equal(gpu_stream_create(dev, &s), ZO_OK);
+    tf_model m;
+    tf_trainer tr;
+    tf_adamw none = {.lr = 0};
+    assert_int_equal(tf_init(&m, &cfg, dev, ZO_DTYPE_F32, B, T), ZO_OK);
+    assert_int_equal(tf_trainer_init(&tr, &m, &none), ZO_OK);
+    snprintf(path, sizeof path, "%s/gpu/%s.safetensors", ZO_FIXTURES_DIR, name);
+    assert_int_equal(model_load_path(path, &m.layout, (void *const *)tr.master, ZO_DTYPE_F32, 0, NULL), ZO_OK);
+    assert_int_equal(tf_trainer_upload(&tr, s), ZO_OK);
+    snprintf(path, sizeof path, "%s/gpu/%s_expected.safetensors", ZO_FIXTURES_DIR, name);
+    float *in = read_tensor(path, "inputs", NULL);
+    char masked[512];
+    snprintf(masked, sizeof masked, "%s/%s_masked.safetensors", masked_dir(), name);
+    float *tg = read_tensor(masked, "targets", NULL), *want_loss = read_tensor(masked, "loss", NULL);
+    int32_t inputs[B * T], targets[B * T], counted = 0;
+    for (int i = 0; i < B * T; i++) {
+        inputs[i] = (int32_t)in[i];
+        targets[i] = (int32_t)tg[i];
+        counted += targets[i] >= 0;
+    }
+    assert_true(counted > 0 && counted < B * T);
+    tf_step_info info;
+    assert_int_equal(tf_trainer_grads(&tr, s, inputs, targets, B, T, &info), ZO_OK);
+    assert_int_equal(m.n_targets, counted);
+    assert_int_equal(close_enough("masked loss", &info.loss, want_loss, 1, 1e-5, 1e-5), 0);
+    /* every gradient, by name */
+    int nb = m.layout.n_blocks, bad = 0;
+    float **want = calloc((size_t)nb, sizeof(float *));
+    for (int b = 0; b < nb; b++) want[b] = calloc(m.layout.block_numel[b] + 1, sizeof(float));
+    assert_int_equal(model_load_path(masked, &m.layout, (void *const *)want, ZO_DTYPE_F32, 0, NULL), ZO_OK);
+    for (int i = 0; i < m.layout.n_tensors; i++) {
+        const model_tensor *t = &m.layout.tensors[i];
+        bad += close_enough(t->name, tr.grad[t->block] + t->offset, want[t->block] + t->offset, t->numel, 1e-5, 1e-3);
+    }
+    printf("  %s: masked loss %.6f (PyTorch %.6f) over %d of %d targets\n", name, info.loss, want_loss[0], counted,
+           B * T);
+    assert_int_equal(bad, 0);
+    for (int b = 0; b < nb; b++) free(want[b]);
+    free(want);
+    free(in);
+    free(tg);
+    free(want_loss);
+    tf_trainer_free(&tr);
+    tf_free(&m);
+    gpu_stream_destroy(s);
+    gpu_device_free(dev);
+}
+
+static void test_masked_loss_vs_torch(void **state)
+{
+    (void)state;
+    masked_vs_torch("tiny_gpt2");
+    masked_vs_torch("tiny_llama");
+    masked_vs_torch("tiny_qwen2");
+}
+
+/* train on prompt/completion pairs, padded rows, through the SentencePiece tokenizer */
+static void test_train_pairs(void **state)
+{
+    (void)state;
+    write_inputs();
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "%s --model %s/config.json --tokenizer %s/tokenizer/small-sp.json --data %s/pairs.jsonl "
+             "--eval-data %s/pairs.jsonl --eval-batches 2 --micro-batch 4 --seq 24 --threads 2 --steps 30 "
+             "--lr 1e-2 2>&1",
+             ZO_TRAIN_BIN, dir, ZO_FIXTURES_DIR, dir, dir);
+    int rc = run_cmd(cmd, out, sizeof out);
+    if (rc) fail_msg("train exited %d:\n%s", rc, out);
+    assert_non_null(strstr(out, "64 prompt/completion pairs"));
+    assert_non_null(strstr(out, "of them completion targets; one record per row"));
+    run_out r;
+    parse_run(out, &r);
+    assert_int_equal(r.n, 30);
+    double first = strtod(r.loss[0], NULL), last = 0;
+    for (int i = 25; i < 30; i++) last += strtod(r.loss[i], NULL) / 5;
+    printf("  pairs: completion loss %.3f -> %.3f, eval %.3f\n", first, last, r.eval_loss[0]);
+    assert_true(last < first - 1.0);
+    /* packed instead of padded; a malformed record names its line */
+    snprintf(cmd, sizeof cmd,
+             "%s --model %s/config.json --tokenizer %s/tokenizer/small-sp.json --data %s/pairs.jsonl "
+             "--packing stream --micro-batch 2 --seq 24 --threads 2 --steps 2 2>&1",
+             ZO_TRAIN_BIN, dir, ZO_FIXTURES_DIR, dir);
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 0);
+    assert_null(strstr(out, "one record per row"));
+    char path[160];
+    snprintf(path, sizeof path, "%s/pairs.jsonl", dir);
+    FILE *f = fopen(path, "a");
+    fprintf(f, "{\"prompt\": 3}\n");
+    fclose(f);
+    snprintf(cmd, sizeof cmd,
+             "%s --model %s/config.json --tokenizer %s/tokenizer/small-sp.json --data %s/pairs.jsonl --steps 1 2>&1",
+             ZO_TRAIN_BIN, dir, ZO_FIXTURES_DIR, dir);
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 2); /* bad input */
+    assert_non_null(strstr(out, "pairs.jsonl:65:"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_schedules),
+        cmocka_unit_test_setup_teardown(test_train_schedule_resume, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_eval_log_plot, setup_dir, teardown_dir),
+        cmocka_unit_test(test_masked_loss_vs_torch),
+        cmocka_unit_test_setup_teardown(test_train_pairs, setup_dir, teardown_dir),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,126 @@
+/* Tests for common/lora: LoRA targets and the trainable-parameter count of
+ * Hugging Face PEFT (print_trainable_parameters) for real model configs. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/lora.h" /* defines: zo_lora_trainable_params, zo_lora_targets_parse */
+
+static zo_model_config load(const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/hf-configs/%s.json", ZO_FIXTURES_DIR, name);
+    zo_model_config c;
+    assert_int_equal(zo_model_config_load(path, &c), ZO_OK);
+    return c;
+}
+
+static uint64_t count(const char *model, int r, const char *targets)
+{
+    zo_model_config c = load(model);
+    unsigned t;
+    assert_int_equal(zo_lora_targets_parse(targets, &t), ZO_OK);
+    zo_lora_config lc = {.r = r, .alpha = 2.0f * r, .targets = t};
+    assert_int_equal(zo_lora_check(&c, &lc), ZO_OK);
+    return zo_lora_trainable_params(&c, r, t);
+}
+
+/* Each count is n_layers x sum over adapted layers of r (in + out). */
+static void test_peft_counts(void **state)
+{
+    (void)state;
+    /* LLaMA-2-7B (h 4096, 32 layers), r 8 on q_proj and v_proj:
+     * 32 x 8 x ((4096 + 4096) + (4096 + 4096)) */
+    assert_int_equal(count("llama-2-7b", 8, "q,v"), 4194304);
+    assert_int_equal(count("llama-2-7b", 8, "q_proj,v_proj"), 4194304);
+    /* r 16 on all seven (f 11008): 32 x 16 x (4 x 8192 + 3 x (4096 + 11008)) */
+    assert_int_equal(count("llama-2-7b", 16, "q,k,v,o,gate,up,down"), 39976960);
+    assert_int_equal(count("llama-2-7b", 16, "all-linear"), 39976960);
+    /* LLaMA-2-13B (h 5120, f 13824, 40 layers), r 64 all-linear (the QLoRA
+     * paper's Guanaco setting): 40 x 64 x (4 x 10240 + 3 x 18944) */
+    assert_int_equal(count("llama-2-13b", 64, "all-linear"), 250347520);
+    /* Mistral-7B, GQA (8 kv heads of 128: k, v are [1024, 4096]), f 14336, r 16
+     * all-linear: 32 x 16 x (2 x 8192 + 2 x 5120 + 3 x 18432) */
+    assert_int_equal(count("mistral-7b", 16, "all-linear"), 41943040);
+    /* LLaMA-3-8B (8 kv heads), r 8 on q and v: 32 x 8 x (8192 + 5120) */
+    assert_int_equal(count("llama-3-8b", 8, "q,v"), 3407872);
+    /* GPT-2 (h 768, 12 layers), PEFT's default target for gpt2, c_attn [2304, 768]:
+     * 12 x 8 x (768 + 2304); q, v or c_attn name the same fused layer */
+    assert_int_equal(count("gpt2", 8, "c_attn"), 294912);
+    assert_int_equal(count("gpt2", 8, "q,v"), 294912);
+    /* GPT-2 all-linear (c_attn, attn.c_proj, c_fc, mlp.c_proj; no gate, no head):
+     * 12 x 4 x (3072 + 1536 + 3840 + 3840) */
+    assert_int_equal(count("gpt2", 4, "all-linear"), 589824);
+    /* o and down are GPT-2's two c_proj: 12 x 4 x (1536 + 3840) */
+    assert_int_equal(count("gpt2", 4, "c_proj"), 258048);
+    assert_int_equal(count("gpt2", 4, "o,down"), 258048);
+}
+
+static void test_modules(void **state)
+{
+    (void)state;
+    zo_model_config c = load("llama-3-8b");
+    zo_lora_module m[ZO_LORA_MAX_MODULES];
+    assert_int_equal(zo_lora_layer_modules(&c, ZO_LORA_ALL_LINEAR, m), 7);
+    assert_string_equal(m[0].peft, "q_proj");
+    assert_string_equal(m[2].path, "self_attn.v_proj");
+    assert_int_equal(m[2].out, 1024);
+    assert_int_equal(m[6].in, 14336);
+    zo_model_config g = load("gpt2");
+    assert_int_equal(zo_lora_layer_modules(&g, ZO_LORA_ALL_LINEAR, m), 4);
+    assert_string_equal(m[0].path, "attn.c_attn");
+    assert_int_equal(m[0].out, 2304);
+    assert_string_equal(m[1].peft, "attn.c_proj");
+    assert_string_equal(m[3].peft, "mlp.c_proj");
+    assert_int_equal(zo_lora_layer_modules(&g, ZO_LORA_K, m), 1);
+    assert_int_equal(m[0].targets, ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V);
+}
+
+static void test_parse_and_check(void **state)
+{
+    (void)state;
+    unsigned t;
+    char buf[64];
+    assert_int_equal(zo_lora_targets_parse("q,v", &t), ZO_OK);
+    assert_int_equal(t, ZO_LORA_Q | ZO_LORA_V);
+    assert_string_equal(zo_lora_targets_str(t, buf, sizeof buf), "q,v");
+    assert_int_equal(zo_lora_targets_parse("all-linear", &t), ZO_OK);
+    assert_string_equal(zo_lora_targets_str(t, buf, sizeof buf), "all-linear");
+    assert_int_equal(zo_lora_targets_parse("o,gate,down", &t), ZO_OK);
+    assert_string_equal(zo_lora_targets_str(t, buf, sizeof buf), "o,gate,down");
+    zo_clear_error();
+    assert_int_equal(zo_lora_targets_parse("q,lm_head", &t), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "\"lm_head\""));
+    assert_int_equal(zo_lora_targets_parse("", &t), ZO_ERR_INVALID);
+    assert_int_equal(zo_lora_targets_parse("q,,v", &t), ZO_ERR_INVALID);
+
+    zo_model_config g = load("gpt2");
+    zo_lora_config lc = {.r = 8, .alpha = 16, .targets = ZO_LORA_GATE | ZO_LORA_UP};
+    assert_int_equal(zo_lora_check(&g, &lc), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "gate"));
+    lc.targets = ZO_LORA_ALL_LINEAR; /* all-linear takes what GPT-2 has */
+    assert_int_equal(zo_lora_check(&g, &lc), ZO_OK);
+    lc.r = 0;
+    assert_int_equal(zo_lora_check(&g, &lc), ZO_ERR_INVALID);
+    lc.r = 8;
+    lc.alpha = 0;
+    assert_int_equal(zo_lora_check(&g, &lc), ZO_ERR_INVALID);
+    lc.alpha = 16;
+    lc.targets = 0;
+    assert_int_equal(zo_lora_check(&g, &lc), ZO_ERR_INVALID);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_peft_counts),
+        cmocka_unit_test(test_modules),
+        cmocka_unit_test(test_parse_and_check),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

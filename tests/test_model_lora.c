@@ -1,0 +1,302 @@
+/* Tests for model/lora: the adapter layout (PEFT's names and shapes, its
+ * total = PEFT's trainable count), adapter directories written and read back
+ * (safetensors + adapter_config.json), checked against PEFT's documented
+ * format (peft is not installed here, so the file is checked field by field:
+ * what LoraConfig reads and what set_peft_model_state_dict expects), the
+ * names PyTorch's fixtures use, and the configs this runtime refuses. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <cmocka.h>
+
+#include "common/fileio.h"     /* defines: zo_file_read_all, zo_file_write_all */
+#include "model/lora.h"        /* defines: model_lora_layout_init, model_lora_save */
+#include "model/safetensors.h" /* defines: model_st_open, model_layout_match_hf */
+
+static zo_model_config load_cfg(const char *path_in_fixtures)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", ZO_FIXTURES_DIR, path_in_fixtures);
+    zo_model_config c;
+    assert_int_equal(zo_model_config_load(path, &c), ZO_OK);
+    return c;
+}
+
+static void test_layout(void **state)
+{
+    (void)state;
+    zo_model_config c = load_cfg("hf-configs/llama-2-7b.json");
+    zo_lora_config lc = {.r = 8, .alpha = 16, .targets = ZO_LORA_Q | ZO_LORA_V};
+    model_layout l;
+    assert_int_equal(model_lora_layout_init(&l, &c, &lc), ZO_OK);
+    assert_int_equal(l.total_numel, 4194304); /* PEFT's count */
+    assert_int_equal(l.n_blocks, 34);
+    assert_int_equal(l.block_numel[0], 0);
+    assert_int_equal(l.block_numel[33], 0);
+    assert_int_equal(l.n_tensors, 32 * 4);
+    const model_tensor *t = &l.tensors[0];
+    assert_string_equal(t->name, "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
+    assert_int_equal(t->lora, MODEL_LORA_A);
+    assert_int_equal(t->role, MODEL_ROLE_Q_W);
+    assert_int_equal(t->shape[0], 8);
+    assert_int_equal(t->shape[1], 4096);
+    t = &l.tensors[3];
+    assert_string_equal(t->name, "base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight");
+    assert_int_equal(t->offset, 3 * 8 * 4096);
+    assert_int_equal(t->shape[0], 4096);
+    assert_int_equal(t->shape[1], 8);
+    assert_non_null(model_layout_find(&l, "base_model.model.model.layers.31.self_attn.v_proj.lora_A.weight"));
+    model_layout_free(&l);
+
+    zo_model_config g = load_cfg("hf-configs/gpt2.json");
+    lc.targets = ZO_LORA_ALL_LINEAR;
+    assert_int_equal(model_lora_layout_init(&l, &g, &lc), ZO_OK);
+    assert_string_equal(l.tensors[0].name, "base_model.model.transformer.h.0.attn.c_attn.lora_A.weight");
+    assert_int_equal(l.tensors[0].role, MODEL_ROLE_QKV_W);
+    assert_int_equal(l.tensors[1].shape[0], 2304);
+    assert_string_equal(l.tensors[7].name, "base_model.model.transformer.h.0.mlp.c_proj.lora_B.weight");
+    assert_int_equal(l.tensors[7].role, MODEL_ROLE_MLP_DOWN_W);
+    model_layout_free(&l);
+
+    lc.targets = ZO_LORA_GATE; /* GPT-2 has none */
+    assert_int_equal(model_lora_layout_init(&l, &g, &lc), ZO_ERR_INVALID);
+}
+
+/* Every adapter's module is a linear weight of the base model: stripping
+ * "base_model.model." and ".lora_X.weight" and adding ".weight" names a
+ * tensor of the Hugging Face checkpoint (what PEFT's wrapper resolves). */
+static void check_modules_exist(const zo_model_config *c, const model_layout *ad)
+{
+    model_layout base;
+    assert_int_equal(model_layout_init(&base, c), ZO_OK);
+    for (int i = 0; i < ad->n_tensors; i++) {
+        const char *name = ad->tensors[i].name, *pre = "base_model.model.";
+        assert_int_equal(strncmp(name, pre, strlen(pre)), 0);
+        char hf[160];
+        size_t len = strlen(name) - strlen(pre) - strlen(".lora_A.weight");
+        snprintf(hf, sizeof hf, "%.*s.weight", (int)len, name + strlen(pre));
+        assert_string_equal(name + strlen(pre) + len, ad->tensors[i].lora == MODEL_LORA_A ? ".lora_A.weight" : ".lora_B.weight");
+        int ignored;
+        const model_tensor *w = model_layout_match_hf(&base, hf, &ignored);
+        if (!w) fprintf(stderr, "%s: no base weight %s\n", name, hf);
+        assert_non_null(w);
+        /* A is [r, in] and B [out, r] of that weight ([out, in] in our layout) */
+        const model_tensor *t = &ad->tensors[i];
+        if (t->lora == MODEL_LORA_A)
+            assert_int_equal(t->shape[1], w->shape[1]);
+        else
+            assert_int_equal(t->shape[0], w->shape[0]);
+    }
+    model_layout_free(&base);
+}
+
+static const char *json_str(const cJSON *o, const char *k)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(it) ? it->valuestring : NULL;
+}
+
+/* Save, check the files against PEFT's format, read back. */
+static void round_trip(const char *cfg_path, zo_lora_config lc, const char *const *want_modules,
+                       int n_want, zo_dtype file_dt)
+{
+    zo_model_config c = load_cfg(cfg_path);
+    model_layout l;
+    assert_int_equal(model_lora_layout_init(&l, &c, &lc), ZO_OK);
+    check_modules_exist(&c, &l);
+    float **blocks = calloc((size_t)l.n_blocks, sizeof *blocks), **back = calloc((size_t)l.n_blocks, sizeof *back);
+    for (int b = 0; b < l.n_blocks; b++) {
+        if (!l.block_numel[b]) continue; /* empty blocks may be NULL */
+        blocks[b] = malloc(l.block_numel[b] * sizeof(float));
+        back[b] = calloc(l.block_numel[b], sizeof(float));
+        for (size_t e = 0; e < l.block_numel[b]; e++) blocks[b][e] = (float)((b * 131 + e * 7) % 97) / 97.0f - 0.5f;
+    }
+    char dir[128];
+    snprintf(dir, sizeof dir, "/tmp/zo_test_lora_%d", (int)getpid());
+    assert_int_equal(model_lora_save(dir, &l, &lc, "meta-llama/Llama-2-7b-hf", (const void *const *)blocks,
+                                     ZO_DTYPE_F32, file_dt), ZO_OK);
+
+    /* adapter_config.json as PEFT's LoraConfig reads it */
+    char path[256], *text;
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    assert_int_equal(zo_file_read_all(path, 1 << 20, "test", &text, NULL), ZO_OK);
+    cJSON *j = cJSON_Parse(text);
+    assert_non_null(j);
+    assert_string_equal(json_str(j, "peft_type"), "LORA");
+    assert_string_equal(json_str(j, "task_type"), "CAUSAL_LM");
+    assert_string_equal(json_str(j, "base_model_name_or_path"), "meta-llama/Llama-2-7b-hf");
+    assert_string_equal(json_str(j, "bias"), "none");
+    assert_true(cJSON_GetObjectItem(j, "r")->valuedouble == lc.r);
+    assert_true(cJSON_GetObjectItem(j, "lora_alpha")->valuedouble == lc.alpha);
+    assert_true(cJSON_GetObjectItem(j, "lora_dropout")->valuedouble == 0.0);
+    assert_true(cJSON_IsBool(cJSON_GetObjectItem(j, "fan_in_fan_out")));
+    assert_int_equal(cJSON_IsTrue(cJSON_GetObjectItem(j, "fan_in_fan_out")), c.arch == ZO_ARCH_GPT);
+    const cJSON *tm = cJSON_GetObjectItem(j, "target_modules");
+    assert_int_equal(cJSON_GetArraySize(tm), n_want);
+    for (int i = 0; i < n_want; i++) assert_string_equal(cJSON_GetArrayItem(tm, i)->valuestring, want_modules[i]);
+    cJSON_Delete(j);
+    free(text);
+
+    /* adapter_model.safetensors: exactly the layout's names and shapes, in file_dt */
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    model_st_file f;
+    assert_int_equal(model_st_open(&f, path), ZO_OK);
+    assert_int_equal(f.n_tensors, l.n_tensors);
+    for (int i = 0; i < l.n_tensors; i++) {
+        const model_st_tensor *t = model_st_find(&f, l.tensors[i].name);
+        assert_non_null(t);
+        assert_int_equal(t->dtype, file_dt);
+        assert_int_equal(t->ndim, 2);
+        assert_int_equal(t->shape[0], l.tensors[i].shape[0]);
+        assert_int_equal(t->shape[1], l.tensors[i].shape[1]);
+    }
+    model_st_close(&f);
+
+    /* read back */
+    zo_lora_config got;
+    char base[128];
+    assert_int_equal(model_lora_read_config(dir, &c, &got, base, sizeof base), ZO_OK);
+    assert_int_equal(got.r, lc.r);
+    assert_true(got.alpha == lc.alpha);
+    zo_lora_module m1[ZO_LORA_MAX_MODULES], m2[ZO_LORA_MAX_MODULES];
+    assert_int_equal(zo_lora_layer_modules(&c, got.targets, m1), zo_lora_layer_modules(&c, lc.targets, m2));
+    assert_string_equal(base, "meta-llama/Llama-2-7b-hf");
+    assert_int_equal(model_lora_load(dir, &l, (void *const *)back, ZO_DTYPE_F32), ZO_OK);
+    for (int b = 0; b < l.n_blocks; b++)
+        for (size_t e = 0; e < l.block_numel[b]; e++) {
+            float want = blocks[b][e];
+            if (file_dt == ZO_DTYPE_BF16) want = zo_bf16_to_f32(zo_f32_to_bf16(want));
+            assert_true(back[b][e] == want);
+        }
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+    for (int b = 0; b < l.n_blocks; b++) {
+        free(blocks[b]);
+        free(back[b]);
+    }
+    free(blocks);
+    free(back);
+    model_layout_free(&l);
+}
+
+static void test_round_trip(void **state)
+{
+    (void)state;
+    static const char *const llama_qv[] = {"q_proj", "v_proj"};
+    round_trip("hf-configs/llama-2-7b.json", (zo_lora_config){.r = 2, .alpha = 16, .targets = ZO_LORA_Q | ZO_LORA_V},
+               llama_qv, 2, ZO_DTYPE_F32);
+    static const char *const llama_all[] = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                            "gate_proj", "up_proj", "down_proj"};
+    round_trip("gpu/tiny_llama.json", (zo_lora_config){.r = 3, .alpha = 6, .targets = ZO_LORA_ALL_LINEAR},
+               llama_all, 7, ZO_DTYPE_BF16);
+    static const char *const gpt_all[] = {"c_attn", "attn.c_proj", "c_fc", "mlp.c_proj"};
+    round_trip("gpu/tiny_gpt2.json", (zo_lora_config){.r = 4, .alpha = 8, .targets = ZO_LORA_ALL_LINEAR},
+               gpt_all, 4, ZO_DTYPE_F32);
+    static const char *const gpt_o[] = {"attn.c_proj"};
+    round_trip("gpu/tiny_gpt2.json", (zo_lora_config){.r = 1, .alpha = 1.5f, .targets = ZO_LORA_O},
+               gpt_o, 1, ZO_DTYPE_F32);
+}
+
+/* The adapter files the PyTorch fixtures wrote with PEFT's names load into
+ * the layout, every tensor matched, nothing left over. */
+static void test_torch_names(void **state)
+{
+    (void)state;
+    struct { const char *cfg, *file; zo_lora_config lc; } cases[] = {
+        {"gpu/tiny_gpt2.json", "lora/gpt2_all_adapter.safetensors", {4, 8, ZO_LORA_ALL_LINEAR}},
+        {"gpu/tiny_llama.json", "lora/llama_qv_adapter.safetensors", {4, 16, ZO_LORA_Q | ZO_LORA_V}},
+        {"gpu/tiny_llama.json", "lora/llama_all_adapter.safetensors", {2, 4, ZO_LORA_ALL_LINEAR}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        zo_model_config c = load_cfg(cases[i].cfg);
+        model_layout l;
+        assert_int_equal(model_lora_layout_init(&l, &c, &cases[i].lc), ZO_OK);
+        float **bl = calloc((size_t)l.n_blocks, sizeof *bl);
+        for (int b = 0; b < l.n_blocks; b++) bl[b] = calloc(l.block_numel[b] + 1, sizeof(float));
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", ZO_FIXTURES_DIR, cases[i].file);
+        model_load_report rep;
+        assert_int_equal(model_load_path(path, &l, (void *const *)bl, ZO_DTYPE_F32, MODEL_LOAD_STRICT, &rep), ZO_OK);
+        assert_int_equal(rep.n_loaded, l.n_tensors);
+        for (int b = 0; b < l.n_blocks; b++) free(bl[b]);
+        free(bl);
+        model_layout_free(&l);
+    }
+}
+
+/* Configs PEFT can write: what they mean here, or a refusal naming the field. */
+static void test_configs(void **state)
+{
+    (void)state;
+    char dir[128], path[256];
+    snprintf(dir, sizeof dir, "/tmp/zo_test_lora_cfg_%d", (int)getpid());
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
+    assert_int_equal(system(cmd), 0);
+    zo_model_config g = load_cfg("gpu/tiny_gpt2.json"), ll = load_cfg("gpu/tiny_llama.json");
+    struct {
+        const zo_model_config *c;
+        const char *json;
+        zo_status want;
+        unsigned targets;
+        const char *msg;
+    } cases[] = {
+        {&ll, "{\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\", \"v_proj\"], \"peft_type\": \"LORA\"}",
+         ZO_OK, ZO_LORA_Q | ZO_LORA_V, NULL},
+        {&ll, "{\"r\": 8, \"target_modules\": \"all-linear\"}", ZO_OK, ZO_LORA_ALL_LINEAR, NULL},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"self_attn.o_proj\"], \"rank_pattern\": {}, \"layers_to_transform\": null}",
+         ZO_OK, ZO_LORA_O, NULL},
+        {&g, "{\"r\": 8, \"target_modules\": [\"c_proj\"]}", ZO_OK, ZO_LORA_O | ZO_LORA_DOWN, NULL},
+        {&g, "{\"r\": 8, \"target_modules\": [\"mlp.c_proj\", \"c_fc\"]}", ZO_OK, ZO_LORA_DOWN | ZO_LORA_UP, NULL},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"use_dora\": true}", ZO_ERR_UNSUPPORTED, 0, "use_dora"},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"use_rslora\": true}", ZO_ERR_UNSUPPORTED, 0, "use_rslora"},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"bias\": \"all\"}", ZO_ERR_UNSUPPORTED, 0, "bias"},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"modules_to_save\": [\"lm_head\"]}", ZO_ERR_UNSUPPORTED, 0,
+         "modules_to_save"},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"layers_to_transform\": 3}", ZO_ERR_UNSUPPORTED, 0,
+         "layers_to_transform"},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"lm_head\"]}", ZO_ERR_UNSUPPORTED, 0, "lm_head"},
+        {&ll, "{\"r\": 8, \"target_modules\": \".*proj\"}", ZO_ERR_UNSUPPORTED, 0, "pattern"},
+        {&ll, "{\"target_modules\": [\"q_proj\"]}", ZO_ERR_FORMAT, 0, "\"r\""},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"peft_type\": \"IA3\"}", ZO_ERR_UNSUPPORTED, 0, "peft_type"},
+        {&g, "{\"r\": 8, \"target_modules\": [\"gate_proj\"]}", ZO_ERR_INVALID, 0, "gate"},
+        {&ll, "{\"r\": 8, \"r\": 16, \"target_modules\": [\"q_proj\"]}", ZO_ERR_FORMAT, 0, "\"r\" appears twice"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        assert_int_equal(zo_file_write_all(path, cases[i].json, strlen(cases[i].json)), ZO_OK);
+        zo_lora_config lc;
+        zo_clear_error();
+        zo_status st = model_lora_read_config(dir, cases[i].c, &lc, NULL, 0);
+        if (st != cases[i].want) fprintf(stderr, "%s: %s\n", cases[i].json, zo_last_error());
+        assert_int_equal(st, cases[i].want);
+        if (st == ZO_OK) {
+            assert_int_equal(lc.targets, cases[i].targets);
+            assert_int_equal(lc.r, 8);
+        } else {
+            assert_non_null(strstr(zo_last_error(), cases[i].msg));
+        }
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_layout),
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_torch_names),
+        cmocka_unit_test(test_configs),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

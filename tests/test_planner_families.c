@@ -1,0 +1,567 @@
+/* Tests for the model families: exact parameter counts of published
+ * config.json files (tests/fixtures/hf-configs, copied from the models'
+ * Hugging Face repositories), families and keys refused by name, and the
+ * memory and time of a mixture of experts with expert parallelism. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/model_config.h"
+#include "planner/cost.h"
+#include "planner/hardware.h"
+#include "planner/memory.h"
+#include "planner/planfile.h"
+#include "tests/support/run.h" /* defines: run_memplan */
+
+static void load(const char *name, zo_model_config *c)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/hf-configs/%s", ZO_FIXTURES_DIR, name);
+    if (zo_model_config_load(path, c)) fail_msg("%s", zo_last_error());
+}
+
+/* ---- exact counts ------------------------------------------------------------------ */
+
+/* `total` is the published count, from the source named beside it; `active`
+ * (MoE) is the total less the routed experts a token skips, derived by hand:
+ * (experts - top_k) x (3 x hidden x expert_ffn) x MoE layers, with the
+ * model's own rounded figure for comparison. "keras-hub" is the preset table
+ * of keras-team/keras-hub (params of its own implementation of the model);
+ * "HF" is the model's Hugging Face safetensors total. */
+static const struct {
+    const char *config;
+    uint64_t total, active;
+} counts[] = {
+    /* keras-hub gpt2_base_en / gpt2_extra_large_en */
+    {"gpt2.json", 124439808ull, 0},
+    {"gpt2-xl.json", 1557611200ull, 0},
+    /* LLaMA 1 has LLaMA-2-7B's shape: keras-hub llama2_7b_en */
+    {"llama-7b.json", 6738415616ull, 0},
+    {"llama-2-7b.json", 6738415616ull, 0},
+    {"llama-2-13b.json", 13015864320ull, 0},
+    {"llama-2-70b.json", 68976648192ull, 0},
+    /* keras-hub llama3_8b_en and llama3.1 presets */
+    {"llama-3-8b.json", 8030261248ull, 0},
+    {"llama-3.1-8b.json", 8030261248ull, 0},
+    /* tied, head_dim 64: GPTQModel's test LLAMA_3_2_1B_PARAMETER_COUNT (HF
+     * 1.24B; keras-hub's 1,498,482,688 adds an untied 128256 x 2048 head) */
+    {"llama-3.2-1b.json", 1235814400ull, 0},
+    /* keras-hub mistral_7b_en */
+    {"mistral-7b.json", 7241732096ull, 0},
+    /* q/k/v biases: keras-hub qwen2.5 presets (0.5B tied, math 7B) */
+    {"qwen2.5-0.5b.json", 494032768ull, 0},
+    {"qwen2.5-7b.json", 7615616512ull, 0},
+    /* q/k norms of head_dim: keras-hub qwen3_0.6b_en, qwen3_8b_en */
+    {"qwen3-0.6b.json", 596049920ull, 0},
+    {"qwen3-8b.json", 8190735360ull, 0},
+    /* GeGLU, head_dim 256, tied: keras-hub gemma_2b_en, gemma_7b_en */
+    {"gemma-2b.json", 2506172416ull, 0},
+    {"gemma-7b.json", 8537680896ull, 0},
+    /* four norms per layer: keras-hub gemma2_2b_en, gemma2_9b_en */
+    {"gemma-2-2b.json", 2614341888ull, 0},
+    {"gemma-2-9b.json", 9241705984ull, 0},
+    /* keras-hub phi3_mini_4k_instruct_en */
+    {"phi-3-mini-4k-instruct.json", 3821079552ull, 0},
+    /* GPTNeoXForCausalLM counts in the Pythia suite's tables */
+    {"pythia-160m.json", 162322944ull, 0},
+    {"pythia-6.9b.json", 6857302016ull, 0},
+    /* the GPT-NeoX-20B model card: n_parameters 20554567680 */
+    {"gpt-neox-20b.json", 20554567680ull, 0},
+    /* Falcon-7B (HF 6.92B), by hand: 32 layers x (ln 2x4544 + qkv 4544 x
+     * (4544 + 2 x 64) + dense 4544^2 + mlp 2 x 4544 x 18176 = 207,070,080)
+     * + embedding 65024 x 4544 + ln_f 2 x 4544, tied */
+    {"falcon-7b.json", 6921720704ull, 0},
+    /* Falcon-40B (HF 41.3B), by hand: 60 layers x (ln_attn + ln_mlp 4 x 8192
+     * + qkv 8192 x (8192 + 2 x 8 x 64) + dense 8192^2 + mlp 2 x 8192 x 32768
+     * = 679,510,016) + 65024 x 8192 + 2 x 8192, tied */
+    {"falcon-40b.json", 41303293952ull, 0},
+    /* ALiBi, biases, sequential: keras-hub falcon_refinedweb_1b_en */
+    {"falcon-rw-1b.json", 1311625216ull, 0},
+    /* OPT-1.3b: HF OPTForCausalLM parameters() as printed in a public script;
+     * OPT-125m by hand: 12 x 7,087,872 + 50272 x 768 + (2048 + 2) x 768 +
+     * 2 x 768 (keras-hub's 125,237,760 keeps 2048 position rows, not 2050) */
+    {"opt-1.3b.json", 1315758080ull, 0},
+    {"opt-125m.json", 125239296ull, 0},
+    /* embedding LayerNorm, ALiBi: keras-hub bloom_560m_multi; BLOOM-7b1 from
+     * the BLOOM evaluation tables (7,069,016,064) */
+    {"bloom-560m.json", 559214592ull, 0},
+    {"bloom-7b1.json", 7069016064ull, 0},
+    /* keras-hub mixtral_8_7b_en; active 46,702,792,704 - 6 x 3 x 4096 x 14336
+     * x 32 (Mistral: 12.9B active) */
+    {"mixtral-8x7b.json", 46702792704ull, 12879925248ull},
+    /* keras-hub qwen1.5_moe_2.7b_en; active - 56 x 3 x 2048 x 1408 x 24 (A2.7B) */
+    {"qwen1.5-moe-a2.7b.json", 14315784192ull, 2689173504ull},
+    /* keras-hub qwen3_moe_30b_a3b_en; active - 120 x 3 x 2048 x 768 x 48 (A3B, 3.3B) */
+    {"qwen3-30b-a3b.json", 30532122624ull, 3353032704ull},
+    /* HF totals. Active: DeepSeekMoE-16B - 58 x 3 x 2048 x 1408 x 27 (2.8B);
+     * V2-Lite - 58 x 3 x 2048 x 1408 x 26 (2.4B without the 0.21B input
+     * embedding); V2 - 154 x 3 x 5120 x 1536 x 59 (21B); V3 main model (the
+     * bf16 count of MAI-DS-R1, V3's shape; V3's README: 671B, and 36.6B
+     * active without the 0.93B input embedding) - 248 x 3 x 7168 x 2048 x 58 */
+    {"deepseek-moe-16b.json", 16375728128ull, 2828650496ull},
+    {"deepseek-v2-lite.json", 15706484224ull, 2661150208ull},
+    {"deepseek-v2.json", 235741434880ull, 21375800320ull},
+    {"deepseek-v3.json", 671026419200ull, 37552297472ull},
+};
+
+static void test_family_counts(void **state)
+{
+    (void)state;
+    int bad = 0;
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        zo_model_config c;
+        load(counts[i].config, &c);
+        zo_param_counts pc;
+        zo_model_param_counts(&c, &pc);
+        uint64_t active = counts[i].active ? counts[i].active : counts[i].total;
+        if (pc.total != counts[i].total || pc.active != active) {
+            print_error("%s: total %llu (want %llu), active %llu (want %llu)\n", counts[i].config,
+                        (unsigned long long)pc.total, (unsigned long long)counts[i].total,
+                        (unsigned long long)pc.active, (unsigned long long)active);
+            bad++;
+        }
+        /* experts are all MoE parameters a token can skip */
+        assert_int_equal(pc.experts > 0, counts[i].active > 0);
+    }
+    assert_int_equal(bad, 0);
+    assert_true(sizeof counts / sizeof counts[0] >= 15);
+}
+
+/* Hugging Face's per-family defaults: an absent tie_word_embeddings is tied
+ * for Gemma, Falcon, OPT and BLOOM and untied for LLaMA, Mixtral, GPT-NeoX;
+ * Mistral's absent num_key_value_heads is 8. */
+static void test_family_defaults(void **state)
+{
+    (void)state;
+    static const struct { const char *type; int tied; } tie[] = {
+        {"gemma", 1}, {"falcon", 1}, {"opt", 1}, {"bloom", 1}, {"gpt2", 1},
+        {"llama", 0}, {"mistral", 0}, {"mixtral", 0}, {"gpt_neox", 0}, {"qwen2", 0},
+    };
+    for (size_t i = 0; i < sizeof tie / sizeof tie[0]; i++) {
+        char json[512];
+        snprintf(json, sizeof json,
+                 "{\"model_type\": \"%s\", \"num_hidden_layers\": 2, \"n_layer\": 2, "
+                 "\"hidden_size\": 64, \"n_embd\": 64, \"num_attention_heads\": 4, \"n_head\": 4, "
+                 "\"intermediate_size\": 128, \"ffn_dim\": 128, \"vocab_size\": 100, "
+                 "\"n_positions\": 64, \"num_key_value_heads\": 4, \"head_dim\": 16}",
+                 tie[i].type);
+        zo_model_config c;
+        if (zo_model_config_parse(json, "d.json", &c)) fail_msg("%s", zo_last_error());
+        if (c.tied_embeddings != tie[i].tied)
+            fail_msg("%s: tied %d, want %d", tie[i].type, c.tied_embeddings, tie[i].tied);
+    }
+    zo_model_config c;
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"mistral\", \"num_hidden_layers\": 2, "
+                                           "\"hidden_size\": 64, \"num_attention_heads\": 16, "
+                                           "\"intermediate_size\": 128, \"vocab_size\": 100}",
+                                           "m.json", &c),
+                     ZO_OK);
+    assert_int_equal(c.n_kv_heads, 8);
+    /* the architectures' class names the family when model_type is absent */
+    assert_int_equal(zo_model_config_parse("{\"architectures\": [\"Qwen2ForCausalLM\"], "
+                                           "\"num_hidden_layers\": 2, \"hidden_size\": 64, "
+                                           "\"num_attention_heads\": 4, \"num_key_value_heads\": 4, "
+                                           "\"intermediate_size\": 128, \"vocab_size\": 100}",
+                                           "q.json", &c),
+                     ZO_OK);
+    assert_string_equal(c.family, "qwen2");
+    assert_true(c.attn_bias);
+}
+
+/* ---- refused by name ---------------------------------------------------------------- */
+
+static void expect_refused(const char *json, const char *key, const char *also)
+{
+    zo_model_config c;
+    zo_status st = zo_model_config_parse(json, "r.json", &c);
+    char want[96];
+    snprintf(want, sizeof want, "field \"%s\"", key);
+    if (st != ZO_ERR_UNSUPPORTED || !strstr(zo_last_error(), want) ||
+        (also && !strstr(zo_last_error(), also)))
+        fail_msg("%s: status %d, \"%s\" (want %s and %s)", json, st, zo_last_error(), want,
+                 also ? also : "");
+}
+
+#define SHAPE "\"num_hidden_layers\": 2, \"hidden_size\": 64, \"num_attention_heads\": 4, " \
+              "\"intermediate_size\": 128, \"vocab_size\": 100"
+
+static void test_refused(void **state)
+{
+    (void)state;
+    /* recognised families that are not modelled */
+    static const char *families[] = {"t5", "bert", "mamba", "rwkv", "jamba", "phi", "phimoe",
+                                     "gptj", "llava", "qwen3_next"};
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++) {
+        char json[256];
+        snprintf(json, sizeof json, "{\"model_type\": \"%s\", " SHAPE "}", families[i]);
+        expect_refused(json, "model_type", families[i]);
+    }
+    /* an unknown family, whatever fields it has */
+    expect_refused("{\"model_type\": \"frobnicator\", " SHAPE "}", "model_type", "frobnicator");
+    /* keys that change the size and that the family's parser does not model */
+    expect_refused("{\"model_type\": \"llama\", \"num_local_experts\": 8, " SHAPE "}",
+                   "num_local_experts", "llama");
+    expect_refused("{\"model_type\": \"mistral\", \"kv_lora_rank\": 512, " SHAPE "}",
+                   "kv_lora_rank", NULL);
+    expect_refused("{\"model_type\": \"qwen2\", \"num_experts\": 60, " SHAPE "}", "num_experts",
+                   NULL);
+    expect_refused("{\"model_type\": \"qwen3\", \"attention_bias\": true, " SHAPE "}",
+                   "attention_bias", NULL);
+    expect_refused("{\"model_type\": \"gemma2\", \"mlp_bias\": true, " SHAPE "}", "mlp_bias", NULL);
+    expect_refused("{\"model_type\": \"qwen3_moe\", \"mlp_only_layers\": [0], " SHAPE "}",
+                   "mlp_only_layers", NULL);
+    expect_refused("{\"model_type\": \"qwen2_moe\", \"decoder_sparse_step\": 2, " SHAPE "}",
+                   "decoder_sparse_step", NULL);
+    expect_refused("{\"model_type\": \"deepseek_v2\", \"n_routed_experts\": 8, "
+                   "\"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, "
+                   "\"moe_layer_freq\": 2, " SHAPE "}",
+                   "moe_layer_freq", NULL);
+    expect_refused("{\"model_type\": \"llama\", \"num_nextn_predict_layers\": 1, " SHAPE "}",
+                   "num_nextn_predict_layers", NULL);
+    expect_refused("{\"model_type\": \"qwen2\", \"layer_types\": [\"linear_attention\"], " SHAPE "}",
+                   "layer_types", "linear_attention");
+    expect_refused("{\"model_type\": \"llama\", \"text_config\": {\"hidden_size\": 64}, " SHAPE "}",
+                   "text_config", NULL);
+    /* neutral values of those keys are fine: DeepSeek-V2-Lite's q_lora_rank
+     * null, Qwen3-MoE's mlp_only_layers [], LLaMA's attention_bias false */
+    zo_model_config c;
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"llama\", \"attention_bias\": false, "
+                                           "\"mlp_bias\": false, \"q_lora_rank\": null, " SHAPE "}",
+                                           "n.json", &c),
+                     ZO_OK);
+}
+
+/* Shapes and constants that parse but make no sense are bad input, refused
+ * naming the key before a product of them is formed: the 4 x hidden MLP of
+ * GPT-2, Falcon and BLOOM (n_embd = 2147483647 overflowed an int), DeepSeek's
+ * shared experts and latent head dims; routed experts and latent attention
+ * count in the limit of 2^53 parameters; a key given twice; memplan exits 2. */
+static void test_nonsense_refused(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *json, *said;
+        zo_status st;
+    } cases[] = {
+        {"{\"model_type\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 2147483647, \"n_head\": 1, "
+         "\"n_positions\": 8, \"vocab_size\": 8}", "field \"n_embd\": 4 x 2147483647", ZO_ERR_FORMAT},
+        {"{\"model_type\": \"falcon\", \"num_hidden_layers\": 1, \"hidden_size\": 1073741824, "
+         "\"num_attention_heads\": 1, \"vocab_size\": 8}", "field \"hidden_size\": 4 x", ZO_ERR_FORMAT},
+        {"{\"model_type\": \"bloom\", \"n_layer\": 1, \"hidden_size\": 600000000, \"n_head\": 1, "
+         "\"vocab_size\": 8}", "field \"hidden_size\": 4 x", ZO_ERR_FORMAT},
+        {"{\"model_type\": \"deepseek\", \"n_routed_experts\": 4, \"num_experts_per_tok\": 2, "
+         "\"moe_intermediate_size\": 65536, \"n_shared_experts\": 65536, " SHAPE "}",
+         "field \"n_shared_experts\": 65536 x 65536", ZO_ERR_FORMAT},
+        {"{\"model_type\": \"deepseek_v2\", \"qk_nope_head_dim\": 2147483647, \"qk_rope_head_dim\": 64, "
+         SHAPE "}", "field \"qk_rope_head_dim\"", ZO_ERR_FORMAT},
+        /* 2^31 - 1 experts of 3 x 4096 x 14336 each: 3.8e17 parameters */
+        {"{\"model_type\": \"mixtral\", \"num_local_experts\": 2147483647, \"num_hidden_layers\": 1, "
+         "\"hidden_size\": 4096, \"num_attention_heads\": 32, \"intermediate_size\": 14336, "
+         "\"vocab_size\": 100}", "(and the experts)", ZO_ERR_INVALID},
+        /* a latent kv projection of 2^31 x 128 x 256 per layer, 1000 layers: 7e16 */
+        {"{\"model_type\": \"deepseek_v2\", \"kv_lora_rank\": 2147483647, \"num_hidden_layers\": 1000, "
+         "\"hidden_size\": 64, \"num_attention_heads\": 128, \"intermediate_size\": 128, "
+         "\"vocab_size\": 100}", "more than 2^53", ZO_ERR_INVALID},
+        {"{\"model_type\": \"llama\", \"rms_norm_eps\": -1e-6, " SHAPE "}", "rms_norm_eps", ZO_ERR_INVALID},
+        {"{\"model_type\": \"llama\", \"hidden_size\": 32, " SHAPE "}", "\"hidden_size\" appears twice",
+         ZO_ERR_FORMAT},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        zo_model_config c;
+        zo_status st = zo_model_config_parse(cases[i].json, "n.json", &c);
+        if (st != cases[i].st || !strstr(zo_last_error(), cases[i].said))
+            fail_msg("case %zu: status %d, \"%s\" (want %d and \"%s\")", i, st, zo_last_error(),
+                     cases[i].st, cases[i].said);
+    }
+    /* memplan: bad input */
+    char path[64], args[128];
+    static char out[1 << 16];
+    snprintf(path, sizeof path, "/tmp/zo_test_families_%d.json", (int)getpid());
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(cases[0].json, f);
+    fclose(f);
+    snprintf(args, sizeof args, "estimate --model %s", path);
+    assert_int_equal(run_memplan(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "n_embd"));
+    remove(path);
+}
+
+/* The CLI: exit 2 naming the key, for published configs it does not model. */
+static void test_cli_refused(void **state)
+{
+    (void)state;
+    static const struct { const char *config, *key; } cases[] = {
+        {"t5-base.json", "model_type"},         /* an encoder-decoder */
+        {"opt-350m.json", "word_embed_proj_dim"}, /* OPT-350m's projected embedding */
+    };
+    static char out[1 << 16];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char args[1024];
+        snprintf(args, sizeof args, "estimate --model %s/hf-configs/%s", ZO_FIXTURES_DIR,
+                 cases[i].config);
+        assert_int_equal(run_memplan(args, out, sizeof out), 2);
+        if (!strstr(out, cases[i].key)) fail_msg("%s: %s", cases[i].config, out);
+    }
+}
+
+/* The defaults a user trips on: --seq is not Llama-3.1's 131072 positions
+ * but at most 4096, and says so; a V100 gets fp16 (bf16 refused) and a
+ * warning for FlashAttention. */
+static void test_cli_defaults(void **state)
+{
+    (void)state;
+    static char out[1 << 16];
+    char args[1024];
+    snprintf(args, sizeof args, "estimate --model %s/hf-configs/llama-3.1-8b.json --hw h100-80gb",
+             ZO_FIXTURES_DIR);
+    run_memplan(args, out, sizeof out);
+    assert_non_null(strstr(out, "seq 4096 (default: the model's positions, at most 4096)"));
+    snprintf(args, sizeof args, "estimate --model %s/hf-configs/llama-3.1-8b.json --seq 8192",
+             ZO_FIXTURES_DIR);
+    run_memplan(args, out, sizeof out);
+    assert_non_null(strstr(out, "seq 8192,"));
+    /* GPT-2's 1024 learned positions are below the cap and stay the default */
+    assert_true(run_memplan("estimate --model gpt2", out, sizeof out) <= 1);
+    assert_non_null(strstr(out, "seq 1024 (default"));
+
+    assert_int_equal(run_memplan("estimate --model gpt2 --hw v100-32gb --dtype bf16", out, sizeof out), 2);
+    assert_non_null(strstr(out, "--dtype bf16"));
+    assert_non_null(strstr(out, "V100"));
+    assert_int_equal(run_memplan("estimate --model gpt2 --hw v100-32gb", out, sizeof out), 0);
+    assert_non_null(strstr(out, "fp16 weights"));
+    assert_non_null(strstr(out, "warning: V100-32GB has no FlashAttention"));
+    assert_int_equal(run_memplan("estimate --model gpt2 --hw v100-32gb --no-flash-attn", out, sizeof out), 0);
+    assert_null(strstr(out, "warning"));
+}
+
+/* ---- a mixture of experts with expert parallelism ------------------------------------- */
+
+typedef struct moe_setup {
+    zo_model_config m;
+    plan_hw hw;
+    plan_train t;
+    plan_estimate e;
+    plan_time pt;
+} moe_setup;
+
+/* Mixtral-8x7B on one 8 x H100 node, DP 8 with EP 8: each rank holds one
+ * expert of each layer. */
+static void mixtral_setup(moe_setup *s, int ep, int zero)
+{
+    load("mixtral-8x7b.json", &s->m);
+    assert_int_equal(plan_hw_find("dgx-h100", &s->hw), ZO_OK);
+    plan_train_defaults(&s->t, &s->m);
+    s->t.seq = 4096;
+    s->t.dp = 8;
+    s->t.ep = ep;
+    s->t.zero = zero;
+    assert_int_equal(plan_estimate_run(&s->m, &s->hw, &s->t, &s->e), ZO_OK);
+    assert_int_equal(plan_time_run(&s->m, &s->hw, &s->t, &s->e, &s->pt), ZO_OK);
+}
+
+static uint64_t item(const plan_estimate *e, const char *name, plan_tier tier)
+{
+    for (int i = 0; i < e->n_items; i++)
+        if (e->items[i].tier == tier && !strcmp(e->items[i].name, name)) return e->items[i].bytes;
+    return 0;
+}
+
+static void test_mixtral_ep8_bytes(void **state)
+{
+    (void)state;
+    moe_setup s;
+    mixtral_setup(&s, 8, 1);
+    /* by hand, per layer: attention 4096 x (4096 + 2 x 1024) + 4096 x 4096
+     * = 41,943,040, two RMSNorms 8192, router 4096 x 8 = 32,768: 41,984,000
+     * on every rank; one expert of 3 x 4096 x 14336 = 176,160,768 per rank
+     * with EP 8. Embedding and output layer 2 x 32000 x 4096 = 262,144,000,
+     * final norm 4096. */
+    const uint64_t dense = 32ull * 41984000 + 262144000 + 4096; /* 1,605,636,096 */
+    const uint64_t experts = 32ull * 176160768;                  /* 5,637,144,576 */
+    assert_int_equal(s.e.stage_params, dense + experts);         /* 7,242,780,672 */
+    assert_int_equal(s.e.stage_expert_params, experts);
+    /* bf16 weights and gradients, whole on each rank (ZeRO-1) */
+    assert_int_equal(item(&s.e, "fp16/bf16 weights", PLAN_GPU), 2 * (dense + experts));
+    assert_int_equal(item(&s.e, "gradients", PLAN_GPU), 2 * (dense + experts));
+    /* ZeRO-1 shards AdamW's 12 bytes over the ranks that hold the same
+     * parameters: the dense ones over DP 8, each expert is on one rank
+     * (DP / EP = 1), so its optimizer state is not sharded at all */
+    assert_int_equal(item(&s.e, "AdamW: fp32 master, m, v", PLAN_GPU),
+                     12 * ((dense + 7) / 8 + experts));
+    /* 87.6 GB of model states alone: over an 80 GB GPU */
+    assert_false(s.e.fits);
+
+    /* without EP every rank holds all 8 experts: the whole model */
+    moe_setup all;
+    mixtral_setup(&all, 1, 1);
+    assert_int_equal(all.e.stage_params, zo_model_params(&all.m));
+    assert_int_equal(item(&all.e, "AdamW: fp32 master, m, v", PLAN_GPU),
+                     12 * ((zo_model_params(&all.m) + 7) / 8));
+
+    /* the MoE layer's activations (no recompute, flash attention, bf16, seq
+     * 4096, micro-batch 1), by hand against the dense MLP they replace
+     * (gate, up and down inputs of 14336 per token): the router's fp32
+     * probabilities 8 x 4 B, the routed rows in and out 2 x (2 x 4096) x 2 B,
+     * and the experts' gate, up and down inputs over the 2 routed rows:
+     * 3 x (2 x 14336) x 2 B, per token */
+    uint64_t sq = 4096;
+    uint64_t moe_rows = sq * (8 * 4 + 2 * 2 * 4096 * 2 + 3 * 2 * 14336 * 2);
+    uint64_t dense_rows = sq * 3 * 14336 * 2;
+    assert_int_equal(plan_layer_act_bytes_of(&s.m, &s.t, 1, 1) - plan_layer_act_bytes_of(&s.m, &s.t, 1, 0),
+                     moe_rows - dense_rows);
+    /* with a capacity factor of 1.25 the expert buffers grow by a quarter */
+    plan_train cf = s.t;
+    cf.capacity_factor = 1.25;
+    uint64_t routed = sq * (2 * 2 * 4096 * 2 + 3 * 2 * 14336 * 2);
+    assert_int_equal(plan_layer_act_bytes_of(&s.m, &cf, 1, 1) - plan_layer_act_bytes_of(&s.m, &s.t, 1, 1),
+                     routed / 4);
+}
+
+static void test_mixtral_ep_time(void **state)
+{
+    (void)state;
+    moe_setup ep8, ep1;
+    mixtral_setup(&ep8, 8, 1);
+    mixtral_setup(&ep1, 1, 1);
+    /* EP: four all-to-alls (dispatch and combine, forward and backward) per
+     * layer of 4096 x 2 rows x 4096 x 2 B, 7/8 of them leaving the rank,
+     * over NVLink */
+    double bw = ep8.hw.nvlink_bw * ep8.hw.coll_eff;
+    double a2a = 7.0 / 8 * 4096.0 * 2 * 4096 * 2 / bw + 7 * ep8.hw.nvlink_lat;
+    assert_true(fabs(ep8.pt.ep_comm - 32 * 4 * a2a) < 1e-9);
+    assert_true(ep1.pt.ep_comm == 0);
+    /* model FLOPs from the active parameters: per token 2 x (attention 41.9M
+     * + router 32K + 2 experts of 176.2M) per layer and the attention core
+     * 2 x s x (128 + 128) x 32, three passes, plus the output layer */
+    double h = 4096, s = 4096, L = 32, v = 32000;
+    double layer = 2 * (41943040.0 + 4096 * 8 + 2 * 176160768.0) + 2 * s * 256 * 32;
+    assert_true(fabs(ep8.pt.mb.model_flops_token / (3 * (L * layer + 2 * h * v)) - 1) < 1e-12);
+    /* the experts' gradients are reduced over DP / EP = 1 rank: nothing; the
+     * dense ones over all 8 */
+    assert_true(ep8.pt.dp_comm_total < ep1.pt.dp_comm_total);
+}
+
+/* A plan file keeps what the family adds (experts, latent attention, ...),
+ * the expert parallelism and capacity factor and the schedule switches:
+ * read back, the same model, bytes and step. */
+static void test_plan_file_keeps_family(void **state)
+{
+    (void)state;
+    static const char *configs[] = {"mixtral-8x7b.json", "deepseek-v2-lite.json", "gemma-2-2b.json",
+                                    "falcon-7b.json", "bloom-560m.json", "opt-125m.json"};
+    for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
+        moe_setup s;
+        load(configs[i], &s.m);
+        assert_int_equal(plan_hw_find("dgx-h100", &s.hw), ZO_OK);
+        plan_train_defaults(&s.t, &s.m);
+        s.t.seq = 2048;
+        s.t.dp = 8;
+        s.t.zero = 1;
+        if (s.m.moe.experts) s.t.ep = s.m.moe.experts % 8 ? 1 : 8;
+        if (s.m.moe.experts) s.t.capacity_factor = 1.25;
+        s.t.dp_overlap = 0;
+        s.t.fused_grad_accum = 1;
+        assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &s.e), ZO_OK);
+        assert_int_equal(plan_time_run(&s.m, &s.hw, &s.t, &s.e, &s.pt), ZO_OK);
+        cJSON *doc;
+        assert_int_equal(plan_file_json(&s.m, &s.hw, &s.t, &s.e, &s.pt, "p.json", &doc), ZO_OK);
+        char *text = cJSON_Print(doc);
+        cJSON_Delete(doc);
+        assert_non_null(text);
+        moe_setup b;
+        zo_status st = plan_file_parse(text, "p.json", &b.m, &b.hw, &b.t);
+        free(text);
+        if (st) fail_msg("%s: %s", configs[i], zo_last_error());
+        assert_int_equal(zo_model_params(&b.m), zo_model_params(&s.m));
+        assert_int_equal(b.t.ep, s.t.ep);
+        assert_true(b.t.capacity_factor == s.t.capacity_factor);
+        assert_true(b.t.dp_overlap == 0 && b.t.fused_grad_accum == 1);
+        assert_memory_equal(&b.m.moe, &s.m.moe, sizeof s.m.moe);
+        assert_memory_equal(&b.m.mla, &s.m.mla, sizeof s.m.mla);
+        assert_string_equal(b.m.act, s.m.act);
+        assert_true(b.m.pos == s.m.pos && b.m.pos_offset == s.m.pos_offset &&
+                    b.m.layer_norms == s.m.layer_norms && b.m.parallel_block == s.m.parallel_block &&
+                    b.m.embed_norm == s.m.embed_norm && b.m.qk_norm == s.m.qk_norm);
+        assert_int_equal(plan_estimate_run(&b.m, &b.hw, &b.t, &b.e), ZO_OK);
+        assert_int_equal(plan_time_run(&b.m, &b.hw, &b.t, &b.e, &b.pt), ZO_OK);
+        assert_int_equal(b.e.total[PLAN_GPU], s.e.total[PLAN_GPU]);
+        assert_true(fabs(b.pt.step - s.pt.step) < 1e-9 * s.pt.step);
+    }
+}
+
+static void test_moe_validation(void **state)
+{
+    (void)state;
+    moe_setup s;
+    load("mixtral-8x7b.json", &s.m);
+    assert_int_equal(plan_hw_find("dgx-h100", &s.hw), ZO_OK);
+    plan_train_defaults(&s.t, &s.m);
+    s.t.dp = 8;
+    s.t.ep = 3; /* does not divide DP 8 */
+    assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &s.e), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "--ep 3"));
+    s.t.dp = 16;
+    s.hw.gpus = 16;
+    s.t.ep = 16; /* more than the 8 experts */
+    assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &s.e), ZO_ERR_INVALID);
+    zo_model_config dense;
+    load("llama-3-8b.json", &dense);
+    plan_train_defaults(&s.t, &dense);
+    s.t.dp = 8;
+    s.t.ep = 8;
+    s.hw.gpus = 8;
+    assert_int_equal(plan_estimate_run(&dense, &s.hw, &s.t, &s.e), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "no experts"));
+}
+
+/* DeepSeek-V2: the dense first layer and the MoE layers on different
+ * pipeline stages. */
+static void test_deepseek_stages(void **state)
+{
+    (void)state;
+    zo_model_config m;
+    load("deepseek-v2.json", &m);
+    zo_layer_params d, e;
+    zo_model_layer_params(&m, 0, &d);
+    zo_model_layer_params(&m, 59, &e);
+    assert_int_equal(d.experts, 0);
+    assert_int_equal(e.experts, 160);
+    /* by hand: MLA per layer 5120 x 1536 + 1536 + 1536 x 128 x 192 + 5120 x
+     * (512 + 64) + 512 + 512 x 128 x 256 + 128 x 128 x 5120 = 149,227,520 of
+     * which the down projections and their norms are replicated */
+    assert_int_equal(d.total, 149227520ull + 3ull * 5120 * 12288 + 2 * 5120);
+    plan_train t;
+    plan_train_defaults(&t, &m);
+    t.pp = 4;
+    uint64_t p0, p3, big;
+    int layers;
+    plan_stage_shape(&m, &t, 0, &p0, &big, &layers);
+    plan_stage_shape(&m, &t, 3, &p3, &big, &layers);
+    assert_int_equal(layers, 15);
+    /* stage 0: the dense layer, 14 MoE layers and the embedding; stage 3: 15
+     * MoE layers, the final norm and the output layer */
+    assert_int_equal(p0, d.total + 14 * e.total + 102400ull * 5120);
+    assert_int_equal(p3, 15 * e.total + 5120 + 102400ull * 5120);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_family_counts),   cmocka_unit_test(test_family_defaults),
+        cmocka_unit_test(test_refused),         cmocka_unit_test(test_cli_refused),
+        cmocka_unit_test(test_nonsense_refused),
+        cmocka_unit_test(test_mixtral_ep8_bytes), cmocka_unit_test(test_mixtral_ep_time),
+        cmocka_unit_test(test_moe_validation),  cmocka_unit_test(test_deepseek_stages),
+        cmocka_unit_test(test_plan_file_keeps_family), cmocka_unit_test(test_cli_defaults),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,447 @@
+/* LoRA and QLoRA in the planner (docs/memplan.md, "LoRA and QLoRA"):
+ * trainable counts through the CLI against Hugging Face PEFT's published
+ * figures; the frozen base's bytes (16-bit, or NF4 with double quantization
+ * from the QLoRA paper's block scheme, computed here); no base gradients;
+ * what the adapters add to activations; the cost model's FLOPs and NF4
+ * dequantization; the QLoRA paper's claims (LLaMA-1 65B on one 48 GB GPU,
+ * 33B on one 24 GB GPU); LoRA and QLoRA among the "fits with" alternatives;
+ * plan files and max-model carrying the method. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <cjson/cJSON.h>
+
+#include "common/model_config.h"
+#include "common/plan_schema.h" /* defines: zo_plan_load */
+#include "planner/cost.h"
+#include "planner/hardware.h"
+#include "planner/memory.h"
+#include "planner/suggest.h"
+#include "tests/support/run.h" /* defines: run_memplan */
+
+static void load(const char *name, zo_model_config *c)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/hf-configs/%s", ZO_FIXTURES_DIR, name);
+    if (zo_model_config_load(path, c)) fail_msg("%s", zo_last_error());
+}
+
+static cJSON *memplan_json(const char *args, int want_rc)
+{
+    static char out[1 << 20];
+    char a[4096];
+    snprintf(a, sizeof a, "%s --json", args);
+    int rc = run_memplan(a, out, sizeof out);
+    if (rc != want_rc) fail_msg("memplan %s: exit %d, wanted %d\n%s", a, rc, want_rc, out);
+    cJSON *doc = cJSON_Parse(out);
+    if (!doc) fail_msg("memplan %s: not JSON:\n%s", a, out);
+    return doc;
+}
+
+static double num(const cJSON *o, const char *a, const char *b)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, a);
+    if (b) x = cJSON_GetObjectItemCaseSensitive(x, b);
+    if (!cJSON_IsNumber(x)) fail_msg("no number %s.%s", a, b ? b : "");
+    return x->valuedouble;
+}
+
+/* NF4 with double quantization as the QLoRA paper lays it out: a 4-bit code
+ * per weight, an 8-bit absmax per block of 64, an fp32 scale per 256 of those
+ * and one fp32 offset (written here from the scheme, not from common/nf4.c). */
+static uint64_t nf4_reference(uint64_t n)
+{
+    uint64_t blocks = (n + 63) / 64;
+    return 4 + 4 * ((blocks + 255) / 256) + blocks + (n + 1) / 2;
+}
+
+/* ---- counts ----------------------------------------------------------------------------- */
+
+/* PEFT's print_trainable_parameters for these models and adapters (the
+ * figures issue 15 and the PEFT documentation give); memplan reports them. */
+static void test_peft_counts_cli(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *model, *flags;
+        uint64_t trainable;
+    } c[] = {
+        {"llama-2-7b", "--lora 8 --lora-targets q,v", 4194304ull},
+        {"llama-2-7b", "--lora 16 --lora-targets all-linear", 39976960ull},
+        {"llama-2-13b", "--lora 64 --lora-targets all-linear --qlora", 250347520ull},
+        {"mistral-7b", "--lora 16 --lora-targets all-linear", 41943040ull},
+        /* q,v (the default) on GPT-2 is its fused c_attn, PEFT's default target */
+        {"gpt2", "--lora 8", 294912ull},
+        {"llama-2-7b", "--lora 8 --lora-targets q_proj,v_proj", 4194304ull},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        char args[512];
+        snprintf(args, sizeof args, "estimate --model %s --seq 512 %s", c[i].model, c[i].flags);
+        cJSON *doc = memplan_json(args, 0);
+        if ((uint64_t)num(doc, "trainable_params", NULL) != c[i].trainable)
+            fail_msg("%s: %.0f trainable, PEFT says %llu", args, num(doc, "trainable_params", NULL),
+                     (unsigned long long)c[i].trainable);
+        const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(doc, "config");
+        assert_string_equal(cJSON_GetObjectItemCaseSensitive(cfg, "method")->valuestring,
+                            strstr(c[i].flags, "--qlora") ? "qlora" : "lora");
+        assert_true(num(cfg, "lora", "r") == atof(strstr(c[i].flags, "--lora ") + 7));
+        /* the table says the same count */
+        static char out[1 << 16];
+        assert_int_equal(run_memplan(args, out, sizeof out), 0);
+        char want[64];
+        uint64_t v = c[i].trainable;
+        snprintf(want, sizeof want, "%llu,%03llu,%03llu trainable parameters",
+                 (unsigned long long)(v / 1000000), (unsigned long long)(v / 1000 % 1000),
+                 (unsigned long long)(v % 1000));
+        if (v < 1000000) snprintf(want, sizeof want, "%llu,%03llu trainable parameters",
+                                  (unsigned long long)(v / 1000), (unsigned long long)(v % 1000));
+        if (!strstr(out, want)) fail_msg("%s: no \"%s\" in\n%s", args, want, out);
+        cJSON_Delete(doc);
+    }
+    /* what a flag cannot mean is refused by name */
+    static char out[1 << 14];
+    assert_int_equal(run_memplan("estimate --model gpt2 --lora 8 --lora-targets gate", out, sizeof out), 2);
+    assert_non_null(strstr(out, "--lora: LoRA: gpt2 has no gate"));
+    assert_int_equal(run_memplan("estimate --model llama-2-7b --qlora", out, sizeof out), 2);
+    assert_non_null(strstr(out, "--qlora needs --lora R"));
+    assert_int_equal(run_memplan("estimate --params 7B --lora 8", out, sizeof out), 2);
+    assert_non_null(strstr(out, "the adapters need the model's shape"));
+    assert_int_equal(run_memplan("estimate --model llama-2-7b --lora 0", out, sizeof out), 2);
+    assert_non_null(strstr(out, "--lora: 0 is out of range [1, 65536]"));
+}
+
+/* ---- memory -------------------------------------------------------------------------------- */
+
+typedef struct cfg {
+    zo_model_config m;
+    plan_hw hw;
+    plan_train t;
+    plan_estimate e;
+    plan_time pt;
+} cfg;
+
+static void run_cfg(cfg *c)
+{
+    assert_int_equal(plan_estimate_run(&c->m, &c->hw, &c->t, &c->e), ZO_OK);
+    assert_int_equal(plan_time_run(&c->m, &c->hw, &c->t, &c->e, &c->pt), ZO_OK);
+}
+
+static uint64_t item(const plan_estimate *e, const char *prefix)
+{
+    for (int i = 0; i < e->n_items; i++)
+        if (!strncmp(e->items[i].name, prefix, strlen(prefix))) return e->items[i].bytes;
+    return 0;
+}
+
+static void lora_of(cfg *c, plan_method method, int r, unsigned targets)
+{
+    c->t.method = method;
+    c->t.lora = (zo_lora_config){r, 16, targets};
+}
+
+/* The frozen base, the adapters and their gradients and AdamW state, what
+ * the adapters add to activations; no base gradients, no base optimizer. */
+static void test_lora_memory(void **state)
+{
+    (void)state;
+    cfg full, lora;
+    assert_int_equal(zo_model_preset_find("llama-2-7b", &full.m), ZO_OK);
+    assert_int_equal(plan_hw_find("h100-80gb", &full.hw), ZO_OK);
+    plan_train_defaults(&full.t, &full.m);
+    full.t.seq = 2048;
+    run_cfg(&full);
+    lora = full;
+    lora_of(&lora, PLAN_METHOD_LORA, 16, ZO_LORA_ALL_LINEAR);
+    run_cfg(&lora);
+    const zo_model_config *m = &full.m;
+    double L = m->n_layers, h = m->hidden, f = m->ffn, s = 2048, r = 16;
+    uint64_t P = zo_model_params(m), A = (uint64_t)(L * r * (4 * (h + h) + 3 * (h + f)));
+    assert_true(lora.e.trainable == A);
+    assert_true(lora.e.train_params == A);
+    /* 16-bit base and adapters; bf16 gradients and 12 bytes of AdamW state
+     * for the adapters only */
+    assert_true(lora.e.bytes[PLAN_GPU][PLAN_PARAMS] == (P + A) * 2);
+    assert_true(lora.e.bytes[PLAN_GPU][PLAN_GRADS] == A * 2);
+    assert_true(lora.e.bytes[PLAN_GPU][PLAN_OPTIMIZER] == A * 12);
+    assert_true(full.e.bytes[PLAN_GPU][PLAN_GRADS] == P * 2);
+    /* activations: each layer keeps A x per adapter [s, r] (7 adapters), and
+     * the backward one adapter's fp32 gradient [s, r] and a [2h] sink */
+    uint64_t added = (uint64_t)(L * s * 7 * r * 2 + 4 * s * r + 8 * h);
+    assert_true(lora.e.bytes[PLAN_GPU][PLAN_ACTIVATIONS] ==
+                full.e.bytes[PLAN_GPU][PLAN_ACTIVATIONS] + added);
+
+    /* QLoRA: the layers' seven linear weights in NF4 (each rounded up to 16
+     * bytes in the frozen buffer), everything else 16-bit */
+    cfg q = lora;
+    lora_of(&q, PLAN_METHOD_QLORA, 16, ZO_LORA_ALL_LINEAR);
+    run_cfg(&q);
+    uint64_t hh = (uint64_t)h * (uint64_t)h, hf = (uint64_t)h * (uint64_t)f;
+    uint64_t nf4 = (uint64_t)L * (4 * nf4_reference(hh) + 3 * nf4_reference(hf));
+    uint64_t linear = (uint64_t)L * (4 * hh + 3 * hf);
+    uint64_t frozen = nf4 + (P - linear) * 2;
+    uint64_t got = q.e.bytes[PLAN_GPU][PLAN_PARAMS] - A * 2;
+    assert_true(got >= frozen && got <= frozen + (uint64_t)L * 7 * 15);
+    /* the transformer's frozen buffers for this model (test_lora's
+     * test_sizes prints 3,865,595,008 bytes) */
+    assert_true(got >= 3865595008ull && got <= 3865595008ull + (uint64_t)L * 7 * 15);
+    /* 4.127 bits a weight, the paper's figure */
+    assert_true(fabs(8.0 * (double)nf4 / (double)linear - 4.127) < 0.001);
+    assert_true(item(&q.e, "NF4 dequantization scratch") == hf * 2);
+    assert_true(q.e.bytes[PLAN_GPU][PLAN_GRADS] == A * 2);
+
+    /* the frozen base streamed from the CPU: read-only there, slots on the
+     * GPU for its largest block (the 16-bit head: the final norm and the
+     * output layer), nothing written back */
+    cfg st = q;
+    st.t.params_on = PLAN_CPU;
+    run_cfg(&st);
+    assert_true(st.e.bytes[PLAN_CPU][PLAN_PARAMS] == got);
+    assert_true(st.e.bytes[PLAN_GPU][PLAN_PARAMS] == A * 2); /* the adapters stay */
+    uint64_t head = ((uint64_t)m->vocab + 1) * (uint64_t)h * 2;
+    assert_true(item(&st.e, "weight slots") == (uint64_t)(st.t.buf.prefetch_depth + 1) * head);
+    assert_true(st.pt.h2d_total > 0);
+    /* with the base streamed, the adapters' optimizer may stay on the GPU:
+     * no gradients cross PCIe */
+    assert_true(st.pt.d2h_total == 0 && st.pt.cpu_adam == 0);
+
+    /* the base on NVMe and the adapters in host memory, both streamed: a
+     * slot holds a block of each (the base's rounded up to 256 bytes); the
+     * base's NVMe store reads ahead into a ring of its slots and keeps one
+     * more to assemble a block */
+    cfg nv = q;
+    nv.t.params_on = PLAN_NVME;
+    nv.t.adapters_on = PLAN_CPU;
+    run_cfg(&nv);
+    uint64_t ring = (uint64_t)(nv.t.buf.prefetch_depth + 1);
+    uint64_t fslot = (head + 255) / 256 * 256, aslot = A / (uint64_t)L * 2;
+    /* on NVMe every block but the last starts on 4096 bytes (O_DIRECT) */
+    uint64_t emb = (uint64_t)m->vocab * (uint64_t)h * 2, layer = (got - emb - head) / (uint64_t)L;
+    uint64_t al = 4096;
+    assert_true(nv.e.bytes[PLAN_NVME][PLAN_PARAMS] ==
+                (emb + al - 1) / al * al + (uint64_t)L * ((layer + al - 1) / al * al) + head);
+    assert_true(item(&nv.e, "LoRA adapters") == A * 2 && nv.e.bytes[PLAN_CPU][PLAN_PARAMS] == A * 2);
+    assert_true(item(&nv.e, "weight slots") == ring * (fslot + aslot));
+    assert_true(item(&nv.e, "NVMe weights read-ahead") == ring * fslot);
+    /* both cross PCIe twice per micro-batch, the base also from NVMe */
+    assert_true(fabs(nv.pt.h2d_total - 2.0 * (double)(got + A * 2) / nv.hw.pcie_bw) < 1e-9 * nv.pt.h2d_total);
+    /* the CPU's updates of adapters that live on the host stay there; of
+     * adapters on the GPU they go up */
+    nv.t.opt_frac[PLAN_GPU] = 0;
+    nv.t.opt_frac[PLAN_CPU] = 1;
+    nv.t.grads_on = PLAN_CPU;
+    run_cfg(&nv);
+    assert_true(nv.pt.sched.cpu_n == (double)A && nv.pt.sched.w_bytes == 0);
+    nv.t.adapters_on = PLAN_GPU;
+    run_cfg(&nv);
+    assert_true(nv.pt.sched.w_bytes == 2);
+    assert_true(fabs(nv.pt.h2d_total - 2.0 * (double)got / nv.hw.pcie_bw) < 1e-9 * nv.pt.h2d_total);
+}
+
+/* ---- time ----------------------------------------------------------------------------------- */
+
+/* No weight-gradient GEMMs for the base: its FLOPs are the forward, the input
+ * gradients and 6 per adapter parameter a token; QLoRA adds the
+ * dequantization of each linear weight in the forward and the backward. */
+static void test_lora_cost(void **state)
+{
+    (void)state;
+    cfg full, lora;
+    assert_int_equal(zo_model_preset_find("llama-2-7b", &full.m), ZO_OK);
+    assert_int_equal(plan_hw_find("h100-80gb", &full.hw), ZO_OK);
+    plan_train_defaults(&full.t, &full.m);
+    full.t.seq = 4096;
+    run_cfg(&full);
+    lora = full;
+    lora_of(&lora, PLAN_METHOD_LORA, 8, ZO_LORA_Q | ZO_LORA_V);
+    run_cfg(&lora);
+    const zo_model_config *m = &full.m;
+    double L = m->n_layers, h = m->hidden, f = m->ffn, v = m->vocab;
+    double A = (double)lora.e.trainable, W = L * (4 * h * h + 3 * h * f) + h * v;
+    /* full: 6 per matmul weight a token; LoRA: 4, and 6 per adapter weight */
+    double diff = full.pt.mb.model_flops_token - lora.pt.mb.model_flops_token;
+    assert_true(fabs(diff - (2 * W - 6 * A)) < 1e-9 * diff);
+    assert_true(lora.pt.mb.bwd < 0.75 * full.pt.mb.bwd);
+    assert_true(lora.pt.mb.fwd > full.pt.mb.fwd); /* the adapters' GEMMs */
+    assert_true(lora.pt.mb.fwd < 1.05 * full.pt.mb.fwd);
+    /* the update on the GPU over the adapters only */
+    double ratio = lora.pt.optimizer_gpu / full.pt.optimizer_gpu;
+    assert_true(fabs(ratio - A / (double)full.e.stage_params) < 1e-9 * ratio);
+
+    cfg q = lora;
+    lora_of(&q, PLAN_METHOD_QLORA, 8, ZO_LORA_Q | ZO_LORA_V);
+    run_cfg(&q);
+    double hh = h * h, hf = h * f;
+    double bytes = 4 * (double)nf4_reference((uint64_t)hh) + 3 * (double)nf4_reference((uint64_t)hf);
+    /* per layer: the NF4 weights read (each rounded up to 16 bytes) and the
+     * bf16 weights written, at the HBM's achieved bandwidth */
+    double bw = full.hw.hbm_bw * full.hw.hbm_eff;
+    double lo = L * (bytes + (4 * hh + 3 * hf) * 2) / bw, hi = lo + L * 7 * 15 / bw;
+    double dq_f = q.pt.mb.fwd - lora.pt.mb.fwd, dq_b = q.pt.mb.bwd - lora.pt.mb.bwd;
+    assert_true(dq_f >= lo * (1 - 1e-12) && dq_f <= hi * (1 + 1e-12));
+    assert_true(fabs(dq_b - dq_f) < 1e-12);
+    assert_true(q.pt.mb.model_flops_token == lora.pt.mb.model_flops_token);
+}
+
+/* ---- the QLoRA paper's claims --------------------------------------------------------------- */
+
+/* Dettmers et al. 2023: QLoRA fine-tunes a 65B LLaMA on one 48 GB GPU and a
+ * 33B one on a 24 GB consumer GPU, with gradient checkpointing and a small
+ * batch; its adapters are rank 64 on every linear layer (alpha 16), their
+ * optimizer state paged to the CPU when the GPU runs short. LLaMA-1's
+ * shapes (huggyllama/llama-30b, llama-65b), batch 1. */
+static void test_qlora_claims(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *config, *gpu;
+    } c[] = {{"llama-65b.json", "rtx-a6000"}, {"llama-30b.json", "rtx-4090"}};
+    for (size_t i = 0; i < 2; i++) {
+        cfg x;
+        load(c[i].config, &x.m);
+        assert_int_equal(plan_hw_find(c[i].gpu, &x.hw), ZO_OK);
+        plan_train_defaults(&x.t, &x.m);
+        x.t.seq = 512;
+        x.t.recompute = PLAN_RECOMPUTE_FULL;
+        lora_of(&x, PLAN_METHOD_QLORA, 64, ZO_LORA_ALL_LINEAR);
+        /* the paper's adapters: the optimizer state (9.6 GB for 65B) goes to
+         * the CPU, as its paged optimizer does */
+        x.t.opt_frac[PLAN_GPU] = 0;
+        x.t.opt_frac[PLAN_CPU] = 1;
+        x.t.grads_on = PLAN_CPU;
+        run_cfg(&x);
+        printf("  %s QLoRA r 64 all-linear, seq 512, optimizer on the CPU: GPU %.2f of %.2f GiB\n",
+               c[i].config, (double)x.e.total[PLAN_GPU] / (1 << 30), (double)x.hw.gpu_mem / (1 << 30));
+        assert_true(x.e.fits);
+        assert_true(x.e.bytes[PLAN_GPU][PLAN_OPTIMIZER] == 0);
+        /* rank 16, everything on the GPU, 2048 tokens: fits too */
+        cfg y = x;
+        y.t.seq = 2048;
+        lora_of(&y, PLAN_METHOD_QLORA, 16, ZO_LORA_ALL_LINEAR);
+        y.t.opt_frac[PLAN_GPU] = 1;
+        y.t.opt_frac[PLAN_CPU] = 0;
+        y.t.grads_on = PLAN_GPU;
+        run_cfg(&y);
+        printf("  %s QLoRA r 16 all-linear, seq 2048, all on the GPU: GPU %.2f GiB\n", c[i].config,
+               (double)y.e.total[PLAN_GPU] / (1 << 30));
+        assert_true(y.e.fits);
+        /* what makes it fit is the NF4 base: with a 16-bit one it does not */
+        cfg z = x;
+        z.t.method = PLAN_METHOD_LORA;
+        run_cfg(&z);
+        assert_false(z.e.fits);
+        assert_true(z.e.total[PLAN_GPU] > 2 * x.hw.gpu_mem);
+    }
+}
+
+/* ---- alternatives, plan files, max-model ---------------------------------------------------- */
+
+/* Full fine-tuning of LLaMA-1 33B does not fit a desktop with an RTX 4090
+ * and 64 GB of RAM; QLoRA and LoRA are among the ranked alternatives, and
+ * each one's flags, applied, fit. */
+static void test_suggestions(void **state)
+{
+    (void)state;
+    char args[1024], cmd[2048];
+    snprintf(args, sizeof args, "estimate --model %s/hf-configs/llama-30b.json --gpu rtx-4090 "
+             "--cpu-mem 64GB --seq 2048", ZO_FIXTURES_DIR);
+    cJSON *doc = memplan_json(args, 1);
+    const cJSON *sg = cJSON_GetObjectItemCaseSensitive(doc, "suggestions");
+    int kinds[3] = {0};
+    double prev = 0;
+    const cJSON *a;
+    cJSON_ArrayForEach(a, sg)
+    {
+        const char *kind = cJSON_GetObjectItemCaseSensitive(a, "kind")->valuestring;
+        const char *flags = cJSON_GetObjectItemCaseSensitive(a, "flags")->valuestring;
+        double step = num(a, "step_s", NULL);
+        assert_true(step >= prev);
+        prev = step;
+        kinds[!strcmp(kind, "lora") ? 1 : !strcmp(kind, "qlora") ? 2 : 0]++;
+        if (strcmp(kind, "offload")) assert_non_null(strstr(flags, "--lora 16 --lora-targets all-linear"));
+        snprintf(cmd, sizeof cmd, "%s %s", args, flags);
+        cJSON *d = memplan_json(cmd, 0);
+        assert_true(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(d, "fits")));
+        assert_true(num(d, "time", "step_s") == step);
+        cJSON_Delete(d);
+    }
+    assert_int_equal(kinds[1], 1);
+    assert_int_equal(kinds[2], 1);
+    cJSON_Delete(doc);
+}
+
+/* memplan writes the method into the plan file and reads it back to the
+ * same estimate. */
+static void test_plan_file(void **state)
+{
+    (void)state;
+    char path[256], args[1024];
+    snprintf(path, sizeof path, "/tmp/zo_test_peft_%d.json", (int)getpid());
+    snprintf(args, sizeof args, "estimate --model llama-2-13b --gpu rtx-4090 --seq 1024 --lora 32 "
+             "--lora-targets q,k,v,o --lora-alpha 64 --qlora --recompute full --schedule dpu "
+             "--opt-threads 6 --plan-out %s", path);
+    cJSON *doc = memplan_json(args, 0);
+    zo_plan p;
+    assert_int_equal(zo_plan_load(path, &p), ZO_OK);
+    assert_true(p.training.method == ZO_PLAN_QLORA && p.training.has_lora);
+    assert_true(p.training.lora.r == 32 && p.training.lora.alpha == 64);
+    assert_true(p.training.lora.targets == (ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V | ZO_LORA_O));
+    assert_true(p.training.optimizer_schedule == ZO_PLAN_SCHED_DPU && p.training.opt_threads == 6);
+    snprintf(args, sizeof args, "estimate --plan %s", path);
+    cJSON *back = memplan_json(args, 0);
+    assert_true(num(back, "trainable_params", NULL) == num(doc, "trainable_params", NULL));
+    const char *tiers[] = {"gpu", "cpu", "nvme"};
+    for (int t = 0; t < 3; t++) {
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(doc, "per_rank"), tiers[t]);
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(back, "per_rank"), tiers[t]);
+        assert_true(num(a, "total", NULL) == num(b, "total", NULL));
+        assert_true(num(a, "total", NULL) == (double)p.predicted.peak_bytes[t]);
+    }
+    assert_true(num(back, "time", "step_s") == num(doc, "time", "step_s"));
+    cJSON_Delete(back);
+    cJSON_Delete(doc);
+    remove(path);
+}
+
+/* max-model with QLoRA: every row's flags carry the method, and the command
+ * each row gives to check its largest preset runs and fits. */
+static void test_max_model(void **state)
+{
+    (void)state;
+    static char out[1 << 16];
+    int rc = run_memplan("max-model --family llama --gpu rtx-4090 --cpu-mem 64GB --seq 2048 "
+                         "--lora 16 --lora-targets all-linear --qlora", out, sizeof out);
+    assert_int_equal(rc, 0);
+    int rows = 0, checks = 0;
+    for (char *sv = NULL, *line = strtok_r(out, "\n", &sv); line; line = strtok_r(NULL, "\n", &sv)) {
+        if (strstr(line, "    flags: ")) {
+            rows++;
+            assert_non_null(strstr(line, "--lora 16 --lora-targets all-linear --qlora"));
+        }
+        const char *chk = strstr(line, "    check: memplan ");
+        if (!chk) continue;
+        static char o2[1 << 16];
+        assert_int_equal(run_memplan(chk + strlen("    check: memplan "), o2, sizeof o2), 0);
+        assert_non_null(strstr(o2, "QLoRA r 16 (alpha 8) on all-linear"));
+        checks++;
+    }
+    assert_true(rows == 4 && checks >= 2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_peft_counts_cli), cmocka_unit_test(test_lora_memory),
+        cmocka_unit_test(test_lora_cost),       cmocka_unit_test(test_qlora_claims),
+        cmocka_unit_test(test_suggestions),     cmocka_unit_test(test_plan_file),
+        cmocka_unit_test(test_max_model),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
