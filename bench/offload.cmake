@@ -4,6 +4,12 @@
 add_executable(bench_offload ${CMAKE_CURRENT_SOURCE_DIR}/bench_offload.c)
 target_link_libraries(bench_offload PRIVATE zo_bench_harness zo_offload zo_transformer)
 
+# bench_zero: a step on N ranks (mpirun -np N) with ZeRO 0-3 against one rank
+# with grad-accum N (the same global batch) and the communicator's own
+# all-reduce of the model, in the same run; the speed-up last.
+add_executable(bench_zero ${CMAKE_CURRENT_SOURCE_DIR}/bench_zero.c)
+target_link_libraries(bench_zero PRIVATE zo_bench_harness zo_offload zo_comm zo_transformer)
+
 # bench_lora: one step of full fine-tuning against LoRA and QLoRA on the same
 # model and device, alternating; the ratios last.
 add_executable(bench_lora ${CMAKE_CURRENT_SOURCE_DIR}/bench_lora.c)

@@ -4,7 +4,8 @@
  * --device-mem, weights resident or streamed from pinned host memory or
  * NVMe, AdamW over fp32 master state in memory and/or on NVMe, a
  * learning-rate schedule, evaluation on held-out data, checkpoints, a
- * metrics log and its picture, a plan from memplan. See --help. */
+ * metrics log and its picture, a plan from memplan; on several ranks under
+ * mpirun (ZeRO stages 0-3). See --help. */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -19,6 +20,7 @@
 #include "common/model_config.h" /* defines: zo_model_config_load, zo_model_preset_find */
 #include "common/units.h"        /* defines: zo_parse_size, zo_parse_int, zo_format_bytes */
 #include "examples/finetune.h"   /* defines: ft_lr_at, ft_log_write, ft_plot_write */
+#include "gpu/comm.h"             /* defines: comm_init, comm_launch_detect, comm_abort */
 #include "gpu/device.h"           /* defines: gpu_device_open, gpu_cuda_device_count */
 #include "offload/offload.h"     /* defines: offload_init, offload_micro_batch, offload_step */
 #include "model/corpus.h"        /* defines: model_corpus_read, model_corpus_tokenize */
@@ -44,6 +46,7 @@ typedef struct train_args {
     offload_plan p;      /* the runtime's configuration: the plan, then the flags */
     zo_dtype dtype;
     uint64_t device_mem;
+    double comm_timeout; /* seconds; 0: ZO_COMM_TIMEOUT or the communicator's default */
     int set_dtype, set_mb, set_seq, set_devmem; /* given as flags (they beat the plan) */
     int check_plan;      /* --check-plan: check the plan against the model, run nothing */
 } train_args;
@@ -133,7 +136,8 @@ static void usage(FILE *f)
         "\n"
         "device:\n"
         "  --device NAME          cpu, cuda or cuda:N (default cpu; cuda needs a build with CUDA\n"
-        "                         and a GPU)\n"
+        "                         and a GPU; on several ranks, cuda is the GPU of the rank's\n"
+        "                         local rank: OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID)\n"
         "  --device-mem SIZE      device memory capacity, e.g. 512MiB, 2GB, on either backend\n"
         "                         (default: the plan's hardware.gpu_mem, else unlimited on cpu\n"
         "                         and the free memory on cuda)\n"
@@ -150,6 +154,13 @@ static void usage(FILE *f)
         "  --dpu-warmup N         dpu: serial steps first (default 0)\n"
         "  --opt-threads N        the optimizer's threads with overlap or dpu (default --threads)\n"
         "\n"
+        "several ranks (under mpirun -np N, or a launcher setting OMPI_COMM_WORLD_* or PMI_*):\n"
+        "  --zero 0|1|2|3         ZeRO stage (default: the plan's, else 0): 0 replicate, 1 partition\n"
+        "                         the optimizer state, 2 also the gradients, 3 also the weights\n"
+        "  --comm-timeout S       a collective not done in S seconds ends every rank (default 300)\n"
+        "  Rank r of N reads micro-batches (k N + r) K + j of step k: the global batch of one\n"
+        "  rank with --grad-accum N K. Rank 0 prints; the others print only errors.\n"
+        "\n"
         "evaluation:\n"
         "  --eval-data FILE       held-out data, read as --data is; prints the loss and perplexity\n"
         "                         (forward only, through the same runtime)\n"
@@ -158,14 +169,18 @@ static void usage(FILE *f)
         "\n"
         "checkpoints and output:\n"
         "  --ckpt DIR             save a checkpoint (weights, optimizer state, counters) into DIR;\n"
-        "                         DIR is locked for the run (a second run on it is refused)\n"
+        "                         DIR is locked for the run (a second run on it is refused);\n"
+        "                         several ranks: a directory they share, each rank writing its\n"
+        "                         shard of the optimizer state\n"
         "  --save-every N         every N steps (default: only at the end)\n"
         "  --keep-checkpoints K   checkpoints kept in DIR: the latest and the K-1 others with the\n"
         "                         highest step numbers (default 1: the latest only); only\n"
         "                         folders named step-N or step-N.K are ever removed\n"
         "  --resume DIR           continue from DIR's latest checkpoint (every file's checksum\n"
-        "                         verified first)\n"
+        "                         verified first; saved on any number of ranks whose global\n"
+        "                         batch is this run's)\n"
         "  --stats-json FILE      peak bytes per tier (and the plan's prediction) and the time split\n"
+        "                         (several ranks: rank r > 0 writes FILE.rank<r>)\n"
         "  --save FILE            write the trained weights as safetensors (Hugging Face names);\n"
         "                         with LoRA, a PEFT adapter directory FILE (Hugging Face PEFT\n"
         "                         loads it onto the base)\n"
@@ -176,8 +191,9 @@ static void usage(FILE *f)
         "                         whole --log when given; plot LOG --out FILE draws one any time)\n"
         "  -h, --help             this text\n"
         "\n"
-        "Prints one line per step: step K loss X lr Y norm G tok/s R mem M, and\n"
-        "eval step K loss X ppl P when evaluating.\n"
+        "Prints one line per step: step K loss X lr Y norm G tok/s R mem M (loss: the mean over\n"
+        "the global batch; tok/s: every rank's tokens), and eval step K loss X ppl P when\n"
+        "evaluating.\n"
         "\n"
         "Input files (--model, --data, --eval-data, --tokenizer, --weights and its shards,\n"
         "--adapter's files, --plan) must be regular files: a FIFO or a device is refused,\n"
@@ -201,7 +217,7 @@ enum {
     OPT_EVAL_BATCHES, OPT_SCHEDULE, OPT_WARMUP, OPT_MIN_LR, OPT_SCHEDULE_STEPS, OPT_LOG, OPT_PLOT,
     OPT_LORA, OPT_LORA_TARGETS, OPT_LORA_ALPHA, OPT_QLORA, OPT_ADAPTER, OPT_ADAPTERS_ON,
     OPT_SCHED, OPT_CLIP_STALE, OPT_DPU_WARMUP, OPT_OPT_THREADS, OPT_KEEP_CKPT,
-    OPT_MAX_SKIPPED,
+    OPT_MAX_SKIPPED, OPT_ZERO, OPT_COMM_TIMEOUT,
 };
 
 static const struct option long_opts[] = {
@@ -239,6 +255,8 @@ static const struct option long_opts[] = {
     {"save-every", required_argument, 0, OPT_SAVE_EVERY},
     {"resume", required_argument, 0, OPT_RESUME},
     {"stats-json", required_argument, 0, OPT_STATS},
+    {"zero", required_argument, 0, OPT_ZERO},
+    {"comm-timeout", required_argument, 0, OPT_COMM_TIMEOUT},
     {"keep-checkpoints", required_argument, 0, OPT_KEEP_CKPT},
     {"max-skipped-steps", required_argument, 0, OPT_MAX_SKIPPED},
     {"tokenizer", required_argument, 0, OPT_TOKENIZER},
@@ -398,6 +416,11 @@ static int parse_args(int argc, char **argv, train_args *a)
             oc->max_skipped_steps = (int)v;
             break;
         case OPT_STATS: a->stats_json = optarg; break;
+        case OPT_ZERO:
+            st = zo_parse_int(optarg, "--zero", 0, 3, &v);
+            oc->zero_stage = (int)v;
+            break;
+        case OPT_COMM_TIMEOUT: st = zo_parse_double(optarg, "--comm-timeout", 0.001, 1e7, &a->comm_timeout); break;
         case OPT_MODEL: a->model = optarg; break;
         case OPT_WEIGHTS: a->weights = optarg; break;
         case OPT_DATA: a->data = optarg; break;
@@ -519,11 +542,6 @@ static zo_status write_weights(void *user, const char *path, offload_block_reade
 static zo_status set_block(void *ctx, int block, const void *buf)
 {
     return offload_set_block(ctx, block, buf);
-}
-
-static zo_status get_block(void *ctx, int block, float *dst)
-{
-    return offload_get_block(ctx, block, dst);
 }
 
 /* The initial weights, one block at a time: from a safetensors checkpoint
@@ -804,16 +822,42 @@ static zo_status evaluate(const train_args *a, tf_model *m, offload_t *rt, gpu_s
     return ZO_OK;
 }
 
-static void print_tiers(const offload_stats *st, const offload_prediction *pred)
+/* Peak bytes per tier beside the plan's prediction (per rank). */
+static void print_peaks(const char *who, const uint64_t *peak, const offload_prediction *pred)
 {
     char b1[32], b2[32];
-    printf("# peak bytes per tier:");
+    printf("# %speak bytes per tier:", who);
     for (int t = 0; t < OFFLOAD_TIERS; t++) {
-        printf(" %s %s", offload_tier_name((offload_tier)t), zo_format_bytes(st->peak[t], b1, sizeof b1));
+        printf(" %s %s", offload_tier_name((offload_tier)t), zo_format_bytes(peak[t], b1, sizeof b1));
         if (pred && pred->present && pred->peak[t])
             printf(" (plan %s, %.1f%%)", zo_format_bytes(pred->peak[t], b2, sizeof b2),
-                   100.0 * (double)st->peak[t] / (double)pred->peak[t]);
+                   100.0 * (double)peak[t] / (double)pred->peak[t]);
         printf(t + 1 < OFFLOAD_TIERS ? "," : "\n");
+    }
+}
+
+/* Every rank's peaks (gathered: a collective), rank 0 prints them; then
+ * this rank's time split. */
+static zo_status print_tiers(offload_t *rt, const offload_stats *st, const offload_prediction *pred,
+                             uint64_t psi)
+{
+    if (st->ranks <= 1) {
+        print_peaks("", st->peak, pred);
+    } else {
+        uint64_t *all = calloc((size_t)st->ranks * OFFLOAD_TIERS, sizeof *all);
+        if (!all) return zo_error(ZO_ERR_NOMEM, "train: out of host memory");
+        zo_status e = offload_gather(rt, st->peak, sizeof st->peak, all);
+        for (int r = 0; r < st->ranks && e == ZO_OK; r++) {
+            char who[32];
+            snprintf(who, sizeof who, "rank %d of %d: ", r, st->ranks);
+            print_peaks(who, all + (size_t)r * OFFLOAD_TIERS, pred);
+        }
+        free(all);
+        if (e != ZO_OK) return e;
+        printf("# communication: %.3f Psi per step (%llu elements in %lld collectives since the start)\n",
+               st->steps ? (double)(st->comm_elems + st->comm_reused_elems) / (double)st->steps /
+                               (double)psi : 0.0,
+               (unsigned long long)st->comm_elems, (long long)st->comm_calls);
     }
     printf("# time:");
     for (int p = 0; p < OFFLOAD_TIME_PARTS; p++)
@@ -823,6 +867,7 @@ static void print_tiers(const offload_stats *st, const offload_prediction *pred)
     if (st->optimizer_s > 0)
         printf("# optimizer: %.3fs on the host, %.0f%% of it beside the device's work\n", st->optimizer_s,
                100.0 * st->optimizer_overlap);
+    return ZO_OK;
 }
 
 /* "# placement: ..." of the run's configuration (the plan's, then the flags). */
@@ -967,18 +1012,30 @@ int main(int argc, char **argv)
     int32_t *inputs = NULL, *targets = NULL;
     char b1[32], b2[32];
     offload_config *oc = &a.p.cfg;
+    comm_t comm = NULL;
+    int rank = 0, ranks = 1;
+    double *losses = NULL;
     run_phase phase = PHASE_INPUT;
     catch_stop_signals();
 
+    long kill_rank = -1, kill_step = -1;
+    const char *kill_spec = getenv("ZO_TRAIN_KILL");
+    if (kill_spec && sscanf(kill_spec, "%ld:%ld", &kill_rank, &kill_step) != 2) {
+        fprintf(stderr, "train: ZO_TRAIN_KILL=%s is not RANK:STEP\n", kill_spec);
+        return 2;
+    }
     const char *pause_spec = getenv("ZO_TRAIN_CKPT_PAUSE");
     if (pause_spec) {
         oc->ckpt_hook = pause_hook;
         oc->ckpt_hook_user = (void *)pause_spec;
     }
     if ((st = load_config(a.model, &cfg)) != ZO_OK) goto out;
+    /* the ranks the launcher started (one without a launcher) */
+    comm_launch launch;
+    if ((st = comm_launch_detect(&launch)) != ZO_OK) goto out;
     /* a plan made for another model or another number of ranks would run as
-     * something it never planned (the runtime is single-rank today) */
-    if (a.plan && (st = zo_plan_check_run(&a.p.file, &cfg, 1, a.plan)) != ZO_OK) {
+     * something it never planned */
+    if (a.plan && (st = zo_plan_check_run(&a.p.file, &cfg, launch.size, a.plan)) != ZO_OK) {
         fprintf(stderr, "train: --plan %s\n", zo_last_error());
         return 2;
     }
@@ -1004,7 +1061,25 @@ int main(int argc, char **argv)
     /* LoRA: the flags, the plan or --adapter's config (an input) */
     if ((st = lora_choice(&a, &cfg)) != ZO_OK) goto out;
     phase = PHASE_SETUP;
-    if ((st = open_device(a.device, (size_t)a.device_mem, (int)a.threads, &dev)) != ZO_OK) goto out;
+    /* several ranks on "cuda": one GPU per rank of a node, by the launcher's local rank */
+    char device[32];
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!local) local = getenv("MPI_LOCALRANKID"); /* MPICH's hydra */
+    if (!local) local = getenv("SLURM_LOCALID");
+    snprintf(device, sizeof device, "%s", a.device);
+    if (launch.size > 1 && !strcmp(a.device, "cuda") && local) snprintf(device, sizeof device, "cuda:%s", local);
+    if ((st = open_device(device, (size_t)a.device_mem, (int)a.threads, &dev)) != ZO_OK) goto out;
+    /* the communicator: MPI or NCCL under a launcher, else one rank */
+    comm_options co = {.device = dev, .timeout_s = a.comm_timeout};
+    if ((st = comm_init(&co, &comm)) != ZO_OK) goto out_dev;
+    rank = comm_rank(comm);
+    ranks = comm_size(comm);
+    oc->comm = comm;
+    /* rank 0 speaks for the job; the others print only errors */
+    if (rank > 0 && !freopen("/dev/null", "w", stdout)) {
+        st = zo_error(ZO_ERR_IO, "train: rank %d: /dev/null: %s", rank, strerror(errno));
+        goto out_dev;
+    }
     if ((st = gpu_stream_create(dev, &s)) != ZO_OK) goto out_dev;
     tf_options to = {.recompute = oc->recompute, .external_res = 1,
                      .lora = {.r = a.lora.r, .alpha = a.lora.alpha, .targets = a.lora.targets, .nf4 = a.qlora}};
@@ -1033,7 +1108,15 @@ int main(int argc, char **argv)
     if (a.resume) {
         offload_ckpt_meta meta;
         if ((st = offload_load(rt, a.resume, &meta)) != ZO_OK) goto out_rt;
-        k0 = (long)(meta.data_step / accum);
+        /* the data position counts every rank's micro-batches: it resumes on
+         * any rank count whose global batch (ranks x grad-accum) divides it */
+        if (meta.data_step % (accum * ranks)) {
+            st = zo_error(ZO_ERR_INVALID, "--resume %s: the checkpoint is %lld micro-batches into the data, not "
+                          "a whole number of global batches of %d ranks x grad-accum %d", a.resume,
+                          (long long)meta.data_step, ranks, accum);
+            goto out_rt;
+        }
+        k0 = (long)(meta.data_step / (accum * ranks));
         printf("# resumed from %s at step %ld\n", a.resume, k0);
     }
 
@@ -1046,6 +1129,9 @@ int main(int argc, char **argv)
            a.data, (unsigned long long)tokens.n, gpu_device_name(dev),
            zo_format_bytes(ms.in_use, b1, sizeof b1),
            ms.capacity ? zo_format_bytes(ms.capacity, b2, sizeof b2) : "unlimited");
+    if (ranks > 1)
+        printf("# ranks: %d (%s), ZeRO-%d; global batch %ld x %ld x %d x %d ranks\n", ranks,
+               comm_backend_name(comm_get_backend(comm)), oc->zero_stage, a.micro_batch, a.seq, accum, ranks);
     print_placement(&a);
     print_method(&a);
     if (a.p.selective_as_none && !oc->recompute)
@@ -1065,7 +1151,8 @@ int main(int argc, char **argv)
     size_t n = (size_t)a.micro_batch * a.seq;
     inputs = malloc(n * sizeof *inputs);
     targets = malloc(n * sizeof *targets);
-    if (!inputs || !targets) {
+    losses = calloc((size_t)ranks, sizeof *losses);
+    if (!inputs || !targets || !losses) {
         st = zo_error(ZO_ERR_NOMEM, "train: out of host memory for the batch");
         goto out_rt;
     }
@@ -1075,7 +1162,8 @@ int main(int argc, char **argv)
         double t0 = now_seconds(), sum = 0, lr = ft_lr_at(&a.sched, k);
         offload_set_lr(rt, (float)lr);
         for (int j = 0; j < accum; j++) {
-            st = model_batch_get(&tokens, (int)a.micro_batch, (int)a.seq, k * accum + j, 0,
+            /* rank r's slice of the global batch of step k */
+            st = model_batch_get(&tokens, (int)a.micro_batch, (int)a.seq, (k * ranks + rank) * accum + j, 0,
                                  MODEL_SAMPLE_SEQUENTIAL, inputs, targets);
             if (st != ZO_OK) {
                 phase = PHASE_INPUT; /* the data file holds what it should not */
@@ -1090,19 +1178,25 @@ int main(int argc, char **argv)
             sum += loss;
             if (stop_signal) goto out_signal;
         }
+        /* test seam: ZO_TRAIN_KILL="RANK:STEP" kills that rank mid-step */
+        if (kill_rank == rank && kill_step == k) raise(SIGKILL);
         offload_step_info info;
         if ((st = offload_step(rt, &info)) != ZO_OK) {
             st = zo_error_wrap(st, "step %ld", k);
             goto out_rt;
         }
+        /* the mean over the global batch: every rank's sum, in rank order */
+        if ((st = offload_gather(rt, &sum, sizeof sum, losses)) != ZO_OK) goto out_rt;
+        sum = 0;
+        for (int r = 0; r < ranks; r++) sum += losses[r];
         double dt = now_seconds() - t0;
         gpu_mem_get_stats(dev, &ms);
-        printf("step %ld loss %.6f lr %.6g norm %.4f tok/s %.0f mem %s%s\n", k, sum / accum, lr, info.grad_norm,
-               (double)n * accum / dt, zo_format_bytes(ms.high_water, b1, sizeof b1),
+        printf("step %ld loss %.6f lr %.6g norm %.4f tok/s %.0f mem %s%s\n", k, sum / (accum * ranks), lr,
+               info.grad_norm, (double)n * accum * ranks / dt, zo_format_bytes(ms.high_water, b1, sizeof b1),
                info.skipped ? " (overflow: skipped)" : "");
         int last = k + 1 == a.steps;
-        ft_record rec = {.step = k, .loss = sum / accum, .lr = lr, .grad_norm = info.grad_norm,
-                         .tokens_per_s = (double)n * accum / dt};
+        ft_record rec = {.step = k, .loss = sum / (accum * ranks), .lr = lr, .grad_norm = info.grad_norm,
+                         .tokens_per_s = (double)n * accum * ranks / dt};
         offload_stats ost;
         offload_get_stats(rt, &ost);
         for (int t = 0; t < FT_TIERS; t++) rec.peak[t] = ost.peak[t];
@@ -1131,7 +1225,7 @@ int main(int argc, char **argv)
             recs[n_recs++] = rec;
         }
         if (a.ckpt && ((a.save_every && (k + 1) % a.save_every == 0) || last)) {
-            offload_ckpt_meta meta = {.data_step = (k + 1) * accum, .seed = (uint64_t)a.seed};
+            offload_ckpt_meta meta = {.data_step = (k + 1) * accum * ranks, .seed = (uint64_t)a.seed};
             if ((st = offload_save_streamed(rt, a.ckpt, &meta, write_weights, (void *)l)) != ZO_OK)
                 goto out_rt;
             printf("# checkpoint %s step %ld\n", a.ckpt, k + 1);
@@ -1139,7 +1233,7 @@ int main(int argc, char **argv)
         if (stop_signal) goto out_signal;
         if (progress) {
             double el = now_seconds() - t_start;
-            fprintf(stderr, "\r[%ld/%ld] loss %.4f, %.0fs left ", k + 1, a.steps, sum / accum,
+            fprintf(stderr, "\r[%ld/%ld] loss %.4f, %.0fs left ", k + 1, a.steps, sum / (accum * ranks),
                     el / (k + 1 - k0) * (a.steps - k - 1));
         }
     }
@@ -1163,15 +1257,19 @@ int main(int argc, char **argv)
            ms.capacity ? zo_format_bytes(ms.capacity, b2, sizeof b2) : "unlimited");
     offload_stats ost;
     offload_get_stats(rt, &ost);
-    print_tiers(&ost, a.plan ? &a.p.predicted : NULL);
+    if ((st = print_tiers(rt, &ost, a.plan ? &a.p.predicted : NULL, l->total_numel)) != ZO_OK) goto out_rt;
     if (a.stats_json) {
-        if ((st = offload_write_stats_json(rt, a.plan ? &a.p.predicted : NULL, a.stats_json)) != ZO_OK)
+        /* rank r > 0 writes FILE.rank<r> */
+        char stats_path[4200];
+        snprintf(stats_path, sizeof stats_path, rank ? "%s.rank%d" : "%s", a.stats_json, rank);
+        if ((st = offload_write_stats_json(rt, a.plan ? &a.p.predicted : NULL, stats_path)) != ZO_OK)
             goto out_rt;
         printf("# stats %s\n", a.stats_json);
     }
     if (a.save) {
+        /* every rank takes part: with the optimizer state partitioned, blocks are gathered */
         if (a.lora.r) st = save_adapters(rt, &m, &a);
-        else st = model_save_streamed(a.save, l, get_block, rt, ZO_DTYPE_F32);
+        else st = offload_write_weights(rt, a.save, write_weights, (void *)l);
         if (st != ZO_OK) goto out_rt;
         printf("# saved %s\n", a.save);
     }
@@ -1187,6 +1285,14 @@ out_model:
     tf_offload_model_free(&tm);
     tf_free(&m);
 out_dev:
+    if (st != ZO_OK && ranks > 1) {
+        /* the others would wait for this rank in a collective until their
+         * timeout: end the job now, saying why */
+        char msg[1200];
+        snprintf(msg, sizeof msg, "train: rank %d of %d: %s", rank, ranks, zo_last_error());
+        comm_abort(comm, 1, msg);
+    }
+    comm_free(comm);
     if (s) gpu_stream_destroy(s);
     gpu_device_free(dev);
 out:
@@ -1197,6 +1303,7 @@ out:
     model_tokenizer_free(tok);
     free(inputs);
     free(targets);
+    free(losses);
     if (st == ZO_OK) return 0;
     fprintf(stderr, "train: %s\n", zo_last_error());
     if (stop_signal) { /* cleaned up: end the way the signal would have */

@@ -13,7 +13,15 @@
  * Weights and optimizer state move one block at a time, through the
  * optimizer shards and the weight store: host memory holds a few blocks, never
  * the model. optimizer.safetensors holds "block.<b>.master", ".exp_avg" and
- * ".exp_avg_sq" for every block b, in block order. */
+ * ".exp_avg_sq" for every block b, in block order.
+ *
+ * Several ranks: ZeRO 0 ranks hold the same state, and rank 0 saves it as
+ * one rank does. ZeRO 1-3: in the same directory each rank writes its
+ * shard, optimizer-<r>-of-<N>.safetensors (three tensors per block of its
+ * part, none for a block of which it holds nothing), rank 0 the weights
+ * (every rank reading the blocks it is asked for: they are gathered),
+ * state.json and, last, the manifest with every file's sum and the
+ * partition, from which a run of any rank count re-partitions. */
 #include "offload/offload_impl.h"
 
 #include <dirent.h>
@@ -163,40 +171,46 @@ static zo_status read_master(void *ctx, int block, float *dst)
     offload_t *rt = ctx;
     if (block < 0 || block >= rt->g.nb)
         return zo_error(ZO_ERR_INVALID, "offload: block %d of %d", block, rt->g.nb);
-    return ostate_read(rt->shards, rt->n_shards, rt->off[block], rt->numel[block], dst, NULL, NULL);
+    return offload_get_block(rt, block, dst);
 }
 
 /* optimizer.safetensors: three tensors a block, chunk by chunk, each chunk
- * read once from the shards (an NVMe sub-group is read once). */
+ * read once from the shards (an NVMe sub-group is read once). The blocks as
+ * the optimizer holds them (og): whole, or the rank's parts (a rank's shard
+ * file; a block of which it holds nothing has no tensors). */
 static zo_status write_opt(offload_t *rt, const char *path)
 {
-    int nb = rt->g.nb;
+    int nb = rt->g.nb, n = 0;
+    const offload_geom *og = &rt->og;
     size_t C = io_chunk(rt);
     zo_status st;
     float *buf = NULL;
     model_st_writer *w = NULL;
     model_st_entry *e = calloc(3 * (size_t)nb, sizeof *e);
     char(*names)[48] = calloc(3 * (size_t)nb, sizeof *names);
-    if (!e || !names) {
+    int *first = calloc((size_t)nb, sizeof *first); /* block b's first entry */
+    if (!e || !names || !first) {
         st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
         goto out_free;
     }
-    for (int b = 0; b < nb; b++)
-        for (int a = 0; a < 3; a++) {
-            size_t i = 3 * (size_t)b + (size_t)a;
-            snprintf(names[i], sizeof names[i], "block.%d.%s", b, opt_names[a]);
-            e[i] = (model_st_entry){.name = names[i], .dtype = ZO_DTYPE_F32, .ndim = 1,
-                                    .shape = {(int64_t)rt->numel[b]}};
+    for (int b = 0; b < nb; b++) {
+        first[b] = n;
+        if (!og->numel[b] && rt->dp) continue;
+        for (int a = 0; a < 3; a++, n++) {
+            snprintf(names[n], sizeof names[n], "block.%d.%s", b, opt_names[a]);
+            e[n] = (model_st_entry){.name = names[n], .dtype = ZO_DTYPE_F32, .ndim = 1,
+                                    .shape = {(int64_t)og->numel[b]}};
         }
+    }
     if ((st = offload_host_alloc(&rt->env, 3 * C * 4, 0, (void **)&buf)) != ZO_OK) goto out_free;
-    if ((st = model_st_writer_open(&w, path, e, 3 * nb)) != ZO_OK) goto out_free;
+    if ((st = model_st_writer_open(&w, path, e, n)) != ZO_OK) goto out_free;
     for (int b = 0; b < nb && st == ZO_OK; b++) {
         if (b == nb / 2) hook(rt, "optimizer-half"); /* half the blocks are written */
-        for (size_t rel = 0; rel < rt->numel[b] && st == ZO_OK; rel += C) {
-            size_t k = rt->numel[b] - rel < C ? rt->numel[b] - rel : C;
-            st = ostate_read(rt->shards, rt->n_shards, rt->off[b] + rel, k, buf, buf + C, buf + 2 * C);
+        for (size_t rel = 0; rel < og->numel[b] && st == ZO_OK; rel += C) {
+            size_t k = og->numel[b] - rel < C ? og->numel[b] - rel : C;
+            st = ostate_read(rt->shards, rt->n_shards, og->off[b] + rel, k, buf, buf + C, buf + 2 * C);
             for (int a = 0; a < 3 && st == ZO_OK; a++)
-                st = model_st_writer_put(w, 3 * b + a, rel, k, buf + (size_t)a * C);
+                st = model_st_writer_put(w, first[b] + a, rel, k, buf + (size_t)a * C);
         }
     }
     if (st == ZO_OK) st = model_st_writer_commit(w);
@@ -205,6 +219,7 @@ out_free:
     offload_host_free(&rt->env, buf, 3 * C * 4, 0);
     free(names);
     free(e);
+    free(first);
     return st;
 }
 
@@ -240,81 +255,247 @@ static zo_status pick_name(const offload_t *rt, int dfd, const char *latest, cha
     return ZO_OK;
 }
 
+/* ---- several ranks ------------------------------------------------------------------ */
+
+/* Every rank's status of a stage: the first failure becomes every rank's
+ * (no data parallelism: mine). */
+static zo_status dp_agree(offload_t *rt, offload_dp *dp, zo_status mine, const char *what)
+{
+    if (!dp) return mine;
+    int32_t *all = calloc((size_t)dp->size, sizeof *all), me = (int32_t)mine;
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", mine != ZO_OK ? zo_last_error() : "");
+    if (!all) return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", what);
+    zo_status st = offload_dp_gather(dp, &me, sizeof me, all);
+    for (int r = 0; r < dp->size && st == ZO_OK; r++)
+        if (all[r] != ZO_OK)
+            st = r == dp->rank ? zo_error(mine, "%s", msg)
+                               : zo_error((zo_status)all[r], "%s: rank %d of %d failed", what, r, dp->size);
+    free(all);
+    (void)rt;
+    return st;
+}
+
+/* Rank 0 reads a block (for its writer) and tells the others, who read it
+ * too: reading a partitioned block is a collective. -1 ends. */
+static zo_status told_read(offload_t *rt, int32_t block, float *dst, int32_t *told)
+{
+    int32_t *all = calloc((size_t)rt->dp->size, sizeof *all);
+    if (!all) return zo_error(ZO_ERR_NOMEM, "offload: out of host memory");
+    zo_status st = offload_dp_gather(rt->dp, &block, sizeof block, all);
+    *told = all[0];
+    free(all);
+    if (st != ZO_OK) return st;
+    return *told >= 0 ? offload_get_block(rt, *told, dst) : ZO_OK;
+}
+
+static zo_status read_master_told(void *ctx, int block, float *dst)
+{
+    int32_t told;
+    return told_read(ctx, block, dst, &told);
+}
+
+zo_status offload_write_weights(offload_t *rt, const char *path, offload_weights_stream writer, void *user)
+{
+    if (!offload_dp_partitioned(rt->dp)) /* every rank has every block: rank 0 writes */
+        return rt->dp && rt->dp->rank ? ZO_OK : writer(user, path, read_master, rt);
+    zo_status st;
+    int32_t told = 0;
+    if (rt->dp->rank == 0) {
+        st = writer(user, path, read_master_told, rt);
+        zo_status se = told_read(rt, -1, NULL, &told);
+        return st != ZO_OK ? st : se;
+    }
+    float *buf;
+    if ((st = offload_host_alloc(&rt->env, rt->g.largest * sizeof(float) + 4, 0, (void **)&buf)) != ZO_OK)
+        return st;
+    do st = told_read(rt, 0, buf, &told);
+    while (st == ZO_OK && told >= 0);
+    offload_host_free(&rt->env, buf, rt->g.largest * sizeof(float) + 4, 0);
+    return st;
+}
+
+/* ---- a save ----------------------------------------------------------------------------- */
+
+/* The checkpoint under construction: DIR/.tmp-<name>, renamed to DIR/<name>
+ * once complete. Only the rank that publishes (rank 0, or the only one)
+ * holds the folder's lock and descriptor. */
+typedef struct save_dir {
+    int dfd;
+    char name[64], tname[80], tmp[4200];
+} save_dir;
+
+/* Lock DIR, pick the name, make DIR/.tmp-<name> (a crash's leftovers of it
+ * removed first). */
+static zo_status save_begin(offload_t *rt, const char *dir, save_dir *s)
+{
+    char latest[256];
+    zo_status st;
+    if ((st = offload_ckpt_lock(rt, dir)) != ZO_OK) return st;
+    s->dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (s->dfd < 0) return zo_error(ZO_ERR_IO, "%s: open: %s", dir, strerror(errno));
+    if (read_latest(dir, latest, sizeof latest) != ZO_OK) latest[0] = 0; /* replaced at the end */
+    if ((st = pick_name(rt, s->dfd, latest, s->name, sizeof s->name)) == ZO_OK) {
+        snprintf(s->tname, sizeof s->tname, ".tmp-%s", s->name);
+        snprintf(s->tmp, sizeof s->tmp, "%s/%s", dir, s->tname);
+        if ((st = zo_dir_remove_at(s->dfd, s->tname)) == ZO_OK && mkdirat(s->dfd, s->tname, 0755))
+            st = zo_error(ZO_ERR_IO, "%s: mkdir: %s", s->tmp, strerror(errno));
+    }
+    if (st != ZO_OK) {
+        close(s->dfd);
+        s->dfd = -1;
+    }
+    return st;
+}
+
+/* A failed save: the temporary directory goes, the failure's message stays. */
+static zo_status save_abort(save_dir *s, zo_status st)
+{
+    if (s->dfd < 0) return st;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", zo_last_error());
+    zo_dir_remove_at(s->dfd, s->tname);
+    close(s->dfd);
+    s->dfd = -1;
+    return zo_error(st, "%s", msg);
+}
+
+/* The complete directory renamed into place and made the latest; the
+ * checkpoints beyond the ones kept go after. */
+static zo_status save_publish(offload_t *rt, const char *dir, save_dir *s)
+{
+    char path[4400], line[80];
+    zo_status st;
+    if ((st = fsync_path(s->tmp)) != ZO_OK) return save_abort(s, st);
+    hook(rt, "before-rename");
+    if (renameat(s->dfd, s->tname, s->dfd, s->name))
+        return save_abort(s, zo_error(ZO_ERR_IO, "rename %s -> %s/%s: %s", s->tmp, dir, s->name, strerror(errno)));
+    if (fsync(s->dfd)) st = zo_error(ZO_ERR_IO, "%s: fsync: %s", dir, strerror(errno));
+    if (st == ZO_OK) {
+        hook(rt, "before-latest");
+        snprintf(line, sizeof line, "%s\n", s->name);
+        snprintf(path, sizeof path, "%s/" LATEST_FILE, dir);
+        st = zo_file_write_all(path, line, strlen(line));
+    }
+    /* older checkpoints go once the new one is the latest */
+    if (st == ZO_OK) rotate(rt, s->dfd, s->name);
+    close(s->dfd);
+    s->dfd = -1;
+    return st;
+}
+
+/* state.json, the manifest's entries for it and for the weights (`model`)
+ * and the optimizer files (`opt`, one per rank), then manifest.json: what
+ * every file is, read back from the disk, and the partition when the
+ * optimizer state is in shards. */
+static zo_status save_finish(offload_t *rt, const save_dir *s, offload_dp *dp, const offload_ckpt_meta *meta,
+                             int model, const ckpt_file_sum *opt, int n_opt)
+{
+    ckpt_state cs = {.step = rt->step, .loss_scale = rt->loss_scale, .good_steps = rt->good_steps,
+                     .skipped = rt->skipped, .skipped_in_a_row = rt->skipped_in_a_row,
+                     .params = rt->g.n, .blocks = rt->g.nb, .dtype = rt->m.dtype,
+                     .data_step = meta ? meta->data_step : 0, .seed = meta ? meta->seed : 0};
+    zo_status st = ckpt_state_write(s->tmp, &cs);
+    if (st != ZO_OK) return st;
+    ckpt_manifest mf = {.layout = {.blocks = rt->g.nb, .params = rt->g.n, .dtype = rt->m.dtype,
+                                   .state_version = CKPT_STATE_VERSION}};
+    mf.files = calloc((size_t)n_opt + 2, sizeof *mf.files);
+    uint64_t *numel = NULL, *part = NULL;
+    if (dp) {
+        numel = calloc((size_t)rt->g.nb, sizeof *numel);
+        part = calloc((size_t)rt->g.nb, sizeof *part);
+    }
+    if (!mf.files || (dp && (!numel || !part))) {
+        st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
+        goto out_free;
+    }
+    if (model && (st = ckpt_file_hash(s->tmp, MODEL_FILE, &mf.files[mf.n_files++])) != ZO_OK) goto out_free;
+    for (int r = 0; r < n_opt; r++) mf.files[mf.n_files++] = opt[r];
+    if ((st = ckpt_file_hash(s->tmp, CKPT_STATE_NAME, &mf.files[mf.n_files++])) != ZO_OK) goto out_free;
+    if (dp) {
+        /* rank r holds elements [r part, min(numel, (r + 1) part)) of a block */
+        for (int b = 0; b < rt->g.nb; b++) {
+            numel[b] = rt->numel[b];
+            part[b] = dp->pad[b] / (size_t)dp->size;
+        }
+        mf.partition = (ckpt_partition){.ranks = dp->size, .zero_stage = dp->stage, .numel = numel, .part = part};
+    }
+    st = ckpt_manifest_write_sums(s->tmp, &mf);
+out_free:
+    free(mf.files);
+    free(numel);
+    free(part);
+    return st;
+}
+
+/* One checkpoint written by the ranks of `dp` (NULL: this rank alone, with
+ * every block's state): each writes its optimizer file (the one
+ * optimizer.safetensors alone, a shard optimizer-<r>-of-<N>.safetensors
+ * each otherwise), the weights are written by rank 0 (gathered block by
+ * block, every rank taking part), and rank 0 completes it. Each stage ends
+ * with every rank learning whether every other succeeded. */
+static zo_status save_ckpt(offload_t *rt, offload_dp *dp, const char *dir, const offload_ckpt_meta *meta,
+                           offload_weights_stream writer, void *writer_user)
+{
+    int rank = dp ? dp->rank : 0, ranks = dp ? dp->size : 1;
+    save_dir s = {.dfd = -1};
+    char path[4400], file[64];
+    zo_status st = rank == 0 ? save_begin(rt, dir, &s) : ZO_OK;
+    if ((st = dp_agree(rt, dp, st, "offload_save")) != ZO_OK) return save_abort(&s, st);
+    if (dp) { /* the name rank 0 picked, for everybody */
+        char *names = calloc((size_t)ranks, sizeof s.name);
+        if (!names) st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
+        else st = offload_dp_gather(dp, s.name, sizeof s.name, names);
+        if (st == ZO_OK) snprintf(s.name, sizeof s.name, "%s", names);
+        free(names);
+        if ((st = dp_agree(rt, dp, st, "offload_save")) != ZO_OK) return save_abort(&s, st);
+        snprintf(s.tname, sizeof s.tname, ".tmp-%s", s.name);
+        snprintf(s.tmp, sizeof s.tmp, "%s/%s", dir, s.tname);
+    }
+    hook(rt, "begin");
+    /* this rank's optimizer state, as the shards hold it: nothing cached in between */
+    if (dp) ckpt_shard_name(file, sizeof file, rank, ranks);
+    else snprintf(file, sizeof file, OPT_FILE);
+    snprintf(path, sizeof path, "%s/%s", s.tmp, file);
+    ckpt_file_sum mine;
+    memset(&mine, 0, sizeof mine);
+    if ((st = ostate_sync(rt->shards, rt->n_shards)) == ZO_OK && (st = write_opt(rt, path)) == ZO_OK &&
+        (st = ostate_sync(rt->shards, rt->n_shards)) == ZO_OK)
+        st = ckpt_file_hash(s.tmp, file, &mine);
+    /* the weights (a collective when they are partitioned) */
+    if (writer) {
+        snprintf(path, sizeof path, "%s/" MODEL_FILE, s.tmp);
+        zo_status sw = dp ? offload_write_weights(rt, path, writer, writer_user)
+                          : writer(writer_user, path, read_master, rt);
+        if (st == ZO_OK) st = sw;
+    }
+    st = dp_agree(rt, dp, st, "offload_save");
+    ckpt_file_sum *sums = calloc((size_t)ranks, sizeof *sums);
+    if (st == ZO_OK && !sums) st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
+    if (st == ZO_OK) st = dp ? offload_dp_gather(dp, &mine, sizeof mine, sums) : (sums[0] = mine, ZO_OK);
+    if (rank == 0) {
+        if (st == ZO_OK) st = save_finish(rt, &s, dp, meta, writer != NULL, sums, ranks);
+        st = st == ZO_OK ? save_publish(rt, dir, &s) : save_abort(&s, st);
+    }
+    free(sums);
+    return dp_agree(rt, dp, st, "offload_save");
+}
+
 zo_status offload_save_streamed(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
                                 offload_weights_stream writer, void *writer_user)
 {
     zo_status st = offload_optim_settle(rt);
     if (st == ZO_OK) st = offload_grads_drain(rt);
-    if (st != ZO_OK) return st;
-    if (rt->micro)
-        return zo_error(ZO_ERR_INVALID, "offload_save: %d micro-batches are accumulated; save between steps",
-                        rt->micro);
-    if ((st = offload_ckpt_lock(rt, dir)) != ZO_OK) return st;
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) return zo_error(ZO_ERR_IO, "%s: open: %s", dir, strerror(errno));
-    char name[64], latest[256], tname[80], tmp[4200], path[4400];
-    if (read_latest(dir, latest, sizeof latest) != ZO_OK) latest[0] = 0; /* replaced below */
-    if ((st = pick_name(rt, dfd, latest, name, sizeof name)) != ZO_OK) goto out_close;
-    snprintf(tname, sizeof tname, ".tmp-%s", name);
-    snprintf(tmp, sizeof tmp, "%s/%s", dir, tname);
-    if ((st = zo_dir_remove_at(dfd, tname)) != ZO_OK) goto out_close; /* leftovers of a crash */
-    if (mkdirat(dfd, tname, 0755)) {
-        st = zo_error(ZO_ERR_IO, "%s: mkdir: %s", tmp, strerror(errno));
-        goto out_close;
-    }
-    hook(rt, "begin");
-    const char *files[3];
-    int n_files = 0;
-    /* the state as the shards hold it: nothing cached in between */
-    if ((st = ostate_sync(rt->shards, rt->n_shards)) != ZO_OK) goto out_remove;
-    if (writer) {
-        snprintf(path, sizeof path, "%s/" MODEL_FILE, tmp);
-        if ((st = writer(writer_user, path, read_master, rt)) != ZO_OK) goto out_remove;
-        files[n_files++] = MODEL_FILE;
-    }
-    snprintf(path, sizeof path, "%s/" OPT_FILE, tmp);
-    if ((st = write_opt(rt, path)) != ZO_OK) goto out_remove;
-    files[n_files++] = OPT_FILE;
-    if ((st = ostate_sync(rt->shards, rt->n_shards)) != ZO_OK) goto out_remove;
-    ckpt_state cs = {.step = rt->step, .loss_scale = rt->loss_scale, .good_steps = rt->good_steps,
-                     .skipped = rt->skipped, .skipped_in_a_row = rt->skipped_in_a_row,
-                     .params = rt->g.n, .blocks = rt->g.nb, .dtype = rt->m.dtype,
-                     .data_step = meta ? meta->data_step : 0, .seed = meta ? meta->seed : 0};
-    if ((st = ckpt_state_write(tmp, &cs)) != ZO_OK) goto out_remove;
-    files[n_files++] = CKPT_STATE_NAME;
-    /* last: what every file is, read back from the disk */
-    ckpt_layout lay = {.blocks = rt->g.nb, .params = rt->g.n, .dtype = rt->m.dtype,
-                       .state_version = CKPT_STATE_VERSION};
-    if ((st = ckpt_manifest_write(tmp, &lay, files, n_files)) != ZO_OK) goto out_remove;
-    if ((st = fsync_path(tmp)) != ZO_OK) goto out_remove;
-    hook(rt, "before-rename");
-    if (renameat(dfd, tname, dfd, name)) {
-        st = zo_error(ZO_ERR_IO, "rename %s -> %s/%s: %s", tmp, dir, name, strerror(errno));
-        goto out_remove;
-    }
-    if (fsync(dfd)) {
-        st = zo_error(ZO_ERR_IO, "%s: fsync: %s", dir, strerror(errno));
-        goto out_close;
-    }
-    hook(rt, "before-latest");
-    char line[80];
-    snprintf(line, sizeof line, "%s\n", name);
-    snprintf(path, sizeof path, "%s/" LATEST_FILE, dir);
-    if ((st = zo_file_write_all(path, line, strlen(line))) != ZO_OK) goto out_close;
-    /* older checkpoints go once the new one is the latest */
-    rotate(rt, dfd, name);
-    close(dfd);
-    return ZO_OK;
-
-out_remove: {
-    char msg[1024]; /* the failure, not the clean-up's */
-    snprintf(msg, sizeof msg, "%s", zo_last_error());
-    zo_dir_remove_at(dfd, tname);
-    zo_error(st, "%s", msg);
-}
-out_close:
-    close(dfd);
-    return st;
+    if (st == ZO_OK && rt->micro)
+        st = zo_error(ZO_ERR_INVALID, "offload_save: %d micro-batches are accumulated; save between steps",
+                      rt->micro);
+    if ((st = dp_agree(rt, rt->dp, st, "offload_save")) != ZO_OK) return st;
+    if (offload_dp_partitioned(rt->dp)) return save_ckpt(rt, rt->dp, dir, meta, writer, writer_user);
+    /* ZeRO 0: every rank holds the same state; rank 0 saves it as one rank does */
+    if (rt->dp)
+        return dp_agree(rt, rt->dp, rt->dp->rank == 0 ? save_ckpt(rt, NULL, dir, meta, writer, writer_user) : ZO_OK,
+                        "offload_save");
+    return save_ckpt(rt, NULL, dir, meta, writer, writer_user);
 }
 
 /* A whole-model writer behind the streamed interface: the blocks gathered
@@ -353,24 +534,10 @@ zo_status offload_save(offload_t *rt, const char *dir, const offload_ckpt_meta *
 
 /* ---- loading ------------------------------------------------------------------------ */
 
-/* Where array a (master, m, v) of block b is in the file. */
-static zo_status find_sources(const offload_t *rt, const model_st_file *f, int b,
-                              const model_st_tensor *t[3])
-{
-    char name[48];
-    for (int a = 0; a < 3; a++) {
-        snprintf(name, sizeof name, "block.%d.%s", b, opt_names[a]);
-        t[a] = model_st_find(f, name);
-        if (!t[a] || t[a]->dtype != ZO_DTYPE_F32 || t[a]->numel != rt->numel[b])
-            return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\" missing or not F32 [%zu]", f->path, name,
-                            rt->numel[b]);
-    }
-    return ZO_OK;
-}
-
 /* n fp32 values of tensor t from element `first`, read (not mapped: host
- * memory holds what is read, no more). */
-static zo_status read_f32(const model_st_file *f, const model_st_tensor *t, size_t first, size_t n,
+ * memory holds what is read, no more), then checked: finite, and a second
+ * moment (array 2) not negative (its square root divides the update). */
+static zo_status read_f32(const model_st_file *f, const model_st_tensor *t, int a, size_t first, size_t n,
                           float *dst)
 {
     uint64_t at = f->data_start + t->begin + (uint64_t)first * 4;
@@ -386,22 +553,112 @@ static zo_status read_f32(const model_st_file *f, const model_st_tensor *t, size
         at += (uint64_t)r;
         left -= (size_t)r;
     }
+    size_t i = offload_find_nonfinite(dst, n);
+    if (i == n && a == 2)
+        for (i = 0; i < n && !(dst[i] < 0); i++) {}
+    if (i < n)
+        return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\" element %zu is %g: %s", f->path, t->name, first + i,
+                        (double)dst[i], a == 2 ? "a second moment must be finite and not negative" : "not finite");
     return ZO_OK;
 }
 
-/* Master and moments are finite and the second moment is not negative
- * (its square root divides the update). */
-static zo_status check_values(const model_st_file *f, const model_st_tensor *const t[3], size_t first,
-                              size_t n, const float *const v[3])
+/* A checkpoint's optimizer state as whole-block ranges, whatever its form:
+ * optimizer.safetensors, or the shards of N ranks (the manifest's
+ * partition), re-partitioned on the fly for this run's ranks. */
+typedef struct ck_source {
+    model_st_file one;      /* one file */
+    int opened;
+    int ranks;              /* shards: how many, 0 for one file */
+    const uint64_t *part;   /* [nb] shards: elements of a rank's part of block b (the manifest's) */
+    model_st_file *files;   /* [ranks] */
+    int n_files;
+} ck_source;
+
+static void source_close(ck_source *s)
 {
-    for (int a = 0; a < 3; a++) {
-        size_t i = offload_find_nonfinite(v[a], n);
-        if (i == n && a == 2)
-            for (i = 0; i < n && !(v[a][i] < 0); i++) {}
-        if (i < n)
-            return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\" element %zu is %g: %s", f->path, t[a]->name,
-                            first + i, (double)v[a][i],
-                            a == 2 ? "a second moment must be finite and not negative" : "not finite");
+    if (s->opened) model_st_close(&s->one);
+    for (int r = 0; r < s->n_files; r++) model_st_close(&s->files[r]);
+    free(s->files);
+    memset(s, 0, sizeof *s);
+}
+
+/* Elements of rank r's part of a block of n split in parts of c. */
+static size_t shard_n(size_t n, size_t c, int r)
+{
+    size_t a = (size_t)r * c;
+    return a >= n ? 0 : (n - a < c ? n - a : c);
+}
+
+/* Array a of block b in file f: an F32 tensor of `want` elements. */
+static zo_status find_tensor(const model_st_file *f, int b, int a, size_t want, const model_st_tensor **out)
+{
+    char name[48];
+    snprintf(name, sizeof name, "block.%d.%s", b, opt_names[a]);
+    const model_st_tensor *t = model_st_find(f, name);
+    if (!t || t->dtype != ZO_DTYPE_F32 || t->numel != want)
+        return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\" missing or not F32 [%zu]", f->path, name, want);
+    *out = t;
+    return ZO_OK;
+}
+
+/* Every file of the optimizer state opened and every tensor checked before
+ * anything is overwritten. */
+static zo_status source_open(const offload_t *rt, const char *ck, const ckpt_manifest *mf, ck_source *s)
+{
+    char path[4200], name[64];
+    const model_st_tensor *t;
+    zo_status st = ZO_OK;
+    memset(s, 0, sizeof *s);
+    const ckpt_partition *p = &mf->partition;
+    if (!p->ranks) {
+        snprintf(path, sizeof path, "%s/" OPT_FILE, ck);
+        if ((st = model_st_open(&s->one, path)) != ZO_OK) return st;
+        s->opened = 1;
+        for (int b = 0; b < rt->g.nb && st == ZO_OK; b++)
+            for (int a = 0; a < 3 && st == ZO_OK; a++) st = find_tensor(&s->one, b, a, rt->numel[b], &t);
+        if (st != ZO_OK) source_close(s);
+        return st;
+    }
+    snprintf(path, sizeof path, "%s/" CKPT_MANIFEST_NAME, ck);
+    for (int b = 0; b < rt->g.nb; b++)
+        if (p->numel[b] != rt->numel[b])
+            return zo_error(ZO_ERR_INVALID, "%s: \"partition.blocks[%d]\" has %" PRIu64 " elements; this "
+                            "model's block %d has %zu", path, b, p->numel[b], b, rt->numel[b]);
+    s->ranks = p->ranks;
+    s->part = p->part;
+    if (!(s->files = calloc((size_t)s->ranks, sizeof *s->files)))
+        return zo_error(ZO_ERR_NOMEM, "offload_load: out of host memory");
+    for (int r = 0; r < s->ranks && st == ZO_OK; r++) {
+        ckpt_shard_name(name, sizeof name, r, s->ranks);
+        snprintf(path, sizeof path, "%s/%s", ck, name);
+        if ((st = model_st_open(&s->files[r], path)) != ZO_OK) break;
+        s->n_files++;
+        for (int b = 0; b < rt->g.nb && st == ZO_OK; b++) {
+            size_t n = shard_n(rt->numel[b], s->part[b], r);
+            for (int a = 0; a < 3 && n && st == ZO_OK; a++) st = find_tensor(&s->files[r], b, a, n, &t);
+        }
+    }
+    if (st != ZO_OK) source_close(s);
+    return st;
+}
+
+/* Elements [rel, rel + k) of block b's array a (master, m, v) into dst. */
+static zo_status source_read(ck_source *s, const offload_t *rt, int b, size_t rel, size_t k, int a, float *dst)
+{
+    const model_st_tensor *t = NULL;
+    zo_status st;
+    if (!s->ranks) {
+        if ((st = find_tensor(&s->one, b, a, rt->numel[b], &t)) != ZO_OK) return st;
+        return read_f32(&s->one, t, a, rel, k, dst);
+    }
+    size_t c = s->part[b];
+    for (int r = c ? (int)(rel / c) : 0; r < s->ranks && (size_t)r * c < rel + k; r++) {
+        size_t first = (size_t)r * c, n = shard_n(rt->numel[b], c, r);
+        size_t lo = rel > first ? rel : first, hi = rel + k < first + n ? rel + k : first + n;
+        if (lo >= hi) continue;
+        if ((st = find_tensor(&s->files[r], b, a, n, &t)) != ZO_OK ||
+            (st = read_f32(&s->files[r], t, a, lo - first, hi - lo, dst + (lo - rel))) != ZO_OK)
+            return st;
     }
     return ZO_OK;
 }
@@ -425,8 +682,9 @@ static zo_status resolve(const char *dir, char *ck, size_t len)
 }
 
 /* The state and the manifest against the running model, and every file's
- * checksum, before anything is overwritten. */
-static zo_status check_checkpoint(const offload_t *rt, const char *ck, ckpt_state *cs)
+ * checksum, before anything is overwritten; the manifest stays with the
+ * caller (its partition). */
+static zo_status check_checkpoint(const offload_t *rt, const char *ck, ckpt_state *cs, ckpt_manifest *mf)
 {
     char path[4200];
     zo_status st;
@@ -439,54 +697,55 @@ static zo_status check_checkpoint(const offload_t *rt, const char *ck, ckpt_stat
         return zo_error(ZO_ERR_INVALID, "%s: a checkpoint of a %s run; this run trains in %s (its loss "
                         "scale and weights would not carry over)", path, zo_dtype_name(cs->dtype),
                         zo_dtype_name(rt->m.dtype));
-    ckpt_manifest mf;
-    if ((st = ckpt_manifest_read(ck, &mf)) != ZO_OK) return st;
+    if ((st = ckpt_manifest_read(ck, mf)) != ZO_OK) return st;
     snprintf(path, sizeof path, "%s/" CKPT_MANIFEST_NAME, ck);
-    const ckpt_layout *l = &mf.layout;
+    const ckpt_layout *l = &mf->layout;
     if (l->blocks != rt->g.nb || l->params != rt->g.n || l->dtype != rt->m.dtype ||
         l->state_version != CKPT_STATE_VERSION)
         st = zo_error(ZO_ERR_INVALID, "%s: layout %d blocks, %" PRIu64 " parameters, %s, state version "
                       "%d; this run: %d blocks, %zu parameters, %s, version %d", path, l->blocks,
                       l->params, zo_dtype_name(l->dtype), l->state_version, rt->g.nb, rt->g.n,
                       zo_dtype_name(rt->m.dtype), CKPT_STATE_VERSION);
-    else if (!ckpt_manifest_find(&mf, CKPT_STATE_NAME) || !ckpt_manifest_find(&mf, OPT_FILE))
+    else if (!ckpt_manifest_find(mf, CKPT_STATE_NAME) || (!mf->partition.ranks && !ckpt_manifest_find(mf, OPT_FILE)))
         st = zo_error(ZO_ERR_FORMAT, "%s: does not list %s and %s", path, CKPT_STATE_NAME, OPT_FILE);
     else
-        st = ckpt_manifest_verify(ck, &mf);
-    ckpt_manifest_free(&mf);
+        st = ckpt_manifest_verify(ck, mf);
+    if (st != ZO_OK) ckpt_manifest_free(mf);
     return st;
 }
 
 zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
 {
-    char ck[4096], path[4200];
+    char ck[4096];
     zo_status st;
     ckpt_state cs;
+    ckpt_manifest mf;
     if ((st = resolve(dir, ck, sizeof ck)) != ZO_OK) return st;
-    if ((st = check_checkpoint(rt, ck, &cs)) != ZO_OK) return st;
-
-    model_st_file f;
-    snprintf(path, sizeof path, "%s/" OPT_FILE, ck);
-    if ((st = model_st_open(&f, path)) != ZO_OK) return st;
+    if ((st = check_checkpoint(rt, ck, &cs, &mf)) != ZO_OK) return st;
     /* every tensor is there before anything is overwritten */
-    const model_st_tensor *src[3];
-    for (int b = 0; b < rt->g.nb; b++)
-        if ((st = find_sources(rt, &f, b, src)) != ZO_OK) goto out_close;
+    ck_source src;
+    if ((st = source_open(rt, ck, &mf, &src)) != ZO_OK) goto out_manifest;
     if ((st = offload_optim_settle(rt)) != ZO_OK || (st = offload_grads_drain(rt)) != ZO_OK) goto out_close;
     size_t C = io_chunk(rt);
     float *buf;
     if ((st = offload_host_alloc(&rt->env, 3 * C * 4, 0, (void **)&buf)) != ZO_OK) goto out_close;
-    const float *const v[3] = {buf, buf + C, buf + 2 * C};
     for (int b = 0; b < rt->g.nb && st == ZO_OK; b++) {
-        find_sources(rt, &f, b, src);
-        for (size_t rel = 0; rel < rt->numel[b] && st == ZO_OK; rel += C) {
-            size_t k = rt->numel[b] - rel < C ? rt->numel[b] - rel : C;
-            for (int a = 0; a < 3 && st == ZO_OK; a++) st = read_f32(&f, src[a], rel, k, buf + (size_t)a * C);
-            if (st == ZO_OK) st = check_values(&f, src, rel, k, v);
-            if (st == ZO_OK)
-                st = ostate_write(rt->shards, rt->n_shards, rt->off[b] + rel, k, buf, buf + C, buf + 2 * C);
+        /* the optimizer's part of the block [po, pe) (all of it with one
+         * rank); the store needs the whole block's weights, or that part */
+        size_t po = offload_dp_part_first(rt->dp, b), pe = po + rt->og.numel[b];
+        size_t r0 = rt->ws->part_only ? po : 0, r1 = rt->ws->part_only ? pe : rt->numel[b];
+        for (size_t rel = r0; rel < r1 && st == ZO_OK; rel += C) {
+            size_t k = r1 - rel < C ? r1 - rel : C;
+            size_t lo = rel > po ? rel : po, hi = rel + k < pe ? rel + k : pe;
+            st = source_read(&src, rt, b, rel, k, 0, buf);
+            if (lo < hi) {
+                for (int a = 1; a < 3 && st == ZO_OK; a++) st = source_read(&src, rt, b, lo, hi - lo, a, buf + a * C);
+                if (st == ZO_OK)
+                    st = ostate_write(rt->shards, rt->n_shards, rt->og.off[b] + (lo - po), hi - lo, buf + (lo - rel),
+                                      buf + C, buf + 2 * C);
+            }
             /* the 16-bit store from the master */
-            if (st == ZO_OK) st = wstore_put_f32(rt->ws, b, rel, k, buf);
+            if (st == ZO_OK) st = wstore_load_f32(rt->ws, b, rel, k, buf);
         }
     }
     offload_host_free(&rt->env, buf, 3 * C * 4, 0);
@@ -508,6 +767,8 @@ zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
         meta->seed = cs.seed;
     }
 out_close:
-    model_st_close(&f);
+    source_close(&src);
+out_manifest:
+    ckpt_manifest_free(&mf);
     return st;
 }

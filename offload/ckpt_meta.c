@@ -255,12 +255,60 @@ static int name_ok(const char *s)
            strcmp(s, CKPT_MANIFEST_NAME) && strlen(s) < sizeof(((ckpt_file_sum *)0)->name);
 }
 
+void ckpt_shard_name(char *buf, size_t len, int rank, int ranks)
+{
+    snprintf(buf, len, "optimizer-%05d-of-%05d.safetensors", rank, ranks);
+}
+
 zo_status ckpt_manifest_write(const char *dir, const ckpt_layout *layout, const char *const *names,
                               int n)
 {
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", dir, CKPT_MANIFEST_NAME);
+    ckpt_manifest m = {.layout = *layout, .n_files = n, .files = calloc(n ? (size_t)n : 1, sizeof *m.files)};
+    if (!m.files) return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", path);
     zo_status st = ZO_OK;
+    for (int i = 0; i < n && st == ZO_OK; i++) {
+        if (!name_ok(names[i])) st = zo_error(ZO_ERR_INVALID, "%s: \"%s\" cannot be listed", path, names[i]);
+        else st = ckpt_file_hash(dir, names[i], &m.files[i]);
+    }
+    if (st == ZO_OK) st = ckpt_manifest_write_sums(dir, &m);
+    free(m.files);
+    return st;
+}
+
+/* "partition": {"ranks", "zero_stage", "blocks": [[elements, part], ...]} */
+static cJSON *partition_json(const ckpt_manifest *m)
+{
+    const ckpt_partition *p = &m->partition;
+    cJSON *o = cJSON_CreateObject(), *blocks = cJSON_CreateArray();
+    if (!o || !blocks) {
+        cJSON_Delete(o);
+        cJSON_Delete(blocks);
+        return NULL;
+    }
+    cJSON_AddNumberToObject(o, "ranks", p->ranks);
+    cJSON_AddNumberToObject(o, "zero_stage", p->zero_stage);
+    cJSON_AddItemToObject(o, "blocks", blocks);
+    for (int b = 0; b < m->layout.blocks; b++) {
+        cJSON *e = cJSON_CreateArray();
+        if (!e) {
+            cJSON_Delete(o);
+            return NULL;
+        }
+        cJSON_AddItemToArray(e, cJSON_CreateNumber((double)p->numel[b]));
+        cJSON_AddItemToArray(e, cJSON_CreateNumber((double)p->part[b]));
+        cJSON_AddItemToArray(blocks, e);
+    }
+    return o;
+}
+
+zo_status ckpt_manifest_write_sums(const char *dir, const ckpt_manifest *m)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, CKPT_MANIFEST_NAME);
+    zo_status st = ZO_OK;
+    const ckpt_layout *layout = &m->layout;
     cJSON *o = cJSON_CreateObject(), *lay = cJSON_CreateObject(), *files = cJSON_CreateArray();
     if (!o || !lay || !files) {
         cJSON_Delete(lay);
@@ -276,26 +324,32 @@ zo_status ckpt_manifest_write(const char *dir, const ckpt_layout *layout, const 
     cJSON_AddNumberToObject(lay, "state_version", layout->state_version);
     cJSON_AddItemToObject(o, "layout", lay);
     cJSON_AddItemToObject(o, "files", files);
-    for (int i = 0; i < n && st == ZO_OK; i++) {
-        if (!name_ok(names[i])) {
-            st = zo_error(ZO_ERR_INVALID, "%s: \"%s\" cannot be listed", path, names[i]);
-            break;
+    if (m->partition.ranks > 0) {
+        cJSON *p = partition_json(m);
+        if (!p) {
+            st = zo_error(ZO_ERR_NOMEM, "%s: out of host memory", path);
+            goto out_free;
         }
-        ckpt_file_sum f;
-        if ((st = ckpt_file_hash(dir, names[i], &f)) != ZO_OK) break;
+        cJSON_AddItemToObject(o, "partition", p);
+    }
+    for (int i = 0; i < m->n_files; i++) {
+        const ckpt_file_sum *f = &m->files[i];
+        if (!name_ok(f->name)) {
+            st = zo_error(ZO_ERR_INVALID, "%s: \"%s\" cannot be listed", path, f->name);
+            goto out_free;
+        }
         char hex[17];
-        snprintf(hex, sizeof hex, "%016" PRIx64, f.xxh3);
+        snprintf(hex, sizeof hex, "%016" PRIx64, f->xxh3);
         cJSON *e = cJSON_CreateObject();
         if (!e) {
             st = zo_error(ZO_ERR_NOMEM, "%s: out of host memory", path);
-            break;
+            goto out_free;
         }
-        cJSON_AddStringToObject(e, "name", f.name);
-        cJSON_AddNumberToObject(e, "bytes", (double)f.bytes);
+        cJSON_AddStringToObject(e, "name", f->name);
+        cJSON_AddNumberToObject(e, "bytes", (double)f->bytes);
         cJSON_AddStringToObject(e, "xxh3", hex);
         cJSON_AddItemToArray(files, e);
     }
-    if (st != ZO_OK) goto out_free;
     char *text = cJSON_Print(o);
     if (!text) {
         st = zo_error(ZO_ERR_NOMEM, "%s: out of host memory", path);
@@ -308,9 +362,61 @@ out_free:
     return st;
 }
 
+/* The partition of a manifest whose layout and files are read: every rank's
+ * shard listed (first: a rank count tampered with is named as such), then
+ * the blocks. */
+static zo_status parse_partition(const cJSON *p, const char *path, ckpt_manifest *m)
+{
+    static const char *const known[] = {"ranks", "zero_stage", "blocks", NULL};
+    ckpt_partition *q = &m->partition;
+    const cJSON *blocks;
+    double ranks, stage;
+    zo_status st;
+    if (!cJSON_IsObject(p)) return zo_error(ZO_ERR_FORMAT, "%s: \"partition\" must be an object", path);
+    if ((st = check_known(p, known, path, "partition.")) != ZO_OK ||
+        (st = get_int(p, "ranks", path, "partition.", 1, CKPT_MAX_RANKS, &ranks)) != ZO_OK ||
+        (st = get_int(p, "zero_stage", path, "partition.", 1, 3, &stage)) != ZO_OK ||
+        (st = get_item(p, "blocks", path, "partition.", &blocks)) != ZO_OK)
+        return st;
+    for (int r = 0; r < (int)ranks; r++) {
+        char name[64];
+        ckpt_shard_name(name, sizeof name, r, (int)ranks);
+        if (!ckpt_manifest_find(m, name))
+            return zo_error(ZO_ERR_FORMAT, "%s: \"partition.ranks\" = %.0f is not a rank count with a file for "
+                            "each: %s is not listed", path, ranks, name);
+    }
+    int nb = m->layout.blocks;
+    if (!cJSON_IsArray(blocks) || cJSON_GetArraySize(blocks) != nb)
+        return zo_error(ZO_ERR_FORMAT, "%s: \"partition.blocks\" is not an array of %d blocks (layout.blocks)",
+                        path, nb);
+    q->ranks = (int)ranks;
+    q->zero_stage = (int)stage;
+    q->numel = calloc((size_t)nb, sizeof *q->numel);
+    q->part = calloc((size_t)nb, sizeof *q->part);
+    if (!q->numel || !q->part) return zo_error(ZO_ERR_NOMEM, "%s: out of host memory for %d blocks", path, nb);
+    uint64_t sum = 0;
+    int b = 0;
+    for (const cJSON *e = blocks->child; e; e = e->next, b++) {
+        const cJSON *n = cJSON_GetArrayItem(e, 0), *c = cJSON_GetArrayItem(e, 1);
+        if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2 || !cJSON_IsNumber(n) || !cJSON_IsNumber(c) ||
+            !(n->valuedouble >= 0 && n->valuedouble <= EXACT_MAX) || n->valuedouble != floor(n->valuedouble) ||
+            !(c->valuedouble >= 0 && c->valuedouble <= n->valuedouble + 1) || c->valuedouble != floor(c->valuedouble) ||
+            c->valuedouble * ranks < n->valuedouble)
+            return zo_error(ZO_ERR_FORMAT, "%s: \"partition.blocks[%d]\" is not [elements, a part of at least "
+                            "1/%.0f of them]", path, b, ranks);
+        q->numel[b] = (uint64_t)n->valuedouble;
+        q->part[b] = (uint64_t)c->valuedouble;
+        sum += q->numel[b];
+    }
+    if (sum != m->layout.params)
+        return zo_error(ZO_ERR_FORMAT, "%s: \"partition.blocks\" hold %" PRIu64 " elements, \"layout.params\" "
+                        "%" PRIu64, path, sum, m->layout.params);
+    return ZO_OK;
+}
+
 zo_status ckpt_manifest_parse(const char *text, size_t len, const char *path, ckpt_manifest *m)
 {
-    static const char *const known[] = {"format", "version", "layout", "files", NULL};
+    static const char *const known[] = {"format", "version", "layout", "files", "partition", NULL};
     static const char *const known_layout[] = {"blocks", "params", "dtype", "state_version", NULL};
     static const char *const known_file[] = {"name", "bytes", "xxh3", NULL};
     memset(m, 0, sizeof *m);
@@ -382,6 +488,8 @@ zo_status ckpt_manifest_parse(const char *text, size_t len, const char *path, ck
         f->bytes = (uint64_t)bytes;
         f->xxh3 = h;
     }
+    const cJSON *part = cJSON_GetObjectItemCaseSensitive(o, "partition");
+    if (part) st = parse_partition(part, path, m);
 out_free:
     if (st != ZO_OK) ckpt_manifest_free(m);
     cJSON_Delete(o);
@@ -434,6 +542,8 @@ const ckpt_file_sum *ckpt_manifest_find(const ckpt_manifest *m, const char *name
 void ckpt_manifest_free(ckpt_manifest *m)
 {
     free(m->files);
+    free(m->partition.numel);
+    free(m->partition.part);
     memset(m, 0, sizeof *m);
 }
 

@@ -7,10 +7,12 @@
  *                  (blocks, parameters, dtype, state version). A checkpoint is
  *                  loaded only when every file it lists has its size and hash.
  *
- * The manifest is written from a list of file names, so a checkpoint made of
- * more files (per-rank shards) lists them all; its reader keeps what it does
- * not know out (unknown members are refused) so that a later version is read
- * by a reader that knows it. docs/offload.md, "Checkpoints", gives both
+ * The manifest is written from a list of files, so a checkpoint made of more
+ * files (per-rank shards) lists them all, with its partition: how many
+ * ranks wrote the optimizer state, each its part of every block, from which
+ * a run of any rank count re-partitions. Its reader keeps what it does not
+ * know out (unknown members are refused) so that a later version is read by
+ * a reader that knows it. docs/offload.md, "Checkpoints", gives both
  * formats. */
 #ifndef ZO_OFFLOAD_CKPT_META_H
 #define ZO_OFFLOAD_CKPT_META_H
@@ -67,17 +69,41 @@ typedef struct ckpt_file_sum {
     uint64_t xxh3;    /* XXH3-64 of the whole file */
 } ckpt_file_sum;
 
+/* The optimizer state of several ranks (ZeRO 1-3): each rank's shard file
+ * (ckpt_shard_name) holds its part of every block; rank r's part of block b
+ * is elements [r part[b], min(numel[b], (r + 1) part[b])). */
+typedef struct ckpt_partition {
+    int ranks;        /* 0: none, the checkpoint is one rank's (optimizer.safetensors) */
+    int zero_stage;   /* 1-3: what the ranks partitioned */
+    uint64_t *numel;  /* [layout.blocks] */
+    uint64_t *part;   /* [layout.blocks] */
+} ckpt_partition;
+
+#define CKPT_MAX_RANKS (1 << 20)
+
 typedef struct ckpt_manifest {
     ckpt_layout layout;
     int n_files;
     ckpt_file_sum *files;
+    ckpt_partition partition; /* ranks 0 when the checkpoint is one rank's */
 } ckpt_manifest;
+
+/* "optimizer-<r>-of-<n>.safetensors" (5 digits each): rank r's shard. */
+void ckpt_shard_name(char *buf, size_t len, int rank, int ranks);
 
 /* Size and XXH3-64 of dir/name (a regular file, not through a link). */
 zo_status ckpt_file_hash(const char *dir, const char *name, ckpt_file_sum *out);
-/* Hash the n files named and write dir/manifest.json atomically. */
+/* Hash the n files named and write dir/manifest.json atomically (one
+ * rank's checkpoint: no partition). */
 zo_status ckpt_manifest_write(const char *dir, const ckpt_layout *layout, const char *const *names,
                               int n);
+/* Write m as it is (its files' sums given, e.g. each rank's of its own
+ * shard; its partition when ranks > 0) to dir/manifest.json atomically. */
+zo_status ckpt_manifest_write_sums(const char *dir, const ckpt_manifest *m);
+/* Strict: every field, the files' names inside the folder and listed once;
+ * a partition whose blocks are the layout's (their elements summing to its
+ * parameters, each part at least 1/ranks of its block) and every rank's
+ * shard listed. */
 zo_status ckpt_manifest_parse(const char *text, size_t len, const char *path, ckpt_manifest *m);
 zo_status ckpt_manifest_read(const char *dir, ckpt_manifest *m);
 /* Every file listed has its size and hash: ZO_ERR_CHECKSUM naming the file

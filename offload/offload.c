@@ -40,7 +40,7 @@ zo_status offload_schedule_parse(const char *s, const char *what, offload_schedu
 
 const char *offload_time_part_name(offload_time_part p)
 {
-    static const char *n[] = {"compute", "weights", "grads", "optimizer", "disk"};
+    static const char *n[] = {"compute", "weights", "grads", "optimizer", "disk", "comm"};
     return p < OFFLOAD_TIME_PARTS ? n[p] : "?";
 }
 
@@ -116,6 +116,27 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
                         "offload_init: the delayed parameter update (dpu) runs the CPU optimizer; with optimizer "
                         "state on the device (gpu %g) use schedule overlap or serial",
                         c->opt_frac[OFFLOAD_DEVICE]);
+    if (c->zero_stage < 0 || c->zero_stage > 3)
+        return zo_error(ZO_ERR_INVALID, "offload_init: ZeRO stage %d (0, 1, 2 or 3)", c->zero_stage);
+    int ranks = c->comm ? comm_size(c->comm) : 1;
+    /* stages 1-2 keep every 16-bit weight on every rank: offloading them is
+     * ZeRO-3's (ZeRO-Infinity), as in DeepSpeed */
+    if (ranks > 1 && (c->zero_stage == 1 || c->zero_stage == 2) && c->params_on != OFFLOAD_DEVICE)
+        return zo_error(ZO_ERR_INVALID,
+                        "offload_init: ZeRO-%d keeps every 16-bit weight on the device (params_on gpu); "
+                        "weights on %s need ZeRO-3, which partitions them", c->zero_stage,
+                        offload_tier_name(c->params_on));
+    /* not built (docs/offload.md, "Not done"): several ranks train every
+     * weight, the optimizer on the host thread */
+    if (ranks > 1 && m->frozen_bytes)
+        return zo_error(ZO_ERR_UNSUPPORTED,
+                        "offload_init: several ranks (%d, ZeRO-%d) with a frozen base (LoRA/QLoRA adapters: "
+                        "offload_model.frozen_bytes) are not built: train adapters on one rank", ranks,
+                        c->zero_stage);
+    if (ranks > 1 && c->schedule != OFFLOAD_SCHEDULE_SERIAL)
+        return zo_error(ZO_ERR_UNSUPPORTED,
+                        "offload_init: several ranks (%d, ZeRO-%d) with the optimizer schedule %s are not built: "
+                        "use schedule serial", ranks, c->zero_stage, offload_schedule_name(c->schedule));
     return ZO_OK;
 }
 
@@ -200,7 +221,8 @@ static zo_status copy_model(offload_t *rt, const offload_model *model)
 
 /* The optimizer's device share: the suffix of whole blocks whose size is
  * nearest opt_frac[DEVICE] * n (at least one block when the fraction is not
- * 0), so that a block's gradient stays on the device or leaves it whole. */
+ * 0), so that a block's gradient stays on the device or leaves it whole.
+ * Chosen on the model, so that every rank chooses the same blocks. */
 static size_t device_share_first(const offload_t *rt, int *first_block)
 {
     double f = rt->cfg.opt_frac[OFFLOAD_DEVICE];
@@ -222,27 +244,35 @@ static size_t device_share_first(const offload_t *rt, int *first_block)
     return rt->off[best_b];
 }
 
-/* The optimizer shards, in flat order: the first elements in memory, then
- * NVMe, then the device share (whole blocks at the end). */
+/* The optimizer shards over the optimizer's geometry (the rank's parts
+ * with ZeRO 1-3), in flat order: the first elements in memory, then NVMe,
+ * then the device share (whole blocks at the end). */
 static zo_status create_shards(offload_t *rt)
 {
     const offload_config *c = &rt->cfg;
-    size_t dev_first = device_share_first(rt, &rt->dev_block);
-    size_t n_nvme = (size_t)llround((double)rt->g.n * c->opt_frac[OFFLOAD_NVME]);
+    const offload_geom *og = &rt->og;
+    device_share_first(rt, &rt->dev_block);
+    size_t dev_first = og->off[rt->dev_block];
+    size_t n_nvme = (size_t)llround((double)og->n * c->opt_frac[OFFLOAD_NVME]);
     if (n_nvme > dev_first || c->opt_frac[OFFLOAD_CPU] <= 0) n_nvme = dev_first;
     size_t n_cpu = dev_first - n_nvme;
     rt->host_n = dev_first;
     struct {
         offload_tier tier;
         size_t first, n;
-    } part[3] = {{OFFLOAD_CPU, 0, n_cpu}, {OFFLOAD_NVME, n_cpu, n_nvme}, {OFFLOAD_DEVICE, dev_first, rt->g.n - dev_first}};
+    } part[3] = {{OFFLOAD_CPU, 0, n_cpu}, {OFFLOAD_NVME, n_cpu, n_nvme}, {OFFLOAD_DEVICE, dev_first, og->n - dev_first}};
     for (int i = 0; i < 3; i++) {
         if (!part[i].n) continue;
         oshard_config sc = {.tier = part[i].tier, .first = part[i].first, .n = part[i].n,
                             .sub_group = c->sub_group, .swap_buffers = c->swap_buffers,
                             .exact_stats = c->adam.clip > 0.0f, .nvme_dir = c->nvme_dir};
+        /* ZeRO-1: whole sums, reduced in place, the part read there */
+        if (rt->dp && rt->dp->stage == 1) {
+            sc.grad_of = offload_grads_dev_part;
+            sc.grad_ctx = rt;
+        }
         oshard *sh;
-        zo_status st = oshard_create(&rt->env, &rt->g, &sc, &sh);
+        zo_status st = oshard_create(&rt->env, og, &sc, &sh);
         if (st != ZO_OK) return st;
         rt->shards[rt->n_shards++] = sh;
         if (part[i].tier == OFFLOAD_DEVICE) rt->dev_shard = sh;
@@ -278,11 +308,21 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     rt->ckpt_lock.fd = -1;
     pthread_mutex_init(&rt->acct.mu, NULL);
     /* a second run on the same checkpoint folder is refused before anything
-     * is allocated */
-    if (cfg->ckpt_dir && (st = offload_ckpt_lock(rt, cfg->ckpt_dir)) != ZO_OK) goto out_free;
+     * is allocated (several ranks share the folder: rank 0 holds it) */
+    if (cfg->ckpt_dir && (!cfg->comm || comm_rank(cfg->comm) == 0) &&
+        (st = offload_ckpt_lock(rt, cfg->ckpt_dir)) != ZO_OK)
+        goto out_free;
     rt->env = (offload_env){.dev = dev, .acct = &rt->acct, .n_threads = cfg->n_threads};
     rt->dev_block = model->n_blocks;
     if ((st = copy_model(rt, model)) != ZO_OK) goto out_free;
+    if (cfg->comm && comm_size(cfg->comm) > 1) {
+        if ((st = offload_dp_create(&rt->env, &rt->g, cfg->comm, cfg->zero_stage, cfg->comm_bucket, &rt->dp)) != ZO_OK)
+            goto out_free;
+        rt->env.dp = rt->dp;
+        /* a slot takes a padded block (the all-gathers and reduce-scatters in place) */
+        if (rt->g.slot_bytes < rt->dp->largest_pad * rt->g.es) rt->g.slot_bytes = rt->dp->largest_pad * rt->g.es;
+    }
+    offload_dp_geom(rt->dp, &rt->g, &rt->og);
     rt->dynamic_scale = model->dtype == ZO_DTYPE_F16;
     rt->loss_scale = cfg->loss_scale > 0 ? cfg->loss_scale
                                          : (rt->dynamic_scale ? OFFLOAD_LOSS_SCALE_INIT : 1.0f);
@@ -291,16 +331,18 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     if ((st = gpu_stream_create(dev, &rt->env.d2h)) != ZO_OK) goto out_free;
     /* the weights' stores: the trainable ones where params_on says (with a
      * frozen base: where trainable_on says, the base where params_on says);
-     * slots for what is streamed */
+     * slots for what is streamed (ZeRO-3: the rank's parts gathered into
+     * them, wherever the parts live) */
     int frozen = model->frozen_bytes != NULL;
     offload_tier w_on = frozen ? rt->cfg.trainable_on : rt->cfg.params_on;
-    int w_streamed = w_on != OFFLOAD_DEVICE, f_streamed = frozen && rt->cfg.params_on != OFFLOAD_DEVICE;
+    int w_streamed = w_on != OFFLOAD_DEVICE || (rt->dp && rt->dp->stage >= 3);
+    int f_streamed = frozen && rt->cfg.params_on != OFFLOAD_DEVICE;
     if (w_streamed || f_streamed) rt->n_slots = slot_count(rt);
     rt->fslot = f_streamed ? rt->fg.slot_bytes : 0;
     rt->slot_size = rt->fslot + (w_streamed ? rt->g.slot_bytes : 0);
     wstore_config wc = {.tier = w_on, .dev_puts = rt->cfg.opt_frac[OFFLOAD_DEVICE] > 0,
                         .chunk = rt->cfg.sub_group, .nvme_dir = rt->cfg.nvme_dir, .name = "par",
-                        .ring = rt->n_slots};
+                        .ring = rt->n_slots, .part_geom = &rt->og};
     if ((st = wstore_create(&rt->env, &rt->g, &wc, &rt->ws)) != ZO_OK) goto out_free;
     if (frozen) {
         wstore_config fc = {.tier = rt->cfg.params_on, .chunk = rt->cfg.sub_group,
@@ -335,6 +377,7 @@ void offload_free(offload_t *rt)
     free(rt->foff);
     if (rt->env.h2d) gpu_stream_destroy(rt->env.h2d);
     if (rt->env.d2h) gpu_stream_destroy(rt->env.d2h);
+    offload_dp_free(rt->dp);
     free(rt->numel);
     free(rt->dep);
     free(rt->off);
@@ -370,7 +413,8 @@ size_t offload_find_nonfinite(const float *p, size_t n)
     return n;
 }
 
-/* Block b's master and 16-bit weights from w, its moments zeroed. */
+/* Block b's master and 16-bit weights from w (the whole block: the rank
+ * keeps its part), its moments zeroed. */
 static zo_status set_block(offload_t *rt, int b, const float *w)
 {
     zo_status st;
@@ -378,9 +422,10 @@ static zo_status set_block(offload_t *rt, int b, const float *w)
     if (bad < rt->numel[b])
         return zo_error(ZO_ERR_INVALID, "offload: block %d element %zu is %g: weights must be finite", b,
                         bad, (double)w[bad]);
-    if ((st = ostate_write(rt->shards, rt->n_shards, rt->off[b], rt->numel[b], w, NULL, NULL)) != ZO_OK)
+    if ((st = ostate_write(rt->shards, rt->n_shards, rt->og.off[b], rt->og.numel[b],
+                           w + offload_dp_part_first(rt->dp, b), NULL, NULL)) != ZO_OK)
         return st;
-    return wstore_put_f32(rt->ws, b, 0, rt->numel[b], w);
+    return wstore_load_f32(rt->ws, b, 0, rt->numel[b], w);
 }
 
 /* Whatever the gradient sums held is dropped: the weights changed. */
@@ -433,7 +478,17 @@ zo_status offload_get_block(offload_t *rt, int block, float *w)
 {
     zo_status st = check_block(rt, "offload_get_block", block);
     if (st != ZO_OK || (st = offload_optim_settle(rt)) != ZO_OK) return st;
-    return ostate_read(rt->shards, rt->n_shards, rt->off[block], rt->numel[block], w, NULL, NULL);
+    const offload_geom *og = &rt->og;
+    if (!offload_dp_partitioned(rt->dp))
+        return ostate_read(rt->shards, rt->n_shards, og->off[block], og->numel[block], w, NULL, NULL);
+    /* the rank's part, then everybody's */
+    size_t pn = og->numel[block];
+    float *part = NULL;
+    if (pn && (st = offload_host_alloc(&rt->env, pn * sizeof(float), 0, (void **)&part)) != ZO_OK) return st;
+    st = ostate_read(rt->shards, rt->n_shards, og->off[block], pn, part, NULL, NULL);
+    if (st == ZO_OK) st = offload_dp_gather_block(rt->dp, block, rt->numel[block], part, w);
+    offload_host_free(&rt->env, part, pn * sizeof(float), 0);
+    return st;
 }
 
 zo_status offload_set_weights(offload_t *rt, const float *const *blocks)
@@ -490,6 +545,7 @@ zo_status offload_step(offload_t *rt, offload_step_info *info)
     zo_status st = offload_grads_drain(rt);
     if (st != ZO_OK) return st;
     if (!rt->micro) return zo_error(ZO_ERR_INVALID, "offload_step: no micro-batch since the last step");
+    if ((st = offload_grads_reduce(rt)) != ZO_OK) return zo_error_wrap(st, "offload_step: gradient reduction");
     /* the update before this one is done (and, with dpu, published), and
      * the shards hold what was written to them since, unless this step's
      * updates started during backward (they did both) */
@@ -510,7 +566,7 @@ void offload_set_lr(offload_t *rt, float lr) { rt->cfg.adam.lr = lr; }
 const float *offload_grad(const offload_t *rt, size_t *n)
 {
     if (n) *n = rt->host_n;
-    return rt->micro && rt->host_n ? rt->grad : NULL;
+    return rt->micro && rt->host_n && !rt->dp ? rt->grad : NULL;
 }
 
 size_t offload_block_offset(const offload_t *rt, int block) { return rt->off[block]; }
@@ -545,6 +601,24 @@ void offload_get_stats(const offload_t *rt, offload_stats *o)
     pthread_mutex_unlock((pthread_mutex_t *)&a->mu);
     o->n_slots = rt->n_slots;
     o->slot_bytes = rt->n_slots ? rt->slot_size : 0;
+    o->rank = rt->dp ? rt->dp->rank : 0;
+    o->ranks = rt->dp ? rt->dp->size : 1;
+    o->comm_elems = a->comm_elems;
+    o->comm_pad_elems = a->comm_pad_elems;
+    o->comm_calls = a->comm_calls;
+    o->comm_reused_elems = rt->dp && rt->dp->stage >= 3 ? a->reused_elems : 0;
+    for (int i = 0; i < rt->n_shards; i++) o->optimizer_bytes[rt->shards[i]->tier] += rt->shards[i]->n * 12;
+}
+
+zo_status offload_gather(offload_t *rt, const void *mine, size_t bytes, void *all)
+{
+    if (bytes > OFFLOAD_GATHER_MAX)
+        return zo_error(ZO_ERR_INVALID, "offload_gather: %zu bytes (at most %d)", bytes, OFFLOAD_GATHER_MAX);
+    if (!rt->dp) {
+        memcpy(all, mine, bytes);
+        return ZO_OK;
+    }
+    return offload_dp_gather(rt->dp, mine, bytes, all);
 }
 
 void offload_reset_times(offload_t *rt)
@@ -555,4 +629,6 @@ void offload_reset_times(offload_t *rt)
     a->n_micro = a->n_steps = 0;
     memset(a->bytes, 0, sizeof a->bytes);
     a->opt_busy_s = a->opt_overlap_s = 0;
+    a->comm_elems = a->comm_pad_elems = a->reused_elems = 0;
+    a->comm_calls = 0;
 }

@@ -32,7 +32,11 @@
  *   activations are rebuilt from its input before its backward;
  * - training checkpoints: weights, optimizer state and counters written to a
  *   temporary directory, flushed and renamed, so a crash at any moment leaves
- *   the previous checkpoint loadable.
+ *   the previous checkpoint loadable;
+ * - several ranks (config.comm, zero_stage): ZeRO-DP stages 0-3, each rank
+ *   keeping its part of every block of what the stage partitions, the
+ *   collectives on device memory ordered by events (docs/offload.md,
+ *   "Several ranks").
  *
  * The flat parameter index: blocks are concatenated in order, so element e
  * of block b is flat element block_offset(b) + e. Optimizer sub-groups and the
@@ -54,6 +58,7 @@
 #include "common/dtype.h"       /* defines: zo_dtype */
 #include "common/plan_schema.h" /* defines: zo_plan (the plan file as read) */
 #include "common/status.h"      /* defines: zo_status */
+#include "gpu/comm.h"      /* defines: comm_t (data parallelism) */
 #include "gpu/device.h"    /* defines: gpu_device_t, gpu_stream_t */
 
 typedef struct offload offload_t;
@@ -194,6 +199,26 @@ typedef struct offload_config {
     int keep_checkpoints;
     offload_ckpt_hook ckpt_hook;     /* (optional) test seam */
     void *ckpt_hook_user;
+    /* Data parallelism (ZeRO-DP, docs/offload.md "Several ranks"): every
+     * rank of `comm` runs its own runtime on its own micro-batches, and the
+     * runtimes agree through collectives. NULL, or a communicator of one
+     * rank: one rank, no collective. The communicator must order by this
+     * runtime's device (comm_options.device) and take its memory: NCCL, or
+     * MPI with the CPU device (whose memory is host memory). */
+    comm_t comm;
+    /* ZeRO stage over the ranks of comm: 0 every rank holds everything and
+     * gradients are all-reduced; 1 the optimizer state (fp32 master, m, v)
+     * is partitioned, gradients reduce-scattered at the step and the new
+     * 16-bit weights all-gathered; 2 gradients too, reduce-scattered block
+     * by block as backward produces them; 3 the 16-bit weights too,
+     * all-gathered into the device slots one block ahead of use. Stages 1
+     * and 2 keep every 16-bit weight on the device (params_on gpu); stage 3
+     * takes any params_on (the rank's part lives there). */
+    int zero_stage;
+    /* Elements of a communication bucket (fp32; two of them on the device):
+     * a block larger than it is reduced in pieces. 0: 25M (the plan's
+     * comm.bucket), at most the largest block. */
+    size_t comm_bucket;
 } offload_config;
 
 /* prefetch 2, everything on the device, no recompute, sub-group 1M, AdamW
@@ -259,7 +284,9 @@ void offload_free(offload_t *rt);
  * the block in flight and no more, whatever the model's size: load a model
  * block by block (e.g. model_load_block) through it. */
 zo_status offload_set_block(offload_t *rt, int block, const float *w);
-/* Read one block's fp32 master weights back. */
+/* Read one block's fp32 master weights back. With the optimizer state
+ * partitioned over ranks (ZeRO 1-3) the parts are all-gathered: a
+ * collective, every rank reads the same blocks in the same order. */
 zo_status offload_get_block(offload_t *rt, int block, float *w);
 
 /* A block's frozen base (frozen_bytes[block] bytes, e.g. tf_frozen_pack's)
@@ -327,6 +354,7 @@ typedef enum offload_time_part {
     OFFLOAD_TIME_GRADS,        /* gradient copies and fp32 accumulation */
     OFFLOAD_TIME_OPTIMIZER,    /* the CPU Adam update */
     OFFLOAD_TIME_DISK,         /* NVMe reads and writes the host waited for */
+    OFFLOAD_TIME_COMM,         /* collectives the host waited for (several ranks) */
     OFFLOAD_TIME_PARTS,
 } offload_time_part;
 
@@ -344,11 +372,35 @@ typedef struct offload_stats {
     size_t slot_bytes;
     double optimizer_s;             /* the CPU update's own time (every schedule) */
     double optimizer_overlap;       /* the fraction of it that ran while the device computed */
+    /* Data parallelism: the collectives of this rank since init (or the
+     * last reset), in model elements, the ZeRO paper's unit: an all-reduce
+     * of n elements counts 2n (a reduce-scatter and an all-gather), a
+     * reduce-scatter or an all-gather n; the padding that makes each block
+     * divide among the ranks is counted apart. */
+    int rank, ranks;                /* 0 of 1 without data parallelism */
+    uint64_t comm_elems, comm_pad_elems;
+    int64_t comm_calls;
+    /* ZeRO-3: elements of the blocks a forward or a backward found still
+     * gathered in a device slot by the pass before it (not gathered again:
+     * the last blocks of a forward are the first of its backward, and so on
+     * across micro-batches); comm_elems plus these is the paper's count,
+     * which gathers every block twice a micro-batch */
+    uint64_t comm_reused_elems;
+    /* fp32 master, m and v this rank holds, per tier (1/N of the model's
+     * with ZeRO 1-3 over N ranks) */
+    uint64_t optimizer_bytes[OFFLOAD_TIERS];
 } offload_stats;
 
 void offload_get_stats(const offload_t *rt, offload_stats *out);
 /* Restart the times and counters (not the peaks). */
 void offload_reset_times(offload_t *rt);
+
+/* Data parallelism: `bytes` (at most OFFLOAD_GATHER_MAX) of host memory
+ * from every rank into all[rank * bytes], on every rank, in rank order (a
+ * collective: every rank calls it at the same point). With one rank, a
+ * copy. For what programs print for the whole job: losses, peaks. */
+#define OFFLOAD_GATHER_MAX 256
+zo_status offload_gather(offload_t *rt, const void *mine, size_t bytes, void *all);
 
 /* Write {"peak_bytes": {...}, "predicted_bytes": {...}, "time_s": {...},
  * ...} to `path` (atomically); pred may be NULL. */
@@ -389,13 +441,26 @@ typedef zo_status (*offload_weights_stream)(void *user, const char *path,
  * interrupted saves: only directories named exactly step-<N> or
  * step-<N>.<k> (and .tmp- those), never through a link; nothing else in DIR
  * is touched. The hook (config.ckpt_hook) is called at "begin",
- * "optimizer-half", "before-rename" and "before-latest". */
+ * "optimizer-half", "before-rename" and "before-latest".
+ * Several ranks: every rank calls it, on a directory they share; rank 0
+ * holds the lock. ZeRO 0: rank 0 saves the one-rank checkpoint. ZeRO 1-3:
+ * each rank writes its shard of the optimizer state
+ * (optimizer-<r>-of-<N>.safetensors) and rank 0 the weights, state.json and
+ * the manifest, which adds the partition; the directory is renamed into
+ * place once every rank's files are in it. offload_load reads either form
+ * on any rank count. */
 zo_status offload_save(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
                        offload_weights_writer writer, void *writer_user);
 /* The same, the weights written block by block: host memory holds a few
  * blocks, never the model, whatever tier the state lives on. */
 zo_status offload_save_streamed(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
                                 offload_weights_stream writer, void *writer_user);
+
+/* Write the model's weights (fp32 master) under `path` through `writer`,
+ * reading one block at a time; with several ranks every rank calls it:
+ * rank 0 writes, and when the optimizer state is partitioned the others
+ * read the blocks it reads (each is gathered across ranks). */
+zo_status offload_write_weights(offload_t *rt, const char *path, offload_weights_stream writer, void *user);
 
 /* Load the checkpoint DIR/latest names (or DIR itself when it holds a
  * state.json): master, moments, step, loss scale; the 16-bit store is rebuilt

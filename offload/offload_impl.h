@@ -14,14 +14,22 @@
  *   ostate.c    where the fp32 master and Adam moments live: optimizer-state
  *               shard objects (host memory, NVMe, device), ranges of the
  *               flat parameter index
+ *   grads.c     gradient sums: where each block's gradient is added over
+ *               micro-batches, and its reduction over ranks (ZeRO)
+ *   wgather.c   the ZeRO-3 weight store: the rank's part of every block in
+ *               an inner store, all-gathered into a device slot on fetch
+ *   dp.c        data parallelism: the rank's part of every block, the
+ *               communication buckets, the runtime's collectives, counted
  *   acct.c      the clock, memory accounting per tier, counters
  *
  * The store and the shards are chosen once, at init, from the configuration;
  * nothing above them asks where state lives. Every staging buffer has one
  * role and one owner:
  *   - device weight slots (stream.c): blocks streamed in for compute;
- *   - gradient slots (stream.c): a device buffer per slot for backward and
+ *   - gradient slots (grads.c): a device buffer per slot for backward and
  *     its pinned host copy for the fp32 sum on the host;
+ *   - the communication buckets (dp.c, several ranks): two fp32 device
+ *     buffers a piece of a block passes through while a collective runs;
  *   - the store's incoming weights (wstore.c): pinned buffers the new 16-bit
  *     weights of a block pass through on their way to the device or NVMe,
  *     and the read-ahead ring of an NVMe store;
@@ -44,6 +52,7 @@
 #define OFFLOAD_LOSS_SCALE_INIT 65536.0f
 #define OFFLOAD_LOSS_SCALE_WINDOW 200
 #define OFFLOAD_DEFAULT_SUB_GROUP (1u << 20)
+#define OFFLOAD_DEFAULT_BUCKET 25000000u /* elements (memplan's comm.bucket) */
 #define OFFLOAD_MAX_SKIPPED_STEPS 50 /* fp16 overflow skips in a row before the step fails */
 
 /* ---- acct.c: the clock, memory per tier, counters -------------------------------- */
@@ -66,7 +75,14 @@ typedef struct offload_acct {
     int64_t n_micro, n_steps;
     uint64_t bytes[OFFLOAD_BYTES_KINDS];
     double opt_busy_s, opt_overlap_s; /* the optimizer's time, and its part while the device computed */
+    /* several ranks (offload_stats), counted by the host thread alone: a
+     * data-parallel run has no optimizer thread (serial schedule) */
+    uint64_t comm_elems, comm_pad_elems; /* collectives */
+    uint64_t reused_elems; /* blocks a half-pass found in a slot an earlier one loaded */
+    int64_t comm_calls;
 } offload_acct;
+
+typedef struct offload_dp offload_dp;
 
 /* What every object of the runtime works with. */
 typedef struct offload_env {
@@ -74,6 +90,7 @@ typedef struct offload_env {
     gpu_stream_t h2d, d2h; /* the runtime's copy streams */
     offload_acct *acct;
     int n_threads;         /* CPU Adam threads; 0 = OpenMP's default */
+    offload_dp *dp;        /* data parallelism, NULL with one rank */
 } offload_env;
 
 /* The model's blocks on the flat parameter index. */
@@ -100,10 +117,100 @@ zo_status offload_timed_wait(const offload_env *env, gpu_event_t ev, offload_tim
 /* The block holding flat element `a` (blocks of no elements skipped). */
 int offload_block_of(const offload_geom *g, size_t a);
 
+/* ---- dp.c: data parallelism ------------------------------------------------------- */
+
+/* The partition: every block is one bucket, padded to a multiple of the
+ * rank count and split in equal parts (comm_padded_count, comm_shard); rank
+ * r's part of block b is elements [part_off[b], part_off[b] + part_n[b]).
+ * With ZeRO 1-3 the optimizer state, the gradient sums it reads and (ZeRO
+ * 3) the 16-bit weights of a rank are its parts: the rank's geometry has
+ * block b of part_n[b] elements. Stage 0 partitions nothing (its part is
+ * the whole block). */
+struct offload_dp {
+    comm_t comm;
+    int rank, size, stage;
+    const offload_env *env;
+    int nb;
+    size_t *pad;           /* [nb] block b padded: comm_padded_count(numel, size) */
+    size_t *part_off;      /* [nb] the rank's part of block b: first element */
+    size_t *part_n;        /* [nb] ... and its elements (possibly 0) */
+    size_t *loc_off;       /* [nb + 1] the rank's geometry: flat offsets of the parts */
+    size_t largest_pad;    /* the largest padded block */
+    /* two fp32 buckets of bucket_q x size elements on the device: a piece of
+     * a block's gradient (or master weights) while a collective runs on it.
+     * A block whose part is longer than bucket_q goes in pieces: piece j
+     * holds elements [j q, j q + q) of every rank's part, rank after rank
+     * (offload_dp_piece), so that a reduce-scatter of the piece leaves each
+     * rank a piece of its own part. */
+    float *bucket[2];
+    size_t bucket_q;       /* elements of a rank's part per piece */
+    gpu_event_t bucket_ev[2]; /* the bucket's last use is done (its stream's record) */
+    void *small;           /* device [size * OFFLOAD_GATHER_MAX]: offload_gather */
+    gpu_event_t ev_in, ev_out; /* a collective's `after` and `done` */
+    /* collectives in flight, oldest first (they complete in issue order) */
+    comm_request_t *req;
+    size_t n_req, head, cap_req;
+};
+
+typedef enum dp_op {
+    DP_ALL_REDUCE = 0,     /* in place over `count` elements */
+    DP_REDUCE_SCATTER,     /* in place: block b padded, the rank's part at part_off */
+    DP_ALL_GATHER,         /* in place: likewise */
+} dp_op;
+
+/* bucket: elements per communication bucket (0: 25M), rounded to the rank
+ * count, at most the largest padded block. */
+zo_status offload_dp_create(const offload_env *env, const offload_geom *g, comm_t comm, int stage,
+                            size_t bucket, offload_dp **out);
+void offload_dp_free(offload_dp *dp);
+/* 1 when the optimizer state (and what follows it) is partitioned: ZeRO 1-3. */
+int offload_dp_partitioned(const offload_dp *dp);
+/* Where the optimizer's part of block b starts in the whole block (0 when
+ * not partitioned or dp is NULL). */
+size_t offload_dp_part_first(const offload_dp *dp, int b);
+/* The rank's geometry (the parts of every block) over the arrays of dp;
+ * with stage 0 (or no dp) the model's own. */
+void offload_dp_geom(const offload_dp *dp, const offload_geom *g, offload_geom *out);
+/* Issue a collective on device buffer `buf` (fp32, fp16 or bf16): an
+ * all-reduce of `count` elements, or a reduce-scatter or all-gather in
+ * place of `count` elements per rank (the rank's at buf + rank * count);
+ * `real` of them are the model's (the rest padding). `after` (may be NULL):
+ * the collective reads its input after the event's latest record; its
+ * completion is recorded on `done` (may be NULL). Counted in the
+ * accounting; the request is kept until offload_dp_wait. */
+zo_status offload_dp_collective(offload_dp *dp, dp_op op, size_t count, size_t real, void *buf, zo_dtype dt,
+                                gpu_event_t after, gpu_event_t done);
+/* The same on all of block b in place (numel elements of it real): an
+ * all-reduce of numel, or a reduce-scatter / all-gather of the padded block. */
+zo_status offload_dp_block(offload_dp *dp, dp_op op, int b, size_t numel, void *buf, zo_dtype dt,
+                           gpu_event_t after, gpu_event_t done);
+/* The pieces of block b (at least 1 when it has elements); piece j covers
+ * elements [*first, *first + *q) of every rank's part; *real: of the
+ * piece's size * q elements, the model's. */
+size_t offload_dp_pieces(const offload_dp *dp, int b);
+void offload_dp_piece(const offload_dp *dp, int b, size_t numel, size_t j, size_t *first, size_t *q,
+                      size_t *real);
+/* Where rank r's share of piece (first, q) starts in the whole block, and
+ * how many of its q elements are the model's (the rest padding). */
+size_t offload_dp_piece_src(const offload_dp *dp, int b, size_t numel, int r, size_t first, size_t q,
+                            size_t *n);
+/* Complete every collective issued so far. */
+zo_status offload_dp_wait(offload_dp *dp);
+/* Block b's fp32 values from every rank's part: `part` (host, part_n[b]
+ * values) in, the whole block (host, numel values) out. Blocking. */
+zo_status offload_dp_gather_block(offload_dp *dp, int b, size_t numel, const float *part, float *all);
+/* `bytes` of host memory from every rank into all[rank * bytes]. Blocking. */
+zo_status offload_dp_gather(offload_dp *dp, const void *mine, size_t bytes, void *all);
+
 /* ---- wstore.c: the 16-bit weights -------------------------------------------------- */
 
 typedef struct wstore wstore;
 
+/* Two kinds of writes: `put` is the optimizer's (the new weights of the
+ * elements this rank updates, in the optimizer's geometry: the rank's parts
+ * with ZeRO 1-3; a replicated store all-gathers them), `load` anybody's
+ * who has whole blocks on every rank (weights set, checkpoints loaded: the
+ * store keeps what is its own, no collective). Fetch gives whole blocks. */
 typedef struct wstore_ops {
     /* Block b's weights in device memory when the store keeps them there
      * (the compute reads them in place), else NULL. */
@@ -122,8 +229,11 @@ typedef struct wstore_ops {
     zo_status (*put_dev_done)(wstore *ws, int b, gpu_stream_t s);
     /* Every put has reached the store: later fetches and compute see it. */
     zo_status (*sync)(wstore *ws);
+    /* Elements [rel, rel + n) of block b (whole-block coordinates) from
+     * fp32, which every rank has. */
+    zo_status (*load)(wstore *ws, int b, size_t rel, size_t n, const float *src);
     /* Block b's weights (numel[b] elements of the dtype) into host memory,
-     * synchronously. */
+     * synchronously (the tier stores: the frozen base's reads). */
     zo_status (*get_host)(wstore *ws, int b, void *dst);
     void (*free)(wstore *ws);
 } wstore_ops;
@@ -134,6 +244,7 @@ struct wstore {
     const offload_geom *g;
     offload_tier tier;
     int resident;          /* resident() gives every block: nothing is fetched */
+    int part_only;         /* keeps only the rank's part of each block (ZeRO-3): loads of the rest are dropped */
     size_t put_max;        /* elements put_host takes at once */
 };
 
@@ -144,18 +255,31 @@ typedef struct wstore_config {
     size_t chunk;          /* device tier: elements a host put stages at once */
     const char *nvme_dir;
     const char *name;      /* what it holds ("par", "frz"): NVMe file names, messages */
+    /* ZeRO-3 (env->dp partitioned, stage 3): the rank's geometry, over
+     * which the inner store keeps its parts */
+    const offload_geom *part_geom;
+    int plain;             /* a store of g as given, whatever env->dp says (ZeRO-3's inner) */
 } wstore_config;
 
+/* The store the configuration and env->dp ask for: one rank or ZeRO 0, the
+ * tier's store; ZeRO 1-2, the device store holding every block, padded,
+ * its puts all-gathered; ZeRO 3, wgather.c over the tier's store of the
+ * rank's parts. */
 zo_status wstore_create(const offload_env *env, const offload_geom *g, const wstore_config *c,
                         wstore **out);
 void wstore_free(wstore *ws);
-/* Put elements [rel, rel + n) of block b's weights, given in fp32, chunk by
- * chunk. */
-zo_status wstore_put_f32(wstore *ws, int b, size_t rel, size_t n, const float *src);
-/* ... given as the store's own elements (bytes copied as they are). */
+/* Load elements [rel, rel + n) of block b's weights (whole-block
+ * coordinates), given in fp32: ws->ops->load. */
+zo_status wstore_load_f32(wstore *ws, int b, size_t rel, size_t n, const float *src);
+/* The tier stores' load: puts of chunks of at most put_max. */
+zo_status wstore_load_by_puts(wstore *ws, int b, size_t rel, size_t n, const float *src);
+/* Put elements [rel, rel + n) of block b's weights given as the store's own
+ * elements (bytes copied as they are), chunk by chunk. */
 zo_status wstore_put_raw(wstore *ws, int b, size_t rel, size_t n, const void *src);
 /* Every block of host store `from` (same geometry) put into `to`, synced. */
 zo_status wstore_publish(wstore *from, wstore *to);
+/* wgather.c: the ZeRO-3 store over `inner` (the rank's parts), owning it. */
+zo_status wgather_create(const offload_env *env, const offload_geom *g, wstore *inner, wstore **out);
 
 /* ---- ostate.c: fp32 master weights and Adam moments ------------------------------- */
 
@@ -211,6 +335,10 @@ typedef struct oshard_config {
     int swap_buffers;      /* NVMe pipeline buffers */
     int exact_stats;       /* device: a pinned block for exact clipping statistics */
     const char *nvme_dir;
+    /* device: block b's gradient sum is kept by the runtime at grad_of(ctx,
+     * b) (ZeRO-1 reduces it in place there); NULL: the shard's own */
+    float *(*grad_of)(void *ctx, int b);
+    void *grad_ctx;
 } oshard_config;
 
 zo_status oshard_create(const offload_env *env, const offload_geom *g, const oshard_config *c,
@@ -227,12 +355,16 @@ zo_status ostate_sync(oshard *const *sh, int n_sh);
 
 /* ---- stream.c and optim.c: the training loop --------------------------------------- */
 
+/* grads.c: ZeRO-1's device shard reads its part of block b's sum here. */
+float *offload_grads_dev_part(void *rt, int b);
+
 /* A device slot holding one block's weights while it computes. */
 typedef struct offload_slot {
     void *buf;          /* device, slot_bytes */
     int block;          /* the block whose weights it holds (or is loading), -1 none */
     int busy;           /* acquired and not released */
     int used;           /* the freed event has been recorded at least once */
+    uint64_t seg;       /* 2 pass + (backward): the half-pass it was loaded for, or last used by */
     uint64_t released;  /* tick of the last release (least recently released goes first) */
     gpu_event_t ready;  /* on the h2d stream: the weights have arrived */
     gpu_event_t freed;  /* on the compute stream: the last block using it has run */
@@ -241,8 +373,9 @@ typedef struct offload_slot {
 /* A device gradient buffer and its pinned host copy. */
 typedef struct offload_gslot {
     void *dev;          /* device, slot_bytes */
-    void *host;         /* pinned, slot_bytes (NULL when no gradient goes to the host) */
+    void *host;         /* pinned, ghost_bytes (NULL when no gradient goes to the host) */
     int block;          /* the block whose gradients are in flight to the host, -1 none */
+    size_t n;           /* ... and how many elements (of ghost_dtype) */
     int own;            /* they are the block's own (not a dependant's share) */
     gpu_event_t done;   /* compute stream: backward wrote them */
     gpu_event_t copied; /* d2h stream: they are on the host */
@@ -271,16 +404,18 @@ struct offload {
     offload_decay_range *decay; /* [n_decay] sorted by block and offset */
 
     /* where state lives */
+    offload_dp *dp;             /* several ranks (env.dp), or NULL */
+    offload_geom og;            /* the optimizer's geometry: the rank's parts (ZeRO 1-3) or the model */
     wstore *ws;                 /* the trainable weights */
     wstore *fws;                /* the frozen base (offload_model.frozen_bytes), or NULL */
     offload_geom fg;            /* its geometry: bytes (es 1) per block */
     size_t *fbytes, *foff;      /* [nb], [nb + 1] */
     size_t fslot;               /* bytes of a slot's frozen part (0: the base is resident) */
-    oshard *shards[OFFLOAD_MAX_SHARDS]; /* in flat order */
+    oshard *shards[OFFLOAD_MAX_SHARDS]; /* in flat order of og */
     int n_shards;
     oshard *dev_shard;          /* the shard whose gradients stay on the device, or NULL */
-    int dev_block;              /* its first block (nb: none) */
-    size_t host_n;              /* flat [0, host_n): gradients summed on the host */
+    int dev_block;              /* the device share's first block (nb: none), the same on every rank */
+    size_t host_n;              /* og's flat [0, host_n): gradients summed on the host */
 
     /* streaming (stream.c): a slot holds a block's frozen base (fslot bytes,
      * when that is streamed) then its trainable weights (g.slot_bytes, when
@@ -292,13 +427,30 @@ struct offload {
     int *sched;                 /* [2 nb] the blocks of one micro-batch in order */
     int n_sched;
     int pos;                    /* schedule position being acquired */
+    uint64_t pass;              /* passes (micro-batches, forwards) begun */
     gpu_event_t prev_done;      /* compute stream: the last block's work */
     int has_prev;
 
-    /* gradients (stream.c) */
+    /* gradients (grads.c) */
     offload_gslot gs[OFFLOAD_GRAD_SLOTS];
-    float *grad;                /* host [host_n] fp32, summed over micro-batches */
+    float *grad;                /* host [grad_n] fp32, summed over micro-batches */
+    size_t grad_n;
     unsigned char *grad_fresh;  /* [nb] the step's first addition into block b writes (lazy zero) */
+    size_t *aoff;               /* [nb] block b is added at grad + aoff[b] (b < dev_block) */
+    size_t *goff;               /* [nb] the optimizer's part of block b is at grad + goff[b] */
+    zo_dtype ghost_dtype;       /* what the pinned halves hold: the model's dtype, or fp32 parts */
+    size_t ghost_bytes, ghost_pinned; /* one pinned half; all of them */
+    float *dfull;               /* ZeRO-1, device share: whole fp32 sums, padded, reduced in place (device) */
+    size_t *dfoff, dfull_n;
+    zo_status (*grads_send)(offload_t *rt, gpu_stream_t s, int k, int block, int own);
+    zo_status (*grads_reduce)(offload_t *rt);
+    /* ZeRO 0-1: each block reduced in the step's last micro-batch as soon as
+     * its sum is complete (behind the backward of the blocks before it) */
+    int red_op;                 /* dp_op of the step's reduction, -1 none */
+    int reduce_now;             /* this micro-batch is the step's last: reduce as sums complete */
+    int *contrib, *contrib_want; /* [nb] additions to block b's sum in it; how many there are */
+    unsigned char *reduced;     /* [nb] block b reduced this step */
+    int red_k;                  /* the next bucket */
     int micro;                  /* micro-batches in the sums */
 
     /* the optimizer's schedule (optim.c) */
@@ -346,8 +498,26 @@ zo_status offload_stream_init(offload_t *rt);
 void offload_stream_free(offload_t *rt);
 /* Forget which blocks the device slots hold (the store changed). */
 void offload_slots_invalidate(offload_t *rt);
+
+/* grads.c */
+zo_status offload_grads_init(offload_t *rt);
+void offload_grads_free(offload_t *rt);
+/* A micro-batch begins: the sums zeroed on s when it is the step's first;
+ * ZeRO 0-1: whether it is the step's last (its blocks are reduced as they
+ * complete; ZO_ERR_INVALID after the reduction: step first). */
+zo_status offload_grads_begin(offload_t *rt, gpu_stream_t s);
+/* A free gradient slot zeroed on s (not `avoid`). */
+zo_status offload_grads_take(offload_t *rt, gpu_stream_t s, int avoid, int *out);
+/* Backward wrote slot k's gradients of `block` (own: the block's own, not
+ * a dependant's share): send them to their sum. */
+zo_status offload_grads_send(offload_t *rt, gpu_stream_t s, int k, int block, int own);
+/* Add slot k's copy (once on the host) into the host sum. */
+zo_status offload_grads_accumulate(offload_t *rt, int k);
 /* Finish outstanding gradient copies into the host sum. */
 zo_status offload_grads_drain(offload_t *rt);
+/* At the step, the sums drained: reduce them over the ranks (ZeRO 0-1), or
+ * wait for the reductions made during backward (ZeRO 2-3). */
+zo_status offload_grads_reduce(offload_t *rt);
 zo_status offload_stream_micro_batch(offload_t *rt, gpu_stream_t s);
 zo_status offload_stream_forward(offload_t *rt, gpu_stream_t s);
 

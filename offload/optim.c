@@ -7,7 +7,13 @@
  * offload_schedule): on the host thread after the micro-batches (serial),
  * or on the optimizer's own thread beside the device's work (overlap, dpu).
  * Each block's weights in the store carry the step they belong to
- * (`published`); a forward waits for exactly the block it loads. */
+ * (`published`); a forward waits for exactly the block it loads.
+ *
+ * The optimizer's geometry (rt->og) is the model's with one rank and with
+ * ZeRO 0, the rank's part of every block with ZeRO 1-3: the shards, the
+ * gradient sums it reads (rt->goff) and its puts into the store are in
+ * those coordinates; the decay ranges are the whole block's. Several ranks
+ * run the serial schedule (offload_init refuses the others). */
 #include "offload/offload_impl.h"
 
 #include <math.h>
@@ -77,15 +83,24 @@ static size_t decay_piece(const offload_t *rt, int b, size_t rel, size_t stop, i
     return stop;
 }
 
-/* One AdamW call over flat [a, e) of block b, all with or without decay;
- * P, M, V point at element a; the new weights go to the store. The time it
- * takes counts as overlapped when the device was computing at both ends. */
+/* decay_piece in the optimizer's coordinates of block b (its part; decay
+ * ranges are in whole-block coordinates). */
+static size_t decay_piece_part(const offload_t *rt, int b, size_t rel, size_t stop, int *decay)
+{
+    size_t base = offload_dp_part_first(rt->dp, b);
+    return decay_piece(rt, b, base + rel, base + stop, decay) - base;
+}
+
+/* One AdamW call over the optimizer's flat [a, e) of block b, all with or
+ * without decay; P, M, V point at element a; the new weights go to the
+ * store. The time it takes counts as overlapped when the device was
+ * computing at both ends. */
 static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay, float *P,
                               float *M, float *V)
 {
     offload_t *rt = c->rt;
     wstore *ws = c->dst;
-    size_t rel = a - rt->off[b], n = e - a;
+    size_t rel = a - rt->og.off[b], n = e - a;
     adam_hparams hp = rt->opt_hp;
     if (!decay) hp.weight_decay = 0.0f;
     double t0 = offload_now();
@@ -95,7 +110,8 @@ static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay,
     if (st != ZO_OK) return st;
     int wide = rt->m.dtype == ZO_DTYPE_F32;
     int threads = rt->opt_threaded && rt->cfg.opt_threads ? rt->cfg.opt_threads : rt->cfg.n_threads;
-    st = adam_update(&hp, n, P, rt->grad + a, ZO_DTYPE_F32, M, V, wide ? NULL : dst, rt->m.dtype, threads);
+    st = adam_update(&hp, n, P, rt->grad + rt->goff[b] + rel, ZO_DTYPE_F32, M, V, wide ? NULL : dst, rt->m.dtype,
+                     threads);
     if (st != ZO_OK)
         return zo_error_wrap(st, "offload_step: block %d elements %zu..%zu", b, rel, rel + n);
     if (wide) memcpy(dst, P, n * 4);
@@ -109,12 +125,15 @@ static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay,
     return st;
 }
 
-/* The new weights of block b are complete: in the store (the shadow's
- * publication waits for the next step). */
+/* The new weights of block b are complete: in the store, for a forward
+ * that waits for them (the optimizer's thread; the shadow's publication
+ * waits for the next step; the serial schedule publishes every block at
+ * the end of its update, which a ZeRO 1-2 store's round of all-gathers
+ * needs: its sync ends the round). */
 static zo_status block_complete(step_ctx *c, int b)
 {
     offload_t *rt = c->rt;
-    if (c->dst != rt->ws) return ZO_OK;
+    if (c->dst != rt->ws || !rt->opt_threaded) return ZO_OK;
     zo_status st = c->dst->ops->sync(c->dst);
     if (st == ZO_OK) publish(rt, b, rt->opt_hp.step);
     return st;
@@ -127,19 +146,20 @@ static zo_status update_host(void *ctx, size_t first, size_t n, float *P, float 
 {
     step_ctx *c = ctx;
     offload_t *rt = c->rt;
+    const size_t *off = rt->og.off;
     zo_status st;
     size_t pos = first, end = first + n;
     while (pos < end) {
-        int b = offload_block_of(&rt->g, pos);
-        size_t bend = rt->off[b + 1] < end ? rt->off[b + 1] : end;
+        int b = offload_block_of(&rt->og, pos);
+        size_t bend = off[b + 1] < end ? off[b + 1] : end;
         while (pos < bend) {
             int decay;
-            size_t stop = decay_piece(rt, b, pos - rt->off[b], bend - rt->off[b], &decay);
-            size_t e = rt->off[b] + stop, k = pos - first;
+            size_t stop = decay_piece_part(rt, b, pos - off[b], bend - off[b], &decay);
+            size_t e = off[b] + stop, k = pos - first;
             if ((st = update_piece(c, b, pos, e, decay, P + k, M + k, V + k)) != ZO_OK) return st;
             pos = e;
         }
-        if (pos == rt->off[b + 1] && (st = block_complete(c, b)) != ZO_OK) return st;
+        if (pos == off[b + 1] && (st = block_complete(c, b)) != ZO_OK) return st;
     }
     return ZO_OK;
 }
@@ -152,14 +172,14 @@ static zo_status update_dev(void *ctx, int b, float *P, float *M, float *V, floa
     step_ctx *c = ctx;
     offload_t *rt = c->rt;
     wstore *ws = c->dst;
-    size_t nb = rt->numel[b], es = rt->g.es;
+    size_t nb = rt->og.numel[b], es = rt->g.es;
     int wide = rt->m.dtype == ZO_DTYPE_F32;
     char *dst;
     zo_status st = ws->ops->put_dev(ws, b, (void **)&dst);
     if (st != ZO_OK) return st;
     for (size_t rel = 0; rel < nb;) {
         int decay;
-        size_t stop = decay_piece(rt, b, rel, nb, &decay);
+        size_t stop = decay_piece_part(rt, b, rel, nb, &decay);
         gpu_adam_hparams h = rt->opt_hp;
         if (!decay) h.weight_decay = 0.0f;
         gpu_tensor out = gpu_t(wide ? NULL : dst + rel * es, rt->m.dtype);
@@ -187,7 +207,7 @@ static zo_status job_all(offload_t *rt, step_ctx *c)
     zo_status st = ZO_OK;
     oshard_update u = updater(c);
     for (int b = 0; b < rt->g.nb; b++) /* nothing to update */
-        if (!rt->numel[b] && c->dst == rt->ws) publish(rt, b, rt->opt_hp.step);
+        if (!rt->og.numel[b] && c->dst == rt->ws) publish(rt, b, rt->opt_hp.step);
     for (int i = 0; i < rt->n_shards && st == ZO_OK; i++) {
         oshard *sh = rt->shards[i];
         if (sh == rt->dev_shard) continue;
@@ -222,12 +242,13 @@ static zo_status job_blocks(offload_t *rt, step_ctx *c)
         double ts = offload_now();
         for (int i = 0; i < rt->n_shards && st == ZO_OK; i++) {
             oshard *sh = rt->shards[i];
-            size_t a = rt->off[b] > sh->first ? rt->off[b] : sh->first;
-            size_t e = rt->off[b + 1] < sh->first + sh->n ? rt->off[b + 1] : sh->first + sh->n;
+            const size_t *off = rt->og.off;
+            size_t a = off[b] > sh->first ? off[b] : sh->first;
+            size_t e = off[b + 1] < sh->first + sh->n ? off[b + 1] : sh->first + sh->n;
             if (sh != rt->dev_shard && a < e) st = sh->ops->step_range(sh, a, e - a, &u);
         }
         offload_add_time(&rt->acct, OFFLOAD_TIME_OPTIMIZER, offload_now() - ts);
-        if (st == ZO_OK && !rt->numel[b]) st = block_complete(c, b);
+        if (st == ZO_OK && !rt->og.numel[b]) st = block_complete(c, b);
     }
     for (int i = 0; i < rt->n_shards; i++) {
         zo_status si = rt->shards[i] == rt->dev_shard ? ZO_OK : rt->shards[i]->ops->sync(rt->shards[i]);
@@ -348,8 +369,8 @@ zo_status offload_optim_block_done(offload_t *rt, int b)
     double ss = 0.0;
     int nf = 0;
     zo_status st = ZO_OK;
-    if (rt->numel[b])
-        st = adam_grad_stats(rt->grad + rt->off[b], ZO_DTYPE_F32, rt->numel[b], rt->cfg.n_threads, &ss, &nf);
+    if (rt->og.numel[b])
+        st = adam_grad_stats(rt->grad + rt->goff[b], ZO_DTYPE_F32, rt->og.numel[b], rt->cfg.n_threads, &ss, &nf);
     if (st != ZO_OK) return st;
     rt->blk_sumsq[b] = ss;
     rt->blk_nonfinite[b] = nf;
@@ -364,7 +385,9 @@ zo_status offload_optim_block_done(offload_t *rt, int b)
 /* Sum of squares of the step's gradient and the first block holding an inf
  * or nan (-1: none): the host's blocks in order, then the device shard's.
  * Blocks whose statistics were taken as their gradients completed
- * (offload_optim_block_done) are not summed again. */
+ * (offload_optim_block_done) are not summed again. With the optimizer
+ * partitioned, each rank's over its parts, then the ranks' in rank order
+ * (the same double on every rank) and the first bad block of any. */
 static zo_status grad_stats(offload_t *rt, double *sumsq, int *first_bad)
 {
     zo_status st;
@@ -376,8 +399,8 @@ static zo_status grad_stats(offload_t *rt, double *sumsq, int *first_bad)
         if (rt->opt_early) {
             ss = rt->blk_sumsq[b];
             nf = rt->blk_nonfinite[b];
-        } else if (rt->numel[b] &&
-                   (st = adam_grad_stats(rt->grad + rt->off[b], ZO_DTYPE_F32, rt->numel[b], rt->cfg.n_threads,
+        } else if (rt->og.numel[b] &&
+                   (st = adam_grad_stats(rt->grad + rt->goff[b], ZO_DTYPE_F32, rt->og.numel[b], rt->cfg.n_threads,
                                          &ss, &nf)) != ZO_OK) {
             return st;
         }
@@ -387,7 +410,21 @@ static zo_status grad_stats(offload_t *rt, double *sumsq, int *first_bad)
     oshard *d = rt->dev_shard;
     if (d && (st = d->ops->grad_stats(d, rt->cfg.adam.clip > 0.0f, sumsq, first_bad)) != ZO_OK)
         return st;
-    return ZO_OK;
+    if (!offload_dp_partitioned(rt->dp)) return ZO_OK;
+    struct {
+        double sumsq;
+        int32_t first_bad, pad;
+    } mine = {*sumsq, *first_bad, 0}, *all = calloc((size_t)rt->dp->size, sizeof mine);
+    if (!all) return zo_error(ZO_ERR_NOMEM, "offload_step: out of host memory");
+    st = offload_dp_gather(rt->dp, &mine, sizeof mine, all);
+    *sumsq = 0.0;
+    *first_bad = -1;
+    for (int r = 0; r < rt->dp->size && st == ZO_OK; r++) {
+        *sumsq += all[r].sumsq;
+        if (all[r].first_bad >= 0 && (*first_bad < 0 || all[r].first_bad < *first_bad)) *first_bad = all[r].first_bad;
+    }
+    free(all);
+    return st;
 }
 
 /* Gradients with an inf or nan: with a loss scale to lower (fp16 above 1) the
@@ -443,7 +480,8 @@ zo_status offload_optim_step(offload_t *rt, offload_step_info *info)
     st = grad_stats(rt, &sumsq, &first_bad);
     rt->opt_early = 0;
     if (st != ZO_OK) return st;
-    double denom = (double)rt->loss_scale * (double)rt->micro;
+    /* the mean over the global batch: every rank's micro-batches */
+    double denom = (double)rt->loss_scale * (double)rt->micro * (rt->dp ? rt->dp->size : 1);
     double norm = sqrt(sumsq) / denom;
     info->grad_norm = (float)norm;
     rt->micro = 0;

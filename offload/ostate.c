@@ -361,6 +361,8 @@ typedef struct dev_shard {
     oshard base;
     float *P, *M, *V, *G; /* device [n] fp32; G: the gradient sum over micro-batches */
     int b0;               /* its first block (whole blocks to the end) */
+    float *(*grad_of)(void *ctx, int b); /* the sums kept elsewhere (G NULL), or NULL */
+    void *grad_ctx;
     void *stats;          /* device: float sum of squares, int32 inf/nan flag */
     float *stats_host;    /* pinned [largest]: one block's fp32 gradient (exact statistics) */
     gpu_event_t done;     /* d2h: the shard's work so far has run */
@@ -371,6 +373,13 @@ static float *dev_array(dev_shard *d, int a)
 {
     float *arr[4] = {d->P, d->M, d->V, d->G};
     return arr[a];
+}
+
+/* Block b's gradient sum (fp32, its numel in the shard's geometry). */
+static float *grad_block(dev_shard *d, int b)
+{
+    const oshard *sh = &d->base;
+    return d->grad_of ? d->grad_of(d->grad_ctx, b) : d->G + (sh->g->off[b] - sh->first);
 }
 
 static zo_status dev_wait(dev_shard *d, offload_time_part part)
@@ -430,20 +439,23 @@ static zo_status dev_step(oshard *sh, const oshard_update *u)
     for (int b = d->b0; b < g->nb; b++) {
         size_t r = g->off[b] - sh->first;
         if (!g->numel[b]) continue;
-        if ((st = u->dev(u->ctx, b, d->P + r, d->M + r, d->V + r, d->G + r, s)) != ZO_OK) return st;
+        if ((st = u->dev(u->ctx, b, d->P + r, d->M + r, d->V + r, grad_block(d, b), s)) != ZO_OK) return st;
     }
     if ((st = gpu_event_record(d->done, s)) != ZO_OK) return st;
     d->pending = 1;
     return ZO_OK;
 }
 
-static float *dev_grad(oshard *sh, size_t first) { return ((dev_shard *)sh)->G + (first - sh->first); }
+static float *dev_grad(oshard *sh, size_t first)
+{
+    return grad_block((dev_shard *)sh, offload_block_of(sh->g, first));
+}
 
 static zo_status dev_grad_zero(oshard *sh, gpu_stream_t s)
 {
     dev_shard *d = (dev_shard *)sh;
     zo_status st;
-    if (!sh->n) return ZO_OK;
+    if (!sh->n || !d->G) return ZO_OK; /* no sums, or its owner's (ZeRO-1: the runtime's) */
     /* the update that reads the sums runs on d2h, perhaps still (schedules
      * other than serial return before it ends) */
     if ((st = gpu_stream_wait_event(s, d->done)) != ZO_OK) return st;
@@ -472,7 +484,7 @@ static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, int *bad_b
             if (!n) continue;
             double ss;
             int nf;
-            if ((st = gpu_memcpy_async(s, d->stats_host, d->G + (g->off[b] - sh->first), n * 4,
+            if ((st = gpu_memcpy_async(s, d->stats_host, grad_block(d, b), n * 4,
                                        GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
                 (st = gpu_event_record(d->done, s)) != ZO_OK || (st = gpu_event_synchronize(d->done)) != ZO_OK)
                 return st;
@@ -488,10 +500,19 @@ static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, int *bad_b
     float *sum = d->stats;
     int32_t *flag = (int32_t *)((char *)d->stats + 4);
     unsigned char host[8];
-    if ((st = gpu_memset_async(s, d->stats, 0, 8)) != ZO_OK ||
-        (st = gpu_sum_squares(s, sum, gpu_t(d->G, ZO_DTYPE_F32), sh->n)) != ZO_OK ||
-        (st = gpu_check_finite(s, flag, gpu_t(d->G, ZO_DTYPE_F32), sh->n)) != ZO_OK ||
-        (st = gpu_memcpy_async(s, host, d->stats, 8, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
+    if ((st = gpu_memset_async(s, d->stats, 0, 8)) != ZO_OK) return st;
+    if (d->G) {
+        if ((st = gpu_sum_squares(s, sum, gpu_t(d->G, ZO_DTYPE_F32), sh->n)) != ZO_OK ||
+            (st = gpu_check_finite(s, flag, gpu_t(d->G, ZO_DTYPE_F32), sh->n)) != ZO_OK)
+            return st;
+    } else {
+        for (int b = d->b0; b < g->nb; b++)
+            if (g->numel[b] &&
+                ((st = gpu_sum_squares(s, sum, gpu_t(grad_block(d, b), ZO_DTYPE_F32), g->numel[b])) != ZO_OK ||
+                 (st = gpu_check_finite(s, flag, gpu_t(grad_block(d, b), ZO_DTYPE_F32), g->numel[b])) != ZO_OK))
+                return st;
+    }
+    if ((st = gpu_memcpy_async(s, host, d->stats, 8, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
         (st = gpu_event_record(d->done, s)) != ZO_OK || (st = gpu_event_synchronize(d->done)) != ZO_OK)
         return st;
     float f;
@@ -504,8 +525,7 @@ static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, int *bad_b
     for (int b = d->b0; b < g->nb && *bad_block < 0; b++) {
         if (!g->numel[b]) continue;
         if ((st = gpu_memset_async(s, flag, 0, 4)) != ZO_OK ||
-            (st = gpu_check_finite(s, flag, gpu_t(d->G + (g->off[b] - sh->first), ZO_DTYPE_F32),
-                                   g->numel[b])) != ZO_OK ||
+            (st = gpu_check_finite(s, flag, gpu_t(grad_block(d, b), ZO_DTYPE_F32), g->numel[b])) != ZO_OK ||
             (st = gpu_memcpy_async(s, host + 4, flag, 4, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
             (st = gpu_event_record(d->done, s)) != ZO_OK || (st = gpu_event_synchronize(d->done)) != ZO_OK)
             return st;
@@ -546,7 +566,9 @@ static zo_status dev_create(oshard *sh, const oshard_config *c)
         return zo_error(ZO_ERR_INTERNAL, "offload: the device shard starts inside block %d", d->b0);
     float **arr[4] = {&d->P, &d->M, &d->V, &d->G};
     const char *what[4] = {"fp32 master", "m", "v", "fp32 gradient sum"};
-    for (int a = 0; a < 4; a++) {
+    d->grad_of = c->grad_of;
+    d->grad_ctx = c->grad_ctx;
+    for (int a = 0; a < (d->grad_of ? 3 : 4); a++) {
         if ((st = gpu_mem_alloc(env->dev, sh->n * 4, (void **)arr[a])) != ZO_OK)
             return zo_error_wrap(st, "offload_init: optimizer on the device: %s of %zu elements",
                                  what[a], sh->n);

@@ -32,7 +32,12 @@ zo_status offload_plan_load(const char *path, offload_plan *plan)
         return zo_error(ZO_ERR_FORMAT, "%s: field \"training.optimizer\" is %s: the runtime runs "
                         "adamw only", path, zo_plan_optimizer_name(f->training.optimizer));
 
+    if (f->parallel.tp != 1 || f->parallel.pp != 1)
+        return zo_error(ZO_ERR_FORMAT, "%s: fields \"parallel.tp\" %d and \"parallel.pp\" %d: the runtime "
+                        "runs data parallelism only (tp 1, pp 1)", path, f->parallel.tp, f->parallel.pp);
+
     offload_config *c = &plan->cfg;
+    c->zero_stage = f->parallel.zero;
     c->params_on = (offload_tier)f->placement.params;
     c->checkpoints_on = (offload_tier)f->placement.checkpoints;
     memcpy(c->opt_frac, f->placement.optimizer, sizeof c->opt_frac);
@@ -54,6 +59,7 @@ zo_status offload_plan_load(const char *path, offload_plan *plan)
     c->grad_accum = f->training.grad_accum;
     c->prefetch_depth = f->buffers.prefetch_depth;
     c->sub_group = (size_t)f->nvme.sub_group;
+    c->comm_bucket = (size_t)f->buffers.comm_bucket_elems;
     c->swap_buffers = f->nvme.swap_buffers;
     if (strcmp(f->nvme.dir, ZO_PLAN_NVME_DIR_PLACEHOLDER)) c->nvme_dir = f->nvme.dir;
 
@@ -112,6 +118,15 @@ zo_status offload_write_stats_json(const offload_t *rt, const offload_prediction
     cJSON_AddNumberToObject(by, "disk_written", (double)s.bytes_disk_written);
     cJSON_AddNumberToObject(o, "device_slots", s.n_slots);
     cJSON_AddNumberToObject(o, "slot_bytes", (double)s.slot_bytes);
+    if (s.ranks > 1) { /* this rank of a data-parallel job (docs/offload.md, "Several ranks") */
+        cJSON *cm = cJSON_AddObjectToObject(o, "comm");
+        cJSON_AddNumberToObject(cm, "rank", s.rank);
+        cJSON_AddNumberToObject(cm, "ranks", s.ranks);
+        cJSON_AddNumberToObject(cm, "elements", (double)s.comm_elems);
+        cJSON_AddNumberToObject(cm, "reused_elements", (double)s.comm_reused_elems);
+        cJSON_AddNumberToObject(cm, "padding_elements", (double)s.comm_pad_elems);
+        cJSON_AddNumberToObject(cm, "collectives", (double)s.comm_calls);
+    }
     zo_status st = zo_file_write_json(path, o);
     cJSON_Delete(o);
     return st;

@@ -33,32 +33,6 @@ static zo_status alloc_slots(offload_t *rt)
     return ZO_OK;
 }
 
-static zo_status alloc_grads(offload_t *rt)
-{
-    zo_status st;
-    const offload_env *env = &rt->env;
-    size_t sb = rt->g.slot_bytes;
-    /* the pinned halves, one buffer, when some gradient goes to the host */
-    void *pinned = NULL;
-    if (rt->host_n && (st = offload_host_alloc(env, OFFLOAD_GRAD_SLOTS * sb, 1, &pinned)) != ZO_OK)
-        return zo_error_wrap(st, "offload_init: pinned gradient buffers");
-    for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) {
-        offload_gslot *g = &rt->gs[k];
-        g->block = -1;
-        g->host = pinned ? (char *)pinned + (size_t)k * sb : NULL;
-        if ((st = gpu_mem_alloc(env->dev, sb, &g->dev)) != ZO_OK)
-            return zo_error_wrap(st, "offload_init: device gradient buffer (%zu bytes)", sb);
-        if ((st = gpu_event_create(env->dev, &g->done)) != ZO_OK) return st;
-        if ((st = gpu_event_create(env->dev, &g->copied)) != ZO_OK) return st;
-    }
-    /* the host's fp32 sum; the device shard keeps its own */
-    if ((st = offload_host_alloc(env, rt->host_n * sizeof(float), 0, (void **)&rt->grad)) != ZO_OK)
-        return zo_error_wrap(st, "offload_init: fp32 gradients");
-    if (rt->host_n) memset(rt->grad, 0, rt->host_n * sizeof(float));
-    if (!(rt->grad_fresh = calloc((size_t)rt->g.nb, 1))) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
-    return gpu_event_create(env->dev, &rt->prev_done);
-}
-
 static zo_status alloc_boundaries(offload_t *rt)
 {
     zo_status st;
@@ -95,7 +69,8 @@ zo_status offload_stream_init(offload_t *rt)
 {
     zo_status st;
     if (rt->n_slots && (st = alloc_slots(rt)) != ZO_OK) return st;
-    if ((st = alloc_grads(rt)) != ZO_OK) return st;
+    if ((st = offload_grads_init(rt)) != ZO_OK) return st;
+    if ((st = gpu_event_create(rt->env.dev, &rt->prev_done)) != ZO_OK) return st;
     return alloc_boundaries(rt);
 }
 
@@ -111,14 +86,7 @@ void offload_stream_free(offload_t *rt)
         }
     free(rt->slots);
     rt->slots = NULL;
-    for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) {
-        gpu_mem_free(d, rt->gs[k].dev);
-        if (rt->gs[k].done) gpu_event_destroy(rt->gs[k].done);
-        if (rt->gs[k].copied) gpu_event_destroy(rt->gs[k].copied);
-    }
-    offload_host_free(env, rt->gs[0].host, OFFLOAD_GRAD_SLOTS * rt->g.slot_bytes, 1);
-    offload_host_free(env, rt->grad, rt->host_n * sizeof(float), 0);
-    free(rt->grad_fresh);
+    offload_grads_free(rt);
     for (int k = 0; k < 2; k++) {
         offload_ring *r = &rt->ring[k];
         gpu_mem_free(d, r->buf);
@@ -183,6 +151,7 @@ static zo_status load_block(offload_t *rt, int block, int horizon_end, int *slot
         return st;
     if ((st = gpu_event_record(sl->ready, rt->env.h2d)) != ZO_OK) return st;
     sl->block = block;
+    sl->seg = 2 * rt->pass + (horizon_end - 1 >= rt->g.nb); /* the half-pass it was loaded for */
     *slot_out = best;
     return ZO_OK;
 }
@@ -254,6 +223,13 @@ static zo_status acquire(offload_t *rt, gpu_stream_t s, int b, offload_block_io 
         }
         offload_slot *sl = &rt->slots[i];
         sl->busy = 1;
+        /* a half-pass (a forward, a backward) found the copy an earlier one
+         * loaded still there: not fetched again */
+        uint64_t seg = 2 * rt->pass + (rt->pos >= rt->g.nb);
+        if (sl->seg != seg) {
+            rt->acct.reused_elems += rt->numel[ids[k]];
+            sl->seg = seg;
+        }
         /* the time the weights were late by */
         if ((st = offload_timed_wait(&rt->env, sl->ready, OFFLOAD_TIME_WEIGHTS)) != ZO_OK ||
             (st = gpu_stream_wait_event(s, sl->ready)) != ZO_OK)
@@ -283,113 +259,6 @@ static zo_status release(offload_t *rt, gpu_stream_t s, int b)
         sl->busy = 0;
         sl->released = ++rt->tick;
     }
-    return ZO_OK;
-}
-
-/* ---- gradients ------------------------------------------------------------------------- */
-
-/* Add the gradients of gradient slot k (on the host once its copy is done)
- * into the fp32 sum. */
-static zo_status grads_accumulate(offload_t *rt, int k)
-{
-    offload_gslot *g = &rt->gs[k];
-    if (g->block < 0) return ZO_OK;
-    zo_status st = offload_timed_wait(&rt->env, g->copied, OFFLOAD_TIME_GRADS);
-    if (st != ZO_OK) return st;
-    double t0 = offload_now();
-    int b = g->block;
-    size_t n = rt->numel[b];
-    float *acc = rt->grad + rt->off[b];
-    const void *src = g->host;
-    /* the step's first addition into the block starts from zero (lazily:
-     * the update of the step before may still be reading the other blocks) */
-    if (rt->grad_fresh[b]) {
-        if (n) memset(acc, 0, n * sizeof(float)); /* a block with nothing to train: no sum at all */
-        rt->grad_fresh[b] = 0;
-    }
-    switch (rt->m.dtype) {
-    case ZO_DTYPE_F32: {
-        const float *x = src;
-        for (size_t i = 0; i < n; i++) acc[i] += x[i];
-        break;
-    }
-    case ZO_DTYPE_F16: {
-        const uint16_t *x = src;
-        for (size_t i = 0; i < n; i++) acc[i] += zo_f16_to_f32(x[i]);
-        break;
-    }
-    default: {
-        const uint16_t *x = src;
-        for (size_t i = 0; i < n; i++) acc[i] += zo_bf16_to_f32(x[i]);
-        break;
-    }
-    }
-    g->block = -1;
-    offload_add_time(&rt->acct, OFFLOAD_TIME_GRADS, offload_now() - t0);
-    /* a block's own gradients come last (the shares of blocks that read it
-     * came in earlier backwards): in the step's last micro-batch they are
-     * complete, and its update may start */
-    return g->own && offload_optim_early(rt) ? offload_optim_block_done(rt, b) : ZO_OK;
-}
-
-zo_status offload_grads_drain(offload_t *rt)
-{
-    zo_status st;
-    for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++)
-        if ((st = grads_accumulate(rt, k)) != ZO_OK) return st;
-    return ZO_OK;
-}
-
-/* A free gradient slot, zeroed on s; `avoid` is a slot already taken. */
-static zo_status grads_take(offload_t *rt, gpu_stream_t s, int avoid, int *out)
-{
-    zo_status st;
-    int k = -1;
-    for (int i = 0; i < OFFLOAD_GRAD_SLOTS; i++)
-        if (i != avoid && rt->gs[i].block < 0) {
-            k = i;
-            break;
-        }
-    if (k < 0) {
-        k = avoid == 0 ? 1 : 0;
-        if ((st = grads_accumulate(rt, k)) != ZO_OK) return st;
-    }
-    /* the device buffer is free once its last copy out has run */
-    if ((st = gpu_stream_wait_event(s, rt->gs[k].copied)) != ZO_OK ||
-        (st = gpu_memset_async(s, rt->gs[k].dev, 0, rt->g.slot_bytes)) != ZO_OK)
-        return st;
-    *out = k;
-    return ZO_OK;
-}
-
-/* Backward of a block wrote slot k's gradients for `block`: add them to the
- * device shard's fp32 sum when the block's state is there (the same fp32
- * additions as the host's, so the same bits), else copy them out. */
-static zo_status grads_send(offload_t *rt, gpu_stream_t s, int k, int block, int own)
-{
-    zo_status st;
-    offload_gslot *g = &rt->gs[k];
-    size_t n = rt->numel[block], bytes = n * rt->g.es;
-    if (block >= rt->dev_block) {
-        oshard *d = rt->dev_shard;
-        float *acc = d->ops->grad(d, rt->off[block]);
-        /* acc [n] fp32 += slot [n] model dtype, in stream order after backward;
-         * the slot is zeroed for its next block later on the same stream */
-        if (n && (st = gpu_add(s, gpu_t(acc, ZO_DTYPE_F32), gpu_t(acc, ZO_DTYPE_F32),
-                               gpu_t(g->dev, rt->m.dtype), n)) != ZO_OK)
-            return st;
-        g->block = -1;
-        return ZO_OK;
-    }
-    if ((st = gpu_event_record(g->done, s)) != ZO_OK ||
-        (st = gpu_stream_wait_event(rt->env.d2h, g->done)) != ZO_OK)
-        return st;
-    if (bytes && (st = gpu_memcpy_async(rt->env.d2h, g->host, g->dev, bytes, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK)
-        return st;
-    if ((st = gpu_event_record(g->copied, rt->env.d2h)) != ZO_OK) return st;
-    offload_add_bytes(&rt->acct, OFFLOAD_BYTES_D2H, bytes);
-    g->block = block;
-    g->own = own;
     return ZO_OK;
 }
 
@@ -499,6 +368,7 @@ static zo_status bounds_backward_done(offload_t *rt, gpu_stream_t s, int b)
 /* The schedule starts again; the activations ring is empty. */
 static void pass_begin(offload_t *rt)
 {
+    rt->pass++;
     rt->pos = 0;
     rt->has_prev = 0;
     for (int k = 0; k < 2; k++) rt->ring[k].holds = -1;
@@ -526,23 +396,23 @@ static zo_status backward_block(offload_t *rt, gpu_stream_t s, int b)
     offload_block_io io = {0};
     int k, kd = -1, dep = rt->dep[b];
     if ((st = acquire(rt, s, b, &io)) != ZO_OK ||
-        (st = bounds_backward(rt, s, b, &io)) != ZO_OK || (st = grads_take(rt, s, -1, &k)) != ZO_OK)
+        (st = bounds_backward(rt, s, b, &io)) != ZO_OK || (st = offload_grads_take(rt, s, -1, &k)) != ZO_OK)
         return st;
     io.grads = rt->gs[k].dev;
     if (dep >= 0) {
-        if ((st = grads_take(rt, s, k, &kd)) != ZO_OK) return st;
+        if ((st = offload_grads_take(rt, s, k, &kd)) != ZO_OK) return st;
         io.dep_grads = rt->gs[kd].dev;
     }
     if (rt->cfg.recompute && (st = rt->m.recompute(rt->m.user, b, &io, s)) != ZO_OK) return st;
     if ((st = rt->m.backward(rt->m.user, b, &io, rt->loss_scale, s)) != ZO_OK) return st;
     /* the dependency's share first: the same order whatever the placement */
-    if (kd >= 0 && (st = grads_send(rt, s, kd, dep, 0)) != ZO_OK) return st;
-    if ((st = grads_send(rt, s, k, b, 1)) != ZO_OK || (st = bounds_backward_done(rt, s, b)) != ZO_OK ||
+    if (kd >= 0 && (st = offload_grads_send(rt, s, kd, dep, 0)) != ZO_OK) return st;
+    if ((st = offload_grads_send(rt, s, k, b, 1)) != ZO_OK || (st = bounds_backward_done(rt, s, b)) != ZO_OK ||
         (st = release(rt, s, b)) != ZO_OK)
         return st;
     /* add the previous block's gradients while the device runs this one */
     for (int i = 0; i < OFFLOAD_GRAD_SLOTS; i++)
-        if (i != k && i != kd && (st = grads_accumulate(rt, i)) != ZO_OK) return st;
+        if (i != k && i != kd && (st = offload_grads_accumulate(rt, i)) != ZO_OK) return st;
     return ZO_OK;
 }
 
@@ -550,17 +420,13 @@ static zo_status micro_batch_run(offload_t *rt, gpu_stream_t s)
 {
     zo_status st;
     pass_begin(rt);
-    if (rt->micro == 0) {
-        memset(rt->grad_fresh, 1, (size_t)rt->g.nb);
-        if (rt->dev_shard && (st = rt->dev_shard->ops->grad_zero(rt->dev_shard, s)) != ZO_OK) return st;
-    }
-    if ((st = offload_optim_micro_begin(rt)) != ZO_OK) return st;
+    if ((st = offload_grads_begin(rt, s)) != ZO_OK || (st = offload_optim_micro_begin(rt)) != ZO_OK) return st;
     if ((st = forward_blocks(rt, s)) != ZO_OK) return st;
     for (int b = rt->g.nb - 1; b >= 0; b--)
         if ((st = backward_block(rt, s, b)) != ZO_OK) return st;
     /* the compute of the last block, then its gradients */
     if ((st = offload_timed_wait(&rt->env, rt->prev_done, OFFLOAD_TIME_COMPUTE)) != ZO_OK ||
-        (st = offload_grads_drain(rt)) != ZO_OK)
+        (st = offload_grads_drain(rt)) != ZO_OK || (st = offload_dp_wait(rt->dp)) != ZO_OK)
         return st;
     rt->has_prev = 0;
     rt->micro++;
@@ -572,7 +438,8 @@ static zo_status forward_run(offload_t *rt, gpu_stream_t s)
     zo_status st;
     pass_begin(rt);
     if ((st = forward_blocks(rt, s)) != ZO_OK ||
-        (st = offload_timed_wait(&rt->env, rt->prev_done, OFFLOAD_TIME_COMPUTE)) != ZO_OK)
+        (st = offload_timed_wait(&rt->env, rt->prev_done, OFFLOAD_TIME_COMPUTE)) != ZO_OK ||
+        (st = offload_dp_wait(rt->dp)) != ZO_OK)
         return st;
     rt->has_prev = 0;
     return ZO_OK;

@@ -10,7 +10,13 @@
  *            assembled block by block in a pinned buffer and written
  *
  * New weights from the device (the optimizer's device shard) go through one
- * device staging block when the store is not on the device. */
+ * device staging block when the store is not on the device.
+ *
+ * ZeRO 1-2 (env->dp partitioned): the device store holds every block,
+ * each padded to a multiple of the rank count; the optimizer puts only the
+ * rank's part of each block, and a block whose part is complete is
+ * all-gathered in place, in block order (the same order on every rank, a
+ * block of which this rank holds nothing included). ZeRO 3: wgather.c. */
 #include "offload/offload_impl.h"
 
 #include <pthread.h>
@@ -26,6 +32,15 @@
 
 typedef struct wstore_impl {
     wstore base;
+    const size_t *boff;        /* [nb] block offsets in the store: the model's, or padded */
+    size_t *boff_own;
+    /* ZeRO 1-2 (device tier): the round of puts of a step */
+    const offload_dp *dp;      /* NULL: puts are whole-block coordinates */
+    size_t *got;               /* [nb] elements of the rank's part put this round */
+    int next_ag;               /* the next block to all-gather */
+    int round;                 /* a put since the last sync: the step's round of puts */
+    gpu_stream_t dev_s;        /* the stream of this round's device puts, or NULL */
+    gpu_event_t ag_join;       /* dev_s: its puts so far (the all-gather's input) */
     /* device tier */
     void *dev;                 /* device [n] dtype */
     void *stage[2];            /* pinned [put_max] dtype: host puts on their way in */
@@ -65,7 +80,15 @@ static size_t block_bytes(const wstore *ws, int b) { return ws->g->numel[b] * ws
 
 static char *at(const wstore *ws, void *base, int b, size_t rel)
 {
-    return (char *)base + (ws->g->off[b] + rel) * ws->g->es;
+    return (char *)base + (((const wstore_impl *)ws)->boff[b] + rel) * ws->g->es;
+}
+
+/* Where a put of the optimizer's element `rel` of block b goes: its part's
+ * place in the whole block. */
+static size_t put_pos(const wstore *ws, int b, size_t rel)
+{
+    const wstore_impl *w = (const wstore_impl *)ws;
+    return w->dp ? w->dp->part_off[b] + rel : rel;
 }
 
 /* ---- the device tier --------------------------------------------------------------------- */
@@ -94,7 +117,8 @@ static zo_status dev_put_host(wstore *ws, int b, size_t rel, size_t n, void **ds
     return ZO_OK;
 }
 
-static zo_status dev_put_host_done(wstore *ws, int b, size_t rel, size_t n)
+/* The staged chunk into elements [pos, pos + n) of block b. */
+static zo_status dev_copy_in(wstore *ws, int b, size_t pos, size_t n)
 {
     wstore_impl *w = impl(ws);
     const offload_env *env = ws->env;
@@ -102,7 +126,7 @@ static zo_status dev_put_host_done(wstore *ws, int b, size_t rel, size_t n)
     size_t bytes = n * ws->g->es;
     zo_status st;
     if (!bytes) return ZO_OK;
-    if ((st = gpu_memcpy_async(env->h2d, at(ws, w->dev, b, rel), w->stage[k], bytes,
+    if ((st = gpu_memcpy_async(env->h2d, at(ws, w->dev, b, pos), w->stage[k], bytes,
                                GPU_COPY_HOST_TO_DEVICE)) != ZO_OK ||
         (st = gpu_event_record(w->stage_ev[k], env->h2d)) != ZO_OK)
         return st;
@@ -111,20 +135,87 @@ static zo_status dev_put_host_done(wstore *ws, int b, size_t rel, size_t n)
     return ZO_OK;
 }
 
+/* ZeRO 1-2: all-gather, in block order, every block whose part is complete
+ * this round (all of them when `all`: the end of the round). A block's
+ * input is the rank's part, written by copies on h2d and device puts on
+ * dev_s: h2d joins dev_s, and the all-gather starts after h2d. */
+static zo_status dev_gather_ready(wstore *ws, int all)
+{
+    wstore_impl *w = impl(ws);
+    const offload_env *env = ws->env;
+    const offload_dp *dp = w->dp;
+    zo_status st;
+    int joined = 0;
+    while (w->next_ag < ws->g->nb) {
+        int b = w->next_ag;
+        if (w->got[b] < dp->part_n[b] && !all) break;
+        if (w->got[b] != dp->part_n[b])
+            return zo_error(ZO_ERR_INTERNAL, "offload: new weights of block %d incomplete (%zu of %zu)",
+                            b, w->got[b], dp->part_n[b]);
+        if (!joined) {
+            if (w->dev_s && ((st = gpu_event_record(w->ag_join, w->dev_s)) != ZO_OK ||
+                             (st = gpu_stream_wait_event(env->h2d, w->ag_join)) != ZO_OK))
+                return st;
+            if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK) return st;
+            joined = 1;
+        }
+        if (ws->g->numel[b] &&
+            (st = offload_dp_block(env->dp, DP_ALL_GATHER, b, ws->g->numel[b], at(ws, w->dev, b, 0),
+                                        ws->g->dtype, dp->ev_in, NULL)) != ZO_OK)
+            return st;
+        w->got[b] = 0;
+        w->next_ag++;
+    }
+    return ZO_OK;
+}
+
+/* The optimizer put n elements of block b's part: counted, and the blocks
+ * complete so far gathered. */
+static zo_status dev_part_done(wstore *ws, int b, size_t n)
+{
+    wstore_impl *w = impl(ws);
+    if (!w->dp) return ZO_OK;
+    w->got[b] += n;
+    w->round = 1;
+    return dev_gather_ready(ws, 0);
+}
+
+static zo_status dev_put_host_done(wstore *ws, int b, size_t rel, size_t n)
+{
+    zo_status st = dev_copy_in(ws, b, put_pos(ws, b, rel), n);
+    if (st != ZO_OK) return st;
+    return dev_part_done(ws, b, n);
+}
+
 static zo_status dev_put_dev(wstore *ws, int b, void **dst)
 {
-    *dst = at(ws, impl(ws)->dev, b, 0);
+    *dst = at(ws, impl(ws)->dev, b, put_pos(ws, b, 0));
     return ZO_OK;
 }
 
 static zo_status dev_put_dev_done(wstore *ws, int b, gpu_stream_t s)
 {
     wstore_impl *w = impl(ws);
-    (void)b;
     /* in place: the compute waits for the stream's work */
     zo_status st = gpu_event_record(w->dev_ev, s);
-    if (st == ZO_OK) w->dev_pending = 1;
-    return st;
+    if (st != ZO_OK) return st;
+    w->dev_pending = 1;
+    w->dev_s = s;
+    return dev_part_done(ws, b, w->dp ? w->dp->part_n[b] : 0);
+}
+
+/* A load: whole-block coordinates, every rank has them: no collective. */
+static zo_status dev_load(wstore *ws, int b, size_t rel, size_t n, const float *src)
+{
+    zo_status st;
+    for (size_t done = 0; done < n; done += ws->put_max) {
+        size_t k = n - done < ws->put_max ? n - done : ws->put_max;
+        void *dst;
+        if ((st = dev_put_host(ws, b, rel + done, k, &dst)) != ZO_OK) return st;
+        offload_to_dtype(ws->g, dst, src + done, k);
+        if ((st = dev_copy_in(ws, b, rel + done, k)) != ZO_OK) return st;
+    }
+    return ZO_OK;
 }
 
 static zo_status dev_get_host(wstore *ws, int b, void *dst)
@@ -141,11 +232,22 @@ static zo_status dev_get_host(wstore *ws, int b, void *dst)
 }
 
 /* The device and host tiers' puts from the device and the device tier's
- * chunks have all arrived. */
+ * chunks have all arrived (ZeRO 1-2: and every block is gathered). */
 static zo_status common_sync(wstore *ws)
 {
     wstore_impl *w = impl(ws);
     zo_status st = ZO_OK;
+    if (w->dp && w->round) {
+        /* every rank puts part of the model each step (offload_dp_create
+         * refuses a rank with nothing), so every rank ends the round */
+        st = dev_gather_ready(ws, 1);
+        zo_status sw = offload_dp_wait(ws->env->dp);
+        if (st == ZO_OK) st = sw;
+        memset(w->got, 0, (size_t)ws->g->nb * sizeof *w->got);
+        w->next_ag = 0;
+        w->dev_s = NULL;
+        w->round = 0;
+    }
     for (int k = 0; k < 2; k++) {
         if (!w->stage_pending[k]) continue;
         zo_status sk = offload_timed_wait(ws->env, w->stage_ev[k], OFFLOAD_TIME_OPTIMIZER);
@@ -430,31 +532,58 @@ static void wstore_destroy(wstore *ws)
     free(w->ring_ev);
     free(w->ring_used);
     if (ws->tier == OFFLOAD_NVME) nvme_close(ws);
+    if (w->ag_join) gpu_event_destroy(w->ag_join);
+    free(w->got);
+    free(w->boff_own);
     free(w);
 }
 
 static const wstore_ops dev_ops = {
     .resident = dev_resident, .fetch = dev_fetch, .put_host = dev_put_host,
     .put_host_done = dev_put_host_done, .put_dev = dev_put_dev, .put_dev_done = dev_put_dev_done,
-    .sync = common_sync, .get_host = dev_get_host, .free = wstore_destroy,
+    .sync = common_sync, .load = dev_load, .get_host = dev_get_host, .free = wstore_destroy,
 };
 static const wstore_ops host_ops = {
     .resident = none_resident, .fetch = host_fetch, .put_host = host_put_host,
     .put_host_done = nothing_done, .put_dev = staged_put_dev, .put_dev_done = host_put_dev_done,
-    .sync = common_sync, .get_host = host_get_host, .free = wstore_destroy,
+    .sync = common_sync, .load = wstore_load_by_puts, .get_host = host_get_host, .free = wstore_destroy,
 };
 static const wstore_ops nvme_ops = {
     .resident = none_resident, .fetch = nvme_fetch, .put_host = nvme_put_host,
     .put_host_done = nvme_put_host_done, .put_dev = staged_put_dev, .put_dev_done = nvme_put_dev_done,
-    .sync = nvme_sync, .get_host = nvme_get_host, .free = wstore_destroy,
+    .sync = nvme_sync, .load = wstore_load_by_puts, .get_host = nvme_get_host, .free = wstore_destroy,
 };
+
+/* ZeRO 1-2: every block padded to a multiple of the rank count (an
+ * all-gather in place needs it), the puts counted per block. */
+static zo_status dev_partition(wstore *ws, size_t *elems)
+{
+    wstore_impl *w = impl(ws);
+    const offload_dp *dp = ws->env->dp;
+    const offload_geom *g = ws->g;
+    w->dp = dp;
+    w->boff_own = calloc((size_t)g->nb, sizeof(size_t));
+    w->got = calloc((size_t)g->nb, sizeof(size_t));
+    if (!w->boff_own || !w->got) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    size_t o = 0;
+    for (int b = 0; b < g->nb; b++) {
+        w->boff_own[b] = o;
+        o += dp->pad[b];
+    }
+    w->boff = w->boff_own;
+    *elems = o;
+    return gpu_event_create(ws->env->dev, &w->ag_join);
+}
 
 static zo_status create_dev(wstore *ws, const wstore_config *c)
 {
     wstore_impl *w = impl(ws);
     const offload_env *env = ws->env;
-    size_t bytes = ws->g->n * ws->g->es;
+    size_t elems = ws->g->n;
     zo_status st;
+    if (env->dp && offload_dp_partitioned(env->dp) && !c->plain && (st = dev_partition(ws, &elems)) != ZO_OK)
+        return st;
+    size_t bytes = elems * ws->g->es;
     if ((st = gpu_mem_alloc(env->dev, bytes, &w->dev)) != ZO_OK)
         return zo_error_wrap(st, "offload_init: resident weights (%zu bytes) on the device", bytes);
     ws->put_max = c->chunk ? c->chunk : 1;
@@ -512,7 +641,17 @@ zo_status wstore_create(const offload_env *env, const offload_geom *g, const wst
     ws->env = env;
     ws->g = g;
     ws->tier = c->tier;
+    w->boff = g->off;
     zo_status st;
+    if (env->dp && env->dp->stage >= 3 && !c->plain) {
+        /* ZeRO-3: the tier's store of the rank's parts, gathered on fetch */
+        wstore_config ic = *c;
+        ic.plain = 1;
+        wstore *inner;
+        free(w);
+        if ((st = wstore_create(env, c->part_geom, &ic, &inner)) != ZO_OK) return st;
+        return wgather_create(env, g, inner, out);
+    }
     switch (c->tier) {
     case OFFLOAD_DEVICE:
         ws->ops = &dev_ops;
@@ -545,8 +684,13 @@ void wstore_free(wstore *ws)
     if (ws) ws->ops->free(ws);
 }
 
-/* Put [rel, rel + n) of block b chunk by chunk, each chunk written by fill
- * from element `done` of the source. */
+zo_status wstore_load_f32(wstore *ws, int b, size_t rel, size_t n, const float *src)
+{
+    return ws->ops->load(ws, b, rel, n, src);
+}
+
+/* Put [rel, rel + n) of block b chunk by chunk, each chunk converted from
+ * fp32 or copied as it is from element `done` of the source. */
 static zo_status put_chunks(wstore *ws, int b, size_t rel, size_t n, const void *src, int f32)
 {
     zo_status st;
@@ -562,7 +706,7 @@ static zo_status put_chunks(wstore *ws, int b, size_t rel, size_t n, const void 
     return ZO_OK;
 }
 
-zo_status wstore_put_f32(wstore *ws, int b, size_t rel, size_t n, const float *src)
+zo_status wstore_load_by_puts(wstore *ws, int b, size_t rel, size_t n, const float *src)
 {
     return put_chunks(ws, b, rel, n, src, 1);
 }

@@ -393,6 +393,15 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
 
 /* ---- the step ---------------------------------------------------------------------- */
 
+void plan_dp_comm_elems(const plan_train *t, double P, double *grads, double *weights)
+{
+    double A = t->grad_accum;
+    *grads = *weights = 0;
+    if (t->dp <= 1) return;
+    *grads = t->zero == 0 ? 2 * P : t->zero == 1 ? P : A * P;
+    *weights = t->zero == 0 ? 0 : t->zero <= 2 ? P : 2 * A * P;
+}
+
 void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
                     const plan_estimate *e, const plan_time_mb *mb, plan_time *o)
 {
@@ -436,41 +445,36 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
         o->pp_comm = 2 * v * n_mb * (lat + bytes / bw);
     }
 
-    /* data parallel: gradients reduced once per step (ZeRO 0-2), overlapped
-     * with the last micro-batch's backward down to one bucket; updated weights
-     * all-gathered after the step (ZeRO 1-2); ZeRO-3 gathers the weights twice
-     * and reduce-scatters the gradients every micro-batch, overlapped with
-     * that micro-batch's compute */
-    /* with experts: the dense parameters over all DP ranks, the routed
+    /* data parallel (plan_dp_comm_elems): gradients all-reduced (ZeRO 0) or
+     * reduce-scattered (ZeRO 1) once per step, overlapped with the last
+     * micro-batch's backward down to one bucket, or reduce-scattered every
+     * micro-batch (ZeRO 2-3) behind its backward; updated weights
+     * all-gathered after the step (ZeRO 1-2); ZeRO-3 gathers the weights
+     * twice every micro-batch, overlapped with that micro-batch's compute.
+     * With experts: the dense parameters over all DP ranks, the routed
      * experts over the DP / EP ranks that hold the same experts (stride TP x EP) */
     if (t->dp > 1) {
         double last_bwd = mb->bwd + mb->rc;
         double bucket = (double)t->buf.comm_bucket < P ? (double)t->buf.comm_bucket / P : 1;
-        double red = 0, gat = 0, z3 = 0;
+        double red = 0, gat = 0;
         for (int part = 0; part < 2; part++) {
             int group = part ? edp : t->dp;
             double n = part ? Pe : P - Pe;
             if (group <= 1 || n <= 0) continue;
-            double bw, lat;
+            double bw, lat, ge, we;
             link_for(hw, group, part ? (long)t->tp * t->ep : t->tp, &bw, &lat);
-            double G = n * gsz, W = n * wsz;
-            if (t->zero <= 2) {
-                red += t->zero == 2 ? plan_allgather_s(G, group, bw, lat)
-                                    : plan_allreduce_s(G, group, bw, lat);
-                gat += t->zero >= 1 ? plan_allgather_s(W, group, bw, lat) : 0;
-            } else {
-                /* (the weights computed with: LoRA's frozen base too) */
-                double W3 = part ? W : (double)e->weight_bytes - Pe * wsz;
-                z3 += 2 * plan_allgather_s(W3, group, bw, lat) + plan_allgather_s(G, group, bw, lat);
-            }
+            plan_dp_comm_elems(t, n, &ge, &we);
+            /* ZeRO-3 gathers what the step computes with (LoRA: the frozen base too) */
+            double G = n * gsz, W = t->zero >= 3 && !part ? (double)e->weight_bytes - Pe * wsz : n * wsz;
+            /* a reduce-scatter or an all-gather of n elements each, an all-reduce of 2n */
+            red += t->zero == 0 ? plan_allreduce_s(G, group, bw, lat) : ge / n * plan_allgather_s(G, group, bw, lat);
+            gat += we / n * plan_allgather_s(W, group, bw, lat);
         }
-        if (t->zero <= 2) {
-            o->dp_comm_total = red + gat;
-            o->dp_comm = (t->dp_overlap ? dmax(red - last_bwd, red * bucket) : red) + gat;
-        } else {
-            o->dp_comm_total = n_mb * z3;
-            o->dp_comm = dmax(o->dp_comm_total - window, o->dp_comm_total * bucket);
-        }
+        o->dp_comm_total = red + gat;
+        if (!t->dp_overlap && t->zero <= 2) o->dp_comm = red + gat;
+        else if (t->zero <= 1) o->dp_comm = dmax(red - last_bwd, red * bucket) + gat;
+        else if (t->zero == 2) o->dp_comm = dmax(red - bwd_window, red * bucket) + gat;
+        else o->dp_comm = dmax(o->dp_comm_total - window, o->dp_comm_total * bucket);
     }
 
     /* streamed weights (params on CPU or NVMe; LoRA: the base and the

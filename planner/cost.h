@@ -123,6 +123,16 @@ zo_status plan_time_run(const zo_model_config *m, const plan_hw *hw, const plan_
 double plan_allreduce_s(double bytes, int p, double bw, double lat);
 double plan_allgather_s(double bytes, int p, double bw, double lat); /* = reduce-scatter */
 
+/* Elements one rank's data-parallel collectives move per optimizer step of
+ * P parameters (the stage's, per rank after TP), the ZeRO paper's count: an
+ * all-reduce of n elements counts 2n, a reduce-scatter or an all-gather n.
+ * Gradients: ZeRO 0 all-reduced and ZeRO 1 reduce-scattered once per step,
+ * ZeRO 2-3 reduce-scattered every micro-batch; weights: ZeRO 1-2 gathered
+ * once after the step, ZeRO 3 twice per micro-batch (forward, backward).
+ * With one micro-batch: 2P for stages 0-2, 3P for stage 3. The runtime counts
+ * the same (offload_stats.comm_elems, plus comm_reused_elems for ZeRO-3). */
+void plan_dp_comm_elems(const plan_train *t, double P, double *grads, double *weights);
+
 /* The names of the parts, in the order of the step (JSON keys, SVG legend). */
 #define PLAN_TIME_PARTS 13
 const char *plan_time_part_name(int i);

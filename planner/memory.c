@@ -521,6 +521,9 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
 
 static uint64_t frac_of(uint64_t total, double f) { return (uint64_t)llround((double)total * f); }
 
+/* One rank's part of a block of n elements split over dp ranks. */
+static uint64_t largest_part_of(uint64_t n, uint64_t dp) { return ceil_div(n, dp); }
+
 static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
                                 int stage, plan_estimate *e)
 {
@@ -633,9 +636,11 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
     if (g_dev && t->grads_on == PLAN_GPU)
         add(e, "gradient staging (2 blocks)", PLAN_GPU, PLAN_BUFFERS, 2 * tr_largest * wsz);
     /* ... and writes the new weights of a block it updates into a staging
-     * block when they live off the GPU (LoRA: the adapters') */
-    if (g_dev && (peft ? t->adapters_on : t->params_on) != PLAN_GPU)
-        add(e, "new-weights staging (1 block)", PLAN_GPU, PLAN_BUFFERS, peft ? aslot : slot);
+     * block when they live off the GPU (LoRA: the adapters'; ZeRO-3: its part) */
+    if (g_dev && (peft ? t->adapters_on : t->params_on) != PLAN_GPU) {
+        uint64_t ns = peft ? aslot : slot;
+        add(e, "new-weights staging (1 block)", PLAN_GPU, PLAN_BUFFERS, t->zero >= 3 ? ceil_div(ns, dp) : ns);
+    }
 
     /* ---- optimizer state ---- */
     uint64_t o_elems = t->zero >= 1 ? sharded : tr;
@@ -678,11 +683,14 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
      * sub-group chunks) or to NVMe (one block); one block's fp32 gradient of
      * a GPU optimizer share for an exact clipping norm */
     /* (LoRA: the gradients and new weights are the adapters', which live on
-     * the GPU; the frozen base is never written back) */
+     * the GPU; the frozen base is never written back. ZeRO 2-3 over several
+     * ranks: a block's reduced fp32 part) */
     uint64_t pinned = 0, sg = t->buf.sub_group;
     if (peft) largest_part = t->zero >= 3 ? ceil_div(tr_largest, dp) : tr_largest;
-    if (t->opt_frac[PLAN_GPU] < 1.0 || t->grads_on != PLAN_GPU)
-        pinned += 2 * (peft ? largest_part * wsz : host_slot);
+    uint64_t grad_half = peft                      ? largest_part * wsz
+                         : t->zero >= 2 && dp > 1 ? largest_part_of(sh.largest, dp) * 4
+                                                  : host_slot;
+    if (t->opt_frac[PLAN_GPU] < 1.0 || t->grads_on != PLAN_GPU) pinned += 2 * grad_half;
     if (!peft && t->params_on == PLAN_GPU) {
         uint64_t chunk = sg && sg < largest_part ? sg : largest_part;
         pinned += 2 * chunk * wsz;
@@ -696,7 +704,9 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
         if (t->adapters_on == PLAN_GPU) pinned += 2 * (sg && sg < largest_part ? sg : largest_part) * wsz;
         pinned += nvme_slots;
     }
-    if (g_dev) pinned += largest_part * 4;
+    /* the optimizer's part of a block (LoRA: of the adapters') */
+    uint64_t opt_block = peft ? tr_largest : sh.largest;
+    if (g_dev) pinned += (t->zero >= 1 ? largest_part_of(opt_block, dp) : opt_block) * 4;
     if (t->buf.pinned_staging) pinned = t->buf.pinned_staging;
     add(e, "pinned staging", PLAN_CPU, PLAN_BUFFERS, pinned);
 
@@ -791,9 +801,14 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
     /* ---- working buffers on the GPU ---- */
     add(e, "CUDA context", PLAN_GPU, PLAN_BUFFERS, t->buf.cuda_context);
     add(e, "cuBLAS workspace", PLAN_GPU, PLAN_BUFFERS, t->buf.cublas_workspace);
-    if (t->dp > 1)
-        add(e, "gradient communication buckets", PLAN_GPU, PLAN_BUFFERS,
-            (uint64_t)t->buf.comm_buckets * t->buf.comm_bucket * gsz);
+    /* the runtime reduces in fp32, through buckets of comm_bucket elements
+     * (rounded down to a multiple of DP), at most the largest block padded */
+    if (t->dp > 1) {
+        uint64_t cap = t->buf.comm_bucket / dp * dp, whole = ceil_div(sh.largest, dp) * dp;
+        if (!cap) cap = dp;
+        add(e, "communication buckets (fp32)", PLAN_GPU, PLAN_BUFFERS,
+            (uint64_t)t->buf.comm_buckets * (cap < whole ? cap : whole) * 4);
+    }
     uint64_t gpu_sum = 0;
     for (int k = 0; k < PLAN_KINDS; k++) gpu_sum += e->bytes[PLAN_GPU][k];
     add(e, "allocator fragmentation allowance", PLAN_GPU, PLAN_BUFFERS,

@@ -22,9 +22,10 @@
 #include "offload/offload.h"   /* defines: offload_init, offload_micro_batch, offload_step */
 #include "planner/memory.h"    /* defines: plan_estimate_run (the memplan estimate) */
 #include "tests/support/files.h"       /* defines: files_write_plan, files_remove_tree */
-#include "tests/support/models.h"      /* defines: tiny_model */
+#include "tests/support/models.h"      /* defines: tiny_model, tiny_batch */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer (the reference) */
 #include "tests/support/run.h"         /* defines: run_capture, run_paused */
+#include "tests/support/runtime_plan.h" /* defines: runtime_plan_train, runtime_plan_estimate */
 #include "transformer/offload_model.h" /* defines: tf_offload_model, tf_model */
 
 #define THREADS 2
@@ -39,25 +40,6 @@ static zo_model_config tiny_gpt(int layers, int hidden, int vocab)
 static zo_model_config tiny_llama(int layers, int hidden, int vocab)
 {
     return tiny_model(ZO_ARCH_LLAMA, layers, hidden, vocab, 64);
-}
-
-/* Tokens of micro-batch `k`: rows b x t of a pseudo-random text with some
- * structure (so the loss falls). Row r is global row k*b + r, so k
- * micro-batches of b rows hold the rows of one batch of k*b. */
-static void make_batch(int vocab, int b, int t, int64_t k, int32_t *in, int32_t *tg)
-{
-    for (int r = 0; r < b; r++) {
-        uint64_t s = (uint64_t)(k * b + r + 1) * 0x9e3779b97f4a7c15ull;
-        int32_t prev = (int32_t)(s >> 40) % vocab;
-        for (int j = 0; j <= t; j++) {
-            s = s * 6364136223846793005ull + 1442695040888963407ull;
-            /* mostly the next id after the previous one, sometimes random */
-            int32_t id = ((s >> 33) % 4) ? (prev + 1) % vocab : (int32_t)((s >> 20) % (uint64_t)vocab);
-            if (j < t) in[r * t + j] = id;
-            if (j > 0) tg[r * t + j - 1] = id;
-            prev = id;
-        }
-    }
 }
 
 /* ---- a training run ---------------------------------------------------------------- */
@@ -207,7 +189,7 @@ static zo_status do_run(run *r)
     for (int k = r->start_step; k < r->steps; k++) {
         double sum = 0;
         for (int j = 0; j < accum; j++) {
-            make_batch(r->cfg.vocab, r->B, r->T, (int64_t)k * accum + j, in, tg);
+            tiny_batch(r->cfg.vocab, r->B, r->T, (int64_t)k * accum + j, in, tg);
             assert_int_equal(tf_set_batch(&m, s, in, tg, r->B, r->T), ZO_OK);
             float eval_loss = 0;
             if (r->eval) {
@@ -309,7 +291,7 @@ static void reference_run(run *r)
     size_t n = (size_t)r->B * r->T;
     int32_t *in = malloc(n * 4), *tg = malloc(n * 4);
     for (int k = 0; k < r->steps; k++) {
-        make_batch(r->cfg.vocab, r->B, r->T, k, in, tg);
+        tiny_batch(r->cfg.vocab, r->B, r->T, k, in, tg);
         tf_step_info info;
         assert_int_equal(tf_trainer_step(&tr, s, in, tg, r->B, r->T, &info), ZO_OK);
         r->loss[k] = info.loss;
@@ -852,35 +834,13 @@ static void test_kill_during_checkpoint(void **state)
 static void plan_for(const run *r, plan_estimate *e)
 {
     plan_train t;
-    plan_train_defaults(&t, &r->cfg);
-    t.seq = r->T;
-    t.micro_batch = r->B;
-    t.grad_accum = r->oc.grad_accum ? r->oc.grad_accum : 1;
-    t.dtype = t.grad_dtype = r->dt;
-    t.recompute = r->oc.recompute ? PLAN_RECOMPUTE_FULL : PLAN_RECOMPUTE_NONE;
-    t.dropout = 0;
-    t.flash_attn = 1;
-    t.params_on = (plan_tier)r->oc.params_on;
-    /* the runtime sums a gradient where its optimizer state lives */
-    t.grads_on = r->oc.opt_frac[OFFLOAD_DEVICE] > 0 ? PLAN_GPU : PLAN_CPU;
-    /* the runtime sums the gradients of a device optimizer share in fp32:
-     * such a plan is made with --grad-dtype fp32 */
-    if (r->oc.opt_frac[OFFLOAD_DEVICE] > 0) t.grad_dtype = ZO_DTYPE_F32;
-    t.checkpoints_on = (plan_tier)r->oc.checkpoints_on;
-    for (int i = 0; i < PLAN_TIERS; i++) t.opt_frac[i] = r->oc.opt_frac[i];
-    t.buf.cuda_context = t.buf.cublas_workspace = 0;
-    t.buf.fragmentation = 0;
-    t.buf.prefetch_depth = r->oc.prefetch_depth;
-    t.buf.sub_group = r->oc.sub_group;
-    t.buf.swap_buffers = r->oc.swap_buffers ? r->oc.swap_buffers : 3;
+    runtime_plan_train(&t, &r->cfg, r->dt, r->B, r->T, &r->oc, 1);
     if (r->lora.r > 0) {
         t.method = r->lora.nf4 ? PLAN_METHOD_QLORA : PLAN_METHOD_LORA;
         t.lora = (zo_lora_config){.r = r->lora.r, .alpha = r->lora.alpha, .targets = r->lora.targets};
         t.adapters_on = (plan_tier)r->oc.trainable_on;
     }
-    plan_hw hw = {.gpus = 1, .gpus_per_node = 1, .gpu_mem = 1ull << 40, .cpu_mem = 1ull << 40,
-                  .nvme = 1ull << 40};
-    assert_int_equal(plan_estimate_run(&r->cfg, &hw, &t, e), ZO_OK);
+    runtime_plan_estimate(&r->cfg, &t, e);
 }
 
 

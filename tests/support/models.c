@@ -33,3 +33,18 @@ zo_model_config tiny_model(zo_arch arch, int layers, int hidden, int vocab, int 
     if (zo_model_config_validate(&c) != ZO_OK) fail_msg("tiny_model: %s", zo_last_error());
     return c;
 }
+
+void tiny_batch(int vocab, int b, int t, int64_t k, int32_t *in, int32_t *tg)
+{
+    for (int r = 0; r < b; r++) {
+        uint64_t s = (uint64_t)(k * b + r + 1) * 0x9e3779b97f4a7c15ull;
+        int32_t prev = (int32_t)(s >> 40) % vocab;
+        for (int j = 0; j <= t; j++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            int32_t id = ((s >> 33) % 4) ? (prev + 1) % vocab : (int32_t)((s >> 20) % (uint64_t)vocab);
+            if (j < t) in[r * t + j] = id;
+            if (j > 0) tg[r * t + j - 1] = id;
+            prev = id;
+        }
+    }
+}

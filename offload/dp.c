@@ -1,0 +1,301 @@
+/* Data parallelism: the rank's part of every block, the communication
+ * buckets and the runtime's collectives, counted.
+ *
+ * Every block is one bucket. A block of n elements is padded to
+ * comm_padded_count(n, ranks) and split in equal parts; rank r's part is
+ * comm_shard's. Collectives run on device memory, ordered by the device's
+ * events (gpu/comm.h): NCCL on a CUDA device, MPI on the CPU device (whose
+ * memory is host memory), the same code. They are issued in the same order
+ * on every rank because every rank runs the same schedule: the blocks of a
+ * micro-batch, then of a step, in a fixed order. */
+#include "offload/offload_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int offload_dp_partitioned(const offload_dp *dp) { return dp && dp->stage >= 1; }
+
+size_t offload_dp_part_first(const offload_dp *dp, int b) { return offload_dp_partitioned(dp) ? dp->part_off[b] : 0; }
+
+void offload_dp_geom(const offload_dp *dp, const offload_geom *g, offload_geom *out)
+{
+    *out = *g;
+    if (!offload_dp_partitioned(dp)) return;
+    out->numel = dp->part_n;
+    out->off = dp->loc_off;
+    out->n = dp->loc_off[g->nb];
+    out->largest = 0;
+    for (int b = 0; b < g->nb; b++)
+        if (dp->part_n[b] > out->largest) out->largest = dp->part_n[b];
+    out->slot_bytes = out->largest * out->es;
+    if (out->slot_bytes < 256) out->slot_bytes = 256;
+}
+
+zo_status offload_dp_create(const offload_env *env, const offload_geom *g, comm_t comm, int stage,
+                            size_t bucket, offload_dp **out)
+{
+    *out = NULL;
+    zo_status st;
+    if (stage < 0 || stage > 3)
+        return zo_error(ZO_ERR_INVALID, "offload_init: ZeRO stage %d (0, 1, 2 or 3)", stage);
+    /* the runtime's collectives take device memory: the CPU device's is host memory */
+    if (!comm_device_buffers(comm) && strcmp(gpu_device_name(env->dev), "cpu"))
+        return zo_error(ZO_ERR_UNSUPPORTED,
+                        "offload_init: the %s communicator takes host buffers, the runtime's collectives "
+                        "run on %s device memory: use NCCL with a CUDA device",
+                        comm_backend_name(comm_get_backend(comm)), gpu_device_name(env->dev));
+    offload_dp *dp = calloc(1, sizeof *dp);
+    if (!dp) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    dp->comm = comm;
+    dp->rank = comm_rank(comm);
+    dp->size = comm_size(comm);
+    dp->stage = stage;
+    dp->env = env;
+    dp->nb = g->nb;
+    size_t nb = (size_t)g->nb;
+    dp->pad = calloc(nb, sizeof(size_t));
+    dp->part_off = calloc(nb, sizeof(size_t));
+    dp->part_n = calloc(nb, sizeof(size_t));
+    dp->loc_off = calloc(nb + 1, sizeof(size_t));
+    if (!dp->pad || !dp->part_off || !dp->part_n || !dp->loc_off) {
+        st = zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+        goto out_free;
+    }
+    for (int b = 0; b < g->nb; b++) {
+        dp->pad[b] = comm_padded_count(g->numel[b], dp->size);
+        if (stage >= 1) comm_shard(g->numel[b], dp->size, dp->rank, &dp->part_off[b], &dp->part_n[b]);
+        else dp->part_n[b] = g->numel[b];
+        dp->loc_off[b + 1] = dp->loc_off[b] + dp->part_n[b];
+        if (dp->pad[b] > dp->largest_pad) dp->largest_pad = dp->pad[b];
+    }
+    /* a rank holding nothing would skip the step's puts the others gather */
+    if (!dp->loc_off[nb]) {
+        st = zo_error(ZO_ERR_INVALID, "offload_init: rank %d of %d holds no element of the model's %zu: "
+                      "too few for ZeRO-%d over %d ranks", dp->rank, dp->size, g->n, stage, dp->size);
+        goto out_free;
+    }
+    /* the buckets: a piece of every rank's part, at most the largest block */
+    size_t cap = bucket ? bucket : OFFLOAD_DEFAULT_BUCKET;
+    dp->bucket_q = cap / (size_t)dp->size;
+    if (!dp->bucket_q) dp->bucket_q = 1;
+    if (dp->bucket_q * (size_t)dp->size > dp->largest_pad) dp->bucket_q = dp->largest_pad / (size_t)dp->size;
+    size_t bb = dp->bucket_q * (size_t)dp->size * sizeof(float);
+    for (int k = 0; k < 2; k++) {
+        if ((st = gpu_mem_alloc(env->dev, bb, (void **)&dp->bucket[k])) != ZO_OK) {
+            st = zo_error_wrap(st, "offload_init: communication bucket %d of 2 (%zu bytes)", k + 1, bb);
+            goto out_free;
+        }
+        if ((st = gpu_event_create(env->dev, &dp->bucket_ev[k])) != ZO_OK) goto out_free;
+    }
+    if ((st = gpu_mem_alloc(env->dev, (size_t)dp->size * OFFLOAD_GATHER_MAX, &dp->small)) != ZO_OK) {
+        st = zo_error_wrap(st, "offload_init: gather buffer");
+        goto out_free;
+    }
+    if ((st = gpu_event_create(env->dev, &dp->ev_in)) != ZO_OK ||
+        (st = gpu_event_create(env->dev, &dp->ev_out)) != ZO_OK)
+        goto out_free;
+    *out = dp;
+    return ZO_OK;
+
+out_free:
+    offload_dp_free(dp);
+    return st;
+}
+
+void offload_dp_free(offload_dp *dp)
+{
+    if (!dp) return;
+    offload_dp_wait(dp);
+    for (int k = 0; k < 2; k++) {
+        gpu_mem_free(dp->env->dev, dp->bucket[k]);
+        if (dp->bucket_ev[k]) gpu_event_destroy(dp->bucket_ev[k]);
+    }
+    gpu_mem_free(dp->env->dev, dp->small);
+    if (dp->ev_in) gpu_event_destroy(dp->ev_in);
+    if (dp->ev_out) gpu_event_destroy(dp->ev_out);
+    free(dp->req);
+    free(dp->pad);
+    free(dp->part_off);
+    free(dp->part_n);
+    free(dp->loc_off);
+    free(dp);
+}
+
+/* ---- collectives ------------------------------------------------------------------ */
+
+/* Completed requests at the head of the queue are freed (they complete in
+ * issue order). */
+static void reap(offload_dp *dp)
+{
+    while (dp->head < dp->n_req && comm_test(dp->req[dp->head])) {
+        comm_wait(dp->req[dp->head]);
+        dp->req[dp->head++] = NULL;
+    }
+    if (dp->head == dp->n_req) dp->head = dp->n_req = 0;
+}
+
+static zo_status push(offload_dp *dp, comm_request_t r)
+{
+    if (dp->n_req == dp->cap_req) {
+        if (dp->head) { /* slide the live ones down */
+            memmove(dp->req, dp->req + dp->head, (dp->n_req - dp->head) * sizeof *dp->req);
+            dp->n_req -= dp->head;
+            dp->head = 0;
+        }
+        if (dp->n_req == dp->cap_req) {
+            size_t cap = dp->cap_req ? 2 * dp->cap_req : 64;
+            comm_request_t *q = realloc(dp->req, cap * sizeof *q);
+            if (!q) {
+                comm_wait(r);
+                return zo_error(ZO_ERR_NOMEM, "offload: out of host memory (collective requests)");
+            }
+            dp->req = q;
+            dp->cap_req = cap;
+        }
+    }
+    dp->req[dp->n_req++] = r;
+    return ZO_OK;
+}
+
+zo_status offload_dp_collective(offload_dp *dp, dp_op op, size_t count, size_t real, void *buf, zo_dtype dt,
+                                gpu_event_t after, gpu_event_t done)
+{
+    offload_acct *a = dp->env->acct;
+    comm_order ord = {.after = after, .done = done};
+    comm_request_t r = NULL;
+    size_t es = zo_dtype_size(dt);
+    char *mine = (char *)buf + (size_t)dp->rank * count * es;
+    zo_status st;
+    reap(dp);
+    switch (op) {
+    case DP_ALL_REDUCE:
+        st = comm_all_reduce(dp->comm, buf, buf, count, dt, &ord, &r);
+        a->comm_elems += 2 * real;
+        a->comm_pad_elems += 2 * (count - real);
+        break;
+    case DP_REDUCE_SCATTER:
+        st = comm_reduce_scatter(dp->comm, buf, mine, count, dt, &ord, &r);
+        a->comm_elems += real;
+        a->comm_pad_elems += count * (size_t)dp->size - real;
+        break;
+    default:
+        st = comm_all_gather(dp->comm, mine, buf, count, dt, &ord, &r);
+        a->comm_elems += real;
+        a->comm_pad_elems += count * (size_t)dp->size - real;
+        break;
+    }
+    if (st != ZO_OK) return st;
+    a->comm_calls++;
+    return push(dp, r);
+}
+
+zo_status offload_dp_block(offload_dp *dp, dp_op op, int b, size_t numel, void *buf, zo_dtype dt,
+                           gpu_event_t after, gpu_event_t done)
+{
+    size_t count = op == DP_ALL_REDUCE ? numel : dp->pad[b] / (size_t)dp->size;
+    zo_status st = offload_dp_collective(dp, op, count, numel, buf, dt, after, done);
+    if (st != ZO_OK) return zo_error_wrap(st, "offload: collective on block %d", b);
+    return ZO_OK;
+}
+
+size_t offload_dp_pieces(const offload_dp *dp, int b)
+{
+    size_t c = dp->pad[b] / (size_t)dp->size;
+    return c ? (c + dp->bucket_q - 1) / dp->bucket_q : 0;
+}
+
+size_t offload_dp_piece_src(const offload_dp *dp, int b, size_t numel, int r, size_t first, size_t q,
+                            size_t *n)
+{
+    size_t at = (size_t)r * (dp->pad[b] / (size_t)dp->size) + first;
+    *n = at >= numel ? 0 : (numel - at < q ? numel - at : q);
+    return at;
+}
+
+void offload_dp_piece(const offload_dp *dp, int b, size_t numel, size_t j, size_t *first, size_t *q,
+                      size_t *real)
+{
+    size_t c = dp->pad[b] / (size_t)dp->size;
+    *first = j * dp->bucket_q;
+    *q = c - *first < dp->bucket_q ? c - *first : dp->bucket_q;
+    *real = 0;
+    for (int r = 0; r < dp->size; r++) {
+        size_t n;
+        offload_dp_piece_src(dp, b, numel, r, *first, *q, &n);
+        *real += n;
+    }
+}
+
+zo_status offload_dp_wait(offload_dp *dp)
+{
+    zo_status st = ZO_OK;
+    if (!dp) return ZO_OK;
+    double t0 = offload_now();
+    for (; dp->head < dp->n_req; dp->head++) {
+        zo_status sw = comm_wait(dp->req[dp->head]);
+        dp->req[dp->head] = NULL;
+        if (st == ZO_OK) st = sw;
+    }
+    dp->head = dp->n_req = 0;
+    offload_add_time(dp->env->acct, OFFLOAD_TIME_COMM, offload_now() - t0);
+    return st;
+}
+
+/* ---- blocking gathers of host values ------------------------------------------------- */
+
+zo_status offload_dp_gather_block(offload_dp *dp, int b, size_t numel, const float *part, float *all)
+{
+    const offload_env *env = dp->env;
+    float *buf = dp->bucket[0];
+    zo_status st;
+    /* piece by piece through bucket 0: the rank's piece in, every rank's
+     * gathered, each copied to its place in the whole block */
+    for (size_t j = 0; j < offload_dp_pieces(dp, b); j++) {
+        size_t first, q, real, n;
+        offload_dp_piece(dp, b, numel, j, &first, &q, &real);
+        /* the bucket's last piece has left (the host waited for it) */
+        if ((st = offload_dp_wait(dp)) != ZO_OK || (st = gpu_stream_synchronize(env->d2h)) != ZO_OK) return st;
+        offload_dp_piece_src(dp, b, numel, dp->rank, first, q, &n);
+        if (n && (st = gpu_memcpy_async(env->h2d, buf + (size_t)dp->rank * q, part + first, n * 4,
+                                        GPU_COPY_HOST_TO_DEVICE)) != ZO_OK)
+            return st;
+        if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK ||
+            (st = offload_dp_collective(dp, DP_ALL_GATHER, q, real, buf, ZO_DTYPE_F32, dp->ev_in, dp->ev_out)) !=
+                ZO_OK ||
+            (st = gpu_stream_wait_event(env->d2h, dp->ev_out)) != ZO_OK)
+            return st;
+        for (int r = 0; r < dp->size; r++) {
+            size_t at = offload_dp_piece_src(dp, b, numel, r, first, q, &n);
+            if (n && (st = gpu_memcpy_async(env->d2h, all + at, buf + (size_t)r * q, n * 4,
+                                            GPU_COPY_DEVICE_TO_HOST)) != ZO_OK)
+                return st;
+        }
+    }
+    if ((st = offload_dp_wait(dp)) != ZO_OK) return st;
+    return gpu_stream_synchronize(env->d2h);
+}
+
+zo_status offload_dp_gather(offload_dp *dp, const void *mine, size_t bytes, void *all)
+{
+    const offload_env *env = dp->env;
+    if (bytes > OFFLOAD_GATHER_MAX)
+        return zo_error(ZO_ERR_INVALID, "offload_gather: %zu bytes (at most %d)", bytes, OFFLOAD_GATHER_MAX);
+    size_t words = (bytes + 3) / 4, stride = words * 4;
+    char *buf = dp->small;
+    comm_order ord = {.after = dp->ev_in};
+    zo_status st;
+    if (!bytes) return ZO_OK;
+    if ((st = gpu_memcpy_async(env->h2d, buf + (size_t)dp->rank * stride, mine, bytes,
+                               GPU_COPY_HOST_TO_DEVICE)) != ZO_OK ||
+        (st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK)
+        return st;
+    double t0 = offload_now();
+    st = comm_all_gather(dp->comm, buf + (size_t)dp->rank * stride, buf, words, ZO_DTYPE_F32, &ord, NULL);
+    offload_add_time(dp->env->acct, OFFLOAD_TIME_COMM, offload_now() - t0);
+    if (st != ZO_OK) return zo_error_wrap(st, "offload_gather");
+    for (int r = 0; r < dp->size; r++)
+        if ((st = gpu_memcpy_async(env->d2h, (char *)all + (size_t)r * bytes, buf + (size_t)r * stride, bytes,
+                                   GPU_COPY_DEVICE_TO_HOST)) != ZO_OK)
+            return st;
+    return gpu_stream_synchronize(env->d2h);
+}

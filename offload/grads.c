@@ -1,0 +1,465 @@
+/* Gradient sums: where each block's gradient is added over the micro-batches
+ * of a step, and (several ranks) how it is reduced.
+ *
+ * A block's gradient is summed where its optimizer state lives: blocks of
+ * the optimizer's device shard on the device (fp32), the others in fp32
+ * host memory (copied out of the gradient slot on the d2h stream, added by
+ * the host while the device runs the next block's backward).
+ *
+ * Several ranks (offload_dp), chosen once at init:
+ *   ZeRO 0   sums as with one rank, of the whole model; in the step's last
+ *            micro-batch each block's sum is all-reduced as soon as it is
+ *            complete (through a device bucket when it is in host memory),
+ *            behind the backward of the blocks before it (DDP's buckets)
+ *   ZeRO 1   the same sums, reduce-scattered the same way; the rank keeps
+ *            its part (in place in the host sums, padded per block; in
+ *            place in the whole device sums ZeRO-1 keeps for a device
+ *            share, where the device shard reads it)
+ *   ZeRO 2-3 after each block's backward its gradient is cast to fp32 in a
+ *            device bucket and reduce-scattered; only the rank's part is
+ *            summed (no rank holds a whole gradient)
+ * Every reduction is in fp32. The host sums: rt->grad, block b added at
+ * aoff[b]; the optimizer reads its part of block b at goff[b]. */
+#include "offload/offload_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the sums ------------------------------------------------------------------------ */
+
+/* The device sum of block b (b >= dev_block): the device shard's, or the
+ * unreduced copy ZeRO-1 keeps. */
+static float *dev_sum(offload_t *rt, int b)
+{
+    if (rt->dfull) return rt->dfull + rt->dfoff[b];
+    oshard *d = rt->dev_shard;
+    return d->ops->grad(d, rt->og.off[b]);
+}
+
+static zo_status added(offload_t *rt, int b, gpu_stream_t s);
+
+/* Add the gradients of gradient slot k (on the host once its copy is done)
+ * into the fp32 sum. */
+zo_status offload_grads_accumulate(offload_t *rt, int k)
+{
+    offload_gslot *g = &rt->gs[k];
+    if (g->block < 0) return ZO_OK;
+    zo_status st = offload_timed_wait(&rt->env, g->copied, OFFLOAD_TIME_GRADS);
+    if (st != ZO_OK) return st;
+    double t0 = offload_now();
+    int b = g->block;
+    size_t n = g->n;
+    float *acc = rt->grad + rt->aoff[b];
+    const void *src = g->host;
+    /* the step's first addition into the block starts from zero (lazily:
+     * the update of the step before may still be reading the other blocks) */
+    if (rt->grad_fresh[b]) {
+        if (n) memset(acc, 0, n * sizeof(float)); /* a block with nothing to train: no sum at all */
+        rt->grad_fresh[b] = 0;
+    }
+    switch (rt->ghost_dtype) {
+    case ZO_DTYPE_F32: {
+        const float *x = src;
+        for (size_t i = 0; i < n; i++) acc[i] += x[i];
+        break;
+    }
+    case ZO_DTYPE_F16: {
+        const uint16_t *x = src;
+        for (size_t i = 0; i < n; i++) acc[i] += zo_f16_to_f32(x[i]);
+        break;
+    }
+    default: {
+        const uint16_t *x = src;
+        for (size_t i = 0; i < n; i++) acc[i] += zo_bf16_to_f32(x[i]);
+        break;
+    }
+    }
+    g->block = -1;
+    offload_add_time(&rt->acct, OFFLOAD_TIME_GRADS, offload_now() - t0);
+    if ((st = added(rt, b, NULL)) != ZO_OK) return st;
+    /* a block's own gradients come last (the shares of blocks that read it
+     * came in earlier backwards): in the step's last micro-batch they are
+     * complete, and its update may start */
+    return g->own && offload_optim_early(rt) ? offload_optim_block_done(rt, b) : ZO_OK;
+}
+
+zo_status offload_grads_drain(offload_t *rt)
+{
+    zo_status st;
+    for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++)
+        if ((st = offload_grads_accumulate(rt, k)) != ZO_OK) return st;
+    return ZO_OK;
+}
+
+/* A free gradient slot, zeroed on s; `avoid` is a slot already taken. */
+zo_status offload_grads_take(offload_t *rt, gpu_stream_t s, int avoid, int *out)
+{
+    zo_status st;
+    int k = -1;
+    for (int i = 0; i < OFFLOAD_GRAD_SLOTS; i++)
+        if (i != avoid && rt->gs[i].block < 0) {
+            k = i;
+            break;
+        }
+    if (k < 0) {
+        k = avoid == 0 ? 1 : 0;
+        if ((st = offload_grads_accumulate(rt, k)) != ZO_OK) return st;
+    }
+    /* the device buffer (and its bucket) is free once its last copy out has run */
+    if ((st = gpu_stream_wait_event(s, rt->gs[k].copied)) != ZO_OK ||
+        (st = gpu_memset_async(s, rt->gs[k].dev, 0, rt->g.slot_bytes)) != ZO_OK)
+        return st;
+    *out = k;
+    return ZO_OK;
+}
+
+zo_status offload_grads_begin(offload_t *rt, gpu_stream_t s)
+{
+    zo_status st;
+    int nb = rt->g.nb;
+    if (rt->micro == 0) {
+        memset(rt->grad_fresh, 1, (size_t)nb);
+        if (rt->dev_shard && (st = rt->dev_shard->ops->grad_zero(rt->dev_shard, s)) != ZO_OK) return st;
+        if (rt->dfull && (st = gpu_memset_async(s, rt->dfull, 0, rt->dfull_n * sizeof(float))) != ZO_OK) return st;
+        if (rt->reduced) memset(rt->reduced, 0, (size_t)nb);
+    } else if (rt->reduced && memchr(rt->reduced, 1, (size_t)nb)) {
+        return zo_error(ZO_ERR_INVALID, "offload_micro_batch: the gradients of %d micro-batches (grad_accum) are "
+                        "already reduced over the ranks: offload_step first", rt->micro);
+    }
+    rt->reduce_now = rt->red_op >= 0 && rt->micro + 1 == rt->cfg.grad_accum;
+    if (rt->contrib) memset(rt->contrib, 0, (size_t)nb * sizeof *rt->contrib);
+    return ZO_OK;
+}
+
+static zo_status reduce_host_block(offload_t *rt, int b, int *k, dp_op op);
+static zo_status reduce_dev_block(offload_t *rt, int b, dp_op op, gpu_event_t after);
+
+/* ZeRO 0-1, the step's last micro-batch: one more addition to block b's
+ * sum; the last one reduces it at once (a device sum after the additions
+ * enqueued on s). */
+static zo_status added(offload_t *rt, int b, gpu_stream_t s)
+{
+    offload_dp *dp = rt->env.dp;
+    zo_status st;
+    if (!rt->reduce_now || ++rt->contrib[b] < rt->contrib_want[b] || !rt->numel[b]) return ZO_OK;
+    rt->reduced[b] = 1;
+    if (b < rt->dev_block) return reduce_host_block(rt, b, &rt->red_k, (dp_op)rt->red_op);
+    if ((st = gpu_event_record(dp->ev_in, s)) != ZO_OK) return st;
+    return reduce_dev_block(rt, b, (dp_op)rt->red_op, dp->ev_in);
+}
+
+/* ---- after a block's backward ------------------------------------------------------------ */
+
+/* One rank, ZeRO 0-1: add slot k's gradients of `block` to its device sum
+ * when its state is there (the same fp32 additions as the host's, so the
+ * same bits), else copy them out for the host to add. */
+static zo_status send_local(offload_t *rt, gpu_stream_t s, int k, int block, int own)
+{
+    zo_status st;
+    offload_gslot *g = &rt->gs[k];
+    size_t n = rt->numel[block], bytes = n * rt->g.es;
+    if (block >= rt->dev_block) {
+        float *acc = dev_sum(rt, block);
+        /* acc [n] fp32 += slot [n] model dtype, in stream order after backward;
+         * the slot is zeroed for its next block later on the same stream */
+        if (n && (st = gpu_add(s, gpu_t(acc, ZO_DTYPE_F32), gpu_t(acc, ZO_DTYPE_F32),
+                               gpu_t(g->dev, rt->m.dtype), n)) != ZO_OK)
+            return st;
+        g->block = -1;
+        return added(rt, block, s);
+    }
+    if ((st = gpu_event_record(g->done, s)) != ZO_OK ||
+        (st = gpu_stream_wait_event(rt->env.d2h, g->done)) != ZO_OK)
+        return st;
+    if (bytes && (st = gpu_memcpy_async(rt->env.d2h, g->host, g->dev, bytes, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK)
+        return st;
+    if ((st = gpu_event_record(g->copied, rt->env.d2h)) != ZO_OK) return st;
+    offload_add_bytes(&rt->acct, OFFLOAD_BYTES_D2H, bytes);
+    g->block = block;
+    g->n = n;
+    g->own = own;
+    return ZO_OK;
+}
+
+/* Elements of the rank's part in piece (first, q) of a part of pn. */
+static size_t mine_in(size_t pn, size_t first, size_t q)
+{
+    return first >= pn ? 0 : (pn - first < q ? pn - first : q);
+}
+
+/* Piece (first, q) of block b into bucket bk, every rank's share of it
+ * rank after rank, from `src` (n elements of dtype dt, device or host, by
+ * `kind`) in fp32, the padding zeroed; on stream s. */
+static zo_status pack_piece(offload_t *rt, gpu_stream_t s, int b, size_t n, const void *src, zo_dtype dt,
+                            gpu_copy_kind kind, size_t first, size_t q, float *bk)
+{
+    offload_dp *dp = rt->env.dp;
+    size_t es = zo_dtype_size(dt);
+    zo_status st;
+    for (int r = 0; r < dp->size; r++) {
+        size_t nr, at = offload_dp_piece_src(dp, b, n, r, first, q, &nr);
+        float *dst = bk + (size_t)r * q;
+        const char *from = (const char *)src + at * es;
+        if (!nr) st = ZO_OK;
+        else if (dt == ZO_DTYPE_F32) st = gpu_memcpy_async(s, dst, from, nr * 4, kind);
+        else st = gpu_cast(s, gpu_t(dst, ZO_DTYPE_F32), gpu_t((void *)from, dt), nr);
+        if (st != ZO_OK) return st;
+        if (nr < q && (st = gpu_memset_async(s, dst + nr, 0, (q - nr) * 4)) != ZO_OK) return st;
+    }
+    return ZO_OK;
+}
+
+/* ZeRO 2-3: slot k's gradients of `block` in fp32 into bucket k, piece by
+ * piece (one piece when the block fits), reduce-scattered in place; on the
+ * d2h stream (the compute goes on) the rank's piece is added to its device
+ * sum or copied out for the host. The slot's `copied` marks the bucket free. */
+static zo_status send_scatter(offload_t *rt, gpu_stream_t s, int k, int block, int own)
+{
+    offload_dp *dp = rt->env.dp;
+    offload_gslot *g = &rt->gs[k];
+    gpu_stream_t d2h = rt->env.d2h;
+    size_t n = rt->numel[block], pn = dp->part_n[block];
+    float *bk = dp->bucket[k], *mine = bk;
+    int dev = block >= rt->dev_block;
+    float *acc = dev && pn ? dev_sum(rt, block) : NULL;
+    zo_status st;
+    g->block = -1;
+    for (size_t j = 0; j < offload_dp_pieces(dp, block); j++) {
+        size_t first, q, real;
+        offload_dp_piece(dp, block, n, j, &first, &q, &real);
+        mine = bk + (size_t)dp->rank * q;
+        /* the bucket's previous piece has left it */
+        if (j && (st = gpu_stream_wait_event(s, g->copied)) != ZO_OK) return st;
+        if ((st = pack_piece(rt, s, block, n, g->dev, rt->m.dtype, GPU_COPY_DEVICE_TO_DEVICE, first, q, bk)) !=
+                ZO_OK ||
+            (st = gpu_event_record(dp->ev_in, s)) != ZO_OK ||
+            (st = offload_dp_collective(dp, DP_REDUCE_SCATTER, q, real, bk, ZO_DTYPE_F32, dp->ev_in, dp->ev_out)) !=
+                ZO_OK ||
+            (st = gpu_stream_wait_event(d2h, dp->ev_out)) != ZO_OK)
+            return st;
+        size_t m = mine_in(pn, first, q);
+        if (m && dev) st = gpu_add(d2h, gpu_t(acc + first, ZO_DTYPE_F32), gpu_t(acc + first, ZO_DTYPE_F32),
+                                   gpu_t(mine, ZO_DTYPE_F32), m);
+        else if (m) st = gpu_memcpy_async(d2h, (float *)g->host + first, mine, m * 4, GPU_COPY_DEVICE_TO_HOST);
+        if (st != ZO_OK) return st;
+        if (!dev) offload_add_bytes(&rt->acct, OFFLOAD_BYTES_D2H, m * 4);
+        if ((st = gpu_event_record(g->copied, d2h)) != ZO_OK) return st;
+    }
+    if (!dev && n) {
+        g->block = block;
+        g->n = pn;
+        g->own = own;
+    }
+    return ZO_OK;
+}
+
+zo_status offload_grads_send(offload_t *rt, gpu_stream_t s, int k, int block, int own)
+{
+    return rt->grads_send(rt, s, k, block, own);
+}
+
+/* ---- at the step: ZeRO 0-1 ---------------------------------------------------------- */
+
+/* Block b's host sum through the buckets (alternating, *k the next),
+ * piece by piece: in, reduced, the result (whole, or the rank's part at
+ * goff) back out; a bucket's event marks it free. */
+static zo_status reduce_host_block(offload_t *rt, int b, int *k, dp_op op)
+{
+    offload_dp *dp = rt->env.dp;
+    const offload_env *env = &rt->env;
+    size_t n = rt->numel[b], cap = dp->bucket_q * (size_t)dp->size;
+    float *sum = rt->grad + rt->aoff[b];
+    size_t pieces = op == DP_ALL_REDUCE ? (n + cap - 1) / cap : offload_dp_pieces(dp, b);
+    zo_status st;
+    for (size_t j = 0; j < pieces; j++, *k ^= 1) {
+        float *bk = dp->bucket[*k];
+        size_t first, q, real, out;
+        if ((st = offload_timed_wait(env, dp->bucket_ev[*k], OFFLOAD_TIME_GRADS)) != ZO_OK) return st;
+        if (op == DP_ALL_REDUCE) { /* contiguous pieces: no padding */
+            first = j * cap;
+            q = real = out = n - first < cap ? n - first : cap;
+            st = gpu_memcpy_async(env->h2d, bk, sum + first, q * 4, GPU_COPY_HOST_TO_DEVICE);
+        } else {
+            offload_dp_piece(dp, b, n, j, &first, &q, &real);
+            out = mine_in(dp->part_n[b], first, q);
+            st = pack_piece(rt, env->h2d, b, n, sum, ZO_DTYPE_F32, GPU_COPY_HOST_TO_DEVICE, first, q, bk);
+        }
+        if (st != ZO_OK) return st;
+        if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK ||
+            (st = offload_dp_collective(dp, op, q, real, bk, ZO_DTYPE_F32, dp->ev_in, dp->ev_out)) != ZO_OK ||
+            (st = gpu_stream_wait_event(env->d2h, dp->ev_out)) != ZO_OK)
+            return st;
+        if (op == DP_ALL_REDUCE) st = gpu_memcpy_async(env->d2h, sum + first, bk, out * 4, GPU_COPY_DEVICE_TO_HOST);
+        else if (out)
+            st = gpu_memcpy_async(env->d2h, rt->grad + rt->goff[b] + first, bk + (size_t)dp->rank * q, out * 4,
+                                  GPU_COPY_DEVICE_TO_HOST);
+        if (st != ZO_OK) return st;
+        offload_add_bytes(&rt->acct, OFFLOAD_BYTES_H2D, real * 4);
+        offload_add_bytes(&rt->acct, OFFLOAD_BYTES_D2H, out * 4);
+        if ((st = gpu_event_record(dp->bucket_ev[*k], env->d2h)) != ZO_OK) return st;
+    }
+    return ZO_OK;
+}
+
+/* Block b's device sum, reduced in place: all-reduced (ZeRO 0: the device
+ * shard holds the whole block) or reduce-scattered (ZeRO 1: the device
+ * shard reads its part there, offload_grads_dev_part), after `after` (the
+ * last addition; NULL at the step: the host waited for the compute). */
+static zo_status reduce_dev_block(offload_t *rt, int b, dp_op op, gpu_event_t after)
+{
+    return offload_dp_block(rt->env.dp, op, b, rt->numel[b], dev_sum(rt, b), ZO_DTYPE_F32, after, NULL);
+}
+
+float *offload_grads_dev_part(void *ctx, int b)
+{
+    offload_t *rt = ctx;
+    return rt->dfull + rt->dfoff[b] + rt->env.dp->part_off[b];
+}
+
+/* ZeRO 0-1 at the step: what the last micro-batch did not reduce (all of
+ * it when the step came after fewer than grad_accum), then every reduction
+ * done and its result in place. */
+static zo_status reduce_at_step(offload_t *rt)
+{
+    offload_dp *dp = rt->env.dp;
+    zo_status st = ZO_OK;
+    double t0 = offload_now();
+    for (int b = 0; b < rt->g.nb; b++) {
+        if (st == ZO_OK && rt->numel[b] && !rt->reduced[b]) {
+            if (b < rt->dev_block) st = reduce_host_block(rt, b, &rt->red_k, (dp_op)rt->red_op);
+            else st = reduce_dev_block(rt, b, (dp_op)rt->red_op, NULL);
+        }
+        rt->reduced[b] = 0;
+    }
+    zo_status sw = offload_dp_wait(dp);
+    if (st == ZO_OK) st = sw;
+    sw = gpu_stream_synchronize(rt->env.d2h);
+    if (st == ZO_OK) st = sw;
+    offload_add_time(&rt->acct, OFFLOAD_TIME_COMM, offload_now() - t0);
+    return st;
+}
+
+/* ZeRO 2-3 reduced each block as it came; one rank has nothing to reduce. */
+static zo_status reduce_none(offload_t *rt)
+{
+    return offload_dp_wait(rt->env.dp);
+}
+
+zo_status offload_grads_reduce(offload_t *rt) { return rt->grads_reduce(rt); }
+
+/* ---- allocation ---------------------------------------------------------------------- */
+
+/* Where the sums live (aoff, goff, grad_n; dfull), and which functions
+ * send and reduce them. */
+static zo_status layout(offload_t *rt)
+{
+    offload_dp *dp = rt->env.dp;
+    int nb = rt->g.nb, stage = dp ? dp->stage : 0;
+    rt->aoff = calloc((size_t)nb, sizeof(size_t));
+    rt->goff = calloc((size_t)nb, sizeof(size_t));
+    if (!rt->aoff || !rt->goff) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    rt->grads_send = send_local;
+    rt->grads_reduce = reduce_none;
+    rt->red_op = -1;
+    rt->ghost_dtype = rt->m.dtype;
+    rt->ghost_bytes = rt->g.slot_bytes;
+    size_t o = 0;
+    if (dp && stage <= 1) {
+        /* a block's sum is complete after its own backward and those of
+         * the blocks reading its weights */
+        rt->contrib = calloc((size_t)nb, sizeof *rt->contrib);
+        rt->contrib_want = calloc((size_t)nb, sizeof *rt->contrib_want);
+        rt->reduced = calloc((size_t)nb, 1);
+        if (!rt->contrib || !rt->contrib_want || !rt->reduced)
+            return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+        for (int b = 0; b < nb; b++) {
+            rt->contrib_want[b]++;
+            if (rt->dep[b] >= 0) rt->contrib_want[rt->dep[b]]++;
+        }
+        rt->grads_reduce = reduce_at_step;
+        rt->red_op = stage == 0 ? DP_ALL_REDUCE : DP_REDUCE_SCATTER;
+    }
+    if (!dp || stage == 0) {
+        for (int b = 0; b < nb; b++) rt->aoff[b] = rt->goff[b] = rt->off[b];
+        rt->grad_n = rt->off[rt->dev_block];
+        return ZO_OK;
+    }
+    if (stage == 1) {
+        /* whole blocks summed, padded, the rank's part reduced in place */
+        for (int b = 0; b < rt->dev_block; b++) {
+            rt->aoff[b] = o;
+            rt->goff[b] = o + dp->part_off[b];
+            o += dp->pad[b];
+        }
+        rt->grad_n = o;
+        size_t d = 0;
+        rt->dfoff = calloc((size_t)nb, sizeof(size_t));
+        if (!rt->dfoff) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+        for (int b = rt->dev_block; b < nb; b++) {
+            rt->dfoff[b] = d;
+            d += dp->pad[b];
+        }
+        rt->dfull_n = d;
+        return ZO_OK;
+    }
+    /* ZeRO 2-3: the rank's parts only, reduced as backward produces them */
+    for (int b = 0; b < nb; b++) rt->aoff[b] = rt->goff[b] = dp->loc_off[b];
+    rt->grad_n = dp->loc_off[rt->dev_block];
+    rt->grads_send = send_scatter;
+    rt->ghost_dtype = ZO_DTYPE_F32;
+    rt->ghost_bytes = rt->og.largest * 4;
+    return ZO_OK;
+}
+
+zo_status offload_grads_init(offload_t *rt)
+{
+    zo_status st;
+    const offload_env *env = &rt->env;
+    size_t sb = rt->g.slot_bytes;
+    if ((st = layout(rt)) != ZO_OK) return st;
+    /* the pinned halves, one buffer, when some gradient goes to the host */
+    size_t hb = rt->ghost_bytes;
+    void *pinned = NULL;
+    if (rt->off[rt->dev_block] && hb && (st = offload_host_alloc(env, OFFLOAD_GRAD_SLOTS * hb, 1, &pinned)) != ZO_OK)
+        return zo_error_wrap(st, "offload_init: pinned gradient buffers");
+    rt->ghost_pinned = pinned ? OFFLOAD_GRAD_SLOTS * hb : 0;
+    for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) {
+        offload_gslot *g = &rt->gs[k];
+        g->block = -1;
+        g->host = pinned ? (char *)pinned + (size_t)k * hb : NULL;
+        if ((st = gpu_mem_alloc(env->dev, sb, &g->dev)) != ZO_OK)
+            return zo_error_wrap(st, "offload_init: device gradient buffer (%zu bytes)", sb);
+        if ((st = gpu_event_create(env->dev, &g->done)) != ZO_OK) return st;
+        if ((st = gpu_event_create(env->dev, &g->copied)) != ZO_OK) return st;
+    }
+    /* the host's fp32 sums; the device shard keeps its own */
+    if ((st = offload_host_alloc(env, rt->grad_n * sizeof(float), 0, (void **)&rt->grad)) != ZO_OK)
+        return zo_error_wrap(st, "offload_init: fp32 gradients");
+    if (rt->grad_n) memset(rt->grad, 0, rt->grad_n * sizeof(float));
+    if (!(rt->grad_fresh = calloc((size_t)rt->g.nb, 1))) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    if (rt->dfull_n && (st = gpu_mem_alloc(env->dev, rt->dfull_n * sizeof(float), (void **)&rt->dfull)) != ZO_OK)
+        return zo_error_wrap(st, "offload_init: unreduced fp32 gradients of the device share (ZeRO-1, %zu bytes)",
+                             rt->dfull_n * sizeof(float));
+    return ZO_OK;
+}
+
+void offload_grads_free(offload_t *rt)
+{
+    gpu_device_t d = rt->env.dev;
+    const offload_env *env = &rt->env;
+    for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) {
+        gpu_mem_free(d, rt->gs[k].dev);
+        if (rt->gs[k].done) gpu_event_destroy(rt->gs[k].done);
+        if (rt->gs[k].copied) gpu_event_destroy(rt->gs[k].copied);
+    }
+    offload_host_free(env, rt->gs[0].host, rt->ghost_pinned, 1);
+    offload_host_free(env, rt->grad, rt->grad_n * sizeof(float), 0);
+    gpu_mem_free(d, rt->dfull);
+    free(rt->aoff);
+    free(rt->goff);
+    free(rt->dfoff);
+    free(rt->contrib);
+    free(rt->contrib_want);
+    free(rt->reduced);
+    free(rt->grad_fresh);
+}

@@ -1,0 +1,42 @@
+#include "tests/support/runtime_plan.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+void runtime_plan_train(plan_train *t, const zo_model_config *m, zo_dtype dt, int B, int T,
+                        const offload_config *oc, int ranks)
+{
+    plan_train_defaults(t, m);
+    t->seq = T;
+    t->micro_batch = B;
+    t->grad_accum = oc->grad_accum ? oc->grad_accum : 1;
+    t->dtype = t->grad_dtype = dt;
+    t->recompute = oc->recompute ? PLAN_RECOMPUTE_FULL : PLAN_RECOMPUTE_NONE;
+    t->dropout = 0;
+    t->flash_attn = 1;
+    t->params_on = (plan_tier)oc->params_on;
+    /* the runtime sums a gradient where its optimizer state lives */
+    t->grads_on = oc->opt_frac[OFFLOAD_DEVICE] > 0 ? PLAN_GPU : PLAN_CPU;
+    /* the runtime sums the gradients of a device optimizer share in fp32:
+     * such a plan is made with --grad-dtype fp32 */
+    if (oc->opt_frac[OFFLOAD_DEVICE] > 0) t->grad_dtype = ZO_DTYPE_F32;
+    t->checkpoints_on = (plan_tier)oc->checkpoints_on;
+    for (int i = 0; i < PLAN_TIERS; i++) t->opt_frac[i] = oc->opt_frac[i];
+    t->buf.cuda_context = t->buf.cublas_workspace = 0;
+    t->buf.fragmentation = 0;
+    t->buf.prefetch_depth = oc->prefetch_depth;
+    t->buf.sub_group = oc->sub_group;
+    t->buf.swap_buffers = oc->swap_buffers ? oc->swap_buffers : 3;
+    if (oc->comm_bucket) t->buf.comm_bucket = oc->comm_bucket;
+    t->dp = ranks;
+    t->zero = ranks > 1 ? oc->zero_stage : 0; /* one rank: nothing partitioned */
+}
+
+void runtime_plan_estimate(const zo_model_config *m, const plan_train *t, plan_estimate *e)
+{
+    plan_hw hw = {.gpus = t->dp, .gpus_per_node = t->dp, .gpu_mem = 1ull << 40, .cpu_mem = 1ull << 40,
+                  .nvme = 1ull << 40};
+    assert_int_equal(plan_estimate_run(m, &hw, t, e), ZO_OK);
+}

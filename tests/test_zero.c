@@ -1,0 +1,684 @@
+/* ZeRO data parallelism in the runtime (offload_config.comm, zero_stage),
+ * on the CPU device backend with the MPI communicator: run under mpiexec
+ * (tests/run_mpi.sh) with 2 and 4 ranks; run plainly it checks that a
+ * one-rank communicator changes nothing.
+ *
+ * - Losses: for ZeRO 0-3, the optimizer state in memory and on NVMe, N
+ *   ranks with micro-batch b against one rank with grad-accum N over the
+ *   same global batches (rank r reads micro-batch r of each step): within
+ *   1e-6 relative per step over 20 steps; bit-identical with 2 ranks and no
+ *   clipping (every sum is one fp32 addition, commutative); not with 4
+ *   ranks (the backend's reduction order), nor with a clip that triggers
+ *   and a partitioned optimizer (each rank's sum of squares over its parts).
+ *   ZeRO 0's replicas stay identical across ranks.
+ * - Memory: each rank's peak per tier against memplan's estimate for
+ *   --dp N --zero S, within 3%; the optimizer state per rank falls as 1/N.
+ * - Communication: elements per step counted by the runtime equal the ZeRO
+ *   paper's (2 Psi for stages 0-2, 3 Psi for stage 3, the blocks the
+ *   backward found still gathered counted as sent) and the planner's.
+ * Run plainly (one rank), it also launches `train` under mpiexec:
+ * - 2 ranks from memplan plans for ZeRO 0-3 print the losses of one rank
+ *   with grad-accum 2, and each rank's peaks within 3% of the plan's;
+ * - a rank killed mid-step: every other rank ends within the timeout plus a
+ *   few seconds. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gpu/comm.h"                  /* defines: comm_init */
+#include "offload/offload.h"           /* defines: offload_init */
+#include "planner/cost.h"              /* defines: plan_dp_comm_elems */
+#include "planner/memory.h"            /* defines: plan_estimate_run */
+#include "tests/support/models.h"      /* defines: tiny_model, tiny_batch */
+#include "tests/support/runtime_plan.h" /* defines: runtime_plan_train, runtime_plan_estimate */
+#include "transformer/offload_model.h" /* defines: tf_offload_model */
+
+#define STEPS 20
+#define THREADS 1
+
+static comm_t comm;
+static int rank, ranks;
+static gpu_device_t dev;
+static char nvme_dir[256];
+
+typedef struct dp_run {
+    zo_model_config cfg;
+    zo_dtype dt;
+    int B, T, steps;
+    offload_config oc;  /* comm NULL: one rank */
+    int data_ranks;     /* rank r of R reads micro-batches (k R + r) A + j of step k */
+    double loss[STEPS]; /* mean over the global batch, summed in rank order */
+    float norm[STEPS];
+    offload_stats stats;
+    uint64_t comm_per_step, reused_per_step; /* the last step's */
+    double weights_sum;  /* of the last block's fp32 master after training */
+} dp_run;
+
+static void base_config(offload_config *c)
+{
+    offload_config_defaults(c);
+    c->adam = (offload_adamw){.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                              .weight_decay = 0.1f, .clip = 1.0f};
+    c->n_threads = THREADS;
+    c->sub_group = 4096;
+    c->nvme_dir = nvme_dir;
+}
+
+static zo_status train(dp_run *r)
+{
+    gpu_stream_t s;
+    assert_int_equal(gpu_stream_create(dev, &s), ZO_OK);
+    tf_model m;
+    tf_options to = {.recompute = r->oc.recompute, .external_res = 1};
+    assert_int_equal(tf_init_opts(&m, &r->cfg, dev, r->dt, r->B, r->T, &to), ZO_OK);
+    tf_offload_model tm;
+    assert_int_equal(tf_offload_model_init(&tm, &m), ZO_OK);
+    offload_t *rt = NULL;
+    zo_status st = offload_init(&rt, dev, &tm.om, &r->oc);
+    if (st != ZO_OK) {
+        fprintf(stderr, "offload_init: %s\n", zo_last_error());
+        goto out_model;
+    }
+    gpu_mem_reset_peak(dev);
+    const model_layout *l = &m.layout;
+    float **w = calloc((size_t)l->n_blocks, sizeof(float *));
+    for (int b = 0; b < l->n_blocks; b++) w[b] = calloc(l->block_numel[b] + 1, sizeof(float));
+    tf_init_weights(l, w, 1234);
+    assert_int_equal(offload_set_weights(rt, (const float *const *)w), ZO_OK);
+    int A = r->oc.grad_accum ? r->oc.grad_accum : 1, R = r->data_ranks, me = r->oc.comm ? rank : 0;
+    int32_t *in = malloc((size_t)r->B * r->T * 4), *tg = malloc((size_t)r->B * r->T * 4);
+    double *all = calloc((size_t)R, sizeof(double));
+    offload_stats before;
+    for (int k = 0; k < r->steps; k++) {
+        double sum = 0;
+        offload_get_stats(rt, &before);
+        for (int j = 0; j < A; j++) {
+            tiny_batch(r->cfg.vocab, r->B, r->T, ((int64_t)k * R + me) * A + j, in, tg);
+            float loss;
+            assert_int_equal(tf_set_batch(&m, s, in, tg, r->B, r->T), ZO_OK);
+            assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
+            assert_int_equal(tf_loss(&m, s, &loss), ZO_OK);
+            sum += loss;
+        }
+        offload_step_info info;
+        assert_int_equal(offload_step(rt, &info), ZO_OK);
+        r->norm[k] = info.grad_norm;
+        offload_stats after;
+        offload_get_stats(rt, &after);
+        r->comm_per_step = after.comm_elems - before.comm_elems;
+        r->reused_per_step = after.comm_reused_elems - before.comm_reused_elems;
+        int nr = r->oc.comm ? ranks : 1;
+        assert_int_equal(offload_gather(rt, &sum, sizeof sum, all), ZO_OK);
+        double tot = 0;
+        for (int i = 0; i < nr; i++) tot += all[i];
+        r->loss[k] = tot / (A * R);
+    }
+    offload_get_stats(rt, &r->stats);
+    /* every rank reads the whole last block back (gathered when partitioned) */
+    int lb = l->n_blocks - 1;
+    assert_int_equal(offload_get_block(rt, lb, w[lb]), ZO_OK);
+    r->weights_sum = 0;
+    for (size_t i = 0; i < l->block_numel[lb]; i++) r->weights_sum += w[lb][i] * (double)(i % 7 + 1);
+    for (int b = 0; b < l->n_blocks; b++) free(w[b]);
+    free(w);
+    free(in);
+    free(tg);
+    free(all);
+    offload_free(rt);
+out_model:
+    tf_offload_model_free(&tm);
+    tf_free(&m);
+    gpu_stream_destroy(s);
+    return st;
+}
+
+/* One double from every rank, in rank order (the test's own collective). */
+static void gather_doubles(double mine, double *all)
+{
+    if (ranks == 1) {
+        all[0] = mine;
+        return;
+    }
+    /* host buffers: the MPI communicator on the CPU device */
+    assert_int_equal(comm_all_gather(comm, &mine, all, 2, ZO_DTYPE_F32, NULL, NULL), ZO_OK);
+}
+
+/* The same global batches on one rank: grad-accum R x A (rank 0 only). */
+static void reference(const dp_run *r, dp_run *ref)
+{
+    *ref = *r;
+    ref->oc.comm = NULL;
+    ref->oc.zero_stage = 0;
+    ref->oc.grad_accum = (r->oc.grad_accum ? r->oc.grad_accum : 1) * r->data_ranks;
+    ref->data_ranks = 1;
+    assert_int_equal(train(ref), ZO_OK);
+}
+
+static dp_run small_run(int stage, double nvme, float clip)
+{
+    dp_run r = {.cfg = tiny_model(ZO_ARCH_LLAMA, 2, 32, 64, 64), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = STEPS};
+    base_config(&r.oc);
+    r.oc.comm = comm;
+    r.oc.zero_stage = stage;
+    r.oc.opt_frac[OFFLOAD_CPU] = nvme < 0 ? 0.5 : 1 - nvme; /* nvme < 0: half on the device */
+    r.oc.opt_frac[OFFLOAD_NVME] = nvme < 0 ? 0 : nvme;
+    r.oc.opt_frac[OFFLOAD_DEVICE] = nvme < 0 ? 0.5 : 0;
+    r.oc.adam.clip = clip;
+    r.data_ranks = ranks;
+    return r;
+}
+
+/* Losses of N ranks against one rank with grad-accum N. */
+static void test_losses(void **state)
+{
+    (void)state;
+    /* fp32 weights: a last-bit difference of a sum stays a last-bit
+     * difference; bf16 weights round the master to 8 bits, so one flips a
+     * weight's rounding now and then (a 2^-8 change) and only bit-identical
+     * runs compare within 1e-6: 2 ranks (one fp32 addition, commutative),
+     * no clipping (the partitioned sum of squares differs in its last bits) */
+    struct {
+        zo_dtype dt;
+        double nvme;
+        float clip;
+        offload_tier params; /* stage 3's */
+        int max_ranks;
+        size_t bucket;       /* elements (1000: every block in pieces) */
+        int gpt;             /* GPT-2: the head reads the embedding (tied) */
+    } v[] = {{ZO_DTYPE_F32, 0, 1.0f, OFFLOAD_DEVICE, 64, 0, 0},
+             {ZO_DTYPE_F32, 1.0, 1.0f, OFFLOAD_NVME, 64, 1000, 0},
+             {ZO_DTYPE_F32, -1, 1.0f, OFFLOAD_CPU, 64, 0, 0},
+             {ZO_DTYPE_F32, 0, 1.0f, OFFLOAD_CPU, 64, 1000, 1},
+             {ZO_DTYPE_BF16, 0, 0.0f, OFFLOAD_CPU, 2, 1000, 0},
+             {ZO_DTYPE_BF16, 1.0, 0.0f, OFFLOAD_DEVICE, 2, 0, 0},
+             {ZO_DTYPE_BF16, -1, 0.0f, OFFLOAD_NVME, 2, 1000, 0}};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        dp_run ref;
+        int have_ref = 0;
+        if (ranks > v[i].max_ranks) continue;
+        for (int stage = 0; stage <= 3; stage++) {
+            dp_run r = small_run(stage, v[i].nvme, v[i].clip);
+            r.dt = v[i].dt;
+            r.oc.comm_bucket = v[i].bucket;
+            if (v[i].gpt) r.cfg = tiny_model(ZO_ARCH_GPT, 2, 32, 64, 64);
+            if (stage == 3) r.oc.params_on = v[i].params;
+            zo_status st = train(&r);
+            if (st == ZO_ERR_UNSUPPORTED) continue; /* NVMe without the nvme module */
+            assert_int_equal(st, ZO_OK);
+            /* the master weights agree on every rank (ZeRO 0: every rank's
+             * own replica; 1-3: the gathered parts) */
+            double *sums = calloc((size_t)ranks, sizeof *sums);
+            gather_doubles(r.weights_sum, sums);
+            for (int q = 1; q < ranks; q++) assert_true(sums[q] == sums[0]);
+            free(sums);
+            if (rank != 0) continue;
+            if (!have_ref) {
+                reference(&r, &ref);
+                have_ref = 1;
+            }
+            int same = 0;
+            double worst = 0;
+            for (int k = 0; k < STEPS; k++) {
+                double rel = fabs(r.loss[k] - ref.loss[k]) / fabs(ref.loss[k]);
+                if (rel > worst) worst = rel;
+                same += r.loss[k] == ref.loss[k];
+            }
+            printf("  ZeRO-%d, %d ranks, %s%s, optimizer %s, clip %g%s%s: %d of %d steps bit-identical, worst "
+                   "%.2e relative (loss %.6f -> %.6f)\n",
+                   stage, ranks, v[i].gpt ? "GPT-2 (tied), " : "", zo_dtype_name(v[i].dt), v[i].nvme < 0 ? "cpu+gpu" : v[i].nvme ? "nvme" : "cpu",
+                   v[i].clip,
+                   stage == 3 ? (v[i].params == OFFLOAD_DEVICE ? ", weights gpu"
+                                 : v[i].params == OFFLOAD_CPU  ? ", weights cpu"
+                                                               : ", weights nvme")
+                              : "",
+                   v[i].bucket ? ", buckets of 1000" : "", same, STEPS, worst, r.loss[0], r.loss[STEPS - 1]);
+            if (worst > 1e-6 || getenv("ZO_TEST_VERBOSE"))
+                for (int k = 0; k < STEPS; k++)
+                    printf("    step %2d loss %.9f ref %.9f norm %.7f ref %.7f\n", k, r.loss[k], ref.loss[k],
+                           r.norm[k], ref.norm[k]);
+            assert_true(worst <= 1e-6);
+            if (ranks <= 2 && v[i].clip == 0) assert_int_equal(same, STEPS);
+        }
+    }
+}
+
+/* memplan's estimate for run r: --dp N --zero S. */
+static void plan_for(const dp_run *r, plan_estimate *e)
+{
+    plan_train t;
+    runtime_plan_train(&t, &r->cfg, r->dt, r->B, r->T, &r->oc, r->oc.comm ? ranks : 1);
+    runtime_plan_estimate(&r->cfg, &t, e);
+}
+
+/* Each rank's peak per tier against memplan --dp N --zero S, within 3%;
+ * the optimizer state per rank is 1/N of the model's (ZeRO 1-3). */
+static void test_memory(void **state)
+{
+    (void)state;
+    struct {
+        int stage;
+        offload_tier params;
+        double nvme, dev;
+        int recompute;
+        offload_tier ckpt;
+        size_t bucket;
+    } v[] = {
+        {0, OFFLOAD_DEVICE, 0, 0, 0, OFFLOAD_DEVICE, 0}, {1, OFFLOAD_DEVICE, 0, 0, 0, OFFLOAD_DEVICE, 0},
+        {1, OFFLOAD_DEVICE, 1, 0, 1, OFFLOAD_CPU, 0},    {2, OFFLOAD_DEVICE, 0, 0, 0, OFFLOAD_DEVICE, 0},
+        {2, OFFLOAD_DEVICE, 0.5, 0, 1, OFFLOAD_CPU, 0},  {3, OFFLOAD_DEVICE, 0, 0, 0, OFFLOAD_DEVICE, 0},
+        {3, OFFLOAD_CPU, 0, 0, 1, OFFLOAD_CPU, 0},       {3, OFFLOAD_NVME, 1, 0, 1, OFFLOAD_CPU, 0},
+        {2, OFFLOAD_DEVICE, 0, 1, 0, OFFLOAD_DEVICE, 0}, {3, OFFLOAD_CPU, 0, 1, 1, OFFLOAD_CPU, 0},
+        {1, OFFLOAD_DEVICE, 0, 1, 0, OFFLOAD_DEVICE, 0}, {0, OFFLOAD_CPU, 0.5, 0, 1, OFFLOAD_CPU, 0},
+        {2, OFFLOAD_DEVICE, 0, 0, 0, OFFLOAD_DEVICE, 20000},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        dp_run r = {.cfg = tiny_model(ZO_ARCH_LLAMA, 8, 128, 512, 64), .dt = ZO_DTYPE_BF16, .B = 2, .T = 32, .steps = 2};
+        base_config(&r.oc);
+        r.oc.comm = comm;
+        r.oc.zero_stage = v[i].stage;
+        r.oc.sub_group = 50000;
+        r.oc.params_on = v[i].params;
+        r.oc.opt_frac[OFFLOAD_CPU] = 1 - v[i].nvme - v[i].dev;
+        r.oc.opt_frac[OFFLOAD_NVME] = v[i].nvme;
+        r.oc.opt_frac[OFFLOAD_DEVICE] = v[i].dev;
+        r.oc.recompute = v[i].recompute;
+        r.oc.checkpoints_on = v[i].ckpt;
+        r.oc.comm_bucket = v[i].bucket;
+        r.data_ranks = ranks;
+        zo_status st = train(&r);
+        if (st == ZO_ERR_UNSUPPORTED) continue;
+        assert_int_equal(st, ZO_OK);
+        plan_estimate e;
+        plan_for(&r, &e);
+        int bad = 0;
+        char line[512];
+        int n = snprintf(line, sizeof line, "  rank %d of %d, ZeRO-%d, weights %s, optimizer cpu %.1f nvme %.1f gpu %.1f:",
+                         rank, ranks, v[i].stage, offload_tier_name(v[i].params), 1 - v[i].nvme - v[i].dev,
+                         v[i].nvme, v[i].dev);
+        for (int t = 0; t < PLAN_TIERS; t++) {
+            uint64_t want = e.total[t];
+            double ratio = want ? (double)r.stats.peak[t] / (double)want : 0;
+            n += snprintf(line + n, sizeof line - (size_t)n, " %s %llu/%llu (%.4f)", plan_tier_name((plan_tier)t),
+                          (unsigned long long)r.stats.peak[t], (unsigned long long)want, ratio);
+            if (want ? !(ratio > 0.97 && ratio < 1.03) : r.stats.peak[t] != 0) bad++;
+        }
+        /* the optimizer state: 1/N of the model's (each block's part, padded) */
+        uint64_t opt = 0, whole = 12 * (uint64_t)e.params;
+        for (int t = 0; t < OFFLOAD_TIERS; t++) opt += r.stats.optimizer_bytes[t];
+        int parts = v[i].stage >= 1 && ranks > 1;
+        uint64_t want_opt = parts ? whole / (uint64_t)ranks : whole;
+        n += snprintf(line + n, sizeof line - (size_t)n, "; optimizer %llu = 1/%d of %llu", (unsigned long long)opt,
+                      parts ? ranks : 1, (unsigned long long)whole);
+        if (parts ? llabs((long long)opt - (long long)want_opt) > 12LL * 10 * ranks : opt != whole) bad++;
+        printf("%s\n", line);
+        if (bad && rank == 0)
+            for (int k = 0; k < e.n_items; k++)
+                printf("    memplan: %-5s %-60s %llu\n", plan_tier_name(e.items[k].tier), e.items[k].name,
+                       (unsigned long long)e.items[k].bytes);
+        assert_int_equal(bad, 0);
+    }
+}
+
+/* Elements per step counted by the runtime against the ZeRO paper's count
+ * and the planner's (plan_dp_comm_elems): one micro-batch per rank, an
+ * untied model (a tied head reads the embedding a second time). */
+static void test_comm_volume(void **state)
+{
+    (void)state;
+    if (ranks < 2) skip();
+    for (int stage = 0; stage <= 3; stage++)
+        for (int accum = 1; accum <= 2; accum++) {
+            dp_run r = small_run(stage, 0, 1.0f);
+            r.oc.comm_bucket = accum == 2 ? 1000 : 0; /* in pieces: the same count */
+            r.steps = 3;
+            r.oc.grad_accum = accum;
+            r.oc.prefetch_depth = 1;
+            assert_int_equal(train(&r), ZO_OK);
+            uint64_t psi = 0;
+            tf_model m;
+            (void)m;
+            plan_train t;
+            plan_train_defaults(&t, &r.cfg);
+            t.dp = ranks;
+            t.zero = stage;
+            t.grad_accum = accum;
+            psi = zo_model_params(&r.cfg);
+            double ge, we;
+            plan_dp_comm_elems(&t, (double)psi, &ge, &we);
+            uint64_t paper = stage <= 2 ? 2 * psi : 3 * psi; /* one micro-batch */
+            uint64_t got = r.comm_per_step + r.reused_per_step;
+            if (rank == 0)
+                printf("  ZeRO-%d, %d ranks, grad-accum %d: %llu elements a step (%llu sent, %llu found still "
+                       "gathered), Psi = %llu: %.3f Psi; memplan %.3f Psi; padding %llu\n",
+                       stage, ranks, accum, (unsigned long long)got, (unsigned long long)r.comm_per_step,
+                       (unsigned long long)r.reused_per_step, (unsigned long long)psi, (double)got / (double)psi,
+                       (ge + we) / (double)psi, (unsigned long long)r.stats.comm_pad_elems / 3);
+            assert_true((double)got == ge + we);
+            if (accum == 1) assert_true(got == paper);
+        }
+}
+
+/* ---- train under mpiexec (run from the plain test) ------------------------------------ */
+
+#define TIMEOUT_S 3
+#define SLACK_S 20 /* launch and teardown of mpiexec on a loaded 2-core machine */
+
+static char tmp_dir[256];
+
+static const char tiny_config[] =
+    "{\"model_type\": \"llama\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
+    "\"vocab_size\": 256, \"max_position_embeddings\": 64}";
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Run `cmd` (stdout and stderr), its exit status (128 + signal), its time. */
+static int run_timed(const char *cmd, char *out, size_t cap, double *seconds)
+{
+    double t0 = now_s();
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t len = 0, got;
+    while (len + 1 < cap && (got = fread(out + len, 1, cap - 1 - len, p)) > 0) len += got;
+    out[len] = '\0';
+    char sink[4096];
+    while (fread(sink, 1, sizeof sink, p) > 0) {}
+    int st = pclose(p);
+    if (seconds) *seconds = now_s() - t0;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void write_inputs(void)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", tmp_dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(tiny_config, f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/text.txt", tmp_dir);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 3000; i++) fprintf(f, "the quick brown fox %d jumps. ", i % 17);
+    fclose(f);
+}
+
+/* `train` on the tiny model and text: on `np` ranks (0: no launcher) with
+ * the extra flags; env: variables before the command. */
+static int train_run(int np, const char *env, const char *mpi_flags, const char *extra, char *out, size_t cap,
+                     double *seconds)
+{
+    char cmd[4096], launch[1024] = "";
+    if (np)
+        snprintf(launch, sizeof launch, "ZO_MPIEXEC_FLAGS='%s' %s %s %d", mpi_flags, ZO_RUN_MPI, ZO_MPIEXEC, np);
+    snprintf(cmd, sizeof cmd,
+             "%s %s %s --model %s/config.json --data %s/text.txt --text --threads 1 --micro-batch 2 --seq 32 "
+             "--dtype bf16 %s 2>&1",
+             env, launch, ZO_TRAIN_BIN, tmp_dir, tmp_dir, extra);
+    return run_timed(cmd, out, cap, seconds);
+}
+
+/* The "step K loss X" prefixes of train's output, one a line. */
+static void step_losses(const char *out, char *dst, size_t cap)
+{
+    size_t n = 0;
+    dst[0] = 0;
+    for (const char *p = strstr(out, "step "); p; p = strstr(p + 1, "\nstep ")) {
+        if (*p == '\n') p++;
+        const char *e = strstr(p, " norm");
+        if (!e || (size_t)(e - p) + 2 > cap - n) break;
+        memcpy(dst + n, p, (size_t)(e - p));
+        n += (size_t)(e - p);
+        dst[n++] = '\n';
+        dst[n] = 0;
+    }
+}
+
+/* Two ranks from a memplan plan (--dp 2 --zero S) against one rank with
+ * grad-accum 2: the same losses; each rank's peaks within 3% of the plan's. */
+static void test_train_ranks(void **state)
+{
+    (void)state;
+    if (ranks > 1) skip(); /* launched from the plain run */
+    static char out[1 << 16];
+    char ref[4096], got[4096], cmd[2048], plan[512];
+    int rc = train_run(0, "", "", "--steps 6 --clip 0 --grad-accum 2", out, sizeof out, NULL);
+    if (rc) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    step_losses(out, ref, sizeof ref);
+    assert_non_null(strstr(ref, "step 5 loss"));
+    const char *place[4] = {"--params gpu --optimizer cpu", "--params gpu --optimizer nvme",
+                            "--params gpu --optimizer cpu", "--params cpu --optimizer cpu"};
+    for (int stage = 0; stage <= 3; stage++) {
+        snprintf(plan, sizeof plan, "%s/plan%d.json", tmp_dir, stage);
+        snprintf(cmd, sizeof cmd,
+                 "%s estimate --model %s/config.json --gpu-mem 64MiB --cpu-mem 1GiB --nvme 1GiB --seq 32 "
+                 "--micro-batch 2 --dtype bf16 --grads cpu %s --cuda-context 0 --cublas-workspace 0 "
+                 "--fragmentation 0 --no-dropout --dp 2 --zero %d --plan-out %s 2>&1",
+                 ZO_MEMPLAN_BIN, tmp_dir, place[stage], stage, plan);
+        rc = run_timed(cmd, out, sizeof out, NULL);
+        if (rc) fprintf(stderr, "%s\n", out);
+        assert_int_equal(rc, 0);
+        char extra[1024];
+        snprintf(extra, sizeof extra, "--steps 6 --clip 0 --plan %s --nvme-dir %s", plan, tmp_dir);
+        rc = train_run(2, "", "", extra, out, sizeof out, NULL);
+        step_losses(out, got, sizeof got);
+        printf("  ZeRO-%d (%s), 2 ranks: %s\n", stage, place[stage], strcmp(got, ref) ? "LOSSES DIFFER" : "the losses of one rank with grad-accum 2");
+        if (rc || strcmp(got, ref)) fprintf(stderr, "%s\nwanted:\n%s", out, ref);
+        assert_int_equal(rc, 0);
+        assert_string_equal(got, ref);
+        /* every rank's peaks, printed by rank 0 beside the plan's */
+        for (int r = 0; r < 2; r++) {
+            char who[64];
+            snprintf(who, sizeof who, "# rank %d of 2: peak bytes per tier:", r);
+            const char *line = strstr(out, who);
+            assert_non_null(line);
+            const char *nl = strchr(line, '\n');
+            printf("  %.*s\n", (int)(nl - line), line);
+            int checked = 0;
+            for (const char *p = strstr(line, "(plan "); p && p < nl; p = strstr(p + 1, "(plan ")) {
+                const char *c = strchr(p, ',');
+                double pct = atof(c + 2);
+                assert_true(pct > 97.0 && pct < 103.0);
+                checked++;
+            }
+            assert_true(checked >= 2);
+        }
+    }
+    /* a plan for 2 ranks on 3 is refused by every rank, naming both */
+    char extra[1024];
+    snprintf(extra, sizeof extra, "--steps 1 --plan %s/plan2.json", tmp_dir);
+    rc = train_run(3, "", "", extra, out, sizeof out, NULL);
+    printf("  the plan for 2 ranks on 3: exit %d\n", rc);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(out, "the plan is for 2 ranks (parallel.dp 2 x tp 1 x pp 1); this run has 3"));
+    assert_null(strstr(out, "step 0 "));
+}
+
+/* The losses of train's "step K loss X" lines, by step (nan where absent). */
+static void parse_losses(const char *out, double *loss, int n)
+{
+    for (int k = 0; k < n; k++) loss[k] = NAN;
+    for (const char *p = out; (p = strstr(p, "step ")); p++) {
+        if (p != out && p[-1] != '\n') continue;
+        int k;
+        double x;
+        if (sscanf(p, "step %d loss %lf", &k, &x) == 2 && k >= 0 && k < n) loss[k] = x;
+    }
+}
+
+/* Steps [from, to) of got against want: within 1e-6 relative (the printed
+ * digits: 6 decimals of a loss near 5). */
+static void assert_losses_close(const double *got, const double *want, int from, int to, const char *what)
+{
+    double worst = 0;
+    for (int k = from; k < to; k++) {
+        double rel = fabs(got[k] - want[k]) / fabs(want[k]);
+        if (!(rel <= worst)) worst = rel;
+    }
+    printf("  %s: steps %d-%d within %.1e of the uninterrupted run's\n", what, from, to - 1, worst);
+    assert_true(worst <= 1e-6);
+}
+
+/* A checkpoint of 4 ranks (ZeRO 0: one rank's form; 1-3: a shard per rank
+ * and a manifest) resumed on 4, 2 and 1 ranks with the same global batch:
+ * the losses go on as the uninterrupted 4-rank run's. */
+static void test_train_resume(void **state)
+{
+    (void)state;
+    if (ranks > 1) skip();
+    static char out[1 << 16];
+    char extra[2048], dir[512];
+    const char *place[4] = {"", "--optimizer-on nvme", "--optimizer-on cpu=0.5,gpu=0.5", "--params-on cpu"};
+    for (int stage = 0; stage <= 3; stage++) {
+        double full[8], got[8];
+        snprintf(dir, sizeof dir, "%s/ck%d", tmp_dir, stage);
+        snprintf(extra, sizeof extra, "--dtype fp32 --steps 8 --zero %d %s --nvme-dir %s", stage, place[stage],
+                 tmp_dir);
+        int rc = train_run(4, "", "", extra, out, sizeof out, NULL);
+        if (rc) fprintf(stderr, "%s\n", out);
+        assert_int_equal(rc, 0);
+        parse_losses(out, full, 8);
+        snprintf(extra, sizeof extra, "--dtype fp32 --steps 4 --zero %d %s --nvme-dir %s --ckpt %s", stage,
+                 place[stage], tmp_dir, dir);
+        rc = train_run(4, "", "", extra, out, sizeof out, NULL);
+        if (rc) fprintf(stderr, "%s\n", out);
+        assert_int_equal(rc, 0);
+        int np[3] = {4, 2, 0};
+        for (int i = 0; i < 3; i++) {
+            int on = np[i] ? np[i] : 1;
+            snprintf(extra, sizeof extra, "--dtype fp32 --steps 8 --zero %d %s --nvme-dir %s --grad-accum %d --resume %s",
+                     stage, place[stage], tmp_dir, 4 / on, dir);
+            rc = train_run(np[i], "", "", extra, out, sizeof out, NULL);
+            if (rc || !strstr(out, "at step 4")) fprintf(stderr, "%s\n", out);
+            assert_int_equal(rc, 0);
+            assert_non_null(strstr(out, "at step 4"));
+            parse_losses(out, got, 8);
+            char what[128];
+            snprintf(what, sizeof what, "ZeRO-%d %s: 4 ranks' checkpoint on %d rank%s", stage, place[stage], on,
+                     on > 1 ? "s" : "");
+            assert_losses_close(got, full, 4, 8, what);
+        }
+    }
+    /* a shard whose bytes changed is refused by its checksum, naming it */
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "printf 'X' | dd of=%s/ck2/step-00000004/optimizer-00001-of-00004.safetensors "
+             "bs=1 seek=200 conv=notrunc status=none", tmp_dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(extra, sizeof extra, "--dtype fp32 --steps 8 --grad-accum 4 --resume %s/ck2", tmp_dir);
+    int rc0 = train_run(0, "", "", extra, out, sizeof out, NULL);
+    printf("  a shard with one byte changed: exit %d\n", rc0);
+    if (!strstr(out, "optimizer-00001-of-00004.safetensors: checksum mismatch")) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc0, 2);
+    assert_non_null(strstr(out, "optimizer-00001-of-00004.safetensors: checksum mismatch"));
+    /* a manifest that does not match its shards is refused by name */
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"ranks\":\\t4/\"ranks\":\\t3/' %s/ck3/step-00000004/manifest.json", tmp_dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(extra, sizeof extra, "--dtype fp32 --steps 8 --grad-accum 4 --resume %s/ck3", tmp_dir);
+    int rc = train_run(0, "", "", extra, out, sizeof out, NULL);
+    printf("  a manifest of 3 ranks over 4 shards: exit %d\n", rc);
+    const char *want = "manifest.json: \"partition.ranks\" = 3 is not a rank count with a file for each";
+    if (!strstr(out, want)) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 2);
+    assert_non_null(strstr(out, want));
+}
+
+/* A rank killed by SIGKILL mid-step: with Open MPI's default the launcher
+ * ends the others; with --enable-recovery the others' collective times out
+ * (--comm-timeout 3) and ends them, naming the dead rank. Either way no rank
+ * trains on, and all are gone within the timeout plus a few seconds. */
+static void test_train_kill(void **state)
+{
+    (void)state;
+    if (ranks > 1) skip();
+    static char out[1 << 16];
+    char extra[2048];
+    char dir[512];
+    double full[8], got[8];
+    snprintf(dir, sizeof dir, "%s/ck-kill", tmp_dir);
+    /* the uninterrupted run */
+    int rc = train_run(3, "", "", "--dtype fp32 --steps 8 --zero 2", out, sizeof out, NULL);
+    assert_int_equal(rc, 0);
+    parse_losses(out, full, 8);
+    snprintf(extra, sizeof extra, "--dtype fp32 --steps 200 --zero 2 --comm-timeout %d --ckpt %s --save-every 2",
+             TIMEOUT_S, dir);
+    const char *flags[2] = {"", "--enable-recovery"};
+    int openmpi = system(ZO_MPIEXEC " --version 2>&1 | grep -qiE 'open ?mpi|openrte'") == 0;
+    for (int i = 0; i < (openmpi ? 2 : 1); i++) {
+        double s;
+        rc = train_run(3, "ZO_TRAIN_KILL=1:5", flags[i], extra, out, sizeof out, &s);
+        printf("  rank 1 of 3 killed in step 5%s: exit %d after %.1f s\n", i ? " (--enable-recovery)" : "", rc, s);
+        if (s >= TIMEOUT_S + SLACK_S || strstr(out, "step 5 ")) fprintf(stderr, "%s\n", out);
+        assert_true(s < TIMEOUT_S + SLACK_S);
+        assert_null(strstr(out, "step 5 "));        /* nobody trained on */
+        assert_null(strstr(out, "# device memory")); /* nor finished */
+        if (i == 0) assert_int_not_equal(rc, 0);
+        else assert_non_null(strstr(out, "did not arrive: rank 1 (no answer"));
+        /* the last complete checkpoint (step 4) loads, here on one rank */
+        snprintf(extra, sizeof extra, "--dtype fp32 --steps 8 --grad-accum 3 --resume %s", dir);
+        rc = train_run(0, "", "", extra, out, sizeof out, NULL);
+        if (rc || !strstr(out, "at step 4")) fprintf(stderr, "%s\n", out);
+        assert_int_equal(rc, 0);
+        assert_non_null(strstr(out, "at step 4"));
+        parse_losses(out, got, 8);
+        assert_losses_close(got, full, 4, 8, "the checkpoint left by the killed job, on one rank");
+        snprintf(extra, sizeof extra, "--dtype fp32 --steps 200 --zero 2 --comm-timeout %d --ckpt %s --save-every 2",
+                 TIMEOUT_S, dir);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc, (void)argv;
+    gpu_cpu_options dopt = {.n_threads = THREADS};
+    if (gpu_device_init_cpu(&dopt, &dev) != ZO_OK) return 1;
+    comm_options co = {.backend = COMM_BACKEND_AUTO, .device = dev};
+    if (comm_init(&co, &comm) != ZO_OK) {
+        fprintf(stderr, "comm_init: %s\n", zo_last_error());
+        return 1;
+    }
+    rank = comm_rank(comm);
+    ranks = comm_size(comm);
+    snprintf(nvme_dir, sizeof nvme_dir, "/tmp/zo_test_zero_%d_%d", (int)getppid(), rank);
+    mkdir(nvme_dir, 0755);
+    if (ranks == 1) {
+        snprintf(tmp_dir, sizeof tmp_dir, "/tmp/zo_test_zero_train_%d", (int)getpid());
+        mkdir(tmp_dir, 0755);
+        write_inputs();
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_losses),
+        cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_comm_volume),
+        cmocka_unit_test(test_train_ranks),
+        cmocka_unit_test(test_train_resume),
+        cmocka_unit_test(test_train_kill),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    rmdir(nvme_dir);
+    if (ranks == 1 && !rc) {
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", tmp_dir);
+        if (system(cmd)) rc = 1;
+    }
+    /* a rank that failed ends the job: the others would wait in a collective */
+    if (rc && ranks > 1) comm_abort(comm, 1, "test_zero: a test failed on this rank");
+    comm_free(comm);
+    gpu_device_free(dev);
+    return rc;
+}
