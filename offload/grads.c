@@ -54,6 +54,7 @@ zo_status offload_grads_accumulate(offload_t *rt, int k)
     /* the step's first addition into the block starts from zero (lazily:
      * the update of the step before may still be reading the other blocks) */
     if (rt->grad_fresh[b]) {
+        offload_optim_grads_free(rt, b);
         if (n) memset(acc, 0, n * sizeof(float)); /* a block with nothing to train: no sum at all */
         rt->grad_fresh[b] = 0;
     }

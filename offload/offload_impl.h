@@ -533,6 +533,10 @@ zo_status offload_optim_settle(offload_t *rt);
 /* Block b's weights are the current step's (a forward waits for its
  * update); with wait 0, 1 when they are, 0 when not yet. */
 int offload_optim_ready(offload_t *rt, int b, int wait);
+/* Before the step's first addition into block b's host gradient sum: the
+ * update in flight is done reading it (dpu: the delayed update runs beside
+ * this step's backward). */
+void offload_optim_grads_free(offload_t *rt, int b);
 /* The last micro-batch of a step completed block b's gradients: its update
  * may start now (OVERLAP without exact clipping). */
 zo_status offload_optim_block_done(offload_t *rt, int b);

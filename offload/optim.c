@@ -47,6 +47,15 @@ static void publish_all(offload_t *rt, int64_t step)
     pthread_mutex_unlock(&rt->opt_mu);
 }
 
+void offload_optim_grads_free(offload_t *rt, int b)
+{
+    if (!rt->dpu_pending) return; /* (otherwise the forward waited for the block's update) */
+    pthread_mutex_lock(&rt->opt_mu);
+    while (rt->published[b] < rt->step && rt->opt_job != OFFLOAD_JOB_NONE)
+        pthread_cond_wait(&rt->opt_cv, &rt->opt_mu);
+    pthread_mutex_unlock(&rt->opt_mu);
+}
+
 int offload_optim_ready(offload_t *rt, int b, int wait)
 {
     /* dpu: the micro-batches use the weights the store holds, a step late */
@@ -133,8 +142,10 @@ static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay,
 static zo_status block_complete(step_ctx *c, int b)
 {
     offload_t *rt = c->rt;
-    if (c->dst != rt->ws || !rt->opt_threaded) return ZO_OK;
-    zo_status st = c->dst->ops->sync(c->dst);
+    if (!rt->opt_threaded) return ZO_OK;
+    /* (dpu: the block is in the shadow, and its gradient sum is read: the
+     * next backward may write it, offload_optim_grads_free) */
+    zo_status st = c->dst == rt->ws ? c->dst->ops->sync(c->dst) : ZO_OK;
     if (st == ZO_OK) publish(rt, b, rt->opt_hp.step);
     return st;
 }
@@ -225,6 +236,33 @@ static zo_status job_all(offload_t *rt, step_ctx *c)
     return st;
 }
 
+/* Block b's range on each host shard (the block is published as its last
+ * element is updated; one with nothing to update, here). */
+static zo_status step_block(offload_t *rt, step_ctx *c, oshard_update *u, int b)
+{
+    zo_status st = ZO_OK;
+    double ts = offload_now();
+    for (int i = 0; i < rt->n_shards && st == ZO_OK; i++) {
+        oshard *sh = rt->shards[i];
+        const size_t *off = rt->og.off;
+        size_t a = off[b] > sh->first ? off[b] : sh->first;
+        size_t e = off[b + 1] < sh->first + sh->n ? off[b + 1] : sh->first + sh->n;
+        if (sh != rt->dev_shard && a < e) st = sh->ops->step_range(sh, a, e - a, u);
+    }
+    offload_add_time(&rt->acct, OFFLOAD_TIME_OPTIMIZER, offload_now() - ts);
+    if (st == ZO_OK && !rt->og.numel[b]) st = block_complete(c, b);
+    return st;
+}
+
+static zo_status sync_host_shards(offload_t *rt, zo_status st)
+{
+    for (int i = 0; i < rt->n_shards; i++) {
+        zo_status si = rt->shards[i] == rt->dev_shard ? ZO_OK : rt->shards[i]->ops->sync(rt->shards[i]);
+        if (st == ZO_OK) st = si;
+    }
+    return st;
+}
+
 /* Blocks queued as their gradients complete (updates during backward):
  * each block's range on the host shards, then published. */
 static zo_status job_blocks(offload_t *rt, step_ctx *c)
@@ -239,22 +277,22 @@ static zo_status job_blocks(offload_t *rt, step_ctx *c)
         pthread_mutex_unlock(&rt->opt_mu);
         if (!have) break;
         if (st != ZO_OK) continue; /* drain the queue after a failure */
-        double ts = offload_now();
-        for (int i = 0; i < rt->n_shards && st == ZO_OK; i++) {
-            oshard *sh = rt->shards[i];
-            const size_t *off = rt->og.off;
-            size_t a = off[b] > sh->first ? off[b] : sh->first;
-            size_t e = off[b + 1] < sh->first + sh->n ? off[b + 1] : sh->first + sh->n;
-            if (sh != rt->dev_shard && a < e) st = sh->ops->step_range(sh, a, e - a, &u);
-        }
-        offload_add_time(&rt->acct, OFFLOAD_TIME_OPTIMIZER, offload_now() - ts);
-        if (st == ZO_OK && !rt->og.numel[b]) st = block_complete(c, b);
+        st = step_block(rt, c, &u, b);
     }
-    for (int i = 0; i < rt->n_shards; i++) {
-        zo_status si = rt->shards[i] == rt->dev_shard ? ZO_OK : rt->shards[i]->ops->sync(rt->shards[i]);
-        if (st == ZO_OK) st = si;
-    }
-    return st;
+    return sync_host_shards(rt, st);
+}
+
+/* The delayed update, into the shadow: block by block from the last, the
+ * order in which the next step's backward writes their gradient sums again
+ * (each waits for its block: offload_optim_grads_free). */
+static zo_status job_reverse(offload_t *rt, step_ctx *c)
+{
+    zo_status st = ZO_OK;
+    oshard_update u = updater(c);
+    for (int b = rt->g.nb - 1; b >= 0 && st == ZO_OK; b--) st = step_block(rt, c, &u, b);
+    st = sync_host_shards(rt, st);
+    zo_status sw = c->dst->ops->sync(c->dst);
+    return st != ZO_OK ? st : sw;
 }
 
 static void *opt_main(void *arg)
@@ -268,7 +306,9 @@ static void *opt_main(void *arg)
         int job = rt->opt_job;
         c.dst = rt->dpu_pending ? rt->shadow : rt->ws;
         pthread_mutex_unlock(&rt->opt_mu);
-        zo_status st = job == OFFLOAD_JOB_ALL ? job_all(rt, &c) : job_blocks(rt, &c);
+        zo_status st = job == OFFLOAD_JOB_BLOCKS ? job_blocks(rt, &c)
+                       : c.dst == rt->shadow   ? job_reverse(rt, &c)
+                                               : job_all(rt, &c);
         pthread_mutex_lock(&rt->opt_mu);
         if (st != ZO_OK && rt->opt_status == ZO_OK) {
             rt->opt_status = st;

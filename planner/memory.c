@@ -642,6 +642,11 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
         add(e, "new-weights staging (1 block)", PLAN_GPU, PLAN_BUFFERS, t->zero >= 3 ? ceil_div(ns, dp) : ns);
     }
 
+    /* the delayed update writes a step's new weights into a host copy,
+     * published at the next step */
+    if (t->schedule == PLAN_SCHED_DPU)
+        add(e, "new weights of the delayed update (host copy)", PLAN_CPU, PLAN_BUFFERS, tr * wsz);
+
     /* ---- optimizer state ---- */
     uint64_t o_elems = t->zero >= 1 ? sharded : tr;
     uint64_t master = t->dtype == ZO_DTYPE_F32 ? 0 : 4; /* fp32 master copy */

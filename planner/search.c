@@ -115,7 +115,7 @@ static double score_of(const plan_space *s, const plan_time *pt, const plan_esti
 static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
 {
     const plan_space *s = w->s;
-    plan_estimate e;
+    plan_estimate e, e_dpu;
     plan_time pt;
     int zmin = s->zero_min, zmax = s->zero_max;
     if (t->dp == 1) zmin = zmax = 0; /* nothing to shard */
@@ -161,10 +161,10 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
                     for (int d = dmin; d <= dmax; d++) {
                         t->buf.prefetch_depth = d;
                         w->r->configs++;
+                        t->schedule = PLAN_SCHED_SERIAL; /* (the memory of the serial schedule) */
                         plan_estimate_unchecked(w->m, &w->hw, t, &e);
                         if (!e.fits) continue;
                         w->r->feasible++;
-                        t->schedule = PLAN_SCHED_SERIAL;
                         plan_time_step(w->m, &w->hw, t, &e, mb, &pt);
                         /* the optimizer schedule: one more dimension, when
                          * the CPU updates something */
@@ -176,9 +176,16 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
                                 s->schedule < 0)
                                 break;
                             t->schedule = (plan_schedule)sch;
+                            /* the delayed update holds its new weights in a host copy */
+                            const plan_estimate *se = &e;
+                            if (sch == PLAN_SCHED_DPU) {
+                                plan_estimate_unchecked(w->m, &w->hw, t, &e_dpu);
+                                if (!e_dpu.fits) continue;
+                                se = &e_dpu;
+                            }
                             if (sch != PLAN_SCHED_SERIAL) plan_time_schedule(&pt, t->schedule);
-                            double sc = score_of(s, &pt, &e, w->hw.gpus);
-                            if (sc < worst(&w->rk)) rank_insert(&w->rk, t, w->hw.gpus, sc, &pt, &e);
+                            double sc = score_of(s, &pt, se, w->hw.gpus);
+                            if (sc < worst(&w->rk)) rank_insert(&w->rk, t, w->hw.gpus, sc, &pt, se);
                         }
                     }
                 }
@@ -265,6 +272,7 @@ zo_status plan_search(const zo_model_config *m, const plan_hw *hw, const plan_sp
     probe.sp = 0;
     probe.zero = 0;
     probe.seq = s->base.seq;
+    probe.schedule = PLAN_SCHED_SERIAL; /* (searched with the placements) */
     zo_status st = plan_train_validate(&probe, m, &h1);
     if (st) return st;
     if (hw->peak_flops_16 <= 0 || hw->gemm_eff_max <= 0 || hw->hbm_eff <= 0 || hw->pcie_bw <= 0)

@@ -1124,13 +1124,16 @@ static void test_memplan_agrees(void **state)
         int recompute;
         offload_tier ckpt;
         double dev; /* optimizer on the device (gradients there too) */
+        offload_schedule sched;
     } v[] = {
-        {"weights cpu, optimizer cpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0},
-        {"weights cpu, optimizer split", OFFLOAD_CPU, 0.5, 1, OFFLOAD_DEVICE, 0},
-        {"weights nvme, optimizer nvme", OFFLOAD_NVME, 1.0, 1, OFFLOAD_CPU, 0},
-        {"resident, no recompute", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 0},
-        {"weights cpu, optimizer gpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 1.0},
-        {"resident, optimizer and grads gpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 1.0},
+        {"weights cpu, optimizer cpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_SERIAL},
+        /* the delayed update: a second fp32 gradient sum on the host */
+        {"weights cpu, optimizer cpu, dpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_DPU},
+        {"weights cpu, optimizer split", OFFLOAD_CPU, 0.5, 1, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_SERIAL},
+        {"weights nvme, optimizer nvme", OFFLOAD_NVME, 1.0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_SERIAL},
+        {"resident, no recompute", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_SERIAL},
+        {"weights cpu, optimizer gpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 1.0, OFFLOAD_SCHEDULE_SERIAL},
+        {"resident, optimizer and grads gpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 1.0, OFFLOAD_SCHEDULE_SERIAL},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         run r = {.cfg = tiny_llama(8, 128, 512), .dt = ZO_DTYPE_BF16, .B = 2, .T = 32, .steps = 2};
@@ -1143,6 +1146,7 @@ static void test_memplan_agrees(void **state)
         r.oc.opt_frac[OFFLOAD_DEVICE] = v[i].dev;
         r.oc.recompute = v[i].recompute;
         r.oc.checkpoints_on = v[i].ckpt;
+        r.oc.schedule = v[i].sched;
         zo_status st = do_run(&r);
         if (st == ZO_ERR_UNSUPPORTED) continue;
         assert_int_equal(st, ZO_OK);

@@ -30,6 +30,9 @@ void runtime_plan_train(plan_train *t, const zo_model_config *m, zo_dtype dt, in
     t->buf.sub_group = oc->sub_group;
     t->buf.swap_buffers = oc->swap_buffers ? oc->swap_buffers : 3;
     if (oc->comm_bucket) t->buf.comm_bucket = oc->comm_bucket;
+    t->schedule = oc->schedule == OFFLOAD_SCHEDULE_DPU       ? PLAN_SCHED_DPU
+                  : oc->schedule == OFFLOAD_SCHEDULE_OVERLAP ? PLAN_SCHED_OVERLAP
+                                                             : PLAN_SCHED_SERIAL;
     t->dp = ranks;
     t->zero = ranks > 1 ? oc->zero_stage : 0; /* one rank: nothing partitioned */
 }
