@@ -259,7 +259,7 @@ static zo_status pick_name(const offload_t *rt, int dfd, const char *latest, cha
 
 /* Every rank's status of a stage: the first failure becomes every rank's
  * (no data parallelism: mine). */
-static zo_status dp_agree(offload_t *rt, offload_dp *dp, zo_status mine, const char *what)
+static zo_status dp_agree(offload_dp *dp, zo_status mine, const char *what)
 {
     if (!dp) return mine;
     int32_t *all = calloc((size_t)dp->size, sizeof *all), me = (int32_t)mine;
@@ -272,7 +272,6 @@ static zo_status dp_agree(offload_t *rt, offload_dp *dp, zo_status mine, const c
             st = r == dp->rank ? zo_error(mine, "%s", msg)
                                : zo_error((zo_status)all[r], "%s: rank %d of %d failed", what, r, dp->size);
     free(all);
-    (void)rt;
     return st;
 }
 
@@ -441,14 +440,14 @@ static zo_status save_ckpt(offload_t *rt, offload_dp *dp, const char *dir, const
     save_dir s = {.dfd = -1};
     char path[4400], file[64];
     zo_status st = rank == 0 ? save_begin(rt, dir, &s) : ZO_OK;
-    if ((st = dp_agree(rt, dp, st, "offload_save")) != ZO_OK) return save_abort(&s, st);
+    if ((st = dp_agree(dp, st, "offload_save")) != ZO_OK) return save_abort(&s, st);
     if (dp) { /* the name rank 0 picked, for everybody */
         char *names = calloc((size_t)ranks, sizeof s.name);
         if (!names) st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
         else st = offload_dp_gather(dp, s.name, sizeof s.name, names);
         if (st == ZO_OK) snprintf(s.name, sizeof s.name, "%s", names);
         free(names);
-        if ((st = dp_agree(rt, dp, st, "offload_save")) != ZO_OK) return save_abort(&s, st);
+        if ((st = dp_agree(dp, st, "offload_save")) != ZO_OK) return save_abort(&s, st);
         snprintf(s.tname, sizeof s.tname, ".tmp-%s", s.name);
         snprintf(s.tmp, sizeof s.tmp, "%s/%s", dir, s.tname);
     }
@@ -469,7 +468,7 @@ static zo_status save_ckpt(offload_t *rt, offload_dp *dp, const char *dir, const
                           : writer(writer_user, path, read_master, rt);
         if (st == ZO_OK) st = sw;
     }
-    st = dp_agree(rt, dp, st, "offload_save");
+    st = dp_agree(dp, st, "offload_save");
     ckpt_file_sum *sums = calloc((size_t)ranks, sizeof *sums);
     if (st == ZO_OK && !sums) st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
     if (st == ZO_OK) st = dp ? offload_dp_gather(dp, &mine, sizeof mine, sums) : (sums[0] = mine, ZO_OK);
@@ -478,7 +477,7 @@ static zo_status save_ckpt(offload_t *rt, offload_dp *dp, const char *dir, const
         st = st == ZO_OK ? save_publish(rt, dir, &s) : save_abort(&s, st);
     }
     free(sums);
-    return dp_agree(rt, dp, st, "offload_save");
+    return dp_agree(dp, st, "offload_save");
 }
 
 zo_status offload_save_streamed(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
@@ -489,11 +488,11 @@ zo_status offload_save_streamed(offload_t *rt, const char *dir, const offload_ck
     if (st == ZO_OK && rt->micro)
         st = zo_error(ZO_ERR_INVALID, "offload_save: %d micro-batches are accumulated; save between steps",
                       rt->micro);
-    if ((st = dp_agree(rt, rt->dp, st, "offload_save")) != ZO_OK) return st;
+    if ((st = dp_agree(rt->dp, st, "offload_save")) != ZO_OK) return st;
     if (offload_dp_partitioned(rt->dp)) return save_ckpt(rt, rt->dp, dir, meta, writer, writer_user);
     /* ZeRO 0: every rank holds the same state; rank 0 saves it as one rank does */
     if (rt->dp)
-        return dp_agree(rt, rt->dp, rt->dp->rank == 0 ? save_ckpt(rt, NULL, dir, meta, writer, writer_user) : ZO_OK,
+        return dp_agree(rt->dp, rt->dp->rank == 0 ? save_ckpt(rt, NULL, dir, meta, writer, writer_user) : ZO_OK,
                         "offload_save");
     return save_ckpt(rt, NULL, dir, meta, writer, writer_user);
 }
