@@ -422,8 +422,10 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
     int edp = t->dp / t->ep;
     double P_shard = (P - Pe) / t->dp + Pe / edp;
     double acc = 0;
-    if (t->grads_on == PLAN_GPU && !t->fused_grad_accum && !m->params_override)
-        acc = (t->zero >= 2 ? P_shard : P) * (wsz + 2 * gsz) / (hw->hbm_bw * hw->hbm_eff);
+    /* (summed on the GPU: all of them, or the GPU optimizer share's) */
+    double fg = e->opt_share[PLAN_GPU], on_gpu = t->grads_on == PLAN_GPU ? 1 : fg;
+    if (on_gpu > 0 && !t->fused_grad_accum && !m->params_override)
+        acc = on_gpu * (t->zero >= 2 ? P_shard : P) * (wsz + 2 * gsz) / (hw->hbm_bw * hw->hbm_eff);
     o->forward = n_mb * mb->fwd;
     o->backward = n_mb * (mb->bwd + acc);
     o->recompute = n_mb * mb->rc;
@@ -507,14 +509,17 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
 
     /* gradients to the host: this rank's partition every micro-batch (fp32
      * accumulation on the host when there are several), hidden behind backward */
-    double g_elems = t->zero >= 2 ? P_shard : P;
-    if (t->grads_on == PLAN_CPU) {
-        double copy = n_mb * g_elems * gsz / pcie;
+    /* (the optimizer's host share: sent in the weights' dtype, or a ZeRO
+     * 2-3 rank's reduced fp32 part) */
+    double g_elems = (1 - on_gpu) * (t->zero >= 2 ? P_shard : P);
+    double g_sent = t->zero >= 2 && t->dp > 1 ? 4 : wsz;
+    if (g_elems > 0) {
+        double copy = n_mb * g_elems * g_sent / pcie;
         double host_bw = hw->cpu_mem_bw * HOST_BW_EFF / rpn;
-        double accum = n_mb > 1 ? n_mb * g_elems * (4 + 4 + gsz) / host_bw : 0;
+        double accum = n_mb > 1 ? n_mb * g_elems * (4 + 4 + g_sent) / host_bw : 0;
         double s = dmax(copy, accum);
         o->d2h_total += s;
-        o->d2h += dmax(s - bwd_window, 0) + (double)e->train_largest * gsz / pcie;
+        o->d2h += dmax(s - bwd_window, 0) + (double)e->train_largest * g_sent / pcie;
     }
 
     /* the optimizer: on the GPU over its fraction: unscale and inf check
@@ -523,7 +528,7 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
      * written), zeroing (gradient written); on the CPU over the rest, with the
      * NVMe share read ahead and written behind */
     double o_elems = t->zero >= 1 ? P_shard : P;
-    double fg = t->opt_frac[PLAN_GPU], fn = t->opt_frac[PLAN_NVME];
+    double fn = e->opt_share[PLAN_NVME];
     double per = (t->dtype == ZO_DTYPE_F32 ? 0 : 4) + (t->optimizer == PLAN_OPT_ADAMW ? 8 : 4);
     if (fg > 0) o->optimizer_gpu = fg * o_elems * (2 * per + 5 * gsz + 4 + wsz) / (hw->hbm_bw * hw->hbm_eff);
     plan_sched_in *in = &o->sched;

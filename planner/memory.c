@@ -521,6 +521,48 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
 
 static uint64_t frac_of(uint64_t total, double f) { return (uint64_t)llround((double)total * f); }
 
+/* The trained elements of block b of a stage (its embedding first on stage
+ * 0, then its layers in order, the head last on the last stage). */
+static uint64_t trained_block(const zo_model_config *m, const plan_train *t, const stage_shape *sh,
+                              const plan_peft *pf, int first_layer, int b)
+{
+    if (sh->first && b-- == 0) return pf ? 0 : sh->emb;
+    if (b >= sh->layers) return pf ? 0 : sh->head;
+    if (pf) return pf->layer_trainable;
+    zo_layer_params lp;
+    uint64_t ex;
+    zo_model_layer_params(m, first_layer + b, &lp);
+    return layer_on_rank(&lp, t, &ex);
+}
+
+double plan_gpu_share(const zo_model_config *m, const plan_train *t, int stage)
+{
+    double f = t->opt_frac[PLAN_GPU];
+    if (f <= 0 || f >= 1 || m->params_override) return f <= 0 ? 0 : f >= 1 ? 1 : f;
+    stage_shape sh;
+    stage_params(m, t, stage, &sh);
+    plan_peft pf;
+    int peft = t->method != PLAN_METHOD_FULL;
+    if (peft) plan_peft_stage(m, t, stage, &pf);
+    int nb = sh.first + sh.layers + sh.last, first_layer = stage * sh.layers;
+    uint64_t n = 0;
+    for (int b = 0; b < nb; b++) n += trained_block(m, t, &sh, peft ? &pf : NULL, first_layer, b);
+    if (!n) return f;
+    /* (as offload.c's device_share_first: the last block is taken first,
+     * a shorter suffix kept on a tie) */
+    double want = f * (double)n, best = -1;
+    uint64_t suffix = 0, chosen = 0;
+    for (int b = nb - 1; b >= 0; b--) {
+        suffix += trained_block(m, t, &sh, peft ? &pf : NULL, first_layer, b);
+        double d = fabs((double)suffix - want);
+        if (best < 0 || d < best) {
+            best = d;
+            chosen = suffix;
+        }
+    }
+    return (double)chosen / (double)n;
+}
+
 /* One rank's part of a block of n elements split over dp ranks. */
 static uint64_t largest_part_of(uint64_t n, uint64_t dp) { return ceil_div(n, dp); }
 
@@ -617,24 +659,27 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
             PLAN_GPU, PLAN_BUFFERS, (uint64_t)(t->buf.prefetch_depth + 1) * slot);
 
     /* ---- gradients (of what is trained) ---- */
+    /* summed where their optimizer state lives: the GPU share's on the GPU
+     * in the plan's gradient dtype (the runtime sums them in fp32: plan it
+     * with --grad-dtype fp32, 4 B/param); the rest where --grads says: on
+     * the GPU likewise, or added in fp32 on the host as blocks arrive
+     * (micro-batches, a tied embedding's two parts, fp16 unscaling) */
+    double fg = plan_gpu_share(m, t, stage);
     uint64_t g_elems = t->zero >= 2 ? sharded : tr;
-    if (t->grads_on == PLAN_GPU) {
-        /* in the plan's gradient dtype: the runtime sums the gradients of
-         * its GPU optimizer share in fp32 (--grad-dtype fp32, 4 B/param) */
-        add(e, "gradients", PLAN_GPU, PLAN_GRADS, g_elems * gsz);
-    } else {
-        /* added in fp32 on the host as blocks arrive (micro-batches, a tied
-         * embedding's two parts, fp16 unscaling), whatever the accumulation */
-        add(e, "gradients (fp32 accumulation)", PLAN_CPU, PLAN_GRADS, g_elems * 4);
-        add(e, "gradient staging (2 blocks)", PLAN_GPU, PLAN_GRADS, 2 * tr_largest * gsz);
-    }
-    /* a GPU optimizer share: backward writes each block's gradients (in
-     * the weights' dtype) into one of two staging blocks before they are
-     * added to the sum, and the host reads that share's fp32 gradient
-     * through the pinned staging for an exact clipping norm */
-    int g_dev = t->opt_frac[PLAN_GPU] > 0;
-    if (g_dev && t->grads_on == PLAN_GPU)
+    uint64_t g_gpu = t->grads_on == PLAN_GPU ? g_elems : frac_of(g_elems, fg);
+    uint64_t g_host = g_elems - g_gpu;
+    add(e, "gradients", PLAN_GPU, PLAN_GRADS, g_gpu * gsz);
+    /* backward writes a block's gradients (in the weights' dtype) into one
+     * of two staging blocks, from which they go to the host or are added to
+     * the GPU's sum; the host reads the GPU share's fp32 gradient through
+     * the pinned staging for an exact clipping norm */
+    if (g_host) {
+        add(e, "gradients (fp32 accumulation)", PLAN_CPU, PLAN_GRADS, g_host * 4);
+        add(e, "gradient staging (2 blocks)", PLAN_GPU, PLAN_GRADS, 2 * tr_largest * wsz);
+    } else if (fg > 0) {
         add(e, "gradient staging (2 blocks)", PLAN_GPU, PLAN_BUFFERS, 2 * tr_largest * wsz);
+    }
+    int g_dev = fg > 0;
     /* ... and writes the new weights of a block it updates into a staging
      * block when they live off the GPU (LoRA: the adapters'; ZeRO-3: its part) */
     if (g_dev && (peft ? t->adapters_on : t->params_on) != PLAN_GPU) {
@@ -652,10 +697,16 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
     uint64_t master = t->dtype == ZO_DTYPE_F32 ? 0 : 4; /* fp32 master copy */
     uint64_t per = master + (t->optimizer == PLAN_OPT_ADAMW ? 8 : 4);
     uint64_t o_bytes = o_elems * per;
-    uint64_t o_gpu = frac_of(o_bytes, t->opt_frac[PLAN_GPU]);
+    /* (the runtime's: the GPU's whole blocks, NVMe the nearest count of
+     * the rest, all of it when the CPU has no share) */
+    uint64_t o_gpu = frac_of(o_bytes, fg);
     uint64_t o_nvme = frac_of(o_bytes, t->opt_frac[PLAN_NVME]);
-    if (o_gpu + o_nvme > o_bytes) o_nvme = o_bytes - o_gpu;
+    if (o_gpu + o_nvme > o_bytes || (t->opt_frac[PLAN_CPU] <= 0 && t->opt_frac[PLAN_NVME] > 0))
+        o_nvme = o_bytes - o_gpu;
     uint64_t o_cpu = o_bytes - o_gpu - o_nvme;
+    e->opt_share[PLAN_GPU] = fg;
+    e->opt_share[PLAN_NVME] = o_bytes ? (double)o_nvme / (double)o_bytes : t->opt_frac[PLAN_NVME];
+    e->opt_share[PLAN_CPU] = 1 - e->opt_share[PLAN_GPU] - e->opt_share[PLAN_NVME];
     const char *oname = t->optimizer == PLAN_OPT_ADAMW
                             ? (master ? "AdamW: fp32 master, m, v" : "AdamW: m, v")
                             : (master ? "SGD: fp32 master, momentum" : "SGD: momentum");
@@ -695,7 +746,7 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
     uint64_t grad_half = peft                      ? largest_part * wsz
                          : t->zero >= 2 && dp > 1 ? largest_part_of(sh.largest, dp) * 4
                                                   : host_slot;
-    if (t->opt_frac[PLAN_GPU] < 1.0 || t->grads_on != PLAN_GPU) pinned += 2 * grad_half;
+    if (fg < 1) pinned += 2 * grad_half;
     if (!peft && t->params_on == PLAN_GPU) {
         uint64_t chunk = sg && sg < largest_part ? sg : largest_part;
         pinned += 2 * chunk * wsz;

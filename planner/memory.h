@@ -147,6 +147,9 @@ typedef struct plan_estimate {
     uint64_t trainable;        /* whole model: trainable parameters (LoRA: PEFT's count) */
     uint64_t nf4_bytes;        /* QLoRA: of weight_bytes, the NF4 tensors */
     double inflight;           /* micro-batches in flight on this stage */
+    double opt_share[PLAN_TIERS]; /* the optimizer split as the runtime makes it of opt_frac:
+                                 the GPU's share whole blocks (plan_gpu_share), NVMe's the
+                                 nearest element count of the rest */
     int n_items;
     plan_item items[PLAN_MAX_ITEMS];
 } plan_estimate;
@@ -184,6 +187,14 @@ void plan_estimate_unchecked(const zo_model_config *m, const plan_hw *hw, const 
  * (elements) and the stage's layers. */
 void plan_stage_shape(const zo_model_config *m, const plan_train *t, int stage,
                       uint64_t *params, uint64_t *largest, int *layers);
+
+/* The optimizer's GPU share as the runtime takes it: the blocks (embedding,
+ * layers, head) from the last whose trained elements come nearest
+ * opt_frac[GPU] of the stage's, at least one when the fraction is not 0, so
+ * that a block's gradient is summed on one side (offload/offload.c). Returns
+ * the fraction of the stage's trained elements those blocks hold: 0 or 1
+ * exactly at the ends, opt_frac[GPU] for a model known only by its size. */
+double plan_gpu_share(const zo_model_config *m, const plan_train *t, int stage);
 
 /* The default --seq when none is given: the model's positions, at most
  * PLAN_DEFAULT_SEQ (docs/memplan.md, "Defaults"). */

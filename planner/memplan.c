@@ -287,12 +287,13 @@ static zo_status parse_tier(const char *s, const char *flag, int allow_nvme, pla
     return ZO_OK;
 }
 
-/* "cpu" or "gpu=0.2,cpu=0.5,nvme=0.3" */
-static zo_status parse_fractions(const char *s, double frac[PLAN_TIERS])
+/* "cpu" or "gpu=0.2,cpu=0.5,nvme=0.3" (summing to 1 with `sum_one`; tiers
+ * not named get 0) for `flag` */
+static zo_status parse_fractions(const char *s, const char *flag, int sum_one, double frac[PLAN_TIERS])
 {
     plan_tier t = PLAN_GPU;
     if (!strchr(s, '=')) {
-        zo_status st = parse_tier(s, "--optimizer", 1, &t);
+        zo_status st = parse_tier(s, flag, 1, &t);
         if (st) return st;
         memset(frac, 0, sizeof(double) * PLAN_TIERS);
         frac[t] = 1.0;
@@ -304,15 +305,16 @@ static zo_status parse_fractions(const char *s, double frac[PLAN_TIERS])
     for (char *sv = NULL, *tok = strtok_r(buf, ",", &sv); tok; tok = strtok_r(NULL, ",", &sv)) {
         char *eq = strchr(tok, '=');
         if (!eq)
-            return zo_error(ZO_ERR_INVALID, "--optimizer: '%s' is not TIER=FRACTION", tok);
+            return zo_error(ZO_ERR_INVALID, "%s: '%s' is not TIER=FRACTION", flag, tok);
         *eq = '\0';
-        zo_status st = parse_tier(tok, "--optimizer", 1, &t);
+        zo_status st = parse_tier(tok, flag, 1, &t);
         if (st) return st;
-        if ((st = zo_parse_double(eq + 1, "--optimizer", 0, 1, &f[t])) != ZO_OK) return st;
+        if ((st = zo_parse_double(eq + 1, flag, 0, 1, &f[t])) != ZO_OK) return st;
     }
     double sum = f[0] + f[1] + f[2];
-    if (sum < 1 - 1e-6 || sum > 1 + 1e-6)
-        return zo_error(ZO_ERR_INVALID, "--optimizer: fractions in '%s' sum to %g, not 1", s, sum);
+    if (sum_one ? sum < 1 - 1e-6 || sum > 1 + 1e-6 : sum > 1 + 1e-6)
+        return zo_error(ZO_ERR_INVALID, "%s: fractions in '%s' sum to %g, %s", flag, s, sum,
+                        sum_one ? "not 1" : "more than 1");
     memcpy(frac, f, sizeof f);
     return ZO_OK;
 }
@@ -680,7 +682,7 @@ static int cmd_estimate(int argc, char **argv)
         case OPT_DROPOUT: dropout = 1; break;
         case OPT_NO_DROPOUT: dropout = 0; break;
         case OPT_GRADS: st = parse_tier(optarg, "--grads", 0, &grads_on); grads_set = 1; break;
-        case OPT_OPTIMIZER: st = parse_fractions(optarg, opt_frac); break;
+        case OPT_OPTIMIZER: st = parse_fractions(optarg, "--optimizer", 1, opt_frac); break;
         case OPT_CHECKPOINTS: st = parse_tier(optarg, "--checkpoints", 0, &ck_on); break;
         case OPT_CUDA_CONTEXT:
             st = field_u64(optarg, "--cuda-context", "buffers.cuda_context", 0, &f.buf.cuda_context);
@@ -887,7 +889,9 @@ static const char usage_plan[] =
     "  --recompute none|selective|full   fix recompute\n"
     "  --no-offload            everything on the GPU       --no-nvme   nothing on NVMe\n"
     "  --max-micro-batch N     largest micro-batch tried (default 16)\n"
-    "  --opt-steps N           optimizer CPU/NVMe split in 1/N steps (default 10)\n"
+    "  --opt-steps N           optimizer GPU/CPU/NVMe split in 1/N steps (default 10)\n"
+    "  --optimizer-min TIER=F[,TIER=F]   keep at least these shares of the optimizer\n"
+    "                          state on these tiers (nvme=0.1: some of it on the disk)\n"
     "  --max-prefetch N        prefetch depths tried for streamed weights (default 3)\n"
     "  --cuda-context SIZE --cublas-workspace SIZE --fragmentation F --sub-group N\n"
     "                          working buffers, as for estimate\n"
@@ -924,7 +928,7 @@ static const char usage_max_model[] =
 
 enum {
     PO_MAX_GPUS = 512, PO_OBJECTIVE, PO_TOP, PO_NO_OFFLOAD, PO_NO_NVME, PO_MAX_MB, PO_OPT_STEPS,
-    PO_MAX_PREFETCH, PO_JSON_FILE, PO_FAMILY, PO_STRATEGY, PO_JSON_FLAG,
+    PO_OPT_MIN, PO_MAX_PREFETCH, PO_JSON_FILE, PO_FAMILY, PO_STRATEGY, PO_JSON_FLAG,
 };
 
 static const struct option plan_opts[] = {
@@ -954,6 +958,7 @@ static const struct option plan_opts[] = {
     {"no-nvme", no_argument, 0, PO_NO_NVME},
     {"max-micro-batch", required_argument, 0, PO_MAX_MB},
     {"opt-steps", required_argument, 0, PO_OPT_STEPS},
+    {"optimizer-min", required_argument, 0, PO_OPT_MIN},
     {"max-prefetch", required_argument, 0, PO_MAX_PREFETCH},
     {"json", no_argument, 0, PO_JSON_FLAG},
     {"json-out", required_argument, 0, PO_JSON_FILE},
@@ -976,6 +981,7 @@ typedef struct plan_args {
     plan_space space; /* the fields the flags set; defaults filled later */
     int zero_set, zmin, zmax;
     long tp, pp, ep, max_mb, opt_steps, max_prefetch;
+    double opt_min[PLAN_TIERS];
     int recompute, no_offload, no_nvme;
     plan_objective objective;
     /* working buffers: the values, and which flags set them */
@@ -1078,7 +1084,8 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
         case PO_NO_OFFLOAD: a->no_offload = 1; break;
         case PO_NO_NVME: a->no_nvme = 1; break;
         case PO_MAX_MB: st = zo_parse_int(optarg, "--max-micro-batch", 1, 1 << 16, &a->max_mb); break;
-        case PO_OPT_STEPS: st = zo_parse_int(optarg, "--opt-steps", 1, 100, &a->opt_steps); break;
+        case PO_OPT_STEPS: st = zo_parse_int(optarg, "--opt-steps", 1, PLAN_OPT_STEPS_MAX, &a->opt_steps); break;
+        case PO_OPT_MIN: st = parse_fractions(optarg, "--optimizer-min", 0, a->opt_min); break;
         case PO_MAX_PREFETCH:
             st = field_int(optarg, "--max-prefetch", "buffers.prefetch_depth", &a->max_prefetch);
             break;
@@ -1140,6 +1147,7 @@ static zo_status args_space(const plan_args *a, const zo_model_config *m, const 
     if (a->no_nvme) s->allow_nvme = 0;
     if (a->max_mb) s->max_micro_batch = (int)a->max_mb;
     if (a->opt_steps) s->opt_steps = (int)a->opt_steps;
+    memcpy(s->opt_min, a->opt_min, sizeof s->opt_min);
     if (a->max_prefetch) s->max_prefetch = (int)a->max_prefetch;
     s->objective = a->objective;
     if (a->cuda_context_set) s->base.buf.cuda_context = a->buf.cuda_context;

@@ -1,5 +1,6 @@
 #include "report.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -362,16 +363,23 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
             t->micro_batch, t->grad_accum, zo_dtype_name(t->dtype),
             zo_dtype_name(t->grad_dtype), t->optimizer == PLAN_OPT_ADAMW ? "AdamW" : "SGD", t->dp,
             t->tp, t->sp ? " (+SP)" : "", t->pp, t->vpp > 1 ? " (interleaved)" : "", t->zero);
+    /* the runtime's GPU share is whole blocks: say so when that moved it */
+    char held[96] = "";
+    if (fabs(e->opt_share[PLAN_GPU] - t->opt_frac[PLAN_GPU]) > 1e-6) {
+        char sh[64];
+        plan_format_fractions(e->opt_share, sh, sizeof sh);
+        snprintf(held, sizeof held, " (in whole blocks: %s)", sh);
+    }
     if (t->ep > 1 || t->capacity_factor > 0)
         fprintf(out, "  experts: EP %d (%d of %d experts per rank), %s\n", t->ep,
                 m->moe.experts / t->ep, m->moe.experts,
                 t->capacity_factor > 0 ? "capacity-limited" : "dropless routing");
     fprintf(out,
-            "  recompute %s, %s attention%s; params on %s, grads on %s, optimizer on %s, "
+            "  recompute %s, %s attention%s; params on %s, grads on %s, optimizer on %s%s, "
             "checkpoints on %s\n",
             plan_recompute_name(t->recompute), t->flash_attn ? "flash" : "standard",
             t->dropout ? ", dropout" : "", plan_tier_name(t->params_on),
-            plan_tier_name(t->grads_on), fr, plan_tier_name(t->checkpoints_on));
+            plan_tier_name(t->grads_on), fr, held, plan_tier_name(t->checkpoints_on));
     if (t->method != PLAN_METHOD_FULL) {
         char tg[64], tr[32], nf[32];
         fprintf(out, "  %s r %d (alpha %g) on %s: %s trainable parameters (%.3g%%, as PEFT counts "

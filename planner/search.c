@@ -120,9 +120,16 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
     int zmin = s->zero_min, zmax = s->zero_max;
     if (t->dp == 1) zmin = zmax = 0; /* nothing to shard */
     int pmax = !s->allow_offload ? PLAN_GPU : s->allow_nvme ? PLAN_NVME : PLAN_CPU;
-    int steps = s->opt_steps > 0 ? s->opt_steps : 1;
+    int steps = s->opt_steps < 1 ? 1 : s->opt_steps > PLAN_OPT_STEPS_MAX ? PLAN_OPT_STEPS_MAX : s->opt_steps;
     /* LoRA: the adapters on any tier the weights may take */
     int amax = t->method == PLAN_METHOD_FULL ? PLAN_GPU : pmax;
+    /* the GPU's share of a split as the runtime takes it (whole blocks from
+     * the last), g/steps of it asked for: the layout's, whatever the placement */
+    double share[PLAN_OPT_STEPS_MAX + 1];
+    for (int g = 0; g <= steps; g++) {
+        t->opt_frac[PLAN_GPU] = (double)g / steps;
+        share[g] = t->pp == 1 ? plan_gpu_share(w->m, t, 0) : (double)g / steps;
+    }
     for (int z = zmin; z <= zmax; z++) {
         t->zero = z;
         for (int pla = 0; pla <= (pmax + 1) * (amax + 1) - 1; pla++) {
@@ -131,26 +138,56 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
             if (s->adapters_on >= 0 && t->method != PLAN_METHOD_FULL && ad != s->adapters_on) continue;
             t->params_on = (plan_tier)pl;
             t->adapters_on = (plan_tier)ad;
-            /* optimizer: on the GPU (k = -1), or k/steps of it on NVMe, the
-             * rest on the CPU; streamed weights need the CPU optimizer
-             * (LoRA's need not: the base streams, the adapters stay) */
-            int kmax = !s->allow_offload ? -1 : s->allow_nvme ? steps : 0;
-            for (int k = -1; k <= kmax; k++) {
-                if (k >= 0 && !s->allow_offload) break;
-                if (k < 0 && pl != PLAN_GPU && t->method == PLAN_METHOD_FULL) continue;
-                if (s->opt_on == PLAN_GPU && k >= 0) continue;
-                if (s->opt_on == PLAN_CPU && k != 0) continue;
+            /* optimizer: g/steps of it on the GPU (its gradients summed
+             * there), k/steps on NVMe, the rest on the CPU; the whole of it
+             * on the GPU first. Streamed weights keep a CPU share (LoRA's
+             * need not: the base streams, the adapters stay); a three-way
+             * split is searched for full fine-tuning (LoRA's adapters are
+             * too small to be worth one) */
+            int split = s->allow_offload && s->opt_on < 0 && t->method == PLAN_METHOD_FULL;
+            double last_fg = -1;
+            /* (pruned by the cost model's order: a larger GPU share and a
+             * smaller NVMe share are never slower, and cost memory only on
+             * the GPU and on the host. So no split is tried once the whole
+             * optimizer fitted on the GPU; a split's NVMe share grows only
+             * until something fits, and while the GPU's share fits there;
+             * and once a split fitted without NVMe,
+             * smaller GPU shares are not tried. The CPU-and-NVMe placements
+             * (no GPU share) are all tried: the delayed update takes them.) */
+            int whole_fits = 0, split_done = 0;
+            for (int gk = 0; gk < (steps + 1) * (steps + 1); gk++) {
+                int g = steps - gk / (steps + 1), k = gk % (steps + 1);
+                if (g + k > steps || (g == steps && k > 0)) continue;
+                if (g < steps && !s->allow_offload) break;
+                if (g == steps && pl != PLAN_GPU && t->method == PLAN_METHOD_FULL) continue;
+                int partial = g > 0 && g < steps;
+                if (partial && (!split || whole_fits || split_done)) continue;
+                if (k > 0 && !s->allow_nvme) continue;
+                if (s->opt_on == PLAN_GPU && g < steps) continue;
+                if (s->opt_on == PLAN_CPU && (g > 0 || k > 0)) continue;
                 if (s->opt_on == PLAN_NVME && k != steps) continue;
-                if (k < 0) {
-                    t->opt_frac[PLAN_GPU] = 1;
-                    t->opt_frac[PLAN_CPU] = t->opt_frac[PLAN_NVME] = 0;
-                    t->grads_on = PLAN_GPU;
-                } else {
-                    t->opt_frac[PLAN_GPU] = 0;
-                    t->opt_frac[PLAN_NVME] = (double)k / steps;
-                    t->opt_frac[PLAN_CPU] = 1 - t->opt_frac[PLAN_NVME];
-                    t->grads_on = PLAN_CPU;
+                double fg = (double)g / steps, fn = (double)k / steps;
+                /* the GPU's share as the runtime takes it (whole blocks from
+                 * the last): a split that rounds to the one before is not
+                 * tried twice, and the plan says the share it gets */
+                if (partial) {
+                    fg = share[g];
+                    if (fg >= 1 || fg + fn > 1 + 1e-9) continue;
+                    if (k == 0 && fg == last_fg) {
+                        gk += steps; /* (the rest of this g) */
+                        continue;
+                    }
+                    if (k == 0) last_fg = fg;
                 }
+                t->opt_frac[PLAN_GPU] = fg;
+                t->opt_frac[PLAN_NVME] = fn;
+                t->opt_frac[PLAN_CPU] = fg + fn >= 1 ? 0 : 1 - fg - fn;
+                if (t->opt_frac[PLAN_GPU] < s->opt_min[PLAN_GPU] - 1e-9 ||
+                    t->opt_frac[PLAN_CPU] < s->opt_min[PLAN_CPU] - 1e-9 ||
+                    t->opt_frac[PLAN_NVME] < s->opt_min[PLAN_NVME] - 1e-9)
+                    continue;
+                t->grads_on = g == steps ? PLAN_GPU : PLAN_CPU;
+                int fitted = 0, gpu_fits = 0;
                 /* host checkpoints are layer inputs kept for full recompute */
                 int ckmax = s->allow_offload && t->recompute == PLAN_RECOMPUTE_FULL ? PLAN_CPU : PLAN_GPU;
                 for (int ck = PLAN_GPU; ck <= ckmax; ck++) {
@@ -163,7 +200,9 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
                         w->r->configs++;
                         t->schedule = PLAN_SCHED_SERIAL; /* (the memory of the serial schedule) */
                         plan_estimate_unchecked(w->m, &w->hw, t, &e);
+                        gpu_fits |= e.total[PLAN_GPU] <= e.capacity[PLAN_GPU];
                         if (!e.fits) continue;
+                        fitted = 1;
                         w->r->feasible++;
                         plan_time_step(w->m, &w->hw, t, &e, mb, &pt);
                         /* the optimizer schedule: one more dimension, when
@@ -188,6 +227,12 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
                             if (sc < worst(&w->rk)) rank_insert(&w->rk, t, w->hw.gpus, sc, &pt, se);
                         }
                     }
+                }
+                whole_fits |= fitted && g == steps;
+                /* (a larger NVMe share changes nothing on the GPU) */
+                if (partial && (fitted || !gpu_fits)) {
+                    split_done |= fitted && k == 0;
+                    gk += steps - k; /* (this g's larger NVMe shares) */
                 }
             }
         }
@@ -315,6 +360,9 @@ static void describe_opt(const double f[PLAN_TIERS], char *buf, size_t len)
     if (f[PLAN_GPU] >= 1) snprintf(buf, len, "the GPU");
     else if (f[PLAN_CPU] >= 1) snprintf(buf, len, "the CPU");
     else if (f[PLAN_NVME] >= 1) snprintf(buf, len, "NVMe");
+    else if (f[PLAN_GPU] > 0)
+        snprintf(buf, len, "%.0f%% GPU / %.0f%% CPU / %.0f%% NVMe", 100 * f[PLAN_GPU], 100 * f[PLAN_CPU],
+                 100 * f[PLAN_NVME]);
     else snprintf(buf, len, "%.0f%% CPU / %.0f%% NVMe", 100 * f[PLAN_CPU], 100 * f[PLAN_NVME]);
 }
 
@@ -400,9 +448,12 @@ static void because(sbuf *b, const char *what, const plan_estimate *e, int fits,
     if (!fits) {
         put(b, "%s because there the %s would need %.1f GiB of its %.1f GiB per rank\n", what,
             names[tier], gib(e->total[tier]), gib(e->capacity[tier]));
-    } else {
+    } else if (step > best_step) {
         put(b, "%s because it is faster (%.3f s per step against %.3f s)\n", what, best_step,
             step);
+    } else {
+        /* (a flag kept the faster one out: --optimizer-min, --zero, ...) */
+        put(b, "%s as the flags ask (%.3f s per step; %.3f s without)\n", what, best_step, step);
     }
 }
 
@@ -461,7 +512,7 @@ void plan_explain(const zo_model_config *m, const plan_hw *hw, const plan_candid
         plan_train u = *t;
         if (t->opt_frac[PLAN_NVME] > 0) {
             /* could the NVMe share live in CPU memory? */
-            u.opt_frac[PLAN_CPU] = 1;
+            u.opt_frac[PLAN_CPU] = t->opt_frac[PLAN_CPU] + t->opt_frac[PLAN_NVME];
             u.opt_frac[PLAN_NVME] = 0;
             int fits = try_change(m, &h, &u, &e, &step);
             char o[48];
@@ -480,7 +531,11 @@ void plan_explain(const zo_model_config *m, const plan_hw *hw, const plan_candid
              * LoRA's adapters have their own placement) */
             if (t->method == PLAN_METHOD_FULL) u.params_on = PLAN_GPU;
             int fits = try_change(m, &h, &u, &e, &step);
-            because(&b, "optimizer on the CPU", &e, fits, step, c->time.step, PLAN_GPU);
+            if (t->opt_frac[PLAN_GPU] > 0)
+                snprintf(what, sizeof what, "%.0f%% of the optimizer on the CPU", 100 * t->opt_frac[PLAN_CPU]);
+            else
+                snprintf(what, sizeof what, "optimizer on the CPU");
+            because(&b, what, &e, fits, step, c->time.step, PLAN_GPU);
         }
     }
     if (t->params_on != PLAN_GPU) {

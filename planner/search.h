@@ -22,6 +22,7 @@ typedef enum plan_objective {
 } plan_objective;
 
 #define PLAN_TOP_MAX 16
+#define PLAN_OPT_STEPS_MAX 100 /* the finest optimizer split searched: 1/100 */
 
 typedef struct plan_space {
     int gpus;              /* the job's GPUs; with max_gpus, the most tried */
@@ -29,7 +30,7 @@ typedef struct plan_space {
     int global_batch;      /* sequences per step */
     int max_micro_batch;   /* largest micro-batch tried (powers of two) */
     int max_vpp;           /* most model chunks per stage tried */
-    int opt_steps;         /* CPU/NVMe optimizer split in 1/opt_steps (10: 0.1) */
+    int opt_steps;         /* GPU/CPU/NVMe optimizer split in 1/opt_steps (10: 0.1) */
     int max_prefetch;      /* prefetch depths 1..max_prefetch for streamed weights */
     int allow_offload;     /* 0: everything on the GPU */
     int allow_nvme;        /* 0: nothing on NVMe */
@@ -39,6 +40,7 @@ typedef struct plan_space {
     int recompute;         /* -1: all; else a plan_recompute */
     int params_on;         /* -1: free; else the plan_tier of the weights */
     int opt_on;            /* -1: free; else all optimizer state on this plan_tier */
+    double opt_min[PLAN_TIERS]; /* the least share of the optimizer state on each plan_tier */
     int schedule;          /* -1: every optimizer schedule; else a plan_schedule */
     int adapters_on;       /* LoRA: -1 free; else the plan_tier of the adapters */
     plan_objective objective;

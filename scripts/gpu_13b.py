@@ -19,13 +19,10 @@ this order, each while the time left holds it (--runs):
    bench phase's 1.3B schedules, scripts/gpu_schedules.py, write it too).
 3. full: `memplan plan --json-out FILE` for that machine. Full fine-tuning of 13B
    needs about 208 GB of weights, gradients and AdamW state: the optimizer
-   state must be split over GPU, CPU and disk. When memplan plan's best does
-   not put a share on all three (its search splits CPU/NVMe, or takes the GPU
-   whole), the fastest three-way split that `memplan estimate` says fits is
-   used (its report, --json, ranks them; --plan-out writes the winner as the
-   plan): shares in twentieths, NVMe at least --min-nvme, full recompute,
-   gradients to the host, weights resident (or streamed when resident fits
-   nowhere). qlora: `memplan plan --lora R --lora-targets all-linear --qlora`
+   state is split over GPU, CPU and disk. The plan is memplan plan's best with
+   a share on each of the three (`--optimizer-min gpu=0.01,cpu=0.01,nvme=F`,
+   F = --min-nvme); its best without that constraint (which may leave the
+   disk out when the GPU and host hold it all) is logged beside it. qlora: `memplan plan --lora R --lora-targets all-linear --qlora`
    for the same machine, its best. `train --check-plan` checks each plan
    against the model (placement, method and schedule).
 4. `train --plan` on the device for --steps steps: tokens/s, MFU (memplan's
@@ -282,33 +279,6 @@ def plan_flags(plan):
     return f
 
 
-def split_args(run, spec, params):
-    return ["--micro-batch", run.a.micro_batch, "--recompute", "full", "--params", params, "--grads", "cpu",
-            "--checkpoints", "gpu", "--optimizer", spec, "--grad-dtype", "fp32"]
-
-
-def three_way(run, hw_args, common):
-    """The fastest split of the optimizer over GPU, CPU and NVMe that fits: (report, spec, params)."""
-    best = None
-    tried = 0
-    for params in ("gpu", "cpu"):
-        for g in range(1, 19):
-            for n in range(1, 20 - g):
-                c = 20 - g - n
-                if c < 1 or n / 20 < run.a.min_nvme:
-                    continue
-                spec = "gpu=%g,cpu=%g,nvme=%g" % (g / 20, c / 20, n / 20)
-                r = run.memplan("estimate", *hw_args, *common, *split_args(run, spec, params), "--json",
-                                ok=(0, 1))
-                tried += 1
-                d = json.loads(r.stdout)
-                if d["fits"] and (best is None or d["time"]["step_s"] < best[0]["time"]["step_s"]):
-                    best = (d, spec, params)
-        if best:
-            break  # resident weights fit: streamed ones would only be slower
-    return best, tried
-
-
 def memplan_plan(run, hw_args, common, out, *extra):
     """memplan plan's best for this machine into `out`: the plan, or None when nothing fits."""
     r = run.memplan("plan", *hw_args, *common, "--global-batch", run.a.micro_batch, *extra, "--top", "3",
@@ -319,33 +289,24 @@ def memplan_plan(run, hw_args, common, out, *extra):
 
 
 def full_plan(run, m, hw_args):
-    """The full fine-tuning plan (optimizer over GPU, CPU and NVMe): (plan, source, path) or None."""
+    """The full fine-tuning plan (optimizer over GPU, CPU and NVMe): (plan, source, path) or None.
+    memplan plan's best with a share of the optimizer on each tier (--optimizer-min); its best without
+    that constraint is logged beside it."""
     a = run.a
-    common = ["--model", a.model, "--seq", a.seq, "--dtype", "bf16"]
+    common = ["--model", a.model, "--seq", a.seq, "--dtype", "bf16", "--grad-dtype", "fp32"]
     path = os.path.join(a.workdir, "plan13b.json")
-    best = memplan_plan(run, hw_args, common, os.path.join(a.workdir, "memplan-plan.json"), "--grad-dtype", "fp32")
-    chosen = None
-    if best:
-        g, c, n = shares(best)
-        run.row("memplan plan's best", "info", "optimizer gpu %.2f cpu %.2f nvme %.2f" % (g, c, n))
-        if g > 0 and c > 0 and n > 0:
-            chosen = ("memplan plan", os.path.join(a.workdir, "memplan-plan.json"))
-    else:
-        run.row("memplan plan's best", "info", "nothing fits")
-    if not chosen:
-        found, tried = three_way(run, hw_args, common)
-        if not found:
-            run.row("plan: optimizer over GPU, CPU and NVMe", "FAIL",
-                    "no split fits (%d tried): GPU %s, host %s, disk %s" % (
-                        tried, gib(m["gpu"]), gib(int(m["cpu"] * 0.95)), gib(m["nvme"])))
-            return None
-        _, spec, params = found
-        run.memplan("estimate", *hw_args, *common, *split_args(run, spec, params), "--plan-out", path, ok=(0, 1))
-        chosen = ("memplan estimate, fastest of %d three-way splits" % tried, path)
-        run.log("# the plan: %s; weights on %s, optimizer %s" % (chosen[0], params, spec))
-    if chosen[1] != path:
-        shutil.copyfile(chosen[1], path)
-    return load(path), chosen[0], path
+    free = memplan_plan(run, hw_args, common, os.path.join(a.workdir, "memplan-plan-free.json"))
+    if free:
+        run.row("memplan plan's best, any split", "info", "optimizer gpu %.2f cpu %.2f nvme %.2f, %.3g s/step" % (
+            *shares(free), free["predicted"]["step_s"]))
+    need = "gpu=0.01,cpu=0.01,nvme=%g" % a.min_nvme
+    best = memplan_plan(run, hw_args, common, path, "--optimizer-min", need)
+    if not best:
+        run.row("plan: optimizer over GPU, CPU and NVMe", "FAIL",
+                "memplan plan --optimizer-min %s: nothing fits (GPU %s, host %s, disk %s)" % (
+                    need, gib(m["gpu"]), gib(int(m["cpu"] * 0.95)), gib(m["nvme"])))
+        return None
+    return best, "memplan plan --optimizer-min %s" % need, path
 
 
 def predicted(plan):
@@ -663,7 +624,7 @@ def main():
     ap.add_argument("--lora-r", type=int, default=int(env("ZO_13B_LORA_R", "16")), help="QLoRA's rank (16)")
     ap.add_argument("--lora-targets", default=env("ZO_13B_LORA_TARGETS", "all-linear"))
     ap.add_argument("--min-nvme", type=float, default=float(env("ZO_13B_MIN_NVME", "0.1")),
-                    help="smallest NVMe share of the optimizer in the three-way split (default 0.1)")
+                    help="smallest NVMe share of the optimizer in the full plan (default 0.1)")
     a = ap.parse_args()
     runs = [x for x in a.runs.split(",") if x]
     if not runs or any(x not in RUNS for x in runs):

@@ -1142,6 +1142,8 @@ static void test_memplan_agrees(void **state)
         {"resident, no recompute", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_SERIAL},
         {"weights cpu, optimizer gpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 1.0, OFFLOAD_SCHEDULE_SERIAL},
         {"resident, optimizer and grads gpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 1.0, OFFLOAD_SCHEDULE_SERIAL},
+        {"resident, optimizer gpu/cpu/nvme", OFFLOAD_DEVICE, 0.25, 1, OFFLOAD_DEVICE, 0.5, OFFLOAD_SCHEDULE_SERIAL},
+        {"weights cpu, optimizer gpu/cpu/nvme", OFFLOAD_CPU, 0.25, 1, OFFLOAD_CPU, 0.5, OFFLOAD_SCHEDULE_SERIAL},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         run r = {.cfg = tiny_llama(8, 128, 512), .dt = ZO_DTYPE_BF16, .B = 2, .T = 32, .steps = 2};

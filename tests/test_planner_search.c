@@ -98,6 +98,72 @@ static void test_llama13b_one_gpu(void **state)
     }
 }
 
+/* LLaMA-2-13B on one H200 with 128 GiB of host memory and 50 GiB of disk
+ * (the project's GPU machine), fp32 gradients: the model states (about 208
+ * GB) fit neither the GPU nor the host alone, and the whole optimizer fits
+ * on no tier; the search splits the optimizer over the GPU and
+ * the host, each share as the runtime takes it (whole blocks from the
+ * last), and with --optimizer-min over all three tiers. */
+static void test_llama13b_h200_split(void **state)
+{
+    (void)state;
+    zo_model_config m;
+    plan_hw hw;
+    load("llama-2-13b", "h200-141gb", 1, &m, &hw);
+    hw.gpu_mem = 139ull << 30;
+    hw.cpu_mem = 128ull << 30;
+    hw.nvme = 50ull << 30;
+    plan_space s;
+    plan_space_defaults(&s, &m, &hw);
+    s.base.seq = 2048;
+    s.global_batch = 4;
+    s.base.grad_dtype = ZO_DTYPE_F32;
+    plan_result r;
+    /* the whole optimizer on one tier: nothing fits */
+    for (int on = PLAN_GPU; on <= PLAN_NVME; on++) {
+        s.opt_on = on;
+        assert_int_equal(plan_search(&m, &hw, &s, 1, &r), ZO_OK);
+        assert_int_equal(r.n_best, 0);
+    }
+    s.opt_on = -1;
+    /* a GPU share */
+    assert_int_equal(plan_search(&m, &hw, &s, 5, &r), ZO_OK);
+    assert_true(r.n_best > 0);
+    check_consistent(&m, &hw, &r);
+    const plan_train *t = &r.best[0].t;
+    assert_true(t->opt_frac[PLAN_GPU] > 0 && t->opt_frac[PLAN_GPU] < 1);
+    assert_true(t->grads_on == PLAN_CPU);
+    /* whole blocks: the share is a suffix of (embedding, 40 layers, head) */
+    uint64_t emb = (uint64_t)m.vocab * m.hidden, head = emb + m.hidden, layer = 0, n, all;
+    int layers_in;
+    plan_stage_shape(&m, t, 0, &all, &n, &layers_in);
+    layer = (all - emb - head) / (uint64_t)m.n_layers;
+    double got = t->opt_frac[PLAN_GPU] * (double)all;
+    int k = (int)llround((got - (double)head) / (double)layer);
+    assert_true(fabs(got - (double)(head + (uint64_t)k * layer)) < 1e-6 * (double)all);
+    assert_true(plan_gpu_share(&m, t, 0) == t->opt_frac[PLAN_GPU]);
+    /* --optimizer-min: a share on every tier, NVMe at least 0.1; the NVMe
+     * share named as asked for (it is slower than the best above) */
+    double best = r.best[0].time.step;
+    s.opt_min[PLAN_GPU] = s.opt_min[PLAN_CPU] = 0.01;
+    s.opt_min[PLAN_NVME] = 0.1;
+    assert_int_equal(plan_search(&m, &hw, &s, 3, &r), ZO_OK);
+    assert_true(r.n_best > 0);
+    check_consistent(&m, &hw, &r);
+    for (int i = 0; i < r.n_best; i++) {
+        const double *f = r.best[i].t.opt_frac;
+        assert_true(f[PLAN_GPU] > 0 && f[PLAN_CPU] > 0 && f[PLAN_NVME] >= 0.1 - 1e-9);
+        assert_true(fabs(f[0] + f[1] + f[2] - 1) < 1e-9);
+    }
+    assert_true(r.best[0].time.step >= best);
+    char why[2048];
+    plan_explain(&m, &hw, &r.best[0], why, sizeof why);
+    if (!strstr(why, "optimizer partly on NVMe as the flags ask")) {
+        print_error("explanation: %s\n", why);
+        fail();
+    }
+}
+
 static void test_dgx2_max_model(void **state)
 {
     (void)state;
@@ -357,6 +423,10 @@ static void test_cli_plan(void **state)
     assert_non_null(strstr(out, "--objective: 'speed'"));
     assert_int_equal(run_memplan("plan --model llama-2-13b --zero 3-1", out, sizeof out), 2);
     assert_non_null(strstr(out, "--zero"));
+    assert_int_equal(run_memplan("plan --model llama-2-13b --optimizer-min nvme=0.7,cpu=0.5", out, sizeof out), 2);
+    assert_non_null(strstr(out, "--optimizer-min: fractions in 'nvme=0.7,cpu=0.5' sum to 1.2, more than 1"));
+    assert_int_equal(run_memplan("plan --model llama-2-13b --optimizer-min disk=0.1", out, sizeof out), 2);
+    assert_non_null(strstr(out, "--optimizer-min: 'disk' is not one of gpu, cpu, nvme"));
     assert_int_equal(run_memplan("max-model --family bert", out, sizeof out), 2);
     assert_non_null(strstr(out, "--family 'bert'"));
     snprintf(args, sizeof args, "estimate --model gpt2 --hw %s/nothere.json", dir);
@@ -431,7 +501,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dgx2_max_model_3d),
-        cmocka_unit_test(test_llama13b_one_gpu),  cmocka_unit_test(test_dgx2_max_model),
+        cmocka_unit_test(test_llama13b_one_gpu),  cmocka_unit_test(test_llama13b_h200_split),
+        cmocka_unit_test(test_dgx2_max_model),
         cmocka_unit_test(test_family_shape),      cmocka_unit_test(test_search_22b_64gpus),
         cmocka_unit_test(test_objective_cost),    cmocka_unit_test(test_plan_file_roundtrip),
         cmocka_unit_test(test_cli_plan),

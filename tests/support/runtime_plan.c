@@ -17,8 +17,9 @@ void runtime_plan_train(plan_train *t, const zo_model_config *m, zo_dtype dt, in
     t->dropout = 0;
     t->flash_attn = 1;
     t->params_on = (plan_tier)oc->params_on;
-    /* the runtime sums a gradient where its optimizer state lives */
-    t->grads_on = oc->opt_frac[OFFLOAD_DEVICE] > 0 ? PLAN_GPU : PLAN_CPU;
+    /* the runtime sums a gradient where its optimizer state lives: a
+     * device share's on the device, the rest on the host */
+    t->grads_on = oc->opt_frac[OFFLOAD_DEVICE] >= 1 ? PLAN_GPU : PLAN_CPU;
     /* the runtime sums the gradients of a device optimizer share in fp32:
      * such a plan is made with --grad-dtype fp32 */
     if (oc->opt_frac[OFFLOAD_DEVICE] > 0) t->grad_dtype = ZO_DTYPE_F32;
