@@ -529,7 +529,7 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
      * NVMe share read ahead and written behind */
     double o_elems = t->zero >= 1 ? P_shard : P;
     double fn = e->opt_share[PLAN_NVME];
-    double per = (t->dtype == ZO_DTYPE_F32 ? 0 : 4) + (t->optimizer == PLAN_OPT_ADAMW ? 8 : 4);
+    double per = 4 + (t->optimizer == PLAN_OPT_ADAMW ? 8 : 4); /* (an fp32 master for fp32 weights too) */
     if (fg > 0) o->optimizer_gpu = fg * o_elems * (2 * per + 5 * gsz + 4 + wsz) / (hw->hbm_bw * hw->hbm_eff);
     plan_sched_in *in = &o->sched;
     double cpu_n = (1 - fg) * o_elems;

@@ -694,7 +694,9 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
 
     /* ---- optimizer state ---- */
     uint64_t o_elems = t->zero >= 1 ? sharded : tr;
-    uint64_t master = t->dtype == ZO_DTYPE_F32 ? 0 : 4; /* fp32 master copy */
+    /* the fp32 master copy: the runtime's optimizer shards keep one for
+     * fp32 weights too (the weights stream from their own store) */
+    uint64_t master = 4;
     uint64_t per = master + (t->optimizer == PLAN_OPT_ADAMW ? 8 : 4);
     uint64_t o_bytes = o_elems * per;
     /* (the runtime's: the GPU's whole blocks, NVMe the nearest count of
@@ -708,8 +710,8 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
     e->opt_share[PLAN_NVME] = o_bytes ? (double)o_nvme / (double)o_bytes : t->opt_frac[PLAN_NVME];
     e->opt_share[PLAN_CPU] = 1 - e->opt_share[PLAN_GPU] - e->opt_share[PLAN_NVME];
     const char *oname = t->optimizer == PLAN_OPT_ADAMW
-                            ? (master ? "AdamW: fp32 master, m, v" : "AdamW: m, v")
-                            : (master ? "SGD: fp32 master, momentum" : "SGD: momentum");
+                            ? "AdamW: fp32 master, m, v"
+                            : "SGD: fp32 master, momentum";
     add(e, oname, PLAN_GPU, PLAN_OPTIMIZER, o_gpu);
     add(e, oname, PLAN_CPU, PLAN_OPTIMIZER, o_cpu);
     add(e, oname, PLAN_NVME, PLAN_OPTIMIZER, o_nvme);

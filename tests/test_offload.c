@@ -1133,20 +1133,24 @@ static void test_memplan_agrees(void **state)
         offload_tier ckpt;
         double dev; /* optimizer on the device (gradients there too) */
         offload_schedule sched;
+        int fp32;   /* fp32 weights (else bf16) */
     } v[] = {
-        {"weights cpu, optimizer cpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_SERIAL},
+        {"weights cpu, optimizer cpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_SERIAL, 0},
         /* the delayed update: a second fp32 gradient sum on the host */
-        {"weights cpu, optimizer cpu, dpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_DPU},
-        {"weights cpu, optimizer split", OFFLOAD_CPU, 0.5, 1, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_SERIAL},
-        {"weights nvme, optimizer nvme", OFFLOAD_NVME, 1.0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_SERIAL},
-        {"resident, no recompute", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_SERIAL},
-        {"weights cpu, optimizer gpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 1.0, OFFLOAD_SCHEDULE_SERIAL},
-        {"resident, optimizer and grads gpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 1.0, OFFLOAD_SCHEDULE_SERIAL},
-        {"resident, optimizer gpu/cpu/nvme", OFFLOAD_DEVICE, 0.25, 1, OFFLOAD_DEVICE, 0.5, OFFLOAD_SCHEDULE_SERIAL},
-        {"weights cpu, optimizer gpu/cpu/nvme", OFFLOAD_CPU, 0.25, 1, OFFLOAD_CPU, 0.5, OFFLOAD_SCHEDULE_SERIAL},
+        {"weights cpu, optimizer cpu, dpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_DPU, 0},
+        {"weights cpu, optimizer split", OFFLOAD_CPU, 0.5, 1, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_SERIAL, 0},
+        {"weights nvme, optimizer nvme", OFFLOAD_NVME, 1.0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_SERIAL, 0},
+        {"resident, no recompute", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_SERIAL, 0},
+        {"weights cpu, optimizer gpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 1.0, OFFLOAD_SCHEDULE_SERIAL, 0},
+        {"resident, optimizer and grads gpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 1.0, OFFLOAD_SCHEDULE_SERIAL, 0},
+        {"resident, optimizer gpu/cpu/nvme", OFFLOAD_DEVICE, 0.25, 1, OFFLOAD_DEVICE, 0.5, OFFLOAD_SCHEDULE_SERIAL, 0},
+        {"weights cpu, optimizer gpu/cpu/nvme", OFFLOAD_CPU, 0.25, 1, OFFLOAD_CPU, 0.5, OFFLOAD_SCHEDULE_SERIAL, 0},
+        {"fp32, weights cpu, optimizer cpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_SERIAL, 1},
+        {"fp32, resident, optimizer gpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 1.0, OFFLOAD_SCHEDULE_SERIAL, 1},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
-        run r = {.cfg = tiny_llama(8, 128, 512), .dt = ZO_DTYPE_BF16, .B = 2, .T = 32, .steps = 2};
+        run r = {.cfg = tiny_llama(8, 128, 512), .dt = v[i].fp32 ? ZO_DTYPE_F32 : ZO_DTYPE_BF16, .B = 2, .T = 32,
+                 .steps = 2};
         base_config(&r.oc);
         r.oc.grad_accum = 2;
         r.oc.sub_group = 50000;
