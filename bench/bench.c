@@ -6,12 +6,8 @@
 #include <time.h>
 #include <unistd.h>
 
-double bench_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "common/clock.h"
+
 
 static void cpu_model(char *buf, size_t len)
 {
@@ -51,12 +47,12 @@ double bench_time_best(void (*fn)(void *), void *arg, int warmup, int min_reps,
                        double min_seconds)
 {
     for (int i = 0; i < warmup; i++) fn(arg);
-    double best = 1e300, start = bench_now();
+    double best = 1e300, start = zo_now();
     int reps = 0;
-    while (reps < min_reps || bench_now() - start < min_seconds) {
-        double t0 = bench_now();
+    while (reps < min_reps || zo_now() - start < min_seconds) {
+        double t0 = zo_now();
         fn(arg);
-        double dt = bench_now() - t0;
+        double dt = zo_now() - t0;
         if (dt < best) best = dt;
         reps++;
     }

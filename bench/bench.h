@@ -9,8 +9,7 @@
 
 #include <stddef.h>
 
-/* Monotonic seconds. */
-double bench_now(void);
+#include "common/clock.h" /* defines: zo_now (monotonic seconds) */
 
 /* Print "# <name>: <cpu model>, <n> cores online, <host>; <settings>". */
 void bench_header(const char *name, const char *settings_fmt, ...)

@@ -225,9 +225,9 @@ static int bench_row_op(comm_t c, int op, bufs *b, size_t bytes, const opts *o, 
     bufs_move(b, 1);
     size_t mpi_count = bytes / sizeof(float);
     /* one untimed call of each, then as many repetitions as fit the time */
-    double t0 = bench_now();
+    double t0 = zo_now();
     if (run_op(c, op, b, s.count, t) != ZO_OK) return -1;
-    double first = bench_now() - t0;
+    double first = zo_now() - t0;
     MPI_Allreduce(b->hsend, b->hrecv, (int)mpi_count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     int reps = (int)(o->seconds / (first > 1e-9 ? first : 1e-9));
@@ -236,13 +236,13 @@ static int bench_row_op(comm_t c, int op, bufs *b, size_t bytes, const opts *o, 
     if (!tours || !tmpi) return -1;
     for (int i = 0; i < reps; i++) {
         if (comm_barrier(c, NULL, NULL) != ZO_OK) return -1;
-        t0 = bench_now();
+        t0 = zo_now();
         if (run_op(c, op, b, s.count, t) != ZO_OK) return -1;
-        tours[i] = bench_now() - t0;
+        tours[i] = zo_now() - t0;
         MPI_Barrier(MPI_COMM_WORLD);
-        t0 = bench_now();
+        t0 = zo_now();
         MPI_Allreduce(b->hsend, b->hrecv, (int)mpi_count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-        tmpi[i] = bench_now() - t0;
+        tmpi[i] = zo_now() - t0;
     }
     out->ours = slowest_best(tours, reps);
     out->mpi = slowest_best(tmpi, reps);

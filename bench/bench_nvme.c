@@ -28,7 +28,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "bench/bench.h"          // defines: bench_header, bench_row, bench_result, bench_now
+#include "bench/bench.h"          // defines: bench_header, bench_row, bench_result
 #include "common/units.h"         // defines: zo_parse_size, zo_parse_count, zo_format_bytes
 #include "nvme/nvme_pipeline.h"   // defines: nvme_pipeline_*, nvme_store_*, nvme_engine_*
 #ifdef ZO_BENCH_CPU_ADAM
@@ -121,7 +121,7 @@ static double engine_pass2(nvme_engine_t *e, int fid, void *buf, void *buf2, uin
     size_t n = (size_t)((size + chunk - 1) / chunk), nio = both ? 2 * n : n;
     nvme_io *io = calloc(nio, sizeof *io);
     if (!io) return -1;
-    double t0 = bench_now();
+    double t0 = zo_now();
     for (size_t i = 0; i < nio; i++) {
         size_t c = both ? i / 2 : i;
         uint64_t off = (uint64_t)c * chunk;
@@ -133,7 +133,7 @@ static double engine_pass2(nvme_engine_t *e, int fid, void *buf, void *buf2, uin
     }
     for (size_t i = 0; i < nio; i++)
         if (nvme_io_wait(e, &io[i]) != ZO_OK) goto out_fail;
-    double dt = bench_now() - t0;
+    double dt = zo_now() - t0;
     free(io);
     return dt;
 
@@ -305,14 +305,14 @@ static int run_pipeline(const opts *o, nvme_engine_t *e, void *buf, size_t chunk
         t_w = dw < t_w ? dw : t_w;
         t_r = dr < t_r ? dr : t_r;
         t_rw = drw < t_rw ? drw : t_rw;
-        double t0 = bench_now();
+        double t0 = zo_now();
         for (size_t k = 0; k < K; k++) {
             size_t first, len;
             nvme_pipeline_group_range(p, k, &first, &len);
             if (adam_cb(&a, k, first, len, w + first, m + first, v + first) != ZO_OK)
                 goto out_report;
         }
-        double dc = bench_now() - t0;
+        double dc = zo_now() - t0;
         t_compute = dc < t_compute ? dc : t_compute;
         nvme_step_stats st;
         if (nvme_pipeline_step(p, adam_cb, &a, &st) != ZO_OK) goto out_report;

@@ -109,13 +109,13 @@ static void one_step(void *arg)
     offload_step_info info;
     float loss = 0;
     int B = (int)c->sh.batch, T = (int)c->sh.seq;
-    double t0 = bench_now();
+    double t0 = zo_now();
     if (tf_set_batch(&c->m, c->s, c->in, c->tg, B, T) != ZO_OK || offload_micro_batch(c->rt, c->s) != ZO_OK ||
         tf_loss(&c->m, c->s, &loss) != ZO_OK) {
         c->failed = 1;
         return;
     }
-    double fb = bench_now() - t0;
+    double fb = zo_now() - t0;
     if (fb < c->best_fb) c->best_fb = fb;
     if (offload_step(c->rt, &info) != ZO_OK) c->failed = 1;
     bench_sink(&loss);

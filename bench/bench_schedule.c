@@ -66,11 +66,11 @@ static double gemm_rate(int threads, int rows, int hidden)
     double best = 1e30;
     for (int r = 0; r < 5; r++) {
         gpu_stream_synchronize(s);
-        double t0 = bench_now();
+        double t0 = zo_now();
         for (int i = 0; i < 4; i++)
             gpu_gemm(s, &g);
         gpu_stream_synchronize(s);
-        double dt = (bench_now() - t0) / 4;
+        double dt = (zo_now() - t0) / 4;
         if (dt < best) best = dt;
     }
     gpu_mem_free(dev, a);
@@ -90,9 +90,9 @@ static double memcpy_rate(void)
     memset(b, 2, n);
     double best = 1e30;
     for (int r = 0; r < 5; r++) {
-        double t0 = bench_now();
+        double t0 = zo_now();
         memcpy(b, a, n);
-        double dt = bench_now() - t0;
+        double dt = zo_now() - t0;
         if (dt < best) best = dt;
         bench_sink(b);
     }
@@ -149,20 +149,20 @@ static double measure(const runcfg *rc, const placement *p, offload_schedule sch
     int32_t *in = malloc((size_t)n * 4), *tg = malloc((size_t)n * 4);
     double *t = calloc((size_t)rc->steps, sizeof *t), *tf = calloc((size_t)rc->steps, sizeof *tf);
     for (int i = 0; i < n; i++) in[i] = (i * 7) % rc->cfg.vocab, tg[i] = (i * 7 + 1) % rc->cfg.vocab;
-    double prev = bench_now();
+    double prev = zo_now();
     for (int k = 0; k < warm + rc->steps; k++) {
         float loss;
         offload_step_info info;
         double f = 0;
         for (int j = 0; j < rc->accum; j++) {
-            double t0 = bench_now();
+            double t0 = zo_now();
             if (tf_set_batch(&m, s, in, tg, rc->B, rc->T) != ZO_OK || offload_micro_batch(rt, s) != ZO_OK ||
                 tf_loss(&m, s, &loss) != ZO_OK)
                 goto out_rt;
-            f += bench_now() - t0;
+            f += zo_now() - t0;
         }
         if (offload_step(rt, &info) != ZO_OK) goto out_rt;
-        double now = bench_now();
+        double now = zo_now();
         if (k >= warm) t[k - warm] = now - prev, tf[k - warm] = f;
         prev = now;
     }

@@ -133,13 +133,13 @@ static void ref_stop(ref *r)
 static double c_run(const model_tokenizer *t, const corpus *c, int threads, uint64_t *tokens, uint32_t *sum)
 {
     model_ids *ids = calloc(c->n, sizeof *ids);
-    double t0 = bench_now();
+    double t0 = zo_now();
     if (!ids || model_tokenizer_encode_many(t, (const char *const *)c->doc, c->len, c->n, MODEL_TOK_ADD_SPECIAL, -1,
                                             threads, ids) != ZO_OK) {
         fprintf(stderr, "bench_tokenizer: %s\n", zo_last_error());
         exit(1);
     }
-    double dt = bench_now() - t0;
+    double dt = zo_now() - t0;
     uint32_t n = 0, s = 0;
     for (size_t d = 0; d < c->n; d++) {
         for (size_t i = 0; i < ids[d].n; i++) {

@@ -85,14 +85,14 @@ static double one_step(zcase *c, int *failed)
 {
     offload_step_info info;
     float loss = 0;
-    double t0 = bench_now();
+    double t0 = zo_now();
     for (int j = 0; j < c->accum; j++)
         if (tf_set_batch(&c->m, c->s, c->in, c->tg, c->B, c->T) != ZO_OK || offload_micro_batch(c->rt, c->s) != ZO_OK ||
             tf_loss(&c->m, c->s, &loss) != ZO_OK)
             *failed = 1;
     if (!*failed && offload_step(c->rt, &info) != ZO_OK) *failed = 1;
     bench_sink(&loss);
-    return bench_now() - t0;
+    return zo_now() - t0;
 }
 
 static void usage(FILE *f)
@@ -182,9 +182,9 @@ int main(int argc, char **argv)
     float *x = calloc(n, sizeof *x);
     double ar = 1e30;
     for (int r = 0; r < reps + 1 && x; r++) {
-        double t0 = bench_now();
+        double t0 = zo_now();
         if (comm_all_reduce(comm, x, x, n, ZO_DTYPE_F32, NULL, NULL) != ZO_OK) return 1;
-        if (r && bench_now() - t0 < ar) ar = bench_now() - t0;
+        if (r && zo_now() - t0 < ar) ar = zo_now() - t0;
     }
     free(x);
     if (rank == 0)

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/units.h"     /* defines: zo_parse_int, zo_format_bytes */
 #include "model/corpus.h"     /* defines: model_corpus_read */
 #include "model/data.h"       /* defines: model_tokens_writer */
@@ -51,12 +52,6 @@ static const struct option long_opts[] = {
     {0, 0, 0, 0},
 };
 
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 int main(int argc, char **argv)
 {
@@ -117,7 +112,7 @@ int main(int argc, char **argv)
         goto out_tok;
     }
     uint64_t docs = 0, bytes = 0;
-    double t0 = now_seconds(), t_encode = 0;
+    double t0 = zo_now(), t_encode = 0;
     for (int i = optind; i < argc; i++) {
         model_corpus corp;
         if ((st = model_corpus_read(argv[i], &corp)) != ZO_OK) goto out_write;
@@ -134,10 +129,10 @@ int main(int argc, char **argv)
             model_corpus_free(&corp);
             goto out_write;
         }
-        double te = now_seconds();
+        double te = zo_now();
         st = model_tokenizer_encode_many(t, (const char *const *)corp.text, corp.len, corp.n,
                                          special ? MODEL_TOK_ADD_SPECIAL : 0, eot, (int)threads, ids);
-        t_encode += now_seconds() - te;
+        t_encode += zo_now() - te;
         if (st != ZO_OK) st = zo_error_wrap(st, "%s", argv[i]);
         for (size_t d = 0; d < corp.n; d++) {
             if (st == ZO_OK && print) {
@@ -173,7 +168,7 @@ int main(int argc, char **argv)
            "%.1f MB/s encoding, %.2fs in all\n",
            (unsigned long long)docs, zo_format_bytes(bytes, b1, sizeof b1), (unsigned long long)n_tokens,
            width * 8, vocab, model_tokenizer_kind(t), t_encode > 0 ? (double)bytes / t_encode / 1e6 : 0.0,
-           now_seconds() - t0);
+           zo_now() - t0);
     printf("# wrote %s and %s.json\n", out_path, out_path);
     rc = 0;
     goto out_tok;

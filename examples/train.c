@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/model_config.h" /* defines: zo_model_config_load, zo_model_preset_find */
 #include "common/units.h"        /* defines: zo_parse_size, zo_parse_int, zo_format_bytes */
 #include "examples/finetune.h"   /* defines: ft_lr_at, ft_log_write, ft_plot_write */
@@ -285,12 +286,6 @@ static const struct option long_opts[] = {
     {0, 0, 0, 0},
 };
 
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static zo_status parse_float(const char *s, const char *flag, double lo, double hi, float *out)
 {
@@ -1157,9 +1152,9 @@ int main(int argc, char **argv)
         goto out_rt;
     }
     int progress = isatty(STDERR_FILENO) && !isatty(STDOUT_FILENO);
-    double t_start = now_seconds();
+    double t_start = zo_now();
     for (long k = k0; k < a.steps; k++) {
-        double t0 = now_seconds(), sum = 0, lr = ft_lr_at(&a.sched, k);
+        double t0 = zo_now(), sum = 0, lr = ft_lr_at(&a.sched, k);
         offload_set_lr(rt, (float)lr);
         for (int j = 0; j < accum; j++) {
             /* rank r's slice of the global batch of step k */
@@ -1189,7 +1184,7 @@ int main(int argc, char **argv)
         if ((st = offload_gather(rt, &sum, sizeof sum, losses)) != ZO_OK) goto out_rt;
         sum = 0;
         for (int r = 0; r < ranks; r++) sum += losses[r];
-        double dt = now_seconds() - t0;
+        double dt = zo_now() - t0;
         gpu_mem_get_stats(dev, &ms);
         printf("step %ld loss %.6f lr %.6g norm %.4f tok/s %.0f mem %s%s\n", k, sum / (accum * ranks), lr,
                info.grad_norm, (double)n * accum * ranks / dt, zo_format_bytes(ms.high_water, b1, sizeof b1),
@@ -1232,7 +1227,7 @@ int main(int argc, char **argv)
         }
         if (stop_signal) goto out_signal;
         if (progress) {
-            double el = now_seconds() - t_start;
+            double el = zo_now() - t_start;
             fprintf(stderr, "\r[%ld/%ld] loss %.4f, %.0fs left ", k + 1, a.steps, sum / (accum * ranks),
                     el / (k + 1 - k0) * (a.steps - k - 1));
         }

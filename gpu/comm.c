@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "gpu/comm_impl.h" /* defines: comm_iface, struct comm, struct comm_request */
 
 #define COMM_DEFAULT_TIMEOUT_S 300.0
@@ -56,12 +57,6 @@ const char *comm_op_name(comm_op_kind k)
     return (unsigned)k < COMM_OP_KIND_COUNT ? op_names[k] : "?";
 }
 
-double comm_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 /* ---- launch ----------------------------------------------------------------------- */
 

@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 
+#include "common/clock.h" /* defines: zo_now */
 #include "gpu/comm.h"
 
 typedef enum comm_op_kind {
@@ -70,7 +71,6 @@ void comm_op_describe(const struct comm_request *op, char *buf, size_t n);
 /* Hand a fault message to the communicator's on_fault (stderr by default). */
 void comm_report_fault(comm_t c, const char *message);
 /* Seconds on a monotonic clock. */
-double comm_now(void);
 
 /* Backends' constructors: fill c->ctx, c->rank, c->size, c->device_buffers
  * (comm.c has set iface, backend, device, timeout and the fault handler). */

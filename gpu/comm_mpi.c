@@ -278,12 +278,12 @@ void comm_mpi_fault(comm_t c, int id, uint64_t seq, const char *what)
             q[4 * p + 1] = (int64_t)seq;
             MPI_Isend(&q[4 * p], 4, MPI_INT64_T, p, TAG_QUERY, E.fault_comm, &qr[p]);
         }
-        double end = comm_now() + grace;
+        double end = zo_now() + grace;
         for (;;) {
             poll_questions();
             int all = 1;
             for (int p = 0; p < E.size; p++) all &= p == E.rank || E.answers[p].got;
-            if (all || comm_now() > end) break;
+            if (all || zo_now() > end) break;
             struct timespec ts = {0, 1000000};
             nanosleep(&ts, NULL);
         }
@@ -316,7 +316,7 @@ void comm_mpi_fault(comm_t c, int id, uint64_t seq, const char *what)
 
 static void run_watchdogs(void)
 {
-    double now = comm_now();
+    double now = zo_now();
     if (now - E.last_tick < ENGINE_TICK_S) return;
     E.last_tick = now;
     poll_questions();
@@ -419,7 +419,7 @@ static void describe(const mpi_op *op, char *buf, size_t n)
 static void poll_until_done(mpi_op *op, MPI_Request *r, int id)
 {
     comm_t c = op->base.comm;
-    double start = comm_now(), deadline = start + c->timeout_s;
+    double start = zo_now(), deadline = start + c->timeout_s;
     long sleep_ns = 0;
     for (;;) {
         int done = 0;
@@ -433,7 +433,7 @@ static void poll_until_done(mpi_op *op, MPI_Request *r, int id)
             comm_mpi_fail(c, msg);
         }
         if (done) return;
-        double now = comm_now();
+        double now = zo_now();
         if (now > deadline) {
             char what[256];
             describe(op, what, sizeof what);
@@ -577,9 +577,9 @@ static void *engine_main(void *arg)
         return NULL;
     }
     for (;;) {
-        double spin_end = comm_now() + ENGINE_SPIN_S; /* the next collective often follows */
+        double spin_end = zo_now() + ENGINE_SPIN_S; /* the next collective often follows */
         while (!E.head && !E.stop && !E.abort_requested) {
-            if (comm_now() < spin_end) {
+            if (zo_now() < spin_end) {
                 pthread_mutex_unlock(&E.lock);
                 sched_yield();
                 pthread_mutex_lock(&E.lock);
@@ -655,10 +655,10 @@ static void engine_submit(mpi_op *op)
 
 static zo_status engine_wait(mpi_op *op)
 {
-    double spin_end = comm_now() + ENGINE_SPIN_S;
+    double spin_end = zo_now() + ENGINE_SPIN_S;
     pthread_mutex_lock(&E.lock);
     while (!op->complete || op->stream_refs > 0) {
-        if (comm_now() < spin_end) {
+        if (zo_now() < spin_end) {
             pthread_mutex_unlock(&E.lock);
             sched_yield();
             pthread_mutex_lock(&E.lock);

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
+
 #define PIPE_MAX_SLOTS 16
 
 enum { SLOT_FREE = 0, SLOT_READING, SLOT_READY, SLOT_WRITING };
@@ -38,12 +40,6 @@ struct nvme_pipeline {
     double io_seconds;
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 zo_status nvme_pipeline_init(nvme_pipeline_t **out, nvme_store_t *store,
                              const nvme_pipeline_config *cfg)
@@ -293,9 +289,9 @@ static void *pipe_io_thread(void *arg)
             inflight += p->slot[i].state == SLOT_READING || p->slot[i].state == SLOT_WRITING;
         if (!inflight && (writes_done == p->K || abort || failed)) break;
 
-        double t0 = now_s();
+        double t0 = zo_now();
         zo_status st = nvme_engine_progress(p->e, 1);
-        if (inflight) p->io_seconds += now_s() - t0;
+        if (inflight) p->io_seconds += zo_now() - t0;
         if (st != ZO_OK) { /* the ring itself failed: nothing more will complete */
             io_record_error(p, st);
             break;
@@ -332,7 +328,7 @@ zo_status nvme_pipeline_step(nvme_pipeline_t *p, nvme_update_fn fn, void *user,
                              nvme_step_stats *stats)
 {
     if (!fn) return zo_error(ZO_ERR_INVALID, "nvme_pipeline_step: no update function");
-    double t_start = now_s(), t_update = 0, t_wait = 0;
+    double t_start = zo_now(), t_update = 0, t_wait = 0;
     memset(p->ready, 0, p->K);
     for (int i = 0; i < p->nslots; i++) p->slot[i].state = SLOT_FREE;
     p->updated = 0;
@@ -345,19 +341,19 @@ zo_status nvme_pipeline_step(nvme_pipeline_t *p, nvme_update_fn fn, void *user,
         return zo_error(ZO_ERR_INTERNAL, "nvme_pipeline_step: cannot start the I/O thread");
     zo_status st = ZO_OK;
     for (size_t g = 0; g < p->K; g++) {
-        double t0 = now_s();
+        double t0 = zo_now();
         pthread_mutex_lock(&p->mu);
         while (!p->ready[g] && !p->abort) pthread_cond_wait(&p->cv, &p->mu);
         int abort = p->abort;
         pthread_mutex_unlock(&p->mu);
-        double t1 = now_s();
+        double t1 = zo_now();
         t_wait += t1 - t0;
         if (abort) break;
         pipe_slot *sl = &p->slot[g % (size_t)p->nslots];
         size_t first, n;
         nvme_pipeline_group_range(p, g, &first, &n);
         st = fn(user, g, first, n, sl->buf[0], sl->buf[1], sl->buf[2]);
-        t_update += now_s() - t1;
+        t_update += zo_now() - t1;
         pthread_mutex_lock(&p->mu);
         if (st != ZO_OK) p->abort = 1;
         else p->updated = g + 1;
@@ -372,7 +368,7 @@ zo_status nvme_pipeline_step(nvme_pipeline_t *p, nvme_update_fn fn, void *user,
     if (st == ZO_OK && p->io_status != ZO_OK)
         st = zo_error(p->io_status, "nvme_pipeline_step: %s", p->io_msg);
     if (stats) {
-        stats->seconds = now_s() - t_start;
+        stats->seconds = zo_now() - t_start;
         stats->update_seconds = t_update;
         stats->wait_seconds = t_wait;
         stats->io_seconds = p->io_seconds;

@@ -6,12 +6,8 @@
 #include <string.h>
 #include <time.h>
 
-double offload_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "common/clock.h"
+
 
 void offload_count(offload_acct *a, offload_tier t, int64_t delta)
 {
@@ -60,9 +56,9 @@ void offload_host_free(const offload_env *env, void *p, size_t bytes, int pinned
 
 zo_status offload_timed_wait(const offload_env *env, gpu_event_t ev, offload_time_part part)
 {
-    double t0 = offload_now();
+    double t0 = zo_now();
     zo_status st = gpu_event_synchronize(ev);
-    offload_add_time(env->acct, part, offload_now() - t0);
+    offload_add_time(env->acct, part, zo_now() - t0);
     return st;
 }
 

@@ -46,7 +46,7 @@ zo_status offload_grads_accumulate(offload_t *rt, int k)
     if (g->block < 0) return ZO_OK;
     zo_status st = offload_timed_wait(&rt->env, g->copied, OFFLOAD_TIME_GRADS);
     if (st != ZO_OK) return st;
-    double t0 = offload_now();
+    double t0 = zo_now();
     int b = g->block;
     size_t n = g->n;
     float *acc = rt->grad + rt->aoff[b];
@@ -76,7 +76,7 @@ zo_status offload_grads_accumulate(offload_t *rt, int k)
     }
     }
     g->block = -1;
-    offload_add_time(&rt->acct, OFFLOAD_TIME_GRADS, offload_now() - t0);
+    offload_add_time(&rt->acct, OFFLOAD_TIME_GRADS, zo_now() - t0);
     if ((st = added(rt, b, NULL)) != ZO_OK) return st;
     /* a block's own gradients come last (the shares of blocks that read it
      * came in earlier backwards): in the step's last micro-batch they are
@@ -324,7 +324,7 @@ static zo_status reduce_at_step(offload_t *rt)
 {
     offload_dp *dp = rt->env.dp;
     zo_status st = ZO_OK;
-    double t0 = offload_now();
+    double t0 = zo_now();
     for (int b = 0; b < rt->g.nb; b++) {
         if (st == ZO_OK && rt->numel[b] && !rt->reduced[b]) {
             if (b < rt->dev_block) st = reduce_host_block(rt, b, &rt->red_k, (dp_op)rt->red_op);
@@ -336,7 +336,7 @@ static zo_status reduce_at_step(offload_t *rt)
     if (st == ZO_OK) st = sw;
     sw = gpu_stream_synchronize(rt->env.d2h);
     if (st == ZO_OK) st = sw;
-    offload_add_time(&rt->acct, OFFLOAD_TIME_COMM, offload_now() - t0);
+    offload_add_time(&rt->acct, OFFLOAD_TIME_COMM, zo_now() - t0);
     return st;
 }
 

@@ -519,14 +519,14 @@ zo_status offload_get_weights(offload_t *rt, float *const *blocks)
 
 zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s)
 {
-    double t0 = offload_now();
+    double t0 = zo_now();
     __atomic_store_n(&rt->device_busy, 1, __ATOMIC_RELAXED);
     zo_status st = offload_stream_micro_batch(rt, s);
     __atomic_store_n(&rt->device_busy, 0, __ATOMIC_RELAXED);
     if (st != ZO_OK) return st;
     rt->acct.n_micro++;
     device_peak(rt);
-    rt->acct.total_s += offload_now() - t0;
+    rt->acct.total_s += zo_now() - t0;
     return ZO_OK;
 }
 
@@ -540,7 +540,7 @@ zo_status offload_forward(offload_t *rt, gpu_stream_t s)
 
 zo_status offload_step(offload_t *rt, offload_step_info *info)
 {
-    double t0 = offload_now();
+    double t0 = zo_now();
     memset(info, 0, sizeof *info);
     zo_status st = offload_grads_drain(rt);
     if (st != ZO_OK) return st;
@@ -555,7 +555,7 @@ zo_status offload_step(offload_t *rt, offload_step_info *info)
     st = offload_optim_step(rt, info);
     offload_slots_invalidate(rt);
     if (st == ZO_OK && !info->skipped) rt->acct.n_steps++;
-    rt->acct.total_s += offload_now() - t0;
+    rt->acct.total_s += zo_now() - t0;
     return st;
 }
 

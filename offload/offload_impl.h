@@ -42,6 +42,7 @@
 
 #include <pthread.h>
 
+#include "common/clock.h" /* defines: zo_now */
 #include "common/adam_math.h" /* defines: zo_adam_hparams */
 #include "common/fileio.h"    /* defines: zo_dir_lock */
 #include "offload/offload.h"
@@ -105,7 +106,6 @@ typedef struct offload_geom {
     size_t slot_bytes;     /* largest * es, at least 256 */
 } offload_geom;
 
-double offload_now(void);
 void offload_count(offload_acct *a, offload_tier t, int64_t delta);
 void offload_add_time(offload_acct *a, offload_time_part p, double seconds);
 void offload_add_bytes(offload_acct *a, offload_bytes_kind k, uint64_t n);

@@ -112,7 +112,7 @@ static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay,
     size_t rel = a - rt->og.off[b], n = e - a;
     adam_hparams hp = rt->opt_hp;
     if (!decay) hp.weight_decay = 0.0f;
-    double t0 = offload_now();
+    double t0 = zo_now();
     int busy0 = __atomic_load_n(&rt->device_busy, __ATOMIC_RELAXED);
     void *dst;
     zo_status st = ws->ops->put_host(ws, b, rel, n, &dst);
@@ -125,7 +125,7 @@ static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay,
         return zo_error_wrap(st, "offload_step: block %d elements %zu..%zu", b, rel, rel + n);
     if (wide) memcpy(dst, P, n * 4);
     st = ws->ops->put_host_done(ws, b, rel, n);
-    double dt = offload_now() - t0;
+    double dt = zo_now() - t0;
     int busy1 = __atomic_load_n(&rt->device_busy, __ATOMIC_RELAXED);
     pthread_mutex_lock(&rt->acct.mu);
     rt->acct.opt_busy_s += dt;
@@ -212,27 +212,28 @@ static oshard_update updater(step_ctx *c)
 
 /* Every host shard in flat order (a block split between two host shards is
  * completed by the second), then the device shard's update (enqueued by the
- * host thread) waited for; every block published. */
+ * host thread) waited for; every block published. Into the weight store:
+ * the delayed update's steps, into the shadow, are job_reverse's. */
 static zo_status job_all(offload_t *rt, step_ctx *c)
 {
     zo_status st = ZO_OK;
     oshard_update u = updater(c);
     for (int b = 0; b < rt->g.nb; b++) /* nothing to update */
-        if (!rt->og.numel[b] && c->dst == rt->ws) publish(rt, b, rt->opt_hp.step);
+        if (!rt->og.numel[b]) publish(rt, b, rt->opt_hp.step);
     for (int i = 0; i < rt->n_shards && st == ZO_OK; i++) {
         oshard *sh = rt->shards[i];
         if (sh == rt->dev_shard) continue;
-        double ts = offload_now();
+        double ts = zo_now();
         st = sh->ops->step(sh, &u);
         /* the NVMe shard splits its own time between disk and optimizer */
-        if (sh->tier != OFFLOAD_NVME) offload_add_time(&rt->acct, OFFLOAD_TIME_OPTIMIZER, offload_now() - ts);
+        if (sh->tier != OFFLOAD_NVME) offload_add_time(&rt->acct, OFFLOAD_TIME_OPTIMIZER, zo_now() - ts);
     }
     oshard *d = rt->dev_shard;
     zo_status sd = d ? d->ops->sync(d) : ZO_OK;
     if (st == ZO_OK) st = sd;
     zo_status sw = c->dst->ops->sync(c->dst);
     if (st == ZO_OK) st = sw;
-    if (st == ZO_OK && c->dst == rt->ws) publish_all(rt, rt->opt_hp.step);
+    if (st == ZO_OK) publish_all(rt, rt->opt_hp.step);
     return st;
 }
 
@@ -241,7 +242,7 @@ static zo_status job_all(offload_t *rt, step_ctx *c)
 static zo_status step_block(offload_t *rt, step_ctx *c, oshard_update *u, int b)
 {
     zo_status st = ZO_OK;
-    double ts = offload_now();
+    double ts = zo_now();
     for (int i = 0; i < rt->n_shards && st == ZO_OK; i++) {
         oshard *sh = rt->shards[i];
         const size_t *off = rt->og.off;
@@ -249,7 +250,7 @@ static zo_status step_block(offload_t *rt, step_ctx *c, oshard_update *u, int b)
         size_t e = off[b + 1] < sh->first + sh->n ? off[b + 1] : sh->first + sh->n;
         if (sh != rt->dev_shard && a < e) st = sh->ops->step_range(sh, a, e - a, u);
     }
-    offload_add_time(&rt->acct, OFFLOAD_TIME_OPTIMIZER, offload_now() - ts);
+    offload_add_time(&rt->acct, OFFLOAD_TIME_OPTIMIZER, zo_now() - ts);
     if (st == ZO_OK && !rt->og.numel[b]) st = block_complete(c, b);
     return st;
 }
@@ -514,7 +515,7 @@ zo_status offload_optim_step(offload_t *rt, offload_step_info *info)
     }
     info->loss_scale = rt->loss_scale;
     info->skipped = 0;
-    double t0 = offload_now();
+    double t0 = zo_now();
     double sumsq;
     int first_bad;
     st = grad_stats(rt, &sumsq, &first_bad);
@@ -527,7 +528,7 @@ zo_status offload_optim_step(offload_t *rt, offload_step_info *info)
     rt->micro = 0;
     if (first_bad >= 0) {
         st = nonfinite_step(rt, first_bad, early, info);
-        offload_add_time(a, OFFLOAD_TIME_OPTIMIZER, offload_now() - t0);
+        offload_add_time(a, OFFLOAD_TIME_OPTIMIZER, zo_now() - t0);
         return st;
     }
     rt->prev_norm = (float)norm;

@@ -478,7 +478,7 @@ static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, int *bad_b
     if (exact) {
         if (!d->stats_host)
             return zo_error(ZO_ERR_INTERNAL, "offload: exact statistics without their buffer");
-        double t0 = offload_now();
+        double t0 = zo_now();
         for (int b = d->b0; b < g->nb; b++) {
             size_t n = g->numel[b];
             if (!n) continue;
@@ -494,7 +494,7 @@ static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, int *bad_b
             *sumsq += ss;
             if (nf && *bad_block < 0) *bad_block = b;
         }
-        offload_add_time(env->acct, OFFLOAD_TIME_GRADS, offload_now() - t0);
+        offload_add_time(env->acct, OFFLOAD_TIME_GRADS, zo_now() - t0);
         return ZO_OK;
     }
     float *sum = d->stats;

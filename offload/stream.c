@@ -200,9 +200,9 @@ static zo_status acquire(offload_t *rt, gpu_stream_t s, int b, offload_block_io 
     int ids0[2] = {b, dep};
     for (int k = 0; k < 2; k++) {
         if (ids0[k] < 0) continue;
-        double t0 = offload_now();
+        double t0 = zo_now();
         int ready = offload_optim_ready(rt, ids0[k], 1);
-        offload_add_time(&rt->acct, OFFLOAD_TIME_WEIGHTS, offload_now() - t0);
+        offload_add_time(&rt->acct, OFFLOAD_TIME_WEIGHTS, zo_now() - t0);
         if (!ready) return zo_error(ZO_ERR_INVALID, "offload: block %d: the optimizer's update failed", ids0[k]);
     }
     if (!rt->n_slots) {

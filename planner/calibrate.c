@@ -12,6 +12,7 @@
 
 #include <omp.h>
 
+#include "common/clock.h"
 #include "common/dtype.h"
 #include "cpu_adam/cpu_adam.h" /* adam_update, adam_hparams_default */
 #ifdef ZO_HAVE_NVME_ENGINE
@@ -28,12 +29,6 @@ void plan_calibrate_defaults(plan_calibrate_opts *o)
     o->nvme_bytes = 512u << 20;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* a[i] = b[i] + s * c[i]: 3 arrays of n floats, 3 x 4n bytes moved (the
  * write's read-for-ownership not counted, as STREAM does). */
@@ -56,11 +51,11 @@ static zo_status measure_bw(const plan_calibrate_opts *o, int threads, double *b
     }
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (size_t i = 0; i < n; i++) a[i] = 0, b[i] = 1, c[i] = 2; /* first touch per thread */
-    double best = INFINITY, t_end = now_s() + o->seconds;
-    for (int rep = 0; rep < 3 || now_s() < t_end; rep++) {
-        double t0 = now_s();
+    double best = INFINITY, t_end = zo_now() + o->seconds;
+    for (int rep = 0; rep < 3 || zo_now() < t_end; rep++) {
+        double t0 = zo_now();
         triad(a, b, c, n, 0.5f, threads);
-        double dt = now_s() - t0;
+        double dt = zo_now() - t0;
         if (dt < best) best = dt;
         if (rep > 1000) break;
     }
@@ -90,12 +85,12 @@ static zo_status measure_adam(const plan_calibrate_opts *o, int threads, double 
         g[i] = zo_f32_to_bf16(1e-3f * (float)(i % 13) - 6e-3f);
     }
     adam_hparams hp = adam_hparams_default();
-    double best = INFINITY, t_end = now_s() + o->seconds;
-    for (int rep = 0; rep < 3 || now_s() < t_end; rep++) {
+    double best = INFINITY, t_end = zo_now() + o->seconds;
+    for (int rep = 0; rep < 3 || zo_now() < t_end; rep++) {
         hp.step = rep + 1;
-        double t0 = now_s();
+        double t0 = zo_now();
         st = adam_update(&hp, n, p, g, ZO_DTYPE_BF16, m, v, w, ZO_DTYPE_BF16, threads);
-        double dt = now_s() - t0;
+        double dt = zo_now() - t0;
         if (st) {
             st = zo_error_wrap(st, "calibrate: adam_update");
             goto out_free;
@@ -134,14 +129,14 @@ static zo_status measure_nvme(const plan_calibrate_opts *o, double *rd, double *
         goto out_buf;
     *direct = nvme_file_is_direct(e, fid);
     if ((st = nvme_file_allocate(e, fid, total)) != ZO_OK) goto out_file;
-    double t0 = now_s();
+    double t0 = zo_now();
     for (size_t off = 0; off < total && !st; off += chunk) st = nvme_write(e, fid, buf, chunk, off);
     if (st) goto out_file;
-    *wr = (double)total / (now_s() - t0);
-    t0 = now_s();
+    *wr = (double)total / (zo_now() - t0);
+    t0 = zo_now();
     for (size_t off = 0; off < total && !st; off += chunk) st = nvme_read(e, fid, buf, chunk, off);
     if (st) goto out_file;
-    *rd = (double)total / (now_s() - t0);
+    *rd = (double)total / (zo_now() - t0);
     if (((unsigned char *)buf)[chunk - 1] != 0x5a)
         st = zo_error(ZO_ERR_CHECKSUM, "calibrate: %s read back other bytes than written", path);
 out_file:

@@ -17,6 +17,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/clock.h"
 #include "common/fileio.h" /* defines: zo_file_read_all, zo_file_write_all, zo_file_write_json */
 #include "common/model_config.h"
 #include "common/units.h"
@@ -1182,12 +1183,6 @@ static void print_plan_line(const plan_candidate *c, const char *lead)
            (double)c->total[PLAN_NVME] / (1 << 30));
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int cmd_plan(int argc, char **argv)
 {
@@ -1203,9 +1198,9 @@ static int cmd_plan(int argc, char **argv)
     if ((st = build_model(a.model, a.params_n, &a.sf, a.seq, &m)) != ZO_OK) return fail();
     if ((st = args_hw(&a, &hw, &basis)) != ZO_OK) return fail();
     if ((st = args_space(&a, &m, &hw, &s)) != ZO_OK) return fail();
-    double t0 = now_s();
+    double t0 = zo_now();
     if ((st = plan_search(&m, &hw, &s, (int)a.top, &r)) != ZO_OK) return fail();
-    double dt = now_s() - t0;
+    double dt = zo_now() - t0;
 
     char cnt[32];
     static const char *obj[] = {"step time", "GPU memory", "GPU-seconds per token"};

@@ -24,6 +24,7 @@
 
 #include <cmocka.h>
 
+#include "common/clock.h"
 #include "gpu/comm.h" /* defines: comm_init, comm_all_reduce */
 
 #define TIMEOUT_S 3
@@ -31,12 +32,6 @@
 
 static char self_path[4096];
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 /* ---- victim mode: runs under mpiexec ---------------------------------------------------- */
 
@@ -77,7 +72,7 @@ static int run_victims(int np, const char *how, int k, const char *flags, double
     char cmd[8192];
     snprintf(cmd, sizeof cmd, "ZO_COMM_TIMEOUT=%d ZO_MPIEXEC_FLAGS='%s' %s %s %d %s --victim %s %d 2>&1",
              TIMEOUT_S, flags, ZO_RUN_MPI, ZO_MPIEXEC, np, self_path, how, k);
-    double t0 = now_s();
+    double t0 = zo_now();
     FILE *p = popen(cmd, "r");
     assert_non_null(p);
     size_t len = 0, got;
@@ -86,7 +81,7 @@ static int run_victims(int np, const char *how, int k, const char *flags, double
     char sink[4096];
     while (fread(sink, 1, sizeof sink, p) > 0) {}
     int st = pclose(p);
-    *seconds = now_s() - t0;
+    *seconds = zo_now() - t0;
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 

@@ -35,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "gpu/comm.h"                  /* defines: comm_init */
 #include "offload/offload.h"           /* defines: offload_init */
 #include "planner/cost.h"              /* defines: plan_dp_comm_elems */
@@ -380,17 +381,11 @@ static const char tiny_config[] =
     "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
     "\"vocab_size\": 256, \"max_position_embeddings\": 64}";
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 /* Run `cmd` (stdout and stderr), its exit status (128 + signal), its time. */
 static int run_timed(const char *cmd, char *out, size_t cap, double *seconds)
 {
-    double t0 = now_s();
+    double t0 = zo_now();
     FILE *p = popen(cmd, "r");
     assert_non_null(p);
     size_t len = 0, got;
@@ -399,7 +394,7 @@ static int run_timed(const char *cmd, char *out, size_t cap, double *seconds)
     char sink[4096];
     while (fread(sink, 1, sizeof sink, p) > 0) {}
     int st = pclose(p);
-    if (seconds) *seconds = now_s() - t0;
+    if (seconds) *seconds = zo_now() - t0;
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 

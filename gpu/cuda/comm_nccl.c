@@ -70,7 +70,7 @@ static cudaStream_t cuda_stream_of(gpu_stream_t s) { return ((cuda_stream *)s->i
  * it is not, for at most `timeout` seconds. */
 static zo_status settle(ncclComm_t comm, double timeout, const char *what)
 {
-    double end = comm_now() + timeout;
+    double end = zo_now() + timeout;
     for (;;) {
         ncclResult_t r = ncclInProgress;
         zo_status st = NC(ncclCommGetAsyncError(comm, &r));
@@ -79,7 +79,7 @@ static zo_status settle(ncclComm_t comm, double timeout, const char *what)
         if (r != ncclInProgress)
             return zo_error(ZO_ERR_DEVICE, "%s: %s (%s)", what, ncclGetErrorString(r),
                             ncclGetLastError(comm));
-        if (comm_now() > end)
+        if (zo_now() > end)
             return zo_error(ZO_ERR_DEVICE, "%s did not complete within %g s", what, timeout);
         struct timespec ts = {0, 100000};
         nanosleep(&ts, NULL);
@@ -95,7 +95,7 @@ static void nccl_watch(void *arg)
     char what[256];
     if (cudaSetDevice(x->device) != cudaSuccess) return;
     pthread_mutex_lock(&x->lock);
-    double now = comm_now();
+    double now = zo_now();
     nccl_op *oldest = NULL; /* the oldest collective not complete */
     for (nccl_op *op = x->head; op; op = op->next) {
         if (op->complete) continue;
