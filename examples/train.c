@@ -1282,10 +1282,11 @@ out_model:
 out_dev:
     if (st != ZO_OK && ranks > 1) {
         /* the others would wait for this rank in a collective until their
-         * timeout: end the job now, saying why */
+         * timeout: end the job now, saying why, with the exit status one
+         * rank would have */
         char msg[1200];
         snprintf(msg, sizeof msg, "train: rank %d of %d: %s", rank, ranks, zo_last_error());
-        comm_abort(comm, 1, msg);
+        comm_abort(comm, exit_code(st, phase), msg);
     }
     comm_free(comm);
     if (s) gpu_stream_destroy(s);

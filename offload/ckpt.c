@@ -680,9 +680,10 @@ static zo_status resolve(const char *dir, char *ck, size_t len)
     return ZO_OK;
 }
 
-/* The state and the manifest against the running model, and every file's
- * checksum, before anything is overwritten; the manifest stays with the
- * caller (its partition). */
+/* The state and the manifest against the running model, and the files'
+ * checksums (this rank's share of them: the ranks loading together hash
+ * each file once), before anything is overwritten; the manifest stays with
+ * the caller (its partition). */
 static zo_status check_checkpoint(const offload_t *rt, const char *ck, ckpt_state *cs, ckpt_manifest *mf)
 {
     char path[4200];
@@ -708,7 +709,7 @@ static zo_status check_checkpoint(const offload_t *rt, const char *ck, ckpt_stat
     else if (!ckpt_manifest_find(mf, CKPT_STATE_NAME) || (!mf->partition.ranks && !ckpt_manifest_find(mf, OPT_FILE)))
         st = zo_error(ZO_ERR_FORMAT, "%s: does not list %s and %s", path, CKPT_STATE_NAME, OPT_FILE);
     else
-        st = ckpt_manifest_verify(ck, mf);
+        st = ckpt_manifest_verify(ck, mf, rt->dp ? rt->dp->rank : 0, rt->dp ? rt->dp->size : 1);
     if (st != ZO_OK) ckpt_manifest_free(mf);
     return st;
 }
@@ -720,7 +721,13 @@ zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
     ckpt_state cs;
     ckpt_manifest mf;
     if ((st = resolve(dir, ck, sizeof ck)) != ZO_OK) return st;
-    if ((st = check_checkpoint(rt, ck, &cs, &mf)) != ZO_OK) return st;
+    /* every rank's checks passed (a damaged file is named by the rank
+     * that hashed it, and ends every rank) */
+    zo_status mine = check_checkpoint(rt, ck, &cs, &mf);
+    if ((st = dp_agree(rt->dp, mine, "offload_load")) != ZO_OK) {
+        if (mine == ZO_OK) ckpt_manifest_free(&mf);
+        return st;
+    }
     /* every tensor is there before anything is overwritten */
     ck_source src;
     if ((st = source_open(rt, ck, &mf, &src)) != ZO_OK) goto out_manifest;

@@ -514,9 +514,9 @@ zo_status ckpt_manifest_read(const char *dir, ckpt_manifest *m)
     return st;
 }
 
-zo_status ckpt_manifest_verify(const char *dir, const ckpt_manifest *m)
+zo_status ckpt_manifest_verify(const char *dir, const ckpt_manifest *m, int rank, int ranks)
 {
-    for (int i = 0; i < m->n_files; i++) {
+    for (int i = rank; i < m->n_files; i += ranks) {
         const ckpt_file_sum *want = &m->files[i];
         ckpt_file_sum got;
         zo_status st = ckpt_file_hash(dir, want->name, &got);

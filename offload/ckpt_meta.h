@@ -108,8 +108,10 @@ zo_status ckpt_manifest_parse(const char *text, size_t len, const char *path, ck
 zo_status ckpt_manifest_read(const char *dir, ckpt_manifest *m);
 /* Every file listed has its size and hash: ZO_ERR_CHECKSUM naming the file
  * (and what was written and read) otherwise; a file missing is
- * ZO_ERR_NOT_FOUND naming it. */
-zo_status ckpt_manifest_verify(const char *dir, const ckpt_manifest *m);
+ * ZO_ERR_NOT_FOUND naming it. Of `ranks` loading together, `rank` checks
+ * the files whose place in the list is `rank` modulo `ranks` (one rank: 0
+ * of 1, every file). */
+zo_status ckpt_manifest_verify(const char *dir, const ckpt_manifest *m, int rank, int ranks);
 /* The entry for `name`, or NULL. */
 const ckpt_file_sum *ckpt_manifest_find(const ckpt_manifest *m, const char *name);
 void ckpt_manifest_free(ckpt_manifest *m);

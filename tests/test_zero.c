@@ -581,6 +581,18 @@ static void test_train_resume(void **state)
     if (!strstr(out, "optimizer-00001-of-00004.safetensors: checksum mismatch")) fprintf(stderr, "%s\n", out);
     assert_int_equal(rc0, 2);
     assert_non_null(strstr(out, "optimizer-00001-of-00004.safetensors: checksum mismatch"));
+    /* on 2 ranks each hashes half the files: the one that hashed the shard
+     * names it, the other names that rank, and neither trains */
+    snprintf(extra, sizeof extra, "--dtype fp32 --steps 8 --grad-accum 2 --zero 2 --resume %s/ck2", tmp_dir);
+    rc0 = train_run(2, "", "", extra, out, sizeof out, NULL);
+    printf("  the same on 2 ranks: exit %d\n", rc0);
+    if (!strstr(out, "optimizer-00001-of-00004.safetensors: checksum mismatch") ||
+        !strstr(out, "offload_load: rank "))
+        fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc0, 2); /* (bad input, as on one rank) */
+    assert_non_null(strstr(out, "optimizer-00001-of-00004.safetensors: checksum mismatch"));
+    assert_non_null(strstr(out, "offload_load: rank "));
+    assert_null(strstr(out, "\nstep 5 "));
     /* a manifest that does not match its shards is refused by name */
     snprintf(cmd, sizeof cmd, "sed -i 's/\"ranks\":\\t4/\"ranks\":\\t3/' %s/ck3/step-00000004/manifest.json", tmp_dir);
     assert_int_equal(system(cmd), 0);
