@@ -177,6 +177,10 @@ cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_
     cJSON_AddNumberToObject(jc, "opt_threads", t->opt_threads);
     cJSON_AddBoolToObject(jc, "clip_stale", t->clip_stale);
     plan_json_add_placement(jc, t);
+    /* the split as the runtime makes it (the GPU's share in whole blocks) */
+    cJSON *jo = cJSON_AddObjectToObject(cJSON_GetObjectItem(jc, "placement"), "optimizer_blocks");
+    for (int i = 0; i < PLAN_TIERS; i++)
+        cJSON_AddNumberToObject(jo, plan_tier_name((plan_tier)i), e->opt_share[i]);
     cJSON *jb = cJSON_AddObjectToObject(jc, "buffers");
     add_u64(jb, "cuda_context", t->buf.cuda_context);
     add_u64(jb, "cublas_workspace", t->buf.cublas_workspace);

@@ -568,6 +568,29 @@ static void test_cli_json(void **state)
                 12.0 * 13015864320.0);
     cJSON_Delete(doc);
 
+    /* a split: the GPU's share in whole blocks (the head and 24 of the 40
+     * layers for 0.6), and the bytes are those blocks' */
+    rc = run_memplan("estimate --model llama-2-13b --hw h200 --seq 2048 --recompute full --params cpu --grads cpu "
+                     "--optimizer gpu=0.6,cpu=0.3,nvme=0.1 --grad-dtype fp32 --json",
+                     out, sizeof out);
+    assert_int_equal(rc, 0);
+    doc = cJSON_Parse(out);
+    assert_non_null(doc);
+    cJSON *pl = cJSON_GetObjectItem(cJSON_GetObjectItem(doc, "config"), "placement");
+    assert_true(cJSON_GetObjectItem(cJSON_GetObjectItem(pl, "optimizer"), "gpu")->valuedouble == 0.6);
+    cJSON *held = cJSON_GetObjectItem(pl, "optimizer_blocks");
+    double head = 32000.0 * 5120 + 5120, layer = (13015864320.0 - 2 * 32000.0 * 5120 - 5120) / 40;
+    double g = (head + 24 * layer) / 13015864320.0;
+    assert_true(fabs(cJSON_GetObjectItem(held, "gpu")->valuedouble - g) < 1e-12);
+    assert_true(fabs(cJSON_GetObjectItem(held, "nvme")->valuedouble - 0.1) < 1e-12);
+    assert_true(fabs(cJSON_GetObjectItem(held, "cpu")->valuedouble - (0.9 - g)) < 1e-12);
+    pr = cJSON_GetObjectItem(doc, "per_rank");
+    assert_true(fabs(cJSON_GetObjectItem(cJSON_GetObjectItem(pr, "gpu"), "optimizer")->valuedouble -
+                     12 * (head + 24 * layer)) < 1);
+    assert_true(fabs(cJSON_GetObjectItem(cJSON_GetObjectItem(pr, "gpu"), "grads")->valuedouble -
+                     (4 * (head + 24 * layer) + 2 * 2 * layer)) < 1); /* + two layers of staging */
+    cJSON_Delete(doc);
+
     /* does not fit: exit 1, a verdict line and a way that fits */
     rc = run_memplan("estimate --model llama-2-13b --hw h100-80gb --seq 4096", out, sizeof out);
     assert_int_equal(rc, 1);
