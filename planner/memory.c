@@ -392,6 +392,7 @@ typedef struct stage_shape {
     uint64_t largest;    /* elements of the largest block */
     int layers;
     int moe_layers;      /* of which MoE layers */
+    int first_layer;     /* the model's index of the stage's first layer */
     int first, last;
 } stage_shape;
 
@@ -421,9 +422,9 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
      * added after a row-parallel reduction are replicated; the stage's layers
      * are dense, or MoE from the model's first_dense on */
     o->layers = m->n_layers / t->pp;
-    int first_layer = stage * o->layers;
+    o->first_layer = stage * o->layers;
     int n_moe = 0;
-    for (int i = first_layer; i < first_layer + o->layers; i++) n_moe += zo_model_layer_is_moe(m, i);
+    for (int i = o->first_layer; i < o->first_layer + o->layers; i++) n_moe += zo_model_layer_is_moe(m, i);
     o->moe_layers = n_moe;
     zo_layer_params lp;
     uint64_t ex;
@@ -521,39 +522,34 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
 
 static uint64_t frac_of(uint64_t total, double f) { return (uint64_t)llround((double)total * f); }
 
-/* The trained elements of block b of a stage (its embedding first on stage
- * 0, then its layers in order, the head last on the last stage). */
-static uint64_t trained_block(const zo_model_config *m, const plan_train *t, const stage_shape *sh,
-                              const plan_peft *pf, int first_layer, int b)
+/* The GPU share as the runtime takes it (plan_gpu_share) of a stage whose
+ * shape (and LoRA's, pf) the caller has: the suffix of its blocks (the
+ * embedding first on stage 0, its layers in order, the head last on the
+ * last stage) nearest f of its trained elements, as offload.c's
+ * device_share_first (the last block taken first, the shorter suffix kept
+ * on a tie). */
+static double gpu_share(const zo_model_config *m, const plan_train *t, const stage_shape *sh,
+                        const plan_peft *pf, double f)
 {
-    if (sh->first && b-- == 0) return pf ? 0 : sh->emb;
-    if (b >= sh->layers) return pf ? 0 : sh->head;
-    if (pf) return pf->layer_trainable;
-    zo_layer_params lp;
-    uint64_t ex;
-    zo_model_layer_params(m, first_layer + b, &lp);
-    return layer_on_rank(&lp, t, &ex);
-}
-
-double plan_gpu_share(const zo_model_config *m, const plan_train *t, int stage)
-{
-    double f = t->opt_frac[PLAN_GPU];
     if (f <= 0 || f >= 1 || m->params_override) return f <= 0 ? 0 : f >= 1 ? 1 : f;
-    stage_shape sh;
-    stage_params(m, t, stage, &sh);
-    plan_peft pf;
-    int peft = t->method != PLAN_METHOD_FULL;
-    if (peft) plan_peft_stage(m, t, stage, &pf);
-    int nb = sh.first + sh.layers + sh.last, first_layer = stage * sh.layers;
-    uint64_t n = 0;
-    for (int b = 0; b < nb; b++) n += trained_block(m, t, &sh, peft ? &pf : NULL, first_layer, b);
+    uint64_t n = pf ? pf->trainable : sh->params;
     if (!n) return f;
-    /* (as offload.c's device_share_first: the last block is taken first,
-     * a shorter suffix kept on a tie) */
+    /* a layer's trained elements: LoRA's adapters, or a dense or MoE layer */
+    uint64_t layer[2] = {0, 0}, ex;
+    zo_layer_params lp;
+    for (int moe = 0; moe < 2 && !pf; moe++) {
+        if (moe ? !sh->moe_layers : sh->layers == sh->moe_layers) continue;
+        zo_model_layer_params(m, moe ? m->n_layers - 1 : 0, &lp);
+        layer[moe] = layer_on_rank(&lp, t, &ex);
+    }
     double want = f * (double)n, best = -1;
     uint64_t suffix = 0, chosen = 0;
+    int nb = sh->first + sh->layers + sh->last;
     for (int b = nb - 1; b >= 0; b--) {
-        suffix += trained_block(m, t, &sh, peft ? &pf : NULL, first_layer, b);
+        int l = b - sh->first; /* the stage's layer, or -1 (embedding), or layers (head) */
+        if (l < 0) suffix += pf ? 0 : sh->emb;
+        else if (l >= sh->layers) suffix += pf ? 0 : sh->head;
+        else suffix += pf ? pf->layer_trainable : layer[zo_model_layer_is_moe(m, sh->first_layer + l)];
         double d = fabs((double)suffix - want);
         if (best < 0 || d < best) {
             best = d;
@@ -561,6 +557,16 @@ double plan_gpu_share(const zo_model_config *m, const plan_train *t, int stage)
         }
     }
     return (double)chosen / (double)n;
+}
+
+double plan_gpu_share(const zo_model_config *m, const plan_train *t, int stage)
+{
+    stage_shape sh;
+    stage_params(m, t, stage, &sh);
+    plan_peft pf;
+    int peft = t->method != PLAN_METHOD_FULL;
+    if (peft) plan_peft_stage(m, t, stage, &pf);
+    return gpu_share(m, t, &sh, peft ? &pf : NULL, t->opt_frac[PLAN_GPU]);
 }
 
 /* One rank's part of a block of n elements split over dp ranks. */
@@ -664,7 +670,7 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
      * with --grad-dtype fp32, 4 B/param); the rest where --grads says: on
      * the GPU likewise, or added in fp32 on the host as blocks arrive
      * (micro-batches, a tied embedding's two parts, fp16 unscaling) */
-    double fg = plan_gpu_share(m, t, stage);
+    double fg = gpu_share(m, t, &sh, peft ? &pf : NULL, t->opt_frac[PLAN_GPU]);
     uint64_t g_elems = t->zero >= 2 ? sharded : tr;
     uint64_t g_gpu = t->grads_on == PLAN_GPU ? g_elems : frac_of(g_elems, fg);
     uint64_t g_host = g_elems - g_gpu;

@@ -155,84 +155,78 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
              * smaller GPU shares are not tried. The CPU-and-NVMe placements
              * (no GPU share) are all tried: the delayed update takes them.) */
             int whole_fits = 0, split_done = 0;
-            for (int gk = 0; gk < (steps + 1) * (steps + 1); gk++) {
-                int g = steps - gk / (steps + 1), k = gk % (steps + 1);
-                if (g + k > steps || (g == steps && k > 0)) continue;
+            for (int g = steps; g >= 0; g--) {
                 if (g < steps && !s->allow_offload) break;
                 if (g == steps && pl != PLAN_GPU && t->method == PLAN_METHOD_FULL) continue;
                 int partial = g > 0 && g < steps;
                 if (partial && (!split || whole_fits || split_done)) continue;
-                if (k > 0 && !s->allow_nvme) continue;
                 if (s->opt_on == PLAN_GPU && g < steps) continue;
-                if (s->opt_on == PLAN_CPU && (g > 0 || k > 0)) continue;
-                if (s->opt_on == PLAN_NVME && k != steps) continue;
-                double fg = (double)g / steps, fn = (double)k / steps;
+                if ((s->opt_on == PLAN_CPU || s->opt_on == PLAN_NVME) && g > 0) continue;
                 /* the GPU's share as the runtime takes it (whole blocks from
                  * the last): a split that rounds to the one before is not
                  * tried twice, and the plan says the share it gets */
-                if (partial) {
-                    fg = share[g];
-                    if (fg >= 1 || fg + fn > 1 + 1e-9) continue;
-                    if (k == 0 && fg == last_fg) {
-                        gk += steps; /* (the rest of this g) */
+                double fg = partial ? share[g] : (double)g / steps;
+                if (partial && (fg >= 1 || fg == last_fg)) continue;
+                last_fg = fg;
+                for (int k = 0; k <= steps - g; k++) {
+                    double fn = (double)k / steps;
+                    if (k > 0 && !s->allow_nvme) break;
+                    if (s->opt_on == PLAN_CPU && k > 0) break;
+                    if (s->opt_on == PLAN_NVME && k != steps) continue;
+                    if (fg + fn > 1 + 1e-9) break;
+                    t->opt_frac[PLAN_GPU] = fg;
+                    t->opt_frac[PLAN_NVME] = fn;
+                    t->opt_frac[PLAN_CPU] = fg + fn >= 1 ? 0 : 1 - fg - fn;
+                    if (t->opt_frac[PLAN_GPU] < s->opt_min[PLAN_GPU] - 1e-9 ||
+                        t->opt_frac[PLAN_CPU] < s->opt_min[PLAN_CPU] - 1e-9 ||
+                        t->opt_frac[PLAN_NVME] < s->opt_min[PLAN_NVME] - 1e-9)
                         continue;
-                    }
-                    if (k == 0) last_fg = fg;
-                }
-                t->opt_frac[PLAN_GPU] = fg;
-                t->opt_frac[PLAN_NVME] = fn;
-                t->opt_frac[PLAN_CPU] = fg + fn >= 1 ? 0 : 1 - fg - fn;
-                if (t->opt_frac[PLAN_GPU] < s->opt_min[PLAN_GPU] - 1e-9 ||
-                    t->opt_frac[PLAN_CPU] < s->opt_min[PLAN_CPU] - 1e-9 ||
-                    t->opt_frac[PLAN_NVME] < s->opt_min[PLAN_NVME] - 1e-9)
-                    continue;
-                t->grads_on = g == steps ? PLAN_GPU : PLAN_CPU;
-                int fitted = 0, gpu_fits = 0;
-                /* host checkpoints are layer inputs kept for full recompute */
-                int ckmax = s->allow_offload && t->recompute == PLAN_RECOMPUTE_FULL ? PLAN_CPU : PLAN_GPU;
-                for (int ck = PLAN_GPU; ck <= ckmax; ck++) {
-                    t->checkpoints_on = (plan_tier)ck;
-                    int streamed = pl != PLAN_GPU || ad != PLAN_GPU || z >= 3;
-                    int dmin = streamed ? 1 : s->base.buf.prefetch_depth;
-                    int dmax = streamed ? s->max_prefetch : s->base.buf.prefetch_depth;
-                    for (int d = dmin; d <= dmax; d++) {
-                        t->buf.prefetch_depth = d;
-                        w->r->configs++;
-                        t->schedule = PLAN_SCHED_SERIAL; /* (the memory of the serial schedule) */
-                        plan_estimate_unchecked(w->m, &w->hw, t, &e);
-                        gpu_fits |= e.total[PLAN_GPU] <= e.capacity[PLAN_GPU];
-                        if (!e.fits) continue;
-                        fitted = 1;
-                        w->r->feasible++;
-                        plan_time_step(w->m, &w->hw, t, &e, mb, &pt);
-                        /* the optimizer schedule: one more dimension, when
-                         * the CPU updates something */
-                        for (int sch = PLAN_SCHED_SERIAL; sch < PLAN_SCHEDULES; sch++) {
-                            if (s->schedule >= 0 && sch != s->schedule) continue;
-                            /* (the GPU's share cannot wait a step) */
-                            if (sch == PLAN_SCHED_DPU && t->opt_frac[PLAN_GPU] > 0) continue;
-                            if (sch != PLAN_SCHED_SERIAL && pt.sched.cpu_n <= 0 &&
-                                s->schedule < 0)
-                                break;
-                            t->schedule = (plan_schedule)sch;
-                            /* the delayed update holds its new weights in a host copy */
-                            const plan_estimate *se = &e;
-                            if (sch == PLAN_SCHED_DPU) {
-                                plan_estimate_unchecked(w->m, &w->hw, t, &e_dpu);
-                                if (!e_dpu.fits) continue;
-                                se = &e_dpu;
+                    t->grads_on = g == steps ? PLAN_GPU : PLAN_CPU;
+                    int fitted = 0, gpu_fits = 0;
+                    /* host checkpoints are layer inputs kept for full recompute */
+                    int ckmax = s->allow_offload && t->recompute == PLAN_RECOMPUTE_FULL ? PLAN_CPU : PLAN_GPU;
+                    for (int ck = PLAN_GPU; ck <= ckmax; ck++) {
+                        t->checkpoints_on = (plan_tier)ck;
+                        int streamed = pl != PLAN_GPU || ad != PLAN_GPU || z >= 3;
+                        int dmin = streamed ? 1 : s->base.buf.prefetch_depth;
+                        int dmax = streamed ? s->max_prefetch : s->base.buf.prefetch_depth;
+                        for (int d = dmin; d <= dmax; d++) {
+                            t->buf.prefetch_depth = d;
+                            w->r->configs++;
+                            t->schedule = PLAN_SCHED_SERIAL; /* (the memory of the serial schedule) */
+                            plan_estimate_unchecked(w->m, &w->hw, t, &e);
+                            gpu_fits |= e.total[PLAN_GPU] <= e.capacity[PLAN_GPU];
+                            if (!e.fits) continue;
+                            fitted = 1;
+                            w->r->feasible++;
+                            plan_time_step(w->m, &w->hw, t, &e, mb, &pt);
+                            /* the optimizer schedule: one more dimension, when
+                             * the CPU updates something */
+                            for (int sch = PLAN_SCHED_SERIAL; sch < PLAN_SCHEDULES; sch++) {
+                                if (s->schedule >= 0 && sch != s->schedule) continue;
+                                /* (the GPU's share cannot wait a step) */
+                                if (sch == PLAN_SCHED_DPU && t->opt_frac[PLAN_GPU] > 0) continue;
+                                if (sch != PLAN_SCHED_SERIAL && pt.sched.cpu_n <= 0 &&
+                                    s->schedule < 0)
+                                    break;
+                                t->schedule = (plan_schedule)sch;
+                                /* the delayed update holds its new weights in a host copy */
+                                const plan_estimate *se = &e;
+                                if (sch == PLAN_SCHED_DPU) {
+                                    plan_estimate_unchecked(w->m, &w->hw, t, &e_dpu);
+                                    if (!e_dpu.fits) continue;
+                                    se = &e_dpu;
+                                }
+                                if (sch != PLAN_SCHED_SERIAL) plan_time_schedule(&pt, t->schedule);
+                                double sc = score_of(s, &pt, se, w->hw.gpus);
+                                if (sc < worst(&w->rk)) rank_insert(&w->rk, t, w->hw.gpus, sc, &pt, se);
                             }
-                            if (sch != PLAN_SCHED_SERIAL) plan_time_schedule(&pt, t->schedule);
-                            double sc = score_of(s, &pt, se, w->hw.gpus);
-                            if (sc < worst(&w->rk)) rank_insert(&w->rk, t, w->hw.gpus, sc, &pt, se);
                         }
                     }
-                }
-                whole_fits |= fitted && g == steps;
-                /* (a larger NVMe share changes nothing on the GPU) */
-                if (partial && (fitted || !gpu_fits)) {
-                    split_done |= fitted && k == 0;
-                    gk += steps - k; /* (this g's larger NVMe shares) */
+                    whole_fits |= fitted && g == steps;
+                    split_done |= fitted && partial && k == 0;
+                    /* (a larger NVMe share changes nothing on the GPU) */
+                    if (partial && (fitted || !gpu_fits)) break;
                 }
             }
         }
