@@ -22,8 +22,9 @@ this order, each while the time left holds it (--runs):
    state is split over GPU, CPU and disk. The plan is memplan plan's best with
    a share on each of the three (`--optimizer-min gpu=0.01,cpu=0.01,nvme=F`,
    F = --min-nvme); its best without that constraint (which may leave the
-   disk out when the GPU and host hold it all) is logged beside it. qlora: `memplan plan --lora R --lora-targets all-linear --qlora`
-   for the same machine, its best. `train --check-plan` checks each plan
+   disk out when the GPU and host hold it all) is logged beside it. qlora:
+   `memplan plan --lora R --lora-targets all-linear --qlora` for the same
+   machine, its best. `train --check-plan` checks each plan
    against the model (placement, method and schedule).
 4. `train --plan` on the device for --steps steps: tokens/s, MFU (memplan's
    model FLOPs over the measured step, against the hardware peak the plan
