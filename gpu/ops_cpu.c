@@ -3,6 +3,7 @@
  * thread count). */
 #include "gpu/ops_cpu.h"
 
+#include <assert.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -204,9 +205,19 @@ gemm_kernel(int kc, const float *restrict Ap, const float *restrict Bp, float *r
     }
 }
 
+/* Packed panels (R = MR rows for A, NR columns for B) and the depth they
+ * were packed with: panel s starts at s * R * depth. The pack functions
+ * return it, so the depth that places a panel travels with the panel, apart
+ * from the depth a product reads. */
+typedef struct panels {
+    const float *p;
+    int depth;
+} panels;
+
 /* Panels of R rows of X [m][k] (row stride ldx), each stored k-major:
  * P[s][p][r] = X[s*R + r][p], zero past m. */
-static inline void pack_rows(float *restrict P, const float *X, size_t ldx, int m, int k, int R)
+static inline panels pack_rows(float *restrict P, const float *X, size_t ldx, int m, int k,
+                               int R)
 {
     for (int s = 0; s < (m + R - 1) / R; s++) {
         float *dst = P + (size_t)s * k * R;
@@ -218,10 +229,12 @@ static inline void pack_rows(float *restrict P, const float *X, size_t ldx, int 
                 for (int p = 0; p < k; p++) dst[(size_t)p * R + r] = 0.0f;
         }
     }
+    return (panels){P, k};
 }
 
 /* Panels of R columns of X [k][m]: P[s][p][r] = X[p][s*R + r], zero past m. */
-static inline void pack_cols(float *restrict P, const float *X, size_t ldx, int m, int k, int R)
+static inline panels pack_cols(float *restrict P, const float *X, size_t ldx, int m, int k,
+                               int R)
 {
     for (int s = 0; s < (m + R - 1) / R; s++) {
         float *dst = P + (size_t)s * k * R;
@@ -231,30 +244,31 @@ static inline void pack_cols(float *restrict P, const float *X, size_t ldx, int 
             for (int r = 0; r < R; r++) dst[(size_t)p * R + r] = r < w ? src[r] : 0.0f;
         }
     }
+    return (panels){P, k};
 }
 
 /* A panels of X [m][k]: Ap[s][p][r] = X[s*MR + r][p]. */
-static void pack_a_rows(float *restrict Ap, const float *X, size_t ldx, int m, int k)
+static panels pack_a_rows(float *restrict Ap, const float *X, size_t ldx, int m, int k)
 {
-    pack_rows(Ap, X, ldx, m, k, MR);
+    return pack_rows(Ap, X, ldx, m, k, MR);
 }
 
 /* A panels of X^T, X [k][m]: Ap[s][p][r] = X[p][s*MR + r]. */
-static void pack_a_cols(float *restrict Ap, const float *X, size_t ldx, int m, int k)
+static panels pack_a_cols(float *restrict Ap, const float *X, size_t ldx, int m, int k)
 {
-    pack_cols(Ap, X, ldx, m, k, MR);
+    return pack_cols(Ap, X, ldx, m, k, MR);
 }
 
 /* B panels of X^T, X [n][k]: Bp[s][p][c] = X[s*NR + c][p]. */
-static void pack_b_rows(float *restrict Bp, const float *X, size_t ldx, int n, int k)
+static panels pack_b_rows(float *restrict Bp, const float *X, size_t ldx, int n, int k)
 {
-    pack_rows(Bp, X, ldx, n, k, NR);
+    return pack_rows(Bp, X, ldx, n, k, NR);
 }
 
 /* B panels of X [k][n]: Bp[s][p][c] = X[p][s*NR + c]. */
-static void pack_b_cols(float *restrict Bp, const float *X, size_t ldx, int k, int n)
+static panels pack_b_cols(float *restrict Bp, const float *X, size_t ldx, int k, int n)
 {
-    pack_cols(Bp, X, ldx, n, k, NR);
+    return pack_cols(Bp, X, ldx, n, k, NR);
 }
 
 /* Ap = panels of op(A)[i0..i0+mc, p0..p0+kc]: read in place for fp32,
@@ -621,19 +635,21 @@ zo_status cpu_rmsnorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, gp
 #define AQ 48                          /* query rows per block, a multiple of MR */
 #define RUP(x, r) (((x) + (r) - 1) / (r) * (r)) /* x rounded up to a multiple of r */
 
-/* C[m][n] (row stride ldc, room for whole panels) += A B over packed panels
- * of depth k. Causal options: with `q0` >= 0, rows are queries q0.. and
- * columns keys: `skip_upper` skips column panels past a row panel's last
- * query; `clip_depth` (depth = keys) stops each row panel at its last query. */
-static void panel_gemm(const float *Ap, const float *Bp, float *C, int ldc, int m, int n, int k,
-                       int q0, int skip_upper, int clip_depth)
+/* C[m][n] (row stride ldc, room for whole panels) += A B over the first k
+ * of the panels' depth (k <= A.depth, B.depth). Causal options: with `q0` >= 0,
+ * rows are queries q0.. and columns keys: `skip_upper` skips column panels
+ * past a row panel's last query; `clip_depth` (depth = keys) stops each row
+ * panel at its last query. */
+static void panel_gemm(panels A, panels B, float *C, int ldc, int m, int n, int k, int q0,
+                       int skip_upper, int clip_depth)
 {
+    assert(k <= A.depth && k <= B.depth);
     for (int is = 0; is < (m + MR - 1) / MR; is++) {
         int last = q0 + is * MR + MR - 1; /* last query of this row panel */
         int kc = clip_depth && last + 1 < k ? last + 1 : k;
         for (int js = 0; js < (n + NR - 1) / NR; js++) {
             if (skip_upper && js * NR > last) break;
-            gemm_kernel(kc, Ap + (size_t)is * MR * k, Bp + (size_t)js * NR * k,
+            gemm_kernel(kc, A.p + (size_t)is * MR * A.depth, B.p + (size_t)js * NR * B.depth,
                         C + (size_t)is * MR * ldc + (size_t)js * NR, ldc);
         }
     }
@@ -735,16 +751,16 @@ zo_status cpu_attention_forward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_ten
             int b = bh / hq, h = bh % hq, g = h / grp;
             size_t base = (size_t)b * t * ld;
             load_head_rows(X, qkv, base, ld, (size_t)(hq + g) * d, 0, t, d); /* K [t][d] */
-            pack_b_rows(Kp, X, d, t, d);
+            panels K = pack_b_rows(Kp, X, d, t, d);
             load_head_rows(X, qkv, base, ld, (size_t)(hq + hkv + g) * d, 0, t, d); /* V */
-            pack_b_cols(Vp, X, d, t, d);
+            panels V = pack_b_cols(Vp, X, d, t, d);
             for (int q0 = 0; q0 < t; q0 += AQ) {
                 int rows = t - q0 < AQ ? t - q0 : AQ, nk = q0 + rows;
                 load_head_rows(X, qkv, base, ld, (size_t)h * d, q0, rows, d); /* Q block */
-                pack_a_rows(Qp, X, d, rows, d);
+                panels Q = pack_a_rows(Qp, X, d, rows, d);
                 /* S [rows][nk] = Q K^T */
                 for (int i = 0; i < aqM; i++) memset(S + (size_t)i * tN, 0, RUP(nk, NR) * 4);
-                panel_gemm(Qp, Kp, S, tN, rows, nk, d, q0, 1, 0);
+                panel_gemm(Q, K, S, tN, rows, nk, d, q0, 1, 0);
                 float l[AQ];
                 for (int i = 0; i < rows; i++) {
                     float mx;
@@ -752,9 +768,9 @@ zo_status cpu_attention_forward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_ten
                     lse[((size_t)b * hq + h) * t + q0 + i] = mx + logf(l[i]);
                 }
                 /* O [rows][d] = P V, then divided by the row sums */
-                pack_a_rows(Pp, S, tN, rows, nk);
+                panels P = pack_a_rows(Pp, S, tN, rows, nk);
                 memset(O, 0, n_o * 4);
-                panel_gemm(Pp, Vp, O, dN, rows, d, nk, q0, 0, 1);
+                panel_gemm(P, V, O, dN, rows, d, nk, q0, 0, 1);
                 for (int i = 0; i < rows; i++) {
                     float *o = O + (size_t)i * dN, inv = 1.0f / l[i];
                     for (int k = 0; k < d; k++) o[k] *= inv;
@@ -806,10 +822,9 @@ zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_te
             int b = bg / hkv, g = bg % hkv;
             size_t base = (size_t)b * t * ld;
             load_head_rows(X, qkv, base, ld, (size_t)(hq + g) * d, 0, t, d); /* K [t][d] */
-            pack_b_rows(Kp, X, d, t, d);
-            pack_b_cols(Kn, X, d, t, d);
+            panels KT = pack_b_rows(Kp, X, d, t, d), K = pack_b_cols(Kn, X, d, t, d);
             load_head_rows(X, qkv, base, ld, (size_t)(hq + hkv + g) * d, 0, t, d); /* V */
-            pack_b_rows(Vtp, X, d, t, d);
+            panels VT = pack_b_rows(Vtp, X, d, t, d);
             memset(dK, 0, n_acc * 4);
             memset(dV, 0, n_acc * 4);
             for (int h = g * grp; h < (g + 1) * grp; h++) {
@@ -818,17 +833,17 @@ zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_te
                     int rows = t - q0 < AQ ? t - q0 : AQ, nk = q0 + rows, nkN = RUP(nk, NR);
                     load_head_rows(Qf, qkv, base, ld, (size_t)h * d, q0, rows, d);
                     load_head_rows(dOf, dout, (size_t)b * t * ldo, ldo, (size_t)h * d, q0, rows, d);
-                    pack_a_rows(Qp, Qf, d, rows, d);
-                    pack_a_rows(dOp, dOf, d, rows, d);
-                    pack_b_cols(Qb, Qf, d, rows, d);
-                    pack_b_cols(dOb, dOf, d, rows, d);
+                    panels Qa = pack_a_rows(Qp, Qf, d, rows, d);
+                    panels dOa = pack_a_rows(dOp, dOf, d, rows, d);
+                    panels Q = pack_b_cols(Qb, Qf, d, rows, d);
+                    panels dO = pack_b_cols(dOb, dOf, d, rows, d);
                     /* S = Q K^T and dP = dO V^T, [rows][nk] */
                     for (int i = 0; i < aqM; i++) {
                         memset(P + (size_t)i * tN, 0, (size_t)nkN * 4);
                         memset(dS + (size_t)i * tN, 0, (size_t)nkN * 4);
                     }
-                    panel_gemm(Qp, Kp, P, tN, rows, nk, d, q0, 1, 0);
-                    panel_gemm(dOp, Vtp, dS, tN, rows, nk, d, q0, 1, 0);
+                    panel_gemm(Qa, KT, P, tN, rows, nk, d, q0, 1, 0);
+                    panel_gemm(dOa, VT, dS, tN, rows, nk, d, q0, 1, 0);
                     for (int i = 0; i < rows; i++) {
                         load_row(orow, out, ((size_t)b * t + q0 + i) * ldo + (size_t)h * d, d);
                         float D = dot_lanes(dOf + (size_t)i * d, orow, d);
@@ -836,17 +851,17 @@ zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_te
                                          scale, L[q0 + i], D);
                     }
                     /* dQ [rows][d] = dS K */
-                    pack_a_rows(dSp, dS, tN, rows, nk);
+                    panels dSa = pack_a_rows(dSp, dS, tN, rows, nk);
                     memset(dQ, 0, n_dq * 4);
-                    panel_gemm(dSp, Kn, dQ, dN, rows, d, nk, q0, 0, 1);
+                    panel_gemm(dSa, K, dQ, dN, rows, d, nk, q0, 0, 1);
                     for (int i = 0; i < rows; i++)
                         store_row(dqkv, base + (size_t)(q0 + i) * ld + (size_t)h * d,
                                   dQ + (size_t)i * dN, d);
                     /* dV [nk][d] += P^T dO, dK += dS^T Q */
-                    pack_a_cols(PTp, P, tN, nk, rows);
-                    pack_a_cols(dSTp, dS, tN, nk, rows);
-                    panel_gemm(PTp, dOb, dV, dN, nk, d, rows, 0, 0, 0);
-                    panel_gemm(dSTp, Qb, dK, dN, nk, d, rows, 0, 0, 0);
+                    panels PT = pack_a_cols(PTp, P, tN, nk, rows);
+                    panels dST = pack_a_cols(dSTp, dS, tN, nk, rows);
+                    panel_gemm(PT, dO, dV, dN, nk, d, rows, 0, 0, 0);
+                    panel_gemm(dST, Q, dK, dN, nk, d, rows, 0, 0, 0);
                 }
             }
             for (int j = 0; j < t; j++) {
