@@ -180,26 +180,7 @@ typedef union cpu_args {
     struct { void *p; } free;
     struct { struct cpu_event *ev; uint64_t gen; } event;
     struct { gpu_host_fn fn; void *arg; } host;
-    gpu_gemm_desc gemm;
-    struct { gpu_attn_desc a; gpu_tensor t0, t1, t2, t3; float *f0; const float *cf0; } attn;
-    struct {
-        gpu_adam_consts c;
-        size_t n;
-        float *param, *m, *v;
-        gpu_tensor grad, out16;
-    } adam;
-    struct {
-        gpu_tensor t[6];
-        float *f[2];
-        const float *cf[2];
-        const int32_t *ids;
-        const void *cp; /* a read-only buffer (an NF4 tensor) */
-        int32_t *flag;
-        int i[6];
-        int64_t l;
-        float x;
-        size_t n;
-    } op;
+    struct { gpu_op_id id; gpu_op_args a; } op;
 } cpu_args;
 
 /* A command: the function to run and a copy of its arguments. */
@@ -510,331 +491,197 @@ static zo_status cpu_mem_free_async(gpu_device_t dev, void *p, gpu_stream_t s)
     return submit(s, run_free, "gpu_mem_free_async", &args);
 }
 
-/* ---- ops: each packs its arguments into a command run by the worker ----------------------- */
+/* ---- ops: the CPU column of the op table (gpu/ops.h): each unpacks its
+ * slots for its kernel in ops_cpu.c ---------------------------------------------------- */
 
-static zo_status run_gemm(cpu_cmd *c, int nt)
+typedef zo_status (*cpu_op_fn)(cpu_scratch *ws, const gpu_op_args *a, int nt);
+
+static zo_status cpu_run_gemm(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    return cpu_gemm(c->ws, &c->u.gemm, nt);
+    gpu_gemm_desc d = a->d.gemm;
+    d.a = a->t[0], d.b = a->t[1], d.c = a->t[2];
+    return cpu_gemm(ws, &d, nt);
 }
 
-static zo_status cpu_op_gemm(gpu_stream_t s, const gpu_gemm_desc *d)
+static zo_status cpu_run_bias_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    cpu_args args = {.gemm = *d};
-    return submit(s, run_gemm, "gpu_gemm", &args);
+    return cpu_bias_forward(ws, a->t[0], a->t[1], (int)a->i[0], (int)a->i[1], a->i[2], nt);
 }
 
-#define OP (c->u.op)
-
-static zo_status run_bias_forward(cpu_cmd *c, int nt)
+static zo_status cpu_run_bias_backward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    return cpu_bias_forward(c->ws, OP.t[0], OP.t[1], OP.i[0], OP.i[1], OP.l, nt);
-}
-
-static zo_status cpu_op_bias_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor bias, int n, int c,
-                                     int64_t ldy)
-{
-    cpu_args args = {.op = {.t = {y, bias}, .i = {n, c}, .l = ldy}};
-    return submit(s, run_bias_forward, "gpu_bias_forward", &args);
-}
-
-static zo_status run_bias_backward(cpu_cmd *c, int nt)
-{
-    cpu_bias_backward(OP.t[0], OP.t[1], OP.i[0], OP.i[1], OP.l, nt);
+    (void)ws;
+    cpu_bias_backward(a->t[0], a->t[1], (int)a->i[0], (int)a->i[1], a->i[2], nt);
     return ZO_OK;
 }
 
-static zo_status cpu_op_bias_backward(gpu_stream_t s, gpu_tensor dbias, gpu_tensor dy, int n,
-                                      int c, int64_t lddy)
+static zo_status cpu_run_layernorm_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    cpu_args args = {.op = {.t = {dbias, dy}, .i = {n, c}, .l = lddy}};
-    return submit(s, run_bias_backward, "gpu_bias_backward", &args);
+    return cpu_layernorm_forward(ws, a->t[0], a->p[0], a->p[1], a->t[1], a->t[2], a->t[3],
+                                 (int)a->i[0], (int)a->i[1], a->f[0], nt);
 }
 
-static zo_status run_layernorm_forward(cpu_cmd *c, int nt)
+static zo_status cpu_run_layernorm_backward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    return cpu_layernorm_forward(c->ws, OP.t[0], OP.f[0], OP.f[1], OP.t[1], OP.t[2], OP.t[3],
-                                 OP.i[0], OP.i[1], OP.x, nt);
+    return cpu_layernorm_backward(ws, a->t[0], a->t[1], a->t[2], a->t[3], a->t[4], a->t[5],
+                                  a->p[0], a->p[1], (int)a->i[0], (int)a->i[1], nt);
 }
 
-static zo_status cpu_op_layernorm_forward(gpu_stream_t s, gpu_tensor y, float *mean, float *rstd,
-                                          gpu_tensor x, gpu_tensor w, gpu_tensor b, int n, int c,
-                                          float eps)
+static zo_status cpu_run_rmsnorm_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    cpu_args args = {.op = {.t = {y, x, w, b}, .f = {mean, rstd}, .i = {n, c}, .x = eps}};
-    return submit(s, run_layernorm_forward, "gpu_layernorm_forward", &args);
+    return cpu_rmsnorm_forward(ws, a->t[0], a->p[0], a->t[1], a->t[2], (int)a->i[0],
+                               (int)a->i[1], a->f[0], nt);
 }
 
-static zo_status run_layernorm_backward(cpu_cmd *c, int nt)
+static zo_status cpu_run_rmsnorm_backward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    return cpu_layernorm_backward(c->ws, OP.t[0], OP.t[1], OP.t[2], OP.t[3], OP.t[4], OP.t[5],
-                                  OP.cf[0], OP.cf[1], OP.i[0], OP.i[1], nt);
+    return cpu_rmsnorm_backward(ws, a->t[0], a->t[1], a->t[2], a->t[3], a->t[4], a->p[0],
+                                (int)a->i[0], (int)a->i[1], nt);
 }
 
-static zo_status cpu_op_layernorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw,
-                                           gpu_tensor db, gpu_tensor dy, gpu_tensor x,
-                                           gpu_tensor w, const float *mean, const float *rstd,
-                                           int n, int c)
+static zo_status cpu_run_attention_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    cpu_args args = {.op = {.t = {dx, dw, db, dy, x, w}, .cf = {mean, rstd}, .i = {n, c}}};
-    return submit(s, run_layernorm_backward, "gpu_layernorm_backward", &args);
+    return cpu_attention_forward(ws, &a->d.attn, a->t[0], a->p[0], a->t[1], nt);
 }
 
-static zo_status run_rmsnorm_forward(cpu_cmd *c, int nt)
+static zo_status cpu_run_attention_backward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    return cpu_rmsnorm_forward(c->ws, OP.t[0], OP.f[0], OP.t[1], OP.t[2], OP.i[0], OP.i[1], OP.x,
-                               nt);
+    return cpu_attention_backward(ws, &a->d.attn, a->t[0], a->t[1], a->t[2], a->t[3], a->p[0],
+                                  nt);
 }
 
-static zo_status cpu_op_rmsnorm_forward(gpu_stream_t s, gpu_tensor y, float *rstd, gpu_tensor x,
-                                        gpu_tensor w, int n, int c, float eps)
+static zo_status rope(cpu_scratch *ws, const gpu_op_args *a, int inverse, int nt)
 {
-    cpu_args args = {.op = {.t = {y, x, w}, .f = {rstd}, .i = {n, c}, .x = eps}};
-    return submit(s, run_rmsnorm_forward, "gpu_rmsnorm_forward", &args);
+    return cpu_rope(ws, a->t[0], (int)a->i[0], (int)a->i[1], (int)a->i[2], (int)a->i[3], a->i[4],
+                    a->f[0], (int)a->i[5], inverse, nt);
 }
 
-static zo_status run_rmsnorm_backward(cpu_cmd *c, int nt)
+static zo_status cpu_run_rope_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    return cpu_rmsnorm_backward(c->ws, OP.t[0], OP.t[1], OP.t[2], OP.t[3], OP.t[4], OP.cf[0],
-                                OP.i[0], OP.i[1], nt);
+    return rope(ws, a, 0, nt);
 }
 
-static zo_status cpu_op_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw,
-                                         gpu_tensor dy, gpu_tensor x, gpu_tensor w,
-                                         const float *rstd, int n, int c)
+static zo_status cpu_run_rope_backward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    cpu_args args = {.op = {.t = {dx, dw, dy, x, w}, .cf = {rstd}, .i = {n, c}}};
-    return submit(s, run_rmsnorm_backward, "gpu_rmsnorm_backward", &args);
+    return rope(ws, a, 1, nt);
 }
 
-#define AT (c->u.attn)
-
-static zo_status run_attention_forward(cpu_cmd *c, int nt)
+static zo_status cpu_run_gelu_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    return cpu_attention_forward(c->ws, &AT.a, AT.t0, AT.f0, AT.t1, nt);
-}
-
-static zo_status cpu_op_attention_forward(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor out,
-                                          float *lse, gpu_tensor qkv)
-{
-    cpu_args args = {.attn = {.a = *a, .t0 = out, .t1 = qkv, .f0 = lse}};
-    return submit(s, run_attention_forward, "gpu_attention_forward", &args);
-}
-
-static zo_status run_attention_backward(cpu_cmd *c, int nt)
-{
-    return cpu_attention_backward(c->ws, &AT.a, AT.t0, AT.t1, AT.t2, AT.t3, AT.cf0, nt);
-}
-
-static zo_status cpu_op_attention_backward(gpu_stream_t s, const gpu_attn_desc *a,
-                                           gpu_tensor dqkv, gpu_tensor dout, gpu_tensor qkv,
-                                           gpu_tensor out, const float *lse)
-{
-    cpu_args args = {.attn = {.a = *a, .t0 = dqkv, .t1 = dout, .t2 = qkv, .t3 = out, .cf0 = lse}};
-    return submit(s, run_attention_backward, "gpu_attention_backward", &args);
-}
-
-static zo_status run_rope(cpu_cmd *c, int nt)
-{
-    return cpu_rope(c->ws, OP.t[0], OP.i[0], OP.i[1], OP.i[2], OP.i[3], OP.l, OP.x, OP.i[4],
-                    OP.i[5], nt);
-}
-
-static zo_status cpu_op_rope(gpu_stream_t s, gpu_tensor x, int n, int t, int n_heads, int d,
-                             int64_t ldx, float theta, int pos0, int inverse)
-{
-    cpu_args args = {.op = {.t = {x}, .i = {n, t, n_heads, d, pos0, inverse}, .l = ldx,
-                      .x = theta}};
-    return submit(s, run_rope, "gpu_rope", &args);
-}
-
-static zo_status run_gelu_forward(cpu_cmd *c, int nt)
-{
-    cpu_gelu_forward(OP.t[0], OP.t[1], OP.n, nt);
+    (void)ws;
+    cpu_gelu_forward(a->t[0], a->t[1], a->n, nt);
     return ZO_OK;
 }
 
-static zo_status cpu_op_gelu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, size_t n)
+static zo_status cpu_run_gelu_backward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    cpu_args args = {.op = {.t = {y, x}, .n = n}};
-    return submit(s, run_gelu_forward, "gpu_gelu_forward", &args);
-}
-
-static zo_status run_gelu_backward(cpu_cmd *c, int nt)
-{
-    cpu_gelu_backward(OP.t[0], OP.t[1], OP.t[2], OP.n, nt);
+    (void)ws;
+    cpu_gelu_backward(a->t[0], a->t[1], a->t[2], a->n, nt);
     return ZO_OK;
 }
 
-static zo_status cpu_op_gelu_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, gpu_tensor x,
-                                      size_t n)
+static zo_status cpu_run_swiglu_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    cpu_args args = {.op = {.t = {dx, dy, x}, .n = n}};
-    return submit(s, run_gelu_backward, "gpu_gelu_backward", &args);
-}
-
-static zo_status run_swiglu_forward(cpu_cmd *c, int nt)
-{
-    cpu_swiglu_forward(OP.t[0], OP.t[1], OP.t[2], OP.n, nt);
+    (void)ws;
+    cpu_swiglu_forward(a->t[0], a->t[1], a->t[2], a->n, nt);
     return ZO_OK;
 }
 
-static zo_status cpu_op_swiglu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor gate,
-                                       gpu_tensor up, size_t n)
+static zo_status cpu_run_swiglu_backward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    cpu_args args = {.op = {.t = {y, gate, up}, .n = n}};
-    return submit(s, run_swiglu_forward, "gpu_swiglu_forward", &args);
-}
-
-static zo_status run_swiglu_backward(cpu_cmd *c, int nt)
-{
-    cpu_swiglu_backward(OP.t[0], OP.t[1], OP.t[2], OP.t[3], OP.t[4], OP.n, nt);
+    (void)ws;
+    cpu_swiglu_backward(a->t[0], a->t[1], a->t[2], a->t[3], a->t[4], a->n, nt);
     return ZO_OK;
 }
 
-static zo_status cpu_op_swiglu_backward(gpu_stream_t s, gpu_tensor dgate, gpu_tensor dup,
-                                        gpu_tensor dy, gpu_tensor gate, gpu_tensor up, size_t n)
+static zo_status cpu_run_embedding_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    cpu_args args = {.op = {.t = {dgate, dup, dy, gate, up}, .n = n}};
-    return submit(s, run_swiglu_backward, "gpu_swiglu_backward", &args);
+    return cpu_embedding_forward(ws, a->t[0], a->p[0], a->t[1], a->t[2], (int)a->i[0],
+                                 (int)a->i[1], (int)a->i[2], (int)a->i[3], nt);
 }
 
-static zo_status run_embedding_forward(cpu_cmd *c, int nt)
+static zo_status cpu_run_embedding_backward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    return cpu_embedding_forward(c->ws, OP.t[0], OP.ids, OP.t[1], OP.t[2], OP.i[0], OP.i[1],
-                                 OP.i[2], OP.i[3], nt);
+    (void)ws;
+    return cpu_embedding_backward(a->t[0], a->t[1], a->t[2], a->p[0], (int)a->i[0], (int)a->i[1],
+                                  (int)a->i[2], (int)a->i[3], nt);
 }
 
-static zo_status cpu_op_embedding_forward(gpu_stream_t s, gpu_tensor out, const int32_t *tokens,
-                                          gpu_tensor wte, gpu_tensor wpe, int n, int t, int c,
-                                          int vocab)
+static zo_status cpu_run_cross_entropy_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    cpu_args args = {.op = {.t = {out, wte, wpe}, .ids = tokens, .i = {n, t, c, vocab}}};
-    return submit(s, run_embedding_forward, "gpu_embedding_forward", &args);
+    return cpu_cross_entropy_forward(ws, a->p[0], a->t[0], a->p[1], (int)a->i[0], (int)a->i[1],
+                                     nt);
 }
 
-static zo_status run_embedding_backward(cpu_cmd *c, int nt)
+static zo_status cpu_run_cross_entropy_backward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    return cpu_embedding_backward(OP.t[0], OP.t[1], OP.t[2], OP.ids, OP.i[0], OP.i[1], OP.i[2],
-                                  OP.i[3], nt);
+    return cpu_cross_entropy_backward(ws, a->t[0], a->t[1], a->p[0], a->f[0], (int)a->i[0],
+                                      (int)a->i[1], nt);
 }
 
-static zo_status cpu_op_embedding_backward(gpu_stream_t s, gpu_tensor dwte, gpu_tensor dwpe,
-                                           gpu_tensor dout, const int32_t *tokens, int n, int t,
-                                           int c, int vocab)
+static zo_status cpu_run_add(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    cpu_args args = {.op = {.t = {dwte, dwpe, dout}, .ids = tokens, .i = {n, t, c, vocab}}};
-    return submit(s, run_embedding_backward, "gpu_embedding_backward", &args);
-}
-
-static zo_status run_ce_forward(cpu_cmd *c, int nt)
-{
-    return cpu_cross_entropy_forward(c->ws, OP.f[0], OP.t[0], OP.ids, OP.i[0], OP.i[1], nt);
-}
-
-static zo_status cpu_op_ce_forward(gpu_stream_t s, float *losses, gpu_tensor logits,
-                                   const int32_t *targets, int n, int v)
-{
-    cpu_args args = {.op = {.f = {losses}, .t = {logits}, .ids = targets, .i = {n, v}}};
-    return submit(s, run_ce_forward, "gpu_cross_entropy_forward", &args);
-}
-
-static zo_status run_ce_backward(cpu_cmd *c, int nt)
-{
-    return cpu_cross_entropy_backward(c->ws, OP.t[0], OP.t[1], OP.ids, OP.x, OP.i[0], OP.i[1], nt);
-}
-
-static zo_status cpu_op_ce_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor logits,
-                                    const int32_t *targets, float dloss, int n, int v)
-{
-    cpu_args args = {.op = {.t = {dlogits, logits}, .ids = targets, .x = dloss, .i = {n, v}}};
-    return submit(s, run_ce_backward, "gpu_cross_entropy_backward", &args);
-}
-
-static zo_status run_add(cpu_cmd *c, int nt)
-{
-    cpu_add(OP.t[0], OP.t[1], OP.t[2], OP.n, nt);
+    (void)ws;
+    cpu_add(a->t[0], a->t[1], a->t[2], a->n, nt);
     return ZO_OK;
 }
 
-static zo_status cpu_op_add(gpu_stream_t s, gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n)
+static zo_status cpu_run_scale(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    cpu_args args = {.op = {.t = {y, a, b}, .n = n}};
-    return submit(s, run_add, "gpu_add", &args);
-}
-
-static zo_status run_scale(cpu_cmd *c, int nt)
-{
-    cpu_scale(OP.t[0], OP.x, OP.n, nt);
+    (void)ws;
+    cpu_scale(a->t[0], a->f[0], a->n, nt);
     return ZO_OK;
 }
 
-static zo_status cpu_op_scale(gpu_stream_t s, gpu_tensor x, float alpha, size_t n)
+static zo_status cpu_run_cast(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    cpu_args args = {.op = {.t = {x}, .x = alpha, .n = n}};
-    return submit(s, run_scale, "gpu_scale", &args);
-}
-
-static zo_status run_cast(cpu_cmd *c, int nt)
-{
-    cpu_cast(OP.t[0], OP.t[1], OP.n, nt);
+    (void)ws;
+    cpu_cast(a->t[0], a->t[1], a->n, nt);
     return ZO_OK;
 }
 
-static zo_status cpu_op_cast(gpu_stream_t s, gpu_tensor dst, gpu_tensor src, size_t n)
+static zo_status cpu_run_check_finite(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    cpu_args args = {.op = {.t = {dst, src}, .n = n}};
-    return submit(s, run_cast, "gpu_cast", &args);
-}
-
-static zo_status run_check_finite(cpu_cmd *c, int nt)
-{
-    cpu_check_finite(OP.flag, OP.t[0], OP.n, nt);
+    (void)ws;
+    cpu_check_finite(a->p[0], a->t[0], a->n, nt);
     return ZO_OK;
 }
 
-static zo_status cpu_op_check_finite(gpu_stream_t s, int32_t *flag, gpu_tensor x, size_t n)
+static zo_status cpu_run_sum_squares(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    cpu_args args = {.op = {.flag = flag, .t = {x}, .n = n}};
-    return submit(s, run_check_finite, "gpu_check_finite", &args);
+    return cpu_sum_squares(ws, a->p[0], a->t[0], a->n, nt);
 }
 
-static zo_status run_sum_squares(cpu_cmd *c, int nt)
+static zo_status cpu_run_nf4_dequantize(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    return cpu_sum_squares(c->ws, OP.f[0], OP.t[0], OP.n, nt);
-}
-
-static zo_status cpu_op_sum_squares(gpu_stream_t s, float *sum, gpu_tensor x, size_t n)
-{
-    cpu_args args = {.op = {.f = {sum}, .t = {x}, .n = n}};
-    return submit(s, run_sum_squares, "gpu_sum_squares", &args);
-}
-
-static zo_status run_nf4_dequantize(cpu_cmd *c, int nt)
-{
-    cpu_nf4_dequantize(OP.t[0], OP.cp, OP.n, nt);
+    (void)ws;
+    cpu_nf4_dequantize(a->t[0], a->p[0], a->n, nt);
     return ZO_OK;
 }
 
-static zo_status cpu_op_nf4_dequantize(gpu_stream_t s, gpu_tensor out, const void *nf4, size_t n)
+static zo_status cpu_run_adam_update(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    cpu_args args = {.op = {.t = {out}, .cp = nf4, .n = n}};
-    return submit(s, run_nf4_dequantize, "gpu_nf4_dequantize", &args);
-}
-
-static zo_status run_adam_update(cpu_cmd *c, int nt)
-{
-    cpu_adam_update(&c->u.adam.c, c->u.adam.n, c->u.adam.param, c->u.adam.grad, c->u.adam.m,
-                    c->u.adam.v, c->u.adam.out16, nt);
+    (void)ws;
+    cpu_adam_update(&a->d.adam, a->n, a->p[0], a->t[0], a->p[1], a->p[2], a->t[1], nt);
     return ZO_OK;
 }
 
-static zo_status cpu_op_adam_update(gpu_stream_t s, const gpu_adam_consts *k, size_t n,
-                                    float *param, gpu_tensor grad, float *m, float *v,
-                                    gpu_tensor out16)
+static const cpu_op_fn cpu_ops[GPU_OP_COUNT] = {
+#define CPU_OP(ID, name, slots, check) [GPU_OP_##ID] = cpu_run_##name,
+    GPU_OP_TABLE(CPU_OP)
+#undef CPU_OP
+};
+
+static zo_status run_op(cpu_cmd *c, int nt)
 {
-    cpu_args args = {.adam = {.c = *k, .n = n, .param = param, .grad = grad, .m = m, .v = v,
-                      .out16 = out16}};
-    return submit(s, run_adam_update, "gpu_adam_update", &args);
+    return cpu_ops[c->u.op.id](c->ws, &c->u.op.a, nt);
+}
+
+/* Every op is a command that runs its kernel on the stream's worker. */
+static zo_status cpu_op(gpu_stream_t s, gpu_op_id id, const gpu_op_args *a)
+{
+    cpu_args args = {.op = {.id = id, .a = *a}};
+    return submit(s, run_op, gpu_op_infos[id].name, &args);
 }
 
 /* ---- the device -------------------------------------------------------------------------- */
@@ -869,31 +716,7 @@ static const gpu_backend_iface cpu_iface = {
     .launch_host_func = cpu_launch_host_func,
     .memcpy_async = cpu_memcpy_async,
     .memset_async = cpu_memset_async,
-    .gemm = cpu_op_gemm,
-    .bias_forward = cpu_op_bias_forward,
-    .bias_backward = cpu_op_bias_backward,
-    .layernorm_forward = cpu_op_layernorm_forward,
-    .layernorm_backward = cpu_op_layernorm_backward,
-    .rmsnorm_forward = cpu_op_rmsnorm_forward,
-    .rmsnorm_backward = cpu_op_rmsnorm_backward,
-    .attention_forward = cpu_op_attention_forward,
-    .attention_backward = cpu_op_attention_backward,
-    .rope = cpu_op_rope,
-    .gelu_forward = cpu_op_gelu_forward,
-    .gelu_backward = cpu_op_gelu_backward,
-    .swiglu_forward = cpu_op_swiglu_forward,
-    .swiglu_backward = cpu_op_swiglu_backward,
-    .embedding_forward = cpu_op_embedding_forward,
-    .embedding_backward = cpu_op_embedding_backward,
-    .cross_entropy_forward = cpu_op_ce_forward,
-    .cross_entropy_backward = cpu_op_ce_backward,
-    .add = cpu_op_add,
-    .scale = cpu_op_scale,
-    .cast = cpu_op_cast,
-    .check_finite = cpu_op_check_finite,
-    .sum_squares = cpu_op_sum_squares,
-    .nf4_dequantize = cpu_op_nf4_dequantize,
-    .adam_update = cpu_op_adam_update,
+    .op = cpu_op,
 };
 
 zo_status gpu_cpu_inject_faults(gpu_device_t dev, const gpu_cpu_faults *f)

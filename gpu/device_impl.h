@@ -1,13 +1,14 @@
 /* Private: the table of functions a backend fills, and the structs behind
  * the opaque handles. Only device.c and the backends include this.
  *
- * device.c checks arguments once for every backend, then calls the entry;
- * entries may assume valid arguments. Entries marked (optional) may be NULL:
+ * device.c and ops.c check arguments once for every backend, then call the
+ * entry; entries may assume valid arguments. Entries marked (optional) may be NULL:
  * device.c then falls back to a synchronous path. */
 #ifndef ZO_GPU_DEVICE_IMPL_H
 #define ZO_GPU_DEVICE_IMPL_H
 
 #include "gpu/device.h"
+#include "gpu/ops.h" /* defines: gpu_op_id, gpu_op_args */
 
 /* The loop-invariant scalars of one gpu_adam_update, computed once by
  * device.c (in double, rounded to float, as cpu_adam does) so that every
@@ -47,55 +48,9 @@ typedef struct gpu_backend_iface {
                               gpu_copy_kind kind);
     zo_status (*memset_async)(gpu_stream_t s, void *dst, int value, size_t bytes);
 
-    /* ops: same meaning as the public functions of the same name */
-    zo_status (*gemm)(gpu_stream_t s, const gpu_gemm_desc *d);
-    zo_status (*bias_forward)(gpu_stream_t s, gpu_tensor y, gpu_tensor bias, int n, int c,
-                              int64_t ldy);
-    zo_status (*bias_backward)(gpu_stream_t s, gpu_tensor dbias, gpu_tensor dy, int n, int c,
-                               int64_t lddy);
-    zo_status (*layernorm_forward)(gpu_stream_t s, gpu_tensor y, float *mean, float *rstd,
-                                   gpu_tensor x, gpu_tensor w, gpu_tensor b, int n, int c,
-                                   float eps);
-    zo_status (*layernorm_backward)(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw, gpu_tensor db,
-                                    gpu_tensor dy, gpu_tensor x, gpu_tensor w,
-                                    const float *mean, const float *rstd, int n, int c);
-    zo_status (*rmsnorm_forward)(gpu_stream_t s, gpu_tensor y, float *rstd, gpu_tensor x,
-                                 gpu_tensor w, int n, int c, float eps);
-    zo_status (*rmsnorm_backward)(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw, gpu_tensor dy,
-                                  gpu_tensor x, gpu_tensor w, const float *rstd, int n, int c);
-    zo_status (*attention_forward)(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor out,
-                                   float *lse, gpu_tensor qkv);
-    zo_status (*attention_backward)(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor dqkv,
-                                    gpu_tensor dout, gpu_tensor qkv, gpu_tensor out,
-                                    const float *lse);
-    zo_status (*rope)(gpu_stream_t s, gpu_tensor x, int n, int t, int n_heads, int d,
-                      int64_t ldx, float theta, int pos0, int inverse);
-    zo_status (*gelu_forward)(gpu_stream_t s, gpu_tensor y, gpu_tensor x, size_t n);
-    zo_status (*gelu_backward)(gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, gpu_tensor x,
-                               size_t n);
-    zo_status (*swiglu_forward)(gpu_stream_t s, gpu_tensor y, gpu_tensor gate, gpu_tensor up,
-                                size_t n);
-    zo_status (*swiglu_backward)(gpu_stream_t s, gpu_tensor dgate, gpu_tensor dup,
-                                 gpu_tensor dy, gpu_tensor gate, gpu_tensor up, size_t n);
-    zo_status (*embedding_forward)(gpu_stream_t s, gpu_tensor out, const int32_t *tokens,
-                                   gpu_tensor wte, gpu_tensor wpe, int n, int t, int c,
-                                   int vocab);
-    zo_status (*embedding_backward)(gpu_stream_t s, gpu_tensor dwte, gpu_tensor dwpe,
-                                    gpu_tensor dout, const int32_t *tokens, int n, int t, int c,
-                                    int vocab);
-    zo_status (*cross_entropy_forward)(gpu_stream_t s, float *losses, gpu_tensor logits,
-                                       const int32_t *targets, int n, int v);
-    zo_status (*cross_entropy_backward)(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor logits,
-                                        const int32_t *targets, float dloss, int n, int v);
-    zo_status (*add)(gpu_stream_t s, gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n);
-    zo_status (*scale)(gpu_stream_t s, gpu_tensor x, float alpha, size_t n);
-    zo_status (*cast)(gpu_stream_t s, gpu_tensor dst, gpu_tensor src, size_t n);
-    zo_status (*check_finite)(gpu_stream_t s, int32_t *flag, gpu_tensor x, size_t n);
-    zo_status (*sum_squares)(gpu_stream_t s, float *sum, gpu_tensor x, size_t n);
-    zo_status (*nf4_dequantize)(gpu_stream_t s, gpu_tensor out, const void *nf4, size_t n);
-    /* gpu_adam_update with the per-step scalars already computed */
-    zo_status (*adam_update)(gpu_stream_t s, const gpu_adam_consts *c, size_t n,
-                             float *param, gpu_tensor grad, float *m, float *v, gpu_tensor out16);
+    /* ops: run op `id` (gpu/ops.h) with arguments gpu_op_run has checked;
+     * each backend dispatches on the id to its column of the op table */
+    zo_status (*op)(gpu_stream_t s, gpu_op_id id, const gpu_op_args *a);
 } gpu_backend_iface;
 
 /* Live streams and events are kept on lists so gpu_device_free can end them. */

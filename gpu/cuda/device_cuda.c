@@ -12,6 +12,7 @@
 
 #include "gpu/cuda/cuda_impl.h"   /* defines: cuda_ctx, cuda_stream, launchers */
 #include "gpu/cuda/device_cuda.h" /* defines: gpu_cuda_options, gpu_device_init_cuda */
+#include "gpu/cuda/ops_cuda.h"    /* defines: cuda_exec, cuda_ops */
 
 #define POOL_ALIGN 256u
 
@@ -466,234 +467,17 @@ static zo_status cuda_memset_async(gpu_stream_t s, void *dst, int value, size_t 
 
 /* ---- ops: make the device current, then launch on the stream -------------------------------------- */
 
-static zo_status cuda_op_gemm(gpu_stream_t s, const gpu_gemm_desc *d)
+/* Every op: the CUDA column of the op table (ops_cuda.c) on the stream. */
+static zo_status cuda_op(gpu_stream_t s, gpu_op_id id, const gpu_op_args *a)
 {
     cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
     cuda_ctx *c = ctx_of(s->dev);
-    return cuda_gemm(cs->stream, c->lt, c->pool, cs->workspace, CUDA_LT_WORKSPACE, d);
-}
-
-static zo_status cuda_op_bias_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor bias, int n, int c,
-                                      int64_t ldy)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
+    zo_status st = use_device(c);
     if (st != ZO_OK) return st;
-    return cuda_launch_bias_forward(cs->stream, y, bias, n, c, ldy);
-}
-
-static zo_status cuda_op_bias_backward(gpu_stream_t s, gpu_tensor dbias, gpu_tensor dy, int n,
-                                       int c, int64_t lddy)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
-    return cuda_launch_bias_backward(cs->stream, dbias, dy, n, c, lddy);
-}
-
-static zo_status cuda_op_layernorm_forward(gpu_stream_t s, gpu_tensor y, float *mean, float *rstd,
-                                           gpu_tensor x, gpu_tensor w, gpu_tensor b, int n, int c,
-                                           float eps)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
-    return cuda_launch_layernorm_forward(cs->stream, y, mean, rstd, x, w, b, n, c, eps);
-}
-
-static zo_status cuda_op_layernorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw,
-                                            gpu_tensor db, gpu_tensor dy, gpu_tensor x,
-                                            gpu_tensor w, const float *mean, const float *rstd,
-                                            int n, int c)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
-    return cuda_launch_layernorm_backward(cs->stream, dx, dw, db, dy, x, w, mean, rstd, n, c);
-}
-
-static zo_status cuda_op_rmsnorm_forward(gpu_stream_t s, gpu_tensor y, float *rstd, gpu_tensor x,
-                                         gpu_tensor w, int n, int c, float eps)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
-    return cuda_launch_rmsnorm_forward(cs->stream, y, rstd, x, w, n, c, eps);
-}
-
-static zo_status cuda_op_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw,
-                                          gpu_tensor dy, gpu_tensor x, gpu_tensor w,
-                                          const float *rstd, int n, int c)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
-    return cuda_launch_rmsnorm_backward(cs->stream, dx, dw, dy, x, w, rstd, n, c);
-}
-
-static zo_status cuda_op_attention_forward(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor out,
-                                           float *lse, gpu_tensor qkv)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
-    return cuda_launch_attention_forward(cs->stream, a, out, lse, qkv);
-}
-
-static zo_status cuda_op_attention_backward(gpu_stream_t s, const gpu_attn_desc *a,
-                                            gpu_tensor dqkv, gpu_tensor dout, gpu_tensor qkv,
-                                            gpu_tensor out, const float *lse)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
-    return cuda_launch_attention_backward(cs->stream, a, dqkv, dout, qkv, out, lse);
-}
-
-static zo_status cuda_op_rope(gpu_stream_t s, gpu_tensor x, int n, int t, int n_heads, int d,
-                              int64_t ldx, float theta, int pos0, int inverse)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
-    return cuda_launch_rope(cs->stream, x, n, t, n_heads, d, ldx, theta, pos0, inverse);
-}
-
-static zo_status cuda_op_gelu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, size_t n)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
-    return cuda_launch_gelu_forward(cs->stream, y, x, n);
-}
-
-static zo_status cuda_op_gelu_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, gpu_tensor x,
-                                       size_t n)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
-    return cuda_launch_gelu_backward(cs->stream, dx, dy, x, n);
-}
-
-static zo_status cuda_op_swiglu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor gate,
-                                        gpu_tensor up, size_t n)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
-    return cuda_launch_swiglu_forward(cs->stream, y, gate, up, n);
-}
-
-static zo_status cuda_op_swiglu_backward(gpu_stream_t s, gpu_tensor dgate, gpu_tensor dup,
-                                         gpu_tensor dy, gpu_tensor gate, gpu_tensor up, size_t n)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
-    return cuda_launch_swiglu_backward(cs->stream, dgate, dup, dy, gate, up, n);
-}
-
-static zo_status cuda_op_embedding_forward(gpu_stream_t s, gpu_tensor out, const int32_t *tokens,
-                                           gpu_tensor wte, gpu_tensor wpe, int n, int t, int c,
-                                           int vocab)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
-    return cuda_launch_embedding_forward(cs->stream, cs->err_dev, out, tokens, wte, wpe, n, t, c,
-                                         vocab);
-}
-
-static zo_status cuda_op_embedding_backward(gpu_stream_t s, gpu_tensor dwte, gpu_tensor dwpe,
-                                            gpu_tensor dout, const int32_t *tokens, int n, int t,
-                                            int c, int vocab)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
-    return cuda_launch_embedding_backward(cs->stream, cs->err_dev, dwte, dwpe, dout, tokens, n, t,
-                                          c, vocab);
-}
-
-static zo_status cuda_op_ce_forward(gpu_stream_t s, float *losses, gpu_tensor logits,
-                                    const int32_t *targets, int n, int v)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
-    return cuda_launch_cross_entropy_forward(cs->stream, cs->err_dev, losses, logits, targets, n,
-                                             v);
-}
-
-static zo_status cuda_op_ce_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor logits,
-                                     const int32_t *targets, float dloss, int n, int v)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
-    return cuda_launch_cross_entropy_backward(cs->stream, cs->err_dev, dlogits, logits, targets,
-                                              dloss, n, v);
-}
-
-static zo_status cuda_op_add(gpu_stream_t s, gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
-    return cuda_launch_add(cs->stream, y, a, b, n);
-}
-
-static zo_status cuda_op_scale(gpu_stream_t s, gpu_tensor x, float alpha, size_t n)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
-    return cuda_launch_scale(cs->stream, x, alpha, n);
-}
-
-static zo_status cuda_op_cast(gpu_stream_t s, gpu_tensor dst, gpu_tensor src, size_t n)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
-    return cuda_launch_cast(cs->stream, dst, src, n);
-}
-
-static zo_status cuda_op_check_finite(gpu_stream_t s, int32_t *flag, gpu_tensor x, size_t n)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
-    return cuda_launch_check_finite(cs->stream, flag, x, n);
-}
-
-static zo_status cuda_op_sum_squares(gpu_stream_t s, float *sum, gpu_tensor x, size_t n)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
-    return cuda_launch_sum_squares(cs->stream, sum, x, n, cs->partials);
-}
-
-static zo_status cuda_op_nf4_dequantize(gpu_stream_t s, gpu_tensor out, const void *nf4, size_t n)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
-    return cuda_launch_nf4_dequantize(cs->stream, out, nf4, n);
-}
-
-static zo_status cuda_op_adam_update(gpu_stream_t s, const gpu_adam_consts *k, size_t n,
-                                     float *param, gpu_tensor grad, float *m, float *v,
-                                     gpu_tensor out16)
-{
-    cuda_stream *cs = s->impl;
-    zo_status st = use_device(ctx_of(s->dev));
-    if (st != ZO_OK) return st;
-    return cuda_launch_adam_update(cs->stream, k, n, param, grad, m, v, out16);
+    cuda_exec e = {.stream = cs->stream, .err = cs->err_dev, .partials = cs->partials,
+                   .workspace = cs->workspace, .ws_bytes = CUDA_LT_WORKSPACE, .lt = c->lt,
+                   .pool = c->pool};
+    return cuda_ops[id](&e, a);
 }
 
 /* ---- the device ------------------------------------------------------------------------------------ */
@@ -746,31 +530,7 @@ static const gpu_backend_iface cuda_iface = {
     .launch_host_func = cuda_launch_host_func,
     .memcpy_async = cuda_memcpy_async,
     .memset_async = cuda_memset_async,
-    .gemm = cuda_op_gemm,
-    .bias_forward = cuda_op_bias_forward,
-    .bias_backward = cuda_op_bias_backward,
-    .layernorm_forward = cuda_op_layernorm_forward,
-    .layernorm_backward = cuda_op_layernorm_backward,
-    .rmsnorm_forward = cuda_op_rmsnorm_forward,
-    .rmsnorm_backward = cuda_op_rmsnorm_backward,
-    .attention_forward = cuda_op_attention_forward,
-    .attention_backward = cuda_op_attention_backward,
-    .rope = cuda_op_rope,
-    .gelu_forward = cuda_op_gelu_forward,
-    .gelu_backward = cuda_op_gelu_backward,
-    .swiglu_forward = cuda_op_swiglu_forward,
-    .swiglu_backward = cuda_op_swiglu_backward,
-    .embedding_forward = cuda_op_embedding_forward,
-    .embedding_backward = cuda_op_embedding_backward,
-    .cross_entropy_forward = cuda_op_ce_forward,
-    .cross_entropy_backward = cuda_op_ce_backward,
-    .add = cuda_op_add,
-    .scale = cuda_op_scale,
-    .cast = cuda_op_cast,
-    .check_finite = cuda_op_check_finite,
-    .sum_squares = cuda_op_sum_squares,
-    .nf4_dequantize = cuda_op_nf4_dequantize,
-    .adam_update = cuda_op_adam_update,
+    .op = cuda_op,
 };
 
 zo_status gpu_device_init_cuda(const gpu_cuda_options *opt, gpu_device_t *out)

@@ -1,0 +1,161 @@
+/* The CUDA column of the op table: each entry unpacks its slots (gpu/ops.h)
+ * for its launcher in gpu/cuda/<family>.cu. */
+#include "gpu/cuda/ops_cuda.h" /* defines: cuda_exec, cuda_ops */
+
+static zo_status cuda_run_gemm(const cuda_exec *e, const gpu_op_args *a)
+{
+    gpu_gemm_desc d = a->d.gemm;
+    d.a = a->t[0], d.b = a->t[1], d.c = a->t[2];
+    if (!e->lt) return cuda_launch_gemm_tiled(e->stream, &d);
+    return cuda_gemm(e->stream, e->lt, e->pool, e->workspace, e->ws_bytes, &d);
+}
+
+static zo_status cuda_run_bias_forward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_bias_forward(e->stream, a->t[0], a->t[1], (int)a->i[0], (int)a->i[1],
+                                    a->i[2]);
+}
+
+static zo_status cuda_run_bias_backward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_bias_backward(e->stream, a->t[0], a->t[1], (int)a->i[0], (int)a->i[1],
+                                     a->i[2]);
+}
+
+static zo_status cuda_run_layernorm_forward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_layernorm_forward(e->stream, a->t[0], a->p[0], a->p[1], a->t[1], a->t[2],
+                                         a->t[3], (int)a->i[0], (int)a->i[1], a->f[0]);
+}
+
+static zo_status cuda_run_layernorm_backward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_layernorm_backward(e->stream, a->t[0], a->t[1], a->t[2], a->t[3], a->t[4],
+                                          a->t[5], a->p[0], a->p[1], (int)a->i[0], (int)a->i[1]);
+}
+
+static zo_status cuda_run_rmsnorm_forward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_rmsnorm_forward(e->stream, a->t[0], a->p[0], a->t[1], a->t[2],
+                                       (int)a->i[0], (int)a->i[1], a->f[0]);
+}
+
+static zo_status cuda_run_rmsnorm_backward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_rmsnorm_backward(e->stream, a->t[0], a->t[1], a->t[2], a->t[3], a->t[4],
+                                        a->p[0], (int)a->i[0], (int)a->i[1]);
+}
+
+static zo_status cuda_run_attention_forward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_attention_forward(e->stream, &a->d.attn, a->t[0], a->p[0], a->t[1]);
+}
+
+static zo_status cuda_run_attention_backward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_attention_backward(e->stream, &a->d.attn, a->t[0], a->t[1], a->t[2],
+                                          a->t[3], a->p[0]);
+}
+
+static zo_status rope(const cuda_exec *e, const gpu_op_args *a, int inverse)
+{
+    return cuda_launch_rope(e->stream, a->t[0], (int)a->i[0], (int)a->i[1], (int)a->i[2],
+                            (int)a->i[3], a->i[4], a->f[0], (int)a->i[5], inverse);
+}
+
+static zo_status cuda_run_rope_forward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return rope(e, a, 0);
+}
+
+static zo_status cuda_run_rope_backward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return rope(e, a, 1);
+}
+
+static zo_status cuda_run_gelu_forward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_gelu_forward(e->stream, a->t[0], a->t[1], a->n);
+}
+
+static zo_status cuda_run_gelu_backward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_gelu_backward(e->stream, a->t[0], a->t[1], a->t[2], a->n);
+}
+
+static zo_status cuda_run_swiglu_forward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_swiglu_forward(e->stream, a->t[0], a->t[1], a->t[2], a->n);
+}
+
+static zo_status cuda_run_swiglu_backward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_swiglu_backward(e->stream, a->t[0], a->t[1], a->t[2], a->t[3], a->t[4],
+                                       a->n);
+}
+
+static zo_status cuda_run_embedding_forward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_embedding_forward(e->stream, e->err, a->t[0], a->p[0], a->t[1], a->t[2],
+                                         (int)a->i[0], (int)a->i[1], (int)a->i[2], (int)a->i[3]);
+}
+
+static zo_status cuda_run_embedding_backward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_embedding_backward(e->stream, e->err, a->t[0], a->t[1], a->t[2], a->p[0],
+                                          (int)a->i[0], (int)a->i[1], (int)a->i[2], (int)a->i[3]);
+}
+
+static zo_status cuda_run_cross_entropy_forward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_cross_entropy_forward(e->stream, e->err, a->p[0], a->t[0], a->p[1],
+                                             (int)a->i[0], (int)a->i[1]);
+}
+
+static zo_status cuda_run_cross_entropy_backward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_cross_entropy_backward(e->stream, e->err, a->t[0], a->t[1], a->p[0],
+                                              a->f[0], (int)a->i[0], (int)a->i[1]);
+}
+
+static zo_status cuda_run_add(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_add(e->stream, a->t[0], a->t[1], a->t[2], a->n);
+}
+
+static zo_status cuda_run_scale(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_scale(e->stream, a->t[0], a->f[0], a->n);
+}
+
+static zo_status cuda_run_cast(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_cast(e->stream, a->t[0], a->t[1], a->n);
+}
+
+static zo_status cuda_run_check_finite(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_check_finite(e->stream, a->p[0], a->t[0], a->n);
+}
+
+static zo_status cuda_run_sum_squares(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_sum_squares(e->stream, a->p[0], a->t[0], a->n, e->partials);
+}
+
+static zo_status cuda_run_nf4_dequantize(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_nf4_dequantize(e->stream, a->t[0], a->p[0], a->n);
+}
+
+static zo_status cuda_run_adam_update(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_adam_update(e->stream, &a->d.adam, a->n, a->p[0], a->t[0], a->p[1],
+                                   a->p[2], a->t[1]);
+}
+
+const cuda_op_fn cuda_ops[GPU_OP_COUNT] = {
+#define CUDA_OP(ID, name, slots, check) [GPU_OP_##ID] = cuda_run_##name,
+    GPU_OP_TABLE(CUDA_OP)
+#undef CUDA_OP
+};

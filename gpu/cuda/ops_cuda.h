@@ -1,0 +1,35 @@
+/* The CUDA column of the op table (gpu/ops.h): cuda_ops[id] launches op id
+ * on a stream with the arguments gpu_op_run has checked. device_cuda.c
+ * dispatches through it; the host shim (gpu/cuda/shim/) builds the same file
+ * over its host copies of the launchers, so the parity test (tests/
+ * test_ops.c) runs this very table where no GPU exists. */
+#ifndef ZO_GPU_CUDA_OPS_CUDA_H
+#define ZO_GPU_CUDA_OPS_CUDA_H
+
+#include "gpu/cuda/cuda_impl.h" /* defines: cudaStream_t, cuda_err_rec, launchers */
+#include "gpu/ops.h"            /* defines: gpu_op_id, gpu_op_args */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a launch needs of its stream and device. */
+typedef struct cuda_exec {
+    cudaStream_t stream;
+    cuda_err_rec *err;      /* the stream's record of bad ids (device memory) */
+    double *partials;       /* [CUDA_SUMSQ_BLOCKS] for sum_squares */
+    void *workspace;        /* cuBLASLt's, ws_bytes */
+    size_t ws_bytes;
+    cublasLtHandle_t lt;    /* NULL: GEMMs run the tiled kernel */
+    cudaMemPool_t pool;     /* scratch of mixed-dtype GEMMs */
+} cuda_exec;
+
+typedef zo_status (*cuda_op_fn)(const cuda_exec *e, const gpu_op_args *a);
+
+extern const cuda_op_fn cuda_ops[GPU_OP_COUNT];
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,196 @@
+/* The op table's rows as data (gpu_op_infos), the checks beyond the slots,
+ * and gpu_op_run: every op's arguments are checked here once, for every
+ * backend, before the backend's `op` entry sees them. */
+#include <stdint.h>
+
+#include "common/nf4.h"      /* defines: ZO_NF4_ALIGN */
+#include "gpu/device_impl.h" /* defines: struct gpu_stream, gpu_backend_iface */
+#include "gpu/ops.h"         /* defines: GPU_OP_TABLE, gpu_op_args */
+
+/* ---- the checks beyond the slots ------------------------------------------------- */
+
+static int dtype_ok(zo_dtype t) { return t >= ZO_DTYPE_F32 && t < ZO_DTYPE_COUNT; }
+
+static zo_status check_dim(const char *op, const char *name, long long v)
+{
+    if (v > 0) return ZO_OK;
+    return zo_error(ZO_ERR_INVALID, "%s: %s must be > 0 (got %lld)", op, name, v);
+}
+
+static zo_status gpu_check_gemm(const char *op, const gpu_op_args *a)
+{
+    const gpu_gemm_desc *d = &a->d.gemm;
+    zo_status st;
+    if ((st = check_dim(op, "m", d->m)) != ZO_OK || (st = check_dim(op, "n", d->n)) != ZO_OK ||
+        (st = check_dim(op, "k", d->k)) != ZO_OK)
+        return st;
+    int64_t a_cols = d->trans_a ? d->m : d->k, b_cols = d->trans_b ? d->k : d->n;
+    if (d->lda < a_cols)
+        return zo_error(ZO_ERR_INVALID, "%s: lda %lld < %lld columns of a", op,
+                        (long long)d->lda, (long long)a_cols);
+    if (d->ldb < b_cols)
+        return zo_error(ZO_ERR_INVALID, "%s: ldb %lld < %lld columns of b", op,
+                        (long long)d->ldb, (long long)b_cols);
+    if (d->ldc < d->n)
+        return zo_error(ZO_ERR_INVALID, "%s: ldc %lld < n %d", op, (long long)d->ldc, d->n);
+    if (d->batch < 0) return zo_error(ZO_ERR_INVALID, "%s: batch %d < 0", op, d->batch);
+    return ZO_OK;
+}
+
+/* The name a row gives the slot of `kind` at `index` (for messages). */
+static const char *slot_name(const char *op, gpu_slot_kind kind, int index)
+{
+    for (int id = 0; id < GPU_OP_COUNT; id++) {
+        const gpu_op_info *info = &gpu_op_infos[id];
+        if (info->name != op) continue;
+        for (int k = 0; k < info->n_slots; k++)
+            if (info->slots[k].kind == kind && info->slots[k].index == index)
+                return info->slots[k].name;
+    }
+    return "?";
+}
+
+/* The bias ops: the row stride i[2] holds at least c = i[1] columns. */
+static zo_status gpu_check_ld(const char *op, const gpu_op_args *a)
+{
+    if (a->i[2] >= a->i[1]) return ZO_OK;
+    return zo_error(ZO_ERR_INVALID, "%s: %s %lld < c %lld", op, slot_name(op, GPU_SLOT_INT, 2),
+                    (long long)a->i[2], (long long)a->i[1]);
+}
+
+static zo_status gpu_check_attn(const char *op, const gpu_op_args *a)
+{
+    const gpu_attn_desc *d = &a->d.attn;
+    zo_status st;
+    if ((st = check_dim(op, "b", d->b)) != ZO_OK || (st = check_dim(op, "t", d->t)) != ZO_OK ||
+        (st = check_dim(op, "hq", d->hq)) != ZO_OK || (st = check_dim(op, "hkv", d->hkv)) != ZO_OK ||
+        (st = check_dim(op, "d", d->d)) != ZO_OK)
+        return st;
+    if (d->hq % d->hkv)
+        return zo_error(ZO_ERR_INVALID, "%s: hkv %d does not divide hq %d", op, d->hkv, d->hq);
+    return ZO_OK;
+}
+
+/* i: n, t, n_heads, d, ldx, pos0; f[0] = theta */
+static zo_status gpu_check_rope(const char *op, const gpu_op_args *a)
+{
+    if (a->i[3] % 2) return zo_error(ZO_ERR_INVALID, "%s: head dim %lld is odd", op, (long long)a->i[3]);
+    if (a->i[4] < a->i[2] * a->i[3])
+        return zo_error(ZO_ERR_INVALID, "%s: ldx %lld < n_heads*d %lld", op, (long long)a->i[4],
+                        (long long)(a->i[2] * a->i[3]));
+    if (!(a->f[0] > 0.0f)) return zo_error(ZO_ERR_INVALID, "%s: theta must be > 0", op);
+    if (a->i[5] < 0) return zo_error(ZO_ERR_INVALID, "%s: pos0 %lld < 0", op, (long long)a->i[5]);
+    return ZO_OK;
+}
+
+static zo_status gpu_check_ce_inplace(const char *op, const gpu_op_args *a)
+{
+    if (a->t[0].data == a->t[1].data && a->t[0].dtype != a->t[1].dtype)
+        return zo_error(ZO_ERR_INVALID, "%s: in place needs one dtype", op);
+    return ZO_OK;
+}
+
+static zo_status gpu_check_nf4(const char *op, const gpu_op_args *a)
+{
+    if ((uintptr_t)a->p[0] % ZO_NF4_ALIGN)
+        return zo_error(ZO_ERR_INVALID, "%s: nf4 is not %d-byte aligned", op, ZO_NF4_ALIGN);
+    return ZO_OK;
+}
+
+/* Whether [a, a + na) and [b, b + nb) share a byte. */
+static int bytes_overlap(const void *a, size_t na, const void *b, size_t nb)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + nb && y < x + na;
+}
+
+/* p: param, m, v (fp32 [n]); t: grad, out16 (optional, fp16 or bf16) */
+static zo_status gpu_check_adam(const char *op, const gpu_op_args *a)
+{
+    size_t n = a->n;
+    if (a->t[1].data && a->t[1].dtype != ZO_DTYPE_F16 && a->t[1].dtype != ZO_DTYPE_BF16)
+        return zo_error(ZO_ERR_INVALID, "%s: out16 dtype %d is not fp16 or bf16", op,
+                        (int)a->t[1].dtype);
+    if (n > SIZE_MAX / 4) return zo_error(ZO_ERR_INVALID, "%s: n = %zu too large", op, n);
+    const void *arr[5] = {a->p[0], a->p[1], a->p[2], a->t[0].data, a->t[1].data};
+    size_t len[5] = {4 * n, 4 * n, 4 * n, zo_dtype_size(a->t[0].dtype) * n,
+                     a->t[1].data ? zo_dtype_size(a->t[1].dtype) * n : 0};
+    const char *name[5] = {"param", "m", "v", "grad", "out16"};
+    for (int x = 0; x < 5; x++)
+        for (int y = x + 1; y < 5; y++)
+            if (arr[y] && bytes_overlap(arr[x], len[x], arr[y], len[y]))
+                return zo_error(ZO_ERR_INVALID, "%s: buffers %s and %s overlap", op, name[x],
+                                name[y]);
+    return ZO_OK;
+}
+
+/* ---- the rows as data ------------------------------------------------------------------ */
+
+#define GPU_SLOTS(...) {__VA_ARGS__}
+#define GPU_OP_SLOTS(ID, name, slots, check) static const gpu_op_slot slots_##name[] = GPU_SLOTS slots;
+GPU_OP_TABLE(GPU_OP_SLOTS)
+#undef GPU_OP_SLOTS
+
+const gpu_op_info gpu_op_infos[GPU_OP_COUNT] = {
+#define GPU_OP_INFO(ID, name, slots, chk)                                                         \
+    [GPU_OP_##ID] = {"gpu_" #name, slots_##name, (int)(sizeof slots_##name / sizeof(gpu_op_slot)), \
+                     chk},
+    GPU_OP_TABLE(GPU_OP_INFO)
+#undef GPU_OP_INFO
+};
+
+/* ---- checking and dispatching ------------------------------------------------------------ */
+
+static zo_status check_tensor(const char *op, const char *name, gpu_tensor t)
+{
+    if (!t.data) return zo_error(ZO_ERR_INVALID, "%s: tensor %s is NULL", op, name);
+    if (!dtype_ok(t.dtype))
+        return zo_error(ZO_ERR_INVALID, "%s: tensor %s has unknown dtype %d", op, name,
+                        (int)t.dtype);
+    return ZO_OK;
+}
+
+/* The row's slots in order: 1 when the op is to run; 0 when it is to return
+ * *st at once (a failed check, or ZO_OK for a count of 0). */
+static int check_slots(zo_status *st, const gpu_op_info *info, const gpu_op_args *a)
+{
+    const char *op = info->name;
+    *st = ZO_OK;
+    for (int k = 0; k < info->n_slots; k++) {
+        const gpu_op_slot *sl = &info->slots[k];
+        switch (sl->kind) {
+        case GPU_SLOT_COUNT:
+            if (a->n == 0) return 0;
+            break;
+        case GPU_SLOT_TENSOR_OPT:
+            if (a->t[sl->index].data) *st = check_tensor(op, sl->name, a->t[sl->index]);
+            break;
+        case GPU_SLOT_TENSOR:
+            *st = check_tensor(op, sl->name, a->t[sl->index]);
+            break;
+        case GPU_SLOT_PTR:
+            if (!a->p[sl->index]) *st = zo_error(ZO_ERR_INVALID, "%s: %s is NULL", op, sl->name);
+            break;
+        case GPU_SLOT_DIM:
+            *st = check_dim(op, sl->name, (long long)a->i[sl->index]);
+            break;
+        case GPU_SLOT_INT:
+            break;
+        }
+        if (*st != ZO_OK) return 0;
+    }
+    return 1;
+}
+
+zo_status gpu_op_run(gpu_stream_t s, gpu_op_id id, const gpu_op_args *a)
+{
+    if ((unsigned)id >= GPU_OP_COUNT)
+        return zo_error(ZO_ERR_INVALID, "gpu_op_run: unknown op %d", (int)id);
+    const gpu_op_info *info = &gpu_op_infos[id];
+    if (!s) return zo_error(ZO_ERR_INVALID, "%s: NULL stream", info->name);
+    if (!a) return zo_error(ZO_ERR_INVALID, "%s: NULL arguments", info->name);
+    zo_status st;
+    if (!check_slots(&st, info, a)) return st;
+    if (info->check && (st = info->check(info->name, a)) != ZO_OK) return st;
+    return s->dev->iface->op(s, id, a);
+}
