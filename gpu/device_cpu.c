@@ -602,9 +602,8 @@ static zo_status cpu_run_embedding_forward(cpu_scratch *ws, const gpu_op_args *a
 
 static zo_status cpu_run_embedding_backward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    (void)ws;
-    return cpu_embedding_backward(a->t[0], a->t[1], a->t[2], a->p[0], (int)a->i[0], (int)a->i[1],
-                                  (int)a->i[2], (int)a->i[3], nt);
+    return cpu_embedding_backward(ws, a->t[0], a->t[1], a->t[2], a->p[0], (int)a->i[0],
+                                  (int)a->i[1], (int)a->i[2], (int)a->i[3], nt);
 }
 
 static zo_status cpu_run_cross_entropy_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)

@@ -1061,24 +1061,48 @@ zo_status cpu_embedding_forward(cpu_scratch *ws, gpu_tensor out, const int32_t *
 }
 
 /* Scatter-add by column blocks: each thread owns columns, rows go in order. */
-zo_status cpu_embedding_backward(gpu_tensor dwte, gpu_tensor dwpe, gpu_tensor dout,
-                                 const int32_t *tokens, int n, int t, int c, int vocab, int nt)
+/* dwte[tokens[r]] += dout[r], dwpe[r % t] += dout[r]: a reduction over the
+ * rows, so each sum is formed in fp32 (rows ascending) and added to the
+ * stored gradient once. The rows are put in token order first (a counting
+ * sort, stable), so the rows of one token are consecutive. */
+zo_status cpu_embedding_backward(cpu_scratch *ws, gpu_tensor dwte, gpu_tensor dwpe,
+                                 gpu_tensor dout, const int32_t *tokens, int n, int t, int c,
+                                 int vocab, int nt)
 {
-    zo_status s = check_ids("gpu_embedding_backward", "tokens", tokens, n, vocab, 0);
+    const char *op = "gpu_embedding_backward";
+    zo_status s = check_ids(op, "tokens", tokens, n, vocab, 0);
     if (s != ZO_OK) return s;
-    int blocks = (c + COLS - 1) / COLS;
+    char *base;
+    s = reserve_team(ws, op, ((size_t)vocab + 1 + (size_t)n) * sizeof(int), 0, 1, &base);
+    if (s != ZO_OK) return s;
+    int *start = (int *)base, *order = start + vocab + 1;
+    memset(start, 0, ((size_t)vocab + 1) * sizeof(int));
+    for (int r = 0; r < n; r++) start[tokens[r] + 1]++;
+    for (int v = 0; v < vocab; v++) start[v + 1] += start[v];
+    for (int r = 0; r < n; r++) order[start[tokens[r]]++] = r; /* start[v]: end of token v */
+    int blocks = (c + COLS - 1) / COLS, positions = t < n ? t : n;
 #pragma omp parallel for schedule(static) num_threads(nthreads(nt))
     for (int cb = 0; cb < blocks; cb++) {
         int j0 = cb * COLS, w = c - j0 < COLS ? c - j0 : COLS;
-        float g[COLS];
-        for (int r = 0; r < n; r++) {
-            load_row(g, dout, (size_t)r * c + j0, w);
-            size_t o = (size_t)tokens[r] * c + j0;
-            for (int j = 0; j < w; j++) st(dwte, o + j, ld(dwte, o + j) + g[j]);
-            if (dwpe.data) {
-                size_t op = (size_t)(r % t) * c + j0;
-                for (int j = 0; j < w; j++) st(dwpe, op + j, ld(dwpe, op + j) + g[j]);
+        float g[COLS], sum[COLS];
+        for (int k = 0; k < n;) {
+            int tok = tokens[order[k]];
+            memset(sum, 0, sizeof sum);
+            for (; k < n && tokens[order[k]] == tok; k++) {
+                load_row(g, dout, (size_t)order[k] * c + j0, w);
+                for (int j = 0; j < w; j++) sum[j] += g[j];
             }
+            size_t o = (size_t)tok * c + j0;
+            for (int j = 0; j < w; j++) st(dwte, o + j, ld(dwte, o + j) + sum[j]);
+        }
+        for (int p = 0; dwpe.data && p < positions; p++) {
+            memset(sum, 0, sizeof sum);
+            for (int r = p; r < n; r += t) {
+                load_row(g, dout, (size_t)r * c + j0, w);
+                for (int j = 0; j < w; j++) sum[j] += g[j];
+            }
+            size_t o = (size_t)p * c + j0;
+            for (int j = 0; j < w; j++) st(dwpe, o + j, ld(dwpe, o + j) + sum[j]);
         }
     }
     return ZO_OK;

@@ -86,8 +86,9 @@ void cpu_swiglu_backward(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy, gpu_te
 zo_status cpu_embedding_forward(cpu_scratch *ws, gpu_tensor out, const int32_t *tokens,
                                 gpu_tensor wte, gpu_tensor wpe, int n, int t, int c, int vocab,
                                 int nt);
-zo_status cpu_embedding_backward(gpu_tensor dwte, gpu_tensor dwpe, gpu_tensor dout,
-                                 const int32_t *tokens, int n, int t, int c, int vocab, int nt);
+zo_status cpu_embedding_backward(cpu_scratch *ws, gpu_tensor dwte, gpu_tensor dwpe,
+                                 gpu_tensor dout, const int32_t *tokens, int n, int t, int c,
+                                 int vocab, int nt);
 zo_status cpu_cross_entropy_forward(cpu_scratch *ws, float *losses, gpu_tensor logits,
                                     const int32_t *targets, int n, int v, int nt);
 zo_status cpu_cross_entropy_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_tensor logits,

@@ -7,7 +7,7 @@
 #include <stddef.h>
 
 /* The elements of got[0..n) outside atol + rtol * |want| (nan never
- * matches); prints the first 5 and a summary line; returns their count. */
+ * matches; an infinity only the same infinity); prints the first 5 and a summary line; returns their count. */
 int check_close_f64(const char *what, const double *got, const double *want, size_t n,
                     double atol, double rtol);
 int check_close_f32(const char *what, const float *got, const float *want, size_t n,

@@ -1,0 +1,1388 @@
+/* Every op of the device interface, checked as data: the test walks the op
+ * table (gpu/ops.h, GPU_OP_TABLE), asks each op's generator (parity_<name>)
+ * for cases on a grid of shapes that crosses every block and panel boundary
+ * of the kernels, runs each case on every backend at hand and compares the
+ * result with an independent reference (ref_<name>: plain loops in double
+ * precision written here, sharing no code with the kernels).
+ *
+ * Backends: the CPU device (always); the CUDA kernels compiled for the host
+ * through the shim (gpu/cuda/shim/, where built: ZO_HAVE_CUDA_SHIM); a CUDA
+ * device when one is present. An op the table lists without a generator and
+ * a reference does not build; a generator that yields no case fails.
+ *
+ * What a case checks: every buffer of the op, outputs against the reference
+ * within a tolerance of their storage type (|got - want| <= rtol * (|want| +
+ * rms(want))), inputs unchanged, and guard bytes on both sides of every
+ * buffer untouched (a write out of bounds). Accumulating outputs start from
+ * random values, so "+=" and "=" are told apart.
+ *
+ * ZO_OPS_FILTER=name runs the ops whose name contains it; ZO_OPS_VERBOSE=1
+ * prints every case. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/dtype.h" /* defines: zo_load_f32, zo_store_f32 */
+#include "gpu/device.h"
+#include "gpu/ops.h"              /* defines: GPU_OP_TABLE, gpu_op_run, gpu_op_infos */
+#include "tests/support/check.h" /* defines: check_close_f64 */
+
+#ifdef ZO_HAVE_CUDA_SHIM
+#include "gpu/cuda/shim/shim_ops.h" /* defines: shim_cuda_ops, shim_exec_init */
+#endif
+
+/* ---- cases ------------------------------------------------------------------------ */
+
+/* Element types of a case's buffers: the three storage types, and the
+ * int32 and byte buffers some ops take. */
+typedef enum etype { E_F32 = ZO_DTYPE_F32, E_F16 = ZO_DTYPE_F16, E_BF16 = ZO_DTYPE_BF16, E_I32, E_U8 } etype;
+
+typedef enum fill_kind {
+    FILL_UNIFORM, /* uniform in [lo, hi) */
+    FILL_INT,     /* integers in [lo, hi) */
+    FILL_NONE,    /* left for the case's prep */
+} fill_kind;
+
+#define MAX_BUF (GPU_OP_MAX_T + GPU_OP_MAX_P)
+
+typedef struct pbuf {
+    char slot;   /* 't' (args.t) or 'p' (args.p) */
+    int index;
+    etype type;
+    size_t n;     /* elements */
+    fill_kind fill;
+    double lo, hi;
+    int out;      /* the op writes it: compared with the reference */
+    int alias;    /* >= 0: the same memory as buffer `alias` (in-place ops) */
+    double rtol;  /* 0: the type's default */
+} pbuf;
+
+typedef struct pcase pcase;
+/* Host values of every buffer (doubles), by slot: T[k], P[k]; NULL where
+ * the op takes none. */
+typedef struct hostv {
+    double *T[GPU_OP_MAX_T];
+    double *P[GPU_OP_MAX_P];
+} hostv;
+
+struct pcase {
+    gpu_op_id op;
+    char label[160];
+    gpu_op_args a; /* sizes and scalars; the harness binds the buffers */
+    pbuf buf[MAX_BUF];
+    int nbuf;
+    /* (optional) make inputs consistent (a forward's saved values) */
+    void (*prep)(const pcase *c, hostv *h);
+    int param[4]; /* the generator's, for prep */
+};
+
+/* Below this, fp16 stores subnormals: one step of them is the error floor. */
+#define F16_SUBNORMAL_STEP 5.9604644775390625e-08 /* 2^-24 */
+
+static double rtol_of(etype t)
+{
+    switch (t) {
+    case E_F32: return 2e-5;
+    case E_F16: return 2e-3;
+    case E_BF16: return 1.6e-2;
+    default: return 0.0; /* integers and bytes: exact */
+    }
+}
+
+static size_t esize(etype t)
+{
+    return t == E_I32 ? 4 : t == E_U8 ? 1 : zo_dtype_size((zo_dtype)t);
+}
+
+static const char *ename(etype t)
+{
+    static const char *n[] = {"f32", "f16", "bf16", "i32", "u8"};
+    return n[t];
+}
+
+/* Buffers, in the order a case lists them. */
+static int add_buf(pcase *c, char slot, int index, etype type, size_t n, fill_kind f, double lo,
+                   double hi, int out)
+{
+    pbuf *b = &c->buf[c->nbuf];
+    *b = (pbuf){slot, index, type, n, f, lo, hi, out, -1, 0.0};
+    return c->nbuf++;
+}
+
+#define IN_T(c, k, ty, n) add_buf(c, 't', k, ty, n, FILL_UNIFORM, -1.0, 1.0, 0)
+#define OUT_T(c, k, ty, n) add_buf(c, 't', k, ty, n, FILL_UNIFORM, -1.0, 1.0, 1)
+#define IN_P(c, k, ty, n) add_buf(c, 'p', k, ty, n, FILL_UNIFORM, -1.0, 1.0, 0)
+#define OUT_P(c, k, ty, n) add_buf(c, 'p', k, ty, n, FILL_UNIFORM, -1.0, 1.0, 1)
+
+static pcase new_case(gpu_op_id op, const char *fmt, ...)
+{
+    pcase c;
+    memset(&c, 0, sizeof c);
+    c.op = op;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c.label, sizeof c.label, fmt, ap);
+    va_end(ap);
+    return c;
+}
+
+/* ---- the reference's helpers -------------------------------------------------------- */
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static double urand(void) /* uniform in [0, 1) */
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (double)(rng >> 11) / 9007199254740992.0;
+}
+
+/* v as the storage type keeps it (round to nearest even through fp32). */
+static double as_stored(double v, etype t)
+{
+    if (t == E_I32 || t == E_U8) return v;
+    float f = (float)v, r;
+    uint16_t h;
+    switch ((zo_dtype)t) {
+    case ZO_DTYPE_F16: h = zo_f32_to_f16(f), r = zo_f16_to_f32(h); break;
+    case ZO_DTYPE_BF16: h = zo_f32_to_bf16(f), r = zo_bf16_to_f32(h); break;
+    default: r = f; break;
+    }
+    return r;
+}
+
+static double sq(double x) { return x * x; }
+
+/* ---- references: plain loops in double, from the contracts of gpu/device.h ----------- */
+
+/* GEMM: C = alpha op(A) op(B) + beta C, row-major, batched by strides. */
+static void ref_gemm(const gpu_op_args *a, hostv *h)
+{
+    const gpu_gemm_desc *d = &a->d.gemm;
+    int batch = d->batch > 0 ? d->batch : 1;
+    for (int bi = 0; bi < batch; bi++) {
+        const double *A = h->T[0] + (size_t)bi * d->stride_a, *B = h->T[1] + (size_t)bi * d->stride_b;
+        double *C = h->T[2] + (size_t)bi * d->stride_c;
+        for (int i = 0; i < d->m; i++)
+            for (int j = 0; j < d->n; j++) {
+                double s = 0.0;
+                for (int p = 0; p < d->k; p++) {
+                    double x = d->trans_a ? A[(size_t)p * d->lda + i] : A[(size_t)i * d->lda + p];
+                    double y = d->trans_b ? B[(size_t)j * d->ldb + p] : B[(size_t)p * d->ldb + j];
+                    s += x * y;
+                }
+                double *c = &C[(size_t)i * d->ldc + j];
+                *c = d->alpha * s + (d->beta != 0.0f ? d->beta * *c : 0.0);
+            }
+    }
+}
+
+static void ref_bias_forward(const gpu_op_args *a, hostv *h)
+{
+    int n = (int)a->i[0], c = (int)a->i[1];
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < c; j++) h->T[0][(size_t)r * a->i[2] + j] += h->T[1][j];
+}
+
+static void ref_bias_backward(const gpu_op_args *a, hostv *h)
+{
+    int n = (int)a->i[0], c = (int)a->i[1];
+    for (int j = 0; j < c; j++) {
+        double s = 0.0;
+        for (int r = 0; r < n; r++) s += h->T[1][(size_t)r * a->i[2] + j];
+        h->T[0][j] += s;
+    }
+}
+
+/* mean and 1/sqrt(var + eps) of row x[0..c) */
+static void row_stats(const double *x, int c, double eps, double *mean, double *rstd)
+{
+    double m = 0.0, v = 0.0;
+    for (int j = 0; j < c; j++) m += x[j];
+    m /= c;
+    for (int j = 0; j < c; j++) v += sq(x[j] - m);
+    *mean = m;
+    *rstd = 1.0 / sqrt(v / c + eps);
+}
+
+static double row_rms_rstd(const double *x, int c, double eps)
+{
+    double s = 0.0;
+    for (int j = 0; j < c; j++) s += x[j] * x[j];
+    return 1.0 / sqrt(s / c + eps);
+}
+
+/* t: y x w b; p: mean rstd */
+static void ref_layernorm_forward(const gpu_op_args *a, hostv *h)
+{
+    int n = (int)a->i[0], c = (int)a->i[1];
+    for (int r = 0; r < n; r++) {
+        const double *x = h->T[1] + (size_t)r * c;
+        double m, rs;
+        row_stats(x, c, a->f[0], &m, &rs);
+        h->P[0][r] = m;
+        h->P[1][r] = rs;
+        for (int j = 0; j < c; j++)
+            h->T[0][(size_t)r * c + j] = (x[j] - m) * rs * h->T[2][j] + (h->T[3] ? h->T[3][j] : 0.0);
+    }
+}
+
+/* t: dx dw db dy x w; p: mean rstd */
+static void ref_layernorm_backward(const gpu_op_args *a, hostv *h)
+{
+    int n = (int)a->i[0], c = (int)a->i[1];
+    for (int r = 0; r < n; r++) {
+        const double *x = h->T[4] + (size_t)r * c, *dy = h->T[3] + (size_t)r * c;
+        double m = h->P[0][r], rs = h->P[1][r], mg = 0.0, mgx = 0.0;
+        for (int j = 0; j < c; j++) {
+            double g = dy[j] * h->T[5][j], xh = (x[j] - m) * rs;
+            mg += g;
+            mgx += g * xh;
+            h->T[1][j] += dy[j] * xh;
+            if (h->T[2]) h->T[2][j] += dy[j];
+        }
+        mg /= c, mgx /= c;
+        for (int j = 0; j < c; j++) {
+            double g = dy[j] * h->T[5][j], xh = (x[j] - m) * rs;
+            h->T[0][(size_t)r * c + j] += rs * (g - mg - xh * mgx);
+        }
+    }
+}
+
+/* t: y x w; p: rstd */
+static void ref_rmsnorm_forward(const gpu_op_args *a, hostv *h)
+{
+    int n = (int)a->i[0], c = (int)a->i[1];
+    for (int r = 0; r < n; r++) {
+        const double *x = h->T[1] + (size_t)r * c;
+        double rs = row_rms_rstd(x, c, a->f[0]);
+        h->P[0][r] = rs;
+        for (int j = 0; j < c; j++) h->T[0][(size_t)r * c + j] = x[j] * rs * h->T[2][j];
+    }
+}
+
+/* t: dx dw dy x w; p: rstd */
+static void ref_rmsnorm_backward(const gpu_op_args *a, hostv *h)
+{
+    int n = (int)a->i[0], c = (int)a->i[1];
+    for (int r = 0; r < n; r++) {
+        const double *x = h->T[3] + (size_t)r * c, *dy = h->T[2] + (size_t)r * c;
+        double rs = h->P[0][r], mgx = 0.0;
+        for (int j = 0; j < c; j++) {
+            mgx += dy[j] * h->T[4][j] * x[j];
+            h->T[1][j] += dy[j] * x[j] * rs;
+        }
+        mgx /= c;
+        for (int j = 0; j < c; j++)
+            h->T[0][(size_t)r * c + j] += rs * (dy[j] * h->T[4][j] - x[j] * rs * rs * mgx);
+    }
+}
+
+/* Attention geometry: element offsets of qkv, out, lse (gpu/device.h). */
+typedef struct ageom {
+    int t, hq, hkv, d, grp;
+    size_t ld, ldo;
+} ageom;
+
+static ageom geom_of(const gpu_attn_desc *a)
+{
+    ageom g = {a->t, a->hq, a->hkv, a->d, a->hq / a->hkv, (size_t)(a->hq + 2 * a->hkv) * a->d,
+               (size_t)a->hq * a->d};
+    return g;
+}
+
+static size_t gq(const ageom *g, int b, int i, int h) { return ((size_t)b * g->t + i) * g->ld + (size_t)h * g->d; }
+static size_t gk(const ageom *g, int b, int j, int h)
+{
+    return ((size_t)b * g->t + j) * g->ld + (size_t)(g->hq + h / g->grp) * g->d;
+}
+static size_t gv(const ageom *g, int b, int j, int h)
+{
+    return ((size_t)b * g->t + j) * g->ld + (size_t)(g->hq + g->hkv + h / g->grp) * g->d;
+}
+static size_t go(const ageom *g, int b, int i, int h) { return ((size_t)b * g->t + i) * g->ldo + (size_t)h * g->d; }
+
+/* Scores of query i of head h against keys 0..i (scaled), into s[0..i]. */
+static void scores(const ageom *g, const double *qkv, int b, int h, int i, double *s)
+{
+    double scale = 1.0 / sqrt((double)g->d);
+    for (int j = 0; j <= i; j++) {
+        double acc = 0.0;
+        for (int e = 0; e < g->d; e++) acc += qkv[gq(g, b, i, h) + e] * qkv[gk(g, b, j, h) + e];
+        s[j] = acc * scale;
+    }
+}
+
+/* out [b,t,hq*d] and lse [b,hq,t] of qkv: the full causal softmax. */
+static void attention_forward_d(const gpu_attn_desc *a, const double *qkv, double *out, double *lse)
+{
+    ageom g = geom_of(a);
+    double *s = malloc((size_t)g.t * sizeof *s);
+    for (int b = 0; b < a->b; b++)
+        for (int h = 0; h < g.hq; h++)
+            for (int i = 0; i < g.t; i++) {
+                scores(&g, qkv, b, h, i, s);
+                double mx = -INFINITY, l = 0.0;
+                for (int j = 0; j <= i; j++) mx = s[j] > mx ? s[j] : mx;
+                for (int j = 0; j <= i; j++) l += exp(s[j] - mx);
+                lse[((size_t)b * g.hq + h) * g.t + i] = mx + log(l);
+                for (int e = 0; e < g.d; e++) {
+                    double o = 0.0;
+                    for (int j = 0; j <= i; j++) o += exp(s[j] - mx) / l * qkv[gv(&g, b, j, h) + e];
+                    out[go(&g, b, i, h) + e] = o;
+                }
+            }
+    free(s);
+}
+
+/* t: out qkv; p: lse */
+static void ref_attention_forward(const gpu_op_args *a, hostv *h)
+{
+    attention_forward_d(&a->d.attn, h->T[1], h->T[0], h->P[0]);
+}
+
+/* t: dqkv dout qkv out; p: lse. With P = exp(s - lse) and D_i = dO_i . O_i
+ * (the saved out and lse, as the op's contract): dS = P (dO V^T - D) / sqrt(d),
+ * dQ = dS K, dK = dS^T Q, dV = P^T dO; dqkv is overwritten. */
+static void ref_attention_backward(const gpu_op_args *a, hostv *h)
+{
+    ageom g = geom_of(&a->d.attn);
+    const double *qkv = h->T[2], *dout = h->T[1], *out = h->T[3], *lse = h->P[0];
+    double *dq = h->T[0], *s = malloc((size_t)g.t * sizeof *s), scale = 1.0 / sqrt((double)g.d);
+    memset(dq, 0, (size_t)a->d.attn.b * g.t * g.ld * sizeof *dq);
+    for (int b = 0; b < a->d.attn.b; b++)
+        for (int hh = 0; hh < g.hq; hh++)
+            for (int i = 0; i < g.t; i++) {
+                scores(&g, qkv, b, hh, i, s);
+                double L = lse[((size_t)b * g.hq + hh) * g.t + i], D = 0.0;
+                for (int e = 0; e < g.d; e++) D += dout[go(&g, b, i, hh) + e] * out[go(&g, b, i, hh) + e];
+                for (int j = 0; j <= i; j++) {
+                    double p = exp(s[j] - L), dp = 0.0;
+                    for (int e = 0; e < g.d; e++) dp += dout[go(&g, b, i, hh) + e] * qkv[gv(&g, b, j, hh) + e];
+                    double ds = p * (dp - D) * scale;
+                    for (int e = 0; e < g.d; e++) {
+                        dq[gq(&g, b, i, hh) + e] += ds * qkv[gk(&g, b, j, hh) + e];
+                        dq[gk(&g, b, j, hh) + e] += ds * qkv[gq(&g, b, i, hh) + e];
+                        dq[gv(&g, b, j, hh) + e] += p * dout[go(&g, b, i, hh) + e];
+                    }
+                }
+            }
+    free(s);
+}
+
+/* HF rotate_half in place on the first n_heads heads of every row; row r at
+ * position pos0 + r % t; the inverse rotates back. */
+static void rope_d(const gpu_op_args *a, hostv *h, int inverse)
+{
+    int n = (int)a->i[0], t = (int)a->i[1], heads = (int)a->i[2], d = (int)a->i[3], half = d / 2;
+    double *tmp = malloc((size_t)d * sizeof *tmp);
+    for (int r = 0; r < n; r++)
+        for (int hh = 0; hh < heads; hh++) {
+            double *x = h->T[0] + (size_t)r * a->i[4] + (size_t)hh * d;
+            memcpy(tmp, x, (size_t)d * sizeof *tmp);
+            for (int i = 0; i < d; i++) {
+                double f = pow((double)a->f[0], -2.0 * (i % half) / d);
+                double ang = (double)(a->i[5] + r % t) * f * (inverse ? -1.0 : 1.0);
+                double rot = i < half ? -tmp[i + half] : tmp[i - half];
+                x[i] = tmp[i] * cos(ang) + rot * sin(ang);
+            }
+        }
+    free(tmp);
+}
+
+static void ref_rope_forward(const gpu_op_args *a, hostv *h) { rope_d(a, h, 0); }
+static void ref_rope_backward(const gpu_op_args *a, hostv *h) { rope_d(a, h, 1); }
+
+#define GELU_C 0.7978845608028654 /* sqrt(2/pi) */
+
+static void ref_gelu_forward(const gpu_op_args *a, hostv *h)
+{
+    for (size_t i = 0; i < a->n; i++) {
+        double x = h->T[1][i];
+        h->T[0][i] = 0.5 * x * (1.0 + tanh(GELU_C * (x + 0.044715 * x * x * x)));
+    }
+}
+
+static void ref_gelu_backward(const gpu_op_args *a, hostv *h)
+{
+    for (size_t i = 0; i < a->n; i++) {
+        double x = h->T[2][i], u = GELU_C * (x + 0.044715 * x * x * x), th = tanh(u);
+        double du = GELU_C * (1.0 + 3.0 * 0.044715 * x * x);
+        h->T[0][i] = h->T[1][i] * (0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * du);
+    }
+}
+
+static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+static void ref_swiglu_forward(const gpu_op_args *a, hostv *h)
+{
+    for (size_t i = 0; i < a->n; i++) {
+        double g = h->T[1][i];
+        h->T[0][i] = g * sigmoid(g) * h->T[2][i];
+    }
+}
+
+/* t: dgate dup dy gate up */
+static void ref_swiglu_backward(const gpu_op_args *a, hostv *h)
+{
+    for (size_t i = 0; i < a->n; i++) {
+        double g = h->T[3][i], u = h->T[4][i], dy = h->T[2][i], sg = sigmoid(g);
+        h->T[0][i] = dy * u * (sg + g * sg * (1.0 - sg));
+        h->T[1][i] = dy * g * sg;
+    }
+}
+
+/* t: out wte wpe; p: tokens; i: n t c vocab */
+static void ref_embedding_forward(const gpu_op_args *a, hostv *h)
+{
+    int n = (int)a->i[0], t = (int)a->i[1], c = (int)a->i[2];
+    for (int r = 0; r < n; r++) {
+        int tok = (int)h->P[0][r];
+        for (int j = 0; j < c; j++)
+            h->T[0][(size_t)r * c + j] =
+                h->T[1][(size_t)tok * c + j] + (h->T[2] ? h->T[2][(size_t)(r % t) * c + j] : 0.0);
+    }
+}
+
+/* t: dwte dwpe dout; p: tokens */
+static void ref_embedding_backward(const gpu_op_args *a, hostv *h)
+{
+    int n = (int)a->i[0], t = (int)a->i[1], c = (int)a->i[2];
+    for (int r = 0; r < n; r++) {
+        int tok = (int)h->P[0][r];
+        for (int j = 0; j < c; j++) {
+            h->T[0][(size_t)tok * c + j] += h->T[2][(size_t)r * c + j];
+            if (h->T[1]) h->T[1][(size_t)(r % t) * c + j] += h->T[2][(size_t)r * c + j];
+        }
+    }
+}
+
+static double row_lse(const double *x, int v)
+{
+    double mx = -INFINITY, s = 0.0;
+    for (int j = 0; j < v; j++) mx = x[j] > mx ? x[j] : mx;
+    for (int j = 0; j < v; j++) s += exp(x[j] - mx);
+    return mx + log(s);
+}
+
+/* t: logits; p: losses targets */
+static void ref_cross_entropy_forward(const gpu_op_args *a, hostv *h)
+{
+    int n = (int)a->i[0], v = (int)a->i[1];
+    for (int r = 0; r < n; r++) {
+        int tg = (int)h->P[1][r];
+        const double *x = h->T[0] + (size_t)r * v;
+        h->P[0][r] = tg < 0 ? 0.0 : row_lse(x, v) - x[tg];
+    }
+}
+
+/* t: dlogits logits; p: targets; f: dloss */
+static void ref_cross_entropy_backward(const gpu_op_args *a, hostv *h)
+{
+    int n = (int)a->i[0], v = (int)a->i[1];
+    double *row = malloc((size_t)v * sizeof *row);
+    for (int r = 0; r < n; r++) {
+        int tg = (int)h->P[0][r];
+        memcpy(row, h->T[1] + (size_t)r * v, (size_t)v * sizeof *row); /* dlogits may be logits */
+        double L = row_lse(row, v);
+        for (int j = 0; j < v; j++)
+            h->T[0][(size_t)r * v + j] = tg < 0 ? 0.0 : a->f[0] * (exp(row[j] - L) - (j == tg));
+    }
+    free(row);
+}
+
+static void ref_add(const gpu_op_args *a, hostv *h)
+{
+    for (size_t i = 0; i < a->n; i++) h->T[0][i] = h->T[1][i] + h->T[2][i];
+}
+
+static void ref_scale(const gpu_op_args *a, hostv *h)
+{
+    for (size_t i = 0; i < a->n; i++) h->T[0][i] *= a->f[0];
+}
+
+/* dst = src rounded once to dst's type (past fp16's range: an infinity) */
+static void ref_cast(const gpu_op_args *a, hostv *h)
+{
+    for (size_t i = 0; i < a->n; i++) h->T[0][i] = as_stored(h->T[1][i], (etype)a->t[0].dtype);
+}
+
+static void ref_check_finite(const gpu_op_args *a, hostv *h)
+{
+    for (size_t i = 0; i < a->n; i++)
+        if (!isfinite(h->T[0][i])) h->P[0][0] = (double)((int)h->P[0][0] | 1);
+}
+
+static void ref_sum_squares(const gpu_op_args *a, hostv *h)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < a->n; i++) s += h->T[0][i] * h->T[0][i];
+    h->P[0][0] += s;
+}
+
+/* NF4 (common/nf4.h's layout, decoded here from its description): fp32
+ * offset; fp32 scale2 [ceil(nb/256)]; u8 absq [nb]; u8 codes, weight 2i in
+ * the high nibble. The code values are the QLoRA paper's table; the absmax
+ * map is the signed dynamic map, built here in double. */
+static const double nf4_values[16] = {
+    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+    -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+    0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+    0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0};
+
+static int cmp_double(const void *x, const void *y)
+{
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+/* bitsandbytes' create_dynamic_map(signed=True), ascending */
+static void dynamic_map(double map[256])
+{
+    int k = 0;
+    for (int i = 0; i < 7; i++) {
+        int fr = 1 << i; /* 2^i midpoints of linspace(0.1, 1, 2^i + 1) */
+        for (int j = 0; j < fr; j++) {
+            double lo = 0.1 + 0.9 * j / fr, hi = 0.1 + 0.9 * (j + 1) / fr;
+            double v = pow(10.0, i - 6) * (lo + hi) / 2;
+            map[k++] = v;
+            map[k++] = -v;
+        }
+    }
+    map[k++] = 0.0;
+    map[k++] = 1.0;
+    qsort(map, 256, sizeof *map, cmp_double);
+}
+
+static float f32_at(const double *bytes, size_t off)
+{
+    uint8_t b[4];
+    for (int i = 0; i < 4; i++) b[i] = (uint8_t)bytes[off + i];
+    float f;
+    memcpy(&f, b, 4);
+    return f;
+}
+
+static void ref_nf4_dequantize(const gpu_op_args *a, hostv *h)
+{
+    size_t n = a->n, nb = (n + 63) / 64, nb2 = (nb + 255) / 256;
+    size_t off_scale2 = 4, off_absq = 4 + 4 * nb2, off_codes = off_absq + nb;
+    double map[256];
+    dynamic_map(map);
+    const double *q = h->P[0];
+    double offset = f32_at(q, 0);
+    for (size_t i = 0; i < n; i++) {
+        size_t blk = i / 64;
+        /* the absmax as the device computes it: map * scale2 + offset in fp32 */
+        float absmax = (float)((float)map[(int)q[off_absq + blk]] * f32_at(q, off_scale2 + 4 * (blk / 256)));
+        absmax = (float)(absmax + (float)offset);
+        int byte = (int)q[off_codes + i / 2], code = i % 2 ? byte & 15 : byte >> 4;
+        h->T[0][i] = nf4_values[code] * absmax;
+    }
+}
+
+/* p: param m v; t: grad out16; d.adam: the per-step scalars */
+static void ref_adam_update(const gpu_op_args *a, hostv *h)
+{
+    const zo_adam_consts *c = &a->d.adam;
+    for (size_t i = 0; i < a->n; i++) {
+        double p = h->P[0][i], g = h->T[0][i] * c->grad_mult;
+        if (c->use_l2) g += c->l2 * p;
+        double m = c->beta1 * h->P[1][i] + c->omb1 * g;
+        double v = c->beta2 * h->P[2][i] + c->omb2 * g * g;
+        double d = sqrt(v) * c->inv_bc2_sqrt + c->eps;
+        if (!c->use_l2) p -= c->lr_wd * p;
+        p -= c->step_size * (m / d);
+        h->P[0][i] = p, h->P[1][i] = m, h->P[2][i] = v;
+        if (h->T[1]) h->T[1][i] = p;
+    }
+}
+
+/* ---- backends ------------------------------------------------------------------------ */
+
+#define GUARD 64 /* bytes checked on both sides of every buffer */
+#define GUARD_BYTE 0xa5
+
+typedef struct backend {
+    const char *name;
+    void *(*alloc)(size_t bytes);
+    void (*release)(void *p);
+    void (*put)(void *dst, const void *src, size_t bytes);
+    void (*get)(void *dst, const void *src, size_t bytes);
+    zo_status (*run)(gpu_op_id id, const gpu_op_args *a); /* returns when done */
+    int cases, failed;
+} backend;
+
+/* A device of the device interface: the CPU backend or CUDA. */
+static gpu_device_t dev;
+static gpu_stream_t S;
+
+static void *dev_alloc(size_t bytes)
+{
+    void *p = NULL;
+    assert_int_equal(gpu_mem_alloc(dev, bytes, &p), ZO_OK);
+    return p;
+}
+
+static void dev_release(void *p) { gpu_mem_free(dev, p); }
+
+static void dev_copy(void *dst, const void *src, size_t bytes, gpu_copy_kind kind)
+{
+    assert_int_equal(gpu_memcpy_async(S, dst, src, bytes, kind), ZO_OK);
+    assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+}
+
+static void dev_put(void *dst, const void *src, size_t bytes)
+{
+    dev_copy(dst, src, bytes, GPU_COPY_HOST_TO_DEVICE);
+}
+
+static void dev_get(void *dst, const void *src, size_t bytes)
+{
+    dev_copy(dst, src, bytes, GPU_COPY_DEVICE_TO_HOST);
+}
+
+static zo_status dev_run(gpu_op_id id, const gpu_op_args *a)
+{
+    zo_status st = gpu_op_run(S, id, a);
+    zo_status st2 = gpu_stream_synchronize(S);
+    return st != ZO_OK ? st : st2;
+}
+
+#ifdef ZO_HAVE_CUDA_SHIM
+/* The CUDA kernels on the host (gpu/cuda/shim/): plain host memory. */
+static shim_exec shim;
+
+static void *host_alloc(size_t bytes)
+{
+    void *p = malloc(bytes);
+    assert_non_null(p);
+    return p;
+}
+
+static void host_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+
+static zo_status shim_run(gpu_op_id id, const gpu_op_args *a)
+{
+    return shim_cuda_ops[id](&shim.exec, a);
+}
+#endif
+
+/* ---- running a case ------------------------------------------------------------------ */
+
+static int verbose;
+
+/* The name the op's row gives a buffer's slot. */
+static const char *slot_label(gpu_op_id id, const pbuf *b)
+{
+    const gpu_op_info *info = &gpu_op_infos[id];
+    for (int k = 0; k < info->n_slots; k++) {
+        const gpu_op_slot *s = &info->slots[k];
+        int is_t = s->kind == GPU_SLOT_TENSOR || s->kind == GPU_SLOT_TENSOR_OPT;
+        if (s->index == b->index && ((b->slot == 't' && is_t) || (b->slot == 'p' && s->kind == GPU_SLOT_PTR)))
+            return s->name;
+    }
+    return "?";
+}
+
+static double **slot_of(hostv *h, const pbuf *b)
+{
+    return b->slot == 't' ? &h->T[b->index] : &h->P[b->index];
+}
+
+/* Host values of a case's buffers, drawn and rounded to their types. */
+static void draw(const pcase *c, double **v)
+{
+    for (int k = 0; k < c->nbuf; k++) {
+        const pbuf *b = &c->buf[k];
+        v[k] = NULL;
+        if (b->alias >= 0) continue;
+        v[k] = calloc(b->n ? b->n : 1, sizeof(double));
+        for (size_t i = 0; i < b->n; i++) {
+            double u = urand();
+            if (b->fill == FILL_UNIFORM) v[k][i] = as_stored(b->lo + (b->hi - b->lo) * u, b->type);
+            else if (b->fill == FILL_INT) v[k][i] = floor(b->lo + (b->hi - b->lo) * u);
+        }
+    }
+}
+
+static void bind_host(const pcase *c, double **v, hostv *h)
+{
+    memset(h, 0, sizeof *h);
+    for (int k = 0; k < c->nbuf; k++) {
+        const pbuf *b = &c->buf[k];
+        *slot_of(h, b) = v[b->alias >= 0 ? b->alias : k];
+    }
+}
+
+/* Buffer k's values in its storage type. */
+static void encode(const pbuf *b, const double *v, void *dst)
+{
+    for (size_t i = 0; i < b->n; i++) {
+        if (b->type == E_I32) ((int32_t *)dst)[i] = (int32_t)v[i];
+        else if (b->type == E_U8) ((uint8_t *)dst)[i] = (uint8_t)v[i];
+        else zo_store_f32(dst, (zo_dtype)b->type, i, (float)v[i]);
+    }
+}
+
+static void decode(const pbuf *b, const void *src, double *v)
+{
+    for (size_t i = 0; i < b->n; i++) {
+        if (b->type == E_I32) v[i] = ((const int32_t *)src)[i];
+        else if (b->type == E_U8) v[i] = ((const uint8_t *)src)[i];
+        else v[i] = zo_load_f32(src, (zo_dtype)b->type, i);
+    }
+}
+
+static double rms(const double *v, size_t n)
+{
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++) s += isfinite(v[i]) ? v[i] * v[i] : 0.0;
+    return n ? sqrt(s / n) : 0.0;
+}
+
+/* Run case c on backend be; want: the reference's values. 0 when it passes. */
+static int run_on(backend *be, const pcase *c, double **in, double **want)
+{
+    void *mem[MAX_BUF] = {0};
+    size_t bytes[MAX_BUF];
+    gpu_op_args a = c->a;
+    int bad = 0;
+    for (int k = 0; k < c->nbuf; k++) {
+        const pbuf *b = &c->buf[k];
+        if (b->alias >= 0) continue;
+        bytes[k] = b->n * esize(b->type);
+        size_t total = bytes[k] + 2 * GUARD;
+        uint8_t *img = malloc(total);
+        memset(img, GUARD_BYTE, total);
+        encode(b, in[k], img + GUARD);
+        mem[k] = be->alloc(total);
+        be->put(mem[k], img, total);
+        free(img);
+    }
+    for (int k = 0; k < c->nbuf; k++) {
+        const pbuf *b = &c->buf[k];
+        void *p = (char *)mem[b->alias >= 0 ? b->alias : k] + GUARD;
+        if (b->slot == 't') a.t[b->index] = gpu_t(p, (zo_dtype)(b->type <= E_BF16 ? b->type : E_F32));
+        else a.p[b->index] = p;
+    }
+    zo_status st = be->run(c->op, &a);
+    if (st != ZO_OK) {
+        printf("  %s on %s: %s: status %d: %s\n", gpu_op_infos[c->op].name, be->name, c->label, st,
+               zo_last_error());
+        bad = 1;
+    }
+    char what[320];
+    for (int k = 0; k < c->nbuf && !bad; k++) {
+        const pbuf *b = &c->buf[k];
+        if (b->alias >= 0) continue;
+        size_t total = bytes[k] + 2 * GUARD;
+        uint8_t *img = malloc(total);
+        be->get(img, mem[k], total);
+        for (size_t i = 0; i < total; i++)
+            if ((i < GUARD || i >= GUARD + bytes[k]) && img[i] != GUARD_BYTE) {
+                printf("  %s on %s: %s: %s written out of bounds (byte %lld)\n", gpu_op_infos[c->op].name,
+                       be->name, c->label, slot_label(c->op, b), (long long)i - GUARD);
+                bad = 1;
+                break;
+            }
+        snprintf(what, sizeof what, "%s on %s: %s: %s (%s, %s)", gpu_op_infos[c->op].name, be->name,
+                 c->label, slot_label(c->op, b), ename(b->type), b->out ? "output" : "input");
+        if (!b->out) { /* an input: every byte as it was (nan included) */
+            uint8_t *orig = malloc(bytes[k] ? bytes[k] : 1);
+            encode(b, in[k], orig);
+            for (size_t i = 0; i < bytes[k]; i++)
+                if (orig[i] != img[GUARD + i]) {
+                    printf("  %s: changed at element %zu\n", what, i / esize(b->type));
+                    bad = 1;
+                    break;
+                }
+            free(orig);
+        } else { /* an output: within its type's tolerance of the reference */
+            double *got = malloc((b->n ? b->n : 1) * sizeof *got);
+            decode(b, img + GUARD, got);
+            double rt = b->rtol > 0 ? b->rtol : rtol_of(b->type);
+            double at = rt * rms(want[k], b->n) + (b->type == E_F16 ? F16_SUBNORMAL_STEP : 0.0);
+            if (check_close_f64(what, got, want[k], b->n, at, rt)) bad = 1;
+            free(got);
+        }
+        free(img);
+    }
+    for (int k = 0; k < c->nbuf; k++)
+        if (mem[k]) be->release(mem[k]);
+    be->cases++;
+    be->failed += bad;
+    if (verbose) printf("  %-28s %-10s %s %s\n", gpu_op_infos[c->op].name, be->name, c->label, bad ? "FAILED" : "ok");
+    return bad;
+}
+
+static backend *backends[3];
+static int n_backends;
+static int op_cases[GPU_OP_COUNT];
+static int op_failed[GPU_OP_COUNT];
+static const char *filter;
+
+typedef void (*ref_fn)(const gpu_op_args *a, hostv *h);
+static const ref_fn refs[GPU_OP_COUNT] = {
+#define REF(ID, name, slots, check) [GPU_OP_##ID] = ref_##name,
+    GPU_OP_TABLE(REF)
+#undef REF
+};
+
+/* Draw the case's inputs, compute the reference, run it on every backend. */
+static void emit(pcase *c)
+{
+    if (filter && !strstr(gpu_op_infos[c->op].name, filter)) return;
+    double *in[MAX_BUF], *want[MAX_BUF];
+    draw(c, in);
+    hostv h;
+    bind_host(c, in, &h);
+    if (c->prep) {
+        c->prep(c, &h);
+        for (int k = 0; k < c->nbuf; k++) /* what prep computed, as stored */
+            if (c->buf[k].alias < 0)
+                for (size_t i = 0; i < c->buf[k].n; i++) in[k][i] = as_stored(in[k][i], c->buf[k].type);
+    }
+    for (int k = 0; k < c->nbuf; k++) {
+        want[k] = NULL;
+        if (c->buf[k].alias >= 0) continue;
+        want[k] = malloc((c->buf[k].n ? c->buf[k].n : 1) * sizeof(double));
+        memcpy(want[k], in[k], c->buf[k].n * sizeof(double));
+    }
+    bind_host(c, want, &h);
+    for (int k = 0; k < c->nbuf; k++) /* the reference sees the storage types */
+        if (c->buf[k].slot == 't' && c->buf[k].type <= E_BF16) c->a.t[c->buf[k].index].dtype = (zo_dtype)c->buf[k].type;
+    refs[c->op](&c->a, &h);
+    op_cases[c->op]++;
+    for (int b = 0; b < n_backends; b++)
+        if (run_on(backends[b], c, in, want)) op_failed[c->op]++;
+    for (int k = 0; k < c->nbuf; k++) free(in[k]), free(want[k]);
+}
+
+/* ---- generators: the grids --------------------------------------------------------------
+ * The boundaries they cross: the CPU GEMM's register tile (MR 6 x NR 32) and
+ * cache blocks (MC 192, NC 256, KC 256), the CUDA tiled GEMM's 16; the CPU
+ * attention's query blocks of 48 rows and 32-wide panels, the CUDA
+ * attention's 32-row tiles and 8-warp blocks; the CPU elementwise blocks of
+ * 2048, sum-of-squares chunks of 16384, bias column blocks of 64; the CUDA
+ * blocks of 256 threads, 32-column groups of the column sums; NF4's blocks
+ * of 64 weights and 256 constants. */
+
+static const etype storage[3] = {E_F32, E_F16, E_BF16};
+
+static void gemm_case(int m, int n, int k, int ta, int tb, etype ty, int pad, float alpha,
+                      float beta, int batch)
+{
+    pcase c = new_case(GPU_OP_GEMM, "m %d n %d k %d %c%c %s pad %d alpha %g beta %g batch %d", m, n, k,
+                       ta ? 'T' : 'N', tb ? 'T' : 'N', ename(ty), pad, alpha, beta, batch);
+    gpu_gemm_desc *d = &c.a.d.gemm;
+    d->trans_a = ta, d->trans_b = tb, d->m = m, d->n = n, d->k = k, d->alpha = alpha, d->beta = beta;
+    d->lda = (ta ? m : k) + pad, d->ldb = (tb ? k : n) + pad, d->ldc = n + pad;
+    d->batch = batch;
+    size_t sa = (size_t)(ta ? k : m) * d->lda, sb = (size_t)(tb ? n : k) * d->ldb, sc = (size_t)m * d->ldc;
+    int nb = batch > 0 ? batch : 1;
+    d->stride_a = (int64_t)sa + 3, d->stride_b = (int64_t)sb + 5, d->stride_c = (int64_t)sc + 7;
+    IN_T(&c, 0, ty, nb * (sa + 3));
+    IN_T(&c, 1, ty, nb * (sb + 5));
+    int cb = OUT_T(&c, 2, ty, nb * (sc + 7));
+    /* long sums: the fp32 accumulation's error grows with k */
+    if (ty == E_F32) c.buf[cb].rtol = 2e-5 * (1.0 + k / 256.0);
+    c.param[0] = beta == 0.0f; /* C holds nan: beta == 0 must not read it */
+    emit(&c);
+}
+
+static void gemm_nan_prep(const pcase *c, hostv *h)
+{
+    const gpu_gemm_desc *d = &c->a.d.gemm;
+    int nb = d->batch > 0 ? d->batch : 1;
+    for (int bi = 0; bi < nb; bi++)
+        for (int i = 0; i < d->m; i++)
+            for (int j = 0; j < d->n; j++) h->T[2][(size_t)bi * d->stride_c + (size_t)i * d->ldc + j] = NAN;
+}
+
+static void parity_gemm(void)
+{
+    static const int shapes[][3] = {
+        {1, 1, 1},    {5, 31, 17},   {6, 32, 16},   {7, 33, 15},  {13, 64, 255}, {12, 65, 256},
+        {6, 31, 257}, {193, 40, 20}, {20, 257, 33}, {37, 70, 300}, {192, 256, 64}, {3, 100, 513},
+    };
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int tr = 0; tr < 4; tr++)
+            gemm_case(shapes[s][0], shapes[s][1], shapes[s][2], tr & 1, tr >> 1, E_F32, 0, 1.0f, 0.0f, 0);
+    for (int t = 1; t < 3; t++)
+        for (int tr = 0; tr < 4; tr++) gemm_case(29, 47, 70, tr & 1, tr >> 1, storage[t], 0, 1.0f, 0.0f, 0);
+    /* padded leading dimensions, alpha and beta, batches with gaps */
+    gemm_case(17, 35, 40, 0, 1, E_F32, 3, 0.5f, 0.0f, 0);
+    gemm_case(17, 35, 40, 1, 0, E_F32, 5, -1.5f, 0.75f, 0);
+    gemm_case(9, 33, 18, 0, 0, E_BF16, 2, 1.0f, 1.0f, 3);
+    gemm_case(8, 20, 48, 1, 1, E_F32, 1, 1.0f, 0.0f, 4);
+    gemm_case(50, 7, 9, 0, 1, E_F16, 0, 2.0f, -0.5f, 2);
+    /* beta 0 ignores C even when it holds nan */
+    pcase c = new_case(GPU_OP_GEMM, "m 7 n 33 k 5 NT f32 beta 0 over nan");
+    gpu_gemm_desc *d = &c.a.d.gemm;
+    *d = (gpu_gemm_desc){.trans_b = 1, .m = 7, .n = 33, .k = 5, .alpha = 1.0f, .lda = 5, .ldb = 5, .ldc = 33};
+    IN_T(&c, 0, E_F32, 35);
+    IN_T(&c, 1, E_F32, 165);
+    OUT_T(&c, 2, E_F32, 231);
+    c.prep = gemm_nan_prep;
+    emit(&c);
+}
+
+static void bias_cases(gpu_op_id op)
+{
+    static const int shapes[][3] = {{1, 1, 0}, {3, 63, 1}, {17, 64, 0}, {33, 65, 7}, {5, 130, 2}, {70, 33, 0}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int t = 0; t < 3; t++) {
+            int n = shapes[s][0], cc = shapes[s][1], ld = cc + shapes[s][2];
+            pcase c = new_case(op, "n %d c %d ld %d %s", n, cc, ld, ename(storage[t]));
+            c.a.i[0] = n, c.a.i[1] = cc, c.a.i[2] = ld;
+            if (op == GPU_OP_BIAS_FORWARD) {
+                OUT_T(&c, 0, storage[t], (size_t)n * ld);
+                IN_T(&c, 1, storage[t], cc);
+            } else {
+                OUT_T(&c, 0, storage[t], cc);
+                IN_T(&c, 1, storage[t], (size_t)n * ld);
+            }
+            emit(&c);
+        }
+}
+
+static void parity_bias_forward(void) { bias_cases(GPU_OP_BIAS_FORWARD); }
+static void parity_bias_backward(void) { bias_cases(GPU_OP_BIAS_BACKWARD); }
+
+static const int norm_shapes[][2] = {{1, 1}, {3, 31}, {4, 32}, {5, 33}, {17, 64}, {2, 65}, {9, 768}, {3, 1000}};
+
+/* mean and rstd of the rows of x (t[x_slot]), as the forward saves them */
+static void norm_prep(const pcase *c, hostv *h)
+{
+    int n = (int)c->a.i[0], cc = (int)c->a.i[1], layer = c->op == GPU_OP_LAYERNORM_BACKWARD;
+    const double *x = h->T[layer ? 4 : 3];
+    for (int r = 0; r < n; r++) {
+        if (layer) row_stats(x + (size_t)r * cc, cc, 1e-5, &h->P[0][r], &h->P[1][r]);
+        else h->P[0][r] = row_rms_rstd(x + (size_t)r * cc, cc, 1e-6);
+    }
+}
+
+static void parity_layernorm_forward(void)
+{
+    for (size_t s = 0; s < sizeof norm_shapes / sizeof *norm_shapes; s++)
+        for (int t = 0; t < 3; t++)
+            for (int with_b = 0; with_b < 2; with_b++) {
+                int n = norm_shapes[s][0], cc = norm_shapes[s][1];
+                pcase c = new_case(GPU_OP_LAYERNORM_FORWARD, "n %d c %d %s%s", n, cc, ename(storage[t]),
+                                   with_b ? "" : " no bias");
+                c.a.i[0] = n, c.a.i[1] = cc, c.a.f[0] = 1e-5f;
+                OUT_T(&c, 0, storage[t], (size_t)n * cc);
+                int x = IN_T(&c, 1, storage[t], (size_t)n * cc);
+                c.buf[x].lo = -2.0, c.buf[x].hi = 3.0; /* a mean away from 0 */
+                IN_T(&c, 2, storage[t], cc);
+                if (with_b) IN_T(&c, 3, storage[t], cc);
+                OUT_P(&c, 0, E_F32, n);
+                OUT_P(&c, 1, E_F32, n);
+                emit(&c);
+            }
+}
+
+static void parity_layernorm_backward(void)
+{
+    for (size_t s = 0; s < sizeof norm_shapes / sizeof *norm_shapes; s++)
+        for (int t = 0; t < 3; t++)
+            for (int with_b = 0; with_b < 2; with_b++) {
+                int n = norm_shapes[s][0], cc = norm_shapes[s][1];
+                pcase c = new_case(GPU_OP_LAYERNORM_BACKWARD, "n %d c %d %s%s", n, cc, ename(storage[t]),
+                                   with_b ? "" : " no db");
+                c.a.i[0] = n, c.a.i[1] = cc;
+                OUT_T(&c, 0, storage[t], (size_t)n * cc); /* dx += */
+                OUT_T(&c, 1, storage[t], cc);              /* dw += */
+                if (with_b) OUT_T(&c, 2, storage[t], cc);  /* db += */
+                IN_T(&c, 3, storage[t], (size_t)n * cc);
+                IN_T(&c, 4, storage[t], (size_t)n * cc);
+                IN_T(&c, 5, storage[t], cc);
+                add_buf(&c, 'p', 0, E_F32, n, FILL_NONE, 0, 0, 0);
+                add_buf(&c, 'p', 1, E_F32, n, FILL_NONE, 0, 0, 0);
+                c.prep = norm_prep;
+                emit(&c);
+            }
+}
+
+static void parity_rmsnorm_forward(void)
+{
+    for (size_t s = 0; s < sizeof norm_shapes / sizeof *norm_shapes; s++)
+        for (int t = 0; t < 3; t++) {
+            int n = norm_shapes[s][0], cc = norm_shapes[s][1];
+            pcase c = new_case(GPU_OP_RMSNORM_FORWARD, "n %d c %d %s", n, cc, ename(storage[t]));
+            c.a.i[0] = n, c.a.i[1] = cc, c.a.f[0] = 1e-6f;
+            OUT_T(&c, 0, storage[t], (size_t)n * cc);
+            IN_T(&c, 1, storage[t], (size_t)n * cc);
+            IN_T(&c, 2, storage[t], cc);
+            OUT_P(&c, 0, E_F32, n);
+            emit(&c);
+        }
+}
+
+static void parity_rmsnorm_backward(void)
+{
+    for (size_t s = 0; s < sizeof norm_shapes / sizeof *norm_shapes; s++)
+        for (int t = 0; t < 3; t++) {
+            int n = norm_shapes[s][0], cc = norm_shapes[s][1];
+            pcase c = new_case(GPU_OP_RMSNORM_BACKWARD, "n %d c %d %s", n, cc, ename(storage[t]));
+            c.a.i[0] = n, c.a.i[1] = cc;
+            OUT_T(&c, 0, storage[t], (size_t)n * cc);
+            OUT_T(&c, 1, storage[t], cc);
+            IN_T(&c, 2, storage[t], (size_t)n * cc);
+            IN_T(&c, 3, storage[t], (size_t)n * cc);
+            IN_T(&c, 4, storage[t], cc);
+            add_buf(&c, 'p', 0, E_F32, n, FILL_NONE, 0, 0, 0);
+            c.prep = norm_prep;
+            emit(&c);
+        }
+}
+
+/* out and lse from qkv, as the forward saves them */
+static void attn_prep(const pcase *c, hostv *h)
+{
+    attention_forward_d(&c->a.d.attn, h->T[2], h->T[3], h->P[0]);
+}
+
+static void attention_case(gpu_op_id op, int b, int t, int hq, int hkv, int d, etype ty)
+{
+    pcase c = new_case(op, "b %d t %d hq %d hkv %d d %d %s", b, t, hq, hkv, d, ename(ty));
+    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d};
+    size_t nq = (size_t)b * t * (hq + 2 * hkv) * d, no = (size_t)b * t * hq * d, nl = (size_t)b * hq * t;
+    if (op == GPU_OP_ATTENTION_FORWARD) {
+        OUT_T(&c, 0, ty, no);
+        int q = IN_T(&c, 1, ty, nq);
+        c.buf[q].lo = -2.0, c.buf[q].hi = 2.0; /* peaked softmax rows as well as flat ones */
+        OUT_P(&c, 0, E_F32, nl);
+    } else {
+        OUT_T(&c, 0, ty, nq);
+        IN_T(&c, 1, ty, no);
+        int q = IN_T(&c, 2, ty, nq);
+        c.buf[q].lo = -2.0, c.buf[q].hi = 2.0;
+        add_buf(&c, 't', 3, ty, no, FILL_NONE, 0, 0, 0);
+        add_buf(&c, 'p', 0, E_F32, nl, FILL_NONE, 0, 0, 0);
+        c.prep = attn_prep;
+    }
+    emit(&c);
+}
+
+/* Sequences below, at and above the CPU's 48-row query blocks and the CUDA
+ * tiles of 32 (t 130: three blocks, the last partial); head sizes 32, 64,
+ * 80, 96, 128 and 36 (not a multiple of 16); GQA groups 1, 2, 4, 8. */
+static void attention_grid(gpu_op_id op)
+{
+    static const int ts[] = {1, 5, 31, 32, 33, 47, 48, 49, 96, 97, 130};
+    static const int ds[] = {32, 64, 80, 96, 128, 36};
+    static const int groups[][2] = {{2, 2}, {4, 2}, {8, 2}, {8, 1}};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) attention_case(op, 1, ts[i], 2, 1, 64, E_F32);
+    for (size_t i = 0; i < sizeof ds / sizeof *ds; i++) attention_case(op, 1, 97, 2, 1, ds[i], E_F32);
+    for (size_t i = 0; i < 4; i++) attention_case(op, 1, 49, groups[i][0], groups[i][1], 128, E_F32);
+    attention_case(op, 2, 130, 4, 2, 128, E_F32);
+    attention_case(op, 2, 50, 3, 1, 80, E_F32);
+    attention_case(op, 1, 100, 2, 2, 12, E_F32);
+    attention_case(op, 1, 97, 4, 2, 80, E_F16);
+    attention_case(op, 1, 97, 4, 1, 128, E_BF16);
+}
+
+static void parity_attention_forward(void) { attention_grid(GPU_OP_ATTENTION_FORWARD); }
+static void parity_attention_backward(void) { attention_grid(GPU_OP_ATTENTION_BACKWARD); }
+
+static void rope_grid(gpu_op_id op)
+{
+    /* n rows of t positions, the first `heads` of `width` heads rotated */
+    static const int cfg[][6] = {
+        /* n  t  heads width d   pos0 */
+        {1, 1, 1, 1, 2, 0},   {6, 3, 2, 4, 8, 0},  {10, 5, 3, 5, 64, 2}, {7, 7, 2, 3, 80, 0},
+        {4, 4, 4, 6, 128, 9}, {9, 3, 1, 2, 36, 1}, {130, 130, 1, 1, 128, 0},
+    };
+    for (size_t s = 0; s < sizeof cfg / sizeof *cfg; s++)
+        for (int t = 0; t < 3; t++) {
+            const int *g = cfg[s];
+            float theta = s % 2 ? 10000.0f : 1e6f;
+            pcase c = new_case(op, "n %d t %d heads %d of %d d %d pos0 %d theta %g %s", g[0], g[1], g[2], g[3],
+                               g[4], g[5], theta, ename(storage[t]));
+            int64_t ldx = (int64_t)g[3] * g[4];
+            c.a.i[0] = g[0], c.a.i[1] = g[1], c.a.i[2] = g[2], c.a.i[3] = g[4], c.a.i[4] = ldx, c.a.i[5] = g[5];
+            c.a.f[0] = theta;
+            OUT_T(&c, 0, storage[t], (size_t)g[0] * ldx);
+            emit(&c);
+        }
+}
+
+static void parity_rope_forward(void) { rope_grid(GPU_OP_ROPE_FORWARD); }
+static void parity_rope_backward(void) { rope_grid(GPU_OP_ROPE_BACKWARD); }
+
+/* Element counts around the CPU's blocks of 2048 and 16-wide lanes and the
+ * CUDA blocks of 256. */
+static const size_t ew_sizes[] = {1, 15, 16, 17, 255, 256, 257, 2047, 2048, 2049, 5000};
+
+static void ew_grid(gpu_op_id op, int n_t, int n_out, double lo, double hi)
+{
+    for (size_t s = 0; s < sizeof ew_sizes / sizeof *ew_sizes; s++)
+        for (int t = 0; t < 3; t++) {
+            size_t n = ew_sizes[s];
+            pcase c = new_case(op, "n %zu %s", n, ename(storage[t]));
+            c.a.n = n;
+            c.a.f[0] = 0.375f; /* scale's alpha */
+            for (int k = 0; k < n_t; k++) {
+                int b = k < n_out ? OUT_T(&c, k, storage[t], n) : IN_T(&c, k, storage[t], n);
+                c.buf[b].lo = lo, c.buf[b].hi = hi;
+            }
+            emit(&c);
+        }
+}
+
+static void parity_gelu_forward(void) { ew_grid(GPU_OP_GELU_FORWARD, 2, 1, -6.0, 4.0); }
+static void parity_gelu_backward(void) { ew_grid(GPU_OP_GELU_BACKWARD, 3, 1, -6.0, 4.0); }
+static void parity_swiglu_forward(void) { ew_grid(GPU_OP_SWIGLU_FORWARD, 3, 1, -6.0, 4.0); }
+static void parity_swiglu_backward(void) { ew_grid(GPU_OP_SWIGLU_BACKWARD, 5, 2, -6.0, 4.0); }
+static void parity_scale(void) { ew_grid(GPU_OP_SCALE, 1, 1, -1.0, 1.0); }
+
+static void parity_add(void)
+{
+    ew_grid(GPU_OP_ADD, 3, 1, -1.0, 1.0);
+    /* y may alias a: the residual add in place */
+    pcase c = new_case(GPU_OP_ADD, "n 3000 f32 y = a");
+    c.a.n = 3000;
+    OUT_T(&c, 0, E_F32, 3000);
+    int a = IN_T(&c, 1, E_F32, 3000);
+    c.buf[a].alias = 0;
+    IN_T(&c, 2, E_F32, 3000);
+    emit(&c);
+}
+
+static void parity_cast(void)
+{
+    for (size_t s = 0; s < sizeof ew_sizes / sizeof *ew_sizes; s += 2)
+        for (int from = 0; from < 3; from++)
+            for (int to = 0; to < 3; to++) {
+                size_t n = ew_sizes[s];
+                pcase c = new_case(GPU_OP_CAST, "n %zu %s -> %s", n, ename(storage[from]), ename(storage[to]));
+                c.a.n = n;
+                int o = OUT_T(&c, 0, storage[to], n);
+                c.buf[o].rtol = 1e-300; /* the reference is rounded as the cast must round: equal */
+                int i = IN_T(&c, 1, storage[from], n);
+                c.buf[i].lo = -70000.0, c.buf[i].hi = 70000.0; /* past fp16's range: inf */
+                if (s == 0) c.buf[i].lo = -3.0, c.buf[i].hi = 3.0;
+                emit(&c);
+            }
+}
+
+/* a non-finite value at element param[0] (param[1]: 0 inf, 1 nan), or none */
+static void finite_prep(const pcase *c, hostv *h)
+{
+    if (c->param[0] >= 0) h->T[0][c->param[0]] = c->param[1] ? NAN : -INFINITY;
+}
+
+static void parity_check_finite(void)
+{
+    static const size_t sizes[] = {1, 17, 2048, 2049, 16385, 40000};
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+        for (int t = 0; t < 3; t++)
+            for (int where = -1; where < 2; where++) {
+                size_t n = sizes[s];
+                int at = where < 0 ? -1 : where == 0 ? 0 : (int)n - 1;
+                pcase c = new_case(GPU_OP_CHECK_FINITE, "n %zu %s %s", n, ename(storage[t]),
+                                   at < 0 ? "finite" : where ? "nan last" : "inf first");
+                c.a.n = n;
+                IN_T(&c, 0, storage[t], n);
+                int f = add_buf(&c, 'p', 0, E_I32, 1, FILL_INT, 0, 1, 1); /* flag starts 0 */
+                (void)f;
+                c.param[0] = at, c.param[1] = where > 0;
+                c.prep = finite_prep;
+                emit(&c);
+            }
+}
+
+static void parity_sum_squares(void)
+{
+    static const size_t sizes[] = {1, 17, 2048, 2049, 16383, 16384, 16385, 40000, 100000};
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+        for (int t = 0; t < 3; t++) {
+            size_t n = sizes[s];
+            pcase c = new_case(GPU_OP_SUM_SQUARES, "n %zu %s", n, ename(storage[t]));
+            c.a.n = n;
+            IN_T(&c, 0, storage[t], n);
+            int o = add_buf(&c, 'p', 0, E_F32, 1, FILL_UNIFORM, 0.0, 5.0, 1); /* += */
+            c.buf[o].rtol = 1e-6;
+            emit(&c);
+        }
+}
+
+static void embedding_grid(gpu_op_id op)
+{
+    static const int cfg[][4] = {/* n t c vocab */ {1, 1, 1, 1}, {8, 4, 33, 5}, {40, 20, 64, 7},
+                                 {130, 130, 128, 50}, {64, 16, 300, 3}};
+    for (size_t s = 0; s < sizeof cfg / sizeof *cfg; s++)
+        for (int t = 0; t < 3; t++)
+            for (int with_pe = 0; with_pe < 2; with_pe++) {
+                int n = cfg[s][0], tt = cfg[s][1], cc = cfg[s][2], v = cfg[s][3];
+                pcase c = new_case(op, "n %d t %d c %d vocab %d %s%s", n, tt, cc, v, ename(storage[t]),
+                                   with_pe ? " with wpe" : "");
+                c.a.i[0] = n, c.a.i[1] = tt, c.a.i[2] = cc, c.a.i[3] = v;
+                if (op == GPU_OP_EMBEDDING_FORWARD) {
+                    OUT_T(&c, 0, storage[t], (size_t)n * cc);
+                    IN_T(&c, 1, storage[t], (size_t)v * cc);
+                    if (with_pe) IN_T(&c, 2, storage[t], (size_t)tt * cc);
+                } else { /* few ids over many rows: every id repeats */
+                    OUT_T(&c, 0, storage[t], (size_t)v * cc);
+                    if (with_pe) OUT_T(&c, 1, storage[t], (size_t)tt * cc);
+                    IN_T(&c, 2, storage[t], (size_t)n * cc);
+                }
+                add_buf(&c, 'p', 0, E_I32, n, FILL_INT, 0, v, 0);
+                emit(&c);
+            }
+}
+
+static void parity_embedding_forward(void) { embedding_grid(GPU_OP_EMBEDDING_FORWARD); }
+static void parity_embedding_backward(void) { embedding_grid(GPU_OP_EMBEDDING_BACKWARD); }
+
+static const int ce_shapes[][2] = {{1, 1}, {3, 31}, {4, 256}, {5, 257}, {2, 1000}, {3, 5000}};
+
+static void parity_cross_entropy_forward(void)
+{
+    for (size_t s = 0; s < sizeof ce_shapes / sizeof *ce_shapes; s++)
+        for (int t = 0; t < 3; t++) {
+            int n = ce_shapes[s][0], v = ce_shapes[s][1];
+            pcase c = new_case(GPU_OP_CROSS_ENTROPY_FORWARD, "n %d v %d %s", n, v, ename(storage[t]));
+            c.a.i[0] = n, c.a.i[1] = v;
+            int x = IN_T(&c, 0, storage[t], (size_t)n * v);
+            c.buf[x].lo = -8.0, c.buf[x].hi = 8.0;
+            OUT_P(&c, 0, E_F32, n);
+            add_buf(&c, 'p', 1, E_I32, n, FILL_INT, -1, v, 0); /* -1: ignored */
+            emit(&c);
+        }
+}
+
+static void parity_cross_entropy_backward(void)
+{
+    for (size_t s = 0; s < sizeof ce_shapes / sizeof *ce_shapes; s++)
+        for (int t = 0; t < 3; t++)
+            for (int inplace = 0; inplace < 2; inplace++) {
+                int n = ce_shapes[s][0], v = ce_shapes[s][1];
+                pcase c = new_case(GPU_OP_CROSS_ENTROPY_BACKWARD, "n %d v %d %s%s", n, v, ename(storage[t]),
+                                   inplace ? " in place" : "");
+                c.a.i[0] = n, c.a.i[1] = v, c.a.f[0] = 1.0f / 7.0f;
+                OUT_T(&c, 0, storage[t], (size_t)n * v);
+                int x = IN_T(&c, 1, storage[t], (size_t)n * v);
+                c.buf[x].lo = -8.0, c.buf[x].hi = 8.0;
+                if (inplace) c.buf[x].alias = 0, c.buf[0].lo = -8.0, c.buf[0].hi = 8.0;
+                add_buf(&c, 'p', 0, E_I32, n, FILL_INT, -1, v, 0);
+                emit(&c);
+            }
+}
+
+/* A well-formed NF4 image: fp32 offset and scales, random constants and codes. */
+static void nf4_prep(const pcase *c, hostv *h)
+{
+    size_t n = c->a.n, nb = (n + 63) / 64, nb2 = (nb + 255) / 256;
+    double *q = h->P[0];
+    float f[2];
+    for (size_t k = 0; k < 1 + nb2; k++) {
+        f[0] = (float)(k == 0 ? 0.02 + 0.01 * urand() : 0.01 + 0.1 * urand());
+        uint8_t b[4];
+        memcpy(b, f, 4);
+        for (int i = 0; i < 4; i++) q[4 * k + i] = b[i];
+    }
+}
+
+static void parity_nf4_dequantize(void)
+{
+    static const size_t sizes[] = {1, 2, 63, 64, 65, 127, 2049, 64 * 256, 64 * 256 + 65, 40001};
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+        for (int t = 0; t < 3; t++) {
+            size_t n = sizes[s], nb = (n + 63) / 64, bytes = 4 + 4 * ((nb + 255) / 256) + nb + (n + 1) / 2;
+            pcase c = new_case(GPU_OP_NF4_DEQUANTIZE, "n %zu -> %s", n, ename(storage[t]));
+            c.a.n = n;
+            int o = OUT_T(&c, 0, storage[t], n);
+            if (storage[t] == E_F32) c.buf[o].rtol = 1e-6;
+            add_buf(&c, 'p', 0, E_U8, bytes, FILL_INT, 0, 256, 0);
+            c.prep = nf4_prep;
+            emit(&c);
+        }
+}
+
+static void parity_adam_update(void)
+{
+    static const size_t sizes[] = {1, 17, 255, 257, 3000};
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+        for (int t = 0; t < 3; t++)
+            for (int o = 0; o < 3; o++) {
+                size_t n = sizes[s];
+                zo_adam_hparams hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                                      .weight_decay = 0.1f, .decay = o == 2 ? ZO_ADAM_DECAY_L2 : ZO_ADAM_DECAY_ADAMW,
+                                      .step = 3 + (long)s, .grad_mult = 0.5f};
+                pcase c = new_case(GPU_OP_ADAM_UPDATE, "n %zu grad %s out16 %s %s", n, ename(storage[t]),
+                                   o == 0 ? "none" : o == 1 ? "f16" : "bf16", o == 2 ? "L2" : "AdamW");
+                c.a.n = n;
+                c.a.d.adam = zo_adam_consts_make(&hp);
+                int b;
+                b = OUT_P(&c, 0, E_F32, n), c.buf[b].rtol = 1e-6;
+                b = OUT_P(&c, 1, E_F32, n), c.buf[b].rtol = 1e-6;
+                b = add_buf(&c, 'p', 2, E_F32, n, FILL_UNIFORM, 0.0, 0.01, 1), c.buf[b].rtol = 1e-6;
+                IN_T(&c, 0, storage[t], n);
+                if (o) OUT_T(&c, 1, o == 1 ? E_F16 : E_BF16, n);
+                emit(&c);
+            }
+}
+
+/* ---- the test ----------------------------------------------------------------------------- */
+
+typedef void (*gen_fn)(void);
+static const gen_fn generators[GPU_OP_COUNT] = {
+#define GEN(ID, name, slots, check) [GPU_OP_##ID] = parity_##name,
+    GPU_OP_TABLE(GEN)
+#undef GEN
+};
+
+static void test_every_op(void **state)
+{
+    (void)state;
+    int failed = 0, total = 0;
+    for (int id = 0; id < GPU_OP_COUNT; id++) {
+        if (filter && !strstr(gpu_op_infos[id].name, filter)) continue;
+        generators[id]();
+        if (op_cases[id] == 0) {
+            printf("  %s: its generator made no case\n", gpu_op_infos[id].name);
+            failed++;
+        }
+        printf("  %-28s %4d cases %s\n", gpu_op_infos[id].name, op_cases[id],
+               op_failed[id] ? "FAILED" : "ok");
+        failed += op_failed[id];
+        total += op_cases[id];
+    }
+    for (int b = 0; b < n_backends; b++)
+        printf("  backend %-10s %5d runs, %d failed\n", backends[b]->name, backends[b]->cases, backends[b]->failed);
+    printf("  %d ops, %d cases\n", GPU_OP_COUNT, total);
+    assert_int_equal(failed, 0);
+}
+
+int main(void)
+{
+    filter = getenv("ZO_OPS_FILTER");
+    verbose = getenv("ZO_OPS_VERBOSE") != NULL;
+    static backend cpu = {"cpu", dev_alloc, dev_release, dev_put, dev_get, dev_run, 0, 0};
+    gpu_cpu_options opt = {.capacity = 0, .n_threads = 2};
+    if (gpu_device_init_cpu(&opt, &dev) != ZO_OK || gpu_stream_create(dev, &S) != ZO_OK) return 1;
+    backends[n_backends++] = &cpu;
+#ifdef ZO_HAVE_CUDA_SHIM
+    static backend sh = {"cuda-shim", host_alloc, free, host_copy, host_copy, shim_run, 0, 0};
+    if (shim_exec_init(&shim) != ZO_OK) return 1;
+    backends[n_backends++] = &sh;
+#endif
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_every_op)};
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+#ifdef ZO_HAVE_CUDA_SHIM
+    shim_exec_free(&shim);
+#endif
+    gpu_stream_destroy(S);
+    gpu_device_free(dev);
+    return rc;
+}
