@@ -610,33 +610,42 @@ static void ref_adam_update(const gpu_op_args *a, hostv *h)
 #define GUARD 64 /* bytes checked on both sides of every buffer */
 #define GUARD_BYTE 0xa5
 
+typedef struct devpair devpair;
 typedef struct backend {
     const char *name;
+    devpair *dev; /* a device of the device interface, or NULL (the shim) */
     void *(*alloc)(size_t bytes);
     void (*release)(void *p);
     void (*put)(void *dst, const void *src, size_t bytes);
     void (*get)(void *dst, const void *src, size_t bytes);
     zo_status (*run)(gpu_op_id id, const gpu_op_args *a); /* returns when done */
     int cases, failed;
+    int tf32; /* fp32 GEMMs on TF32 tensor cores (CUDA's cuBLASLt path): inputs rounded
+               * to 10 mantissa bits, so their tolerance is fp16's */
 } backend;
 
-/* A device of the device interface: the CPU backend or CUDA. */
-static gpu_device_t dev;
-static gpu_stream_t S;
+/* A device of the device interface: the CPU backend, or CUDA (cuda:0). The
+ * backend running a case is `cur`; its device and stream are in it. */
+typedef struct devpair {
+    gpu_device_t dev;
+    gpu_stream_t s;
+} devpair;
+
+static devpair cpu_dev, cuda_dev, *cur;
 
 static void *dev_alloc(size_t bytes)
 {
     void *p = NULL;
-    assert_int_equal(gpu_mem_alloc(dev, bytes, &p), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(cur->dev, bytes, &p), ZO_OK);
     return p;
 }
 
-static void dev_release(void *p) { gpu_mem_free(dev, p); }
+static void dev_release(void *p) { gpu_mem_free(cur->dev, p); }
 
 static void dev_copy(void *dst, const void *src, size_t bytes, gpu_copy_kind kind)
 {
-    assert_int_equal(gpu_memcpy_async(S, dst, src, bytes, kind), ZO_OK);
-    assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+    assert_int_equal(gpu_memcpy_async(cur->s, dst, src, bytes, kind), ZO_OK);
+    assert_int_equal(gpu_stream_synchronize(cur->s), ZO_OK);
 }
 
 static void dev_put(void *dst, const void *src, size_t bytes)
@@ -651,8 +660,8 @@ static void dev_get(void *dst, const void *src, size_t bytes)
 
 static zo_status dev_run(gpu_op_id id, const gpu_op_args *a)
 {
-    zo_status st = gpu_op_run(S, id, a);
-    zo_status st2 = gpu_stream_synchronize(S);
+    zo_status st = gpu_op_run(cur->s, id, a);
+    zo_status st2 = gpu_stream_synchronize(cur->s);
     return st != ZO_OK ? st : st2;
 }
 
@@ -809,6 +818,7 @@ static int run_on(backend *be, const pcase *c, double **in, double **want)
             double *got = malloc((b->n ? b->n : 1) * sizeof *got);
             decode(b, img + GUARD, got);
             double rt = b->rtol > 0 ? b->rtol : rtol_of(b->type);
+            if (be->tf32 && c->op == GPU_OP_GEMM && b->type == E_F32) rt = rtol_of(E_F16);
             double at = rt * rms(want[k], b->n) + (b->type == E_F16 ? F16_SUBNORMAL_STEP : 0.0);
             if (check_close_f64(what, got, want[k], b->n, at, rt)) bad = 1;
             free(got);
@@ -861,8 +871,10 @@ static void emit(pcase *c)
         if (c->buf[k].slot == 't' && c->buf[k].type <= E_BF16) c->a.t[c->buf[k].index].dtype = (zo_dtype)c->buf[k].type;
     refs[c->op](&c->a, &h);
     op_cases[c->op]++;
-    for (int b = 0; b < n_backends; b++)
+    for (int b = 0; b < n_backends; b++) {
+        cur = backends[b]->dev;
         if (run_on(backends[b], c, in, want)) op_failed[c->op]++;
+    }
     for (int k = 0; k < c->nbuf; k++) free(in[k]), free(want[k]);
 }
 
@@ -1364,25 +1376,49 @@ static void test_every_op(void **state)
     assert_int_equal(failed, 0);
 }
 
+static int open_device(devpair *d, const char *name)
+{
+    gpu_cpu_options opt = {.capacity = 0, .n_threads = 2};
+    zo_status st = strcmp(name, "cpu") == 0 ? gpu_device_init_cpu(&opt, &d->dev)
+                                            : gpu_device_open(name, 0, &d->dev);
+    if (st == ZO_OK) st = gpu_stream_create(d->dev, &d->s);
+    if (st != ZO_OK) fprintf(stderr, "test_ops: opening %s: %s\n", name, zo_last_error());
+    return st == ZO_OK;
+}
+
+static void close_device(devpair *d)
+{
+    if (!d->dev) return;
+    gpu_stream_destroy(d->s);
+    gpu_device_free(d->dev);
+}
+
 int main(void)
 {
     filter = getenv("ZO_OPS_FILTER");
     verbose = getenv("ZO_OPS_VERBOSE") != NULL;
-    static backend cpu = {"cpu", dev_alloc, dev_release, dev_put, dev_get, dev_run, 0, 0};
-    gpu_cpu_options opt = {.capacity = 0, .n_threads = 2};
-    if (gpu_device_init_cpu(&opt, &dev) != ZO_OK || gpu_stream_create(dev, &S) != ZO_OK) return 1;
+    static backend cpu = {"cpu", &cpu_dev, dev_alloc, dev_release, dev_put, dev_get, dev_run, 0, 0, 0};
+    static backend cuda = {"cuda", &cuda_dev, dev_alloc, dev_release, dev_put, dev_get, dev_run, 0, 0, 1};
+    if (!open_device(&cpu_dev, "cpu")) return 1;
     backends[n_backends++] = &cpu;
 #ifdef ZO_HAVE_CUDA_SHIM
-    static backend sh = {"cuda-shim", host_alloc, free, host_copy, host_copy, shim_run, 0, 0};
+    static backend sh = {"cuda-shim", NULL, host_alloc, free, host_copy, host_copy, shim_run, 0, 0, 0};
     if (shim_exec_init(&shim) != ZO_OK) return 1;
     backends[n_backends++] = &sh;
 #endif
+    /* a GPU, where there is one: the same cases against the same reference */
+    if (gpu_cuda_device_count() > 0) {
+        if (!open_device(&cuda_dev, "cuda")) return 1;
+        backends[n_backends++] = &cuda;
+    } else {
+        printf("  no CUDA device: the cuda backend is not run here\n");
+    }
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_every_op)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
 #ifdef ZO_HAVE_CUDA_SHIM
     shim_exec_free(&shim);
 #endif
-    gpu_stream_destroy(S);
-    gpu_device_free(dev);
+    close_device(&cuda_dev);
+    close_device(&cpu_dev);
     return rc;
 }
