@@ -74,8 +74,9 @@ FAMILIES = {
         lora=dict(r=8, alpha=16.0, targets="all-linear", lr=1e-2)),
     "mistral": dict(
         seed=33,
+        # Mistral-Nemo's shape: head_dim given, heads x head_dim (512) wider than hidden_size
         config={"architectures": ["MistralForCausalLM"], "model_type": "mistral", "num_hidden_layers": 2,
-                "hidden_size": 512, "num_attention_heads": 4, "num_key_value_heads": 1,
+                "hidden_size": 320, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 128,
                 "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 256,
                 "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "sliding_window": None,
                 "tie_word_embeddings": False, "torch_dtype": "float32"},
@@ -95,7 +96,9 @@ FAMILIES = {
 
 
 def head_dim(c):
-    return c["n_embd"] // c["n_head"] if c["model_type"] == "gpt2" else c["hidden_size"] // c["num_attention_heads"]
+    if c["model_type"] == "gpt2":
+        return c["n_embd"] // c["n_head"]
+    return c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
 
 
 # ---- the PyTorch side -----------------------------------------------------------------------
