@@ -24,7 +24,7 @@ Losses agree to a relative 1e-4 (train in fp32, PyTorch in float64); the
 gradient norm, printed with 4 decimals, to 1e-4 relative plus the rounding.
 The expected values all come from the PyTorch run here.
 
-Usage: test_e2e_torch.py --train PATH [--family NAME ...] [--workdir DIR]
+Usage: test_e2e_torch.py --train PATH [--family NAME ...] [--workdir DIR] [--device cpu|cuda]
 Exit: 0 every check held, 1 one did not (the first mismatches printed), 2 bad
 usage or train failed, 77 this python has no torch.
 (ctest runs one family per test through tests/run_python.sh: test_e2e_torch_*.)
@@ -52,6 +52,7 @@ import make_fixtures as mf  # noqa: E402  (the models, float64; the safetensors 
 REL = 1e-4
 STEPS, EVAL_BATCHES, N_TRAIN, N_EVAL = 3, 2, 1500, 700
 OPT = dict(beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0)
+DEVICE = "cpu"  # train's --device (--device here)
 
 # Real-format config.json files (the keys of the published ones), small but for the head size.
 FAMILIES = {
@@ -193,13 +194,12 @@ def merge_adapter(c, params, adapter_dir, want):
             problems.append(f"{mod}: named by target_modules, no lora_A/lora_B in the adapter file")
             continue
         A, B = ad[a_name], ad[b_name]
-        delta = B @ A * scale
-        if cfg["fan_in_fan_out"]:
-            delta = delta.T
-        if A.shape[0] != cfg["r"] or delta.shape != w.shape:
+        in_f, out_f = w.shape if cfg["fan_in_fan_out"] else reversed(w.shape)  # Conv1D: [in, out]
+        if list(A.shape) != [cfg["r"], in_f] or list(B.shape) != [out_f, cfg["r"]]:
             problems.append(f"{mod}: A {list(A.shape)}, B {list(B.shape)} do not fit {list(w.shape)}")
             continue
-        merged[name] = w + delta
+        delta = B @ A * scale
+        merged[name] = w + (delta.T if cfg["fan_in_fan_out"] else delta)
         seen.update((a_name, b_name))
     extra = sorted(set(ad) - seen)
     if extra:
@@ -212,12 +212,18 @@ def merge_adapter(c, params, adapter_dir, want):
 # ---- the train side ---------------------------------------------------------------------------
 
 def write_tokens(path, ids):
+    """A raw token file: little-endian uint16 ids, no side file."""
+    a = array.array("H", [int(i) for i in ids])
+    if sys.byteorder == "big":
+        a.byteswap()
     with open(path, "wb") as f:
-        array.array("H", [int(i) for i in ids]).tofile(f)  # raw little-endian uint16 (x86)
+        a.tofile(f)
 
 
 def run_train(train, d, run, extra):
-    cmd = [train, "--model", os.path.join(d, "model", "config.json"), "--weights", os.path.join(d, "model"),
+    """train's step losses, gradient norms and eval loss, its time and its command line."""
+    cmd = [train, "--device", DEVICE, "--model", os.path.join(d, "model", "config.json"),
+           "--weights", os.path.join(d, "model"),
            "--data", os.path.join(d, "train.bin"), "--eval-data", os.path.join(d, "eval.bin"),
            "--eval-batches", str(EVAL_BATCHES), "--steps", str(STEPS),
            "--micro-batch", str(run["micro_batch"]), "--seq", str(run["seq"]),
@@ -250,8 +256,9 @@ def run_train(train, d, run, extra):
 # ---- the checks --------------------------------------------------------------------------------
 
 class Checks:
-    def __init__(self, family):
-        self.family, self.failed = family, 0
+    """Prints each comparison and counts the failures."""
+    def __init__(self):
+        self.failed = 0
 
     def rel(self, what, got, want, tol=REL, slack=0.0):
         err = abs(got - want) / max(abs(want), 1e-12)
@@ -286,7 +293,7 @@ def check_family(train, name, workdir):
     write_tokens(os.path.join(d, "train.bin"), data)
     write_tokens(os.path.join(d, "eval.bin"), eval_data)
 
-    ck = Checks(name)
+    ck = Checks()
     B, T, K = run["micro_batch"], run["seq"], run["grad_accum"]
     nh = c["n_head"] if gpt else c["num_attention_heads"]
     nkv = nh if gpt else c["num_key_value_heads"]
@@ -335,7 +342,10 @@ def main():
     ap.add_argument("--train", required=True, help="the train program")
     ap.add_argument("--family", action="append", choices=sorted(FAMILIES), help="default: every family")
     ap.add_argument("--workdir", default="e2e_torch", help="where the models, data and adapters go")
+    ap.add_argument("--device", default="cpu", help="train's --device (default cpu; cuda on a GPU machine)")
     a = ap.parse_args()
+    global DEVICE
+    DEVICE = a.device
     torch.set_num_threads(1)
     failed = 0
     for name in a.family or FAMILIES:
