@@ -25,11 +25,11 @@
       .norm_eps = 1e-5f}}
 
 /* LLaMA family: RMSNorm, SwiGLU, RoPE, GQA, untied output layer, no biases. */
-#define LLAMA(n, al, fam, L, h, a, kv, f, v, s, theta)                                    \
+#define LLAMA(n, al, fam, L, h, a, kv, f, v, s, theta, win)                               \
     {n, al,                                                                               \
      {.name = n, .family = fam, .arch = ZO_ARCH_LLAMA, .n_layers = L, .hidden = h,       \
       .n_heads = a, .n_kv_heads = kv, .head_dim = (h) / (a), .ffn = f, .vocab = v,       \
-      .max_seq = s, .norm_eps = 1e-5f, .rope_theta = theta}}
+      .max_seq = s, .norm_eps = 1e-5f, .rope_theta = theta, .sliding_window = win}}
 
 static const zo_model_preset presets[] = {
     GPT("gpt2", "gpt2-124m,gpt2-small", "gpt2", 12, 768, 12, 50257, 1024),
@@ -51,15 +51,16 @@ static const zo_model_preset presets[] = {
     GPT("megatron-175b", "", "megatron", 96, 12288, 96, 51200, 2048),
     GPT("megatron-530b", "mt-nlg-530b", "megatron", 105, 20480, 128, 51200, 2048),
     GPT("megatron-1t", "", "megatron", 128, 25600, 160, 51200, 2048),
-    LLAMA("llama-2-7b", "llama2-7b", "llama2", 32, 4096, 32, 32, 11008, 32000, 4096, 10000.0f),
-    LLAMA("llama-2-13b", "llama2-13b", "llama2", 40, 5120, 40, 40, 13824, 32000, 4096, 10000.0f),
-    LLAMA("llama-2-70b", "llama2-70b", "llama2", 80, 8192, 64, 8, 28672, 32000, 4096, 10000.0f),
+    LLAMA("llama-2-7b", "llama2-7b", "llama2", 32, 4096, 32, 32, 11008, 32000, 4096, 10000.0f, 0),
+    LLAMA("llama-2-13b", "llama2-13b", "llama2", 40, 5120, 40, 40, 13824, 32000, 4096, 10000.0f, 0),
+    LLAMA("llama-2-70b", "llama2-70b", "llama2", 80, 8192, 64, 8, 28672, 32000, 4096, 10000.0f, 0),
     LLAMA("llama-3-8b", "llama3-8b,llama-3.1-8b", "llama3", 32, 4096, 32, 8, 14336, 128256, 8192,
-          500000.0f),
+          500000.0f, 0),
     LLAMA("llama-3-70b", "llama3-70b,llama-3.1-70b", "llama3", 80, 8192, 64, 8, 28672, 128256,
-          8192, 500000.0f),
+          8192, 500000.0f, 0),
+    /* v0.1: attention over a sliding window of 4096 positions */
     LLAMA("mistral-7b", "mistral-7b-v0.1", "mistral", 32, 4096, 32, 8, 14336, 32000, 32768,
-          10000.0f),
+          10000.0f, 4096),
 };
 
 const zo_model_preset *zo_model_presets(size_t *count)
@@ -551,6 +552,29 @@ static void parse_gpt2(hf *r, zo_model_config *c, const family *f)
     hf_act(r, "activation_function", NULL, c);
 }
 
+/* What limits or rescales attention without changing a size (the
+ * transformer refuses what it does not compute):
+ * - sliding_window, as Hugging Face reads it: Mistral's (MistralConfig's
+ *   default 4096 when absent, none when null); Qwen2's only with
+ *   use_sliding_window and a layer at or past max_window_layers (default 28);
+ * - rope_scaling's rope_type (or its older "type"), unless "default". */
+static void hf_attention_extent(hf *r, zo_model_config *c, const family *f)
+{
+    const cJSON *w = cJSON_GetObjectItemCaseSensitive(r->root, "sliding_window");
+    int null_window = w && cJSON_IsNull(w);
+    if (!strcmp(f->type, "mistral") && !null_window)
+        c->sliding_window = hf_int(r, "sliding_window", 4096);
+    else if (!strcmp(f->type, "qwen2") && !null_window && hf_bool(r, "use_sliding_window", 0) &&
+             hf_int2(r, "max_window_layers", NULL, 0, 28) < c->n_layers)
+        c->sliding_window = hf_int(r, "sliding_window", 4096);
+    const cJSON *rs = hf_item(r, "rope_scaling");
+    if (!rs) return;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+    if (!cJSON_IsString(t)) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
+    const char *kind = cJSON_IsString(t) ? t->valuestring : "unnamed";
+    if (strcmp(kind, "default")) snprintf(c->rope_scaling, sizeof c->rope_scaling, "%.15s", kind);
+}
+
 /* The LLaMA-shaped families: RMSNorm, gated MLP, rotary positions, GQA. */
 static void parse_llama(hf *r, zo_model_config *c, const family *f)
 {
@@ -562,6 +586,7 @@ static void parse_llama(hf *r, zo_model_config *c, const family *f)
     c->rope_theta = hf_float(r, "rope_theta", 10000.0f);
     c->tied_embeddings = hf_bool(r, "tie_word_embeddings", f->tied);
     hf_act(r, "hidden_act", "hidden_activation", c);
+    hf_attention_extent(r, c, f);
     /* Qwen2 and Qwen2-MoE put biases on q, k and v (not o) */
     c->attn_bias = !strcmp(f->type, "qwen2") || !strcmp(f->type, "qwen2_moe");
     /* Qwen3: RMSNorm over head_dim on q and k; Gemma-2: norms after attention

@@ -67,6 +67,13 @@ typedef struct zo_model_config {
     int norm_bias;     /* LayerNorm has a bias (GPT); RMSNorm has none */
     float norm_eps;
     float rope_theta;  /* LLaMA only */
+    /* ---- what the attention computes beyond the shape: none of it changes a
+     * size, so memplan reads it and ignores it; the transformer (tf_init)
+     * refuses what it does not compute. ---- */
+    int sliding_window; /* a query sees the last sliding_window positions (itself included):
+                           Mistral's sliding_window, Qwen2's with use_sliding_window; 0: all */
+    char rope_scaling[16]; /* rope_scaling's rope_type when it rescales the rotary frequencies
+                              (llama3, linear, dynamic, yarn, ...); "" for none or "default" */
     uint64_t params_override; /* != 0: only the total is known (--params) */
     /* ---- beyond the runtime's GPT and LLaMA layers. All 0 for what the
      * runtime builds; memplan sizes them, zo_model_config_runtime_check

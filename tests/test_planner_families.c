@@ -176,6 +176,69 @@ static void test_family_defaults(void **state)
     assert_true(c.attn_bias);
 }
 
+#define SHAPE_2L "\"num_hidden_layers\": 2, \"hidden_size\": 64, \"num_attention_heads\": 4, " \
+                 "\"intermediate_size\": 128, \"vocab_size\": 100"
+
+/* What limits or rescales attention, read as Hugging Face reads it: Mistral's
+ * sliding_window (4096 when absent, none when null), Qwen2's only with
+ * use_sliding_window on a layer from max_window_layers, rope_scaling's
+ * rope_type (or type) unless "default". None of it changes a count. */
+static void test_attention_extent(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *config;
+        int window;
+        const char *rope_scaling;
+    } real[] = {
+        {"mistral-7b.json", 4096, ""},     {"llama-2-7b.json", 0, ""},       {"llama-3-8b.json", 0, ""},
+        {"llama-3.1-8b.json", 0, "llama3"}, {"llama-3.2-1b.json", 0, "llama3"}, {"qwen2.5-7b.json", 0, ""},
+        {"qwen2.5-0.5b.json", 0, ""},       {"gpt2.json", 0, ""},
+    };
+    zo_model_config c;
+    for (size_t i = 0; i < sizeof real / sizeof real[0]; i++) {
+        load(real[i].config, &c);
+        if (c.sliding_window != real[i].window || strcmp(c.rope_scaling, real[i].rope_scaling))
+            fail_msg("%s: window %d, rope_scaling \"%s\"; want %d, \"%s\"", real[i].config, c.sliding_window,
+                     c.rope_scaling, real[i].window, real[i].rope_scaling);
+    }
+    static const struct {
+        const char *keys;
+        int window;
+        const char *rope_scaling;
+    } cases[] = {
+        {"\"model_type\": \"mistral\"", 4096, ""},
+        {"\"model_type\": \"mistral\", \"sliding_window\": null", 0, ""},
+        {"\"model_type\": \"mistral\", \"sliding_window\": 100", 100, ""},
+        {"\"model_type\": \"llama\", \"sliding_window\": 100", 0, ""},
+        {"\"model_type\": \"qwen2\", \"sliding_window\": 100", 0, ""},
+        {"\"model_type\": \"qwen2\", \"sliding_window\": 100, \"use_sliding_window\": true", 0, ""},
+        {"\"model_type\": \"qwen2\", \"sliding_window\": 100, \"use_sliding_window\": true, "
+         "\"max_window_layers\": 2", 0, ""},
+        {"\"model_type\": \"qwen2\", \"sliding_window\": 100, \"use_sliding_window\": true, "
+         "\"max_window_layers\": 1", 100, ""},
+        {"\"model_type\": \"qwen2\", \"use_sliding_window\": true, \"max_window_layers\": 0", 4096, ""},
+        {"\"model_type\": \"llama\", \"rope_scaling\": null", 0, ""},
+        {"\"model_type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"default\"}", 0, ""},
+        {"\"model_type\": \"llama\", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}", 0, "linear"},
+        {"\"model_type\": \"qwen2\", \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0}", 0, "yarn"},
+        {"\"model_type\": \"llama\", \"rope_scaling\": {\"factor\": 2.0}", 0, "unnamed"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char json[512];
+        snprintf(json, sizeof json, "{%s, " SHAPE_2L ", \"num_key_value_heads\": 4}", cases[i].keys);
+        if (zo_model_config_parse(json, "e.json", &c)) fail_msg("%s: %s", json, zo_last_error());
+        if (c.sliding_window != cases[i].window || strcmp(c.rope_scaling, cases[i].rope_scaling))
+            fail_msg("%s: window %d, rope_scaling \"%s\"; want %d, \"%s\"", json, c.sliding_window, c.rope_scaling,
+                     cases[i].window, cases[i].rope_scaling);
+    }
+    /* the presets: Mistral-7B-v0.1's window */
+    assert_int_equal(zo_model_preset_find("mistral-7b", &c), ZO_OK);
+    assert_int_equal(c.sliding_window, 4096);
+    assert_int_equal(zo_model_preset_find("llama-2-7b", &c), ZO_OK);
+    assert_int_equal(c.sliding_window, 0);
+}
+
 /* ---- refused by name ---------------------------------------------------------------- */
 
 static void expect_refused(const char *json, const char *key, const char *also)
@@ -557,6 +620,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_family_counts),   cmocka_unit_test(test_family_defaults),
+        cmocka_unit_test(test_attention_extent),
         cmocka_unit_test(test_refused),         cmocka_unit_test(test_cli_refused),
         cmocka_unit_test(test_nonsense_refused),
         cmocka_unit_test(test_mixtral_ep8_bytes), cmocka_unit_test(test_mixtral_ep_time),

@@ -2,7 +2,8 @@
  * Qwen2 (q/k/v biases, tied) against the PyTorch float64 implementation of
  * tests/fixtures/gpu/make_fixtures.py: logits, loss, every gradient, and the
  * losses of 10 AdamW steps; the block-by-block API with streamed weights;
- * determinism; the device-memory capacity; the `train` program. */
+ * determinism; the device-memory capacity; sliding windows and rope_scaling
+ * refused by name; the `train` program. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -566,6 +567,72 @@ static void test_capacity(void **state)
     gpu_device_free(dev);
 }
 
+/* ---- what the attention computes ------------------------------------------------------------------ */
+
+/* tf_init of a config.json text at sequence t: its status, the error in msg. */
+static zo_status init_at(gpu_device_t dev, const char *json, int t, char *msg, size_t cap)
+{
+    zo_model_config cfg;
+    zo_status st = zo_model_config_parse(json, "extent.json", &cfg);
+    if (st != ZO_OK) fail_msg("%s", zo_last_error());
+    tf_model m;
+    zo_clear_error();
+    if ((st = tf_init(&m, &cfg, dev, ZO_DTYPE_F32, 1, t)) == ZO_OK) tf_free(&m);
+    snprintf(msg, cap, "%s", zo_last_error());
+    return st;
+}
+
+/* A Mistral sliding window shorter than the sequence, and rope_scaling, are
+ * refused by name (the attention here sees every earlier position and the
+ * rotary embedding is unscaled: Hugging Face's model would compute something
+ * else); a window covering the sequence, a null one and rope_type "default"
+ * build. */
+static void test_attention_extent(void **state)
+{
+    (void)state;
+#define TINY "\"num_hidden_layers\": 1, \"hidden_size\": 32, \"num_attention_heads\": 4, " \
+             "\"num_key_value_heads\": 2, \"intermediate_size\": 64, \"vocab_size\": 64"
+    gpu_device_t dev;
+    gpu_cpu_options o = {.n_threads = 1};
+    assert_int_equal(gpu_device_init_cpu(&o, &dev), ZO_OK);
+    char msg[512];
+    const char *window = "{\"model_type\": \"mistral\", " TINY ", \"sliding_window\": 16}";
+    assert_int_equal(init_at(dev, window, 16, msg, sizeof msg), ZO_OK);
+    assert_int_equal(init_at(dev, window, 17, msg, sizeof msg), ZO_ERR_UNSUPPORTED);
+    if (!strstr(msg, "sliding_window 16") || !strstr(msg, "not 17")) fail_msg("%s", msg);
+    /* MistralConfig's default window is 4096; null means none */
+    assert_int_equal(init_at(dev, "{\"model_type\": \"mistral\", " TINY "}", 4097, msg, sizeof msg),
+                     ZO_ERR_UNSUPPORTED);
+    assert_int_equal(init_at(dev, "{\"model_type\": \"mistral\", " TINY ", \"sliding_window\": null}", 4097, msg,
+                             sizeof msg),
+                     ZO_OK);
+    /* Qwen2's window only with use_sliding_window, on layers from max_window_layers */
+    assert_int_equal(init_at(dev, "{\"model_type\": \"qwen2\", " TINY ", \"sliding_window\": 16}", 64, msg,
+                             sizeof msg),
+                     ZO_OK);
+    assert_int_equal(init_at(dev, "{\"model_type\": \"qwen2\", " TINY ", \"sliding_window\": 16, "
+                                  "\"use_sliding_window\": true, \"max_window_layers\": 0}",
+                             64, msg, sizeof msg),
+                     ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(msg, "sliding_window 16"));
+    /* LLaMA-3.1's rope_scaling at any length; "default" is no scaling */
+    assert_int_equal(init_at(dev, "{\"model_type\": \"llama\", " TINY ", \"rope_scaling\": {\"factor\": 8.0, "
+                                  "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+                                  "\"original_max_position_embeddings\": 8192, \"rope_type\": \"llama3\"}}",
+                             8, msg, sizeof msg),
+                     ZO_ERR_UNSUPPORTED);
+    if (!strstr(msg, "rope_scaling \"llama3\"")) fail_msg("%s", msg);
+    assert_int_equal(init_at(dev, "{\"model_type\": \"qwen2\", " TINY ", \"rope_scaling\": {\"type\": \"yarn\", "
+                                  "\"factor\": 4.0}}", 8, msg, sizeof msg),
+                     ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(msg, "rope_scaling \"yarn\""));
+    assert_int_equal(init_at(dev, "{\"model_type\": \"llama\", " TINY ", \"rope_scaling\": {\"rope_type\": "
+                                  "\"default\"}}", 8, msg, sizeof msg),
+                     ZO_OK);
+    gpu_device_free(dev);
+#undef TINY
+}
+
 /* ---- the train program ----------------------------------------------------------------------------- */
 
 static void test_train_program(void **state)
@@ -632,6 +699,21 @@ static void test_train_program(void **state)
     snprintf(cmd, sizeof cmd, "%s --help", ZO_TRAIN_BIN);
     assert_int_equal(run_capture(cmd, out, sizeof out), 0);
     assert_non_null(strstr(out, "--device-mem"));
+    /* a Mistral whose sliding window the sequence passes is bad input (2),
+     * named; within the window it trains */
+    f = fopen(cfg, "w");
+    fprintf(f, "{\"model_type\": \"mistral\", \"num_hidden_layers\": 1, \"hidden_size\": 32,"
+               " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 64,"
+               " \"vocab_size\": 256,"
+               " \"sliding_window\": 16}\n");
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --seq 32 --steps 1 --threads 2 2>&1", ZO_TRAIN_BIN,
+             cfg, text);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 2);
+    assert_non_null(strstr(out, "sliding_window 16"));
+    snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --seq 16 --steps 1 --threads 2 2>&1", ZO_TRAIN_BIN,
+             cfg, text);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
 
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);
@@ -651,6 +733,7 @@ int main(void)
         cmocka_unit_test(test_init_sequence),
         cmocka_unit_test(test_train_lora),
         cmocka_unit_test(test_capacity),
+        cmocka_unit_test(test_attention_extent),
         cmocka_unit_test(test_train_program),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -137,6 +137,22 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         return zo_error(ZO_ERR_INVALID, "tf_init: sequence %d exceeds the %d learned positions of %s",
                         T, c->max_seq, c->name);
     }
+    /* The attention here lets every query see every earlier position, and
+     * the rotary embedding turns at rope_theta's frequencies: a model whose
+     * family does otherwise is refused rather than approximated. A window
+     * covering the whole sequence masks nothing. */
+    if (c->rope_scaling[0] || (c->sliding_window && T > c->sliding_window)) {
+        model_layout_free(&m->layout);
+        if (c->rope_scaling[0])
+            return zo_error(ZO_ERR_UNSUPPORTED,
+                            "tf_init: model %s: rope_scaling \"%s\" rescales the rotary frequencies, which the "
+                            "transformer does not (it computes rope_theta's at every position)",
+                            c->name, c->rope_scaling);
+        return zo_error(ZO_ERR_UNSUPPORTED,
+                        "tf_init: model %s: sliding_window %d: its queries see only the last %d positions, "
+                        "the transformer's every earlier one; they agree on sequences up to %d, not %d",
+                        c->name, c->sliding_window, c->sliding_window, c->sliding_window, T);
+    }
     size_t N = (size_t)B * T, es = zo_dtype_size(dtype), h = c->hidden, f = c->ffn;
     size_t L = c->n_layers;
     m->res = calloc(L + 1, sizeof *m->res);

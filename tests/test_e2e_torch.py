@@ -1,0 +1,358 @@
+#!/usr/bin/python3
+"""test_e2e_torch: `train` end to end against PyTorch at real head sizes.
+
+For a family (GPT-2, LLaMA with GQA, Mistral, Qwen2 with its q/k/v biases and
+tied head), a small model with the family's real head size (GPT-2 64, the
+others 128) and sequences longer than two of the CPU attention's 48-row query
+blocks, a multiple of neither 48 nor 32:
+
+  full   `train` runs 3 AdamW steps (clipping, lr schedule, micro-batches as
+         flagged) and evaluates; the float64 PyTorch models of
+         fixtures/gpu/make_fixtures.py (written after Hugging Face's modeling
+         code, sharing nothing with the C code) run the same steps on the same
+         batches. Each step's loss, gradient norm and the eval loss agree.
+  lora   `train --lora` (its own PEFT initialisation) runs 3 steps, evaluates
+         and saves the adapter directory; here the adapters are read as PEFT
+         would (adapter_config.json: r, lora_alpha, target_modules,
+         fan_in_fan_out), merged into the base, W + (lora_alpha / r) B A, and
+         the merged model's loss on the same eval batches is train's eval loss.
+         The first step's loss is the base model's (B starts at zero), and the
+         merged eval loss must differ from the base's by 10 times the
+         tolerance at least, so that adapters left out of the merge are seen.
+
+Losses agree to a relative 1e-4 (train in fp32, PyTorch in float64); the
+gradient norm, printed with 4 decimals, to 1e-4 relative plus the rounding.
+The expected values all come from the PyTorch run here.
+
+Usage: test_e2e_torch.py --train PATH [--family NAME ...] [--workdir DIR] [--device cpu|cuda]
+Exit: 0 every check held, 1 one did not (the first mismatches printed), 2 bad
+usage or train failed, 77 this python has no torch.
+(ctest runs one family per test through tests/run_python.sh: test_e2e_torch_*.)
+"""
+import argparse
+import array
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+try:
+    import torch
+except ImportError:
+    print(f"skipped: {sys.executable} cannot import torch (apt-get install python3-torch)")
+    sys.exit(77)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "fixtures", "gpu"))
+import make_fixtures as mf  # noqa: E402  (the models, float64; the safetensors reader and writer)
+
+REL = 1e-4
+STEPS, EVAL_BATCHES, N_TRAIN, N_EVAL = 3, 2, 1500, 700
+OPT = dict(beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip=1.0)
+DEVICE = "cpu"  # train's --device (--device here)
+
+# Real-format config.json files (the keys of the published ones), small but for the head size.
+FAMILIES = {
+    "gpt2": dict(
+        seed=31,
+        config={"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": 2, "n_embd": 128,
+                "n_head": 2, "n_positions": 256, "n_ctx": 256, "vocab_size": 128, "layer_norm_epsilon": 1e-5,
+                "activation_function": "gelu_new", "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+                "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="constant", warmup=0, min_lr=0.0),
+        lora=dict(r=4, alpha=8.0, targets="all-linear", lr=1e-2)),
+    "llama": dict(
+        seed=32,
+        config={"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 2,
+                "hidden_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 256,
+                "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+                "tie_word_embeddings": False, "attention_bias": False, "torch_dtype": "float32"},
+        run=dict(micro_batch=1, seq=130, grad_accum=2, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+        lora=dict(r=8, alpha=16.0, targets="all-linear", lr=1e-2)),
+    "mistral": dict(
+        seed=33,
+        # Mistral-Nemo's shape: head_dim given, heads x head_dim (512) wider than hidden_size
+        config={"architectures": ["MistralForCausalLM"], "model_type": "mistral", "num_hidden_layers": 2,
+                "hidden_size": 320, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 128,
+                "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 256,
+                "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "sliding_window": None,
+                "tie_word_embeddings": False, "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=100, grad_accum=1, lr=3e-3, schedule="linear", warmup=0, min_lr=1e-3),
+        lora=dict(r=8, alpha=16.0, targets="q,k,v,o", lr=2e-2)),
+    "qwen2": dict(
+        seed=34,
+        config={"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "num_hidden_layers": 2,
+                "hidden_size": 384, "num_attention_heads": 3, "num_key_value_heads": 1,
+                "intermediate_size": 512, "vocab_size": 128, "max_position_embeddings": 256,
+                "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                "tie_word_embeddings": True, "use_sliding_window": False, "sliding_window": 4096,
+                "max_window_layers": 2, "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="constant", warmup=1, min_lr=0.0),
+        lora=dict(r=4, alpha=16.0, targets="q,v", lr=2e-2)),
+}
+
+
+def head_dim(c):
+    if c["model_type"] == "gpt2":
+        return c["n_embd"] // c["n_head"]
+    return c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+
+
+# ---- the PyTorch side -----------------------------------------------------------------------
+
+def forward(c):
+    return mf.gpt2_forward if c["model_type"] == "gpt2" else mf.llama_forward
+
+
+def lr_at(run, k, steps=STEPS):
+    """docs/finetune.md's schedule: linear warmup from step 1, then constant, linear or cosine decay."""
+    lr, lo, w = run["lr"], run["min_lr"], run["warmup"]
+    if k < w:
+        return lr * (k + 1) / w
+    p = min(1.0, (k - w) / (steps - w)) if steps > w else 1.0
+    if run["schedule"] == "constant":
+        return lr
+    if run["schedule"] == "linear":
+        return lr + (lo - lr) * p
+    return lo + (lr - lo) * (1 + math.cos(math.pi * p)) / 2
+
+
+def micro_loss(c, p, data, run, micro):
+    x, y = mf.batch(data, micro, run["micro_batch"], run["seq"])
+    loss, _ = mf.loss_of(forward(c), c, p, x, y)
+    return loss
+
+
+def eval_loss(c, p, data, run):
+    """The mean over every target of the first EVAL_BATCHES sequential batches (all count)."""
+    with torch.no_grad():
+        return sum(micro_loss(c, p, data, run, j).item() for j in range(EVAL_BATCHES)) / EVAL_BATCHES
+
+
+def torch_train(c, params, data, eval_data, run):
+    """STEPS AdamW steps as train takes them: the step's loss is the mean of its micro-batches'
+    means, gradients clipped to OPT["clip"] in total norm, decay on 2-D weights only."""
+    q = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    decay = [v for v in q.values() if v.dim() == 2]
+    no_decay = [v for v in q.values() if v.dim() != 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": OPT["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=run["lr"], betas=(OPT["beta1"], OPT["beta2"]), eps=OPT["eps"])
+    K = run["grad_accum"]
+    losses, norms = [], []
+    for k in range(STEPS):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(run, k)
+        opt.zero_grad()
+        total = 0.0
+        for j in range(K):
+            loss = micro_loss(c, q, data, run, k * K + j) / K
+            loss.backward()
+            total += loss.item()
+        norms.append(torch.nn.utils.clip_grad_norm_(list(q.values()), OPT["clip"]).item())
+        opt.step()
+        losses.append(total)
+    return losses, norms, eval_loss(c, q, eval_data, run)
+
+
+def hf_module(c, name):
+    """The module path of a weight in Hugging Face's model (GPT-2's sit under transformer.)."""
+    mod = name[: -len(".weight")]
+    return "transformer." + mod if c["model_type"] == "gpt2" else mod
+
+
+def merge_adapter(c, params, adapter_dir, want):
+    """The base weights with a PEFT adapter directory merged in, as PEFT's merge_and_unload does:
+    W += transpose(B @ A, fan_in_fan_out) * lora_alpha / r on every module target_modules names."""
+    with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
+        cfg = json.load(f)
+    problems = []
+    expect = {"peft_type": "LORA", "r": want["r"], "lora_alpha": want["alpha"], "bias": "none",
+              "fan_in_fan_out": c["model_type"] == "gpt2"}
+    for key, v in expect.items():
+        if cfg.get(key) != v:
+            problems.append(f"adapter_config.json: {key} is {cfg.get(key)!r}, expected {v!r}")
+    if cfg.get("use_rslora") or cfg.get("use_dora"):
+        problems.append("adapter_config.json: use_rslora / use_dora set")
+    scale = cfg["lora_alpha"] / cfg["r"]
+    ad = mf.read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))
+    merged = dict(params)
+    seen = set()
+    for name, w in params.items():
+        if w.dim() != 2 or any(name.startswith(e) for e in ("wte.", "wpe.", "model.embed_tokens.", "lm_head.")):
+            continue
+        mod = hf_module(c, name)
+        if not any(mod == t or mod.endswith("." + t) for t in cfg["target_modules"]):
+            continue
+        a_name = f"base_model.model.{mod}.lora_A.weight"
+        b_name = f"base_model.model.{mod}.lora_B.weight"
+        if a_name not in ad or b_name not in ad:
+            problems.append(f"{mod}: named by target_modules, no lora_A/lora_B in the adapter file")
+            continue
+        A, B = ad[a_name], ad[b_name]
+        in_f, out_f = w.shape if cfg["fan_in_fan_out"] else reversed(w.shape)  # Conv1D: [in, out]
+        if list(A.shape) != [cfg["r"], in_f] or list(B.shape) != [out_f, cfg["r"]]:
+            problems.append(f"{mod}: A {list(A.shape)}, B {list(B.shape)} do not fit {list(w.shape)}")
+            continue
+        delta = B @ A * scale
+        merged[name] = w + (delta.T if cfg["fan_in_fan_out"] else delta)
+        seen.update((a_name, b_name))
+    extra = sorted(set(ad) - seen)
+    if extra:
+        problems.append(f"adapter tensors no target_modules entry reaches: {extra[:3]} ({len(extra)})")
+    if not seen:
+        problems.append("no adapter merged")
+    return merged, problems
+
+
+# ---- the train side ---------------------------------------------------------------------------
+
+def write_tokens(path, ids):
+    """A raw token file: little-endian uint16 ids, no side file."""
+    a = array.array("H", [int(i) for i in ids])
+    if sys.byteorder == "big":
+        a.byteswap()
+    with open(path, "wb") as f:
+        a.tofile(f)
+
+
+def run_train(train, d, run, extra):
+    """train's step losses, gradient norms and eval loss, its time and its command line."""
+    cmd = [train, "--device", DEVICE, "--model", os.path.join(d, "model", "config.json"),
+           "--weights", os.path.join(d, "model"),
+           "--data", os.path.join(d, "train.bin"), "--eval-data", os.path.join(d, "eval.bin"),
+           "--eval-batches", str(EVAL_BATCHES), "--steps", str(STEPS),
+           "--micro-batch", str(run["micro_batch"]), "--seq", str(run["seq"]),
+           "--grad-accum", str(run["grad_accum"]), "--dtype", "fp32", "--threads", "2",
+           "--lr", repr(run["lr"]), "--lr-schedule", run["schedule"], "--warmup", str(run["warmup"]),
+           "--min-lr", repr(run["min_lr"]), "--beta1", repr(OPT["beta1"]), "--beta2", repr(OPT["beta2"]),
+           "--eps", repr(OPT["eps"]), "--weight-decay", repr(OPT["weight_decay"]),
+           "--clip", repr(OPT["clip"])] + extra
+    t0 = time.time()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        print(p.stdout)
+        print(f"train exited {p.returncode}: {' '.join(cmd)}")
+        sys.exit(2)
+    losses, norms, ev = [], [], None
+    for line in p.stdout.splitlines():
+        w = line.split()
+        if len(w) >= 6 and w[0] == "step" and w[2] == "loss" and w[4] == "lr":
+            losses.append(float(w[3]))
+            norms.append(float(w[w.index("norm") + 1]))
+        elif line.startswith("eval step "):
+            ev = float(w[4])
+    if len(losses) != STEPS or ev is None:
+        print(p.stdout)
+        print(f"train printed {len(losses)} step lines and {'an' if ev is not None else 'no'} eval line")
+        sys.exit(2)
+    return losses, norms, ev, time.time() - t0, " ".join(cmd)
+
+
+# ---- the checks --------------------------------------------------------------------------------
+
+class Checks:
+    """Prints each comparison and counts the failures."""
+    def __init__(self):
+        self.failed = 0
+
+    def rel(self, what, got, want, tol=REL, slack=0.0):
+        err = abs(got - want) / max(abs(want), 1e-12)
+        ok = abs(got - want) <= tol * abs(want) + slack
+        print(f"  {what:<26} train {got:11.6f}  torch {want:11.6f}  rel {err:.1e}  {'ok' if ok else 'MISMATCH'}")
+        self.failed += not ok
+
+    def fact(self, what, ok):
+        print(f"  {what}: {'ok' if ok else 'FAILED'}")
+        self.failed += not ok
+
+
+def check_family(train, name, workdir):
+    spec = FAMILIES[name]
+    c, run, lora = spec["config"], spec["run"], spec["lora"]
+    g = torch.Generator().manual_seed(spec["seed"])
+    gpt = c["model_type"] == "gpt2"
+    params = (mf.gpt2_params if gpt else mf.llama_params)(c, g, std=1.0)
+    V = c["vocab_size"]
+    data = torch.randint(0, V, (N_TRAIN + N_EVAL,), generator=g)
+    for i in range(1, len(data), 2):  # something to learn: every odd token follows its predecessor
+        data[i] = (data[i - 1] + 1) % V
+    data, eval_data = data[:N_TRAIN], data[N_TRAIN:]
+
+    d = os.path.join(workdir, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(os.path.join(d, "model"), exist_ok=True)
+    with open(os.path.join(d, "model", "config.json"), "w") as f:
+        json.dump(c, f, indent=1)
+    extra = mf.gpt2_buffers(c) if gpt else []
+    mf.write_safetensors(os.path.join(d, "model", "model.safetensors"), list(params.items()) + extra)
+    write_tokens(os.path.join(d, "train.bin"), data)
+    write_tokens(os.path.join(d, "eval.bin"), eval_data)
+
+    ck = Checks()
+    B, T, K = run["micro_batch"], run["seq"], run["grad_accum"]
+    nh = c["n_head"] if gpt else c["num_attention_heads"]
+    nkv = nh if gpt else c["num_key_value_heads"]
+    print(f"{name}: {sum(v.numel() for v in params.values())} parameters, head size {head_dim(c)}, "
+          f"{nh} heads over {nkv} kv heads, batch {B} x seq {T} x grad-accum {K}, "
+          f"lr {run['lr']:g} {run['schedule']} (warmup {run['warmup']})")
+
+    # full fine-tuning
+    t0 = time.time()
+    want_l, want_n, want_ev = torch_train(c, params, data, eval_data, run)
+    t_torch = time.time() - t0
+    got_l, got_n, got_ev, t_train, cmd = run_train(train, d, run, [])
+    print(f" full fine-tuning (train {t_train:.1f} s, torch {t_torch:.1f} s): {cmd}")
+    for k in range(STEPS):
+        ck.rel(f"step {k} loss", got_l[k], want_l[k])
+        ck.rel(f"step {k} grad norm", got_n[k], want_n[k], slack=5e-5)
+    ck.rel("eval loss after 3 steps", got_ev, want_ev)
+
+    # LoRA: train's own adapters, saved, merged here
+    adir = os.path.join(d, "adapter")
+    lrun = dict(run, lr=lora["lr"])
+    got_l, _, got_ev, t_train, cmd = run_train(
+        train, d, lrun, ["--lora", str(lora["r"]), "--lora-alpha", repr(lora["alpha"]),
+                         "--lora-targets", lora["targets"], "--save", adir])
+    t0 = time.time()
+    base_ev = eval_loss(c, params, eval_data, run)
+    with torch.no_grad():
+        base0 = sum(micro_loss(c, params, data, run, j).item() for j in range(K)) / K
+    merged, problems = merge_adapter(c, params, adir, lora)
+    for msg in problems:
+        print("  " + msg)
+    ck.fact("adapter directory as PEFT reads it", not problems)
+    merged_ev = eval_loss(c, merged, eval_data, run) if not problems else float("nan")
+    print(f" LoRA r {lora['r']} alpha {lora['alpha']:g} on {lora['targets']} "
+          f"(train {t_train:.1f} s, torch {time.time() - t0:.1f} s): {cmd}")
+    ck.rel("step 0 loss (the base)", got_l[0], base0)
+    ck.rel("eval loss, merged adapter", got_ev, merged_ev)
+    moved = abs(merged_ev - base_ev) / base_ev
+    ck.fact(f"the adapters move the eval loss (base {base_ev:.6f}, rel {moved:.1e} > {10 * REL:.0e})",
+            moved > 10 * REL)
+    return ck.failed
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--train", required=True, help="the train program")
+    ap.add_argument("--family", action="append", choices=sorted(FAMILIES), help="default: every family")
+    ap.add_argument("--workdir", default="e2e_torch", help="where the models, data and adapters go")
+    ap.add_argument("--device", default="cpu", help="train's --device (default cpu; cuda on a GPU machine)")
+    a = ap.parse_args()
+    global DEVICE
+    DEVICE = a.device
+    torch.set_num_threads(1)
+    failed = 0
+    for name in a.family or FAMILIES:
+        failed += check_family(a.train, name, a.workdir)
+    print(f"{failed} check(s) failed" if failed else "every check held")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
