@@ -552,27 +552,46 @@ static void parse_gpt2(hf *r, zo_model_config *c, const family *f)
     hf_act(r, "activation_function", NULL, c);
 }
 
-/* What limits or rescales attention without changing a size (the
- * transformer refuses what it does not compute):
+/* What limits or rescales attention without changing a size:
  * - sliding_window, as Hugging Face reads it: Mistral's (MistralConfig's
- *   default 4096 when absent, none when null); Qwen2's only with
- *   use_sliding_window and a layer at or past max_window_layers (default 28);
- * - rope_scaling's rope_type (or its older "type"), unless "default". */
+ *   default 4096 when absent, none when null), on every layer; Qwen2's only
+ *   with use_sliding_window, on the layers at or past max_window_layers
+ *   (default 28);
+ * - rope_scaling's rope_type (or its older "type"), unless "default", and
+ *   its parameters: factor, llama3's low_freq_factor (default 1),
+ *   high_freq_factor (default 4) and original_max_position_embeddings. */
 static void hf_attention_extent(hf *r, zo_model_config *c, const family *f)
 {
     const cJSON *w = cJSON_GetObjectItemCaseSensitive(r->root, "sliding_window");
     int null_window = w && cJSON_IsNull(w);
-    if (!strcmp(f->type, "mistral") && !null_window)
+    if (!strcmp(f->type, "mistral") && !null_window) {
         c->sliding_window = hf_int(r, "sliding_window", 4096);
-    else if (!strcmp(f->type, "qwen2") && !null_window && hf_bool(r, "use_sliding_window", 0) &&
-             hf_int2(r, "max_window_layers", NULL, 0, 28) < c->n_layers)
-        c->sliding_window = hf_int(r, "sliding_window", 4096);
+    } else if (!strcmp(f->type, "qwen2") && !null_window && hf_bool(r, "use_sliding_window", 0)) {
+        c->window_from_layer = hf_int2(r, "max_window_layers", NULL, 0, 28);
+        if (c->window_from_layer < c->n_layers) c->sliding_window = hf_int(r, "sliding_window", 4096);
+    }
     const cJSON *rs = hf_item(r, "rope_scaling");
     if (!rs) return;
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
     if (!cJSON_IsString(t)) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
     const char *kind = cJSON_IsString(t) ? t->valuestring : "unnamed";
-    if (strcmp(kind, "default")) snprintf(c->rope_scaling, sizeof c->rope_scaling, "%.15s", kind);
+    if (!strcmp(kind, "default")) return;
+    snprintf(c->rope_scaling, sizeof c->rope_scaling, "%.15s", kind);
+    /* its fields, named in messages as rope_scaling's */
+    char path[512];
+    snprintf(path, sizeof path, "%s: rope_scaling", r->path);
+    hf sub = {rs, path, r->type, ZO_OK};
+    c->rope_factor = hf_float(&sub, "factor", 1.0f);
+    c->rope_low_freq_factor = hf_float(&sub, "low_freq_factor", 1.0f);
+    c->rope_high_freq_factor = hf_float(&sub, "high_freq_factor", 4.0f);
+    c->rope_original_max = hf_int2(&sub, "original_max_position_embeddings", NULL, 1, c->max_seq);
+    if (!sub.st && !(c->rope_factor > 0.0f))
+        hf_fail(&sub, ZO_ERR_FORMAT, "factor", "must be > 0 (got %g)", c->rope_factor);
+    if (!sub.st && !strcmp(kind, "llama3") &&
+        !(c->rope_high_freq_factor > c->rope_low_freq_factor && c->rope_low_freq_factor > 0.0f))
+        hf_fail(&sub, ZO_ERR_FORMAT, "high_freq_factor", "must exceed low_freq_factor > 0 (got %g and %g)",
+                c->rope_high_freq_factor, c->rope_low_freq_factor);
+    if (sub.st && !r->st) r->st = sub.st;
 }
 
 /* The LLaMA-shaped families: RMSNorm, gated MLP, rotary positions, GQA. */

@@ -68,12 +68,17 @@ typedef struct zo_model_config {
     float norm_eps;
     float rope_theta;  /* LLaMA only */
     /* ---- what the attention computes beyond the shape: none of it changes a
-     * size, so memplan reads it and ignores it; the transformer (tf_init)
-     * refuses what it does not compute. ---- */
-    int sliding_window; /* a query sees the last sliding_window positions (itself included):
-                           Mistral's sliding_window, Qwen2's with use_sliding_window; 0: all */
+     * size, so memplan reads it and ignores it; the transformer computes it
+     * (sliding windows; the llama3, linear and, within its original length,
+     * dynamic RoPE scalings) and refuses the rest by name. ---- */
+    int sliding_window;    /* a query sees the last sliding_window positions (itself included):
+                              Mistral's sliding_window, Qwen2's with use_sliding_window; 0: all */
+    int window_from_layer; /* the window applies to layers >= this (Qwen2's max_window_layers) */
     char rope_scaling[16]; /* rope_scaling's rope_type when it rescales the rotary frequencies
                               (llama3, linear, dynamic, yarn, ...); "" for none or "default" */
+    float rope_factor;     /* rope_scaling's factor */
+    float rope_low_freq_factor, rope_high_freq_factor; /* llama3's (defaults 1 and 4) */
+    int rope_original_max; /* original_max_position_embeddings (llama3, dynamic) */
     uint64_t params_override; /* != 0: only the total is known (--params) */
     /* ---- beyond the runtime's GPT and LLaMA layers. All 0 for what the
      * runtime builds; memplan sizes them, zo_model_config_runtime_check

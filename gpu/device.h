@@ -199,9 +199,12 @@ zo_status gpu_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw, gpu
  * heads, then hkv value heads (each d wide). Query head h uses kv head
  * h / (hq / hkv) (grouped-query attention). Scores are scaled by 1/sqrt(d).
  * out [b, t, hq*d]; lse [b, hq, t] fp32. Backward overwrites dqkv (same
- * shape as qkv). */
+ * shape as qkv). With window > 0 (a sliding window: Mistral's), query i
+ * sees keys i - window < j <= i, the last `window` positions itself
+ * included; 0 is every earlier one. */
 typedef struct gpu_attn_desc {
     int b, t, hq, hkv, d;
+    int window;
 } gpu_attn_desc;
 
 zo_status gpu_attention_forward(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor out,
@@ -211,14 +214,16 @@ zo_status gpu_attention_backward(gpu_stream_t s, const gpu_attn_desc *a, gpu_ten
                                  const float *lse);
 
 /* Rotary embedding, Hugging Face LLaMA convention (rotate_half: dimension i
- * pairs with i + d/2; inv_freq[i] = theta^(-2i/d)), IN PLACE on the first
- * n_heads heads (d wide) of each of n rows of x (row stride ldx). Row r has
- * position pos0 + r % t. Backward applies the inverse rotation to the
- * gradient in place. */
+ * pairs with i + d/2), IN PLACE on the first n_heads heads (d wide) of each
+ * of n rows of x (row stride ldx). Row r has position p = pos0 + r % t and
+ * pair i turns by the angle p * inv_freq[i], computed in double:
+ * inv_freq[i] = theta^(-2i/d), or the d/2 doubles at `inv_freq` (device
+ * memory) when it is not NULL (a rope_scaling's frequencies: LLaMA-3.1's
+ * llama3, linear). Backward applies the inverse rotation in place. */
 zo_status gpu_rope_forward(gpu_stream_t s, gpu_tensor x, int n, int t, int n_heads, int d,
-                           int64_t ldx, float theta, int pos0);
+                           int64_t ldx, float theta, int pos0, const double *inv_freq);
 zo_status gpu_rope_backward(gpu_stream_t s, gpu_tensor dx, int n, int t, int n_heads, int d,
-                            int64_t ldx, float theta, int pos0);
+                            int64_t ldx, float theta, int pos0, const double *inv_freq);
 
 /* ---- ops: activations ---------------------------------------------------------
  * GELU, tanh form: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */

@@ -68,6 +68,7 @@ static zo_status gpu_check_attn(const char *op, const gpu_op_args *a)
         return st;
     if (d->hq % d->hkv)
         return zo_error(ZO_ERR_INVALID, "%s: hkv %d does not divide hq %d", op, d->hkv, d->hq);
+    if (d->window < 0) return zo_error(ZO_ERR_INVALID, "%s: window %d < 0", op, d->window);
     return ZO_OK;
 }
 
@@ -175,6 +176,7 @@ static int check_slots(zo_status *st, const gpu_op_info *info, const gpu_op_args
             *st = check_dim(op, sl->name, (long long)a->i[sl->index]);
             break;
         case GPU_SLOT_INT:
+        case GPU_SLOT_PTR_OPT:
             break;
         }
         if (*st != ZO_OK) return 0;

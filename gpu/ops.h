@@ -61,6 +61,7 @@ typedef enum gpu_slot_kind {
     GPU_SLOT_TENSOR,     /* t[k]: data not NULL, a known dtype */
     GPU_SLOT_TENSOR_OPT, /* t[k]: the same when data is not NULL */
     GPU_SLOT_PTR,        /* p[k]: not NULL */
+    GPU_SLOT_PTR_OPT,    /* p[k]: may be NULL */
     GPU_SLOT_DIM,        /* i[k] > 0 */
     GPU_SLOT_INT,        /* i[k]: any value (the op's check looks at it) */
     GPU_SLOT_COUNT,      /* n: 0 makes the op do nothing, later slots unchecked */
@@ -75,6 +76,7 @@ typedef struct gpu_op_slot {
 #define GPU_T(k, nm) {GPU_SLOT_TENSOR, k, #nm}
 #define GPU_TOPT(k, nm) {GPU_SLOT_TENSOR_OPT, k, #nm}
 #define GPU_P(k, nm) {GPU_SLOT_PTR, k, #nm}
+#define GPU_POPT(k, nm) {GPU_SLOT_PTR_OPT, k, #nm}
 #define GPU_DIM(k, nm) {GPU_SLOT_DIM, k, #nm}
 #define GPU_INT(k, nm) {GPU_SLOT_INT, k, #nm}
 #define GPU_N(nm) {GPU_SLOT_COUNT, 0, #nm}
@@ -109,11 +111,11 @@ typedef struct gpu_op_slot {
       gpu_check_attn)                                                                            \
     X(ROPE_FORWARD, rope_forward,                                                               \
       (GPU_T(0, x), GPU_DIM(0, n), GPU_DIM(1, t), GPU_DIM(2, n_heads), GPU_DIM(3, d),            \
-       GPU_INT(4, ldx), GPU_INT(5, pos0)),                                                       \
+       GPU_INT(4, ldx), GPU_INT(5, pos0), GPU_POPT(0, inv_freq)),                                \
       gpu_check_rope)                                                                            \
     X(ROPE_BACKWARD, rope_backward,                                                             \
       (GPU_T(0, dx), GPU_DIM(0, n), GPU_DIM(1, t), GPU_DIM(2, n_heads), GPU_DIM(3, d),           \
-       GPU_INT(4, ldx), GPU_INT(5, pos0)),                                                       \
+       GPU_INT(4, ldx), GPU_INT(5, pos0), GPU_POPT(0, inv_freq)),                                \
       gpu_check_rope)                                                                            \
     X(GELU_FORWARD, gelu_forward, (GPU_N(n), GPU_T(0, y), GPU_T(1, x)), NULL)                    \
     X(GELU_BACKWARD, gelu_backward, (GPU_N(n), GPU_T(0, dx), GPU_T(1, dy), GPU_T(2, x)), NULL)   \

@@ -656,21 +656,22 @@ static void panel_gemm(panels A, panels B, float *C, int ldc, int m, int n, int 
 }
 
 /* Scores row -> unnormalized probabilities: row[j] = exp(row[j] * scale - mx)
- * for j < n (mx their max, returned in *mx), zero for n <= j < n_zero;
- * returns their sum (fixed lanes). */
-VEC_CLONES static float softmax_row(float *restrict row, int n, int n_zero, float scale,
+ * for lo <= j < n (mx their max, returned in *mx), zero for j < lo (before a
+ * sliding window) and n <= j < n_zero; returns their sum (fixed lanes). */
+VEC_CLONES static float softmax_row(float *restrict row, int lo, int n, int n_zero, float scale,
                                     float *mx_out)
 {
     float m[LANES], acc[LANES];
     for (int l = 0; l < LANES; l++) m[l] = -INFINITY, acc[l] = 0.0f;
     int nb = n / LANES * LANES;
     for (int j = 0; j < n; j++) row[j] *= scale;
+    for (int j = 0; j < lo; j++) row[j] = -INFINITY;
     for (int j = 0; j < nb; j += LANES)
         for (int l = 0; l < LANES; l++) m[l] = row[j + l] > m[l] ? row[j + l] : m[l];
     float mx = -INFINITY;
     for (int l = 0; l < LANES; l++) mx = m[l] > mx ? m[l] : mx;
     for (int j = nb; j < n; j++) mx = row[j] > mx ? row[j] : mx;
-    for (int j = 0; j < n; j++) row[j] = fexp(row[j] - mx);
+    for (int j = 0; j < n; j++) row[j] = j < lo ? 0.0f : fexp(row[j] - mx);
     for (int j = 0; j < nb; j += LANES)
         for (int l = 0; l < LANES; l++) acc[l] += row[j + l];
     float s = 0.0f;
@@ -681,13 +682,13 @@ VEC_CLONES static float softmax_row(float *restrict row, int n, int n_zero, floa
     return s;
 }
 
-/* P and dS rows of the backward: p = exp(s * scale - L) for j < n, then
- * ds = p * (dp - D) * scale; both zero for n <= j < n_zero. */
-VEC_CLONES static void softmax_grad_row(float *restrict p, float *restrict dp, int n, int n_zero,
-                                        float scale, float L, float D)
+/* P and dS rows of the backward: p = exp(s * scale - L) for lo <= j < n,
+ * then ds = p * (dp - D) * scale; both zero for j < lo and n <= j < n_zero. */
+VEC_CLONES static void softmax_grad_row(float *restrict p, float *restrict dp, int lo, int n,
+                                        int n_zero, float scale, float L, float D)
 {
     for (int j = 0; j < n; j++) {
-        float pj = fexp(p[j] * scale - L);
+        float pj = j < lo ? 0.0f : fexp(p[j] * scale - L);
         p[j] = pj;
         dp[j] = pj * (dp[j] - D) * scale;
     }
@@ -705,6 +706,12 @@ VEC_CLONES static float dot_lanes(const float *restrict a, const float *restrict
     for (int l = 0; l < LANES; l++) s += acc[l];
     for (int j = nb; j < n; j++) s += a[j] * b[j];
     return s;
+}
+
+/* The first key query i sees: i - window + 1 under a sliding window, else 0. */
+static int window_start(const gpu_attn_desc *a, int i)
+{
+    return a->window > 0 && i - a->window + 1 > 0 ? i - a->window + 1 : 0;
 }
 
 /* Rows [r0, r0+rows) of one head's slice of a [.., ld] tensor as fp32 X [rows][d]. */
@@ -764,7 +771,8 @@ zo_status cpu_attention_forward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_ten
                 float l[AQ];
                 for (int i = 0; i < rows; i++) {
                     float mx;
-                    l[i] = softmax_row(S + (size_t)i * tN, q0 + i + 1, nk, scale, &mx);
+                    l[i] = softmax_row(S + (size_t)i * tN, window_start(a, q0 + i), q0 + i + 1, nk,
+                                       scale, &mx);
                     lse[((size_t)b * hq + h) * t + q0 + i] = mx + logf(l[i]);
                 }
                 /* O [rows][d] = P V, then divided by the row sums */
@@ -847,8 +855,8 @@ zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_te
                     for (int i = 0; i < rows; i++) {
                         load_row(orow, out, ((size_t)b * t + q0 + i) * ldo + (size_t)h * d, d);
                         float D = dot_lanes(dOf + (size_t)i * d, orow, d);
-                        softmax_grad_row(P + (size_t)i * tN, dS + (size_t)i * tN, q0 + i + 1, nk,
-                                         scale, L[q0 + i], D);
+                        softmax_grad_row(P + (size_t)i * tN, dS + (size_t)i * tN,
+                                         window_start(a, q0 + i), q0 + i + 1, nk, scale, L[q0 + i], D);
                     }
                     /* dQ [rows][d] = dS K */
                     panels dSa = pack_a_rows(dSp, dS, tN, rows, nk);
@@ -876,7 +884,7 @@ zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_te
 /* ---- RoPE ----------------------------------------------------------------------------------- */
 
 zo_status cpu_rope(cpu_scratch *ws, gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx,
-                   float theta, int pos0, int inverse, int nt)
+                   float theta, int pos0, const double *freq, int inverse, int nt)
 {
     const int half = d / 2, team = nthreads(nt);
     const size_t db = al64((size_t)d * sizeof(float));
@@ -884,7 +892,7 @@ zo_status cpu_rope(cpu_scratch *ws, gpu_tensor x, int n, int t, int n_heads, int
     zo_status st = reserve_team(ws, "gpu_rope", (size_t)half * sizeof(double), 2 * db, team, &base);
     if (st != ZO_OK) return st;
     double *inv_freq = (double *)base;
-    for (int i = 0; i < half; i++) inv_freq[i] = pow((double)theta, -2.0 * i / d);
+    for (int i = 0; i < half; i++) inv_freq[i] = freq ? freq[i] : pow((double)theta, -2.0 * i / d);
 #pragma omp parallel num_threads(team)
     {
         char *mine = team_slice(base, (size_t)half * sizeof(double), 2 * db);

@@ -69,7 +69,11 @@ FAMILIES = {
         config={"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 2,
                 "hidden_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
                 "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 256,
-                "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+                "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+                # LLaMA-3.1's scaling, its original length shortened so that the sequence
+                # crosses all three bands of frequencies (kept, blended, divided)
+                "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                 "original_max_position_embeddings": 64, "rope_type": "llama3"},
                 "tie_word_embeddings": False, "attention_bias": False, "torch_dtype": "float32"},
         run=dict(micro_batch=1, seq=130, grad_accum=2, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
         lora=dict(r=8, alpha=16.0, targets="all-linear", lr=1e-2)),
@@ -79,7 +83,9 @@ FAMILIES = {
         config={"architectures": ["MistralForCausalLM"], "model_type": "mistral", "num_hidden_layers": 2,
                 "hidden_size": 320, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 128,
                 "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 256,
-                "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "sliding_window": None,
+                "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 1000000.0,
+                # a window shorter than the sequence (100), longer than an attention block (48)
+                "sliding_window": 64,
                 "tie_word_embeddings": False, "torch_dtype": "float32"},
         run=dict(micro_batch=2, seq=100, grad_accum=1, lr=3e-3, schedule="linear", warmup=0, min_lr=1e-3),
         lora=dict(r=8, alpha=16.0, targets="q,k,v,o", lr=2e-2)),
@@ -89,8 +95,9 @@ FAMILIES = {
                 "hidden_size": 384, "num_attention_heads": 3, "num_key_value_heads": 1,
                 "intermediate_size": 512, "vocab_size": 128, "max_position_embeddings": 256,
                 "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-                "tie_word_embeddings": True, "use_sliding_window": False, "sliding_window": 4096,
-                "max_window_layers": 2, "torch_dtype": "float32"},
+                # the window on the layers from max_window_layers: the second only
+                "tie_word_embeddings": True, "use_sliding_window": True, "sliding_window": 40,
+                "max_window_layers": 1, "torch_dtype": "float32"},
         run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="constant", warmup=1, min_lr=0.0),
         lora=dict(r=4, alpha=16.0, targets="q,v", lr=2e-2)),
 }

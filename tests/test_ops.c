@@ -42,7 +42,7 @@
 
 /* Element types of a case's buffers: the three storage types, and the
  * int32 and byte buffers some ops take. */
-typedef enum etype { E_F32 = ZO_DTYPE_F32, E_F16 = ZO_DTYPE_F16, E_BF16 = ZO_DTYPE_BF16, E_I32, E_U8 } etype;
+typedef enum etype { E_F32 = ZO_DTYPE_F32, E_F16 = ZO_DTYPE_F16, E_BF16 = ZO_DTYPE_BF16, E_I32, E_U8, E_F64 } etype;
 
 typedef enum fill_kind {
     FILL_UNIFORM, /* uniform in [lo, hi) */
@@ -98,12 +98,12 @@ static double rtol_of(etype t)
 
 static size_t esize(etype t)
 {
-    return t == E_I32 ? 4 : t == E_U8 ? 1 : zo_dtype_size((zo_dtype)t);
+    return t == E_I32 ? 4 : t == E_U8 ? 1 : t == E_F64 ? 8 : zo_dtype_size((zo_dtype)t);
 }
 
 static const char *ename(etype t)
 {
-    static const char *n[] = {"f32", "f16", "bf16", "i32", "u8"};
+    static const char *n[] = {"f32", "f16", "bf16", "i32", "u8", "f64"};
     return n[t];
 }
 
@@ -147,7 +147,7 @@ static double urand(void) /* uniform in [0, 1) */
 /* v as the storage type keeps it (round to nearest even through fp32). */
 static double as_stored(double v, etype t)
 {
-    if (t == E_I32 || t == E_U8) return v;
+    if (t == E_I32 || t == E_U8 || t == E_F64) return v;
     float f = (float)v, r;
     uint16_t h;
     switch ((zo_dtype)t) {
@@ -287,16 +287,19 @@ static void ref_rmsnorm_backward(const gpu_op_args *a, hostv *h)
 
 /* Attention geometry: element offsets of qkv, out, lse (gpu/device.h). */
 typedef struct ageom {
-    int t, hq, hkv, d, grp;
+    int t, hq, hkv, d, grp, window;
     size_t ld, ldo;
 } ageom;
 
 static ageom geom_of(const gpu_attn_desc *a)
 {
-    ageom g = {a->t, a->hq, a->hkv, a->d, a->hq / a->hkv, (size_t)(a->hq + 2 * a->hkv) * a->d,
-               (size_t)a->hq * a->d};
+    ageom g = {a->t, a->hq, a->hkv, a->d, a->hq / a->hkv, a->window,
+               (size_t)(a->hq + 2 * a->hkv) * a->d, (size_t)a->hq * a->d};
     return g;
 }
+
+/* The first key query i sees: the last `window` positions, or all. */
+static int first_key(const ageom *g, int i) { return g->window > 0 && i >= g->window ? i - g->window + 1 : 0; }
 
 static size_t gq(const ageom *g, int b, int i, int h) { return ((size_t)b * g->t + i) * g->ld + (size_t)h * g->d; }
 static size_t gk(const ageom *g, int b, int j, int h)
@@ -309,11 +312,11 @@ static size_t gv(const ageom *g, int b, int j, int h)
 }
 static size_t go(const ageom *g, int b, int i, int h) { return ((size_t)b * g->t + i) * g->ldo + (size_t)h * g->d; }
 
-/* Scores of query i of head h against keys 0..i (scaled), into s[0..i]. */
+/* Scores of query i of head h against the keys it sees (scaled), into s[j]. */
 static void scores(const ageom *g, const double *qkv, int b, int h, int i, double *s)
 {
     double scale = 1.0 / sqrt((double)g->d);
-    for (int j = 0; j <= i; j++) {
+    for (int j = first_key(g, i); j <= i; j++) {
         double acc = 0.0;
         for (int e = 0; e < g->d; e++) acc += qkv[gq(g, b, i, h) + e] * qkv[gk(g, b, j, h) + e];
         s[j] = acc * scale;
@@ -329,13 +332,14 @@ static void attention_forward_d(const gpu_attn_desc *a, const double *qkv, doubl
         for (int h = 0; h < g.hq; h++)
             for (int i = 0; i < g.t; i++) {
                 scores(&g, qkv, b, h, i, s);
+                int j0 = first_key(&g, i);
                 double mx = -INFINITY, l = 0.0;
-                for (int j = 0; j <= i; j++) mx = s[j] > mx ? s[j] : mx;
-                for (int j = 0; j <= i; j++) l += exp(s[j] - mx);
+                for (int j = j0; j <= i; j++) mx = s[j] > mx ? s[j] : mx;
+                for (int j = j0; j <= i; j++) l += exp(s[j] - mx);
                 lse[((size_t)b * g.hq + h) * g.t + i] = mx + log(l);
                 for (int e = 0; e < g.d; e++) {
                     double o = 0.0;
-                    for (int j = 0; j <= i; j++) o += exp(s[j] - mx) / l * qkv[gv(&g, b, j, h) + e];
+                    for (int j = j0; j <= i; j++) o += exp(s[j] - mx) / l * qkv[gv(&g, b, j, h) + e];
                     out[go(&g, b, i, h) + e] = o;
                 }
             }
@@ -363,7 +367,7 @@ static void ref_attention_backward(const gpu_op_args *a, hostv *h)
                 scores(&g, qkv, b, hh, i, s);
                 double L = lse[((size_t)b * g.hq + hh) * g.t + i], D = 0.0;
                 for (int e = 0; e < g.d; e++) D += dout[go(&g, b, i, hh) + e] * out[go(&g, b, i, hh) + e];
-                for (int j = 0; j <= i; j++) {
+                for (int j = first_key(&g, i); j <= i; j++) {
                     double p = exp(s[j] - L), dp = 0.0;
                     for (int e = 0; e < g.d; e++) dp += dout[go(&g, b, i, hh) + e] * qkv[gv(&g, b, j, hh) + e];
                     double ds = p * (dp - D) * scale;
@@ -388,7 +392,7 @@ static void rope_d(const gpu_op_args *a, hostv *h, int inverse)
             double *x = h->T[0] + (size_t)r * a->i[4] + (size_t)hh * d;
             memcpy(tmp, x, (size_t)d * sizeof *tmp);
             for (int i = 0; i < d; i++) {
-                double f = pow((double)a->f[0], -2.0 * (i % half) / d);
+                double f = h->P[0] ? h->P[0][i % half] : pow((double)a->f[0], -2.0 * (i % half) / d);
                 double ang = (double)(a->i[5] + r % t) * f * (inverse ? -1.0 : 1.0);
                 double rot = i < half ? -tmp[i + half] : tmp[i - half];
                 x[i] = tmp[i] * cos(ang) + rot * sin(ang);
@@ -737,6 +741,7 @@ static void encode(const pbuf *b, const double *v, void *dst)
     for (size_t i = 0; i < b->n; i++) {
         if (b->type == E_I32) ((int32_t *)dst)[i] = (int32_t)v[i];
         else if (b->type == E_U8) ((uint8_t *)dst)[i] = (uint8_t)v[i];
+        else if (b->type == E_F64) ((double *)dst)[i] = v[i];
         else zo_store_f32(dst, (zo_dtype)b->type, i, (float)v[i]);
     }
 }
@@ -746,6 +751,7 @@ static void decode(const pbuf *b, const void *src, double *v)
     for (size_t i = 0; i < b->n; i++) {
         if (b->type == E_I32) v[i] = ((const int32_t *)src)[i];
         else if (b->type == E_U8) v[i] = ((const uint8_t *)src)[i];
+        else if (b->type == E_F64) v[i] = ((const double *)src)[i];
         else v[i] = zo_load_f32(src, (zo_dtype)b->type, i);
     }
 }
@@ -1063,10 +1069,10 @@ static void attn_prep(const pcase *c, hostv *h)
     attention_forward_d(&c->a.d.attn, h->T[2], h->T[3], h->P[0]);
 }
 
-static void attention_case(gpu_op_id op, int b, int t, int hq, int hkv, int d, etype ty)
+static void attention_case(gpu_op_id op, int b, int t, int hq, int hkv, int d, int window, etype ty)
 {
-    pcase c = new_case(op, "b %d t %d hq %d hkv %d d %d %s", b, t, hq, hkv, d, ename(ty));
-    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d};
+    pcase c = new_case(op, "b %d t %d hq %d hkv %d d %d window %d %s", b, t, hq, hkv, d, window, ename(ty));
+    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window};
     size_t nq = (size_t)b * t * (hq + 2 * hkv) * d, no = (size_t)b * t * hq * d, nl = (size_t)b * hq * t;
     if (op == GPU_OP_ATTENTION_FORWARD) {
         OUT_T(&c, 0, ty, no);
@@ -1093,18 +1099,32 @@ static void attention_grid(gpu_op_id op)
     static const int ts[] = {1, 5, 31, 32, 33, 47, 48, 49, 96, 97, 130};
     static const int ds[] = {32, 64, 80, 96, 128, 36};
     static const int groups[][2] = {{2, 2}, {4, 2}, {8, 2}, {8, 1}};
-    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) attention_case(op, 1, ts[i], 2, 1, 64, E_F32);
-    for (size_t i = 0; i < sizeof ds / sizeof *ds; i++) attention_case(op, 1, 97, 2, 1, ds[i], E_F32);
-    for (size_t i = 0; i < 4; i++) attention_case(op, 1, 49, groups[i][0], groups[i][1], 128, E_F32);
-    attention_case(op, 2, 130, 4, 2, 128, E_F32);
-    attention_case(op, 2, 50, 3, 1, 80, E_F32);
-    attention_case(op, 1, 100, 2, 2, 12, E_F32);
-    attention_case(op, 1, 97, 4, 2, 80, E_F16);
-    attention_case(op, 1, 97, 4, 1, 128, E_BF16);
+    /* sliding windows: one key, shorter and longer than a block or a tile,
+     * and wider than the sequence (no mask) */
+    static const int windows[] = {1, 17, 32, 48, 64, 129, 500};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) attention_case(op, 1, ts[i], 2, 1, 64, 0, E_F32);
+    for (size_t i = 0; i < sizeof ds / sizeof *ds; i++) attention_case(op, 1, 97, 2, 1, ds[i], 0, E_F32);
+    for (size_t i = 0; i < 4; i++) attention_case(op, 1, 49, groups[i][0], groups[i][1], 128, 0, E_F32);
+    for (size_t i = 0; i < sizeof windows / sizeof *windows; i++)
+        attention_case(op, 1, 130, 4, 2, i % 2 ? 128 : 80, windows[i], E_F32);
+    attention_case(op, 2, 130, 4, 2, 128, 0, E_F32);
+    attention_case(op, 2, 50, 3, 1, 80, 0, E_F32);
+    attention_case(op, 1, 100, 2, 2, 12, 0, E_F32);
+    attention_case(op, 1, 97, 4, 2, 80, 0, E_F16);
+    attention_case(op, 1, 97, 4, 1, 128, 0, E_BF16);
+    attention_case(op, 1, 97, 4, 1, 128, 40, E_BF16);
 }
 
 static void parity_attention_forward(void) { attention_grid(GPU_OP_ATTENTION_FORWARD); }
 static void parity_attention_backward(void) { attention_grid(GPU_OP_ATTENTION_BACKWARD); }
+
+/* Frequencies given by the caller (a rope_scaling's): theta's, each
+ * scaled by its own factor in [1/8, 1], so no pair turns at theta's rate. */
+static void freq_prep(const pcase *c, hostv *h)
+{
+    int d = (int)c->a.i[3];
+    for (int i = 0; i < d / 2; i++) h->P[0][i] = pow(5e5, -2.0 * i / d) * (0.125 + 0.875 * urand());
+}
 
 static void rope_grid(gpu_op_id op)
 {
@@ -1124,6 +1144,12 @@ static void rope_grid(gpu_op_id op)
             c.a.i[0] = g[0], c.a.i[1] = g[1], c.a.i[2] = g[2], c.a.i[3] = g[4], c.a.i[4] = ldx, c.a.i[5] = g[5];
             c.a.f[0] = theta;
             OUT_T(&c, 0, storage[t], (size_t)g[0] * ldx);
+            emit(&c);
+            if (t || g[4] < 36) continue;
+            /* the same with the frequencies given */
+            snprintf(c.label + strlen(c.label), sizeof c.label - strlen(c.label), " inv_freq given");
+            add_buf(&c, 'p', 0, E_F64, (size_t)g[4] / 2, FILL_NONE, 0, 0, 0);
+            c.prep = freq_prep;
             emit(&c);
         }
 }

@@ -2,8 +2,8 @@
  * Qwen2 (q/k/v biases, tied) against the PyTorch float64 implementation of
  * tests/fixtures/gpu/make_fixtures.py: logits, loss, every gradient, and the
  * losses of 10 AdamW steps; the block-by-block API with streamed weights;
- * determinism; the device-memory capacity; sliding windows and rope_scaling
- * refused by name; the `train` program. */
+ * determinism; the device-memory capacity; what tf_init computes of sliding
+ * windows and rope_scaling, and what it refuses by name; the `train` program. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -570,65 +570,97 @@ static void test_capacity(void **state)
 /* ---- what the attention computes ------------------------------------------------------------------ */
 
 /* tf_init of a config.json text at sequence t: its status, the error in msg. */
-static zo_status init_at(gpu_device_t dev, const char *json, int t, char *msg, size_t cap)
+/* tf_init of the model `json` describes at sequence t: its status, the
+ * message, and (freq != NULL) the rotary frequencies it uploaded, if any. */
+static zo_status init_at(gpu_device_t dev, const char *json, int t, char *msg, size_t cap, double *freq,
+                         int *has_freq)
 {
     zo_model_config cfg;
     zo_status st = zo_model_config_parse(json, "extent.json", &cfg);
     if (st != ZO_OK) fail_msg("%s", zo_last_error());
     tf_model m;
     zo_clear_error();
-    if ((st = tf_init(&m, &cfg, dev, ZO_DTYPE_F32, 1, t)) == ZO_OK) tf_free(&m);
+    if ((st = tf_init(&m, &cfg, dev, ZO_DTYPE_F32, 1, t)) == ZO_OK) {
+        if (has_freq) *has_freq = m.rope_freq != NULL;
+        if (freq && m.rope_freq) /* the CPU device's memory is the host's */
+            memcpy(freq, m.rope_freq, (size_t)(cfg.head_dim / 2) * sizeof *freq);
+        tf_free(&m);
+    }
     snprintf(msg, cap, "%s", zo_last_error());
     return st;
 }
 
-/* A Mistral sliding window shorter than the sequence, and rope_scaling, are
- * refused by name (the attention here sees every earlier position and the
- * rotary embedding is unscaled: Hugging Face's model would compute something
- * else); a window covering the sequence, a null one and rope_type "default"
- * build. */
+/* Hugging Face's llama3 frequencies (_compute_llama3_parameters), written
+ * here from its definition, for head size d. */
+static void llama3_freq(double *f, int d, double theta, double factor, double lo, double hi, double orig)
+{
+    for (int i = 0; i < d / 2; i++) {
+        double inv = 1.0 / pow(theta, 2.0 * i / d), wl = 2.0 * M_PI / inv;
+        double scaled = wl > orig / lo ? inv / factor : inv;
+        double s = (orig / wl - lo) / (hi - lo);
+        int medium = !(wl < orig / hi) && !(wl > orig / lo);
+        f[i] = medium ? (1.0 - s) * scaled / factor + s * scaled : scaled;
+    }
+}
+
+/* What tf_init computes of a config's attention extent and what it refuses:
+ * sliding windows at any length (the op masks them; test_ops and
+ * test_e2e_torch check the numbers); rope_scaling llama3 and linear with
+ * their frequencies uploaded, dynamic within its original length; yarn and
+ * dynamic past its length refused by name; "default" is no scaling. */
 static void test_attention_extent(void **state)
 {
     (void)state;
-#define TINY "\"num_hidden_layers\": 1, \"hidden_size\": 32, \"num_attention_heads\": 4, " \
-             "\"num_key_value_heads\": 2, \"intermediate_size\": 64, \"vocab_size\": 64"
+#define TINY "\"num_hidden_layers\": 1, \"hidden_size\": 32, \"num_attention_heads\": 2, " \
+             "\"num_key_value_heads\": 1, \"intermediate_size\": 64, \"vocab_size\": 64"
     gpu_device_t dev;
     gpu_cpu_options o = {.n_threads = 1};
     assert_int_equal(gpu_device_init_cpu(&o, &dev), ZO_OK);
     char msg[512];
+    double f[8], want[8];
+    int has = -1;
     const char *window = "{\"model_type\": \"mistral\", " TINY ", \"sliding_window\": 16}";
-    assert_int_equal(init_at(dev, window, 16, msg, sizeof msg), ZO_OK);
-    assert_int_equal(init_at(dev, window, 17, msg, sizeof msg), ZO_ERR_UNSUPPORTED);
-    if (!strstr(msg, "sliding_window 16") || !strstr(msg, "not 17")) fail_msg("%s", msg);
-    /* MistralConfig's default window is 4096; null means none */
-    assert_int_equal(init_at(dev, "{\"model_type\": \"mistral\", " TINY "}", 4097, msg, sizeof msg),
-                     ZO_ERR_UNSUPPORTED);
-    assert_int_equal(init_at(dev, "{\"model_type\": \"mistral\", " TINY ", \"sliding_window\": null}", 4097, msg,
-                             sizeof msg),
+    assert_int_equal(init_at(dev, window, 17, msg, sizeof msg, NULL, &has), ZO_OK);
+    assert_int_equal(has, 0);
+    assert_int_equal(init_at(dev, "{\"model_type\": \"mistral\", " TINY "}", 4097, msg, sizeof msg, NULL, NULL),
                      ZO_OK);
-    /* Qwen2's window only with use_sliding_window, on layers from max_window_layers */
-    assert_int_equal(init_at(dev, "{\"model_type\": \"qwen2\", " TINY ", \"sliding_window\": 16}", 64, msg,
-                             sizeof msg),
+    /* LLaMA-3.1's rope_scaling: the frequencies Hugging Face computes (head size 16) */
+    assert_int_equal(init_at(dev, "{\"model_type\": \"llama\", " TINY ", \"rope_theta\": 500000.0, "
+                                  "\"rope_scaling\": {\"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                                  "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 64, "
+                                  "\"rope_type\": \"llama3\"}}",
+                             8, msg, sizeof msg, f, &has),
                      ZO_OK);
-    assert_int_equal(init_at(dev, "{\"model_type\": \"qwen2\", " TINY ", \"sliding_window\": 16, "
-                                  "\"use_sliding_window\": true, \"max_window_layers\": 0}",
-                             64, msg, sizeof msg),
-                     ZO_ERR_UNSUPPORTED);
-    assert_non_null(strstr(msg, "sliding_window 16"));
-    /* LLaMA-3.1's rope_scaling at any length; "default" is no scaling */
-    assert_int_equal(init_at(dev, "{\"model_type\": \"llama\", " TINY ", \"rope_scaling\": {\"factor\": 8.0, "
-                                  "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
-                                  "\"original_max_position_embeddings\": 8192, \"rope_type\": \"llama3\"}}",
-                             8, msg, sizeof msg),
-                     ZO_ERR_UNSUPPORTED);
-    if (!strstr(msg, "rope_scaling \"llama3\"")) fail_msg("%s", msg);
+    assert_int_equal(has, 1);
+    llama3_freq(want, 16, 500000.0, 8.0, 1.0, 4.0, 64.0);
+    int scaled = 0, blended = 0;
+    for (int i = 0; i < 8; i++) {
+        assert_true(fabs(f[i] - want[i]) <= 1e-12 * want[i]);
+        double plain = pow(500000.0, -2.0 * i / 16);
+        scaled += fabs(f[i] - plain / 8.0) < 1e-15 * plain;
+        blended += f[i] < plain * 0.99 && f[i] > plain / 8.0 * 1.01;
+    }
+    assert_true(scaled > 0 && blended > 0); /* both kinds of pair occur at this shape */
+    /* linear: every frequency over the factor */
+    assert_int_equal(init_at(dev, "{\"model_type\": \"llama\", " TINY ", \"rope_scaling\": {\"type\": "
+                                  "\"linear\", \"factor\": 4.0}}", 8, msg, sizeof msg, f, &has),
+                     ZO_OK);
+    for (int i = 0; i < 8; i++) assert_true(fabs(f[i] - pow(10000.0, -2.0 * i / 16) / 4.0) < 1e-15);
+    /* dynamic: unchanged within max_position_embeddings, refused past it */
+    const char *dyn = "{\"model_type\": \"llama\", " TINY ", \"max_position_embeddings\": 32, "
+                      "\"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}}";
+    assert_int_equal(init_at(dev, dyn, 32, msg, sizeof msg, f, &has), ZO_OK);
+    for (int i = 0; i < 8; i++) assert_true(fabs(f[i] - pow(10000.0, -2.0 * i / 16)) < 1e-15);
+    assert_int_equal(init_at(dev, dyn, 33, msg, sizeof msg, NULL, NULL), ZO_ERR_UNSUPPORTED);
+    if (!strstr(msg, "rope_scaling \"dynamic\"") || !strstr(msg, "33")) fail_msg("%s", msg);
     assert_int_equal(init_at(dev, "{\"model_type\": \"qwen2\", " TINY ", \"rope_scaling\": {\"type\": \"yarn\", "
-                                  "\"factor\": 4.0}}", 8, msg, sizeof msg),
+                                  "\"factor\": 4.0}}", 8, msg, sizeof msg, NULL, NULL),
                      ZO_ERR_UNSUPPORTED);
     assert_non_null(strstr(msg, "rope_scaling \"yarn\""));
     assert_int_equal(init_at(dev, "{\"model_type\": \"llama\", " TINY ", \"rope_scaling\": {\"rope_type\": "
-                                  "\"default\"}}", 8, msg, sizeof msg),
+                                  "\"default\"}}", 8, msg, sizeof msg, NULL, &has),
                      ZO_OK);
+    assert_int_equal(has, 0);
     gpu_device_free(dev);
 #undef TINY
 }
@@ -699,8 +731,8 @@ static void test_train_program(void **state)
     snprintf(cmd, sizeof cmd, "%s --help", ZO_TRAIN_BIN);
     assert_int_equal(run_capture(cmd, out, sizeof out), 0);
     assert_non_null(strstr(out, "--device-mem"));
-    /* a Mistral whose sliding window the sequence passes is bad input (2),
-     * named; within the window it trains */
+    /* a Mistral whose sliding window the sequence passes trains (the window
+     * masks); a rope_scaling it does not compute is bad input (2), named */
     f = fopen(cfg, "w");
     fprintf(f, "{\"model_type\": \"mistral\", \"num_hidden_layers\": 1, \"hidden_size\": 32,"
                " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 64,"
@@ -709,11 +741,14 @@ static void test_train_program(void **state)
     fclose(f);
     snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --seq 32 --steps 1 --threads 2 2>&1", ZO_TRAIN_BIN,
              cfg, text);
-    assert_int_equal(run_capture(cmd, out, sizeof out), 2);
-    assert_non_null(strstr(out, "sliding_window 16"));
-    snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --seq 16 --steps 1 --threads 2 2>&1", ZO_TRAIN_BIN,
-             cfg, text);
     assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+    f = fopen(cfg, "w");
+    fprintf(f, "{\"model_type\": \"llama\", \"num_hidden_layers\": 1, \"hidden_size\": 32,"
+               " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 64,"
+               " \"vocab_size\": 256, \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}}\n");
+    fclose(f);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 2);
+    assert_non_null(strstr(out, "rope_scaling \"yarn\""));
 
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);

@@ -108,6 +108,70 @@ static size_t largest_linear(const zo_model_config *c)
     return most;
 }
 
+/* The rotary frequencies of c's rope_scaling, as Hugging Face computes them
+ * (its ROPE_INIT_FUNCTIONS), for sequences up to T: f[i] = theta^(-2i/d),
+ * then linear: f / factor; llama3: f / factor for wavelengths past
+ * original / low_freq_factor, f below original / high_freq_factor, and a
+ * blend between; dynamic: f itself within its original length. Other kinds
+ * (yarn, longrope, ...) also scale the attention: ZO_ERR_UNSUPPORTED, by name. */
+static zo_status rope_frequencies(const zo_model_config *c, int T, double *f)
+{
+    const int d = c->head_dim, half = d / 2;
+    const char *kind = c->rope_scaling;
+    for (int i = 0; i < half; i++) f[i] = pow((double)c->rope_theta, -2.0 * i / d);
+    if (!strcmp(kind, "linear")) {
+        for (int i = 0; i < half; i++) f[i] /= c->rope_factor;
+    } else if (!strcmp(kind, "llama3")) {
+        double orig = c->rope_original_max, lo = c->rope_low_freq_factor, hi = c->rope_high_freq_factor;
+        for (int i = 0; i < half; i++) {
+            double wavelen = 2.0 * M_PI / f[i];
+            if (wavelen > orig / lo) {
+                f[i] /= c->rope_factor;
+            } else if (wavelen >= orig / hi) {
+                double smooth = (orig / wavelen - lo) / (hi - lo);
+                f[i] = (1.0 - smooth) * f[i] / c->rope_factor + smooth * f[i];
+            }
+        }
+    } else if (!strcmp(kind, "dynamic")) {
+        if (T > c->rope_original_max)
+            return zo_error(ZO_ERR_UNSUPPORTED,
+                            "tf_init: model %s: rope_scaling \"dynamic\" changes the rotary frequencies past "
+                            "%d positions, and the sequence is %d (the transformer computes it up to %d)",
+                            c->name, c->rope_original_max, T, c->rope_original_max);
+    } else {
+        return zo_error(ZO_ERR_UNSUPPORTED,
+                        "tf_init: model %s: rope_scaling \"%s\" is not computed here (llama3, linear and "
+                        "dynamic within its original length are)",
+                        c->name, kind);
+    }
+    return ZO_OK;
+}
+
+/* A rope_scaling's frequencies into device memory (m->rope_freq). */
+static zo_status rope_upload(tf_model *m)
+{
+    const zo_model_config *c = &m->cfg;
+    if (!c->rope_scaling[0] || c->arch == ZO_ARCH_GPT) return ZO_OK;
+    size_t bytes = (size_t)(c->head_dim / 2) * sizeof(double);
+    double *host = malloc(bytes);
+    if (!host) return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory");
+    gpu_stream_t s = NULL;
+    zo_status st = rope_frequencies(c, m->T, host);
+    if (st == ZO_OK) st = gpu_mem_alloc(m->dev, bytes, (void **)&m->rope_freq);
+    if (st == ZO_OK) st = gpu_stream_create(m->dev, &s);
+    if (st == ZO_OK) st = gpu_memcpy_async(s, m->rope_freq, host, bytes, GPU_COPY_HOST_TO_DEVICE);
+    if (st == ZO_OK) st = gpu_stream_synchronize(s);
+    gpu_stream_destroy(s);
+    free(host);
+    return st;
+}
+
+/* The sliding window of layer l (0: none). */
+static int layer_window(const tf_model *m, int l)
+{
+    return l >= m->cfg.window_from_layer ? m->cfg.sliding_window : 0;
+}
+
 zo_status tf_init(tf_model *m, const zo_model_config *cfg, gpu_device_t dev, zo_dtype dtype,
                   int B, int T)
 {
@@ -136,22 +200,6 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         model_layout_free(&m->layout);
         return zo_error(ZO_ERR_INVALID, "tf_init: sequence %d exceeds the %d learned positions of %s",
                         T, c->max_seq, c->name);
-    }
-    /* The attention here lets every query see every earlier position, and
-     * the rotary embedding turns at rope_theta's frequencies: a model whose
-     * family does otherwise is refused rather than approximated. A window
-     * covering the whole sequence masks nothing. */
-    if (c->rope_scaling[0] || (c->sliding_window && T > c->sliding_window)) {
-        model_layout_free(&m->layout);
-        if (c->rope_scaling[0])
-            return zo_error(ZO_ERR_UNSUPPORTED,
-                            "tf_init: model %s: rope_scaling \"%s\" rescales the rotary frequencies, which the "
-                            "transformer does not (it computes rope_theta's at every position)",
-                            c->name, c->rope_scaling);
-        return zo_error(ZO_ERR_UNSUPPORTED,
-                        "tf_init: model %s: sliding_window %d: its queries see only the last %d positions, "
-                        "the transformer's every earlier one; they agree on sequences up to %d, not %d",
-                        c->name, c->sliding_window, c->sliding_window, c->sliding_window, T);
     }
     size_t N = (size_t)B * T, es = zo_dtype_size(dtype), h = c->hidden, f = c->ffn;
     size_t L = c->n_layers;
@@ -213,6 +261,8 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         {&m->wdq, lora && m->opts.lora.nf4 ? largest_linear(c) * es : 0, "dequantized weight"},
     };
     if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) goto out_free;
+    /* a rope_scaling's frequencies (what it does not compute is refused here) */
+    if ((st = rope_upload(m)) != ZO_OK) goto out_free;
     return ZO_OK;
 
 out_free:
@@ -227,6 +277,7 @@ void tf_free(tf_model *m)
     size_t L = m->cfg.n_layers;
     gpu_mem_free(d, m->tokens);
     gpu_mem_free(d, m->targets);
+    gpu_mem_free(d, m->rope_freq);
     if (m->res && !m->opts.external_res)
         for (size_t l = 0; l <= L; l++) gpu_mem_free(d, m->res[l]);
     size_t n_sets = m->opts.recompute ? (L ? 1 : 0) : L;
@@ -568,9 +619,10 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
         (st = lora_forward(m, s, l, bb, TF_LORA_QKV, ln1, qkv, ld)) != ZO_OK)
         return st;
     if (!is_gpt(m) && (st = gpu_rope_forward(s, qkv, N, m->t, c->n_heads + c->n_kv_heads,
-                                             c->head_dim, ld, c->rope_theta, 0)) != ZO_OK)
+                                             c->head_dim, ld, c->rope_theta, 0, m->rope_freq)) != ZO_OK)
         return st;
-    gpu_attn_desc ad = {.b = m->b, .t = m->t, .hq = c->n_heads, .hkv = c->n_kv_heads, .d = c->head_dim};
+    gpu_attn_desc ad = {.b = m->b, .t = m->t, .hq = c->n_heads, .hkv = c->n_kv_heads, .d = c->head_dim,
+                        .window = layer_window(m, l)};
     if ((st = gpu_attention_forward(s, &ad, att, a->lse, qkv)) != ZO_OK) return st;
     /* x_mid = x + att Wo^T (+ bo) */
     if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_ATTN_OUT_W, MODEL_ROLE_ATTN_OUT_B, tmp, h,
@@ -663,10 +715,11 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
                                    qw)) != ZO_OK ||
         (st = lora_backward(m, s, l, bb, TF_LORA_O, dres, h, att, datt)) != ZO_OK)
         return st;
-    gpu_attn_desc ad = {.b = m->b, .t = m->t, .hq = c->n_heads, .hkv = c->n_kv_heads, .d = c->head_dim};
+    gpu_attn_desc ad = {.b = m->b, .t = m->t, .hq = c->n_heads, .hkv = c->n_kv_heads, .d = c->head_dim,
+                        .window = layer_window(m, l)};
     if ((st = gpu_attention_backward(s, &ad, dqkv, datt, qkv, att, a->lse)) != ZO_OK) return st;
     if (!is_gpt(m) && (st = gpu_rope_backward(s, dqkv, N, m->t, c->n_heads + c->n_kv_heads,
-                                              c->head_dim, ld, c->rope_theta, 0)) != ZO_OK)
+                                              c->head_dim, ld, c->rope_theta, 0, m->rope_freq)) != ZO_OK)
         return st;
     if ((st = base_linear_backward(m, s, W, blk, MODEL_ROLE_QKV_W, dh, 0.0f, GV(MODEL_ROLE_QKV_W),
                                    GV(MODEL_ROLE_QKV_B), dqkv, ln1, N, ld, h)) != ZO_OK ||
