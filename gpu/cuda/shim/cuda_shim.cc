@@ -229,6 +229,10 @@ bool ensure_stacks(runtime &r, unsigned n)
     void *m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
     if (m == MAP_FAILED) return false;
+#ifdef ZO_SHIM_ASAN
+    /* the addresses may have held stacks whose frames never returned */
+    __asan_unpoison_memory_region(m, bytes);
+#endif
     r.map = static_cast<char *>(m);
     r.map_bytes = bytes;
     r.stack_bytes = STACK_BYTES;
