@@ -67,21 +67,21 @@ __global__ void swiglu_backward_kernel(gpu_tensor dgate, gpu_tensor dup, gpu_ten
 extern "C" zo_status cuda_launch_gelu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor x,
                                               size_t n)
 {
-    gelu_forward_kernel<<<grid_for(n, BS), BS, 0, st>>>(y, x, n);
+    ZO_LAUNCH(gelu_forward_kernel, grid_for(n, BS), BS, 0, st, y, x, n);
     return cuda_launch_check("gelu_forward_kernel");
 }
 
 extern "C" zo_status cuda_launch_gelu_backward(cudaStream_t st, gpu_tensor dx, gpu_tensor dy,
                                                gpu_tensor x, size_t n)
 {
-    gelu_backward_kernel<<<grid_for(n, BS), BS, 0, st>>>(dx, dy, x, n);
+    ZO_LAUNCH(gelu_backward_kernel, grid_for(n, BS), BS, 0, st, dx, dy, x, n);
     return cuda_launch_check("gelu_backward_kernel");
 }
 
 extern "C" zo_status cuda_launch_swiglu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor gate,
                                                 gpu_tensor up, size_t n)
 {
-    swiglu_forward_kernel<<<grid_for(n, BS), BS, 0, st>>>(y, gate, up, n);
+    ZO_LAUNCH(swiglu_forward_kernel, grid_for(n, BS), BS, 0, st, y, gate, up, n);
     return cuda_launch_check("swiglu_forward_kernel");
 }
 
@@ -89,6 +89,6 @@ extern "C" zo_status cuda_launch_swiglu_backward(cudaStream_t st, gpu_tensor dga
                                                  gpu_tensor dup, gpu_tensor dy, gpu_tensor gate,
                                                  gpu_tensor up, size_t n)
 {
-    swiglu_backward_kernel<<<grid_for(n, BS), BS, 0, st>>>(dgate, dup, dy, gate, up, n);
+    ZO_LAUNCH(swiglu_backward_kernel, grid_for(n, BS), BS, 0, st, dgate, dup, dy, gate, up, n);
     return cuda_launch_check("swiglu_backward_kernel");
 }

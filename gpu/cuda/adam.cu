@@ -35,6 +35,6 @@ extern "C" zo_status cuda_launch_adam_update(cudaStream_t st, const gpu_adam_con
                                              float *param, gpu_tensor grad, float *m, float *v,
                                              gpu_tensor out16)
 {
-    adam_update_kernel<<<grid_for(n, BS), BS, 0, st>>>(*c, n, param, grad, m, v, out16);
+    ZO_LAUNCH(adam_update_kernel, grid_for(n, BS), BS, 0, st, *c, n, param, grad, m, v, out16);
     return cuda_launch_check("adam_update_kernel");
 }

@@ -56,7 +56,7 @@ __device__ void load_tile(float *dst, int ldd, gpu_tensor src, const attn_geom &
 template <int DPL>
 __global__ void attention_forward_kernel(gpu_tensor out, float *lse, gpu_tensor qkv, attn_geom G)
 {
-    extern __shared__ float smem[];
+    ZO_EXTERN_SHARED(float, smem);
     const int d = G.d, dp = d + 1;
     float *Ks = smem, *Vs = Ks + TK * dp, *Qs = Vs + TK * d;
     const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
@@ -116,7 +116,7 @@ template <int DPL>
 __global__ void attention_backward_dq_kernel(gpu_tensor dqkv, gpu_tensor dout, gpu_tensor qkv,
                                              gpu_tensor out, const float *lse, attn_geom G)
 {
-    extern __shared__ float smem[];
+    ZO_EXTERN_SHARED(float, smem);
     const int d = G.d, dp = d + 1;
     float *Ks = smem, *Vs = Ks + TK * dp, *Qs = Vs + TK * dp, *dOs = Qs + NW * d;
     const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
@@ -181,7 +181,7 @@ template <int DPL>
 __global__ void attention_backward_dkv_kernel(gpu_tensor dqkv, gpu_tensor dout, gpu_tensor qkv,
                                               gpu_tensor out, const float *lse, attn_geom G)
 {
-    extern __shared__ float smem[];
+    ZO_EXTERN_SHARED(float, smem);
     const int d = G.d, dp = d + 1;
     float *Qs = smem, *dOs = Qs + TK * dp, *Ls = dOs + TK * dp, *Ds = Ls + TK;
     float *Kw = Ds + TK, *Vw = Kw + NW * d;
@@ -308,7 +308,7 @@ static zo_status forward_dpl(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor
     zo_status s = allow_smem(attention_forward_kernel<DPL>, smem, "attention_forward_kernel");
     if (s != ZO_OK) return s;
     dim3 grid((a->t + NW - 1) / NW, a->hq, a->b);
-    attention_forward_kernel<DPL><<<grid, NW * WARP, smem, st>>>(out, lse, qkv, G);
+    ZO_LAUNCH(attention_forward_kernel<DPL>, grid, NW * WARP, smem, st, out, lse, qkv, G);
     return cuda_launch_check("attention_forward_kernel");
 }
 
@@ -325,13 +325,13 @@ static zo_status backward_dpl(cudaStream_t st, const gpu_attn_desc *a, gpu_tenso
     s = allow_smem(attention_backward_dkv_kernel<DPL>, smem_dkv, "attention_backward_dkv_kernel");
     if (s != ZO_OK) return s;
     dim3 grid_dq((a->t + NW - 1) / NW, a->hq, a->b);
-    attention_backward_dq_kernel<DPL><<<grid_dq, NW * WARP, smem_dq, st>>>(dqkv, dout, qkv, out,
-                                                                          lse, G);
+    ZO_LAUNCH(attention_backward_dq_kernel<DPL>, grid_dq, NW * WARP, smem_dq, st, dqkv, dout, qkv,
+              out, lse, G);
     s = cuda_launch_check("attention_backward_dq_kernel");
     if (s != ZO_OK) return s;
     dim3 grid_dkv((a->t + NW - 1) / NW, a->hkv, a->b);
-    attention_backward_dkv_kernel<DPL><<<grid_dkv, NW * WARP, smem_dkv, st>>>(dqkv, dout, qkv,
-                                                                             out, lse, G);
+    ZO_LAUNCH(attention_backward_dkv_kernel<DPL>, grid_dkv, NW * WARP, smem_dkv, st, dqkv, dout,
+              qkv, out, lse, G);
     return cuda_launch_check("attention_backward_dkv_kernel");
 }
 

@@ -39,7 +39,7 @@ __global__ void bias_backward_kernel(gpu_tensor dbias, gpu_tensor dy, int n, int
 extern "C" zo_status cuda_launch_bias_forward(cudaStream_t st, gpu_tensor y, gpu_tensor bias,
                                               int n, int c, int64_t ldy)
 {
-    bias_forward_kernel<<<grid_for((size_t)n * c, BS), BS, 0, st>>>(y, bias, n, c, ldy);
+    ZO_LAUNCH(bias_forward_kernel, grid_for((size_t)n * c, BS), BS, 0, st, y, bias, n, c, ldy);
     return cuda_launch_check("bias_forward_kernel");
 }
 
@@ -47,6 +47,6 @@ extern "C" zo_status cuda_launch_bias_backward(cudaStream_t st, gpu_tensor dbias
                                                int n, int c, int64_t lddy)
 {
     dim3 block(COLS, ROWG);
-    bias_backward_kernel<<<(c + COLS - 1) / COLS, block, 0, st>>>(dbias, dy, n, c, lddy);
+    ZO_LAUNCH(bias_backward_kernel, (c + COLS - 1) / COLS, block, 0, st, dbias, dy, n, c, lddy);
     return cuda_launch_check("bias_backward_kernel");
 }

@@ -2,15 +2,23 @@
  * helpers that turn CUDA/cuBLAS results into zo_status, and one launcher per
  * kernel family (each takes a stream, launches, and checks cudaGetLastError
  * right after the launch). device_cuda.c and gpu/cuda/<family>.cu include
- * this; nothing else does. */
+ * this; nothing else does, except under ZO_CUDA_SHIM: then the CUDA types
+ * are the shim's stand-ins (plain C11 may include this) and every function
+ * below is named shim_* (gpu/cuda/shim/shim_names.h), the kernels' host
+ * copies in zo_cuda_shim (docs/gpu-cuda.md, "The host shim"). */
 #ifndef ZO_GPU_CUDA_IMPL_H
 #define ZO_GPU_CUDA_IMPL_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef ZO_CUDA_SHIM
+#include "gpu/cuda/shim/cuda_shim_types.h" /* defines: cudaStream_t, cudaError_t, ... stand-ins */
+#include "gpu/cuda/shim/shim_names.h"      /* defines: cuda_launch_* -> shim_launch_* */
+#else
 #include <cublasLt.h>         /* defines: cublasLtHandle_t, cublasStatus_t */
 #include <cuda_runtime_api.h> /* defines: cudaStream_t, cudaError_t */
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -73,8 +81,10 @@ typedef struct cuda_event {
 
 /* ZO_OK for cudaSuccess, else ZO_ERR_DEVICE "<call>: <error string> (<name>)". */
 zo_status cuda_status(cudaError_t e, const char *call);
+#ifndef ZO_CUDA_SHIM
 /* The same for cuBLAS(Lt) results. */
 zo_status cuda_blas_status(cublasStatus_t e, const char *call);
+#endif
 /* cudaGetLastError() right after a launch of `kernel`. */
 zo_status cuda_launch_check(const char *kernel);
 
@@ -85,8 +95,10 @@ zo_status cuda_launch_check(const char *kernel);
  * operand beside a 16-bit one is rounded to 16 bits in scratch from `pool`);
  * dtype combinations cuBLASLt lacks, or shapes it finds no algorithm for,
  * go to a plain tiled kernel with fp32 accumulation. */
+#ifndef ZO_CUDA_SHIM /* the shim has no cuBLASLt: the tiled kernel only */
 zo_status cuda_gemm(cudaStream_t st, cublasLtHandle_t lt, cudaMemPool_t pool, void *workspace,
                     size_t ws_bytes, const gpu_gemm_desc *d);
+#endif
 zo_status cuda_launch_gemm_tiled(cudaStream_t st, const gpu_gemm_desc *d);
 
 /* bias.cu */

@@ -32,13 +32,13 @@ __global__ void cast_kernel(gpu_tensor dst, gpu_tensor src, size_t n)
 extern "C" zo_status cuda_launch_add(cudaStream_t st, gpu_tensor y, gpu_tensor a, gpu_tensor b,
                                      size_t n)
 {
-    add_kernel<<<grid_for(n, BS), BS, 0, st>>>(y, a, b, n);
+    ZO_LAUNCH(add_kernel, grid_for(n, BS), BS, 0, st, y, a, b, n);
     return cuda_launch_check("add_kernel");
 }
 
 extern "C" zo_status cuda_launch_scale(cudaStream_t st, gpu_tensor x, float alpha, size_t n)
 {
-    scale_kernel<<<grid_for(n, BS), BS, 0, st>>>(x, alpha, n);
+    ZO_LAUNCH(scale_kernel, grid_for(n, BS), BS, 0, st, x, alpha, n);
     return cuda_launch_check("scale_kernel");
 }
 
@@ -53,6 +53,6 @@ extern "C" zo_status cuda_launch_cast(cudaStream_t st, gpu_tensor dst, gpu_tenso
                                            cudaMemcpyDeviceToDevice, st),
                            "cudaMemcpyAsync (gpu_cast, same type)");
     }
-    cast_kernel<<<grid_for(n, BS), BS, 0, st>>>(dst, src, n);
+    ZO_LAUNCH(cast_kernel, grid_for(n, BS), BS, 0, st, dst, src, n);
     return cuda_launch_check("cast_kernel");
 }

@@ -60,8 +60,8 @@ extern "C" zo_status cuda_launch_embedding_forward(cudaStream_t st, cuda_err_rec
                                                    gpu_tensor wte, gpu_tensor wpe, int n, int t,
                                                    int c, int vocab)
 {
-    embedding_forward_kernel<<<grid_for((size_t)n * c, 256), 256, 0, st>>>(err, out, tokens, wte,
-                                                                          wpe, n, t, c, vocab);
+    ZO_LAUNCH(embedding_forward_kernel, grid_for((size_t)n * c, 256), 256, 0, st, err, out, tokens,
+              wte, wpe, n, t, c, vocab);
     return cuda_launch_check("embedding_forward_kernel");
 }
 
@@ -71,6 +71,7 @@ extern "C" zo_status cuda_launch_embedding_backward(cudaStream_t st, cuda_err_re
                                                     int t, int c, int vocab)
 {
     dim3 grid((c + BS - 1) / BS, PARTS);
-    embedding_backward_kernel<<<grid, BS, 0, st>>>(err, dwte, dwpe, dout, tokens, n, t, c, vocab);
+    ZO_LAUNCH(embedding_backward_kernel, grid, BS, 0, st, err, dwte, dwpe, dout, tokens, n, t, c,
+              vocab);
     return cuda_launch_check("embedding_backward_kernel");
 }

@@ -66,11 +66,12 @@ extern "C" zo_status cuda_launch_gemm_tiled(cudaStream_t st, const gpu_gemm_desc
         return zo_error(ZO_ERR_UNSUPPORTED, "gpu_gemm (cuda, tiled): m %d is too large", d->m);
     dim3 block(TILE, TILE);
     dim3 grid((d->n + TILE - 1) / TILE, (d->m + TILE - 1) / TILE, batch < 65535 ? batch : 65535);
-    gemm_tiled_kernel<<<grid, block, 0, st>>>(*d, batch);
+    ZO_LAUNCH(gemm_tiled_kernel, grid, block, 0, st, *d, batch);
     return cuda_launch_check("gemm_tiled_kernel");
 }
 
-/* ---- cuBLASLt ----------------------------------------------------------------- */
+/* ---- cuBLASLt (not in the host shim, which runs the tiled kernel only) -------- */
+#ifndef ZO_CUDA_SHIM
 
 static cudaDataType_t lt_type(zo_dtype t)
 {
@@ -239,3 +240,4 @@ extern "C" zo_status cuda_gemm(cudaStream_t st, cublasLtHandle_t lt, cudaMemPool
     if (!lt_types_ok(d)) return cuda_launch_gemm_tiled(st, d);
     return gemm_lt(st, lt, workspace, ws_bytes, d);
 }
+#endif /* ZO_CUDA_SHIM */

@@ -1,17 +1,40 @@
 /* Device helpers shared by the kernel families: element access in any
  * storage type (fp32 arithmetic, round-to-nearest-even stores, as the CPU
  * backend's zo_load_f32/zo_store_f32), warp and block reductions in a fixed
- * order, and the grid size of a grid-stride loop. */
+ * order, the grid size of a grid-stride loop, and the two macros through
+ * which a kernel source launches and declares dynamic shared memory, so
+ * that it compiles unchanged for nvcc and for the host shim (ZO_CUDA_SHIM,
+ * gpu/cuda/shim/: docs/gpu-cuda.md, "The host shim"). */
 #ifndef ZO_GPU_CUDA_KERNELS_CUH
 #define ZO_GPU_CUDA_KERNELS_CUH
 
+#ifdef ZO_CUDA_SHIM
+#include "gpu/cuda/shim/cuda_shim.h" /* defines: the CUDA vocabulary on the host */
+#else
 #include <cuda_bf16.h> /* defines: __nv_bfloat16, __bfloat162float, __float2bfloat16_rn */
 #include <cuda_fp16.h> /* defines: __half, __half2float, __float2half_rn */
+#endif
 
 #include "gpu/cuda/cuda_impl.h" /* defines: gpu_tensor, launcher prototypes */
 
 #define WARP 32
 #define FULL_MASK 0xffffffffu
+
+/* ZO_LAUNCH(kernel, grid, block, smem, stream, args...) is
+ * kernel<<<grid, block, smem, stream>>>(args...) for nvcc, and under the
+ * shim a host launch that runs the kernel before it returns (at least one
+ * argument). ZO_EXTERN_SHARED(type, name) declares the kernel's dynamic
+ * shared memory, `extern __shared__ type name[]`; under the shim a pointer
+ * to the launch's smem bytes. */
+#ifdef ZO_CUDA_SHIM
+#define ZO_LAUNCH(kernel, grid, block, smem, stream, ...)                                   \
+    zo_shim_launch(#kernel, kernel, grid, block, smem, stream, __VA_ARGS__)
+#define ZO_EXTERN_SHARED(type, name) type *const name = static_cast<type *>(zo_shim_dynamic_smem())
+#else
+#define ZO_LAUNCH(kernel, grid, block, smem, stream, ...)                                   \
+    kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+#define ZO_EXTERN_SHARED(type, name) extern __shared__ type name[]
+#endif
 
 /* Element i of t as fp32 (zo_dtype: 0 fp32, 1 fp16, 2 bf16). */
 __device__ __forceinline__ float tload(gpu_tensor t, size_t i)

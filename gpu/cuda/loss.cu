@@ -67,7 +67,7 @@ extern "C" zo_status cuda_launch_cross_entropy_forward(cudaStream_t st, cuda_err
                                                        float *losses, gpu_tensor logits,
                                                        const int32_t *targets, int n, int v)
 {
-    cross_entropy_forward_kernel<<<n, BS, 0, st>>>(err, losses, logits, targets, v);
+    ZO_LAUNCH(cross_entropy_forward_kernel, n, BS, 0, st, err, losses, logits, targets, v);
     return cuda_launch_check("cross_entropy_forward_kernel");
 }
 
@@ -76,6 +76,6 @@ extern "C" zo_status cuda_launch_cross_entropy_backward(cudaStream_t st, cuda_er
                                                         const int32_t *targets, float dloss,
                                                         int n, int v)
 {
-    cross_entropy_backward_kernel<<<n, BS, 0, st>>>(err, dlogits, logits, targets, dloss, v);
+    ZO_LAUNCH(cross_entropy_backward_kernel, n, BS, 0, st, err, dlogits, logits, targets, dloss, v);
     return cuda_launch_check("cross_entropy_backward_kernel");
 }

@@ -46,7 +46,7 @@ extern "C" zo_status cuda_launch_nf4_dequantize(cudaStream_t st, gpu_tensor out,
     nf4_tables tab;
     zo_nf4_absmax_map(tab.map);
     for (int k = 0; k < 16; k++) tab.code[k] = zo_nf4_code[k];
-    nf4_dequantize_kernel<<<grid_for((n + 1) / 2, BS), BS, 0, st>>>(
-        out, (const uint8_t *)nf4, n, L.off_absq, L.off_codes, tab);
+    ZO_LAUNCH(nf4_dequantize_kernel, grid_for((n + 1) / 2, BS), BS, 0, st, out,
+              (const uint8_t *)nf4, n, L.off_absq, L.off_codes, tab);
     return cuda_launch_check("nf4_dequantize_kernel");
 }

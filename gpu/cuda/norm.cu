@@ -131,8 +131,8 @@ static zo_status launch_param_grads(cudaStream_t st, gpu_tensor dw, gpu_tensor d
                                     int c)
 {
     dim3 block(COLS, ROWG);
-    norm_param_grads_kernel<<<(c + COLS - 1) / COLS, block, 0, st>>>(dw, db, dy, x, mean, rstd,
-                                                                      n, c);
+    ZO_LAUNCH(norm_param_grads_kernel, (c + COLS - 1) / COLS, block, 0, st, dw, db, dy, x, mean,
+              rstd, n, c);
     return cuda_launch_check("norm_param_grads_kernel");
 }
 
@@ -140,8 +140,8 @@ extern "C" zo_status cuda_launch_layernorm_forward(cudaStream_t st, gpu_tensor y
                                                    float *rstd, gpu_tensor x, gpu_tensor w,
                                                    gpu_tensor b, int n, int c, float eps)
 {
-    layernorm_forward_kernel<<<row_blocks(n), ROWS_PER_BLOCK * WARP, 0, st>>>(y, mean, rstd, x, w,
-                                                                              b, n, c, eps);
+    ZO_LAUNCH(layernorm_forward_kernel, row_blocks(n), ROWS_PER_BLOCK * WARP, 0, st, y, mean, rstd,
+              x, w, b, n, c, eps);
     return cuda_launch_check("layernorm_forward_kernel");
 }
 
@@ -150,10 +150,11 @@ extern "C" zo_status cuda_launch_layernorm_backward(cudaStream_t st, gpu_tensor 
                                                     gpu_tensor w, const float *mean,
                                                     const float *rstd, int n, int c)
 {
-    layernorm_backward_dx_kernel<<<row_blocks(n), ROWS_PER_BLOCK * WARP, 0, st>>>(
-        dx, dy, x, w, mean, rstd, n, c);
+    ZO_LAUNCH(layernorm_backward_dx_kernel, row_blocks(n), ROWS_PER_BLOCK * WARP, 0, st, dx, dy, x,
+              w, mean, rstd, n, c);
     zo_status s = cuda_launch_check("layernorm_backward_dx_kernel");
-    if (s != ZO_OK) return s;
+    if (s != ZO_OK)
+        return s;
     return launch_param_grads(st, dw, db, dy, x, mean, rstd, n, c);
 }
 
@@ -161,8 +162,8 @@ extern "C" zo_status cuda_launch_rmsnorm_forward(cudaStream_t st, gpu_tensor y, 
                                                  gpu_tensor x, gpu_tensor w, int n, int c,
                                                  float eps)
 {
-    rmsnorm_forward_kernel<<<row_blocks(n), ROWS_PER_BLOCK * WARP, 0, st>>>(y, rstd, x, w, n, c,
-                                                                            eps);
+    ZO_LAUNCH(rmsnorm_forward_kernel, row_blocks(n), ROWS_PER_BLOCK * WARP, 0, st, y, rstd, x, w, n,
+              c, eps);
     return cuda_launch_check("rmsnorm_forward_kernel");
 }
 
@@ -170,8 +171,8 @@ extern "C" zo_status cuda_launch_rmsnorm_backward(cudaStream_t st, gpu_tensor dx
                                                   gpu_tensor dy, gpu_tensor x, gpu_tensor w,
                                                   const float *rstd, int n, int c)
 {
-    rmsnorm_backward_dx_kernel<<<row_blocks(n), ROWS_PER_BLOCK * WARP, 0, st>>>(dx, dy, x, w,
-                                                                                rstd, n, c);
+    ZO_LAUNCH(rmsnorm_backward_dx_kernel, row_blocks(n), ROWS_PER_BLOCK * WARP, 0, st, dx, dy, x, w,
+              rstd, n, c);
     zo_status s = cuda_launch_check("rmsnorm_backward_dx_kernel");
     if (s != ZO_OK) return s;
     gpu_tensor none = {NULL, ZO_DTYPE_F32};

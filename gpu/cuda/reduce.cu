@@ -41,16 +41,18 @@ __global__ void sum_squares_final_kernel(float *sum, const double *partials, int
 extern "C" zo_status cuda_launch_check_finite(cudaStream_t st, int32_t *flag, gpu_tensor x,
                                               size_t n)
 {
-    check_finite_kernel<<<grid_for(n, BS), BS, 0, st>>>(flag, x, n);
+    ZO_LAUNCH(check_finite_kernel, grid_for(n, BS), BS, 0, st, flag, x, n);
     return cuda_launch_check("check_finite_kernel");
 }
 
 extern "C" zo_status cuda_launch_sum_squares(cudaStream_t st, float *sum, gpu_tensor x, size_t n,
                                              double *partials)
 {
-    sum_squares_partial_kernel<<<CUDA_SUMSQ_BLOCKS, BS, 0, st>>>(partials, x, n);
+    ZO_LAUNCH(sum_squares_partial_kernel, CUDA_SUMSQ_BLOCKS, BS, 0, st, partials, x, n);
     zo_status s = cuda_launch_check("sum_squares_partial_kernel");
-    if (s != ZO_OK) return s;
-    sum_squares_final_kernel<<<1, CUDA_SUMSQ_BLOCKS, 0, st>>>(sum, partials, CUDA_SUMSQ_BLOCKS);
+    if (s != ZO_OK)
+        return s;
+    ZO_LAUNCH(sum_squares_final_kernel, 1, CUDA_SUMSQ_BLOCKS, 0, st, sum, partials,
+              CUDA_SUMSQ_BLOCKS);
     return cuda_launch_check("sum_squares_final_kernel");
 }

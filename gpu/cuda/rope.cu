@@ -33,7 +33,7 @@ extern "C" zo_status cuda_launch_rope(cudaStream_t st, gpu_tensor x, int n, int 
                                       int d, int64_t ldx, float theta, int pos0, int inverse)
 {
     size_t total = (size_t)n * n_heads * (d / 2);
-    rope_kernel<<<grid_for(total, BS), BS, 0, st>>>(x, n, t, n_heads, d, ldx, theta, pos0,
-                                                    inverse);
+    ZO_LAUNCH(rope_kernel, grid_for(total, BS), BS, 0, st, x, n, t, n_heads, d, ldx, theta, pos0,
+              inverse);
     return cuda_launch_check("rope_kernel");
 }
