@@ -5,7 +5,9 @@
  *
  * Layout (gpu/device.h): qkv [b, t, (hq + 2*hkv) * d], per token the hq query
  * heads, then hkv key heads, then hkv value heads; query head h reads kv head
- * h / (hq / hkv). out [b, t, hq*d], lse [b, hq, t], dqkv like qkv.
+ * h / (hq / hkv). out [b, t, hq*d], lse [b, hq, t], dqkv like qkv. With a
+ * sliding window (G.window > 0) query i sees keys i - window < j <= i: the
+ * tiles wholly outside it are skipped, the keys outside it masked.
  *
  * Work split, chosen to be simple and free of atomics:
  * - forward and dQ: a block of NW warps per (query tile of NW rows, query
@@ -26,8 +28,13 @@
 /* Element offsets into qkv / out / lse. */
 struct attn_geom {
     int t, hq, hkv, d, grp;
+    int window;     /* > 0: query i sees keys i - window < j <= i */
     size_t ld, ldo; /* row strides of qkv and out */
     float scale;
+    /* the first key query i sees */
+    __device__ int first_key(int i) const { return window > 0 && i >= window ? i - window + 1 : 0; }
+    /* whether query i sees key j */
+    __device__ bool sees(int i, int j) const { return j <= i && (window <= 0 || i - j < window); }
     __device__ size_t q(int b, int i, int h) const { return ((size_t)b * t + i) * ld + (size_t)h * d; }
     __device__ size_t k(int b, int j, int g) const
     {
@@ -70,23 +77,25 @@ __global__ void attention_forward_kernel(gpu_tensor out, float *lse, gpu_tensor 
     float o[DPL], m = -INFINITY, l = 0.0f;
     for (int u = 0; u < DPL; u++) o[u] = 0.0f;
     const int last = min(i0 + NW, G.t) - 1; /* the block's last query row */
-    for (int j0 = 0; j0 <= last; j0 += TK) {
+    /* from the tile of the first key the block's first row sees */
+    for (int j0 = G.first_key(i0) / TK * TK; j0 <= last; j0 += TK) {
         __syncthreads(); /* the previous tile is no longer read; q is written */
         load_tile(Ks, dp, qkv, G, b, j0, (G.hq + g) * d);
         load_tile(Vs, d, qkv, G, b, j0, (G.hq + G.hkv + g) * d);
         __syncthreads();
-        if (!valid || j0 > i) continue; /* every key of the tile is masked */
+        /* every key of the tile is masked for this row */
+        if (!valid || j0 > i || j0 + TK - 1 < G.first_key(i)) continue;
         const int j = j0 + lane;
         float s = -INFINITY;
-        if (j <= i) {
+        if (G.sees(i, j)) {
             float acc = 0.0f;
             const float *kr = Ks + lane * dp;
             for (int k = 0; k < d; k++) acc += q[k] * kr[k];
             s = acc * G.scale;
         }
-        /* key j0 <= i is unmasked, so the new maximum is finite */
+        /* a key of the tile is unmasked, so the new maximum is finite */
         const float mnew = fmaxf(m, warp_max(s));
-        const float p = j <= i ? expf(s - mnew) : 0.0f;
+        const float p = G.sees(i, j) ? expf(s - mnew) : 0.0f;
         const float corr = expf(m - mnew); /* 0 on the first tile (m = -inf) */
         l = l * corr + warp_sum(p);
         for (int u = 0; u < DPL; u++) o[u] *= corr;
@@ -139,15 +148,15 @@ __global__ void attention_backward_dq_kernel(gpu_tensor dqkv, gpu_tensor dout, g
     float dq[DPL];
     for (int u = 0; u < DPL; u++) dq[u] = 0.0f;
     const int last = min(i0 + NW, G.t) - 1;
-    for (int j0 = 0; j0 <= last; j0 += TK) {
+    for (int j0 = G.first_key(i0) / TK * TK; j0 <= last; j0 += TK) {
         __syncthreads();
         load_tile(Ks, dp, qkv, G, b, j0, (G.hq + g) * d);
         load_tile(Vs, dp, qkv, G, b, j0, (G.hq + G.hkv + g) * d);
         __syncthreads();
-        if (!valid || j0 > i) continue;
+        if (!valid || j0 > i || j0 + TK - 1 < G.first_key(i)) continue;
         const int j = j0 + lane;
         float ds = 0.0f;
-        if (j <= i) {
+        if (G.sees(i, j)) {
             const float *kr = Ks + lane * dp, *vr = Vs + lane * dp;
             float sk = 0.0f, sv = 0.0f;
             for (int k = 0; k < d; k++) {
@@ -198,10 +207,12 @@ __global__ void attention_backward_dkv_kernel(gpu_tensor dqkv, gpu_tensor dout, 
 
     float dk[DPL], dv[DPL];
     for (int u = 0; u < DPL; u++) dk[u] = dv[u] = 0.0f;
-    /* query rows below the block's first key see none of its keys */
+    /* query rows below the block's first key see none of its keys, nor (with
+     * a window) rows at or past its last key + window */
     const int istart = jfirst / TK * TK;
+    const int iend = G.window > 0 ? min(G.t, jfirst + NW - 1 + G.window) : G.t;
     for (int h = g * G.grp; h < (g + 1) * G.grp; h++) {
-        for (int i0 = istart; i0 < G.t; i0 += TK) {
+        for (int i0 = istart; i0 < iend; i0 += TK) {
             __syncthreads(); /* the previous tile is no longer read */
             load_tile(Qs, dp, qkv, G, b, i0, h * d);
             for (int e = threadIdx.x; e < TK * d; e += blockDim.x) {
@@ -222,10 +233,11 @@ __global__ void attention_backward_dkv_kernel(gpu_tensor dqkv, gpu_tensor dout, 
                 if (lane == 0) Ds[ii] = acc;
             }
             __syncthreads();
-            if (!valid || i0 + TK - 1 < j) continue; /* every row of the tile is masked */
+            /* every row of the tile is masked for this key */
+            if (!valid || i0 + TK - 1 < j || (G.window > 0 && i0 - j >= G.window)) continue;
             const int i = i0 + lane;
             float p = 0.0f, ds = 0.0f;
-            if (i < G.t && i >= j) {
+            if (i < G.t && G.sees(i, j)) {
                 const float *qr = Qs + lane * dp, *gr = dOs + lane * dp;
                 float sk = 0.0f, sv = 0.0f;
                 for (int k = 0; k < d; k++) {
@@ -269,6 +281,7 @@ static attn_geom make_geom(const gpu_attn_desc *a)
     G.hkv = a->hkv;
     G.d = a->d;
     G.grp = a->hq / a->hkv;
+    G.window = a->window;
     G.ld = (size_t)(a->hq + 2 * a->hkv) * a->d;
     G.ldo = (size_t)a->hq * a->d;
     G.scale = 1.0f / sqrtf((float)a->d);

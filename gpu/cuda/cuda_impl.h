@@ -131,7 +131,8 @@ zo_status cuda_launch_attention_backward(cudaStream_t st, const gpu_attn_desc *a
 
 /* rope.cu */
 zo_status cuda_launch_rope(cudaStream_t st, gpu_tensor x, int n, int t, int n_heads, int d,
-                           int64_t ldx, float theta, int pos0, int inverse);
+                           int64_t ldx, float theta, int pos0, const double *inv_freq,
+                           int inverse);
 
 /* activation.cu */
 zo_status cuda_launch_gelu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor x, size_t n);
@@ -142,13 +143,15 @@ zo_status cuda_launch_swiglu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor g
 zo_status cuda_launch_swiglu_backward(cudaStream_t st, gpu_tensor dgate, gpu_tensor dup,
                                       gpu_tensor dy, gpu_tensor gate, gpu_tensor up, size_t n);
 
-/* embedding.cu */
+/* embedding.cu: the backward sorts the rows by token in `workspace` (the
+ * stream's cuBLASLt workspace, free between GEMMs on the same stream) */
 zo_status cuda_launch_embedding_forward(cudaStream_t st, cuda_err_rec *err, gpu_tensor out,
                                         const int32_t *tokens, gpu_tensor wte, gpu_tensor wpe,
                                         int n, int t, int c, int vocab);
-zo_status cuda_launch_embedding_backward(cudaStream_t st, cuda_err_rec *err, gpu_tensor dwte,
-                                         gpu_tensor dwpe, gpu_tensor dout,
-                                         const int32_t *tokens, int n, int t, int c, int vocab);
+zo_status cuda_launch_embedding_backward(cudaStream_t st, cuda_err_rec *err, void *workspace,
+                                         size_t ws_bytes, gpu_tensor dwte, gpu_tensor dwpe,
+                                         gpu_tensor dout, const int32_t *tokens, int n, int t,
+                                         int c, int vocab);
 
 /* loss.cu */
 zo_status cuda_launch_cross_entropy_forward(cudaStream_t st, cuda_err_rec *err, float *losses,

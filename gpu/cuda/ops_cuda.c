@@ -2,12 +2,16 @@
  * for its launcher in gpu/cuda/<family>.cu. */
 #include "gpu/cuda/ops_cuda.h" /* defines: cuda_exec, cuda_ops */
 
+/* cuBLASLt where there is a handle; the tiled kernel otherwise (the host
+ * shim, which has no cuBLASLt). */
 static zo_status cuda_run_gemm(const cuda_exec *e, const gpu_op_args *a)
 {
     gpu_gemm_desc d = a->d.gemm;
     d.a = a->t[0], d.b = a->t[1], d.c = a->t[2];
-    if (!e->lt) return cuda_launch_gemm_tiled(e->stream, &d);
-    return cuda_gemm(e->stream, e->lt, e->pool, e->workspace, e->ws_bytes, &d);
+#ifndef ZO_CUDA_SHIM
+    if (e->lt) return cuda_gemm(e->stream, e->lt, e->pool, e->workspace, e->ws_bytes, &d);
+#endif
+    return cuda_launch_gemm_tiled(e->stream, &d);
 }
 
 static zo_status cuda_run_bias_forward(const cuda_exec *e, const gpu_op_args *a)
@@ -60,7 +64,7 @@ static zo_status cuda_run_attention_backward(const cuda_exec *e, const gpu_op_ar
 static zo_status rope(const cuda_exec *e, const gpu_op_args *a, int inverse)
 {
     return cuda_launch_rope(e->stream, a->t[0], (int)a->i[0], (int)a->i[1], (int)a->i[2],
-                            (int)a->i[3], a->i[4], a->f[0], (int)a->i[5], inverse);
+                            (int)a->i[3], a->i[4], a->f[0], (int)a->i[5], a->p[0], inverse);
 }
 
 static zo_status cuda_run_rope_forward(const cuda_exec *e, const gpu_op_args *a)
@@ -102,8 +106,9 @@ static zo_status cuda_run_embedding_forward(const cuda_exec *e, const gpu_op_arg
 
 static zo_status cuda_run_embedding_backward(const cuda_exec *e, const gpu_op_args *a)
 {
-    return cuda_launch_embedding_backward(e->stream, e->err, a->t[0], a->t[1], a->t[2], a->p[0],
-                                          (int)a->i[0], (int)a->i[1], (int)a->i[2], (int)a->i[3]);
+    return cuda_launch_embedding_backward(e->stream, e->err, e->workspace, e->ws_bytes, a->t[0],
+                                          a->t[1], a->t[2], a->p[0], (int)a->i[0], (int)a->i[1],
+                                          (int)a->i[2], (int)a->i[3]);
 }
 
 static zo_status cuda_run_cross_entropy_forward(const cuda_exec *e, const gpu_op_args *a)

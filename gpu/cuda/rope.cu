@@ -1,5 +1,6 @@
 /* Rotary position embedding, Hugging Face LLaMA convention (rotate_half:
- * dimension i pairs with i + d/2, inv_freq[i] = theta^(-2i/d)), in place.
+ * dimension i pairs with i + d/2, inv_freq[i] = theta^(-2i/d) or the
+ * caller's frequencies), in place.
  * One thread per (row, head, pair); the angle is computed in double as in
  * the CPU reference, so long positions keep their precision. */
 #include "gpu/cuda/kernels.cuh" /* defines: tload, tstore, grid_for */
@@ -9,7 +10,7 @@
 /* x [n, ldx]: the first n_heads heads (d wide) of each row rotate by the
  * angle of position pos0 + r % t; inverse rotates back (the backward). */
 __global__ void rope_kernel(gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx,
-                            float theta, int pos0, int inverse)
+                            float theta, int pos0, const double *freq, int inverse)
 {
     const int half = d / 2;
     size_t total = (size_t)n * n_heads * half;
@@ -18,7 +19,7 @@ __global__ void rope_kernel(gpu_tensor x, int n, int t, int n_heads, int d, int6
         int i = (int)(idx % half);
         size_t rh = idx / half;
         int h = (int)(rh % n_heads), r = (int)(rh / n_heads);
-        double inv_freq = pow((double)theta, -2.0 * i / d);
+        double inv_freq = freq ? freq[i] : pow((double)theta, -2.0 * i / d);
         double ang = (double)(pos0 + r % t) * inv_freq;
         float c = (float)cos(ang), s = (float)sin(ang);
         if (inverse) s = -s;
@@ -30,10 +31,11 @@ __global__ void rope_kernel(gpu_tensor x, int n, int t, int n_heads, int d, int6
 }
 
 extern "C" zo_status cuda_launch_rope(cudaStream_t st, gpu_tensor x, int n, int t, int n_heads,
-                                      int d, int64_t ldx, float theta, int pos0, int inverse)
+                                      int d, int64_t ldx, float theta, int pos0,
+                                      const double *inv_freq, int inverse)
 {
     size_t total = (size_t)n * n_heads * (d / 2);
     ZO_LAUNCH(rope_kernel, grid_for(total, BS), BS, 0, st, x, n, t, n_heads, d, ldx, theta, pos0,
-              inverse);
+              inv_freq, inverse);
     return cuda_launch_check("rope_kernel");
 }

@@ -41,4 +41,7 @@
 #define cuda_launch_nf4_dequantize shim_launch_nf4_dequantize
 #define cuda_launch_adam_update shim_launch_adam_update
 
+/* the CUDA column of the op table (gpu/cuda/ops_cuda.c compiled for the host) */
+#define cuda_ops shim_cuda_ops
+
 #endif
