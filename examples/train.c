@@ -726,9 +726,9 @@ static zo_status open_device(const char *name, size_t capacity, int threads, gpu
         return gpu_device_init_cpu(&o, out);
     }
     zo_status st = gpu_device_open(name, capacity, out);
-    if (st == ZO_ERR_UNSUPPORTED)
-        return zo_error_wrap(st, "--device %s: rebuild with the CUDA toolkit (nvcc) installed, or "
-                                 "use --device cpu", name);
+    if (st == ZO_ERR_UNSUPPORTED) /* the message names what is missing: CUDA in the build, the
+                                   * backend's module, a library it needs or the driver */
+        return zo_error_wrap(st, "--device %s (or use --device cpu)", name);
     if (st == ZO_ERR_NOT_FOUND && !gpu_cuda_device_count())
         return zo_error_wrap(st, "--device %s: no CUDA GPU found on this machine (use --device cpu)",
                              name);

@@ -14,6 +14,7 @@
 
 #include "common/clock.h"
 #include "gpu/comm_impl.h" /* defines: comm_iface, struct comm, struct comm_request */
+#include "gpu/cuda_module.h" /* defines: gpu_cuda_module_get (the NCCL backend's module) */
 
 #define COMM_DEFAULT_TIMEOUT_S 300.0
 
@@ -36,6 +37,28 @@ zo_status comm_backend_parse(const char *s, comm_backend *out)
     return zo_error(ZO_ERR_INVALID, "unknown comm backend '%s' (expected auto, self, mpi or nccl)",
                     s ? s : "(null)");
 }
+
+#if defined(ZO_HAVE_NCCL) && ZO_HAVE_NCCL
+/* What the NCCL backend (in the CUDA module, gpu/cuda/comm_nccl.c) calls in
+ * the program: named here so every program that can start it keeps them. */
+__attribute__((used)) static void *const nccl_needs[] = {
+    (void *)comm_mpi_register, (void *)comm_mpi_unregister, (void *)comm_mpi_set_state,
+    (void *)comm_mpi_fault,    (void *)comm_mpi_fail,       (void *)comm_mpi_bcast_bytes,
+    (void *)comm_init,         (void *)comm_free,           (void *)comm_abort,
+    (void *)comm_rank,         (void *)comm_size,           (void *)comm_op_name,
+    (void *)comm_op_describe,
+};
+
+/* The NCCL backend lives in the CUDA module: open it there. */
+static zo_status comm_nccl_open(comm_t c)
+{
+    const gpu_cuda_module *m;
+    zo_status st = gpu_cuda_module_get(&m);
+    if (st != ZO_OK) return zo_error_wrap(st, "comm_init(nccl)");
+    if (!m->nccl_init) return zo_error(ZO_ERR_UNSUPPORTED, "comm_init(nccl): the CUDA module has no NCCL");
+    return m->nccl_init(c);
+}
+#endif
 
 int comm_backend_built(comm_backend b)
 {
@@ -189,7 +212,7 @@ zo_status comm_init(const comm_options *opt_in, comm_t *out)
     case COMM_BACKEND_MPI: st = comm_mpi_init(c); break;
 #endif
 #if defined(ZO_HAVE_NCCL) && ZO_HAVE_NCCL
-    case COMM_BACKEND_NCCL: st = comm_nccl_init(c); break;
+    case COMM_BACKEND_NCCL: st = comm_nccl_open(c); break;
 #endif
     default: st = comm_self_init(c); break;
     }

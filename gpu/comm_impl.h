@@ -110,6 +110,8 @@ void comm_mpi_fault(comm_t c, int id, uint64_t seq, const char *what) __attribut
 void comm_mpi_fail(comm_t c, const char *message) __attribute__((noreturn));
 #endif
 #if defined(ZO_HAVE_NCCL) && ZO_HAVE_NCCL
+/* gpu/cuda/comm_nccl.c, in the CUDA module (gpu/cuda_module.h); comm.c
+ * reaches it through the module's table */
 extern const comm_iface comm_nccl_iface;
 zo_status comm_nccl_init(comm_t c);
 #endif

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "gpu/cuda/cuda_impl.h"   /* defines: cuda_ctx, cuda_stream, launchers */
-#include "gpu/cuda/device_cuda.h" /* defines: gpu_cuda_options, gpu_device_init_cuda */
+#include "gpu/cuda/device_cuda.h" /* defines: gpu_cuda_options, cuda_device_init */
 #include "gpu/cuda/ops_cuda.h"    /* defines: cuda_exec, cuda_ops */
 
 #define POOL_ALIGN 256u
@@ -533,7 +533,20 @@ static const gpu_backend_iface cuda_iface = {
     .op = cuda_op,
 };
 
-zo_status gpu_device_init_cuda(const gpu_cuda_options *opt, gpu_device_t *out)
+/* CUDA devices usable here: 0 without a driver or a device (never an error). */
+int cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+/* gpu_device_init_cuda, as the module's table hands it out (gpu/device_open.c
+ * forwards to it). */
+zo_status cuda_device_init(const gpu_cuda_options *opt, gpu_device_t *out)
 {
     if (!out) return zo_error(ZO_ERR_INVALID, "gpu_device_init_cuda: NULL output");
     *out = NULL;

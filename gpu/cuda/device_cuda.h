@@ -1,9 +1,10 @@
 /* Opening a CUDA device with all of its options.
  *
- * gpu_device_init_cuda exists only in builds with CUDA (ZO_HAVE_CUDA is
- * defined to 1 for every target that links zo_gpu). gpu_device_open and
- * gpu_cuda_device_count (gpu/device.h) exist in every build, so programs can
- * name a device on their command line without build-time guards. */
+ * gpu_device_init_cuda, gpu_device_open and gpu_cuda_device_count exist in
+ * every build; the CUDA backend itself is a module that they open on first
+ * use (gpu/cuda_module.h), so a build without CUDA, or a machine without
+ * the module's libraries or a driver, gets ZO_ERR_UNSUPPORTED naming what
+ * is missing. */
 #ifndef ZO_GPU_CUDA_DEVICE_CUDA_H
 #define ZO_GPU_CUDA_DEVICE_CUDA_H
 
@@ -21,14 +22,17 @@ typedef struct gpu_cuda_options {
                         memory free on the device when it is opened */
 } gpu_cuda_options;
 
-#if defined(ZO_HAVE_CUDA) && ZO_HAVE_CUDA
 /* The CUDA backend: a stream-ordered memory pool with a capacity and a
  * high-water mark, pinned host memory, CUDA streams and events, cuBLASLt
  * GEMMs and one kernel family per gpu/cuda/<family>.cu. Fails with
  * ZO_ERR_NOT_FOUND when the ordinal does not name a device, ZO_ERR_DEVICE
- * (naming the CUDA call) when the device cannot be used. */
+ * (naming the CUDA call) when the device cannot be used, ZO_ERR_UNSUPPORTED
+ * when the module cannot be opened. */
 zo_status gpu_device_init_cuda(const gpu_cuda_options *opt, gpu_device_t *out);
-#endif
+
+/* The same inside the module (gpu/cuda/device_cuda.c). */
+zo_status cuda_device_init(const gpu_cuda_options *opt, gpu_device_t *out);
+int cuda_device_count(void);
 
 #ifdef __cplusplus
 }
