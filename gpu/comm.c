@@ -42,8 +42,10 @@ zo_status comm_backend_parse(const char *s, comm_backend *out)
 /* What the NCCL backend (in the CUDA module, gpu/cuda/comm_nccl.c) calls in
  * the program: named here so every program that can start it keeps them. */
 __attribute__((used)) static void *const nccl_needs[] = {
+#if defined(ZO_HAVE_MPI) && ZO_HAVE_MPI
     (void *)comm_mpi_register, (void *)comm_mpi_unregister, (void *)comm_mpi_set_state,
     (void *)comm_mpi_fault,    (void *)comm_mpi_fail,       (void *)comm_mpi_bcast_bytes,
+#endif
     (void *)comm_init,         (void *)comm_free,           (void *)comm_abort,
     (void *)comm_rank,         (void *)comm_size,           (void *)comm_op_name,
     (void *)comm_op_describe,

@@ -4,7 +4,9 @@
  * Bootstrap: an MPI communicator (the MPI backend) gives rank and size and
  * broadcasts rank 0's ncclUniqueId; the NCCL communicator is created
  * nonblocking (ncclConfig_t.blocking = 0) and polled until ready, so a rank
- * that never joins is an error after the timeout rather than a hang.
+ * that never joins is an error after the timeout rather than a hang. In a
+ * build without MPI (the GPU machine has none) the bootstrap is the SELF
+ * communicator: one rank, its own id, no watchdog (nothing to wait for).
  *
  * Ordering: the stream waits for `after`, runs the collective between two
  * CUDA events (start, end), and records `done`: device work waiting on
@@ -87,6 +89,7 @@ static zo_status settle(ncclComm_t comm, double timeout, const char *what)
 }
 
 /* ---- the watchdog (on the MPI engine's thread) --------------------------------------------- */
+#if defined(ZO_HAVE_MPI) && ZO_HAVE_MPI
 
 static void nccl_watch(void *arg)
 {
@@ -129,6 +132,7 @@ static void nccl_watch(void *arg)
         comm_mpi_fail(c, msg);
     }
 }
+#endif
 
 /* ---- collectives -------------------------------------------------------------------------- */
 
@@ -221,7 +225,9 @@ static int nccl_test(struct comm_request *base)
 static void nccl_free(comm_t c)
 {
     nccl_ctx *x = c->ctx;
+#if defined(ZO_HAVE_MPI) && ZO_HAVE_MPI
     comm_mpi_unregister(x->id);
+#endif
     if (cudaSetDevice(x->device) == cudaSuccess) {
         (void)gpu_stream_synchronize(x->stream);
         if (ncclCommFinalize(x->nccl) == ncclInProgress)
@@ -258,8 +264,13 @@ zo_status comm_nccl_init(comm_t c)
     if (!x) return zo_error(ZO_ERR_NOMEM, "comm_init: out of host memory");
     pthread_mutex_init(&x->lock, NULL);
     x->device = ((cuda_ctx *)c->device->ctx)->device;
-    comm_options bo = {.backend = COMM_BACKEND_MPI, .timeout_s = c->timeout_s,
-                       .on_fault = c->on_fault, .fault_arg = c->fault_arg};
+#if defined(ZO_HAVE_MPI) && ZO_HAVE_MPI
+    const comm_backend boot = COMM_BACKEND_MPI;
+#else
+    const comm_backend boot = COMM_BACKEND_SELF; /* one rank */
+#endif
+    comm_options bo = {.backend = boot, .timeout_s = c->timeout_s, .on_fault = c->on_fault,
+                       .fault_arg = c->fault_arg};
     if ((st = comm_init(&bo, &x->boot)) != ZO_OK) goto out_free_ctx;
     c->rank = comm_rank(x->boot);
     c->size = comm_size(x->boot);
@@ -268,9 +279,11 @@ zo_status comm_nccl_init(comm_t c)
     ncclUniqueId uid;
     memset(&uid, 0, sizeof uid);
     zo_status id_st = c->rank == 0 ? NC(ncclGetUniqueId(&uid)) : ZO_OK;
+#if defined(ZO_HAVE_MPI) && ZO_HAVE_MPI
     /* every rank takes part in the broadcast, even when rank 0 has no id:
      * the others then fail to join within the timeout instead of hanging */
     if ((st = comm_mpi_bcast_bytes(x->boot, &uid, sizeof uid)) != ZO_OK) goto out_free_boot;
+#endif
     if ((st = id_st) != ZO_OK) goto out_free_boot;
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
@@ -284,11 +297,15 @@ zo_status comm_nccl_init(comm_t c)
     c->ctx = x;
     c->iface = &comm_nccl_iface;
     c->device_buffers = 1;
+#if defined(ZO_HAVE_MPI) && ZO_HAVE_MPI
     if ((st = comm_mpi_register(c, nccl_watch, c, &x->id)) != ZO_OK) goto out_free_scratch;
+#endif
     return ZO_OK;
 
+#if defined(ZO_HAVE_MPI) && ZO_HAVE_MPI
 out_free_scratch:
     gpu_mem_free(c->device, x->scratch);
+#endif
 out_destroy_stream:
     gpu_stream_destroy(x->stream);
 out_destroy_nccl:
