@@ -122,7 +122,7 @@ static void adapters_time(const zo_model_config *m, const plan_train *t, const c
         *f += gemm(c, T, r, in) + gemm(c, T, out, r);
         *b += gemm(c, T, r, out) + gemm(c, out, r, T) + gemm(c, r, in, T) + gemm(c, T, in, r);
     }
-    if (t->method == PLAN_METHOD_QLORA) {
+    if (t->method == ZO_PLAN_QLORA) {
         plan_peft pf;
         plan_peft_stage(m, t, 0, &pf);
         double dq = ew(c, (double)pf.layer_nf4 + (double)pf.layer_linear * c->esz);
@@ -263,11 +263,11 @@ static void layer_time_of(const zo_model_config *m, const plan_train *t, const c
         o->tp_fwd = 2 * (t->sp ? 2 * ag : plan_allreduce_s(N, t->tp, bw, lat));
         o->tp_bwd = 2 * (t->sp ? 3 * ag : plan_allreduce_s(N, t->tp, bw, lat));
     }
-    if (t->recompute == PLAN_RECOMPUTE_FULL) {
+    if (t->recompute == ZO_PLAN_RECOMPUTE_FULL) {
         o->rc = o->fwd;
         o->tp_rc = o->tp_fwd;
         o->ep_rc = o->ep_fwd;
-    } else if (t->recompute == PLAN_RECOMPUTE_SELECTIVE) {
+    } else if (t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE) {
         o->rc = attn_rc;
     }
 }
@@ -278,7 +278,7 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
     memset(out, 0, sizeof *out);
     ctx c = {hw, t->dtype == ZO_DTYPE_F32 ? hw->peak_flops_32 : hw->peak_flops_16,
              hw->hbm_bw * hw->hbm_eff, (double)zo_dtype_size(t->dtype),
-             t->method != PLAN_METHOD_FULL};
+             t->method != ZO_PLAN_FULL};
     double s = t->seq, b = t->micro_batch, T = s * b, tp = t->tp;
     if (m->params_override) {
         /* only the size is known: 6N FLOPs per token at the curve's top */
@@ -287,10 +287,10 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
         double tf = f / (c.peak * hw->gemm_eff_max);
         out->fwd = tf;
         out->bwd = 2 * tf;
-        out->rc = t->recompute == PLAN_RECOMPUTE_FULL ? tf : 0;
+        out->rc = t->recompute == ZO_PLAN_RECOMPUTE_FULL ? tf : 0;
         out->total = out->fwd + out->bwd + out->rc;
         out->model_flops_token = 6 * n;
-        out->rc_flops_token = t->recompute == PLAN_RECOMPUTE_FULL ? 2 * n : 0;
+        out->rc_flops_token = t->recompute == ZO_PLAN_RECOMPUTE_FULL ? 2 * n : 0;
         out->layer_compute = out->total;
         return;
     }
@@ -378,8 +378,8 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
     double la = (L - n_moe_all) * lt[0].attn_flops_token +
                 (n_moe_all ? n_moe_all * lt[1].attn_flops_token : 0);
     out->model_flops_token = 3 * (lf + 2 * h * v);
-    out->rc_flops_token = t->recompute == PLAN_RECOMPUTE_FULL                        ? lf
-                          : t->recompute == PLAN_RECOMPUTE_SELECTIVE && !t->flash_attn ? la
+    out->rc_flops_token = t->recompute == ZO_PLAN_RECOMPUTE_FULL                        ? lf
+                          : t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE && !t->flash_attn ? la
                                                                                        : 0;
     if (c.frozen) {
         /* LoRA: the forward, the input gradients (the base's matmuls once
@@ -387,7 +387,7 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
          * parameter (2 forward, 4 backward) */
         double a = (double)zo_lora_trainable_params(m, t->lora.r, t->lora.targets);
         out->model_flops_token = 2 * lf + la + 4 * h * v + 6 * a;
-        if (t->recompute == PLAN_RECOMPUTE_FULL) out->rc_flops_token += 2 * a;
+        if (t->recompute == ZO_PLAN_RECOMPUTE_FULL) out->rc_flops_token += 2 * a;
     }
 }
 
@@ -423,7 +423,7 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
     double P_shard = (P - Pe) / t->dp + Pe / edp;
     double acc = 0;
     /* (summed on the GPU: all of them, or the GPU optimizer share's) */
-    double fg = e->opt_share[PLAN_GPU], on_gpu = t->grads_on == PLAN_GPU ? 1 : fg;
+    double fg = e->opt_share[ZO_PLAN_GPU], on_gpu = t->grads_on == ZO_PLAN_GPU ? 1 : fg;
     if (on_gpu > 0 && !t->fused_grad_accum && !m->params_override)
         acc = on_gpu * (t->zero >= 2 ? P_shard : P) * (wsz + 2 * gsz) / (hw->hbm_bw * hw->hbm_eff);
     o->forward = n_mb * mb->fwd;
@@ -499,7 +499,7 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
 
     /* activation checkpoints in host memory: written during the forward and
      * read back during the backward of every micro-batch, hidden behind them */
-    if (t->checkpoints_on == PLAN_CPU && e->activations_known) {
+    if (t->checkpoints_on == ZO_PLAN_CPU && e->activations_known) {
         double ck = n_mb * (double)e->act_stage / pcie;
         o->h2d_total += ck;
         o->d2h_total += ck;
@@ -528,12 +528,12 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
      * written), zeroing (gradient written); on the CPU over the rest, with the
      * NVMe share read ahead and written behind */
     double o_elems = t->zero >= 1 ? P_shard : P;
-    double fn = e->opt_share[PLAN_NVME];
-    double per = 4 + (t->optimizer == PLAN_OPT_ADAMW ? 8 : 4); /* (an fp32 master for fp32 weights too) */
+    double fn = e->opt_share[ZO_PLAN_NVME];
+    double per = 4 + (t->optimizer == ZO_PLAN_ADAMW ? 8 : 4);  /* (an fp32 master for fp32 weights too) */
     if (fg > 0) o->optimizer_gpu = fg * o_elems * (2 * per + 5 * gsz + 4 + wsz) / (hw->hbm_bw * hw->hbm_eff);
     plan_sched_in *in = &o->sched;
     double cpu_n = (1 - fg) * o_elems;
-    int peft = t->method != PLAN_METHOD_FULL;
+    int peft = t->method != ZO_PLAN_FULL;
     if (cpu_n > 0) {
         /* seconds per element: CPU AdamW on the optimizer's threads (all the
          * node's cores when it runs alone, less one per rank beside the
@@ -545,15 +545,15 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
         in->threads_over = t->opt_threads ? t->opt_threads
                            : cores        ? dmax((double)(cores - rpn) / rpn, 1)
                                           : 0;
-        double sgd = t->optimizer == PLAN_OPT_SGD ? 1.5 : 1; /* momentum only: less traffic */
+        double sgd = t->optimizer == ZO_PLAN_SGD ? 1.5 : 1;  /* momentum only: less traffic */
         in->rate_serial = sgd * plan_hw_cpu_adam_rate_threads(hw, in->threads_serial * rpn) / rpn;
         in->rate_over = sgd * plan_hw_cpu_adam_rate_threads(hw, in->threads_over * rpn) / rpn;
         double nv = fn / (1 - fg) * per * rpn;
         in->n_elem = nv / hw->nvme_read_bw + nv / hw->nvme_write_bw;
         /* (the weights a step writes: the model's, or LoRA's adapters) */
-        plan_tier w_on = peft ? t->adapters_on : t->params_on;
-        if (w_on == PLAN_NVME) in->n_elem += wsz * rpn / hw->nvme_write_bw;
-        in->w_bytes = w_on == PLAN_GPU ? wsz : 0;
+        zo_plan_tier w_on = peft ? t->adapters_on : t->params_on;
+        if (w_on == ZO_PLAN_NVME) in->n_elem += wsz * rpn / hw->nvme_write_bw;
+        in->w_bytes = w_on == ZO_PLAN_GPU ? wsz : 0;
         in->pcie = pcie;
         /* pipelined: one sub-group fills it */
         in->fill = (double)t->buf.sub_group < o_elems ? (double)t->buf.sub_group / o_elems : 1;

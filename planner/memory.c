@@ -8,34 +8,10 @@
 
 #include "common/nf4.h" /* defines: zo_nf4_bytes */
 
-const char *plan_tier_name(plan_tier t)
-{
-    static const char *n[] = {"gpu", "cpu", "nvme"};
-    return t < PLAN_TIERS ? n[t] : "?";
-}
-
 const char *plan_kind_name(plan_kind k)
 {
     static const char *n[] = {"params", "grads", "optimizer", "activations", "buffers"};
     return k < PLAN_KINDS ? n[k] : "?";
-}
-
-const char *plan_recompute_name(plan_recompute r)
-{
-    static const char *n[] = {"none", "selective", "full"};
-    return r <= PLAN_RECOMPUTE_FULL ? n[r] : "?";
-}
-
-const char *plan_method_name(plan_method m)
-{
-    static const char *n[] = {"full", "lora", "qlora"};
-    return m <= PLAN_METHOD_QLORA ? n[m] : "?";
-}
-
-const char *plan_schedule_name(plan_schedule s)
-{
-    static const char *n[] = {"serial", "overlap", "dpu"};
-    return s < PLAN_SCHEDULES ? n[s] : "?";
 }
 
 int plan_default_seq(const zo_model_config *m)
@@ -60,18 +36,18 @@ void plan_train_defaults(plan_train *t, const zo_model_config *m)
     t->grad_accum = 1;
     t->dtype = ZO_DTYPE_BF16;
     t->grad_dtype = ZO_DTYPE_BF16;
-    t->optimizer = PLAN_OPT_ADAMW;
+    t->optimizer = ZO_PLAN_ADAMW;
     t->dp = t->tp = t->pp = t->vpp = t->ep = 1;
     t->dp_overlap = 1;
-    t->recompute = PLAN_RECOMPUTE_NONE;
+    t->recompute = ZO_PLAN_RECOMPUTE_NONE;
     t->flash_attn = 1;
     t->dropout = default_dropout(m);
-    t->method = PLAN_METHOD_FULL;
-    t->adapters_on = PLAN_GPU;
-    t->schedule = PLAN_SCHED_SERIAL;
+    t->method = ZO_PLAN_FULL;
+    t->adapters_on = ZO_PLAN_GPU;
+    t->schedule = ZO_PLAN_SCHED_SERIAL;
     t->dpu_warmup = 10;
-    t->params_on = t->grads_on = t->checkpoints_on = PLAN_GPU;
-    t->opt_frac[PLAN_GPU] = 1.0;
+    t->params_on = t->grads_on = t->checkpoints_on = ZO_PLAN_GPU;
+    t->opt_frac[ZO_PLAN_GPU] = 1.0;
     t->buf.cuda_context = 512ull << 20;
     t->buf.cublas_workspace = 32ull << 20;
     t->buf.comm_bucket = 25000000;
@@ -250,18 +226,18 @@ int plan_train_warnings(const plan_train *t, const plan_hw *hw, char *buf, size_
  * layer; not latent attention or experts). */
 static zo_status plan_peft_validate(const plan_train *t, const zo_model_config *m)
 {
-    if (t->adapters_on < PLAN_GPU || t->adapters_on >= PLAN_TIERS)
+    if (t->adapters_on < ZO_PLAN_GPU || t->adapters_on >= ZO_PLAN_TIERS)
         return zo_error(ZO_ERR_INVALID, "--adapters-on: tier %d is not gpu, cpu or nvme",
                         (int)t->adapters_on);
-    if (t->method == PLAN_METHOD_FULL)
-        return t->adapters_on == PLAN_GPU
+    if (t->method == ZO_PLAN_FULL)
+        return t->adapters_on == ZO_PLAN_GPU
                    ? ZO_OK
                    : zo_error(ZO_ERR_INVALID, "--adapters-on %s needs --lora R: only adapters have "
                                               "a placement of their own",
-                              plan_tier_name(t->adapters_on));
-    if (t->method != PLAN_METHOD_LORA && t->method != PLAN_METHOD_QLORA)
+                              zo_plan_tier_name(t->adapters_on));
+    if (t->method != ZO_PLAN_LORA && t->method != ZO_PLAN_QLORA)
         return zo_error(ZO_ERR_INVALID, "training method %d is not full, lora or qlora", (int)t->method);
-    const char *flag = t->method == PLAN_METHOD_QLORA ? "--qlora" : "--lora";
+    const char *flag = t->method == ZO_PLAN_QLORA ? "--qlora" : "--lora";
     if (m->params_override)
         return zo_error(ZO_ERR_INVALID, "%s: the adapters need the model's shape (--model or a "
                                         "shape, not --params N)", flag);
@@ -334,23 +310,16 @@ zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, con
                         "--dp %d x --tp %d x --pp %d = %lld ranks, but the hardware has %d GPUs "
                         "(set --gpus or --dp)",
                         t->dp, t->tp, t->pp, world, hw->gpus);
-    double sum = 0;
-    for (int i = 0; i < PLAN_TIERS; i++) {
-        if (t->opt_frac[i] < 0 || t->opt_frac[i] > 1)
-            return zo_error(ZO_ERR_INVALID, "--optimizer: fraction %s=%g is outside [0, 1]",
-                            plan_tier_name((plan_tier)i), t->opt_frac[i]);
-        sum += t->opt_frac[i];
-    }
-    if (fabs(sum - 1.0) > 1e-6)
-        return zo_error(ZO_ERR_INVALID, "--optimizer: fractions sum to %g, not 1", sum);
-    if (t->grads_on == PLAN_NVME)
+    zo_status st = zo_plan_fractions_check(t->opt_frac, 1, "--optimizer", "fractions");
+    if (st != ZO_OK) return st;
+    if (t->grads_on == ZO_PLAN_NVME)
         return zo_error(ZO_ERR_INVALID, "--grads: gradients live on gpu or cpu, not nvme");
-    if (t->checkpoints_on == PLAN_CPU && t->recompute != PLAN_RECOMPUTE_FULL)
+    if (t->checkpoints_on == ZO_PLAN_CPU && t->recompute != ZO_PLAN_RECOMPUTE_FULL)
         return zo_error(ZO_ERR_INVALID,
                         "--checkpoints cpu needs --recompute full: the runtime moves each layer's "
                         "input checkpoint to the host; without recompute every activation stays "
                         "on the GPU");
-    if (t->checkpoints_on == PLAN_NVME)
+    if (t->checkpoints_on == ZO_PLAN_NVME)
         return zo_error(ZO_ERR_INVALID, "--checkpoints: activation checkpoints live on gpu or cpu");
     if (t->buf.fragmentation < 0 || t->buf.fragmentation > 1)
         return zo_error(ZO_ERR_INVALID, "--fragmentation %g is outside [0, 1]", t->buf.fragmentation);
@@ -360,14 +329,14 @@ zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, con
         return zo_error(ZO_ERR_INVALID, "--sub-group and its buffer count must be positive");
     if (hw->gpu_mem == 0 || hw->gpus <= 0 || hw->gpus_per_node <= 0)
         return zo_error(ZO_ERR_INVALID, "hardware: GPU memory and GPU counts must be positive");
-    if (t->schedule < PLAN_SCHED_SERIAL || t->schedule >= PLAN_SCHEDULES)
+    if (t->schedule < ZO_PLAN_SCHED_SERIAL || t->schedule >= ZO_PLAN_SCHEDULES)
         return zo_error(ZO_ERR_INVALID, "--schedule: %d is not serial, overlap or dpu", (int)t->schedule);
     /* the runtime's GPU share updates the resident weights in place: it
      * cannot wait a step (offload_init refuses it too) */
-    if (t->schedule == PLAN_SCHED_DPU && t->opt_frac[PLAN_GPU] > 0)
+    if (t->schedule == ZO_PLAN_SCHED_DPU && t->opt_frac[ZO_PLAN_GPU] > 0)
         return zo_error(ZO_ERR_INVALID, "--schedule dpu: the delayed update runs the CPU optimizer; with "
                         "optimizer state on the GPU (--optimizer gpu=%g) use overlap or serial",
-                        t->opt_frac[PLAN_GPU]);
+                        t->opt_frac[ZO_PLAN_GPU]);
     if (t->opt_threads < 0 || t->dpu_warmup < 0)
         return zo_error(ZO_ERR_INVALID, "--opt-threads and --dpu-warmup must not be negative");
     return plan_peft_validate(t, m);
@@ -375,7 +344,7 @@ zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, con
 
 /* ---- the estimate ------------------------------------------------------------ */
 
-static void add(plan_estimate *e, const char *name, plan_tier tier, plan_kind kind, uint64_t bytes)
+static void add(plan_estimate *e, const char *name, zo_plan_tier tier, plan_kind kind, uint64_t bytes)
 {
     if (!bytes) return;
     e->bytes[tier][kind] += bytes;
@@ -482,7 +451,7 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
     stage_shape sh;
     stage_params(m, t, stage, &sh);
     uint64_t wsz = zo_dtype_size(t->dtype), tp = (uint64_t)t->tp, r = (uint64_t)t->lora.r;
-    int nf4 = t->method == PLAN_METHOD_QLORA;
+    int nf4 = t->method == ZO_PLAN_QLORA;
     o->layers = sh.layers;
     /* one layer: its linear weights (PEFT's all-linear), split by TP; the
      * norms and biases stay in the model dtype */
@@ -564,9 +533,9 @@ double plan_gpu_share(const zo_model_config *m, const plan_train *t, int stage)
     stage_shape sh;
     stage_params(m, t, stage, &sh);
     plan_peft pf;
-    int peft = t->method != PLAN_METHOD_FULL;
+    int peft = t->method != ZO_PLAN_FULL;
     if (peft) plan_peft_stage(m, t, stage, &pf);
-    return gpu_share(m, t, &sh, peft ? &pf : NULL, t->opt_frac[PLAN_GPU]);
+    return gpu_share(m, t, &sh, peft ? &pf : NULL, t->opt_frac[ZO_PLAN_GPU]);
 }
 
 /* One rank's part of a block of n elements split over dp ranks. */
@@ -579,9 +548,9 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
     e->stage = stage;
     e->params = zo_model_params(m);
     e->ranks_per_node = plan_hw_ranks_per_node(hw);
-    e->capacity[PLAN_GPU] = hw->gpu_mem;
-    e->capacity[PLAN_CPU] = hw->cpu_mem / (uint64_t)e->ranks_per_node;
-    e->capacity[PLAN_NVME] = hw->nvme / (uint64_t)e->ranks_per_node;
+    e->capacity[ZO_PLAN_GPU] = hw->gpu_mem;
+    e->capacity[ZO_PLAN_CPU] = hw->cpu_mem / (uint64_t)e->ranks_per_node;
+    e->capacity[ZO_PLAN_NVME] = hw->nvme / (uint64_t)e->ranks_per_node;
 
     stage_shape sh;
     stage_params(m, t, stage, &sh);
@@ -592,7 +561,7 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
     e->largest_block = sh.largest;
     /* LoRA / QLoRA: the adapters are trained (gradients, optimizer state),
      * the frozen base is only read (docs/memplan.md, "LoRA and QLoRA") */
-    int peft = t->method != PLAN_METHOD_FULL;
+    int peft = t->method != ZO_PLAN_FULL;
     plan_peft pf;
     if (peft) plan_peft_stage(m, t, stage, &pf);
     uint64_t tr = peft ? pf.trainable : sh.params;
@@ -610,8 +579,8 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
         e->rank_params = p_elems;
         add(e, "fp16/bf16 weights", t->params_on, PLAN_PARAMS, p_elems * wsz);
         e->weight_bytes = sh.params * wsz;
-        e->stream_bytes = t->params_on != PLAN_GPU ? p_elems * wsz : 0;
-        e->stream_nvme_bytes = t->params_on == PLAN_NVME ? p_elems * wsz : 0;
+        e->stream_bytes = t->params_on != ZO_PLAN_GPU ? p_elems * wsz : 0;
+        e->stream_nvme_bytes = t->params_on == ZO_PLAN_NVME ? p_elems * wsz : 0;
         e->train_first = sh.first ? sh.emb : 0;
         e->train_last = sh.last ? sh.head : 0;
         e->train_layer = sh.layers ? (sh.params - sh.emb - sh.head) / (uint64_t)sh.layers : 0;
@@ -628,25 +597,25 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
          * block but the last rounded up (the adapters' last block, the head,
          * is empty) */
         uint64_t fz = frozen, ad = adapters;
-        if (t->params_on == PLAN_NVME && t->zero < 3 && sh.layers)
+        if (t->params_on == ZO_PLAN_NVME && t->zero < 3 && sh.layers)
             fz = (sh.first ? ceil_div(pf.first_frozen, PLAN_NVME_ALIGN) * PLAN_NVME_ALIGN : 0) +
                  (uint64_t)(sh.layers - (sh.last ? 0 : 1)) *
                      (ceil_div(pf.layer_frozen, PLAN_NVME_ALIGN) * PLAN_NVME_ALIGN) +
                  (sh.last ? pf.last_frozen : pf.layer_frozen);
-        if (t->adapters_on == PLAN_NVME && t->zero < 3)
+        if (t->adapters_on == ZO_PLAN_NVME && t->zero < 3)
             ad = (uint64_t)sh.layers * ceil_div(pf.layer_trainable * wsz, PLAN_NVME_ALIGN) * PLAN_NVME_ALIGN;
-        add(e, t->method == PLAN_METHOD_QLORA ? "frozen base (NF4 layers; embeddings, head, norms 16-bit)"
+        add(e, t->method == ZO_PLAN_QLORA ? "frozen base (NF4 layers; embeddings, head, norms 16-bit)"
                                               : "frozen base (16-bit)",
             t->params_on, PLAN_PARAMS, fz);
         add(e, "LoRA adapters (A, B)", t->adapters_on, PLAN_PARAMS, ad);
         fslot = ceil_div(pf.largest_frozen, 256) * 256;
         aslot = tr_largest * wsz > 256 ? tr_largest * wsz : 256;
-        slot = (t->params_on != PLAN_GPU ? fslot : 0) + (t->adapters_on != PLAN_GPU ? aslot : 0);
+        slot = (t->params_on != ZO_PLAN_GPU ? fslot : 0) + (t->adapters_on != ZO_PLAN_GPU ? aslot : 0);
         e->weight_bytes = pf.frozen + tr * wsz;
-        e->stream_bytes = (t->params_on != PLAN_GPU ? frozen : 0) +
-                          (t->adapters_on != PLAN_GPU ? p_elems * wsz : 0);
-        e->stream_nvme_bytes = (t->params_on == PLAN_NVME ? frozen : 0) +
-                               (t->adapters_on == PLAN_NVME ? p_elems * wsz : 0);
+        e->stream_bytes = (t->params_on != ZO_PLAN_GPU ? frozen : 0) +
+                          (t->adapters_on != ZO_PLAN_GPU ? p_elems * wsz : 0);
+        e->stream_nvme_bytes = (t->params_on == ZO_PLAN_NVME ? frozen : 0) +
+                               (t->adapters_on == ZO_PLAN_NVME ? p_elems * wsz : 0);
         e->train_layer = pf.layer_trainable;
         e->trainable = zo_lora_trainable_params(m, t->lora.r, t->lora.targets);
         e->nf4_bytes = pf.nf4;
@@ -657,12 +626,12 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
     e->largest_bytes = slot;
     e->layers = sh.layers;
     if (m->params_override) e->train_first = tr; /* only the size: one block */
-    int streamed = t->params_on != PLAN_GPU || t->zero >= 3 || (peft && t->adapters_on != PLAN_GPU);
+    int streamed = t->params_on != ZO_PLAN_GPU || t->zero >= 3 || (peft && t->adapters_on != ZO_PLAN_GPU);
     /* the block computing holds a slot too: depth + 1 slots (the runtime's pool) */
     if (streamed)
-        add(e, t->zero >= 3 && t->params_on == PLAN_GPU ? "ZeRO-3 gather slots ((prefetch + 1) x block)"
+        add(e, t->zero >= 3 && t->params_on == ZO_PLAN_GPU ? "ZeRO-3 gather slots ((prefetch + 1) x block)"
                                                         : "weight slots ((depth + 1) x largest block)",
-            PLAN_GPU, PLAN_BUFFERS, (uint64_t)(t->buf.prefetch_depth + 1) * slot);
+            ZO_PLAN_GPU, PLAN_BUFFERS, (uint64_t)(t->buf.prefetch_depth + 1) * slot);
 
     /* ---- gradients (of what is trained) ---- */
     /* summed where their optimizer state lives: the GPU share's on the GPU
@@ -670,62 +639,62 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
      * with --grad-dtype fp32, 4 B/param); the rest where --grads says: on
      * the GPU likewise, or added in fp32 on the host as blocks arrive
      * (micro-batches, a tied embedding's two parts, fp16 unscaling) */
-    double fg = gpu_share(m, t, &sh, peft ? &pf : NULL, t->opt_frac[PLAN_GPU]);
+    double fg = gpu_share(m, t, &sh, peft ? &pf : NULL, t->opt_frac[ZO_PLAN_GPU]);
     uint64_t g_elems = t->zero >= 2 ? sharded : tr;
-    uint64_t g_gpu = t->grads_on == PLAN_GPU ? g_elems : frac_of(g_elems, fg);
+    uint64_t g_gpu = t->grads_on == ZO_PLAN_GPU ? g_elems : frac_of(g_elems, fg);
     uint64_t g_host = g_elems - g_gpu;
-    add(e, "gradients", PLAN_GPU, PLAN_GRADS, g_gpu * gsz);
+    add(e, "gradients", ZO_PLAN_GPU, PLAN_GRADS, g_gpu * gsz);
     /* backward writes a block's gradients (in the weights' dtype) into one
      * of two staging blocks, from which they go to the host or are added to
      * the GPU's sum; the host reads the GPU share's fp32 gradient through
      * the pinned staging for an exact clipping norm */
     if (g_host) {
-        add(e, "gradients (fp32 accumulation)", PLAN_CPU, PLAN_GRADS, g_host * 4);
-        add(e, "gradient staging (2 blocks)", PLAN_GPU, PLAN_GRADS, 2 * tr_largest * wsz);
+        add(e, "gradients (fp32 accumulation)", ZO_PLAN_CPU, PLAN_GRADS, g_host * 4);
+        add(e, "gradient staging (2 blocks)", ZO_PLAN_GPU, PLAN_GRADS, 2 * tr_largest * wsz);
     } else if (fg > 0) {
-        add(e, "gradient staging (2 blocks)", PLAN_GPU, PLAN_BUFFERS, 2 * tr_largest * wsz);
+        add(e, "gradient staging (2 blocks)", ZO_PLAN_GPU, PLAN_BUFFERS, 2 * tr_largest * wsz);
     }
     int g_dev = fg > 0;
     /* ... and writes the new weights of a block it updates into a staging
      * block when they live off the GPU (LoRA: the adapters'; ZeRO-3: its part) */
-    if (g_dev && (peft ? t->adapters_on : t->params_on) != PLAN_GPU) {
+    if (g_dev && (peft ? t->adapters_on : t->params_on) != ZO_PLAN_GPU) {
         uint64_t ns = peft ? aslot : slot;
-        add(e, "new-weights staging (1 block)", PLAN_GPU, PLAN_BUFFERS, t->zero >= 3 ? ceil_div(ns, dp) : ns);
+        add(e, "new-weights staging (1 block)", ZO_PLAN_GPU, PLAN_BUFFERS, t->zero >= 3 ? ceil_div(ns, dp) : ns);
     }
 
     /* the delayed update writes a step's new weights into a host copy,
      * published at the next step */
-    if (t->schedule == PLAN_SCHED_DPU)
-        add(e, "new weights of the delayed update (host copy)", PLAN_CPU, PLAN_BUFFERS, tr * wsz);
+    if (t->schedule == ZO_PLAN_SCHED_DPU)
+        add(e, "new weights of the delayed update (host copy)", ZO_PLAN_CPU, PLAN_BUFFERS, tr * wsz);
 
     /* ---- optimizer state ---- */
     uint64_t o_elems = t->zero >= 1 ? sharded : tr;
     /* the fp32 master copy: the runtime's optimizer shards keep one for
      * fp32 weights too (the weights stream from their own store) */
     uint64_t master = 4;
-    uint64_t per = master + (t->optimizer == PLAN_OPT_ADAMW ? 8 : 4);
+    uint64_t per = master + (t->optimizer == ZO_PLAN_ADAMW ? 8 : 4);
     uint64_t o_bytes = o_elems * per;
     /* (the runtime's: the GPU's whole blocks, NVMe the nearest count of
      * the rest, all of it when the CPU has no share) */
     uint64_t o_gpu = frac_of(o_bytes, fg);
-    uint64_t o_nvme = frac_of(o_bytes, t->opt_frac[PLAN_NVME]);
-    if (o_gpu + o_nvme > o_bytes || (t->opt_frac[PLAN_CPU] <= 0 && t->opt_frac[PLAN_NVME] > 0))
+    uint64_t o_nvme = frac_of(o_bytes, t->opt_frac[ZO_PLAN_NVME]);
+    if (o_gpu + o_nvme > o_bytes || (t->opt_frac[ZO_PLAN_CPU] <= 0 && t->opt_frac[ZO_PLAN_NVME] > 0))
         o_nvme = o_bytes - o_gpu;
     uint64_t o_cpu = o_bytes - o_gpu - o_nvme;
-    e->opt_share[PLAN_GPU] = fg;
-    e->opt_share[PLAN_NVME] = o_bytes ? (double)o_nvme / (double)o_bytes : t->opt_frac[PLAN_NVME];
-    e->opt_share[PLAN_CPU] = 1 - e->opt_share[PLAN_GPU] - e->opt_share[PLAN_NVME];
-    const char *oname = t->optimizer == PLAN_OPT_ADAMW
+    e->opt_share[ZO_PLAN_GPU] = fg;
+    e->opt_share[ZO_PLAN_NVME] = o_bytes ? (double)o_nvme / (double)o_bytes : t->opt_frac[ZO_PLAN_NVME];
+    e->opt_share[ZO_PLAN_CPU] = 1 - e->opt_share[ZO_PLAN_GPU] - e->opt_share[ZO_PLAN_NVME];
+    const char *oname = t->optimizer == ZO_PLAN_ADAMW
                             ? "AdamW: fp32 master, m, v"
                             : "SGD: fp32 master, momentum";
-    add(e, oname, PLAN_GPU, PLAN_OPTIMIZER, o_gpu);
-    add(e, oname, PLAN_CPU, PLAN_OPTIMIZER, o_cpu);
-    add(e, oname, PLAN_NVME, PLAN_OPTIMIZER, o_nvme);
+    add(e, oname, ZO_PLAN_GPU, PLAN_OPTIMIZER, o_gpu);
+    add(e, oname, ZO_PLAN_CPU, PLAN_OPTIMIZER, o_cpu);
+    add(e, oname, ZO_PLAN_NVME, PLAN_OPTIMIZER, o_nvme);
     if (o_nvme) {
         /* a sub-group never holds more than the NVMe share of the state */
         uint64_t nvme_elems = o_nvme / per;
         uint64_t sg = t->buf.sub_group < nvme_elems ? t->buf.sub_group : nvme_elems;
-        add(e, "NVMe swap buffers (sub-groups)", PLAN_CPU, PLAN_BUFFERS,
+        add(e, "NVMe swap buffers (sub-groups)", ZO_PLAN_CPU, PLAN_BUFFERS,
             (uint64_t)t->buf.swap_buffers * sg * per);
     }
     /* with ZeRO-3 a rank reads and writes only its 1/DP partition of a block
@@ -733,14 +702,14 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
     uint64_t host_slot = t->zero >= 3 ? ceil_div(slot, dp) : slot;
     uint64_t largest_part = t->zero >= 3 ? ceil_div(sh.largest, dp) : sh.largest;
     uint64_t ring = (uint64_t)(t->buf.prefetch_depth + 1);
-    if (!peft && t->params_on == PLAN_NVME)
-        add(e, "fp16/bf16 weights read-ahead", PLAN_CPU, PLAN_BUFFERS, ring * host_slot);
+    if (!peft && t->params_on == ZO_PLAN_NVME)
+        add(e, "fp16/bf16 weights read-ahead", ZO_PLAN_CPU, PLAN_BUFFERS, ring * host_slot);
     /* LoRA: a store on NVMe reads ahead into a ring of its slots and
      * assembles a block to write in one more (the frozen one's never used) */
-    uint64_t nvme_slots = peft ? (t->params_on == PLAN_NVME ? fslot : 0) +
-                                     (t->adapters_on == PLAN_NVME ? aslot : 0)
+    uint64_t nvme_slots = peft ? (t->params_on == ZO_PLAN_NVME ? fslot : 0) +
+                                     (t->adapters_on == ZO_PLAN_NVME ? aslot : 0)
                                : 0;
-    if (nvme_slots) add(e, "NVMe weights read-ahead", PLAN_CPU, PLAN_BUFFERS, ring * nvme_slots);
+    if (nvme_slots) add(e, "NVMe weights read-ahead", ZO_PLAN_CPU, PLAN_BUFFERS, ring * nvme_slots);
     /* the runtime's pinned staging, one buffer a role: gradients on their
      * way to the host's fp32 sum (two blocks, when some optimizer state is
      * off the GPU); new weights on their way into a GPU-resident store (two
@@ -755,24 +724,24 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
                          : t->zero >= 2 && dp > 1 ? largest_part_of(sh.largest, dp) * 4
                                                   : host_slot;
     if (fg < 1) pinned += 2 * grad_half;
-    if (!peft && t->params_on == PLAN_GPU) {
+    if (!peft && t->params_on == ZO_PLAN_GPU) {
         uint64_t chunk = sg && sg < largest_part ? sg : largest_part;
         pinned += 2 * chunk * wsz;
-    } else if (!peft && t->params_on == PLAN_NVME) {
+    } else if (!peft && t->params_on == ZO_PLAN_NVME) {
         pinned += host_slot;
     } else if (peft) {
         /* a resident store takes its blocks through two chunks (the frozen
          * one's in bytes); one on NVMe assembles a block in one slot */
         uint64_t fl = pf.largest_frozen;
-        if (t->params_on == PLAN_GPU) pinned += 2 * (sg && sg < fl ? sg : fl);
-        if (t->adapters_on == PLAN_GPU) pinned += 2 * (sg && sg < largest_part ? sg : largest_part) * wsz;
+        if (t->params_on == ZO_PLAN_GPU) pinned += 2 * (sg && sg < fl ? sg : fl);
+        if (t->adapters_on == ZO_PLAN_GPU) pinned += 2 * (sg && sg < largest_part ? sg : largest_part) * wsz;
         pinned += nvme_slots;
     }
     /* the optimizer's part of a block (LoRA: of the adapters') */
     uint64_t opt_block = peft ? tr_largest : sh.largest;
     if (g_dev) pinned += (t->zero >= 1 ? largest_part_of(opt_block, dp) : opt_block) * 4;
     if (t->buf.pinned_staging) pinned = t->buf.pinned_staging;
-    add(e, "pinned staging", PLAN_CPU, PLAN_BUFFERS, pinned);
+    add(e, "pinned staging", ZO_PLAN_CPU, PLAN_BUFFERS, pinned);
 
     /* ---- activations ---- */
     e->activations_known = !m->params_override;
@@ -789,9 +758,9 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
             if (!kinds[moe]) continue;
             uint64_t f = plan_layer_act_bytes_of(m, t, 1, moe) + lora_u;
             /* without the s^2 terms: only selective recompute needs it */
-            uint64_t sl = t->recompute == PLAN_RECOMPUTE_SELECTIVE ? plan_layer_act_bytes_of(m, t, 0, moe) + lora_u : f;
-            uint64_t st = t->recompute == PLAN_RECOMPUTE_NONE        ? f
-                          : t->recompute == PLAN_RECOMPUTE_SELECTIVE ? sl
+            uint64_t sl = t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE ? plan_layer_act_bytes_of(m, t, 0, moe) + lora_u : f;
+            uint64_t st = t->recompute == ZO_PLAN_RECOMPUTE_NONE        ? f
+                          : t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE ? sl
                                                                      : ceil_div(s * b * h * act, sp_div);
             if (f > full) full = f;
             if (f - sl > sel) sel = f - sl;
@@ -808,30 +777,30 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
         if (inflight < 1) inflight = 1;
         e->inflight = inflight;
         uint64_t layers_bytes = (uint64_t)llround((double)stage_stored * inflight);
-        plan_tier ck = t->checkpoints_on;
-        if (ck == PLAN_CPU) {
+        zo_plan_tier ck = t->checkpoints_on;
+        if (ck == ZO_PLAN_CPU) {
             /* pinned host copies; two layers' worth stay on the GPU in flight */
-            add(e, "stored layer activations", PLAN_CPU, PLAN_ACTIVATIONS, layers_bytes);
-            add(e, "activation offload slots (2 layers)", PLAN_GPU, PLAN_ACTIVATIONS, 2 * stored);
+            add(e, "stored layer activations", ZO_PLAN_CPU, PLAN_ACTIVATIONS, layers_bytes);
+            add(e, "activation offload slots (2 layers)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, 2 * stored);
         } else {
-            add(e, "stored layer activations", PLAN_GPU, PLAN_ACTIVATIONS, layers_bytes);
+            add(e, "stored layer activations", ZO_PLAN_GPU, PLAN_ACTIVATIONS, layers_bytes);
         }
-        if (t->recompute == PLAN_RECOMPUTE_FULL)
-            add(e, "recompute working set (1 layer)", PLAN_GPU, PLAN_ACTIVATIONS, full);
-        else if (t->recompute == PLAN_RECOMPUTE_SELECTIVE)
-            add(e, "recompute working set (attention core)", PLAN_GPU, PLAN_ACTIVATIONS, sel);
+        if (t->recompute == ZO_PLAN_RECOMPUTE_FULL)
+            add(e, "recompute working set (1 layer)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, full);
+        else if (t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE)
+            add(e, "recompute working set (attention core)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, sel);
         if (sh.first && t->dropout)
-            add(e, "embedding dropout mask", PLAN_GPU, PLAN_ACTIVATIONS,
+            add(e, "embedding dropout mask", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
                 (uint64_t)llround((double)ceil_div(s * b * h, sp_div) * inflight));
         if (sh.first && m->embed_norm)
-            add(e, "embedding norm input", PLAN_GPU, PLAN_ACTIVATIONS,
+            add(e, "embedding norm input", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
                 (uint64_t)llround((double)ceil_div(s * b * h * act, sp_div) * inflight));
         if (sh.last) {
             /* final norm input and output-layer input (16-bit); logits in
              * fp32 for the cross-entropy (its gradient is written in place) */
-            add(e, "final norm + output layer inputs", PLAN_GPU, PLAN_ACTIVATIONS,
+            add(e, "final norm + output layer inputs", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
                 2 * ceil_div(s * b * h * act, sp_div));
-            add(e, "logits (fp32, cross-entropy)", PLAN_GPU, PLAN_ACTIVATIONS,
+            add(e, "logits (fp32, cross-entropy)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
                 ceil_div(4 * s * b * (uint64_t)m->vocab, tp));
         }
         /* backward of one layer at a time: the fp32 gradients of the
@@ -849,37 +818,37 @@ static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, con
             if (moe > mlp) mlp = moe;
         }
         uint64_t dgrad = 4 * s * b * (2 * h + ceil_div(q + k + v + o + mlp, tp));
-        add(e, "backward working set (fp32 activation gradients, scratch)", PLAN_GPU,
+        add(e, "backward working set (fp32 activation gradients, scratch)", ZO_PLAN_GPU,
             PLAN_ACTIVATIONS, dgrad + s * b * h * act + 12 * s * b);
         /* LoRA: one adapter's gradient of A x [s b, r] and a sink for the
          * frozen norms' weight gradients (fp32); QLoRA: one linear weight
          * dequantized at a time */
         if (peft)
-            add(e, "LoRA backward scratch (fp32)", PLAN_GPU, PLAN_ACTIVATIONS,
+            add(e, "LoRA backward scratch (fp32)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
                 4 * s * b * (uint64_t)t->lora.r + 8 * h);
     }
-    if (t->method == PLAN_METHOD_QLORA)
-        add(e, "NF4 dequantization scratch (1 linear weight)", PLAN_GPU, PLAN_BUFFERS,
+    if (t->method == ZO_PLAN_QLORA)
+        add(e, "NF4 dequantization scratch (1 linear weight)", ZO_PLAN_GPU, PLAN_BUFFERS,
             pf.largest_linear * wsz);
 
     /* ---- working buffers on the GPU ---- */
-    add(e, "CUDA context", PLAN_GPU, PLAN_BUFFERS, t->buf.cuda_context);
-    add(e, "cuBLAS workspace", PLAN_GPU, PLAN_BUFFERS, t->buf.cublas_workspace);
+    add(e, "CUDA context", ZO_PLAN_GPU, PLAN_BUFFERS, t->buf.cuda_context);
+    add(e, "cuBLAS workspace", ZO_PLAN_GPU, PLAN_BUFFERS, t->buf.cublas_workspace);
     /* the runtime reduces in fp32, through buckets of comm_bucket elements
      * (rounded down to a multiple of DP), at most the largest block padded */
     if (t->dp > 1) {
         uint64_t cap = t->buf.comm_bucket / dp * dp, whole = ceil_div(sh.largest, dp) * dp;
         if (!cap) cap = dp;
-        add(e, "communication buckets (fp32)", PLAN_GPU, PLAN_BUFFERS,
+        add(e, "communication buckets (fp32)", ZO_PLAN_GPU, PLAN_BUFFERS,
             (uint64_t)t->buf.comm_buckets * (cap < whole ? cap : whole) * 4);
     }
     uint64_t gpu_sum = 0;
-    for (int k = 0; k < PLAN_KINDS; k++) gpu_sum += e->bytes[PLAN_GPU][k];
-    add(e, "allocator fragmentation allowance", PLAN_GPU, PLAN_BUFFERS,
+    for (int k = 0; k < PLAN_KINDS; k++) gpu_sum += e->bytes[ZO_PLAN_GPU][k];
+    add(e, "allocator fragmentation allowance", ZO_PLAN_GPU, PLAN_BUFFERS,
         frac_of(gpu_sum, t->buf.fragmentation));
 
     e->fits = 1;
-    for (int tier = 0; tier < PLAN_TIERS; tier++) {
+    for (int tier = 0; tier < ZO_PLAN_TIERS; tier++) {
         for (int k = 0; k < PLAN_KINDS; k++) e->total[tier] += e->bytes[tier][k];
         if (e->total[tier] > e->capacity[tier]) e->fits = 0;
     }
@@ -893,7 +862,7 @@ void plan_estimate_unchecked(const zo_model_config *m, const plan_hw *hw, const 
     if (t->pp > 1) {
         plan_estimate last;
         estimate_stage(m, hw, t, t->pp - 1, &last);
-        if (last.total[PLAN_GPU] > out->total[PLAN_GPU]) *out = last;
+        if (last.total[ZO_PLAN_GPU] > out->total[ZO_PLAN_GPU]) *out = last;
     }
 }
 

@@ -277,49 +277,6 @@ static zo_status field_u64(const char *s, const char *flag, const char *field, i
     return st != ZO_OK ? st : field_check(st, flag, field, (double)*out);
 }
 
-static zo_status parse_tier(const char *s, const char *flag, int allow_nvme, plan_tier *out)
-{
-    if (!strcasecmp(s, "gpu")) *out = PLAN_GPU;
-    else if (!strcasecmp(s, "cpu")) *out = PLAN_CPU;
-    else if (allow_nvme && !strcasecmp(s, "nvme")) *out = PLAN_NVME;
-    else
-        return zo_error(ZO_ERR_INVALID, "%s: '%s' is not one of gpu, cpu%s", flag, s,
-                        allow_nvme ? ", nvme" : "");
-    return ZO_OK;
-}
-
-/* "cpu" or "gpu=0.2,cpu=0.5,nvme=0.3" (summing to 1 with `sum_one`; tiers
- * not named get 0) for `flag` */
-static zo_status parse_fractions(const char *s, const char *flag, int sum_one, double frac[PLAN_TIERS])
-{
-    plan_tier t = PLAN_GPU;
-    if (!strchr(s, '=')) {
-        zo_status st = parse_tier(s, flag, 1, &t);
-        if (st) return st;
-        memset(frac, 0, sizeof(double) * PLAN_TIERS);
-        frac[t] = 1.0;
-        return ZO_OK;
-    }
-    double f[PLAN_TIERS] = {0};
-    char buf[128];
-    snprintf(buf, sizeof buf, "%s", s);
-    for (char *sv = NULL, *tok = strtok_r(buf, ",", &sv); tok; tok = strtok_r(NULL, ",", &sv)) {
-        char *eq = strchr(tok, '=');
-        if (!eq)
-            return zo_error(ZO_ERR_INVALID, "%s: '%s' is not TIER=FRACTION", flag, tok);
-        *eq = '\0';
-        zo_status st = parse_tier(tok, flag, 1, &t);
-        if (st) return st;
-        if ((st = zo_parse_double(eq + 1, flag, 0, 1, &f[t])) != ZO_OK) return st;
-    }
-    double sum = f[0] + f[1] + f[2];
-    if (sum_one ? sum < 1 - 1e-6 || sum > 1 + 1e-6 : sum > 1 + 1e-6)
-        return zo_error(ZO_ERR_INVALID, "%s: fractions in '%s' sum to %g, %s", flag, s, sum,
-                        sum_one ? "not 1" : "more than 1");
-    memcpy(frac, f, sizeof f);
-    return ZO_OK;
-}
-
 static int is_file(const char *p)
 {
     struct stat sb;
@@ -383,8 +340,8 @@ typedef struct method_flags {
     const char *targets;   /* --lora-targets */
     double alpha;          /* --lora-alpha */
     int alpha_set;
-    int adapters_on;       /* --adapters-on: a plan_tier; -1: not given */
-    int schedule;          /* --schedule: a plan_schedule; -1: not given */
+    int adapters_on;       /* --adapters-on: a zo_plan_tier; -1: not given */
+    int schedule;          /* --schedule: a zo_plan_schedule; -1: not given */
     long dpu_warmup;
     int dpu_warmup_set;
     long opt_threads;
@@ -410,18 +367,17 @@ static int parse_method_flag(int c, const char *arg, method_flags *f, zo_status 
         return 1;
     case OPT_QLORA: f->qlora = 1; return 1;
     case OPT_ADAPTERS_ON: {
-        plan_tier tier = PLAN_GPU;
-        *st = parse_tier(arg, "--adapters-on", 1, &tier);
+        zo_plan_tier tier = ZO_PLAN_GPU;
+        *st = zo_plan_tier_parse(arg, "--adapters-on", 1, &tier);
         f->adapters_on = (int)tier;
         return 1;
     }
-    case OPT_SCHEDULE:
-        f->schedule = -1;
-        for (int i = 0; i < PLAN_SCHEDULES; i++)
-            if (!strcasecmp(arg, plan_schedule_name((plan_schedule)i))) f->schedule = i;
-        if (f->schedule < 0)
-            *st = zo_error(ZO_ERR_INVALID, "--schedule: '%s' is not serial, overlap or dpu", arg);
+    case OPT_SCHEDULE: {
+        zo_plan_schedule sched = ZO_PLAN_SCHED_SERIAL;
+        *st = zo_plan_schedule_parse(arg, "--schedule", &sched);
+        f->schedule = *st == ZO_OK ? (int)sched : -1;
         return 1;
+    }
     case OPT_DPU_WARMUP:
         *st = field_int(arg, "--dpu-warmup", "training.dpu_warmup", &f->dpu_warmup);
         f->dpu_warmup_set = 1;
@@ -444,15 +400,15 @@ static zo_status apply_method_flags(const method_flags *f, plan_train *t)
                         f->qlora ? "--qlora" : f->targets ? "--lora-targets"
                                            : f->alpha_set ? "--lora-alpha" : "--adapters-on");
     if (f->lora_r) {
-        t->method = f->qlora ? PLAN_METHOD_QLORA : PLAN_METHOD_LORA;
+        t->method = f->qlora ? ZO_PLAN_QLORA : ZO_PLAN_LORA;
         t->lora.r = (int)f->lora_r;
         t->lora.alpha = f->alpha_set ? (float)f->alpha : PLAN_LORA_DEFAULT_ALPHA;
         t->lora.targets = PLAN_LORA_DEFAULT_TARGETS;
         if (f->targets && (st = zo_lora_targets_parse(f->targets, &t->lora.targets)) != ZO_OK)
             return zo_error_wrap(st, "--lora-targets");
-        if (f->adapters_on >= 0) t->adapters_on = (plan_tier)f->adapters_on;
+        if (f->adapters_on >= 0) t->adapters_on = (zo_plan_tier)f->adapters_on;
     }
-    if (f->schedule >= 0) t->schedule = (plan_schedule)f->schedule;
+    if (f->schedule >= 0) t->schedule = (zo_plan_schedule)f->schedule;
     if (f->dpu_warmup_set) t->dpu_warmup = (int)f->dpu_warmup;
     t->opt_threads = (int)f->opt_threads;
     t->clip_stale = f->clip_stale;
@@ -626,8 +582,8 @@ static int cmd_estimate(int argc, char **argv)
     plan_train f; /* flag values, applied over the defaults */
     memset(&f, 0, sizeof f);
     unsigned char seen[OPT_HELP + 1] = {0};
-    double opt_frac[PLAN_TIERS] = {1, 0, 0};
-    plan_tier params_on = PLAN_GPU, grads_on = PLAN_GPU, ck_on = PLAN_GPU;
+    double opt_frac[ZO_PLAN_TIERS] = {1, 0, 0};
+    zo_plan_tier params_on = ZO_PLAN_GPU, grads_on = ZO_PLAN_GPU, ck_on = ZO_PLAN_GPU;
     method_flags mf;
     method_flags_init(&mf);
     zo_status st = ZO_OK;
@@ -645,7 +601,7 @@ static int cmd_estimate(int argc, char **argv)
         case OPT_PARAMS:
             /* --params is both a placement (gpu|cpu|nvme) and a size */
             if (!strcasecmp(optarg, "gpu") || !strcasecmp(optarg, "cpu") || !strcasecmp(optarg, "nvme"))
-                st = parse_tier(optarg, "--params", 1, &params_on);
+                st = zo_plan_tier_parse(optarg, "--params", 1, &params_on);
             else
                 st = zo_parse_count(optarg, "--params", &params_n);
             break;
@@ -662,29 +618,20 @@ static int cmd_estimate(int argc, char **argv)
         case OPT_GRAD_ACCUM: st = field_int(optarg, "--grad-accum", "training.grad_accum", &v); f.grad_accum = (int)v; break;
         case OPT_DTYPE: st = zo_dtype_parse(optarg, &f.dtype); dtype_set = 1; break;
         case OPT_GRAD_DTYPE: st = zo_dtype_parse(optarg, &f.grad_dtype); grad_dtype_set = 1; break;
-        case OPT_OPTIM:
-            if (!strcasecmp(optarg, "adamw") || !strcasecmp(optarg, "adam")) f.optimizer = PLAN_OPT_ADAMW;
-            else if (!strcasecmp(optarg, "sgd")) f.optimizer = PLAN_OPT_SGD;
-            else st = zo_error(ZO_ERR_INVALID, "--optim: '%s' is not adamw or sgd", optarg);
-            break;
+        case OPT_OPTIM: st = zo_plan_optimizer_parse(optarg, "--optim", &f.optimizer); break;
         case OPT_DP: st = field_int(optarg, "--dp", "parallel.dp", &i_dp.v); i_dp.set = 1; break;
         case OPT_TP: st = field_int(optarg, "--tp", "parallel.tp", &i_tp.v); i_tp.set = 1; break;
         case OPT_PP: st = field_int(optarg, "--pp", "parallel.pp", &i_pp.v); i_pp.set = 1; break;
         case OPT_SP: f.sp = 1; break;
         case OPT_VPP: st = field_int(optarg, "--vpp", "parallel.vpp", &v); f.vpp = (int)v; break;
         case OPT_ZERO: st = field_int(optarg, "--zero", "parallel.zero", &v); f.zero = (int)v; break;
-        case OPT_RECOMPUTE:
-            if (!strcasecmp(optarg, "none")) f.recompute = PLAN_RECOMPUTE_NONE;
-            else if (!strcasecmp(optarg, "selective")) f.recompute = PLAN_RECOMPUTE_SELECTIVE;
-            else if (!strcasecmp(optarg, "full")) f.recompute = PLAN_RECOMPUTE_FULL;
-            else st = zo_error(ZO_ERR_INVALID, "--recompute: '%s' is not none, selective or full", optarg);
-            break;
+        case OPT_RECOMPUTE: st = zo_plan_recompute_parse(optarg, "--recompute", &f.recompute); break;
         case OPT_NO_FLASH: break;
         case OPT_DROPOUT: dropout = 1; break;
         case OPT_NO_DROPOUT: dropout = 0; break;
-        case OPT_GRADS: st = parse_tier(optarg, "--grads", 0, &grads_on); grads_set = 1; break;
-        case OPT_OPTIMIZER: st = parse_fractions(optarg, "--optimizer", 1, opt_frac); break;
-        case OPT_CHECKPOINTS: st = parse_tier(optarg, "--checkpoints", 0, &ck_on); break;
+        case OPT_GRADS: st = zo_plan_tier_parse(optarg, "--grads", 0, &grads_on); grads_set = 1; break;
+        case OPT_OPTIMIZER: st = zo_plan_fractions_parse(optarg, "--optimizer", 1, opt_frac); break;
+        case OPT_CHECKPOINTS: st = zo_plan_tier_parse(optarg, "--checkpoints", 0, &ck_on); break;
         case OPT_CUDA_CONTEXT:
             st = field_u64(optarg, "--cuda-context", "buffers.cuda_context", 0, &f.buf.cuda_context);
             break;
@@ -795,7 +742,7 @@ static int cmd_estimate(int argc, char **argv)
     t.params_on = params_on;
     memcpy(t.opt_frac, opt_frac, sizeof opt_frac);
     /* the CPU optimizer needs the gradients on the host: follow it unless told */
-    t.grads_on = grads_set ? grads_on : (opt_frac[PLAN_GPU] < 1 ? PLAN_CPU : PLAN_GPU);
+    t.grads_on = grads_set ? grads_on : (opt_frac[ZO_PLAN_GPU] < 1 ? ZO_PLAN_CPU : ZO_PLAN_GPU);
     t.checkpoints_on = ck_on;
     if (seen[OPT_CUDA_CONTEXT]) t.buf.cuda_context = f.buf.cuda_context;
     if (seen[OPT_CUBLAS_WS]) t.buf.cublas_workspace = f.buf.cublas_workspace;
@@ -977,12 +924,12 @@ typedef struct plan_args {
     long gpus, seq, global_batch, max_gpus, top;
     int dtype_set, grad_dtype_set, no_flash, dropout, json_flag;
     zo_dtype dtype, grad_dtype;
-    plan_optimizer optim;
+    zo_plan_optimizer optim;
     shape_flags sf;
     plan_space space; /* the fields the flags set; defaults filled later */
     int zero_set, zmin, zmax;
     long tp, pp, ep, max_mb, opt_steps, max_prefetch;
-    double opt_min[PLAN_TIERS];
+    double opt_min[ZO_PLAN_TIERS];
     int recompute, no_offload, no_nvme;
     plan_objective objective;
     /* working buffers: the values, and which flags set them */
@@ -1023,11 +970,7 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
         case OPT_GLOBAL_BATCH: st = zo_parse_int(optarg, "--global-batch", 1, 1 << 30, &a->global_batch); break;
         case OPT_DTYPE: st = zo_dtype_parse(optarg, &a->dtype); a->dtype_set = 1; break;
         case OPT_GRAD_DTYPE: st = zo_dtype_parse(optarg, &a->grad_dtype); a->grad_dtype_set = 1; break;
-        case OPT_OPTIM:
-            if (!strcasecmp(optarg, "adamw") || !strcasecmp(optarg, "adam")) a->optim = PLAN_OPT_ADAMW;
-            else if (!strcasecmp(optarg, "sgd")) a->optim = PLAN_OPT_SGD;
-            else st = zo_error(ZO_ERR_INVALID, "--optim: '%s' is not adamw or sgd", optarg);
-            break;
+        case OPT_OPTIM: st = zo_plan_optimizer_parse(optarg, "--optim", &a->optim); break;
         case OPT_NO_FLASH: a->no_flash = 1; break;
         case OPT_DROPOUT: a->dropout = 1; break;
         case OPT_NO_DROPOUT: a->dropout = 0; break;
@@ -1050,12 +993,12 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
         case OPT_TP: st = field_int(optarg, "--tp", "parallel.tp", &a->tp); break;
         case OPT_PP: st = field_int(optarg, "--pp", "parallel.pp", &a->pp); break;
         case OPT_EP: st = field_int(optarg, "--ep", "parallel.ep", &a->ep); break;
-        case OPT_RECOMPUTE:
-            if (!strcasecmp(optarg, "none")) a->recompute = PLAN_RECOMPUTE_NONE;
-            else if (!strcasecmp(optarg, "selective")) a->recompute = PLAN_RECOMPUTE_SELECTIVE;
-            else if (!strcasecmp(optarg, "full")) a->recompute = PLAN_RECOMPUTE_FULL;
-            else st = zo_error(ZO_ERR_INVALID, "--recompute: '%s' is not none, selective or full", optarg);
+        case OPT_RECOMPUTE: {
+            zo_plan_recompute r = ZO_PLAN_RECOMPUTE_NONE;
+            st = zo_plan_recompute_parse(optarg, "--recompute", &r);
+            a->recompute = (int)r;
             break;
+        }
         case OPT_SVG: a->svg_path = optarg; break;
         case OPT_CUDA_CONTEXT:
             st = field_u64(optarg, "--cuda-context", "buffers.cuda_context", 0, &a->buf.cuda_context);
@@ -1086,7 +1029,7 @@ static int parse_plan_args(int argc, char **argv, plan_args *a, const char *usag
         case PO_NO_NVME: a->no_nvme = 1; break;
         case PO_MAX_MB: st = zo_parse_int(optarg, "--max-micro-batch", 1, 1 << 16, &a->max_mb); break;
         case PO_OPT_STEPS: st = zo_parse_int(optarg, "--opt-steps", 1, PLAN_OPT_STEPS_MAX, &a->opt_steps); break;
-        case PO_OPT_MIN: st = parse_fractions(optarg, "--optimizer-min", 0, a->opt_min); break;
+        case PO_OPT_MIN: st = zo_plan_fractions_parse(optarg, "--optimizer-min", 0, a->opt_min); break;
         case PO_MAX_PREFETCH:
             st = field_int(optarg, "--max-prefetch", "buffers.prefetch_depth", &a->max_prefetch);
             break;
@@ -1170,17 +1113,17 @@ static void print_plan_line(const plan_candidate *c, const char *lead)
     printf("%s%d GPU%s: DP %d%s x TP %d%s x PP %d%s, ZeRO-%d, micro-batch %d x %d, recompute %s\n",
            lead, c->gpus, c->gpus == 1 ? "" : "s", t->dp, ep, t->tp, t->sp ? " (+SP)" : "", t->pp,
            t->vpp > 1 ? " (interleaved)" : "", t->zero, t->micro_batch, t->grad_accum,
-           plan_recompute_name(t->recompute));
+           zo_plan_recompute_name(t->recompute));
     char ad[32] = "";
-    if (t->method != PLAN_METHOD_FULL) snprintf(ad, sizeof ad, ", adapters on %s", plan_tier_name(t->adapters_on));
+    if (t->method != ZO_PLAN_FULL) snprintf(ad, sizeof ad, ", adapters on %s", zo_plan_tier_name(t->adapters_on));
     printf("%s%s on %s%s, gradients on %s, optimizer on %s, checkpoints on %s, prefetch %d, "
            "optimizer schedule %s\n",
-           lead, t->method == PLAN_METHOD_FULL ? "weights" : "frozen base",
-           plan_tier_name(t->params_on), ad, plan_tier_name(t->grads_on), fr,
-           plan_tier_name(t->checkpoints_on), t->buf.prefetch_depth, plan_schedule_name(t->schedule));
+           lead, t->method == ZO_PLAN_FULL ? "weights" : "frozen base",
+           zo_plan_tier_name(t->params_on), ad, zo_plan_tier_name(t->grads_on), fr,
+           zo_plan_tier_name(t->checkpoints_on), t->buf.prefetch_depth, zo_plan_schedule_name(t->schedule));
     printf("%sper rank: GPU %.1f GiB, CPU %.1f GiB, NVMe %.1f GiB\n", lead,
-           (double)c->total[PLAN_GPU] / (1 << 30), (double)c->total[PLAN_CPU] / (1 << 30),
-           (double)c->total[PLAN_NVME] / (1 << 30));
+           (double)c->total[ZO_PLAN_GPU] / (1 << 30), (double)c->total[ZO_PLAN_CPU] / (1 << 30),
+           (double)c->total[ZO_PLAN_NVME] / (1 << 30));
 }
 
 

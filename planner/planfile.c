@@ -6,23 +6,6 @@
 
 #include "common/json.h" /* defines: zo_json_parse */
 
-/* The schema's enums are the planner's, value for value. */
-_Static_assert((int)ZO_PLAN_GPU == PLAN_GPU && (int)ZO_PLAN_CPU == PLAN_CPU &&
-                   (int)ZO_PLAN_NVME == PLAN_NVME && (int)ZO_PLAN_TIERS == PLAN_TIERS,
-               "plan tiers");
-_Static_assert((int)ZO_PLAN_RECOMPUTE_NONE == PLAN_RECOMPUTE_NONE &&
-                   (int)ZO_PLAN_RECOMPUTE_SELECTIVE == PLAN_RECOMPUTE_SELECTIVE &&
-                   (int)ZO_PLAN_RECOMPUTE_FULL == PLAN_RECOMPUTE_FULL,
-               "recompute");
-_Static_assert((int)ZO_PLAN_ADAMW == PLAN_OPT_ADAMW && (int)ZO_PLAN_SGD == PLAN_OPT_SGD, "optimizer");
-_Static_assert((int)ZO_PLAN_FULL == PLAN_METHOD_FULL && (int)ZO_PLAN_LORA == PLAN_METHOD_LORA &&
-                   (int)ZO_PLAN_QLORA == PLAN_METHOD_QLORA,
-               "method");
-_Static_assert((int)ZO_PLAN_SCHED_SERIAL == PLAN_SCHED_SERIAL &&
-                   (int)ZO_PLAN_SCHED_OVERLAP == PLAN_SCHED_OVERLAP &&
-                   (int)ZO_PLAN_SCHED_DPU == PLAN_SCHED_DPU,
-               "schedule");
-
 /* ---- hardware ----------------------------------------------------------------------- */
 
 cJSON *plan_hw_json(const plan_hw *hw) { return zo_hw_profile_write_json(hw); }
@@ -72,20 +55,20 @@ void plan_file_from(const zo_model_config *m, const plan_hw *hw, const plan_trai
     p->training = (zo_plan_training){
         .seq = t->seq, .micro_batch = t->micro_batch, .grad_accum = t->grad_accum,
         .dtype = t->dtype, .grad_dtype = t->grad_dtype,
-        .optimizer = (zo_plan_optimizer)t->optimizer, .recompute = (zo_plan_recompute)t->recompute,
+        .optimizer = t->optimizer, .recompute = t->recompute,
         .flash_attn = t->flash_attn, .dropout = t->dropout, .dp_overlap = t->dp_overlap,
-        .fused_grad_accum = t->fused_grad_accum, .method = (zo_plan_method)t->method,
-        .optimizer_schedule = (zo_plan_schedule)t->schedule, .dpu_warmup = t->dpu_warmup,
+        .fused_grad_accum = t->fused_grad_accum, .method = t->method,
+        .optimizer_schedule = t->schedule, .dpu_warmup = t->dpu_warmup,
         .opt_threads = t->opt_threads, .clip_stale = t->clip_stale,
-        .has_lora = t->method != PLAN_METHOD_FULL, .lora = t->lora};
+        .has_lora = t->method != ZO_PLAN_FULL, .lora = t->lora};
     if (!p->training.has_lora) memset(&p->training.lora, 0, sizeof p->training.lora);
     p->parallel = (zo_plan_parallel){.dp = t->dp, .tp = t->tp, .pp = t->pp, .vpp = t->vpp,
                                      .sp = t->sp, .ep = t->ep,
                                      .capacity_factor = t->capacity_factor, .zero = t->zero};
-    p->placement.params = (zo_plan_tier)t->params_on;
-    p->placement.grads = (zo_plan_tier)t->grads_on;
-    p->placement.checkpoints = (zo_plan_tier)t->checkpoints_on;
-    p->placement.adapters = (zo_plan_tier)t->adapters_on;
+    p->placement.params = t->params_on;
+    p->placement.grads = t->grads_on;
+    p->placement.checkpoints = t->checkpoints_on;
+    p->placement.adapters = t->adapters_on;
     memcpy(p->placement.optimizer, t->opt_frac, sizeof p->placement.optimizer);
     p->nvme.sub_group = t->buf.sub_group;
     p->nvme.swap_buffers = t->buf.swap_buffers;
@@ -96,7 +79,7 @@ void plan_file_from(const zo_model_config *m, const plan_hw *hw, const plan_trai
         .fragmentation = t->buf.fragmentation};
     if (!e) return;
     p->has_predicted = 1;
-    for (int i = 0; i < PLAN_TIERS; i++) {
+    for (int i = 0; i < ZO_PLAN_TIERS; i++) {
         p->predicted.peak_bytes[i] = e->total[i];
         p->predicted.capacity_bytes[i] = e->capacity[i];
     }
@@ -135,15 +118,15 @@ zo_status plan_file_to(const zo_plan *p, const char *path, zo_model_config *m, p
     t->grad_accum = tr->grad_accum;
     t->dtype = tr->dtype;
     t->grad_dtype = tr->grad_dtype;
-    t->optimizer = (plan_optimizer)tr->optimizer;
-    t->recompute = (plan_recompute)tr->recompute;
+    t->optimizer = tr->optimizer;
+    t->recompute = tr->recompute;
     t->flash_attn = tr->flash_attn;
     t->dropout = tr->dropout;
     t->dp_overlap = tr->dp_overlap;
     t->fused_grad_accum = tr->fused_grad_accum;
-    t->method = (plan_method)tr->method;
+    t->method = tr->method;
     if (tr->has_lora) t->lora = tr->lora;
-    t->schedule = (plan_schedule)tr->optimizer_schedule;
+    t->schedule = tr->optimizer_schedule;
     t->dpu_warmup = tr->dpu_warmup;
     t->opt_threads = tr->opt_threads;
     t->clip_stale = tr->clip_stale;
@@ -155,10 +138,10 @@ zo_status plan_file_to(const zo_plan *p, const char *path, zo_model_config *m, p
     t->ep = p->parallel.ep;
     t->capacity_factor = p->parallel.capacity_factor;
     t->zero = p->parallel.zero;
-    t->params_on = (plan_tier)p->placement.params;
-    t->grads_on = (plan_tier)p->placement.grads;
-    t->checkpoints_on = (plan_tier)p->placement.checkpoints;
-    t->adapters_on = (plan_tier)p->placement.adapters;
+    t->params_on = p->placement.params;
+    t->grads_on = p->placement.grads;
+    t->checkpoints_on = p->placement.checkpoints;
+    t->adapters_on = p->placement.adapters;
     memcpy(t->opt_frac, p->placement.optimizer, sizeof t->opt_frac);
     t->buf.sub_group = p->nvme.sub_group;
     t->buf.swap_buffers = p->nvme.swap_buffers;
@@ -182,10 +165,10 @@ zo_status plan_file_predict(const zo_plan *p, const char *path, int schedule, pl
     zo_status st = plan_file_to(p, path, &m, &hw, &t);
     if (st != ZO_OK) return st;
     if (schedule >= 0) {
-        if (schedule >= PLAN_SCHEDULES)
+        if (schedule >= ZO_PLAN_SCHEDULES)
             return zo_error(ZO_ERR_INVALID, "%s: schedule %d is not serial, overlap or dpu", path,
                             schedule);
-        t.schedule = (plan_schedule)schedule;
+        t.schedule = schedule;
     }
     plan_estimate est;
     if (!e) e = &est;

@@ -8,23 +8,23 @@
 #include "common/plan_schema.h" /* defines: zo_plan_model_write_json */
 #include "common/units.h"
 
-void plan_format_fractions(const double f[PLAN_TIERS], char *buf, size_t len)
+void plan_format_fractions(const double f[ZO_PLAN_TIERS], char *buf, size_t len)
 {
     int nonzero = 0, only = 0;
-    for (int i = 0; i < PLAN_TIERS; i++)
+    for (int i = 0; i < ZO_PLAN_TIERS; i++)
         if (f[i] > 0) {
             nonzero++;
             only = i;
         }
     if (nonzero == 1) {
-        snprintf(buf, len, "%s", plan_tier_name((plan_tier)only));
+        snprintf(buf, len, "%s", zo_plan_tier_name((zo_plan_tier)only));
         return;
     }
     buf[0] = '\0';
-    for (int i = 0, first = 1; i < PLAN_TIERS; i++) {
+    for (int i = 0, first = 1; i < ZO_PLAN_TIERS; i++) {
         if (f[i] <= 0) continue;
         size_t u = strlen(buf);
-        snprintf(buf + u, len - u, "%s%s=%g", first ? "" : ",", plan_tier_name((plan_tier)i), f[i]);
+        snprintf(buf + u, len - u, "%s%s=%g", first ? "" : ",", zo_plan_tier_name((zo_plan_tier)i), f[i]);
         first = 0;
     }
 }
@@ -32,13 +32,13 @@ void plan_format_fractions(const double f[PLAN_TIERS], char *buf, size_t len)
 void plan_json_add_placement(cJSON *parent, const plan_train *t)
 {
     cJSON *jp = cJSON_AddObjectToObject(parent, "placement");
-    cJSON_AddStringToObject(jp, "params", plan_tier_name(t->params_on));
-    cJSON_AddStringToObject(jp, "grads", plan_tier_name(t->grads_on));
+    cJSON_AddStringToObject(jp, "params", zo_plan_tier_name(t->params_on));
+    cJSON_AddStringToObject(jp, "grads", zo_plan_tier_name(t->grads_on));
     cJSON *jo = cJSON_AddObjectToObject(jp, "optimizer");
-    for (int i = 0; i < PLAN_TIERS; i++)
-        cJSON_AddNumberToObject(jo, plan_tier_name((plan_tier)i), t->opt_frac[i]);
-    cJSON_AddStringToObject(jp, "checkpoints", plan_tier_name(t->checkpoints_on));
-    cJSON_AddStringToObject(jp, "adapters", plan_tier_name(t->adapters_on));
+    for (int i = 0; i < ZO_PLAN_TIERS; i++)
+        cJSON_AddNumberToObject(jo, zo_plan_tier_name((zo_plan_tier)i), t->opt_frac[i]);
+    cJSON_AddStringToObject(jp, "checkpoints", zo_plan_tier_name(t->checkpoints_on));
+    cJSON_AddStringToObject(jp, "adapters", zo_plan_tier_name(t->adapters_on));
 }
 
 static void add_u64(cJSON *o, const char *k, uint64_t v) { cJSON_AddNumberToObject(o, k, (double)v); }
@@ -75,7 +75,7 @@ cJSON *plan_report_time_json(const plan_time *pt)
     cJSON_AddNumberToObject(tot, "d2h", pt->d2h_total);
     cJSON_AddNumberToObject(tot, "nvme", pt->nvme_total);
     cJSON *js = cJSON_AddObjectToObject(jt, "schedule");
-    cJSON_AddStringToObject(js, "name", plan_schedule_name(pt->schedule));
+    cJSON_AddStringToObject(js, "name", zo_plan_schedule_name(pt->schedule));
     cJSON_AddNumberToObject(js, "serial_step_s", pt->serial_step);
     cJSON_AddNumberToObject(js, "optimizer_s", pt->opt_s);
     cJSON_AddNumberToObject(js, "overlapped_s", pt->opt_hidden);
@@ -108,8 +108,8 @@ static void add_suggestions(cJSON *root, const plan_suggestions *sg)
         cJSON_AddNumberToObject(o, "tokens_per_s", a->time.tokens_per_s);
         cJSON_AddNumberToObject(o, "mfu", a->time.mfu);
         cJSON *pr = cJSON_AddObjectToObject(o, "per_rank");
-        for (int tier = 0; tier < PLAN_TIERS; tier++)
-            add_u64(pr, plan_tier_name((plan_tier)tier), a->total[tier]);
+        for (int tier = 0; tier < ZO_PLAN_TIERS; tier++)
+            add_u64(pr, zo_plan_tier_name((zo_plan_tier)tier), a->total[tier]);
         cJSON_AddItemToArray(arr, o);
     }
 }
@@ -123,8 +123,8 @@ static void print_suggestions(FILE *out, const plan_suggestions *sg)
         fprintf(out, "         %2d. %9.3f s/step %10.4g tokens/s  %s\n", i + 1, a->time.step,
                 a->time.tokens_per_s, a->flags);
         fprintf(out, "             (%s; per rank GPU %.1f, CPU %.1f, NVMe %.1f GiB)\n", a->what,
-                (double)a->total[PLAN_GPU] / (1 << 30), (double)a->total[PLAN_CPU] / (1 << 30),
-                (double)a->total[PLAN_NVME] / (1 << 30));
+                (double)a->total[ZO_PLAN_GPU] / (1 << 30), (double)a->total[ZO_PLAN_CPU] / (1 << 30),
+                (double)a->total[ZO_PLAN_NVME] / (1 << 30));
     }
 }
 
@@ -151,7 +151,7 @@ cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_
     cJSON_AddNumberToObject(jc, "global_batch", (double)t->micro_batch * t->grad_accum * t->dp);
     cJSON_AddStringToObject(jc, "dtype", zo_dtype_name(t->dtype));
     cJSON_AddStringToObject(jc, "grad_dtype", zo_dtype_name(t->grad_dtype));
-    cJSON_AddStringToObject(jc, "optimizer", t->optimizer == PLAN_OPT_ADAMW ? "adamw" : "sgd");
+    cJSON_AddStringToObject(jc, "optimizer", t->optimizer == ZO_PLAN_ADAMW ? "adamw" : "sgd");
     cJSON_AddNumberToObject(jc, "dp", t->dp);
     cJSON_AddNumberToObject(jc, "tp", t->tp);
     cJSON_AddNumberToObject(jc, "pp", t->pp);
@@ -160,27 +160,27 @@ cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_
     cJSON_AddNumberToObject(jc, "capacity_factor", t->capacity_factor);
     cJSON_AddBoolToObject(jc, "sp", t->sp);
     cJSON_AddNumberToObject(jc, "zero", t->zero);
-    cJSON_AddStringToObject(jc, "recompute", plan_recompute_name(t->recompute));
+    cJSON_AddStringToObject(jc, "recompute", zo_plan_recompute_name(t->recompute));
     cJSON_AddBoolToObject(jc, "flash_attn", t->flash_attn);
     cJSON_AddBoolToObject(jc, "dropout", t->dropout);
     cJSON_AddStringToObject(jc, "schedule", t->vpp > 1 ? "interleaved-1f1b" : "1f1b");
-    cJSON_AddStringToObject(jc, "method", plan_method_name(t->method));
-    if (t->method != PLAN_METHOD_FULL) {
+    cJSON_AddStringToObject(jc, "method", zo_plan_method_name(t->method));
+    if (t->method != ZO_PLAN_FULL) {
         char tg[64];
         cJSON *jl = cJSON_AddObjectToObject(jc, "lora");
         cJSON_AddNumberToObject(jl, "r", t->lora.r);
         cJSON_AddNumberToObject(jl, "alpha", t->lora.alpha);
         cJSON_AddStringToObject(jl, "targets", zo_lora_targets_str(t->lora.targets, tg, sizeof tg));
     }
-    cJSON_AddStringToObject(jc, "optimizer_schedule", plan_schedule_name(t->schedule));
+    cJSON_AddStringToObject(jc, "optimizer_schedule", zo_plan_schedule_name(t->schedule));
     cJSON_AddNumberToObject(jc, "dpu_warmup", t->dpu_warmup);
     cJSON_AddNumberToObject(jc, "opt_threads", t->opt_threads);
     cJSON_AddBoolToObject(jc, "clip_stale", t->clip_stale);
     plan_json_add_placement(jc, t);
     /* the split as the runtime makes it (the GPU's share in whole blocks) */
     cJSON *jo = cJSON_AddObjectToObject(cJSON_GetObjectItem(jc, "placement"), "optimizer_blocks");
-    for (int i = 0; i < PLAN_TIERS; i++)
-        cJSON_AddNumberToObject(jo, plan_tier_name((plan_tier)i), e->opt_share[i]);
+    for (int i = 0; i < ZO_PLAN_TIERS; i++)
+        cJSON_AddNumberToObject(jo, zo_plan_tier_name((zo_plan_tier)i), e->opt_share[i]);
     cJSON *jb = cJSON_AddObjectToObject(jc, "buffers");
     add_u64(jb, "cuda_context", t->buf.cuda_context);
     add_u64(jb, "cublas_workspace", t->buf.cublas_workspace);
@@ -193,8 +193,8 @@ cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_
     cJSON_AddNumberToObject(jb, "swap_buffers", t->buf.swap_buffers);
 
     cJSON *jr = cJSON_AddObjectToObject(root, "per_rank");
-    for (int tier = 0; tier < PLAN_TIERS; tier++) {
-        cJSON *jt = cJSON_AddObjectToObject(jr, plan_tier_name((plan_tier)tier));
+    for (int tier = 0; tier < ZO_PLAN_TIERS; tier++) {
+        cJSON *jt = cJSON_AddObjectToObject(jr, zo_plan_tier_name((zo_plan_tier)tier));
         for (int k = 0; k < PLAN_KINDS; k++) {
             if (k == PLAN_ACTIVATIONS && !e->activations_known)
                 cJSON_AddNullToObject(jt, plan_kind_name((plan_kind)k));
@@ -206,7 +206,7 @@ cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_
         cJSON_AddBoolToObject(jt, "fits", e->total[tier] <= e->capacity[tier]);
         cJSON *items = cJSON_AddArrayToObject(jt, "items");
         for (int i = 0; i < e->n_items; i++) {
-            if (e->items[i].tier != (plan_tier)tier) continue;
+            if (e->items[i].tier != (zo_plan_tier)tier) continue;
             cJSON *it = cJSON_CreateObject();
             cJSON_AddStringToObject(it, "name", e->items[i].name);
             cJSON_AddStringToObject(it, "kind", plan_kind_name(e->items[i].kind));
@@ -220,7 +220,7 @@ cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_
     add_u64(root, "rank_params", e->rank_params);
     add_u64(root, "trainable_params", e->trainable);
     add_u64(root, "rank_trainable_params", e->train_params);
-    if (t->method != PLAN_METHOD_FULL) {
+    if (t->method != ZO_PLAN_FULL) {
         add_u64(root, "frozen_bytes", e->weight_bytes - e->train_params * zo_dtype_size(t->dtype));
         add_u64(root, "nf4_bytes", e->nf4_bytes);
     }
@@ -230,8 +230,8 @@ cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_
     }
     cJSON_AddBoolToObject(root, "fits", e->fits);
     cJSON *js = cJSON_AddObjectToObject(root, "shortfall");
-    for (int tier = 0; tier < PLAN_TIERS; tier++)
-        add_u64(js, plan_tier_name((plan_tier)tier),
+    for (int tier = 0; tier < ZO_PLAN_TIERS; tier++)
+        add_u64(js, zo_plan_tier_name((zo_plan_tier)tier),
                 e->total[tier] > e->capacity[tier] ? e->total[tier] - e->capacity[tier] : 0);
     add_suggestions(root, sg);
     if (pt) cJSON_AddItemToObject(root, "time", plan_report_time_json(pt));
@@ -316,19 +316,19 @@ void plan_report_schedule(FILE *out, const plan_time *pt)
 {
     if (pt->sched.cpu_n <= 0) return;
     char b[32], c[32], d[32];
-    static const char *what[PLAN_SCHEDULES] = {
+    static const char *what[ZO_PLAN_SCHEDULES] = {
         "serial: the CPU update after the backward",
         "overlap: the CPU update block by block beside the GPU's work",
         "dpu: each step's CPU update beside the next step's forward and backward",
     };
     fprintf(out, "  optimizer schedule %s\n", what[pt->schedule]);
-    if (pt->schedule == PLAN_SCHED_OVERLAP)
+    if (pt->schedule == ZO_PLAN_SCHED_OVERLAP)
         fprintf(out, "    %s\n", pt->clip_stale ? "updates start as each block's gradients are "
                                                   "complete (clipping by the previous step's norm)"
                                                 : "exact clipping: updates start after the "
                                                   "backward, each next forward block waits for "
                                                   "its own");
-    if (pt->schedule == PLAN_SCHED_DPU)
+    if (pt->schedule == ZO_PLAN_SCHED_DPU)
         fprintf(out, "    after %d serial steps; from then on a step computes with the weights "
                      "before the previous step's update\n", pt->dpu_warmup);
     fprintf(out, "    CPU optimizer %s on %.3g threads (%.3g params/s): %s beside GPU work, %s "
@@ -338,7 +338,7 @@ void plan_report_schedule(FILE *out, const plan_time *pt)
             pt->bound == PLAN_BOUND_GPU ? "the GPU's work" : pt->bound == PLAN_BOUND_OPT
                                                                  ? "the CPU optimizer"
                                                                  : plan_bound_name(pt->bound));
-    if (pt->schedule != PLAN_SCHED_SERIAL)
+    if (pt->schedule != ZO_PLAN_SCHED_SERIAL)
         fprintf(out, "    the serial schedule: %s per step (%.2fx this one)\n",
                 secs(pt->serial_step, b, sizeof b), pt->serial_step / pt->step);
 }
@@ -365,11 +365,11 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
             "PP %d%s, ZeRO-%d\n",
             t->seq, t->seq_is_default ? " (default: the model's positions, at most 4096)" : "",
             t->micro_batch, t->grad_accum, zo_dtype_name(t->dtype),
-            zo_dtype_name(t->grad_dtype), t->optimizer == PLAN_OPT_ADAMW ? "AdamW" : "SGD", t->dp,
+            zo_dtype_name(t->grad_dtype), t->optimizer == ZO_PLAN_ADAMW ? "AdamW" : "SGD", t->dp,
             t->tp, t->sp ? " (+SP)" : "", t->pp, t->vpp > 1 ? " (interleaved)" : "", t->zero);
     /* the runtime's GPU share is whole blocks: say so when that moved it */
     char held[96] = "";
-    if (fabs(e->opt_share[PLAN_GPU] - t->opt_frac[PLAN_GPU]) > 1e-6) {
+    if (fabs(e->opt_share[ZO_PLAN_GPU] - t->opt_frac[ZO_PLAN_GPU]) > 1e-6) {
         char sh[64];
         plan_format_fractions(e->opt_share, sh, sizeof sh);
         snprintf(held, sizeof held, " (in whole blocks: %s)", sh);
@@ -381,25 +381,25 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
     fprintf(out,
             "  recompute %s, %s attention%s; params on %s, grads on %s, optimizer on %s%s, "
             "checkpoints on %s\n",
-            plan_recompute_name(t->recompute), t->flash_attn ? "flash" : "standard",
-            t->dropout ? ", dropout" : "", plan_tier_name(t->params_on),
-            plan_tier_name(t->grads_on), fr, held, plan_tier_name(t->checkpoints_on));
-    if (t->method != PLAN_METHOD_FULL) {
+            zo_plan_recompute_name(t->recompute), t->flash_attn ? "flash" : "standard",
+            t->dropout ? ", dropout" : "", zo_plan_tier_name(t->params_on),
+            zo_plan_tier_name(t->grads_on), fr, held, zo_plan_tier_name(t->checkpoints_on));
+    if (t->method != ZO_PLAN_FULL) {
         char tg[64], tr[32], nf[32];
         fprintf(out, "  %s r %d (alpha %g) on %s: %s trainable parameters (%.3g%%, as PEFT counts "
                      "them)\n",
-                t->method == PLAN_METHOD_QLORA ? "QLoRA" : "LoRA", t->lora.r, (double)t->lora.alpha,
+                t->method == ZO_PLAN_QLORA ? "QLoRA" : "LoRA", t->lora.r, (double)t->lora.alpha,
                 zo_lora_targets_str(t->lora.targets, tg, sizeof tg),
                 group_digits(e->trainable, tr, sizeof tr),
                 100.0 * (double)e->trainable / (double)e->params);
-        if (t->method == PLAN_METHOD_QLORA)
+        if (t->method == ZO_PLAN_QLORA)
             fprintf(out, "    frozen base: the layers' linear weights in NF4 with double quantization "
                          "(%s), embeddings, head and norms in %s\n",
                     zo_format_bytes(e->nf4_bytes, nf, sizeof nf), zo_dtype_name(t->dtype));
         else
             fprintf(out, "    frozen base in %s\n", zo_dtype_name(t->dtype));
-        fprintf(out, "    the frozen base on %s, the adapters on %s\n", plan_tier_name(t->params_on),
-                plan_tier_name(t->adapters_on));
+        fprintf(out, "    the frozen base on %s, the adapters on %s\n", zo_plan_tier_name(t->params_on),
+                zo_plan_tier_name(t->adapters_on));
     }
     if (t->pp > 1)
         fprintf(out, "  per rank of pipeline stage %d (the one that needs the most GPU memory)\n",
@@ -408,16 +408,16 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
     plan_item sorted[PLAN_MAX_ITEMS];
     memcpy(sorted, e->items, sizeof(plan_item) * (size_t)e->n_items);
     qsort(sorted, (size_t)e->n_items, sizeof sorted[0], cmp_items);
-    for (int tier = 0; tier < PLAN_TIERS; tier++) {
-        if (!e->total[tier] && tier != PLAN_GPU) continue;
+    for (int tier = 0; tier < ZO_PLAN_TIERS; tier++) {
+        if (!e->total[tier] && tier != ZO_PLAN_GPU) continue;
         unit u = tier_unit(e->capacity[tier]);
         fprintf(out, "\n  %-4s per rank%s %10.2f %s of %.2f %s  %6.1f%%  %s\n", tier_title[tier],
-                tier == PLAN_GPU || e->ranks_per_node == 1 ? "" : " (node share)",
+                tier == ZO_PLAN_GPU || e->ranks_per_node == 1 ? "" : " (node share)",
                 (double)e->total[tier] / u.div, u.name, (double)e->capacity[tier] / u.div, u.name,
                 pct(e->total[tier], e->capacity[tier]),
                 e->total[tier] <= e->capacity[tier] ? "ok" : "OVER");
         for (int i = 0; i < e->n_items; i++) {
-            if (sorted[i].tier != (plan_tier)tier) continue;
+            if (sorted[i].tier != (zo_plan_tier)tier) continue;
             fprintf(out, "    %-12s %-58s %10.2f %s  %6.1f%%\n", plan_kind_name(sorted[i].kind),
                     sorted[i].name, (double)sorted[i].bytes / u.div, u.name,
                     pct(sorted[i].bytes, e->capacity[tier]));
@@ -428,19 +428,19 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
                      "shape or a config.json)\n");
     fprintf(out, "\n");
     if (e->fits) {
-        unit u = tier_unit(e->capacity[PLAN_GPU]);
-        fprintf(out, "verdict: fits (GPU %.1f%% of %.2f %s", pct(e->total[PLAN_GPU], e->capacity[PLAN_GPU]),
-                (double)e->capacity[PLAN_GPU] / u.div, u.name);
-        if (e->total[PLAN_CPU]) fprintf(out, ", CPU %.1f%%", pct(e->total[PLAN_CPU], e->capacity[PLAN_CPU]));
-        if (e->total[PLAN_NVME])
-            fprintf(out, ", NVMe %.1f%%", pct(e->total[PLAN_NVME], e->capacity[PLAN_NVME]));
+        unit u = tier_unit(e->capacity[ZO_PLAN_GPU]);
+        fprintf(out, "verdict: fits (GPU %.1f%% of %.2f %s", pct(e->total[ZO_PLAN_GPU], e->capacity[ZO_PLAN_GPU]),
+                (double)e->capacity[ZO_PLAN_GPU] / u.div, u.name);
+        if (e->total[ZO_PLAN_CPU]) fprintf(out, ", CPU %.1f%%", pct(e->total[ZO_PLAN_CPU], e->capacity[ZO_PLAN_CPU]));
+        if (e->total[ZO_PLAN_NVME])
+            fprintf(out, ", NVMe %.1f%%", pct(e->total[ZO_PLAN_NVME], e->capacity[ZO_PLAN_NVME]));
         fprintf(out, ")%s\n", e->activations_known ? "" : " for model states; activations unknown");
         if (pt) plan_report_time_table(out, pt);
         return;
     }
     fprintf(out, "verdict: does NOT fit:");
     const char *sep = " ";
-    for (int tier = 0; tier < PLAN_TIERS; tier++) {
+    for (int tier = 0; tier < ZO_PLAN_TIERS; tier++) {
         if (e->total[tier] <= e->capacity[tier]) continue;
         unit u = tier_unit(e->capacity[tier]);
         fprintf(out, "%s%s needs %.2f %s of %.2f %s (short by %.2f %s)", sep, tier_title[tier],
@@ -454,6 +454,6 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
     else
         fprintf(out, "         no offload setting%s alone makes it fit: add GPUs (--dp/--tp/--pp "
                      "with --zero) or shorten --seq / --micro-batch\n",
-                t->method == PLAN_METHOD_QLORA ? "" : ", LoRA or QLoRA");
+                t->method == ZO_PLAN_QLORA ? "" : ", LoRA or QLoRA");
     if (pt) plan_report_time_table(out, pt);
 }

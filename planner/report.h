@@ -43,6 +43,6 @@ cJSON *plan_json_model(const zo_model_config *m);
 void plan_json_add_placement(cJSON *parent, const plan_train *t);
 
 /* "optimizer cpu=0.5,nvme=0.5" style description of a fraction split. */
-void plan_format_fractions(const double frac[PLAN_TIERS], char *buf, size_t len);
+void plan_format_fractions(const double frac[ZO_PLAN_TIERS], char *buf, size_t len);
 
 #endif

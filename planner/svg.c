@@ -69,13 +69,13 @@ char *plan_svg(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
 {
     out o = {malloc(8192), 0, 8192, 0};
     if (!o.p) return NULL;
-    static const char *tier_title[PLAN_TIERS] = {"GPU", "CPU", "NVMe"};
-    int tiers[PLAN_TIERS], n_tiers = 0;
-    for (int i = 0; i < PLAN_TIERS; i++)
-        if (i == PLAN_GPU || e->total[i] > 0) tiers[n_tiers++] = i;
+    static const char *tier_title[ZO_PLAN_TIERS] = {"GPU", "CPU", "NVMe"};
+    int tiers[ZO_PLAN_TIERS], n_tiers = 0;
+    for (int i = 0; i < ZO_PLAN_TIERS; i++)
+        if (i == ZO_PLAN_GPU || e->total[i] > 0) tiers[n_tiers++] = i;
     int y_time = 110 + n_tiers * 70;
     /* an overlapped optimizer schedule: one more lane under the step */
-    int lane = pt && pt->schedule != PLAN_SCHED_SERIAL && pt->opt_s > 0;
+    int lane = pt && pt->schedule != ZO_PLAN_SCHED_SERIAL && pt->opt_s > 0;
     int height = y_time + (pt ? 150 : 20) + (lane ? 50 : 0);
 
     put(&o, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
@@ -90,18 +90,18 @@ char *plan_svg(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
     put_text(&o, hw->gpu);
     put(&o, "</text>\n");
     char method[96] = "";
-    if (t->method != PLAN_METHOD_FULL) {
+    if (t->method != ZO_PLAN_FULL) {
         char tg[64];
         snprintf(method, sizeof method, "%s r %d on %s; ",
-                 t->method == PLAN_METHOD_QLORA ? "QLoRA" : "LoRA", t->lora.r,
+                 t->method == ZO_PLAN_QLORA ? "QLoRA" : "LoRA", t->lora.r,
                  zo_lora_targets_str(t->lora.targets, tg, sizeof tg));
     }
     put(&o, "<text x=\"20\" y=\"50\">%sDP %d, TP %d%s, PP %d%s, ZeRO-%d, micro-batch %d x %d, "
             "seq %d, recompute %s; %s on %s, grads on %s, checkpoints on %s</text>\n",
         method, t->dp, t->tp, t->sp ? "+SP" : "", t->pp, t->vpp > 1 ? " interleaved" : "", t->zero,
-        t->micro_batch, t->grad_accum, t->seq, plan_recompute_name(t->recompute),
-        t->method == PLAN_METHOD_FULL ? "weights" : "base", plan_tier_name(t->params_on),
-        plan_tier_name(t->grads_on), plan_tier_name(t->checkpoints_on));
+        t->micro_batch, t->grad_accum, t->seq, zo_plan_recompute_name(t->recompute),
+        t->method == ZO_PLAN_FULL ? "weights" : "base", zo_plan_tier_name(t->params_on),
+        zo_plan_tier_name(t->grads_on), zo_plan_tier_name(t->checkpoints_on));
 
     /* legend of kinds */
     for (int k = 0; k < PLAN_KINDS; k++) {
@@ -191,7 +191,7 @@ char *plan_svg(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
             put(&o, "<text x=\"%d\" y=\"%d\" font-size=\"12\">optimizer schedule %s: %.3g s of "
                     "the CPU optimizer's %.3g s beside GPU work (light), %.3g s exposed; serial: "
                     "%.3g s</text>\n",
-                BAR_X, ly, plan_schedule_name(pt->schedule), pt->opt_hidden, pt->opt_s,
+                BAR_X, ly, zo_plan_schedule_name(pt->schedule), pt->opt_hidden, pt->opt_s,
                 pt->opt_exposed, pt->serial_step);
         }
     }
