@@ -14,7 +14,12 @@
 #include "status.h"
 
 /* Where a kind of state lives. */
-typedef enum zo_plan_tier { ZO_PLAN_GPU = 0, ZO_PLAN_CPU, ZO_PLAN_NVME, ZO_PLAN_TIERS } zo_plan_tier;
+typedef enum zo_plan_tier {
+    ZO_PLAN_GPU = 0,
+    ZO_PLAN_CPU,
+    ZO_PLAN_NVME,
+    ZO_PLAN_TIERS,
+} zo_plan_tier;
 
 /* Activation recomputation. */
 typedef enum zo_plan_recompute {
