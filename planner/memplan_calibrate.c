@@ -67,7 +67,7 @@ int cmd_calibrate(int argc, char **argv)
     plan_calibrate_opts o;
     plan_calibrate_defaults(&o);
     int rc = cli_parse(&cmd, argc, argv, &f, &o);
-    if (rc) return rc == CLI_HELP ? 0 : rc;
+    if (rc != CLI_PARSED) return rc;
     plan_hw hw;
     /* --json (the default) prints the profile; --json-out FILE writes it */
     if (plan_calibrate_run(&o, &hw) != ZO_OK ||

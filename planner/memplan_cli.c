@@ -272,7 +272,7 @@ int cli_parse(const cli_command *cmd, int argc, char **argv, cli_flags *f, void 
         if (c >= OPT_MODEL && c < OPT_END) f->seen[c] = 1;
         if (c == OPT_HELP) {
             fputs(cmd->usage, stdout);
-            return CLI_HELP;
+            return 0;
         }
         int known = parse_model_flag(cmd, c, optarg, f, &st) ||
                     parse_hw_flag(c, optarg, &f->hwf, &st) || parse_train_flag(c, optarg, f, &st) ||
@@ -282,7 +282,7 @@ int cli_parse(const cli_command *cmd, int argc, char **argv, cli_flags *f, void 
         if (!known) return usage_error(cmd, c, argc, argv);
         if (st) return fail();
     }
-    return optind < argc ? usage_error(cmd, c, argc, argv) : 0;
+    return optind < argc ? usage_error(cmd, c, argc, argv) : CLI_PARSED;
 }
 
 /* ---- applying the flags ---------------------------------------------------------------- */

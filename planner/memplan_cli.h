@@ -21,8 +21,9 @@
 
 #define EXIT_NOFIT 1
 #define EXIT_BADINPUT 2
-/* cli_parse: --help printed (the command exits 0) */
-#define CLI_HELP (-1)
+/* cli_parse: the arguments are read, the command goes on (any other value
+ * is its exit status: 0 after --help, EXIT_BADINPUT after a message) */
+#define CLI_PARSED (-1)
 
 #define DEFAULT_HW "h100-80gb"
 
@@ -136,8 +137,8 @@ typedef struct cli_command {
 } cli_command;
 
 /* Parse a command's arguments (argv[0] is the command): the shared flags
- * into `f`, the command's own into `own`. 0: parsed; CLI_HELP: --help
- * printed; EXIT_BADINPUT: a message printed. */
+ * into `f`, the command's own into `own`. CLI_PARSED, or the exit status:
+ * 0 when --help was printed, EXIT_BADINPUT after a message. */
 int cli_parse(const cli_command *cmd, int argc, char **argv, cli_flags *f, void *own);
 
 /* A flag that sets a field of the plan ("training.seq"): an integer or a
@@ -202,16 +203,25 @@ typedef struct search_flags {
     const char *family, *strategy;
 } search_flags;
 
-/* The arguments of plan or max-model (`name`, its --help `usage`): 0,
- * CLI_HELP or EXIT_BADINPUT. */
-int search_args_parse(int argc, char **argv, const char *name, const char *usage, cli_flags *f,
-                      search_flags *s);
+/* plan and max-model: the flags, the model (max-model: the family's shape
+ * at 1B), the machine and the space searched. */
+typedef struct search_cmd {
+    cli_flags f;
+    search_flags s;
+    zo_model_config m;
+    plan_hw hw;
+    plan_hw_basis basis;
+    plan_space space;
+} search_cmd;
+
+/* The arguments of plan or max-model (`name`, its --help `usage`), as
+ * cli_parse. */
+int search_cmd_parse(int argc, char **argv, const char *name, const char *usage, search_cmd *c);
 
 /* The machine of the flags, its GPUs those of --max-gpus or --gpus. */
-zo_status search_args_hw(const cli_flags *f, const search_flags *s, plan_hw *hw, plan_hw_basis *b);
+zo_status search_cmd_hw(search_cmd *c);
 
-/* The search space of the flags for model `m` on `hw`. */
-zo_status search_args_space(const cli_flags *f, const search_flags *s, const zo_model_config *m,
-                            const plan_hw *hw, plan_space *out);
+/* The search space of the flags for the model c->m on c->hw. */
+zo_status search_cmd_space(search_cmd *c);
 
 #endif

@@ -315,7 +315,7 @@ int cmd_estimate(int argc, char **argv)
     cli_flags f;
     estimate_flags e = {.opt_frac = {1, 0, 0}};
     int rc = cli_parse(&cmd, argc, argv, &f, &e);
-    if (rc) return rc == CLI_HELP ? 0 : rc;
+    if (rc != CLI_PARSED) return rc;
     zo_model_config m;
     plan_hw hw;
     plan_hw_basis basis;

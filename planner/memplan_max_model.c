@@ -195,47 +195,52 @@ static void print_none(plan_strategy strat, cJSON *rows, int print)
     cJSON_AddItemToArray(rows, row);
 }
 
+/* The family (--family, --model's, or gpt), its shape at 1B parameters in
+ * c->m, the machine, the strategy asked for (-1: every one) and the space. */
+static zo_status max_model_setup(search_cmd *c, const char **family, int *only)
+{
+    const cli_flags *f = &c->f;
+    zo_status st;
+    *family = c->s.family;
+    if (!*family && f->model) {
+        if ((st = build_model(f->model, 0, &f->sf, f->seq, &c->m)) != ZO_OK) return st;
+        *family = c->m.family;
+    }
+    if (!*family) *family = "gpt";
+    if ((st = plan_family_shape(*family, 1e9, &c->m)) != ZO_OK ||
+        (st = search_cmd_hw(c)) != ZO_OK || (st = parse_strategy(c->s.strategy, only)) != ZO_OK ||
+        (st = search_cmd_space(c)) != ZO_OK)
+        return st;
+    c->space.base.seq = f->seq ? (int)f->seq : 0;
+    return ZO_OK;
+}
+
 int cmd_max_model(int argc, char **argv)
 {
-    cli_flags f;
-    search_flags sch;
-    int rc = search_args_parse(argc, argv, "max-model", usage_max_model, &f, &sch);
-    if (rc) return rc == CLI_HELP ? 0 : rc;
-    zo_status st;
-    plan_hw hw;
-    plan_hw_basis basis;
-    plan_space base;
-    zo_model_config ref;
-    const char *family = sch.family;
-    if (!family && f.model) {
-        if ((st = build_model(f.model, 0, &f.sf, f.seq, &ref)) != ZO_OK) return fail();
-        family = ref.family;
-    }
-    if (!family) family = "gpt";
-    int only;
-    if ((st = plan_family_shape(family, 1e9, &ref)) != ZO_OK ||
-        (st = search_args_hw(&f, &sch, &hw, &basis)) != ZO_OK ||
-        (st = parse_strategy(sch.strategy, &only)) != ZO_OK ||
-        (st = search_args_space(&f, &sch, &ref, &hw, &base)) != ZO_OK)
-        return fail();
-    base.base.seq = f.seq ? (int)f.seq : 0;
+    search_cmd c;
+    int rc = search_cmd_parse(argc, argv, "max-model", usage_max_model, &c);
+    if (rc != CLI_PARSED) return rc;
+    const char *family;
+    int only, json = c.f.json;
+    if (max_model_setup(&c, &family, &only) != ZO_OK) return fail();
     /* --json / --json-out: the rows as JSON (docs/memplan-json.md) */
-    cJSON *rows = f.json || f.json_out ? cJSON_CreateArray() : NULL;
-    int one = hw.gpus == 1 && only < 0; /* on one GPU ZeRO and 3-D parallelism shard nothing */
-    if (!f.json) print_head(&hw, &basis, family, f.seq, ref.max_seq, one);
+    cJSON *rows = json || c.f.json_out ? cJSON_CreateArray() : NULL;
+    int one = c.hw.gpus == 1 && only < 0; /* on one GPU ZeRO and 3-D parallelism shard nothing */
+    if (!json) print_head(&c.hw, &c.basis, family, c.f.seq, c.m.max_seq, one);
     for (int i = 0; i < PLAN_STRATEGIES; i++) {
         if (only >= 0 && i != only) continue;
         if (one && i >= PLAN_STRAT_ZERO1 && i <= PLAN_STRAT_3D) continue;
         zo_model_config shape;
-        plan_candidate c;
+        plan_candidate cand;
         uint64_t n;
-        if ((st = plan_max_model(family, &hw, &base, (plan_strategy)i, &shape, &c, &n)) != ZO_OK) {
+        if (plan_max_model(family, &c.hw, &c.space, (plan_strategy)i, &shape, &cand, &n) != ZO_OK) {
             cJSON_Delete(rows);
             return fail();
         }
-        if (n) print_max_model_row((plan_strategy)i, &shape, &c, n, &hw, &basis, rows, !f.json);
-        else print_none((plan_strategy)i, rows, !f.json);
+        if (n)
+            print_max_model_row((plan_strategy)i, &shape, &cand, n, &c.hw, &c.basis, rows, !json);
+        else print_none((plan_strategy)i, rows, !json);
     }
-    if (rows && (st = emit_json(rows, f.json, f.json_out)) != ZO_OK) return fail();
+    if (rows && emit_json(rows, json, c.f.json_out) != ZO_OK) return fail();
     return 0;
 }

@@ -146,29 +146,30 @@ static int search_flag(int c, const char *arg, void *own, zo_status *st)
     }
 }
 
-int search_args_parse(int argc, char **argv, const char *name, const char *usage, cli_flags *f,
-                      search_flags *s)
+int search_cmd_parse(int argc, char **argv, const char *name, const char *usage, search_cmd *c)
 {
     const cli_command cmd = {name, usage, plan_opts, 1 << 20, 0, search_flag};
-    memset(s, 0, sizeof *s);
-    s->top = 5;
-    return cli_parse(&cmd, argc, argv, f, s);
+    memset(&c->s, 0, sizeof c->s);
+    c->s.top = 5;
+    return cli_parse(&cmd, argc, argv, &c->f, &c->s);
 }
 
-zo_status search_args_hw(const cli_flags *f, const search_flags *s, plan_hw *hw, plan_hw_basis *b)
+zo_status search_cmd_hw(search_cmd *c)
 {
-    zo_status st = build_hw(&f->hwf, hw, b);
+    zo_status st = build_hw(&c->f.hwf, &c->hw, &c->basis);
     if (st) return st;
-    if (s->max_gpus) hw->gpus = (int)s->max_gpus;
-    else if (f->gpus) hw->gpus = (int)f->gpus;
-    gpu_node_size(&f->hwf, b, hw);
+    if (c->s.max_gpus) c->hw.gpus = (int)c->s.max_gpus;
+    else if (c->f.gpus) c->hw.gpus = (int)c->f.gpus;
+    gpu_node_size(&c->f.hwf, &c->basis, &c->hw);
     return ZO_OK;
 }
 
-zo_status search_args_space(const cli_flags *f, const search_flags *s, const zo_model_config *m,
-                            const plan_hw *hw, plan_space *out)
+zo_status search_cmd_space(search_cmd *c)
 {
-    plan_space_defaults(out, m, hw);
+    const cli_flags *f = &c->f;
+    const search_flags *s = &c->s;
+    plan_space *out = &c->space;
+    plan_space_defaults(out, &c->m, &c->hw);
     if (s->max_gpus) out->max_gpus = (int)s->max_gpus;
     if (f->global_batch) out->global_batch = (int)f->global_batch;
     apply_train_flags(f, &out->base);
@@ -285,31 +286,25 @@ static zo_status write_best(const cli_flags *f, const zo_model_config *m, const 
 
 int cmd_plan(int argc, char **argv)
 {
-    cli_flags f;
-    search_flags sch;
-    int rc = search_args_parse(argc, argv, "plan", usage_plan, &f, &sch);
-    if (rc) return rc == CLI_HELP ? 0 : rc;
-    zo_status st;
-    zo_model_config m;
-    plan_hw hw;
-    plan_hw_basis basis;
-    plan_space s;
-    plan_result r;
-    if ((st = build_model(f.model, f.params_n, &f.sf, f.seq, &m)) != ZO_OK ||
-        (st = search_args_hw(&f, &sch, &hw, &basis)) != ZO_OK ||
-        (st = search_args_space(&f, &sch, &m, &hw, &s)) != ZO_OK)
+    search_cmd c;
+    int rc = search_cmd_parse(argc, argv, "plan", usage_plan, &c);
+    if (rc != CLI_PARSED) return rc;
+    const cli_flags *f = &c.f;
+    if (build_model(f->model, f->params_n, &f->sf, f->seq, &c.m) != ZO_OK ||
+        search_cmd_hw(&c) != ZO_OK || search_cmd_space(&c) != ZO_OK)
         return fail();
+    plan_result r;
     double t0 = zo_now();
-    if ((st = plan_search(&m, &hw, &s, (int)sch.top, &r)) != ZO_OK) return fail();
+    if (plan_search(&c.m, &c.hw, &c.space, (int)c.s.top, &r) != ZO_OK) return fail();
     double dt = zo_now() - t0;
     /* --json: stdout holds the plan alone */
-    FILE *tab = f.json ? fopen("/dev/null", "w") : stdout;
+    FILE *tab = f->json ? fopen("/dev/null", "w") : stdout;
     if (!tab) tab = stderr;
-    plan_report_basis(tab, &hw, &basis);
-    print_search(tab, f.json, &m, &hw, &s, &r, dt);
+    plan_report_basis(tab, &c.hw, &c.basis);
+    print_search(tab, f->json, &c.m, &c.hw, &c.space, &r, dt);
     if (tab != stdout && tab != stderr) fclose(tab);
     if (r.n_best == 0) return EXIT_NOFIT;
-    if ((f.json_out || f.json || f.svg_path) && write_best(&f, &m, &hw, &r.best[0]) != ZO_OK)
+    if ((f->json_out || f->json || f->svg_path) && write_best(f, &c.m, &c.hw, &r.best[0]) != ZO_OK)
         return fail();
     return 0;
 }
