@@ -111,12 +111,123 @@ static double score_of(const plan_space *s, const plan_time *pt, const plan_esti
     }
 }
 
+/* Rank the configuration `t`, whose estimate `e` (of the serial schedule)
+ * fits and whose step is `pt`, under each optimizer schedule the space
+ * allows: serial, and when the CPU updates something overlap and the
+ * delayed update (which holds its new weights in a host copy). */
+static void rank_schedules(walk *w, plan_train *t, const plan_estimate *e, plan_time *pt)
+{
+    const plan_space *s = w->s;
+    plan_estimate e_dpu;
+    for (int sch = ZO_PLAN_SCHED_SERIAL; sch < ZO_PLAN_SCHEDULES; sch++) {
+        if (s->schedule >= 0 && sch != s->schedule) continue;
+        /* (the GPU's share cannot wait a step) */
+        if (sch == ZO_PLAN_SCHED_DPU && t->opt_frac[ZO_PLAN_GPU] > 0) continue;
+        if (sch != ZO_PLAN_SCHED_SERIAL && pt->sched.cpu_n <= 0 && s->schedule < 0) break;
+        t->schedule = (zo_plan_schedule)sch;
+        const plan_estimate *se = e;
+        if (sch == ZO_PLAN_SCHED_DPU) {
+            plan_estimate_unchecked(w->m, &w->hw, t, &e_dpu);
+            if (!e_dpu.fits) continue;
+            se = &e_dpu;
+        }
+        if (sch != ZO_PLAN_SCHED_SERIAL) plan_time_schedule(pt, t->schedule);
+        double sc = score_of(s, pt, se, w->hw.gpus);
+        if (sc < worst(&w->rk)) rank_insert(&w->rk, t, w->hw.gpus, sc, pt, se);
+    }
+}
+
+/* One placement (weights, adapters, optimizer split): each checkpoint tier
+ * and prefetch depth estimated, and what fits timed and ranked. Sets
+ * *fitted when something fitted, *gpu_fits when the GPU's part once did. */
+static void walk_depths(walk *w, plan_train *t, const plan_time_mb *mb, int *fitted, int *gpu_fits)
+{
+    const plan_space *s = w->s;
+    plan_estimate e;
+    plan_time pt;
+    /* host checkpoints are layer inputs kept for full recompute */
+    int ckmax = s->allow_offload && t->recompute == ZO_PLAN_RECOMPUTE_FULL ? ZO_PLAN_CPU : ZO_PLAN_GPU;
+    int streamed = t->params_on != ZO_PLAN_GPU || t->adapters_on != ZO_PLAN_GPU || t->zero >= 3;
+    int dmin = streamed ? 1 : s->base.buf.prefetch_depth;
+    int dmax = streamed ? s->max_prefetch : s->base.buf.prefetch_depth;
+    for (int ck = ZO_PLAN_GPU; ck <= ckmax; ck++) {
+        t->checkpoints_on = (zo_plan_tier)ck;
+        for (int d = dmin; d <= dmax; d++) {
+            t->buf.prefetch_depth = d;
+            w->r->configs++;
+            t->schedule = ZO_PLAN_SCHED_SERIAL; /* (the memory of the serial schedule) */
+            plan_estimate_unchecked(w->m, &w->hw, t, &e);
+            *gpu_fits |= e.total[ZO_PLAN_GPU] <= e.capacity[ZO_PLAN_GPU];
+            if (!e.fits) continue;
+            *fitted = 1;
+            w->r->feasible++;
+            plan_time_step(w->m, &w->hw, t, &e, mb, &pt);
+            rank_schedules(w, t, &e, &pt);
+        }
+    }
+}
+
+/* The optimizer's splits of one placement of the weights (and adapters):
+ * g/steps of it on the GPU (its gradients summed there), k/steps on NVMe,
+ * the rest on the CPU; the whole of it on the GPU first. Streamed weights
+ * keep a CPU share (LoRA's need not: the base streams, the adapters stay); a
+ * three-way split is searched for full fine-tuning (LoRA's adapters are too
+ * small to be worth one). `share[g]` is the GPU's share as the runtime takes
+ * it (whole blocks from the last) of g/steps asked for.
+ * (Pruned by the cost model's order: a larger GPU share and a smaller NVMe
+ * share are never slower, and cost memory only on the GPU and on the host.
+ * So no split is tried once the whole optimizer fitted on the GPU; a split's
+ * NVMe share grows only until something fits, and while the GPU's share
+ * fits there; and once a split fitted without NVMe, smaller GPU shares are
+ * not tried. The CPU-and-NVMe placements (no GPU share) are all tried: the
+ * delayed update takes them.) */
+static void walk_splits(walk *w, plan_train *t, const plan_time_mb *mb, int steps,
+                        const double *share)
+{
+    const plan_space *s = w->s;
+    int split = s->allow_offload && s->opt_on < 0 && t->method == ZO_PLAN_FULL;
+    double last_fg = -1;
+    int whole_fits = 0, split_done = 0;
+    for (int g = steps; g >= 0; g--) {
+        if (g < steps && !s->allow_offload) break;
+        if (g == steps && t->params_on != ZO_PLAN_GPU && t->method == ZO_PLAN_FULL) continue;
+        int partial = g > 0 && g < steps;
+        if (partial && (!split || whole_fits || split_done)) continue;
+        if (s->opt_on == ZO_PLAN_GPU && g < steps) continue;
+        if ((s->opt_on == ZO_PLAN_CPU || s->opt_on == ZO_PLAN_NVME) && g > 0) continue;
+        /* a split that rounds to the one before is not tried twice, and the
+         * plan says the share it gets */
+        double fg = partial ? share[g] : (double)g / steps;
+        if (partial && (fg >= 1 || fg == last_fg)) continue;
+        last_fg = fg;
+        for (int k = 0; k <= steps - g; k++) {
+            double fn = (double)k / steps;
+            if (k > 0 && !s->allow_nvme) break;
+            if (s->opt_on == ZO_PLAN_CPU && k > 0) break;
+            if (s->opt_on == ZO_PLAN_NVME && k != steps) continue;
+            if (fg + fn > 1 + 1e-9) break;
+            t->opt_frac[ZO_PLAN_GPU] = fg;
+            t->opt_frac[ZO_PLAN_NVME] = fn;
+            t->opt_frac[ZO_PLAN_CPU] = fg + fn >= 1 ? 0 : 1 - fg - fn;
+            if (t->opt_frac[ZO_PLAN_GPU] < s->opt_min[ZO_PLAN_GPU] - 1e-9 ||
+                t->opt_frac[ZO_PLAN_CPU] < s->opt_min[ZO_PLAN_CPU] - 1e-9 ||
+                t->opt_frac[ZO_PLAN_NVME] < s->opt_min[ZO_PLAN_NVME] - 1e-9)
+                continue;
+            t->grads_on = g == steps ? ZO_PLAN_GPU : ZO_PLAN_CPU;
+            int fitted = 0, gpu_fits = 0;
+            walk_depths(w, t, mb, &fitted, &gpu_fits);
+            whole_fits |= fitted && g == steps;
+            split_done |= fitted && partial && k == 0;
+            /* (a larger NVMe share changes nothing on the GPU) */
+            if (partial && (fitted || !gpu_fits)) break;
+        }
+    }
+}
+
 /* The placements and ZeRO stages of one parallel layout. */
 static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
 {
     const plan_space *s = w->s;
-    plan_estimate e, e_dpu;
-    plan_time pt;
     int zmin = s->zero_min, zmax = s->zero_max;
     if (t->dp == 1) zmin = zmax = 0; /* nothing to shard */
     int pmax = !s->allow_offload ? ZO_PLAN_GPU : s->allow_nvme ? ZO_PLAN_NVME : ZO_PLAN_CPU;
@@ -138,97 +249,7 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
             if (s->adapters_on >= 0 && t->method != ZO_PLAN_FULL && ad != s->adapters_on) continue;
             t->params_on = (zo_plan_tier)pl;
             t->adapters_on = (zo_plan_tier)ad;
-            /* optimizer: g/steps of it on the GPU (its gradients summed
-             * there), k/steps on NVMe, the rest on the CPU; the whole of it
-             * on the GPU first. Streamed weights keep a CPU share (LoRA's
-             * need not: the base streams, the adapters stay); a three-way
-             * split is searched for full fine-tuning (LoRA's adapters are
-             * too small to be worth one) */
-            int split = s->allow_offload && s->opt_on < 0 && t->method == ZO_PLAN_FULL;
-            double last_fg = -1;
-            /* (pruned by the cost model's order: a larger GPU share and a
-             * smaller NVMe share are never slower, and cost memory only on
-             * the GPU and on the host. So no split is tried once the whole
-             * optimizer fitted on the GPU; a split's NVMe share grows only
-             * until something fits, and while the GPU's share fits there;
-             * and once a split fitted without NVMe,
-             * smaller GPU shares are not tried. The CPU-and-NVMe placements
-             * (no GPU share) are all tried: the delayed update takes them.) */
-            int whole_fits = 0, split_done = 0;
-            for (int g = steps; g >= 0; g--) {
-                if (g < steps && !s->allow_offload) break;
-                if (g == steps && pl != ZO_PLAN_GPU && t->method == ZO_PLAN_FULL) continue;
-                int partial = g > 0 && g < steps;
-                if (partial && (!split || whole_fits || split_done)) continue;
-                if (s->opt_on == ZO_PLAN_GPU && g < steps) continue;
-                if ((s->opt_on == ZO_PLAN_CPU || s->opt_on == ZO_PLAN_NVME) && g > 0) continue;
-                /* the GPU's share as the runtime takes it (whole blocks from
-                 * the last): a split that rounds to the one before is not
-                 * tried twice, and the plan says the share it gets */
-                double fg = partial ? share[g] : (double)g / steps;
-                if (partial && (fg >= 1 || fg == last_fg)) continue;
-                last_fg = fg;
-                for (int k = 0; k <= steps - g; k++) {
-                    double fn = (double)k / steps;
-                    if (k > 0 && !s->allow_nvme) break;
-                    if (s->opt_on == ZO_PLAN_CPU && k > 0) break;
-                    if (s->opt_on == ZO_PLAN_NVME && k != steps) continue;
-                    if (fg + fn > 1 + 1e-9) break;
-                    t->opt_frac[ZO_PLAN_GPU] = fg;
-                    t->opt_frac[ZO_PLAN_NVME] = fn;
-                    t->opt_frac[ZO_PLAN_CPU] = fg + fn >= 1 ? 0 : 1 - fg - fn;
-                    if (t->opt_frac[ZO_PLAN_GPU] < s->opt_min[ZO_PLAN_GPU] - 1e-9 ||
-                        t->opt_frac[ZO_PLAN_CPU] < s->opt_min[ZO_PLAN_CPU] - 1e-9 ||
-                        t->opt_frac[ZO_PLAN_NVME] < s->opt_min[ZO_PLAN_NVME] - 1e-9)
-                        continue;
-                    t->grads_on = g == steps ? ZO_PLAN_GPU : ZO_PLAN_CPU;
-                    int fitted = 0, gpu_fits = 0;
-                    /* host checkpoints are layer inputs kept for full recompute */
-                    int ckmax = s->allow_offload && t->recompute == ZO_PLAN_RECOMPUTE_FULL ? ZO_PLAN_CPU : ZO_PLAN_GPU;
-                    for (int ck = ZO_PLAN_GPU; ck <= ckmax; ck++) {
-                        t->checkpoints_on = (zo_plan_tier)ck;
-                        int streamed = pl != ZO_PLAN_GPU || ad != ZO_PLAN_GPU || z >= 3;
-                        int dmin = streamed ? 1 : s->base.buf.prefetch_depth;
-                        int dmax = streamed ? s->max_prefetch : s->base.buf.prefetch_depth;
-                        for (int d = dmin; d <= dmax; d++) {
-                            t->buf.prefetch_depth = d;
-                            w->r->configs++;
-                            t->schedule = ZO_PLAN_SCHED_SERIAL; /* (the memory of the serial schedule) */
-                            plan_estimate_unchecked(w->m, &w->hw, t, &e);
-                            gpu_fits |= e.total[ZO_PLAN_GPU] <= e.capacity[ZO_PLAN_GPU];
-                            if (!e.fits) continue;
-                            fitted = 1;
-                            w->r->feasible++;
-                            plan_time_step(w->m, &w->hw, t, &e, mb, &pt);
-                            /* the optimizer schedule: one more dimension, when
-                             * the CPU updates something */
-                            for (int sch = ZO_PLAN_SCHED_SERIAL; sch < ZO_PLAN_SCHEDULES; sch++) {
-                                if (s->schedule >= 0 && sch != s->schedule) continue;
-                                /* (the GPU's share cannot wait a step) */
-                                if (sch == ZO_PLAN_SCHED_DPU && t->opt_frac[ZO_PLAN_GPU] > 0) continue;
-                                if (sch != ZO_PLAN_SCHED_SERIAL && pt.sched.cpu_n <= 0 &&
-                                    s->schedule < 0)
-                                    break;
-                                t->schedule = (zo_plan_schedule)sch;
-                                /* the delayed update holds its new weights in a host copy */
-                                const plan_estimate *se = &e;
-                                if (sch == ZO_PLAN_SCHED_DPU) {
-                                    plan_estimate_unchecked(w->m, &w->hw, t, &e_dpu);
-                                    if (!e_dpu.fits) continue;
-                                    se = &e_dpu;
-                                }
-                                if (sch != ZO_PLAN_SCHED_SERIAL) plan_time_schedule(&pt, t->schedule);
-                                double sc = score_of(s, &pt, se, w->hw.gpus);
-                                if (sc < worst(&w->rk)) rank_insert(&w->rk, t, w->hw.gpus, sc, &pt, se);
-                            }
-                        }
-                    }
-                    whole_fits |= fitted && g == steps;
-                    split_done |= fitted && partial && k == 0;
-                    /* (a larger NVMe share changes nothing on the GPU) */
-                    if (partial && (fitted || !gpu_fits)) break;
-                }
-            }
+            walk_splits(w, t, mb, steps, share);
         }
     }
 }
