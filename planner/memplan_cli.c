@@ -99,6 +99,14 @@ static int parse_model_flag(const cli_command *cmd, int c, const char *arg, cli_
     }
 }
 
+/* A size flag of the hardware: the text given (the report names it) and its bytes. */
+static zo_status size_flag(const char *arg, const char *flag, int allow_zero, const char **text,
+                           uint64_t *bytes)
+{
+    *text = arg;
+    return zo_parse_size(arg, flag, allow_zero, bytes);
+}
+
 /* The hardware flags: 1 when `c` is one. */
 static int parse_hw_flag(int c, const char *arg, plan_hw_flags *f, zo_status *st)
 {
@@ -108,18 +116,9 @@ static int parse_hw_flag(int c, const char *arg, plan_hw_flags *f, zo_status *st
     case OPT_GPU: f->gpu = arg; return 1;
     case OPT_HOST: f->host = arg; return 1;
     case OPT_PCIE: f->pcie = arg; return 1;
-    case OPT_GPU_MEM:
-        f->gpu_mem_arg = arg;
-        *st = zo_parse_size(arg, "--gpu-mem", 0, &f->gpu_mem);
-        return 1;
-    case OPT_CPU_MEM:
-        f->cpu_mem_arg = arg;
-        *st = zo_parse_size(arg, "--cpu-mem", 0, &f->cpu_mem);
-        return 1;
-    case OPT_NVME:
-        f->nvme_arg = arg;
-        *st = zo_parse_size(arg, "--nvme", 1, &f->nvme);
-        return 1;
+    case OPT_GPU_MEM: *st = size_flag(arg, "--gpu-mem", 0, &f->gpu_mem_arg, &f->gpu_mem); return 1;
+    case OPT_CPU_MEM: *st = size_flag(arg, "--cpu-mem", 0, &f->cpu_mem_arg, &f->cpu_mem); return 1;
+    case OPT_NVME: *st = size_flag(arg, "--nvme", 1, &f->nvme_arg, &f->nvme); return 1;
     case OPT_GPUS_PER_NODE:
         *st = zo_parse_int(arg, "--gpus-per-node", 1, 1024, &v);
         f->gpus_per_node = v;

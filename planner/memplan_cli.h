@@ -83,6 +83,33 @@ enum {
     {"opt-threads", required_argument, 0, OPT_OPT_THREADS},                     \
     {"clip-stale", no_argument, 0, OPT_CLIP_STALE}
 
+/* The training, layout, buffer and output flags estimate, plan and max-model
+ * all take (estimate adds the rest of the layout and the buffers). */
+#define RUN_OPTIONS                                                             \
+    {"dtype", required_argument, 0, OPT_DTYPE},                                 \
+    {"grad-dtype", required_argument, 0, OPT_GRAD_DTYPE},                       \
+    {"optim", required_argument, 0, OPT_OPTIM},                                 \
+    {"global-batch", required_argument, 0, OPT_GLOBAL_BATCH},                   \
+    {"no-flash-attn", no_argument, 0, OPT_NO_FLASH},                            \
+    {"dropout", no_argument, 0, OPT_DROPOUT},                                   \
+    {"no-dropout", no_argument, 0, OPT_NO_DROPOUT},                             \
+    {"recompute", required_argument, 0, OPT_RECOMPUTE},                         \
+    {"zero", required_argument, 0, OPT_ZERO},                                   \
+    {"tp", required_argument, 0, OPT_TP},                                       \
+    {"pp", required_argument, 0, OPT_PP},                                       \
+    {"ep", required_argument, 0, OPT_EP},                                       \
+    {"cuda-context", required_argument, 0, OPT_CUDA_CONTEXT},                   \
+    {"cublas-workspace", required_argument, 0, OPT_CUBLAS_WS},                  \
+    {"fragmentation", required_argument, 0, OPT_FRAG},                          \
+    {"sub-group", required_argument, 0, OPT_SUB_GROUP},                         \
+    {"json", no_argument, 0, OPT_JSON},                                         \
+    {"json-out", required_argument, 0, OPT_JSON_OUT},                           \
+    {"svg", required_argument, 0, OPT_SVG},                                     \
+    {"help", no_argument, 0, OPT_HELP}
+
+/* What estimate, plan and max-model all take. */
+#define SHARED_OPTIONS MODEL_HW_OPTIONS, METHOD_OPTIONS, RUN_OPTIONS
+
 /* A custom shape (--layers ... --arch), as given; 0 or NULL where not. */
 typedef struct shape_flags {
     long layers, hidden, heads, kv_heads, ffn, vocab;

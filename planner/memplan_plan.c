@@ -59,25 +59,7 @@ static const char usage_plan[] =
     "exit status: 0 a plan fits, 1 nothing fits, 2 bad input\n";
 
 static const struct option plan_opts[] = {
-    MODEL_HW_OPTIONS,
-    METHOD_OPTIONS,
-    {"cuda-context", required_argument, 0, OPT_CUDA_CONTEXT},
-    {"cublas-workspace", required_argument, 0, OPT_CUBLAS_WS},
-    {"fragmentation", required_argument, 0, OPT_FRAG},
-    {"sub-group", required_argument, 0, OPT_SUB_GROUP},
-    {"global-batch", required_argument, 0, OPT_GLOBAL_BATCH},
-    {"dtype", required_argument, 0, OPT_DTYPE},
-    {"grad-dtype", required_argument, 0, OPT_GRAD_DTYPE},
-    {"optim", required_argument, 0, OPT_OPTIM},
-    {"no-flash-attn", no_argument, 0, OPT_NO_FLASH},
-    {"dropout", no_argument, 0, OPT_DROPOUT},
-    {"no-dropout", no_argument, 0, OPT_NO_DROPOUT},
-    {"zero", required_argument, 0, OPT_ZERO},
-    {"tp", required_argument, 0, OPT_TP},
-    {"pp", required_argument, 0, OPT_PP},
-    {"ep", required_argument, 0, OPT_EP},
-    {"recompute", required_argument, 0, OPT_RECOMPUTE},
-    {"svg", required_argument, 0, OPT_SVG},
+    SHARED_OPTIONS,
     {"max-gpus", required_argument, 0, OPT_MAX_GPUS},
     {"objective", required_argument, 0, OPT_OBJECTIVE},
     {"top", required_argument, 0, OPT_TOP},
@@ -87,11 +69,8 @@ static const struct option plan_opts[] = {
     {"opt-steps", required_argument, 0, OPT_OPT_STEPS},
     {"optimizer-min", required_argument, 0, OPT_OPT_MIN},
     {"max-prefetch", required_argument, 0, OPT_MAX_PREFETCH},
-    {"json", no_argument, 0, OPT_JSON},
-    {"json-out", required_argument, 0, OPT_JSON_OUT},
     {"family", required_argument, 0, OPT_FAMILY},
     {"strategy", required_argument, 0, OPT_STRATEGY},
-    {"help", no_argument, 0, OPT_HELP},
     {0, 0, 0, 0},
 };
 
