@@ -1,11 +1,13 @@
 #include "plan_schema.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/fileio.h" /* defines: zo_file_read_all */
+#include "common/units.h"  /* defines: zo_parse_int, zo_parse_double, zo_parse_size */
 
 /* ---- the table -------------------------------------------------------------------- */
 
@@ -557,6 +559,32 @@ zo_status zo_plan_field_check(const char *name, double value)
     if (!f || !is_number_type(f->type))
         return zo_error(ZO_ERR_NOT_FOUND, "plan field \"%s\": no such number", name);
     return check_number(f, value);
+}
+
+/* A flag's value, parsed, against its field's range. */
+static zo_status flag_check(const char *flag, const char *field, double v)
+{
+    zo_status st = zo_plan_field_check(field, v);
+    return st != ZO_OK ? zo_error_wrap(st, "%s", flag) : ZO_OK;
+}
+
+zo_status zo_plan_flag_int(const char *s, const char *flag, const char *field, long *out)
+{
+    zo_status st = zo_parse_int(s, flag, LONG_MIN, LONG_MAX, out);
+    return st != ZO_OK ? st : flag_check(flag, field, (double)*out);
+}
+
+zo_status zo_plan_flag_double(const char *s, const char *flag, const char *field, double *out)
+{
+    zo_status st = zo_parse_double(s, flag, -HUGE_VAL, HUGE_VAL, out);
+    return st != ZO_OK ? st : flag_check(flag, field, *out);
+}
+
+zo_status zo_plan_flag_u64(const char *s, const char *flag, const char *field, int count,
+                           uint64_t *out)
+{
+    zo_status st = count ? zo_parse_count(s, flag, out) : zo_parse_size(s, flag, 1, out);
+    return st != ZO_OK ? st : flag_check(flag, field, (double)*out);
 }
 
 /* ---- writing ------------------------------------------------------------------------- */

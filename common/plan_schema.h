@@ -177,6 +177,17 @@ zo_status zo_plan_field_range(const char *field, double *lo, double *hi);
  * range [LO, HI]"). For flags that set a plan field; ZO_ERR_INVALID. */
 zo_status zo_plan_field_check(const char *field, double value);
 
+/* A flag's value for a numeric field of the plan (memplan's and train's
+ * flags alike): parsed, then checked against the table, the message naming
+ * the flag: "--prefetch: 0 is out of range [1, 16]", the same verdict a plan
+ * file holding the value gets. An integer; a number; a size in bytes (units
+ * allowed, zo_parse_size) or, with `count`, a count (K/M/B/T,
+ * zo_parse_count). ZO_ERR_INVALID. */
+zo_status zo_plan_flag_int(const char *s, const char *flag, const char *field, long *out);
+zo_status zo_plan_flag_double(const char *s, const char *flag, const char *field, double *out);
+zo_status zo_plan_flag_u64(const char *s, const char *flag, const char *field, int count,
+                           uint64_t *out);
+
 /* Whether a plan can run here: the model `m` has the plan's parameter count
  * and shape (layers, widths, heads, vocabulary, biases, tied embeddings, and
  * the features of its family: positions, norms, experts, latent attention) and

@@ -2,8 +2,6 @@
  * (memplan_cli.h). */
 #include "memplan_cli.h"
 
-#include <limits.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +9,7 @@
 #include <sys/stat.h>
 
 #include "common/fileio.h" /* defines: zo_file_read_all, zo_file_write_all, zo_file_write_json */
-#include "common/plan_schema.h" /* defines: zo_plan_field_check */
+#include "common/plan_schema.h" /* defines: zo_plan_flag_int, zo_plan_flag_double, zo_plan_flag_u64 */
 #include "common/units.h"
 #include "planner/planfile.h" /* defines: plan_hw_parse */
 #include "planner/svg.h"
@@ -32,39 +30,11 @@ void warn(const plan_train *t, const plan_hw *hw)
 
 /* ---- values checked against the plan schema ------------------------------------------ */
 
-/* A flag that sets a field of the plan is checked against the plan schema's
- * range for it, with the message a plan file holding the value gets. */
-static zo_status field_check(const char *flag, const char *field, double v)
-{
-    zo_status st = zo_plan_field_check(field, v);
-    return st != ZO_OK ? zo_error_wrap(st, "%s", flag) : ZO_OK;
-}
-
-zo_status cli_field_int(const char *s, const char *flag, const char *field, long *out)
-{
-    zo_status st = zo_parse_int(s, flag, LONG_MIN, LONG_MAX, out);
-    return st != ZO_OK ? st : field_check(flag, field, (double)*out);
-}
-
-zo_status cli_field_double(const char *s, const char *flag, const char *field, double *out)
-{
-    zo_status st = zo_parse_double(s, flag, -HUGE_VAL, HUGE_VAL, out);
-    return st != ZO_OK ? st : field_check(flag, field, *out);
-}
-
-/* A size in bytes (units allowed) or, with `count`, a count (K/M/B/T). */
-static zo_status field_u64(const char *s, const char *flag, const char *field, int count,
-                           uint64_t *out)
-{
-    zo_status st = count ? zo_parse_count(s, flag, out) : zo_parse_size(s, flag, 1, out);
-    return st != ZO_OK ? st : field_check(flag, field, (double)*out);
-}
-
-/* field_int into an int */
-static zo_status field_int_to(const char *s, const char *flag, const char *field, int *out)
+/* zo_plan_flag_int into an int */
+static zo_status flag_int_to(const char *s, const char *flag, const char *field, int *out)
 {
     long v = 0;
-    zo_status st = cli_field_int(s, flag, field, &v);
+    zo_status st = zo_plan_flag_int(s, flag, field, &v);
     *out = (int)v;
     return st;
 }
@@ -94,7 +64,7 @@ static int parse_model_flag(const cli_command *cmd, int c, const char *arg, cli_
     case OPT_VOCAB: *st = zo_parse_int(arg, "--vocab", 1, 1 << 26, &sf->vocab); return 1;
     case OPT_ARCH: sf->arch = arg; return 1;
     case OPT_GPUS: *st = zo_parse_int(arg, "--gpus", 1, cmd->gpus_max, &f->gpus); return 1;
-    case OPT_SEQ: *st = cli_field_int(arg, "--seq", "training.seq", &f->seq); return 1;
+    case OPT_SEQ: *st = zo_plan_flag_int(arg, "--seq", "training.seq", &f->seq); return 1;
     default: return 0;
     }
 }
@@ -145,9 +115,9 @@ static int parse_train_flag(int c, const char *arg, cli_flags *f, zo_status *st)
         *st = zo_plan_recompute_parse(arg, "--recompute", &r);
         f->recompute = (int)r;
         return 1;
-    case OPT_TP: *st = cli_field_int(arg, "--tp", "parallel.tp", &f->tp); return 1;
-    case OPT_PP: *st = cli_field_int(arg, "--pp", "parallel.pp", &f->pp); return 1;
-    case OPT_EP: *st = cli_field_int(arg, "--ep", "parallel.ep", &f->ep); return 1;
+    case OPT_TP: *st = zo_plan_flag_int(arg, "--tp", "parallel.tp", &f->tp); return 1;
+    case OPT_PP: *st = zo_plan_flag_int(arg, "--pp", "parallel.pp", &f->pp); return 1;
+    case OPT_EP: *st = zo_plan_flag_int(arg, "--ep", "parallel.ep", &f->ep); return 1;
     default: return 0;
     }
 }
@@ -157,32 +127,36 @@ static int parse_buffer_flag(int c, const char *arg, plan_buffers *b, zo_status 
 {
     switch (c) {
     case OPT_CUDA_CONTEXT:
-        *st = field_u64(arg, "--cuda-context", "buffers.cuda_context", 0, &b->cuda_context);
+        *st = zo_plan_flag_u64(arg, "--cuda-context", "buffers.cuda_context", 0,
+                               &b->cuda_context);
         return 1;
     case OPT_CUBLAS_WS:
-        *st = field_u64(arg, "--cublas-workspace", "buffers.cublas_workspace", 0,
-                        &b->cublas_workspace);
+        *st = zo_plan_flag_u64(arg, "--cublas-workspace", "buffers.cublas_workspace", 0,
+                               &b->cublas_workspace);
         return 1;
     case OPT_COMM_BUCKET:
-        *st = field_u64(arg, "--comm-bucket", "buffers.comm_bucket_elems", 1, &b->comm_bucket);
+        *st = zo_plan_flag_u64(arg, "--comm-bucket", "buffers.comm_bucket_elems", 1,
+                               &b->comm_bucket);
         return 1;
     case OPT_COMM_BUCKETS:
-        *st = field_int_to(arg, "--comm-buckets", "buffers.comm_buckets", &b->comm_buckets);
+        *st = flag_int_to(arg, "--comm-buckets", "buffers.comm_buckets", &b->comm_buckets);
         return 1;
     case OPT_PREFETCH:
-        *st = field_int_to(arg, "--prefetch", "buffers.prefetch_depth", &b->prefetch_depth);
+        *st = flag_int_to(arg, "--prefetch", "buffers.prefetch_depth", &b->prefetch_depth);
         return 1;
     case OPT_PINNED:
-        *st = field_u64(arg, "--pinned-staging", "buffers.pinned_staging", 0, &b->pinned_staging);
+        *st = zo_plan_flag_u64(arg, "--pinned-staging", "buffers.pinned_staging", 0,
+                               &b->pinned_staging);
         return 1;
     case OPT_FRAG:
-        *st = cli_field_double(arg, "--fragmentation", "buffers.fragmentation", &b->fragmentation);
+        *st = zo_plan_flag_double(arg, "--fragmentation", "buffers.fragmentation",
+                                  &b->fragmentation);
         return 1;
     case OPT_SUB_GROUP:
-        *st = field_u64(arg, "--sub-group", "nvme.sub_group", 1, &b->sub_group);
+        *st = zo_plan_flag_u64(arg, "--sub-group", "nvme.sub_group", 1, &b->sub_group);
         return 1;
     case OPT_SWAP_BUFFERS:
-        *st = field_int_to(arg, "--swap-buffers", "nvme.swap_buffers", &b->swap_buffers);
+        *st = flag_int_to(arg, "--swap-buffers", "nvme.swap_buffers", &b->swap_buffers);
         return 1;
     default: return 0;
     }
@@ -194,10 +168,10 @@ static int parse_method_flag(int c, const char *arg, method_flags *f, zo_status 
     zo_plan_tier tier = ZO_PLAN_GPU;
     zo_plan_schedule sched = ZO_PLAN_SCHED_SERIAL;
     switch (c) {
-    case OPT_LORA: *st = cli_field_int(arg, "--lora", "training.lora.r", &f->lora_r); return 1;
+    case OPT_LORA: *st = zo_plan_flag_int(arg, "--lora", "training.lora.r", &f->lora_r); return 1;
     case OPT_LORA_TARGETS: f->targets = arg; return 1;
     case OPT_LORA_ALPHA:
-        *st = cli_field_double(arg, "--lora-alpha", "training.lora.alpha", &f->alpha);
+        *st = zo_plan_flag_double(arg, "--lora-alpha", "training.lora.alpha", &f->alpha);
         f->alpha_set = 1;
         return 1;
     case OPT_QLORA: f->qlora = 1; return 1;
@@ -210,11 +184,11 @@ static int parse_method_flag(int c, const char *arg, method_flags *f, zo_status 
         f->schedule = *st == ZO_OK ? (int)sched : -1;
         return 1;
     case OPT_DPU_WARMUP:
-        *st = cli_field_int(arg, "--dpu-warmup", "training.dpu_warmup", &f->dpu_warmup);
+        *st = zo_plan_flag_int(arg, "--dpu-warmup", "training.dpu_warmup", &f->dpu_warmup);
         f->dpu_warmup_set = 1;
         return 1;
     case OPT_OPT_THREADS:
-        *st = cli_field_int(arg, "--opt-threads", "training.opt_threads", &f->opt_threads);
+        *st = zo_plan_flag_int(arg, "--opt-threads", "training.opt_threads", &f->opt_threads);
         return 1;
     case OPT_CLIP_STALE: f->clip_stale = 1; return 1;
     default: return 0;

@@ -3,9 +3,10 @@
  * One flag parser for every command: the flags that mean the same in each
  * (the model, the hardware, the training settings, the method, the working
  * buffers, the output) are read here once, a command's own flags by its
- * callback. Flags that set a field of a plan are checked against the plan
- * schema's range for it (common/plan_schema.h), with the message a plan
- * file holding the value gets. */
+ * callback. Flags that set a field of a plan are read by the plan schema
+ * (zo_plan_flag_int, ...: common/plan_schema.h), which checks them against
+ * its range for the field with the message a plan file holding the value
+ * gets. */
 #ifndef ZO_PLANNER_MEMPLAN_CLI_H
 #define ZO_PLANNER_MEMPLAN_CLI_H
 
@@ -167,11 +168,6 @@ typedef struct cli_command {
  * into `f`, the command's own into `own`. CLI_PARSED, or the exit status:
  * 0 when --help was printed, EXIT_BADINPUT after a message. */
 int cli_parse(const cli_command *cmd, int argc, char **argv, cli_flags *f, void *own);
-
-/* A flag that sets a field of the plan ("training.seq"): an integer or a
- * number, checked against the plan schema's range for the field. */
-zo_status cli_field_int(const char *s, const char *flag, const char *field, long *out);
-zo_status cli_field_double(const char *s, const char *flag, const char *field, double *out);
 
 /* Print zo_last_error() as memplan's message; EXIT_BADINPUT. */
 int fail(void);

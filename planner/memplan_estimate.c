@@ -138,21 +138,21 @@ static int estimate_flag(int c, const char *arg, void *own, zo_status *st)
     estimate_flags *e = own;
     switch (c) {
     case OPT_MICRO_BATCH:
-        *st = cli_field_int(arg, "--micro-batch", "training.micro_batch", &e->micro_batch);
+        *st = zo_plan_flag_int(arg, "--micro-batch", "training.micro_batch", &e->micro_batch);
         return 1;
     case OPT_GRAD_ACCUM:
-        *st = cli_field_int(arg, "--grad-accum", "training.grad_accum", &e->grad_accum);
+        *st = zo_plan_flag_int(arg, "--grad-accum", "training.grad_accum", &e->grad_accum);
         return 1;
-    case OPT_DP: *st = cli_field_int(arg, "--dp", "parallel.dp", &e->dp); return 1;
+    case OPT_DP: *st = zo_plan_flag_int(arg, "--dp", "parallel.dp", &e->dp); return 1;
     case OPT_SP: e->sp = 1; return 1;
-    case OPT_VPP: *st = cli_field_int(arg, "--vpp", "parallel.vpp", &e->vpp); return 1;
-    case OPT_ZERO: *st = cli_field_int(arg, "--zero", "parallel.zero", &e->zero); return 1;
+    case OPT_VPP: *st = zo_plan_flag_int(arg, "--vpp", "parallel.vpp", &e->vpp); return 1;
+    case OPT_ZERO: *st = zo_plan_flag_int(arg, "--zero", "parallel.zero", &e->zero); return 1;
     case OPT_GRADS: *st = zo_plan_tier_parse(arg, "--grads", 0, &e->grads_on); return 1;
     case OPT_OPTIMIZER: *st = zo_plan_fractions_parse(arg, "--optimizer", 1, e->opt_frac); return 1;
     case OPT_CHECKPOINTS: *st = zo_plan_tier_parse(arg, "--checkpoints", 0, &e->ck_on); return 1;
     case OPT_CAPACITY:
-        *st = cli_field_double(arg, "--capacity-factor", "parallel.capacity_factor",
-                               &e->capacity_factor);
+        *st = zo_plan_flag_double(arg, "--capacity-factor", "parallel.capacity_factor",
+                                  &e->capacity_factor);
         return 1;
     case OPT_NO_DP_OVERLAP: case OPT_FUSED_ACCUM: return 1;
     case OPT_PLAN: e->plan_path = arg; return 1;

@@ -117,7 +117,7 @@ static int search_flag(int c, const char *arg, void *own, zo_status *st)
         return 1;
     case OPT_OPT_MIN: *st = zo_plan_fractions_parse(arg, "--optimizer-min", 0, s->opt_min); return 1;
     case OPT_MAX_PREFETCH:
-        *st = cli_field_int(arg, "--max-prefetch", "buffers.prefetch_depth", &s->max_prefetch);
+        *st = zo_plan_flag_int(arg, "--max-prefetch", "buffers.prefetch_depth", &s->max_prefetch);
         return 1;
     case OPT_FAMILY: s->family = arg; return 1;
     case OPT_STRATEGY: s->strategy = arg; return 1;
