@@ -1,11 +1,13 @@
 #include "plan_schema.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/fileio.h" /* defines: zo_file_read_all */
+#include "common/units.h"  /* defines: zo_parse_int, zo_parse_double, zo_parse_size */
 
 /* ---- the table -------------------------------------------------------------------- */
 
@@ -50,13 +52,7 @@ typedef struct field {
 #define FLT(s, k, lo, hi) {#k, F_FLT, offsetof(s, k), 0, lo, hi, NULL, 0}
 
 static const char *const arch_names[] = {"gpt", "llama", NULL};
-static const char *const tier_names[] = {"gpu", "cpu", "nvme", NULL};
-static const char *const host_tier_names[] = {"gpu", "cpu", NULL}; /* no nvme */
-static const char *const recompute_names[] = {"none", "selective", "full", NULL};
-static const char *const optimizer_names[] = {"adamw", "sgd", NULL};
 static const char *const pos_names[] = {"arch", "rotary", "alibi", "learned", NULL}; /* zo_pos */
-static const char *const method_names[] = {"full", "lora", "qlora", NULL};
-static const char *const schedule_names[] = {"serial", "overlap", "dpu", NULL};
 
 #define M zo_model_config
 static const field model_fields[] = {
@@ -155,14 +151,14 @@ static const field training_fields[] = {
     INT(T, grad_accum, 1, P2(24), 0),
     DTYPE(T, dtype),
     DTYPE(T, grad_dtype),
-    NAME(T, optimizer, optimizer_names, 0),
-    NAME(T, recompute, recompute_names, 0),
+    NAME(T, optimizer, zo_plan_optimizer_names, 0),
+    NAME(T, recompute, zo_plan_recompute_names, 0),
     BOOL(T, flash_attn, 0),
     BOOL(T, dropout, 0),
     BOOL(T, dp_overlap, 0),
     BOOL(T, fused_grad_accum, 0),
-    NAME(T, method, method_names, 0),
-    NAME(T, optimizer_schedule, schedule_names, 0),
+    NAME(T, method, zo_plan_method_names, 0),
+    NAME(T, optimizer_schedule, zo_plan_schedule_names, 0),
     INT(T, dpu_warmup, 0, P2(20), 0),
     INT(T, opt_threads, 0, 4096, 0),
     BOOL(T, clip_stale, 0),
@@ -188,10 +184,10 @@ static const field parallel_fields[] = {
 
 #define L zo_plan_placement
 static const field placement_fields[] = {
-    NAME(L, params, tier_names, 0),
-    NAME(L, grads, host_tier_names, 0),
-    NAME(L, checkpoints, host_tier_names, 0),
-    NAME(L, adapters, tier_names, 0),
+    NAME(L, params, zo_plan_tier_names, 0),
+    NAME(L, grads, zo_plan_host_tier_names, 0),
+    NAME(L, checkpoints, zo_plan_host_tier_names, 0),
+    NAME(L, adapters, zo_plan_tier_names, 0),
 };
 #undef L
 
@@ -296,31 +292,6 @@ _Static_assert(sizeof(zo_arch) == sizeof(int) && sizeof(zo_pos) == sizeof(int) &
                    sizeof(((zo_lora_config *)0)->targets) == sizeof(int),
                "F_NAME and F_DTYPE fields are stored as int");
 
-const char *zo_plan_tier_name(zo_plan_tier t)
-{
-    return t >= 0 && t < ZO_PLAN_TIERS ? tier_names[t] : "?";
-}
-
-const char *zo_plan_recompute_name(zo_plan_recompute r)
-{
-    return r >= 0 && r <= ZO_PLAN_RECOMPUTE_FULL ? recompute_names[r] : "?";
-}
-
-const char *zo_plan_optimizer_name(zo_plan_optimizer o)
-{
-    return o >= 0 && o <= ZO_PLAN_SGD ? optimizer_names[o] : "?";
-}
-
-const char *zo_plan_method_name(zo_plan_method m)
-{
-    return m >= 0 && m <= ZO_PLAN_QLORA ? method_names[m] : "?";
-}
-
-const char *zo_plan_schedule_name(zo_plan_schedule s)
-{
-    return s >= 0 && s <= ZO_PLAN_SCHED_DPU ? schedule_names[s] : "?";
-}
-
 /* ---- values ------------------------------------------------------------------------- */
 
 static int is_integer_type(ftype t) { return t == F_INT || t == F_U64; }
@@ -371,15 +342,6 @@ static size_t n_names(const char *const *names)
     return n;
 }
 
-static void list_names(const char *const *names, char *buf, size_t len)
-{
-    buf[0] = '\0';
-    for (size_t i = 0; names[i]; i++) {
-        size_t u = strlen(buf);
-        snprintf(buf + u, len - u, "%s%s", i ? (names[i + 1] ? ", " : " or ") : "", names[i]);
-    }
-}
-
 /* The range check of a number, the one message for it (ZO_ERR_INVALID): the
  * reader puts the file and the field before it, a flag its name. */
 static zo_status check_number(const field *f, double v)
@@ -409,7 +371,7 @@ static zo_status check_value(const field *f, const void *base, const char *prefi
         return ZO_OK;
     case F_NAME:
         if (i < 0 || (size_t)i >= n_names(f->names)) {
-            list_names(f->names, names, sizeof names);
+            zo_plan_names_list(f->names, names, sizeof names);
             return zo_error(ZO_ERR_INVALID, "field \"%s%s\" = %d is not one of %s", prefix, f->key,
                             i, names);
         }
@@ -541,11 +503,9 @@ static zo_status check_whole(zo_plan *p, uint64_t params_read)
     if (params_read && params_read != n)
         return zo_error(ZO_ERR_INVALID, "field \"model.params\" = %llu, but the shape has %llu "
                         "parameters", (unsigned long long)params_read, (unsigned long long)n);
-    double sum = 0;
-    for (int t = 0; t < ZO_PLAN_TIERS; t++) sum += p->placement.optimizer[t];
-    if (fabs(sum - 1.0) > 1e-6)
-        return zo_error(ZO_ERR_INVALID, "field \"placement.optimizer\": the fractions sum to %g, "
-                        "not 1", sum);
+    if ((st = zo_plan_fractions_check(p->placement.optimizer, 1, "field \"placement.optimizer\"",
+                                      "the fractions")) != ZO_OK)
+        return st;
     return check_method(&p->training, &p->placement, &p->model);
 }
 
@@ -599,6 +559,32 @@ zo_status zo_plan_field_check(const char *name, double value)
     if (!f || !is_number_type(f->type))
         return zo_error(ZO_ERR_NOT_FOUND, "plan field \"%s\": no such number", name);
     return check_number(f, value);
+}
+
+/* A flag's value, parsed, against its field's range. */
+static zo_status flag_check(const char *flag, const char *field, double v)
+{
+    zo_status st = zo_plan_field_check(field, v);
+    return st != ZO_OK ? zo_error_wrap(st, "%s", flag) : ZO_OK;
+}
+
+zo_status zo_plan_flag_int(const char *s, const char *flag, const char *field, long *out)
+{
+    zo_status st = zo_parse_int(s, flag, LONG_MIN, LONG_MAX, out);
+    return st != ZO_OK ? st : flag_check(flag, field, (double)*out);
+}
+
+zo_status zo_plan_flag_double(const char *s, const char *flag, const char *field, double *out)
+{
+    zo_status st = zo_parse_double(s, flag, -HUGE_VAL, HUGE_VAL, out);
+    return st != ZO_OK ? st : flag_check(flag, field, *out);
+}
+
+zo_status zo_plan_flag_u64(const char *s, const char *flag, const char *field, int count,
+                           uint64_t *out)
+{
+    zo_status st = count ? zo_parse_count(s, flag, out) : zo_parse_size(s, flag, 1, out);
+    return st != ZO_OK ? st : flag_check(flag, field, (double)*out);
 }
 
 /* ---- writing ------------------------------------------------------------------------- */
@@ -720,7 +706,7 @@ static zo_status read_field(const reader *r, const cJSON *o, const field *f, voi
         *(int *)p = cJSON_IsTrue(v);
         return ZO_OK;
     case F_NAME:
-        list_names(f->names, names, sizeof names);
+        zo_plan_names_list(f->names, names, sizeof names);
         if (cJSON_IsString(v))
             for (size_t i = 0; f->names[i]; i++)
                 if (!strcmp(v->valuestring, f->names[i])) {

@@ -21,6 +21,7 @@
 #include "dtype.h"
 #include "lora.h" /* defines: zo_lora_config */
 #include "model_config.h"
+#include "plan_vocab.h" /* defines: zo_plan_tier, zo_plan_method, ... and their names */
 #include "status.h"
 
 #define ZO_PLAN_FORMAT "zoffload-plan"
@@ -34,29 +35,6 @@
 #define ZO_PLAN_MAX_PREFETCH 16
 /* Plan files larger than this are refused unread. */
 #define ZO_PLAN_MAX_BYTES (16u << 20)
-
-typedef enum zo_plan_tier { ZO_PLAN_GPU = 0, ZO_PLAN_CPU, ZO_PLAN_NVME, ZO_PLAN_TIERS } zo_plan_tier;
-
-typedef enum zo_plan_recompute {
-    ZO_PLAN_RECOMPUTE_NONE = 0,
-    ZO_PLAN_RECOMPUTE_SELECTIVE,
-    ZO_PLAN_RECOMPUTE_FULL,
-} zo_plan_recompute;
-
-typedef enum zo_plan_optimizer { ZO_PLAN_ADAMW = 0, ZO_PLAN_SGD } zo_plan_optimizer;
-
-/* What is trained: every parameter, or LoRA adapters on a frozen base kept
- * in the model dtype (lora) or in NF4 (qlora). */
-typedef enum zo_plan_method { ZO_PLAN_FULL = 0, ZO_PLAN_LORA, ZO_PLAN_QLORA } zo_plan_method;
-
-/* When the CPU optimizer runs (docs/memplan.md, "Optimizer schedules"):
- * after the backward (serial); block by block beside the GPU's work
- * (overlap); or one step late, beside the next step (dpu). */
-typedef enum zo_plan_schedule {
-    ZO_PLAN_SCHED_SERIAL = 0,
-    ZO_PLAN_SCHED_OVERLAP,
-    ZO_PLAN_SCHED_DPU,
-} zo_plan_schedule;
 
 /* A hardware profile: a plan's "hardware" and the file `memplan calibrate`
  * writes ("format": "zoffload-hw"). The planner's plan_hw. */
@@ -199,6 +177,17 @@ zo_status zo_plan_field_range(const char *field, double *lo, double *hi);
  * range [LO, HI]"). For flags that set a plan field; ZO_ERR_INVALID. */
 zo_status zo_plan_field_check(const char *field, double value);
 
+/* A flag's value for a numeric field of the plan (memplan's and train's
+ * flags alike): parsed, then checked against the table, the message naming
+ * the flag: "--prefetch: 0 is out of range [1, 16]", the same verdict a plan
+ * file holding the value gets. An integer; a number; a size in bytes (units
+ * allowed, zo_parse_size) or, with `count`, a count (K/M/B/T,
+ * zo_parse_count). ZO_ERR_INVALID. */
+zo_status zo_plan_flag_int(const char *s, const char *flag, const char *field, long *out);
+zo_status zo_plan_flag_double(const char *s, const char *flag, const char *field, double *out);
+zo_status zo_plan_flag_u64(const char *s, const char *flag, const char *field, int count,
+                           uint64_t *out);
+
 /* Whether a plan can run here: the model `m` has the plan's parameter count
  * and shape (layers, widths, heads, vocabulary, biases, tied embeddings, and
  * the features of its family: positions, norms, experts, latent attention) and
@@ -223,11 +212,5 @@ cJSON *zo_hw_profile_write_json(const zo_hw_profile *hw);
 enum { ZO_HW_READ_PARTIAL = 1 };
 zo_status zo_hw_profile_read_json(const cJSON *o, const char *path, const char *prefix,
                                   unsigned flags, zo_hw_profile *hw);
-
-const char *zo_plan_tier_name(zo_plan_tier t);           /* "gpu", "cpu", "nvme" */
-const char *zo_plan_recompute_name(zo_plan_recompute r); /* "none", "selective", "full" */
-const char *zo_plan_optimizer_name(zo_plan_optimizer o); /* "adamw", "sgd" */
-const char *zo_plan_method_name(zo_plan_method m);       /* "full", "lora", "qlora" */
-const char *zo_plan_schedule_name(zo_plan_schedule s);   /* "serial", "overlap", "dpu" */
 
 #endif

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "common/units.h"
+#include "planner/report.h" /* defines: plan_json_field, PLAN_JSON_ADD */
 
 static const char *source_names[] = {"preset", "gpu", "profile", "plan"};
 
@@ -234,6 +235,22 @@ void plan_report_basis(FILE *out, const plan_hw *hw, const plan_hw_basis *b)
     for (int i = 0; i < n; i++) fprintf(out, "%s\n", l[i]);
 }
 
+/* the figures the estimate used (after the overrides): the GPU's ... */
+#define H(key, member, type) PLAN_JSON_FIELD(key, plan_hw, member, type)
+static const plan_json_field gpu_fields[] = {
+    H("memory", gpu_mem, U64),     H("tensor_flops_16", peak_flops_16, DOUBLE),
+    H("tensor_flops_32", peak_flops_32, DOUBLE), H("memory_bw", hbm_bw, DOUBLE),
+    H("pcie_gen", pcie_gen, INT),  H("pcie_lanes", pcie_lanes, INT),
+    H("pcie_bw", pcie_bw, DOUBLE),
+};
+/* ... and the node's */
+static const plan_json_field node_fields[] = {
+    H("cpu_mem", cpu_mem, U64),    H("cpu_mem_bw", cpu_mem_bw, DOUBLE),
+    H("cpu_cores", cpu_cores, INT), H("nvme", nvme, U64),
+    H("nvme_read_bw", nvme_read_bw, DOUBLE), H("nvme_write_bw", nvme_write_bw, DOUBLE),
+};
+#undef H
+
 cJSON *plan_hw_basis_json(const plan_hw *hw, const plan_hw_basis *b)
 {
     cJSON *o = cJSON_CreateObject();
@@ -242,23 +259,10 @@ cJSON *plan_hw_basis_json(const plan_hw *hw, const plan_hw_basis *b)
     cJSON_AddStringToObject(o, "name", b->name);
     if (b->source == PLAN_HW_GPU) cJSON_AddStringToObject(o, "host", b->host);
     cJSON_AddBoolToObject(o, "default", b->is_default);
-    /* the figures the estimate used (after the overrides) */
     cJSON *g = cJSON_AddObjectToObject(o, "gpu");
     cJSON_AddStringToObject(g, "name", hw->gpu);
-    cJSON_AddNumberToObject(g, "memory", (double)hw->gpu_mem);
-    cJSON_AddNumberToObject(g, "tensor_flops_16", hw->peak_flops_16);
-    cJSON_AddNumberToObject(g, "tensor_flops_32", hw->peak_flops_32);
-    cJSON_AddNumberToObject(g, "memory_bw", hw->hbm_bw);
-    cJSON_AddNumberToObject(g, "pcie_gen", hw->pcie_gen);
-    cJSON_AddNumberToObject(g, "pcie_lanes", hw->pcie_lanes);
-    cJSON_AddNumberToObject(g, "pcie_bw", hw->pcie_bw);
-    cJSON *h = cJSON_AddObjectToObject(o, "node");
-    cJSON_AddNumberToObject(h, "cpu_mem", (double)hw->cpu_mem);
-    cJSON_AddNumberToObject(h, "cpu_mem_bw", hw->cpu_mem_bw);
-    cJSON_AddNumberToObject(h, "cpu_cores", hw->cpu_cores);
-    cJSON_AddNumberToObject(h, "nvme", (double)hw->nvme);
-    cJSON_AddNumberToObject(h, "nvme_read_bw", hw->nvme_read_bw);
-    cJSON_AddNumberToObject(h, "nvme_write_bw", hw->nvme_write_bw);
+    PLAN_JSON_ADD(g, hw, gpu_fields);
+    PLAN_JSON_ADD(cJSON_AddObjectToObject(o, "node"), hw, node_fields);
     cJSON *ov = cJSON_AddArrayToObject(o, "overrides");
     for (int i = 0; i < b->n; i++) {
         cJSON *x = cJSON_CreateObject();

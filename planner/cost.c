@@ -122,7 +122,7 @@ static void adapters_time(const zo_model_config *m, const plan_train *t, const c
         *f += gemm(c, T, r, in) + gemm(c, T, out, r);
         *b += gemm(c, T, r, out) + gemm(c, out, r, T) + gemm(c, r, in, T) + gemm(c, T, in, r);
     }
-    if (t->method == PLAN_METHOD_QLORA) {
+    if (t->method == ZO_PLAN_QLORA) {
         plan_peft pf;
         plan_peft_stage(m, t, 0, &pf);
         double dq = ew(c, (double)pf.layer_nf4 + (double)pf.layer_linear * c->esz);
@@ -131,111 +131,127 @@ static void adapters_time(const zo_model_config *m, const plan_train *t, const c
     }
 }
 
-static void layer_time_of(const zo_model_config *m, const plan_train *t, const ctx *c, int moe,
-                          layer_time *o)
+/* A layer's matmuls as they add up: forward and backward seconds, and the
+ * weights a token meets (for the model's FLOPs). */
+typedef struct layer_mm {
+    double f, b, wparams;
+} layer_mm;
+
+/* The attention projections: column-parallel in, row-parallel out; MLA's
+ * down projections are whole on every rank. T rows; q, k, v, ow the
+ * attention widths (zo_model_attn_widths). */
+static void attn_proj_time(const zo_model_config *m, const plan_train *t, const ctx *c, double T,
+                           double q, double k, double v, double ow, layer_mm *a)
 {
-    memset(o, 0, sizeof *o);
-    double s = t->seq, b = t->micro_batch, T = s * b, tp = t->tp;
-    double h = m->hidden, f = m->ffn;
-    uint64_t uq, uk, uv, uo;
-    zo_model_attn_widths(m, &uq, &uk, &uv, &uo);
-    double q = (double)uq, k = (double)uk, v = (double)uv, ow = (double)uo;
-    double heads = m->n_heads / tp; /* per rank */
-    double dqk = q / m->n_heads, dv = v / (m->mla.kv_rank ? m->n_heads : m->n_kv_heads);
+    double h = m->hidden, tp = t->tp;
+    if (m->mla.kv_rank) {
+        const zo_mla *x = &m->mla;
+        double qr = x->q_rank, kr = x->kv_rank, kvb = (double)m->n_heads * (x->qk_nope + x->v_dim);
+        if (x->q_rank) {
+            mm(c, T, qr, h, &a->f, &a->b);
+            mm(c, T, q / tp, qr, &a->f, &a->b);
+            a->wparams += h * qr + qr * q;
+        } else {
+            mm(c, T, q / tp, h, &a->f, &a->b);
+            a->wparams += h * q;
+        }
+        mm(c, T, kr + x->qk_rope, h, &a->f, &a->b);
+        mm(c, T, kvb / tp, kr, &a->f, &a->b);
+        a->wparams += h * (kr + x->qk_rope) + kr * kvb;
+    } else {
+        mm(c, T, (q + k + v) / tp, h, &a->f, &a->b);
+        a->wparams += h * (q + k + v);
+    }
+    mm(c, T, h, ow / tp, &a->f, &a->b);
+    a->wparams += ow * h;
+}
+
+/* An MoE layer's MLP: a router, its experts over the routed rows that reach
+ * this rank (EP spreads the experts, each rank receives top_k rows per token
+ * on average: dropless, balanced; a capacity factor pads to it) as grouped
+ * GEMMs, and the shared expert over every token. Returns the bytes of its
+ * elementwise kernels; sets the expert-parallel all-to-alls. */
+static double moe_time(const zo_model_config *m, const plan_train *t, const ctx *c, double T,
+                       layer_mm *a, layer_time *o)
+{
+    const zo_moe *x = &m->moe;
+    double h = m->hidden, tp = t->tp, e = c->esz;
+    int n_in = m->arch == ZO_ARCH_GPT ? 1 : 2;
+    double R = T * plan_routed_rows(m, t);       /* rows at this rank's experts */
+    double local = (double)x->experts / t->ep;   /* experts on this rank */
+    double fe = x->expert_ffn;
+    mm(c, T, x->experts, h, &a->f, &a->b);       /* router, on every TP rank */
+    for (int i = 0; i < n_in; i++) mm_n(c, local, R / local, fe / tp, h, &a->f, &a->b);
+    mm_n(c, local, R / local, h, fe / tp, &a->f, &a->b);
+    a->wparams += h * x->experts + (n_in + 1) * h * fe * x->top_k;
+    if (x->shared_ffn) {
+        for (int i = 0; i < n_in; i++) mm(c, T, x->shared_ffn / tp, h, &a->f, &a->b);
+        mm(c, T, h, x->shared_ffn / tp, &a->f, &a->b);
+        a->wparams += (n_in + 1) * h * x->shared_ffn;
+    }
+    /* expert parallelism: each token's rows go to the experts' ranks and
+     * come back (dispatch and combine), in every pass */
+    if (t->ep > 1) {
+        double bw, lat;
+        link_for(c->hw, t->ep, t->tp, &bw, &lat);
+        double a2a = alltoall_s(R * h * e, t->ep, bw, lat);
+        o->ep_fwd = 2 * a2a;
+        o->ep_bwd = 2 * a2a;
+    }
+    /* router softmax / top-k (fp32), tokens permuted to the experts and
+     * back (read + write each way), the gated activation of the experts
+     * and of the shared expert, the weighted sum of the expert outputs */
+    return T * x->experts * 4 * 2 + 2 * 2 * R * h * e + R * 3 * e * fe / tp +
+           T * 3 * e * x->shared_ffn / tp + R * h * e * 2;
+}
+
+/* A dense MLP: GPT fc1 (or LLaMA gate and up) then fc2 (down). Returns the
+ * bytes of its elementwise kernels. */
+static double mlp_time(const zo_model_config *m, const plan_train *t, const ctx *c, double T,
+                       layer_mm *a)
+{
+    double h = m->hidden, f = m->ffn, tp = t->tp, e = c->esz;
+    int gpt = m->arch == ZO_ARCH_GPT, n_in = gpt ? 1 : 2;
+    for (int i = 0; i < n_in; i++) mm(c, T, f / tp, h, &a->f, &a->b);
+    mm(c, T, h, f / tp, &a->f, &a->b);
+    a->wparams += (n_in + 1) * h * f;
+    if (gpt) /* bias + GeLU over the ffn columns of this rank */
+        return T * 2 * e * f / tp;
+    return T * 3 * e * f / tp; /* SwiGLU (gate, up -> out) */
+}
+
+/* The attention core of one rank (`heads` of them, head widths dqk and
+ * dv): forward, backward and what selective recompute recomputes. */
+static void attn_core_time(const plan_train *t, const ctx *c, double heads, double dqk, double dv,
+                           double *f, double *b, double *rc)
+{
+    double s = t->seq, mb = t->micro_batch, e = c->esz;
+    if (t->flash_attn) {
+        double fl = 2 * s * s * (dqk + dv) * mb * heads * FLASH_CAUSAL;
+        double eff = plan_hw_gemm_eff(c->hw, fl) * FLASH_REL_EFF;
+        *f = fl / (c->peak * eff);
+        *b = FLASH_BWD * *f;
+        *rc = 0; /* flash already recomputes the scores in its backward */
+        return;
+    }
+    double drop = t->dropout ? 1 : 0; /* mask bytes per element */
+    double n = mb * heads, sc = n * s * s; /* score elements per rank */
+    double core = bmm(c, n, s, s, dqk) + bmm(c, n, s, dv, s);
+    double soft = ew(c, sc * (2 * e + (t->dropout ? 2 * e + drop : 0)));
+    *f = core + soft;
+    *b = 2 * core + 2 * soft;
+    *rc = *f;
+}
+
+/* The layer's elementwise kernels (bytes read + written per row): norms,
+ * residual adds, the MLP's `mlp_ew` bytes, rotary and q/k norms. */
+static double elementwise_time(const zo_model_config *m, const plan_train *t, const ctx *c,
+                               double T, double q, double k, double mlp_ew)
+{
+    double h = m->hidden, tp = t->tp, e = c->esz;
     double Tsp = t->sp ? T / tp : T; /* rows of the sequence-parallel regions */
     int gpt = m->arch == ZO_ARCH_GPT;
-    double e = c->esz;
-    double drop = t->dropout ? 1 : 0; /* mask bytes per element */
-    double mm_f = 0, mm_b = 0, wparams = 0; /* matmul weights a token meets (for FLOPs) */
-
-    /* attention projections: column-parallel in, row-parallel out; MLA's
-     * down projections are whole on every rank */
-    if (m->mla.kv_rank) {
-        const zo_mla *a = &m->mla;
-        double qr = a->q_rank, kr = a->kv_rank, kvb = (double)m->n_heads * (a->qk_nope + a->v_dim);
-        if (a->q_rank) {
-            mm(c, T, qr, h, &mm_f, &mm_b);
-            mm(c, T, q / tp, qr, &mm_f, &mm_b);
-            wparams += h * qr + qr * q;
-        } else {
-            mm(c, T, q / tp, h, &mm_f, &mm_b);
-            wparams += h * q;
-        }
-        mm(c, T, kr + a->qk_rope, h, &mm_f, &mm_b);
-        mm(c, T, kvb / tp, kr, &mm_f, &mm_b);
-        wparams += h * (kr + a->qk_rope) + kr * kvb;
-    } else {
-        mm(c, T, (q + k + v) / tp, h, &mm_f, &mm_b);
-        wparams += h * (q + k + v);
-    }
-    mm(c, T, h, ow / tp, &mm_f, &mm_b);
-    wparams += ow * h;
-
-    /* the MLP: GPT fc1 (or LLaMA gate and up) then fc2 (down); an MoE layer
-     * runs a router, its experts over the routed rows that reach this rank
-     * (EP spreads the experts, each rank receives top_k rows per token on
-     * average: dropless, balanced; a capacity factor pads to it) as grouped
-     * GEMMs, and the shared expert over every token */
-    int n_in = gpt ? 1 : 2;
-    double mlp_ew = 0; /* bytes of the MLP's elementwise kernels */
-    if (moe) {
-        const zo_moe *x = &m->moe;
-        double R = T * plan_routed_rows(m, t);       /* rows at this rank's experts */
-        double local = (double)x->experts / t->ep;   /* experts on this rank */
-        double fe = x->expert_ffn;
-        mm(c, T, x->experts, h, &mm_f, &mm_b);       /* router, on every TP rank */
-        for (int i = 0; i < n_in; i++) mm_n(c, local, R / local, fe / tp, h, &mm_f, &mm_b);
-        mm_n(c, local, R / local, h, fe / tp, &mm_f, &mm_b);
-        wparams += h * x->experts + (n_in + 1) * h * fe * x->top_k;
-        if (x->shared_ffn) {
-            for (int i = 0; i < n_in; i++) mm(c, T, x->shared_ffn / tp, h, &mm_f, &mm_b);
-            mm(c, T, h, x->shared_ffn / tp, &mm_f, &mm_b);
-            wparams += (n_in + 1) * h * x->shared_ffn;
-        }
-        /* router softmax / top-k (fp32), tokens permuted to the experts and
-         * back (read + write each way), the gated activation of the experts
-         * and of the shared expert, the weighted sum of the expert outputs */
-        mlp_ew = T * x->experts * 4 * 2 + 2 * 2 * R * h * e + R * 3 * e * fe / tp +
-                 T * 3 * e * x->shared_ffn / tp + R * h * e * 2;
-        /* expert parallelism: each token's rows go to the experts' ranks and
-         * come back (dispatch and combine), in every pass */
-        if (t->ep > 1) {
-            double bw, lat;
-            link_for(c->hw, t->ep, t->tp, &bw, &lat);
-            double a2a = alltoall_s(R * h * e, t->ep, bw, lat);
-            o->ep_fwd = 2 * a2a;
-            o->ep_bwd = 2 * a2a;
-        }
-    } else {
-        for (int i = 0; i < n_in; i++) mm(c, T, f / tp, h, &mm_f, &mm_b);
-        mm(c, T, h, f / tp, &mm_f, &mm_b);
-        wparams += (n_in + 1) * h * f;
-        if (gpt) /* bias + GeLU over the ffn columns of this rank */
-            mlp_ew = T * 2 * e * f / tp;
-        else /* SwiGLU (gate, up -> out) */
-            mlp_ew = T * 3 * e * f / tp;
-    }
-    o->flops_token = 2 * wparams + 2 * s * (dqk + dv) * m->n_heads;
-    o->attn_flops_token = 2 * s * (dqk + dv) * m->n_heads;
-
-    /* the attention core */
-    double attn_f, attn_b, attn_rc;
-    if (t->flash_attn) {
-        double fl = 2 * s * s * (dqk + dv) * b * heads * FLASH_CAUSAL;
-        double eff = plan_hw_gemm_eff(c->hw, fl) * FLASH_REL_EFF;
-        attn_f = fl / (c->peak * eff);
-        attn_b = FLASH_BWD * attn_f;
-        attn_rc = 0; /* flash already recomputes the scores in its backward */
-    } else {
-        double n = b * heads, sc = n * s * s; /* score elements per rank */
-        double core = bmm(c, n, s, s, dqk) + bmm(c, n, s, dv, s);
-        double soft = ew(c, sc * (2 * e + (t->dropout ? 2 * e + drop : 0)));
-        attn_f = core + soft;
-        attn_b = 2 * core + 2 * soft;
-        attn_rc = attn_f;
-    }
-
-    /* elementwise kernels (bytes read + written per row) */
+    double drop = t->dropout ? 1 : 0;
     double norms = m->layer_norms ? m->layer_norms : 2;
     double row;
     if (gpt) /* LayerNorms (4h), 2 bias-dropout-residual adds (6h + mask) */
@@ -246,29 +262,154 @@ static void layer_time_of(const zo_model_config *m, const plan_train *t, const c
     if (m->pos == ZO_POS_ROTARY || (!gpt && m->pos == ZO_POS_ARCH)) /* rotary on q and k */
         ew_f += ew(c, T * 2 * e * (q + k) / tp);
     if (m->qk_norm) ew_f += ew(c, T * 2 * e * (q + k) / tp);
+    return ew_f;
+}
 
-    if (c->frozen) adapters_time(m, t, c, T, &mm_f, &mm_b);
-    o->fwd = mm_f + attn_f + ew_f;
-    o->bwd = mm_b + attn_b + 2 * ew_f;
+/* Tensor-parallel collectives, two sub-blocks (attention, MLP) per layer:
+ * without SP an all-reduce of the sub-block's output in each pass; with SP
+ * an all-gather and a reduce-scatter in its place, and in the backward also
+ * the re-gather of the input the weight gradient needs. */
+static void tp_time(const zo_model_config *m, const plan_train *t, const ctx *c, double T,
+                    layer_time *o)
+{
+    if (t->tp <= 1) return;
+    double bw, lat;
+    link_for(c->hw, t->tp, 1, &bw, &lat);
+    double N = T * m->hidden * c->esz;
+    double ag = plan_allgather_s(N, t->tp, bw, lat);
+    o->tp_fwd = 2 * (t->sp ? 2 * ag : plan_allreduce_s(N, t->tp, bw, lat));
+    o->tp_bwd = 2 * (t->sp ? 3 * ag : plan_allreduce_s(N, t->tp, bw, lat));
+}
 
-    /* tensor-parallel collectives, two sub-blocks (attention, MLP) per layer:
-     * without SP an all-reduce of the sub-block's output in each pass; with SP
-     * an all-gather and a reduce-scatter in its place, and in the backward
-     * also the re-gather of the input the weight gradient needs */
-    if (t->tp > 1) {
-        double bw, lat;
-        link_for(c->hw, t->tp, 1, &bw, &lat);
-        double N = T * h * e;
-        double ag = plan_allgather_s(N, t->tp, bw, lat);
-        o->tp_fwd = 2 * (t->sp ? 2 * ag : plan_allreduce_s(N, t->tp, bw, lat));
-        o->tp_bwd = 2 * (t->sp ? 3 * ag : plan_allreduce_s(N, t->tp, bw, lat));
-    }
-    if (t->recompute == PLAN_RECOMPUTE_FULL) {
+/* One layer (dense, or with `moe` an MoE layer) on one rank, one micro-batch. */
+static void layer_time_of(const zo_model_config *m, const plan_train *t, const ctx *c, int moe,
+                          layer_time *o)
+{
+    memset(o, 0, sizeof *o);
+    double s = t->seq, T = s * t->micro_batch;
+    uint64_t uq, uk, uv, uo;
+    zo_model_attn_widths(m, &uq, &uk, &uv, &uo);
+    double q = (double)uq, k = (double)uk, v = (double)uv, ow = (double)uo;
+    double heads = m->n_heads / (double)t->tp; /* per rank */
+    double dqk = q / m->n_heads, dv = v / (m->mla.kv_rank ? m->n_heads : m->n_kv_heads);
+    layer_mm a = {0, 0, 0};
+    attn_proj_time(m, t, c, T, q, k, v, ow, &a);
+    double mlp_ew = moe ? moe_time(m, t, c, T, &a, o) : mlp_time(m, t, c, T, &a);
+    o->flops_token = 2 * a.wparams + 2 * s * (dqk + dv) * m->n_heads;
+    o->attn_flops_token = 2 * s * (dqk + dv) * m->n_heads;
+    double attn_f, attn_b, attn_rc;
+    attn_core_time(t, c, heads, dqk, dv, &attn_f, &attn_b, &attn_rc);
+    double ew_f = elementwise_time(m, t, c, T, q, k, mlp_ew);
+    if (c->frozen) adapters_time(m, t, c, T, &a.f, &a.b);
+    o->fwd = a.f + attn_f + ew_f;
+    o->bwd = a.b + attn_b + 2 * ew_f;
+    tp_time(m, t, c, T, o);
+    if (t->recompute == ZO_PLAN_RECOMPUTE_FULL) {
         o->rc = o->fwd;
         o->tp_rc = o->tp_fwd;
         o->ep_rc = o->ep_fwd;
-    } else if (t->recompute == PLAN_RECOMPUTE_SELECTIVE) {
+    } else if (t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE) {
         o->rc = attn_rc;
+    }
+}
+
+/* A model known only by its size: 6N FLOPs per token at the curve's top. */
+static void size_only_time(const zo_model_config *m, const plan_train *t, const ctx *c,
+                           plan_time_mb *out)
+{
+    double n = (double)m->params_override, T = (double)t->seq * t->micro_batch;
+    double f = 2 * n * T / ((double)t->tp * t->pp);
+    double tf = f / (c->peak * c->hw->gemm_eff_max);
+    out->fwd = tf;
+    out->bwd = 2 * tf;
+    out->rc = t->recompute == ZO_PLAN_RECOMPUTE_FULL ? tf : 0;
+    out->total = out->fwd + out->bwd + out->rc;
+    out->model_flops_token = 6 * n;
+    out->rc_flops_token = t->recompute == ZO_PLAN_RECOMPUTE_FULL ? 2 * n : 0;
+    out->layer_compute = out->total;
+}
+
+/* What the ends of the pipeline add to a micro-batch: the first stage's
+ * embedding lookup (+ dropout; with TP the vocabulary-parallel embedding is
+ * all-reduced, reduce-scattered with SP), the last stage's final norm,
+ * output matmul and fp32 cross-entropy over v/t columns (a frozen head
+ * computes its input gradient only; a frozen embedding has no backward). */
+typedef struct ends_time {
+    double first_f, first_b, first_tp;
+    double last_f, last_b;
+} ends_time;
+
+static void ends_time_of(const zo_model_config *m, const plan_train *t, const ctx *c, ends_time *o)
+{
+    double T = (double)t->seq * t->micro_batch, tp = t->tp;
+    double h = m->hidden, v = m->vocab, e = c->esz;
+    o->first_f = ew(c, T * h * 2 * e);
+    o->first_b = c->frozen ? 0 : o->first_f;
+    o->first_tp = 0;
+    double bw, lat;
+    link_for(c->hw, t->tp, 1, &bw, &lat);
+    if (t->tp > 1)
+        o->first_tp = t->sp ? plan_allgather_s(T * h * e, t->tp, bw, lat)
+                            : plan_allreduce_s(T * h * e, t->tp, bw, lat);
+    o->last_f = ew(c, T * 2 * e * h / (t->sp ? tp : 1)) + gemm(c, T, v / tp, h) +
+                ew(c, T * v / tp * 4 * 2);
+    o->last_b = 2 * ew(c, T * 2 * e * h / (t->sp ? tp : 1)) + gemm(c, T, h, v / tp) +
+                (c->frozen ? 0 : gemm(c, h, v / tp, T)) + ew(c, T * v / tp * 4 * 2);
+}
+
+/* One micro-batch through a stage: nl[0] dense and nl[1] MoE layers, and
+ * its ends' forward, backward and TP collectives (ef, eb, etp). */
+static void stage_time(const layer_time lt[2], const double nl[2], double ef, double eb, double etp,
+                       plan_time_mb *o)
+{
+    memset(o, 0, sizeof *o);
+    for (int j = 0; j < 2; j++) {
+        if (!nl[j]) continue;
+        const layer_time *x = &lt[j];
+        o->fwd += nl[j] * x->fwd;
+        o->bwd += nl[j] * x->bwd;
+        o->rc += nl[j] * x->rc;
+        o->tp_fwd += nl[j] * x->tp_fwd;
+        o->tp_bwd += nl[j] * x->tp_bwd;
+        o->tp_rc += nl[j] * x->tp_rc;
+        o->ep_fwd += nl[j] * x->ep_fwd;
+        o->ep_bwd += nl[j] * x->ep_bwd;
+        o->ep_rc += nl[j] * x->ep_rc;
+    }
+    o->fwd += ef;
+    o->bwd += eb;
+    o->tp_fwd += etp / 2;
+    o->tp_bwd += etp / 2;
+    o->total = o->fwd + o->bwd + o->rc + o->tp_fwd + o->tp_bwd + o->tp_rc + o->ep_fwd + o->ep_bwd +
+               o->ep_rc;
+    /* one layer as reported and as the overlap window: the heavier kind
+     * the stage has */
+    const layer_time *x = nl[1] ? &lt[1] : &lt[0];
+    o->layer_fwd = x->fwd + x->tp_fwd + x->ep_fwd;
+    o->layer_bwd = x->bwd + x->rc + x->tp_bwd + x->tp_rc + x->ep_bwd + x->ep_rc;
+    o->layer_compute = x->fwd + x->bwd + x->rc;
+}
+
+/* The model's FLOPs per token (MFU) and the recomputed ones (HFU), from its
+ * layers' (n_moe of them MoE). */
+static void model_flops(const zo_model_config *m, const plan_train *t, const ctx *c,
+                        const layer_time lt[2], int n_moe, plan_time_mb *out)
+{
+    int L = m->n_layers;
+    double h = m->hidden, v = m->vocab;
+    double lf = (L - n_moe) * lt[0].flops_token + (n_moe ? n_moe * lt[1].flops_token : 0);
+    double la = (L - n_moe) * lt[0].attn_flops_token + (n_moe ? n_moe * lt[1].attn_flops_token : 0);
+    out->model_flops_token = 3 * (lf + 2 * h * v);
+    out->rc_flops_token = t->recompute == ZO_PLAN_RECOMPUTE_FULL                          ? lf
+                          : t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE && !t->flash_attn ? la
+                                                                                          : 0;
+    if (c->frozen) {
+        /* LoRA: the forward, the input gradients (the base's matmuls once
+         * more, the attention core twice), and 6 FLOPs per token per adapter
+         * parameter (2 forward, 4 backward) */
+        double a = (double)zo_lora_trainable_params(m, t->lora.r, t->lora.targets);
+        out->model_flops_token = 2 * lf + la + 4 * h * v + 6 * a;
+        if (t->recompute == ZO_PLAN_RECOMPUTE_FULL) out->rc_flops_token += 2 * a;
     }
 }
 
@@ -278,47 +419,19 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
     memset(out, 0, sizeof *out);
     ctx c = {hw, t->dtype == ZO_DTYPE_F32 ? hw->peak_flops_32 : hw->peak_flops_16,
              hw->hbm_bw * hw->hbm_eff, (double)zo_dtype_size(t->dtype),
-             t->method != PLAN_METHOD_FULL};
-    double s = t->seq, b = t->micro_batch, T = s * b, tp = t->tp;
+             t->method != ZO_PLAN_FULL};
     if (m->params_override) {
-        /* only the size is known: 6N FLOPs per token at the curve's top */
-        double n = (double)m->params_override;
-        double f = 2 * n * T / (tp * t->pp);
-        double tf = f / (c.peak * hw->gemm_eff_max);
-        out->fwd = tf;
-        out->bwd = 2 * tf;
-        out->rc = t->recompute == PLAN_RECOMPUTE_FULL ? tf : 0;
-        out->total = out->fwd + out->bwd + out->rc;
-        out->model_flops_token = 6 * n;
-        out->rc_flops_token = t->recompute == PLAN_RECOMPUTE_FULL ? 2 * n : 0;
-        out->layer_compute = out->total;
+        size_only_time(m, t, &c, out);
         return;
     }
     /* dense and MoE layers (DeepSeek: dense first layers, then MoE) */
     layer_time lt[2];
-    int L = m->n_layers, per = L / t->pp;
-    int n_moe_all = m->moe.experts ? L - m->moe.first_dense : 0;
+    int per = m->n_layers / t->pp;
+    int n_moe_all = m->moe.experts ? m->n_layers - m->moe.first_dense : 0;
     layer_time_of(m, t, &c, 0, &lt[0]);
     if (n_moe_all) layer_time_of(m, t, &c, 1, &lt[1]);
-    double h = m->hidden, v = m->vocab, e = c.esz;
-
-    /* first stage: embedding lookup (+ dropout); with TP the vocabulary-parallel
-     * embedding is all-reduced (reduce-scattered with SP) */
-    double first = ew(&c, T * h * 2 * e), first_tp = 0;
-    double bw, lat;
-    link_for(hw, t->tp, 1, &bw, &lat);
-    if (t->tp > 1)
-        first_tp = t->sp ? plan_allgather_s(T * h * e, t->tp, bw, lat)
-                         : plan_allreduce_s(T * h * e, t->tp, bw, lat);
-    /* last stage: final norm, output matmul, fp32 cross-entropy over v/t columns */
-    double last_f = ew(&c, T * 2 * e * h / (t->sp ? tp : 1)) + gemm(&c, T, v / tp, h) +
-                    ew(&c, T * v / tp * 4 * 2);
-    /* (a frozen head computes its input gradient only; a frozen embedding
-     * has no backward) */
-    double last_b = 2 * ew(&c, T * 2 * e * h / (t->sp ? tp : 1)) + gemm(&c, T, h, v / tp) +
-                    (c.frozen ? 0 : gemm(&c, h, v / tp, T)) + ew(&c, T * v / tp * 4 * 2);
-    double first_b = c.frozen ? 0 : first;
-
+    ends_time end;
+    ends_time_of(m, t, &c, &end);
     /* the slower of the first stage (its layers, the embedding) and the
      * last (its layers, more of them MoE, the logits) */
     double best = -1;
@@ -328,67 +441,17 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
         int lo = stage * per, n_moe = 0;
         for (int i = lo; i < lo + per; i++) n_moe += zo_model_layer_is_moe(m, i);
         double nl[2] = {per - n_moe, n_moe};
-        double ef, eb, etp;
-        if (t->pp == 1) {
-            ef = first + last_f;
-            eb = first_b + last_b;
-            etp = 2 * first_tp;
-        } else if (stage == 0) {
-            ef = first;
-            eb = first_b;
-            etp = 2 * first_tp;
-        } else {
-            ef = last_f;
-            eb = last_b;
-            etp = 0;
-        }
+        int first = stage == 0, last = stage == t->pp - 1;
+        double ef = (first ? end.first_f : 0) + (last ? end.last_f : 0);
+        double eb = (first ? end.first_b : 0) + (last ? end.last_b : 0);
         plan_time_mb o;
-        memset(&o, 0, sizeof o);
-        for (int j = 0; j < 2; j++) {
-            if (!nl[j]) continue;
-            const layer_time *x = &lt[j];
-            o.fwd += nl[j] * x->fwd;
-            o.bwd += nl[j] * x->bwd;
-            o.rc += nl[j] * x->rc;
-            o.tp_fwd += nl[j] * x->tp_fwd;
-            o.tp_bwd += nl[j] * x->tp_bwd;
-            o.tp_rc += nl[j] * x->tp_rc;
-            o.ep_fwd += nl[j] * x->ep_fwd;
-            o.ep_bwd += nl[j] * x->ep_bwd;
-            o.ep_rc += nl[j] * x->ep_rc;
-        }
-        o.fwd += ef;
-        o.bwd += eb;
-        o.tp_fwd += etp / 2;
-        o.tp_bwd += etp / 2;
-        o.total = o.fwd + o.bwd + o.rc + o.tp_fwd + o.tp_bwd + o.tp_rc + o.ep_fwd + o.ep_bwd +
-                  o.ep_rc;
-        /* one layer as reported and as the overlap window: the heavier kind
-         * the stage has */
-        const layer_time *x = nl[1] ? &lt[1] : &lt[0];
-        o.layer_fwd = x->fwd + x->tp_fwd + x->ep_fwd;
-        o.layer_bwd = x->bwd + x->rc + x->tp_bwd + x->tp_rc + x->ep_bwd + x->ep_rc;
-        o.layer_compute = x->fwd + x->bwd + x->rc;
+        stage_time(lt, nl, ef, eb, first ? 2 * end.first_tp : 0, &o);
         if (o.total > best) {
             best = o.total;
             *out = o;
         }
     }
-    double lf = (L - n_moe_all) * lt[0].flops_token + (n_moe_all ? n_moe_all * lt[1].flops_token : 0);
-    double la = (L - n_moe_all) * lt[0].attn_flops_token +
-                (n_moe_all ? n_moe_all * lt[1].attn_flops_token : 0);
-    out->model_flops_token = 3 * (lf + 2 * h * v);
-    out->rc_flops_token = t->recompute == PLAN_RECOMPUTE_FULL                        ? lf
-                          : t->recompute == PLAN_RECOMPUTE_SELECTIVE && !t->flash_attn ? la
-                                                                                       : 0;
-    if (c.frozen) {
-        /* LoRA: the forward, the input gradients (the base's matmuls once
-         * more, the attention core twice), and 6 FLOPs per token per adapter
-         * parameter (2 forward, 4 backward) */
-        double a = (double)zo_lora_trainable_params(m, t->lora.r, t->lora.targets);
-        out->model_flops_token = 2 * lf + la + 4 * h * v + 6 * a;
-        if (t->recompute == PLAN_RECOMPUTE_FULL) out->rc_flops_token += 2 * a;
-    }
+    model_flops(m, t, &c, lt, n_moe_all, out);
 }
 
 /* ---- the step ---------------------------------------------------------------------- */
@@ -402,202 +465,271 @@ void plan_dp_comm_elems(const plan_train *t, double P, double *grads, double *we
     *weights = t->zero == 0 ? 0 : t->zero <= 2 ? P : 2 * A * P;
 }
 
-void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
-                    const plan_estimate *e, const plan_time_mb *mb, plan_time *o)
-{
-    memset(o, 0, sizeof *o);
-    o->mb = *mb;
-    double n_mb = t->grad_accum, p = t->pp, v = t->vpp;
-    double wsz = (double)zo_dtype_size(t->dtype), gsz = (double)zo_dtype_size(t->grad_dtype);
-    int rpn = e->ranks_per_node;
+/* What the parts of a step read: the configuration, its estimate and its
+ * micro-batch, and what they derive from them. */
+typedef struct step_in {
+    const zo_model_config *m;
+    const plan_hw *hw;
+    const plan_train *t;
+    const plan_estimate *e;
+    const plan_time_mb *mb;
+    double n_mb;         /* micro-batches per step */
+    double wsz, gsz;     /* bytes of a weight, of a gradient on the device */
+    int rpn;             /* ranks per node */
+    double P, Pe;        /* trained elements on the rank (LoRA: the adapters); of them experts */
+    int edp;             /* the ranks that share an expert: DP / EP */
+    double P_shard;      /* ZeRO's partition: the rest over DP, routed experts over DP / EP */
+    double fg, on_gpu;   /* the optimizer's GPU share; of the gradients, those summed on the GPU */
+    double window;       /* compute that hides copies */
+    double bwd_window;   /* of it, the backward's */
+    double nvme_stream;  /* NVMe seconds of streamed weights */
+} step_in;
 
-    /* every micro-batch's weight gradients (written by the backward in the
-     * weights' dtype) are added into the rank's gradient buffer on the GPU:
-     * an elementwise pass that reads the new gradient and reads and writes
-     * the buffer, per micro-batch (Megatron's DDP hook and this runtime's
-     * staging blocks alike; offloaded gradients are summed on the host, below);
-     * P counts what is trained (LoRA: the adapters) */
-    double P = (double)e->train_params, Pe = (double)e->train_expert_params;
-    /* ZeRO's partition: the rest over DP, routed experts over DP / EP */
-    int edp = t->dp / t->ep;
-    double P_shard = (P - Pe) / t->dp + Pe / edp;
-    double acc = 0;
-    /* (summed on the GPU: all of them, or the GPU optimizer share's) */
-    double fg = e->opt_share[PLAN_GPU], on_gpu = t->grads_on == PLAN_GPU ? 1 : fg;
-    if (on_gpu > 0 && !t->fused_grad_accum && !m->params_override)
-        acc = on_gpu * (t->zero >= 2 ? P_shard : P) * (wsz + 2 * gsz) / (hw->hbm_bw * hw->hbm_eff);
+/* The micro-batches' compute and collectives, the bubble. Every
+ * micro-batch's weight gradients (written by the backward in the weights'
+ * dtype) are added into the rank's gradient buffer on the GPU: an
+ * elementwise pass that reads the new gradient and reads and writes the
+ * buffer, per micro-batch (Megatron's DDP hook and this runtime's staging
+ * blocks alike; offloaded gradients are summed on the host, below). */
+static void step_compute(step_in *in, plan_time *o)
+{
+    const plan_train *t = in->t;
+    const plan_time_mb *mb = in->mb;
+    double acc = 0, n_mb = in->n_mb;
+    if (in->on_gpu > 0 && !t->fused_grad_accum && !in->m->params_override)
+        acc = in->on_gpu * (t->zero >= 2 ? in->P_shard : in->P) * (in->wsz + 2 * in->gsz) /
+              (in->hw->hbm_bw * in->hw->hbm_eff);
     o->forward = n_mb * mb->fwd;
     o->backward = n_mb * (mb->bwd + acc);
     o->recompute = n_mb * mb->rc;
     o->tp_comm = n_mb * (mb->tp_fwd + mb->tp_bwd + mb->tp_rc);
     o->ep_comm = n_mb * (mb->ep_fwd + mb->ep_bwd + mb->ep_rc);
-    o->pp_bubble = t->pp > 1 ? (p - 1) / v * (mb->total + acc) : 0;
-    double window = n_mb * (mb->fwd + mb->bwd + mb->rc); /* compute that hides copies */
-    double bwd_window = n_mb * (mb->bwd + mb->rc);
+    o->pp_bubble = t->pp > 1 ? ((double)t->pp - 1) / t->vpp * (mb->total + acc) : 0;
+    in->window = n_mb * (mb->fwd + mb->bwd + mb->rc);
+    in->bwd_window = n_mb * (mb->bwd + mb->rc);
+}
 
-    /* pipeline sends: activations forward and gradients back, once per chunk
-     * and micro-batch; scattered over TP ranks (1/t each) */
-    if (t->pp > 1) {
-        /* neighbouring stages are tp x dp ranks apart */
-        int cross = (long)t->tp * t->dp >= hw->gpus_per_node;
-        double bw = (cross ? hw->net_bw : hw->nvlink_bw) * hw->coll_eff;
-        double lat = cross ? hw->net_lat : hw->nvlink_lat;
-        double bytes = (double)t->seq * t->micro_batch * (m->params_override ? 0 : m->hidden) *
-                       wsz / t->tp;
-        o->pp_comm = 2 * v * n_mb * (lat + bytes / bw);
+/* Pipeline sends: activations forward and gradients back, once per chunk
+ * and micro-batch; scattered over TP ranks (1/t each). */
+static void step_pp_comm(const step_in *in, plan_time *o)
+{
+    const plan_train *t = in->t;
+    const plan_hw *hw = in->hw;
+    if (t->pp <= 1) return;
+    /* neighbouring stages are tp x dp ranks apart */
+    int cross = (long)t->tp * t->dp >= hw->gpus_per_node;
+    double bw = (cross ? hw->net_bw : hw->nvlink_bw) * hw->coll_eff;
+    double lat = cross ? hw->net_lat : hw->nvlink_lat;
+    double bytes = (double)t->seq * t->micro_batch * (in->m->params_override ? 0 : in->m->hidden) *
+                   in->wsz / t->tp;
+    o->pp_comm = 2 * (double)t->vpp * in->n_mb * (lat + bytes / bw);
+}
+
+/* Data parallel (plan_dp_comm_elems): gradients all-reduced (ZeRO 0) or
+ * reduce-scattered (ZeRO 1) once per step, overlapped with the last
+ * micro-batch's backward down to one bucket, or reduce-scattered every
+ * micro-batch (ZeRO 2-3) behind its backward; updated weights all-gathered
+ * after the step (ZeRO 1-2); ZeRO-3 gathers the weights twice every
+ * micro-batch, overlapped with that micro-batch's compute. With experts: the
+ * dense parameters over all DP ranks, the routed experts over the DP / EP
+ * ranks that hold the same experts (stride TP x EP). */
+static void step_dp_comm(const step_in *in, plan_time *o)
+{
+    const plan_train *t = in->t;
+    double P = in->P, Pe = in->Pe;
+    if (t->dp <= 1) return;
+    double last_bwd = in->mb->bwd + in->mb->rc;
+    double bucket = (double)t->buf.comm_bucket < P ? (double)t->buf.comm_bucket / P : 1;
+    double red = 0, gat = 0;
+    for (int part = 0; part < 2; part++) {
+        int group = part ? in->edp : t->dp;
+        double n = part ? Pe : P - Pe;
+        if (group <= 1 || n <= 0) continue;
+        double bw, lat, ge, we;
+        link_for(in->hw, group, part ? (long)t->tp * t->ep : t->tp, &bw, &lat);
+        plan_dp_comm_elems(t, n, &ge, &we);
+        /* ZeRO-3 gathers what the step computes with (LoRA: the frozen base too) */
+        double G = n * in->gsz;
+        double W = t->zero >= 3 && !part ? (double)in->e->weight_bytes - Pe * in->wsz : n * in->wsz;
+        /* a reduce-scatter or an all-gather of n elements each, an all-reduce of 2n */
+        red += t->zero == 0 ? plan_allreduce_s(G, group, bw, lat)
+                            : ge / n * plan_allgather_s(G, group, bw, lat);
+        gat += we / n * plan_allgather_s(W, group, bw, lat);
     }
+    o->dp_comm_total = red + gat;
+    if (!t->dp_overlap && t->zero <= 2) o->dp_comm = red + gat;
+    else if (t->zero <= 1) o->dp_comm = dmax(red - last_bwd, red * bucket) + gat;
+    else if (t->zero == 2) o->dp_comm = dmax(red - in->bwd_window, red * bucket) + gat;
+    else o->dp_comm = dmax(o->dp_comm_total - in->window, o->dp_comm_total * bucket);
+}
 
-    /* data parallel (plan_dp_comm_elems): gradients all-reduced (ZeRO 0) or
-     * reduce-scattered (ZeRO 1) once per step, overlapped with the last
-     * micro-batch's backward down to one bucket, or reduce-scattered every
-     * micro-batch (ZeRO 2-3) behind its backward; updated weights
-     * all-gathered after the step (ZeRO 1-2); ZeRO-3 gathers the weights
-     * twice every micro-batch, overlapped with that micro-batch's compute.
-     * With experts: the dense parameters over all DP ranks, the routed
-     * experts over the DP / EP ranks that hold the same experts (stride TP x EP) */
-    if (t->dp > 1) {
-        double last_bwd = mb->bwd + mb->rc;
-        double bucket = (double)t->buf.comm_bucket < P ? (double)t->buf.comm_bucket / P : 1;
-        double red = 0, gat = 0;
-        for (int part = 0; part < 2; part++) {
-            int group = part ? edp : t->dp;
-            double n = part ? Pe : P - Pe;
-            if (group <= 1 || n <= 0) continue;
-            double bw, lat, ge, we;
-            link_for(hw, group, part ? (long)t->tp * t->ep : t->tp, &bw, &lat);
-            plan_dp_comm_elems(t, n, &ge, &we);
-            /* ZeRO-3 gathers what the step computes with (LoRA: the frozen base too) */
-            double G = n * gsz, W = t->zero >= 3 && !part ? (double)e->weight_bytes - Pe * wsz : n * wsz;
-            /* a reduce-scatter or an all-gather of n elements each, an all-reduce of 2n */
-            red += t->zero == 0 ? plan_allreduce_s(G, group, bw, lat) : ge / n * plan_allgather_s(G, group, bw, lat);
-            gat += we / n * plan_allgather_s(W, group, bw, lat);
-        }
-        o->dp_comm_total = red + gat;
-        if (!t->dp_overlap && t->zero <= 2) o->dp_comm = red + gat;
-        else if (t->zero <= 1) o->dp_comm = dmax(red - last_bwd, red * bucket) + gat;
-        else if (t->zero == 2) o->dp_comm = dmax(red - bwd_window, red * bucket) + gat;
-        else o->dp_comm = dmax(o->dp_comm_total - window, o->dp_comm_total * bucket);
-    }
-
-    /* streamed weights (params on CPU or NVMe; LoRA: the base and the
-     * adapters off the GPU): this rank's share crosses PCIe in the forward
-     * and again in the backward of every micro-batch; NVMe reads share the
-     * node's drives. Hidden behind compute; the largest block (embedding or
-     * head) shows when it takes longer than `prefetch` layers. */
-    double pcie = hw->pcie_bw;
-    double rank_w = (double)e->stream_bytes;
-    double stream = 0, nvme_stream = 0;
+/* Host<->device copies. Streamed weights (params on CPU or NVMe; LoRA: the
+ * base and the adapters off the GPU): this rank's share crosses PCIe in the
+ * forward and again in the backward of every micro-batch; NVMe reads share
+ * the node's drives. Hidden behind compute; the largest block (embedding or
+ * head) shows when it takes longer than `prefetch` layers. Activation
+ * checkpoints in host memory: written during the forward and read back
+ * during the backward of every micro-batch, hidden behind them. */
+static void step_h2d(step_in *in, plan_time *o)
+{
+    const plan_train *t = in->t;
+    const plan_estimate *e = in->e;
+    double n_mb = in->n_mb, pcie = in->hw->pcie_bw;
     if (e->stream_bytes > 0) {
-        stream = 2 * n_mb * rank_w / pcie;
-        nvme_stream = 2 * n_mb * (double)e->stream_nvme_bytes * rpn / hw->nvme_read_bw;
+        double stream = 2 * n_mb * (double)e->stream_bytes / pcie;
+        in->nvme_stream = 2 * n_mb * (double)e->stream_nvme_bytes * in->rpn / in->hw->nvme_read_bw;
         double big = (double)e->largest_bytes / pcie / (t->zero >= 3 ? t->dp : 1);
-        double ahead = t->buf.prefetch_depth * mb->layer_compute / 3; /* a layer's fwd ~ 1/3 */
+        double ahead = t->buf.prefetch_depth * in->mb->layer_compute / 3; /* a layer's fwd ~ 1/3 */
         o->h2d_total = stream;
-        o->h2d = dmax(dmax(stream, nvme_stream) - window, 0) + 2 * n_mb * dmax(big - ahead, 0) +
-                 big;
+        o->h2d = dmax(dmax(stream, in->nvme_stream) - in->window, 0) +
+                 2 * n_mb * dmax(big - ahead, 0) + big;
     }
-
-    /* activation checkpoints in host memory: written during the forward and
-     * read back during the backward of every micro-batch, hidden behind them */
-    if (t->checkpoints_on == PLAN_CPU && e->activations_known) {
+    if (t->checkpoints_on == ZO_PLAN_CPU && e->activations_known) {
         double ck = n_mb * (double)e->act_stage / pcie;
         o->h2d_total += ck;
         o->d2h_total += ck;
-        o->h2d += dmax(ck - bwd_window, 0);
-        o->d2h += dmax(ck - n_mb * mb->fwd, 0);
+        o->h2d += dmax(ck - in->bwd_window, 0);
+        o->d2h += dmax(ck - n_mb * in->mb->fwd, 0);
     }
+}
 
-    /* gradients to the host: this rank's partition every micro-batch (fp32
-     * accumulation on the host when there are several), hidden behind backward */
-    /* (the optimizer's host share: sent in the weights' dtype, or a ZeRO
-     * 2-3 rank's reduced fp32 part) */
-    double g_elems = (1 - on_gpu) * (t->zero >= 2 ? P_shard : P);
-    double g_sent = t->zero >= 2 && t->dp > 1 ? 4 : wsz;
-    if (g_elems > 0) {
-        double copy = n_mb * g_elems * g_sent / pcie;
-        double host_bw = hw->cpu_mem_bw * HOST_BW_EFF / rpn;
-        double accum = n_mb > 1 ? n_mb * g_elems * (4 + 4 + g_sent) / host_bw : 0;
-        double s = dmax(copy, accum);
-        o->d2h_total += s;
-        o->d2h += dmax(s - bwd_window, 0) + (double)e->train_largest * g_sent / pcie;
-    }
+/* Gradients to the host: this rank's partition every micro-batch (fp32
+ * accumulation on the host when there are several), hidden behind the
+ * backward; the optimizer's host share, sent in the weights' dtype, or a
+ * ZeRO 2-3 rank's reduced fp32 part. */
+static void step_d2h(const step_in *in, plan_time *o)
+{
+    const plan_train *t = in->t;
+    double n_mb = in->n_mb, pcie = in->hw->pcie_bw;
+    double g_elems = (1 - in->on_gpu) * (t->zero >= 2 ? in->P_shard : in->P);
+    double g_sent = t->zero >= 2 && t->dp > 1 ? 4 : in->wsz;
+    if (g_elems <= 0) return;
+    double copy = n_mb * g_elems * g_sent / pcie;
+    double host_bw = in->hw->cpu_mem_bw * HOST_BW_EFF / in->rpn;
+    double accum = n_mb > 1 ? n_mb * g_elems * (4 + 4 + g_sent) / host_bw : 0;
+    double s = dmax(copy, accum);
+    o->d2h_total += s;
+    o->d2h += dmax(s - in->bwd_window, 0) + (double)in->e->train_largest * g_sent / pcie;
+}
 
-    /* the optimizer: on the GPU over its fraction: unscale and inf check
-     * (gradient read and written), norm (read), update (master, m, v and the
-     * gradient read; master, m, v written), cast (master read, weight
-     * written), zeroing (gradient written); on the CPU over the rest, with the
-     * NVMe share read ahead and written behind */
-    double o_elems = t->zero >= 1 ? P_shard : P;
-    double fn = e->opt_share[PLAN_NVME];
-    double per = 4 + (t->optimizer == PLAN_OPT_ADAMW ? 8 : 4); /* (an fp32 master for fp32 weights too) */
-    if (fg > 0) o->optimizer_gpu = fg * o_elems * (2 * per + 5 * gsz + 4 + wsz) / (hw->hbm_bw * hw->hbm_eff);
-    plan_sched_in *in = &o->sched;
-    double cpu_n = (1 - fg) * o_elems;
-    int peft = t->method != PLAN_METHOD_FULL;
+/* The CPU optimizer's rates and traffic per element (the schedule's
+ * inputs): AdamW on the optimizer's threads (all the node's cores when it
+ * runs alone, less one per rank beside the GPU's work;
+ * plan_hw_cpu_adam_rate_threads), the NVMe share read and written (and
+ * streamed weights written back), the new weights uploaded to a GPU that
+ * keeps them (LoRA's adapters always). */
+static void cpu_optimizer(const step_in *in, double per, double o_elems, double cpu_n,
+                          plan_sched_in *s)
+{
+    const plan_train *t = in->t;
+    const plan_hw *hw = in->hw;
+    int rpn = in->rpn, cores = hw->cpu_cores;
+    s->threads_serial = t->opt_threads ? t->opt_threads : cores ? (double)cores / rpn : 0;
+    s->threads_over = t->opt_threads ? t->opt_threads
+                      : cores        ? dmax((double)(cores - rpn) / rpn, 1)
+                                     : 0;
+    double sgd = t->optimizer == ZO_PLAN_SGD ? 1.5 : 1; /* momentum only: less traffic */
+    s->rate_serial = sgd * plan_hw_cpu_adam_rate_threads(hw, s->threads_serial * rpn) / rpn;
+    s->rate_over = sgd * plan_hw_cpu_adam_rate_threads(hw, s->threads_over * rpn) / rpn;
+    double nv = in->e->opt_share[ZO_PLAN_NVME] / (1 - in->fg) * per * rpn;
+    s->n_elem = nv / hw->nvme_read_bw + nv / hw->nvme_write_bw;
+    /* (the weights a step writes: the model's, or LoRA's adapters) */
+    zo_plan_tier w_on = t->method != ZO_PLAN_FULL ? t->adapters_on : t->params_on;
+    if (w_on == ZO_PLAN_NVME) s->n_elem += in->wsz * rpn / hw->nvme_write_bw;
+    s->w_bytes = w_on == ZO_PLAN_GPU ? in->wsz : 0;
+    s->pcie = hw->pcie_bw;
+    /* pipelined: one sub-group fills it */
+    s->fill = (double)t->buf.sub_group < o_elems ? (double)t->buf.sub_group / o_elems : 1;
+    s->cpu_n = cpu_n;
+}
+
+/* The optimizer: on the GPU over its fraction: unscale and inf check
+ * (gradient read and written), norm (read), update (master, m, v and the
+ * gradient read; master, m, v written), cast (master read, weight written),
+ * zeroing (gradient written); on the CPU over the rest, with the NVMe share
+ * read ahead and written behind. Returns the elements the CPU updates. */
+static double step_optimizer(const step_in *in, plan_time *o)
+{
+    const plan_train *t = in->t;
+    double o_elems = t->zero >= 1 ? in->P_shard : in->P;
+    double per = 4 + (t->optimizer == ZO_PLAN_ADAMW ? 8 : 4); /* (an fp32 master for fp32 weights too) */
+    if (in->fg > 0)
+        o->optimizer_gpu = in->fg * o_elems * (2 * per + 5 * in->gsz + 4 + in->wsz) /
+                           (in->hw->hbm_bw * in->hw->hbm_eff);
+    double cpu_n = (1 - in->fg) * o_elems;
     if (cpu_n > 0) {
-        /* seconds per element: CPU AdamW on the optimizer's threads (all the
-         * node's cores when it runs alone, less one per rank beside the
-         * GPU's work; plan_hw_cpu_adam_rate_threads), the NVMe share read and
-         * written (and streamed weights written back), the new weights
-         * uploaded to a GPU that keeps them (LoRA's adapters always) */
-        int cores = hw->cpu_cores;
-        in->threads_serial = t->opt_threads ? t->opt_threads : cores ? (double)cores / rpn : 0;
-        in->threads_over = t->opt_threads ? t->opt_threads
-                           : cores        ? dmax((double)(cores - rpn) / rpn, 1)
-                                          : 0;
-        double sgd = t->optimizer == PLAN_OPT_SGD ? 1.5 : 1; /* momentum only: less traffic */
-        in->rate_serial = sgd * plan_hw_cpu_adam_rate_threads(hw, in->threads_serial * rpn) / rpn;
-        in->rate_over = sgd * plan_hw_cpu_adam_rate_threads(hw, in->threads_over * rpn) / rpn;
-        double nv = fn / (1 - fg) * per * rpn;
-        in->n_elem = nv / hw->nvme_read_bw + nv / hw->nvme_write_bw;
-        /* (the weights a step writes: the model's, or LoRA's adapters) */
-        plan_tier w_on = peft ? t->adapters_on : t->params_on;
-        if (w_on == PLAN_NVME) in->n_elem += wsz * rpn / hw->nvme_write_bw;
-        in->w_bytes = w_on == PLAN_GPU ? wsz : 0;
-        in->pcie = pcie;
-        /* pipelined: one sub-group fills it */
-        in->fill = (double)t->buf.sub_group < o_elems ? (double)t->buf.sub_group / o_elems : 1;
-        in->cpu_n = cpu_n;
-        o->nvme_total = in->n_elem * cpu_n + nvme_stream;
+        cpu_optimizer(in, per, o_elems, cpu_n, &o->sched);
+        o->nvme_total = o->sched.n_elem * cpu_n + in->nvme_stream;
     }
-    if (nvme_stream > 0 && o->nvme_total == 0) o->nvme_total = nvme_stream;
+    if (in->nvme_stream > 0 && o->nvme_total == 0) o->nvme_total = in->nvme_stream;
+    return cpu_n;
+}
 
-    /* what the schedule works with (planner/schedule.c): the GPU's work, its
-     * exposed copies, the links' traffic, and the blocks of a micro-batch:
-     * the stage's first block (embedding), its layers, its last (head),
-     * with what the CPU updates in each */
-    in->gpu = o->forward + o->backward + o->recompute + o->tp_comm + o->pp_bubble + o->pp_comm +
-              o->dp_comm + o->h2d + o->d2h + o->ep_comm;
-    in->h2d = o->h2d;
-    in->opt_gpu = o->optimizer_gpu;
-    in->h2d_busy = o->h2d_total;
-    in->d2h_busy = o->d2h_total;
-    in->nvme_busy = nvme_stream;
+/* What the schedule works with (planner/schedule.c): the GPU's work, its
+ * exposed copies, the links' traffic, and the blocks of a micro-batch: the
+ * stage's first block (embedding), its layers, its last (head), with what
+ * the CPU updates in each. */
+static void step_sched_in(const step_in *in, double cpu_n, plan_time *o)
+{
+    const plan_train *t = in->t;
+    const plan_estimate *e = in->e;
+    const plan_time_mb *mb = in->mb;
+    plan_sched_in *s = &o->sched;
+    s->gpu = o->forward + o->backward + o->recompute + o->tp_comm + o->pp_bubble + o->pp_comm +
+             o->dp_comm + o->h2d + o->d2h + o->ep_comm;
+    s->h2d = o->h2d;
+    s->opt_gpu = o->optimizer_gpu;
+    s->h2d_busy = o->h2d_total;
+    s->d2h_busy = o->d2h_total;
+    s->nvme_busy = in->nvme_stream;
     int layers = e->layers;
-    in->seg_n[0] = e->train_first > 0 || (e->stage == 0 && layers);
-    in->seg_n[1] = layers;
-    in->seg_n[2] = e->train_last > 0 || (e->stage == t->pp - 1 && layers);
-    double ratio = P > 0 ? cpu_n / P : 0;
-    in->seg_elems[0] = (double)e->train_first * ratio;
-    in->seg_elems[1] = (double)e->train_layer * ratio;
-    in->seg_elems[2] = (double)e->train_last * ratio;
-    in->fwd1 = mb->fwd + mb->tp_fwd + mb->ep_fwd;
-    in->clip_stale = o->clip_stale = t->clip_stale;
+    s->seg_n[0] = e->train_first > 0 || (e->stage == 0 && layers);
+    s->seg_n[1] = layers;
+    s->seg_n[2] = e->train_last > 0 || (e->stage == t->pp - 1 && layers);
+    double ratio = in->P > 0 ? cpu_n / in->P : 0;
+    s->seg_elems[0] = (double)e->train_first * ratio;
+    s->seg_elems[1] = (double)e->train_layer * ratio;
+    s->seg_elems[2] = (double)e->train_last * ratio;
+    s->fwd1 = mb->fwd + mb->tp_fwd + mb->ep_fwd;
+    s->clip_stale = o->clip_stale = t->clip_stale;
     o->dpu_warmup = t->dpu_warmup;
     double bwd1 = mb->bwd + mb->rc + mb->tp_bwd + mb->tp_rc + mb->ep_bwd + mb->ep_rc;
-    in->seg_fwd[1] = layers ? mb->layer_fwd : 0;
-    in->seg_bwd[1] = layers ? mb->layer_bwd : 0;
+    s->seg_fwd[1] = layers ? mb->layer_fwd : 0;
+    s->seg_bwd[1] = layers ? mb->layer_bwd : 0;
     /* the rest of the micro-batch (embedding, logits) on its end blocks */
-    int end = in->seg_n[2] ? 2 : 0;
-    in->seg_n[end] = 1;
-    in->seg_fwd[end] = dmax(in->fwd1 - layers * in->seg_fwd[1], 0);
-    in->seg_bwd[end] = dmax(bwd1 - layers * in->seg_bwd[1], 0);
+    int end = s->seg_n[2] ? 2 : 0;
+    s->seg_n[end] = 1;
+    s->seg_fwd[end] = dmax(s->fwd1 - layers * s->seg_fwd[1], 0);
+    s->seg_bwd[end] = dmax(bwd1 - layers * s->seg_bwd[1], 0);
     double tokens = (double)t->seq * t->micro_batch * t->grad_accum * t->dp;
-    in->tokens = tokens;
-    in->peak = (t->dtype == ZO_DTYPE_F32 ? hw->peak_flops_32 : hw->peak_flops_16) *
-               ((double)t->dp * t->tp * t->pp);
+    s->tokens = tokens;
+    s->peak = (t->dtype == ZO_DTYPE_F32 ? in->hw->peak_flops_32 : in->hw->peak_flops_16) *
+              ((double)t->dp * t->tp * t->pp);
     o->model_flops = mb->model_flops_token * tokens;
     o->hw_flops = o->model_flops + mb->rc_flops_token * tokens;
+}
+
+void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
+                    const plan_estimate *e, const plan_time_mb *mb, plan_time *o)
+{
+    memset(o, 0, sizeof *o);
+    o->mb = *mb;
+    /* P counts what is trained (LoRA: the adapters) */
+    step_in in = {.m = m, .hw = hw, .t = t, .e = e, .mb = mb, .n_mb = t->grad_accum,
+                  .wsz = (double)zo_dtype_size(t->dtype), .gsz = (double)zo_dtype_size(t->grad_dtype),
+                  .rpn = e->ranks_per_node, .P = (double)e->train_params,
+                  .Pe = (double)e->train_expert_params, .edp = t->dp / t->ep,
+                  .fg = e->opt_share[ZO_PLAN_GPU]};
+    in.P_shard = (in.P - in.Pe) / t->dp + in.Pe / in.edp;
+    /* (summed on the GPU: all of them, or the GPU optimizer share's) */
+    in.on_gpu = t->grads_on == ZO_PLAN_GPU ? 1 : in.fg;
+    step_compute(&in, o);
+    step_pp_comm(&in, o);
+    step_dp_comm(&in, o);
+    step_h2d(&in, o);
+    step_d2h(&in, o);
+    double cpu_n = step_optimizer(&in, o);
+    step_sched_in(&in, cpu_n, o);
     plan_time_schedule(o, t->schedule);
 }
 

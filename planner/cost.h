@@ -81,7 +81,7 @@ typedef struct plan_time {
     double dp_comm_total, h2d_total, d2h_total, nvme_total;
     double step;          /* seconds per step: the critical path, the sum of the exposed parts */
     /* the optimizer schedule (docs/memplan.md, "Optimizer schedules") */
-    plan_schedule schedule;
+    zo_plan_schedule schedule;
     double serial_step;   /* the same configuration with the serial schedule */
     double opt_s;         /* the CPU optimizer's own time in this schedule: AdamW, NVMe and
                              uploads as they pipeline (serial: their sum) */
@@ -112,7 +112,7 @@ void plan_time_step(const zo_model_config *m, const plan_hw *hw, const plan_trai
 /* The step of `pt` (from plan_time_step) under schedule `s`: its step,
  * parts, tokens/s and utilisation recomputed from pt->sched. The parts
  * add up to the step; pt->opt_hidden is the optimizer time hidden. */
-void plan_time_schedule(plan_time *pt, plan_schedule s);
+void plan_time_schedule(plan_time *pt, zo_plan_schedule s);
 
 /* Both, after validating the configuration. */
 zo_status plan_time_run(const zo_model_config *m, const plan_hw *hw, const plan_train *t,

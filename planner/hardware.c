@@ -24,23 +24,19 @@
 #define H100_HALF 4.0e9
 #define COMMON_COST .hbm_eff = 0.85, .coll_eff = 0.80, .nvlink_lat = 6e-6, .net_lat = 12e-6
 
-/* GPU memory is the total the driver reports (nvidia-smi), e.g. 81559 MiB for
- * an H100-80GB. */
-#define V100 .gpu = "V100-32GB", .gpu_mem = 32768 * MIB, .hbm_bw = 900 * GBs, \
-    .peak_flops_16 = 125 * TF, .peak_flops_32 = 15.7 * TF, .nvlink_bw = 150 * GBs, .pcie_bw = 12 * GBs, .pcie_gen = 3, .pcie_lanes = 16, \
-    .gemm_eff_max = V100_EFF, .gemm_flops_half = V100_HALF, COMMON_COST
-#define A100_40 .gpu = "A100-40GB", .gpu_mem = 40960 * MIB, .hbm_bw = 1555 * GBs, \
-    .peak_flops_16 = 312 * TF, .peak_flops_32 = 156 * TF, .nvlink_bw = 300 * GBs, .pcie_bw = 25 * GBs, .pcie_gen = 4, .pcie_lanes = 16, \
-    .gemm_eff_max = A100_EFF, .gemm_flops_half = A100_HALF, COMMON_COST
-#define A100_80 .gpu = "A100-80GB", .gpu_mem = 81920 * MIB, .hbm_bw = 2039 * GBs, \
-    .peak_flops_16 = 312 * TF, .peak_flops_32 = 156 * TF, .nvlink_bw = 300 * GBs, .pcie_bw = 25 * GBs, .pcie_gen = 4, .pcie_lanes = 16, \
-    .gemm_eff_max = A100_EFF, .gemm_flops_half = A100_HALF, COMMON_COST
-#define H100 .gpu = "H100-80GB", .gpu_mem = 81559 * MIB, .hbm_bw = 3350 * GBs, \
-    .peak_flops_16 = 989 * TF, .peak_flops_32 = 495 * TF, .nvlink_bw = 450 * GBs, .pcie_bw = 50 * GBs, .pcie_gen = 5, .pcie_lanes = 16, \
-    .gemm_eff_max = H100_EFF, .gemm_flops_half = H100_HALF, COMMON_COST
-#define H200 .gpu = "H200-141GB", .gpu_mem = 143771 * MIB, .hbm_bw = 4800 * GBs, \
-    .peak_flops_16 = 989 * TF, .peak_flops_32 = 495 * TF, .nvlink_bw = 450 * GBs, .pcie_bw = 50 * GBs, .pcie_gen = 5, .pcie_lanes = 16, \
-    .gemm_eff_max = H100_EFF, .gemm_flops_half = H100_HALF, COMMON_COST
+/* A machine preset's GPU: its name, the memory the driver reports
+ * (nvidia-smi, MiB: 81559 for an H100-80GB), HBM GB/s, dense tensor TFLOPS
+ * (16-bit with fp32 accumulation, and TF32), NVLink and PCIe GB/s per
+ * direction, the PCIe generation (x16) and its generation's matmul curve. */
+#define GPU(name, mib, hbm, tf16, tf32, nvlink, pcie, gen, eff, half)                              \
+    .gpu = name, .gpu_mem = (mib) * MIB, .hbm_bw = (hbm) * GBs, .peak_flops_16 = (tf16) * TF,      \
+    .peak_flops_32 = (tf32) * TF, .nvlink_bw = (nvlink) * GBs, .pcie_bw = (pcie) * GBs,            \
+    .pcie_gen = (gen), .pcie_lanes = 16, .gemm_eff_max = (eff), .gemm_flops_half = (half), COMMON_COST
+#define V100 GPU("V100-32GB", 32768, 900, 125, 15.7, 150, 12, 3, V100_EFF, V100_HALF)
+#define A100_40 GPU("A100-40GB", 40960, 1555, 312, 156, 300, 25, 4, A100_EFF, A100_HALF)
+#define A100_80 GPU("A100-80GB", 81920, 2039, 312, 156, 300, 25, 4, A100_EFF, A100_HALF)
+#define H100 GPU("H100-80GB", 81559, 3350, 989, 495, 450, 50, 5, H100_EFF, H100_HALF)
+#define H200 GPU("H200-141GB", 143771, 4800, 989, 495, 450, 50, 5, H100_EFF, H100_HALF)
 
 static const plan_hw_preset presets[] = {
     /* One GPU with an eighth of its DGX host (a single-GPU server). */

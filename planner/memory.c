@@ -8,34 +8,10 @@
 
 #include "common/nf4.h" /* defines: zo_nf4_bytes */
 
-const char *plan_tier_name(plan_tier t)
-{
-    static const char *n[] = {"gpu", "cpu", "nvme"};
-    return t < PLAN_TIERS ? n[t] : "?";
-}
-
 const char *plan_kind_name(plan_kind k)
 {
     static const char *n[] = {"params", "grads", "optimizer", "activations", "buffers"};
     return k < PLAN_KINDS ? n[k] : "?";
-}
-
-const char *plan_recompute_name(plan_recompute r)
-{
-    static const char *n[] = {"none", "selective", "full"};
-    return r <= PLAN_RECOMPUTE_FULL ? n[r] : "?";
-}
-
-const char *plan_method_name(plan_method m)
-{
-    static const char *n[] = {"full", "lora", "qlora"};
-    return m <= PLAN_METHOD_QLORA ? n[m] : "?";
-}
-
-const char *plan_schedule_name(plan_schedule s)
-{
-    static const char *n[] = {"serial", "overlap", "dpu"};
-    return s < PLAN_SCHEDULES ? n[s] : "?";
 }
 
 int plan_default_seq(const zo_model_config *m)
@@ -60,18 +36,18 @@ void plan_train_defaults(plan_train *t, const zo_model_config *m)
     t->grad_accum = 1;
     t->dtype = ZO_DTYPE_BF16;
     t->grad_dtype = ZO_DTYPE_BF16;
-    t->optimizer = PLAN_OPT_ADAMW;
+    t->optimizer = ZO_PLAN_ADAMW;
     t->dp = t->tp = t->pp = t->vpp = t->ep = 1;
     t->dp_overlap = 1;
-    t->recompute = PLAN_RECOMPUTE_NONE;
+    t->recompute = ZO_PLAN_RECOMPUTE_NONE;
     t->flash_attn = 1;
     t->dropout = default_dropout(m);
-    t->method = PLAN_METHOD_FULL;
-    t->adapters_on = PLAN_GPU;
-    t->schedule = PLAN_SCHED_SERIAL;
+    t->method = ZO_PLAN_FULL;
+    t->adapters_on = ZO_PLAN_GPU;
+    t->schedule = ZO_PLAN_SCHED_SERIAL;
     t->dpu_warmup = 10;
-    t->params_on = t->grads_on = t->checkpoints_on = PLAN_GPU;
-    t->opt_frac[PLAN_GPU] = 1.0;
+    t->params_on = t->grads_on = t->checkpoints_on = ZO_PLAN_GPU;
+    t->opt_frac[ZO_PLAN_GPU] = 1.0;
     t->buf.cuda_context = 512ull << 20;
     t->buf.cublas_workspace = 32ull << 20;
     t->buf.comm_bucket = 25000000;
@@ -250,18 +226,18 @@ int plan_train_warnings(const plan_train *t, const plan_hw *hw, char *buf, size_
  * layer; not latent attention or experts). */
 static zo_status plan_peft_validate(const plan_train *t, const zo_model_config *m)
 {
-    if (t->adapters_on < PLAN_GPU || t->adapters_on >= PLAN_TIERS)
+    if (t->adapters_on < ZO_PLAN_GPU || t->adapters_on >= ZO_PLAN_TIERS)
         return zo_error(ZO_ERR_INVALID, "--adapters-on: tier %d is not gpu, cpu or nvme",
                         (int)t->adapters_on);
-    if (t->method == PLAN_METHOD_FULL)
-        return t->adapters_on == PLAN_GPU
+    if (t->method == ZO_PLAN_FULL)
+        return t->adapters_on == ZO_PLAN_GPU
                    ? ZO_OK
                    : zo_error(ZO_ERR_INVALID, "--adapters-on %s needs --lora R: only adapters have "
                                               "a placement of their own",
-                              plan_tier_name(t->adapters_on));
-    if (t->method != PLAN_METHOD_LORA && t->method != PLAN_METHOD_QLORA)
+                              zo_plan_tier_name(t->adapters_on));
+    if (t->method != ZO_PLAN_LORA && t->method != ZO_PLAN_QLORA)
         return zo_error(ZO_ERR_INVALID, "training method %d is not full, lora or qlora", (int)t->method);
-    const char *flag = t->method == PLAN_METHOD_QLORA ? "--qlora" : "--lora";
+    const char *flag = t->method == ZO_PLAN_QLORA ? "--qlora" : "--lora";
     if (m->params_override)
         return zo_error(ZO_ERR_INVALID, "%s: the adapters need the model's shape (--model or a "
                                         "shape, not --params N)", flag);
@@ -334,23 +310,16 @@ zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, con
                         "--dp %d x --tp %d x --pp %d = %lld ranks, but the hardware has %d GPUs "
                         "(set --gpus or --dp)",
                         t->dp, t->tp, t->pp, world, hw->gpus);
-    double sum = 0;
-    for (int i = 0; i < PLAN_TIERS; i++) {
-        if (t->opt_frac[i] < 0 || t->opt_frac[i] > 1)
-            return zo_error(ZO_ERR_INVALID, "--optimizer: fraction %s=%g is outside [0, 1]",
-                            plan_tier_name((plan_tier)i), t->opt_frac[i]);
-        sum += t->opt_frac[i];
-    }
-    if (fabs(sum - 1.0) > 1e-6)
-        return zo_error(ZO_ERR_INVALID, "--optimizer: fractions sum to %g, not 1", sum);
-    if (t->grads_on == PLAN_NVME)
+    zo_status st = zo_plan_fractions_check(t->opt_frac, 1, "--optimizer", "fractions");
+    if (st != ZO_OK) return st;
+    if (t->grads_on == ZO_PLAN_NVME)
         return zo_error(ZO_ERR_INVALID, "--grads: gradients live on gpu or cpu, not nvme");
-    if (t->checkpoints_on == PLAN_CPU && t->recompute != PLAN_RECOMPUTE_FULL)
+    if (t->checkpoints_on == ZO_PLAN_CPU && t->recompute != ZO_PLAN_RECOMPUTE_FULL)
         return zo_error(ZO_ERR_INVALID,
                         "--checkpoints cpu needs --recompute full: the runtime moves each layer's "
                         "input checkpoint to the host; without recompute every activation stays "
                         "on the GPU");
-    if (t->checkpoints_on == PLAN_NVME)
+    if (t->checkpoints_on == ZO_PLAN_NVME)
         return zo_error(ZO_ERR_INVALID, "--checkpoints: activation checkpoints live on gpu or cpu");
     if (t->buf.fragmentation < 0 || t->buf.fragmentation > 1)
         return zo_error(ZO_ERR_INVALID, "--fragmentation %g is outside [0, 1]", t->buf.fragmentation);
@@ -360,14 +329,14 @@ zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, con
         return zo_error(ZO_ERR_INVALID, "--sub-group and its buffer count must be positive");
     if (hw->gpu_mem == 0 || hw->gpus <= 0 || hw->gpus_per_node <= 0)
         return zo_error(ZO_ERR_INVALID, "hardware: GPU memory and GPU counts must be positive");
-    if (t->schedule < PLAN_SCHED_SERIAL || t->schedule >= PLAN_SCHEDULES)
+    if (t->schedule < ZO_PLAN_SCHED_SERIAL || t->schedule >= ZO_PLAN_SCHEDULES)
         return zo_error(ZO_ERR_INVALID, "--schedule: %d is not serial, overlap or dpu", (int)t->schedule);
     /* the runtime's GPU share updates the resident weights in place: it
      * cannot wait a step (offload_init refuses it too) */
-    if (t->schedule == PLAN_SCHED_DPU && t->opt_frac[PLAN_GPU] > 0)
+    if (t->schedule == ZO_PLAN_SCHED_DPU && t->opt_frac[ZO_PLAN_GPU] > 0)
         return zo_error(ZO_ERR_INVALID, "--schedule dpu: the delayed update runs the CPU optimizer; with "
                         "optimizer state on the GPU (--optimizer gpu=%g) use overlap or serial",
-                        t->opt_frac[PLAN_GPU]);
+                        t->opt_frac[ZO_PLAN_GPU]);
     if (t->opt_threads < 0 || t->dpu_warmup < 0)
         return zo_error(ZO_ERR_INVALID, "--opt-threads and --dpu-warmup must not be negative");
     return plan_peft_validate(t, m);
@@ -375,7 +344,7 @@ zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, con
 
 /* ---- the estimate ------------------------------------------------------------ */
 
-static void add(plan_estimate *e, const char *name, plan_tier tier, plan_kind kind, uint64_t bytes)
+static void add(plan_estimate *e, const char *name, zo_plan_tier tier, plan_kind kind, uint64_t bytes)
 {
     if (!bytes) return;
     e->bytes[tier][kind] += bytes;
@@ -482,7 +451,7 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
     stage_shape sh;
     stage_params(m, t, stage, &sh);
     uint64_t wsz = zo_dtype_size(t->dtype), tp = (uint64_t)t->tp, r = (uint64_t)t->lora.r;
-    int nf4 = t->method == PLAN_METHOD_QLORA;
+    int nf4 = t->method == ZO_PLAN_QLORA;
     o->layers = sh.layers;
     /* one layer: its linear weights (PEFT's all-linear), split by TP; the
      * norms and biases stay in the model dtype */
@@ -564,326 +533,449 @@ double plan_gpu_share(const zo_model_config *m, const plan_train *t, int stage)
     stage_shape sh;
     stage_params(m, t, stage, &sh);
     plan_peft pf;
-    int peft = t->method != PLAN_METHOD_FULL;
+    int peft = t->method != ZO_PLAN_FULL;
     if (peft) plan_peft_stage(m, t, stage, &pf);
-    return gpu_share(m, t, &sh, peft ? &pf : NULL, t->opt_frac[PLAN_GPU]);
+    return gpu_share(m, t, &sh, peft ? &pf : NULL, t->opt_frac[ZO_PLAN_GPU]);
 }
 
-/* One rank's part of a block of n elements split over dp ranks. */
-static uint64_t largest_part_of(uint64_t n, uint64_t dp) { return ceil_div(n, dp); }
+/* ---- the estimate of one stage, kind by kind --------------------------------- */
 
-static zo_status estimate_stage(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
-                                int stage, plan_estimate *e)
-{
-    memset(e, 0, sizeof *e);
-    e->stage = stage;
-    e->params = zo_model_params(m);
-    e->ranks_per_node = plan_hw_ranks_per_node(hw);
-    e->capacity[PLAN_GPU] = hw->gpu_mem;
-    e->capacity[PLAN_CPU] = hw->cpu_mem / (uint64_t)e->ranks_per_node;
-    e->capacity[PLAN_NVME] = hw->nvme / (uint64_t)e->ranks_per_node;
-
+/* What every part of a stage's estimate reads: the stage's shape, what is
+ * trained and its ZeRO shard, the weights' device slot, the optimizer's GPU
+ * share. Filled by stage_init and estimate_params. */
+typedef struct stage_est {
+    const zo_model_config *m;
+    const plan_train *t;
     stage_shape sh;
-    stage_params(m, t, stage, &sh);
-    uint64_t dp = (uint64_t)t->dp;
-    uint64_t wsz = zo_dtype_size(t->dtype), gsz = zo_dtype_size(t->grad_dtype);
-    e->stage_params = sh.params;
-    e->stage_expert_params = sh.experts;
-    e->largest_block = sh.largest;
-    /* LoRA / QLoRA: the adapters are trained (gradients, optimizer state),
-     * the frozen base is only read (docs/memplan.md, "LoRA and QLoRA") */
-    int peft = t->method != PLAN_METHOD_FULL;
-    plan_peft pf;
-    if (peft) plan_peft_stage(m, t, stage, &pf);
-    uint64_t tr = peft ? pf.trainable : sh.params;
-    uint64_t tr_ex = peft ? 0 : sh.experts;
-    uint64_t tr_largest = peft ? pf.layer_trainable : sh.largest;
+    int peft;            /* LoRA / QLoRA: the adapters are trained, the frozen base only read */
+    plan_peft pf;        /* (peft) the frozen base and the adapters */
+    uint64_t dp, wsz, gsz; /* DP; bytes of a weight and of a gradient on the device */
+    uint64_t tr, tr_ex;  /* trained elements on this rank before ZeRO; of them routed experts */
+    uint64_t tr_largest; /* trained elements of the largest block */
+    uint64_t sharded;    /* of tr, the rank's ZeRO partition */
+    uint64_t p_elems;    /* trained weights the rank holds (ZeRO-3: its partition) */
+    uint64_t slot;       /* bytes of a device weight slot (LoRA: the streamed stores' blocks) */
+    uint64_t fslot, aslot; /* LoRA: a slot's frozen and adapter blocks */
+    double fg;           /* the optimizer's GPU share as the runtime takes it */
+} stage_est;
+
+static void stage_init(stage_est *s, const zo_model_config *m, const plan_train *t, int stage)
+{
+    s->m = m;
+    s->t = t;
+    stage_params(m, t, stage, &s->sh);
+    s->peft = t->method != ZO_PLAN_FULL;
+    if (s->peft) plan_peft_stage(m, t, stage, &s->pf);
+    s->dp = (uint64_t)t->dp;
+    s->wsz = zo_dtype_size(t->dtype);
+    s->gsz = zo_dtype_size(t->grad_dtype);
+    s->tr = s->peft ? s->pf.trainable : s->sh.params;
+    s->tr_ex = s->peft ? 0 : s->sh.experts;
+    s->tr_largest = s->peft ? s->pf.layer_trainable : s->sh.largest;
     /* ZeRO shards over the ranks that hold the same parameters: all of DP
      * for the rest, DP / EP ("expert data parallel") for routed experts */
-    uint64_t edp = dp / (uint64_t)t->ep, dense = tr - tr_ex;
-    uint64_t sharded = ceil_div(dense, dp) + ceil_div(tr_ex, edp);
+    uint64_t edp = s->dp / (uint64_t)t->ep, dense = s->tr - s->tr_ex;
+    s->sharded = ceil_div(dense, s->dp) + ceil_div(s->tr_ex, edp);
+    s->p_elems = t->zero >= 3 ? s->sharded : s->tr;
+    s->slot = s->fslot = s->aslot = 0; /* estimate_params sets them */
+    s->fg = gpu_share(m, t, &s->sh, s->peft ? &s->pf : NULL, t->opt_frac[ZO_PLAN_GPU]);
+}
 
-    /* ---- parameters ---- */
-    uint64_t p_elems = t->zero >= 3 ? sharded : tr;
-    uint64_t slot = sh.largest * wsz, fslot = 0, aslot = 0;
-    if (!peft) {
-        e->rank_params = p_elems;
-        add(e, "fp16/bf16 weights", t->params_on, PLAN_PARAMS, p_elems * wsz);
-        e->weight_bytes = sh.params * wsz;
-        e->stream_bytes = t->params_on != PLAN_GPU ? p_elems * wsz : 0;
-        e->stream_nvme_bytes = t->params_on == PLAN_NVME ? p_elems * wsz : 0;
-        e->train_first = sh.first ? sh.emb : 0;
-        e->train_last = sh.last ? sh.head : 0;
-        e->train_layer = sh.layers ? (sh.params - sh.emb - sh.head) / (uint64_t)sh.layers : 0;
-        e->trainable = e->params;
-    } else {
-        /* two weight stores (the runtime's): the frozen base where --params
-         * says, the adapters where --adapters-on says; a device slot holds a
-         * block of each that streams (the base's rounded up to 256 bytes, the
-         * adapters' at least 256) */
-        uint64_t frozen = t->zero >= 3 ? ceil_div(pf.frozen, dp) : pf.frozen;
-        uint64_t adapters = p_elems * wsz;
-        e->rank_params = (t->zero >= 3 ? ceil_div(sh.params, dp) : sh.params) + p_elems;
-        /* on NVMe a store's blocks start on NVMe_ALIGN bytes (O_DIRECT): every
-         * block but the last rounded up (the adapters' last block, the head,
-         * is empty) */
-        uint64_t fz = frozen, ad = adapters;
-        if (t->params_on == PLAN_NVME && t->zero < 3 && sh.layers)
-            fz = (sh.first ? ceil_div(pf.first_frozen, PLAN_NVME_ALIGN) * PLAN_NVME_ALIGN : 0) +
-                 (uint64_t)(sh.layers - (sh.last ? 0 : 1)) *
-                     (ceil_div(pf.layer_frozen, PLAN_NVME_ALIGN) * PLAN_NVME_ALIGN) +
-                 (sh.last ? pf.last_frozen : pf.layer_frozen);
-        if (t->adapters_on == PLAN_NVME && t->zero < 3)
-            ad = (uint64_t)sh.layers * ceil_div(pf.layer_trainable * wsz, PLAN_NVME_ALIGN) * PLAN_NVME_ALIGN;
-        add(e, t->method == PLAN_METHOD_QLORA ? "frozen base (NF4 layers; embeddings, head, norms 16-bit)"
-                                              : "frozen base (16-bit)",
-            t->params_on, PLAN_PARAMS, fz);
-        add(e, "LoRA adapters (A, B)", t->adapters_on, PLAN_PARAMS, ad);
-        fslot = ceil_div(pf.largest_frozen, 256) * 256;
-        aslot = tr_largest * wsz > 256 ? tr_largest * wsz : 256;
-        slot = (t->params_on != PLAN_GPU ? fslot : 0) + (t->adapters_on != PLAN_GPU ? aslot : 0);
-        e->weight_bytes = pf.frozen + tr * wsz;
-        e->stream_bytes = (t->params_on != PLAN_GPU ? frozen : 0) +
-                          (t->adapters_on != PLAN_GPU ? p_elems * wsz : 0);
-        e->stream_nvme_bytes = (t->params_on == PLAN_NVME ? frozen : 0) +
-                               (t->adapters_on == PLAN_NVME ? p_elems * wsz : 0);
-        e->train_layer = pf.layer_trainable;
-        e->trainable = zo_lora_trainable_params(m, t->lora.r, t->lora.targets);
-        e->nf4_bytes = pf.nf4;
-    }
-    e->train_params = tr;
-    e->train_expert_params = tr_ex;
-    e->train_largest = tr_largest;
-    e->largest_bytes = slot;
-    e->layers = sh.layers;
-    if (m->params_override) e->train_first = tr; /* only the size: one block */
-    int streamed = t->params_on != PLAN_GPU || t->zero >= 3 || (peft && t->adapters_on != PLAN_GPU);
+/* Every parameter trained: the weights where --params says. */
+static void params_full(stage_est *s, plan_estimate *e)
+{
+    const plan_train *t = s->t;
+    const stage_shape *sh = &s->sh;
+    uint64_t bytes = s->p_elems * s->wsz;
+    e->rank_params = s->p_elems;
+    add(e, "fp16/bf16 weights", t->params_on, PLAN_PARAMS, bytes);
+    e->weight_bytes = sh->params * s->wsz;
+    e->stream_bytes = t->params_on != ZO_PLAN_GPU ? bytes : 0;
+    e->stream_nvme_bytes = t->params_on == ZO_PLAN_NVME ? bytes : 0;
+    e->train_first = sh->first ? sh->emb : 0;
+    e->train_last = sh->last ? sh->head : 0;
+    e->train_layer = sh->layers ? (sh->params - sh->emb - sh->head) / (uint64_t)sh->layers : 0;
+    e->trainable = e->params;
+    s->slot = sh->largest * s->wsz;
+}
+
+/* On NVMe a store's blocks start on PLAN_NVME_ALIGN bytes (O_DIRECT): every
+ * block but the last rounded up (the adapters' last block, the head, is
+ * empty). `frozen` and `adapters` are the stores' bytes unaligned. */
+static void nvme_aligned(const stage_est *s, uint64_t *frozen, uint64_t *adapters)
+{
+    const plan_train *t = s->t;
+    const stage_shape *sh = &s->sh;
+    const plan_peft *pf = &s->pf;
+    if (t->params_on == ZO_PLAN_NVME && t->zero < 3 && sh->layers)
+        *frozen = (sh->first ? ceil_div(pf->first_frozen, PLAN_NVME_ALIGN) * PLAN_NVME_ALIGN : 0) +
+                  (uint64_t)(sh->layers - (sh->last ? 0 : 1)) *
+                      (ceil_div(pf->layer_frozen, PLAN_NVME_ALIGN) * PLAN_NVME_ALIGN) +
+                  (sh->last ? pf->last_frozen : pf->layer_frozen);
+    if (t->adapters_on == ZO_PLAN_NVME && t->zero < 3)
+        *adapters = (uint64_t)sh->layers * ceil_div(pf->layer_trainable * s->wsz, PLAN_NVME_ALIGN) *
+                    PLAN_NVME_ALIGN;
+}
+
+/* LoRA: two weight stores (the runtime's), the frozen base where --params
+ * says, the adapters where --adapters-on says; a device slot holds a block
+ * of each that streams (the base's rounded up to 256 bytes, the adapters' at
+ * least 256). */
+static void params_peft(stage_est *s, plan_estimate *e)
+{
+    const plan_train *t = s->t;
+    const plan_peft *pf = &s->pf;
+    uint64_t dp = s->dp, wsz = s->wsz;
+    uint64_t frozen = t->zero >= 3 ? ceil_div(pf->frozen, dp) : pf->frozen;
+    uint64_t adapters = s->p_elems * wsz;
+    e->rank_params = (t->zero >= 3 ? ceil_div(s->sh.params, dp) : s->sh.params) + s->p_elems;
+    uint64_t fz = frozen, ad = adapters;
+    nvme_aligned(s, &fz, &ad);
+    add(e, t->method == ZO_PLAN_QLORA ? "frozen base (NF4 layers; embeddings, head, norms 16-bit)"
+                                      : "frozen base (16-bit)",
+        t->params_on, PLAN_PARAMS, fz);
+    add(e, "LoRA adapters (A, B)", t->adapters_on, PLAN_PARAMS, ad);
+    s->fslot = ceil_div(pf->largest_frozen, 256) * 256;
+    s->aslot = s->tr_largest * wsz > 256 ? s->tr_largest * wsz : 256;
+    s->slot = (t->params_on != ZO_PLAN_GPU ? s->fslot : 0) + (t->adapters_on != ZO_PLAN_GPU ? s->aslot : 0);
+    e->weight_bytes = pf->frozen + s->tr * wsz;
+    e->stream_bytes = (t->params_on != ZO_PLAN_GPU ? frozen : 0) +
+                      (t->adapters_on != ZO_PLAN_GPU ? adapters : 0);
+    e->stream_nvme_bytes = (t->params_on == ZO_PLAN_NVME ? frozen : 0) +
+                           (t->adapters_on == ZO_PLAN_NVME ? adapters : 0);
+    e->train_layer = pf->layer_trainable;
+    e->trainable = zo_lora_trainable_params(s->m, t->lora.r, t->lora.targets);
+    e->nf4_bytes = pf->nf4;
+}
+
+/* ---- parameters: the weights, and the device slots of streamed ones ---- */
+static void estimate_params(stage_est *s, plan_estimate *e)
+{
+    const plan_train *t = s->t;
+    if (s->peft) params_peft(s, e);
+    else params_full(s, e);
+    e->train_params = s->tr;
+    e->train_expert_params = s->tr_ex;
+    e->train_largest = s->tr_largest;
+    e->largest_bytes = s->slot;
+    e->layers = s->sh.layers;
+    if (s->m->params_override) e->train_first = s->tr; /* only the size: one block */
+    int streamed = t->params_on != ZO_PLAN_GPU || t->zero >= 3 || (s->peft && t->adapters_on != ZO_PLAN_GPU);
     /* the block computing holds a slot too: depth + 1 slots (the runtime's pool) */
     if (streamed)
-        add(e, t->zero >= 3 && t->params_on == PLAN_GPU ? "ZeRO-3 gather slots ((prefetch + 1) x block)"
-                                                        : "weight slots ((depth + 1) x largest block)",
-            PLAN_GPU, PLAN_BUFFERS, (uint64_t)(t->buf.prefetch_depth + 1) * slot);
+        add(e, t->zero >= 3 && t->params_on == ZO_PLAN_GPU ? "ZeRO-3 gather slots ((prefetch + 1) x block)"
+                                                           : "weight slots ((depth + 1) x largest block)",
+            ZO_PLAN_GPU, PLAN_BUFFERS, (uint64_t)(t->buf.prefetch_depth + 1) * s->slot);
+}
 
-    /* ---- gradients (of what is trained) ---- */
+/* ---- gradients (of what is trained) ---- */
+static void estimate_grads(const stage_est *s, plan_estimate *e)
+{
+    const plan_train *t = s->t;
+    uint64_t stage_bytes = 2 * s->tr_largest * s->wsz;
     /* summed where their optimizer state lives: the GPU share's on the GPU
      * in the plan's gradient dtype (the runtime sums them in fp32: plan it
      * with --grad-dtype fp32, 4 B/param); the rest where --grads says: on
      * the GPU likewise, or added in fp32 on the host as blocks arrive
      * (micro-batches, a tied embedding's two parts, fp16 unscaling) */
-    double fg = gpu_share(m, t, &sh, peft ? &pf : NULL, t->opt_frac[PLAN_GPU]);
-    uint64_t g_elems = t->zero >= 2 ? sharded : tr;
-    uint64_t g_gpu = t->grads_on == PLAN_GPU ? g_elems : frac_of(g_elems, fg);
+    uint64_t g_elems = t->zero >= 2 ? s->sharded : s->tr;
+    uint64_t g_gpu = t->grads_on == ZO_PLAN_GPU ? g_elems : frac_of(g_elems, s->fg);
     uint64_t g_host = g_elems - g_gpu;
-    add(e, "gradients", PLAN_GPU, PLAN_GRADS, g_gpu * gsz);
+    add(e, "gradients", ZO_PLAN_GPU, PLAN_GRADS, g_gpu * s->gsz);
     /* backward writes a block's gradients (in the weights' dtype) into one
      * of two staging blocks, from which they go to the host or are added to
      * the GPU's sum; the host reads the GPU share's fp32 gradient through
      * the pinned staging for an exact clipping norm */
     if (g_host) {
-        add(e, "gradients (fp32 accumulation)", PLAN_CPU, PLAN_GRADS, g_host * 4);
-        add(e, "gradient staging (2 blocks)", PLAN_GPU, PLAN_GRADS, 2 * tr_largest * wsz);
-    } else if (fg > 0) {
-        add(e, "gradient staging (2 blocks)", PLAN_GPU, PLAN_BUFFERS, 2 * tr_largest * wsz);
+        add(e, "gradients (fp32 accumulation)", ZO_PLAN_CPU, PLAN_GRADS, g_host * 4);
+        add(e, "gradient staging (2 blocks)", ZO_PLAN_GPU, PLAN_GRADS, stage_bytes);
+    } else if (s->fg > 0) {
+        add(e, "gradient staging (2 blocks)", ZO_PLAN_GPU, PLAN_BUFFERS, stage_bytes);
     }
-    int g_dev = fg > 0;
     /* ... and writes the new weights of a block it updates into a staging
      * block when they live off the GPU (LoRA: the adapters'; ZeRO-3: its part) */
-    if (g_dev && (peft ? t->adapters_on : t->params_on) != PLAN_GPU) {
-        uint64_t ns = peft ? aslot : slot;
-        add(e, "new-weights staging (1 block)", PLAN_GPU, PLAN_BUFFERS, t->zero >= 3 ? ceil_div(ns, dp) : ns);
+    if (s->fg > 0 && (s->peft ? t->adapters_on : t->params_on) != ZO_PLAN_GPU) {
+        uint64_t ns = s->peft ? s->aslot : s->slot;
+        add(e, "new-weights staging (1 block)", ZO_PLAN_GPU, PLAN_BUFFERS,
+            t->zero >= 3 ? ceil_div(ns, s->dp) : ns);
     }
-
     /* the delayed update writes a step's new weights into a host copy,
      * published at the next step */
-    if (t->schedule == PLAN_SCHED_DPU)
-        add(e, "new weights of the delayed update (host copy)", PLAN_CPU, PLAN_BUFFERS, tr * wsz);
+    if (t->schedule == ZO_PLAN_SCHED_DPU)
+        add(e, "new weights of the delayed update (host copy)", ZO_PLAN_CPU, PLAN_BUFFERS,
+            s->tr * s->wsz);
+}
 
-    /* ---- optimizer state ---- */
-    uint64_t o_elems = t->zero >= 1 ? sharded : tr;
+/* ---- optimizer state ---- */
+static void estimate_optimizer(const stage_est *s, plan_estimate *e)
+{
+    const plan_train *t = s->t;
+    uint64_t o_elems = t->zero >= 1 ? s->sharded : s->tr;
     /* the fp32 master copy: the runtime's optimizer shards keep one for
      * fp32 weights too (the weights stream from their own store) */
     uint64_t master = 4;
-    uint64_t per = master + (t->optimizer == PLAN_OPT_ADAMW ? 8 : 4);
+    uint64_t per = master + (t->optimizer == ZO_PLAN_ADAMW ? 8 : 4);
     uint64_t o_bytes = o_elems * per;
     /* (the runtime's: the GPU's whole blocks, NVMe the nearest count of
      * the rest, all of it when the CPU has no share) */
-    uint64_t o_gpu = frac_of(o_bytes, fg);
-    uint64_t o_nvme = frac_of(o_bytes, t->opt_frac[PLAN_NVME]);
-    if (o_gpu + o_nvme > o_bytes || (t->opt_frac[PLAN_CPU] <= 0 && t->opt_frac[PLAN_NVME] > 0))
+    uint64_t o_gpu = frac_of(o_bytes, s->fg);
+    uint64_t o_nvme = frac_of(o_bytes, t->opt_frac[ZO_PLAN_NVME]);
+    if (o_gpu + o_nvme > o_bytes || (t->opt_frac[ZO_PLAN_CPU] <= 0 && t->opt_frac[ZO_PLAN_NVME] > 0))
         o_nvme = o_bytes - o_gpu;
     uint64_t o_cpu = o_bytes - o_gpu - o_nvme;
-    e->opt_share[PLAN_GPU] = fg;
-    e->opt_share[PLAN_NVME] = o_bytes ? (double)o_nvme / (double)o_bytes : t->opt_frac[PLAN_NVME];
-    e->opt_share[PLAN_CPU] = 1 - e->opt_share[PLAN_GPU] - e->opt_share[PLAN_NVME];
-    const char *oname = t->optimizer == PLAN_OPT_ADAMW
-                            ? "AdamW: fp32 master, m, v"
-                            : "SGD: fp32 master, momentum";
-    add(e, oname, PLAN_GPU, PLAN_OPTIMIZER, o_gpu);
-    add(e, oname, PLAN_CPU, PLAN_OPTIMIZER, o_cpu);
-    add(e, oname, PLAN_NVME, PLAN_OPTIMIZER, o_nvme);
+    e->opt_share[ZO_PLAN_GPU] = s->fg;
+    e->opt_share[ZO_PLAN_NVME] = o_bytes ? (double)o_nvme / (double)o_bytes : t->opt_frac[ZO_PLAN_NVME];
+    e->opt_share[ZO_PLAN_CPU] = 1 - e->opt_share[ZO_PLAN_GPU] - e->opt_share[ZO_PLAN_NVME];
+    const char *oname = t->optimizer == ZO_PLAN_ADAMW ? "AdamW: fp32 master, m, v"
+                                                      : "SGD: fp32 master, momentum";
+    add(e, oname, ZO_PLAN_GPU, PLAN_OPTIMIZER, o_gpu);
+    add(e, oname, ZO_PLAN_CPU, PLAN_OPTIMIZER, o_cpu);
+    add(e, oname, ZO_PLAN_NVME, PLAN_OPTIMIZER, o_nvme);
     if (o_nvme) {
         /* a sub-group never holds more than the NVMe share of the state */
         uint64_t nvme_elems = o_nvme / per;
         uint64_t sg = t->buf.sub_group < nvme_elems ? t->buf.sub_group : nvme_elems;
-        add(e, "NVMe swap buffers (sub-groups)", PLAN_CPU, PLAN_BUFFERS,
+        add(e, "NVMe swap buffers (sub-groups)", ZO_PLAN_CPU, PLAN_BUFFERS,
             (uint64_t)t->buf.swap_buffers * sg * per);
     }
-    /* with ZeRO-3 a rank reads and writes only its 1/DP partition of a block
-     * through host memory (the rest arrives by all-gather) */
-    uint64_t host_slot = t->zero >= 3 ? ceil_div(slot, dp) : slot;
-    uint64_t largest_part = t->zero >= 3 ? ceil_div(sh.largest, dp) : sh.largest;
-    uint64_t ring = (uint64_t)(t->buf.prefetch_depth + 1);
-    if (!peft && t->params_on == PLAN_NVME)
-        add(e, "fp16/bf16 weights read-ahead", PLAN_CPU, PLAN_BUFFERS, ring * host_slot);
-    /* LoRA: a store on NVMe reads ahead into a ring of its slots and
-     * assembles a block to write in one more (the frozen one's never used) */
-    uint64_t nvme_slots = peft ? (t->params_on == PLAN_NVME ? fslot : 0) +
-                                     (t->adapters_on == PLAN_NVME ? aslot : 0)
-                               : 0;
-    if (nvme_slots) add(e, "NVMe weights read-ahead", PLAN_CPU, PLAN_BUFFERS, ring * nvme_slots);
-    /* the runtime's pinned staging, one buffer a role: gradients on their
-     * way to the host's fp32 sum (two blocks, when some optimizer state is
-     * off the GPU); new weights on their way into a GPU-resident store (two
-     * sub-group chunks) or to NVMe (one block); one block's fp32 gradient of
-     * a GPU optimizer share for an exact clipping norm */
-    /* (LoRA: the gradients and new weights are the adapters', which live on
-     * the GPU; the frozen base is never written back. ZeRO 2-3 over several
-     * ranks: a block's reduced fp32 part) */
-    uint64_t pinned = 0, sg = t->buf.sub_group;
-    if (peft) largest_part = t->zero >= 3 ? ceil_div(tr_largest, dp) : tr_largest;
-    uint64_t grad_half = peft                      ? largest_part * wsz
-                         : t->zero >= 2 && dp > 1 ? largest_part_of(sh.largest, dp) * 4
+}
+
+/* The runtime's pinned staging, one buffer a role: gradients on their way
+ * to the host's fp32 sum (two blocks, when some optimizer state is off the
+ * GPU); new weights on their way into a GPU-resident store (two sub-group
+ * chunks) or to NVMe (one block); one block's fp32 gradient of a GPU
+ * optimizer share for an exact clipping norm. (LoRA: the gradients and new
+ * weights are the adapters', which live on the GPU; the frozen base is never
+ * written back. ZeRO 2-3 over several ranks: a block's reduced fp32 part.)
+ * `host_slot` is the host's part of a weight slot, `nvme_slots` LoRA's
+ * read-ahead slots. */
+static uint64_t pinned_staging(const stage_est *s, uint64_t host_slot, uint64_t nvme_slots)
+{
+    const plan_train *t = s->t;
+    uint64_t dp = s->dp, wsz = s->wsz, sg = t->buf.sub_group;
+    uint64_t largest = s->peft ? s->tr_largest : s->sh.largest;
+    uint64_t part = t->zero >= 3 ? ceil_div(largest, dp) : largest;
+    uint64_t pinned = 0;
+    uint64_t grad_half = s->peft                   ? part * wsz
+                         : t->zero >= 2 && dp > 1 ? ceil_div(s->sh.largest, dp) * 4
                                                   : host_slot;
-    if (fg < 1) pinned += 2 * grad_half;
-    if (!peft && t->params_on == PLAN_GPU) {
-        uint64_t chunk = sg && sg < largest_part ? sg : largest_part;
+    if (s->fg < 1) pinned += 2 * grad_half;
+    if (!s->peft && t->params_on == ZO_PLAN_GPU) {
+        uint64_t chunk = sg && sg < part ? sg : part;
         pinned += 2 * chunk * wsz;
-    } else if (!peft && t->params_on == PLAN_NVME) {
+    } else if (!s->peft && t->params_on == ZO_PLAN_NVME) {
         pinned += host_slot;
-    } else if (peft) {
+    } else if (s->peft) {
         /* a resident store takes its blocks through two chunks (the frozen
          * one's in bytes); one on NVMe assembles a block in one slot */
-        uint64_t fl = pf.largest_frozen;
-        if (t->params_on == PLAN_GPU) pinned += 2 * (sg && sg < fl ? sg : fl);
-        if (t->adapters_on == PLAN_GPU) pinned += 2 * (sg && sg < largest_part ? sg : largest_part) * wsz;
+        uint64_t fl = s->pf.largest_frozen;
+        if (t->params_on == ZO_PLAN_GPU) pinned += 2 * (sg && sg < fl ? sg : fl);
+        if (t->adapters_on == ZO_PLAN_GPU) pinned += 2 * (sg && sg < part ? sg : part) * wsz;
         pinned += nvme_slots;
     }
     /* the optimizer's part of a block (LoRA: of the adapters') */
-    uint64_t opt_block = peft ? tr_largest : sh.largest;
-    if (g_dev) pinned += (t->zero >= 1 ? largest_part_of(opt_block, dp) : opt_block) * 4;
-    if (t->buf.pinned_staging) pinned = t->buf.pinned_staging;
-    add(e, "pinned staging", PLAN_CPU, PLAN_BUFFERS, pinned);
+    if (s->fg > 0) pinned += (t->zero >= 1 ? ceil_div(largest, dp) : largest) * 4;
+    return t->buf.pinned_staging ? t->buf.pinned_staging : pinned;
+}
 
-    /* ---- activations ---- */
-    e->activations_known = !m->params_override;
-    if (e->activations_known) {
-        uint64_t s = (uint64_t)t->seq, b = (uint64_t)t->micro_batch, h = (uint64_t)m->hidden;
-        uint64_t tp = (uint64_t)t->tp, act = wsz;
-        uint64_t sp_div = t->sp ? tp : 1;
-        /* the stage's layers: dense ones and MoE ones save different tensors */
-        int kinds[2] = {sh.layers - sh.moe_layers, sh.moe_layers};
-        uint64_t full = 0, sel = 0, stored = 0, stage_stored = 0;
-        /* LoRA: each adapter's A x [s b, r] is kept for its backward */
-        uint64_t lora_u = peft ? s * b * (uint64_t)pf.n_adapters * (uint64_t)t->lora.r * act : 0;
-        for (int moe = 0; moe < 2; moe++) {
-            if (!kinds[moe]) continue;
-            uint64_t f = plan_layer_act_bytes_of(m, t, 1, moe) + lora_u;
-            /* without the s^2 terms: only selective recompute needs it */
-            uint64_t sl = t->recompute == PLAN_RECOMPUTE_SELECTIVE ? plan_layer_act_bytes_of(m, t, 0, moe) + lora_u : f;
-            uint64_t st = t->recompute == PLAN_RECOMPUTE_NONE        ? f
-                          : t->recompute == PLAN_RECOMPUTE_SELECTIVE ? sl
-                                                                     : ceil_div(s * b * h * act, sp_div);
-            if (f > full) full = f;
-            if (f - sl > sel) sel = f - sl;
-            if (st > stored) stored = st;
-            stage_stored += (uint64_t)kinds[moe] * st;
-        }
-        e->act_layer = stored;
-        e->act_stage = stage_stored;
-        /* micro-batches in flight: 1F1B keeps p on the first stage, one fewer
-         * on each later one; interleaving adds (p-1)/(p m) of the pipeline */
-        double inflight = (double)(t->pp - stage);
-        if (t->vpp > 1 && stage == 0) inflight = t->pp * (1.0 + (t->pp - 1.0) / (t->pp * (double)t->vpp));
-        if (inflight > t->grad_accum) inflight = t->grad_accum;
-        if (inflight < 1) inflight = 1;
-        e->inflight = inflight;
-        uint64_t layers_bytes = (uint64_t)llround((double)stage_stored * inflight);
-        plan_tier ck = t->checkpoints_on;
-        if (ck == PLAN_CPU) {
-            /* pinned host copies; two layers' worth stay on the GPU in flight */
-            add(e, "stored layer activations", PLAN_CPU, PLAN_ACTIVATIONS, layers_bytes);
-            add(e, "activation offload slots (2 layers)", PLAN_GPU, PLAN_ACTIVATIONS, 2 * stored);
-        } else {
-            add(e, "stored layer activations", PLAN_GPU, PLAN_ACTIVATIONS, layers_bytes);
-        }
-        if (t->recompute == PLAN_RECOMPUTE_FULL)
-            add(e, "recompute working set (1 layer)", PLAN_GPU, PLAN_ACTIVATIONS, full);
-        else if (t->recompute == PLAN_RECOMPUTE_SELECTIVE)
-            add(e, "recompute working set (attention core)", PLAN_GPU, PLAN_ACTIVATIONS, sel);
-        if (sh.first && t->dropout)
-            add(e, "embedding dropout mask", PLAN_GPU, PLAN_ACTIVATIONS,
-                (uint64_t)llround((double)ceil_div(s * b * h, sp_div) * inflight));
-        if (sh.first && m->embed_norm)
-            add(e, "embedding norm input", PLAN_GPU, PLAN_ACTIVATIONS,
-                (uint64_t)llround((double)ceil_div(s * b * h * act, sp_div) * inflight));
-        if (sh.last) {
-            /* final norm input and output-layer input (16-bit); logits in
-             * fp32 for the cross-entropy (its gradient is written in place) */
-            add(e, "final norm + output layer inputs", PLAN_GPU, PLAN_ACTIVATIONS,
-                2 * ceil_div(s * b * h * act, sp_div));
-            add(e, "logits (fp32, cross-entropy)", PLAN_GPU, PLAN_ACTIVATIONS,
-                ceil_div(4 * s * b * (uint64_t)m->vocab, tp));
-        }
-        /* backward of one layer at a time: the fp32 gradients of the
-         * residual, a norm output, qkv, the attention output and the MLP
-         * (two for SwiGLU; in an MoE layer over the routed rows and the
-         * shared expert), one projection scratch in the activation dtype,
-         * and the token ids, targets and per-token losses */
-        uint64_t q, k, v, o;
-        zo_model_attn_widths(m, &q, &k, &v, &o);
-        uint64_t gated = m->arch == ZO_ARCH_GPT ? 1 : 2;
-        uint64_t mlp = sh.layers > sh.moe_layers ? (uint64_t)m->ffn * gated : 0;
-        if (sh.moe_layers) {
-            uint64_t moe = (uint64_t)llround(plan_routed_rows(m, t) * m->moe.expert_ffn) * gated +
-                           (uint64_t)m->moe.shared_ffn * gated;
-            if (moe > mlp) mlp = moe;
-        }
-        uint64_t dgrad = 4 * s * b * (2 * h + ceil_div(q + k + v + o + mlp, tp));
-        add(e, "backward working set (fp32 activation gradients, scratch)", PLAN_GPU,
-            PLAN_ACTIVATIONS, dgrad + s * b * h * act + 12 * s * b);
-        /* LoRA: one adapter's gradient of A x [s b, r] and a sink for the
-         * frozen norms' weight gradients (fp32); QLoRA: one linear weight
-         * dequantized at a time */
-        if (peft)
-            add(e, "LoRA backward scratch (fp32)", PLAN_GPU, PLAN_ACTIVATIONS,
-                4 * s * b * (uint64_t)t->lora.r + 8 * h);
+/* ---- host buffers: read-ahead of weights on NVMe, pinned staging ---- */
+static void estimate_host_buffers(const stage_est *s, plan_estimate *e)
+{
+    const plan_train *t = s->t;
+    /* with ZeRO-3 a rank reads and writes only its 1/DP partition of a block
+     * through host memory (the rest arrives by all-gather) */
+    uint64_t host_slot = t->zero >= 3 ? ceil_div(s->slot, s->dp) : s->slot;
+    uint64_t ring = (uint64_t)(t->buf.prefetch_depth + 1);
+    if (!s->peft && t->params_on == ZO_PLAN_NVME)
+        add(e, "fp16/bf16 weights read-ahead", ZO_PLAN_CPU, PLAN_BUFFERS, ring * host_slot);
+    /* LoRA: a store on NVMe reads ahead into a ring of its slots and
+     * assembles a block to write in one more (the frozen one's never used) */
+    uint64_t nvme_slots = s->peft ? (t->params_on == ZO_PLAN_NVME ? s->fslot : 0) +
+                                        (t->adapters_on == ZO_PLAN_NVME ? s->aslot : 0)
+                                  : 0;
+    if (nvme_slots) add(e, "NVMe weights read-ahead", ZO_PLAN_CPU, PLAN_BUFFERS, ring * nvme_slots);
+    add(e, "pinned staging", ZO_PLAN_CPU, PLAN_BUFFERS, pinned_staging(s, host_slot, nvme_slots));
+}
+
+/* What one layer of the stage saves for one micro-batch, the heaviest of
+ * its kinds (dense, MoE): as stored under the recompute (`stored`), whole
+ * (`full`), and what selective recompute drops (`sel`); returns the stage's
+ * layers' stored bytes. */
+static uint64_t layer_activations(const stage_est *s, uint64_t *full, uint64_t *sel, uint64_t *stored)
+{
+    const zo_model_config *m = s->m;
+    const plan_train *t = s->t;
+    uint64_t sbh = (uint64_t)t->seq * (uint64_t)t->micro_batch * (uint64_t)m->hidden;
+    uint64_t sp_div = t->sp ? (uint64_t)t->tp : 1;
+    /* the stage's layers: dense ones and MoE ones save different tensors */
+    int kinds[2] = {s->sh.layers - s->sh.moe_layers, s->sh.moe_layers};
+    uint64_t stage_stored = 0;
+    /* LoRA: each adapter's A x [s b, r] is kept for its backward */
+    uint64_t lora_u = s->peft ? (uint64_t)t->seq * (uint64_t)t->micro_batch *
+                                    (uint64_t)s->pf.n_adapters * (uint64_t)t->lora.r * s->wsz
+                              : 0;
+    *full = *sel = *stored = 0;
+    for (int moe = 0; moe < 2; moe++) {
+        if (!kinds[moe]) continue;
+        uint64_t f = plan_layer_act_bytes_of(m, t, 1, moe) + lora_u;
+        /* without the s^2 terms: only selective recompute needs it */
+        uint64_t sl = t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE
+                          ? plan_layer_act_bytes_of(m, t, 0, moe) + lora_u
+                          : f;
+        uint64_t st = t->recompute == ZO_PLAN_RECOMPUTE_NONE        ? f
+                      : t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE ? sl
+                                                                    : ceil_div(sbh * s->wsz, sp_div);
+        if (f > *full) *full = f;
+        if (f - sl > *sel) *sel = f - sl;
+        if (st > *stored) *stored = st;
+        stage_stored += (uint64_t)kinds[moe] * st;
     }
-    if (t->method == PLAN_METHOD_QLORA)
-        add(e, "NF4 dequantization scratch (1 linear weight)", PLAN_GPU, PLAN_BUFFERS,
-            pf.largest_linear * wsz);
+    return stage_stored;
+}
 
-    /* ---- working buffers on the GPU ---- */
-    add(e, "CUDA context", PLAN_GPU, PLAN_BUFFERS, t->buf.cuda_context);
-    add(e, "cuBLAS workspace", PLAN_GPU, PLAN_BUFFERS, t->buf.cublas_workspace);
+/* Micro-batches in flight on `stage`: 1F1B keeps p on the first stage, one
+ * fewer on each later one; interleaving adds (p-1)/(p m) of the pipeline. */
+static double inflight_of(const plan_train *t, int stage)
+{
+    double inflight = (double)(t->pp - stage);
+    if (t->vpp > 1 && stage == 0) inflight = t->pp * (1.0 + (t->pp - 1.0) / (t->pp * (double)t->vpp));
+    if (inflight > t->grad_accum) inflight = t->grad_accum;
+    if (inflight < 1) inflight = 1;
+    return inflight;
+}
+
+/* The stage's ends: the embedding's on the first stage (per micro-batch in
+ * flight), the final norm's, the output layer's and the logits on the last. */
+static void end_activations(const stage_est *s, plan_estimate *e)
+{
+    const zo_model_config *m = s->m;
+    const plan_train *t = s->t;
+    uint64_t sb = (uint64_t)t->seq * (uint64_t)t->micro_batch, h = (uint64_t)m->hidden;
+    uint64_t tp = (uint64_t)t->tp, sp_div = t->sp ? tp : 1;
+    if (s->sh.first && t->dropout)
+        add(e, "embedding dropout mask", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
+            (uint64_t)llround((double)ceil_div(sb * h, sp_div) * e->inflight));
+    if (s->sh.first && m->embed_norm)
+        add(e, "embedding norm input", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
+            (uint64_t)llround((double)ceil_div(sb * h * s->wsz, sp_div) * e->inflight));
+    if (s->sh.last) {
+        /* final norm input and output-layer input (16-bit); logits in
+         * fp32 for the cross-entropy (its gradient is written in place) */
+        add(e, "final norm + output layer inputs", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
+            2 * ceil_div(sb * h * s->wsz, sp_div));
+        add(e, "logits (fp32, cross-entropy)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
+            ceil_div(4 * sb * (uint64_t)m->vocab, tp));
+    }
+}
+
+/* Backward of one layer at a time: the fp32 gradients of the residual, a
+ * norm output, qkv, the attention output and the MLP (two for SwiGLU; in an
+ * MoE layer over the routed rows and the shared expert), one projection
+ * scratch in the activation dtype, and the token ids, targets and per-token
+ * losses; LoRA: one adapter's gradient of A x [s b, r] and a sink for the
+ * frozen norms' weight gradients (fp32). */
+static void backward_activations(const stage_est *s, plan_estimate *e)
+{
+    const zo_model_config *m = s->m;
+    const plan_train *t = s->t;
+    uint64_t sb = (uint64_t)t->seq * (uint64_t)t->micro_batch, h = (uint64_t)m->hidden;
+    uint64_t q, k, v, o;
+    zo_model_attn_widths(m, &q, &k, &v, &o);
+    uint64_t gated = m->arch == ZO_ARCH_GPT ? 1 : 2;
+    uint64_t mlp = s->sh.layers > s->sh.moe_layers ? (uint64_t)m->ffn * gated : 0;
+    if (s->sh.moe_layers) {
+        uint64_t moe = (uint64_t)llround(plan_routed_rows(m, t) * m->moe.expert_ffn) * gated +
+                       (uint64_t)m->moe.shared_ffn * gated;
+        if (moe > mlp) mlp = moe;
+    }
+    uint64_t dgrad = 4 * sb * (2 * h + ceil_div(q + k + v + o + mlp, (uint64_t)t->tp));
+    add(e, "backward working set (fp32 activation gradients, scratch)", ZO_PLAN_GPU,
+        PLAN_ACTIVATIONS, dgrad + sb * h * s->wsz + 12 * sb);
+    if (s->peft)
+        add(e, "LoRA backward scratch (fp32)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
+            4 * sb * (uint64_t)t->lora.r + 8 * h);
+}
+
+/* ---- activations (unknown for a model known only by its size) ---- */
+static void estimate_activations(const stage_est *s, int stage, plan_estimate *e)
+{
+    const plan_train *t = s->t;
+    e->activations_known = !s->m->params_override;
+    if (!e->activations_known) return;
+    uint64_t full, sel, stored;
+    uint64_t stage_stored = layer_activations(s, &full, &sel, &stored);
+    e->act_layer = stored;
+    e->act_stage = stage_stored;
+    e->inflight = inflight_of(t, stage);
+    uint64_t layers_bytes = (uint64_t)llround((double)stage_stored * e->inflight);
+    if (t->checkpoints_on == ZO_PLAN_CPU) {
+        /* pinned host copies; two layers' worth stay on the GPU in flight */
+        add(e, "stored layer activations", ZO_PLAN_CPU, PLAN_ACTIVATIONS, layers_bytes);
+        add(e, "activation offload slots (2 layers)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, 2 * stored);
+    } else {
+        add(e, "stored layer activations", ZO_PLAN_GPU, PLAN_ACTIVATIONS, layers_bytes);
+    }
+    if (t->recompute == ZO_PLAN_RECOMPUTE_FULL)
+        add(e, "recompute working set (1 layer)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, full);
+    else if (t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE)
+        add(e, "recompute working set (attention core)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, sel);
+    end_activations(s, e);
+    backward_activations(s, e);
+}
+
+/* ---- working buffers on the GPU, the allocator's allowance last ---- */
+static void estimate_gpu_buffers(const stage_est *s, plan_estimate *e)
+{
+    const plan_train *t = s->t;
+    /* QLoRA: one linear weight dequantized at a time */
+    if (t->method == ZO_PLAN_QLORA)
+        add(e, "NF4 dequantization scratch (1 linear weight)", ZO_PLAN_GPU, PLAN_BUFFERS,
+            s->pf.largest_linear * s->wsz);
+    add(e, "CUDA context", ZO_PLAN_GPU, PLAN_BUFFERS, t->buf.cuda_context);
+    add(e, "cuBLAS workspace", ZO_PLAN_GPU, PLAN_BUFFERS, t->buf.cublas_workspace);
     /* the runtime reduces in fp32, through buckets of comm_bucket elements
      * (rounded down to a multiple of DP), at most the largest block padded */
     if (t->dp > 1) {
-        uint64_t cap = t->buf.comm_bucket / dp * dp, whole = ceil_div(sh.largest, dp) * dp;
+        uint64_t dp = s->dp;
+        uint64_t cap = t->buf.comm_bucket / dp * dp, whole = ceil_div(s->sh.largest, dp) * dp;
         if (!cap) cap = dp;
-        add(e, "communication buckets (fp32)", PLAN_GPU, PLAN_BUFFERS,
+        add(e, "communication buckets (fp32)", ZO_PLAN_GPU, PLAN_BUFFERS,
             (uint64_t)t->buf.comm_buckets * (cap < whole ? cap : whole) * 4);
     }
     uint64_t gpu_sum = 0;
-    for (int k = 0; k < PLAN_KINDS; k++) gpu_sum += e->bytes[PLAN_GPU][k];
-    add(e, "allocator fragmentation allowance", PLAN_GPU, PLAN_BUFFERS,
+    for (int k = 0; k < PLAN_KINDS; k++) gpu_sum += e->bytes[ZO_PLAN_GPU][k];
+    add(e, "allocator fragmentation allowance", ZO_PLAN_GPU, PLAN_BUFFERS,
         frac_of(gpu_sum, t->buf.fragmentation));
+}
 
+/* One pipeline stage's estimate: its capacities, each kind of memory in the
+ * order the report lists them, the totals and whether they fit. */
+static void estimate_stage(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
+                           int stage, plan_estimate *e)
+{
+    memset(e, 0, sizeof *e);
+    e->stage = stage;
+    e->params = zo_model_params(m);
+    e->ranks_per_node = plan_hw_ranks_per_node(hw);
+    e->capacity[ZO_PLAN_GPU] = hw->gpu_mem;
+    e->capacity[ZO_PLAN_CPU] = hw->cpu_mem / (uint64_t)e->ranks_per_node;
+    e->capacity[ZO_PLAN_NVME] = hw->nvme / (uint64_t)e->ranks_per_node;
+    stage_est s;
+    stage_init(&s, m, t, stage);
+    e->stage_params = s.sh.params;
+    e->stage_expert_params = s.sh.experts;
+    e->largest_block = s.sh.largest;
+    estimate_params(&s, e);
+    estimate_grads(&s, e);
+    estimate_optimizer(&s, e);
+    estimate_host_buffers(&s, e);
+    estimate_activations(&s, stage, e);
+    estimate_gpu_buffers(&s, e);
     e->fits = 1;
-    for (int tier = 0; tier < PLAN_TIERS; tier++) {
+    for (int tier = 0; tier < ZO_PLAN_TIERS; tier++) {
         for (int k = 0; k < PLAN_KINDS; k++) e->total[tier] += e->bytes[tier][k];
         if (e->total[tier] > e->capacity[tier]) e->fits = 0;
     }
-    return ZO_OK;
 }
 
 void plan_estimate_unchecked(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
@@ -893,7 +985,7 @@ void plan_estimate_unchecked(const zo_model_config *m, const plan_hw *hw, const 
     if (t->pp > 1) {
         plan_estimate last;
         estimate_stage(m, hw, t, t->pp - 1, &last);
-        if (last.total[PLAN_GPU] > out->total[PLAN_GPU]) *out = last;
+        if (last.total[ZO_PLAN_GPU] > out->total[ZO_PLAN_GPU]) *out = last;
     }
 }
 

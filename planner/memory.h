@@ -13,10 +13,9 @@
 #include "common/dtype.h"
 #include "common/lora.h" /* defines: zo_lora_config */
 #include "common/model_config.h"
+#include "common/plan_vocab.h" /* defines: zo_plan_tier, zo_plan_method, zo_plan_schedule, ... */
 #include "common/status.h"
 #include "planner/hardware.h"
-
-typedef enum plan_tier { PLAN_GPU = 0, PLAN_CPU, PLAN_NVME, PLAN_TIERS } plan_tier;
 
 typedef enum plan_kind {
     PLAN_PARAMS = 0,
@@ -27,31 +26,10 @@ typedef enum plan_kind {
     PLAN_KINDS,
 } plan_kind;
 
-typedef enum plan_optimizer { PLAN_OPT_ADAMW = 0, PLAN_OPT_SGD } plan_optimizer;
-
-/* What is trained (docs/memplan.md, "LoRA and QLoRA"): every parameter, or
- * LoRA adapters on a frozen base in the model dtype (lora) or with its
- * layers' linear weights in NF4 (qlora). */
-typedef enum plan_method { PLAN_METHOD_FULL = 0, PLAN_METHOD_LORA, PLAN_METHOD_QLORA } plan_method;
-
-/* When the CPU optimizer runs (docs/memplan.md, "Optimizer schedules"). */
-typedef enum plan_schedule {
-    PLAN_SCHED_SERIAL = 0, /* after the backward: forward + backward, then the update */
-    PLAN_SCHED_OVERLAP,    /* block by block beside the GPU's work */
-    PLAN_SCHED_DPU,        /* delayed parameter update: step t's beside step t+1 */
-    PLAN_SCHEDULES,
-} plan_schedule;
-
 /* --lora R alone: PEFT's defaults (lora_alpha 8; q_proj and v_proj, which
  * on GPT-2 is its fused c_attn) */
 #define PLAN_LORA_DEFAULT_ALPHA 8.0f
 #define PLAN_LORA_DEFAULT_TARGETS (ZO_LORA_Q | ZO_LORA_V)
-
-typedef enum plan_recompute {
-    PLAN_RECOMPUTE_NONE = 0,
-    PLAN_RECOMPUTE_SELECTIVE, /* recompute the attention core (the s^2 terms) */
-    PLAN_RECOMPUTE_FULL,      /* keep only each layer's input */
-} plan_recompute;
 
 /* Working buffers, each a named line with its own flag. */
 typedef struct plan_buffers {
@@ -72,13 +50,13 @@ typedef struct plan_train {
     int grad_accum;           /* micro-batches per step per data-parallel rank */
     zo_dtype dtype;           /* weights and activations */
     zo_dtype grad_dtype;      /* gradients on the device (fp32: Megatron's 18 B/param) */
-    plan_optimizer optimizer;
+    zo_plan_optimizer optimizer;
     int dp, tp, pp, vpp;      /* vpp > 1: interleaved 1F1B with vpp chunks per stage */
     int ep;                   /* expert parallel: MoE experts sharded over ep of the dp ranks */
     double capacity_factor;   /* MoE: tokens an expert takes, x its fair share; 0: dropless */
     int sp;                   /* sequence parallel (with tp) */
     int zero;                 /* 0..3 */
-    plan_recompute recompute;
+    zo_plan_recompute recompute;
     int flash_attn;
     int dropout;              /* dropout masks saved (GPT default on, LLaMA off) */
     int seq_is_default;       /* seq was not given: plan_train_defaults chose it (reports say so) */
@@ -88,26 +66,26 @@ typedef struct plan_train {
     int fused_grad_accum;     /* 1: the weight-gradient GEMM adds into the gradient buffer
                                  (Megatron's gradient-accumulation fusion); 0: a separate pass
                                  per micro-batch (this runtime's staging blocks) */
-    plan_method method;       /* full fine-tuning, LoRA or QLoRA */
+    zo_plan_method method;    /* full fine-tuning, LoRA or QLoRA */
     zo_lora_config lora;      /* method lora / qlora: rank, alpha, target layers */
-    plan_schedule schedule;   /* when the CPU optimizer runs (cost model) */
+    zo_plan_schedule schedule; /* when the CPU optimizer runs (cost model) */
     int dpu_warmup;           /* dpu: serial steps first (reported, not in the step time) */
     int opt_threads;          /* CPU threads per rank for the optimizer; 0: the node's cores
                                  (less one per rank beside the GPU's work), shared by its ranks */
     int clip_stale;           /* overlap: clipping takes the previous step's norm (or is off) */
-    plan_tier params_on;      /* GPU, CPU or NVMe (LoRA: the frozen base) */
-    plan_tier adapters_on;    /* LoRA: where the adapters live (GPU, CPU or NVMe; streamed
+    zo_plan_tier params_on;   /* GPU, CPU or NVMe (LoRA: the frozen base) */
+    zo_plan_tier adapters_on; /* LoRA: where the adapters live (GPU, CPU or NVMe; streamed
                                  like weights when not on the GPU); full: GPU */
-    plan_tier grads_on;       /* GPU or CPU */
-    plan_tier checkpoints_on; /* GPU or CPU: where stored activations live */
-    double opt_frac[PLAN_TIERS]; /* optimizer state split, sums to 1 */
+    zo_plan_tier grads_on;    /* GPU or CPU */
+    zo_plan_tier checkpoints_on; /* GPU or CPU: where stored activations live */
+    double opt_frac[ZO_PLAN_TIERS]; /* optimizer state split, sums to 1 */
     plan_buffers buf;
 } plan_train;
 
 /* One named line of the estimate. */
 typedef struct plan_item {
     const char *name;
-    plan_tier tier;
+    zo_plan_tier tier;
     plan_kind kind;
     uint64_t bytes;
 } plan_item;
@@ -115,9 +93,9 @@ typedef struct plan_item {
 #define PLAN_MAX_ITEMS 48
 
 typedef struct plan_estimate {
-    uint64_t bytes[PLAN_TIERS][PLAN_KINDS];
-    uint64_t total[PLAN_TIERS];
-    uint64_t capacity[PLAN_TIERS]; /* per rank: CPU and NVMe are the node's share */
+    uint64_t bytes[ZO_PLAN_TIERS][PLAN_KINDS];
+    uint64_t total[ZO_PLAN_TIERS];
+    uint64_t capacity[ZO_PLAN_TIERS]; /* per rank: CPU and NVMe are the node's share */
     int ranks_per_node;
     int fits;
     int activations_known;     /* 0 for a model known only by its size */
@@ -147,18 +125,14 @@ typedef struct plan_estimate {
     uint64_t trainable;        /* whole model: trainable parameters (LoRA: PEFT's count) */
     uint64_t nf4_bytes;        /* QLoRA: of weight_bytes, the NF4 tensors */
     double inflight;           /* micro-batches in flight on this stage */
-    double opt_share[PLAN_TIERS]; /* the optimizer split as the runtime makes it of opt_frac:
+    double opt_share[ZO_PLAN_TIERS]; /* the optimizer split as the runtime makes it of opt_frac:
                                  the GPU's share whole blocks (plan_gpu_share), NVMe's the
                                  nearest element count of the rest */
     int n_items;
     plan_item items[PLAN_MAX_ITEMS];
 } plan_estimate;
 
-const char *plan_tier_name(plan_tier t);   /* "gpu", "cpu", "nvme" */
 const char *plan_kind_name(plan_kind k);   /* "params", "grads", ... */
-const char *plan_recompute_name(plan_recompute r);
-const char *plan_method_name(plan_method m);     /* "full", "lora", "qlora" */
-const char *plan_schedule_name(plan_schedule s); /* "serial", "overlap", "dpu" */
 
 /* Defaults for a model: its max sequence, micro-batch 1, bf16, AdamW, no
  * parallelism, ZeRO 0, no recompute, flash attention, everything on the GPU,
@@ -287,5 +261,33 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
 /* Routed token rows per token (top_k, times the capacity factor when one is
  * set): what the experts of an MoE layer compute on. */
 double plan_routed_rows(const zo_model_config *m, const plan_train *t);
+
+/* ---- the names the planner's tests and benchmarks were written with ---------- */
+
+/* The plan vocabulary is common/plan_vocab.h's, and the planner uses its
+ * names; these are the same types and values under the names the tests and
+ * benchmarks still spell them with (no second enum). */
+typedef zo_plan_tier plan_tier;
+typedef zo_plan_recompute plan_recompute;
+typedef zo_plan_method plan_method;
+typedef zo_plan_schedule plan_schedule;
+#define PLAN_GPU ZO_PLAN_GPU
+#define PLAN_CPU ZO_PLAN_CPU
+#define PLAN_NVME ZO_PLAN_NVME
+#define PLAN_TIERS ZO_PLAN_TIERS
+#define PLAN_OPT_SGD ZO_PLAN_SGD
+#define PLAN_METHOD_FULL ZO_PLAN_FULL
+#define PLAN_METHOD_LORA ZO_PLAN_LORA
+#define PLAN_METHOD_QLORA ZO_PLAN_QLORA
+#define PLAN_SCHED_SERIAL ZO_PLAN_SCHED_SERIAL
+#define PLAN_SCHED_OVERLAP ZO_PLAN_SCHED_OVERLAP
+#define PLAN_SCHED_DPU ZO_PLAN_SCHED_DPU
+#define PLAN_SCHEDULES ZO_PLAN_SCHEDULES
+#define PLAN_RECOMPUTE_NONE ZO_PLAN_RECOMPUTE_NONE
+#define PLAN_RECOMPUTE_SELECTIVE ZO_PLAN_RECOMPUTE_SELECTIVE
+#define PLAN_RECOMPUTE_FULL ZO_PLAN_RECOMPUTE_FULL
+#define plan_tier_name zo_plan_tier_name
+#define plan_recompute_name zo_plan_recompute_name
+#define plan_schedule_name zo_plan_schedule_name
 
 #endif

@@ -1,27 +1,11 @@
 #include "planfile.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/json.h" /* defines: zo_json_parse */
-
-/* The schema's enums are the planner's, value for value. */
-_Static_assert((int)ZO_PLAN_GPU == PLAN_GPU && (int)ZO_PLAN_CPU == PLAN_CPU &&
-                   (int)ZO_PLAN_NVME == PLAN_NVME && (int)ZO_PLAN_TIERS == PLAN_TIERS,
-               "plan tiers");
-_Static_assert((int)ZO_PLAN_RECOMPUTE_NONE == PLAN_RECOMPUTE_NONE &&
-                   (int)ZO_PLAN_RECOMPUTE_SELECTIVE == PLAN_RECOMPUTE_SELECTIVE &&
-                   (int)ZO_PLAN_RECOMPUTE_FULL == PLAN_RECOMPUTE_FULL,
-               "recompute");
-_Static_assert((int)ZO_PLAN_ADAMW == PLAN_OPT_ADAMW && (int)ZO_PLAN_SGD == PLAN_OPT_SGD, "optimizer");
-_Static_assert((int)ZO_PLAN_FULL == PLAN_METHOD_FULL && (int)ZO_PLAN_LORA == PLAN_METHOD_LORA &&
-                   (int)ZO_PLAN_QLORA == PLAN_METHOD_QLORA,
-               "method");
-_Static_assert((int)ZO_PLAN_SCHED_SERIAL == PLAN_SCHED_SERIAL &&
-                   (int)ZO_PLAN_SCHED_OVERLAP == PLAN_SCHED_OVERLAP &&
-                   (int)ZO_PLAN_SCHED_DPU == PLAN_SCHED_DPU,
-               "schedule");
 
 /* ---- hardware ----------------------------------------------------------------------- */
 
@@ -61,6 +45,60 @@ zo_status plan_hw_parse(const char *text, const char *path, plan_hw *hw)
 
 /* ---- plans ---------------------------------------------------------------------------- */
 
+/* A field of the plan and the configuration's that holds the same value:
+ * plan_file_from copies each one way, plan_file_to the other. */
+typedef struct field_map {
+    size_t plan, train, size;
+} field_map;
+
+/* (sizeof a field, and 0 more when the two fields have the same size: a
+ * compile error when they do not) */
+#define SAME_SIZE(pf, tf)                                                                           \
+    (sizeof(((plan_train *)0)->tf) +                                                                \
+     0 * sizeof(char[sizeof(((zo_plan *)0)->pf) == sizeof(((plan_train *)0)->tf) ? 1 : -1]))
+#define MAP(pf, tf) {offsetof(zo_plan, pf), offsetof(plan_train, tf), SAME_SIZE(pf, tf)}
+static const field_map plan_fields[] = {
+    MAP(training.seq, seq),
+    MAP(training.micro_batch, micro_batch),
+    MAP(training.grad_accum, grad_accum),
+    MAP(training.dtype, dtype),
+    MAP(training.grad_dtype, grad_dtype),
+    MAP(training.optimizer, optimizer),
+    MAP(training.recompute, recompute),
+    MAP(training.flash_attn, flash_attn),
+    MAP(training.dropout, dropout),
+    MAP(training.dp_overlap, dp_overlap),
+    MAP(training.fused_grad_accum, fused_grad_accum),
+    MAP(training.method, method),
+    MAP(training.optimizer_schedule, schedule),
+    MAP(training.dpu_warmup, dpu_warmup),
+    MAP(training.opt_threads, opt_threads),
+    MAP(training.clip_stale, clip_stale),
+    MAP(parallel.dp, dp),
+    MAP(parallel.tp, tp),
+    MAP(parallel.pp, pp),
+    MAP(parallel.vpp, vpp),
+    MAP(parallel.sp, sp),
+    MAP(parallel.ep, ep),
+    MAP(parallel.capacity_factor, capacity_factor),
+    MAP(parallel.zero, zero),
+    MAP(placement.params, params_on),
+    MAP(placement.grads, grads_on),
+    MAP(placement.checkpoints, checkpoints_on),
+    MAP(placement.adapters, adapters_on),
+    MAP(placement.optimizer, opt_frac),
+    MAP(nvme.sub_group, buf.sub_group),
+    MAP(nvme.swap_buffers, buf.swap_buffers),
+    MAP(buffers.prefetch_depth, buf.prefetch_depth),
+    MAP(buffers.comm_bucket_elems, buf.comm_bucket),
+    MAP(buffers.comm_buckets, buf.comm_buckets),
+    MAP(buffers.pinned_staging, buf.pinned_staging),
+    MAP(buffers.cuda_context, buf.cuda_context),
+    MAP(buffers.cublas_workspace, buf.cublas_workspace),
+    MAP(buffers.fragmentation, buf.fragmentation),
+};
+#undef MAP
+
 void plan_file_from(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
                     const plan_estimate *e, const plan_time *pt, zo_plan *p)
 {
@@ -69,34 +107,14 @@ void plan_file_from(const zo_model_config *m, const plan_hw *hw, const plan_trai
         p->has_hardware = 1;
         p->hardware = *hw;
     }
-    p->training = (zo_plan_training){
-        .seq = t->seq, .micro_batch = t->micro_batch, .grad_accum = t->grad_accum,
-        .dtype = t->dtype, .grad_dtype = t->grad_dtype,
-        .optimizer = (zo_plan_optimizer)t->optimizer, .recompute = (zo_plan_recompute)t->recompute,
-        .flash_attn = t->flash_attn, .dropout = t->dropout, .dp_overlap = t->dp_overlap,
-        .fused_grad_accum = t->fused_grad_accum, .method = (zo_plan_method)t->method,
-        .optimizer_schedule = (zo_plan_schedule)t->schedule, .dpu_warmup = t->dpu_warmup,
-        .opt_threads = t->opt_threads, .clip_stale = t->clip_stale,
-        .has_lora = t->method != PLAN_METHOD_FULL, .lora = t->lora};
-    if (!p->training.has_lora) memset(&p->training.lora, 0, sizeof p->training.lora);
-    p->parallel = (zo_plan_parallel){.dp = t->dp, .tp = t->tp, .pp = t->pp, .vpp = t->vpp,
-                                     .sp = t->sp, .ep = t->ep,
-                                     .capacity_factor = t->capacity_factor, .zero = t->zero};
-    p->placement.params = (zo_plan_tier)t->params_on;
-    p->placement.grads = (zo_plan_tier)t->grads_on;
-    p->placement.checkpoints = (zo_plan_tier)t->checkpoints_on;
-    p->placement.adapters = (zo_plan_tier)t->adapters_on;
-    memcpy(p->placement.optimizer, t->opt_frac, sizeof p->placement.optimizer);
-    p->nvme.sub_group = t->buf.sub_group;
-    p->nvme.swap_buffers = t->buf.swap_buffers;
-    p->buffers = (zo_plan_buffers){
-        .prefetch_depth = t->buf.prefetch_depth, .comm_bucket_elems = t->buf.comm_bucket,
-        .comm_buckets = t->buf.comm_buckets, .pinned_staging = t->buf.pinned_staging,
-        .cuda_context = t->buf.cuda_context, .cublas_workspace = t->buf.cublas_workspace,
-        .fragmentation = t->buf.fragmentation};
+    for (size_t i = 0; i < sizeof plan_fields / sizeof plan_fields[0]; i++)
+        memcpy((char *)p + plan_fields[i].plan, (const char *)t + plan_fields[i].train,
+               plan_fields[i].size);
+    p->training.has_lora = t->method != ZO_PLAN_FULL;
+    if (p->training.has_lora) p->training.lora = t->lora;
     if (!e) return;
     p->has_predicted = 1;
-    for (int i = 0; i < PLAN_TIERS; i++) {
+    for (int i = 0; i < ZO_PLAN_TIERS; i++) {
         p->predicted.peak_bytes[i] = e->total[i];
         p->predicted.capacity_bytes[i] = e->capacity[i];
     }
@@ -129,46 +147,10 @@ zo_status plan_file_to(const zo_plan *p, const char *path, zo_model_config *m, p
     *m = p->model;
     *hw = p->hardware;
     plan_train_defaults(t, m);
-    const zo_plan_training *tr = &p->training;
-    t->seq = tr->seq;
-    t->micro_batch = tr->micro_batch;
-    t->grad_accum = tr->grad_accum;
-    t->dtype = tr->dtype;
-    t->grad_dtype = tr->grad_dtype;
-    t->optimizer = (plan_optimizer)tr->optimizer;
-    t->recompute = (plan_recompute)tr->recompute;
-    t->flash_attn = tr->flash_attn;
-    t->dropout = tr->dropout;
-    t->dp_overlap = tr->dp_overlap;
-    t->fused_grad_accum = tr->fused_grad_accum;
-    t->method = (plan_method)tr->method;
-    if (tr->has_lora) t->lora = tr->lora;
-    t->schedule = (plan_schedule)tr->optimizer_schedule;
-    t->dpu_warmup = tr->dpu_warmup;
-    t->opt_threads = tr->opt_threads;
-    t->clip_stale = tr->clip_stale;
-    t->dp = p->parallel.dp;
-    t->tp = p->parallel.tp;
-    t->pp = p->parallel.pp;
-    t->vpp = p->parallel.vpp;
-    t->sp = p->parallel.sp;
-    t->ep = p->parallel.ep;
-    t->capacity_factor = p->parallel.capacity_factor;
-    t->zero = p->parallel.zero;
-    t->params_on = (plan_tier)p->placement.params;
-    t->grads_on = (plan_tier)p->placement.grads;
-    t->checkpoints_on = (plan_tier)p->placement.checkpoints;
-    t->adapters_on = (plan_tier)p->placement.adapters;
-    memcpy(t->opt_frac, p->placement.optimizer, sizeof t->opt_frac);
-    t->buf.sub_group = p->nvme.sub_group;
-    t->buf.swap_buffers = p->nvme.swap_buffers;
-    t->buf.prefetch_depth = p->buffers.prefetch_depth;
-    t->buf.comm_bucket = p->buffers.comm_bucket_elems;
-    t->buf.comm_buckets = p->buffers.comm_buckets;
-    t->buf.pinned_staging = p->buffers.pinned_staging;
-    t->buf.cuda_context = p->buffers.cuda_context;
-    t->buf.cublas_workspace = p->buffers.cublas_workspace;
-    t->buf.fragmentation = p->buffers.fragmentation;
+    for (size_t i = 0; i < sizeof plan_fields / sizeof plan_fields[0]; i++)
+        memcpy((char *)t + plan_fields[i].train, (const char *)p + plan_fields[i].plan,
+               plan_fields[i].size);
+    if (p->training.has_lora) t->lora = p->training.lora;
     zo_status st = plan_train_validate(t, m, hw);
     return st == ZO_OK ? ZO_OK : zo_error_wrap(st, "%s", path);
 }
@@ -182,10 +164,10 @@ zo_status plan_file_predict(const zo_plan *p, const char *path, int schedule, pl
     zo_status st = plan_file_to(p, path, &m, &hw, &t);
     if (st != ZO_OK) return st;
     if (schedule >= 0) {
-        if (schedule >= PLAN_SCHEDULES)
+        if (schedule >= ZO_PLAN_SCHEDULES)
             return zo_error(ZO_ERR_INVALID, "%s: schedule %d is not serial, overlap or dpu", path,
                             schedule);
-        t.schedule = (plan_schedule)schedule;
+        t.schedule = schedule;
     }
     plan_estimate est;
     if (!e) e = &est;

@@ -31,7 +31,7 @@ zo_status plan_file_to(const zo_plan *p, const char *path, zo_model_config *m, p
 
 /* What the planner predicts for a plan (the runtime's tests compare it with
  * a measured run): its estimate (`e` may be NULL) and its step, under the
- * plan's optimizer schedule (`schedule` -1) or another (a plan_schedule).
+ * plan's optimizer schedule (`schedule` -1) or another (a zo_plan_schedule).
  * Pure: no I/O. The plan needs its "hardware" (plan_file_to). To predict the
  * CPU backend, give the plan the hardware of plan_hw_cpu_backend. */
 zo_status plan_file_predict(const zo_plan *p, const char *path, int schedule, plan_estimate *e,

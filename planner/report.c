@@ -8,23 +8,23 @@
 #include "common/plan_schema.h" /* defines: zo_plan_model_write_json */
 #include "common/units.h"
 
-void plan_format_fractions(const double f[PLAN_TIERS], char *buf, size_t len)
+void plan_format_fractions(const double f[ZO_PLAN_TIERS], char *buf, size_t len)
 {
     int nonzero = 0, only = 0;
-    for (int i = 0; i < PLAN_TIERS; i++)
+    for (int i = 0; i < ZO_PLAN_TIERS; i++)
         if (f[i] > 0) {
             nonzero++;
             only = i;
         }
     if (nonzero == 1) {
-        snprintf(buf, len, "%s", plan_tier_name((plan_tier)only));
+        snprintf(buf, len, "%s", zo_plan_tier_name((zo_plan_tier)only));
         return;
     }
     buf[0] = '\0';
-    for (int i = 0, first = 1; i < PLAN_TIERS; i++) {
+    for (int i = 0, first = 1; i < ZO_PLAN_TIERS; i++) {
         if (f[i] <= 0) continue;
         size_t u = strlen(buf);
-        snprintf(buf + u, len - u, "%s%s=%g", first ? "" : ",", plan_tier_name((plan_tier)i), f[i]);
+        snprintf(buf + u, len - u, "%s%s=%g", first ? "" : ",", zo_plan_tier_name((zo_plan_tier)i), f[i]);
         first = 0;
     }
 }
@@ -32,16 +32,29 @@ void plan_format_fractions(const double f[PLAN_TIERS], char *buf, size_t len)
 void plan_json_add_placement(cJSON *parent, const plan_train *t)
 {
     cJSON *jp = cJSON_AddObjectToObject(parent, "placement");
-    cJSON_AddStringToObject(jp, "params", plan_tier_name(t->params_on));
-    cJSON_AddStringToObject(jp, "grads", plan_tier_name(t->grads_on));
+    cJSON_AddStringToObject(jp, "params", zo_plan_tier_name(t->params_on));
+    cJSON_AddStringToObject(jp, "grads", zo_plan_tier_name(t->grads_on));
     cJSON *jo = cJSON_AddObjectToObject(jp, "optimizer");
-    for (int i = 0; i < PLAN_TIERS; i++)
-        cJSON_AddNumberToObject(jo, plan_tier_name((plan_tier)i), t->opt_frac[i]);
-    cJSON_AddStringToObject(jp, "checkpoints", plan_tier_name(t->checkpoints_on));
-    cJSON_AddStringToObject(jp, "adapters", plan_tier_name(t->adapters_on));
+    for (int i = 0; i < ZO_PLAN_TIERS; i++)
+        cJSON_AddNumberToObject(jo, zo_plan_tier_name((zo_plan_tier)i), t->opt_frac[i]);
+    cJSON_AddStringToObject(jp, "checkpoints", zo_plan_tier_name(t->checkpoints_on));
+    cJSON_AddStringToObject(jp, "adapters", zo_plan_tier_name(t->adapters_on));
 }
 
 static void add_u64(cJSON *o, const char *k, uint64_t v) { cJSON_AddNumberToObject(o, k, (double)v); }
+
+void plan_json_add_fields(cJSON *o, const void *base, const plan_json_field *f, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const char *p = (const char *)base + f[i].off;
+        switch (f[i].type) {
+        case PLAN_JSON_DOUBLE: cJSON_AddNumberToObject(o, f[i].key, *(const double *)p); break;
+        case PLAN_JSON_INT: cJSON_AddNumberToObject(o, f[i].key, *(const int *)p); break;
+        case PLAN_JSON_U64: add_u64(o, f[i].key, *(const uint64_t *)p); break;
+        case PLAN_JSON_BOOL: cJSON_AddBoolToObject(o, f[i].key, *(const int *)p); break;
+        }
+    }
+}
 
 /* The plan's model object, and what a token of an MoE model uses. */
 cJSON *plan_json_model(const zo_model_config *m)
@@ -55,42 +68,58 @@ cJSON *plan_json_model(const zo_model_config *m)
     return jm;
 }
 
+#define T(key, member, type) PLAN_JSON_FIELD(key, plan_time, member, type)
+static const plan_json_field time_fields[] = {
+    T("step_s", step, DOUBLE),   T("tokens_per_s", tokens_per_s, DOUBLE),
+    T("mfu", mfu, DOUBLE),       T("hfu", hfu, DOUBLE),
+    T("model_flops", model_flops, DOUBLE), T("hw_flops", hw_flops, DOUBLE),
+};
+static const plan_json_field before_overlap_fields[] = {
+    T("cpu_adam", cpu_adam_total, DOUBLE), T("dp_comm", dp_comm_total, DOUBLE),
+    T("h2d", h2d_total, DOUBLE),           T("d2h", d2h_total, DOUBLE),
+    T("nvme", nvme_total, DOUBLE),
+};
+/* "schedule": after its "name", before its "bound" ... */
+static const plan_json_field schedule_fields[] = {
+    T("serial_step_s", serial_step, DOUBLE), T("optimizer_s", opt_s, DOUBLE),
+    T("overlapped_s", opt_hidden, DOUBLE),   T("exposed_s", opt_exposed, DOUBLE),
+};
+/* ... and after it */
+static const plan_json_field schedule_rate_fields[] = {
+    T("opt_threads", opt_threads, DOUBLE), T("cpu_adam_rate", cpu_adam_rate, DOUBLE),
+    T("dpu_warmup", dpu_warmup, INT),      T("clip_stale", clip_stale, BOOL),
+};
+static const plan_json_field microbatch_fields[] = {
+    T("stage_s", mb.total, DOUBLE),
+    T("layer_forward_s", mb.layer_fwd, DOUBLE),
+    T("layer_backward_s", mb.layer_bwd, DOUBLE),
+};
+#undef T
+
 cJSON *plan_report_time_json(const plan_time *pt)
 {
     cJSON *jt = cJSON_CreateObject();
     if (!jt) return NULL;
-    cJSON_AddNumberToObject(jt, "step_s", pt->step);
-    cJSON_AddNumberToObject(jt, "tokens_per_s", pt->tokens_per_s);
-    cJSON_AddNumberToObject(jt, "mfu", pt->mfu);
-    cJSON_AddNumberToObject(jt, "hfu", pt->hfu);
-    cJSON_AddNumberToObject(jt, "model_flops", pt->model_flops);
-    cJSON_AddNumberToObject(jt, "hw_flops", pt->hw_flops);
+    PLAN_JSON_ADD(jt, pt, time_fields);
     cJSON *parts = cJSON_AddObjectToObject(jt, "parts");
     for (int i = 0; i < PLAN_TIME_PARTS; i++)
         cJSON_AddNumberToObject(parts, plan_time_part_name(i), plan_time_part(pt, i));
-    cJSON *tot = cJSON_AddObjectToObject(jt, "before_overlap");
-    cJSON_AddNumberToObject(tot, "cpu_adam", pt->cpu_adam_total);
-    cJSON_AddNumberToObject(tot, "dp_comm", pt->dp_comm_total);
-    cJSON_AddNumberToObject(tot, "h2d", pt->h2d_total);
-    cJSON_AddNumberToObject(tot, "d2h", pt->d2h_total);
-    cJSON_AddNumberToObject(tot, "nvme", pt->nvme_total);
+    PLAN_JSON_ADD(cJSON_AddObjectToObject(jt, "before_overlap"), pt, before_overlap_fields);
     cJSON *js = cJSON_AddObjectToObject(jt, "schedule");
-    cJSON_AddStringToObject(js, "name", plan_schedule_name(pt->schedule));
-    cJSON_AddNumberToObject(js, "serial_step_s", pt->serial_step);
-    cJSON_AddNumberToObject(js, "optimizer_s", pt->opt_s);
-    cJSON_AddNumberToObject(js, "overlapped_s", pt->opt_hidden);
-    cJSON_AddNumberToObject(js, "exposed_s", pt->opt_exposed);
+    cJSON_AddStringToObject(js, "name", zo_plan_schedule_name(pt->schedule));
+    PLAN_JSON_ADD(js, pt, schedule_fields);
     cJSON_AddStringToObject(js, "bound", plan_bound_name(pt->bound));
-    cJSON_AddNumberToObject(js, "opt_threads", pt->opt_threads);
-    cJSON_AddNumberToObject(js, "cpu_adam_rate", pt->cpu_adam_rate);
-    cJSON_AddNumberToObject(js, "dpu_warmup", pt->dpu_warmup);
-    cJSON_AddBoolToObject(js, "clip_stale", pt->clip_stale);
-    cJSON *jl = cJSON_AddObjectToObject(jt, "microbatch");
-    cJSON_AddNumberToObject(jl, "stage_s", pt->mb.total);
-    cJSON_AddNumberToObject(jl, "layer_forward_s", pt->mb.layer_fwd);
-    cJSON_AddNumberToObject(jl, "layer_backward_s", pt->mb.layer_bwd);
+    PLAN_JSON_ADD(js, pt, schedule_rate_fields);
+    PLAN_JSON_ADD(cJSON_AddObjectToObject(jt, "microbatch"), pt, microbatch_fields);
     return jt;
 }
+
+/* an alternative's time */
+static const plan_json_field alternative_fields[] = {
+    PLAN_JSON_FIELD("step_s", plan_time, step, DOUBLE),
+    PLAN_JSON_FIELD("tokens_per_s", plan_time, tokens_per_s, DOUBLE),
+    PLAN_JSON_FIELD("mfu", plan_time, mfu, DOUBLE),
+};
 
 /* "fits_with" (the fastest alternative's flags) and "suggestions", ranked. */
 static void add_suggestions(cJSON *root, const plan_suggestions *sg)
@@ -104,12 +133,10 @@ static void add_suggestions(cJSON *root, const plan_suggestions *sg)
         cJSON_AddStringToObject(o, "kind", plan_alt_kind_name(a->kind));
         cJSON_AddStringToObject(o, "flags", a->flags);
         cJSON_AddStringToObject(o, "what", a->what);
-        cJSON_AddNumberToObject(o, "step_s", a->time.step);
-        cJSON_AddNumberToObject(o, "tokens_per_s", a->time.tokens_per_s);
-        cJSON_AddNumberToObject(o, "mfu", a->time.mfu);
+        PLAN_JSON_ADD(o, &a->time, alternative_fields);
         cJSON *pr = cJSON_AddObjectToObject(o, "per_rank");
-        for (int tier = 0; tier < PLAN_TIERS; tier++)
-            add_u64(pr, plan_tier_name((plan_tier)tier), a->total[tier]);
+        for (int tier = 0; tier < ZO_PLAN_TIERS; tier++)
+            add_u64(pr, zo_plan_tier_name((zo_plan_tier)tier), a->total[tier]);
         cJSON_AddItemToArray(arr, o);
     }
 }
@@ -123,78 +150,103 @@ static void print_suggestions(FILE *out, const plan_suggestions *sg)
         fprintf(out, "         %2d. %9.3f s/step %10.4g tokens/s  %s\n", i + 1, a->time.step,
                 a->time.tokens_per_s, a->flags);
         fprintf(out, "             (%s; per rank GPU %.1f, CPU %.1f, NVMe %.1f GiB)\n", a->what,
-                (double)a->total[PLAN_GPU] / (1 << 30), (double)a->total[PLAN_CPU] / (1 << 30),
-                (double)a->total[PLAN_NVME] / (1 << 30));
+                (double)a->total[ZO_PLAN_GPU] / (1 << 30), (double)a->total[ZO_PLAN_CPU] / (1 << 30),
+                (double)a->total[ZO_PLAN_NVME] / (1 << 30));
     }
 }
 
-cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
-                        const plan_estimate *e, const plan_time *pt, const plan_suggestions *sg)
-{
-    cJSON *root = cJSON_CreateObject();
-    cJSON_AddItemToObject(root, "model", plan_json_model(m));
+#define H(key, member, type) PLAN_JSON_FIELD(key, plan_hw, member, type)
+static const plan_json_field hardware_fields[] = {
+    H("gpus", gpus, INT),       H("gpus_per_node", gpus_per_node, INT),
+    H("gpu_mem", gpu_mem, U64), H("cpu_mem_per_node", cpu_mem, U64),
+    H("nvme_per_node", nvme, U64),
+};
+#undef H
 
+#define C(key, member, type) PLAN_JSON_FIELD(key, plan_train, member, type)
+/* "config": the sequence and the batch ... */
+static const plan_json_field batch_fields[] = {
+    C("seq", seq, INT), C("seq_is_default", seq_is_default, BOOL),
+    C("micro_batch", micro_batch, INT), C("grad_accum", grad_accum, INT),
+};
+/* ... the layout ... */
+static const plan_json_field layout_fields[] = {
+    C("dp", dp, INT), C("tp", tp, INT), C("pp", pp, INT), C("vpp", vpp, INT), C("ep", ep, INT),
+    C("capacity_factor", capacity_factor, DOUBLE), C("sp", sp, BOOL), C("zero", zero, INT),
+};
+static const plan_json_field attention_fields[] = {
+    C("flash_attn", flash_attn, BOOL), C("dropout", dropout, BOOL),
+};
+/* ... the optimizer's schedule ... */
+static const plan_json_field optimizer_run_fields[] = {
+    C("dpu_warmup", dpu_warmup, INT), C("opt_threads", opt_threads, INT),
+    C("clip_stale", clip_stale, BOOL),
+};
+/* ... and the working buffers */
+static const plan_json_field buffer_fields[] = {
+    C("cuda_context", buf.cuda_context, U64),     C("cublas_workspace", buf.cublas_workspace, U64),
+    C("comm_bucket_elems", buf.comm_bucket, U64), C("comm_buckets", buf.comm_buckets, INT),
+    C("prefetch_depth", buf.prefetch_depth, INT), C("pinned_staging", buf.pinned_staging, U64),
+    C("fragmentation", buf.fragmentation, DOUBLE), C("sub_group", buf.sub_group, U64),
+    C("swap_buffers", buf.swap_buffers, INT),
+};
+#undef C
+
+#define E(key, member, type) PLAN_JSON_FIELD(key, plan_estimate, member, type)
+static const plan_json_field rank_fields[] = {
+    E("ranks_per_node", ranks_per_node, INT), E("pipeline_stage", stage, INT),
+    E("stage_params", stage_params, U64),     E("rank_params", rank_params, U64),
+    E("trainable_params", trainable, U64),    E("rank_trainable_params", train_params, U64),
+};
+#undef E
+
+/* "hardware": the machine's name, GPU and sizes */
+static void add_hardware(cJSON *root, const plan_hw *hw)
+{
     cJSON *jh = cJSON_AddObjectToObject(root, "hardware");
     cJSON_AddStringToObject(jh, "name", hw->name);
     cJSON_AddStringToObject(jh, "gpu", hw->gpu);
-    cJSON_AddNumberToObject(jh, "gpus", hw->gpus);
-    cJSON_AddNumberToObject(jh, "gpus_per_node", hw->gpus_per_node);
-    add_u64(jh, "gpu_mem", hw->gpu_mem);
-    add_u64(jh, "cpu_mem_per_node", hw->cpu_mem);
-    add_u64(jh, "nvme_per_node", hw->nvme);
+    PLAN_JSON_ADD(jh, hw, hardware_fields);
+}
 
+/* "config": the configuration estimated */
+static void add_config(cJSON *root, const plan_train *t, const plan_estimate *e)
+{
     cJSON *jc = cJSON_AddObjectToObject(root, "config");
-    cJSON_AddNumberToObject(jc, "seq", t->seq);
-    cJSON_AddBoolToObject(jc, "seq_is_default", t->seq_is_default);
-    cJSON_AddNumberToObject(jc, "micro_batch", t->micro_batch);
-    cJSON_AddNumberToObject(jc, "grad_accum", t->grad_accum);
+    PLAN_JSON_ADD(jc, t, batch_fields);
     cJSON_AddNumberToObject(jc, "global_batch", (double)t->micro_batch * t->grad_accum * t->dp);
     cJSON_AddStringToObject(jc, "dtype", zo_dtype_name(t->dtype));
     cJSON_AddStringToObject(jc, "grad_dtype", zo_dtype_name(t->grad_dtype));
-    cJSON_AddStringToObject(jc, "optimizer", t->optimizer == PLAN_OPT_ADAMW ? "adamw" : "sgd");
-    cJSON_AddNumberToObject(jc, "dp", t->dp);
-    cJSON_AddNumberToObject(jc, "tp", t->tp);
-    cJSON_AddNumberToObject(jc, "pp", t->pp);
-    cJSON_AddNumberToObject(jc, "vpp", t->vpp);
-    cJSON_AddNumberToObject(jc, "ep", t->ep);
-    cJSON_AddNumberToObject(jc, "capacity_factor", t->capacity_factor);
-    cJSON_AddBoolToObject(jc, "sp", t->sp);
-    cJSON_AddNumberToObject(jc, "zero", t->zero);
-    cJSON_AddStringToObject(jc, "recompute", plan_recompute_name(t->recompute));
-    cJSON_AddBoolToObject(jc, "flash_attn", t->flash_attn);
-    cJSON_AddBoolToObject(jc, "dropout", t->dropout);
+    cJSON_AddStringToObject(jc, "optimizer", zo_plan_optimizer_name(t->optimizer));
+    PLAN_JSON_ADD(jc, t, layout_fields);
+    cJSON_AddStringToObject(jc, "recompute", zo_plan_recompute_name(t->recompute));
+    PLAN_JSON_ADD(jc, t, attention_fields);
     cJSON_AddStringToObject(jc, "schedule", t->vpp > 1 ? "interleaved-1f1b" : "1f1b");
-    cJSON_AddStringToObject(jc, "method", plan_method_name(t->method));
-    if (t->method != PLAN_METHOD_FULL) {
+    cJSON_AddStringToObject(jc, "method", zo_plan_method_name(t->method));
+    if (t->method != ZO_PLAN_FULL) {
         char tg[64];
         cJSON *jl = cJSON_AddObjectToObject(jc, "lora");
         cJSON_AddNumberToObject(jl, "r", t->lora.r);
         cJSON_AddNumberToObject(jl, "alpha", t->lora.alpha);
         cJSON_AddStringToObject(jl, "targets", zo_lora_targets_str(t->lora.targets, tg, sizeof tg));
     }
-    cJSON_AddStringToObject(jc, "optimizer_schedule", plan_schedule_name(t->schedule));
-    cJSON_AddNumberToObject(jc, "dpu_warmup", t->dpu_warmup);
-    cJSON_AddNumberToObject(jc, "opt_threads", t->opt_threads);
-    cJSON_AddBoolToObject(jc, "clip_stale", t->clip_stale);
+    cJSON_AddStringToObject(jc, "optimizer_schedule", zo_plan_schedule_name(t->schedule));
+    PLAN_JSON_ADD(jc, t, optimizer_run_fields);
     plan_json_add_placement(jc, t);
     /* the split as the runtime makes it (the GPU's share in whole blocks) */
     cJSON *jo = cJSON_AddObjectToObject(cJSON_GetObjectItem(jc, "placement"), "optimizer_blocks");
-    for (int i = 0; i < PLAN_TIERS; i++)
-        cJSON_AddNumberToObject(jo, plan_tier_name((plan_tier)i), e->opt_share[i]);
-    cJSON *jb = cJSON_AddObjectToObject(jc, "buffers");
-    add_u64(jb, "cuda_context", t->buf.cuda_context);
-    add_u64(jb, "cublas_workspace", t->buf.cublas_workspace);
-    add_u64(jb, "comm_bucket_elems", t->buf.comm_bucket);
-    cJSON_AddNumberToObject(jb, "comm_buckets", t->buf.comm_buckets);
-    cJSON_AddNumberToObject(jb, "prefetch_depth", t->buf.prefetch_depth);
-    add_u64(jb, "pinned_staging", t->buf.pinned_staging);
-    cJSON_AddNumberToObject(jb, "fragmentation", t->buf.fragmentation);
-    add_u64(jb, "sub_group", t->buf.sub_group);
-    cJSON_AddNumberToObject(jb, "swap_buffers", t->buf.swap_buffers);
+    for (int i = 0; i < ZO_PLAN_TIERS; i++)
+        cJSON_AddNumberToObject(jo, zo_plan_tier_name((zo_plan_tier)i), e->opt_share[i]);
+    PLAN_JSON_ADD(cJSON_AddObjectToObject(jc, "buffers"), t, buffer_fields);
+}
 
+/* "per_rank": per tier, the bytes of each kind, the total against the
+ * capacity and the named lines */
+static void add_per_rank(cJSON *root, const plan_estimate *e)
+{
     cJSON *jr = cJSON_AddObjectToObject(root, "per_rank");
-    for (int tier = 0; tier < PLAN_TIERS; tier++) {
-        cJSON *jt = cJSON_AddObjectToObject(jr, plan_tier_name((plan_tier)tier));
+    for (int tier = 0; tier < ZO_PLAN_TIERS; tier++) {
+        cJSON *jt = cJSON_AddObjectToObject(jr, zo_plan_tier_name((zo_plan_tier)tier));
         for (int k = 0; k < PLAN_KINDS; k++) {
             if (k == PLAN_ACTIVATIONS && !e->activations_known)
                 cJSON_AddNullToObject(jt, plan_kind_name((plan_kind)k));
@@ -206,7 +258,7 @@ cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_
         cJSON_AddBoolToObject(jt, "fits", e->total[tier] <= e->capacity[tier]);
         cJSON *items = cJSON_AddArrayToObject(jt, "items");
         for (int i = 0; i < e->n_items; i++) {
-            if (e->items[i].tier != (plan_tier)tier) continue;
+            if (e->items[i].tier != (zo_plan_tier)tier) continue;
             cJSON *it = cJSON_CreateObject();
             cJSON_AddStringToObject(it, "name", e->items[i].name);
             cJSON_AddStringToObject(it, "kind", plan_kind_name(e->items[i].kind));
@@ -214,13 +266,18 @@ cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_
             cJSON_AddItemToArray(items, it);
         }
     }
-    cJSON_AddNumberToObject(root, "ranks_per_node", e->ranks_per_node);
-    cJSON_AddNumberToObject(root, "pipeline_stage", e->stage);
-    add_u64(root, "stage_params", e->stage_params);
-    add_u64(root, "rank_params", e->rank_params);
-    add_u64(root, "trainable_params", e->trainable);
-    add_u64(root, "rank_trainable_params", e->train_params);
-    if (t->method != PLAN_METHOD_FULL) {
+}
+
+cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
+                        const plan_estimate *e, const plan_time *pt, const plan_suggestions *sg)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddItemToObject(root, "model", plan_json_model(m));
+    add_hardware(root, hw);
+    add_config(root, t, e);
+    add_per_rank(root, e);
+    PLAN_JSON_ADD(root, e, rank_fields);
+    if (t->method != ZO_PLAN_FULL) {
         add_u64(root, "frozen_bytes", e->weight_bytes - e->train_params * zo_dtype_size(t->dtype));
         add_u64(root, "nf4_bytes", e->nf4_bytes);
     }
@@ -230,8 +287,8 @@ cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_
     }
     cJSON_AddBoolToObject(root, "fits", e->fits);
     cJSON *js = cJSON_AddObjectToObject(root, "shortfall");
-    for (int tier = 0; tier < PLAN_TIERS; tier++)
-        add_u64(js, plan_tier_name((plan_tier)tier),
+    for (int tier = 0; tier < ZO_PLAN_TIERS; tier++)
+        add_u64(js, zo_plan_tier_name((zo_plan_tier)tier),
                 e->total[tier] > e->capacity[tier] ? e->total[tier] - e->capacity[tier] : 0);
     add_suggestions(root, sg);
     if (pt) cJSON_AddItemToObject(root, "time", plan_report_time_json(pt));
@@ -316,19 +373,19 @@ void plan_report_schedule(FILE *out, const plan_time *pt)
 {
     if (pt->sched.cpu_n <= 0) return;
     char b[32], c[32], d[32];
-    static const char *what[PLAN_SCHEDULES] = {
+    static const char *what[ZO_PLAN_SCHEDULES] = {
         "serial: the CPU update after the backward",
         "overlap: the CPU update block by block beside the GPU's work",
         "dpu: each step's CPU update beside the next step's forward and backward",
     };
     fprintf(out, "  optimizer schedule %s\n", what[pt->schedule]);
-    if (pt->schedule == PLAN_SCHED_OVERLAP)
+    if (pt->schedule == ZO_PLAN_SCHED_OVERLAP)
         fprintf(out, "    %s\n", pt->clip_stale ? "updates start as each block's gradients are "
                                                   "complete (clipping by the previous step's norm)"
                                                 : "exact clipping: updates start after the "
                                                   "backward, each next forward block waits for "
                                                   "its own");
-    if (pt->schedule == PLAN_SCHED_DPU)
+    if (pt->schedule == ZO_PLAN_SCHED_DPU)
         fprintf(out, "    after %d serial steps; from then on a step computes with the weights "
                      "before the previous step's update\n", pt->dpu_warmup);
     fprintf(out, "    CPU optimizer %s on %.3g threads (%.3g params/s): %s beside GPU work, %s "
@@ -338,17 +395,18 @@ void plan_report_schedule(FILE *out, const plan_time *pt)
             pt->bound == PLAN_BOUND_GPU ? "the GPU's work" : pt->bound == PLAN_BOUND_OPT
                                                                  ? "the CPU optimizer"
                                                                  : plan_bound_name(pt->bound));
-    if (pt->schedule != PLAN_SCHED_SERIAL)
+    if (pt->schedule != ZO_PLAN_SCHED_SERIAL)
         fprintf(out, "    the serial schedule: %s per step (%.2fx this one)\n",
                 secs(pt->serial_step, b, sizeof b), pt->serial_step / pt->step);
 }
 
-void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
-                       const plan_train *t, const plan_estimate *e, const plan_time *pt,
-                       const plan_suggestions *sg)
+static const char *tier_title[] = {"GPU", "CPU", "NVMe"};
+
+/* The configuration, in the table's first lines. */
+static void print_config(FILE *out, const zo_model_config *m, const plan_hw *hw,
+                         const plan_train *t, const plan_estimate *e)
 {
     char cnt[32], fr[64];
-    static const char *tier_title[] = {"GPU", "CPU", "NVMe"};
     zo_param_counts pc;
     zo_model_param_counts(m, &pc);
     char act[48] = "";
@@ -365,11 +423,11 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
             "PP %d%s, ZeRO-%d\n",
             t->seq, t->seq_is_default ? " (default: the model's positions, at most 4096)" : "",
             t->micro_batch, t->grad_accum, zo_dtype_name(t->dtype),
-            zo_dtype_name(t->grad_dtype), t->optimizer == PLAN_OPT_ADAMW ? "AdamW" : "SGD", t->dp,
+            zo_dtype_name(t->grad_dtype), t->optimizer == ZO_PLAN_ADAMW ? "AdamW" : "SGD", t->dp,
             t->tp, t->sp ? " (+SP)" : "", t->pp, t->vpp > 1 ? " (interleaved)" : "", t->zero);
     /* the runtime's GPU share is whole blocks: say so when that moved it */
     char held[96] = "";
-    if (fabs(e->opt_share[PLAN_GPU] - t->opt_frac[PLAN_GPU]) > 1e-6) {
+    if (fabs(e->opt_share[ZO_PLAN_GPU] - t->opt_frac[ZO_PLAN_GPU]) > 1e-6) {
         char sh[64];
         plan_format_fractions(e->opt_share, sh, sizeof sh);
         snprintf(held, sizeof held, " (in whole blocks: %s)", sh);
@@ -381,66 +439,73 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
     fprintf(out,
             "  recompute %s, %s attention%s; params on %s, grads on %s, optimizer on %s%s, "
             "checkpoints on %s\n",
-            plan_recompute_name(t->recompute), t->flash_attn ? "flash" : "standard",
-            t->dropout ? ", dropout" : "", plan_tier_name(t->params_on),
-            plan_tier_name(t->grads_on), fr, held, plan_tier_name(t->checkpoints_on));
-    if (t->method != PLAN_METHOD_FULL) {
-        char tg[64], tr[32], nf[32];
-        fprintf(out, "  %s r %d (alpha %g) on %s: %s trainable parameters (%.3g%%, as PEFT counts "
-                     "them)\n",
-                t->method == PLAN_METHOD_QLORA ? "QLoRA" : "LoRA", t->lora.r, (double)t->lora.alpha,
-                zo_lora_targets_str(t->lora.targets, tg, sizeof tg),
-                group_digits(e->trainable, tr, sizeof tr),
-                100.0 * (double)e->trainable / (double)e->params);
-        if (t->method == PLAN_METHOD_QLORA)
-            fprintf(out, "    frozen base: the layers' linear weights in NF4 with double quantization "
-                         "(%s), embeddings, head and norms in %s\n",
-                    zo_format_bytes(e->nf4_bytes, nf, sizeof nf), zo_dtype_name(t->dtype));
-        else
-            fprintf(out, "    frozen base in %s\n", zo_dtype_name(t->dtype));
-        fprintf(out, "    the frozen base on %s, the adapters on %s\n", plan_tier_name(t->params_on),
-                plan_tier_name(t->adapters_on));
-    }
-    if (t->pp > 1)
-        fprintf(out, "  per rank of pipeline stage %d (the one that needs the most GPU memory)\n",
-                e->stage);
+            zo_plan_recompute_name(t->recompute), t->flash_attn ? "flash" : "standard",
+            t->dropout ? ", dropout" : "", zo_plan_tier_name(t->params_on),
+            zo_plan_tier_name(t->grads_on), fr, held, zo_plan_tier_name(t->checkpoints_on));
+}
 
+/* LoRA / QLoRA: the adapters, what they train and where the base lives. */
+static void print_method(FILE *out, const plan_train *t, const plan_estimate *e)
+{
+    char tg[64], tr[32], nf[32];
+    fprintf(out, "  %s r %d (alpha %g) on %s: %s trainable parameters (%.3g%%, as PEFT counts "
+                 "them)\n",
+            t->method == ZO_PLAN_QLORA ? "QLoRA" : "LoRA", t->lora.r, (double)t->lora.alpha,
+            zo_lora_targets_str(t->lora.targets, tg, sizeof tg),
+            group_digits(e->trainable, tr, sizeof tr),
+            100.0 * (double)e->trainable / (double)e->params);
+    if (t->method == ZO_PLAN_QLORA)
+        fprintf(out, "    frozen base: the layers' linear weights in NF4 with double quantization "
+                     "(%s), embeddings, head and norms in %s\n",
+                zo_format_bytes(e->nf4_bytes, nf, sizeof nf), zo_dtype_name(t->dtype));
+    else
+        fprintf(out, "    frozen base in %s\n", zo_dtype_name(t->dtype));
+    fprintf(out, "    the frozen base on %s, the adapters on %s\n", zo_plan_tier_name(t->params_on),
+            zo_plan_tier_name(t->adapters_on));
+}
+
+/* Per tier the total against the capacity and its lines, largest first. */
+static void print_tiers(FILE *out, const plan_estimate *e)
+{
     plan_item sorted[PLAN_MAX_ITEMS];
     memcpy(sorted, e->items, sizeof(plan_item) * (size_t)e->n_items);
     qsort(sorted, (size_t)e->n_items, sizeof sorted[0], cmp_items);
-    for (int tier = 0; tier < PLAN_TIERS; tier++) {
-        if (!e->total[tier] && tier != PLAN_GPU) continue;
+    for (int tier = 0; tier < ZO_PLAN_TIERS; tier++) {
+        if (!e->total[tier] && tier != ZO_PLAN_GPU) continue;
         unit u = tier_unit(e->capacity[tier]);
         fprintf(out, "\n  %-4s per rank%s %10.2f %s of %.2f %s  %6.1f%%  %s\n", tier_title[tier],
-                tier == PLAN_GPU || e->ranks_per_node == 1 ? "" : " (node share)",
+                tier == ZO_PLAN_GPU || e->ranks_per_node == 1 ? "" : " (node share)",
                 (double)e->total[tier] / u.div, u.name, (double)e->capacity[tier] / u.div, u.name,
                 pct(e->total[tier], e->capacity[tier]),
                 e->total[tier] <= e->capacity[tier] ? "ok" : "OVER");
         for (int i = 0; i < e->n_items; i++) {
-            if (sorted[i].tier != (plan_tier)tier) continue;
+            if (sorted[i].tier != (zo_plan_tier)tier) continue;
             fprintf(out, "    %-12s %-58s %10.2f %s  %6.1f%%\n", plan_kind_name(sorted[i].kind),
                     sorted[i].name, (double)sorted[i].bytes / u.div, u.name,
                     pct(sorted[i].bytes, e->capacity[tier]));
         }
     }
-    if (!e->activations_known)
-        fprintf(out, "\n  activations: unknown (the model is known only by its size; give a "
-                     "shape or a config.json)\n");
-    fprintf(out, "\n");
-    if (e->fits) {
-        unit u = tier_unit(e->capacity[PLAN_GPU]);
-        fprintf(out, "verdict: fits (GPU %.1f%% of %.2f %s", pct(e->total[PLAN_GPU], e->capacity[PLAN_GPU]),
-                (double)e->capacity[PLAN_GPU] / u.div, u.name);
-        if (e->total[PLAN_CPU]) fprintf(out, ", CPU %.1f%%", pct(e->total[PLAN_CPU], e->capacity[PLAN_CPU]));
-        if (e->total[PLAN_NVME])
-            fprintf(out, ", NVMe %.1f%%", pct(e->total[PLAN_NVME], e->capacity[PLAN_NVME]));
-        fprintf(out, ")%s\n", e->activations_known ? "" : " for model states; activations unknown");
-        if (pt) plan_report_time_table(out, pt);
-        return;
-    }
+}
+
+/* "verdict: fits (GPU 50.2% of 79.65 GiB, CPU 12.0%)" */
+static void print_fits(FILE *out, const plan_estimate *e)
+{
+    const uint64_t *tot = e->total, *cap = e->capacity;
+    unit u = tier_unit(cap[ZO_PLAN_GPU]);
+    fprintf(out, "verdict: fits (GPU %.1f%% of %.2f %s", pct(tot[ZO_PLAN_GPU], cap[ZO_PLAN_GPU]),
+            (double)cap[ZO_PLAN_GPU] / u.div, u.name);
+    if (tot[ZO_PLAN_CPU]) fprintf(out, ", CPU %.1f%%", pct(tot[ZO_PLAN_CPU], cap[ZO_PLAN_CPU]));
+    if (tot[ZO_PLAN_NVME]) fprintf(out, ", NVMe %.1f%%", pct(tot[ZO_PLAN_NVME], cap[ZO_PLAN_NVME]));
+    fprintf(out, ")%s\n", e->activations_known ? "" : " for model states; activations unknown");
+}
+
+/* "verdict: does NOT fit: ..." with each tier that is over, and what fits instead. */
+static void print_does_not_fit(FILE *out, const plan_train *t, const plan_estimate *e,
+                               const plan_suggestions *sg)
+{
     fprintf(out, "verdict: does NOT fit:");
     const char *sep = " ";
-    for (int tier = 0; tier < PLAN_TIERS; tier++) {
+    for (int tier = 0; tier < ZO_PLAN_TIERS; tier++) {
         if (e->total[tier] <= e->capacity[tier]) continue;
         unit u = tier_unit(e->capacity[tier]);
         fprintf(out, "%s%s needs %.2f %s of %.2f %s (short by %.2f %s)", sep, tier_title[tier],
@@ -454,6 +519,24 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
     else
         fprintf(out, "         no offload setting%s alone makes it fit: add GPUs (--dp/--tp/--pp "
                      "with --zero) or shorten --seq / --micro-batch\n",
-                t->method == PLAN_METHOD_QLORA ? "" : ", LoRA or QLoRA");
+                t->method == ZO_PLAN_QLORA ? "" : ", LoRA or QLoRA");
+}
+
+void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
+                       const plan_train *t, const plan_estimate *e, const plan_time *pt,
+                       const plan_suggestions *sg)
+{
+    print_config(out, m, hw, t, e);
+    if (t->method != ZO_PLAN_FULL) print_method(out, t, e);
+    if (t->pp > 1)
+        fprintf(out, "  per rank of pipeline stage %d (the one that needs the most GPU memory)\n",
+                e->stage);
+    print_tiers(out, e);
+    if (!e->activations_known)
+        fprintf(out, "\n  activations: unknown (the model is known only by its size; give a "
+                     "shape or a config.json)\n");
+    fprintf(out, "\n");
+    if (e->fits) print_fits(out, e);
+    else print_does_not_fit(out, t, e, sg);
     if (pt) plan_report_time_table(out, pt);
 }

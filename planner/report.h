@@ -2,6 +2,7 @@
 #ifndef ZO_PLANNER_REPORT_H
 #define ZO_PLANNER_REPORT_H
 
+#include <stddef.h>
 #include <stdio.h>
 
 #include <cjson/cJSON.h>
@@ -42,7 +43,30 @@ cJSON *plan_json_model(const zo_model_config *m);
  * in the estimate's JSON (the same keys as the plan file's). */
 void plan_json_add_placement(cJSON *parent, const plan_train *t);
 
+/* A number of a struct written as a JSON field (the report's objects are
+ * tables of them): its key, its offset in the struct and its C type. */
+typedef enum plan_json_type {
+    PLAN_JSON_DOUBLE,
+    PLAN_JSON_INT,
+    PLAN_JSON_U64, /* written as a JSON number (a double) */
+    PLAN_JSON_BOOL,
+} plan_json_type;
+
+typedef struct plan_json_field {
+    const char *key;
+    size_t off;
+    plan_json_type type;
+} plan_json_field;
+
+#define PLAN_JSON_FIELD(key, s, member, type) {key, offsetof(s, member), PLAN_JSON_##type}
+
+/* Each field of the table `f` (n of them) of the struct at `base` into `o`,
+ * in order. */
+void plan_json_add_fields(cJSON *o, const void *base, const plan_json_field *f, size_t n);
+#define PLAN_JSON_ADD(o, base, table) \
+    plan_json_add_fields(o, base, table, sizeof table / sizeof table[0])
+
 /* "optimizer cpu=0.5,nvme=0.5" style description of a fraction split. */
-void plan_format_fractions(const double frac[PLAN_TIERS], char *buf, size_t len);
+void plan_format_fractions(const double frac[ZO_PLAN_TIERS], char *buf, size_t len);
 
 #endif

@@ -57,7 +57,7 @@ static double overlap_added(const plan_sched_in *in, const double u[3], double f
     return dmax(after - in->opt_gpu, 0);
 }
 
-void plan_time_schedule(plan_time *o, plan_schedule s)
+void plan_time_schedule(plan_time *o, zo_plan_schedule s)
 {
     const plan_sched_in *in = &o->sched;
     double n = in->cpu_n;
@@ -73,12 +73,12 @@ void plan_time_schedule(plan_time *o, plan_schedule s)
     o->cpu_adam_total = a;
     o->serial_step = base + serial_opt;
     double exposed;
-    if (s == PLAN_SCHED_SERIAL || n <= 0) {
+    if (s == ZO_PLAN_SCHED_SERIAL || n <= 0) {
         exposed = o->opt_s = serial_opt;
         o->bound = n > 0 ? PLAN_BOUND_OPT : PLAN_BOUND_GPU;
         o->opt_threads = in->threads_serial;
         o->cpu_adam_rate = in->rate_serial;
-        o->schedule = n > 0 ? s : PLAN_SCHED_SERIAL; /* nothing to overlap */
+        o->schedule = n > 0 ? s : ZO_PLAN_SCHED_SERIAL; /* nothing to overlap */
     } else {
         /* block by block, each resource a stage of a pipeline: an element
          * costs the slowest of CPU AdamW, its NVMe traffic and its upload;
@@ -91,7 +91,7 @@ void plan_time_schedule(plan_time *o, plan_schedule s)
         o->opt_threads = in->threads_over;
         o->cpu_adam_rate = in->rate_over;
         o->cpu_adam_total = n * a1;
-        double added = s == PLAN_SCHED_DPU ? dmax(chain - base, 0)
+        double added = s == ZO_PLAN_SCHED_DPU ? dmax(chain - base, 0)
                                            : overlap_added(in, u, fill, in->clip_stale);
         o->bound = added > 0 ? PLAN_BOUND_OPT : PLAN_BOUND_GPU;
         double period = base + added;

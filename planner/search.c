@@ -101,13 +101,126 @@ static double score_of(const plan_space *s, const plan_time *pt, const plan_esti
                        int gpus)
 {
     double step = pt->step;
-    if (s->schedule < 0 && pt->schedule != PLAN_SCHED_SERIAL) step *= 1 + SCHED_MIN_GAIN;
+    if (s->schedule < 0 && pt->schedule != ZO_PLAN_SCHED_SERIAL) step *= 1 + SCHED_MIN_GAIN;
     switch (s->objective) {
     case PLAN_OBJ_MEMORY:
         /* GPU bytes first, step time breaks ties (a second is worth 1 byte) */
-        return (double)e->total[PLAN_GPU] + step;
+        return (double)e->total[ZO_PLAN_GPU] + step;
     case PLAN_OBJ_COST: return gpus * step / pt->sched.tokens; /* GPU-seconds per token */
     default: return step;
+    }
+}
+
+/* Rank the configuration `t`, whose estimate `e` (of the serial schedule)
+ * fits and whose step is `pt`, under each optimizer schedule the space
+ * allows: serial, and when the CPU updates something overlap and the
+ * delayed update (which holds its new weights in a host copy). */
+static void rank_schedules(walk *w, plan_train *t, const plan_estimate *e, plan_time *pt)
+{
+    const plan_space *s = w->s;
+    plan_estimate e_dpu;
+    for (int sch = ZO_PLAN_SCHED_SERIAL; sch < ZO_PLAN_SCHEDULES; sch++) {
+        if (s->schedule >= 0 && sch != s->schedule) continue;
+        /* (the GPU's share cannot wait a step) */
+        if (sch == ZO_PLAN_SCHED_DPU && t->opt_frac[ZO_PLAN_GPU] > 0) continue;
+        if (sch != ZO_PLAN_SCHED_SERIAL && pt->sched.cpu_n <= 0 && s->schedule < 0) break;
+        t->schedule = (zo_plan_schedule)sch;
+        const plan_estimate *se = e;
+        if (sch == ZO_PLAN_SCHED_DPU) {
+            plan_estimate_unchecked(w->m, &w->hw, t, &e_dpu);
+            if (!e_dpu.fits) continue;
+            se = &e_dpu;
+        }
+        if (sch != ZO_PLAN_SCHED_SERIAL) plan_time_schedule(pt, t->schedule);
+        double sc = score_of(s, pt, se, w->hw.gpus);
+        if (sc < worst(&w->rk)) rank_insert(&w->rk, t, w->hw.gpus, sc, pt, se);
+    }
+}
+
+/* One placement (weights, adapters, optimizer split): each checkpoint tier
+ * and prefetch depth estimated, and what fits timed and ranked. Sets
+ * *fitted when something fitted, *gpu_fits when the GPU's part once did. */
+static void walk_depths(walk *w, plan_train *t, const plan_time_mb *mb, int *fitted, int *gpu_fits)
+{
+    const plan_space *s = w->s;
+    plan_estimate e;
+    plan_time pt;
+    /* host checkpoints are layer inputs kept for full recompute */
+    int ckmax = s->allow_offload && t->recompute == ZO_PLAN_RECOMPUTE_FULL ? ZO_PLAN_CPU : ZO_PLAN_GPU;
+    int streamed = t->params_on != ZO_PLAN_GPU || t->adapters_on != ZO_PLAN_GPU || t->zero >= 3;
+    int dmin = streamed ? 1 : s->base.buf.prefetch_depth;
+    int dmax = streamed ? s->max_prefetch : s->base.buf.prefetch_depth;
+    for (int ck = ZO_PLAN_GPU; ck <= ckmax; ck++) {
+        t->checkpoints_on = (zo_plan_tier)ck;
+        for (int d = dmin; d <= dmax; d++) {
+            t->buf.prefetch_depth = d;
+            w->r->configs++;
+            t->schedule = ZO_PLAN_SCHED_SERIAL; /* (the memory of the serial schedule) */
+            plan_estimate_unchecked(w->m, &w->hw, t, &e);
+            *gpu_fits |= e.total[ZO_PLAN_GPU] <= e.capacity[ZO_PLAN_GPU];
+            if (!e.fits) continue;
+            *fitted = 1;
+            w->r->feasible++;
+            plan_time_step(w->m, &w->hw, t, &e, mb, &pt);
+            rank_schedules(w, t, &e, &pt);
+        }
+    }
+}
+
+/* The optimizer's splits of one placement of the weights (and adapters):
+ * g/steps of it on the GPU (its gradients summed there), k/steps on NVMe,
+ * the rest on the CPU; the whole of it on the GPU first. Streamed weights
+ * keep a CPU share (LoRA's need not: the base streams, the adapters stay); a
+ * three-way split is searched for full fine-tuning (LoRA's adapters are too
+ * small to be worth one). `share[g]` is the GPU's share as the runtime takes
+ * it (whole blocks from the last) of g/steps asked for.
+ * (Pruned by the cost model's order: a larger GPU share and a smaller NVMe
+ * share are never slower, and cost memory only on the GPU and on the host.
+ * So no split is tried once the whole optimizer fitted on the GPU; a split's
+ * NVMe share grows only until something fits, and while the GPU's share
+ * fits there; and once a split fitted without NVMe, smaller GPU shares are
+ * not tried. The CPU-and-NVMe placements (no GPU share) are all tried: the
+ * delayed update takes them.) */
+static void walk_splits(walk *w, plan_train *t, const plan_time_mb *mb, int steps,
+                        const double *share)
+{
+    const plan_space *s = w->s;
+    int split = s->allow_offload && s->opt_on < 0 && t->method == ZO_PLAN_FULL;
+    double last_fg = -1;
+    int whole_fits = 0, split_done = 0;
+    for (int g = steps; g >= 0; g--) {
+        if (g < steps && !s->allow_offload) break;
+        if (g == steps && t->params_on != ZO_PLAN_GPU && t->method == ZO_PLAN_FULL) continue;
+        int partial = g > 0 && g < steps;
+        if (partial && (!split || whole_fits || split_done)) continue;
+        if (s->opt_on == ZO_PLAN_GPU && g < steps) continue;
+        if ((s->opt_on == ZO_PLAN_CPU || s->opt_on == ZO_PLAN_NVME) && g > 0) continue;
+        /* a split that rounds to the one before is not tried twice, and the
+         * plan says the share it gets */
+        double fg = partial ? share[g] : (double)g / steps;
+        if (partial && (fg >= 1 || fg == last_fg)) continue;
+        last_fg = fg;
+        for (int k = 0; k <= steps - g; k++) {
+            double fn = (double)k / steps;
+            if (k > 0 && !s->allow_nvme) break;
+            if (s->opt_on == ZO_PLAN_CPU && k > 0) break;
+            if (s->opt_on == ZO_PLAN_NVME && k != steps) continue;
+            if (fg + fn > 1 + 1e-9) break;
+            t->opt_frac[ZO_PLAN_GPU] = fg;
+            t->opt_frac[ZO_PLAN_NVME] = fn;
+            t->opt_frac[ZO_PLAN_CPU] = fg + fn >= 1 ? 0 : 1 - fg - fn;
+            if (t->opt_frac[ZO_PLAN_GPU] < s->opt_min[ZO_PLAN_GPU] - 1e-9 ||
+                t->opt_frac[ZO_PLAN_CPU] < s->opt_min[ZO_PLAN_CPU] - 1e-9 ||
+                t->opt_frac[ZO_PLAN_NVME] < s->opt_min[ZO_PLAN_NVME] - 1e-9)
+                continue;
+            t->grads_on = g == steps ? ZO_PLAN_GPU : ZO_PLAN_CPU;
+            int fitted = 0, gpu_fits = 0;
+            walk_depths(w, t, mb, &fitted, &gpu_fits);
+            whole_fits |= fitted && g == steps;
+            split_done |= fitted && partial && k == 0;
+            /* (a larger NVMe share changes nothing on the GPU) */
+            if (partial && (fitted || !gpu_fits)) break;
+        }
     }
 }
 
@@ -115,19 +228,17 @@ static double score_of(const plan_space *s, const plan_time *pt, const plan_esti
 static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
 {
     const plan_space *s = w->s;
-    plan_estimate e, e_dpu;
-    plan_time pt;
     int zmin = s->zero_min, zmax = s->zero_max;
     if (t->dp == 1) zmin = zmax = 0; /* nothing to shard */
-    int pmax = !s->allow_offload ? PLAN_GPU : s->allow_nvme ? PLAN_NVME : PLAN_CPU;
+    int pmax = !s->allow_offload ? ZO_PLAN_GPU : s->allow_nvme ? ZO_PLAN_NVME : ZO_PLAN_CPU;
     int steps = s->opt_steps < 1 ? 1 : s->opt_steps > PLAN_OPT_STEPS_MAX ? PLAN_OPT_STEPS_MAX : s->opt_steps;
     /* LoRA: the adapters on any tier the weights may take */
-    int amax = t->method == PLAN_METHOD_FULL ? PLAN_GPU : pmax;
+    int amax = t->method == ZO_PLAN_FULL ? ZO_PLAN_GPU : pmax;
     /* the GPU's share of a split as the runtime takes it (whole blocks from
      * the last), g/steps of it asked for: the layout's, whatever the placement */
     double share[PLAN_OPT_STEPS_MAX + 1];
     for (int g = 0; g <= steps; g++) {
-        t->opt_frac[PLAN_GPU] = (double)g / steps;
+        t->opt_frac[ZO_PLAN_GPU] = (double)g / steps;
         share[g] = t->pp == 1 ? plan_gpu_share(w->m, t, 0) : (double)g / steps;
     }
     for (int z = zmin; z <= zmax; z++) {
@@ -135,100 +246,10 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
         for (int pla = 0; pla <= (pmax + 1) * (amax + 1) - 1; pla++) {
             int pl = pla / (amax + 1), ad = pla % (amax + 1);
             if (s->params_on >= 0 && pl != s->params_on) continue;
-            if (s->adapters_on >= 0 && t->method != PLAN_METHOD_FULL && ad != s->adapters_on) continue;
-            t->params_on = (plan_tier)pl;
-            t->adapters_on = (plan_tier)ad;
-            /* optimizer: g/steps of it on the GPU (its gradients summed
-             * there), k/steps on NVMe, the rest on the CPU; the whole of it
-             * on the GPU first. Streamed weights keep a CPU share (LoRA's
-             * need not: the base streams, the adapters stay); a three-way
-             * split is searched for full fine-tuning (LoRA's adapters are
-             * too small to be worth one) */
-            int split = s->allow_offload && s->opt_on < 0 && t->method == PLAN_METHOD_FULL;
-            double last_fg = -1;
-            /* (pruned by the cost model's order: a larger GPU share and a
-             * smaller NVMe share are never slower, and cost memory only on
-             * the GPU and on the host. So no split is tried once the whole
-             * optimizer fitted on the GPU; a split's NVMe share grows only
-             * until something fits, and while the GPU's share fits there;
-             * and once a split fitted without NVMe,
-             * smaller GPU shares are not tried. The CPU-and-NVMe placements
-             * (no GPU share) are all tried: the delayed update takes them.) */
-            int whole_fits = 0, split_done = 0;
-            for (int g = steps; g >= 0; g--) {
-                if (g < steps && !s->allow_offload) break;
-                if (g == steps && pl != PLAN_GPU && t->method == PLAN_METHOD_FULL) continue;
-                int partial = g > 0 && g < steps;
-                if (partial && (!split || whole_fits || split_done)) continue;
-                if (s->opt_on == PLAN_GPU && g < steps) continue;
-                if ((s->opt_on == PLAN_CPU || s->opt_on == PLAN_NVME) && g > 0) continue;
-                /* the GPU's share as the runtime takes it (whole blocks from
-                 * the last): a split that rounds to the one before is not
-                 * tried twice, and the plan says the share it gets */
-                double fg = partial ? share[g] : (double)g / steps;
-                if (partial && (fg >= 1 || fg == last_fg)) continue;
-                last_fg = fg;
-                for (int k = 0; k <= steps - g; k++) {
-                    double fn = (double)k / steps;
-                    if (k > 0 && !s->allow_nvme) break;
-                    if (s->opt_on == PLAN_CPU && k > 0) break;
-                    if (s->opt_on == PLAN_NVME && k != steps) continue;
-                    if (fg + fn > 1 + 1e-9) break;
-                    t->opt_frac[PLAN_GPU] = fg;
-                    t->opt_frac[PLAN_NVME] = fn;
-                    t->opt_frac[PLAN_CPU] = fg + fn >= 1 ? 0 : 1 - fg - fn;
-                    if (t->opt_frac[PLAN_GPU] < s->opt_min[PLAN_GPU] - 1e-9 ||
-                        t->opt_frac[PLAN_CPU] < s->opt_min[PLAN_CPU] - 1e-9 ||
-                        t->opt_frac[PLAN_NVME] < s->opt_min[PLAN_NVME] - 1e-9)
-                        continue;
-                    t->grads_on = g == steps ? PLAN_GPU : PLAN_CPU;
-                    int fitted = 0, gpu_fits = 0;
-                    /* host checkpoints are layer inputs kept for full recompute */
-                    int ckmax = s->allow_offload && t->recompute == PLAN_RECOMPUTE_FULL ? PLAN_CPU : PLAN_GPU;
-                    for (int ck = PLAN_GPU; ck <= ckmax; ck++) {
-                        t->checkpoints_on = (plan_tier)ck;
-                        int streamed = pl != PLAN_GPU || ad != PLAN_GPU || z >= 3;
-                        int dmin = streamed ? 1 : s->base.buf.prefetch_depth;
-                        int dmax = streamed ? s->max_prefetch : s->base.buf.prefetch_depth;
-                        for (int d = dmin; d <= dmax; d++) {
-                            t->buf.prefetch_depth = d;
-                            w->r->configs++;
-                            t->schedule = PLAN_SCHED_SERIAL; /* (the memory of the serial schedule) */
-                            plan_estimate_unchecked(w->m, &w->hw, t, &e);
-                            gpu_fits |= e.total[PLAN_GPU] <= e.capacity[PLAN_GPU];
-                            if (!e.fits) continue;
-                            fitted = 1;
-                            w->r->feasible++;
-                            plan_time_step(w->m, &w->hw, t, &e, mb, &pt);
-                            /* the optimizer schedule: one more dimension, when
-                             * the CPU updates something */
-                            for (int sch = PLAN_SCHED_SERIAL; sch < PLAN_SCHEDULES; sch++) {
-                                if (s->schedule >= 0 && sch != s->schedule) continue;
-                                /* (the GPU's share cannot wait a step) */
-                                if (sch == PLAN_SCHED_DPU && t->opt_frac[PLAN_GPU] > 0) continue;
-                                if (sch != PLAN_SCHED_SERIAL && pt.sched.cpu_n <= 0 &&
-                                    s->schedule < 0)
-                                    break;
-                                t->schedule = (plan_schedule)sch;
-                                /* the delayed update holds its new weights in a host copy */
-                                const plan_estimate *se = &e;
-                                if (sch == PLAN_SCHED_DPU) {
-                                    plan_estimate_unchecked(w->m, &w->hw, t, &e_dpu);
-                                    if (!e_dpu.fits) continue;
-                                    se = &e_dpu;
-                                }
-                                if (sch != PLAN_SCHED_SERIAL) plan_time_schedule(&pt, t->schedule);
-                                double sc = score_of(s, &pt, se, w->hw.gpus);
-                                if (sc < worst(&w->rk)) rank_insert(&w->rk, t, w->hw.gpus, sc, &pt, se);
-                            }
-                        }
-                    }
-                    whole_fits |= fitted && g == steps;
-                    split_done |= fitted && partial && k == 0;
-                    /* (a larger NVMe share changes nothing on the GPU) */
-                    if (partial && (fitted || !gpu_fits)) break;
-                }
-            }
+            if (s->adapters_on >= 0 && t->method != ZO_PLAN_FULL && ad != s->adapters_on) continue;
+            t->params_on = (zo_plan_tier)pl;
+            t->adapters_on = (zo_plan_tier)ad;
+            walk_splits(w, t, mb, steps, share);
         }
     }
 }
@@ -260,11 +281,11 @@ static void walk_gpus(walk *w, int gpus)
                       for (int ep = 1; ep <= dp; ep++) {
                         if (dp % ep || (ep > 1 && (!m->moe.experts || m->moe.experts % ep))) continue;
                         if (s->ep && ep != s->ep) continue;
-                        for (int rc = PLAN_RECOMPUTE_NONE; rc <= PLAN_RECOMPUTE_FULL; rc++) {
+                        for (int rc = ZO_PLAN_RECOMPUTE_NONE; rc <= ZO_PLAN_RECOMPUTE_FULL; rc++) {
                             if (s->recompute >= 0 && rc != s->recompute) continue;
                             /* with flash attention selective recompute saves nothing */
-                            if (rc == PLAN_RECOMPUTE_SELECTIVE && s->base.flash_attn) continue;
-                            if (m->params_override && rc == PLAN_RECOMPUTE_SELECTIVE) continue;
+                            if (rc == ZO_PLAN_RECOMPUTE_SELECTIVE && s->base.flash_attn) continue;
+                            if (m->params_override && rc == ZO_PLAN_RECOMPUTE_SELECTIVE) continue;
                             plan_train t = s->base;
                             t.dp = dp;
                             t.tp = tp;
@@ -274,7 +295,7 @@ static void walk_gpus(walk *w, int gpus)
                             t.ep = ep;
                             t.micro_batch = mbs;
                             t.grad_accum = ga;
-                            t.recompute = (plan_recompute)rc;
+                            t.recompute = (zo_plan_recompute)rc;
                             plan_time_mb mb;
                             plan_time_microbatch(m, &w->hw, &t, &mb);
                             walk_placements(w, &t, &mb);
@@ -311,7 +332,7 @@ zo_status plan_search(const zo_model_config *m, const plan_hw *hw, const plan_sp
     probe.sp = 0;
     probe.zero = 0;
     probe.seq = s->base.seq;
-    probe.schedule = PLAN_SCHED_SERIAL; /* (searched with the placements) */
+    probe.schedule = ZO_PLAN_SCHED_SERIAL; /* (searched with the placements) */
     zo_status st = plan_train_validate(&probe, m, &h1);
     if (st) return st;
     if (hw->peak_flops_16 <= 0 || hw->gemm_eff_max <= 0 || hw->hbm_eff <= 0 || hw->pcie_bw <= 0)
@@ -349,20 +370,20 @@ static void put(sbuf *b, const char *fmt, ...)
     if (b->used >= b->len) b->used = b->len - 1;
 }
 
-static void describe_opt(const double f[PLAN_TIERS], char *buf, size_t len)
+static void describe_opt(const double f[ZO_PLAN_TIERS], char *buf, size_t len)
 {
-    if (f[PLAN_GPU] >= 1) snprintf(buf, len, "the GPU");
-    else if (f[PLAN_CPU] >= 1) snprintf(buf, len, "the CPU");
-    else if (f[PLAN_NVME] >= 1) snprintf(buf, len, "NVMe");
-    else if (f[PLAN_GPU] > 0)
-        snprintf(buf, len, "%.0f%% GPU / %.0f%% CPU / %.0f%% NVMe", 100 * f[PLAN_GPU], 100 * f[PLAN_CPU],
-                 100 * f[PLAN_NVME]);
-    else snprintf(buf, len, "%.0f%% CPU / %.0f%% NVMe", 100 * f[PLAN_CPU], 100 * f[PLAN_NVME]);
+    if (f[ZO_PLAN_GPU] >= 1) snprintf(buf, len, "the GPU");
+    else if (f[ZO_PLAN_CPU] >= 1) snprintf(buf, len, "the CPU");
+    else if (f[ZO_PLAN_NVME] >= 1) snprintf(buf, len, "NVMe");
+    else if (f[ZO_PLAN_GPU] > 0)
+        snprintf(buf, len, "%.0f%% GPU / %.0f%% CPU / %.0f%% NVMe", 100 * f[ZO_PLAN_GPU], 100 * f[ZO_PLAN_CPU],
+                 100 * f[ZO_PLAN_NVME]);
+    else snprintf(buf, len, "%.0f%% CPU / %.0f%% NVMe", 100 * f[ZO_PLAN_CPU], 100 * f[ZO_PLAN_NVME]);
 }
 
-static const char *tier_words(plan_tier t)
+static const char *tier_words(zo_plan_tier t)
 {
-    return t == PLAN_GPU ? "the GPU" : t == PLAN_CPU ? "the CPU" : "NVMe";
+    return t == ZO_PLAN_GPU ? "the GPU" : t == ZO_PLAN_CPU ? "the CPU" : "NVMe";
 }
 
 void plan_describe_diff(const plan_candidate *best, const plan_candidate *c, char *buf, size_t len)
@@ -390,7 +411,7 @@ void plan_describe_diff(const plan_candidate *best, const plan_candidate *c, cha
     DIFF(y->micro_batch != x->micro_batch, "micro-batch %d x %d instead of %d x %d",
          y->micro_batch, y->grad_accum, x->micro_batch, x->grad_accum);
     DIFF(y->recompute != x->recompute, "%s recompute instead of %s",
-         plan_recompute_name(y->recompute), plan_recompute_name(x->recompute));
+         zo_plan_recompute_name(y->recompute), zo_plan_recompute_name(x->recompute));
     DIFF(y->params_on != x->params_on, "weights on %s instead of %s", tier_words(y->params_on),
          tier_words(x->params_on));
     DIFF(y->grads_on != x->grads_on, "gradients on %s instead of %s", tier_words(y->grads_on),
@@ -406,15 +427,15 @@ void plan_describe_diff(const plan_candidate *best, const plan_candidate *c, cha
     DIFF(y->adapters_on != x->adapters_on, "adapters on %s instead of %s", tier_words(y->adapters_on),
          tier_words(x->adapters_on));
     DIFF(y->schedule != x->schedule, "optimizer schedule %s instead of %s",
-         plan_schedule_name(y->schedule), plan_schedule_name(x->schedule));
-    int streamed = y->params_on != PLAN_GPU || y->zero >= 3 || x->params_on != PLAN_GPU || x->zero >= 3 ||
-                   y->adapters_on != PLAN_GPU || x->adapters_on != PLAN_GPU;
+         zo_plan_schedule_name(y->schedule), zo_plan_schedule_name(x->schedule));
+    int streamed = y->params_on != ZO_PLAN_GPU || y->zero >= 3 || x->params_on != ZO_PLAN_GPU || x->zero >= 3 ||
+                   y->adapters_on != ZO_PLAN_GPU || x->adapters_on != ZO_PLAN_GPU;
     DIFF(streamed && y->buf.prefetch_depth != x->buf.prefetch_depth, "prefetch %d instead of %d",
          y->buf.prefetch_depth, x->buf.prefetch_depth);
 #undef DIFF
     double d = c->time.step / best->time.step - 1;
     put(&b, "%s%.1f%% %s step", sep, fabs(d) * 100, d >= 0 ? "slower" : "faster");
-    double gb = ((double)c->total[PLAN_GPU] - (double)best->total[PLAN_GPU]) / (1 << 30);
+    double gb = ((double)c->total[ZO_PLAN_GPU] - (double)best->total[ZO_PLAN_GPU]) / (1 << 30);
     put(&b, ", %+.1f GiB GPU", gb);
 }
 
@@ -427,7 +448,7 @@ static int try_change(const zo_model_config *m, const plan_hw *hw, const plan_tr
     plan_train u = *t;
     /* a change that puts optimizer state on the GPU takes the delayed
      * update's place with the overlapped schedule (dpu cannot wait on it) */
-    if (u.schedule == PLAN_SCHED_DPU && u.opt_frac[PLAN_GPU] > 0) u.schedule = PLAN_SCHED_OVERLAP;
+    if (u.schedule == ZO_PLAN_SCHED_DPU && u.opt_frac[ZO_PLAN_GPU] > 0) u.schedule = ZO_PLAN_SCHED_OVERLAP;
     if (plan_estimate_run(m, hw, &u, e)) return 0;
     plan_time pt;
     if (plan_time_run(m, hw, &u, e, &pt)) return 0;
@@ -436,7 +457,7 @@ static int try_change(const zo_model_config *m, const plan_hw *hw, const plan_tr
 }
 
 static void because(sbuf *b, const char *what, const plan_estimate *e, int fits, double step,
-                    double best_step, plan_tier tier)
+                    double best_step, zo_plan_tier tier)
 {
     static const char *names[] = {"GPU", "CPU", "NVMe"};
     if (!fits) {
@@ -455,35 +476,35 @@ static void because(sbuf *b, const char *what, const plan_estimate *e, int fits,
 static void explain_schedule(sbuf *b, const plan_candidate *c)
 {
     if (c->time.sched.cpu_n <= 0) return;
-    double step[PLAN_SCHEDULES];
-    for (int s = 0; s < PLAN_SCHEDULES; s++) {
+    double step[ZO_PLAN_SCHEDULES];
+    for (int s = 0; s < ZO_PLAN_SCHEDULES; s++) {
         plan_time x = c->time;
-        plan_time_schedule(&x, (plan_schedule)s);
+        plan_time_schedule(&x, (zo_plan_schedule)s);
         step[s] = x.step;
     }
     const plan_time *pt = &c->time;
-    int dpu = c->t.opt_frac[PLAN_GPU] <= 0; /* (not with a GPU share) */
-    if (pt->schedule == PLAN_SCHED_SERIAL) {
+    int dpu = c->t.opt_frac[ZO_PLAN_GPU] <= 0; /* (not with a GPU share) */
+    if (pt->schedule == ZO_PLAN_SCHED_SERIAL) {
         put(b, "optimizer schedule serial (%.3f s per step): overlapped %.3f s (%s clipping)", pt->step,
-            step[PLAN_SCHED_OVERLAP], c->t.clip_stale ? "stale" : "exact");
-        if (dpu) put(b, ", with the delayed update %.3f s", step[PLAN_SCHED_DPU]);
+            step[ZO_PLAN_SCHED_OVERLAP], c->t.clip_stale ? "stale" : "exact");
+        if (dpu) put(b, ", with the delayed update %.3f s", step[ZO_PLAN_SCHED_DPU]);
         else put(b, " (no delayed update with optimizer state on the GPU)");
         put(b, "; another is taken for at least %.0f%% less\n", 100 * SCHED_MIN_GAIN);
         return;
     }
-    put(b, "optimizer schedule %s: %.3f s per step against %.3f s serial", plan_schedule_name(pt->schedule),
-        pt->step, step[PLAN_SCHED_SERIAL]);
-    if (pt->schedule != PLAN_SCHED_OVERLAP)
-        put(b, ", %.3f s overlapped (%s clipping)", step[PLAN_SCHED_OVERLAP],
+    put(b, "optimizer schedule %s: %.3f s per step against %.3f s serial", zo_plan_schedule_name(pt->schedule),
+        pt->step, step[ZO_PLAN_SCHED_SERIAL]);
+    if (pt->schedule != ZO_PLAN_SCHED_OVERLAP)
+        put(b, ", %.3f s overlapped (%s clipping)", step[ZO_PLAN_SCHED_OVERLAP],
             c->t.clip_stale ? "stale" : "exact");
-    if (pt->schedule != PLAN_SCHED_DPU && dpu) put(b, ", %.3f s with the delayed update", step[PLAN_SCHED_DPU]);
+    if (pt->schedule != ZO_PLAN_SCHED_DPU && dpu) put(b, ", %.3f s with the delayed update", step[ZO_PLAN_SCHED_DPU]);
     put(b, "; %.3f s of the CPU optimizer's %.3f s run beside the GPU's work", pt->opt_hidden,
         pt->opt_s);
-    if (pt->schedule == PLAN_SCHED_DPU)
+    if (pt->schedule == ZO_PLAN_SCHED_DPU)
         put(b, "; after %d serial steps each step computes with the weights before the previous "
                "step's update (--schedule overlap keeps the serial results bit for bit)",
             c->t.dpu_warmup);
-    else if (pt->schedule == PLAN_SCHED_OVERLAP && !c->t.clip_stale)
+    else if (pt->schedule == ZO_PLAN_SCHED_OVERLAP && !c->t.clip_stale)
         put(b, "; exact clipping: the updates wait for the whole backward's norm (--clip-stale "
                "lets them start as each block's gradients are complete)");
     put(b, "\n");
@@ -502,70 +523,70 @@ void plan_explain(const zo_model_config *m, const plan_hw *hw, const plan_candid
     char what[160];
     int rpn = plan_hw_ranks_per_node(&h);
 
-    if (t->opt_frac[PLAN_GPU] < 1) {
+    if (t->opt_frac[ZO_PLAN_GPU] < 1) {
         plan_train u = *t;
-        if (t->opt_frac[PLAN_NVME] > 0) {
+        if (t->opt_frac[ZO_PLAN_NVME] > 0) {
             /* could the NVMe share live in CPU memory? */
-            u.opt_frac[PLAN_CPU] = t->opt_frac[PLAN_CPU] + t->opt_frac[PLAN_NVME];
-            u.opt_frac[PLAN_NVME] = 0;
+            u.opt_frac[ZO_PLAN_CPU] = t->opt_frac[ZO_PLAN_CPU] + t->opt_frac[ZO_PLAN_NVME];
+            u.opt_frac[ZO_PLAN_NVME] = 0;
             int fits = try_change(m, &h, &u, &e, &step);
             char o[48];
             describe_opt(t->opt_frac, o, sizeof o);
             if (!fits)
                 put(&b, "optimizer on %s because CPU memory is %.0f GiB per node (%.1f GiB per "
                         "rank) and all of it in CPU memory would need %.1f GiB per rank\n",
-                    o, gib(h.cpu_mem), gib(h.cpu_mem) / rpn, gib(e.total[PLAN_CPU]));
+                    o, gib(h.cpu_mem), gib(h.cpu_mem) / rpn, gib(e.total[ZO_PLAN_CPU]));
             else
-                because(&b, "optimizer partly on NVMe", &e, fits, step, c->time.step, PLAN_CPU);
+                because(&b, "optimizer partly on NVMe", &e, fits, step, c->time.step, ZO_PLAN_CPU);
         } else {
-            u.opt_frac[PLAN_GPU] = 1;
-            u.opt_frac[PLAN_CPU] = 0;
-            u.grads_on = PLAN_GPU;
+            u.opt_frac[ZO_PLAN_GPU] = 1;
+            u.opt_frac[ZO_PLAN_CPU] = 0;
+            u.grads_on = ZO_PLAN_GPU;
             /* (full fine-tuning: a GPU optimizer updates resident weights;
              * LoRA's adapters have their own placement) */
-            if (t->method == PLAN_METHOD_FULL) u.params_on = PLAN_GPU;
+            if (t->method == ZO_PLAN_FULL) u.params_on = ZO_PLAN_GPU;
             int fits = try_change(m, &h, &u, &e, &step);
-            if (t->opt_frac[PLAN_GPU] > 0)
-                snprintf(what, sizeof what, "%.0f%% of the optimizer on the CPU", 100 * t->opt_frac[PLAN_CPU]);
+            if (t->opt_frac[ZO_PLAN_GPU] > 0)
+                snprintf(what, sizeof what, "%.0f%% of the optimizer on the CPU", 100 * t->opt_frac[ZO_PLAN_CPU]);
             else
                 snprintf(what, sizeof what, "optimizer on the CPU");
-            because(&b, what, &e, fits, step, c->time.step, PLAN_GPU);
+            because(&b, what, &e, fits, step, c->time.step, ZO_PLAN_GPU);
         }
     }
-    if (t->params_on != PLAN_GPU) {
+    if (t->params_on != ZO_PLAN_GPU) {
         plan_train u = *t;
-        u.params_on = t->params_on == PLAN_NVME ? PLAN_CPU : PLAN_GPU;
+        u.params_on = t->params_on == ZO_PLAN_NVME ? ZO_PLAN_CPU : ZO_PLAN_GPU;
         int fits = try_change(m, &h, &u, &e, &step);
         snprintf(what, sizeof what, "%s streamed from %s",
-                 t->method == PLAN_METHOD_FULL ? "weights" : "frozen base", tier_words(t->params_on));
-        because(&b, what, &e, fits, step, c->time.step, t->params_on == PLAN_NVME ? PLAN_CPU : PLAN_GPU);
+                 t->method == ZO_PLAN_FULL ? "weights" : "frozen base", tier_words(t->params_on));
+        because(&b, what, &e, fits, step, c->time.step, t->params_on == ZO_PLAN_NVME ? ZO_PLAN_CPU : ZO_PLAN_GPU);
     }
-    if (t->adapters_on != PLAN_GPU) {
+    if (t->adapters_on != ZO_PLAN_GPU) {
         plan_train u = *t;
-        u.adapters_on = PLAN_GPU;
+        u.adapters_on = ZO_PLAN_GPU;
         int fits = try_change(m, &h, &u, &e, &step);
         snprintf(what, sizeof what, "adapters streamed from %s", tier_words(t->adapters_on));
-        because(&b, what, &e, fits, step, c->time.step, PLAN_GPU);
+        because(&b, what, &e, fits, step, c->time.step, ZO_PLAN_GPU);
     }
-    if (t->checkpoints_on == PLAN_CPU) {
+    if (t->checkpoints_on == ZO_PLAN_CPU) {
         plan_train u = *t;
-        u.checkpoints_on = PLAN_GPU;
+        u.checkpoints_on = ZO_PLAN_GPU;
         int fits = try_change(m, &h, &u, &e, &step);
-        because(&b, "activation checkpoints in CPU memory", &e, fits, step, c->time.step, PLAN_GPU);
+        because(&b, "activation checkpoints in CPU memory", &e, fits, step, c->time.step, ZO_PLAN_GPU);
     }
-    if (t->recompute != PLAN_RECOMPUTE_NONE) {
+    if (t->recompute != ZO_PLAN_RECOMPUTE_NONE) {
         plan_train u = *t;
-        u.recompute = PLAN_RECOMPUTE_NONE;
+        u.recompute = ZO_PLAN_RECOMPUTE_NONE;
         int fits = try_change(m, &h, &u, &e, &step);
-        snprintf(what, sizeof what, "%s recompute", plan_recompute_name(t->recompute));
-        because(&b, what, &e, fits, step, c->time.step, PLAN_GPU);
+        snprintf(what, sizeof what, "%s recompute", zo_plan_recompute_name(t->recompute));
+        because(&b, what, &e, fits, step, c->time.step, ZO_PLAN_GPU);
     }
     if (t->zero > 0) {
         plan_train u = *t;
         u.zero = t->zero - 1;
         int fits = try_change(m, &h, &u, &e, &step);
         snprintf(what, sizeof what, "ZeRO-%d rather than ZeRO-%d", t->zero, t->zero - 1);
-        because(&b, what, &e, fits, step, c->time.step, PLAN_GPU);
+        because(&b, what, &e, fits, step, c->time.step, ZO_PLAN_GPU);
     }
     explain_schedule(&b, c);
     if (!b.used) put(&b, "everything on the GPU: it fits there\n");
@@ -716,21 +737,21 @@ static void strategy_space(plan_strategy st, plan_space *s)
     case PLAN_STRAT_OFFLOAD:
         s->zero_min = s->zero_max = 2;
         s->allow_offload = 1;
-        s->params_on = PLAN_GPU;
-        s->opt_on = PLAN_CPU;
+        s->params_on = ZO_PLAN_GPU;
+        s->opt_on = ZO_PLAN_CPU;
         break;
     case PLAN_STRAT_INF_CPU:
         s->zero_min = s->zero_max = 3;
         s->allow_offload = 1;
-        s->params_on = PLAN_CPU;
-        s->opt_on = PLAN_CPU;
+        s->params_on = ZO_PLAN_CPU;
+        s->opt_on = ZO_PLAN_CPU;
         break;
     default:
         s->zero_min = s->zero_max = 3;
         s->allow_offload = 1;
         s->allow_nvme = 1;
-        s->params_on = PLAN_NVME;
-        s->opt_on = PLAN_NVME;
+        s->params_on = ZO_PLAN_NVME;
+        s->opt_on = ZO_PLAN_NVME;
         break;
     }
 }

@@ -37,12 +37,12 @@ typedef struct plan_space {
     int zero_min, zero_max;
     int tp, pp;            /* > 0: fixed */
     int ep;                /* > 0: fixed; else every EP dividing DP and the experts (MoE) */
-    int recompute;         /* -1: all; else a plan_recompute */
-    int params_on;         /* -1: free; else the plan_tier of the weights */
-    int opt_on;            /* -1: free; else all optimizer state on this plan_tier */
-    double opt_min[PLAN_TIERS]; /* the least share of the optimizer state on each plan_tier */
-    int schedule;          /* -1: every optimizer schedule; else a plan_schedule */
-    int adapters_on;       /* LoRA: -1 free; else the plan_tier of the adapters */
+    int recompute;         /* -1: all; else a zo_plan_recompute */
+    int params_on;         /* -1: free; else the zo_plan_tier of the weights */
+    int opt_on;            /* -1: free; else all optimizer state on this zo_plan_tier */
+    double opt_min[ZO_PLAN_TIERS]; /* the least share of the optimizer state on each zo_plan_tier */
+    int schedule;          /* -1: every optimizer schedule; else a zo_plan_schedule */
+    int adapters_on;       /* LoRA: -1 free; else the zo_plan_tier of the adapters */
     plan_objective objective;
     plan_train base;       /* dtype, grad dtype, optimizer, seq, flash, dropout, buffers */
 } plan_space;
@@ -52,7 +52,7 @@ typedef struct plan_candidate {
     int gpus;
     double score;
     plan_time time;
-    uint64_t total[PLAN_TIERS]; /* bytes per rank */
+    uint64_t total[ZO_PLAN_TIERS]; /* bytes per rank */
 } plan_candidate;
 
 typedef struct plan_result {

@@ -38,23 +38,23 @@ void plan_train_flags(const plan_train *from, const plan_train *to, char *buf, s
     if (to->micro_batch != from->micro_batch) append_int(buf, len, "--micro-batch", to->micro_batch);
     if (to->grad_accum != from->grad_accum) append_int(buf, len, "--grad-accum", to->grad_accum);
     if (to->recompute != from->recompute)
-        append(buf, len, "%s%s %s", "--recompute", plan_recompute_name(to->recompute));
+        append(buf, len, "%s%s %s", "--recompute", zo_plan_recompute_name(to->recompute));
     if (to->params_on != from->params_on)
-        append(buf, len, "%s%s %s", "--params", plan_tier_name(to->params_on));
+        append(buf, len, "%s%s %s", "--params", zo_plan_tier_name(to->params_on));
     if (to->grads_on != from->grads_on)
-        append(buf, len, "%s%s %s", "--grads", plan_tier_name(to->grads_on));
+        append(buf, len, "%s%s %s", "--grads", zo_plan_tier_name(to->grads_on));
     if (memcmp(to->opt_frac, from->opt_frac, sizeof to->opt_frac)) {
         char fr[64];
         plan_format_fractions(to->opt_frac, fr, sizeof fr);
         append(buf, len, "%s%s %s", "--optimizer", fr);
     }
     if (to->checkpoints_on != from->checkpoints_on)
-        append(buf, len, "%s%s %s", "--checkpoints", plan_tier_name(to->checkpoints_on));
+        append(buf, len, "%s%s %s", "--checkpoints", zo_plan_tier_name(to->checkpoints_on));
     if (to->buf.prefetch_depth != from->buf.prefetch_depth)
         append_int(buf, len, "--prefetch", to->buf.prefetch_depth);
-    if (to->method != PLAN_METHOD_FULL) {
+    if (to->method != ZO_PLAN_FULL) {
         /* the adapters, against what --lora alone gives (or `from`'s) */
-        int was = from->method != PLAN_METHOD_FULL;
+        int was = from->method != ZO_PLAN_FULL;
         unsigned targets = was ? from->lora.targets : PLAN_LORA_DEFAULT_TARGETS;
         float alpha = was ? from->lora.alpha : PLAN_LORA_DEFAULT_ALPHA;
         char v[64];
@@ -66,13 +66,13 @@ void plan_train_flags(const plan_train *from, const plan_train *to, char *buf, s
             snprintf(v, sizeof v, "%g", (double)to->lora.alpha);
             append(buf, len, "%s%s %s", "--lora-alpha", v);
         }
-        if (to->method == PLAN_METHOD_QLORA && from->method != PLAN_METHOD_QLORA)
+        if (to->method == ZO_PLAN_QLORA && from->method != ZO_PLAN_QLORA)
             append(buf, len, "%s%s%s", "--qlora", "");
         if (to->adapters_on != from->adapters_on)
-            append(buf, len, "%s%s %s", "--adapters-on", plan_tier_name(to->adapters_on));
+            append(buf, len, "%s%s %s", "--adapters-on", zo_plan_tier_name(to->adapters_on));
     }
     if (to->schedule != from->schedule)
-        append(buf, len, "%s%s %s", "--schedule", plan_schedule_name(to->schedule));
+        append(buf, len, "%s%s %s", "--schedule", zo_plan_schedule_name(to->schedule));
     if (to->dpu_warmup != from->dpu_warmup) append_int(buf, len, "--dpu-warmup", to->dpu_warmup);
     if (to->opt_threads != from->opt_threads) append_int(buf, len, "--opt-threads", to->opt_threads);
     if (to->clip_stale && !from->clip_stale) append(buf, len, "%s%s%s", "--clip-stale", "");
@@ -89,20 +89,20 @@ typedef int (*alt_gen)(const zo_model_config *m, const plan_hw *hw, const plan_t
 /* Where state goes, cheapest first (the `none` optimizer split is searched). */
 typedef struct placement {
     const char *what;
-    plan_tier params, grads;
-    double opt[PLAN_TIERS]; /* nvme < 0: the least NVMe share in tenths that fits */
+    zo_plan_tier params, grads;
+    double opt[ZO_PLAN_TIERS]; /* nvme < 0: the least NVMe share in tenths that fits */
 } placement;
 
 static const placement placements[] = {
-    {NULL, PLAN_GPU, PLAN_GPU, {-1, -1, -1}}, /* as given */
-    {"ZeRO-Offload: gradients and optimizer on the CPU", PLAN_GPU, PLAN_CPU, {0, 1, 0}},
-    {"ZeRO-Offload, optimizer split between CPU and NVMe", PLAN_GPU, PLAN_CPU, {0, -1, -1}},
-    {"ZeRO-Offload, optimizer on NVMe", PLAN_GPU, PLAN_CPU, {0, 0, 1}},
-    {"ZeRO-Infinity: weights streamed from the CPU", PLAN_CPU, PLAN_CPU, {0, 1, 0}},
-    {"weights streamed from the CPU, optimizer split between CPU and NVMe", PLAN_CPU, PLAN_CPU,
+    {NULL, ZO_PLAN_GPU, ZO_PLAN_GPU, {-1, -1, -1}}, /* as given */
+    {"ZeRO-Offload: gradients and optimizer on the CPU", ZO_PLAN_GPU, ZO_PLAN_CPU, {0, 1, 0}},
+    {"ZeRO-Offload, optimizer split between CPU and NVMe", ZO_PLAN_GPU, ZO_PLAN_CPU, {0, -1, -1}},
+    {"ZeRO-Offload, optimizer on NVMe", ZO_PLAN_GPU, ZO_PLAN_CPU, {0, 0, 1}},
+    {"ZeRO-Infinity: weights streamed from the CPU", ZO_PLAN_CPU, ZO_PLAN_CPU, {0, 1, 0}},
+    {"weights streamed from the CPU, optimizer split between CPU and NVMe", ZO_PLAN_CPU, ZO_PLAN_CPU,
      {0, -1, -1}},
-    {"weights streamed from the CPU, optimizer on NVMe", PLAN_CPU, PLAN_CPU, {0, 0, 1}},
-    {"ZeRO-Infinity: weights and optimizer on NVMe", PLAN_NVME, PLAN_CPU, {0, 0, 1}},
+    {"weights streamed from the CPU, optimizer on NVMe", ZO_PLAN_CPU, ZO_PLAN_CPU, {0, 0, 1}},
+    {"ZeRO-Infinity: weights and optimizer on NVMe", ZO_PLAN_NVME, ZO_PLAN_CPU, {0, 0, 1}},
 };
 #define N_PLACEMENTS (int)(sizeof placements / sizeof placements[0])
 
@@ -126,8 +126,8 @@ static int gen_offload(const zo_model_config *m, const plan_hw *hw, const plan_t
     const placement *p = &placements[i % N_PLACEMENTS];
     int act = i / N_PLACEMENTS;
     *c = *t;
-    if (act >= 1) c->recompute = PLAN_RECOMPUTE_FULL;
-    if (act == 2) c->checkpoints_on = PLAN_CPU;
+    if (act >= 1) c->recompute = ZO_PLAN_RECOMPUTE_FULL;
+    if (act == 2) c->checkpoints_on = ZO_PLAN_CPU;
     if (p->what) {
         c->params_on = p->params;
         c->grads_on = p->grads;
@@ -138,22 +138,22 @@ static int gen_offload(const zo_model_config *m, const plan_hw *hw, const plan_t
     if (t->grads_on > c->grads_on) c->grads_on = t->grads_on;
     if (t->checkpoints_on > c->checkpoints_on) c->checkpoints_on = t->checkpoints_on;
     if (c->recompute < t->recompute) c->recompute = t->recompute;
-    if (p->what && p->opt[PLAN_NVME] < 0) {
+    if (p->what && p->opt[ZO_PLAN_NVME] < 0) {
         /* the least NVMe share that fits; none when all of it fits in CPU memory */
         zo_status st;
-        c->opt_frac[PLAN_GPU] = 0;
-        c->opt_frac[PLAN_CPU] = 1;
-        c->opt_frac[PLAN_NVME] = 0;
+        c->opt_frac[ZO_PLAN_GPU] = 0;
+        c->opt_frac[ZO_PLAN_CPU] = 1;
+        c->opt_frac[ZO_PLAN_NVME] = 0;
         if (fits(m, hw, c, &st)) return 0;
         int k = 1;
         for (; k < 10; k++) {
-            c->opt_frac[PLAN_CPU] = (10 - k) / 10.0;
-            c->opt_frac[PLAN_NVME] = k / 10.0;
+            c->opt_frac[ZO_PLAN_CPU] = (10 - k) / 10.0;
+            c->opt_frac[ZO_PLAN_NVME] = k / 10.0;
             if (fits(m, hw, c, &st)) break;
         }
         if (k == 10) return 0;
     }
-    if (t->opt_frac[PLAN_NVME] > c->opt_frac[PLAN_NVME] || t->opt_frac[PLAN_GPU] < c->opt_frac[PLAN_GPU])
+    if (t->opt_frac[ZO_PLAN_NVME] > c->opt_frac[ZO_PLAN_NVME] || t->opt_frac[ZO_PLAN_GPU] < c->opt_frac[ZO_PLAN_GPU])
         memcpy(c->opt_frac, t->opt_frac, sizeof c->opt_frac);
     what[0] = '\0';
     const char *parts[2] = {activation_what[act], p->what};
@@ -175,23 +175,23 @@ static int gen_offload(const zo_model_config *m, const plan_hw *hw, const plan_t
 typedef struct peft_rung {
     const char *what;
     int recompute;          /* full recompute */
-    plan_tier params;       /* the frozen base */
+    zo_plan_tier params;    /* the frozen base */
     int opt_cpu;            /* the adapters' optimizer state (and gradients) on the CPU */
 } peft_rung;
 
 static const peft_rung peft_ladder[] = {
-    {NULL, 0, PLAN_GPU, 0},
-    {"full recompute", 1, PLAN_GPU, 0},
-    {"full recompute, the adapters' optimizer on the CPU", 1, PLAN_GPU, 1},
-    {"full recompute, the base streamed from the CPU", 1, PLAN_CPU, 0},
+    {NULL, 0, ZO_PLAN_GPU, 0},
+    {"full recompute", 1, ZO_PLAN_GPU, 0},
+    {"full recompute, the adapters' optimizer on the CPU", 1, ZO_PLAN_GPU, 1},
+    {"full recompute, the base streamed from the CPU", 1, ZO_PLAN_CPU, 0},
     {"full recompute, the base streamed from the CPU, the adapters' optimizer on the CPU", 1,
-     PLAN_CPU, 1},
+     ZO_PLAN_CPU, 1},
     {"full recompute, the base streamed from NVMe, the adapters' optimizer on the CPU", 1,
-     PLAN_NVME, 1},
+     ZO_PLAN_NVME, 1},
 };
 #define N_PEFT_LADDER (int)(sizeof peft_ladder / sizeof peft_ladder[0])
 
-static int gen_peft(const zo_model_config *m, const plan_train *t, plan_method method, int i,
+static int gen_peft(const zo_model_config *m, const plan_train *t, zo_plan_method method, int i,
                     plan_train *c, char *what, size_t len)
 {
     if (i >= N_PEFT_LADDER) return -1;
@@ -199,21 +199,21 @@ static int gen_peft(const zo_model_config *m, const plan_train *t, plan_method m
     if (t->method >= method || m->params_override || m->moe.experts || m->mla.kv_rank) return -1;
     *c = *t;
     c->method = method;
-    if (t->method == PLAN_METHOD_FULL)
+    if (t->method == ZO_PLAN_FULL)
         c->lora = (zo_lora_config){PEFT_SUGGEST_R, PLAN_LORA_DEFAULT_ALPHA, ZO_LORA_ALL_LINEAR};
     const peft_rung *l = &peft_ladder[i];
-    if (l->recompute) c->recompute = PLAN_RECOMPUTE_FULL;
+    if (l->recompute) c->recompute = ZO_PLAN_RECOMPUTE_FULL;
     if (l->params > c->params_on) c->params_on = l->params;
-    if (l->opt_cpu && c->opt_frac[PLAN_GPU] > 0) {
-        c->opt_frac[PLAN_GPU] = c->opt_frac[PLAN_NVME] = 0;
-        c->opt_frac[PLAN_CPU] = 1;
-        c->grads_on = PLAN_CPU;
+    if (l->opt_cpu && c->opt_frac[ZO_PLAN_GPU] > 0) {
+        c->opt_frac[ZO_PLAN_GPU] = c->opt_frac[ZO_PLAN_NVME] = 0;
+        c->opt_frac[ZO_PLAN_CPU] = 1;
+        c->grads_on = ZO_PLAN_CPU;
     }
     char tg[64];
     snprintf(what, len, "%s r %d on %s, the base frozen in %s%s%s",
-             method == PLAN_METHOD_QLORA ? "QLoRA" : "LoRA", c->lora.r,
+             method == ZO_PLAN_QLORA ? "QLoRA" : "LoRA", c->lora.r,
              zo_lora_targets_str(c->lora.targets, tg, sizeof tg),
-             method == PLAN_METHOD_QLORA ? "NF4" : zo_dtype_name(c->dtype), l->what ? "; " : "",
+             method == ZO_PLAN_QLORA ? "NF4" : zo_dtype_name(c->dtype), l->what ? "; " : "",
              l->what ? l->what : "");
     return 1;
 }
@@ -222,14 +222,14 @@ static int gen_lora(const zo_model_config *m, const plan_hw *hw, const plan_trai
                     plan_train *c, char *what, size_t len)
 {
     (void)hw;
-    return gen_peft(m, t, PLAN_METHOD_LORA, i, c, what, len);
+    return gen_peft(m, t, ZO_PLAN_LORA, i, c, what, len);
 }
 
 static int gen_qlora(const zo_model_config *m, const plan_hw *hw, const plan_train *t, int i,
                      plan_train *c, char *what, size_t len)
 {
     (void)hw;
-    return gen_peft(m, t, PLAN_METHOD_QLORA, i, c, what, len);
+    return gen_peft(m, t, ZO_PLAN_QLORA, i, c, what, len);
 }
 
 /* A kind with `first_only` keeps the first of its alternatives that fits:

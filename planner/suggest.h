@@ -29,7 +29,7 @@ typedef struct plan_alternative {
     char flags[192];            /* added to the command line: "--grads cpu --optimizer cpu" */
     char what[160];             /* in words: "ZeRO-Offload: gradients and optimizer on the CPU" */
     plan_train t;               /* the configuration the flags select */
-    uint64_t total[PLAN_TIERS]; /* bytes per rank */
+    uint64_t total[ZO_PLAN_TIERS]; /* bytes per rank */
     plan_time time;             /* its predicted step */
 } plan_alternative;
 

@@ -1,0 +1,289 @@
+/* memplan plan: search every layout, ZeRO stage, recompute, micro-batch,
+ * placement and optimizer schedule; print the best few and write the best
+ * as a plan file (docs/memplan.md, "Search"). The search's flags are
+ * max-model's too. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "common/clock.h"
+#include "common/units.h"
+#include "planner/memplan_cli.h"
+#include "planner/planfile.h"
+#include "planner/report.h"
+
+static const char usage_plan[] =
+    "usage: memplan plan --model NAME|CONFIG.json [options]\n"
+    "\n"
+    "Search every DP x TP x PP layout, ZeRO stage, sequence parallelism, recompute,\n"
+    "micro-batch, interleaving, placement of weights / gradients / optimizer state\n"
+    "(fractions) / checkpoints across GPU, CPU and NVMe, prefetch depth, and the CPU\n"
+    "optimizer's schedule (serial, overlap, dpu); keep what fits; rank by predicted step time.\n"
+    "\n"
+    "  --model, --params, --layers ... --arch   the model, as for 'memplan estimate'\n"
+    "  --hw NAME|FILE          machine preset or calibrated profile (default h100-80gb)\n"
+    "  --gpu NAME [--host NAME]  one GPU preset in a host (rtx-4090, l40s, ...; 'memplan hardware')\n"
+    "  --gpus N                GPUs in the job (default: the preset's)\n"
+    "  --max-gpus N            also try fewer GPUs (powers of two and whole nodes up to N)\n"
+    "  --gpus-per-node N, --gpu-mem SIZE, --cpu-mem SIZE, --nvme SIZE, --pcie LINK\n"
+    "                          hardware overrides, named in the report's first lines\n"
+    "  --seq N                 sequence length (default: the model's positions, at most 4096)\n"
+    "  --global-batch N        sequences per step (default 8 x GPUs)\n"
+    "  --dtype, --grad-dtype, --optim, --no-flash-attn, --dropout, --no-dropout   as for estimate\n"
+    "  --lora R [--lora-targets LIST] [--lora-alpha A] [--qlora]   fine-tune adapters on a\n"
+    "                          frozen base (LoRA, QLoRA), as for estimate; where the base and\n"
+    "                          the adapters live is searched (--adapters-on fixes the adapters)\n"
+    "  --schedule serial|overlap|dpu   fix the optimizer schedule (default: searched, each\n"
+    "                          plan with the fastest); --clip-stale, --dpu-warmup N,\n"
+    "                          --opt-threads N as for estimate\n"
+    "  --objective time|memory|cost   rank by step time (default), GPU memory, or\n"
+    "                          GPU-seconds per token\n"
+    "  --zero S | --zero A-B   only these ZeRO stages      --tp N, --pp N, --ep N   fix a degree\n"
+    "                          (EP, for a mixture of experts: searched over DP's divisors)\n"
+    "  --recompute none|selective|full   fix recompute\n"
+    "  --no-offload            everything on the GPU       --no-nvme   nothing on NVMe\n"
+    "  --max-micro-batch N     largest micro-batch tried (default 16)\n"
+    "  --opt-steps N           optimizer GPU/CPU/NVMe split in 1/N steps (default 10)\n"
+    "  --optimizer-min TIER=F[,TIER=F]   keep at least these shares of the optimizer\n"
+    "                          state on these tiers (nvme=0.1: some of it on the disk)\n"
+    "  --max-prefetch N        prefetch depths tried for streamed weights (default 3)\n"
+    "  --cuda-context SIZE --cublas-workspace SIZE --fragmentation F --sub-group N\n"
+    "                          working buffers, as for estimate\n"
+    "  --top N                 plans printed (default 5)\n"
+    "  --json                  the best as a plan file (docs/plan-format.md) on stdout, instead\n"
+    "                          of the table\n"
+    "  --json-out FILE         write the best as a plan file to FILE (train --plan FILE)\n"
+    "  --svg FILE              a picture of the best plan\n"
+    "\n"
+    "exit status: 0 a plan fits, 1 nothing fits, 2 bad input\n";
+
+static const struct option plan_opts[] = {
+    SHARED_OPTIONS,
+    {"max-gpus", required_argument, 0, OPT_MAX_GPUS},
+    {"objective", required_argument, 0, OPT_OBJECTIVE},
+    {"top", required_argument, 0, OPT_TOP},
+    {"no-offload", no_argument, 0, OPT_NO_OFFLOAD},
+    {"no-nvme", no_argument, 0, OPT_NO_NVME},
+    {"max-micro-batch", required_argument, 0, OPT_MAX_MB},
+    {"opt-steps", required_argument, 0, OPT_OPT_STEPS},
+    {"optimizer-min", required_argument, 0, OPT_OPT_MIN},
+    {"max-prefetch", required_argument, 0, OPT_MAX_PREFETCH},
+    {"family", required_argument, 0, OPT_FAMILY},
+    {"strategy", required_argument, 0, OPT_STRATEGY},
+    {0, 0, 0, 0},
+};
+
+/* --zero S or --zero A-B: the stages searched. */
+static zo_status parse_zero_range(const char *arg, search_flags *s)
+{
+    long v;
+    zo_status st;
+    const char *dash = strchr(arg, '-');
+    s->zero_set = 1;
+    if (!dash) {
+        st = zo_parse_int(arg, "--zero", 0, 3, &v);
+        s->zmin = s->zmax = (int)v;
+        return st;
+    }
+    char lo[16];
+    snprintf(lo, sizeof lo, "%.*s", (int)(dash - arg), arg);
+    st = zo_parse_int(lo, "--zero", 0, 3, &v);
+    s->zmin = (int)v;
+    if (!st) st = zo_parse_int(dash + 1, "--zero", s->zmin, 3, &v);
+    s->zmax = (int)v;
+    return st;
+}
+
+/* The search's own flags: 1 when `c` is one. */
+static int search_flag(int c, const char *arg, void *own, zo_status *st)
+{
+    static const char *const objectives[] = {"time", "memory", "cost", NULL};
+    search_flags *s = own;
+    int obj = 0;
+    switch (c) {
+    case OPT_ZERO: *st = parse_zero_range(arg, s); return 1;
+    case OPT_MAX_GPUS: *st = zo_parse_int(arg, "--max-gpus", 1, 1 << 16, &s->max_gpus); return 1;
+    case OPT_OBJECTIVE:
+        *st = zo_plan_name_parse(objectives, arg, "--objective", &obj);
+        s->objective = (plan_objective)obj;
+        return 1;
+    case OPT_TOP: *st = zo_parse_int(arg, "--top", 1, PLAN_TOP_MAX, &s->top); return 1;
+    case OPT_NO_OFFLOAD: s->no_offload = 1; return 1;
+    case OPT_NO_NVME: s->no_nvme = 1; return 1;
+    case OPT_MAX_MB: *st = zo_parse_int(arg, "--max-micro-batch", 1, 1 << 16, &s->max_mb); return 1;
+    case OPT_OPT_STEPS:
+        *st = zo_parse_int(arg, "--opt-steps", 1, PLAN_OPT_STEPS_MAX, &s->opt_steps);
+        return 1;
+    case OPT_OPT_MIN: *st = zo_plan_fractions_parse(arg, "--optimizer-min", 0, s->opt_min); return 1;
+    case OPT_MAX_PREFETCH:
+        *st = zo_plan_flag_int(arg, "--max-prefetch", "buffers.prefetch_depth", &s->max_prefetch);
+        return 1;
+    case OPT_FAMILY: s->family = arg; return 1;
+    case OPT_STRATEGY: s->strategy = arg; return 1;
+    default: return 0;
+    }
+}
+
+int search_cmd_parse(int argc, char **argv, const char *name, const char *usage, search_cmd *c)
+{
+    const cli_command cmd = {name, usage, plan_opts, 1 << 20, 0, search_flag};
+    memset(&c->s, 0, sizeof c->s);
+    c->s.top = 5;
+    return cli_parse(&cmd, argc, argv, &c->f, &c->s);
+}
+
+zo_status search_cmd_hw(search_cmd *c)
+{
+    zo_status st = build_hw(&c->f.hwf, &c->hw, &c->basis);
+    if (st) return st;
+    if (c->s.max_gpus) c->hw.gpus = (int)c->s.max_gpus;
+    else if (c->f.gpus) c->hw.gpus = (int)c->f.gpus;
+    gpu_node_size(&c->f.hwf, &c->basis, &c->hw);
+    return ZO_OK;
+}
+
+zo_status search_cmd_space(search_cmd *c)
+{
+    const cli_flags *f = &c->f;
+    const search_flags *s = &c->s;
+    plan_space *out = &c->space;
+    plan_space_defaults(out, &c->m, &c->hw);
+    if (s->max_gpus) out->max_gpus = (int)s->max_gpus;
+    if (f->global_batch) out->global_batch = (int)f->global_batch;
+    apply_train_flags(f, &out->base);
+    if (s->zero_set) {
+        out->zero_min = s->zmin;
+        out->zero_max = s->zmax;
+    }
+    out->tp = (int)f->tp;
+    out->pp = (int)f->pp;
+    out->ep = (int)f->ep;
+    out->recompute = f->recompute;
+    if (s->no_offload) out->allow_offload = 0;
+    if (s->no_nvme) out->allow_nvme = 0;
+    if (s->max_mb) out->max_micro_batch = (int)s->max_mb;
+    if (s->opt_steps) out->opt_steps = (int)s->opt_steps;
+    memcpy(out->opt_min, s->opt_min, sizeof out->opt_min);
+    if (s->max_prefetch) out->max_prefetch = (int)s->max_prefetch;
+    out->objective = s->objective;
+    apply_buffer_flags(f, &out->base.buf);
+    out->schedule = f->mf.schedule; /* searched unless given */
+    out->adapters_on = f->mf.adapters_on;
+    return apply_method_flags(&f->mf, &out->base);
+}
+
+/* ---- memplan plan ------------------------------------------------------------------------ */
+
+static void print_plan_line(const plan_candidate *c, const char *lead)
+{
+    const plan_train *t = &c->t;
+    char fr[64];
+    plan_format_fractions(t->opt_frac, fr, sizeof fr);
+    char ep[24] = "";
+    if (t->ep > 1) snprintf(ep, sizeof ep, " (EP %d)", t->ep);
+    printf("%s%d GPU%s: DP %d%s x TP %d%s x PP %d%s, ZeRO-%d, micro-batch %d x %d, recompute %s\n",
+           lead, c->gpus, c->gpus == 1 ? "" : "s", t->dp, ep, t->tp, t->sp ? " (+SP)" : "", t->pp,
+           t->vpp > 1 ? " (interleaved)" : "", t->zero, t->micro_batch, t->grad_accum,
+           zo_plan_recompute_name(t->recompute));
+    char ad[32] = "";
+    if (t->method != ZO_PLAN_FULL)
+        snprintf(ad, sizeof ad, ", adapters on %s", zo_plan_tier_name(t->adapters_on));
+    printf("%s%s on %s%s, gradients on %s, optimizer on %s, checkpoints on %s, prefetch %d, "
+           "optimizer schedule %s\n",
+           lead, t->method == ZO_PLAN_FULL ? "weights" : "frozen base",
+           zo_plan_tier_name(t->params_on), ad, zo_plan_tier_name(t->grads_on), fr,
+           zo_plan_tier_name(t->checkpoints_on), t->buf.prefetch_depth,
+           zo_plan_schedule_name(t->schedule));
+    printf("%sper rank: GPU %.1f GiB, CPU %.1f GiB, NVMe %.1f GiB\n", lead,
+           (double)c->total[ZO_PLAN_GPU] / (1 << 30), (double)c->total[ZO_PLAN_CPU] / (1 << 30),
+           (double)c->total[ZO_PLAN_NVME] / (1 << 30));
+}
+
+/* What was searched, and the best plans: the first in full with why each
+ * kind of state is where it is, the others as their differences from it.
+ * `tab` is stdout, or nowhere with --json (whose stdout is the plan alone). */
+static void print_search(FILE *tab, int json, const zo_model_config *m, const plan_hw *hw,
+                         const plan_space *s, const plan_result *r, double dt)
+{
+    static const char *obj[] = {"step time", "GPU memory", "GPU-seconds per token"};
+    char cnt[32];
+    fprintf(tab, "%s (%s params) on %s: %s%d x %s; seq %d%s, global batch %d; ranked by %s\n",
+            m->name, zo_format_count(zo_model_params(m), cnt, sizeof cnt), hw->name,
+            s->max_gpus ? "up to " : "", hw->gpus, hw->gpu, s->base.seq,
+            s->base.seq_is_default ? " (default: the model's positions, at most 4096)" : "",
+            s->global_batch, obj[s->objective]);
+    fprintf(tab, "searched %llu configurations (%llu fit) in %.2f s: %.3g configurations/s\n",
+            (unsigned long long)r->configs, (unsigned long long)r->feasible, dt,
+            dt > 0 ? (double)r->configs / dt : 0.0);
+    if (r->n_best == 0) {
+        fprintf(json ? stderr : tab, "\nnothing fits: more GPUs (--gpus / --max-gpus), a shorter "
+                "--seq or a smaller --global-batch%s\n",
+                s->allow_offload ? "" : ", or allow offload (drop --no-offload)");
+        return;
+    }
+    const plan_candidate *b = &r->best[0];
+    fprintf(tab, "\nbest: %.4g s per step, %.4g tokens/s, MFU %.1f%%\n", b->time.step,
+            b->time.tokens_per_s, 100 * b->time.mfu);
+    if (!json) print_plan_line(b, "  ");
+    char why[2048];
+    plan_explain(m, hw, b, why, sizeof why);
+    for (char *sv = NULL, *line = strtok_r(why, "\n", &sv); line; line = strtok_r(NULL, "\n", &sv))
+        fprintf(tab, "  - %s\n", line);
+    plan_report_time_table(tab, &b->time);
+    for (int i = 1; i < r->n_best; i++) {
+        char d[1024];
+        plan_describe_diff(b, &r->best[i], d, sizeof d);
+        fprintf(tab, "\n%d. %.4g s per step: %s\n", i + 1, r->best[i].time.step, d);
+    }
+}
+
+/* The best plan as a plan file (--json, --json-out) and a picture (--svg). */
+static zo_status write_best(const cli_flags *f, const zo_model_config *m, const plan_hw *hw,
+                            const plan_candidate *b)
+{
+    zo_status st;
+    plan_hw h = *hw;
+    h.gpus = b->gpus;
+    plan_estimate e;
+    plan_time pt;
+    if ((st = plan_estimate_run(m, &h, &b->t, &e)) != ZO_OK ||
+        (st = plan_time_run(m, &h, &b->t, &e, &pt)) != ZO_OK)
+        return st;
+    if (f->json_out || f->json) {
+        cJSON *doc;
+        const char *what = f->json_out ? f->json_out : "the plan";
+        if ((st = plan_file_json(m, &h, &b->t, &e, &pt, what, &doc)) != ZO_OK ||
+            (st = emit_json(doc, f->json, f->json_out)) != ZO_OK)
+            return st;
+        if (f->json_out && !f->json)
+            printf("\nplan written to %s (memplan estimate --plan %s; train --plan %s)\n",
+                   f->json_out, f->json_out, f->json_out);
+    }
+    return f->svg_path ? write_svg(f->svg_path, m, &h, &b->t, &e, &pt) : ZO_OK;
+}
+
+int cmd_plan(int argc, char **argv)
+{
+    search_cmd c;
+    int rc = search_cmd_parse(argc, argv, "plan", usage_plan, &c);
+    if (rc != CLI_PARSED) return rc;
+    const cli_flags *f = &c.f;
+    if (build_model(f->model, f->params_n, &f->sf, f->seq, &c.m) != ZO_OK ||
+        search_cmd_hw(&c) != ZO_OK || search_cmd_space(&c) != ZO_OK)
+        return fail();
+    plan_result r;
+    double t0 = zo_now();
+    if (plan_search(&c.m, &c.hw, &c.space, (int)c.s.top, &r) != ZO_OK) return fail();
+    double dt = zo_now() - t0;
+    /* --json: stdout holds the plan alone */
+    FILE *tab = f->json ? fopen("/dev/null", "w") : stdout;
+    if (!tab) tab = stderr;
+    plan_report_basis(tab, &c.hw, &c.basis);
+    print_search(tab, f->json, &c.m, &c.hw, &c.space, &r, dt);
+    if (tab != stdout && tab != stderr) fclose(tab);
+    if (r.n_best == 0) return EXIT_NOFIT;
+    if ((f->json_out || f->json || f->svg_path) && write_best(f, &c.m, &c.hw, &r.best[0]) != ZO_OK)
+        return fail();
+    return 0;
+}
