@@ -871,9 +871,10 @@ static void end_activations(const stage_est *s, plan_estimate *e)
 /* Backward of one layer at a time: the fp32 gradients of the residual, a
  * norm output, qkv, the attention output and the MLP (two for SwiGLU; in an
  * MoE layer over the routed rows and the shared expert), one projection
- * scratch in the activation dtype, and the token ids, targets and per-token
- * losses; LoRA: one adapter's gradient of A x [s b, r] and a sink for the
- * frozen norms' weight gradients (fp32). */
+ * scratch in the activation dtype, the token ids, targets and per-token
+ * losses, and with 16-bit weights the 16-bit copy of the widest gradient a
+ * GEMM reads; LoRA: one adapter's gradient of A x [s b, r] and a sink for
+ * the frozen norms' weight gradients (fp32). */
 static void backward_activations(const stage_est *s, plan_estimate *e)
 {
     const zo_model_config *m = s->m;
@@ -891,6 +892,16 @@ static void backward_activations(const stage_est *s, plan_estimate *e)
     uint64_t dgrad = 4 * sb * (2 * h + ceil_div(q + k + v + o + mlp, (uint64_t)t->tp));
     add(e, "backward working set (fp32 activation gradients, scratch)", ZO_PLAN_GPU,
         PLAN_ACTIVATIONS, dgrad + sb * h * s->wsz + 12 * sb);
+    if (s->wsz < 4) {
+        /* 16-bit weights: the widest activation gradient (a linear layer's
+         * output, or the logits) rounded once for the GEMMs that read it */
+        uint64_t widest = q + k + v;
+        uint64_t cand[] = {(uint64_t)m->ffn, (uint64_t)m->moe.expert_ffn, h,
+                           s->sh.last ? (uint64_t)m->vocab : 0};
+        for (size_t i = 0; i < sizeof cand / sizeof *cand; i++) widest = cand[i] > widest ? cand[i] : widest;
+        add(e, "16-bit activation gradient (the GEMMs' operand)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
+            sb * ceil_div(widest, (uint64_t)t->tp) * s->wsz);
+    }
     if (s->peft)
         add(e, "LoRA backward scratch (fp32)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
             4 * sb * (uint64_t)t->lora.r + 8 * h);

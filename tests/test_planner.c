@@ -315,7 +315,11 @@ static void test_korthikanti_totals(void **state)
      * and scratch) is a line of its own beside the paper's terms */
     double work = (double)item_bytes(&e, "backward working set (fp32 activation gradients, scratch)", PLAN_GPU);
     assert_true(work > 0);
-    assert_true(fabs((double)e.bytes[PLAN_GPU][PLAN_ACTIVATIONS] - work - layers - extra) < 4);
+    /* and the 16-bit copy of the widest gradient a GEMM reads: here the
+     * logits' (v = 51200 > the MLP's 4h), column-parallel over t */
+    double dy16 = (double)item_bytes(&e, "16-bit activation gradient (the GEMMs' operand)", PLAN_GPU);
+    assert_true(fabs(dy16 - sv * b * (v / t) * 2) < 1);
+    assert_true(fabs((double)e.bytes[PLAN_GPU][PLAN_ACTIVATIONS] - work - dy16 - layers - extra) < 4);
 
     /* full recompute keeps 2sbh per layer (sharded with SP) plus one layer's working set */
     s.t.recompute = PLAN_RECOMPUTE_FULL;

@@ -172,6 +172,16 @@ static int layer_window(const tf_model *m, int l)
     return l >= m->cfg.window_from_layer ? m->cfg.sliding_window : 0;
 }
 
+/* Columns of the widest activation gradient a GEMM reads: a linear layer's
+ * output (q|k|v, the MLP's, the hidden size) or the logits. */
+static size_t widest_gradient(const zo_model_config *c)
+{
+    size_t w[] = {(size_t)qkv_width(c), (size_t)c->ffn, (size_t)c->hidden, (size_t)c->vocab};
+    size_t most = 0;
+    for (size_t i = 0; i < 4; i++) most = w[i] > most ? w[i] : most;
+    return most;
+}
+
 zo_status tf_init(tf_model *m, const zo_model_config *cfg, gpu_device_t dev, zo_dtype dtype,
                   int B, int T)
 {
@@ -259,6 +269,7 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         {(void **)&m->dlora, lora ? N * m->opts.lora.r * 4 : 0, "LoRA gradient"},
         {(void **)&m->dsink, lora ? 2 * h * 4 : 0, "frozen norm gradients"},
         {&m->wdq, lora && m->opts.lora.nf4 ? largest_linear(c) * es : 0, "dequantized weight"},
+        {&m->dy16, dtype == ZO_DTYPE_F32 ? 0 : N * widest_gradient(c) * es, "16-bit activation gradient"},
     };
     if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) goto out_free;
     /* a rope_scaling's frequencies (what it does not compute is refused here) */
@@ -289,7 +300,7 @@ void tf_free(tf_model *m)
             for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) gpu_mem_free(d, p[i]);
         }
     void *p[] = {m->lnf, m->meanf, m->rstdf, m->logits, m->losses, m->tmp, m->dres,
-                 m->dh, m->dqkv, m->datt, m->dff, m->dff2, m->dlora, m->dsink, m->wdq};
+                 m->dh, m->dqkv, m->datt, m->dff, m->dff2, m->dlora, m->dsink, m->wdq, m->dy16};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) gpu_mem_free(d, p[i]);
     free(m->res);
     free(m->acts);
@@ -374,15 +385,18 @@ static zo_status linear_forward(gpu_stream_t s, gpu_tensor y, int64_t ldy, gpu_t
 /* Given dy[N, out]: dW += dy^T x, db += colsum(dy), dx = dy W (+ dx when
  * dx_beta is 1). dx may be NULL (no input gradient needed); dw and db may
  * be NULL (a frozen weight: no GEMM for its gradient). */
+/* A linear layer's backward: dW += dy^T x, db += the column sums of dy_bias
+ * (the fp32 dy, where the GEMMs take its 16-bit copy dy), dx = dx_beta dx +
+ * dy W. */
 static zo_status linear_backward(gpu_stream_t s, gpu_tensor dx, float dx_beta, gpu_tensor dw,
-                                 gpu_tensor db, gpu_tensor dy, gpu_tensor x, gpu_tensor w, int N,
-                                 int out, int in)
+                                    gpu_tensor db, gpu_tensor dy_bias, gpu_tensor dy, gpu_tensor x,
+                                    gpu_tensor w, int N, int out, int in)
 {
     zo_status st;
     gpu_gemm_desc gw = {.trans_a = 1, .m = out, .n = in, .k = N, .alpha = 1.0f, .beta = 1.0f,
                         .a = dy, .b = x, .c = dw, .lda = out, .ldb = in, .ldc = in};
     if (dw.data && (st = gpu_gemm(s, &gw)) != ZO_OK) return st;
-    if (db.data && (st = gpu_bias_backward(s, db, dy, N, out, out)) != ZO_OK) return st;
+    if (db.data && (st = gpu_bias_backward(s, db, dy_bias, N, out, out)) != ZO_OK) return st;
     if (dx.data) {
         gpu_gemm_desc gx = {.m = N, .n = in, .k = out, .alpha = 1.0f, .beta = dx_beta, .a = dy,
                             .b = w, .c = dx, .lda = out, .ldb = in, .ldc = in};
@@ -463,13 +477,13 @@ static zo_status base_linear_forward(tf_model *m, gpu_stream_t s, const void *bu
  * (NULL with LoRA: the base is frozen). */
 static zo_status base_linear_backward(tf_model *m, gpu_stream_t s, const void *buf, int block,
                                       model_role wrole, gpu_tensor dx, float dx_beta, gpu_tensor dw,
-                                      gpu_tensor db, gpu_tensor dy, gpu_tensor x, int N, int out,
-                                      int in)
+                                      gpu_tensor db, gpu_tensor dy_bias, gpu_tensor dy, gpu_tensor x,
+                                      int N, int out, int in)
 {
     zo_status st;
     gpu_tensor w;
     if ((st = base_weight(m, s, buf, block, wrole, &w)) != ZO_OK) return st;
-    return linear_backward(s, dx, dx_beta, dw, db, dy, x, w, N, out, in);
+    return linear_backward(s, dx, dx_beta, dw, db, dy_bias, dy, x, w, N, out, in);
 }
 
 /* Adapter j's A [r, in] or B [out, r] in a layer block's adapter buffer. */
@@ -477,6 +491,20 @@ static gpu_tensor lora_part(const tf_model *m, const void *buf, int j, int part)
 {
     size_t off = part == MODEL_LORA_A ? m->lora[j].a_off : m->lora[j].b_off;
     return gpu_t((char *)buf + off * zo_dtype_size(m->dtype), m->dtype);
+}
+
+/* dy [N, out] (fp32) as the GEMMs of a linear layer's backward take it:
+ * rounded once to the model's 16-bit type into m->dy16 (every GEMM of the
+ * layer and its adapters reads that one copy; a backend given the fp32 dy
+ * beside 16-bit weights would round it again for each); fp32 models use
+ * dy as it is. */
+static zo_status gemm_operand(tf_model *m, gpu_stream_t s, gpu_tensor dy, int N, int out,
+                              gpu_tensor *op)
+{
+    *op = dy;
+    if (m->dtype == ZO_DTYPE_F32) return ZO_OK;
+    *op = gpu_t(m->dy16, m->dtype);
+    return gpu_cast(s, *op, dy, (size_t)N * out);
 }
 
 /* The adapters of `stage` in layer l: u_j = x A_j^T [N, r] (saved), then
@@ -506,9 +534,9 @@ static zo_status lora_forward(tf_model *m, gpu_stream_t s, int l, const tf_block
     return ZO_OK;
 }
 
-/* Backward of the adapters of `stage` in layer l, given dy (fp32, row
- * stride lddy; adapter j reads its columns from col_j), the saved input x
- * [N, in] and u: du = s dy B, dB += s dy^T u, dA += du^T x, dx += du A. */
+/* Backward of the adapters of `stage` in layer l, given dy (row stride
+ * lddy; adapter j reads its columns from col_j), the saved input x [N, in]
+ * and u: du = s dy B, dB += s dy^T u, dA += du^T x, dx += du A. */
 static zo_status lora_backward(tf_model *m, gpu_stream_t s, int l, const tf_block_bufs *bb,
                                tf_lora_stage stage, gpu_tensor dy, int64_t lddy, gpu_tensor x,
                                gpu_tensor dx)
@@ -521,7 +549,7 @@ static zo_status lora_backward(tf_model *m, gpu_stream_t s, int l, const tf_bloc
         const tf_lora_slot *sl = &m->lora[j];
         if (sl->stage != stage) continue;
         gpu_tensor u = gpu_t((char *)m->acts[l].lora_u + (size_t)j * r * zo_dtype_size(dt), dt);
-        gpu_tensor dyc = F32((float *)dy.data + sl->col);
+        gpu_tensor dyc = gpu_t((char *)dy.data + (size_t)sl->col * zo_dtype_size(dy.dtype), dy.dtype);
         gpu_tensor A = lora_part(m, bb->params, j, MODEL_LORA_A), Bm = lora_part(m, bb->params, j, MODEL_LORA_B);
         gpu_gemm_desc g1 = {.m = N, .n = r, .k = sl->out, .alpha = m->lora_scale, .beta = 0.0f,
                             .a = dyc, .b = Bm, .c = du, .lda = lddy, .ldb = r, .ldc = r};
@@ -663,6 +691,32 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
 }
 
 /* On entry dres = dL/d(res[l+1]); on exit dL/d(res[l]). */
+/* One linear layer of layer l in the backward: its weight and bias roles,
+ * the adapters' stage, and its shape [out, in]. */
+typedef struct linear_role {
+    model_role w, b;
+    tf_lora_stage stage;
+    int out, in;
+} linear_role;
+
+/* The backward of linear layer `lr` in layer l, base and adapters, from dy
+ * (fp32 [N, out], rounded once for the GEMMs) and the saved input x:
+ * dx = dx_beta dx + dy W (+ the adapters' share). */
+static zo_status linear_role_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s,
+                                      linear_role lr, gpu_tensor dx, float dx_beta, gpu_tensor dy,
+                                      gpu_tensor x)
+{
+    zo_status st;
+    const int blk = model_layout_layer_block(l), N = m->b * m->t;
+    const void *G = has_lora(m) ? NULL : bb->grads; /* LoRA: the base is frozen */
+    gpu_tensor op;
+    if ((st = gemm_operand(m, s, dy, N, lr.out, &op)) != ZO_OK ||
+        (st = base_linear_backward(m, s, base_buf(m, bb), blk, lr.w, dx, dx_beta, tf_view(m, G, blk, lr.w),
+                                   tf_view(m, G, blk, lr.b), dy, op, x, N, lr.out, lr.in)) != ZO_OK)
+        return st;
+    return lora_backward(m, s, l, bb, lr.stage, op, lr.out, x, dx);
+}
+
 static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s)
 {
     zo_status st;
@@ -678,29 +732,22 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     gpu_tensor x = gpu_t(m->res[l], dt), ln1 = gpu_t(a->ln1, dt), qkv = gpu_t(a->qkv, dt);
     gpu_tensor att = gpu_t(a->att, dt), x_mid = gpu_t(a->x_mid, dt), ln2 = gpu_t(a->ln2, dt);
     gpu_tensor fc = gpu_t(a->fc, dt), act = gpu_t(a->act, dt);
-#define GV(role) tf_view(m, G, blk, role)
+    const linear_role down = {MODEL_ROLE_MLP_DOWN_W, MODEL_ROLE_MLP_DOWN_B, TF_LORA_DOWN, h, f};
+    const linear_role gate = {MODEL_ROLE_MLP_GATE_W, MODEL_ROLE_MLP_GATE_B, TF_LORA_GATE, f, h};
+    const linear_role up = {MODEL_ROLE_MLP_UP_W, MODEL_ROLE_MLP_UP_B, TF_LORA_UP, f, h};
+    const linear_role out = {MODEL_ROLE_ATTN_OUT_W, MODEL_ROLE_ATTN_OUT_B, TF_LORA_O, h, qw};
+    const linear_role qkvp = {MODEL_ROLE_QKV_W, MODEL_ROLE_QKV_B, TF_LORA_QKV, ld, h};
 
     /* MLP down projection: dact[N, f] = dres Wdown (+ adapter) */
-    if ((st = base_linear_backward(m, s, W, blk, MODEL_ROLE_MLP_DOWN_W, dff, 0.0f, GV(MODEL_ROLE_MLP_DOWN_W),
-                                   GV(MODEL_ROLE_MLP_DOWN_B), dres, act, N, h, f)) != ZO_OK ||
-        (st = lora_backward(m, s, l, bb, TF_LORA_DOWN, dres, h, act, dff)) != ZO_OK)
-        return st;
+    if ((st = linear_role_backward(m, l, bb, s, down, dff, 0.0f, dres, act)) != ZO_OK) return st;
     if (is_gpt(m)) {
         if ((st = gpu_gelu_backward(s, dff, dff, fc, (size_t)N * f)) != ZO_OK) return st; /* dfc, in place */
-        if ((st = base_linear_backward(m, s, W, blk, MODEL_ROLE_MLP_UP_W, dh, 0.0f, GV(MODEL_ROLE_MLP_UP_W),
-                                       GV(MODEL_ROLE_MLP_UP_B), dff, ln2, N, f, h)) != ZO_OK ||
-            (st = lora_backward(m, s, l, bb, TF_LORA_UP, dff, f, ln2, dh)) != ZO_OK)
-            return st;
+        if ((st = linear_role_backward(m, l, bb, s, up, dh, 0.0f, dff, ln2)) != ZO_OK) return st;
     } else {
-        gpu_tensor dup = F32(m->dff2), up = gpu_t(a->up, dt);
-        if ((st = gpu_swiglu_backward(s, dff, dup, dff, fc, up, (size_t)N * f)) != ZO_OK) return st; /* dgate in place */
-        if ((st = base_linear_backward(m, s, W, blk, MODEL_ROLE_MLP_GATE_W, dh, 0.0f,
-                                       GV(MODEL_ROLE_MLP_GATE_W), GV(MODEL_ROLE_MLP_GATE_B), dff, ln2, N,
-                                       f, h)) != ZO_OK ||
-            (st = base_linear_backward(m, s, W, blk, MODEL_ROLE_MLP_UP_W, dh, 1.0f, GV(MODEL_ROLE_MLP_UP_W),
-                                       GV(MODEL_ROLE_MLP_UP_B), dup, ln2, N, f, h)) != ZO_OK ||
-            (st = lora_backward(m, s, l, bb, TF_LORA_GATE, dff, f, ln2, dh)) != ZO_OK ||
-            (st = lora_backward(m, s, l, bb, TF_LORA_UP, dup, f, ln2, dh)) != ZO_OK)
+        gpu_tensor dup = F32(m->dff2), upa = gpu_t(a->up, dt);
+        if ((st = gpu_swiglu_backward(s, dff, dup, dff, fc, upa, (size_t)N * f)) != ZO_OK) return st; /* dgate in place */
+        if ((st = linear_role_backward(m, l, bb, s, gate, dh, 0.0f, dff, ln2)) != ZO_OK ||
+            (st = linear_role_backward(m, l, bb, s, up, dh, 1.0f, dup, ln2)) != ZO_OK)
             return st;
     }
     /* dres (= d x_mid so far) += norm2 backward */
@@ -710,25 +757,17 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
 
     /* attention output projection: datt[N, q] = dres Wo (+ adapter) */
     gpu_tensor datt = F32(m->datt), dqkv = F32(m->dqkv);
-    if ((st = base_linear_backward(m, s, W, blk, MODEL_ROLE_ATTN_OUT_W, datt, 0.0f,
-                                   GV(MODEL_ROLE_ATTN_OUT_W), GV(MODEL_ROLE_ATTN_OUT_B), dres, att, N, h,
-                                   qw)) != ZO_OK ||
-        (st = lora_backward(m, s, l, bb, TF_LORA_O, dres, h, att, datt)) != ZO_OK)
-        return st;
+    if ((st = linear_role_backward(m, l, bb, s, out, datt, 0.0f, dres, att)) != ZO_OK) return st;
     gpu_attn_desc ad = {.b = m->b, .t = m->t, .hq = c->n_heads, .hkv = c->n_kv_heads, .d = c->head_dim,
                         .window = layer_window(m, l)};
     if ((st = gpu_attention_backward(s, &ad, dqkv, datt, qkv, att, a->lse)) != ZO_OK) return st;
     if (!is_gpt(m) && (st = gpu_rope_backward(s, dqkv, N, m->t, c->n_heads + c->n_kv_heads,
                                               c->head_dim, ld, c->rope_theta, 0, m->rope_freq)) != ZO_OK)
         return st;
-    if ((st = base_linear_backward(m, s, W, blk, MODEL_ROLE_QKV_W, dh, 0.0f, GV(MODEL_ROLE_QKV_W),
-                                   GV(MODEL_ROLE_QKV_B), dqkv, ln1, N, ld, h)) != ZO_OK ||
-        (st = lora_backward(m, s, l, bb, TF_LORA_QKV, dqkv, ld, ln1, dh)) != ZO_OK)
-        return st;
+    if ((st = linear_role_backward(m, l, bb, s, qkvp, dh, 0.0f, dqkv, ln1)) != ZO_OK) return st;
     /* dres (= d x) += norm1 backward */
     return norm_backward(m, s, G, blk, MODEL_ROLE_LN1_W, MODEL_ROLE_LN1_B, x,
                          bview(m, W, blk, MODEL_ROLE_LN1_W), a->mean1, a->rstd1, N);
-#undef GV
 }
 
 /* The output projection's weight: lm_head, or the token embedding when tied. */
@@ -773,11 +812,13 @@ static zo_status head_backward(tf_model *m, const tf_block_bufs *bb, float loss_
         return zo_error(ZO_ERR_INVALID, "head backward: tied model needs the embedding parameters and gradients");
     gpu_tensor logits = F32(m->logits), lnf = gpu_t(m->lnf, m->dtype);
     float dloss = m->n_targets ? loss_scale / (float)m->n_targets : 0.0f;
-    /* dlogits = dloss * (softmax - onehot), in place of the logits */
-    if ((st = gpu_cross_entropy_backward(s, logits, logits, m->targets, dloss, N, c->vocab)) != ZO_OK)
+    /* dlogits = dloss * (softmax - onehot): in place of the fp32 logits, or
+     * rounded once into the 16-bit copy the GEMMs read (gemm_operand) */
+    gpu_tensor dlogits = m->dtype == ZO_DTYPE_F32 ? logits : gpu_t(m->dy16, m->dtype);
+    if ((st = gpu_cross_entropy_backward(s, dlogits, logits, m->targets, dloss, N, c->vocab)) != ZO_OK)
         return st;
-    if ((st = linear_backward(s, F32(m->dh), 0.0f, dw, gpu_t(NULL, m->dtype), logits, lnf, w, N, c->vocab,
-                              c->hidden)) != ZO_OK)
+    if ((st = linear_backward(s, F32(m->dh), 0.0f, dw, gpu_t(NULL, m->dtype), dlogits, dlogits, lnf, w, N,
+                              c->vocab, c->hidden)) != ZO_OK)
         return st;
     /* the residual gradient starts here: dres = norm_f backward */
     if ((st = gpu_memset_async(s, m->dres, 0, (size_t)N * c->hidden * 4)) != ZO_OK) return st;

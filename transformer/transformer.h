@@ -121,6 +121,8 @@ typedef struct tf_model {
     float *dqkv;         /* [N, (hq + 2 hkv) d] */
     float *datt;         /* [N, hq d] */
     float *dff, *dff2;   /* [N, ffn] */
+    void *dy16;          /* [N, widest linear output or vocab] 16-bit models: the activation
+                            gradient a linear layer's GEMMs read, rounded once */
     /* LoRA (opts.lora.r > 0) */
     model_layout adapters;  /* the trainable part (model/lora.h), block by block */
     int n_lora;             /* adapted linear layers per layer */
