@@ -396,14 +396,15 @@ static zo_status own_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
 }
 
 /* ---- GEMM through OpenBLAS ----------------------------------------------------------
- * Where the library is faster (blas_wins), C is cut into a grid of tiles set
+ * Where the library runs the product (blas_fits), C is cut into a grid of tiles set
  * by the shape and by the machine's processor count (as many tiles as a team
  * of all its cores needs), never by the op's thread count; the op's team
  * shares out whole tiles and each tile is one single-threaded cblas_sgemm
  * over the whole depth k. A call's bits depend only on its arguments, so C's
- * bits do not depend on nt. (OpenBLAS's own threading splits k into slices
- * of another length with 2 threads than with 1, and picks other kernels for
- * mid-sized products by thread count: docs/gpu.md.) 16-bit operands are
+ * bits do not depend on nt. (OpenBLAS's own threading cuts k into slices
+ * of other lengths with 2 threads than with 1, so some sums round at other
+ * places, and its choice of code path for mid-sized products depends on the
+ * threads it may use: docs/gpu.md.) 16-bit operands are
  * converted tile by tile into fp32 scratch, which is exact, and a 16-bit C
  * tile is computed in fp32 and rounded once, as the own kernel does. */
 #define BT_ROWS_MIN 64   /* rows of a tile at least: each row tile packs all of op(B) */
@@ -498,20 +499,59 @@ static blas_tiles blas_tiles_of(const gpu_gemm_desc *d, int batch)
 }
 
 /* The library can take the product: a usable build, leading dimensions in
- * its 32-bit integers. */
+ * its 32-bit integers. The dispatch rule is this alone: measured against the
+ * own kernel (docs/gpu.md), the library was faster at every shape, transpose
+ * and storage type tried, from 8 x 32 x 32 and GEMV-like rows to LLaMA's
+ * widths, batched or not. */
 static int blas_fits(const gpu_gemm_desc *d)
 {
     return blas_usable && d->lda <= INT_MAX && d->ldb <= INT_MAX && d->ldc <= INT_MAX;
 }
 
-/* The dispatch rule (docs/gpu.md has the measurements behind it). */
-static int blas_wins(const gpu_gemm_desc *d)
+#ifdef ZO_HAVE_OPENBLAS
+/* Row conversions of the library path: load_row / store_row's roundings,
+ * element by element; the bf16 ones cloned for AVX-512/AVX2, where they
+ * vectorize (fp16's branches keep it scalar). */
+VEC_CLONES static void widen_bf16(float *restrict dst, const uint16_t *restrict src, int n)
 {
-    (void)d;
-    return 1;
+    for (int i = 0; i < n; i++) dst[i] = zo_bf16_to_f32(src[i]);
 }
 
-#ifdef ZO_HAVE_OPENBLAS
+static void widen_f16(float *restrict dst, const uint16_t *restrict src, int n)
+{
+    for (int i = 0; i < n; i++) dst[i] = zo_f16_to_f32(src[i]);
+}
+
+VEC_CLONES static void narrow_bf16(uint16_t *restrict dst, const float *restrict src, int n)
+{
+    for (int i = 0; i < n; i++) dst[i] = zo_f32_to_bf16(src[i]);
+}
+
+static void narrow_f16(uint16_t *restrict dst, const float *restrict src, int n)
+{
+    for (int i = 0; i < n; i++) dst[i] = zo_f32_to_f16(src[i]);
+}
+
+/* dst[0..n) = t[off..off+n) as fp32, t stored in 16 bits. */
+static void widen(float *dst, gpu_tensor t, size_t off, int n)
+{
+    const uint16_t *p = (const uint16_t *)t.data + off;
+    if (t.dtype == ZO_DTYPE_BF16)
+        widen_bf16(dst, p, n);
+    else
+        widen_f16(dst, p, n);
+}
+
+/* t[off..off+n) = src rounded to t's 16-bit storage. */
+static void narrow(gpu_tensor t, size_t off, const float *src, int n)
+{
+    uint16_t *p = (uint16_t *)t.data + off;
+    if (t.dtype == ZO_DTYPE_BF16)
+        narrow_bf16(p, src, n);
+    else
+        narrow_f16(p, src, n);
+}
+
 static gpu_tensor batch_view(gpu_tensor t, int bi, int64_t stride)
 {
     return (gpu_tensor){(char *)t.data + (size_t)bi * stride * zo_dtype_size(t.dtype), t.dtype};
@@ -535,20 +575,20 @@ static void blas_tile(const gpu_gemm_desc *d, const blas_tiles *bt, long t, floa
     const float *pa = (const float *)a.data + (d->trans_a ? (size_t)i0 : (size_t)i0 * d->lda);
     int lda = (int)d->lda;
     if (is16(a.dtype) && !d->trans_a) { /* A [m][k]: rows i0.. */
-        for (int i = 0; i < mc; i++) load_row(abuf + (size_t)i * k, a, (size_t)(i0 + i) * d->lda, k);
+        for (int i = 0; i < mc; i++) widen(abuf + (size_t)i * k, a, (size_t)(i0 + i) * d->lda, k);
         pa = abuf, lda = k;
     } else if (is16(a.dtype)) { /* A stored [k][m]: columns i0.. */
-        for (int p = 0; p < k; p++) load_row(abuf + (size_t)p * mc, a, (size_t)p * d->lda + i0, mc);
+        for (int p = 0; p < k; p++) widen(abuf + (size_t)p * mc, a, (size_t)p * d->lda + i0, mc);
         pa = abuf, lda = mc;
     }
     /* op(B)[0..k, j0..j0+nc) */
     const float *pb = (const float *)b.data + (d->trans_b ? (size_t)j0 * d->ldb : (size_t)j0);
     int ldb = (int)d->ldb;
     if (is16(b.dtype) && !d->trans_b) { /* B [k][n]: columns j0.. */
-        for (int p = 0; p < k; p++) load_row(bbuf + (size_t)p * nc, b, (size_t)p * d->ldb + j0, nc);
+        for (int p = 0; p < k; p++) widen(bbuf + (size_t)p * nc, b, (size_t)p * d->ldb + j0, nc);
         pb = bbuf, ldb = nc;
     } else if (is16(b.dtype)) { /* B stored [n][k]: rows j0.. */
-        for (int j = 0; j < nc; j++) load_row(bbuf + (size_t)j * k, b, (size_t)(j0 + j) * d->ldb, k);
+        for (int j = 0; j < nc; j++) widen(bbuf + (size_t)j * k, b, (size_t)(j0 + j) * d->ldb, k);
         pb = bbuf, ldb = k;
     }
     /* C[i0.., j0..]; beta == 0: the library never reads C (nor the copy) */
@@ -557,14 +597,14 @@ static void blas_tile(const gpu_gemm_desc *d, const blas_tiles *bt, long t, floa
     if (is16(c.dtype)) {
         if (d->beta != 0.0f)
             for (int i = 0; i < mc; i++)
-                load_row(cbuf + (size_t)i * nc, c, (size_t)(i0 + i) * d->ldc + j0, nc);
+                widen(cbuf + (size_t)i * nc, c, (size_t)(i0 + i) * d->ldc + j0, nc);
         pc = cbuf, ldc = nc;
     }
     cblas_sgemm(CblasRowMajor, d->trans_a ? CblasTrans : CblasNoTrans,
                 d->trans_b ? CblasTrans : CblasNoTrans, mc, nc, k, d->alpha, pa, lda, pb, ldb,
                 d->beta, pc, ldc);
     if (is16(c.dtype))
-        for (int i = 0; i < mc; i++) store_row(c, (size_t)(i0 + i) * d->ldc + j0, cbuf + (size_t)i * nc, nc);
+        for (int i = 0; i < mc; i++) narrow(c, (size_t)(i0 + i) * d->ldc + j0, cbuf + (size_t)i * nc, nc);
 }
 
 static zo_status blas_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
@@ -597,8 +637,7 @@ zo_status cpu_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
 {
     pthread_once(&gemm_once, gemm_init);
 #ifdef ZO_HAVE_OPENBLAS
-    cpu_gemm_impl impl = (cpu_gemm_impl)atomic_load_explicit(&gemm_impl, memory_order_relaxed);
-    if (impl != CPU_GEMM_OWN && blas_fits(d) && (impl == CPU_GEMM_BLAS || blas_wins(d)))
+    if (atomic_load_explicit(&gemm_impl, memory_order_relaxed) != CPU_GEMM_OWN && blas_fits(d))
         return blas_gemm(ws, d, nt);
 #endif
     return own_gemm(ws, d, nt);

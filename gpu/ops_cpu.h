@@ -57,7 +57,8 @@ zo_status gpu_cpu_inject_faults(gpu_device_t dev, const gpu_cpu_faults *f);
  * in, else the own packed kernel (docs/gpu.md: the rule, and why the bits
  * stay independent of nt either way). */
 zo_status cpu_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt);
-/* Which implementation cpu_gemm runs. AUTO: the dispatch rule; OWN: the own
+/* Which implementation cpu_gemm runs. AUTO: the dispatch rule, today the
+ * same as BLAS (the library was faster wherever measured); OWN: the own
  * kernel always; BLAS: the library for every product it can take (the own
  * kernel for the rest: no usable library, leading dimensions past INT_MAX). */
 typedef enum cpu_gemm_impl { CPU_GEMM_AUTO = 0, CPU_GEMM_OWN, CPU_GEMM_BLAS } cpu_gemm_impl;
