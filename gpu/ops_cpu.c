@@ -453,6 +453,7 @@ const char *cpu_gemm_blas(void)
     return blas_usable ? blas_desc : NULL;
 }
 
+#ifdef ZO_HAVE_OPENBLAS
 static int is16(zo_dtype t) { return t != ZO_DTYPE_F32; }
 
 /* The grid of one product: tiles of `rows` x `cols` (the last ones smaller),
@@ -472,8 +473,8 @@ static size_t conv_floats(const gpu_gemm_desc *d, int rows, int cols)
            (is16(d->c.dtype) ? (size_t)rows * cols : 0);
 }
 
-/* Rows are split first (op(B) is packed again for every row tile, op(A) for
- * every column tile, and the library packs B's panels more cheaply). */
+/* Rows are split first: op(B) is packed again for every row tile and op(A)
+ * for every column tile, and row tiles lost less to that when measured. */
 static blas_tiles blas_tiles_of(const gpu_gemm_desc *d, int batch)
 {
     int want = (gemm_procs + batch - 1) / batch; /* tiles per product */
@@ -508,7 +509,6 @@ static int blas_fits(const gpu_gemm_desc *d)
     return blas_usable && d->lda <= INT_MAX && d->ldb <= INT_MAX && d->ldc <= INT_MAX;
 }
 
-#ifdef ZO_HAVE_OPENBLAS
 /* Row conversions of the library path: load_row / store_row's roundings,
  * element by element; the bf16 ones cloned for AVX-512/AVX2, where they
  * vectorize (fp16's branches keep it scalar). */
