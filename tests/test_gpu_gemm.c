@@ -223,7 +223,8 @@ static void test_gemm_blas(void **state)
 {
     (void)state;
     if (!cpu_gemm_blas()) {
-        printf("  no usable BLAS library built in: cpu_gemm runs the own kernel only\n");
+        printf("  no usable BLAS library (none built in, or a serial build loaded): "
+               "cpu_gemm runs the own kernel only\n");
         skip();
     }
     printf("  %s\n", cpu_gemm_blas());
