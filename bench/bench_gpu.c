@@ -5,12 +5,12 @@
  * OpenBLAS's own threading splits differently by thread count), LLaMA-7B
  * (N = 512) and a LoRA adapter, fp32 and bf16 storage, through the device
  * interface (enqueue on a stream, synchronize): the backend's own kernel
- * ("own"), the backend as it dispatches ("backend": OpenBLAS where that is
- * faster, docs/gpu.md), and OpenBLAS called as a user would ("OpenBLAS":
+ * ("own"), the backend as it dispatches ("backend": OpenBLAS on fixed
+ * tiles, docs/gpu.md), and OpenBLAS called as a user would ("OpenBLAS":
  * cblas_sgemm on the calling thread with its own threading over the same
  * thread count; Debian's build has no 16-bit GEMM, so bf16 rows give it fp32
- * copies of the same values). The three alternate, 3 rounds, best of each;
- * GFLOP/s, then own / OpenBLAS and backend / OpenBLAS. "lib 1=n" says
+ * copies of the same values). The three alternate (3 rounds unless told),
+ * best of each: GFLOP/s, then own / OpenBLAS and backend / OpenBLAS. "lib 1=n" says
  * whether OpenBLAS's own threading gave the bits of its 1-thread run (the
  * backend's are the same for any thread count: test_gpu_gemm).
  * Then one training step of a 4-layer, 256-wide GPT-2, own kernel and
@@ -18,7 +18,7 @@
  * Last lines: own / OpenBLAS, then backend / OpenBLAS, geometric means over
  * the GEMM rows.
  *
- * Usage: bench_gpu [threads]   (default: all cores)
+ * Usage: bench_gpu [threads [rounds]]   (default: all cores, 3 rounds)
  * Measure OpenBLAS with OPENBLAS_CORETYPE unset (its kernel for this CPU). */
 #include <math.h>
 #include <omp.h>
@@ -106,8 +106,7 @@ static void run_step(void *arg)
     if (tf_trainer_grads(r->tr, r->s, r->in, r->tg, r->b, r->t, &info) != ZO_OK) die();
 }
 
-/* best seconds per call of fn over `rounds` alternations is the caller's
- * loop; one timing here */
+/* The smaller of prev and one more best-of timing of fn (one round). */
 static double best_of(void (*fn)(void *), void *arg, double prev)
 {
     double t = bench_time_best(fn, arg, 1, 2, 0.05);
@@ -122,9 +121,11 @@ int main(int argc, char **argv)
     gpu_cpu_options opt = {.n_threads = threads};
     if (gpu_device_init_cpu(&opt, &dev) != ZO_OK || gpu_stream_create(dev, &s) != ZO_OK) die();
     const int nt = threads > 0 ? threads : omp_get_max_threads();
+    const int rounds = argc > 2 && atoi(argv[2]) > 0 ? atoi(argv[2]) : 3;
     const char *blas = cpu_gemm_blas(), *coretype = getenv("OPENBLAS_CORETYPE");
-    bench_header("bench_gpu", "cpu backend, %d threads per op; library: %s; OPENBLAS_CORETYPE %s",
-                 nt, blas ? blas : "none (own kernel only)", coretype ? coretype : "unset");
+    bench_header("bench_gpu", "cpu backend, %d threads per op, %d rounds; library: %s; "
+                 "OPENBLAS_CORETYPE %s", nt, rounds, blas ? blas : "none (own kernel only)",
+                 coretype ? coretype : "unset");
     const gemm_case cases[] = {
         {"gpt2 qkv   x W^T", 0, 1, 1024, 2304, 768},
         {"gpt2 fc    x W^T", 0, 1, 1024, 3072, 768},
@@ -137,7 +138,6 @@ int main(int argc, char **argv)
         {"lora  x A^T r16", 0, 1, 512, 16, 4096},
         {"lora  u B^T r16", 0, 1, 512, 4096, 16},
     };
-    const int rounds = 3;
     double log_own = 0.0, log_back = 0.0, log_gf = 0.0;
     int n_ratio = 0, n_rows = 0;
     bench_row("%-17s %-5s %5s %6s %5s %9s %9s %9s %9s %9s %8s", "case", "dtype", "m", "n", "k",
