@@ -69,7 +69,8 @@ void cpu_gemm_set_impl(cpu_gemm_impl impl);
  * OpenMP build)"; NULL without one it can use (not built with one, or a
  * serial build, which is not safe to call from several threads at once). */
 const char *cpu_gemm_blas(void);
-/* The plain triple loop (fp32 accumulation), the baseline of bench_gpu. */
+/* The plain triple loop (fp32 accumulation): the readable statement of the
+ * contract beside the fast paths (test_gpu checks it like them). */
 void cpu_gemm_naive(const gpu_gemm_desc *d);
 
 zo_status cpu_bias_forward(cpu_scratch *ws, gpu_tensor y, gpu_tensor bias, int n, int c,
