@@ -396,15 +396,15 @@ static zo_status own_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
 }
 
 /* ---- GEMM through OpenBLAS ----------------------------------------------------------
- * Where the library runs the product (blas_fits), C is cut into a grid of tiles set
- * by the shape and by the machine's processor count (as many tiles as a team
- * of all its cores needs), never by the op's thread count; the op's team
- * shares out whole tiles and each tile is one single-threaded cblas_sgemm
- * over the whole depth k. A call's bits depend only on its arguments, so C's
- * bits do not depend on nt. (OpenBLAS's own threading cuts k into slices
- * of other lengths with 2 threads than with 1, so some sums round at other
- * places, and its choice of code path for mid-sized products depends on the
- * threads it may use: docs/gpu.md.) 16-bit operands are
+ * Where the library takes the product (blas_fits), C is cut into a grid of
+ * tiles set by the shape and by the machine's processor count (as many tiles
+ * as a team of all its cores needs), never by the op's thread count; the
+ * op's team shares out whole tiles and each tile is one single-threaded
+ * cblas_sgemm over the whole depth k. A call's bits depend only on its
+ * arguments, so C's bits do not depend on nt. (OpenBLAS's own threading cuts
+ * k into slices of other lengths with 2 threads than with 1, so some sums
+ * round at other places, and its choice of code path for mid-sized products
+ * depends on the threads it may use: docs/gpu.md.) 16-bit operands are
  * converted tile by tile into fp32 scratch, which is exact, and a 16-bit C
  * tile is computed in fp32 and rounded once, as the own kernel does. */
 #define BT_ROWS_MIN 64   /* rows of a tile at least: each row tile packs all of op(B) */
@@ -425,11 +425,11 @@ static void gemm_init(void)
     if (e && !strcmp(e, "own")) atomic_store(&gemm_impl, CPU_GEMM_OWN);
     if (e && !strcmp(e, "blas")) atomic_store(&gemm_impl, CPU_GEMM_BLAS);
 #ifdef ZO_HAVE_OPENBLAS
-    /* 0: serial build, 1: pthreads, 2: OpenMP. The OpenMP build runs one
-     * thread per call inside a team (or once omp_set_num_threads(1)); the
-     * pthreads build once told so; Debian's serial build takes no lock
-     * around its buffer table, so two threads calling it at once may share
-     * a packing buffer: it is left unused. */
+    /* 0: serial build, 1: pthreads, 2: OpenMP. The OpenMP build runs a call
+     * on one thread inside a team (or after omp_set_num_threads(1)); the
+     * pthreads build does once told so, here; Debian's serial build takes
+     * no lock around its buffer table, so two threads calling it at once
+     * may pack into the same buffer: it is left unused. */
     int par = openblas_get_parallel();
     if (par == 1) openblas_set_num_threads(1);
     blas_usable = par == 1 || par == 2;
