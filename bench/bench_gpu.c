@@ -1,22 +1,38 @@
 /* bench_gpu: the CPU device backend.
  *
- * Rows: GEMM shapes of a GPT-2 small layer (N = B*T = 512 tokens) through the
- * device interface (enqueue on a stream, synchronize), fp32 and bf16
- * storage, in GFLOP/s, beside the naive triple loop (cpu_gemm_naive, fp32
- * accumulation, same layouts) timed on a slice of rows in the same run; then
- * one training step (forward + backward) of a 4-layer, 256-wide GPT-2.
- * Last line: the geometric mean speed-up of the blocked GEMM over the naive
- * loop across the fp32 shapes.
+ * GEMM rows: shapes of GPT-2 small (N = 1024 tokens: the forward products,
+ * an input gradient and a weight gradient, and one at N = 1000, whose depth
+ * OpenBLAS's own threading splits differently by thread count), LLaMA-7B
+ * (N = 512) and a LoRA adapter, fp32 and bf16 storage, through the device
+ * interface (enqueue on a stream, synchronize): the backend's own kernel
+ * ("own"), the backend as it dispatches ("backend": OpenBLAS on fixed
+ * tiles, docs/gpu.md), and OpenBLAS called as a user would ("OpenBLAS":
+ * cblas_sgemm on the calling thread with its own threading over the same
+ * thread count; Debian's build has no 16-bit GEMM, so bf16 rows give it fp32
+ * copies of the same values). The three alternate (3 rounds unless told),
+ * best of each: GFLOP/s, then own / OpenBLAS and backend / OpenBLAS. "lib 1=n" says
+ * whether OpenBLAS's own threading gave the bits of its 1-thread run (the
+ * backend's are the same for any thread count: test_gpu_gemm).
+ * Then one training step of a 4-layer, 256-wide GPT-2, own kernel and
+ * backend alternated.
+ * Last lines: own / OpenBLAS, then backend / OpenBLAS, geometric means over
+ * the GEMM rows.
  *
- * Usage: bench_gpu [threads]   (default: all cores) */
+ * Usage: bench_gpu [threads [rounds]]   (default: all cores, 3 rounds)
+ * Measure OpenBLAS with OPENBLAS_CORETYPE unset (its kernel for this CPU). */
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef ZO_HAVE_OPENBLAS
+#include <cblas.h> /* defines: cblas_sgemm */
+#endif
+
 #include "bench/bench.h"          /* defines: bench_header, bench_time_best, bench_row */
 #include "gpu/device.h"           /* defines: gpu_gemm, gpu_stream_synchronize */
-#include "gpu/ops_cpu.h"          /* defines: cpu_gemm_naive */
+#include "gpu/ops_cpu.h"          /* defines: cpu_gemm_set_impl, cpu_gemm_blas */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer, tf_trainer_grads */
 
 typedef struct gemm_case {
@@ -27,27 +43,50 @@ typedef struct gemm_case {
 typedef struct gemm_run {
     gpu_stream_t s;
     gpu_gemm_desc d;
+    cpu_gemm_impl impl;
+    float *a32, *b32, *c32; /* fp32 copies for the library */
+    int threads;
 } gemm_run;
+
+static void die(void)
+{
+    fprintf(stderr, "bench_gpu: %s\n", zo_last_error());
+    exit(1);
+}
 
 static void run_device(void *arg)
 {
     gemm_run *r = arg;
-    if (gpu_gemm(r->s, &r->d) != ZO_OK || gpu_stream_synchronize(r->s) != ZO_OK) {
-        fprintf(stderr, "bench_gpu: %s\n", zo_last_error());
-        exit(1);
-    }
+    cpu_gemm_set_impl(r->impl);
+    if (gpu_gemm(r->s, &r->d) != ZO_OK || gpu_stream_synchronize(r->s) != ZO_OK) die();
 }
 
-static void run_naive(void *arg) { cpu_gemm_naive(&((gemm_run *)arg)->d); }
+#ifdef ZO_HAVE_OPENBLAS
+static void run_blas(void *arg)
+{
+    gemm_run *r = arg;
+    const gpu_gemm_desc *d = &r->d;
+    omp_set_num_threads(r->threads); /* the OpenMP build's thread count for this call */
+    cblas_sgemm(CblasRowMajor, d->trans_a ? CblasTrans : CblasNoTrans,
+                d->trans_b ? CblasTrans : CblasNoTrans, d->m, d->n, d->k, d->alpha, r->a32,
+                (int)d->lda, r->b32, (int)d->ldb, d->beta, r->c32, (int)d->ldc);
+}
+#endif
 
-static void *alloc_fill(gpu_device_t dev, size_t n, zo_dtype dt)
+/* n values of dtype dt on the device, and their fp32 copy on the host. */
+static void *alloc_fill(gpu_device_t dev, size_t n, zo_dtype dt, float **copy)
 {
     void *p;
-    if (gpu_mem_alloc(dev, n * zo_dtype_size(dt), &p) != ZO_OK) {
-        fprintf(stderr, "bench_gpu: %s\n", zo_last_error());
+    if (gpu_mem_alloc(dev, n * zo_dtype_size(dt), &p) != ZO_OK) die();
+    *copy = malloc(n * sizeof(float));
+    if (!*copy) {
+        fprintf(stderr, "bench_gpu: out of memory\n");
         exit(1);
     }
-    for (size_t i = 0; i < n; i++) zo_store_f32(p, dt, i, (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f);
+    for (size_t i = 0; i < n; i++) {
+        zo_store_f32(p, dt, i, (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f);
+        (*copy)[i] = zo_load_f32(p, dt, i);
+    }
     return p;
 }
 
@@ -56,16 +95,22 @@ typedef struct step_run {
     gpu_stream_t s;
     int32_t *in, *tg;
     int b, t;
+    cpu_gemm_impl impl;
 } step_run;
 
 static void run_step(void *arg)
 {
     step_run *r = arg;
     tf_step_info info;
-    if (tf_trainer_grads(r->tr, r->s, r->in, r->tg, r->b, r->t, &info) != ZO_OK) {
-        fprintf(stderr, "bench_gpu: %s\n", zo_last_error());
-        exit(1);
-    }
+    cpu_gemm_set_impl(r->impl);
+    if (tf_trainer_grads(r->tr, r->s, r->in, r->tg, r->b, r->t, &info) != ZO_OK) die();
+}
+
+/* The smaller of prev and one more best-of timing of fn (one round). */
+static double best_of(void (*fn)(void *), void *arg, double prev)
+{
+    double t = bench_time_best(fn, arg, 1, 2, 0.05);
+    return t < prev ? t : prev;
 }
 
 int main(int argc, char **argv)
@@ -74,55 +119,84 @@ int main(int argc, char **argv)
     gpu_device_t dev;
     gpu_stream_t s;
     gpu_cpu_options opt = {.n_threads = threads};
-    if (gpu_device_init_cpu(&opt, &dev) != ZO_OK || gpu_stream_create(dev, &s) != ZO_OK) {
-        fprintf(stderr, "bench_gpu: %s\n", zo_last_error());
-        return 1;
-    }
-    bench_header("bench_gpu", "cpu backend, %s threads per op; GEMM N=512 tokens, GPT-2 small widths",
-                 threads ? argv[1] : "all");
+    if (gpu_device_init_cpu(&opt, &dev) != ZO_OK || gpu_stream_create(dev, &s) != ZO_OK) die();
+    const int nt = threads > 0 ? threads : omp_get_max_threads();
+    const int rounds = argc > 2 && atoi(argv[2]) > 0 ? atoi(argv[2]) : 3;
+    const char *blas = cpu_gemm_blas(), *coretype = getenv("OPENBLAS_CORETYPE");
+    bench_header("bench_gpu", "cpu backend, %d threads per op, %d rounds; library: %s; "
+                 "OPENBLAS_CORETYPE %s", nt, rounds, blas ? blas : "none (own kernel only)",
+                 coretype ? coretype : "unset");
     const gemm_case cases[] = {
-        {"qkv   x W^T", 0, 1, 512, 2304, 768},
-        {"fc    x W^T", 0, 1, 512, 3072, 768},
-        {"proj  x W^T", 0, 1, 512, 768, 3072},
-        {"dx    dy W ", 0, 0, 512, 768, 2304},
-        {"dW  dy^T x ", 1, 0, 768, 768, 512},
+        {"gpt2 qkv   x W^T", 0, 1, 1024, 2304, 768},
+        {"gpt2 fc    x W^T", 0, 1, 1024, 3072, 768},
+        {"gpt2 proj  x W^T", 0, 1, 1024, 768, 3072},
+        {"gpt2 dx    dy W", 0, 0, 1024, 768, 3072},
+        {"gpt2 dW  dy^T x", 1, 0, 3072, 768, 1024},
+        {"gpt2 dW  N=1000", 1, 0, 768, 768, 1000},
+        {"llama q    x W^T", 0, 1, 512, 4096, 4096},
+        {"llama up   x W^T", 0, 1, 512, 11008, 4096},
+        {"lora  x A^T r16", 0, 1, 512, 16, 4096},
+        {"lora  u B^T r16", 0, 1, 512, 4096, 16},
     };
-    const int naive_rows = 16; /* the naive loop runs on a slice of m */
-    double log_sum = 0.0;
-    int n_ratio = 0;
-    bench_row("%-12s %-5s %5s %5s %5s %12s %12s %8s", "case", "dtype", "m", "n", "k",
-              "GFLOP/s", "naive", "speedup");
+    double log_own = 0.0, log_back = 0.0, log_gf = 0.0;
+    int n_ratio = 0, n_rows = 0;
+    bench_row("%-17s %-5s %5s %6s %5s %9s %9s %9s %9s %9s %8s", "case", "dtype", "m", "n", "k",
+              "own", "backend", "OpenBLAS", "own/OB", "back/OB", "lib 1=n");
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const gemm_case *g = &cases[c];
         for (int dti = 0; dti < 2; dti++) {
             zo_dtype dt = dti ? ZO_DTYPE_BF16 : ZO_DTYPE_F32;
             size_t na = (size_t)g->m * g->k, nb = (size_t)g->k * g->n, nc = (size_t)g->m * g->n;
-            gemm_run r = {.s = s};
+            gemm_run r = {.s = s, .threads = nt};
             r.d = (gpu_gemm_desc){.trans_a = g->ta, .trans_b = g->tb, .m = g->m, .n = g->n, .k = g->k,
                                   .alpha = 1.0f, .beta = 0.0f,
-                                  .a = gpu_t(alloc_fill(dev, na, dt), dt),
-                                  .b = gpu_t(alloc_fill(dev, nb, dt), dt),
-                                  .c = gpu_t(alloc_fill(dev, nc, dt), dt),
+                                  .a = gpu_t(alloc_fill(dev, na, dt, &r.a32), dt),
+                                  .b = gpu_t(alloc_fill(dev, nb, dt, &r.b32), dt),
+                                  .c = gpu_t(alloc_fill(dev, nc, dt, &r.c32), dt),
                                   .lda = g->ta ? g->m : g->k, .ldb = g->tb ? g->k : g->n, .ldc = g->n};
-            double flops = 2.0 * g->m * g->n * g->k;
-            double t = bench_time_best(run_device, &r, 1, 3, 0.3);
-            double gf = flops / t * 1e-9, gn = 0.0;
-            if (dt == ZO_DTYPE_F32) {
-                gemm_run nr = r;
-                nr.d.m = naive_rows; /* op(A) rows 0..naive_rows-1, same strides */
-                double tn = bench_time_best(run_naive, &nr, 0, 1, 0.2);
-                gn = 2.0 * naive_rows * g->n * g->k / tn * 1e-9;
-                log_sum += log(gf / gn);
+            double flops = 2.0 * g->m * g->n * g->k, t_own = 1e300, t_back = 1e300, t_lib = 1e300;
+            gemm_run own = r, back = r;
+            own.impl = CPU_GEMM_OWN;
+            back.impl = CPU_GEMM_AUTO;
+            for (int round = 0; round < rounds; round++) {
+                t_own = best_of(run_device, &own, t_own);
+                t_back = best_of(run_device, &back, t_back);
+#ifdef ZO_HAVE_OPENBLAS
+                t_lib = best_of(run_blas, &r, t_lib);
+#endif
+            }
+            const char *same = "-";
+#ifdef ZO_HAVE_OPENBLAS
+            if (dt == ZO_DTYPE_F32) { /* the library's bits with 1 thread and with nt */
+                float *c1 = malloc(nc * sizeof(float));
+                memcpy(c1, r.c32, nc * sizeof(float));
+                gemm_run one = r;
+                one.threads = 1;
+                one.c32 = c1;
+                run_blas(&one);
+                same = memcmp(c1, r.c32, nc * sizeof(float)) ? "differ" : "same";
+                free(c1);
+            }
+#endif
+            double g_own = flops / t_own * 1e-9, g_back = flops / t_back * 1e-9;
+            log_gf += log(g_back);
+            n_rows++;
+            if (t_lib < 1e300) {
+                double g_lib = flops / t_lib * 1e-9;
+                log_own += log(g_own / g_lib);
+                log_back += log(g_back / g_lib);
                 n_ratio++;
-                bench_row("%-12s %-5s %5d %5d %5d %12.2f %12.3f %8.1f", g->what, zo_dtype_name(dt),
-                          g->m, g->n, g->k, gf, gn, gf / gn);
+                bench_row("%-17s %-5s %5d %6d %5d %9.1f %9.1f %9.1f %9.3f %9.3f %8s", g->what,
+                          zo_dtype_name(dt), g->m, g->n, g->k, g_own, g_back, g_lib,
+                          g_own / g_lib, g_back / g_lib, same);
             } else {
-                bench_row("%-12s %-5s %5d %5d %5d %12.2f %12s %8s", g->what, zo_dtype_name(dt), g->m,
-                          g->n, g->k, gf, "-", "-");
+                bench_row("%-17s %-5s %5d %6d %5d %9.1f %9.1f %9s %9s %9s %8s", g->what,
+                          zo_dtype_name(dt), g->m, g->n, g->k, g_own, g_back, "-", "-", "-", same);
             }
             gpu_mem_free(dev, r.d.a.data);
             gpu_mem_free(dev, r.d.b.data);
             gpu_mem_free(dev, r.d.c.data);
+            free(r.a32), free(r.b32), free(r.c32);
         }
     }
 
@@ -135,28 +209,42 @@ int main(int argc, char **argv)
     tf_adamw aw = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f};
     int b = 4, t = 128;
     if (zo_model_config_parse(json, "bench", &cfg) != ZO_OK ||
-        tf_init(&m, &cfg, dev, ZO_DTYPE_F32, b, t) != ZO_OK || tf_trainer_init(&tr, &m, &aw) != ZO_OK) {
-        fprintf(stderr, "bench_gpu: %s\n", zo_last_error());
-        return 1;
-    }
+        tf_init(&m, &cfg, dev, ZO_DTYPE_F32, b, t) != ZO_OK || tf_trainer_init(&tr, &m, &aw) != ZO_OK)
+        die();
     tf_init_weights(&m.layout, tr.master, 1);
-    if (tf_trainer_upload(&tr, s) != ZO_OK) return 1;
+    if (tf_trainer_upload(&tr, s) != ZO_OK) die();
     int32_t *in = malloc((size_t)b * t * 4), *tg = malloc((size_t)b * t * 4);
     for (int i = 0; i < b * t; i++) {
         in[i] = (i * 7919) % cfg.vocab;
         tg[i] = (i * 104729 + 1) % cfg.vocab;
     }
-    step_run sr = {.tr = &tr, .s = s, .in = in, .tg = tg, .b = b, .t = t};
-    double ts = bench_time_best(run_step, &sr, 1, 2, 0.5);
+    step_run so = {.tr = &tr, .s = s, .in = in, .tg = tg, .b = b, .t = t, .impl = CPU_GEMM_OWN};
+    step_run sb = so;
+    sb.impl = CPU_GEMM_AUTO;
+    double ts_own = 1e300, ts_back = 1e300;
+    for (int round = 0; round < rounds; round++) {
+        double x = bench_time_best(run_step, &so, 1, 2, 0.3);
+        double y = bench_time_best(run_step, &sb, 1, 2, 0.3);
+        ts_own = x < ts_own ? x : ts_own;
+        ts_back = y < ts_back ? y : ts_back;
+    }
     double step_flops = 6.0 * (double)m.layout.total_numel * b * t; /* 6 * params * tokens */
-    bench_row("train step: gpt2 4x256 vocab 8192 (%.1fM params), batch %dx%d: %.3f s, %.0f tok/s, ~%.1f GFLOP/s",
-              m.layout.total_numel / 1e6, b, t, ts, b * t / ts, step_flops / ts * 1e-9);
+    bench_row("train step: gpt2 4x256 vocab 8192 (%.1fM params), batch %dx%d: own kernel %.3f s "
+              "(%.0f tok/s, ~%.1f GFLOP/s), backend %.3f s (%.0f tok/s, ~%.1f GFLOP/s): %.3fx",
+              m.layout.total_numel / 1e6, b, t, ts_own, b * t / ts_own, step_flops / ts_own * 1e-9,
+              ts_back, b * t / ts_back, step_flops / ts_back * 1e-9, ts_own / ts_back);
+    cpu_gemm_set_impl(CPU_GEMM_AUTO);
     tf_trainer_free(&tr);
     tf_free(&m);
     free(in);
     free(tg);
     gpu_stream_destroy(s);
     gpu_device_free(dev);
-    bench_result("gemm fp32 speedup over naive (geomean)", exp(log_sum / n_ratio));
+    if (n_ratio) {
+        bench_row("gemm own / OpenBLAS GFLOP/s (geomean): %.3f", exp(log_own / n_ratio));
+        bench_result("gemm backend / OpenBLAS GFLOP/s (geomean)", exp(log_back / n_ratio));
+    } else {
+        bench_result("gemm backend GFLOP/s (geomean; no OpenBLAS built in)", exp(log_gf / n_rows));
+    }
     return 0;
 }

@@ -133,6 +133,68 @@ macro(zo_detect_mpi)
   endif()
 endmacro()
 
+# OpenBLAS: the CPU backend's GEMM where it beats the backend's own kernel
+# (gpu/ops_cpu.c, docs/gpu.md). The backend calls it from its own OpenMP teams,
+# one single-threaded call per tile, so the OpenMP build is wanted: Debian
+# ships it in a folder of its own (libopenblas-openmp-dev), next to the
+# pthreads and serial builds; the plain `openblas` pkg-config module (any build,
+# Debian's alternatives or a self-built one) is the second choice, and the
+# backend checks at run time which build it got (the serial one is not safe to
+# call from several threads at once and is left unused). Imported target
+# OpenBLAS::OpenBLAS; ZO_PC_BLAS for zoffload.pc.
+macro(zo_detect_openblas)
+  set(ZO_OPENBLAS AUTO CACHE STRING "Use OpenBLAS for the CPU backend's GEMM (AUTO, ON, OFF)")
+  set_property(CACHE ZO_OPENBLAS PROPERTY STRINGS AUTO ON OFF)
+  set(ZO_HAVE_OPENBLAS OFF)
+  set(ZO_PC_BLAS "")
+  if(NOT ZO_OPENBLAS STREQUAL "OFF")
+    set(_zo_ob_lib_dirs "")
+    set(_zo_ob_inc_dirs "")
+    foreach(_zo_p IN LISTS CMAKE_PREFIX_PATH ITEMS /usr)
+      list(APPEND _zo_ob_lib_dirs ${_zo_p}/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp)
+      list(APPEND _zo_ob_inc_dirs ${_zo_p}/include/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp)
+    endforeach()
+    find_library(OPENBLAS_LIBRARY openblas PATHS ${_zo_ob_lib_dirs} NO_DEFAULT_PATH)
+    find_path(OPENBLAS_INCLUDE_DIR cblas.h PATHS ${_zo_ob_inc_dirs} NO_DEFAULT_PATH)
+    if(NOT OPENBLAS_LIBRARY OR NOT OPENBLAS_INCLUDE_DIR)
+      unset(OPENBLAS_LIBRARY CACHE)
+      unset(OPENBLAS_INCLUDE_DIR CACHE)
+      pkg_check_modules(OPENBLAS_PC QUIET openblas)
+      if(OPENBLAS_PC_FOUND)
+        find_library(OPENBLAS_LIBRARY openblas HINTS ${OPENBLAS_PC_LIBRARY_DIRS})
+        find_path(OPENBLAS_INCLUDE_DIR cblas.h HINTS ${OPENBLAS_PC_INCLUDE_DIRS})
+      endif()
+    endif()
+    if(OPENBLAS_LIBRARY AND OPENBLAS_INCLUDE_DIR)
+      set(ZO_HAVE_OPENBLAS ON)
+      set(_zo_ob_version "")
+      if(EXISTS ${OPENBLAS_INCLUDE_DIR}/openblas_config.h)
+        file(STRINGS ${OPENBLAS_INCLUDE_DIR}/openblas_config.h _zo_ob_v REGEX "define OPENBLAS_VERSION")
+        string(REGEX REPLACE ".*OpenBLAS ([0-9.]+).*" "\\1" _zo_ob_version "${_zo_ob_v}")
+      endif()
+      if(NOT TARGET OpenBLAS::OpenBLAS)
+        # GLOBAL: bench/ links it too, to time the library beside the backend
+        add_library(OpenBLAS::OpenBLAS UNKNOWN IMPORTED GLOBAL)
+        set_target_properties(OpenBLAS::OpenBLAS PROPERTIES IMPORTED_LOCATION ${OPENBLAS_LIBRARY}
+                              INTERFACE_INCLUDE_DIRECTORIES ${OPENBLAS_INCLUDE_DIR})
+      endif()
+      # programs linked through zoffload.pc load this build, not whichever
+      # libopenblas.so.0 the system's alternatives point at
+      get_filename_component(_zo_ob_dir ${OPENBLAS_LIBRARY} DIRECTORY)
+      set(ZO_PC_BLAS "-L${_zo_ob_dir} -Wl,-rpath,${_zo_ob_dir} -lopenblas")
+    endif()
+  endif()
+  _zo_require(ZO_OPENBLAS ZO_HAVE_OPENBLAS "OpenBLAS (Debian: libopenblas-openmp-dev)")
+  if(ZO_OPENBLAS STREQUAL "OFF")
+    message(STATUS "feature: OpenBLAS (CPU backend GEMM): disabled (ZO_OPENBLAS=OFF)")
+  elseif(ZO_HAVE_OPENBLAS)
+    message(STATUS "feature: OpenBLAS (CPU backend GEMM): found ${_zo_ob_version} (${OPENBLAS_LIBRARY})")
+  else()
+    message(STATUS "feature: OpenBLAS (CPU backend GEMM): not found (the backend's own kernel "
+                   "runs every GEMM; Debian: libopenblas-openmp-dev)")
+  endif()
+endmacro()
+
 # zo_add_test(NAME SOURCES src... LIBS lib... [TIMEOUT s] [ENV VAR=value...]):
 # one cmocka binary, run by ctest (nothing at all with ZO_BUILD_TESTS=OFF, so
 # properties go through ENV here, or under if(TARGET NAME)).

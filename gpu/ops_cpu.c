@@ -4,10 +4,18 @@
 #include "gpu/ops_cpu.h"
 
 #include <assert.h>
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifdef ZO_HAVE_OPENBLAS
+#include <cblas.h> /* defines: cblas_sgemm, openblas_get_parallel, openblas_get_corename */
+#endif
 
 #include "common/nf4.h" /* defines: zo_nf4_dequantize */
 
@@ -322,7 +330,8 @@ static void pack_b(float *Bp, const gpu_gemm_desc *d, const void *b, int p0, int
     }
 }
 
-zo_status cpu_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
+/* The own kernel: C in MC x NC tiles shared out among the team. */
+static zo_status own_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
 {
     int batch = d->batch > 0 ? d->batch : 1;
     int tm = (d->m + MC - 1) / MC, tn = (d->n + NC - 1) / NC;
@@ -384,6 +393,254 @@ zo_status cpu_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
         }
     }
     return ZO_OK;
+}
+
+/* ---- GEMM through OpenBLAS ----------------------------------------------------------
+ * Where the library takes the product (blas_fits), C is cut into a grid of
+ * tiles set by the shape and by the machine's processor count (as many tiles
+ * as a team of all its cores needs), never by the op's thread count; the
+ * op's team shares out whole tiles and each tile is one single-threaded
+ * cblas_sgemm over the whole depth k. A call's bits depend only on its
+ * arguments, so C's bits do not depend on nt. (OpenBLAS's own threading cuts
+ * k into slices of other lengths with 2 threads than with 1, so some sums
+ * round at other places, and its choice of code path for mid-sized products
+ * depends on the threads it may use: docs/gpu.md.) 16-bit operands are
+ * converted tile by tile into fp32 scratch, which is exact, and a 16-bit C
+ * tile is computed in fp32 and rounded once, as the own kernel does. */
+#define BT_ROWS_MIN 64   /* rows of a tile at least: each row tile packs all of op(B) */
+#define BT_COLS_MIN 128  /* columns of a tile at least */
+#define BT_ALIGN 16      /* tile edges on multiples of the library's 16-wide kernel */
+#define BT_CONV_FLOATS ((size_t)4 << 20) /* fp32 copies of a tile's 16-bit operands */
+
+static pthread_once_t gemm_once = PTHREAD_ONCE_INIT;
+static int gemm_procs = 1;                     /* processors: tiles per product */
+static atomic_int gemm_impl = CPU_GEMM_AUTO;   /* cpu_gemm_set_impl, ZO_CPU_GEMM */
+static int blas_usable;                        /* the library takes concurrent calls */
+static char blas_desc[160];
+
+static void gemm_init(void)
+{
+    gemm_procs = omp_get_num_procs();
+    const char *e = getenv("ZO_CPU_GEMM");
+    if (e && !strcmp(e, "own")) atomic_store(&gemm_impl, CPU_GEMM_OWN);
+    if (e && !strcmp(e, "blas")) atomic_store(&gemm_impl, CPU_GEMM_BLAS);
+#ifdef ZO_HAVE_OPENBLAS
+    /* 0: serial build, 1: pthreads, 2: OpenMP. The OpenMP build runs a call
+     * on one thread inside a team (or after omp_set_num_threads(1)); the
+     * pthreads build does once told so, here; Debian's serial build takes
+     * no lock around its buffer table, so two threads calling it at once
+     * may pack into the same buffer: it is left unused. */
+    int par = openblas_get_parallel();
+    if (par == 1) openblas_set_num_threads(1);
+    blas_usable = par == 1 || par == 2;
+    const char *cfg = openblas_get_config(); /* "OpenBLAS 0.3.21 NO_LAPACKE ..." */
+    int vlen = (int)strcspn(cfg, " ");
+    vlen += cfg[vlen] ? 1 + (int)strcspn(cfg + vlen + 1, " ") : 0;
+    snprintf(blas_desc, sizeof blas_desc, "%.*s (%s kernels, %s build)", vlen, cfg,
+             openblas_get_corename(), par == 2 ? "OpenMP" : par == 1 ? "pthreads" : "serial");
+#endif
+}
+
+void cpu_gemm_set_impl(cpu_gemm_impl impl)
+{
+    pthread_once(&gemm_once, gemm_init);
+    atomic_store(&gemm_impl, impl);
+}
+
+const char *cpu_gemm_blas(void)
+{
+    pthread_once(&gemm_once, gemm_init);
+    return blas_usable ? blas_desc : NULL;
+}
+
+#ifdef ZO_HAVE_OPENBLAS
+static int is16(zo_dtype t) { return t != ZO_DTYPE_F32; }
+
+/* The grid of one product: tiles of `rows` x `cols` (the last ones smaller),
+ * rt down and ct across. */
+typedef struct blas_tiles {
+    int rows, cols, rt, ct;
+} blas_tiles;
+
+static int round_up16(int x) { return (x + BT_ALIGN - 1) / BT_ALIGN * BT_ALIGN; }
+
+/* floats of fp32 copies one tile needs: its rows of op(A), columns of op(B)
+ * and C block, for the operands stored in 16 bits */
+static size_t conv_floats(const gpu_gemm_desc *d, int rows, int cols)
+{
+    return (is16(d->a.dtype) ? (size_t)rows * d->k : 0) +
+           (is16(d->b.dtype) ? (size_t)d->k * cols : 0) +
+           (is16(d->c.dtype) ? (size_t)rows * cols : 0);
+}
+
+/* Rows are split first: op(B) is packed again for every row tile and op(A)
+ * for every column tile, and row tiles lost less to that when measured. */
+static blas_tiles blas_tiles_of(const gpu_gemm_desc *d, int batch)
+{
+    int want = (gemm_procs + batch - 1) / batch; /* tiles per product */
+    int rt = d->m / BT_ROWS_MIN < want ? d->m / BT_ROWS_MIN : want;
+    if (rt < 1) rt = 1;
+    int ct = (want + rt - 1) / rt;
+    if (ct > d->n / BT_COLS_MIN) ct = d->n / BT_COLS_MIN;
+    if (ct < 1) ct = 1;
+    blas_tiles t = {.rows = round_up16((d->m + rt - 1) / rt), .cols = round_up16((d->n + ct - 1) / ct)};
+    while (conv_floats(d, t.rows, t.cols) > BT_CONV_FLOATS) {
+        if (t.rows > BT_ROWS_MIN && (t.rows >= t.cols || t.cols <= BT_COLS_MIN))
+            t.rows = round_up16(t.rows / 2);
+        else if (t.cols > BT_COLS_MIN)
+            t.cols = round_up16(t.cols / 2);
+        else
+            break;
+    }
+    if (t.rows > d->m) t.rows = d->m;
+    if (t.cols > d->n) t.cols = d->n;
+    t.rt = (d->m + t.rows - 1) / t.rows;
+    t.ct = (d->n + t.cols - 1) / t.cols;
+    return t;
+}
+
+/* The library can take the product: a usable build, leading dimensions in
+ * its 32-bit integers. The dispatch rule is this alone: measured against the
+ * own kernel (docs/gpu.md), the library was faster at every shape, transpose
+ * and storage type tried, from 8 x 32 x 32 and GEMV-like rows to LLaMA's
+ * widths, batched or not. */
+static int blas_fits(const gpu_gemm_desc *d)
+{
+    return blas_usable && d->lda <= INT_MAX && d->ldb <= INT_MAX && d->ldc <= INT_MAX;
+}
+
+/* Row conversions of the library path: load_row / store_row's roundings,
+ * element by element; the bf16 ones cloned for AVX-512/AVX2, where they
+ * vectorize (fp16's branches keep it scalar). */
+VEC_CLONES static void widen_bf16(float *restrict dst, const uint16_t *restrict src, int n)
+{
+    for (int i = 0; i < n; i++) dst[i] = zo_bf16_to_f32(src[i]);
+}
+
+static void widen_f16(float *restrict dst, const uint16_t *restrict src, int n)
+{
+    for (int i = 0; i < n; i++) dst[i] = zo_f16_to_f32(src[i]);
+}
+
+VEC_CLONES static void narrow_bf16(uint16_t *restrict dst, const float *restrict src, int n)
+{
+    for (int i = 0; i < n; i++) dst[i] = zo_f32_to_bf16(src[i]);
+}
+
+static void narrow_f16(uint16_t *restrict dst, const float *restrict src, int n)
+{
+    for (int i = 0; i < n; i++) dst[i] = zo_f32_to_f16(src[i]);
+}
+
+/* dst[0..n) = t[off..off+n) as fp32, t stored in 16 bits. */
+static void widen(float *dst, gpu_tensor t, size_t off, int n)
+{
+    const uint16_t *p = (const uint16_t *)t.data + off;
+    if (t.dtype == ZO_DTYPE_BF16)
+        widen_bf16(dst, p, n);
+    else
+        widen_f16(dst, p, n);
+}
+
+/* t[off..off+n) = src rounded to t's 16-bit storage. */
+static void narrow(gpu_tensor t, size_t off, const float *src, int n)
+{
+    uint16_t *p = (uint16_t *)t.data + off;
+    if (t.dtype == ZO_DTYPE_BF16)
+        narrow_bf16(p, src, n);
+    else
+        narrow_f16(p, src, n);
+}
+
+static gpu_tensor batch_view(gpu_tensor t, int bi, int64_t stride)
+{
+    return (gpu_tensor){(char *)t.data + (size_t)bi * stride * zo_dtype_size(t.dtype), t.dtype};
+}
+
+/* Tile `t` of the grid (product, row tile, column tile), one library call;
+ * `buf` holds the fp32 copies (conv_floats of the grid's tile). */
+static void blas_tile(const gpu_gemm_desc *d, const blas_tiles *bt, long t, float *buf)
+{
+    const int per = bt->rt * bt->ct, k = d->k;
+    const int bi = (int)(t / per), r = (int)(t % per);
+    const int i0 = r / bt->ct * bt->rows, j0 = r % bt->ct * bt->cols;
+    const int mc = d->m - i0 < bt->rows ? d->m - i0 : bt->rows;
+    const int nc = d->n - j0 < bt->cols ? d->n - j0 : bt->cols;
+    gpu_tensor a = batch_view(d->a, bi, d->stride_a), b = batch_view(d->b, bi, d->stride_b);
+    gpu_tensor c = batch_view(d->c, bi, d->stride_c);
+    float *abuf = buf, *bbuf = abuf + (is16(a.dtype) ? (size_t)bt->rows * k : 0);
+    float *cbuf = bbuf + (is16(b.dtype) ? (size_t)k * bt->cols : 0);
+
+    /* op(A)[i0..i0+mc, 0..k) */
+    const float *pa = (const float *)a.data + (d->trans_a ? (size_t)i0 : (size_t)i0 * d->lda);
+    int lda = (int)d->lda;
+    if (is16(a.dtype) && !d->trans_a) { /* A [m][k]: rows i0.. */
+        for (int i = 0; i < mc; i++) widen(abuf + (size_t)i * k, a, (size_t)(i0 + i) * d->lda, k);
+        pa = abuf, lda = k;
+    } else if (is16(a.dtype)) { /* A stored [k][m]: columns i0.. */
+        for (int p = 0; p < k; p++) widen(abuf + (size_t)p * mc, a, (size_t)p * d->lda + i0, mc);
+        pa = abuf, lda = mc;
+    }
+    /* op(B)[0..k, j0..j0+nc) */
+    const float *pb = (const float *)b.data + (d->trans_b ? (size_t)j0 * d->ldb : (size_t)j0);
+    int ldb = (int)d->ldb;
+    if (is16(b.dtype) && !d->trans_b) { /* B [k][n]: columns j0.. */
+        for (int p = 0; p < k; p++) widen(bbuf + (size_t)p * nc, b, (size_t)p * d->ldb + j0, nc);
+        pb = bbuf, ldb = nc;
+    } else if (is16(b.dtype)) { /* B stored [n][k]: rows j0.. */
+        for (int j = 0; j < nc; j++) widen(bbuf + (size_t)j * k, b, (size_t)(j0 + j) * d->ldb, k);
+        pb = bbuf, ldb = k;
+    }
+    /* C[i0.., j0..]; beta == 0: the library never reads C (nor the copy) */
+    float *pc = (float *)c.data + (size_t)i0 * d->ldc + j0;
+    int ldc = (int)d->ldc;
+    if (is16(c.dtype)) {
+        if (d->beta != 0.0f)
+            for (int i = 0; i < mc; i++)
+                widen(cbuf + (size_t)i * nc, c, (size_t)(i0 + i) * d->ldc + j0, nc);
+        pc = cbuf, ldc = nc;
+    }
+    cblas_sgemm(CblasRowMajor, d->trans_a ? CblasTrans : CblasNoTrans,
+                d->trans_b ? CblasTrans : CblasNoTrans, mc, nc, k, d->alpha, pa, lda, pb, ldb,
+                d->beta, pc, ldc);
+    if (is16(c.dtype))
+        for (int i = 0; i < mc; i++) narrow(c, (size_t)(i0 + i) * d->ldc + j0, cbuf + (size_t)i * nc, nc);
+}
+
+static zo_status blas_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
+{
+    const int batch = d->batch > 0 ? d->batch : 1;
+    const blas_tiles bt = blas_tiles_of(d, batch);
+    const long tiles = (long)batch * bt.rt * bt.ct;
+    int team = nthreads(nt);
+    if (team > tiles) team = (int)tiles;
+    /* reserved even when nothing is converted: a GEMM takes (and may fail
+     * to get) its scratch the same way whichever kernel runs it */
+    const size_t per = conv_floats(d, bt.rows, bt.cols) * sizeof(float);
+    char *base;
+    zo_status st = reserve_team(ws, "gpu_gemm", 0, per, team, &base);
+    if (st != ZO_OK) return st;
+#pragma omp parallel num_threads(team)
+    {
+        /* the OpenMP build runs a call on one thread inside a team of 2 or
+         * more; in a team of one it reads this thread's setting */
+        omp_set_num_threads(1);
+        float *mine = (float *)team_slice(base, 0, per);
+#pragma omp for schedule(static)
+        for (long t = 0; t < tiles; t++) blas_tile(d, &bt, t, mine);
+    }
+    return ZO_OK;
+}
+#endif
+
+zo_status cpu_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
+{
+    pthread_once(&gemm_once, gemm_init);
+#ifdef ZO_HAVE_OPENBLAS
+    if (atomic_load_explicit(&gemm_impl, memory_order_relaxed) != CPU_GEMM_OWN && blas_fits(d))
+        return blas_gemm(ws, d, nt);
+#endif
+    return own_gemm(ws, d, nt);
 }
 
 void cpu_gemm_naive(const gpu_gemm_desc *d)

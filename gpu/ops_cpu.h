@@ -53,8 +53,24 @@ zo_status gpu_cpu_inject_faults(gpu_device_t dev, const gpu_cpu_faults *f);
 
 /* ---- kernels ------------------------------------------------------------------ */
 
+/* C = alpha op(A) op(B) + beta C: OpenBLAS where it is faster and was built
+ * in, else the own packed kernel (docs/gpu.md: the rule, and why the bits
+ * stay independent of nt either way). */
 zo_status cpu_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt);
-/* The plain triple loop (fp32 accumulation), the baseline of bench_gpu. */
+/* Which implementation cpu_gemm runs. AUTO: the dispatch rule, today the
+ * same as BLAS (the library was faster wherever measured); OWN: the own
+ * kernel always; BLAS: the library for every product it can take (the own
+ * kernel for the rest: no usable library, leading dimensions past INT_MAX). */
+typedef enum cpu_gemm_impl { CPU_GEMM_AUTO = 0, CPU_GEMM_OWN, CPU_GEMM_BLAS } cpu_gemm_impl;
+/* (tests, benchmarks) Set it for the whole process, from then on; the
+ * environment's ZO_CPU_GEMM=own|blas|auto gives the first value. */
+void cpu_gemm_set_impl(cpu_gemm_impl impl);
+/* The library cpu_gemm can call, as "OpenBLAS 0.3.21 (SkylakeX kernels,
+ * OpenMP build)"; NULL without one it can use (not built with one, or a
+ * serial build, which is not safe to call from several threads at once). */
+const char *cpu_gemm_blas(void);
+/* The plain triple loop (fp32 accumulation): the readable statement of the
+ * contract beside the fast paths (test_gpu checks it like them). */
 void cpu_gemm_naive(const gpu_gemm_desc *d);
 
 zo_status cpu_bias_forward(cpu_scratch *ws, gpu_tensor y, gpu_tensor bias, int n, int c,

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Install what the build and tests need on a Debian machine (run as root;
+# OpenBLAS's OpenMP build is the CPU backend's GEMM where it is faster;
 # python3-torch and, through node, Hugging Face's JavaScript tokenizers are
 # the independent references some tests compare against), then configure and
 # build into ./build. Packages already present are skipped.
@@ -7,7 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(build-essential cmake pkg-config libcmocka-dev libcjson-dev liburing-dev
-      libxxhash-dev libopenmpi-dev openmpi-bin fio python3-torch librsvg2-bin)
+      libxxhash-dev libopenmpi-dev openmpi-bin fio python3-torch librsvg2-bin
+      libopenblas-openmp-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
