@@ -397,22 +397,6 @@ static zo_status check_block(const offload_t *rt, const char *fn, int block)
     return ZO_OK;
 }
 
-size_t offload_find_nonfinite(const float *p, size_t n)
-{
-    /* exponent all ones: inf or nan; the loop runs without a branch per value */
-    const uint32_t *u = (const uint32_t *)(const void *)p;
-    size_t chunk = 4096;
-    for (size_t a = 0; a < n; a += chunk) {
-        size_t e = n - a < chunk ? n : a + chunk;
-        uint32_t any = 0;
-        for (size_t i = a; i < e; i++) any |= (uint32_t)((u[i] & 0x7f800000u) == 0x7f800000u);
-        if (!any) continue;
-        for (size_t i = a; i < e; i++)
-            if ((u[i] & 0x7f800000u) == 0x7f800000u) return i;
-    }
-    return n;
-}
-
 /* Block b's master and 16-bit weights from w (the whole block: the rank
  * keeps its part), its moments zeroed. */
 static zo_status set_block(offload_t *rt, int b, const float *w)
@@ -520,9 +504,9 @@ zo_status offload_get_weights(offload_t *rt, float *const *blocks)
 zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s)
 {
     double t0 = zo_now();
-    __atomic_store_n(&rt->device_busy, 1, __ATOMIC_RELAXED);
+    offload_set_device_busy(&rt->acct, 1);
     zo_status st = offload_stream_micro_batch(rt, s);
-    __atomic_store_n(&rt->device_busy, 0, __ATOMIC_RELAXED);
+    offload_set_device_busy(&rt->acct, 0);
     if (st != ZO_OK) return st;
     rt->acct.n_micro++;
     device_peak(rt);
@@ -532,9 +516,9 @@ zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s)
 
 zo_status offload_forward(offload_t *rt, gpu_stream_t s)
 {
-    __atomic_store_n(&rt->device_busy, 1, __ATOMIC_RELAXED);
+    offload_set_device_busy(&rt->acct, 1);
     zo_status st = offload_stream_forward(rt, s);
-    __atomic_store_n(&rt->device_busy, 0, __ATOMIC_RELAXED);
+    offload_set_device_busy(&rt->acct, 0);
     return st;
 }
 

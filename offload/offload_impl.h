@@ -42,7 +42,6 @@
 
 #include <pthread.h>
 
-#include "common/clock.h" /* defines: zo_now */
 #include "common/adam_math.h" /* defines: zo_adam_hparams */
 #include "common/fileio.h"    /* defines: zo_dir_lock */
 #include "offload/offload.h"
@@ -53,154 +52,10 @@
 #define OFFLOAD_LOSS_SCALE_INIT 65536.0f
 #define OFFLOAD_LOSS_SCALE_WINDOW 200
 #define OFFLOAD_DEFAULT_SUB_GROUP (1u << 20)
-#define OFFLOAD_DEFAULT_BUCKET 25000000u /* elements (memplan's comm.bucket) */
 #define OFFLOAD_MAX_SKIPPED_STEPS 50 /* fp16 overflow skips in a row before the step fails */
 
-/* ---- acct.c: the clock, memory per tier, counters -------------------------------- */
-
-typedef enum offload_bytes_kind {
-    OFFLOAD_BYTES_H2D = 0,
-    OFFLOAD_BYTES_D2H,
-    OFFLOAD_BYTES_DISK_READ,
-    OFFLOAD_BYTES_DISK_WRITTEN,
-    OFFLOAD_BYTES_KINDS,
-} offload_bytes_kind;
-
-/* Updated from the host thread and the optimizer's thread alike: through
- * the functions below, under its lock. */
-typedef struct offload_acct {
-    pthread_mutex_t mu;
-    uint64_t use[OFFLOAD_TIERS], peak[OFFLOAD_TIERS];
-    double time[OFFLOAD_TIME_PARTS];
-    double total_s;
-    int64_t n_micro, n_steps;
-    uint64_t bytes[OFFLOAD_BYTES_KINDS];
-    double opt_busy_s, opt_overlap_s; /* the optimizer's time, and its part while the device computed */
-    /* several ranks (offload_stats), counted by the host thread alone: a
-     * data-parallel run has no optimizer thread (serial schedule) */
-    uint64_t comm_elems, comm_pad_elems; /* collectives */
-    uint64_t reused_elems; /* blocks a half-pass found in a slot an earlier one loaded */
-    int64_t comm_calls;
-} offload_acct;
-
-typedef struct offload_dp offload_dp;
-
-/* What every object of the runtime works with. */
-typedef struct offload_env {
-    gpu_device_t dev;
-    gpu_stream_t h2d, d2h; /* the runtime's copy streams */
-    offload_acct *acct;
-    int n_threads;         /* CPU Adam threads; 0 = OpenMP's default */
-    offload_dp *dp;        /* data parallelism, NULL with one rank */
-} offload_env;
-
-/* The model's blocks on the flat parameter index. */
-typedef struct offload_geom {
-    int nb;
-    const size_t *numel;   /* [nb] */
-    const size_t *off;     /* [nb + 1] flat offsets */
-    size_t n;              /* elements of the whole model */
-    size_t largest;        /* elements of the largest block */
-    zo_dtype dtype;        /* of the 16-bit (or fp32) weights */
-    size_t es;             /* bytes per element of dtype */
-    size_t slot_bytes;     /* largest * es, at least 256 */
-} offload_geom;
-
-void offload_count(offload_acct *a, offload_tier t, int64_t delta);
-void offload_add_time(offload_acct *a, offload_time_part p, double seconds);
-void offload_add_bytes(offload_acct *a, offload_bytes_kind k, uint64_t n);
-/* Host memory counted against the CPU tier (pinned: through the device). */
-zo_status offload_host_alloc(const offload_env *env, size_t bytes, int pinned, void **out);
-void offload_host_free(const offload_env *env, void *p, size_t bytes, int pinned);
-/* Host wait on one event, added to a part of the time split. */
-zo_status offload_timed_wait(const offload_env *env, gpu_event_t ev, offload_time_part part);
-/* The block holding flat element `a` (blocks of no elements skipped). */
-int offload_block_of(const offload_geom *g, size_t a);
-
-/* ---- dp.c: data parallelism ------------------------------------------------------- */
-
-/* The partition: every block is one bucket, padded to a multiple of the
- * rank count and split in equal parts (comm_padded_count, comm_shard); rank
- * r's part of block b is elements [part_off[b], part_off[b] + part_n[b]).
- * With ZeRO 1-3 the optimizer state, the gradient sums it reads and (ZeRO
- * 3) the 16-bit weights of a rank are its parts: the rank's geometry has
- * block b of part_n[b] elements. Stage 0 partitions nothing (its part is
- * the whole block). */
-struct offload_dp {
-    comm_t comm;
-    int rank, size, stage;
-    const offload_env *env;
-    int nb;
-    size_t *pad;           /* [nb] block b padded: comm_padded_count(numel, size) */
-    size_t *part_off;      /* [nb] the rank's part of block b: first element */
-    size_t *part_n;        /* [nb] ... and its elements (possibly 0) */
-    size_t *loc_off;       /* [nb + 1] the rank's geometry: flat offsets of the parts */
-    size_t largest_pad;    /* the largest padded block */
-    /* two fp32 buckets of bucket_q x size elements on the device: a piece of
-     * a block's gradient (or master weights) while a collective runs on it.
-     * A block whose part is longer than bucket_q goes in pieces: piece j
-     * holds elements [j q, j q + q) of every rank's part, rank after rank
-     * (offload_dp_piece), so that a reduce-scatter of the piece leaves each
-     * rank a piece of its own part. */
-    float *bucket[2];
-    size_t bucket_q;       /* elements of a rank's part per piece */
-    gpu_event_t bucket_ev[2]; /* the bucket's last use is done (its stream's record) */
-    void *small;           /* device [size * OFFLOAD_GATHER_MAX]: offload_gather */
-    gpu_event_t ev_in, ev_out; /* a collective's `after` and `done` */
-    /* collectives in flight, oldest first (they complete in issue order) */
-    comm_request_t *req;
-    size_t n_req, head, cap_req;
-};
-
-typedef enum dp_op {
-    DP_ALL_REDUCE = 0,     /* in place over `count` elements */
-    DP_REDUCE_SCATTER,     /* in place: block b padded, the rank's part at part_off */
-    DP_ALL_GATHER,         /* in place: likewise */
-} dp_op;
-
-/* bucket: elements per communication bucket (0: 25M), rounded to the rank
- * count, at most the largest padded block. */
-zo_status offload_dp_create(const offload_env *env, const offload_geom *g, comm_t comm, int stage,
-                            size_t bucket, offload_dp **out);
-void offload_dp_free(offload_dp *dp);
-/* 1 when the optimizer state (and what follows it) is partitioned: ZeRO 1-3. */
-int offload_dp_partitioned(const offload_dp *dp);
-/* Where the optimizer's part of block b starts in the whole block (0 when
- * not partitioned or dp is NULL). */
-size_t offload_dp_part_first(const offload_dp *dp, int b);
-/* The rank's geometry (the parts of every block) over the arrays of dp;
- * with stage 0 (or no dp) the model's own. */
-void offload_dp_geom(const offload_dp *dp, const offload_geom *g, offload_geom *out);
-/* Issue a collective on device buffer `buf` (fp32, fp16 or bf16): an
- * all-reduce of `count` elements, or a reduce-scatter or all-gather in
- * place of `count` elements per rank (the rank's at buf + rank * count);
- * `real` of them are the model's (the rest padding). `after` (may be NULL):
- * the collective reads its input after the event's latest record; its
- * completion is recorded on `done` (may be NULL). Counted in the
- * accounting; the request is kept until offload_dp_wait. */
-zo_status offload_dp_collective(offload_dp *dp, dp_op op, size_t count, size_t real, void *buf, zo_dtype dt,
-                                gpu_event_t after, gpu_event_t done);
-/* The same on all of block b in place (numel elements of it real): an
- * all-reduce of numel, or a reduce-scatter / all-gather of the padded block. */
-zo_status offload_dp_block(offload_dp *dp, dp_op op, int b, size_t numel, void *buf, zo_dtype dt,
-                           gpu_event_t after, gpu_event_t done);
-/* The pieces of block b (at least 1 when it has elements); piece j covers
- * elements [*first, *first + *q) of every rank's part; *real: of the
- * piece's size * q elements, the model's. */
-size_t offload_dp_pieces(const offload_dp *dp, int b);
-void offload_dp_piece(const offload_dp *dp, int b, size_t numel, size_t j, size_t *first, size_t *q,
-                      size_t *real);
-/* Where rank r's share of piece (first, q) starts in the whole block, and
- * how many of its q elements are the model's (the rest padding). */
-size_t offload_dp_piece_src(const offload_dp *dp, int b, size_t numel, int r, size_t first, size_t q,
-                            size_t *n);
-/* Complete every collective issued so far. */
-zo_status offload_dp_wait(offload_dp *dp);
-/* Block b's fp32 values from every rank's part: `part` (host, part_n[b]
- * values) in, the whole block (host, numel values) out. Blocking. */
-zo_status offload_dp_gather_block(offload_dp *dp, int b, size_t numel, const float *part, float *all);
-/* `bytes` of host memory from every rank into all[rank * bytes]. Blocking. */
-zo_status offload_dp_gather(offload_dp *dp, const void *mine, size_t bytes, void *all);
+#include "offload/acct.h" /* defines: offload_env, offload_geom, offload_acct */
+#include "offload/dp.h"   /* defines: offload_dp */
 
 /* ---- wstore.c: the 16-bit weights -------------------------------------------------- */
 
@@ -474,7 +329,6 @@ struct offload {
     int have_prev_norm;
     wstore *shadow;             /* DPU: a host store the update writes into */
     int dpu_pending;            /* DPU: the shadow holds an update not yet published */
-    int device_busy;            /* a micro-batch is running (for the overlap figure) */
 
     /* activation boundaries (stream.c) */
     void **bnd;                 /* checkpoints on the device: [nb - 1] device buffers */
@@ -549,11 +403,5 @@ int offload_optim_early(const offload_t *rt);
 /* ckpt.c: lock `dir` (created if missing) for this runtime's life; a
  * runtime holds one checkpoint folder, the last it locked. */
 zo_status offload_ckpt_lock(offload_t *rt, const char *dir);
-
-/* The index of the first of n values that is inf or nan, n when none. */
-size_t offload_find_nonfinite(const float *p, size_t n);
-
-/* Convert n fp32 values to the weights' dtype. */
-void offload_to_dtype(const offload_geom *g, void *dst, const float *src, size_t n);
 
 #endif

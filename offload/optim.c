@@ -113,7 +113,7 @@ static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay,
     adam_hparams hp = rt->opt_hp;
     if (!decay) hp.weight_decay = 0.0f;
     double t0 = zo_now();
-    int busy0 = __atomic_load_n(&rt->device_busy, __ATOMIC_RELAXED);
+    int busy0 = offload_device_busy(&rt->acct);
     void *dst;
     zo_status st = ws->ops->put_host(ws, b, rel, n, &dst);
     if (st != ZO_OK) return st;
@@ -126,7 +126,7 @@ static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay,
     if (wide) memcpy(dst, P, n * 4);
     st = ws->ops->put_host_done(ws, b, rel, n);
     double dt = zo_now() - t0;
-    int busy1 = __atomic_load_n(&rt->device_busy, __ATOMIC_RELAXED);
+    int busy1 = offload_device_busy(&rt->acct);
     pthread_mutex_lock(&rt->acct.mu);
     rt->acct.opt_busy_s += dt;
     if (busy0 && busy1) rt->acct.opt_overlap_s += dt;
