@@ -759,7 +759,6 @@ zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
     if (st == ZO_OK) st = ss;
     ss = rt->ws->ops->sync(rt->ws);
     if (st == ZO_OK) st = ss;
-    offload_slots_invalidate(rt);
     if (st != ZO_OK) goto out_close;
     rt->step = cs.step;
     rt->loss_scale = cs.loss_scale;

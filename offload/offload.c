@@ -280,6 +280,22 @@ static zo_status create_shards(offload_t *rt)
     return ZO_OK;
 }
 
+/* The trainable weights' store on tier `on`: the tier's store; ZeRO 1-2
+ * the device store holding every block, padded, the optimizer's parts
+ * all-gathered; ZeRO 3 the gathering store over the tier's store of the
+ * rank's parts. */
+static zo_status create_weights(offload_t *rt, offload_tier on)
+{
+    int stage = rt->dp ? rt->dp->stage : 0;
+    wstore_config wc = {.tier = on, .dev_puts = rt->cfg.opt_frac[OFFLOAD_DEVICE] > 0, .chunk = rt->cfg.sub_group,
+                        .nvme_dir = rt->cfg.nvme_dir, .name = "par", .ring = rt->n_slots,
+                        .gathered = stage == 1 || stage == 2};
+    if (stage < 3) return wstore_create(&rt->env, &rt->g, &wc, &rt->ws);
+    wstore *inner;
+    zo_status st = wstore_create(&rt->env, &rt->og, &wc, &inner);
+    return st != ZO_OK ? st : wgather_create(&rt->env, &rt->g, inner, &rt->ws);
+}
+
 /* Device slots for streamed weights: the block computing and `depth`
  * loading ahead (two at least when a block reads another's weights). */
 static int slot_count(const offload_t *rt)
@@ -340,10 +356,7 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     if (w_streamed || f_streamed) rt->n_slots = slot_count(rt);
     rt->fslot = f_streamed ? rt->fg.slot_bytes : 0;
     rt->slot_size = rt->fslot + (w_streamed ? rt->g.slot_bytes : 0);
-    wstore_config wc = {.tier = w_on, .dev_puts = rt->cfg.opt_frac[OFFLOAD_DEVICE] > 0,
-                        .chunk = rt->cfg.sub_group, .nvme_dir = rt->cfg.nvme_dir, .name = "par",
-                        .ring = rt->n_slots, .part_geom = &rt->og};
-    if ((st = wstore_create(&rt->env, &rt->g, &wc, &rt->ws)) != ZO_OK) goto out_free;
+    if ((st = create_weights(rt, w_on)) != ZO_OK) goto out_free;
     if (frozen) {
         wstore_config fc = {.tier = rt->cfg.params_on, .chunk = rt->cfg.sub_group,
                             .nvme_dir = rt->cfg.nvme_dir, .name = "frz", .ring = rt->n_slots};
@@ -421,13 +434,8 @@ static zo_status weights_begin(offload_t *rt)
     return st != ZO_OK ? st : sd;
 }
 
-/* The store and the shards hold what was put; the slots forget. */
-static zo_status weights_end(offload_t *rt)
-{
-    zo_status st = rt->ws->ops->sync(rt->ws);
-    offload_slots_invalidate(rt);
-    return st;
-}
+/* The store holds what was put (the slots see the blocks' new generations). */
+static zo_status weights_end(offload_t *rt) { return rt->ws->ops->sync(rt->ws); }
 
 zo_status offload_set_block(offload_t *rt, int block, const float *w)
 {
@@ -443,11 +451,8 @@ zo_status offload_set_frozen_block(offload_t *rt, int block, const void *bytes)
     zo_status st = check_block(rt, "offload_set_frozen_block", block);
     if (st != ZO_OK) return st;
     if (!rt->fws) return zo_error(ZO_ERR_INVALID, "offload_set_frozen_block: the model has no frozen base");
-    if ((st = wstore_put_raw(rt->fws, block, 0, rt->fbytes[block], bytes)) != ZO_OK ||
-        (st = rt->fws->ops->sync(rt->fws)) != ZO_OK)
-        return st;
-    offload_slots_invalidate(rt);
-    return ZO_OK;
+    if ((st = wstore_put_raw(rt->fws, block, 0, rt->fbytes[block], bytes)) != ZO_OK) return st;
+    return rt->fws->ops->sync(rt->fws);
 }
 
 zo_status offload_get_frozen_block(offload_t *rt, int block, void *bytes)
@@ -537,7 +542,6 @@ zo_status offload_step(offload_t *rt, offload_step_info *info)
         ((st = offload_optim_settle(rt)) != ZO_OK || (st = ostate_sync(rt->shards, rt->n_shards)) != ZO_OK))
         return st;
     st = offload_optim_step(rt, info);
-    offload_slots_invalidate(rt);
     if (st == ZO_OK && !info->skipped) rt->acct.n_steps++;
     rt->acct.total_s += zo_now() - t0;
     return st;

@@ -56,85 +56,7 @@
 
 #include "offload/acct.h" /* defines: offload_env, offload_geom, offload_acct */
 #include "offload/dp.h"   /* defines: offload_dp */
-
-/* ---- wstore.c: the 16-bit weights -------------------------------------------------- */
-
-typedef struct wstore wstore;
-
-/* Two kinds of writes: `put` is the optimizer's (the new weights of the
- * elements this rank updates, in the optimizer's geometry: the rank's parts
- * with ZeRO 1-3; a replicated store all-gathers them), `load` anybody's
- * who has whole blocks on every rank (weights set, checkpoints loaded: the
- * store keeps what is its own, no collective). Fetch gives whole blocks. */
-typedef struct wstore_ops {
-    /* Block b's weights in device memory when the store keeps them there
-     * (the compute reads them in place), else NULL. */
-    const void *(*resident)(wstore *ws, int b);
-    /* Start copying block b's weights into device memory `dst` on the h2d
-     * stream (streamed stores); the copy is ordered on h2d. */
-    zo_status (*fetch)(wstore *ws, int b, void *dst);
-    /* Host memory for new weights of elements [rel, rel + n) of block b (in
-     * the dtype), valid until put_host_done of the same range, which hands
-     * them to the store. n is at most put_max. */
-    zo_status (*put_host)(wstore *ws, int b, size_t rel, size_t n, void **dst);
-    zo_status (*put_host_done)(wstore *ws, int b, size_t rel, size_t n);
-    /* Device memory for all new weights of block b, written on stream s;
-     * put_dev_done (on the same stream) hands them to the store. */
-    zo_status (*put_dev)(wstore *ws, int b, void **dst);
-    zo_status (*put_dev_done)(wstore *ws, int b, gpu_stream_t s);
-    /* Every put has reached the store: later fetches and compute see it. */
-    zo_status (*sync)(wstore *ws);
-    /* Elements [rel, rel + n) of block b (whole-block coordinates) from
-     * fp32, which every rank has. */
-    zo_status (*load)(wstore *ws, int b, size_t rel, size_t n, const float *src);
-    /* Block b's weights (numel[b] elements of the dtype) into host memory,
-     * synchronously (the tier stores: the frozen base's reads). */
-    zo_status (*get_host)(wstore *ws, int b, void *dst);
-    void (*free)(wstore *ws);
-} wstore_ops;
-
-struct wstore {
-    const wstore_ops *ops;
-    const offload_env *env;
-    const offload_geom *g;
-    offload_tier tier;
-    int resident;          /* resident() gives every block: nothing is fetched */
-    int part_only;         /* keeps only the rank's part of each block (ZeRO-3): loads of the rest are dropped */
-    size_t put_max;        /* elements put_host takes at once */
-};
-
-typedef struct wstore_config {
-    offload_tier tier;
-    int ring;              /* NVMe: pinned read-ahead buffers (the device slots' count) */
-    int dev_puts;          /* new weights will come from the device (a device shard) */
-    size_t chunk;          /* device tier: elements a host put stages at once */
-    const char *nvme_dir;
-    const char *name;      /* what it holds ("par", "frz"): NVMe file names, messages */
-    /* ZeRO-3 (env->dp partitioned, stage 3): the rank's geometry, over
-     * which the inner store keeps its parts */
-    const offload_geom *part_geom;
-    int plain;             /* a store of g as given, whatever env->dp says (ZeRO-3's inner) */
-} wstore_config;
-
-/* The store the configuration and env->dp ask for: one rank or ZeRO 0, the
- * tier's store; ZeRO 1-2, the device store holding every block, padded,
- * its puts all-gathered; ZeRO 3, wgather.c over the tier's store of the
- * rank's parts. */
-zo_status wstore_create(const offload_env *env, const offload_geom *g, const wstore_config *c,
-                        wstore **out);
-void wstore_free(wstore *ws);
-/* Load elements [rel, rel + n) of block b's weights (whole-block
- * coordinates), given in fp32: ws->ops->load. */
-zo_status wstore_load_f32(wstore *ws, int b, size_t rel, size_t n, const float *src);
-/* The tier stores' load: puts of chunks of at most put_max. */
-zo_status wstore_load_by_puts(wstore *ws, int b, size_t rel, size_t n, const float *src);
-/* Put elements [rel, rel + n) of block b's weights given as the store's own
- * elements (bytes copied as they are), chunk by chunk. */
-zo_status wstore_put_raw(wstore *ws, int b, size_t rel, size_t n, const void *src);
-/* Every block of host store `from` (same geometry) put into `to`, synced. */
-zo_status wstore_publish(wstore *from, wstore *to);
-/* wgather.c: the ZeRO-3 store over `inner` (the rank's parts), owning it. */
-zo_status wgather_create(const offload_env *env, const offload_geom *g, wstore *inner, wstore **out);
+#include "offload/wstore.h" /* defines: wstore */
 
 /* ---- ostate.c: fp32 master weights and Adam moments ------------------------------- */
 
@@ -219,6 +141,7 @@ typedef struct offload_slot {
     int block;          /* the block whose weights it holds (or is loading), -1 none */
     int busy;           /* acquired and not released */
     int used;           /* the freed event has been recorded at least once */
+    uint64_t gen, fgen; /* the generations of the block's weights and frozen base it holds */
     uint64_t seg;       /* 2 pass + (backward): the half-pass it was loaded for, or last used by */
     uint64_t released;  /* tick of the last release (least recently released goes first) */
     gpu_event_t ready;  /* on the h2d stream: the weights have arrived */
@@ -350,8 +273,6 @@ struct offload {
 /* stream.c */
 zo_status offload_stream_init(offload_t *rt);
 void offload_stream_free(offload_t *rt);
-/* Forget which blocks the device slots hold (the store changed). */
-void offload_slots_invalidate(offload_t *rt);
 
 /* grads.c */
 zo_status offload_grads_init(offload_t *rt);

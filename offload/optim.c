@@ -124,7 +124,7 @@ static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay,
     if (st != ZO_OK)
         return zo_error_wrap(st, "offload_step: block %d elements %zu..%zu", b, rel, rel + n);
     if (wide) memcpy(dst, P, n * 4);
-    st = ws->ops->put_host_done(ws, b, rel, n);
+    st = wstore_put_host_done(ws, b, rel, n);
     double dt = zo_now() - t0;
     int busy1 = offload_device_busy(&rt->acct);
     pthread_mutex_lock(&rt->acct.mu);
@@ -200,7 +200,7 @@ static zo_status update_dev(void *ctx, int b, float *P, float *M, float *V, floa
         rel = stop;
     }
     if (wide && (st = gpu_memcpy_async(s, dst, P, nb * es, GPU_COPY_DEVICE_TO_DEVICE)) != ZO_OK) return st;
-    return ws->ops->put_dev_done(ws, b, s);
+    return wstore_put_dev_done(ws, b, s);
 }
 
 static oshard_update updater(step_ctx *c)
@@ -355,7 +355,6 @@ zo_status offload_optim_settle(offload_t *rt)
         rt->dpu_pending = 0;
     }
     publish_all(rt, rt->step);
-    offload_slots_invalidate(rt);
     return st;
 }
 

@@ -105,15 +105,30 @@ void offload_stream_free(offload_t *rt)
 
 /* ---- weights --------------------------------------------------------------------- */
 
-void offload_slots_invalidate(offload_t *rt)
+/* The block slot `sl` holds a current copy of, -1 none: a copy is current
+ * while the generations of the streamed weights it was made from are the
+ * stores' (a put or a load since makes a new one). */
+static int held(const offload_t *rt, const offload_slot *sl)
 {
-    for (int i = 0; i < rt->n_slots; i++) rt->slots[i].block = -1;
+    int b = sl->block;
+    if (b < 0) return -1;
+    if (!rt->ws->resident && sl->gen != wstore_gen(rt->ws, b)) return -1;
+    if (rt->fws && !rt->fws->resident && sl->fgen != wstore_gen(rt->fws, b)) return -1;
+    return b;
 }
 
 static int slot_of(offload_t *rt, int block)
 {
     for (int i = 0; i < rt->n_slots; i++)
-        if (rt->slots[i].block == block) return i;
+        if (held(rt, &rt->slots[i]) == block) return i;
+    return -1;
+}
+
+/* The slot acquired for `block`, -1 none. */
+static int busy_slot(offload_t *rt, int block)
+{
+    for (int i = 0; i < rt->n_slots; i++)
+        if (rt->slots[i].busy && rt->slots[i].block == block) return i;
     return -1;
 }
 
@@ -137,14 +152,20 @@ static zo_status load_block(offload_t *rt, int block, int horizon_end, int *slot
     for (int i = 0; i < rt->n_slots; i++) {
         offload_slot *sl = &rt->slots[i];
         if (sl->busy) continue;
-        if (sl->block >= 0 && needed_soon(rt, sl->block, rt->pos, horizon_end)) continue;
+        int b = held(rt, sl);
+        if (b >= 0 && needed_soon(rt, b, rt->pos, horizon_end)) continue;
         if (best < 0 || sl->released < rt->slots[best].released) best = i;
     }
     if (best < 0) return ZO_OK;
     offload_slot *sl = &rt->slots[best];
     /* the copy overwrites the slot after the last block that used it has run */
     if (sl->used && (st = gpu_stream_wait_event(rt->env.h2d, sl->freed)) != ZO_OK) return st;
-    /* the frozen base first, then the trainable weights: the parts streamed */
+    /* the frozen base first, then the trainable weights: the parts streamed,
+     * as of their generations now (their updates are published: the
+     * optimizer is done writing them) */
+    sl->block = -1;
+    if (rt->fws) sl->fgen = wstore_gen(rt->fws, block);
+    sl->gen = wstore_gen(rt->ws, block);
     if (rt->fws && !rt->fws->resident && (st = rt->fws->ops->fetch(rt->fws, block, sl->buf)) != ZO_OK)
         return st;
     if (!rt->ws->resident && (st = rt->ws->ops->fetch(rt->ws, block, (char *)sl->buf + rt->fslot)) != ZO_OK)
@@ -251,7 +272,7 @@ static zo_status release(offload_t *rt, gpu_stream_t s, int b)
     int ids[2] = {b, rt->dep[b]};
     for (int k = 0; k < 2; k++) {
         if (ids[k] < 0) continue;
-        int i = slot_of(rt, ids[k]);
+        int i = busy_slot(rt, ids[k]);
         if (i < 0) continue;
         offload_slot *sl = &rt->slots[i];
         if ((st = gpu_event_record(sl->freed, s)) != ZO_OK) return st;
