@@ -208,7 +208,7 @@ static zo_status write_opt(offload_t *rt, const char *path)
         if (b == nb / 2) hook(rt, "optimizer-half"); /* half the blocks are written */
         for (size_t rel = 0; rel < og->numel[b] && st == ZO_OK; rel += C) {
             size_t k = og->numel[b] - rel < C ? og->numel[b] - rel : C;
-            st = ostate_read(rt->shards, rt->n_shards, og->off[b] + rel, k, buf, buf + C, buf + 2 * C);
+            st = ostate_read(rt->os, og->off[b] + rel, k, buf, buf + C, buf + 2 * C);
             for (int a = 0; a < 3 && st == ZO_OK; a++)
                 st = model_st_writer_put(w, first[b] + a, rel, k, buf + (size_t)a * C);
         }
@@ -458,8 +458,8 @@ static zo_status save_ckpt(offload_t *rt, offload_dp *dp, const char *dir, const
     snprintf(path, sizeof path, "%s/%s", s.tmp, file);
     ckpt_file_sum mine;
     memset(&mine, 0, sizeof mine);
-    if ((st = ostate_sync(rt->shards, rt->n_shards)) == ZO_OK && (st = write_opt(rt, path)) == ZO_OK &&
-        (st = ostate_sync(rt->shards, rt->n_shards)) == ZO_OK)
+    if ((st = ostate_sync(rt->os)) == ZO_OK && (st = write_opt(rt, path)) == ZO_OK &&
+        (st = ostate_sync(rt->os)) == ZO_OK)
         st = ckpt_file_hash(s.tmp, file, &mine);
     /* the weights (a collective when they are partitioned) */
     if (writer) {
@@ -747,7 +747,7 @@ zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
             if (lo < hi) {
                 for (int a = 1; a < 3 && st == ZO_OK; a++) st = source_read(&src, rt, b, lo, hi - lo, a, buf + a * C);
                 if (st == ZO_OK)
-                    st = ostate_write(rt->shards, rt->n_shards, rt->og.off[b] + (lo - po), hi - lo, buf + (lo - rel),
+                    st = ostate_write(rt->os, rt->og.off[b] + (lo - po), hi - lo, buf + (lo - rel),
                                       buf + C, buf + 2 * C);
             }
             /* the 16-bit store from the master */
@@ -755,7 +755,7 @@ zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
         }
     }
     offload_host_free(&rt->env, buf, 3 * C * 4, 0);
-    zo_status ss = ostate_sync(rt->shards, rt->n_shards);
+    zo_status ss = ostate_sync(rt->os);
     if (st == ZO_OK) st = ss;
     ss = rt->ws->ops->sync(rt->ws);
     if (st == ZO_OK) st = ss;

@@ -219,65 +219,15 @@ static zo_status copy_model(offload_t *rt, const offload_model *model)
     return ZO_OK;
 }
 
-/* The optimizer's device share: the suffix of whole blocks whose size is
- * nearest opt_frac[DEVICE] * n (at least one block when the fraction is not
- * 0), so that a block's gradient stays on the device or leaves it whole.
- * Chosen on the model, so that every rank chooses the same blocks. */
-static size_t device_share_first(const offload_t *rt, int *first_block)
-{
-    double f = rt->cfg.opt_frac[OFFLOAD_DEVICE];
-    int nb = rt->g.nb, best_b = nb;
-    size_t n = rt->g.n;
-    if (f <= 0) {
-        *first_block = nb;
-        return n;
-    }
-    double want = f * (double)n, best = -1;
-    for (int b = nb - 1; b >= 0; b--) {
-        double d = fabs((double)(n - rt->off[b]) - want);
-        if (best < 0 || d < best || best_b == nb) {
-            best = d;
-            best_b = b;
-        }
-    }
-    *first_block = best_b;
-    return rt->off[best_b];
-}
-
-/* The optimizer shards over the optimizer's geometry (the rank's parts
- * with ZeRO 1-3), in flat order: the first elements in memory, then NVMe,
- * then the device share (whole blocks at the end). */
-static zo_status create_shards(offload_t *rt)
+/* The optimizer's state over its geometry (the rank's parts with ZeRO
+ * 1-3): the shards where opt_frac says, and the gradient sums they feed. */
+static zo_status create_ostate(offload_t *rt)
 {
     const offload_config *c = &rt->cfg;
-    const offload_geom *og = &rt->og;
-    device_share_first(rt, &rt->dev_block);
-    size_t dev_first = og->off[rt->dev_block];
-    size_t n_nvme = (size_t)llround((double)og->n * c->opt_frac[OFFLOAD_NVME]);
-    if (n_nvme > dev_first || c->opt_frac[OFFLOAD_CPU] <= 0) n_nvme = dev_first;
-    size_t n_cpu = dev_first - n_nvme;
-    rt->host_n = dev_first;
-    struct {
-        offload_tier tier;
-        size_t first, n;
-    } part[3] = {{OFFLOAD_CPU, 0, n_cpu}, {OFFLOAD_NVME, n_cpu, n_nvme}, {OFFLOAD_DEVICE, dev_first, og->n - dev_first}};
-    for (int i = 0; i < 3; i++) {
-        if (!part[i].n) continue;
-        oshard_config sc = {.tier = part[i].tier, .first = part[i].first, .n = part[i].n,
-                            .sub_group = c->sub_group, .swap_buffers = c->swap_buffers,
-                            .exact_stats = c->adam.clip > 0.0f, .nvme_dir = c->nvme_dir};
-        /* ZeRO-1: whole sums, reduced in place, the part read there */
-        if (rt->dp && rt->dp->stage == 1) {
-            sc.grad_of = offload_grads_dev_part;
-            sc.grad_ctx = rt;
-        }
-        oshard *sh;
-        zo_status st = oshard_create(&rt->env, og, &sc, &sh);
-        if (st != ZO_OK) return st;
-        rt->shards[rt->n_shards++] = sh;
-        if (part[i].tier == OFFLOAD_DEVICE) rt->dev_shard = sh;
-    }
-    return ZO_OK;
+    ostate_config oc = {.sub_group = c->sub_group, .swap_buffers = c->swap_buffers,
+                        .exact_stats = c->adam.clip > 0.0f, .nvme_dir = c->nvme_dir};
+    memcpy(oc.frac, c->opt_frac, sizeof oc.frac);
+    return ostate_create(&rt->env, &rt->g, &rt->og, &oc, &rt->os);
 }
 
 /* The trainable weights' store on tier `on`: the tier's store; ZeRO 1-2
@@ -329,7 +279,6 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
         (st = offload_ckpt_lock(rt, cfg->ckpt_dir)) != ZO_OK)
         goto out_free;
     rt->env = (offload_env){.dev = dev, .acct = &rt->acct, .n_threads = cfg->n_threads};
-    rt->dev_block = model->n_blocks;
     if ((st = copy_model(rt, model)) != ZO_OK) goto out_free;
     if (cfg->comm && comm_size(cfg->comm) > 1) {
         if ((st = offload_dp_create(&rt->env, &rt->g, cfg->comm, cfg->zero_stage, cfg->comm_bucket, &rt->dp)) != ZO_OK)
@@ -362,7 +311,7 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
                             .nvme_dir = rt->cfg.nvme_dir, .name = "frz", .ring = rt->n_slots};
         if ((st = wstore_create(&rt->env, &rt->fg, &fc, &rt->fws)) != ZO_OK) goto out_free;
     }
-    if ((st = create_shards(rt)) != ZO_OK) goto out_free;
+    if ((st = create_ostate(rt)) != ZO_OK) goto out_free;
     if ((st = offload_stream_init(rt)) != ZO_OK) goto out_free;
     if ((st = offload_optim_init(rt)) != ZO_OK) goto out_free;
     device_peak(rt);
@@ -383,7 +332,7 @@ void offload_free(offload_t *rt)
     if (rt->env.h2d) gpu_stream_synchronize(rt->env.h2d);
     if (rt->env.d2h) gpu_stream_synchronize(rt->env.d2h);
     offload_stream_free(rt);
-    for (int i = 0; i < rt->n_shards; i++) oshard_free(rt->shards[i]);
+    ostate_free(rt->os);
     wstore_free(rt->ws);
     wstore_free(rt->fws);
     free(rt->fbytes);
@@ -419,7 +368,7 @@ static zo_status set_block(offload_t *rt, int b, const float *w)
     if (bad < rt->numel[b])
         return zo_error(ZO_ERR_INVALID, "offload: block %d element %zu is %g: weights must be finite", b,
                         bad, (double)w[bad]);
-    if ((st = ostate_write(rt->shards, rt->n_shards, rt->og.off[b], rt->og.numel[b],
+    if ((st = ostate_write(rt->os, rt->og.off[b], rt->og.numel[b],
                            w + offload_dp_part_first(rt->dp, b), NULL, NULL)) != ZO_OK)
         return st;
     return wstore_load_f32(rt->ws, b, 0, rt->numel[b], w);
@@ -467,24 +416,14 @@ zo_status offload_get_block(offload_t *rt, int block, float *w)
 {
     zo_status st = check_block(rt, "offload_get_block", block);
     if (st != ZO_OK || (st = offload_optim_settle(rt)) != ZO_OK) return st;
-    const offload_geom *og = &rt->og;
-    if (!offload_dp_partitioned(rt->dp))
-        return ostate_read(rt->shards, rt->n_shards, og->off[block], og->numel[block], w, NULL, NULL);
-    /* the rank's part, then everybody's */
-    size_t pn = og->numel[block];
-    float *part = NULL;
-    if (pn && (st = offload_host_alloc(&rt->env, pn * sizeof(float), 0, (void **)&part)) != ZO_OK) return st;
-    st = ostate_read(rt->shards, rt->n_shards, og->off[block], pn, part, NULL, NULL);
-    if (st == ZO_OK) st = offload_dp_gather_block(rt->dp, block, rt->numel[block], part, w);
-    offload_host_free(&rt->env, part, pn * sizeof(float), 0);
-    return st;
+    return ostate_get_block(rt->os, block, rt->numel[block], w);
 }
 
 zo_status offload_set_weights(offload_t *rt, const float *const *blocks)
 {
     zo_status st = weights_begin(rt);
     for (int b = 0; b < rt->g.nb && st == ZO_OK; b++) st = set_block(rt, b, blocks[b]);
-    zo_status sw = ostate_sync(rt->shards, rt->n_shards);
+    zo_status sw = ostate_sync(rt->os);
     if (st == ZO_OK) st = sw;
     sw = weights_end(rt);
     if (st != ZO_OK) return st;
@@ -501,7 +440,7 @@ zo_status offload_get_weights(offload_t *rt, float *const *blocks)
     zo_status st;
     for (int b = 0; b < rt->g.nb; b++)
         if ((st = offload_get_block(rt, b, blocks[b])) != ZO_OK) return st;
-    return ostate_sync(rt->shards, rt->n_shards);
+    return ostate_sync(rt->os);
 }
 
 /* ---- training ------------------------------------------------------------------------ */
@@ -539,7 +478,7 @@ zo_status offload_step(offload_t *rt, offload_step_info *info)
      * the shards hold what was written to them since, unless this step's
      * updates started during backward (they did both) */
     if (!offload_optim_early(rt) &&
-        ((st = offload_optim_settle(rt)) != ZO_OK || (st = ostate_sync(rt->shards, rt->n_shards)) != ZO_OK))
+        ((st = offload_optim_settle(rt)) != ZO_OK || (st = ostate_sync(rt->os)) != ZO_OK))
         return st;
     st = offload_optim_step(rt, info);
     if (st == ZO_OK && !info->skipped) rt->acct.n_steps++;
@@ -553,8 +492,10 @@ void offload_set_lr(offload_t *rt, float lr) { rt->cfg.adam.lr = lr; }
 
 const float *offload_grad(const offload_t *rt, size_t *n)
 {
-    if (n) *n = rt->host_n;
-    return rt->micro && rt->host_n && !rt->dp ? rt->grad : NULL;
+    size_t host_n;
+    float *sums = ostate_host_sums(rt->os, &host_n);
+    if (n) *n = host_n;
+    return rt->micro && host_n && !rt->dp ? sums : NULL;
 }
 
 size_t offload_block_offset(const offload_t *rt, int block) { return rt->off[block]; }
@@ -595,7 +536,7 @@ void offload_get_stats(const offload_t *rt, offload_stats *o)
     o->comm_pad_elems = a->comm_pad_elems;
     o->comm_calls = a->comm_calls;
     o->comm_reused_elems = rt->dp && rt->dp->stage >= 3 ? a->reused_elems : 0;
-    for (int i = 0; i < rt->n_shards; i++) o->optimizer_bytes[rt->shards[i]->tier] += rt->shards[i]->n * 12;
+    ostate_bytes(rt->os, o->optimizer_bytes);
 }
 
 zo_status offload_gather(offload_t *rt, const void *mine, size_t bytes, void *all)

@@ -48,7 +48,6 @@
 
 #define OFFLOAD_MAX_PREFETCH 16
 #define OFFLOAD_GRAD_SLOTS 2
-#define OFFLOAD_MAX_SHARDS 3
 #define OFFLOAD_LOSS_SCALE_INIT 65536.0f
 #define OFFLOAD_LOSS_SCALE_WINDOW 200
 #define OFFLOAD_DEFAULT_SUB_GROUP (1u << 20)
@@ -57,83 +56,9 @@
 #include "offload/acct.h" /* defines: offload_env, offload_geom, offload_acct */
 #include "offload/dp.h"   /* defines: offload_dp */
 #include "offload/wstore.h" /* defines: wstore */
-
-/* ---- ostate.c: fp32 master weights and Adam moments ------------------------------- */
-
-typedef struct oshard oshard;
-
-/* The step, as the shards call it. */
-typedef struct oshard_update {
-    /* host state of flat [first, first + n): master P, moments M and V */
-    zo_status (*host)(void *ctx, size_t first, size_t n, float *P, float *M, float *V);
-    /* device state of block b: P, M, V and the fp32 gradient sum G, on `s` */
-    zo_status (*dev)(void *ctx, int b, float *P, float *M, float *V, float *G, gpu_stream_t s);
-    void *ctx;
-} oshard_update;
-
-typedef struct oshard_ops {
-    /* Elements [first, first + n) (flat, within the shard) of the master and
-     * the moments into host arrays; a NULL array is skipped. */
-    zo_status (*read)(oshard *sh, size_t first, size_t n, float *P, float *M, float *V);
-    /* ... and from host arrays; NULL moments are written as zeros. */
-    zo_status (*write)(oshard *sh, size_t first, size_t n, const float *P, const float *M,
-                       const float *V);
-    /* Writes have reached the shard's tier. */
-    zo_status (*sync)(oshard *sh);
-    /* Update every element (the device shard enqueues: sync waits). */
-    zo_status (*step)(oshard *sh, const oshard_update *u);
-    /* (host shards) Update flat [first, first + n) within the shard, as its
-     * gradients complete (the schedule's updates during backward). */
-    zo_status (*step_range)(oshard *sh, size_t first, size_t n, const oshard_update *u);
-    /* (optional) The fp32 gradient sum kept with the state, at flat element
-     * `first`; NULL when gradients are summed on the host. */
-    float *(*grad)(oshard *sh, size_t first);
-    /* (optional) Zero that gradient sum on stream s. */
-    zo_status (*grad_zero)(oshard *sh, gpu_stream_t s);
-    /* (optional) Add its sum of squares, block by block; *bad_block gets the
-     * first of its blocks whose gradient holds an inf or nan, and is left
-     * as it is when none does. */
-    zo_status (*grad_stats)(oshard *sh, int exact, double *sumsq, int *bad_block);
-    void (*free)(oshard *sh);
-} oshard_ops;
-
-struct oshard {
-    const oshard_ops *ops;
-    const offload_env *env;
-    const offload_geom *g;
-    offload_tier tier;
-    size_t first, n;       /* the flat range it holds */
-};
-
-typedef struct oshard_config {
-    offload_tier tier;
-    size_t first, n;
-    size_t sub_group;      /* elements per update call (host) / per NVMe group */
-    int swap_buffers;      /* NVMe pipeline buffers */
-    int exact_stats;       /* device: a pinned block for exact clipping statistics */
-    const char *nvme_dir;
-    /* device: block b's gradient sum is kept by the runtime at grad_of(ctx,
-     * b) (ZeRO-1 reduces it in place there); NULL: the shard's own */
-    float *(*grad_of)(void *ctx, int b);
-    void *grad_ctx;
-} oshard_config;
-
-zo_status oshard_create(const offload_env *env, const offload_geom *g, const oshard_config *c,
-                        oshard **out);
-void oshard_free(oshard *sh);
-
-/* Over every shard in flat order: elements [first, first + n) anywhere in
- * the index. */
-zo_status ostate_read(oshard *const *sh, int n_sh, size_t first, size_t n, float *P, float *M,
-                      float *V);
-zo_status ostate_write(oshard *const *sh, int n_sh, size_t first, size_t n, const float *P,
-                       const float *M, const float *V);
-zo_status ostate_sync(oshard *const *sh, int n_sh);
+#include "offload/ostate.h" /* defines: ostate */
 
 /* ---- stream.c and optim.c: the training loop --------------------------------------- */
-
-/* grads.c: ZeRO-1's device shard reads its part of block b's sum here. */
-float *offload_grads_dev_part(void *rt, int b);
 
 /* A device slot holding one block's weights while it computes. */
 typedef struct offload_slot {
@@ -189,11 +114,7 @@ struct offload {
     offload_geom fg;            /* its geometry: bytes (es 1) per block */
     size_t *fbytes, *foff;      /* [nb], [nb + 1] */
     size_t fslot;               /* bytes of a slot's frozen part (0: the base is resident) */
-    oshard *shards[OFFLOAD_MAX_SHARDS]; /* in flat order of og */
-    int n_shards;
-    oshard *dev_shard;          /* the shard whose gradients stay on the device, or NULL */
-    int dev_block;              /* the device share's first block (nb: none), the same on every rank */
-    size_t host_n;              /* og's flat [0, host_n): gradients summed on the host */
+    ostate *os;                 /* the optimizer's state and the gradient sums */
 
     /* streaming (stream.c): a slot holds a block's frozen base (fslot bytes,
      * when that is streamed) then its trainable weights (g.slot_bytes, when
@@ -211,15 +132,12 @@ struct offload {
 
     /* gradients (grads.c) */
     offload_gslot gs[OFFLOAD_GRAD_SLOTS];
-    float *grad;                /* host [grad_n] fp32, summed over micro-batches */
-    size_t grad_n;
+    oshard_sum *sums;           /* [nb] where block b's gradient is summed (its shard's) */
+    const struct grads_path **path; /* [nb] how it gets there */
+    int to_host;                /* some block's sum is in host memory */
     unsigned char *grad_fresh;  /* [nb] the step's first addition into block b writes (lazy zero) */
-    size_t *aoff;               /* [nb] block b is added at grad + aoff[b] (b < dev_block) */
-    size_t *goff;               /* [nb] the optimizer's part of block b is at grad + goff[b] */
     zo_dtype ghost_dtype;       /* what the pinned halves hold: the model's dtype, or fp32 parts */
     size_t ghost_bytes, ghost_pinned; /* one pinned half; all of them */
-    float *dfull;               /* ZeRO-1, device share: whole fp32 sums, padded, reduced in place (device) */
-    size_t *dfoff, dfull_n;
     zo_status (*grads_send)(offload_t *rt, gpu_stream_t s, int k, int block, int own);
     zo_status (*grads_reduce)(offload_t *rt);
     /* ZeRO 0-1: each block reduced in the step's last micro-batch as soon as
@@ -246,8 +164,6 @@ struct offload {
     int64_t *published;         /* [nb] the step whose weights block b's store holds */
     zo_adam_hparams opt_hp;     /* the running job's hyperparameters */
     int opt_early;              /* this step's updates started during backward */
-    double *blk_sumsq;          /* [nb] per-block statistics of the step's gradient */
-    int *blk_nonfinite;
     float prev_norm;
     int have_prev_norm;
     wstore *shadow;             /* DPU: a host store the update writes into */

@@ -11,8 +11,8 @@
  *
  * The optimizer's geometry (rt->og) is the model's with one rank and with
  * ZeRO 0, the rank's part of every block with ZeRO 1-3: the shards, the
- * gradient sums it reads (rt->goff) and its puts into the store are in
- * those coordinates; the decay ranges are the whole block's. Several ranks
+ * gradient sums it reads (as the shards hand them out) and its puts into
+ * the store are in those coordinates; the decay ranges are the whole block's. Several ranks
  * run the serial schedule (offload_init refuses the others). */
 #include "offload/offload_impl.h"
 
@@ -119,8 +119,9 @@ static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay,
     if (st != ZO_OK) return st;
     int wide = rt->m.dtype == ZO_DTYPE_F32;
     int threads = rt->opt_threaded && rt->cfg.opt_threads ? rt->cfg.opt_threads : rt->cfg.n_threads;
-    st = adam_update(&hp, n, P, rt->grad + rt->goff[b] + rel, ZO_DTYPE_F32, M, V, wide ? NULL : dst, rt->m.dtype,
-                     threads);
+    oshard_sum sum;
+    ostate_grad_sum(rt->os, b, &sum);
+    st = adam_update(&hp, n, P, sum.part + rel, ZO_DTYPE_F32, M, V, wide ? NULL : dst, rt->m.dtype, threads);
     if (st != ZO_OK)
         return zo_error_wrap(st, "offload_step: block %d elements %zu..%zu", b, rel, rel + n);
     if (wide) memcpy(dst, P, n * 4);
@@ -210,26 +211,18 @@ static oshard_update updater(step_ctx *c)
 
 /* ---- the jobs ---------------------------------------------------------------------------- */
 
-/* Every host shard in flat order (a block split between two host shards is
- * completed by the second), then the device shard's update (enqueued by the
- * host thread) waited for; every block published. Into the weight store:
- * the delayed update's steps, into the shadow, are job_reverse's. */
+/* Every shard the host updates, in flat order, then the enqueued update
+ * (the device shard's, enqueued by the host thread) waited for; every
+ * block published. Into the weight store: the delayed update's steps, into
+ * the shadow, are job_reverse's. */
 static zo_status job_all(offload_t *rt, step_ctx *c)
 {
-    zo_status st = ZO_OK;
+    zo_status st;
     oshard_update u = updater(c);
     for (int b = 0; b < rt->g.nb; b++) /* nothing to update */
         if (!rt->og.numel[b]) publish(rt, b, rt->opt_hp.step);
-    for (int i = 0; i < rt->n_shards && st == ZO_OK; i++) {
-        oshard *sh = rt->shards[i];
-        if (sh == rt->dev_shard) continue;
-        double ts = zo_now();
-        st = sh->ops->step(sh, &u);
-        /* the NVMe shard splits its own time between disk and optimizer */
-        if (sh->tier != OFFLOAD_NVME) offload_add_time(&rt->acct, OFFLOAD_TIME_OPTIMIZER, zo_now() - ts);
-    }
-    oshard *d = rt->dev_shard;
-    zo_status sd = d ? d->ops->sync(d) : ZO_OK;
+    st = ostate_step_host(rt->os, &u);
+    zo_status sd = ostate_sync(rt->os);
     if (st == ZO_OK) st = sd;
     zo_status sw = c->dst->ops->sync(c->dst);
     if (st == ZO_OK) st = sw;
@@ -237,31 +230,22 @@ static zo_status job_all(offload_t *rt, step_ctx *c)
     return st;
 }
 
-/* Block b's range on each host shard (the block is published as its last
- * element is updated; one with nothing to update, here). */
+/* Block b's range on each shard the host updates (the block is published
+ * as its last element is updated; one with nothing to update, here). */
 static zo_status step_block(offload_t *rt, step_ctx *c, oshard_update *u, int b)
 {
-    zo_status st = ZO_OK;
     double ts = zo_now();
-    for (int i = 0; i < rt->n_shards && st == ZO_OK; i++) {
-        oshard *sh = rt->shards[i];
-        const size_t *off = rt->og.off;
-        size_t a = off[b] > sh->first ? off[b] : sh->first;
-        size_t e = off[b + 1] < sh->first + sh->n ? off[b + 1] : sh->first + sh->n;
-        if (sh != rt->dev_shard && a < e) st = sh->ops->step_range(sh, a, e - a, u);
-    }
+    zo_status st = ostate_step_block(rt->os, b, u);
     offload_add_time(&rt->acct, OFFLOAD_TIME_OPTIMIZER, zo_now() - ts);
     if (st == ZO_OK && !rt->og.numel[b]) st = block_complete(c, b);
     return st;
 }
 
-static zo_status sync_host_shards(offload_t *rt, zo_status st)
+/* The shards' writes done, after the job's status st. */
+static zo_status sync_shards(offload_t *rt, zo_status st)
 {
-    for (int i = 0; i < rt->n_shards; i++) {
-        zo_status si = rt->shards[i] == rt->dev_shard ? ZO_OK : rt->shards[i]->ops->sync(rt->shards[i]);
-        if (st == ZO_OK) st = si;
-    }
-    return st;
+    zo_status ss = ostate_sync(rt->os);
+    return st != ZO_OK ? st : ss;
 }
 
 /* Blocks queued as their gradients complete (updates during backward):
@@ -280,7 +264,7 @@ static zo_status job_blocks(offload_t *rt, step_ctx *c)
         if (st != ZO_OK) continue; /* drain the queue after a failure */
         st = step_block(rt, c, &u, b);
     }
-    return sync_host_shards(rt, st);
+    return sync_shards(rt, st);
 }
 
 /* The delayed update, into the shadow: block by block from the last, the
@@ -291,7 +275,7 @@ static zo_status job_reverse(offload_t *rt, step_ctx *c)
     zo_status st = ZO_OK;
     oshard_update u = updater(c);
     for (int b = rt->g.nb - 1; b >= 0 && st == ZO_OK; b--) st = step_block(rt, c, &u, b);
-    st = sync_host_shards(rt, st);
+    st = sync_shards(rt, st);
     zo_status sw = c->dst->ops->sync(c->dst);
     return st != ZO_OK ? st : sw;
 }
@@ -405,15 +389,10 @@ zo_status offload_optim_micro_begin(offload_t *rt)
 
 zo_status offload_optim_block_done(offload_t *rt, int b)
 {
-    if (!rt->opt_early || b >= rt->dev_block) return ZO_OK;
-    double ss = 0.0;
-    int nf = 0;
-    zo_status st = ZO_OK;
-    if (rt->og.numel[b])
-        st = adam_grad_stats(rt->grad + rt->goff[b], ZO_DTYPE_F32, rt->og.numel[b], rt->cfg.n_threads, &ss, &nf);
+    if (!rt->opt_early) return ZO_OK;
+    int nf;
+    zo_status st = ostate_grad_block_stats(rt->os, b, &nf);
     if (st != ZO_OK) return st;
-    rt->blk_sumsq[b] = ss;
-    rt->blk_nonfinite[b] = nf;
     if (nf) return ZO_OK; /* not updated: the step reports it */
     pthread_mutex_lock(&rt->opt_mu);
     rt->opt_queue[rt->opt_qtail++] = b;
@@ -430,27 +409,8 @@ zo_status offload_optim_block_done(offload_t *rt, int b)
  * (the same double on every rank) and the first bad block of any. */
 static zo_status grad_stats(offload_t *rt, double *sumsq, int *first_bad)
 {
-    zo_status st;
-    *sumsq = 0.0;
-    *first_bad = -1;
-    for (int b = 0; b < rt->dev_block; b++) {
-        double ss = 0.0;
-        int nf = 0;
-        if (rt->opt_early) {
-            ss = rt->blk_sumsq[b];
-            nf = rt->blk_nonfinite[b];
-        } else if (rt->og.numel[b] &&
-                   (st = adam_grad_stats(rt->grad + rt->goff[b], ZO_DTYPE_F32, rt->og.numel[b], rt->cfg.n_threads,
-                                         &ss, &nf)) != ZO_OK) {
-            return st;
-        }
-        *sumsq += ss;
-        if (nf && *first_bad < 0) *first_bad = b;
-    }
-    oshard *d = rt->dev_shard;
-    if (d && (st = d->ops->grad_stats(d, rt->cfg.adam.clip > 0.0f, sumsq, first_bad)) != ZO_OK)
-        return st;
-    if (!offload_dp_partitioned(rt->dp)) return ZO_OK;
+    zo_status st = ostate_grad_stats(rt->os, rt->opt_early, rt->cfg.adam.clip > 0.0f, sumsq, first_bad);
+    if (st != ZO_OK || !offload_dp_partitioned(rt->dp)) return st;
     struct {
         double sumsq;
         int32_t first_bad, pad;
@@ -540,14 +500,13 @@ zo_status offload_optim_step(offload_t *rt, offload_step_info *info)
     }
     if (!early) set_hparams(rt, rt->step + 1, clip_coef(rt, norm), denom);
     rt->step++;
-    /* the device shard first: enqueued, it runs while the host updates the
-     * others */
+    /* the enqueued update first (the device shard's): it runs while the
+     * host updates the others */
     oshard_update u = updater(&c);
-    oshard *d = rt->dev_shard;
-    if (d && (st = d->ops->step(d, &u)) != ZO_OK) return zo_error_wrap(st, "offload_step %lld", (long long)rt->step);
+    if ((st = ostate_step_enqueued(rt->os, &u)) != ZO_OK) return zo_error_wrap(st, "offload_step %lld", (long long)rt->step);
     if (early) {
-        /* the host shards are done: the device shard's blocks remain */
-        zo_status sd = d ? d->ops->sync(d) : ZO_OK;
+        /* the host's updates are done: the enqueued one remains */
+        zo_status sd = ostate_sync(rt->os);
         zo_status sw = rt->ws->ops->sync(rt->ws);
         st = sd != ZO_OK ? sd : sw;
         if (st == ZO_OK) publish_all(rt, rt->step);
@@ -573,10 +532,7 @@ zo_status offload_optim_init(offload_t *rt)
     int nb = rt->g.nb;
     rt->published = calloc((size_t)nb, sizeof *rt->published);
     rt->opt_queue = calloc((size_t)nb, sizeof *rt->opt_queue);
-    rt->blk_sumsq = calloc((size_t)nb, sizeof *rt->blk_sumsq);
-    rt->blk_nonfinite = calloc((size_t)nb, sizeof *rt->blk_nonfinite);
-    if (!rt->published || !rt->opt_queue || !rt->blk_sumsq || !rt->blk_nonfinite)
-        return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    if (!rt->published || !rt->opt_queue) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
     pthread_mutex_init(&rt->opt_mu, NULL);
     pthread_cond_init(&rt->opt_cv, NULL);
     rt->opt_threaded = rt->cfg.schedule != OFFLOAD_SCHEDULE_SERIAL;
@@ -620,6 +576,4 @@ void offload_optim_free(offload_t *rt)
     wstore_free(rt->shadow);
     free(rt->published);
     free(rt->opt_queue);
-    free(rt->blk_sumsq);
-    free(rt->blk_nonfinite);
 }
