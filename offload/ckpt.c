@@ -233,7 +233,7 @@ static zo_status pick_name(const offload_t *rt, int dfd, const char *latest, cha
 {
     int64_t step;
     int k, next = 0;
-    if (ckpt_name_parse(latest, &step, &k) && step == rt->step) next = k + 1;
+    if (ckpt_name_parse(latest, &step, &k) && step == rt->opt->ctr.step) next = k + 1;
     int fd = dup(dfd);
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
     if (!d) {
@@ -244,14 +244,14 @@ static zo_status pick_name(const offload_t *rt, int dfd, const char *latest, cha
     struct dirent *de;
     while ((de = readdir(d))) {
         const char *n = strncmp(de->d_name, ".tmp-", 5) ? de->d_name : de->d_name + 5;
-        if (ckpt_name_parse(n, &step, &k) && step == rt->step && k + 1 > next) next = k + 1;
+        if (ckpt_name_parse(n, &step, &k) && step == rt->opt->ctr.step && k + 1 > next) next = k + 1;
     }
     closedir(d);
     if (next > 1000000)
         return zo_error(ZO_ERR_IO, "offload_save: no free checkpoint name for step %lld",
-                        (long long)rt->step);
-    if (next) snprintf(name, len, "step-%08lld.%d", (long long)rt->step, next);
-    else snprintf(name, len, "step-%08lld", (long long)rt->step);
+                        (long long)rt->opt->ctr.step);
+    if (next) snprintf(name, len, "step-%08lld.%d", (long long)rt->opt->ctr.step, next);
+    else snprintf(name, len, "step-%08lld", (long long)rt->opt->ctr.step);
     return ZO_OK;
 }
 
@@ -390,8 +390,8 @@ static zo_status save_publish(offload_t *rt, const char *dir, save_dir *s)
 static zo_status save_finish(offload_t *rt, const save_dir *s, offload_dp *dp, const offload_ckpt_meta *meta,
                              int model, const ckpt_file_sum *opt, int n_opt)
 {
-    ckpt_state cs = {.step = rt->step, .loss_scale = rt->loss_scale, .good_steps = rt->good_steps,
-                     .skipped = rt->skipped, .skipped_in_a_row = rt->skipped_in_a_row,
+    ckpt_state cs = {.step = rt->opt->ctr.step, .loss_scale = rt->opt->ctr.loss_scale, .good_steps = rt->opt->ctr.good_steps,
+                     .skipped = rt->opt->ctr.skipped, .skipped_in_a_row = rt->opt->ctr.skipped_in_a_row,
                      .params = rt->g.n, .blocks = rt->g.nb, .dtype = rt->m.dtype,
                      .data_step = meta ? meta->data_step : 0, .seed = meta ? meta->seed : 0};
     zo_status st = ckpt_state_write(s->tmp, &cs);
@@ -483,11 +483,11 @@ static zo_status save_ckpt(offload_t *rt, offload_dp *dp, const char *dir, const
 zo_status offload_save_streamed(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
                                 offload_weights_stream writer, void *writer_user)
 {
-    zo_status st = offload_optim_settle(rt);
+    zo_status st = offload_optim_settle(rt->opt);
     if (st == ZO_OK) st = offload_grads_drain(rt);
-    if (st == ZO_OK && rt->micro)
+    if (st == ZO_OK && rt->opt->micro)
         st = zo_error(ZO_ERR_INVALID, "offload_save: %d micro-batches are accumulated; save between steps",
-                      rt->micro);
+                      rt->opt->micro);
     if ((st = dp_agree(rt->dp, st, "offload_save")) != ZO_OK) return st;
     if (offload_dp_partitioned(rt->dp)) return save_ckpt(rt, rt->dp, dir, meta, writer, writer_user);
     /* ZeRO 0: every rank holds the same state; rank 0 saves it as one rank does */
@@ -731,7 +731,7 @@ zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
     /* every tensor is there before anything is overwritten */
     ck_source src;
     if ((st = source_open(rt, ck, &mf, &src)) != ZO_OK) goto out_manifest;
-    if ((st = offload_optim_settle(rt)) != ZO_OK || (st = offload_grads_drain(rt)) != ZO_OK) goto out_close;
+    if ((st = offload_optim_settle(rt->opt)) != ZO_OK || (st = offload_grads_drain(rt)) != ZO_OK) goto out_close;
     size_t C = io_chunk(rt);
     float *buf;
     if ((st = offload_host_alloc(&rt->env, 3 * C * 4, 0, (void **)&buf)) != ZO_OK) goto out_close;
@@ -760,13 +760,13 @@ zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
     ss = rt->ws->ops->sync(rt->ws);
     if (st == ZO_OK) st = ss;
     if (st != ZO_OK) goto out_close;
-    rt->step = cs.step;
-    rt->loss_scale = cs.loss_scale;
-    rt->good_steps = cs.good_steps;
-    rt->skipped = cs.skipped;
-    rt->skipped_in_a_row = cs.skipped_in_a_row;
-    rt->micro = 0;
-    offload_optim_settle(rt); /* every block's weights are this step's */
+    rt->opt->ctr.step = cs.step;
+    rt->opt->ctr.loss_scale = cs.loss_scale;
+    rt->opt->ctr.good_steps = cs.good_steps;
+    rt->opt->ctr.skipped = cs.skipped;
+    rt->opt->ctr.skipped_in_a_row = cs.skipped_in_a_row;
+    rt->opt->micro = 0;
+    offload_optim_settle(rt->opt); /* every block's weights are this step's */
     if (meta) {
         meta->data_step = cs.data_step;
         meta->seed = cs.seed;

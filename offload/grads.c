@@ -63,7 +63,7 @@ zo_status offload_grads_accumulate(offload_t *rt, int k)
     /* the step's first addition into the block starts from zero (lazily:
      * the update of the step before may still be reading the other blocks) */
     if (rt->grad_fresh[b]) {
-        offload_optim_grads_free(rt, b);
+        offload_optim_grads_free(rt->opt, b);
         if (n) memset(acc, 0, n * sizeof(float)); /* a block with nothing to train: no sum at all */
         rt->grad_fresh[b] = 0;
     }
@@ -90,7 +90,7 @@ zo_status offload_grads_accumulate(offload_t *rt, int k)
     /* a block's own gradients come last (the shares of blocks that read it
      * came in earlier backwards): in the step's last micro-batch they are
      * complete, and its update may start */
-    return g->own && offload_optim_early(rt) ? offload_optim_block_done(rt, b) : ZO_OK;
+    return g->own && offload_optim_early(rt->opt) ? offload_optim_block_done(rt->opt, b) : ZO_OK;
 }
 
 zo_status offload_grads_drain(offload_t *rt)
@@ -127,15 +127,15 @@ zo_status offload_grads_begin(offload_t *rt, gpu_stream_t s)
 {
     zo_status st;
     int nb = rt->g.nb;
-    if (rt->micro == 0) {
+    if (rt->opt->micro == 0) {
         memset(rt->grad_fresh, 1, (size_t)nb);
         if ((st = ostate_grad_zero(rt->os, s)) != ZO_OK) return st;
         if (rt->reduced) memset(rt->reduced, 0, (size_t)nb);
     } else if (rt->reduced && memchr(rt->reduced, 1, (size_t)nb)) {
         return zo_error(ZO_ERR_INVALID, "offload_micro_batch: the gradients of %d micro-batches (grad_accum) are "
-                        "already reduced over the ranks: offload_step first", rt->micro);
+                        "already reduced over the ranks: offload_step first", rt->opt->micro);
     }
-    rt->reduce_now = rt->red_op >= 0 && rt->micro + 1 == rt->cfg.grad_accum;
+    rt->reduce_now = rt->red_op >= 0 && rt->opt->micro + 1 == rt->cfg.grad_accum;
     if (rt->contrib) memset(rt->contrib, 0, (size_t)nb * sizeof *rt->contrib);
     return ZO_OK;
 }

@@ -288,9 +288,6 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
         if (rt->g.slot_bytes < rt->dp->largest_pad * rt->g.es) rt->g.slot_bytes = rt->dp->largest_pad * rt->g.es;
     }
     offload_dp_geom(rt->dp, &rt->g, &rt->og);
-    rt->dynamic_scale = model->dtype == ZO_DTYPE_F16;
-    rt->loss_scale = cfg->loss_scale > 0 ? cfg->loss_scale
-                                         : (rt->dynamic_scale ? OFFLOAD_LOSS_SCALE_INIT : 1.0f);
 
     if ((st = gpu_stream_create(dev, &rt->env.h2d)) != ZO_OK) goto out_free;
     if ((st = gpu_stream_create(dev, &rt->env.d2h)) != ZO_OK) goto out_free;
@@ -313,7 +310,8 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     }
     if ((st = create_ostate(rt)) != ZO_OK) goto out_free;
     if ((st = offload_stream_init(rt)) != ZO_OK) goto out_free;
-    if ((st = offload_optim_init(rt)) != ZO_OK) goto out_free;
+    if ((st = offload_optim_create(&rt->env, &rt->cfg, &rt->m, &rt->g, &rt->og, rt->ws, rt->os, &rt->opt)) != ZO_OK)
+        goto out_free;
     device_peak(rt);
     *out = rt;
     return ZO_OK;
@@ -327,7 +325,7 @@ void offload_free(offload_t *rt)
 {
     if (!rt) return;
     /* the optimizer's thread ends first: its update may use everything */
-    offload_optim_free(rt);
+    offload_optim_free(rt->opt);
     /* let queued copies finish before their buffers go */
     if (rt->env.h2d) gpu_stream_synchronize(rt->env.h2d);
     if (rt->env.d2h) gpu_stream_synchronize(rt->env.d2h);
@@ -377,9 +375,9 @@ static zo_status set_block(offload_t *rt, int b, const float *w)
 /* Whatever the gradient sums held is dropped: the weights changed. */
 static zo_status weights_begin(offload_t *rt)
 {
-    zo_status st = offload_optim_settle(rt);
+    zo_status st = offload_optim_settle(rt->opt);
     zo_status sd = offload_grads_drain(rt);
-    rt->micro = 0;
+    rt->opt->micro = 0;
     return st != ZO_OK ? st : sd;
 }
 
@@ -407,7 +405,7 @@ zo_status offload_set_frozen_block(offload_t *rt, int block, const void *bytes)
 zo_status offload_get_frozen_block(offload_t *rt, int block, void *bytes)
 {
     zo_status st = check_block(rt, "offload_get_frozen_block", block);
-    if (st != ZO_OK || (st = offload_optim_settle(rt)) != ZO_OK) return st;
+    if (st != ZO_OK || (st = offload_optim_settle(rt->opt)) != ZO_OK) return st;
     if (!rt->fws) return zo_error(ZO_ERR_INVALID, "offload_get_frozen_block: the model has no frozen base");
     return rt->fws->ops->get_host(rt->fws, block, bytes);
 }
@@ -415,7 +413,7 @@ zo_status offload_get_frozen_block(offload_t *rt, int block, void *bytes)
 zo_status offload_get_block(offload_t *rt, int block, float *w)
 {
     zo_status st = check_block(rt, "offload_get_block", block);
-    if (st != ZO_OK || (st = offload_optim_settle(rt)) != ZO_OK) return st;
+    if (st != ZO_OK || (st = offload_optim_settle(rt->opt)) != ZO_OK) return st;
     return ostate_get_block(rt->os, block, rt->numel[block], w);
 }
 
@@ -428,10 +426,10 @@ zo_status offload_set_weights(offload_t *rt, const float *const *blocks)
     sw = weights_end(rt);
     if (st != ZO_OK) return st;
     if (sw != ZO_OK) return sw;
-    rt->step = 0;
-    rt->good_steps = 0;
-    rt->skipped = 0;
-    rt->skipped_in_a_row = 0;
+    rt->opt->ctr.step = 0;
+    rt->opt->ctr.good_steps = 0;
+    rt->opt->ctr.skipped = 0;
+    rt->opt->ctr.skipped_in_a_row = 0;
     return ZO_OK;
 }
 
@@ -472,21 +470,21 @@ zo_status offload_step(offload_t *rt, offload_step_info *info)
     memset(info, 0, sizeof *info);
     zo_status st = offload_grads_drain(rt);
     if (st != ZO_OK) return st;
-    if (!rt->micro) return zo_error(ZO_ERR_INVALID, "offload_step: no micro-batch since the last step");
+    if (!rt->opt->micro) return zo_error(ZO_ERR_INVALID, "offload_step: no micro-batch since the last step");
     if ((st = offload_grads_reduce(rt)) != ZO_OK) return zo_error_wrap(st, "offload_step: gradient reduction");
     /* the update before this one is done (and, with dpu, published), and
      * the shards hold what was written to them since, unless this step's
      * updates started during backward (they did both) */
-    if (!offload_optim_early(rt) &&
-        ((st = offload_optim_settle(rt)) != ZO_OK || (st = ostate_sync(rt->os)) != ZO_OK))
+    if (!offload_optim_early(rt->opt) &&
+        ((st = offload_optim_settle(rt->opt)) != ZO_OK || (st = ostate_sync(rt->os)) != ZO_OK))
         return st;
-    st = offload_optim_step(rt, info);
+    st = offload_optim_step(rt->opt, info);
     if (st == ZO_OK && !info->skipped) rt->acct.n_steps++;
     rt->acct.total_s += zo_now() - t0;
     return st;
 }
 
-float offload_loss_scale(const offload_t *rt) { return rt->loss_scale; }
+float offload_loss_scale(const offload_t *rt) { return rt->opt->ctr.loss_scale; }
 
 void offload_set_lr(offload_t *rt, float lr) { rt->cfg.adam.lr = lr; }
 
@@ -495,7 +493,7 @@ const float *offload_grad(const offload_t *rt, size_t *n)
     size_t host_n;
     float *sums = ostate_host_sums(rt->os, &host_n);
     if (n) *n = host_n;
-    return rt->micro && host_n && !rt->dp ? sums : NULL;
+    return rt->opt->micro && host_n && !rt->dp ? sums : NULL;
 }
 
 size_t offload_block_offset(const offload_t *rt, int block) { return rt->off[block]; }
@@ -519,7 +517,7 @@ void offload_get_stats(const offload_t *rt, offload_stats *o)
     o->total_s = a->total_s;
     o->micro_batches = a->n_micro;
     o->steps = a->n_steps;
-    o->skipped = rt->skipped;
+    o->skipped = rt->opt->ctr.skipped;
     o->bytes_h2d = a->bytes[OFFLOAD_BYTES_H2D];
     o->bytes_d2h = a->bytes[OFFLOAD_BYTES_D2H];
     o->bytes_disk_read = a->bytes[OFFLOAD_BYTES_DISK_READ];

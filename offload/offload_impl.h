@@ -48,15 +48,13 @@
 
 #define OFFLOAD_MAX_PREFETCH 16
 #define OFFLOAD_GRAD_SLOTS 2
-#define OFFLOAD_LOSS_SCALE_INIT 65536.0f
-#define OFFLOAD_LOSS_SCALE_WINDOW 200
 #define OFFLOAD_DEFAULT_SUB_GROUP (1u << 20)
-#define OFFLOAD_MAX_SKIPPED_STEPS 50 /* fp16 overflow skips in a row before the step fails */
 
 #include "offload/acct.h" /* defines: offload_env, offload_geom, offload_acct */
 #include "offload/dp.h"   /* defines: offload_dp */
 #include "offload/wstore.h" /* defines: wstore */
 #include "offload/ostate.h" /* defines: ostate */
+#include "offload/optim.h"  /* defines: offload_optim */
 
 /* ---- stream.c and optim.c: the training loop --------------------------------------- */
 
@@ -147,40 +145,13 @@ struct offload {
     int *contrib, *contrib_want; /* [nb] additions to block b's sum in it; how many there are */
     unsigned char *reduced;     /* [nb] block b reduced this step */
     int red_k;                  /* the next bucket */
-    int micro;                  /* micro-batches in the sums */
 
-    /* the optimizer's schedule (optim.c) */
-    int opt_threaded;           /* OVERLAP or DPU: updates run on opt_thread */
-    pthread_t opt_thread;
-    int opt_started;
-    pthread_mutex_t opt_mu;
-    pthread_cond_t opt_cv;      /* job posted, block published, job done */
-    int opt_job;                /* OFFLOAD_JOB_* being run or posted */
-    int opt_quit;
-    zo_status opt_status;       /* the last job's failure, reported at the next step */
-    char opt_msg[512];
-    int *opt_queue;             /* [nb] blocks to update (updates during backward) */
-    int opt_qhead, opt_qtail, opt_qclosed;
-    int64_t *published;         /* [nb] the step whose weights block b's store holds */
-    zo_adam_hparams opt_hp;     /* the running job's hyperparameters */
-    int opt_early;              /* this step's updates started during backward */
-    float prev_norm;
-    int have_prev_norm;
-    wstore *shadow;             /* DPU: a host store the update writes into */
-    int dpu_pending;            /* DPU: the shadow holds an update not yet published */
+    offload_optim *opt;         /* the step and its schedule (optim.c) */
 
     /* activation boundaries (stream.c) */
     void **bnd;                 /* checkpoints on the device: [nb - 1] device buffers */
     void **bnd_host;            /* checkpoints in host memory: [nb - 1] pinned */
     offload_ring ring[2];
-
-    /* training counters */
-    int64_t step;
-    float loss_scale;
-    int dynamic_scale;          /* fp16: the scale moves */
-    int good_steps;
-    int64_t skipped;
-    int skipped_in_a_row;       /* fp16 overflow skips since the last step taken */
 
     /* the checkpoint folder this runtime writes into, locked (ckpt.c) */
     zo_dir_lock ckpt_lock;
@@ -211,31 +182,6 @@ zo_status offload_grads_drain(offload_t *rt);
 zo_status offload_grads_reduce(offload_t *rt);
 zo_status offload_stream_micro_batch(offload_t *rt, gpu_stream_t s);
 zo_status offload_stream_forward(offload_t *rt, gpu_stream_t s);
-
-/* optim.c: unscale, clip and update every shard from the gradient sums
- * (drained), as the schedule says. */
-enum { OFFLOAD_JOB_NONE = 0, OFFLOAD_JOB_ALL, OFFLOAD_JOB_BLOCKS };
-zo_status offload_optim_init(offload_t *rt);
-void offload_optim_free(offload_t *rt);
-zo_status offload_optim_step(offload_t *rt, offload_step_info *info);
-/* Every update done and every new weight in the store (before anything
- * reads or writes the state from outside the step). */
-zo_status offload_optim_settle(offload_t *rt);
-/* Block b's weights are the current step's (a forward waits for its
- * update); with wait 0, 1 when they are, 0 when not yet. */
-int offload_optim_ready(offload_t *rt, int b, int wait);
-/* Before the step's first addition into block b's host gradient sum: the
- * update in flight is done reading it (dpu: the delayed update runs beside
- * this step's backward). */
-void offload_optim_grads_free(offload_t *rt, int b);
-/* The last micro-batch of a step completed block b's gradients: its update
- * may start now (OVERLAP without exact clipping). */
-zo_status offload_optim_block_done(offload_t *rt, int b);
-/* A micro-batch starts: when it is the step's last and the schedule allows
- * (overlap without exact clipping), its blocks' updates start as their
- * gradients complete (offload_optim_early says so). */
-zo_status offload_optim_micro_begin(offload_t *rt);
-int offload_optim_early(const offload_t *rt);
 
 /* ckpt.c: lock `dir` (created if missing) for this runtime's life; a
  * runtime holds one checkpoint folder, the last it locked. */

@@ -187,7 +187,7 @@ static zo_status prefetch(offload_t *rt)
         int need[2] = {rt->sched[p], rt->dep[rt->sched[p]]};
         for (int k = 0; k < 2; k++) {
             if (need[k] < 0 || slot_of(rt, need[k]) >= 0) continue;
-            if (!offload_optim_ready(rt, need[k], 0)) return ZO_OK; /* its update runs: later */
+            if (!offload_optim_ready(rt->opt, need[k], 0)) return ZO_OK; /* its update runs: later */
             int s;
             if ((st = load_block(rt, need[k], p + 1, &s)) != ZO_OK) return st;
             if (s < 0) return ZO_OK; /* no slot free: later positions wait too */
@@ -222,7 +222,7 @@ static zo_status acquire(offload_t *rt, gpu_stream_t s, int b, offload_block_io 
     for (int k = 0; k < 2; k++) {
         if (ids0[k] < 0) continue;
         double t0 = zo_now();
-        int ready = offload_optim_ready(rt, ids0[k], 1);
+        int ready = offload_optim_ready(rt->opt, ids0[k], 1);
         offload_add_time(&rt->acct, OFFLOAD_TIME_WEIGHTS, zo_now() - t0);
         if (!ready) return zo_error(ZO_ERR_INVALID, "offload: block %d: the optimizer's update failed", ids0[k]);
     }
@@ -425,7 +425,7 @@ static zo_status backward_block(offload_t *rt, gpu_stream_t s, int b)
         io.dep_grads = rt->gs[kd].dev;
     }
     if (rt->cfg.recompute && (st = rt->m.recompute(rt->m.user, b, &io, s)) != ZO_OK) return st;
-    if ((st = rt->m.backward(rt->m.user, b, &io, rt->loss_scale, s)) != ZO_OK) return st;
+    if ((st = rt->m.backward(rt->m.user, b, &io, rt->opt->ctr.loss_scale, s)) != ZO_OK) return st;
     /* the dependency's share first: the same order whatever the placement */
     if (kd >= 0 && (st = offload_grads_send(rt, s, kd, dep, 0)) != ZO_OK) return st;
     if ((st = offload_grads_send(rt, s, k, b, 1)) != ZO_OK || (st = bounds_backward_done(rt, s, b)) != ZO_OK ||
@@ -441,7 +441,7 @@ static zo_status micro_batch_run(offload_t *rt, gpu_stream_t s)
 {
     zo_status st;
     pass_begin(rt);
-    if ((st = offload_grads_begin(rt, s)) != ZO_OK || (st = offload_optim_micro_begin(rt)) != ZO_OK) return st;
+    if ((st = offload_grads_begin(rt, s)) != ZO_OK || (st = offload_optim_micro_begin(rt->opt)) != ZO_OK) return st;
     if ((st = forward_blocks(rt, s)) != ZO_OK) return st;
     for (int b = rt->g.nb - 1; b >= 0; b--)
         if ((st = backward_block(rt, s, b)) != ZO_OK) return st;
@@ -450,7 +450,7 @@ static zo_status micro_batch_run(offload_t *rt, gpu_stream_t s)
         (st = offload_grads_drain(rt)) != ZO_OK || (st = offload_dp_wait(rt->dp)) != ZO_OK)
         return st;
     rt->has_prev = 0;
-    rt->micro++;
+    rt->opt->micro++;
     return ZO_OK;
 }
 
@@ -483,7 +483,7 @@ static zo_status abandon(offload_t *rt, gpu_stream_t s, zo_status st, int keep_g
     rt->has_prev = 0;
     if (!keep_grads) {
         for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) rt->gs[k].block = -1;
-        rt->micro = 0;
+        rt->opt->micro = 0;
     }
     return zo_error(st, "%s", msg); /* the failure's own message, not the waits' */
 }
