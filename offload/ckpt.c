@@ -484,7 +484,7 @@ zo_status offload_save_streamed(offload_t *rt, const char *dir, const offload_ck
                                 offload_weights_stream writer, void *writer_user)
 {
     zo_status st = offload_optim_settle(rt->opt);
-    if (st == ZO_OK) st = offload_grads_drain(rt);
+    if (st == ZO_OK) st = offload_grads_drain(rt->gr);
     if (st == ZO_OK && rt->opt->micro)
         st = zo_error(ZO_ERR_INVALID, "offload_save: %d micro-batches are accumulated; save between steps",
                       rt->opt->micro);
@@ -731,7 +731,7 @@ zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
     /* every tensor is there before anything is overwritten */
     ck_source src;
     if ((st = source_open(rt, ck, &mf, &src)) != ZO_OK) goto out_manifest;
-    if ((st = offload_optim_settle(rt->opt)) != ZO_OK || (st = offload_grads_drain(rt)) != ZO_OK) goto out_close;
+    if ((st = offload_optim_settle(rt->opt)) != ZO_OK || (st = offload_grads_drain(rt->gr)) != ZO_OK) goto out_close;
     size_t C = io_chunk(rt);
     float *buf;
     if ((st = offload_host_alloc(&rt->env, 3 * C * 4, 0, (void **)&buf)) != ZO_OK) goto out_close;

@@ -309,8 +309,10 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
         if ((st = wstore_create(&rt->env, &rt->fg, &fc, &rt->fws)) != ZO_OK) goto out_free;
     }
     if ((st = create_ostate(rt)) != ZO_OK) goto out_free;
-    if ((st = offload_stream_init(rt)) != ZO_OK) goto out_free;
-    if ((st = offload_optim_create(&rt->env, &rt->cfg, &rt->m, &rt->g, &rt->og, rt->ws, rt->os, &rt->opt)) != ZO_OK)
+    if ((st = offload_optim_create(&rt->env, &rt->cfg, &rt->m, &rt->g, &rt->og, rt->ws, rt->os, &rt->opt)) != ZO_OK ||
+        (st = offload_grads_create(&rt->env, &rt->g, &rt->og, rt->dep, rt->cfg.grad_accum, rt->os, rt->opt, &rt->gr)) !=
+            ZO_OK ||
+        (st = offload_stream_init(rt)) != ZO_OK)
         goto out_free;
     device_peak(rt);
     *out = rt;
@@ -330,6 +332,7 @@ void offload_free(offload_t *rt)
     if (rt->env.h2d) gpu_stream_synchronize(rt->env.h2d);
     if (rt->env.d2h) gpu_stream_synchronize(rt->env.d2h);
     offload_stream_free(rt);
+    offload_grads_free(rt->gr);
     ostate_free(rt->os);
     wstore_free(rt->ws);
     wstore_free(rt->fws);
@@ -376,7 +379,7 @@ static zo_status set_block(offload_t *rt, int b, const float *w)
 static zo_status weights_begin(offload_t *rt)
 {
     zo_status st = offload_optim_settle(rt->opt);
-    zo_status sd = offload_grads_drain(rt);
+    zo_status sd = offload_grads_drain(rt->gr);
     rt->opt->micro = 0;
     return st != ZO_OK ? st : sd;
 }
@@ -468,10 +471,10 @@ zo_status offload_step(offload_t *rt, offload_step_info *info)
 {
     double t0 = zo_now();
     memset(info, 0, sizeof *info);
-    zo_status st = offload_grads_drain(rt);
+    zo_status st = offload_grads_drain(rt->gr);
     if (st != ZO_OK) return st;
     if (!rt->opt->micro) return zo_error(ZO_ERR_INVALID, "offload_step: no micro-batch since the last step");
-    if ((st = offload_grads_reduce(rt)) != ZO_OK) return zo_error_wrap(st, "offload_step: gradient reduction");
+    if ((st = offload_grads_reduce(rt->gr)) != ZO_OK) return zo_error_wrap(st, "offload_step: gradient reduction");
     /* the update before this one is done (and, with dpu, published), and
      * the shards hold what was written to them since, unless this step's
      * updates started during backward (they did both) */

@@ -47,7 +47,6 @@
 #include "offload/offload.h"
 
 #define OFFLOAD_MAX_PREFETCH 16
-#define OFFLOAD_GRAD_SLOTS 2
 #define OFFLOAD_DEFAULT_SUB_GROUP (1u << 20)
 
 #include "offload/acct.h" /* defines: offload_env, offload_geom, offload_acct */
@@ -55,6 +54,7 @@
 #include "offload/wstore.h" /* defines: wstore */
 #include "offload/ostate.h" /* defines: ostate */
 #include "offload/optim.h"  /* defines: offload_optim */
+#include "offload/grads.h"  /* defines: offload_grads */
 
 /* ---- stream.c and optim.c: the training loop --------------------------------------- */
 
@@ -70,17 +70,6 @@ typedef struct offload_slot {
     gpu_event_t ready;  /* on the h2d stream: the weights have arrived */
     gpu_event_t freed;  /* on the compute stream: the last block using it has run */
 } offload_slot;
-
-/* A device gradient buffer and its pinned host copy. */
-typedef struct offload_gslot {
-    void *dev;          /* device, slot_bytes */
-    void *host;         /* pinned, ghost_bytes (NULL when no gradient goes to the host) */
-    int block;          /* the block whose gradients are in flight to the host, -1 none */
-    size_t n;           /* ... and how many elements (of ghost_dtype) */
-    int own;            /* they are the block's own (not a dependant's share) */
-    gpu_event_t done;   /* compute stream: backward wrote them */
-    gpu_event_t copied; /* d2h stream: they are on the host */
-} offload_gslot;
 
 /* A device buffer of the activation ring (checkpoints in host memory). */
 typedef struct offload_ring {
@@ -128,24 +117,7 @@ struct offload {
     gpu_event_t prev_done;      /* compute stream: the last block's work */
     int has_prev;
 
-    /* gradients (grads.c) */
-    offload_gslot gs[OFFLOAD_GRAD_SLOTS];
-    oshard_sum *sums;           /* [nb] where block b's gradient is summed (its shard's) */
-    const struct grads_path **path; /* [nb] how it gets there */
-    int to_host;                /* some block's sum is in host memory */
-    unsigned char *grad_fresh;  /* [nb] the step's first addition into block b writes (lazy zero) */
-    zo_dtype ghost_dtype;       /* what the pinned halves hold: the model's dtype, or fp32 parts */
-    size_t ghost_bytes, ghost_pinned; /* one pinned half; all of them */
-    zo_status (*grads_send)(offload_t *rt, gpu_stream_t s, int k, int block, int own);
-    zo_status (*grads_reduce)(offload_t *rt);
-    /* ZeRO 0-1: each block reduced in the step's last micro-batch as soon as
-     * its sum is complete (behind the backward of the blocks before it) */
-    int red_op;                 /* dp_op of the step's reduction, -1 none */
-    int reduce_now;             /* this micro-batch is the step's last: reduce as sums complete */
-    int *contrib, *contrib_want; /* [nb] additions to block b's sum in it; how many there are */
-    unsigned char *reduced;     /* [nb] block b reduced this step */
-    int red_k;                  /* the next bucket */
-
+    offload_grads *gr;          /* the gradient slots and the way to the sums (grads.c) */
     offload_optim *opt;         /* the step and its schedule (optim.c) */
 
     /* activation boundaries (stream.c) */
@@ -161,25 +133,6 @@ struct offload {
 zo_status offload_stream_init(offload_t *rt);
 void offload_stream_free(offload_t *rt);
 
-/* grads.c */
-zo_status offload_grads_init(offload_t *rt);
-void offload_grads_free(offload_t *rt);
-/* A micro-batch begins: the sums zeroed on s when it is the step's first;
- * ZeRO 0-1: whether it is the step's last (its blocks are reduced as they
- * complete; ZO_ERR_INVALID after the reduction: step first). */
-zo_status offload_grads_begin(offload_t *rt, gpu_stream_t s);
-/* A free gradient slot zeroed on s (not `avoid`). */
-zo_status offload_grads_take(offload_t *rt, gpu_stream_t s, int avoid, int *out);
-/* Backward wrote slot k's gradients of `block` (own: the block's own, not
- * a dependant's share): send them to their sum. */
-zo_status offload_grads_send(offload_t *rt, gpu_stream_t s, int k, int block, int own);
-/* Add slot k's copy (once on the host) into the host sum. */
-zo_status offload_grads_accumulate(offload_t *rt, int k);
-/* Finish outstanding gradient copies into the host sum. */
-zo_status offload_grads_drain(offload_t *rt);
-/* At the step, the sums drained: reduce them over the ranks (ZeRO 0-1), or
- * wait for the reductions made during backward (ZeRO 2-3). */
-zo_status offload_grads_reduce(offload_t *rt);
 zo_status offload_stream_micro_batch(offload_t *rt, gpu_stream_t s);
 zo_status offload_stream_forward(offload_t *rt, gpu_stream_t s);
 

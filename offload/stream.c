@@ -69,7 +69,6 @@ zo_status offload_stream_init(offload_t *rt)
 {
     zo_status st;
     if (rt->n_slots && (st = alloc_slots(rt)) != ZO_OK) return st;
-    if ((st = offload_grads_init(rt)) != ZO_OK) return st;
     if ((st = gpu_event_create(rt->env.dev, &rt->prev_done)) != ZO_OK) return st;
     return alloc_boundaries(rt);
 }
@@ -86,7 +85,6 @@ void offload_stream_free(offload_t *rt)
         }
     free(rt->slots);
     rt->slots = NULL;
-    offload_grads_free(rt);
     for (int k = 0; k < 2; k++) {
         offload_ring *r = &rt->ring[k];
         gpu_mem_free(d, r->buf);
@@ -417,23 +415,23 @@ static zo_status backward_block(offload_t *rt, gpu_stream_t s, int b)
     offload_block_io io = {0};
     int k, kd = -1, dep = rt->dep[b];
     if ((st = acquire(rt, s, b, &io)) != ZO_OK ||
-        (st = bounds_backward(rt, s, b, &io)) != ZO_OK || (st = offload_grads_take(rt, s, -1, &k)) != ZO_OK)
+        (st = bounds_backward(rt, s, b, &io)) != ZO_OK || (st = offload_grads_take(rt->gr, s, -1, &k)) != ZO_OK)
         return st;
-    io.grads = rt->gs[k].dev;
+    io.grads = rt->gr->gs[k].dev;
     if (dep >= 0) {
-        if ((st = offload_grads_take(rt, s, k, &kd)) != ZO_OK) return st;
-        io.dep_grads = rt->gs[kd].dev;
+        if ((st = offload_grads_take(rt->gr, s, k, &kd)) != ZO_OK) return st;
+        io.dep_grads = rt->gr->gs[kd].dev;
     }
     if (rt->cfg.recompute && (st = rt->m.recompute(rt->m.user, b, &io, s)) != ZO_OK) return st;
     if ((st = rt->m.backward(rt->m.user, b, &io, rt->opt->ctr.loss_scale, s)) != ZO_OK) return st;
     /* the dependency's share first: the same order whatever the placement */
-    if (kd >= 0 && (st = offload_grads_send(rt, s, kd, dep, 0)) != ZO_OK) return st;
-    if ((st = offload_grads_send(rt, s, k, b, 1)) != ZO_OK || (st = bounds_backward_done(rt, s, b)) != ZO_OK ||
+    if (kd >= 0 && (st = offload_grads_send(rt->gr, s, kd, dep, 0)) != ZO_OK) return st;
+    if ((st = offload_grads_send(rt->gr, s, k, b, 1)) != ZO_OK || (st = bounds_backward_done(rt, s, b)) != ZO_OK ||
         (st = release(rt, s, b)) != ZO_OK)
         return st;
     /* add the previous block's gradients while the device runs this one */
     for (int i = 0; i < OFFLOAD_GRAD_SLOTS; i++)
-        if (i != k && i != kd && (st = offload_grads_accumulate(rt, i)) != ZO_OK) return st;
+        if (i != k && i != kd && (st = offload_grads_accumulate(rt->gr, i)) != ZO_OK) return st;
     return ZO_OK;
 }
 
@@ -441,13 +439,13 @@ static zo_status micro_batch_run(offload_t *rt, gpu_stream_t s)
 {
     zo_status st;
     pass_begin(rt);
-    if ((st = offload_grads_begin(rt, s)) != ZO_OK || (st = offload_optim_micro_begin(rt->opt)) != ZO_OK) return st;
+    if ((st = offload_grads_begin(rt->gr, s)) != ZO_OK || (st = offload_optim_micro_begin(rt->opt)) != ZO_OK) return st;
     if ((st = forward_blocks(rt, s)) != ZO_OK) return st;
     for (int b = rt->g.nb - 1; b >= 0; b--)
         if ((st = backward_block(rt, s, b)) != ZO_OK) return st;
     /* the compute of the last block, then its gradients */
     if ((st = offload_timed_wait(&rt->env, rt->prev_done, OFFLOAD_TIME_COMPUTE)) != ZO_OK ||
-        (st = offload_grads_drain(rt)) != ZO_OK || (st = offload_dp_wait(rt->dp)) != ZO_OK)
+        (st = offload_grads_drain(rt->gr)) != ZO_OK || (st = offload_dp_wait(rt->dp)) != ZO_OK)
         return st;
     rt->has_prev = 0;
     rt->opt->micro++;
@@ -482,7 +480,7 @@ static zo_status abandon(offload_t *rt, gpu_stream_t s, zo_status st, int keep_g
     for (int i = 0; i < rt->n_slots; i++) rt->slots[i].busy = 0;
     rt->has_prev = 0;
     if (!keep_grads) {
-        for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) rt->gs[k].block = -1;
+        offload_grads_forget(rt->gr);
         rt->opt->micro = 0;
     }
     return zo_error(st, "%s", msg); /* the failure's own message, not the waits' */
