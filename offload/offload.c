@@ -156,8 +156,7 @@ static zo_status copy_model(offload_t *rt, const offload_model *model)
     rt->numel = calloc((size_t)nb, sizeof(size_t));
     rt->dep = calloc((size_t)nb, sizeof(int));
     rt->off = calloc((size_t)nb + 1, sizeof(size_t));
-    rt->sched = calloc(2 * (size_t)nb, sizeof(int));
-    if (!rt->numel || !rt->dep || !rt->off || !rt->sched)
+    if (!rt->numel || !rt->dep || !rt->off)
         return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
     g->nb = nb;
     g->numel = rt->numel;
@@ -175,12 +174,6 @@ static zo_status copy_model(offload_t *rt, const offload_model *model)
     g->n = rt->off[nb];
     g->slot_bytes = g->largest * g->es;
     if (g->slot_bytes < 256) g->slot_bytes = 256;
-    /* the schedule: forward in order, backward in reverse */
-    for (int b = 0; b < nb; b++) {
-        rt->sched[b] = b;
-        rt->sched[nb + b] = nb - 1 - b;
-    }
-    rt->n_sched = 2 * nb;
     rt->m.block_numel = rt->numel;
     rt->m.block_dep = rt->dep;
     if (model->frozen_bytes) {
@@ -234,27 +227,16 @@ static zo_status create_ostate(offload_t *rt)
  * the device store holding every block, padded, the optimizer's parts
  * all-gathered; ZeRO 3 the gathering store over the tier's store of the
  * rank's parts. */
-static zo_status create_weights(offload_t *rt, offload_tier on)
+static zo_status create_weights(offload_t *rt, offload_tier on, int ring)
 {
     int stage = rt->dp ? rt->dp->stage : 0;
     wstore_config wc = {.tier = on, .dev_puts = rt->cfg.opt_frac[OFFLOAD_DEVICE] > 0, .chunk = rt->cfg.sub_group,
-                        .nvme_dir = rt->cfg.nvme_dir, .name = "par", .ring = rt->n_slots,
+                        .nvme_dir = rt->cfg.nvme_dir, .name = "par", .ring = ring,
                         .gathered = stage == 1 || stage == 2};
     if (stage < 3) return wstore_create(&rt->env, &rt->g, &wc, &rt->ws);
     wstore *inner;
     zo_status st = wstore_create(&rt->env, &rt->og, &wc, &inner);
     return st != ZO_OK ? st : wgather_create(&rt->env, &rt->g, inner, &rt->ws);
-}
-
-/* Device slots for streamed weights: the block computing and `depth`
- * loading ahead (two at least when a block reads another's weights). */
-static int slot_count(const offload_t *rt)
-{
-    int has_dep = 0;
-    for (int b = 0; b < rt->g.nb; b++) has_dep |= rt->dep[b] >= 0;
-    int n = rt->cfg.prefetch_depth + 1;
-    if (has_dep && n < 2) n = 2;
-    return n > rt->g.nb ? rt->g.nb : n;
 }
 
 zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *model,
@@ -299,21 +281,28 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     offload_tier w_on = frozen ? rt->cfg.trainable_on : rt->cfg.params_on;
     int w_streamed = w_on != OFFLOAD_DEVICE || (rt->dp && rt->dp->stage >= 3);
     int f_streamed = frozen && rt->cfg.params_on != OFFLOAD_DEVICE;
-    if (w_streamed || f_streamed) rt->n_slots = slot_count(rt);
-    rt->fslot = f_streamed ? rt->fg.slot_bytes : 0;
-    rt->slot_size = rt->fslot + (w_streamed ? rt->g.slot_bytes : 0);
-    if ((st = create_weights(rt, w_on)) != ZO_OK) goto out_free;
+    offload_stream_config sc = {.m = &rt->m, .g = &rt->g, .prefetch_depth = rt->cfg.prefetch_depth,
+                                .recompute = rt->cfg.recompute, .checkpoints_on = rt->cfg.checkpoints_on};
+    if (w_streamed || f_streamed) sc.n_slots = offload_stream_slots(&rt->m, rt->cfg.prefetch_depth);
+    sc.fslot = f_streamed ? rt->fg.slot_bytes : 0;
+    sc.slot_size = sc.fslot + (w_streamed ? rt->g.slot_bytes : 0);
+    if ((st = create_weights(rt, w_on, sc.n_slots)) != ZO_OK) goto out_free;
     if (frozen) {
         wstore_config fc = {.tier = rt->cfg.params_on, .chunk = rt->cfg.sub_group,
-                            .nvme_dir = rt->cfg.nvme_dir, .name = "frz", .ring = rt->n_slots};
+                            .nvme_dir = rt->cfg.nvme_dir, .name = "frz", .ring = sc.n_slots};
         if ((st = wstore_create(&rt->env, &rt->fg, &fc, &rt->fws)) != ZO_OK) goto out_free;
     }
+    /* the layers above the stores, each on the ones below it */
     if ((st = create_ostate(rt)) != ZO_OK) goto out_free;
     if ((st = offload_optim_create(&rt->env, &rt->cfg, &rt->m, &rt->g, &rt->og, rt->ws, rt->os, &rt->opt)) != ZO_OK ||
         (st = offload_grads_create(&rt->env, &rt->g, &rt->og, rt->dep, rt->cfg.grad_accum, rt->os, rt->opt, &rt->gr)) !=
-            ZO_OK ||
-        (st = offload_stream_init(rt)) != ZO_OK)
+            ZO_OK)
         goto out_free;
+    sc.ws = rt->ws;
+    sc.fws = rt->fws;
+    sc.gr = rt->gr;
+    sc.opt = rt->opt;
+    if ((st = offload_stream_create(&rt->env, &sc, &rt->sm)) != ZO_OK) goto out_free;
     device_peak(rt);
     *out = rt;
     return ZO_OK;
@@ -331,7 +320,7 @@ void offload_free(offload_t *rt)
     /* let queued copies finish before their buffers go */
     if (rt->env.h2d) gpu_stream_synchronize(rt->env.h2d);
     if (rt->env.d2h) gpu_stream_synchronize(rt->env.d2h);
-    offload_stream_free(rt);
+    offload_stream_free(rt->sm);
     offload_grads_free(rt->gr);
     ostate_free(rt->os);
     wstore_free(rt->ws);
@@ -344,7 +333,6 @@ void offload_free(offload_t *rt)
     free(rt->numel);
     free(rt->dep);
     free(rt->off);
-    free(rt->sched);
     free(rt->decay);
     zo_dir_lock_release(&rt->ckpt_lock);
     pthread_mutex_destroy(&rt->acct.mu);
@@ -450,7 +438,7 @@ zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s)
 {
     double t0 = zo_now();
     offload_set_device_busy(&rt->acct, 1);
-    zo_status st = offload_stream_micro_batch(rt, s);
+    zo_status st = offload_stream_micro_batch(rt->sm, s);
     offload_set_device_busy(&rt->acct, 0);
     if (st != ZO_OK) return st;
     rt->acct.n_micro++;
@@ -462,7 +450,7 @@ zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s)
 zo_status offload_forward(offload_t *rt, gpu_stream_t s)
 {
     offload_set_device_busy(&rt->acct, 1);
-    zo_status st = offload_stream_forward(rt, s);
+    zo_status st = offload_stream_forward(rt->sm, s);
     offload_set_device_busy(&rt->acct, 0);
     return st;
 }
@@ -529,8 +517,8 @@ void offload_get_stats(const offload_t *rt, offload_stats *o)
     o->optimizer_s = a->opt_busy_s;
     o->optimizer_overlap = a->opt_busy_s > 0 ? a->opt_overlap_s / a->opt_busy_s : 0.0;
     pthread_mutex_unlock((pthread_mutex_t *)&a->mu);
-    o->n_slots = rt->n_slots;
-    o->slot_bytes = rt->n_slots ? rt->slot_size : 0;
+    o->n_slots = rt->sm->c.n_slots;
+    o->slot_bytes = rt->sm->c.n_slots ? rt->sm->c.slot_size : 0;
     o->rank = rt->dp ? rt->dp->rank : 0;
     o->ranks = rt->dp ? rt->dp->size : 1;
     o->comm_elems = a->comm_elems;

@@ -46,7 +46,6 @@
 #include "common/fileio.h"    /* defines: zo_dir_lock */
 #include "offload/offload.h"
 
-#define OFFLOAD_MAX_PREFETCH 16
 #define OFFLOAD_DEFAULT_SUB_GROUP (1u << 20)
 
 #include "offload/acct.h" /* defines: offload_env, offload_geom, offload_acct */
@@ -55,31 +54,9 @@
 #include "offload/ostate.h" /* defines: ostate */
 #include "offload/optim.h"  /* defines: offload_optim */
 #include "offload/grads.h"  /* defines: offload_grads */
+#include "offload/stream.h" /* defines: offload_stream */
 
 /* ---- stream.c and optim.c: the training loop --------------------------------------- */
-
-/* A device slot holding one block's weights while it computes. */
-typedef struct offload_slot {
-    void *buf;          /* device, slot_bytes */
-    int block;          /* the block whose weights it holds (or is loading), -1 none */
-    int busy;           /* acquired and not released */
-    int used;           /* the freed event has been recorded at least once */
-    uint64_t gen, fgen; /* the generations of the block's weights and frozen base it holds */
-    uint64_t seg;       /* 2 pass + (backward): the half-pass it was loaded for, or last used by */
-    uint64_t released;  /* tick of the last release (least recently released goes first) */
-    gpu_event_t ready;  /* on the h2d stream: the weights have arrived */
-    gpu_event_t freed;  /* on the compute stream: the last block using it has run */
-} offload_slot;
-
-/* A device buffer of the activation ring (checkpoints in host memory). */
-typedef struct offload_ring {
-    void *buf;
-    int holds;          /* boundary index it holds, -1 none */
-    gpu_event_t used;   /* compute stream: the last block reading or writing it */
-    gpu_event_t filled; /* h2d stream: a boundary was loaded into it */
-    gpu_event_t saved;  /* d2h stream: its boundary reached host memory */
-    int has_used, has_filled, has_saved;
-} offload_ring;
 
 struct offload {
     offload_env env;
@@ -100,41 +77,15 @@ struct offload {
     wstore *fws;                /* the frozen base (offload_model.frozen_bytes), or NULL */
     offload_geom fg;            /* its geometry: bytes (es 1) per block */
     size_t *fbytes, *foff;      /* [nb], [nb + 1] */
-    size_t fslot;               /* bytes of a slot's frozen part (0: the base is resident) */
     ostate *os;                 /* the optimizer's state and the gradient sums */
 
-    /* streaming (stream.c): a slot holds a block's frozen base (fslot bytes,
-     * when that is streamed) then its trainable weights (g.slot_bytes, when
-     * those are streamed) */
-    size_t slot_size;
-    int n_slots;
-    offload_slot *slots;
-    uint64_t tick;
-    int *sched;                 /* [2 nb] the blocks of one micro-batch in order */
-    int n_sched;
-    int pos;                    /* schedule position being acquired */
-    uint64_t pass;              /* passes (micro-batches, forwards) begun */
-    gpu_event_t prev_done;      /* compute stream: the last block's work */
-    int has_prev;
-
+    offload_stream *sm;         /* a micro-batch: slots, prefetch, activation checkpoints (stream.c) */
     offload_grads *gr;          /* the gradient slots and the way to the sums (grads.c) */
     offload_optim *opt;         /* the step and its schedule (optim.c) */
-
-    /* activation boundaries (stream.c) */
-    void **bnd;                 /* checkpoints on the device: [nb - 1] device buffers */
-    void **bnd_host;            /* checkpoints in host memory: [nb - 1] pinned */
-    offload_ring ring[2];
 
     /* the checkpoint folder this runtime writes into, locked (ckpt.c) */
     zo_dir_lock ckpt_lock;
 };
-
-/* stream.c */
-zo_status offload_stream_init(offload_t *rt);
-void offload_stream_free(offload_t *rt);
-
-zo_status offload_stream_micro_batch(offload_t *rt, gpu_stream_t s);
-zo_status offload_stream_forward(offload_t *rt, gpu_stream_t s);
 
 /* ckpt.c: lock `dir` (created if missing) for this runtime's life; a
  * runtime holds one checkpoint folder, the last it locked. */
