@@ -1,11 +1,53 @@
-/* The runtime's public face: configuration, the life cycle (the weight store
- * and the optimizer shards chosen from it, once), weights in and out block
- * by block, the training entry points and the measurements. */
-#include "offload/offload_impl.h"
+/* The runtime's public face (offload.h), its top layer: configuration, the
+ * life cycle (the layers composed once, from the configuration: the weight
+ * stores, the optimizer's state, the optimizer, the gradients, the
+ * streaming, the checkpoints), weights in and out block by block, the
+ * training entry points and the measurements. struct offload is this
+ * file's: every layer below works on its own object. */
+#include "offload/offload.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/fileio.h"  /* defines: zo_file_write_json */
+#include "offload/ckpt.h"   /* defines: offload_ckpt */
+#include "offload/stream.h" /* defines: offload_stream, offload_grads, offload_optim, ostate, wstore */
+
+#define OFFLOAD_DEFAULT_SUB_GROUP (1u << 20)
+
+_Static_assert(ZO_PLAN_MAX_PREFETCH <= OFFLOAD_MAX_PREFETCH,
+               "the plan schema's prefetch limit is one the runtime can run");
+
+struct offload {
+    offload_env env;
+    offload_acct acct;
+    offload_config cfg;
+    /* the model, with owned copies of its arrays */
+    offload_model m;
+    offload_geom g;
+    size_t *numel;              /* [nb] */
+    size_t *off;                /* [nb + 1] */
+    int *dep;                   /* [nb] */
+    offload_decay_range *decay; /* [n_decay] sorted by block and offset */
+
+    /* where state lives */
+    offload_dp *dp;             /* several ranks (env.dp), or NULL */
+    offload_geom og;            /* the optimizer's geometry: the rank's parts (ZeRO 1-3) or the model */
+    wstore *ws;                 /* the trainable weights */
+    wstore *fws;                /* the frozen base (offload_model.frozen_bytes), or NULL */
+    offload_geom fg;            /* its geometry: bytes (es 1) per block */
+    size_t *fbytes, *foff;      /* [nb], [nb + 1] */
+    ostate *os;                 /* the optimizer's state and the gradient sums */
+
+    offload_stream *sm;         /* a micro-batch: slots, prefetch, activation checkpoints (stream.c) */
+    offload_grads *gr;          /* the gradient slots and the way to the sums (grads.c) */
+    offload_optim *opt;         /* the step and its schedule (optim.c) */
+
+    offload_ckpt ck;            /* checkpoints, and the folder this runtime holds (ckpt.c) */
+};
 
 const char *offload_tier_name(offload_tier t)
 {
@@ -253,12 +295,12 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     if (!rt->cfg.grad_accum) rt->cfg.grad_accum = 1;
     if (!rt->cfg.loss_scale_window) rt->cfg.loss_scale_window = OFFLOAD_LOSS_SCALE_WINDOW;
     if (!rt->cfg.max_skipped_steps) rt->cfg.max_skipped_steps = OFFLOAD_MAX_SKIPPED_STEPS;
-    rt->ckpt_lock.fd = -1;
+    offload_ckpt_init(&rt->ck);
     pthread_mutex_init(&rt->acct.mu, NULL);
     /* a second run on the same checkpoint folder is refused before anything
      * is allocated (several ranks share the folder: rank 0 holds it) */
     if (cfg->ckpt_dir && (!cfg->comm || comm_rank(cfg->comm) == 0) &&
-        (st = offload_ckpt_lock(rt, cfg->ckpt_dir)) != ZO_OK)
+        (st = offload_ckpt_lock(&rt->ck, cfg->ckpt_dir)) != ZO_OK)
         goto out_free;
     rt->env = (offload_env){.dev = dev, .acct = &rt->acct, .n_threads = cfg->n_threads};
     if ((st = copy_model(rt, model)) != ZO_OK) goto out_free;
@@ -303,6 +345,15 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     sc.gr = rt->gr;
     sc.opt = rt->opt;
     if ((st = offload_stream_create(&rt->env, &sc, &rt->sm)) != ZO_OK) goto out_free;
+    offload_ckpt *ck = &rt->ck;
+    ck->env = &rt->env;
+    ck->cfg = &rt->cfg;
+    ck->g = &rt->g;
+    ck->og = &rt->og;
+    ck->ws = rt->ws;
+    ck->os = rt->os;
+    ck->opt = rt->opt;
+    ck->gr = rt->gr;
     device_peak(rt);
     *out = rt;
     return ZO_OK;
@@ -334,7 +385,7 @@ void offload_free(offload_t *rt)
     free(rt->dep);
     free(rt->off);
     free(rt->decay);
-    zo_dir_lock_release(&rt->ckpt_lock);
+    offload_ckpt_release(&rt->ck);
     pthread_mutex_destroy(&rt->acct.mu);
     free(rt);
 }
@@ -489,6 +540,30 @@ const float *offload_grad(const offload_t *rt, size_t *n)
 
 size_t offload_block_offset(const offload_t *rt, int block) { return rt->off[block]; }
 
+/* ---- checkpoints (ckpt.c) ------------------------------------------------------------ */
+
+zo_status offload_save_streamed(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
+                                offload_weights_stream writer, void *writer_user)
+{
+    return offload_ckpt_save(&rt->ck, dir, meta, writer, writer_user);
+}
+
+zo_status offload_save(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
+                       offload_weights_writer writer, void *writer_user)
+{
+    return offload_ckpt_save_whole(&rt->ck, dir, meta, writer, writer_user);
+}
+
+zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
+{
+    return offload_ckpt_load(&rt->ck, dir, meta);
+}
+
+zo_status offload_write_weights(offload_t *rt, const char *path, offload_weights_stream writer, void *user)
+{
+    return offload_ckpt_write_weights(&rt->ck, path, writer, user);
+}
+
 /* ---- measurements ------------------------------------------------------------------ */
 
 void offload_get_stats(const offload_t *rt, offload_stats *o)
@@ -549,4 +624,57 @@ void offload_reset_times(offload_t *rt)
     a->opt_busy_s = a->opt_overlap_s = 0;
     a->comm_elems = a->comm_pad_elems = a->reused_elems = 0;
     a->comm_calls = 0;
+}
+
+zo_status offload_write_stats_json(const offload_t *rt, const offload_prediction *pred,
+                                   const char *path)
+{
+    offload_stats s;
+    offload_get_stats(rt, &s);
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", path);
+    cJSON *pk = cJSON_AddObjectToObject(o, "peak_bytes");
+    cJSON *pd = pred && pred->present ? cJSON_AddObjectToObject(o, "predicted_bytes") : NULL;
+    cJSON *rd = pd ? cJSON_AddObjectToObject(o, "measured_over_predicted") : NULL;
+    for (int t = 0; t < OFFLOAD_TIERS; t++) {
+        const char *tn = offload_tier_name((offload_tier)t);
+        cJSON_AddNumberToObject(pk, tn, (double)s.peak[t]);
+        if (pd) {
+            cJSON_AddNumberToObject(pd, tn, (double)pred->peak[t]);
+            if (pred->peak[t]) cJSON_AddNumberToObject(rd, tn, (double)s.peak[t] / (double)pred->peak[t]);
+            else cJSON_AddNullToObject(rd, tn);
+        }
+    }
+    cJSON_AddNumberToObject(o, "device_capacity", (double)s.device_capacity);
+    cJSON *ts = cJSON_AddObjectToObject(o, "time_s");
+    for (int p = 0; p < OFFLOAD_TIME_PARTS; p++)
+        cJSON_AddNumberToObject(ts, offload_time_part_name((offload_time_part)p), s.time[p]);
+    cJSON_AddNumberToObject(ts, "total", s.total_s);
+    if (pred && pred->step_s > 0) cJSON_AddNumberToObject(o, "predicted_step_s", pred->step_s);
+    cJSON *op = cJSON_AddObjectToObject(o, "optimizer");
+    cJSON_AddStringToObject(op, "schedule", offload_schedule_name(rt->cfg.schedule));
+    cJSON_AddNumberToObject(op, "host_s", s.optimizer_s);
+    cJSON_AddNumberToObject(op, "overlap_fraction", s.optimizer_overlap);
+    cJSON_AddNumberToObject(o, "micro_batches", (double)s.micro_batches);
+    cJSON_AddNumberToObject(o, "steps", (double)s.steps);
+    cJSON_AddNumberToObject(o, "skipped", (double)s.skipped);
+    cJSON *by = cJSON_AddObjectToObject(o, "bytes_moved");
+    cJSON_AddNumberToObject(by, "h2d", (double)s.bytes_h2d);
+    cJSON_AddNumberToObject(by, "d2h", (double)s.bytes_d2h);
+    cJSON_AddNumberToObject(by, "disk_read", (double)s.bytes_disk_read);
+    cJSON_AddNumberToObject(by, "disk_written", (double)s.bytes_disk_written);
+    cJSON_AddNumberToObject(o, "device_slots", s.n_slots);
+    cJSON_AddNumberToObject(o, "slot_bytes", (double)s.slot_bytes);
+    if (s.ranks > 1) { /* this rank of a data-parallel job (docs/offload.md, "Several ranks") */
+        cJSON *cm = cJSON_AddObjectToObject(o, "comm");
+        cJSON_AddNumberToObject(cm, "rank", s.rank);
+        cJSON_AddNumberToObject(cm, "ranks", s.ranks);
+        cJSON_AddNumberToObject(cm, "elements", (double)s.comm_elems);
+        cJSON_AddNumberToObject(cm, "reused_elements", (double)s.comm_reused_elems);
+        cJSON_AddNumberToObject(cm, "padding_elements", (double)s.comm_pad_elems);
+        cJSON_AddNumberToObject(cm, "collectives", (double)s.comm_calls);
+    }
+    zo_status st = zo_file_write_json(path, o);
+    cJSON_Delete(o);
+    return st;
 }
