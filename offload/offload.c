@@ -345,15 +345,9 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     sc.gr = rt->gr;
     sc.opt = rt->opt;
     if ((st = offload_stream_create(&rt->env, &sc, &rt->sm)) != ZO_OK) goto out_free;
-    offload_ckpt *ck = &rt->ck;
-    ck->env = &rt->env;
-    ck->cfg = &rt->cfg;
-    ck->g = &rt->g;
-    ck->og = &rt->og;
-    ck->ws = rt->ws;
-    ck->os = rt->os;
-    ck->opt = rt->opt;
-    ck->gr = rt->gr;
+    /* the checkpoints: the layers they read and write, the folder locked above */
+    rt->ck = (offload_ckpt){.env = &rt->env, .cfg = &rt->cfg, .g = &rt->g, .og = &rt->og, .ws = rt->ws,
+                            .os = rt->os, .opt = rt->opt, .gr = rt->gr, .lock = rt->ck.lock};
     device_peak(rt);
     *out = rt;
     return ZO_OK;

@@ -207,8 +207,8 @@ def main():
     level = {f: i for i, names in enumerate(layers) for f in names}
     ok = True
     print("offload/ as layers (docs/architecture.md, \"%s\"), top first:" % SECTION[3:])
-    for i, names in enumerate(layers):
-        print("  %2d  %s" % (i, "  ".join(names)))
+    for i, names in enumerate(layers):  # numbered from the bottom, as the table is
+        print("  %2d  %s" % (len(layers) - i, "  ".join(names)))
     unplaced = [f for f in cfiles if f not in level]
     ghosts = [f for f in level if f not in cfiles]
     if unplaced:
