@@ -402,8 +402,9 @@ static zo_status save_publish(offload_ckpt *ck, const char *dir, save_dir *s)
 static zo_status save_finish(offload_ckpt *ck, const save_dir *s, offload_dp *dp, const offload_ckpt_meta *meta,
                              int model, const ckpt_file_sum *opt, int n_opt)
 {
-    ckpt_state cs = {.step = ck->opt->ctr.step, .loss_scale = ck->opt->ctr.loss_scale, .good_steps = ck->opt->ctr.good_steps,
-                     .skipped = ck->opt->ctr.skipped, .skipped_in_a_row = ck->opt->ctr.skipped_in_a_row,
+    const optim_counters *c = &ck->opt->ctr;
+    ckpt_state cs = {.step = c->step, .loss_scale = c->loss_scale, .good_steps = c->good_steps,
+                     .skipped = c->skipped, .skipped_in_a_row = c->skipped_in_a_row,
                      .params = ck->g->n, .blocks = ck->g->nb, .dtype = ck->g->dtype,
                      .data_step = meta ? meta->data_step : 0, .seed = meta ? meta->seed : 0};
     zo_status st = ckpt_state_write(s->tmp, &cs);
@@ -504,7 +505,8 @@ zo_status offload_ckpt_save(offload_ckpt *ck, const char *dir, const offload_ckp
     if (offload_dp_partitioned(ck->env->dp)) return save_ckpt(ck, ck->env->dp, dir, meta, writer, writer_user);
     /* ZeRO 0: every rank holds the same state; rank 0 saves it as one rank does */
     if (ck->env->dp)
-        return dp_agree(ck->env->dp, ck->env->dp->rank == 0 ? save_ckpt(ck, NULL, dir, meta, writer, writer_user) : ZO_OK,
+        return dp_agree(ck->env->dp,
+                        ck->env->dp->rank == 0 ? save_ckpt(ck, NULL, dir, meta, writer, writer_user) : ZO_OK,
                         "offload_save");
     return save_ckpt(ck, NULL, dir, meta, writer, writer_user);
 }

@@ -237,12 +237,17 @@ static zo_status piece_dev(offload_grads *gr, int k, int block, size_t first, co
 static zo_status piece_host(offload_grads *gr, int k, int block, size_t first, const float *mine, size_t m)
 {
     (void)block;
-    zo_status st = gpu_memcpy_async(gr->env->d2h, (float *)gr->gs[k].host + first, mine, m * 4, GPU_COPY_DEVICE_TO_HOST);
+    float *dst = (float *)gr->gs[k].host + first;
+    zo_status st = gpu_memcpy_async(gr->env->d2h, dst, mine, m * 4, GPU_COPY_DEVICE_TO_HOST);
     if (st == ZO_OK) offload_add_bytes(gr->env->acct, OFFLOAD_BYTES_D2H, m * 4);
     return st;
 }
 
-static void sent_dev(offload_grads *gr, int k, int block, size_t pn, int own) { (void)gr, (void)k, (void)block, (void)pn, (void)own; }
+/* The device adds the pieces itself: nothing is left for the host. */
+static void sent_dev(offload_grads *gr, int k, int block, size_t pn, int own)
+{
+    (void)gr, (void)k, (void)block, (void)pn, (void)own;
+}
 
 /* The host adds slot k's pinned half once its copies are done. */
 static void sent_host(offload_grads *gr, int k, int block, size_t pn, int own)

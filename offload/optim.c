@@ -503,7 +503,8 @@ zo_status offload_optim_step(offload_optim *o, offload_step_info *info)
     /* the enqueued update first (the device shard's): it runs while the
      * host updates the others */
     oshard_update u = updater(&c);
-    if ((st = ostate_step_enqueued(o->os, &u)) != ZO_OK) return zo_error_wrap(st, "offload_step %lld", (long long)o->ctr.step);
+    if ((st = ostate_step_enqueued(o->os, &u)) != ZO_OK)
+        return zo_error_wrap(st, "offload_step %lld", (long long)o->ctr.step);
     if (early) {
         /* the host's updates are done: the enqueued one remains */
         zo_status sd = ostate_sync(o->os);

@@ -775,7 +775,8 @@ zo_status ostate_create(const offload_env *env, const offload_geom *g, const off
     struct {
         offload_tier tier;
         size_t first, n;
-    } part[3] = {{OFFLOAD_CPU, 0, n_cpu}, {OFFLOAD_NVME, n_cpu, n_nvme}, {OFFLOAD_DEVICE, dev_first, og->n - dev_first}};
+    } part[3] = {{OFFLOAD_CPU, 0, n_cpu}, {OFFLOAD_NVME, n_cpu, n_nvme},
+                 {OFFLOAD_DEVICE, dev_first, og->n - dev_first}};
     for (int i = 0; i < 3 && st == ZO_OK; i++) {
         /* blocks summed on the host are handed out by a shard the host
          * updates: one of no elements when the rank holds none of them */
@@ -963,8 +964,9 @@ zo_status ostate_grad_stats(ostate *os, int taken, int exact, double *sumsq, int
         *sumsq += ss;
         if (nf && *first_bad < 0) *first_bad = b;
     }
-    for (int i = 0; i < os->n_sh; i++)
-        if (os->sh[i]->ops->grad_stats && (st = os->sh[i]->ops->grad_stats(os->sh[i], exact, sumsq, first_bad)) != ZO_OK)
-            return st;
+    for (int i = 0; i < os->n_sh; i++) {
+        oshard *sh = os->sh[i];
+        if (sh->ops->grad_stats && (st = sh->ops->grad_stats(sh, exact, sumsq, first_bad)) != ZO_OK) return st;
+    }
     return ZO_OK;
 }

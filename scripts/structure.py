@@ -243,7 +243,8 @@ def main():
     for f in WHERE_FILES:
         hits = [k + 1 for k, l in enumerate(code.get(f, "").splitlines()) if WHERE_RE.search(l)]
         total += len(hits)
-        print("%s: %d lines ask where a block lives%s" % (f, len(hits), (" (lines %s)" % ", ".join(map(str, hits))) if hits else ""))
+        where = " (lines %s)" % ", ".join(map(str, hits)) if hits else ""
+        print("%s: %d lines ask where a block lives%s" % (f, len(hits), where))
     if cycles:
         ok = False
     if a.max_back is not None and len(back) > a.max_back:
