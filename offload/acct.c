@@ -1,13 +1,9 @@
 /* The runtime's clock, its memory accounting per tier and small helpers
- * every layer uses. */
-#include "offload/offload_impl.h"
+ * every layer uses (acct.h). */
+#include "offload/acct.h"
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-#include "common/clock.h"
-
 
 void offload_count(offload_acct *a, offload_tier t, int64_t delta)
 {
@@ -30,6 +26,10 @@ void offload_add_bytes(offload_acct *a, offload_bytes_kind k, uint64_t n)
     a->bytes[k] += n;
     pthread_mutex_unlock(&a->mu);
 }
+
+void offload_set_device_busy(offload_acct *a, int busy) { __atomic_store_n(&a->device_busy, busy, __ATOMIC_RELAXED); }
+
+int offload_device_busy(const offload_acct *a) { return __atomic_load_n(&a->device_busy, __ATOMIC_RELAXED); }
 
 zo_status offload_host_alloc(const offload_env *env, size_t bytes, int pinned, void **out)
 {
@@ -72,6 +72,22 @@ int offload_block_of(const offload_geom *g, size_t a)
     }
     while (lo < g->nb - 1 && g->off[lo + 1] <= a) lo++;
     return lo;
+}
+
+size_t offload_find_nonfinite(const float *p, size_t n)
+{
+    /* exponent all ones: inf or nan; the loop runs without a branch per value */
+    const uint32_t *u = (const uint32_t *)(const void *)p;
+    size_t chunk = 4096;
+    for (size_t a = 0; a < n; a += chunk) {
+        size_t e = n - a < chunk ? n : a + chunk;
+        uint32_t any = 0;
+        for (size_t i = a; i < e; i++) any |= (uint32_t)((u[i] & 0x7f800000u) == 0x7f800000u);
+        if (!any) continue;
+        for (size_t i = a; i < e; i++)
+            if ((u[i] & 0x7f800000u) == 0x7f800000u) return i;
+    }
+    return n;
 }
 
 void offload_to_dtype(const offload_geom *g, void *dst, const float *src, size_t n)

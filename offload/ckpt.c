@@ -22,7 +22,7 @@
  * (every rank reading the blocks it is asked for: they are gathered),
  * state.json and, last, the manifest with every file's sum and the
  * partition, from which a run of any rank count re-partitions. */
-#include "offload/offload_impl.h"
+#include "offload/ckpt.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -44,9 +44,9 @@
 
 static const char *const opt_names[3] = {"master", "exp_avg", "exp_avg_sq"};
 
-static void hook(const offload_t *rt, const char *point)
+static void hook(const offload_ckpt *ck, const char *point)
 {
-    if (rt->cfg.ckpt_hook) rt->cfg.ckpt_hook(rt->cfg.ckpt_hook_user, point);
+    if (ck->cfg->ckpt_hook) ck->cfg->ckpt_hook(ck->cfg->ckpt_hook_user, point);
 }
 
 static zo_status fsync_path(const char *path)
@@ -82,16 +82,24 @@ static zo_status read_latest(const char *dir, char *name, size_t len)
     return st;
 }
 
-zo_status offload_ckpt_lock(offload_t *rt, const char *dir)
+void offload_ckpt_init(offload_ckpt *ck)
 {
-    if (zo_dir_lock_holds(&rt->ckpt_lock, dir)) return ZO_OK;
+    memset(ck, 0, sizeof *ck);
+    ck->lock.fd = -1;
+}
+
+void offload_ckpt_release(offload_ckpt *ck) { zo_dir_lock_release(&ck->lock); }
+
+zo_status offload_ckpt_lock(offload_ckpt *ck, const char *dir)
+{
+    if (zo_dir_lock_holds(&ck->lock, dir)) return ZO_OK;
     if (mkdir(dir, 0755) && errno != EEXIST)
         return zo_error(ZO_ERR_IO, "%s: mkdir: %s", dir, strerror(errno));
     zo_dir_lock l;
     zo_status st = zo_dir_lock_take(dir, "the checkpoint folder", &l);
     if (st != ZO_OK) return st;
-    zo_dir_lock_release(&rt->ckpt_lock); /* a save into another folder moves the lock there */
-    rt->ckpt_lock = l;
+    zo_dir_lock_release(&ck->lock); /* a save into another folder moves the lock there */
+    ck->lock = l;
     return ZO_OK;
 }
 
@@ -113,9 +121,9 @@ static int cmp_newest_first(const void *a, const void *b)
  * interrupted saves. Only directories with the exact names the runtime
  * writes are touched, never through a link; failures leave things be (the
  * new checkpoint is complete either way). */
-static void rotate(const offload_t *rt, int dfd, const char *latest)
+static void rotate(const offload_ckpt *ck, int dfd, const char *latest)
 {
-    int keep = rt->cfg.keep_checkpoints > 0 ? rt->cfg.keep_checkpoints : 1;
+    int keep = ck->cfg->keep_checkpoints > 0 ? ck->cfg->keep_checkpoints : 1;
     int cap = 16, n = 0;
     ckpt_entry *e = malloc((size_t)cap * sizeof *e);
     int fd = dup(dfd);
@@ -160,29 +168,33 @@ static void rotate(const offload_t *rt, int dfd, const char *latest)
 
 /* Elements moved at once by a save or a load: one sub-group of master, m
  * and v in host memory (at most a block). */
-static size_t io_chunk(const offload_t *rt)
+static size_t io_chunk(const offload_ckpt *ck)
 {
-    size_t c = rt->cfg.sub_group < rt->g.largest ? rt->cfg.sub_group : rt->g.largest;
+    size_t c = ck->cfg->sub_group < ck->g->largest ? ck->cfg->sub_group : ck->g->largest;
     return c ? c : 1;
 }
 
+/* Block b's master weights, whole (a collective when they are
+ * partitioned): the weights as the optimizer holds them. */
 static zo_status read_master(void *ctx, int block, float *dst)
 {
-    offload_t *rt = ctx;
-    if (block < 0 || block >= rt->g.nb)
-        return zo_error(ZO_ERR_INVALID, "offload: block %d of %d", block, rt->g.nb);
-    return offload_get_block(rt, block, dst);
+    offload_ckpt *ck = ctx;
+    zo_status st;
+    if (block < 0 || block >= ck->g->nb)
+        return zo_error(ZO_ERR_INVALID, "offload: block %d of %d", block, ck->g->nb);
+    if ((st = offload_optim_settle(ck->opt)) != ZO_OK) return st;
+    return ostate_get_block(ck->os, block, ck->g->numel[block], dst);
 }
 
 /* optimizer.safetensors: three tensors a block, chunk by chunk, each chunk
  * read once from the shards (an NVMe sub-group is read once). The blocks as
  * the optimizer holds them (og): whole, or the rank's parts (a rank's shard
  * file; a block of which it holds nothing has no tensors). */
-static zo_status write_opt(offload_t *rt, const char *path)
+static zo_status write_opt(offload_ckpt *ck, const char *path)
 {
-    int nb = rt->g.nb, n = 0;
-    const offload_geom *og = &rt->og;
-    size_t C = io_chunk(rt);
+    int nb = ck->g->nb, n = 0;
+    const offload_geom *og = ck->og;
+    size_t C = io_chunk(ck);
     zo_status st;
     float *buf = NULL;
     model_st_writer *w = NULL;
@@ -195,20 +207,20 @@ static zo_status write_opt(offload_t *rt, const char *path)
     }
     for (int b = 0; b < nb; b++) {
         first[b] = n;
-        if (!og->numel[b] && rt->dp) continue;
+        if (!og->numel[b] && ck->env->dp) continue;
         for (int a = 0; a < 3; a++, n++) {
             snprintf(names[n], sizeof names[n], "block.%d.%s", b, opt_names[a]);
             e[n] = (model_st_entry){.name = names[n], .dtype = ZO_DTYPE_F32, .ndim = 1,
                                     .shape = {(int64_t)og->numel[b]}};
         }
     }
-    if ((st = offload_host_alloc(&rt->env, 3 * C * 4, 0, (void **)&buf)) != ZO_OK) goto out_free;
+    if ((st = offload_host_alloc(ck->env, 3 * C * 4, 0, (void **)&buf)) != ZO_OK) goto out_free;
     if ((st = model_st_writer_open(&w, path, e, n)) != ZO_OK) goto out_free;
     for (int b = 0; b < nb && st == ZO_OK; b++) {
-        if (b == nb / 2) hook(rt, "optimizer-half"); /* half the blocks are written */
+        if (b == nb / 2) hook(ck, "optimizer-half"); /* half the blocks are written */
         for (size_t rel = 0; rel < og->numel[b] && st == ZO_OK; rel += C) {
             size_t k = og->numel[b] - rel < C ? og->numel[b] - rel : C;
-            st = ostate_read(rt->shards, rt->n_shards, og->off[b] + rel, k, buf, buf + C, buf + 2 * C);
+            st = ostate_read(ck->os, og->off[b] + rel, k, buf, buf + C, buf + 2 * C);
             for (int a = 0; a < 3 && st == ZO_OK; a++)
                 st = model_st_writer_put(w, first[b] + a, rel, k, buf + (size_t)a * C);
         }
@@ -216,7 +228,7 @@ static zo_status write_opt(offload_t *rt, const char *path)
     if (st == ZO_OK) st = model_st_writer_commit(w);
     else model_st_writer_abort(w);
 out_free:
-    offload_host_free(&rt->env, buf, 3 * C * 4, 0);
+    offload_host_free(ck->env, buf, 3 * C * 4, 0);
     free(names);
     free(e);
     free(first);
@@ -229,11 +241,11 @@ out_free:
  * overflow leave the step count where it was but move the data position and
  * the loss scale; a run resumed from an older checkpoint reaches a step
  * number already taken). Whatever holds such a name is left alone here. */
-static zo_status pick_name(const offload_t *rt, int dfd, const char *latest, char *name, size_t len)
+static zo_status pick_name(const offload_ckpt *ck, int dfd, const char *latest, char *name, size_t len)
 {
     int64_t step;
     int k, next = 0;
-    if (ckpt_name_parse(latest, &step, &k) && step == rt->step) next = k + 1;
+    if (ckpt_name_parse(latest, &step, &k) && step == ck->opt->ctr.step) next = k + 1;
     int fd = dup(dfd);
     DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
     if (!d) {
@@ -244,14 +256,14 @@ static zo_status pick_name(const offload_t *rt, int dfd, const char *latest, cha
     struct dirent *de;
     while ((de = readdir(d))) {
         const char *n = strncmp(de->d_name, ".tmp-", 5) ? de->d_name : de->d_name + 5;
-        if (ckpt_name_parse(n, &step, &k) && step == rt->step && k + 1 > next) next = k + 1;
+        if (ckpt_name_parse(n, &step, &k) && step == ck->opt->ctr.step && k + 1 > next) next = k + 1;
     }
     closedir(d);
     if (next > 1000000)
         return zo_error(ZO_ERR_IO, "offload_save: no free checkpoint name for step %lld",
-                        (long long)rt->step);
-    if (next) snprintf(name, len, "step-%08lld.%d", (long long)rt->step, next);
-    else snprintf(name, len, "step-%08lld", (long long)rt->step);
+                        (long long)ck->opt->ctr.step);
+    if (next) snprintf(name, len, "step-%08lld.%d", (long long)ck->opt->ctr.step, next);
+    else snprintf(name, len, "step-%08lld", (long long)ck->opt->ctr.step);
     return ZO_OK;
 }
 
@@ -277,15 +289,15 @@ static zo_status dp_agree(offload_dp *dp, zo_status mine, const char *what)
 
 /* Rank 0 reads a block (for its writer) and tells the others, who read it
  * too: reading a partitioned block is a collective. -1 ends. */
-static zo_status told_read(offload_t *rt, int32_t block, float *dst, int32_t *told)
+static zo_status told_read(offload_ckpt *ck, int32_t block, float *dst, int32_t *told)
 {
-    int32_t *all = calloc((size_t)rt->dp->size, sizeof *all);
+    int32_t *all = calloc((size_t)ck->env->dp->size, sizeof *all);
     if (!all) return zo_error(ZO_ERR_NOMEM, "offload: out of host memory");
-    zo_status st = offload_dp_gather(rt->dp, &block, sizeof block, all);
+    zo_status st = offload_dp_gather(ck->env->dp, &block, sizeof block, all);
     *told = all[0];
     free(all);
     if (st != ZO_OK) return st;
-    return *told >= 0 ? offload_get_block(rt, *told, dst) : ZO_OK;
+    return *told >= 0 ? read_master(ck, *told, dst) : ZO_OK;
 }
 
 static zo_status read_master_told(void *ctx, int block, float *dst)
@@ -294,23 +306,23 @@ static zo_status read_master_told(void *ctx, int block, float *dst)
     return told_read(ctx, block, dst, &told);
 }
 
-zo_status offload_write_weights(offload_t *rt, const char *path, offload_weights_stream writer, void *user)
+zo_status offload_ckpt_write_weights(offload_ckpt *ck, const char *path, offload_weights_stream writer, void *user)
 {
-    if (!offload_dp_partitioned(rt->dp)) /* every rank has every block: rank 0 writes */
-        return rt->dp && rt->dp->rank ? ZO_OK : writer(user, path, read_master, rt);
+    if (!offload_dp_partitioned(ck->env->dp)) /* every rank has every block: rank 0 writes */
+        return ck->env->dp && ck->env->dp->rank ? ZO_OK : writer(user, path, read_master, ck);
     zo_status st;
     int32_t told = 0;
-    if (rt->dp->rank == 0) {
-        st = writer(user, path, read_master_told, rt);
-        zo_status se = told_read(rt, -1, NULL, &told);
+    if (ck->env->dp->rank == 0) {
+        st = writer(user, path, read_master_told, ck);
+        zo_status se = told_read(ck, -1, NULL, &told);
         return st != ZO_OK ? st : se;
     }
     float *buf;
-    if ((st = offload_host_alloc(&rt->env, rt->g.largest * sizeof(float) + 4, 0, (void **)&buf)) != ZO_OK)
+    if ((st = offload_host_alloc(ck->env, ck->g->largest * sizeof(float) + 4, 0, (void **)&buf)) != ZO_OK)
         return st;
-    do st = told_read(rt, 0, buf, &told);
+    do st = told_read(ck, 0, buf, &told);
     while (st == ZO_OK && told >= 0);
-    offload_host_free(&rt->env, buf, rt->g.largest * sizeof(float) + 4, 0);
+    offload_host_free(ck->env, buf, ck->g->largest * sizeof(float) + 4, 0);
     return st;
 }
 
@@ -326,15 +338,15 @@ typedef struct save_dir {
 
 /* Lock DIR, pick the name, make DIR/.tmp-<name> (a crash's leftovers of it
  * removed first). */
-static zo_status save_begin(offload_t *rt, const char *dir, save_dir *s)
+static zo_status save_begin(offload_ckpt *ck, const char *dir, save_dir *s)
 {
     char latest[256];
     zo_status st;
-    if ((st = offload_ckpt_lock(rt, dir)) != ZO_OK) return st;
+    if ((st = offload_ckpt_lock(ck, dir)) != ZO_OK) return st;
     s->dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (s->dfd < 0) return zo_error(ZO_ERR_IO, "%s: open: %s", dir, strerror(errno));
     if (read_latest(dir, latest, sizeof latest) != ZO_OK) latest[0] = 0; /* replaced at the end */
-    if ((st = pick_name(rt, s->dfd, latest, s->name, sizeof s->name)) == ZO_OK) {
+    if ((st = pick_name(ck, s->dfd, latest, s->name, sizeof s->name)) == ZO_OK) {
         snprintf(s->tname, sizeof s->tname, ".tmp-%s", s->name);
         snprintf(s->tmp, sizeof s->tmp, "%s/%s", dir, s->tname);
         if ((st = zo_dir_remove_at(s->dfd, s->tname)) == ZO_OK && mkdirat(s->dfd, s->tname, 0755))
@@ -361,23 +373,23 @@ static zo_status save_abort(save_dir *s, zo_status st)
 
 /* The complete directory renamed into place and made the latest; the
  * checkpoints beyond the ones kept go after. */
-static zo_status save_publish(offload_t *rt, const char *dir, save_dir *s)
+static zo_status save_publish(offload_ckpt *ck, const char *dir, save_dir *s)
 {
     char path[4400], line[80];
     zo_status st;
     if ((st = fsync_path(s->tmp)) != ZO_OK) return save_abort(s, st);
-    hook(rt, "before-rename");
+    hook(ck, "before-rename");
     if (renameat(s->dfd, s->tname, s->dfd, s->name))
         return save_abort(s, zo_error(ZO_ERR_IO, "rename %s -> %s/%s: %s", s->tmp, dir, s->name, strerror(errno)));
     if (fsync(s->dfd)) st = zo_error(ZO_ERR_IO, "%s: fsync: %s", dir, strerror(errno));
     if (st == ZO_OK) {
-        hook(rt, "before-latest");
+        hook(ck, "before-latest");
         snprintf(line, sizeof line, "%s\n", s->name);
         snprintf(path, sizeof path, "%s/" LATEST_FILE, dir);
         st = zo_file_write_all(path, line, strlen(line));
     }
     /* older checkpoints go once the new one is the latest */
-    if (st == ZO_OK) rotate(rt, s->dfd, s->name);
+    if (st == ZO_OK) rotate(ck, s->dfd, s->name);
     close(s->dfd);
     s->dfd = -1;
     return st;
@@ -387,22 +399,23 @@ static zo_status save_publish(offload_t *rt, const char *dir, save_dir *s)
  * and the optimizer files (`opt`, one per rank), then manifest.json: what
  * every file is, read back from the disk, and the partition when the
  * optimizer state is in shards. */
-static zo_status save_finish(offload_t *rt, const save_dir *s, offload_dp *dp, const offload_ckpt_meta *meta,
+static zo_status save_finish(offload_ckpt *ck, const save_dir *s, offload_dp *dp, const offload_ckpt_meta *meta,
                              int model, const ckpt_file_sum *opt, int n_opt)
 {
-    ckpt_state cs = {.step = rt->step, .loss_scale = rt->loss_scale, .good_steps = rt->good_steps,
-                     .skipped = rt->skipped, .skipped_in_a_row = rt->skipped_in_a_row,
-                     .params = rt->g.n, .blocks = rt->g.nb, .dtype = rt->m.dtype,
+    const optim_counters *c = &ck->opt->ctr;
+    ckpt_state cs = {.step = c->step, .loss_scale = c->loss_scale, .good_steps = c->good_steps,
+                     .skipped = c->skipped, .skipped_in_a_row = c->skipped_in_a_row,
+                     .params = ck->g->n, .blocks = ck->g->nb, .dtype = ck->g->dtype,
                      .data_step = meta ? meta->data_step : 0, .seed = meta ? meta->seed : 0};
     zo_status st = ckpt_state_write(s->tmp, &cs);
     if (st != ZO_OK) return st;
-    ckpt_manifest mf = {.layout = {.blocks = rt->g.nb, .params = rt->g.n, .dtype = rt->m.dtype,
+    ckpt_manifest mf = {.layout = {.blocks = ck->g->nb, .params = ck->g->n, .dtype = ck->g->dtype,
                                    .state_version = CKPT_STATE_VERSION}};
     mf.files = calloc((size_t)n_opt + 2, sizeof *mf.files);
     uint64_t *numel = NULL, *part = NULL;
     if (dp) {
-        numel = calloc((size_t)rt->g.nb, sizeof *numel);
-        part = calloc((size_t)rt->g.nb, sizeof *part);
+        numel = calloc((size_t)ck->g->nb, sizeof *numel);
+        part = calloc((size_t)ck->g->nb, sizeof *part);
     }
     if (!mf.files || (dp && (!numel || !part))) {
         st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
@@ -413,8 +426,8 @@ static zo_status save_finish(offload_t *rt, const save_dir *s, offload_dp *dp, c
     if ((st = ckpt_file_hash(s->tmp, CKPT_STATE_NAME, &mf.files[mf.n_files++])) != ZO_OK) goto out_free;
     if (dp) {
         /* rank r holds elements [r part, min(numel, (r + 1) part)) of a block */
-        for (int b = 0; b < rt->g.nb; b++) {
-            numel[b] = rt->numel[b];
+        for (int b = 0; b < ck->g->nb; b++) {
+            numel[b] = ck->g->numel[b];
             part[b] = dp->pad[b] / (size_t)dp->size;
         }
         mf.partition = (ckpt_partition){.ranks = dp->size, .zero_stage = dp->stage, .numel = numel, .part = part};
@@ -433,13 +446,13 @@ out_free:
  * each otherwise), the weights are written by rank 0 (gathered block by
  * block, every rank taking part), and rank 0 completes it. Each stage ends
  * with every rank learning whether every other succeeded. */
-static zo_status save_ckpt(offload_t *rt, offload_dp *dp, const char *dir, const offload_ckpt_meta *meta,
+static zo_status save_ckpt(offload_ckpt *ck, offload_dp *dp, const char *dir, const offload_ckpt_meta *meta,
                            offload_weights_stream writer, void *writer_user)
 {
     int rank = dp ? dp->rank : 0, ranks = dp ? dp->size : 1;
     save_dir s = {.dfd = -1};
     char path[4400], file[64];
-    zo_status st = rank == 0 ? save_begin(rt, dir, &s) : ZO_OK;
+    zo_status st = rank == 0 ? save_begin(ck, dir, &s) : ZO_OK;
     if ((st = dp_agree(dp, st, "offload_save")) != ZO_OK) return save_abort(&s, st);
     if (dp) { /* the name rank 0 picked, for everybody */
         char *names = calloc((size_t)ranks, sizeof s.name);
@@ -451,21 +464,21 @@ static zo_status save_ckpt(offload_t *rt, offload_dp *dp, const char *dir, const
         snprintf(s.tname, sizeof s.tname, ".tmp-%s", s.name);
         snprintf(s.tmp, sizeof s.tmp, "%s/%s", dir, s.tname);
     }
-    hook(rt, "begin");
+    hook(ck, "begin");
     /* this rank's optimizer state, as the shards hold it: nothing cached in between */
     if (dp) ckpt_shard_name(file, sizeof file, rank, ranks);
     else snprintf(file, sizeof file, OPT_FILE);
     snprintf(path, sizeof path, "%s/%s", s.tmp, file);
     ckpt_file_sum mine;
     memset(&mine, 0, sizeof mine);
-    if ((st = ostate_sync(rt->shards, rt->n_shards)) == ZO_OK && (st = write_opt(rt, path)) == ZO_OK &&
-        (st = ostate_sync(rt->shards, rt->n_shards)) == ZO_OK)
+    if ((st = ostate_sync(ck->os)) == ZO_OK && (st = write_opt(ck, path)) == ZO_OK &&
+        (st = ostate_sync(ck->os)) == ZO_OK)
         st = ckpt_file_hash(s.tmp, file, &mine);
     /* the weights (a collective when they are partitioned) */
     if (writer) {
         snprintf(path, sizeof path, "%s/" MODEL_FILE, s.tmp);
-        zo_status sw = dp ? offload_write_weights(rt, path, writer, writer_user)
-                          : writer(writer_user, path, read_master, rt);
+        zo_status sw = dp ? offload_ckpt_write_weights(ck, path, writer, writer_user)
+                          : writer(writer_user, path, read_master, ck);
         if (st == ZO_OK) st = sw;
     }
     st = dp_agree(dp, st, "offload_save");
@@ -473,28 +486,29 @@ static zo_status save_ckpt(offload_t *rt, offload_dp *dp, const char *dir, const
     if (st == ZO_OK && !sums) st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
     if (st == ZO_OK) st = dp ? offload_dp_gather(dp, &mine, sizeof mine, sums) : (sums[0] = mine, ZO_OK);
     if (rank == 0) {
-        if (st == ZO_OK) st = save_finish(rt, &s, dp, meta, writer != NULL, sums, ranks);
-        st = st == ZO_OK ? save_publish(rt, dir, &s) : save_abort(&s, st);
+        if (st == ZO_OK) st = save_finish(ck, &s, dp, meta, writer != NULL, sums, ranks);
+        st = st == ZO_OK ? save_publish(ck, dir, &s) : save_abort(&s, st);
     }
     free(sums);
     return dp_agree(dp, st, "offload_save");
 }
 
-zo_status offload_save_streamed(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
-                                offload_weights_stream writer, void *writer_user)
+zo_status offload_ckpt_save(offload_ckpt *ck, const char *dir, const offload_ckpt_meta *meta,
+                            offload_weights_stream writer, void *writer_user)
 {
-    zo_status st = offload_optim_settle(rt);
-    if (st == ZO_OK) st = offload_grads_drain(rt);
-    if (st == ZO_OK && rt->micro)
+    zo_status st = offload_optim_settle(ck->opt);
+    if (st == ZO_OK) st = offload_grads_drain(ck->gr);
+    if (st == ZO_OK && ck->opt->micro)
         st = zo_error(ZO_ERR_INVALID, "offload_save: %d micro-batches are accumulated; save between steps",
-                      rt->micro);
-    if ((st = dp_agree(rt->dp, st, "offload_save")) != ZO_OK) return st;
-    if (offload_dp_partitioned(rt->dp)) return save_ckpt(rt, rt->dp, dir, meta, writer, writer_user);
+                      ck->opt->micro);
+    if ((st = dp_agree(ck->env->dp, st, "offload_save")) != ZO_OK) return st;
+    if (offload_dp_partitioned(ck->env->dp)) return save_ckpt(ck, ck->env->dp, dir, meta, writer, writer_user);
     /* ZeRO 0: every rank holds the same state; rank 0 saves it as one rank does */
-    if (rt->dp)
-        return dp_agree(rt->dp, rt->dp->rank == 0 ? save_ckpt(rt, NULL, dir, meta, writer, writer_user) : ZO_OK,
+    if (ck->env->dp)
+        return dp_agree(ck->env->dp,
+                        ck->env->dp->rank == 0 ? save_ckpt(ck, NULL, dir, meta, writer, writer_user) : ZO_OK,
                         "offload_save");
-    return save_ckpt(rt, NULL, dir, meta, writer, writer_user);
+    return save_ckpt(ck, NULL, dir, meta, writer, writer_user);
 }
 
 /* A whole-model writer behind the streamed interface: the blocks gathered
@@ -524,11 +538,11 @@ static zo_status gather_write(void *user, const char *path, offload_block_reader
     return st;
 }
 
-zo_status offload_save(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
-                       offload_weights_writer writer, void *writer_user)
+zo_status offload_ckpt_save_whole(offload_ckpt *ck, const char *dir, const offload_ckpt_meta *meta,
+                                  offload_weights_writer writer, void *writer_user)
 {
-    gather_ctx g = {.writer = writer, .user = writer_user, .n = rt->g.n, .nb = rt->g.nb, .off = rt->off};
-    return offload_save_streamed(rt, dir, meta, writer ? gather_write : NULL, &g);
+    gather_ctx g = {.writer = writer, .user = writer_user, .n = ck->g->n, .nb = ck->g->nb, .off = ck->g->off};
+    return offload_ckpt_save(ck, dir, meta, writer ? gather_write : NULL, &g);
 }
 
 /* ---- loading ------------------------------------------------------------------------ */
@@ -602,7 +616,7 @@ static zo_status find_tensor(const model_st_file *f, int b, int a, size_t want, 
 
 /* Every file of the optimizer state opened and every tensor checked before
  * anything is overwritten. */
-static zo_status source_open(const offload_t *rt, const char *ck, const ckpt_manifest *mf, ck_source *s)
+static zo_status source_open(const offload_ckpt *ck, const char *cdir, const ckpt_manifest *mf, ck_source *s)
 {
     char path[4200], name[64];
     const model_st_tensor *t;
@@ -610,30 +624,30 @@ static zo_status source_open(const offload_t *rt, const char *ck, const ckpt_man
     memset(s, 0, sizeof *s);
     const ckpt_partition *p = &mf->partition;
     if (!p->ranks) {
-        snprintf(path, sizeof path, "%s/" OPT_FILE, ck);
+        snprintf(path, sizeof path, "%s/" OPT_FILE, cdir);
         if ((st = model_st_open(&s->one, path)) != ZO_OK) return st;
         s->opened = 1;
-        for (int b = 0; b < rt->g.nb && st == ZO_OK; b++)
-            for (int a = 0; a < 3 && st == ZO_OK; a++) st = find_tensor(&s->one, b, a, rt->numel[b], &t);
+        for (int b = 0; b < ck->g->nb && st == ZO_OK; b++)
+            for (int a = 0; a < 3 && st == ZO_OK; a++) st = find_tensor(&s->one, b, a, ck->g->numel[b], &t);
         if (st != ZO_OK) source_close(s);
         return st;
     }
-    snprintf(path, sizeof path, "%s/" CKPT_MANIFEST_NAME, ck);
-    for (int b = 0; b < rt->g.nb; b++)
-        if (p->numel[b] != rt->numel[b])
+    snprintf(path, sizeof path, "%s/" CKPT_MANIFEST_NAME, cdir);
+    for (int b = 0; b < ck->g->nb; b++)
+        if (p->numel[b] != ck->g->numel[b])
             return zo_error(ZO_ERR_INVALID, "%s: \"partition.blocks[%d]\" has %" PRIu64 " elements; this "
-                            "model's block %d has %zu", path, b, p->numel[b], b, rt->numel[b]);
+                            "model's block %d has %zu", path, b, p->numel[b], b, ck->g->numel[b]);
     s->ranks = p->ranks;
     s->part = p->part;
     if (!(s->files = calloc((size_t)s->ranks, sizeof *s->files)))
         return zo_error(ZO_ERR_NOMEM, "offload_load: out of host memory");
     for (int r = 0; r < s->ranks && st == ZO_OK; r++) {
         ckpt_shard_name(name, sizeof name, r, s->ranks);
-        snprintf(path, sizeof path, "%s/%s", ck, name);
+        snprintf(path, sizeof path, "%s/%s", cdir, name);
         if ((st = model_st_open(&s->files[r], path)) != ZO_OK) break;
         s->n_files++;
-        for (int b = 0; b < rt->g.nb && st == ZO_OK; b++) {
-            size_t n = shard_n(rt->numel[b], s->part[b], r);
+        for (int b = 0; b < ck->g->nb && st == ZO_OK; b++) {
+            size_t n = shard_n(ck->g->numel[b], s->part[b], r);
             for (int a = 0; a < 3 && n && st == ZO_OK; a++) st = find_tensor(&s->files[r], b, a, n, &t);
         }
     }
@@ -642,17 +656,17 @@ static zo_status source_open(const offload_t *rt, const char *ck, const ckpt_man
 }
 
 /* Elements [rel, rel + k) of block b's array a (master, m, v) into dst. */
-static zo_status source_read(ck_source *s, const offload_t *rt, int b, size_t rel, size_t k, int a, float *dst)
+static zo_status source_read(ck_source *s, const offload_ckpt *ck, int b, size_t rel, size_t k, int a, float *dst)
 {
     const model_st_tensor *t = NULL;
     zo_status st;
     if (!s->ranks) {
-        if ((st = find_tensor(&s->one, b, a, rt->numel[b], &t)) != ZO_OK) return st;
+        if ((st = find_tensor(&s->one, b, a, ck->g->numel[b], &t)) != ZO_OK) return st;
         return read_f32(&s->one, t, a, rel, k, dst);
     }
     size_t c = s->part[b];
     for (int r = c ? (int)(rel / c) : 0; r < s->ranks && (size_t)r * c < rel + k; r++) {
-        size_t first = (size_t)r * c, n = shard_n(rt->numel[b], c, r);
+        size_t first = (size_t)r * c, n = shard_n(ck->g->numel[b], c, r);
         size_t lo = rel > first ? rel : first, hi = rel + k < first + n ? rel + k : first + n;
         if (lo >= hi) continue;
         if ((st = find_tensor(&s->files[r], b, a, n, &t)) != ZO_OK ||
@@ -664,19 +678,19 @@ static zo_status source_read(ck_source *s, const offload_t *rt, int b, size_t re
 
 /* The checkpoint `dir` names: itself when it holds a state.json, else the
  * one its `latest` names. */
-static zo_status resolve(const char *dir, char *ck, size_t len)
+static zo_status resolve(const char *dir, char *cdir, size_t len)
 {
     char path[4200], name[256];
     snprintf(path, sizeof path, "%s/" CKPT_STATE_NAME, dir);
     if (access(path, F_OK) == 0) {
-        snprintf(ck, len, "%s", dir);
+        snprintf(cdir, len, "%s", dir);
         return ZO_OK;
     }
     zo_status st = read_latest(dir, name, sizeof name);
     if (st != ZO_OK) return st;
     if (!name[0])
         return zo_error(ZO_ERR_NOT_FOUND, "%s: no checkpoint (no state.json and no 'latest')", dir);
-    snprintf(ck, len, "%s/%s", dir, name);
+    snprintf(cdir, len, "%s/%s", dir, name);
     return ZO_OK;
 }
 
@@ -684,90 +698,89 @@ static zo_status resolve(const char *dir, char *ck, size_t len)
  * checksums (this rank's share of them: the ranks loading together hash
  * each file once), before anything is overwritten; the manifest stays with
  * the caller (its partition). */
-static zo_status check_checkpoint(const offload_t *rt, const char *ck, ckpt_state *cs, ckpt_manifest *mf)
+static zo_status check_checkpoint(const offload_ckpt *ck, const char *cdir, ckpt_state *cs, ckpt_manifest *mf)
 {
     char path[4200];
     zo_status st;
-    snprintf(path, sizeof path, "%s/" CKPT_STATE_NAME, ck);
+    snprintf(path, sizeof path, "%s/" CKPT_STATE_NAME, cdir);
     if ((st = ckpt_state_read(path, cs)) != ZO_OK) return st;
-    if (cs->params != rt->g.n || cs->blocks != rt->g.nb)
+    if (cs->params != ck->g->n || cs->blocks != ck->g->nb)
         return zo_error(ZO_ERR_INVALID, "%s: a checkpoint of %" PRIu64 " parameters in %d blocks; the "
-                        "model has %zu in %d", path, cs->params, cs->blocks, rt->g.n, rt->g.nb);
-    if (cs->dtype != rt->m.dtype)
+                        "model has %zu in %d", path, cs->params, cs->blocks, ck->g->n, ck->g->nb);
+    if (cs->dtype != ck->g->dtype)
         return zo_error(ZO_ERR_INVALID, "%s: a checkpoint of a %s run; this run trains in %s (its loss "
                         "scale and weights would not carry over)", path, zo_dtype_name(cs->dtype),
-                        zo_dtype_name(rt->m.dtype));
-    if ((st = ckpt_manifest_read(ck, mf)) != ZO_OK) return st;
-    snprintf(path, sizeof path, "%s/" CKPT_MANIFEST_NAME, ck);
+                        zo_dtype_name(ck->g->dtype));
+    if ((st = ckpt_manifest_read(cdir, mf)) != ZO_OK) return st;
+    snprintf(path, sizeof path, "%s/" CKPT_MANIFEST_NAME, cdir);
     const ckpt_layout *l = &mf->layout;
-    if (l->blocks != rt->g.nb || l->params != rt->g.n || l->dtype != rt->m.dtype ||
+    if (l->blocks != ck->g->nb || l->params != ck->g->n || l->dtype != ck->g->dtype ||
         l->state_version != CKPT_STATE_VERSION)
         st = zo_error(ZO_ERR_INVALID, "%s: layout %d blocks, %" PRIu64 " parameters, %s, state version "
                       "%d; this run: %d blocks, %zu parameters, %s, version %d", path, l->blocks,
-                      l->params, zo_dtype_name(l->dtype), l->state_version, rt->g.nb, rt->g.n,
-                      zo_dtype_name(rt->m.dtype), CKPT_STATE_VERSION);
+                      l->params, zo_dtype_name(l->dtype), l->state_version, ck->g->nb, ck->g->n,
+                      zo_dtype_name(ck->g->dtype), CKPT_STATE_VERSION);
     else if (!ckpt_manifest_find(mf, CKPT_STATE_NAME) || (!mf->partition.ranks && !ckpt_manifest_find(mf, OPT_FILE)))
         st = zo_error(ZO_ERR_FORMAT, "%s: does not list %s and %s", path, CKPT_STATE_NAME, OPT_FILE);
     else
-        st = ckpt_manifest_verify(ck, mf, rt->dp ? rt->dp->rank : 0, rt->dp ? rt->dp->size : 1);
+        st = ckpt_manifest_verify(cdir, mf, ck->env->dp ? ck->env->dp->rank : 0, ck->env->dp ? ck->env->dp->size : 1);
     if (st != ZO_OK) ckpt_manifest_free(mf);
     return st;
 }
 
-zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
+zo_status offload_ckpt_load(offload_ckpt *ck, const char *dir, offload_ckpt_meta *meta)
 {
-    char ck[4096];
+    char cdir[4096];
     zo_status st;
     ckpt_state cs;
     ckpt_manifest mf;
-    if ((st = resolve(dir, ck, sizeof ck)) != ZO_OK) return st;
+    if ((st = resolve(dir, cdir, sizeof cdir)) != ZO_OK) return st;
     /* every rank's checks passed (a damaged file is named by the rank
      * that hashed it, and ends every rank) */
-    zo_status mine = check_checkpoint(rt, ck, &cs, &mf);
-    if ((st = dp_agree(rt->dp, mine, "offload_load")) != ZO_OK) {
+    zo_status mine = check_checkpoint(ck, cdir, &cs, &mf);
+    if ((st = dp_agree(ck->env->dp, mine, "offload_load")) != ZO_OK) {
         if (mine == ZO_OK) ckpt_manifest_free(&mf);
         return st;
     }
     /* every tensor is there before anything is overwritten */
     ck_source src;
-    if ((st = source_open(rt, ck, &mf, &src)) != ZO_OK) goto out_manifest;
-    if ((st = offload_optim_settle(rt)) != ZO_OK || (st = offload_grads_drain(rt)) != ZO_OK) goto out_close;
-    size_t C = io_chunk(rt);
+    if ((st = source_open(ck, cdir, &mf, &src)) != ZO_OK) goto out_manifest;
+    if ((st = offload_optim_settle(ck->opt)) != ZO_OK || (st = offload_grads_drain(ck->gr)) != ZO_OK) goto out_close;
+    size_t C = io_chunk(ck);
     float *buf;
-    if ((st = offload_host_alloc(&rt->env, 3 * C * 4, 0, (void **)&buf)) != ZO_OK) goto out_close;
-    for (int b = 0; b < rt->g.nb && st == ZO_OK; b++) {
+    if ((st = offload_host_alloc(ck->env, 3 * C * 4, 0, (void **)&buf)) != ZO_OK) goto out_close;
+    for (int b = 0; b < ck->g->nb && st == ZO_OK; b++) {
         /* the optimizer's part of the block [po, pe) (all of it with one
          * rank); the store needs the whole block's weights, or that part */
-        size_t po = offload_dp_part_first(rt->dp, b), pe = po + rt->og.numel[b];
-        size_t r0 = rt->ws->part_only ? po : 0, r1 = rt->ws->part_only ? pe : rt->numel[b];
+        size_t po = offload_dp_part_first(ck->env->dp, b), pe = po + ck->og->numel[b];
+        size_t r0 = ck->ws->part_only ? po : 0, r1 = ck->ws->part_only ? pe : ck->g->numel[b];
         for (size_t rel = r0; rel < r1 && st == ZO_OK; rel += C) {
             size_t k = r1 - rel < C ? r1 - rel : C;
             size_t lo = rel > po ? rel : po, hi = rel + k < pe ? rel + k : pe;
-            st = source_read(&src, rt, b, rel, k, 0, buf);
+            st = source_read(&src, ck, b, rel, k, 0, buf);
             if (lo < hi) {
-                for (int a = 1; a < 3 && st == ZO_OK; a++) st = source_read(&src, rt, b, lo, hi - lo, a, buf + a * C);
+                for (int a = 1; a < 3 && st == ZO_OK; a++) st = source_read(&src, ck, b, lo, hi - lo, a, buf + a * C);
                 if (st == ZO_OK)
-                    st = ostate_write(rt->shards, rt->n_shards, rt->og.off[b] + (lo - po), hi - lo, buf + (lo - rel),
+                    st = ostate_write(ck->os, ck->og->off[b] + (lo - po), hi - lo, buf + (lo - rel),
                                       buf + C, buf + 2 * C);
             }
             /* the 16-bit store from the master */
-            if (st == ZO_OK) st = wstore_load_f32(rt->ws, b, rel, k, buf);
+            if (st == ZO_OK) st = wstore_load_f32(ck->ws, b, rel, k, buf);
         }
     }
-    offload_host_free(&rt->env, buf, 3 * C * 4, 0);
-    zo_status ss = ostate_sync(rt->shards, rt->n_shards);
+    offload_host_free(ck->env, buf, 3 * C * 4, 0);
+    zo_status ss = ostate_sync(ck->os);
     if (st == ZO_OK) st = ss;
-    ss = rt->ws->ops->sync(rt->ws);
+    ss = ck->ws->ops->sync(ck->ws);
     if (st == ZO_OK) st = ss;
-    offload_slots_invalidate(rt);
     if (st != ZO_OK) goto out_close;
-    rt->step = cs.step;
-    rt->loss_scale = cs.loss_scale;
-    rt->good_steps = cs.good_steps;
-    rt->skipped = cs.skipped;
-    rt->skipped_in_a_row = cs.skipped_in_a_row;
-    rt->micro = 0;
-    offload_optim_settle(rt); /* every block's weights are this step's */
+    ck->opt->ctr.step = cs.step;
+    ck->opt->ctr.loss_scale = cs.loss_scale;
+    ck->opt->ctr.good_steps = cs.good_steps;
+    ck->opt->ctr.skipped = cs.skipped;
+    ck->opt->ctr.skipped_in_a_row = cs.skipped_in_a_row;
+    ck->opt->micro = 0;
+    offload_optim_settle(ck->opt); /* every block's weights are this step's */
     if (meta) {
         meta->data_step = cs.data_step;
         meta->seed = cs.seed;

@@ -8,7 +8,7 @@
  * memory is host memory), the same code. They are issued in the same order
  * on every rank because every rank runs the same schedule: the blocks of a
  * micro-batch, then of a step, in a fixed order. */
-#include "offload/offload_impl.h"
+#include "offload/dp.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,10 +1,12 @@
 /* Gradient sums: where each block's gradient is added over the micro-batches
  * of a step, and (several ranks) how it is reduced.
  *
- * A block's gradient is summed where its optimizer state lives: blocks of
- * the optimizer's device shard on the device (fp32), the others in fp32
- * host memory (copied out of the gradient slot on the d2h stream, added by
- * the host while the device runs the next block's backward).
+ * A block's gradient is summed where the optimizer shard holding it says
+ * (ostate_grad_sum): a device buffer (fp32, added to on the device) or a
+ * host range (fp32, copied out of the gradient slot on the d2h stream and
+ * added by the host while the device runs the next block's backward). Each
+ * block's path to its sum is chosen once, at init, from what the shard
+ * handed out.
  *
  * Several ranks (offload_dp), chosen once at init:
  *   ZeRO 0   sums as with one rank, of the whole model; in the step's last
@@ -18,47 +20,54 @@
  *   ZeRO 2-3 after each block's backward its gradient is cast to fp32 in a
  *            device bucket and reduce-scattered; only the rank's part is
  *            summed (no rank holds a whole gradient)
- * Every reduction is in fp32. The host sums: rt->grad, block b added at
- * aoff[b]; the optimizer reads its part of block b at goff[b]. */
-#include "offload/offload_impl.h"
+ * Every reduction is in fp32. */
+#include "offload/grads.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 /* ---- the sums ------------------------------------------------------------------------ */
 
-/* The device sum of block b (b >= dev_block): the device shard's, or the
- * unreduced copy ZeRO-1 keeps. */
-static float *dev_sum(offload_t *rt, int b)
-{
-    if (rt->dfull) return rt->dfull + rt->dfoff[b];
-    oshard *d = rt->dev_shard;
-    return d->ops->grad(d, rt->og.off[b]);
-}
+/* A block's way to its sum: how the gradients of a slot reach it, and how
+ * it is reduced over the ranks. */
+struct grads_path {
+    /* ZeRO 0-1 (and one rank): slot k's gradients of `block` (own: the
+     * block's own, not a dependant's share), just written on s */
+    zo_status (*send)(offload_grads *gr, gpu_stream_t s, int k, int block, int own);
+    /* ZeRO 2-3: m elements of the rank's part from `first` on, reduced in
+     * `mine` (device fp32), to the sum of `block` through slot k, on d2h */
+    zo_status (*piece)(offload_grads *gr, int k, int block, size_t first, const float *mine, size_t m);
+    /* ZeRO 2-3: the pieces of slot k's `block` (pn elements of the rank's
+     * part) are sent */
+    void (*pieces_sent)(offload_grads *gr, int k, int block, size_t pn, int own);
+    /* ZeRO 0-1: block b's sum complete, reduced over the ranks (after the
+     * work enqueued on s; NULL: at the step) */
+    zo_status (*reduce)(offload_grads *gr, int b, gpu_stream_t s);
+};
 
-static zo_status added(offload_t *rt, int b, gpu_stream_t s);
+static zo_status added(offload_grads *gr, int b, gpu_stream_t s);
 
 /* Add the gradients of gradient slot k (on the host once its copy is done)
  * into the fp32 sum. */
-zo_status offload_grads_accumulate(offload_t *rt, int k)
+zo_status offload_grads_accumulate(offload_grads *gr, int k)
 {
-    offload_gslot *g = &rt->gs[k];
+    offload_gslot *g = &gr->gs[k];
     if (g->block < 0) return ZO_OK;
-    zo_status st = offload_timed_wait(&rt->env, g->copied, OFFLOAD_TIME_GRADS);
+    zo_status st = offload_timed_wait(gr->env, g->copied, OFFLOAD_TIME_GRADS);
     if (st != ZO_OK) return st;
     double t0 = zo_now();
     int b = g->block;
     size_t n = g->n;
-    float *acc = rt->grad + rt->aoff[b];
+    float *acc = gr->sums[b].host;
     const void *src = g->host;
     /* the step's first addition into the block starts from zero (lazily:
      * the update of the step before may still be reading the other blocks) */
-    if (rt->grad_fresh[b]) {
-        offload_optim_grads_free(rt, b);
+    if (gr->fresh[b]) {
+        offload_optim_grads_free(gr->opt, b);
         if (n) memset(acc, 0, n * sizeof(float)); /* a block with nothing to train: no sum at all */
-        rt->grad_fresh[b] = 0;
+        gr->fresh[b] = 0;
     }
-    switch (rt->ghost_dtype) {
+    switch (gr->ghost_dtype) {
     case ZO_DTYPE_F32: {
         const float *x = src;
         for (size_t i = 0; i < n; i++) acc[i] += x[i];
@@ -76,106 +85,110 @@ zo_status offload_grads_accumulate(offload_t *rt, int k)
     }
     }
     g->block = -1;
-    offload_add_time(&rt->acct, OFFLOAD_TIME_GRADS, zo_now() - t0);
-    if ((st = added(rt, b, NULL)) != ZO_OK) return st;
+    offload_add_time(gr->env->acct, OFFLOAD_TIME_GRADS, zo_now() - t0);
+    if ((st = added(gr, b, NULL)) != ZO_OK) return st;
     /* a block's own gradients come last (the shares of blocks that read it
      * came in earlier backwards): in the step's last micro-batch they are
      * complete, and its update may start */
-    return g->own && offload_optim_early(rt) ? offload_optim_block_done(rt, b) : ZO_OK;
+    return g->own && offload_optim_early(gr->opt) ? offload_optim_block_done(gr->opt, b) : ZO_OK;
 }
 
-zo_status offload_grads_drain(offload_t *rt)
+void offload_grads_forget(offload_grads *gr)
+{
+    for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) gr->gs[k].block = -1;
+}
+
+zo_status offload_grads_drain(offload_grads *gr)
 {
     zo_status st;
     for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++)
-        if ((st = offload_grads_accumulate(rt, k)) != ZO_OK) return st;
+        if ((st = offload_grads_accumulate(gr, k)) != ZO_OK) return st;
     return ZO_OK;
 }
 
 /* A free gradient slot, zeroed on s; `avoid` is a slot already taken. */
-zo_status offload_grads_take(offload_t *rt, gpu_stream_t s, int avoid, int *out)
+zo_status offload_grads_take(offload_grads *gr, gpu_stream_t s, int avoid, int *out)
 {
     zo_status st;
     int k = -1;
     for (int i = 0; i < OFFLOAD_GRAD_SLOTS; i++)
-        if (i != avoid && rt->gs[i].block < 0) {
+        if (i != avoid && gr->gs[i].block < 0) {
             k = i;
             break;
         }
     if (k < 0) {
         k = avoid == 0 ? 1 : 0;
-        if ((st = offload_grads_accumulate(rt, k)) != ZO_OK) return st;
+        if ((st = offload_grads_accumulate(gr, k)) != ZO_OK) return st;
     }
     /* the device buffer (and its bucket) is free once its last copy out has run */
-    if ((st = gpu_stream_wait_event(s, rt->gs[k].copied)) != ZO_OK ||
-        (st = gpu_memset_async(s, rt->gs[k].dev, 0, rt->g.slot_bytes)) != ZO_OK)
+    if ((st = gpu_stream_wait_event(s, gr->gs[k].copied)) != ZO_OK ||
+        (st = gpu_memset_async(s, gr->gs[k].dev, 0, gr->g->slot_bytes)) != ZO_OK)
         return st;
     *out = k;
     return ZO_OK;
 }
 
-zo_status offload_grads_begin(offload_t *rt, gpu_stream_t s)
+zo_status offload_grads_begin(offload_grads *gr, gpu_stream_t s)
 {
     zo_status st;
-    int nb = rt->g.nb;
-    if (rt->micro == 0) {
-        memset(rt->grad_fresh, 1, (size_t)nb);
-        if (rt->dev_shard && (st = rt->dev_shard->ops->grad_zero(rt->dev_shard, s)) != ZO_OK) return st;
-        if (rt->dfull && (st = gpu_memset_async(s, rt->dfull, 0, rt->dfull_n * sizeof(float))) != ZO_OK) return st;
-        if (rt->reduced) memset(rt->reduced, 0, (size_t)nb);
-    } else if (rt->reduced && memchr(rt->reduced, 1, (size_t)nb)) {
+    int nb = gr->g->nb;
+    if (gr->opt->micro == 0) {
+        memset(gr->fresh, 1, (size_t)nb);
+        if ((st = ostate_grad_zero(gr->os, s)) != ZO_OK) return st;
+        if (gr->reduced) memset(gr->reduced, 0, (size_t)nb);
+    } else if (gr->reduced && memchr(gr->reduced, 1, (size_t)nb)) {
         return zo_error(ZO_ERR_INVALID, "offload_micro_batch: the gradients of %d micro-batches (grad_accum) are "
-                        "already reduced over the ranks: offload_step first", rt->micro);
+                        "already reduced over the ranks: offload_step first", gr->opt->micro);
     }
-    rt->reduce_now = rt->red_op >= 0 && rt->micro + 1 == rt->cfg.grad_accum;
-    if (rt->contrib) memset(rt->contrib, 0, (size_t)nb * sizeof *rt->contrib);
+    gr->reduce_now = gr->red_op >= 0 && gr->opt->micro + 1 == gr->grad_accum;
+    if (gr->contrib) memset(gr->contrib, 0, (size_t)nb * sizeof *gr->contrib);
     return ZO_OK;
 }
-
-static zo_status reduce_host_block(offload_t *rt, int b, int *k, dp_op op);
-static zo_status reduce_dev_block(offload_t *rt, int b, dp_op op, gpu_event_t after);
 
 /* ZeRO 0-1, the step's last micro-batch: one more addition to block b's
  * sum; the last one reduces it at once (a device sum after the additions
  * enqueued on s). */
-static zo_status added(offload_t *rt, int b, gpu_stream_t s)
+static zo_status added(offload_grads *gr, int b, gpu_stream_t s)
 {
-    offload_dp *dp = rt->env.dp;
-    zo_status st;
-    if (!rt->reduce_now || ++rt->contrib[b] < rt->contrib_want[b] || !rt->numel[b]) return ZO_OK;
-    rt->reduced[b] = 1;
-    if (b < rt->dev_block) return reduce_host_block(rt, b, &rt->red_k, (dp_op)rt->red_op);
-    if ((st = gpu_event_record(dp->ev_in, s)) != ZO_OK) return st;
-    return reduce_dev_block(rt, b, (dp_op)rt->red_op, dp->ev_in);
+    if (!gr->reduce_now || ++gr->contrib[b] < gr->contrib_want[b] || !gr->g->numel[b]) return ZO_OK;
+    gr->reduced[b] = 1;
+    return gr->path[b]->reduce(gr, b, s);
 }
 
 /* ---- after a block's backward ------------------------------------------------------------ */
 
-/* One rank, ZeRO 0-1: add slot k's gradients of `block` to its device sum
- * when its state is there (the same fp32 additions as the host's, so the
- * same bits), else copy them out for the host to add. */
-static zo_status send_local(offload_t *rt, gpu_stream_t s, int k, int block, int own)
+/* ZeRO 0-1, a device sum: slot k's gradients of `block` added to it (the
+ * same fp32 additions as the host's, so the same bits). */
+static zo_status send_dev(offload_grads *gr, gpu_stream_t s, int k, int block, int own)
 {
     zo_status st;
-    offload_gslot *g = &rt->gs[k];
-    size_t n = rt->numel[block], bytes = n * rt->g.es;
-    if (block >= rt->dev_block) {
-        float *acc = dev_sum(rt, block);
-        /* acc [n] fp32 += slot [n] model dtype, in stream order after backward;
-         * the slot is zeroed for its next block later on the same stream */
-        if (n && (st = gpu_add(s, gpu_t(acc, ZO_DTYPE_F32), gpu_t(acc, ZO_DTYPE_F32),
-                               gpu_t(g->dev, rt->m.dtype), n)) != ZO_OK)
-            return st;
-        g->block = -1;
-        return added(rt, block, s);
-    }
+    offload_gslot *g = &gr->gs[k];
+    size_t n = gr->g->numel[block];
+    float *acc = gr->sums[block].dev;
+    (void)own;
+    /* acc [n] fp32 += slot [n] model dtype, in stream order after backward;
+     * the slot is zeroed for its next block later on the same stream */
+    if (n && (st = gpu_add(s, gpu_t(acc, ZO_DTYPE_F32), gpu_t(acc, ZO_DTYPE_F32), gpu_t(g->dev, gr->g->dtype), n)) !=
+                 ZO_OK)
+        return st;
+    g->block = -1;
+    return added(gr, block, s);
+}
+
+/* ZeRO 0-1, a host sum: slot k's gradients of `block` copied out for the
+ * host to add (offload_grads_accumulate). */
+static zo_status send_host(offload_grads *gr, gpu_stream_t s, int k, int block, int own)
+{
+    zo_status st;
+    offload_gslot *g = &gr->gs[k];
+    size_t n = gr->g->numel[block], bytes = n * gr->g->es;
     if ((st = gpu_event_record(g->done, s)) != ZO_OK ||
-        (st = gpu_stream_wait_event(rt->env.d2h, g->done)) != ZO_OK)
+        (st = gpu_stream_wait_event(gr->env->d2h, g->done)) != ZO_OK)
         return st;
-    if (bytes && (st = gpu_memcpy_async(rt->env.d2h, g->host, g->dev, bytes, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK)
+    if (bytes && (st = gpu_memcpy_async(gr->env->d2h, g->host, g->dev, bytes, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK)
         return st;
-    if ((st = gpu_event_record(g->copied, rt->env.d2h)) != ZO_OK) return st;
-    offload_add_bytes(&rt->acct, OFFLOAD_BYTES_D2H, bytes);
+    if ((st = gpu_event_record(g->copied, gr->env->d2h)) != ZO_OK) return st;
+    offload_add_bytes(gr->env->acct, OFFLOAD_BYTES_D2H, bytes);
     g->block = block;
     g->n = n;
     g->own = own;
@@ -191,10 +204,10 @@ static size_t mine_in(size_t pn, size_t first, size_t q)
 /* Piece (first, q) of block b into bucket bk, every rank's share of it
  * rank after rank, from `src` (n elements of dtype dt, device or host, by
  * `kind`) in fp32, the padding zeroed; on stream s. */
-static zo_status pack_piece(offload_t *rt, gpu_stream_t s, int b, size_t n, const void *src, zo_dtype dt,
+static zo_status pack_piece(offload_grads *gr, gpu_stream_t s, int b, size_t n, const void *src, zo_dtype dt,
                             gpu_copy_kind kind, size_t first, size_t q, float *bk)
 {
-    offload_dp *dp = rt->env.dp;
+    offload_dp *dp = gr->env->dp;
     size_t es = zo_dtype_size(dt);
     zo_status st;
     for (int r = 0; r < dp->size; r++) {
@@ -210,19 +223,54 @@ static zo_status pack_piece(offload_t *rt, gpu_stream_t s, int b, size_t n, cons
     return ZO_OK;
 }
 
+/* ZeRO 2-3, a device sum: the rank's piece added to it. */
+static zo_status piece_dev(offload_grads *gr, int k, int block, size_t first, const float *mine, size_t m)
+{
+    float *acc = gr->sums[block].dev + first;
+    (void)k;
+    return gpu_add(gr->env->d2h, gpu_t(acc, ZO_DTYPE_F32), gpu_t(acc, ZO_DTYPE_F32), gpu_t((void *)mine, ZO_DTYPE_F32),
+                   m);
+}
+
+/* ZeRO 2-3, a host sum: the rank's piece copied out into slot k's pinned
+ * half, at its place in the part. */
+static zo_status piece_host(offload_grads *gr, int k, int block, size_t first, const float *mine, size_t m)
+{
+    (void)block;
+    float *dst = (float *)gr->gs[k].host + first;
+    zo_status st = gpu_memcpy_async(gr->env->d2h, dst, mine, m * 4, GPU_COPY_DEVICE_TO_HOST);
+    if (st == ZO_OK) offload_add_bytes(gr->env->acct, OFFLOAD_BYTES_D2H, m * 4);
+    return st;
+}
+
+/* The device adds the pieces itself: nothing is left for the host. */
+static void sent_dev(offload_grads *gr, int k, int block, size_t pn, int own)
+{
+    (void)gr, (void)k, (void)block, (void)pn, (void)own;
+}
+
+/* The host adds slot k's pinned half once its copies are done. */
+static void sent_host(offload_grads *gr, int k, int block, size_t pn, int own)
+{
+    offload_gslot *g = &gr->gs[k];
+    if (!gr->g->numel[block]) return;
+    g->block = block;
+    g->n = pn;
+    g->own = own;
+}
+
 /* ZeRO 2-3: slot k's gradients of `block` in fp32 into bucket k, piece by
  * piece (one piece when the block fits), reduce-scattered in place; on the
- * d2h stream (the compute goes on) the rank's piece is added to its device
- * sum or copied out for the host. The slot's `copied` marks the bucket free. */
-static zo_status send_scatter(offload_t *rt, gpu_stream_t s, int k, int block, int own)
+ * d2h stream (the compute goes on) the rank's piece goes to its sum. The
+ * slot's `copied` marks the bucket free. */
+static zo_status send_scatter(offload_grads *gr, gpu_stream_t s, int k, int block, int own)
 {
-    offload_dp *dp = rt->env.dp;
-    offload_gslot *g = &rt->gs[k];
-    gpu_stream_t d2h = rt->env.d2h;
-    size_t n = rt->numel[block], pn = dp->part_n[block];
+    offload_dp *dp = gr->env->dp;
+    offload_gslot *g = &gr->gs[k];
+    gpu_stream_t d2h = gr->env->d2h;
+    const grads_path *path = gr->path[block];
+    size_t n = gr->g->numel[block], pn = dp->part_n[block];
     float *bk = dp->bucket[k], *mine = bk;
-    int dev = block >= rt->dev_block;
-    float *acc = dev && pn ? dev_sum(rt, block) : NULL;
     zo_status st;
     g->block = -1;
     for (size_t j = 0; j < offload_dp_pieces(dp, block); j++) {
@@ -231,7 +279,7 @@ static zo_status send_scatter(offload_t *rt, gpu_stream_t s, int k, int block, i
         mine = bk + (size_t)dp->rank * q;
         /* the bucket's previous piece has left it */
         if (j && (st = gpu_stream_wait_event(s, g->copied)) != ZO_OK) return st;
-        if ((st = pack_piece(rt, s, block, n, g->dev, rt->m.dtype, GPU_COPY_DEVICE_TO_DEVICE, first, q, bk)) !=
+        if ((st = pack_piece(gr, s, block, n, g->dev, gr->g->dtype, GPU_COPY_DEVICE_TO_DEVICE, first, q, bk)) !=
                 ZO_OK ||
             (st = gpu_event_record(dp->ev_in, s)) != ZO_OK ||
             (st = offload_dp_collective(dp, DP_REDUCE_SCATTER, q, real, bk, ZO_DTYPE_F32, dp->ev_in, dp->ev_out)) !=
@@ -239,37 +287,38 @@ static zo_status send_scatter(offload_t *rt, gpu_stream_t s, int k, int block, i
             (st = gpu_stream_wait_event(d2h, dp->ev_out)) != ZO_OK)
             return st;
         size_t m = mine_in(pn, first, q);
-        if (m && dev) st = gpu_add(d2h, gpu_t(acc + first, ZO_DTYPE_F32), gpu_t(acc + first, ZO_DTYPE_F32),
-                                   gpu_t(mine, ZO_DTYPE_F32), m);
-        else if (m) st = gpu_memcpy_async(d2h, (float *)g->host + first, mine, m * 4, GPU_COPY_DEVICE_TO_HOST);
-        if (st != ZO_OK) return st;
-        if (!dev) offload_add_bytes(&rt->acct, OFFLOAD_BYTES_D2H, m * 4);
+        if (m && (st = path->piece(gr, k, block, first, mine, m)) != ZO_OK) return st;
         if ((st = gpu_event_record(g->copied, d2h)) != ZO_OK) return st;
     }
-    if (!dev && n) {
-        g->block = block;
-        g->n = pn;
-        g->own = own;
-    }
+    path->pieces_sent(gr, k, block, pn, own);
     return ZO_OK;
 }
 
-zo_status offload_grads_send(offload_t *rt, gpu_stream_t s, int k, int block, int own)
+/* ZeRO 0-1: the block's own path; ZeRO 2-3: reduce-scattered first. */
+static zo_status send_own(offload_grads *gr, gpu_stream_t s, int k, int block, int own)
 {
-    return rt->grads_send(rt, s, k, block, own);
+    return gr->path[block]->send(gr, s, k, block, own);
+}
+
+zo_status offload_grads_send(offload_grads *gr, gpu_stream_t s, int k, int block, int own)
+{
+    return gr->send(gr, s, k, block, own);
 }
 
 /* ---- at the step: ZeRO 0-1 ---------------------------------------------------------- */
 
-/* Block b's host sum through the buckets (alternating, *k the next),
- * piece by piece: in, reduced, the result (whole, or the rank's part at
- * goff) back out; a bucket's event marks it free. */
-static zo_status reduce_host_block(offload_t *rt, int b, int *k, dp_op op)
+/* Block b's host sum through the buckets (alternating, red_k the next),
+ * piece by piece: in, reduced, the result (whole, or the rank's part where
+ * the optimizer reads it) back out; a bucket's event marks it free. */
+static zo_status reduce_host(offload_grads *gr, int b, gpu_stream_t s)
 {
-    offload_dp *dp = rt->env.dp;
-    const offload_env *env = &rt->env;
-    size_t n = rt->numel[b], cap = dp->bucket_q * (size_t)dp->size;
-    float *sum = rt->grad + rt->aoff[b];
+    offload_dp *dp = gr->env->dp;
+    const offload_env *env = gr->env;
+    dp_op op = (dp_op)gr->red_op;
+    int *k = &gr->red_k;
+    size_t n = gr->g->numel[b], cap = dp->bucket_q * (size_t)dp->size;
+    float *sum = gr->sums[b].host, *part = gr->sums[b].part;
+    (void)s;
     size_t pieces = op == DP_ALL_REDUCE ? (n + cap - 1) / cap : offload_dp_pieces(dp, b);
     zo_status st;
     for (size_t j = 0; j < pieces; j++, *k ^= 1) {
@@ -283,7 +332,7 @@ static zo_status reduce_host_block(offload_t *rt, int b, int *k, dp_op op)
         } else {
             offload_dp_piece(dp, b, n, j, &first, &q, &real);
             out = mine_in(dp->part_n[b], first, q);
-            st = pack_piece(rt, env->h2d, b, n, sum, ZO_DTYPE_F32, GPU_COPY_HOST_TO_DEVICE, first, q, bk);
+            st = pack_piece(gr, env->h2d, b, n, sum, ZO_DTYPE_F32, GPU_COPY_HOST_TO_DEVICE, first, q, bk);
         }
         if (st != ZO_OK) return st;
         if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK ||
@@ -292,11 +341,11 @@ static zo_status reduce_host_block(offload_t *rt, int b, int *k, dp_op op)
             return st;
         if (op == DP_ALL_REDUCE) st = gpu_memcpy_async(env->d2h, sum + first, bk, out * 4, GPU_COPY_DEVICE_TO_HOST);
         else if (out)
-            st = gpu_memcpy_async(env->d2h, rt->grad + rt->goff[b] + first, bk + (size_t)dp->rank * q, out * 4,
+            st = gpu_memcpy_async(env->d2h, part + first, bk + (size_t)dp->rank * q, out * 4,
                                   GPU_COPY_DEVICE_TO_HOST);
         if (st != ZO_OK) return st;
-        offload_add_bytes(&rt->acct, OFFLOAD_BYTES_H2D, real * 4);
-        offload_add_bytes(&rt->acct, OFFLOAD_BYTES_D2H, out * 4);
+        offload_add_bytes(gr->env->acct, OFFLOAD_BYTES_H2D, real * 4);
+        offload_add_bytes(gr->env->acct, OFFLOAD_BYTES_D2H, out * 4);
         if ((st = gpu_event_record(dp->bucket_ev[*k], env->d2h)) != ZO_OK) return st;
     }
     return ZO_OK;
@@ -304,163 +353,157 @@ static zo_status reduce_host_block(offload_t *rt, int b, int *k, dp_op op)
 
 /* Block b's device sum, reduced in place: all-reduced (ZeRO 0: the device
  * shard holds the whole block) or reduce-scattered (ZeRO 1: the device
- * shard reads its part there, offload_grads_dev_part), after `after` (the
- * last addition; NULL at the step: the host waited for the compute). */
-static zo_status reduce_dev_block(offload_t *rt, int b, dp_op op, gpu_event_t after)
+ * shard reads its part where it lands), after the additions enqueued on s
+ * (NULL at the step: the host waited for the compute). */
+static zo_status reduce_dev(offload_grads *gr, int b, gpu_stream_t s)
 {
-    return offload_dp_block(rt->env.dp, op, b, rt->numel[b], dev_sum(rt, b), ZO_DTYPE_F32, after, NULL);
+    offload_dp *dp = gr->env->dp;
+    gpu_event_t after = NULL;
+    zo_status st;
+    if (s) {
+        if ((st = gpu_event_record(dp->ev_in, s)) != ZO_OK) return st;
+        after = dp->ev_in;
+    }
+    return offload_dp_block(dp, (dp_op)gr->red_op, b, gr->g->numel[b], gr->sums[b].dev, ZO_DTYPE_F32, after, NULL);
 }
 
-float *offload_grads_dev_part(void *ctx, int b)
-{
-    offload_t *rt = ctx;
-    return rt->dfull + rt->dfoff[b] + rt->env.dp->part_off[b];
-}
+static const grads_path host_path = {.send = send_host, .piece = piece_host, .pieces_sent = sent_host,
+                                     .reduce = reduce_host};
+static const grads_path dev_path = {.send = send_dev, .piece = piece_dev, .pieces_sent = sent_dev,
+                                    .reduce = reduce_dev};
 
 /* ZeRO 0-1 at the step: what the last micro-batch did not reduce (all of
  * it when the step came after fewer than grad_accum), then every reduction
  * done and its result in place. */
-static zo_status reduce_at_step(offload_t *rt)
+static zo_status reduce_at_step(offload_grads *gr)
 {
-    offload_dp *dp = rt->env.dp;
+    offload_dp *dp = gr->env->dp;
     zo_status st = ZO_OK;
     double t0 = zo_now();
-    for (int b = 0; b < rt->g.nb; b++) {
-        if (st == ZO_OK && rt->numel[b] && !rt->reduced[b]) {
-            if (b < rt->dev_block) st = reduce_host_block(rt, b, &rt->red_k, (dp_op)rt->red_op);
-            else st = reduce_dev_block(rt, b, (dp_op)rt->red_op, NULL);
-        }
-        rt->reduced[b] = 0;
+    for (int b = 0; b < gr->g->nb; b++) {
+        if (st == ZO_OK && gr->g->numel[b] && !gr->reduced[b]) st = gr->path[b]->reduce(gr, b, NULL);
+        gr->reduced[b] = 0;
     }
     zo_status sw = offload_dp_wait(dp);
     if (st == ZO_OK) st = sw;
-    sw = gpu_stream_synchronize(rt->env.d2h);
+    sw = gpu_stream_synchronize(gr->env->d2h);
     if (st == ZO_OK) st = sw;
-    offload_add_time(&rt->acct, OFFLOAD_TIME_COMM, zo_now() - t0);
+    offload_add_time(gr->env->acct, OFFLOAD_TIME_COMM, zo_now() - t0);
     return st;
 }
 
 /* ZeRO 2-3 reduced each block as it came; one rank has nothing to reduce. */
-static zo_status reduce_none(offload_t *rt)
+static zo_status reduce_none(offload_grads *gr)
 {
-    return offload_dp_wait(rt->env.dp);
+    return offload_dp_wait(gr->env->dp);
 }
 
-zo_status offload_grads_reduce(offload_t *rt) { return rt->grads_reduce(rt); }
+zo_status offload_grads_reduce(offload_grads *gr) { return gr->reduce(gr); }
 
 /* ---- allocation ---------------------------------------------------------------------- */
 
-/* Where the sums live (aoff, goff, grad_n; dfull), and which functions
- * send and reduce them. */
-static zo_status layout(offload_t *rt)
+/* Which functions send and reduce the sums: per block, its path to the sum
+ * its shard hands out; per stage, how slots leave and sums are reduced. */
+static zo_status layout(offload_grads *gr)
 {
-    offload_dp *dp = rt->env.dp;
-    int nb = rt->g.nb, stage = dp ? dp->stage : 0;
-    rt->aoff = calloc((size_t)nb, sizeof(size_t));
-    rt->goff = calloc((size_t)nb, sizeof(size_t));
-    if (!rt->aoff || !rt->goff) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
-    rt->grads_send = send_local;
-    rt->grads_reduce = reduce_none;
-    rt->red_op = -1;
-    rt->ghost_dtype = rt->m.dtype;
-    rt->ghost_bytes = rt->g.slot_bytes;
-    size_t o = 0;
+    offload_dp *dp = gr->env->dp;
+    int nb = gr->g->nb, stage = dp ? dp->stage : 0;
+    gr->sums = calloc((size_t)nb, sizeof *gr->sums);
+    gr->path = calloc((size_t)nb, sizeof *gr->path);
+    if (!gr->sums || !gr->path) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    for (int b = 0; b < nb; b++) {
+        ostate_grad_sum(gr->os, b, &gr->sums[b]);
+        gr->path[b] = gr->sums[b].dev ? &dev_path : &host_path;
+        gr->to_host |= gr->sums[b].host && gr->g->numel[b];
+    }
+    gr->send = send_own;
+    gr->reduce = reduce_none;
+    gr->red_op = -1;
+    gr->ghost_dtype = gr->g->dtype;
+    gr->ghost_bytes = gr->g->slot_bytes;
     if (dp && stage <= 1) {
         /* a block's sum is complete after its own backward and those of
          * the blocks reading its weights */
-        rt->contrib = calloc((size_t)nb, sizeof *rt->contrib);
-        rt->contrib_want = calloc((size_t)nb, sizeof *rt->contrib_want);
-        rt->reduced = calloc((size_t)nb, 1);
-        if (!rt->contrib || !rt->contrib_want || !rt->reduced)
+        gr->contrib = calloc((size_t)nb, sizeof *gr->contrib);
+        gr->contrib_want = calloc((size_t)nb, sizeof *gr->contrib_want);
+        gr->reduced = calloc((size_t)nb, 1);
+        if (!gr->contrib || !gr->contrib_want || !gr->reduced)
             return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
         for (int b = 0; b < nb; b++) {
-            rt->contrib_want[b]++;
-            if (rt->dep[b] >= 0) rt->contrib_want[rt->dep[b]]++;
+            gr->contrib_want[b]++;
+            if (gr->dep[b] >= 0) gr->contrib_want[gr->dep[b]]++;
         }
-        rt->grads_reduce = reduce_at_step;
-        rt->red_op = stage == 0 ? DP_ALL_REDUCE : DP_REDUCE_SCATTER;
+        gr->reduce = reduce_at_step;
+        gr->red_op = stage == 0 ? DP_ALL_REDUCE : DP_REDUCE_SCATTER;
     }
-    if (!dp || stage == 0) {
-        for (int b = 0; b < nb; b++) rt->aoff[b] = rt->goff[b] = rt->off[b];
-        rt->grad_n = rt->off[rt->dev_block];
-        return ZO_OK;
+    if (stage >= 2) {
+        /* ZeRO 2-3: the rank's parts only, reduced as backward produces them */
+        gr->send = send_scatter;
+        gr->ghost_dtype = ZO_DTYPE_F32;
+        gr->ghost_bytes = gr->og->largest * 4;
     }
-    if (stage == 1) {
-        /* whole blocks summed, padded, the rank's part reduced in place */
-        for (int b = 0; b < rt->dev_block; b++) {
-            rt->aoff[b] = o;
-            rt->goff[b] = o + dp->part_off[b];
-            o += dp->pad[b];
-        }
-        rt->grad_n = o;
-        size_t d = 0;
-        rt->dfoff = calloc((size_t)nb, sizeof(size_t));
-        if (!rt->dfoff) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
-        for (int b = rt->dev_block; b < nb; b++) {
-            rt->dfoff[b] = d;
-            d += dp->pad[b];
-        }
-        rt->dfull_n = d;
-        return ZO_OK;
-    }
-    /* ZeRO 2-3: the rank's parts only, reduced as backward produces them */
-    for (int b = 0; b < nb; b++) rt->aoff[b] = rt->goff[b] = dp->loc_off[b];
-    rt->grad_n = dp->loc_off[rt->dev_block];
-    rt->grads_send = send_scatter;
-    rt->ghost_dtype = ZO_DTYPE_F32;
-    rt->ghost_bytes = rt->og.largest * 4;
     return ZO_OK;
 }
 
-zo_status offload_grads_init(offload_t *rt)
+/* The gradient slots, their pinned halves and the per-block state. */
+static zo_status slots_create(offload_grads *gr)
 {
     zo_status st;
-    const offload_env *env = &rt->env;
-    size_t sb = rt->g.slot_bytes;
-    if ((st = layout(rt)) != ZO_OK) return st;
+    const offload_env *env = gr->env;
+    size_t sb = gr->g->slot_bytes;
+    if ((st = layout(gr)) != ZO_OK) return st;
     /* the pinned halves, one buffer, when some gradient goes to the host */
-    size_t hb = rt->ghost_bytes;
+    size_t hb = gr->ghost_bytes;
     void *pinned = NULL;
-    if (rt->off[rt->dev_block] && hb && (st = offload_host_alloc(env, OFFLOAD_GRAD_SLOTS * hb, 1, &pinned)) != ZO_OK)
+    if (gr->to_host && hb && (st = offload_host_alloc(env, OFFLOAD_GRAD_SLOTS * hb, 1, &pinned)) != ZO_OK)
         return zo_error_wrap(st, "offload_init: pinned gradient buffers");
-    rt->ghost_pinned = pinned ? OFFLOAD_GRAD_SLOTS * hb : 0;
+    gr->ghost_pinned = pinned ? OFFLOAD_GRAD_SLOTS * hb : 0;
     for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) {
-        offload_gslot *g = &rt->gs[k];
-        g->block = -1;
+        offload_gslot *g = &gr->gs[k];
         g->host = pinned ? (char *)pinned + (size_t)k * hb : NULL;
         if ((st = gpu_mem_alloc(env->dev, sb, &g->dev)) != ZO_OK)
             return zo_error_wrap(st, "offload_init: device gradient buffer (%zu bytes)", sb);
         if ((st = gpu_event_create(env->dev, &g->done)) != ZO_OK) return st;
         if ((st = gpu_event_create(env->dev, &g->copied)) != ZO_OK) return st;
     }
-    /* the host's fp32 sums; the device shard keeps its own */
-    if ((st = offload_host_alloc(env, rt->grad_n * sizeof(float), 0, (void **)&rt->grad)) != ZO_OK)
-        return zo_error_wrap(st, "offload_init: fp32 gradients");
-    if (rt->grad_n) memset(rt->grad, 0, rt->grad_n * sizeof(float));
-    if (!(rt->grad_fresh = calloc((size_t)rt->g.nb, 1))) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
-    if (rt->dfull_n && (st = gpu_mem_alloc(env->dev, rt->dfull_n * sizeof(float), (void **)&rt->dfull)) != ZO_OK)
-        return zo_error_wrap(st, "offload_init: unreduced fp32 gradients of the device share (ZeRO-1, %zu bytes)",
-                             rt->dfull_n * sizeof(float));
+    if (!(gr->fresh = calloc((size_t)gr->g->nb, 1))) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
     return ZO_OK;
 }
 
-void offload_grads_free(offload_t *rt)
+zo_status offload_grads_create(const offload_env *env, const offload_geom *g, const offload_geom *og,
+                               const int *dep, int grad_accum, ostate *os, offload_optim *opt,
+                               offload_grads **out)
 {
-    gpu_device_t d = rt->env.dev;
-    const offload_env *env = &rt->env;
-    for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) {
-        gpu_mem_free(d, rt->gs[k].dev);
-        if (rt->gs[k].done) gpu_event_destroy(rt->gs[k].done);
-        if (rt->gs[k].copied) gpu_event_destroy(rt->gs[k].copied);
+    *out = NULL;
+    offload_grads *gr = calloc(1, sizeof *gr);
+    if (!gr) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    *gr = (offload_grads){.env = env, .g = g, .og = og, .dep = dep, .grad_accum = grad_accum, .os = os, .opt = opt};
+    for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) gr->gs[k].block = -1;
+    zo_status st = slots_create(gr);
+    if (st != ZO_OK) {
+        offload_grads_free(gr);
+        return st;
     }
-    offload_host_free(env, rt->gs[0].host, rt->ghost_pinned, 1);
-    offload_host_free(env, rt->grad, rt->grad_n * sizeof(float), 0);
-    gpu_mem_free(d, rt->dfull);
-    free(rt->aoff);
-    free(rt->goff);
-    free(rt->dfoff);
-    free(rt->contrib);
-    free(rt->contrib_want);
-    free(rt->reduced);
-    free(rt->grad_fresh);
+    *out = gr;
+    return ZO_OK;
+}
+
+void offload_grads_free(offload_grads *gr)
+{
+    if (!gr) return;
+    gpu_device_t d = gr->env->dev;
+    const offload_env *env = gr->env;
+    for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) {
+        gpu_mem_free(d, gr->gs[k].dev);
+        if (gr->gs[k].done) gpu_event_destroy(gr->gs[k].done);
+        if (gr->gs[k].copied) gpu_event_destroy(gr->gs[k].copied);
+    }
+    offload_host_free(env, gr->gs[0].host, gr->ghost_pinned, 1);
+    free(gr->sums);
+    free(gr->path);
+    free(gr->contrib);
+    free(gr->contrib_want);
+    free(gr->reduced);
+    free(gr->fresh);
+    free(gr);
 }

@@ -1,11 +1,53 @@
-/* The runtime's public face: configuration, the life cycle (the weight store
- * and the optimizer shards chosen from it, once), weights in and out block
- * by block, the training entry points and the measurements. */
-#include "offload/offload_impl.h"
+/* The runtime's public face (offload.h), its top layer: configuration, the
+ * life cycle (the layers composed once, from the configuration: the weight
+ * stores, the optimizer's state, the optimizer, the gradients, the
+ * streaming, the checkpoints), weights in and out block by block, the
+ * training entry points and the measurements. struct offload is this
+ * file's: every layer below works on its own object. */
+#include "offload/offload.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/fileio.h"  /* defines: zo_file_write_json */
+#include "offload/ckpt.h"   /* defines: offload_ckpt */
+#include "offload/stream.h" /* defines: offload_stream, offload_grads, offload_optim, ostate, wstore */
+
+#define OFFLOAD_DEFAULT_SUB_GROUP (1u << 20)
+
+_Static_assert(ZO_PLAN_MAX_PREFETCH <= OFFLOAD_MAX_PREFETCH,
+               "the plan schema's prefetch limit is one the runtime can run");
+
+struct offload {
+    offload_env env;
+    offload_acct acct;
+    offload_config cfg;
+    /* the model, with owned copies of its arrays */
+    offload_model m;
+    offload_geom g;
+    size_t *numel;              /* [nb] */
+    size_t *off;                /* [nb + 1] */
+    int *dep;                   /* [nb] */
+    offload_decay_range *decay; /* [n_decay] sorted by block and offset */
+
+    /* where state lives */
+    offload_dp *dp;             /* several ranks (env.dp), or NULL */
+    offload_geom og;            /* the optimizer's geometry: the rank's parts (ZeRO 1-3) or the model */
+    wstore *ws;                 /* the trainable weights */
+    wstore *fws;                /* the frozen base (offload_model.frozen_bytes), or NULL */
+    offload_geom fg;            /* its geometry: bytes (es 1) per block */
+    size_t *fbytes, *foff;      /* [nb], [nb + 1] */
+    ostate *os;                 /* the optimizer's state and the gradient sums */
+
+    offload_stream *sm;         /* a micro-batch: slots, prefetch, activation checkpoints (stream.c) */
+    offload_grads *gr;          /* the gradient slots and the way to the sums (grads.c) */
+    offload_optim *opt;         /* the step and its schedule (optim.c) */
+
+    offload_ckpt ck;            /* checkpoints, and the folder this runtime holds (ckpt.c) */
+};
 
 const char *offload_tier_name(offload_tier t)
 {
@@ -156,8 +198,7 @@ static zo_status copy_model(offload_t *rt, const offload_model *model)
     rt->numel = calloc((size_t)nb, sizeof(size_t));
     rt->dep = calloc((size_t)nb, sizeof(int));
     rt->off = calloc((size_t)nb + 1, sizeof(size_t));
-    rt->sched = calloc(2 * (size_t)nb, sizeof(int));
-    if (!rt->numel || !rt->dep || !rt->off || !rt->sched)
+    if (!rt->numel || !rt->dep || !rt->off)
         return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
     g->nb = nb;
     g->numel = rt->numel;
@@ -175,12 +216,6 @@ static zo_status copy_model(offload_t *rt, const offload_model *model)
     g->n = rt->off[nb];
     g->slot_bytes = g->largest * g->es;
     if (g->slot_bytes < 256) g->slot_bytes = 256;
-    /* the schedule: forward in order, backward in reverse */
-    for (int b = 0; b < nb; b++) {
-        rt->sched[b] = b;
-        rt->sched[nb + b] = nb - 1 - b;
-    }
-    rt->n_sched = 2 * nb;
     rt->m.block_numel = rt->numel;
     rt->m.block_dep = rt->dep;
     if (model->frozen_bytes) {
@@ -219,76 +254,31 @@ static zo_status copy_model(offload_t *rt, const offload_model *model)
     return ZO_OK;
 }
 
-/* The optimizer's device share: the suffix of whole blocks whose size is
- * nearest opt_frac[DEVICE] * n (at least one block when the fraction is not
- * 0), so that a block's gradient stays on the device or leaves it whole.
- * Chosen on the model, so that every rank chooses the same blocks. */
-static size_t device_share_first(const offload_t *rt, int *first_block)
-{
-    double f = rt->cfg.opt_frac[OFFLOAD_DEVICE];
-    int nb = rt->g.nb, best_b = nb;
-    size_t n = rt->g.n;
-    if (f <= 0) {
-        *first_block = nb;
-        return n;
-    }
-    double want = f * (double)n, best = -1;
-    for (int b = nb - 1; b >= 0; b--) {
-        double d = fabs((double)(n - rt->off[b]) - want);
-        if (best < 0 || d < best || best_b == nb) {
-            best = d;
-            best_b = b;
-        }
-    }
-    *first_block = best_b;
-    return rt->off[best_b];
-}
-
-/* The optimizer shards over the optimizer's geometry (the rank's parts
- * with ZeRO 1-3), in flat order: the first elements in memory, then NVMe,
- * then the device share (whole blocks at the end). */
-static zo_status create_shards(offload_t *rt)
+/* The optimizer's state over its geometry (the rank's parts with ZeRO
+ * 1-3): the shards where opt_frac says, and the gradient sums they feed. */
+static zo_status create_ostate(offload_t *rt)
 {
     const offload_config *c = &rt->cfg;
-    const offload_geom *og = &rt->og;
-    device_share_first(rt, &rt->dev_block);
-    size_t dev_first = og->off[rt->dev_block];
-    size_t n_nvme = (size_t)llround((double)og->n * c->opt_frac[OFFLOAD_NVME]);
-    if (n_nvme > dev_first || c->opt_frac[OFFLOAD_CPU] <= 0) n_nvme = dev_first;
-    size_t n_cpu = dev_first - n_nvme;
-    rt->host_n = dev_first;
-    struct {
-        offload_tier tier;
-        size_t first, n;
-    } part[3] = {{OFFLOAD_CPU, 0, n_cpu}, {OFFLOAD_NVME, n_cpu, n_nvme}, {OFFLOAD_DEVICE, dev_first, og->n - dev_first}};
-    for (int i = 0; i < 3; i++) {
-        if (!part[i].n) continue;
-        oshard_config sc = {.tier = part[i].tier, .first = part[i].first, .n = part[i].n,
-                            .sub_group = c->sub_group, .swap_buffers = c->swap_buffers,
-                            .exact_stats = c->adam.clip > 0.0f, .nvme_dir = c->nvme_dir};
-        /* ZeRO-1: whole sums, reduced in place, the part read there */
-        if (rt->dp && rt->dp->stage == 1) {
-            sc.grad_of = offload_grads_dev_part;
-            sc.grad_ctx = rt;
-        }
-        oshard *sh;
-        zo_status st = oshard_create(&rt->env, og, &sc, &sh);
-        if (st != ZO_OK) return st;
-        rt->shards[rt->n_shards++] = sh;
-        if (part[i].tier == OFFLOAD_DEVICE) rt->dev_shard = sh;
-    }
-    return ZO_OK;
+    ostate_config oc = {.sub_group = c->sub_group, .swap_buffers = c->swap_buffers,
+                        .exact_stats = c->adam.clip > 0.0f, .nvme_dir = c->nvme_dir};
+    memcpy(oc.frac, c->opt_frac, sizeof oc.frac);
+    return ostate_create(&rt->env, &rt->g, &rt->og, &oc, &rt->os);
 }
 
-/* Device slots for streamed weights: the block computing and `depth`
- * loading ahead (two at least when a block reads another's weights). */
-static int slot_count(const offload_t *rt)
+/* The trainable weights' store on tier `on`: the tier's store; ZeRO 1-2
+ * the device store holding every block, padded, the optimizer's parts
+ * all-gathered; ZeRO 3 the gathering store over the tier's store of the
+ * rank's parts. */
+static zo_status create_weights(offload_t *rt, offload_tier on, int ring)
 {
-    int has_dep = 0;
-    for (int b = 0; b < rt->g.nb; b++) has_dep |= rt->dep[b] >= 0;
-    int n = rt->cfg.prefetch_depth + 1;
-    if (has_dep && n < 2) n = 2;
-    return n > rt->g.nb ? rt->g.nb : n;
+    int stage = rt->dp ? rt->dp->stage : 0;
+    wstore_config wc = {.tier = on, .dev_puts = rt->cfg.opt_frac[OFFLOAD_DEVICE] > 0, .chunk = rt->cfg.sub_group,
+                        .nvme_dir = rt->cfg.nvme_dir, .name = "par", .ring = ring,
+                        .gathered = stage == 1 || stage == 2};
+    if (stage < 3) return wstore_create(&rt->env, &rt->g, &wc, &rt->ws);
+    wstore *inner;
+    zo_status st = wstore_create(&rt->env, &rt->og, &wc, &inner);
+    return st != ZO_OK ? st : wgather_create(&rt->env, &rt->g, inner, &rt->ws);
 }
 
 zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *model,
@@ -305,15 +295,14 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     if (!rt->cfg.grad_accum) rt->cfg.grad_accum = 1;
     if (!rt->cfg.loss_scale_window) rt->cfg.loss_scale_window = OFFLOAD_LOSS_SCALE_WINDOW;
     if (!rt->cfg.max_skipped_steps) rt->cfg.max_skipped_steps = OFFLOAD_MAX_SKIPPED_STEPS;
-    rt->ckpt_lock.fd = -1;
+    offload_ckpt_init(&rt->ck);
     pthread_mutex_init(&rt->acct.mu, NULL);
     /* a second run on the same checkpoint folder is refused before anything
      * is allocated (several ranks share the folder: rank 0 holds it) */
     if (cfg->ckpt_dir && (!cfg->comm || comm_rank(cfg->comm) == 0) &&
-        (st = offload_ckpt_lock(rt, cfg->ckpt_dir)) != ZO_OK)
+        (st = offload_ckpt_lock(&rt->ck, cfg->ckpt_dir)) != ZO_OK)
         goto out_free;
     rt->env = (offload_env){.dev = dev, .acct = &rt->acct, .n_threads = cfg->n_threads};
-    rt->dev_block = model->n_blocks;
     if ((st = copy_model(rt, model)) != ZO_OK) goto out_free;
     if (cfg->comm && comm_size(cfg->comm) > 1) {
         if ((st = offload_dp_create(&rt->env, &rt->g, cfg->comm, cfg->zero_stage, cfg->comm_bucket, &rt->dp)) != ZO_OK)
@@ -323,9 +312,6 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
         if (rt->g.slot_bytes < rt->dp->largest_pad * rt->g.es) rt->g.slot_bytes = rt->dp->largest_pad * rt->g.es;
     }
     offload_dp_geom(rt->dp, &rt->g, &rt->og);
-    rt->dynamic_scale = model->dtype == ZO_DTYPE_F16;
-    rt->loss_scale = cfg->loss_scale > 0 ? cfg->loss_scale
-                                         : (rt->dynamic_scale ? OFFLOAD_LOSS_SCALE_INIT : 1.0f);
 
     if ((st = gpu_stream_create(dev, &rt->env.h2d)) != ZO_OK) goto out_free;
     if ((st = gpu_stream_create(dev, &rt->env.d2h)) != ZO_OK) goto out_free;
@@ -337,21 +323,31 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     offload_tier w_on = frozen ? rt->cfg.trainable_on : rt->cfg.params_on;
     int w_streamed = w_on != OFFLOAD_DEVICE || (rt->dp && rt->dp->stage >= 3);
     int f_streamed = frozen && rt->cfg.params_on != OFFLOAD_DEVICE;
-    if (w_streamed || f_streamed) rt->n_slots = slot_count(rt);
-    rt->fslot = f_streamed ? rt->fg.slot_bytes : 0;
-    rt->slot_size = rt->fslot + (w_streamed ? rt->g.slot_bytes : 0);
-    wstore_config wc = {.tier = w_on, .dev_puts = rt->cfg.opt_frac[OFFLOAD_DEVICE] > 0,
-                        .chunk = rt->cfg.sub_group, .nvme_dir = rt->cfg.nvme_dir, .name = "par",
-                        .ring = rt->n_slots, .part_geom = &rt->og};
-    if ((st = wstore_create(&rt->env, &rt->g, &wc, &rt->ws)) != ZO_OK) goto out_free;
+    offload_stream_config sc = {.m = &rt->m, .g = &rt->g, .prefetch_depth = rt->cfg.prefetch_depth,
+                                .recompute = rt->cfg.recompute, .checkpoints_on = rt->cfg.checkpoints_on};
+    if (w_streamed || f_streamed) sc.n_slots = offload_stream_slots(&rt->m, rt->cfg.prefetch_depth);
+    sc.fslot = f_streamed ? rt->fg.slot_bytes : 0;
+    sc.slot_size = sc.fslot + (w_streamed ? rt->g.slot_bytes : 0);
+    if ((st = create_weights(rt, w_on, sc.n_slots)) != ZO_OK) goto out_free;
     if (frozen) {
         wstore_config fc = {.tier = rt->cfg.params_on, .chunk = rt->cfg.sub_group,
-                            .nvme_dir = rt->cfg.nvme_dir, .name = "frz", .ring = rt->n_slots};
+                            .nvme_dir = rt->cfg.nvme_dir, .name = "frz", .ring = sc.n_slots};
         if ((st = wstore_create(&rt->env, &rt->fg, &fc, &rt->fws)) != ZO_OK) goto out_free;
     }
-    if ((st = create_shards(rt)) != ZO_OK) goto out_free;
-    if ((st = offload_stream_init(rt)) != ZO_OK) goto out_free;
-    if ((st = offload_optim_init(rt)) != ZO_OK) goto out_free;
+    /* the layers above the stores, each on the ones below it */
+    if ((st = create_ostate(rt)) != ZO_OK) goto out_free;
+    if ((st = offload_optim_create(&rt->env, &rt->cfg, &rt->m, &rt->g, &rt->og, rt->ws, rt->os, &rt->opt)) != ZO_OK ||
+        (st = offload_grads_create(&rt->env, &rt->g, &rt->og, rt->dep, rt->cfg.grad_accum, rt->os, rt->opt, &rt->gr)) !=
+            ZO_OK)
+        goto out_free;
+    sc.ws = rt->ws;
+    sc.fws = rt->fws;
+    sc.gr = rt->gr;
+    sc.opt = rt->opt;
+    if ((st = offload_stream_create(&rt->env, &sc, &rt->sm)) != ZO_OK) goto out_free;
+    /* the checkpoints: the layers they read and write, the folder locked above */
+    rt->ck = (offload_ckpt){.env = &rt->env, .cfg = &rt->cfg, .g = &rt->g, .og = &rt->og, .ws = rt->ws,
+                            .os = rt->os, .opt = rt->opt, .gr = rt->gr, .lock = rt->ck.lock};
     device_peak(rt);
     *out = rt;
     return ZO_OK;
@@ -365,12 +361,13 @@ void offload_free(offload_t *rt)
 {
     if (!rt) return;
     /* the optimizer's thread ends first: its update may use everything */
-    offload_optim_free(rt);
+    offload_optim_free(rt->opt);
     /* let queued copies finish before their buffers go */
     if (rt->env.h2d) gpu_stream_synchronize(rt->env.h2d);
     if (rt->env.d2h) gpu_stream_synchronize(rt->env.d2h);
-    offload_stream_free(rt);
-    for (int i = 0; i < rt->n_shards; i++) oshard_free(rt->shards[i]);
+    offload_stream_free(rt->sm);
+    offload_grads_free(rt->gr);
+    ostate_free(rt->os);
     wstore_free(rt->ws);
     wstore_free(rt->fws);
     free(rt->fbytes);
@@ -381,9 +378,8 @@ void offload_free(offload_t *rt)
     free(rt->numel);
     free(rt->dep);
     free(rt->off);
-    free(rt->sched);
     free(rt->decay);
-    zo_dir_lock_release(&rt->ckpt_lock);
+    offload_ckpt_release(&rt->ck);
     pthread_mutex_destroy(&rt->acct.mu);
     free(rt);
 }
@@ -397,22 +393,6 @@ static zo_status check_block(const offload_t *rt, const char *fn, int block)
     return ZO_OK;
 }
 
-size_t offload_find_nonfinite(const float *p, size_t n)
-{
-    /* exponent all ones: inf or nan; the loop runs without a branch per value */
-    const uint32_t *u = (const uint32_t *)(const void *)p;
-    size_t chunk = 4096;
-    for (size_t a = 0; a < n; a += chunk) {
-        size_t e = n - a < chunk ? n : a + chunk;
-        uint32_t any = 0;
-        for (size_t i = a; i < e; i++) any |= (uint32_t)((u[i] & 0x7f800000u) == 0x7f800000u);
-        if (!any) continue;
-        for (size_t i = a; i < e; i++)
-            if ((u[i] & 0x7f800000u) == 0x7f800000u) return i;
-    }
-    return n;
-}
-
 /* Block b's master and 16-bit weights from w (the whole block: the rank
  * keeps its part), its moments zeroed. */
 static zo_status set_block(offload_t *rt, int b, const float *w)
@@ -422,7 +402,7 @@ static zo_status set_block(offload_t *rt, int b, const float *w)
     if (bad < rt->numel[b])
         return zo_error(ZO_ERR_INVALID, "offload: block %d element %zu is %g: weights must be finite", b,
                         bad, (double)w[bad]);
-    if ((st = ostate_write(rt->shards, rt->n_shards, rt->og.off[b], rt->og.numel[b],
+    if ((st = ostate_write(rt->os, rt->og.off[b], rt->og.numel[b],
                            w + offload_dp_part_first(rt->dp, b), NULL, NULL)) != ZO_OK)
         return st;
     return wstore_load_f32(rt->ws, b, 0, rt->numel[b], w);
@@ -431,19 +411,14 @@ static zo_status set_block(offload_t *rt, int b, const float *w)
 /* Whatever the gradient sums held is dropped: the weights changed. */
 static zo_status weights_begin(offload_t *rt)
 {
-    zo_status st = offload_optim_settle(rt);
-    zo_status sd = offload_grads_drain(rt);
-    rt->micro = 0;
+    zo_status st = offload_optim_settle(rt->opt);
+    zo_status sd = offload_grads_drain(rt->gr);
+    rt->opt->micro = 0;
     return st != ZO_OK ? st : sd;
 }
 
-/* The store and the shards hold what was put; the slots forget. */
-static zo_status weights_end(offload_t *rt)
-{
-    zo_status st = rt->ws->ops->sync(rt->ws);
-    offload_slots_invalidate(rt);
-    return st;
-}
+/* The store holds what was put (the slots see the blocks' new generations). */
+static zo_status weights_end(offload_t *rt) { return rt->ws->ops->sync(rt->ws); }
 
 zo_status offload_set_block(offload_t *rt, int block, const float *w)
 {
@@ -459,17 +434,14 @@ zo_status offload_set_frozen_block(offload_t *rt, int block, const void *bytes)
     zo_status st = check_block(rt, "offload_set_frozen_block", block);
     if (st != ZO_OK) return st;
     if (!rt->fws) return zo_error(ZO_ERR_INVALID, "offload_set_frozen_block: the model has no frozen base");
-    if ((st = wstore_put_raw(rt->fws, block, 0, rt->fbytes[block], bytes)) != ZO_OK ||
-        (st = rt->fws->ops->sync(rt->fws)) != ZO_OK)
-        return st;
-    offload_slots_invalidate(rt);
-    return ZO_OK;
+    if ((st = wstore_put_raw(rt->fws, block, 0, rt->fbytes[block], bytes)) != ZO_OK) return st;
+    return rt->fws->ops->sync(rt->fws);
 }
 
 zo_status offload_get_frozen_block(offload_t *rt, int block, void *bytes)
 {
     zo_status st = check_block(rt, "offload_get_frozen_block", block);
-    if (st != ZO_OK || (st = offload_optim_settle(rt)) != ZO_OK) return st;
+    if (st != ZO_OK || (st = offload_optim_settle(rt->opt)) != ZO_OK) return st;
     if (!rt->fws) return zo_error(ZO_ERR_INVALID, "offload_get_frozen_block: the model has no frozen base");
     return rt->fws->ops->get_host(rt->fws, block, bytes);
 }
@@ -477,33 +449,23 @@ zo_status offload_get_frozen_block(offload_t *rt, int block, void *bytes)
 zo_status offload_get_block(offload_t *rt, int block, float *w)
 {
     zo_status st = check_block(rt, "offload_get_block", block);
-    if (st != ZO_OK || (st = offload_optim_settle(rt)) != ZO_OK) return st;
-    const offload_geom *og = &rt->og;
-    if (!offload_dp_partitioned(rt->dp))
-        return ostate_read(rt->shards, rt->n_shards, og->off[block], og->numel[block], w, NULL, NULL);
-    /* the rank's part, then everybody's */
-    size_t pn = og->numel[block];
-    float *part = NULL;
-    if (pn && (st = offload_host_alloc(&rt->env, pn * sizeof(float), 0, (void **)&part)) != ZO_OK) return st;
-    st = ostate_read(rt->shards, rt->n_shards, og->off[block], pn, part, NULL, NULL);
-    if (st == ZO_OK) st = offload_dp_gather_block(rt->dp, block, rt->numel[block], part, w);
-    offload_host_free(&rt->env, part, pn * sizeof(float), 0);
-    return st;
+    if (st != ZO_OK || (st = offload_optim_settle(rt->opt)) != ZO_OK) return st;
+    return ostate_get_block(rt->os, block, rt->numel[block], w);
 }
 
 zo_status offload_set_weights(offload_t *rt, const float *const *blocks)
 {
     zo_status st = weights_begin(rt);
     for (int b = 0; b < rt->g.nb && st == ZO_OK; b++) st = set_block(rt, b, blocks[b]);
-    zo_status sw = ostate_sync(rt->shards, rt->n_shards);
+    zo_status sw = ostate_sync(rt->os);
     if (st == ZO_OK) st = sw;
     sw = weights_end(rt);
     if (st != ZO_OK) return st;
     if (sw != ZO_OK) return sw;
-    rt->step = 0;
-    rt->good_steps = 0;
-    rt->skipped = 0;
-    rt->skipped_in_a_row = 0;
+    rt->opt->ctr.step = 0;
+    rt->opt->ctr.good_steps = 0;
+    rt->opt->ctr.skipped = 0;
+    rt->opt->ctr.skipped_in_a_row = 0;
     return ZO_OK;
 }
 
@@ -512,7 +474,7 @@ zo_status offload_get_weights(offload_t *rt, float *const *blocks)
     zo_status st;
     for (int b = 0; b < rt->g.nb; b++)
         if ((st = offload_get_block(rt, b, blocks[b])) != ZO_OK) return st;
-    return ostate_sync(rt->shards, rt->n_shards);
+    return ostate_sync(rt->os);
 }
 
 /* ---- training ------------------------------------------------------------------------ */
@@ -520,9 +482,9 @@ zo_status offload_get_weights(offload_t *rt, float *const *blocks)
 zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s)
 {
     double t0 = zo_now();
-    __atomic_store_n(&rt->device_busy, 1, __ATOMIC_RELAXED);
-    zo_status st = offload_stream_micro_batch(rt, s);
-    __atomic_store_n(&rt->device_busy, 0, __ATOMIC_RELAXED);
+    offload_set_device_busy(&rt->acct, 1);
+    zo_status st = offload_stream_micro_batch(rt->sm, s);
+    offload_set_device_busy(&rt->acct, 0);
     if (st != ZO_OK) return st;
     rt->acct.n_micro++;
     device_peak(rt);
@@ -532,9 +494,9 @@ zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s)
 
 zo_status offload_forward(offload_t *rt, gpu_stream_t s)
 {
-    __atomic_store_n(&rt->device_busy, 1, __ATOMIC_RELAXED);
-    zo_status st = offload_stream_forward(rt, s);
-    __atomic_store_n(&rt->device_busy, 0, __ATOMIC_RELAXED);
+    offload_set_device_busy(&rt->acct, 1);
+    zo_status st = offload_stream_forward(rt->sm, s);
+    offload_set_device_busy(&rt->acct, 0);
     return st;
 }
 
@@ -542,34 +504,59 @@ zo_status offload_step(offload_t *rt, offload_step_info *info)
 {
     double t0 = zo_now();
     memset(info, 0, sizeof *info);
-    zo_status st = offload_grads_drain(rt);
+    zo_status st = offload_grads_drain(rt->gr);
     if (st != ZO_OK) return st;
-    if (!rt->micro) return zo_error(ZO_ERR_INVALID, "offload_step: no micro-batch since the last step");
-    if ((st = offload_grads_reduce(rt)) != ZO_OK) return zo_error_wrap(st, "offload_step: gradient reduction");
+    if (!rt->opt->micro) return zo_error(ZO_ERR_INVALID, "offload_step: no micro-batch since the last step");
+    if ((st = offload_grads_reduce(rt->gr)) != ZO_OK) return zo_error_wrap(st, "offload_step: gradient reduction");
     /* the update before this one is done (and, with dpu, published), and
      * the shards hold what was written to them since, unless this step's
      * updates started during backward (they did both) */
-    if (!offload_optim_early(rt) &&
-        ((st = offload_optim_settle(rt)) != ZO_OK || (st = ostate_sync(rt->shards, rt->n_shards)) != ZO_OK))
+    if (!offload_optim_early(rt->opt) &&
+        ((st = offload_optim_settle(rt->opt)) != ZO_OK || (st = ostate_sync(rt->os)) != ZO_OK))
         return st;
-    st = offload_optim_step(rt, info);
-    offload_slots_invalidate(rt);
+    st = offload_optim_step(rt->opt, info);
     if (st == ZO_OK && !info->skipped) rt->acct.n_steps++;
     rt->acct.total_s += zo_now() - t0;
     return st;
 }
 
-float offload_loss_scale(const offload_t *rt) { return rt->loss_scale; }
+float offload_loss_scale(const offload_t *rt) { return rt->opt->ctr.loss_scale; }
 
 void offload_set_lr(offload_t *rt, float lr) { rt->cfg.adam.lr = lr; }
 
 const float *offload_grad(const offload_t *rt, size_t *n)
 {
-    if (n) *n = rt->host_n;
-    return rt->micro && rt->host_n && !rt->dp ? rt->grad : NULL;
+    size_t host_n;
+    float *sums = ostate_host_sums(rt->os, &host_n);
+    if (n) *n = host_n;
+    return rt->opt->micro && host_n && !rt->dp ? sums : NULL;
 }
 
 size_t offload_block_offset(const offload_t *rt, int block) { return rt->off[block]; }
+
+/* ---- checkpoints (ckpt.c) ------------------------------------------------------------ */
+
+zo_status offload_save_streamed(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
+                                offload_weights_stream writer, void *writer_user)
+{
+    return offload_ckpt_save(&rt->ck, dir, meta, writer, writer_user);
+}
+
+zo_status offload_save(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
+                       offload_weights_writer writer, void *writer_user)
+{
+    return offload_ckpt_save_whole(&rt->ck, dir, meta, writer, writer_user);
+}
+
+zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
+{
+    return offload_ckpt_load(&rt->ck, dir, meta);
+}
+
+zo_status offload_write_weights(offload_t *rt, const char *path, offload_weights_stream writer, void *user)
+{
+    return offload_ckpt_write_weights(&rt->ck, path, writer, user);
+}
 
 /* ---- measurements ------------------------------------------------------------------ */
 
@@ -590,7 +577,7 @@ void offload_get_stats(const offload_t *rt, offload_stats *o)
     o->total_s = a->total_s;
     o->micro_batches = a->n_micro;
     o->steps = a->n_steps;
-    o->skipped = rt->skipped;
+    o->skipped = rt->opt->ctr.skipped;
     o->bytes_h2d = a->bytes[OFFLOAD_BYTES_H2D];
     o->bytes_d2h = a->bytes[OFFLOAD_BYTES_D2H];
     o->bytes_disk_read = a->bytes[OFFLOAD_BYTES_DISK_READ];
@@ -599,15 +586,15 @@ void offload_get_stats(const offload_t *rt, offload_stats *o)
     o->optimizer_s = a->opt_busy_s;
     o->optimizer_overlap = a->opt_busy_s > 0 ? a->opt_overlap_s / a->opt_busy_s : 0.0;
     pthread_mutex_unlock((pthread_mutex_t *)&a->mu);
-    o->n_slots = rt->n_slots;
-    o->slot_bytes = rt->n_slots ? rt->slot_size : 0;
+    o->n_slots = rt->sm->c.n_slots;
+    o->slot_bytes = rt->sm->c.n_slots ? rt->sm->c.slot_size : 0;
     o->rank = rt->dp ? rt->dp->rank : 0;
     o->ranks = rt->dp ? rt->dp->size : 1;
     o->comm_elems = a->comm_elems;
     o->comm_pad_elems = a->comm_pad_elems;
     o->comm_calls = a->comm_calls;
     o->comm_reused_elems = rt->dp && rt->dp->stage >= 3 ? a->reused_elems : 0;
-    for (int i = 0; i < rt->n_shards; i++) o->optimizer_bytes[rt->shards[i]->tier] += rt->shards[i]->n * 12;
+    ostate_bytes(rt->os, o->optimizer_bytes);
 }
 
 zo_status offload_gather(offload_t *rt, const void *mine, size_t bytes, void *all)
@@ -631,4 +618,57 @@ void offload_reset_times(offload_t *rt)
     a->opt_busy_s = a->opt_overlap_s = 0;
     a->comm_elems = a->comm_pad_elems = a->reused_elems = 0;
     a->comm_calls = 0;
+}
+
+zo_status offload_write_stats_json(const offload_t *rt, const offload_prediction *pred,
+                                   const char *path)
+{
+    offload_stats s;
+    offload_get_stats(rt, &s);
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", path);
+    cJSON *pk = cJSON_AddObjectToObject(o, "peak_bytes");
+    cJSON *pd = pred && pred->present ? cJSON_AddObjectToObject(o, "predicted_bytes") : NULL;
+    cJSON *rd = pd ? cJSON_AddObjectToObject(o, "measured_over_predicted") : NULL;
+    for (int t = 0; t < OFFLOAD_TIERS; t++) {
+        const char *tn = offload_tier_name((offload_tier)t);
+        cJSON_AddNumberToObject(pk, tn, (double)s.peak[t]);
+        if (pd) {
+            cJSON_AddNumberToObject(pd, tn, (double)pred->peak[t]);
+            if (pred->peak[t]) cJSON_AddNumberToObject(rd, tn, (double)s.peak[t] / (double)pred->peak[t]);
+            else cJSON_AddNullToObject(rd, tn);
+        }
+    }
+    cJSON_AddNumberToObject(o, "device_capacity", (double)s.device_capacity);
+    cJSON *ts = cJSON_AddObjectToObject(o, "time_s");
+    for (int p = 0; p < OFFLOAD_TIME_PARTS; p++)
+        cJSON_AddNumberToObject(ts, offload_time_part_name((offload_time_part)p), s.time[p]);
+    cJSON_AddNumberToObject(ts, "total", s.total_s);
+    if (pred && pred->step_s > 0) cJSON_AddNumberToObject(o, "predicted_step_s", pred->step_s);
+    cJSON *op = cJSON_AddObjectToObject(o, "optimizer");
+    cJSON_AddStringToObject(op, "schedule", offload_schedule_name(rt->cfg.schedule));
+    cJSON_AddNumberToObject(op, "host_s", s.optimizer_s);
+    cJSON_AddNumberToObject(op, "overlap_fraction", s.optimizer_overlap);
+    cJSON_AddNumberToObject(o, "micro_batches", (double)s.micro_batches);
+    cJSON_AddNumberToObject(o, "steps", (double)s.steps);
+    cJSON_AddNumberToObject(o, "skipped", (double)s.skipped);
+    cJSON *by = cJSON_AddObjectToObject(o, "bytes_moved");
+    cJSON_AddNumberToObject(by, "h2d", (double)s.bytes_h2d);
+    cJSON_AddNumberToObject(by, "d2h", (double)s.bytes_d2h);
+    cJSON_AddNumberToObject(by, "disk_read", (double)s.bytes_disk_read);
+    cJSON_AddNumberToObject(by, "disk_written", (double)s.bytes_disk_written);
+    cJSON_AddNumberToObject(o, "device_slots", s.n_slots);
+    cJSON_AddNumberToObject(o, "slot_bytes", (double)s.slot_bytes);
+    if (s.ranks > 1) { /* this rank of a data-parallel job (docs/offload.md, "Several ranks") */
+        cJSON *cm = cJSON_AddObjectToObject(o, "comm");
+        cJSON_AddNumberToObject(cm, "rank", s.rank);
+        cJSON_AddNumberToObject(cm, "ranks", s.ranks);
+        cJSON_AddNumberToObject(cm, "elements", (double)s.comm_elems);
+        cJSON_AddNumberToObject(cm, "reused_elements", (double)s.comm_reused_elems);
+        cJSON_AddNumberToObject(cm, "padding_elements", (double)s.comm_pad_elems);
+        cJSON_AddNumberToObject(cm, "collectives", (double)s.comm_calls);
+    }
+    zo_status st = zo_file_write_json(path, o);
+    cJSON_Delete(o);
+    return st;
 }

@@ -9,12 +9,12 @@
  * Each block's weights in the store carry the step they belong to
  * (`published`); a forward waits for exactly the block it loads.
  *
- * The optimizer's geometry (rt->og) is the model's with one rank and with
+ * The optimizer's geometry (o->og) is the model's with one rank and with
  * ZeRO 0, the rank's part of every block with ZeRO 1-3: the shards, the
- * gradient sums it reads (rt->goff) and its puts into the store are in
- * those coordinates; the decay ranges are the whole block's. Several ranks
+ * gradient sums it reads (as the shards hand them out) and its puts into
+ * the store are in those coordinates; the decay ranges are the whole block's. Several ranks
  * run the serial schedule (offload_init refuses the others). */
-#include "offload/offload_impl.h"
+#include "offload/optim.h"
 
 #include <math.h>
 #include <signal.h>
@@ -25,47 +25,47 @@
 #include "cpu_adam/cpu_adam.h" /* defines: adam_update, adam_grad_stats */
 
 typedef struct step_ctx {
-    offload_t *rt;
+    offload_optim *o;
     wstore *dst;       /* where the new weights go: the store, or the DPU shadow */
 } step_ctx;
 
 /* ---- publishing: a block's new weights are in the store ------------------------------ */
 
-static void publish(offload_t *rt, int b, int64_t step)
+static void publish(offload_optim *o, int b, int64_t step)
 {
-    pthread_mutex_lock(&rt->opt_mu);
-    rt->published[b] = step;
-    pthread_cond_broadcast(&rt->opt_cv);
-    pthread_mutex_unlock(&rt->opt_mu);
+    pthread_mutex_lock(&o->mu);
+    o->published[b] = step;
+    pthread_cond_broadcast(&o->cv);
+    pthread_mutex_unlock(&o->mu);
 }
 
-static void publish_all(offload_t *rt, int64_t step)
+static void publish_all(offload_optim *o, int64_t step)
 {
-    pthread_mutex_lock(&rt->opt_mu);
-    for (int b = 0; b < rt->g.nb; b++) rt->published[b] = step;
-    pthread_cond_broadcast(&rt->opt_cv);
-    pthread_mutex_unlock(&rt->opt_mu);
+    pthread_mutex_lock(&o->mu);
+    for (int b = 0; b < o->g->nb; b++) o->published[b] = step;
+    pthread_cond_broadcast(&o->cv);
+    pthread_mutex_unlock(&o->mu);
 }
 
-void offload_optim_grads_free(offload_t *rt, int b)
+void offload_optim_grads_free(offload_optim *o, int b)
 {
-    if (!rt->dpu_pending) return; /* (otherwise the forward waited for the block's update) */
-    pthread_mutex_lock(&rt->opt_mu);
-    while (rt->published[b] < rt->step && rt->opt_job != OFFLOAD_JOB_NONE)
-        pthread_cond_wait(&rt->opt_cv, &rt->opt_mu);
-    pthread_mutex_unlock(&rt->opt_mu);
+    if (!o->dpu_pending) return; /* (otherwise the forward waited for the block's update) */
+    pthread_mutex_lock(&o->mu);
+    while (o->published[b] < o->ctr.step && o->job != OFFLOAD_JOB_NONE)
+        pthread_cond_wait(&o->cv, &o->mu);
+    pthread_mutex_unlock(&o->mu);
 }
 
-int offload_optim_ready(offload_t *rt, int b, int wait)
+int offload_optim_ready(offload_optim *o, int b, int wait)
 {
     /* dpu: the micro-batches use the weights the store holds, a step late */
-    if (rt->dpu_pending) return 1;
-    pthread_mutex_lock(&rt->opt_mu);
+    if (o->dpu_pending) return 1;
+    pthread_mutex_lock(&o->mu);
     /* a failed job publishes nothing more: the step reports its failure */
-    while (wait && rt->published[b] < rt->step && rt->opt_job != OFFLOAD_JOB_NONE)
-        pthread_cond_wait(&rt->opt_cv, &rt->opt_mu);
-    int ready = rt->published[b] >= rt->step;
-    pthread_mutex_unlock(&rt->opt_mu);
+    while (wait && o->published[b] < o->ctr.step && o->job != OFFLOAD_JOB_NONE)
+        pthread_cond_wait(&o->cv, &o->mu);
+    int ready = o->published[b] >= o->ctr.step;
+    pthread_mutex_unlock(&o->mu);
     return ready;
 }
 
@@ -74,12 +74,12 @@ int offload_optim_ready(offload_t *rt, int b, int wait)
 /* Where the decay ranges cut block b from element `rel` (of the block):
  * returns the end of the piece starting there (at most `stop`) and whether
  * it decays. */
-static size_t decay_piece(const offload_t *rt, int b, size_t rel, size_t stop, int *decay)
+static size_t decay_piece(const offload_optim *o, int b, size_t rel, size_t stop, int *decay)
 {
-    *decay = rt->m.decay ? 0 : 1;
-    if (!rt->m.decay) return stop;
-    for (int i = 0; i < rt->m.n_decay; i++) {
-        const offload_decay_range *d = &rt->m.decay[i];
+    *decay = o->m->decay ? 0 : 1;
+    if (!o->m->decay) return stop;
+    for (int i = 0; i < o->m->n_decay; i++) {
+        const offload_decay_range *d = &o->m->decay[i];
         if (d->block != b || d->offset + d->numel <= rel) continue;
         if (d->offset <= rel) {
             *decay = 1;
@@ -94,10 +94,10 @@ static size_t decay_piece(const offload_t *rt, int b, size_t rel, size_t stop, i
 
 /* decay_piece in the optimizer's coordinates of block b (its part; decay
  * ranges are in whole-block coordinates). */
-static size_t decay_piece_part(const offload_t *rt, int b, size_t rel, size_t stop, int *decay)
+static size_t decay_piece_part(const offload_optim *o, int b, size_t rel, size_t stop, int *decay)
 {
-    size_t base = offload_dp_part_first(rt->dp, b);
-    return decay_piece(rt, b, base + rel, base + stop, decay) - base;
+    size_t base = offload_dp_part_first(o->env->dp, b);
+    return decay_piece(o, b, base + rel, base + stop, decay) - base;
 }
 
 /* One AdamW call over the optimizer's flat [a, e) of block b, all with or
@@ -107,30 +107,31 @@ static size_t decay_piece_part(const offload_t *rt, int b, size_t rel, size_t st
 static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay, float *P,
                               float *M, float *V)
 {
-    offload_t *rt = c->rt;
+    offload_optim *o = c->o;
     wstore *ws = c->dst;
-    size_t rel = a - rt->og.off[b], n = e - a;
-    adam_hparams hp = rt->opt_hp;
+    size_t rel = a - o->og->off[b], n = e - a;
+    adam_hparams hp = o->hp;
     if (!decay) hp.weight_decay = 0.0f;
     double t0 = zo_now();
-    int busy0 = __atomic_load_n(&rt->device_busy, __ATOMIC_RELAXED);
+    int busy0 = offload_device_busy(o->env->acct);
     void *dst;
     zo_status st = ws->ops->put_host(ws, b, rel, n, &dst);
     if (st != ZO_OK) return st;
-    int wide = rt->m.dtype == ZO_DTYPE_F32;
-    int threads = rt->opt_threaded && rt->cfg.opt_threads ? rt->cfg.opt_threads : rt->cfg.n_threads;
-    st = adam_update(&hp, n, P, rt->grad + rt->goff[b] + rel, ZO_DTYPE_F32, M, V, wide ? NULL : dst, rt->m.dtype,
-                     threads);
+    int wide = o->m->dtype == ZO_DTYPE_F32;
+    int threads = o->threaded && o->cfg->opt_threads ? o->cfg->opt_threads : o->cfg->n_threads;
+    oshard_sum sum;
+    ostate_grad_sum(o->os, b, &sum);
+    st = adam_update(&hp, n, P, sum.part + rel, ZO_DTYPE_F32, M, V, wide ? NULL : dst, o->m->dtype, threads);
     if (st != ZO_OK)
         return zo_error_wrap(st, "offload_step: block %d elements %zu..%zu", b, rel, rel + n);
     if (wide) memcpy(dst, P, n * 4);
-    st = ws->ops->put_host_done(ws, b, rel, n);
+    st = wstore_put_host_done(ws, b, rel, n);
     double dt = zo_now() - t0;
-    int busy1 = __atomic_load_n(&rt->device_busy, __ATOMIC_RELAXED);
-    pthread_mutex_lock(&rt->acct.mu);
-    rt->acct.opt_busy_s += dt;
-    if (busy0 && busy1) rt->acct.opt_overlap_s += dt;
-    pthread_mutex_unlock(&rt->acct.mu);
+    int busy1 = offload_device_busy(o->env->acct);
+    pthread_mutex_lock(&o->env->acct->mu);
+    o->env->acct->opt_busy_s += dt;
+    if (busy0 && busy1) o->env->acct->opt_overlap_s += dt;
+    pthread_mutex_unlock(&o->env->acct->mu);
     return st;
 }
 
@@ -141,12 +142,12 @@ static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay,
  * needs: its sync ends the round). */
 static zo_status block_complete(step_ctx *c, int b)
 {
-    offload_t *rt = c->rt;
-    if (!rt->opt_threaded) return ZO_OK;
+    offload_optim *o = c->o;
+    if (!o->threaded) return ZO_OK;
     /* (dpu: the block is in the shadow, and its gradient sum is read: the
      * next backward may write it, offload_optim_grads_free) */
-    zo_status st = c->dst == rt->ws ? c->dst->ops->sync(c->dst) : ZO_OK;
-    if (st == ZO_OK) publish(rt, b, rt->opt_hp.step);
+    zo_status st = c->dst == o->ws ? c->dst->ops->sync(c->dst) : ZO_OK;
+    if (st == ZO_OK) publish(o, b, o->hp.step);
     return st;
 }
 
@@ -156,16 +157,16 @@ static zo_status block_complete(step_ctx *c, int b)
 static zo_status update_host(void *ctx, size_t first, size_t n, float *P, float *M, float *V)
 {
     step_ctx *c = ctx;
-    offload_t *rt = c->rt;
-    const size_t *off = rt->og.off;
+    offload_optim *o = c->o;
+    const size_t *off = o->og->off;
     zo_status st;
     size_t pos = first, end = first + n;
     while (pos < end) {
-        int b = offload_block_of(&rt->og, pos);
+        int b = offload_block_of(o->og, pos);
         size_t bend = off[b + 1] < end ? off[b + 1] : end;
         while (pos < bend) {
             int decay;
-            size_t stop = decay_piece_part(rt, b, pos - off[b], bend - off[b], &decay);
+            size_t stop = decay_piece_part(o, b, pos - off[b], bend - off[b], &decay);
             size_t e = off[b] + stop, k = pos - first;
             if ((st = update_piece(c, b, pos, e, decay, P + k, M + k, V + k)) != ZO_OK) return st;
             pos = e;
@@ -181,26 +182,26 @@ static zo_status update_host(void *ctx, size_t first, size_t n, float *P, float 
 static zo_status update_dev(void *ctx, int b, float *P, float *M, float *V, float *G, gpu_stream_t s)
 {
     step_ctx *c = ctx;
-    offload_t *rt = c->rt;
+    offload_optim *o = c->o;
     wstore *ws = c->dst;
-    size_t nb = rt->og.numel[b], es = rt->g.es;
-    int wide = rt->m.dtype == ZO_DTYPE_F32;
+    size_t nb = o->og->numel[b], es = o->g->es;
+    int wide = o->m->dtype == ZO_DTYPE_F32;
     char *dst;
     zo_status st = ws->ops->put_dev(ws, b, (void **)&dst);
     if (st != ZO_OK) return st;
     for (size_t rel = 0; rel < nb;) {
         int decay;
-        size_t stop = decay_piece_part(rt, b, rel, nb, &decay);
-        gpu_adam_hparams h = rt->opt_hp;
+        size_t stop = decay_piece_part(o, b, rel, nb, &decay);
+        gpu_adam_hparams h = o->hp;
         if (!decay) h.weight_decay = 0.0f;
-        gpu_tensor out = gpu_t(wide ? NULL : dst + rel * es, rt->m.dtype);
+        gpu_tensor out = gpu_t(wide ? NULL : dst + rel * es, o->m->dtype);
         st = gpu_adam_update(s, &h, stop - rel, P + rel, gpu_t(G + rel, ZO_DTYPE_F32), M + rel, V + rel, out);
         if (st != ZO_OK)
             return zo_error_wrap(st, "offload_step: device share, block %d elements %zu..%zu", b, rel, stop);
         rel = stop;
     }
     if (wide && (st = gpu_memcpy_async(s, dst, P, nb * es, GPU_COPY_DEVICE_TO_DEVICE)) != ZO_OK) return st;
-    return ws->ops->put_dev_done(ws, b, s);
+    return wstore_put_dev_done(ws, b, s);
 }
 
 static oshard_update updater(step_ctx *c)
@@ -210,216 +211,193 @@ static oshard_update updater(step_ctx *c)
 
 /* ---- the jobs ---------------------------------------------------------------------------- */
 
-/* Every host shard in flat order (a block split between two host shards is
- * completed by the second), then the device shard's update (enqueued by the
- * host thread) waited for; every block published. Into the weight store:
- * the delayed update's steps, into the shadow, are job_reverse's. */
-static zo_status job_all(offload_t *rt, step_ctx *c)
+/* Every shard the host updates, in flat order, then the enqueued update
+ * (the device shard's, enqueued by the host thread) waited for; every
+ * block published. Into the weight store: the delayed update's steps, into
+ * the shadow, are job_reverse's. */
+static zo_status job_all(offload_optim *o, step_ctx *c)
 {
-    zo_status st = ZO_OK;
+    zo_status st;
     oshard_update u = updater(c);
-    for (int b = 0; b < rt->g.nb; b++) /* nothing to update */
-        if (!rt->og.numel[b]) publish(rt, b, rt->opt_hp.step);
-    for (int i = 0; i < rt->n_shards && st == ZO_OK; i++) {
-        oshard *sh = rt->shards[i];
-        if (sh == rt->dev_shard) continue;
-        double ts = zo_now();
-        st = sh->ops->step(sh, &u);
-        /* the NVMe shard splits its own time between disk and optimizer */
-        if (sh->tier != OFFLOAD_NVME) offload_add_time(&rt->acct, OFFLOAD_TIME_OPTIMIZER, zo_now() - ts);
-    }
-    oshard *d = rt->dev_shard;
-    zo_status sd = d ? d->ops->sync(d) : ZO_OK;
+    for (int b = 0; b < o->g->nb; b++) /* nothing to update */
+        if (!o->og->numel[b]) publish(o, b, o->hp.step);
+    st = ostate_step_host(o->os, &u);
+    zo_status sd = ostate_sync(o->os);
     if (st == ZO_OK) st = sd;
     zo_status sw = c->dst->ops->sync(c->dst);
     if (st == ZO_OK) st = sw;
-    if (st == ZO_OK) publish_all(rt, rt->opt_hp.step);
+    if (st == ZO_OK) publish_all(o, o->hp.step);
     return st;
 }
 
-/* Block b's range on each host shard (the block is published as its last
- * element is updated; one with nothing to update, here). */
-static zo_status step_block(offload_t *rt, step_ctx *c, oshard_update *u, int b)
+/* Block b's range on each shard the host updates (the block is published
+ * as its last element is updated; one with nothing to update, here). */
+static zo_status step_block(offload_optim *o, step_ctx *c, oshard_update *u, int b)
 {
-    zo_status st = ZO_OK;
     double ts = zo_now();
-    for (int i = 0; i < rt->n_shards && st == ZO_OK; i++) {
-        oshard *sh = rt->shards[i];
-        const size_t *off = rt->og.off;
-        size_t a = off[b] > sh->first ? off[b] : sh->first;
-        size_t e = off[b + 1] < sh->first + sh->n ? off[b + 1] : sh->first + sh->n;
-        if (sh != rt->dev_shard && a < e) st = sh->ops->step_range(sh, a, e - a, u);
-    }
-    offload_add_time(&rt->acct, OFFLOAD_TIME_OPTIMIZER, zo_now() - ts);
-    if (st == ZO_OK && !rt->og.numel[b]) st = block_complete(c, b);
+    zo_status st = ostate_step_block(o->os, b, u);
+    offload_add_time(o->env->acct, OFFLOAD_TIME_OPTIMIZER, zo_now() - ts);
+    if (st == ZO_OK && !o->og->numel[b]) st = block_complete(c, b);
     return st;
 }
 
-static zo_status sync_host_shards(offload_t *rt, zo_status st)
+/* The shards' writes done, after the job's status st. */
+static zo_status sync_shards(offload_optim *o, zo_status st)
 {
-    for (int i = 0; i < rt->n_shards; i++) {
-        zo_status si = rt->shards[i] == rt->dev_shard ? ZO_OK : rt->shards[i]->ops->sync(rt->shards[i]);
-        if (st == ZO_OK) st = si;
-    }
-    return st;
+    zo_status ss = ostate_sync(o->os);
+    return st != ZO_OK ? st : ss;
 }
 
 /* Blocks queued as their gradients complete (updates during backward):
  * each block's range on the host shards, then published. */
-static zo_status job_blocks(offload_t *rt, step_ctx *c)
+static zo_status job_blocks(offload_optim *o, step_ctx *c)
 {
     zo_status st = ZO_OK;
     oshard_update u = updater(c);
     for (;;) {
-        pthread_mutex_lock(&rt->opt_mu);
-        while (rt->opt_qhead == rt->opt_qtail && !rt->opt_qclosed) pthread_cond_wait(&rt->opt_cv, &rt->opt_mu);
-        int have = rt->opt_qhead < rt->opt_qtail;
-        int b = have ? rt->opt_queue[rt->opt_qhead++] : -1;
-        pthread_mutex_unlock(&rt->opt_mu);
+        pthread_mutex_lock(&o->mu);
+        while (o->qhead == o->qtail && !o->qclosed) pthread_cond_wait(&o->cv, &o->mu);
+        int have = o->qhead < o->qtail;
+        int b = have ? o->queue[o->qhead++] : -1;
+        pthread_mutex_unlock(&o->mu);
         if (!have) break;
         if (st != ZO_OK) continue; /* drain the queue after a failure */
-        st = step_block(rt, c, &u, b);
+        st = step_block(o, c, &u, b);
     }
-    return sync_host_shards(rt, st);
+    return sync_shards(o, st);
 }
 
 /* The delayed update, into the shadow: block by block from the last, the
  * order in which the next step's backward writes their gradient sums again
  * (each waits for its block: offload_optim_grads_free). */
-static zo_status job_reverse(offload_t *rt, step_ctx *c)
+static zo_status job_reverse(offload_optim *o, step_ctx *c)
 {
     zo_status st = ZO_OK;
     oshard_update u = updater(c);
-    for (int b = rt->g.nb - 1; b >= 0 && st == ZO_OK; b--) st = step_block(rt, c, &u, b);
-    st = sync_host_shards(rt, st);
+    for (int b = o->g->nb - 1; b >= 0 && st == ZO_OK; b--) st = step_block(o, c, &u, b);
+    st = sync_shards(o, st);
     zo_status sw = c->dst->ops->sync(c->dst);
     return st != ZO_OK ? st : sw;
 }
 
 static void *opt_main(void *arg)
 {
-    offload_t *rt = arg;
-    step_ctx c = {.rt = rt};
-    pthread_mutex_lock(&rt->opt_mu);
+    offload_optim *o = arg;
+    step_ctx c = {.o = o};
+    pthread_mutex_lock(&o->mu);
     for (;;) {
-        while (rt->opt_job == OFFLOAD_JOB_NONE && !rt->opt_quit) pthread_cond_wait(&rt->opt_cv, &rt->opt_mu);
-        if (rt->opt_quit) break;
-        int job = rt->opt_job;
-        c.dst = rt->dpu_pending ? rt->shadow : rt->ws;
-        pthread_mutex_unlock(&rt->opt_mu);
-        zo_status st = job == OFFLOAD_JOB_BLOCKS ? job_blocks(rt, &c)
-                       : c.dst == rt->shadow   ? job_reverse(rt, &c)
-                                               : job_all(rt, &c);
-        pthread_mutex_lock(&rt->opt_mu);
-        if (st != ZO_OK && rt->opt_status == ZO_OK) {
-            rt->opt_status = st;
-            snprintf(rt->opt_msg, sizeof rt->opt_msg, "%s", zo_last_error());
+        while (o->job == OFFLOAD_JOB_NONE && !o->quit) pthread_cond_wait(&o->cv, &o->mu);
+        if (o->quit) break;
+        int job = o->job;
+        c.dst = o->dpu_pending ? o->shadow : o->ws;
+        pthread_mutex_unlock(&o->mu);
+        zo_status st = job == OFFLOAD_JOB_BLOCKS ? job_blocks(o, &c)
+                       : c.dst == o->shadow   ? job_reverse(o, &c)
+                                               : job_all(o, &c);
+        pthread_mutex_lock(&o->mu);
+        if (st != ZO_OK && o->status == ZO_OK) {
+            o->status = st;
+            snprintf(o->msg, sizeof o->msg, "%s", zo_last_error());
         }
-        rt->opt_job = OFFLOAD_JOB_NONE;
-        pthread_cond_broadcast(&rt->opt_cv);
+        o->job = OFFLOAD_JOB_NONE;
+        pthread_cond_broadcast(&o->cv);
     }
-    pthread_mutex_unlock(&rt->opt_mu);
+    pthread_mutex_unlock(&o->mu);
     return NULL;
 }
 
-static void post(offload_t *rt, int job)
+static void post(offload_optim *o, int job)
 {
-    pthread_mutex_lock(&rt->opt_mu);
-    rt->opt_job = job;
-    rt->opt_qhead = rt->opt_qtail = 0;
-    rt->opt_qclosed = 0;
-    pthread_cond_broadcast(&rt->opt_cv);
-    pthread_mutex_unlock(&rt->opt_mu);
+    pthread_mutex_lock(&o->mu);
+    o->job = job;
+    o->qhead = o->qtail = 0;
+    o->qclosed = 0;
+    pthread_cond_broadcast(&o->cv);
+    pthread_mutex_unlock(&o->mu);
 }
 
 /* Wait for the job in flight; its failure, if any. */
-static zo_status join(offload_t *rt)
+static zo_status join(offload_optim *o)
 {
-    pthread_mutex_lock(&rt->opt_mu);
-    rt->opt_qclosed = 1;
-    pthread_cond_broadcast(&rt->opt_cv);
-    while (rt->opt_job != OFFLOAD_JOB_NONE) pthread_cond_wait(&rt->opt_cv, &rt->opt_mu);
-    zo_status st = rt->opt_status;
-    rt->opt_status = ZO_OK;
-    pthread_mutex_unlock(&rt->opt_mu);
-    return st == ZO_OK ? ZO_OK : zo_error(st, "%s", rt->opt_msg);
+    pthread_mutex_lock(&o->mu);
+    o->qclosed = 1;
+    pthread_cond_broadcast(&o->cv);
+    while (o->job != OFFLOAD_JOB_NONE) pthread_cond_wait(&o->cv, &o->mu);
+    zo_status st = o->status;
+    o->status = ZO_OK;
+    pthread_mutex_unlock(&o->mu);
+    return st == ZO_OK ? ZO_OK : zo_error(st, "%s", o->msg);
 }
 
-zo_status offload_optim_settle(offload_t *rt)
+zo_status offload_optim_settle(offload_optim *o)
 {
-    zo_status st = join(rt);
-    if (rt->dpu_pending) {
+    zo_status st = join(o);
+    if (o->dpu_pending) {
         /* DPU: the last update's weights into the store */
-        zo_status sp = wstore_publish(rt->shadow, rt->ws);
+        zo_status sp = wstore_publish(o->shadow, o->ws);
         if (st == ZO_OK) st = sp;
-        rt->dpu_pending = 0;
+        o->dpu_pending = 0;
     }
-    publish_all(rt, rt->step);
-    offload_slots_invalidate(rt);
+    publish_all(o, o->ctr.step);
     return st;
 }
 
 /* ---- the step ---------------------------------------------------------------------------- */
 
 /* The hyperparameters of step `step` with gradient multiplier coef / denom. */
-static void set_hparams(offload_t *rt, int64_t step, double coef, double denom)
+static void set_hparams(offload_optim *o, int64_t step, double coef, double denom)
 {
     adam_hparams hp = adam_hparams_default();
-    hp.lr = rt->cfg.adam.lr;
-    hp.beta1 = rt->cfg.adam.beta1;
-    hp.beta2 = rt->cfg.adam.beta2;
-    hp.eps = rt->cfg.adam.eps;
-    hp.weight_decay = rt->cfg.adam.weight_decay;
+    hp.lr = o->cfg->adam.lr;
+    hp.beta1 = o->cfg->adam.beta1;
+    hp.beta2 = o->cfg->adam.beta2;
+    hp.eps = o->cfg->adam.eps;
+    hp.weight_decay = o->cfg->adam.weight_decay;
     hp.decay = ADAM_DECAY_ADAMW;
     hp.step = (long)step;
     hp.grad_mult = (float)(coef / denom);
-    rt->opt_hp = hp;
+    o->hp = hp;
 }
 
-static double clip_coef(const offload_t *rt, double norm)
+static double clip_coef(const offload_optim *o, double norm)
 {
-    if (rt->cfg.adam.clip <= 0.0f) return 1.0;
-    double c = rt->cfg.adam.clip / (norm + 1e-6);
+    if (o->cfg->adam.clip <= 0.0f) return 1.0;
+    double c = o->cfg->adam.clip / (norm + 1e-6);
     return c < 1.0 ? c : 1.0;
 }
 
-int offload_optim_early(const offload_t *rt) { return rt->opt_early; }
+int offload_optim_early(const offload_optim *o) { return o->early; }
 
-zo_status offload_optim_micro_begin(offload_t *rt)
+zo_status offload_optim_micro_begin(offload_optim *o)
 {
-    rt->opt_early = 0;
-    if (rt->cfg.schedule != OFFLOAD_SCHEDULE_OVERLAP || rt->dynamic_scale ||
-        rt->micro + 1 != rt->cfg.grad_accum)
+    o->early = 0;
+    if (o->cfg->schedule != OFFLOAD_SCHEDULE_OVERLAP || o->dynamic_scale ||
+        o->micro + 1 != o->cfg->grad_accum)
         return ZO_OK;
     double coef;
-    if (rt->cfg.adam.clip <= 0.0f) coef = 1.0;
-    else if (rt->cfg.clip_stale && rt->have_prev_norm) coef = clip_coef(rt, rt->prev_norm);
+    if (o->cfg->adam.clip <= 0.0f) coef = 1.0;
+    else if (o->cfg->clip_stale && o->have_prev_norm) coef = clip_coef(o, o->prev_norm);
     else return ZO_OK;
     /* the update of the step before (exact clipping: the first step) ends first */
-    zo_status st = join(rt);
+    zo_status st = join(o);
     if (st != ZO_OK) return st;
-    set_hparams(rt, rt->step + 1, coef, (double)rt->loss_scale * (double)rt->cfg.grad_accum);
-    rt->opt_early = 1;
-    post(rt, OFFLOAD_JOB_BLOCKS);
+    set_hparams(o, o->ctr.step + 1, coef, (double)o->ctr.loss_scale * (double)o->cfg->grad_accum);
+    o->early = 1;
+    post(o, OFFLOAD_JOB_BLOCKS);
     return ZO_OK;
 }
 
-zo_status offload_optim_block_done(offload_t *rt, int b)
+zo_status offload_optim_block_done(offload_optim *o, int b)
 {
-    if (!rt->opt_early || b >= rt->dev_block) return ZO_OK;
-    double ss = 0.0;
-    int nf = 0;
-    zo_status st = ZO_OK;
-    if (rt->og.numel[b])
-        st = adam_grad_stats(rt->grad + rt->goff[b], ZO_DTYPE_F32, rt->og.numel[b], rt->cfg.n_threads, &ss, &nf);
+    if (!o->early) return ZO_OK;
+    int nf;
+    zo_status st = ostate_grad_block_stats(o->os, b, &nf);
     if (st != ZO_OK) return st;
-    rt->blk_sumsq[b] = ss;
-    rt->blk_nonfinite[b] = nf;
     if (nf) return ZO_OK; /* not updated: the step reports it */
-    pthread_mutex_lock(&rt->opt_mu);
-    rt->opt_queue[rt->opt_qtail++] = b;
-    pthread_cond_broadcast(&rt->opt_cv);
-    pthread_mutex_unlock(&rt->opt_mu);
+    pthread_mutex_lock(&o->mu);
+    o->queue[o->qtail++] = b;
+    pthread_cond_broadcast(&o->cv);
+    pthread_mutex_unlock(&o->mu);
     return ZO_OK;
 }
 
@@ -429,38 +407,19 @@ zo_status offload_optim_block_done(offload_t *rt, int b)
  * (offload_optim_block_done) are not summed again. With the optimizer
  * partitioned, each rank's over its parts, then the ranks' in rank order
  * (the same double on every rank) and the first bad block of any. */
-static zo_status grad_stats(offload_t *rt, double *sumsq, int *first_bad)
+static zo_status grad_stats(offload_optim *o, double *sumsq, int *first_bad)
 {
-    zo_status st;
-    *sumsq = 0.0;
-    *first_bad = -1;
-    for (int b = 0; b < rt->dev_block; b++) {
-        double ss = 0.0;
-        int nf = 0;
-        if (rt->opt_early) {
-            ss = rt->blk_sumsq[b];
-            nf = rt->blk_nonfinite[b];
-        } else if (rt->og.numel[b] &&
-                   (st = adam_grad_stats(rt->grad + rt->goff[b], ZO_DTYPE_F32, rt->og.numel[b], rt->cfg.n_threads,
-                                         &ss, &nf)) != ZO_OK) {
-            return st;
-        }
-        *sumsq += ss;
-        if (nf && *first_bad < 0) *first_bad = b;
-    }
-    oshard *d = rt->dev_shard;
-    if (d && (st = d->ops->grad_stats(d, rt->cfg.adam.clip > 0.0f, sumsq, first_bad)) != ZO_OK)
-        return st;
-    if (!offload_dp_partitioned(rt->dp)) return ZO_OK;
+    zo_status st = ostate_grad_stats(o->os, o->early, o->cfg->adam.clip > 0.0f, sumsq, first_bad);
+    if (st != ZO_OK || !offload_dp_partitioned(o->env->dp)) return st;
     struct {
         double sumsq;
         int32_t first_bad, pad;
-    } mine = {*sumsq, *first_bad, 0}, *all = calloc((size_t)rt->dp->size, sizeof mine);
+    } mine = {*sumsq, *first_bad, 0}, *all = calloc((size_t)o->env->dp->size, sizeof mine);
     if (!all) return zo_error(ZO_ERR_NOMEM, "offload_step: out of host memory");
-    st = offload_dp_gather(rt->dp, &mine, sizeof mine, all);
+    st = offload_dp_gather(o->env->dp, &mine, sizeof mine, all);
     *sumsq = 0.0;
     *first_bad = -1;
-    for (int r = 0; r < rt->dp->size && st == ZO_OK; r++) {
+    for (int r = 0; r < o->env->dp->size && st == ZO_OK; r++) {
         *sumsq += all[r].sumsq;
         if (all[r].first_bad >= 0 && (*first_bad < 0 || all[r].first_bad < *first_bad)) *first_bad = all[r].first_bad;
     }
@@ -474,153 +433,160 @@ static zo_status grad_stats(offload_t *rt, double *sumsq, int *first_bad)
  * block. `early`: the updates of the blocks whose gradients completed
  * finite had started during backward (overlap without exact clipping, never
  * with a loss scale). */
-static zo_status nonfinite_step(offload_t *rt, int bad_block, int early, offload_step_info *info)
+static zo_status nonfinite_step(offload_optim *o, int bad_block, int early, offload_step_info *info)
 {
-    int can_lower = !early && rt->dynamic_scale && rt->loss_scale > 1.0f;
-    if (can_lower && rt->skipped_in_a_row < rt->cfg.max_skipped_steps) {
-        rt->loss_scale *= 0.5f;
-        rt->good_steps = 0;
-        rt->skipped++;
-        rt->skipped_in_a_row++;
+    int can_lower = !early && o->dynamic_scale && o->ctr.loss_scale > 1.0f;
+    if (can_lower && o->ctr.skipped_in_a_row < o->cfg->max_skipped_steps) {
+        o->ctr.loss_scale *= 0.5f;
+        o->ctr.good_steps = 0;
+        o->ctr.skipped++;
+        o->ctr.skipped_in_a_row++;
         info->skipped = 1;
-        info->step = rt->step;
+        info->step = o->ctr.step;
         return ZO_OK;
     }
     char why[160];
-    if (!rt->dynamic_scale)
-        snprintf(why, sizeof why, "in %s there is no loss scale to lower", zo_dtype_name(rt->m.dtype));
+    if (!o->dynamic_scale)
+        snprintf(why, sizeof why, "in %s there is no loss scale to lower", zo_dtype_name(o->m->dtype));
     else if (!can_lower)
         snprintf(why, sizeof why, "the fp16 loss scale is already %g, nothing left to lower",
-                 (double)rt->loss_scale);
+                 (double)o->ctr.loss_scale);
     else
         snprintf(why, sizeof why, "%d steps in a row were skipped for overflow already "
-                 "(max_skipped_steps)", rt->skipped_in_a_row);
+                 "(max_skipped_steps)", o->ctr.skipped_in_a_row);
     return zo_error(ZO_ERR_INVALID, "offload_step %lld: the gradients of block %d hold inf or nan "
                     "and %s: training diverged (a learning rate too high?) or its inputs are bad; %s",
-                    (long long)rt->step + 1, bad_block, why,
+                    (long long)o->ctr.step + 1, bad_block, why,
                     early ? "the updates of the blocks whose gradients were finite had started "
                             "(schedule overlap without exact clipping)"
                           : "nothing was updated");
 }
 
-zo_status offload_optim_step(offload_t *rt, offload_step_info *info)
+zo_status offload_optim_step(offload_optim *o, offload_step_info *info)
 {
-    offload_acct *a = &rt->acct;
+    offload_acct *a = o->env->acct;
     zo_status st;
-    int early = rt->opt_early;
+    int early = o->early;
     /* the updates started during backward finish first */
-    if (early && (st = join(rt)) != ZO_OK) {
-        rt->opt_early = 0;
+    if (early && (st = join(o)) != ZO_OK) {
+        o->early = 0;
         return st;
     }
-    info->loss_scale = rt->loss_scale;
+    info->loss_scale = o->ctr.loss_scale;
     info->skipped = 0;
     double t0 = zo_now();
     double sumsq;
     int first_bad;
-    st = grad_stats(rt, &sumsq, &first_bad);
-    rt->opt_early = 0;
+    st = grad_stats(o, &sumsq, &first_bad);
+    o->early = 0;
     if (st != ZO_OK) return st;
     /* the mean over the global batch: every rank's micro-batches */
-    double denom = (double)rt->loss_scale * (double)rt->micro * (rt->dp ? rt->dp->size : 1);
+    double denom = (double)o->ctr.loss_scale * (double)o->micro * (o->env->dp ? o->env->dp->size : 1);
     double norm = sqrt(sumsq) / denom;
     info->grad_norm = (float)norm;
-    rt->micro = 0;
+    o->micro = 0;
     if (first_bad >= 0) {
-        st = nonfinite_step(rt, first_bad, early, info);
+        st = nonfinite_step(o, first_bad, early, info);
         offload_add_time(a, OFFLOAD_TIME_OPTIMIZER, zo_now() - t0);
         return st;
     }
-    rt->prev_norm = (float)norm;
-    rt->have_prev_norm = 1;
-    step_ctx c = {.rt = rt, .dst = rt->ws};
-    int dpu = rt->cfg.schedule == OFFLOAD_SCHEDULE_DPU && rt->step >= rt->cfg.dpu_warmup;
+    o->prev_norm = (float)norm;
+    o->have_prev_norm = 1;
+    step_ctx c = {.o = o, .dst = o->ws};
+    int dpu = o->cfg->schedule == OFFLOAD_SCHEDULE_DPU && o->ctr.step >= o->cfg->dpu_warmup;
     if (dpu) {
-        c.dst = rt->shadow;
-        rt->dpu_pending = 1;
+        c.dst = o->shadow;
+        o->dpu_pending = 1;
     }
-    if (!early) set_hparams(rt, rt->step + 1, clip_coef(rt, norm), denom);
-    rt->step++;
-    /* the device shard first: enqueued, it runs while the host updates the
-     * others */
+    if (!early) set_hparams(o, o->ctr.step + 1, clip_coef(o, norm), denom);
+    o->ctr.step++;
+    /* the enqueued update first (the device shard's): it runs while the
+     * host updates the others */
     oshard_update u = updater(&c);
-    oshard *d = rt->dev_shard;
-    if (d && (st = d->ops->step(d, &u)) != ZO_OK) return zo_error_wrap(st, "offload_step %lld", (long long)rt->step);
+    if ((st = ostate_step_enqueued(o->os, &u)) != ZO_OK)
+        return zo_error_wrap(st, "offload_step %lld", (long long)o->ctr.step);
     if (early) {
-        /* the host shards are done: the device shard's blocks remain */
-        zo_status sd = d ? d->ops->sync(d) : ZO_OK;
-        zo_status sw = rt->ws->ops->sync(rt->ws);
+        /* the host's updates are done: the enqueued one remains */
+        zo_status sd = ostate_sync(o->os);
+        zo_status sw = o->ws->ops->sync(o->ws);
         st = sd != ZO_OK ? sd : sw;
-        if (st == ZO_OK) publish_all(rt, rt->step);
-    } else if (rt->opt_threaded) {
-        post(rt, OFFLOAD_JOB_ALL); /* runs beside the next micro-batches */
+        if (st == ZO_OK) publish_all(o, o->ctr.step);
+    } else if (o->threaded) {
+        post(o, OFFLOAD_JOB_ALL); /* runs beside the next micro-batches */
     } else {
-        st = job_all(rt, &c);
+        st = job_all(o, &c);
     }
-    if (st != ZO_OK) return zo_error_wrap(st, "offload_step %lld", (long long)rt->step);
-    rt->skipped_in_a_row = 0;
-    if (rt->dynamic_scale && ++rt->good_steps >= rt->cfg.loss_scale_window) {
-        rt->loss_scale *= 2.0f;
-        rt->good_steps = 0;
+    if (st != ZO_OK) return zo_error_wrap(st, "offload_step %lld", (long long)o->ctr.step);
+    o->ctr.skipped_in_a_row = 0;
+    if (o->dynamic_scale && ++o->ctr.good_steps >= o->cfg->loss_scale_window) {
+        o->ctr.loss_scale *= 2.0f;
+        o->ctr.good_steps = 0;
     }
-    info->step = rt->step;
+    info->step = o->ctr.step;
     return ZO_OK;
 }
 
 /* ---- life cycle ---------------------------------------------------------------------- */
 
-zo_status offload_optim_init(offload_t *rt)
+zo_status offload_optim_create(const offload_env *env, const offload_config *cfg, const offload_model *m,
+                               const offload_geom *g, const offload_geom *og, wstore *ws, ostate *os,
+                               offload_optim **out)
 {
-    int nb = rt->g.nb;
-    rt->published = calloc((size_t)nb, sizeof *rt->published);
-    rt->opt_queue = calloc((size_t)nb, sizeof *rt->opt_queue);
-    rt->blk_sumsq = calloc((size_t)nb, sizeof *rt->blk_sumsq);
-    rt->blk_nonfinite = calloc((size_t)nb, sizeof *rt->blk_nonfinite);
-    if (!rt->published || !rt->opt_queue || !rt->blk_sumsq || !rt->blk_nonfinite)
-        return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
-    pthread_mutex_init(&rt->opt_mu, NULL);
-    pthread_cond_init(&rt->opt_cv, NULL);
-    rt->opt_threaded = rt->cfg.schedule != OFFLOAD_SCHEDULE_SERIAL;
-    zo_status st;
-    if (rt->cfg.schedule == OFFLOAD_SCHEDULE_DPU) {
+    *out = NULL;
+    offload_optim *o = calloc(1, sizeof *o);
+    if (!o) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    *o = (offload_optim){.env = env, .cfg = cfg, .m = m, .g = g, .og = og, .ws = ws, .os = os};
+    pthread_mutex_init(&o->mu, NULL);
+    pthread_cond_init(&o->cv, NULL);
+    o->dynamic_scale = m->dtype == ZO_DTYPE_F16;
+    o->ctr.loss_scale = cfg->loss_scale > 0 ? cfg->loss_scale : (o->dynamic_scale ? OFFLOAD_LOSS_SCALE_INIT : 1.0f);
+    o->threaded = cfg->schedule != OFFLOAD_SCHEDULE_SERIAL;
+    o->published = calloc((size_t)g->nb, sizeof *o->published);
+    o->queue = calloc((size_t)g->nb, sizeof *o->queue);
+    zo_status st = ZO_OK;
+    if (!o->published || !o->queue) st = zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    if (st == ZO_OK && cfg->schedule == OFFLOAD_SCHEDULE_DPU) {
         /* the new weights of the update in flight land in a host copy */
         wstore_config sc = {.tier = OFFLOAD_CPU, .name = "dpu"};
-        if ((st = wstore_create(&rt->env, &rt->g, &sc, &rt->shadow)) != ZO_OK)
-            return zo_error_wrap(st, "offload_init: the delayed update's copy of the weights");
+        if ((st = wstore_create(env, g, &sc, &o->shadow)) != ZO_OK)
+            st = zo_error_wrap(st, "offload_init: the delayed update's copy of the weights");
     }
-    if (rt->opt_threaded) {
+    if (st == ZO_OK && o->threaded) {
         /* the thread takes no signals: the application's handlers run on its
          * own threads (train's SIGINT/SIGTERM stop, its test seam's
          * sigsuspend) */
         sigset_t all, old;
         sigfillset(&all);
         pthread_sigmask(SIG_SETMASK, &all, &old);
-        int rc = pthread_create(&rt->opt_thread, NULL, opt_main, rt);
+        int rc = pthread_create(&o->thread, NULL, opt_main, o);
         pthread_sigmask(SIG_SETMASK, &old, NULL);
-        if (rc) return zo_error(ZO_ERR_NOMEM, "offload_init: cannot start the optimizer's thread");
-        rt->opt_started = 1;
+        if (rc) st = zo_error(ZO_ERR_NOMEM, "offload_init: cannot start the optimizer's thread");
+        else o->started = 1;
     }
+    if (st != ZO_OK) {
+        offload_optim_free(o);
+        return st;
+    }
+    *out = o;
     return ZO_OK;
 }
 
-void offload_optim_free(offload_t *rt)
+void offload_optim_free(offload_optim *o)
 {
-    if (rt->opt_started) {
-        join(rt);
-        pthread_mutex_lock(&rt->opt_mu);
-        rt->opt_quit = 1;
-        pthread_cond_broadcast(&rt->opt_cv);
-        pthread_mutex_unlock(&rt->opt_mu);
-        pthread_join(rt->opt_thread, NULL);
-        rt->opt_started = 0;
+    if (!o) return;
+    /* the thread ends first: its update may use everything */
+    if (o->started) {
+        join(o);
+        pthread_mutex_lock(&o->mu);
+        o->quit = 1;
+        pthread_cond_broadcast(&o->cv);
+        pthread_mutex_unlock(&o->mu);
+        pthread_join(o->thread, NULL);
     }
-    if (rt->published) {
-        pthread_mutex_destroy(&rt->opt_mu);
-        pthread_cond_destroy(&rt->opt_cv);
-    }
-    wstore_free(rt->shadow);
-    free(rt->published);
-    free(rt->opt_queue);
-    free(rt->blk_sumsq);
-    free(rt->blk_nonfinite);
+    pthread_mutex_destroy(&o->mu);
+    pthread_cond_destroy(&o->cv);
+    wstore_free(o->shadow);
+    free(o->published);
+    free(o->queue);
+    free(o);
 }

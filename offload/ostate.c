@@ -1,14 +1,22 @@
 /* Optimizer-state shards: the fp32 master weights and Adam moments of a
- * range of the flat parameter index, wherever they live.
+ * range of the flat parameter index, wherever they live, and the gradient
+ * sums they feed (ostate.h).
  *
  *   host     three arrays in host memory, updated sub-group by sub-group
  *   nvme     sub-groups in an NVMe store, updated by the pipelined step
  *            (read ahead || update || write behind); reads and writes from
  *            outside the step go through a cache of one sub-group
- *   device   three arrays and the fp32 gradient sum in device memory (whole
+ *   device   three arrays and the fp32 gradient sums in device memory (whole
  *            blocks at the end of the index), updated by gpu_adam_update on
- *            the d2h stream while the host updates its shards */
-#include "offload/offload_impl.h"
+ *            the d2h stream while the host updates its shards
+ *
+ * The host and NVMe shards' gradient sums are one fp32 array in host
+ * memory over their blocks (one block may straddle the two shards: its sum
+ * is in one piece, its statistics taken in one call, the same bits
+ * wherever the cut is); the device shard keeps its own. A block's sum is
+ * the optimizer's part of it, or with ZeRO 1 the whole block, padded,
+ * reduce-scattered in place at the step (the part read where it lands). */
+#include "offload/ostate.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -23,6 +31,87 @@
 #include "nvme/nvme_pipeline.h" /* defines: nvme_pipeline_t */
 #include "nvme/nvme_store.h"    /* defines: nvme_store_t */
 #endif
+
+#define OSTATE_MAX_SHARDS 3
+
+typedef struct oshard oshard;
+
+/* Where every block's sum is: block b at off[b] of its shard's sum buffer
+ * (the host side's from 0, the device shard's from off[its first block]),
+ * the optimizer's part at off[b] + part[b]. */
+typedef struct ostate_sums {
+    size_t *off;           /* [nb + 1] */
+    size_t *part;          /* [nb] */
+    int whole;             /* whole blocks are summed (ZeRO 1) */
+    float *host;           /* host [off[dev_block]]: the host and NVMe shards' sums */
+    size_t host_n;
+} ostate_sums;
+
+typedef struct oshard_ops {
+    /* Elements [first, first + n) (flat, within the shard) of the master and
+     * the moments into host arrays; a NULL array is skipped. */
+    zo_status (*read)(oshard *sh, size_t first, size_t n, float *P, float *M, float *V);
+    /* ... and from host arrays; NULL moments are written as zeros. */
+    zo_status (*write)(oshard *sh, size_t first, size_t n, const float *P, const float *M,
+                       const float *V);
+    /* Writes have reached the shard's tier (and an enqueued step is done). */
+    zo_status (*sync)(oshard *sh);
+    /* Update every element (an enqueued shard enqueues: sync waits). */
+    zo_status (*step)(oshard *sh, const oshard_update *u);
+    /* (shards the host updates) Update flat [first, first + n) within the
+     * shard, as its gradients complete (the schedule's updates during
+     * backward). */
+    zo_status (*step_range)(oshard *sh, size_t first, size_t n, const oshard_update *u);
+    /* Where block b (one of the shard's) has its gradient summed. */
+    void (*grad_sum)(oshard *sh, int b, oshard_sum *out);
+    /* (optional) Zero the gradient sums it keeps, on stream s. */
+    zo_status (*grad_zero)(oshard *sh, gpu_stream_t s);
+    /* (optional) Add the sum of squares of the sums it keeps, block by
+     * block; *bad_block gets the first of its blocks whose gradient holds
+     * an inf or nan, and is left as it is when none does. */
+    zo_status (*grad_stats)(oshard *sh, int exact, double *sumsq, int *bad_block);
+    void (*free)(oshard *sh);
+} oshard_ops;
+
+struct oshard {
+    const oshard_ops *ops;
+    const offload_env *env;
+    const offload_geom *g;
+    const ostate_sums *sums;
+    offload_tier tier;
+    size_t first, n;       /* the flat range it holds */
+    int enqueued;          /* its step is enqueued on a stream (the device's): started first, waited for by sync */
+};
+
+typedef struct oshard_config {
+    offload_tier tier;
+    size_t first, n;
+    size_t sub_group;      /* elements per update call (host) / per NVMe group */
+    int swap_buffers;      /* NVMe pipeline buffers */
+    int exact_stats;       /* device: a pinned block for exact clipping statistics */
+    const char *nvme_dir;
+} oshard_config;
+
+struct ostate {
+    const offload_env *env;
+    const offload_geom *og;
+    oshard *sh[OSTATE_MAX_SHARDS]; /* in flat order */
+    int n_sh;
+    int dev_block;         /* the device share's first block (nb: none), the same on every rank */
+    ostate_sums sums;
+    double *blk_sumsq;     /* [nb] statistics of the host sums, taken as they completed */
+    int *blk_nonfinite;    /* [nb] */
+};
+
+/* ---- the host side's gradient sums ------------------------------------------------------- */
+
+static void host_side_sum(oshard *sh, int b, oshard_sum *out)
+{
+    const ostate_sums *s = sh->sums;
+    out->dev = NULL;
+    out->host = s->host + s->off[b];
+    out->part = out->host + s->part[b];
+}
 
 /* ---- host memory ----------------------------------------------------------------------- */
 
@@ -79,7 +168,10 @@ static zo_status host_step_range(oshard *sh, size_t first, size_t n, const oshar
 
 static zo_status host_step(oshard *sh, const oshard_update *u)
 {
-    return host_step_range(sh, sh->first, sh->n, u);
+    double t0 = zo_now();
+    zo_status st = host_step_range(sh, sh->first, sh->n, u);
+    offload_add_time(sh->env->acct, OFFLOAD_TIME_OPTIMIZER, zo_now() - t0);
+    return st;
 }
 
 static void host_destroy(oshard *sh)
@@ -93,7 +185,7 @@ static void host_destroy(oshard *sh)
 
 static const oshard_ops host_ops = {
     .read = host_read, .write = host_write, .sync = host_sync, .step = host_step,
-    .step_range = host_step_range, .free = host_destroy,
+    .step_range = host_step_range, .grad_sum = host_side_sum, .free = host_destroy,
 };
 
 static zo_status host_create(oshard *sh, const oshard_config *c)
@@ -310,7 +402,7 @@ static void nvs_destroy(oshard *sh)
 
 static const oshard_ops nvs_ops = {
     .read = nvs_read, .write = nvs_write, .sync = nvs_sync, .step = nvs_step,
-    .step_range = nvs_step_range, .free = nvs_destroy,
+    .step_range = nvs_step_range, .grad_sum = host_side_sum, .free = nvs_destroy,
 };
 
 static zo_status nvs_create(oshard *sh, const oshard_config *c)
@@ -359,10 +451,10 @@ static zo_status nvs_create(oshard *sh, const oshard_config *c)
 
 typedef struct dev_shard {
     oshard base;
-    float *P, *M, *V, *G; /* device [n] fp32; G: the gradient sum over micro-batches */
+    float *P, *M, *V;     /* device [n] fp32 */
+    float *G;             /* device [gn] fp32: the gradient sums over micro-batches (sums->off from b0) */
+    size_t gn;
     int b0;               /* its first block (whole blocks to the end) */
-    float *(*grad_of)(void *ctx, int b); /* the sums kept elsewhere (G NULL), or NULL */
-    void *grad_ctx;
     void *stats;          /* device: float sum of squares, int32 inf/nan flag */
     float *stats_host;    /* pinned [largest]: one block's fp32 gradient (exact statistics) */
     gpu_event_t done;     /* d2h: the shard's work so far has run */
@@ -375,12 +467,16 @@ static float *dev_array(dev_shard *d, int a)
     return arr[a];
 }
 
-/* Block b's gradient sum (fp32, its numel in the shard's geometry). */
-static float *grad_block(dev_shard *d, int b)
+/* Block b's gradient sum: the whole block (ZeRO 1) or its part. */
+static float *sum_block(dev_shard *d, int b)
 {
-    const oshard *sh = &d->base;
-    return d->grad_of ? d->grad_of(d->grad_ctx, b) : d->G + (sh->g->off[b] - sh->first);
+    const ostate_sums *s = d->base.sums;
+    return d->G + (s->off[b] - s->off[d->b0]);
 }
+
+/* Block b's gradient as the optimizer reads it (fp32, its numel in the
+ * shard's geometry). */
+static float *grad_block(dev_shard *d, int b) { return sum_block(d, b) + d->base.sums->part[b]; }
 
 static zo_status dev_wait(dev_shard *d, offload_time_part part)
 {
@@ -446,20 +542,23 @@ static zo_status dev_step(oshard *sh, const oshard_update *u)
     return ZO_OK;
 }
 
-static float *dev_grad(oshard *sh, size_t first)
+static void dev_grad_sum(oshard *sh, int b, oshard_sum *out)
 {
-    return grad_block((dev_shard *)sh, offload_block_of(sh->g, first));
+    dev_shard *d = (dev_shard *)sh;
+    out->host = NULL;
+    out->dev = sum_block(d, b);
+    out->part = grad_block(d, b);
 }
 
 static zo_status dev_grad_zero(oshard *sh, gpu_stream_t s)
 {
     dev_shard *d = (dev_shard *)sh;
     zo_status st;
-    if (!sh->n || !d->G) return ZO_OK; /* no sums, or its owner's (ZeRO-1: the runtime's) */
+    if (!d->gn) return ZO_OK;
     /* the update that reads the sums runs on d2h, perhaps still (schedules
      * other than serial return before it ends) */
     if ((st = gpu_stream_wait_event(s, d->done)) != ZO_OK) return st;
-    return gpu_memset_async(s, d->G, 0, sh->n * 4);
+    return gpu_memset_async(s, d->G, 0, d->gn * 4);
 }
 
 /* exact: block by block, each block's fp32 sum copied to the pinned
@@ -501,7 +600,7 @@ static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, int *bad_b
     int32_t *flag = (int32_t *)((char *)d->stats + 4);
     unsigned char host[8];
     if ((st = gpu_memset_async(s, d->stats, 0, 8)) != ZO_OK) return st;
-    if (d->G) {
+    if (!sh->sums->whole) { /* the sums are the shard's range, in one piece */
         if ((st = gpu_sum_squares(s, sum, gpu_t(d->G, ZO_DTYPE_F32), sh->n)) != ZO_OK ||
             (st = gpu_check_finite(s, flag, gpu_t(d->G, ZO_DTYPE_F32), sh->n)) != ZO_OK)
             return st;
@@ -552,7 +651,7 @@ static void dev_destroy(oshard *sh)
 }
 
 static const oshard_ops dev_ops = {
-    .read = dev_read, .write = dev_write, .sync = dev_sync, .step = dev_step, .grad = dev_grad,
+    .read = dev_read, .write = dev_write, .sync = dev_sync, .step = dev_step, .grad_sum = dev_grad_sum,
     .grad_zero = dev_grad_zero, .grad_stats = dev_grad_stats, .free = dev_destroy,
 };
 
@@ -565,14 +664,14 @@ static zo_status dev_create(oshard *sh, const oshard_config *c)
     if (sh->g->off[d->b0] != sh->first)
         return zo_error(ZO_ERR_INTERNAL, "offload: the device shard starts inside block %d", d->b0);
     float **arr[4] = {&d->P, &d->M, &d->V, &d->G};
-    const char *what[4] = {"fp32 master", "m", "v", "fp32 gradient sum"};
-    d->grad_of = c->grad_of;
-    d->grad_ctx = c->grad_ctx;
-    for (int a = 0; a < (d->grad_of ? 3 : 4); a++) {
-        if ((st = gpu_mem_alloc(env->dev, sh->n * 4, (void **)arr[a])) != ZO_OK)
-            return zo_error_wrap(st, "offload_init: optimizer on the device: %s of %zu elements",
-                                 what[a], sh->n);
-        if ((st = gpu_memset_async(env->h2d, *arr[a], 0, sh->n * 4)) != ZO_OK) return st;
+    const char *what[4] = {"fp32 master", "m", "v", "fp32 gradient sums"};
+    d->gn = sh->sums->off[sh->g->nb] - sh->sums->off[d->b0];
+    sh->enqueued = 1;
+    for (int a = 0; a < 4; a++) {
+        size_t n = a < 3 ? sh->n : d->gn;
+        if ((st = gpu_mem_alloc(env->dev, n * 4, (void **)arr[a])) != ZO_OK)
+            return zo_error_wrap(st, "offload_init: optimizer on the device: %s of %zu elements", what[a], n);
+        if ((st = gpu_memset_async(env->h2d, *arr[a], 0, n * 4)) != ZO_OK) return st;
     }
     if ((st = gpu_mem_alloc(env->dev, 8, &d->stats)) != ZO_OK)
         return zo_error_wrap(st, "offload_init: optimizer on the device: gradient statistics");
@@ -585,8 +684,7 @@ static zo_status dev_create(oshard *sh, const oshard_config *c)
 
 /* ---- life cycle ----------------------------------------------------------------------------------- */
 
-zo_status oshard_create(const offload_env *env, const offload_geom *g, const oshard_config *c,
-                        oshard **out)
+static zo_status oshard_create(ostate *os, const oshard_config *c, oshard **out)
 {
     *out = NULL;
     static const size_t size[OFFLOAD_TIERS] = {sizeof(dev_shard), sizeof(host_shard), NVME_SHARD_SIZE};
@@ -596,8 +694,9 @@ zo_status oshard_create(const offload_env *env, const offload_geom *g, const osh
     oshard *sh = calloc(1, size[c->tier]);
     if (!sh) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
     sh->ops = ops[c->tier];
-    sh->env = env;
-    sh->g = g;
+    sh->env = os->env;
+    sh->g = os->og;
+    sh->sums = &os->sums;
     sh->tier = c->tier;
     sh->first = c->first;
     sh->n = c->n;
@@ -611,9 +710,101 @@ zo_status oshard_create(const offload_env *env, const offload_geom *g, const osh
     return ZO_OK;
 }
 
-void oshard_free(oshard *sh)
+/* The device share: the suffix of whole blocks whose size is nearest
+ * frac * n (at least one block when the fraction is not 0), so that a
+ * block's gradient stays on the device or leaves it whole. Chosen on the
+ * model g, so that every rank chooses the same blocks. */
+static int device_share_first(const offload_geom *g, double frac)
 {
-    if (sh) sh->ops->free(sh);
+    int nb = g->nb, best_b = nb;
+    if (frac <= 0) return nb;
+    double want = frac * (double)g->n, best = -1;
+    for (int b = nb - 1; b >= 0; b--) {
+        double d = fabs((double)(g->n - g->off[b]) - want);
+        if (best < 0 || d < best || best_b == nb) {
+            best = d;
+            best_b = b;
+        }
+    }
+    return best_b;
+}
+
+/* Where the gradient sums are (the layout of ostate_sums) and the host
+ * side's array; the statistics kept per block. */
+static zo_status sums_create(ostate *os, const offload_geom *g)
+{
+    const offload_dp *dp = os->env->dp;
+    const offload_geom *og = os->og;
+    ostate_sums *s = &os->sums;
+    int nb = g->nb;
+    zo_status st;
+    s->whole = dp && dp->stage == 1;
+    s->off = calloc((size_t)nb + 1, sizeof *s->off);
+    s->part = calloc((size_t)nb, sizeof *s->part);
+    os->blk_sumsq = calloc((size_t)nb, sizeof *os->blk_sumsq);
+    os->blk_nonfinite = calloc((size_t)nb, sizeof *os->blk_nonfinite);
+    if (!s->off || !s->part || !os->blk_sumsq || !os->blk_nonfinite)
+        return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    for (int b = 0; b < nb; b++) {
+        s->off[b + 1] = s->off[b] + (s->whole ? dp->pad[b] : og->numel[b]);
+        s->part[b] = s->whole ? dp->part_off[b] : 0;
+    }
+    s->host_n = s->off[os->dev_block];
+    if ((st = offload_host_alloc(os->env, s->host_n * sizeof(float), 0, (void **)&s->host)) != ZO_OK)
+        return zo_error_wrap(st, "offload_init: fp32 gradients");
+    if (s->host_n) memset(s->host, 0, s->host_n * sizeof(float));
+    return ZO_OK;
+}
+
+zo_status ostate_create(const offload_env *env, const offload_geom *g, const offload_geom *og,
+                        const ostate_config *c, ostate **out)
+{
+    *out = NULL;
+    ostate *os = calloc(1, sizeof *os);
+    if (!os) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    os->env = env;
+    os->og = og;
+    os->dev_block = device_share_first(g, c->frac[OFFLOAD_DEVICE]);
+    zo_status st = sums_create(os, g);
+    /* in flat order: the first elements in memory, then NVMe, then the
+     * device share (whole blocks at the end) */
+    size_t dev_first = og->off[os->dev_block];
+    size_t n_nvme = (size_t)llround((double)og->n * c->frac[OFFLOAD_NVME]);
+    if (n_nvme > dev_first || c->frac[OFFLOAD_CPU] <= 0) n_nvme = dev_first;
+    size_t n_cpu = dev_first - n_nvme;
+    struct {
+        offload_tier tier;
+        size_t first, n;
+    } part[3] = {{OFFLOAD_CPU, 0, n_cpu}, {OFFLOAD_NVME, n_cpu, n_nvme},
+                 {OFFLOAD_DEVICE, dev_first, og->n - dev_first}};
+    for (int i = 0; i < 3 && st == ZO_OK; i++) {
+        /* blocks summed on the host are handed out by a shard the host
+         * updates: one of no elements when the rank holds none of them */
+        int hands_out = i == 0 && os->dev_block > 0 && !n_nvme;
+        if (!part[i].n && !hands_out) continue;
+        oshard_config sc = {.tier = part[i].tier, .first = part[i].first, .n = part[i].n,
+                            .sub_group = c->sub_group, .swap_buffers = c->swap_buffers,
+                            .exact_stats = c->exact_stats, .nvme_dir = c->nvme_dir};
+        if ((st = oshard_create(os, &sc, &os->sh[os->n_sh])) == ZO_OK) os->n_sh++;
+    }
+    if (st != ZO_OK) {
+        ostate_free(os);
+        return st;
+    }
+    *out = os;
+    return ZO_OK;
+}
+
+void ostate_free(ostate *os)
+{
+    if (!os) return;
+    for (int i = 0; i < os->n_sh; i++) os->sh[i]->ops->free(os->sh[i]);
+    offload_host_free(os->env, os->sums.host, os->sums.host_n * sizeof(float), 0);
+    free(os->sums.off);
+    free(os->sums.part);
+    free(os->blk_sumsq);
+    free(os->blk_nonfinite);
+    free(os);
 }
 
 /* The part of [first, first + n) that shard s holds: [*a, *e), empty when *a == *e. */
@@ -628,42 +819,154 @@ static void piece(const oshard *s, size_t first, size_t n, size_t *a, size_t *e)
 static float *opt_at(float *p, size_t k) { return p ? p + k : NULL; }
 static const float *opt_cat(const float *p, size_t k) { return p ? p + k : NULL; }
 
-zo_status ostate_read(oshard *const *sh, int n_sh, size_t first, size_t n, float *P, float *M,
-                      float *V)
+zo_status ostate_read(ostate *os, size_t first, size_t n, float *P, float *M, float *V)
 {
     zo_status st;
-    for (int i = 0; i < n_sh; i++) {
+    for (int i = 0; i < os->n_sh; i++) {
+        oshard *sh = os->sh[i];
         size_t a, e;
-        piece(sh[i], first, n, &a, &e);
+        piece(sh, first, n, &a, &e);
         if (a == e) continue;
         size_t k = a - first;
-        if ((st = sh[i]->ops->read(sh[i], a, e - a, opt_at(P, k), opt_at(M, k), opt_at(V, k))) != ZO_OK)
-            return st;
+        if ((st = sh->ops->read(sh, a, e - a, opt_at(P, k), opt_at(M, k), opt_at(V, k))) != ZO_OK) return st;
     }
     return ZO_OK;
 }
 
-zo_status ostate_write(oshard *const *sh, int n_sh, size_t first, size_t n, const float *P,
-                       const float *M, const float *V)
+zo_status ostate_write(ostate *os, size_t first, size_t n, const float *P, const float *M, const float *V)
 {
     zo_status st;
-    for (int i = 0; i < n_sh; i++) {
+    for (int i = 0; i < os->n_sh; i++) {
+        oshard *sh = os->sh[i];
         size_t a, e;
-        piece(sh[i], first, n, &a, &e);
+        piece(sh, first, n, &a, &e);
         if (a == e) continue;
         size_t k = a - first;
-        if ((st = sh[i]->ops->write(sh[i], a, e - a, opt_cat(P, k), opt_cat(M, k), opt_cat(V, k))) != ZO_OK)
-            return st;
+        if ((st = sh->ops->write(sh, a, e - a, opt_cat(P, k), opt_cat(M, k), opt_cat(V, k))) != ZO_OK) return st;
     }
     return ZO_OK;
 }
 
-zo_status ostate_sync(oshard *const *sh, int n_sh)
+zo_status ostate_sync(ostate *os)
 {
     zo_status st = ZO_OK;
-    for (int i = 0; i < n_sh; i++) {
-        zo_status si = sh[i]->ops->sync(sh[i]);
+    for (int i = 0; i < os->n_sh; i++) {
+        zo_status si = os->sh[i]->ops->sync(os->sh[i]);
         if (st == ZO_OK) st = si;
     }
     return st;
+}
+
+zo_status ostate_get_block(ostate *os, int b, size_t numel, float *w)
+{
+    const offload_geom *og = os->og;
+    offload_dp *dp = os->env->dp;
+    zo_status st;
+    if (!offload_dp_partitioned(dp)) return ostate_read(os, og->off[b], og->numel[b], w, NULL, NULL);
+    /* the rank's part, then everybody's */
+    size_t pn = og->numel[b];
+    float *part = NULL;
+    if (pn && (st = offload_host_alloc(os->env, pn * sizeof(float), 0, (void **)&part)) != ZO_OK) return st;
+    st = ostate_read(os, og->off[b], pn, part, NULL, NULL);
+    if (st == ZO_OK) st = offload_dp_gather_block(dp, b, numel, part, w);
+    offload_host_free(os->env, part, pn * sizeof(float), 0);
+    return st;
+}
+
+void ostate_bytes(const ostate *os, uint64_t bytes[OFFLOAD_TIERS])
+{
+    for (int i = 0; i < os->n_sh; i++) bytes[os->sh[i]->tier] += os->sh[i]->n * 12;
+}
+
+/* ---- the step ---------------------------------------------------------------------------- */
+
+zo_status ostate_step_enqueued(ostate *os, const oshard_update *u)
+{
+    zo_status st;
+    for (int i = 0; i < os->n_sh; i++)
+        if (os->sh[i]->enqueued && (st = os->sh[i]->ops->step(os->sh[i], u)) != ZO_OK) return st;
+    return ZO_OK;
+}
+
+zo_status ostate_step_host(ostate *os, const oshard_update *u)
+{
+    zo_status st;
+    /* (a block split between two shards is completed by the second) */
+    for (int i = 0; i < os->n_sh; i++)
+        if (!os->sh[i]->enqueued && (st = os->sh[i]->ops->step(os->sh[i], u)) != ZO_OK) return st;
+    return ZO_OK;
+}
+
+zo_status ostate_step_block(ostate *os, int b, const oshard_update *u)
+{
+    const size_t *off = os->og->off;
+    zo_status st;
+    for (int i = 0; i < os->n_sh; i++) {
+        oshard *sh = os->sh[i];
+        size_t a = off[b] > sh->first ? off[b] : sh->first;
+        size_t e = off[b + 1] < sh->first + sh->n ? off[b + 1] : sh->first + sh->n;
+        if (!sh->enqueued && a < e && (st = sh->ops->step_range(sh, a, e - a, u)) != ZO_OK) return st;
+    }
+    return ZO_OK;
+}
+
+/* ---- the gradient sums ------------------------------------------------------------------- */
+
+void ostate_grad_sum(const ostate *os, int b, oshard_sum *out)
+{
+    /* the host side's blocks come first (its first shard hands out the
+     * array they share), the device shard's last */
+    oshard *sh = os->sh[b < os->dev_block ? 0 : os->n_sh - 1];
+    sh->ops->grad_sum(sh, b, out);
+}
+
+float *ostate_host_sums(const ostate *os, size_t *n)
+{
+    *n = os->og->off[os->dev_block];
+    return os->sums.host;
+}
+
+zo_status ostate_grad_zero(ostate *os, gpu_stream_t s)
+{
+    zo_status st;
+    for (int i = 0; i < os->n_sh; i++)
+        if (os->sh[i]->ops->grad_zero && (st = os->sh[i]->ops->grad_zero(os->sh[i], s)) != ZO_OK) return st;
+    return ZO_OK;
+}
+
+/* adam_grad_stats over the optimizer's part of host block b. */
+static zo_status host_block_stats(const ostate *os, int b, double *ss, int *nf)
+{
+    const ostate_sums *s = &os->sums;
+    *ss = 0.0;
+    *nf = 0;
+    if (!os->og->numel[b]) return ZO_OK;
+    return adam_grad_stats(s->host + s->off[b] + s->part[b], ZO_DTYPE_F32, os->og->numel[b], os->env->n_threads, ss,
+                           nf);
+}
+
+zo_status ostate_grad_block_stats(ostate *os, int b, int *nonfinite)
+{
+    zo_status st = host_block_stats(os, b, &os->blk_sumsq[b], &os->blk_nonfinite[b]);
+    *nonfinite = os->blk_nonfinite[b];
+    return st;
+}
+
+zo_status ostate_grad_stats(ostate *os, int taken, int exact, double *sumsq, int *first_bad)
+{
+    zo_status st;
+    *sumsq = 0.0;
+    *first_bad = -1;
+    for (int b = 0; b < os->dev_block; b++) {
+        double ss = os->blk_sumsq[b];
+        int nf = os->blk_nonfinite[b];
+        if (!taken && (st = host_block_stats(os, b, &ss, &nf)) != ZO_OK) return st;
+        *sumsq += ss;
+        if (nf && *first_bad < 0) *first_bad = b;
+    }
+    for (int i = 0; i < os->n_sh; i++) {
+        oshard *sh = os->sh[i];
+        if (sh->ops->grad_stats && (st = sh->ops->grad_stats(sh, exact, sumsq, first_bad)) != ZO_OK) return st;
+    }
+    return ZO_OK;
 }

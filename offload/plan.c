@@ -1,20 +1,14 @@
-/* Plans in (the JSON memplan writes) and measurements out. */
-#include "offload/offload_impl.h"
+/* Plans in: the JSON memplan writes, as the runtime's configuration (the
+ * measurements go out through offload.c's offload_write_stats_json). */
+#include "offload/offload.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-
-#include <cjson/cJSON.h>
-
-#include "common/fileio.h" /* defines: zo_file_write_json */
 
 /* The schema's tiers are the runtime's, value for value. */
 _Static_assert((int)ZO_PLAN_GPU == OFFLOAD_DEVICE && (int)ZO_PLAN_CPU == OFFLOAD_CPU &&
                    (int)ZO_PLAN_NVME == OFFLOAD_NVME && (int)ZO_PLAN_TIERS == OFFLOAD_TIERS,
                "plan tiers");
-_Static_assert(ZO_PLAN_MAX_PREFETCH <= OFFLOAD_MAX_PREFETCH,
-               "the plan schema's prefetch limit is one the runtime can run");
 
 void offload_plan_defaults(offload_plan *p)
 {
@@ -75,59 +69,4 @@ zo_status offload_plan_load(const char *path, offload_plan *plan)
         plan->predicted.step_s = f->predicted.step_s;
     }
     return ZO_OK;
-}
-
-/* ---- measurements out -------------------------------------------------------------------- */
-
-zo_status offload_write_stats_json(const offload_t *rt, const offload_prediction *pred,
-                                   const char *path)
-{
-    offload_stats s;
-    offload_get_stats(rt, &s);
-    cJSON *o = cJSON_CreateObject();
-    if (!o) return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", path);
-    cJSON *pk = cJSON_AddObjectToObject(o, "peak_bytes");
-    cJSON *pd = pred && pred->present ? cJSON_AddObjectToObject(o, "predicted_bytes") : NULL;
-    cJSON *rd = pd ? cJSON_AddObjectToObject(o, "measured_over_predicted") : NULL;
-    for (int t = 0; t < OFFLOAD_TIERS; t++) {
-        const char *tn = offload_tier_name((offload_tier)t);
-        cJSON_AddNumberToObject(pk, tn, (double)s.peak[t]);
-        if (pd) {
-            cJSON_AddNumberToObject(pd, tn, (double)pred->peak[t]);
-            if (pred->peak[t]) cJSON_AddNumberToObject(rd, tn, (double)s.peak[t] / (double)pred->peak[t]);
-            else cJSON_AddNullToObject(rd, tn);
-        }
-    }
-    cJSON_AddNumberToObject(o, "device_capacity", (double)s.device_capacity);
-    cJSON *ts = cJSON_AddObjectToObject(o, "time_s");
-    for (int p = 0; p < OFFLOAD_TIME_PARTS; p++)
-        cJSON_AddNumberToObject(ts, offload_time_part_name((offload_time_part)p), s.time[p]);
-    cJSON_AddNumberToObject(ts, "total", s.total_s);
-    if (pred && pred->step_s > 0) cJSON_AddNumberToObject(o, "predicted_step_s", pred->step_s);
-    cJSON *op = cJSON_AddObjectToObject(o, "optimizer");
-    cJSON_AddStringToObject(op, "schedule", offload_schedule_name(rt->cfg.schedule));
-    cJSON_AddNumberToObject(op, "host_s", s.optimizer_s);
-    cJSON_AddNumberToObject(op, "overlap_fraction", s.optimizer_overlap);
-    cJSON_AddNumberToObject(o, "micro_batches", (double)s.micro_batches);
-    cJSON_AddNumberToObject(o, "steps", (double)s.steps);
-    cJSON_AddNumberToObject(o, "skipped", (double)s.skipped);
-    cJSON *by = cJSON_AddObjectToObject(o, "bytes_moved");
-    cJSON_AddNumberToObject(by, "h2d", (double)s.bytes_h2d);
-    cJSON_AddNumberToObject(by, "d2h", (double)s.bytes_d2h);
-    cJSON_AddNumberToObject(by, "disk_read", (double)s.bytes_disk_read);
-    cJSON_AddNumberToObject(by, "disk_written", (double)s.bytes_disk_written);
-    cJSON_AddNumberToObject(o, "device_slots", s.n_slots);
-    cJSON_AddNumberToObject(o, "slot_bytes", (double)s.slot_bytes);
-    if (s.ranks > 1) { /* this rank of a data-parallel job (docs/offload.md, "Several ranks") */
-        cJSON *cm = cJSON_AddObjectToObject(o, "comm");
-        cJSON_AddNumberToObject(cm, "rank", s.rank);
-        cJSON_AddNumberToObject(cm, "ranks", s.ranks);
-        cJSON_AddNumberToObject(cm, "elements", (double)s.comm_elems);
-        cJSON_AddNumberToObject(cm, "reused_elements", (double)s.comm_reused_elems);
-        cJSON_AddNumberToObject(cm, "padding_elements", (double)s.comm_pad_elems);
-        cJSON_AddNumberToObject(cm, "collectives", (double)s.comm_calls);
-    }
-    zo_status st = zo_file_write_json(path, o);
-    cJSON_Delete(o);
-    return st;
 }

@@ -1,174 +1,186 @@
 /* One micro-batch: blocks forward in order and backward in reverse, their
- * weights streamed from the weight store through the device slots, their
- * gradients summed where their optimizer state lives (fp32 on the host, or
- * on the device for the device shard), the activations between blocks kept
- * on the device or in host memory.
+ * weights streamed from the weight stores through the device slots, their
+ * gradients handed to the gradient layer (which sums them where their
+ * optimizer shard says), the activations between blocks kept in the
+ * activation store (stream.h).
  *
  * Streams: the caller's compute stream `s`, the runtime's h2d stream (weights
  * and activation checkpoints coming in) and d2h stream (gradients and
  * checkpoints going out). Every cross-stream dependency is an event; the host
  * waits only on single events, timed as the part they belong to. */
-#include "offload/offload_impl.h"
+#include "offload/stream.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- allocation ------------------------------------------------------------------- */
+/* ---- life cycle ------------------------------------------------------------------- */
 
-static zo_status alloc_slots(offload_t *rt)
+int offload_stream_slots(const offload_model *m, int prefetch_depth)
+{
+    int has_dep = 0;
+    for (int b = 0; b < m->n_blocks; b++) has_dep |= m->block_dep && m->block_dep[b] >= 0;
+    int n = prefetch_depth + 1;
+    if (has_dep && n < 2) n = 2;
+    return n > m->n_blocks ? m->n_blocks : n;
+}
+
+static zo_status alloc_slots(offload_stream *sm)
 {
     zo_status st;
-    rt->slots = calloc((size_t)rt->n_slots, sizeof *rt->slots);
-    if (!rt->slots) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
-    for (int i = 0; i < rt->n_slots; i++) {
-        offload_slot *sl = &rt->slots[i];
+    int n = sm->c.n_slots;
+    sm->slots = calloc((size_t)n, sizeof *sm->slots);
+    if (!sm->slots) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    for (int i = 0; i < n; i++) {
+        offload_slot *sl = &sm->slots[i];
         sl->block = -1;
-        if ((st = gpu_mem_alloc(rt->env.dev, rt->slot_size, &sl->buf)) != ZO_OK)
-            return zo_error_wrap(st, "offload_init: device weight slot %d of %d (%zu bytes each)", i + 1,
-                                 rt->n_slots, rt->slot_size);
-        if ((st = gpu_event_create(rt->env.dev, &sl->ready)) != ZO_OK) return st;
-        if ((st = gpu_event_create(rt->env.dev, &sl->freed)) != ZO_OK) return st;
+        if ((st = gpu_mem_alloc(sm->env->dev, sm->c.slot_size, &sl->buf)) != ZO_OK)
+            return zo_error_wrap(st, "offload_init: device weight slot %d of %d (%zu bytes each)", i + 1, n,
+                                 sm->c.slot_size);
+        if ((st = gpu_event_create(sm->env->dev, &sl->ready)) != ZO_OK) return st;
+        if ((st = gpu_event_create(sm->env->dev, &sl->freed)) != ZO_OK) return st;
     }
     return ZO_OK;
 }
 
-static zo_status alloc_boundaries(offload_t *rt)
+/* The schedule of a micro-batch: forward in order, backward in reverse. */
+static zo_status schedule(offload_stream *sm)
 {
-    zo_status st;
-    const offload_env *env = &rt->env;
-    size_t nbnd = (size_t)(rt->g.nb - 1), bytes = rt->m.boundary_bytes;
-    if (!nbnd || !bytes) return ZO_OK;
-    if (rt->cfg.checkpoints_on == OFFLOAD_DEVICE) {
-        rt->bnd = calloc(nbnd, sizeof(void *));
-        if (!rt->bnd) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
-        for (size_t k = 0; k < nbnd; k++)
-            if ((st = gpu_mem_alloc(env->dev, bytes, &rt->bnd[k])) != ZO_OK)
-                return zo_error_wrap(st, "offload_init: activation checkpoint %zu of %zu on the device", k + 1, nbnd);
-        return ZO_OK;
+    int nb = sm->c.g->nb;
+    if (!(sm->sched = calloc(2 * (size_t)nb, sizeof *sm->sched)))
+        return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    for (int b = 0; b < nb; b++) {
+        sm->sched[b] = b;
+        sm->sched[nb + b] = nb - 1 - b;
     }
-    rt->bnd_host = calloc(nbnd, sizeof(void *));
-    if (!rt->bnd_host) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
-    for (size_t k = 0; k < nbnd; k++)
-        if ((st = offload_host_alloc(env, bytes, 1, &rt->bnd_host[k])) != ZO_OK)
-            return zo_error_wrap(st, "offload_init: activation checkpoints in host memory");
-    for (int k = 0; k < 2; k++) {
-        offload_ring *r = &rt->ring[k];
-        r->holds = -1;
-        if ((st = gpu_mem_alloc(env->dev, bytes, &r->buf)) != ZO_OK)
-            return zo_error_wrap(st, "offload_init: activation ring on the device");
-        if ((st = gpu_event_create(env->dev, &r->used)) != ZO_OK ||
-            (st = gpu_event_create(env->dev, &r->filled)) != ZO_OK ||
-            (st = gpu_event_create(env->dev, &r->saved)) != ZO_OK)
-            return st;
-    }
+    sm->n_sched = 2 * nb;
     return ZO_OK;
 }
 
-zo_status offload_stream_init(offload_t *rt)
+zo_status offload_stream_create(const offload_env *env, const offload_stream_config *c, offload_stream **out)
 {
-    zo_status st;
-    if (rt->n_slots && (st = alloc_slots(rt)) != ZO_OK) return st;
-    if ((st = offload_grads_init(rt)) != ZO_OK) return st;
-    if ((st = gpu_event_create(rt->env.dev, &rt->prev_done)) != ZO_OK) return st;
-    return alloc_boundaries(rt);
+    *out = NULL;
+    offload_stream *sm = calloc(1, sizeof *sm);
+    if (!sm) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    sm->env = env;
+    sm->c = *c;
+    sm->dep = c->m->block_dep;
+    zo_status st = schedule(sm);
+    if (st == ZO_OK && c->n_slots) st = alloc_slots(sm);
+    if (st == ZO_OK) st = gpu_event_create(env->dev, &sm->prev_done);
+    if (st == ZO_OK) st = actstore_create(env, c->g->nb, c->m->boundary_bytes, c->checkpoints_on, &sm->acts);
+    if (st != ZO_OK) {
+        offload_stream_free(sm);
+        return st;
+    }
+    *out = sm;
+    return ZO_OK;
 }
 
-void offload_stream_free(offload_t *rt)
+void offload_stream_free(offload_stream *sm)
 {
-    gpu_device_t d = rt->env.dev;
-    const offload_env *env = &rt->env;
-    if (rt->slots)
-        for (int i = 0; i < rt->n_slots; i++) {
-            gpu_mem_free(d, rt->slots[i].buf);
-            if (rt->slots[i].ready) gpu_event_destroy(rt->slots[i].ready);
-            if (rt->slots[i].freed) gpu_event_destroy(rt->slots[i].freed);
+    if (!sm) return;
+    gpu_device_t d = sm->env->dev;
+    if (sm->slots)
+        for (int i = 0; i < sm->c.n_slots; i++) {
+            gpu_mem_free(d, sm->slots[i].buf);
+            if (sm->slots[i].ready) gpu_event_destroy(sm->slots[i].ready);
+            if (sm->slots[i].freed) gpu_event_destroy(sm->slots[i].freed);
         }
-    free(rt->slots);
-    rt->slots = NULL;
-    offload_grads_free(rt);
-    for (int k = 0; k < 2; k++) {
-        offload_ring *r = &rt->ring[k];
-        gpu_mem_free(d, r->buf);
-        if (r->used) gpu_event_destroy(r->used);
-        if (r->filled) gpu_event_destroy(r->filled);
-        if (r->saved) gpu_event_destroy(r->saved);
-    }
-    if (rt->prev_done) gpu_event_destroy(rt->prev_done);
-    if (rt->bnd)
-        for (int k = 0; k < rt->g.nb - 1; k++) gpu_mem_free(d, rt->bnd[k]);
-    free(rt->bnd);
-    if (rt->bnd_host)
-        for (int k = 0; k < rt->g.nb - 1; k++) offload_host_free(env, rt->bnd_host[k], rt->m.boundary_bytes, 1);
-    free(rt->bnd_host);
+    free(sm->slots);
+    if (sm->prev_done) gpu_event_destroy(sm->prev_done);
+    actstore_free(sm->acts);
+    free(sm->sched);
+    free(sm);
 }
 
 /* ---- weights --------------------------------------------------------------------- */
 
-void offload_slots_invalidate(offload_t *rt)
+/* The block slot `sl` holds a current copy of, -1 none: a copy is current
+ * while the generations of the streamed weights it was made from are the
+ * stores' (a put or a load since makes a new one). */
+static int held(const offload_stream *sm, const offload_slot *sl)
 {
-    for (int i = 0; i < rt->n_slots; i++) rt->slots[i].block = -1;
+    int b = sl->block;
+    if (b < 0) return -1;
+    if (!sm->c.ws->resident && sl->gen != wstore_gen(sm->c.ws, b)) return -1;
+    if (sm->c.fws && !sm->c.fws->resident && sl->fgen != wstore_gen(sm->c.fws, b)) return -1;
+    return b;
 }
 
-static int slot_of(offload_t *rt, int block)
+static int slot_of(offload_stream *sm, int block)
 {
-    for (int i = 0; i < rt->n_slots; i++)
-        if (rt->slots[i].block == block) return i;
+    for (int i = 0; i < sm->c.n_slots; i++)
+        if (held(sm, &sm->slots[i]) == block) return i;
+    return -1;
+}
+
+/* The slot acquired for `block`, -1 none. */
+static int busy_slot(offload_stream *sm, int block)
+{
+    for (int i = 0; i < sm->c.n_slots; i++)
+        if (sm->slots[i].busy && sm->slots[i].block == block) return i;
     return -1;
 }
 
 /* Whether `block` is needed by schedule positions [from, to). */
-static int needed_soon(offload_t *rt, int block, int from, int to)
+static int needed_soon(offload_stream *sm, int block, int from, int to)
 {
-    for (int p = from; p < to && p < rt->n_sched; p++) {
-        int b = rt->sched[p];
-        if (b == block || rt->dep[b] == block) return 1;
+    for (int p = from; p < to && p < sm->n_sched; p++) {
+        int b = sm->sched[p];
+        if (b == block || sm->dep[b] == block) return 1;
     }
     return 0;
 }
 
 /* Start loading `block` into a free slot; -1 when none can be taken now
  * (every free slot holds a block needed before this one). */
-static zo_status load_block(offload_t *rt, int block, int horizon_end, int *slot_out)
+static zo_status load_block(offload_stream *sm, int block, int horizon_end, int *slot_out)
 {
     zo_status st;
     *slot_out = -1;
     int best = -1;
-    for (int i = 0; i < rt->n_slots; i++) {
-        offload_slot *sl = &rt->slots[i];
+    for (int i = 0; i < sm->c.n_slots; i++) {
+        offload_slot *sl = &sm->slots[i];
         if (sl->busy) continue;
-        if (sl->block >= 0 && needed_soon(rt, sl->block, rt->pos, horizon_end)) continue;
-        if (best < 0 || sl->released < rt->slots[best].released) best = i;
+        int b = held(sm, sl);
+        if (b >= 0 && needed_soon(sm, b, sm->pos, horizon_end)) continue;
+        if (best < 0 || sl->released < sm->slots[best].released) best = i;
     }
     if (best < 0) return ZO_OK;
-    offload_slot *sl = &rt->slots[best];
+    offload_slot *sl = &sm->slots[best];
     /* the copy overwrites the slot after the last block that used it has run */
-    if (sl->used && (st = gpu_stream_wait_event(rt->env.h2d, sl->freed)) != ZO_OK) return st;
-    /* the frozen base first, then the trainable weights: the parts streamed */
-    if (rt->fws && !rt->fws->resident && (st = rt->fws->ops->fetch(rt->fws, block, sl->buf)) != ZO_OK)
+    if (sl->used && (st = gpu_stream_wait_event(sm->env->h2d, sl->freed)) != ZO_OK) return st;
+    /* the frozen base first, then the trainable weights: the parts streamed,
+     * as of their generations now (their updates are published: the
+     * optimizer is done writing them) */
+    sl->block = -1;
+    if (sm->c.fws) sl->fgen = wstore_gen(sm->c.fws, block);
+    sl->gen = wstore_gen(sm->c.ws, block);
+    if (sm->c.fws && !sm->c.fws->resident && (st = sm->c.fws->ops->fetch(sm->c.fws, block, sl->buf)) != ZO_OK)
         return st;
-    if (!rt->ws->resident && (st = rt->ws->ops->fetch(rt->ws, block, (char *)sl->buf + rt->fslot)) != ZO_OK)
+    if (!sm->c.ws->resident && (st = sm->c.ws->ops->fetch(sm->c.ws, block, (char *)sl->buf + sm->c.fslot)) != ZO_OK)
         return st;
-    if ((st = gpu_event_record(sl->ready, rt->env.h2d)) != ZO_OK) return st;
+    if ((st = gpu_event_record(sl->ready, sm->env->h2d)) != ZO_OK) return st;
     sl->block = block;
-    sl->seg = 2 * rt->pass + (horizon_end - 1 >= rt->g.nb); /* the half-pass it was loaded for */
+    sl->seg = 2 * sm->pass + (horizon_end - 1 >= sm->c.g->nb); /* the half-pass it was loaded for */
     *slot_out = best;
     return ZO_OK;
 }
 
 /* Issue loads for the blocks of schedule positions [pos, pos + depth]. */
-static zo_status prefetch(offload_t *rt)
+static zo_status prefetch(offload_stream *sm)
 {
     zo_status st;
-    int end = rt->pos + rt->cfg.prefetch_depth + 1;
-    if (end > rt->n_sched) end = rt->n_sched;
-    for (int p = rt->pos; p < end; p++) {
-        int need[2] = {rt->sched[p], rt->dep[rt->sched[p]]};
+    int end = sm->pos + sm->c.prefetch_depth + 1;
+    if (end > sm->n_sched) end = sm->n_sched;
+    for (int p = sm->pos; p < end; p++) {
+        int need[2] = {sm->sched[p], sm->dep[sm->sched[p]]};
         for (int k = 0; k < 2; k++) {
-            if (need[k] < 0 || slot_of(rt, need[k]) >= 0) continue;
-            if (!offload_optim_ready(rt, need[k], 0)) return ZO_OK; /* its update runs: later */
+            if (need[k] < 0 || slot_of(sm, need[k]) >= 0) continue;
+            if (!offload_optim_ready(sm->c.opt, need[k], 0)) return ZO_OK; /* its update runs: later */
             int s;
-            if ((st = load_block(rt, need[k], p + 1, &s)) != ZO_OK) return st;
+            if ((st = load_block(sm, need[k], p + 1, &s)) != ZO_OK) return st;
             if (s < 0) return ZO_OK; /* no slot free: later positions wait too */
         }
     }
@@ -177,23 +189,23 @@ static zo_status prefetch(offload_t *rt)
 
 /* Where block b's weights and frozen base are for compute: resident in
  * their stores, or in slot `slot` (NULL: nothing streamed). */
-static void block_pointers(offload_t *rt, int b, const offload_slot *slot, const void **params,
+static void block_pointers(offload_stream *sm, int b, const offload_slot *slot, const void **params,
                            const void **frozen)
 {
-    wstore *ws = rt->ws, *fws = rt->fws;
-    *params = ws->resident ? ws->ops->resident(ws, b) : (const char *)slot->buf + rt->fslot;
+    wstore *ws = sm->c.ws, *fws = sm->c.fws;
+    *params = ws->resident ? ws->ops->resident(ws, b) : (const char *)slot->buf + sm->c.fslot;
     *frozen = !fws ? NULL : fws->resident ? fws->ops->resident(fws, b) : slot->buf;
 }
 
 /* Make block b's weights (and its dependency's) usable on `s`: the device
  * waits for their copies by event. */
-static zo_status acquire(offload_t *rt, gpu_stream_t s, int b, offload_block_io *io)
+static zo_status acquire(offload_stream *sm, gpu_stream_t s, int b, offload_block_io *io)
 {
     zo_status st;
-    int dep = rt->dep[b];
+    int dep = sm->dep[b];
     io->dep_params = io->dep_frozen = NULL;
     /* wait until the previous block has run: the compute part of the split */
-    if (rt->has_prev && (st = offload_timed_wait(&rt->env, rt->prev_done, OFFLOAD_TIME_COMPUTE)) != ZO_OK)
+    if (sm->has_prev && (st = offload_timed_wait(sm->env, sm->prev_done, OFFLOAD_TIME_COMPUTE)) != ZO_OK)
         return st;
     /* the weights of this step: the update of the block (and of the block
      * it reads) has published them */
@@ -201,247 +213,149 @@ static zo_status acquire(offload_t *rt, gpu_stream_t s, int b, offload_block_io 
     for (int k = 0; k < 2; k++) {
         if (ids0[k] < 0) continue;
         double t0 = zo_now();
-        int ready = offload_optim_ready(rt, ids0[k], 1);
-        offload_add_time(&rt->acct, OFFLOAD_TIME_WEIGHTS, zo_now() - t0);
+        int ready = offload_optim_ready(sm->c.opt, ids0[k], 1);
+        offload_add_time(sm->env->acct, OFFLOAD_TIME_WEIGHTS, zo_now() - t0);
         if (!ready) return zo_error(ZO_ERR_INVALID, "offload: block %d: the optimizer's update failed", ids0[k]);
     }
-    if (!rt->n_slots) {
-        block_pointers(rt, b, NULL, &io->params, &io->frozen);
-        if (dep >= 0) block_pointers(rt, dep, NULL, &io->dep_params, &io->dep_frozen);
+    if (!sm->c.n_slots) {
+        block_pointers(sm, b, NULL, &io->params, &io->frozen);
+        if (dep >= 0) block_pointers(sm, dep, NULL, &io->dep_params, &io->dep_frozen);
         return ZO_OK;
     }
-    if ((st = prefetch(rt)) != ZO_OK) return st;
+    if ((st = prefetch(sm)) != ZO_OK) return st;
     int ids[2] = {b, dep};
     for (int k = 0; k < 2; k++) {
         if (ids[k] < 0) continue;
-        int i = slot_of(rt, ids[k]);
+        int i = slot_of(sm, ids[k]);
         if (i < 0) {
-            if ((st = load_block(rt, ids[k], rt->pos + 1, &i)) != ZO_OK) return st;
+            if ((st = load_block(sm, ids[k], sm->pos + 1, &i)) != ZO_OK) return st;
             if (i < 0)
                 return zo_error(ZO_ERR_INTERNAL, "offload: no device slot free for block %d (%d slots)",
-                                ids[k], rt->n_slots);
+                                ids[k], sm->c.n_slots);
         }
-        offload_slot *sl = &rt->slots[i];
+        offload_slot *sl = &sm->slots[i];
         sl->busy = 1;
         /* a half-pass (a forward, a backward) found the copy an earlier one
          * loaded still there: not fetched again */
-        uint64_t seg = 2 * rt->pass + (rt->pos >= rt->g.nb);
+        uint64_t seg = 2 * sm->pass + (sm->pos >= sm->c.g->nb);
         if (sl->seg != seg) {
-            rt->acct.reused_elems += rt->numel[ids[k]];
+            sm->env->acct->reused_elems += sm->c.g->numel[ids[k]];
             sl->seg = seg;
         }
         /* the time the weights were late by */
-        if ((st = offload_timed_wait(&rt->env, sl->ready, OFFLOAD_TIME_WEIGHTS)) != ZO_OK ||
+        if ((st = offload_timed_wait(sm->env, sl->ready, OFFLOAD_TIME_WEIGHTS)) != ZO_OK ||
             (st = gpu_stream_wait_event(s, sl->ready)) != ZO_OK)
             return st;
-        if (k == 0) block_pointers(rt, b, sl, &io->params, &io->frozen);
-        else block_pointers(rt, dep, sl, &io->dep_params, &io->dep_frozen);
+        if (k == 0) block_pointers(sm, b, sl, &io->params, &io->frozen);
+        else block_pointers(sm, dep, sl, &io->dep_params, &io->dep_frozen);
     }
     return ZO_OK;
 }
 
 /* Block b's work is enqueued on s: mark its slots reusable after it. */
-static zo_status release(offload_t *rt, gpu_stream_t s, int b)
+static zo_status release(offload_stream *sm, gpu_stream_t s, int b)
 {
     zo_status st;
-    if ((st = gpu_event_record(rt->prev_done, s)) != ZO_OK) return st;
-    rt->has_prev = 1;
-    rt->pos++;
-    if (!rt->n_slots) return ZO_OK;
-    int ids[2] = {b, rt->dep[b]};
+    if ((st = gpu_event_record(sm->prev_done, s)) != ZO_OK) return st;
+    sm->has_prev = 1;
+    sm->pos++;
+    if (!sm->c.n_slots) return ZO_OK;
+    int ids[2] = {b, sm->dep[b]};
     for (int k = 0; k < 2; k++) {
         if (ids[k] < 0) continue;
-        int i = slot_of(rt, ids[k]);
+        int i = busy_slot(sm, ids[k]);
         if (i < 0) continue;
-        offload_slot *sl = &rt->slots[i];
+        offload_slot *sl = &sm->slots[i];
         if ((st = gpu_event_record(sl->freed, s)) != ZO_OK) return st;
         sl->used = 1;
         sl->busy = 0;
-        sl->released = ++rt->tick;
+        sl->released = ++sm->tick;
     }
     return ZO_OK;
-}
-
-/* ---- activation boundaries ----------------------------------------------------------- */
-
-/* Host-memory checkpoints: the ring slot of boundary k. */
-static offload_ring *ring_of(offload_t *rt, int k) { return &rt->ring[k & 1]; }
-
-/* Forward of block b: its input boundary b-1 and output boundary b. */
-static zo_status bounds_forward(offload_t *rt, gpu_stream_t s, int b, offload_block_io *io)
-{
-    zo_status st;
-    int last = rt->g.nb - 1;
-    io->in = NULL;
-    io->out = NULL;
-    if (!rt->m.boundary_bytes) return ZO_OK;
-    if (rt->bnd) {
-        if (b > 0) io->in = rt->bnd[b - 1];
-        if (b < last) io->out = rt->bnd[b];
-        return ZO_OK;
-    }
-    if (b > 0) io->in = ring_of(rt, b - 1)->buf;
-    if (b < last) {
-        offload_ring *r = ring_of(rt, b);
-        /* overwritten only once its previous boundary reached the host */
-        if (r->has_saved && (st = gpu_stream_wait_event(s, r->saved)) != ZO_OK) return st;
-        io->out = r->buf;
-        r->holds = b;
-    }
-    return ZO_OK;
-}
-
-/* After forward of block b: send boundary b to host memory. */
-static zo_status bounds_forward_done(offload_t *rt, gpu_stream_t s, int b)
-{
-    zo_status st;
-    gpu_stream_t d2h = rt->env.d2h;
-    if (rt->bnd || !rt->m.boundary_bytes || b >= rt->g.nb - 1) return ZO_OK;
-    offload_ring *r = ring_of(rt, b);
-    if ((st = gpu_event_record(r->used, s)) != ZO_OK) return st;
-    r->has_used = 1;
-    if ((st = gpu_stream_wait_event(d2h, r->used)) != ZO_OK ||
-        (st = gpu_memcpy_async(d2h, rt->bnd_host[b], r->buf, rt->m.boundary_bytes,
-                               GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
-        (st = gpu_event_record(r->saved, d2h)) != ZO_OK)
-        return st;
-    r->has_saved = 1;
-    offload_add_bytes(&rt->acct, OFFLOAD_BYTES_D2H, rt->m.boundary_bytes);
-    if (b > 0) { /* the input was read by this block too */
-        offload_ring *ri = ring_of(rt, b - 1);
-        if ((st = gpu_event_record(ri->used, s)) != ZO_OK) return st;
-        ri->has_used = 1;
-    }
-    return ZO_OK;
-}
-
-/* Load boundary k into its ring slot (host-memory checkpoints). */
-static zo_status bounds_load(offload_t *rt, int k)
-{
-    zo_status st;
-    gpu_stream_t h2d = rt->env.h2d;
-    offload_ring *r = ring_of(rt, k);
-    if (r->holds == k) return ZO_OK;
-    if (r->has_used && (st = gpu_stream_wait_event(h2d, r->used)) != ZO_OK) return st;
-    if ((st = gpu_memcpy_async(h2d, r->buf, rt->bnd_host[k], rt->m.boundary_bytes,
-                               GPU_COPY_HOST_TO_DEVICE)) != ZO_OK ||
-        (st = gpu_event_record(r->filled, h2d)) != ZO_OK)
-        return st;
-    r->has_filled = 1;
-    r->holds = k;
-    offload_add_bytes(&rt->acct, OFFLOAD_BYTES_H2D, rt->m.boundary_bytes);
-    return ZO_OK;
-}
-
-/* Backward of block b reads boundary b-1. */
-static zo_status bounds_backward(offload_t *rt, gpu_stream_t s, int b, offload_block_io *io)
-{
-    zo_status st;
-    io->in = NULL;
-    io->out = NULL;
-    if (!rt->m.boundary_bytes || b == 0) return ZO_OK;
-    if (rt->bnd) {
-        io->in = rt->bnd[b - 1];
-        return ZO_OK;
-    }
-    offload_ring *r = ring_of(rt, b - 1);
-    if ((st = bounds_load(rt, b - 1)) != ZO_OK) return st;
-    if (r->has_filled && (st = gpu_stream_wait_event(s, r->filled)) != ZO_OK) return st;
-    io->in = r->buf;
-    return ZO_OK;
-}
-
-/* After backward of block b: its input slot is free; prefetch the input of
- * block b-1 (boundary b-2) into the other slot. */
-static zo_status bounds_backward_done(offload_t *rt, gpu_stream_t s, int b)
-{
-    zo_status st;
-    if (rt->bnd || !rt->m.boundary_bytes || b == 0) return ZO_OK;
-    offload_ring *r = ring_of(rt, b - 1);
-    if ((st = gpu_event_record(r->used, s)) != ZO_OK) return st;
-    r->has_used = 1;
-    return b >= 2 ? bounds_load(rt, b - 2) : ZO_OK;
 }
 
 /* ---- the micro-batch ------------------------------------------------------------------- */
 
-/* The schedule starts again; the activations ring is empty. */
-static void pass_begin(offload_t *rt)
+/* The schedule starts again, and so does the activation store. */
+static void pass_begin(offload_stream *sm)
 {
-    rt->pass++;
-    rt->pos = 0;
-    rt->has_prev = 0;
-    for (int k = 0; k < 2; k++) rt->ring[k].holds = -1;
+    sm->pass++;
+    sm->pos = 0;
+    sm->has_prev = 0;
+    sm->acts->ops->pass_begin(sm->acts);
 }
 
 /* Forward of every block in order. */
-static zo_status forward_blocks(offload_t *rt, gpu_stream_t s)
+static zo_status forward_blocks(offload_stream *sm, gpu_stream_t s)
 {
+    actstore *acts = sm->acts;
     zo_status st;
-    for (int b = 0; b < rt->g.nb; b++) {
+    for (int b = 0; b < sm->c.g->nb; b++) {
         offload_block_io io = {0};
-        if ((st = acquire(rt, s, b, &io)) != ZO_OK ||
-            (st = bounds_forward(rt, s, b, &io)) != ZO_OK ||
-            (st = rt->m.forward(rt->m.user, b, &io, s)) != ZO_OK ||
-            (st = bounds_forward_done(rt, s, b)) != ZO_OK || (st = release(rt, s, b)) != ZO_OK)
+        if ((st = acquire(sm, s, b, &io)) != ZO_OK || (st = acts->ops->forward(acts, s, b, &io)) != ZO_OK ||
+            (st = sm->c.m->forward(sm->c.m->user, b, &io, s)) != ZO_OK ||
+            (st = acts->ops->forward_done(acts, s, b)) != ZO_OK || (st = release(sm, s, b)) != ZO_OK)
             return st;
     }
     return ZO_OK;
 }
 
 /* Backward of block b, its gradients sent on. */
-static zo_status backward_block(offload_t *rt, gpu_stream_t s, int b)
+static zo_status backward_block(offload_stream *sm, gpu_stream_t s, int b)
 {
     zo_status st;
+    actstore *acts = sm->acts;
+    offload_grads *gr = sm->c.gr;
     offload_block_io io = {0};
-    int k, kd = -1, dep = rt->dep[b];
-    if ((st = acquire(rt, s, b, &io)) != ZO_OK ||
-        (st = bounds_backward(rt, s, b, &io)) != ZO_OK || (st = offload_grads_take(rt, s, -1, &k)) != ZO_OK)
+    int k, kd = -1, dep = sm->dep[b];
+    if ((st = acquire(sm, s, b, &io)) != ZO_OK || (st = acts->ops->backward(acts, s, b, &io)) != ZO_OK ||
+        (st = offload_grads_take(gr, s, -1, &k)) != ZO_OK)
         return st;
-    io.grads = rt->gs[k].dev;
+    io.grads = gr->gs[k].dev;
     if (dep >= 0) {
-        if ((st = offload_grads_take(rt, s, k, &kd)) != ZO_OK) return st;
-        io.dep_grads = rt->gs[kd].dev;
+        if ((st = offload_grads_take(gr, s, k, &kd)) != ZO_OK) return st;
+        io.dep_grads = gr->gs[kd].dev;
     }
-    if (rt->cfg.recompute && (st = rt->m.recompute(rt->m.user, b, &io, s)) != ZO_OK) return st;
-    if ((st = rt->m.backward(rt->m.user, b, &io, rt->loss_scale, s)) != ZO_OK) return st;
+    if (sm->c.recompute && (st = sm->c.m->recompute(sm->c.m->user, b, &io, s)) != ZO_OK) return st;
+    if ((st = sm->c.m->backward(sm->c.m->user, b, &io, sm->c.opt->ctr.loss_scale, s)) != ZO_OK) return st;
     /* the dependency's share first: the same order whatever the placement */
-    if (kd >= 0 && (st = offload_grads_send(rt, s, kd, dep, 0)) != ZO_OK) return st;
-    if ((st = offload_grads_send(rt, s, k, b, 1)) != ZO_OK || (st = bounds_backward_done(rt, s, b)) != ZO_OK ||
-        (st = release(rt, s, b)) != ZO_OK)
+    if (kd >= 0 && (st = offload_grads_send(gr, s, kd, dep, 0)) != ZO_OK) return st;
+    if ((st = offload_grads_send(gr, s, k, b, 1)) != ZO_OK || (st = acts->ops->backward_done(acts, s, b)) != ZO_OK ||
+        (st = release(sm, s, b)) != ZO_OK)
         return st;
     /* add the previous block's gradients while the device runs this one */
     for (int i = 0; i < OFFLOAD_GRAD_SLOTS; i++)
-        if (i != k && i != kd && (st = offload_grads_accumulate(rt, i)) != ZO_OK) return st;
+        if (i != k && i != kd && (st = offload_grads_accumulate(gr, i)) != ZO_OK) return st;
     return ZO_OK;
 }
 
-static zo_status micro_batch_run(offload_t *rt, gpu_stream_t s)
+static zo_status micro_batch_run(offload_stream *sm, gpu_stream_t s)
 {
     zo_status st;
-    pass_begin(rt);
-    if ((st = offload_grads_begin(rt, s)) != ZO_OK || (st = offload_optim_micro_begin(rt)) != ZO_OK) return st;
-    if ((st = forward_blocks(rt, s)) != ZO_OK) return st;
-    for (int b = rt->g.nb - 1; b >= 0; b--)
-        if ((st = backward_block(rt, s, b)) != ZO_OK) return st;
+    pass_begin(sm);
+    if ((st = offload_grads_begin(sm->c.gr, s)) != ZO_OK || (st = offload_optim_micro_begin(sm->c.opt)) != ZO_OK)
+        return st;
+    if ((st = forward_blocks(sm, s)) != ZO_OK) return st;
+    for (int b = sm->c.g->nb - 1; b >= 0; b--)
+        if ((st = backward_block(sm, s, b)) != ZO_OK) return st;
     /* the compute of the last block, then its gradients */
-    if ((st = offload_timed_wait(&rt->env, rt->prev_done, OFFLOAD_TIME_COMPUTE)) != ZO_OK ||
-        (st = offload_grads_drain(rt)) != ZO_OK || (st = offload_dp_wait(rt->dp)) != ZO_OK)
+    if ((st = offload_timed_wait(sm->env, sm->prev_done, OFFLOAD_TIME_COMPUTE)) != ZO_OK ||
+        (st = offload_grads_drain(sm->c.gr)) != ZO_OK || (st = offload_dp_wait(sm->env->dp)) != ZO_OK)
         return st;
-    rt->has_prev = 0;
-    rt->micro++;
+    sm->has_prev = 0;
+    sm->c.opt->micro++;
     return ZO_OK;
 }
 
-static zo_status forward_run(offload_t *rt, gpu_stream_t s)
+static zo_status forward_run(offload_stream *sm, gpu_stream_t s)
 {
     zo_status st;
-    pass_begin(rt);
-    if ((st = forward_blocks(rt, s)) != ZO_OK ||
-        (st = offload_timed_wait(&rt->env, rt->prev_done, OFFLOAD_TIME_COMPUTE)) != ZO_OK ||
-        (st = offload_dp_wait(rt->dp)) != ZO_OK)
+    pass_begin(sm);
+    if ((st = forward_blocks(sm, s)) != ZO_OK ||
+        (st = offload_timed_wait(sm->env, sm->prev_done, OFFLOAD_TIME_COMPUTE)) != ZO_OK ||
+        (st = offload_dp_wait(sm->env->dp)) != ZO_OK)
         return st;
-    rt->has_prev = 0;
+    sm->has_prev = 0;
     return ZO_OK;
 }
 
@@ -451,30 +365,30 @@ static zo_status forward_run(offload_t *rt, gpu_stream_t s)
  * forget the step's gradients, which now hold part of a micro-batch; the
  * slots are free again, so the runtime can go on. A forward leaves the
  * step's gradients alone. */
-static zo_status abandon(offload_t *rt, gpu_stream_t s, zo_status st, int keep_grads)
+static zo_status abandon(offload_stream *sm, gpu_stream_t s, zo_status st, int keep_grads)
 {
     char msg[512];
     snprintf(msg, sizeof msg, "%s", zo_last_error());
     gpu_stream_synchronize(s);
-    gpu_stream_synchronize(rt->env.h2d);
-    gpu_stream_synchronize(rt->env.d2h);
-    for (int i = 0; i < rt->n_slots; i++) rt->slots[i].busy = 0;
-    rt->has_prev = 0;
+    gpu_stream_synchronize(sm->env->h2d);
+    gpu_stream_synchronize(sm->env->d2h);
+    for (int i = 0; i < sm->c.n_slots; i++) sm->slots[i].busy = 0;
+    sm->has_prev = 0;
     if (!keep_grads) {
-        for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) rt->gs[k].block = -1;
-        rt->micro = 0;
+        offload_grads_forget(sm->c.gr);
+        sm->c.opt->micro = 0;
     }
     return zo_error(st, "%s", msg); /* the failure's own message, not the waits' */
 }
 
-zo_status offload_stream_micro_batch(offload_t *rt, gpu_stream_t s)
+zo_status offload_stream_micro_batch(offload_stream *sm, gpu_stream_t s)
 {
-    zo_status st = micro_batch_run(rt, s);
-    return st == ZO_OK ? ZO_OK : abandon(rt, s, st, 0);
+    zo_status st = micro_batch_run(sm, s);
+    return st == ZO_OK ? ZO_OK : abandon(sm, s, st, 0);
 }
 
-zo_status offload_stream_forward(offload_t *rt, gpu_stream_t s)
+zo_status offload_stream_forward(offload_stream *sm, gpu_stream_t s)
 {
-    zo_status st = forward_run(rt, s);
-    return st == ZO_OK ? ZO_OK : abandon(rt, s, st, 1);
+    zo_status st = forward_run(sm, s);
+    return st == ZO_OK ? ZO_OK : abandon(sm, s, st, 1);
 }

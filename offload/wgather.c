@@ -10,13 +10,14 @@
  * The optimizer's puts are the rank's parts, which is what the inner store
  * holds: they pass through, no collective. A load (whole blocks, every rank
  * has them) keeps the rank's part. */
-#include "offload/offload_impl.h"
+#include "offload/wstore.h"
 
 #include <stdlib.h>
 
 typedef struct wgather {
     wstore base;
     wstore *inner; /* block b: the rank's part, dp->part_n[b] elements */
+    int round;     /* a put since the last sync */
 } wgather;
 
 static wstore *inner_of(wstore *ws) { return ((wgather *)ws)->inner; }
@@ -59,8 +60,8 @@ static zo_status wg_put_host(wstore *ws, int b, size_t rel, size_t n, void **dst
 
 static zo_status wg_put_host_done(wstore *ws, int b, size_t rel, size_t n)
 {
-    wstore *in = inner_of(ws);
-    return in->ops->put_host_done(in, b, rel, n);
+    ((wgather *)ws)->round = 1;
+    return wstore_put_host_done(inner_of(ws), b, rel, n);
 }
 
 static zo_status wg_put_dev(wstore *ws, int b, void **dst)
@@ -71,13 +72,19 @@ static zo_status wg_put_dev(wstore *ws, int b, void **dst)
 
 static zo_status wg_put_dev_done(wstore *ws, int b, gpu_stream_t s)
 {
-    wstore *in = inner_of(ws);
-    return in->ops->put_dev_done(in, b, s);
+    ((wgather *)ws)->round = 1;
+    return wstore_put_dev_done(inner_of(ws), b, s);
 }
 
+/* The end of a round of puts: every block changed, the ones of which this
+ * rank holds nothing included (the other ranks put their parts), so that
+ * every rank fetches, and gathers, the same blocks. */
 static zo_status wg_sync(wstore *ws)
 {
+    wgather *w = (wgather *)ws;
     wstore *in = inner_of(ws);
+    if (w->round) wstore_changed_all(ws);
+    w->round = 0;
     zo_status st = in->ops->sync(in);
     /* the gathers of the last fetches: their requests done */
     zo_status sw = offload_dp_wait(ws->env->dp);
@@ -93,7 +100,7 @@ static zo_status wg_load(wstore *ws, int b, size_t rel, size_t n, const float *s
     size_t po = dp->part_off[b], pe = po + dp->part_n[b];
     size_t lo = rel > po ? rel : po, hi = rel + n < pe ? rel + n : pe;
     if (lo >= hi) return ZO_OK;
-    return in->ops->load(in, b, lo - po, hi - lo, src + (lo - rel));
+    return wstore_load_f32(in, b, lo - po, hi - lo, src + (lo - rel));
 }
 
 static void wg_free(wstore *ws)
@@ -117,8 +124,13 @@ zo_status wgather_create(const offload_env *env, const offload_geom *g, wstore *
         return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
     }
     w->inner = inner;
-    w->base = (wstore){.ops = &wgather_ops, .env = env, .g = g, .tier = inner->tier, .resident = 0,
-                       .part_only = 1, .put_max = inner->put_max};
+    zo_status st = wstore_init_base(&w->base, &wgather_ops, env, g, inner->tier);
+    if (st != ZO_OK) {
+        wstore_free(&w->base);
+        return st;
+    }
+    w->base.part_only = 1;
+    w->base.put_max = inner->put_max;
     *out = &w->base;
     return ZO_OK;
 }

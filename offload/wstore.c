@@ -1,4 +1,5 @@
-/* Weight stores: where the 16-bit weights of every block live between uses.
+/* Weight stores: where the 16-bit weights of every block live between uses,
+ * one struct per tier.
  *
  *   device   resident in device memory: the compute reads them in place;
  *            new weights from the host arrive through two pinned chunks,
@@ -12,12 +13,12 @@
  * New weights from the device (the optimizer's device shard) go through one
  * device staging block when the store is not on the device.
  *
- * ZeRO 1-2 (env->dp partitioned): the device store holds every block,
+ * ZeRO 1-2 (wstore_config.gathered): the device store holds every block,
  * each padded to a multiple of the rank count; the optimizer puts only the
  * rank's part of each block, and a block whose part is complete is
  * all-gathered in place, in block order (the same order on every rank, a
  * block of which this rank holds nothing included). ZeRO 3: wgather.c. */
-#include "offload/offload_impl.h"
+#include "offload/wstore.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -30,70 +31,137 @@
 #include "nvme/nvme_store.h"  /* defines: nvme_store_t */
 #endif
 
-typedef struct wstore_impl {
+static size_t block_bytes(const wstore *ws, int b) { return ws->g->numel[b] * ws->g->es; }
+
+/* ---- the generations ------------------------------------------------------------------ */
+
+zo_status wstore_init_base(wstore *ws, const wstore_ops *ops, const offload_env *env, const offload_geom *g,
+                           offload_tier tier)
+{
+    ws->ops = ops;
+    ws->env = env;
+    ws->g = g;
+    ws->tier = tier;
+    ws->gen = calloc((size_t)g->nb ? (size_t)g->nb : 1, sizeof *ws->gen);
+    return ws->gen ? ZO_OK : zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+}
+
+uint64_t wstore_gen(const wstore *ws, int b) { return __atomic_load_n(&ws->gen[b], __ATOMIC_RELAXED); }
+
+static void changed(wstore *ws, int b) { __atomic_add_fetch(&ws->gen[b], 1, __ATOMIC_RELAXED); }
+
+void wstore_changed_all(wstore *ws)
+{
+    for (int b = 0; b < ws->g->nb; b++) changed(ws, b);
+}
+
+zo_status wstore_put_host_done(wstore *ws, int b, size_t rel, size_t n)
+{
+    changed(ws, b);
+    return ws->ops->put_host_done(ws, b, rel, n);
+}
+
+zo_status wstore_put_dev_done(wstore *ws, int b, gpu_stream_t s)
+{
+    changed(ws, b);
+    return ws->ops->put_dev_done(ws, b, s);
+}
+
+zo_status wstore_load_f32(wstore *ws, int b, size_t rel, size_t n, const float *src)
+{
+    changed(ws, b);
+    return ws->ops->load(ws, b, rel, n, src);
+}
+
+/* ---- what the tiers share ----------------------------------------------------------------- */
+
+/* Put [rel, rel + n) of block b chunk by chunk, each chunk converted from
+ * fp32 or copied as it is from element `done` of the source. */
+static zo_status put_chunks(wstore *ws, int b, size_t rel, size_t n, const void *src, int f32)
+{
+    zo_status st;
+    size_t es = ws->g->es;
+    for (size_t done = 0; done < n; done += ws->put_max) {
+        size_t k = n - done < ws->put_max ? n - done : ws->put_max;
+        void *dst;
+        if ((st = ws->ops->put_host(ws, b, rel + done, k, &dst)) != ZO_OK) return st;
+        if (f32) offload_to_dtype(ws->g, dst, (const float *)src + done, k);
+        else memcpy(dst, (const char *)src + done * es, k * es);
+        if ((st = wstore_put_host_done(ws, b, rel + done, k)) != ZO_OK) return st;
+    }
+    return ZO_OK;
+}
+
+/* The streamed tiers' load: puts of chunks of at most put_max. */
+static zo_status load_by_puts(wstore *ws, int b, size_t rel, size_t n, const float *src)
+{
+    return put_chunks(ws, b, rel, n, src, 1);
+}
+
+static const void *none_resident(wstore *ws, int b)
+{
+    (void)ws, (void)b;
+    return NULL;
+}
+
+static zo_status staged_put_dev(void *stage, void **dst)
+{
+    if (!stage) return zo_error(ZO_ERR_INTERNAL, "offload: weights from the device without a staging block");
+    *dst = stage;
+    return ZO_OK;
+}
+
+/* The streamed tiers' device staging block, when new weights will come
+ * from the device, and the event of its copies out. */
+static zo_status staging_create(wstore *ws, const wstore_config *c, void **stage, gpu_event_t *ev)
+{
+    const offload_env *env = ws->env;
+    zo_status st = gpu_event_create(env->dev, ev);
+    if (st != ZO_OK || !c->dev_puts) return st;
+    if ((st = gpu_mem_alloc(env->dev, ws->g->slot_bytes, stage)) != ZO_OK)
+        return zo_error_wrap(st, "offload_init: device staging of new weights (%zu bytes)", ws->g->slot_bytes);
+    return ZO_OK;
+}
+
+/* ---- the device tier --------------------------------------------------------------------- */
+
+typedef struct dev_store {
     wstore base;
-    const size_t *boff;        /* [nb] block offsets in the store: the model's, or padded */
+    void *dev;                 /* device [elems] dtype */
+    const size_t *boff;        /* [nb] block offsets in it: the model's, or padded (ZeRO 1-2) */
     size_t *boff_own;
-    /* ZeRO 1-2 (device tier): the round of puts of a step */
+    void *stage[2];            /* pinned [put_max] dtype: host puts on their way in */
+    gpu_event_t stage_ev[2];   /* h2d: the chunk's copy is done */
+    int stage_pending[2];
+    int stage_cur;
+    gpu_event_t ev;            /* the stream of the last device put, or of a read out: done */
+    int ev_pending;
+    /* ZeRO 1-2: the round of puts of a step */
     const offload_dp *dp;      /* NULL: puts are whole-block coordinates */
     size_t *got;               /* [nb] elements of the rank's part put this round */
     int next_ag;               /* the next block to all-gather */
     int round;                 /* a put since the last sync: the step's round of puts */
     gpu_stream_t dev_s;        /* the stream of this round's device puts, or NULL */
     gpu_event_t ag_join;       /* dev_s: its puts so far (the all-gather's input) */
-    /* device tier */
-    void *dev;                 /* device [n] dtype */
-    void *stage[2];            /* pinned [put_max] dtype: host puts on their way in */
-    gpu_event_t stage_ev[2];   /* h2d: the chunk's copy is done */
-    int stage_pending[2];
-    int stage_cur;
-    /* host tier */
-    void *host;                /* pinned [n] dtype */
-    /* new weights from the device (host and nvme tiers) */
-    void *dev_stage;           /* device [slot_bytes] */
-    gpu_event_t dev_ev;        /* the stream of the last device put: its copy out is done */
-    int dev_pending;
-    /* nvme tier */
-    void *asm_buf;             /* pinned [slot_bytes]: a block on its way to NVMe */
-    int asm_block;             /* the block being assembled, -1 none */
-    size_t asm_done;           /* its elements written so far */
-    int n_ring;
-    void **ring;               /* [n_ring] pinned [slot_bytes]: read-ahead */
-    gpu_event_t *ring_ev;      /* h2d: the buffer's copy to the device is done */
-    int *ring_used;
-    int ring_next;
-#ifdef ZO_OFFLOAD_HAVE_NVME
-    nvme_engine_t *engine;
-    nvme_store_t *store;
-    int *ids;                  /* [nb] tensor ids */
-    int counted;               /* the store's bytes are counted in the NVMe tier */
-    /* the host thread fetches while the optimizer's thread writes (schedules
-     * other than serial): one ring, one caller at a time */
-    pthread_mutex_t io_mu;
-    int io_mu_init;
-#endif
-} wstore_impl;
+} dev_store;
 
-static wstore_impl *impl(wstore *ws) { return (wstore_impl *)ws; }
+static dev_store *dev_of(wstore *ws) { return (dev_store *)ws; }
 
-static size_t block_bytes(const wstore *ws, int b) { return ws->g->numel[b] * ws->g->es; }
-
-static char *at(const wstore *ws, void *base, int b, size_t rel)
+static char *dev_at(const wstore *ws, int b, size_t rel)
 {
-    return (char *)base + (((const wstore_impl *)ws)->boff[b] + rel) * ws->g->es;
+    const dev_store *d = (const dev_store *)ws;
+    return (char *)d->dev + (d->boff[b] + rel) * ws->g->es;
 }
 
 /* Where a put of the optimizer's element `rel` of block b goes: its part's
  * place in the whole block. */
 static size_t put_pos(const wstore *ws, int b, size_t rel)
 {
-    const wstore_impl *w = (const wstore_impl *)ws;
-    return w->dp ? w->dp->part_off[b] + rel : rel;
+    const dev_store *d = (const dev_store *)ws;
+    return d->dp ? d->dp->part_off[b] + rel : rel;
 }
 
-/* ---- the device tier --------------------------------------------------------------------- */
-
-static const void *dev_resident(wstore *ws, int b) { return at(ws, impl(ws)->dev, b, 0); }
+static const void *dev_resident(wstore *ws, int b) { return dev_at(ws, b, 0); }
 
 static zo_status dev_fetch(wstore *ws, int b, void *dst)
 {
@@ -103,34 +171,33 @@ static zo_status dev_fetch(wstore *ws, int b, void *dst)
 
 static zo_status dev_put_host(wstore *ws, int b, size_t rel, size_t n, void **dst)
 {
-    wstore_impl *w = impl(ws);
+    dev_store *d = dev_of(ws);
     (void)b, (void)rel;
     if (n > ws->put_max)
         return zo_error(ZO_ERR_INTERNAL, "offload: a put of %zu elements (at most %zu)", n, ws->put_max);
-    int k = w->stage_cur ^= 1;
-    if (w->stage_pending[k]) {
-        zo_status st = offload_timed_wait(ws->env, w->stage_ev[k], OFFLOAD_TIME_OPTIMIZER);
-        w->stage_pending[k] = 0;
+    int k = d->stage_cur ^= 1;
+    if (d->stage_pending[k]) {
+        zo_status st = offload_timed_wait(ws->env, d->stage_ev[k], OFFLOAD_TIME_OPTIMIZER);
+        d->stage_pending[k] = 0;
         if (st != ZO_OK) return st;
     }
-    *dst = w->stage[k];
+    *dst = d->stage[k];
     return ZO_OK;
 }
 
 /* The staged chunk into elements [pos, pos + n) of block b. */
 static zo_status dev_copy_in(wstore *ws, int b, size_t pos, size_t n)
 {
-    wstore_impl *w = impl(ws);
+    dev_store *d = dev_of(ws);
     const offload_env *env = ws->env;
-    int k = w->stage_cur;
+    int k = d->stage_cur;
     size_t bytes = n * ws->g->es;
     zo_status st;
     if (!bytes) return ZO_OK;
-    if ((st = gpu_memcpy_async(env->h2d, at(ws, w->dev, b, pos), w->stage[k], bytes,
-                               GPU_COPY_HOST_TO_DEVICE)) != ZO_OK ||
-        (st = gpu_event_record(w->stage_ev[k], env->h2d)) != ZO_OK)
+    if ((st = gpu_memcpy_async(env->h2d, dev_at(ws, b, pos), d->stage[k], bytes, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK ||
+        (st = gpu_event_record(d->stage_ev[k], env->h2d)) != ZO_OK)
         return st;
-    w->stage_pending[k] = 1;
+    d->stage_pending[k] = 1;
     offload_add_bytes(env->acct, OFFLOAD_BYTES_H2D, bytes);
     return ZO_OK;
 }
@@ -141,30 +208,30 @@ static zo_status dev_copy_in(wstore *ws, int b, size_t pos, size_t n)
  * dev_s: h2d joins dev_s, and the all-gather starts after h2d. */
 static zo_status dev_gather_ready(wstore *ws, int all)
 {
-    wstore_impl *w = impl(ws);
+    dev_store *d = dev_of(ws);
     const offload_env *env = ws->env;
-    const offload_dp *dp = w->dp;
+    const offload_dp *dp = d->dp;
     zo_status st;
     int joined = 0;
-    while (w->next_ag < ws->g->nb) {
-        int b = w->next_ag;
-        if (w->got[b] < dp->part_n[b] && !all) break;
-        if (w->got[b] != dp->part_n[b])
+    while (d->next_ag < ws->g->nb) {
+        int b = d->next_ag;
+        if (d->got[b] < dp->part_n[b] && !all) break;
+        if (d->got[b] != dp->part_n[b])
             return zo_error(ZO_ERR_INTERNAL, "offload: new weights of block %d incomplete (%zu of %zu)",
-                            b, w->got[b], dp->part_n[b]);
+                            b, d->got[b], dp->part_n[b]);
         if (!joined) {
-            if (w->dev_s && ((st = gpu_event_record(w->ag_join, w->dev_s)) != ZO_OK ||
-                             (st = gpu_stream_wait_event(env->h2d, w->ag_join)) != ZO_OK))
+            if (d->dev_s && ((st = gpu_event_record(d->ag_join, d->dev_s)) != ZO_OK ||
+                             (st = gpu_stream_wait_event(env->h2d, d->ag_join)) != ZO_OK))
                 return st;
             if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK) return st;
             joined = 1;
         }
         if (ws->g->numel[b] &&
-            (st = offload_dp_block(env->dp, DP_ALL_GATHER, b, ws->g->numel[b], at(ws, w->dev, b, 0),
-                                        ws->g->dtype, dp->ev_in, NULL)) != ZO_OK)
+            (st = offload_dp_block(env->dp, DP_ALL_GATHER, b, ws->g->numel[b], dev_at(ws, b, 0), ws->g->dtype,
+                                   dp->ev_in, NULL)) != ZO_OK)
             return st;
-        w->got[b] = 0;
-        w->next_ag++;
+        d->got[b] = 0;
+        d->next_ag++;
     }
     return ZO_OK;
 }
@@ -173,10 +240,10 @@ static zo_status dev_gather_ready(wstore *ws, int all)
  * complete so far gathered. */
 static zo_status dev_part_done(wstore *ws, int b, size_t n)
 {
-    wstore_impl *w = impl(ws);
-    if (!w->dp) return ZO_OK;
-    w->got[b] += n;
-    w->round = 1;
+    dev_store *d = dev_of(ws);
+    if (!d->dp) return ZO_OK;
+    d->got[b] += n;
+    d->round = 1;
     return dev_gather_ready(ws, 0);
 }
 
@@ -189,19 +256,19 @@ static zo_status dev_put_host_done(wstore *ws, int b, size_t rel, size_t n)
 
 static zo_status dev_put_dev(wstore *ws, int b, void **dst)
 {
-    *dst = at(ws, impl(ws)->dev, b, put_pos(ws, b, 0));
+    *dst = dev_at(ws, b, put_pos(ws, b, 0));
     return ZO_OK;
 }
 
 static zo_status dev_put_dev_done(wstore *ws, int b, gpu_stream_t s)
 {
-    wstore_impl *w = impl(ws);
+    dev_store *d = dev_of(ws);
     /* in place: the compute waits for the stream's work */
-    zo_status st = gpu_event_record(w->dev_ev, s);
+    zo_status st = gpu_event_record(d->ev, s);
     if (st != ZO_OK) return st;
-    w->dev_pending = 1;
-    w->dev_s = s;
-    return dev_part_done(ws, b, w->dp ? w->dp->part_n[b] : 0);
+    d->ev_pending = 1;
+    d->dev_s = s;
+    return dev_part_done(ws, b, d->dp ? d->dp->part_n[b] : 0);
 }
 
 /* A load: whole-block coordinates, every rank has them: no collective. */
@@ -221,53 +288,127 @@ static zo_status dev_load(wstore *ws, int b, size_t rel, size_t n, const float *
 static zo_status dev_get_host(wstore *ws, int b, void *dst)
 {
     const offload_env *env = ws->env;
-    wstore_impl *w = impl(ws);
+    dev_store *d = dev_of(ws);
     size_t bytes = block_bytes(ws, b);
     zo_status st;
     if (!bytes) return ZO_OK;
-    if ((st = gpu_memcpy_async(env->d2h, dst, at(ws, w->dev, b, 0), bytes, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
-        (st = gpu_event_record(w->dev_ev, env->d2h)) != ZO_OK)
+    if ((st = gpu_memcpy_async(env->d2h, dst, dev_at(ws, b, 0), bytes, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
+        (st = gpu_event_record(d->ev, env->d2h)) != ZO_OK)
         return st;
-    return gpu_event_synchronize(w->dev_ev);
+    return gpu_event_synchronize(d->ev);
 }
 
-/* The device and host tiers' puts from the device and the device tier's
- * chunks have all arrived (ZeRO 1-2: and every block is gathered). */
-static zo_status common_sync(wstore *ws)
+/* The puts from the device and the chunks have all arrived (ZeRO 1-2: and
+ * every block is gathered). */
+static zo_status dev_sync(wstore *ws)
 {
-    wstore_impl *w = impl(ws);
+    dev_store *d = dev_of(ws);
     zo_status st = ZO_OK;
-    if (w->dp && w->round) {
+    if (d->dp && d->round) {
         /* every rank puts part of the model each step (offload_dp_create
          * refuses a rank with nothing), so every rank ends the round */
         st = dev_gather_ready(ws, 1);
         zo_status sw = offload_dp_wait(ws->env->dp);
         if (st == ZO_OK) st = sw;
-        memset(w->got, 0, (size_t)ws->g->nb * sizeof *w->got);
-        w->next_ag = 0;
-        w->dev_s = NULL;
-        w->round = 0;
+        memset(d->got, 0, (size_t)ws->g->nb * sizeof *d->got);
+        d->next_ag = 0;
+        d->dev_s = NULL;
+        d->round = 0;
     }
     for (int k = 0; k < 2; k++) {
-        if (!w->stage_pending[k]) continue;
-        zo_status sk = offload_timed_wait(ws->env, w->stage_ev[k], OFFLOAD_TIME_OPTIMIZER);
-        w->stage_pending[k] = 0;
+        if (!d->stage_pending[k]) continue;
+        zo_status sk = offload_timed_wait(ws->env, d->stage_ev[k], OFFLOAD_TIME_OPTIMIZER);
+        d->stage_pending[k] = 0;
         if (st == ZO_OK) st = sk;
     }
-    if (w->dev_pending) {
-        zo_status sk = offload_timed_wait(ws->env, w->dev_ev, OFFLOAD_TIME_OPTIMIZER);
-        w->dev_pending = 0;
+    if (d->ev_pending) {
+        zo_status sk = offload_timed_wait(ws->env, d->ev, OFFLOAD_TIME_OPTIMIZER);
+        d->ev_pending = 0;
         if (st == ZO_OK) st = sk;
     }
     return st;
 }
 
+static void dev_destroy(wstore *ws)
+{
+    dev_store *d = dev_of(ws);
+    const offload_env *env = ws->env;
+    gpu_mem_free(env->dev, d->dev);
+    for (int k = 0; k < 2; k++) {
+        offload_host_free(env, d->stage[k], ws->put_max * ws->g->es, 1);
+        if (d->stage_ev[k]) gpu_event_destroy(d->stage_ev[k]);
+    }
+    if (d->ev) gpu_event_destroy(d->ev);
+    if (d->ag_join) gpu_event_destroy(d->ag_join);
+    free(d->got);
+    free(d->boff_own);
+    free(d);
+}
+
+static const wstore_ops dev_ops = {
+    .resident = dev_resident, .fetch = dev_fetch, .put_host = dev_put_host,
+    .put_host_done = dev_put_host_done, .put_dev = dev_put_dev, .put_dev_done = dev_put_dev_done,
+    .sync = dev_sync, .load = dev_load, .get_host = dev_get_host, .free = dev_destroy,
+};
+
+/* ZeRO 1-2: every block padded to a multiple of the rank count (an
+ * all-gather in place needs it), the puts counted per block. */
+static zo_status dev_partition(wstore *ws, size_t *elems)
+{
+    dev_store *d = dev_of(ws);
+    const offload_dp *dp = ws->env->dp;
+    const offload_geom *g = ws->g;
+    d->dp = dp;
+    d->boff_own = calloc((size_t)g->nb, sizeof(size_t));
+    d->got = calloc((size_t)g->nb, sizeof(size_t));
+    if (!d->boff_own || !d->got) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    size_t o = 0;
+    for (int b = 0; b < g->nb; b++) {
+        d->boff_own[b] = o;
+        o += dp->pad[b];
+    }
+    d->boff = d->boff_own;
+    *elems = o;
+    return gpu_event_create(ws->env->dev, &d->ag_join);
+}
+
+static zo_status dev_create(wstore *ws, const wstore_config *c)
+{
+    dev_store *d = dev_of(ws);
+    const offload_env *env = ws->env;
+    size_t elems = ws->g->n;
+    zo_status st;
+    ws->resident = 1;
+    d->boff = ws->g->off;
+    if (c->gathered && (st = dev_partition(ws, &elems)) != ZO_OK) return st;
+    size_t bytes = elems * ws->g->es;
+    if ((st = gpu_mem_alloc(env->dev, bytes, &d->dev)) != ZO_OK)
+        return zo_error_wrap(st, "offload_init: resident weights (%zu bytes) on the device", bytes);
+    ws->put_max = c->chunk ? c->chunk : 1;
+    if (ws->put_max > ws->g->largest && ws->g->largest) ws->put_max = ws->g->largest;
+    for (int k = 0; k < 2; k++) {
+        if ((st = offload_host_alloc(env, ws->put_max * ws->g->es, 1, &d->stage[k])) != ZO_OK)
+            return zo_error_wrap(st, "offload_init: pinned staging of new weights");
+        if ((st = gpu_event_create(env->dev, &d->stage_ev[k])) != ZO_OK) return st;
+    }
+    return gpu_event_create(env->dev, &d->ev);
+}
+
 /* ---- the host tier ------------------------------------------------------------------------ */
 
-static const void *none_resident(wstore *ws, int b)
+typedef struct host_store {
+    wstore base;
+    void *host;                /* pinned [n] dtype */
+    void *dev_stage;           /* device [slot_bytes]: new weights from the device */
+    gpu_event_t dev_ev;        /* the stream of the last device put: its copy out is done */
+    int dev_pending;
+} host_store;
+
+static host_store *host_of(wstore *ws) { return (host_store *)ws; }
+
+static char *host_at(const wstore *ws, int b, size_t rel)
 {
-    (void)ws, (void)b;
-    return NULL;
+    return (char *)((const host_store *)ws)->host + (ws->g->off[b] + rel) * ws->g->es;
 }
 
 static zo_status host_fetch(wstore *ws, int b, void *dst)
@@ -275,63 +416,117 @@ static zo_status host_fetch(wstore *ws, int b, void *dst)
     const offload_env *env = ws->env;
     size_t bytes = block_bytes(ws, b);
     if (!bytes) return ZO_OK;
-    zo_status st = gpu_memcpy_async(env->h2d, dst, at(ws, impl(ws)->host, b, 0), bytes,
-                                    GPU_COPY_HOST_TO_DEVICE);
+    zo_status st = gpu_memcpy_async(env->h2d, dst, host_at(ws, b, 0), bytes, GPU_COPY_HOST_TO_DEVICE);
     if (st == ZO_OK) offload_add_bytes(env->acct, OFFLOAD_BYTES_H2D, bytes);
     return st;
 }
 
 static zo_status host_get_host(wstore *ws, int b, void *dst)
 {
-    memcpy(dst, at(ws, impl(ws)->host, b, 0), block_bytes(ws, b));
+    memcpy(dst, host_at(ws, b, 0), block_bytes(ws, b));
     return ZO_OK;
 }
 
 static zo_status host_put_host(wstore *ws, int b, size_t rel, size_t n, void **dst)
 {
     (void)n;
-    *dst = at(ws, impl(ws)->host, b, rel);
+    *dst = host_at(ws, b, rel);
     return ZO_OK;
 }
 
-static zo_status nothing_done(wstore *ws, int b, size_t rel, size_t n)
+static zo_status host_put_host_done(wstore *ws, int b, size_t rel, size_t n)
 {
     (void)ws, (void)b, (void)rel, (void)n;
     return ZO_OK;
 }
 
-static zo_status staged_put_dev(wstore *ws, int b, void **dst)
+static zo_status host_put_dev(wstore *ws, int b, void **dst)
 {
     (void)b;
-    if (!impl(ws)->dev_stage)
-        return zo_error(ZO_ERR_INTERNAL, "offload: weights from the device without a staging block");
-    *dst = impl(ws)->dev_stage;
-    return ZO_OK;
+    return staged_put_dev(host_of(ws)->dev_stage, dst);
 }
 
 static zo_status host_put_dev_done(wstore *ws, int b, gpu_stream_t s)
 {
-    wstore_impl *w = impl(ws);
+    host_store *h = host_of(ws);
     size_t bytes = block_bytes(ws, b);
     zo_status st;
     if (!bytes) return ZO_OK;
     /* the next put into the staging block is ordered after this copy on s */
-    if ((st = gpu_memcpy_async(s, at(ws, w->host, b, 0), w->dev_stage, bytes,
-                               GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
-        (st = gpu_event_record(w->dev_ev, s)) != ZO_OK)
+    if ((st = gpu_memcpy_async(s, host_at(ws, b, 0), h->dev_stage, bytes, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
+        (st = gpu_event_record(h->dev_ev, s)) != ZO_OK)
         return st;
-    w->dev_pending = 1;
+    h->dev_pending = 1;
     offload_add_bytes(ws->env->acct, OFFLOAD_BYTES_D2H, bytes);
     return ZO_OK;
+}
+
+/* The copies out of the staging block have arrived. */
+static zo_status host_sync(wstore *ws)
+{
+    host_store *h = host_of(ws);
+    if (!h->dev_pending) return ZO_OK;
+    h->dev_pending = 0;
+    return offload_timed_wait(ws->env, h->dev_ev, OFFLOAD_TIME_OPTIMIZER);
+}
+
+static void host_destroy(wstore *ws)
+{
+    host_store *h = host_of(ws);
+    offload_host_free(ws->env, h->host, ws->g->n * ws->g->es, 1);
+    gpu_mem_free(ws->env->dev, h->dev_stage);
+    if (h->dev_ev) gpu_event_destroy(h->dev_ev);
+    free(h);
+}
+
+static const wstore_ops host_ops = {
+    .resident = none_resident, .fetch = host_fetch, .put_host = host_put_host,
+    .put_host_done = host_put_host_done, .put_dev = host_put_dev, .put_dev_done = host_put_dev_done,
+    .sync = host_sync, .load = load_by_puts, .get_host = host_get_host, .free = host_destroy,
+};
+
+static zo_status host_create(wstore *ws, const wstore_config *c)
+{
+    host_store *h = host_of(ws);
+    size_t bytes = ws->g->n * ws->g->es;
+    zo_status st = offload_host_alloc(ws->env, bytes, 1, &h->host);
+    if (st != ZO_OK) return zo_error_wrap(st, "offload_init: weights in pinned host memory");
+    if (bytes) memset(h->host, 0, bytes);
+    ws->put_max = ws->g->largest;
+    return staging_create(ws, c, &h->dev_stage, &h->dev_ev);
 }
 
 /* ---- the nvme tier ------------------------------------------------------------------------- */
 
 #ifdef ZO_OFFLOAD_HAVE_NVME
 
+typedef struct nvme_wstore {
+    wstore base;
+    nvme_engine_t *engine;
+    nvme_store_t *store;
+    int *ids;                  /* [nb] tensor ids */
+    int counted;               /* the store's bytes are counted in the NVMe tier */
+    void *asm_buf;             /* pinned [slot_bytes]: a block on its way to NVMe */
+    int asm_block;             /* the block being assembled, -1 none */
+    size_t asm_done;           /* its elements written so far */
+    int n_ring;
+    void **ring;               /* [n_ring] pinned [slot_bytes]: read-ahead */
+    gpu_event_t *ring_ev;      /* h2d: the buffer's copy to the device is done */
+    int *ring_used;
+    int ring_next;
+    void *dev_stage;           /* device [slot_bytes]: new weights from the device */
+    gpu_event_t dev_ev;        /* their copy out to asm_buf is done */
+    /* the host thread fetches while the optimizer's thread writes (schedules
+     * other than serial): one ring, one caller at a time */
+    pthread_mutex_t io_mu;
+    int io_mu_init;
+} nvme_wstore;
+
+static nvme_wstore *nvme_of(wstore *ws) { return (nvme_wstore *)ws; }
+
 static zo_status nvme_write_block(wstore *ws, int b)
 {
-    wstore_impl *w = impl(ws);
+    nvme_wstore *w = nvme_of(ws);
     double t0 = zo_now();
     pthread_mutex_lock(&w->io_mu);
     zo_status st = nvme_store_write(w->store, w->ids[b], w->asm_buf);
@@ -344,7 +539,7 @@ static zo_status nvme_write_block(wstore *ws, int b)
 
 static zo_status nvme_fetch(wstore *ws, int b, void *dst)
 {
-    wstore_impl *w = impl(ws);
+    nvme_wstore *w = nvme_of(ws);
     const offload_env *env = ws->env;
     size_t bytes = block_bytes(ws, b);
     zo_status st;
@@ -352,8 +547,7 @@ static zo_status nvme_fetch(wstore *ws, int b, void *dst)
     /* a read-ahead buffer whose last copy to the device is done */
     int r = w->ring_next;
     w->ring_next = (r + 1) % w->n_ring;
-    if (w->ring_used[r] &&
-        (st = offload_timed_wait(env, w->ring_ev[r], OFFLOAD_TIME_WEIGHTS)) != ZO_OK)
+    if (w->ring_used[r] && (st = offload_timed_wait(env, w->ring_ev[r], OFFLOAD_TIME_WEIGHTS)) != ZO_OK)
         return st;
     double t0 = zo_now();
     pthread_mutex_lock(&w->io_mu);
@@ -372,7 +566,7 @@ static zo_status nvme_fetch(wstore *ws, int b, void *dst)
 
 static zo_status nvme_get_host(wstore *ws, int b, void *dst)
 {
-    wstore_impl *w = impl(ws);
+    nvme_wstore *w = nvme_of(ws);
     if (!block_bytes(ws, b)) return ZO_OK;
     double t0 = zo_now();
     pthread_mutex_lock(&w->io_mu);
@@ -386,7 +580,7 @@ static zo_status nvme_get_host(wstore *ws, int b, void *dst)
 
 static zo_status nvme_put_host(wstore *ws, int b, size_t rel, size_t n, void **dst)
 {
-    wstore_impl *w = impl(ws);
+    nvme_wstore *w = nvme_of(ws);
     (void)n;
     if (w->asm_block != b) {
         if (w->asm_block >= 0)
@@ -401,7 +595,7 @@ static zo_status nvme_put_host(wstore *ws, int b, size_t rel, size_t n, void **d
 
 static zo_status nvme_put_host_done(wstore *ws, int b, size_t rel, size_t n)
 {
-    wstore_impl *w = impl(ws);
+    nvme_wstore *w = nvme_of(ws);
     (void)rel;
     w->asm_done += n;
     if (w->asm_done < ws->g->numel[b]) return ZO_OK;
@@ -409,9 +603,15 @@ static zo_status nvme_put_host_done(wstore *ws, int b, size_t rel, size_t n)
     return nvme_write_block(ws, b);
 }
 
+static zo_status nvme_put_dev(wstore *ws, int b, void **dst)
+{
+    (void)b;
+    return staged_put_dev(nvme_of(ws)->dev_stage, dst);
+}
+
 static zo_status nvme_put_dev_done(wstore *ws, int b, gpu_stream_t s)
 {
-    wstore_impl *w = impl(ws);
+    nvme_wstore *w = nvme_of(ws);
     size_t bytes = block_bytes(ws, b);
     zo_status st;
     if (!bytes) return ZO_OK;
@@ -428,7 +628,7 @@ static zo_status nvme_put_dev_done(wstore *ws, int b, gpu_stream_t s)
 
 static zo_status nvme_sync(wstore *ws)
 {
-    wstore_impl *w = impl(ws);
+    nvme_wstore *w = nvme_of(ws);
     if (w->asm_block >= 0) {
         int b = w->asm_block;
         w->asm_block = -1;
@@ -438,9 +638,38 @@ static zo_status nvme_sync(wstore *ws)
     return ZO_OK;
 }
 
+static void nvme_destroy(wstore *ws)
+{
+    nvme_wstore *w = nvme_of(ws);
+    const offload_env *env = ws->env;
+    offload_host_free(env, w->asm_buf, ws->g->slot_bytes, 1);
+    for (int i = 0; w->ring && i < w->n_ring; i++) {
+        offload_host_free(env, w->ring[i], ws->g->slot_bytes, 1);
+        if (w->ring_ev[i]) gpu_event_destroy(w->ring_ev[i]);
+    }
+    free(w->ring);
+    free(w->ring_ev);
+    free(w->ring_used);
+    gpu_mem_free(env->dev, w->dev_stage);
+    if (w->dev_ev) gpu_event_destroy(w->dev_ev);
+    if (w->counted) offload_count(env->acct, OFFLOAD_NVME, -(int64_t)nvme_store_footprint(w->store));
+    if (w->store) nvme_store_free(w->store);
+    if (w->engine) nvme_engine_free(w->engine);
+    free(w->ids);
+    if (w->io_mu_init) pthread_mutex_destroy(&w->io_mu);
+    free(w);
+}
+
+static const wstore_ops nvme_ops = {
+    .resident = none_resident, .fetch = nvme_fetch, .put_host = nvme_put_host,
+    .put_host_done = nvme_put_host_done, .put_dev = nvme_put_dev, .put_dev_done = nvme_put_dev_done,
+    .sync = nvme_sync, .load = load_by_puts, .get_host = nvme_get_host, .free = nvme_destroy,
+};
+
+/* The NVMe store of the blocks: one tensor each, in dir. */
 static zo_status nvme_open(wstore *ws, const char *dir, const char *name)
 {
-    wstore_impl *w = impl(ws);
+    nvme_wstore *w = nvme_of(ws);
     const offload_geom *g = ws->g;
     zo_status st;
     pthread_mutex_init(&w->io_mu, NULL);
@@ -481,141 +710,15 @@ out_free:
     return st;
 }
 
-static void nvme_close(wstore *ws)
+static zo_status nvme_create(wstore *ws, const wstore_config *c)
 {
-    wstore_impl *w = impl(ws);
-    if (w->counted) offload_count(ws->env->acct, OFFLOAD_NVME, -(int64_t)nvme_store_footprint(w->store));
-    if (w->store) nvme_store_free(w->store);
-    if (w->engine) nvme_engine_free(w->engine);
-    free(w->ids);
-    if (w->io_mu_init) pthread_mutex_destroy(&w->io_mu);
-}
-
-#else /* no nvme module: the configuration is refused at init */
-
-static zo_status nvme_open(wstore *ws, const char *dir, const char *name)
-{
-    (void)ws, (void)dir, (void)name;
-    return zo_error(ZO_ERR_UNSUPPORTED, "offload: weights on NVMe need the nvme module (liburing, xxHash)");
-}
-static void nvme_close(wstore *ws) { (void)ws; }
-#define nvme_fetch dev_fetch
-#define nvme_put_host host_put_host
-#define nvme_put_host_done nothing_done
-#define nvme_put_dev_done host_put_dev_done
-#define nvme_sync common_sync
-#define nvme_get_host host_get_host
-
-#endif
-
-/* ---- life cycle ------------------------------------------------------------------------------- */
-
-static void wstore_destroy(wstore *ws)
-{
-    wstore_impl *w = impl(ws);
-    const offload_env *env = ws->env;
-    size_t chunk_bytes = ws->put_max * ws->g->es;
-    gpu_mem_free(env->dev, w->dev);
-    for (int k = 0; k < 2; k++) {
-        offload_host_free(env, w->stage[k], chunk_bytes, 1);
-        if (w->stage_ev[k]) gpu_event_destroy(w->stage_ev[k]);
-    }
-    offload_host_free(env, w->host, ws->g->n * ws->g->es, 1);
-    gpu_mem_free(env->dev, w->dev_stage);
-    if (w->dev_ev) gpu_event_destroy(w->dev_ev);
-    offload_host_free(env, w->asm_buf, ws->g->slot_bytes, 1);
-    for (int i = 0; w->ring && i < w->n_ring; i++) {
-        offload_host_free(env, w->ring[i], ws->g->slot_bytes, 1);
-        if (w->ring_ev[i]) gpu_event_destroy(w->ring_ev[i]);
-    }
-    free(w->ring);
-    free(w->ring_ev);
-    free(w->ring_used);
-    if (ws->tier == OFFLOAD_NVME) nvme_close(ws);
-    if (w->ag_join) gpu_event_destroy(w->ag_join);
-    free(w->got);
-    free(w->boff_own);
-    free(w);
-}
-
-static const wstore_ops dev_ops = {
-    .resident = dev_resident, .fetch = dev_fetch, .put_host = dev_put_host,
-    .put_host_done = dev_put_host_done, .put_dev = dev_put_dev, .put_dev_done = dev_put_dev_done,
-    .sync = common_sync, .load = dev_load, .get_host = dev_get_host, .free = wstore_destroy,
-};
-static const wstore_ops host_ops = {
-    .resident = none_resident, .fetch = host_fetch, .put_host = host_put_host,
-    .put_host_done = nothing_done, .put_dev = staged_put_dev, .put_dev_done = host_put_dev_done,
-    .sync = common_sync, .load = wstore_load_by_puts, .get_host = host_get_host, .free = wstore_destroy,
-};
-static const wstore_ops nvme_ops = {
-    .resident = none_resident, .fetch = nvme_fetch, .put_host = nvme_put_host,
-    .put_host_done = nvme_put_host_done, .put_dev = staged_put_dev, .put_dev_done = nvme_put_dev_done,
-    .sync = nvme_sync, .load = wstore_load_by_puts, .get_host = nvme_get_host, .free = wstore_destroy,
-};
-
-/* ZeRO 1-2: every block padded to a multiple of the rank count (an
- * all-gather in place needs it), the puts counted per block. */
-static zo_status dev_partition(wstore *ws, size_t *elems)
-{
-    wstore_impl *w = impl(ws);
-    const offload_dp *dp = ws->env->dp;
-    const offload_geom *g = ws->g;
-    w->dp = dp;
-    w->boff_own = calloc((size_t)g->nb, sizeof(size_t));
-    w->got = calloc((size_t)g->nb, sizeof(size_t));
-    if (!w->boff_own || !w->got) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
-    size_t o = 0;
-    for (int b = 0; b < g->nb; b++) {
-        w->boff_own[b] = o;
-        o += dp->pad[b];
-    }
-    w->boff = w->boff_own;
-    *elems = o;
-    return gpu_event_create(ws->env->dev, &w->ag_join);
-}
-
-static zo_status create_dev(wstore *ws, const wstore_config *c)
-{
-    wstore_impl *w = impl(ws);
-    const offload_env *env = ws->env;
-    size_t elems = ws->g->n;
-    zo_status st;
-    if (env->dp && offload_dp_partitioned(env->dp) && !c->plain && (st = dev_partition(ws, &elems)) != ZO_OK)
-        return st;
-    size_t bytes = elems * ws->g->es;
-    if ((st = gpu_mem_alloc(env->dev, bytes, &w->dev)) != ZO_OK)
-        return zo_error_wrap(st, "offload_init: resident weights (%zu bytes) on the device", bytes);
-    ws->put_max = c->chunk ? c->chunk : 1;
-    if (ws->put_max > ws->g->largest && ws->g->largest) ws->put_max = ws->g->largest;
-    for (int k = 0; k < 2; k++) {
-        if ((st = offload_host_alloc(env, ws->put_max * ws->g->es, 1, &w->stage[k])) != ZO_OK)
-            return zo_error_wrap(st, "offload_init: pinned staging of new weights");
-        if ((st = gpu_event_create(env->dev, &w->stage_ev[k])) != ZO_OK) return st;
-    }
-    return ZO_OK;
-}
-
-static zo_status create_host(wstore *ws)
-{
-    wstore_impl *w = impl(ws);
-    size_t bytes = ws->g->n * ws->g->es;
-    zo_status st = offload_host_alloc(ws->env, bytes, 1, &w->host);
-    if (st != ZO_OK) return zo_error_wrap(st, "offload_init: weights in pinned host memory");
-    if (bytes) memset(w->host, 0, bytes);
-    ws->put_max = ws->g->largest;
-    return ZO_OK;
-}
-
-static zo_status create_nvme(wstore *ws, const wstore_config *c)
-{
-    wstore_impl *w = impl(ws);
+    nvme_wstore *w = nvme_of(ws);
     const offload_env *env = ws->env;
     size_t sb = ws->g->slot_bytes;
     zo_status st;
+    w->asm_block = -1;
     if ((st = nvme_open(ws, c->nvme_dir, c->name ? c->name : "par")) != ZO_OK) return st;
     ws->put_max = ws->g->largest;
-    w->asm_block = -1;
     if ((st = offload_host_alloc(env, sb, 1, &w->asm_buf)) != ZO_OK)
         return zo_error_wrap(st, "offload_init: pinned buffer of weights to NVMe");
     w->n_ring = c->ring > 0 ? c->ring : 1;
@@ -628,87 +731,52 @@ static zo_status create_nvme(wstore *ws, const wstore_config *c)
             return zo_error_wrap(st, "offload_init: NVMe weights read-ahead");
         if ((st = gpu_event_create(env->dev, &w->ring_ev[i])) != ZO_OK) return st;
     }
-    return ZO_OK;
+    return staging_create(ws, c, &w->dev_stage, &w->dev_ev);
 }
+
+#define NVME_WSTORE_SIZE sizeof(nvme_wstore)
+
+#else /* no nvme module: the configuration is refused at init */
+
+static void nvme_destroy(wstore *ws) { free(ws); }
+static const wstore_ops nvme_ops = {.free = nvme_destroy};
+static zo_status nvme_create(wstore *ws, const wstore_config *c)
+{
+    (void)ws, (void)c;
+    return zo_error(ZO_ERR_UNSUPPORTED, "offload: weights on NVMe need the nvme module (liburing, xxHash)");
+}
+#define NVME_WSTORE_SIZE sizeof(wstore)
+
+#endif
+
+/* ---- life cycle ------------------------------------------------------------------------------- */
 
 zo_status wstore_create(const offload_env *env, const offload_geom *g, const wstore_config *c,
                         wstore **out)
 {
     *out = NULL;
-    wstore_impl *w = calloc(1, sizeof *w);
-    if (!w) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
-    wstore *ws = &w->base;
-    ws->env = env;
-    ws->g = g;
-    ws->tier = c->tier;
-    w->boff = g->off;
-    zo_status st;
-    if (env->dp && env->dp->stage >= 3 && !c->plain) {
-        /* ZeRO-3: the tier's store of the rank's parts, gathered on fetch */
-        wstore_config ic = *c;
-        ic.plain = 1;
-        wstore *inner;
-        free(w);
-        if ((st = wstore_create(env, c->part_geom, &ic, &inner)) != ZO_OK) return st;
-        return wgather_create(env, g, inner, out);
+    static const size_t size[OFFLOAD_TIERS] = {sizeof(dev_store), sizeof(host_store), NVME_WSTORE_SIZE};
+    static const wstore_ops *const ops[OFFLOAD_TIERS] = {&dev_ops, &host_ops, &nvme_ops};
+    zo_status (*const create[OFFLOAD_TIERS])(wstore *, const wstore_config *) = {dev_create, host_create,
+                                                                                 nvme_create};
+    wstore *ws = calloc(1, size[c->tier]);
+    if (!ws) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    zo_status st = wstore_init_base(ws, ops[c->tier], env, g, c->tier);
+    if (st == ZO_OK) st = create[c->tier](ws, c);
+    if (st != ZO_OK) {
+        wstore_free(ws);
+        return st;
     }
-    switch (c->tier) {
-    case OFFLOAD_DEVICE:
-        ws->ops = &dev_ops;
-        ws->resident = 1;
-        st = create_dev(ws, c);
-        break;
-    case OFFLOAD_CPU:
-        ws->ops = &host_ops;
-        st = create_host(ws);
-        break;
-    default:
-        ws->ops = &nvme_ops;
-        st = create_nvme(ws, c);
-        break;
-    }
-    if (st == ZO_OK && (st = gpu_event_create(env->dev, &w->dev_ev)) != ZO_OK) goto out_free;
-    if (st == ZO_OK && c->dev_puts && c->tier != OFFLOAD_DEVICE &&
-        (st = gpu_mem_alloc(env->dev, g->slot_bytes, &w->dev_stage)) != ZO_OK)
-        st = zo_error_wrap(st, "offload_init: device staging of new weights (%zu bytes)", g->slot_bytes);
-    if (st != ZO_OK) goto out_free;
     *out = ws;
     return ZO_OK;
-out_free:
-    wstore_destroy(ws);
-    return st;
 }
 
 void wstore_free(wstore *ws)
 {
-    if (ws) ws->ops->free(ws);
-}
-
-zo_status wstore_load_f32(wstore *ws, int b, size_t rel, size_t n, const float *src)
-{
-    return ws->ops->load(ws, b, rel, n, src);
-}
-
-/* Put [rel, rel + n) of block b chunk by chunk, each chunk converted from
- * fp32 or copied as it is from element `done` of the source. */
-static zo_status put_chunks(wstore *ws, int b, size_t rel, size_t n, const void *src, int f32)
-{
-    zo_status st;
-    size_t es = ws->g->es;
-    for (size_t done = 0; done < n; done += ws->put_max) {
-        size_t k = n - done < ws->put_max ? n - done : ws->put_max;
-        void *dst;
-        if ((st = ws->ops->put_host(ws, b, rel + done, k, &dst)) != ZO_OK) return st;
-        if (f32) offload_to_dtype(ws->g, dst, (const float *)src + done, k);
-        else memcpy(dst, (const char *)src + done * es, k * es);
-        if ((st = ws->ops->put_host_done(ws, b, rel + done, k)) != ZO_OK) return st;
-    }
-    return ZO_OK;
-}
-
-zo_status wstore_load_by_puts(wstore *ws, int b, size_t rel, size_t n, const float *src)
-{
-    return put_chunks(ws, b, rel, n, src, 1);
+    if (!ws) return;
+    uint64_t *gen = ws->gen;
+    ws->ops->free(ws);
+    free(gen);
 }
 
 zo_status wstore_put_raw(wstore *ws, int b, size_t rel, size_t n, const void *src)
@@ -718,11 +786,10 @@ zo_status wstore_put_raw(wstore *ws, int b, size_t rel, size_t n, const void *sr
 
 zo_status wstore_publish(wstore *from, wstore *to)
 {
-    wstore_impl *f = impl(from);
     zo_status st;
-    if (from->tier != OFFLOAD_CPU || !f->host)
+    if (from->ops != &host_ops)
         return zo_error(ZO_ERR_INTERNAL, "offload: weights published from a store not in host memory");
     for (int b = 0; b < to->g->nb; b++)
-        if ((st = wstore_put_raw(to, b, 0, to->g->numel[b], at(from, f->host, b, 0))) != ZO_OK) return st;
+        if ((st = wstore_put_raw(to, b, 0, to->g->numel[b], host_at(from, b, 0))) != ZO_OK) return st;
     return to->ops->sync(to);
 }

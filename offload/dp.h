@@ -1,0 +1,94 @@
+/* Data parallelism (dp.c), above the accounting: the partition of every
+ * block over the ranks, the communication buckets and the runtime's
+ * collectives, counted. */
+#ifndef ZO_OFFLOAD_DP_H
+#define ZO_OFFLOAD_DP_H
+
+#include "offload/acct.h" /* defines: offload_env, offload_geom */
+
+#define OFFLOAD_DEFAULT_BUCKET 25000000u /* elements (memplan's comm.bucket) */
+
+/* The partition: every block is one bucket, padded to a multiple of the
+ * rank count and split in equal parts (comm_padded_count, comm_shard); rank
+ * r's part of block b is elements [part_off[b], part_off[b] + part_n[b]).
+ * With ZeRO 1-3 the optimizer state, the gradient sums it reads and (ZeRO
+ * 3) the 16-bit weights of a rank are its parts: the rank's geometry has
+ * block b of part_n[b] elements. Stage 0 partitions nothing (its part is
+ * the whole block). */
+struct offload_dp {
+    comm_t comm;
+    int rank, size, stage;
+    const offload_env *env;
+    int nb;
+    size_t *pad;           /* [nb] block b padded: comm_padded_count(numel, size) */
+    size_t *part_off;      /* [nb] the rank's part of block b: first element */
+    size_t *part_n;        /* [nb] ... and its elements (possibly 0) */
+    size_t *loc_off;       /* [nb + 1] the rank's geometry: flat offsets of the parts */
+    size_t largest_pad;    /* the largest padded block */
+    /* two fp32 buckets of bucket_q x size elements on the device: a piece of
+     * a block's gradient (or master weights) while a collective runs on it.
+     * A block whose part is longer than bucket_q goes in pieces: piece j
+     * holds elements [j q, j q + q) of every rank's part, rank after rank
+     * (offload_dp_piece), so that a reduce-scatter of the piece leaves each
+     * rank a piece of its own part. */
+    float *bucket[2];
+    size_t bucket_q;       /* elements of a rank's part per piece */
+    gpu_event_t bucket_ev[2]; /* the bucket's last use is done (its stream's record) */
+    void *small;           /* device [size * OFFLOAD_GATHER_MAX]: offload_gather */
+    gpu_event_t ev_in, ev_out; /* a collective's `after` and `done` */
+    /* collectives in flight, oldest first (they complete in issue order) */
+    comm_request_t *req;
+    size_t n_req, head, cap_req;
+};
+
+typedef enum dp_op {
+    DP_ALL_REDUCE = 0,     /* in place over `count` elements */
+    DP_REDUCE_SCATTER,     /* in place: block b padded, the rank's part at part_off */
+    DP_ALL_GATHER,         /* in place: likewise */
+} dp_op;
+
+/* bucket: elements per communication bucket (0: 25M), rounded to the rank
+ * count, at most the largest padded block. */
+zo_status offload_dp_create(const offload_env *env, const offload_geom *g, comm_t comm, int stage,
+                            size_t bucket, offload_dp **out);
+void offload_dp_free(offload_dp *dp);
+/* 1 when the optimizer state (and what follows it) is partitioned: ZeRO 1-3. */
+int offload_dp_partitioned(const offload_dp *dp);
+/* Where the optimizer's part of block b starts in the whole block (0 when
+ * not partitioned or dp is NULL). */
+size_t offload_dp_part_first(const offload_dp *dp, int b);
+/* The rank's geometry (the parts of every block) over the arrays of dp;
+ * with stage 0 (or no dp) the model's own. */
+void offload_dp_geom(const offload_dp *dp, const offload_geom *g, offload_geom *out);
+/* Issue a collective on device buffer `buf` (fp32, fp16 or bf16): an
+ * all-reduce of `count` elements, or a reduce-scatter or all-gather in
+ * place of `count` elements per rank (the rank's at buf + rank * count);
+ * `real` of them are the model's (the rest padding). `after` (may be NULL):
+ * the collective reads its input after the event's latest record; its
+ * completion is recorded on `done` (may be NULL). Counted in the
+ * accounting; the request is kept until offload_dp_wait. */
+zo_status offload_dp_collective(offload_dp *dp, dp_op op, size_t count, size_t real, void *buf, zo_dtype dt,
+                                gpu_event_t after, gpu_event_t done);
+/* The same on all of block b in place (numel elements of it real): an
+ * all-reduce of numel, or a reduce-scatter / all-gather of the padded block. */
+zo_status offload_dp_block(offload_dp *dp, dp_op op, int b, size_t numel, void *buf, zo_dtype dt,
+                           gpu_event_t after, gpu_event_t done);
+/* The pieces of block b (at least 1 when it has elements); piece j covers
+ * elements [*first, *first + *q) of every rank's part; *real: of the
+ * piece's size * q elements, the model's. */
+size_t offload_dp_pieces(const offload_dp *dp, int b);
+void offload_dp_piece(const offload_dp *dp, int b, size_t numel, size_t j, size_t *first, size_t *q,
+                      size_t *real);
+/* Where rank r's share of piece (first, q) starts in the whole block, and
+ * how many of its q elements are the model's (the rest padding). */
+size_t offload_dp_piece_src(const offload_dp *dp, int b, size_t numel, int r, size_t first, size_t q,
+                            size_t *n);
+/* Complete every collective issued so far. */
+zo_status offload_dp_wait(offload_dp *dp);
+/* Block b's fp32 values from every rank's part: `part` (host, part_n[b]
+ * values) in, the whole block (host, numel values) out. Blocking. */
+zo_status offload_dp_gather_block(offload_dp *dp, int b, size_t numel, const float *part, float *all);
+/* `bytes` of host memory from every rank into all[rank * bytes]. Blocking. */
+zo_status offload_dp_gather(offload_dp *dp, const void *mine, size_t bytes, void *all);
+
+#endif

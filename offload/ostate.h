@@ -1,0 +1,96 @@
+/* The optimizer-state layer (ostate.c), above data parallelism and the
+ * accounting: the fp32 master weights and Adam moments of the optimizer's
+ * geometry (the rank's parts of every block with ZeRO 1-3, the model with
+ * one rank or ZeRO 0), in shards of the flat index,
+ *
+ *   host     [0, n_cpu)          three arrays in host memory
+ *   nvme     [n_cpu, dev_first)  sub-groups in an NVMe store, pipelined
+ *   device   [dev_first, n)      whole blocks at the end, on the device
+ *
+ * and the gradient sums they feed: each shard hands out where its blocks'
+ * gradients are summed over a step's micro-batches, a host range (the host
+ * and NVMe shards share one fp32 array: a block may straddle them) or a
+ * device buffer (the device shard's). Where the shards are cut is chosen
+ * once, in ostate_create; nothing above asks it. */
+#ifndef ZO_OFFLOAD_OSTATE_H
+#define ZO_OFFLOAD_OSTATE_H
+
+#include "offload/dp.h" /* defines: offload_dp, offload_env, offload_geom */
+
+/* The step, as the shards call it. */
+typedef struct oshard_update {
+    /* host state of flat [first, first + n): master P, moments M and V */
+    zo_status (*host)(void *ctx, size_t first, size_t n, float *P, float *M, float *V);
+    /* device state of block b: P, M, V and the fp32 gradient sum G, on `s` */
+    zo_status (*dev)(void *ctx, int b, float *P, float *M, float *V, float *G, gpu_stream_t s);
+    void *ctx;
+} oshard_update;
+
+/* Where block b's gradient is summed (fp32), in host memory or in device
+ * memory: one of `host` and `dev` is set. The sum is the whole block,
+ * padded, when it is reduce-scattered at the step (ZeRO 1), else the
+ * optimizer's part of it; `part` is where the optimizer reads its part. */
+typedef struct oshard_sum {
+    float *host;
+    float *dev;
+    float *part;
+} oshard_sum;
+
+/* The optimizer's state: the shards in flat order and the gradient sums. */
+typedef struct ostate ostate;
+
+typedef struct ostate_config {
+    double frac[OFFLOAD_TIERS]; /* of the elements, per tier (the device's rounded to whole blocks) */
+    size_t sub_group;      /* elements per update call (host) / per NVMe group */
+    int swap_buffers;      /* NVMe pipeline buffers */
+    int exact_stats;       /* device: a pinned block for exact clipping statistics */
+    const char *nvme_dir;
+} ostate_config;
+
+/* The shards of og (the optimizer's geometry over the model's blocks g;
+ * env->dp partitions it or not) and their sums. */
+zo_status ostate_create(const offload_env *env, const offload_geom *g, const offload_geom *og,
+                        const ostate_config *c, ostate **out);
+void ostate_free(ostate *os);
+
+/* Over every shard in flat order: elements [first, first + n) anywhere in
+ * the index. */
+zo_status ostate_read(ostate *os, size_t first, size_t n, float *P, float *M, float *V);
+zo_status ostate_write(ostate *os, size_t first, size_t n, const float *P, const float *M, const float *V);
+zo_status ostate_sync(ostate *os);
+/* Block b's master weights, the whole block (numel elements; the ranks'
+ * parts gathered when partitioned), into host memory. */
+zo_status ostate_get_block(ostate *os, int b, size_t numel, float *w);
+/* Bytes of state (master, m, v) per tier. */
+void ostate_bytes(const ostate *os, uint64_t bytes[OFFLOAD_TIERS]);
+
+/* ---- the step ---------------------------------------------------------------------------- */
+
+/* The enqueued shards' update, started (ostate_sync waits for it). */
+zo_status ostate_step_enqueued(ostate *os, const oshard_update *u);
+/* Every other shard's, in flat order, on this thread. */
+zo_status ostate_step_host(ostate *os, const oshard_update *u);
+/* Block b's range on the shards the host updates. */
+zo_status ostate_step_block(ostate *os, int b, const oshard_update *u);
+
+/* ---- the gradient sums ------------------------------------------------------------------- */
+
+/* Where block b's gradient is summed, as the shard holding it says. */
+void ostate_grad_sum(const ostate *os, int b, oshard_sum *out);
+/* The host sums, flat (offload_grad), and where the device share starts in
+ * the optimizer's flat index (its n when there is none): with one rank the
+ * sums are its elements [0, *n) in order. */
+float *ostate_host_sums(const ostate *os, size_t *n);
+/* Zero the sums kept on the device, on stream s (the host's are zeroed by
+ * their first addition of a step). */
+zo_status ostate_grad_zero(ostate *os, gpu_stream_t s);
+/* Statistics of block b's host sum, complete (a block summed in host
+ * memory): kept for ostate_grad_stats; *nonfinite: it holds an inf or nan. */
+zo_status ostate_grad_block_stats(ostate *os, int b, int *nonfinite);
+/* Sum of squares of every sum and the first block holding an inf or nan
+ * (-1: none): the host's blocks in order (`taken`: their statistics kept by
+ * ostate_grad_block_stats), then the device's (`exact`: the host's
+ * arithmetic, block by block). */
+zo_status ostate_grad_stats(ostate *os, int taken, int exact, double *sumsq, int *first_bad);
+
+#endif

@@ -1,0 +1,113 @@
+/* The weight store layer (wstore.c, wgather.c): where the 16-bit weights of
+ * every block live between uses, above data parallelism and the
+ * accounting. One object per store, its tier chosen when it is created:
+ *
+ *   device   resident in device memory (ZeRO 1-2: every block padded, the
+ *            optimizer's parts all-gathered as they complete)
+ *   host     pinned host memory, streamed to a device slot before use
+ *   nvme     one tensor per block in an NVMe store, read ahead into pinned
+ *            buffers
+ *   gather   (wgather.c, ZeRO-3) the rank's parts of every block in an
+ *            inner store of one of the above, all-gathered on fetch
+ *
+ * Every block's weights carry a generation that changes whenever they do
+ * (a put completed, a load): a copy made of them (a device slot) is current
+ * while the generation it was made at is the block's. */
+#ifndef ZO_OFFLOAD_WSTORE_H
+#define ZO_OFFLOAD_WSTORE_H
+
+#include "offload/dp.h" /* defines: offload_dp, offload_env, offload_geom */
+
+typedef struct wstore wstore;
+
+/* Two kinds of writes: `put` is the optimizer's (the new weights of the
+ * elements this rank updates, in the optimizer's geometry: the rank's parts
+ * with ZeRO 1-3; a replicated store all-gathers them), `load` anybody's
+ * who has whole blocks on every rank (weights set, checkpoints loaded: the
+ * store keeps what is its own, no collective). Fetch gives whole blocks.
+ * Callers complete puts and loads through wstore_put_host_done,
+ * wstore_put_dev_done and wstore_load_f32, which move the generations. */
+typedef struct wstore_ops {
+    /* Block b's weights in device memory when the store keeps them there
+     * (the compute reads them in place), else NULL. */
+    const void *(*resident)(wstore *ws, int b);
+    /* Start copying block b's weights into device memory `dst` on the h2d
+     * stream (streamed stores); the copy is ordered on h2d. */
+    zo_status (*fetch)(wstore *ws, int b, void *dst);
+    /* Host memory for new weights of elements [rel, rel + n) of block b (in
+     * the dtype), valid until put_host_done of the same range, which hands
+     * them to the store. n is at most put_max. */
+    zo_status (*put_host)(wstore *ws, int b, size_t rel, size_t n, void **dst);
+    zo_status (*put_host_done)(wstore *ws, int b, size_t rel, size_t n);
+    /* Device memory for all new weights of block b, written on stream s;
+     * put_dev_done (on the same stream) hands them to the store. */
+    zo_status (*put_dev)(wstore *ws, int b, void **dst);
+    zo_status (*put_dev_done)(wstore *ws, int b, gpu_stream_t s);
+    /* Every put has reached the store: later fetches and compute see it. */
+    zo_status (*sync)(wstore *ws);
+    /* Elements [rel, rel + n) of block b (whole-block coordinates) from
+     * fp32, which every rank has. */
+    zo_status (*load)(wstore *ws, int b, size_t rel, size_t n, const float *src);
+    /* Block b's weights (numel[b] elements of the dtype) into host memory,
+     * synchronously (the tier stores: the frozen base's reads). */
+    zo_status (*get_host)(wstore *ws, int b, void *dst);
+    void (*free)(wstore *ws);
+} wstore_ops;
+
+struct wstore {
+    const wstore_ops *ops;
+    const offload_env *env;
+    const offload_geom *g;
+    offload_tier tier;
+    int resident;          /* resident() gives every block: nothing is fetched */
+    int part_only;         /* keeps only the rank's part of each block (ZeRO-3): loads of the rest are dropped */
+    size_t put_max;        /* elements put_host takes at once */
+    uint64_t *gen;         /* [nb] block b's generation (atomic: puts may come from the optimizer's thread) */
+};
+
+typedef struct wstore_config {
+    offload_tier tier;
+    int ring;              /* NVMe: pinned read-ahead buffers (the device slots' count) */
+    int dev_puts;          /* new weights will come from the device (a device shard) */
+    size_t chunk;          /* device tier: elements a host put stages at once */
+    const char *nvme_dir;
+    const char *name;      /* what it holds ("par", "frz"): NVMe file names, messages */
+    /* ZeRO 1-2 (device tier, env->dp partitioned): the puts are the rank's
+     * parts; every block is kept whole, padded, and all-gathered once its
+     * part is complete */
+    int gathered;
+} wstore_config;
+
+/* The tier's store of the blocks of g. */
+zo_status wstore_create(const offload_env *env, const offload_geom *g, const wstore_config *c,
+                        wstore **out);
+void wstore_free(wstore *ws);
+/* The generation of block b's weights. */
+uint64_t wstore_gen(const wstore *ws, int b);
+/* A put completed (ws->ops->put_host_done, put_dev_done): block b changed. */
+zo_status wstore_put_host_done(wstore *ws, int b, size_t rel, size_t n);
+zo_status wstore_put_dev_done(wstore *ws, int b, gpu_stream_t s);
+/* Load elements [rel, rel + n) of block b's weights (whole-block
+ * coordinates), given in fp32: ws->ops->load. */
+zo_status wstore_load_f32(wstore *ws, int b, size_t rel, size_t n, const float *src);
+/* Put elements [rel, rel + n) of block b's weights given as the store's own
+ * elements (bytes copied as they are), chunk by chunk. */
+zo_status wstore_put_raw(wstore *ws, int b, size_t rel, size_t n, const void *src);
+/* Every block of host store `from` (same geometry) put into `to`, synced. */
+zo_status wstore_publish(wstore *from, wstore *to);
+/* What every store starts as: its table, environment, geometry and tier,
+ * generations 0 (wgather.c). */
+zo_status wstore_init_base(wstore *ws, const wstore_ops *ops, const offload_env *env, const offload_geom *g,
+                           offload_tier tier);
+/* Every block changed (wgather.c: the other ranks' parts came in a round of
+ * puts). */
+void wstore_changed_all(wstore *ws);
+
+/* ---- wgather.c: ZeRO-3 ---------------------------------------------------------------- */
+
+/* The gathering store over `inner` (a store of the rank's parts: the
+ * geometry of offload_dp_geom), owning it, whatever happens: fetch gives
+ * whole blocks of g, all-gathered. */
+zo_status wgather_create(const offload_env *env, const offload_geom *g, wstore *inner, wstore **out);
+
+#endif
