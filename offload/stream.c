@@ -67,7 +67,7 @@ zo_status offload_stream_create(const offload_env *env, const offload_stream_con
     sm->dep = c->m->block_dep;
     zo_status st = schedule(sm);
     if (st == ZO_OK && c->n_slots) st = alloc_slots(sm);
-    if (st == ZO_OK) st = gpu_event_create(env->dev, &sm->prev_done);
+    for (int k = 0; k < 2 && st == ZO_OK; k++) st = gpu_event_create(env->dev, &sm->done[k]);
     if (st == ZO_OK) st = actstore_create(env, c->g->nb, c->m->boundary_bytes, c->checkpoints_on, &sm->acts);
     if (st != ZO_OK) {
         offload_stream_free(sm);
@@ -88,7 +88,8 @@ void offload_stream_free(offload_stream *sm)
             if (sm->slots[i].freed) gpu_event_destroy(sm->slots[i].freed);
         }
     free(sm->slots);
-    if (sm->prev_done) gpu_event_destroy(sm->prev_done);
+    for (int k = 0; k < 2; k++)
+        if (sm->done[k]) gpu_event_destroy(sm->done[k]);
     actstore_free(sm->acts);
     free(sm->sched);
     free(sm);
@@ -204,8 +205,10 @@ static zo_status acquire(offload_stream *sm, gpu_stream_t s, int b, offload_bloc
     zo_status st;
     int dep = sm->dep[b];
     io->dep_params = io->dep_frozen = NULL;
-    /* wait until the previous block has run: the compute part of the split */
-    if (sm->has_prev && (st = offload_timed_wait(sm->env, sm->prev_done, OFFLOAD_TIME_COMPUTE)) != ZO_OK)
+    /* wait until the block before the previous one has run (the compute
+     * part of the split): the previous one stays queued on the device */
+    if (sm->n_done >= 2 &&
+        (st = offload_timed_wait(sm->env, sm->done[sm->n_done % 2], OFFLOAD_TIME_COMPUTE)) != ZO_OK)
         return st;
     /* the weights of this step: the update of the block (and of the block
      * it reads) has published them */
@@ -256,8 +259,8 @@ static zo_status acquire(offload_stream *sm, gpu_stream_t s, int b, offload_bloc
 static zo_status release(offload_stream *sm, gpu_stream_t s, int b)
 {
     zo_status st;
-    if ((st = gpu_event_record(sm->prev_done, s)) != ZO_OK) return st;
-    sm->has_prev = 1;
+    if ((st = gpu_event_record(sm->done[sm->n_done % 2], s)) != ZO_OK) return st;
+    sm->n_done++;
     sm->pos++;
     if (!sm->c.n_slots) return ZO_OK;
     int ids[2] = {b, sm->dep[b]};
@@ -281,7 +284,7 @@ static void pass_begin(offload_stream *sm)
 {
     sm->pass++;
     sm->pos = 0;
-    sm->has_prev = 0;
+    sm->n_done = 0;
     sm->acts->ops->pass_begin(sm->acts);
 }
 
@@ -329,6 +332,13 @@ static zo_status backward_block(offload_stream *sm, gpu_stream_t s, int b)
     return ZO_OK;
 }
 
+/* Wait for the pass's last block to have run (the compute part of the split). */
+static zo_status last_block_done(offload_stream *sm)
+{
+    if (!sm->n_done) return ZO_OK;
+    return offload_timed_wait(sm->env, sm->done[(sm->n_done - 1) % 2], OFFLOAD_TIME_COMPUTE);
+}
+
 static zo_status micro_batch_run(offload_stream *sm, gpu_stream_t s)
 {
     zo_status st;
@@ -339,10 +349,10 @@ static zo_status micro_batch_run(offload_stream *sm, gpu_stream_t s)
     for (int b = sm->c.g->nb - 1; b >= 0; b--)
         if ((st = backward_block(sm, s, b)) != ZO_OK) return st;
     /* the compute of the last block, then its gradients */
-    if ((st = offload_timed_wait(sm->env, sm->prev_done, OFFLOAD_TIME_COMPUTE)) != ZO_OK ||
-        (st = offload_grads_drain(sm->c.gr)) != ZO_OK || (st = offload_dp_wait(sm->env->dp)) != ZO_OK)
+    if ((st = last_block_done(sm)) != ZO_OK || (st = offload_grads_drain(sm->c.gr)) != ZO_OK ||
+        (st = offload_dp_wait(sm->env->dp)) != ZO_OK)
         return st;
-    sm->has_prev = 0;
+    sm->n_done = 0;
     sm->c.opt->micro++;
     return ZO_OK;
 }
@@ -351,11 +361,10 @@ static zo_status forward_run(offload_stream *sm, gpu_stream_t s)
 {
     zo_status st;
     pass_begin(sm);
-    if ((st = forward_blocks(sm, s)) != ZO_OK ||
-        (st = offload_timed_wait(sm->env, sm->prev_done, OFFLOAD_TIME_COMPUTE)) != ZO_OK ||
+    if ((st = forward_blocks(sm, s)) != ZO_OK || (st = last_block_done(sm)) != ZO_OK ||
         (st = offload_dp_wait(sm->env->dp)) != ZO_OK)
         return st;
-    sm->has_prev = 0;
+    sm->n_done = 0;
     return ZO_OK;
 }
 
@@ -373,7 +382,7 @@ static zo_status abandon(offload_stream *sm, gpu_stream_t s, zo_status st, int k
     gpu_stream_synchronize(sm->env->h2d);
     gpu_stream_synchronize(sm->env->d2h);
     for (int i = 0; i < sm->c.n_slots; i++) sm->slots[i].busy = 0;
-    sm->has_prev = 0;
+    sm->n_done = 0;
     if (!keep_grads) {
         offload_grads_forget(sm->c.gr);
         sm->c.opt->micro = 0;

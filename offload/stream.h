@@ -48,8 +48,12 @@ typedef struct offload_stream {
     int n_sched;
     int pos;                    /* schedule position being acquired */
     uint64_t pass;              /* passes (micro-batches, forwards) begun */
-    gpu_event_t prev_done;      /* compute stream: the last block's work */
-    int has_prev;
+    /* compute stream: the work of the last two blocks enqueued this pass,
+     * block k's in done[k % 2]; the host enqueues block k once block k - 2
+     * has run, so the device always has one block queued behind the one it
+     * runs (waiting for k - 1 left it idle while the host launched k) */
+    gpu_event_t done[2];
+    int n_done;                 /* blocks enqueued this pass */
     actstore *acts;             /* the activation checkpoints */
 } offload_stream;
 
