@@ -461,6 +461,9 @@ step_test() {
     elif [ "$status" = Skipped ] || [ "$status" = "Not Run" ]; then
       row test "$name" FAIL "skipped: ${reason:-no reason given}" "runs on the GPU"; bad=1
     else
+      # test_ops: its cuda line says how many cases failed there
+      [ "$name" = test_ops ] && [ -n "$(echo "$out" | awk '$1 == "backend" && $2 == "cuda"')" ] &&
+        reason="$(echo "$out" | awk '$1 == "backend" && $2 == "cuda" {$1 = $1; print}' | tail -1); $reason"
       row test "$name" FAIL "${status:-?} ($secs): ${reason:-see test.log}" "passes on the GPU"; bad=1
     fi
   done

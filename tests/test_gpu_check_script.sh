@@ -4,7 +4,8 @@
 # writes anything, with one line on stderr and exit 2 (no traceback); no
 # argument and an unknown one exit 2 with one line; --help names the
 # invocations and steps; `summary` prints the table of a results folder's
-# rows (exit 1 when one is a FAIL) and leaves them as they are.
+# rows (exit 1 when one is a FAIL) and leaves them as they are; run1 takes
+# test_ops as passed only with its line "backend cuda N runs, 0 failed".
 # Exits 77 (skipped) on a machine with a GPU, where gpu-check.sh runs for real.
 #   test_gpu_check_script.sh SOURCE_DIR
 set -u
@@ -78,3 +79,22 @@ OUT=$res ZO_GPUCHECK_BUILD="$tmp/b2" bash "$root/scripts/gpu-check.sh" summary >
   fail "summary of no rows: exit $?"
 grep -q '^gpu-check: no results recorded in' "$tmp/out" || fail "summary of no rows: $(cat "$tmp/out")"
 echo "ok: summary"
+
+# run1's test step: test_ops passes on the GPU only with its line
+# "backend cuda N runs, 0 failed", N > 0 (the function, on test_ops's output)
+cat > "$tmp/ops.sh" <<'EOS'
+ROWS=$1
+row() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "${5:-}" >> "$ROWS"; }
+eval "$(sed -n '/^ops_cuda_line() {/,/^}/p' "$2")"
+cpu='  backend cpu          911 runs, 0 failed'
+shim='  backend cuda-shim    911 runs, 0 failed'
+ops_cuda_line "$(printf '%s\n%s\n  backend cuda         911 runs, 0 failed\n' "$cpu" "$shim")" || echo "FAIL: a clean cuda line refused"
+ops_cuda_line "$(printf '%s\n  backend cuda         911 runs, 3 failed\n' "$cpu")" && echo "FAIL: 3 failed accepted"
+ops_cuda_line "$(printf '%s\n%s\n' "$cpu" "$shim")" && echo "FAIL: no cuda line accepted (cuda-shim is not cuda)"
+ops_cuda_line "$(printf '  backend cuda           0 runs, 0 failed\n')" && echo "FAIL: 0 runs accepted"
+exit 0
+EOS
+bash "$tmp/ops.sh" "$tmp/ops.rows" "$root/scripts/gpu-check.sh" > "$tmp/out" 2>&1
+[ -s "$tmp/out" ] && fail "test_ops's cuda line: $(cat "$tmp/out")"
+[ "$(cut -f3 "$tmp/ops.rows" | tr '\n' ' ')" = "ok FAIL FAIL FAIL " ] || fail "test_ops's rows: $(cat "$tmp/ops.rows")"
+echo "ok: test_ops's cuda line: present with 0 failed passes; failures, none, 0 runs fail"
