@@ -520,16 +520,19 @@ sanitize_one() {
   rc=$?
   # this run's own count (the log holds the earlier runs too)
   errs=$(tail -c +"$from" "$RES/sanitize.log" | grep -o 'ERROR SUMMARY: [0-9]* error' | tail -1 | grep -o '[0-9]*')
-  # the run's last line, for a failure's reason ("Device not supported", a test's message)
-  local last
+  # the run's last line, for a failure's reason ("Device not supported", a test's message),
+  # and the reports it made (each starts "========= Invalid ...", "Leaked ...", "Program hit ...")
+  local last reports
   last=$(tail -c +"$from" "$RES/sanitize.log" | grep -v -e '^ *$' -e 'ERROR SUMMARY' | tail -1 | sed 's/^=* *//' | cut -c1-120)
+  reports=$(tail -c +"$from" "$RES/sanitize.log" | grep -E '^========= [A-Z]' |
+            grep -cv -e 'COMPUTE-SANITIZER' -e 'ERROR SUMMARY' -e 'Target application returned')
   if [ $rc = 0 ]; then
     row "$step" "$name" ok "${errs:-0} errors ($((SECONDS - t)) s)" "0 errors"
-  elif [ $rc = 124 ] && [ "$opt" = optional ]; then
-    row "$step" "$name" skip "not finished in the time left ($((SECONDS - t)) s)"
+  elif [ $rc = 124 ] && [ "$opt" = optional ] && [ "$reports" = 0 ]; then
+    row "$step" "$name" skip "not finished in the time left ($((SECONDS - t)) s), no report so far"
     return 0
   elif [ $rc = 124 ]; then
-    row "$step" "$name" FAIL "not finished in its $((SECONDS - t)) s" "0 errors"
+    row "$step" "$name" FAIL "not finished in its $((SECONDS - t)) s; $reports reports so far (sanitize.log)" "0 errors"
   else
     row "$step" "$name" FAIL "exit $rc, ${errs:-?} errors ($((SECONDS - t)) s)$([ $rc = 77 ] && echo ', the test skipped'): $last" "0 errors"
   fi
