@@ -169,9 +169,13 @@ mkdir -p "$STATE" "$RES"
 RES=$(cd "$RES" && pwd)
 ROWS=$RES/rows.tsv
 # a command's results are its own: the rows and logs of its steps start empty
+# (the device tool's $OUT is empty anyway; the local results folder is not)
 if [ "${steps[*]}" != summary ]; then
   : > "$ROWS"
-  rm -f "$RES/summary.txt"
+  rm -f "$RES/summary.txt" "$RES/artifacts.tar.gz"
+  for s in "${steps[@]}"; do
+    case "$s" in summary) ;; env) rm -f "$RES/env.txt" ;; memcheck|sanitize) rm -f "$RES/sanitize.log" ;; *) rm -f "$RES/$s.log" ;; esac
+  done
 fi
 
 left() { echo $((DEADLINE - (SECONDS - T0))); }
