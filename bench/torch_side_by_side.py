@@ -11,7 +11,9 @@ Per model (default on CUDA: GPT-2 small and a 1.3B LLaMA, bf16, batch 8 x 1024):
 Each contender runs in a process of its own, in that (alternating) order; the
 figure is the median tokens/s of the steps after the warm-up ones. The ratios
 come last: ours resident / eager (goal >= 1) and ours streamed / FSDP CPU
-offload (goal >= 1.5).
+offload (goal >= 1.5). The rows (--rows) are written as they are made: a
+contender's when it ends, a model's ratios when its contenders have run, so
+a run stopped at a time limit keeps what it measured.
 
 The PyTorch model is plain torch built from the shape memplan reports for the
 same --model (`memplan estimate --json`, the `model` object), and its
@@ -466,6 +468,7 @@ def main():
     os.makedirs(args.workdir, exist_ok=True)
     results = {}
     failed = 0
+    last = []
     for name in names:
         cfg = dict(table[name])
         if args.steps:
@@ -494,6 +497,10 @@ def main():
                     r["note"] += " first loss %.3f far from ln(vocab) %.3f" % (l0, lnv)
                     r["ok"] = False
                     failed = 1
+            status = "ok" if r["ok"] else ("skip" if c == "torch-compile" or not cuda else "FAIL")
+            row(args.rows, "%s %s tokens/s (B %d x S %d, bf16)" % (name, c, cfg["batch"], cfg["seq"]),
+                "info" if r["ok"] else status, ("%.0f" % r["median"]) if r["ok"] else (r["note"] or "failed"))
+        last += ratios(args, results, name, cuda)
 
     # ---- the table, then the ratios -------------------------------------------------
     log("")
@@ -504,32 +511,38 @@ def main():
                                                      r["loss"][0], r["note"]))
         else:
             log("%-11s %-20s %12s %9s %10s  %s" % (name, c, "-", "-", "-", r["note"] or "failed"))
-        status = "ok" if r["ok"] else ("skip" if c == "torch-compile" or not cuda else "FAIL")
-        row(args.rows, "%s %s tokens/s (B %d x S %d, bf16)" % (name, c, table[name]["batch"], table[name]["seq"]),
-            "info" if r["ok"] else status, ("%.0f" % r["median"]) if r["ok"] else (r["note"] or "failed"))
     log("")
     log("ratios (tokens/s, ours over PyTorch; > 1: ours faster)")
-    pairs = [("ours-resident", "torch-eager", 1.0), ("ours-resident", "torch-compile", None),
-             ("ours-streamed", "torch-fsdp-offload", 1.5)]
-    last = []
-    for name in names:
-        for a, b, goal in pairs:
-            ra, rb = results.get((name, a)), results.get((name, b))
-            if not ra or not rb:
-                continue
-            label = "%s: %s / %s" % (name, a, b)
-            if ra["ok"] and rb["ok"] and rb["median"] > 0:
-                v = ra["median"] / rb["median"]
-                met = goal is None or v >= goal
-                log("  %-50s %6.2f%s" % (label, v, "" if goal is None else "   (goal >= %.1f: %s)" % (
-                    goal, "met" if met else "MISSED")))
-                status = "info" if goal is None or not cuda else ("ok" if met else "FAIL")
-                row(args.rows, label, status, "%.2f" % v, ">= %.1f" % goal if goal else "")
-                last.append("%s %.2f" % (label, v))
-            else:
-                log("  %-50s      -   (%s)" % (label, "; ".join(x["note"] for x in (ra, rb) if x["note"])))
-    log("side by side: " + ("; ".join(last) if last else "no ratio"))
+    for line in last:
+        log(line[1])
+    log("side by side: " + ("; ".join(x[0] for x in last if x[0]) if any(x[0] for x in last) else "no ratio"))
     return failed
+
+
+PAIRS = [("ours-resident", "torch-eager", 1.0), ("ours-resident", "torch-compile", None),
+         ("ours-streamed", "torch-fsdp-offload", 1.5)]
+
+
+def ratios(args, results, name, cuda):
+    """One model's ratios, ours over PyTorch, each a row once its two contenders have run: a list of
+    (short form for the last line or "", the table's line)."""
+    out = []
+    for a, b, goal in PAIRS:
+        ra, rb = results.get((name, a)), results.get((name, b))
+        if not ra or not rb:
+            continue
+        label = "%s: %s / %s" % (name, a, b)
+        if ra["ok"] and rb["ok"] and rb["median"] > 0:
+            v = ra["median"] / rb["median"]
+            met = goal is None or v >= goal
+            status = "info" if goal is None or not cuda else ("ok" if met else "FAIL")
+            row(args.rows, label, status, "%.2f" % v, ">= %.1f" % goal if goal else "")
+            out.append(("%s %.2f" % (label, v), "  %-50s %6.2f%s" % (label, v, "" if goal is None else
+                                                                  "   (goal >= %.1f: %s)" % (
+                                                                      goal, "met" if met else "MISSED"))))
+        else:
+            out.append(("", "  %-50s      -   (%s)" % (label, "; ".join(x["note"] for x in (ra, rb) if x["note"]))))
+    return out
 
 
 if __name__ == "__main__":

@@ -9,10 +9,20 @@
 #     bash scripts/gpu-carry.sh          # then see docs/gpu-cuda.md for the runs
 #
 # Packages: cJSON, liburing, xxHash, cmocka (-dev and runtime) and pkgconf
-# (used there only when the machine has no pkg-config). Not carried: MPI
-# (optional; its backend is not built there), librsvg2-bin (test_planner_svg
-# skips without rsvg-convert), python3-torch (that machine's python3 has
-# torch). Always amd64: that machine is x86-64 whatever this one is.
+# (used there only when the machine has no pkg-config): every library the
+# build finds with pkg-config; the binaries find them through their RPATH.
+# Not carried, because that machine has them or the build does without:
+# CUDA's runtime and cuBLASLt (the CUDA module links the toolkit's), NCCL
+# (the toolkit's, else the one of the Python wheels that PyTorch brings:
+# gpu-check.sh points CMake at it), MPI (optional: without it the NCCL
+# backend runs one rank as a plain process, which is what test_comm_nccl
+# checks there), librsvg2-bin (test_planner_svg skips without rsvg-convert,
+# and the GPU commands do not run it), python3-torch (that machine's python3
+# has torch). Checked here: a configure that sees only this prefix through
+# pkg-config (PKG_CONFIG_LIBDIR empty, -DZO_MPI=OFF) resolves all four into
+# it, and test_comm and test_cuda_module link and load them from it. About
+# 450 KiB: the tree that travels stays near 7 MB, under the 64 MiB limit.
+# Always amd64: that machine is x86-64 whatever this one is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

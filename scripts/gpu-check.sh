@@ -1,51 +1,82 @@
 #!/usr/bin/env bash
-# gpu-check.sh: everything the CUDA path must show on a real GPU (issue 18),
-# started at the repository root of a bare GPU machine (an H100 or H200 with
-# CUDA, CMake, compute-sanitizer and Python with PyTorch, no package
-# registry). docs/gpu-cuda.md ("Running it on a GPU machine") has the exact
-# device-tool calls.
+# gpu-check.sh: what the CUDA path must show on a real GPU (issue 18), in three
+# invocations of one command each (at most 10 minutes, 30 in all), every one
+# possibly on a fresh machine: an H100 or H200 with CUDA, CMake,
+# compute-sanitizer and Python with PyTorch; no package registry, no MPI.
+# Started at the repository root; docs/gpu-cuda.md ("Running it on a GPU
+# machine") has the exact device-tool calls.
 #
-#   bash scripts/gpu-check.sh [PHASE...]      (default: all)
+#   bash scripts/gpu-check.sh run1|run2|run3
+#   bash scripts/gpu-check.sh STEP...          (env and build come first by themselves)
+#   bash scripts/gpu-check.sh deps|plan13b|summary
 #
-# Phases (each fits one 10-minute command; the build is reused between
-# commands while the machine stays warm, and made again when it is not):
-#   build     unpack .carry/ (scripts/gpu-carry.sh) into a prefix; configure with
-#             CUDA for sm_90 (Release) against it; build with -j$(nproc)
-#   test      every ctest test; fails if any fails, or if a GPU test
-#             (test_gpu_parity, test_gpu_parity_model, test_offload_cuda) skips
-#   sanitize  compute-sanitizer memcheck on those three; then racecheck,
-#             synccheck and initcheck on test_gpu_parity while time is left
-#   bench     bench_gpu_cuda; bench_offload --device cuda on a 1.3B GPT shape
-#             (streamed prefetch 1 and 2 against resident); scripts/gpu_schedules.py:
-#             the 1.3B LLaMA's step under the optimizer schedules serial, overlap
-#             and dpu against memplan's; bench_lora --device cuda (full vs LoRA vs
-#             QLoRA step), each while this command's time lasts
-#   torch     bench/torch_side_by_side.py: train --device cuda against PyTorch
-#   13b       scripts/gpu_13b.py: LLaMA-2-13B-shaped runs from memplan plans: full
-#             fine-tuning, QLoRA (r 16, every linear layer), then the full plan
-#             under the other optimizer schedules while time is left
-#   all       the six above, in that order, inside one deadline
-# Phases that need no GPU (for this machine and for checks elsewhere):
-#   deps      only unpack .carry/ into the prefix
-#   plan13b   the 13B plans (full and QLoRA) for a described machine, checked
-#             against the 13B model by `train --check-plan`, each placement and
-#             method planned for a tiny model and run by `train --plan` on the
-#             CPU backend, the tiny full plan under each optimizer schedule, and
-#             gpu_schedules.py on the tiny model (ZO_13B_* below describe the
-#             machine)
-#   summary   print the table of what the phases recorded on this machine
+# Invocations, in the order of their value; each unpacks .carry/
+# (scripts/gpu-carry.sh), configures (CUDA sm_90, Release) when build-gpu/ has
+# no configuration yet and builds only the targets of its own steps:
+#   run1   env build test memcheck bench, then sanitize while time is left
+#   run2   env build 13b
+#   run3   env build torch schedules, then offload while time is left
+# Steps:
+#   env        nvidia-smi (name, driver, memory), the device as the CUDA runtime
+#              reports it (scripts/cuda_info.c: name, sm, total and free memory),
+#              /proc/meminfo's head, cores, disks, tool versions: env.txt
+#   build      configure; build the command's targets with -j$(nproc), going on
+#              past a failed target (a step whose programs built still runs)
+#   test       the GPU tests only: test_gpu_parity, test_gpu_parity_model,
+#              test_offload_cuda, test_comm_nccl (NCCL, one rank, no MPI), test_ops
+#              (and its line `backend cuda N runs, 0 failed`), test_cuda_module;
+#              a test that skips, fails or is missing is a FAIL
+#   memcheck   compute-sanitizer memcheck --leak-check full on test_gpu_parity
+#   bench      bench_gpu_cuda: gpu_gemm against cuBLASLt's best (goal >= 0.9),
+#              pinned and pageable copies, attention
+#   sanitize   memcheck of test_ops, test_gpu_parity_model, test_offload_cuda;
+#              racecheck, synccheck, initcheck of test_gpu_parity
+#   13b        scripts/gpu_13b.py: LLaMA-2-13B QLoRA, then full fine-tuning, then
+#              the full plan under the other optimizer schedules (ZO_13B_RUNS)
+#   torch      bench/torch_side_by_side.py: train --device cuda against PyTorch
+#   schedules  scripts/gpu_schedules.py: a 1.3B LLaMA's step under the optimizer
+#              schedules serial, overlap and dpu against memplan's
+#   offload    bench_offload --device cuda (1.3B GPT, streamed / resident step,
+#              goal <= 1.10) and bench_lora --device cuda (full, LoRA, QLoRA)
+# No GPU needed:
+#   deps       only unpack .carry/ into the build's deps/
+#   plan13b    the 13B plans (full and QLoRA) for a described machine, checked
+#              against the 13B model by `train --check-plan`, each placement and
+#              method planned for a tiny model and run by `train --plan` on the
+#              CPU backend, the tiny full plan under each optimizer schedule, and
+#              gpu_schedules.py on the tiny model (ZO_13B_* describe the machine;
+#              the build is ./build unless ZO_GPUCHECK_BUILD names one)
+#   summary    print the table of the rows in the results folder
 #
-# Without a GPU the GPU phases fail at once with one line and exit 2. Exit 1
-# when a check failed, 0 when all passed. Logs (at most 8 files) go to $OUT
-# when it is set, else to build-gpu/gpucheck/logs; the summary table is printed
-# last.
+# Results go to $OUT when it is set, else to build-gpu/gpucheck/results, all
+# of them written as they come so that a command stopped at its limit leaves
+# what it measured: rows.tsv (step, check, ok/FAIL/skip/info, figure, goal:
+# one row per check, appended when it is made), summary.txt (the table,
+# rewritten after every step), env.txt, one log per step (build.log,
+# test.log, sanitize.log for memcheck and sanitize, bench.log, 13b.log,
+# torch.log, schedules.log, offload.log) and artifacts.tar.gz (plans, stats,
+# the hardware profile; after each step that makes them). At most 8 files an
+# invocation, none in a folder; a log is cut to its first 2 and last 12 MiB.
+# The summary table is printed last.
+#
+# Time: each command ends by ZO_GPUCHECK_DEADLINE seconds (default 570, for
+# the device tool's 600). A step is given what is left less the least the
+# later steps of the command need (run1: 150 s after the test step for
+# memcheck and bench, 90 s after memcheck for bench; the build keeps only the
+# next step's), and at most its cap; a step not started for lack of time is
+# a FAIL row (a skip row for a "while time is left" step).
+#
+# Without a GPU the GPU commands fail at once with one line and exit 2,
+# writing nothing. Exit 1 when a check failed, 0 when all passed.
 #
 # Environment: ZO_GPUCHECK_BUILD (build folder, default build-gpu),
-# ZO_GPUCHECK_JOBS (default nproc), ZO_GPUCHECK_DEADLINE (seconds this command
-# may run, default 570), ZO_GPUCHECK_PYTHON (default python3),
-# ZO_NVME_DIR (the 13B run's NVMe folder; default the largest free file
-# system among the build folder and /tmp), ZO_13B_* (scripts/gpu_13b.py --help;
-# ZO_13B_RUNS=full,qlora,schedules picks the 13B runs).
+# ZO_GPUCHECK_JOBS (default nproc), ZO_GPUCHECK_DEADLINE,
+# ZO_GPUCHECK_PYTHON (default python3), ZO_GPUCHECK_PCIE_GBS (the pinned
+# host->device GB/s run1's bench measured, for run2's and run3's plans; on a
+# warm machine the bench step's figure is kept), ZO_NVME_DIR (the NVMe tier's
+# folder; default the emptiest disk file system of the build folder's, /tmp
+# and /var/tmp, never a tmpfs), ZO_13B_* (scripts/gpu_13b.py --help;
+# ZO_13B_RUNS, default qlora,full,schedules), ZO_TORCH_MODELS.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$PWD
@@ -55,8 +86,9 @@ STATE=$B/gpucheck
 JOBS=${ZO_GPUCHECK_JOBS:-$(nproc 2>/dev/null || echo 4)}
 DEADLINE=${ZO_GPUCHECK_DEADLINE:-570}
 PY=${ZO_GPUCHECK_PYTHON:-python3}
-GPU_TESTS=(test_gpu_parity test_gpu_parity_model test_offload_cuda)
-ALL_PHASES=(build test sanitize bench torch 13b)
+MARGIN=20 # seconds kept for the summary and the archive
+GPU_TESTS=(test_gpu_parity test_gpu_parity_model test_offload_cuda test_comm_nccl test_ops test_cuda_module)
+GPU_STEPS=(env build test memcheck bench sanitize 13b torch schedules offload)
 T0=$SECONDS
 
 usage() {
@@ -68,23 +100,41 @@ die() { # one line, then exit
   exit "$1"
 }
 
-# ---- arguments --------------------------------------------------------------
-phases=()
+# ---- arguments: the steps of this command, in order ---------------------------
+# A step marked optional (run1's sanitize, run3's offload) runs while time is
+# left and is a skip row, not a FAIL, when there is none.
+steps=()
+optional=()
+add_step() { # STEP [optional]
+  local s
+  for s in "${steps[@]}"; do [ "$s" = "$1" ] && return; done
+  steps+=("$1")
+  [ "${2:-}" = optional ] && optional+=("$1")
+}
+is_optional() { printf '%s\n' "${optional[@]}" | grep -qx "$1"; }
+[ $# -gt 0 ] || die 2 "name an invocation (run1, run2, run3), steps or a no-GPU phase (deps, plan13b, summary); --help"
 for a in "$@"; do
   case "$a" in
     -h|--help|help) usage; exit 0 ;;
-    all) phases+=("${ALL_PHASES[@]}") ;;
-    build|test|sanitize|bench|torch|13b|deps|plan13b|summary) phases+=("$a") ;;
-    *) die 2 "unknown phase '$a' (phases: build test sanitize bench torch 13b all deps plan13b summary; --help)" ;;
+    run1) add_step env; add_step build; add_step test; add_step memcheck; add_step bench; add_step sanitize optional ;;
+    run2) add_step env; add_step build; add_step 13b ;;
+    run3) add_step env; add_step build; add_step torch; add_step schedules; add_step offload optional ;;
+    env|build|test|memcheck|bench|sanitize|13b|torch|schedules|offload|deps|plan13b|summary) add_step "$a" ;;
+    *) die 2 "unknown invocation or step '$a' (run1 run2 run3; steps: ${GPU_STEPS[*]}; deps plan13b summary; --help)" ;;
   esac
 done
-[ ${#phases[@]} -gt 0 ] || phases=("${ALL_PHASES[@]}")
 
-needs_gpu=0
-gpu_phases=()
-for p in "${phases[@]}"; do
-  case "$p" in deps|plan13b|summary) ;; *) needs_gpu=1; gpu_phases+=("$p") ;; esac
+gpu_steps=()
+for s in "${steps[@]}"; do
+  case "$s" in deps|plan13b|summary) ;; *) gpu_steps+=("$s") ;; esac
 done
+if [ ${#gpu_steps[@]} -gt 0 ]; then # every GPU command starts with env and build
+  rest=("${steps[@]}")
+  steps=()
+  add_step env
+  add_step build
+  for s in "${rest[@]}"; do add_step "$s"; done
+fi
 
 # ---- is there a GPU? (before anything is built or written) ------------------
 find_smi() {
@@ -104,41 +154,61 @@ gpu_count() { # GPUs nvidia-smi lists; else those torch sees; else 0
   n=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null) || n=0
   echo "${n:-0}"
 }
-if [ "$needs_gpu" = 1 ]; then
+if [ ${#gpu_steps[@]} -gt 0 ]; then
   n=$(gpu_count)
   if [ "${n:-0}" -lt 1 ]; then
     if find_smi >/dev/null; then why="nvidia-smi lists no GPU"; else why="no nvidia-smi, and no CUDA device through $PY's torch"; fi
-    die 2 "no NVIDIA GPU on this machine ($why): the phases ${gpu_phases[*]} need one; run them on a GPU machine (docs/gpu-cuda.md), or 'deps', 'plan13b' here"
+    die 2 "no NVIDIA GPU on this machine ($why): 'gpu-check.sh $*' needs one; run it on a GPU machine (docs/gpu-cuda.md), or 'deps', 'plan13b' here"
   fi
 fi
 
-mkdir -p "$STATE"
-LOGDIR=${OUT:-$STATE/logs}
-mkdir -p "$LOGDIR"
-LOGDIR=$(cd "$LOGDIR" && pwd)
+# ---- the results folder, rows, time -------------------------------------------
+RES=${OUT:-$STATE/results}
+ROWS=$RES/rows.tsv
+mkdir -p "$STATE" "$RES"
+RES=$(cd "$RES" && pwd)
+ROWS=$RES/rows.tsv
+# a command's results are its own: the rows and logs of its steps start empty
+# (the device tool's $OUT is empty anyway; the local results folder is not)
+if [ "${steps[*]}" != summary ]; then
+  : > "$ROWS"
+  rm -f "$RES/summary.txt" "$RES/artifacts.tar.gz"
+  for s in "${steps[@]}"; do
+    case "$s" in summary) ;; env) rm -f "$RES/env.txt" ;; memcheck|sanitize) rm -f "$RES/sanitize.log" ;; *) rm -f "$RES/$s.log" ;; esac
+  done
+fi
 
-# ---- time, rows, logs ---------------------------------------------------------
 left() { echo $((DEADLINE - (SECONDS - T0))); }
 
-# row PHASE CHECK STATUS FIGURE GOAL: one line of the summary (STATUS: ok, FAIL, skip, info)
+# row STEP CHECK STATUS FIGURE GOAL: one line of the summary (STATUS: ok, FAIL, skip, info)
 row() {
-  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "${5:-}" >> "$STATE/$1.rows"
+  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "${5:-}" >> "$ROWS"
 }
 
-# run_step PHASE LIMIT_S CMD...: CMD's output goes to the phase's log; returns
-# its status (124: stopped at its limit, or not started: too little time left).
+logname() { # the log file a step writes
+  case "$1" in
+    memcheck|sanitize) echo sanitize.log ;;
+    env) echo env.txt ;;
+    *) echo "$1.log" ;;
+  esac
+}
+
+# STEP_END: when the running step must be done (SECONDS). run_step STEP LIMIT
+# CMD...: CMD's output goes to the step's log; returns its status (124:
+# stopped at its limit, or not started: too little time left in the step).
+STEP_END=$((T0 + DEADLINE))
+step_left() { echo $((STEP_END - SECONDS)); }
 run_step() {
-  local phase=$1 limit=$2
+  local step=$1 limit=$2 l
   shift 2
-  local l
-  l=$(left)
-  [ $((l - 15)) -lt "$limit" ] && limit=$((l - 15))
+  l=$(step_left)
+  [ "$l" -lt "$limit" ] && limit=$l
   if [ "$limit" -lt 10 ]; then
-    echo "## not started (time): $*" >> "$LOGDIR/$phase.log"
+    echo "## not started (time): $*" >> "$RES/$(logname "$step")"
     return 124
   fi
-  echo "## $(date +%T) ($limit s at most): $*" >> "$LOGDIR/$phase.log"
-  timeout -k 10 "$limit" "$@" >> "$LOGDIR/$phase.log" 2>&1
+  echo "## $(date +%T) ($limit s at most): $*" >> "$RES/$(logname "$step")"
+  timeout -k 10 "$limit" "$@" >> "$RES/$(logname "$step")" 2>&1
 }
 
 say() { echo "gpu-check: $*"; }
@@ -185,101 +255,245 @@ export_env() {
   export ZO_TORCH_PYTHON
 }
 
-phase_deps() {
-  rm -f "$STATE/deps.rows"
+deps_rows() { # STEP: unpack, one row; 0 ok
   unpack_deps
   case $? in
-    0) row deps "unpack .carry (dpkg -x) into the build's deps/" ok "$(ls "$ROOT"/.carry/*.deb | wc -l) packages" ;;
-    1) row deps "unpack .carry" info "no .carry/*.deb (bash scripts/gpu-carry.sh makes it): the machine's own packages" ;;
-    *) row deps "unpack .carry" FAIL "dpkg -x / ar failed (see deps.log)"; return 1 ;;
+    0) row "$1" "unpack .carry into the build's deps/" ok "$(ls "$ROOT"/.carry/*.deb | wc -l) packages" ;;
+    1) row "$1" "unpack .carry" info "no .carry/*.deb (bash scripts/gpu-carry.sh makes it): the machine's own packages" ;;
+    *) row "$1" "unpack .carry" FAIL "dpkg -x / ar failed"; return 1 ;;
   esac
   export_env
 }
 
+step_deps() { deps_rows deps; }
+
+# ---- env ------------------------------------------------------------------------
+meminfo_gib() { # FIELD: /proc/meminfo's FIELD in GiB
+  awk -v f="$1:" '$1 == f {printf "%.1f", $2 / 1048576}' /proc/meminfo
+}
+
+cuda_info() { # the CUDA runtime's view (scripts/cuda_info.c, built with nvcc into the state folder)
+  local bin=$STATE/cuda_info nvcc
+  if [ ! -x "$bin" ] || [ "$ROOT/scripts/cuda_info.c" -nt "$bin" ]; then
+    nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    timeout 60 "$nvcc" -O2 -o "$bin" "$ROOT/scripts/cuda_info.c" >> "$RES/env.txt" 2>&1 || return 2
+  fi
+  timeout 60 "$bin"
+}
+
+step_env() {
+  local smi f=$RES/env.txt q="" info
+  echo "== $(date -u +%FT%TZ) $(uname -srm); $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME")" >> "$f"
+  if smi=$(find_smi); then
+    {
+      echo "== nvidia-smi"
+      timeout 30 "$smi"
+      echo "== nvidia-smi --query-gpu"
+      timeout 30 "$smi" --query-gpu=index,name,driver_version,memory.total,memory.used,memory.free,pcie.link.gen.max,pcie.link.width.max,power.limit,clocks.max.sm --format=csv ||
+        timeout 30 "$smi" --query-gpu=index,name,driver_version,memory.total,memory.free --format=csv
+    } >> "$f" 2>&1
+    q=$(timeout 30 "$smi" --query-gpu=name,driver_version,memory.total,memory.free --format=csv,noheader 2>/dev/null | head -1)
+  fi
+  row env "GPU (nvidia-smi: name, driver, memory total, free)" info "${q:-no answer (no nvidia-smi?)}"
+  echo "== the CUDA runtime (scripts/cuda_info.c)" >> "$f"
+  info=$(cuda_info 2>&1)
+  local rc=$?
+  echo "$info" >> "$f"
+  if [ $rc = 0 ]; then
+    row env "GPU (CUDA runtime)" ok "$(echo "$info" | grep -m1 '^cuda device 0:' | sed 's/^cuda device 0: //'); $(echo "$info" | head -1 | sed 's/^cuda: //')"
+  else
+    row env "GPU (CUDA runtime)" FAIL "$(echo "$info" | tail -1)" "a device"
+  fi
+  {
+    echo "== /proc/meminfo"
+    head -n 8 /proc/meminfo
+    grep -E '^(HugePages_Total|Hugepagesize)' /proc/meminfo
+    echo "== CPU: $(nproc) online; $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')"
+    echo "== ulimit -l (locked memory, KiB): $(ulimit -l); ulimit -n: $(ulimit -n)"
+    echo "== disks"
+    df -hT "$ROOT" /tmp /var/tmp 2>/dev/null
+    echo "== tools"
+    cmake --version | head -1
+    "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" --version | tail -2
+    cc --version | head -1
+    command -v ninja >/dev/null && echo "ninja $(ninja --version)"
+    local cs
+    cs=$(find_sanitizer) && timeout 30 "$cs" --version | head -2
+    "$PY" --version
+  } >> "$f" 2>&1
+  row env "host" info "MemTotal $(meminfo_gib MemTotal) GiB, MemAvailable $(meminfo_gib MemAvailable) GiB, $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')"
+  if printf '%s\n' "${steps[@]}" | grep -qx torch; then # torch's own view, where it is used
+    echo "== torch" >> "$f"
+    timeout 60 "$PY" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda, torch.cuda.get_device_name(0))' >> "$f" 2>&1
+  fi
+  return 0
+}
+
 # ---- build ----------------------------------------------------------------------
+# The targets each step needs (the CUDA module zo_cuda always; train comes
+# with test_offload_cuda and test_cuda_module, which depend on it).
+targets_of() {
+  case "$1" in
+    test) echo test_gpu_parity test_gpu_parity_model test_offload_cuda test_comm test_ops test_cuda_module ;;
+    memcheck) echo test_gpu_parity ;;
+    sanitize) echo test_gpu_parity test_gpu_parity_model test_offload_cuda test_ops ;;
+    bench) echo bench_gpu_cuda ;;
+    13b|torch|schedules) echo train memplan ;;
+    offload) echo bench_offload bench_lora ;;
+  esac
+}
+
 cuda_args=(-DCMAKE_BUILD_TYPE=Release -DZO_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
 
-configure_build() { # PHASE: configure when needed, then build; 0 ok
-  local phase=$1 t=$SECONDS gen=()
-  phase_deps || return 1
-  if [ ! -f "$B/CMakeCache.txt" ]; then
+# NCCL: the toolkit's (features.cmake looks there); where the toolkit has none,
+# the one of the Python wheels (nvidia-nccl-cu13 and the like, which PyTorch
+# installs: nccl.h and libnccl.so.2 somewhere under the nvidia package).
+NCCL_ARGS=()
+NCCL_FROM=""
+nccl_args() {
+  local nvcc cu inc d h lib
+  nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+  cu=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
+  for inc in "$cu/include" "$cu/targets/x86_64-linux/include" /usr/include; do
+    [ -f "$inc/nccl.h" ] && { NCCL_FROM="the toolkit ($inc)"; return 0; }
+  done
+  for d in $(timeout 60 "$PY" -c 'import nvidia; print("\n".join(nvidia.__path__))' 2>/dev/null); do
+    h=$(find "$d" -maxdepth 4 -name nccl.h 2>/dev/null | head -1)
+    [ -n "$h" ] || continue
+    lib=$(find "$(dirname "$(dirname "$h")")" -maxdepth 3 -name 'libnccl.so*' 2>/dev/null | sort | head -1)
+    [ -n "$lib" ] || continue
+    NCCL_ARGS=(-DNCCL_INCLUDE_DIR="$(dirname "$h")" -DNCCL_LIBRARY="$lib")
+    NCCL_FROM="the Python wheel ($(dirname "$(dirname "$h")"))"
+    return 0
+  done
+}
+
+step_build() {
+  local t=$SECONDS log=$RES/build.log targets=(zo_cuda) s x
+  deps_rows build || true
+  for s in "${steps[@]}"; do
+    for x in $(targets_of "$s"); do
+      printf '%s\n' "${targets[@]}" | grep -qx "$x" || targets+=("$x")
+    done
+  done
+  if [ -f "$B/CMakeCache.txt" ]; then
+    row build "configure" info "configured earlier (a warm machine kept $(basename "$B")/)"
+  else
+    local gen=() dp=()
     command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
-    local dp=()
     [ -d "$DEPS/usr" ] && dp=(-DZO_DEPS_PREFIX="$DEPS")
-    if ! run_step "$phase" 300 cmake -S . -B "$B" "${gen[@]}" "${cuda_args[@]}" "${dp[@]}"; then
+    nccl_args
+    if ! run_step build 240 cmake -S . -B "$B" "${gen[@]}" "${cuda_args[@]}" "${dp[@]}" "${NCCL_ARGS[@]}"; then
       row build configure FAIL "cmake failed (build.log)"
       rm -f "$B/CMakeCache.txt" # configure again next time
       return 1
     fi
+    local cuda nccl
+    cuda=$(grep -m1 -o 'feature: CUDA backend: .*' "$log" | sed 's/feature: CUDA backend: //')
+    nccl=$(grep -m1 -o 'feature: NCCL comm backend: .*' "$log" | sed 's/feature: NCCL comm backend: //')
+    row build "configure (CUDA sm_90, Release$([ ${#gen[@]} -gt 0 ] && echo ', Ninja'))" ok \
+      "$((SECONDS - t)) s; CUDA ${cuda:-?}; NCCL ${nccl:-?}${NCCL_FROM:+ from $NCCL_FROM}"
   fi
-  if ! run_step "$phase" 500 cmake --build "$B" -j"$JOBS"; then
-    row build "build -j$JOBS" FAIL "failed or out of time ($phase.log)"
+  local t1=$SECONDS keep=()
+  # go on past a failed target: what did build still runs
+  if grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja' "$B/CMakeCache.txt"; then keep=(-- -k 0); else keep=(-- -k); fi
+  run_step build 540 cmake --build "$B" -j"$JOBS" --target "${targets[@]}" "${keep[@]}"
+  local rc=$?
+  if [ $rc = 0 ]; then
+    row build "build ${#targets[@]} targets, -j$JOBS" ok "$((SECONDS - t1)) s: ${targets[*]}"
+  else
+    local why
+    why=$(grep -m1 -E 'error:|FAILED:' "$log" | cut -c1-150)
+    row build "build ${#targets[@]} targets, -j$JOBS" FAIL "$((SECONDS - t1)) s, $([ $rc = 124 ] && echo 'out of time' || echo "exit $rc"): ${why:-see build.log}"
     return 1
   fi
-  [ "$phase" = build ] && row build "configure + build (CUDA sm_90, Release, -j$JOBS)" ok "$((SECONDS - t)) s$(
-    grep -m1 -o 'feature: CUDA backend: found [^ ]*' "$LOGDIR/build.log" 2>/dev/null | sed 's/feature: CUDA backend: found /, CUDA /')"
-  return 0
 }
 
-phase_build() { configure_build build; }
-
-# Every GPU phase starts from an up-to-date build (a no-op when it is).
-ensure_build() {
-  configure_build "$1" || { row "$1" "build" FAIL "the build failed; see build.log / $1.log"; return 1; }
-}
-
-record_device() {
-  local smi line
-  smi=$(find_smi) || return 0
-  line=$("$smi" --query-gpu=name,memory.total,memory.free,driver_version --format=csv,noheader 2>/dev/null | head -1)
-  row device "GPU (nvidia-smi)" info "$line"
+have() { # BIN (relative to the build): built?
+  [ -x "$B/$1" ]
 }
 
 # ---- test -------------------------------------------------------------------------
-phase_test() {
-  ensure_build test || return 1
-  local log=$LOGDIR/test.log t=$SECONDS
-  (cd "$B" && run_step test 500 ctest -j"$((JOBS > 8 ? 8 : JOBS))" --timeout 600 --output-on-failure)
+# ctest runs from a folder of its own that includes the build's tests, so
+# that its LastTest.log is this step's and a ctest already running in the
+# build folder (the fake-GPU test of the script) keeps its own.
+ctest_log() { # ctest's log of the step (LastTest.log.tmp where ctest was stopped before renaming it)
+  local d=$STATE/ctest/Testing/Temporary
+  if [ -f "$d/LastTest.log" ]; then echo "$d/LastTest.log"; else echo "$d/LastTest.log.tmp"; fi
+}
+
+test_output() { # NAME: the test's output in ctest's log
+  awk -v n="$1" '$0 ~ "^[0-9]+/[0-9]+ Testing: "n"$" {on=1; next}
+                 on && /^Output:/ {getline; out=1; next}
+                 on && out && /^<end of output>/ {exit}
+                 on && out {print}' "$(ctest_log)" 2>/dev/null
+}
+
+step_test() {
+  local log=$RES/test.log t=$SECONDS re
+  mkdir -p "$STATE/ctest"
+  rm -rf "$STATE/ctest/Testing"
+  printf 'subdirs("%s")\n' "$B" > "$STATE/ctest/CTestTestfile.cmake"
+  re="^($(IFS='|'; echo "${GPU_TESTS[*]}"))\$"
+  (cd "$STATE/ctest" && run_step test 300 ctest -R "$re" --output-on-failure)
   local rc=$?
-  cp "$B/Testing/Temporary/LastTest.log" "$STATE/ctest-LastTest.log" 2>/dev/null
-  local summary
-  summary=$(grep -E 'tests passed|tests failed' "$log" | tail -1)
-  if [ $rc = 124 ]; then
-    row test "ctest" FAIL "out of time after $((SECONDS - t)) s"
-    return 1
-  fi
-  # one row per failed or skipped test, with the reason a skipped one gave
-  local name status reason bad=0
-  while read -r name status; do
-    # the last output line that says "skip", else the last one
-    reason=$(awk -v n="$name" '$0 ~ "^[0-9]+/[0-9]+ Testing: "n"$" {on=1; next}
-                               on && /^Output:/ {getline; out=1; next}
-                               on && out && /^<end of output>/ {exit}
-                               on && out && NF {last=$0; if (tolower($0) ~ /skip/) sk=$0}
-                               END {print (sk != "" ? sk : last)}' "$B/Testing/Temporary/LastTest.log" 2>/dev/null)
-    if [ "$status" = Failed ]; then
-      row test "$name" FAIL "failed" ; bad=1
-    elif printf '%s\n' "${GPU_TESTS[@]}" | grep -qx "$name" || echo "$reason" | grep -qi 'no CUDA'; then
-      row test "$name" FAIL "skipped: $reason" "must run on a GPU"; bad=1
+  { echo "## ctest's LastTest.log (every test's output)"; cat "$(ctest_log)"; } >> "$log" 2>/dev/null
+  local name line status secs reason out bad=0
+  for name in "${GPU_TESTS[@]}"; do
+    line=$(grep -E "Test +#[0-9]+: $name \.+" "$log" | tail -1)
+    status=$(echo "$line" | sed -E 's/.*: [^ ]+ \.+ *(\*\*\*)?([A-Za-z]+( Run)?).*/\2/')
+    secs=$(echo "$line" | grep -oE '[0-9.]+ sec' | tail -1)
+    out=$(test_output "$name")
+    reason=$(echo "$out" | grep -i skip | tail -1)
+    [ -n "$reason" ] || reason=$(echo "$out" | grep -v '^ *$' | tail -1)
+    reason=$(echo "$reason" | sed 's/^ *//' | cut -c1-150)
+    if [ -z "$line" ]; then
+      if [ $rc = 124 ]; then
+        row test "$name" FAIL "not run: ctest stopped at its limit after $((SECONDS - t)) s" "passes on the GPU"
+      elif [ "$name" = test_comm_nccl ]; then
+        row test "$name" FAIL "not registered: NCCL not found at configure ($(grep -m1 -o 'NCCL comm backend: .*' "$RES/build.log" 2>/dev/null || echo 'see build.log'))" "passes on the GPU"
+      else
+        row test "$name" FAIL "not registered or not built (build.log)" "passes on the GPU"
+      fi
+      bad=1
+    elif [ "$status" = Passed ]; then
+      if [ "$name" = test_ops ] && ! ops_cuda_line "$out"; then
+        bad=1
+      else
+        row test "$name" ok "passed ($secs)"
+      fi
+    elif [ "$status" = Skipped ] || [ "$status" = "Not Run" ]; then
+      row test "$name" FAIL "skipped: ${reason:-no reason given}" "runs on the GPU"; bad=1
     else
-      row test "$name" skip "$reason"
-    fi
-  done < <(grep -E '^ *[0-9]+/[0-9]+ Test +#[0-9]+: ' "$log" | sed -E 's/.*#[0-9]+: ([^ ]+) .*(Passed|Failed|Skipped|Not Run|Timeout|Exception).*/\1 \2/' |
-           sed -E 's/ (Not Run|Timeout|Exception)$/ Failed/' | grep -E ' (Failed|Skipped)$')
-  local g
-  for g in "${GPU_TESTS[@]}"; do
-    if ! grep -qE "#[0-9]+: $g \.* *Passed" "$log"; then
-      grep -qE "#[0-9]+: $g " "$log" || { row test "$g" FAIL "not registered (CUDA not built?)" "must run"; bad=1; }
-    else
-      row test "$g" ok "passed on the GPU"
+      # test_ops: its cuda line says how many cases failed there
+      [ "$name" = test_ops ] && [ -n "$(echo "$out" | awk '$1 == "backend" && $2 == "cuda"')" ] &&
+        reason="$(echo "$out" | awk '$1 == "backend" && $2 == "cuda" {$1 = $1; print}' | tail -1); $reason"
+      row test "$name" FAIL "${status:-?} ($secs): ${reason:-see test.log}" "passes on the GPU"; bad=1
     fi
   done
-  [ $rc = 0 ] || bad=1
-  row test "ctest" "$([ $bad = 0 ] && echo ok || echo FAIL)" "${summary:-no summary} ($((SECONDS - t)) s)" "all pass, no GPU test skipped"
   return $bad
 }
 
-# ---- sanitize ------------------------------------------------------------------------
+# test_ops's own line for the CUDA backend: "backend cuda N runs, M failed",
+# present (it runs where a GPU is) and M = 0. A row either way; 0 when good.
+ops_cuda_line() {
+  local l n f
+  l=$(echo "$1" | awk '$1 == "backend" && $2 == "cuda"' | tail -1)
+  if [ -z "$l" ]; then
+    row test test_ops FAIL "passed, but no 'backend cuda ... runs' line: the CUDA backend did not run" "backend cuda N runs, 0 failed"
+    return 1
+  fi
+  n=$(echo "$l" | awk '{print $3}')
+  f=$(echo "$l" | awk '{print $5}')
+  if [ "${n:-0}" -gt 0 ] && [ "$f" = 0 ]; then
+    row test test_ops ok "passed; backend cuda $n runs, 0 failed"
+    return 0
+  fi
+  row test test_ops FAIL "backend cuda $n runs, $f failed" "backend cuda N runs, 0 failed"
+  return 1
+}
+
+# ---- memcheck, sanitize ----------------------------------------------------------------
 find_sanitizer() {
   local c
   for c in compute-sanitizer /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
@@ -288,160 +502,225 @@ find_sanitizer() {
   return 1
 }
 
-phase_sanitize() {
-  ensure_build sanitize || return 1
-  local cs
+# sanitize_one STEP TOOL BIN LIMIT OPTIONAL: one compute-sanitizer run, one row; 0 when clean
+sanitize_one() {
+  local step=$1 tool=$2 bin=$3 limit=$4 opt=$5 cs extra=() rc errs t=$SECONDS name
+  name="$tool $(basename "$bin")"
   if ! cs=$(find_sanitizer); then
-    row sanitize compute-sanitizer FAIL "not found on PATH or under /usr/local/cuda"
+    row "$step" "$name" FAIL "compute-sanitizer not found on PATH or under /usr/local/cuda"
     return 1
   fi
-  local bad=0 job tool bin limit extra rc errs
-  # memcheck first (the goal); the other tools on the op-level test while time is left
-  for job in "memcheck gpu/test_gpu_parity 200" "memcheck gpu/test_gpu_parity_model 150" \
-             "memcheck offload/test_offload_cuda 200" "racecheck gpu/test_gpu_parity 150" \
-             "synccheck gpu/test_gpu_parity 100" "initcheck gpu/test_gpu_parity 150"; do
-    read -r tool bin limit <<< "$job"
-    extra=()
-    [ "$tool" = memcheck ] && extra=(--leak-check full)
-    [ "$tool" = racecheck ] && extra=(--racecheck-report all)
-    # test_offload_cuda also runs `train --device cuda` as a child process
-    [ "$bin" = offload/test_offload_cuda ] && extra+=(--target-processes all)
-    local t=$SECONDS
-    (cd "$B/$(dirname "$bin")" && run_step sanitize "$limit" "$cs" --error-exitcode 1 --tool "$tool" "${extra[@]}" "./$(basename "$bin")")
-    rc=$?
-    errs=$(grep -o 'ERROR SUMMARY: [0-9]* error' "$LOGDIR/sanitize.log" | tail -1 | grep -o '[0-9]*')
-    if [ $rc = 0 ]; then
-      row sanitize "$tool $(basename "$bin")" ok "${errs:-0} errors ($((SECONDS - t)) s)" "0 errors"
-    elif [ $rc = 124 ] && [ "$tool" != memcheck ]; then
-      row sanitize "$tool $(basename "$bin")" skip "not finished in its time ($((SECONDS - t)) s)"
-    else
-      row sanitize "$tool $(basename "$bin")" FAIL "exit $rc, ${errs:-?} errors ($((SECONDS - t)) s)" "0 errors"
-      bad=1
+  if ! have "$bin"; then
+    row "$step" "$name" FAIL "$bin not built (build.log)"
+    return 1
+  fi
+  [ "$tool" = memcheck ] && extra=(--leak-check full)
+  [ "$tool" = racecheck ] && extra=(--racecheck-report all)
+  # test_offload_cuda also runs `train --device cuda` as a child process
+  [ "$bin" = offload/test_offload_cuda ] && extra+=(--target-processes all)
+  local from
+  from=$(($(stat -c %s "$RES/sanitize.log" 2>/dev/null || echo 0) + 1))
+  (cd "$B/$(dirname "$bin")" && run_step "$step" "$limit" "$cs" --error-exitcode 1 --tool "$tool" "${extra[@]}" "./$(basename "$bin")")
+  rc=$?
+  # this run's own count (the log holds the earlier runs too)
+  errs=$(tail -c +"$from" "$RES/sanitize.log" | grep -o 'ERROR SUMMARY: [0-9]* error' | tail -1 | grep -o '[0-9]*')
+  # the run's last line, for a failure's reason ("Device not supported", a test's message),
+  # and the reports it made (each starts "========= Invalid ...", "Leaked ...", "Program hit ...")
+  local last reports
+  last=$(tail -c +"$from" "$RES/sanitize.log" | grep -v -e '^ *$' -e 'ERROR SUMMARY' | tail -1 | sed 's/^=* *//' | cut -c1-120)
+  reports=$(tail -c +"$from" "$RES/sanitize.log" | grep -E '^========= [A-Z]' |
+            grep -cv -e 'COMPUTE-SANITIZER' -e 'ERROR SUMMARY' -e 'Target application returned')
+  if [ $rc = 0 ]; then
+    row "$step" "$name" ok "${errs:-0} errors ($((SECONDS - t)) s)" "0 errors"
+  elif [ $rc = 124 ] && [ "$opt" = optional ] && [ "$reports" = 0 ]; then
+    row "$step" "$name" skip "not finished in the time left ($((SECONDS - t)) s), no report so far"
+    return 0
+  elif [ $rc = 124 ]; then
+    row "$step" "$name" FAIL "not finished in its $((SECONDS - t)) s; $reports reports so far (sanitize.log)" "0 errors"
+  else
+    row "$step" "$name" FAIL "exit $rc, ${errs:-?} errors ($((SECONDS - t)) s)$([ $rc = 77 ] && echo ', the test skipped'): $last" "0 errors"
+  fi
+  [ $rc = 0 ]
+}
+
+step_memcheck() { sanitize_one memcheck memcheck gpu/test_gpu_parity 600 required; }
+
+# The other tools and binaries, each while the step's time lasts: test_ops
+# first (every op on a grid of shapes that crosses the kernels' boundaries).
+step_sanitize() {
+  local bad=0 job tool bin opt=required
+  is_optional sanitize && opt=optional
+  for job in "memcheck gpu/test_ops" "memcheck gpu/test_gpu_parity_model" "memcheck offload/test_offload_cuda" \
+             "racecheck gpu/test_gpu_parity" "synccheck gpu/test_gpu_parity" "initcheck gpu/test_gpu_parity"; do
+    read -r tool bin <<< "$job"
+    if [ "$(step_left)" -lt 20 ]; then
+      row sanitize "$tool $(basename "$bin")" "$([ $opt = optional ] && echo skip || echo FAIL)" "not started: no time left"
+      [ $opt = optional ] || bad=1
+      continue
     fi
+    sanitize_one sanitize "$tool" "$bin" 600 "$opt" || bad=1
   done
   return $bad
 }
 
 # ---- bench ---------------------------------------------------------------------------
-phase_bench() {
-  ensure_build bench || return 1
-  local bad=0 out rc
-  out=$STATE/bench_gpu_cuda.txt
-  run_step bench 200 "$B/bench/bench_gpu_cuda"
+# the step's output (since its last '## ' header for PROG) into FILE
+last_output() { # LOG PROG FILE
+  awk -v p="$2" '$0 ~ "^## .*"p {buf=""} {buf = buf $0 "\n"} END {printf "%s", buf}' "$1" > "$3"
+}
+
+step_bench() {
+  local out=$STATE/bench_gpu_cuda.txt rc
+  have bench/bench_gpu_cuda || { row bench bench_gpu_cuda FAIL "not built (build.log)"; return 1; }
+  run_step bench 300 "$B/bench/bench_gpu_cuda"
   rc=$?
-  awk '/^## .*bench_gpu_cuda/ {buf=""} {buf = buf $0 "\n"} END {printf "%s", buf}' "$LOGDIR/bench.log" > "$out"
-  if [ $rc = 0 ]; then
-    row bench "bench_gpu_cuda: gpu_gemm / best cuBLASLt" ok "$(tail -1 "$out" | sed 's/.*: //')" ">= 0.9"
-    local h2d d2h
-    h2d=$(awk '$1 == "h2d" && $2 == "pinned" {print $3}' "$out" | tail -1)
-    d2h=$(awk '$1 == "d2h" && $2 == "pinned" {print $3}' "$out" | tail -1)
-    [ -n "$h2d" ] && echo "$h2d" > "$STATE/pcie_h2d_gbs"
-    row bench "bench_gpu_cuda: pinned copies" info "h2d ${h2d:-?} GB/s, d2h ${d2h:-?} GB/s"
-  else
-    row bench "bench_gpu_cuda" FAIL "exit $rc"
-    bad=1
+  last_output "$RES/bench.log" bench_gpu_cuda "$out"
+  if [ $rc != 0 ]; then
+    row bench "bench_gpu_cuda" FAIL "exit $rc$([ $rc = 124 ] && echo ': out of time')"
+    return 1
   fi
-  # streaming overhead on a 1.3B GPT shape (GPT-3 XL: 24 x 2048, vocab 50257)
-  out=$STATE/bench_offload.txt
-  run_step bench 360 "$B/bench/bench_offload" --device cuda --layers 24 --hidden 2048 --vocab 50257 \
-    --batch 8 --seq 1024
-  rc=$?
-  awk '/^## .*bench_offload/ {buf=""} {buf = buf $0 "\n"} END {printf "%s", buf}' "$LOGDIR/bench.log" > "$out"
-  if [ $rc = 0 ]; then
-    local d r f
-    for d in 1 2; do
-      read -r r f < <(awk -v d="$d" '$0 ~ "^streamed, prefetch "d" " {print $(NF-1), $NF}' "$out")
-      if [ -n "$r" ] && awk -v r="$r" 'BEGIN {exit !(r <= 1.10)}'; then
-        row bench "bench_offload 1.3B: streamed prefetch $d / resident step" ok "$r (fwd+bwd $f)" "<= 1.10"
-      else
-        row bench "bench_offload 1.3B: streamed prefetch $d / resident step" FAIL "${r:-?} (fwd+bwd ${f:-?})" "<= 1.10"
-        bad=1
-      fi
-    done
-    row bench "bench_offload 1.3B: resident step" info "$(awk '/^resident / {print $2 " s, " $3 " tok/s"}' "$out")"
+  local r h2d d2h bad=0
+  r=$(tail -1 "$out" | sed 's/.*: //')
+  if awk -v r="$r" 'BEGIN {exit !(r + 0 >= 0.9)}'; then
+    row bench "bench_gpu_cuda: gpu_gemm / best cuBLASLt (geo. mean)" ok "$r" ">= 0.9"
   else
-    row bench "bench_offload --device cuda (1.3B)" FAIL "exit $rc$([ $rc = 124 ] && echo ': out of time')"
-    bad=1
+    row bench "bench_gpu_cuda: gpu_gemm / best cuBLASLt (geo. mean)" FAIL "${r:-?}" ">= 0.9"; bad=1
   fi
-  # the optimizer schedules on the 1.3B LLaMA, weights on the GPU, the optimizer on the CPU
-  # (issue 14): gpu_schedules.py writes its rows; it calibrates the profile the 13b phase reuses
-  local l
-  pcie_args
-  l=$(($(left) - 120)) # bench_lora's share of what is left
-  [ $l -gt 240 ] && l=240
-  PYTHONUNBUFFERED=1 run_step bench "$l" "$PY" scripts/gpu_schedules.py --train "$B/examples/train" \
-    --memplan "$B/planner/memplan" --device cuda --workdir "$STATE/schedules" --nvme-dir "$(nvme_dir)" \
-    --hw-cache "$STATE/hw.json" --rows "$STATE/bench.rows" --phase bench --time-limit "$((l - 30))" \
-    "${PCIE[@]}"
-  rc=$?
-  [ $rc = 124 ] && row bench "gpu_schedules.py (1.3B)" FAIL "out of time"
-  [ $rc = 0 ] || bad=1
-  # full fine-tuning against LoRA and QLoRA (r 16, every linear layer) on a 1.3B LLaMA shape (issue 15)
-  out=$STATE/bench_lora.txt
-  run_step bench 150 "$B/bench/bench_lora" --device cuda --layers 24 --hidden 2048 --seq 1024 --batch 4 --rounds 2
-  rc=$?
-  awk '/^## .*bench_lora/ {buf=""} {buf = buf $0 "\n"} END {printf "%s", buf}' "$LOGDIR/bench.log" > "$out"
-  if [ $rc = 0 ]; then
-    local k
-    for k in lora qlora; do
-      row bench "bench_lora 1.3B: $k step / full fine-tuning step" info \
-        "$(awk -F': ' -v k="$k" '$1 == k " step / full fine-tuning step" {print $2}' "$out")$(
-          awk -v k="$k" '$1 == k && $2 == "step" && $4 == "s" {print " (" $3 " s vs full " f " s)"} $1 == "full" {f = $4}' "$out")"
-    done
-  else
-    row bench "bench_lora --device cuda (1.3B)" FAIL "exit $rc$([ $rc = 124 ] && echo ': out of time')"
-    bad=1
-  fi
+  h2d=$(awk '$1 == "h2d" && $2 == "pinned" {print $3}' "$out" | tail -1)
+  d2h=$(awk '$1 == "d2h" && $2 == "pinned" {print $3}' "$out" | tail -1)
+  [ -n "$h2d" ] && echo "$h2d" > "$STATE/pcie_h2d_gbs"
+  row bench "bench_gpu_cuda: pinned copies" info "h2d ${h2d:-?} GB/s, d2h ${d2h:-?} GB/s (ZO_GPUCHECK_PCIE_GBS=${h2d:-?} for run2, run3)"
+  row bench "bench_gpu_cuda: attention (bf16, causal)" info "$(awk '$1 == "causal" {printf "%st=%s fwd %s TF/s bwd %s TF/s", sep, $3, $6, $8; sep = "; "}' "$out")"
   return $bad
 }
 
-# PCIE: --pcie-gbs of bench_gpu_cuda's pinned host->device rate once the bench phase measured it,
-# for the hardware profile gpu_schedules.py and gpu_13b.py plan with
+# PCIE: --pcie-gbs for the hardware profile gpu_schedules.py and gpu_13b.py plan
+# with: ZO_GPUCHECK_PCIE_GBS, else the pinned host->device rate the bench step
+# measured on this machine
 pcie_args() {
   PCIE=()
-  [ -f "$STATE/pcie_h2d_gbs" ] && PCIE=(--pcie-gbs "$(cat "$STATE/pcie_h2d_gbs")")
+  if [ -n "${ZO_GPUCHECK_PCIE_GBS:-}" ]; then
+    PCIE=(--pcie-gbs "$ZO_GPUCHECK_PCIE_GBS")
+  elif [ -f "$STATE/pcie_h2d_gbs" ]; then
+    PCIE=(--pcie-gbs "$(cat "$STATE/pcie_h2d_gbs")")
+  fi
   return 0
 }
 
-# ---- torch, 13b -------------------------------------------------------------------
-phase_torch() {
-  ensure_build torch || return 1
-  local l
-  l=$(left)
-  PYTHONUNBUFFERED=1 run_step torch "$((l - 15))" "$PY" bench/torch_side_by_side.py \
-    --train "$B/examples/train" --memplan "$B/planner/memplan" --device cuda \
-    --workdir "$STATE/torch" --rows "$STATE/torch.rows" --time-limit "$((l - 30))"
-  local rc=$?
-  [ $rc = 124 ] && row torch "side by side" FAIL "out of time"
-  return $rc
-}
-
-nvme_dir() { # ZO_NVME_DIR, else the emptiest of the build folder's and /tmp's file systems
+nvme_dir() { # ZO_NVME_DIR, else the emptiest disk (not tmpfs) of the build folder's, /tmp's, /var/tmp's
   if [ -n "${ZO_NVME_DIR:-}" ]; then echo "$ZO_NVME_DIR"; return; fi
   local best="" bestfree=0 d free
   for d in "$B" /tmp /var/tmp; do
     [ -d "$d" ] || continue
+    case "$(stat -f -c %T "$d" 2>/dev/null)" in tmpfs|ramfs) continue ;; esac
     free=$(df -Pk "$d" 2>/dev/null | awk 'NR == 2 {print $4}')
     if [ "${free:-0}" -gt "$bestfree" ]; then best=$d; bestfree=$free; fi
   done
-  echo "${best:-/tmp}/zo-nvme"
+  echo "${best:-$B}/zo-nvme"
 }
 
-phase_13b() {
-  ensure_build 13b || return 1
-  local l
+have_planning() { # STEP: train and memplan built, else a FAIL row
+  have examples/train && have planner/memplan && return 0
+  row "$1" "train and memplan" FAIL "not built (build.log)"
+  return 1
+}
+
+# ---- 13b, torch, schedules, offload -----------------------------------------------
+step_13b() {
+  have_planning 13b || return 1
   pcie_args
-  l=$(left)
-  PYTHONUNBUFFERED=1 run_step 13b "$((l - 15))" "$PY" scripts/gpu_13b.py --train "$B/examples/train" \
+  local l=$(($(step_left) - 10))
+  PYTHONUNBUFFERED=1 run_step 13b "$l" "$PY" scripts/gpu_13b.py --train "$B/examples/train" \
     --memplan "$B/planner/memplan" --device cuda --workdir "$STATE/13b" --nvme-dir "$(nvme_dir)" \
-    --hw-cache "$STATE/hw.json" --rows "$STATE/13b.rows" --time-limit "$((l - 30))" "${PCIE[@]}"
+    --hw-cache "$STATE/hw.json" --rows "$ROWS" --phase 13b --time-limit "$((l - 15))" \
+    --runs "${ZO_13B_RUNS:-qlora,full,schedules}" "${PCIE[@]}"
   local rc=$?
-  [ $rc = 124 ] && row 13b "13B run" FAIL "out of time"
+  [ $rc = 124 ] && row 13b "13B runs" FAIL "stopped at the step's limit"
   return $rc
 }
 
-# plan13b: no GPU. Here the build is ./build unless ZO_GPUCHECK_BUILD names one.
-phase_plan13b() {
+step_torch() {
+  have_planning torch || return 1
+  local l=$(($(step_left) - 10))
+  PYTHONUNBUFFERED=1 run_step torch "$l" "$PY" bench/torch_side_by_side.py \
+    --train "$B/examples/train" --memplan "$B/planner/memplan" --device cuda \
+    --workdir "$STATE/torch" --rows "$ROWS" --time-limit "$((l - 15))"
+  local rc=$?
+  [ $rc = 124 ] && row torch "side by side" FAIL "stopped at the step's limit"
+  return $rc
+}
+
+# the optimizer schedules on the 1.3B LLaMA, weights on the GPU, the optimizer
+# on the CPU (issue 14); it calibrates the profile the 13b step reuses on a warm machine
+step_schedules() {
+  have_planning schedules || return 1
+  pcie_args
+  local l=$(($(step_left) - 10))
+  PYTHONUNBUFFERED=1 run_step schedules "$l" "$PY" scripts/gpu_schedules.py --train "$B/examples/train" \
+    --memplan "$B/planner/memplan" --device cuda --workdir "$STATE/schedules" --nvme-dir "$(nvme_dir)" \
+    --hw-cache "$STATE/hw.json" --rows "$ROWS" --phase schedules --time-limit "$((l - 15))" "${PCIE[@]}"
+  local rc=$?
+  [ $rc = 124 ] && row schedules "gpu_schedules.py (1.3B)" FAIL "stopped at the step's limit"
+  return $rc
+}
+
+step_offload() {
+  local bad=0 out rc opt=FAIL
+  is_optional offload && opt=skip
+  # streaming overhead on a 1.3B GPT shape (GPT-3 XL: 24 x 2048, vocab 50257)
+  out=$STATE/bench_offload.txt
+  if ! have bench/bench_offload; then
+    row offload bench_offload FAIL "not built (build.log)"; bad=1
+  else
+    run_step offload 360 "$B/bench/bench_offload" --device cuda --layers 24 --hidden 2048 --vocab 50257 \
+      --batch 8 --seq 1024
+    rc=$?
+    last_output "$RES/offload.log" bench_offload "$out"
+    if [ $rc = 0 ]; then
+      local d r f
+      for d in 1 2; do
+        read -r r f < <(awk -v d="$d" '$0 ~ "^streamed, prefetch "d" " {print $(NF-1), $NF}' "$out")
+        if [ -n "$r" ] && awk -v r="$r" 'BEGIN {exit !(r <= 1.10)}'; then
+          row offload "bench_offload 1.3B: streamed prefetch $d / resident step" ok "$r (fwd+bwd $f)" "<= 1.10"
+        else
+          row offload "bench_offload 1.3B: streamed prefetch $d / resident step" FAIL "${r:-?} (fwd+bwd ${f:-?})" "<= 1.10"
+          bad=1
+        fi
+      done
+      row offload "bench_offload 1.3B: resident step" info "$(awk '/^resident / {print $2 " s, " $3 " tok/s"}' "$out")"
+    elif [ $rc = 124 ]; then
+      row offload "bench_offload --device cuda (1.3B)" "$opt" "not finished in the time left"
+      [ $opt = skip ] || bad=1
+    else
+      row offload "bench_offload --device cuda (1.3B)" FAIL "exit $rc"; bad=1
+    fi
+  fi
+  # full fine-tuning against LoRA and QLoRA (r 16, every linear layer) on a 1.3B LLaMA shape (issue 15)
+  out=$STATE/bench_lora.txt
+  if ! have bench/bench_lora; then
+    row offload bench_lora FAIL "not built (build.log)"; return 1
+  fi
+  run_step offload 150 "$B/bench/bench_lora" --device cuda --layers 24 --hidden 2048 --seq 1024 --batch 4 --rounds 2
+  rc=$?
+  last_output "$RES/offload.log" bench_lora "$out"
+  if [ $rc = 0 ]; then
+    local k
+    for k in lora qlora; do
+      row offload "bench_lora 1.3B: $k step / full fine-tuning step" info \
+        "$(awk -F': ' -v k="$k" '$1 == k " step / full fine-tuning step" {print $2}' "$out")$(
+          awk -v k="$k" '$1 == k && $2 == "step" && $4 == "s" {print " (" $3 " s vs full " f " s)"} $1 == "full" {f = $4}' "$out")"
+    done
+  elif [ $rc = 124 ]; then
+    row offload "bench_lora --device cuda (1.3B)" "$opt" "not finished in the time left"
+    [ $opt = skip ] || bad=1
+  else
+    row offload "bench_lora --device cuda (1.3B)" FAIL "exit $rc"; bad=1
+  fi
+  return $bad
+}
+
+# ---- plan13b: no GPU. Here the build is ./build unless ZO_GPUCHECK_BUILD names one.
+step_plan13b() {
   local bin=${ZO_GPUCHECK_BUILD:-build}
   if [ ! -x "$bin/planner/memplan" ] || [ ! -x "$bin/examples/train" ]; then
     row plan13b "memplan and train" FAIL "not built in $bin/ (cmake --build $bin)"
@@ -449,78 +728,126 @@ phase_plan13b() {
   fi
   local rc=0 want
   "$PY" scripts/gpu_13b.py --train "$bin/examples/train" --memplan "$bin/planner/memplan" --device cpu \
-    --workdir "$STATE/plan13b" --nvme-dir "$STATE/plan13b/nvme" --rows "$STATE/plan13b.rows" \
-    >> "$LOGDIR/plan13b.log" 2>&1 || rc=1
+    --workdir "$STATE/plan13b" --nvme-dir "$STATE/plan13b/nvme" --rows "$ROWS" \
+    >> "$RES/plan13b.log" 2>&1 || rc=1
   "$PY" scripts/gpu_schedules.py --train "$bin/examples/train" --memplan "$bin/planner/memplan" --device cpu \
     --model tests/fixtures/gpu/tiny_llama.json --seq 16 --micro-batch 1 --label "tiny, CPU optimizer" \
-    --workdir "$STATE/plan13b/schedules" --nvme-dir "$STATE/plan13b/nvme" --rows "$STATE/plan13b.rows" \
-    --phase plan13b >> "$LOGDIR/plan13b.log" 2>&1 || rc=1
+    --workdir "$STATE/plan13b/schedules" --nvme-dir "$STATE/plan13b/nvme" --rows "$ROWS" \
+    --phase plan13b >> "$RES/plan13b.log" 2>&1 || rc=1
   # what the GPU runs rest on, each checked here (a row missing is a check that did not run)
   for want in "train --check-plan (13B)" "train --plan ran it (tiny LLaMA, full, CPU backend)" \
               "train --check-plan (QLoRA 13B)" "train --plan ran it (tiny LLaMA, qlora, CPU backend)" \
               "tiny LLaMA schedule overlap ran (CPU backend)" \
               "tiny, CPU optimizer schedule dpu ran (CPU backend)"; do
-    grep -qF "$(printf 'plan13b\t%s\tok\t' "$want")" "$STATE/plan13b.rows" ||
+    grep -qF "$(printf 'plan13b\t%s\tok\t' "$want")" "$ROWS" ||
       { row plan13b "$want" FAIL "no ok row (see plan13b.log)"; rc=1; }
   done
   return $rc
 }
 
-# ---- summary ----------------------------------------------------------------------
+# ---- summary, archive ----------------------------------------------------------------
 print_summary() {
-  local f files=()
-  for f in device deps build test sanitize bench torch 13b plan13b; do
-    [ -s "$STATE/$f.rows" ] && files+=("$STATE/$f.rows")
-  done
-  [ ${#files[@]} -gt 0 ] || { echo "gpu-check: no results recorded in $STATE"; return; }
+  [ -s "$ROWS" ] || { echo "gpu-check: no results recorded in $RES"; return; }
+  local gpu
+  gpu=$(awk -F'\t' '$1 == "env" && $2 == "GPU (CUDA runtime)" && $3 == "ok" {print $4; exit}' "$ROWS")
+  [ -n "$gpu" ] || gpu=$(awk -F'\t' '$1 == "env" && $2 ~ /^GPU \(nvidia-smi/ {print $4; exit}' "$ROWS")
   echo
-  echo "== gpu-check summary ($(date -u +%FT%TZ); logs: $LOGDIR)"
-  echo "   this command: ${phases[*]}; rows of other phases were recorded by earlier commands on this machine"
-  cat "${files[@]}" | awk -F'\t' '
-    { p[NR]=$1; c[NR]=$2; s[NR]=$3; v[NR]=$4; g[NR]=$5
+  echo "== gpu-check summary: ${steps[*]} ($(date -u +%FT%TZ), $((SECONDS - T0)) s; results: $RES)"
+  [ -n "$gpu" ] && echo "   device: $gpu"
+  awk -F'\t' '
+    { p[NR]=$1; c[NR]=$2; s[NR]=$3; v[NR]=$4; g[NR]=$5; n[$3]++
       if (length($2) > wc) wc = length($2); if (wc > 58) wc = 58 }
     END { for (i = 1; i <= NR; i++)
-            printf "%-8s %-" wc "s  %-4s  %s%s\n", p[i], substr(c[i], 1, 58), s[i], v[i],
-                   (g[i] != "" ? "   [goal " g[i] "]" : "") }'
+            printf "%-9s %-" wc "s  %-4s  %s%s\n", p[i], substr(c[i], 1, 58), s[i], v[i],
+                   (g[i] != "" ? "   [goal " g[i] "]" : "")
+          printf "== %d ok, %d FAIL, %d skip, %d info\n", n["ok"], n["FAIL"], n["skip"], n["info"] }' "$ROWS"
 }
 
-pack_logs() { # at most 8 files come back: the phase logs, the summary, one archive
-  [ -n "${OUT:-}" ] || return 0
-  print_summary > "$OUT/summary.txt"
-  tar -czf "$OUT/artifacts.tar.gz" -C "$STATE" --exclude=logs --exclude='nvme' --exclude='*.bin' \
-      --exclude='zo-nvme' . 2>/dev/null
+# After each step: the summary so far, logs cut to size, the archive of the
+# work folders of this command's steps (plans, stats, bench outputs; no token
+# or NVMe files; not what an earlier command left on a warm machine).
+checkpoint() {
+  print_summary > "$RES/summary.txt"
   local f
-  for f in "$OUT"/*.log; do
+  for f in "$RES"/*.log; do
     [ -f "$f" ] || continue
     if [ "$(stat -c %s "$f")" -gt $((15 << 20)) ]; then
       { head -c $((2 << 20)) "$f"; printf '\n[... cut ...]\n'; tail -c $((12 << 20)) "$f"; } > "$f.cut" && mv "$f.cut" "$f"
     fi
   done
+  case "$1" in 13b|torch|schedules|offload) ;; *) return 0 ;; esac
+  local have=() s
+  for s in "${steps[@]}"; do
+    case "$s" in
+      13b|schedules) for f in "$s" hw.json; do [ -e "$STATE/$f" ] && have+=("$f"); done ;;
+      torch) [ -e "$STATE/torch" ] && have+=(torch) ;;
+      offload) for f in bench_offload.txt bench_lora.txt; do [ -e "$STATE/$f" ] && have+=("$f"); done ;;
+    esac
+  done
+  [ ${#have[@]} -gt 0 ] && tar -czf "$RES/artifacts.tar.gz" -C "$STATE" --exclude='*.bin' \
+    --exclude='nvme' --exclude='zo-nvme' --exclude='run' "${have[@]}" 2>/dev/null
+  return 0
 }
 
 # ---- run ------------------------------------------------------------------------------
-failed=0
-if [ "$needs_gpu" = 1 ]; then
-  rm -f "$STATE/device.rows"
-  record_device
+if [ "${steps[*]}" = summary ]; then
+  print_summary
+  grep -q $'\tFAIL\t' "$ROWS" 2>/dev/null && exit 1
+  exit 0
 fi
-for p in "${phases[@]}"; do
+
+# How long a step may run: what is left less what the later required steps
+# need at least, and at most its own cap; env (seconds) keeps nothing, the
+# build, which they all wait for, only the next step's. min_s: the least
+# time a step is worth.
+min_s() {
+  case "$1" in
+    env) echo 10 ;; build) echo 60 ;; test) echo 60 ;; memcheck) echo 60 ;; bench) echo 90 ;;
+    13b|torch) echo 120 ;; schedules) echo 120 ;; *) echo 20 ;;
+  esac
+}
+cap_s() {
+  case "$1" in
+    env) echo 90 ;; build) echo 540 ;; test) echo 300 ;; memcheck) echo 300 ;; bench) echo 300 ;; schedules) echo 300 ;;
+    *) echo 100000 ;;
+  esac
+}
+reserve_after() { # INDEX: seconds the required steps after steps[INDEX] keep
+  local i=$1 j sum=0
+  [ "${steps[$i]}" = env ] && { echo 0; return; }
+  for ((j = i + 1; j < ${#steps[@]}; j++)); do
+    is_optional "${steps[$j]}" && continue
+    sum=$((sum + $(min_s "${steps[$j]}")))
+    [ "${steps[$i]}" = build ] && break
+  done
+  echo $sum
+}
+
+failed=0
+for ((i = 0; i < ${#steps[@]}; i++)); do
+  p=${steps[$i]}
   [ "$p" = summary ] && continue
-  rm -f "$STATE/$p.rows"
-  : > "$LOGDIR/$p.log"
-  if [ "$(left)" -lt 30 ]; then
-    row "$p" "$p" FAIL "not run: this command's ${DEADLINE} s were used up"
-    failed=1
+  limit=$(($(left) - MARGIN - $(reserve_after "$i")))
+  cap=$(cap_s "$p")
+  [ "$limit" -gt "$cap" ] && limit=$cap
+  if [ "$limit" -lt 20 ]; then
+    if is_optional "$p"; then
+      row "$p" "$p" skip "not started: $(left) s left of this command's ${DEADLINE} s"
+    else
+      row "$p" "$p" FAIL "not started: $(left) s left of this command's ${DEADLINE} s"
+    fi
+    checkpoint "$p"
     continue
   fi
-  say "$p ($(left) s left; log $LOGDIR/$p.log)"
-  "phase_$p"
+  STEP_END=$((SECONDS + limit))
+  say "$p ($limit s at most, $(left) s left; log $RES/$(logname "$p"))"
+  "step_$p"
   rc=$?
-  if [ $rc != 0 ] && ! grep -q $'\tFAIL\t' "$STATE/$p.rows" 2>/dev/null; then
-    row "$p" "$p" FAIL "exit $rc (see $p.log)"
+  if [ $rc != 0 ] && ! awk -F'\t' -v p="$p" '$1 == p && $3 == "FAIL" {f=1} END {exit !f}' "$ROWS"; then
+    row "$p" "$p" FAIL "exit $rc (see $(logname "$p"))"
   fi
-  grep -q $'\tFAIL\t' "$STATE/$p.rows" 2>/dev/null && failed=1
+  checkpoint "$p"
 done
-pack_logs
 print_summary
+grep -q $'\tFAIL\t' "$ROWS" && failed=1
 exit $failed

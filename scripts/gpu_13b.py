@@ -2,16 +2,18 @@
 """gpu_13b: the 13B demo of issue 18. A LLaMA-2-13B-shaped model (random
 initialisation) trained a few steps on one GPU, from plans memplan made for
 that machine, its measurements beside the plans' predictions. Three runs, in
-this order, each while the time left holds it (--runs):
+the order --runs gives (default qlora,full,schedules), each while the time
+left holds it:
 
-  full       full fine-tuning: the optimizer state split over GPU, CPU and disk
   qlora      QLoRA (issue 15): an NF4 base, LoRA r 16 on every linear layer
+  full       full fine-tuning: the optimizer state split over GPU, CPU and disk
   schedules  the full run's plan with the optimizer schedules serial, overlap
              and dpu (issue 14): measured step against memplan's for each
+             (after full, which it needs)
 
 1. The machine: GPU memory as CUDA reports it free (nvidia-smi's memory.free,
-   else torch.cuda.mem_get_info), host memory (MemAvailable), the free disk
-   under --nvme-dir; flags override each.
+   else torch.cuda.mem_get_info), the host tier (below), the free disk under
+   --nvme-dir; flags override each.
 2. `memplan calibrate` (on CUDA): CPU AdamW rate, memory bandwidth and the
    disk's rates measured there; GPU rates from the preset of the GPU's name;
    the pinned host->device rate of bench_gpu_cuda when given (--pcie-gbs).
@@ -34,9 +36,15 @@ this order, each while the time left holds it (--runs):
    step), memplan estimate --plan for its prediction, train --plan for the
    measured step (the median after the warm-up steps); goal within 15%.
 
-Host memory: train loads and initialises the weights one block at a time,
-so beyond the plan's CPU tier it holds one block of fp32 (1.3 GB for 13B):
-the plan is made for 95% of the host memory. The random initialisation is
+Host memory: the plans' CPU tier is the machine's memory (MemTotal, or
+--cpu-mem) less a reserve (--host-reserve, default 10% of it and at least
+8 GiB): what the kernel, the CUDA driver's own host memory, the page cache
+of the NVMe files and train's one block of fp32 initial weights beyond the
+plan (train loads and initialises the weights one block at a time: 1.3 GB
+for 13B) need. Not MemAvailable at start: that is the kernel's estimate at
+one moment, which moves with whatever else holds memory then, so the same
+machine would get another plan at each start; it is logged beside, and an
+info row says when it is below the tier. The random initialisation is
 parallel (about 3.5e7 values/s a thread; --init-rate), so is QLoRA's NF4
 packing (about 2e7 a thread; --nf4-rate), and the NVMe share of the
 optimizer state is written once before the first step: fewer steps run when
@@ -74,7 +82,7 @@ TINY = os.path.join(ROOT, "tests/fixtures/gpu/tiny_llama.json")
 GIB = 1 << 30
 UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-RUNS = ("full", "qlora", "schedules")
+RUNS = ("qlora", "full", "schedules")  # the default order: QLoRA first, the cheapest run that shows 13B
 SCHEDULES = ("serial", "overlap", "dpu")
 STEP_GOAL, PEAK_GOAL, SCHEDULE_GOAL = 0.20, 0.05, 0.15
 
@@ -131,7 +139,10 @@ def add_common_args(ap, env_prefix, model, seq, micro_batch, steps, workdir):
     ap.add_argument("--micro-batch", type=int, default=int(env("MICRO_BATCH", str(micro_batch))))
     ap.add_argument("--steps", type=int, default=int(env("STEPS", str(steps))))
     ap.add_argument("--gpu-mem", default=env("GPU_MEM", ""), help="default: free GPU memory (cpu: 139GiB)")
-    ap.add_argument("--cpu-mem", default=env("CPU_MEM", ""), help="default: MemAvailable (cpu: 128GiB)")
+    ap.add_argument("--cpu-mem", default=env("CPU_MEM", ""),
+                    help="the host's memory, before the reserve (default: MemTotal; cpu: 128GiB)")
+    ap.add_argument("--host-reserve", default=env("HOST_RESERVE", ""),
+                    help="host memory kept out of the plan's CPU tier (default: 10%% of it, at least 8GiB)")
     ap.add_argument("--nvme", default=env("NVME", ""), help="default: 90%% of the free disk (cpu: 50GiB)")
     ap.add_argument("--init-rate", type=float, default=float(env("INIT_RATE", "0")),
                     help="random initial weights train draws a second (default: 3.5e7 x the cores)")
@@ -178,12 +189,34 @@ def gpu_free_and_name():
         return 0, ""
 
 
-def mem_available():
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+def meminfo(field):
+    """A /proc/meminfo field in bytes, 0 when it is not there."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return 0
+
+
+def host_tier(a, cuda):
+    """(bytes of the plans' CPU tier, the host memory it comes from, the reserve, where the memory figure
+    came from). The machine's memory (MemTotal; --cpu-mem; 128 GiB for the described machine) less the
+    reserve (--host-reserve, else 10% of the memory and at least 8 GiB)."""
+    if a.cpu_mem:
+        total, src = parse_size(a.cpu_mem, "--cpu-mem"), "--cpu-mem"
+    elif cuda:
+        total, src = meminfo("MemTotal"), "MemTotal"
+        if not total:
+            raise RuntimeError("no MemTotal in /proc/meminfo: pass --cpu-mem")
+    else:
+        total, src = 128 * GIB, "the described machine"
+    reserve = parse_size(a.host_reserve, "--host-reserve") if a.host_reserve else max(8 * GIB, total // 10)
+    if reserve >= total:
+        raise ValueError("--host-reserve %s leaves nothing of %s" % (gib(reserve), gib(total)))
+    return total - reserve, total, reserve, src
 
 
 def describe(run):
@@ -197,7 +230,7 @@ def describe(run):
             raise RuntimeError("no GPU memory reading (nvidia-smi, torch): pass --gpu-mem")
     else:
         gpu = 139 * GIB
-    cpu = parse_size(a.cpu_mem, "--cpu-mem") if a.cpu_mem else (mem_available() if run.cuda else 128 * GIB)
+    cpu, host, reserve, src = host_tier(a, run.cuda)
     os.makedirs(a.nvme_dir, exist_ok=True)
     if a.nvme:
         nvme = parse_size(a.nvme, "--nvme")
@@ -206,7 +239,7 @@ def describe(run):
         nvme = max(0, int(st.f_bavail * st.f_frsize * 0.9) - 2 * GIB)
     else:
         nvme = 50 * GIB
-    return dict(gpu=gpu, cpu=cpu, nvme=nvme, name=name)
+    return dict(gpu=gpu, cpu=cpu, host=host, reserve=reserve, host_src=src, nvme=nvme, name=name)
 
 
 def base_preset(name):
@@ -220,11 +253,20 @@ def hardware(run, m):
     """memplan's hardware flags for the machine: a preset, or a profile calibrated here (or by
     an earlier run, --hw-cache), its host link the pinned rate bench_gpu_cuda measured."""
     a = run.a
-    cpu_plan = int(m["cpu"] * 0.95)
-    run.log("# machine: GPU %s free%s, host %s available (plan: %s, 5%% left for train's one block of "
-            "initial weights and slack), disk %s free under %s" % (
-                gib(m["gpu"]), " (%s)" % m["name"] if m["name"] else "", gib(m["cpu"]), gib(cpu_plan),
-                gib(m["nvme"]), a.nvme_dir))
+    avail = meminfo("MemAvailable") if run.cuda else 0
+    run.log("# machine: GPU %s free%s, disk %s free under %s" % (
+        gib(m["gpu"]), " (%s)" % m["name"] if m["name"] else "", gib(m["nvme"]), a.nvme_dir))
+    why = "the kernel, the CUDA driver's host memory, the NVMe files' page cache, train's one fp32 block of " \
+          "initial weights"
+    run.log("# host tier %s: %s %s less a reserve of %s (%s: %s)%s" % (
+        gib(m["cpu"]), m["host_src"], gib(m["host"]), gib(m["reserve"]),
+        "--host-reserve" if a.host_reserve else "10%, at least 8 GiB", why,
+        "; MemAvailable now %s, not used: it is this moment's, not the machine's" % gib(avail) if avail else ""))
+    run.row("host tier of the plans", "info", "%s = %s %s - reserve %s" % (
+        gib(m["cpu"]), m["host_src"], gib(m["host"]), gib(m["reserve"])))
+    if avail and avail < m["cpu"]:
+        run.row("host memory available at start", "info", "MemAvailable %s is below the host tier %s: something "
+                "else holds memory (a run may fail to allocate its CPU tier)" % (gib(avail), gib(m["cpu"])))
     hw = a.hw or base_preset(m["name"])
     if a.calibrate:
         prof = a.hw_cache or os.path.join(a.workdir, "hw.json")
@@ -243,7 +285,7 @@ def hardware(run, m):
                 with open(prof, "w") as f:
                     json.dump(p, f, indent=1)
         hw = prof
-    return ["--hw", hw, "--gpu-mem", m["gpu"], "--cpu-mem", cpu_plan, "--nvme", m["nvme"]]
+    return ["--hw", hw, "--gpu-mem", m["gpu"], "--cpu-mem", m["cpu"], "--nvme", m["nvme"]]
 
 
 # ---- 3. the plans ----------------------------------------------------------------------------
@@ -305,7 +347,7 @@ def full_plan(run, m, hw_args):
     if not best:
         run.row("plan: optimizer over GPU, CPU and NVMe", "FAIL",
                 "memplan plan --optimizer-min %s: nothing fits (GPU %s, host %s, disk %s)" % (
-                    need, gib(m["gpu"]), gib(int(m["cpu"] * 0.95)), gib(m["nvme"])))
+                    need, gib(m["gpu"]), gib(m["cpu"]), gib(m["nvme"])))
         return None
     return best, "memplan plan --optimizer-min %s" % need, path
 
@@ -621,7 +663,8 @@ def main():
     add_common_args(ap, "ZO_13B_", "llama-2-13b", 2048, 4, 4, "/tmp/zo-13b")
     env = os.environ.get
     ap.add_argument("--runs", default=env("ZO_13B_RUNS", ",".join(RUNS)),
-                    help="which runs, in this order: full,qlora,schedules (default all three)")
+                    help="which runs, in the order given (default qlora,full,schedules); schedules runs full "
+                         "first when it has not run")
     ap.add_argument("--lora-r", type=int, default=int(env("ZO_13B_LORA_R", "16")), help="QLoRA's rank (16)")
     ap.add_argument("--lora-targets", default=env("ZO_13B_LORA_TARGETS", "all-linear"))
     ap.add_argument("--min-nvme", type=float, default=float(env("ZO_13B_MIN_NVME", "0.1")),
@@ -642,15 +685,18 @@ def main():
 
     m = describe(run)
     hw_args = hardware(run, m)
-    full = run_full(run, m, hw_args) if "full" in runs or "schedules" in runs else None
-    if "qlora" in runs:
-        run_qlora(run, m, hw_args)
-    if "schedules" in runs:
-        if full and full[2]:
-            path, model, meas = full
-            compare_schedules(run, "13B" if cuda else "tiny LLaMA", path, model, a.steps if cuda else 3, meas)
-        else:  # the full run's row says why
-            run.row("13B schedules", "skip", "the full run did not run: nothing to compare with")
+    full, done = None, False  # the full run's (plan path, model, measurement); whether it was tried
+    for what in runs:
+        if what == "qlora":
+            run_qlora(run, m, hw_args)
+        elif what == "full" or (what == "schedules" and not done):
+            full, done = run_full(run, m, hw_args), True
+        if what == "schedules":
+            if full and full[2]:
+                path, model, meas = full
+                compare_schedules(run, "13B" if cuda else "tiny LLaMA", path, model, a.steps if cuda else 3, meas)
+            else:  # the full run's row says why
+                run.row("13B schedules", "skip", "the full run did not run: nothing to compare with")
     return 1 if run.failed else 0
 
 

@@ -4,8 +4,8 @@ CPU optimizer is worth hiding: memplan's predicted step against the one
 `train --plan` measures, for serial, overlap and dpu, on one placement.
 
 The machine is described and calibrated as scripts/gpu_13b.py does (free GPU
-memory, MemAvailable, the disk under --nvme-dir; `memplan calibrate`, its
-profile kept in --hw-cache for the 13B run). The plan: `memplan estimate`
+memory, the host tier: MemTotal less a reserve, the disk under --nvme-dir;
+`memplan calibrate`, its profile kept in --hw-cache for the 13B run). The plan: `memplan estimate`
 for --model (default the 1.3B LLaMA of bench/configs, seq 1024, batch 8,
 bf16) with ZeRO-Offload's placement (weights and checkpoints on the GPU,
 gradients to the host, the optimizer on the CPU, no recompute; --params,

@@ -1,0 +1,206 @@
+#!/usr/bin/env bash
+# `scripts/gpu-check.sh run1` end to end on a machine made to look as if it
+# had a GPU: stand-ins for nvidia-smi (one "Fake GPU") and compute-sanitizer
+# (runs the program, reports 0 errors) come first on PATH, and the build is
+# this build tree (configured, up to date: the build step is a no-op). The
+# GPU tests skip here, so run1 must report them as FAIL rows and exit 1;
+# what is checked is the plumbing the GPU session depends on:
+# - every step ran, in run1's order, each leaving rows in $OUT as it went;
+#   summary.txt is the table printed last; at most 8 files in $OUT, no folder;
+# - the test step's rows: one per GPU test, a skip is a FAIL, test_ops
+#   without its `backend cuda` line is a FAIL, test_cuda_module passes;
+# - ctest ran from a folder of its own: this build's Testing/ is untouched;
+# - killed in the middle of a step (as the device tool does at its limit),
+#   run1 leaves the rows and the summary of the steps before it;
+# - run2 and run3 (a hardware preset instead of calibrating, setup rates that
+#   let train start): their files in $OUT (run3's are 8), their steps in
+#   order, the 13B host tier from MemTotal, train --plan --device cuda
+#   started and its failure a row, the archive of the plans.
+# Exits 77 on a machine with a GPU (gpu-check.sh runs for real there).
+#   test_gpu_check_fake_gpu.sh SOURCE_DIR BUILD_DIR
+set -u
+root=$1
+build=$2
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  echo "skipped: this machine has a GPU (the test checks gpu-check.sh with a stand-in for one)"
+  exit 77
+fi
+tmp=$(mktemp -d)
+pid=""
+trap '[ -n "$pid" ] && kill -KILL -- -"$pid" 2>/dev/null; [ -s "$tmp/hang" ] && kill -KILL "$(cat "$tmp/hang")" 2>/dev/null; rm -rf "$tmp"' EXIT
+fail() {
+  echo "FAIL: $*"
+  [ -f "$tmp/stdout" ] && { echo "--- gpu-check.sh's output:"; cat "$tmp/stdout" "$tmp/stderr" 2>/dev/null; }
+  exit 1
+}
+
+mkdir -p "$tmp/bin" "$tmp/out"
+cat > "$tmp/bin/nvidia-smi" <<'EOF'
+#!/bin/sh
+# one GPU; --query-gpu=a,b,... answers field by field (nounits: no " MiB")
+case "$*" in
+  -L) echo "GPU 0: Fake GPU (UUID: GPU-00000000-0000-0000-0000-000000000000)"; exit 0 ;;
+  *--query-gpu=*) ;;
+  *) echo "stand-in nvidia-smi: one Fake GPU"; exit 0 ;;
+esac
+nounits=""
+case "$*" in *nounits*) nounits=1 ;; esac
+out=""
+for f in $(echo "$*" | sed 's/.*--query-gpu=\([^ ]*\).*/\1/' | tr ',' ' '); do
+  case "$f" in
+    index) v=0 ;; name) v="Fake GPU" ;; driver_version) v=999.99 ;;
+    memory.total) v="81559 MiB" ;; memory.free) v="81000 MiB" ;; memory.used) v="559 MiB" ;;
+    *) v="[N/A]" ;;
+  esac
+  [ -n "$nounits" ] && v=${v% MiB}
+  out="${out:+$out, }$v"
+done
+echo "$out"
+EOF
+cat > "$tmp/bin/compute-sanitizer" <<'EOF'
+#!/bin/sh
+# FAKE_HANG: a run (not --version) says so in that file, then waits to be killed
+case "$*" in *--tool*) [ -n "${FAKE_HANG:-}" ] && { echo "$$" > "$FAKE_HANG"; exec sleep 120; } ;; esac
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tool|--leak-check|--racecheck-report|--target-processes|--error-exitcode) shift 2 ;;
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+[ $# -gt 0 ] || { echo "stand-in compute-sanitizer"; exit 0; }
+"$@"
+rc=$?
+echo "========= ERROR SUMMARY: 0 errors"
+exit $rc
+EOF
+chmod +x "$tmp/bin/nvidia-smi" "$tmp/bin/compute-sanitizer"
+
+lasttest=$build/Testing/Temporary/LastTest.log
+before=$(cksum "$lasttest" 2>/dev/null)
+
+# ZO_OPS_FILTER: test_ops runs one op (its cases on the CPU and the shim; no cuda line here)
+PATH="$tmp/bin:$PATH" OUT="$tmp/out" ZO_GPUCHECK_BUILD="$build" ZO_OPS_FILTER=gpu_scale \
+  bash "$root/scripts/gpu-check.sh" run1 >"$tmp/stdout" 2>"$tmp/stderr"
+rc=$?
+[ $rc = 1 ] || fail "run1 with the GPU tests skipping: exit $rc, expected 1"
+rows=$tmp/out/rows.tsv
+
+# $OUT: files only, at most 8, the ones run1 writes
+n=0
+for f in "$tmp/out"/* "$tmp/out"/.[!.]*; do
+  [ -e "$f" ] || continue
+  [ -f "$f" ] || fail "$f in \$OUT is not a plain file"
+  n=$((n + 1))
+  case "$(basename "$f")" in
+    env.txt|rows.tsv|summary.txt|build.log|test.log|sanitize.log|bench.log) ;;
+    *) fail "unexpected file in \$OUT: $(basename "$f")" ;;
+  esac
+done
+[ $n -le 8 ] || fail "$n files in \$OUT (at most 8 come back)"
+for f in env.txt rows.tsv summary.txt build.log test.log sanitize.log bench.log; do
+  [ -s "$tmp/out/$f" ] || fail "\$OUT/$f missing or empty"
+done
+echo "ok: \$OUT holds $n files: $(cd "$tmp/out" && echo *)"
+
+# the rows: five fields; the steps in run1's order
+awk -F'\t' 'NF != 5 || $3 !~ /^(ok|FAIL|skip|info)$/ {print "bad row " NR ": " $0; bad = 1} END {exit bad}' "$rows" ||
+  fail "rows.tsv is malformed"
+order=$(cut -f1 "$rows" | awk '!seen[$0]++' | tr '\n' ' ')
+[ "$order" = "env build test memcheck bench sanitize " ] || fail "steps in rows.tsv: $order"
+want() { # STEP CHECK STATUS FIGURE-RE
+  awk -F'\t' -v s="$1" -v c="$2" -v t="$3" -v f="$4" '$1 == s && $2 == c && $3 == t && $4 ~ f {ok = 1} END {exit !ok}' "$rows" ||
+    fail "no row '$1 | $2 | $3 | ~$4' in rows.tsv: $(grep "^$1	" "$rows")"
+}
+want env "GPU (nvidia-smi: name, driver, memory total, free)" info "^Fake GPU, 999.99, 81559 MiB, 81000 MiB"
+want env "host" info "^MemTotal [0-9.]+ GiB, MemAvailable [0-9.]+ GiB, [0-9]+ cores"
+grep -q "^env	GPU (CUDA runtime)	" "$rows" || fail "no CUDA runtime row"
+want build "build 8 targets, -j$(nproc)" ok "zo_cuda test_gpu_parity"
+for t in test_gpu_parity test_gpu_parity_model test_offload_cuda; do
+  want test "$t" FAIL "^skipped: "
+done
+[ "$(awk -F'\t' '$1 == "test"' "$rows" | wc -l)" = 6 ] || fail "test rows: $(grep '^test	' "$rows")"
+grep -q "^test	test_comm_nccl	FAIL	" "$rows" || fail "test_comm_nccl: $(grep test_comm_nccl "$rows")"
+want test test_ops FAIL "no 'backend cuda \.\.\. runs' line"
+want test test_cuda_module ok "^passed"
+want memcheck "memcheck test_gpu_parity" FAIL "^exit 77"
+want bench bench_gpu_cuda FAIL "^exit 77"
+want sanitize "memcheck test_ops" ok "^0 errors"
+echo "ok: rows.tsv: $(wc -l <"$rows") rows, steps $order"
+
+# the summary: printed last, the same as summary.txt, whose counts are the rows'
+sed -n '/^== gpu-check summary/,$p' "$tmp/stdout" > "$tmp/printed"
+grep -v -e '^== gpu-check summary' -e '^$' "$tmp/out/summary.txt" > "$tmp/saved.body"
+grep -v -e '^== gpu-check summary' -e '^$' "$tmp/printed" > "$tmp/printed.body"
+cmp -s "$tmp/saved.body" "$tmp/printed.body" || fail "summary.txt is not the printed summary"
+fails=$(grep -c '	FAIL	' "$rows")
+tail -1 "$tmp/stdout" | grep -qE "^== [0-9]+ ok, $fails FAIL, [0-9]+ skip, [0-9]+ info$" ||
+  fail "the last line is not the counts: $(tail -1 "$tmp/stdout")"
+echo "ok: summary printed last and in summary.txt"
+
+[ "$(cksum "$lasttest" 2>/dev/null)" = "$before" ] || fail "this build's $lasttest changed"
+[ -s "$build/gpucheck/ctest/Testing/Temporary/LastTest.log" ] || fail "no LastTest.log in gpucheck/ctest"
+echo "ok: ctest's log went to gpucheck/ctest, not to this build's Testing/"
+
+# killed inside memcheck: what the steps before it recorded is there
+rm -rf "$tmp/out" && mkdir "$tmp/out"
+PATH="$tmp/bin:$PATH" OUT="$tmp/out" ZO_GPUCHECK_BUILD="$build" ZO_OPS_FILTER=gpu_scale FAKE_HANG="$tmp/hang" \
+  setsid bash "$root/scripts/gpu-check.sh" run1 >"$tmp/stdout" 2>"$tmp/stderr" &
+pid=$!
+disown "$pid" # no job notice when it is killed
+i=0
+while [ ! -s "$tmp/hang" ] && [ $i -lt 600 ] && kill -0 "$pid" 2>/dev/null; do
+  sleep 0.1
+  i=$((i + 1))
+done
+[ -s "$tmp/hang" ] || fail "the memcheck stand-in never started"
+kill -KILL -- -"$pid" # the script and its process group, as the device tool ends a command at its limit
+while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+pid=""
+kill -KILL "$(cat "$tmp/hang")" 2>/dev/null # the stand-in (timeout made a process group of its own)
+for s in env build test; do
+  grep -q "^$s	" "$tmp/out/rows.tsv" || fail "killed in memcheck: no $s rows"
+  grep -q "^$s  " "$tmp/out/summary.txt" || fail "killed in memcheck: $s not in summary.txt"
+done
+grep -q '^memcheck	' "$tmp/out/rows.tsv" && fail "killed in memcheck: a memcheck row"
+echo "ok: killed in memcheck, \$OUT keeps the rows and summary of env, build, test"
+
+# run2 and run3: their files and rows (no calibration: the H100 preset)
+check_files() { # WHAT FILE...: $OUT holds exactly these plain files
+  what=$1
+  shift
+  got=$(cd "$tmp/out" && find . -mindepth 1 | sed 's|^\./||' | sort | tr '\n' ' ')
+  want=$(printf '%s\n' "$@" | sort | tr '\n' ' ')
+  [ "$got" = "$want" ] || fail "$what: \$OUT holds '$got', expected '$want'"
+  [ $# -le 8 ] || fail "$what: $# files (at most 8 come back)"
+}
+for r in run2 run3; do
+  rm -rf "$tmp/out" && mkdir "$tmp/out"
+  PATH="$tmp/bin:$PATH" OUT="$tmp/out" ZO_GPUCHECK_BUILD="$build" ZO_13B_HW=h100-80gb ZO_SCHED_HW=h100-80gb \
+    ZO_13B_INIT_RATE=1e12 ZO_13B_NF4_RATE=1e12 bash "$root/scripts/gpu-check.sh" $r >"$tmp/stdout" 2>"$tmp/stderr"
+  rc=$?
+  [ $rc = 1 ] || fail "$r without a GPU behind the stand-in: exit $rc, expected 1"
+  order=$(cut -f1 "$rows" | awk '!seen[$0]++' | tr '\n' ' ')
+  tail -1 "$tmp/stdout" | grep -qE '^== [0-9]+ ok, [0-9]+ FAIL, [0-9]+ skip, [0-9]+ info$' ||
+    fail "$r: the last line is not the summary's counts: $(tail -1 "$tmp/stdout")"
+  tar -tzf "$tmp/out/artifacts.tar.gz" > "$tmp/archive" || fail "$r: artifacts.tar.gz is not an archive"
+  if [ $r = run2 ]; then
+    check_files run2 env.txt rows.tsv summary.txt build.log 13b.log artifacts.tar.gz
+    [ "$order" = "env build 13b " ] || fail "run2: steps in rows.tsv: $order"
+    want build "build 3 targets, -j$(nproc)" ok "zo_cuda train memplan"
+    want 13b "host tier of the plans" info "= MemTotal [0-9.]+ GiB - reserve [0-9.]+ GiB"
+    want 13b "train --check-plan (QLoRA 13B)" ok "^qlora r 16"
+    want 13b "QLoRA 13B: train --plan (cuda)" FAIL "^exit 2 after 0 steps"
+    awk -F'\t' '$1 == "13b" {print $2}' "$rows" | sed -n 2p | grep -q '^QLoRA' ||
+      fail "run2: QLoRA is not planned first: $(grep '^13b' "$rows")"
+    grep -q '^13b/plan13b-qlora.json$' "$tmp/archive" || fail "run2: no QLoRA plan in the archive: $(cat "$tmp/archive")"
+  else
+    check_files run3 env.txt rows.tsv summary.txt build.log torch.log schedules.log offload.log artifacts.tar.gz
+    [ "$order" = "env build torch schedules offload " ] || fail "run3: steps in rows.tsv: $order"
+    want build "build 5 targets, -j$(nproc)" ok "bench_offload bench_lora"
+    want schedules "host tier of the plans" info "= MemTotal"
+    grep -q '^schedules/plan-schedules.json$' "$tmp/archive" || fail "run3: no schedules plan in the archive"
+    grep -q '^offload	bench_offload' "$rows" && grep -q '^offload	bench_lora' "$rows" || fail "run3: offload rows"
+  fi
+  echo "ok: $r: \$OUT holds $(cd "$tmp/out" && echo *); steps $order"
+done
