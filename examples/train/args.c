@@ -6,7 +6,18 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "common/units.h" /* defines: zo_parse_int, zo_parse_double, zo_parse_size, zo_parse_count */
+#include "common/plan_schema.h" /* defines: zo_plan_flag_int, zo_plan_flag_double, zo_plan_flag_u64 */
+#include "common/plan_vocab.h"  /* defines: zo_plan_tier_parse, zo_plan_fractions_parse, ... */
+#include "common/units.h"       /* defines: zo_parse_int, zo_parse_double, zo_parse_size */
+
+/* The run vocabulary's values are the runtime's, in one order. */
+_Static_assert((int)ZO_PLAN_GPU == (int)OFFLOAD_DEVICE && (int)ZO_PLAN_CPU == (int)OFFLOAD_CPU &&
+                   (int)ZO_PLAN_NVME == (int)OFFLOAD_NVME && (int)ZO_PLAN_TIERS == (int)OFFLOAD_TIERS,
+               "the plan's tiers are the runtime's");
+_Static_assert((int)ZO_PLAN_SCHED_SERIAL == (int)OFFLOAD_SCHEDULE_SERIAL &&
+                   (int)ZO_PLAN_SCHED_OVERLAP == (int)OFFLOAD_SCHEDULE_OVERLAP &&
+                   (int)ZO_PLAN_SCHED_DPU == (int)OFFLOAD_SCHEDULE_DPU,
+               "the plan's optimizer schedules are the runtime's");
 
 static const char HELP[] =
     "usage: train --model CONFIG|PRESET --data FILE [options]\n"
@@ -250,39 +261,22 @@ static zo_status parse_float(const char *s, const char *flag, double lo, double 
     return st;
 }
 
-/* An integer into an int, in [lo, hi]. */
-static zo_status parse_int(const char *s, const char *flag, long lo, long hi, int *out)
+/* A plan field's value into an int, checked against the schema's table. */
+static zo_status plan_int(const char *s, const char *flag, const char *field, int *out)
 {
     long v = 0;
-    zo_status st = zo_parse_int(s, flag, lo, hi, &v);
+    zo_status st = zo_plan_flag_int(s, flag, field, &v);
     if (st == ZO_OK) *out = (int)v;
     return st;
 }
 
-/* --optimizer-on: "cpu", "nvme", "gpu" or fractions "cpu=0.7,nvme=0.3". */
-static zo_status parse_opt_on(const char *s, offload_config *c)
+/* A tier, in the plan's words (gpu, cpu, nvme; nvme only with allow_nvme). */
+static zo_status plan_tier(const char *s, const char *flag, int allow_nvme, offload_tier *out)
 {
-    double f[OFFLOAD_TIERS] = {0};
-    offload_tier t;
-    if (!strchr(s, '=')) {
-        if (offload_tier_parse(s, "--optimizer-on", &t) != ZO_OK) return ZO_ERR_INVALID;
-        f[t] = 1.0;
-    } else {
-        char buf[128];
-        snprintf(buf, sizeof buf, "%s", s);
-        for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-            char *eq = strchr(tok, '=');
-            if (!eq) return zo_error(ZO_ERR_INVALID, "--optimizer-on: '%s' is not TIER=FRACTION", tok);
-            *eq = 0;
-            double v;
-            if (offload_tier_parse(tok, "--optimizer-on", &t) != ZO_OK ||
-                zo_parse_double(eq + 1, "--optimizer-on", 0.0, 1.0, &v) != ZO_OK)
-                return ZO_ERR_INVALID;
-            f[t] = v;
-        }
-    }
-    memcpy(c->opt_frac, f, sizeof f);
-    return ZO_OK;
+    zo_plan_tier t = ZO_PLAN_GPU;
+    zo_status st = zo_plan_tier_parse(s, flag, allow_nvme, &t);
+    if (st == ZO_OK) *out = (offload_tier)t;
+    return st;
 }
 
 /* ---- the flags, group by group: each handler returns 1 when `c` is its own ------- */
@@ -321,9 +315,9 @@ static int training_flag(int c, const char *arg, train_args *a, zo_status *st)
     long v = 0;
     switch (c) {
     case OPT_STEPS: *st = zo_parse_int(arg, "--steps", 1, 1L << 40, &a->steps); return 1;
-    case OPT_MB: *st = zo_parse_int(arg, "--micro-batch", 1, 1 << 20, &a->micro_batch); return 1;
-    case OPT_SEQ: *st = zo_parse_int(arg, "--seq", 1, 1 << 24, &a->seq); return 1;
-    case OPT_ACCUM: *st = parse_int(arg, "--grad-accum", 1, 1 << 20, &oc->grad_accum); return 1;
+    case OPT_MB: *st = zo_plan_flag_int(arg, "--micro-batch", "training.micro_batch", &a->micro_batch); return 1;
+    case OPT_SEQ: *st = zo_plan_flag_int(arg, "--seq", "training.seq", &a->seq); return 1;
+    case OPT_ACCUM: *st = plan_int(arg, "--grad-accum", "training.grad_accum", &oc->grad_accum); return 1;
     case OPT_DTYPE:
         if ((*st = zo_dtype_parse(arg, &a->dtype)) != ZO_OK) *st = zo_error_wrap(*st, "--dtype");
         return 1;
@@ -364,17 +358,26 @@ static int adamw_flag(int c, const char *arg, train_args *a, zo_status *st)
 static int method_flag(int c, const char *arg, train_args *a, zo_status *st)
 {
     offload_config *oc = &a->p.cfg;
+    double alpha = 0;
+    zo_plan_schedule sched = ZO_PLAN_SCHED_SERIAL;
     switch (c) {
-    case OPT_LORA: *st = parse_int(arg, "--lora", 1, 1 << 16, &a->lora.r); return 1;
-    case OPT_LORA_TARGETS: *st = zo_lora_targets_parse(arg, &a->lora.targets); return 1;
-    case OPT_LORA_ALPHA: *st = parse_float(arg, "--lora-alpha", 1e-6, 1e6, &a->lora.alpha); return 1;
+    case OPT_LORA: *st = plan_int(arg, "--lora", "training.lora.r", &a->lora.r); return 1;
+    case OPT_LORA_TARGETS:
+        if ((*st = zo_lora_targets_parse(arg, &a->lora.targets)) != ZO_OK) *st = zo_error_wrap(*st, "--lora-targets");
+        return 1;
+    case OPT_LORA_ALPHA:
+        if ((*st = zo_plan_flag_double(arg, "--lora-alpha", "training.lora.alpha", &alpha)) == ZO_OK)
+            a->lora.alpha = (float)alpha;
+        return 1;
     case OPT_QLORA: a->qlora = 1; return 1;
     case OPT_ADAPTER: a->adapter = arg; return 1;
-    case OPT_ADAPTERS_ON: *st = offload_tier_parse(arg, "--adapters-on", &oc->trainable_on); return 1;
-    case OPT_SCHED: *st = offload_schedule_parse(arg, "--schedule", &oc->schedule); return 1;
+    case OPT_ADAPTERS_ON: *st = plan_tier(arg, "--adapters-on", 1, &oc->trainable_on); return 1;
+    case OPT_SCHED:
+        if ((*st = zo_plan_schedule_parse(arg, "--schedule", &sched)) == ZO_OK) oc->schedule = (offload_schedule)sched;
+        return 1;
     case OPT_CLIP_STALE: oc->clip_stale = 1; return 1;
-    case OPT_DPU_WARMUP: *st = parse_int(arg, "--dpu-warmup", 0, 1 << 30, &oc->dpu_warmup); return 1;
-    case OPT_OPT_THREADS: *st = parse_int(arg, "--opt-threads", 1, 4096, &oc->opt_threads); return 1;
+    case OPT_DPU_WARMUP: *st = plan_int(arg, "--dpu-warmup", "training.dpu_warmup", &oc->dpu_warmup); return 1;
+    case OPT_OPT_THREADS: *st = plan_int(arg, "--opt-threads", "training.opt_threads", &oc->opt_threads); return 1;
     default: return 0;
     }
 }
@@ -383,23 +386,25 @@ static int method_flag(int c, const char *arg, train_args *a, zo_status *st)
 static int placement_flag(int c, const char *arg, train_args *a, zo_status *st)
 {
     offload_config *oc = &a->p.cfg;
+    zo_plan_recompute r = ZO_PLAN_RECOMPUTE_NONE;
     uint64_t n = 0;
     switch (c) {
     case OPT_PLAN: return 1; /* read first, by read_plan */
     case OPT_CHECK_PLAN: a->check_plan = 1; return 1;
-    case OPT_PARAMS_ON: *st = offload_tier_parse(arg, "--params-on", &oc->params_on); return 1;
-    case OPT_OPT_ON: *st = parse_opt_on(arg, oc); return 1;
-    case OPT_CKPT_ON: *st = offload_tier_parse(arg, "--checkpoints-on", &oc->checkpoints_on); return 1;
+    case OPT_PARAMS_ON: *st = plan_tier(arg, "--params-on", 1, &oc->params_on); return 1;
+    case OPT_OPT_ON: *st = zo_plan_fractions_parse(arg, "--optimizer-on", 1, oc->opt_frac); return 1;
+    case OPT_CKPT_ON: *st = plan_tier(arg, "--checkpoints-on", 0, &oc->checkpoints_on); return 1;
     case OPT_RECOMPUTE:
-        if (!strcmp(arg, "none") || !strcmp(arg, "full")) oc->recompute = !strcmp(arg, "full");
-        else if (!strcmp(arg, "selective")) oc->recompute = 0, a->p.selective_as_none = 1;
-        else *st = zo_error(ZO_ERR_INVALID, "--recompute %s: none, selective (runs as none) or full", arg);
+        if ((*st = zo_plan_recompute_parse(arg, "--recompute", &r)) != ZO_OK) return 1;
+        /* selective runs as none: the attention keeps no s x s scores to recompute */
+        oc->recompute = r == ZO_PLAN_RECOMPUTE_FULL;
+        if (r == ZO_PLAN_RECOMPUTE_SELECTIVE) a->p.selective_as_none = 1;
         return 1;
-    case OPT_PREFETCH: *st = parse_int(arg, "--prefetch", 0, 16, &oc->prefetch_depth); return 1;
+    case OPT_PREFETCH:
+        *st = plan_int(arg, "--prefetch", "buffers.prefetch_depth", &oc->prefetch_depth);
+        return 1;
     case OPT_SUBGROUP:
-        *st = zo_parse_count(arg, "--sub-group", &n);
-        if (*st == ZO_OK && !n) *st = zo_error(ZO_ERR_INVALID, "--sub-group must be positive");
-        oc->sub_group = (size_t)n;
+        if ((*st = zo_plan_flag_u64(arg, "--sub-group", "nvme.sub_group", 1, &n)) == ZO_OK) oc->sub_group = (size_t)n;
         return 1;
     case OPT_NVME_DIR: oc->nvme_dir = arg; return 1;
     default: return 0;
@@ -417,7 +422,7 @@ static int device_flag(int c, const char *arg, train_args *a, zo_status *st)
         return 1;
     case OPT_DEVMEM: *st = zo_parse_size(arg, "--device-mem", 0, &a->device_mem); return 1;
     case OPT_THREADS: *st = zo_parse_int(arg, "--threads", 1, 1024, &a->threads); return 1;
-    case OPT_ZERO: *st = parse_int(arg, "--zero", 0, 3, &a->p.cfg.zero_stage); return 1;
+    case OPT_ZERO: *st = plan_int(arg, "--zero", "parallel.zero", &a->p.cfg.zero_stage); return 1;
     case OPT_COMM_TIMEOUT: *st = zo_parse_double(arg, "--comm-timeout", 0.001, 1e7, &a->comm_timeout); return 1;
     default: return 0;
     }

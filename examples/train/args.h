@@ -1,5 +1,9 @@
 /* train's flags: what they set (train_args), --help, and the parser that
- * reads a plan first and every flag over it. */
+ * reads a plan first and every flag over it. A flag that sets a plan field
+ * is read and checked through the plan schema's table (zo_plan_flag_*,
+ * common/plan_schema.h) and the run vocabulary (zo_plan_*_parse,
+ * common/plan_vocab.h), so that train and memplan give one value the same
+ * verdict in the same words. */
 #ifndef ZO_EXAMPLES_TRAIN_ARGS_H
 #define ZO_EXAMPLES_TRAIN_ARGS_H
 
