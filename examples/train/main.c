@@ -39,8 +39,9 @@ int main(int argc, char **argv)
     if ((st = run_read_inputs(&r)) != ZO_OK) goto out;
     /* set up the device, the ranks, the model on the device, the runtime */
     if ((st = run_setup(&r)) != ZO_OK) goto out;
-    /* load the weights (a safetensors file, or random), or resume a checkpoint */
+    /* load the weights (a safetensors file, or random), then a checkpoint to resume */
     if ((st = run_load_weights(&r)) != ZO_OK) goto out;
+    /* what will run (model, data, device, placement, method), the log opened */
     if ((st = report_start(&rep, &r)) != ZO_OK) goto out;
 
     /* train */
@@ -57,6 +58,7 @@ int main(int argc, char **argv)
             if ((st = run_evaluate(&r, &rec, &counted)) != ZO_OK) goto out;
             report_eval(&r, &rec, counted);
         }
+        /* the step into the metrics log (and the plot's records) */
         if ((st = report_record(&rep, &rec)) != ZO_OK) goto out;
         /* a checkpoint, every --save-every steps and after the last */
         if (a.ckpt && due(a.save_every, k, a.steps) && (st = run_checkpoint(&r, k + 1)) != ZO_OK) goto out;
