@@ -1,4 +1,4 @@
-/* Tests for fine-tuning in `train` (examples/finetune.h and train.c):
+/* Tests for fine-tuning in `train` (examples/finetune.h and examples/train/):
  * - learning-rate schedules: ft_lr_at and the lr train applies at every step
  *   against the closed form written out here; a run resumed mid-warmup and
  *   mid-decay prints the lr and loss sequence of an uninterrupted one;

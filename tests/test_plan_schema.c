@@ -2,8 +2,10 @@
  * writer writes the one reader reads back; every field is required, unknown
  * ones are refused by name, the version is checked; each limit of the table
  * holds for memplan's flags and for the runtime's reader alike, with the same
- * message; `train --plan` refuses a plan made for another model or another
- * number of ranks (zo_plan_check_run compares a family's features too). */
+ * message; train's flags that set plan fields give memplan's verdict in
+ * memplan's words; `train --plan` refuses a plan made for another model or
+ * another number of ranks (zo_plan_check_run compares a family's features
+ * too). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -573,6 +575,85 @@ static void test_limits_memplan_runtime(void **state)
     remove(path);
 }
 
+/* The line of `out` that starts with `prefix`, from the prefix to the end
+ * of the line, into line (empty when there is none). */
+static void line_from(const char *out, const char *prefix, char *line, size_t len)
+{
+    const char *p = strstr(out, prefix);
+    line[0] = '\0';
+    if (p) snprintf(line, len, "%.*s", (int)strcspn(p, "\n"), p);
+}
+
+/* train's flags that set a plan field are checked as memplan checks its own
+ * (the schema's table, the run vocabulary, the optimizer's fractions): one
+ * value, one verdict, exit 2 from both, in the same words after the flag's
+ * name ("--prefetch: 0 is out of range [1, 16]"). Values at the limits pass
+ * train's flags: it goes on to refuse --check-plan without --plan. */
+static void test_train_flags_as_memplan(void **state)
+{
+    (void)state;
+    static char out[1 << 16];
+    char cfg[300], plan[300], args[600], want[400], said[400];
+    snprintf(cfg, sizeof cfg, "%s/config.json", tmp_dir);
+    snprintf(plan, sizeof plan, "%s/refused.json", tmp_dir);
+    files_write_text(cfg, tiny_config);
+
+    /* --prefetch 0, the example, said in full */
+    assert_int_equal(estimate("--prefetch 0", plan, out, sizeof out), 2);
+    assert_non_null(strstr(out, "memplan: --prefetch: 0 is out of range [1, 16]\n"));
+    assert_int_equal(run_program(ZO_TRAIN_BIN, "--model gpt2 --data x.bin --prefetch 0", out, sizeof out), 2);
+    assert_non_null(strstr(out, "train: --prefetch: 0 is out of range [1, 16]\n"));
+
+    const struct {
+        const char *train, *memplan, *value;
+    } bad[] = {
+        {"--prefetch", "--prefetch", "17"},        {"--micro-batch", "--micro-batch", "0"},
+        {"--grad-accum", "--grad-accum", "0"},     {"--grad-accum", "--grad-accum", "16777217"},
+        {"--seq", "--seq", "0"},                   {"--zero", "--zero", "4"},
+        {"--sub-group", "--sub-group", "0"},       {"--lora", "--lora", "0"},
+        {"--lora-alpha", "--lora-alpha", "0.001"}, {"--dpu-warmup", "--dpu-warmup", "2000000"},
+        {"--opt-threads", "--opt-threads", "4097"}, {"--schedule", "--schedule", "later"},
+        {"--recompute", "--recompute", "some"},    {"--adapters-on", "--adapters-on", "device"},
+        {"--checkpoints-on", "--checkpoints", "nvme"},
+        {"--optimizer-on", "--optimizer", "cpu=0.5,nvme=0.3"},
+        {"--optimizer-on", "--optimizer", "gpu=1.5"},
+        {"--optimizer-on", "--optimizer", "device"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(args, sizeof args, "%s %s", bad[i].memplan, bad[i].value);
+        assert_int_equal(estimate(args, plan, out, sizeof out), 2);
+        assert_int_not_equal(access(plan, F_OK), 0); /* no plan written */
+        snprintf(want, sizeof want, "memplan: %s: ", bad[i].memplan);
+        line_from(out, want, said, sizeof said);
+        if (!said[0]) {
+            fprintf(stderr, "memplan %s said:\n%s\n", args, out);
+            fail();
+        }
+        const char *why = said + strlen(want);
+        snprintf(args, sizeof args, "--model %s --data x.bin %s %s", cfg, bad[i].train, bad[i].value);
+        assert_int_equal(run_program(ZO_TRAIN_BIN, args, out, sizeof out), 2);
+        snprintf(want, sizeof want, "train: %s: %s\n", bad[i].train, why);
+        if (!strstr(out, want)) {
+            fprintf(stderr, "train %s said:\n%s\nwanted: %s", args, out, want);
+            fail();
+        }
+    }
+
+    const char *good[] = {"--prefetch 1", "--prefetch 16", "--grad-accum 16777216", "--opt-threads 0",
+                          "--lora-alpha 0.015625", "--dpu-warmup 1048576", "--sub-group 1",
+                          "--params-on NVMe", "--checkpoints-on CPU", "--optimizer-on GPU=0.5,Cpu=0.5",
+                          "--schedule DPU", "--recompute Selective"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        snprintf(args, sizeof args, "--check-plan %s", good[i]);
+        assert_int_equal(run_program(ZO_TRAIN_BIN, args, out, sizeof out), 2);
+        if (!strstr(out, "train: --check-plan needs --plan FILE")) {
+            fprintf(stderr, "train %s said:\n%s\n", args, out);
+            fail();
+        }
+    }
+    remove(cfg);
+}
+
 /* A plan that trains adapters is read by the schema and refused by the
  * runtime by its field until the runtime trains them from a plan. */
 static void test_runtime_reads_lora(void **state)
@@ -785,6 +866,7 @@ int main(void)
         cmocka_unit_test(test_limits_memplan_runtime),
         cmocka_unit_test(test_train_refuses_other_plans),
         cmocka_unit_test(test_train_check_plan),
+        cmocka_unit_test(test_train_flags_as_memplan),
         cmocka_unit_test(test_runtime_reads_lora),
 #endif
 #ifdef ZO_MEMPLAN_BIN

@@ -1,0 +1,567 @@
+/* train's flags (args.h): the help text, the options, a handler for each
+ * group of flags and the checks across them. */
+#include "examples/train/args.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/plan_schema.h" /* defines: zo_plan_flag_int, zo_plan_flag_double, zo_plan_flag_u64 */
+#include "common/plan_vocab.h"  /* defines: zo_plan_tier_parse, zo_plan_fractions_parse, ... */
+#include "common/units.h"       /* defines: zo_parse_int, zo_parse_double, zo_parse_size */
+
+/* The run vocabulary's values are the runtime's, in one order. */
+_Static_assert((int)ZO_PLAN_GPU == (int)OFFLOAD_DEVICE && (int)ZO_PLAN_CPU == (int)OFFLOAD_CPU &&
+                   (int)ZO_PLAN_NVME == (int)OFFLOAD_NVME && (int)ZO_PLAN_TIERS == (int)OFFLOAD_TIERS,
+               "the plan's tiers are the runtime's");
+_Static_assert((int)ZO_PLAN_SCHED_SERIAL == (int)OFFLOAD_SCHEDULE_SERIAL &&
+                   (int)ZO_PLAN_SCHED_OVERLAP == (int)OFFLOAD_SCHEDULE_OVERLAP &&
+                   (int)ZO_PLAN_SCHED_DPU == (int)OFFLOAD_SCHEDULE_DPU,
+               "the plan's optimizer schedules are the runtime's");
+
+static const char HELP[] =
+    "usage: train --model CONFIG|PRESET --data FILE [options]\n"
+    "\n"
+    "Train or fine-tune a GPT-2 or LLaMA-family transformer on a token file, or on\n"
+    "text through the model's tokenizer.json (docs/finetune.md). Batches are\n"
+    "sequential: at step k, row i starts at token ((k*B + i) * S) mod (N - S - 1)\n"
+    "(padded rows: row i is record (k*B + i) mod R).\n"
+    "\n"
+    "model and data:\n"
+    "  --model CONFIG|PRESET  a Hugging Face config.json, or a preset name (gpt2, llama-2-7b, ...)\n"
+    "  --weights FILE         safetensors checkpoint (file, index.json or directory);\n"
+    "                         default: GPT-2-style random init from --seed\n"
+    "  --data FILE            token file: raw little-endian uint16 ids (nanoGPT style; the side\n"
+    "                         file FILE.json that tokenize writes says uint16 or uint32);\n"
+    "                         with --tokenizer, text (a .jsonl file: {\"text\": ...} documents or\n"
+    "                         {\"prompt\": ..., \"completion\": ...} pairs, the loss counted on\n"
+    "                         completions only; any other file: one document)\n"
+    "  --tokenizer FILE       the model's tokenizer.json: tokenize --data (and --eval-data) now,\n"
+    "                         as the tokenize program does\n"
+    "  --eot TOKEN|none       end-of-text token after each document (default: the tokenizer's)\n"
+    "  --packing stream|pad   stream: records one after another, cut into windows of --seq;\n"
+    "                         pad: one record per row, cut to --seq and padded (no loss on the\n"
+    "                         padding). Default: pad for prompt/completion pairs, else stream\n"
+    "  --tokens-u32           the token file holds uint32 ids (no side file)\n"
+    "  --text                 the data file is plain text: one token per byte (vocab >= 256)\n"
+    "\n"
+    "training:\n"
+    "  --steps N              optimizer steps (default 100)\n"
+    "  --micro-batch B        sequences per step (default 4)\n"
+    "  --seq S                tokens per sequence (default 64)\n"
+    "  --lr X                 peak learning rate (default 3e-4)\n"
+    "  --lr-schedule KIND     constant, cosine or linear (default constant): after --warmup\n"
+    "                         steps of linear warmup, decay to --min-lr over the schedule\n"
+    "  --warmup N             warmup steps: step k < N runs at lr * (k+1)/N (default 0)\n"
+    "  --min-lr X             the floor cosine and linear decay to (default 0)\n"
+    "  --schedule-steps N     the steps the schedule spans (default --steps): a run may stop\n"
+    "                         earlier and be resumed on the same schedule\n"
+    "  --beta1 X --beta2 X    AdamW betas (default 0.9, 0.95)\n"
+    "  --eps X                AdamW epsilon (default 1e-8)\n"
+    "  --weight-decay X       decoupled weight decay on 2-D weights (default 0.1)\n"
+    "  --clip X               max gradient norm; 0 disables (default 1.0)\n"
+    "  --dtype fp32|fp16|bf16 device storage of weights, gradients, activations (default fp32)\n"
+    "  --grad-accum K         micro-batches per optimizer step (default 1)\n"
+    "  --seed N               random init seed (default 1337)\n"
+    "  --max-skipped-steps N  fp16: steps skipped for overflow in a row before the run\n"
+    "                         stops with an error (default 50); gradients that are not\n"
+    "                         finite with no loss scale to lower (fp32, bf16, fp16 at\n"
+    "                         scale 1) stop it at once, naming the block\n"
+    "\n"
+    "fine-tuning method (default: full fine-tuning of every weight):\n"
+    "  --lora R               train LoRA adapters of rank R over a frozen base: the base's\n"
+    "                         weights get no gradients and no optimizer state\n"
+    "  --lora-targets LIST    linear layers with adapters: q,k,v,o,gate,up,down (any of them)\n"
+    "                         or all-linear (default q,v; GPT-2: q, k or v adapt c_attn)\n"
+    "  --lora-alpha A         the adapters' update is scaled by A / R (default 8, PEFT's)\n"
+    "  --qlora                the base's linear weights in NF4 with double quantization\n"
+    "  --adapter DIR          start from a PEFT adapter directory (adapter_config.json and\n"
+    "                         adapter_model.safetensors; its r, alpha and targets are used)\n"
+    "  --adapters-on gpu|cpu|nvme  where the adapters live (default gpu; --params-on places\n"
+    "                         the frozen base)\n"
+    "\n"
+    "placement (a plan, then these flags; see docs/offload.md):\n"
+    "  --plan FILE            a plan memplan wrote (plan --json-out FILE, estimate --plan-out\n"
+    "                         FILE): placement, buffers, batch, dtype; its model and its\n"
+    "                         ranks (dp x tp x pp) must be this run's\n"
+    "  --check-plan           with --plan: check the plan against --model (default: the\n"
+    "                         plan's model), print the placement and the plan's predicted\n"
+    "                         peaks per tier, and exit (0: they agree) without opening a\n"
+    "                         device, reading --data or allocating the model\n"
+    "  --params-on gpu|cpu|nvme     16-bit weights: resident, or streamed from pinned host / NVMe\n"
+    "  --optimizer-on SPEC    fp32 master + Adam moments: cpu, nvme, gpu, or fractions\n"
+    "                         cpu=0.5,nvme=0.3,gpu=0.2 (the gpu share: whole blocks, its\n"
+    "                         gradients summed and updated on the device)\n"
+    "  --checkpoints-on gpu|cpu     activation checkpoints between blocks (cpu needs --recompute full)\n"
+    "  --recompute none|selective|full  recompute each block's activations in backward\n"
+    "                         (default none; selective runs as none: the attention keeps\n"
+    "                         no s x s scores, so there is nothing selective to recompute)\n"
+    "  --prefetch N           blocks loaded ahead of the one computing (default 2)\n"
+    "  --sub-group N          optimizer sub-group, parameters (default 1M)\n"
+    "  --nvme-dir DIR         where NVMe state lives\n"
+    "\n"
+    "device:\n"
+    "  --device NAME          cpu, cuda or cuda:N (default cpu; cuda needs a build with CUDA\n"
+    "                         and a GPU; on several ranks, cuda is the GPU of the rank's\n"
+    "                         local rank: OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID)\n"
+    "  --device-mem SIZE      device memory capacity, e.g. 512MiB, 2GB, on either backend\n"
+    "                         (default: the plan's hardware.gpu_mem, else unlimited on cpu\n"
+    "                         and the free memory on cuda)\n"
+    "  --threads N            threads per op on cpu, and of the CPU Adam (default: all)\n"
+    "\n"
+    "optimizer schedule (docs/offload.md, \"Schedules\"):\n"
+    "  --schedule KIND        serial: the update after the micro-batches (default); overlap:\n"
+    "                         on a thread of its own beside the device's work (with exact\n"
+    "                         clipping after the norm, beside the next forward: the serial\n"
+    "                         results bit for bit); dpu: step t's update during step t+1,\n"
+    "                         which uses the weights of step t-1\n"
+    "  --clip-stale           overlap: clip with the previous step's norm, so each block's\n"
+    "                         update starts as soon as its gradients are complete\n"
+    "  --dpu-warmup N         dpu: serial steps first (default 0)\n"
+    "  --opt-threads N        the optimizer's threads with overlap or dpu (default --threads)\n"
+    "\n"
+    "several ranks (under mpirun -np N, or a launcher setting OMPI_COMM_WORLD_* or PMI_*):\n"
+    "  --zero 0|1|2|3         ZeRO stage (default: the plan's, else 0): 0 replicate, 1 partition\n"
+    "                         the optimizer state, 2 also the gradients, 3 also the weights\n"
+    "  --comm-timeout S       a collective not done in S seconds ends every rank (default 300)\n"
+    "  Rank r of N reads micro-batches (k N + r) K + j of step k: the global batch of one\n"
+    "  rank with --grad-accum N K. Rank 0 prints; the others print only errors.\n"
+    "\n"
+    "evaluation:\n"
+    "  --eval-data FILE       held-out data, read as --data is; prints the loss and perplexity\n"
+    "                         (forward only, through the same runtime)\n"
+    "  --eval-every N         evaluate every N steps (default: after the last step only)\n"
+    "  --eval-batches K       batches per evaluation, the same K each time (default 10)\n"
+    "\n"
+    "checkpoints and output:\n"
+    "  --ckpt DIR             save a checkpoint (weights, optimizer state, counters) into DIR;\n"
+    "                         DIR is locked for the run (a second run on it is refused);\n"
+    "                         several ranks: a directory they share, each rank writing its\n"
+    "                         shard of the optimizer state\n"
+    "  --save-every N         every N steps (default: only at the end)\n"
+    "  --keep-checkpoints K   checkpoints kept in DIR: the latest and the K-1 others with the\n"
+    "                         highest step numbers (default 1: the latest only); only\n"
+    "                         folders named step-N or step-N.K are ever removed\n"
+    "  --resume DIR           continue from DIR's latest checkpoint (every file's checksum\n"
+    "                         verified first; saved on any number of ranks whose global\n"
+    "                         batch is this run's)\n"
+    "  --stats-json FILE      peak bytes per tier (and the plan's prediction) and the time split\n"
+    "                         (several ranks: rank r > 0 writes FILE.rank<r>)\n"
+    "  --save FILE            write the trained weights as safetensors (Hugging Face names);\n"
+    "                         with LoRA, a PEFT adapter directory FILE (Hugging Face PEFT\n"
+    "                         loads it onto the base)\n"
+    "  --log FILE             one JSON object per step: step, loss, lr, grad_norm, tokens_per_s,\n"
+    "                         peak_bytes per tier, eval_loss and eval_ppl when evaluated\n"
+    "                         (appended to with --resume)\n"
+    "  --plot FILE            at the end, an SVG of loss, eval loss and lr against steps (the\n"
+    "                         whole --log when given; plot LOG --out FILE draws one any time)\n"
+    "  -h, --help             this text\n"
+    "\n"
+    "Prints one line per step: step K loss X lr Y norm G tok/s R mem M (loss: the mean over\n"
+    "the global batch; tok/s: every rank's tokens), and eval step K loss X ppl P when\n"
+    "evaluating.\n"
+    "\n"
+    "Input files (--model, --data, --eval-data, --tokenizer, --weights and its shards,\n"
+    "--adapter's files, --plan) must be regular files: a FIFO or a device is refused,\n"
+    "naming it. SIGINT, SIGTERM or SIGHUP stop the run after the current micro-batch, its\n"
+    "NVMe swap files removed; swap files a killed run left behind in --nvme-dir are removed\n"
+    "by the next run there.\n"
+    "\n"
+    "exit status: 0 trained (--check-plan: the plan is this model's); 1 failed at run time\n"
+    "(out of memory or a tier's capacity, a device or disk error, gradients not finite,\n"
+    "the checkpoint folder in use by another run); 2 bad input (flags, config, tokenizer,\n"
+    "data, weights, adapters, plan, or a checkpoint that is damaged or of another model);\n"
+    "a signal that stopped it ends it the same way.\n";
+
+enum {
+    OPT_MODEL = 256, OPT_CHECK_PLAN, OPT_WEIGHTS, OPT_DATA, OPT_U32, OPT_TEXT, OPT_STEPS, OPT_MB, OPT_SEQ,
+    OPT_LR, OPT_B1, OPT_B2, OPT_EPS, OPT_WD, OPT_CLIP, OPT_DTYPE, OPT_SEED, OPT_DEVICE,
+    OPT_DEVMEM, OPT_THREADS, OPT_SAVE, OPT_ACCUM, OPT_PLAN, OPT_PARAMS_ON, OPT_OPT_ON,
+    OPT_CKPT_ON, OPT_RECOMPUTE, OPT_PREFETCH, OPT_SUBGROUP, OPT_NVME_DIR, OPT_CKPT, OPT_SAVE_EVERY,
+    OPT_RESUME, OPT_STATS, OPT_TOKENIZER, OPT_EOT, OPT_PACKING, OPT_EVAL_DATA, OPT_EVAL_EVERY,
+    OPT_EVAL_BATCHES, OPT_SCHEDULE, OPT_WARMUP, OPT_MIN_LR, OPT_SCHEDULE_STEPS, OPT_LOG, OPT_PLOT,
+    OPT_LORA, OPT_LORA_TARGETS, OPT_LORA_ALPHA, OPT_QLORA, OPT_ADAPTER, OPT_ADAPTERS_ON,
+    OPT_SCHED, OPT_CLIP_STALE, OPT_DPU_WARMUP, OPT_OPT_THREADS, OPT_KEEP_CKPT,
+    OPT_MAX_SKIPPED, OPT_ZERO, OPT_COMM_TIMEOUT,
+};
+
+static const struct option long_opts[] = {
+    {"model", required_argument, 0, OPT_MODEL},
+    {"weights", required_argument, 0, OPT_WEIGHTS},
+    {"data", required_argument, 0, OPT_DATA},
+    {"tokens-u32", no_argument, 0, OPT_U32},
+    {"text", no_argument, 0, OPT_TEXT},
+    {"steps", required_argument, 0, OPT_STEPS},
+    {"micro-batch", required_argument, 0, OPT_MB},
+    {"seq", required_argument, 0, OPT_SEQ},
+    {"lr", required_argument, 0, OPT_LR},
+    {"beta1", required_argument, 0, OPT_B1},
+    {"beta2", required_argument, 0, OPT_B2},
+    {"eps", required_argument, 0, OPT_EPS},
+    {"weight-decay", required_argument, 0, OPT_WD},
+    {"clip", required_argument, 0, OPT_CLIP},
+    {"dtype", required_argument, 0, OPT_DTYPE},
+    {"seed", required_argument, 0, OPT_SEED},
+    {"device", required_argument, 0, OPT_DEVICE},
+    {"device-mem", required_argument, 0, OPT_DEVMEM},
+    {"threads", required_argument, 0, OPT_THREADS},
+    {"save", required_argument, 0, OPT_SAVE},
+    {"grad-accum", required_argument, 0, OPT_ACCUM},
+    {"plan", required_argument, 0, OPT_PLAN},
+    {"check-plan", no_argument, 0, OPT_CHECK_PLAN},
+    {"params-on", required_argument, 0, OPT_PARAMS_ON},
+    {"optimizer-on", required_argument, 0, OPT_OPT_ON},
+    {"checkpoints-on", required_argument, 0, OPT_CKPT_ON},
+    {"recompute", required_argument, 0, OPT_RECOMPUTE},
+    {"prefetch", required_argument, 0, OPT_PREFETCH},
+    {"sub-group", required_argument, 0, OPT_SUBGROUP},
+    {"nvme-dir", required_argument, 0, OPT_NVME_DIR},
+    {"ckpt", required_argument, 0, OPT_CKPT},
+    {"save-every", required_argument, 0, OPT_SAVE_EVERY},
+    {"resume", required_argument, 0, OPT_RESUME},
+    {"stats-json", required_argument, 0, OPT_STATS},
+    {"zero", required_argument, 0, OPT_ZERO},
+    {"comm-timeout", required_argument, 0, OPT_COMM_TIMEOUT},
+    {"keep-checkpoints", required_argument, 0, OPT_KEEP_CKPT},
+    {"max-skipped-steps", required_argument, 0, OPT_MAX_SKIPPED},
+    {"tokenizer", required_argument, 0, OPT_TOKENIZER},
+    {"eot", required_argument, 0, OPT_EOT},
+    {"packing", required_argument, 0, OPT_PACKING},
+    {"eval-data", required_argument, 0, OPT_EVAL_DATA},
+    {"eval-every", required_argument, 0, OPT_EVAL_EVERY},
+    {"eval-batches", required_argument, 0, OPT_EVAL_BATCHES},
+    {"lr-schedule", required_argument, 0, OPT_SCHEDULE},
+    {"warmup", required_argument, 0, OPT_WARMUP},
+    {"min-lr", required_argument, 0, OPT_MIN_LR},
+    {"schedule-steps", required_argument, 0, OPT_SCHEDULE_STEPS},
+    {"log", required_argument, 0, OPT_LOG},
+    {"plot", required_argument, 0, OPT_PLOT},
+    {"lora", required_argument, 0, OPT_LORA},
+    {"lora-targets", required_argument, 0, OPT_LORA_TARGETS},
+    {"lora-alpha", required_argument, 0, OPT_LORA_ALPHA},
+    {"qlora", no_argument, 0, OPT_QLORA},
+    {"adapter", required_argument, 0, OPT_ADAPTER},
+    {"adapters-on", required_argument, 0, OPT_ADAPTERS_ON},
+    {"schedule", required_argument, 0, OPT_SCHED},
+    {"clip-stale", no_argument, 0, OPT_CLIP_STALE},
+    {"dpu-warmup", required_argument, 0, OPT_DPU_WARMUP},
+    {"opt-threads", required_argument, 0, OPT_OPT_THREADS},
+    {"help", no_argument, 0, 'h'},
+    {0, 0, 0, 0},
+};
+
+/* ---- values --------------------------------------------------------------------- */
+
+/* A number into a float, in [lo, hi]. */
+static zo_status parse_float(const char *s, const char *flag, double lo, double hi, float *out)
+{
+    double v;
+    zo_status st = zo_parse_double(s, flag, lo, hi, &v);
+    if (st == ZO_OK) *out = (float)v;
+    return st;
+}
+
+/* A plan field's value into an int, checked against the schema's table. */
+static zo_status plan_int(const char *s, const char *flag, const char *field, int *out)
+{
+    long v = 0;
+    zo_status st = zo_plan_flag_int(s, flag, field, &v);
+    if (st == ZO_OK) *out = (int)v;
+    return st;
+}
+
+/* A tier, in the plan's words (gpu, cpu, nvme; nvme only with allow_nvme). */
+static zo_status plan_tier(const char *s, const char *flag, int allow_nvme, offload_tier *out)
+{
+    zo_plan_tier t = ZO_PLAN_GPU;
+    zo_status st = zo_plan_tier_parse(s, flag, allow_nvme, &t);
+    if (st == ZO_OK) *out = (offload_tier)t;
+    return st;
+}
+
+/* ---- the flags, group by group: each handler returns 1 when `c` is its own ------- */
+
+/* The model and the data. */
+static int data_flag(int c, const char *arg, train_args *a, zo_status *st)
+{
+    switch (c) {
+    case OPT_MODEL: a->model = arg; return 1;
+    case OPT_WEIGHTS: a->weights = arg; return 1;
+    case OPT_DATA: a->data = arg; return 1;
+    case OPT_U32: a->width = MODEL_TOKENS_U32, a->set_width = 1; return 1;
+    case OPT_TEXT: a->width = MODEL_TOKENS_BYTES, a->set_width = 1; return 1;
+    case OPT_TOKENIZER: a->tokenizer = arg; return 1;
+    case OPT_EOT: a->eot = arg; return 1;
+    case OPT_PACKING:
+        a->set_packing = 1;
+        if (!strcmp(arg, "stream")) a->packing = MODEL_PACK_STREAM;
+        else if (!strcmp(arg, "pad")) a->packing = MODEL_PACK_PAD;
+        else *st = zo_error(ZO_ERR_INVALID, "--packing %s: stream or pad", arg);
+        return 1;
+    case OPT_EVAL_DATA: a->eval_data = arg; return 1;
+    case OPT_EVAL_EVERY: *st = zo_parse_int(arg, "--eval-every", 1, 1L << 40, &a->eval_every); return 1;
+    case OPT_EVAL_BATCHES:
+        *st = zo_parse_int(arg, "--eval-batches", 1, 1L << 30, &a->eval_batches);
+        a->set_eval_batches = 1;
+        return 1;
+    default: return 0;
+    }
+}
+
+/* The steps, the batch, the dtype and the learning-rate schedule. */
+static int training_flag(int c, const char *arg, train_args *a, zo_status *st)
+{
+    offload_config *oc = &a->p.cfg;
+    long v = 0;
+    switch (c) {
+    case OPT_STEPS: *st = zo_parse_int(arg, "--steps", 1, 1L << 40, &a->steps); return 1;
+    case OPT_MB: *st = zo_plan_flag_int(arg, "--micro-batch", "training.micro_batch", &a->micro_batch); return 1;
+    case OPT_SEQ: *st = zo_plan_flag_int(arg, "--seq", "training.seq", &a->seq); return 1;
+    case OPT_ACCUM: *st = plan_int(arg, "--grad-accum", "training.grad_accum", &oc->grad_accum); return 1;
+    case OPT_DTYPE:
+        if ((*st = zo_dtype_parse(arg, &a->dtype)) != ZO_OK) *st = zo_error_wrap(*st, "--dtype");
+        return 1;
+    case OPT_SEED: *st = zo_parse_int(arg, "--seed", 0, 0x7fffffffL, &a->seed); return 1;
+    case OPT_MAX_SKIPPED:
+        *st = zo_parse_int(arg, "--max-skipped-steps", 1, 1 << 20, &v);
+        oc->max_skipped_steps = (int)v;
+        return 1;
+    case OPT_SCHEDULE: *st = ft_schedule_parse(arg, "--lr-schedule", &a->sched.kind); return 1;
+    case OPT_WARMUP: *st = zo_parse_int(arg, "--warmup", 0, 1L << 40, &a->sched.warmup); return 1;
+    case OPT_MIN_LR: *st = zo_parse_double(arg, "--min-lr", 0.0, 10.0, &a->sched.min_lr); return 1;
+    case OPT_SCHEDULE_STEPS:
+        *st = zo_parse_int(arg, "--schedule-steps", 1, 1L << 40, &a->schedule_steps);
+        return 1;
+    default: return 0;
+    }
+}
+
+/* AdamW's settings. */
+static int adamw_flag(int c, const char *arg, train_args *a, zo_status *st)
+{
+    offload_adamw *ad = &a->p.cfg.adam;
+    switch (c) {
+    case OPT_LR: /* the schedule's peak (double: the closed form); the runtime's (float) */
+        *st = zo_parse_double(arg, "--lr", 0.0, 10.0, &a->sched.lr);
+        ad->lr = (float)a->sched.lr;
+        return 1;
+    case OPT_B1: *st = parse_float(arg, "--beta1", 0.0, 0.999999, &ad->beta1); return 1;
+    case OPT_B2: *st = parse_float(arg, "--beta2", 0.0, 0.999999, &ad->beta2); return 1;
+    case OPT_EPS: *st = parse_float(arg, "--eps", 0.0, 1.0, &ad->eps); return 1;
+    case OPT_WD: *st = parse_float(arg, "--weight-decay", 0.0, 10.0, &ad->weight_decay); return 1;
+    case OPT_CLIP: *st = parse_float(arg, "--clip", 0.0, 1e9, &ad->clip); return 1;
+    default: return 0;
+    }
+}
+
+/* What is trained (LoRA, QLoRA) and when the optimizer runs. */
+static int method_flag(int c, const char *arg, train_args *a, zo_status *st)
+{
+    offload_config *oc = &a->p.cfg;
+    double alpha = 0;
+    zo_plan_schedule sched = ZO_PLAN_SCHED_SERIAL;
+    switch (c) {
+    case OPT_LORA: *st = plan_int(arg, "--lora", "training.lora.r", &a->lora.r); return 1;
+    case OPT_LORA_TARGETS:
+        if ((*st = zo_lora_targets_parse(arg, &a->lora.targets)) != ZO_OK) *st = zo_error_wrap(*st, "--lora-targets");
+        return 1;
+    case OPT_LORA_ALPHA:
+        if ((*st = zo_plan_flag_double(arg, "--lora-alpha", "training.lora.alpha", &alpha)) == ZO_OK)
+            a->lora.alpha = (float)alpha;
+        return 1;
+    case OPT_QLORA: a->qlora = 1; return 1;
+    case OPT_ADAPTER: a->adapter = arg; return 1;
+    case OPT_ADAPTERS_ON: *st = plan_tier(arg, "--adapters-on", 1, &oc->trainable_on); return 1;
+    case OPT_SCHED:
+        if ((*st = zo_plan_schedule_parse(arg, "--schedule", &sched)) == ZO_OK) oc->schedule = (offload_schedule)sched;
+        return 1;
+    case OPT_CLIP_STALE: oc->clip_stale = 1; return 1;
+    case OPT_DPU_WARMUP: *st = plan_int(arg, "--dpu-warmup", "training.dpu_warmup", &oc->dpu_warmup); return 1;
+    case OPT_OPT_THREADS: *st = plan_int(arg, "--opt-threads", "training.opt_threads", &oc->opt_threads); return 1;
+    default: return 0;
+    }
+}
+
+/* Where each kind of state lives, and the buffers. */
+static int placement_flag(int c, const char *arg, train_args *a, zo_status *st)
+{
+    offload_config *oc = &a->p.cfg;
+    zo_plan_recompute r = ZO_PLAN_RECOMPUTE_NONE;
+    uint64_t n = 0;
+    switch (c) {
+    case OPT_PLAN: return 1; /* read first, by read_plan */
+    case OPT_CHECK_PLAN: a->check_plan = 1; return 1;
+    case OPT_PARAMS_ON: *st = plan_tier(arg, "--params-on", 1, &oc->params_on); return 1;
+    case OPT_OPT_ON: *st = zo_plan_fractions_parse(arg, "--optimizer-on", 1, oc->opt_frac); return 1;
+    case OPT_CKPT_ON: *st = plan_tier(arg, "--checkpoints-on", 0, &oc->checkpoints_on); return 1;
+    case OPT_RECOMPUTE:
+        if ((*st = zo_plan_recompute_parse(arg, "--recompute", &r)) != ZO_OK) return 1;
+        /* selective runs as none: the attention keeps no s x s scores to recompute */
+        oc->recompute = r == ZO_PLAN_RECOMPUTE_FULL;
+        if (r == ZO_PLAN_RECOMPUTE_SELECTIVE) a->p.selective_as_none = 1;
+        return 1;
+    case OPT_PREFETCH:
+        *st = plan_int(arg, "--prefetch", "buffers.prefetch_depth", &oc->prefetch_depth);
+        return 1;
+    case OPT_SUBGROUP:
+        if ((*st = zo_plan_flag_u64(arg, "--sub-group", "nvme.sub_group", 1, &n)) == ZO_OK) oc->sub_group = (size_t)n;
+        return 1;
+    case OPT_NVME_DIR: oc->nvme_dir = arg; return 1;
+    default: return 0;
+    }
+}
+
+/* The device and the ranks. */
+static int device_flag(int c, const char *arg, train_args *a, zo_status *st)
+{
+    switch (c) {
+    case OPT_DEVICE: /* the name here; whether it exists when it is opened */
+        a->device = arg;
+        if (strcmp(arg, "cpu") && strcmp(arg, "cuda") && strncmp(arg, "cuda:", 5))
+            *st = zo_error(ZO_ERR_INVALID, "--device %s: expected cpu, cuda or cuda:N", arg);
+        return 1;
+    case OPT_DEVMEM: *st = zo_parse_size(arg, "--device-mem", 0, &a->device_mem); return 1;
+    case OPT_THREADS: *st = zo_parse_int(arg, "--threads", 1, 1024, &a->threads); return 1;
+    case OPT_ZERO: *st = plan_int(arg, "--zero", "parallel.zero", &a->p.cfg.zero_stage); return 1;
+    case OPT_COMM_TIMEOUT: *st = zo_parse_double(arg, "--comm-timeout", 0.001, 1e7, &a->comm_timeout); return 1;
+    default: return 0;
+    }
+}
+
+/* Checkpoints and what the run writes. */
+static int output_flag(int c, const char *arg, train_args *a, zo_status *st)
+{
+    long v = 0;
+    switch (c) {
+    case OPT_CKPT: a->ckpt = arg; return 1;
+    case OPT_SAVE_EVERY: *st = zo_parse_int(arg, "--save-every", 1, 1L << 40, &a->save_every); return 1;
+    case OPT_KEEP_CKPT:
+        *st = zo_parse_int(arg, "--keep-checkpoints", 1, 1 << 20, &v);
+        a->p.cfg.keep_checkpoints = (int)v;
+        return 1;
+    case OPT_RESUME: a->resume = arg; return 1;
+    case OPT_STATS: a->stats_json = arg; return 1;
+    case OPT_SAVE: a->save = arg; return 1;
+    case OPT_LOG: a->log = arg; return 1;
+    case OPT_PLOT: a->plot = arg; return 1;
+    default: return 0;
+    }
+}
+
+/* ---- the parser ---------------------------------------------------------------------- */
+
+static void args_defaults(train_args *a)
+{
+    *a = (train_args){.width = MODEL_TOKENS_U16, .steps = 100, .micro_batch = 4, .seq = 64,
+                      .seed = 1337, .dtype = ZO_DTYPE_F32, .device = "cpu", .eval_batches = 10,
+                      .sched = {.lr = 3e-4}, .lora = {.alpha = 8.0f}};
+    offload_plan_defaults(&a->p);
+    a->p.cfg.adam = (offload_adamw){.lr = (float)a->sched.lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                                    .weight_decay = 0.1f, .clip = 1.0f};
+}
+
+/* The plan first, so that every flag overrides it: a first pass of
+ * getopt_long finds it in every spelling (--plan F, --plan=F, --pla F).
+ * -1, or 2 when it cannot be read. */
+static int read_plan(int argc, char **argv, train_args *a)
+{
+    int c;
+    opterr = 0;
+    optind = 0; /* glibc: a full re-initialization */
+    while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
+        if (c != OPT_PLAN) continue;
+        a->plan = optarg;
+        if (offload_plan_load(a->plan, &a->p) != ZO_OK) {
+            fprintf(stderr, "train: --plan %s\n", zo_last_error());
+            return 2;
+        }
+        if (a->p.seq) a->seq = a->p.seq;
+        if (a->p.micro_batch) a->micro_batch = a->p.micro_batch;
+        if (a->p.dtype >= 0) a->dtype = (zo_dtype)a->p.dtype;
+        if (a->p.gpu_mem) a->device_mem = a->p.gpu_mem;
+    }
+    return -1;
+}
+
+/* An option getopt_long refused: 2. */
+static int bad_option(char **argv)
+{
+    if (optopt && optopt < 256)
+        fprintf(stderr, "train: unknown option -%c\n", optopt);
+    else if (optopt)
+        fprintf(stderr, "train: option %s needs a value\n", argv[optind - 1]);
+    else
+        fprintf(stderr, "train: unknown option %s\n", argv[optind - 1]);
+    fprintf(stderr, "run 'train --help' for the options\n");
+    return 2;
+}
+
+/* What one flag needs of another, or cannot go with: NULL when all is well. */
+static const char *flags_conflict(const train_args *a)
+{
+    if (a->tokenizer && a->width == MODEL_TOKENS_BYTES)
+        return "--text reads bytes as tokens: leave it out with --tokenizer";
+    if ((a->eval_every || a->set_eval_batches) && !a->eval_data)
+        return "--eval-every and --eval-batches need --eval-data FILE";
+    if ((a->eot || a->set_packing) && !a->tokenizer)
+        return "--eot and --packing need --tokenizer (they shape text as it is tokenized)";
+    if (a->sched.min_lr > a->sched.lr) return "--min-lr is above --lr";
+    if (!a->lora.r && !a->adapter && (a->qlora || a->lora.targets))
+        return "--qlora and --lora-targets need --lora R (or --adapter DIR)";
+    return NULL;
+}
+
+/* The checks across flags and what follows from them: -1, or 2. */
+static int args_finish(int argc, char **argv, train_args *a)
+{
+    offload_config *oc = &a->p.cfg;
+    if ((a->save_every || oc->keep_checkpoints) && !a->ckpt) {
+        fprintf(stderr, "train: %s needs --ckpt DIR (where the checkpoints go)\n",
+                a->save_every ? "--save-every" : "--keep-checkpoints");
+        return 2;
+    }
+    oc->ckpt_dir = a->ckpt; /* locked from the start of the run */
+    const char *bad = flags_conflict(a);
+    if (bad) {
+        fprintf(stderr, "train: %s\n", bad);
+        return 2;
+    }
+    a->sched.steps = a->schedule_steps ? a->schedule_steps : a->steps;
+    oc->n_threads = (int)a->threads;
+    if (!a->model && a->plan && a->p.model_name[0]) a->model = a->p.model_name;
+    if (optind < argc) {
+        fprintf(stderr, "train: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (!a->check_plan && (!a->model || !a->data)) {
+        fprintf(stderr, "train: %s is required (see --help)\n", !a->model ? "--model" : "--data");
+        return 2;
+    }
+    return -1;
+}
+
+int args_parse(int argc, char **argv, train_args *a)
+{
+    args_defaults(a);
+    int rc = read_plan(argc, argv, a), c;
+    if (rc >= 0) return rc;
+    opterr = 0;
+    optind = 0;
+    while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
+        if (c == 'h') {
+            fputs(HELP, stdout);
+            return 0;
+        }
+        zo_status st = ZO_OK;
+        if (!data_flag(c, optarg, a, &st) && !training_flag(c, optarg, a, &st) &&
+            !adamw_flag(c, optarg, a, &st) && !method_flag(c, optarg, a, &st) &&
+            !placement_flag(c, optarg, a, &st) && !device_flag(c, optarg, a, &st) &&
+            !output_flag(c, optarg, a, &st))
+            return bad_option(argv);
+        if (st != ZO_OK) {
+            fprintf(stderr, "train: %s\n", zo_last_error());
+            return 2;
+        }
+    }
+    return args_finish(argc, argv, a);
+}

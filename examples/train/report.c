@@ -1,0 +1,258 @@
+/* What train prints and writes about a run (report.h). */
+#include "examples/train/report.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/clock.h" /* defines: zo_now */
+#include "common/units.h" /* defines: zo_format_bytes */
+#include "examples/train/weights.h" /* defines: weights_frozen_total */
+
+/* ---- the configuration -------------------------------------------------------------- */
+
+void report_lora(const train_args *a, const tf_model *m)
+{
+    char tg[128], b[32];
+    printf("# LoRA r %d alpha %g on %s%s: %zu trainable parameters over a frozen base of %s\n",
+           a->lora.r, a->lora.alpha, zo_lora_targets_str(a->lora.targets, tg, sizeof tg),
+           a->qlora ? " (QLoRA: NF4 base)" : "", m->adapters.total_numel,
+           zo_format_bytes(weights_frozen_total(m), b, sizeof b));
+}
+
+void report_placement(const train_args *a)
+{
+    const offload_config *oc = &a->p.cfg;
+    printf("# placement: weights %s (prefetch %d), optimizer cpu %.2f nvme %.2f gpu %.2f, "
+           "gradients %s, checkpoints %s, recompute %s%s%s\n",
+           offload_tier_name(oc->params_on), oc->prefetch_depth, oc->opt_frac[OFFLOAD_CPU],
+           oc->opt_frac[OFFLOAD_NVME], oc->opt_frac[OFFLOAD_DEVICE],
+           oc->opt_frac[OFFLOAD_DEVICE] >= 1 ? "gpu" : oc->opt_frac[OFFLOAD_DEVICE] > 0 ? "gpu+cpu" : "cpu",
+           offload_tier_name(oc->checkpoints_on),
+           oc->recompute ? "full" : "none", a->plan ? "; plan " : "", a->plan ? a->plan : "");
+}
+
+void report_method(const train_args *a)
+{
+    const offload_config *oc = &a->p.cfg;
+    char tg[128];
+    printf("# method: %s", !a->lora.r ? "full" : a->qlora ? "qlora" : "lora");
+    if (a->lora.r)
+        printf(" (LoRA r %d alpha %g on %s, adapters on %s)", a->lora.r, a->lora.alpha,
+               zo_lora_targets_str(a->lora.targets, tg, sizeof tg), offload_tier_name(oc->trainable_on));
+    printf("; optimizer schedule %s", offload_schedule_name(oc->schedule));
+    if (oc->schedule == OFFLOAD_SCHEDULE_DPU) printf(" (warm-up %d)", oc->dpu_warmup);
+    if (oc->schedule == OFFLOAD_SCHEDULE_OVERLAP && oc->clip_stale) printf(" (clip stale)");
+    printf("\n");
+}
+
+void report_prediction(const offload_prediction *pr)
+{
+    if (!pr->present) {
+        printf("# plan predicts: nothing (the plan has no \"predicted\" member)\n");
+        return;
+    }
+    char b[32];
+    printf("# plan predicts peak bytes per tier:");
+    for (int t = 0; t < OFFLOAD_TIERS; t++)
+        printf(" %s %s%s", offload_tier_name((offload_tier)t), zo_format_bytes(pr->peak[t], b, sizeof b),
+               t + 1 < OFFLOAD_TIERS ? "," : "");
+    printf("; step %.3g s\n", pr->step_s);
+}
+
+/* ---- the run -------------------------------------------------------------------------- */
+
+void report_init(train_report *rp, const train_args *a)
+{
+    *rp = (train_report){.a = a};
+}
+
+/* "# train: ..." (the model, batch, data and device), the ranks, the
+ * placement, the method and the lr schedule. */
+static void print_header(const train_run *r)
+{
+    const train_args *a = r->a;
+    const offload_config *oc = &a->p.cfg;
+    const zo_model_config *cfg = &r->cfg;
+    char b1[32], b2[32];
+    gpu_mem_stats ms;
+    gpu_mem_get_stats(r->dev, &ms);
+    printf("# train: %s (%s), %llu parameters, %d layers, hidden %d, vocab %d; dtype %s; "
+           "batch %ld x %ld x %d; data %s (%llu tokens); device %s, %s in use of %s\n",
+           cfg->name, zo_arch_name(cfg->arch), (unsigned long long)r->trained->total_numel,
+           cfg->n_layers, cfg->hidden, cfg->vocab, zo_dtype_name(a->dtype), a->micro_batch, a->seq, r->accum,
+           a->data, (unsigned long long)r->tokens.n, gpu_device_name(r->dev),
+           zo_format_bytes(ms.in_use, b1, sizeof b1),
+           ms.capacity ? zo_format_bytes(ms.capacity, b2, sizeof b2) : "unlimited");
+    if (r->ranks > 1)
+        printf("# ranks: %d (%s), ZeRO-%d; global batch %ld x %ld x %d x %d ranks\n", r->ranks,
+               comm_backend_name(comm_get_backend(r->comm)), oc->zero_stage, a->micro_batch, a->seq, r->accum,
+               r->ranks);
+    report_placement(a);
+    report_method(a);
+    if (a->p.selective_as_none && !oc->recompute)
+        printf("# recompute: \"selective\" runs as none (the attention keeps no s x s "
+               "scores, so selective would recompute nothing)\n");
+    const ft_schedule *sc = &a->sched;
+    if (sc->kind != FT_LR_CONSTANT || sc->warmup)
+        printf("# lr: %s from %g to %g over %ld steps, %ld warmup\n", ft_schedule_name(sc->kind), sc->lr,
+               sc->kind == FT_LR_CONSTANT ? sc->lr : sc->min_lr, sc->steps, sc->warmup);
+    fflush(stdout);
+}
+
+zo_status report_start(train_report *rp, const train_run *r)
+{
+    const train_args *a = rp->a;
+    print_header(r);
+    if (a->log && !(rp->log = fopen(a->log, a->resume ? "a" : "w"))) /* a path that cannot be written: bad input */
+        return zo_error(ZO_ERR_IO, "--log %s: %s", a->log, strerror(errno));
+    rp->progress = isatty(STDERR_FILENO) && !isatty(STDOUT_FILENO);
+    rp->t_start = zo_now();
+    return ZO_OK;
+}
+
+void report_step(const train_run *r, const ft_record *rec, int skipped)
+{
+    char b[32];
+    gpu_mem_stats ms;
+    gpu_mem_get_stats(r->dev, &ms);
+    printf("step %ld loss %.6f lr %.6g norm %.4f tok/s %.0f mem %s%s\n", rec->step, rec->loss, rec->lr,
+           rec->grad_norm, rec->tokens_per_s, zo_format_bytes(ms.high_water, b, sizeof b),
+           skipped ? " (overflow: skipped)" : "");
+}
+
+void report_eval(const train_run *r, const ft_record *rec, uint64_t counted)
+{
+    printf("eval step %ld loss %.6f ppl %.4f (%ld batches, %llu tokens)\n", rec->step, rec->eval_loss,
+           rec->eval_ppl, r->a->eval_batches, (unsigned long long)counted);
+}
+
+zo_status report_record(train_report *rp, const ft_record *rec)
+{
+    fflush(stdout);
+    zo_status st;
+    if (rp->log && (st = ft_log_write(rp->log, rp->a->log, rec)) != ZO_OK) return st;
+    if (!rp->a->plot) return ZO_OK;
+    ft_record *nr = realloc(rp->recs, (rp->n_recs + 1) * sizeof *nr);
+    if (!nr) return zo_error(ZO_ERR_NOMEM, "train: out of host memory for the plot");
+    rp->recs = nr;
+    rp->recs[rp->n_recs++] = *rec;
+    return ZO_OK;
+}
+
+void report_progress(train_report *rp, const train_run *r, long k, double loss)
+{
+    if (!rp->progress) return;
+    long steps = rp->a->steps;
+    double el = zo_now() - rp->t_start;
+    fprintf(stderr, "\r[%ld/%ld] loss %.4f, %.0fs left ", k + 1, steps, loss, el / (k + 1 - r->k0) * (steps - k - 1));
+}
+
+/* ---- the end ---------------------------------------------------------------------------- */
+
+/* --plot: the whole log (earlier runs too when resumed), else this run's steps. */
+static zo_status write_plot(train_report *rp, const train_run *r)
+{
+    const train_args *a = rp->a;
+    if (rp->log) {
+        fclose(rp->log);
+        rp->log = NULL;
+        free(rp->recs);
+        rp->recs = NULL;
+        zo_status st = ft_log_read(a->log, &rp->recs, &rp->n_recs);
+        if (st != ZO_OK) return st;
+    }
+    char title[256];
+    snprintf(title, sizeof title, "%s on %s", r->cfg.name, a->data);
+    zo_status st = ft_plot_write(a->plot, rp->recs, rp->n_recs, title);
+    if (st == ZO_OK) printf("# plot %s\n", a->plot);
+    return st;
+}
+
+/* Peak bytes per tier beside the plan's prediction (per rank). */
+static void print_peaks(const char *who, const uint64_t *peak, const offload_prediction *pred)
+{
+    char b1[32], b2[32];
+    printf("# %speak bytes per tier:", who);
+    for (int t = 0; t < OFFLOAD_TIERS; t++) {
+        printf(" %s %s", offload_tier_name((offload_tier)t), zo_format_bytes(peak[t], b1, sizeof b1));
+        if (pred && pred->present && pred->peak[t])
+            printf(" (plan %s, %.1f%%)", zo_format_bytes(pred->peak[t], b2, sizeof b2),
+                   100.0 * (double)peak[t] / (double)pred->peak[t]);
+        printf(t + 1 < OFFLOAD_TIERS ? "," : "\n");
+    }
+}
+
+/* Every rank's peaks (gathered: a collective), rank 0 prints them, and what
+ * the ranks sent each other. */
+static zo_status print_rank_peaks(offload_t *rt, const offload_stats *st, const offload_prediction *pred,
+                                  uint64_t psi)
+{
+    uint64_t *all = calloc((size_t)st->ranks * OFFLOAD_TIERS, sizeof *all);
+    if (!all) return zo_error(ZO_ERR_NOMEM, "train: out of host memory");
+    zo_status e = offload_gather(rt, st->peak, sizeof st->peak, all);
+    for (int r = 0; r < st->ranks && e == ZO_OK; r++) {
+        char who[32];
+        snprintf(who, sizeof who, "rank %d of %d: ", r, st->ranks);
+        print_peaks(who, all + (size_t)r * OFFLOAD_TIERS, pred);
+    }
+    free(all);
+    if (e != ZO_OK) return e;
+    printf("# communication: %.3f Psi per step (%llu elements in %lld collectives since the start)\n",
+           st->steps ? (double)(st->comm_elems + st->comm_reused_elems) / (double)st->steps / (double)psi
+                     : 0.0,
+           (unsigned long long)st->comm_elems, (long long)st->comm_calls);
+    return ZO_OK;
+}
+
+/* The peaks per tier (every rank's), then this rank's time split. */
+static zo_status print_tiers(offload_t *rt, const offload_stats *st, const offload_prediction *pred,
+                             uint64_t psi)
+{
+    if (st->ranks <= 1) print_peaks("", st->peak, pred);
+    else {
+        zo_status e = print_rank_peaks(rt, st, pred, psi);
+        if (e != ZO_OK) return e;
+    }
+    printf("# time:");
+    for (int p = 0; p < OFFLOAD_TIME_PARTS; p++)
+        printf(" %s %.3fs%s", offload_time_part_name((offload_time_part)p), st->time[p],
+               p + 1 < OFFLOAD_TIME_PARTS ? "," : "");
+    printf(" (runtime total %.3fs)\n", st->total_s);
+    if (st->optimizer_s > 0)
+        printf("# optimizer: %.3fs on the host, %.0f%% of it beside the device's work\n", st->optimizer_s,
+               100.0 * st->optimizer_overlap);
+    return ZO_OK;
+}
+
+zo_status report_end(train_report *rp, train_run *r)
+{
+    const train_args *a = rp->a;
+    const offload_prediction *pred = a->plan ? &a->p.predicted : NULL;
+    zo_status st;
+    if (rp->progress) fprintf(stderr, "\n");
+    if (a->plot && (st = write_plot(rp, r)) != ZO_OK) return st;
+    char b1[32], b2[32];
+    gpu_mem_stats ms;
+    gpu_mem_get_stats(r->dev, &ms);
+    printf("# device memory: peak %s of %s\n", zo_format_bytes(ms.high_water, b1, sizeof b1),
+           ms.capacity ? zo_format_bytes(ms.capacity, b2, sizeof b2) : "unlimited");
+    offload_stats ost;
+    offload_get_stats(r->rt, &ost);
+    if ((st = print_tiers(r->rt, &ost, pred, r->trained->total_numel)) != ZO_OK) return st;
+    if (!a->stats_json) return ZO_OK;
+    /* rank r > 0 writes FILE.rank<r> */
+    char path[4200];
+    snprintf(path, sizeof path, r->rank ? "%s.rank%d" : "%s", a->stats_json, r->rank);
+    if ((st = offload_write_stats_json(r->rt, pred, path)) != ZO_OK) return st;
+    printf("# stats %s\n", a->stats_json);
+    return ZO_OK;
+}
+
+void report_free(train_report *rp)
+{
+    if (rp->log) fclose(rp->log);
+    free(rp->recs);
+    *rp = (train_report){0};
+}

@@ -1,0 +1,371 @@
+/* The run (run.h): its inputs, the device, ranks, model and runtime, the
+ * steps, evaluation, checkpoints, the stop signals and the end. */
+#include "examples/train/run.h"
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/clock.h"            /* defines: zo_now */
+#include "examples/train/inputs.h"   /* defines: inputs_load_config, inputs_open_data, ... */
+#include "examples/train/report.h"   /* defines: report_lora, report_placement, ... */
+#include "examples/train/weights.h"  /* defines: weights_load, weights_save, weights_write */
+
+/* ---- signals and test seams -------------------------------------------------------- */
+
+static volatile sig_atomic_t stop_signal; /* SIGINT, SIGTERM or SIGHUP came */
+
+static void on_stop_signal(int sig) { stop_signal = sig; }
+
+/* SIGINT, SIGTERM and SIGHUP end the run at the next micro-batch, through
+ * the normal exit path (swap files removed, locks released). */
+static void catch_stop_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART; /* I/O in flight completes */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+}
+
+zo_status run_stopped(void)
+{
+    if (!stop_signal) return ZO_OK;
+    return zo_error(ZO_ERR_INTERNAL, "stopped by signal %d (%s)", (int)stop_signal, strsignal(stop_signal));
+}
+
+/* Test seam: ZO_TRAIN_CKPT_PAUSE="POINT:N:FD" makes the N-th checkpoint
+ * write, at hook POINT ("begin", "optimizer-half", "before-rename",
+ * "before-latest"), write one byte to FD and wait there for a signal (a test
+ * kills the process mid-write, or stops it with SIGTERM: the write goes on
+ * then, and the run ends as a stopped run does). */
+static void pause_hook(void *user, const char *point)
+{
+    static int saves;
+    const char *spec = user;
+    if (!strcmp(point, "begin")) saves++;
+    char want[64];
+    int nth = 0, fd = -1;
+    if (sscanf(spec, "%63[^:]:%d:%d", want, &nth, &fd) != 3 || strcmp(want, point) || nth != saves)
+        return;
+    /* the stop signals held until sigsuspend waits, so none is missed */
+    sigset_t stop, old;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGHUP);
+    sigprocmask(SIG_BLOCK, &stop, &old);
+    if (write(fd, "k", 1) == 1)
+        while (!stop_signal) sigsuspend(&old);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+}
+
+zo_status run_init(train_run *r, train_args *a)
+{
+    *r = (train_run){.a = a, .phase = RUN_INPUT, .eot = -1, .tokens = {.fd = -1}, .eval = {.fd = -1},
+                     .ranks = 1, .accum = 1, .kill_rank = -1, .kill_step = -1};
+    catch_stop_signals();
+    const char *kill_spec = getenv("ZO_TRAIN_KILL"); /* kills rank RANK in step STEP */
+    if (kill_spec && sscanf(kill_spec, "%ld:%ld", &r->kill_rank, &r->kill_step) != 2)
+        return zo_error(ZO_ERR_INVALID, "ZO_TRAIN_KILL=%s is not RANK:STEP", kill_spec);
+    const char *pause_spec = getenv("ZO_TRAIN_CKPT_PAUSE");
+    if (pause_spec) {
+        a->p.cfg.ckpt_hook = pause_hook;
+        a->p.cfg.ckpt_hook_user = (void *)pause_spec;
+    }
+    return ZO_OK;
+}
+
+/* ---- exit status ----------------------------------------------------------------------- */
+
+/* memplan's convention: 2 bad input, 1 failed at run time. */
+static int exit_code(zo_status st, run_phase phase)
+{
+    switch (st) {
+    case ZO_OK: return 0;
+    case ZO_ERR_NOMEM:
+    case ZO_ERR_CAPACITY:
+    case ZO_ERR_DEVICE:
+    case ZO_ERR_INTERNAL:
+    case ZO_ERR_BUSY: return 1;
+    case ZO_ERR_IO: return phase == RUN_INPUT ? 2 : 1; /* an input that cannot be read */
+    default: return phase == RUN_TRAIN ? 1 : 2;
+    }
+}
+
+int run_finish(train_run *r, zo_status st)
+{
+    offload_free(r->rt);
+    tf_offload_model_free(&r->tm);
+    tf_free(&r->m);
+    if (st != ZO_OK && r->ranks > 1) {
+        /* the others would wait for this rank in a collective until their
+         * timeout: end the job now, saying why, with the exit status one
+         * rank would have */
+        char msg[1200];
+        snprintf(msg, sizeof msg, "train: rank %d of %d: %s", r->rank, r->ranks, zo_last_error());
+        comm_abort(r->comm, exit_code(st, r->phase), msg);
+    }
+    comm_free(r->comm);
+    if (r->s) gpu_stream_destroy(r->s);
+    gpu_device_free(r->dev);
+    model_tokens_close(&r->tokens);
+    model_tokens_close(&r->eval);
+    model_tokenizer_free(r->tok);
+    free(r->inputs);
+    free(r->targets);
+    free(r->losses);
+    if (st == ZO_OK) return 0;
+    fprintf(stderr, "train: %s\n", zo_last_error());
+    if (stop_signal) { /* cleaned up: end the way the signal would have */
+        fflush(NULL);
+        signal(stop_signal, SIG_DFL);
+        raise(stop_signal);
+    }
+    return exit_code(st, r->phase);
+}
+
+/* ---- inputs and set-up ---------------------------------------------------------------- */
+
+/* A plan made for another model or another number of ranks would run as
+ * something it never planned. */
+static zo_status check_plan_run(const train_args *a, const zo_model_config *cfg, int ranks)
+{
+    if (zo_plan_check_run(&a->p.file, cfg, ranks, a->plan) == ZO_OK) return ZO_OK;
+    char why[1024];
+    snprintf(why, sizeof why, "%s", zo_last_error());
+    return zo_error(ZO_ERR_INVALID, "--plan %s", why);
+}
+
+zo_status run_read_inputs(train_run *r)
+{
+    train_args *a = r->a;
+    zo_status st;
+    if ((st = inputs_load_config(a->model, &r->cfg)) != ZO_OK) return st;
+    if ((st = comm_launch_detect(&r->launch)) != ZO_OK) return st;
+    if (a->plan && (st = check_plan_run(a, &r->cfg, r->launch.size)) != ZO_OK) return st;
+    if ((st = inputs_tokenizer(a, r->cfg.vocab, &r->tok, &r->eot)) != ZO_OK) return st;
+    if ((st = inputs_open_data(a, a->data, r->tok, r->eot, r->cfg.vocab, &r->tokens)) != ZO_OK) return st;
+    if (a->eval_data && (st = inputs_open_data(a, a->eval_data, r->tok, r->eot, r->cfg.vocab, &r->eval)) != ZO_OK)
+        return st;
+    return inputs_lora_choice(a, &r->cfg);
+}
+
+/* --device NAME with --device-mem as the capacity: the CPU backend with its
+ * thread count, or gpu_device_open's "cuda"/"cuda:N". A CUDA name gets a
+ * message saying what is missing: the backend in this build, or a GPU. */
+static zo_status open_device(const char *name, size_t capacity, int threads, gpu_device_t *out)
+{
+    if (!strcmp(name, "cpu")) {
+        gpu_cpu_options o = {.capacity = capacity, .n_threads = threads};
+        return gpu_device_init_cpu(&o, out);
+    }
+    zo_status st = gpu_device_open(name, capacity, out);
+    if (st == ZO_ERR_UNSUPPORTED) /* the message names what is missing: CUDA in the build, the
+                                   * backend's module, a library it needs or the driver */
+        return zo_error_wrap(st, "--device %s (or use --device cpu)", name);
+    if (st == ZO_ERR_NOT_FOUND && !gpu_cuda_device_count())
+        return zo_error_wrap(st, "--device %s: no CUDA GPU found on this machine (use --device cpu)",
+                             name);
+    if (st != ZO_OK) return zo_error_wrap(st, "--device %s", name);
+    return ZO_OK;
+}
+
+/* The device and the communicator: several ranks on "cuda" take one GPU
+ * per rank of a node, by the launcher's local rank. */
+static zo_status open_device_and_ranks(train_run *r)
+{
+    const train_args *a = r->a;
+    char device[32];
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!local) local = getenv("MPI_LOCALRANKID"); /* MPICH's hydra */
+    if (!local) local = getenv("SLURM_LOCALID");
+    snprintf(device, sizeof device, "%s", a->device);
+    if (r->launch.size > 1 && !strcmp(a->device, "cuda") && local) snprintf(device, sizeof device, "cuda:%s", local);
+    zo_status st = open_device(device, (size_t)a->device_mem, (int)a->threads, &r->dev);
+    if (st != ZO_OK) return st;
+    /* the communicator: MPI or NCCL under a launcher, else one rank */
+    comm_options co = {.device = r->dev, .timeout_s = a->comm_timeout};
+    if ((st = comm_init(&co, &r->comm)) != ZO_OK) return st;
+    r->rank = comm_rank(r->comm);
+    r->ranks = comm_size(r->comm);
+    /* rank 0 speaks for the job; the others print only errors */
+    if (r->rank > 0 && !freopen("/dev/null", "w", stdout))
+        return zo_error(ZO_ERR_IO, "train: rank %d: /dev/null: %s", r->rank, strerror(errno));
+    return ZO_OK;
+}
+
+zo_status run_setup(train_run *r)
+{
+    train_args *a = r->a;
+    offload_config *oc = &a->p.cfg;
+    r->phase = RUN_SETUP;
+    zo_status st = open_device_and_ranks(r);
+    if (st != ZO_OK) return st;
+    oc->comm = r->comm;
+    if ((st = gpu_stream_create(r->dev, &r->s)) != ZO_OK) return st;
+    tf_options to = {.recompute = oc->recompute, .external_res = 1,
+                     .lora = {.r = a->lora.r, .alpha = a->lora.alpha, .targets = a->lora.targets, .nf4 = a->qlora}};
+    if ((st = tf_init_opts(&r->m, &r->cfg, r->dev, a->dtype, (int)a->micro_batch, (int)a->seq, &to)) != ZO_OK)
+        return st;
+    if (a->lora.r) report_lora(a, &r->m);
+    if ((st = tf_offload_model_init(&r->tm, &r->m)) != ZO_OK) return st;
+    if ((st = offload_init(&r->rt, r->dev, &r->tm.om, oc)) != ZO_OK) return st;
+    r->trained = a->lora.r ? &r->m.adapters : &r->m.layout;
+    r->accum = oc->grad_accum ? oc->grad_accum : 1;
+    return ZO_OK;
+}
+
+zo_status run_load_weights(train_run *r)
+{
+    const train_args *a = r->a;
+    r->phase = RUN_INPUT;
+    zo_status st = weights_load(r->rt, &r->m, a);
+    if (st != ZO_OK || !a->resume) return st;
+    offload_ckpt_meta meta;
+    if ((st = offload_load(r->rt, a->resume, &meta)) != ZO_OK) return st;
+    /* the data position counts every rank's micro-batches: it resumes on
+     * any rank count whose global batch (ranks x grad-accum) divides it */
+    if (meta.data_step % (r->accum * r->ranks))
+        return zo_error(ZO_ERR_INVALID, "--resume %s: the checkpoint is %lld micro-batches into the data, not "
+                        "a whole number of global batches of %d ranks x grad-accum %d", a->resume,
+                        (long long)meta.data_step, r->ranks, r->accum);
+    r->k0 = (long)(meta.data_step / (r->accum * r->ranks));
+    printf("# resumed from %s at step %ld\n", a->resume, r->k0);
+    return ZO_OK;
+}
+
+zo_status run_start(train_run *r)
+{
+    r->phase = RUN_TRAIN;
+    zo_status st = run_stopped(); /* came while the data was read or the model set up */
+    if (st != ZO_OK) return st;
+    size_t n = (size_t)r->a->micro_batch * r->a->seq;
+    r->inputs = malloc(n * sizeof *r->inputs);
+    r->targets = malloc(n * sizeof *r->targets);
+    r->losses = calloc((size_t)r->ranks, sizeof *r->losses);
+    if (!r->inputs || !r->targets || !r->losses)
+        return zo_error(ZO_ERR_NOMEM, "train: out of host memory for the batch");
+    return ZO_OK;
+}
+
+/* ---- steps, evaluation, checkpoints ----------------------------------------------------- */
+
+/* Batch `index` of `data` through the model: forward and backward
+ * (`train`), or forward only; its mean loss. Data that holds what it should
+ * not is bad input: the phase says so. */
+static zo_status run_batch(train_run *r, const model_tokens *data, long index, int train, float *loss)
+{
+    int B = (int)r->a->micro_batch, T = (int)r->a->seq;
+    zo_status st = model_batch_get(data, B, T, index, 0, MODEL_SAMPLE_SEQUENTIAL, r->inputs, r->targets);
+    if (st != ZO_OK) {
+        r->phase = RUN_INPUT;
+        return st;
+    }
+    if ((st = tf_set_batch(&r->m, r->s, r->inputs, r->targets, B, T)) != ZO_OK) return st;
+    st = train ? offload_micro_batch(r->rt, r->s) : offload_forward(r->rt, r->s);
+    return st == ZO_OK ? tf_loss(&r->m, r->s, loss) : st;
+}
+
+zo_status run_step(train_run *r, long k, ft_record *rec, int *skipped)
+{
+    const train_args *a = r->a;
+    double t0 = zo_now(), sum = 0, lr = ft_lr_at(&a->sched, k);
+    offload_set_lr(r->rt, (float)lr);
+    zo_status st;
+    for (int j = 0; j < r->accum; j++) {
+        /* rank r's slice of the global batch of step k */
+        float loss;
+        if ((st = run_batch(r, &r->tokens, (k * r->ranks + r->rank) * r->accum + j, 1, &loss)) != ZO_OK)
+            return r->phase == RUN_INPUT ? st : zo_error_wrap(st, "step %ld", k); /* the data names itself */
+        sum += loss;
+        if ((st = run_stopped()) != ZO_OK) return st;
+    }
+    /* test seam: ZO_TRAIN_KILL="RANK:STEP" kills that rank mid-step */
+    if (r->kill_rank == r->rank && r->kill_step == k) raise(SIGKILL);
+    offload_step_info info;
+    if ((st = offload_step(r->rt, &info)) != ZO_OK) return zo_error_wrap(st, "step %ld", k);
+    /* the mean over the global batch: every rank's sum, in rank order */
+    if ((st = offload_gather(r->rt, &sum, sizeof sum, r->losses)) != ZO_OK) return st;
+    sum = 0;
+    for (int q = 0; q < r->ranks; q++) sum += r->losses[q];
+    double dt = zo_now() - t0;
+    int global = r->accum * r->ranks; /* micro-batches */
+    *rec = (ft_record){.step = k, .loss = sum / global, .lr = lr, .grad_norm = info.grad_norm,
+                       .tokens_per_s = (double)a->micro_batch * a->seq * global / dt};
+    offload_stats ost;
+    offload_get_stats(r->rt, &ost);
+    for (int t = 0; t < FT_TIERS; t++) rec->peak[t] = ost.peak[t];
+    *skipped = info.skipped;
+    return ZO_OK;
+}
+
+zo_status run_evaluate(train_run *r, ft_record *rec, uint64_t *counted)
+{
+    double sum = 0;
+    *counted = 0;
+    for (long j = 0; j < r->a->eval_batches; j++) {
+        float l;
+        zo_status st = run_batch(r, &r->eval, j, 0, &l);
+        if (st != ZO_OK) return zo_error_wrap(st, "evaluation batch %ld", j);
+        sum += (double)l * r->m.n_targets;
+        *counted += (uint64_t)r->m.n_targets;
+    }
+    rec->has_eval = 1;
+    rec->eval_loss = *counted ? sum / (double)*counted : NAN;
+    rec->eval_ppl = exp(rec->eval_loss);
+    return ZO_OK;
+}
+
+zo_status run_checkpoint(train_run *r, long steps)
+{
+    offload_ckpt_meta meta = {.data_step = steps * r->accum * r->ranks, .seed = (uint64_t)r->a->seed};
+    zo_status st = offload_save_streamed(r->rt, r->a->ckpt, &meta, weights_write, (void *)r->trained);
+    if (st == ZO_OK) printf("# checkpoint %s step %ld\n", r->a->ckpt, steps);
+    return st;
+}
+
+zo_status run_save(train_run *r)
+{
+    zo_status st = weights_save(r->rt, &r->m, r->a);
+    if (st == ZO_OK) printf("# saved %s\n", r->a->save);
+    return st;
+}
+
+/* ---- --check-plan ---------------------------------------------------------------------- */
+
+int run_check_plan(train_args *a)
+{
+    if (!a->plan || !a->model) {
+        fprintf(stderr, "train: --check-plan needs --plan FILE%s\n", a->plan ? " and --model" : "");
+        return 2;
+    }
+    zo_model_config cfg;
+    zo_status st = inputs_load_config(a->model, &cfg);
+    if (st == ZO_OK) st = check_plan_run(a, &cfg, 1);
+    if (st != ZO_OK) {
+        fprintf(stderr, "train: %s\n", zo_last_error());
+        return exit_code(st, RUN_INPUT);
+    }
+    const offload_config *oc = &a->p.cfg;
+    printf("# check-plan: %s (%s), %llu parameters, %d layers, hidden %d, vocab %d; dtype %s; "
+           "batch %ld x %ld x %d: the plan is for this model and one rank\n",
+           cfg.name, zo_arch_name(cfg.arch), (unsigned long long)zo_model_params(&cfg), cfg.n_layers,
+           cfg.hidden, cfg.vocab, zo_dtype_name(a->dtype), a->micro_batch, a->seq,
+           oc->grad_accum ? oc->grad_accum : 1);
+    if (inputs_lora_choice(a, &cfg) != ZO_OK) {
+        fprintf(stderr, "train: --plan %s: %s\n", a->plan, zo_last_error());
+        return 2;
+    }
+    report_placement(a);
+    report_method(a);
+    report_prediction(&a->p.predicted);
+    return 0;
+}

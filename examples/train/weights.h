@@ -1,0 +1,29 @@
+/* The weights in and out of the runtime, one block at a time (host memory
+ * never holds the model): the initial weights, --save, and the writer of a
+ * checkpoint's model.safetensors. */
+#ifndef ZO_EXAMPLES_TRAIN_WEIGHTS_H
+#define ZO_EXAMPLES_TRAIN_WEIGHTS_H
+
+#include <stddef.h>
+
+#include "examples/train/args.h"   /* defines: train_args */
+#include "offload/offload.h"       /* defines: offload_t, offload_block_reader */
+#include "transformer/transformer.h" /* defines: tf_model */
+
+/* The initial weights: a safetensors checkpoint (--weights) or random from
+ * --seed; with LoRA, the frozen base from them (packed: NF4 with QLoRA) and
+ * the adapters from --adapter or PEFT's init. */
+zo_status weights_load(offload_t *rt, const tf_model *m, const train_args *a);
+
+/* --save: the trained weights as one safetensors file, or with LoRA a PEFT
+ * adapter directory. Every rank calls it (blocks are gathered when the
+ * optimizer state is partitioned). */
+zo_status weights_save(offload_t *rt, const tf_model *m, const train_args *a);
+
+/* An offload_weights_stream: the model_layout `user` as safetensors, fp32. */
+zo_status weights_write(void *user, const char *path, offload_block_reader read, void *ctx);
+
+/* The frozen base's bytes, every block. */
+size_t weights_frozen_total(const tf_model *m);
+
+#endif
