@@ -49,35 +49,19 @@ struct offload {
     offload_ckpt ck;            /* checkpoints, and the folder this runtime holds (ckpt.c) */
 };
 
-const char *offload_tier_name(offload_tier t)
-{
-    static const char *n[] = {"gpu", "cpu", "nvme"};
-    return t < OFFLOAD_TIERS ? n[t] : "?";
-}
+/* The runtime's names for the run vocabulary's words (common/plan_vocab.h). */
+const char *offload_tier_name(offload_tier t) { return zo_plan_tier_name(t); }
 
 zo_status offload_tier_parse(const char *s, const char *what, offload_tier *out)
 {
-    if (!strcmp(s, "gpu") || !strcmp(s, "device")) *out = OFFLOAD_DEVICE;
-    else if (!strcmp(s, "cpu")) *out = OFFLOAD_CPU;
-    else if (!strcmp(s, "nvme")) *out = OFFLOAD_NVME;
-    else return zo_error(ZO_ERR_INVALID, "%s: '%s' is not a tier (gpu, cpu or nvme)", what, s);
-    return ZO_OK;
+    return zo_plan_tier_parse(s, what, 1, out);
 }
 
-const char *offload_schedule_name(offload_schedule s)
-{
-    static const char *n[] = {"serial", "overlap", "dpu"};
-    return (unsigned)s <= OFFLOAD_SCHEDULE_DPU ? n[s] : "?";
-}
+const char *offload_schedule_name(offload_schedule s) { return zo_plan_schedule_name(s); }
 
 zo_status offload_schedule_parse(const char *s, const char *what, offload_schedule *out)
 {
-    for (int i = 0; i <= OFFLOAD_SCHEDULE_DPU; i++)
-        if (!strcmp(s, offload_schedule_name((offload_schedule)i))) {
-            *out = (offload_schedule)i;
-            return ZO_OK;
-        }
-    return zo_error(ZO_ERR_INVALID, "%s: '%s' is not a schedule (serial, overlap or dpu)", what, s);
+    return zo_plan_schedule_parse(s, what, out);
 }
 
 const char *offload_time_part_name(offload_time_part p)
@@ -122,15 +106,8 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
     if (c->prefetch_depth < 0 || c->prefetch_depth > OFFLOAD_MAX_PREFETCH)
         return zo_error(ZO_ERR_INVALID, "offload_init: prefetch depth %d outside 0..%d",
                         c->prefetch_depth, OFFLOAD_MAX_PREFETCH);
-    double sum = 0;
-    for (int t = 0; t < OFFLOAD_TIERS; t++) {
-        if (c->opt_frac[t] < 0 || c->opt_frac[t] > 1)
-            return zo_error(ZO_ERR_INVALID, "offload_init: optimizer fraction %s=%g outside [0, 1]",
-                            offload_tier_name((offload_tier)t), c->opt_frac[t]);
-        sum += c->opt_frac[t];
-    }
-    if (fabs(sum - 1.0) > 1e-6)
-        return zo_error(ZO_ERR_INVALID, "offload_init: optimizer fractions sum to %g, not 1", sum);
+    zo_status st = zo_plan_fractions_check(c->opt_frac, 1, "offload_init", "optimizer fractions");
+    if (st != ZO_OK) return st;
     if (c->recompute && !m->recompute)
         return zo_error(ZO_ERR_INVALID, "offload_init: recompute needs the model's recompute function");
     if (c->checkpoints_on == OFFLOAD_CPU && !c->recompute)

@@ -57,21 +57,24 @@
 
 #include "common/dtype.h"       /* defines: zo_dtype */
 #include "common/plan_schema.h" /* defines: zo_plan (the plan file as read) */
+#include "common/plan_vocab.h"  /* defines: zo_plan_tier, zo_plan_schedule */
 #include "common/status.h"      /* defines: zo_status */
 #include "gpu/comm.h"      /* defines: comm_t (data parallelism) */
 #include "gpu/device.h"    /* defines: gpu_device_t, gpu_stream_t */
 
 typedef struct offload offload_t;
 
-typedef enum offload_tier {
-    OFFLOAD_DEVICE = 0,
-    OFFLOAD_CPU,
-    OFFLOAD_NVME,
-    OFFLOAD_TIERS,
-} offload_tier;
+/* The run vocabulary's tiers (common/plan_vocab.h), under the runtime's
+ * names: one enum for the plan, memplan and the runtime. */
+typedef zo_plan_tier offload_tier;
+#define OFFLOAD_DEVICE ZO_PLAN_GPU
+#define OFFLOAD_CPU ZO_PLAN_CPU
+#define OFFLOAD_NVME ZO_PLAN_NVME
+#define OFFLOAD_TIERS ZO_PLAN_TIERS
 
 const char *offload_tier_name(offload_tier t); /* "gpu", "cpu", "nvme" (the plan's names) */
-/* "gpu" (or "device"), "cpu", "nvme"; messages name `what`. */
+/* "gpu", "cpu", "nvme" (any case, as train and memplan read them); messages
+ * name `what`. */
 zo_status offload_tier_parse(const char *s, const char *what, offload_tier *out);
 
 /* ---- the model ------------------------------------------------------------ */
@@ -146,11 +149,11 @@ typedef struct offload_adamw {
  * - DPU (delayed parameter update): after dpu_warmup serial steps, step t's
  *   update runs during step t+1's micro-batches, which use the weights of
  *   step t - 1; the new weights are published at the next step. */
-typedef enum offload_schedule {
-    OFFLOAD_SCHEDULE_SERIAL = 0,
-    OFFLOAD_SCHEDULE_OVERLAP,
-    OFFLOAD_SCHEDULE_DPU,
-} offload_schedule;
+/* The run vocabulary's optimizer schedules, under the runtime's names. */
+typedef zo_plan_schedule offload_schedule;
+#define OFFLOAD_SCHEDULE_SERIAL ZO_PLAN_SCHED_SERIAL
+#define OFFLOAD_SCHEDULE_OVERLAP ZO_PLAN_SCHED_OVERLAP
+#define OFFLOAD_SCHEDULE_DPU ZO_PLAN_SCHED_DPU
 
 const char *offload_schedule_name(offload_schedule s); /* "serial", "overlap", "dpu" */
 zo_status offload_schedule_parse(const char *s, const char *what, offload_schedule *out);
