@@ -61,11 +61,11 @@ static const plan_hw_preset presets[] = {
       .nvme = 3840000000000ull, .nvme_read_bw = 6.5 * GBs, .nvme_write_bw = 3.5 * GBs,
       .net_bw = 50 * GBs, .cpu_mem_bw = 75 * GBs, .cpu_cores = 14}},
     /* DGX nodes: 8 GPUs (16 for DGX-2), NVLink/NVSwitch inside, InfiniBand out. */
-    {"dgx1-v100", "dgx-1,dgx1", "8x V100-32GB, 512 GiB RAM, 7.68 TB NVMe, 4x100 Gb/s IB",
+    {"dgx1-v100", "dgx-1", "8x V100-32GB, 512 GiB RAM, 7.68 TB NVMe, 4x100 Gb/s IB",
      {.name = "dgx1-v100", V100, .gpus = 8, .gpus_per_node = 8, .cpu_mem = 512 * GIB,
       .nvme = 7680000000000ull, .nvme_read_bw = 10 * GBs, .nvme_write_bw = 6 * GBs,
       .net_bw = 6.25 * GBs, .cpu_mem_bw = 150 * GBs, .cpu_cores = 40}},
-    {"dgx2-v100", "dgx-2,dgx2", "16x V100-32GB, 1.5 TiB RAM, 30.72 TB NVMe, 8x100 Gb/s IB",
+    {"dgx2-v100", "dgx-2", "16x V100-32GB, 1.5 TiB RAM, 30.72 TB NVMe, 8x100 Gb/s IB",
      {.name = "dgx2-v100", V100, .gpus = 16, .gpus_per_node = 16, .cpu_mem = 1536 * GIB,
       .nvme = 30720000000000ull, .nvme_read_bw = 25 * GBs, .nvme_write_bw = 12 * GBs,
       .net_bw = 6.25 * GBs, .cpu_mem_bw = 200 * GBs, .cpu_cores = 48}},
@@ -113,7 +113,7 @@ static const plan_gpu_spec gpu_presets[] = {
      "desktop", 32607 * MIB, 209.5 * TF, 419 * TF, 104.8 * TF, 1792 * GBs, 5, 16, 0, GB20X_EFF, 0},
     {"rtx-a6000", "a6000", "RTX-A6000-48GB", "RTX A6000 (Ampere, GA102)", "workstation",
      49140 * MIB, 154.8 * TF, 154.8 * TF, 77.4 * TF, 768 * GBs, 4, 16, 0, GA10X_EFF, 0},
-    {"rtx-6000-ada", "6000-ada,rtx6000ada", "RTX-6000-Ada-48GB", "RTX 6000 Ada Generation (AD102)",
+    {"rtx-6000-ada", "6000-ada", "RTX-6000-Ada-48GB", "RTX 6000 Ada Generation (AD102)",
      "workstation", 49140 * MIB, 364.2 * TF, 364.2 * TF, 182.1 * TF, 960 * GBs, 4, 16, 0, ADA_EFF, 0},
     {"l4", "nvidia-l4", "L4-24GB", "L4 (Ada, AD104)", "server", 23034 * MIB, 121 * TF, 121 * TF,
      60 * TF, 300 * GBs, 4, 16, 0, ADA_EFF, 0},
@@ -192,19 +192,44 @@ typedef struct name_table {
     const char *(*aliases)(size_t i);
 } name_table;
 
-/* The index of `want` in `t` (-1 on a miss); score[i] how close name i is. */
+/* Whether `key` is name i's key or one of its aliases'. */
+static int answers_to(const name_table *t, size_t i, const char *key)
+{
+    char cand[64], buf[128];
+    zo_preset_key(t->name(i), cand, sizeof cand);
+    if (!strcmp(cand, key)) return 1;
+    snprintf(buf, sizeof buf, "%s", t->aliases(i));
+    for (char *sv = NULL, *tok = strtok_r(buf, ",", &sv); tok; tok = strtok_r(NULL, ",", &sv)) {
+        zo_preset_key(tok, cand, sizeof cand);
+        if (!strcmp(cand, key)) return 1;
+    }
+    return 0;
+}
+
+/* The index of `want` in `t` (by zo_preset_key); -1 on a miss, with score[i]
+ * how close name i is; -2 when two entries answer to it (the error says
+ * which). */
 static long match(const name_table *t, const char *want_raw, int *score)
 {
     char want[64], cand[64], buf[128];
-    norm(want_raw ? want_raw : "", want, sizeof want);
+    zo_preset_key(want_raw ? want_raw : "", want, sizeof want);
+    long found = -1;
     for (size_t i = 0; i < t->n; i++) {
-        norm(t->name(i), cand, sizeof cand);
-        if (!strcmp(cand, want)) return (long)i;
+        if (!answers_to(t, i, want)) continue;
+        if (found >= 0) {
+            zo_error(ZO_ERR_INVALID, "'%s' names two presets, %s and %s: give the full name",
+                     want_raw, t->name((size_t)found), t->name(i));
+            return -2;
+        }
+        found = (long)i;
+    }
+    if (found >= 0) return found;
+    for (size_t i = 0; i < t->n; i++) {
+        zo_preset_key(t->name(i), cand, sizeof cand);
         score[i] = common_prefix(cand, want) * 2 + (strstr(cand, want) ? 1 : 0);
         snprintf(buf, sizeof buf, "%s", t->aliases(i));
         for (char *sv = NULL, *tok = strtok_r(buf, ",", &sv); tok; tok = strtok_r(NULL, ",", &sv)) {
-            norm(tok, cand, sizeof cand);
-            if (!strcmp(cand, want)) return (long)i;
+            zo_preset_key(tok, cand, sizeof cand);
             int sc = common_prefix(cand, want) * 2;
             if (sc > score[i]) score[i] = sc;
         }
@@ -251,12 +276,15 @@ static void closest(const name_table *a, int *sa, const name_table *b, int *sb, 
 zo_status plan_hw_find(const char *name, plan_hw *out)
 {
     int sn[NPRESETS], sg[NGPUS];
+    /* a machine first: the SXM GPUs' presets share its names (--gpu NAME is the card) */
     long i = match(&node_table, name, sn);
+    if (i == -2) return ZO_ERR_INVALID;
     if (i >= 0) {
         *out = presets[i].hw;
         return ZO_OK;
     }
     long g = match(&gpu_table, name, sg);
+    if (g == -2) return ZO_ERR_INVALID;
     if (g >= 0) {
         plan_hw_gpu_node(&gpu_presets[g], NULL, out);
         return ZO_OK;
@@ -273,7 +301,7 @@ static long find_named(const name_table *t, const char *name, const char *what)
 {
     int sc[NPRESETS + NGPUS + NHOSTS];
     long i = match(t, name, sc);
-    if (i >= 0) return i;
+    if (i >= 0 || i == -2) return i;
     char hint[192];
     closest(t, sc, NULL, NULL, hint, sizeof hint);
     zo_error(ZO_ERR_NOT_FOUND, "%s '%s'; closest: %s ('memplan hardware' lists all)", what,
@@ -284,7 +312,7 @@ static long find_named(const name_table *t, const char *name, const char *what)
 zo_status plan_gpu_find(const char *name, const plan_gpu_spec **out)
 {
     long i = find_named(&gpu_table, name, "--gpu: unknown GPU");
-    if (i < 0) return ZO_ERR_NOT_FOUND;
+    if (i < 0) return i == -2 ? ZO_ERR_INVALID : ZO_ERR_NOT_FOUND;
     *out = &gpu_presets[i];
     return ZO_OK;
 }
@@ -292,7 +320,7 @@ zo_status plan_gpu_find(const char *name, const plan_gpu_spec **out)
 zo_status plan_host_find(const char *name, const plan_host_spec **out)
 {
     long i = find_named(&host_table, name, "--host: unknown host");
-    if (i < 0) return ZO_ERR_NOT_FOUND;
+    if (i < 0) return i == -2 ? ZO_ERR_INVALID : ZO_ERR_NOT_FOUND;
     *out = &host_presets[i];
     return ZO_OK;
 }

@@ -26,9 +26,13 @@ typedef struct plan_hw_preset {
 
 const plan_hw_preset *plan_hw_presets(size_t *count);
 
-/* Find a preset by name or alias (case, '-', '_' ignored): a whole preset, or
- * a GPU preset on its usual host (as plan_hw_gpu_node with host NULL). On a
- * miss the message lists the closest names. */
+/* Find a preset by name or alias (by zo_preset_key, common/model_config.h): a
+ * whole preset, or a GPU preset on its usual host (as plan_hw_gpu_node with
+ * host NULL). The machines come first: the SXM GPUs' presets carry the names
+ * of the machines built from them, so `--hw h100-80gb` is the machine and
+ * `--gpu h100-80gb` the card. On a miss the message lists the closest names
+ * (ZO_ERR_NOT_FOUND); a name two presets of one table answer to is refused
+ * (ZO_ERR_INVALID). */
 zo_status plan_hw_find(const char *name, plan_hw *out);
 
 /* ---- GPU and host presets (single-node machines) ---------------------------------- */

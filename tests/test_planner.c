@@ -85,6 +85,116 @@ static void test_preset_lookup_error(void **state)
     assert_non_null(strstr(zo_last_error(), "h100-80gb"));
 }
 
+/* ---- names: every preset name and alias answers to one preset ---------------- */
+
+/* A table's names: each entry's name and aliases (comma-separated). */
+typedef struct named {
+    const char *table; /* "model", "machine", "GPU", "host" */
+    const char *owner; /* the preset's name */
+    char key[96];      /* zo_preset_key of the name */
+    const char *name;  /* as written */
+} named;
+
+static size_t add_names(named *out, size_t at, const char *table, const char *name,
+                        const char *aliases)
+{
+    out[at] = (named){table, name, "", name};
+    zo_preset_key(name, out[at].key, sizeof out[at].key);
+    at++;
+    /* (aliases are kept as written: each key from its own span) */
+    for (const char *a = aliases; a && *a;) {
+        const char *end = strchr(a, ',');
+        size_t len = end ? (size_t)(end - a) : strlen(a);
+        char one[96];
+        snprintf(one, sizeof one, "%.*s", (int)len, a);
+        out[at] = (named){table, name, "", name};
+        zo_preset_key(one, out[at].key, sizeof out[at].key);
+        out[at].name = strstr(aliases, one); /* for the message: points into the list */
+        at++;
+        a = end ? end + 1 : a + len;
+    }
+    return at;
+}
+
+/* Issue 33: `--model gpt3-13b` answered GPT-3 XL (1.3B) because the dot was
+ * dropped from "gpt3-1.3b". Every pair of names and aliases, within the
+ * models and within each hardware table, normalizes apart; each name finds its
+ * own preset. Across the machines and the GPUs (both answer to --hw) the only
+ * shared names are the SXM GPUs', and each is the machine preset's own GPU
+ * (--hw takes the machine, --gpu the card). */
+static void test_preset_names_unique(void **state)
+{
+    (void)state;
+    static named all[512];
+    size_t n = 0, nm, nh, ng, nt;
+    const zo_model_preset *mp = zo_model_presets(&nm);
+    for (size_t i = 0; i < nm; i++) n = add_names(all, n, "model", mp[i].name, mp[i].aliases);
+    const plan_hw_preset *hp = plan_hw_presets(&nh);
+    for (size_t i = 0; i < nh; i++) n = add_names(all, n, "machine", hp[i].name, hp[i].aliases);
+    const plan_gpu_spec *gp = plan_gpu_presets(&ng);
+    for (size_t i = 0; i < ng; i++) n = add_names(all, n, "GPU", gp[i].name, gp[i].aliases);
+    const plan_host_spec *tp = plan_host_presets(&nt);
+    for (size_t i = 0; i < nt; i++) n = add_names(all, n, "host", tp[i].name, "");
+    assert_true(n < sizeof all / sizeof all[0]);
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        assert_true(all[i].key[0] != '\0');
+        for (size_t j = i + 1; j < n; j++) {
+            if (strcmp(all[i].key, all[j].key)) continue;
+            int same_table = !strcmp(all[i].table, all[j].table);
+            if (same_table && !strcmp(all[i].owner, all[j].owner)) {
+                print_error("%s %s: two of its names are one key '%s'\n", all[i].table, all[i].owner,
+                            all[i].key);
+                bad++;
+                continue;
+            }
+            if (same_table) {
+                print_error("%s presets %s and %s share the key '%s'\n", all[i].table, all[i].owner,
+                            all[j].owner, all[i].key);
+                bad++;
+                continue;
+            }
+            /* machine x GPU: allowed only for the machine's own GPU */
+            int mg = !strcmp(all[i].table, "machine") && !strcmp(all[j].table, "GPU");
+            if (!mg) continue; /* models and hosts are other flags */
+            plan_hw mach, card;
+            assert_int_equal(plan_hw_find(all[i].owner, &mach), ZO_OK);
+            const plan_gpu_spec *g;
+            assert_int_equal(plan_gpu_find(all[j].owner, &g), ZO_OK);
+            plan_hw_gpu_node(g, NULL, &card);
+            if (strcmp(mach.gpu, card.gpu) || mach.gpu_mem != card.gpu_mem ||
+                mach.peak_flops_16 != card.peak_flops_16) {
+                print_error("machine %s and GPU %s share the key '%s' but not the GPU\n",
+                            all[i].owner, all[j].owner, all[i].key);
+                bad++;
+            }
+        }
+    }
+    assert_int_equal(bad, 0);
+    /* each model name and alias finds its own preset */
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(all[i].table, "model")) continue;
+        zo_model_config c;
+        char name[96];
+        snprintf(name, sizeof name, "%s", all[i].key);
+        assert_int_equal(zo_model_preset_find(name, &c), ZO_OK);
+        assert_string_equal(c.name, all[i].owner);
+    }
+    /* the names of issue 33 */
+    zo_model_config c;
+    assert_int_equal(zo_model_preset_find("gpt3-13b", &c), ZO_OK);
+    assert_string_equal(c.name, "gpt3-13b");
+    assert_int_equal(zo_model_preset_find("gpt3-1.3b", &c), ZO_OK);
+    assert_string_equal(c.name, "gpt3-xl");
+    assert_int_equal(zo_model_preset_find("GPT3_13B", &c), ZO_OK);
+    assert_string_equal(c.name, "gpt3-13b");
+    /* a separator between digits parts them: no preset is "gpt3 1 3b" */
+    assert_int_equal(zo_model_preset_find("gpt3-1-3b", &c), ZO_ERR_NOT_FOUND);
+    char key[32];
+    zo_preset_key("Llama_2--13B", key, sizeof key);
+    assert_string_equal(key, "llama2-13b");
+}
+
 static void test_config_errors(void **state)
 {
     (void)state;
@@ -622,7 +732,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_param_counts),        cmocka_unit_test(test_all_presets_valid),
-        cmocka_unit_test(test_preset_lookup_error), cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_preset_lookup_error), cmocka_unit_test(test_preset_names_unique),
+        cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_zero_figure1),        cmocka_unit_test(test_zero_table1),
         cmocka_unit_test(test_mixed_precision_bytes), cmocka_unit_test(test_korthikanti_layer),
         cmocka_unit_test(test_korthikanti_totals),  cmocka_unit_test(test_pipeline_inflight),
