@@ -81,6 +81,7 @@ typedef struct layer_time {
     double ep_fwd, ep_bwd, ep_rc; /* expert-parallel all-to-alls */
     double flops_token;         /* model fwd FLOPs per token (whole layer, all TP ranks) */
     double attn_flops_token;    /* the attention core's share */
+    double ops_flops_token;     /* recompute ops: the recomputed matmuls' (every other one) */
 } layer_time;
 
 /* One matmul (M x K) @ (K x N) forward; its backward is the input gradient
@@ -310,6 +311,17 @@ static void layer_time_of(const zo_model_config *m, const plan_train *t, const c
         o->ep_rc = o->ep_fwd;
     } else if (t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE) {
         o->rc = attn_rc;
+    } else if (t->recompute == ZO_PLAN_RECOMPUTE_OPS) {
+        /* every other matmul again (LLaMA: k, o, up; GPT: o, fc2), the elementwise
+         * kernels, and the attention output's TP reduction; the attention core and
+         * the kept matmuls come from what was saved */
+        double h = m->hidden, tp = t->tp, f = m->ffn;
+        int gpt = m->arch == ZO_ARCH_GPT;
+        double mm_rc = gemm(c, T, h, ow / tp) + (gpt ? gemm(c, T, h, f / tp) : gemm(c, T, k / tp, h) +
+                                                                                  gemm(c, T, f / tp, h));
+        o->rc = mm_rc + ew_f;
+        o->tp_rc = o->tp_fwd / 2;
+        o->ops_flops_token = 2 * (ow * h + (gpt ? f * h : k * h + f * h));
     }
 }
 
@@ -388,6 +400,8 @@ static void stage_time(const layer_time lt[2], const double nl[2], double ef, do
     o->layer_fwd = x->fwd + x->tp_fwd + x->ep_fwd;
     o->layer_bwd = x->bwd + x->rc + x->tp_bwd + x->tp_rc + x->ep_bwd + x->ep_rc;
     o->layer_compute = x->fwd + x->bwd + x->rc;
+    o->layer_rc = x->rc + x->tp_rc + x->ep_rc;
+    o->layer_rc_compute = x->rc;
 }
 
 /* The model's FLOPs per token (MFU) and the recomputed ones (HFU), from its
@@ -400,8 +414,10 @@ static void model_flops(const zo_model_config *m, const plan_train *t, const ctx
     double lf = (L - n_moe) * lt[0].flops_token + (n_moe ? n_moe * lt[1].flops_token : 0);
     double la = (L - n_moe) * lt[0].attn_flops_token + (n_moe ? n_moe * lt[1].attn_flops_token : 0);
     out->model_flops_token = 3 * (lf + 2 * h * v);
+    double lo = (L - n_moe) * lt[0].ops_flops_token + (n_moe ? n_moe * lt[1].ops_flops_token : 0);
     out->rc_flops_token = t->recompute == ZO_PLAN_RECOMPUTE_FULL                          ? lf
                           : t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE && !t->flash_attn ? la
+                          : t->recompute == ZO_PLAN_RECOMPUTE_OPS                         ? lo
                                                                                           : 0;
     if (c->frozen) {
         /* LoRA: the forward, the input gradients (the base's matmuls once
@@ -451,7 +467,28 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
             *out = o;
         }
     }
-    model_flops(m, t, &c, lt, n_moe_all, out);
+    plan_train all = *t;
+    all.recompute_layers = 0;
+    model_flops(m, &all, &c, lt, n_moe_all, out);
+    /* recompute full of K layers a stage: K of its `per` */
+    if (t->recompute == ZO_PLAN_RECOMPUTE_FULL && t->recompute_layers && t->recompute_layers < per)
+        plan_time_mb_recompute_part(out, (double)t->recompute_layers / per, out);
+}
+
+void plan_time_mb_recompute_part(const plan_time_mb *full, double f, plan_time_mb *out)
+{
+    plan_time_mb o = *full;
+    double rc = o.rc + o.tp_rc + o.ep_rc;
+    o.total -= (1 - f) * rc;
+    o.rc *= f;
+    o.tp_rc *= f;
+    o.ep_rc *= f;
+    o.layer_bwd -= (1 - f) * o.layer_rc;
+    o.layer_compute -= (1 - f) * o.layer_rc_compute;
+    o.layer_rc *= f;
+    o.layer_rc_compute *= f;
+    o.rc_flops_token *= f;
+    *out = o;
 }
 
 /* ---- the step ---------------------------------------------------------------------- */
@@ -548,8 +585,9 @@ static void step_dp_comm(const step_in *in, plan_time *o)
         double bw, lat, ge, we;
         link_for(in->hw, group, part ? (long)t->tp * t->ep : t->tp, &bw, &lat);
         plan_dp_comm_elems(t, n, &ge, &we);
-        /* ZeRO-3 gathers what the step computes with (LoRA: the frozen base too) */
-        double G = n * in->gsz;
+        /* gradients reduced in the reduce dtype; ZeRO-3 gathers what the step
+         * computes with (LoRA: the frozen base too) */
+        double G = n * (double)zo_dtype_size(t->reduce_dtype);
         double W = t->zero >= 3 && !part ? (double)in->e->weight_bytes - Pe * in->wsz : n * in->wsz;
         /* a reduce-scatter or an all-gather of n elements each, an all-reduce of 2n */
         red += t->zero == 0 ? plan_allreduce_s(G, group, bw, lat)

@@ -40,6 +40,8 @@ void plan_train_defaults(plan_train *t, const zo_model_config *m)
     t->dp = t->tp = t->pp = t->vpp = t->ep = 1;
     t->dp_overlap = 1;
     t->recompute = ZO_PLAN_RECOMPUTE_NONE;
+    t->reduce_dtype = ZO_DTYPE_F32; /* the runtime's */
+    t->runtime = PLAN_RUNTIME_ZOFFLOAD;
     t->flash_attn = 1;
     t->dropout = default_dropout(m);
     t->method = ZO_PLAN_FULL;
@@ -171,6 +173,47 @@ uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, 
 uint64_t plan_layer_act_bytes(const zo_model_config *m, const plan_train *t, int keep_s2)
 {
     return plan_layer_act_bytes_of(m, t, keep_s2, 0);
+}
+
+uint64_t plan_layer_ops_bytes(const zo_model_config *m, const plan_train *t)
+{
+    uint64_t sb = (uint64_t)t->seq * (uint64_t)t->micro_batch, act = zo_dtype_size(t->dtype);
+    uint64_t tp = (uint64_t)t->tp, sp = t->sp ? tp : 1, h = (uint64_t)m->hidden;
+    uint64_t q, k, v, o;
+    zo_model_attn_widths(m, &q, &k, &v, &o);
+    /* the matmuls in the order the layer runs them; the odd ones (1st, 3rd, ...) kept:
+     * LLaMA q | k | v | o | gate | up | down -> q, v, gate, down; GPT qkv | o | fc1 | fc2 ->
+     * qkv, fc1 */
+    uint64_t kept_tp = m->arch == ZO_ARCH_GPT ? q + k + v + (uint64_t)m->ffn : q + v + (uint64_t)m->ffn;
+    uint64_t kept_h = m->arch == ZO_ARCH_GPT ? 0 : h; /* down's output (before TP's reduction) */
+    /* the layer's input, the attention's output and its log-sum-exp (fp32, per head) */
+    uint64_t bytes = ceil_div(sb * h * act, sp) + sb * kept_h * act +
+                     ceil_div(sb * (kept_tp + o) * act, tp) + ceil_div(sb * (uint64_t)m->n_heads * 4, tp);
+    return bytes;
+}
+
+const char *plan_runtime_name(plan_runtime r) { return r == PLAN_RUNTIME_EAGER ? "eager" : "zoffload"; }
+
+double plan_eager_extra(const zo_model_config *m)
+{
+    return m->arch == ZO_ARCH_LLAMA ? PLAN_EAGER_LLAMA_EXTRA : 0;
+}
+
+void plan_recompute_words(const plan_train *t, char *buf, size_t len)
+{
+    if (t->recompute == ZO_PLAN_RECOMPUTE_FULL && t->recompute_layers)
+        snprintf(buf, len, "full, %d layers a stage", t->recompute_layers);
+    else
+        snprintf(buf, len, "%s", zo_plan_recompute_name(t->recompute));
+}
+
+zo_status plan_runtime_parse(const char *s, const char *flag, plan_runtime *out)
+{
+    static const char *const names[] = {"zoffload", "eager", NULL};
+    int i;
+    zo_status st = zo_plan_name_parse(names, s, flag, &i);
+    if (st == ZO_OK) *out = (plan_runtime)i;
+    return st;
 }
 
 /* ---- what the GPU can run -------------------------------------------------------- */
@@ -314,11 +357,34 @@ zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, con
     if (st != ZO_OK) return st;
     if (t->grads_on == ZO_PLAN_NVME)
         return zo_error(ZO_ERR_INVALID, "--grads: gradients live on gpu or cpu, not nvme");
-    if (t->checkpoints_on == ZO_PLAN_CPU && t->recompute != ZO_PLAN_RECOMPUTE_FULL)
+    if (t->checkpoints_on == ZO_PLAN_CPU && (t->recompute != ZO_PLAN_RECOMPUTE_FULL || t->recompute_layers))
         return zo_error(ZO_ERR_INVALID,
-                        "--checkpoints cpu needs --recompute full: the runtime moves each layer's "
-                        "input checkpoint to the host; without recompute every activation stays "
-                        "on the GPU");
+                        "--checkpoints cpu needs --recompute full of every layer: the runtime moves "
+                        "each layer's input checkpoint to the host; a layer that is not recomputed "
+                        "keeps every activation on the GPU");
+    if (t->recompute < ZO_PLAN_RECOMPUTE_NONE || t->recompute >= ZO_PLAN_RECOMPUTES)
+        return zo_error(ZO_ERR_INVALID, "--recompute: %d is not none, selective, full or ops",
+                        (int)t->recompute);
+    if (t->recompute_layers < 0 || (t->recompute_layers && t->recompute != ZO_PLAN_RECOMPUTE_FULL))
+        return zo_error(ZO_ERR_INVALID, "--recompute-layers %d needs --recompute full (the layers of "
+                        "each stage recomputed whole)", t->recompute_layers);
+    if (t->recompute_layers && m->params_override)
+        return zo_error(ZO_ERR_INVALID, "--recompute-layers %d needs the model's layers (a shape or "
+                        "a config.json, not --params N)", t->recompute_layers);
+    if (t->recompute_layers && !m->params_override && t->recompute_layers > m->n_layers / t->pp)
+        return zo_error(ZO_ERR_INVALID, "--recompute-layers %d: a pipeline stage of %s has %d layers",
+                        t->recompute_layers, m->name, m->n_layers / t->pp);
+    if (t->recompute == ZO_PLAN_RECOMPUTE_OPS && t->method != ZO_PLAN_FULL)
+        return zo_error(ZO_ERR_INVALID, "--recompute ops with --lora: the adapters' matmuls would "
+                        "count in the policy's every other matmul; recompute full or none");
+    if (t->recompute == ZO_PLAN_RECOMPUTE_OPS &&
+        (m->params_override || m->moe.experts || m->mla.kv_rank || !t->flash_attn))
+        return zo_error(ZO_ERR_INVALID, "--recompute ops is modelled for dense GPT and LLaMA layers "
+                        "with flash attention (torchtitan's policy over their matmuls)%s",
+                        m->params_override ? ": the model is known only by its size"
+                        : !t->flash_attn ? ": drop --no-flash-attn" : "");
+    if (t->reduce_dtype < 0 || t->reduce_dtype >= ZO_DTYPE_COUNT)
+        return zo_error(ZO_ERR_INVALID, "--reduce-dtype: %d is not a dtype", (int)t->reduce_dtype);
     if (t->checkpoints_on == ZO_PLAN_NVME)
         return zo_error(ZO_ERR_INVALID, "--checkpoints: activation checkpoints live on gpu or cpu");
     if (t->buf.fragmentation < 0 || t->buf.fragmentation > 1)
@@ -814,6 +880,15 @@ static uint64_t layer_activations(const stage_est *s, uint64_t *full, uint64_t *
     uint64_t lora_u = s->peft ? (uint64_t)t->seq * (uint64_t)t->micro_batch *
                                     (uint64_t)s->pf.n_adapters * (uint64_t)t->lora.r * s->wsz
                               : 0;
+    /* recompute full of K layers: the first K of the stage (Megatron's block method) */
+    int rc_kinds[2] = {0, 0};
+    if (t->recompute == ZO_PLAN_RECOMPUTE_FULL) {
+        int k = t->recompute_layers && t->recompute_layers < s->sh.layers ? t->recompute_layers
+                                                                           : s->sh.layers;
+        for (int i = s->sh.first_layer; i < s->sh.first_layer + k; i++)
+            rc_kinds[zo_model_layer_is_moe(m, i)]++;
+    }
+    uint64_t input = ceil_div(sbh * s->wsz, sp_div);
     *full = *sel = *stored = 0;
     for (int moe = 0; moe < 2; moe++) {
         if (!kinds[moe]) continue;
@@ -822,11 +897,19 @@ static uint64_t layer_activations(const stage_est *s, uint64_t *full, uint64_t *
         uint64_t sl = t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE
                           ? plan_layer_act_bytes_of(m, t, 0, moe) + lora_u
                           : f;
-        uint64_t st = t->recompute == ZO_PLAN_RECOMPUTE_NONE        ? f
-                      : t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE ? sl
-                                                                    : ceil_div(sbh * s->wsz, sp_div);
         if (f > *full) *full = f;
         if (f - sl > *sel) *sel = f - sl;
+        if (t->recompute == ZO_PLAN_RECOMPUTE_FULL) {
+            /* the recomputed layers keep their input, the others everything */
+            uint64_t kept = (uint64_t)(kinds[moe] - rc_kinds[moe]);
+            stage_stored += (uint64_t)rc_kinds[moe] * input + kept * f;
+            uint64_t st = kept ? f : input;
+            if (st > *stored) *stored = st;
+            continue;
+        }
+        uint64_t st = t->recompute == ZO_PLAN_RECOMPUTE_NONE        ? f
+                      : t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE ? sl
+                                                                    : plan_layer_ops_bytes(m, t);
         if (st > *stored) *stored = st;
         stage_stored += (uint64_t)kinds[moe] * st;
     }
@@ -916,6 +999,7 @@ static void estimate_activations(const stage_est *s, int stage, plan_estimate *e
     uint64_t full, sel, stored;
     uint64_t stage_stored = layer_activations(s, &full, &sel, &stored);
     e->act_layer = stored;
+    e->act_layer_full = full;
     e->act_stage = stage_stored;
     e->inflight = inflight_of(t, stage);
     uint64_t layers_bytes = (uint64_t)llround((double)stage_stored * e->inflight);
@@ -926,10 +1010,17 @@ static void estimate_activations(const stage_est *s, int stage, plan_estimate *e
     } else {
         add(e, "stored layer activations", ZO_PLAN_GPU, PLAN_ACTIVATIONS, layers_bytes);
     }
-    if (t->recompute == ZO_PLAN_RECOMPUTE_FULL)
-        add(e, "recompute working set (1 layer)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, full);
-    else if (t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE)
-        add(e, "recompute working set (attention core)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, sel);
+    uint64_t working = t->recompute == ZO_PLAN_RECOMPUTE_FULL || t->recompute == ZO_PLAN_RECOMPUTE_OPS
+                           ? full
+                       : t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE ? sel
+                                                                     : 0;
+    if (t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE)
+        add(e, "recompute working set (attention core)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, working);
+    else
+        add(e, "recompute working set (1 layer)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, working);
+    /* eager PyTorch keeps more of a layer's tensors than this runtime (measured) */
+    e->eager_extra = (uint64_t)llround(plan_eager_extra(s->m) *
+                                       (double)(layers_bytes + working));
     end_activations(s, e);
     backward_activations(s, e);
 }
@@ -942,16 +1033,23 @@ static void estimate_gpu_buffers(const stage_est *s, plan_estimate *e)
     if (t->method == ZO_PLAN_QLORA)
         add(e, "NF4 dequantization scratch (1 linear weight)", ZO_PLAN_GPU, PLAN_BUFFERS,
             s->pf.largest_linear * s->wsz);
+    if (t->runtime == PLAN_RUNTIME_EAGER)
+        add(e, "eager PyTorch: what its ops keep beyond these layers' (measured)", ZO_PLAN_GPU,
+            PLAN_ACTIVATIONS, e->eager_extra);
     add(e, "CUDA context", ZO_PLAN_GPU, PLAN_BUFFERS, t->buf.cuda_context);
     add(e, "cuBLAS workspace", ZO_PLAN_GPU, PLAN_BUFFERS, t->buf.cublas_workspace);
-    /* the runtime reduces in fp32, through buckets of comm_bucket elements
-     * (rounded down to a multiple of DP), at most the largest block padded */
+    /* the gradients are reduced in the reduce dtype (the runtime's: fp32), through
+     * buckets of comm_bucket elements (rounded down to a multiple of DP), at most
+     * the largest block padded */
     if (t->dp > 1) {
         uint64_t dp = s->dp;
         uint64_t cap = t->buf.comm_bucket / dp * dp, whole = ceil_div(s->sh.largest, dp) * dp;
         if (!cap) cap = dp;
-        add(e, "communication buckets (fp32)", ZO_PLAN_GPU, PLAN_BUFFERS,
-            (uint64_t)t->buf.comm_buckets * (cap < whole ? cap : whole) * 4);
+        add(e, t->reduce_dtype == ZO_DTYPE_F32 ? "communication buckets (fp32)"
+               : t->reduce_dtype == ZO_DTYPE_BF16 ? "communication buckets (bf16)"
+                                                  : "communication buckets (fp16)",
+            ZO_PLAN_GPU, PLAN_BUFFERS,
+            (uint64_t)t->buf.comm_buckets * (cap < whole ? cap : whole) * zo_dtype_size(t->reduce_dtype));
     }
     uint64_t gpu_sum = 0;
     for (int k = 0; k < PLAN_KINDS; k++) gpu_sum += e->bytes[ZO_PLAN_GPU][k];

@@ -44,6 +44,29 @@ typedef struct plan_buffers {
     int swap_buffers;          /* sub-groups of pinned buffers for the NVMe pipeline */
 } plan_buffers;
 
+/* What runs the step (docs/memplan.md, "What memplan models"): this project's
+ * runtime (its fused attention, norms and activations, and the buffers the
+ * estimate lists), or eager PyTorch, whose autograd keeps each op's saved
+ * tensors (planner only, never in a plan file). */
+typedef enum plan_runtime {
+    PLAN_RUNTIME_ZOFFLOAD = 0,
+    PLAN_RUNTIME_EAGER,
+} plan_runtime;
+
+const char *plan_runtime_name(plan_runtime r); /* "zoffload", "eager" */
+zo_status plan_runtime_parse(const char *s, const char *flag, plan_runtime *out);
+
+/* What eager PyTorch keeps beyond this runtime in the stored layer
+ * activations, as a fraction of them, from published measurements
+ * (docs/memplan.md, "What memplan models"): LLaMA layers (RMSNorm upcast to
+ * fp32, SwiGLU's gate output kept twice) 0.318, from litgpt's LoRA of
+ * LLaMA-2-7B (micro-batch 2 against 1 at 1304 tokens: 7.77 GB a sequence
+ * where this model counts 6.023 GB, 5.497 GB of it the layers'); GPT layers
+ * (LayerNorm, GELU: the same tensors) 0, as litgpt's StableLM-3B measured
+ * (2.41 GB a sequence of 1034 tokens where this model counts 2.54 GB). */
+#define PLAN_EAGER_LLAMA_EXTRA 0.318
+double plan_eager_extra(const zo_model_config *m);
+
 typedef struct plan_train {
     int seq;
     int micro_batch;
@@ -57,6 +80,11 @@ typedef struct plan_train {
     int sp;                   /* sequence parallel (with tp) */
     int zero;                 /* 0..3 */
     zo_plan_recompute recompute;
+    int recompute_layers;     /* recompute full: 0 every layer; K > 0 the first K layers of each
+                                 stage (Megatron's --recompute-num-layers, block method), the
+                                 rest keep all their activations */
+    zo_dtype reduce_dtype;    /* the gradients' data-parallel reduction (and its buckets) */
+    plan_runtime runtime;     /* what runs the step (memory and time) */
     int flash_attn;
     int dropout;              /* dropout masks saved (GPT default on, LLaMA off) */
     int seq_is_default;       /* seq was not given: plan_train_defaults chose it (reports say so) */
@@ -82,6 +110,10 @@ typedef struct plan_train {
     plan_buffers buf;
 } plan_train;
 
+/* The recompute in words: "none", "selective", "ops", "full", or "full, 12
+ * layers a stage" (recompute_layers). */
+void plan_recompute_words(const plan_train *t, char *buf, size_t len);
+
 /* One named line of the estimate. */
 typedef struct plan_item {
     const char *name;
@@ -106,7 +138,12 @@ typedef struct plan_estimate {
     uint64_t rank_params;      /* held on this rank after ZeRO-3 */
     uint64_t largest_block;    /* elements of the largest streamed block on a rank */
     uint64_t act_layer;        /* bytes the largest layer saves for one micro-batch */
+    uint64_t act_layer_full;   /* the same without recompute (what a layer keeps whole) */
     uint64_t act_stage;        /* bytes the stage's layers save for one micro-batch */
+    uint64_t eager_extra;      /* GPU bytes an eager PyTorch run of the same setting adds
+                                  (plan_eager_extra of the stored layer activations and the
+                                  recompute working set); with runtime eager, what the
+                                  estimate includes for it */
     /* what is trained and what the GPU computes with (full: the stage's
      * parameters; LoRA: the adapters, beside the frozen base) */
     uint64_t train_params;     /* trainable elements on this rank before ZeRO */
@@ -231,6 +268,14 @@ const plan_act_entry *plan_act_table(size_t *count);
 uint64_t plan_layer_act_bytes(const zo_model_config *m, const plan_train *t, int keep_s2);
 uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, int keep_s2,
                                  int moe);
+
+/* Bytes one layer keeps with recompute ops (PyTorch's selective activation
+ * checkpointing by op, torchtitan's policy): its input, and the outputs of
+ * the attention (with its log-sum-exp) and of every other matmul (the 1st,
+ * 3rd, ...: q and v, the MLP's first and last for LLaMA; the fused qkv and
+ * the first MLP matmul for GPT); the rest is recomputed. Dense GPT and LLaMA
+ * layers with flash attention. */
+uint64_t plan_layer_ops_bytes(const zo_model_config *m, const plan_train *t);
 
 /* ---- LoRA and QLoRA ------------------------------------------------------- */
 

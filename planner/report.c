@@ -220,6 +220,9 @@ static void add_config(cJSON *root, const plan_train *t, const plan_estimate *e)
     cJSON_AddStringToObject(jc, "optimizer", zo_plan_optimizer_name(t->optimizer));
     PLAN_JSON_ADD(jc, t, layout_fields);
     cJSON_AddStringToObject(jc, "recompute", zo_plan_recompute_name(t->recompute));
+    cJSON_AddNumberToObject(jc, "recompute_layers", t->recompute_layers);
+    cJSON_AddStringToObject(jc, "reduce_dtype", zo_dtype_name(t->reduce_dtype));
+    cJSON_AddStringToObject(jc, "runtime", plan_runtime_name(t->runtime));
     PLAN_JSON_ADD(jc, t, attention_fields);
     cJSON_AddStringToObject(jc, "schedule", t->vpp > 1 ? "interleaved-1f1b" : "1f1b");
     cJSON_AddStringToObject(jc, "method", zo_plan_method_name(t->method));
@@ -284,6 +287,7 @@ cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_
     if (e->activations_known) {
         add_u64(root, "activations_per_layer", e->act_layer);
         cJSON_AddNumberToObject(root, "microbatches_in_flight", e->inflight);
+        add_u64(root, "eager_extra_bytes", e->eager_extra);
     }
     cJSON_AddBoolToObject(root, "fits", e->fits);
     cJSON *js = cJSON_AddObjectToObject(root, "shortfall");
@@ -436,12 +440,40 @@ static void print_config(FILE *out, const zo_model_config *m, const plan_hw *hw,
         fprintf(out, "  experts: EP %d (%d of %d experts per rank), %s\n", t->ep,
                 m->moe.experts / t->ep, m->moe.experts,
                 t->capacity_factor > 0 ? "capacity-limited" : "dropless routing");
+    char rc[48], red[40] = "";
+    plan_recompute_words(t, rc, sizeof rc);
+    if (t->dp > 1) snprintf(red, sizeof red, "; gradients reduced in %s", zo_dtype_name(t->reduce_dtype));
     fprintf(out,
             "  recompute %s, %s attention%s; params on %s, grads on %s, optimizer on %s%s, "
-            "checkpoints on %s\n",
-            zo_plan_recompute_name(t->recompute), t->flash_attn ? "flash" : "standard",
-            t->dropout ? ", dropout" : "", zo_plan_tier_name(t->params_on),
-            zo_plan_tier_name(t->grads_on), fr, held, zo_plan_tier_name(t->checkpoints_on));
+            "checkpoints on %s%s\n",
+            rc, t->flash_attn ? "flash" : "standard", t->dropout ? ", dropout" : "",
+            zo_plan_tier_name(t->params_on), zo_plan_tier_name(t->grads_on), fr, held,
+            zo_plan_tier_name(t->checkpoints_on), red);
+}
+
+/* What runtime the figures model, and what the other one would change. */
+static void print_runtime(FILE *out, const zo_model_config *m, const plan_estimate *e,
+                          const plan_train *t)
+{
+    char b[32];
+    if (!e->activations_known) {
+        fprintf(out, "  runtime: %s\n", t->runtime == PLAN_RUNTIME_EAGER ? "eager PyTorch (--runtime eager)"
+                     : "this project's (fused attention, the buffers listed)");
+        return;
+    }
+    if (t->runtime == PLAN_RUNTIME_EAGER) {
+        fprintf(out, "  runtime: eager PyTorch (--runtime eager): its ops keep %s more than this "
+                     "project's runtime (%s layers: +%.0f%% of their activations, measured; "
+                     "docs/memplan.md, \"What memplan models\")\n",
+                zo_format_bytes(e->eager_extra, b, sizeof b), zo_arch_name(m->arch),
+                100 * plan_eager_extra(m));
+        return;
+    }
+    fprintf(out, "  runtime: this project's (fused attention, norms and activations; the buffers "
+                 "listed); an eager PyTorch run of this setting keeps about %s more activations "
+                 "(%s layers: +%.0f%%, measured; --runtime eager sizes for it)\n",
+            zo_format_bytes(e->eager_extra, b, sizeof b), zo_arch_name(m->arch),
+            100 * plan_eager_extra(m));
 }
 
 /* LoRA / QLoRA: the adapters, what they train and where the base lives. */
@@ -527,6 +559,7 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
                        const plan_suggestions *sg)
 {
     print_config(out, m, hw, t, e);
+    print_runtime(out, m, e, t);
     if (t->method != ZO_PLAN_FULL) print_method(out, t, e);
     if (t->pp > 1)
         fprintf(out, "  per rank of pipeline stage %d (the one that needs the most GPU memory)\n",

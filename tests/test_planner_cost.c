@@ -151,6 +151,7 @@ static void test_narayanan_table1(void **state)
         s.t.micro_batch = r->micro_batch;
         s.t.grad_accum = r->batch / (r->micro_batch * s.t.dp);
         s.t.recompute = PLAN_RECOMPUTE_FULL;
+        s.t.reduce_dtype = ZO_DTYPE_F16; /* the gradients all-reduced as they are, in fp16 */
         s.t.dp_overlap = 0;
         s.t.fused_grad_accum = 0;
         assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &s.e), ZO_OK);
@@ -341,11 +342,18 @@ static void test_data_parallel(void **state)
     s.t.grad_accum = 4;
     s.t.zero = 0;
     s.t.recompute = PLAN_RECOMPUTE_FULL;
+    /* the reduce dtype sets the gradients' bytes: the runtime's fp32 by default */
+    assert_int_equal(s.t.reduce_dtype, ZO_DTYPE_F32);
+    assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &s.e), ZO_OK);
+    assert_int_equal(plan_time_run(&s.m, &s.hw, &s.t, &s.e, &s.pt), ZO_OK);
+    double P = (double)s.e.stage_params;
+    double bw = s.hw.nvlink_bw * s.hw.coll_eff;
+    assert_true(fabs(s.pt.dp_comm_total - plan_allreduce_s(4 * P, 8, bw, s.hw.nvlink_lat)) < 1e-12);
+    /* reduced in bf16, as the weights: half of it */
+    s.t.reduce_dtype = ZO_DTYPE_BF16;
     assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &s.e), ZO_OK);
     assert_int_equal(plan_time_run(&s.m, &s.hw, &s.t, &s.e, &s.pt), ZO_OK);
     double z0 = s.pt.dp_comm_total;
-    double P = (double)s.e.stage_params;
-    double bw = s.hw.nvlink_bw * s.hw.coll_eff;
     assert_true(fabs(z0 - plan_allreduce_s(2 * P, 8, bw, s.hw.nvlink_lat)) < 1e-12);
     assert_true(s.pt.dp_comm <= z0);
     s.t.zero = 3;
