@@ -124,6 +124,7 @@ static const field hw_fields[] = {
     DBL(H, nvme_write_bw, 0, 1e15),
     DBL(H, pcie_bw, 0, 1e15),
     DBL(H, nvlink_bw, 0, 1e15),
+    {"peers_via_host", F_BOOL, offsetof(H, peers_via_host), 0, 0, 1, NULL, F_OPTIONAL},
     DBL(H, net_bw, 0, 1e15),
     DBL(H, hbm_bw, 0, 1e15),
     DBL(H, peak_flops_16, 0, 1e18),

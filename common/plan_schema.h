@@ -49,7 +49,11 @@ typedef struct zo_hw_profile {
     double nvme_read_bw;     /* bytes/s per node */
     double nvme_write_bw;    /* bytes/s per node */
     double pcie_bw;          /* bytes/s per GPU, each direction, achieved */
-    double nvlink_bw;        /* bytes/s per GPU, one direction */
+    double nvlink_bw;        /* bytes/s per GPU, one direction, to the GPUs of its node: NVLink,
+                                or PCIe peer-to-peer where the GPU has no NVLink */
+    int peers_via_host;      /* 1: the GPUs of a node have no peer-to-peer path (GeForce
+                                cards): they exchange through host memory, each byte written
+                                by one GPU and read by the other (optional in a file: 0) */
     double net_bw;           /* bytes/s per GPU across nodes */
     double hbm_bw;           /* bytes/s */
     double peak_flops_16;    /* dense fp16/bf16 tensor FLOP/s */

@@ -199,10 +199,20 @@ double plan_eager_extra(const zo_model_config *m)
     return m->arch == ZO_ARCH_LLAMA ? PLAN_EAGER_LLAMA_EXTRA : 0;
 }
 
+int plan_recompute_rank(const plan_train *t)
+{
+    switch (t->recompute) {
+    case ZO_PLAN_RECOMPUTE_NONE: return 0;
+    case ZO_PLAN_RECOMPUTE_SELECTIVE: return 1;
+    case ZO_PLAN_RECOMPUTE_OPS: return 2;
+    default: return t->recompute_layers ? 3 : 4;
+    }
+}
+
 void plan_recompute_words(const plan_train *t, char *buf, size_t len)
 {
     if (t->recompute == ZO_PLAN_RECOMPUTE_FULL && t->recompute_layers)
-        snprintf(buf, len, "full, %d layers a stage", t->recompute_layers);
+        snprintf(buf, len, "full of %d layers a stage", t->recompute_layers);
     else
         snprintf(buf, len, "%s", zo_plan_recompute_name(t->recompute));
 }
@@ -284,9 +294,10 @@ static zo_status plan_peft_validate(const plan_train *t, const zo_model_config *
     if (m->params_override)
         return zo_error(ZO_ERR_INVALID, "%s: the adapters need the model's shape (--model or a "
                                         "shape, not --params N)", flag);
-    if (m->moe.experts)
-        return zo_error(ZO_ERR_INVALID, "%s: %s is a mixture of experts, whose adapters (on every "
-                                        "expert, or on attention only) are not modelled", flag, m->name);
+    if (m->moe.experts && (m->moe.first_dense || m->moe.shared_gate || m->moe.router_bias))
+        return zo_error(ZO_ERR_INVALID, "%s: %s is a mixture of experts with %s, whose adapters are "
+                                        "not modelled (Mixtral-like MoE layers are)", flag, m->name,
+                        m->moe.first_dense ? "dense first layers" : "a gated shared expert");
     if (m->mla.kv_rank)
         return zo_error(ZO_ERR_INVALID, "%s: %s has latent attention, whose projections the "
                                         "adapter targets do not name", flag, m->name);
@@ -474,7 +485,12 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
         uint64_t layer = layer_on_rank(&lp, t, &ex);
         o->params += (uint64_t)n_moe * layer;
         o->experts = (uint64_t)n_moe * ex;
-        if (layer > o->largest) o->largest = layer;
+        /* an MoE layer is blocks of its own: the attention with the router and
+         * the shared expert, and each routed expert (streamed, gathered and
+         * staged one at a time, as DeepSpeed gathers module by module) */
+        uint64_t one = ceil_div(lp.expert, tp), rest = layer - ex;
+        uint64_t block = one > rest ? one : rest;
+        if (block > o->largest) o->largest = block;
     }
     if (o->first) {
         uint64_t emb = ceil_div(v * h, tp) + zo_model_position_rows(m) * h + (m->embed_norm ? norm : 0);
@@ -511,6 +527,43 @@ void plan_stage_shape(const zo_model_config *m, const plan_train *t, int stage,
  * runtime's layout within 15 bytes a tensor. */
 #define PEFT_NF4_ALIGN 16
 
+int plan_peft_modules(const zo_model_config *m, unsigned targets, int ep,
+                      plan_peft_module out[PLAN_PEFT_MAX_MODULES])
+{
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int moe = m->moe.experts > 0, n = 0;
+    /* the attention's (and a dense MLP's) as PEFT names them */
+    int k = zo_lora_layer_modules(m, moe ? targets & (ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V | ZO_LORA_O)
+                                         : targets, mods);
+    for (int i = 0; i < k; i++)
+        out[n++] = (plan_peft_module){mods[i].in, mods[i].out, 1,
+                                      (mods[i].targets & (ZO_LORA_O | ZO_LORA_DOWN)) != 0, 1, 0};
+    if (!moe) return n;
+    /* an MoE layer: gate (w1), up (w3) and down (w2) of each routed expert on
+     * the rank, over the routed rows (top_k a token), and of the shared
+     * expert, over every token */
+    static const unsigned mlp[3] = {ZO_LORA_GATE, ZO_LORA_UP, ZO_LORA_DOWN};
+    int64_t h = m->hidden;
+    for (int j = 0; j < 3; j++) {
+        if (!(targets & mlp[j])) continue;
+        int down = mlp[j] == ZO_LORA_DOWN;
+        int64_t fe = m->moe.expert_ffn, fs = m->moe.shared_ffn;
+        out[n++] = (plan_peft_module){down ? fe : h, down ? h : fe, (uint64_t)(m->moe.experts / ep),
+                                      down, m->moe.top_k, 1};
+        if (fs) out[n++] = (plan_peft_module){down ? fs : h, down ? h : fs, 1, down, 1, 0};
+    }
+    return n;
+}
+
+uint64_t plan_lora_trainable(const zo_model_config *m, int r, unsigned targets)
+{
+    plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
+    int n = plan_peft_modules(m, targets, 1, mods);
+    uint64_t per_layer = 0;
+    for (int i = 0; i < n; i++) per_layer += mods[i].count * (uint64_t)r * (uint64_t)(mods[i].in + mods[i].out);
+    return per_layer * (uint64_t)m->n_layers;
+}
+
 void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, plan_peft *o)
 {
     memset(o, 0, sizeof *o);
@@ -519,29 +572,36 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
     uint64_t wsz = zo_dtype_size(t->dtype), tp = (uint64_t)t->tp, r = (uint64_t)t->lora.r;
     int nf4 = t->method == ZO_PLAN_QLORA;
     o->layers = sh.layers;
-    /* one layer: its linear weights (PEFT's all-linear), split by TP; the
-     * norms and biases stay in the model dtype */
-    zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    int n = zo_lora_layer_modules(m, ZO_LORA_ALL_LINEAR, mods);
+    /* one layer: its linear weights (PEFT's all-linear; MoE: every local
+     * expert's), split by TP; the norms, biases and an MoE router stay in the
+     * model dtype */
+    plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
+    int n = plan_peft_modules(m, ZO_LORA_ALL_LINEAR, t->ep, mods);
+    uint64_t expert_nf4 = 0, expert_linear = 0; /* one routed expert's (MoE) */
     for (int i = 0; i < n; i++) {
         uint64_t w = ceil_div((uint64_t)(mods[i].in * mods[i].out), tp);
-        o->layer_linear += w;
-        o->layer_nf4 += ceil_div(zo_nf4_bytes(w), PEFT_NF4_ALIGN) * PEFT_NF4_ALIGN;
+        uint64_t b = ceil_div(zo_nf4_bytes(w), PEFT_NF4_ALIGN) * PEFT_NF4_ALIGN;
+        o->layer_linear += mods[i].count * w;
+        o->layer_nf4 += mods[i].count * b;
         if (w > o->largest_linear) o->largest_linear = w;
+        if (mods[i].expert) {
+            expert_linear += w;
+            expert_nf4 += b;
+        }
     }
     zo_layer_params lp;
     uint64_t ex;
-    zo_model_layer_params(m, 0, &lp);
+    zo_model_layer_params(m, m->n_layers - 1, &lp);
     uint64_t layer = layer_on_rank(&lp, t, &ex);
     o->layer_frozen = nf4 ? (layer - o->layer_linear) * wsz + o->layer_nf4 : layer * wsz;
     /* the adapters: column-parallel layers keep A [r, in] whole and split B
      * [out, r]; row-parallel ones (o, down: their input is split) the reverse */
-    n = zo_lora_layer_modules(m, t->lora.targets, mods);
-    o->n_adapters = n;
+    n = plan_peft_modules(m, t->lora.targets, t->ep, mods);
     for (int i = 0; i < n; i++) {
-        int row = (mods[i].targets & (ZO_LORA_O | ZO_LORA_DOWN)) != 0;
         uint64_t in = (uint64_t)mods[i].in, out = (uint64_t)mods[i].out;
-        o->layer_trainable += r * (row ? ceil_div(in, tp) + out : in + ceil_div(out, tp));
+        o->layer_trainable += mods[i].count * r * (mods[i].row ? ceil_div(in, tp) + out : in + ceil_div(out, tp));
+        o->u_width += (double)mods[i].routed * (double)r; /* A x, per token */
+        o->n_adapters++;
     }
     o->trainable = (uint64_t)sh.layers * o->layer_trainable;
     /* the embedding and head blocks stay whole in the model dtype (QLoRA
@@ -550,7 +610,11 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
     o->last_frozen = sh.head * wsz;
     o->frozen = (uint64_t)sh.layers * o->layer_frozen + o->first_frozen + o->last_frozen;
     o->nf4 = nf4 ? (uint64_t)sh.layers * o->layer_nf4 : 0;
-    o->largest_frozen = o->layer_frozen;
+    /* an MoE layer streams as blocks: each local expert, and the rest */
+    uint64_t expert = ex ? (nf4 ? expert_nf4 : expert_linear * wsz) : 0;
+    uint64_t local = (uint64_t)(m->moe.experts / t->ep);
+    o->largest_frozen = ex ? o->layer_frozen - local * expert : o->layer_frozen;
+    if (expert > o->largest_frozen) o->largest_frozen = expert;
     if (o->first_frozen > o->largest_frozen) o->largest_frozen = o->first_frozen;
     if (o->last_frozen > o->largest_frozen) o->largest_frozen = o->last_frozen;
 }
@@ -710,7 +774,7 @@ static void params_peft(stage_est *s, plan_estimate *e)
     e->stream_nvme_bytes = (t->params_on == ZO_PLAN_NVME ? frozen : 0) +
                            (t->adapters_on == ZO_PLAN_NVME ? adapters : 0);
     e->train_layer = pf->layer_trainable;
-    e->trainable = zo_lora_trainable_params(s->m, t->lora.r, t->lora.targets);
+    e->trainable = plan_lora_trainable(s->m, t->lora.r, t->lora.targets);
     e->nf4_bytes = pf->nf4;
 }
 
@@ -877,8 +941,8 @@ static uint64_t layer_activations(const stage_est *s, uint64_t *full, uint64_t *
     int kinds[2] = {s->sh.layers - s->sh.moe_layers, s->sh.moe_layers};
     uint64_t stage_stored = 0;
     /* LoRA: each adapter's A x [s b, r] is kept for its backward */
-    uint64_t lora_u = s->peft ? (uint64_t)t->seq * (uint64_t)t->micro_batch *
-                                    (uint64_t)s->pf.n_adapters * (uint64_t)t->lora.r * s->wsz
+    uint64_t lora_u = s->peft ? (uint64_t)llround((double)t->seq * (double)t->micro_batch *
+                                                  s->pf.u_width * (double)s->wsz)
                               : 0;
     /* recompute full of K layers: the first K of the stage (Megatron's block method) */
     int rc_kinds[2] = {0, 0};

@@ -114,6 +114,10 @@ typedef struct plan_train {
  * layers a stage" (recompute_layers). */
 void plan_recompute_words(const plan_train *t, char *buf, size_t len);
 
+/* How much a configuration recomputes, to order them: none 0, selective 1,
+ * ops 2, full of part of the layers 3, full of every layer 4. */
+int plan_recompute_rank(const plan_train *t);
+
 /* One named line of the estimate. */
 typedef struct plan_item {
     const char *name;
@@ -279,6 +283,29 @@ uint64_t plan_layer_ops_bytes(const zo_model_config *m, const plan_train *t);
 
 /* ---- LoRA and QLoRA ------------------------------------------------------- */
 
+/* A kind of adapted linear layer of a transformer layer: PEFT's module, or
+ * in an MoE layer the gate (w1), up (w3) or down (w2) of every routed expert
+ * on the rank (count experts / EP, over the routed rows: `routed` a token)
+ * and of the shared expert. The router is not adapted (PEFT's all-linear
+ * would: r (h + experts) a layer, under 0.2% of the adapters). */
+#define PLAN_PEFT_MAX_MODULES 12
+typedef struct plan_peft_module {
+    int64_t in, out;  /* A [r, in], B [out, r] */
+    uint64_t count;   /* of them in a layer on the rank */
+    int row;          /* row-parallel (o, down): the input is split by TP */
+    int routed;       /* rows a token sends through it: top_k for a routed expert, else 1 */
+    int expert;       /* a routed expert's (streamed as a block of its own) */
+} plan_peft_module;
+
+/* The adapted layers of one layer for `targets` (LLaMA and GPT layers:
+ * zo_lora_layer_modules's, count 1); returns how many kinds. */
+int plan_peft_modules(const zo_model_config *m, unsigned targets, int ep,
+                      plan_peft_module out[PLAN_PEFT_MAX_MODULES]);
+
+/* Trainable parameters of rank-r adapters on `targets`: PEFT's count
+ * (zo_lora_trainable_params) for dense layers, every expert's for MoE. */
+uint64_t plan_lora_trainable(const zo_model_config *m, int r, unsigned targets);
+
 /* What one rank of a pipeline stage holds when it trains adapters on a
  * frozen base (TP splits each adapted layer as its weight: a column-parallel
  * layer's A is whole on every rank and its B split, a row-parallel layer's A
@@ -295,7 +322,9 @@ typedef struct plan_peft {
     uint64_t layer_linear;   /* elements of one layer's linear weights on this rank */
     uint64_t layer_nf4;      /* QLoRA: their bytes in NF4 (each rounded up to 16 bytes) */
     uint64_t largest_linear; /* elements of the largest of them (QLoRA's dequantization scratch) */
-    int n_adapters;          /* adapted linear layers in a layer */
+    int n_adapters;          /* kinds of adapted linear layers in a layer */
+    double u_width;          /* elements of the adapters' A x a token keeps per layer (MoE: its
+                                routed experts'), r each */
     int layers;
 } plan_peft;
 

@@ -234,7 +234,13 @@ static void print_search(FILE *tab, int json, const zo_model_config *m, const pl
     const plan_candidate *b = &r->best[0];
     fprintf(tab, "\nbest: %.4g s per step, %.4g tokens/s, MFU %.1f%%\n", b->time.step,
             b->time.tokens_per_s, 100 * b->time.mfu);
-    if (!json) print_plan_line(b, "  ");
+    if (!json) {
+        print_plan_line(b, "  ");
+        plan_hw h = *hw;
+        h.gpus = b->gpus;
+        plan_estimate e;
+        if (plan_estimate_run(m, &h, &b->t, &e) == ZO_OK) plan_report_runtime(tab, m, &e, &b->t);
+    }
     char why[2048];
     plan_explain(m, hw, b, why, sizeof why);
     for (char *sv = NULL, *line = strtok_r(why, "\n", &sv); line; line = strtok_r(NULL, "\n", &sv))

@@ -452,8 +452,8 @@ static void print_config(FILE *out, const zo_model_config *m, const plan_hw *hw,
 }
 
 /* What runtime the figures model, and what the other one would change. */
-static void print_runtime(FILE *out, const zo_model_config *m, const plan_estimate *e,
-                          const plan_train *t)
+void plan_report_runtime(FILE *out, const zo_model_config *m, const plan_estimate *e,
+                         const plan_train *t)
 {
     char b[32];
     if (!e->activations_known) {
@@ -476,16 +476,31 @@ static void print_runtime(FILE *out, const zo_model_config *m, const plan_estima
             100 * plan_eager_extra(m));
 }
 
+void plan_report_runtime_note(FILE *out, plan_runtime r)
+{
+    if (r == PLAN_RUNTIME_EAGER)
+        fprintf(out, "runtime: eager PyTorch (--runtime eager): its ops keep more activations than "
+                     "this project's runtime (llama layers +%.0f%%, gpt +0%%, measured)\n",
+                100 * PLAN_EAGER_LLAMA_EXTRA);
+    else
+        fprintf(out, "runtime: this project's (fused attention, norms and activations); eager "
+                     "PyTorch's ops keep more activations (llama layers +%.0f%%, gpt +0%%, "
+                     "measured): --runtime eager sizes for it\n",
+                100 * PLAN_EAGER_LLAMA_EXTRA);
+}
+
 /* LoRA / QLoRA: the adapters, what they train and where the base lives. */
-static void print_method(FILE *out, const plan_train *t, const plan_estimate *e)
+static void print_method(FILE *out, const plan_train *t, const plan_estimate *e, int moe)
 {
     char tg[64], tr[32], nf[32];
-    fprintf(out, "  %s r %d (alpha %g) on %s: %s trainable parameters (%.3g%%, as PEFT counts "
-                 "them)\n",
+    fprintf(out, "  %s r %d (alpha %g) on %s: %s trainable parameters (%.3g%%, %s)\n",
             t->method == ZO_PLAN_QLORA ? "QLoRA" : "LoRA", t->lora.r, (double)t->lora.alpha,
             zo_lora_targets_str(t->lora.targets, tg, sizeof tg),
             group_digits(e->trainable, tr, sizeof tr),
-            100.0 * (double)e->trainable / (double)e->params);
+            100.0 * (double)e->trainable / (double)e->params,
+            moe && (t->lora.targets & (ZO_LORA_GATE | ZO_LORA_UP | ZO_LORA_DOWN))
+                ? "the MLP targets on every expert; the router not adapted"
+                : "as PEFT counts them");
     if (t->method == ZO_PLAN_QLORA)
         fprintf(out, "    frozen base: the layers' linear weights in NF4 with double quantization "
                      "(%s), embeddings, head and norms in %s\n",
@@ -559,8 +574,8 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
                        const plan_suggestions *sg)
 {
     print_config(out, m, hw, t, e);
-    print_runtime(out, m, e, t);
-    if (t->method != ZO_PLAN_FULL) print_method(out, t, e);
+    plan_report_runtime(out, m, e, t);
+    if (t->method != ZO_PLAN_FULL) print_method(out, t, e, m->moe.experts > 0);
     if (t->pp > 1)
         fprintf(out, "  per rank of pipeline stage %d (the one that needs the most GPU memory)\n",
                 e->stage);

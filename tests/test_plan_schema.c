@@ -217,7 +217,8 @@ static void test_roundtrip(void **state)
 
 /* The fields added after plans were written (issue 33): absent, they take
  * the value every plan before them meant. */
-static const char *const optional_fields[] = {"training.recompute_layers", "training.reduce_dtype"};
+static const char *const optional_fields[] = {"training.recompute_layers", "training.reduce_dtype",
+                                              "hardware.peers_via_host"};
 
 static int is_optional(const char *name)
 {
@@ -228,8 +229,8 @@ static int is_optional(const char *name)
 
 /* Each field of a full plan, removed, is refused as missing, by its name (an
  * optional one reads as its default: every layer recomputed as
- * training.recompute says, gradients reduced in fp32); an unknown field in
- * any object is refused by its name. */
+ * training.recompute says, gradients reduced in fp32, peers reached at
+ * nvlink_bw); an unknown field in any object is refused by its name. */
 static void test_required_and_unknown(void **state)
 {
     (void)state;
@@ -246,6 +247,7 @@ static void test_required_and_unknown(void **state)
             assert_int_equal(read_doc(doc, q), ZO_OK);
             assert_int_equal(q->training.recompute_layers, 0);
             assert_int_equal(q->training.reduce_dtype, ZO_DTYPE_F32);
+            assert_int_equal(q->hardware.peers_via_host, 0);
             cJSON_AddItemToObject(l[i].parent, l[i].item->string, item);
             continue;
         }

@@ -107,11 +107,12 @@ static const table1_row table1[] = {
 };
 
 /* The errors docs/memplan.md reports: 1F1B rows within 5%; the interleaved
- * rows come out 6-10% fast (not explained: a simulation of the 2021
- * interleaved schedule's blocking exchanges adds under 2%). */
+ * rows 4-8% fast, within the 10% issue 33 asks of each family of published
+ * figures (they were 6-10% fast before the standard attention core's
+ * measured speed and the pipeline sends of every chunk were modelled). */
 #define TABLE1_TOLERANCE 0.05
-#define TABLE1_INTERLEAVED_TOLERANCE 0.11
-#define TABLE1_RMS 0.06
+#define TABLE1_INTERLEAVED_TOLERANCE 0.10
+#define TABLE1_RMS 0.05
 
 static void test_narayanan_table1(void **state)
 {
