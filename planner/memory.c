@@ -116,6 +116,10 @@ const plan_act_entry *plan_act_table(size_t *count)
 
 static uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
+/* The nearest integer to x >= 0 (llround's, exact below 2^52, without the
+ * library call the search would pay for every estimate). */
+static uint64_t round_u64(double x) { return (uint64_t)(x + 0.5); }
+
 double plan_routed_rows(const zo_model_config *m, const plan_train *t)
 {
     return m->moe.top_k * (t->capacity_factor > 0 ? t->capacity_factor : 1.0);
@@ -130,7 +134,7 @@ uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, 
     uint64_t tp = (uint64_t)t->tp;
     uint64_t q, k, v, o;
     zo_model_attn_widths(m, &q, &k, &v, &o);
-    uint64_t routed = moe ? (uint64_t)llround((double)sb * plan_routed_rows(m, t)) : 0;
+    uint64_t routed = moe ? round_u64((double)sb * plan_routed_rows(m, t)) : 0;
     int norms = m->layer_norms ? m->layer_norms : 2;
     /* the rows this layer does not have, as one mask of flags */
     unsigned skip = (m->arch != ZO_ARCH_GPT ? PLAN_ACT_GPT : 0) |
@@ -470,7 +474,8 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
     o->layers = m->n_layers / t->pp;
     o->first_layer = stage * o->layers;
     int n_moe = 0;
-    for (int i = o->first_layer; i < o->first_layer + o->layers; i++) n_moe += zo_model_layer_is_moe(m, i);
+    if (m->moe.experts)
+        for (int i = o->first_layer; i < o->first_layer + o->layers; i++) n_moe += zo_model_layer_is_moe(m, i);
     o->moe_layers = n_moe;
     zo_layer_params lp;
     uint64_t ex;
@@ -619,7 +624,7 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
     if (o->last_frozen > o->largest_frozen) o->largest_frozen = o->last_frozen;
 }
 
-static uint64_t frac_of(uint64_t total, double f) { return (uint64_t)llround((double)total * f); }
+static uint64_t frac_of(uint64_t total, double f) { return round_u64((double)total * f); }
 
 /* The GPU share as the runtime takes it (plan_gpu_share) of a stage whose
  * shape (and LoRA's, pf) the caller has: the suffix of its blocks (the
@@ -941,16 +946,18 @@ static uint64_t layer_activations(const stage_est *s, uint64_t *full, uint64_t *
     int kinds[2] = {s->sh.layers - s->sh.moe_layers, s->sh.moe_layers};
     uint64_t stage_stored = 0;
     /* LoRA: each adapter's A x [s b, r] is kept for its backward */
-    uint64_t lora_u = s->peft ? (uint64_t)llround((double)t->seq * (double)t->micro_batch *
-                                                  s->pf.u_width * (double)s->wsz)
+    uint64_t lora_u = s->peft ? round_u64((double)t->seq * (double)t->micro_batch * s->pf.u_width *
+                                          (double)s->wsz)
                               : 0;
     /* recompute full of K layers: the first K of the stage (Megatron's block method) */
     int rc_kinds[2] = {0, 0};
     if (t->recompute == ZO_PLAN_RECOMPUTE_FULL) {
         int k = t->recompute_layers && t->recompute_layers < s->sh.layers ? t->recompute_layers
                                                                            : s->sh.layers;
-        for (int i = s->sh.first_layer; i < s->sh.first_layer + k; i++)
-            rc_kinds[zo_model_layer_is_moe(m, i)]++;
+        if (!s->sh.moe_layers) rc_kinds[0] = k;
+        else
+            for (int i = s->sh.first_layer; i < s->sh.first_layer + k; i++)
+                rc_kinds[zo_model_layer_is_moe(m, i)]++;
     }
     uint64_t input = ceil_div(sbh * s->wsz, sp_div);
     *full = *sel = *stored = 0;
@@ -1001,10 +1008,10 @@ static void end_activations(const stage_est *s, plan_estimate *e)
     uint64_t tp = (uint64_t)t->tp, sp_div = t->sp ? tp : 1;
     if (s->sh.first && t->dropout)
         add(e, "embedding dropout mask", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
-            (uint64_t)llround((double)ceil_div(sb * h, sp_div) * e->inflight));
+            round_u64((double)ceil_div(sb * h, sp_div) * e->inflight));
     if (s->sh.first && m->embed_norm)
         add(e, "embedding norm input", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
-            (uint64_t)llround((double)ceil_div(sb * h * s->wsz, sp_div) * e->inflight));
+            round_u64((double)ceil_div(sb * h * s->wsz, sp_div) * e->inflight));
     if (s->sh.last) {
         /* final norm input and output-layer input (16-bit); logits in
          * fp32 for the cross-entropy (its gradient is written in place) */
@@ -1032,7 +1039,7 @@ static void backward_activations(const stage_est *s, plan_estimate *e)
     uint64_t gated = m->arch == ZO_ARCH_GPT ? 1 : 2;
     uint64_t mlp = s->sh.layers > s->sh.moe_layers ? (uint64_t)m->ffn * gated : 0;
     if (s->sh.moe_layers) {
-        uint64_t moe = (uint64_t)llround(plan_routed_rows(m, t) * m->moe.expert_ffn) * gated +
+        uint64_t moe = round_u64(plan_routed_rows(m, t) * m->moe.expert_ffn) * gated +
                        (uint64_t)m->moe.shared_ffn * gated;
         if (moe > mlp) mlp = moe;
     }
@@ -1066,7 +1073,7 @@ static void estimate_activations(const stage_est *s, int stage, plan_estimate *e
     e->act_layer_full = full;
     e->act_stage = stage_stored;
     e->inflight = inflight_of(t, stage);
-    uint64_t layers_bytes = (uint64_t)llround((double)stage_stored * e->inflight);
+    uint64_t layers_bytes = round_u64((double)stage_stored * e->inflight);
     if (t->checkpoints_on == ZO_PLAN_CPU) {
         /* pinned host copies; two layers' worth stay on the GPU in flight */
         add(e, "stored layer activations", ZO_PLAN_CPU, PLAN_ACTIVATIONS, layers_bytes);
@@ -1083,8 +1090,7 @@ static void estimate_activations(const stage_est *s, int stage, plan_estimate *e
     else
         add(e, "recompute working set (1 layer)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, working);
     /* eager PyTorch keeps more of a layer's tensors than this runtime (measured) */
-    e->eager_extra = (uint64_t)llround(plan_eager_extra(s->m) *
-                                       (double)(layers_bytes + working));
+    e->eager_extra = round_u64(plan_eager_extra(s->m) * (double)(layers_bytes + working));
     end_activations(s, e);
     backward_activations(s, e);
 }

@@ -163,6 +163,8 @@ static void test_narayanan_table1(void **state)
         double err = s.pt.step / published - 1;
         ss += err * err;
         double tol = r->vpp > 1 ? TABLE1_INTERLEAVED_TOLERANCE : TABLE1_TOLERANCE;
+        printf("Table 1, %.1fB: published %.3f s, memplan %.3f s, %+.1f%% (tolerance %.0f%%)\n",
+               r->billions, published, s.pt.step, 100 * err, 100 * tol);
         if (fabs(err) > tol) {
             print_error("%.1fB: predicted %.3f s, published %.3f s (%+.1f%%)\n", r->billions,
                         s.pt.step, published, 100 * err);
@@ -210,6 +212,8 @@ static void test_development_set(void **state)
         dev_setup(&s, &dev[i]);
         double got = dev[i].layer ? s.pt.mb.layer_fwd + s.pt.mb.layer_bwd : s.pt.step;
         double err = got / dev[i].published - 1;
+        printf("%s: published %.4g s, memplan %.4g s, %+.1f%%\n", dev[i].what, dev[i].published,
+               got, 100 * err);
         if (fabs(err) > DEV_TOLERANCE) {
             print_error("%s: predicted %.4g s, published %.4g s (%+.1f%%)\n", dev[i].what, got,
                         dev[i].published, 100 * err);
