@@ -6,9 +6,12 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 
+#include "adam_q8.h"          /* adam_q8_tables */
 #include "common/adam_math.h" /* zo_adam_consts, zo_adam_step_elem */
 #include "common/dtype.h" /* zo_dtype, scalar RNE conversions */
+#include "cpu_adam.h"     /* adam_impl */
 
 /* Loop-invariant scalars of one step (common/adam_math.h), computed once so
  * that every implementation uses the very same values. */
@@ -21,6 +24,18 @@ typedef void (*adam_update_fn)(const adam_consts *c, size_t n, float *restrict p
                                float *restrict v, void *restrict out, zo_dtype od);
 /* Sum of squares of n elements in double (inf/nan propagate into it). */
 typedef double (*adam_sumsq_fn)(const void *g, zo_dtype gd, size_t n);
+/* The same update with m and v stored as bf16 (ADAM_STATE_BF16). */
+typedef void (*adam_update_bf16s_fn)(const adam_consts *c, size_t n, float *restrict p,
+                                     const void *restrict g, zo_dtype gd, uint16_t *restrict m,
+                                     uint16_t *restrict v, void *restrict out, zo_dtype od);
+/* The same with 8-bit block-wise m and v (ADAM_STATE_Q8): elements [0, n) in
+ * blocks of `block` (a multiple of 64; the last block may be shorter), codes
+ * qm, qv [n], absmax am, av [ceil(n / block)]. */
+typedef void (*adam_update_q8_fn)(const adam_consts *c, const adam_q8_tables *t, size_t block,
+                                  size_t n, float *restrict p, const void *restrict g,
+                                  zo_dtype gd, uint8_t *restrict qm, uint8_t *restrict qv,
+                                  float *restrict am, float *restrict av, void *restrict out,
+                                  zo_dtype od);
 
 /* The 16-bit copy a vector kernel writes: none, fp16 or bf16. */
 enum { OUT_NONE = 0, OUT_F16, OUT_BF16 };
@@ -73,12 +88,42 @@ static inline void adam_update_scalar_range(const adam_consts *c, size_t i0, siz
     }
 }
 
+/* The bf16-state sequence for elements [i0, n): the reference, and the head
+ * and tail of the AVX2 kernel. The update reads the moments widened and
+ * stores them rounded to nearest even. */
+static inline void adam_update_bf16s_range(const adam_consts *c, size_t i0, size_t n,
+                                           float *restrict p, const void *restrict g,
+                                           zo_dtype gd, uint16_t *restrict m,
+                                           uint16_t *restrict v, void *restrict out, zo_dtype od)
+{
+    for (size_t i = i0; i < n; i++) {
+        float mi = zo_bf16_to_f32(m[i]), vi = zo_bf16_to_f32(v[i]);
+        float pi = adam_step_elem(c, p[i], zo_load_f32(g, gd, i), &mi, &vi);
+        p[i] = pi;
+        m[i] = zo_f32_to_bf16(mi);
+        v[i] = zo_f32_to_bf16(vi);
+        if (out) zo_store_f32(out, od, i, pi);
+    }
+}
+
+/* adam_scalar.c: the references. */
 void adam_update_scalar(const adam_consts *c, size_t n, float *restrict p,
                         const void *restrict g, zo_dtype gd, float *restrict m,
                         float *restrict v, void *restrict out, zo_dtype od);
 double adam_sumsq_scalar(const void *g, zo_dtype gd, size_t n);
+void adam_update_bf16s_scalar(const adam_consts *c, size_t n, float *restrict p,
+                              const void *restrict g, zo_dtype gd, uint16_t *restrict m,
+                              uint16_t *restrict v, void *restrict out, zo_dtype od);
+void adam_update_q8_scalar(const adam_consts *c, const adam_q8_tables *t, size_t block,
+                           size_t n, float *restrict p, const void *restrict g, zo_dtype gd,
+                           uint8_t *restrict qm, uint8_t *restrict qv, float *restrict am,
+                           float *restrict av, void *restrict out, zo_dtype od);
+/* Code one block of n fp32 moments (the second half of a q8 step, and
+ * adam_state_from_f32): its absmax values and codes. */
+void adam_q8_encode_scalar(const adam_q8_tables *t, size_t n, const float *m, const float *v,
+                           uint8_t *qm, uint8_t *qv, float *am, float *av);
 
-/* adam_avx2.c: AVX2 + F16C. */
+/* adam_avx2.c: AVX2 + F16C (+ FMA in the sum of squares). */
 void adam_update_avx2(const adam_consts *c, size_t n, float *restrict p, const void *restrict g,
                       zo_dtype gd, float *restrict m, float *restrict v, void *restrict out,
                       zo_dtype od);
@@ -93,5 +138,39 @@ void adam_update_avx512_bf16(const adam_consts *c, size_t n, float *restrict p,
                              const void *restrict g, zo_dtype gd, float *restrict m,
                              float *restrict v, void *restrict out, zo_dtype od);
 double adam_sumsq_avx512(const void *g, zo_dtype gd, size_t n);
+/* cpu_adam.c: what the CPU has, and the checks and the split every entry
+ * point shares. */
+typedef struct adam_cpu {
+    int avx2;        /* AVX2 + F16C + FMA */
+    int avx512;      /* AVX-512 F, BW, VL */
+    int avx512_bf16; /* AVX512-BF16 */
+    int avx512_vbmi; /* AVX512-VBMI */
+} adam_cpu;
+adam_cpu adam_cpu_detect(void);
+
+/* Resolve ADAM_IMPL_AUTO and check this CPU can run impl. */
+zo_status adam_resolve_impl(const char *who, adam_impl impl, adam_impl *out);
+
+/* An array an update reads or writes, for the checks. */
+typedef struct adam_array {
+    const char *name;
+    const void *ptr;
+    size_t bytes; /* its extent */
+    size_t align; /* its element's alignment */
+} adam_array;
+
+/* The checks of an update: hyperparameters, dtypes, NULL, misaligned or
+ * overlapping arrays (arr[0..na), a NULL ptr allowed only where `optional`
+ * has its bit set). */
+zo_status adam_check_update(const char *who, const adam_hparams *hp, zo_dtype gd, int with_out,
+                            zo_dtype od, const adam_array *arr, int na, unsigned optional);
+
+/* Threads for n elements: the request (0 = OpenMP's default), capped so each
+ * gets at least ADAM_MIN_CHUNK elements. */
+#define ADAM_MIN_CHUNK ((size_t)32768)
+int adam_plan_threads(size_t n, int nthreads);
+/* Thread t of nt gets units [*lo, *hi) of n: contiguous, boundaries on
+ * multiples of `grain` units. */
+void adam_chunk(size_t n, size_t grain, int t, int nt, size_t *lo, size_t *hi);
 
 #endif
