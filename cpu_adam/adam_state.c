@@ -328,18 +328,31 @@ zo_status adam_state_from_f32(adam_state_kind kind, void *state, uint64_t n, con
 
 /* ---- the step ---------------------------------------------------------------------------- */
 
-/* The vector implementations of these kernels come next; every
- * implementation runs the scalar reference until then. */
-static adam_update_bf16s_fn pick_bf16s(adam_impl impl)
+static adam_bf16s_kernel *pick_bf16s(adam_impl impl)
 {
-    (void)impl;
-    return adam_update_bf16s_scalar;
+    switch (impl) {
+    case ADAM_IMPL_AVX2: return adam_update_bf16s_avx2;
+    case ADAM_IMPL_AVX512:
+        return adam_avx512_has_bf16() ? adam_update_bf16s_avx512_bf16 : adam_update_bf16s_avx512;
+    case ADAM_IMPL_AVX512_NO_BF16: return adam_update_bf16s_avx512;
+    default: return adam_update_bf16s_scalar;
+    }
 }
 
-static adam_update_q8_fn pick_q8(adam_impl impl)
+/* The AVX-512 q8 kernel needs AVX512-VBMI too; without it (Skylake-X,
+ * Cascade Lake) the AVX2 one runs. */
+static adam_q8_kernel *pick_q8(adam_impl impl)
 {
-    (void)impl;
-    return adam_update_q8_scalar;
+    adam_cpu cpu = adam_cpu_detect();
+    switch (impl) {
+    case ADAM_IMPL_AVX2: return adam_update_q8_avx2;
+    case ADAM_IMPL_AVX512:
+        if (!cpu.avx512_vbmi) return adam_update_q8_avx2;
+        return cpu.avx512_bf16 ? adam_update_q8_avx512_bf16 : adam_update_q8_avx512;
+    case ADAM_IMPL_AVX512_NO_BF16:
+        return cpu.avx512_vbmi ? adam_update_q8_avx512 : adam_update_q8_avx2;
+    default: return adam_update_q8_scalar;
+    }
 }
 
 zo_status adam_state_update_impl(adam_impl impl, const adam_hparams *hp, adam_state_kind kind,
@@ -367,8 +380,8 @@ zo_status adam_state_update_impl(adam_impl impl, const adam_hparams *hp, adam_st
     if (n == 0) return ZO_OK;
 
     adam_consts c = zo_adam_consts_make(hp);
-    adam_update_bf16s_fn bf16s = kind.type == ADAM_STATE_BF16 ? pick_bf16s(impl) : NULL;
-    adam_update_q8_fn q8 = kind.type == ADAM_STATE_Q8 ? pick_q8(impl) : NULL;
+    adam_bf16s_kernel *bf16s = kind.type == ADAM_STATE_BF16 ? pick_bf16s(impl) : NULL;
+    adam_q8_kernel *q8 = kind.type == ADAM_STATE_Q8 ? pick_q8(impl) : NULL;
     const adam_q8_tables *t = q8 ? adam_q8_tables_get() : NULL;
     int nt = adam_plan_threads(n, nthreads);
 #pragma omp parallel num_threads(nt) if (nt > 1)
