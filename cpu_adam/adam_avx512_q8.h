@@ -10,7 +10,13 @@
  *      writes p and the 16-bit copy; the new m and v go to a block-sized
  *      scratch (L1) and their largest magnitudes are kept;
  *   2. the absmax of the block gives 1/absmax; each value times it is coded
- *      through the bucket table (q8_code16: one gather, one comparison). */
+ *      through the bucket table (q8_code16: one gather, one comparison).
+ * The step is bound by its instructions, not by memory: a zmm square root
+ * and division per 16 lanes (adam_update's) occupy the vector ports so that
+ * only about 8 other vector instructions and 2 gathers per 16 lanes run
+ * beside them free, and the coding takes more. Gathers for the
+ * dequantization too, or pass 2 of a block interleaved with pass 1 of the
+ * next, measured no faster (docs/performance.md, "q8 state"). */
 #include <immintrin.h>
 #include <stdint.h>
 
@@ -158,65 +164,48 @@ ADAM_INLINE void q8_code64(const adam_q8_tables *t, size_t i, size_t r, const in
     }
 }
 
-/* A block between its passes: where it lies, its new moments (scratch)
- * and the factors they are coded with. */
-typedef struct q8_pending {
-    size_t len;          /* elements; 0: none */
-    uint8_t *qm, *qv;    /* its codes */
-    float *sm, *sv;      /* its new m and v */
-    __m512 inv_m, inv_v; /* 1/absmax of each */
-} q8_pending;
+/* One block of n <= ADAM_Q8_BLOCK_MAX elements. */
+ADAM_INLINE void q8_block(const avx512_k *K, const adam_q8_tables *t, size_t n,
+                          float *restrict p, const void *restrict g, const zo_dtype gd,
+                          uint8_t *restrict qm, uint8_t *restrict qv, float *restrict am,
+                          float *restrict av, void *restrict out, const int od, const int l2,
+                          const int nt, float *restrict sm, float *restrict sv)
+{
+    __m512 am0 = _mm512_set1_ps(*am), av0 = _mm512_set1_ps(*av);
+    __m512i max_m = _mm512_setzero_si512(), max_v = max_m;
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64)
+        q8_update64(K, t, i, 64, 0, p, g, gd, qm, qv, am0, av0, out, od, l2, nt, sm, sv, &max_m,
+                    &max_v);
+    if (i < n)
+        q8_update64(K, t, i, n - i, 1, p, g, gd, qm, qv, am0, av0, out, od, l2, nt, sm, sv,
+                    &max_m, &max_v);
+    float inv_m, inv_v;
+    *am = adam_q8_scale(_mm512_reduce_max_epu32(max_m), &inv_m);
+    *av = adam_q8_scale(_mm512_reduce_max_epu32(max_v), &inv_v);
+    __m512 im = _mm512_set1_ps(inv_m), iv = _mm512_set1_ps(inv_v);
+    for (i = 0; i + 64 <= n; i += 64) q8_code64(t, i, 64, 0, sm, sv, im, iv, qm, qv);
+    if (i < n) q8_code64(t, i, n - i, 1, sm, sv, im, iv, qm, qv);
+}
 
-/* The blocks in a pipeline: pass 1 of block b runs interleaved with pass 2
- * of block b - 1, 64 elements of each in turn, so that the coding (table
- * gathers, on the load ports) overlaps the update (bound by the divider's
- * square roots and divisions) instead of following it. Each block's
- * results are those of its two passes alone. */
 ADAM_INLINE void q8_update_t(const adam_consts *c, const adam_q8_tables *t, size_t block,
                              size_t n, float *restrict p, const void *restrict g,
                              const zo_dtype gd, uint8_t *restrict qm, uint8_t *restrict qv,
                              float *restrict am, float *restrict av, void *restrict out,
                              const int od, const int l2)
 {
-    /* the new moments of two blocks: the one updated, the one coded */
-    float scratch[2][2][ADAM_Q8_BLOCK_MAX] __attribute__((aligned(64)));
+    /* the new moments of one block, between the passes */
+    float sm[ADAM_Q8_BLOCK_MAX] __attribute__((aligned(64)));
+    float sv[ADAM_Q8_BLOCK_MAX] __attribute__((aligned(64)));
     avx512_k K = ADAM_BROADCAST(_mm512_set1_ps, c);
     size_t gs = zo_dtype_size(gd), os = od == OUT_NONE ? 0 : 2;
     /* stream the copy past the cache when its vectors are 32-byte aligned
      * (blocks are multiples of 64 elements, so all of them are then) */
     int nt = od != OUT_NONE && ((uintptr_t)out & 31) == 0;
-    q8_pending prev = {.len = 0};
-    for (size_t i = 0, b = 0; i < n || prev.len; i += block, b++) {
-        size_t len = i < n ? (n - i < block ? n - i : block) : 0;
-        float *sm = scratch[b & 1][0], *sv = scratch[b & 1][1];
-        float *pb = p + i;
-        const void *gb = (const char *)g + i * gs;
-        void *ob = od == OUT_NONE ? NULL : (char *)out + i * os;
-        __m512 am0 = _mm512_set1_ps(len ? am[b] : 0.0f), av0 = _mm512_set1_ps(len ? av[b] : 0.0f);
-        __m512i max_m = _mm512_setzero_si512(), max_v = max_m;
-        /* a block is never shorter than the one before it but at the end */
-        size_t span = len > prev.len ? len : prev.len;
-        for (size_t j = 0; j < span; j += 64) {
-            if (j + 64 <= len)
-                q8_update64(&K, t, j, 64, 0, pb, gb, gd, qm + i, qv + i, am0, av0, ob, od, l2, nt,
-                            sm, sv, &max_m, &max_v);
-            else if (j < len)
-                q8_update64(&K, t, j, len - j, 1, pb, gb, gd, qm + i, qv + i, am0, av0, ob, od, l2,
-                            nt, sm, sv, &max_m, &max_v);
-            if (j + 64 <= prev.len)
-                q8_code64(t, j, 64, 0, prev.sm, prev.sv, prev.inv_m, prev.inv_v, prev.qm, prev.qv);
-            else if (j < prev.len)
-                q8_code64(t, j, prev.len - j, 1, prev.sm, prev.sv, prev.inv_m, prev.inv_v,
-                          prev.qm, prev.qv);
-        }
-        prev.len = len;
-        if (len) {
-            float inv_m, inv_v;
-            am[b] = adam_q8_scale(_mm512_reduce_max_epu32(max_m), &inv_m);
-            av[b] = adam_q8_scale(_mm512_reduce_max_epu32(max_v), &inv_v);
-            prev = (q8_pending){len, qm + i, qv + i, sm, sv, _mm512_set1_ps(inv_m),
-                                _mm512_set1_ps(inv_v)};
-        }
+    for (size_t i = 0, b = 0; i < n; i += block, b++) {
+        size_t len = n - i < block ? n - i : block;
+        q8_block(&K, t, len, p + i, (const char *)g + i * gs, gd, qm + i, qv + i, am + b, av + b,
+                 od == OUT_NONE ? NULL : (char *)out + i * os, od, l2, nt, sm, sv);
     }
     if (nt) _mm_sfence();
 }
