@@ -852,6 +852,50 @@ static void test_training(void **state)
     free(d);
 }
 
+/* With beta2 = 0.999 and no gradient, v should decay by 0.1% a step. q8
+ * follows (its fp32 absmax carries the decay; the codes stay), bf16 rounded
+ * to nearest even cannot: a 0.1% change is below half a bf16 ulp (0.2% to
+ * 0.4%), so v keeps its value, step after step (docs/cpu_adam.md, "bf16"). */
+static void test_v_decay(void **state)
+{
+    (void)state;
+    const size_t n = 1000;
+    const int steps = 100;
+    float *p = xmalloc(n * 4), *g = xmalloc(n * 4), *m = xmalloc(n * 4), *v0 = xmalloc(n * 4);
+    float *m1 = xmalloc(n * 4), *v1 = xmalloc(n * 4);
+    uint64_t seed = 8;
+    for (size_t i = 0; i < n; i++) {
+        p[i] = g[i] = m[i] = 0.0f;
+        v0[i] = (float)pow(10.0, -4.0 * fabs(rng_unit(&seed)));
+    }
+    adam_state_kind ks[3] = {adam_state_f32(), adam_state_q8(ADAM_Q8_BLOCK), adam_state_bf16()};
+    double ratio[3];
+    for (int ki = 0; ki < 3; ki++) {
+        void *st = xmalloc(adam_state_bytes(ks[ki], n));
+        assert_int_equal(adam_state_from_f32(ks[ki], st, n, m, v0, 1), ZO_OK);
+        assert_int_equal(adam_state_to_f32(ks[ki], st, n, m1, v1, 1), ZO_OK);
+        double before = 0, after = 0;
+        for (size_t i = 0; i < n; i++) before += v1[i];
+        for (int t = 1; t <= steps; t++) {
+            adam_hparams hp = hp_make(ADAM_DECAY_ADAMW, t);
+            assert_int_equal(adam_state_update(&hp, ks[ki], n, p, g, ZO_DTYPE_F32, st, NULL,
+                                               ZO_DTYPE_F16, 1),
+                             ZO_OK);
+        }
+        assert_int_equal(adam_state_to_f32(ks[ki], st, n, m1, v1, 1), ZO_OK);
+        for (size_t i = 0; i < n; i++) after += v1[i];
+        ratio[ki] = after / before;
+        free(st);
+    }
+    print_message("# v after %d steps without gradient, over v before: fp32 %.4f, q8 %.4f, "
+                  "bf16 %.4f (0.999^%d = %.4f)\n",
+                  steps, ratio[0], ratio[1], ratio[2], steps, pow(0.999, steps));
+    assert_true(fabs(ratio[0] - pow(0.999, steps)) < 1e-4);
+    assert_true(fabs(ratio[1] - pow(0.999, steps)) < 1e-3);
+    assert_true(ratio[2] == 1.0);
+    free(p), free(g), free(m), free(v0), free(m1), free(v1);
+}
+
 /* ---- arguments ---------------------------------------------------------------------------- */
 
 static void test_state_invalid_args(void **state)
@@ -915,6 +959,7 @@ int main(void)
         cmocka_unit_test(test_zero_state),
         cmocka_unit_test(test_conversions),
         cmocka_unit_test(test_training),
+        cmocka_unit_test(test_v_decay),
         cmocka_unit_test(test_state_invalid_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
