@@ -24,10 +24,12 @@
 #define ADAM_Q8_ZERO_M 127 /* the signed map's index of 0 (m) */
 #define ADAM_Q8_ZERO_V 0   /* the unsigned map's index of 0 (v) */
 
-/* The vector quantizers look |s * inv|, clamped to [2^-23, 1], up in a table
- * of buckets keyed by the top 16 bits of its fp32 pattern (the exponent and 7
- * mantissa bits); no threshold lies below 2^-23 (the smallest is 1.6e-7) and
- * no bucket holds two of them (adam_q8_tables_get checks both). */
+/* The vector quantizers look |s * inv| up in a table of buckets keyed by the
+ * top 16 bits of its fp32 pattern (the exponent and 7 mantissa bits), from
+ * the key of 2^-23 (smaller values are clamped to it: no threshold lies below,
+ * the smallest is 1.6e-7) to the key of 1 (|s| <= absmax keeps |s * inv| at
+ * most 1 + 2^-23, in that bucket); no bucket holds two thresholds
+ * (adam_q8_tables_get checks both). */
 #define ADAM_Q8_KEY_LO 0x3400u /* bits of 2^-23, >> 16 */
 #define ADAM_Q8_KEY_HI 0x3f80u /* bits of 1.0, >> 16 */
 #define ADAM_Q8_LUT (ADAM_Q8_KEY_HI - ADAM_Q8_KEY_LO + 1)
