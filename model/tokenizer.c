@@ -258,11 +258,14 @@ static void byte_level_tables(uint32_t byte_to_cp[256], int16_t cp_to_byte[324])
     }
 }
 
-/* A byte-level string (UTF-8 of the alphabet) to raw bytes; 0 when a
- * character is outside the alphabet. out has room for n bytes. */
+/* A byte-level string (UTF-8 of the alphabet) to raw bytes; 0 when s[0..n)
+ * is not valid UTF-8 (a sequence cut off at the end included: it is never
+ * decoded past s + n) or a character is outside the alphabet. out has room
+ * for n bytes and may be s. */
 static int byte_level_decode(const int16_t cp_to_byte[324], const char *s, size_t n, uint8_t *out,
                              size_t *out_n)
 {
+    if (model_utf8_check(s, n) != n) return 0;
     size_t k = 0;
     for (size_t i = 0; i < n;) {
         uint32_t cp;
@@ -759,6 +762,13 @@ static zo_status load_model(model_tokenizer *t, const cJSON *m)
             bn = strlen(b);
         } else {
             st = zo_error(ZO_ERR_FORMAT, "%s: model.merges[%d] is neither \"A B\" nor [A, B]", t->path, rank);
+            break;
+        }
+        /* the vocabulary is UTF-8 (checked above): a part that is not names no
+         * token, and is named as such */
+        if (model_utf8_check(a, an) != an || model_utf8_check(b, bn) != bn) {
+            st = zo_error(ZO_ERR_FORMAT, "%s: model.merges[%d] is not UTF-8: its %s token has a cut-off "
+                          "or invalid sequence", t->path, rank, model_utf8_check(a, an) != an ? "first" : "second");
             break;
         }
         if (an + bn + 1 > catcap) {

@@ -360,6 +360,12 @@ static void test_refused(void **state)
         {"added_tokens", "[{\"id\": 5, \"content\": \"x\", \"single_word\": true}]", ZO_ERR_UNSUPPORTED, "single_word"},
         {"model.merges", "[\"a zzzz\"]", ZO_ERR_FORMAT, "model.merges[0]"},
         {"model.merges", "[\"nospace\"]", ZO_ERR_FORMAT, "model.merges[0]"},
+        /* a UTF-8 sequence cut off at the end of a merge's part: refused, never
+         * decoded past the end of the string (ASan: heap-buffer-overflow) */
+        {"model.merges", "[\"a \xf0\"]", ZO_ERR_FORMAT, "model.merges[0] is not UTF-8"},
+        {"model.merges", "[\"\xe4 a\"]", ZO_ERR_FORMAT, "model.merges[0] is not UTF-8"},
+        {"model.merges", "[[\"a\", \"\xe4\"]]", ZO_ERR_FORMAT, "model.merges[0] is not UTF-8"},
+        {"model.merges", "[[\"\xf0\x9f\", \"a\"]]", ZO_ERR_FORMAT, "model.merges[0] is not UTF-8"},
         {"model.vocab", "{\"a\": -1}", ZO_ERR_FORMAT, "model.vocab"},
         {"post_processor", "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<nope>\"}}]}",
          ZO_ERR_FORMAT, "<nope>"},
