@@ -5,42 +5,138 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
+
+static int use_unnamed = 1;
+static uint64_t (*draw_hook)(void);
+
+void zo_file_test_hooks(int unnamed, uint64_t (*draw)(void))
+{
+    use_unnamed = unnamed;
+    draw_hook = draw;
+}
+
+/* 64 random bits for a temporary name. Without entropy (getrandom failing
+ * early at boot) a mix of the clock, the pid and a counter: exclusive
+ * creation, not the name, is what keeps the write safe. */
+static uint64_t draw_token(void)
+{
+    if (draw_hook) return draw_hook();
+    uint64_t v;
+    if (getrandom(&v, sizeof v, GRND_NONBLOCK) == (ssize_t)sizeof v) return v;
+    static uint64_t count;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    v = (uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec << 32 ^ (uint64_t)getpid() << 16 ^
+        __atomic_add_fetch(&count, 1, __ATOMIC_RELAXED) * 0x9e3779b97f4a7c15ull;
+    v = (v ^ v >> 31) * 0xbf58476d1ce4e5b9ull; /* splitmix64's finish */
+    return v ^ v >> 29;
+}
+
+/* A fresh temporary name for f: "<name>.tmp.<16 hex>", the name cut to 200
+ * bytes so that it stays a valid file name. */
+static void draw_name(zo_file_writer *f)
+{
+    snprintf(f->tmp_name, sizeof f->tmp_name, "%.200s.tmp.%016llx", f->name,
+             (unsigned long long)draw_token());
+}
 
 static void writer_free(zo_file_writer *f)
 {
     if (f->fd >= 0) close(f->fd);
+    if (f->dirfd >= 0) close(f->dirfd);
     free(f->path);
     free(f->tmp_path);
+    free(f->name);
     memset(f, 0, sizeof *f);
-    f->fd = -1;
+    f->fd = f->dirfd = -1;
+}
+
+/* f->tmp_path: what messages call the file: "<dir>/<tmp_name>", or "<path>
+ * (unnamed, being written)". */
+static zo_status name_tmp_path(zo_file_writer *f)
+{
+    size_t n = strlen(f->path) + sizeof f->tmp_name + 32;
+    char *p = malloc(n);
+    if (!p) return zo_error(ZO_ERR_NOMEM, "%s: cannot copy the path", f->path);
+    size_t dir = strlen(f->path) - strlen(f->name);
+    if (f->tmp_name[0]) snprintf(p, n, "%.*s%s", (int)dir, f->path, f->tmp_name);
+    else snprintf(p, n, "%s (unnamed, being written)", f->path);
+    free(f->tmp_path);
+    f->tmp_path = p;
+    return ZO_OK;
+}
+
+/* An unnamed file can be linked in through /proc/self/fd (linkat with
+ * AT_SYMLINK_FOLLOW, open(2)'s way): 1 when that path leads to fd's file. */
+static int linkable(int fd)
+{
+    char p[64];
+    struct stat a, b;
+    snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
+    return fstat(fd, &a) == 0 && stat(p, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
 zo_status zo_file_create(zo_file_writer *f, const char *path)
 {
     memset(f, 0, sizeof *f);
-    f->fd = -1;
-    size_t n = strlen(path) + 32;
+    f->fd = f->dirfd = -1;
+    zo_status st;
+    const char *slash = strrchr(path, '/');
     f->path = strdup(path);
-    f->tmp_path = malloc(n);
-    if (!f->path || !f->tmp_path) {
-        writer_free(f);
-        return zo_error(ZO_ERR_NOMEM, "%s: cannot copy the path", path);
+    f->name = strdup(slash ? slash + 1 : path);
+    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    if (!f->path || !f->name || !dir) {
+        st = zo_error(ZO_ERR_NOMEM, "%s: cannot copy the path", path);
+        goto out_free;
     }
-    snprintf(f->tmp_path, n, "%s.tmp.%ld", path, (long)getpid());
-    f->fd = open(f->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (!f->name[0] || !strcmp(f->name, ".") || !strcmp(f->name, "..")) {
+        st = zo_error(ZO_ERR_INVALID, "%s: cannot create: not a file name", path);
+        goto out_free;
+    }
+    f->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (f->dirfd < 0) {
+        st = zo_error(ZO_ERR_IO, "%s: cannot create a temporary file in %s: %s", path, dir, strerror(errno));
+        goto out_free;
+    }
+    if (use_unnamed) {
+        f->fd = openat(f->dirfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
+        if (f->fd >= 0 && linkable(f->fd)) {
+            f->unnamed = 1;
+            free(dir);
+            return name_tmp_path(f);
+        }
+        if (f->fd >= 0) close(f->fd); /* the file system has no O_TMPFILE, or no /proc: a named file */
+        f->fd = -1;
+    }
+    for (int tries = 0; tries < ZO_FILE_TMP_TRIES && f->fd < 0; tries++) {
+        draw_name(f);
+        f->fd = openat(f->dirfd, f->tmp_name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        if (f->fd < 0 && errno != EEXIST) {
+            st = zo_error(ZO_ERR_IO, "%s: cannot create a temporary file in %s: %s", path, dir, strerror(errno));
+            goto out_free;
+        }
+    }
     if (f->fd < 0) {
-        zo_status st = zo_error(ZO_ERR_IO, "%s: cannot create: %s", f->tmp_path, strerror(errno));
-        writer_free(f);
-        return st;
+        f->tmp_name[0] = 0;
+        st = zo_error(ZO_ERR_IO, "%s: cannot create a temporary file in %s: the %d names drawn all exist",
+                      path, dir, ZO_FILE_TMP_TRIES);
+        goto out_free;
     }
-    return ZO_OK;
+    free(dir);
+    if ((st = name_tmp_path(f)) != ZO_OK) zo_file_abort(f);
+    return st;
+out_free:
+    free(dir);
+    writer_free(f);
+    return st;
 }
 
 zo_status zo_file_append(zo_file_writer *f, const void *buf, size_t len)
@@ -60,6 +156,24 @@ zo_status zo_file_append(zo_file_writer *f, const void *buf, size_t len)
     return ZO_OK;
 }
 
+/* Link f's unnamed file into its folder under a fresh name (linkat never
+ * replaces or follows what is at the new name: a name taken, another). */
+static zo_status link_unnamed(zo_file_writer *f)
+{
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", f->fd);
+    for (int tries = 0; tries < ZO_FILE_TMP_TRIES; tries++) {
+        draw_name(f);
+        if (linkat(AT_FDCWD, proc, f->dirfd, f->tmp_name, AT_SYMLINK_FOLLOW) == 0) return name_tmp_path(f);
+        int e = errno;
+        f->tmp_name[0] = 0;
+        if (e != EEXIST)
+            return zo_error(ZO_ERR_IO, "%s: cannot link the written file into its folder: %s", f->path, strerror(e));
+    }
+    return zo_error(ZO_ERR_IO, "%s: cannot link the written file into its folder: the %d temporary names drawn "
+                    "all exist", f->path, ZO_FILE_TMP_TRIES);
+}
+
 zo_status zo_file_commit(zo_file_writer *f)
 {
     zo_status st = ZO_OK;
@@ -67,26 +181,20 @@ zo_status zo_file_commit(zo_file_writer *f)
         st = zo_error(ZO_ERR_IO, "%s: fsync: %s", f->tmp_path, strerror(errno));
         goto out_abort;
     }
+    if (f->unnamed && (st = link_unnamed(f)) != ZO_OK) goto out_abort;
     int fd = f->fd;
     f->fd = -1;
     if (close(fd) != 0) {
         st = zo_error(ZO_ERR_IO, "%s: close: %s", f->tmp_path, strerror(errno));
         goto out_abort;
     }
-    if (rename(f->tmp_path, f->path) != 0) {
+    /* a link at the final name is replaced, never followed */
+    if (renameat(f->dirfd, f->tmp_name, f->dirfd, f->name) != 0) {
         st = zo_error(ZO_ERR_IO, "rename %s -> %s: %s", f->tmp_path, f->path, strerror(errno));
         goto out_abort;
     }
-    /* make the rename itself durable */
-    char *dcopy = strdup(f->path);
-    if (dcopy) {
-        int dfd = open(dirname(dcopy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            fsync(dfd);
-            close(dfd);
-        }
-        free(dcopy);
-    }
+    f->tmp_name[0] = 0;
+    fsync(f->dirfd); /* make the rename itself durable */
     writer_free(f);
     return ZO_OK;
 out_abort:
@@ -96,7 +204,7 @@ out_abort:
 
 void zo_file_abort(zo_file_writer *f)
 {
-    if (f->tmp_path) unlink(f->tmp_path);
+    if (f->tmp_name[0] && f->dirfd >= 0) unlinkat(f->dirfd, f->tmp_name, 0); /* ours: made exclusively */
     writer_free(f);
 }
 

@@ -197,9 +197,10 @@ static int stray_files(const char *dir, const char *keep)
     return system(cmd) != 0;
 }
 
-static void test_file_write_read(void **state)
+/* unnamed: 1 with unnamed temporary files (O_TMPFILE), 0 with named ones */
+static void file_write_read(int unnamed)
 {
-    (void)state;
+    zo_file_test_hooks(unnamed, NULL);
     char *dir = temp_dir(), path[128];
     snprintf(path, sizeof path, "%s/out.txt", dir);
     const char text[] = "line one\nline two\n";
@@ -234,7 +235,16 @@ static void test_file_write_read(void **state)
     assert_int_equal(n, 0);
     assert_string_equal(got, "");
     free(got);
+    assert_false(stray_files(dir, "out.txt"));
     remove_dir(dir);
+    zo_file_test_hooks(1, NULL);
+}
+
+static void test_file_write_read(void **state)
+{
+    (void)state;
+    file_write_read(1);
+    file_write_read(0);
 }
 
 static void test_file_errors(void **state)
@@ -291,9 +301,74 @@ static void test_file_errors(void **state)
     /* a directory that does not exist: nothing is written, the message names the file */
     snprintf(path, sizeof path, "%s/no/such/dir/out.json", dir);
     assert_int_equal(zo_file_write_all(path, "x", 1), ZO_ERR_IO);
-    assert_non_null(strstr(zo_last_error(), "out.json.tmp."));
-    assert_non_null(strstr(zo_last_error(), "cannot create"));
+    assert_non_null(strstr(zo_last_error(), "out.json: cannot create a temporary file in "));
+    assert_non_null(strstr(zo_last_error(), "no/such/dir: No such file or directory"));
     remove_dir(dir);
+}
+
+/* The temporary file of an atomic write takes no name that exists: a link
+ * planted at the name writers used to take ("<file>.tmp.<pid>") or at a name
+ * the writer draws (the test seam fixes the draws) is neither followed nor
+ * replaced, and nothing outside the folder changes; with unnamed temporary
+ * files (O_TMPFILE, linked in at commit) and with named ones. */
+static uint64_t draws[3];
+static int n_draws;
+static uint64_t next_draw(void) { return draws[n_draws < 2 ? n_draws++ : 2]; }
+
+static void read_equal(const char *path, const char *want)
+{
+    char *got;
+    if (zo_file_read_all(path, 100, "a test file", &got, NULL) != ZO_OK) fail_msg("%s", zo_last_error());
+    assert_string_equal(got, want);
+    free(got);
+}
+
+static void test_file_write_no_follow(void **state)
+{
+    (void)state;
+    char dir[64], away[64], victim[128], path[128], guess[160], old[160], cmd[400];
+    snprintf(away, sizeof away, "%s", temp_dir()); /* outside the folder written in */
+    snprintf(dir, sizeof dir, "%s", temp_dir());
+    snprintf(victim, sizeof victim, "%s/victim", away);
+    snprintf(path, sizeof path, "%s/out.json", dir);
+    snprintf(old, sizeof old, "%s.tmp.%ld", path, (long)getpid());
+    snprintf(guess, sizeof guess, "%s.tmp.%016llx", path, 1ull);
+    for (int unnamed = 1; unnamed >= 0; unnamed--) {
+        assert_int_equal(zo_file_write_all(victim, "precious", 8), ZO_OK);
+        unlink(old);
+        unlink(guess);
+        unlink(path);
+        assert_int_equal(symlink(victim, old), 0);
+        assert_int_equal(symlink(victim, guess), 0);
+        /* the first name drawn is taken: the writer draws another */
+        draws[0] = 1, draws[1] = draws[2] = 2, n_draws = 0;
+        zo_file_test_hooks(unnamed, next_draw);
+        assert_int_equal(zo_file_write_all(path, "new", 3), ZO_OK);
+        read_equal(victim, "precious");
+        read_equal(path, "new");
+        struct stat sb;
+        assert_int_equal(lstat(path, &sb), 0);
+        assert_true(S_ISREG(sb.st_mode));
+        assert_int_equal(lstat(old, &sb), 0); /* the links stay, as they were */
+        assert_true(S_ISLNK(sb.st_mode));
+        assert_int_equal(lstat(guess, &sb), 0);
+        assert_true(S_ISLNK(sb.st_mode));
+        snprintf(cmd, sizeof cmd, "test \"$(ls -A %s | LC_ALL=C sort | tr '\\n' ' ')\" = \"out.json out.json.tmp.%016llx "
+                 "out.json.tmp.%ld \"", dir, 1ull, (long)getpid());
+        if (system(cmd) != 0) fail_msg("unnamed %d: stray files in %s", unnamed, dir);
+        snprintf(cmd, sizeof cmd, "test \"$(ls -A %s)\" = victim", away);
+        assert_int_equal(system(cmd), 0);
+        /* every name drawn is taken: refused, naming the file; nothing changes */
+        draws[0] = draws[1] = draws[2] = 1, n_draws = 0;
+        assert_int_equal(zo_file_write_all(path, "newer", 5), ZO_ERR_IO);
+        assert_non_null(strstr(zo_last_error(), path));
+        assert_non_null(strstr(zo_last_error(), "temporary"));
+        read_equal(path, "new");
+        read_equal(victim, "precious");
+    }
+    zo_file_test_hooks(1, NULL);
+    remove_dir(dir);
+    remove_dir(away);
 }
 
 /* Removing a folder the runtime made: a link named like it is left alone
@@ -419,7 +494,8 @@ int main(void)
         cmocka_unit_test(test_f16_against_hardware), cmocka_unit_test(test_f16_edges),
         cmocka_unit_test(test_parse_size),       cmocka_unit_test(test_parse_count),
         cmocka_unit_test(test_format),           cmocka_unit_test(test_file_write_read),
-        cmocka_unit_test(test_file_errors),      cmocka_unit_test(test_dir_remove),
+        cmocka_unit_test(test_file_errors),      cmocka_unit_test(test_file_write_no_follow),
+        cmocka_unit_test(test_dir_remove),
         cmocka_unit_test(test_dir_lock),         cmocka_unit_test(test_json_duplicates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
