@@ -11,6 +11,7 @@
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -376,16 +377,50 @@ zo_status zo_dir_remove_at(int dirfd, const char *name)
     return ZO_OK;
 }
 
-/* "pid P on host H" from a lock file's text, or "pid unknown". */
+/* The pid holding an flock on the file open as fd, from /proc/locks (a
+ * holder on this host, in this pid namespace); 0 when none is listed. */
+static long flock_holder_pid(int fd)
+{
+    struct stat sb;
+    FILE *f = fstat(fd, &sb) == 0 ? fopen("/proc/locks", "re") : NULL;
+    if (!f) return 0;
+    char line[256];
+    long found = 0;
+    while (!found && fgets(line, sizeof line, f)) {
+        char type[16];
+        long pid;
+        unsigned maj, mnr;
+        unsigned long long ino;
+        /* "1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF"; a waiter's line has "->" */
+        if (strstr(line, "->") ||
+            sscanf(line, "%*d: %15s %*s %*s %ld %x:%x:%llu", type, &pid, &maj, &mnr, &ino) != 5)
+            continue;
+        if (!strcmp(type, "FLOCK") && pid > 0 && ino == (unsigned long long)sb.st_ino &&
+            maj == major(sb.st_dev) && mnr == minor(sb.st_dev))
+            found = pid;
+    }
+    fclose(f);
+    return found;
+}
+
+/* Who holds the lock open as fd: "pid P on host H" (this host's, from
+ * /proc/locks), else what the lock file records: "pid P on host H (as the
+ * lock file records)" (a holder elsewhere, or one that could not write its
+ * name: the file may name an earlier holder), or "pid unknown". */
 static void lock_holder(int fd, char *out, size_t len)
 {
-    char buf[320];
+    char buf[320], host[256] = "unknown";
+    long pid = flock_holder_pid(fd);
+    if (pid) {
+        gethostname(host, sizeof host - 1);
+        host[sizeof host - 1] = 0;
+        snprintf(out, len, "pid %ld on host %s", pid, host);
+        return;
+    }
     ssize_t r = pread(fd, buf, sizeof buf - 1, 0);
     buf[r > 0 ? r : 0] = 0;
-    long pid;
-    char host[256];
     if (sscanf(buf, "pid %ld host %255s", &pid, host) == 2)
-        snprintf(out, len, "pid %ld on host %s", pid, host);
+        snprintf(out, len, "pid %ld on host %s, as the lock file records", pid, host);
     else
         snprintf(out, len, "pid unknown");
 }
@@ -405,8 +440,16 @@ zo_status zo_dir_lock_take(const char *dir, const char *what, zo_dir_lock *out)
         close(dfd);
         return zo_error(ZO_ERR_IO, "%s: fstat: %s", dir, strerror(e));
     }
-    int fd = openat(dfd, ZO_DIR_LOCK_NAME, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    /* writable, to record the holder; another user's lock file (or a
+     * read-only one) is locked read-only: flock needs no write access */
+    int writable = 1;
+    int fd = openat(dfd, ZO_DIR_LOCK_NAME, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0664);
     int e = errno;
+    if (fd < 0 && (e == EACCES || e == EPERM || e == EROFS)) {
+        fd = openat(dfd, ZO_DIR_LOCK_NAME, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0 && errno != ENOENT) e = errno; /* absent: it could not be created (e) */
+        writable = 0;
+    }
     close(dfd);
     if (fd < 0)
         return zo_error(ZO_ERR_IO, "%s/%s: cannot open the lock of %s: %s", dir, ZO_DIR_LOCK_NAME,
@@ -419,7 +462,7 @@ zo_status zo_dir_lock_take(const char *dir, const char *what, zo_dir_lock *out)
     }
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         e = errno;
-        char holder[300];
+        char holder[360];
         lock_holder(fd, holder, sizeof holder);
         close(fd);
         if (e == EWOULDBLOCK)
@@ -427,14 +470,15 @@ zo_status zo_dir_lock_take(const char *dir, const char *what, zo_dir_lock *out)
                             what, holder, dir, ZO_DIR_LOCK_NAME);
         return zo_error(ZO_ERR_IO, "%s/%s: flock: %s", dir, ZO_DIR_LOCK_NAME, strerror(e));
     }
-    char host[256] = "unknown", text[320];
-    gethostname(host, sizeof host - 1);
-    host[sizeof host - 1] = 0;
-    for (char *p = host; *p; p++)
-        if (*p == ' ' || *p == '\n') *p = '_';
-    int n = snprintf(text, sizeof text, "pid %ld host %s\n", (long)getpid(), host);
-    /* who holds it, for the message a second run prints (best effort) */
-    if (ftruncate(fd, 0) != 0 || pwrite(fd, text, (size_t)n, 0) != n) { /* the lock holds anyway */ }
+    if (writable) { /* who holds it, for the message a second run elsewhere prints (best effort) */
+        char host[256] = "unknown", text[320];
+        gethostname(host, sizeof host - 1);
+        host[sizeof host - 1] = 0;
+        for (char *p = host; *p; p++)
+            if (*p == ' ' || *p == '\n') *p = '_';
+        int n = snprintf(text, sizeof text, "pid %ld host %s\n", (long)getpid(), host);
+        if (ftruncate(fd, 0) != 0 || pwrite(fd, text, (size_t)n, 0) != n) { /* the lock holds anyway */ }
+    }
     out->fd = fd;
     out->dev = (uint64_t)ds.st_dev;
     out->ino = (uint64_t)ds.st_ino;

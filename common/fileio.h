@@ -85,12 +85,18 @@ zo_status zo_file_open_regular(const char *path, const char *what, int *fd);
 zo_status zo_dir_remove_at(int dirfd, const char *name);
 
 /* An exclusive lock on a folder for as long as it is held: flock(2) on
- * <dir>/.zo-lock (created 0644 if missing, never through a link), which
- * holds "pid <pid> host <host>" of the holder. Held elsewhere, by another
- * process or another zo_dir_lock of this one, it is ZO_ERR_BUSY:
- * "<dir>: <what> is in use by another run (pid P on host H; lock
- * <dir>/.zo-lock)". The lock goes with the process (a killed run holds
- * nothing), and the file stays (removing it would race with a new holder). */
+ * <dir>/.zo-lock (created 0664, less the umask, if missing; never through a
+ * link). The file is opened for writing where it can be, to record "pid
+ * <pid> host <host>" of the holder; a lock file another user left in a
+ * shared folder (or one made read-only) is opened read-only and locked all
+ * the same, as flock needs no write access. Held elsewhere, by another
+ * process or another zo_dir_lock of this one, it is ZO_ERR_BUSY: "<dir>:
+ * <what> is in use by another run (pid P on host H; lock <dir>/.zo-lock)",
+ * the holder as /proc/locks names it on this host, else as the file records
+ * it (", as the lock file records": a holder on another host, or one that
+ * could not write its name). The lock goes with the process (a killed run
+ * holds nothing), and the file stays (removing it would race with a new
+ * holder). */
 #define ZO_DIR_LOCK_NAME ".zo-lock"
 typedef struct zo_dir_lock {
     int fd;      /* -1: not held */

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -457,6 +458,102 @@ static void test_dir_lock(void **state)
     remove_dir(dir);
 }
 
+/* zo_dir_lock_take on `dir` in a child process as another user (uid, gid:
+ * when the test runs as root; as itself otherwise): 0 when its status is
+ * `want` (ZO_ERR_BUSY naming the holder `holder_pid`), 77 when the child
+ * cannot become that user, 1 otherwise (the message on stderr). */
+static int lock_as(const char *dir, uid_t uid, gid_t gid, zo_status want, pid_t holder_pid)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (geteuid() == 0 && (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0)) _exit(77);
+        zo_dir_lock l;
+        zo_status st = zo_dir_lock_take(dir, "the checkpoint folder", &l);
+        char who[64];
+        snprintf(who, sizeof who, "pid %ld on host ", (long)holder_pid);
+        int ok = st == want && (want != ZO_ERR_BUSY || (strstr(zo_last_error(), "is in use by another run") &&
+                                                        strstr(zo_last_error(), who)));
+        if (!ok) fprintf(stderr, "as uid %d: %s: %s\n", (int)getuid(), zo_status_name(st), zo_last_error());
+        _exit(ok ? 0 : 1);
+    }
+    int ws;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    return WIFEXITED(ws) ? WEXITSTATUS(ws) : 1;
+}
+
+/* A shared checkpoint folder whose lock file another user of the group left
+ * (mode 0644, theirs): the lock is taken without write access to the file
+ * (flock needs none), and a run holding it is named to the other user.
+ * Run as root, the other user is a child that drops to uid 65534; run as a
+ * user, the lock file is the user's own, made read-only (0444). Before, the
+ * lock file was opened for writing: "Permission denied". */
+static void test_dir_lock_other_user(void **state)
+{
+    (void)state;
+    char *dir = temp_dir(), lk[128];
+    const uid_t left_by = 65533, user = 65534;
+    const gid_t group = 65534;
+    snprintf(lk, sizeof lk, "%s/" ZO_DIR_LOCK_NAME, dir);
+    int fd = open(lk, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "pid 1 host elsewhere\n", 21), 21);
+    close(fd);
+    if (geteuid() == 0) { /* a folder of the group, a lock file of another member */
+        assert_int_equal(chown(dir, left_by, group), 0);
+        assert_int_equal(chmod(dir, 02775), 0);
+        assert_int_equal(chown(lk, left_by, group), 0);
+    } else {
+        assert_int_equal(chmod(lk, 0444), 0);
+    }
+    int rc = lock_as(dir, user, group, ZO_OK, 0);
+    if (rc == 77) {
+        remove_dir(dir);
+        skip();
+    }
+    assert_int_equal(rc, 0);
+    /* this process holds it: the other user is refused, told which run holds it */
+    zo_dir_lock l;
+    if (zo_dir_lock_take(dir, "the checkpoint folder", &l) != ZO_OK) fail_msg("%s", zo_last_error());
+    assert_int_equal(lock_as(dir, user, group, ZO_ERR_BUSY, getpid()), 0);
+    zo_dir_lock_release(&l);
+    /* the other user holds it, unable to write its name into the file (which
+     * names this process, its last writer): this process is told the holder's
+     * pid all the same (/proc/locks) */
+    int up[2], down[2];
+    assert_int_equal(pipe(up), 0);
+    assert_int_equal(pipe(down), 0);
+    pid_t holder = fork();
+    assert_true(holder >= 0);
+    if (holder == 0) {
+        char c = 0;
+        close(up[0]);
+        close(down[1]); /* the parent's end: closed there, read sees the end */
+        if (geteuid() == 0 && (setgroups(0, NULL) != 0 || setgid(group) != 0 || setuid(user) != 0)) _exit(77);
+        zo_dir_lock h;
+        if (zo_dir_lock_take(dir, "the checkpoint folder", &h) != ZO_OK) _exit(1);
+        if (write(up[1], &c, 1) != 1 || read(down[0], &c, 1) < 0) _exit(1); /* held until told */
+        _exit(0);
+    }
+    char c;
+    close(up[1]);
+    close(down[0]);
+    assert_int_equal(read(up[0], &c, 1), 1);
+    assert_int_equal(zo_dir_lock_take(dir, "the checkpoint folder", &l), ZO_ERR_BUSY);
+    char who[64];
+    snprintf(who, sizeof who, "(pid %ld on host ", (long)holder);
+    if (!strstr(zo_last_error(), who)) fail_msg("not named: %s", zo_last_error());
+    close(down[1]);
+    int ws;
+    assert_int_equal(waitpid(holder, &ws, 0), holder);
+    assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    close(up[0]);
+    struct stat sb;
+    assert_int_equal(stat(lk, &sb), 0); /* the other member's file, as it was */
+    assert_int_equal(sb.st_uid, geteuid() == 0 ? left_by : geteuid());
+    remove_dir(dir);
+}
+
 /* One rule for keys given twice, at any depth: refused, naming the key. */
 static void test_json_duplicates(void **state)
 {
@@ -496,7 +593,7 @@ int main(void)
         cmocka_unit_test(test_format),           cmocka_unit_test(test_file_write_read),
         cmocka_unit_test(test_file_errors),      cmocka_unit_test(test_file_write_no_follow),
         cmocka_unit_test(test_dir_remove),
-        cmocka_unit_test(test_dir_lock),         cmocka_unit_test(test_json_duplicates),
+        cmocka_unit_test(test_dir_lock),         cmocka_unit_test(test_dir_lock_other_user),         cmocka_unit_test(test_json_duplicates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
