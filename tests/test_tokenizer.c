@@ -578,6 +578,12 @@ static void test_corpus_pairs(void **state)
         {"\n\n", "no records"},
         {"{\"text\": \"ab\xff\"}\n", "byte offset 12"},
         {"{\"text\": \"\\ud800\"}\n", ":1:"}, /* a lone surrogate: refused by the parser */
+        /* a second record on a line, or anything after the object: it was dropped */
+        {"{\"text\": \"a\"} {\"text\": \"b\"}\n", ":1: text after the record at column 15"},
+        {"{\"text\": \"a\"}\n{\"text\": \"b\"}x\n", ":2: text after the record at column 14"},
+        /* \u0000 in a string: the record was cut short at it */
+        {"{\"text\": \"a\\u0000b\"}\n", ":1: a string holds \\u0000 (NUL) at column 12"},
+        {"{\"text\": \"ok\"}\n{\"text\": \"x\", \"note\": \"\\u0000\"}\n", ":2: a string holds \\u0000"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         write_file(path, bad[i].text, strlen(bad[i].text));
@@ -586,6 +592,68 @@ static void test_corpus_pairs(void **state)
             fail_msg("case %zu: %s: \"%s\"", i, zo_status_name(st), zo_last_error());
     }
     model_tokenizer_free(t);
+}
+
+/* The file's name picks its format, whatever its case: .jsonl records one a
+ * line; .json a JSON array of records (or records one a line, as Hugging
+ * Face datasets reads both); anything else one text document. A JSON array
+ * (alpaca_data.json) and a .JSONL file were each read as one raw document
+ * before. */
+static void test_corpus_formats(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name, *text;
+        model_corpus_kind kind;
+        size_t n;
+        int last_line;
+    } good[] = {
+        {"data.JSONL", "{\"text\": \"a\"}\n{\"text\": \"b\"}\n", MODEL_CORPUS_TEXT, 2, 2},
+        {"data.Jsonl", "{\"text\": \"a\"}\n\n{\"text\": \"b\"}", MODEL_CORPUS_TEXT, 2, 3},
+        {"pairs.json", "[{\"prompt\": \"p1\", \"completion\": \"c1\"},\n {\"prompt\": \"p2\", \"completion\": \"c2\"}]\n",
+         MODEL_CORPUS_PAIRS, 2, 2},
+        {"pairs.JSON", "\n  [\n  {\"text\": \"a\"}\n  ,\n\n  {\"text\": \"b\"} ]", MODEL_CORPUS_TEXT, 2, 6},
+        {"lines.json", "{\"text\": \"a\"}\n{\"text\": \"b\"}\n", MODEL_CORPUS_TEXT, 2, 2},
+        {"doc.txt", "[{\"text\": \"a\"}, {\"text\": \"b\"}]", MODEL_CORPUS_TEXT, 1, 0},
+        /* an escaped backslash before "u0000" is text, not a NUL */
+        {"esc.jsonl", "{\"text\": \"a\\\\u0000\"}\n", MODEL_CORPUS_TEXT, 1, 1},
+    };
+    char path[128];
+    model_corpus c;
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", tmpdir, good[i].name);
+        write_file(path, good[i].text, strlen(good[i].text));
+        if (model_corpus_read(path, &c) != ZO_OK) fail_msg("%s: %s", good[i].name, zo_last_error());
+        if (c.kind != good[i].kind || c.n != good[i].n || c.line[c.n - 1] != good[i].last_line)
+            fail_msg("%s: kind %d, %zu records, the last on line %d", good[i].name, (int)c.kind, c.n,
+                     c.line[c.n - 1]);
+        model_corpus_free(&c);
+    }
+    snprintf(path, sizeof path, "%s/esc.jsonl", tmpdir);
+    assert_int_equal(model_corpus_read(path, &c), ZO_OK);
+    assert_string_equal(c.text[0], "a\\u0000");
+    model_corpus_free(&c);
+    static const struct {
+        const char *name, *text, *names;
+    } bad[] = {
+        {"alpaca.json", "[\n{\"prompt\": \"p\", \"completion\": \"c\"},\n{\"instruction\": \"i\", \"input\": \"\", \"output\": \"o\"}]",
+         ":3: an Alpaca record (instruction, input, output): write it as {\"prompt\": ..., \"completion\": ...}"},
+        {"a.json", "[{\"text\": \"a\"} {\"text\": \"b\"}]", ":1: expected ',' or ']' after record 1"},
+        {"a.json", "[{\"text\": \"a\"}]\n x", ":2: text after the array"},
+        {"a.json", "[{\"text\": \"a\"}", ":1: the array is not closed"},
+        {"a.json", " []", "no records"},
+        {"a.json", "[\n1]", ":2: not a JSON object"},
+        {"a.json", "[{\"text\": \"\\u0000\"}]", ":1: a string holds \\u0000"},
+        {"a.json", "{\n\"text\": \"a\"\n}\n", ":1: not a JSON object (a .json corpus is an array of records, or one record a line)"},
+        {"a.JSONL", "{\"text\": \"a\"}{}\n", ":1: text after the record"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", tmpdir, bad[i].name);
+        write_file(path, bad[i].text, strlen(bad[i].text));
+        zo_status st = model_corpus_read(path, &c);
+        if (st != ZO_ERR_FORMAT || !strstr(zo_last_error(), bad[i].names) || !strstr(zo_last_error(), path))
+            fail_msg("case %zu: %s: \"%s\"", i, zo_status_name(st), zo_last_error());
+    }
 }
 
 /* ---- the tokenize program ----------------------------------------------------------------------- */
@@ -662,6 +730,7 @@ int main(void)
         cmocka_unit_test(test_special),
         cmocka_unit_test_setup_teardown(test_token_files, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_corpus_pairs, setup_tmp, teardown_tmp),
+        cmocka_unit_test_setup_teardown(test_corpus_formats, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_tokenize_program, setup_tmp, teardown_tmp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
