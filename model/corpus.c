@@ -383,6 +383,8 @@ zo_status model_corpus_tokenize(const model_corpus *c, const model_tokenizer *t,
     all = NULL; /* taken over (freed there on failure too) */
     mask = NULL;
     rows = NULL;
+    if (st == ZO_OK && o->seq > 0 && (st = model_tokens_check_seq(out, o->seq, NULL)) != ZO_OK)
+        model_tokens_close(out);
 
 out_free:
     for (size_t i = 0; ids && i < ns; i++) model_ids_free(&ids[i]);

@@ -70,11 +70,16 @@ typedef struct model_corpus_options {
     int32_t eot;           /* appended after every record; -1: none */
     model_packing packing;
     int n_threads;         /* 0: OpenMP's default */
+    int seq;               /* the sequence length batches will have (--seq); 0: not checked */
 } model_corpus_options;
 
 /* Tokenize a corpus into in-memory tokens (model_tokens_from_ids, named
  * after the file): a mask for pairs, rows with MODEL_PACK_PAD (padded with
- * the end-of-text token, else 0). vocab: the model's (ids must be below). */
+ * the end-of-text token, else 0). vocab: the model's (ids must be below).
+ * With o->seq, the tokens are checked for sequences of that length
+ * (model_tokens_check_seq: a stream long enough, some completion token
+ * left after the cut), so that data that would train on nothing is refused
+ * here, naming the file, not run. */
 zo_status model_corpus_tokenize(const model_corpus *c, const model_tokenizer *t,
                                 const model_corpus_options *o, int vocab, model_tokens *out);
 

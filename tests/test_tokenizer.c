@@ -594,6 +594,75 @@ static void test_corpus_pairs(void **state)
     model_tokenizer_free(t);
 }
 
+/* Data in which no completion token survives the cut to --seq trained on
+ * nothing (every target -1: loss 0, exit 0) while weight decay still moved
+ * the weights. Tokenized with the sequence length (model_corpus_options.seq)
+ * it is refused, naming the file and the --seq that would keep a token;
+ * model_tokens_check_seq counts the records that keep none. */
+static void test_corpus_seq(void **state)
+{
+    (void)state;
+    model_tokenizer *t = load(ZO_FIXTURES_DIR "/tokenizer/small-sp.json");
+    const char *prompts[] = {"What is the runtime that streams the weights to the device one block at a time?",
+                             "Which tier holds the optimizer state when it does not fit in memory?"};
+    char path[128], jsonl[512];
+    snprintf(path, sizeof path, "%s/long-prompts.jsonl", tmpdir);
+    snprintf(jsonl, sizeof jsonl, "{\"prompt\": \"%s\", \"completion\": \" offload\"}\n"
+             "{\"prompt\": \"%s\", \"completion\": \" nvme\"}\n", prompts[0], prompts[1]);
+    write_file(path, jsonl, strlen(jsonl));
+    model_ids p0 = {0}, p1 = {0};
+    encode_one(t, prompts[0], MODEL_TOK_ADD_SPECIAL, &p0);
+    encode_one(t, prompts[1], MODEL_TOK_ADD_SPECIAL, &p1);
+    size_t shortest = p0.n < p1.n ? p0.n : p1.n, longest = p0.n < p1.n ? p1.n : p0.n;
+    assert_true(shortest > 8 && longest > shortest);
+    model_corpus c;
+    assert_int_equal(model_corpus_read(path, &c), ZO_OK);
+    model_corpus_options o = {.add_special = 1, .eot = model_tokenizer_eot(t), .packing = MODEL_PACK_PAD,
+                              .n_threads = 1, .seq = 8};
+    model_tokens tok;
+    assert_int_equal(model_corpus_tokenize(&c, t, &o, 1024, &tok), ZO_ERR_INVALID);
+    char want[160];
+    snprintf(want, sizeof want, "every record's completion is cut off by --seq 8: the shortest prompt takes %zu "
+             "tokens (--seq %zu or more keeps a completion token of it)", shortest, shortest);
+    if (!strstr(zo_last_error(), want) || !strstr(zo_last_error(), path)) fail_msg("%s", zo_last_error());
+    /* --seq as long as the shortest prompt: one record keeps its first completion token */
+    o.seq = (int)shortest;
+    assert_int_equal(model_corpus_tokenize(&c, t, &o, 1024, &tok), ZO_OK);
+    uint64_t cut;
+    assert_int_equal(model_tokens_check_seq(&tok, (int)shortest, &cut), ZO_OK);
+    assert_int_equal(cut, 1);
+    int32_t in[2 * 64], tg[2 * 64];
+    assert_int_equal(model_batch_get(&tok, 2, (int)shortest, 0, 0, MODEL_SAMPLE_SEQUENTIAL, in, tg), ZO_OK);
+    int counted = 0;
+    for (size_t j = 0; j < 2 * shortest; j++) counted += tg[j] >= 0;
+    assert_int_equal(counted, 1);
+    assert_int_equal(model_tokens_check_seq(&tok, (int)longest, &cut), ZO_OK);
+    assert_int_equal(cut, 0);
+    model_tokens_close(&tok);
+    /* streamed, the records' completions are in the windows; too long a
+     * --seq for the stream is refused here too */
+    o.packing = MODEL_PACK_STREAM;
+    o.seq = 8;
+    assert_int_equal(model_corpus_tokenize(&c, t, &o, 1024, &tok), ZO_OK);
+    model_tokens_close(&tok);
+    o.seq = 4096;
+    assert_int_equal(model_corpus_tokenize(&c, t, &o, 1024, &tok), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "are too few for sequences of 4096 (--seq 4096 needs at least 4098)"));
+    model_corpus_free(&c);
+    /* a stream whose mask keeps nothing */
+    uint32_t *ids = calloc(16, sizeof *ids);
+    uint8_t *mask = calloc(16, 1);
+    assert_non_null(ids);
+    assert_non_null(mask);
+    assert_int_equal(model_tokens_from_ids(&tok, "masked", ids, 16, 8, mask, NULL, 0, 0), ZO_OK);
+    assert_int_equal(model_tokens_check_seq(&tok, 4, NULL), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "masked: no token is a target"));
+    model_tokens_close(&tok);
+    model_ids_free(&p0);
+    model_ids_free(&p1);
+    model_tokenizer_free(t);
+}
+
 /* The file's name picks its format, whatever its case: .jsonl records one a
  * line; .json a JSON array of records (or records one a line, as Hugging
  * Face datasets reads both); anything else one text document. A JSON array
@@ -731,6 +800,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_token_files, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_corpus_pairs, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_corpus_formats, setup_tmp, teardown_tmp),
+        cmocka_unit_test_setup_teardown(test_corpus_seq, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_tokenize_program, setup_tmp, teardown_tmp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
