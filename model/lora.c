@@ -97,7 +97,7 @@ static void **block_ptrs(const model_layout *l, const void *const *blocks, void 
     return p;
 }
 
-static cJSON *config_json(const model_layout *l, const zo_lora_config *lc, const char *base_model)
+static cJSON *config_json(const zo_model_config *cfg, const zo_lora_config *lc, const char *base_model)
 {
     cJSON *o = cJSON_CreateObject(), *targets = cJSON_CreateArray();
     if (!o || !targets) {
@@ -106,7 +106,7 @@ static cJSON *config_json(const model_layout *l, const zo_lora_config *lc, const
         return NULL;
     }
     zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    int nm = zo_lora_layer_modules(&l->cfg, lc->targets, mods);
+    int nm = zo_lora_layer_modules(cfg, lc->targets, mods);
     for (int j = 0; j < nm; j++) cJSON_AddItemToArray(targets, cJSON_CreateString(mods[j].peft));
     cJSON_AddStringToObject(o, "peft_type", "LORA");
     cJSON_AddStringToObject(o, "task_type", "CAUSAL_LM");
@@ -120,11 +120,19 @@ static cJSON *config_json(const model_layout *l, const zo_lora_config *lc, const
     cJSON_AddItemToObject(o, "target_modules", targets);
     cJSON_AddStringToObject(o, "bias", "none");
     /* GPT-2's layers are Conv1D, their weights stored [in, out] */
-    cJSON_AddBoolToObject(o, "fan_in_fan_out", l->cfg.arch == ZO_ARCH_GPT);
+    cJSON_AddBoolToObject(o, "fan_in_fan_out", cfg->arch == ZO_ARCH_GPT);
     cJSON_AddBoolToObject(o, "inference_mode", 1);
     cJSON_AddBoolToObject(o, "init_lora_weights", 1);
     cJSON_AddNullToObject(o, "modules_to_save");
     return o;
+}
+
+char *model_lora_config_text(const zo_model_config *cfg, const zo_lora_config *lc, const char *base_model)
+{
+    cJSON *o = config_json(cfg, lc, base_model);
+    char *text = o ? cJSON_Print(o) : NULL;
+    cJSON_Delete(o);
+    return text;
 }
 
 zo_status model_lora_save(const char *dir, const model_layout *adapters, const zo_lora_config *lc,
@@ -137,8 +145,7 @@ zo_status model_lora_save(const char *dir, const model_layout *adapters, const z
         return zo_error(ZO_ERR_IO, "%s: cannot create the adapter directory: %s", dir, strerror(errno));
     float dummy = 0.0f;
     void **ptrs = block_ptrs(adapters, blocks, &dummy);
-    cJSON *cfg = config_json(adapters, lc, base_model);
-    char *text = cfg ? cJSON_Print(cfg) : NULL;
+    char *text = model_lora_config_text(&adapters->cfg, lc, base_model);
     if (!ptrs || !text) {
         st = zo_error(ZO_ERR_NOMEM, "%s: out of host memory for the adapter files", dir);
         goto out_free;
@@ -149,7 +156,6 @@ zo_status model_lora_save(const char *dir, const model_layout *adapters, const z
     st = zo_file_write_all(path, text, strlen(text));
 out_free:
     free(text);
-    cJSON_Delete(cfg);
     free(ptrs);
     return st;
 }
@@ -325,12 +331,20 @@ zo_status model_lora_read_config(const char *dir, const zo_model_config *cfg, zo
                                  char *base_model, size_t base_len)
 {
     char path[4096], *text;
+    size_t len;
     zo_status st;
     join(path, sizeof path, dir, MODEL_LORA_CONFIG);
-    if ((st = zo_file_read_all(path, 1u << 20, "an adapter config", &text, NULL)) != ZO_OK) return st;
-    cJSON *root;
-    st = zo_json_parse(text, strlen(text), path, &root); /* keys given twice refused too */
+    if ((st = zo_file_read_all(path, 1u << 20, "an adapter config", &text, &len)) != ZO_OK) return st;
+    st = model_lora_parse_config(text, len, path, cfg, lc, base_model, base_len);
     free(text);
+    return st;
+}
+
+zo_status model_lora_parse_config(const char *text, size_t len, const char *path, const zo_model_config *cfg,
+                                  zo_lora_config *lc, char *base_model, size_t base_len)
+{
+    cJSON *root;
+    zo_status st = zo_json_parse(text, len, path, &root); /* keys given twice refused too */
     if (st != ZO_OK) return st;
     if (!cJSON_IsObject(root)) {
         st = zo_error(ZO_ERR_FORMAT, "%s: not a JSON object", path);

@@ -61,6 +61,12 @@ zo_status model_lora_save(const char *dir, const model_layout *adapters, const z
  * ZO_ERR_UNSUPPORTED naming the field. */
 zo_status model_lora_read_config(const char *dir, const zo_model_config *cfg, zo_lora_config *lc,
                                  char *base_model, size_t base_len);
+/* The same from the file's `len` bytes of text; `path` names them. */
+zo_status model_lora_parse_config(const char *text, size_t len, const char *path, const zo_model_config *cfg,
+                                  zo_lora_config *lc, char *base_model, size_t base_len);
+/* The adapter_config.json model_lora_save writes, as text (free it); NULL
+ * when out of memory. */
+char *model_lora_config_text(const zo_model_config *cfg, const zo_lora_config *lc, const char *base_model);
 
 /* Fill the adapter buffers (type dt) from dir/adapter_model.safetensors:
  * every tensor of the layout must be there with its shape, and nothing else. */
