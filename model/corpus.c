@@ -235,6 +235,15 @@ zo_status model_corpus_parse(model_corpus *c, const char *path, char *bytes, siz
         st = zo_error(ZO_ERR_INVALID, "%s: invalid UTF-8 at byte offset %zu", path, bad);
         goto out_free;
     }
+    /* a NUL is no text (a token file given as text?), and cut a JSON string */
+    const char *nul = memchr(c->whole, 0, size);
+    if (nul) {
+        int line = 1;
+        for (const char *p = c->whole; p < nul; p++) line += *p == '\n';
+        st = zo_error(ZO_ERR_FORMAT, "%s: a NUL byte at byte offset %zu (line %d): not text (a token file is "
+                      "read without a tokenizer)", path, (size_t)(nul - c->whole), line);
+        goto out_free;
+    }
     size_t first = 0;
     while (first < size && blank(c->whole[first])) first++;
     if (ends_with_nocase(path, ".jsonl")) {

@@ -665,6 +665,16 @@ static zo_status load_model(model_tokenizer *t, const cJSON *m)
     for (int i = 0; i < t->n_added; i++)
         if (t->added[i].id > max_id) max_id = t->added[i].id;
     if (max_id < 0) return zo_error(ZO_ERR_FORMAT, "%s: the vocabulary is empty", t->path);
+    /* the id tables are sized by the largest id: ids must be about as many
+     * as the tokens (real vocabularies are dense), or a few bytes of JSON
+     * would size gigabytes */
+    int n_tokens = cJSON_GetArraySize(vocab) + t->n_added;
+    if ((int64_t)max_id >= 2 * (int64_t)n_tokens + 1024) {
+        const char *name = "added_tokens";
+        cJSON_ArrayForEach(it, vocab) if (it->valueint == max_id) name = it->string;
+        return zo_error(ZO_ERR_FORMAT, "%s: model.vocab[\"%s\"]: id %d is far past the %d tokens: the ids of a "
+                        "vocabulary must number about as many as its tokens", t->path, name, max_id, n_tokens);
+    }
     t->n_ids = max_id + 1;
     t->id_off = calloc((size_t)t->n_ids, sizeof(uint32_t));
     t->id_len = calloc((size_t)t->n_ids, sizeof(uint32_t));

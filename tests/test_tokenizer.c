@@ -367,6 +367,10 @@ static void test_refused(void **state)
         {"model.merges", "[[\"a\", \"\xe4\"]]", ZO_ERR_FORMAT, "model.merges[0] is not UTF-8"},
         {"model.merges", "[[\"\xf0\x9f\", \"a\"]]", ZO_ERR_FORMAT, "model.merges[0] is not UTF-8"},
         {"model.vocab", "{\"a\": -1}", ZO_ERR_FORMAT, "model.vocab"},
+        /* ids far past the tokens: the id tables were sized by the largest
+         * (2.4 GB for this one; fuzz_tokenizer, out of memory) */
+        {"model.vocab", "{\"a\": 0, \"b\": 599999991}", ZO_ERR_FORMAT,
+         "model.vocab[\"b\"]: id 599999991 is far past the 3 tokens"},
         {"post_processor", "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<nope>\"}}]}",
          ZO_ERR_FORMAT, "<nope>"},
     };
@@ -702,6 +706,21 @@ static void test_corpus_formats(void **state)
     assert_int_equal(model_corpus_read(path, &c), ZO_OK);
     assert_string_equal(c.text[0], "a\\u0000");
     model_corpus_free(&c);
+    /* a NUL byte, in a text file or raw in a JSON string (fuzz_corpus: the
+     * text held it; a JSON string was cut at it) */
+    static const struct {
+        const char *name, *text;
+        size_t len;
+        const char *names;
+    } nul[] = {{"doc.txt", "one\0two", 7, "a NUL byte at byte offset 3 (line 1)"},
+               {"nul.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"a\0b\"}\n", 31, "a NUL byte at byte offset 26 (line 2)"}};
+    for (size_t i = 0; i < sizeof nul / sizeof nul[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", tmpdir, nul[i].name);
+        write_file(path, nul[i].text, nul[i].len);
+        zo_status st = model_corpus_read(path, &c);
+        if (st != ZO_ERR_FORMAT || !strstr(zo_last_error(), nul[i].names) || !strstr(zo_last_error(), path))
+            fail_msg("%s: %s: \"%s\"", nul[i].name, zo_status_name(st), zo_last_error());
+    }
     static const struct {
         const char *name, *text, *names;
     } bad[] = {
