@@ -537,6 +537,10 @@ static zo_status load_post(model_tokenizer *t, const cJSON *p, const char *type,
                 cJSON_ArrayForEach(idv, ids)
                 {
                     if (!cJSON_IsNumber(idv)) return zo_error(ZO_ERR_FORMAT, "%s: %s.special_tokens.%s.ids", t->path, field, name);
+                    /* an id encode emits must be a token (decode refuses others) */
+                    if (idv->valuedouble < 0 || idv->valuedouble >= t->n_ids || !t->id_kind[idv->valueint])
+                        return zo_error(ZO_ERR_FORMAT, "%s: %s.special_tokens.%s.ids: %g is no token of the vocabulary",
+                                        t->path, field, name, idv->valuedouble);
                     st = seen_a ? push_special(&t->suffix, &t->n_suffix, idv->valueint)
                                 : push_special(&t->prefix, &t->n_prefix, idv->valueint);
                     if (st != ZO_OK) return st;

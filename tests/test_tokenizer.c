@@ -373,6 +373,11 @@ static void test_refused(void **state)
          "model.vocab[\"b\"]: id 599999991 is far past the 3 tokens"},
         {"post_processor", "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<nope>\"}}]}",
          ZO_ERR_FORMAT, "<nope>"},
+        /* ids the template adds must be tokens: encode emitted them, decode
+         * refused them (fuzz_tokenizer) */
+        {"post_processor", "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<s>\"}}, "
+         "{\"Sequence\": {\"id\": \"A\"}}], \"special_tokens\": {\"<s>\": {\"id\": \"<s>\", \"ids\": [5000]}}}",
+         ZO_ERR_FORMAT, "post_processor.special_tokens.<s>.ids: 5000 is no token of the vocabulary"},
     };
     char msg[512];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
