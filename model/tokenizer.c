@@ -258,11 +258,14 @@ static void byte_level_tables(uint32_t byte_to_cp[256], int16_t cp_to_byte[324])
     }
 }
 
-/* A byte-level string (UTF-8 of the alphabet) to raw bytes; 0 when a
- * character is outside the alphabet. out has room for n bytes. */
+/* A byte-level string (UTF-8 of the alphabet) to raw bytes; 0 when s[0..n)
+ * is not valid UTF-8 (a sequence cut off at the end included: it is never
+ * decoded past s + n) or a character is outside the alphabet. out has room
+ * for n bytes and may be s. */
 static int byte_level_decode(const int16_t cp_to_byte[324], const char *s, size_t n, uint8_t *out,
                              size_t *out_n)
 {
+    if (model_utf8_check(s, n) != n) return 0;
     size_t k = 0;
     for (size_t i = 0; i < n;) {
         uint32_t cp;
@@ -534,6 +537,10 @@ static zo_status load_post(model_tokenizer *t, const cJSON *p, const char *type,
                 cJSON_ArrayForEach(idv, ids)
                 {
                     if (!cJSON_IsNumber(idv)) return zo_error(ZO_ERR_FORMAT, "%s: %s.special_tokens.%s.ids", t->path, field, name);
+                    /* an id encode emits must be a token (decode refuses others) */
+                    if (idv->valuedouble < 0 || idv->valuedouble >= t->n_ids || !t->id_kind[idv->valueint])
+                        return zo_error(ZO_ERR_FORMAT, "%s: %s.special_tokens.%s.ids: %g is no token of the vocabulary",
+                                        t->path, field, name, idv->valuedouble);
                     st = seen_a ? push_special(&t->suffix, &t->n_suffix, idv->valueint)
                                 : push_special(&t->prefix, &t->n_prefix, idv->valueint);
                     if (st != ZO_OK) return st;
@@ -662,6 +669,16 @@ static zo_status load_model(model_tokenizer *t, const cJSON *m)
     for (int i = 0; i < t->n_added; i++)
         if (t->added[i].id > max_id) max_id = t->added[i].id;
     if (max_id < 0) return zo_error(ZO_ERR_FORMAT, "%s: the vocabulary is empty", t->path);
+    /* the id tables are sized by the largest id: ids must be about as many
+     * as the tokens (real vocabularies are dense), or a few bytes of JSON
+     * would size gigabytes */
+    int n_tokens = cJSON_GetArraySize(vocab) + t->n_added;
+    if ((int64_t)max_id >= 2 * (int64_t)n_tokens + 1024) {
+        const char *name = "added_tokens";
+        cJSON_ArrayForEach(it, vocab) if (it->valueint == max_id) name = it->string;
+        return zo_error(ZO_ERR_FORMAT, "%s: model.vocab[\"%s\"]: id %d is far past the %d tokens: the ids of a "
+                        "vocabulary must number about as many as its tokens", t->path, name, max_id, n_tokens);
+    }
     t->n_ids = max_id + 1;
     t->id_off = calloc((size_t)t->n_ids, sizeof(uint32_t));
     t->id_len = calloc((size_t)t->n_ids, sizeof(uint32_t));
@@ -759,6 +776,13 @@ static zo_status load_model(model_tokenizer *t, const cJSON *m)
             bn = strlen(b);
         } else {
             st = zo_error(ZO_ERR_FORMAT, "%s: model.merges[%d] is neither \"A B\" nor [A, B]", t->path, rank);
+            break;
+        }
+        /* the vocabulary is UTF-8 (checked above): a part that is not names no
+         * token, and is named as such */
+        if (model_utf8_check(a, an) != an || model_utf8_check(b, bn) != bn) {
+            st = zo_error(ZO_ERR_FORMAT, "%s: model.merges[%d] is not UTF-8: its %s token has a cut-off "
+                          "or invalid sequence", t->path, rank, model_utf8_check(a, an) != an ? "first" : "second");
             break;
         }
         if (an + bn + 1 > catcap) {
