@@ -347,7 +347,11 @@ static int adamw_flag(int c, const char *arg, train_args *a, zo_status *st)
         return 1;
     case OPT_B1: *st = parse_float(arg, "--beta1", 0.0, 0.999999, &ad->beta1); return 1;
     case OPT_B2: *st = parse_float(arg, "--beta2", 0.0, 0.999999, &ad->beta2); return 1;
-    case OPT_EPS: *st = parse_float(arg, "--eps", 0.0, 1.0, &ad->eps); return 1;
+    case OPT_EPS: /* 0 divides by sqrt(v) = 0 where a weight has had no gradient yet */
+        *st = parse_float(arg, "--eps", 0.0, 1.0, &ad->eps);
+        if (*st == ZO_OK && !(ad->eps > 0.0f))
+            *st = zo_error(ZO_ERR_INVALID, "--eps: %s must be > 0 (AdamW divides by sqrt(v) + eps)", arg);
+        return 1;
     case OPT_WD: *st = parse_float(arg, "--weight-decay", 0.0, 10.0, &ad->weight_decay); return 1;
     case OPT_CLIP: *st = parse_float(arg, "--clip", 0.0, 1e9, &ad->clip); return 1;
     default: return 0;
