@@ -389,6 +389,9 @@ typedef struct offload_stats {
      * across micro-batches); comm_elems plus these is the paper's count,
      * which gathers every block twice a micro-batch */
     uint64_t comm_reused_elems;
+    /* ZeRO-3 with a frozen base (LoRA, QLoRA): the bytes of the base
+     * all-gathered (not model elements: apart from comm_elems) */
+    uint64_t comm_frozen_bytes;
     /* fp32 master, m and v this rank holds, per tier (1/N of the model's
      * with ZeRO 1-3 over N ranks) */
     uint64_t optimizer_bytes[OFFLOAD_TIERS];
