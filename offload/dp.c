@@ -87,6 +87,7 @@ zo_status offload_dp_create(const offload_env *env, const offload_geom *g, comm_
         goto out_free;
     }
     if ((st = gpu_event_create(env->dev, &dp->ev_in)) != ZO_OK ||
+        (st = gpu_event_create(env->dev, &dp->ev_in_s)) != ZO_OK ||
         (st = gpu_event_create(env->dev, &dp->ev_out)) != ZO_OK)
         goto out_free;
     *out = dp;
@@ -107,6 +108,7 @@ void offload_dp_free(offload_dp *dp)
     }
     gpu_mem_free(dp->env->dev, dp->small);
     if (dp->ev_in) gpu_event_destroy(dp->ev_in);
+    if (dp->ev_in_s) gpu_event_destroy(dp->ev_in_s);
     if (dp->ev_out) gpu_event_destroy(dp->ev_out);
     free(dp->req);
     free(dp->pad);

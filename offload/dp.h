@@ -35,7 +35,13 @@ struct offload_dp {
     size_t bucket_q;       /* elements of a rank's part per piece */
     gpu_event_t bucket_ev[2]; /* the bucket's last use is done (its stream's record) */
     void *small;           /* device [size * OFFLOAD_GATHER_MAX]: offload_gather */
-    gpu_event_t ev_in, ev_out; /* a collective's `after` and `done` */
+    /* a collective's `after` recorded on the h2d stream (ev_in) or on the
+     * compute stream (ev_in_s), and its `done` (on the communicator's
+     * stream). One event is recorded on one stream only: a record on one
+     * stream may complete before an earlier one on another, and the CPU
+     * backend then releases the earlier record's waiters too (it keeps the
+     * highest record completed) */
+    gpu_event_t ev_in, ev_in_s, ev_out;
     /* collectives in flight, oldest first (they complete in issue order) */
     comm_request_t *req;
     size_t n_req, head, cap_req;

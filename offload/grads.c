@@ -313,8 +313,8 @@ static zo_status send_scatter(offload_grads *gr, gpu_stream_t s, int k, int bloc
         if (j && (st = gpu_stream_wait_event(s, g->copied)) != ZO_OK) return st;
         if ((st = pack_piece(gr, s, block, n, g->dev, gr->g->dtype, GPU_COPY_DEVICE_TO_DEVICE, first, q, bk)) !=
                 ZO_OK ||
-            (st = gpu_event_record(dp->ev_in, s)) != ZO_OK ||
-            (st = offload_dp_collective(dp, DP_REDUCE_SCATTER, q, real, bk, ZO_DTYPE_F32, dp->ev_in, dp->ev_out)) !=
+            (st = gpu_event_record(dp->ev_in_s, s)) != ZO_OK ||
+            (st = offload_dp_collective(dp, DP_REDUCE_SCATTER, q, real, bk, ZO_DTYPE_F32, dp->ev_in_s, dp->ev_out)) !=
                 ZO_OK ||
             (st = gpu_stream_wait_event(d2h, dp->ev_out)) != ZO_OK)
             return st;
@@ -393,8 +393,8 @@ static zo_status reduce_dev(offload_grads *gr, int b, gpu_stream_t s)
     gpu_event_t after = NULL;
     zo_status st;
     if (s) {
-        if ((st = gpu_event_record(dp->ev_in, s)) != ZO_OK) return st;
-        after = dp->ev_in;
+        if ((st = gpu_event_record(dp->ev_in_s, s)) != ZO_OK) return st;
+        after = dp->ev_in_s;
     }
     return offload_dp_block(dp, (dp_op)gr->red_op, b, gr->g->numel[b], gr->sums[b].dev, ZO_DTYPE_F32, after, NULL);
 }
