@@ -24,6 +24,8 @@
  * - LoRA and QLoRA on N ranks: the adapters data-parallel, the base
  *   replicated (ZeRO 0-2) or partitioned and gathered (ZeRO-3), read back
  *   unchanged; the losses of one rank with grad-accum N.
+ * - What the capability table does not run: offload_init refuses it with
+ *   the table's words.
  * Run plainly (one rank), it also launches `train` under mpiexec:
  * - 2 ranks from memplan plans for ZeRO 0-3 print the losses of one rank
  *   with grad-accum 2, and each rank's peaks within 3% of the plan's;
@@ -43,6 +45,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/capability.h"         /* defines: zo_capability_check */
 #include "common/clock.h"
 #include "gpu/comm.h"                  /* defines: comm_init */
 #include "offload/offload.h"           /* defines: offload_init */
@@ -501,6 +504,50 @@ static void test_lora_ranks(void **state)
     }
 }
 
+/* What the capability table does not run, refused by offload_init with
+ * its words (ZO_ERR_UNSUPPORTED), before anything is allocated: ZeRO 1-2
+ * with the trained weights off the device on several ranks (the weights;
+ * LoRA's adapters), dpu with optimizer state on the device. */
+static void test_refusals(void **state)
+{
+    (void)state;
+    struct {
+        int stage, lora, ranks_min;
+        offload_tier params, adapters;
+        offload_schedule sched;
+        double dev;
+    } v[] = {
+        {1, 0, 2, OFFLOAD_CPU, OFFLOAD_DEVICE, OFFLOAD_SCHEDULE_SERIAL, 0},
+        {2, 0, 2, OFFLOAD_NVME, OFFLOAD_DEVICE, OFFLOAD_SCHEDULE_OVERLAP, 0},
+        {2, 1, 2, OFFLOAD_DEVICE, OFFLOAD_CPU, OFFLOAD_SCHEDULE_SERIAL, 0},
+        {1, 1, 2, OFFLOAD_NVME, OFFLOAD_NVME, OFFLOAD_SCHEDULE_DPU, 0},
+        {3, 0, 1, OFFLOAD_DEVICE, OFFLOAD_DEVICE, OFFLOAD_SCHEDULE_DPU, 0.5},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        if (ranks < v[i].ranks_min) continue;
+        dp_run r = small_run(v[i].stage, v[i].dev > 0 ? -1 : 0, 1.0f);
+        r.cfg = tiny_model(ZO_ARCH_LLAMA, 2, 64, 64, 64);
+        if (v[i].lora) r.lora = (tf_lora_options){.r = 4, .alpha = 8, .targets = ZO_LORA_Q | ZO_LORA_V};
+        r.oc.params_on = v[i].params;
+        r.oc.trainable_on = v[i].adapters;
+        r.oc.schedule = v[i].sched;
+        zo_run_shape shape;
+        zo_run_shape_defaults(&shape);
+        shape.method = v[i].lora ? ZO_PLAN_LORA : ZO_PLAN_FULL;
+        shape.ranks = ranks;
+        shape.zero = v[i].stage;
+        shape.schedule = (zo_plan_schedule)v[i].sched;
+        shape.params = (zo_plan_tier)v[i].params;
+        shape.adapters = (zo_plan_tier)v[i].adapters;
+        memcpy(shape.optimizer, r.oc.opt_frac, sizeof shape.optimizer);
+        char why[512];
+        assert_int_equal(zo_capability_check(&shape, why, sizeof why), ZO_ERR_UNSUPPORTED);
+        assert_int_equal(train(&r), ZO_ERR_UNSUPPORTED);
+        if (rank == 0) printf("  %s\n", zo_last_error());
+        assert_non_null(strstr(zo_last_error(), why));
+    }
+}
+
 /* memplan's estimate for run r: --dp N --zero S. */
 static void plan_for(const dp_run *r, plan_estimate *e)
 {
@@ -930,6 +977,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_schedules),
         cmocka_unit_test(test_overflow),
         cmocka_unit_test(test_lora_ranks),
+        cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_train_ranks),
         cmocka_unit_test(test_train_resume),
         cmocka_unit_test(test_train_kill),
