@@ -215,8 +215,13 @@ typedef struct offload_config {
      * 16-bit weights all-gathered; 2 gradients too, reduce-scattered block
      * by block as backward produces them; 3 the 16-bit weights too,
      * all-gathered into the device slots one block ahead of use. Stages 1
-     * and 2 keep every 16-bit weight on the device (params_on gpu); stage 3
-     * takes any params_on (the rank's part lives there). */
+     * and 2 keep every 16-bit weight on the device (params_on gpu; with a
+     * frozen base, trainable_on gpu); stage 3 takes any params_on (the
+     * rank's part lives there). With a frozen base (LoRA) the trained
+     * weights are the adapters; the base is replicated at stages 0-2 and
+     * partitioned at 3. Every schedule runs at every stage. What the
+     * runtime does not run is common/capability.h's table, whose words
+     * offload_init refuses with (ZO_ERR_UNSUPPORTED). */
     int zero_stage;
     /* Elements of a communication bucket (fp32; two of them on the device):
      * a block larger than it is reduced in pieces. 0: 25M (the plan's
