@@ -118,23 +118,24 @@ zo_status weights_load(offload_t *rt, const tf_model *m, const train_args *a)
     return stream_blocks(&m->layout, a->weights, (uint64_t)a->seed, set_block, rt);
 }
 
-/* --save with LoRA: a PEFT adapter directory. */
-static zo_status save_adapters(offload_t *rt, const tf_model *m, const train_args *a)
+/* --save with LoRA: a PEFT adapter directory, written by rank 0 (every
+ * rank reads the adapters: gathered when partitioned). */
+static zo_status save_adapters(offload_t *rt, const tf_model *m, const train_args *a, int rank)
 {
     const model_layout *ad = &m->adapters;
     void **blocks = alloc_blocks(ad);
     if (!blocks) return zo_error(ZO_ERR_NOMEM, "train: out of host memory for the adapters");
     zo_status st = ZO_OK;
     for (int b = 0; b < ad->n_blocks && st == ZO_OK; b++) st = offload_get_block(rt, b, blocks[b]);
-    if (st == ZO_OK)
+    if (st == ZO_OK && rank == 0)
         st = model_lora_save(a->save, ad, &a->lora, a->model, (const void *const *)blocks, ZO_DTYPE_F32,
                              ZO_DTYPE_F32);
     free_blocks(blocks, ad->n_blocks);
     return st;
 }
 
-zo_status weights_save(offload_t *rt, const tf_model *m, const train_args *a)
+zo_status weights_save(offload_t *rt, const tf_model *m, const train_args *a, int rank)
 {
-    if (a->lora.r) return save_adapters(rt, m, a);
+    if (a->lora.r) return save_adapters(rt, m, a, rank);
     return offload_write_weights(rt, a->save, weights_write, (void *)&m->layout);
 }
