@@ -407,6 +407,9 @@ static zo_status save_finish(offload_ckpt *ck, const save_dir *s, offload_dp *dp
                      .skipped = c->skipped, .skipped_in_a_row = c->skipped_in_a_row,
                      .params = ck->g->n, .blocks = ck->g->nb, .dtype = ck->g->dtype,
                      .data_step = meta ? meta->data_step : 0, .seed = meta ? meta->seed : 0};
+    if (meta && meta->batch.micro_batch)
+        cs.batch = (ckpt_batch){.micro_batch = meta->batch.micro_batch, .grad_accum = meta->batch.grad_accum,
+                                .ranks = meta->batch.ranks, .seq = meta->batch.seq};
     zo_status st = ckpt_state_write(s->tmp, &cs);
     if (st != ZO_OK) return st;
     ckpt_manifest mf = {.layout = {.blocks = ck->g->nb, .params = ck->g->n, .dtype = ck->g->dtype,
@@ -715,11 +718,11 @@ static zo_status check_checkpoint(const offload_ckpt *ck, const char *cdir, ckpt
     snprintf(path, sizeof path, "%s/" CKPT_MANIFEST_NAME, cdir);
     const ckpt_layout *l = &mf->layout;
     if (l->blocks != ck->g->nb || l->params != ck->g->n || l->dtype != ck->g->dtype ||
-        l->state_version != CKPT_STATE_VERSION)
+        l->state_version != cs->version)
         st = zo_error(ZO_ERR_INVALID, "%s: layout %d blocks, %" PRIu64 " parameters, %s, state version "
-                      "%d; this run: %d blocks, %zu parameters, %s, version %d", path, l->blocks,
+                      "%d; this run: %d blocks, %zu parameters, %s, %s version %d", path, l->blocks,
                       l->params, zo_dtype_name(l->dtype), l->state_version, ck->g->nb, ck->g->n,
-                      zo_dtype_name(ck->g->dtype), CKPT_STATE_VERSION);
+                      zo_dtype_name(ck->g->dtype), CKPT_STATE_NAME, cs->version);
     else if (!ckpt_manifest_find(mf, CKPT_STATE_NAME) || (!mf->partition.ranks && !ckpt_manifest_find(mf, OPT_FILE)))
         st = zo_error(ZO_ERR_FORMAT, "%s: does not list %s and %s", path, CKPT_STATE_NAME, OPT_FILE);
     else
@@ -784,6 +787,9 @@ zo_status offload_ckpt_load(offload_ckpt *ck, const char *dir, offload_ckpt_meta
     if (meta) {
         meta->data_step = cs.data_step;
         meta->seed = cs.seed;
+        meta->batch = (offload_ckpt_batch){.micro_batch = cs.batch.micro_batch, .grad_accum = cs.batch.grad_accum,
+                                           .ranks = cs.batch.ranks, .seq = cs.batch.seq};
+        meta->state_version = cs.version;
     }
 out_close:
     source_close(&src);

@@ -903,6 +903,75 @@ static void test_train_resume(void **state)
     assert_non_null(strstr(out, want));
 }
 
+/* A checkpoint resumed with another split of its global batch (issue 28:
+ * its data position counted micro-batches of a size it did not record, so
+ * --micro-batch 1 --grad-accum 2 resumed a step-4 checkpoint of
+ * --micro-batch 2 at step 2, trained on seen data and exited 0): one rank's
+ * --micro-batch 2 resumed with --micro-batch 1 --grad-accum 2, and 2 ranks'
+ * --micro-batch 2 on 4 ranks and on one with --micro-batch 1, each at step 4
+ * with the uninterrupted run's losses; another --seq or global batch is
+ * refused naming the flag. */
+static void test_train_resplit(void **state)
+{
+    (void)state;
+    if (ranks > 1) skip();
+    static char out[1 << 16];
+    char extra[2048], dir[512];
+    double full[8], got[8];
+    /* one rank */
+    snprintf(dir, sizeof dir, "%s/ck-split1", tmp_dir);
+    int rc = train_run(0, "", "", "--dtype fp32 --steps 8", out, sizeof out, NULL);
+    assert_int_equal(rc, 0);
+    run_train_losses(out, full, 8);
+    snprintf(extra, sizeof extra, "--dtype fp32 --steps 4 --ckpt %s", dir);
+    assert_int_equal(train_run(0, "", "", extra, out, sizeof out, NULL), 0);
+    snprintf(extra, sizeof extra, "--dtype fp32 --steps 8 --micro-batch 1 --grad-accum 2 --resume %s", dir);
+    rc = train_run(0, "", "", extra, out, sizeof out, NULL);
+    if (rc || !strstr(out, "at step 4")) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "at step 4"));
+    run_train_losses(out, got, 8);
+    assert_losses_close(got, full, 4, 8, "micro-batch 2's checkpoint with micro-batch 1 x grad-accum 2");
+    /* what cannot be converted */
+    struct {
+        const char *flags, *said;
+    } bad[] = {
+        {"--seq 16", "--seq 16 is not the checkpoint's --seq 32"},
+        {"--micro-batch 1", "a global batch of 1 sequences (--micro-batch 1 x --grad-accum 1 x 1 rank) is not "
+                            "the checkpoint's 2 (--micro-batch 2 x --grad-accum 1 x 1 rank)"},
+        {"--grad-accum 2", "--grad-accum"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(extra, sizeof extra, "--dtype fp32 --steps 8 %s --resume %s", bad[i].flags, dir);
+        rc = train_run(0, "", "", extra, out, sizeof out, NULL);
+        printf("  resumed with %s: exit %d\n", bad[i].flags, rc);
+        if (rc != 2 || !strstr(out, bad[i].said)) fprintf(stderr, "%s\n", out);
+        assert_int_equal(rc, 2);
+        assert_non_null(strstr(out, bad[i].said));
+        assert_null(strstr(out, "\nstep "));
+    }
+    /* 2 ranks' checkpoint on 4 ranks and on one, micro-batch 1 */
+    snprintf(dir, sizeof dir, "%s/ck-split2", tmp_dir);
+    rc = train_run(2, "", "", "--dtype fp32 --steps 8 --zero 1", out, sizeof out, NULL);
+    if (rc) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    run_train_losses(out, full, 8);
+    snprintf(extra, sizeof extra, "--dtype fp32 --steps 4 --zero 1 --ckpt %s", dir);
+    assert_int_equal(train_run(2, "", "", extra, out, sizeof out, NULL), 0);
+    int np[2] = {4, 0};
+    for (int i = 0; i < 2; i++) {
+        snprintf(extra, sizeof extra, "--dtype fp32 --steps 8 --zero 1 --micro-batch 1 --grad-accum %d --resume %s",
+                 np[i] ? 1 : 4, dir);
+        rc = train_run(np[i], "", "", extra, out, sizeof out, NULL);
+        if (rc || !strstr(out, "at step 4")) fprintf(stderr, "%s\n", out);
+        assert_int_equal(rc, 0);
+        assert_non_null(strstr(out, "at step 4"));
+        run_train_losses(out, got, 8);
+        assert_losses_close(got, full, 4, 8, np[i] ? "2 ranks x micro-batch 2 on 4 ranks x micro-batch 1"
+                                                    : "2 ranks x micro-batch 2 on one x micro-batch 1 x grad-accum 4");
+    }
+}
+
 /* A rank killed by SIGKILL mid-step: with Open MPI's default the launcher
  * ends the others; with --enable-recovery the others' collective times out
  * (--comm-timeout 3) and ends them, naming the dead rank. Either way no rank
@@ -980,6 +1049,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_train_ranks),
         cmocka_unit_test(test_train_resume),
+        cmocka_unit_test(test_train_resplit),
         cmocka_unit_test(test_train_kill),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -251,6 +251,52 @@ zo_status run_setup(train_run *r)
     return ZO_OK;
 }
 
+/* The step a checkpoint's data position is at in this run's batches. Rows
+ * (sequences) count it: step k takes rows [k G, (k + 1) G) of the data, G =
+ * micro-batch x grad-accum x ranks, however they are split, so any split of
+ * the checkpoint's global batch resumes at the same rows; another --seq
+ * (other rows) or another global batch (other steps) is refused. A
+ * version-3 checkpoint counted micro-batches and recorded no shape: read as
+ * it was, on the word of --micro-batch and --seq. */
+static zo_status resume_position(train_run *r, const offload_ckpt_meta *meta)
+{
+    const train_args *a = r->a;
+    const offload_ckpt_batch *b = &meta->batch;
+    int64_t global = (int64_t)a->micro_batch * r->accum * r->ranks;
+    if (meta->state_version == 3) {
+        if (meta->data_step % (r->accum * r->ranks))
+            return zo_error(ZO_ERR_INVALID, "--resume %s: the checkpoint is %lld micro-batches into the data, not "
+                            "a whole number of global batches of %d ranks x grad-accum %d", a->resume,
+                            (long long)meta->data_step, r->ranks, r->accum);
+        r->k0 = (long)(meta->data_step / (r->accum * r->ranks));
+        printf("# %s: a version-3 state.json records no batch shape: its %lld micro-batches are taken to be of "
+               "--micro-batch %ld --seq %ld, as this run's\n", a->resume, (long long)meta->data_step,
+               a->micro_batch, a->seq);
+        return ZO_OK;
+    }
+    if (!b->micro_batch)
+        return zo_error(ZO_ERR_INVALID, "--resume %s: the checkpoint records no batch shape (not saved by "
+                        "train): its data position cannot be placed", a->resume);
+    int64_t saved = b->micro_batch * b->grad_accum * b->ranks;
+    if (b->seq != a->seq)
+        return zo_error(ZO_ERR_INVALID, "--resume %s: --seq %ld is not the checkpoint's --seq %lld (its data "
+                        "position counts sequences of %lld tokens): resume with --seq %lld", a->resume, a->seq,
+                        (long long)b->seq, (long long)b->seq, (long long)b->seq);
+    if (global != saved)
+        return zo_error(ZO_ERR_INVALID, "--resume %s: a global batch of %lld sequences (--micro-batch %ld x "
+                        "--grad-accum %d x %d rank%s) is not the checkpoint's %lld (--micro-batch %lld x "
+                        "--grad-accum %lld x %lld rank%s): resume with --micro-batch and --grad-accum whose "
+                        "product with the ranks is %lld", a->resume, (long long)global, a->micro_batch, r->accum,
+                        r->ranks, r->ranks > 1 ? "s" : "", (long long)saved, (long long)b->micro_batch,
+                        (long long)b->grad_accum, (long long)b->ranks, b->ranks > 1 ? "s" : "", (long long)saved);
+    if (meta->data_step % global)
+        return zo_error(ZO_ERR_FORMAT, "--resume %s: the checkpoint is %lld sequences into the data, not a whole "
+                        "number of its global batches of %lld", a->resume, (long long)meta->data_step,
+                        (long long)global);
+    r->k0 = (long)(meta->data_step / global);
+    return ZO_OK;
+}
+
 zo_status run_load_weights(train_run *r)
 {
     const train_args *a = r->a;
@@ -259,13 +305,7 @@ zo_status run_load_weights(train_run *r)
     if (st != ZO_OK || !a->resume) return st;
     offload_ckpt_meta meta;
     if ((st = offload_load(r->rt, a->resume, &meta)) != ZO_OK) return st;
-    /* the data position counts every rank's micro-batches: it resumes on
-     * any rank count whose global batch (ranks x grad-accum) divides it */
-    if (meta.data_step % (r->accum * r->ranks))
-        return zo_error(ZO_ERR_INVALID, "--resume %s: the checkpoint is %lld micro-batches into the data, not "
-                        "a whole number of global batches of %d ranks x grad-accum %d", a->resume,
-                        (long long)meta.data_step, r->ranks, r->accum);
-    r->k0 = (long)(meta.data_step / (r->accum * r->ranks));
+    if ((st = resume_position(r, &meta)) != ZO_OK) return st;
     printf("# resumed from %s at step %ld\n", a->resume, r->k0);
     return ZO_OK;
 }
@@ -354,9 +394,12 @@ zo_status run_evaluate(train_run *r, ft_record *rec, uint64_t *counted)
 
 zo_status run_checkpoint(train_run *r, long steps)
 {
-    offload_ckpt_meta meta = {.data_step = steps * r->accum * r->ranks, .seed = (uint64_t)r->a->seed};
-    zo_status st = offload_save_streamed(r->rt, r->a->ckpt, &meta, weights_write, (void *)r->trained);
-    if (st == ZO_OK) printf("# checkpoint %s step %ld\n", r->a->ckpt, steps);
+    const train_args *a = r->a;
+    offload_ckpt_meta meta = {.data_step = steps * a->micro_batch * r->accum * r->ranks, .seed = (uint64_t)a->seed,
+                              .batch = {.micro_batch = a->micro_batch, .grad_accum = r->accum, .ranks = r->ranks,
+                                        .seq = a->seq}};
+    zo_status st = offload_save_streamed(r->rt, a->ckpt, &meta, weights_write, (void *)r->trained);
+    if (st == ZO_OK) printf("# checkpoint %s step %ld\n", a->ckpt, steps);
     return st;
 }
 
