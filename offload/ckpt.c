@@ -270,20 +270,51 @@ static zo_status pick_name(const offload_ckpt *ck, int dfd, const char *latest, 
 /* ---- several ranks ------------------------------------------------------------------ */
 
 /* Every rank's status of a stage: the first failure becomes every rank's
- * (no data parallelism: mine). */
+ * (no data parallelism: mine), with the failing rank's own message: a
+ * save that fails on rank 1 for a full disk says so on rank 0 too, not
+ * only "rank 1 of 2 failed" (the failing rank's message may never be
+ * printed: the job is aborted by whichever rank gets there first). The
+ * messages travel after the statuses, only when one failed, in pieces of
+ * OFFLOAD_GATHER_MAX bytes (AGREE_MSG in all, the rest cut). */
+#define AGREE_MSG (4 * OFFLOAD_GATHER_MAX)
 static zo_status dp_agree(offload_dp *dp, zo_status mine, const char *what)
 {
     if (!dp) return mine;
     int32_t *all = calloc((size_t)dp->size, sizeof *all), me = (int32_t)mine;
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", mine != ZO_OK ? zo_last_error() : "");
-    if (!all) return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", what);
+    char *msg = calloc(AGREE_MSG, 1), *msgs = calloc((size_t)dp->size, AGREE_MSG);
+    if (!all || !msg || !msgs) {
+        free(all), free(msg), free(msgs);
+        return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", what);
+    }
+    if (mine != ZO_OK) snprintf(msg, AGREE_MSG, "%s", zo_last_error());
     zo_status st = offload_dp_gather(dp, &me, sizeof me, all);
+    int failed = -1; /* mine first, else the first rank that failed */
     for (int r = 0; r < dp->size && st == ZO_OK; r++)
-        if (all[r] != ZO_OK)
-            st = r == dp->rank ? zo_error(mine, "%s", msg)
-                               : zo_error((zo_status)all[r], "%s: rank %d of %d failed", what, r, dp->size);
+        if (all[r] != ZO_OK && (failed < 0 || r == dp->rank)) failed = r;
+    if (st == ZO_OK && failed >= 0) {
+        /* every rank knows one failed: every rank takes part */
+        char piece[OFFLOAD_GATHER_MAX], *got = malloc((size_t)dp->size * OFFLOAD_GATHER_MAX);
+        if (!got) st = zo_error(ZO_ERR_NOMEM, "%s: out of host memory", what);
+        for (int k = 0; k < AGREE_MSG / OFFLOAD_GATHER_MAX && st == ZO_OK; k++) {
+            memcpy(piece, msg + (size_t)k * OFFLOAD_GATHER_MAX, OFFLOAD_GATHER_MAX);
+            st = offload_dp_gather(dp, piece, OFFLOAD_GATHER_MAX, got);
+            for (int r = 0; r < dp->size && st == ZO_OK; r++)
+                memcpy(msgs + (size_t)r * AGREE_MSG + (size_t)k * OFFLOAD_GATHER_MAX,
+                       got + (size_t)r * OFFLOAD_GATHER_MAX, OFFLOAD_GATHER_MAX);
+        }
+        free(got);
+        if (st == ZO_OK && failed == dp->rank) {
+            st = zo_error(mine, "%s", msg);
+        } else if (st == ZO_OK) {
+            char *said = msgs + (size_t)failed * AGREE_MSG;
+            said[AGREE_MSG - 1] = 0;
+            st = zo_error((zo_status)all[failed], "%s: rank %d of %d: %s", what, failed, dp->size,
+                          said[0] ? said : "failed");
+        }
+    }
     free(all);
+    free(msg);
+    free(msgs);
     return st;
 }
 

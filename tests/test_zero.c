@@ -30,7 +30,11 @@
  * - 2 ranks from memplan plans for ZeRO 0-3 print the losses of one rank
  *   with grad-accum 2, and each rank's peaks within 3% of the plan's;
  * - a rank killed mid-step: every other rank ends within the timeout plus a
- *   few seconds. */
+ *   few seconds;
+ * - a checkpoint resumed with another split of its global batch (micro-batch,
+ *   grad-accum, ranks) at its step with the uninterrupted losses; another
+ *   --seq or global batch refused;
+ * - a save that fails on rank 1: its cause named, nothing published. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -972,6 +976,30 @@ static void test_train_resplit(void **state)
     }
 }
 
+/* A save that fails on rank 1 (its shard past RLIMIT_FSIZE: "File too
+ * large", as a full file system would say): the job ends, the cause named
+ * (it printed "offload_save: rank 1 of 2 failed" on rank 0 and "rank 0 of
+ * 2 failed" on rank 1, the cause on no rank), nothing published. */
+static void test_train_save_fails_rank1(void **state)
+{
+    (void)state;
+    if (ranks > 1) skip();
+    static char out[1 << 16];
+    char extra[2048], path[600];
+    snprintf(extra, sizeof extra, "--dtype fp32 --steps 2 --zero 1 --ckpt %s/ck-efbig", tmp_dir);
+    int rc = train_run(2, "ZO_TRAIN_CKPT_FSIZE=1:4096", "", extra, out, sizeof out, NULL);
+    printf("  rank 1's shard past its file size limit: exit %d\n", rc);
+    const char *want = "optimizer-00001-of-00002.safetensors (unnamed, being written): tensor \"block.0.master\": "
+                       "write at byte 4096: File too large";
+    if (!rc || !strstr(out, want)) fprintf(stderr, "%s\n", out);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(out, want));
+    snprintf(path, sizeof path, "%s/ck-efbig/latest", tmp_dir);
+    assert_int_not_equal(access(path, F_OK), 0);
+    snprintf(path, sizeof path, "%s/ck-efbig/step-00000002", tmp_dir);
+    assert_int_not_equal(access(path, F_OK), 0);
+}
+
 /* A rank killed by SIGKILL mid-step: with Open MPI's default the launcher
  * ends the others; with --enable-recovery the others' collective times out
  * (--comm-timeout 3) and ends them, naming the dead rank. Either way no rank
@@ -1050,6 +1078,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_train_ranks),
         cmocka_unit_test(test_train_resume),
         cmocka_unit_test(test_train_resplit),
+        cmocka_unit_test(test_train_save_fails_rank1),
         cmocka_unit_test(test_train_kill),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "common/capability.h"       /* defines: zo_capability_check */
@@ -47,10 +48,9 @@ zo_status run_stopped(void)
  * "before-latest"), write one byte to FD and wait there for a signal (a test
  * kills the process mid-write, or stops it with SIGTERM: the write goes on
  * then, and the run ends as a stopped run does). */
-static void pause_hook(void *user, const char *point)
+static void pause_at(const char *spec, const char *point)
 {
     static int saves;
-    const char *spec = user;
     if (!strcmp(point, "begin")) saves++;
     char want[64];
     int nth = 0, fd = -1;
@@ -68,18 +68,36 @@ static void pause_hook(void *user, const char *point)
     sigprocmask(SIG_SETMASK, &old, NULL);
 }
 
+static void ckpt_hook(void *user, const char *point)
+{
+    train_run *r = user;
+    if (r->pause_spec) pause_at(r->pause_spec, point);
+    /* test seam: ZO_TRAIN_CKPT_FSIZE="RANK:BYTES": from its first save on,
+     * rank RANK writes no file past BYTES (RLIMIT_FSIZE, SIGXFSZ ignored: a
+     * write past it fails with EFBIG, "File too large", as on a file system
+     * that takes no more) */
+    if (r->fsize_rank == r->rank && !strcmp(point, "begin")) {
+        struct rlimit lim = {.rlim_cur = (rlim_t)r->fsize_bytes, .rlim_max = (rlim_t)r->fsize_bytes};
+        signal(SIGXFSZ, SIG_IGN);
+        setrlimit(RLIMIT_FSIZE, &lim);
+    }
+}
+
 zo_status run_init(train_run *r, train_args *a)
 {
     *r = (train_run){.a = a, .phase = RUN_INPUT, .eot = -1, .tokens = {.fd = -1}, .eval = {.fd = -1},
-                     .ranks = 1, .accum = 1, .kill_rank = -1, .kill_step = -1};
+                     .ranks = 1, .accum = 1, .kill_rank = -1, .kill_step = -1, .fsize_rank = -1};
     catch_stop_signals();
     const char *kill_spec = getenv("ZO_TRAIN_KILL"); /* kills rank RANK in step STEP */
     if (kill_spec && sscanf(kill_spec, "%ld:%ld", &r->kill_rank, &r->kill_step) != 2)
         return zo_error(ZO_ERR_INVALID, "ZO_TRAIN_KILL=%s is not RANK:STEP", kill_spec);
-    const char *pause_spec = getenv("ZO_TRAIN_CKPT_PAUSE");
-    if (pause_spec) {
-        a->p.cfg.ckpt_hook = pause_hook;
-        a->p.cfg.ckpt_hook_user = (void *)pause_spec;
+    const char *fsize_spec = getenv("ZO_TRAIN_CKPT_FSIZE");
+    if (fsize_spec && (sscanf(fsize_spec, "%ld:%ld", &r->fsize_rank, &r->fsize_bytes) != 2 || r->fsize_bytes < 0))
+        return zo_error(ZO_ERR_INVALID, "ZO_TRAIN_CKPT_FSIZE=%s is not RANK:BYTES", fsize_spec);
+    r->pause_spec = getenv("ZO_TRAIN_CKPT_PAUSE");
+    if (r->pause_spec || fsize_spec) {
+        a->p.cfg.ckpt_hook = ckpt_hook;
+        a->p.cfg.ckpt_hook_user = r;
     }
     return ZO_OK;
 }
