@@ -49,17 +49,6 @@ static void hook(const offload_ckpt *ck, const char *point)
     if (ck->cfg->ckpt_hook) ck->cfg->ckpt_hook(ck->cfg->ckpt_hook_user, point);
 }
 
-static zo_status fsync_path(const char *path)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return zo_error(ZO_ERR_IO, "%s: open for fsync: %s", path, strerror(errno));
-    int rc = fsync(fd);
-    int e = errno;
-    close(fd);
-    if (rc) return zo_error(ZO_ERR_IO, "%s: fsync: %s", path, strerror(e));
-    return ZO_OK;
-}
-
 /* The checkpoint DIR/latest names, "" when there is no such file; a name
  * that is not one the runtime writes (e.g. "../x") is refused. */
 static zo_status read_latest(const char *dir, char *name, size_t len)
@@ -93,7 +82,7 @@ void offload_ckpt_release(offload_ckpt *ck) { zo_dir_lock_release(&ck->lock); }
 zo_status offload_ckpt_lock(offload_ckpt *ck, const char *dir)
 {
     if (zo_dir_lock_holds(&ck->lock, dir)) return ZO_OK;
-    if (mkdir(dir, 0755) && errno != EEXIST)
+    if (mkdir(dir, 0777) && errno != EEXIST) /* less the umask, as any folder a program makes */
         return zo_error(ZO_ERR_IO, "%s: mkdir: %s", dir, strerror(errno));
     zo_dir_lock l;
     zo_status st = zo_dir_lock_take(dir, "the checkpoint folder", &l);
@@ -361,11 +350,29 @@ zo_status offload_ckpt_write_weights(offload_ckpt *ck, const char *path, offload
 
 /* The checkpoint under construction: DIR/.tmp-<name>, renamed to DIR/<name>
  * once complete. Only the rank that publishes (rank 0, or the only one)
- * holds the folder's lock and descriptor. */
+ * holds the folder's lock and descriptors: DIR's, and the one of the
+ * temporary folder it made (mkdirat, then opened without following a
+ * link), by which it is fsynced and known again before it is renamed and
+ * before `latest` names it. */
 typedef struct save_dir {
-    int dfd;
+    int dfd, tfd;
     char name[64], tname[80], tmp[4200];
 } save_dir;
+
+/* Whether DIR's entry `name` is the folder open as s->tfd (not a link or
+ * another folder put in its place while the save wrote into it). */
+static zo_status save_same_dir(const save_dir *s, const char *name, const char *path)
+{
+    struct stat at, mine;
+    if (fstat(s->tfd, &mine) != 0) return zo_error(ZO_ERR_IO, "%s: fstat: %s", s->tmp, strerror(errno));
+    if (fstatat(s->dfd, name, &at, AT_SYMLINK_NOFOLLOW) != 0)
+        return zo_error(ZO_ERR_IO, "%s: %s", path, strerror(errno));
+    if (!S_ISDIR(at.st_mode) || at.st_dev != mine.st_dev || at.st_ino != mine.st_ino)
+        return zo_error(ZO_ERR_IO, "%s: no longer the folder this save made (%s put in its place while it "
+                        "was written): the checkpoint is not published", path,
+                        S_ISLNK(at.st_mode) ? "a link" : "something else");
+    return ZO_OK;
+}
 
 /* Lock DIR, pick the name, make DIR/.tmp-<name> (a crash's leftovers of it
  * removed first). */
@@ -380,12 +387,16 @@ static zo_status save_begin(offload_ckpt *ck, const char *dir, save_dir *s)
     if ((st = pick_name(ck, s->dfd, latest, s->name, sizeof s->name)) == ZO_OK) {
         snprintf(s->tname, sizeof s->tname, ".tmp-%s", s->name);
         snprintf(s->tmp, sizeof s->tmp, "%s/%s", dir, s->tname);
-        if ((st = zo_dir_remove_at(s->dfd, s->tname)) == ZO_OK && mkdirat(s->dfd, s->tname, 0755))
+        /* 0777 less the umask: a group's shared folder gets group-writable checkpoints */
+        if ((st = zo_dir_remove_at(s->dfd, s->tname)) == ZO_OK && mkdirat(s->dfd, s->tname, 0777))
             st = zo_error(ZO_ERR_IO, "%s: mkdir: %s", s->tmp, strerror(errno));
+        if (st == ZO_OK && (s->tfd = openat(s->dfd, s->tname, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
+            st = zo_error(ZO_ERR_IO, "%s: open: %s", s->tmp, strerror(errno));
     }
     if (st != ZO_OK) {
+        if (s->tfd >= 0) close(s->tfd);
         close(s->dfd);
-        s->dfd = -1;
+        s->dfd = s->tfd = -1;
     }
     return st;
 }
@@ -396,9 +407,10 @@ static zo_status save_abort(save_dir *s, zo_status st)
     if (s->dfd < 0) return st;
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", zo_last_error());
-    zo_dir_remove_at(s->dfd, s->tname);
+    zo_dir_remove_at(s->dfd, s->tname); /* a link put in its place is left alone */
+    if (s->tfd >= 0) close(s->tfd);
     close(s->dfd);
-    s->dfd = -1;
+    s->dfd = s->tfd = -1;
     return zo_error(st, "%s", msg);
 }
 
@@ -407,12 +419,15 @@ static zo_status save_abort(save_dir *s, zo_status st)
 static zo_status save_publish(offload_ckpt *ck, const char *dir, save_dir *s)
 {
     char path[4400], line[80];
-    zo_status st;
-    if ((st = fsync_path(s->tmp)) != ZO_OK) return save_abort(s, st);
+    zo_status st = ZO_OK;
+    if (fsync(s->tfd)) return save_abort(s, zo_error(ZO_ERR_IO, "%s: fsync: %s", s->tmp, strerror(errno)));
     hook(ck, "before-rename");
+    if ((st = save_same_dir(s, s->tname, s->tmp)) != ZO_OK) return save_abort(s, st);
     if (renameat(s->dfd, s->tname, s->dfd, s->name))
         return save_abort(s, zo_error(ZO_ERR_IO, "rename %s -> %s/%s: %s", s->tmp, dir, s->name, strerror(errno)));
-    if (fsync(s->dfd)) st = zo_error(ZO_ERR_IO, "%s: fsync: %s", dir, strerror(errno));
+    snprintf(path, sizeof path, "%s/%s", dir, s->name);
+    st = save_same_dir(s, s->name, path); /* what was renamed: `latest` names only the folder made */
+    if (st == ZO_OK && fsync(s->dfd)) st = zo_error(ZO_ERR_IO, "%s: fsync: %s", dir, strerror(errno));
     if (st == ZO_OK) {
         hook(ck, "before-latest");
         snprintf(line, sizeof line, "%s\n", s->name);
@@ -421,8 +436,9 @@ static zo_status save_publish(offload_ckpt *ck, const char *dir, save_dir *s)
     }
     /* older checkpoints go once the new one is the latest */
     if (st == ZO_OK) rotate(ck, s->dfd, s->name);
+    close(s->tfd);
     close(s->dfd);
-    s->dfd = -1;
+    s->dfd = s->tfd = -1;
     return st;
 }
 
@@ -484,7 +500,7 @@ static zo_status save_ckpt(offload_ckpt *ck, offload_dp *dp, const char *dir, co
                            offload_weights_stream writer, void *writer_user)
 {
     int rank = dp ? dp->rank : 0, ranks = dp ? dp->size : 1;
-    save_dir s = {.dfd = -1};
+    save_dir s = {.dfd = -1, .tfd = -1};
     char path[4400], file[64];
     zo_status st = rank == 0 ? save_begin(ck, dir, &s) : ZO_OK;
     if ((st = dp_agree(dp, st, "offload_save")) != ZO_OK) return save_abort(&s, st);

@@ -757,6 +757,88 @@ static void test_ckpt_state_batch(void **state)
     ckpt_teardown(rt, &m, dir);
 }
 
+/* At "before-rename": the save's temporary folder moved away and a link to
+ * another folder (hook_user: "DIR\nTARGET") put at its name. */
+static void swap_tmp_hook(void *user, const char *point)
+{
+    if (strcmp(point, "before-rename")) return;
+    char dir[400], target[400], from[900], to[900];
+    assert_int_equal(sscanf(user, "%399[^\n]\n%399s", dir, target), 2);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (!strncmp(de->d_name, ".tmp-", 5)) {
+            snprintf(from, sizeof from, "%s/%s", dir, de->d_name);
+            snprintf(to, sizeof to, "%s/moved", dir);
+            assert_int_equal(rename(from, to), 0);
+            assert_int_equal(symlink(target, from), 0);
+        }
+    closedir(d);
+}
+
+/* The checkpoint's folders are made 0777 less the umask (a group's shared
+ * folder gets group-writable checkpoints; they were 0755 whatever the
+ * umask), and the temporary folder is known by its descriptor: one moved
+ * away mid-save with a link to another folder put at its name is not
+ * published (the link was renamed to step-N and `latest` named it: the next
+ * resume read whatever the link pointed to). */
+static void test_ckpt_tmp_dir(void **state)
+{
+    (void)state;
+    stub m;
+    char dir[400], p[900], outside[400], spec[900];
+    offload_t *rt = ckpt_setup(&m, ZO_DTYPE_BF16, "tmpdir", dir, sizeof dir);
+    files_remove_tree(dir);
+    mode_t old = umask(0002);
+    zo_status st = offload_save(rt, dir, NULL, NULL, NULL);
+    umask(old);
+    assert_int_equal(st, ZO_OK);
+    struct stat sb;
+    assert_int_equal(stat(dir, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0775);
+    snprintf(p, sizeof p, "%s/step-00000000", dir);
+    assert_int_equal(stat(p, &sb), 0);
+    printf("  umask 002: the folder and the checkpoint are %o\n", (unsigned)(sb.st_mode & 0777));
+    assert_int_equal(sb.st_mode & 0777, 0775);
+    offload_free(rt);
+
+    snprintf(outside, sizeof outside, "%s/tmpdir-outside", tmp_dir);
+    files_remove_tree(outside);
+    assert_int_equal(mkdir(outside, 0755), 0);
+    snprintf(spec, sizeof spec, "%s\n%s", dir, outside);
+    offload_config c;
+    offload_config_defaults(&c);
+    c.ckpt_hook = swap_tmp_hook;
+    c.ckpt_hook_user = spec;
+    rt = stub_runtime(&m, ZO_DTYPE_BF16, &c);
+    st = offload_save(rt, dir, NULL, NULL, NULL);
+    printf("  a link put at the temporary folder's name: %s\n", zo_last_error());
+    assert_int_equal(st, ZO_ERR_IO);
+    assert_non_null(strstr(zo_last_error(), "/.tmp-step-00000000.1: no longer the folder this save made (a link "
+                                            "put in its place while it was written)"));
+    /* the latest is the earlier checkpoint; the link is left, not followed */
+    snprintf(p, sizeof p, "%s/latest", dir);
+    char *latest = files_read_text(p);
+    assert_string_equal(latest, "step-00000000\n");
+    free(latest);
+    snprintf(p, sizeof p, "%s/step-00000000.1", dir);
+    assert_int_not_equal(access(p, F_OK), 0);
+    snprintf(p, sizeof p, "%s/.tmp-step-00000000.1", dir);
+    assert_int_equal(lstat(p, &sb), 0);
+    assert_true(S_ISLNK(sb.st_mode));
+    DIR *d = opendir(outside);
+    assert_non_null(d);
+    int entries = 0;
+    for (struct dirent *de; (de = readdir(d));) entries += de->d_name[0] != '.';
+    closedir(d);
+    assert_int_equal(entries, 0);
+    offload_ckpt_meta got;
+    assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
+    ckpt_teardown(rt, &m, dir);
+    files_remove_tree(outside);
+}
+
 /* Non-finite values are refused at every door: a weight set with
  * offload_set_block, a master or moment in a checkpoint (even one whose
  * checksums match), naming the block or tensor and element. */
@@ -1382,6 +1464,7 @@ int main(void)
         cmocka_unit_test(test_ckpt_checksums),
         cmocka_unit_test(test_ckpt_state_strict),
         cmocka_unit_test(test_ckpt_state_batch),
+        cmocka_unit_test(test_ckpt_tmp_dir),
         cmocka_unit_test(test_nonfinite_weights),
         cmocka_unit_test(test_nonfinite_gradients),
         cmocka_unit_test(test_ckpt_rotation),
