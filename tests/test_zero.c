@@ -52,6 +52,7 @@
 #include "common/capability.h"         /* defines: zo_capability_check */
 #include "common/clock.h"
 #include "gpu/comm.h"                  /* defines: comm_init */
+#include "offload/ckpt_meta.h"         /* defines: ckpt_state_read, ckpt_manifest_write (a version-3 checkpoint) */
 #include "offload/offload.h"           /* defines: offload_init */
 #include "planner/cost.h"              /* defines: plan_dp_comm_elems */
 #include "planner/memory.h"            /* defines: plan_estimate_run */
@@ -914,7 +915,8 @@ static void test_train_resume(void **state)
  * --micro-batch 2 resumed with --micro-batch 1 --grad-accum 2, and 2 ranks'
  * --micro-batch 2 on 4 ranks and on one with --micro-batch 1, each at step 4
  * with the uninterrupted run's losses; another --seq or global batch is
- * refused naming the flag. */
+ * refused naming the flag; a version-3 checkpoint (micro-batches, no shape)
+ * resumes as it did, saying that it takes the flags' word. */
 static void test_train_resplit(void **state)
 {
     (void)state;
@@ -954,6 +956,35 @@ static void test_train_resplit(void **state)
         assert_non_null(strstr(out, bad[i].said));
         assert_null(strstr(out, "\nstep "));
     }
+    /* the same checkpoint as version 3 wrote it (data_step: micro-batches,
+     * no shape), signed again: resumed as it was, on the word of the flags */
+    char ck[600], path[700], text[1024];
+    snprintf(ck, sizeof ck, "%s/step-00000004", dir);
+    snprintf(path, sizeof path, "%s/state.json", ck);
+    ckpt_state cs;
+    assert_int_equal(ckpt_state_read(path, &cs), ZO_OK);
+    snprintf(text, sizeof text,
+             "{\"format\": \"zoffload-train-state\", \"version\": 3, \"step\": %lld, \"loss_scale\": %g, "
+             "\"good_steps\": %d, \"skipped\": %lld, \"skipped_in_a_row\": %d, \"params\": %llu, "
+             "\"blocks\": %d, \"dtype\": \"%s\", \"data_step\": %lld, \"seed\": \"%llu\"}\n",
+             (long long)cs.step, (double)cs.loss_scale, cs.good_steps, (long long)cs.skipped, cs.skipped_in_a_row,
+             (unsigned long long)cs.params, cs.blocks, zo_dtype_name(cs.dtype), (long long)cs.data_step / 2,
+             (unsigned long long)cs.seed);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    ckpt_layout lay = {.blocks = cs.blocks, .params = cs.params, .dtype = cs.dtype, .state_version = 3};
+    const char *names[] = {"model.safetensors", "optimizer.safetensors", "state.json"};
+    assert_int_equal(ckpt_manifest_write(ck, &lay, names, 3), ZO_OK);
+    snprintf(extra, sizeof extra, "--dtype fp32 --steps 8 --resume %s", dir);
+    rc = train_run(0, "", "", extra, out, sizeof out, NULL);
+    if (rc || !strstr(out, "at step 4")) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "a version-3 state.json records no batch shape: its 4 micro-batches are taken to be "
+                                "of --micro-batch 2 --seq 32, as this run's"));
+    run_train_losses(out, got, 8);
+    assert_losses_close(got, full, 4, 8, "a version-3 checkpoint, as before");
     /* 2 ranks' checkpoint on 4 ranks and on one, micro-batch 1 */
     snprintf(dir, sizeof dir, "%s/ck-split2", tmp_dir);
     rc = train_run(2, "", "", "--dtype fp32 --steps 8 --zero 1", out, sizeof out, NULL);
