@@ -420,10 +420,25 @@ zo_status offload_write_stats_json(const offload_t *rt, const offload_prediction
 
 /* ---- training checkpoints ------------------------------------------------------ */
 
-/* Counters saved with a checkpoint besides the runtime's own. */
+/* Counters saved with a checkpoint besides the runtime's own (state.json,
+ * docs/offload.md "Checkpoints"). The batch shape says what the data
+ * position counts, so that a run resumed with another split of the same
+ * global batch (another micro-batch, grad-accum or rank count) finds its
+ * place, and one with another sequence length or global batch is refused:
+ * micro_batch rows (sequences of seq tokens) a micro-batch, grad_accum
+ * micro-batches a rank a step, on `ranks` ranks. All 0: no shape recorded
+ * (saved so, or loaded from a version-3 state.json). */
+typedef struct offload_ckpt_batch {
+    int64_t micro_batch, grad_accum, ranks, seq;
+} offload_ckpt_batch;
+
 typedef struct offload_ckpt_meta {
-    int64_t data_step;   /* the caller's data position */
+    int64_t data_step;   /* the caller's data position: train's is rows (sequences) every rank
+                          * took, in all; loaded from a version-3 state.json (state_version 3),
+                          * micro-batches of a shape it did not record */
     uint64_t seed;
+    offload_ckpt_batch batch;
+    int state_version;   /* loaded: the state.json's (4; 3 for an older checkpoint) */
 } offload_ckpt_meta;
 
 /* Write the model's weights (fp32 master blocks) under `path` (e.g. as

@@ -30,7 +30,11 @@
  * - 2 ranks from memplan plans for ZeRO 0-3 print the losses of one rank
  *   with grad-accum 2, and each rank's peaks within 3% of the plan's;
  * - a rank killed mid-step: every other rank ends within the timeout plus a
- *   few seconds. */
+ *   few seconds;
+ * - a checkpoint resumed with another split of its global batch (micro-batch,
+ *   grad-accum, ranks) at its step with the uninterrupted losses; another
+ *   --seq or global batch refused;
+ * - a save that fails on rank 1: its cause named, nothing published. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -48,6 +52,7 @@
 #include "common/capability.h"         /* defines: zo_capability_check */
 #include "common/clock.h"
 #include "gpu/comm.h"                  /* defines: comm_init */
+#include "offload/ckpt_meta.h"         /* defines: ckpt_state_read, ckpt_manifest_write (a version-3 checkpoint) */
 #include "offload/offload.h"           /* defines: offload_init */
 #include "planner/cost.h"              /* defines: plan_dp_comm_elems */
 #include "planner/memory.h"            /* defines: plan_estimate_run */
@@ -903,6 +908,129 @@ static void test_train_resume(void **state)
     assert_non_null(strstr(out, want));
 }
 
+/* A checkpoint resumed with another split of its global batch (issue 28:
+ * its data position counted micro-batches of a size it did not record, so
+ * --micro-batch 1 --grad-accum 2 resumed a step-4 checkpoint of
+ * --micro-batch 2 at step 2, trained on seen data and exited 0): one rank's
+ * --micro-batch 2 resumed with --micro-batch 1 --grad-accum 2, and 2 ranks'
+ * --micro-batch 2 on 4 ranks and on one with --micro-batch 1, each at step 4
+ * with the uninterrupted run's losses; another --seq or global batch is
+ * refused naming the flag; a version-3 checkpoint (micro-batches, no shape)
+ * resumes as it did, saying that it takes the flags' word. */
+static void test_train_resplit(void **state)
+{
+    (void)state;
+    if (ranks > 1) skip();
+    static char out[1 << 16];
+    char extra[2048], dir[512];
+    double full[8], got[8];
+    /* one rank */
+    snprintf(dir, sizeof dir, "%s/ck-split1", tmp_dir);
+    int rc = train_run(0, "", "", "--dtype fp32 --steps 8", out, sizeof out, NULL);
+    assert_int_equal(rc, 0);
+    run_train_losses(out, full, 8);
+    snprintf(extra, sizeof extra, "--dtype fp32 --steps 4 --ckpt %s", dir);
+    assert_int_equal(train_run(0, "", "", extra, out, sizeof out, NULL), 0);
+    snprintf(extra, sizeof extra, "--dtype fp32 --steps 8 --micro-batch 1 --grad-accum 2 --resume %s", dir);
+    rc = train_run(0, "", "", extra, out, sizeof out, NULL);
+    if (rc || !strstr(out, "at step 4")) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "at step 4"));
+    run_train_losses(out, got, 8);
+    assert_losses_close(got, full, 4, 8, "micro-batch 2's checkpoint with micro-batch 1 x grad-accum 2");
+    /* what cannot be converted */
+    struct {
+        const char *flags, *said;
+    } bad[] = {
+        {"--seq 16", "--seq 16 is not the checkpoint's --seq 32"},
+        {"--micro-batch 1", "a global batch of 1 sequences (--micro-batch 1 x --grad-accum 1 x 1 rank) is not "
+                            "the checkpoint's 2 (--micro-batch 2 x --grad-accum 1 x 1 rank)"},
+        {"--grad-accum 2", "--grad-accum"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(extra, sizeof extra, "--dtype fp32 --steps 8 %s --resume %s", bad[i].flags, dir);
+        rc = train_run(0, "", "", extra, out, sizeof out, NULL);
+        printf("  resumed with %s: exit %d\n", bad[i].flags, rc);
+        if (rc != 2 || !strstr(out, bad[i].said)) fprintf(stderr, "%s\n", out);
+        assert_int_equal(rc, 2);
+        assert_non_null(strstr(out, bad[i].said));
+        assert_null(strstr(out, "\nstep "));
+    }
+    /* the same checkpoint as version 3 wrote it (data_step: micro-batches,
+     * no shape), signed again: resumed as it was, on the word of the flags */
+    char ck[600], path[700], text[1024];
+    snprintf(ck, sizeof ck, "%s/step-00000004", dir);
+    snprintf(path, sizeof path, "%s/state.json", ck);
+    ckpt_state cs;
+    assert_int_equal(ckpt_state_read(path, &cs), ZO_OK);
+    snprintf(text, sizeof text,
+             "{\"format\": \"zoffload-train-state\", \"version\": 3, \"step\": %lld, \"loss_scale\": %g, "
+             "\"good_steps\": %d, \"skipped\": %lld, \"skipped_in_a_row\": %d, \"params\": %llu, "
+             "\"blocks\": %d, \"dtype\": \"%s\", \"data_step\": %lld, \"seed\": \"%llu\"}\n",
+             (long long)cs.step, (double)cs.loss_scale, cs.good_steps, (long long)cs.skipped, cs.skipped_in_a_row,
+             (unsigned long long)cs.params, cs.blocks, zo_dtype_name(cs.dtype), (long long)cs.data_step / 2,
+             (unsigned long long)cs.seed);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    ckpt_layout lay = {.blocks = cs.blocks, .params = cs.params, .dtype = cs.dtype, .state_version = 3};
+    const char *names[] = {"model.safetensors", "optimizer.safetensors", "state.json"};
+    assert_int_equal(ckpt_manifest_write(ck, &lay, names, 3), ZO_OK);
+    snprintf(extra, sizeof extra, "--dtype fp32 --steps 8 --resume %s", dir);
+    rc = train_run(0, "", "", extra, out, sizeof out, NULL);
+    if (rc || !strstr(out, "at step 4")) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "a version-3 state.json records no batch shape: its 4 micro-batches are taken to be "
+                                "of --micro-batch 2 --seq 32, as this run's"));
+    run_train_losses(out, got, 8);
+    assert_losses_close(got, full, 4, 8, "a version-3 checkpoint, as before");
+    /* 2 ranks' checkpoint on 4 ranks and on one, micro-batch 1 */
+    snprintf(dir, sizeof dir, "%s/ck-split2", tmp_dir);
+    rc = train_run(2, "", "", "--dtype fp32 --steps 8 --zero 1", out, sizeof out, NULL);
+    if (rc) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    run_train_losses(out, full, 8);
+    snprintf(extra, sizeof extra, "--dtype fp32 --steps 4 --zero 1 --ckpt %s", dir);
+    assert_int_equal(train_run(2, "", "", extra, out, sizeof out, NULL), 0);
+    int np[2] = {4, 0};
+    for (int i = 0; i < 2; i++) {
+        snprintf(extra, sizeof extra, "--dtype fp32 --steps 8 --zero 1 --micro-batch 1 --grad-accum %d --resume %s",
+                 np[i] ? 1 : 4, dir);
+        rc = train_run(np[i], "", "", extra, out, sizeof out, NULL);
+        if (rc || !strstr(out, "at step 4")) fprintf(stderr, "%s\n", out);
+        assert_int_equal(rc, 0);
+        assert_non_null(strstr(out, "at step 4"));
+        run_train_losses(out, got, 8);
+        assert_losses_close(got, full, 4, 8, np[i] ? "2 ranks x micro-batch 2 on 4 ranks x micro-batch 1"
+                                                    : "2 ranks x micro-batch 2 on one x micro-batch 1 x grad-accum 4");
+    }
+}
+
+/* A save that fails on rank 1 (its shard past RLIMIT_FSIZE: "File too
+ * large", as a full file system would say): the job ends, the cause named
+ * (it printed "offload_save: rank 1 of 2 failed" on rank 0 and "rank 0 of
+ * 2 failed" on rank 1, the cause on no rank), nothing published. */
+static void test_train_save_fails_rank1(void **state)
+{
+    (void)state;
+    if (ranks > 1) skip();
+    static char out[1 << 16];
+    char extra[2048], path[600];
+    snprintf(extra, sizeof extra, "--dtype fp32 --steps 2 --zero 1 --ckpt %s/ck-efbig", tmp_dir);
+    int rc = train_run(2, "ZO_TRAIN_CKPT_FSIZE=1:4096", "", extra, out, sizeof out, NULL);
+    printf("  rank 1's shard past its file size limit: exit %d\n", rc);
+    const char *want = "optimizer-00001-of-00002.safetensors (unnamed, being written): tensor \"block.0.master\": "
+                       "write at byte 4096: File too large";
+    if (!rc || !strstr(out, want)) fprintf(stderr, "%s\n", out);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(out, want));
+    snprintf(path, sizeof path, "%s/ck-efbig/latest", tmp_dir);
+    assert_int_not_equal(access(path, F_OK), 0);
+    snprintf(path, sizeof path, "%s/ck-efbig/step-00000002", tmp_dir);
+    assert_int_not_equal(access(path, F_OK), 0);
+}
+
 /* A rank killed by SIGKILL mid-step: with Open MPI's default the launcher
  * ends the others; with --enable-recovery the others' collective times out
  * (--comm-timeout 3) and ends them, naming the dead rank. Either way no rank
@@ -980,6 +1108,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_train_ranks),
         cmocka_unit_test(test_train_resume),
+        cmocka_unit_test(test_train_resplit),
+        cmocka_unit_test(test_train_save_fails_rank1),
         cmocka_unit_test(test_train_kill),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
