@@ -116,6 +116,26 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
     if (c->checkpoints_on == OFFLOAD_CPU && !c->recompute)
         return zo_error(ZO_ERR_INVALID,
                         "offload_init: checkpoints in host memory need recompute (only block inputs are kept)");
+    if (c->recompute_layers < 0 || (c->recompute_layers && !c->recompute))
+        return zo_error(ZO_ERR_INVALID, "offload_init: recompute_layers %d needs recompute (of the first "
+                        "layers, K > 0)", c->recompute_layers);
+    int layers = 0; /* the model's layers; recompute_layers of them all is every layer */
+    for (int b = 0; b < m->n_blocks; b++) {
+        int l = m->block_layer ? m->block_layer[b] : b;
+        if (l + 1 > layers) layers = l + 1;
+    }
+    if (c->recompute_layers > layers)
+        return zo_error(ZO_ERR_INVALID, "offload_init: recompute_layers %d, but the model has %d layers",
+                        c->recompute_layers, layers);
+    int k = c->recompute_layers == layers ? 0 : c->recompute_layers;
+    if (c->recompute && k != m->recompute_layers)
+        return zo_error(ZO_ERR_INVALID, "offload_init: recompute_layers %d, but the model rebuilds the "
+                        "activations of its first %d layers (0: every layer)", c->recompute_layers,
+                        m->recompute_layers);
+    if (c->checkpoints_on == OFFLOAD_CPU && k)
+        return zo_error(ZO_ERR_INVALID, "offload_init: checkpoints in host memory need recompute of every "
+                        "layer (recompute_layers %d: a layer not recomputed keeps its activations on the "
+                        "device)", c->recompute_layers);
     int nvme = c->params_on == OFFLOAD_NVME || c->opt_frac[OFFLOAD_NVME] > 0 ||
                (m->frozen_bytes && c->trainable_on == OFFLOAD_NVME);
     if (nvme) {
@@ -316,7 +336,8 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     int w_streamed = w_on != OFFLOAD_DEVICE || zero3;
     int f_streamed = frozen && (rt->cfg.params_on != OFFLOAD_DEVICE || zero3);
     offload_stream_config sc = {.m = &rt->m, .g = &rt->g, .prefetch_depth = rt->cfg.prefetch_depth,
-                                .recompute = rt->cfg.recompute, .checkpoints_on = rt->cfg.checkpoints_on};
+                                .recompute = rt->cfg.recompute,
+                                .recompute_layers = rt->cfg.recompute_layers, .checkpoints_on = rt->cfg.checkpoints_on};
     if (w_streamed || f_streamed) sc.n_slots = offload_stream_slots(&rt->m, rt->cfg.prefetch_depth);
     sc.fslot = f_streamed ? rt->fg.slot_bytes : 0;
     sc.slot_size = sc.fslot + (w_streamed ? rt->g.slot_bytes : 0);

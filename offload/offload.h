@@ -119,8 +119,16 @@ typedef struct offload_model {
      * gradient (the last block uses it). */
     offload_backward_fn backward;
     /* (optional) Rebuild what backward reads from `in`, without writing
-     * `out`. Called before backward when config.recompute is set. */
+     * `out`. Called before backward when config.recompute is set (with
+     * config.recompute_layers K, for the blocks of layers 0..K-1 only). */
     offload_block_fn recompute;
+    /* (optional) [n_blocks] the layer block b is (0, 1, ...), -1 for a block
+     * that is none (an embedding, a head); NULL: block b is layer b. */
+    const int *block_layer;
+    /* With recompute: the layers whose activations the model rebuilds
+     * (the first K; 0: every layer); offload_init checks that it is
+     * config.recompute_layers. */
+    int recompute_layers;
     /* (optional) A frozen base per block (e.g. the base weights under LoRA
      * adapters, 16-bit or NF4): frozen_bytes[b] bytes the model reads and
      * never trains: no gradients, no optimizer state, never written back.
@@ -174,6 +182,11 @@ typedef struct offload_config {
     offload_tier checkpoints_on;     /* DEVICE or CPU (CPU needs recompute) */
     int recompute;                   /* rebuild each block's activations in backward (a plan's
                                         "selective" reads as 0: see offload_plan_load) */
+    int recompute_layers;            /* with recompute: 0 every block; K > 0 only the blocks
+                                        of the model's first K layers (offload_model.block_layer),
+                                        the others keep their activations (Megatron's
+                                        --recompute-num-layers; training.recompute_layers).
+                                        Checkpoints in host memory need every layer */
     int prefetch_depth;              /* blocks loaded ahead of the one computing (0..16) */
     const char *nvme_dir;            /* where NVMe state lives (needed when used) */
     size_t sub_group;                /* optimizer sub-group, elements; 0 = 1M */

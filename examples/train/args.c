@@ -96,6 +96,9 @@ static const char HELP[] =
     "  --recompute none|selective|full  recompute each block's activations in backward\n"
     "                         (default none; selective runs as none: the attention keeps\n"
     "                         no s x s scores, so there is nothing selective to recompute)\n"
+    "  --recompute-layers K   with --recompute full: only the first K layers recompute, the\n"
+    "                         others keep their activations (Megatron's --recompute-num-layers,\n"
+    "                         memplan's flag; default 0: every layer; needs --checkpoints-on gpu)\n"
     "  --prefetch N           blocks loaded ahead of the one computing (default 2)\n"
     "  --sub-group N          optimizer sub-group, parameters (default 1M)\n"
     "  --nvme-dir DIR         where NVMe state lives\n"
@@ -186,7 +189,7 @@ enum {
     OPT_EVAL_BATCHES, OPT_SCHEDULE, OPT_WARMUP, OPT_MIN_LR, OPT_SCHEDULE_STEPS, OPT_LOG, OPT_PLOT,
     OPT_LORA, OPT_LORA_TARGETS, OPT_LORA_ALPHA, OPT_QLORA, OPT_ADAPTER, OPT_ADAPTERS_ON,
     OPT_SCHED, OPT_CLIP_STALE, OPT_DPU_WARMUP, OPT_OPT_THREADS, OPT_KEEP_CKPT,
-    OPT_MAX_SKIPPED, OPT_ZERO, OPT_COMM_TIMEOUT,
+    OPT_MAX_SKIPPED, OPT_ZERO, OPT_COMM_TIMEOUT, OPT_RECOMPUTE_LAYERS,
 };
 
 static const struct option long_opts[] = {
@@ -217,6 +220,7 @@ static const struct option long_opts[] = {
     {"optimizer-on", required_argument, 0, OPT_OPT_ON},
     {"checkpoints-on", required_argument, 0, OPT_CKPT_ON},
     {"recompute", required_argument, 0, OPT_RECOMPUTE},
+    {"recompute-layers", required_argument, 0, OPT_RECOMPUTE_LAYERS},
     {"prefetch", required_argument, 0, OPT_PREFETCH},
     {"sub-group", required_argument, 0, OPT_SUBGROUP},
     {"nvme-dir", required_argument, 0, OPT_NVME_DIR},
@@ -408,6 +412,10 @@ static int placement_flag(int c, const char *arg, train_args *a, zo_status *st)
         oc->recompute = r == ZO_PLAN_RECOMPUTE_FULL;
         if (r == ZO_PLAN_RECOMPUTE_SELECTIVE) a->p.selective_as_none = 1;
         return 1;
+    case OPT_RECOMPUTE_LAYERS:
+        *st = plan_int(arg, "--recompute-layers", "training.recompute_layers", &oc->recompute_layers);
+        a->set_recompute_layers = 1;
+        return 1;
     case OPT_PREFETCH:
         *st = plan_int(arg, "--prefetch", "buffers.prefetch_depth", &oc->prefetch_depth);
         return 1;
@@ -516,6 +524,8 @@ static const char *flags_conflict(const train_args *a)
     if (a->sched.min_lr > a->sched.lr) return "--min-lr is above --lr";
     if (!a->lora.r && !a->adapter && (a->qlora || a->lora.targets))
         return "--qlora and --lora-targets need --lora R (or --adapter DIR)";
+    if (a->set_recompute_layers && a->p.cfg.recompute_layers && !a->p.cfg.recompute)
+        return "--recompute-layers K needs --recompute full (the first K layers recomputed whole)";
     return NULL;
 }
 
@@ -534,6 +544,7 @@ static int args_finish(int argc, char **argv, train_args *a)
         fprintf(stderr, "train: %s\n", bad);
         return 2;
     }
+    if (!oc->recompute) oc->recompute_layers = 0; /* a plan's K goes with its recompute */
     a->sched.steps = a->schedule_steps ? a->schedule_steps : a->steps;
     oc->n_threads = (int)a->threads;
     if (!a->model && a->plan && a->p.model_name[0]) a->model = a->p.model_name;
