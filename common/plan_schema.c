@@ -910,10 +910,6 @@ zo_status zo_plan_runtime_check(const zo_plan *p, const char *path)
                         "recomputing by op (every other matmul), the runtime recomputes whole "
                         "layers or none (plan with --recompute full, with --recompute-layers K for "
                         "part of them, or none)", path);
-    if (t->reduce_dtype != ZO_DTYPE_F32)
-        return zo_error(ZO_ERR_UNSUPPORTED, "%s: field \"training.reduce_dtype\" is %s: the runtime "
-                        "reduces gradients in fp32 (plan with --reduce-dtype fp32)", path,
-                        zo_dtype_name(t->reduce_dtype));
     return ZO_OK;
 }
 

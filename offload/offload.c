@@ -84,6 +84,7 @@ void offload_config_defaults(offload_config *c)
     c->sub_group = OFFLOAD_DEFAULT_SUB_GROUP;
     c->swap_buffers = 3;
     c->grad_accum = 1;
+    c->reduce_dtype = ZO_DTYPE_F32;
     c->adam = (offload_adamw){.lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                               .weight_decay = 0.1f, .clip = 1.0f};
 }
@@ -309,7 +310,8 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     rt->env = (offload_env){.dev = dev, .acct = &rt->acct, .n_threads = cfg->n_threads};
     if ((st = copy_model(rt, model)) != ZO_OK) goto out_free;
     if (cfg->comm && comm_size(cfg->comm) > 1) {
-        if ((st = offload_dp_create(&rt->env, &rt->g, cfg->comm, cfg->zero_stage, cfg->comm_bucket, &rt->dp)) != ZO_OK)
+        if ((st = offload_dp_create(&rt->env, &rt->g, cfg->comm, cfg->zero_stage, cfg->comm_bucket,
+                                     cfg->reduce_dtype, &rt->dp)) != ZO_OK)
             goto out_free;
         rt->env.dp = rt->dp;
         /* a slot takes a padded block (the all-gathers and reduce-scatters in place) */

@@ -236,10 +236,15 @@ typedef struct offload_config {
      * runtime does not run is common/capability.h's table, whose words
      * offload_init refuses with (ZO_ERR_UNSUPPORTED). */
     int zero_stage;
-    /* Elements of a communication bucket (fp32; two of them on the device):
-     * a block larger than it is reduced in pieces. 0: 25M (the plan's
-     * comm.bucket), at most the largest block. */
+    /* Elements of a communication bucket (in reduce_dtype; two of them on
+     * the device): a block larger than it is reduced in pieces. 0: 25M (the
+     * plan's comm.bucket), at most the largest block. */
     size_t comm_bucket;
+    /* The dtype the gradients are reduced in over the ranks (memplan's
+     * --reduce-dtype, training.reduce_dtype): fp32 (the default), bf16 or
+     * fp16. The sums over micro-batches stay fp32; what is rounded where:
+     * docs/offload.md, "The reduce dtype". */
+    zo_dtype reduce_dtype;
 } offload_config;
 
 /* prefetch 2, everything on the device, no recompute, sub-group 1M, AdamW

@@ -63,6 +63,7 @@ zo_status offload_plan_load(const char *path, offload_plan *plan)
     c->prefetch_depth = f->buffers.prefetch_depth;
     c->sub_group = (size_t)f->nvme.sub_group;
     c->comm_bucket = (size_t)f->buffers.comm_bucket_elems;
+    c->reduce_dtype = f->training.reduce_dtype;
     c->swap_buffers = f->nvme.swap_buffers;
     if (strcmp(f->nvme.dir, ZO_PLAN_NVME_DIR_PLACEHOLDER)) c->nvme_dir = f->nvme.dir;
 

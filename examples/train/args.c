@@ -131,6 +131,11 @@ static const char HELP[] =
     "                         and schedule runs at every stage; ZeRO 1-2 keep the trained\n"
     "                         weights on the GPU (weights off it: --zero 3)\n"
     "  --comm-timeout S       a collective not done in S seconds ends every rank (default 300)\n"
+    "  --reduce-dtype fp32|bf16|fp16  the gradients' reduction over the ranks and its buckets\n"
+    "                         (memplan's flag; default: the plan's, else fp32): each rank's\n"
+    "                         fp32 sum (ZeRO 2-3: each micro-batch's gradient) is rounded\n"
+    "                         to it, every addition of the collective rounded to it, and\n"
+    "                         the result added back into fp32 (docs/offload.md)\n"
     "  Rank r of N reads micro-batches (k N + r) K + j of step k: the global batch of one\n"
     "  rank with --grad-accum N K. Rank 0 prints; the others print only errors.\n"
     "\n"
@@ -189,7 +194,7 @@ enum {
     OPT_EVAL_BATCHES, OPT_SCHEDULE, OPT_WARMUP, OPT_MIN_LR, OPT_SCHEDULE_STEPS, OPT_LOG, OPT_PLOT,
     OPT_LORA, OPT_LORA_TARGETS, OPT_LORA_ALPHA, OPT_QLORA, OPT_ADAPTER, OPT_ADAPTERS_ON,
     OPT_SCHED, OPT_CLIP_STALE, OPT_DPU_WARMUP, OPT_OPT_THREADS, OPT_KEEP_CKPT,
-    OPT_MAX_SKIPPED, OPT_ZERO, OPT_COMM_TIMEOUT, OPT_RECOMPUTE_LAYERS,
+    OPT_MAX_SKIPPED, OPT_ZERO, OPT_COMM_TIMEOUT, OPT_RECOMPUTE_LAYERS, OPT_REDUCE_DTYPE,
 };
 
 static const struct option long_opts[] = {
@@ -230,6 +235,7 @@ static const struct option long_opts[] = {
     {"stats-json", required_argument, 0, OPT_STATS},
     {"zero", required_argument, 0, OPT_ZERO},
     {"comm-timeout", required_argument, 0, OPT_COMM_TIMEOUT},
+    {"reduce-dtype", required_argument, 0, OPT_REDUCE_DTYPE},
     {"keep-checkpoints", required_argument, 0, OPT_KEEP_CKPT},
     {"max-skipped-steps", required_argument, 0, OPT_MAX_SKIPPED},
     {"tokenizer", required_argument, 0, OPT_TOKENIZER},
@@ -440,6 +446,9 @@ static int device_flag(int c, const char *arg, train_args *a, zo_status *st)
     case OPT_THREADS: *st = zo_parse_int(arg, "--threads", 1, 1024, &a->threads); return 1;
     case OPT_ZERO: *st = plan_int(arg, "--zero", "parallel.zero", &a->p.cfg.zero_stage); return 1;
     case OPT_COMM_TIMEOUT: *st = zo_parse_double(arg, "--comm-timeout", 0.001, 1e7, &a->comm_timeout); return 1;
+    case OPT_REDUCE_DTYPE:
+        if ((*st = zo_dtype_parse(arg, &a->p.cfg.reduce_dtype)) != ZO_OK) *st = zo_error_wrap(*st, "--reduce-dtype");
+        return 1;
     default: return 0;
     }
 }

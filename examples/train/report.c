@@ -30,12 +30,12 @@ void report_placement(const train_args *a)
     else
         snprintf(rc, sizeof rc, "%s", oc->recompute ? "full" : "none");
     printf("# placement: weights %s (prefetch %d), optimizer cpu %.2f nvme %.2f gpu %.2f, "
-           "gradients %s, checkpoints %s, recompute %s%s%s\n",
+           "gradients %s, checkpoints %s, recompute %s; gradients reduced in %s%s%s\n",
            offload_tier_name(oc->params_on), oc->prefetch_depth, oc->opt_frac[OFFLOAD_CPU],
            oc->opt_frac[OFFLOAD_NVME], oc->opt_frac[OFFLOAD_DEVICE],
            oc->opt_frac[OFFLOAD_DEVICE] >= 1 ? "gpu" : oc->opt_frac[OFFLOAD_DEVICE] > 0 ? "gpu+cpu" : "cpu",
            offload_tier_name(oc->checkpoints_on),
-           rc, a->plan ? "; plan " : "", a->plan ? a->plan : "");
+           rc, zo_dtype_name(oc->reduce_dtype), a->plan ? "; plan " : "", a->plan ? a->plan : "");
 }
 
 void report_method(const train_args *a)
