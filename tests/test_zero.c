@@ -358,10 +358,18 @@ static void test_reduce_dtype(void **state)
     (void)state;
     const zo_dtype reds[] = {ZO_DTYPE_BF16, ZO_DTYPE_F16};
     for (int stage = 0; stage <= 3; stage++)
-        for (int dev = 0; dev < 2; dev++) {
-            /* the sums in host memory (optimizer cpu), or half on the device */
-            dp_run ref32 = small_run(stage, dev ? -1 : 0, 1.0f);
+        for (int dev = 0; dev < 3; dev++) {
+            /* the sums in host memory (optimizer cpu), or half on the device;
+             * dev 2: in host memory, each block's update starting as its
+             * reduction comes back (overlap, stale clipping: ZeRO 0-1 widen
+             * a block's values then) */
+            if (dev == 2 && stage > 1) continue;
+            dp_run ref32 = small_run(stage, dev == 1 ? -1 : 0, 1.0f);
             ref32.oc.comm_bucket = 1000; /* every block in pieces */
+            if (dev == 2) {
+                ref32.oc.schedule = OFFLOAD_SCHEDULE_OVERLAP;
+                ref32.oc.clip_stale = 1;
+            }
             assert_int_equal(train(&ref32), ZO_OK);
             for (size_t i = 0; i < sizeof reds / sizeof reds[0]; i++) {
                 dp_run r = ref32;
@@ -381,7 +389,7 @@ static void test_reduce_dtype(void **state)
                 if (rank == 0)
                     printf("  ZeRO-%d, %d ranks, sums %s, reduced in %s: %d of %d steps as fp32's, worst %.2e "
                            "relative (loss %.6f -> %.6f; fp32 %.6f -> %.6f)\n", stage, ranks,
-                           dev ? "host+device" : "host", zo_dtype_name(reds[i]), same, STEPS, worst, r.loss[0],
+                           dev == 1 ? "host+device" : dev ? "host, overlap" : "host", zo_dtype_name(reds[i]), same, STEPS, worst, r.loss[0],
                            r.loss[STEPS - 1], ref32.loss[0], ref32.loss[STEPS - 1]);
                 assert_true(worst <= 1e-2);
                 if (ranks > 1) assert_true(same < STEPS);
