@@ -138,6 +138,7 @@ void offload_grads_forget(offload_grads *gr)
 {
     for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) gr->gs[k].block = -1;
     gr->n_red_wait = 0;
+    if (gr->narrowed) memset(gr->narrowed, 0, (size_t)gr->g->nb); /* the sums start again */
 }
 
 zo_status offload_grads_drain(offload_grads *gr)
