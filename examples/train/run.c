@@ -163,6 +163,21 @@ static zo_status check_plan_run(const train_args *a, const zo_model_config *cfg,
     return zo_error(ZO_ERR_INVALID, "--plan %s", why);
 }
 
+/* Recompute of the first K layers: K within the model's layers, and
+ * checkpoints on the GPU (a layer not recomputed keeps its activations
+ * there; host checkpoints are every layer's input alone). */
+static zo_status check_recompute_layers(const train_args *a, const zo_model_config *cfg)
+{
+    int k = a->p.cfg.recompute_layers;
+    if (k > cfg->n_layers)
+        return zo_error(ZO_ERR_INVALID, "--recompute-layers %d (training.recompute_layers): the model %s has %d "
+                        "layers", k, cfg->name, cfg->n_layers);
+    if (k && k < cfg->n_layers && a->p.cfg.checkpoints_on == OFFLOAD_CPU)
+        return zo_error(ZO_ERR_INVALID, "--recompute-layers %d with --checkpoints-on cpu: host checkpoints need "
+                        "every layer recomputed (a layer not recomputed keeps its activations on the GPU)", k);
+    return ZO_OK;
+}
+
 /* What the run would be, as the capability table (common/capability.h)
  * sees it: the plan and the flags over it, on `ranks` ranks. */
 static void run_shape(const train_args *a, int ranks, zo_run_shape *out)
@@ -194,6 +209,7 @@ zo_status run_read_inputs(train_run *r)
     train_args *a = r->a;
     zo_status st;
     if ((st = inputs_load_config(a->model, &r->cfg)) != ZO_OK) return st;
+    if ((st = check_recompute_layers(a, &r->cfg)) != ZO_OK) return st;
     if ((st = comm_launch_detect(&r->launch)) != ZO_OK) return st;
     if (a->plan && (st = check_plan_run(a, &r->cfg, r->launch.size)) != ZO_OK) return st;
     if ((st = inputs_tokenizer(a, r->cfg.vocab, &r->tok, &r->eot)) != ZO_OK) return st;
@@ -257,7 +273,7 @@ zo_status run_setup(train_run *r)
     if (st != ZO_OK) return st;
     oc->comm = r->comm;
     if ((st = gpu_stream_create(r->dev, &r->s)) != ZO_OK) return st;
-    tf_options to = {.recompute = oc->recompute, .external_res = 1,
+    tf_options to = {.recompute = oc->recompute, .recompute_layers = oc->recompute_layers, .external_res = 1,
                      .lora = {.r = a->lora.r, .alpha = a->lora.alpha, .targets = a->lora.targets, .nf4 = a->qlora}};
     if ((st = tf_init_opts(&r->m, &r->cfg, r->dev, a->dtype, (int)a->micro_batch, (int)a->seq, &to)) != ZO_OK)
         return st;
@@ -439,6 +455,7 @@ int run_check_plan(train_args *a)
     zo_model_config cfg;
     zo_status st = inputs_load_config(a->model, &cfg);
     if (st == ZO_OK) st = check_plan_run(a, &cfg, 1);
+    if (st == ZO_OK) st = check_recompute_layers(a, &cfg);
     if (st != ZO_OK) {
         fprintf(stderr, "train: %s\n", zo_last_error());
         return exit_code(st, RUN_INPUT);
