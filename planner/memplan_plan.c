@@ -223,8 +223,7 @@ static void print_search(FILE *tab, int json, const zo_model_config *m, const pl
             (unsigned long long)r->configs, (unsigned long long)r->feasible, dt,
             dt > 0 ? (double)r->configs / dt : 0.0);
     if (s->runtime_plans)
-        fprintf(tab, "(a plan file for the runtime: recompute ops and recompute of part of the "
-                     "layers left out, which it does not run yet)\n");
+        fprintf(tab, "(a plan file for the runtime: recompute ops left out, which it does not run yet)\n");
     if (r->n_best == 0) {
         fprintf(json ? stderr : tab, "\nnothing fits: more GPUs (--gpus / --max-gpus), a shorter "
                 "--seq or a smaller --global-batch%s\n",
