@@ -14,6 +14,13 @@ static int is_gpt(const tf_model *m) { return m->cfg.arch == ZO_ARCH_GPT; }
 static int has_lora(const tf_model *m) { return m->opts.lora.r > 0; }
 static int qkv_width(const zo_model_config *c) { return (c->n_heads + 2 * c->n_kv_heads) * c->head_dim; }
 static int q_width(const zo_model_config *c) { return c->n_heads * c->head_dim; }
+static int is_moe(const tf_model *m, int l) { return zo_model_layer_is_moe(&m->cfg, l); }
+/* The width of the dense MLP activations: the MLP's, or in an MoE model the
+ * shared expert's (0: none) */
+static size_t mlp_width(const zo_model_config *c) { return (size_t)(c->moe.experts ? c->moe.shared_ffn : c->ffn); }
+static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
+/* The widest MLP of a layer: the dense one, an expert, the shared expert */
+static size_t widest_mlp(const zo_model_config *c) { return max_z(mlp_width(c), (size_t)c->moe.expert_ffn); }
 
 /* ---- allocation ------------------------------------------------------------ */
 
@@ -176,9 +183,10 @@ static int layer_window(const tf_model *m, int l)
  * output (q|k|v, the MLP's, the hidden size) or the logits. */
 static size_t widest_gradient(const zo_model_config *c)
 {
-    size_t w[] = {(size_t)qkv_width(c), (size_t)c->ffn, (size_t)c->hidden, (size_t)c->vocab};
+    size_t w[] = {(size_t)qkv_width(c), widest_mlp(c), (size_t)c->hidden, (size_t)c->vocab,
+                  (size_t)c->moe.experts};
     size_t most = 0;
-    for (size_t i = 0; i < 4; i++) most = w[i] > most ? w[i] : most;
+    for (size_t i = 0; i < 5; i++) most = w[i] > most ? w[i] : most;
     return most;
 }
 
@@ -199,6 +207,11 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     if (m->opts.lora.r < 0 || (m->opts.lora.nf4 && m->opts.lora.r < 1))
         return zo_error(ZO_ERR_INVALID, "tf_init: LoRA rank %d (NF4 needs LoRA: a rank >= 1)",
                         m->opts.lora.r);
+    if (m->opts.lora.r > 0 && cfg->moe.experts)
+        return zo_error(ZO_ERR_UNSUPPORTED,
+                        "tf_init: model %s: LoRA on a mixture-of-experts model is not implemented "
+                        "(full fine-tuning is)",
+                        cfg->name);
     if ((st = model_layout_init(&m->layout, cfg)) != ZO_OK) return st;
     m->cfg = m->layout.cfg;
     m->dev = dev;
@@ -211,7 +224,8 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         return zo_error(ZO_ERR_INVALID, "tf_init: sequence %d exceeds the %d learned positions of %s",
                         T, c->max_seq, c->name);
     }
-    size_t N = (size_t)B * T, es = zo_dtype_size(dtype), h = c->hidden, f = c->ffn;
+    size_t N = (size_t)B * T, es = zo_dtype_size(dtype), h = c->hidden, f = mlp_width(c);
+    size_t E = (size_t)c->moe.experts, fe = (size_t)c->moe.expert_ffn;
     size_t L = c->n_layers;
     m->res = calloc(L + 1, sizeof *m->res);
     m->acts = calloc(L, sizeof *m->acts);
@@ -249,6 +263,12 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
             {&a->up, llama ? N * f * es : 0, "mlp up"},
             {&a->act, N * f * es, "mlp activation"},
             {&a->lora_u, N * lora_cols * es, "LoRA A x"},
+            {(void **)&a->router_logits, N * E * 4, "router logits"},
+            {(void **)&a->router_w, N * E * 4, "router weights"},
+            {&a->efc, E * N * fe * es, "expert gates"},
+            {&a->eup, E * N * fe * es, "expert ups"},
+            {&a->eact, E * N * fe * es, "expert activations"},
+            {(void **)&a->sgate, c->moe.shared_gate ? N * 4 : 0, "shared expert gate"},
         };
         if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) goto out_free;
     }
@@ -264,8 +284,13 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         {(void **)&m->dh, N * h * 4, "norm gradient"},
         {(void **)&m->dqkv, N * qkv_width(c) * 4, "qkv gradient"},
         {(void **)&m->datt, N * q_width(c) * 4, "attention gradient"},
-        {(void **)&m->dff, N * f * 4, "mlp gradient"},
-        {(void **)&m->dff2, llama ? N * f * 4 : 0, "mlp up gradient"},
+        {(void **)&m->dff, N * widest_mlp(c) * 4, "mlp gradient"},
+        {(void **)&m->dff2, llama ? N * widest_mlp(c) * 4 : 0, "mlp up gradient"},
+        {(void **)&m->moe_stats, L * 2 * E * 4, "router statistics"},
+        {(void **)&m->drouter, N * E * 4, "router gradient"},
+        {(void **)&m->dweights, N * E * 4, "expert weight gradient"},
+        {(void **)&m->dz, c->moe.shared_gate ? N * 4 : 0, "shared expert gate gradient"},
+        {&m->sact, E ? N * widest_mlp(c) * es : 0, "weighted expert activation"},
         {(void **)&m->dlora, lora ? N * m->opts.lora.r * 4 : 0, "LoRA gradient"},
         {(void **)&m->dsink, lora ? 2 * h * 4 : 0, "frozen norm gradients"},
         {&m->wdq, lora && m->opts.lora.nf4 ? largest_linear(c) * es : 0, "dequantized weight"},
@@ -295,12 +320,16 @@ void tf_free(tf_model *m)
     if (m->acts)
         for (size_t l = 0; l < n_sets; l++) {
             tf_layer_acts *a = &m->acts[l];
-            void *p[] = {a->ln1, a->mean1, a->rstd1, a->qkv, a->att, a->lse, a->x_mid,
-                         a->ln2, a->mean2, a->rstd2, a->fc, a->up, a->act, a->lora_u};
+            void *p[] = {a->ln1,  a->mean1,  a->rstd1, a->qkv,           a->att,
+                         a->lse,  a->x_mid,  a->ln2,   a->mean2,         a->rstd2,
+                         a->fc,   a->up,     a->act,   a->lora_u,        a->router_logits,
+                         a->router_w, a->efc, a->eup,  a->eact,          a->sgate};
             for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) gpu_mem_free(d, p[i]);
         }
-    void *p[] = {m->lnf, m->meanf, m->rstdf, m->logits, m->losses, m->tmp, m->dres,
-                 m->dh, m->dqkv, m->datt, m->dff, m->dff2, m->dlora, m->dsink, m->wdq, m->dy16};
+    void *p[] = {m->lnf,  m->meanf, m->rstdf, m->logits, m->losses,    m->tmp,
+                 m->dres, m->dh,    m->dqkv,  m->datt,   m->dff,       m->dff2,
+                 m->dlora, m->dsink, m->wdq,  m->dy16,   m->moe_stats, m->drouter,
+                 m->dweights, m->dz, m->sact};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) gpu_mem_free(d, p[i]);
     free(m->res);
     free(m->acts);
@@ -619,6 +648,196 @@ static zo_status norm_backward(tf_model *m, gpu_stream_t s, const void *grads, i
     return gpu_rmsnorm_backward(s, F32(m->dres), dw, F32(m->dh), x, w, rstd, N, c->hidden);
 }
 
+
+/* ---- mixture of experts ----------------------------------------------------------------
+ * The MLP of an MoE layer, as Hugging Face's MixtralSparseMoeBlock and
+ * Qwen2MoeSparseMoeBlock compute it: the router's logits [N, E] = ln2 Wr^T,
+ * p = softmax over the E experts, the top_k of p weighted by p (divided by
+ * their sum with norm_topk), the output the weighted sum of the chosen
+ * experts' SwiGLU MLPs, plus with Qwen2-MoE sigmoid(ln2 . w_sg) times the
+ * shared expert's MLP. Every expert runs over all N tokens and a token's
+ * weight for an expert it did not choose is 0, so its output, and the
+ * expert's gradients from that token, are exactly 0: the results are a
+ * sparse dispatch's, at E / top_k times the experts' work (the gather of
+ * each expert's tokens is issue 31's next step, with the per-expert store). */
+
+/* Expert e's tensor of an EXPERT_* role. */
+static gpu_tensor expert_view(const tf_model *m, const void *buf, int blk, model_role role, int e)
+{
+    gpu_tensor t = tf_view(m, buf, blk, role);
+    if (t.data)
+        t.data = (char *)t.data + (size_t)e * model_layout_expert_stride(&m->layout) * zo_dtype_size(m->dtype);
+    return t;
+}
+
+/* y[N, out] (+)= x[N, in] W^T: beta 0 or 1 */
+static zo_status gemm_xwt(gpu_stream_t s, gpu_tensor y, gpu_tensor x, gpu_tensor w, int N, int out,
+                          int in, float beta)
+{
+    gpu_gemm_desc g = {.trans_b = 1, .m = N, .n = out, .k = in, .alpha = 1.0f, .beta = beta,
+                       .a = x, .b = w, .c = y, .lda = in, .ldb = in, .ldc = out};
+    return gpu_gemm(s, &g);
+}
+
+/* One SwiGLU MLP of the layer (an expert, or the shared one) on ln2, up to
+ * its activation: fc = ln2 Wg^T, up = ln2 Wu^T, act = silu(fc) up [N, f]. */
+static zo_status swiglu_mlp_forward(gpu_stream_t s, gpu_tensor ln2, gpu_tensor wg, gpu_tensor wu,
+                                    gpu_tensor fc, gpu_tensor up, gpu_tensor act, int N, int f, int h)
+{
+    zo_status st;
+    if ((st = gemm_xwt(s, fc, ln2, wg, N, f, h, 0.0f)) != ZO_OK ||
+        (st = gemm_xwt(s, up, ln2, wu, N, f, h, 0.0f)) != ZO_OK)
+        return st;
+    return gpu_swiglu_forward(s, act, fc, up, (size_t)N * f);
+}
+
+/* Expert e's activations in layer l's saved buffers. */
+static gpu_tensor expert_act(const tf_model *m, void *base, int e)
+{
+    size_t n = (size_t)m->b * m->t * (size_t)m->cfg.moe.expert_ffn;
+    return gpu_t((char *)base + (size_t)e * n * zo_dtype_size(m->dtype), m->dtype);
+}
+
+/* The MoE MLP of layer l: tmp [N, h] = its output. With `recompute`, stop
+ * once the activations backward reads are saved. */
+static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s, int recompute)
+{
+    zo_status st;
+    const zo_model_config *c = &m->cfg;
+    const zo_moe *mo = &c->moe;
+    const int blk = model_layout_layer_block(l), N = m->b * m->t, h = c->hidden, E = mo->experts;
+    const int fe = mo->expert_ffn, fs = mo->shared_ffn;
+    const zo_dtype dt = m->dtype;
+    tf_layer_acts *a = &m->acts[l];
+    const void *W = bb->params;
+    gpu_tensor ln2 = gpu_t(a->ln2, dt), tmp = gpu_t(m->tmp, dt), sact = gpu_t(m->sact, dt);
+
+    /* router: logits [N, E] (fp32), the chosen experts' weights, the statistics of layer l */
+    if ((st = gemm_xwt(s, F32(a->router_logits), ln2, tf_view(m, W, blk, MODEL_ROLE_ROUTER_W), N, E, h,
+                       0.0f)) != ZO_OK ||
+        (st = gpu_moe_router_forward(s, F32(a->router_w), F32(a->router_logits),
+                                     m->moe_stats + (size_t)l * 2 * E, N, E, mo->top_k, mo->norm_topk)) != ZO_OK)
+        return st;
+    /* experts: tmp += (w_e * act_e) Wdown_e^T */
+    for (int e = 0; e < E; e++) {
+        gpu_tensor act = expert_act(m, a->eact, e);
+        if ((st = swiglu_mlp_forward(s, ln2, expert_view(m, W, blk, MODEL_ROLE_EXPERT_GATE_W, e),
+                                     expert_view(m, W, blk, MODEL_ROLE_EXPERT_UP_W, e),
+                                     expert_act(m, a->efc, e), expert_act(m, a->eup, e), act, N, fe,
+                                     h)) != ZO_OK)
+            return st;
+        if (recompute) continue;
+        if ((st = gpu_moe_scale_forward(s, sact, act, a->router_w + e, N, fe, E, 0)) != ZO_OK ||
+            (st = gemm_xwt(s, tmp, sact, expert_view(m, W, blk, MODEL_ROLE_EXPERT_DOWN_W, e), N, h, fe,
+                           e ? 1.0f : 0.0f)) != ZO_OK)
+            return st;
+    }
+    if (!fs) return ZO_OK;
+    /* the shared expert: tmp += (sigmoid(ln2 w_sg) * act) Wdown^T */
+    gpu_tensor act = gpu_t(a->act, dt);
+    if ((st = swiglu_mlp_forward(s, ln2, tf_view(m, W, blk, MODEL_ROLE_MLP_GATE_W),
+                                 tf_view(m, W, blk, MODEL_ROLE_MLP_UP_W), gpu_t(a->fc, dt),
+                                 gpu_t(a->up, dt), act, N, fs, h)) != ZO_OK ||
+        (st = gemm_xwt(s, F32(a->sgate), ln2, tf_view(m, W, blk, MODEL_ROLE_SHARED_GATE_W), N, 1, h,
+                       0.0f)) != ZO_OK)
+        return st;
+    if (recompute) return ZO_OK;
+    if ((st = gpu_moe_scale_forward(s, sact, act, a->sgate, N, fs, 1, 1)) != ZO_OK) return st;
+    return gemm_xwt(s, tmp, sact, tf_view(m, W, blk, MODEL_ROLE_MLP_DOWN_W), N, h, fs, 1.0f);
+}
+
+/* dh += dy W, dW += dy^T x for a weight without bias or adapters; dy fp32
+ * [N, out], rounded once for the GEMMs. */
+static zo_status plain_linear_backward(tf_model *m, gpu_stream_t s, gpu_tensor dy, gpu_tensor x,
+                                       gpu_tensor w, gpu_tensor dw, int N, int out, int in)
+{
+    zo_status st;
+    gpu_tensor op;
+    if ((st = gemm_operand(m, s, dy, N, out, &op)) != ZO_OK) return st;
+    return linear_backward(s, F32(m->dh), 1.0f, dw, gpu_t(NULL, m->dtype), dy, op, x, w, N, out, in);
+}
+
+/* The backward of one weighted SwiGLU MLP (an expert: scale the router's
+ * weights of it, lds E; the shared expert: its gate's logits, sigmoid),
+ * from dres: dWdown, the scale's gradient (dscale), dWg, dWu, dh += its
+ * input's gradient. */
+static zo_status swiglu_mlp_backward(tf_model *m, gpu_stream_t s, gpu_tensor ln2, gpu_tensor fc,
+                                     gpu_tensor up, gpu_tensor act, const float *scale, int64_t lds,
+                                     int sigmoid, float *dscale, gpu_tensor wg, gpu_tensor wu,
+                                     gpu_tensor wd, gpu_tensor dwg, gpu_tensor dwu, gpu_tensor dwd, int f)
+{
+    zo_status st;
+    const int N = m->b * m->t, h = m->cfg.hidden;
+    gpu_tensor dff = F32(m->dff), dup = F32(m->dff2), sact = gpu_t(m->sact, m->dtype), op;
+    /* g [N, f] = dres Wdown; dWdown += dres^T (scale act) */
+    if ((st = gemm_operand(m, s, F32(m->dres), N, h, &op)) != ZO_OK) return st;
+    gpu_gemm_desc gx = {.m = N, .n = f, .k = h, .alpha = 1.0f, .beta = 0.0f, .a = op, .b = wd, .c = dff,
+                        .lda = h, .ldb = f, .ldc = f};
+    gpu_gemm_desc gw = {.trans_a = 1, .m = h, .n = f, .k = N, .alpha = 1.0f, .beta = 1.0f, .a = op,
+                        .b = sact, .c = dwd, .lda = h, .ldb = f, .ldc = f};
+    if ((st = gpu_gemm(s, &gx)) != ZO_OK ||
+        (st = gpu_moe_scale_forward(s, sact, act, scale, N, f, lds, sigmoid)) != ZO_OK ||
+        (st = gpu_gemm(s, &gw)) != ZO_OK)
+        return st;
+    /* dscale = g . act per token, dact = scale g (in place), then SwiGLU and gate/up */
+    if ((st = gpu_moe_scale_backward(s, dff, dscale, dff, act, scale, N, f, lds, sigmoid)) != ZO_OK ||
+        (st = gpu_swiglu_backward(s, dff, dup, dff, fc, up, (size_t)N * f)) != ZO_OK ||
+        (st = plain_linear_backward(m, s, dff, ln2, wg, dwg, N, f, h)) != ZO_OK)
+        return st;
+    return plain_linear_backward(m, s, dup, ln2, wu, dwu, N, f, h);
+}
+
+/* On entry dres = dL/d(layer output); on exit dh = dL/d ln2 through the MoE
+ * MLP (the router included, with the load-balancing loss's gradient). */
+static zo_status moe_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s)
+{
+    zo_status st;
+    const zo_model_config *c = &m->cfg;
+    const zo_moe *mo = &c->moe;
+    const int blk = model_layout_layer_block(l), N = m->b * m->t, h = c->hidden, E = mo->experts;
+    const zo_dtype dt = m->dtype;
+    tf_layer_acts *a = &m->acts[l];
+    const void *W = bb->params, *G = bb->grads;
+    gpu_tensor ln2 = gpu_t(a->ln2, dt);
+    if ((st = gpu_memset_async(s, m->dh, 0, (size_t)N * h * 4)) != ZO_OK) return st;
+    for (int e = 0; e < E; e++) {
+        model_role r[3] = {MODEL_ROLE_EXPERT_GATE_W, MODEL_ROLE_EXPERT_UP_W, MODEL_ROLE_EXPERT_DOWN_W};
+        if ((st = swiglu_mlp_backward(m, s, ln2, expert_act(m, a->efc, e), expert_act(m, a->eup, e),
+                                      expert_act(m, a->eact, e), a->router_w + e, E, 0, m->dweights + e,
+                                      expert_view(m, W, blk, r[0], e), expert_view(m, W, blk, r[1], e),
+                                      expert_view(m, W, blk, r[2], e), expert_view(m, G, blk, r[0], e),
+                                      expert_view(m, G, blk, r[1], e), expert_view(m, G, blk, r[2], e),
+                                      mo->expert_ffn)) != ZO_OK)
+            return st;
+    }
+    if (mo->shared_ffn) {
+        if ((st = swiglu_mlp_backward(m, s, ln2, gpu_t(a->fc, dt), gpu_t(a->up, dt), gpu_t(a->act, dt),
+                                      a->sgate, 1, 1, m->dz, tf_view(m, W, blk, MODEL_ROLE_MLP_GATE_W),
+                                      tf_view(m, W, blk, MODEL_ROLE_MLP_UP_W),
+                                      tf_view(m, W, blk, MODEL_ROLE_MLP_DOWN_W),
+                                      tf_view(m, G, blk, MODEL_ROLE_MLP_GATE_W),
+                                      tf_view(m, G, blk, MODEL_ROLE_MLP_UP_W),
+                                      tf_view(m, G, blk, MODEL_ROLE_MLP_DOWN_W), mo->shared_ffn)) != ZO_OK ||
+            (st = plain_linear_backward(m, s, F32(m->dz), ln2, tf_view(m, W, blk, MODEL_ROLE_SHARED_GATE_W),
+                                        tf_view(m, G, blk, MODEL_ROLE_SHARED_GATE_W), N, 1, h)) != ZO_OK)
+            return st;
+    }
+    /* the router: the load-balancing loss adds coef * E / (L N)^2 * C_j to
+     * dL/dp_j (times the loss scale, as the cross-entropy's gradient) */
+    float aux = 0.0f;
+    int moe_layers = c->n_layers - mo->first_dense;
+    if (mo->aux_loss) {
+        double LN = (double)moe_layers * N;
+        aux = (float)(m->moe_loss_scale * (double)mo->aux_coef * E / (LN * LN));
+    }
+    if ((st = gpu_moe_router_backward(s, F32(m->drouter), F32(m->dweights), F32(a->router_logits),
+                                      m->moe_stats + (size_t)mo->first_dense * 2 * E, N, E, mo->top_k,
+                                      mo->norm_topk, moe_layers, aux)) != ZO_OK)
+        return st;
+    return plain_linear_backward(m, s, F32(m->drouter), ln2, tf_view(m, W, blk, MODEL_ROLE_ROUTER_W),
+                                 tf_view(m, G, blk, MODEL_ROLE_ROUTER_W), N, E, h);
+}
+
 /* Forward of layer l. With `recompute`, stop once every activation the
  * backward reads is saved: the down projection and the residual add, whose
  * output (res[l+1]) backward does not read, are skipped and res[l+1] is not
@@ -663,6 +882,10 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
     if ((st = norm_forward(m, s, ln2, a->mean2, a->rstd2, x_mid, bview(m, W, blk, MODEL_ROLE_LN2_W),
                            bview(m, W, blk, MODEL_ROLE_LN2_B), N)) != ZO_OK)
         return st;
+    if (is_moe(m, l)) {
+        if ((st = moe_forward(m, l, bb, s, recompute)) != ZO_OK || recompute) return st;
+        return gpu_add(s, out, x_mid, tmp, (size_t)N * h);
+    }
     if (is_gpt(m)) {
         if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_UP_W, MODEL_ROLE_MLP_UP_B, fc, f,
                                       ln2, N, f, h)) != ZO_OK ||
@@ -738,6 +961,9 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     const linear_role out = {MODEL_ROLE_ATTN_OUT_W, MODEL_ROLE_ATTN_OUT_B, TF_LORA_O, h, qw};
     const linear_role qkvp = {MODEL_ROLE_QKV_W, MODEL_ROLE_QKV_B, TF_LORA_QKV, ld, h};
 
+    if (is_moe(m, l)) {
+        if ((st = moe_backward(m, l, bb, s)) != ZO_OK) return st;
+    } else {
     /* MLP down projection: dact[N, f] = dres Wdown (+ adapter) */
     if ((st = linear_role_backward(m, l, bb, s, down, dff, 0.0f, dres, act)) != ZO_OK) return st;
     if (is_gpt(m)) {
@@ -749,6 +975,7 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
         if ((st = linear_role_backward(m, l, bb, s, gate, dh, 0.0f, dff, ln2)) != ZO_OK ||
             (st = linear_role_backward(m, l, bb, s, up, dh, 1.0f, dup, ln2)) != ZO_OK)
             return st;
+    }
     }
     /* dres (= d x_mid so far) += norm2 backward */
     if ((st = norm_backward(m, s, G, blk, MODEL_ROLE_LN2_W, MODEL_ROLE_LN2_B, x_mid,
@@ -812,6 +1039,7 @@ static zo_status head_backward(tf_model *m, const tf_block_bufs *bb, float loss_
         return zo_error(ZO_ERR_INVALID, "head backward: tied model needs the embedding parameters and gradients");
     gpu_tensor logits = F32(m->logits), lnf = gpu_t(m->lnf, m->dtype);
     float dloss = m->n_targets ? loss_scale / (float)m->n_targets : 0.0f;
+    m->moe_loss_scale = loss_scale; /* the layers' backward, after this one, scale the router's loss */
     /* dlogits = dloss * (softmax - onehot): in place of the fp32 logits, or
      * rounded once into the 16-bit copy the GEMMs read (gemm_operand) */
     gpu_tensor dlogits = m->dtype == ZO_DTYPE_F32 ? logits : gpu_t(m->dy16, m->dtype);
@@ -919,6 +1147,32 @@ zo_status tf_backward(tf_model *m, void *const *params, void *const *grads, floa
     return tf_backward_all(m, &b, loss_scale, s);
 }
 
+/* The load-balancing loss of the batch (Hugging Face's load_balancing_loss_func
+ * over every MoE layer's router logits, no attention mask): E sum_j
+ * (C_j / (L N)) (P_j / (L N)) from the layers' statistics. */
+static zo_status moe_aux_loss(tf_model *m, gpu_stream_t s, double *aux)
+{
+    const zo_moe *mo = &m->cfg.moe;
+    int L = m->cfg.n_layers - mo->first_dense, E = mo->experts;
+    size_t n = (size_t)L * 2 * E;
+    float *st_h = malloc(n * sizeof *st_h);
+    if (!st_h) return zo_error(ZO_ERR_NOMEM, "tf_loss: out of host memory");
+    zo_status st = gpu_memcpy_async(s, st_h, m->moe_stats + (size_t)mo->first_dense * 2 * E, n * 4,
+                                    GPU_COPY_DEVICE_TO_HOST);
+    if (st == ZO_OK) st = gpu_stream_synchronize(s);
+    if (st == ZO_OK) {
+        double LN = (double)L * m->b * m->t, sum = 0.0;
+        for (int j = 0; j < E; j++) {
+            double P = 0.0, C = 0.0;
+            for (int l = 0; l < L; l++) P += st_h[(size_t)l * 2 * E + j], C += st_h[(size_t)l * 2 * E + E + j];
+            sum += (C / LN) * (P / LN);
+        }
+        *aux = E * sum;
+    }
+    free(st_h);
+    return st;
+}
+
 zo_status tf_loss(tf_model *m, gpu_stream_t s, float *loss)
 {
     int N = m->b * m->t;
@@ -932,6 +1186,10 @@ zo_status tf_loss(tf_model *m, gpu_stream_t s, float *loss)
         *loss = m->n_targets ? (float)(sum / m->n_targets) : 0.0f;
     }
     free(host);
+    if (st == ZO_OK && m->cfg.moe.experts && m->cfg.moe.aux_loss) {
+        double aux = 0.0;
+        if ((st = moe_aux_loss(m, s, &aux)) == ZO_OK) *loss += (float)(m->cfg.moe.aux_coef * aux);
+    }
     return st;
 }
 
@@ -968,7 +1226,10 @@ void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_
             for (size_t e = 0; e < t->numel; e++) p[e] = is_norm ? 1.0f : 0.0f;
             continue;
         }
-        double std = (t->role == MODEL_ROLE_ATTN_OUT_W || t->role == MODEL_ROLE_MLP_DOWN_W) ? proj_std : 0.02;
+        double std = (t->role == MODEL_ROLE_ATTN_OUT_W || t->role == MODEL_ROLE_MLP_DOWN_W ||
+                      t->role == MODEL_ROLE_EXPERT_DOWN_W)
+                         ? proj_std
+                         : 0.02;
         /* splitmix is a counter: element e draws the two values after
          * 2e draws of the tensor, so the elements are independent (and the
          * values the sequential draw gives) */

@@ -56,6 +56,12 @@ typedef struct tf_layer_acts {
     void *up;         /* [N, ffn] LLaMA: up (NULL for GPT) */
     void *act;        /* [N, ffn] GELU(fc) or silu(gate) * up */
     void *lora_u;     /* [N, n_lora * r] LoRA: each adapter's A x (NULL without LoRA) */
+    /* mixture of experts (NULL in a dense model); fc, up, act hold the
+     * shared expert's ([N, shared_ffn]) */
+    float *router_logits; /* [N, experts] */
+    float *router_w;      /* [N, experts] the chosen experts' weights, 0 elsewhere */
+    void *efc, *eup, *eact; /* [experts][N, expert_ffn] each expert's gate, up, silu(gate) * up */
+    float *sgate;         /* [N] the shared expert's gate before its sigmoid */
 } tf_layer_acts;
 
 /* LoRA on the model: r = 0 (the default) trains every weight as before. */
@@ -133,6 +139,14 @@ typedef struct tf_model {
     float *dlora;           /* [N, r] gradient of one adapter's A x */
     float *dsink;           /* [2h] where the frozen norms' weight gradients go */
     void *wdq;              /* QLoRA: one dequantized linear weight (model dtype) */
+    /* mixture of experts (cfg.moe.experts > 0) */
+    float *moe_stats;       /* [L, 2 experts] each layer's router statistics
+                               (gpu_moe_router_forward) for the load-balancing loss */
+    float *drouter;         /* [N, experts] gradient of the router's logits */
+    float *dweights;        /* [N, experts] gradient of the chosen experts' weights */
+    float *dz;              /* [N] gradient of the shared expert's gate */
+    void *sact;             /* [N, widest expert] an expert's activation times its weight */
+    float moe_loss_scale;   /* the head's loss_scale, for the load-balancing loss's gradient */
     size_t act_bytes;       /* device bytes of all of the above */
 } tf_model;
 
@@ -216,7 +230,12 @@ typedef struct tf_model_bufs {
 zo_status tf_forward_all(tf_model *m, const tf_model_bufs *bufs, gpu_stream_t s);
 zo_status tf_backward_all(tf_model *m, const tf_model_bufs *bufs, float loss_scale, gpu_stream_t s);
 
-/* Synchronize the stream and return the mean loss over the counted targets. */
+/* Synchronize the stream and return the mean loss over the counted targets;
+ * a mixture of experts with output_router_logits adds router_aux_loss_coef
+ * times the load-balancing loss as Hugging Face's (Switch Transformers'):
+ * experts x sum_j f_j P_j, f_j the share of the (token, choice) pairs of
+ * every MoE layer of the batch that chose expert j per token, P_j the mean
+ * of p_j over the tokens of every MoE layer. */
 zo_status tf_loss(tf_model *m, gpu_stream_t s, float *loss);
 
 /* GPT-2-style random initialization of fp32 host block buffers from a seed:
