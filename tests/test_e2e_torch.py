@@ -492,12 +492,22 @@ def check_family(train, name, workdir):
     if is_moe(c):
         ck.fact(f"the reference's expert choices clear of ties (smallest gap {MIN_GAP[0]:.1e} > {TIE_GAP:.0e})",
                 MIN_GAP[0] > TIE_GAP)
-    got_l, got_n, got_ev, t_train, cmd = run_train(train, d, run, [])
+    saved = os.path.join(d, "trained.safetensors")
+    got_l, got_n, got_ev, t_train, cmd = run_train(train, d, run, ["--save", saved] if is_moe(c) else [])
     print(f" full fine-tuning (train {t_train:.1f} s, torch {t_torch:.1f} s): {cmd}")
     for k in range(STEPS):
         ck.rel(f"step {k} loss", got_l[k], want_l[k])
         ck.rel(f"step {k} grad norm", got_n[k], want_n[k], slack=5e-5)
     ck.rel("eval loss after 3 steps", got_ev, want_ev)
+    if is_moe(c):
+        # the trained weights saved under the checkpoint's names, which evaluate here to train's
+        # eval loss
+        out = mf.read_safetensors(saved)
+        same = sorted(out) == sorted(params) and all(out[k].shape == params[k].shape for k in params)
+        ck.fact(f"--save wrote the {len(params)} tensors under the checkpoint's names and shapes", same)
+        if same:
+            ck.rel("eval loss of the saved weights", got_ev,
+                   eval_loss(c, {k: v.to(torch.float64) for k, v in out.items()}, eval_data, run))
     if lora is None:  # (LoRA on a mixture of experts: not yet)
         return ck.failed
 
