@@ -508,7 +508,14 @@ def check_family(train, name, workdir):
         if same:
             ck.rel("eval loss of the saved weights", got_ev,
                    eval_loss(c, {k: v.to(torch.float64) for k, v in out.items()}, eval_data, run))
-    if lora is None:  # (LoRA on a mixture of experts: not yet)
+    if lora is None:  # LoRA on a mixture of experts: refused by the capability table, exit 2
+        p = subprocess.run([train, "--device", DEVICE, "--model", os.path.join(d, "model", "config.json"),
+                            "--weights", os.path.join(d, "model"), "--data", os.path.join(d, "train.bin"),
+                            "--steps", "1", "--seq", "32", "--lora", "4"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        ck.fact(f"--lora refused (exit {p.returncode}, {p.stdout.strip()[-90:]!r})",
+                p.returncode == 2 and "on a mixture-of-experts model does not run" in p.stdout
+                and "\nstep 0 " not in p.stdout)
         return ck.failed
 
     # LoRA: train's own adapters, saved, merged here
