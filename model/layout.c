@@ -139,6 +139,23 @@ static void sub_view(model_layout *l, int block, model_role whole, model_role pa
     v->tensor = -1;
 }
 
+/* The gated MLP of a LLaMA layer (gate, up, down; Qwen2's biases where
+ * out_bias). */
+static void llama_mlp(builder *b, int i)
+{
+    const zo_model_config *c = &b->l->cfg;
+    const int64_t h = c->hidden, f = c->ffn;
+    const char *p = "model.layers";
+    add(b, MODEL_ROLE_MLP_GATE_W, 0, f, h, "%s.%d.mlp.gate_proj.weight", p, i);
+    add(b, MODEL_ROLE_MLP_UP_W, 0, f, h, "%s.%d.mlp.up_proj.weight", p, i);
+    if (c->out_bias) {
+        add(b, MODEL_ROLE_MLP_GATE_B, 0, f, 0, "%s.%d.mlp.gate_proj.bias", p, i);
+        add(b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "%s.%d.mlp.up_proj.bias", p, i);
+    }
+    add(b, MODEL_ROLE_MLP_DOWN_W, 0, h, f, "%s.%d.mlp.down_proj.weight", p, i);
+    if (c->out_bias) add(b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "%s.%d.mlp.down_proj.bias", p, i);
+}
+
 /* The MLP of an MoE layer (Mixtral's block_sparse_moe, Qwen2-MoE's mlp):
  * the router, the experts (gate, up, down each), Qwen2-MoE's shared expert
  * and its gate. The EXPERT_* views are expert 0's. */
@@ -266,19 +283,10 @@ zo_status model_layout_init(model_layout *l, const zo_model_config *cfg_in)
             add(&b, MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.post_attention_layernorm.weight", p, i);
             if (cfg.norm_bias)
                 add(&b, MODEL_ROLE_LN2_B, 0, h, 0, "%s.%d.post_attention_layernorm.bias", p, i);
-            if (zo_model_layer_is_moe(&cfg, i)) {
+            if (zo_model_layer_is_moe(&cfg, i))
                 moe_layer(&b, i);
-            } else {
-            add(&b, MODEL_ROLE_MLP_GATE_W, 0, f, h, "%s.%d.mlp.gate_proj.weight", p, i);
-            add(&b, MODEL_ROLE_MLP_UP_W, 0, f, h, "%s.%d.mlp.up_proj.weight", p, i);
-            if (cfg.out_bias) {
-                add(&b, MODEL_ROLE_MLP_GATE_B, 0, f, 0, "%s.%d.mlp.gate_proj.bias", p, i);
-                add(&b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "%s.%d.mlp.up_proj.bias", p, i);
-            }
-            add(&b, MODEL_ROLE_MLP_DOWN_W, 0, h, f, "%s.%d.mlp.down_proj.weight", p, i);
-            if (cfg.out_bias)
-                add(&b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "%s.%d.mlp.down_proj.bias", p, i);
-            }
+            else
+                llama_mlp(&b, i);
             static const model_role qkv_w[] = {MODEL_ROLE_Q_W, MODEL_ROLE_K_W, MODEL_ROLE_V_W};
             static const model_role qkv_b[] = {MODEL_ROLE_Q_B, MODEL_ROLE_K_B, MODEL_ROLE_V_B};
             static const model_role gu_w[] = {MODEL_ROLE_MLP_GATE_W, MODEL_ROLE_MLP_UP_W};
