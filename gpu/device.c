@@ -415,3 +415,14 @@ zo_status gpu_moe_scale_backward(gpu_stream_t s, gpu_tensor dx, float *dscale, g
     RUN(MOE_SCALE_BACKWARD, .t = {dx, dy, x}, .p = {dscale, (void *)scale},
         .i = {n, c, lds, sigmoid});
 }
+
+zo_status gpu_moe_gather(gpu_stream_t s, gpu_tensor y, gpu_tensor x, const int32_t *idx, int n, int c)
+{
+    RUN(MOE_GATHER, .t = {y, x}, .p = {(void *)idx}, .i = {n, c});
+}
+
+zo_status gpu_moe_scatter_add(gpu_stream_t s, gpu_tensor y, gpu_tensor x, const int32_t *idx, int n,
+                              int c, int64_t ldy)
+{
+    RUN(MOE_SCATTER_ADD, .t = {y, x}, .p = {(void *)idx}, .i = {n, c, ldy});
+}

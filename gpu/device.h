@@ -342,5 +342,13 @@ zo_status gpu_moe_scale_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, cons
 zo_status gpu_moe_scale_backward(gpu_stream_t s, gpu_tensor dx, float *dscale, gpu_tensor dy,
                                  gpu_tensor x, const float *scale, int n, int c, int64_t lds,
                                  int sigmoid);
+/* The tokens of an expert, packed: y[i, :] = x[idx[i], :] for n rows of c
+ * columns (idx int32 device array of n rows of x). */
+zo_status gpu_moe_gather(gpu_stream_t s, gpu_tensor y, gpu_tensor x, const int32_t *idx, int n, int c);
+/* Back to their places: y[idx[i] * ldy + j] += x[i * c + j] (ldy >= c);
+ * idx must not repeat a row (one expert's tokens), so rows are added
+ * without a race and in one order. */
+zo_status gpu_moe_scatter_add(gpu_stream_t s, gpu_tensor y, gpu_tensor x, const int32_t *idx, int n,
+                              int c, int64_t ldy);
 
 #endif

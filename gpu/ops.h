@@ -162,7 +162,12 @@ typedef struct gpu_op_slot {
     X(MOE_SCALE_BACKWARD, moe_scale_backward,                                                   \
       (GPU_T(0, dx), GPU_P(0, dscale), GPU_T(1, dy), GPU_T(2, x), GPU_P(1, scale),               \
        GPU_DIM(0, n), GPU_DIM(1, c), GPU_DIM(2, lds), GPU_INT(3, sigmoid)),                      \
-      NULL)
+      NULL)                                                                                      \
+    X(MOE_GATHER, moe_gather,                                                                   \
+      (GPU_T(0, y), GPU_T(1, x), GPU_P(0, idx), GPU_DIM(0, n), GPU_DIM(1, c)), NULL)              \
+    X(MOE_SCATTER_ADD, moe_scatter_add,                                                         \
+      (GPU_T(0, y), GPU_T(1, x), GPU_P(0, idx), GPU_DIM(0, n), GPU_DIM(1, c), GPU_DIM(2, ldy)),  \
+      gpu_check_ld)
 
 typedef enum gpu_op_id {
 #define GPU_OP_ENUM(ID, name, slots, check) GPU_OP_##ID,

@@ -132,5 +132,8 @@ void cpu_moe_scale_forward(gpu_tensor y, gpu_tensor x, const float *scale, int n
                            int64_t lds, int sigmoid, int nt);
 void cpu_moe_scale_backward(gpu_tensor dx, float *dscale, gpu_tensor dy, gpu_tensor x,
                             const float *scale, int n, int c, int64_t lds, int sigmoid, int nt);
+void cpu_moe_gather(gpu_tensor y, gpu_tensor x, const int32_t *idx, int n, int c, int nt);
+void cpu_moe_scatter_add(gpu_tensor y, gpu_tensor x, const int32_t *idx, int n, int c, int64_t ldy,
+                         int nt);
 
 #endif

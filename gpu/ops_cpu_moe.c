@@ -155,3 +155,25 @@ void cpu_moe_scale_backward(gpu_tensor dx, float *dscale, gpu_tensor dy, gpu_ten
         dscale[(size_t)r * lds] = (float)(sigmoid ? dot * g * (1.0f - g) : dot);
     }
 }
+
+void cpu_moe_gather(gpu_tensor y, gpu_tensor x, const int32_t *idx, int n, int c, int nt)
+{
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int i = 0; i < n; i++) {
+        size_t from = (size_t)idx[i] * c, to = (size_t)i * c;
+        for (int j = 0; j < c; j++)
+            zo_store_f32(y.data, y.dtype, to + j, zo_load_f32(x.data, x.dtype, from + j));
+    }
+}
+
+void cpu_moe_scatter_add(gpu_tensor y, gpu_tensor x, const int32_t *idx, int n, int c, int64_t ldy,
+                         int nt)
+{
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int i = 0; i < n; i++) {
+        size_t to = (size_t)idx[i] * (size_t)ldy, from = (size_t)i * c;
+        for (int j = 0; j < c; j++)
+            zo_store_f32(y.data, y.dtype, to + j,
+                         zo_load_f32(y.data, y.dtype, to + j) + zo_load_f32(x.data, x.dtype, from + j));
+    }
+}

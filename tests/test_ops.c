@@ -710,6 +710,22 @@ static void ref_moe_scale_backward(const gpu_op_args *a, hostv *h)
     }
 }
 
+/* t: y x; p: idx; i: n c */
+static void ref_moe_gather(const gpu_op_args *a, hostv *h)
+{
+    int n = (int)a->i[0], c = (int)a->i[1];
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < c; j++) h->T[0][(size_t)r * c + j] = h->T[1][(size_t)h->P[0][r] * c + j];
+}
+
+/* t: y x; p: idx; i: n c ldy */
+static void ref_moe_scatter_add(const gpu_op_args *a, hostv *h)
+{
+    int n = (int)a->i[0], c = (int)a->i[1];
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < c; j++) h->T[0][(size_t)h->P[0][r] * a->i[2] + j] += h->T[1][(size_t)r * c + j];
+}
+
 /* ---- backends ------------------------------------------------------------------------ */
 
 #define GUARD 64 /* bytes checked on both sides of every buffer */
@@ -1607,6 +1623,58 @@ static void parity_moe_scale_backward(void)
     IN_T(&c, 2, E_F32, 40 * 96);
     IN_P(&c, 1, E_F32, 160);
     emit(&c);
+}
+
+/* Rows of y for a scatter: param[0] distinct rows of param[1], in a
+ * shuffled order (one expert's tokens never repeat). */
+static void distinct_rows_prep(const pcase *c, hostv *h)
+{
+    int n = c->param[0], rows = c->param[1];
+    int *perm = malloc((size_t)rows * sizeof *perm);
+    for (int j = 0; j < rows; j++) perm[j] = j;
+    for (int j = rows - 1; j > 0; j--) {
+        int q = (int)(urand() * (j + 1)), t = perm[j];
+        perm[j] = perm[q], perm[q] = t;
+    }
+    for (int i = 0; i < n; i++) h->P[0][i] = perm[i];
+    free(perm);
+}
+
+/* (rows gathered or scattered, columns, rows of the other side) */
+static const int pack_shapes[][3] = {{1, 1, 1}, {5, 17, 9}, {64, 33, 300}, {300, 64, 300}};
+
+static void parity_moe_gather(void)
+{
+    for (size_t s = 0; s < 4; s++)
+        for (int t = 0; t < 3; t++) {
+            int n = pack_shapes[s][0], c = pack_shapes[s][1], rows = pack_shapes[s][2];
+            pcase q = new_case(GPU_OP_MOE_GATHER, "n %d c %d of %d rows %s", n, c, rows, ename(storage[t]));
+            q.a.i[0] = n, q.a.i[1] = c;
+            int o = OUT_T(&q, 0, storage[t], (size_t)n * c);
+            q.buf[o].rtol = 1e-300; /* a copy: equal */
+            IN_T(&q, 1, storage[t], (size_t)rows * c);
+            add_buf(&q, 'p', 0, E_I32, (size_t)n, FILL_INT, 0, rows, 0);
+            emit(&q);
+        }
+}
+
+static void parity_moe_scatter_add(void)
+{
+    for (size_t s = 0; s < 4; s++)
+        for (int t = 0; t < 3; t++)
+            for (int pad = 0; pad < 2; pad++) {
+                int n = pack_shapes[s][0], c = pack_shapes[s][1], rows = pack_shapes[s][2];
+                int ldy = c + 3 * pad;
+                pcase q = new_case(GPU_OP_MOE_SCATTER_ADD, "n %d c %d into %d rows ldy %d %s", n, c, rows,
+                                   ldy, ename(storage[t]));
+                q.a.i[0] = n, q.a.i[1] = c, q.a.i[2] = ldy;
+                OUT_T(&q, 0, storage[t], (size_t)rows * ldy);
+                IN_T(&q, 1, storage[t], (size_t)n * c);
+                add_buf(&q, 'p', 0, E_I32, (size_t)n, FILL_NONE, 0, 0, 0);
+                q.param[0] = n, q.param[1] = rows;
+                q.prep = distinct_rows_prep;
+                emit(&q);
+            }
 }
 
 /* ---- the test ----------------------------------------------------------------------------- */

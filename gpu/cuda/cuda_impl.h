@@ -154,6 +154,10 @@ zo_status cuda_launch_moe_scale_forward(cudaStream_t st, gpu_tensor y, gpu_tenso
 zo_status cuda_launch_moe_scale_backward(cudaStream_t st, gpu_tensor dx, float *dscale,
                                          gpu_tensor dy, gpu_tensor x, const float *scale, int n,
                                          int c, int64_t lds, int sigmoid);
+zo_status cuda_launch_moe_gather(cudaStream_t st, gpu_tensor y, gpu_tensor x, const int32_t *idx,
+                                 int n, int c);
+zo_status cuda_launch_moe_scatter_add(cudaStream_t st, gpu_tensor y, gpu_tensor x,
+                                      const int32_t *idx, int n, int c, int64_t ldy);
 
 /* embedding.cu: the backward sorts the rows by token in `workspace` (the
  * stream's cuBLASLt workspace, free between GEMMs on the same stream) */

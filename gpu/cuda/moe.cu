@@ -128,6 +128,44 @@ __global__ void moe_scale_backward_kernel(gpu_tensor dx, float *dscale, gpu_tens
     dscale[(size_t)r * lds] = (float)(sigmoid ? dot * g * (1.0f - g) : dot);
 }
 
+/* y[i, :] = x[idx[i], :]; one thread per element */
+__global__ void moe_gather_kernel(gpu_tensor y, gpu_tensor x, const int32_t *idx, int n, int c)
+{
+    size_t total = (size_t)n * c;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (size_t)gridDim.x * blockDim.x) {
+        size_t i = e / c, j = e % c;
+        tstore(y, e, tload(x, (size_t)idx[i] * c + j));
+    }
+}
+
+/* y[idx[i] ldy + j] += x[i, j]; idx repeats no row, so no two threads add
+ * to one element */
+__global__ void moe_scatter_add_kernel(gpu_tensor y, gpu_tensor x, const int32_t *idx, int n, int c,
+                                       int64_t ldy)
+{
+    size_t total = (size_t)n * c;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (size_t)gridDim.x * blockDim.x) {
+        size_t i = e / c, j = e % c, to = (size_t)idx[i] * (size_t)ldy + j;
+        tstore(y, to, tload(y, to) + tload(x, e));
+    }
+}
+
+extern "C" zo_status cuda_launch_moe_gather(cudaStream_t st, gpu_tensor y, gpu_tensor x,
+                                            const int32_t *idx, int n, int c)
+{
+    ZO_LAUNCH(moe_gather_kernel, grid_for((size_t)n * c, BS), BS, 0, st, y, x, idx, n, c);
+    return cuda_launch_check("moe_gather_kernel");
+}
+
+extern "C" zo_status cuda_launch_moe_scatter_add(cudaStream_t st, gpu_tensor y, gpu_tensor x,
+                                                 const int32_t *idx, int n, int c, int64_t ldy)
+{
+    ZO_LAUNCH(moe_scatter_add_kernel, grid_for((size_t)n * c, BS), BS, 0, st, y, x, idx, n, c, ldy);
+    return cuda_launch_check("moe_scatter_add_kernel");
+}
+
 extern "C" zo_status cuda_launch_moe_router_forward(cudaStream_t st, gpu_tensor weights,
                                                     gpu_tensor logits, float *stats, int n, int e,
                                                     int k, int norm)

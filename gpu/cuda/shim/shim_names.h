@@ -44,6 +44,8 @@
 #define cuda_launch_moe_router_backward shim_launch_moe_router_backward
 #define cuda_launch_moe_scale_forward shim_launch_moe_scale_forward
 #define cuda_launch_moe_scale_backward shim_launch_moe_scale_backward
+#define cuda_launch_moe_gather shim_launch_moe_gather
+#define cuda_launch_moe_scatter_add shim_launch_moe_scatter_add
 
 /* the CUDA column of the op table (gpu/cuda/ops_cuda.c compiled for the host) */
 #define cuda_ops shim_cuda_ops
