@@ -19,8 +19,12 @@ static int is_moe(const tf_model *m, int l) { return zo_model_layer_is_moe(&m->c
  * shared expert's (0: none) */
 static size_t mlp_width(const zo_model_config *c) { return (size_t)(c->moe.experts ? c->moe.shared_ffn : c->ffn); }
 static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
-/* The widest MLP of a layer: the dense one, an expert, the shared expert */
-static size_t widest_mlp(const zo_model_config *c) { return max_z(mlp_width(c), (size_t)c->moe.expert_ffn); }
+/* Columns per token of the widest MLP activation: the dense MLP's, the
+ * shared expert's, or the top_k chosen experts' (packed [N top_k, expert_ffn]) */
+static size_t widest_mlp(const zo_model_config *c)
+{
+    return max_z(mlp_width(c), (size_t)c->moe.top_k * (size_t)c->moe.expert_ffn);
+}
 
 /* ---- allocation ------------------------------------------------------------ */
 
@@ -184,7 +188,7 @@ static int layer_window(const tf_model *m, int l)
 static size_t widest_gradient(const zo_model_config *c)
 {
     size_t w[] = {(size_t)qkv_width(c), widest_mlp(c), (size_t)c->hidden, (size_t)c->vocab,
-                  (size_t)c->moe.experts};
+                  (size_t)c->moe.experts + (size_t)c->moe.top_k * (size_t)c->hidden};
     size_t most = 0;
     for (size_t i = 0; i < 5; i++) most = w[i] > most ? w[i] : most;
     return most;
@@ -225,7 +229,7 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
                         T, c->max_seq, c->name);
     }
     size_t N = (size_t)B * T, es = zo_dtype_size(dtype), h = c->hidden, f = mlp_width(c);
-    size_t E = (size_t)c->moe.experts, fe = (size_t)c->moe.expert_ffn;
+    size_t E = (size_t)c->moe.experts, fe = (size_t)c->moe.expert_ffn, K = (size_t)c->moe.top_k;
     size_t L = c->n_layers;
     m->res = calloc(L + 1, sizeof *m->res);
     m->acts = calloc(L, sizeof *m->acts);
@@ -265,12 +269,19 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
             {&a->lora_u, N * lora_cols * es, "LoRA A x"},
             {(void **)&a->router_logits, N * E * 4, "router logits"},
             {(void **)&a->router_w, N * E * 4, "router weights"},
-            {&a->efc, E * N * fe * es, "expert gates"},
-            {&a->eup, E * N * fe * es, "expert ups"},
-            {&a->eact, E * N * fe * es, "expert activations"},
+            {&a->efc, K * N * fe * es, "expert gates"},
+            {&a->eup, K * N * fe * es, "expert ups"},
+            {&a->eact, K * N * fe * es, "expert activations"},
+            {(void **)&a->moe_idx, K * N * 4, "expert tokens"},
+            {(void **)&a->moe_wp, K * N * 4, "expert token weights"},
             {(void **)&a->sgate, c->moe.shared_gate ? N * 4 : 0, "shared expert gate"},
         };
         if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) goto out_free;
+        if (E && (!(a->moe_idx_h = malloc(K * N * 4)) || !(a->moe_wp_h = malloc(K * N * 4)) ||
+                  !(a->moe_off = calloc(E + 1, sizeof *a->moe_off)))) {
+            st = zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory (routing of %zu tokens)", N);
+            goto out_free;
+        }
     }
     for (size_t l = n_sets; l < L; l++) m->acts[l] = m->acts[0];
     const act_req r[] = {
@@ -291,12 +302,20 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         {(void **)&m->dweights, N * E * 4, "expert weight gradient"},
         {(void **)&m->dz, c->moe.shared_gate ? N * 4 : 0, "shared expert gate gradient"},
         {&m->sact, E ? N * widest_mlp(c) * es : 0, "weighted expert activation"},
+        {&m->moe_x, K * N * h * es, "expert inputs"},
+        {&m->moe_y, K * N * h * es, "expert outputs"},
+        {(void **)&m->moe_dx, K * N * h * 4, "expert input gradients"},
+        {(void **)&m->moe_dscale, K * N * 4, "expert weight gradients"},
         {(void **)&m->dlora, lora ? N * m->opts.lora.r * 4 : 0, "LoRA gradient"},
         {(void **)&m->dsink, lora ? 2 * h * 4 : 0, "frozen norm gradients"},
         {&m->wdq, lora && m->opts.lora.nf4 ? largest_linear(c) * es : 0, "dequantized weight"},
         {&m->dy16, dtype == ZO_DTYPE_F32 ? 0 : N * widest_gradient(c) * es, "16-bit activation gradient"},
     };
     if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) goto out_free;
+    if (E && !(m->moe_w_h = malloc(N * E * 4))) {
+        st = zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory (router weights of %zu tokens)", N);
+        goto out_free;
+    }
     /* a rope_scaling's frequencies (what it does not compute is refused here) */
     if ((st = rope_upload(m)) != ZO_OK) goto out_free;
     return ZO_OK;
@@ -323,16 +342,21 @@ void tf_free(tf_model *m)
             void *p[] = {a->ln1,  a->mean1,  a->rstd1, a->qkv,           a->att,
                          a->lse,  a->x_mid,  a->ln2,   a->mean2,         a->rstd2,
                          a->fc,   a->up,     a->act,   a->lora_u,        a->router_logits,
-                         a->router_w, a->efc, a->eup,  a->eact,          a->sgate};
+                         a->router_w, a->efc, a->eup,  a->eact,          a->sgate,
+                         a->moe_idx, a->moe_wp};
             for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) gpu_mem_free(d, p[i]);
+            free(a->moe_idx_h);
+            free(a->moe_wp_h);
+            free(a->moe_off);
         }
     void *p[] = {m->lnf,  m->meanf, m->rstdf, m->logits, m->losses,    m->tmp,
                  m->dres, m->dh,    m->dqkv,  m->datt,   m->dff,       m->dff2,
                  m->dlora, m->dsink, m->wdq,  m->dy16,   m->moe_stats, m->drouter,
-                 m->dweights, m->dz, m->sact};
+                 m->dweights, m->dz, m->sact, m->moe_x, m->moe_y, m->moe_dx, m->moe_dscale};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) gpu_mem_free(d, p[i]);
     free(m->res);
     free(m->acts);
+    free(m->moe_w_h);
     free(m->frozen_off);
     free(m->frozen_bytes);
     model_layout_free(&m->adapters);
@@ -655,11 +679,11 @@ static zo_status norm_backward(tf_model *m, gpu_stream_t s, const void *grads, i
  * p = softmax over the E experts, the top_k of p weighted by p (divided by
  * their sum with norm_topk), the output the weighted sum of the chosen
  * experts' SwiGLU MLPs, plus with Qwen2-MoE sigmoid(ln2 . w_sg) times the
- * shared expert's MLP. Every expert runs over all N tokens and a token's
- * weight for an expert it did not choose is 0, so its output, and the
- * expert's gradients from that token, are exactly 0: the results are a
- * sparse dispatch's, at E / top_k times the experts' work (the gather of
- * each expert's tokens is issue 31's next step, with the per-expert store). */
+ * shared expert's MLP. Each expert runs on the tokens that chose it only:
+ * the router's weights are read back to the host (the one wait of the
+ * layer), which lists the (token, expert) pairs expert by expert; the pairs'
+ * inputs are gathered, each expert's GEMMs run on its rows, and its
+ * weighted outputs are added back to their tokens, expert after expert. */
 
 /* Expert e's tensor of an EXPERT_* role. */
 static gpu_tensor expert_view(const tf_model *m, const void *buf, int blk, model_role role, int e)
@@ -667,6 +691,13 @@ static gpu_tensor expert_view(const tf_model *m, const void *buf, int blk, model
     gpu_tensor t = tf_view(m, buf, blk, role);
     if (t.data)
         t.data = (char *)t.data + (size_t)e * model_layout_expert_stride(&m->layout) * zo_dtype_size(m->dtype);
+    return t;
+}
+
+/* Rows from `row` of a [rows, cols] tensor. */
+static gpu_tensor rows_at(gpu_tensor t, int row, int cols)
+{
+    t.data = (char *)t.data + (size_t)row * cols * zo_dtype_size(t.dtype);
     return t;
 }
 
@@ -679,8 +710,22 @@ static zo_status gemm_xwt(gpu_stream_t s, gpu_tensor y, gpu_tensor x, gpu_tensor
     return gpu_gemm(s, &g);
 }
 
-/* One SwiGLU MLP of the layer (an expert, or the shared one) on ln2, up to
- * its activation: fc = ln2 Wg^T, up = ln2 Wu^T, act = silu(fc) up [N, f]. */
+/* dx[n, in] (+)= dy[n, out] W (W [out, in]) and dW += dy^T x: beta for dx */
+static zo_status gemm_back(gpu_stream_t s, gpu_tensor dx, float beta, gpu_tensor dw, gpu_tensor dy,
+                           gpu_tensor x, gpu_tensor w, int n, int out, int in)
+{
+    zo_status st;
+    gpu_gemm_desc gw = {.trans_a = 1, .m = out, .n = in, .k = n, .alpha = 1.0f, .beta = 1.0f,
+                        .a = dy, .b = x, .c = dw, .lda = out, .ldb = in, .ldc = in};
+    if (dw.data && (st = gpu_gemm(s, &gw)) != ZO_OK) return st;
+    if (!dx.data) return ZO_OK;
+    gpu_gemm_desc gx = {.m = n, .n = in, .k = out, .alpha = 1.0f, .beta = beta, .a = dy, .b = w,
+                        .c = dx, .lda = out, .ldb = in, .ldc = in};
+    return gpu_gemm(s, &gx);
+}
+
+/* One SwiGLU MLP of the layer (the shared expert) on ln2, up to its
+ * activation: fc = ln2 Wg^T, up = ln2 Wu^T, act = silu(fc) up [N, f]. */
 static zo_status swiglu_mlp_forward(gpu_stream_t s, gpu_tensor ln2, gpu_tensor wg, gpu_tensor wu,
                                     gpu_tensor fc, gpu_tensor up, gpu_tensor act, int N, int f, int h)
 {
@@ -691,11 +736,35 @@ static zo_status swiglu_mlp_forward(gpu_stream_t s, gpu_tensor ln2, gpu_tensor w
     return gpu_swiglu_forward(s, act, fc, up, (size_t)N * f);
 }
 
-/* Expert e's activations in layer l's saved buffers. */
-static gpu_tensor expert_act(const tf_model *m, void *base, int e)
+/* Route layer l's tokens: wait for the router's weights, list the pairs
+ * expert by expert (tokens in order) with their weights, and upload them. */
+static zo_status moe_route(tf_model *m, int l, gpu_stream_t s)
 {
-    size_t n = (size_t)m->b * m->t * (size_t)m->cfg.moe.expert_ffn;
-    return gpu_t((char *)base + (size_t)e * n * zo_dtype_size(m->dtype), m->dtype);
+    zo_status st;
+    const int N = m->b * m->t, E = m->cfg.moe.experts;
+    tf_layer_acts *a = &m->acts[l];
+    if ((st = gpu_memcpy_async(s, m->moe_w_h, a->router_w, (size_t)N * E * 4, GPU_COPY_DEVICE_TO_HOST)) !=
+            ZO_OK ||
+        (st = gpu_stream_synchronize(s)) != ZO_OK) /* also: the last uploads from the host lists ran */
+        return st;
+    int n = 0;
+    a->moe_off[0] = 0;
+    for (int e = 0; e < E; e++) {
+        for (int r = 0; r < N; r++) {
+            float w = m->moe_w_h[(size_t)r * E + e];
+            if (w == 0.0f) continue; /* not chosen (or a weight that underflowed: adds nothing) */
+            if (n == N * m->cfg.moe.top_k)
+                return zo_error(ZO_ERR_INTERNAL, "transformer: layer %d: the router chose more than %d experts "
+                                "per token", l, m->cfg.moe.top_k);
+            a->moe_idx_h[n] = r;
+            a->moe_wp_h[n++] = w;
+        }
+        a->moe_off[e + 1] = n;
+    }
+    if (!n) return ZO_OK;
+    if ((st = gpu_memcpy_async(s, a->moe_idx, a->moe_idx_h, (size_t)n * 4, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK)
+        return st;
+    return gpu_memcpy_async(s, a->moe_wp, a->moe_wp_h, (size_t)n * 4, GPU_COPY_HOST_TO_DEVICE);
 }
 
 /* The MoE MLP of layer l: tmp [N, h] = its output. With `recompute`, stop
@@ -711,38 +780,56 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
     tf_layer_acts *a = &m->acts[l];
     const void *W = bb->params;
     gpu_tensor ln2 = gpu_t(a->ln2, dt), tmp = gpu_t(m->tmp, dt), sact = gpu_t(m->sact, dt);
+    gpu_tensor xg = gpu_t(m->moe_x, dt), yg = gpu_t(m->moe_y, dt);
+    gpu_tensor fc = gpu_t(a->efc, dt), up = gpu_t(a->eup, dt), act = gpu_t(a->eact, dt);
 
     /* router: logits [N, E] (fp32), the chosen experts' weights, the statistics of layer l */
     if ((st = gemm_xwt(s, F32(a->router_logits), ln2, tf_view(m, W, blk, MODEL_ROLE_ROUTER_W), N, E, h,
                        0.0f)) != ZO_OK ||
         (st = gpu_moe_router_forward(s, F32(a->router_w), F32(a->router_logits),
-                                     m->moe_stats + (size_t)l * 2 * E, N, E, mo->top_k, mo->norm_topk)) != ZO_OK)
+                                     m->moe_stats + (size_t)l * 2 * E, N, E, mo->top_k, mo->norm_topk)) != ZO_OK ||
+        (st = moe_route(m, l, s)) != ZO_OK)
         return st;
-    /* experts: tmp += (w_e * act_e) Wdown_e^T */
+    const int *off = a->moe_off, M = off[E];
+    /* the experts on their pairs: xg [M, h], fc, up, act [M, fe] */
+    if (M && (st = gpu_moe_gather(s, xg, ln2, a->moe_idx, M, h)) != ZO_OK) return st;
     for (int e = 0; e < E; e++) {
-        gpu_tensor act = expert_act(m, a->eact, e);
-        if ((st = swiglu_mlp_forward(s, ln2, expert_view(m, W, blk, MODEL_ROLE_EXPERT_GATE_W, e),
-                                     expert_view(m, W, blk, MODEL_ROLE_EXPERT_UP_W, e),
-                                     expert_act(m, a->efc, e), expert_act(m, a->eup, e), act, N, fe,
-                                     h)) != ZO_OK)
+        int n = off[e + 1] - off[e];
+        if (!n) continue;
+        gpu_tensor x = rows_at(xg, off[e], h);
+        if ((st = gemm_xwt(s, rows_at(fc, off[e], fe), x, expert_view(m, W, blk, MODEL_ROLE_EXPERT_GATE_W, e), n,
+                           fe, h, 0.0f)) != ZO_OK ||
+            (st = gemm_xwt(s, rows_at(up, off[e], fe), x, expert_view(m, W, blk, MODEL_ROLE_EXPERT_UP_W, e), n,
+                           fe, h, 0.0f)) != ZO_OK)
             return st;
-        if (recompute) continue;
-        if ((st = gpu_moe_scale_forward(s, sact, act, a->router_w + e, N, fe, E, 0)) != ZO_OK ||
-            (st = gemm_xwt(s, tmp, sact, expert_view(m, W, blk, MODEL_ROLE_EXPERT_DOWN_W, e), N, h, fe,
-                           e ? 1.0f : 0.0f)) != ZO_OK)
+    }
+    if (M && (st = gpu_swiglu_forward(s, act, fc, up, (size_t)M * fe)) != ZO_OK) return st;
+    if (!recompute) {
+        /* tmp = sum over the experts of their weighted outputs, added back to the tokens */
+        if ((st = gpu_memset_async(s, m->tmp, 0, (size_t)N * h * zo_dtype_size(dt))) != ZO_OK ||
+            (M && (st = gpu_moe_scale_forward(s, sact, act, a->moe_wp, M, fe, 1, 0)) != ZO_OK))
             return st;
+        for (int e = 0; e < E; e++) {
+            int n = off[e + 1] - off[e];
+            if (!n) continue;
+            gpu_tensor y = rows_at(yg, off[e], h);
+            if ((st = gemm_xwt(s, y, rows_at(sact, off[e], fe), expert_view(m, W, blk, MODEL_ROLE_EXPERT_DOWN_W, e),
+                               n, h, fe, 0.0f)) != ZO_OK ||
+                (st = gpu_moe_scatter_add(s, tmp, y, a->moe_idx + off[e], n, h, h)) != ZO_OK)
+                return st;
+        }
     }
     if (!fs) return ZO_OK;
     /* the shared expert: tmp += (sigmoid(ln2 w_sg) * act) Wdown^T */
-    gpu_tensor act = gpu_t(a->act, dt);
+    gpu_tensor sa = gpu_t(a->act, dt);
     if ((st = swiglu_mlp_forward(s, ln2, tf_view(m, W, blk, MODEL_ROLE_MLP_GATE_W),
                                  tf_view(m, W, blk, MODEL_ROLE_MLP_UP_W), gpu_t(a->fc, dt),
-                                 gpu_t(a->up, dt), act, N, fs, h)) != ZO_OK ||
+                                 gpu_t(a->up, dt), sa, N, fs, h)) != ZO_OK ||
         (st = gemm_xwt(s, F32(a->sgate), ln2, tf_view(m, W, blk, MODEL_ROLE_SHARED_GATE_W), N, 1, h,
                        0.0f)) != ZO_OK)
         return st;
     if (recompute) return ZO_OK;
-    if ((st = gpu_moe_scale_forward(s, sact, act, a->sgate, N, fs, 1, 1)) != ZO_OK) return st;
+    if ((st = gpu_moe_scale_forward(s, sact, sa, a->sgate, N, fs, 1, 1)) != ZO_OK) return st;
     return gemm_xwt(s, tmp, sact, tf_view(m, W, blk, MODEL_ROLE_MLP_DOWN_W), N, h, fs, 1.0f);
 }
 
@@ -757,34 +844,99 @@ static zo_status plain_linear_backward(tf_model *m, gpu_stream_t s, gpu_tensor d
     return linear_backward(s, F32(m->dh), 1.0f, dw, gpu_t(NULL, m->dtype), dy, op, x, w, N, out, in);
 }
 
-/* The backward of one weighted SwiGLU MLP (an expert: scale the router's
- * weights of it, lds E; the shared expert: its gate's logits, sigmoid),
- * from dres: dWdown, the scale's gradient (dscale), dWg, dWu, dh += its
- * input's gradient. */
-static zo_status swiglu_mlp_backward(tf_model *m, gpu_stream_t s, gpu_tensor ln2, gpu_tensor fc,
-                                     gpu_tensor up, gpu_tensor act, const float *scale, int64_t lds,
-                                     int sigmoid, float *dscale, gpu_tensor wg, gpu_tensor wu,
-                                     gpu_tensor wd, gpu_tensor dwg, gpu_tensor dwu, gpu_tensor dwd, int f)
+/* The shared expert's backward from dres: dWdown, its gate's gradient dz,
+ * dWg, dWu, dh += its input's gradient. */
+static zo_status shared_expert_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s)
 {
     zo_status st;
-    const int N = m->b * m->t, h = m->cfg.hidden;
-    gpu_tensor dff = F32(m->dff), dup = F32(m->dff2), sact = gpu_t(m->sact, m->dtype), op;
-    /* g [N, f] = dres Wdown; dWdown += dres^T (scale act) */
+    const int blk = model_layout_layer_block(l), N = m->b * m->t, h = m->cfg.hidden, f = m->cfg.moe.shared_ffn;
+    const zo_dtype dt = m->dtype;
+    tf_layer_acts *a = &m->acts[l];
+    const void *W = bb->params, *G = bb->grads;
+    gpu_tensor ln2 = gpu_t(a->ln2, dt), act = gpu_t(a->act, dt), wd = tf_view(m, W, blk, MODEL_ROLE_MLP_DOWN_W);
+    gpu_tensor dff = F32(m->dff), dup = F32(m->dff2), sact = gpu_t(m->sact, dt), op;
+    /* g [N, f] = dres Wdown; dWdown += dres^T (sigmoid(z) act) */
     if ((st = gemm_operand(m, s, F32(m->dres), N, h, &op)) != ZO_OK) return st;
     gpu_gemm_desc gx = {.m = N, .n = f, .k = h, .alpha = 1.0f, .beta = 0.0f, .a = op, .b = wd, .c = dff,
                         .lda = h, .ldb = f, .ldc = f};
     gpu_gemm_desc gw = {.trans_a = 1, .m = h, .n = f, .k = N, .alpha = 1.0f, .beta = 1.0f, .a = op,
-                        .b = sact, .c = dwd, .lda = h, .ldb = f, .ldc = f};
+                        .b = sact, .c = tf_view(m, G, blk, MODEL_ROLE_MLP_DOWN_W), .lda = h, .ldb = f, .ldc = f};
     if ((st = gpu_gemm(s, &gx)) != ZO_OK ||
-        (st = gpu_moe_scale_forward(s, sact, act, scale, N, f, lds, sigmoid)) != ZO_OK ||
+        (st = gpu_moe_scale_forward(s, sact, act, a->sgate, N, f, 1, 1)) != ZO_OK ||
         (st = gpu_gemm(s, &gw)) != ZO_OK)
         return st;
-    /* dscale = g . act per token, dact = scale g (in place), then SwiGLU and gate/up */
-    if ((st = gpu_moe_scale_backward(s, dff, dscale, dff, act, scale, N, f, lds, sigmoid)) != ZO_OK ||
-        (st = gpu_swiglu_backward(s, dff, dup, dff, fc, up, (size_t)N * f)) != ZO_OK ||
-        (st = plain_linear_backward(m, s, dff, ln2, wg, dwg, N, f, h)) != ZO_OK)
+    /* dz = g . act sigmoid', dact = sigmoid(z) g (in place), then SwiGLU, gate/up and the gate */
+    if ((st = gpu_moe_scale_backward(s, dff, m->dz, dff, act, a->sgate, N, f, 1, 1)) != ZO_OK ||
+        (st = gpu_swiglu_backward(s, dff, dup, dff, gpu_t(a->fc, dt), gpu_t(a->up, dt), (size_t)N * f)) != ZO_OK ||
+        (st = plain_linear_backward(m, s, dff, ln2, tf_view(m, W, blk, MODEL_ROLE_MLP_GATE_W),
+                                    tf_view(m, G, blk, MODEL_ROLE_MLP_GATE_W), N, f, h)) != ZO_OK ||
+        (st = plain_linear_backward(m, s, dup, ln2, tf_view(m, W, blk, MODEL_ROLE_MLP_UP_W),
+                                    tf_view(m, G, blk, MODEL_ROLE_MLP_UP_W), N, f, h)) != ZO_OK)
         return st;
-    return plain_linear_backward(m, s, dup, ln2, wu, dwu, N, f, h);
+    return plain_linear_backward(m, s, F32(m->dz), ln2, tf_view(m, W, blk, MODEL_ROLE_SHARED_GATE_W),
+                                 tf_view(m, G, blk, MODEL_ROLE_SHARED_GATE_W), N, 1, h);
+}
+
+/* The routed experts' backward on their pairs, from dres: their weights'
+ * gradients, dweights [N, E] (each pair's weight gradient at its token and
+ * expert), dh += the pairs' input gradients added back to their tokens. */
+static zo_status experts_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s)
+{
+    zo_status st;
+    const zo_moe *mo = &m->cfg.moe;
+    const int blk = model_layout_layer_block(l), N = m->b * m->t, h = m->cfg.hidden, E = mo->experts;
+    const int fe = mo->expert_ffn;
+    const zo_dtype dt = m->dtype;
+    tf_layer_acts *a = &m->acts[l];
+    const void *W = bb->params, *G = bb->grads;
+    const int *off = a->moe_off, M = off[E];
+    gpu_tensor fc = gpu_t(a->efc, dt), up = gpu_t(a->eup, dt), act = gpu_t(a->eact, dt);
+    gpu_tensor dff = F32(m->dff), dup = F32(m->dff2), sact = gpu_t(m->sact, dt), dx = F32(m->moe_dx);
+    gpu_tensor xg = gpu_t(m->moe_x, dt), op;
+    if ((st = gpu_memset_async(s, m->dweights, 0, (size_t)N * E * 4)) != ZO_OK || !M) return st;
+    /* the pairs' output gradients dg [M, h] (in moe_dx); g = dg Wdown [M, fe];
+     * dWdown += dg^T (w act) */
+    if ((st = gpu_moe_gather(s, dx, F32(m->dres), a->moe_idx, M, h)) != ZO_OK ||
+        (st = gemm_operand(m, s, dx, M, h, &op)) != ZO_OK ||
+        (st = gpu_moe_scale_forward(s, sact, act, a->moe_wp, M, fe, 1, 0)) != ZO_OK)
+        return st;
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e];
+        if (n && (st = gemm_back(s, rows_at(dff, off[e], fe), 0.0f,
+                                 expert_view(m, G, blk, MODEL_ROLE_EXPERT_DOWN_W, e), rows_at(op, off[e], h),
+                                 rows_at(sact, off[e], fe), expert_view(m, W, blk, MODEL_ROLE_EXPERT_DOWN_W, e),
+                                 n, h, fe)) != ZO_OK)
+            return st;
+    }
+    /* each pair's weight gradient g . act, dact = w g (in place), SwiGLU */
+    if ((st = gpu_moe_scale_backward(s, dff, m->moe_dscale, dff, act, a->moe_wp, M, fe, 1, 0)) != ZO_OK ||
+        (st = gpu_swiglu_backward(s, dff, dup, dff, fc, up, (size_t)M * fe)) != ZO_OK ||
+        (st = gpu_moe_gather(s, xg, gpu_t(a->ln2, dt), a->moe_idx, M, h)) != ZO_OK)
+        return st;
+    /* gate, then up: dW += d^T xg, dx [M, h] = dgate Wg + dup Wu (dg is spent) */
+    gpu_tensor d[2] = {dff, dup};
+    model_role r[2] = {MODEL_ROLE_EXPERT_GATE_W, MODEL_ROLE_EXPERT_UP_W};
+    for (int k = 0; k < 2; k++) {
+        if ((st = gemm_operand(m, s, d[k], M, fe, &op)) != ZO_OK) return st;
+        for (int e = 0; e < E; e++) {
+            int n = off[e + 1] - off[e];
+            if (n && (st = gemm_back(s, rows_at(dx, off[e], h), (float)k, expert_view(m, G, blk, r[k], e),
+                                     rows_at(op, off[e], fe), rows_at(xg, off[e], h),
+                                     expert_view(m, W, blk, r[k], e), n, fe, h)) != ZO_OK)
+                return st;
+        }
+    }
+    /* back to the tokens: dh += dx, dweights[token, e] = the pair's weight gradient */
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e];
+        if (!n) continue;
+        if ((st = gpu_moe_scatter_add(s, F32(m->dh), rows_at(dx, off[e], h), a->moe_idx + off[e], n, h, h)) !=
+                ZO_OK ||
+            (st = gpu_moe_scatter_add(s, F32(m->dweights + e), F32(m->moe_dscale + off[e]), a->moe_idx + off[e],
+                                      n, 1, E)) != ZO_OK)
+            return st;
+    }
+    return ZO_OK;
 }
 
 /* On entry dres = dL/d(layer output); on exit dh = dL/d ln2 through the MoE
@@ -795,33 +947,11 @@ static zo_status moe_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_s
     const zo_model_config *c = &m->cfg;
     const zo_moe *mo = &c->moe;
     const int blk = model_layout_layer_block(l), N = m->b * m->t, h = c->hidden, E = mo->experts;
-    const zo_dtype dt = m->dtype;
     tf_layer_acts *a = &m->acts[l];
-    const void *W = bb->params, *G = bb->grads;
-    gpu_tensor ln2 = gpu_t(a->ln2, dt);
-    if ((st = gpu_memset_async(s, m->dh, 0, (size_t)N * h * 4)) != ZO_OK) return st;
-    for (int e = 0; e < E; e++) {
-        model_role r[3] = {MODEL_ROLE_EXPERT_GATE_W, MODEL_ROLE_EXPERT_UP_W, MODEL_ROLE_EXPERT_DOWN_W};
-        if ((st = swiglu_mlp_backward(m, s, ln2, expert_act(m, a->efc, e), expert_act(m, a->eup, e),
-                                      expert_act(m, a->eact, e), a->router_w + e, E, 0, m->dweights + e,
-                                      expert_view(m, W, blk, r[0], e), expert_view(m, W, blk, r[1], e),
-                                      expert_view(m, W, blk, r[2], e), expert_view(m, G, blk, r[0], e),
-                                      expert_view(m, G, blk, r[1], e), expert_view(m, G, blk, r[2], e),
-                                      mo->expert_ffn)) != ZO_OK)
-            return st;
-    }
-    if (mo->shared_ffn) {
-        if ((st = swiglu_mlp_backward(m, s, ln2, gpu_t(a->fc, dt), gpu_t(a->up, dt), gpu_t(a->act, dt),
-                                      a->sgate, 1, 1, m->dz, tf_view(m, W, blk, MODEL_ROLE_MLP_GATE_W),
-                                      tf_view(m, W, blk, MODEL_ROLE_MLP_UP_W),
-                                      tf_view(m, W, blk, MODEL_ROLE_MLP_DOWN_W),
-                                      tf_view(m, G, blk, MODEL_ROLE_MLP_GATE_W),
-                                      tf_view(m, G, blk, MODEL_ROLE_MLP_UP_W),
-                                      tf_view(m, G, blk, MODEL_ROLE_MLP_DOWN_W), mo->shared_ffn)) != ZO_OK ||
-            (st = plain_linear_backward(m, s, F32(m->dz), ln2, tf_view(m, W, blk, MODEL_ROLE_SHARED_GATE_W),
-                                        tf_view(m, G, blk, MODEL_ROLE_SHARED_GATE_W), N, 1, h)) != ZO_OK)
-            return st;
-    }
+    if ((st = gpu_memset_async(s, m->dh, 0, (size_t)N * h * 4)) != ZO_OK ||
+        (st = experts_backward(m, l, bb, s)) != ZO_OK ||
+        (mo->shared_ffn && (st = shared_expert_backward(m, l, bb, s)) != ZO_OK))
+        return st;
     /* the router: the load-balancing loss adds coef * E / (L N)^2 * C_j to
      * dL/dp_j (times the loss scale, as the cross-entropy's gradient) */
     float aux = 0.0f;
@@ -834,8 +964,9 @@ static zo_status moe_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_s
                                       m->moe_stats + (size_t)mo->first_dense * 2 * E, N, E, mo->top_k,
                                       mo->norm_topk, moe_layers, aux)) != ZO_OK)
         return st;
-    return plain_linear_backward(m, s, F32(m->drouter), ln2, tf_view(m, W, blk, MODEL_ROLE_ROUTER_W),
-                                 tf_view(m, G, blk, MODEL_ROLE_ROUTER_W), N, E, h);
+    return plain_linear_backward(m, s, F32(m->drouter), gpu_t(a->ln2, m->dtype),
+                                 tf_view(m, bb->params, blk, MODEL_ROLE_ROUTER_W),
+                                 tf_view(m, bb->grads, blk, MODEL_ROLE_ROUTER_W), N, E, h);
 }
 
 /* Forward of layer l. With `recompute`, stop once every activation the

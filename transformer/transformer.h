@@ -60,7 +60,14 @@ typedef struct tf_layer_acts {
      * shared expert's ([N, shared_ffn]) */
     float *router_logits; /* [N, experts] */
     float *router_w;      /* [N, experts] the chosen experts' weights, 0 elsewhere */
-    void *efc, *eup, *eact; /* [experts][N, expert_ffn] each expert's gate, up, silu(gate) * up */
+    /* the (token, expert) pairs the router chose, expert by expert (its
+     * tokens in order): M = moe_off[experts] <= N top_k rows */
+    void *efc, *eup, *eact; /* [M, expert_ffn] gate, up, silu(gate) * up of each pair */
+    int32_t *moe_idx;     /* [M] device: each pair's token */
+    float *moe_wp;        /* [M] device: each pair's weight */
+    int32_t *moe_idx_h;   /* [N top_k] host: the same, as routed */
+    float *moe_wp_h;      /* [N top_k] host */
+    int *moe_off;         /* [experts + 1] host: expert e's pairs are rows moe_off[e] .. moe_off[e+1] */
     float *sgate;         /* [N] the shared expert's gate before its sigmoid */
 } tf_layer_acts;
 
@@ -145,7 +152,11 @@ typedef struct tf_model {
     float *drouter;         /* [N, experts] gradient of the router's logits */
     float *dweights;        /* [N, experts] gradient of the chosen experts' weights */
     float *dz;              /* [N] gradient of the shared expert's gate */
-    void *sact;             /* [N, widest expert] an expert's activation times its weight */
+    void *sact;             /* [N, max(top_k expert_ffn, shared_ffn)] activations times their weights */
+    void *moe_x, *moe_y;    /* [N top_k, h] the pairs' inputs, the experts' outputs (dtype) */
+    float *moe_dx;          /* [N top_k, h] the pairs' input gradients */
+    float *moe_dscale;      /* [N top_k] the pairs' weight gradients */
+    float *moe_w_h;         /* [N, experts] host: the router's weights, read to route */
     float moe_loss_scale;   /* the head's loss_scale, for the load-balancing loss's gradient */
     size_t act_bytes;       /* device bytes of all of the above */
 } tf_model;
@@ -200,7 +211,10 @@ typedef struct tf_block_bufs {
 } tf_block_bufs;
 
 /* Forward of one block on the current batch. The head's forward computes the
- * logits and the per-token losses. */
+ * logits and the per-token losses. A mixture-of-experts layer waits once
+ * (its forward and its recompute): for its router's weights, read back to
+ * the host, which lists each expert's tokens before their GEMMs are
+ * enqueued. */
 zo_status tf_block_forward(tf_model *m, int block, const tf_block_bufs *bufs, gpu_stream_t s);
 /* Backward of one block, after the forward of every block and the backward
  * of the blocks after it. Gradients are ADDED to bufs->grads (zero them once
