@@ -508,6 +508,14 @@ def check_family(train, name, workdir):
         if same:
             ck.rel("eval loss of the saved weights", got_ev,
                    eval_loss(c, {k: v.to(torch.float64) for k, v in out.items()}, eval_data, run))
+    if is_moe(c):
+        # the MoE layer recomputed in backward (its routing redone) and streamed from host memory:
+        # the same run
+        rl, rn, rev, _, rcmd = run_train(train, d, run, ["--recompute", "full", "--params-on", "cpu",
+                                                         "--checkpoints-on", "cpu"])
+        print(f" recomputed and streamed: {rcmd}")
+        ck.fact(f"losses, norms and eval loss with --recompute full --params-on cpu equal the first run's "
+                f"({rl} {rev})", rl == got_l and rn == got_n and rev == got_ev)
     if lora is None:  # LoRA on a mixture of experts: refused by the capability table, exit 2
         p = subprocess.run([train, "--device", DEVICE, "--model", os.path.join(d, "model", "config.json"),
                             "--weights", os.path.join(d, "model"), "--data", os.path.join(d, "train.bin"),
