@@ -5,13 +5,14 @@
  * counts them: the all-reduce's buffer, the reduce-scatter's input, the
  * all-gather's output), a row with the time of one call (the slowest rank,
  * best of the repetitions), the algorithm bandwidth (size / time), the bus
- * bandwidth (algbw times 2(n-1)/n for all-reduce, (n-1)/n for reduce-scatter
- * and all-gather, 1 for broadcast: comparable with the link's peak whatever
- * the collective), the count of wrong elements (the inputs are small
- * integers, so every sum is exact), and the in-run baseline: the MPI
- * library's own MPI_Allreduce of the same bytes on host buffers, called
- * from this thread, timed alternately with ours. The ratio (last column) is
- * our bus bandwidth over MPI_Allreduce's.
+ * bandwidth (algbw times 2(n-1)/n for all-reduce, (n-1)/n for reduce-scatter,
+ * all-gather and all-to-all, 1 for broadcast: comparable with the link's
+ * peak whatever the collective), the count of wrong elements (the inputs
+ * are small integers, so every sum is exact), and the in-run baseline: the
+ * MPI library's own MPI_Allreduce of the same bytes on host buffers (for
+ * all-to-all, whose bytes a reduction does not move alike, MPI_Alltoall of
+ * the same bytes), called from this thread, timed alternately with ours.
+ * The ratio (last column) is our bus bandwidth over the baseline's.
  *
  * Run: mpirun -np N ./bench_comm [options]; without a launcher it runs as
  * one rank (bus bandwidth 0). */
@@ -36,9 +37,9 @@ typedef struct opts {
     const char *backends; /* "mpi", "nccl" or "all" */
 } opts;
 
-enum { OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_BROADCAST, OP_COUNT };
+enum { OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_BROADCAST, OP_ALL_TO_ALL, OP_COUNT };
 static const char *const op_names[OP_COUNT] = {"all_reduce", "reduce_scatter", "all_gather",
-                                               "broadcast"};
+                                               "broadcast", "all_to_all"};
 
 static int R, N;
 
@@ -47,7 +48,7 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: mpirun -np N bench_comm [--min 1KiB] [--max 256MiB] [--factor 4]\n"
             "                  [--dtype fp32|fp16|bf16] [--seconds 0.2] [--backend mpi|nccl|all]\n"
-            "                  [--op all_reduce|reduce_scatter|all_gather|broadcast]...\n");
+            "                  [--op all_reduce|reduce_scatter|all_gather|broadcast|all_to_all]...\n");
 }
 
 static int parse_opts(int argc, char **argv, opts *o)
@@ -167,6 +168,7 @@ static shape shape_of(int op, size_t elems)
     case OP_ALL_REDUCE: return (shape){elems, elems, 2.0 * (n - 1) / n};
     case OP_REDUCE_SCATTER: return (shape){elems / (size_t)N, elems, (n - 1) / n};
     case OP_ALL_GATHER: return (shape){elems / (size_t)N, elems / (size_t)N, (n - 1) / n};
+    case OP_ALL_TO_ALL: return (shape){elems / (size_t)N, elems, (n - 1) / n};
     default: return (shape){elems, elems, 1.0};
     }
 }
@@ -177,6 +179,7 @@ static zo_status run_op(comm_t c, int op, bufs *b, size_t count, zo_dtype t)
     case OP_ALL_REDUCE: return comm_all_reduce(c, b->send, b->recv, count, t, NULL, NULL);
     case OP_REDUCE_SCATTER: return comm_reduce_scatter(c, b->send, b->recv, count, t, NULL, NULL);
     case OP_ALL_GATHER: return comm_all_gather(c, b->send, b->recv, count, t, NULL, NULL);
+    case OP_ALL_TO_ALL: return comm_all_to_all(c, b->send, b->recv, count, t, NULL, NULL);
     default: return comm_broadcast(c, b->send, b->recv, count, t, 0, NULL, NULL);
     }
 }
@@ -185,7 +188,7 @@ static zo_status run_op(comm_t c, int op, bufs *b, size_t count, zo_dtype t)
 static long count_wrong(int op, const bufs *b, size_t count, zo_dtype t)
 {
     long wrong = 0;
-    size_t n = op == OP_ALL_GATHER ? count * (size_t)N : count;
+    size_t n = op == OP_ALL_GATHER || op == OP_ALL_TO_ALL ? count * (size_t)N : count;
     for (size_t i = 0; i < n; i++) {
         double ref = 0.0;
         if (op == OP_ALL_REDUCE || op == OP_REDUCE_SCATTER) {
@@ -193,6 +196,8 @@ static long count_wrong(int op, const bufs *b, size_t count, zo_dtype t)
             for (int r = 0; r < N; r++) ref += input(r, g);
         } else if (op == OP_ALL_GATHER) {
             ref = input((int)(i / count), i % count);
+        } else if (op == OP_ALL_TO_ALL) { /* block r: rank r's block R */
+            ref = input((int)(i / count), (size_t)R * count + i % count);
         } else {
             ref = input(0, i);
         }
@@ -216,6 +221,17 @@ typedef struct row_result {
     long wrong;
 } row_result;
 
+/* The baseline of a row: MPI_Alltoall for all-to-all, MPI_Allreduce for
+ * the rest, on the host buffers, fp32, `count` floats in all. */
+static void baseline(int op, bufs *b, size_t count)
+{
+    if (op == OP_ALL_TO_ALL)
+        MPI_Alltoall(b->hsend, (int)(count / (size_t)N), MPI_FLOAT, b->hrecv, (int)(count / (size_t)N),
+                     MPI_FLOAT, MPI_COMM_WORLD);
+    else
+        MPI_Allreduce(b->hsend, b->hrecv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+}
+
 static int bench_row_op(comm_t c, int op, bufs *b, size_t bytes, const opts *o, row_result *out)
 {
     zo_dtype t = o->dtype;
@@ -228,7 +244,7 @@ static int bench_row_op(comm_t c, int op, bufs *b, size_t bytes, const opts *o, 
     double t0 = zo_now();
     if (run_op(c, op, b, s.count, t) != ZO_OK) return -1;
     double first = zo_now() - t0;
-    MPI_Allreduce(b->hsend, b->hrecv, (int)mpi_count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    baseline(op, b, mpi_count);
     MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     int reps = (int)(o->seconds / (first > 1e-9 ? first : 1e-9));
     reps = reps < 3 ? 3 : reps > 200 ? 200 : reps;
@@ -241,7 +257,7 @@ static int bench_row_op(comm_t c, int op, bufs *b, size_t bytes, const opts *o, 
         tours[i] = zo_now() - t0;
         MPI_Barrier(MPI_COMM_WORLD);
         t0 = zo_now();
-        MPI_Allreduce(b->hsend, b->hrecv, (int)mpi_count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        baseline(op, b, mpi_count);
         tmpi[i] = zo_now() - t0;
     }
     out->ours = slowest_best(tours, reps);
@@ -255,7 +271,7 @@ static int bench_row_op(comm_t c, int op, bufs *b, size_t bytes, const opts *o, 
     MPI_Allreduce(&wrong, &out->wrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
     double algbw = (double)bytes / out->ours / 1e9;
     out->busbw = algbw * s.bus_factor;
-    out->mpi_busbw = (double)bytes / out->mpi / 1e9 * 2.0 * (N - 1) / N;
+    out->mpi_busbw = (double)bytes / out->mpi / 1e9 * (op == OP_ALL_TO_ALL ? 1.0 : 2.0) * (N - 1) / N;
     if (R == 0)
         bench_row("%12zu %11zu %6s %15s %11.1f %8.3f %8.3f %7ld %11.1f %8.3f %7.3f", bytes, s.count,
                   zo_dtype_name(t), op_names[op], out->ours * 1e6, algbw, out->busbw, out->wrong,
@@ -264,9 +280,9 @@ static int bench_row_op(comm_t c, int op, bufs *b, size_t bytes, const opts *o, 
     return 0;
 }
 
-/* All rows of one backend; *geo_ratio: all-reduce ratio, geometric mean
- * over the sizes >= 1 MiB (0 when none). */
-static int bench_backend(comm_backend be, gpu_device_t dev, const opts *o, double *geo_ratio)
+/* All rows of one backend; geo_ratio[0] the all-reduce ratio, [1] the
+ * all-to-all's, geometric means over the sizes >= 1 MiB (0 when none). */
+static int bench_backend(comm_backend be, gpu_device_t dev, const opts *o, double geo_ratio[2])
 {
     comm_options co = {.backend = be, .device = dev};
     comm_t c;
@@ -284,11 +300,11 @@ static int bench_backend(comm_backend be, gpu_device_t dev, const opts *o, doubl
     if (R == 0) {
         printf("# backend %s, %d ranks\n", comm_backend_name(be), N);
         bench_row("# %10s %11s %6s %15s %11s %8s %8s %7s %11s %8s %7s", "size(B)", "count", "type",
-                  "collective", "time(us)", "algbw", "busbw", "#wrong", "mpi_ar(us)", "mpi_bus",
+                  "collective", "time(us)", "algbw", "busbw", "#wrong", "mpi(us)", "mpi_bus",
                   "ratio");
     }
-    double log_sum = 0.0;
-    int n_log = 0;
+    double log_sum[2] = {0.0, 0.0};
+    int n_log[2] = {0, 0};
     for (int op = 0; op < OP_COUNT; op++) {
         if (!(o->ops_mask & (1 << op))) continue;
         for (uint64_t sz = o->min_bytes; sz <= o->max_bytes; sz *= (uint64_t)o->factor) {
@@ -299,13 +315,14 @@ static int bench_backend(comm_backend be, gpu_device_t dev, const opts *o, doubl
                 fprintf(stderr, "bench_comm: %s\n", zo_last_error());
                 return 1;
             }
-            if (op == OP_ALL_REDUCE && bytes >= ZO_MIB && rr.mpi_busbw > 0) {
-                log_sum += log(rr.busbw / rr.mpi_busbw);
-                n_log++;
+            int k = op == OP_ALL_REDUCE ? 0 : op == OP_ALL_TO_ALL ? 1 : -1;
+            if (k >= 0 && bytes >= ZO_MIB && rr.mpi_busbw > 0) {
+                log_sum[k] += log(rr.busbw / rr.mpi_busbw);
+                n_log[k]++;
             }
         }
     }
-    *geo_ratio = n_log ? exp(log_sum / n_log) : 0.0;
+    for (int k = 0; k < 2; k++) geo_ratio[k] = n_log[k] ? exp(log_sum[k] / n_log[k]) : 0.0;
     bufs_free(&b);
     comm_free(c);
     return 0;
@@ -348,18 +365,19 @@ int main(int argc, char **argv)
     char lo[32], hi[32];
     if (R == 0)
         bench_header("bench_comm", "%d ranks, %s, %s..%s x%ld, >= %.2f s per case; "
-                     "baseline MPI_Allreduce (fp32, host buffers)", N, zo_dtype_name(o.dtype),
+                     "baseline MPI_Allreduce, all_to_all's MPI_Alltoall (fp32, host buffers)", N,
+                     zo_dtype_name(o.dtype),
                      zo_format_bytes(o.min_bytes, lo, sizeof lo),
                      zo_format_bytes(o.max_bytes, hi, sizeof hi), o.factor, o.seconds);
-    double ratio_mpi = 0.0, ratio_nccl = 0.0;
-    if (strcmp(o.backends, "nccl") && (rc = bench_backend(COMM_BACKEND_MPI, NULL, &o, &ratio_mpi)))
+    double ratio_mpi[2] = {0.0, 0.0}, ratio_nccl[2] = {0.0, 0.0};
+    if (strcmp(o.backends, "nccl") && (rc = bench_backend(COMM_BACKEND_MPI, NULL, &o, ratio_mpi)))
         return rc;
     if (strcmp(o.backends, "mpi")) {
         gpu_device_t dev = open_gpu();
         int have = dev != NULL, all = 0;
         MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
         if (all) {
-            if ((rc = bench_backend(COMM_BACKEND_NCCL, dev, &o, &ratio_nccl))) return rc;
+            if ((rc = bench_backend(COMM_BACKEND_NCCL, dev, &o, ratio_nccl))) return rc;
         } else if (R == 0) {
             printf("# backend nccl: skipped (%s)\n", comm_backend_built(COMM_BACKEND_NCCL)
                                                           ? "no GPU for every rank"
@@ -368,11 +386,17 @@ int main(int argc, char **argv)
         if (dev) gpu_device_free(dev);
     }
     if (R == 0) {
-        if (ratio_nccl > 0)
+        if (ratio_nccl[0] > 0)
             bench_result("nccl all_reduce busbw / MPI_Allreduce busbw (geometric mean, >= 1 MiB)",
-                         ratio_nccl);
+                         ratio_nccl[0]);
+        if (ratio_nccl[1] > 0)
+            bench_result("nccl all_to_all busbw / MPI_Alltoall busbw (geometric mean, >= 1 MiB)",
+                         ratio_nccl[1]);
+        if (ratio_mpi[1] > 0)
+            bench_result("mpi all_to_all busbw / MPI_Alltoall busbw (geometric mean, >= 1 MiB)",
+                         ratio_mpi[1]);
         bench_result("mpi all_reduce busbw / MPI_Allreduce busbw (geometric mean, >= 1 MiB)",
-                     ratio_mpi);
+                     ratio_mpi[0]);
     }
     comm_free(world);
     return 0;

@@ -19,6 +19,9 @@ const zo_capability_entry zo_capability_table[ZO_CAP_GAPS - 1] = {
     {ZO_CAP_DPU_GPU_OPTIMIZER, "dpu-gpu-optimizer",
      "the delayed update runs the optimizer on the CPU beside the next step, while the GPU share's update "
      "writes the resident weights in place; use --schedule overlap or serial, or the optimizer on cpu and nvme"},
+    {ZO_CAP_MOE_LORA, "moe-lora",
+     "adapters on a mixture of experts' layers (the experts as PEFT names them) are not built yet; full "
+     "fine-tuning of Mixtral and Qwen2-MoE runs"},
 };
 
 void zo_run_shape_defaults(zo_run_shape *r)
@@ -44,6 +47,7 @@ void zo_run_shape_from_plan(const zo_plan *p, zo_run_shape *out)
     out->params = p->placement.params;
     out->adapters = p->training.method == ZO_PLAN_FULL ? ZO_PLAN_GPU : p->placement.adapters;
     memcpy(out->optimizer, p->placement.optimizer, sizeof out->optimizer);
+    out->moe = p->model.moe.experts > 0;
 }
 
 /* The trained weights' tier: the weights, or a LoRA base's adapters. */
@@ -60,6 +64,7 @@ zo_capability_gap zo_capability_find(const zo_run_shape *r)
     if (r->ranks > 1 && (r->zero == 1 || r->zero == 2) && trained_on(r) != ZO_PLAN_GPU)
         return ZO_CAP_ZERO12_OFFLOADED;
     if (r->schedule == ZO_PLAN_SCHED_DPU && r->optimizer[ZO_PLAN_GPU] > 0) return ZO_CAP_DPU_GPU_OPTIMIZER;
+    if (r->moe && r->method != ZO_PLAN_FULL) return ZO_CAP_MOE_LORA;
     return ZO_CAP_RUNS;
 }
 
@@ -102,6 +107,10 @@ static void what(const zo_run_shape *r, zo_capability_gap gap, char *buf, size_t
         fractions(r->optimizer, fr, sizeof fr);
         snprintf(buf, len, "the delayed parameter update (--schedule dpu, training.optimizer_schedule) with "
                  "optimizer state on the GPU (--optimizer %s, placement.optimizer)", fr);
+        break;
+    case ZO_CAP_MOE_LORA:
+        snprintf(buf, len, "%s (--%s, training.method) on a mixture-of-experts model",
+                 r->method == ZO_PLAN_QLORA ? "QLoRA" : "LoRA", r->method == ZO_PLAN_QLORA ? "qlora" : "lora");
         break;
     default:
         snprintf(buf, len, "this combination");

@@ -34,6 +34,7 @@ typedef struct zo_run_shape {
     zo_plan_tier params;           /* full: the weights; lora, qlora: the frozen base */
     zo_plan_tier adapters;         /* lora, qlora: the adapters (the weights trained) */
     double optimizer[ZO_PLAN_TIERS]; /* the optimizer state's fractions per tier */
+    int moe;                       /* the model has mixture-of-experts layers */
 } zo_run_shape;
 
 /* One rank, ZeRO 0, no tp/pp/ep, full fine-tuning, serial, everything on
@@ -51,6 +52,7 @@ typedef enum zo_capability_gap {
     ZO_CAP_EXPERT_PARALLEL,        /* ep > 1 */
     ZO_CAP_ZERO12_OFFLOADED,       /* ZeRO 1-2 on several ranks, trained weights off the GPU */
     ZO_CAP_DPU_GPU_OPTIMIZER,      /* dpu with optimizer state on the GPU */
+    ZO_CAP_MOE_LORA,               /* LoRA or QLoRA on a mixture of experts */
     ZO_CAP_GAPS,
 } zo_capability_gap;
 

@@ -325,7 +325,8 @@ uint64_t zo_model_params(const zo_model_config *c)
 /* ---- the runtime's share ------------------------------------------------------ */
 
 static const char *const runtime_families[] = {"", "gpt2", "gpt3", "megatron", "custom", "llama",
-                                               "llama2", "llama3", "mistral", "qwen2"};
+                                               "llama2", "llama3", "mistral", "qwen2", "mixtral",
+                                               "qwen2_moe"};
 
 zo_status zo_model_config_runtime_check(const zo_model_config *c)
 {
@@ -339,7 +340,8 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
                                       : strcmp(c->act, "silu"));
     char lacks[64];
     if (!known) snprintf(lacks, sizeof lacks, "its layers");
-    else if (c->moe.experts) snprintf(lacks, sizeof lacks, "mixture-of-experts layers");
+    else if (c->moe.experts && (c->moe.first_dense || c->moe.router_bias || c->arch == ZO_ARCH_GPT))
+        snprintf(lacks, sizeof lacks, "its mixture-of-experts layers");
     else if (c->mla.kv_rank) snprintf(lacks, sizeof lacks, "latent attention");
     else if (c->pos != ZO_POS_ARCH || c->pos_offset) snprintf(lacks, sizeof lacks, "its positions");
     else if (c->layer_norms && c->layer_norms != 2) snprintf(lacks, sizeof lacks, "its norms");
@@ -350,7 +352,8 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     else return ZO_OK;
     return zo_error(ZO_ERR_UNSUPPORTED,
                     "model %s: family \"%s\": the runtime does not implement %s (it trains "
-                    "GPT-2, LLaMA, Mistral and Qwen2 layers; memplan sizes this family)",
+                    "GPT-2, LLaMA, Mistral, Qwen2, Mixtral and Qwen2-MoE layers; memplan sizes this "
+                    "family)",
                     c->name, c->family, lacks);
 }
 
@@ -631,12 +634,26 @@ static void parse_llama(hf *r, zo_model_config *c, const family *f)
     if (!strcmp(f->type, "gemma2")) c->layer_norms = 4;
 }
 
+/* The router's training keys (Mixtral, Qwen-MoE): the auxiliary loss as
+ * Hugging Face adds it; router jitter (Mixtral's router_jitter_noise, a
+ * random multiplier on the router's input in training) is not modelled. */
+static void hf_router_training(hf *r, zo_model_config *c)
+{
+    c->moe.aux_loss = hf_bool(r, "output_router_logits", 0);
+    c->moe.aux_coef = hf_float(r, "router_aux_loss_coef", 0.001f);
+    if (!r->st && hf_float(r, "router_jitter_noise", 0.0f) != 0.0f)
+        hf_fail(r, ZO_ERR_UNSUPPORTED, "router_jitter_noise",
+                "router jitter is not modelled (only 0)");
+}
+
 static void parse_mixtral(hf *r, zo_model_config *c, const family *f)
 {
     parse_llama(r, c, f);
     c->moe.experts = hf_int(r, "num_local_experts", 8);
     c->moe.top_k = hf_int(r, "num_experts_per_tok", 2);
     c->moe.expert_ffn = c->ffn;
+    c->moe.norm_topk = 1;
+    hf_router_training(r, c);
 }
 
 /* Qwen2-MoE (Qwen1.5-MoE) and Qwen3-MoE: every layer an MoE layer (the dense
@@ -648,6 +665,8 @@ static void parse_qwen_moe(hf *r, zo_model_config *c, const family *f)
     c->moe.experts = hf_int(r, "num_experts", qwen2 ? 60 : 128);
     c->moe.top_k = hf_int(r, "num_experts_per_tok", qwen2 ? 4 : 8);
     c->moe.expert_ffn = hf_int(r, "moe_intermediate_size", qwen2 ? 1408 : 768);
+    c->moe.norm_topk = hf_bool(r, "norm_topk_prob", 0);
+    hf_router_training(r, c);
     if (qwen2) {
         c->moe.shared_ffn = hf_int2(r, "shared_expert_intermediate_size", NULL, 0, 5632);
         c->moe.shared_gate = c->moe.shared_ffn > 0;

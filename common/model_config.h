@@ -47,6 +47,14 @@ typedef struct zo_moe {
     int shared_gate; /* Qwen2-MoE: a sigmoid gate (h -> 1) on the shared expert */
     int router_bias; /* DeepSeek-V3: a score correction per expert in the router */
     int first_dense; /* the first layers keep the dense MLP of ffn (DeepSeek) */
+    /* How the router weighs the chosen experts and trains (they change no
+     * size): the softmax over all experts, then the top_k of it, divided by
+     * their sum when norm_topk (Mixtral always; Qwen2-MoE's norm_topk_prob);
+     * with aux_loss (output_router_logits) the loss gains aux_coef
+     * (router_aux_loss_coef) times Switch's load-balancing loss. */
+    int norm_topk;
+    int aux_loss;
+    float aux_coef;
 } zo_moe;
 
 typedef struct zo_model_config {

@@ -108,6 +108,9 @@ static const field moe_fields[] = {
     BOOL(E, shared_gate, F_SHAPE | F_COMPARE),
     BOOL(E, router_bias, F_SHAPE | F_COMPARE),
     INT(E, first_dense, 0, P2(20), F_SHAPE | F_COMPARE),
+    BOOL(E, norm_topk, F_SHAPE | F_COMPARE | F_OPTIONAL),
+    BOOL(E, aux_loss, F_SHAPE | F_COMPARE | F_OPTIONAL),
+    {"aux_coef", F_FLT, offsetof(E, aux_coef), 0, 0, 1e6, NULL, F_SHAPE | F_COMPARE | F_OPTIONAL},
 };
 #undef E
 

@@ -20,7 +20,8 @@
 
 static const char *const backend_names[] = {"auto", "self", "mpi", "nccl"};
 static const char *const op_names[COMM_OP_KIND_COUNT] = {"all_reduce", "reduce_scatter",
-                                                         "all_gather", "broadcast", "barrier"};
+                                                         "all_gather", "broadcast", "barrier",
+                                                         "all_to_all"};
 
 const char *comm_backend_name(comm_backend b)
 {
@@ -306,6 +307,11 @@ static zo_status check_op(const struct comm_request *op, const char *fn)
         recv_bytes *= n;
         in_place = (const char *)op->recv + (size_t)c->rank * send_bytes;
         break;
+    case COMM_OP_ALL_TO_ALL: /* never in place */
+        send_bytes *= n;
+        recv_bytes *= n;
+        in_place = NULL;
+        break;
     case COMM_OP_BROADCAST:
         if (op->root < 0 || op->root >= c->size)
             return zo_error(ZO_ERR_INVALID, "%s: root %d is not a rank of %d", fn, op->root,
@@ -317,7 +323,9 @@ static zo_status check_op(const struct comm_request *op, const char *fn)
     if (op->count == 0) return ZO_OK;
     if ((send_bytes && !op->send) || !op->recv)
         return zo_error(ZO_ERR_INVALID, "%s: NULL buffer", fn);
-    int ok_in_place = op->kind == COMM_OP_ALL_GATHER ? op->send == in_place : op->recv == in_place;
+    int ok_in_place = op->kind == COMM_OP_ALL_GATHER ? op->send == in_place
+                      : op->kind == COMM_OP_ALL_TO_ALL ? 0
+                                                       : op->recv == in_place;
     if (!ok_in_place && overlap(op->send, send_bytes, op->recv, recv_bytes))
         return zo_error(ZO_ERR_INVALID,
                         "%s: send and recv overlap but are not in place (docs/comm.md)", fn);
@@ -384,6 +392,14 @@ zo_status comm_broadcast(comm_t c, const void *send, void *recv, size_t count, z
     struct comm_request t = {.kind = COMM_OP_BROADCAST, .send = send, .recv = recv,
                              .count = count, .dtype = dt, .root = root};
     return run_op(c, &t, ord, req, "comm_broadcast");
+}
+
+zo_status comm_all_to_all(comm_t c, const void *send, void *recv, size_t count, zo_dtype dt,
+                          const comm_order *ord, comm_request_t *req)
+{
+    struct comm_request t = {.kind = COMM_OP_ALL_TO_ALL, .send = send, .recv = recv,
+                             .count = count, .dtype = dt};
+    return run_op(c, &t, ord, req, "comm_all_to_all");
 }
 
 zo_status comm_barrier(comm_t c, const comm_order *ord, comm_request_t *req)

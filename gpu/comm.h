@@ -145,6 +145,11 @@ zo_status comm_all_gather(comm_t c, const void *send, void *recv, size_t send_co
 /* recv = the root's send on every rank. */
 zo_status comm_broadcast(comm_t c, const void *send, void *recv, size_t count, zo_dtype dt,
                          int root, const comm_order *ord, comm_request_t *req);
+/* send and recv hold size * count elements each: block r of send goes to
+ * rank r, block r of recv comes from rank r (expert parallelism's exchange
+ * of tokens). send and recv must not overlap. */
+zo_status comm_all_to_all(comm_t c, const void *send, void *recv, size_t count, zo_dtype dt,
+                          const comm_order *ord, comm_request_t *req);
 /* Completes on every rank once all ranks have entered it. */
 zo_status comm_barrier(comm_t c, const comm_order *ord, comm_request_t *req);
 

@@ -19,6 +19,7 @@ typedef enum comm_op_kind {
     COMM_OP_ALL_GATHER,
     COMM_OP_BROADCAST,
     COMM_OP_BARRIER,
+    COMM_OP_ALL_TO_ALL,
     COMM_OP_KIND_COUNT,
 } comm_op_kind;
 
@@ -32,7 +33,8 @@ struct comm_request {
     const void *send;
     void *recv;
     size_t count; /* all_reduce, broadcast: elements; reduce_scatter: per rank
-                     (received); all_gather: per rank (sent) */
+                     (received); all_gather: per rank (sent);
+                     all_to_all: per pair of ranks */
     zo_dtype dtype;
     int root;
     gpu_event_t after, done;

@@ -390,6 +390,7 @@ static int start_call(mpi_op *op, MPI_Request *r)
             memcpy(b->recv, b->send, b->count * zo_dtype_size(b->dtype));
         return MPI_Ibcast(b->recv, n, t, b->root, x->comm, r);
     case COMM_OP_BARRIER: return MPI_Ibarrier(x->comm, r);
+    case COMM_OP_ALL_TO_ALL: return MPI_Ialltoall(b->send, n, t, b->recv, n, t, x->comm, r);
     default: return MPI_ERR_OP;
     }
 }

@@ -20,6 +20,7 @@ typedef struct self_op {
 /* The bytes a collective of one rank copies, and where to. */
 static size_t copy_bytes(const struct comm_request *op)
 {
+    /* one rank: every collective copies its count (all_to_all: its one block) */
     if (op->kind == COMM_OP_BARRIER || op->send == op->recv) return 0;
     return op->count * zo_dtype_size(op->dtype);
 }

@@ -387,3 +387,42 @@ zo_status gpu_adam_update(gpu_stream_t s, const gpu_adam_hparams *hp, size_t n, 
     RUN(ADAM_UPDATE, .t = {grad, out16}, .p = {param, m, v}, .n = n,
         .d.adam = zo_adam_consts_make(hp));
 }
+
+zo_status gpu_moe_router_forward(gpu_stream_t s, gpu_tensor weights, gpu_tensor logits,
+                                 float *stats, int n, int e, int k, int norm)
+{
+    RUN(MOE_ROUTER_FORWARD, .t = {weights, logits}, .p = {stats}, .i = {n, e, k, norm});
+}
+
+zo_status gpu_moe_router_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor dweights,
+                                  gpu_tensor logits, const float *stats, int n, int e, int k,
+                                  int norm, int layers, float aux_scale)
+{
+    RUN(MOE_ROUTER_BACKWARD, .t = {dlogits, dweights, logits}, .p = {(void *)stats},
+        .i = {n, e, k, norm, layers}, .f = {aux_scale});
+}
+
+zo_status gpu_moe_scale_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, const float *scale,
+                                int n, int c, int64_t lds, int sigmoid)
+{
+    RUN(MOE_SCALE_FORWARD, .t = {y, x}, .p = {(void *)scale}, .i = {n, c, lds, sigmoid});
+}
+
+zo_status gpu_moe_scale_backward(gpu_stream_t s, gpu_tensor dx, float *dscale, gpu_tensor dy,
+                                 gpu_tensor x, const float *scale, int n, int c, int64_t lds,
+                                 int sigmoid)
+{
+    RUN(MOE_SCALE_BACKWARD, .t = {dx, dy, x}, .p = {dscale, (void *)scale},
+        .i = {n, c, lds, sigmoid});
+}
+
+zo_status gpu_moe_gather(gpu_stream_t s, gpu_tensor y, gpu_tensor x, const int32_t *idx, int n, int c)
+{
+    RUN(MOE_GATHER, .t = {y, x}, .p = {(void *)idx}, .i = {n, c});
+}
+
+zo_status gpu_moe_scatter_add(gpu_stream_t s, gpu_tensor y, gpu_tensor x, const int32_t *idx, int n,
+                              int c, int64_t ldy)
+{
+    RUN(MOE_SCATTER_ADD, .t = {y, x}, .p = {(void *)idx}, .i = {n, c, ldy});
+}

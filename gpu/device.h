@@ -311,4 +311,44 @@ typedef zo_adam_hparams gpu_adam_hparams;
 zo_status gpu_adam_update(gpu_stream_t s, const gpu_adam_hparams *hp, size_t n, float *param,
                           gpu_tensor grad, float *m, float *v, gpu_tensor out16);
 
+/* ---- ops: mixture of experts (Mixtral, Qwen2-MoE) -------------------------------------- */
+
+/* The router of n tokens over e experts, as Hugging Face's Mixtral and
+ * Qwen2-MoE: p = softmax(logits row) over all e experts, the k largest
+ * chosen (ties: the lower index), their weights p (norm 0) or p divided by
+ * their sum (norm 1). weights [n, e] fp32 gets those weights and 0 for the
+ * experts not chosen; logits [n, e] fp32. stats [2 e] fp32 receives the
+ * load-balancing loss's counts: stats[j] = sum over the rows of p_j,
+ * stats[e + j] = the rows that chose j (written, not accumulated). */
+zo_status gpu_moe_router_forward(gpu_stream_t s, gpu_tensor weights, gpu_tensor logits,
+                                 float *stats, int n, int e, int k, int norm);
+/* Its backward: dlogits [n, e] fp32 = the softmax's backward of dp, where dp
+ * is the gradient of the loss with respect to p: through the chosen
+ * weights (dweights [n, e] fp32, read at the chosen experts only, the
+ * normalization's backward when norm) plus, when aux_scale is not 0, the
+ * load-balancing loss's aux_scale * C_j for every expert, C_j the rows that
+ * chose j summed over `layers` rows of stats ([layers, 2 e], as the forward
+ * wrote them). */
+zo_status gpu_moe_router_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor dweights,
+                                  gpu_tensor logits, const float *stats, int n, int e, int k,
+                                  int norm, int layers, float aux_scale);
+/* An expert's output weighted per token: y[r, j] = g(scale[r * lds]) x[r, j]
+ * for n rows of c columns (y, x [n, c]); g the identity, or the sigmoid
+ * (sigmoid 1: Qwen2-MoE's gate on the shared expert). scale fp32. */
+zo_status gpu_moe_scale_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, const float *scale,
+                                int n, int c, int64_t lds, int sigmoid);
+/* Its backward: dscale[r * lds] = g'(scale) sum_j dy[r, j] x[r, j] (written;
+ * g' for the identity is 1) and dx = g(scale) dy (dx may be dy). */
+zo_status gpu_moe_scale_backward(gpu_stream_t s, gpu_tensor dx, float *dscale, gpu_tensor dy,
+                                 gpu_tensor x, const float *scale, int n, int c, int64_t lds,
+                                 int sigmoid);
+/* The tokens of an expert, packed: y[i, :] = x[idx[i], :] for n rows of c
+ * columns (idx int32 device array of n rows of x). */
+zo_status gpu_moe_gather(gpu_stream_t s, gpu_tensor y, gpu_tensor x, const int32_t *idx, int n, int c);
+/* Back to their places: y[idx[i] * ldy + j] += x[i * c + j] (ldy >= c);
+ * idx must not repeat a row (one expert's tokens), so rows are added
+ * without a race and in one order. */
+zo_status gpu_moe_scatter_add(gpu_stream_t s, gpu_tensor y, gpu_tensor x, const int32_t *idx, int n,
+                              int c, int64_t ldy);
+
 #endif

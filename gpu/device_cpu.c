@@ -594,6 +594,49 @@ static zo_status cpu_run_swiglu_backward(cpu_scratch *ws, const gpu_op_args *a, 
     return ZO_OK;
 }
 
+static zo_status cpu_run_moe_router_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
+{
+    return cpu_moe_router_forward(ws, a->t[0], a->t[1], a->p[0], (int)a->i[0], (int)a->i[1],
+                                  (int)a->i[2], (int)a->i[3], nt);
+}
+
+static zo_status cpu_run_moe_router_backward(cpu_scratch *ws, const gpu_op_args *a, int nt)
+{
+    return cpu_moe_router_backward(ws, a->t[0], a->t[1], a->t[2], a->p[0], (int)a->i[0],
+                                   (int)a->i[1], (int)a->i[2], (int)a->i[3], (int)a->i[4],
+                                   a->f[0], nt);
+}
+
+static zo_status cpu_run_moe_scale_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
+{
+    (void)ws;
+    cpu_moe_scale_forward(a->t[0], a->t[1], a->p[0], (int)a->i[0], (int)a->i[1], a->i[2],
+                          (int)a->i[3], nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_run_moe_scale_backward(cpu_scratch *ws, const gpu_op_args *a, int nt)
+{
+    (void)ws;
+    cpu_moe_scale_backward(a->t[0], a->p[0], a->t[1], a->t[2], a->p[1], (int)a->i[0],
+                           (int)a->i[1], a->i[2], (int)a->i[3], nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_run_moe_gather(cpu_scratch *ws, const gpu_op_args *a, int nt)
+{
+    (void)ws;
+    cpu_moe_gather(a->t[0], a->t[1], a->p[0], (int)a->i[0], (int)a->i[1], nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_run_moe_scatter_add(cpu_scratch *ws, const gpu_op_args *a, int nt)
+{
+    (void)ws;
+    cpu_moe_scatter_add(a->t[0], a->t[1], a->p[0], (int)a->i[0], (int)a->i[1], a->i[2], nt);
+    return ZO_OK;
+}
+
 static zo_status cpu_run_embedding_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
     return cpu_embedding_forward(ws, a->t[0], a->p[0], a->t[1], a->t[2], (int)a->i[0],

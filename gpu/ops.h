@@ -146,7 +146,28 @@ typedef struct gpu_op_slot {
     X(NF4_DEQUANTIZE, nf4_dequantize, (GPU_N(n), GPU_T(0, out), GPU_P(0, nf4)), gpu_check_nf4)   \
     X(ADAM_UPDATE, adam_update,                                                                 \
       (GPU_N(n), GPU_P(0, param), GPU_P(1, m), GPU_P(2, v), GPU_T(0, grad), GPU_TOPT(1, out16)), \
-      gpu_check_adam)
+      gpu_check_adam)                                                                            \
+    X(MOE_ROUTER_FORWARD, moe_router_forward,                                                   \
+      (GPU_T(0, weights), GPU_T(1, logits), GPU_P(0, stats), GPU_DIM(0, n), GPU_DIM(1, e),       \
+       GPU_DIM(2, k), GPU_INT(3, norm)),                                                         \
+      gpu_check_moe_router)                                                                      \
+    X(MOE_ROUTER_BACKWARD, moe_router_backward,                                                 \
+      (GPU_T(0, dlogits), GPU_T(1, dweights), GPU_T(2, logits), GPU_POPT(0, stats),              \
+       GPU_DIM(0, n), GPU_DIM(1, e), GPU_DIM(2, k), GPU_INT(3, norm), GPU_INT(4, layers)),       \
+      gpu_check_moe_router)                                                                      \
+    X(MOE_SCALE_FORWARD, moe_scale_forward,                                                     \
+      (GPU_T(0, y), GPU_T(1, x), GPU_P(0, scale), GPU_DIM(0, n), GPU_DIM(1, c), GPU_DIM(2, lds), \
+       GPU_INT(3, sigmoid)),                                                                     \
+      NULL)                                                                                      \
+    X(MOE_SCALE_BACKWARD, moe_scale_backward,                                                   \
+      (GPU_T(0, dx), GPU_P(0, dscale), GPU_T(1, dy), GPU_T(2, x), GPU_P(1, scale),               \
+       GPU_DIM(0, n), GPU_DIM(1, c), GPU_DIM(2, lds), GPU_INT(3, sigmoid)),                      \
+      NULL)                                                                                      \
+    X(MOE_GATHER, moe_gather,                                                                   \
+      (GPU_T(0, y), GPU_T(1, x), GPU_P(0, idx), GPU_DIM(0, n), GPU_DIM(1, c)), NULL)              \
+    X(MOE_SCATTER_ADD, moe_scatter_add,                                                         \
+      (GPU_T(0, y), GPU_T(1, x), GPU_P(0, idx), GPU_DIM(0, n), GPU_DIM(1, c), GPU_DIM(2, ldy)),  \
+      gpu_check_ld)
 
 typedef enum gpu_op_id {
 #define GPU_OP_ENUM(ID, name, slots, check) GPU_OP_##ID,

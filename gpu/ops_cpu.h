@@ -121,4 +121,19 @@ void cpu_nf4_dequantize(gpu_tensor out, const void *nf4, size_t n, int nt);
 void cpu_adam_update(const gpu_adam_consts *c, size_t n, float *param, gpu_tensor grad, float *m,
                      float *v, gpu_tensor out16, int nt);
 
+/* ---- mixture of experts (ops_cpu_moe.c) ---------------------------------------------- */
+
+zo_status cpu_moe_router_forward(cpu_scratch *ws, gpu_tensor weights, gpu_tensor logits,
+                                 float *stats, int n, int e, int k, int norm, int nt);
+zo_status cpu_moe_router_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_tensor dweights,
+                                  gpu_tensor logits, const float *stats, int n, int e, int k,
+                                  int norm, int layers, float aux_scale, int nt);
+void cpu_moe_scale_forward(gpu_tensor y, gpu_tensor x, const float *scale, int n, int c,
+                           int64_t lds, int sigmoid, int nt);
+void cpu_moe_scale_backward(gpu_tensor dx, float *dscale, gpu_tensor dy, gpu_tensor x,
+                            const float *scale, int n, int c, int64_t lds, int sigmoid, int nt);
+void cpu_moe_gather(gpu_tensor y, gpu_tensor x, const int32_t *idx, int n, int c, int nt);
+void cpu_moe_scatter_add(gpu_tensor y, gpu_tensor x, const int32_t *idx, int n, int c, int64_t ldy,
+                         int nt);
+
 #endif

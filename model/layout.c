@@ -31,6 +31,11 @@ static const char *const role_names[MODEL_ROLE_COUNT] = {
     [MODEL_ROLE_MLP_GATE_UP_B] = "mlp_gate_up_b",
     [MODEL_ROLE_MLP_DOWN_W] = "mlp_down_w",
     [MODEL_ROLE_MLP_DOWN_B] = "mlp_down_b",
+    [MODEL_ROLE_ROUTER_W] = "router_w",
+    [MODEL_ROLE_EXPERT_GATE_W] = "expert_gate_w",
+    [MODEL_ROLE_EXPERT_UP_W] = "expert_up_w",
+    [MODEL_ROLE_EXPERT_DOWN_W] = "expert_down_w",
+    [MODEL_ROLE_SHARED_GATE_W] = "shared_gate_w",
     [MODEL_ROLE_NORM_W] = "norm_w",
     [MODEL_ROLE_NORM_B] = "norm_b",
     [MODEL_ROLE_LM_HEAD_W] = "lm_head_w",
@@ -134,6 +139,64 @@ static void sub_view(model_layout *l, int block, model_role whole, model_role pa
     v->tensor = -1;
 }
 
+/* The gated MLP of a LLaMA layer (gate, up, down; Qwen2's biases where
+ * out_bias). */
+static void llama_mlp(builder *b, int i)
+{
+    const zo_model_config *c = &b->l->cfg;
+    const int64_t h = c->hidden, f = c->ffn;
+    const char *p = "model.layers";
+    add(b, MODEL_ROLE_MLP_GATE_W, 0, f, h, "%s.%d.mlp.gate_proj.weight", p, i);
+    add(b, MODEL_ROLE_MLP_UP_W, 0, f, h, "%s.%d.mlp.up_proj.weight", p, i);
+    if (c->out_bias) {
+        add(b, MODEL_ROLE_MLP_GATE_B, 0, f, 0, "%s.%d.mlp.gate_proj.bias", p, i);
+        add(b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "%s.%d.mlp.up_proj.bias", p, i);
+    }
+    add(b, MODEL_ROLE_MLP_DOWN_W, 0, h, f, "%s.%d.mlp.down_proj.weight", p, i);
+    if (c->out_bias) add(b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "%s.%d.mlp.down_proj.bias", p, i);
+}
+
+/* The MLP of an MoE layer (Mixtral's block_sparse_moe, Qwen2-MoE's mlp):
+ * the router, the experts (gate, up, down each), Qwen2-MoE's shared expert
+ * and its gate. The EXPERT_* views are expert 0's. */
+static void moe_layer(builder *b, int i)
+{
+    const zo_model_config *c = &b->l->cfg;
+    const int64_t h = c->hidden, fe = c->moe.expert_ffn, fs = c->moe.shared_ffn;
+    const int mixtral = !strcmp(c->family, "mixtral");
+    const char *p = "model.layers", *m = mixtral ? "block_sparse_moe" : "mlp";
+    add(b, MODEL_ROLE_ROUTER_W, 0, c->moe.experts, h, "%s.%d.%s.gate.weight", p, i, m);
+    int first = b->l->n_tensors;
+    for (int e = 0; e < c->moe.experts; e++) {
+        add(b, MODEL_ROLE_EXPERT_GATE_W, 0, fe, h, "%s.%d.%s.experts.%d.%s.weight", p, i, m, e,
+            mixtral ? "w1" : "gate_proj");
+        add(b, MODEL_ROLE_EXPERT_UP_W, 0, fe, h, "%s.%d.%s.experts.%d.%s.weight", p, i, m, e,
+            mixtral ? "w3" : "up_proj");
+        add(b, MODEL_ROLE_EXPERT_DOWN_W, 0, h, fe, "%s.%d.%s.experts.%d.%s.weight", p, i, m, e,
+            mixtral ? "w2" : "down_proj");
+    }
+    if (b->st != ZO_OK) return;
+    /* the views are expert 0's (add left the last expert's) */
+    for (int k = 0; k < 3; k++) {
+        const model_tensor *t = &b->l->tensors[first + k];
+        model_view *v = view_at(b->l, b->block, t->role);
+        v->offset = t->offset;
+        v->tensor = first + k;
+    }
+    if (fs) {
+        add(b, MODEL_ROLE_MLP_GATE_W, 0, fs, h, "%s.%d.mlp.shared_expert.gate_proj.weight", p, i);
+        add(b, MODEL_ROLE_MLP_UP_W, 0, fs, h, "%s.%d.mlp.shared_expert.up_proj.weight", p, i);
+        add(b, MODEL_ROLE_MLP_DOWN_W, 0, h, fs, "%s.%d.mlp.shared_expert.down_proj.weight", p, i);
+    }
+    if (c->moe.shared_gate)
+        add(b, MODEL_ROLE_SHARED_GATE_W, 0, 1, h, "%s.%d.mlp.shared_expert_gate.weight", p, i);
+}
+
+size_t model_layout_expert_stride(const model_layout *l)
+{
+    return 3 * (size_t)l->cfg.hidden * (size_t)l->cfg.moe.expert_ffn;
+}
+
 zo_status model_layout_init(model_layout *l, const zo_model_config *cfg_in)
 {
     zo_status st;
@@ -220,15 +283,10 @@ zo_status model_layout_init(model_layout *l, const zo_model_config *cfg_in)
             add(&b, MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.post_attention_layernorm.weight", p, i);
             if (cfg.norm_bias)
                 add(&b, MODEL_ROLE_LN2_B, 0, h, 0, "%s.%d.post_attention_layernorm.bias", p, i);
-            add(&b, MODEL_ROLE_MLP_GATE_W, 0, f, h, "%s.%d.mlp.gate_proj.weight", p, i);
-            add(&b, MODEL_ROLE_MLP_UP_W, 0, f, h, "%s.%d.mlp.up_proj.weight", p, i);
-            if (cfg.out_bias) {
-                add(&b, MODEL_ROLE_MLP_GATE_B, 0, f, 0, "%s.%d.mlp.gate_proj.bias", p, i);
-                add(&b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "%s.%d.mlp.up_proj.bias", p, i);
-            }
-            add(&b, MODEL_ROLE_MLP_DOWN_W, 0, h, f, "%s.%d.mlp.down_proj.weight", p, i);
-            if (cfg.out_bias)
-                add(&b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "%s.%d.mlp.down_proj.bias", p, i);
+            if (zo_model_layer_is_moe(&cfg, i))
+                moe_layer(&b, i);
+            else
+                llama_mlp(&b, i);
             static const model_role qkv_w[] = {MODEL_ROLE_Q_W, MODEL_ROLE_K_W, MODEL_ROLE_V_W};
             static const model_role qkv_b[] = {MODEL_ROLE_Q_B, MODEL_ROLE_K_B, MODEL_ROLE_V_B};
             static const model_role gu_w[] = {MODEL_ROLE_MLP_GATE_W, MODEL_ROLE_MLP_UP_W};

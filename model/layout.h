@@ -70,6 +70,16 @@ typedef enum model_role {
     MODEL_ROLE_NORM_W,     /* [h]            ln_f.weight / model.norm.weight */
     MODEL_ROLE_NORM_B,     /* [h]            ln_f.bias (norm_bias) */
     MODEL_ROLE_LM_HEAD_W,  /* [vocab, h]     lm_head.weight (untied only) */
+    /* mixture-of-experts layers (Mixtral, Qwen2-MoE): the router, then the
+     * experts one after another, each gate, up, down (the views are expert
+     * 0's; expert e's are model_layout_expert_offset further), then
+     * Qwen2-MoE's shared expert as the MLP_* roles (its width shared_ffn)
+     * and its sigmoid gate */
+    MODEL_ROLE_ROUTER_W,      /* [experts, h] block_sparse_moe.gate.weight / mlp.gate.weight */
+    MODEL_ROLE_EXPERT_GATE_W, /* [expert_ffn, h] experts.0.w1.weight / experts.0.gate_proj.weight */
+    MODEL_ROLE_EXPERT_UP_W,   /* [expert_ffn, h] experts.0.w3.weight / experts.0.up_proj.weight */
+    MODEL_ROLE_EXPERT_DOWN_W, /* [h, expert_ffn] experts.0.w2.weight / experts.0.down_proj.weight */
+    MODEL_ROLE_SHARED_GATE_W, /* [1, h]       mlp.shared_expert_gate.weight */
     MODEL_ROLE_COUNT,
 } model_role;
 
@@ -113,6 +123,10 @@ typedef struct model_layout {
  * config that only knows its total (params_override). */
 zo_status model_layout_init(model_layout *l, const zo_model_config *cfg);
 void model_layout_free(model_layout *l);
+
+/* Elements from expert e's tensor of an MoE role (EXPERT_*) to expert
+ * e + 1's: the experts are laid out one after another, gate, up, down. */
+size_t model_layout_expert_stride(const model_layout *l);
 
 /* The tensor with this name (our spelling; model_layout_match_hf in
  * safetensors.h accepts checkpoint spellings), or NULL. */

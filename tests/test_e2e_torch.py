@@ -20,6 +20,15 @@ blocks, a multiple of neither 48 nor 32:
          merged eval loss must differ from the base's by 10 times the
          tolerance at least, so that adapters left out of the merge are seen.
 
+For the mixtures of experts (Mixtral, and Qwen2-MoE with its shared expert behind a sigmoid gate
+and top-k weights not renormalized), full fine-tuning only, the load-balancing loss on
+(output_router_logits) with a coefficient raised so that it counts: the reference routes each
+token to its experts as Hugging Face's sparse MoE blocks do and adds router_aux_loss_coef times
+load_balancing_loss_func to the loss. A near tie among a token's router probabilities would let
+float32 and float64 choose different experts; the test checks that the reference met none (its
+smallest relative gap between the k-th and (k+1)-th probability above 1e-4), so a seed is never
+blamed on the code.
+
 Losses agree to a relative 1e-4 (train in fp32, PyTorch in float64); the
 gradient norm, printed with 4 decimals, to 1e-4 relative plus the rounding.
 The expected values all come from the PyTorch run here.
@@ -100,6 +109,34 @@ FAMILIES = {
                 "max_window_layers": 1, "torch_dtype": "float32"},
         run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="constant", warmup=1, min_lr=0.0),
         lora=dict(r=4, alpha=16.0, targets="q,v", lr=2e-2)),
+    # mixtures of experts: the router's load-balancing loss on (output_router_logits), its
+    # coefficient raised so that its share of the gradient is seen
+    "mixtral": dict(
+        seed=35,
+        config={"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_hidden_layers": 2,
+                "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 128,
+                "intermediate_size": 96, "num_local_experts": 4, "num_experts_per_tok": 2,
+                "vocab_size": 128, "max_position_embeddings": 256, "hidden_act": "silu",
+                "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "sliding_window": None,
+                "output_router_logits": True, "router_aux_loss_coef": 0.02, "router_jitter_noise": 0.0,
+                "tie_word_embeddings": False, "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=70, grad_accum=1, lr=3e-3, schedule="constant", warmup=0, min_lr=0.0),
+        lora=None),
+    "qwen2_moe": dict(
+        seed=39,
+        # Qwen1.5-MoE's kind: q/k/v biases, top-k weights not renormalized, a shared expert behind
+        # a sigmoid gate
+        config={"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "num_hidden_layers": 2,
+                "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1,
+                "intermediate_size": 160, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 96,
+                "num_experts": 6, "num_experts_per_tok": 3, "norm_topk_prob": False,
+                "decoder_sparse_step": 1, "mlp_only_layers": [],
+                "vocab_size": 128, "max_position_embeddings": 256, "hidden_act": "silu",
+                "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "use_sliding_window": False,
+                "output_router_logits": True, "router_aux_loss_coef": 0.05,
+                "tie_word_embeddings": False, "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=70, grad_accum=2, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+        lora=None),
 }
 
 
@@ -110,6 +147,143 @@ def head_dim(c):
 
 
 # ---- the PyTorch side -----------------------------------------------------------------------
+
+def is_moe(c):
+    return c["model_type"] in ("mixtral", "qwen2_moe")
+
+
+def moe_names(c):
+    """The MLP's module prefix and the expert's gate, up and down names, as the checkpoints."""
+    if c["model_type"] == "mixtral":
+        return "block_sparse_moe.", ("w1", "w3", "w2")
+    return "mlp.", ("gate_proj", "up_proj", "down_proj")
+
+
+def moe_shape(c):
+    """Experts, experts per token, an expert's width, the shared expert's (0: none)."""
+    if c["model_type"] == "mixtral":
+        return c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"], 0
+    return (c["num_experts"], c["num_experts_per_tok"], c["moe_intermediate_size"],
+            c.get("shared_expert_intermediate_size", 0))
+
+
+def moe_params(c, g):
+    """A LLaMA model's attention (q/k/v biases for Qwen2-MoE) with an MoE MLP in every layer."""
+    base = dict(c, model_type="qwen2" if c["model_type"] == "qwen2_moe" else "llama")
+    p = {k: v for k, v in mf.llama_params(base, g, std=1.0).items() if ".mlp." not in k}
+    h = c["hidden_size"]
+    E, _, f, fs = moe_shape(c)
+    pre, (wg, wu, wd) = moe_names(c)
+    for l in range(c["num_hidden_layers"]):
+        m = f"model.layers.{l}.{pre}"
+        p[m + "gate.weight"] = torch.randn(E, h, generator=g) / math.sqrt(h)
+        for e in range(E):
+            p[f"{m}experts.{e}.{wg}.weight"] = 0.2 * torch.randn(f, h, generator=g) / math.sqrt(h) * 5
+            p[f"{m}experts.{e}.{wu}.weight"] = 0.2 * torch.randn(f, h, generator=g) / math.sqrt(h) * 5
+            p[f"{m}experts.{e}.{wd}.weight"] = 0.15 * torch.randn(h, f, generator=g) / math.sqrt(f) * 5
+        if fs:
+            p[m + "shared_expert.gate_proj.weight"] = torch.randn(fs, h, generator=g) / math.sqrt(h)
+            p[m + "shared_expert.up_proj.weight"] = torch.randn(fs, h, generator=g) / math.sqrt(h)
+            p[m + "shared_expert.down_proj.weight"] = 0.75 * torch.randn(h, fs, generator=g) / math.sqrt(fs)
+            p[m + "shared_expert_gate.weight"] = torch.randn(1, h, generator=g) / math.sqrt(h)
+    return p
+
+
+# The smallest relative gap between the k-th and the (k+1)-th router probability of any token
+# the reference has routed: a near tie would let fp32 and float64 choose different experts, and
+# the comparison would then measure the tie, not the code (the test refuses such data).
+MIN_GAP = [float("inf")]
+TIE_GAP = 1e-4
+
+
+def moe_mlp(c, p, m, x):
+    """MixtralSparseMoeBlock / Qwen2MoeSparseMoeBlock: softmax over every expert, the top k,
+    renormalized (Mixtral; Qwen2-MoE with norm_topk_prob), each expert on the tokens routed to
+    it, plus Qwen2-MoE's shared expert behind its sigmoid gate. Returns the output and the
+    router's logits."""
+    b, t, h = x.shape
+    E, k, _, fs = moe_shape(c)
+    _, (wg, wu, wd) = moe_names(c)
+    hs = x.reshape(-1, h)
+    logits = hs @ p[m + "gate.weight"].T
+    w = torch.softmax(logits, dim=1)
+    if k < E:
+        with torch.no_grad():
+            top = torch.topk(w, k + 1, dim=-1).values
+            MIN_GAP[0] = min(MIN_GAP[0], ((top[:, k - 1] - top[:, k]) / top[:, k - 1]).min().item())
+    w, sel = torch.topk(w, k, dim=-1)
+    if c["model_type"] == "mixtral" or c.get("norm_topk_prob", False):
+        w = w / w.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(hs)
+    silu = torch.nn.functional.silu
+    for e in range(E):
+        rows, slot = torch.where(sel == e)
+        if rows.numel() == 0:
+            continue
+        xe = hs[rows]
+        ye = (silu(xe @ p[f"{m}experts.{e}.{wg}.weight"].T) * (xe @ p[f"{m}experts.{e}.{wu}.weight"].T)) \
+            @ p[f"{m}experts.{e}.{wd}.weight"].T
+        out = out.index_add(0, rows, ye * w[rows, slot, None])
+    if fs:
+        ys = (silu(hs @ p[m + "shared_expert.gate_proj.weight"].T) * (hs @ p[m + "shared_expert.up_proj.weight"].T)) \
+            @ p[m + "shared_expert.down_proj.weight"].T
+        out = out + torch.sigmoid(hs @ p[m + "shared_expert_gate.weight"].T) * ys
+    return out.view(b, t, h), logits
+
+
+def moe_forward(c, p, idx):
+    """mf.llama_forward's layers with the MoE MLP; the logits and every layer's router logits."""
+    h, nh, nkv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
+    d, eps = c.get("head_dim") or h // nh, c["rms_norm_eps"]
+    b, t = idx.shape
+    inv_freq = mf.rope_inv_freq(c, d)
+    freqs = torch.outer(torch.arange(t, dtype=torch.float64), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    x = p["model.embed_tokens.weight"][idx]
+    lin = lambda z, name: z @ p[name + ".weight"].T + (p[name + ".bias"] if name + ".bias" in p else 0)
+    routers = []
+    for l in range(c["num_hidden_layers"]):
+        pre = f"model.layers.{l}."
+        a = mf.rms_norm(x, p[pre + "input_layernorm.weight"], eps)
+        q = lin(a, pre + "self_attn.q_proj").view(b, t, nh, d).transpose(1, 2)
+        k = lin(a, pre + "self_attn.k_proj").view(b, t, nkv, d).transpose(1, 2)
+        v = lin(a, pre + "self_attn.v_proj").view(b, t, nkv, d).transpose(1, 2)
+        q = q * cos + mf.rotate_half(q) * sin
+        k = k * cos + mf.rotate_half(k) * sin
+        y = mf.causal_attention(q, k, v, None).transpose(1, 2).reshape(b, t, nh * d)
+        x = x + lin(y, pre + "self_attn.o_proj")
+        a = mf.rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
+        y, r = moe_mlp(c, p, pre + moe_names(c)[0], a)
+        x = x + y
+        routers.append(r)
+    x = mf.rms_norm(x, p["model.norm.weight"], eps)
+    return x @ p["lm_head.weight"].T, routers
+
+
+def load_balancing_loss(routers, E, k):
+    """Hugging Face's load_balancing_loss_func without an attention mask: the router logits of
+    every layer together, the share of (token, choice) pairs per expert times its mean
+    probability, summed, times the experts."""
+    rw = torch.softmax(torch.cat(routers, dim=0), dim=-1)
+    _, sel = torch.topk(rw, k, dim=-1)
+    mask = torch.nn.functional.one_hot(sel, E).to(rw.dtype)
+    tokens_per_expert = mask.mean(dim=0)
+    prob_per_expert = rw.mean(dim=0)
+    return (tokens_per_expert * prob_per_expert.unsqueeze(0)).sum() * E
+
+
+def moe_loss(c, p, x, y):
+    """The causal LM loss, plus router_aux_loss_coef times the load-balancing loss when
+    output_router_logits (MixtralForCausalLM.forward with labels)."""
+    logits, routers = moe_forward(c, p, x)
+    V = logits.shape[-1]
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
+    if c.get("output_router_logits"):
+        E, k, _, _ = moe_shape(c)
+        loss = loss + c.get("router_aux_loss_coef", 0.001) * load_balancing_loss(routers, E, k)
+    return loss
+
 
 def forward(c):
     return mf.gpt2_forward if c["model_type"] == "gpt2" else mf.llama_forward
@@ -130,6 +304,8 @@ def lr_at(run, k, steps=STEPS):
 
 def micro_loss(c, p, data, run, micro):
     x, y = mf.batch(data, micro, run["micro_batch"], run["seq"])
+    if is_moe(c):
+        return moe_loss(c, p, x, y)
     loss, _ = mf.loss_of(forward(c), c, p, x, y)
     return loss
 
@@ -283,7 +459,7 @@ def check_family(train, name, workdir):
     c, run, lora = spec["config"], spec["run"], spec["lora"]
     g = torch.Generator().manual_seed(spec["seed"])
     gpt = c["model_type"] == "gpt2"
-    params = (mf.gpt2_params if gpt else mf.llama_params)(c, g, std=1.0)
+    params = moe_params(c, g) if is_moe(c) else (mf.gpt2_params if gpt else mf.llama_params)(c, g, std=1.0)
     V = c["vocab_size"]
     data = torch.randint(0, V, (N_TRAIN + N_EVAL,), generator=g)
     for i in range(1, len(data), 2):  # something to learn: every odd token follows its predecessor
@@ -310,14 +486,45 @@ def check_family(train, name, workdir):
 
     # full fine-tuning
     t0 = time.time()
+    MIN_GAP[0] = float("inf")
     want_l, want_n, want_ev = torch_train(c, params, data, eval_data, run)
     t_torch = time.time() - t0
-    got_l, got_n, got_ev, t_train, cmd = run_train(train, d, run, [])
+    if is_moe(c):
+        ck.fact(f"the reference's expert choices clear of ties (smallest gap {MIN_GAP[0]:.1e} > {TIE_GAP:.0e})",
+                MIN_GAP[0] > TIE_GAP)
+    saved = os.path.join(d, "trained.safetensors")
+    got_l, got_n, got_ev, t_train, cmd = run_train(train, d, run, ["--save", saved] if is_moe(c) else [])
     print(f" full fine-tuning (train {t_train:.1f} s, torch {t_torch:.1f} s): {cmd}")
     for k in range(STEPS):
         ck.rel(f"step {k} loss", got_l[k], want_l[k])
         ck.rel(f"step {k} grad norm", got_n[k], want_n[k], slack=5e-5)
     ck.rel("eval loss after 3 steps", got_ev, want_ev)
+    if is_moe(c):
+        # the trained weights saved under the checkpoint's names, which evaluate here to train's
+        # eval loss
+        out = mf.read_safetensors(saved)
+        same = sorted(out) == sorted(params) and all(out[k].shape == params[k].shape for k in params)
+        ck.fact(f"--save wrote the {len(params)} tensors under the checkpoint's names and shapes", same)
+        if same:
+            ck.rel("eval loss of the saved weights", got_ev,
+                   eval_loss(c, {k: v.to(torch.float64) for k, v in out.items()}, eval_data, run))
+    if is_moe(c):
+        # the MoE layer recomputed in backward (its routing redone) and streamed from host memory:
+        # the same run
+        rl, rn, rev, _, rcmd = run_train(train, d, run, ["--recompute", "full", "--params-on", "cpu",
+                                                         "--checkpoints-on", "cpu"])
+        print(f" recomputed and streamed: {rcmd}")
+        ck.fact(f"losses, norms and eval loss with --recompute full --params-on cpu equal the first run's "
+                f"({rl} {rev})", rl == got_l and rn == got_n and rev == got_ev)
+    if lora is None:  # LoRA on a mixture of experts: refused by the capability table, exit 2
+        p = subprocess.run([train, "--device", DEVICE, "--model", os.path.join(d, "model", "config.json"),
+                            "--weights", os.path.join(d, "model"), "--data", os.path.join(d, "train.bin"),
+                            "--steps", "1", "--seq", "32", "--lora", "4"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        ck.fact(f"--lora refused (exit {p.returncode}, {p.stdout.strip()[-90:]!r})",
+                p.returncode == 2 and "on a mixture-of-experts model does not run" in p.stdout
+                and "\nstep 0 " not in p.stdout)
+        return ck.failed
 
     # LoRA: train's own adapters, saved, merged here
     adir = os.path.join(d, "adapter")

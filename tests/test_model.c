@@ -21,12 +21,12 @@
 static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "llama-2-7b.json",
                                    "llama-2-13b.json",  "llama-2-70b.json", "llama-3-8b.json",
                                    "mistral-7b.json",   "llama-7b.json",    "llama-3.1-8b.json",
-                                   "llama-3.2-1b.json", "qwen2.5-0.5b.json", "qwen2.5-7b.json"};
+                                   "llama-3.2-1b.json", "qwen2.5-0.5b.json", "qwen2.5-7b.json",
+                                   "mixtral-8x7b.json", "qwen1.5-moe-a2.7b.json"};
 
 /* Families memplan sizes but the runtime does not build: the layout (and so
  * `train`) refuses each by name. */
 static const struct { const char *config, *family; } not_built[] = {
-    {"mixtral-8x7b.json", "mixtral"},       {"qwen1.5-moe-a2.7b.json", "qwen2_moe"},
     {"deepseek-v2-lite.json", "deepseek_v2"}, {"gemma-2b.json", "gemma"},
     {"gemma-2-2b.json", "gemma2"},          {"qwen3-0.6b.json", "qwen3"},
     {"phi-3-mini-4k-instruct.json", "phi3"}, {"pythia-160m.json", "gpt_neox"},
@@ -92,6 +92,61 @@ static void test_layout_hf_configs(void **state)
  * refused by name before anything is formed from them (layers at INT_MAX
  * wrapped the block count; a norm epsilon or RoPE base below zero trained);
  * every preset and real config is within the limits. */
+/* The MoE layers under the checkpoints' names (Mixtral's block_sparse_moe
+ * w1/w3/w2, Qwen2-MoE's mlp experts, shared expert and its gate), and the
+ * expert views: expert 0's tensor, expert e's a stride further. */
+static void test_layout_moe(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *config, *name;
+        int64_t rows, cols;
+    } want[] = {
+        {"mixtral-8x7b.json", "model.layers.0.block_sparse_moe.gate.weight", 8, 4096},
+        {"mixtral-8x7b.json", "model.layers.31.block_sparse_moe.experts.7.w1.weight", 14336, 4096},
+        {"mixtral-8x7b.json", "model.layers.3.block_sparse_moe.experts.0.w3.weight", 14336, 4096},
+        {"mixtral-8x7b.json", "model.layers.3.block_sparse_moe.experts.5.w2.weight", 4096, 14336},
+        {"qwen1.5-moe-a2.7b.json", "model.layers.0.mlp.gate.weight", 60, 2048},
+        {"qwen1.5-moe-a2.7b.json", "model.layers.23.mlp.experts.59.down_proj.weight", 2048, 1408},
+        {"qwen1.5-moe-a2.7b.json", "model.layers.1.mlp.experts.0.gate_proj.weight", 1408, 2048},
+        {"qwen1.5-moe-a2.7b.json", "model.layers.1.mlp.shared_expert.up_proj.weight", 5632, 2048},
+        {"qwen1.5-moe-a2.7b.json", "model.layers.1.mlp.shared_expert_gate.weight", 1, 2048},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        char path[512];
+        zo_model_config cfg;
+        model_layout l;
+        snprintf(path, sizeof path, "%s/hf-configs/%s", ZO_FIXTURES_DIR, want[i].config);
+        assert_int_equal(zo_model_config_load(path, &cfg), ZO_OK);
+        assert_int_equal(model_layout_init(&l, &cfg), ZO_OK);
+        const model_tensor *t = model_layout_find(&l, want[i].name);
+        if (!t) fail_msg("%s: no %s", want[i].config, want[i].name);
+        assert_int_equal(t->shape[0], want[i].rows);
+        assert_int_equal(t->shape[1], want[i].cols);
+        /* expert e's tensors sit e strides after the view (expert 0's) */
+        static const model_role roles[] = {MODEL_ROLE_EXPERT_GATE_W, MODEL_ROLE_EXPERT_UP_W,
+                                           MODEL_ROLE_EXPERT_DOWN_W};
+        for (int r = 0; r < 3; r++) {
+            const model_view *v = model_layout_view(&l, model_layout_layer_block(1), roles[r]);
+            assert_non_null(v);
+            for (int e = 0; e < cfg.moe.experts; e++) {
+                size_t off = v->offset + (size_t)e * model_layout_expert_stride(&l);
+                int found = 0;
+                for (int k = 0; k < l.n_tensors; k++) {
+                    const model_tensor *u = &l.tensors[k];
+                    if (u->block == model_layout_layer_block(1) && u->offset == off) {
+                        assert_int_equal(u->role, roles[r]);
+                        assert_int_equal(u->numel, v->numel);
+                        found = 1;
+                    }
+                }
+                assert_true(found);
+            }
+        }
+        model_layout_free(&l);
+    }
+}
+
 static void test_layout_limits(void **state)
 {
     (void)state;
@@ -498,6 +553,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_presets),
         cmocka_unit_test(test_layout_hf_configs),
+        cmocka_unit_test(test_layout_moe),
         cmocka_unit_test(test_layout_variants),
         cmocka_unit_test(test_layout_limits),
         cmocka_unit_test(test_layout_views),

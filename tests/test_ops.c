@@ -610,6 +610,122 @@ static void ref_adam_update(const gpu_op_args *a, hostv *h)
     }
 }
 
+/* ---- mixture of experts ---- */
+
+/* Row r of a router: p [e] (softmax in double) and the k chosen, largest
+ * first, ties to the lower index (the generators keep the logits apart). */
+static void route_d(const double *lg, int e, int k, double *p, int *sel)
+{
+    double mx = -INFINITY, sum = 0.0;
+    for (int j = 0; j < e; j++) mx = lg[j] > mx ? lg[j] : mx;
+    for (int j = 0; j < e; j++) sum += p[j] = exp(lg[j] - mx);
+    for (int j = 0; j < e; j++) p[j] /= sum;
+    for (int i = 0; i < k; i++) {
+        int best = -1;
+        for (int j = 0; j < e; j++) {
+            int taken = 0;
+            for (int q = 0; q < i; q++) taken |= sel[q] == j;
+            if (!taken && (best < 0 || p[j] > p[best])) best = j;
+        }
+        sel[i] = best;
+    }
+}
+
+/* t: weights logits; p: stats; i: n e k norm */
+static void ref_moe_router_forward(const gpu_op_args *a, hostv *h)
+{
+    int n = (int)a->i[0], e = (int)a->i[1], k = (int)a->i[2], norm = (int)a->i[3];
+    double *p = malloc((size_t)e * sizeof *p);
+    int *sel = malloc((size_t)k * sizeof *sel);
+    for (int j = 0; j < 2 * e; j++) h->P[0][j] = 0.0;
+    for (int r = 0; r < n; r++) {
+        route_d(h->T[1] + (size_t)r * e, e, k, p, sel);
+        double S = 0.0;
+        for (int i = 0; i < k; i++) S += p[sel[i]];
+        double *w = h->T[0] + (size_t)r * e;
+        for (int j = 0; j < e; j++) w[j] = 0.0, h->P[0][j] += p[j];
+        for (int i = 0; i < k; i++) w[sel[i]] = norm ? p[sel[i]] / S : p[sel[i]], h->P[0][e + sel[i]] += 1.0;
+    }
+    free(p), free(sel);
+}
+
+/* t: dlogits dweights logits; p: stats [layers, 2e]; i: n e k norm layers; f: aux_scale.
+ * The loss as a function of p: L = sum over the chosen of dweights * w(p)
+ * + aux_scale * sum_j C_j p_j; dlogits by the chain rule through the softmax. */
+static void ref_moe_router_backward(const gpu_op_args *a, hostv *h)
+{
+    int n = (int)a->i[0], e = (int)a->i[1], k = (int)a->i[2], norm = (int)a->i[3];
+    int layers = (int)a->i[4];
+    double *p = malloc((size_t)e * sizeof *p), *dp = malloc((size_t)e * sizeof *dp);
+    int *sel = malloc((size_t)k * sizeof *sel);
+    for (int r = 0; r < n; r++) {
+        route_d(h->T[2] + (size_t)r * e, e, k, p, sel);
+        const double *dw = h->T[1] + (size_t)r * e;
+        for (int j = 0; j < e; j++) {
+            double c = 0.0;
+            for (int l = 0; a->f[0] != 0.0f && l < layers; l++) c += h->P[0][(size_t)l * 2 * e + e + j];
+            dp[j] = a->f[0] * c;
+        }
+        double S = 0.0;
+        for (int i = 0; i < k; i++) S += p[sel[i]];
+        /* d w_i / d p_q = ([i == q] S - p_i) / S^2 (q chosen) with norm, else [i == q];
+         * one expert of one: exactly 0 */
+        for (int i = 0; i < k; i++)
+            for (int q = 0; q < k; q++) {
+                double d = norm ? ((i == q) * S - p[sel[i]]) / (S * S) : (i == q);
+                dp[sel[q]] += dw[sel[i]] * d;
+            }
+        /* d p_j / d l_q = p_j ([j == q] - p_q), so dl_q = p_q sum_j p_j (dp_q - dp_j)
+         * (sum_j p_j = 1): exactly 0 where dp is the same for every expert */
+        for (int q = 0; q < e; q++) {
+            double g = 0.0;
+            for (int j = 0; j < e; j++) g += p[j] * (dp[q] - dp[j]);
+            h->T[0][(size_t)r * e + q] = p[q] * g;
+        }
+    }
+    free(p), free(dp), free(sel);
+}
+
+static double moe_gate_d(double s, int sg) { return sg ? sigmoid(s) : s; }
+
+/* t: y x; p: scale; i: n c lds sigmoid */
+static void ref_moe_scale_forward(const gpu_op_args *a, hostv *h)
+{
+    int n = (int)a->i[0], c = (int)a->i[1];
+    for (int r = 0; r < n; r++) {
+        double g = moe_gate_d(h->P[0][(size_t)r * a->i[2]], (int)a->i[3]);
+        for (int j = 0; j < c; j++) h->T[0][(size_t)r * c + j] = g * h->T[1][(size_t)r * c + j];
+    }
+}
+
+/* t: dx dy x; p: dscale scale */
+static void ref_moe_scale_backward(const gpu_op_args *a, hostv *h)
+{
+    int n = (int)a->i[0], c = (int)a->i[1], sg = (int)a->i[3];
+    for (int r = 0; r < n; r++) {
+        double s = h->P[1][(size_t)r * a->i[2]], g = moe_gate_d(s, sg), dot = 0.0;
+        for (int j = 0; j < c; j++) dot += h->T[1][(size_t)r * c + j] * h->T[2][(size_t)r * c + j];
+        for (int j = 0; j < c; j++) h->T[0][(size_t)r * c + j] = g * h->T[1][(size_t)r * c + j];
+        h->P[0][(size_t)r * a->i[2]] = sg ? dot * g * (1.0 - g) : dot;
+    }
+}
+
+/* t: y x; p: idx; i: n c */
+static void ref_moe_gather(const gpu_op_args *a, hostv *h)
+{
+    int n = (int)a->i[0], c = (int)a->i[1];
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < c; j++) h->T[0][(size_t)r * c + j] = h->T[1][(size_t)h->P[0][r] * c + j];
+}
+
+/* t: y x; p: idx; i: n c ldy */
+static void ref_moe_scatter_add(const gpu_op_args *a, hostv *h)
+{
+    int n = (int)a->i[0], c = (int)a->i[1];
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < c; j++) h->T[0][(size_t)h->P[0][r] * a->i[2] + j] += h->T[1][(size_t)r * c + j];
+}
+
 /* ---- backends ------------------------------------------------------------------------ */
 
 #define GUARD 64 /* bytes checked on both sides of every buffer */
@@ -1398,6 +1514,166 @@ static void parity_adam_update(void)
                 IN_T(&c, 0, storage[t], n);
                 if (o) OUT_T(&c, 1, o == 1 ? E_F16 : E_BF16, n);
                 emit(&c);
+            }
+}
+
+/* Router logits kept apart: each row a shuffle of 0.25 j plus noise under
+ * 0.05, so no two experts' p are near a tie (the choice is the same in
+ * every precision); the logits are buffer param[0]'s slot t[param[0]]. */
+static void router_prep(const pcase *c, hostv *h)
+{
+    int n = (int)c->a.i[0], e = (int)c->a.i[1];
+    double *lg = h->T[c->param[0]];
+    int *perm = malloc((size_t)e * sizeof *perm);
+    for (int r = 0; r < n; r++) {
+        for (int j = 0; j < e; j++) perm[j] = j;
+        for (int j = e - 1; j > 0; j--) {
+            int q = (int)(urand() * (j + 1)), t = perm[j];
+            perm[j] = perm[q], perm[q] = t;
+        }
+        for (int j = 0; j < e; j++) lg[(size_t)r * e + j] = 0.25 * perm[j] - 0.1 * e + 0.05 * urand();
+    }
+    free(perm);
+}
+
+/* Rows around the CUDA blocks of 256 threads; experts and choices as
+ * Mixtral (8, 2), Qwen1.5-MoE (60, 4), one expert of two, every expert. */
+static const int router_rows[] = {1, 7, 300};
+static const int router_ek[][2] = {{2, 1}, {8, 2}, {60, 4}, {5, 5}};
+
+static void parity_moe_router_forward(void)
+{
+    for (size_t s = 0; s < 3; s++)
+        for (size_t g = 0; g < 4; g++)
+            for (int norm = 0; norm < 2; norm++) {
+                int n = router_rows[s], e = router_ek[g][0], k = router_ek[g][1];
+                pcase c = new_case(GPU_OP_MOE_ROUTER_FORWARD, "n %d e %d k %d norm %d", n, e, k, norm);
+                c.a.i[0] = n, c.a.i[1] = e, c.a.i[2] = k, c.a.i[3] = norm;
+                OUT_T(&c, 0, E_F32, (size_t)n * e);
+                IN_T(&c, 1, E_F32, (size_t)n * e);
+                OUT_P(&c, 0, E_F32, 2 * (size_t)e);
+                c.param[0] = 1;
+                c.prep = router_prep;
+                emit(&c);
+            }
+}
+
+static void parity_moe_router_backward(void)
+{
+    for (size_t s = 0; s < 3; s++)
+        for (size_t g = 0; g < 4; g++)
+            for (int v = 0; v < 4; v++) { /* norm, and the auxiliary loss over 0 or 3 layers */
+                int n = router_rows[s], e = router_ek[g][0], k = router_ek[g][1];
+                int norm = v & 1, layers = v & 2 ? 3 : 0;
+                pcase c = new_case(GPU_OP_MOE_ROUTER_BACKWARD, "n %d e %d k %d norm %d aux layers %d", n,
+                                   e, k, norm, layers);
+                c.a.i[0] = n, c.a.i[1] = e, c.a.i[2] = k, c.a.i[3] = norm, c.a.i[4] = layers;
+                c.a.f[0] = layers ? 0.0125f : 0.0f;
+                OUT_T(&c, 0, E_F32, (size_t)n * e);
+                IN_T(&c, 1, E_F32, (size_t)n * e);
+                IN_T(&c, 2, E_F32, (size_t)n * e);
+                if (layers) add_buf(&c, 'p', 0, E_F32, (size_t)layers * 2 * e, FILL_INT, 0, n + 1, 0);
+                c.param[0] = 2;
+                c.prep = router_prep;
+                emit(&c);
+            }
+}
+
+static const int scale_shapes[][3] = {{1, 1, 1}, {5, 17, 3}, {33, 64, 1}, {300, 257, 8}};
+
+static void scale_cases(gpu_op_id op)
+{
+    for (size_t s = 0; s < 4; s++)
+        for (int t = 0; t < 3; t++)
+            for (int sg = 0; sg < 2; sg++) {
+                int n = scale_shapes[s][0], cc = scale_shapes[s][1], lds = scale_shapes[s][2];
+                pcase c = new_case(op, "n %d c %d lds %d %s%s", n, cc, lds, ename(storage[t]),
+                                   sg ? " sigmoid" : "");
+                c.a.i[0] = n, c.a.i[1] = cc, c.a.i[2] = lds, c.a.i[3] = sg;
+                size_t ne = (size_t)n * cc, ns = (size_t)n * lds;
+                int b;
+                if (op == GPU_OP_MOE_SCALE_FORWARD) {
+                    OUT_T(&c, 0, storage[t], ne);
+                    IN_T(&c, 1, storage[t], ne);
+                    b = IN_P(&c, 0, E_F32, ns);
+                } else {
+                    OUT_T(&c, 0, E_F32, ne);
+                    OUT_P(&c, 0, E_F32, ns);
+                    IN_T(&c, 1, E_F32, ne);
+                    IN_T(&c, 2, storage[t], ne);
+                    b = IN_P(&c, 1, E_F32, ns);
+                }
+                c.buf[b].lo = -3.0, c.buf[b].hi = 3.0;
+                emit(&c);
+            }
+}
+
+static void parity_moe_scale_forward(void) { scale_cases(GPU_OP_MOE_SCALE_FORWARD); }
+
+static void parity_moe_scale_backward(void)
+{
+    scale_cases(GPU_OP_MOE_SCALE_BACKWARD);
+    /* dx may be dy: in place, as the transformer calls it */
+    pcase c = new_case(GPU_OP_MOE_SCALE_BACKWARD, "n 40 c 96 lds 4 f32 dx = dy");
+    c.a.i[0] = 40, c.a.i[1] = 96, c.a.i[2] = 4, c.a.i[3] = 0;
+    OUT_T(&c, 0, E_F32, 40 * 96);
+    OUT_P(&c, 0, E_F32, 160);
+    int dy = IN_T(&c, 1, E_F32, 40 * 96);
+    c.buf[dy].alias = 0;
+    IN_T(&c, 2, E_F32, 40 * 96);
+    IN_P(&c, 1, E_F32, 160);
+    emit(&c);
+}
+
+/* Rows of y for a scatter: param[0] distinct rows of param[1], in a
+ * shuffled order (one expert's tokens never repeat). */
+static void distinct_rows_prep(const pcase *c, hostv *h)
+{
+    int n = c->param[0], rows = c->param[1];
+    int *perm = malloc((size_t)rows * sizeof *perm);
+    for (int j = 0; j < rows; j++) perm[j] = j;
+    for (int j = rows - 1; j > 0; j--) {
+        int q = (int)(urand() * (j + 1)), t = perm[j];
+        perm[j] = perm[q], perm[q] = t;
+    }
+    for (int i = 0; i < n; i++) h->P[0][i] = perm[i];
+    free(perm);
+}
+
+/* (rows gathered or scattered, columns, rows of the other side) */
+static const int pack_shapes[][3] = {{1, 1, 1}, {5, 17, 9}, {64, 33, 300}, {300, 64, 300}};
+
+static void parity_moe_gather(void)
+{
+    for (size_t s = 0; s < 4; s++)
+        for (int t = 0; t < 3; t++) {
+            int n = pack_shapes[s][0], c = pack_shapes[s][1], rows = pack_shapes[s][2];
+            pcase q = new_case(GPU_OP_MOE_GATHER, "n %d c %d of %d rows %s", n, c, rows, ename(storage[t]));
+            q.a.i[0] = n, q.a.i[1] = c;
+            int o = OUT_T(&q, 0, storage[t], (size_t)n * c);
+            q.buf[o].rtol = 1e-300; /* a copy: equal */
+            IN_T(&q, 1, storage[t], (size_t)rows * c);
+            add_buf(&q, 'p', 0, E_I32, (size_t)n, FILL_INT, 0, rows, 0);
+            emit(&q);
+        }
+}
+
+static void parity_moe_scatter_add(void)
+{
+    for (size_t s = 0; s < 4; s++)
+        for (int t = 0; t < 3; t++)
+            for (int pad = 0; pad < 2; pad++) {
+                int n = pack_shapes[s][0], c = pack_shapes[s][1], rows = pack_shapes[s][2];
+                int ldy = c + 3 * pad;
+                pcase q = new_case(GPU_OP_MOE_SCATTER_ADD, "n %d c %d into %d rows ldy %d %s", n, c, rows,
+                                   ldy, ename(storage[t]));
+                q.a.i[0] = n, q.a.i[1] = c, q.a.i[2] = ldy;
+                OUT_T(&q, 0, storage[t], (size_t)rows * ldy);
+                IN_T(&q, 1, storage[t], (size_t)n * c);
+                add_buf(&q, 'p', 0, E_I32, (size_t)n, FILL_NONE, 0, 0, 0);
+                q.param[0] = n, q.param[1] = rows;
+                q.prep = distinct_rows_prep;
+                emit(&q);
             }
 }
 

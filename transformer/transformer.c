@@ -14,6 +14,17 @@ static int is_gpt(const tf_model *m) { return m->cfg.arch == ZO_ARCH_GPT; }
 static int has_lora(const tf_model *m) { return m->opts.lora.r > 0; }
 static int qkv_width(const zo_model_config *c) { return (c->n_heads + 2 * c->n_kv_heads) * c->head_dim; }
 static int q_width(const zo_model_config *c) { return c->n_heads * c->head_dim; }
+static int is_moe(const tf_model *m, int l) { return zo_model_layer_is_moe(&m->cfg, l); }
+/* The width of the dense MLP activations: the MLP's, or in an MoE model the
+ * shared expert's (0: none) */
+static size_t mlp_width(const zo_model_config *c) { return (size_t)(c->moe.experts ? c->moe.shared_ffn : c->ffn); }
+static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
+/* Columns per token of the widest MLP activation: the dense MLP's, the
+ * shared expert's, or the top_k chosen experts' (packed [N top_k, expert_ffn]) */
+static size_t widest_mlp(const zo_model_config *c)
+{
+    return max_z(mlp_width(c), (size_t)c->moe.top_k * (size_t)c->moe.expert_ffn);
+}
 
 /* ---- allocation ------------------------------------------------------------ */
 
@@ -176,9 +187,10 @@ static int layer_window(const tf_model *m, int l)
  * output (q|k|v, the MLP's, the hidden size) or the logits. */
 static size_t widest_gradient(const zo_model_config *c)
 {
-    size_t w[] = {(size_t)qkv_width(c), (size_t)c->ffn, (size_t)c->hidden, (size_t)c->vocab};
+    size_t w[] = {(size_t)qkv_width(c), widest_mlp(c), (size_t)c->hidden, (size_t)c->vocab,
+                  (size_t)c->moe.experts + (size_t)c->moe.top_k * (size_t)c->hidden};
     size_t most = 0;
-    for (size_t i = 0; i < 4; i++) most = w[i] > most ? w[i] : most;
+    for (size_t i = 0; i < 5; i++) most = w[i] > most ? w[i] : most;
     return most;
 }
 
@@ -216,6 +228,11 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     if (m->opts.lora.r < 0 || (m->opts.lora.nf4 && m->opts.lora.r < 1))
         return zo_error(ZO_ERR_INVALID, "tf_init: LoRA rank %d (NF4 needs LoRA: a rank >= 1)",
                         m->opts.lora.r);
+    if (m->opts.lora.r > 0 && cfg->moe.experts)
+        return zo_error(ZO_ERR_UNSUPPORTED,
+                        "tf_init: model %s: LoRA on a mixture-of-experts model is not implemented "
+                        "(full fine-tuning is)",
+                        cfg->name);
     if ((st = model_layout_init(&m->layout, cfg)) != ZO_OK) return st;
     m->cfg = m->layout.cfg;
     m->dev = dev;
@@ -228,7 +245,8 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         return zo_error(ZO_ERR_INVALID, "tf_init: sequence %d exceeds the %d learned positions of %s",
                         T, c->max_seq, c->name);
     }
-    size_t N = (size_t)B * T, es = zo_dtype_size(dtype), h = c->hidden, f = c->ffn;
+    size_t N = (size_t)B * T, es = zo_dtype_size(dtype), h = c->hidden, f = mlp_width(c);
+    size_t E = (size_t)c->moe.experts, fe = (size_t)c->moe.expert_ffn, K = (size_t)c->moe.top_k;
     size_t L = c->n_layers;
     m->res = calloc(L + 1, sizeof *m->res);
     m->acts = calloc(L, sizeof *m->acts);
@@ -270,8 +288,21 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
             {&a->up, llama ? N * f * es : 0, "mlp up"},
             {&a->act, N * f * es, "mlp activation"},
             {&a->lora_u, N * lora_cols * es, "LoRA A x"},
+            {(void **)&a->router_logits, N * E * 4, "router logits"},
+            {(void **)&a->router_w, N * E * 4, "router weights"},
+            {&a->efc, K * N * fe * es, "expert gates"},
+            {&a->eup, K * N * fe * es, "expert ups"},
+            {&a->eact, K * N * fe * es, "expert activations"},
+            {(void **)&a->moe_idx, K * N * 4, "expert tokens"},
+            {(void **)&a->moe_wp, K * N * 4, "expert token weights"},
+            {(void **)&a->sgate, c->moe.shared_gate ? N * 4 : 0, "shared expert gate"},
         };
         if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) goto out_free;
+        if (E && (!(a->moe_idx_h = malloc(K * N * 4)) || !(a->moe_wp_h = malloc(K * N * 4)) ||
+                  !(a->moe_off = calloc(E + 1, sizeof *a->moe_off)))) {
+            st = zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory (routing of %zu tokens)", N);
+            goto out_free;
+        }
     }
     const act_req r[] = {
         {&m->lnf, N * h * es, "final norm"},
@@ -284,14 +315,27 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         {(void **)&m->dh, N * h * 4, "norm gradient"},
         {(void **)&m->dqkv, N * qkv_width(c) * 4, "qkv gradient"},
         {(void **)&m->datt, N * q_width(c) * 4, "attention gradient"},
-        {(void **)&m->dff, N * f * 4, "mlp gradient"},
-        {(void **)&m->dff2, llama ? N * f * 4 : 0, "mlp up gradient"},
+        {(void **)&m->dff, N * widest_mlp(c) * 4, "mlp gradient"},
+        {(void **)&m->dff2, llama ? N * widest_mlp(c) * 4 : 0, "mlp up gradient"},
+        {(void **)&m->moe_stats, L * 2 * E * 4, "router statistics"},
+        {(void **)&m->drouter, N * E * 4, "router gradient"},
+        {(void **)&m->dweights, N * E * 4, "expert weight gradient"},
+        {(void **)&m->dz, c->moe.shared_gate ? N * 4 : 0, "shared expert gate gradient"},
+        {&m->sact, E ? N * widest_mlp(c) * es : 0, "weighted expert activation"},
+        {&m->moe_x, K * N * h * es, "expert inputs"},
+        {&m->moe_y, K * N * h * es, "expert outputs"},
+        {(void **)&m->moe_dx, K * N * h * 4, "expert input gradients"},
+        {(void **)&m->moe_dscale, K * N * 4, "expert weight gradients"},
         {(void **)&m->dlora, lora ? N * m->opts.lora.r * 4 : 0, "LoRA gradient"},
         {(void **)&m->dsink, lora ? 2 * h * 4 : 0, "frozen norm gradients"},
         {&m->wdq, lora && m->opts.lora.nf4 ? largest_linear(c) * es : 0, "dequantized weight"},
         {&m->dy16, dtype == ZO_DTYPE_F32 ? 0 : N * widest_gradient(c) * es, "16-bit activation gradient"},
     };
     if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) goto out_free;
+    if (E && !(m->moe_w_h = malloc(N * E * 4))) {
+        st = zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory (router weights of %zu tokens)", N);
+        goto out_free;
+    }
     /* a rope_scaling's frequencies (what it does not compute is refused here) */
     if ((st = rope_upload(m)) != ZO_OK) goto out_free;
     return ZO_OK;
@@ -315,15 +359,24 @@ void tf_free(tf_model *m)
         for (size_t l = 0; l < L; l++) {
             if (!owns_acts(m, l)) continue;
             tf_layer_acts *a = &m->acts[l];
-            void *p[] = {a->ln1, a->mean1, a->rstd1, a->qkv, a->att, a->lse, a->x_mid,
-                         a->ln2, a->mean2, a->rstd2, a->fc, a->up, a->act, a->lora_u};
+            void *p[] = {a->ln1,  a->mean1,  a->rstd1, a->qkv,           a->att,
+                         a->lse,  a->x_mid,  a->ln2,   a->mean2,         a->rstd2,
+                         a->fc,   a->up,     a->act,   a->lora_u,        a->router_logits,
+                         a->router_w, a->efc, a->eup,  a->eact,          a->sgate,
+                         a->moe_idx, a->moe_wp};
             for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) gpu_mem_free(d, p[i]);
+            free(a->moe_idx_h);
+            free(a->moe_wp_h);
+            free(a->moe_off);
         }
-    void *p[] = {m->lnf, m->meanf, m->rstdf, m->logits, m->losses, m->tmp, m->dres,
-                 m->dh, m->dqkv, m->datt, m->dff, m->dff2, m->dlora, m->dsink, m->wdq, m->dy16};
+    void *p[] = {m->lnf,  m->meanf, m->rstdf, m->logits, m->losses,    m->tmp,
+                 m->dres, m->dh,    m->dqkv,  m->datt,   m->dff,       m->dff2,
+                 m->dlora, m->dsink, m->wdq,  m->dy16,   m->moe_stats, m->drouter,
+                 m->dweights, m->dz, m->sact, m->moe_x, m->moe_y, m->moe_dx, m->moe_dscale};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) gpu_mem_free(d, p[i]);
     free(m->res);
     free(m->acts);
+    free(m->moe_w_h);
     free(m->frozen_off);
     free(m->frozen_bytes);
     model_layout_free(&m->adapters);
@@ -639,6 +692,303 @@ static zo_status norm_backward(tf_model *m, gpu_stream_t s, const void *grads, i
     return gpu_rmsnorm_backward(s, F32(m->dres), dw, F32(m->dh), x, w, rstd, N, c->hidden);
 }
 
+
+/* ---- mixture of experts ----------------------------------------------------------------
+ * The MLP of an MoE layer, as Hugging Face's MixtralSparseMoeBlock and
+ * Qwen2MoeSparseMoeBlock compute it: the router's logits [N, E] = ln2 Wr^T,
+ * p = softmax over the E experts, the top_k of p weighted by p (divided by
+ * their sum with norm_topk), the output the weighted sum of the chosen
+ * experts' SwiGLU MLPs, plus with Qwen2-MoE sigmoid(ln2 . w_sg) times the
+ * shared expert's MLP. Each expert runs on the tokens that chose it only:
+ * the router's weights are read back to the host (the one wait of the
+ * layer), which lists the (token, expert) pairs expert by expert; the pairs'
+ * inputs are gathered, each expert's GEMMs run on its rows, and its
+ * weighted outputs are added back to their tokens, expert after expert. */
+
+/* Expert e's tensor of an EXPERT_* role. */
+static gpu_tensor expert_view(const tf_model *m, const void *buf, int blk, model_role role, int e)
+{
+    gpu_tensor t = tf_view(m, buf, blk, role);
+    if (t.data)
+        t.data = (char *)t.data + (size_t)e * model_layout_expert_stride(&m->layout) * zo_dtype_size(m->dtype);
+    return t;
+}
+
+/* Rows from `row` of a [rows, cols] tensor. */
+static gpu_tensor rows_at(gpu_tensor t, int row, int cols)
+{
+    t.data = (char *)t.data + (size_t)row * cols * zo_dtype_size(t.dtype);
+    return t;
+}
+
+/* y[N, out] (+)= x[N, in] W^T: beta 0 or 1 */
+static zo_status gemm_xwt(gpu_stream_t s, gpu_tensor y, gpu_tensor x, gpu_tensor w, int N, int out,
+                          int in, float beta)
+{
+    gpu_gemm_desc g = {.trans_b = 1, .m = N, .n = out, .k = in, .alpha = 1.0f, .beta = beta,
+                       .a = x, .b = w, .c = y, .lda = in, .ldb = in, .ldc = out};
+    return gpu_gemm(s, &g);
+}
+
+/* dx[n, in] (+)= dy[n, out] W (W [out, in]) and dW += dy^T x: beta for dx */
+static zo_status gemm_back(gpu_stream_t s, gpu_tensor dx, float beta, gpu_tensor dw, gpu_tensor dy,
+                           gpu_tensor x, gpu_tensor w, int n, int out, int in)
+{
+    zo_status st;
+    gpu_gemm_desc gw = {.trans_a = 1, .m = out, .n = in, .k = n, .alpha = 1.0f, .beta = 1.0f,
+                        .a = dy, .b = x, .c = dw, .lda = out, .ldb = in, .ldc = in};
+    if (dw.data && (st = gpu_gemm(s, &gw)) != ZO_OK) return st;
+    if (!dx.data) return ZO_OK;
+    gpu_gemm_desc gx = {.m = n, .n = in, .k = out, .alpha = 1.0f, .beta = beta, .a = dy, .b = w,
+                        .c = dx, .lda = out, .ldb = in, .ldc = in};
+    return gpu_gemm(s, &gx);
+}
+
+/* One SwiGLU MLP of the layer (the shared expert) on ln2, up to its
+ * activation: fc = ln2 Wg^T, up = ln2 Wu^T, act = silu(fc) up [N, f]. */
+static zo_status swiglu_mlp_forward(gpu_stream_t s, gpu_tensor ln2, gpu_tensor wg, gpu_tensor wu,
+                                    gpu_tensor fc, gpu_tensor up, gpu_tensor act, int N, int f, int h)
+{
+    zo_status st;
+    if ((st = gemm_xwt(s, fc, ln2, wg, N, f, h, 0.0f)) != ZO_OK ||
+        (st = gemm_xwt(s, up, ln2, wu, N, f, h, 0.0f)) != ZO_OK)
+        return st;
+    return gpu_swiglu_forward(s, act, fc, up, (size_t)N * f);
+}
+
+/* Route layer l's tokens: wait for the router's weights, list the pairs
+ * expert by expert (tokens in order) with their weights, and upload them. */
+static zo_status moe_route(tf_model *m, int l, gpu_stream_t s)
+{
+    zo_status st;
+    const int N = m->b * m->t, E = m->cfg.moe.experts;
+    tf_layer_acts *a = &m->acts[l];
+    if ((st = gpu_memcpy_async(s, m->moe_w_h, a->router_w, (size_t)N * E * 4, GPU_COPY_DEVICE_TO_HOST)) !=
+            ZO_OK ||
+        (st = gpu_stream_synchronize(s)) != ZO_OK) /* also: the last uploads from the host lists ran */
+        return st;
+    int n = 0;
+    a->moe_off[0] = 0;
+    for (int e = 0; e < E; e++) {
+        for (int r = 0; r < N; r++) {
+            float w = m->moe_w_h[(size_t)r * E + e];
+            if (w == 0.0f) continue; /* not chosen (or a weight that underflowed: adds nothing) */
+            if (n == N * m->cfg.moe.top_k)
+                return zo_error(ZO_ERR_INTERNAL, "transformer: layer %d: the router chose more than %d experts "
+                                "per token", l, m->cfg.moe.top_k);
+            a->moe_idx_h[n] = r;
+            a->moe_wp_h[n++] = w;
+        }
+        a->moe_off[e + 1] = n;
+    }
+    if (!n) return ZO_OK;
+    if ((st = gpu_memcpy_async(s, a->moe_idx, a->moe_idx_h, (size_t)n * 4, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK)
+        return st;
+    return gpu_memcpy_async(s, a->moe_wp, a->moe_wp_h, (size_t)n * 4, GPU_COPY_HOST_TO_DEVICE);
+}
+
+/* The MoE MLP of layer l: tmp [N, h] = its output. With `recompute`, stop
+ * once the activations backward reads are saved. */
+static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s, int recompute)
+{
+    zo_status st;
+    const zo_model_config *c = &m->cfg;
+    const zo_moe *mo = &c->moe;
+    const int blk = model_layout_layer_block(l), N = m->b * m->t, h = c->hidden, E = mo->experts;
+    const int fe = mo->expert_ffn, fs = mo->shared_ffn;
+    const zo_dtype dt = m->dtype;
+    tf_layer_acts *a = &m->acts[l];
+    const void *W = bb->params;
+    gpu_tensor ln2 = gpu_t(a->ln2, dt), tmp = gpu_t(m->tmp, dt), sact = gpu_t(m->sact, dt);
+    gpu_tensor xg = gpu_t(m->moe_x, dt), yg = gpu_t(m->moe_y, dt);
+    gpu_tensor fc = gpu_t(a->efc, dt), up = gpu_t(a->eup, dt), act = gpu_t(a->eact, dt);
+
+    /* router: logits [N, E] (fp32), the chosen experts' weights, the statistics of layer l */
+    if ((st = gemm_xwt(s, F32(a->router_logits), ln2, tf_view(m, W, blk, MODEL_ROLE_ROUTER_W), N, E, h,
+                       0.0f)) != ZO_OK ||
+        (st = gpu_moe_router_forward(s, F32(a->router_w), F32(a->router_logits),
+                                     m->moe_stats + (size_t)l * 2 * E, N, E, mo->top_k, mo->norm_topk)) != ZO_OK ||
+        (st = moe_route(m, l, s)) != ZO_OK)
+        return st;
+    const int *off = a->moe_off, M = off[E];
+    /* the experts on their pairs: xg [M, h], fc, up, act [M, fe] */
+    if (M && (st = gpu_moe_gather(s, xg, ln2, a->moe_idx, M, h)) != ZO_OK) return st;
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e];
+        if (!n) continue;
+        gpu_tensor x = rows_at(xg, off[e], h);
+        if ((st = gemm_xwt(s, rows_at(fc, off[e], fe), x, expert_view(m, W, blk, MODEL_ROLE_EXPERT_GATE_W, e), n,
+                           fe, h, 0.0f)) != ZO_OK ||
+            (st = gemm_xwt(s, rows_at(up, off[e], fe), x, expert_view(m, W, blk, MODEL_ROLE_EXPERT_UP_W, e), n,
+                           fe, h, 0.0f)) != ZO_OK)
+            return st;
+    }
+    if (M && (st = gpu_swiglu_forward(s, act, fc, up, (size_t)M * fe)) != ZO_OK) return st;
+    if (!recompute) {
+        /* tmp = sum over the experts of their weighted outputs, added back to the tokens */
+        if ((st = gpu_memset_async(s, m->tmp, 0, (size_t)N * h * zo_dtype_size(dt))) != ZO_OK ||
+            (M && (st = gpu_moe_scale_forward(s, sact, act, a->moe_wp, M, fe, 1, 0)) != ZO_OK))
+            return st;
+        for (int e = 0; e < E; e++) {
+            int n = off[e + 1] - off[e];
+            if (!n) continue;
+            gpu_tensor y = rows_at(yg, off[e], h);
+            if ((st = gemm_xwt(s, y, rows_at(sact, off[e], fe), expert_view(m, W, blk, MODEL_ROLE_EXPERT_DOWN_W, e),
+                               n, h, fe, 0.0f)) != ZO_OK ||
+                (st = gpu_moe_scatter_add(s, tmp, y, a->moe_idx + off[e], n, h, h)) != ZO_OK)
+                return st;
+        }
+    }
+    if (!fs) return ZO_OK;
+    /* the shared expert: tmp += (sigmoid(ln2 w_sg) * act) Wdown^T */
+    gpu_tensor sa = gpu_t(a->act, dt);
+    if ((st = swiglu_mlp_forward(s, ln2, tf_view(m, W, blk, MODEL_ROLE_MLP_GATE_W),
+                                 tf_view(m, W, blk, MODEL_ROLE_MLP_UP_W), gpu_t(a->fc, dt),
+                                 gpu_t(a->up, dt), sa, N, fs, h)) != ZO_OK ||
+        (st = gemm_xwt(s, F32(a->sgate), ln2, tf_view(m, W, blk, MODEL_ROLE_SHARED_GATE_W), N, 1, h,
+                       0.0f)) != ZO_OK)
+        return st;
+    if (recompute) return ZO_OK;
+    if ((st = gpu_moe_scale_forward(s, sact, sa, a->sgate, N, fs, 1, 1)) != ZO_OK) return st;
+    return gemm_xwt(s, tmp, sact, tf_view(m, W, blk, MODEL_ROLE_MLP_DOWN_W), N, h, fs, 1.0f);
+}
+
+/* dh += dy W, dW += dy^T x for a weight without bias or adapters; dy fp32
+ * [N, out], rounded once for the GEMMs. */
+static zo_status plain_linear_backward(tf_model *m, gpu_stream_t s, gpu_tensor dy, gpu_tensor x,
+                                       gpu_tensor w, gpu_tensor dw, int N, int out, int in)
+{
+    zo_status st;
+    gpu_tensor op;
+    if ((st = gemm_operand(m, s, dy, N, out, &op)) != ZO_OK) return st;
+    return linear_backward(s, F32(m->dh), 1.0f, dw, gpu_t(NULL, m->dtype), dy, op, x, w, N, out, in);
+}
+
+/* The shared expert's backward from dres: dWdown, its gate's gradient dz,
+ * dWg, dWu, dh += its input's gradient. */
+static zo_status shared_expert_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s)
+{
+    zo_status st;
+    const int blk = model_layout_layer_block(l), N = m->b * m->t, h = m->cfg.hidden, f = m->cfg.moe.shared_ffn;
+    const zo_dtype dt = m->dtype;
+    tf_layer_acts *a = &m->acts[l];
+    const void *W = bb->params, *G = bb->grads;
+    gpu_tensor ln2 = gpu_t(a->ln2, dt), act = gpu_t(a->act, dt), wd = tf_view(m, W, blk, MODEL_ROLE_MLP_DOWN_W);
+    gpu_tensor dff = F32(m->dff), dup = F32(m->dff2), sact = gpu_t(m->sact, dt), op;
+    /* g [N, f] = dres Wdown; dWdown += dres^T (sigmoid(z) act) */
+    if ((st = gemm_operand(m, s, F32(m->dres), N, h, &op)) != ZO_OK) return st;
+    gpu_gemm_desc gx = {.m = N, .n = f, .k = h, .alpha = 1.0f, .beta = 0.0f, .a = op, .b = wd, .c = dff,
+                        .lda = h, .ldb = f, .ldc = f};
+    gpu_gemm_desc gw = {.trans_a = 1, .m = h, .n = f, .k = N, .alpha = 1.0f, .beta = 1.0f, .a = op,
+                        .b = sact, .c = tf_view(m, G, blk, MODEL_ROLE_MLP_DOWN_W), .lda = h, .ldb = f, .ldc = f};
+    if ((st = gpu_gemm(s, &gx)) != ZO_OK ||
+        (st = gpu_moe_scale_forward(s, sact, act, a->sgate, N, f, 1, 1)) != ZO_OK ||
+        (st = gpu_gemm(s, &gw)) != ZO_OK)
+        return st;
+    /* dz = g . act sigmoid', dact = sigmoid(z) g (in place), then SwiGLU, gate/up and the gate */
+    if ((st = gpu_moe_scale_backward(s, dff, m->dz, dff, act, a->sgate, N, f, 1, 1)) != ZO_OK ||
+        (st = gpu_swiglu_backward(s, dff, dup, dff, gpu_t(a->fc, dt), gpu_t(a->up, dt), (size_t)N * f)) != ZO_OK ||
+        (st = plain_linear_backward(m, s, dff, ln2, tf_view(m, W, blk, MODEL_ROLE_MLP_GATE_W),
+                                    tf_view(m, G, blk, MODEL_ROLE_MLP_GATE_W), N, f, h)) != ZO_OK ||
+        (st = plain_linear_backward(m, s, dup, ln2, tf_view(m, W, blk, MODEL_ROLE_MLP_UP_W),
+                                    tf_view(m, G, blk, MODEL_ROLE_MLP_UP_W), N, f, h)) != ZO_OK)
+        return st;
+    return plain_linear_backward(m, s, F32(m->dz), ln2, tf_view(m, W, blk, MODEL_ROLE_SHARED_GATE_W),
+                                 tf_view(m, G, blk, MODEL_ROLE_SHARED_GATE_W), N, 1, h);
+}
+
+/* The routed experts' backward on their pairs, from dres: their weights'
+ * gradients, dweights [N, E] (each pair's weight gradient at its token and
+ * expert), dh += the pairs' input gradients added back to their tokens. */
+static zo_status experts_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s)
+{
+    zo_status st;
+    const zo_moe *mo = &m->cfg.moe;
+    const int blk = model_layout_layer_block(l), N = m->b * m->t, h = m->cfg.hidden, E = mo->experts;
+    const int fe = mo->expert_ffn;
+    const zo_dtype dt = m->dtype;
+    tf_layer_acts *a = &m->acts[l];
+    const void *W = bb->params, *G = bb->grads;
+    const int *off = a->moe_off, M = off[E];
+    gpu_tensor fc = gpu_t(a->efc, dt), up = gpu_t(a->eup, dt), act = gpu_t(a->eact, dt);
+    gpu_tensor dff = F32(m->dff), dup = F32(m->dff2), sact = gpu_t(m->sact, dt), dx = F32(m->moe_dx);
+    gpu_tensor xg = gpu_t(m->moe_x, dt), op;
+    if ((st = gpu_memset_async(s, m->dweights, 0, (size_t)N * E * 4)) != ZO_OK || !M) return st;
+    /* the pairs' output gradients dg [M, h] (in moe_dx); g = dg Wdown [M, fe];
+     * dWdown += dg^T (w act) */
+    if ((st = gpu_moe_gather(s, dx, F32(m->dres), a->moe_idx, M, h)) != ZO_OK ||
+        (st = gemm_operand(m, s, dx, M, h, &op)) != ZO_OK ||
+        (st = gpu_moe_scale_forward(s, sact, act, a->moe_wp, M, fe, 1, 0)) != ZO_OK)
+        return st;
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e];
+        if (n && (st = gemm_back(s, rows_at(dff, off[e], fe), 0.0f,
+                                 expert_view(m, G, blk, MODEL_ROLE_EXPERT_DOWN_W, e), rows_at(op, off[e], h),
+                                 rows_at(sact, off[e], fe), expert_view(m, W, blk, MODEL_ROLE_EXPERT_DOWN_W, e),
+                                 n, h, fe)) != ZO_OK)
+            return st;
+    }
+    /* each pair's weight gradient g . act, dact = w g (in place), SwiGLU */
+    if ((st = gpu_moe_scale_backward(s, dff, m->moe_dscale, dff, act, a->moe_wp, M, fe, 1, 0)) != ZO_OK ||
+        (st = gpu_swiglu_backward(s, dff, dup, dff, fc, up, (size_t)M * fe)) != ZO_OK ||
+        (st = gpu_moe_gather(s, xg, gpu_t(a->ln2, dt), a->moe_idx, M, h)) != ZO_OK)
+        return st;
+    /* gate, then up: dW += d^T xg, dx [M, h] = dgate Wg + dup Wu (dg is spent) */
+    gpu_tensor d[2] = {dff, dup};
+    model_role r[2] = {MODEL_ROLE_EXPERT_GATE_W, MODEL_ROLE_EXPERT_UP_W};
+    for (int k = 0; k < 2; k++) {
+        if ((st = gemm_operand(m, s, d[k], M, fe, &op)) != ZO_OK) return st;
+        for (int e = 0; e < E; e++) {
+            int n = off[e + 1] - off[e];
+            if (n && (st = gemm_back(s, rows_at(dx, off[e], h), (float)k, expert_view(m, G, blk, r[k], e),
+                                     rows_at(op, off[e], fe), rows_at(xg, off[e], h),
+                                     expert_view(m, W, blk, r[k], e), n, fe, h)) != ZO_OK)
+                return st;
+        }
+    }
+    /* back to the tokens: dh += dx, dweights[token, e] = the pair's weight gradient */
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e];
+        if (!n) continue;
+        if ((st = gpu_moe_scatter_add(s, F32(m->dh), rows_at(dx, off[e], h), a->moe_idx + off[e], n, h, h)) !=
+                ZO_OK ||
+            (st = gpu_moe_scatter_add(s, F32(m->dweights + e), F32(m->moe_dscale + off[e]), a->moe_idx + off[e],
+                                      n, 1, E)) != ZO_OK)
+            return st;
+    }
+    return ZO_OK;
+}
+
+/* On entry dres = dL/d(layer output); on exit dh = dL/d ln2 through the MoE
+ * MLP (the router included, with the load-balancing loss's gradient). */
+static zo_status moe_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s)
+{
+    zo_status st;
+    const zo_model_config *c = &m->cfg;
+    const zo_moe *mo = &c->moe;
+    const int blk = model_layout_layer_block(l), N = m->b * m->t, h = c->hidden, E = mo->experts;
+    tf_layer_acts *a = &m->acts[l];
+    if ((st = gpu_memset_async(s, m->dh, 0, (size_t)N * h * 4)) != ZO_OK ||
+        (st = experts_backward(m, l, bb, s)) != ZO_OK ||
+        (mo->shared_ffn && (st = shared_expert_backward(m, l, bb, s)) != ZO_OK))
+        return st;
+    /* the router: the load-balancing loss adds coef * E / (L N)^2 * C_j to
+     * dL/dp_j (times the loss scale, as the cross-entropy's gradient) */
+    float aux = 0.0f;
+    int moe_layers = c->n_layers - mo->first_dense;
+    if (mo->aux_loss) {
+        double LN = (double)moe_layers * N;
+        aux = (float)(m->moe_loss_scale * (double)mo->aux_coef * E / (LN * LN));
+    }
+    if ((st = gpu_moe_router_backward(s, F32(m->drouter), F32(m->dweights), F32(a->router_logits),
+                                      m->moe_stats + (size_t)mo->first_dense * 2 * E, N, E, mo->top_k,
+                                      mo->norm_topk, moe_layers, aux)) != ZO_OK)
+        return st;
+    return plain_linear_backward(m, s, F32(m->drouter), gpu_t(a->ln2, m->dtype),
+                                 tf_view(m, bb->params, blk, MODEL_ROLE_ROUTER_W),
+                                 tf_view(m, bb->grads, blk, MODEL_ROLE_ROUTER_W), N, E, h);
+}
+
 /* Forward of layer l. With `recompute`, stop once every activation the
  * backward reads is saved: the down projection and the residual add, whose
  * output (res[l+1]) backward does not read, are skipped and res[l+1] is not
@@ -683,6 +1033,10 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
     if ((st = norm_forward(m, s, ln2, a->mean2, a->rstd2, x_mid, bview(m, W, blk, MODEL_ROLE_LN2_W),
                            bview(m, W, blk, MODEL_ROLE_LN2_B), N)) != ZO_OK)
         return st;
+    if (is_moe(m, l)) {
+        if ((st = moe_forward(m, l, bb, s, recompute)) != ZO_OK || recompute) return st;
+        return gpu_add(s, out, x_mid, tmp, (size_t)N * h);
+    }
     if (is_gpt(m)) {
         if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_UP_W, MODEL_ROLE_MLP_UP_B, fc, f,
                                       ln2, N, f, h)) != ZO_OK ||
@@ -758,6 +1112,9 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     const linear_role out = {MODEL_ROLE_ATTN_OUT_W, MODEL_ROLE_ATTN_OUT_B, TF_LORA_O, h, qw};
     const linear_role qkvp = {MODEL_ROLE_QKV_W, MODEL_ROLE_QKV_B, TF_LORA_QKV, ld, h};
 
+    if (is_moe(m, l)) {
+        if ((st = moe_backward(m, l, bb, s)) != ZO_OK) return st;
+    } else {
     /* MLP down projection: dact[N, f] = dres Wdown (+ adapter) */
     if ((st = linear_role_backward(m, l, bb, s, down, dff, 0.0f, dres, act)) != ZO_OK) return st;
     if (is_gpt(m)) {
@@ -769,6 +1126,7 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
         if ((st = linear_role_backward(m, l, bb, s, gate, dh, 0.0f, dff, ln2)) != ZO_OK ||
             (st = linear_role_backward(m, l, bb, s, up, dh, 1.0f, dup, ln2)) != ZO_OK)
             return st;
+    }
     }
     /* dres (= d x_mid so far) += norm2 backward */
     if ((st = norm_backward(m, s, G, blk, MODEL_ROLE_LN2_W, MODEL_ROLE_LN2_B, x_mid,
@@ -832,6 +1190,7 @@ static zo_status head_backward(tf_model *m, const tf_block_bufs *bb, float loss_
         return zo_error(ZO_ERR_INVALID, "head backward: tied model needs the embedding parameters and gradients");
     gpu_tensor logits = F32(m->logits), lnf = gpu_t(m->lnf, m->dtype);
     float dloss = m->n_targets ? loss_scale / (float)m->n_targets : 0.0f;
+    m->moe_loss_scale = loss_scale; /* the layers' backward, after this one, scale the router's loss */
     /* dlogits = dloss * (softmax - onehot): in place of the fp32 logits, or
      * rounded once into the 16-bit copy the GEMMs read (gemm_operand) */
     gpu_tensor dlogits = m->dtype == ZO_DTYPE_F32 ? logits : gpu_t(m->dy16, m->dtype);
@@ -940,6 +1299,32 @@ zo_status tf_backward(tf_model *m, void *const *params, void *const *grads, floa
     return tf_backward_all(m, &b, loss_scale, s);
 }
 
+/* The load-balancing loss of the batch (Hugging Face's load_balancing_loss_func
+ * over every MoE layer's router logits, no attention mask): E sum_j
+ * (C_j / (L N)) (P_j / (L N)) from the layers' statistics. */
+static zo_status moe_aux_loss(tf_model *m, gpu_stream_t s, double *aux)
+{
+    const zo_moe *mo = &m->cfg.moe;
+    int L = m->cfg.n_layers - mo->first_dense, E = mo->experts;
+    size_t n = (size_t)L * 2 * E;
+    float *st_h = malloc(n * sizeof *st_h);
+    if (!st_h) return zo_error(ZO_ERR_NOMEM, "tf_loss: out of host memory");
+    zo_status st = gpu_memcpy_async(s, st_h, m->moe_stats + (size_t)mo->first_dense * 2 * E, n * 4,
+                                    GPU_COPY_DEVICE_TO_HOST);
+    if (st == ZO_OK) st = gpu_stream_synchronize(s);
+    if (st == ZO_OK) {
+        double LN = (double)L * m->b * m->t, sum = 0.0;
+        for (int j = 0; j < E; j++) {
+            double P = 0.0, C = 0.0;
+            for (int l = 0; l < L; l++) P += st_h[(size_t)l * 2 * E + j], C += st_h[(size_t)l * 2 * E + E + j];
+            sum += (C / LN) * (P / LN);
+        }
+        *aux = E * sum;
+    }
+    free(st_h);
+    return st;
+}
+
 zo_status tf_loss(tf_model *m, gpu_stream_t s, float *loss)
 {
     int N = m->b * m->t;
@@ -953,6 +1338,10 @@ zo_status tf_loss(tf_model *m, gpu_stream_t s, float *loss)
         *loss = m->n_targets ? (float)(sum / m->n_targets) : 0.0f;
     }
     free(host);
+    if (st == ZO_OK && m->cfg.moe.experts && m->cfg.moe.aux_loss) {
+        double aux = 0.0;
+        if ((st = moe_aux_loss(m, s, &aux)) == ZO_OK) *loss += (float)(m->cfg.moe.aux_coef * aux);
+    }
     return st;
 }
 
@@ -989,7 +1378,10 @@ void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_
             for (size_t e = 0; e < t->numel; e++) p[e] = is_norm ? 1.0f : 0.0f;
             continue;
         }
-        double std = (t->role == MODEL_ROLE_ATTN_OUT_W || t->role == MODEL_ROLE_MLP_DOWN_W) ? proj_std : 0.02;
+        double std = (t->role == MODEL_ROLE_ATTN_OUT_W || t->role == MODEL_ROLE_MLP_DOWN_W ||
+                      t->role == MODEL_ROLE_EXPERT_DOWN_W)
+                         ? proj_std
+                         : 0.02;
         /* splitmix is a counter: element e draws the two values after
          * 2e draws of the tensor, so the elements are independent (and the
          * values the sequential draw gives) */

@@ -56,6 +56,19 @@ typedef struct tf_layer_acts {
     void *up;         /* [N, ffn] LLaMA: up (NULL for GPT) */
     void *act;        /* [N, ffn] GELU(fc) or silu(gate) * up */
     void *lora_u;     /* [N, n_lora * r] LoRA: each adapter's A x (NULL without LoRA) */
+    /* mixture of experts (NULL in a dense model); fc, up, act hold the
+     * shared expert's ([N, shared_ffn]) */
+    float *router_logits; /* [N, experts] */
+    float *router_w;      /* [N, experts] the chosen experts' weights, 0 elsewhere */
+    /* the (token, expert) pairs the router chose, expert by expert (its
+     * tokens in order): M = moe_off[experts] <= N top_k rows */
+    void *efc, *eup, *eact; /* [M, expert_ffn] gate, up, silu(gate) * up of each pair */
+    int32_t *moe_idx;     /* [M] device: each pair's token */
+    float *moe_wp;        /* [M] device: each pair's weight */
+    int32_t *moe_idx_h;   /* [N top_k] host: the same, as routed */
+    float *moe_wp_h;      /* [N top_k] host */
+    int *moe_off;         /* [experts + 1] host: expert e's pairs are rows moe_off[e] .. moe_off[e+1] */
+    float *sgate;         /* [N] the shared expert's gate before its sigmoid */
 } tf_layer_acts;
 
 /* LoRA on the model: r = 0 (the default) trains every weight as before. */
@@ -138,6 +151,18 @@ typedef struct tf_model {
     float *dlora;           /* [N, r] gradient of one adapter's A x */
     float *dsink;           /* [2h] where the frozen norms' weight gradients go */
     void *wdq;              /* QLoRA: one dequantized linear weight (model dtype) */
+    /* mixture of experts (cfg.moe.experts > 0) */
+    float *moe_stats;       /* [L, 2 experts] each layer's router statistics
+                               (gpu_moe_router_forward) for the load-balancing loss */
+    float *drouter;         /* [N, experts] gradient of the router's logits */
+    float *dweights;        /* [N, experts] gradient of the chosen experts' weights */
+    float *dz;              /* [N] gradient of the shared expert's gate */
+    void *sact;             /* [N, max(top_k expert_ffn, shared_ffn)] activations times their weights */
+    void *moe_x, *moe_y;    /* [N top_k, h] the pairs' inputs, the experts' outputs (dtype) */
+    float *moe_dx;          /* [N top_k, h] the pairs' input gradients */
+    float *moe_dscale;      /* [N top_k] the pairs' weight gradients */
+    float *moe_w_h;         /* [N, experts] host: the router's weights, read to route */
+    float moe_loss_scale;   /* the head's loss_scale, for the load-balancing loss's gradient */
     size_t act_bytes;       /* device bytes of all of the above */
 } tf_model;
 
@@ -191,7 +216,10 @@ typedef struct tf_block_bufs {
 } tf_block_bufs;
 
 /* Forward of one block on the current batch. The head's forward computes the
- * logits and the per-token losses. */
+ * logits and the per-token losses. A mixture-of-experts layer waits once
+ * (its forward and its recompute): for its router's weights, read back to
+ * the host, which lists each expert's tokens before their GEMMs are
+ * enqueued. */
 zo_status tf_block_forward(tf_model *m, int block, const tf_block_bufs *bufs, gpu_stream_t s);
 /* Backward of one block, after the forward of every block and the backward
  * of the blocks after it. Gradients are ADDED to bufs->grads (zero them once
@@ -225,7 +253,12 @@ typedef struct tf_model_bufs {
 zo_status tf_forward_all(tf_model *m, const tf_model_bufs *bufs, gpu_stream_t s);
 zo_status tf_backward_all(tf_model *m, const tf_model_bufs *bufs, float loss_scale, gpu_stream_t s);
 
-/* Synchronize the stream and return the mean loss over the counted targets. */
+/* Synchronize the stream and return the mean loss over the counted targets;
+ * a mixture of experts with output_router_logits adds router_aux_loss_coef
+ * times the load-balancing loss as Hugging Face's (Switch Transformers'):
+ * experts x sum_j f_j P_j, f_j the share of the (token, choice) pairs of
+ * every MoE layer of the batch that chose expert j per token, P_j the mean
+ * of p_j over the tokens of every MoE layer. */
 zo_status tf_loss(tf_model *m, gpu_stream_t s, float *loss);
 
 /* GPT-2-style random initialization of fp32 host block buffers from a seed:

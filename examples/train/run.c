@@ -199,6 +199,7 @@ static zo_status check_capability(train_run *r, int ranks)
 {
     zo_run_shape shape;
     run_shape(r->a, ranks, &shape);
+    shape.moe = r->cfg.moe.experts > 0;
     zo_status st = zo_capability_check(&shape, NULL, 0);
     if (st != ZO_OK) r->quiet = r->launch.rank > 0;
     return st;
@@ -473,6 +474,7 @@ int run_check_plan(train_args *a)
     /* what the runtime runs, on the plan's ranks */
     zo_run_shape shape;
     run_shape(a, a->p.file.parallel.dp > 0 ? a->p.file.parallel.dp : 1, &shape);
+    shape.moe = cfg.moe.experts > 0;
     if (zo_capability_check(&shape, NULL, 0) != ZO_OK) {
         fprintf(stderr, "train: --plan %s: %s\n", a->plan, zo_last_error());
         return 2;

@@ -149,6 +149,17 @@ static ncclResult_t enqueue(nccl_ctx *x, const struct comm_request *b, cudaStrea
         return ncclBroadcast(b->send, b->recv, b->count, t, b->root, x->nccl, cs);
     case COMM_OP_BARRIER:
         return ncclAllReduce(x->scratch, x->scratch, 1, ncclFloat32, ncclSum, x->nccl, cs);
+    case COMM_OP_ALL_TO_ALL: { /* a send and a receive per peer, in one group */
+        size_t bytes = b->count * zo_dtype_size(b->dtype);
+        ncclResult_t res = ncclGroupStart();
+        for (int r = 0; r < b->comm->size && res == ncclSuccess; r++) {
+            res = ncclSend((const char *)b->send + (size_t)r * bytes, b->count, t, r, x->nccl, cs);
+            if (res == ncclSuccess)
+                res = ncclRecv((char *)b->recv + (size_t)r * bytes, b->count, t, r, x->nccl, cs);
+        }
+        ncclResult_t end = ncclGroupEnd();
+        return res != ncclSuccess ? res : end;
+    }
     default: return ncclInvalidArgument;
     }
 }

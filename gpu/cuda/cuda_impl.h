@@ -143,6 +143,22 @@ zo_status cuda_launch_swiglu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor g
 zo_status cuda_launch_swiglu_backward(cudaStream_t st, gpu_tensor dgate, gpu_tensor dup,
                                       gpu_tensor dy, gpu_tensor gate, gpu_tensor up, size_t n);
 
+/* moe.cu */
+zo_status cuda_launch_moe_router_forward(cudaStream_t st, gpu_tensor weights, gpu_tensor logits,
+                                         float *stats, int n, int e, int k, int norm);
+zo_status cuda_launch_moe_router_backward(cudaStream_t st, gpu_tensor dlogits, gpu_tensor dweights,
+                                          gpu_tensor logits, const float *stats, int n, int e,
+                                          int k, int norm, int layers, float aux_scale);
+zo_status cuda_launch_moe_scale_forward(cudaStream_t st, gpu_tensor y, gpu_tensor x,
+                                        const float *scale, int n, int c, int64_t lds, int sigmoid);
+zo_status cuda_launch_moe_scale_backward(cudaStream_t st, gpu_tensor dx, float *dscale,
+                                         gpu_tensor dy, gpu_tensor x, const float *scale, int n,
+                                         int c, int64_t lds, int sigmoid);
+zo_status cuda_launch_moe_gather(cudaStream_t st, gpu_tensor y, gpu_tensor x, const int32_t *idx,
+                                 int n, int c);
+zo_status cuda_launch_moe_scatter_add(cudaStream_t st, gpu_tensor y, gpu_tensor x,
+                                      const int32_t *idx, int n, int c, int64_t ldy);
+
 /* embedding.cu: the backward sorts the rows by token in `workspace` (the
  * stream's cuBLASLt workspace, free between GEMMs on the same stream) */
 zo_status cuda_launch_embedding_forward(cudaStream_t st, cuda_err_rec *err, gpu_tensor out,

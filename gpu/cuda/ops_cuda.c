@@ -159,6 +159,42 @@ static zo_status cuda_run_adam_update(const cuda_exec *e, const gpu_op_args *a)
                                    a->p[2], a->t[1]);
 }
 
+static zo_status cuda_run_moe_router_forward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_moe_router_forward(e->stream, a->t[0], a->t[1], a->p[0], (int)a->i[0],
+                                          (int)a->i[1], (int)a->i[2], (int)a->i[3]);
+}
+
+static zo_status cuda_run_moe_router_backward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_moe_router_backward(e->stream, a->t[0], a->t[1], a->t[2], a->p[0],
+                                           (int)a->i[0], (int)a->i[1], (int)a->i[2], (int)a->i[3],
+                                           (int)a->i[4], a->f[0]);
+}
+
+static zo_status cuda_run_moe_scale_forward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_moe_scale_forward(e->stream, a->t[0], a->t[1], a->p[0], (int)a->i[0],
+                                         (int)a->i[1], a->i[2], (int)a->i[3]);
+}
+
+static zo_status cuda_run_moe_scale_backward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_moe_scale_backward(e->stream, a->t[0], a->p[0], a->t[1], a->t[2], a->p[1],
+                                          (int)a->i[0], (int)a->i[1], a->i[2], (int)a->i[3]);
+}
+
+static zo_status cuda_run_moe_gather(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_moe_gather(e->stream, a->t[0], a->t[1], a->p[0], (int)a->i[0], (int)a->i[1]);
+}
+
+static zo_status cuda_run_moe_scatter_add(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_moe_scatter_add(e->stream, a->t[0], a->t[1], a->p[0], (int)a->i[0],
+                                       (int)a->i[1], a->i[2]);
+}
+
 const cuda_op_fn cuda_ops[GPU_OP_COUNT] = {
 #define CUDA_OP(ID, name, slots, check) [GPU_OP_##ID] = cuda_run_##name,
     GPU_OP_TABLE(CUDA_OP)

@@ -40,6 +40,12 @@
 #define cuda_launch_sum_squares shim_launch_sum_squares
 #define cuda_launch_nf4_dequantize shim_launch_nf4_dequantize
 #define cuda_launch_adam_update shim_launch_adam_update
+#define cuda_launch_moe_router_forward shim_launch_moe_router_forward
+#define cuda_launch_moe_router_backward shim_launch_moe_router_backward
+#define cuda_launch_moe_scale_forward shim_launch_moe_scale_forward
+#define cuda_launch_moe_scale_backward shim_launch_moe_scale_backward
+#define cuda_launch_moe_gather shim_launch_moe_gather
+#define cuda_launch_moe_scatter_add shim_launch_moe_scatter_add
 
 /* the CUDA column of the op table (gpu/cuda/ops_cuda.c compiled for the host) */
 #define cuda_ops shim_cuda_ops

@@ -1,0 +1,207 @@
+/* Mixture of experts: the router (softmax over the experts, the top k, their
+ * weights; the load-balancing loss's statistics) forward and backward, and
+ * the per-token scaling of an expert's output, with the formulas of the CPU
+ * reference (gpu/ops_cpu_moe.c) in fp32. The router runs one thread per
+ * row (or per expert for the statistics) and finds the chosen experts by
+ * rank, so no thread holds an array: expert j is chosen when fewer than k
+ * experts come before it (a larger p, or an equal p and a lower index). */
+#include "gpu/cuda/kernels.cuh" /* defines: tload, tstore, grid_for */
+
+#define BS 256
+
+/* Row r's softmax: the maximum and the sum of exp(l - max). */
+__device__ void router_row(gpu_tensor logits, size_t r, int e, float *mx, float *sum)
+{
+    float m = -INFINITY, s = 0.0f;
+    for (int j = 0; j < e; j++) m = fmaxf(m, tload(logits, r * e + j));
+    for (int j = 0; j < e; j++) s += expf(tload(logits, r * e + j) - m);
+    *mx = m;
+    *sum = s;
+}
+
+__device__ float router_p(gpu_tensor logits, size_t r, int e, int j, float mx, float sum)
+{
+    return expf(tload(logits, r * e + j) - mx) / sum;
+}
+
+__device__ int router_chosen(gpu_tensor logits, size_t r, int e, int k, int j, float mx, float sum)
+{
+    float pj = router_p(logits, r, e, j, mx, sum);
+    int before = 0;
+    for (int q = 0; q < e && before < k; q++) {
+        float pq = router_p(logits, r, e, q, mx, sum);
+        before += pq > pj || (pq == pj && q < j);
+    }
+    return before < k;
+}
+
+/* weights [n, e]: the chosen experts' p (divided by their sum with norm), 0 elsewhere */
+__global__ void moe_router_forward_kernel(float *w, gpu_tensor logits, int n, int e, int k, int norm)
+{
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n) return;
+    float mx, sum, S = 0.0f;
+    router_row(logits, r, e, &mx, &sum);
+    for (int j = 0; j < e; j++)
+        if (router_chosen(logits, r, e, k, j, mx, sum)) S += router_p(logits, r, e, j, mx, sum);
+    for (int j = 0; j < e; j++) {
+        float p = router_p(logits, r, e, j, mx, sum);
+        int c = router_chosen(logits, r, e, k, j, mx, sum);
+        w[(size_t)r * e + j] = c ? (norm ? p / S : p) : 0.0f;
+    }
+}
+
+/* stats [2 e]: expert j's p summed over the rows, and the rows choosing it;
+ * one thread per expert, the rows in order */
+__global__ void moe_router_stats_kernel(float *stats, gpu_tensor logits, int n, int e, int k)
+{
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= e) return;
+    double ps = 0.0, cnt = 0.0;
+    for (int r = 0; r < n; r++) {
+        float mx, sum;
+        router_row(logits, r, e, &mx, &sum);
+        ps += router_p(logits, r, e, j, mx, sum);
+        cnt += router_chosen(logits, r, e, k, j, mx, sum);
+    }
+    stats[j] = (float)ps;
+    stats[e + j] = (float)cnt;
+}
+
+/* dlogits [n, e] = p (dp - sum_j p_j dp_j); dp_j = aux_j + the chosen
+ * weights' share (through the normalization with norm) */
+__global__ void moe_router_backward_kernel(float *dl, const float *dw, gpu_tensor logits,
+                                           const float *stats, int n, int e, int k, int norm,
+                                           int layers, float aux_scale)
+{
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n) return;
+    const float *dwr = dw + (size_t)r * e;
+    float mx, sum;
+    router_row(logits, r, e, &mx, &sum);
+    double S = 0.0, wdot = 0.0;
+    for (int j = 0; j < e; j++)
+        if (router_chosen(logits, r, e, k, j, mx, sum)) S += router_p(logits, r, e, j, mx, sum);
+    for (int j = 0; j < e; j++)
+        if (router_chosen(logits, r, e, k, j, mx, sum))
+            wdot += (double)dwr[j] * router_p(logits, r, e, j, mx, sum) / S;
+    /* two passes: the dot product of p and dp, then the gradient */
+    double dot = 0.0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int j = 0; j < e; j++) {
+            double cnt = 0.0;
+            if (aux_scale != 0.0f)
+                for (int l = 0; l < layers; l++) cnt += stats[(size_t)l * 2 * e + e + j];
+            double dp = (double)aux_scale * cnt;
+            float p = router_p(logits, r, e, j, mx, sum);
+            if (router_chosen(logits, r, e, k, j, mx, sum)) dp += norm ? (dwr[j] - wdot) / S : dwr[j];
+            if (pass == 0) dot += p * dp;
+            else dl[(size_t)r * e + j] = (float)(p * (dp - dot));
+        }
+}
+
+__device__ float moe_gate(float s, int sigmoid) { return sigmoid ? 1.0f / (1.0f + expf(-s)) : s; }
+
+/* y [n, c] = g(scale[r lds]) x */
+__global__ void moe_scale_forward_kernel(gpu_tensor y, gpu_tensor x, const float *scale, int n,
+                                         int c, int64_t lds, int sigmoid)
+{
+    size_t total = (size_t)n * c;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / c;
+        tstore(y, i, moe_gate(scale[r * lds], sigmoid) * tload(x, i));
+    }
+}
+
+/* dscale[r lds] = g' sum_j dy x, dx = g dy (dx may be dy); one thread per row */
+__global__ void moe_scale_backward_kernel(gpu_tensor dx, float *dscale, gpu_tensor dy, gpu_tensor x,
+                                          const float *scale, int n, int c, int64_t lds, int sigmoid)
+{
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n) return;
+    float g = moe_gate(scale[(size_t)r * lds], sigmoid);
+    size_t o = (size_t)r * c;
+    double dot = 0.0;
+    for (int j = 0; j < c; j++) dot += (double)tload(dy, o + j) * tload(x, o + j);
+    for (int j = 0; j < c; j++) tstore(dx, o + j, g * tload(dy, o + j));
+    dscale[(size_t)r * lds] = (float)(sigmoid ? dot * g * (1.0f - g) : dot);
+}
+
+/* y[i, :] = x[idx[i], :]; one thread per element */
+__global__ void moe_gather_kernel(gpu_tensor y, gpu_tensor x, const int32_t *idx, int n, int c)
+{
+    size_t total = (size_t)n * c;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (size_t)gridDim.x * blockDim.x) {
+        size_t i = e / c, j = e % c;
+        tstore(y, e, tload(x, (size_t)idx[i] * c + j));
+    }
+}
+
+/* y[idx[i] ldy + j] += x[i, j]; idx repeats no row, so no two threads add
+ * to one element */
+__global__ void moe_scatter_add_kernel(gpu_tensor y, gpu_tensor x, const int32_t *idx, int n, int c,
+                                       int64_t ldy)
+{
+    size_t total = (size_t)n * c;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (size_t)gridDim.x * blockDim.x) {
+        size_t i = e / c, j = e % c, to = (size_t)idx[i] * (size_t)ldy + j;
+        tstore(y, to, tload(y, to) + tload(x, e));
+    }
+}
+
+extern "C" zo_status cuda_launch_moe_gather(cudaStream_t st, gpu_tensor y, gpu_tensor x,
+                                            const int32_t *idx, int n, int c)
+{
+    ZO_LAUNCH(moe_gather_kernel, grid_for((size_t)n * c, BS), BS, 0, st, y, x, idx, n, c);
+    return cuda_launch_check("moe_gather_kernel");
+}
+
+extern "C" zo_status cuda_launch_moe_scatter_add(cudaStream_t st, gpu_tensor y, gpu_tensor x,
+                                                 const int32_t *idx, int n, int c, int64_t ldy)
+{
+    ZO_LAUNCH(moe_scatter_add_kernel, grid_for((size_t)n * c, BS), BS, 0, st, y, x, idx, n, c, ldy);
+    return cuda_launch_check("moe_scatter_add_kernel");
+}
+
+extern "C" zo_status cuda_launch_moe_router_forward(cudaStream_t st, gpu_tensor weights,
+                                                    gpu_tensor logits, float *stats, int n, int e,
+                                                    int k, int norm)
+{
+    ZO_LAUNCH(moe_router_forward_kernel, (n + BS - 1) / BS, BS, 0, st, (float *)weights.data, logits,
+              n, e, k, norm);
+    zo_status s = cuda_launch_check("moe_router_forward_kernel");
+    if (s != ZO_OK) return s;
+    ZO_LAUNCH(moe_router_stats_kernel, (e + BS - 1) / BS, BS, 0, st, stats, logits, n, e, k);
+    return cuda_launch_check("moe_router_stats_kernel");
+}
+
+extern "C" zo_status cuda_launch_moe_router_backward(cudaStream_t st, gpu_tensor dlogits,
+                                                     gpu_tensor dweights, gpu_tensor logits,
+                                                     const float *stats, int n, int e, int k,
+                                                     int norm, int layers, float aux_scale)
+{
+    ZO_LAUNCH(moe_router_backward_kernel, (n + BS - 1) / BS, BS, 0, st, (float *)dlogits.data,
+              (const float *)dweights.data, logits, stats, n, e, k, norm, layers, aux_scale);
+    return cuda_launch_check("moe_router_backward_kernel");
+}
+
+extern "C" zo_status cuda_launch_moe_scale_forward(cudaStream_t st, gpu_tensor y, gpu_tensor x,
+                                                   const float *scale, int n, int c, int64_t lds,
+                                                   int sigmoid)
+{
+    ZO_LAUNCH(moe_scale_forward_kernel, grid_for((size_t)n * c, BS), BS, 0, st, y, x, scale, n, c,
+              lds, sigmoid);
+    return cuda_launch_check("moe_scale_forward_kernel");
+}
+
+extern "C" zo_status cuda_launch_moe_scale_backward(cudaStream_t st, gpu_tensor dx, float *dscale,
+                                                    gpu_tensor dy, gpu_tensor x, const float *scale,
+                                                    int n, int c, int64_t lds, int sigmoid)
+{
+    ZO_LAUNCH(moe_scale_backward_kernel, (n + BS - 1) / BS, BS, 0, st, dx, dscale, dy, x, scale, n,
+              c, lds, sigmoid);
+    return cuda_launch_check("moe_scale_backward_kernel");
+}

@@ -1,0 +1,179 @@
+/* The CPU kernels of the mixture-of-experts ops (gpu/device.h, "ops:
+ * mixture of experts"): the router, forward and backward, and the
+ * per-token scaling of an expert's output. Rows are split over the team
+ * statically; the router's statistics are summed serially in row order, so
+ * no result depends on the thread count. */
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "common/dtype.h" /* defines: zo_load_f32, zo_store_f32 */
+#include "gpu/ops_cpu.h"
+
+/* Row r of the router: p [e] = softmax(logits row) in fp32 and sel [k] the
+ * experts chosen, largest p first, ties to the lower index. */
+static void route_row(gpu_tensor logits, size_t r, int e, int k, float *p, int *sel)
+{
+    float mx = -INFINITY, sum = 0.0f;
+    for (int j = 0; j < e; j++) {
+        p[j] = zo_load_f32(logits.data, logits.dtype, r * (size_t)e + (size_t)j);
+        mx = p[j] > mx ? p[j] : mx;
+    }
+    for (int j = 0; j < e; j++) {
+        p[j] = expf(p[j] - mx);
+        sum += p[j];
+    }
+    for (int j = 0; j < e; j++) p[j] /= sum;
+    for (int i = 0; i < k; i++) {
+        int best = -1;
+        for (int j = 0; j < e; j++) {
+            int taken = 0;
+            for (int q = 0; q < i; q++) taken |= sel[q] == j;
+            if (!taken && (best < 0 || p[j] > p[best])) best = j;
+        }
+        sel[i] = best;
+    }
+}
+
+/* Scratch for every thread's p [e] and sel [k] (floats and ints, 4 bytes
+ * each), then `extra` doubles. */
+static zo_status route_scratch(cpu_scratch *ws, const char *op, int nt, int e, int k, size_t extra,
+                               float **rows, double **dbl)
+{
+    size_t per = (size_t)e + (size_t)k, head = (size_t)nt * per * 4;
+    head = (head + 7) / 8 * 8;
+    void *p;
+    zo_status st = cpu_scratch_reserve(ws, head + extra * sizeof(double), op, &p);
+    if (st != ZO_OK) return st;
+    *rows = p;
+    *dbl = (double *)((char *)p + head);
+    return ZO_OK;
+}
+
+zo_status cpu_moe_router_forward(cpu_scratch *ws, gpu_tensor weights, gpu_tensor logits,
+                                 float *stats, int n, int e, int k, int norm, int nt)
+{
+    float *rows;
+    double *acc;
+    zo_status st = route_scratch(ws, "gpu_moe_router_forward", nt, e, k, 2 * (size_t)e, &rows, &acc);
+    if (st != ZO_OK) return st;
+    float *w = weights.data;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int r = 0; r < n; r++) {
+        float *p = rows + (size_t)omp_get_thread_num() * (size_t)(e + k);
+        int *sel = (int *)(p + e);
+        route_row(logits, (size_t)r, e, k, p, sel);
+        float *wr = w + (size_t)r * e, S = 0.0f;
+        memset(wr, 0, (size_t)e * sizeof *wr);
+        for (int i = 0; i < k; i++) S += p[sel[i]];
+        for (int i = 0; i < k; i++) wr[sel[i]] = norm ? p[sel[i]] / S : p[sel[i]];
+    }
+    /* the load-balancing loss's sums, in row order */
+    memset(acc, 0, 2 * (size_t)e * sizeof *acc);
+    for (int r = 0; r < n; r++) {
+        float *p = rows;
+        int *sel = (int *)(p + e);
+        route_row(logits, (size_t)r, e, k, p, sel);
+        for (int j = 0; j < e; j++) acc[j] += p[j];
+        for (int i = 0; i < k; i++) acc[e + sel[i]] += 1.0;
+    }
+    for (int j = 0; j < 2 * e; j++) stats[j] = (float)acc[j];
+    return ZO_OK;
+}
+
+zo_status cpu_moe_router_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_tensor dweights,
+                                  gpu_tensor logits, const float *stats, int n, int e, int k,
+                                  int norm, int layers, float aux_scale, int nt)
+{
+    float *rows;
+    double *aux;
+    /* per thread: p [e], sel [k], then dp [e] in the doubles */
+    zo_status st = route_scratch(ws, "gpu_moe_router_backward", nt, e, k,
+                                 (size_t)e + (size_t)nt * (size_t)e, &rows, &aux);
+    if (st != ZO_OK) return st;
+    /* the load-balancing loss's gradient per expert: aux_scale times the
+     * rows that chose it, over the layers */
+    for (int j = 0; j < e; j++) {
+        double cnt = 0.0;
+        if (aux_scale != 0.0f)
+            for (int l = 0; l < layers; l++) cnt += stats[(size_t)l * 2 * e + e + j];
+        aux[j] = (double)aux_scale * cnt;
+    }
+    const float *dw = dweights.data;
+    float *dl = dlogits.data;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int r = 0; r < n; r++) {
+        int tid = omp_get_thread_num();
+        float *p = rows + (size_t)tid * (size_t)(e + k);
+        int *sel = (int *)(p + e);
+        double *dp = aux + e + (size_t)tid * e;
+        route_row(logits, (size_t)r, e, k, p, sel);
+        const float *dwr = dw + (size_t)r * e;
+        for (int j = 0; j < e; j++) dp[j] = aux[j];
+        if (norm) { /* w_i = p_i / S: dp_i = (dw_i - sum_q dw_q w_q) / S */
+            double S = 0.0, dot = 0.0;
+            for (int i = 0; i < k; i++) S += p[sel[i]];
+            for (int i = 0; i < k; i++) dot += (double)dwr[sel[i]] * p[sel[i]] / S;
+            for (int i = 0; i < k; i++) dp[sel[i]] += (dwr[sel[i]] - dot) / S;
+        } else {
+            for (int i = 0; i < k; i++) dp[sel[i]] += dwr[sel[i]];
+        }
+        double dot = 0.0;
+        for (int j = 0; j < e; j++) dot += p[j] * dp[j];
+        for (int j = 0; j < e; j++) dl[(size_t)r * e + j] = (float)(p[j] * (dp[j] - dot));
+    }
+    return ZO_OK;
+}
+
+static float gate_of(float s, int sigmoid) { return sigmoid ? 1.0f / (1.0f + expf(-s)) : s; }
+
+void cpu_moe_scale_forward(gpu_tensor y, gpu_tensor x, const float *scale, int n, int c,
+                           int64_t lds, int sigmoid, int nt)
+{
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int r = 0; r < n; r++) {
+        float g = gate_of(scale[(size_t)r * lds], sigmoid);
+        size_t o = (size_t)r * c;
+        for (int j = 0; j < c; j++)
+            zo_store_f32(y.data, y.dtype, o + j, g * zo_load_f32(x.data, x.dtype, o + j));
+    }
+}
+
+void cpu_moe_scale_backward(gpu_tensor dx, float *dscale, gpu_tensor dy, gpu_tensor x,
+                            const float *scale, int n, int c, int64_t lds, int sigmoid, int nt)
+{
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int r = 0; r < n; r++) {
+        float g = gate_of(scale[(size_t)r * lds], sigmoid);
+        size_t o = (size_t)r * c;
+        double dot = 0.0;
+        for (int j = 0; j < c; j++)
+            dot += (double)zo_load_f32(dy.data, dy.dtype, o + j) * zo_load_f32(x.data, x.dtype, o + j);
+        /* dx may be dy: the dot product is complete before dx is written */
+        for (int j = 0; j < c; j++)
+            zo_store_f32(dx.data, dx.dtype, o + j, g * zo_load_f32(dy.data, dy.dtype, o + j));
+        dscale[(size_t)r * lds] = (float)(sigmoid ? dot * g * (1.0f - g) : dot);
+    }
+}
+
+void cpu_moe_gather(gpu_tensor y, gpu_tensor x, const int32_t *idx, int n, int c, int nt)
+{
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int i = 0; i < n; i++) {
+        size_t from = (size_t)idx[i] * c, to = (size_t)i * c;
+        for (int j = 0; j < c; j++)
+            zo_store_f32(y.data, y.dtype, to + j, zo_load_f32(x.data, x.dtype, from + j));
+    }
+}
+
+void cpu_moe_scatter_add(gpu_tensor y, gpu_tensor x, const int32_t *idx, int n, int c, int64_t ldy,
+                         int nt)
+{
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int i = 0; i < n; i++) {
+        size_t to = (size_t)idx[i] * (size_t)ldy, from = (size_t)i * c;
+        for (int j = 0; j < c; j++)
+            zo_store_f32(y.data, y.dtype, to + j,
+                         zo_load_f32(y.data, y.dtype, to + j) + zo_load_f32(x.data, x.dtype, from + j));
+    }
+}
