@@ -180,6 +180,86 @@ static void test_qwen2_vs_torch(void **state)
 
 /* ---- 10 AdamW steps -------------------------------------------------------------------- */
 
+/* ---- generation: a key/value cache against PyTorch's logits ------------------------------ */
+
+/* The logits of one forward of generation model g over the fixture's
+ * weights, checked row by row against PyTorch's full-sequence logits at
+ * the positions (row j, pos[j] + last[j]). */
+static int gen_check(fixture *fx, tf_model *g, const int32_t *tok, int t, const int *pos, const int *last,
+                     const float *want)
+{
+    int V = fx->cfg.vocab, bad = 0;
+    float *got = malloc((size_t)B * V * sizeof(float));
+    assert_int_equal(tf_set_tokens(g, fx->s, tok, B, t, pos, last), ZO_OK);
+    tf_model_bufs bufs = {.params = fx->tr.params};
+    assert_int_equal(tf_forward_all(g, &bufs, fx->s), ZO_OK);
+    assert_int_equal(tf_logits(g, fx->s, got), ZO_OK);
+    for (int j = 0; j < B; j++) {
+        char what[96];
+        snprintf(what, sizeof what, "%s: sequence %d, position %d", fx->name, j, pos[j] + last[j]);
+        bad += check_close_f32(what, got + (size_t)j * V, want + ((size_t)j * T + pos[j] + last[j]) * V, (size_t)V,
+                               2e-5, 2e-5);
+    }
+    free(got);
+    return bad;
+}
+
+/* Generation through the key/value cache: a prompt, then one token at a
+ * time (the fixture's own next tokens), gives PyTorch's logits of the
+ * whole sequence at every position; with both sequences at one position
+ * and at different ones (the shorter prompt padded: its padding's keys are
+ * overwritten as it goes on), which takes RoPE's and the learned
+ * positions' per-sequence paths. */
+static void run_generation(const char *name)
+{
+    fixture fx;
+    fixture_open(&fx, name, ZO_DTYPE_F32, 2, NULL);
+    float *want = read_expected(name, "logits", NULL);
+    tf_model g;
+    tf_options o = {.kv_len = T};
+    assert_int_equal(tf_init_opts(&g, &fx.cfg, fx.dev, ZO_DTYPE_F32, B, 5, &o), ZO_OK);
+    int32_t tok[B * 5];
+    int bad = 0;
+    /* one position: prompts of 3, then positions 3..7 */
+    int pos[B] = {0, 0}, last[B] = {2, 2};
+    for (int j = 0; j < B; j++)
+        for (int i = 0; i < 3; i++) tok[j * 3 + i] = fx.inputs[j * T + i];
+    bad += gen_check(&fx, &g, tok, 3, pos, last, want);
+    for (int p = 3; p < T; p++) {
+        int one[B] = {p, p}, zero[B] = {0, 0};
+        for (int j = 0; j < B; j++) tok[j] = fx.inputs[j * T + p];
+        bad += gen_check(&fx, &g, tok, 1, one, zero, want);
+    }
+    /* different positions: prompts of 3 (padded to 5) and 5 over the same caches */
+    int last2[B] = {2, 4};
+    for (int j = 0; j < B; j++)
+        for (int i = 0; i < 5; i++) tok[j * 5 + i] = j == 0 && i >= 3 ? 1 : fx.inputs[j * T + i];
+    bad += gen_check(&fx, &g, tok, 5, pos, last2, want);
+    for (int k = 0; k < 3; k++) {
+        int at[B] = {3 + k, 5 + k}, zero[B] = {0, 0};
+        for (int j = 0; j < B; j++) tok[j] = fx.inputs[j * T + at[j]];
+        bad += gen_check(&fx, &g, tok, 1, at, zero, want);
+    }
+    /* a position past the cache is refused, naming it */
+    int past[B] = {T, 0}, zero[B] = {0, 0};
+    assert_int_equal(tf_set_tokens(&g, fx.s, tok, B, 1, past, zero), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "outside the cache of 8"));
+    /* and a generation model trains nothing */
+    assert_int_equal(tf_set_batch(&g, fx.s, fx.inputs, fx.targets, B, 5), ZO_ERR_INVALID);
+    assert_int_equal(bad, 0);
+    tf_free(&g);
+    free(want);
+    fixture_close(&fx);
+}
+
+static void test_generation_vs_torch(void **state)
+{
+    (void)state;
+    run_generation("tiny_gpt2");
+    run_generation("tiny_llama");
+    run_generation("tiny_qwen2");
+}
+
 /* The fixture's data as a uint16 token file, so batches come from the real
  * sampler (model_batch_get, the `train` contract). */
 static void write_tokens(const char *name, char *path, size_t len)
@@ -760,6 +840,7 @@ int main(void)
         cmocka_unit_test(test_gpt2_vs_torch),
         cmocka_unit_test(test_llama_vs_torch),
         cmocka_unit_test(test_qwen2_vs_torch),
+        cmocka_unit_test(test_generation_vs_torch),
         cmocka_unit_test(test_gpt2_training),
         cmocka_unit_test(test_llama_training),
         cmocka_unit_test(test_bf16_fp16),

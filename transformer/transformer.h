@@ -95,6 +95,13 @@ typedef struct tf_options {
      * where it likes (device slots, copies in host memory). */
     int external_res;
     tf_lora_options lora;
+    /* Generation (tf_set_tokens): kv_len > 0 keeps a key/value cache of
+     * kv_len positions for each of the B sequences on the device, and
+     * buffers for the forward alone: one set of layer activations for B x T
+     * new tokens (T: the longest prompt a forward takes at once; 1 when it
+     * only decodes), and the logits of one position per sequence. No
+     * backward. 0: training (tf_set_batch). */
+    int kv_len;
 } tf_options;
 
 typedef struct tf_model {
@@ -133,6 +140,12 @@ typedef struct tf_model {
     float *dlora;           /* [N, r] gradient of one adapter's A x */
     float *dsink;           /* [2h] where the frozen norms' weight gradients go */
     void *wdq;              /* QLoRA: one dequantized linear weight (model dtype) */
+    /* generation (opts.kv_len > 0) */
+    void **kcache, **vcache; /* [L] each [B, kv_len, hkv d] in dtype */
+    int32_t *pos;           /* [B] device: each sequence's first new position */
+    int *hpos, *hlast;      /* [B] host: the same; the new row whose logits are wanted */
+    void *hsel;             /* [B, h] the final hidden rows of those positions */
+    size_t kv_bytes;        /* device bytes of the caches */
     size_t act_bytes;       /* device bytes of all of the above */
 } tf_model;
 
@@ -171,6 +184,26 @@ gpu_tensor tf_view(const tf_model *m, const void *block_buf, int block, model_ro
  * run the copies. b <= B, t <= T. */
 zo_status tf_set_batch(tf_model *m, gpu_stream_t s, const int32_t *inputs, const int32_t *targets,
                        int b, int t);
+
+/* Generation (a model built with opts.kv_len): upload b x t new tokens
+ * (host ids, row-major; they must stay valid until the stream has run the
+ * copy), sequence s's at positions pos[s] .. pos[s] + t - 1 (its cache
+ * holds the positions before), and last[s], the new row (0..t-1) whose
+ * next-token logits the head computes (a prompt shorter than t: its last
+ * token; the rows after it are padding whose keys later tokens overwrite).
+ * A forward of every block then writes the new keys and values into the
+ * caches and the logits [b, vocab] (tf_logits). ZO_ERR_INVALID when b > B,
+ * t > T, a position leaves the cache (pos[s] + t > kv_len) or, with learned
+ * positions, the model's max_seq. */
+zo_status tf_set_tokens(tf_model *m, gpu_stream_t s, const int32_t *tokens, int b, int t, const int *pos,
+                        const int *last);
+/* After the head's forward on tokens set by tf_set_tokens: the logits
+ * [b, vocab] (fp32) into host memory; synchronizes the stream. */
+zo_status tf_logits(tf_model *m, gpu_stream_t s, float *host);
+/* Device bytes of the key/value caches of B sequences of kv_len positions
+ * in `dtype`: 2 L B kv_len hkv d x the dtype's size (what tf_init
+ * allocates for them, and what memplan sizes). */
+size_t tf_kv_cache_bytes(const zo_model_config *cfg, zo_dtype dtype, int B, int kv_len);
 
 /* Buffers a block needs. `params`/`grads`: the block's own buffers. The
  * head of a tied model also reads the embedding block's parameters and adds
