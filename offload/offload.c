@@ -130,6 +130,9 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
         return zo_error(ZO_ERR_INVALID, "offload_init: schedule %d is not serial, overlap or dpu", (int)c->schedule);
     /* the device share's update writes the resident weights in place, on
      * the device: it cannot wait a step */
+    if (c->forward_only && ((c->comm && comm_size(c->comm) > 1) || c->recompute || c->ckpt_dir))
+        return zo_error(ZO_ERR_INVALID, "offload_init: a forward-only runtime runs one rank, recomputes nothing "
+                        "and keeps no checkpoints");
     if (c->schedule == OFFLOAD_SCHEDULE_DPU && c->opt_frac[OFFLOAD_DEVICE] > 0)
         return zo_error(ZO_ERR_UNSUPPORTED,
                         "offload_init: the delayed parameter update (dpu) runs the CPU optimizer; with optimizer "
@@ -301,7 +304,8 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     int w_streamed = w_on != OFFLOAD_DEVICE || (rt->dp && rt->dp->stage >= 3);
     int f_streamed = frozen && rt->cfg.params_on != OFFLOAD_DEVICE;
     offload_stream_config sc = {.m = &rt->m, .g = &rt->g, .prefetch_depth = rt->cfg.prefetch_depth,
-                                .recompute = rt->cfg.recompute, .checkpoints_on = rt->cfg.checkpoints_on};
+                                .recompute = rt->cfg.recompute, .checkpoints_on = rt->cfg.checkpoints_on,
+                                .forward_only = rt->cfg.forward_only};
     if (w_streamed || f_streamed) sc.n_slots = offload_stream_slots(&rt->m, rt->cfg.prefetch_depth);
     sc.fslot = f_streamed ? rt->fg.slot_bytes : 0;
     sc.slot_size = sc.fslot + (w_streamed ? rt->g.slot_bytes : 0);
@@ -311,12 +315,15 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
                             .nvme_dir = rt->cfg.nvme_dir, .name = "frz", .ring = sc.n_slots};
         if ((st = wstore_create(&rt->env, &rt->fg, &fc, &rt->fws)) != ZO_OK) goto out_free;
     }
-    /* the layers above the stores, each on the ones below it */
+    /* the layers above the stores, each on the ones below it (a forward-only
+     * runtime has the stores and the streaming alone) */
+    if (rt->cfg.forward_only) goto streaming;
     if ((st = create_ostate(rt)) != ZO_OK) goto out_free;
     if ((st = offload_optim_create(&rt->env, &rt->cfg, &rt->m, &rt->g, &rt->og, rt->ws, rt->os, &rt->opt)) != ZO_OK ||
         (st = offload_grads_create(&rt->env, &rt->g, &rt->og, rt->dep, rt->cfg.grad_accum, rt->os, rt->opt, &rt->gr)) !=
             ZO_OK)
         goto out_free;
+streaming:
     sc.ws = rt->ws;
     sc.fws = rt->fws;
     sc.gr = rt->gr;
@@ -363,6 +370,14 @@ void offload_free(offload_t *rt)
 
 /* ---- weights in and out, block by block ---------------------------------------------- */
 
+/* What a forward-only runtime has none of: gradients, the optimizer and its state. */
+static zo_status trains(const offload_t *rt, const char *fn)
+{
+    if (!rt->cfg.forward_only) return ZO_OK;
+    return zo_error(ZO_ERR_INVALID, "%s: the runtime runs forwards only (offload_config.forward_only): no "
+                    "gradients, optimizer state or fp32 master", fn);
+}
+
 static zo_status check_block(const offload_t *rt, const char *fn, int block)
 {
     if (block < 0 || block >= rt->g.nb)
@@ -379,7 +394,7 @@ static zo_status set_block(offload_t *rt, int b, const float *w)
     if (bad < rt->numel[b])
         return zo_error(ZO_ERR_INVALID, "offload: block %d element %zu is %g: weights must be finite", b,
                         bad, (double)w[bad]);
-    if ((st = ostate_write(rt->os, rt->og.off[b], rt->og.numel[b],
+    if (rt->os && (st = ostate_write(rt->os, rt->og.off[b], rt->og.numel[b],
                            w + offload_dp_part_first(rt->dp, b), NULL, NULL)) != ZO_OK)
         return st;
     return wstore_load_f32(rt->ws, b, 0, rt->numel[b], w);
@@ -388,6 +403,7 @@ static zo_status set_block(offload_t *rt, int b, const float *w)
 /* Whatever the gradient sums held is dropped: the weights changed. */
 static zo_status weights_begin(offload_t *rt)
 {
+    if (rt->cfg.forward_only) return ZO_OK; /* no optimizer, no gradients */
     zo_status st = offload_optim_settle(rt->opt);
     zo_status sd = offload_grads_drain(rt->gr);
     rt->opt->micro = 0;
@@ -418,7 +434,7 @@ zo_status offload_set_frozen_block(offload_t *rt, int block, const void *bytes)
 zo_status offload_get_frozen_block(offload_t *rt, int block, void *bytes)
 {
     zo_status st = check_block(rt, "offload_get_frozen_block", block);
-    if (st != ZO_OK || (st = offload_optim_settle(rt->opt)) != ZO_OK) return st;
+    if (st != ZO_OK || (rt->opt && (st = offload_optim_settle(rt->opt)) != ZO_OK)) return st;
     if (!rt->fws) return zo_error(ZO_ERR_INVALID, "offload_get_frozen_block: the model has no frozen base");
     return rt->fws->ops->get_host(rt->fws, block, bytes);
 }
@@ -426,7 +442,8 @@ zo_status offload_get_frozen_block(offload_t *rt, int block, void *bytes)
 zo_status offload_get_block(offload_t *rt, int block, float *w)
 {
     zo_status st = check_block(rt, "offload_get_block", block);
-    if (st != ZO_OK || (st = offload_optim_settle(rt->opt)) != ZO_OK) return st;
+    if (st != ZO_OK || (st = trains(rt, "offload_get_block")) != ZO_OK || (st = offload_optim_settle(rt->opt)) != ZO_OK)
+        return st;
     return ostate_get_block(rt->os, block, rt->numel[block], w);
 }
 
@@ -434,11 +451,12 @@ zo_status offload_set_weights(offload_t *rt, const float *const *blocks)
 {
     zo_status st = weights_begin(rt);
     for (int b = 0; b < rt->g.nb && st == ZO_OK; b++) st = set_block(rt, b, blocks[b]);
-    zo_status sw = ostate_sync(rt->os);
+    zo_status sw = rt->os ? ostate_sync(rt->os) : ZO_OK;
     if (st == ZO_OK) st = sw;
     sw = weights_end(rt);
     if (st != ZO_OK) return st;
     if (sw != ZO_OK) return sw;
+    if (!rt->opt) return ZO_OK;
     rt->opt->ctr.step = 0;
     rt->opt->ctr.good_steps = 0;
     rt->opt->ctr.skipped = 0;
@@ -448,7 +466,8 @@ zo_status offload_set_weights(offload_t *rt, const float *const *blocks)
 
 zo_status offload_get_weights(offload_t *rt, float *const *blocks)
 {
-    zo_status st;
+    zo_status st = trains(rt, "offload_get_weights");
+    if (st != ZO_OK) return st;
     for (int b = 0; b < rt->g.nb; b++)
         if ((st = offload_get_block(rt, b, blocks[b])) != ZO_OK) return st;
     return ostate_sync(rt->os);
@@ -458,6 +477,8 @@ zo_status offload_get_weights(offload_t *rt, float *const *blocks)
 
 zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s)
 {
+    zo_status tr = trains(rt, "offload_micro_batch");
+    if (tr != ZO_OK) return tr;
     double t0 = zo_now();
     offload_set_device_busy(&rt->acct, 1);
     zo_status st = offload_stream_micro_batch(rt->sm, s);
@@ -471,18 +492,22 @@ zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s)
 
 zo_status offload_forward(offload_t *rt, gpu_stream_t s)
 {
+    double t0 = zo_now();
     offload_set_device_busy(&rt->acct, 1);
     zo_status st = offload_stream_forward(rt->sm, s);
     offload_set_device_busy(&rt->acct, 0);
-    return st;
+    if (st != ZO_OK) return st;
+    device_peak(rt);
+    rt->acct.total_s += zo_now() - t0;
+    return ZO_OK;
 }
 
 zo_status offload_step(offload_t *rt, offload_step_info *info)
 {
     double t0 = zo_now();
     memset(info, 0, sizeof *info);
-    zo_status st = offload_grads_drain(rt->gr);
-    if (st != ZO_OK) return st;
+    zo_status st = trains(rt, "offload_step");
+    if (st != ZO_OK || (st = offload_grads_drain(rt->gr)) != ZO_OK) return st;
     if (!rt->opt->micro) return zo_error(ZO_ERR_INVALID, "offload_step: no micro-batch since the last step");
     if ((st = offload_grads_reduce(rt->gr)) != ZO_OK) return zo_error_wrap(st, "offload_step: gradient reduction");
     /* the update before this one is done (and, with dpu, published), and
@@ -497,12 +522,16 @@ zo_status offload_step(offload_t *rt, offload_step_info *info)
     return st;
 }
 
-float offload_loss_scale(const offload_t *rt) { return rt->opt->ctr.loss_scale; }
+float offload_loss_scale(const offload_t *rt) { return rt->opt ? rt->opt->ctr.loss_scale : 1.0f; }
 
 void offload_set_lr(offload_t *rt, float lr) { rt->cfg.adam.lr = lr; }
 
 const float *offload_grad(const offload_t *rt, size_t *n)
 {
+    if (!rt->os) {
+        if (n) *n = 0;
+        return NULL;
+    }
     size_t host_n;
     float *sums = ostate_host_sums(rt->os, &host_n);
     if (n) *n = host_n;
@@ -516,22 +545,30 @@ size_t offload_block_offset(const offload_t *rt, int block) { return rt->off[blo
 zo_status offload_save_streamed(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
                                 offload_weights_stream writer, void *writer_user)
 {
+    zo_status st = trains(rt, "offload_save_streamed");
+    if (st != ZO_OK) return st;
     return offload_ckpt_save(&rt->ck, dir, meta, writer, writer_user);
 }
 
 zo_status offload_save(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
                        offload_weights_writer writer, void *writer_user)
 {
+    zo_status st = trains(rt, "offload_save");
+    if (st != ZO_OK) return st;
     return offload_ckpt_save_whole(&rt->ck, dir, meta, writer, writer_user);
 }
 
 zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
 {
+    zo_status st = trains(rt, "offload_load");
+    if (st != ZO_OK) return st;
     return offload_ckpt_load(&rt->ck, dir, meta);
 }
 
 zo_status offload_write_weights(offload_t *rt, const char *path, offload_weights_stream writer, void *user)
 {
+    zo_status st = trains(rt, "offload_write_weights");
+    if (st != ZO_OK) return st;
     return offload_ckpt_write_weights(&rt->ck, path, writer, user);
 }
 
@@ -554,7 +591,7 @@ void offload_get_stats(const offload_t *rt, offload_stats *o)
     o->total_s = a->total_s;
     o->micro_batches = a->n_micro;
     o->steps = a->n_steps;
-    o->skipped = rt->opt->ctr.skipped;
+    o->skipped = rt->opt ? rt->opt->ctr.skipped : 0;
     o->bytes_h2d = a->bytes[OFFLOAD_BYTES_H2D];
     o->bytes_d2h = a->bytes[OFFLOAD_BYTES_D2H];
     o->bytes_disk_read = a->bytes[OFFLOAD_BYTES_DISK_READ];
@@ -571,7 +608,7 @@ void offload_get_stats(const offload_t *rt, offload_stats *o)
     o->comm_pad_elems = a->comm_pad_elems;
     o->comm_calls = a->comm_calls;
     o->comm_reused_elems = rt->dp && rt->dp->stage >= 3 ? a->reused_elems : 0;
-    ostate_bytes(rt->os, o->optimizer_bytes);
+    if (rt->os) ostate_bytes(rt->os, o->optimizer_bytes);
 }
 
 zo_status offload_gather(offload_t *rt, const void *mine, size_t bytes, void *all)

@@ -222,6 +222,16 @@ typedef struct offload_config {
      * a block larger than it is reduced in pieces. 0: 25M (the plan's
      * comm.bucket), at most the largest block. */
     size_t comm_bucket;
+    /* Forwards only (generation, docs/generate.md): the weight stores
+     * (params_on; with a frozen base trainable_on places the adapters), the
+     * device slots and two device buffers for the activation between blocks,
+     * and nothing else: no gradients, no optimizer state, no fp32 master
+     * (offload_set_block keeps the weights in the model's dtype), no
+     * checkpoints, one rank. offload_forward runs the blocks; each forward's
+     * last blocks prefetch the next forward's first. offload_micro_batch,
+     * offload_step, offload_get_block, offload_get_weights and the
+     * checkpoints are ZO_ERR_INVALID. */
+    int forward_only;
 } offload_config;
 
 /* prefetch 2, everything on the device, no recompute, sub-group 1M, AdamW
@@ -313,10 +323,10 @@ zo_status offload_get_weights(offload_t *rt, float *const *blocks);
  * starts again with the next micro-batch. */
 zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s);
 
-/* Forward only (evaluation): every block in order, weights streamed as in
- * training, no gradients and nothing added to the step; the model's loss is
- * complete on `s` on return. Between micro-batches of a step or between
- * steps alike. */
+/* Forward only (evaluation, generation): every block in order, weights
+ * streamed as in training, no gradients and nothing added to the step; the
+ * model's outputs are complete on `s` on return. Between micro-batches of a
+ * step or between steps alike; its time counts in the stats' total. */
 zo_status offload_forward(offload_t *rt, gpu_stream_t s);
 
 typedef struct offload_step_info {
