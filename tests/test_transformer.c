@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +24,7 @@
 #include "tests/support/check.h" /* defines: check_close_f32 */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer, tf_model */
 #include "tests/support/run.h"         /* defines: run_capture */
+#include "transformer/generate.h"      /* defines: tf_gen, tf_gen_prompt, tf_gen_next */
 
 /* The PyTorch references: the committed ones, or those the ctest entry
  * test_transformer_torch has just made with /usr/bin/python3 (ZO_GPU_FIXTURES). */
@@ -258,6 +260,81 @@ static void test_generation_vs_torch(void **state)
     run_generation("tiny_gpt2");
     run_generation("tiny_llama");
     run_generation("tiny_qwen2");
+}
+
+/* Generation on the forward-only runtime (transformer/generate.h), the
+ * weights resident, streamed from pinned host memory and read from NVMe
+ * (prefetch 0 and 2): a prompt of 3 tokens per sequence, then the
+ * fixture's next tokens one at a time give PyTorch's logits at every
+ * position. The tied GPT-2 head reads the embedding's slot. */
+static void run_gen_placements(const char *name)
+{
+    char cfgp[512], wp[512], nvme[64];
+    snprintf(cfgp, sizeof cfgp, "%s/%s.json", fix_dir(), name);
+    snprintf(wp, sizeof wp, "%s/%s.safetensors", fix_dir(), name);
+    snprintf(nvme, sizeof nvme, "/tmp/zo_test_gen_%d", (int)getpid());
+    assert_int_equal(mkdir(nvme, 0700), 0);
+    zo_model_config cfg;
+    assert_int_equal(zo_model_config_load(cfgp, &cfg), ZO_OK);
+    float *want = read_expected(name, "logits", NULL), *in = read_expected(name, "inputs", NULL);
+    int V = cfg.vocab;
+    float *got = malloc((size_t)B * V * sizeof(float));
+    const offload_tier tiers[] = {OFFLOAD_DEVICE, OFFLOAD_CPU, OFFLOAD_CPU, OFFLOAD_NVME};
+    const int depth[] = {2, 0, 2, 1};
+    for (int c = 0; c < 4; c++) {
+        gpu_cpu_options o = {.n_threads = 2};
+        gpu_device_t dev;
+        assert_int_equal(gpu_device_init_cpu(&o, &dev), ZO_OK);
+        tf_gen_config gc = {.batch = B, .prompt_max = 3, .ctx = T, .dtype = ZO_DTYPE_F32};
+        offload_config_defaults(&gc.oc);
+        gc.oc.params_on = tiers[c];
+        gc.oc.prefetch_depth = depth[c];
+        gc.oc.nvme_dir = nvme;
+        tf_gen g;
+        assert_int_equal(tf_gen_init(&g, &cfg, dev, &gc), ZO_OK);
+        assert_int_equal(tf_gen_load(&g, wp, 0, NULL), ZO_OK);
+        int32_t prompt[B][3], next[B];
+        const int32_t *pp[B] = {prompt[0], prompt[1]};
+        int lens[B] = {3, 3}, bad = 0;
+        for (int j = 0; j < B; j++)
+            for (int i = 0; i < 3; i++) prompt[j][i] = (int32_t)in[j * T + i];
+        for (int p = 2; p < T; p++) {
+            if (p == 2) assert_int_equal(tf_gen_prompt(&g, pp, lens, B, got), ZO_OK);
+            else {
+                for (int j = 0; j < B; j++) next[j] = (int32_t)in[j * T + p];
+                assert_int_equal(tf_gen_next(&g, next, got), ZO_OK);
+            }
+            for (int j = 0; j < B; j++) {
+                char what[128];
+                snprintf(what, sizeof what, "%s, weights on %s, prefetch %d: sequence %d, position %d", name,
+                         offload_tier_name(tiers[c]), depth[c], j, p);
+                bad += check_close_f32(what, got + (size_t)j * V, want + ((size_t)j * T + p) * V, (size_t)V, 2e-5,
+                                       2e-5);
+            }
+        }
+        /* the context is full: one more token is refused */
+        assert_int_equal(tf_gen_next(&g, next, got), ZO_ERR_INVALID);
+        assert_non_null(strstr(zo_last_error(), "the context's 8"));
+        /* and a forward-only runtime trains nothing */
+        assert_int_equal(offload_step(g.rt, &(offload_step_info){0}), ZO_ERR_INVALID);
+        assert_int_equal(bad, 0);
+        tf_gen_free(&g);
+        gpu_mem_stats ms;
+        gpu_mem_get_stats(dev, &ms);
+        assert_int_equal(ms.n_allocs, 0);
+        gpu_device_free(dev);
+    }
+    free(got);
+    free(want);
+    free(in);
+    rmdir(nvme);
+}
+
+static void test_generation_placements(void **state)
+{
+    (void)state;
+    run_gen_placements("tiny_gpt2");
+    run_gen_placements("tiny_llama");
 }
 
 /* The fixture's data as a uint16 token file, so batches come from the real
@@ -841,6 +918,7 @@ int main(void)
         cmocka_unit_test(test_llama_vs_torch),
         cmocka_unit_test(test_qwen2_vs_torch),
         cmocka_unit_test(test_generation_vs_torch),
+        cmocka_unit_test(test_generation_placements),
         cmocka_unit_test(test_gpt2_training),
         cmocka_unit_test(test_llama_training),
         cmocka_unit_test(test_bf16_fp16),

@@ -260,6 +260,13 @@ void tf_init_weights(const model_layout *l, float *const *host_blocks, uint64_t 
  * the blocks are taken in order, 0 to n_blocks - 1. */
 uint64_t tf_init_rng(uint64_t seed);
 void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_t *rng);
+/* Receives block `block`'s fp32 weights (model/safetensors.h's sink). */
+typedef zo_status (*tf_block_sink)(void *ctx, int block, const void *buf);
+/* Every block of `l` in turn, from a safetensors checkpoint (`path`: a file,
+ * an index or a directory holding every tensor of the model) or, when path
+ * is NULL, tf_init_block_weights's from `seed`, handed to sink as fp32: host
+ * memory holds one block, whatever the model's size. */
+zo_status tf_load_blocks(const model_layout *l, const char *path, uint64_t seed, tf_block_sink sink, void *ctx);
 /* LoRA adapters of one block as PEFT initialises them: A ~ kaiming_uniform
  * with a = sqrt(5), i.e. uniform in +-1/sqrt(in), B = 0 (so the adapted
  * model starts as the base). `adapters` is tf_model.adapters; dst holds

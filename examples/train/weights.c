@@ -4,7 +4,7 @@
 #include <stdlib.h>
 
 #include "model/lora.h"        /* defines: model_lora_save, model_lora_load */
-#include "model/safetensors.h" /* defines: model_ckpt_open, model_load_streamed, model_save_streamed */
+#include "model/safetensors.h" /* defines: model_save_streamed */
 
 zo_status weights_write(void *user, const char *path, offload_block_reader read, void *ctx)
 {
@@ -17,35 +17,6 @@ size_t weights_frozen_total(const tf_model *m)
     size_t n = 0;
     for (int b = 0; b < m->layout.n_blocks; b++) n += tf_frozen_bytes(m, b);
     return n;
-}
-
-/* Every block of `l` in turn, from a safetensors checkpoint (`path`: every
- * tensor of the model in it) or random from `seed`, handed to sink: host
- * memory holds one block, whatever the model's size. */
-static zo_status stream_blocks(const model_layout *l, const char *path, uint64_t seed, model_block_sink sink,
-                               void *ctx)
-{
-    size_t largest = 1;
-    for (int b = 0; b < l->n_blocks; b++)
-        if (l->block_numel[b] > largest) largest = l->block_numel[b];
-    float *buf = malloc(largest * sizeof(float));
-    if (!buf) return zo_error(ZO_ERR_NOMEM, "train: out of host memory for a block of %zu weights", largest);
-    zo_status st = ZO_OK;
-    if (path) {
-        model_ckpt c;
-        if ((st = model_ckpt_open(&c, path)) == ZO_OK) {
-            st = model_load_streamed(&c, l, buf, ZO_DTYPE_F32, 0, NULL, sink, ctx);
-            model_ckpt_close(&c);
-        }
-    } else {
-        uint64_t rng = tf_init_rng(seed);
-        for (int b = 0; b < l->n_blocks && st == ZO_OK; b++) {
-            tf_init_block_weights(l, b, buf, &rng);
-            st = sink(ctx, b, buf);
-        }
-    }
-    free(buf);
-    return st;
 }
 
 static zo_status set_block(void *ctx, int block, const void *buf)
@@ -96,7 +67,7 @@ static zo_status load_lora(offload_t *rt, const tf_model *m, const train_args *a
         if (tf_frozen_bytes(m, b) > fbig) fbig = tf_frozen_bytes(m, b);
     base_sink sink = {.rt = rt, .m = m, .packed = malloc(fbig)};
     if (!sink.packed) return zo_error(ZO_ERR_NOMEM, "train: out of host memory for a block of %zu bytes", fbig);
-    zo_status st = stream_blocks(&m->layout, a->weights, (uint64_t)a->seed, set_base_block, &sink);
+    zo_status st = tf_load_blocks(&m->layout, a->weights, (uint64_t)a->seed, set_base_block, &sink);
     free(sink.packed);
     if (st != ZO_OK) return st;
     void **blocks = alloc_blocks(ad);
@@ -115,7 +86,7 @@ static zo_status load_lora(offload_t *rt, const tf_model *m, const train_args *a
 zo_status weights_load(offload_t *rt, const tf_model *m, const train_args *a)
 {
     if (a->lora.r) return load_lora(rt, m, a);
-    return stream_blocks(&m->layout, a->weights, (uint64_t)a->seed, set_block, rt);
+    return tf_load_blocks(&m->layout, a->weights, (uint64_t)a->seed, set_block, rt);
 }
 
 /* --save with LoRA: a PEFT adapter directory. */
