@@ -252,7 +252,8 @@ static zo_status create_ostate(offload_t *rt)
 static zo_status create_weights(offload_t *rt, offload_tier on, int ring)
 {
     int stage = rt->dp ? rt->dp->stage : 0;
-    wstore_config wc = {.tier = on, .dev_puts = rt->cfg.opt_frac[OFFLOAD_DEVICE] > 0, .chunk = rt->cfg.sub_group,
+    wstore_config wc = {.tier = on, .dev_puts = !rt->cfg.forward_only && rt->cfg.opt_frac[OFFLOAD_DEVICE] > 0,
+                        .chunk = rt->cfg.sub_group,
                         .nvme_dir = rt->cfg.nvme_dir, .name = "par", .ring = ring,
                         .gathered = stage == 1 || stage == 2};
     if (stage < 3) return wstore_create(&rt->env, &rt->g, &wc, &rt->ws);
