@@ -80,11 +80,11 @@ static void store(plan_gen_estimate *e, const char *name, const char *staging, c
     }
 }
 
-/* The model's forward buffers for batch x prompt new tokens (transformer.c's
+/* The model's forward buffers for batch x rows new tokens (transformer.c's
  * generation buffers, each rounded as allocated), its caches apart. */
-static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int lora_cols, uint64_t wdq)
+static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int rows, int lora_cols, uint64_t wdq)
 {
-    uint64_t B = (uint64_t)g->batch, N = B * (uint64_t)g->prompt, es = zo_dtype_size(g->dtype);
+    uint64_t B = (uint64_t)g->batch, N = B * (uint64_t)rows, es = zo_dtype_size(g->dtype);
     uint64_t h = (uint64_t)m->hidden, f = (uint64_t)m->ffn, d = (uint64_t)m->head_dim;
     uint64_t qkv = (uint64_t)(m->n_heads + 2 * m->n_kv_heads) * d, q = (uint64_t)m->n_heads * d;
     int layers = m->n_layers > 0, llama = m->arch != ZO_ARCH_GPT;
@@ -166,7 +166,8 @@ static zo_status check(const zo_model_config *m, const plan_gen *g)
                         "(--params) has no layers to stream");
     zo_status st = zo_model_config_runtime_check(m);
     if (st != ZO_OK) return st;
-    if (g->batch < 1 || g->prompt < 1 || g->new_tokens < 1)
+    if (g->batch < 1 || g->prompt < 1 || g->new_tokens < 1 || g->prompt_buffers < 0 ||
+        (g->prompt_buffers && g->prompt_buffers < g->prompt))
         return zo_error(ZO_ERR_INVALID, "generation: %d sequences, a prompt of %d and %d new tokens (each >= 1)",
                         g->batch, g->prompt, g->new_tokens);
     if (m->arch == ZO_ARCH_GPT && g->prompt + g->new_tokens > m->max_seq)
@@ -235,10 +236,11 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
     /* the key/value caches, the forward's buffers, the two boundaries */
     e->kv_cache = 2 * L * (uint64_t)g->batch * (uint64_t)e->context * (uint64_t)m->n_kv_heads * m->head_dim * es;
     add(e, "key/value cache", ZO_PLAN_GPU, PLAN_ACTIVATIONS, L ? 2 * L * r256(e->kv_cache / (2 * L)) : 0);
+    int rows = g->prompt_buffers ? g->prompt_buffers : g->prompt;
     add(e, "forward buffers (one layer, logits)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
-        forward_buffers(m, g, n_mods * g->lora.r, wdq));
+        forward_buffers(m, g, rows, n_mods * g->lora.r, wdq));
     add(e, "block boundaries (two)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
-        (uint64_t)(nb - 1 < 2 ? nb - 1 : 2) * r256((uint64_t)g->batch * g->prompt * m->hidden * es));
+        (uint64_t)(nb - 1 < 2 ? nb - 1 : 2) * r256((uint64_t)g->batch * rows * m->hidden * es));
     /* what the GPU itself takes */
     add(e, "CUDA context", ZO_PLAN_GPU, PLAN_BUFFERS, g->cuda_context);
     add(e, "cuBLAS workspace", ZO_PLAN_GPU, PLAN_BUFFERS, g->cublas_workspace);

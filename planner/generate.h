@@ -20,6 +20,8 @@ typedef struct plan_gen {
     int batch;                  /* sequences generated together */
     int prompt;                 /* tokens of the longest prompt (the forward's buffers) */
     int new_tokens;             /* tokens generated after each prompt */
+    int prompt_buffers;         /* tokens a sequence the forward's buffers hold; 0: prompt
+                                   (generate --plan sizes them for the whole context) */
     zo_dtype dtype;             /* weights, activations and the cache */
     zo_plan_method method;      /* full (no adapters), lora or qlora: adapters over the base */
     zo_lora_config lora;        /* with adapters: r, targets */

@@ -205,8 +205,7 @@ static zo_status write_plan(const char *path, const zo_model_config *m, const pl
 {
     plan_gen full = *g;
     plan_gen_estimate e;
-    full.prompt = g->prompt + g->new_tokens;
-    full.new_tokens = 1;
+    full.prompt_buffers = g->prompt + g->new_tokens;
     zo_status st = plan_gen_estimate_run(m, hw, &full, &e);
     if (st != ZO_OK) return st;
     zo_plan p;

@@ -229,6 +229,43 @@ static void test_cli(void **state)
     assert_true(p.has_predicted && p.predicted.step_s > 0 && p.predicted.peak_bytes[ZO_PLAN_CPU] > 13000000000ull);
 }
 
+/* memplan generate --plan-out, then generate --plan: the program runs the
+ * plan's placement, batch and context and prints its peaks beside the
+ * plan's, each within 3%. */
+static void test_plan_run(void **state)
+{
+    (void)state;
+    char cfg[128], plan[128], args[1024], out[16384];
+    snprintf(cfg, sizeof cfg, "%s/llama.json", nvme_dir);
+    snprintf(plan, sizeof plan, "%s/run-plan.json", nvme_dir);
+    FILE *f = fopen(cfg, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"model_type\": \"llama\", \"num_hidden_layers\": 3, \"hidden_size\": 256, \"num_attention_heads\": 4,"
+               " \"num_key_value_heads\": 2, \"intermediate_size\": 512, \"vocab_size\": 1000}\n");
+    fclose(f);
+    const char *tiers[] = {"gpu", "cpu", "nvme"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(args, sizeof args, "generate --model %s --gpu-mem 64MiB --params %s --prefetch 1 --batch 2 --prompt 6 "
+                 "--new-tokens 10 --dtype bf16 --cuda-context 0 --cublas-workspace 0 --fragmentation 0 --plan-out %s",
+                 cfg, tiers[k], plan);
+        assert_int_equal(run_memplan(args, out, sizeof out), 0);
+        snprintf(args, sizeof args, "--model %s --plan %s --prompt-ids 1,2,3 --prompt-ids 4,5,6,7,8,9 "
+                 "--max-new-tokens 10 --nvme-dir %s --print-ids", cfg, plan, nvme_dir);
+        assert_int_equal(run_program(ZO_GENERATE_BIN, args, out, sizeof out), 0);
+        const char *p = strstr(out, "# peak bytes per tier:");
+        assert_non_null(p);
+        printf("  weights on %s: %.*s\n", tiers[k], (int)strcspn(p, "\n"), p);
+        int seen = 0;
+        for (const char *q = p; (q = strstr(q, "(plan ")) && q < p + strcspn(p, "\n"); q++) {
+            const char *pc = strstr(q, ", ");
+            double r = atof(pc + 2);
+            assert_true(fabs(r - 100.0) <= 3.0);
+            seen++;
+        }
+        assert_int_equal(seen, k == 2 ? 3 : 2); /* every tier the plan puts bytes on */
+    }
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -249,6 +286,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_peaks),
         cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_plan_run),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
