@@ -2,7 +2,10 @@
  * probabilities Hugging Face's warpers give, computed here in double from
  * their definitions; the program's flags and errors; its text streamed
  * token by token against the tokenizer's decode of the ids it prints.
- * (Its tokens against PyTorch: tests/test_generate_torch.py.) */
+ * tokenize --decode: text through --print and back, a token file, errors.
+ * The config.json a saved preset gets (model/hf.h) reads back to the
+ * preset's shape. (generate's tokens against PyTorch:
+ * tests/test_generate_torch.py; saved folders: tests/test_e2e_torch.py.) */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,7 +17,9 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "common/fileio.h"             /* defines: zo_file_write_json */
 #include "examples/generate/sample.h" /* defines: gen_sampler, gen_sample */
+#include "model/hf.h"                 /* defines: model_hf_config */
 #include "model/tokenizer.h"          /* defines: model_tokenizer_decode */
 #include "tests/support/run.h"        /* defines: run_program */
 
@@ -271,12 +276,69 @@ static void test_text(void **state)
     assert_non_null(strstr(text, "= total"));
 }
 
+/* tokenize --decode: the ids --print makes of a text decode to the text;
+ * a token file decodes to its documents and end-of-text tokens (left out
+ * with --skip-special); a bad id is named with its line. */
+static void test_decode(void **state)
+{
+    (void)state;
+    char txt[128], bin[128], cmd[2048], out[8192];
+    const char *tok = ZO_FIXTURES_DIR "/tokenizer/small-bpe.json";
+    snprintf(txt, sizeof txt, "%s/doc.txt", dir);
+    snprintf(bin, sizeof bin, "%s/doc.bin", dir);
+    FILE *f = fopen(txt, "w");
+    assert_non_null(f);
+    fputs("Caf\xc3\xa9 au lait, na\xc3\xafve r\xc3\xa9sum\xc3\xa9 \xe2\x80\x94 200 tokens!", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s --tokenizer %s --print %s | %s --tokenizer %s --decode --skip-special", ZO_TOKENIZE_BIN,
+             tok, txt, ZO_TOKENIZE_BIN, tok);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+    assert_string_equal(out, "Caf\xc3\xa9 au lait, na\xc3\xafve r\xc3\xa9sum\xc3\xa9 \xe2\x80\x94 200 tokens!\n");
+    snprintf(cmd, sizeof cmd, "%s --tokenizer %s --out %s %s %s >/dev/null && %s --tokenizer %s --decode %s",
+             ZO_TOKENIZE_BIN, tok, bin, txt, txt, ZO_TOKENIZE_BIN, tok, bin);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+    assert_non_null(strstr(out, "200 tokens!<|endoftext|>Caf\xc3\xa9"));
+    snprintf(cmd, sizeof cmd, "echo '1 2 99999' | %s --tokenizer %s --decode 2>&1", ZO_TOKENIZE_BIN, tok);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 2);
+    assert_non_null(strstr(out, "stdin:1:"));
+    assert_non_null(strstr(out, "99999"));
+}
+
+/* A preset saved has a config.json of its family's keys: read back, the
+ * same shape. */
+static void test_preset_config(void **state)
+{
+    (void)state;
+    const char *presets[] = {"gpt2", "llama-2-7b", "llama-3-8b", "mistral-7b"};
+    for (size_t i = 0; i < sizeof presets / sizeof *presets; i++) {
+        zo_model_config want, got;
+        assert_int_equal(zo_model_preset_find(presets[i], &want), 0);
+        cJSON *doc;
+        assert_int_equal(model_hf_config(&want, ZO_DTYPE_BF16, &doc), 0);
+        char path[128];
+        snprintf(path, sizeof path, "%s/config-%zu.json", dir, i);
+        assert_int_equal(zo_file_write_json(path, doc), 0);
+        cJSON_Delete(doc);
+        assert_int_equal(zo_model_config_load(path, &got), 0);
+        assert_int_equal(zo_model_params(&got), zo_model_params(&want));
+        assert_int_equal(got.arch, want.arch);
+        assert_int_equal(got.n_kv_heads, want.n_kv_heads);
+        assert_int_equal(got.max_seq, want.max_seq);
+        assert_int_equal(got.tied_embeddings, want.tied_embeddings);
+        assert_int_equal(got.sliding_window, want.sliding_window);
+        assert_true(got.rope_theta == want.rope_theta && got.norm_eps == want.norm_eps);
+        assert_string_equal(got.rope_scaling, want.rope_scaling);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sampler),
         cmocka_unit_test(test_flags),
         cmocka_unit_test(test_text),
+        cmocka_unit_test(test_decode),
+        cmocka_unit_test(test_preset_config),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

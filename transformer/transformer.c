@@ -427,6 +427,46 @@ zo_status tf_frozen_pack(const tf_model *m, int block, const float *src, void *d
     return ZO_OK;
 }
 
+zo_status tf_frozen_unpack(const tf_model *m, int block, const void *src, float *dst)
+{
+    if (!has_lora(m)) return zo_error(ZO_ERR_INVALID, "tf_frozen_unpack: the model has no LoRA");
+    if (block < 0 || block >= m->layout.n_blocks)
+        return zo_error(ZO_ERR_INVALID, "tf_frozen_unpack: block %d outside 0..%d", block, m->layout.n_blocks - 1);
+    const uint8_t *in = src;
+    for (int i = 0; i < m->layout.n_tensors; i++) {
+        const model_tensor *t = &m->layout.tensors[i];
+        if (t->block != block) continue;
+        if (!frozen_is_nf4(m, t)) {
+            zo_convert(dst + t->offset, ZO_DTYPE_F32, in + m->frozen_off[i], m->dtype, t->numel);
+            continue;
+        }
+        zo_nf4_dequantize(dst + t->offset, ZO_DTYPE_F32, in + m->frozen_off[i], t->numel, 0);
+    }
+    return ZO_OK;
+}
+
+void tf_lora_merge_block(const tf_model *m, int block, const float *adapters, float *w)
+{
+    if (!has_lora(m) || block < 1 || block > m->cfg.n_layers) return;
+    static const model_role role[] = {[TF_LORA_QKV] = MODEL_ROLE_QKV_W, [TF_LORA_O] = MODEL_ROLE_ATTN_OUT_W,
+                                      [TF_LORA_GATE] = MODEL_ROLE_MLP_GATE_W, [TF_LORA_UP] = MODEL_ROLE_MLP_UP_W,
+                                      [TF_LORA_DOWN] = MODEL_ROLE_MLP_DOWN_W};
+    const int r = m->opts.lora.r;
+    for (int j = 0; j < m->n_lora; j++) {
+        const tf_lora_slot *sl = &m->lora[j];
+        const model_view *v = model_layout_view(&m->layout, block, role[sl->stage]);
+        const float *A = adapters + sl->a_off, *Bm = adapters + sl->b_off; /* [r, in], [out, r] */
+        /* rows col.. of the weight (of the fused q|k|v for q, k, v), [rows, in] */
+        float *W = w + v->offset + (size_t)sl->col * sl->in;
+        for (int o = 0; o < sl->out; o++)
+            for (int i = 0; i < sl->in; i++) {
+                double acc = 0.0;
+                for (int k = 0; k < r; k++) acc += (double)Bm[(size_t)o * r + k] * A[(size_t)k * sl->in + i];
+                W[(size_t)o * sl->in + i] += (float)(m->lora_scale * acc);
+            }
+    }
+}
+
 /* A model built for generation has no backward buffers. */
 static zo_status check_trains(const tf_model *m, const char *fn)
 {

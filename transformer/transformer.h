@@ -175,6 +175,17 @@ size_t tf_frozen_bytes(const tf_model *m, int block);
  * finite). */
 zo_status tf_frozen_pack(const tf_model *m, int block, const float *src, void *dst);
 
+/* The inverse of tf_frozen_pack: a block's frozen buffer (host memory) as
+ * the fp32 weights the model computes with, in the layout's order (NF4
+ * tensors dequantized, 16-bit ones widened). */
+zo_status tf_frozen_unpack(const tf_model *m, int block, const void *src, float *dst);
+/* A layer block's adapters merged into its weights, as PEFT's
+ * merge_and_unload: W += (alpha / r) B A for each adapted linear layer
+ * (the rows of the fused q|k|v it adapts). adapters: the block's adapter
+ * buffer as fp32 (m->adapters' layout); w: the block's weights as fp32 (the
+ * layout's). The embedding and the head have nothing to merge. */
+void tf_lora_merge_block(const tf_model *m, int block, const float *adapters, float *w);
+
 /* Tensor `role` of a block buffer as a device tensor (data NULL when the
  * block has no such role). */
 gpu_tensor tf_view(const tf_model *m, const void *block_buf, int block, model_role role);

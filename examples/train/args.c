@@ -147,9 +147,18 @@ static const char HELP[] =
     "                         batch is this run's)\n"
     "  --stats-json FILE      peak bytes per tier (and the plan's prediction) and the time split\n"
     "                         (several ranks: rank r > 0 writes FILE.rank<r>)\n"
-    "  --save FILE            write the trained weights as safetensors (Hugging Face names);\n"
-    "                         with LoRA, a PEFT adapter directory FILE (Hugging Face PEFT\n"
-    "                         loads it onto the base)\n"
+    "  --save DIR             the trained model as a Hugging Face folder (from_pretrained,\n"
+    "                         generate --model DIR): config.json (the --model file's, its\n"
+    "                         torch_dtype set; a preset's written), the weights in --dtype with\n"
+    "                         Hugging Face names (model.safetensors, or shards and\n"
+    "                         model.safetensors.index.json past --max-shard-size) and the\n"
+    "                         --tokenizer's files; with LoRA, a PEFT adapter directory (Hugging\n"
+    "                         Face PEFT loads it onto the base)\n"
+    "  --merge DIR            with LoRA: also the adapters merged into the base (W + alpha/r B A,\n"
+    "                         PEFT's merge_and_unload; QLoRA: into the NF4 base as it computes)\n"
+    "                         as a Hugging Face folder, as --save writes a full fine-tune\n"
+    "  --max-shard-size SIZE  shard --save's and --merge's weights above SIZE (default 5GB,\n"
+    "                         save_pretrained's)\n"
     "  --log FILE             one JSON object per step: step, loss, lr, grad_norm, tokens_per_s,\n"
     "                         peak_bytes per tier, eval_loss and eval_ppl when evaluated\n"
     "                         (appended to with --resume)\n"
@@ -182,7 +191,7 @@ enum {
     OPT_EVAL_BATCHES, OPT_SCHEDULE, OPT_WARMUP, OPT_MIN_LR, OPT_SCHEDULE_STEPS, OPT_LOG, OPT_PLOT,
     OPT_LORA, OPT_LORA_TARGETS, OPT_LORA_ALPHA, OPT_QLORA, OPT_ADAPTER, OPT_ADAPTERS_ON,
     OPT_SCHED, OPT_CLIP_STALE, OPT_DPU_WARMUP, OPT_OPT_THREADS, OPT_KEEP_CKPT,
-    OPT_MAX_SKIPPED, OPT_ZERO, OPT_COMM_TIMEOUT,
+    OPT_MAX_SKIPPED, OPT_ZERO, OPT_COMM_TIMEOUT, OPT_MERGE, OPT_MAX_SHARD,
 };
 
 static const struct option long_opts[] = {
@@ -206,6 +215,8 @@ static const struct option long_opts[] = {
     {"device-mem", required_argument, 0, OPT_DEVMEM},
     {"threads", required_argument, 0, OPT_THREADS},
     {"save", required_argument, 0, OPT_SAVE},
+    {"merge", required_argument, 0, OPT_MERGE},
+    {"max-shard-size", required_argument, 0, OPT_MAX_SHARD},
     {"grad-accum", required_argument, 0, OPT_ACCUM},
     {"plan", required_argument, 0, OPT_PLAN},
     {"check-plan", no_argument, 0, OPT_CHECK_PLAN},
@@ -442,6 +453,8 @@ static int output_flag(int c, const char *arg, train_args *a, zo_status *st)
     case OPT_RESUME: a->resume = arg; return 1;
     case OPT_STATS: a->stats_json = arg; return 1;
     case OPT_SAVE: a->save = arg; return 1;
+    case OPT_MERGE: a->merge = arg; return 1;
+    case OPT_MAX_SHARD: *st = zo_parse_size(arg, "--max-shard-size", 0, &a->max_shard); return 1;
     case OPT_LOG: a->log = arg; return 1;
     case OPT_PLOT: a->plot = arg; return 1;
     default: return 0;
@@ -508,6 +521,10 @@ static const char *flags_conflict(const train_args *a)
     if (a->sched.min_lr > a->sched.lr) return "--min-lr is above --lr";
     if (!a->lora.r && !a->adapter && (a->qlora || a->lora.targets))
         return "--qlora and --lora-targets need --lora R (or --adapter DIR)";
+    if (a->merge && !a->lora.r && !a->adapter && !(a->plan && a->p.file.training.method != ZO_PLAN_FULL))
+        return "--merge DIR merges LoRA adapters into their base: it needs --lora R (or --adapter DIR); "
+               "--save DIR writes a full fine-tune";
+    if (a->merge && !a->save) return "--merge DIR goes with --save DIR (the adapters; the merged model beside them)";
     return NULL;
 }
 

@@ -17,6 +17,8 @@
 
 typedef struct train_args {
     const char *model, *weights, *data, *save, *device;
+    const char *merge;   /* --merge DIR: with LoRA, the merged model as a Hugging Face folder */
+    uint64_t max_shard;  /* --max-shard-size: --save's weights sharded above it; 0: 5 GB */
     const char *plan, *ckpt, *resume, *stats_json;
     const char *tokenizer, *eot, *eval_data, *log, *plot;
     model_token_width width;

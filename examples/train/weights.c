@@ -1,8 +1,11 @@
 /* The weights in and out of the runtime, block by block (weights.h). */
 #include "examples/train/weights.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
+#include "model/hf.h"          /* defines: model_hf_folder, model_hf_save */
 #include "model/lora.h"        /* defines: model_lora_save, model_lora_load */
 #include "model/safetensors.h" /* defines: model_save_streamed */
 
@@ -16,6 +19,15 @@ size_t weights_frozen_total(const tf_model *m)
 {
     size_t n = 0;
     for (int b = 0; b < m->layout.n_blocks; b++) n += tf_frozen_bytes(m, b);
+    return n;
+}
+
+/* The largest block of the frozen base, bytes. */
+static size_t weights_frozen_largest(const tf_model *m)
+{
+    size_t n = 1;
+    for (int b = 0; b < m->layout.n_blocks; b++)
+        if (tf_frozen_bytes(m, b) > n) n = tf_frozen_bytes(m, b);
     return n;
 }
 
@@ -62,9 +74,7 @@ static void **alloc_blocks(const model_layout *l)
 static zo_status load_lora(offload_t *rt, const tf_model *m, const train_args *a)
 {
     const model_layout *ad = &m->adapters;
-    size_t fbig = 1;
-    for (int b = 0; b < m->layout.n_blocks; b++)
-        if (tf_frozen_bytes(m, b) > fbig) fbig = tf_frozen_bytes(m, b);
+    size_t fbig = weights_frozen_largest(m);
     base_sink sink = {.rt = rt, .m = m, .packed = malloc(fbig)};
     if (!sink.packed) return zo_error(ZO_ERR_NOMEM, "train: out of host memory for a block of %zu bytes", fbig);
     zo_status st = tf_load_blocks(&m->layout, a->weights, (uint64_t)a->seed, set_base_block, &sink);
@@ -89,23 +99,87 @@ zo_status weights_load(offload_t *rt, const tf_model *m, const train_args *a)
     return tf_load_blocks(&m->layout, a->weights, (uint64_t)a->seed, set_block, rt);
 }
 
-/* --save with LoRA: a PEFT adapter directory. */
-static zo_status save_adapters(offload_t *rt, const tf_model *m, const train_args *a)
+/* The Hugging Face folder --save and --merge write (model/hf.h): the
+ * --model file's config (a preset's written from its shape), the weights in
+ * --dtype, the --tokenizer's files. */
+static model_hf_folder hf_folder(const tf_model *m, const train_args *a, const char *dir)
 {
-    const model_layout *ad = &m->adapters;
+    struct stat sb;
+    int file = stat(a->model, &sb) == 0 && S_ISREG(sb.st_mode);
+    return (model_hf_folder){.dir = dir, .l = &m->layout, .dtype = a->dtype, .max_shard_bytes = a->max_shard,
+                             .config = file ? a->model : NULL, .tokenizer = a->tokenizer};
+}
+
+/* An offload_weights_stream: the folder of `user` (a model_hf_folder) at path. */
+static zo_status hf_writer(void *user, const char *path, offload_block_reader read, void *ctx)
+{
+    model_hf_folder f = *(const model_hf_folder *)user;
+    f.dir = path;
+    return model_hf_save(&f, read, ctx, NULL);
+}
+
+/* The adapters of every block as fp32 (small: all at once). */
+static zo_status read_adapters(offload_t *rt, const model_layout *ad, void ***out)
+{
     void **blocks = alloc_blocks(ad);
     if (!blocks) return zo_error(ZO_ERR_NOMEM, "train: out of host memory for the adapters");
     zo_status st = ZO_OK;
     for (int b = 0; b < ad->n_blocks && st == ZO_OK; b++) st = offload_get_block(rt, b, blocks[b]);
+    if (st != ZO_OK) free_blocks(blocks, ad->n_blocks);
+    else *out = blocks;
+    return st;
+}
+
+/* --save with LoRA: a PEFT adapter directory. */
+static zo_status save_adapters(const tf_model *m, const train_args *a, void *const *adapters)
+{
+    return model_lora_save(a->save, &m->adapters, &a->lora, a->model, (const void *const *)adapters, ZO_DTYPE_F32,
+                           ZO_DTYPE_F32);
+}
+
+/* A block of the merged model: its frozen base as the model computes with it
+ * (NF4 dequantized), its adapters merged in. */
+typedef struct merged_reader {
+    offload_t *rt;
+    const tf_model *m;
+    void *packed;
+    void *const *adapters;
+} merged_reader;
+
+static zo_status read_merged(void *ctx, int block, float *dst)
+{
+    merged_reader *r = ctx;
+    zo_status st = offload_get_frozen_block(r->rt, block, r->packed);
+    if (st == ZO_OK) st = tf_frozen_unpack(r->m, block, r->packed, dst);
+    if (st == ZO_OK) tf_lora_merge_block(r->m, block, r->adapters[block], dst);
+    return st;
+}
+
+/* --merge DIR: the adapters merged into the base, a Hugging Face folder. */
+static zo_status save_merged(offload_t *rt, const tf_model *m, const train_args *a, void *const *adapters)
+{
+    merged_reader r = {.rt = rt, .m = m, .packed = malloc(weights_frozen_largest(m)), .adapters = adapters};
+    if (!r.packed) return zo_error(ZO_ERR_NOMEM, "train: out of host memory for a block of the base");
+    model_hf_folder f = hf_folder(m, a, a->merge);
+    int shards = 0;
+    zo_status st = model_hf_save(&f, read_merged, &r, &shards);
+    free(r.packed);
     if (st == ZO_OK)
-        st = model_lora_save(a->save, ad, &a->lora, a->model, (const void *const *)blocks, ZO_DTYPE_F32,
-                             ZO_DTYPE_F32);
-    free_blocks(blocks, ad->n_blocks);
+        printf("# merged %s: LoRA r %d alpha %g merged into the base, %s, %d weight file(s)\n", a->merge, a->lora.r,
+               a->lora.alpha, zo_dtype_name(a->dtype), shards);
     return st;
 }
 
 zo_status weights_save(offload_t *rt, const tf_model *m, const train_args *a)
 {
-    if (a->lora.r) return save_adapters(rt, m, a);
-    return offload_write_weights(rt, a->save, weights_write, (void *)&m->layout);
+    if (!a->lora.r) {
+        model_hf_folder f = hf_folder(m, a, a->save);
+        return offload_write_weights(rt, a->save, hf_writer, &f);
+    }
+    void **adapters = NULL;
+    zo_status st = read_adapters(rt, &m->adapters, &adapters);
+    if (st == ZO_OK && a->save) st = save_adapters(m, a, adapters);
+    if (st == ZO_OK && a->merge) st = save_merged(rt, m, a, adapters);
+    if (adapters) free_blocks(adapters, m->adapters.n_blocks);
+    return st;
 }
