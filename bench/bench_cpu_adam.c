@@ -6,12 +6,16 @@
  * loads and stores); then the scalar reference and every
  * implementation this CPU supports. Then the same for the gradient
  * sum-of-squares pass (roof: a read-only stream over the gradient).
- * Rows: variant, threads, Gparam/s, GB/s, % of roof. The last line is
- * params/s of the chosen case (default: fp32 master, fp16 gradients in, fp16
- * copy out) with the automatic implementation and the most threads.
+ * Rows: variant, threads, Gparam/s, GB/s, % of roof. Then the optimizer
+ * state encodings (fp32, bf16, q8: adam_state_update), each against a roof
+ * with its own traffic (the moments' bytes differ), all of them timed in turn
+ * in one set, so that they see the same load. The last lines are params/s
+ * of the chosen case (default: fp32 master, fp16 gradients in, fp16 copy
+ * out) with the automatic implementation and the most threads, and the
+ * encodings' speeds as ratios to fp32's.
  *
  *   bench_cpu_adam [-n params] [-t 1,2] [-g fp16] [-o fp16|bf16|none]
- *                  [-s seconds] [-S stagger_bytes] [-q]
+ *                  [-m fp32,bf16,q8|none] [-s seconds] [-S stagger_bytes] [-q]
  */
 #include <getopt.h>
 #include <immintrin.h>
@@ -29,6 +33,7 @@
 
 #define HUGE_PAGE ((size_t)2 << 20)
 #define MAX_THREAD_COUNTS 16
+#define MAX_STATES 4
 
 /* ---- staggered huge-page allocations -------------------------------------------- */
 
@@ -55,7 +60,9 @@ static void *buf_alloc(bench_buf *b, size_t bytes, int k, size_t stagger)
 typedef struct roof_args {
     int order; /* 0: read-modify-write array by array; 1: loads first */
     size_t n;
-    float *p, *m, *v;
+    float *p;
+    void *m, *v; /* the moments: ms bytes each */
+    int ms;      /* 4 (fp32), 2 (bf16) or 1 (q8 codes) */
     const void *g;
     zo_dtype gd;
     void *out;
@@ -89,8 +96,29 @@ static void split(size_t n, int t, int nt, size_t *lo, size_t *hi)
     *hi = n - *lo < per ? n : *lo + per;
 }
 
+/* 16 moments of ms bytes at element i of x, plus g: fp32 and bf16 ones as
+ * numbers (so they stay ordinary numbers for the kernels timed after the
+ * roof), q8 codes as bytes. The arithmetic is trivial; the traffic is the
+ * kernel's. */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static inline void
+roof_moment(void *x, size_t i, int ms, __m512 gg)
+{
+    if (ms == 4) {
+        float *f = (float *)x + i;
+        _mm512_storeu_ps(f, _mm512_add_ps(_mm512_loadu_ps(f), gg));
+    } else if (ms == 2) {
+        __m256i *h = (__m256i *)((uint16_t *)x + i);
+        __m512 f = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(h)), 16));
+        f = _mm512_add_ps(f, gg);
+        _mm256_storeu_si256(h, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(f), 16)));
+    } else {
+        __m128i *b = (__m128i *)((uint8_t *)x + i);
+        _mm_storeu_si128(b, _mm_add_epi8(_mm_loadu_si128(b), _mm_set1_epi8(1)));
+    }
+}
+
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void
-roof_avx512(size_t n, float *p, const void *g, zo_dtype gd, float *m, float *v, void *out,
+roof_avx512(size_t n, float *p, const void *g, zo_dtype gd, void *m, void *v, int ms, void *out,
             zo_dtype od)
 {
     /* 16 elements per step; n is a multiple of 64 in every chunk but the
@@ -99,8 +127,8 @@ roof_avx512(size_t n, float *p, const void *g, zo_dtype gd, float *m, float *v, 
         __m512 gg = roof_load_grad(g, i, gd);
         __m512 pp = _mm512_add_ps(_mm512_loadu_ps(p + i), gg);
         _mm512_storeu_ps(p + i, pp);
-        _mm512_storeu_ps(m + i, _mm512_add_ps(_mm512_loadu_ps(m + i), gg));
-        _mm512_storeu_ps(v + i, _mm512_add_ps(_mm512_loadu_ps(v + i), gg));
+        roof_moment(m, i, ms, gg);
+        roof_moment(v, i, ms, gg);
         if (out) _mm256_storeu_si256((__m256i *)((uint16_t *)out + i), roof_to16(pp, od));
     }
 }
@@ -108,23 +136,38 @@ roof_avx512(size_t n, float *p, const void *g, zo_dtype gd, float *m, float *v, 
 /* The same traffic in another order: all loads, then all stores (Adam's),
  * the copy streamed past the cache as the library does. */
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void
-roof_avx512_lf(size_t n, float *p, const void *g, zo_dtype gd, float *m, float *v, void *out,
-               zo_dtype od)
+roof_avx512_lf(size_t n, float *p, const void *g, zo_dtype gd, void *m, void *v, int ms,
+               void *out, zo_dtype od)
 {
     for (size_t i = 0; i + 16 <= n; i += 16) {
-        __m512 pp = _mm512_loadu_ps(p + i), mm = _mm512_loadu_ps(m + i);
-        __m512 vv = _mm512_loadu_ps(v + i), gg = roof_load_grad(g, i, gd);
-        pp = _mm512_add_ps(pp, gg);
-        _mm512_storeu_ps(p + i, pp);
-        _mm512_storeu_ps(m + i, _mm512_add_ps(mm, gg));
-        _mm512_storeu_ps(v + i, _mm512_add_ps(vv, gg));
+        __m512 pp = _mm512_loadu_ps(p + i), gg = roof_load_grad(g, i, gd);
+        if (ms == 4) {
+            __m512 mm = _mm512_loadu_ps((float *)m + i), vv = _mm512_loadu_ps((float *)v + i);
+            pp = _mm512_add_ps(pp, gg);
+            _mm512_storeu_ps(p + i, pp);
+            _mm512_storeu_ps((float *)m + i, _mm512_add_ps(mm, gg));
+            _mm512_storeu_ps((float *)v + i, _mm512_add_ps(vv, gg));
+        } else {
+            pp = _mm512_add_ps(pp, gg);
+            _mm512_storeu_ps(p + i, pp);
+            roof_moment(m, i, ms, gg);
+            roof_moment(v, i, ms, gg);
+        }
         if (out) _mm256_stream_si256((__m256i *)((uint16_t *)out + i), roof_to16(pp, od));
     }
     _mm_sfence();
 }
 
+/* A moment of ms bytes at element i, plus x (the scalar and AVX2 roofs). */
+static inline void roof_bump(void *a, size_t i, int ms, float x)
+{
+    if (ms == 4) ((float *)a)[i] += x;
+    else if (ms == 2) ((uint16_t *)a)[i] = (uint16_t)(zo_f32_bits(zo_bf16_to_f32(((uint16_t *)a)[i]) + x) >> 16);
+    else ((uint8_t *)a)[i]++;
+}
+
 __attribute__((target("avx2,f16c"))) static void roof_avx2(size_t n, float *p, const void *g,
-                                                           zo_dtype gd, float *m, float *v,
+                                                           zo_dtype gd, void *m, void *v, int ms,
                                                            void *out, zo_dtype od)
 {
     for (size_t i = 0; i + 8 <= n; i += 8) {
@@ -139,8 +182,22 @@ __attribute__((target("avx2,f16c"))) static void roof_avx2(size_t n, float *p, c
         }
         __m256 pp = _mm256_add_ps(_mm256_loadu_ps(p + i), gg);
         _mm256_storeu_ps(p + i, pp);
-        _mm256_storeu_ps(m + i, _mm256_add_ps(_mm256_loadu_ps(m + i), gg));
-        _mm256_storeu_ps(v + i, _mm256_add_ps(_mm256_loadu_ps(v + i), gg));
+        if (ms == 4) {
+            _mm256_storeu_ps((float *)m + i, _mm256_add_ps(_mm256_loadu_ps((float *)m + i), gg));
+            _mm256_storeu_ps((float *)v + i, _mm256_add_ps(_mm256_loadu_ps((float *)v + i), gg));
+        } else if (ms == 2) {
+            for (int k = 0; k < 2; k++) {
+                __m128i *h = (__m128i *)((uint16_t *)(k ? v : m) + i);
+                __m256 f = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(h)), 16));
+                __m256i r = _mm256_srli_epi32(_mm256_castps_si256(_mm256_add_ps(f, gg)), 16);
+                _mm_storeu_si128(h, _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+            }
+        } else {
+            for (int k = 0; k < 2; k++) {
+                __m128i *b = (__m128i *)((uint8_t *)(k ? v : m) + i);
+                _mm_storel_epi64(b, _mm_add_epi8(_mm_loadl_epi64(b), _mm_set1_epi8(1)));
+            }
+        }
         if (out) {
             __m256i u = _mm256_srli_epi32(_mm256_castps_si256(pp), 16);
             __m128i h = od == ZO_DTYPE_F16
@@ -153,14 +210,14 @@ __attribute__((target("avx2,f16c"))) static void roof_avx2(size_t n, float *p, c
     _mm_sfence();
 }
 
-static void roof_scalar(size_t n, float *p, const void *g, zo_dtype gd, float *m, float *v,
+static void roof_scalar(size_t n, float *p, const void *g, zo_dtype gd, void *m, void *v, int ms,
                         void *out)
 {
     for (size_t i = 0; i < n; i++) {
         float gi = zo_load_f32(g, gd, i);
         p[i] += gi;
-        m[i] += gi;
-        v[i] += gi;
+        roof_bump(m, i, ms, gi);
+        roof_bump(v, i, ms, gi);
         if (out) ((uint16_t *)out)[i] = (uint16_t)(zo_f32_bits(p[i]) >> 16);
     }
 }
@@ -174,14 +231,16 @@ static void roof_run(void *arg)
     {
         size_t lo, hi;
         split(a->n, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
-        float *p = a->p + lo, *m = a->m + lo, *v = a->v + lo;
+        float *p = a->p + lo;
+        void *m = (char *)a->m + lo * (size_t)a->ms, *v = (char *)a->v + lo * (size_t)a->ms;
         const void *g = (const char *)a->g + lo * gs;
         void *out = a->out ? (char *)a->out + lo * os : NULL;
         if (best == ADAM_IMPL_AVX512 && a->order)
-            roof_avx512_lf(hi - lo, p, g, a->gd, m, v, out, a->od);
-        else if (best == ADAM_IMPL_AVX512) roof_avx512(hi - lo, p, g, a->gd, m, v, out, a->od);
-        else if (best == ADAM_IMPL_AVX2) roof_avx2(hi - lo, p, g, a->gd, m, v, out, a->od);
-        else roof_scalar(hi - lo, p, g, a->gd, m, v, out);
+            roof_avx512_lf(hi - lo, p, g, a->gd, m, v, a->ms, out, a->od);
+        else if (best == ADAM_IMPL_AVX512)
+            roof_avx512(hi - lo, p, g, a->gd, m, v, a->ms, out, a->od);
+        else if (best == ADAM_IMPL_AVX2) roof_avx2(hi - lo, p, g, a->gd, m, v, a->ms, out, a->od);
+        else roof_scalar(hi - lo, p, g, a->gd, m, v, a->ms, out);
     }
 }
 
@@ -240,6 +299,25 @@ static void adam_run(void *arg)
     if (st != ZO_OK) a->st = st;
 }
 
+/* One encoded state (adam_state_update) and its roof, whose m and v are the
+ * state's own parts. */
+typedef struct state_case {
+    adam_state_kind kind;
+    void *state;
+    roof_args roofs[2];
+    adam_args impls[8]; /* r.m holds the state buffer */
+    int ni;
+} state_case;
+
+static void state_run(void *arg)
+{
+    adam_args *a = arg;
+    state_case *sc = a->r.m; /* set up by main */
+    zo_status st = adam_state_update_impl(a->impl, &a->hp, sc->kind, a->r.n, a->r.p, a->r.g,
+                                          a->r.gd, sc->state, a->r.out, a->r.od, a->r.threads);
+    if (st != ZO_OK) a->st = st;
+}
+
 static void stats_run(void *arg)
 {
     adam_args *a = arg;
@@ -284,10 +362,13 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: bench_cpu_adam [-n params] [-t threads,...] [-g fp32|fp16|bf16]\n"
-            "                      [-o fp16|bf16|none] [-s min_seconds] [-S stagger_bytes] [-q]\n"
+            "                      [-o fp16|bf16|none] [-m states|none] [-s min_seconds]\n"
+            "                      [-S stagger_bytes] [-q]\n"
             "  -n  parameters (default 67108864 = 64Mi; K/M/B suffixes are 1e3/1e6/1e9)\n"
             "  -t  comma-separated thread counts (default 1,<omp max>)\n"
             "  -g  gradient type (default fp16); -o 16-bit copy type (default fp16)\n"
+            "  -m  optimizer state encodings timed against each other (default fp32,bf16,q8;\n"
+            "      q8/<block> for another block size; none skips them)\n"
             "  -s  minimum seconds timed per row (default 1)\n"
             "  -S  start offset step between arrays inside 2 MiB pages (default 266304)\n"
             "  -q  skip the scalar reference (slow)\n");
@@ -323,7 +404,10 @@ int main(int argc, char **argv)
     double min_s = 1.0;
     long stagger = 266304; /* 260 KiB: 8 arrays spread over the 2 MiB page, 4 KiB apart mod 64 KiB */
     int c;
-    while ((c = getopt(argc, argv, "n:t:g:o:s:S:qh")) != -1) {
+    adam_state_kind kinds[MAX_STATES];
+    int nk = 0;
+    const char *kind_list = "fp32,bf16,q8";
+    while ((c = getopt(argc, argv, "n:t:g:o:m:s:S:qh")) != -1) {
         zo_status st = ZO_OK;
         long x;
         switch (c) {
@@ -343,6 +427,7 @@ int main(int argc, char **argv)
             else if ((st = zo_dtype_parse(optarg, &od)) == ZO_OK && od == ZO_DTYPE_F32)
                 st = zo_error(ZO_ERR_INVALID, "-o: the copy is fp16, bf16 or none");
             break;
+        case 'm': kind_list = optarg; break;
         case 's': st = zo_parse_double(optarg, "-s", 0.0, 600.0, &min_s); break;
         case 'S': st = zo_parse_int(optarg, "-S", 0, (long)HUGE_PAGE, &stagger); break;
         case 'q': quick = 1; break;
@@ -351,6 +436,18 @@ int main(int argc, char **argv)
         if (st != ZO_OK) {
             fprintf(stderr, "bench_cpu_adam: %s\n", zo_last_error());
             return 2;
+        }
+    }
+    if (strcmp(kind_list, "none")) {
+        char list[256];
+        snprintf(list, sizeof list, "%s", kind_list);
+        for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+            if (nk == MAX_STATES || adam_state_parse(tok, &kinds[nk]) != ZO_OK) {
+                fprintf(stderr, "bench_cpu_adam: -m: %s\n",
+                        nk == MAX_STATES ? "too many encodings" : zo_last_error());
+                return 2;
+            }
+            nk++;
         }
     }
     if (stagger % 64) {
@@ -373,7 +470,7 @@ int main(int argc, char **argv)
                  adam_impl_name(adam_best_impl()), adam_avx512_has_bf16() ? " (+avx512bf16)" : "",
                  stagger, bpp);
 
-    bench_buf bufs[5];
+    bench_buf bufs[5 + MAX_STATES];
     int k = 0;
     float *p = buf_alloc(&bufs[k], n * 4, k, (size_t)stagger);
     k++;
@@ -404,7 +501,7 @@ int main(int argc, char **argv)
     }
 
     /* one argument block per variant: roof kernels, then implementations */
-    roof_args r0 = {.n = n, .p = p, .m = m, .v = v, .g = g, .gd = gd, .out = out, .od = od};
+    roof_args r0 = {.n = n, .p = p, .m = m, .v = v, .ms = 4, .g = g, .gd = gd, .out = out, .od = od};
     roof_args roofs[2] = {r0, r0};
     roofs[1].order = 1;
     int nroof = adam_best_impl() == ADAM_IMPL_AVX512 ? 2 : 1;
@@ -459,6 +556,117 @@ int main(int argc, char **argv)
             return 1;
         }
 
+    /* the state encodings: each with its roof, all timed in turn */
+    state_case *cases = calloc((size_t)nk + 1, sizeof *cases);
+    if (!cases) return 1;
+    for (int ki = 0; ki < nk; ki++) {
+        state_case *sc = &cases[ki];
+        adam_state_layout l;
+        sc->kind = kinds[ki];
+        if (adam_state_layout_of(sc->kind, n, &l) != ZO_OK ||
+            !(sc->state = buf_alloc(&bufs[k], l.bytes, k, (size_t)stagger)) ||
+            adam_state_init(sc->kind, sc->state, n, tmax) != ZO_OK) {
+            fprintf(stderr, "bench_cpu_adam: cannot set up %s state for %llu parameters\n",
+                    adam_state_name(sc->kind), (unsigned long long)n);
+            return 1;
+        }
+        k++;
+        roof_args rs = r0;
+        rs.m = (char *)sc->state + l.off_m;
+        rs.v = (char *)sc->state + l.off_v;
+        rs.ms = sc->kind.type == ADAM_STATE_F32 ? 4 : sc->kind.type == ADAM_STATE_BF16 ? 2 : 1;
+        sc->roofs[0] = sc->roofs[1] = rs;
+        sc->roofs[1].order = 1;
+        for (int ii = 0; ii <= ni; ii++) {
+            adam_impl impl = ii < ni ? impls[ii] : ADAM_IMPL_AUTO;
+            if (impl == ADAM_IMPL_SCALAR) continue; /* timed on its own below */
+            sc->impls[sc->ni] = (adam_args){.r = r0, .impl = impl, .hp = adam_hparams_default()};
+            sc->impls[sc->ni].r.m = sc; /* state_run's way to the state */
+            sc->impls[sc->ni].hp.step = 10;
+            sc->ni++;
+        }
+    }
+    /* bytes moved per parameter: p, g, m, v read; p, m, v, copy written;
+     * q8's two absmax per block read and written */
+    double state_bpp[MAX_STATES], state_rate[MAX_STATES] = {0}, state_roof[MAX_STATES] = {0};
+    for (int ki = 0; ki < nk; ki++) {
+        double ms = cases[ki].roofs[0].ms;
+        state_bpp[ki] = (double)(8 + gs) + 4.0 * ms + (double)os +
+                        (kinds[ki].type == ADAM_STATE_Q8 ? 16.0 / kinds[ki].block : 0.0);
+    }
+    if (nk)
+        bench_row("%-16s %7s %9s %8s %8s %8s", "# state", "threads", "Gparam/s", "B/param",
+                  "GB/s", "%roof");
+    for (int ti = 0; ti < nt && nk; ti++) {
+        int th = tlist[ti];
+        variant vs[MAX_STATES * 10];
+        char names[MAX_STATES * 10][40];
+        int nv = 0, first[MAX_STATES + 1];
+        for (int ki = 0; ki < nk; ki++) {
+            state_case *sc = &cases[ki];
+            first[ki] = nv;
+            const char *kn = adam_state_name(sc->kind);
+            int dflt = sc->kind.type != ADAM_STATE_Q8 || sc->kind.block == ADAM_Q8_BLOCK;
+            for (int i = 0; i < nroof; i++) {
+                sc->roofs[i].threads = th;
+                if (dflt) snprintf(names[nv], sizeof names[nv], "roof %s", kn);
+                else snprintf(names[nv], sizeof names[nv], "roof %s/%u", kn, sc->kind.block);
+                vs[nv] = (variant){.name = names[nv], .fn = roof_run, .arg = &sc->roofs[i]};
+                nv++;
+            }
+            for (int ii = 0; ii < sc->ni; ii++) {
+                sc->impls[ii].r.threads = th;
+                const char *in = adam_impl_name(sc->impls[ii].impl);
+                if (dflt) snprintf(names[nv], sizeof names[nv], "%s %s", kn, in);
+                else snprintf(names[nv], sizeof names[nv], "%s/%u %s", kn, sc->kind.block, in);
+                vs[nv] = (variant){.name = names[nv], .fn = state_run, .arg = &sc->impls[ii]};
+                nv++;
+            }
+        }
+        first[nk] = nv;
+        time_interleaved(vs, nv, 5, min_s);
+        for (int ki = 0; ki < nk; ki++) {
+            double roof = vs[first[ki]].best, bpp_k = state_bpp[ki];
+            for (int i = 1; i < nroof; i++)
+                roof = vs[first[ki] + i].best < roof ? vs[first[ki] + i].best : roof;
+            double rr = (double)n / roof * 1e-9;
+            bench_row("%-16s %7d %9.3f %8.2f %8.2f %8.1f", vs[first[ki]].name, th, rr, bpp_k,
+                      rr * bpp_k, 100.0);
+            for (int i = first[ki] + nroof; i < first[ki + 1]; i++) {
+                double r = (double)n / vs[i].best * 1e-9;
+                bench_row("%-16s %7d %9.3f %8.2f %8.2f %8.1f", vs[i].name, th, r, bpp_k,
+                          r * bpp_k, 100.0 * roof / vs[i].best);
+                if (i == first[ki + 1] - 1 && th == tmax) { /* auto: the last */
+                    state_rate[ki] = r;
+                    state_roof[ki] = 100.0 * roof / vs[i].best;
+                }
+            }
+        }
+    }
+    if (!quick) /* the scalar references, on their own (slow) */
+        for (int ki = 0; ki < nk; ki++) {
+            adam_args sa = {.r = r0, .impl = ADAM_IMPL_SCALAR, .hp = adam_hparams_default()};
+            sa.r.m = &cases[ki];
+            sa.r.threads = tmax;
+            sa.hp.step = 10;
+            variant v1 = {.name = "scalar", .fn = state_run, .arg = &sa};
+            time_interleaved(&v1, 1, 2, 0.0);
+            double r = (double)n / v1.best * 1e-9;
+            char name[40];
+            snprintf(name, sizeof name, "%s scalar", adam_state_name(kinds[ki]));
+            bench_row("%-16s %7d %9.3f %8.2f %8.2f %8s", name, tmax, r, state_bpp[ki],
+                      r * state_bpp[ki], "-");
+            if (sa.st != ZO_OK) cases[ki].impls[0].st = sa.st;
+        }
+    for (int ki = 0; ki < nk; ki++)
+        for (int ii = 0; ii < cases[ki].ni; ii++)
+            if (cases[ki].impls[ii].st != ZO_OK) {
+                fprintf(stderr, "bench_cpu_adam: %s state, %s: %s\n", adam_state_name(kinds[ki]),
+                        adam_impl_name(cases[ki].impls[ii].impl),
+                        zo_status_name(cases[ki].impls[ii].st));
+                return 1;
+            }
+
     bench_row("%-16s %7s %9s %8s %8s", "# grad stats", "threads", "Gparam/s", "GB/s", "%roof");
     for (int ti = 0; ti < nt; ti++) {
         int th = tlist[ti];
@@ -480,6 +688,22 @@ int main(int argc, char **argv)
         }
     }
     for (int i = 0; i < k; i++) free(bufs[i].base);
+    free(cases);
     bench_result("params/s", main_rate);
+    /* the encodings against fp32 state, and each against its own roof */
+    int f32 = -1;
+    for (int ki = 0; ki < nk; ki++)
+        if (kinds[ki].type == ADAM_STATE_F32) f32 = ki;
+    for (int ki = 0; ki < nk; ki++) {
+        char label[96];
+        if (f32 >= 0 && ki != f32 && state_rate[f32] > 0) {
+            snprintf(label, sizeof label, "%s/fp32 Gparam/s (auto, %d thread%s)",
+                     adam_state_name(kinds[ki]), tmax, tmax > 1 ? "s" : "");
+            bench_result(label, state_rate[ki] / state_rate[f32]);
+        }
+        snprintf(label, sizeof label, "%s %%roof (auto, %d thread%s)", adam_state_name(kinds[ki]),
+                 tmax, tmax > 1 ? "s" : "");
+        bench_result(label, state_roof[ki]);
+    }
     return 0;
 }

@@ -5,42 +5,139 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <time.h>
 #include <unistd.h>
+
+static int use_unnamed = 1;
+static uint64_t (*draw_hook)(void);
+
+void zo_file_test_hooks(int unnamed, uint64_t (*draw)(void))
+{
+    use_unnamed = unnamed;
+    draw_hook = draw;
+}
+
+/* 64 random bits for a temporary name. Without entropy (getrandom failing
+ * early at boot) a mix of the clock, the pid and a counter: exclusive
+ * creation, not the name, is what keeps the write safe. */
+static uint64_t draw_token(void)
+{
+    if (draw_hook) return draw_hook();
+    uint64_t v;
+    if (getrandom(&v, sizeof v, GRND_NONBLOCK) == (ssize_t)sizeof v) return v;
+    static uint64_t count;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    v = (uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec << 32 ^ (uint64_t)getpid() << 16 ^
+        __atomic_add_fetch(&count, 1, __ATOMIC_RELAXED) * 0x9e3779b97f4a7c15ull;
+    v = (v ^ v >> 31) * 0xbf58476d1ce4e5b9ull; /* splitmix64's finish */
+    return v ^ v >> 29;
+}
+
+/* A fresh temporary name for f: "<name>.tmp.<16 hex>", the name cut to 200
+ * bytes so that it stays a valid file name. */
+static void draw_name(zo_file_writer *f)
+{
+    snprintf(f->tmp_name, sizeof f->tmp_name, "%.200s.tmp.%016llx", f->name,
+             (unsigned long long)draw_token());
+}
 
 static void writer_free(zo_file_writer *f)
 {
     if (f->fd >= 0) close(f->fd);
+    if (f->dirfd >= 0) close(f->dirfd);
     free(f->path);
     free(f->tmp_path);
+    free(f->name);
     memset(f, 0, sizeof *f);
-    f->fd = -1;
+    f->fd = f->dirfd = -1;
+}
+
+/* f->tmp_path: what messages call the file: "<dir>/<tmp_name>", or "<path>
+ * (unnamed, being written)". */
+static zo_status name_tmp_path(zo_file_writer *f)
+{
+    size_t n = strlen(f->path) + sizeof f->tmp_name + 32;
+    char *p = malloc(n);
+    if (!p) return zo_error(ZO_ERR_NOMEM, "%s: cannot copy the path", f->path);
+    size_t dir = strlen(f->path) - strlen(f->name);
+    if (f->tmp_name[0]) snprintf(p, n, "%.*s%s", (int)dir, f->path, f->tmp_name);
+    else snprintf(p, n, "%s (unnamed, being written)", f->path);
+    free(f->tmp_path);
+    f->tmp_path = p;
+    return ZO_OK;
+}
+
+/* An unnamed file can be linked in through /proc/self/fd (linkat with
+ * AT_SYMLINK_FOLLOW, open(2)'s way): 1 when that path leads to fd's file. */
+static int linkable(int fd)
+{
+    char p[64];
+    struct stat a, b;
+    snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
+    return fstat(fd, &a) == 0 && stat(p, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
 zo_status zo_file_create(zo_file_writer *f, const char *path)
 {
     memset(f, 0, sizeof *f);
-    f->fd = -1;
-    size_t n = strlen(path) + 32;
+    f->fd = f->dirfd = -1;
+    zo_status st;
+    const char *slash = strrchr(path, '/');
     f->path = strdup(path);
-    f->tmp_path = malloc(n);
-    if (!f->path || !f->tmp_path) {
-        writer_free(f);
-        return zo_error(ZO_ERR_NOMEM, "%s: cannot copy the path", path);
+    f->name = strdup(slash ? slash + 1 : path);
+    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    if (!f->path || !f->name || !dir) {
+        st = zo_error(ZO_ERR_NOMEM, "%s: cannot copy the path", path);
+        goto out_free;
     }
-    snprintf(f->tmp_path, n, "%s.tmp.%ld", path, (long)getpid());
-    f->fd = open(f->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (!f->name[0] || !strcmp(f->name, ".") || !strcmp(f->name, "..")) {
+        st = zo_error(ZO_ERR_INVALID, "%s: cannot create: not a file name", path);
+        goto out_free;
+    }
+    f->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (f->dirfd < 0) {
+        st = zo_error(ZO_ERR_IO, "%s: cannot create a temporary file in %s: %s", path, dir, strerror(errno));
+        goto out_free;
+    }
+    if (use_unnamed) {
+        f->fd = openat(f->dirfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
+        if (f->fd >= 0 && linkable(f->fd)) {
+            f->unnamed = 1;
+            free(dir);
+            return name_tmp_path(f);
+        }
+        if (f->fd >= 0) close(f->fd); /* the file system has no O_TMPFILE, or no /proc: a named file */
+        f->fd = -1;
+    }
+    for (int tries = 0; tries < ZO_FILE_TMP_TRIES && f->fd < 0; tries++) {
+        draw_name(f);
+        f->fd = openat(f->dirfd, f->tmp_name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        if (f->fd < 0 && errno != EEXIST) {
+            st = zo_error(ZO_ERR_IO, "%s: cannot create a temporary file in %s: %s", path, dir, strerror(errno));
+            goto out_free;
+        }
+    }
     if (f->fd < 0) {
-        zo_status st = zo_error(ZO_ERR_IO, "%s: cannot create: %s", f->tmp_path, strerror(errno));
-        writer_free(f);
-        return st;
+        f->tmp_name[0] = 0;
+        st = zo_error(ZO_ERR_IO, "%s: cannot create a temporary file in %s: the %d names drawn all exist",
+                      path, dir, ZO_FILE_TMP_TRIES);
+        goto out_free;
     }
-    return ZO_OK;
+    free(dir);
+    if ((st = name_tmp_path(f)) != ZO_OK) zo_file_abort(f);
+    return st;
+out_free:
+    free(dir);
+    writer_free(f);
+    return st;
 }
 
 zo_status zo_file_append(zo_file_writer *f, const void *buf, size_t len)
@@ -60,6 +157,24 @@ zo_status zo_file_append(zo_file_writer *f, const void *buf, size_t len)
     return ZO_OK;
 }
 
+/* Link f's unnamed file into its folder under a fresh name (linkat never
+ * replaces or follows what is at the new name: a name taken, another). */
+static zo_status link_unnamed(zo_file_writer *f)
+{
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", f->fd);
+    for (int tries = 0; tries < ZO_FILE_TMP_TRIES; tries++) {
+        draw_name(f);
+        if (linkat(AT_FDCWD, proc, f->dirfd, f->tmp_name, AT_SYMLINK_FOLLOW) == 0) return name_tmp_path(f);
+        int e = errno;
+        f->tmp_name[0] = 0;
+        if (e != EEXIST)
+            return zo_error(ZO_ERR_IO, "%s: cannot link the written file into its folder: %s", f->path, strerror(e));
+    }
+    return zo_error(ZO_ERR_IO, "%s: cannot link the written file into its folder: the %d temporary names drawn "
+                    "all exist", f->path, ZO_FILE_TMP_TRIES);
+}
+
 zo_status zo_file_commit(zo_file_writer *f)
 {
     zo_status st = ZO_OK;
@@ -67,26 +182,20 @@ zo_status zo_file_commit(zo_file_writer *f)
         st = zo_error(ZO_ERR_IO, "%s: fsync: %s", f->tmp_path, strerror(errno));
         goto out_abort;
     }
+    if (f->unnamed && (st = link_unnamed(f)) != ZO_OK) goto out_abort;
     int fd = f->fd;
     f->fd = -1;
     if (close(fd) != 0) {
         st = zo_error(ZO_ERR_IO, "%s: close: %s", f->tmp_path, strerror(errno));
         goto out_abort;
     }
-    if (rename(f->tmp_path, f->path) != 0) {
+    /* a link at the final name is replaced, never followed */
+    if (renameat(f->dirfd, f->tmp_name, f->dirfd, f->name) != 0) {
         st = zo_error(ZO_ERR_IO, "rename %s -> %s: %s", f->tmp_path, f->path, strerror(errno));
         goto out_abort;
     }
-    /* make the rename itself durable */
-    char *dcopy = strdup(f->path);
-    if (dcopy) {
-        int dfd = open(dirname(dcopy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            fsync(dfd);
-            close(dfd);
-        }
-        free(dcopy);
-    }
+    f->tmp_name[0] = 0;
+    fsync(f->dirfd); /* make the rename itself durable */
     writer_free(f);
     return ZO_OK;
 out_abort:
@@ -96,7 +205,7 @@ out_abort:
 
 void zo_file_abort(zo_file_writer *f)
 {
-    if (f->tmp_path) unlink(f->tmp_path);
+    if (f->tmp_name[0] && f->dirfd >= 0) unlinkat(f->dirfd, f->tmp_name, 0); /* ours: made exclusively */
     writer_free(f);
 }
 
@@ -268,16 +377,50 @@ zo_status zo_dir_remove_at(int dirfd, const char *name)
     return ZO_OK;
 }
 
-/* "pid P on host H" from a lock file's text, or "pid unknown". */
+/* The pid holding an flock on the file open as fd, from /proc/locks (a
+ * holder on this host, in this pid namespace); 0 when none is listed. */
+static long flock_holder_pid(int fd)
+{
+    struct stat sb;
+    FILE *f = fstat(fd, &sb) == 0 ? fopen("/proc/locks", "re") : NULL;
+    if (!f) return 0;
+    char line[256];
+    long found = 0;
+    while (!found && fgets(line, sizeof line, f)) {
+        char type[16];
+        long pid;
+        unsigned maj, mnr;
+        unsigned long long ino;
+        /* "1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF"; a waiter's line has "->" */
+        if (strstr(line, "->") ||
+            sscanf(line, "%*d: %15s %*s %*s %ld %x:%x:%llu", type, &pid, &maj, &mnr, &ino) != 5)
+            continue;
+        if (!strcmp(type, "FLOCK") && pid > 0 && ino == (unsigned long long)sb.st_ino &&
+            maj == major(sb.st_dev) && mnr == minor(sb.st_dev))
+            found = pid;
+    }
+    fclose(f);
+    return found;
+}
+
+/* Who holds the lock open as fd: "pid P on host H" (this host's, from
+ * /proc/locks), else what the lock file records: "pid P on host H (as the
+ * lock file records)" (a holder elsewhere, or one that could not write its
+ * name: the file may name an earlier holder), or "pid unknown". */
 static void lock_holder(int fd, char *out, size_t len)
 {
-    char buf[320];
+    char buf[320], host[256] = "unknown";
+    long pid = flock_holder_pid(fd);
+    if (pid) {
+        gethostname(host, sizeof host - 1);
+        host[sizeof host - 1] = 0;
+        snprintf(out, len, "pid %ld on host %s", pid, host);
+        return;
+    }
     ssize_t r = pread(fd, buf, sizeof buf - 1, 0);
     buf[r > 0 ? r : 0] = 0;
-    long pid;
-    char host[256];
     if (sscanf(buf, "pid %ld host %255s", &pid, host) == 2)
-        snprintf(out, len, "pid %ld on host %s", pid, host);
+        snprintf(out, len, "pid %ld on host %s, as the lock file records", pid, host);
     else
         snprintf(out, len, "pid unknown");
 }
@@ -297,8 +440,16 @@ zo_status zo_dir_lock_take(const char *dir, const char *what, zo_dir_lock *out)
         close(dfd);
         return zo_error(ZO_ERR_IO, "%s: fstat: %s", dir, strerror(e));
     }
-    int fd = openat(dfd, ZO_DIR_LOCK_NAME, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    /* writable, to record the holder; another user's lock file (or a
+     * read-only one) is locked read-only: flock needs no write access */
+    int writable = 1;
+    int fd = openat(dfd, ZO_DIR_LOCK_NAME, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0664);
     int e = errno;
+    if (fd < 0 && (e == EACCES || e == EPERM || e == EROFS)) {
+        fd = openat(dfd, ZO_DIR_LOCK_NAME, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0 && errno != ENOENT) e = errno; /* absent: it could not be created (e) */
+        writable = 0;
+    }
     close(dfd);
     if (fd < 0)
         return zo_error(ZO_ERR_IO, "%s/%s: cannot open the lock of %s: %s", dir, ZO_DIR_LOCK_NAME,
@@ -311,7 +462,7 @@ zo_status zo_dir_lock_take(const char *dir, const char *what, zo_dir_lock *out)
     }
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         e = errno;
-        char holder[300];
+        char holder[360];
         lock_holder(fd, holder, sizeof holder);
         close(fd);
         if (e == EWOULDBLOCK)
@@ -319,14 +470,15 @@ zo_status zo_dir_lock_take(const char *dir, const char *what, zo_dir_lock *out)
                             what, holder, dir, ZO_DIR_LOCK_NAME);
         return zo_error(ZO_ERR_IO, "%s/%s: flock: %s", dir, ZO_DIR_LOCK_NAME, strerror(e));
     }
-    char host[256] = "unknown", text[320];
-    gethostname(host, sizeof host - 1);
-    host[sizeof host - 1] = 0;
-    for (char *p = host; *p; p++)
-        if (*p == ' ' || *p == '\n') *p = '_';
-    int n = snprintf(text, sizeof text, "pid %ld host %s\n", (long)getpid(), host);
-    /* who holds it, for the message a second run prints (best effort) */
-    if (ftruncate(fd, 0) != 0 || pwrite(fd, text, (size_t)n, 0) != n) { /* the lock holds anyway */ }
+    if (writable) { /* who holds it, for the message a second run elsewhere prints (best effort) */
+        char host[256] = "unknown", text[320];
+        gethostname(host, sizeof host - 1);
+        host[sizeof host - 1] = 0;
+        for (char *p = host; *p; p++)
+            if (*p == ' ' || *p == '\n') *p = '_';
+        int n = snprintf(text, sizeof text, "pid %ld host %s\n", (long)getpid(), host);
+        if (ftruncate(fd, 0) != 0 || pwrite(fd, text, (size_t)n, 0) != n) { /* the lock holds anyway */ }
+    }
     out->fd = fd;
     out->dev = (uint64_t)ds.st_dev;
     out->ino = (uint64_t)ds.st_ino;

@@ -14,11 +14,22 @@
 
 #include "common/status.h" /* defines: zo_status */
 
-/* A file being written as "<path>.tmp.<pid>", next to its final path. */
+/* A file being written next to its final path, under no name that existed
+ * before: an unnamed file in the final path's folder (O_TMPFILE) where the
+ * file system has them, linked in at commit under a fresh random name
+ * "<name>.tmp.<16 hex digits>"; elsewhere a file created at such a name
+ * exclusively (O_CREAT | O_EXCL | O_NOFOLLOW). A name that exists, a link
+ * planted there included, is never opened, followed or replaced: another
+ * name is drawn (ZO_FILE_TMP_TRIES at most). */
+#define ZO_FILE_TMP_TRIES 64
 typedef struct zo_file_writer {
-    char *path;     /* final name */
-    char *tmp_path; /* "<path>.tmp.<pid>" */
+    char *path;         /* final name */
+    char *tmp_path;     /* the file being written, as messages name it */
+    char *name;         /* the final name's last component */
+    char tmp_name[256]; /* the temporary name in the folder; "" while unnamed */
     int fd;
+    int dirfd;          /* the final name's folder */
+    int unnamed;        /* 1: an O_TMPFILE file, linked in at commit */
     uint64_t written;
 } zo_file_writer;
 
@@ -26,8 +37,8 @@ typedef struct zo_file_writer {
 zo_status zo_file_create(zo_file_writer *f, const char *path);
 /* Write all of buf (retrying short writes and EINTR). */
 zo_status zo_file_append(zo_file_writer *f, const void *buf, size_t len);
-/* fsync, close, rename over `path`, fsync the directory; frees f. On failure
- * the temporary file is removed. */
+/* fsync, (link an unnamed file in,) close, rename over `path`, fsync the
+ * directory; frees f. On failure the temporary file is removed. */
 zo_status zo_file_commit(zo_file_writer *f);
 /* Close and remove the temporary file; frees f. */
 void zo_file_abort(zo_file_writer *f);
@@ -40,6 +51,11 @@ zo_status zo_file_write_all(const char *path, const void *buf, size_t len);
  * (zo_file_write_all); a NULL doc (one that could not be built) or no memory
  * to print it is ZO_ERR_NOMEM. */
 zo_status zo_file_write_json(const char *path, const cJSON *doc);
+
+/* Test seam: whether unnamed temporary files are tried (1, the default), and
+ * what draws the temporary names' 64 random bits (NULL, the default:
+ * getrandom). Not thread-safe; for tests only. */
+void zo_file_test_hooks(int use_unnamed, uint64_t (*draw)(void));
 
 /* Read the whole of `path`, a regular file (see zo_file_open_regular), into
  * a NUL-terminated buffer the caller frees; *len (may be NULL) gets its
@@ -69,12 +85,18 @@ zo_status zo_file_open_regular(const char *path, const char *what, int *fd);
 zo_status zo_dir_remove_at(int dirfd, const char *name);
 
 /* An exclusive lock on a folder for as long as it is held: flock(2) on
- * <dir>/.zo-lock (created 0644 if missing, never through a link), which
- * holds "pid <pid> host <host>" of the holder. Held elsewhere, by another
- * process or another zo_dir_lock of this one, it is ZO_ERR_BUSY:
- * "<dir>: <what> is in use by another run (pid P on host H; lock
- * <dir>/.zo-lock)". The lock goes with the process (a killed run holds
- * nothing), and the file stays (removing it would race with a new holder). */
+ * <dir>/.zo-lock (created 0664, less the umask, if missing; never through a
+ * link). The file is opened for writing where it can be, to record "pid
+ * <pid> host <host>" of the holder; a lock file another user left in a
+ * shared folder (or one made read-only) is opened read-only and locked all
+ * the same, as flock needs no write access. Held elsewhere, by another
+ * process or another zo_dir_lock of this one, it is ZO_ERR_BUSY: "<dir>:
+ * <what> is in use by another run (pid P on host H; lock <dir>/.zo-lock)",
+ * the holder as /proc/locks names it on this host, else as the file records
+ * it (", as the lock file records": a holder on another host, or one that
+ * could not write its name). The lock goes with the process (a killed run
+ * holds nothing), and the file stays (removing it would race with a new
+ * holder). */
 #define ZO_DIR_LOCK_NAME ".zo-lock"
 typedef struct zo_dir_lock {
     int fd;      /* -1: not held */

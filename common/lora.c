@@ -118,6 +118,15 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
     return n;
 }
 
+unsigned zo_lora_targets_effective(const zo_model_config *cfg, unsigned targets)
+{
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int n = zo_lora_layer_modules(cfg, targets, mods);
+    unsigned bits = 0;
+    for (int i = 0; i < n; i++) bits |= mods[i].targets;
+    return bits;
+}
+
 uint64_t zo_lora_trainable_params(const zo_model_config *cfg, int r, unsigned targets)
 {
     zo_lora_module mods[ZO_LORA_MAX_MODULES];

@@ -68,6 +68,13 @@ zo_status zo_lora_check(const zo_model_config *cfg, const zo_lora_config *lc);
 int zo_lora_layer_modules(const zo_model_config *cfg, unsigned targets,
                           zo_lora_module out[ZO_LORA_MAX_MODULES]);
 
+/* The targets as the architecture has them: the bits of the linear layers
+ * `targets` adapts (GPT-2: any of q, k, v is all three, c_attn; all-linear
+ * is q|k|v|o|up|down). Two target sets adapt the same layers exactly when
+ * these are equal ("all-linear" and the list of every module, "q" and
+ * "c_attn" on GPT-2). */
+unsigned zo_lora_targets_effective(const zo_model_config *cfg, unsigned targets);
+
 /* Trainable parameters of rank-r adapters on `targets`, as PEFT's
  * print_trainable_parameters counts them (LLaMA-2-7B, r 8, q and v:
  * 4,194,304). */

@@ -51,12 +51,12 @@ static const zo_model_preset presets[] = {
     GPT("megatron-175b", "", "megatron", 96, 12288, 96, 51200, 2048),
     GPT("megatron-530b", "mt-nlg-530b", "megatron", 105, 20480, 128, 51200, 2048),
     GPT("megatron-1t", "", "megatron", 128, 25600, 160, 51200, 2048),
-    LLAMA("llama-2-7b", "llama2-7b", "llama2", 32, 4096, 32, 32, 11008, 32000, 4096, 10000.0f, 0),
-    LLAMA("llama-2-13b", "llama2-13b", "llama2", 40, 5120, 40, 40, 13824, 32000, 4096, 10000.0f, 0),
-    LLAMA("llama-2-70b", "llama2-70b", "llama2", 80, 8192, 64, 8, 28672, 32000, 4096, 10000.0f, 0),
-    LLAMA("llama-3-8b", "llama3-8b,llama-3.1-8b", "llama3", 32, 4096, 32, 8, 14336, 128256, 8192,
+    LLAMA("llama-2-7b", "", "llama2", 32, 4096, 32, 32, 11008, 32000, 4096, 10000.0f, 0),
+    LLAMA("llama-2-13b", "", "llama2", 40, 5120, 40, 40, 13824, 32000, 4096, 10000.0f, 0),
+    LLAMA("llama-2-70b", "", "llama2", 80, 8192, 64, 8, 28672, 32000, 4096, 10000.0f, 0),
+    LLAMA("llama-3-8b", "llama-3.1-8b", "llama3", 32, 4096, 32, 8, 14336, 128256, 8192,
           500000.0f, 0),
-    LLAMA("llama-3-70b", "llama3-70b,llama-3.1-70b", "llama3", 80, 8192, 64, 8, 28672, 128256,
+    LLAMA("llama-3-70b", "llama-3.1-70b", "llama3", 80, 8192, 64, 8, 28672, 128256,
           8192, 500000.0f, 0),
     /* v0.1: attention over a sliding window of 4096 positions */
     LLAMA("mistral-7b", "mistral-7b-v0.1", "mistral", 32, 4096, 32, 8, 14336, 32000, 32768,
@@ -71,12 +71,20 @@ const zo_model_preset *zo_model_presets(size_t *count)
 
 const char *zo_arch_name(zo_arch a) { return a == ZO_ARCH_LLAMA ? "llama" : "gpt"; }
 
-/* lower case, without '-', '_', '.', ' ' */
-static void normalize(const char *s, char *out, size_t len)
+void zo_preset_key(const char *s, char *out, size_t len)
 {
     size_t j = 0;
-    for (; *s && j + 1 < len; s++)
-        if (!strchr("-_. ", *s)) out[j++] = (char)tolower((unsigned char)*s);
+    if (!len) return;
+    for (; *s && j + 1 < len; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (strchr("-_ ", c)) {
+            /* between two digits a separator parts two numbers ("1-3" is not "13") */
+            if (j && isdigit((unsigned char)out[j - 1]) && isdigit((unsigned char)s[1]) && out[j - 1] != '-')
+                out[j++] = '-';
+            continue;
+        }
+        out[j++] = (char)tolower(c);
+    }
     out[j] = '\0';
 }
 
@@ -102,15 +110,16 @@ static int edit_distance(const char *a, const char *b)
     return row[lb];
 }
 
-/* Does `want` (normalized) match the preset's name or one of its aliases? */
+/* How far `want` (a key) is from the preset's name or nearest alias; 0: one
+ * of them is `want`. */
 static int preset_distance(const zo_model_preset *p, const char *want)
 {
     char norm[96], buf[256];
-    normalize(p->name, norm, sizeof norm);
+    zo_preset_key(p->name, norm, sizeof norm);
     int best = edit_distance(norm, want);
     snprintf(buf, sizeof buf, "%s", p->aliases);
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        normalize(tok, norm, sizeof norm);
+        zo_preset_key(tok, norm, sizeof norm);
         int d = edit_distance(norm, want);
         if (d < best) best = d;
     }
@@ -120,15 +129,23 @@ static int preset_distance(const zo_model_preset *p, const char *want)
 zo_status zo_model_preset_find(const char *name, zo_model_config *out)
 {
     char want[96];
-    normalize(name ? name : "", want, sizeof want);
+    zo_preset_key(name ? name : "", want, sizeof want);
     size_t n = sizeof presets / sizeof presets[0];
     int dist[sizeof presets / sizeof presets[0]];
+    size_t found = n, twice = n;
     for (size_t i = 0; i < n; i++) {
         dist[i] = preset_distance(&presets[i], want);
-        if (dist[i] == 0) {
-            *out = presets[i].cfg;
-            return ZO_OK;
-        }
+        if (dist[i] != 0) continue;
+        if (found == n) found = i;
+        else if (twice == n) twice = i;
+    }
+    /* two presets answering to one name: neither is guessed */
+    if (twice < n)
+        return zo_error(ZO_ERR_INVALID, "model '%s' names two presets, %s and %s: give the full name",
+                        name, presets[found].name, presets[twice].name);
+    if (found < n) {
+        *out = presets[found].cfg;
+        return ZO_OK;
     }
     /* the three closest names */
     char hint[256] = "";

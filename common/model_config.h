@@ -104,8 +104,16 @@ typedef struct zo_model_preset {
 /* The built-in presets, in listing order. */
 const zo_model_preset *zo_model_presets(size_t *count);
 
-/* Look a preset up by name or alias, ignoring case and '-', '_', '.'. On a
- * miss, returns ZO_ERR_NOT_FOUND with a message listing the closest names. */
+/* The key a preset name is looked up by: lower case, without ' ', '-' and
+ * '_' except that a separator between two digits stays as one '-' (so
+ * "gpt3-1.3b", "gpt3-13b" and "gpt3-1-3b" stay three names); '.' is kept.
+ * Every preset name and alias, of models and of hardware, has a key no
+ * other preset's name or alias has (tests/test_planner.c checks every pair). */
+void zo_preset_key(const char *name, char *out, size_t len);
+
+/* Look a preset up by name or alias (by zo_preset_key). On a miss, returns
+ * ZO_ERR_NOT_FOUND with a message listing the closest names; a name two
+ * presets answer to is refused (ZO_ERR_INVALID), naming both. */
 zo_status zo_model_preset_find(const char *name, zo_model_config *out);
 
 /* Parse a Hugging Face config.json: a parser per family, chosen by

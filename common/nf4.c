@@ -53,22 +53,24 @@ static int cmp_float(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-void zo_nf4_absmax_map(float map[256])
+void zo_dynamic_map(float map[256], int is_signed)
 {
     static const double pow10[7] = {1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0};
     int k = 0;
     for (int i = 0; i < 7; i++) {
-        int items = 1 << i; /* midpoints of linspace(0.1, 1, items + 1) */
+        int items = 1 << (is_signed ? i : i + 1); /* midpoints of linspace(0.1, 1, items + 1) */
         for (int j = 0; j < items; j++) {
             double mid = 0.1 + 0.9 * (j + 0.5) / (double)items;
             map[k++] = (float)(pow10[i] * mid);
-            map[k++] = (float)(-pow10[i] * mid);
+            if (is_signed) map[k++] = (float)(-pow10[i] * mid);
         }
     }
     map[k++] = 0.0f;
     map[k++] = 1.0f;
     qsort(map, 256, sizeof *map, cmp_float);
 }
+
+void zo_nf4_absmax_map(float map[256]) { zo_dynamic_map(map, 1); }
 
 /* thr[k] = the midpoint of values k and k+1, in double, rounded to fp32. */
 static void thresholds(float *thr, const float *values, int n)
@@ -87,14 +89,7 @@ static inline int nearest16(const float *thr, float v)
     return p;
 }
 
-/* The same over 256 values (255 thresholds). */
-static inline int nearest256(const float *thr, float v)
-{
-    int p = 0;
-    for (int step = 128; step >= 1; step >>= 1)
-        if (v > thr[p + step - 1]) p += step;
-    return p;
-}
+void zo_dynamic_map_thresholds(float thr[255], const float map[256]) { thresholds(thr, map, 256); }
 
 static int team(int n_threads) { return n_threads > 0 ? n_threads : omp_get_max_threads(); }
 
@@ -145,7 +140,7 @@ zo_status zo_nf4_quantize(void *dst, const float *src, uint64_t n, int n_threads
     memcpy(base, &offset, 4);
     float map[256], map_thr[255];
     zo_nf4_absmax_map(map);
-    thresholds(map_thr, map, 256);
+    zo_dynamic_map_thresholds(map_thr, map);
 #pragma omp parallel for num_threads(nt) schedule(static) if (n > NF4_PARALLEL_MIN)
     for (long long j = 0; j < nb2; j++) {
         long long b0 = j * ZO_NF4_BLOCK2, b1 = b0 + ZO_NF4_BLOCK2 < nb ? b0 + ZO_NF4_BLOCK2 : nb;
@@ -157,7 +152,7 @@ zo_status zo_nf4_quantize(void *dst, const float *src, uint64_t n, int n_threads
         scale2[j] = s;
         for (long long b = b0; b < b1; b++) {
             float c = absmax[b] - offset;
-            absq[b] = (uint8_t)nearest256(map_thr, s > 0.0f ? c / s : 0.0f);
+            absq[b] = (uint8_t)zo_dynamic_map_nearest(map_thr, s > 0.0f ? c / s : 0.0f);
         }
     }
 

@@ -66,10 +66,36 @@ uint64_t zo_nf4_bytes(uint64_t n);
 /* The 16 NF4 values, ascending, from -1 to 1 (the paper's table). */
 extern const float zo_nf4_code[16];
 /* The 256 values of the signed dynamic map the absmax constants are coded
- * in, ascending (bitsandbytes' create_dynamic_map(signed=True): for i = 0..6,
- * +-10^(i-6) times the 2^i midpoints of linspace(0.1, 1, 2^i + 1); then 0
- * and 1), each computed in double and rounded once to fp32. */
+ * in, ascending: zo_dynamic_map(map, 1). */
 void zo_nf4_absmax_map(float map[256]);
+
+/* bitsandbytes' dynamic quantization map (create_dynamic_map; Dettmers,
+ * "8-Bit Approximations for Parallelism in Deep Learning", 2016, used by
+ * "8-bit Optimizers via Block-wise Quantization", 2022), 256 values
+ * ascending. Each value is a power of ten (the exponent) times a linear
+ * fraction: for i = 0..6, 10^(i-6) times each of the k midpoints of
+ * linspace(0.1, 1, k + 1), then 0 and 1.
+ *   signed:   k = 2^i, each value and its negative: 127 negative values (the
+ *             most negative is -0.99296875; -1 is not in the map), 0 at
+ *             index 127, 128 positive ones up to 1 at index 255;
+ *   unsigned: k = 2^(i+1): 0 at index 0, 254 values from 1.625e-7 up, 1 at 255.
+ * Each value is computed in double and rounded once to fp32. */
+void zo_dynamic_map(float map[256], int is_signed);
+
+/* The decision thresholds of an ascending 256-value map: thr[k] is the
+ * midpoint of map[k] and map[k + 1], computed in double, rounded to fp32. */
+void zo_dynamic_map_thresholds(float thr[255], const float map[256]);
+
+/* The index of the map value nearest to x: the count of thresholds below x,
+ * by binary search (8 comparisons). A value on a threshold takes the lower
+ * index, as bitsandbytes' comparisons do; nan gives 0. */
+static inline int zo_dynamic_map_nearest(const float thr[255], float x)
+{
+    int p = 0;
+    for (int step = 128; step >= 1; step >>= 1)
+        if (x > thr[p + step - 1]) p += step;
+    return p;
+}
 
 /* Quantize src [n] (fp32) into dst (zo_nf4_bytes(n) bytes, 4-byte aligned):
  * OpenMP over blocks with `n_threads` threads (0: the OpenMP default); the

@@ -29,6 +29,7 @@ enum {
     F_COMPARE = 1 << 1,   /* compared with the run's model (zo_plan_check_run) */
     F_SIZE_ONLY = 1 << 2, /* model.params_only: present only for a size-only model */
     F_DERIVED = 1 << 3,   /* model.params: written from the shape, checked against it */
+    F_OPTIONAL = 1 << 4,  /* may be absent (plans written before it): then 0, its default */
 };
 
 typedef struct field {
@@ -123,6 +124,7 @@ static const field hw_fields[] = {
     DBL(H, nvme_write_bw, 0, 1e15),
     DBL(H, pcie_bw, 0, 1e15),
     DBL(H, nvlink_bw, 0, 1e15),
+    {"peers_via_host", F_BOOL, offsetof(H, peers_via_host), 0, 0, 1, NULL, F_OPTIONAL},
     DBL(H, net_bw, 0, 1e15),
     DBL(H, hbm_bw, 0, 1e15),
     DBL(H, peak_flops_16, 0, 1e18),
@@ -153,6 +155,8 @@ static const field training_fields[] = {
     DTYPE(T, grad_dtype),
     NAME(T, optimizer, zo_plan_optimizer_names, 0),
     NAME(T, recompute, zo_plan_recompute_names, 0),
+    INT(T, recompute_layers, 0, P2(20), F_OPTIONAL),
+    {"reduce_dtype", F_DTYPE, offsetof(T, reduce_dtype), 0, 0, 0, NULL, F_OPTIONAL},
     BOOL(T, flash_attn, 0),
     BOOL(T, dropout, 0),
     BOOL(T, dp_overlap, 0),
@@ -797,7 +801,7 @@ static zo_status read_object(const reader *r, const cJSON *o, const section *s, 
     for (size_t k = 0; k < s->n; k++) {
         const field *f = &s->f[k];
         /* the shape is required unless model.params_only (read before it) is there */
-        int required = !(r->flags & ZO_HW_READ_PARTIAL) && !(f->flags & F_SIZE_ONLY) &&
+        int required = !(r->flags & ZO_HW_READ_PARTIAL) && !(f->flags & (F_SIZE_ONLY | F_OPTIONAL)) &&
                        !((f->flags & F_SHAPE) && m->params_override);
         if ((st = read_field(r, o, f, base, required, derived)) != ZO_OK) return st;
     }
@@ -898,6 +902,25 @@ zo_status zo_plan_load(const char *path, zo_plan *out)
 
 /* ---- the run against the plan ---------------------------------------------------------- */
 
+zo_status zo_plan_runtime_check(const zo_plan *p, const char *path)
+{
+    const zo_plan_training *t = &p->training;
+    if (t->recompute == ZO_PLAN_RECOMPUTE_OPS)
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s: field \"training.recompute\" is ops: memplan plans "
+                        "recomputing by op (every other matmul), the runtime recomputes whole "
+                        "layers or none (plan with --recompute full or none)", path);
+    if (t->recompute_layers)
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s: field \"training.recompute_layers\" is %d: memplan "
+                        "plans recomputing part of the layers, the runtime recomputes every layer "
+                        "or none (plan with --recompute full without --recompute-layers)", path,
+                        t->recompute_layers);
+    if (t->reduce_dtype != ZO_DTYPE_F32)
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s: field \"training.reduce_dtype\" is %s: the runtime "
+                        "reduces gradients in fp32 (plan with --reduce-dtype fp32)", path,
+                        zo_dtype_name(t->reduce_dtype));
+    return ZO_OK;
+}
+
 zo_status zo_plan_check_run(const zo_plan *p, const zo_model_config *m, int world_size,
                             const char *path)
 {
@@ -927,5 +950,5 @@ zo_status zo_plan_check_run(const zo_plan *p, const zo_model_config *m, int worl
         return zo_error(ZO_ERR_INVALID, "%s: the plan is for %ld ranks (parallel.dp %d x tp %d x "
                         "pp %d); this run has %d", path, ranks, p->parallel.dp, p->parallel.tp,
                         p->parallel.pp, world_size);
-    return ZO_OK;
+    return zo_plan_runtime_check(p, path);
 }

@@ -49,7 +49,11 @@ typedef struct zo_hw_profile {
     double nvme_read_bw;     /* bytes/s per node */
     double nvme_write_bw;    /* bytes/s per node */
     double pcie_bw;          /* bytes/s per GPU, each direction, achieved */
-    double nvlink_bw;        /* bytes/s per GPU, one direction */
+    double nvlink_bw;        /* bytes/s per GPU, one direction, to the GPUs of its node: NVLink,
+                                or PCIe peer-to-peer where the GPU has no NVLink */
+    int peers_via_host;      /* 1: the GPUs of a node have no peer-to-peer path (GeForce
+                                cards): they exchange through host memory, each byte written
+                                by one GPU and read by the other (optional in a file: 0) */
     double net_bw;           /* bytes/s per GPU across nodes */
     double hbm_bw;           /* bytes/s */
     double peak_flops_16;    /* dense fp16/bf16 tensor FLOP/s */
@@ -77,6 +81,11 @@ typedef struct zo_plan_training {
     zo_dtype dtype, grad_dtype;   /* weights and activations; gradients on the device */
     zo_plan_optimizer optimizer;
     zo_plan_recompute recompute;
+    int recompute_layers;         /* recompute full: 0 every layer; K > 0 only K layers of each
+                                     pipeline stage (the rest keep all their activations).
+                                     Optional in the file (0) */
+    zo_dtype reduce_dtype;        /* the gradients' data-parallel reduction and its buckets.
+                                     Optional in the file (fp32, the runtime's) */
     int flash_attn, dropout;
     /* how the trainer schedules (the planner's time only, docs/memplan.md "Time") */
     int dp_overlap;               /* gradient reduction overlaps the last backward */
@@ -188,11 +197,20 @@ zo_status zo_plan_flag_double(const char *s, const char *flag, const char *field
 zo_status zo_plan_flag_u64(const char *s, const char *flag, const char *field, int count,
                            uint64_t *out);
 
+/* Whether this project's runtime runs what the plan asks, field by field
+ * where memplan plans beyond it (docs/plan-format.md, "Against the run"):
+ * partial recompute (training.recompute_layers above 0, or recompute "ops")
+ * and a gradient reduction in another dtype than fp32 are refused, naming
+ * the field. ZO_ERR_UNSUPPORTED. zo_plan_check_run checks it too. */
+zo_status zo_plan_runtime_check(const zo_plan *p, const char *path);
+
 /* Whether a plan can run here: the model `m` has the plan's parameter count
  * and shape (layers, widths, heads, vocabulary, biases, tied embeddings, and
- * the features of its family: positions, norms, experts, latent attention) and
- * the run's `world_size` ranks are the plan's dp x tp x pp. Messages name
- * the plan (`path`) and both values. ZO_ERR_INVALID. */
+ * the features of its family: positions, norms, experts, latent attention),
+ * the run's `world_size` ranks are the plan's dp x tp x pp, and the runtime
+ * runs what it asks (zo_plan_runtime_check). Messages name the plan (`path`)
+ * and both values. ZO_ERR_INVALID (ZO_ERR_UNSUPPORTED for the runtime's
+ * refusals). */
 zo_status zo_plan_check_run(const zo_plan *p, const zo_model_config *m, int world_size,
                             const char *path);
 

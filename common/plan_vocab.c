@@ -9,7 +9,7 @@
 
 const char *const zo_plan_tier_names[] = {"gpu", "cpu", "nvme", NULL};
 const char *const zo_plan_host_tier_names[] = {"gpu", "cpu", NULL};
-const char *const zo_plan_recompute_names[] = {"none", "selective", "full", NULL};
+const char *const zo_plan_recompute_names[] = {"none", "selective", "full", "ops", NULL};
 const char *const zo_plan_optimizer_names[] = {"adamw", "sgd", NULL};
 const char *const zo_plan_method_names[] = {"full", "lora", "qlora", NULL};
 const char *const zo_plan_schedule_names[] = {"serial", "overlap", "dpu", NULL};
@@ -27,7 +27,7 @@ const char *zo_plan_tier_name(zo_plan_tier t)
 
 const char *zo_plan_recompute_name(zo_plan_recompute r)
 {
-    return name_of(zo_plan_recompute_names, ZO_PLAN_RECOMPUTE_FULL + 1, (int)r);
+    return name_of(zo_plan_recompute_names, ZO_PLAN_RECOMPUTES, (int)r);
 }
 
 const char *zo_plan_optimizer_name(zo_plan_optimizer o)

@@ -25,7 +25,12 @@ typedef enum zo_plan_tier {
 typedef enum zo_plan_recompute {
     ZO_PLAN_RECOMPUTE_NONE = 0,
     ZO_PLAN_RECOMPUTE_SELECTIVE, /* recompute the attention core (the s^2 terms) */
-    ZO_PLAN_RECOMPUTE_FULL,      /* keep only each layer's input */
+    ZO_PLAN_RECOMPUTE_FULL,      /* keep only each layer's input (with recompute_layers K:
+                                    only K layers of a stage; the rest keep everything) */
+    ZO_PLAN_RECOMPUTE_OPS,       /* keep the attention's output and every other matmul's;
+                                    recompute the rest (PyTorch's selective activation
+                                    checkpointing by op, torchtitan's "selective op") */
+    ZO_PLAN_RECOMPUTES,
 } zo_plan_recompute;
 
 /* AdamW: an fp32 master copy, m and v; SGD: the master copy and momentum. */
@@ -47,7 +52,7 @@ typedef enum zo_plan_schedule {
 /* Each enum's names by value, NULL-terminated: the plan file's words. */
 extern const char *const zo_plan_tier_names[];      /* "gpu", "cpu", "nvme" */
 extern const char *const zo_plan_host_tier_names[]; /* "gpu", "cpu": what cannot live on NVMe */
-extern const char *const zo_plan_recompute_names[]; /* "none", "selective", "full" */
+extern const char *const zo_plan_recompute_names[]; /* "none", "selective", "full", "ops" */
 extern const char *const zo_plan_optimizer_names[]; /* "adamw", "sgd" */
 extern const char *const zo_plan_method_names[];    /* "full", "lora", "qlora" */
 extern const char *const zo_plan_schedule_names[];  /* "serial", "overlap", "dpu" */

@@ -3,9 +3,12 @@
  * (adds AVX512-BF16's vcvtneps2bf16). Each including file sets its target
  * pragma and defines:
  *   ADAM_AVX512_NATIVE_BF16  0 or 1
- *   ADAM_AVX512_UPDATE       the name of the update kernel
- *   ADAM_AVX512_SUMSQ        the name of the sum-of-squares kernel, if any
- * Only cpu_adam.c calls these, and only after cpuid said the CPU has the ISA. */
+ * and the names of the kernels it wants compiled (the others are left out):
+ *   ADAM_AVX512_UPDATE       the update over fp32 state
+ *   ADAM_AVX512_BF16S        the update over bf16 state
+ *   ADAM_AVX512_SUMSQ        the sum of squares
+ * (adam_q8_avx512.c includes it for the helpers alone.) Only cpu_adam.c and
+ * adam_state.c call these, and only after cpuid said the CPU has the ISA. */
 #include <immintrin.h>
 #include <stdint.h>
 
@@ -65,84 +68,122 @@ ADAM_INLINE __m256i avx512_to_bf16(__m512 x)
 #endif
 }
 
+/* The update of 16 lanes: adam_step_elem's operations in its order. */
+ADAM_INLINE void avx512_adam(const avx512_k *K, __m512 *pp, __m512 *mm, __m512 *vv, __m512 gg, const int l2)
+{
+    ADAM_VECTOR_STEP(_mm512, K, *pp, *mm, *vv, gg, l2);
+}
+
+/* Store 16 lanes of the 16-bit copy at element i of out (lanes in k when
+ * masked; nt: a non-temporal store, 32-byte aligned, unmasked only). */
+ADAM_INLINE void avx512_store16(void *restrict out, size_t i, __m512 pp, const int od,
+                                __mmask16 k, const int masked, const int nt)
+{
+    __m256i h = od == OUT_F16 ? _mm512_cvtps_ph(pp, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+                              : avx512_to_bf16(pp);
+    uint16_t *o = (uint16_t *)out + i;
+    if (masked) _mm256_mask_storeu_epi16(o, k, h);
+    else if (nt) _mm256_stream_si256((__m256i *)o, h);
+    else _mm256_storeu_si256((__m256i *)o, h);
+}
+
+/* How m and v are stored: fp32 (adam_update) or bf16 (ADAM_STATE_BF16). */
+enum { ST_F32 = 0, ST_BF16 };
+
+/* 16 moments from element i of a state array of type sm, as fp32. */
+ADAM_INLINE __m512 avx512_load_moment(const void *x, size_t i, const int sm, __mmask16 k,
+                                      const int masked)
+{
+    if (sm == ST_F32) {
+        const float *s = (const float *)x + i;
+        return masked ? _mm512_maskz_loadu_ps(k, s) : _mm512_loadu_ps(s);
+    }
+    return avx512_load_grad(x, i, ZO_DTYPE_BF16, k, masked);
+}
+
+ADAM_INLINE void avx512_store_moment(void *x, size_t i, __m512 val, const int sm, __mmask16 k,
+                                     const int masked)
+{
+    if (sm == ST_F32) {
+        float *d = (float *)x + i;
+        if (masked) _mm512_mask_storeu_ps(d, k, val);
+        else _mm512_storeu_ps(d, val);
+        return;
+    }
+    uint16_t *d = (uint16_t *)x + i;
+    if (masked) _mm256_mask_storeu_epi16(d, k, avx512_to_bf16(val));
+    else _mm256_storeu_si256((__m256i *)d, avx512_to_bf16(val));
+}
+
 /* Elements [i, i + 16) (lanes in k when masked): the sequence of
- * adam_step_elem, lane by lane. nt: write the 16-bit copy with a
- * non-temporal store (32-byte aligned, unmasked only). */
+ * adam_step_elem, lane by lane, with m and v stored as sm. nt: write the
+ * 16-bit copy with a non-temporal store. */
 ADAM_INLINE void avx512_span(const avx512_k *K, size_t i, __mmask16 k, const int masked,
                              float *restrict p, const void *restrict g, const zo_dtype gd,
-                             float *restrict m, float *restrict v, void *restrict out,
-                             const int od, const int l2, const int nt)
+                             void *restrict m, void *restrict v, const int sm,
+                             void *restrict out, const int od, const int l2, const int nt)
 {
     __m512 pp = masked ? _mm512_maskz_loadu_ps(k, p + i) : _mm512_loadu_ps(p + i);
-    __m512 mm = masked ? _mm512_maskz_loadu_ps(k, m + i) : _mm512_loadu_ps(m + i);
-    __m512 vv = masked ? _mm512_maskz_loadu_ps(k, v + i) : _mm512_loadu_ps(v + i);
-    __m512 gg = avx512_load_grad(g, i, gd, k, masked);
-
-    gg = _mm512_mul_ps(gg, K->gm);
-    if (l2) gg = _mm512_add_ps(gg, _mm512_mul_ps(K->l2, pp));
-    mm = _mm512_add_ps(_mm512_mul_ps(K->b1, mm), _mm512_mul_ps(K->omb1, gg));
-    vv = _mm512_add_ps(_mm512_mul_ps(K->b2, vv), _mm512_mul_ps(K->omb2, _mm512_mul_ps(gg, gg)));
-    __m512 d = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(vv), K->ibc2), K->eps);
-    if (!l2) pp = _mm512_sub_ps(pp, _mm512_mul_ps(K->lr_wd, pp));
-    pp = _mm512_sub_ps(pp, _mm512_mul_ps(K->step, _mm512_div_ps(mm, d)));
-
-    if (masked) {
-        _mm512_mask_storeu_ps(p + i, k, pp);
-        _mm512_mask_storeu_ps(m + i, k, mm);
-        _mm512_mask_storeu_ps(v + i, k, vv);
-    } else {
-        _mm512_storeu_ps(p + i, pp);
-        _mm512_storeu_ps(m + i, mm);
-        _mm512_storeu_ps(v + i, vv);
-    }
-    if (od != OUT_NONE) {
-        __m256i h = od == OUT_F16 ? _mm512_cvtps_ph(pp, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-                                  : avx512_to_bf16(pp);
-        uint16_t *o = (uint16_t *)out + i;
-        if (masked) _mm256_mask_storeu_epi16(o, k, h);
-        else if (nt) _mm256_stream_si256((__m256i *)o, h);
-        else _mm256_storeu_si256((__m256i *)o, h);
-    }
+    __m512 mm = avx512_load_moment(m, i, sm, k, masked);
+    __m512 vv = avx512_load_moment(v, i, sm, k, masked);
+    avx512_adam(K, &pp, &mm, &vv, avx512_load_grad(g, i, gd, k, masked), l2);
+    if (masked) _mm512_mask_storeu_ps(p + i, k, pp);
+    else _mm512_storeu_ps(p + i, pp);
+    avx512_store_moment(m, i, mm, sm, k, masked);
+    avx512_store_moment(v, i, vv, sm, k, masked);
+    if (od != OUT_NONE) avx512_store16(out, i, pp, od, k, masked, nt);
 }
 
 ADAM_INLINE void avx512_update_t(const adam_consts *c, size_t n, float *restrict p,
-                                 const void *restrict g, const zo_dtype gd, float *restrict m,
-                                 float *restrict v, void *restrict out, const int od,
-                                 const int l2)
+                                 const void *restrict g, const zo_dtype gd, void *restrict m,
+                                 void *restrict v, const int sm, void *restrict out,
+                                 const int od, const int l2)
 {
-    avx512_k K = {
-        .gm = _mm512_set1_ps(c->grad_mult),
-        .b1 = _mm512_set1_ps(c->beta1),
-        .omb1 = _mm512_set1_ps(c->omb1),
-        .b2 = _mm512_set1_ps(c->beta2),
-        .omb2 = _mm512_set1_ps(c->omb2),
-        .eps = _mm512_set1_ps(c->eps),
-        .l2 = _mm512_set1_ps(c->l2),
-        .lr_wd = _mm512_set1_ps(c->lr_wd),
-        .step = _mm512_set1_ps(c->step_size),
-        .ibc2 = _mm512_set1_ps(c->inv_bc2_sqrt),
-    };
+    avx512_k K = ADAM_BROADCAST(_mm512_set1_ps, c);
     /* Peel up to 15 elements so the fp32 arrays' full vectors start on a
      * 64-byte line (they share an alignment when the caller's arrays do). */
     size_t head = ((64 - ((uintptr_t)p & 63)) & 63) / 4;
     if (head > n) head = n;
     if (head)
-        avx512_span(&K, 0, (__mmask16)((1u << head) - 1), 1, p, g, gd, m, v, out, od, l2, 0);
+        avx512_span(&K, 0, (__mmask16)((1u << head) - 1), 1, p, g, gd, m, v, sm, out, od, l2, 0);
     size_t i = head;
     /* The copy is written once and next read by a DMA to the GPU: stream it
      * past the cache, which also saves reading its lines first (2 of 30
      * bytes per parameter), when its full vectors are 32-byte aligned. */
     if (od != OUT_NONE && ((uintptr_t)((uint16_t *)out + head) & 31) == 0) {
-        for (; i + 16 <= n; i += 16) avx512_span(&K, i, 0xffff, 0, p, g, gd, m, v, out, od, l2, 1);
+        for (; i + 16 <= n; i += 16)
+            avx512_span(&K, i, 0xffff, 0, p, g, gd, m, v, sm, out, od, l2, 1);
         _mm_sfence(); /* order the streamed lines before what follows */
     } else {
-        for (; i + 16 <= n; i += 16) avx512_span(&K, i, 0xffff, 0, p, g, gd, m, v, out, od, l2, 0);
+        for (; i + 16 <= n; i += 16)
+            avx512_span(&K, i, 0xffff, 0, p, g, gd, m, v, sm, out, od, l2, 0);
     }
     if (i < n)
-        avx512_span(&K, i, (__mmask16)((1u << (n - i)) - 1), 1, p, g, gd, m, v, out, od, l2, 0);
+        avx512_span(&K, i, (__mmask16)((1u << (n - i)) - 1), 1, p, g, gd, m, v, sm, out, od, l2,
+                    0);
 }
 
-ADAM_SPECIALIZED_UPDATE(ADAM_AVX512_UPDATE, avx512_update_t)
+#ifdef ADAM_AVX512_UPDATE
+void ADAM_AVX512_UPDATE(const adam_consts *c, size_t n, float *restrict p, const void *restrict g,
+                        zo_dtype gd, float *restrict m, float *restrict v, void *restrict out,
+                        zo_dtype od)
+{
+#define CALL(GD, OD, L2) avx512_update_t(c, n, p, g, GD, m, v, ST_F32, out, OD, L2)
+    ADAM_DISPATCH(gd, out, od, c->use_l2, CALL)
+#undef CALL
+}
+#endif
+
+#ifdef ADAM_AVX512_BF16S
+void ADAM_AVX512_BF16S(const adam_consts *c, size_t n, float *restrict p, const void *restrict g,
+                       zo_dtype gd, uint16_t *restrict m, uint16_t *restrict v,
+                       void *restrict out, zo_dtype od)
+{
+#define CALL(GD, OD, L2) avx512_update_t(c, n, p, g, GD, m, v, ST_BF16, out, OD, L2)
+    ADAM_DISPATCH(gd, out, od, c->use_l2, CALL)
+#undef CALL
+}
+#endif
 
 #ifdef ADAM_AVX512_SUMSQ
 /* Squares of 16 fp32 lanes widened to double, added into two accumulators. */

@@ -19,3 +19,57 @@ double adam_sumsq_scalar(const void *g, zo_dtype gd, size_t n)
     }
     return s;
 }
+
+void adam_update_bf16s_scalar(const adam_consts *c, size_t n, float *restrict p,
+                              const void *restrict g, zo_dtype gd, uint16_t *restrict m,
+                              uint16_t *restrict v, void *restrict out, zo_dtype od)
+{
+    adam_update_bf16s_range(c, 0, n, p, g, gd, m, v, out, od);
+}
+
+void adam_q8_encode_scalar(const adam_q8_tables *t, size_t n, const float *m, const float *v,
+                           uint8_t *qm, uint8_t *qv, float *am, float *av)
+{
+    uint32_t max_m = 0, max_v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (adam_q8_mag(m[i]) > max_m) max_m = adam_q8_mag(m[i]);
+        if (adam_q8_mag(v[i]) > max_v) max_v = adam_q8_mag(v[i]);
+    }
+    float inv_m, inv_v;
+    *am = adam_q8_scale(max_m, &inv_m);
+    *av = adam_q8_scale(max_v, &inv_v);
+    for (size_t i = 0; i < n; i++) {
+        qm[i] = adam_q8_code(t->thr_m, m[i] * inv_m);
+        qv[i] = adam_q8_code(t->thr_v, v[i] * inv_v);
+    }
+}
+
+/* One block of n <= ADAM_Q8_BLOCK_MAX elements: dequantize, update in fp32
+ * (the parameters from the unrounded moments), code the new moments. */
+static void q8_block_scalar(const adam_consts *c, const adam_q8_tables *t, size_t n,
+                            float *restrict p, const void *restrict g, zo_dtype gd,
+                            uint8_t *restrict qm, uint8_t *restrict qv, float *restrict am,
+                            float *restrict av, void *restrict out, zo_dtype od)
+{
+    float m[ADAM_Q8_BLOCK_MAX], v[ADAM_Q8_BLOCK_MAX];
+    for (size_t i = 0; i < n; i++) {
+        m[i] = t->map_m[qm[i]] * *am;
+        v[i] = t->map_v[qv[i]] * *av;
+        p[i] = adam_step_elem(c, p[i], zo_load_f32(g, gd, i), &m[i], &v[i]);
+        if (out) zo_store_f32(out, od, i, p[i]);
+    }
+    adam_q8_encode_scalar(t, n, m, v, qm, qv, am, av);
+}
+
+void adam_update_q8_scalar(const adam_consts *c, const adam_q8_tables *t, size_t block,
+                           size_t n, float *restrict p, const void *restrict g, zo_dtype gd,
+                           uint8_t *restrict qm, uint8_t *restrict qv, float *restrict am,
+                           float *restrict av, void *restrict out, zo_dtype od)
+{
+    size_t gs = zo_dtype_size(gd), os = out ? zo_dtype_size(od) : 0;
+    for (size_t i = 0, b = 0; i < n; i += block, b++) {
+        size_t len = n - i < block ? n - i : block;
+        q8_block_scalar(c, t, len, p + i, (const char *)g + i * gs, gd, qm + i, qv + i, am + b,
+                        av + b, out ? (char *)out + i * os : NULL, od);
+    }
+}

@@ -8,20 +8,11 @@
 
 #include "adam_kernels.h" /* adam_consts, the kernels */
 
-/* Fewer threads for small calls: each thread gets at least this many
- * elements, so a sub-group of a few thousand parameters is not split. */
-#define ADAM_MIN_CHUNK ((size_t)32768)
 /* Chunk boundaries fall on multiples of this many elements (a 64-byte line of
  * fp32 and a 32-byte half line of the 16-bit arrays, times 4). */
 #define ADAM_GRAIN ((size_t)64)
 
-typedef struct adam_cpu {
-    int avx2;        /* AVX2 + F16C + FMA */
-    int avx512;      /* AVX-512 F, BW, VL */
-    int avx512_bf16; /* AVX512-BF16 */
-} adam_cpu;
-
-static adam_cpu adam_cpu_detect(void)
+adam_cpu adam_cpu_detect(void)
 {
     adam_cpu cpu;
     /* __builtin_cpu_supports checks the OS has enabled the register state
@@ -32,6 +23,7 @@ static adam_cpu adam_cpu_detect(void)
     cpu.avx512 = cpu.avx2 && __builtin_cpu_supports("avx512f") &&
                  __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
     cpu.avx512_bf16 = cpu.avx512 && __builtin_cpu_supports("avx512bf16");
+    cpu.avx512_vbmi = cpu.avx512 && __builtin_cpu_supports("avx512vbmi");
     return cpu;
 }
 
@@ -85,8 +77,7 @@ adam_hparams adam_hparams_default(void)
     return hp;
 }
 
-/* Resolve AUTO and check the CPU can run impl. */
-static zo_status adam_resolve_impl(const char *who, adam_impl impl, adam_impl *out)
+zo_status adam_resolve_impl(const char *who, adam_impl impl, adam_impl *out)
 {
     if (impl == ADAM_IMPL_AUTO) impl = adam_best_impl();
     if ((int)impl < 0 || impl >= ADAM_IMPL_COUNT)
@@ -98,10 +89,7 @@ static zo_status adam_resolve_impl(const char *who, adam_impl impl, adam_impl *o
     return ZO_OK;
 }
 
-/* Threads for n elements: the request (0 = OpenMP's default), capped so each
- * gets at least ADAM_MIN_CHUNK elements. Depends only on n and the request,
- * so repeated steps split the same way. */
-static int adam_plan_threads(size_t n, int nthreads)
+int adam_plan_threads(size_t n, int nthreads)
 {
     size_t t = nthreads > 0 ? (size_t)nthreads : (size_t)omp_get_max_threads();
     size_t most = (n + ADAM_MIN_CHUNK - 1) / ADAM_MIN_CHUNK;
@@ -109,11 +97,10 @@ static int adam_plan_threads(size_t n, int nthreads)
     return t < 1 ? 1 : (int)t;
 }
 
-/* Thread t of nt gets [*lo, *hi): contiguous, boundaries on ADAM_GRAIN. */
-static void adam_chunk(size_t n, int t, int nt, size_t *lo, size_t *hi)
+void adam_chunk(size_t n, size_t grain, int t, int nt, size_t *lo, size_t *hi)
 {
     size_t per = (n + (size_t)nt - 1) / (size_t)nt;
-    per = (per + ADAM_GRAIN - 1) / ADAM_GRAIN * ADAM_GRAIN;
+    per = (per + grain - 1) / grain * grain;
     size_t a = (size_t)t * per;
     *lo = a < n ? a : n;
     *hi = n - *lo < per ? n : *lo + per;
@@ -136,9 +123,28 @@ static zo_status adam_check_dtype(const char *who, const char *what, zo_dtype t,
     return ZO_OK;
 }
 
-static zo_status adam_check_hparams(const adam_hparams *hp)
+zo_status adam_check_update(const char *who, const adam_hparams *hp, zo_dtype gd, int with_out,
+                            zo_dtype od, const adam_array *arr, int na, unsigned optional)
 {
-    return zo_adam_check_hparams("adam_update", hp);
+    zo_status st;
+    if ((st = zo_adam_check_hparams(who, hp)) != ZO_OK) return st;
+    if ((st = adam_check_dtype(who, "grad_dtype", gd, 1)) != ZO_OK) return st;
+    if (with_out && (st = adam_check_dtype(who, "out_dtype", od, 0)) != ZO_OK) return st;
+    if (arr[0].bytes == 0) return ZO_OK; /* n = 0 */
+    for (int a = 0; a < na; a++) {
+        if (!arr[a].ptr && !(optional >> a & 1u))
+            return zo_error(ZO_ERR_INVALID, "%s: %s is NULL", who, arr[a].name);
+        if (arr[a].ptr && adam_misaligned(arr[a].ptr, arr[a].align))
+            return zo_error(ZO_ERR_INVALID, "%s: %s %p is not aligned to %zu bytes", who,
+                            arr[a].name, arr[a].ptr, arr[a].align);
+    }
+    for (int a = 0; a < na; a++)
+        for (int b = a + 1; b < na; b++)
+            if (arr[a].ptr && arr[b].ptr &&
+                adam_overlap(arr[a].ptr, arr[a].bytes, arr[b].ptr, arr[b].bytes))
+                return zo_error(ZO_ERR_INVALID, "%s: arrays %s and %s overlap", who, arr[a].name,
+                                arr[b].name);
+    return ZO_OK;
 }
 
 static adam_update_fn adam_pick_update(adam_impl impl)
@@ -168,30 +174,17 @@ zo_status adam_update_impl(adam_impl impl, const adam_hparams *hp, size_t n, flo
 {
     const char *who = "adam_update";
     zo_status st;
-    if ((st = adam_check_hparams(hp)) != ZO_OK) return st;
     if ((st = adam_resolve_impl(who, impl, &impl)) != ZO_OK) return st;
-    if ((st = adam_check_dtype(who, "grad_dtype", grad_dtype, 1)) != ZO_OK) return st;
-    if (out16 && (st = adam_check_dtype(who, "out_dtype", out_dtype, 0)) != ZO_OK) return st;
-    if (n == 0) return ZO_OK;
-    if (!param || !grad || !m || !v)
-        return zo_error(ZO_ERR_INVALID, "%s: NULL array (param %p, grad %p, m %p, v %p)", who,
-                        (void *)param, grad, (void *)m, (void *)v);
-    size_t gs = zo_dtype_size(grad_dtype), os = out16 ? zo_dtype_size(out_dtype) : 0;
-    if (adam_misaligned(param, 4) || adam_misaligned(m, 4) || adam_misaligned(v, 4) ||
-        adam_misaligned(grad, gs) || (out16 && adam_misaligned(out16, os)))
-        return zo_error(ZO_ERR_INVALID,
-                        "%s: an array is not aligned to its element size (param %p, grad %p, m "
-                        "%p, v %p, out16 %p)",
-                        who, (void *)param, grad, (void *)m, (void *)v, out16);
     if (n > SIZE_MAX / 4) return zo_error(ZO_ERR_INVALID, "%s: n = %zu too large", who, n);
-    const void *arr[5] = {param, m, v, grad, out16};
-    size_t len[5] = {4 * n, 4 * n, 4 * n, gs * n, os * n};
-    const char *name[5] = {"param", "m", "v", "grad", "out16"};
-    for (int a = 0; a < 5; a++)
-        for (int b = a + 1; b < 5; b++)
-            if (arr[b] && adam_overlap(arr[a], len[a], arr[b], len[b]))
-                return zo_error(ZO_ERR_INVALID, "%s: arrays %s and %s overlap", who, name[a],
-                                name[b]);
+    size_t gs = zo_dtype_size(grad_dtype), os = out16 ? zo_dtype_size(out_dtype) : 0;
+    adam_array arr[5] = {
+        {"param", param, 4 * n, 4}, {"m", m, 4 * n, 4}, {"v", v, 4 * n, 4},
+        {"grad", grad, gs * n, gs ? gs : 1}, {"out16", out16, os * n, os ? os : 1},
+    };
+    if ((st = adam_check_update(who, hp, grad_dtype, out16 != NULL, out_dtype, arr, 5, 1u << 4)) !=
+        ZO_OK)
+        return st;
+    if (n == 0) return ZO_OK;
 
     adam_consts c = zo_adam_consts_make(hp);
     adam_update_fn fn = adam_pick_update(impl);
@@ -203,7 +196,7 @@ zo_status adam_update_impl(adam_impl impl, const adam_hparams *hp, size_t n, flo
 #pragma omp parallel num_threads(nt)
     {
         size_t lo, hi;
-        adam_chunk(n, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        adam_chunk(n, ADAM_GRAIN, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
         if (hi > lo)
             fn(&c, hi - lo, param + lo, (const char *)grad + lo * gs, grad_dtype, m + lo, v + lo,
                out16 ? (char *)out16 + lo * os : NULL, out_dtype);
@@ -252,7 +245,7 @@ zo_status adam_grad_stats_impl(adam_impl impl, const void *grad, zo_dtype grad_d
         {
             int t = omp_get_thread_num(), team = omp_get_num_threads();
             size_t lo, hi;
-            adam_chunk(n, t, team, &lo, &hi);
+            adam_chunk(n, ADAM_GRAIN, t, team, &lo, &hi);
             part[t] = hi > lo ? fn((const char *)grad + lo * gs, grad_dtype, hi - lo) : 0.0;
             if (t == 0) used = team;
         }

@@ -34,6 +34,7 @@
 #define ZO_CPU_ADAM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/dtype.h"  /* zo_dtype */
 #include "common/status.h" /* zo_status */
@@ -99,5 +100,113 @@ const char *adam_impl_name(adam_impl impl);
 /* Whether the AVX-512 implementation converts to bf16 with the AVX512-BF16
  * instruction here (otherwise it rounds with integer operations). */
 int adam_avx512_has_bf16(void);
+
+/* ---- optimizer state encodings ----------------------------------------------------
+ *
+ * The moments m and v of a sub-group can be stored in fewer bytes than fp32's
+ * 8 per parameter (docs/cpu_adam.md, "State encodings"). The fp32 master
+ * parameters and the 16-bit weight copy are the same for every encoding.
+ *
+ *   ADAM_STATE_F32   m, v fp32 (8 bytes a parameter): adam_update's arrays.
+ *   ADAM_STATE_BF16  m, v bf16 (4 bytes): the step reads them widened, updates
+ *                    in fp32 and stores them rounded to nearest even.
+ *   ADAM_STATE_Q8    m, v block-wise 8-bit (2 + 8/block bytes): 8-bit AdamW of
+ *                    Dettmers et al., "8-bit Optimizers via Block-wise
+ *                    Quantization" (2022), as bitsandbytes stores it. Each
+ *                    block of `block` values keeps one fp32 absmax per moment
+ *                    and a byte per value: the index of the nearest value of
+ *                    bitsandbytes' dynamic map (common/nf4.h) to value/absmax,
+ *                    signed for m, unsigned for v.
+ *
+ * One step of an encoded state, per block (a bf16 "block" is one element):
+ *     m, v  = dequantize(state)                 map[code] * absmax (q8), widen (bf16)
+ *     p, m, v, out16 = the fp32 update above     (adam_update's sequence, bit for bit)
+ *     absmax = the largest |m|, |v| in the block (q8; a nan makes it nan)
+ *     state = quantize(m, v)                    nearest code of m * (1/absmax) (q8),
+ *                                               round to nearest even (bf16)
+ * so the parameter update uses the unrounded fp32 moments of this step, and
+ * only what is carried to the next step is rounded (as bitsandbytes does).
+ *
+ * A state of n parameters is one buffer of adam_state_bytes(kind, n) bytes,
+ * aligned to ADAM_STATE_ALIGN (4 suffices; 64 keeps the vectors on lines):
+ * m, then v, then (q8) the absmax of m's blocks, then of v's, each part
+ * starting on a 64-byte boundary of the buffer (adam_state_layout_of). A
+ * buffer of zero bytes is a valid zero state of every encoding, and so is
+ * what adam_state_init writes. */
+
+typedef enum adam_state_type {
+    ADAM_STATE_F32 = 0,
+    ADAM_STATE_BF16,
+    ADAM_STATE_Q8,
+    ADAM_STATE_TYPE_COUNT,
+} adam_state_type;
+
+/* An encoding: the type and, for ADAM_STATE_Q8, the values per absmax (a
+ * multiple of 64 from 64 to ADAM_Q8_BLOCK_MAX; 0 for the other types). */
+typedef struct adam_state_kind {
+    adam_state_type type;
+    uint32_t block;
+} adam_state_kind;
+
+#define ADAM_Q8_BLOCK 2048     /* the paper's block size */
+#define ADAM_Q8_BLOCK_MAX 4096 /* the largest block a kernel handles */
+#define ADAM_STATE_ALIGN 4     /* required alignment of a state buffer (64 advised) */
+
+static inline adam_state_kind adam_state_f32(void) { return (adam_state_kind){ADAM_STATE_F32, 0}; }
+static inline adam_state_kind adam_state_bf16(void) { return (adam_state_kind){ADAM_STATE_BF16, 0}; }
+static inline adam_state_kind adam_state_q8(uint32_t block)
+{
+    return (adam_state_kind){ADAM_STATE_Q8, block};
+}
+
+/* ZO_ERR_INVALID naming `who` for an unknown type or a bad block size. */
+zo_status adam_state_check(const char *who, adam_state_kind kind);
+/* "fp32", "bf16", "q8" (block 2048) or "q8/<block>"; "?" when invalid. */
+const char *adam_state_name(adam_state_kind kind);
+/* The inverse of adam_state_name ("q8" is q8/2048); ZO_ERR_INVALID naming s. */
+zo_status adam_state_parse(const char *s, adam_state_kind *out);
+
+/* Where the parts of the state of n parameters lie: byte offsets into its
+ * buffer. The absmax parts are empty (n_blocks 0) but for q8. */
+typedef struct adam_state_layout {
+    uint64_t n;            /* parameters */
+    uint64_t n_blocks;     /* q8: ceil(n / block) absmax values per moment */
+    uint64_t off_m, off_v; /* m and v: fp32, bf16 or u8 codes [n] */
+    uint64_t off_absmax_m; /* q8: fp32 [n_blocks] */
+    uint64_t off_absmax_v; /* q8: fp32 [n_blocks] */
+    uint64_t bytes;        /* the whole buffer: adam_state_bytes(kind, n) */
+} adam_state_layout;
+
+zo_status adam_state_layout_of(adam_state_kind kind, uint64_t n, adam_state_layout *out);
+/* Bytes of the state of n parameters (0 for an invalid kind). */
+uint64_t adam_state_bytes(adam_state_kind kind, uint64_t n);
+/* Bytes per parameter for large n: 8, 4, 2 + 8/block. */
+double adam_state_bytes_per_param(adam_state_kind kind);
+
+/* Write the zero state of n parameters (moments 0, q8 absmax 0). */
+zo_status adam_state_init(adam_state_kind kind, void *state, uint64_t n, int nthreads);
+
+/* One optimizer step over n parameters whose moments are the encoded state:
+ * adam_update's arguments, with `state` in place of m and v. ADAM_STATE_F32
+ * is adam_update itself on the buffer's two arrays. Threads take whole
+ * blocks (q8) or chunks of 64 elements, so the result does not depend on the
+ * thread count. ZO_ERR_INVALID as adam_update, and for a bad kind, a state
+ * not ADAM_STATE_ALIGN-aligned, or a state overlapping another array. */
+zo_status adam_state_update(const adam_hparams *hp, adam_state_kind kind, size_t n,
+                            float *param, const void *grad, zo_dtype grad_dtype, void *state,
+                            void *out16, zo_dtype out_dtype, int nthreads);
+zo_status adam_state_update_impl(adam_impl impl, const adam_hparams *hp, adam_state_kind kind,
+                                 size_t n, float *param, const void *grad, zo_dtype grad_dtype,
+                                 void *state, void *out16, zo_dtype out_dtype, int nthreads);
+
+/* The moments as fp32 (for checkpoints and conversions): exact for every
+ * encoding (q8: map[code] * absmax, as the step dequantizes). */
+zo_status adam_state_to_f32(adam_state_kind kind, const void *state, uint64_t n, float *m,
+                            float *v, int nthreads);
+/* Encode fp32 moments as the step stores them (bf16: round to nearest even;
+ * q8: per block absmax and nearest codes). Converting between encodings is
+ * to_f32 then from_f32. ZO_ERR_INVALID for a v below zero (named by index). */
+zo_status adam_state_from_f32(adam_state_kind kind, void *state, uint64_t n, const float *m,
+                              const float *v, int nthreads);
 
 #endif

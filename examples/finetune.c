@@ -9,6 +9,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/fileio.h" /* defines: zo_file_write_all */
+
 /* ---- schedules -------------------------------------------------------------------- */
 
 static const char *const SCHEDULE_NAMES[] = {"constant", "cosine", "linear"};
@@ -332,24 +334,8 @@ zo_status ft_plot_write(const char *path, const ft_record *r, size_t n, const ch
 {
     char *svg = ft_plot_svg(r, n, title);
     if (!svg) return zo_error(ZO_ERR_NOMEM, "%s: out of memory for the picture", path);
-    size_t len = strlen(svg), pl = strlen(path);
-    char *tmp = malloc(pl + 32);
-    zo_status st = ZO_OK;
-    if (!tmp) {
-        free(svg);
-        return zo_error(ZO_ERR_NOMEM, "%s: out of memory", path);
-    }
-    snprintf(tmp, pl + 32, "%s.tmp.%d", path, (int)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f) st = zo_error(ZO_ERR_IO, "%s: cannot create", tmp);
-    else {
-        int bad = fwrite(svg, 1, len, f) != len;
-        bad |= fclose(f) != 0;
-        if (bad) st = zo_error(ZO_ERR_IO, "%s: cannot write", tmp);
-        else if (rename(tmp, path) != 0) st = zo_error(ZO_ERR_IO, "%s: cannot rename to %s", tmp, path);
-        if (st != ZO_OK) unlink(tmp);
-    }
-    free(tmp);
+    /* written whole or not at all, through a temporary no one can plant */
+    zo_status st = zo_file_write_all(path, svg, strlen(svg));
     free(svg);
     return st;
 }

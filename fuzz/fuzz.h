@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -24,5 +26,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
             abort();                                                                       \
         }                                                                                  \
     } while (0)
+
+/* The input as a file, for readers that take a path: a memfd, its path
+ * ("/proc/self/fd/N") in `path`. Returns the descriptor to close, or -1. */
+static inline int fuzz_input_file(const uint8_t *data, size_t size, char *path, size_t len)
+{
+    int fd = memfd_create("fuzz-input", MFD_CLOEXEC);
+    if (fd < 0) return -1;
+    size_t done = 0;
+    while (done < size) {
+        ssize_t w = write(fd, data + done, size - done);
+        if (w <= 0) {
+            close(fd);
+            return -1;
+        }
+        done += (size_t)w;
+    }
+    snprintf(path, len, "/proc/self/fd/%d", fd);
+    return fd;
+}
 
 #endif

@@ -1,26 +1,17 @@
 /* safetensors: model_st_open on the input as a file (a memfd), then every
  * loadable tensor read into fp32, and transposed when it is 2-D. */
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "fuzz/fuzz.h"
 #include "model/safetensors.h" /* defines: model_st_open, model_st_read */
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    int fd = memfd_create("fuzz.safetensors", MFD_CLOEXEC);
-    if (fd < 0) return 0;
-    size_t done = 0;
-    while (done < size) {
-        ssize_t w = write(fd, data + done, size - done);
-        if (w <= 0) break;
-        done += (size_t)w;
-    }
     char path[64];
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    int fd = fuzz_input_file(data, size, path, sizeof path);
+    if (fd < 0) return 0;
     model_st_file f;
-    if (done == size && model_st_open(&f, path) == ZO_OK) {
+    if (model_st_open(&f, path) == ZO_OK) {
         for (int i = 0; i < f.n_tensors; i++) {
             const model_st_tensor *t = &f.tensors[i];
             FUZZ_ASSERT(model_st_find(&f, t->name) == t, "tensor %s not found by name", t->name);

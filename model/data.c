@@ -116,6 +116,40 @@ zo_status model_tokens_check(const model_tokens *t, uint64_t first, uint64_t cou
     return ZO_OK;
 }
 
+zo_status model_tokens_check_seq(const model_tokens *t, int T, uint64_t *rows_cut)
+{
+    if (rows_cut) *rows_cut = 0;
+    if (T < 1) return zo_error(ZO_ERR_INVALID, "%s: sequences of %d tokens", t->path, T);
+    if (!t->rows) {
+        if (t->n < (uint64_t)T + 2)
+            return zo_error(ZO_ERR_INVALID, "%s: %llu tokens are too few for sequences of %d (--seq %d needs at "
+                            "least %d)", t->path, (unsigned long long)t->n, T, T, T + 2);
+        if (!t->mask) return ZO_OK;
+        for (uint64_t i = 1; i < t->n; i++)
+            if (t->mask[i]) return ZO_OK;
+        return zo_error(ZO_ERR_INVALID, "%s: no token is a target: every completion is empty", t->path);
+    }
+    /* a padded row trains on its tokens 1 .. min(len, T + 1) - 1 that the mask keeps */
+    uint64_t cut = 0, need = UINT64_MAX;
+    for (uint64_t r = 0; r < t->n_rows; r++) {
+        uint64_t a = t->rows[r], len = t->rows[r + 1] - a, first = 1;
+        while (first < len && t->mask && !t->mask[a + first]) first++;
+        if (first >= len) { /* no target even uncut */
+            cut++;
+            continue;
+        }
+        if (first > (uint64_t)T) cut++;
+        if (first < need) need = first;
+    }
+    if (rows_cut) *rows_cut = cut;
+    if (cut < t->n_rows) return ZO_OK;
+    if (need == UINT64_MAX)
+        return zo_error(ZO_ERR_INVALID, "%s: no record has a token to learn (every completion is empty)", t->path);
+    return zo_error(ZO_ERR_INVALID, "%s: every record's completion is cut off by --seq %d: the shortest prompt takes "
+                    "%llu tokens (--seq %llu or more keeps a completion token of it)", t->path, T,
+                    (unsigned long long)need, (unsigned long long)need);
+}
+
 /* splitmix64: a full-period 64-bit mixer, enough for picking offsets. */
 static uint64_t mix64(uint64_t x)
 {

@@ -77,6 +77,17 @@ static inline uint32_t model_tokens_get(const model_tokens *t, uint64_t i)
  * file, the token position and its byte offset otherwise. */
 zo_status model_tokens_check(const model_tokens *t, uint64_t first, uint64_t count);
 
+/* Whether batches of sequences of T tokens can be cut from t and train on
+ * something, checked once where the data is prepared rather than found at
+ * a step: a stream (no rows) must hold at least T + 2 tokens, and some
+ * target must survive the cut: a padded row is its record cut to T + 1
+ * tokens, so a prompt that fills them leaves no completion token to learn.
+ * ZO_ERR_INVALID naming the file and the reason: "<file>: every record's
+ * completion is cut off by --seq 64: the shortest prompt takes 70 tokens
+ * (--seq 70 or more keeps a completion token of it)". *rows_cut (may be
+ * NULL) gets how many padded rows keep no target (0 for a stream). */
+zo_status model_tokens_check_seq(const model_tokens *t, int T, uint64_t *rows_cut);
+
 /* ---- batches -------------------------------------------------------------- */
 
 typedef enum model_sample {

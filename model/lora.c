@@ -2,6 +2,7 @@
 #include "lora.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,7 +97,7 @@ static void **block_ptrs(const model_layout *l, const void *const *blocks, void 
     return p;
 }
 
-static cJSON *config_json(const model_layout *l, const zo_lora_config *lc, const char *base_model)
+static cJSON *config_json(const zo_model_config *cfg, const zo_lora_config *lc, const char *base_model)
 {
     cJSON *o = cJSON_CreateObject(), *targets = cJSON_CreateArray();
     if (!o || !targets) {
@@ -105,7 +106,7 @@ static cJSON *config_json(const model_layout *l, const zo_lora_config *lc, const
         return NULL;
     }
     zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    int nm = zo_lora_layer_modules(&l->cfg, lc->targets, mods);
+    int nm = zo_lora_layer_modules(cfg, lc->targets, mods);
     for (int j = 0; j < nm; j++) cJSON_AddItemToArray(targets, cJSON_CreateString(mods[j].peft));
     cJSON_AddStringToObject(o, "peft_type", "LORA");
     cJSON_AddStringToObject(o, "task_type", "CAUSAL_LM");
@@ -119,11 +120,19 @@ static cJSON *config_json(const model_layout *l, const zo_lora_config *lc, const
     cJSON_AddItemToObject(o, "target_modules", targets);
     cJSON_AddStringToObject(o, "bias", "none");
     /* GPT-2's layers are Conv1D, their weights stored [in, out] */
-    cJSON_AddBoolToObject(o, "fan_in_fan_out", l->cfg.arch == ZO_ARCH_GPT);
+    cJSON_AddBoolToObject(o, "fan_in_fan_out", cfg->arch == ZO_ARCH_GPT);
     cJSON_AddBoolToObject(o, "inference_mode", 1);
     cJSON_AddBoolToObject(o, "init_lora_weights", 1);
     cJSON_AddNullToObject(o, "modules_to_save");
     return o;
+}
+
+char *model_lora_config_text(const zo_model_config *cfg, const zo_lora_config *lc, const char *base_model)
+{
+    cJSON *o = config_json(cfg, lc, base_model);
+    char *text = o ? cJSON_Print(o) : NULL;
+    cJSON_Delete(o);
+    return text;
 }
 
 zo_status model_lora_save(const char *dir, const model_layout *adapters, const zo_lora_config *lc,
@@ -136,8 +145,7 @@ zo_status model_lora_save(const char *dir, const model_layout *adapters, const z
         return zo_error(ZO_ERR_IO, "%s: cannot create the adapter directory: %s", dir, strerror(errno));
     float dummy = 0.0f;
     void **ptrs = block_ptrs(adapters, blocks, &dummy);
-    cJSON *cfg = config_json(adapters, lc, base_model);
-    char *text = cfg ? cJSON_Print(cfg) : NULL;
+    char *text = model_lora_config_text(&adapters->cfg, lc, base_model);
     if (!ptrs || !text) {
         st = zo_error(ZO_ERR_NOMEM, "%s: out of host memory for the adapter files", dir);
         goto out_free;
@@ -148,57 +156,150 @@ zo_status model_lora_save(const char *dir, const model_layout *adapters, const z
     st = zo_file_write_all(path, text, strlen(text));
 out_free:
     free(text);
-    cJSON_Delete(cfg);
     free(ptrs);
     return st;
 }
 
-/* One target_modules entry as target bits: PEFT matches a module whose name
- * is the entry or ends with "." + the entry, so "c_proj" is both of GPT-2's
- * projections and "attn.c_proj" the attention's only. */
-static unsigned module_bits(const char *entry)
+/* One target_modules entry as target bits, PEFT's way: an entry matches a
+ * module whose name is the entry or ends with "." + the entry, so "c_proj"
+ * is both of GPT-2's projections, "attn.c_proj" the attention's only, and
+ * "self_attn.q_proj" every layer's q_proj. A dotted entry naming the
+ * module under a longer path ("model.layers.0.self_attn.q_proj") adapts
+ * some layers only: refused; one matching nothing is refused. A plain name
+ * of no module of this architecture goes by its target name (gate_proj on
+ * GPT-2: zo_lora_check refuses it, naming the target). */
+static zo_status module_bits(const char *path, const zo_model_config *cfg, const char *entry, unsigned *bits)
 {
-    static const struct {
-        const char *suffix;
-        unsigned bits;
-    } full[] = {
-        {"attn.c_proj", ZO_LORA_O},
-        {"mlp.c_proj", ZO_LORA_DOWN},
-    };
-    for (size_t i = 0; i < sizeof full / sizeof full[0]; i++)
-        if (!strcmp(entry, full[i].suffix)) return full[i].bits;
-    const char *last = strrchr(entry, '.');
-    unsigned bits = 0;
-    if (zo_lora_targets_parse(last ? last + 1 : entry, &bits) != ZO_OK) return 0;
-    return bits;
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int n = zo_lora_layer_modules(cfg, ZO_LORA_ALL_LINEAR, mods);
+    size_t el = strlen(entry);
+    *bits = 0;
+    int deeper = 0;
+    for (int i = 0; i < n; i++) {
+        size_t ml = strlen(mods[i].path);
+        if (ml >= el && !strcmp(mods[i].path + ml - el, entry) && (ml == el || mods[i].path[ml - el - 1] == '.'))
+            *bits |= mods[i].targets;
+        else if (el > ml && !strcmp(entry + el - ml, mods[i].path) && entry[el - ml - 1] == '.')
+            deeper = 1;
+    }
+    if (*bits) return ZO_OK;
+    if (deeper)
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s: \"target_modules\": \"%s\" names the module of particular layers: "
+                        "only names every layer's module answers to (\"q_proj\", \"self_attn.q_proj\") are "
+                        "supported", path, entry);
+    if (!strchr(entry, '.') && zo_lora_targets_parse(entry, bits) == ZO_OK && *bits != ZO_LORA_ALL_LINEAR)
+        return ZO_OK;
+    return zo_error(ZO_ERR_UNSUPPORTED, "%s: \"target_modules\": \"%s\" is not a linear layer of a transformer layer",
+                    path, entry);
 }
 
-/* The fields PEFT may set that change what the adapters compute. */
+/* A value that asks for nothing: absent, null, false, "", [] or {}. */
+static int is_off(const cJSON *v)
+{
+    return !v || cJSON_IsNull(v) || cJSON_IsFalse(v) || (cJSON_IsString(v) && !v->valuestring[0]) ||
+           ((cJSON_IsArray(v) || cJSON_IsObject(v)) && !cJSON_GetArraySize(v));
+}
+
+/* The fields of PEFT's LoraConfig this reader reads or checks below, and
+ * those that change nothing in what trained adapters compute (bookkeeping,
+ * training-time dropout, settings of features that are off). */
+static const char *const read_fields[] = {
+    "r", "lora_alpha", "target_modules", "use_rslora", "init_lora_weights", "peft_type", "task_type", "bias",
+    "base_model_name_or_path", "revision", "inference_mode", "auto_mapping", "peft_version", "lora_dropout",
+    "fan_in_fan_out", "layers_pattern", "megatron_core", "qalora_group_size", "runtime_config", "eva_config",
+    "ensure_weight_tying",
+};
+
+/* Fields that change what the adapters compute, or the base they sit on:
+ * supported only off. */
+static const struct {
+    const char *name, *what;
+} off_fields[] = {
+    {"use_dora", "DoRA's magnitude vectors"},
+    {"lora_bias", "a bias on lora_B"},
+    {"modules_to_save", "whole modules trained and saved beside the adapters"},
+    {"layers_to_transform", "adapters on some layers only"},
+    {"rank_pattern", "ranks per module"},
+    {"alpha_pattern", "alphas per module"},
+    {"exclude_modules", "modules taken out of target_modules"},
+    {"layer_replication", "layers stacked again, each with adapters of its own"},
+    {"target_parameters", "adapters on parameters (MoE experts), not on linear layers"},
+    {"trainable_token_indices", "embedding rows trained beside the adapters"},
+    {"alora_invocation_tokens", "adapters active only after an invocation (aLoRA)"},
+    {"use_qalora", "QALoRA's pooled inputs"},
+    {"megatron_config", "Megatron's parallel layers"},
+    {"loftq_config", "LoftQ's quantized base"},
+    {"corda_config", "CorDA's decomposed base"},
+    {"lora_ga_config", "LoRA-GA's offset base"},
+    {"velora_config", "VeLoRA's compressed activations"},
+    {"monteclora_config", "Monte Carlo sampled adapters"},
+    {"use_bdlora", "block-diagonal factors"},
+    {"arrow_config", "Arrow's routing among adapters"},
+    {"kasa_config", "KaSA's truncated base and singular values"},
+};
+
+/* init_lora_weights: how PEFT initialises the adapters before the trained
+ * weights are loaded over them. Those that leave the base as it is change
+ * nothing here; those that rewrite the base (W minus a part PEFT recomputes
+ * on every load) or freeze lora_B in training do. */
+static zo_status check_init(const char *path, const cJSON *v)
+{
+    if (!v || cJSON_IsNull(v) || cJSON_IsBool(v)) return ZO_OK; /* true: Kaiming A, zero B; false: random */
+    if (!cJSON_IsString(v))
+        return zo_error(ZO_ERR_FORMAT, "%s: \"init_lora_weights\" must be true, false or a method's name", path);
+    const char *m = v->valuestring;
+    static const char *const base_kept[] = {"gaussian", "eva", "orthogonal"};
+    for (size_t i = 0; i < sizeof base_kept / sizeof base_kept[0]; i++)
+        if (!strcmp(m, base_kept[i])) return ZO_OK;
+    static const char *const base_changed[] = {"pissa", "olora", "corda", "loftq", "lora_ga"};
+    for (size_t i = 0; i < sizeof base_changed / sizeof base_changed[0]; i++)
+        if (!strcmp(m, base_changed[i]) || (!strcmp(base_changed[i], "pissa") && !strncmp(m, "pissa_niter_", 12)))
+            return zo_error(ZO_ERR_UNSUPPORTED, "%s: \"init_lora_weights\": \"%s\" changes the base weights (PEFT "
+                            "subtracts a part of them that the adapters take over), and this runtime trains on the "
+                            "base as it is: not supported (convert the adapter to plain LoRA with PEFT's "
+                            "path_initial_model_for_weight_conversion)", path, m);
+    if (!strcmp(m, "mica"))
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s: \"init_lora_weights\": \"mica\" freezes lora_B in training, which "
+                        "this runtime trains: not supported", path);
+    return zo_error(ZO_ERR_UNSUPPORTED, "%s: \"init_lora_weights\": \"%s\" is not known here: not supported", path, m);
+}
+
+/* Every field of the config: read below, harmless, off, or refused by name. */
 static zo_status refuse_unsupported(const char *path, const cJSON *root)
 {
-    static const char *const must_be_false[] = {"use_rslora", "use_dora"};
-    for (size_t i = 0; i < sizeof must_be_false / sizeof must_be_false[0]; i++)
-        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, must_be_false[i])))
-            return zo_error(ZO_ERR_UNSUPPORTED, "%s: \"%s\": true is not supported", path, must_be_false[i]);
-    static const char *const must_be_empty[] = {"modules_to_save", "layers_to_transform",
-                                                "rank_pattern", "alpha_pattern"};
-    for (size_t i = 0; i < sizeof must_be_empty / sizeof must_be_empty[0]; i++) {
-        const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, must_be_empty[i]);
-        int empty = cJSON_IsNull(it) || ((cJSON_IsArray(it) || cJSON_IsObject(it)) && !cJSON_GetArraySize(it));
-        if (it && !empty)
-            return zo_error(ZO_ERR_UNSUPPORTED, "%s: \"%s\" is not supported (only plain adapters)",
-                            path, must_be_empty[i]);
+    for (const cJSON *f = root->child; f; f = f->next) {
+        int known = 0;
+        for (size_t i = 0; i < sizeof read_fields / sizeof read_fields[0] && !known; i++)
+            known = !strcmp(f->string, read_fields[i]);
+        for (size_t i = 0; i < sizeof off_fields / sizeof off_fields[0] && !known; i++) {
+            if (strcmp(f->string, off_fields[i].name)) continue;
+            if (!is_off(f))
+                return zo_error(ZO_ERR_UNSUPPORTED, "%s: \"%s\" is not supported (%s; only plain LoRA adapters)",
+                                path, f->string, off_fields[i].what);
+            known = 1;
+        }
+        if (!known && !is_off(f))
+            return zo_error(ZO_ERR_UNSUPPORTED, "%s: \"%s\" is not a field this reader knows (a newer PEFT's?): "
+                            "refused, as it may change what the adapters compute", path, f->string);
     }
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "peft_type");
     if (type && !(cJSON_IsString(type) && !strcmp(type->valuestring, "LORA")))
         return zo_error(ZO_ERR_UNSUPPORTED, "%s: \"peft_type\" must be \"LORA\"", path);
+    const cJSON *task = cJSON_GetObjectItemCaseSensitive(root, "task_type");
+    if (task && !cJSON_IsNull(task) && !(cJSON_IsString(task) && !strcmp(task->valuestring, "CAUSAL_LM")))
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s: \"task_type\": \"%s\" is not supported (a causal LM's adapters "
+                        "only, CAUSAL_LM: another task has another head)", path,
+                        cJSON_IsString(task) ? task->valuestring : "(not a string)");
     const cJSON *bias = cJSON_GetObjectItemCaseSensitive(root, "bias");
     if (bias && !(cJSON_IsString(bias) && !strcmp(bias->valuestring, "none")))
         return zo_error(ZO_ERR_UNSUPPORTED, "%s: \"bias\": only \"none\" is supported", path);
-    return ZO_OK;
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(root, "use_rslora");
+    if (rs && !cJSON_IsBool(rs) && !cJSON_IsNull(rs))
+        return zo_error(ZO_ERR_FORMAT, "%s: \"use_rslora\" must be true or false", path);
+    return check_init(path, cJSON_GetObjectItemCaseSensitive(root, "init_lora_weights"));
 }
 
-static zo_status parse_targets(const char *path, const cJSON *tm, unsigned *out)
+static zo_status parse_targets(const char *path, const zo_model_config *cfg, const cJSON *tm, unsigned *out)
 {
     *out = 0;
     if (cJSON_IsString(tm)) {
@@ -216,12 +317,11 @@ static zo_status parse_targets(const char *path, const cJSON *tm, unsigned *out)
     const cJSON *e;
     cJSON_ArrayForEach(e, tm)
     {
-        unsigned bits = cJSON_IsString(e) ? module_bits(e->valuestring) : 0;
-        if (!bits)
-            return zo_error(ZO_ERR_UNSUPPORTED,
-                            "%s: \"target_modules\": \"%s\" is not a linear layer of a transformer "
-                            "layer",
-                            path, cJSON_IsString(e) ? e->valuestring : "(not a string)");
+        unsigned bits;
+        if (!cJSON_IsString(e))
+            return zo_error(ZO_ERR_FORMAT, "%s: \"target_modules\" holds something other than a name", path);
+        zo_status st = module_bits(path, cfg, e->valuestring, &bits);
+        if (st != ZO_OK) return st;
         *out |= bits;
     }
     return ZO_OK;
@@ -231,12 +331,20 @@ zo_status model_lora_read_config(const char *dir, const zo_model_config *cfg, zo
                                  char *base_model, size_t base_len)
 {
     char path[4096], *text;
+    size_t len;
     zo_status st;
     join(path, sizeof path, dir, MODEL_LORA_CONFIG);
-    if ((st = zo_file_read_all(path, 1u << 20, "an adapter config", &text, NULL)) != ZO_OK) return st;
-    cJSON *root;
-    st = zo_json_parse(text, strlen(text), path, &root); /* keys given twice refused too */
+    if ((st = zo_file_read_all(path, 1u << 20, "an adapter config", &text, &len)) != ZO_OK) return st;
+    st = model_lora_parse_config(text, len, path, cfg, lc, base_model, base_len);
     free(text);
+    return st;
+}
+
+zo_status model_lora_parse_config(const char *text, size_t len, const char *path, const zo_model_config *cfg,
+                                  zo_lora_config *lc, char *base_model, size_t base_len)
+{
+    cJSON *root;
+    zo_status st = zo_json_parse(text, len, path, &root); /* keys given twice refused too */
     if (st != ZO_OK) return st;
     if (!cJSON_IsObject(root)) {
         st = zo_error(ZO_ERR_FORMAT, "%s: not a JSON object", path);
@@ -260,7 +368,11 @@ zo_status model_lora_read_config(const char *dir, const zo_model_config *cfg, zo
         }
         lc->alpha = (float)alpha->valuedouble;
     }
-    if ((st = parse_targets(path, cJSON_GetObjectItemCaseSensitive(root, "target_modules"),
+    /* rank-stabilised LoRA scales by alpha / sqrt(r): plain LoRA's alpha / r
+     * with alpha * sqrt(r), which is what is kept (and saved) */
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_rslora")))
+        lc->alpha = (float)((alpha ? alpha->valuedouble : 8.0) * sqrt((double)lc->r));
+    if ((st = parse_targets(path, cfg, cJSON_GetObjectItemCaseSensitive(root, "target_modules"),
                             &lc->targets)) != ZO_OK)
         goto out_free_root;
     if ((st = zo_lora_check(cfg, lc)) != ZO_OK) {

@@ -51,13 +51,22 @@ zo_status model_lora_save(const char *dir, const model_layout *adapters, const z
                           zo_dtype file_dt);
 
 /* Read dir/adapter_config.json: r, lora_alpha and target_modules into *lc
- * (checked against cfg), base_model_name_or_path into base_model (may be
- * NULL; "" when the file has none). What PEFT can say that this runtime does
- * not do (use_rslora, use_dora, a bias other than "none", modules_to_save,
- * layers_to_transform, rank or alpha patterns, a peft_type other than LORA)
- * is ZO_ERR_UNSUPPORTED naming the field. */
+ * (checked against cfg; use_rslora's scale alpha / sqrt(r) as alpha x
+ * sqrt(r)), base_model_name_or_path into base_model (may be NULL; "" when
+ * the file has none). Every field is accounted for: what PEFT can say that
+ * this runtime does not compute (DoRA, biases, other tasks, inits that
+ * rewrite the base such as PiSSA, excluded, replicated or per-layer
+ * modules, target_parameters, patterns, and any field not known here unless
+ * null, false or empty; docs/transformer.md lists them) is
+ * ZO_ERR_UNSUPPORTED naming the field. */
 zo_status model_lora_read_config(const char *dir, const zo_model_config *cfg, zo_lora_config *lc,
                                  char *base_model, size_t base_len);
+/* The same from the file's `len` bytes of text; `path` names them. */
+zo_status model_lora_parse_config(const char *text, size_t len, const char *path, const zo_model_config *cfg,
+                                  zo_lora_config *lc, char *base_model, size_t base_len);
+/* The adapter_config.json model_lora_save writes, as text (free it); NULL
+ * when out of memory. */
+char *model_lora_config_text(const zo_model_config *cfg, const zo_lora_config *lc, const char *base_model);
 
 /* Fill the adapter buffers (type dt) from dir/adapter_model.safetensors:
  * every tensor of the layout must be there with its shape, and nothing else. */

@@ -17,7 +17,7 @@ static inline float load_any(const uint8_t *p, zo_dtype t)
 }
 
 zo_status model_io_convert_rows(void *dst, zo_dtype dt, const uint8_t *src, zo_dtype sdt,
-                                uint64_t rows, uint64_t cols, int transpose)
+                                uint64_t rows, uint64_t cols, uint64_t ld, int transpose)
 {
     size_t ssz = zo_dtype_size(sdt), dsz = zo_dtype_size(dt);
     uint64_t n = rows * cols;
@@ -31,7 +31,7 @@ zo_status model_io_convert_rows(void *dst, zo_dtype dt, const uint8_t *src, zo_d
         }
         return ZO_OK;
     }
-    /* src [rows, cols] -> dst [cols, rows], in 32 x 32 tiles so both sides
+    /* src [rows, cols] -> dst [cols, ld], in 32 x 32 tiles so both sides
      * stay in cache; each dst row segment is written in order */
     uint8_t *d = dst;
     for (uint64_t r0 = 0; r0 < rows; r0 += 32) {
@@ -40,7 +40,7 @@ zo_status model_io_convert_rows(void *dst, zo_dtype dt, const uint8_t *src, zo_d
             uint64_t c1 = c0 + 32 < cols ? c0 + 32 : cols;
             for (uint64_t c = c0; c < c1; c++) {
                 const uint8_t *s = src + c * ssz;
-                uint8_t *drow = d + c * rows * dsz;
+                uint8_t *drow = d + c * ld * dsz;
                 if (sdt == dt && dsz == 4) {
                     for (uint64_t r = r0; r < r1; r++) {
                         uint32_t v;
@@ -55,7 +55,7 @@ zo_status model_io_convert_rows(void *dst, zo_dtype dt, const uint8_t *src, zo_d
                     }
                 } else {
                     for (uint64_t r = r0; r < r1; r++)
-                        zo_store_f32(dst, dt, (size_t)(c * rows + r), load_any(s + r * cols * ssz, sdt));
+                        zo_store_f32(dst, dt, (size_t)(c * ld + r), load_any(s + r * cols * ssz, sdt));
                 }
             }
         }

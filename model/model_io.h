@@ -10,8 +10,10 @@
 #include "common/status.h" /* defines: zo_status */
 
 /* Convert rows x cols elements of sdt at src (any alignment) to dt at dst;
- * with `transpose`, src [rows, cols] lands as dst [cols, rows]. */
+ * with `transpose`, src [rows, cols] lands as the first rows columns of dst
+ * [cols, ld] (ld >= rows: a band of rows of a larger matrix; ld is not used
+ * without transpose). */
 zo_status model_io_convert_rows(void *dst, zo_dtype dt, const uint8_t *src, zo_dtype sdt,
-                                uint64_t rows, uint64_t cols, int transpose);
+                                uint64_t rows, uint64_t cols, uint64_t ld, int transpose);
 
 #endif

@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -250,9 +249,36 @@ out_free_root:
     return st;
 }
 
+/* len bytes at byte `off` of f into buf (pread, retried when interrupted or
+ * short). The file ending first means it shrank since it was opened (its
+ * size was checked then). `what` names the bytes: "the header", "tensor "x"". */
+static zo_status read_at(const model_st_file *f, const char *what, void *buf, size_t len, uint64_t off)
+{
+    uint8_t *p = buf;
+    while (len) {
+        ssize_t r = pread(f->fd, p, len < (1u << 30) ? len : (1u << 30), (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0)
+            return zo_error(ZO_ERR_IO, "%s: %s: read at byte %llu: %s", f->path, what, (unsigned long long)off,
+                            strerror(errno));
+        if (r == 0) {
+            struct stat sb;
+            long long now = fstat(f->fd, &sb) == 0 ? (long long)sb.st_size : -1;
+            return zo_error(ZO_ERR_FORMAT, "%s: %s: the file ends at byte %lld, before byte %llu: truncated after "
+                            "it was opened (it had %llu bytes then)", f->path, what, now,
+                            (unsigned long long)(off + len), (unsigned long long)f->file_size);
+        }
+        p += r;
+        len -= (size_t)r;
+        off += (uint64_t)r;
+    }
+    return ZO_OK;
+}
+
 zo_status model_st_open(model_st_file *f, const char *path)
 {
     zo_status st = ZO_OK;
+    char *header = NULL;
     memset(f, 0, sizeof *f);
     f->fd = -1;
     f->path = strdup(path);
@@ -270,15 +296,10 @@ zo_status model_st_open(model_st_file *f, const char *path)
                       (unsigned long long)f->file_size);
         goto out_close;
     }
-    f->map = mmap(NULL, (size_t)f->file_size, PROT_READ, MAP_PRIVATE, f->fd, 0);
-    if (f->map == MAP_FAILED) {
-        f->map = NULL;
-        st = zo_error(ZO_ERR_IO, "%s: mmap of %llu bytes: %s", path,
-                      (unsigned long long)f->file_size, strerror(errno));
-        goto out_close;
-    }
+    uint8_t hl[8];
+    if ((st = read_at(f, "the header length", hl, 8, 0)) != ZO_OK) goto out_close;
     uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | f->map[i];
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | hl[i];
     if (hlen == 0 || hlen > MODEL_ST_MAX_HEADER || hlen > f->file_size - 8) {
         st = zo_error(ZO_ERR_FORMAT,
                       "%s: header length %llu is invalid for a file of %llu bytes (limit %u)",
@@ -287,16 +308,22 @@ zo_status model_st_open(model_st_file *f, const char *path)
         goto out_close;
     }
     f->data_start = 8 + hlen;
-    if ((st = parse_header(f, (const char *)f->map + 8, (size_t)hlen)) != ZO_OK) goto out_close;
+    if (!(header = malloc((size_t)hlen))) {
+        st = zo_error(ZO_ERR_NOMEM, "%s: cannot allocate the %llu-byte header", path, (unsigned long long)hlen);
+        goto out_close;
+    }
+    if ((st = read_at(f, "the header", header, (size_t)hlen, 8)) != ZO_OK) goto out_close;
+    if ((st = parse_header(f, header, (size_t)hlen)) != ZO_OK) goto out_close;
+    free(header);
     return ZO_OK;
 out_close:
+    free(header);
     model_st_close(f);
     return st;
 }
 
 void model_st_close(model_st_file *f)
 {
-    if (f->map) munmap((void *)f->map, (size_t)f->file_size);
     if (f->fd >= 0) close(f->fd);
     for (int i = 0; i < f->n_tensors; i++) free(f->tensors[i].name);
     free(f->tensors);
@@ -313,6 +340,19 @@ const model_st_tensor *model_st_find(const model_st_file *f, const char *name)
 
 /* ---- reading with conversion ------------------------------------------------ */
 
+/* What messages call tensor t: "tensor "<name>"" (the name cut to fit). */
+static void tensor_what(char *buf, size_t len, const model_st_tensor *t)
+{
+    snprintf(buf, len, "tensor \"%.200s\"", t->name);
+}
+
+zo_status model_st_read_raw(const model_st_file *f, const model_st_tensor *t, void *dst)
+{
+    char what[224];
+    tensor_what(what, sizeof what, t);
+    return read_at(f, what, dst, (size_t)(t->end - t->begin), f->data_start + t->begin);
+}
+
 zo_status model_st_read(const model_st_file *f, const model_st_tensor *t, void *dst, zo_dtype dt,
                         int transpose)
 {
@@ -323,20 +363,34 @@ zo_status model_st_read(const model_st_file *f, const model_st_tensor *t, void *
     if (transpose && t->ndim != 2)
         return zo_error(ZO_ERR_INVALID, "%s: tensor \"%s\": transpose needs 2 dimensions, has %d",
                         f->path, t->name, t->ndim);
-    uint64_t rows = transpose ? (uint64_t)t->shape[0] : 1;
-    uint64_t cols = transpose ? (uint64_t)t->shape[1] : t->numel;
-    return model_io_convert_rows(dst, dt, model_st_data(f, t), (zo_dtype)t->dtype, rows, cols,
-                                 transpose);
-}
-
-void model_st_release(const model_st_file *f, const model_st_tensor *t)
-{
-    long page = sysconf(_SC_PAGESIZE);
-    uintptr_t a = (uintptr_t)model_st_data(f, t), e = a + (uintptr_t)(t->end - t->begin);
-    /* whole pages inside the tensor only: its neighbours may still be read */
-    a = (a + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
-    e &= ~((uintptr_t)page - 1);
-    if (e > a) madvise((void *)a, e - a, MADV_DONTNEED);
+    zo_dtype sdt = (zo_dtype)t->dtype;
+    if (!transpose && sdt == dt) return model_st_read_raw(f, t, dst); /* straight into place */
+    /* through a bounded buffer: bands of whole rows (transposed; at least 32,
+     * the transpose's tile) or runs of elements */
+    char what[224];
+    tensor_what(what, sizeof what, t);
+    uint64_t rows = transpose ? (uint64_t)t->shape[0] : t->numel;
+    uint64_t cols = transpose ? (uint64_t)t->shape[1] : 1;
+    uint64_t row_bytes = cols * t->elem_size, band = MODEL_ST_READ_CHUNK / (row_bytes ? row_bytes : 1);
+    if (transpose && band < 32 && row_bytes <= MODEL_ST_READ_CHUNK / 8) band = 32;
+    if (!band) band = 1;
+    if (band > rows) band = rows;
+    size_t dsz = zo_dtype_size(dt);
+    uint8_t *buf = malloc(band * row_bytes > 0 ? (size_t)(band * row_bytes) : 1);
+    if (!buf) return zo_error(ZO_ERR_NOMEM, "%s: %s: cannot allocate a %llu-byte read buffer", f->path, what,
+                              (unsigned long long)(band * row_bytes));
+    zo_status st = ZO_OK;
+    for (uint64_t r0 = 0; r0 < rows && st == ZO_OK; r0 += band) {
+        uint64_t n = rows - r0 < band ? rows - r0 : band;
+        st = read_at(f, what, buf, (size_t)(n * row_bytes), f->data_start + t->begin + r0 * row_bytes);
+        if (st != ZO_OK) break;
+        if (transpose) /* rows [r0, r0 + n) of [rows, cols] are columns [r0, r0 + n) of dst [cols, rows] */
+            st = model_io_convert_rows((uint8_t *)dst + r0 * dsz, dt, buf, sdt, n, cols, rows, 1);
+        else
+            st = model_io_convert_rows((uint8_t *)dst + r0 * dsz, dt, buf, sdt, 1, n, 0, 0);
+    }
+    free(buf);
+    return st;
 }
 
 /* ---- writing ------------------------------------------------------------------ */

@@ -7,10 +7,14 @@
  * overlaps or holes. A sharded checkpoint adds model.safetensors.index.json
  * whose "weight_map" names the shard file of every tensor.
  *
- * Files are memory-mapped read-only and fully validated when opened, before
- * any tensor byte is touched: every malformed or truncated file gives
- * ZO_ERR_FORMAT with a message naming the file and the tensor, never a crash.
- * Files are written atomically (temporary name, fsync, rename). */
+ * Files are fully validated when opened, before any tensor byte is touched:
+ * every malformed or truncated file gives ZO_ERR_FORMAT with a message naming
+ * the file and the tensor, never a crash. Tensors are read (pread), never
+ * mapped: a file cut short after it was opened (rewritten by another process,
+ * a copy still under way) is ZO_ERR_FORMAT naming the file and the tensor
+ * where a mapping would raise SIGBUS and end the run without a word; and the
+ * process's memory never grows with the file. Files are written atomically
+ * (temporary file, fsync, rename; common/fileio.h). */
 #ifndef ZO_MODEL_SAFETENSORS_H
 #define ZO_MODEL_SAFETENSORS_H
 
@@ -39,35 +43,33 @@ typedef struct model_st_tensor {
 
 typedef struct model_st_file {
     char *path;
-    int fd;
-    uint64_t file_size;
+    int fd;                    /* read-only */
+    uint64_t file_size;        /* when opened */
     uint64_t data_start;       /* 8 + header length */
-    const uint8_t *map;        /* the whole file, read-only */
     int n_tensors;
     model_st_tensor *tensors;  /* sorted by name */
 } model_st_file;
 
-/* Open, map and validate a .safetensors file. */
+/* Open and validate a .safetensors file. */
 zo_status model_st_open(model_st_file *f, const char *path);
 void model_st_close(model_st_file *f);
 
 /* The tensor with this exact name, or NULL. */
 const model_st_tensor *model_st_find(const model_st_file *f, const char *name);
 
-/* The raw bytes of a tensor (may be unaligned). */
-static inline const void *model_st_data(const model_st_file *f, const model_st_tensor *t)
-{
-    return f->map + f->data_start + t->begin;
-}
+/* The tensor's bytes as stored (end - begin of them) into dst. A file that
+ * ends before them now is ZO_ERR_FORMAT "<path>: tensor "<name>": the file
+ * ends at byte N ...: truncated after it was opened"; a read error ZO_ERR_IO. */
+zo_status model_st_read_raw(const model_st_file *f, const model_st_tensor *t, void *dst);
 
 /* Copy a tensor into dst (numel elements of `dt`), converting with
- * round-to-nearest-even. With `transpose`, a 2-D [r, c] tensor is written as
- * [c, r]. ZO_ERR_UNSUPPORTED for element types other than F32/F16/BF16. */
+ * round-to-nearest-even (through a bounded buffer, MODEL_ST_READ_CHUNK bytes
+ * of the file at a time). With `transpose`, a 2-D [r, c] tensor is written as
+ * [c, r]. ZO_ERR_UNSUPPORTED for element types other than F32/F16/BF16; a
+ * file cut short as model_st_read_raw says. */
+#define MODEL_ST_READ_CHUNK (4u << 20)
 zo_status model_st_read(const model_st_file *f, const model_st_tensor *t, void *dst, zo_dtype dt,
                         int transpose);
-/* Let go of the memory a tensor's mapped pages hold (after reading it): the
- * process's resident memory does not grow with the file. */
-void model_st_release(const model_st_file *f, const model_st_tensor *t);
 
 /* ---- writing ------------------------------------------------------------- */
 
@@ -175,8 +177,8 @@ typedef zo_status (*model_block_sink)(void *ctx, int block, const void *buf);
 /* model_load one block at a time through one buffer (the largest block's
  * elements of `dt`): each block is filled (zeros where the checkpoint lacks
  * a tensor and MODEL_LOAD_ALLOW_MISSING is set) and handed to sink before
- * the next is read, and the file's pages are let go after each tensor, so
- * host memory holds one block whatever the model's size. */
+ * the next is read (the files are read, not mapped), so host memory holds
+ * one block whatever the model's size. */
 zo_status model_load_streamed(const model_ckpt *c, const model_layout *l, void *buf, zo_dtype dt,
                               unsigned flags, model_load_report *rep, model_block_sink sink,
                               void *ctx);

@@ -137,7 +137,6 @@ zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block
             return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\" element %zu is %g: weights must be finite",
                             f->path, s->name, at, (double)zo_load_f32(dst, dt, bad));
         }
-        model_st_release(f, s);
         rep->n_loaded++;
     }
     if (missing && !(flags & MODEL_LOAD_ALLOW_MISSING)) {
@@ -238,7 +237,7 @@ static zo_status save_fill(void *vctx, int index, uint64_t first, uint64_t count
     size_t bsz = zo_dtype_size(x->buf_dt), fsz = zo_dtype_size(x->file_dt);
     const uint8_t *src = (const uint8_t *)x->blocks[t->block] + t->offset * bsz;
     if (!t->hf_transposed)
-        return model_io_convert_rows(dst, x->file_dt, src + first * bsz, x->buf_dt, 1, count, 0);
+        return model_io_convert_rows(dst, x->file_dt, src + first * bsz, x->buf_dt, 1, count, 0, 0);
     /* file [in, out] from ours [out, in]: file (r, c) is ours (c, r) */
     uint64_t in = (uint64_t)t->shape[1], out = (uint64_t)t->shape[0];
     uint8_t *d = dst;

@@ -30,10 +30,11 @@ typedef struct offload_acct {
     uint64_t bytes[OFFLOAD_BYTES_KINDS];
     double opt_busy_s, opt_overlap_s; /* the optimizer's time, and its part while the device computed */
     int device_busy;       /* a micro-batch is running (atomic: read by the optimizer's thread) */
-    /* several ranks (offload_stats), counted by the host thread alone: a
-     * data-parallel run has no optimizer thread (serial schedule) */
+    /* several ranks (offload_stats), counted by the host thread alone: it
+     * issues every collective (the optimizer's thread issues none) */
     uint64_t comm_elems, comm_pad_elems; /* collectives */
     uint64_t reused_elems; /* blocks a half-pass found in a slot an earlier one loaded */
+    uint64_t comm_frozen_bytes; /* a frozen base's all-gathers (ZeRO-3 LoRA), apart */
     int64_t comm_calls;
 } offload_acct;
 

@@ -771,7 +771,7 @@ zo_status offload_ckpt_load(offload_ckpt *ck, const char *dir, offload_ckpt_meta
     offload_host_free(ck->env, buf, 3 * C * 4, 0);
     zo_status ss = ostate_sync(ck->os);
     if (st == ZO_OK) st = ss;
-    ss = ck->ws->ops->sync(ck->ws);
+    ss = wstore_settle(ck->ws);
     if (st == ZO_OK) st = ss;
     if (st != ZO_OK) goto out_close;
     ck->opt->ctr.step = cs.step;

@@ -21,14 +21,9 @@ void offload_dp_geom(const offload_dp *dp, const offload_geom *g, offload_geom *
 {
     *out = *g;
     if (!offload_dp_partitioned(dp)) return;
-    out->numel = dp->part_n;
-    out->off = dp->loc_off;
-    out->n = dp->loc_off[g->nb];
-    out->largest = 0;
-    for (int b = 0; b < g->nb; b++)
-        if (dp->part_n[b] > out->largest) out->largest = dp->part_n[b];
-    out->slot_bytes = out->largest * out->es;
-    if (out->slot_bytes < 256) out->slot_bytes = 256;
+    offload_part p;
+    offload_dp_part(dp, g, &p);
+    offload_part_geom(&p, g, out);
 }
 
 zo_status offload_dp_create(const offload_env *env, const offload_geom *g, comm_t comm, int stage,
@@ -92,6 +87,7 @@ zo_status offload_dp_create(const offload_env *env, const offload_geom *g, comm_
         goto out_free;
     }
     if ((st = gpu_event_create(env->dev, &dp->ev_in)) != ZO_OK ||
+        (st = gpu_event_create(env->dev, &dp->ev_in_s)) != ZO_OK ||
         (st = gpu_event_create(env->dev, &dp->ev_out)) != ZO_OK)
         goto out_free;
     *out = dp;
@@ -112,6 +108,7 @@ void offload_dp_free(offload_dp *dp)
     }
     gpu_mem_free(dp->env->dev, dp->small);
     if (dp->ev_in) gpu_event_destroy(dp->ev_in);
+    if (dp->ev_in_s) gpu_event_destroy(dp->ev_in_s);
     if (dp->ev_out) gpu_event_destroy(dp->ev_out);
     free(dp->req);
     free(dp->pad);
@@ -119,6 +116,64 @@ void offload_dp_free(offload_dp *dp)
     free(dp->part_n);
     free(dp->loc_off);
     free(dp);
+}
+
+static zo_status collective(offload_dp *dp, dp_op op, size_t count, size_t real, void *buf, zo_dtype dt,
+                            gpu_event_t after, gpu_event_t done, int frozen);
+
+/* ---- partitions ------------------------------------------------------------------- */
+
+void offload_dp_part(const offload_dp *dp, const offload_geom *g, offload_part *out)
+{
+    *out = (offload_part){.nb = dp->nb, .pad = dp->pad, .part_off = dp->part_off, .part_n = dp->part_n,
+                          .loc_off = dp->loc_off, .largest_pad = dp->largest_pad, .wire = g->dtype, .per_wire = 1};
+}
+
+zo_status offload_dp_part_bytes(const offload_dp *dp, int nb, const size_t *bytes, offload_part *out)
+{
+    size_t n = (size_t)nb, unit = 4 * (size_t)dp->size;
+    size_t *a = calloc(4 * n + 1, sizeof(size_t));
+    if (!a) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    size_t *pad = a, *off = a + n, *pn = a + 2 * n, *loc = a + 3 * n;
+    *out = (offload_part){.nb = nb, .pad = pad, .part_off = off, .part_n = pn, .loc_off = loc,
+                          .wire = ZO_DTYPE_F32, .per_wire = 4, .frozen = 1, .own = a};
+    for (int b = 0; b < nb; b++) {
+        pad[b] = (bytes[b] + unit - 1) / unit * unit;
+        size_t part = pad[b] / (size_t)dp->size;
+        off[b] = (size_t)dp->rank * part;
+        pn[b] = bytes[b] > off[b] ? (bytes[b] - off[b] < part ? bytes[b] - off[b] : part) : 0;
+        loc[b + 1] = loc[b] + pn[b];
+        if (pad[b] > out->largest_pad) out->largest_pad = pad[b];
+    }
+    return ZO_OK;
+}
+
+void offload_dp_part_free(offload_part *p)
+{
+    if (p) free(p->own);
+}
+
+void offload_part_geom(const offload_part *p, const offload_geom *g, offload_geom *out)
+{
+    *out = *g;
+    out->numel = p->part_n;
+    out->off = p->loc_off;
+    out->n = p->loc_off[g->nb];
+    out->largest = 0;
+    for (int b = 0; b < g->nb; b++)
+        if (p->part_n[b] > out->largest) out->largest = p->part_n[b];
+    out->slot_bytes = out->largest * out->es;
+    if (out->slot_bytes < 256) out->slot_bytes = 256;
+}
+
+zo_status offload_dp_part_gather(offload_dp *dp, const offload_part *p, int b, size_t numel, void *buf,
+                                 gpu_event_t after, gpu_event_t done)
+{
+    size_t count = p->pad[b] / (size_t)dp->size / p->per_wire;
+    zo_status st = collective(dp, DP_ALL_GATHER, count, p->frozen ? numel : numel / p->per_wire, buf, p->wire,
+                              after, done, p->frozen);
+    if (st != ZO_OK) return zo_error_wrap(st, "offload: all-gather of block %d%s", b, p->frozen ? "'s frozen base" : "");
+    return ZO_OK;
 }
 
 /* ---- collectives ------------------------------------------------------------------ */
@@ -157,14 +212,17 @@ static zo_status push(offload_dp *dp, comm_request_t r)
     return ZO_OK;
 }
 
-zo_status offload_dp_collective(offload_dp *dp, dp_op op, size_t count, size_t real, void *buf, zo_dtype dt,
-                                gpu_event_t after, gpu_event_t done)
+/* A collective, counted: in model elements (`real` of them the model's),
+ * or, for a frozen base, `real` bytes apart. */
+static zo_status collective(offload_dp *dp, dp_op op, size_t count, size_t real, void *buf, zo_dtype dt,
+                            gpu_event_t after, gpu_event_t done, int frozen)
 {
     offload_acct *a = dp->env->acct;
     comm_order ord = {.after = after, .done = done};
     comm_request_t r = NULL;
     size_t es = zo_dtype_size(dt);
     char *mine = (char *)buf + (size_t)dp->rank * count * es;
+    uint64_t elems0 = a->comm_elems, pad0 = a->comm_pad_elems;
     zo_status st;
     reap(dp);
     switch (op) {
@@ -185,8 +243,19 @@ zo_status offload_dp_collective(offload_dp *dp, dp_op op, size_t count, size_t r
         break;
     }
     if (st != ZO_OK) return st;
+    if (frozen) { /* bytes, apart from the model elements the paper counts */
+        a->comm_elems = elems0;
+        a->comm_pad_elems = pad0;
+        a->comm_frozen_bytes += real;
+    }
     a->comm_calls++;
     return push(dp, r);
+}
+
+zo_status offload_dp_collective(offload_dp *dp, dp_op op, size_t count, size_t real, void *buf, zo_dtype dt,
+                                gpu_event_t after, gpu_event_t done)
+{
+    return collective(dp, op, count, real, buf, dt, after, done, 0);
 }
 
 zo_status offload_dp_block(offload_dp *dp, dp_op op, int b, size_t numel, void *buf, zo_dtype dt,
@@ -243,36 +312,51 @@ zo_status offload_dp_wait(offload_dp *dp)
 
 /* ---- blocking gathers of host values ------------------------------------------------- */
 
-zo_status offload_dp_gather_block(offload_dp *dp, int b, size_t numel, const float *part, float *all)
+zo_status offload_dp_gather_part(offload_dp *dp, const offload_part *p, int b, size_t numel, size_t es,
+                                 const void *part, void *all)
 {
     const offload_env *env = dp->env;
-    float *buf = dp->bucket[0];
+    char *buf = (char *)dp->bucket[0];
+    size_t c = p->pad[b] / (size_t)dp->size * es; /* bytes of a rank's part */
+    size_t cw = c / 4, qw = dp->bucket_q, whole = numel * es;
     zo_status st;
-    /* piece by piece through bucket 0: the rank's piece in, every rank's
-     * gathered, each copied to its place in the whole block */
-    for (size_t j = 0; j < offload_dp_pieces(dp, b); j++) {
-        size_t first, q, real, n;
-        offload_dp_piece(dp, b, numel, j, &first, &q, &real);
+    /* piece by piece through bucket 0 (qw words of every rank's part): the
+     * rank's piece in, every rank's gathered, each copied to its place in
+     * the whole block */
+    for (size_t first = 0; first < cw; first += qw) {
+        size_t q = cw - first < qw ? cw - first : qw, lo = first * 4, real = 0;
         /* the bucket's last piece has left (the host waited for it) */
         if ((st = offload_dp_wait(dp)) != ZO_OK || (st = gpu_stream_synchronize(env->d2h)) != ZO_OK) return st;
-        offload_dp_piece_src(dp, b, numel, dp->rank, first, q, &n);
-        if (n && (st = gpu_memcpy_async(env->h2d, buf + (size_t)dp->rank * q, part + first, n * 4,
+        size_t mine = p->part_n[b] * es, n = mine > lo ? (mine - lo < q * 4 ? mine - lo : q * 4) : 0;
+        if (n && (st = gpu_memcpy_async(env->h2d, buf + (size_t)dp->rank * q * 4, (const char *)part + lo, n,
                                         GPU_COPY_HOST_TO_DEVICE)) != ZO_OK)
             return st;
+        for (int r = 0; r < dp->size; r++) {
+            size_t at = (size_t)r * c + lo;
+            real += at < whole ? (whole - at < q * 4 ? whole - at : q * 4) : 0;
+        }
         if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK ||
-            (st = offload_dp_collective(dp, DP_ALL_GATHER, q, real, buf, ZO_DTYPE_F32, dp->ev_in, dp->ev_out)) !=
-                ZO_OK ||
+            (st = collective(dp, DP_ALL_GATHER, q, p->frozen ? real : real / es, buf, ZO_DTYPE_F32, dp->ev_in,
+                             dp->ev_out, p->frozen)) != ZO_OK ||
             (st = gpu_stream_wait_event(env->d2h, dp->ev_out)) != ZO_OK)
             return st;
         for (int r = 0; r < dp->size; r++) {
-            size_t at = offload_dp_piece_src(dp, b, numel, r, first, q, &n);
-            if (n && (st = gpu_memcpy_async(env->d2h, all + at, buf + (size_t)r * q, n * 4,
-                                            GPU_COPY_DEVICE_TO_HOST)) != ZO_OK)
+            size_t at = (size_t)r * c + lo;
+            size_t nr = at < whole ? (whole - at < q * 4 ? whole - at : q * 4) : 0;
+            if (nr && (st = gpu_memcpy_async(env->d2h, (char *)all + at, buf + (size_t)r * q * 4, nr,
+                                             GPU_COPY_DEVICE_TO_HOST)) != ZO_OK)
                 return st;
         }
     }
     if ((st = offload_dp_wait(dp)) != ZO_OK) return st;
     return gpu_stream_synchronize(env->d2h);
+}
+
+zo_status offload_dp_gather_block(offload_dp *dp, int b, size_t numel, const float *part, float *all)
+{
+    offload_part p = {.nb = dp->nb, .pad = dp->pad, .part_off = dp->part_off, .part_n = dp->part_n,
+                      .loc_off = dp->loc_off, .largest_pad = dp->largest_pad, .wire = ZO_DTYPE_F32, .per_wire = 1};
+    return offload_dp_gather_part(dp, &p, b, numel, sizeof(float), part, all);
 }
 
 zo_status offload_dp_gather(offload_dp *dp, const void *mine, size_t bytes, void *all)

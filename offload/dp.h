@@ -35,11 +35,34 @@ struct offload_dp {
     size_t bucket_q;       /* elements of a rank's part per piece */
     gpu_event_t bucket_ev[2]; /* the bucket's last use is done (its stream's record) */
     void *small;           /* device [size * OFFLOAD_GATHER_MAX]: offload_gather */
-    gpu_event_t ev_in, ev_out; /* a collective's `after` and `done` */
+    /* a collective's `after` recorded on the h2d stream (ev_in) or on the
+     * compute stream (ev_in_s), and its `done` (on the communicator's
+     * stream). One event is recorded on one stream only: a record on one
+     * stream may complete before an earlier one on another, and the CPU
+     * backend then releases the earlier record's waiters too (it keeps the
+     * highest record completed) */
+    gpu_event_t ev_in, ev_in_s, ev_out;
     /* collectives in flight, oldest first (they complete in issue order) */
     comm_request_t *req;
     size_t n_req, head, cap_req;
 };
+
+/* A partition of some blocks over the ranks, as a gathering store (ZeRO-3)
+ * takes it: block b is padded to pad[b] elements, rank r's part starts at
+ * r pad[b] / ranks, and part_n[b] of its elements are real (the rest
+ * padding); loc_off[b] is where the rank's part of block b starts in the
+ * rank's geometry. The trainable weights' is the data-parallel partition
+ * itself (offload_dp_part); a frozen base's is of bytes, padded to whole
+ * fp32 words per rank (offload_dp_part_bytes). */
+typedef struct offload_part {
+    int nb;
+    const size_t *pad, *part_off, *part_n, *loc_off; /* [nb], [nb], [nb], [nb + 1] */
+    size_t largest_pad;
+    zo_dtype wire;         /* the all-gather's element: the weights' dtype, or fp32 words of bytes */
+    size_t per_wire;       /* the blocks' elements per wire element (1; 4 bytes a word) */
+    int frozen;            /* a frozen base: counted apart (offload_acct.comm_frozen_bytes) */
+    size_t *own;           /* the arrays, when the partition owns them (free with offload_dp_part_free) */
+} offload_part;
 
 typedef enum dp_op {
     DP_ALL_REDUCE = 0,     /* in place over `count` elements */
@@ -60,6 +83,18 @@ size_t offload_dp_part_first(const offload_dp *dp, int b);
 /* The rank's geometry (the parts of every block) over the arrays of dp;
  * with stage 0 (or no dp) the model's own. */
 void offload_dp_geom(const offload_dp *dp, const offload_geom *g, offload_geom *out);
+/* The data-parallel partition of the model's blocks, as a partition. */
+void offload_dp_part(const offload_dp *dp, const offload_geom *g, offload_part *out);
+/* A partition of blocks of bytes[b] bytes (a frozen base): each padded to
+ * whole fp32 words per rank. */
+zo_status offload_dp_part_bytes(const offload_dp *dp, int nb, const size_t *bytes, offload_part *out);
+void offload_dp_part_free(offload_part *p);
+/* The rank's geometry of partition p over the blocks of g (the parts). */
+void offload_part_geom(const offload_part *p, const offload_geom *g, offload_geom *out);
+/* All-gather block b of partition p in place in device buffer `buf` (the
+ * rank's part already at its place), after `after`, completion on `done`. */
+zo_status offload_dp_part_gather(offload_dp *dp, const offload_part *p, int b, size_t numel, void *buf,
+                                 gpu_event_t after, gpu_event_t done);
 /* Issue a collective on device buffer `buf` (fp32, fp16 or bf16): an
  * all-reduce of `count` elements, or a reduce-scatter or all-gather in
  * place of `count` elements per rank (the rank's at buf + rank * count);
@@ -88,6 +123,10 @@ zo_status offload_dp_wait(offload_dp *dp);
 /* Block b's fp32 values from every rank's part: `part` (host, part_n[b]
  * values) in, the whole block (host, numel values) out. Blocking. */
 zo_status offload_dp_gather_block(offload_dp *dp, int b, size_t numel, const float *part, float *all);
+/* The same for block b of partition p, its elements `es` bytes each
+ * (a whole number of fp32 words per rank's part). Blocking. */
+zo_status offload_dp_gather_part(offload_dp *dp, const offload_part *p, int b, size_t numel, size_t es,
+                                 const void *part, void *all);
 /* `bytes` of host memory from every rank into all[rank * bytes]. Blocking. */
 zo_status offload_dp_gather(offload_dp *dp, const void *mine, size_t bytes, void *all);
 

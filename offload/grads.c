@@ -46,6 +46,7 @@ struct grads_path {
 };
 
 static zo_status added(offload_grads *gr, int b, gpu_stream_t s);
+static zo_status early_reduced(offload_grads *gr, int wait);
 
 /* Add the gradients of gradient slot k (on the host once its copy is done)
  * into the fp32 sum. */
@@ -86,16 +87,47 @@ zo_status offload_grads_accumulate(offload_grads *gr, int k)
     }
     g->block = -1;
     offload_add_time(gr->env->acct, OFFLOAD_TIME_GRADS, zo_now() - t0);
+    int was_reduced = gr->reduced && gr->reduced[b];
     if ((st = added(gr, b, NULL)) != ZO_OK) return st;
+    if (!offload_optim_early(gr->opt)) return ZO_OK;
+    if (gr->red_op >= 0) {
+        /* ZeRO 0-1: the update waits for the reduction just issued */
+        if (!was_reduced && gr->reduced[b]) {
+            if ((st = gpu_event_record(gr->red_ev[b], gr->env->d2h)) != ZO_OK) return st;
+            gr->red_wait[gr->n_red_wait++] = b;
+        }
+        return early_reduced(gr, 0);
+    }
     /* a block's own gradients come last (the shares of blocks that read it
      * came in earlier backwards): in the step's last micro-batch they are
      * complete, and its update may start */
-    return g->own && offload_optim_early(gr->opt) ? offload_optim_block_done(gr->opt, b) : ZO_OK;
+    return g->own ? offload_optim_block_done(gr->opt, b) : ZO_OK;
+}
+
+/* ZeRO 0-1, updates during backward: the blocks whose reductions are back
+ * in their sums (all of them, waiting, with `wait`) handed to the
+ * optimizer, oldest first. */
+static zo_status early_reduced(offload_grads *gr, int wait)
+{
+    zo_status st;
+    int done = 0;
+    while (done < gr->n_red_wait) {
+        int b = gr->red_wait[done];
+        if (!wait && !gpu_event_query(gr->red_ev[b])) break;
+        if ((st = offload_timed_wait(gr->env, gr->red_ev[b], OFFLOAD_TIME_COMM)) != ZO_OK ||
+            (st = offload_optim_block_done(gr->opt, b)) != ZO_OK)
+            return st;
+        done++;
+    }
+    memmove(gr->red_wait, gr->red_wait + done, (size_t)(gr->n_red_wait - done) * sizeof *gr->red_wait);
+    gr->n_red_wait -= done;
+    return ZO_OK;
 }
 
 void offload_grads_forget(offload_grads *gr)
 {
     for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) gr->gs[k].block = -1;
+    gr->n_red_wait = 0;
 }
 
 zo_status offload_grads_drain(offload_grads *gr)
@@ -103,7 +135,7 @@ zo_status offload_grads_drain(offload_grads *gr)
     zo_status st;
     for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++)
         if ((st = offload_grads_accumulate(gr, k)) != ZO_OK) return st;
-    return ZO_OK;
+    return gr->n_red_wait ? early_reduced(gr, 1) : ZO_OK;
 }
 
 /* A free gradient slot, zeroed on s; `avoid` is a slot already taken. */
@@ -281,8 +313,8 @@ static zo_status send_scatter(offload_grads *gr, gpu_stream_t s, int k, int bloc
         if (j && (st = gpu_stream_wait_event(s, g->copied)) != ZO_OK) return st;
         if ((st = pack_piece(gr, s, block, n, g->dev, gr->g->dtype, GPU_COPY_DEVICE_TO_DEVICE, first, q, bk)) !=
                 ZO_OK ||
-            (st = gpu_event_record(dp->ev_in, s)) != ZO_OK ||
-            (st = offload_dp_collective(dp, DP_REDUCE_SCATTER, q, real, bk, ZO_DTYPE_F32, dp->ev_in, dp->ev_out)) !=
+            (st = gpu_event_record(dp->ev_in_s, s)) != ZO_OK ||
+            (st = offload_dp_collective(dp, DP_REDUCE_SCATTER, q, real, bk, ZO_DTYPE_F32, dp->ev_in_s, dp->ev_out)) !=
                 ZO_OK ||
             (st = gpu_stream_wait_event(d2h, dp->ev_out)) != ZO_OK)
             return st;
@@ -361,8 +393,8 @@ static zo_status reduce_dev(offload_grads *gr, int b, gpu_stream_t s)
     gpu_event_t after = NULL;
     zo_status st;
     if (s) {
-        if ((st = gpu_event_record(dp->ev_in, s)) != ZO_OK) return st;
-        after = dp->ev_in;
+        if ((st = gpu_event_record(dp->ev_in_s, s)) != ZO_OK) return st;
+        after = dp->ev_in_s;
     }
     return offload_dp_block(dp, (dp_op)gr->red_op, b, gr->g->numel[b], gr->sums[b].dev, ZO_DTYPE_F32, after, NULL);
 }
@@ -435,6 +467,15 @@ static zo_status layout(offload_grads *gr)
         }
         gr->reduce = reduce_at_step;
         gr->red_op = stage == 0 ? DP_ALL_REDUCE : DP_REDUCE_SCATTER;
+        /* updates during backward (overlap) wait for each block's reduction */
+        if (gr->opt->cfg->schedule == OFFLOAD_SCHEDULE_OVERLAP) {
+            gr->red_ev = calloc((size_t)nb, sizeof *gr->red_ev);
+            gr->red_wait = calloc((size_t)nb, sizeof *gr->red_wait);
+            if (!gr->red_ev || !gr->red_wait) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+            zo_status st;
+            for (int b = 0; b < nb; b++)
+                if ((st = gpu_event_create(gr->env->dev, &gr->red_ev[b])) != ZO_OK) return st;
+        }
     }
     if (stage >= 2) {
         /* ZeRO 2-3: the rank's parts only, reduced as backward produces them */
@@ -504,6 +545,11 @@ void offload_grads_free(offload_grads *gr)
     free(gr->contrib);
     free(gr->contrib_want);
     free(gr->reduced);
+    if (gr->red_ev)
+        for (int b = 0; b < gr->g->nb; b++)
+            if (gr->red_ev[b]) gpu_event_destroy(gr->red_ev[b]);
+    free(gr->red_ev);
+    free(gr->red_wait);
     free(gr->fresh);
     free(gr);
 }

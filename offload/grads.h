@@ -47,6 +47,12 @@ struct offload_grads {
     int *contrib, *contrib_want; /* [nb] additions to block b's sum in it; how many there are */
     unsigned char *reduced;     /* [nb] block b reduced this step */
     int red_k;                  /* the next bucket */
+    /* ZeRO 0-1 with updates during backward (overlap, offload_optim_early):
+     * a block's update starts once its reduction is back in its sum; the
+     * blocks reduced and not yet handed on, oldest first, each with the
+     * event of its reduction's last copy out */
+    gpu_event_t *red_ev;        /* [nb] (NULL: no updates during backward) */
+    int *red_wait, n_red_wait;  /* [nb] */
 };
 
 zo_status offload_grads_create(const offload_env *env, const offload_geom *g, const offload_geom *og,

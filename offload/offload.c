@@ -12,6 +12,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/capability.h" /* defines: zo_capability_check */
 #include "common/fileio.h"  /* defines: zo_file_write_json */
 #include "offload/ckpt.h"   /* defines: offload_ckpt */
 #include "offload/stream.h" /* defines: offload_stream, offload_grads, offload_optim, ostate, wstore */
@@ -40,6 +41,8 @@ struct offload {
     wstore *fws;                /* the frozen base (offload_model.frozen_bytes), or NULL */
     offload_geom fg;            /* its geometry: bytes (es 1) per block */
     size_t *fbytes, *foff;      /* [nb], [nb + 1] */
+    offload_part fpart;         /* ZeRO-3: its partition over the ranks (bytes, whole fp32 words a part) */
+    offload_geom fog;           /* ZeRO-3: the rank's parts of it */
     ostate *os;                 /* the optimizer's state and the gradient sums */
 
     offload_stream *sm;         /* a micro-batch: slots, prefetch, activation checkpoints (stream.c) */
@@ -128,37 +131,23 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
                         "max_skipped_steps or keep_checkpoints");
     if ((unsigned)c->schedule > OFFLOAD_SCHEDULE_DPU)
         return zo_error(ZO_ERR_INVALID, "offload_init: schedule %d is not serial, overlap or dpu", (int)c->schedule);
-    /* the device share's update writes the resident weights in place, on
-     * the device: it cannot wait a step */
+    /* a forward-only runtime (generation) has no optimizer and no backward */
     if (c->forward_only && ((c->comm && comm_size(c->comm) > 1) || c->recompute || c->ckpt_dir))
         return zo_error(ZO_ERR_INVALID, "offload_init: a forward-only runtime runs one rank, recomputes nothing "
                         "and keeps no checkpoints");
-    if (c->schedule == OFFLOAD_SCHEDULE_DPU && c->opt_frac[OFFLOAD_DEVICE] > 0)
-        return zo_error(ZO_ERR_UNSUPPORTED,
-                        "offload_init: the delayed parameter update (dpu) runs the CPU optimizer; with optimizer "
-                        "state on the device (gpu %g) use schedule overlap or serial",
-                        c->opt_frac[OFFLOAD_DEVICE]);
     if (c->zero_stage < 0 || c->zero_stage > 3)
         return zo_error(ZO_ERR_INVALID, "offload_init: ZeRO stage %d (0, 1, 2 or 3)", c->zero_stage);
-    int ranks = c->comm ? comm_size(c->comm) : 1;
-    /* stages 1-2 keep every 16-bit weight on every rank: offloading them is
-     * ZeRO-3's (ZeRO-Infinity), as in DeepSpeed */
-    if (ranks > 1 && (c->zero_stage == 1 || c->zero_stage == 2) && c->params_on != OFFLOAD_DEVICE)
-        return zo_error(ZO_ERR_INVALID,
-                        "offload_init: ZeRO-%d keeps every 16-bit weight on the device (params_on gpu); "
-                        "weights on %s need ZeRO-3, which partitions them", c->zero_stage,
-                        offload_tier_name(c->params_on));
-    /* not built (docs/offload.md, "Not done"): several ranks train every
-     * weight, the optimizer on the host thread */
-    if (ranks > 1 && m->frozen_bytes)
-        return zo_error(ZO_ERR_UNSUPPORTED,
-                        "offload_init: several ranks (%d, ZeRO-%d) with a frozen base (LoRA/QLoRA adapters: "
-                        "offload_model.frozen_bytes) are not built: train adapters on one rank", ranks,
-                        c->zero_stage);
-    if (ranks > 1 && c->schedule != OFFLOAD_SCHEDULE_SERIAL)
-        return zo_error(ZO_ERR_UNSUPPORTED,
-                        "offload_init: several ranks (%d, ZeRO-%d) with the optimizer schedule %s are not built: "
-                        "use schedule serial", ranks, c->zero_stage, offload_schedule_name(c->schedule));
+    /* what the runtime runs: the table every program asks (common/capability.h) */
+    zo_run_shape shape;
+    zo_run_shape_defaults(&shape);
+    shape.method = m->frozen_bytes ? ZO_PLAN_LORA : ZO_PLAN_FULL;
+    shape.ranks = c->comm ? comm_size(c->comm) : 1;
+    shape.zero = c->zero_stage;
+    shape.schedule = (zo_plan_schedule)c->schedule;
+    shape.params = (zo_plan_tier)c->params_on;
+    shape.adapters = (zo_plan_tier)c->trainable_on;
+    memcpy(shape.optimizer, c->opt_frac, sizeof shape.optimizer);
+    if ((st = zo_capability_check(&shape, NULL, 0)) != ZO_OK) return zo_error_wrap(st, "offload_init");
     return ZO_OK;
 }
 
@@ -255,11 +244,30 @@ static zo_status create_weights(offload_t *rt, offload_tier on, int ring)
     wstore_config wc = {.tier = on, .dev_puts = !rt->cfg.forward_only && rt->cfg.opt_frac[OFFLOAD_DEVICE] > 0,
                         .chunk = rt->cfg.sub_group,
                         .nvme_dir = rt->cfg.nvme_dir, .name = "par", .ring = ring,
-                        .gathered = stage == 1 || stage == 2};
+                        .gathered = stage == 1 || stage == 2,
+                        .deferred = rt->cfg.schedule != OFFLOAD_SCHEDULE_SERIAL};
     if (stage < 3) return wstore_create(&rt->env, &rt->g, &wc, &rt->ws);
     wstore *inner;
+    offload_part part;
+    offload_dp_part(rt->dp, &rt->g, &part);
     zo_status st = wstore_create(&rt->env, &rt->og, &wc, &inner);
-    return st != ZO_OK ? st : wgather_create(&rt->env, &rt->g, inner, &rt->ws);
+    return st != ZO_OK ? st : wgather_create(&rt->env, &rt->g, inner, &part, &rt->ws);
+}
+
+/* The frozen base's store on params_on: replicated with ZeRO 0-2 (the
+ * tier's store of whole blocks); with ZeRO 3 partitioned like the trained
+ * weights, the rank's parts of its bytes in the tier's store, gathered
+ * block by block into the slots. */
+static zo_status create_frozen(offload_t *rt, int ring)
+{
+    wstore_config fc = {.tier = rt->cfg.params_on, .chunk = rt->cfg.sub_group, .nvme_dir = rt->cfg.nvme_dir,
+                        .name = "frz", .ring = ring};
+    if (!rt->dp || rt->dp->stage < 3) return wstore_create(&rt->env, &rt->fg, &fc, &rt->fws);
+    wstore *inner;
+    offload_part view = rt->fpart;
+    view.own = NULL; /* the runtime's */
+    zo_status st = wstore_create(&rt->env, &rt->fog, &fc, &inner);
+    return st != ZO_OK ? st : wgather_create(&rt->env, &rt->fg, inner, &view, &rt->fws);
 }
 
 zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *model,
@@ -293,6 +301,15 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
         if (rt->g.slot_bytes < rt->dp->largest_pad * rt->g.es) rt->g.slot_bytes = rt->dp->largest_pad * rt->g.es;
     }
     offload_dp_geom(rt->dp, &rt->g, &rt->og);
+    int frozen = model->frozen_bytes != NULL;
+    int zero3 = rt->dp && rt->dp->stage >= 3;
+    if (frozen && zero3) {
+        /* the base partitioned in bytes; a slot takes a padded block */
+        if ((st = offload_dp_part_bytes(rt->dp, rt->fg.nb, rt->fbytes, &rt->fpart)) != ZO_OK) goto out_free;
+        offload_part_geom(&rt->fpart, &rt->fg, &rt->fog);
+        size_t fs = (rt->fpart.largest_pad + 255) & ~(size_t)255;
+        if (rt->fg.slot_bytes < fs) rt->fg.slot_bytes = fs;
+    }
 
     if ((st = gpu_stream_create(dev, &rt->env.h2d)) != ZO_OK) goto out_free;
     if ((st = gpu_stream_create(dev, &rt->env.d2h)) != ZO_OK) goto out_free;
@@ -300,10 +317,9 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
      * frozen base: where trainable_on says, the base where params_on says);
      * slots for what is streamed (ZeRO-3: the rank's parts gathered into
      * them, wherever the parts live) */
-    int frozen = model->frozen_bytes != NULL;
     offload_tier w_on = frozen ? rt->cfg.trainable_on : rt->cfg.params_on;
-    int w_streamed = w_on != OFFLOAD_DEVICE || (rt->dp && rt->dp->stage >= 3);
-    int f_streamed = frozen && rt->cfg.params_on != OFFLOAD_DEVICE;
+    int w_streamed = w_on != OFFLOAD_DEVICE || zero3;
+    int f_streamed = frozen && (rt->cfg.params_on != OFFLOAD_DEVICE || zero3);
     offload_stream_config sc = {.m = &rt->m, .g = &rt->g, .prefetch_depth = rt->cfg.prefetch_depth,
                                 .recompute = rt->cfg.recompute, .checkpoints_on = rt->cfg.checkpoints_on,
                                 .forward_only = rt->cfg.forward_only};
@@ -311,11 +327,7 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     sc.fslot = f_streamed ? rt->fg.slot_bytes : 0;
     sc.slot_size = sc.fslot + (w_streamed ? rt->g.slot_bytes : 0);
     if ((st = create_weights(rt, w_on, sc.n_slots)) != ZO_OK) goto out_free;
-    if (frozen) {
-        wstore_config fc = {.tier = rt->cfg.params_on, .chunk = rt->cfg.sub_group,
-                            .nvme_dir = rt->cfg.nvme_dir, .name = "frz", .ring = sc.n_slots};
-        if ((st = wstore_create(&rt->env, &rt->fg, &fc, &rt->fws)) != ZO_OK) goto out_free;
-    }
+    if (frozen && (st = create_frozen(rt, sc.n_slots)) != ZO_OK) goto out_free;
     /* the layers above the stores, each on the ones below it (a forward-only
      * runtime has the stores and the streaming alone) */
     if (rt->cfg.forward_only) goto streaming;
@@ -355,6 +367,7 @@ void offload_free(offload_t *rt)
     ostate_free(rt->os);
     wstore_free(rt->ws);
     wstore_free(rt->fws);
+    offload_dp_part_free(&rt->fpart);
     free(rt->fbytes);
     free(rt->foff);
     if (rt->env.h2d) gpu_stream_destroy(rt->env.h2d);
@@ -412,7 +425,7 @@ static zo_status weights_begin(offload_t *rt)
 }
 
 /* The store holds what was put (the slots see the blocks' new generations). */
-static zo_status weights_end(offload_t *rt) { return rt->ws->ops->sync(rt->ws); }
+static zo_status weights_end(offload_t *rt) { return wstore_settle(rt->ws); }
 
 zo_status offload_set_block(offload_t *rt, int block, const float *w)
 {
@@ -428,8 +441,15 @@ zo_status offload_set_frozen_block(offload_t *rt, int block, const void *bytes)
     zo_status st = check_block(rt, "offload_set_frozen_block", block);
     if (st != ZO_OK) return st;
     if (!rt->fws) return zo_error(ZO_ERR_INVALID, "offload_set_frozen_block: the model has no frozen base");
-    if ((st = wstore_put_raw(rt->fws, block, 0, rt->fbytes[block], bytes)) != ZO_OK) return st;
-    return rt->fws->ops->sync(rt->fws);
+    /* every rank sets every block, in the same order: with ZeRO-3 it keeps its part */
+    size_t first = 0, n = rt->fbytes[block];
+    if (rt->fws->part_only) {
+        first = rt->fpart.part_off[block];
+        n = rt->fpart.part_n[block];
+    }
+    wstore_will_change(rt->fws, block);
+    if ((st = wstore_put_raw(rt->fws, block, 0, n, (const char *)bytes + first)) != ZO_OK) return st;
+    return wstore_settle(rt->fws);
 }
 
 zo_status offload_get_frozen_block(offload_t *rt, int block, void *bytes)
@@ -609,6 +629,7 @@ void offload_get_stats(const offload_t *rt, offload_stats *o)
     o->comm_pad_elems = a->comm_pad_elems;
     o->comm_calls = a->comm_calls;
     o->comm_reused_elems = rt->dp && rt->dp->stage >= 3 ? a->reused_elems : 0;
+    o->comm_frozen_bytes = a->comm_frozen_bytes;
     if (rt->os) ostate_bytes(rt->os, o->optimizer_bytes);
 }
 
@@ -631,7 +652,7 @@ void offload_reset_times(offload_t *rt)
     a->n_micro = a->n_steps = 0;
     memset(a->bytes, 0, sizeof a->bytes);
     a->opt_busy_s = a->opt_overlap_s = 0;
-    a->comm_elems = a->comm_pad_elems = a->reused_elems = 0;
+    a->comm_elems = a->comm_pad_elems = a->reused_elems = a->comm_frozen_bytes = 0;
     a->comm_calls = 0;
 }
 
@@ -682,6 +703,7 @@ zo_status offload_write_stats_json(const offload_t *rt, const offload_prediction
         cJSON_AddNumberToObject(cm, "reused_elements", (double)s.comm_reused_elems);
         cJSON_AddNumberToObject(cm, "padding_elements", (double)s.comm_pad_elems);
         cJSON_AddNumberToObject(cm, "collectives", (double)s.comm_calls);
+        if (s.comm_frozen_bytes) cJSON_AddNumberToObject(cm, "frozen_base_bytes", (double)s.comm_frozen_bytes);
     }
     zo_status st = zo_file_write_json(path, o);
     cJSON_Delete(o);

@@ -215,8 +215,13 @@ typedef struct offload_config {
      * 16-bit weights all-gathered; 2 gradients too, reduce-scattered block
      * by block as backward produces them; 3 the 16-bit weights too,
      * all-gathered into the device slots one block ahead of use. Stages 1
-     * and 2 keep every 16-bit weight on the device (params_on gpu); stage 3
-     * takes any params_on (the rank's part lives there). */
+     * and 2 keep every 16-bit weight on the device (params_on gpu; with a
+     * frozen base, trainable_on gpu); stage 3 takes any params_on (the
+     * rank's part lives there). With a frozen base (LoRA) the trained
+     * weights are the adapters; the base is replicated at stages 0-2 and
+     * partitioned at 3. Every schedule runs at every stage. What the
+     * runtime does not run is common/capability.h's table, whose words
+     * offload_init refuses with (ZO_ERR_UNSUPPORTED). */
     int zero_stage;
     /* Elements of a communication bucket (fp32; two of them on the device):
      * a block larger than it is reduced in pieces. 0: 25M (the plan's
@@ -399,6 +404,9 @@ typedef struct offload_stats {
      * across micro-batches); comm_elems plus these is the paper's count,
      * which gathers every block twice a micro-batch */
     uint64_t comm_reused_elems;
+    /* ZeRO-3 with a frozen base (LoRA, QLoRA): the bytes of the base
+     * all-gathered (not model elements: apart from comm_elems) */
+    uint64_t comm_frozen_bytes;
     /* fp32 master, m and v this rank holds, per tier (1/N of the model's
      * with ZeRO 1-3 over N ranks) */
     uint64_t optimizer_bytes[OFFLOAD_TIERS];

@@ -12,8 +12,14 @@
  * The optimizer's geometry (o->og) is the model's with one rank and with
  * ZeRO 0, the rank's part of every block with ZeRO 1-3: the shards, the
  * gradient sums it reads (as the shards hand them out) and its puts into
- * the store are in those coordinates; the decay ranges are the whole block's. Several ranks
- * run the serial schedule (offload_init refuses the others). */
+ * the store are in those coordinates; the decay ranges are the whole block's.
+ *
+ * Several ranks run every schedule: the optimizer's thread computes and
+ * puts, and issues no collective; the host thread announces each round of
+ * puts (wstore_will_change) and issues what the ranks do together, in the
+ * same order on every rank (the gradient reductions before a block's
+ * update may start, the statistics' gather, the weights' gathers when the
+ * blocks are next used). */
 #include "offload/optim.h"
 
 #include <math.h>
@@ -224,7 +230,10 @@ static zo_status job_all(offload_optim *o, step_ctx *c)
     st = ostate_step_host(o->os, &u);
     zo_status sd = ostate_sync(o->os);
     if (st == ZO_OK) st = sd;
-    zo_status sw = c->dst->ops->sync(c->dst);
+    /* on the host thread (serial) the round ends here, its collectives
+     * (ZeRO 1-2: the gathers) issued; on the optimizer's thread the host
+     * thread ends it (wstore_use, offload_optim_settle) */
+    zo_status sw = o->threaded ? c->dst->ops->sync(c->dst) : wstore_settle(c->dst);
     if (st == ZO_OK) st = sw;
     if (st == ZO_OK) publish_all(o, o->hp.step);
     return st;
@@ -333,11 +342,17 @@ zo_status offload_optim_settle(offload_optim *o)
 {
     zo_status st = join(o);
     if (o->dpu_pending) {
-        /* DPU: the last update's weights into the store */
+        /* DPU: the last update's weights into the store, a round of puts
+         * announced on the host thread */
+        wstore_will_change(o->ws, -1);
         zo_status sp = wstore_publish(o->shadow, o->ws);
         if (st == ZO_OK) st = sp;
         o->dpu_pending = 0;
     }
+    /* the round over: what the ranks still owe it (ZeRO 1-2: the gathers a
+     * threaded update left to this thread) */
+    zo_status sr = wstore_settle(o->ws);
+    if (st == ZO_OK) st = sr;
     publish_all(o, o->ctr.step);
     return st;
 }
@@ -381,7 +396,9 @@ zo_status offload_optim_micro_begin(offload_optim *o)
     /* the update of the step before (exact clipping: the first step) ends first */
     zo_status st = join(o);
     if (st != ZO_OK) return st;
-    set_hparams(o, o->ctr.step + 1, coef, (double)o->ctr.loss_scale * (double)o->cfg->grad_accum);
+    /* the mean over the global batch: every rank's micro-batches */
+    set_hparams(o, o->ctr.step + 1, coef,
+                (double)o->ctr.loss_scale * (double)o->cfg->grad_accum * (o->env->dp ? o->env->dp->size : 1));
     o->early = 1;
     post(o, OFFLOAD_JOB_BLOCKS);
     return ZO_OK;
@@ -394,6 +411,7 @@ zo_status offload_optim_block_done(offload_optim *o, int b)
     zo_status st = ostate_grad_block_stats(o->os, b, &nf);
     if (st != ZO_OK) return st;
     if (nf) return ZO_OK; /* not updated: the step reports it */
+    wstore_will_change(o->ws, b); /* (the host thread: every rank here, at this point of its backward) */
     pthread_mutex_lock(&o->mu);
     o->queue[o->qtail++] = b;
     pthread_cond_broadcast(&o->cv);
@@ -500,6 +518,9 @@ zo_status offload_optim_step(offload_optim *o, offload_step_info *info)
     }
     if (!early) set_hparams(o, o->ctr.step + 1, clip_coef(o, norm), denom);
     o->ctr.step++;
+    /* the round of puts into the store starts: announced on the host thread
+     * (dpu: into the shadow, announced when it is published) */
+    if (c.dst == o->ws) wstore_will_change(o->ws, -1);
     /* the enqueued update first (the device shard's): it runs while the
      * host updates the others */
     oshard_update u = updater(&c);
@@ -546,9 +567,10 @@ zo_status offload_optim_create(const offload_env *env, const offload_config *cfg
     zo_status st = ZO_OK;
     if (!o->published || !o->queue) st = zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
     if (st == ZO_OK && cfg->schedule == OFFLOAD_SCHEDULE_DPU) {
-        /* the new weights of the update in flight land in a host copy */
+        /* the new weights of the update in flight land in a host copy (of
+         * the optimizer's geometry: the rank's parts with ZeRO 1-3) */
         wstore_config sc = {.tier = OFFLOAD_CPU, .name = "dpu"};
-        if ((st = wstore_create(env, g, &sc, &o->shadow)) != ZO_OK)
+        if ((st = wstore_create(env, og, &sc, &o->shadow)) != ZO_OK)
             st = zo_error_wrap(st, "offload_init: the delayed update's copy of the weights");
     }
     if (st == ZO_OK && o->threaded) {

@@ -2,6 +2,8 @@
  * measurements go out through offload.c's offload_write_stats_json). */
 #include "offload/offload.h"
 
+#include "common/capability.h" /* defines: zo_capability_check */
+
 #include <stdio.h>
 #include <string.h>
 
@@ -26,9 +28,15 @@ zo_status offload_plan_load(const char *path, offload_plan *plan)
         return zo_error(ZO_ERR_FORMAT, "%s: field \"training.optimizer\" is %s: the runtime runs "
                         "adamw only", path, zo_plan_optimizer_name(f->training.optimizer));
 
-    if (f->parallel.tp != 1 || f->parallel.pp != 1)
-        return zo_error(ZO_ERR_FORMAT, "%s: fields \"parallel.tp\" %d and \"parallel.pp\" %d: the runtime "
-                        "runs data parallelism only (tp 1, pp 1)", path, f->parallel.tp, f->parallel.pp);
+    /* tensor, pipeline and expert parallelism: the capability table's
+     * words (the rest of the plan's shape is checked where it runs, after
+     * the program's flags: offload_init, train) */
+    zo_run_shape par;
+    zo_run_shape_defaults(&par);
+    par.tp = f->parallel.tp;
+    par.pp = f->parallel.pp;
+    par.ep = f->parallel.ep > 0 ? f->parallel.ep : 1;
+    if ((st = zo_capability_check(&par, NULL, 0)) != ZO_OK) return zo_error_wrap(st, "%s", path);
 
     offload_config *c = &plan->cfg;
     c->zero_stage = f->parallel.zero;

@@ -182,7 +182,11 @@ static zo_status prefetch(offload_stream *sm)
         int need[2] = {sm->sched[p], sm->dep[sm->sched[p]]};
         for (int k = 0; k < 2; k++) {
             if (need[k] < 0 || slot_of(sm, need[k]) >= 0) continue;
-            if (sm->c.opt && !offload_optim_ready(sm->c.opt, need[k], 0)) return ZO_OK; /* its update runs: later */
+            /* its update runs: later; a store whose fetch is a collective
+             * waits for it, so that what every rank fetches, and when, is
+             * its schedule's, not the update's timing (a forward-only
+             * runtime has no optimizer) */
+            if (sm->c.opt && !offload_optim_ready(sm->c.opt, need[k], sm->c.ws->collective)) return ZO_OK;
             int s;
             if ((st = load_block(sm, need[k], p + 1, &s)) != ZO_OK) return st;
             if (s < 0) return ZO_OK; /* no slot free: later positions wait too */
@@ -199,6 +203,15 @@ static void block_pointers(offload_stream *sm, int b, const offload_slot *slot, 
     wstore *ws = sm->c.ws, *fws = sm->c.fws;
     *params = ws->resident ? ws->ops->resident(ws, b) : (const char *)slot->buf + sm->c.fslot;
     *frozen = !fws ? NULL : fws->resident ? fws->ops->resident(fws, b) : slot->buf;
+}
+
+/* The resident stores' block b is about to be read on s: what the ranks
+ * still owe it (ZeRO 1-2 with a threaded update: its gather). */
+static zo_status use_resident(offload_stream *sm, gpu_stream_t s, int b)
+{
+    zo_status st = sm->c.ws->resident ? wstore_use(sm->c.ws, b, s) : ZO_OK;
+    if (st == ZO_OK && sm->c.fws && sm->c.fws->resident) st = wstore_use(sm->c.fws, b, s);
+    return st;
 }
 
 /* Make block b's weights (and its dependency's) usable on `s`: the device
@@ -222,6 +235,7 @@ static zo_status acquire(offload_stream *sm, gpu_stream_t s, int b, offload_bloc
         int ready = !sm->c.opt || offload_optim_ready(sm->c.opt, ids0[k], 1);
         offload_add_time(sm->env->acct, OFFLOAD_TIME_WEIGHTS, zo_now() - t0);
         if (!ready) return zo_error(ZO_ERR_INVALID, "offload: block %d: the optimizer's update failed", ids0[k]);
+        if ((st = use_resident(sm, s, ids0[k])) != ZO_OK) return st;
     }
     if (!sm->c.n_slots) {
         block_pointers(sm, b, NULL, &io->params, &io->frozen);

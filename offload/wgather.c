@@ -9,16 +9,25 @@
  *
  * The optimizer's puts are the rank's parts, which is what the inner store
  * holds: they pass through, no collective. A load (whole blocks, every rank
- * has them) keeps the rank's part. */
+ * has them) keeps the rank's part. Generations move when the host thread
+ * announces a round of puts (will_change), never with a put, which may come
+ * from the optimizer's thread at any moment: what a rank fetches, and so
+ * gathers, depends only on its schedule, the same on every rank.
+ *
+ * The partition is the data-parallel one (the trainable weights) or one of
+ * bytes (a LoRA base: offload_dp_part_bytes), gathered as fp32 words. */
 #include "offload/wstore.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct wgather {
     wstore base;
-    wstore *inner; /* block b: the rank's part, dp->part_n[b] elements */
-    int round;     /* a put since the last sync */
+    wstore *inner;     /* block b: the rank's part, part.part_n[b] elements */
+    offload_part part; /* the partition of the blocks (owned when it owns its arrays) */
 } wgather;
+
+static const offload_part *part_of(wstore *ws) { return &((wgather *)ws)->part; }
 
 static wstore *inner_of(wstore *ws) { return ((wgather *)ws)->inner; }
 
@@ -34,9 +43,10 @@ static zo_status wg_fetch(wstore *ws, int b, void *dst)
 {
     const offload_env *env = ws->env;
     offload_dp *dp = env->dp;
+    const offload_part *p = part_of(ws);
     wstore *in = inner_of(ws);
-    size_t es = ws->g->es, n = dp->part_n[b];
-    char *mine = (char *)dst + dp->part_off[b] * es;
+    size_t es = ws->g->es, n = p->part_n[b];
+    char *mine = (char *)dst + p->part_off[b] * es;
     zo_status st;
     if (!ws->g->numel[b]) return ZO_OK;
     if (n && in->resident) {
@@ -46,8 +56,7 @@ static zo_status wg_fetch(wstore *ws, int b, void *dst)
         return st;
     }
     if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK ||
-        (st = offload_dp_block(dp, DP_ALL_GATHER, b, ws->g->numel[b], dst, ws->g->dtype, dp->ev_in,
-                                    dp->ev_out)) != ZO_OK)
+        (st = offload_dp_part_gather(dp, p, b, ws->g->numel[b], dst, dp->ev_in, dp->ev_out)) != ZO_OK)
         return st;
     return gpu_stream_wait_event(env->h2d, dp->ev_out);
 }
@@ -60,7 +69,6 @@ static zo_status wg_put_host(wstore *ws, int b, size_t rel, size_t n, void **dst
 
 static zo_status wg_put_host_done(wstore *ws, int b, size_t rel, size_t n)
 {
-    ((wgather *)ws)->round = 1;
     return wstore_put_host_done(inner_of(ws), b, rel, n);
 }
 
@@ -72,64 +80,96 @@ static zo_status wg_put_dev(wstore *ws, int b, void **dst)
 
 static zo_status wg_put_dev_done(wstore *ws, int b, gpu_stream_t s)
 {
-    ((wgather *)ws)->round = 1;
     return wstore_put_dev_done(inner_of(ws), b, s);
 }
 
-/* The end of a round of puts: every block changed, the ones of which this
- * rank holds nothing included (the other ranks put their parts), so that
- * every rank fetches, and gathers, the same blocks. */
+/* The rank's puts have reached its parts (any thread: no collective). */
 static zo_status wg_sync(wstore *ws)
 {
-    wgather *w = (wgather *)ws;
     wstore *in = inner_of(ws);
-    if (w->round) wstore_changed_all(ws);
-    w->round = 0;
-    zo_status st = in->ops->sync(in);
-    /* the gathers of the last fetches: their requests done */
-    zo_status sw = offload_dp_wait(ws->env->dp);
-    return st != ZO_OK ? st : sw;
+    return in->ops->sync(in);
 }
+
+/* The host thread announces the blocks a round of puts changes: their
+ * generations move now, on every rank at the same point of its schedule,
+ * the blocks of which this rank holds nothing included (the other ranks
+ * put their parts), so that every rank fetches, and gathers, the same
+ * blocks. A block with nothing to train never changes. */
+static void wg_will_change(wstore *ws, int b)
+{
+    for (int k = b < 0 ? 0 : b; k < (b < 0 ? ws->g->nb : b + 1); k++)
+        if (ws->g->numel[k]) wstore_changed(ws, k);
+}
+
+/* The gathers of the last fetches: their requests done. */
+static zo_status wg_round_end(wstore *ws) { return offload_dp_wait(ws->env->dp); }
 
 /* Whole-block elements [rel, rel + n): the rank keeps their overlap with
  * its part. */
 static zo_status wg_load(wstore *ws, int b, size_t rel, size_t n, const float *src)
 {
-    const offload_dp *dp = ws->env->dp;
+    const offload_part *p = part_of(ws);
     wstore *in = inner_of(ws);
-    size_t po = dp->part_off[b], pe = po + dp->part_n[b];
+    size_t po = p->part_off[b], pe = po + p->part_n[b];
     size_t lo = rel > po ? rel : po, hi = rel + n < pe ? rel + n : pe;
     if (lo >= hi) return ZO_OK;
     return wstore_load_f32(in, b, lo - po, hi - lo, src + (lo - rel));
 }
 
+/* Block b whole into host memory: the rank's part read, the others'
+ * gathered (blocking; a frozen base read back). */
+static zo_status wg_get_host(wstore *ws, int b, void *dst)
+{
+    const offload_part *p = part_of(ws);
+    wstore *in = inner_of(ws);
+    size_t es = ws->g->es, pn = p->part_n[b], cap = p->pad[b] / (size_t)ws->env->dp->size * es;
+    void *part = NULL;
+    zo_status st;
+    if (!ws->g->numel[b]) return ZO_OK;
+    if ((st = offload_host_alloc(ws->env, cap, 0, &part)) != ZO_OK) return st;
+    memset(part, 0, cap);
+    st = pn ? in->ops->get_host(in, b, part) : ZO_OK;
+    if (st == ZO_OK) st = offload_dp_gather_part(ws->env->dp, p, b, ws->g->numel[b], es, part, dst);
+    offload_host_free(ws->env, part, cap, 0);
+    return st;
+}
+
 static void wg_free(wstore *ws)
 {
-    wstore_free(inner_of(ws));
+    wgather *w = (wgather *)ws;
+    wstore_free(w->inner);
+    offload_dp_part_free(&w->part);
     free(ws);
 }
 
 static const wstore_ops wgather_ops = {
     .resident = wg_resident, .fetch = wg_fetch, .put_host = wg_put_host,
     .put_host_done = wg_put_host_done, .put_dev = wg_put_dev, .put_dev_done = wg_put_dev_done,
-    .sync = wg_sync, .load = wg_load, .free = wg_free,
+    .sync = wg_sync, .will_change = wg_will_change, .round_end = wg_round_end, .load = wg_load,
+    .get_host = wg_get_host, .free = wg_free,
 };
 
-zo_status wgather_create(const offload_env *env, const offload_geom *g, wstore *inner, wstore **out)
+zo_status wgather_create(const offload_env *env, const offload_geom *g, wstore *inner, const offload_part *part,
+                         wstore **out)
 {
     *out = NULL;
     wgather *w = calloc(1, sizeof *w);
     if (!w) {
         wstore_free(inner);
+        offload_part own = *part;
+        offload_dp_part_free(&own);
         return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
     }
     w->inner = inner;
+    w->part = *part;
     zo_status st = wstore_init_base(&w->base, &wgather_ops, env, g, inner->tier);
     if (st != ZO_OK) {
         wstore_free(&w->base);
         return st;
     }
     w->base.part_only = 1;
+    w->base.collective = 1;
+    w->base.round_gens = 1;
     w->base.put_max = inner->put_max;
     *out = &w->base;
     return ZO_OK;

@@ -17,7 +17,12 @@
  * each padded to a multiple of the rank count; the optimizer puts only the
  * rank's part of each block, and a block whose part is complete is
  * all-gathered in place, in block order (the same order on every rank, a
- * block of which this rank holds nothing included). ZeRO 3: wgather.c. */
+ * block of which this rank holds nothing included). With the serial
+ * schedule the puts, and so the gathers, are the host thread's; with the
+ * overlap and dpu schedules the optimizer's thread puts (deferred): the
+ * host thread gathers each block of the round when it is next used, or at
+ * the round's end, so that every collective is issued by the host thread at
+ * the same point of the schedule on every rank. ZeRO 3: wgather.c. */
 #include "offload/wstore.h"
 
 #include <pthread.h>
@@ -48,23 +53,37 @@ zo_status wstore_init_base(wstore *ws, const wstore_ops *ops, const offload_env 
 
 uint64_t wstore_gen(const wstore *ws, int b) { return __atomic_load_n(&ws->gen[b], __ATOMIC_RELAXED); }
 
-static void changed(wstore *ws, int b) { __atomic_add_fetch(&ws->gen[b], 1, __ATOMIC_RELAXED); }
+void wstore_changed(wstore *ws, int b) { __atomic_add_fetch(&ws->gen[b], 1, __ATOMIC_RELAXED); }
 
-void wstore_changed_all(wstore *ws)
-{
-    for (int b = 0; b < ws->g->nb; b++) changed(ws, b);
-}
+static void changed(wstore *ws, int b) { wstore_changed(ws, b); }
 
 zo_status wstore_put_host_done(wstore *ws, int b, size_t rel, size_t n)
 {
-    changed(ws, b);
+    if (!ws->round_gens) changed(ws, b);
     return ws->ops->put_host_done(ws, b, rel, n);
 }
 
 zo_status wstore_put_dev_done(wstore *ws, int b, gpu_stream_t s)
 {
-    changed(ws, b);
+    if (!ws->round_gens) changed(ws, b);
     return ws->ops->put_dev_done(ws, b, s);
+}
+
+void wstore_will_change(wstore *ws, int b)
+{
+    if (ws && ws->ops->will_change) ws->ops->will_change(ws, b);
+}
+
+zo_status wstore_use(wstore *ws, int b, gpu_stream_t s)
+{
+    return ws && ws->ops->use ? ws->ops->use(ws, b, s) : ZO_OK;
+}
+
+zo_status wstore_settle(wstore *ws)
+{
+    zo_status st = ws->ops->sync(ws);
+    zo_status sr = ws->ops->round_end ? ws->ops->round_end(ws) : ZO_OK;
+    return st != ZO_OK ? st : sr;
 }
 
 zo_status wstore_load_f32(wstore *ws, int b, size_t rel, size_t n, const float *src)
@@ -143,6 +162,11 @@ typedef struct dev_store {
     int round;                 /* a put since the last sync: the step's round of puts */
     gpu_stream_t dev_s;        /* the stream of this round's device puts, or NULL */
     gpu_event_t ag_join;       /* dev_s: its puts so far (the all-gather's input) */
+    /* deferred (the optimizer puts from its own thread): the gathers are the
+     * host thread's, a block's when it is used or the round ends */
+    int deferred;
+    unsigned char *pending;    /* [nb] announced this round (will_change), not gathered yet */
+    int n_pending;
 } dev_store;
 
 static dev_store *dev_of(wstore *ws) { return (dev_store *)ws; }
@@ -236,15 +260,67 @@ static zo_status dev_gather_ready(wstore *ws, int all)
     return ZO_OK;
 }
 
-/* The optimizer put n elements of block b's part: counted, and the blocks
- * complete so far gathered. */
+/* The optimizer put n elements of block b's part: counted, and (not
+ * deferred: the host thread puts) the blocks complete so far gathered. */
 static zo_status dev_part_done(wstore *ws, int b, size_t n)
 {
     dev_store *d = dev_of(ws);
     if (!d->dp) return ZO_OK;
     d->got[b] += n;
+    if (d->deferred) return ZO_OK;
     d->round = 1;
     return dev_gather_ready(ws, 0);
+}
+
+/* Deferred: block b's new parts all-gathered in place (every rank's puts
+ * of it are done: the host thread saw the block published), ordered after
+ * the device puts and the chunks' copies; s (when not NULL) waits for it. */
+static zo_status dev_gather_one(wstore *ws, int b, gpu_stream_t s)
+{
+    dev_store *d = dev_of(ws);
+    const offload_env *env = ws->env;
+    const offload_dp *dp = d->dp;
+    zo_status st;
+    if (d->got[b] != dp->part_n[b])
+        return zo_error(ZO_ERR_INTERNAL, "offload: new weights of block %d incomplete (%zu of %zu)", b, d->got[b],
+                        dp->part_n[b]);
+    if (d->dev_s && ((st = gpu_event_record(d->ag_join, d->dev_s)) != ZO_OK ||
+                     (st = gpu_stream_wait_event(env->h2d, d->ag_join)) != ZO_OK))
+        return st;
+    if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK ||
+        (st = offload_dp_block(env->dp, DP_ALL_GATHER, b, ws->g->numel[b], dev_at(ws, b, 0), ws->g->dtype,
+                               dp->ev_in, dp->ev_out)) != ZO_OK ||
+        (s && (st = gpu_stream_wait_event(s, dp->ev_out)) != ZO_OK))
+        return st;
+    d->got[b] = 0;
+    d->pending[b] = 0;
+    if (!--d->n_pending) d->dev_s = NULL;
+    return ZO_OK;
+}
+
+/* The host thread: the round's blocks (-1: all that have weights). */
+static void dev_will_change(wstore *ws, int b)
+{
+    dev_store *d = dev_of(ws);
+    if (!d->dp) return;
+    if (!d->deferred) {
+        d->round = 1;
+        return;
+    }
+    for (int k = b < 0 ? 0 : b; k < (b < 0 ? ws->g->nb : b + 1); k++)
+        if (ws->g->numel[k] && !d->pending[k]) {
+            d->pending[k] = 1;
+            d->n_pending++;
+        }
+}
+
+/* The host thread, before the compute reads block b on s: its gather, if
+ * the round still owes it one. */
+static zo_status dev_use(wstore *ws, int b, gpu_stream_t s)
+{
+    dev_store *d = dev_of(ws);
+    if (!d->dp || !d->deferred || !d->pending[b]) return ZO_OK;
+    return dev_gather_one(ws, b, s);
 }
 
 static zo_status dev_put_host_done(wstore *ws, int b, size_t rel, size_t n)
@@ -298,23 +374,37 @@ static zo_status dev_get_host(wstore *ws, int b, void *dst)
     return gpu_event_synchronize(d->ev);
 }
 
-/* The puts from the device and the chunks have all arrived (ZeRO 1-2: and
- * every block is gathered). */
+/* ZeRO 1-2, the host thread: every block of the round gathered, in block
+ * order, and waited for. */
+static zo_status dev_round_end(wstore *ws)
+{
+    dev_store *d = dev_of(ws);
+    zo_status st = ZO_OK;
+    if (!d->dp) return ZO_OK;
+    if (d->deferred) {
+        for (int b = 0; b < ws->g->nb && st == ZO_OK && d->n_pending; b++)
+            if (d->pending[b]) st = dev_gather_one(ws, b, NULL);
+        zo_status sw = offload_dp_wait(ws->env->dp);
+        return st != ZO_OK ? st : sw;
+    }
+    if (!d->round) return ZO_OK;
+    /* every rank puts part of the model each step (offload_dp_create
+     * refuses a rank with nothing), so every rank ends the round */
+    st = dev_gather_ready(ws, 1);
+    zo_status sw = offload_dp_wait(ws->env->dp);
+    if (st == ZO_OK) st = sw;
+    memset(d->got, 0, (size_t)ws->g->nb * sizeof *d->got);
+    d->next_ag = 0;
+    d->dev_s = NULL;
+    d->round = 0;
+    return st;
+}
+
+/* The puts from the device and the chunks have all arrived (any thread). */
 static zo_status dev_sync(wstore *ws)
 {
     dev_store *d = dev_of(ws);
     zo_status st = ZO_OK;
-    if (d->dp && d->round) {
-        /* every rank puts part of the model each step (offload_dp_create
-         * refuses a rank with nothing), so every rank ends the round */
-        st = dev_gather_ready(ws, 1);
-        zo_status sw = offload_dp_wait(ws->env->dp);
-        if (st == ZO_OK) st = sw;
-        memset(d->got, 0, (size_t)ws->g->nb * sizeof *d->got);
-        d->next_ag = 0;
-        d->dev_s = NULL;
-        d->round = 0;
-    }
     for (int k = 0; k < 2; k++) {
         if (!d->stage_pending[k]) continue;
         zo_status sk = offload_timed_wait(ws->env, d->stage_ev[k], OFFLOAD_TIME_OPTIMIZER);
@@ -341,6 +431,7 @@ static void dev_destroy(wstore *ws)
     if (d->ev) gpu_event_destroy(d->ev);
     if (d->ag_join) gpu_event_destroy(d->ag_join);
     free(d->got);
+    free(d->pending);
     free(d->boff_own);
     free(d);
 }
@@ -348,7 +439,8 @@ static void dev_destroy(wstore *ws)
 static const wstore_ops dev_ops = {
     .resident = dev_resident, .fetch = dev_fetch, .put_host = dev_put_host,
     .put_host_done = dev_put_host_done, .put_dev = dev_put_dev, .put_dev_done = dev_put_dev_done,
-    .sync = dev_sync, .load = dev_load, .get_host = dev_get_host, .free = dev_destroy,
+    .sync = dev_sync, .will_change = dev_will_change, .use = dev_use, .round_end = dev_round_end,
+    .load = dev_load, .get_host = dev_get_host, .free = dev_destroy,
 };
 
 /* ZeRO 1-2: every block padded to a multiple of the rank count (an
@@ -361,7 +453,8 @@ static zo_status dev_partition(wstore *ws, size_t *elems)
     d->dp = dp;
     d->boff_own = calloc((size_t)g->nb, sizeof(size_t));
     d->got = calloc((size_t)g->nb, sizeof(size_t));
-    if (!d->boff_own || !d->got) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    d->pending = calloc((size_t)g->nb, 1);
+    if (!d->boff_own || !d->got || !d->pending) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
     size_t o = 0;
     for (int b = 0; b < g->nb; b++) {
         d->boff_own[b] = o;
@@ -381,6 +474,7 @@ static zo_status dev_create(wstore *ws, const wstore_config *c)
     ws->resident = 1;
     d->boff = ws->g->off;
     if (c->gathered && (st = dev_partition(ws, &elems)) != ZO_OK) return st;
+    d->deferred = c->gathered && c->deferred;
     size_t bytes = elems * ws->g->es;
     if ((st = gpu_mem_alloc(env->dev, bytes, &d->dev)) != ZO_OK)
         return zo_error_wrap(st, "offload_init: resident weights (%zu bytes) on the device", bytes);
@@ -789,7 +883,8 @@ zo_status wstore_publish(wstore *from, wstore *to)
     zo_status st;
     if (from->ops != &host_ops)
         return zo_error(ZO_ERR_INTERNAL, "offload: weights published from a store not in host memory");
-    for (int b = 0; b < to->g->nb; b++)
-        if ((st = wstore_put_raw(to, b, 0, to->g->numel[b], host_at(from, b, 0))) != ZO_OK) return st;
+    /* the puts' geometry (the rank's parts with ZeRO 1-3) is from's */
+    for (int b = 0; b < from->g->nb; b++)
+        if ((st = wstore_put_raw(to, b, 0, from->g->numel[b], host_at(from, b, 0))) != ZO_OK) return st;
     return to->ops->sync(to);
 }

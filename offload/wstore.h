@@ -43,8 +43,25 @@ typedef struct wstore_ops {
      * put_dev_done (on the same stream) hands them to the store. */
     zo_status (*put_dev)(wstore *ws, int b, void **dst);
     zo_status (*put_dev_done)(wstore *ws, int b, gpu_stream_t s);
-    /* Every put has reached the store: later fetches and compute see it. */
+    /* Every put has reached the store: later fetches and compute see it.
+     * Any thread (the optimizer's too); no collective. */
     zo_status (*sync)(wstore *ws);
+    /* The three below are the host thread's alone, called at the same point
+     * of the schedule on every rank, so that every rank issues the same
+     * collectives in the same order (the optimizer's thread issues none).
+     * (optional) Block b's weights (-1: every block's) change in the round
+     * of puts that starts now, before any of them is put: the gathering
+     * store (ZeRO-3) moves its generations here, never with a put; the
+     * replicated device store (ZeRO 1-2) opens its round. */
+    void (*will_change)(wstore *ws, int b);
+    /* (optional) Resident block b is about to be read on stream s: what the
+     * ranks owe it is issued (ZeRO 1-2 with deferred gathers: the all-gather
+     * of its new parts) and s waits for it. */
+    zo_status (*use)(wstore *ws, int b, gpu_stream_t s);
+    /* (optional) The round of puts is over (after sync): what the ranks do
+     * together for it (ZeRO 1-2: the gathers not issued yet) is issued and
+     * waited for. */
+    zo_status (*round_end)(wstore *ws);
     /* Elements [rel, rel + n) of block b (whole-block coordinates) from
      * fp32, which every rank has. */
     zo_status (*load)(wstore *ws, int b, size_t rel, size_t n, const float *src);
@@ -61,6 +78,9 @@ struct wstore {
     offload_tier tier;
     int resident;          /* resident() gives every block: nothing is fetched */
     int part_only;         /* keeps only the rank's part of each block (ZeRO-3): loads of the rest are dropped */
+    int collective;        /* a fetch is a collective (ZeRO-3): every rank fetches the same blocks at
+                              the same points of the schedule, decided from what the host thread knows */
+    int round_gens;        /* generations move with will_change (and loads), not with each put */
     size_t put_max;        /* elements put_host takes at once */
     uint64_t *gen;         /* [nb] block b's generation (atomic: puts may come from the optimizer's thread) */
 };
@@ -76,6 +96,10 @@ typedef struct wstore_config {
      * parts; every block is kept whole, padded, and all-gathered once its
      * part is complete */
     int gathered;
+    /* ZeRO 1-2: the puts come from the optimizer's thread (schedules overlap
+     * and dpu): a block's all-gather is left to the host thread, issued when
+     * the block is used (ops->use) or the round ends (ops->round_end) */
+    int deferred;
 } wstore_config;
 
 /* The tier's store of the blocks of g. */
@@ -93,21 +117,29 @@ zo_status wstore_load_f32(wstore *ws, int b, size_t rel, size_t n, const float *
 /* Put elements [rel, rel + n) of block b's weights given as the store's own
  * elements (bytes copied as they are), chunk by chunk. */
 zo_status wstore_put_raw(wstore *ws, int b, size_t rel, size_t n, const void *src);
-/* Every block of host store `from` (same geometry) put into `to`, synced. */
+/* Every block of host store `from` (the geometry of `to`'s puts) put into
+ * `to`, synced (the caller announced the round: will_change). */
 zo_status wstore_publish(wstore *from, wstore *to);
+/* The host thread's calls (ops->will_change, use, round_end; nothing where
+ * the store has none). */
+void wstore_will_change(wstore *ws, int b);
+zo_status wstore_use(wstore *ws, int b, gpu_stream_t s);
+/* Every put arrived and the round over (sync, then round_end). */
+zo_status wstore_settle(wstore *ws);
 /* What every store starts as: its table, environment, geometry and tier,
  * generations 0 (wgather.c). */
 zo_status wstore_init_base(wstore *ws, const wstore_ops *ops, const offload_env *env, const offload_geom *g,
                            offload_tier tier);
-/* Every block changed (wgather.c: the other ranks' parts came in a round of
- * puts). */
-void wstore_changed_all(wstore *ws);
+/* Block b changed (wgather.c: announced by the host thread). */
+void wstore_changed(wstore *ws, int b);
 
 /* ---- wgather.c: ZeRO-3 ---------------------------------------------------------------- */
 
-/* The gathering store over `inner` (a store of the rank's parts: the
- * geometry of offload_dp_geom), owning it, whatever happens: fetch gives
- * whole blocks of g, all-gathered. */
-zo_status wgather_create(const offload_env *env, const offload_geom *g, wstore *inner, wstore **out);
+/* The gathering store over `inner` (a store of the rank's parts of
+ * partition *part: offload_part_geom), owning both, whatever happens (a
+ * partition that owns its arrays is freed with it): fetch gives whole
+ * blocks of g, all-gathered. */
+zo_status wgather_create(const offload_env *env, const offload_geom *g, wstore *inner, const offload_part *part,
+                         wstore **out);
 
 #endif

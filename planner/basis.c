@@ -160,7 +160,7 @@ void plan_hw_basis_flags(const plan_hw_basis *b, char *buf, size_t len)
 
 /* ---- the lines --------------------------------------------------------------------- */
 
-#define BASIS_LINES (3 + PLAN_HW_OVERRIDES)
+#define BASIS_LINES (4 + PLAN_HW_OVERRIDES)
 typedef char basis_line[512];
 
 static const plan_gpu_spec *gpu_spec(const char *name)
@@ -181,7 +181,7 @@ static const char *preset_summary(const char *name)
     return NULL;
 }
 
-static int lines_of(const plan_hw_basis *b, basis_line *l)
+static int lines_of(const plan_hw *hw, const plan_hw_basis *b, basis_line *l)
 {
     const plan_hw *h = &b->base;
     int n = 0;
@@ -222,6 +222,19 @@ static int lines_of(const plan_hw_basis *b, basis_line *l)
              "  host %.2f GiB RAM (%.4g GB/s), %d cores, %.2f TB NVMe (read %.4g, write %.4g GB/s)%s",
              gib(h->cpu_mem), h->cpu_mem_bw / 1e9, h->cpu_cores, h->nvme / 1e12,
              h->nvme_read_bw / 1e9, h->nvme_write_bw / 1e9, h->gpus_per_node > 1 ? " per node" : "");
+    /* how the GPUs of a node reach each other, as the job runs (a single
+     * GPU: as two of them would) */
+    if (hw->gpus_per_node > 1 || b->source == PLAN_HW_GPU) {
+        plan_hw two = *hw;
+        int alone = plan_hw_ranks_per_node(&two) < 2;
+        if (alone) two.gpus = two.gpus_per_node = 2;
+        snprintf(l[n++], sizeof l[0], "  peers %s: %.4g GB/s per GPU each way with %d in the node%s",
+                 hw->peers_via_host ? "through host memory (no peer-to-peer)"
+                 : hw->nvlink_bw > hw->pcie_bw ? "over NVLink"
+                                               : "over PCIe peer-to-peer",
+                 plan_hw_peer_bw(&two) / 1e9, plan_hw_ranks_per_node(&two),
+                 alone ? " (--gpus 2)" : "");
+    }
     for (int i = 0; i < b->n; i++)
         snprintf(l[n++], sizeof l[0], "  overridden: %.300s", b->ov[i].text);
     return n;
@@ -229,9 +242,8 @@ static int lines_of(const plan_hw_basis *b, basis_line *l)
 
 void plan_report_basis(FILE *out, const plan_hw *hw, const plan_hw_basis *b)
 {
-    (void)hw;
     basis_line l[BASIS_LINES];
-    int n = lines_of(b, l);
+    int n = lines_of(hw, b, l);
     for (int i = 0; i < n; i++) fprintf(out, "%s\n", l[i]);
 }
 
@@ -248,6 +260,7 @@ static const plan_json_field node_fields[] = {
     H("cpu_mem", cpu_mem, U64),    H("cpu_mem_bw", cpu_mem_bw, DOUBLE),
     H("cpu_cores", cpu_cores, INT), H("nvme", nvme, U64),
     H("nvme_read_bw", nvme_read_bw, DOUBLE), H("nvme_write_bw", nvme_write_bw, DOUBLE),
+    H("nvlink_bw", nvlink_bw, DOUBLE), H("peers_via_host", peers_via_host, INT),
 };
 #undef H
 
@@ -275,7 +288,7 @@ cJSON *plan_hw_basis_json(const plan_hw *hw, const plan_hw_basis *b)
         cJSON_AddItemToArray(ov, x);
     }
     basis_line l[BASIS_LINES];
-    int n = lines_of(b, l);
+    int n = lines_of(hw, b, l);
     cJSON *jl = cJSON_AddArrayToObject(o, "lines");
     for (int i = 0; i < n; i++) cJSON_AddItemToArray(jl, cJSON_CreateString(l[i]));
     return o;

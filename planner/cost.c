@@ -3,6 +3,12 @@
 #include <math.h>
 #include <string.h>
 
+/* Standard attention's core (the batched QK^T and PV matmuls, their inner
+ * dimension a head's, and the masked softmax and dropout over the s^2 scores)
+ * takes this much longer than its roofline: Korthikanti et al. 2022, Table 4,
+ * selective recompute adds the core's forward to the 22B layer, 20.9 - 19.6 =
+ * 1.3 ms, where the roofline gives 1.036 ms. */
+#define ATTN_CORE_SLOW 1.255
 /* Flash attention reaches this fraction of the matmul curve (its softmax and
  * masking run between the two matmuls); its backward does 2.5x the forward
  * FLOPs (it recomputes the scores). Causal masking skips half the tiles. */
@@ -13,6 +19,7 @@
 #define HOST_BW_EFF 0.7
 
 static double dmax(double a, double b) { return a > b ? a : b; }
+static double dmin(double a, double b) { return a < b ? a : b; }
 
 double plan_allreduce_s(double bytes, int p, double bw, double lat)
 {
@@ -62,17 +69,31 @@ static double bmm(const ctx *c, double n, double M, double N, double K)
 
 static double ew(const ctx *c, double bytes) { return bytes / c->hbm; }
 
+/* How a collective crosses nodes: a ring (all-reduce, reduce-scatter,
+ * all-gather) laid one per rail uses the NIC of every member a node has, an
+ * all-to-all sends each rank's bytes through its own. */
+typedef enum coll_kind { COLL_RING = 0, COLL_ALLTOALL } coll_kind;
+
 /* A link for a group of p ranks `stride` apart (Megatron's order: TP
- * innermost, then DP, then PP): NVLink when the group stays in a node. */
-static void link_for(const plan_hw *hw, int p, long stride, double *bw, double *lat)
+ * innermost, then DP, then PP): NVLink when the group stays in a node.
+ * Across nodes NCCL lays one ring per NIC, so a ring collective's bus
+ * bandwidth is the NICs of the group's members in a node together, up to
+ * NVLink's (nccl-tests#119: 4 HDR NICs for 8 A100s, all-reduce busbw 85-96
+ * GB/s of the NICs' 100; NVIDIA/nccl#412: "up to 160 GB/s, the NVLink
+ * intra-node bandwidth", with more NICs): g members a node, g x net_bw. */
+static void link_for(const plan_hw *hw, int p, long stride, coll_kind kind, double *bw, double *lat)
 {
+    double peer = plan_hw_peer_bw(hw);
     if ((long)p * stride <= hw->gpus_per_node) {
-        *bw = hw->nvlink_bw * hw->coll_eff;
+        *bw = peer * hw->coll_eff;
         *lat = hw->nvlink_lat;
-    } else {
-        *bw = hw->net_bw * hw->coll_eff;
-        *lat = hw->net_lat;
+        return;
     }
+    long g = stride < hw->gpus_per_node ? hw->gpus_per_node / stride : 1;
+    if (g > p) g = p;
+    double b = kind == COLL_RING ? (double)g * hw->net_bw : hw->net_bw;
+    *bw = (b < peer ? b : peer) * hw->coll_eff;
+    *lat = hw->net_lat;
 }
 
 typedef struct layer_time {
@@ -81,6 +102,7 @@ typedef struct layer_time {
     double ep_fwd, ep_bwd, ep_rc; /* expert-parallel all-to-alls */
     double flops_token;         /* model fwd FLOPs per token (whole layer, all TP ranks) */
     double attn_flops_token;    /* the attention core's share */
+    double ops_flops_token;     /* recompute ops: the recomputed matmuls' (every other one) */
 } layer_time;
 
 /* One matmul (M x K) @ (K x N) forward; its backward is the input gradient
@@ -108,19 +130,23 @@ static double alltoall_s(double bytes, int p, double bw, double lat)
 
 /* LoRA adapters of one layer on one rank (T rows): per adapted layer
  * u = x A^T and y += (alpha/r) u B^T forward; du = dy B, dB += dy^T u,
- * dA += du^T x and dx += du A backward. QLoRA dequantizes each linear
+ * dA += du^T x and dx += du A backward; a routed expert's over the rows
+ * routed to it (its share of T x top_k). QLoRA dequantizes each linear
  * weight before its GEMM, in the forward and again in the backward. */
 static void adapters_time(const zo_model_config *m, const plan_train *t, const ctx *c, double T,
                           double *f, double *b)
 {
     double r = t->lora.r, tp = t->tp;
-    zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    int n = zo_lora_layer_modules(m, t->lora.targets, mods);
+    plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
+    int n = plan_peft_modules(m, t->lora.targets, t->ep, mods);
     for (int i = 0; i < n; i++) {
-        int row = (mods[i].targets & (ZO_LORA_O | ZO_LORA_DOWN)) != 0;
-        double in = (double)mods[i].in / (row ? tp : 1), out = (double)mods[i].out / (row ? 1 : tp);
-        *f += gemm(c, T, r, in) + gemm(c, T, out, r);
-        *b += gemm(c, T, r, out) + gemm(c, out, r, T) + gemm(c, r, in, T) + gemm(c, T, in, r);
+        double in = (double)mods[i].in / (mods[i].row ? tp : 1);
+        double out = (double)mods[i].out / (mods[i].row ? 1 : tp);
+        double k = (double)mods[i].count;
+        double rows = mods[i].expert ? T * plan_routed_rows(m, t) / k : T;
+        *f += k * (gemm(c, rows, r, in) + gemm(c, rows, out, r));
+        *b += k * (gemm(c, rows, r, out) + gemm(c, out, r, rows) + gemm(c, r, in, rows) +
+                   gemm(c, rows, in, r));
     }
     if (t->method == ZO_PLAN_QLORA) {
         plan_peft pf;
@@ -129,6 +155,18 @@ static void adapters_time(const zo_model_config *m, const plan_train *t, const c
         *f += dq;
         *b += dq;
     }
+}
+
+/* The adapter parameters a token passes through (a routed expert's top_k
+ * times), for the model's FLOPs. */
+static double lora_active(const zo_model_config *m, const plan_train *t)
+{
+    plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
+    int n = plan_peft_modules(m, t->lora.targets, 1, mods);
+    double a = 0;
+    for (int i = 0; i < n; i++)
+        a += (mods[i].expert ? mods[i].routed : 1) * (double)t->lora.r * (double)(mods[i].in + mods[i].out);
+    return a * m->n_layers;
 }
 
 /* A layer's matmuls as they add up: forward and backward seconds, and the
@@ -193,7 +231,7 @@ static double moe_time(const zo_model_config *m, const plan_train *t, const ctx 
      * come back (dispatch and combine), in every pass */
     if (t->ep > 1) {
         double bw, lat;
-        link_for(c->hw, t->ep, t->tp, &bw, &lat);
+        link_for(c->hw, t->ep, t->tp, COLL_ALLTOALL, &bw, &lat);
         double a2a = alltoall_s(R * h * e, t->ep, bw, lat);
         o->ep_fwd = 2 * a2a;
         o->ep_bwd = 2 * a2a;
@@ -236,8 +274,8 @@ static void attn_core_time(const plan_train *t, const ctx *c, double heads, doub
     }
     double drop = t->dropout ? 1 : 0; /* mask bytes per element */
     double n = mb * heads, sc = n * s * s; /* score elements per rank */
-    double core = bmm(c, n, s, s, dqk) + bmm(c, n, s, dv, s);
-    double soft = ew(c, sc * (2 * e + (t->dropout ? 2 * e + drop : 0)));
+    double core = ATTN_CORE_SLOW * (bmm(c, n, s, s, dqk) + bmm(c, n, s, dv, s));
+    double soft = ATTN_CORE_SLOW * ew(c, sc * (2 * e + (t->dropout ? 2 * e + drop : 0)));
     *f = core + soft;
     *b = 2 * core + 2 * soft;
     *rc = *f;
@@ -274,7 +312,7 @@ static void tp_time(const zo_model_config *m, const plan_train *t, const ctx *c,
 {
     if (t->tp <= 1) return;
     double bw, lat;
-    link_for(c->hw, t->tp, 1, &bw, &lat);
+    link_for(c->hw, t->tp, 1, COLL_RING, &bw, &lat);
     double N = T * m->hidden * c->esz;
     double ag = plan_allgather_s(N, t->tp, bw, lat);
     o->tp_fwd = 2 * (t->sp ? 2 * ag : plan_allreduce_s(N, t->tp, bw, lat));
@@ -310,6 +348,17 @@ static void layer_time_of(const zo_model_config *m, const plan_train *t, const c
         o->ep_rc = o->ep_fwd;
     } else if (t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE) {
         o->rc = attn_rc;
+    } else if (t->recompute == ZO_PLAN_RECOMPUTE_OPS) {
+        /* every other matmul again (LLaMA: k, o, up; GPT: o, fc2), the elementwise
+         * kernels, and the attention output's TP reduction; the attention core and
+         * the kept matmuls come from what was saved */
+        double h = m->hidden, tp = t->tp, f = m->ffn;
+        int gpt = m->arch == ZO_ARCH_GPT;
+        double mm_rc = gemm(c, T, h, ow / tp) + (gpt ? gemm(c, T, h, f / tp) : gemm(c, T, k / tp, h) +
+                                                                                  gemm(c, T, f / tp, h));
+        o->rc = mm_rc + ew_f;
+        o->tp_rc = o->tp_fwd / 2;
+        o->ops_flops_token = 2 * (ow * h + (gpt ? f * h : k * h + f * h));
     }
 }
 
@@ -347,7 +396,7 @@ static void ends_time_of(const zo_model_config *m, const plan_train *t, const ct
     o->first_b = c->frozen ? 0 : o->first_f;
     o->first_tp = 0;
     double bw, lat;
-    link_for(c->hw, t->tp, 1, &bw, &lat);
+    link_for(c->hw, t->tp, 1, COLL_RING, &bw, &lat);
     if (t->tp > 1)
         o->first_tp = t->sp ? plan_allgather_s(T * h * e, t->tp, bw, lat)
                             : plan_allreduce_s(T * h * e, t->tp, bw, lat);
@@ -388,6 +437,8 @@ static void stage_time(const layer_time lt[2], const double nl[2], double ef, do
     o->layer_fwd = x->fwd + x->tp_fwd + x->ep_fwd;
     o->layer_bwd = x->bwd + x->rc + x->tp_bwd + x->tp_rc + x->ep_bwd + x->ep_rc;
     o->layer_compute = x->fwd + x->bwd + x->rc;
+    o->layer_rc = x->rc + x->tp_rc + x->ep_rc;
+    o->layer_rc_compute = x->rc;
 }
 
 /* The model's FLOPs per token (MFU) and the recomputed ones (HFU), from its
@@ -400,14 +451,16 @@ static void model_flops(const zo_model_config *m, const plan_train *t, const ctx
     double lf = (L - n_moe) * lt[0].flops_token + (n_moe ? n_moe * lt[1].flops_token : 0);
     double la = (L - n_moe) * lt[0].attn_flops_token + (n_moe ? n_moe * lt[1].attn_flops_token : 0);
     out->model_flops_token = 3 * (lf + 2 * h * v);
+    double lo = (L - n_moe) * lt[0].ops_flops_token + (n_moe ? n_moe * lt[1].ops_flops_token : 0);
     out->rc_flops_token = t->recompute == ZO_PLAN_RECOMPUTE_FULL                          ? lf
                           : t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE && !t->flash_attn ? la
+                          : t->recompute == ZO_PLAN_RECOMPUTE_OPS                         ? lo
                                                                                           : 0;
     if (c->frozen) {
         /* LoRA: the forward, the input gradients (the base's matmuls once
          * more, the attention core twice), and 6 FLOPs per token per adapter
          * parameter (2 forward, 4 backward) */
-        double a = (double)zo_lora_trainable_params(m, t->lora.r, t->lora.targets);
+        double a = lora_active(m, t);
         out->model_flops_token = 2 * lf + la + 4 * h * v + 6 * a;
         if (t->recompute == ZO_PLAN_RECOMPUTE_FULL) out->rc_flops_token += 2 * a;
     }
@@ -451,7 +504,28 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
             *out = o;
         }
     }
-    model_flops(m, t, &c, lt, n_moe_all, out);
+    plan_train all = *t;
+    all.recompute_layers = 0;
+    model_flops(m, &all, &c, lt, n_moe_all, out);
+    /* recompute full of K layers a stage: K of its `per` */
+    if (t->recompute == ZO_PLAN_RECOMPUTE_FULL && t->recompute_layers && t->recompute_layers < per)
+        plan_time_mb_recompute_part(out, (double)t->recompute_layers / per, out);
+}
+
+void plan_time_mb_recompute_part(const plan_time_mb *full, double f, plan_time_mb *out)
+{
+    plan_time_mb o = *full;
+    double rc = o.rc + o.tp_rc + o.ep_rc;
+    o.total -= (1 - f) * rc;
+    o.rc *= f;
+    o.tp_rc *= f;
+    o.ep_rc *= f;
+    o.layer_bwd -= (1 - f) * o.layer_rc;
+    o.layer_compute -= (1 - f) * o.layer_rc_compute;
+    o.layer_rc *= f;
+    o.layer_rc_compute *= f;
+    o.rc_flops_token *= f;
+    *out = o;
 }
 
 /* ---- the step ---------------------------------------------------------------------- */
@@ -509,8 +583,12 @@ static void step_compute(step_in *in, plan_time *o)
     in->bwd_window = n_mb * (mb->bwd + mb->rc);
 }
 
-/* Pipeline sends: activations forward and gradients back, once per chunk
- * and micro-batch; scattered over TP ranks (1/t each). */
+/* Pipeline sends: an activation forward and its gradient back, once per
+ * chunk and micro-batch, each scattered over the TP ranks (1/t of s b h
+ * each, Megatron's scatter-gather) and gathered again over NVLink on the
+ * receiving stage. The exchange is not overlapped (1F1B's blocking sends):
+ * it is on the critical path of every micro-batch a stage runs and of each
+ * of the (p - 1)/v micro-batch times of the pipeline's fill and drain. */
 static void step_pp_comm(const step_in *in, plan_time *o)
 {
     const plan_train *t = in->t;
@@ -518,49 +596,68 @@ static void step_pp_comm(const step_in *in, plan_time *o)
     if (t->pp <= 1) return;
     /* neighbouring stages are tp x dp ranks apart */
     int cross = (long)t->tp * t->dp >= hw->gpus_per_node;
-    double bw = (cross ? hw->net_bw : hw->nvlink_bw) * hw->coll_eff;
+    double peer = plan_hw_peer_bw(hw);
+    double bw = (cross ? hw->net_bw : peer) * hw->coll_eff;
     double lat = cross ? hw->net_lat : hw->nvlink_lat;
-    double bytes = (double)t->seq * t->micro_batch * (in->m->params_override ? 0 : in->m->hidden) *
-                   in->wsz / t->tp;
-    o->pp_comm = 2 * (double)t->vpp * in->n_mb * (lat + bytes / bw);
+    double whole = (double)t->seq * t->micro_batch * (in->m->params_override ? 0 : in->m->hidden) *
+                   in->wsz;
+    double gather = t->tp > 1 ? plan_allgather_s(whole, t->tp, peer * hw->coll_eff, hw->nvlink_lat) : 0;
+    double exchange = lat + whole / t->tp / bw + gather;
+    o->pp_comm = 2 * exchange * ((double)t->vpp * in->n_mb + (double)t->pp - 1);
 }
 
 /* Data parallel (plan_dp_comm_elems): gradients all-reduced (ZeRO 0) or
- * reduce-scattered (ZeRO 1) once per step, overlapped with the last
- * micro-batch's backward down to one bucket, or reduce-scattered every
- * micro-batch (ZeRO 2-3) behind its backward; updated weights all-gathered
- * after the step (ZeRO 1-2); ZeRO-3 gathers the weights twice every
- * micro-batch, overlapped with that micro-batch's compute. With experts: the
- * dense parameters over all DP ranks, the routed experts over the DP / EP
- * ranks that hold the same experts (stride TP x EP). */
+ * reduce-scattered (ZeRO 1) once per step, or reduce-scattered every
+ * micro-batch (ZeRO 2-3); updated weights all-gathered after the step (ZeRO
+ * 1-2); ZeRO-3 gathers the weights twice every micro-batch. The gradients'
+ * bytes are the reduce dtype's. With experts: the dense parameters over all
+ * DP ranks, the routed experts over the DP / EP ranks that hold the same
+ * experts (stride TP x EP).
+ * Overlapped (dp_overlap), the reductions run bucket by bucket as the
+ * backward produces the gradients (ZeRO 0-1: the last micro-batch's; ZeRO
+ * 2: every one's) and ZeRO-3's gathers and reductions block by block beside
+ * each micro-batch's compute: what is left exposed is what the compute does
+ * not cover, and at least what nothing can hide, the reduction of the last
+ * bucket (ZeRO 0-2) or the step's first gather and last reduction of a
+ * block (ZeRO-3). Not overlapped, all of it adds to the step: Megatron-LM
+ * before its --overlap-grad-reduce (2023), and PyTorch FSDP as torchtitan
+ * measured it (docs/memplan.md, "Time"). */
 static void step_dp_comm(const step_in *in, plan_time *o)
 {
     const plan_train *t = in->t;
     double P = in->P, Pe = in->Pe;
     if (t->dp <= 1) return;
     double last_bwd = in->mb->bwd + in->mb->rc;
-    double bucket = (double)t->buf.comm_bucket < P ? (double)t->buf.comm_bucket / P : 1;
-    double red = 0, gat = 0;
+    double rsz = (double)zo_dtype_size(t->reduce_dtype);
+    /* what no compute covers: one bucket (a block at most), or a block's gather and reduction */
+    double block = (double)in->e->train_largest;
+    double bucket = (double)t->buf.comm_bucket < block ? (double)t->buf.comm_bucket : block;
+    double red = 0, gat = 0, tail = 0;
     for (int part = 0; part < 2; part++) {
         int group = part ? in->edp : t->dp;
         double n = part ? Pe : P - Pe;
         if (group <= 1 || n <= 0) continue;
         double bw, lat, ge, we;
-        link_for(in->hw, group, part ? (long)t->tp * t->ep : t->tp, &bw, &lat);
+        link_for(in->hw, group, part ? (long)t->tp * t->ep : t->tp, COLL_RING, &bw, &lat);
         plan_dp_comm_elems(t, n, &ge, &we);
         /* ZeRO-3 gathers what the step computes with (LoRA: the frozen base too) */
-        double G = n * in->gsz;
+        double G = n * rsz;
         double W = t->zero >= 3 && !part ? (double)in->e->weight_bytes - Pe * in->wsz : n * in->wsz;
         /* a reduce-scatter or an all-gather of n elements each, an all-reduce of 2n */
         red += t->zero == 0 ? plan_allreduce_s(G, group, bw, lat)
                             : ge / n * plan_allgather_s(G, group, bw, lat);
         gat += we / n * plan_allgather_s(W, group, bw, lat);
+        if (part) continue;
+        tail = t->zero >= 3 ? plan_allgather_s(block * rsz, group, bw, lat) +
+                                  plan_allgather_s(block * (W / n), group, bw, lat)
+               : t->zero == 0 ? plan_allreduce_s(bucket * rsz, group, bw, lat)
+                              : plan_allgather_s(bucket * rsz, group, bw, lat);
     }
     o->dp_comm_total = red + gat;
-    if (!t->dp_overlap && t->zero <= 2) o->dp_comm = red + gat;
-    else if (t->zero <= 1) o->dp_comm = dmax(red - last_bwd, red * bucket) + gat;
-    else if (t->zero == 2) o->dp_comm = dmax(red - in->bwd_window, red * bucket) + gat;
-    else o->dp_comm = dmax(o->dp_comm_total - in->window, o->dp_comm_total * bucket);
+    if (!t->dp_overlap) o->dp_comm = red + gat;
+    else if (t->zero <= 1) o->dp_comm = dmax(red - last_bwd, dmin(tail, red)) + gat;
+    else if (t->zero == 2) o->dp_comm = dmax(red - in->bwd_window, dmin(tail, red)) + gat;
+    else o->dp_comm = dmax(o->dp_comm_total - in->window, dmin(tail, o->dp_comm_total));
 }
 
 /* Host<->device copies. Streamed weights (params on CPU or NVMe; LoRA: the

@@ -23,6 +23,7 @@ typedef struct plan_time_mb {
     double total;               /* fwd + bwd + rc + the TP and EP parts */
     double layer_fwd, layer_bwd;  /* one layer with its TP collectives; bwd includes recompute */
     double layer_compute;       /* one layer's fwd + bwd + rc compute (overlap window per block) */
+    double layer_rc, layer_rc_compute; /* of one layer: its recompute with its collectives; compute */
     double model_flops_token;   /* fwd + bwd FLOPs per token of the whole model (MFU) */
     double rc_flops_token;      /* recomputed FLOPs per token (HFU adds them) */
 } plan_time_mb;
@@ -103,6 +104,11 @@ typedef struct plan_time {
 
 void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
                           plan_time_mb *out);
+
+/* A micro-batch of recompute full over a fraction `f` of the stage's layers
+ * (recompute_layers K of L/p), from the one that recomputes them all:
+ * plan_time_microbatch's own arithmetic, for the search. `out` may be `full`. */
+void plan_time_mb_recompute_part(const plan_time_mb *full, double f, plan_time_mb *out);
 
 /* The step from a micro-batch's time and the memory estimate (which gives
  * the rank's parameters and what lives where). */

@@ -61,11 +61,11 @@ static const plan_hw_preset presets[] = {
       .nvme = 3840000000000ull, .nvme_read_bw = 6.5 * GBs, .nvme_write_bw = 3.5 * GBs,
       .net_bw = 50 * GBs, .cpu_mem_bw = 75 * GBs, .cpu_cores = 14}},
     /* DGX nodes: 8 GPUs (16 for DGX-2), NVLink/NVSwitch inside, InfiniBand out. */
-    {"dgx1-v100", "dgx-1,dgx1", "8x V100-32GB, 512 GiB RAM, 7.68 TB NVMe, 4x100 Gb/s IB",
+    {"dgx1-v100", "dgx-1", "8x V100-32GB, 512 GiB RAM, 7.68 TB NVMe, 4x100 Gb/s IB",
      {.name = "dgx1-v100", V100, .gpus = 8, .gpus_per_node = 8, .cpu_mem = 512 * GIB,
       .nvme = 7680000000000ull, .nvme_read_bw = 10 * GBs, .nvme_write_bw = 6 * GBs,
       .net_bw = 6.25 * GBs, .cpu_mem_bw = 150 * GBs, .cpu_cores = 40}},
-    {"dgx2-v100", "dgx-2,dgx2", "16x V100-32GB, 1.5 TiB RAM, 30.72 TB NVMe, 8x100 Gb/s IB",
+    {"dgx2-v100", "dgx-2", "16x V100-32GB, 1.5 TiB RAM, 30.72 TB NVMe, 8x100 Gb/s IB",
      {.name = "dgx2-v100", V100, .gpus = 16, .gpus_per_node = 16, .cpu_mem = 1536 * GIB,
       .nvme = 30720000000000ull, .nvme_read_bw = 25 * GBs, .nvme_write_bw = 12 * GBs,
       .net_bw = 6.25 * GBs, .cpu_mem_bw = 200 * GBs, .cpu_cores = 48}},
@@ -95,6 +95,10 @@ static const plan_hw_preset presets[] = {
  * accumulation; GeForce cards run that at half their fp16-accumulate rate,
  * so tensor_16 is the fp32-accumulate figure everywhere. */
 
+/* What a streaming loop reaches of the host's memory bandwidth (STREAM-like):
+ * CPU AdamW, and GPUs exchanging through host memory. */
+#define HOST_MEM_EFF 0.7
+
 /* Half-efficiency matmul size over peak: 4.8, 4.2 and 4.0 us for the V100,
  * A100 and H100 curves above; new presets take 4.2 us x their peak. */
 #define HALF_S 4.2e-6
@@ -106,38 +110,51 @@ static const plan_hw_preset presets[] = {
 
 static const plan_gpu_spec gpu_presets[] = {
     {"rtx-3090", "3090,geforce-rtx-3090", "RTX-3090-24GB", "GeForce RTX 3090 (Ampere, GA102)",
-     "desktop", 24576 * MIB, 71 * TF, 142 * TF, 35.6 * TF, 936 * GBs, 4, 16, 0, GA10X_EFF, 0},
+     "desktop", 24576 * MIB, 71 * TF, 142 * TF, 35.6 * TF, 936 * GBs, 4, 16, 0,
+     PLAN_PEERS_HOST, GA10X_EFF, 0},
     {"rtx-4090", "4090,geforce-rtx-4090", "RTX-4090-24GB", "GeForce RTX 4090 (Ada, AD102)",
-     "desktop", 24564 * MIB, 165.2 * TF, 330.3 * TF, 82.6 * TF, 1008 * GBs, 4, 16, 0, ADA_EFF, 0},
+     "desktop", 24564 * MIB, 165.2 * TF, 330.3 * TF, 82.6 * TF, 1008 * GBs, 4, 16, 0,
+     PLAN_PEERS_HOST, ADA_EFF, 0},
     {"rtx-5090", "5090,geforce-rtx-5090", "RTX-5090-32GB", "GeForce RTX 5090 (Blackwell, GB202)",
-     "desktop", 32607 * MIB, 209.5 * TF, 419 * TF, 104.8 * TF, 1792 * GBs, 5, 16, 0, GB20X_EFF, 0},
+     "desktop", 32607 * MIB, 209.5 * TF, 419 * TF, 104.8 * TF, 1792 * GBs, 5, 16, 0,
+     PLAN_PEERS_HOST, GB20X_EFF, 0},
     {"rtx-a6000", "a6000", "RTX-A6000-48GB", "RTX A6000 (Ampere, GA102)", "workstation",
-     49140 * MIB, 154.8 * TF, 154.8 * TF, 77.4 * TF, 768 * GBs, 4, 16, 0, GA10X_EFF, 0},
-    {"rtx-6000-ada", "6000-ada,rtx6000ada", "RTX-6000-Ada-48GB", "RTX 6000 Ada Generation (AD102)",
-     "workstation", 49140 * MIB, 364.2 * TF, 364.2 * TF, 182.1 * TF, 960 * GBs, 4, 16, 0, ADA_EFF, 0},
+     49140 * MIB, 154.8 * TF, 154.8 * TF, 77.4 * TF, 768 * GBs, 4, 16, 0,
+     PLAN_PEERS_PCIE, GA10X_EFF, 0},
+    {"rtx-6000-ada", "6000-ada", "RTX-6000-Ada-48GB", "RTX 6000 Ada Generation (AD102)",
+     "workstation", 49140 * MIB, 364.2 * TF, 364.2 * TF, 182.1 * TF, 960 * GBs, 4, 16, 0,
+     PLAN_PEERS_PCIE, ADA_EFF, 0},
     {"l4", "nvidia-l4", "L4-24GB", "L4 (Ada, AD104)", "server", 23034 * MIB, 121 * TF, 121 * TF,
-     60 * TF, 300 * GBs, 4, 16, 0, ADA_EFF, 0},
+     60 * TF, 300 * GBs, 4, 16, 0, PLAN_PEERS_PCIE, ADA_EFF, 0},
     {"l40s", "nvidia-l40s", "L40S-48GB", "L40S (Ada, AD102)", "server", 46068 * MIB, 362.05 * TF,
-     362.05 * TF, 183 * TF, 864 * GBs, 4, 16, 0, ADA_EFF, 0},
+     362.05 * TF, 183 * TF, 864 * GBs, 4, 16, 0, PLAN_PEERS_PCIE, ADA_EFF, 0},
     {"a10g", "nvidia-a10g", "A10G-24GB", "A10G (Ampere, GA102; AWS G5)", "server", 23028 * MIB,
-     70 * TF, 0, 35 * TF, 600 * GBs, 4, 16, 0, GA10X_EFF, 0},
+     70 * TF, 0, 35 * TF, 600 * GBs, 4, 16, 0, PLAN_PEERS_PCIE, GA10X_EFF, 0},
     {"a100-40gb-pcie", "a100-pcie-40gb,a100-pcie", "A100-40GB-PCIe", "A100 40GB PCIe (GA100)",
-     "server", 40960 * MIB, 312 * TF, 312 * TF, 156 * TF, 1555 * GBs, 4, 16, 0, A100_EFF, A100_HALF},
+     "server", 40960 * MIB, 312 * TF, 312 * TF, 156 * TF, 1555 * GBs, 4, 16, 0,
+     PLAN_PEERS_PCIE, A100_EFF, A100_HALF},
     {"a100-80gb-pcie", "a100-pcie-80gb", "A100-80GB-PCIe", "A100 80GB PCIe (GA100)", "server",
-     81920 * MIB, 312 * TF, 312 * TF, 156 * TF, 1935 * GBs, 4, 16, 0, A100_EFF, A100_HALF},
+     81920 * MIB, 312 * TF, 312 * TF, 156 * TF, 1935 * GBs, 4, 16, 0,
+     PLAN_PEERS_PCIE, A100_EFF, A100_HALF},
     {"h100-pcie", "h100-80gb-pcie,h100-pcie-80gb", "H100-80GB-PCIe", "H100 PCIe (Hopper, GH100)",
-     "server", 81559 * MIB, 756 * TF, 756 * TF, 378 * TF, 2000 * GBs, 5, 16, 0, H100_EFF, 0},
+     "server", 81559 * MIB, 756 * TF, 756 * TF, 378 * TF, 2000 * GBs, 5, 16, 0,
+     PLAN_PEERS_PCIE, H100_EFF, 0},
     /* the SXM GPUs of the presets above, for --gpu */
     {"v100-32gb", "v100,v100-sxm2", "V100-32GB", "V100 SXM2 32GB (Volta, GV100)", "server",
-     32768 * MIB, 125 * TF, 125 * TF, 15.7 * TF, 900 * GBs, 3, 16, 150 * GBs, V100_EFF, V100_HALF},
+     32768 * MIB, 125 * TF, 125 * TF, 15.7 * TF, 900 * GBs, 3, 16, 150 * GBs,
+     PLAN_PEERS_NVLINK, V100_EFF, V100_HALF},
     {"a100-40gb", "a100,a100-sxm4-40gb", "A100-40GB", "A100 40GB SXM4 (GA100)", "server",
-     40960 * MIB, 312 * TF, 312 * TF, 156 * TF, 1555 * GBs, 4, 16, 300 * GBs, A100_EFF, A100_HALF},
+     40960 * MIB, 312 * TF, 312 * TF, 156 * TF, 1555 * GBs, 4, 16, 300 * GBs,
+     PLAN_PEERS_NVLINK, A100_EFF, A100_HALF},
     {"a100-80gb", "a100-sxm4-80gb", "A100-80GB", "A100 80GB SXM4 (GA100)", "server", 81920 * MIB,
-     312 * TF, 312 * TF, 156 * TF, 2039 * GBs, 4, 16, 300 * GBs, A100_EFF, A100_HALF},
+     312 * TF, 312 * TF, 156 * TF, 2039 * GBs, 4, 16, 300 * GBs,
+     PLAN_PEERS_NVLINK, A100_EFF, A100_HALF},
     {"h100-80gb", "h100,h100-sxm", "H100-80GB", "H100 SXM5 80GB (Hopper, GH100)", "server",
-     81559 * MIB, 989 * TF, 989 * TF, 495 * TF, 3350 * GBs, 5, 16, 450 * GBs, H100_EFF, H100_HALF},
+     81559 * MIB, 989 * TF, 989 * TF, 495 * TF, 3350 * GBs, 5, 16, 450 * GBs,
+     PLAN_PEERS_NVLINK, H100_EFF, H100_HALF},
     {"h200-141gb", "h200", "H200-141GB", "H200 SXM 141GB (Hopper, GH100)", "server",
-     143771 * MIB, 989 * TF, 989 * TF, 495 * TF, 4800 * GBs, 5, 16, 450 * GBs, H100_EFF, H100_HALF},
+     143771 * MIB, 989 * TF, 989 * TF, 495 * TF, 4800 * GBs, 5, 16, 450 * GBs,
+     PLAN_PEERS_NVLINK, H100_EFF, H100_HALF},
 };
 
 /* Hosts: memory bandwidth is channels x MT/s x 8 bytes (DDR5), NVMe the
@@ -192,19 +209,44 @@ typedef struct name_table {
     const char *(*aliases)(size_t i);
 } name_table;
 
-/* The index of `want` in `t` (-1 on a miss); score[i] how close name i is. */
+/* Whether `key` is name i's key or one of its aliases'. */
+static int answers_to(const name_table *t, size_t i, const char *key)
+{
+    char cand[64], buf[128];
+    zo_preset_key(t->name(i), cand, sizeof cand);
+    if (!strcmp(cand, key)) return 1;
+    snprintf(buf, sizeof buf, "%s", t->aliases(i));
+    for (char *sv = NULL, *tok = strtok_r(buf, ",", &sv); tok; tok = strtok_r(NULL, ",", &sv)) {
+        zo_preset_key(tok, cand, sizeof cand);
+        if (!strcmp(cand, key)) return 1;
+    }
+    return 0;
+}
+
+/* The index of `want` in `t` (by zo_preset_key); -1 on a miss, with score[i]
+ * how close name i is; -2 when two entries answer to it (the error says
+ * which). */
 static long match(const name_table *t, const char *want_raw, int *score)
 {
     char want[64], cand[64], buf[128];
-    norm(want_raw ? want_raw : "", want, sizeof want);
+    zo_preset_key(want_raw ? want_raw : "", want, sizeof want);
+    long found = -1;
     for (size_t i = 0; i < t->n; i++) {
-        norm(t->name(i), cand, sizeof cand);
-        if (!strcmp(cand, want)) return (long)i;
+        if (!answers_to(t, i, want)) continue;
+        if (found >= 0) {
+            zo_error(ZO_ERR_INVALID, "'%s' names two presets, %s and %s: give the full name",
+                     want_raw, t->name((size_t)found), t->name(i));
+            return -2;
+        }
+        found = (long)i;
+    }
+    if (found >= 0) return found;
+    for (size_t i = 0; i < t->n; i++) {
+        zo_preset_key(t->name(i), cand, sizeof cand);
         score[i] = common_prefix(cand, want) * 2 + (strstr(cand, want) ? 1 : 0);
         snprintf(buf, sizeof buf, "%s", t->aliases(i));
         for (char *sv = NULL, *tok = strtok_r(buf, ",", &sv); tok; tok = strtok_r(NULL, ",", &sv)) {
-            norm(tok, cand, sizeof cand);
-            if (!strcmp(cand, want)) return (long)i;
+            zo_preset_key(tok, cand, sizeof cand);
             int sc = common_prefix(cand, want) * 2;
             if (sc > score[i]) score[i] = sc;
         }
@@ -251,12 +293,15 @@ static void closest(const name_table *a, int *sa, const name_table *b, int *sb, 
 zo_status plan_hw_find(const char *name, plan_hw *out)
 {
     int sn[NPRESETS], sg[NGPUS];
+    /* a machine first: the SXM GPUs' presets share its names (--gpu NAME is the card) */
     long i = match(&node_table, name, sn);
+    if (i == -2) return ZO_ERR_INVALID;
     if (i >= 0) {
         *out = presets[i].hw;
         return ZO_OK;
     }
     long g = match(&gpu_table, name, sg);
+    if (g == -2) return ZO_ERR_INVALID;
     if (g >= 0) {
         plan_hw_gpu_node(&gpu_presets[g], NULL, out);
         return ZO_OK;
@@ -273,7 +318,7 @@ static long find_named(const name_table *t, const char *name, const char *what)
 {
     int sc[NPRESETS + NGPUS + NHOSTS];
     long i = match(t, name, sc);
-    if (i >= 0) return i;
+    if (i >= 0 || i == -2) return i;
     char hint[192];
     closest(t, sc, NULL, NULL, hint, sizeof hint);
     zo_error(ZO_ERR_NOT_FOUND, "%s '%s'; closest: %s ('memplan hardware' lists all)", what,
@@ -284,7 +329,7 @@ static long find_named(const name_table *t, const char *name, const char *what)
 zo_status plan_gpu_find(const char *name, const plan_gpu_spec **out)
 {
     long i = find_named(&gpu_table, name, "--gpu: unknown GPU");
-    if (i < 0) return ZO_ERR_NOT_FOUND;
+    if (i < 0) return i == -2 ? ZO_ERR_INVALID : ZO_ERR_NOT_FOUND;
     *out = &gpu_presets[i];
     return ZO_OK;
 }
@@ -292,7 +337,7 @@ zo_status plan_gpu_find(const char *name, const plan_gpu_spec **out)
 zo_status plan_host_find(const char *name, const plan_host_spec **out)
 {
     long i = find_named(&host_table, name, "--host: unknown host");
-    if (i < 0) return ZO_ERR_NOT_FOUND;
+    if (i < 0) return i == -2 ? ZO_ERR_INVALID : ZO_ERR_NOT_FOUND;
     *out = &host_presets[i];
     return ZO_OK;
 }
@@ -315,8 +360,9 @@ void plan_hw_gpu_node(const plan_gpu_spec *g, const plan_host_spec *h, plan_hw *
     o->pcie_gen = g->pcie_gen;
     o->pcie_lanes = g->pcie_lanes;
     o->pcie_bw = plan_pcie_bw(g->pcie_gen, g->pcie_lanes);
-    /* without NVLink, peers talk over PCIe */
+    /* without NVLink, peers talk over PCIe: directly, or through host memory */
     o->nvlink_bw = g->nvlink_bw > 0 ? g->nvlink_bw : o->pcie_bw;
+    o->peers_via_host = g->peers == PLAN_PEERS_HOST;
     o->gemm_eff_max = g->gemm_eff_max;
     o->gemm_flops_half = g->gemm_flops_half > 0 ? g->gemm_flops_half : HALF_S * g->tensor_16;
     o->hbm_eff = 0.85;
@@ -380,7 +426,7 @@ int plan_hw_ranks_per_node(const plan_hw *hw)
  * reads an fp32 gradient (4) and writes the 16-bit weight (2); a vectorized
  * update reaches about 70% of the memory bandwidth (STREAM-like). */
 #define ADAM_BYTES 30.0
-#define ADAM_BW_EFF 0.7
+#define ADAM_BW_EFF HOST_MEM_EFF
 
 double plan_hw_cpu_adam_rate(const plan_hw *hw)
 {
@@ -422,6 +468,20 @@ void plan_hw_cpu_backend(const plan_hw *host, double flops, double copy_bw, uint
     out->pcie_gen = out->pcie_lanes = 0;
     snprintf(out->note, sizeof out->note, "the CPU backend: compute %.3g FLOP/s, copies %.3g B/s",
              flops, copy_bw);
+}
+
+const char *plan_peers_name(plan_peers p)
+{
+    return p ==
+     PLAN_PEERS_NVLINK ? "NVLink" : p == PLAN_PEERS_PCIE ? "PCIe peer-to-peer" : "host memory";
+}
+
+double plan_hw_peer_bw(const plan_hw *hw)
+{
+    if (!hw->peers_via_host) return hw->nvlink_bw;
+    double flows = 2.0 * plan_hw_ranks_per_node(hw);
+    double host = hw->cpu_mem_bw * HOST_MEM_EFF / flows;
+    return host < hw->pcie_bw ? host : hw->pcie_bw;
 }
 
 double plan_hw_gemm_eff(const plan_hw *hw, double flops)

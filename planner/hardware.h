@@ -26,12 +26,24 @@ typedef struct plan_hw_preset {
 
 const plan_hw_preset *plan_hw_presets(size_t *count);
 
-/* Find a preset by name or alias (case, '-', '_' ignored): a whole preset, or
- * a GPU preset on its usual host (as plan_hw_gpu_node with host NULL). On a
- * miss the message lists the closest names. */
+/* Find a preset by name or alias (by zo_preset_key, common/model_config.h): a
+ * whole preset, or a GPU preset on its usual host (as plan_hw_gpu_node with
+ * host NULL). The machines come first: the SXM GPUs' presets carry the names
+ * of the machines built from them, so `--hw h100-80gb` is the machine and
+ * `--gpu h100-80gb` the card. On a miss the message lists the closest names
+ * (ZO_ERR_NOT_FOUND); a name two presets of one table answer to is refused
+ * (ZO_ERR_INVALID). */
 zo_status plan_hw_find(const char *name, plan_hw *out);
 
 /* ---- GPU and host presets (single-node machines) ---------------------------------- */
+
+/* How the GPUs of one node exchange data (docs/memplan.md, "GPU presets",
+ * names the source for each card): NVLink; PCIe peer-to-peer (one GPU writes
+ * the other's memory over the PCIe switch or root complex); or through host
+ * memory, where the driver offers no peer-to-peer (GeForce cards: NCCL's
+ * shared-memory transport). */
+typedef enum plan_peers { PLAN_PEERS_NVLINK = 0, PLAN_PEERS_PCIE, PLAN_PEERS_HOST } plan_peers;
+const char *plan_peers_name(plan_peers p); /* "NVLink", "PCIe peer-to-peer", "host memory" */
 
 /* One GPU's datasheet figures; docs/memplan.md ("GPU presets") names the
  * datasheet and the figure behind each. Rates are dense (no sparsity). */
@@ -47,7 +59,8 @@ typedef struct plan_gpu_spec {
     double tensor_32;        /* TF32 tensor FLOP/s (V100: fp32) */
     double mem_bw;           /* bytes/s */
     int pcie_gen, pcie_lanes;
-    double nvlink_bw;        /* bytes/s per GPU, one direction; 0: none (peers over PCIe) */
+    double nvlink_bw;        /* bytes/s per GPU, one direction; 0: none */
+    plan_peers peers;        /* how the GPUs of a node reach each other */
     double gemm_eff_max;     /* the generation's matmul efficiency (docs/memplan.md, "Time") */
     double gemm_flops_half;  /* FLOPs at half of it; 0: 4.2 us at tensor_16 */
 } plan_gpu_spec;
@@ -106,6 +119,16 @@ double plan_hw_cpu_adam_rate_threads(const plan_hw *hw, double threads);
  * the host at `copy_bw` (memcpy). One GPU, one node. */
 void plan_hw_cpu_backend(const plan_hw *host, double flops, double copy_bw, uint64_t dev_mem,
                          plan_hw *out);
+
+/* Bytes/s each GPU of a node reaches its peers with in a collective over
+ * the GPUs of one node (before coll_eff): nvlink_bw (NVLink, or PCIe
+ * peer-to-peer), or through host memory, where each byte is written by one
+ * GPU and read by another and every GPU of the node sends and receives at
+ * once, so the host's memory carries 2 x ranks flows (NVIDIA/nccl#1639: "On
+ * PCI systems, the performance you get is usually determined by the
+ * bandwidth your CPU and memory can deliver"): the host memory's achieved
+ * bandwidth over 2 x ranks on the node, at most the PCIe link. */
+double plan_hw_peer_bw(const plan_hw *hw);
 
 /* Matmul efficiency (fraction of peak) of one operation of `flops`:
  * gemm_eff_max * flops / (flops + gemm_flops_half). */

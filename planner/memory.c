@@ -40,6 +40,8 @@ void plan_train_defaults(plan_train *t, const zo_model_config *m)
     t->dp = t->tp = t->pp = t->vpp = t->ep = 1;
     t->dp_overlap = 1;
     t->recompute = ZO_PLAN_RECOMPUTE_NONE;
+    t->reduce_dtype = ZO_DTYPE_F32; /* the runtime's */
+    t->runtime = PLAN_RUNTIME_ZOFFLOAD;
     t->flash_attn = 1;
     t->dropout = default_dropout(m);
     t->method = ZO_PLAN_FULL;
@@ -114,6 +116,10 @@ const plan_act_entry *plan_act_table(size_t *count)
 
 static uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
+/* The nearest integer to x >= 0 (llround's, exact below 2^52, without the
+ * library call the search would pay for every estimate). */
+static uint64_t round_u64(double x) { return (uint64_t)(x + 0.5); }
+
 double plan_routed_rows(const zo_model_config *m, const plan_train *t)
 {
     return m->moe.top_k * (t->capacity_factor > 0 ? t->capacity_factor : 1.0);
@@ -128,7 +134,7 @@ uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, 
     uint64_t tp = (uint64_t)t->tp;
     uint64_t q, k, v, o;
     zo_model_attn_widths(m, &q, &k, &v, &o);
-    uint64_t routed = moe ? (uint64_t)llround((double)sb * plan_routed_rows(m, t)) : 0;
+    uint64_t routed = moe ? round_u64((double)sb * plan_routed_rows(m, t)) : 0;
     int norms = m->layer_norms ? m->layer_norms : 2;
     /* the rows this layer does not have, as one mask of flags */
     unsigned skip = (m->arch != ZO_ARCH_GPT ? PLAN_ACT_GPT : 0) |
@@ -171,6 +177,57 @@ uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, 
 uint64_t plan_layer_act_bytes(const zo_model_config *m, const plan_train *t, int keep_s2)
 {
     return plan_layer_act_bytes_of(m, t, keep_s2, 0);
+}
+
+uint64_t plan_layer_ops_bytes(const zo_model_config *m, const plan_train *t)
+{
+    uint64_t sb = (uint64_t)t->seq * (uint64_t)t->micro_batch, act = zo_dtype_size(t->dtype);
+    uint64_t tp = (uint64_t)t->tp, sp = t->sp ? tp : 1, h = (uint64_t)m->hidden;
+    uint64_t q, k, v, o;
+    zo_model_attn_widths(m, &q, &k, &v, &o);
+    /* the matmuls in the order the layer runs them; the odd ones (1st, 3rd, ...) kept:
+     * LLaMA q | k | v | o | gate | up | down -> q, v, gate, down; GPT qkv | o | fc1 | fc2 ->
+     * qkv, fc1 */
+    uint64_t kept_tp = m->arch == ZO_ARCH_GPT ? q + k + v + (uint64_t)m->ffn : q + v + (uint64_t)m->ffn;
+    uint64_t kept_h = m->arch == ZO_ARCH_GPT ? 0 : h; /* down's output (before TP's reduction) */
+    /* the layer's input, the attention's output and its log-sum-exp (fp32, per head) */
+    uint64_t bytes = ceil_div(sb * h * act, sp) + sb * kept_h * act +
+                     ceil_div(sb * (kept_tp + o) * act, tp) + ceil_div(sb * (uint64_t)m->n_heads * 4, tp);
+    return bytes;
+}
+
+const char *plan_runtime_name(plan_runtime r) { return r == PLAN_RUNTIME_EAGER ? "eager" : "zoffload"; }
+
+double plan_eager_extra(const zo_model_config *m)
+{
+    return m->arch == ZO_ARCH_LLAMA ? PLAN_EAGER_LLAMA_EXTRA : 0;
+}
+
+int plan_recompute_rank(const plan_train *t)
+{
+    switch (t->recompute) {
+    case ZO_PLAN_RECOMPUTE_NONE: return 0;
+    case ZO_PLAN_RECOMPUTE_SELECTIVE: return 1;
+    case ZO_PLAN_RECOMPUTE_OPS: return 2;
+    default: return t->recompute_layers ? 3 : 4;
+    }
+}
+
+void plan_recompute_words(const plan_train *t, char *buf, size_t len)
+{
+    if (t->recompute == ZO_PLAN_RECOMPUTE_FULL && t->recompute_layers)
+        snprintf(buf, len, "full of %d layers a stage", t->recompute_layers);
+    else
+        snprintf(buf, len, "%s", zo_plan_recompute_name(t->recompute));
+}
+
+zo_status plan_runtime_parse(const char *s, const char *flag, plan_runtime *out)
+{
+    static const char *const names[] = {"zoffload", "eager", NULL};
+    int i;
+    zo_status st = zo_plan_name_parse(names, s, flag, &i);
+    if (st == ZO_OK) *out = (plan_runtime)i;
+    return st;
 }
 
 /* ---- what the GPU can run -------------------------------------------------------- */
@@ -241,9 +298,10 @@ static zo_status plan_peft_validate(const plan_train *t, const zo_model_config *
     if (m->params_override)
         return zo_error(ZO_ERR_INVALID, "%s: the adapters need the model's shape (--model or a "
                                         "shape, not --params N)", flag);
-    if (m->moe.experts)
-        return zo_error(ZO_ERR_INVALID, "%s: %s is a mixture of experts, whose adapters (on every "
-                                        "expert, or on attention only) are not modelled", flag, m->name);
+    if (m->moe.experts && (m->moe.first_dense || m->moe.shared_gate || m->moe.router_bias))
+        return zo_error(ZO_ERR_INVALID, "%s: %s is a mixture of experts with %s, whose adapters are "
+                                        "not modelled (Mixtral-like MoE layers are)", flag, m->name,
+                        m->moe.first_dense ? "dense first layers" : "a gated shared expert");
     if (m->mla.kv_rank)
         return zo_error(ZO_ERR_INVALID, "%s: %s has latent attention, whose projections the "
                                         "adapter targets do not name", flag, m->name);
@@ -314,11 +372,34 @@ zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, con
     if (st != ZO_OK) return st;
     if (t->grads_on == ZO_PLAN_NVME)
         return zo_error(ZO_ERR_INVALID, "--grads: gradients live on gpu or cpu, not nvme");
-    if (t->checkpoints_on == ZO_PLAN_CPU && t->recompute != ZO_PLAN_RECOMPUTE_FULL)
+    if (t->checkpoints_on == ZO_PLAN_CPU && (t->recompute != ZO_PLAN_RECOMPUTE_FULL || t->recompute_layers))
         return zo_error(ZO_ERR_INVALID,
-                        "--checkpoints cpu needs --recompute full: the runtime moves each layer's "
-                        "input checkpoint to the host; without recompute every activation stays "
-                        "on the GPU");
+                        "--checkpoints cpu needs --recompute full of every layer: the runtime moves "
+                        "each layer's input checkpoint to the host; a layer that is not recomputed "
+                        "keeps every activation on the GPU");
+    if (t->recompute < ZO_PLAN_RECOMPUTE_NONE || t->recompute >= ZO_PLAN_RECOMPUTES)
+        return zo_error(ZO_ERR_INVALID, "--recompute: %d is not none, selective, full or ops",
+                        (int)t->recompute);
+    if (t->recompute_layers < 0 || (t->recompute_layers && t->recompute != ZO_PLAN_RECOMPUTE_FULL))
+        return zo_error(ZO_ERR_INVALID, "--recompute-layers %d needs --recompute full (the layers of "
+                        "each stage recomputed whole)", t->recompute_layers);
+    if (t->recompute_layers && m->params_override)
+        return zo_error(ZO_ERR_INVALID, "--recompute-layers %d needs the model's layers (a shape or "
+                        "a config.json, not --params N)", t->recompute_layers);
+    if (t->recompute_layers && !m->params_override && t->recompute_layers > m->n_layers / t->pp)
+        return zo_error(ZO_ERR_INVALID, "--recompute-layers %d: a pipeline stage of %s has %d layers",
+                        t->recompute_layers, m->name, m->n_layers / t->pp);
+    if (t->recompute == ZO_PLAN_RECOMPUTE_OPS && t->method != ZO_PLAN_FULL)
+        return zo_error(ZO_ERR_INVALID, "--recompute ops with --lora: the adapters' matmuls would "
+                        "count in the policy's every other matmul; recompute full or none");
+    if (t->recompute == ZO_PLAN_RECOMPUTE_OPS &&
+        (m->params_override || m->moe.experts || m->mla.kv_rank || !t->flash_attn))
+        return zo_error(ZO_ERR_INVALID, "--recompute ops is modelled for dense GPT and LLaMA layers "
+                        "with flash attention (torchtitan's policy over their matmuls)%s",
+                        m->params_override ? ": the model is known only by its size"
+                        : !t->flash_attn ? ": drop --no-flash-attn" : "");
+    if (t->reduce_dtype < 0 || t->reduce_dtype >= ZO_DTYPE_COUNT)
+        return zo_error(ZO_ERR_INVALID, "--reduce-dtype: %d is not a dtype", (int)t->reduce_dtype);
     if (t->checkpoints_on == ZO_PLAN_NVME)
         return zo_error(ZO_ERR_INVALID, "--checkpoints: activation checkpoints live on gpu or cpu");
     if (t->buf.fragmentation < 0 || t->buf.fragmentation > 1)
@@ -393,7 +474,8 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
     o->layers = m->n_layers / t->pp;
     o->first_layer = stage * o->layers;
     int n_moe = 0;
-    for (int i = o->first_layer; i < o->first_layer + o->layers; i++) n_moe += zo_model_layer_is_moe(m, i);
+    if (m->moe.experts)
+        for (int i = o->first_layer; i < o->first_layer + o->layers; i++) n_moe += zo_model_layer_is_moe(m, i);
     o->moe_layers = n_moe;
     zo_layer_params lp;
     uint64_t ex;
@@ -408,7 +490,12 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
         uint64_t layer = layer_on_rank(&lp, t, &ex);
         o->params += (uint64_t)n_moe * layer;
         o->experts = (uint64_t)n_moe * ex;
-        if (layer > o->largest) o->largest = layer;
+        /* an MoE layer is blocks of its own: the attention with the router and
+         * the shared expert, and each routed expert (streamed, gathered and
+         * staged one at a time, as DeepSpeed gathers module by module) */
+        uint64_t one = ceil_div(lp.expert, tp), rest = layer - ex;
+        uint64_t block = one > rest ? one : rest;
+        if (block > o->largest) o->largest = block;
     }
     if (o->first) {
         uint64_t emb = ceil_div(v * h, tp) + zo_model_position_rows(m) * h + (m->embed_norm ? norm : 0);
@@ -445,6 +532,43 @@ void plan_stage_shape(const zo_model_config *m, const plan_train *t, int stage,
  * runtime's layout within 15 bytes a tensor. */
 #define PEFT_NF4_ALIGN 16
 
+int plan_peft_modules(const zo_model_config *m, unsigned targets, int ep,
+                      plan_peft_module out[PLAN_PEFT_MAX_MODULES])
+{
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int moe = m->moe.experts > 0, n = 0;
+    /* the attention's (and a dense MLP's) as PEFT names them */
+    int k = zo_lora_layer_modules(m, moe ? targets & (ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V | ZO_LORA_O)
+                                         : targets, mods);
+    for (int i = 0; i < k; i++)
+        out[n++] = (plan_peft_module){mods[i].in, mods[i].out, 1,
+                                      (mods[i].targets & (ZO_LORA_O | ZO_LORA_DOWN)) != 0, 1, 0};
+    if (!moe) return n;
+    /* an MoE layer: gate (w1), up (w3) and down (w2) of each routed expert on
+     * the rank, over the routed rows (top_k a token), and of the shared
+     * expert, over every token */
+    static const unsigned mlp[3] = {ZO_LORA_GATE, ZO_LORA_UP, ZO_LORA_DOWN};
+    int64_t h = m->hidden;
+    for (int j = 0; j < 3; j++) {
+        if (!(targets & mlp[j])) continue;
+        int down = mlp[j] == ZO_LORA_DOWN;
+        int64_t fe = m->moe.expert_ffn, fs = m->moe.shared_ffn;
+        out[n++] = (plan_peft_module){down ? fe : h, down ? h : fe, (uint64_t)(m->moe.experts / ep),
+                                      down, m->moe.top_k, 1};
+        if (fs) out[n++] = (plan_peft_module){down ? fs : h, down ? h : fs, 1, down, 1, 0};
+    }
+    return n;
+}
+
+uint64_t plan_lora_trainable(const zo_model_config *m, int r, unsigned targets)
+{
+    plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
+    int n = plan_peft_modules(m, targets, 1, mods);
+    uint64_t per_layer = 0;
+    for (int i = 0; i < n; i++) per_layer += mods[i].count * (uint64_t)r * (uint64_t)(mods[i].in + mods[i].out);
+    return per_layer * (uint64_t)m->n_layers;
+}
+
 void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, plan_peft *o)
 {
     memset(o, 0, sizeof *o);
@@ -453,29 +577,36 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
     uint64_t wsz = zo_dtype_size(t->dtype), tp = (uint64_t)t->tp, r = (uint64_t)t->lora.r;
     int nf4 = t->method == ZO_PLAN_QLORA;
     o->layers = sh.layers;
-    /* one layer: its linear weights (PEFT's all-linear), split by TP; the
-     * norms and biases stay in the model dtype */
-    zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    int n = zo_lora_layer_modules(m, ZO_LORA_ALL_LINEAR, mods);
+    /* one layer: its linear weights (PEFT's all-linear; MoE: every local
+     * expert's), split by TP; the norms, biases and an MoE router stay in the
+     * model dtype */
+    plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
+    int n = plan_peft_modules(m, ZO_LORA_ALL_LINEAR, t->ep, mods);
+    uint64_t expert_nf4 = 0, expert_linear = 0; /* one routed expert's (MoE) */
     for (int i = 0; i < n; i++) {
         uint64_t w = ceil_div((uint64_t)(mods[i].in * mods[i].out), tp);
-        o->layer_linear += w;
-        o->layer_nf4 += ceil_div(zo_nf4_bytes(w), PEFT_NF4_ALIGN) * PEFT_NF4_ALIGN;
+        uint64_t b = ceil_div(zo_nf4_bytes(w), PEFT_NF4_ALIGN) * PEFT_NF4_ALIGN;
+        o->layer_linear += mods[i].count * w;
+        o->layer_nf4 += mods[i].count * b;
         if (w > o->largest_linear) o->largest_linear = w;
+        if (mods[i].expert) {
+            expert_linear += w;
+            expert_nf4 += b;
+        }
     }
     zo_layer_params lp;
     uint64_t ex;
-    zo_model_layer_params(m, 0, &lp);
+    zo_model_layer_params(m, m->n_layers - 1, &lp);
     uint64_t layer = layer_on_rank(&lp, t, &ex);
     o->layer_frozen = nf4 ? (layer - o->layer_linear) * wsz + o->layer_nf4 : layer * wsz;
     /* the adapters: column-parallel layers keep A [r, in] whole and split B
      * [out, r]; row-parallel ones (o, down: their input is split) the reverse */
-    n = zo_lora_layer_modules(m, t->lora.targets, mods);
-    o->n_adapters = n;
+    n = plan_peft_modules(m, t->lora.targets, t->ep, mods);
     for (int i = 0; i < n; i++) {
-        int row = (mods[i].targets & (ZO_LORA_O | ZO_LORA_DOWN)) != 0;
         uint64_t in = (uint64_t)mods[i].in, out = (uint64_t)mods[i].out;
-        o->layer_trainable += r * (row ? ceil_div(in, tp) + out : in + ceil_div(out, tp));
+        o->layer_trainable += mods[i].count * r * (mods[i].row ? ceil_div(in, tp) + out : in + ceil_div(out, tp));
+        o->u_width += (double)mods[i].routed * (double)r; /* A x, per token */
+        o->n_adapters++;
     }
     o->trainable = (uint64_t)sh.layers * o->layer_trainable;
     /* the embedding and head blocks stay whole in the model dtype (QLoRA
@@ -484,12 +615,16 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
     o->last_frozen = sh.head * wsz;
     o->frozen = (uint64_t)sh.layers * o->layer_frozen + o->first_frozen + o->last_frozen;
     o->nf4 = nf4 ? (uint64_t)sh.layers * o->layer_nf4 : 0;
-    o->largest_frozen = o->layer_frozen;
+    /* an MoE layer streams as blocks: each local expert, and the rest */
+    uint64_t expert = ex ? (nf4 ? expert_nf4 : expert_linear * wsz) : 0;
+    uint64_t local = (uint64_t)(m->moe.experts / t->ep);
+    o->largest_frozen = ex ? o->layer_frozen - local * expert : o->layer_frozen;
+    if (expert > o->largest_frozen) o->largest_frozen = expert;
     if (o->first_frozen > o->largest_frozen) o->largest_frozen = o->first_frozen;
     if (o->last_frozen > o->largest_frozen) o->largest_frozen = o->last_frozen;
 }
 
-static uint64_t frac_of(uint64_t total, double f) { return (uint64_t)llround((double)total * f); }
+static uint64_t frac_of(uint64_t total, double f) { return round_u64((double)total * f); }
 
 /* The GPU share as the runtime takes it (plan_gpu_share) of a stage whose
  * shape (and LoRA's, pf) the caller has: the suffix of its blocks (the
@@ -644,7 +779,7 @@ static void params_peft(stage_est *s, plan_estimate *e)
     e->stream_nvme_bytes = (t->params_on == ZO_PLAN_NVME ? frozen : 0) +
                            (t->adapters_on == ZO_PLAN_NVME ? adapters : 0);
     e->train_layer = pf->layer_trainable;
-    e->trainable = zo_lora_trainable_params(s->m, t->lora.r, t->lora.targets);
+    e->trainable = plan_lora_trainable(s->m, t->lora.r, t->lora.targets);
     e->nf4_bytes = pf->nf4;
 }
 
@@ -811,9 +946,20 @@ static uint64_t layer_activations(const stage_est *s, uint64_t *full, uint64_t *
     int kinds[2] = {s->sh.layers - s->sh.moe_layers, s->sh.moe_layers};
     uint64_t stage_stored = 0;
     /* LoRA: each adapter's A x [s b, r] is kept for its backward */
-    uint64_t lora_u = s->peft ? (uint64_t)t->seq * (uint64_t)t->micro_batch *
-                                    (uint64_t)s->pf.n_adapters * (uint64_t)t->lora.r * s->wsz
+    uint64_t lora_u = s->peft ? round_u64((double)t->seq * (double)t->micro_batch * s->pf.u_width *
+                                          (double)s->wsz)
                               : 0;
+    /* recompute full of K layers: the first K of the stage (Megatron's block method) */
+    int rc_kinds[2] = {0, 0};
+    if (t->recompute == ZO_PLAN_RECOMPUTE_FULL) {
+        int k = t->recompute_layers && t->recompute_layers < s->sh.layers ? t->recompute_layers
+                                                                           : s->sh.layers;
+        if (!s->sh.moe_layers) rc_kinds[0] = k;
+        else
+            for (int i = s->sh.first_layer; i < s->sh.first_layer + k; i++)
+                rc_kinds[zo_model_layer_is_moe(m, i)]++;
+    }
+    uint64_t input = ceil_div(sbh * s->wsz, sp_div);
     *full = *sel = *stored = 0;
     for (int moe = 0; moe < 2; moe++) {
         if (!kinds[moe]) continue;
@@ -822,11 +968,19 @@ static uint64_t layer_activations(const stage_est *s, uint64_t *full, uint64_t *
         uint64_t sl = t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE
                           ? plan_layer_act_bytes_of(m, t, 0, moe) + lora_u
                           : f;
-        uint64_t st = t->recompute == ZO_PLAN_RECOMPUTE_NONE        ? f
-                      : t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE ? sl
-                                                                    : ceil_div(sbh * s->wsz, sp_div);
         if (f > *full) *full = f;
         if (f - sl > *sel) *sel = f - sl;
+        if (t->recompute == ZO_PLAN_RECOMPUTE_FULL) {
+            /* the recomputed layers keep their input, the others everything */
+            uint64_t kept = (uint64_t)(kinds[moe] - rc_kinds[moe]);
+            stage_stored += (uint64_t)rc_kinds[moe] * input + kept * f;
+            uint64_t st = kept ? f : input;
+            if (st > *stored) *stored = st;
+            continue;
+        }
+        uint64_t st = t->recompute == ZO_PLAN_RECOMPUTE_NONE        ? f
+                      : t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE ? sl
+                                                                    : plan_layer_ops_bytes(m, t);
         if (st > *stored) *stored = st;
         stage_stored += (uint64_t)kinds[moe] * st;
     }
@@ -854,10 +1008,10 @@ static void end_activations(const stage_est *s, plan_estimate *e)
     uint64_t tp = (uint64_t)t->tp, sp_div = t->sp ? tp : 1;
     if (s->sh.first && t->dropout)
         add(e, "embedding dropout mask", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
-            (uint64_t)llround((double)ceil_div(sb * h, sp_div) * e->inflight));
+            round_u64((double)ceil_div(sb * h, sp_div) * e->inflight));
     if (s->sh.first && m->embed_norm)
         add(e, "embedding norm input", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
-            (uint64_t)llround((double)ceil_div(sb * h * s->wsz, sp_div) * e->inflight));
+            round_u64((double)ceil_div(sb * h * s->wsz, sp_div) * e->inflight));
     if (s->sh.last) {
         /* final norm input and output-layer input (16-bit); logits in
          * fp32 for the cross-entropy (its gradient is written in place) */
@@ -885,7 +1039,7 @@ static void backward_activations(const stage_est *s, plan_estimate *e)
     uint64_t gated = m->arch == ZO_ARCH_GPT ? 1 : 2;
     uint64_t mlp = s->sh.layers > s->sh.moe_layers ? (uint64_t)m->ffn * gated : 0;
     if (s->sh.moe_layers) {
-        uint64_t moe = (uint64_t)llround(plan_routed_rows(m, t) * m->moe.expert_ffn) * gated +
+        uint64_t moe = round_u64(plan_routed_rows(m, t) * m->moe.expert_ffn) * gated +
                        (uint64_t)m->moe.shared_ffn * gated;
         if (moe > mlp) mlp = moe;
     }
@@ -916,9 +1070,10 @@ static void estimate_activations(const stage_est *s, int stage, plan_estimate *e
     uint64_t full, sel, stored;
     uint64_t stage_stored = layer_activations(s, &full, &sel, &stored);
     e->act_layer = stored;
+    e->act_layer_full = full;
     e->act_stage = stage_stored;
     e->inflight = inflight_of(t, stage);
-    uint64_t layers_bytes = (uint64_t)llround((double)stage_stored * e->inflight);
+    uint64_t layers_bytes = round_u64((double)stage_stored * e->inflight);
     if (t->checkpoints_on == ZO_PLAN_CPU) {
         /* pinned host copies; two layers' worth stay on the GPU in flight */
         add(e, "stored layer activations", ZO_PLAN_CPU, PLAN_ACTIVATIONS, layers_bytes);
@@ -926,10 +1081,16 @@ static void estimate_activations(const stage_est *s, int stage, plan_estimate *e
     } else {
         add(e, "stored layer activations", ZO_PLAN_GPU, PLAN_ACTIVATIONS, layers_bytes);
     }
-    if (t->recompute == ZO_PLAN_RECOMPUTE_FULL)
-        add(e, "recompute working set (1 layer)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, full);
-    else if (t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE)
-        add(e, "recompute working set (attention core)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, sel);
+    uint64_t working = t->recompute == ZO_PLAN_RECOMPUTE_FULL || t->recompute == ZO_PLAN_RECOMPUTE_OPS
+                           ? full
+                       : t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE ? sel
+                                                                     : 0;
+    if (t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE)
+        add(e, "recompute working set (attention core)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, working);
+    else
+        add(e, "recompute working set (1 layer)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, working);
+    /* eager PyTorch keeps more of a layer's tensors than this runtime (measured) */
+    e->eager_extra = round_u64(plan_eager_extra(s->m) * (double)(layers_bytes + working));
     end_activations(s, e);
     backward_activations(s, e);
 }
@@ -942,16 +1103,23 @@ static void estimate_gpu_buffers(const stage_est *s, plan_estimate *e)
     if (t->method == ZO_PLAN_QLORA)
         add(e, "NF4 dequantization scratch (1 linear weight)", ZO_PLAN_GPU, PLAN_BUFFERS,
             s->pf.largest_linear * s->wsz);
+    if (t->runtime == PLAN_RUNTIME_EAGER)
+        add(e, "eager PyTorch: what its ops keep beyond these layers' (measured)", ZO_PLAN_GPU,
+            PLAN_ACTIVATIONS, e->eager_extra);
     add(e, "CUDA context", ZO_PLAN_GPU, PLAN_BUFFERS, t->buf.cuda_context);
     add(e, "cuBLAS workspace", ZO_PLAN_GPU, PLAN_BUFFERS, t->buf.cublas_workspace);
-    /* the runtime reduces in fp32, through buckets of comm_bucket elements
-     * (rounded down to a multiple of DP), at most the largest block padded */
+    /* the gradients are reduced in the reduce dtype (the runtime's: fp32), through
+     * buckets of comm_bucket elements (rounded down to a multiple of DP), at most
+     * the largest block padded */
     if (t->dp > 1) {
         uint64_t dp = s->dp;
         uint64_t cap = t->buf.comm_bucket / dp * dp, whole = ceil_div(s->sh.largest, dp) * dp;
         if (!cap) cap = dp;
-        add(e, "communication buckets (fp32)", ZO_PLAN_GPU, PLAN_BUFFERS,
-            (uint64_t)t->buf.comm_buckets * (cap < whole ? cap : whole) * 4);
+        add(e, t->reduce_dtype == ZO_DTYPE_F32 ? "communication buckets (fp32)"
+               : t->reduce_dtype == ZO_DTYPE_BF16 ? "communication buckets (bf16)"
+                                                  : "communication buckets (fp16)",
+            ZO_PLAN_GPU, PLAN_BUFFERS,
+            (uint64_t)t->buf.comm_buckets * (cap < whole ? cap : whole) * zo_dtype_size(t->reduce_dtype));
     }
     uint64_t gpu_sum = 0;
     for (int k = 0; k < PLAN_KINDS; k++) gpu_sum += e->bytes[ZO_PLAN_GPU][k];

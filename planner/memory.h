@@ -44,6 +44,29 @@ typedef struct plan_buffers {
     int swap_buffers;          /* sub-groups of pinned buffers for the NVMe pipeline */
 } plan_buffers;
 
+/* What runs the step (docs/memplan.md, "What memplan models"): this project's
+ * runtime (its fused attention, norms and activations, and the buffers the
+ * estimate lists), or eager PyTorch, whose autograd keeps each op's saved
+ * tensors (planner only, never in a plan file). */
+typedef enum plan_runtime {
+    PLAN_RUNTIME_ZOFFLOAD = 0,
+    PLAN_RUNTIME_EAGER,
+} plan_runtime;
+
+const char *plan_runtime_name(plan_runtime r); /* "zoffload", "eager" */
+zo_status plan_runtime_parse(const char *s, const char *flag, plan_runtime *out);
+
+/* What eager PyTorch keeps beyond this runtime in the stored layer
+ * activations, as a fraction of them, from published measurements
+ * (docs/memplan.md, "What memplan models"): LLaMA layers (RMSNorm upcast to
+ * fp32, SwiGLU's gate output kept twice) 0.318, from litgpt's LoRA of
+ * LLaMA-2-7B (micro-batch 2 against 1 at 1304 tokens: 7.77 GB a sequence
+ * where this model counts 6.023 GB, 5.497 GB of it the layers'); GPT layers
+ * (LayerNorm, GELU: the same tensors) 0, as litgpt's StableLM-3B measured
+ * (2.41 GB a sequence of 1034 tokens where this model counts 2.54 GB). */
+#define PLAN_EAGER_LLAMA_EXTRA 0.318
+double plan_eager_extra(const zo_model_config *m);
+
 typedef struct plan_train {
     int seq;
     int micro_batch;
@@ -57,6 +80,11 @@ typedef struct plan_train {
     int sp;                   /* sequence parallel (with tp) */
     int zero;                 /* 0..3 */
     zo_plan_recompute recompute;
+    int recompute_layers;     /* recompute full: 0 every layer; K > 0 the first K layers of each
+                                 stage (Megatron's --recompute-num-layers, block method), the
+                                 rest keep all their activations */
+    zo_dtype reduce_dtype;    /* the gradients' data-parallel reduction (and its buckets) */
+    plan_runtime runtime;     /* what runs the step (memory and time) */
     int flash_attn;
     int dropout;              /* dropout masks saved (GPT default on, LLaMA off) */
     int seq_is_default;       /* seq was not given: plan_train_defaults chose it (reports say so) */
@@ -82,6 +110,14 @@ typedef struct plan_train {
     plan_buffers buf;
 } plan_train;
 
+/* The recompute in words: "none", "selective", "ops", "full", or "full, 12
+ * layers a stage" (recompute_layers). */
+void plan_recompute_words(const plan_train *t, char *buf, size_t len);
+
+/* How much a configuration recomputes, to order them: none 0, selective 1,
+ * ops 2, full of part of the layers 3, full of every layer 4. */
+int plan_recompute_rank(const plan_train *t);
+
 /* One named line of the estimate. */
 typedef struct plan_item {
     const char *name;
@@ -106,7 +142,12 @@ typedef struct plan_estimate {
     uint64_t rank_params;      /* held on this rank after ZeRO-3 */
     uint64_t largest_block;    /* elements of the largest streamed block on a rank */
     uint64_t act_layer;        /* bytes the largest layer saves for one micro-batch */
+    uint64_t act_layer_full;   /* the same without recompute (what a layer keeps whole) */
     uint64_t act_stage;        /* bytes the stage's layers save for one micro-batch */
+    uint64_t eager_extra;      /* GPU bytes an eager PyTorch run of the same setting adds
+                                  (plan_eager_extra of the stored layer activations and the
+                                  recompute working set); with runtime eager, what the
+                                  estimate includes for it */
     /* what is trained and what the GPU computes with (full: the stage's
      * parameters; LoRA: the adapters, beside the frozen base) */
     uint64_t train_params;     /* trainable elements on this rank before ZeRO */
@@ -232,7 +273,38 @@ uint64_t plan_layer_act_bytes(const zo_model_config *m, const plan_train *t, int
 uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, int keep_s2,
                                  int moe);
 
+/* Bytes one layer keeps with recompute ops (PyTorch's selective activation
+ * checkpointing by op, torchtitan's policy): its input, and the outputs of
+ * the attention (with its log-sum-exp) and of every other matmul (the 1st,
+ * 3rd, ...: q and v, the MLP's first and last for LLaMA; the fused qkv and
+ * the first MLP matmul for GPT); the rest is recomputed. Dense GPT and LLaMA
+ * layers with flash attention. */
+uint64_t plan_layer_ops_bytes(const zo_model_config *m, const plan_train *t);
+
 /* ---- LoRA and QLoRA ------------------------------------------------------- */
+
+/* A kind of adapted linear layer of a transformer layer: PEFT's module, or
+ * in an MoE layer the gate (w1), up (w3) or down (w2) of every routed expert
+ * on the rank (count experts / EP, over the routed rows: `routed` a token)
+ * and of the shared expert. The router is not adapted (PEFT's all-linear
+ * would: r (h + experts) a layer, under 0.2% of the adapters). */
+#define PLAN_PEFT_MAX_MODULES 12
+typedef struct plan_peft_module {
+    int64_t in, out;  /* A [r, in], B [out, r] */
+    uint64_t count;   /* of them in a layer on the rank */
+    int row;          /* row-parallel (o, down): the input is split by TP */
+    int routed;       /* rows a token sends through it: top_k for a routed expert, else 1 */
+    int expert;       /* a routed expert's (streamed as a block of its own) */
+} plan_peft_module;
+
+/* The adapted layers of one layer for `targets` (LLaMA and GPT layers:
+ * zo_lora_layer_modules's, count 1); returns how many kinds. */
+int plan_peft_modules(const zo_model_config *m, unsigned targets, int ep,
+                      plan_peft_module out[PLAN_PEFT_MAX_MODULES]);
+
+/* Trainable parameters of rank-r adapters on `targets`: PEFT's count
+ * (zo_lora_trainable_params) for dense layers, every expert's for MoE. */
+uint64_t plan_lora_trainable(const zo_model_config *m, int r, unsigned targets);
 
 /* What one rank of a pipeline stage holds when it trains adapters on a
  * frozen base (TP splits each adapted layer as its weight: a column-parallel
@@ -250,7 +322,9 @@ typedef struct plan_peft {
     uint64_t layer_linear;   /* elements of one layer's linear weights on this rank */
     uint64_t layer_nf4;      /* QLoRA: their bytes in NF4 (each rounded up to 16 bytes) */
     uint64_t largest_linear; /* elements of the largest of them (QLoRA's dequantization scratch) */
-    int n_adapters;          /* adapted linear layers in a layer */
+    int n_adapters;          /* kinds of adapted linear layers in a layer */
+    double u_width;          /* elements of the adapters' A x a token keeps per layer (MoE: its
+                                routed experts'), r each */
     int layers;
 } plan_peft;
 

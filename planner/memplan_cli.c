@@ -107,6 +107,11 @@ static int parse_train_flag(int c, const char *arg, cli_flags *f, zo_status *st)
         return 1;
     case OPT_DTYPE: *st = zo_dtype_parse(arg, &f->dtype); return 1;
     case OPT_GRAD_DTYPE: *st = zo_dtype_parse(arg, &f->grad_dtype); return 1;
+    case OPT_REDUCE_DTYPE:
+        *st = zo_dtype_parse(arg, &f->reduce_dtype);
+        if (*st) *st = zo_error_wrap(*st, "--reduce-dtype");
+        return 1;
+    case OPT_RUNTIME: *st = plan_runtime_parse(arg, "--runtime", &f->runtime); return 1;
     case OPT_OPTIM: *st = zo_plan_optimizer_parse(arg, "--optim", &f->optim); return 1;
     case OPT_NO_FLASH: return 1;
     case OPT_DROPOUT: f->dropout = 1; return 1;
@@ -266,6 +271,8 @@ void apply_train_flags(const cli_flags *f, plan_train *t)
     t->seq_is_default = !f->seq;
     if (f->seen[OPT_DTYPE]) t->dtype = t->grad_dtype = f->dtype;
     if (f->seen[OPT_GRAD_DTYPE]) t->grad_dtype = f->grad_dtype;
+    if (f->seen[OPT_REDUCE_DTYPE]) t->reduce_dtype = f->reduce_dtype;
+    t->runtime = f->runtime;
     t->optimizer = f->optim;
     if (f->seen[OPT_NO_FLASH]) t->flash_attn = 0;
     if (f->dropout >= 0) t->dropout = f->dropout;

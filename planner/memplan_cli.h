@@ -39,7 +39,8 @@ enum {
     OPT_CUDA_CONTEXT, OPT_CUBLAS_WS, OPT_COMM_BUCKET, OPT_COMM_BUCKETS, OPT_PREFETCH, OPT_PINNED,
     OPT_FRAG, OPT_SUB_GROUP, OPT_SWAP_BUFFERS, OPT_EP, OPT_CAPACITY, OPT_LORA, OPT_LORA_TARGETS,
     OPT_LORA_ALPHA, OPT_QLORA, OPT_ADAPTERS_ON, OPT_SCHEDULE, OPT_DPU_WARMUP, OPT_OPT_THREADS,
-    OPT_CLIP_STALE, OPT_NO_DP_OVERLAP, OPT_FUSED_ACCUM, /* the last configuration flag */
+    OPT_CLIP_STALE, OPT_REDUCE_DTYPE, OPT_RUNTIME, OPT_RECOMPUTE_LAYERS, OPT_NO_DP_OVERLAP,
+    OPT_FUSED_ACCUM, /* the last configuration flag */
     OPT_JSON, OPT_GLOBAL_BATCH, OPT_SVG, OPT_PLAN, OPT_PLAN_OUT, OPT_HELP, OPT_JSON_OUT,
     /* plan and max-model */
     OPT_MAX_GPUS, OPT_OBJECTIVE, OPT_TOP, OPT_NO_OFFLOAD, OPT_NO_NVME, OPT_MAX_MB, OPT_OPT_STEPS,
@@ -95,6 +96,8 @@ enum {
     {"dropout", no_argument, 0, OPT_DROPOUT},                                   \
     {"no-dropout", no_argument, 0, OPT_NO_DROPOUT},                             \
     {"recompute", required_argument, 0, OPT_RECOMPUTE},                         \
+    {"reduce-dtype", required_argument, 0, OPT_REDUCE_DTYPE},                   \
+    {"runtime", required_argument, 0, OPT_RUNTIME},                             \
     {"zero", required_argument, 0, OPT_ZERO},                                   \
     {"tp", required_argument, 0, OPT_TP},                                       \
     {"pp", required_argument, 0, OPT_PP},                                       \
@@ -143,6 +146,8 @@ typedef struct cli_flags {
     long gpus, seq, global_batch; /* 0: not given */
     long tp, pp, ep;             /* 0: not given */
     zo_dtype dtype, grad_dtype;  /* where seen */
+    zo_dtype reduce_dtype;       /* --reduce-dtype, where seen */
+    plan_runtime runtime;        /* --runtime (default zoffload) */
     zo_plan_optimizer optim;
     int dropout;                 /* --dropout 1, --no-dropout 0, -1: the model's */
     int recompute;               /* a zo_plan_recompute; -1: not given */
@@ -186,7 +191,8 @@ zo_status build_hw(const plan_hw_flags *f, plan_hw *hw, plan_hw_basis *b);
 void gpu_node_size(const plan_hw_flags *f, const plan_hw_basis *b, plan_hw *hw);
 
 /* The training flags over `t` (after its defaults): --seq, --dtype,
- * --grad-dtype, --optim, --no-flash-attn, --dropout / --no-dropout. */
+ * --grad-dtype, --reduce-dtype, --runtime, --optim, --no-flash-attn,
+ * --dropout / --no-dropout. */
 void apply_train_flags(const cli_flags *f, plan_train *t);
 
 /* The working-buffer flags given, over `b`. */

@@ -41,6 +41,10 @@ static const char usage_estimate[] =
     "  --dtype fp16|bf16|fp32  weights and activations (default bf16)\n"
     "  --grad-dtype DTYPE      gradients (default: --dtype; fp32 = Megatron's 18 B/param)\n"
     "  --optim adamw|sgd       AdamW: fp32 master + m + v (12 B/param); SGD: master + momentum\n"
+    "  --reduce-dtype fp32|bf16|fp16  the gradients' data-parallel reduction (default fp32,\n"
+    "                          the runtime's); a plan field the runtime honours\n"
+    "  --runtime zoffload|eager  what runs the step: this project's runtime (default), or\n"
+    "                          eager PyTorch (what its ops keep, measured; no plan file)\n"
     "fine-tuning method (default: every parameter):\n"
     "  --lora R                LoRA adapters of rank R on a frozen base: trainable parameters\n"
     "                          as Hugging Face PEFT counts them; no base gradients or optimizer state\n"
@@ -58,7 +62,11 @@ static const char usage_estimate[] =
     "  --vpp N                 interleaved 1F1B with N model chunks per stage\n"
     "  --zero 0|1|2|3          ZeRO stage: 1 shards optimizer state over DP, 2 also\n"
     "                          gradients, 3 also parameters (default 0)\n"
-    "  --recompute none|selective|full   activation recomputation (default none)\n"
+    "  --recompute none|selective|full|ops   activation recomputation (default none): the\n"
+    "                          attention core, whole layers, or every other matmul and the\n"
+    "                          elementwise ops (PyTorch's selective checkpointing by op)\n"
+    "  --recompute-layers K    with --recompute full: only the first K layers of each\n"
+    "                          pipeline stage (Megatron's --recompute-num-layers)\n"
     "  --no-flash-attn         standard attention (keeps the s^2 softmax terms)\n"
     "  --dropout, --no-dropout dropout masks (default: on for GPT, off for LLaMA)\n"
     "placement:\n"
@@ -116,6 +124,7 @@ static const struct option estimate_opts[] = {
     {"pinned-staging", required_argument, 0, OPT_PINNED},
     {"swap-buffers", required_argument, 0, OPT_SWAP_BUFFERS},
     {"capacity-factor", required_argument, 0, OPT_CAPACITY},
+    {"recompute-layers", required_argument, 0, OPT_RECOMPUTE_LAYERS},
     {"no-dp-overlap", no_argument, 0, OPT_NO_DP_OVERLAP},
     {"fused-grad-accum", no_argument, 0, OPT_FUSED_ACCUM},
     {"plan", required_argument, 0, OPT_PLAN},
@@ -126,7 +135,7 @@ static const struct option estimate_opts[] = {
 /* The estimate's own flags, as given (0 where not). */
 typedef struct estimate_flags {
     const char *plan_path, *plan_out;
-    long dp, micro_batch, grad_accum, vpp, zero;
+    long dp, micro_batch, grad_accum, vpp, zero, recompute_layers;
     int sp;
     double capacity_factor;
     double opt_frac[ZO_PLAN_TIERS];
@@ -153,6 +162,10 @@ static int estimate_flag(int c, const char *arg, void *own, zo_status *st)
     case OPT_CAPACITY:
         *st = zo_plan_flag_double(arg, "--capacity-factor", "parallel.capacity_factor",
                                   &e->capacity_factor);
+        return 1;
+    case OPT_RECOMPUTE_LAYERS:
+        *st = zo_plan_flag_int(arg, "--recompute-layers", "training.recompute_layers",
+                               &e->recompute_layers);
         return 1;
     case OPT_NO_DP_OVERLAP: case OPT_FUSED_ACCUM: return 1;
     case OPT_PLAN: e->plan_path = arg; return 1;
@@ -218,6 +231,7 @@ static zo_status configure(const cli_flags *f, const estimate_flags *e, zo_model
     t->sp = e->sp;
     t->zero = (int)e->zero;
     if (f->recompute >= 0) t->recompute = (zo_plan_recompute)f->recompute;
+    t->recompute_layers = (int)e->recompute_layers;
     t->params_on = f->params_on;
     memcpy(t->opt_frac, e->opt_frac, sizeof t->opt_frac);
     /* the CPU optimizer needs the gradients on the host: follow it unless told */

@@ -48,13 +48,14 @@ int cmd_hardware(void)
     printf("\nGPUs (--gpu NAME [--host NAME]; datasheet figures, dense; docs/memplan.md cites "
            "each):\n");
     printf("%-15s %-36s %10s %15s %10s %8s %10s %-11s\n", "name", "product", "memory",
-           "bf16 TFLOPS*", "fp16acc16", "TF32", "mem GB/s", "PCIe, host");
+           "bf16 TFLOPS*", "fp16acc16", "TF32", "mem GB/s", "PCIe, host, peers");
     for (size_t i = 0; i < n; i++) {
         char mem[32], acc16[16] = "-";
         if (g[i].tensor_16_acc16 > 0) snprintf(acc16, sizeof acc16, "%.4g", g[i].tensor_16_acc16 / 1e12);
-        printf("%-15s %-36s %10s %15.4g %10s %8.4g %10.4g %d.0 x%d, %s\n", g[i].name, g[i].product,
+        printf("%-15s %-36s %10s %15.4g %10s %8.4g %10.4g %d.0 x%d, %s, %s\n", g[i].name, g[i].product,
                zo_format_bytes(g[i].mem, mem, sizeof mem), g[i].tensor_16 / 1e12, acc16,
-               g[i].tensor_32 / 1e12, g[i].mem_bw / 1e9, g[i].pcie_gen, g[i].pcie_lanes, g[i].host);
+               g[i].tensor_32 / 1e12, g[i].mem_bw / 1e9, g[i].pcie_gen, g[i].pcie_lanes, g[i].host,
+               plan_peers_name(g[i].peers));
     }
     printf("  * fp16/bf16 tensor with fp32 accumulation, the rate training gets (GeForce cards run "
            "it at half\n    their fp16-accumulate rate, fp16acc16)\n");

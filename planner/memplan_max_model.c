@@ -170,9 +170,10 @@ static zo_status parse_strategy(const char *name, int *only)
 
 /* The table's head: the hardware, the family and the columns. */
 static void print_head(const plan_hw *hw, const plan_hw_basis *basis, const char *family,
-                       long seq, int max_seq, int one)
+                       long seq, int max_seq, int one, plan_runtime runtime)
 {
     plan_report_basis(stdout, hw, basis);
+    plan_report_runtime_note(stdout, runtime);
     printf("\nlargest %s model on %d x %s (%.2f GiB CPU memory, %.2f TB NVMe per node), seq %d%s; "
            "micro-batch 1\n",
            family, hw->gpus, hw->gpu, (double)hw->cpu_mem / (1 << 30), hw->nvme / 1e12,
@@ -226,7 +227,7 @@ int cmd_max_model(int argc, char **argv)
     /* --json / --json-out: the rows as JSON (docs/memplan-json.md) */
     cJSON *rows = json || c.f.json_out ? cJSON_CreateArray() : NULL;
     int one = c.hw.gpus == 1 && only < 0; /* on one GPU ZeRO and 3-D parallelism shard nothing */
-    if (!json) print_head(&c.hw, &c.basis, family, c.f.seq, c.m.max_seq, one);
+    if (!json) print_head(&c.hw, &c.basis, family, c.f.seq, c.m.max_seq, one, c.space.base.runtime);
     for (int i = 0; i < PLAN_STRATEGIES; i++) {
         if (only >= 0 && i != only) continue;
         if (one && i >= PLAN_STRAT_ZERO1 && i <= PLAN_STRAT_3D) continue;

@@ -41,7 +41,10 @@ static const char usage_plan[] =
     "                          GPU-seconds per token\n"
     "  --zero S | --zero A-B   only these ZeRO stages      --tp N, --pp N, --ep N   fix a degree\n"
     "                          (EP, for a mixture of experts: searched over DP's divisors)\n"
-    "  --recompute none|selective|full   fix recompute\n"
+    "  --recompute none|selective|full|ops   fix recompute (full also tries the fewest\n"
+    "                          layers of a stage that fit: Megatron's --recompute-num-layers)\n"
+    "  --reduce-dtype fp32|bf16|fp16   the gradients' reduction (default fp32, the runtime's)\n"
+    "  --runtime zoffload|eager   size for this runtime (default) or eager PyTorch\n"
     "  --no-offload            everything on the GPU       --no-nvme   nothing on NVMe\n"
     "  --max-micro-batch N     largest micro-batch tried (default 16)\n"
     "  --opt-steps N           optimizer GPU/CPU/NVMe split in 1/N steps (default 10)\n"
@@ -169,6 +172,8 @@ zo_status search_cmd_space(search_cmd *c)
     out->objective = s->objective;
     apply_buffer_flags(f, &out->base.buf);
     out->schedule = f->mf.schedule; /* searched unless given */
+    /* a plan file is for the runtime: only what it runs */
+    out->runtime_plans = f->json || f->json_out;
     out->adapters_on = f->mf.adapters_on;
     return apply_method_flags(&f->mf, &out->base);
 }
@@ -182,10 +187,11 @@ static void print_plan_line(const plan_candidate *c, const char *lead)
     plan_format_fractions(t->opt_frac, fr, sizeof fr);
     char ep[24] = "";
     if (t->ep > 1) snprintf(ep, sizeof ep, " (EP %d)", t->ep);
+    char rc[48];
+    plan_recompute_words(t, rc, sizeof rc);
     printf("%s%d GPU%s: DP %d%s x TP %d%s x PP %d%s, ZeRO-%d, micro-batch %d x %d, recompute %s\n",
            lead, c->gpus, c->gpus == 1 ? "" : "s", t->dp, ep, t->tp, t->sp ? " (+SP)" : "", t->pp,
-           t->vpp > 1 ? " (interleaved)" : "", t->zero, t->micro_batch, t->grad_accum,
-           zo_plan_recompute_name(t->recompute));
+           t->vpp > 1 ? " (interleaved)" : "", t->zero, t->micro_batch, t->grad_accum, rc);
     char ad[32] = "";
     if (t->method != ZO_PLAN_FULL)
         snprintf(ad, sizeof ad, ", adapters on %s", zo_plan_tier_name(t->adapters_on));
@@ -216,6 +222,9 @@ static void print_search(FILE *tab, int json, const zo_model_config *m, const pl
     fprintf(tab, "searched %llu configurations (%llu fit) in %.2f s: %.3g configurations/s\n",
             (unsigned long long)r->configs, (unsigned long long)r->feasible, dt,
             dt > 0 ? (double)r->configs / dt : 0.0);
+    if (s->runtime_plans)
+        fprintf(tab, "(a plan file for the runtime: recompute ops and recompute of part of the "
+                     "layers left out, which it does not run yet)\n");
     if (r->n_best == 0) {
         fprintf(json ? stderr : tab, "\nnothing fits: more GPUs (--gpus / --max-gpus), a shorter "
                 "--seq or a smaller --global-batch%s\n",
@@ -225,7 +234,13 @@ static void print_search(FILE *tab, int json, const zo_model_config *m, const pl
     const plan_candidate *b = &r->best[0];
     fprintf(tab, "\nbest: %.4g s per step, %.4g tokens/s, MFU %.1f%%\n", b->time.step,
             b->time.tokens_per_s, 100 * b->time.mfu);
-    if (!json) print_plan_line(b, "  ");
+    if (!json) {
+        print_plan_line(b, "  ");
+        plan_hw h = *hw;
+        h.gpus = b->gpus;
+        plan_estimate e;
+        if (plan_estimate_run(m, &h, &b->t, &e) == ZO_OK) plan_report_runtime(tab, m, &e, &b->t);
+    }
     char why[2048];
     plan_explain(m, hw, b, why, sizeof why);
     for (char *sv = NULL, *line = strtok_r(why, "\n", &sv); line; line = strtok_r(NULL, "\n", &sv))

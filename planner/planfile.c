@@ -65,6 +65,8 @@ static const field_map plan_fields[] = {
     MAP(training.grad_dtype, grad_dtype),
     MAP(training.optimizer, optimizer),
     MAP(training.recompute, recompute),
+    MAP(training.recompute_layers, recompute_layers),
+    MAP(training.reduce_dtype, reduce_dtype),
     MAP(training.flash_attn, flash_attn),
     MAP(training.dropout, dropout),
     MAP(training.dp_overlap, dp_overlap),
@@ -130,6 +132,9 @@ zo_status plan_file_json(const zo_model_config *m, const plan_hw *hw, const plan
                          const plan_estimate *e, const plan_time *pt, const char *what,
                          cJSON **out)
 {
+    if (t->runtime != PLAN_RUNTIME_ZOFFLOAD)
+        return zo_error(ZO_ERR_INVALID, "%s: a plan is for this project's runtime; --runtime %s sizes "
+                        "a run of another (drop it to write a plan)", what, plan_runtime_name(t->runtime));
     zo_plan *p = malloc(sizeof *p);
     if (!p) return zo_error(ZO_ERR_NOMEM, "%s: out of memory", what);
     plan_file_from(m, hw, t, e, pt, p);

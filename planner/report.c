@@ -220,6 +220,9 @@ static void add_config(cJSON *root, const plan_train *t, const plan_estimate *e)
     cJSON_AddStringToObject(jc, "optimizer", zo_plan_optimizer_name(t->optimizer));
     PLAN_JSON_ADD(jc, t, layout_fields);
     cJSON_AddStringToObject(jc, "recompute", zo_plan_recompute_name(t->recompute));
+    cJSON_AddNumberToObject(jc, "recompute_layers", t->recompute_layers);
+    cJSON_AddStringToObject(jc, "reduce_dtype", zo_dtype_name(t->reduce_dtype));
+    cJSON_AddStringToObject(jc, "runtime", plan_runtime_name(t->runtime));
     PLAN_JSON_ADD(jc, t, attention_fields);
     cJSON_AddStringToObject(jc, "schedule", t->vpp > 1 ? "interleaved-1f1b" : "1f1b");
     cJSON_AddStringToObject(jc, "method", zo_plan_method_name(t->method));
@@ -284,6 +287,7 @@ cJSON *plan_report_json(const zo_model_config *m, const plan_hw *hw, const plan_
     if (e->activations_known) {
         add_u64(root, "activations_per_layer", e->act_layer);
         cJSON_AddNumberToObject(root, "microbatches_in_flight", e->inflight);
+        add_u64(root, "eager_extra_bytes", e->eager_extra);
     }
     cJSON_AddBoolToObject(root, "fits", e->fits);
     cJSON *js = cJSON_AddObjectToObject(root, "shortfall");
@@ -436,24 +440,67 @@ static void print_config(FILE *out, const zo_model_config *m, const plan_hw *hw,
         fprintf(out, "  experts: EP %d (%d of %d experts per rank), %s\n", t->ep,
                 m->moe.experts / t->ep, m->moe.experts,
                 t->capacity_factor > 0 ? "capacity-limited" : "dropless routing");
+    char rc[48], red[40] = "";
+    plan_recompute_words(t, rc, sizeof rc);
+    if (t->dp > 1) snprintf(red, sizeof red, "; gradients reduced in %s", zo_dtype_name(t->reduce_dtype));
     fprintf(out,
             "  recompute %s, %s attention%s; params on %s, grads on %s, optimizer on %s%s, "
-            "checkpoints on %s\n",
-            zo_plan_recompute_name(t->recompute), t->flash_attn ? "flash" : "standard",
-            t->dropout ? ", dropout" : "", zo_plan_tier_name(t->params_on),
-            zo_plan_tier_name(t->grads_on), fr, held, zo_plan_tier_name(t->checkpoints_on));
+            "checkpoints on %s%s\n",
+            rc, t->flash_attn ? "flash" : "standard", t->dropout ? ", dropout" : "",
+            zo_plan_tier_name(t->params_on), zo_plan_tier_name(t->grads_on), fr, held,
+            zo_plan_tier_name(t->checkpoints_on), red);
+}
+
+/* What runtime the figures model, and what the other one would change. */
+void plan_report_runtime(FILE *out, const zo_model_config *m, const plan_estimate *e,
+                         const plan_train *t)
+{
+    char b[32];
+    if (!e->activations_known) {
+        fprintf(out, "  runtime: %s\n", t->runtime == PLAN_RUNTIME_EAGER ? "eager PyTorch (--runtime eager)"
+                     : "this project's (fused attention, the buffers listed)");
+        return;
+    }
+    if (t->runtime == PLAN_RUNTIME_EAGER) {
+        fprintf(out, "  runtime: eager PyTorch (--runtime eager): its ops keep %s more than this "
+                     "project's runtime (%s layers: +%.0f%% of their activations, measured; "
+                     "docs/memplan.md, \"What memplan models\")\n",
+                zo_format_bytes(e->eager_extra, b, sizeof b), zo_arch_name(m->arch),
+                100 * plan_eager_extra(m));
+        return;
+    }
+    fprintf(out, "  runtime: this project's (fused attention, norms and activations; the buffers "
+                 "listed); an eager PyTorch run of this setting keeps about %s more activations "
+                 "(%s layers: +%.0f%%, measured; --runtime eager sizes for it)\n",
+            zo_format_bytes(e->eager_extra, b, sizeof b), zo_arch_name(m->arch),
+            100 * plan_eager_extra(m));
+}
+
+void plan_report_runtime_note(FILE *out, plan_runtime r)
+{
+    if (r == PLAN_RUNTIME_EAGER)
+        fprintf(out, "runtime: eager PyTorch (--runtime eager): its ops keep more activations than "
+                     "this project's runtime (llama layers +%.0f%%, gpt +0%%, measured)\n",
+                100 * PLAN_EAGER_LLAMA_EXTRA);
+    else
+        fprintf(out, "runtime: this project's (fused attention, norms and activations); eager "
+                     "PyTorch's ops keep more activations (llama layers +%.0f%%, gpt +0%%, "
+                     "measured): --runtime eager sizes for it\n",
+                100 * PLAN_EAGER_LLAMA_EXTRA);
 }
 
 /* LoRA / QLoRA: the adapters, what they train and where the base lives. */
-static void print_method(FILE *out, const plan_train *t, const plan_estimate *e)
+static void print_method(FILE *out, const plan_train *t, const plan_estimate *e, int moe)
 {
     char tg[64], tr[32], nf[32];
-    fprintf(out, "  %s r %d (alpha %g) on %s: %s trainable parameters (%.3g%%, as PEFT counts "
-                 "them)\n",
+    fprintf(out, "  %s r %d (alpha %g) on %s: %s trainable parameters (%.3g%%, %s)\n",
             t->method == ZO_PLAN_QLORA ? "QLoRA" : "LoRA", t->lora.r, (double)t->lora.alpha,
             zo_lora_targets_str(t->lora.targets, tg, sizeof tg),
             group_digits(e->trainable, tr, sizeof tr),
-            100.0 * (double)e->trainable / (double)e->params);
+            100.0 * (double)e->trainable / (double)e->params,
+            moe && (t->lora.targets & (ZO_LORA_GATE | ZO_LORA_UP | ZO_LORA_DOWN))
+                ? "the MLP targets on every expert; the router not adapted"
+                : "as PEFT counts them");
     if (t->method == ZO_PLAN_QLORA)
         fprintf(out, "    frozen base: the layers' linear weights in NF4 with double quantization "
                      "(%s), embeddings, head and norms in %s\n",
@@ -527,7 +574,8 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
                        const plan_suggestions *sg)
 {
     print_config(out, m, hw, t, e);
-    if (t->method != ZO_PLAN_FULL) print_method(out, t, e);
+    plan_report_runtime(out, m, e, t);
+    if (t->method != ZO_PLAN_FULL) print_method(out, t, e, m->moe.experts > 0);
     if (t->pp > 1)
         fprintf(out, "  per rank of pipeline stage %d (the one that needs the most GPU memory)\n",
                 e->stage);

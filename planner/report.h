@@ -30,6 +30,18 @@ void plan_report_table(FILE *out, const zo_model_config *m, const plan_hw *hw,
  * and the optimizer schedule. */
 void plan_report_time_table(FILE *out, const plan_time *pt);
 
+/* The line every report carries: the runtime the figures model and what
+ * the other would change (docs/memplan.md, "What memplan models"): this
+ * project's runtime, and the activations an eager PyTorch run of the same
+ * setting adds (e->eager_extra); or, with --runtime eager, what the estimate
+ * includes for it. */
+void plan_report_runtime(FILE *out, const zo_model_config *m, const plan_estimate *e,
+                         const plan_train *t);
+
+/* The same for a report of many models (max-model): the runtime and the
+ * fractions eager PyTorch adds. */
+void plan_report_runtime_note(FILE *out, plan_runtime r);
+
 /* The optimizer schedule's lines (nothing when the CPU updates nothing):
  * which, the optimizer's time, how much of it is hidden, the serial step. */
 void plan_report_schedule(FILE *out, const plan_time *pt);

@@ -38,6 +38,7 @@ static int same_shape(const plan_candidate *a, const plan_train *t, int gpus)
     return a->gpus == gpus && u->dp == t->dp && u->tp == t->tp && u->pp == t->pp &&
            u->ep == t->ep && u->vpp == t->vpp && u->sp == t->sp && u->zero == t->zero &&
            u->micro_batch == t->micro_batch && u->recompute == t->recompute &&
+           u->recompute_layers == t->recompute_layers &&
            u->params_on == t->params_on && u->grads_on == t->grads_on &&
            u->checkpoints_on == t->checkpoints_on && u->opt_frac[0] == t->opt_frac[0] &&
            u->opt_frac[1] == t->opt_frac[1] && u->opt_frac[2] == t->opt_frac[2] &&
@@ -90,6 +91,8 @@ typedef struct walk {
     plan_hw hw;         /* with this count of GPUs */
     ranked rk;
     plan_result *r;
+    plan_time_mb part_mb; /* the micro-batch of the layout with part_k layers recomputed */
+    int part_k;           /* (0: none yet for this layout) */
 } walk;
 
 /* A searched optimizer schedule other than serial counts this much slower
@@ -137,6 +140,46 @@ static void rank_schedules(walk *w, plan_train *t, const plan_estimate *e, plan_
     }
 }
 
+/* Recompute full of part of the layers, where recomputing every layer fits
+ * (`full`, estimated with `t`): the fewest layers of a stage that keep the
+ * GPU within its capacity, since each layer not recomputed adds what it keeps
+ * beyond its input (for every micro-batch in flight, with the allocator's
+ * allowance). Timed and ranked when some layers need not be recomputed; the
+ * micro-batch's time of the last K tried is kept in *part_mb. */
+static int walk_partial(walk *w, plan_train *t, const plan_estimate *full, const plan_time_mb *mb,
+                        plan_time_mb *part_mb, int *part_k)
+{
+    int layers = full->layers;
+    double each = full->inflight * (double)(full->act_layer_full - full->act_layer) *
+                  (1 + t->buf.fragmentation);
+    if (layers < 2 || each <= 0) return 0;
+    double room = (double)full->capacity[ZO_PLAN_GPU] - (double)full->total[ZO_PLAN_GPU];
+    int keep = (int)floor(room / each);
+    if (keep < 1) return 0;
+    if (keep >= layers) return 0; /* (all of them: recompute none says it, faster) */
+    plan_estimate e;
+    plan_time pt;
+    int ranked = 0;
+    for (int k = layers - keep; k < layers; k++) {
+        t->recompute_layers = k;
+        t->schedule = ZO_PLAN_SCHED_SERIAL; /* (the memory of the serial schedule) */
+        w->r->configs++;
+        plan_estimate_unchecked(w->m, &w->hw, t, &e);
+        if (!e.fits) continue;
+        w->r->feasible++;
+        if (*part_k != k) {
+            plan_time_mb_recompute_part(mb, (double)k / layers, part_mb);
+            *part_k = k;
+        }
+        plan_time_step(w->m, &w->hw, t, &e, part_mb, &pt);
+        rank_schedules(w, t, &e, &pt);
+        ranked = 1;
+        break;
+    }
+    t->recompute_layers = 0;
+    return ranked;
+}
+
 /* One placement (weights, adapters, optimizer split): each checkpoint tier
  * and prefetch depth estimated, and what fits timed and ranked. Sets
  * *fitted when something fitted, *gpu_fits when the GPU's part once did. */
@@ -161,6 +204,13 @@ static void walk_depths(walk *w, plan_train *t, const plan_time_mb *mb, int *fit
             if (!e.fits) continue;
             *fitted = 1;
             w->r->feasible++;
+            /* where part of the layers can keep their activations, that is
+             * faster than recomputing them all (which is then ranked only by
+             * memory) */
+            if (t->recompute == ZO_PLAN_RECOMPUTE_FULL && ck == ZO_PLAN_GPU && !s->runtime_plans &&
+                e.activations_known && walk_partial(w, t, &e, mb, &w->part_mb, &w->part_k) &&
+                s->objective != PLAN_OBJ_MEMORY)
+                continue;
             plan_time_step(w->m, &w->hw, t, &e, mb, &pt);
             rank_schedules(w, t, &e, &pt);
         }
@@ -254,6 +304,16 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
     }
 }
 
+/* Recompute ops is searched when asked for (--recompute ops; a point between
+ * none and full that full of part of the layers mostly covers, at a third more
+ * of the search), where it is modelled (dense GPT and LLaMA layers, flash
+ * attention, full fine-tuning) and the plan need not run on this runtime. */
+static int ops_searched(const zo_model_config *m, const plan_space *s)
+{
+    return s->recompute == ZO_PLAN_RECOMPUTE_OPS && !s->runtime_plans && !m->params_override &&
+           !m->moe.experts && !m->mla.kv_rank && s->base.flash_attn && s->base.method == ZO_PLAN_FULL;
+}
+
 static void walk_gpus(walk *w, int gpus)
 {
     const zo_model_config *m = w->m;
@@ -281,11 +341,12 @@ static void walk_gpus(walk *w, int gpus)
                       for (int ep = 1; ep <= dp; ep++) {
                         if (dp % ep || (ep > 1 && (!m->moe.experts || m->moe.experts % ep))) continue;
                         if (s->ep && ep != s->ep) continue;
-                        for (int rc = ZO_PLAN_RECOMPUTE_NONE; rc <= ZO_PLAN_RECOMPUTE_FULL; rc++) {
+                        for (int rc = ZO_PLAN_RECOMPUTE_NONE; rc < ZO_PLAN_RECOMPUTES; rc++) {
                             if (s->recompute >= 0 && rc != s->recompute) continue;
                             /* with flash attention selective recompute saves nothing */
                             if (rc == ZO_PLAN_RECOMPUTE_SELECTIVE && s->base.flash_attn) continue;
                             if (m->params_override && rc == ZO_PLAN_RECOMPUTE_SELECTIVE) continue;
+                            if (rc == ZO_PLAN_RECOMPUTE_OPS && !ops_searched(m, s)) continue;
                             plan_train t = s->base;
                             t.dp = dp;
                             t.tp = tp;
@@ -298,6 +359,7 @@ static void walk_gpus(walk *w, int gpus)
                             t.recompute = (zo_plan_recompute)rc;
                             plan_time_mb mb;
                             plan_time_microbatch(m, &w->hw, &t, &mb);
+                            w->part_k = 0;
                             walk_placements(w, &t, &mb);
                         }
                       }
@@ -410,8 +472,10 @@ void plan_describe_diff(const plan_candidate *best, const plan_candidate *c, cha
     DIFF(y->zero != x->zero, "ZeRO-%d instead of ZeRO-%d", y->zero, x->zero);
     DIFF(y->micro_batch != x->micro_batch, "micro-batch %d x %d instead of %d x %d",
          y->micro_batch, y->grad_accum, x->micro_batch, x->grad_accum);
-    DIFF(y->recompute != x->recompute, "%s recompute instead of %s",
-         zo_plan_recompute_name(y->recompute), zo_plan_recompute_name(x->recompute));
+    char ry[48], rx[48];
+    plan_recompute_words(y, ry, sizeof ry);
+    plan_recompute_words(x, rx, sizeof rx);
+    DIFF(strcmp(ry, rx), "recompute %s instead of %s", ry, rx);
     DIFF(y->params_on != x->params_on, "weights on %s instead of %s", tier_words(y->params_on),
          tier_words(x->params_on));
     DIFF(y->grads_on != x->grads_on, "gradients on %s instead of %s", tier_words(y->grads_on),

@@ -4,7 +4,9 @@
  * Enumerates GPU count (up to --max-gpus), TP (dividing heads and kv heads,
  * within a node) x PP (dividing layers) x DP, EP (MoE: dividing DP and the
  * experts), micro-batch (the gradient
- * accumulation follows from the global batch), interleaving, SP, recompute,
+ * accumulation follows from the global batch), interleaving, SP, recompute
+ * (none, selective, ops, full, and full of the fewest layers of a stage that
+ * fill the GPU: recompute_layers),
  * ZeRO stage, where weights / gradients / optimizer state (fractions) /
  * checkpoints live, and prefetch depth. Memory is checked before time; the
  * per-micro-batch time is computed once per outer configuration. Pure C, no
@@ -38,6 +40,8 @@ typedef struct plan_space {
     int tp, pp;            /* > 0: fixed */
     int ep;                /* > 0: fixed; else every EP dividing DP and the experts (MoE) */
     int recompute;         /* -1: all; else a zo_plan_recompute */
+    int runtime_plans;     /* 1: only what the runtime runs (a plan file for train): no
+                              partial recompute (recompute ops, or full of part of the layers) */
     int params_on;         /* -1: free; else the zo_plan_tier of the weights */
     int opt_on;            /* -1: free; else all optimizer state on this zo_plan_tier */
     double opt_min[ZO_PLAN_TIERS]; /* the least share of the optimizer state on each zo_plan_tier */

@@ -39,6 +39,8 @@ void plan_train_flags(const plan_train *from, const plan_train *to, char *buf, s
     if (to->grad_accum != from->grad_accum) append_int(buf, len, "--grad-accum", to->grad_accum);
     if (to->recompute != from->recompute)
         append(buf, len, "%s%s %s", "--recompute", zo_plan_recompute_name(to->recompute));
+    if (to->recompute_layers != from->recompute_layers)
+        append_int(buf, len, "--recompute-layers", to->recompute_layers);
     if (to->params_on != from->params_on)
         append(buf, len, "%s%s %s", "--params", zo_plan_tier_name(to->params_on));
     if (to->grads_on != from->grads_on)
@@ -126,7 +128,10 @@ static int gen_offload(const zo_model_config *m, const plan_hw *hw, const plan_t
     const placement *p = &placements[i % N_PLACEMENTS];
     int act = i / N_PLACEMENTS;
     *c = *t;
-    if (act >= 1) c->recompute = ZO_PLAN_RECOMPUTE_FULL;
+    if (act >= 1) {
+        c->recompute = ZO_PLAN_RECOMPUTE_FULL; /* of every layer */
+        c->recompute_layers = 0;
+    }
     if (act == 2) c->checkpoints_on = ZO_PLAN_CPU;
     if (p->what) {
         c->params_on = p->params;
@@ -137,7 +142,10 @@ static int gen_offload(const zo_model_config *m, const plan_hw *hw, const plan_t
     if (t->params_on > c->params_on) c->params_on = t->params_on;
     if (t->grads_on > c->grads_on) c->grads_on = t->grads_on;
     if (t->checkpoints_on > c->checkpoints_on) c->checkpoints_on = t->checkpoints_on;
-    if (c->recompute < t->recompute) c->recompute = t->recompute;
+    if (plan_recompute_rank(c) < plan_recompute_rank(t)) {
+        c->recompute = t->recompute;
+        c->recompute_layers = t->recompute_layers;
+    }
     if (p->what && p->opt[ZO_PLAN_NVME] < 0) {
         /* the least NVMe share that fits; none when all of it fits in CPU memory */
         zo_status st;
@@ -196,13 +204,19 @@ static int gen_peft(const zo_model_config *m, const plan_train *t, zo_plan_metho
 {
     if (i >= N_PEFT_LADDER) return -1;
     /* QLoRA for full fine-tuning or LoRA; LoRA for full fine-tuning */
-    if (t->method >= method || m->params_override || m->moe.experts || m->mla.kv_rank) return -1;
+    if (t->method >= method || m->params_override || m->mla.kv_rank ||
+        (m->moe.experts && (m->moe.first_dense || m->moe.shared_gate || m->moe.router_bias)))
+        return -1;
     *c = *t;
     c->method = method;
     if (t->method == ZO_PLAN_FULL)
         c->lora = (zo_lora_config){PEFT_SUGGEST_R, PLAN_LORA_DEFAULT_ALPHA, ZO_LORA_ALL_LINEAR};
     const peft_rung *l = &peft_ladder[i];
-    if (l->recompute) c->recompute = ZO_PLAN_RECOMPUTE_FULL;
+    /* (adapters with recompute by op are not modelled: full recompute) */
+    if (l->recompute || c->recompute == ZO_PLAN_RECOMPUTE_OPS) {
+        c->recompute = ZO_PLAN_RECOMPUTE_FULL;
+        c->recompute_layers = l->recompute ? 0 : c->recompute_layers;
+    }
     if (l->params > c->params_on) c->params_on = l->params;
     if (l->opt_cpu && c->opt_frac[ZO_PLAN_GPU] > 0) {
         c->opt_frac[ZO_PLAN_GPU] = c->opt_frac[ZO_PLAN_NVME] = 0;

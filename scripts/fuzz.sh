@@ -12,7 +12,8 @@ cd "$(dirname "$0")/.."
 secs=${1:-60}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(fuzz_hf_config fuzz_plan fuzz_safetensors fuzz_ckpt_meta)
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_hf_config fuzz_plan fuzz_safetensors fuzz_ckpt_meta fuzz_tokenizer
+                                      fuzz_corpus fuzz_adapter_config)
 CC=clang cmake -S . -B build-fuzz -DZO_FUZZ=ON -DZO_CUDA=OFF -DZO_MPI=OFF -DZO_BUILD_TESTS=OFF \
       -DZO_BUILD_BENCH=OFF > /dev/null
 cmake --build build-fuzz -j"$(nproc 2>/dev/null || echo 2)" --target "${targets[@]}" > /dev/null
@@ -24,6 +25,9 @@ seeds() {
     fuzz_safetensors) echo $fx/gpu/*_expected.safetensors $fx/model/llama-tiny-sharded/*.safetensors \
                            fuzz/seeds/safetensors/* ;;
     fuzz_ckpt_meta) echo fuzz/seeds/ckpt_meta/* ;;
+    fuzz_tokenizer) echo $fx/tokenizer/small-*.json fuzz/seeds/tokenizer/* ;;
+    fuzz_corpus) echo fuzz/seeds/corpus/* ;;
+    fuzz_adapter_config) echo fuzz/seeds/adapter_config/* ;;
   esac
 }
 status=0

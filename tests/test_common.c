@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -197,9 +198,10 @@ static int stray_files(const char *dir, const char *keep)
     return system(cmd) != 0;
 }
 
-static void test_file_write_read(void **state)
+/* unnamed: 1 with unnamed temporary files (O_TMPFILE), 0 with named ones */
+static void file_write_read(int unnamed)
 {
-    (void)state;
+    zo_file_test_hooks(unnamed, NULL);
     char *dir = temp_dir(), path[128];
     snprintf(path, sizeof path, "%s/out.txt", dir);
     const char text[] = "line one\nline two\n";
@@ -234,7 +236,16 @@ static void test_file_write_read(void **state)
     assert_int_equal(n, 0);
     assert_string_equal(got, "");
     free(got);
+    assert_false(stray_files(dir, "out.txt"));
     remove_dir(dir);
+    zo_file_test_hooks(1, NULL);
+}
+
+static void test_file_write_read(void **state)
+{
+    (void)state;
+    file_write_read(1);
+    file_write_read(0);
 }
 
 static void test_file_errors(void **state)
@@ -291,9 +302,74 @@ static void test_file_errors(void **state)
     /* a directory that does not exist: nothing is written, the message names the file */
     snprintf(path, sizeof path, "%s/no/such/dir/out.json", dir);
     assert_int_equal(zo_file_write_all(path, "x", 1), ZO_ERR_IO);
-    assert_non_null(strstr(zo_last_error(), "out.json.tmp."));
-    assert_non_null(strstr(zo_last_error(), "cannot create"));
+    assert_non_null(strstr(zo_last_error(), "out.json: cannot create a temporary file in "));
+    assert_non_null(strstr(zo_last_error(), "no/such/dir: No such file or directory"));
     remove_dir(dir);
+}
+
+/* The temporary file of an atomic write takes no name that exists: a link
+ * planted at the name writers used to take ("<file>.tmp.<pid>") or at a name
+ * the writer draws (the test seam fixes the draws) is neither followed nor
+ * replaced, and nothing outside the folder changes; with unnamed temporary
+ * files (O_TMPFILE, linked in at commit) and with named ones. */
+static uint64_t draws[3];
+static int n_draws;
+static uint64_t next_draw(void) { return draws[n_draws < 2 ? n_draws++ : 2]; }
+
+static void read_equal(const char *path, const char *want)
+{
+    char *got;
+    if (zo_file_read_all(path, 100, "a test file", &got, NULL) != ZO_OK) fail_msg("%s", zo_last_error());
+    assert_string_equal(got, want);
+    free(got);
+}
+
+static void test_file_write_no_follow(void **state)
+{
+    (void)state;
+    char dir[64], away[64], victim[128], path[128], guess[160], old[160], cmd[400];
+    snprintf(away, sizeof away, "%s", temp_dir()); /* outside the folder written in */
+    snprintf(dir, sizeof dir, "%s", temp_dir());
+    snprintf(victim, sizeof victim, "%s/victim", away);
+    snprintf(path, sizeof path, "%s/out.json", dir);
+    snprintf(old, sizeof old, "%s.tmp.%ld", path, (long)getpid());
+    snprintf(guess, sizeof guess, "%s.tmp.%016llx", path, 1ull);
+    for (int unnamed = 1; unnamed >= 0; unnamed--) {
+        assert_int_equal(zo_file_write_all(victim, "precious", 8), ZO_OK);
+        unlink(old);
+        unlink(guess);
+        unlink(path);
+        assert_int_equal(symlink(victim, old), 0);
+        assert_int_equal(symlink(victim, guess), 0);
+        /* the first name drawn is taken: the writer draws another */
+        draws[0] = 1, draws[1] = draws[2] = 2, n_draws = 0;
+        zo_file_test_hooks(unnamed, next_draw);
+        assert_int_equal(zo_file_write_all(path, "new", 3), ZO_OK);
+        read_equal(victim, "precious");
+        read_equal(path, "new");
+        struct stat sb;
+        assert_int_equal(lstat(path, &sb), 0);
+        assert_true(S_ISREG(sb.st_mode));
+        assert_int_equal(lstat(old, &sb), 0); /* the links stay, as they were */
+        assert_true(S_ISLNK(sb.st_mode));
+        assert_int_equal(lstat(guess, &sb), 0);
+        assert_true(S_ISLNK(sb.st_mode));
+        snprintf(cmd, sizeof cmd, "test \"$(ls -A %s | LC_ALL=C sort | tr '\\n' ' ')\" = \"out.json out.json.tmp.%016llx "
+                 "out.json.tmp.%ld \"", dir, 1ull, (long)getpid());
+        if (system(cmd) != 0) fail_msg("unnamed %d: stray files in %s", unnamed, dir);
+        snprintf(cmd, sizeof cmd, "test \"$(ls -A %s)\" = victim", away);
+        assert_int_equal(system(cmd), 0);
+        /* every name drawn is taken: refused, naming the file; nothing changes */
+        draws[0] = draws[1] = draws[2] = 1, n_draws = 0;
+        assert_int_equal(zo_file_write_all(path, "newer", 5), ZO_ERR_IO);
+        assert_non_null(strstr(zo_last_error(), path));
+        assert_non_null(strstr(zo_last_error(), "temporary"));
+        read_equal(path, "new");
+        read_equal(victim, "precious");
+    }
+    zo_file_test_hooks(1, NULL);
+    remove_dir(dir);
+    remove_dir(away);
 }
 
 /* Removing a folder the runtime made: a link named like it is left alone
@@ -382,6 +458,102 @@ static void test_dir_lock(void **state)
     remove_dir(dir);
 }
 
+/* zo_dir_lock_take on `dir` in a child process as another user (uid, gid:
+ * when the test runs as root; as itself otherwise): 0 when its status is
+ * `want` (ZO_ERR_BUSY naming the holder `holder_pid`), 77 when the child
+ * cannot become that user, 1 otherwise (the message on stderr). */
+static int lock_as(const char *dir, uid_t uid, gid_t gid, zo_status want, pid_t holder_pid)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (geteuid() == 0 && (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0)) _exit(77);
+        zo_dir_lock l;
+        zo_status st = zo_dir_lock_take(dir, "the checkpoint folder", &l);
+        char who[64];
+        snprintf(who, sizeof who, "pid %ld on host ", (long)holder_pid);
+        int ok = st == want && (want != ZO_ERR_BUSY || (strstr(zo_last_error(), "is in use by another run") &&
+                                                        strstr(zo_last_error(), who)));
+        if (!ok) fprintf(stderr, "as uid %d: %s: %s\n", (int)getuid(), zo_status_name(st), zo_last_error());
+        _exit(ok ? 0 : 1);
+    }
+    int ws;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    return WIFEXITED(ws) ? WEXITSTATUS(ws) : 1;
+}
+
+/* A shared checkpoint folder whose lock file another user of the group left
+ * (mode 0644, theirs): the lock is taken without write access to the file
+ * (flock needs none), and a run holding it is named to the other user.
+ * Run as root, the other user is a child that drops to uid 65534; run as a
+ * user, the lock file is the user's own, made read-only (0444). Before, the
+ * lock file was opened for writing: "Permission denied". */
+static void test_dir_lock_other_user(void **state)
+{
+    (void)state;
+    char *dir = temp_dir(), lk[128];
+    const uid_t left_by = 65533, user = 65534;
+    const gid_t group = 65534;
+    snprintf(lk, sizeof lk, "%s/" ZO_DIR_LOCK_NAME, dir);
+    int fd = open(lk, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "pid 1 host elsewhere\n", 21), 21);
+    close(fd);
+    if (geteuid() == 0) { /* a folder of the group, a lock file of another member */
+        assert_int_equal(chown(dir, left_by, group), 0);
+        assert_int_equal(chmod(dir, 02775), 0);
+        assert_int_equal(chown(lk, left_by, group), 0);
+    } else {
+        assert_int_equal(chmod(lk, 0444), 0);
+    }
+    int rc = lock_as(dir, user, group, ZO_OK, 0);
+    if (rc == 77) {
+        remove_dir(dir);
+        skip();
+    }
+    assert_int_equal(rc, 0);
+    /* this process holds it: the other user is refused, told which run holds it */
+    zo_dir_lock l;
+    if (zo_dir_lock_take(dir, "the checkpoint folder", &l) != ZO_OK) fail_msg("%s", zo_last_error());
+    assert_int_equal(lock_as(dir, user, group, ZO_ERR_BUSY, getpid()), 0);
+    zo_dir_lock_release(&l);
+    /* the other user holds it, unable to write its name into the file (which
+     * names this process, its last writer): this process is told the holder's
+     * pid all the same (/proc/locks) */
+    int up[2], down[2];
+    assert_int_equal(pipe(up), 0);
+    assert_int_equal(pipe(down), 0);
+    pid_t holder = fork();
+    assert_true(holder >= 0);
+    if (holder == 0) {
+        char c = 0;
+        close(up[0]);
+        close(down[1]); /* the parent's end: closed there, read sees the end */
+        if (geteuid() == 0 && (setgroups(0, NULL) != 0 || setgid(group) != 0 || setuid(user) != 0)) _exit(77);
+        zo_dir_lock h;
+        if (zo_dir_lock_take(dir, "the checkpoint folder", &h) != ZO_OK) _exit(1);
+        if (write(up[1], &c, 1) != 1 || read(down[0], &c, 1) < 0) _exit(1); /* held until told */
+        _exit(0);
+    }
+    char c;
+    close(up[1]);
+    close(down[0]);
+    assert_int_equal(read(up[0], &c, 1), 1);
+    assert_int_equal(zo_dir_lock_take(dir, "the checkpoint folder", &l), ZO_ERR_BUSY);
+    char who[64];
+    snprintf(who, sizeof who, "(pid %ld on host ", (long)holder);
+    if (!strstr(zo_last_error(), who)) fail_msg("not named: %s", zo_last_error());
+    close(down[1]);
+    int ws;
+    assert_int_equal(waitpid(holder, &ws, 0), holder);
+    assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    close(up[0]);
+    struct stat sb;
+    assert_int_equal(stat(lk, &sb), 0); /* the other member's file, as it was */
+    assert_int_equal(sb.st_uid, geteuid() == 0 ? left_by : geteuid());
+    remove_dir(dir);
+}
+
 /* One rule for keys given twice, at any depth: refused, naming the key. */
 static void test_json_duplicates(void **state)
 {
@@ -419,8 +591,9 @@ int main(void)
         cmocka_unit_test(test_f16_against_hardware), cmocka_unit_test(test_f16_edges),
         cmocka_unit_test(test_parse_size),       cmocka_unit_test(test_parse_count),
         cmocka_unit_test(test_format),           cmocka_unit_test(test_file_write_read),
-        cmocka_unit_test(test_file_errors),      cmocka_unit_test(test_dir_remove),
-        cmocka_unit_test(test_dir_lock),         cmocka_unit_test(test_json_duplicates),
+        cmocka_unit_test(test_file_errors),      cmocka_unit_test(test_file_write_no_follow),
+        cmocka_unit_test(test_dir_remove),
+        cmocka_unit_test(test_dir_lock),         cmocka_unit_test(test_dir_lock_other_user),         cmocka_unit_test(test_json_duplicates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -485,6 +485,91 @@ static void test_train_pairs(void **state)
     assert_non_null(strstr(out, "pairs.jsonl:65:"));
 }
 
+/* Inputs checked before step 0, and the flags that would fail later:
+ * --eps 0; eval data too short for --seq (it was noticed after the last
+ * step, losing the run's --save); pairs whose completions --seq cuts off
+ * (it trained on nothing at loss 0 and exited 0); an adapter saved with
+ * all-linear taken back with all-linear (its resolved list was compared
+ * with the word); the plot written through no planted name. */
+static void test_inputs_before_step0(void **state)
+{
+    (void)state;
+    write_inputs();
+    char cmd[2048], path[200], save[200];
+    const char *base = "--model %s/config.json --tokenizer %s/tokenizer/small-bpe.json --data %s/train.txt "
+                       "--micro-batch 2 --seq 32 --threads 2";
+    char common[600];
+    snprintf(common, sizeof common, base, dir, ZO_FIXTURES_DIR, dir);
+    snprintf(cmd, sizeof cmd, "%s %s --steps 1 --eps 0 2>&1", ZO_TRAIN_BIN, common);
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 2);
+    assert_non_null(strstr(out, "--eps: 0 must be > 0"));
+    /* eval text of a few tokens, shorter than --seq + 1 */
+    snprintf(path, sizeof path, "%s/tiny.txt", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "the model.\n");
+    fclose(f);
+    snprintf(save, sizeof save, "%s/saved.safetensors", dir);
+    snprintf(cmd, sizeof cmd, "%s %s --steps 2 --eval-data %s --save %s 2>&1", ZO_TRAIN_BIN, common, path, save);
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 2);
+    assert_non_null(strstr(out, "tiny.txt"));
+    assert_null(strstr(out, "step 0 loss")); /* refused before training */
+    /* prompts longer than --seq: no completion token is left to train on */
+    snprintf(path, sizeof path, "%s/long.jsonl", dir);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 8; i++)
+        fprintf(f, "{\"prompt\": \"the runtime streams weights to device memory and offloads the optimizer "
+                   "state to NVMe while the planner sizes the model for the GPU %d\", \"completion\": \" yes.\"}\n", i);
+    fclose(f);
+    snprintf(cmd, sizeof cmd,
+             "%s --model %s/config.json --tokenizer %s/tokenizer/small-sp.json --data %s --micro-batch 2 --seq 8 "
+             "--threads 2 --steps 1 2>&1",
+             ZO_TRAIN_BIN, dir, ZO_FIXTURES_DIR, path);
+    assert_int_equal(run_cmd(cmd, out, sizeof out), 2);
+    assert_non_null(strstr(out, "cut off by --seq 8"));
+    /* an adapter saved with all-linear, loaded back with all-linear */
+    snprintf(save, sizeof save, "%s/adapter", dir);
+    snprintf(cmd, sizeof cmd, "%s %s --steps 1 --lora 2 --lora-targets all-linear --save %s 2>&1", ZO_TRAIN_BIN,
+             common, save);
+    int rc = run_cmd(cmd, out, sizeof out);
+    if (rc) fail_msg("train exited %d:\n%s", rc, out);
+    snprintf(cmd, sizeof cmd, "%s %s --steps 1 --lora 2 --lora-targets all-linear --adapter %s 2>&1", ZO_TRAIN_BIN,
+             common, save);
+    rc = run_cmd(cmd, out, sizeof out);
+    if (rc) fail_msg("train exited %d:\n%s", rc, out);
+}
+
+/* The plot is written whole through a temporary no other process can plant:
+ * a link at the old name (<path>.tmp.<pid>) is not followed. */
+static void test_plot_no_follow(void **state)
+{
+    (void)state;
+    char path[200], planted[240], victim[200];
+    snprintf(path, sizeof path, "%s/plot.svg", dir);
+    snprintf(victim, sizeof victim, "%s/victim.txt", dir);
+    snprintf(planted, sizeof planted, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(victim, "w");
+    assert_non_null(f);
+    fputs("precious", f);
+    fclose(f);
+    assert_int_equal(symlink(victim, planted), 0);
+    ft_record r[2] = {{.step = 0, .loss = 5.0, .lr = 1e-3}, {.step = 1, .loss = 4.0, .lr = 1e-3}};
+    assert_int_equal(ft_plot_write(path, r, 2, "plot"), ZO_OK);
+    char buf[32] = {0};
+    f = fopen(victim, "r");
+    assert_non_null(f);
+    assert_true(fread(buf, 1, sizeof buf - 1, f) > 0);
+    fclose(f);
+    assert_string_equal(buf, "precious");
+    char svg[512] = {0};
+    f = fopen(path, "r");
+    assert_non_null(f);
+    assert_true(fread(svg, 1, sizeof svg - 1, f) > 0);
+    fclose(f);
+    assert_non_null(strstr(svg, "<svg")); /* the plot landed at its own name */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -493,6 +578,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_eval_log_plot, setup_dir, teardown_dir),
         cmocka_unit_test(test_masked_loss_vs_torch),
         cmocka_unit_test_setup_teardown(test_train_pairs, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_inputs_before_step0, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_plot_no_follow, setup_dir, teardown_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -79,6 +79,14 @@ static void test_modules(void **state)
     assert_string_equal(m[3].peft, "mlp.c_proj");
     assert_int_equal(zo_lora_layer_modules(&g, ZO_LORA_K, m), 1);
     assert_int_equal(m[0].targets, ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V);
+    /* the layers a target set adapts: all-linear and the list of every
+     * module are one set (an adapter directory lists modules) */
+    const unsigned gpt_all = ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V | ZO_LORA_O | ZO_LORA_UP | ZO_LORA_DOWN;
+    assert_int_equal(zo_lora_targets_effective(&g, ZO_LORA_ALL_LINEAR), gpt_all);
+    assert_int_equal(zo_lora_targets_effective(&g, gpt_all), gpt_all);
+    assert_int_equal(zo_lora_targets_effective(&g, ZO_LORA_Q), ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V);
+    assert_int_equal(zo_lora_targets_effective(&c, ZO_LORA_ALL_LINEAR), ZO_LORA_ALL_LINEAR);
+    assert_int_equal(zo_lora_targets_effective(&c, ZO_LORA_Q | ZO_LORA_V), ZO_LORA_Q | ZO_LORA_V);
 }
 
 static void test_parse_and_check(void **state)

@@ -244,6 +244,18 @@ static void test_configs(void **state)
     snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
     assert_int_equal(system(cmd), 0);
     zo_model_config g = load_cfg("gpu/tiny_gpt2.json"), ll = load_cfg("gpu/tiny_llama.json");
+    /* what PEFT 0.17's save_pretrained writes, every field at its default */
+#define PEFT_DEFAULTS                                                                                     \
+    "\"alora_invocation_tokens\": null, \"alpha_pattern\": {}, \"arrow_config\": null, \"auto_mapping\": null, "   \
+    "\"base_model_name_or_path\": \"meta-llama/Llama-2-7b-hf\", \"bias\": \"none\", \"corda_config\": null, "      \
+    "\"ensure_weight_tying\": false, \"eva_config\": null, \"exclude_modules\": null, \"fan_in_fan_out\": false, " \
+    "\"inference_mode\": true, \"init_lora_weights\": true, \"layer_replication\": null, "                        \
+    "\"layers_pattern\": null, \"layers_to_transform\": null, \"loftq_config\": {}, \"lora_alpha\": 16, "          \
+    "\"lora_bias\": false, \"lora_dropout\": 0.05, \"megatron_config\": null, \"megatron_core\": "              \
+    "\"megatron.core\", \"modules_to_save\": null, \"peft_type\": \"LORA\", \"peft_version\": \"0.17.1\", "        \
+    "\"qalora_group_size\": 16, \"r\": 8, \"rank_pattern\": {}, \"revision\": null, \"target_parameters\": null, " \
+    "\"task_type\": \"CAUSAL_LM\", \"trainable_token_indices\": null, \"use_dora\": false, "                     \
+    "\"use_qalora\": false, \"use_rslora\": false, \"target_modules\": [\"q_proj\", \"v_proj\"]"
     struct {
         const zo_model_config *c;
         const char *json;
@@ -259,7 +271,58 @@ static void test_configs(void **state)
         {&g, "{\"r\": 8, \"target_modules\": [\"c_proj\"]}", ZO_OK, ZO_LORA_O | ZO_LORA_DOWN, NULL},
         {&g, "{\"r\": 8, \"target_modules\": [\"mlp.c_proj\", \"c_fc\"]}", ZO_OK, ZO_LORA_DOWN | ZO_LORA_UP, NULL},
         {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"use_dora\": true}", ZO_ERR_UNSUPPORTED, 0, "use_dora"},
-        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"use_rslora\": true}", ZO_ERR_UNSUPPORTED, 0, "use_rslora"},
+        /* rank-stabilised: the scale alpha / sqrt(r) is plain LoRA's with alpha * sqrt(r) */
+        {&ll, "{\"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"], \"use_rslora\": true}", ZO_OK,
+         ZO_LORA_Q, NULL},
+        {&ll, "{" PEFT_DEFAULTS "}", ZO_OK, ZO_LORA_Q | ZO_LORA_V, NULL},
+        /* inits that leave the base weights as they are: the trained weights are what is loaded */
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"init_lora_weights\": \"gaussian\"}", ZO_OK, ZO_LORA_Q, NULL},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"init_lora_weights\": \"eva\"}", ZO_OK, ZO_LORA_Q, NULL},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"init_lora_weights\": \"orthogonal\"}", ZO_OK, ZO_LORA_Q, NULL},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"init_lora_weights\": false}", ZO_OK, ZO_LORA_Q, NULL},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"task_type\": null, \"exclude_modules\": [], "
+              "\"target_parameters\": [], \"some_new_config\": null}", ZO_OK, ZO_LORA_Q, NULL},
+        /* fields that change what the adapters compute, or the base they sit on */
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"exclude_modules\": [\"q_proj\"]}", ZO_ERR_UNSUPPORTED, 0,
+         "\"exclude_modules\""},
+        {&ll, "{\"r\": 8, \"target_modules\": \"all-linear\", \"exclude_modules\": \".*down.*\"}", ZO_ERR_UNSUPPORTED, 0,
+         "\"exclude_modules\""},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"layer_replication\": [[0, 2], [1, 2]]}",
+         ZO_ERR_UNSUPPORTED, 0, "\"layer_replication\""},
+        {&ll, "{\"r\": 8, \"target_modules\": [], \"target_parameters\": [\"mlp.experts.down_proj\"]}",
+         ZO_ERR_UNSUPPORTED, 0, "\"target_parameters\""},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"init_lora_weights\": \"pissa\"}", ZO_ERR_UNSUPPORTED, 0,
+         "\"init_lora_weights\": \"pissa\" changes the base weights"},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"init_lora_weights\": \"pissa_niter_16\"}",
+         ZO_ERR_UNSUPPORTED, 0, "\"pissa_niter_16\" changes the base weights"},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"init_lora_weights\": \"olora\"}", ZO_ERR_UNSUPPORTED, 0,
+         "\"olora\" changes the base weights"},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"init_lora_weights\": \"corda\"}", ZO_ERR_UNSUPPORTED, 0,
+         "\"corda\" changes the base weights"},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"init_lora_weights\": \"loftq\"}", ZO_ERR_UNSUPPORTED, 0,
+         "\"loftq\" changes the base weights"},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"init_lora_weights\": \"lora_ga\"}", ZO_ERR_UNSUPPORTED, 0,
+         "\"lora_ga\" changes the base weights"},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"init_lora_weights\": \"mica\"}", ZO_ERR_UNSUPPORTED, 0,
+         "\"mica\""},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"init_lora_weights\": \"something\"}", ZO_ERR_UNSUPPORTED, 0,
+         "\"init_lora_weights\""},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"task_type\": \"SEQ_CLS\"}", ZO_ERR_UNSUPPORTED, 0,
+         "\"task_type\": \"SEQ_CLS\""},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"lora_bias\": true}", ZO_ERR_UNSUPPORTED, 0, "\"lora_bias\""},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"trainable_token_indices\": [5, 6]}", ZO_ERR_UNSUPPORTED, 0,
+         "\"trainable_token_indices\""},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"alora_invocation_tokens\": [7]}", ZO_ERR_UNSUPPORTED, 0,
+         "\"alora_invocation_tokens\""},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"use_qalora\": true}", ZO_ERR_UNSUPPORTED, 0, "\"use_qalora\""},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"kasa_config\": {\"rank\": 2}}", ZO_ERR_UNSUPPORTED, 0,
+         "\"kasa_config\""},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"use_frobnication\": true}", ZO_ERR_UNSUPPORTED, 0,
+         "\"use_frobnication\" is not a field this reader knows"},
+        /* a module of some layers only, or a path that names no module */
+        {&ll, "{\"r\": 8, \"target_modules\": [\"model.layers.0.self_attn.q_proj\"]}", ZO_ERR_UNSUPPORTED, 0,
+         "particular layers"},
+        {&ll, "{\"r\": 8, \"target_modules\": [\"attn.q_proj\"]}", ZO_ERR_UNSUPPORTED, 0, "\"attn.q_proj\""},
         {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"bias\": \"all\"}", ZO_ERR_UNSUPPORTED, 0, "bias"},
         {&ll, "{\"r\": 8, \"target_modules\": [\"q_proj\"], \"modules_to_save\": [\"lm_head\"]}", ZO_ERR_UNSUPPORTED, 0,
          "modules_to_save"},
@@ -282,8 +345,14 @@ static void test_configs(void **state)
         if (st == ZO_OK) {
             assert_int_equal(lc.targets, cases[i].targets);
             assert_int_equal(lc.r, 8);
+            /* the scale: alpha / r, PEFT's default alpha 8; rank-stabilised alpha / sqrt(r) */
+            const cJSON *doc = cJSON_Parse(cases[i].json), *a = cJSON_GetObjectItem(doc, "lora_alpha");
+            float alpha = a ? (float)a->valuedouble : 8.0f;
+            if (cJSON_IsTrue(cJSON_GetObjectItem(doc, "use_rslora"))) alpha *= sqrtf(8.0f);
+            cJSON_Delete((cJSON *)doc);
+            if (fabsf(lc.alpha - alpha) > 1e-6f * alpha) fail_msg("%s: alpha %g, want %g", cases[i].json, lc.alpha, alpha);
         } else {
-            assert_non_null(strstr(zo_last_error(), cases[i].msg));
+            if (!strstr(zo_last_error(), cases[i].msg)) fail_msg("%s: %s", cases[i].json, zo_last_error());
         }
     }
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

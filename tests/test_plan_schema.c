@@ -217,8 +217,22 @@ static void test_roundtrip(void **state)
     free(q);
 }
 
-/* Each field of a full plan, removed, is refused as missing, by its name;
- * an unknown field in any object is refused by its name. */
+/* The fields added after plans were written (issue 33): absent, they take
+ * the value every plan before them meant. */
+static const char *const optional_fields[] = {"training.recompute_layers", "training.reduce_dtype",
+                                              "hardware.peers_via_host"};
+
+static int is_optional(const char *name)
+{
+    for (size_t i = 0; i < sizeof optional_fields / sizeof optional_fields[0]; i++)
+        if (!strcmp(name, optional_fields[i])) return 1;
+    return 0;
+}
+
+/* Each field of a full plan, removed, is refused as missing, by its name (an
+ * optional one reads as its default: every layer recomputed as
+ * training.recompute says, gradients reduced in fp32, peers reached at
+ * nvlink_bw); an unknown field in any object is refused by its name. */
 static void test_required_and_unknown(void **state)
 {
     (void)state;
@@ -230,6 +244,15 @@ static void test_required_and_unknown(void **state)
     assert_true(n > 80);
     char want[200];
     for (int i = 0; i < n; i++) {
+        if (is_optional(l[i].name)) {
+            cJSON *item = cJSON_DetachItemViaPointer(l[i].parent, l[i].item);
+            assert_int_equal(read_doc(doc, q), ZO_OK);
+            assert_int_equal(q->training.recompute_layers, 0);
+            assert_int_equal(q->training.reduce_dtype, ZO_DTYPE_F32);
+            assert_int_equal(q->hardware.peers_via_host, 0);
+            cJSON_AddItemToObject(l[i].parent, l[i].item->string, item);
+            continue;
+        }
         cJSON *item = cJSON_DetachItemViaPointer(l[i].parent, l[i].item);
         assert_int_equal(read_doc(doc, q), ZO_ERR_FORMAT);
         snprintf(want, sizeof want, "p.json: missing field \"%.127s\"", l[i].name);
@@ -454,7 +477,69 @@ static void test_check_run(void **state)
     assert_int_equal(zo_plan_check_run(p, &a, 1, "p.json"), ZO_ERR_INVALID);
     assert_non_null(strstr(zo_last_error(), "for 8 ranks (parallel.dp 4 x tp 1 x pp 2); this run has 1"));
     assert_int_equal(zo_plan_check_run(p, &a, 8, "p.json"), ZO_OK);
+    /* what memplan plans beyond the runtime is refused by name (issue 33):
+     * recomputing by op, part of the layers, a reduction in another dtype */
+    p->training.recompute = ZO_PLAN_RECOMPUTE_OPS;
+    assert_int_equal(zo_plan_check_run(p, &a, 8, "p.json"), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "p.json: field \"training.recompute\" is ops"));
+    p->training.recompute = ZO_PLAN_RECOMPUTE_FULL;
+    p->training.recompute_layers = 1;
+    assert_int_equal(zo_plan_check_run(p, &a, 8, "p.json"), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "p.json: field \"training.recompute_layers\" is 1"));
+    p->training.recompute_layers = 0;
+    p->training.reduce_dtype = ZO_DTYPE_BF16;
+    assert_int_equal(zo_plan_check_run(p, &a, 8, "p.json"), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "p.json: field \"training.reduce_dtype\" is bf16"));
+    p->training.reduce_dtype = ZO_DTYPE_F32;
+    assert_int_equal(zo_plan_check_run(p, &a, 8, "p.json"), ZO_OK);
     free(p);
+}
+
+/* The fields issue 33 added round-trip, and a plan written before them reads
+ * as it meant: every layer recomputed as training.recompute says, gradients
+ * reduced in fp32. */
+static void test_added_fields(void **state)
+{
+    (void)state;
+    zo_plan *p = malloc(sizeof *p), *q = malloc(sizeof *q);
+    assert_non_null(p);
+    assert_non_null(q);
+    full_plan(p);
+    p->training.recompute = ZO_PLAN_RECOMPUTE_FULL;
+    p->training.recompute_layers = 3;
+    p->training.reduce_dtype = ZO_DTYPE_BF16;
+    char *text = plan_text(p);
+    assert_non_null(strstr(text, "\"recompute_layers\""));
+    assert_non_null(strstr(text, "\"reduce_dtype\""));
+    assert_int_equal(zo_plan_read(text, strlen(text), "p.json", q), ZO_OK);
+    assert_int_equal(q->training.recompute_layers, 3);
+    assert_int_equal(q->training.reduce_dtype, ZO_DTYPE_BF16);
+    free(text);
+    p->training.recompute = ZO_PLAN_RECOMPUTE_OPS;
+    p->training.recompute_layers = 0;
+    text = plan_text(p);
+    assert_non_null(strstr(text, "\"ops\""));
+    assert_int_equal(zo_plan_read(text, strlen(text), "p.json", q), ZO_OK);
+    assert_int_equal(q->training.recompute, ZO_PLAN_RECOMPUTE_OPS);
+    free(text);
+    /* an older plan: without the two fields */
+    p->training.recompute = ZO_PLAN_RECOMPUTE_FULL;
+    p->training.reduce_dtype = ZO_DTYPE_F32;
+    cJSON *doc;
+    assert_int_equal(zo_plan_write_json(p, "p.json", &doc), ZO_OK);
+    cJSON *tr = cJSON_GetObjectItem(doc, "training");
+    cJSON_DeleteItemFromObject(tr, "recompute_layers");
+    cJSON_DeleteItemFromObject(tr, "reduce_dtype");
+    text = cJSON_Print(doc);
+    cJSON_Delete(doc);
+    memset(q, 0xff, sizeof *q);
+    assert_int_equal(zo_plan_read(text, strlen(text), "old.json", q), ZO_OK);
+    assert_int_equal(q->training.recompute_layers, 0);
+    assert_int_equal(q->training.reduce_dtype, ZO_DTYPE_F32);
+    assert_int_equal(q->training.recompute, ZO_PLAN_RECOMPUTE_FULL);
+    free(text);
+    free(p);
+    free(q);
 }
 
 /* ---- memplan and the runtime ------------------------------------------------------------ */
@@ -800,6 +885,48 @@ static void test_train_check_plan(void **state)
     remove(plan);
     remove(cfg);
 }
+
+/* What memplan plans beyond the runtime (issue 33): a plan that recomputes 2
+ * of the tiny model's 4 layers, or reduces in bf16, is written by memplan
+ * and refused by `train --check-plan` by its field, exit 2; `memplan plan
+ * --json-out` writes only what the runtime runs. */
+static void test_train_refuses_partial_recompute(void **state)
+{
+    (void)state;
+    char plan[300], cfg[300], cmd[2000];
+    static char out[1 << 16];
+    snprintf(plan, sizeof plan, "%s/partial.json", tmp_dir);
+    snprintf(cfg, sizeof cfg, "%s/config.json", tmp_dir);
+    files_write_text(cfg, tiny_config);
+    static const struct { const char *flags, *field; } c[] = {
+        {"--recompute full --recompute-layers 2", "field \"training.recompute_layers\" is 2"},
+        {"--recompute ops", "field \"training.recompute\" is ops"},
+        {"--dp 1 --reduce-dtype bf16", "field \"training.reduce_dtype\" is bf16"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        assert_true(estimate(c[i].flags, plan, out, sizeof out) <= 1);
+        snprintf(cmd, sizeof cmd, "--check-plan --plan %s --model %s", plan, cfg);
+        assert_int_equal(run_program(ZO_TRAIN_BIN, cmd, out, sizeof out), 2);
+        if (!strstr(out, c[i].field)) {
+            fprintf(stderr, "train said:\n%s\nwanted: %s\n", out, c[i].field);
+            fail();
+        }
+    }
+    /* the search's plan file: recompute none or full of every layer */
+    snprintf(cmd, sizeof cmd, "plan --model %s --gpu-mem 3MiB --cpu-mem 1GiB --nvme 1GiB --seq 64 "
+             "--global-batch 4 --cuda-context 0 --cublas-workspace 0 --fragmentation 0 --json-out %s",
+             cfg, plan);
+    int rc = run_program(ZO_MEMPLAN_BIN, cmd, out, sizeof out);
+    assert_true(rc == 0 || rc == 1);
+    if (rc == 0) {
+        zo_plan p;
+        assert_int_equal(zo_plan_load(plan, &p), ZO_OK);
+        assert_int_equal(p.training.recompute_layers, 0);
+        assert_true(p.training.recompute != ZO_PLAN_RECOMPUTE_OPS);
+    }
+    remove(plan);
+    remove(cfg);
+}
 #endif
 
 #ifdef ZO_MEMPLAN_BIN
@@ -862,11 +989,13 @@ int main(void)
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_method),
         cmocka_unit_test(test_check_run),
+        cmocka_unit_test(test_added_fields),
 #if defined(ZO_MEMPLAN_BIN) && defined(ZO_TRAIN_BIN)
         cmocka_unit_test(test_limits_memplan_runtime),
         cmocka_unit_test(test_train_refuses_other_plans),
         cmocka_unit_test(test_train_check_plan),
         cmocka_unit_test(test_train_flags_as_memplan),
+        cmocka_unit_test(test_train_refuses_partial_recompute),
         cmocka_unit_test(test_runtime_reads_lora),
 #endif
 #ifdef ZO_MEMPLAN_BIN

@@ -16,9 +16,11 @@
 #include <cjson/cJSON.h>
 
 #include "common/model_config.h"
+#include "planner/cost.h"
 #include "planner/hardware.h"
 #include "planner/memory.h"
 #include "planner/report.h"
+#include "planner/search.h"
 #include "tests/support/files.h" /* defines: files_write_text, files_remove_tree */
 #include "tests/support/run.h"   /* defines: run_memplan */
 
@@ -83,6 +85,116 @@ static void test_preset_lookup_error(void **state)
     assert_int_equal(plan_hw_find("H100", &hw), ZO_OK);
     assert_int_equal(plan_hw_find("h10", &hw), ZO_ERR_NOT_FOUND);
     assert_non_null(strstr(zo_last_error(), "h100-80gb"));
+}
+
+/* ---- names: every preset name and alias answers to one preset ---------------- */
+
+/* A table's names: each entry's name and aliases (comma-separated). */
+typedef struct named {
+    const char *table; /* "model", "machine", "GPU", "host" */
+    const char *owner; /* the preset's name */
+    char key[96];      /* zo_preset_key of the name */
+    const char *name;  /* as written */
+} named;
+
+static size_t add_names(named *out, size_t at, const char *table, const char *name,
+                        const char *aliases)
+{
+    out[at] = (named){table, name, "", name};
+    zo_preset_key(name, out[at].key, sizeof out[at].key);
+    at++;
+    /* (aliases are kept as written: each key from its own span) */
+    for (const char *a = aliases; a && *a;) {
+        const char *end = strchr(a, ',');
+        size_t len = end ? (size_t)(end - a) : strlen(a);
+        char one[96];
+        snprintf(one, sizeof one, "%.*s", (int)len, a);
+        out[at] = (named){table, name, "", name};
+        zo_preset_key(one, out[at].key, sizeof out[at].key);
+        out[at].name = strstr(aliases, one); /* for the message: points into the list */
+        at++;
+        a = end ? end + 1 : a + len;
+    }
+    return at;
+}
+
+/* Issue 33: `--model gpt3-13b` answered GPT-3 XL (1.3B) because the dot was
+ * dropped from "gpt3-1.3b". Every pair of names and aliases, within the
+ * models and within each hardware table, normalizes apart; each name finds its
+ * own preset. Across the machines and the GPUs (both answer to --hw) the only
+ * shared names are the SXM GPUs', and each is the machine preset's own GPU
+ * (--hw takes the machine, --gpu the card). */
+static void test_preset_names_unique(void **state)
+{
+    (void)state;
+    static named all[512];
+    size_t n = 0, nm, nh, ng, nt;
+    const zo_model_preset *mp = zo_model_presets(&nm);
+    for (size_t i = 0; i < nm; i++) n = add_names(all, n, "model", mp[i].name, mp[i].aliases);
+    const plan_hw_preset *hp = plan_hw_presets(&nh);
+    for (size_t i = 0; i < nh; i++) n = add_names(all, n, "machine", hp[i].name, hp[i].aliases);
+    const plan_gpu_spec *gp = plan_gpu_presets(&ng);
+    for (size_t i = 0; i < ng; i++) n = add_names(all, n, "GPU", gp[i].name, gp[i].aliases);
+    const plan_host_spec *tp = plan_host_presets(&nt);
+    for (size_t i = 0; i < nt; i++) n = add_names(all, n, "host", tp[i].name, "");
+    assert_true(n < sizeof all / sizeof all[0]);
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        assert_true(all[i].key[0] != '\0');
+        for (size_t j = i + 1; j < n; j++) {
+            if (strcmp(all[i].key, all[j].key)) continue;
+            int same_table = !strcmp(all[i].table, all[j].table);
+            if (same_table && !strcmp(all[i].owner, all[j].owner)) {
+                print_error("%s %s: two of its names are one key '%s'\n", all[i].table, all[i].owner,
+                            all[i].key);
+                bad++;
+                continue;
+            }
+            if (same_table) {
+                print_error("%s presets %s and %s share the key '%s'\n", all[i].table, all[i].owner,
+                            all[j].owner, all[i].key);
+                bad++;
+                continue;
+            }
+            /* machine x GPU: allowed only for the machine's own GPU */
+            int mg = !strcmp(all[i].table, "machine") && !strcmp(all[j].table, "GPU");
+            if (!mg) continue; /* models and hosts are other flags */
+            plan_hw mach, card;
+            assert_int_equal(plan_hw_find(all[i].owner, &mach), ZO_OK);
+            const plan_gpu_spec *g;
+            assert_int_equal(plan_gpu_find(all[j].owner, &g), ZO_OK);
+            plan_hw_gpu_node(g, NULL, &card);
+            if (strcmp(mach.gpu, card.gpu) || mach.gpu_mem != card.gpu_mem ||
+                mach.peak_flops_16 != card.peak_flops_16) {
+                print_error("machine %s and GPU %s share the key '%s' but not the GPU\n",
+                            all[i].owner, all[j].owner, all[i].key);
+                bad++;
+            }
+        }
+    }
+    assert_int_equal(bad, 0);
+    /* each model name and alias finds its own preset */
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(all[i].table, "model")) continue;
+        zo_model_config c;
+        char name[96];
+        snprintf(name, sizeof name, "%s", all[i].key);
+        assert_int_equal(zo_model_preset_find(name, &c), ZO_OK);
+        assert_string_equal(c.name, all[i].owner);
+    }
+    /* the names of issue 33 */
+    zo_model_config c;
+    assert_int_equal(zo_model_preset_find("gpt3-13b", &c), ZO_OK);
+    assert_string_equal(c.name, "gpt3-13b");
+    assert_int_equal(zo_model_preset_find("gpt3-1.3b", &c), ZO_OK);
+    assert_string_equal(c.name, "gpt3-xl");
+    assert_int_equal(zo_model_preset_find("GPT3_13B", &c), ZO_OK);
+    assert_string_equal(c.name, "gpt3-13b");
+    /* a separator between digits parts them: no preset is "gpt3 1 3b" */
+    assert_int_equal(zo_model_preset_find("gpt3-1-3b", &c), ZO_ERR_NOT_FOUND);
+    char key[32];
+    zo_preset_key("Llama_2--13B", key, sizeof key);
+    assert_string_equal(key, "llama2-13b");
 }
 
 static void test_config_errors(void **state)
@@ -263,6 +375,147 @@ static uint64_t item_bytes(const plan_estimate *e, const char *name, plan_tier t
     for (int i = 0; i < e->n_items; i++)
         if (!strcmp(e->items[i].name, name) && e->items[i].tier == tier) sum += e->items[i].bytes;
     return sum;
+}
+
+/* ---- partial recompute (issue 33) ------------------------------------------------- */
+
+/* LLaMA-2-13B on one H100, 4096 tokens: recompute full of K of its 40 layers
+ * keeps K layer inputs and 40 - K whole layers, and recomputes K/40 of what
+ * full recompute does; recompute ops keeps each layer's input, q, v, the
+ * attention's output and log-sum-exp, the gate's and the down projection's
+ * outputs (the 1st, 3rd, 5th and 7th matmuls), between none and full in
+ * memory and in time. */
+/* A preset model on a preset machine with the model's defaults. */
+static void preset_on(const char *model, const char *hw_name, zo_model_config *m, plan_hw *hw,
+                      plan_train *t)
+{
+    assert_int_equal(zo_model_preset_find(model, m), ZO_OK);
+    assert_int_equal(plan_hw_find(hw_name, hw), ZO_OK);
+    plan_train_defaults(t, m);
+}
+
+static void test_partial_recompute(void **state)
+{
+    (void)state;
+    zo_model_config m;
+    plan_hw hw;
+    plan_train t;
+    preset_on("llama-2-13b", "h100-80gb", &m, &hw, &t);
+    t.seq = 4096;
+    plan_estimate e[4];
+    plan_time pt[4];
+    const int K = 10;
+    for (int i = 0; i < 4; i++) {
+        t.recompute = i == 0 ? PLAN_RECOMPUTE_NONE : i == 3 ? ZO_PLAN_RECOMPUTE_OPS : PLAN_RECOMPUTE_FULL;
+        t.recompute_layers = i == 2 ? K : 0;
+        assert_int_equal(plan_estimate_run(&m, &hw, &t, &e[i]), ZO_OK);
+        assert_int_equal(plan_time_run(&m, &hw, &t, &e[i], &pt[i]), ZO_OK);
+    }
+    double sbh2 = 4096.0 * 5120 * 2;  /* a layer's input, bf16 */
+    double whole = (double)e[0].act_layer;
+    assert_true(e[1].act_layer == (uint64_t)sbh2);
+    assert_true(e[2].act_layer_full == e[0].act_layer);
+    double got = (double)item_bytes(&e[2], "stored layer activations", PLAN_GPU);
+    assert_true(fabs(got - (K * sbh2 + (40 - K) * whole)) < 1);
+    /* the recompute working set is one whole layer, as for full */
+    assert_true(item_bytes(&e[2], "recompute working set (1 layer)", PLAN_GPU) == e[0].act_layer);
+    /* time: K/40 of full recompute's */
+    assert_true(pt[0].recompute == 0);
+    assert_true(fabs(pt[2].recompute / pt[1].recompute - (double)K / 40) < 1e-12);
+    assert_true(pt[0].step < pt[2].step && pt[2].step < pt[1].step);
+    assert_true(fabs((pt[2].hw_flops - pt[2].model_flops) / (pt[1].hw_flops - pt[1].model_flops) -
+                     (double)K / 40) < 1e-9);
+    /* ops: by hand, per token h + q + v + o + gate + down's output (bf16), 40
+     * heads' fp32 log-sum-exp */
+    double ops = 4096.0 * (2 * (5120 + 5120 + 5120 + 5120 + 13824 + 5120) + 4 * 40);
+    assert_true(fabs((double)e[3].act_layer - ops) < 1);
+    assert_true(e[1].act_layer < e[3].act_layer && e[3].act_layer < e[0].act_layer);
+    assert_true(pt[0].step < pt[3].step && pt[3].step < pt[1].step);
+    assert_true(pt[3].recompute > 0 && pt[3].recompute < pt[1].recompute);
+    /* what the runtime refuses, memplan refuses where it cannot model it */
+    t.recompute = PLAN_RECOMPUTE_NONE;
+    t.recompute_layers = 3;
+    assert_int_equal(plan_estimate_run(&m, &hw, &t, &e[0]), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "--recompute-layers 3 needs --recompute full"));
+    t.recompute = PLAN_RECOMPUTE_FULL;
+    t.recompute_layers = 41;
+    assert_int_equal(plan_estimate_run(&m, &hw, &t, &e[0]), ZO_ERR_INVALID);
+    t.recompute_layers = 0;
+    t.recompute = ZO_PLAN_RECOMPUTE_OPS;
+    t.flash_attn = 0;
+    assert_int_equal(plan_estimate_run(&m, &hw, &t, &e[0]), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "--recompute ops"));
+}
+
+/* The search fills the GPU: where recompute none does not fit and full does,
+ * it recomputes the fewest layers that fit (one fewer does not), which is
+ * faster than recomputing them all; a plan file for the runtime keeps to
+ * whole-model recompute. */
+static void test_search_fills_gpu(void **state)
+{
+    (void)state;
+    zo_model_config m;
+    plan_hw hw;
+    assert_int_equal(zo_model_preset_find("llama-2-7b", &m), ZO_OK);
+    assert_int_equal(plan_hw_find("dgx-h100", &hw), ZO_OK);
+    plan_space s;
+    plan_space_defaults(&s, &m, &hw);
+    s.base.seq = 16384;
+    s.global_batch = 8;
+    s.allow_offload = 0;
+    s.max_micro_batch = 1;
+    s.tp = s.pp = 1;
+    s.zero_min = s.zero_max = 3;
+    plan_result r;
+    assert_int_equal(plan_search(&m, &hw, &s, 3, &r), ZO_OK);
+    assert_true(r.n_best > 0);
+    const plan_candidate *b = &r.best[0];
+    assert_int_equal(b->t.recompute, PLAN_RECOMPUTE_FULL);
+    int k = b->t.recompute_layers;
+    assert_true(k > 0 && k < 32);
+    plan_train u = b->t;
+    plan_estimate e;
+    plan_time full, part;
+    assert_int_equal(plan_estimate_run(&m, &hw, &u, &e), ZO_OK);
+    assert_true(e.fits);
+    assert_int_equal(plan_time_run(&m, &hw, &u, &e, &part), ZO_OK);
+    assert_true(part.step == b->time.step);
+    u.recompute_layers = k - 1;
+    assert_int_equal(plan_estimate_run(&m, &hw, &u, &e), ZO_OK);
+    assert_false(e.fits);
+    u.recompute = PLAN_RECOMPUTE_NONE;
+    u.recompute_layers = 0;
+    assert_int_equal(plan_estimate_run(&m, &hw, &u, &e), ZO_OK);
+    assert_false(e.fits);
+    u.recompute = PLAN_RECOMPUTE_FULL;
+    assert_int_equal(plan_estimate_run(&m, &hw, &u, &e), ZO_OK);
+    assert_int_equal(plan_time_run(&m, &hw, &u, &e, &full), ZO_OK);
+    assert_true(part.step < full.step);
+    s.runtime_plans = 1;
+    assert_int_equal(plan_search(&m, &hw, &s, 3, &r), ZO_OK);
+    for (int i = 0; i < r.n_best; i++) {
+        assert_int_equal(r.best[i].t.recompute_layers, 0);
+        assert_true(r.best[i].t.recompute != ZO_PLAN_RECOMPUTE_OPS);
+    }
+}
+
+/* The reduce dtype sets the communication buckets' bytes (fp32 by default,
+ * the runtime's). */
+static void test_reduce_dtype_buckets(void **state)
+{
+    (void)state;
+    zo_model_config m;
+    plan_hw hw;
+    plan_train t;
+    preset_on("llama-2-7b", "dgx-h100", &m, &hw, &t);
+    t.dp = 8;
+    plan_estimate e;
+    assert_int_equal(plan_estimate_run(&m, &hw, &t, &e), ZO_OK);
+    uint64_t fp32 = item_bytes(&e, "communication buckets (fp32)", PLAN_GPU);
+    assert_true(fp32 == 2ull * (25000000 / 8 * 8) * 4);
+    t.reduce_dtype = ZO_DTYPE_BF16;
+    assert_int_equal(plan_estimate_run(&m, &hw, &t, &e), ZO_OK);
+    assert_true(item_bytes(&e, "communication buckets (bf16)", PLAN_GPU) == fp32 / 2);
 }
 
 static void test_korthikanti_layer(void **state)
@@ -622,13 +875,16 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_param_counts),        cmocka_unit_test(test_all_presets_valid),
-        cmocka_unit_test(test_preset_lookup_error), cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_preset_lookup_error), cmocka_unit_test(test_preset_names_unique),
+        cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_zero_figure1),        cmocka_unit_test(test_zero_table1),
         cmocka_unit_test(test_mixed_precision_bytes), cmocka_unit_test(test_korthikanti_layer),
         cmocka_unit_test(test_korthikanti_totals),  cmocka_unit_test(test_pipeline_inflight),
         cmocka_unit_test(test_llama_layer),         cmocka_unit_test(test_placement),
         cmocka_unit_test(test_tensor_parallel_params), cmocka_unit_test(test_cli_bad_input),
         cmocka_unit_test(test_cli_json),
+        cmocka_unit_test(test_partial_recompute), cmocka_unit_test(test_search_fills_gpu),
+        cmocka_unit_test(test_reduce_dtype_buckets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -107,11 +107,12 @@ static const table1_row table1[] = {
 };
 
 /* The errors docs/memplan.md reports: 1F1B rows within 5%; the interleaved
- * rows come out 6-10% fast (not explained: a simulation of the 2021
- * interleaved schedule's blocking exchanges adds under 2%). */
+ * rows 4-8% fast, within the 10% issue 33 asks of each family of published
+ * figures (they were 6-10% fast before the standard attention core's
+ * measured speed and the pipeline sends of every chunk were modelled). */
 #define TABLE1_TOLERANCE 0.05
-#define TABLE1_INTERLEAVED_TOLERANCE 0.11
-#define TABLE1_RMS 0.06
+#define TABLE1_INTERLEAVED_TOLERANCE 0.10
+#define TABLE1_RMS 0.05
 
 static void test_narayanan_table1(void **state)
 {
@@ -151,6 +152,7 @@ static void test_narayanan_table1(void **state)
         s.t.micro_batch = r->micro_batch;
         s.t.grad_accum = r->batch / (r->micro_batch * s.t.dp);
         s.t.recompute = PLAN_RECOMPUTE_FULL;
+        s.t.reduce_dtype = ZO_DTYPE_F16; /* the gradients all-reduced as they are, in fp16 */
         s.t.dp_overlap = 0;
         s.t.fused_grad_accum = 0;
         assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &s.e), ZO_OK);
@@ -161,6 +163,8 @@ static void test_narayanan_table1(void **state)
         double err = s.pt.step / published - 1;
         ss += err * err;
         double tol = r->vpp > 1 ? TABLE1_INTERLEAVED_TOLERANCE : TABLE1_TOLERANCE;
+        printf("Table 1, %.1fB: published %.3f s, memplan %.3f s, %+.1f%% (tolerance %.0f%%)\n",
+               r->billions, published, s.pt.step, 100 * err, 100 * tol);
         if (fabs(err) > tol) {
             print_error("%.1fB: predicted %.3f s, published %.3f s (%+.1f%%)\n", r->billions,
                         s.pt.step, published, 100 * err);
@@ -208,6 +212,8 @@ static void test_development_set(void **state)
         dev_setup(&s, &dev[i]);
         double got = dev[i].layer ? s.pt.mb.layer_fwd + s.pt.mb.layer_bwd : s.pt.step;
         double err = got / dev[i].published - 1;
+        printf("%s: published %.4g s, memplan %.4g s, %+.1f%%\n", dev[i].what, dev[i].published,
+               got, 100 * err);
         if (fabs(err) > DEV_TOLERANCE) {
             print_error("%s: predicted %.4g s, published %.4g s (%+.1f%%)\n", dev[i].what, got,
                         dev[i].published, 100 * err);
@@ -341,11 +347,18 @@ static void test_data_parallel(void **state)
     s.t.grad_accum = 4;
     s.t.zero = 0;
     s.t.recompute = PLAN_RECOMPUTE_FULL;
+    /* the reduce dtype sets the gradients' bytes: the runtime's fp32 by default */
+    assert_int_equal(s.t.reduce_dtype, ZO_DTYPE_F32);
+    assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &s.e), ZO_OK);
+    assert_int_equal(plan_time_run(&s.m, &s.hw, &s.t, &s.e, &s.pt), ZO_OK);
+    double P = (double)s.e.stage_params;
+    double bw = s.hw.nvlink_bw * s.hw.coll_eff;
+    assert_true(fabs(s.pt.dp_comm_total - plan_allreduce_s(4 * P, 8, bw, s.hw.nvlink_lat)) < 1e-12);
+    /* reduced in bf16, as the weights: half of it */
+    s.t.reduce_dtype = ZO_DTYPE_BF16;
     assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &s.e), ZO_OK);
     assert_int_equal(plan_time_run(&s.m, &s.hw, &s.t, &s.e, &s.pt), ZO_OK);
     double z0 = s.pt.dp_comm_total;
-    double P = (double)s.e.stage_params;
-    double bw = s.hw.nvlink_bw * s.hw.coll_eff;
     assert_true(fabs(z0 - plan_allreduce_s(2 * P, 8, bw, s.hw.nvlink_lat)) < 1e-12);
     assert_true(s.pt.dp_comm <= z0);
     s.t.zero = 3;

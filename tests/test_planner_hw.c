@@ -71,7 +71,7 @@ static void test_gpu_presets_documented(void **state)
     assert_int_equal(n, (int)np); /* every preset documented, once */
     for (int i = 0; i < n; i++) {
         char *c[16];
-        assert_true(split_row(rows[i], c, 16) >= 10);
+        assert_true(split_row(rows[i], c, 16) >= 11);
         char name[64];
         snprintf(name, sizeof name, "%.*s", (int)strlen(c[0]) - 2, c[0] + 1);
         const plan_gpu_spec *g;
@@ -89,7 +89,10 @@ static void test_gpu_presets_documented(void **state)
         assert_int_equal(gen, g->pcie_gen);
         assert_int_equal(lanes, g->pcie_lanes);
         assert_string_equal(c[8], g->host);
-        assert_true(strlen(c[9]) > 20); /* a source is named */
+        assert_string_equal(c[9], plan_peers_name(g->peers));
+        /* NVLink where the card has it, and only there */
+        assert_true((g->peers == PLAN_PEERS_NVLINK) == (g->nvlink_bw > 0));
+        assert_true(strlen(c[10]) > 20); /* a source is named */
 
         /* the node built from it carries the figures */
         plan_hw hw;
@@ -100,6 +103,9 @@ static void test_gpu_presets_documented(void **state)
         assert_int_equal(hw.gpus, 1);
         assert_string_equal(hw.name, g->name);
         assert_true(hw.gemm_eff_max > 0 && hw.gemm_flops_half > 0 && hw.cpu_mem > 0);
+        assert_int_equal(hw.peers_via_host, g->peers == PLAN_PEERS_HOST);
+        /* the GeForce cards (issue 33: RTX 4090, 3090) exchange through host memory */
+        if (!strncmp(g->product, "GeForce", 7)) assert_int_equal(g->peers, PLAN_PEERS_HOST);
         plan_hw same;
         assert_int_equal(plan_hw_find(name, &same), ZO_OK); /* --hw takes it too */
         assert_true(same.peak_flops_16 == g->tensor_16 && same.gpu_mem == g->mem);
@@ -220,6 +226,85 @@ static void test_basis_overrides(void **state)
     x.host = "desktop";
     assert_int_equal(plan_hw_flags_check(&x), ZO_ERR_INVALID);
     assert_non_null(strstr(zo_last_error(), "--host desktop needs --gpu"));
+}
+
+/* ---- peers ------------------------------------------------------------------------------ */
+
+/* n GPUs of one --gpu node */
+static void gpu_node(const char *gpu, int n, plan_hw *hw)
+{
+    const plan_gpu_spec *g;
+    assert_int_equal(plan_gpu_find(gpu, &g), ZO_OK);
+    plan_hw_gpu_node(g, NULL, hw);
+    hw->gpus = hw->gpus_per_node = n;
+}
+
+/* LoRA r 8 of LLaMA-2-7B, ZeRO-3 over the node's GPUs */
+static double dp_step(const plan_hw *hw, plan_time *pt)
+{
+    zo_model_config m;
+    assert_int_equal(zo_model_preset_find("llama-2-7b", &m), ZO_OK);
+    plan_train t;
+    plan_train_defaults(&t, &m);
+    t.seq = 2048;
+    t.micro_batch = 2;
+    t.dp = hw->gpus;
+    t.zero = 3;
+    t.recompute = ZO_PLAN_RECOMPUTE_FULL;
+    t.dp_overlap = 0; /* FSDP as torchtitan and torchtune run it: the collectives add */
+    t.method = ZO_PLAN_LORA;
+    t.lora.r = 8;
+    t.lora.alpha = PLAN_LORA_DEFAULT_ALPHA;
+    t.lora.targets = PLAN_LORA_DEFAULT_TARGETS;
+    plan_estimate e;
+    zo_status st = plan_estimate_run(&m, hw, &t, &e);
+    if (st) print_error("%s\n", zo_last_error());
+    assert_int_equal(st, ZO_OK);
+    assert_int_equal(plan_time_run(&m, hw, &t, &e, pt), ZO_OK);
+    return pt->step;
+}
+
+/* Issue 33: GeForce cards have no peer-to-peer path; their collectives go
+ * through host memory, which every GPU of the node writes and reads at once
+ * (docs/memplan.md, "Peers"). */
+static void test_peers(void **state)
+{
+    (void)state;
+    plan_hw h2, h4, p2, nv;
+    gpu_node("rtx-4090", 2, &h2);
+    gpu_node("rtx-4090", 4, &h4);
+    gpu_node("a100-80gb-pcie", 2, &p2);
+    gpu_node("a100-80gb", 2, &nv);
+    assert_true(h2.peers_via_host && h4.peers_via_host && !p2.peers_via_host && !nv.peers_via_host);
+    /* the desktop's 89.6 GB/s at 70%, over 2 x 2 and 2 x 4 flows; under its PCIe 4.0 x16 */
+    assert_true(near(plan_hw_peer_bw(&h2), 89.6e9 * 0.7 / 4));
+    assert_true(near(plan_hw_peer_bw(&h4), 89.6e9 * 0.7 / 8));
+    assert_true(plan_hw_peer_bw(&h2) < h2.pcie_bw);
+    /* on a workstation host (8 channels) the PCIe link limits again */
+    const plan_gpu_spec *g;
+    const plan_host_spec *ws;
+    assert_int_equal(plan_gpu_find("rtx-4090", &g), ZO_OK);
+    assert_int_equal(plan_host_find("workstation", &ws), ZO_OK);
+    plan_hw w2;
+    plan_hw_gpu_node(g, ws, &w2);
+    w2.gpus = w2.gpus_per_node = 2;
+    assert_true(plan_hw_peer_bw(&w2) == w2.pcie_bw);
+    /* PCIe peer-to-peer at the host link's rate, NVLink at its own */
+    assert_true(plan_hw_peer_bw(&p2) == p2.pcie_bw && plan_hw_peer_bw(&nv) == 300e9);
+
+    /* the same 2 x 4090 job with and without a peer-to-peer path: the
+     * data-parallel traffic takes longer by the bandwidths' ratio (less the
+     * latency), and so does the step */
+    plan_time via_host, p2p;
+    double s_host = dp_step(&h2, &via_host);
+    plan_hw fake = h2;
+    fake.peers_via_host = 0;
+    double s_p2p = dp_step(&fake, &p2p);
+    assert_true(via_host.dp_comm_total > 0);
+    double ratio = via_host.dp_comm_total / p2p.dp_comm_total;
+    assert_true(fabs(ratio / (h2.pcie_bw / plan_hw_peer_bw(&h2)) - 1) < 0.02);
+    assert_true(s_host > s_p2p);
+    assert_true(via_host.forward == p2p.forward);
 }
 
 /* ---- ranked alternatives ----------------------------------------------------------------- */
@@ -459,6 +544,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpu_presets_documented), cmocka_unit_test(test_hosts_documented),
         cmocka_unit_test(test_pcie),                   cmocka_unit_test(test_basis_overrides),
+        cmocka_unit_test(test_peers),
         cmocka_unit_test(test_suggestions_ranked),     cmocka_unit_test(test_cli_header),
         cmocka_unit_test(test_cli_suggestions_apply),  cmocka_unit_test(test_cli_max_model_4090),
     };

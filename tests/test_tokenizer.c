@@ -360,9 +360,24 @@ static void test_refused(void **state)
         {"added_tokens", "[{\"id\": 5, \"content\": \"x\", \"single_word\": true}]", ZO_ERR_UNSUPPORTED, "single_word"},
         {"model.merges", "[\"a zzzz\"]", ZO_ERR_FORMAT, "model.merges[0]"},
         {"model.merges", "[\"nospace\"]", ZO_ERR_FORMAT, "model.merges[0]"},
+        /* a UTF-8 sequence cut off at the end of a merge's part: refused, never
+         * decoded past the end of the string (ASan: heap-buffer-overflow) */
+        {"model.merges", "[\"a \xf0\"]", ZO_ERR_FORMAT, "model.merges[0] is not UTF-8"},
+        {"model.merges", "[\"\xe4 a\"]", ZO_ERR_FORMAT, "model.merges[0] is not UTF-8"},
+        {"model.merges", "[[\"a\", \"\xe4\"]]", ZO_ERR_FORMAT, "model.merges[0] is not UTF-8"},
+        {"model.merges", "[[\"\xf0\x9f\", \"a\"]]", ZO_ERR_FORMAT, "model.merges[0] is not UTF-8"},
         {"model.vocab", "{\"a\": -1}", ZO_ERR_FORMAT, "model.vocab"},
+        /* ids far past the tokens: the id tables were sized by the largest
+         * (2.4 GB for this one; fuzz_tokenizer, out of memory) */
+        {"model.vocab", "{\"a\": 0, \"b\": 599999991}", ZO_ERR_FORMAT,
+         "model.vocab[\"b\"]: id 599999991 is far past the 3 tokens"},
         {"post_processor", "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<nope>\"}}]}",
          ZO_ERR_FORMAT, "<nope>"},
+        /* ids the template adds must be tokens: encode emitted them, decode
+         * refused them (fuzz_tokenizer) */
+        {"post_processor", "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<s>\"}}, "
+         "{\"Sequence\": {\"id\": \"A\"}}], \"special_tokens\": {\"<s>\": {\"id\": \"<s>\", \"ids\": [5000]}}}",
+         ZO_ERR_FORMAT, "post_processor.special_tokens.<s>.ids: 5000 is no token of the vocabulary"},
     };
     char msg[512];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -572,6 +587,12 @@ static void test_corpus_pairs(void **state)
         {"\n\n", "no records"},
         {"{\"text\": \"ab\xff\"}\n", "byte offset 12"},
         {"{\"text\": \"\\ud800\"}\n", ":1:"}, /* a lone surrogate: refused by the parser */
+        /* a second record on a line, or anything after the object: it was dropped */
+        {"{\"text\": \"a\"} {\"text\": \"b\"}\n", ":1: text after the record at column 15"},
+        {"{\"text\": \"a\"}\n{\"text\": \"b\"}x\n", ":2: text after the record at column 14"},
+        /* \u0000 in a string: the record was cut short at it */
+        {"{\"text\": \"a\\u0000b\"}\n", ":1: a string holds \\u0000 (NUL) at column 12"},
+        {"{\"text\": \"ok\"}\n{\"text\": \"x\", \"note\": \"\\u0000\"}\n", ":2: a string holds \\u0000"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         write_file(path, bad[i].text, strlen(bad[i].text));
@@ -580,6 +601,152 @@ static void test_corpus_pairs(void **state)
             fail_msg("case %zu: %s: \"%s\"", i, zo_status_name(st), zo_last_error());
     }
     model_tokenizer_free(t);
+}
+
+/* Data in which no completion token survives the cut to --seq trained on
+ * nothing (every target -1: loss 0, exit 0) while weight decay still moved
+ * the weights. Tokenized with the sequence length (model_corpus_options.seq)
+ * it is refused, naming the file and the --seq that would keep a token;
+ * model_tokens_check_seq counts the records that keep none. */
+static void test_corpus_seq(void **state)
+{
+    (void)state;
+    model_tokenizer *t = load(ZO_FIXTURES_DIR "/tokenizer/small-sp.json");
+    const char *prompts[] = {"What is the runtime that streams the weights to the device one block at a time?",
+                             "Which tier holds the optimizer state when it does not fit in memory?"};
+    char path[128], jsonl[512];
+    snprintf(path, sizeof path, "%s/long-prompts.jsonl", tmpdir);
+    snprintf(jsonl, sizeof jsonl, "{\"prompt\": \"%s\", \"completion\": \" offload\"}\n"
+             "{\"prompt\": \"%s\", \"completion\": \" nvme\"}\n", prompts[0], prompts[1]);
+    write_file(path, jsonl, strlen(jsonl));
+    model_ids p0 = {0}, p1 = {0};
+    encode_one(t, prompts[0], MODEL_TOK_ADD_SPECIAL, &p0);
+    encode_one(t, prompts[1], MODEL_TOK_ADD_SPECIAL, &p1);
+    size_t shortest = p0.n < p1.n ? p0.n : p1.n, longest = p0.n < p1.n ? p1.n : p0.n;
+    assert_true(shortest > 8 && longest > shortest);
+    model_corpus c;
+    assert_int_equal(model_corpus_read(path, &c), ZO_OK);
+    model_corpus_options o = {.add_special = 1, .eot = model_tokenizer_eot(t), .packing = MODEL_PACK_PAD,
+                              .n_threads = 1, .seq = 8};
+    model_tokens tok;
+    assert_int_equal(model_corpus_tokenize(&c, t, &o, 1024, &tok), ZO_ERR_INVALID);
+    char want[160];
+    snprintf(want, sizeof want, "every record's completion is cut off by --seq 8: the shortest prompt takes %zu "
+             "tokens (--seq %zu or more keeps a completion token of it)", shortest, shortest);
+    if (!strstr(zo_last_error(), want) || !strstr(zo_last_error(), path)) fail_msg("%s", zo_last_error());
+    /* --seq as long as the shortest prompt: one record keeps its first completion token */
+    o.seq = (int)shortest;
+    assert_int_equal(model_corpus_tokenize(&c, t, &o, 1024, &tok), ZO_OK);
+    uint64_t cut;
+    assert_int_equal(model_tokens_check_seq(&tok, (int)shortest, &cut), ZO_OK);
+    assert_int_equal(cut, 1);
+    int32_t in[2 * 64], tg[2 * 64];
+    assert_int_equal(model_batch_get(&tok, 2, (int)shortest, 0, 0, MODEL_SAMPLE_SEQUENTIAL, in, tg), ZO_OK);
+    int counted = 0;
+    for (size_t j = 0; j < 2 * shortest; j++) counted += tg[j] >= 0;
+    assert_int_equal(counted, 1);
+    assert_int_equal(model_tokens_check_seq(&tok, (int)longest, &cut), ZO_OK);
+    assert_int_equal(cut, 0);
+    model_tokens_close(&tok);
+    /* streamed, the records' completions are in the windows; too long a
+     * --seq for the stream is refused here too */
+    o.packing = MODEL_PACK_STREAM;
+    o.seq = 8;
+    assert_int_equal(model_corpus_tokenize(&c, t, &o, 1024, &tok), ZO_OK);
+    model_tokens_close(&tok);
+    o.seq = 4096;
+    assert_int_equal(model_corpus_tokenize(&c, t, &o, 1024, &tok), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "are too few for sequences of 4096 (--seq 4096 needs at least 4098)"));
+    model_corpus_free(&c);
+    /* a stream whose mask keeps nothing */
+    uint32_t *ids = calloc(16, sizeof *ids);
+    uint8_t *mask = calloc(16, 1);
+    assert_non_null(ids);
+    assert_non_null(mask);
+    assert_int_equal(model_tokens_from_ids(&tok, "masked", ids, 16, 8, mask, NULL, 0, 0), ZO_OK);
+    assert_int_equal(model_tokens_check_seq(&tok, 4, NULL), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "masked: no token is a target"));
+    model_tokens_close(&tok);
+    model_ids_free(&p0);
+    model_ids_free(&p1);
+    model_tokenizer_free(t);
+}
+
+/* The file's name picks its format, whatever its case: .jsonl records one a
+ * line; .json a JSON array of records (or records one a line, as Hugging
+ * Face datasets reads both); anything else one text document. A JSON array
+ * (alpaca_data.json) and a .JSONL file were each read as one raw document
+ * before. */
+static void test_corpus_formats(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name, *text;
+        model_corpus_kind kind;
+        size_t n;
+        int last_line;
+    } good[] = {
+        {"data.JSONL", "{\"text\": \"a\"}\n{\"text\": \"b\"}\n", MODEL_CORPUS_TEXT, 2, 2},
+        {"data.Jsonl", "{\"text\": \"a\"}\n\n{\"text\": \"b\"}", MODEL_CORPUS_TEXT, 2, 3},
+        {"pairs.json", "[{\"prompt\": \"p1\", \"completion\": \"c1\"},\n {\"prompt\": \"p2\", \"completion\": \"c2\"}]\n",
+         MODEL_CORPUS_PAIRS, 2, 2},
+        {"pairs.JSON", "\n  [\n  {\"text\": \"a\"}\n  ,\n\n  {\"text\": \"b\"} ]", MODEL_CORPUS_TEXT, 2, 6},
+        {"lines.json", "{\"text\": \"a\"}\n{\"text\": \"b\"}\n", MODEL_CORPUS_TEXT, 2, 2},
+        {"doc.txt", "[{\"text\": \"a\"}, {\"text\": \"b\"}]", MODEL_CORPUS_TEXT, 1, 0},
+        /* an escaped backslash before "u0000" is text, not a NUL */
+        {"esc.jsonl", "{\"text\": \"a\\\\u0000\"}\n", MODEL_CORPUS_TEXT, 1, 1},
+    };
+    char path[128];
+    model_corpus c;
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", tmpdir, good[i].name);
+        write_file(path, good[i].text, strlen(good[i].text));
+        if (model_corpus_read(path, &c) != ZO_OK) fail_msg("%s: %s", good[i].name, zo_last_error());
+        if (c.kind != good[i].kind || c.n != good[i].n || c.line[c.n - 1] != good[i].last_line)
+            fail_msg("%s: kind %d, %zu records, the last on line %d", good[i].name, (int)c.kind, c.n,
+                     c.line[c.n - 1]);
+        model_corpus_free(&c);
+    }
+    snprintf(path, sizeof path, "%s/esc.jsonl", tmpdir);
+    assert_int_equal(model_corpus_read(path, &c), ZO_OK);
+    assert_string_equal(c.text[0], "a\\u0000");
+    model_corpus_free(&c);
+    /* a NUL byte, in a text file or raw in a JSON string (fuzz_corpus: the
+     * text held it; a JSON string was cut at it) */
+    static const struct {
+        const char *name, *text;
+        size_t len;
+        const char *names;
+    } nul[] = {{"doc.txt", "one\0two", 7, "a NUL byte at byte offset 3 (line 1)"},
+               {"nul.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"a\0b\"}\n", 31, "a NUL byte at byte offset 26 (line 2)"}};
+    for (size_t i = 0; i < sizeof nul / sizeof nul[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", tmpdir, nul[i].name);
+        write_file(path, nul[i].text, nul[i].len);
+        zo_status st = model_corpus_read(path, &c);
+        if (st != ZO_ERR_FORMAT || !strstr(zo_last_error(), nul[i].names) || !strstr(zo_last_error(), path))
+            fail_msg("%s: %s: \"%s\"", nul[i].name, zo_status_name(st), zo_last_error());
+    }
+    static const struct {
+        const char *name, *text, *names;
+    } bad[] = {
+        {"alpaca.json", "[\n{\"prompt\": \"p\", \"completion\": \"c\"},\n{\"instruction\": \"i\", \"input\": \"\", \"output\": \"o\"}]",
+         ":3: an Alpaca record (instruction, input, output): write it as {\"prompt\": ..., \"completion\": ...}"},
+        {"a.json", "[{\"text\": \"a\"} {\"text\": \"b\"}]", ":1: expected ',' or ']' after record 1"},
+        {"a.json", "[{\"text\": \"a\"}]\n x", ":2: text after the array"},
+        {"a.json", "[{\"text\": \"a\"}", ":1: the array is not closed"},
+        {"a.json", " []", "no records"},
+        {"a.json", "[\n1]", ":2: not a JSON object"},
+        {"a.json", "[{\"text\": \"\\u0000\"}]", ":1: a string holds \\u0000"},
+        {"a.json", "{\n\"text\": \"a\"\n}\n", ":1: not a JSON object (a .json corpus is an array of records, or one record a line)"},
+        {"a.JSONL", "{\"text\": \"a\"}{}\n", ":1: text after the record"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", tmpdir, bad[i].name);
+        write_file(path, bad[i].text, strlen(bad[i].text));
+        zo_status st = model_corpus_read(path, &c);
+        if (st != ZO_ERR_FORMAT || !strstr(zo_last_error(), bad[i].names) || !strstr(zo_last_error(), path))
+            fail_msg("case %zu: %s: \"%s\"", i, zo_status_name(st), zo_last_error());
+    }
 }
 
 /* ---- the tokenize program ----------------------------------------------------------------------- */
@@ -656,6 +823,8 @@ int main(void)
         cmocka_unit_test(test_special),
         cmocka_unit_test_setup_teardown(test_token_files, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_corpus_pairs, setup_tmp, teardown_tmp),
+        cmocka_unit_test_setup_teardown(test_corpus_formats, setup_tmp, teardown_tmp),
+        cmocka_unit_test_setup_teardown(test_corpus_seq, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_tokenize_program, setup_tmp, teardown_tmp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

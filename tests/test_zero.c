@@ -16,6 +16,16 @@
  * - Communication: elements per step counted by the runtime equal the ZeRO
  *   paper's (2 Psi for stages 0-2, 3 Psi for stage 3, the blocks the
  *   backward found still gathered counted as sent) and the planner's.
+ * - The schedules: overlap (updates after the norm, or during the last
+ *   backward as each block's reduced gradient completes) and dpu on N ranks
+ *   give the losses of one rank with grad-accum N and the same schedule.
+ * - fp16 overflow: an inf in one rank's micro-batch skips the step on every
+ *   rank (the flag reduced), whatever the stage and schedule.
+ * - LoRA and QLoRA on N ranks: the adapters data-parallel, the base
+ *   replicated (ZeRO 0-2) or partitioned and gathered (ZeRO-3), read back
+ *   unchanged; the losses of one rank with grad-accum N.
+ * - What the capability table does not run: offload_init refuses it with
+ *   the table's words.
  * Run plainly (one rank), it also launches `train` under mpiexec:
  * - 2 ranks from memplan plans for ZeRO 0-3 print the losses of one rank
  *   with grad-accum 2, and each rank's peaks within 3% of the plan's;
@@ -35,12 +45,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/capability.h"         /* defines: zo_capability_check */
 #include "common/clock.h"
 #include "gpu/comm.h"                  /* defines: comm_init */
 #include "offload/offload.h"           /* defines: offload_init */
 #include "planner/cost.h"              /* defines: plan_dp_comm_elems */
 #include "planner/memory.h"            /* defines: plan_estimate_run */
 #include "tests/support/models.h"      /* defines: tiny_model, tiny_batch */
+#include "tests/support/run.h"         /* defines: run_train_losses */
 #include "tests/support/runtime_plan.h" /* defines: runtime_plan_train, runtime_plan_estimate */
 #include "transformer/offload_model.h" /* defines: tf_offload_model */
 
@@ -58,12 +70,51 @@ typedef struct dp_run {
     int B, T, steps;
     offload_config oc;  /* comm NULL: one rank */
     int data_ranks;     /* rank r of R reads micro-batches (k R + r) A + j of step k */
+    tf_lora_options lora; /* r 0: full fine-tuning; else adapters over a frozen base */
+    int64_t inject;     /* the global micro-batch whose last block's gradient gets an inf; -1 none */
     double loss[STEPS]; /* mean over the global batch, summed in rank order */
     float norm[STEPS];
+    float scale[STEPS]; /* the loss scale each step's backward used */
+    int skipped[STEPS];
     offload_stats stats;
     uint64_t comm_per_step, reused_per_step; /* the last step's */
-    double weights_sum;  /* of the last block's fp32 master after training */
+    double weights_sum;  /* of the last trained block's fp32 master after training */
+    int base_changed;    /* LoRA: the frozen base read back differs from what was set */
 } dp_run;
+
+/* The overflow seam: a backward that adds an inf to the last block's
+ * gradient in the micro-batch the test names (fp16: the step is skipped). */
+static offload_backward_fn real_backward;
+static int inject_now, inject_block;
+
+static zo_status backward_inf(void *user, int block, const offload_block_io *io, float scale, gpu_stream_t s)
+{
+    static const uint16_t inf16 = 0x7c00; /* fp16 +inf */
+    zo_status st = real_backward(user, block, io, scale, s);
+    if (st == ZO_OK && inject_now && block == inject_block)
+        st = gpu_memcpy_async(s, io->grads, &inf16, sizeof inf16, GPU_COPY_HOST_TO_DEVICE);
+    return st;
+}
+
+/* The frozen base (packed, NF4 with QLoRA) and the adapters at PEFT's init,
+ * block by block; base[b] keeps each block's bytes. */
+static void set_lora(offload_t *rt, tf_model *m, uint8_t **base)
+{
+    const model_layout *l = &m->layout;
+    uint64_t rng = tf_init_rng(1234), arng = tf_init_rng(99);
+    for (int b = 0; b < l->n_blocks; b++) {
+        float *w = calloc(l->block_numel[b] + 1, sizeof(float));
+        base[b] = calloc(tf_frozen_bytes(m, b) + 1, 1);
+        tf_init_block_weights(l, b, w, &rng);
+        assert_int_equal(tf_frozen_pack(m, b, w, base[b]), ZO_OK);
+        assert_int_equal(offload_set_frozen_block(rt, b, base[b]), ZO_OK);
+        float *a = calloc(m->adapters.block_numel[b] + 1, sizeof(float));
+        tf_init_lora_block(&m->adapters, b, a, &arng);
+        assert_int_equal(offload_set_block(rt, b, a), ZO_OK);
+        free(a);
+        free(w);
+    }
+}
 
 static void base_config(offload_config *c)
 {
@@ -80,10 +131,15 @@ static zo_status train(dp_run *r)
     gpu_stream_t s;
     assert_int_equal(gpu_stream_create(dev, &s), ZO_OK);
     tf_model m;
-    tf_options to = {.recompute = r->oc.recompute, .external_res = 1};
+    tf_options to = {.recompute = r->oc.recompute, .external_res = 1, .lora = r->lora};
     assert_int_equal(tf_init_opts(&m, &r->cfg, dev, r->dt, r->B, r->T, &to), ZO_OK);
     tf_offload_model tm;
     assert_int_equal(tf_offload_model_init(&tm, &m), ZO_OK);
+    if (r->inject >= 0) {
+        real_backward = tm.om.backward;
+        tm.om.backward = backward_inf;
+        inject_block = m.layout.n_blocks - 1;
+    }
     offload_t *rt = NULL;
     zo_status st = offload_init(&rt, dev, &tm.om, &r->oc);
     if (st != ZO_OK) {
@@ -91,11 +147,17 @@ static zo_status train(dp_run *r)
         goto out_model;
     }
     gpu_mem_reset_peak(dev);
-    const model_layout *l = &m.layout;
+    /* the trained blocks: the model's, or the adapters over the frozen base */
+    const model_layout *l = r->lora.r ? &m.adapters : &m.layout;
     float **w = calloc((size_t)l->n_blocks, sizeof(float *));
     for (int b = 0; b < l->n_blocks; b++) w[b] = calloc(l->block_numel[b] + 1, sizeof(float));
-    tf_init_weights(l, w, 1234);
-    assert_int_equal(offload_set_weights(rt, (const float *const *)w), ZO_OK);
+    uint8_t **base = r->lora.r ? calloc((size_t)l->n_blocks, sizeof *base) : NULL;
+    if (base) {
+        set_lora(rt, &m, base);
+    } else {
+        tf_init_weights(l, w, 1234);
+        assert_int_equal(offload_set_weights(rt, (const float *const *)w), ZO_OK);
+    }
     int A = r->oc.grad_accum ? r->oc.grad_accum : 1, R = r->data_ranks, me = r->oc.comm ? rank : 0;
     int32_t *in = malloc((size_t)r->B * r->T * 4), *tg = malloc((size_t)r->B * r->T * 4);
     double *all = calloc((size_t)R, sizeof(double));
@@ -104,16 +166,23 @@ static zo_status train(dp_run *r)
         double sum = 0;
         offload_get_stats(rt, &before);
         for (int j = 0; j < A; j++) {
-            tiny_batch(r->cfg.vocab, r->B, r->T, ((int64_t)k * R + me) * A + j, in, tg);
+            int64_t mb = ((int64_t)k * R + me) * A + j;
+            tiny_batch(r->cfg.vocab, r->B, r->T, mb, in, tg);
             float loss;
+            inject_now = mb == r->inject;
             assert_int_equal(tf_set_batch(&m, s, in, tg, r->B, r->T), ZO_OK);
             assert_int_equal(offload_micro_batch(rt, s), ZO_OK);
             assert_int_equal(tf_loss(&m, s, &loss), ZO_OK);
+            inject_now = 0;
             sum += loss;
         }
         offload_step_info info;
-        assert_int_equal(offload_step(rt, &info), ZO_OK);
+        st = offload_step(rt, &info);
+        if (st != ZO_OK) fprintf(stderr, "offload_step: %s\n", zo_last_error());
+        assert_int_equal(st, ZO_OK);
         r->norm[k] = info.grad_norm;
+        r->scale[k] = info.loss_scale;
+        r->skipped[k] = info.skipped;
         offload_stats after;
         offload_get_stats(rt, &after);
         r->comm_per_step = after.comm_elems - before.comm_elems;
@@ -125,13 +194,27 @@ static zo_status train(dp_run *r)
         r->loss[k] = tot / (A * R);
     }
     offload_get_stats(rt, &r->stats);
-    /* every rank reads the whole last block back (gathered when partitioned) */
+    /* every rank reads the whole last trained block back (gathered when
+     * partitioned) */
     int lb = l->n_blocks - 1;
+    while (lb > 0 && !l->block_numel[lb]) lb--;
     assert_int_equal(offload_get_block(rt, lb, w[lb]), ZO_OK);
     r->weights_sum = 0;
     for (size_t i = 0; i < l->block_numel[lb]; i++) r->weights_sum += w[lb][i] * (double)(i % 7 + 1);
     for (int b = 0; b < l->n_blocks; b++) free(w[b]);
     free(w);
+    r->base_changed = 0;
+    for (int b = 0; base && b < l->n_blocks; b++) {
+        /* the frozen base, never written back: the bytes it was given
+         * (ZeRO-3: the ranks' parts gathered) */
+        size_t fb = tf_frozen_bytes(&m, b);
+        uint8_t *got = malloc(fb + 1);
+        assert_int_equal(offload_get_frozen_block(rt, b, got), ZO_OK);
+        r->base_changed |= memcmp(got, base[b], fb) != 0;
+        free(got);
+        free(base[b]);
+    }
+    free(base);
     free(in);
     free(tg);
     free(all);
@@ -167,7 +250,8 @@ static void reference(const dp_run *r, dp_run *ref)
 
 static dp_run small_run(int stage, double nvme, float clip)
 {
-    dp_run r = {.cfg = tiny_model(ZO_ARCH_LLAMA, 2, 32, 64, 64), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = STEPS};
+    dp_run r = {.cfg = tiny_model(ZO_ARCH_LLAMA, 2, 32, 64, 64), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = STEPS,
+                .inject = -1};
     base_config(&r.oc);
     r.oc.comm = comm;
     r.oc.zero_stage = stage;
@@ -253,6 +337,217 @@ static void test_losses(void **state)
     }
 }
 
+/* Run r and its one-rank reference (rank 0): every rank's master weights
+ * the same; the losses within 1e-6 relative, and bit-identical where
+ * `exact` (2 ranks, no clipping). Prints one line named `what`. 0 when the
+ * build lacks what r needs (NVMe), 1 when it ran. */
+static int against_one_rank(dp_run *r, dp_run *ref, int *have_ref, int exact, const char *what)
+{
+    zo_status st = train(r);
+    if (st == ZO_ERR_UNSUPPORTED) return 0;
+    assert_int_equal(st, ZO_OK);
+    double *sums = calloc((size_t)ranks, sizeof *sums);
+    gather_doubles(r->weights_sum, sums);
+    for (int q = 1; q < ranks; q++) assert_true(sums[q] == sums[0]);
+    free(sums);
+    if (rank != 0) return 1;
+    if (!*have_ref) {
+        reference(r, ref);
+        *have_ref = 1;
+    }
+    int same = 0;
+    double worst = 0;
+    for (int k = 0; k < r->steps; k++) {
+        double rel = fabs(r->loss[k] - ref->loss[k]) / fabs(ref->loss[k]);
+        if (rel > worst) worst = rel;
+        same += r->loss[k] == ref->loss[k];
+    }
+    printf("  %s, %d ranks: %d of %d steps bit-identical, worst %.2e relative (loss %.6f -> %.6f)\n", what, ranks,
+           same, r->steps, worst, r->loss[0], r->loss[r->steps - 1]);
+    if (worst > 1e-6 || getenv("ZO_TEST_VERBOSE"))
+        for (int k = 0; k < r->steps; k++)
+            printf("    step %2d loss %.9f ref %.9f norm %.7f ref %.7f skipped %d ref %d\n", k, r->loss[k],
+                   ref->loss[k], r->norm[k], ref->norm[k], r->skipped[k], ref->skipped[k]);
+    assert_true(worst <= 1e-6);
+    if (exact && ranks <= 2) assert_int_equal(same, r->steps);
+    for (int k = 0; k < r->steps; k++) assert_int_equal(r->skipped[k], ref->skipped[k]);
+    return 1;
+}
+
+/* The overlap and dpu schedules on N ranks (ZeRO 0-3): the losses of one
+ * rank with grad-accum N and the same schedule. Overlap with exact
+ * clipping (the update after the norm, beside the next forward), without
+ * clipping and with a stale clip (each block's update as its reduced
+ * gradient completes, during the last backward); dpu (the update of step t
+ * beside step t+1, a step late, after a warmup), with the optimizer state
+ * in memory and on NVMe and the weights of ZeRO-3 on the device, in host
+ * memory and on NVMe. */
+static void test_schedules(void **state)
+{
+    (void)state;
+    struct {
+        offload_schedule sched;
+        float clip;
+        int stale;
+        double nvme;
+        offload_tier params; /* stage 3's (and stage 0's) */
+        size_t bucket;
+    } v[] = {
+        {OFFLOAD_SCHEDULE_OVERLAP, 0.0f, 0, 0, OFFLOAD_DEVICE, 0},
+        {OFFLOAD_SCHEDULE_OVERLAP, 1.0f, 0, 0.5, OFFLOAD_CPU, 1000},
+        {OFFLOAD_SCHEDULE_OVERLAP, 1.0f, 1, 1.0, OFFLOAD_NVME, 0},
+        {OFFLOAD_SCHEDULE_DPU, 1.0f, 0, 0, OFFLOAD_CPU, 0},
+        {OFFLOAD_SCHEDULE_DPU, 0.0f, 0, 1.0, OFFLOAD_NVME, 1000},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        dp_run ref;
+        int have_ref = 0;
+        for (int stage = 0; stage <= 3; stage++) {
+            dp_run r = small_run(stage, v[i].nvme, v[i].clip);
+            r.dt = ZO_DTYPE_F32;
+            r.oc.schedule = v[i].sched;
+            r.oc.clip_stale = v[i].stale;
+            r.oc.dpu_warmup = 2;
+            r.oc.opt_threads = THREADS;
+            r.oc.comm_bucket = v[i].bucket;
+            if (stage == 0 || stage == 3) r.oc.params_on = v[i].params;
+            char what[160];
+            snprintf(what, sizeof what, "ZeRO-%d, %s%s, clip %g, optimizer %s, weights %s", stage,
+                     offload_schedule_name(v[i].sched), v[i].stale ? " (stale clip)" : "", v[i].clip,
+                     v[i].nvme >= 1 ? "nvme" : v[i].nvme > 0 ? "cpu+nvme" : "cpu", offload_tier_name(r.oc.params_on));
+            against_one_rank(&r, &ref, &have_ref, v[i].clip == 0, what);
+        }
+    }
+}
+
+/* fp16 overflow on several ranks: an inf in one rank's micro-batch (the
+ * last rank's, in an element another rank's part holds with ZeRO 1-3)
+ * skips the step on every rank, which all halve the loss scale; the same
+ * steps as one rank with that micro-batch, for every stage and schedule. */
+static void test_overflow(void **state)
+{
+    (void)state;
+    offload_schedule sched[3] = {OFFLOAD_SCHEDULE_SERIAL, OFFLOAD_SCHEDULE_OVERLAP, OFFLOAD_SCHEDULE_DPU};
+    for (int i = 0; i < 3; i++) {
+        dp_run ref;
+        int have_ref = 0;
+        for (int stage = 0; stage <= 3; stage++) {
+            dp_run r = small_run(stage, 0, 0.0f);
+            r.dt = ZO_DTYPE_F16;
+            r.steps = 8;
+            r.oc.schedule = sched[i];
+            r.oc.dpu_warmup = 1;
+            r.oc.opt_threads = THREADS;
+            r.oc.loss_scale = 1024; /* (65536 overflows this model's fp16 gradients at once) */
+            r.inject = 3 * (int64_t)ranks + ranks - 1; /* step 3, the last rank's micro-batch */
+            char what[128];
+            snprintf(what, sizeof what, "fp16, ZeRO-%d, %s, an inf in step 3 of rank %d", stage,
+                     offload_schedule_name(sched[i]), ranks - 1);
+            assert_true(against_one_rank(&r, &ref, &have_ref, 1, what));
+            /* every rank skipped step 3 alone and halved its scale */
+            double mine = 0, *all = calloc((size_t)ranks, sizeof *all);
+            for (int k = 0; k < r.steps; k++) mine = mine * 4 + r.skipped[k] + 2.0 * (r.scale[k] == r.scale[0]);
+            gather_doubles(mine, all);
+            for (int q = 1; q < ranks; q++) assert_true(all[q] == all[0]);
+            free(all);
+            for (int k = 0; k < r.steps; k++) assert_int_equal(r.skipped[k], k == 3);
+            assert_true(r.scale[4] == r.scale[3] / 2);
+        }
+    }
+}
+
+/* LoRA and QLoRA on N ranks (ZeRO 0-3): the adapters trained data-parallel
+ * give the losses of one rank with grad-accum N; the frozen base read back
+ * is the bytes it was given (ZeRO-3: the ranks' parts gathered), and only
+ * ZeRO-3 gathers it (its bytes counted apart). Placements: everything on
+ * the device; the base streamed from host memory (ZeRO 0, 3: the adapters
+ * there too) with the optimizer split with NVMe; the base on NVMe. */
+static void test_lora_ranks(void **state)
+{
+    (void)state;
+    struct {
+        int nf4;
+        offload_tier base, adapters; /* adapters: ZeRO 0 and 3 (1-2 keep them on the device) */
+        double nvme;
+        offload_schedule sched;
+    } v[] = {
+        {0, OFFLOAD_DEVICE, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_SERIAL},
+        {0, OFFLOAD_CPU, OFFLOAD_CPU, 0.5, OFFLOAD_SCHEDULE_OVERLAP},
+        {1, OFFLOAD_DEVICE, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_DPU},
+        {1, OFFLOAD_NVME, OFFLOAD_CPU, 1.0, OFFLOAD_SCHEDULE_SERIAL},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        dp_run ref;
+        int have_ref = 0;
+        for (int stage = 0; stage <= 3; stage++) {
+            dp_run r = small_run(stage, v[i].nvme, 1.0f);
+            r.cfg = tiny_model(ZO_ARCH_LLAMA, 2, 64, 64, 64);
+            r.dt = ZO_DTYPE_F32;
+            r.steps = 12;
+            r.lora = (tf_lora_options){.r = 4, .alpha = 8, .targets = ZO_LORA_ALL_LINEAR, .nf4 = v[i].nf4};
+            r.oc.adam.lr = 1e-2f;
+            r.oc.params_on = v[i].base;
+            r.oc.trainable_on = stage == 1 || stage == 2 ? OFFLOAD_DEVICE : v[i].adapters;
+            r.oc.schedule = v[i].sched;
+            r.oc.opt_threads = THREADS;
+            r.oc.prefetch_depth = 1;
+            char what[160];
+            snprintf(what, sizeof what, "%s, ZeRO-%d, %s, base %s, adapters %s, optimizer %s",
+                     v[i].nf4 ? "QLoRA" : "LoRA", stage, offload_schedule_name(v[i].sched),
+                     offload_tier_name(r.oc.params_on), offload_tier_name(r.oc.trainable_on),
+                     v[i].nvme >= 1 ? "nvme" : v[i].nvme > 0 ? "cpu+nvme" : "cpu");
+            if (!against_one_rank(&r, &ref, &have_ref, 0, what)) continue;
+            assert_false(r.base_changed);
+            if (stage == 3 && ranks > 1) assert_true(r.stats.comm_frozen_bytes > 0);
+            else assert_true(r.stats.comm_frozen_bytes == 0);
+        }
+    }
+}
+
+/* What the capability table does not run, refused by offload_init with
+ * its words (ZO_ERR_UNSUPPORTED), before anything is allocated: ZeRO 1-2
+ * with the trained weights off the device on several ranks (the weights;
+ * LoRA's adapters), dpu with optimizer state on the device. */
+static void test_refusals(void **state)
+{
+    (void)state;
+    struct {
+        int stage, lora, ranks_min;
+        offload_tier params, adapters;
+        offload_schedule sched;
+        double dev;
+    } v[] = {
+        {1, 0, 2, OFFLOAD_CPU, OFFLOAD_DEVICE, OFFLOAD_SCHEDULE_SERIAL, 0},
+        {2, 0, 2, OFFLOAD_NVME, OFFLOAD_DEVICE, OFFLOAD_SCHEDULE_OVERLAP, 0},
+        {2, 1, 2, OFFLOAD_DEVICE, OFFLOAD_CPU, OFFLOAD_SCHEDULE_SERIAL, 0},
+        {1, 1, 2, OFFLOAD_NVME, OFFLOAD_NVME, OFFLOAD_SCHEDULE_DPU, 0},
+        {3, 0, 1, OFFLOAD_DEVICE, OFFLOAD_DEVICE, OFFLOAD_SCHEDULE_DPU, 0.5},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        if (ranks < v[i].ranks_min) continue;
+        dp_run r = small_run(v[i].stage, v[i].dev > 0 ? -1 : 0, 1.0f);
+        r.cfg = tiny_model(ZO_ARCH_LLAMA, 2, 64, 64, 64);
+        if (v[i].lora) r.lora = (tf_lora_options){.r = 4, .alpha = 8, .targets = ZO_LORA_Q | ZO_LORA_V};
+        r.oc.params_on = v[i].params;
+        r.oc.trainable_on = v[i].adapters;
+        r.oc.schedule = v[i].sched;
+        zo_run_shape shape;
+        zo_run_shape_defaults(&shape);
+        shape.method = v[i].lora ? ZO_PLAN_LORA : ZO_PLAN_FULL;
+        shape.ranks = ranks;
+        shape.zero = v[i].stage;
+        shape.schedule = (zo_plan_schedule)v[i].sched;
+        shape.params = (zo_plan_tier)v[i].params;
+        shape.adapters = (zo_plan_tier)v[i].adapters;
+        memcpy(shape.optimizer, r.oc.opt_frac, sizeof shape.optimizer);
+        char why[512];
+        assert_int_equal(zo_capability_check(&shape, why, sizeof why), ZO_ERR_UNSUPPORTED);
+        assert_int_equal(train(&r), ZO_ERR_UNSUPPORTED);
+        if (rank == 0) printf("  %s\n", zo_last_error());
+        assert_non_null(strstr(zo_last_error(), why));
+    }
+}
+
 /* memplan's estimate for run r: --dp N --zero S. */
 static void plan_for(const dp_run *r, plan_estimate *e)
 {
@@ -283,7 +578,8 @@ static void test_memory(void **state)
         {2, OFFLOAD_DEVICE, 0, 0, 0, OFFLOAD_DEVICE, 20000},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
-        dp_run r = {.cfg = tiny_model(ZO_ARCH_LLAMA, 8, 128, 512, 64), .dt = ZO_DTYPE_BF16, .B = 2, .T = 32, .steps = 2};
+        dp_run r = {.cfg = tiny_model(ZO_ARCH_LLAMA, 8, 128, 512, 64), .dt = ZO_DTYPE_BF16, .B = 2, .T = 32, .steps = 2,
+                    .inject = -1};
         base_config(&r.oc);
         r.oc.comm = comm;
         r.oc.zero_stage = v[i].stage;
@@ -519,18 +815,6 @@ static void test_train_ranks(void **state)
     assert_null(strstr(out, "step 0 "));
 }
 
-/* The losses of train's "step K loss X" lines, by step (nan where absent). */
-static void parse_losses(const char *out, double *loss, int n)
-{
-    for (int k = 0; k < n; k++) loss[k] = NAN;
-    for (const char *p = out; (p = strstr(p, "step ")); p++) {
-        if (p != out && p[-1] != '\n') continue;
-        int k;
-        double x;
-        if (sscanf(p, "step %d loss %lf", &k, &x) == 2 && k >= 0 && k < n) loss[k] = x;
-    }
-}
-
 /* Steps [from, to) of got against want: within 1e-6 relative (the printed
  * digits: 6 decimals of a loss near 5). */
 static void assert_losses_close(const double *got, const double *want, int from, int to, const char *what)
@@ -562,7 +846,7 @@ static void test_train_resume(void **state)
         int rc = train_run(4, "", "", extra, out, sizeof out, NULL);
         if (rc) fprintf(stderr, "%s\n", out);
         assert_int_equal(rc, 0);
-        parse_losses(out, full, 8);
+        run_train_losses(out, full, 8);
         snprintf(extra, sizeof extra, "--dtype fp32 --steps 4 --zero %d %s --nvme-dir %s --ckpt %s", stage,
                  place[stage], tmp_dir, dir);
         rc = train_run(4, "", "", extra, out, sizeof out, NULL);
@@ -577,7 +861,7 @@ static void test_train_resume(void **state)
             if (rc || !strstr(out, "at step 4")) fprintf(stderr, "%s\n", out);
             assert_int_equal(rc, 0);
             assert_non_null(strstr(out, "at step 4"));
-            parse_losses(out, got, 8);
+            run_train_losses(out, got, 8);
             char what[128];
             snprintf(what, sizeof what, "ZeRO-%d %s: 4 ranks' checkpoint on %d rank%s", stage, place[stage], on,
                      on > 1 ? "s" : "");
@@ -635,7 +919,7 @@ static void test_train_kill(void **state)
     /* the uninterrupted run */
     int rc = train_run(3, "", "", "--dtype fp32 --steps 8 --zero 2", out, sizeof out, NULL);
     assert_int_equal(rc, 0);
-    parse_losses(out, full, 8);
+    run_train_losses(out, full, 8);
     snprintf(extra, sizeof extra, "--dtype fp32 --steps 200 --zero 2 --comm-timeout %d --ckpt %s --save-every 2",
              TIMEOUT_S, dir);
     const char *flags[2] = {"", "--enable-recovery"};
@@ -658,7 +942,7 @@ static void test_train_kill(void **state)
         if (rc || !strstr(out, "at step 4")) fprintf(stderr, "%s\n", out);
         assert_int_equal(rc, 0);
         assert_non_null(strstr(out, "at step 4"));
-        parse_losses(out, got, 8);
+        run_train_losses(out, got, 8);
         assert_losses_close(got, full, 4, 8, "the checkpoint left by the killed job, on one rank");
         snprintf(extra, sizeof extra, "--dtype fp32 --steps 200 --zero 2 --comm-timeout %d --ckpt %s --save-every 2",
                  TIMEOUT_S, dir);
@@ -690,6 +974,10 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_losses),
         cmocka_unit_test(test_memory),
         cmocka_unit_test(test_comm_volume),
+        cmocka_unit_test(test_schedules),
+        cmocka_unit_test(test_overflow),
+        cmocka_unit_test(test_lora_ranks),
+        cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_train_ranks),
         cmocka_unit_test(test_train_resume),
         cmocka_unit_test(test_train_kill),

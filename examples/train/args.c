@@ -123,6 +123,10 @@ static const char HELP[] =
     "several ranks (under mpirun -np N, or a launcher setting OMPI_COMM_WORLD_* or PMI_*):\n"
     "  --zero 0|1|2|3         ZeRO stage (default: the plan's, else 0): 0 replicate, 1 partition\n"
     "                         the optimizer state, 2 also the gradients, 3 also the weights\n"
+    "                         (with LoRA: the adapters are the weights trained, the frozen\n"
+    "                         base is replicated at 0-2 and partitioned at 3); every method\n"
+    "                         and schedule runs at every stage; ZeRO 1-2 keep the trained\n"
+    "                         weights on the GPU (weights off it: --zero 3)\n"
     "  --comm-timeout S       a collective not done in S seconds ends every rank (default 300)\n"
     "  Rank r of N reads micro-batches (k N + r) K + j of step k: the global batch of one\n"
     "  rank with --grad-accum N K. Rank 0 prints; the others print only errors.\n"
@@ -358,7 +362,11 @@ static int adamw_flag(int c, const char *arg, train_args *a, zo_status *st)
         return 1;
     case OPT_B1: *st = parse_float(arg, "--beta1", 0.0, 0.999999, &ad->beta1); return 1;
     case OPT_B2: *st = parse_float(arg, "--beta2", 0.0, 0.999999, &ad->beta2); return 1;
-    case OPT_EPS: *st = parse_float(arg, "--eps", 0.0, 1.0, &ad->eps); return 1;
+    case OPT_EPS: /* 0 divides by sqrt(v) = 0 where a weight has had no gradient yet */
+        *st = parse_float(arg, "--eps", 0.0, 1.0, &ad->eps);
+        if (*st == ZO_OK && !(ad->eps > 0.0f))
+            *st = zo_error(ZO_ERR_INVALID, "--eps: %s must be > 0 (AdamW divides by sqrt(v) + eps)", arg);
+        return 1;
     case OPT_WD: *st = parse_float(arg, "--weight-decay", 0.0, 10.0, &ad->weight_decay); return 1;
     case OPT_CLIP: *st = parse_float(arg, "--clip", 0.0, 1e9, &ad->clip); return 1;
     default: return 0;

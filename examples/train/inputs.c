@@ -6,8 +6,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/lora.h"   /* defines: zo_lora_targets_effective */
 #include "common/units.h"  /* defines: zo_format_bytes */
 #include "model/corpus.h"  /* defines: model_corpus_read, model_corpus_tokenize */
+#include "model/data.h"    /* defines: model_tokens_check_seq */
 #include "model/lora.h"    /* defines: model_lora_read_config */
 
 zo_status inputs_load_config(const char *arg, zo_model_config *cfg)
@@ -59,6 +61,11 @@ static zo_status open_token_file(const train_args *a, const char *path, int voca
         w = info.width;
     }
     if ((st = model_tokens_open(out, path, w, vocab)) != ZO_OK) return st;
+    uint64_t cut = 0; /* data too short for --seq, or training on nothing: before step 0 */
+    if ((st = model_tokens_check_seq(out, (int)a->seq, &cut)) != ZO_OK) {
+        model_tokens_close(out);
+        return st;
+    }
     if (found)
         printf("# data %s: %llu tokens, uint%d, %llu documents (tokenizer %s)\n", path,
                (unsigned long long)out->n, (int)w * 8, (unsigned long long)info.documents, info.tokenizer);
@@ -74,7 +81,8 @@ static zo_status open_text(const train_args *a, const char *path, const model_to
     if (st != ZO_OK) return st;
     int pairs = c.kind == MODEL_CORPUS_PAIRS;
     model_corpus_options o = {.add_special = 1, .eot = eot, .n_threads = (int)a->threads,
-                              .packing = a->set_packing ? a->packing : pairs ? MODEL_PACK_PAD : MODEL_PACK_STREAM};
+                              .packing = a->set_packing ? a->packing : pairs ? MODEL_PACK_PAD : MODEL_PACK_STREAM,
+                              .seq = (int)a->seq}; /* refuses data that would train on nothing */
     st = model_corpus_tokenize(&c, tok, &o, vocab, out);
     size_t records = c.n, bytes = 0;
     for (size_t i = 0; i < c.n; i++) bytes += c.len[i] + (pairs ? c.clen[i] : 0);
@@ -116,7 +124,10 @@ zo_status inputs_lora_choice(train_args *a, const zo_model_config *cfg)
         zo_lora_config lc;
         zo_status st = model_lora_read_config(a->adapter, cfg, &lc, NULL, 0);
         if (st != ZO_OK) return st;
-        if ((a->lora.r && a->lora.r != lc.r) || (a->lora.targets && a->lora.targets != lc.targets))
+        /* targets as they resolve for this model: "all-linear" and its list are one set */
+        if ((a->lora.r && a->lora.r != lc.r) ||
+            (a->lora.targets &&
+             zo_lora_targets_effective(cfg, a->lora.targets) != zo_lora_targets_effective(cfg, lc.targets)))
             return zo_error(ZO_ERR_INVALID, "--adapter %s has r %d on other targets than --lora/--lora-targets say",
                             a->adapter, lc.r);
         a->lora = lc;

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/capability.h"       /* defines: zo_capability_check */
 #include "common/clock.h"            /* defines: zo_now */
 #include "examples/train/inputs.h"   /* defines: inputs_load_config, inputs_open_data, ... */
 #include "examples/train/report.h"   /* defines: report_lora, report_placement, ... */
@@ -123,7 +124,7 @@ int run_finish(train_run *r, zo_status st)
     free(r->targets);
     free(r->losses);
     if (st == ZO_OK) return 0;
-    fprintf(stderr, "train: %s\n", zo_last_error());
+    if (!r->quiet) fprintf(stderr, "train: %s\n", zo_last_error());
     if (stop_signal) { /* cleaned up: end the way the signal would have */
         fflush(NULL);
         signal(stop_signal, SIG_DFL);
@@ -144,6 +145,32 @@ static zo_status check_plan_run(const train_args *a, const zo_model_config *cfg,
     return zo_error(ZO_ERR_INVALID, "--plan %s", why);
 }
 
+/* What the run would be, as the capability table (common/capability.h)
+ * sees it: the plan and the flags over it, on `ranks` ranks. */
+static void run_shape(const train_args *a, int ranks, zo_run_shape *out)
+{
+    const offload_config *oc = &a->p.cfg;
+    zo_run_shape_defaults(out);
+    out->method = !a->lora.r ? ZO_PLAN_FULL : a->qlora ? ZO_PLAN_QLORA : ZO_PLAN_LORA;
+    out->ranks = ranks;
+    out->zero = oc->zero_stage;
+    out->schedule = (zo_plan_schedule)oc->schedule;
+    out->params = (zo_plan_tier)oc->params_on;
+    out->adapters = (zo_plan_tier)oc->trainable_on;
+    memcpy(out->optimizer, oc->opt_frac, sizeof out->optimizer);
+}
+
+/* The runtime runs it, or the table's words (the same on every rank:
+ * rank 0 says it, the others end quietly with the same status). */
+static zo_status check_capability(train_run *r, int ranks)
+{
+    zo_run_shape shape;
+    run_shape(r->a, ranks, &shape);
+    zo_status st = zo_capability_check(&shape, NULL, 0);
+    if (st != ZO_OK) r->quiet = r->launch.rank > 0;
+    return st;
+}
+
 zo_status run_read_inputs(train_run *r)
 {
     train_args *a = r->a;
@@ -155,7 +182,14 @@ zo_status run_read_inputs(train_run *r)
     if ((st = inputs_open_data(a, a->data, r->tok, r->eot, r->cfg.vocab, &r->tokens)) != ZO_OK) return st;
     if (a->eval_data && (st = inputs_open_data(a, a->eval_data, r->tok, r->eot, r->cfg.vocab, &r->eval)) != ZO_OK)
         return st;
-    return inputs_lora_choice(a, &r->cfg);
+    if ((st = inputs_lora_choice(a, &r->cfg)) != ZO_OK) return st;
+    int ranks = r->launch.size > 1 ? r->launch.size : 1;
+    /* a merge reads the frozen base block by block on rank 0: whole there
+     * unless ZeRO-3 partitions it over the ranks */
+    if (a->merge && ranks > 1 && a->p.cfg.zero_stage == 3)
+        return zo_error(ZO_ERR_UNSUPPORTED, "--merge %s: ZeRO-3 partitions the frozen base over the %d ranks; "
+                        "train with ZeRO 0-2 to merge, or merge the saved adapters on one rank", a->merge, ranks);
+    return check_capability(r, ranks);
 }
 
 /* --device NAME with --device-mem as the capacity: the CPU backend with its
@@ -334,7 +368,7 @@ zo_status run_checkpoint(train_run *r, long steps)
 
 zo_status run_save(train_run *r)
 {
-    zo_status st = weights_save(r->rt, &r->m, r->a);
+    zo_status st = weights_save(r->rt, &r->m, r->a, r->rank);
     if (st == ZO_OK) printf("# saved %s\n", r->a->save);
     return st;
 }
@@ -361,6 +395,13 @@ int run_check_plan(train_args *a)
            cfg.hidden, cfg.vocab, zo_dtype_name(a->dtype), a->micro_batch, a->seq,
            oc->grad_accum ? oc->grad_accum : 1);
     if (inputs_lora_choice(a, &cfg) != ZO_OK) {
+        fprintf(stderr, "train: --plan %s: %s\n", a->plan, zo_last_error());
+        return 2;
+    }
+    /* what the runtime runs, on the plan's ranks */
+    zo_run_shape shape;
+    run_shape(a, a->p.file.parallel.dp > 0 ? a->p.file.parallel.dp : 1, &shape);
+    if (zo_capability_check(&shape, NULL, 0) != ZO_OK) {
         fprintf(stderr, "train: --plan %s: %s\n", a->plan, zo_last_error());
         return 2;
     }

@@ -45,6 +45,7 @@ typedef struct train_run {
     int32_t *inputs, *targets;      /* a micro-batch: (micro_batch, seq) */
     double *losses;                 /* a step's loss sum of every rank */
     long kill_rank, kill_step;      /* test seam ZO_TRAIN_KILL="RANK:STEP" */
+    int quiet;                      /* the failure is every rank's alike and rank 0 says it */
 } train_run;
 
 /* Before anything: the stop signals (SIGINT, SIGTERM, SIGHUP end the run
@@ -53,7 +54,9 @@ typedef struct train_run {
 zo_status run_init(train_run *r, train_args *a);
 
 /* The inputs: the model's config, the plan against it and the ranks, the
- * tokenizer, the data and the eval data, the LoRA choice. */
+ * tokenizer, the data and the eval data, the LoRA choice; then whether the
+ * runtime runs what they ask for on the launcher's ranks (the capability
+ * table, common/capability.h: ZO_ERR_UNSUPPORTED, exit 2). */
 zo_status run_read_inputs(train_run *r);
 
 /* The device (one GPU per rank of a node on "cuda"), the communicator, the

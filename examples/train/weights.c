@@ -170,16 +170,19 @@ static zo_status save_merged(offload_t *rt, const tf_model *m, const train_args 
     return st;
 }
 
-zo_status weights_save(offload_t *rt, const tf_model *m, const train_args *a)
+zo_status weights_save(offload_t *rt, const tf_model *m, const train_args *a, int rank)
 {
     if (!a->lora.r) {
         model_hf_folder f = hf_folder(m, a, a->save);
-        return offload_write_weights(rt, a->save, hf_writer, &f);
+        return offload_write_weights(rt, a->save, hf_writer, &f); /* rank 0 writes, the others send */
     }
+    /* every rank reads the adapters (gathered when partitioned); the frozen
+     * base a merge reads is whole on every rank (run_read_inputs refuses
+     * --merge where ZeRO-3 partitions it): rank 0 writes */
     void **adapters = NULL;
     zo_status st = read_adapters(rt, &m->adapters, &adapters);
-    if (st == ZO_OK && a->save) st = save_adapters(m, a, adapters);
-    if (st == ZO_OK && a->merge) st = save_merged(rt, m, a, adapters);
+    if (st == ZO_OK && rank == 0 && a->save) st = save_adapters(m, a, adapters);
+    if (st == ZO_OK && rank == 0 && a->merge) st = save_merged(rt, m, a, adapters);
     if (adapters) free_blocks(adapters, m->adapters.n_blocks);
     return st;
 }

@@ -20,8 +20,8 @@ zo_status weights_load(offload_t *rt, const tf_model *m, const train_args *a);
  * tokenizer's files), or with LoRA a PEFT adapter directory, and with
  * --merge DIR the adapters merged into the base as such a folder. Every
  * rank calls it (blocks are gathered when the optimizer state is
- * partitioned). */
-zo_status weights_save(offload_t *rt, const tf_model *m, const train_args *a);
+ * partitioned); rank 0 writes. */
+zo_status weights_save(offload_t *rt, const tf_model *m, const train_args *a, int rank);
 
 /* An offload_weights_stream: the model_layout `user` as safetensors, fp32. */
 zo_status weights_write(void *user, const char *path, offload_block_reader read, void *ctx);

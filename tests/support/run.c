@@ -4,9 +4,11 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +24,17 @@ int run_capture(const char *cmd, char *out, size_t len)
     while (fread(drop, 1, sizeof drop, p) > 0) {}
     int st = pclose(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+void run_train_losses(const char *out, double *loss, int n)
+{
+    for (int k = 0; k < n; k++) loss[k] = NAN;
+    for (const char *p = out; (p = strstr(p, "step ")); p++) {
+        if (p != out && p[-1] != '\n') continue;
+        int k;
+        double x;
+        if (sscanf(p, "step %d loss %lf", &k, &x) == 2 && k >= 0 && k < n) loss[k] = x;
+    }
 }
 
 int run_program(const char *program, const char *args, char *out, size_t len)

@@ -23,6 +23,10 @@ const char *run_memplan_bin(void);
 /* run_program of memplan. */
 int run_memplan(const char *args, char *out, size_t len);
 
+/* The losses of train's "step K loss X" lines in `out`, loss[K] for K < n
+ * (NAN for a step with no line). */
+void run_train_losses(const char *out, double *loss, int n);
+
 /* Start the shell command `cmd` (its output dropped) with train's test seam
  * ZO_TRAIN_CKPT_PAUSE="POINT:NTH:FD" set, and return its pid once it waits
  * at `point` of its nth checkpoint write (it wrote a byte to FD there). The

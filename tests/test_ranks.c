@@ -1,0 +1,417 @@
+/* What the runtime runs on several ranks (issue 27; common/capability.h):
+ * the matrix of method {full, lora, qlora} x ZeRO {0, 1, 2, 3} x schedule
+ * {serial, overlap, dpu} x two placements the capability table allows, each
+ * run as a user would: memplan writes a 2-rank plan, `mpirun -np 2 train
+ * --plan` runs it.
+ *
+ * - Losses: those of one rank with --grad-accum 2 (from the same plan made
+ *   for one rank), within 1e-6 relative at every step; dpu against one
+ *   rank's dpu (its one-step-late reference). Placement 1 (everything on the
+ *   GPU but the optimizer, bf16, no clipping: overlap updates each block
+ *   during the last backward) is bit-identical; placement 2 (weights or the
+ *   base in host memory or on NVMe, the optimizer split with NVMe, fp32,
+ *   clipping: overlap updates after the norm) within 1e-6.
+ * - Memory: each rank's peaks within 3% of the plan's, where memplan sizes
+ *   the run as the runtime runs it; where it does not yet (the planner's half
+ *   of issue 27: memplan_gaps below), the ratio is printed, not asserted.
+ * - LoRA on 3 ranks: the losses of one rank with --grad-accum 3; its
+ *   checkpoint (a shard per rank and a manifest) resumed on one rank goes on
+ *   as the 3-rank run does; its PEFT adapter folder is written once and
+ *   read back by --adapter.
+ * - Refusals: every combination outside the table is refused by train
+ *   (exit 2, once under mpirun, the table's words: zo_capability_check's),
+ *   and by the plan reader for tensor and pipeline parallelism.
+ *
+ * Each group is its own ctest entry (ZO_TEST_FILTER), so that they run side
+ * by side; mpiexec missing: the tests skip (77). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/capability.h" /* defines: zo_capability_check */
+#include "tests/support/files.h" /* defines: files_write_text, files_remove_tree */
+#include "tests/support/run.h"   /* defines: run_capture, run_memplan, run_train_losses */
+
+#define STEPS 4
+
+static char dir[256];
+static const char *last_out; /* the output of plan_and_train's train */
+
+static const char tiny_config[] =
+    "{\"model_type\": \"llama\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
+    "\"vocab_size\": 256, \"max_position_embeddings\": 64}";
+
+/* ---- running memplan and train ------------------------------------------------------- */
+
+/* `train ARGS` on np ranks (0: no launcher), its output (stdout and stderr)
+ * in out; a launch run_mpi.sh answers with 77 (no mpiexec) skips the test. */
+static int train(int np, const char *args, char *out, size_t cap)
+{
+    char cmd[4096], launch[1024] = "";
+    if (np) snprintf(launch, sizeof launch, "%s '%s' %d", ZO_RUN_MPI, ZO_MPIEXEC, np);
+    snprintf(cmd, sizeof cmd,
+             "%s %s --model %s/config.json --data %s/text.txt --text --threads 1 --nvme-dir %s %s 2>&1", launch,
+             ZO_TRAIN_BIN, dir, dir, dir, args);
+    int rc = run_capture(cmd, out, cap);
+    if (np && rc == 77) {
+        printf("  %s", out);
+        skip();
+    }
+    return rc;
+}
+
+/* memplan estimate for the tiny model with `flags`, the plan written to
+ * `plan`; its exit status. */
+static int memplan_plan(const char *flags, const char *plan, char *out, size_t cap)
+{
+    char args[2048];
+    snprintf(args, sizeof args,
+             "estimate --model %s/config.json --gpu-mem 64MiB --cpu-mem 1GiB --nvme 1GiB --seq 32 --micro-batch 2 "
+             "--grads cpu --cuda-context 0 --cublas-workspace 0 --fragmentation 0 --no-dropout %s --plan-out %s",
+             dir, flags, plan);
+    return run_memplan(args, out, cap);
+}
+
+/* memplan's plan of `flags` into `plan`, then `train --plan plan --steps
+ * STEPS EXTRA` on np ranks: its losses. */
+static void plan_and_train(const char *flags, const char *plan, int np, const char *extra, double *loss)
+{
+    static char out[1 << 16];
+    char args[2048];
+    int rc = memplan_plan(flags, plan, out, sizeof out);
+    if (rc) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    snprintf(args, sizeof args, "--plan %s --steps %d %s", plan, STEPS, extra);
+    rc = train(np, args, out, sizeof out);
+    if (rc) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    run_train_losses(out, loss, STEPS);
+    last_out = out;
+}
+
+/* The worst relative difference of steps [from, to); 1 when a step is missing. */
+static double worst_rel(const double *got, const double *want, int from, int to, int *same)
+{
+    double worst = 0;
+    *same = 0;
+    for (int k = from; k < to; k++) {
+        double rel = fabs(got[k] - want[k]) / fabs(want[k]);
+        if (!(rel <= worst)) worst = isnan(rel) ? 1 : rel;
+        *same += got[k] == want[k];
+    }
+    return worst;
+}
+
+/* ---- the matrix ---------------------------------------------------------------------- */
+
+static const char *const method_flags[3] = {"", "--lora 4", "--lora 4 --qlora"};
+static const char *const method_names[3] = {"full", "lora", "qlora"};
+static const char *const sched_names[3] = {"serial", "overlap", "dpu"};
+
+/* The placements: 1 everything on the GPU but the optimizer; 2 the weights
+ * (ZeRO 0, 3) or the base (LoRA) in host memory, QLoRA's base on NVMe, the
+ * adapters in host memory (ZeRO 0, 3), the optimizer half on NVMe. ZeRO 1-2
+ * keep the trained weights on the GPU (the table). */
+static void placement(int method, int stage, int p, char *buf, size_t len)
+{
+    int zero12 = stage == 1 || stage == 2;
+    if (p == 1) {
+        snprintf(buf, len, "--params gpu --optimizer cpu");
+    } else if (method == 0) {
+        snprintf(buf, len, "--params %s --optimizer cpu=0.5,nvme=0.5", zero12 ? "gpu" : "cpu");
+    } else {
+        snprintf(buf, len, "--params %s --adapters-on %s --optimizer cpu=0.5,nvme=0.5", method == 2 ? "nvme" : "cpu",
+                 zero12 ? "gpu" : "cpu");
+    }
+}
+
+/* Placement 1: bf16, no clipping; 2: fp32, clipping (train's flags; the
+ * dtype memplan's too). */
+static const char *dtype(int p) { return p == 1 ? "--dtype bf16" : "--dtype fp32"; }
+static const char *clip(int p) { return p == 1 ? "--clip 0" : "--clip 1"; }
+
+/* What memplan does not size as the runtime runs it yet, found by this test
+ * (the planner's half of issue 27): a rank's peak on these tiers is printed
+ * beside the plan's, not held to 3%. */
+typedef struct memplan_gap {
+    int method;        /* 0 full, 1 LoRA and QLoRA */
+    int stage_min;     /* from this ZeRO stage */
+    int sched;         /* -1 any, else the schedule */
+    int placement;     /* 0 any, else 1 or 2 */
+    const char *tiers; /* "gpu", "cpu", "nvme", "gpu,cpu" */
+    const char *why;
+} memplan_gap;
+
+static const memplan_gap memplan_gaps[] = {
+    {1, 0, -1, 0, "gpu",
+     "LoRA on several ranks: the two communication buckets are of the largest adapter block (the gradients "
+     "reduced), memplan's of the largest base block; and at ZeRO-3 with the base on the GPU the gather slots "
+     "((prefetch + 1) x (base block + adapter block), each padded to the ranks) are missing"},
+    {1, 3, -1, 1, "cpu",
+     "LoRA at ZeRO-3 with the base on the GPU: its store holds the rank's parts, so its two pinned staging "
+     "chunks are of a part (1/N of the largest base block), memplan's of a whole block"},
+    {1, 3, -1, 2, "cpu,nvme",
+     "LoRA at ZeRO-3 with the base off the GPU: the read-ahead and staging buffers are of the rank's part of a "
+     "base block (1/N), memplan's of a whole block; on NVMe each part is aligned to 4 KiB on its own"},
+    {1, 0, -1, 2, "nvme",
+     "LoRA with an optimizer share on NVMe (one rank too): the store aligns each of the adapters' small "
+     "sub-groups to 4 KiB, memplan the share as a whole"},
+    {0, 1, 2, 0, "cpu",
+     "dpu at ZeRO 1-3: the delayed update's host copy holds the rank's parts (1/N of the weights), memplan "
+     "counts every weight"},
+    {1, 1, 2, 0, "cpu",
+     "dpu at ZeRO 1-3: the delayed update's host copy holds the rank's parts (1/N of the adapters), memplan "
+     "counts every adapter"},
+};
+
+static const memplan_gap *gap_of(int method, int stage, int sched, int p, const char *tier)
+{
+    for (size_t i = 0; i < sizeof memplan_gaps / sizeof memplan_gaps[0]; i++) {
+        const memplan_gap *g = &memplan_gaps[i];
+        if (g->method == (method > 0) && stage >= g->stage_min && (g->sched < 0 || g->sched == sched) &&
+            (!g->placement || g->placement == p) && strstr(g->tiers, tier))
+            return g;
+    }
+    return NULL;
+}
+
+/* Every rank's "# rank R of N: peak bytes per tier: gpu X (plan Y, Z%), ..."
+ * line: within 3% of the plan, but where memplan_gaps says memplan does not
+ * size it yet. */
+static void check_peaks(const char *out, int np, int method, int stage, int sched, int p)
+{
+    for (int r = 0; r < np; r++) {
+        char who[64];
+        snprintf(who, sizeof who, "# rank %d of %d: peak bytes per tier:", r, np);
+        const char *line = strstr(out, who);
+        if (!line) fprintf(stderr, "%s\n", out);
+        assert_non_null(line);
+        const char *nl = strchr(line, '\n');
+        int checked = 0;
+        for (const char *t = line + strlen(who); t && t < nl; t = strchr(t + 1, ',')) {
+            char tier[8];
+            if (sscanf(t + (*t == ','), " %7s", tier) != 1) break;
+            const char *pl = strstr(t, "(plan ");
+            if (!pl || pl > nl) continue;
+            const char *c = strchr(pl, ',');
+            double pct = atof(c + 2);
+            const memplan_gap *g = gap_of(method, stage, sched, p, tier);
+            if (pct > 97.0 && pct < 103.0) {
+                checked++;
+            } else if (g) {
+                printf("    rank %d: %s %.1f%% of the plan: memplan gap (planner): %s\n", r, tier, pct, g->why);
+                checked++;
+            } else {
+                fprintf(stderr, "%.*s\n", (int)(nl - line), line);
+                fail_msg("rank %d: %s peak %.1f%% of memplan's plan", r, tier, pct);
+            }
+            t = c + 1;
+        }
+        assert_true(checked >= 2); /* gpu and cpu at least */
+    }
+}
+
+/* One method's rows: for ZeRO 0-3 x schedule x placement, the 2-rank plan
+ * run by mpirun -np 2 train --plan against the 1-rank plan's run with
+ * --grad-accum 2. */
+static void matrix(int method)
+{
+    char flags[1024], plan[512], extra[256], place[256];
+    for (int sched = 0; sched < 3; sched++)
+        for (int p = 1; p <= 2; p++) {
+            /* one rank, grad-accum 2, from a plan for one rank */
+            double ref[STEPS], got[STEPS];
+            placement(method, 0, p, place, sizeof place);
+            snprintf(flags, sizeof flags, "%s %s %s --schedule %s", dtype(p), method_flags[method], place,
+                     sched_names[sched]);
+            snprintf(plan, sizeof plan, "%s/ref-%s-%s-%d.json", dir, method_names[method], sched_names[sched], p);
+            snprintf(extra, sizeof extra, "--grad-accum 2 %s", clip(p));
+            plan_and_train(flags, plan, 0, extra, ref);
+            for (int stage = 0; stage <= 3; stage++) {
+                placement(method, stage, p, place, sizeof place);
+                snprintf(flags, sizeof flags, "%s %s %s --schedule %s --dp 2 --zero %d", dtype(p),
+                         method_flags[method], place, sched_names[sched], stage);
+                snprintf(plan, sizeof plan, "%s/plan.json", dir);
+                plan_and_train(flags, plan, 2, clip(p), got);
+                int same;
+                double worst = worst_rel(got, ref, 0, STEPS, &same);
+                printf("  %s, ZeRO-%d, %s, %s: %d of %d steps as one rank's, worst %.1e\n", method_names[method],
+                       stage, sched_names[sched], place, same, STEPS, worst);
+                if (worst > 1e-6) fprintf(stderr, "%s\n", last_out);
+                assert_true(worst <= 1e-6);
+                if (p == 1) assert_int_equal(same, STEPS);
+                check_peaks(last_out, 2, method, stage, sched, p);
+            }
+        }
+}
+
+static void test_matrix_full(void **state)
+{
+    (void)state;
+    matrix(0);
+}
+
+static void test_matrix_lora(void **state)
+{
+    (void)state;
+    matrix(1);
+}
+
+static void test_matrix_qlora(void **state)
+{
+    (void)state;
+    matrix(2);
+}
+
+/* ---- LoRA on 3 ranks ------------------------------------------------------------------ */
+
+/* LoRA at ZeRO-3 with the base in host memory on 3 ranks: the losses of one
+ * rank with --grad-accum 3 (overlap: updates during the last backward); its
+ * checkpoint after 4 steps resumed on one rank goes on as the 3-rank run;
+ * --save writes one PEFT folder, which one rank reads back. */
+static void test_lora_three_ranks(void **state)
+{
+    (void)state;
+    static char out[1 << 16];
+    char args[2048];
+    const char *common = "--dtype fp32 --lora 4 --lora-targets q,k,v,o --micro-batch 2 --seq 32 --clip 1";
+    double ref[8], got[8];
+    snprintf(args, sizeof args, "%s --steps 8 --grad-accum 3", common);
+    int rc = train(0, args, out, sizeof out);
+    assert_int_equal(rc, 0);
+    run_train_losses(out, ref, 8);
+    int same;
+    for (int stage = 0; stage <= 3; stage += 3) {
+        snprintf(args, sizeof args, "%s --steps 8 --zero %d --params-on cpu --schedule overlap --save %s/ad%d",
+                 common, stage, dir, stage);
+        rc = train(3, args, out, sizeof out);
+        if (rc) fprintf(stderr, "%s\n", out);
+        assert_int_equal(rc, 0);
+        run_train_losses(out, got, 8);
+        double worst = worst_rel(got, ref, 0, 8, &same);
+        printf("  LoRA, ZeRO-%d, 3 ranks: %d of 8 steps as one rank's with grad-accum 3, worst %.1e\n", stage, same,
+               worst);
+        assert_true(worst <= 1e-6);
+        /* the adapter folder, written once, is one rank's to read */
+        snprintf(args, sizeof args, "%s --steps 1 --adapter %s/ad%d", common, dir, stage);
+        rc = train(0, args, out, sizeof out);
+        if (rc) fprintf(stderr, "%s\n", out);
+        assert_int_equal(rc, 0);
+    }
+    /* a checkpoint of 3 ranks (ZeRO-3: a shard each), resumed on one */
+    snprintf(args, sizeof args, "%s --steps 4 --zero 3 --params-on cpu --ckpt %s/ck3", common, dir);
+    rc = train(3, args, out, sizeof out);
+    if (rc) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    snprintf(args, sizeof args, "%s --steps 8 --grad-accum 3 --resume %s/ck3", common, dir);
+    rc = train(0, args, out, sizeof out);
+    if (rc || !strstr(out, "at step 4")) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    run_train_losses(out, got, 8);
+    double worst = worst_rel(got, ref, 4, 8, &same);
+    printf("  LoRA, ZeRO-3, 3 ranks' checkpoint resumed on one: steps 4-7 within %.1e\n", worst);
+    assert_true(worst <= 1e-6);
+}
+
+/* ---- refusals ---------------------------------------------------------------------------- */
+
+/* Occurrences of `what` in `s`. */
+static int count(const char *s, const char *what)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, what)); p += strlen(what)) n++;
+    return n;
+}
+
+/* What the table does not run, refused by train with its words, exit 2,
+ * said once (rank 0) under mpirun; nothing trained. */
+static void test_refusals(void **state)
+{
+    (void)state;
+    static char out[1 << 16];
+    struct {
+        int np;
+        const char *flags;
+        zo_run_shape shape; /* the table's words for it */
+    } v[] = {
+        {2, "--zero 1 --params-on cpu", {.zero = 1, .params = ZO_PLAN_CPU}},
+        {2, "--zero 2 --params-on nvme", {.zero = 2, .params = ZO_PLAN_NVME}},
+        {2, "--zero 2 --lora 4 --adapters-on cpu", {.method = ZO_PLAN_LORA, .zero = 2, .adapters = ZO_PLAN_CPU}},
+        {2, "--zero 1 --lora 4 --qlora --adapters-on nvme --params-on nvme",
+         {.method = ZO_PLAN_QLORA, .zero = 1, .params = ZO_PLAN_NVME, .adapters = ZO_PLAN_NVME}},
+        {2, "--schedule dpu --optimizer-on gpu=0.5,cpu=0.5 --zero 3",
+         {.zero = 3, .schedule = ZO_PLAN_SCHED_DPU, .optimizer = {0.5, 0.5, 0}}},
+        {0, "--schedule dpu --optimizer-on gpu=1", {.schedule = ZO_PLAN_SCHED_DPU, .optimizer = {1, 0, 0}}},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        zo_run_shape s = v[i].shape;
+        s.ranks = v[i].np ? v[i].np : 1;
+        s.tp = s.pp = s.ep = 1;
+        if (s.method == ZO_PLAN_FULL) s.adapters = ZO_PLAN_GPU;
+        if (s.optimizer[0] + s.optimizer[1] + s.optimizer[2] == 0) s.optimizer[ZO_PLAN_CPU] = 1;
+        char why[512];
+        assert_int_equal(zo_capability_check(&s, why, sizeof why), ZO_ERR_UNSUPPORTED);
+        char args[1024];
+        snprintf(args, sizeof args, "--steps 2 --micro-batch 2 --seq 32 %s", v[i].flags);
+        int rc = train(v[i].np, args, out, sizeof out);
+        printf("  %s on %d rank%s: exit %d, \"%.60s...\" %d time(s)\n", v[i].flags, s.ranks, s.ranks > 1 ? "s" : "",
+               rc, why, count(out, why));
+        if (rc != 2 || count(out, why) != 1) fprintf(stderr, "%s\nwanted once: %s\n", out, why);
+        assert_int_equal(rc, 2);
+        assert_int_equal(count(out, why), 1);
+        assert_null(strstr(out, "\nstep 0 "));
+    }
+    /* plans memplan writes for tensor and pipeline parallelism: the plan
+     * reader refuses them with the table's words */
+    const char *par[2] = {"--dp 1 --tp 2 --gpus 2", "--dp 1 --pp 2 --gpus 2"};
+    for (int i = 0; i < 2; i++) {
+        char plan[512], args[1024];
+        snprintf(plan, sizeof plan, "%s/par%d.json", dir, i);
+        int rc = memplan_plan(par[i], plan, out, sizeof out);
+        if (rc) fprintf(stderr, "%s\n", out);
+        assert_int_equal(rc, 0);
+        zo_run_shape s;
+        zo_run_shape_defaults(&s);
+        if (i == 0) s.tp = 2;
+        else s.pp = 2;
+        char why[512];
+        assert_int_equal(zo_capability_check(&s, why, sizeof why), ZO_ERR_UNSUPPORTED);
+        snprintf(args, sizeof args, "--plan %s --steps 1", plan);
+        rc = train(0, args, out, sizeof out);
+        printf("  a plan with %s: exit %d\n", par[i], rc);
+        if (rc != 2 || !strstr(out, why)) fprintf(stderr, "%s\nwanted: %s\n", out, why);
+        assert_int_equal(rc, 2);
+        assert_non_null(strstr(out, why));
+    }
+}
+
+int main(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/zo_test_ranks_%d", (int)getpid());
+    mkdir(dir, 0755);
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    files_write_text(path, tiny_config);
+    snprintf(path, sizeof path, "%s/text.txt", dir);
+    files_write_sample_text(path, 3000);
+    if (getenv("ZO_TEST_FILTER")) cmocka_set_test_filter(getenv("ZO_TEST_FILTER"));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matrix_full),
+        cmocka_unit_test(test_matrix_lora),
+        cmocka_unit_test(test_matrix_qlora),
+        cmocka_unit_test(test_lora_three_ranks),
+        cmocka_unit_test(test_refusals),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    if (!rc) files_remove_tree(dir);
+    return rc;
+}
