@@ -157,6 +157,11 @@ static double forward_time(const zo_model_config *m, const plan_hw *hw, const pl
     return m->n_layers * layer + head + embed;
 }
 
+/* The "GPU" is the host's CPU (plan_hw_cpu_backend's description of the CPU
+ * backend): its copies to and from "device" memory and its NVMe reads run
+ * on the same cores and memory as its compute. */
+static int device_is_host(const plan_hw *hw) { return !strcmp(hw->gpu, "CPU"); }
+
 /* ---- the estimate ---------------------------------------------------------------- */
 
 static zo_status check(const zo_model_config *m, const plan_gen *g)
@@ -260,19 +265,25 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
     e->nvme_bytes = (g->params_on == ZO_PLAN_NVME ? blocks_total(&base) : 0) +
                     (adapters && g->adapters_on == ZO_PLAN_NVME ? blocks_total(&ad) : 0);
     double pcie = e->stream_bytes / hw->pcie_bw, disk = e->nvme_bytes ? e->nvme_bytes / hw->nvme_read_bw : 0.0;
-    e->link_s = pcie > disk ? pcie : disk;
     /* a token: one row a sequence against the cache, on average halfway */
     double keys = g->prompt + (g->new_tokens - 1) / 2.0 + 1.0;
     e->kv_read = (uint64_t)((double)g->batch * keys * 2.0 * (double)L * m->n_kv_heads * m->head_dim * es);
     e->compute_s = forward_time(m, hw, g, 1.0, keys, mods, n_mods);
-    e->s_per_token = e->compute_s > e->link_s ? e->compute_s : e->link_s;
-    e->bound = e->compute_s >= e->link_s ? "compute" : disk >= pcie ? "nvme" : "pcie";
+    /* the disk, the host link and the GPU work on different blocks at once
+     * (prefetch): the busiest sets the pace. On the CPU backend the copies
+     * run on the cores and the memory the compute runs on: one resource */
+    e->link_s = pcie > disk ? pcie : disk;
+    double device = e->compute_s + (device_is_host(hw) ? pcie : 0.0), link = device_is_host(hw) ? disk : e->link_s;
+    e->s_per_token = device > link ? device : link;
+    e->bound = device >= link ? (device_is_host(hw) && pcie > 0 ? "compute+copies" : "compute")
+               : disk >= pcie ? "nvme" : "pcie";
     e->tokens_per_s = g->batch / e->s_per_token;
     /* the first tokens: the prompts' forward (each query reads half the
      * prompt on average), the weights' first block before anything runs */
-    double prompt_s = forward_time(m, hw, g, g->prompt, (g->prompt + 1) / 2.0, mods, n_mods);
+    e->prompt_compute_s = forward_time(m, hw, g, g->prompt, (g->prompt + 1) / 2.0, mods, n_mods);
     double first = e->stream_bytes ? (double)(b_streamed || !adapters ? base.first : 0) / hw->pcie_bw : 0.0;
     if (e->nvme_bytes) first += (double)base.first / hw->nvme_read_bw;
-    e->ttft_s = (prompt_s > e->link_s ? prompt_s : e->link_s) + first;
+    device = e->prompt_compute_s + (device_is_host(hw) ? pcie : 0.0);
+    e->ttft_s = (device > link ? device : link) + first;
     return ZO_OK;
 }

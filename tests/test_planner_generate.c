@@ -5,8 +5,10 @@
  * (tied) and LLaMA (GQA), fp32 and bf16, several prefetch depths, LoRA and
  * QLoRA adapters on every tier; and memplan generate's command line (its
  * lines, the cache's bytes by hand, the verdict, --plan-out read back by
- * the plan schema, errors). Its time per token against the runtime's:
- * tests/test_planner_generate_time.c. */
+ * the plan schema, errors); its time per token by the placement on a GPU
+ * and on the CPU backend. The runtime's measured tokens/s against the
+ * prediction is bench_generate's (docs/performance.md): a timing, not a
+ * test. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -266,6 +268,58 @@ static void test_plan_run(void **state)
     }
 }
 
+/* The time per token by the placement, from the estimate's own parts and
+ * the weights' bytes counted here (every parameter once, 2 bytes in bf16):
+ * a GPU overlaps its copies with its work (the slowest of compute, host
+ * link and disk sets the pace); the CPU backend (plan_hw_cpu_backend's
+ * "GPU" that is the host) copies on the cores it computes on, so its
+ * copies add to its compute and only the disk overlaps. */
+static void test_time_model(void **state)
+{
+    (void)state;
+    zo_model_config m = model(0, 4);
+    double w = (double)zo_model_params(&m) * 2.0;
+    plan_gen g;
+    plan_gen_defaults(&g);
+    g.batch = 1;
+    g.prompt = 8;
+    g.new_tokens = 9;
+    g.dtype = ZO_DTYPE_BF16;
+    g.cuda_context = g.cublas_workspace = 0;
+    g.fragmentation = 0;
+    plan_hw gpu, host;
+    cpu_hw(&gpu);
+    gpu.pcie_bw = 2e9;
+    plan_hw_cpu_backend(&gpu, 1e11, 2e9, 1ull << 40, &host);
+    for (int cpu = 0; cpu < 2; cpu++) {
+        for (int k = 0; k < 2; k++) { /* a slow disk (it sets the pace), a fast one */
+            plan_hw hw = cpu ? host : gpu;
+            hw.nvme_read_bw = k ? 1e12 : 1e8;
+            const zo_plan_tier on[] = {ZO_PLAN_GPU, ZO_PLAN_CPU, ZO_PLAN_NVME};
+            double compute = 0;
+            for (int i = 0; i < 3; i++) {
+                g.params_on = on[i];
+                plan_gen_estimate e;
+                assert_int_equal(plan_gen_estimate_run(&m, &hw, &g, &e), 0);
+                if (!i) compute = e.compute_s;
+                assert_true(e.compute_s > 0 && e.compute_s == compute); /* the same forward wherever the weights are */
+                double copies = i ? w / hw.pcie_bw : 0.0, disk = i == 2 ? w / hw.nvme_read_bw : 0.0;
+                double device = cpu ? compute + copies : fmax(compute, copies), want = fmax(device, disk);
+                const char *bound = disk > device ? "nvme" : !cpu && copies > compute ? "pcie"
+                                  : cpu && copies > 0 ? "compute+copies" : "compute";
+                printf("  %s, weights on %-4s disk %.0e B/s: %.6f s a token (want %.6f), bound %s\n",
+                       cpu ? "CPU backend" : "GPU", zo_plan_tier_name(on[i]), hw.nvme_read_bw, e.s_per_token, want,
+                       e.bound);
+                assert_int_equal((double)e.stream_bytes, i ? w : 0.0);
+                assert_int_equal((double)e.nvme_bytes, i == 2 ? w : 0.0);
+                assert_true(fabs(e.s_per_token - want) <= 1e-12 * want);
+                assert_string_equal(e.bound, bound);
+                assert_true(fabs(e.tokens_per_s - 1.0 / want) <= 1e-9 / want);
+            }
+        }
+    }
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -287,6 +341,7 @@ int main(void)
         cmocka_unit_test(test_peaks),
         cmocka_unit_test(test_cli),
         cmocka_unit_test(test_plan_run),
+        cmocka_unit_test(test_time_model),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
