@@ -56,7 +56,7 @@ zo_status offload_grads_accumulate(offload_grads *gr, int k)
     if (g->block < 0) return ZO_OK;
     zo_status st = offload_timed_wait(gr->env, g->copied, OFFLOAD_TIME_GRADS);
     if (st != ZO_OK) return st;
-    double t0 = zo_now();
+    offload_timer t0 = offload_time_begin();
     int b = g->block;
     size_t n = g->n;
     float *acc = gr->sums[b].host;
@@ -86,7 +86,7 @@ zo_status offload_grads_accumulate(offload_grads *gr, int k)
     }
     }
     g->block = -1;
-    offload_add_time(gr->env->acct, OFFLOAD_TIME_GRADS, zo_now() - t0);
+    offload_time_end(gr->env->acct, OFFLOAD_TIME_GRADS, t0);
     int was_reduced = gr->reduced && gr->reduced[b];
     if ((st = added(gr, b, NULL)) != ZO_OK) return st;
     if (!offload_optim_early(gr->opt)) return ZO_OK;
@@ -411,7 +411,7 @@ static zo_status reduce_at_step(offload_grads *gr)
 {
     offload_dp *dp = gr->env->dp;
     zo_status st = ZO_OK;
-    double t0 = zo_now();
+    offload_timer t0 = offload_time_begin();
     for (int b = 0; b < gr->g->nb; b++) {
         if (st == ZO_OK && gr->g->numel[b] && !gr->reduced[b]) st = gr->path[b]->reduce(gr, b, NULL);
         gr->reduced[b] = 0;
@@ -420,7 +420,7 @@ static zo_status reduce_at_step(offload_grads *gr)
     if (st == ZO_OK) st = sw;
     sw = gpu_stream_synchronize(gr->env->d2h);
     if (st == ZO_OK) st = sw;
-    offload_add_time(gr->env->acct, OFFLOAD_TIME_COMM, zo_now() - t0);
+    offload_time_end(gr->env->acct, OFFLOAD_TIME_COMM, t0);
     return st;
 }
 

@@ -286,6 +286,7 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     if (!rt->cfg.max_skipped_steps) rt->cfg.max_skipped_steps = OFFLOAD_MAX_SKIPPED_STEPS;
     offload_ckpt_init(&rt->ck);
     pthread_mutex_init(&rt->acct.mu, NULL);
+    rt->acct.owner = pthread_self();
     /* a second run on the same checkpoint folder is refused before anything
      * is allocated (several ranks share the folder: rank 0 holds it) */
     if (cfg->ckpt_dir && (!cfg->comm || comm_rank(cfg->comm) == 0) &&
@@ -609,6 +610,7 @@ void offload_get_stats(const offload_t *rt, offload_stats *o)
     o->in_use[OFFLOAD_DEVICE] = ms.in_use;
     o->device_capacity = ms.capacity;
     memcpy(o->time, a->time, sizeof o->time);
+    memcpy(o->time_beside, a->beside, sizeof o->time_beside);
     o->total_s = a->total_s;
     o->micro_batches = a->n_micro;
     o->steps = a->n_steps;
@@ -648,6 +650,7 @@ void offload_reset_times(offload_t *rt)
 {
     offload_acct *a = &rt->acct;
     memset(a->time, 0, sizeof a->time);
+    memset(a->beside, 0, sizeof a->beside);
     a->total_s = 0;
     a->n_micro = a->n_steps = 0;
     memset(a->bytes, 0, sizeof a->bytes);

@@ -382,7 +382,10 @@ typedef struct offload_stats {
     uint64_t peak[OFFLOAD_TIERS];   /* most bytes in use at once per tier */
     uint64_t in_use[OFFLOAD_TIERS]; /* now */
     uint64_t device_capacity;       /* 0 = unlimited */
-    double time[OFFLOAD_TIME_PARTS];/* seconds since init (or the last reset) */
+    double time[OFFLOAD_TIME_PARTS];/* seconds since init (or the last reset) the thread that made
+                                       the runtime spent in each part: parts of its wall time */
+    double time_beside[OFFLOAD_TIME_PARTS]; /* the same, spent on other threads beside it (the
+                                       optimizer's, schedules overlap and dpu) */
     double total_s;                 /* micro-batches and steps together */
     int64_t micro_batches, steps, skipped;
     uint64_t bytes_h2d, bytes_d2h, bytes_disk_read, bytes_disk_written;

@@ -231,9 +231,9 @@ static zo_status acquire(offload_stream *sm, gpu_stream_t s, int b, offload_bloc
     int ids0[2] = {b, dep};
     for (int k = 0; k < 2; k++) {
         if (ids0[k] < 0) continue;
-        double t0 = zo_now();
+        offload_timer t0 = offload_time_begin();
         int ready = !sm->c.opt || offload_optim_ready(sm->c.opt, ids0[k], 1);
-        offload_add_time(sm->env->acct, OFFLOAD_TIME_WEIGHTS, zo_now() - t0);
+        offload_time_end(sm->env->acct, OFFLOAD_TIME_WEIGHTS, t0);
         if (!ready) return zo_error(ZO_ERR_INVALID, "offload: block %d: the optimizer's update failed", ids0[k]);
         if ((st = use_resident(sm, s, ids0[k])) != ZO_OK) return st;
     }

@@ -524,8 +524,8 @@ static float lora_losses(const char *out, int *steps, float *last5, int nsteps)
         int k;
         float l;
         if (sscanf(line, "step %d loss %f", &k, &l) == 2) {
-            if (k == 0) first = l;
-            if (k >= nsteps - 5) *last5 += l / 5;
+            if (k == 1) first = l; /* steps counted from 1 */
+            if (k > nsteps - 5) *last5 += l / 5;
             (*steps)++;
         }
     }
@@ -854,9 +854,9 @@ static void test_train_program(void **state)
         int k;
         float l;
         if (sscanf(line, "step %d loss %f", &k, &l) == 2) {
-            assert_int_equal(k, steps);
-            if (k == 0) first = l;
-            if (k >= 35) last5 += l / 5;
+            assert_int_equal(k, steps + 1); /* counted from 1 */
+            if (k == 1) first = l;
+            if (k > 35) last5 += l / 5;
             steps++;
         }
     }

@@ -52,15 +52,18 @@ static const char HELP[] =
     "  --lr X                 peak learning rate (default 3e-4)\n"
     "  --lr-schedule KIND     constant, cosine or linear (default constant): after --warmup\n"
     "                         steps of linear warmup, decay to --min-lr over the schedule\n"
-    "  --warmup N             warmup steps: step k < N runs at lr * (k+1)/N (default 0)\n"
+    "  --warmup N             warmup steps: step k <= N (counted from 1) runs at lr * k/N\n"
+    "                         (default 0)\n"
     "  --min-lr X             the floor cosine and linear decay to (default 0)\n"
     "  --schedule-steps N     the steps the schedule spans (default --steps): a run may stop\n"
     "                         earlier and be resumed on the same schedule\n"
-    "  --beta1 X --beta2 X    AdamW betas (default 0.9, 0.95)\n"
+    "  --beta1 X --beta2 X    AdamW betas (default 0.9, 0.999: Hugging Face Trainer's)\n"
     "  --eps X                AdamW epsilon (default 1e-8)\n"
-    "  --weight-decay X       decoupled weight decay on 2-D weights (default 0.1)\n"
+    "  --weight-decay X       decoupled weight decay on 2-D weights, LoRA adapters included\n"
+    "                         (default 0: Hugging Face Trainer's, so no decay on adapters)\n"
     "  --clip X               max gradient norm; 0 disables (default 1.0)\n"
-    "  --dtype fp32|fp16|bf16 device storage of weights, gradients, activations (default fp32)\n"
+    "  --dtype fp32|fp16|bf16 device storage of weights, gradients, activations (default bf16,\n"
+    "                         memplan's; a --plan's dtype where it has one)\n"
     "  --grad-accum K         micro-batches per optimizer step (default 1)\n"
     "  --seed N               random init seed (default 1337)\n"
     "  --max-skipped-steps N  fp16: steps skipped for overflow in a row before the run\n"
@@ -335,6 +338,7 @@ static int training_flag(int c, const char *arg, train_args *a, zo_status *st)
     case OPT_ACCUM: *st = plan_int(arg, "--grad-accum", "training.grad_accum", &oc->grad_accum); return 1;
     case OPT_DTYPE:
         if ((*st = zo_dtype_parse(arg, &a->dtype)) != ZO_OK) *st = zo_error_wrap(*st, "--dtype");
+        a->dtype_from = "--dtype";
         return 1;
     case OPT_SEED: *st = zo_parse_int(arg, "--seed", 0, 0x7fffffffL, &a->seed); return 1;
     case OPT_MAX_SKIPPED:
@@ -474,11 +478,15 @@ static int output_flag(int c, const char *arg, train_args *a, zo_status *st)
 static void args_defaults(train_args *a)
 {
     *a = (train_args){.width = MODEL_TOKENS_U16, .steps = 100, .micro_batch = 4, .seq = 64,
-                      .seed = 1337, .dtype = ZO_DTYPE_F32, .device = "cpu", .eval_batches = 10,
+                      .seed = 1337, .dtype = ZO_DTYPE_BF16, .dtype_from = "the default, memplan's",
+                      .device = "cpu", .eval_batches = 10,
                       .sched = {.lr = 3e-4}, .lora = {.alpha = 8.0f}};
     offload_plan_defaults(&a->p);
-    a->p.cfg.adam = (offload_adamw){.lr = (float)a->sched.lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                                    .weight_decay = 0.1f, .clip = 1.0f};
+    /* AdamW as the Hugging Face Trainer's defaults for fine-tuning
+     * (adam_beta1/2, adam_epsilon, weight_decay 0: no decay on LoRA adapters,
+     * max_grad_norm 1) */
+    a->p.cfg.adam = (offload_adamw){.lr = (float)a->sched.lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                                    .weight_decay = 0.0f, .clip = 1.0f};
 }
 
 /* The plan first, so that every flag overrides it: a first pass of
@@ -498,7 +506,7 @@ static int read_plan(int argc, char **argv, train_args *a)
         }
         if (a->p.seq) a->seq = a->p.seq;
         if (a->p.micro_batch) a->micro_batch = a->p.micro_batch;
-        if (a->p.dtype >= 0) a->dtype = (zo_dtype)a->p.dtype;
+        if (a->p.dtype >= 0) a->dtype = (zo_dtype)a->p.dtype, a->dtype_from = "the plan";
         if (a->p.gpu_mem) a->device_mem = a->p.gpu_mem;
     }
     return -1;

@@ -33,6 +33,7 @@ typedef struct train_args {
     const char *adapter; /* PEFT adapter directory to start from */
     offload_plan p;      /* the runtime's configuration: the plan, then the flags */
     zo_dtype dtype;
+    const char *dtype_from;  /* what set dtype: the default, --dtype, the plan (the header says) */
     uint64_t device_mem;
     double comm_timeout; /* seconds; 0: ZO_COMM_TIMEOUT or the communicator's default */
     int check_plan;      /* --check-plan: check the plan against the model, run nothing */

@@ -273,6 +273,9 @@ zo_status run_load_weights(train_run *r)
                         (long long)meta.data_step, r->ranks, r->accum);
     r->k0 = (long)(meta.data_step / (r->accum * r->ranks));
     printf("# resumed from %s at step %ld\n", a->resume, r->k0);
+    /* the run ends well with nothing trained (its --save still written) */
+    if (r->k0 >= a->steps)
+        printf("# nothing left to train: %s is at step %ld of --steps %ld\n", a->resume, r->k0, a->steps);
     return ZO_OK;
 }
 
@@ -322,8 +325,9 @@ zo_status run_step(train_run *r, long k, ft_record *rec, int *skipped)
         sum += loss;
         if ((st = run_stopped()) != ZO_OK) return st;
     }
-    /* test seam: ZO_TRAIN_KILL="RANK:STEP" kills that rank mid-step */
-    if (r->kill_rank == r->rank && r->kill_step == k) raise(SIGKILL);
+    /* test seam: ZO_TRAIN_KILL="RANK:STEP" kills that rank mid-step (steps
+     * counted from 1, as the step lines) */
+    if (r->kill_rank == r->rank && r->kill_step == k + 1) raise(SIGKILL);
     offload_step_info info;
     if ((st = offload_step(r->rt, &info)) != ZO_OK) return zo_error_wrap(st, "step %ld", k);
     /* the mean over the global batch: every rank's sum, in rank order */
@@ -332,7 +336,9 @@ zo_status run_step(train_run *r, long k, ft_record *rec, int *skipped)
     for (int q = 0; q < r->ranks; q++) sum += r->losses[q];
     double dt = zo_now() - t0;
     int global = r->accum * r->ranks; /* micro-batches */
-    *rec = (ft_record){.step = k, .loss = sum / global, .lr = lr, .grad_norm = info.grad_norm,
+    /* steps are counted from 1, as the checkpoints are: "step N" is the
+     * N-th step done, and a checkpoint after it is "step N" too */
+    *rec = (ft_record){.step = k + 1, .loss = sum / global, .lr = lr, .grad_norm = info.grad_norm,
                        .tokens_per_s = (double)a->micro_batch * a->seq * global / dt};
     offload_stats ost;
     offload_get_stats(r->rt, &ost);
