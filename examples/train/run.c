@@ -186,9 +186,11 @@ zo_status run_read_inputs(train_run *r)
     int ranks = r->launch.size > 1 ? r->launch.size : 1;
     /* a merge reads the frozen base block by block on rank 0: whole there
      * unless ZeRO-3 partitions it over the ranks */
-    if (a->merge && ranks > 1 && a->p.cfg.zero_stage == 3)
+    if (a->merge && ranks > 1 && a->p.cfg.zero_stage == 3) {
+        r->quiet = r->launch.rank > 0; /* rank 0 says it */
         return zo_error(ZO_ERR_UNSUPPORTED, "--merge %s: ZeRO-3 partitions the frozen base over the %d ranks; "
                         "train with ZeRO 0-2 to merge, or merge the saved adapters on one rank", a->merge, ranks);
+    }
     return check_capability(r, ranks);
 }
 
