@@ -28,6 +28,10 @@ void bench_row(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The last line: "<label>: <value>". */
 void bench_result(const char *label, double value);
 
+/* memcpy's bytes/s over 64 MiB, the best of 5 (the CPU backend's copy
+ * between host and "device" memory); 0 when the buffers cannot be had. */
+double bench_memcpy_rate(void);
+
 /* Keep the compiler from dropping a computed value. */
 void bench_sink(const void *p);
 

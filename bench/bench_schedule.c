@@ -81,26 +81,6 @@ static double gemm_rate(int threads, int rows, int hidden)
     return 2.0 * rows * 4.0 * hidden * hidden / best;
 }
 
-static double memcpy_rate(void)
-{
-    size_t n = 64u << 20;
-    char *a = malloc(n), *b = malloc(n);
-    if (!a || !b) return 0;
-    memset(a, 1, n);
-    memset(b, 2, n);
-    double best = 1e30;
-    for (int r = 0; r < 5; r++) {
-        double t0 = zo_now();
-        memcpy(b, a, n);
-        double dt = zo_now() - t0;
-        if (dt < best) best = dt;
-        bench_sink(b);
-    }
-    free(a);
-    free(b);
-    return (double)n / best;
-}
-
 typedef struct runcfg {
     zo_model_config cfg;
     int B, T, accum, steps, compute_threads, opt_threads, total_threads;
@@ -387,7 +367,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_schedule: calibrate: %s\n", zo_last_error());
         return 1;
     }
-    double gemm = gemm_rate(run.compute_threads, 256, (int)o.hidden), copy = memcpy_rate(), flops = gemm;
+    double gemm = gemm_rate(run.compute_threads, 256, (int)o.hidden), copy = bench_memcpy_rate(), flops = gemm;
     if (calibrate_compute(&run, &host, copy, &flops, &hw) != 0) return 1;
     bench_header("bench_schedule", "LLaMA %ld x %ld, batch %d x %d x %d micro-batches, bf16; %d compute "
                  "thread(s), optimizer thread(s) %d (serial: %d); compute %.3g FLOP/s calibrated (GEMM alone "

@@ -1,12 +1,16 @@
 /* tokenize: encode text with a Hugging Face tokenizer.json into a nanoGPT
- * token file (and its side file). See --help. */
+ * token file (and its side file), or (--decode) ids back into text. See
+ * --help. */
+#include <errno.h>
 #include <getopt.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "common/clock.h"
+#include "common/fileio.h"    /* defines: zo_file_read_all */
 #include "common/units.h"     /* defines: zo_parse_int, zo_format_bytes */
 #include "model/corpus.h"     /* defines: model_corpus_read */
 #include "model/data.h"       /* defines: model_tokens_writer */
@@ -16,6 +20,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
         "usage: tokenize --tokenizer tokenizer.json --out FILE.bin [options] INPUT...\n"
+        "       tokenize --tokenizer tokenizer.json --decode [--skip-special] [INPUT...]\n"
         "\n"
         "Encode UTF-8 text with a Hugging Face tokenizer.json (byte-level BPE: GPT-2,\n"
         "LLaMA-3, Qwen2; SentencePiece BPE: LLaMA-2, Mistral) into a nanoGPT token file:\n"
@@ -36,10 +41,16 @@ static void usage(FILE *f)
         "  --threads N        threads; documents are encoded in parallel (default: all)\n"
         "  --print            print each document's ids as a JSON array, one per line, and\n"
         "                     write nothing (--out not needed)\n"
+        "  --decode           ids back into text, through the tokenizer's decoder, to stdout:\n"
+        "                     a token file (one with the FILE.json side file tokenize writes)\n"
+        "                     decoded whole; any other input (stdin when none) read as lines of\n"
+        "                     ids (1 2 3, 1,2,3 or --print's [1,2,3]; generate --print-ids's\n"
+        "                     lines), each decoded to one line\n"
+        "  --skip-special     with --decode: leave special tokens out (skip_special_tokens=True)\n"
         "  -h, --help         this text\n");
 }
 
-enum { OPT_TOKENIZER = 256, OPT_OUT, OPT_EOT, OPT_NO_SPECIAL, OPT_THREADS, OPT_PRINT };
+enum { OPT_TOKENIZER = 256, OPT_OUT, OPT_EOT, OPT_NO_SPECIAL, OPT_THREADS, OPT_PRINT, OPT_DECODE, OPT_SKIP_SPECIAL };
 
 static const struct option long_opts[] = {
     {"tokenizer", required_argument, 0, OPT_TOKENIZER},
@@ -48,15 +59,109 @@ static const struct option long_opts[] = {
     {"no-special", no_argument, 0, OPT_NO_SPECIAL},
     {"threads", required_argument, 0, OPT_THREADS},
     {"print", no_argument, 0, OPT_PRINT},
+    {"decode", no_argument, 0, OPT_DECODE},
+    {"skip-special", no_argument, 0, OPT_SKIP_SPECIAL},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
 
+/* ---- --decode ------------------------------------------------------------------------ */
+
+/* ids through the tokenizer's decoder, to stdout. */
+static zo_status decode_ids(const model_tokenizer *t, const int32_t *ids, size_t n, int flags)
+{
+    char *text = NULL;
+    size_t len = 0;
+    zo_status st = model_tokenizer_decode(t, ids, n, flags, &text, &len);
+    if (st == ZO_OK) fwrite(text, 1, len, stdout);
+    free(text);
+    return st;
+}
+
+/* A token file tokenize wrote (its side file says the width), decoded whole. */
+static zo_status decode_token_file(const model_tokenizer *t, const char *path, const model_tokens_info *info,
+                                   int flags)
+{
+    char *raw = NULL;
+    size_t len = 0;
+    zo_status st = zo_file_read_all(path, (size_t)1 << 40, "--decode's token file", &raw, &len);
+    if (st != ZO_OK) return st;
+    size_t w = info->width == MODEL_TOKENS_U32 ? 4 : 2, n = len / w;
+    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    if (!ids) st = zo_error(ZO_ERR_NOMEM, "%s: out of host memory", path);
+    for (size_t i = 0; st == ZO_OK && i < n; i++) {
+        const unsigned char *p = (const unsigned char *)raw + i * w;
+        ids[i] = w == 4 ? (int32_t)(p[0] | p[1] << 8 | p[2] << 16 | (uint32_t)p[3] << 24) : (int32_t)(p[0] | p[1] << 8);
+    }
+    if (st == ZO_OK && len % w) st = zo_error(ZO_ERR_FORMAT, "%s: %zu bytes is not a whole number of uint%zu ids", path, len, 8 * w);
+    if (st == ZO_OK) st = decode_ids(t, ids, n, flags);
+    free(ids);
+    free(raw);
+    return st;
+}
+
+/* Lines of ids (separated by spaces, commas or brackets), each decoded to a line. */
+static zo_status decode_lines(const model_tokenizer *t, FILE *in, const char *name, int flags)
+{
+    char *line = NULL;
+    size_t cap = 0;
+    long no = 0;
+    model_ids ids = {0};
+    zo_status st = ZO_OK;
+    while (st == ZO_OK && getline(&line, &cap, in) >= 0) {
+        no++;
+        ids.n = 0;
+        for (char *p = line; *p && st == ZO_OK;) {
+            if (strchr(" \t\r\n,[]", *p)) {
+                p++;
+                continue;
+            }
+            char *end;
+            long v = strtol(p, &end, 10);
+            if (end == p || v < 0 || v > INT32_MAX)
+                st = zo_error(ZO_ERR_INVALID, "'%.*s' is not a token id", (int)strcspn(p, " ,]\n"), p);
+            else
+                st = model_ids_push(&ids, (int32_t)v), p = end;
+        }
+        if (st == ZO_OK) st = decode_ids(t, ids.v, ids.n, flags);
+        if (st == ZO_OK) fputc('\n', stdout);
+        else st = zo_error_wrap(st, "%s:%ld", name, no);
+    }
+    free(line);
+    model_ids_free(&ids);
+    return st;
+}
+
+static int decode_main(const model_tokenizer *t, char **inputs, int n, int flags)
+{
+    zo_status st = ZO_OK;
+    if (!n) st = decode_lines(t, stdin, "stdin", flags);
+    for (int i = 0; i < n && st == ZO_OK; i++) {
+        model_tokens_info info;
+        int found = 0;
+        if ((st = model_tokens_info_read(inputs[i], &info, &found)) != ZO_OK) break;
+        if (found) {
+            st = decode_token_file(t, inputs[i], &info, flags);
+            continue;
+        }
+        FILE *f = fopen(inputs[i], "r");
+        if (!f) {
+            st = zo_error(ZO_ERR_IO, "%s: %s", inputs[i], strerror(errno));
+            break;
+        }
+        st = decode_lines(t, f, inputs[i], flags);
+        fclose(f);
+    }
+    fflush(stdout);
+    if (st == ZO_OK) return 0;
+    fprintf(stderr, "tokenize: --decode: %s\n", zo_last_error());
+    return st == ZO_ERR_NOMEM ? 1 : 2;
+}
 
 int main(int argc, char **argv)
 {
     const char *tok_path = NULL, *out_path = NULL, *eot_name = NULL;
-    int special = 1, print = 0, c;
+    int special = 1, print = 0, decode = 0, skip_special = 0, c;
     long threads = 0;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
@@ -66,6 +171,8 @@ int main(int argc, char **argv)
         case OPT_EOT: eot_name = optarg; break;
         case OPT_NO_SPECIAL: special = 0; break;
         case OPT_PRINT: print = 1; break;
+        case OPT_DECODE: decode = 1; break;
+        case OPT_SKIP_SPECIAL: skip_special = 1; break;
         case OPT_THREADS:
             if (zo_parse_int(optarg, "--threads", 1, 1024, &threads) != ZO_OK) {
                 fprintf(stderr, "tokenize: %s\n", zo_last_error());
@@ -79,6 +186,16 @@ int main(int argc, char **argv)
             fprintf(stderr, "run 'tokenize --help' for the options\n");
             return 2;
         }
+    }
+    if (tok_path && decode) {
+        model_tokenizer *t = NULL;
+        if (model_tokenizer_load(tok_path, &t) != ZO_OK) {
+            fprintf(stderr, "tokenize: %s\n", zo_last_error());
+            return 2;
+        }
+        int rc = decode_main(t, argv + optind, argc - optind, skip_special ? MODEL_TOK_SKIP_SPECIAL : 0);
+        model_tokenizer_free(t);
+        return rc;
     }
     if (!tok_path || (!out_path && !print) || optind >= argc) {
         fprintf(stderr, "tokenize: %s (see --help)\n",

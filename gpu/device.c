@@ -282,6 +282,14 @@ zo_status gpu_attention_backward(gpu_stream_t s, const gpu_attn_desc *a, gpu_ten
     RUN(ATTENTION_BACKWARD, .t = {dqkv, dout, qkv, out}, .p = {(void *)lse}, .d.attn = *a);
 }
 
+zo_status gpu_attention_cached(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor out,
+                               gpu_tensor qkv, gpu_tensor k_cache, gpu_tensor v_cache,
+                               const int32_t *pos, int tc)
+{
+    if (!a) return zo_error(ZO_ERR_INVALID, "gpu_attention_cached: desc is NULL");
+    RUN(ATTENTION_CACHED, .t = {out, qkv, k_cache, v_cache}, .p = {(void *)pos}, .i = {tc}, .d.attn = *a);
+}
+
 zo_status gpu_rope_forward(gpu_stream_t s, gpu_tensor x, int n, int t, int n_heads, int d,
                            int64_t ldx, float theta, int pos0, const double *inv_freq)
 {

@@ -213,6 +213,21 @@ zo_status gpu_attention_backward(gpu_stream_t s, const gpu_attn_desc *a, gpu_ten
                                  gpu_tensor dout, gpu_tensor qkv, gpu_tensor out,
                                  const float *lse);
 
+/* Attention over a key/value cache (generation). For each of b sequences, t
+ * new tokens at positions pos[s] .. pos[s] + t - 1 (pos: b int32 in device
+ * memory): their keys and values (in qkv, laid out as above) are written
+ * into the caches at those positions first, k_cache and v_cache
+ * [b, tc, hkv*d] (any storage type), then query i of sequence s attends,
+ * causally, over cache positions 0 .. pos[s] + i (with window > 0 the last
+ * `window` of them), scaled by 1/sqrt(d). out [b, t, hq*d]. Cache positions
+ * past pos[s] + t - 1 are neither read nor written. A sequence whose
+ * positions leave the cache (pos[s] < 0 or pos[s] + t > tc) is a sticky
+ * stream error. A prompt is a call with pos 0 (t its tokens), each token
+ * generated after it a call with t 1 at the next position. */
+zo_status gpu_attention_cached(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor out,
+                               gpu_tensor qkv, gpu_tensor k_cache, gpu_tensor v_cache,
+                               const int32_t *pos, int tc);
+
 /* Rotary embedding, Hugging Face LLaMA convention (rotate_half: dimension i
  * pairs with i + d/2), IN PLACE on the first n_heads heads (d wide) of each
  * of n rows of x (row stride ldx). Row r has position p = pos0 + r % t and

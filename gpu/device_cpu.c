@@ -550,6 +550,11 @@ static zo_status cpu_run_attention_backward(cpu_scratch *ws, const gpu_op_args *
                                   nt);
 }
 
+static zo_status cpu_run_attention_cached(cpu_scratch *ws, const gpu_op_args *a, int nt)
+{
+    return cpu_attention_cached(ws, &a->d.attn, a->t[0], a->t[1], a->t[2], a->t[3], a->p[0], (int)a->i[0], nt);
+}
+
 static zo_status rope(cpu_scratch *ws, const gpu_op_args *a, int inverse, int nt)
 {
     return cpu_rope(ws, a->t[0], (int)a->i[0], (int)a->i[1], (int)a->i[2], (int)a->i[3], a->i[4],

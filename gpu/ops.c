@@ -72,6 +72,17 @@ static zo_status gpu_check_attn(const char *op, const gpu_op_args *a)
     return ZO_OK;
 }
 
+/* the attention's shape, and a cache that holds t new tokens: i[0] = tc */
+static zo_status gpu_check_attn_cached(const char *op, const gpu_op_args *a)
+{
+    zo_status st = gpu_check_attn(op, a);
+    if (st != ZO_OK) return st;
+    if (a->i[0] < a->d.attn.t)
+        return zo_error(ZO_ERR_INVALID, "%s: cache of %lld positions < t %d new tokens", op, (long long)a->i[0],
+                        a->d.attn.t);
+    return ZO_OK;
+}
+
 /* i: n, t, n_heads, d, ldx, pos0; f[0] = theta */
 static zo_status gpu_check_rope(const char *op, const gpu_op_args *a)
 {

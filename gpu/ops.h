@@ -109,6 +109,10 @@ typedef struct gpu_op_slot {
     X(ATTENTION_BACKWARD, attention_backward,                                                   \
       (GPU_T(0, dqkv), GPU_T(1, dout), GPU_T(2, qkv), GPU_T(3, out), GPU_P(0, lse)),             \
       gpu_check_attn)                                                                            \
+    X(ATTENTION_CACHED, attention_cached,                                                       \
+      (GPU_T(0, out), GPU_T(1, qkv), GPU_T(2, k_cache), GPU_T(3, v_cache), GPU_P(0, pos),         \
+       GPU_DIM(0, tc)),                                                                          \
+      gpu_check_attn_cached)                                                                     \
     X(ROPE_FORWARD, rope_forward,                                                               \
       (GPU_T(0, x), GPU_DIM(0, n), GPU_DIM(1, t), GPU_DIM(2, n_heads), GPU_DIM(3, d),            \
        GPU_INT(4, ldx), GPU_INT(5, pos0), GPU_POPT(0, inv_freq)),                                \

@@ -1138,6 +1138,90 @@ zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_te
     return ZO_OK;
 }
 
+/* Attention over a key/value cache (generation): the new tokens' keys and
+ * values into the caches, then one task per (sequence, kv head), which
+ * stages the cache rows its queries see in fp32 once for the query heads of
+ * its group. A query's scores, softmax and weighted sum of values run in
+ * fixed lanes, keys ascending: the same bits whatever the thread count. */
+
+/* o[0..d) += p v[0..d) */
+VEC_CLONES static void axpy_row(float *restrict o, float p, const float *restrict v, int d)
+{
+    for (int k = 0; k < d; k++) o[k] += p * v[k];
+}
+
+zo_status cpu_attention_cached(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tensor out, gpu_tensor qkv,
+                               gpu_tensor kc, gpu_tensor vc, const int32_t *pos, int tc, int nt)
+{
+    const int t = a->t, d = a->d, hq = a->hq, hkv = a->hkv, grp = hq / hkv, nb = a->b;
+    const size_t ld = (size_t)(hq + 2 * hkv) * d, ldo = (size_t)hq * d, ldc = (size_t)hkv * d;
+    const float scale = 1.0f / sqrtf((float)d);
+    int most = 0; /* the most cache rows a sequence's queries see */
+    for (int s = 0; s < nb; s++) {
+        if (pos[s] < 0 || pos[s] > tc - t)
+            return zo_error(ZO_ERR_INVALID,
+                            "gpu_attention_cached: pos[%d] = %d: positions %d..%d are outside the cache of %d",
+                            s, pos[s], pos[s], pos[s] + t - 1, tc);
+        if (pos[s] + t > most) most = pos[s] + t;
+    }
+    const int team = nthreads(nt);
+    /* per thread: K and V rows [most][d], a score row, a query and an output row */
+    const size_t per = 2 * al64((size_t)most * d * 4) + al64((size_t)most * 4) + 3 * al64((size_t)d * 4);
+    char *sb;
+    zo_status st = reserve_team(ws, "gpu_attention_cached", 0, per, team, &sb);
+    if (st != ZO_OK) return st;
+#pragma omp parallel num_threads(team)
+    {
+        char *cur = team_slice(sb, 0, per);
+        float *K = carve(&cur, (size_t)most * d), *V = carve(&cur, (size_t)most * d);
+        float *S = carve(&cur, (size_t)most), *q = carve(&cur, (size_t)d), *o = carve(&cur, (size_t)d);
+        float *row = carve(&cur, (size_t)d);
+        /* the new keys and values into the caches, row by row */
+#pragma omp for schedule(static)
+        for (int r = 0; r < nb * t; r++) {
+            int s = r / t, i = r % t;
+            size_t src = (size_t)r * ld, dst = ((size_t)s * tc + pos[s] + i) * ldc;
+            for (int g = 0; g < hkv; g++) {
+                load_row(row, qkv, src + (size_t)(hq + g) * d, (size_t)d);
+                store_row(kc, dst + (size_t)g * d, row, (size_t)d);
+                load_row(row, qkv, src + (size_t)(hq + hkv + g) * d, (size_t)d);
+                store_row(vc, dst + (size_t)g * d, row, (size_t)d);
+            }
+        }
+        /* (the implicit barrier: every key is in its cache) */
+#pragma omp for schedule(static)
+        for (int sg = 0; sg < nb * hkv; sg++) {
+            int s = sg / hkv, g = sg % hkv, nk = pos[s] + t;
+            for (int j = 0; j < nk; j++) {
+                size_t off = ((size_t)s * tc + j) * ldc + (size_t)g * d;
+                load_row(K + (size_t)j * d, kc, off, (size_t)d);
+                load_row(V + (size_t)j * d, vc, off, (size_t)d);
+            }
+            for (int h = g * grp; h < (g + 1) * grp; h++)
+                for (int i = 0; i < t; i++) {
+                    int p = pos[s] + i, j0 = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
+                    load_row(q, qkv, ((size_t)s * t + i) * ld + (size_t)h * d, (size_t)d);
+                    float mx = -INFINITY;
+                    for (int j = j0; j <= p; j++) {
+                        S[j] = dot_lanes(q, K + (size_t)j * d, d) * scale;
+                        mx = S[j] > mx ? S[j] : mx;
+                    }
+                    float l = 0.0f;
+                    for (int k = 0; k < d; k++) o[k] = 0.0f;
+                    for (int j = j0; j <= p; j++) {
+                        float e = fexp(S[j] - mx);
+                        l += e;
+                        axpy_row(o, e, V + (size_t)j * d, d);
+                    }
+                    float inv = 1.0f / l;
+                    for (int k = 0; k < d; k++) o[k] *= inv;
+                    store_row(out, ((size_t)s * t + i) * ldo + (size_t)h * d, o, (size_t)d);
+                }
+        }
+    }
+    return ZO_OK;
+}
+
 /* ---- RoPE ----------------------------------------------------------------------------------- */
 
 zo_status cpu_rope(cpu_scratch *ws, gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx,

@@ -92,6 +92,8 @@ zo_status cpu_attention_forward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_ten
 zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tensor dqkv,
                                  gpu_tensor dout, gpu_tensor qkv, gpu_tensor out,
                                  const float *lse, int nt);
+zo_status cpu_attention_cached(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tensor out, gpu_tensor qkv,
+                               gpu_tensor k_cache, gpu_tensor v_cache, const int32_t *pos, int tc, int nt);
 zo_status cpu_rope(cpu_scratch *ws, gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx,
                    float theta, int pos0, const double *inv_freq, int inverse, int nt);
 void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int nt);

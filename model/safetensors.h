@@ -196,5 +196,9 @@ typedef zo_status (*model_block_read_fn)(void *ctx, int block, float *dst);
  * read(ctx, b, dst): host memory holds one block. */
 zo_status model_save_streamed(const char *path, const model_layout *l, model_block_read_fn read,
                               void *ctx, zo_dtype file_dt);
+/* The same for the layout's tensors [first, first + n) alone (a shard of a
+ * sharded checkpoint: model/hf.h). */
+zo_status model_save_streamed_range(const char *path, const model_layout *l, int first, int n,
+                                    model_block_read_fn read, void *ctx, zo_dtype file_dt);
 
 #endif

@@ -223,6 +223,7 @@ typedef struct stream_ctx stream_ctx;
 
 typedef struct save_ctx {
     const model_layout *l;
+    int first;              /* the tensor of entry 0 (a range of the layout's tensors) */
     const void *const *blocks;
     zo_dtype buf_dt, file_dt;
     stream_ctx *stream;     /* model_save_streamed: blocks come through it */
@@ -232,7 +233,7 @@ typedef struct save_ctx {
 static zo_status save_fill(void *vctx, int index, uint64_t first, uint64_t count, void *dst)
 {
     const save_ctx *x = vctx;
-    const model_tensor *t = &x->l->tensors[index];
+    const model_tensor *t = &x->l->tensors[x->first + index];
     size_t bsz = zo_dtype_size(x->buf_dt), fsz = zo_dtype_size(x->file_dt);
     const uint8_t *src = (const uint8_t *)x->blocks[t->block] + t->offset * bsz;
     if (!t->hf_transposed)
@@ -259,16 +260,16 @@ typedef struct stream_ctx {
     int block;
 } stream_ctx;
 
-/* Entries of the layout's tensors in its (block) order. */
-static model_st_entry *save_entries(const char *path, const model_layout *l, zo_dtype file_dt)
+/* Entries of the layout's tensors [first, first + n) in its (block) order. */
+static model_st_entry *save_entries(const char *path, const model_layout *l, int first, int n, zo_dtype file_dt)
 {
-    model_st_entry *e = calloc(l->n_tensors ? (size_t)l->n_tensors : 1, sizeof *e);
+    model_st_entry *e = calloc(n ? (size_t)n : 1, sizeof *e);
     if (!e) {
-        zo_error(ZO_ERR_NOMEM, "%s: cannot allocate %d entries", path, l->n_tensors);
+        zo_error(ZO_ERR_NOMEM, "%s: cannot allocate %d entries", path, n);
         return NULL;
     }
-    for (int i = 0; i < l->n_tensors; i++) {
-        const model_tensor *t = &l->tensors[i];
+    for (int i = 0; i < n; i++) {
+        const model_tensor *t = &l->tensors[first + i];
         e[i].name = t->name;
         e[i].dtype = file_dt;
         e[i].ndim = t->ndim;
@@ -285,7 +286,7 @@ zo_status model_save(const char *path, const model_layout *l, const void *const 
         return zo_error(ZO_ERR_INVALID, "%s: bad dtype", path);
     for (int b = 0; b < l->n_blocks; b++)
         if (!blocks[b]) return zo_error(ZO_ERR_INVALID, "%s: block %d has no buffer", path, b);
-    model_st_entry *e = save_entries(path, l, file_dt);
+    model_st_entry *e = save_entries(path, l, 0, l->n_tensors, file_dt);
     if (!e) return ZO_ERR_NOMEM;
     size_t bsz = zo_dtype_size(buf_dt);
     for (int i = 0; i < l->n_tensors; i++) {
@@ -303,7 +304,7 @@ static zo_status stream_fill(void *vctx, int index, uint64_t first, uint64_t cou
 {
     save_ctx *x = vctx;
     stream_ctx *sc = x->stream;
-    int b = x->l->tensors[index].block;
+    int b = x->l->tensors[x->first + index].block;
     if (sc->block != b) {
         zo_status st = sc->read(sc->ctx, b, sc->buf);
         sc->block = st == ZO_OK ? b : -1;
@@ -315,22 +316,30 @@ static zo_status stream_fill(void *vctx, int index, uint64_t first, uint64_t cou
 zo_status model_save_streamed(const char *path, const model_layout *l, model_block_read_fn read,
                               void *ctx, zo_dtype file_dt)
 {
+    return model_save_streamed_range(path, l, 0, l->n_tensors, read, ctx, file_dt);
+}
+
+zo_status model_save_streamed_range(const char *path, const model_layout *l, int first, int n,
+                                    model_block_read_fn read, void *ctx, zo_dtype file_dt)
+{
     if ((unsigned)file_dt >= ZO_DTYPE_COUNT) return zo_error(ZO_ERR_INVALID, "%s: bad dtype", path);
+    if (first < 0 || n < 1 || first + n > l->n_tensors)
+        return zo_error(ZO_ERR_INVALID, "%s: tensors %d..%d of %d", path, first, first + n - 1, l->n_tensors);
     size_t largest = 1;
     for (int b = 0; b < l->n_blocks; b++)
         if (l->block_numel[b] > largest) largest = l->block_numel[b];
     stream_ctx sc = {.read = read, .ctx = ctx, .buf = malloc(largest * sizeof(float)), .block = -1};
     /* every block is read into the one buffer: save_fill finds it there */
     const void **blocks = calloc((size_t)l->n_blocks, sizeof *blocks);
-    model_st_entry *e = save_entries(path, l, file_dt);
+    model_st_entry *e = save_entries(path, l, first, n, file_dt);
     zo_status st = ZO_OK;
     if (!sc.buf || !blocks || !e) {
         st = zo_error(ZO_ERR_NOMEM, "%s: cannot allocate a block of %zu floats", path, largest);
         goto out_free;
     }
     for (int b = 0; b < l->n_blocks; b++) blocks[b] = sc.buf;
-    save_ctx x = {.l = l, .blocks = blocks, .buf_dt = ZO_DTYPE_F32, .file_dt = file_dt, .stream = &sc};
-    st = model_st_write(path, e, l->n_tensors, stream_fill, &x);
+    save_ctx x = {.l = l, .first = first, .blocks = blocks, .buf_dt = ZO_DTYPE_F32, .file_dt = file_dt, .stream = &sc};
+    st = model_st_write(path, e, n, stream_fill, &x);
 out_free:
     free(e);
     free(blocks);

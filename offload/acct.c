@@ -13,10 +13,27 @@ void offload_count(offload_acct *a, offload_tier t, int64_t delta)
     pthread_mutex_unlock(&a->mu);
 }
 
+/* Every second this thread has added to a time split: a region's inner
+ * regions are what it grew by while the region ran. */
+static __thread double thread_added;
+
+offload_timer offload_time_begin(void)
+{
+    return (offload_timer){.t0 = zo_now(), .inner0 = thread_added};
+}
+
+void offload_time_end(offload_acct *a, offload_time_part p, offload_timer t)
+{
+    double s = zo_now() - t.t0 - (thread_added - t.inner0);
+    offload_add_time(a, p, s > 0 ? s : 0.0);
+}
+
 void offload_add_time(offload_acct *a, offload_time_part p, double seconds)
 {
+    thread_added += seconds;
     pthread_mutex_lock(&a->mu);
-    a->time[p] += seconds;
+    if (pthread_equal(pthread_self(), a->owner)) a->time[p] += seconds;
+    else a->beside[p] += seconds;
     pthread_mutex_unlock(&a->mu);
 }
 
@@ -56,9 +73,9 @@ void offload_host_free(const offload_env *env, void *p, size_t bytes, int pinned
 
 zo_status offload_timed_wait(const offload_env *env, gpu_event_t ev, offload_time_part part)
 {
-    double t0 = zo_now();
+    offload_timer t0 = offload_time_begin();
     zo_status st = gpu_event_synchronize(ev);
-    offload_add_time(env->acct, part, zo_now() - t0);
+    offload_time_end(env->acct, part, t0);
     return st;
 }
 

@@ -24,7 +24,11 @@ typedef enum offload_bytes_kind {
 typedef struct offload_acct {
     pthread_mutex_t mu;
     uint64_t use[OFFLOAD_TIERS], peak[OFFLOAD_TIERS];
-    double time[OFFLOAD_TIME_PARTS];
+    /* the time split of the thread that made the runtime (the caller's:
+     * the parts of its wall time), and what other threads (the optimizer's,
+     * overlap and dpu) spent beside it */
+    pthread_t owner;
+    double time[OFFLOAD_TIME_PARTS], beside[OFFLOAD_TIME_PARTS];
     double total_s;
     int64_t n_micro, n_steps;
     uint64_t bytes[OFFLOAD_BYTES_KINDS];
@@ -62,7 +66,17 @@ typedef struct offload_geom {
 } offload_geom;
 
 void offload_count(offload_acct *a, offload_tier t, int64_t delta);
+/* Seconds to a part of the time split: the owner thread's (offload_acct.
+ * owner) to time[], another thread's to beside[]. */
 void offload_add_time(offload_acct *a, offload_time_part p, double seconds);
+/* A timed region: what it adds at its end is its time less what the regions
+ * timed inside it (on the same thread) added, so a wait inside an update is
+ * counted once, and the parts add up to the thread's wall time. */
+typedef struct offload_timer {
+    double t0, inner0;
+} offload_timer;
+offload_timer offload_time_begin(void);
+void offload_time_end(offload_acct *a, offload_time_part p, offload_timer t);
 void offload_add_bytes(offload_acct *a, offload_bytes_kind k, uint64_t n);
 /* The device is computing a micro-batch (1) or not (0): the optimizer's
  * time is counted as overlapped while it is. */

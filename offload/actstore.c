@@ -3,6 +3,7 @@
  *
  *   device   every boundary in a device buffer of its own: the blocks read
  *            and write them in place
+ *   pass     (forward only) two device buffers the boundaries take in turn
  *   host     every boundary in pinned host memory, through a ring of two
  *            device buffers: a boundary goes out on the d2h stream after
  *            the block that wrote it, and comes back on the h2d stream one
@@ -18,7 +19,8 @@
 
 typedef struct dev_acts {
     actstore base;
-    void **bnd;            /* [nb - 1] device buffers, or NULL (no boundaries) */
+    void **bnd;            /* [n_bnd] device buffers, or NULL (no boundaries) */
+    int n_bnd;             /* nb - 1; forward only: 2 at most, boundary k in bnd[k % 2] */
 } dev_acts;
 
 static zo_status dev_forward(actstore *as, gpu_stream_t s, int b, offload_block_io *io)
@@ -51,7 +53,7 @@ static void dev_free(actstore *as)
 {
     dev_acts *d = (dev_acts *)as;
     if (d->bnd)
-        for (int k = 0; k < as->nb - 1; k++) gpu_mem_free(as->env->dev, d->bnd[k]);
+        for (int k = 0; k < d->n_bnd; k++) gpu_mem_free(as->env->dev, d->bnd[k]);
     free(d->bnd);
     free(d);
 }
@@ -61,11 +63,38 @@ static const actstore_ops dev_ops = {
     .pass_begin = dev_pass_begin, .free = dev_free,
 };
 
+/* ---- forward only: two device buffers in turn ------------------------------------------------
+ * A forward keeps no boundary for a backward: block b reads the buffer
+ * block b-1 wrote and writes the other, which block b-1's input held (the
+ * compute stream orders them). */
+
+static zo_status pass_forward(actstore *as, gpu_stream_t s, int b, offload_block_io *io)
+{
+    void **bnd = ((dev_acts *)as)->bnd;
+    (void)s;
+    io->in = bnd && b > 0 ? bnd[(b - 1) % 2] : NULL;
+    io->out = bnd && b < as->nb - 1 ? bnd[b % 2] : NULL;
+    return ZO_OK;
+}
+
+static zo_status pass_backward(actstore *as, gpu_stream_t s, int b, offload_block_io *io)
+{
+    (void)as, (void)s, (void)io;
+    return zo_error(ZO_ERR_INVALID, "offload: block %d: a forward-only runtime keeps nothing for a backward", b);
+}
+
+static const actstore_ops pass_ops = {
+    .forward = pass_forward, .forward_done = dev_done, .backward = pass_backward, .backward_done = dev_done,
+    .pass_begin = dev_pass_begin, .free = dev_free,
+};
+
 static zo_status dev_create(actstore *as)
 {
     dev_acts *d = (dev_acts *)as;
     size_t nbnd = (size_t)(as->nb - 1);
     zo_status st;
+    if (as->ops == &pass_ops && nbnd > 2) nbnd = 2;
+    d->n_bnd = (int)nbnd;
     if (!nbnd || !as->bytes) return ZO_OK;
     if (!(d->bnd = calloc(nbnd, sizeof(void *)))) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
     for (size_t k = 0; k < nbnd; k++)
@@ -239,7 +268,8 @@ zo_status actstore_create(const offload_env *env, int nb, size_t bytes, offload_
     int host = on == OFFLOAD_CPU;
     actstore *as = calloc(1, host ? sizeof(host_acts) : sizeof(dev_acts));
     if (!as) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
-    *as = (actstore){.ops = host ? &host_ops : &dev_ops, .env = env, .nb = nb, .bytes = bytes};
+    *as = (actstore){.ops = host ? &host_ops : on == ACTSTORE_PASS ? &pass_ops : &dev_ops, .env = env, .nb = nb,
+                     .bytes = bytes};
     zo_status st = host ? host_create(as) : dev_create(as);
     if (st != ZO_OK) {
         actstore_free(as);

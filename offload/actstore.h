@@ -32,8 +32,13 @@ struct actstore {
     size_t bytes;          /* of one boundary (0: the model passes none) */
 };
 
+/* A forward-only runtime's store (for actstore_create's `on`): two device
+ * buffers the boundaries take in turn; nothing is kept for a backward. */
+#define ACTSTORE_PASS ((offload_tier)OFFLOAD_TIERS)
+
 /* The boundaries of nb blocks, `bytes` each, on the device or (on
- * OFFLOAD_CPU) in pinned host memory through two device buffers. */
+ * OFFLOAD_CPU) in pinned host memory through two device buffers, or
+ * (ACTSTORE_PASS) two device buffers for forwards alone. */
 zo_status actstore_create(const offload_env *env, int nb, size_t bytes, offload_tier on, actstore **out);
 void actstore_free(actstore *as);
 

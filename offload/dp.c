@@ -311,14 +311,14 @@ zo_status offload_dp_wait(offload_dp *dp)
 {
     zo_status st = ZO_OK;
     if (!dp) return ZO_OK;
-    double t0 = zo_now();
+    offload_timer t0 = offload_time_begin();
     for (; dp->head < dp->n_req; dp->head++) {
         zo_status sw = comm_wait(dp->req[dp->head]);
         dp->req[dp->head] = NULL;
         if (st == ZO_OK) st = sw;
     }
     dp->head = dp->n_req = 0;
-    offload_add_time(dp->env->acct, OFFLOAD_TIME_COMM, zo_now() - t0);
+    offload_time_end(dp->env->acct, OFFLOAD_TIME_COMM, t0);
     return st;
 }
 
@@ -385,9 +385,9 @@ zo_status offload_dp_gather(offload_dp *dp, const void *mine, size_t bytes, void
                                GPU_COPY_HOST_TO_DEVICE)) != ZO_OK ||
         (st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK)
         return st;
-    double t0 = zo_now();
+    offload_timer t0 = offload_time_begin();
     st = comm_all_gather(dp->comm, buf + (size_t)dp->rank * stride, buf, words, ZO_DTYPE_F32, &ord, NULL);
-    offload_add_time(dp->env->acct, OFFLOAD_TIME_COMM, zo_now() - t0);
+    offload_time_end(dp->env->acct, OFFLOAD_TIME_COMM, t0);
     if (st != ZO_OK) return zo_error_wrap(st, "offload_gather");
     for (int r = 0; r < dp->size; r++)
         if ((st = gpu_memcpy_async(env->d2h, (char *)all + (size_t)r * bytes, buf + (size_t)r * stride, bytes,

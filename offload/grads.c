@@ -66,7 +66,7 @@ zo_status offload_grads_accumulate(offload_grads *gr, int k)
     if (g->block < 0) return ZO_OK;
     zo_status st = offload_timed_wait(gr->env, g->copied, OFFLOAD_TIME_GRADS);
     if (st != ZO_OK) return st;
-    double t0 = zo_now();
+    offload_timer t0 = offload_time_begin();
     int b = g->block;
     size_t n = g->n;
     float *acc = gr->sums[b].host;
@@ -96,7 +96,7 @@ zo_status offload_grads_accumulate(offload_grads *gr, int k)
     }
     }
     g->block = -1;
-    offload_add_time(gr->env->acct, OFFLOAD_TIME_GRADS, zo_now() - t0);
+    offload_time_end(gr->env->acct, OFFLOAD_TIME_GRADS, t0);
     int was_reduced = gr->reduced && gr->reduced[b];
     if ((st = added(gr, b, NULL)) != ZO_OK) return st;
     if (!offload_optim_early(gr->opt)) return ZO_OK;
@@ -432,9 +432,9 @@ static zo_status reduce_host(offload_grads *gr, int b, gpu_stream_t s)
     char *sum = (char *)gr->sums[b].host, *part = (char *)gr->sums[b].part;
     (void)s;
     if (dp->red != ZO_DTYPE_F32) {
-        double t0 = zo_now();
+        offload_timer t0 = offload_time_begin();
         narrow_in_place(gr->sums[b].host, n, dp->red);
-        offload_add_time(env->acct, OFFLOAD_TIME_GRADS, zo_now() - t0);
+        offload_time_end(env->acct, OFFLOAD_TIME_GRADS, t0);
         gr->narrowed[b] = 1;
     }
     zo_status st;
@@ -531,7 +531,7 @@ static zo_status reduce_at_step(offload_grads *gr)
 {
     offload_dp *dp = gr->env->dp;
     zo_status st = ZO_OK;
-    double t0 = zo_now();
+    offload_timer t0 = offload_time_begin();
     for (int b = 0; b < gr->g->nb; b++) {
         if (st == ZO_OK && gr->g->numel[b] && !gr->reduced[b]) st = gr->path[b]->reduce(gr, b, NULL);
         gr->reduced[b] = 0;
@@ -540,7 +540,7 @@ static zo_status reduce_at_step(offload_grads *gr)
     if (st == ZO_OK) st = sw;
     sw = gpu_stream_synchronize(gr->env->d2h);
     if (st == ZO_OK) st = sw;
-    offload_add_time(gr->env->acct, OFFLOAD_TIME_COMM, zo_now() - t0);
+    offload_time_end(gr->env->acct, OFFLOAD_TIME_COMM, t0);
     for (int b = 0; st == ZO_OK && b < gr->g->nb; b++) widen(gr, b);
     return st;
 }

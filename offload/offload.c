@@ -152,6 +152,10 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
                         "max_skipped_steps or keep_checkpoints");
     if ((unsigned)c->schedule > OFFLOAD_SCHEDULE_DPU)
         return zo_error(ZO_ERR_INVALID, "offload_init: schedule %d is not serial, overlap or dpu", (int)c->schedule);
+    /* a forward-only runtime (generation) has no optimizer and no backward */
+    if (c->forward_only && ((c->comm && comm_size(c->comm) > 1) || c->recompute || c->ckpt_dir))
+        return zo_error(ZO_ERR_INVALID, "offload_init: a forward-only runtime runs one rank, recomputes nothing "
+                        "and keeps no checkpoints");
     if (c->zero_stage < 0 || c->zero_stage > 3)
         return zo_error(ZO_ERR_INVALID, "offload_init: ZeRO stage %d (0, 1, 2 or 3)", c->zero_stage);
     /* what the runtime runs: the table every program asks (common/capability.h) */
@@ -258,7 +262,8 @@ static zo_status create_ostate(offload_t *rt)
 static zo_status create_weights(offload_t *rt, offload_tier on, int ring)
 {
     int stage = rt->dp ? rt->dp->stage : 0;
-    wstore_config wc = {.tier = on, .dev_puts = rt->cfg.opt_frac[OFFLOAD_DEVICE] > 0, .chunk = rt->cfg.sub_group,
+    wstore_config wc = {.tier = on, .dev_puts = !rt->cfg.forward_only && rt->cfg.opt_frac[OFFLOAD_DEVICE] > 0,
+                        .chunk = rt->cfg.sub_group,
                         .nvme_dir = rt->cfg.nvme_dir, .name = "par", .ring = ring,
                         .gathered = stage == 1 || stage == 2,
                         .deferred = rt->cfg.schedule != OFFLOAD_SCHEDULE_SERIAL};
@@ -302,6 +307,7 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     if (!rt->cfg.max_skipped_steps) rt->cfg.max_skipped_steps = OFFLOAD_MAX_SKIPPED_STEPS;
     offload_ckpt_init(&rt->ck);
     pthread_mutex_init(&rt->acct.mu, NULL);
+    rt->acct.owner = pthread_self();
     /* a second run on the same checkpoint folder is refused before anything
      * is allocated (several ranks share the folder: rank 0 holds it) */
     if (cfg->ckpt_dir && (!cfg->comm || comm_rank(cfg->comm) == 0) &&
@@ -338,19 +344,22 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     int w_streamed = w_on != OFFLOAD_DEVICE || zero3;
     int f_streamed = frozen && (rt->cfg.params_on != OFFLOAD_DEVICE || zero3);
     offload_stream_config sc = {.m = &rt->m, .g = &rt->g, .prefetch_depth = rt->cfg.prefetch_depth,
-                                .recompute = rt->cfg.recompute,
-                                .recompute_layers = rt->cfg.recompute_layers, .checkpoints_on = rt->cfg.checkpoints_on};
+                                .recompute = rt->cfg.recompute, .recompute_layers = rt->cfg.recompute_layers,
+                                .checkpoints_on = rt->cfg.checkpoints_on, .forward_only = rt->cfg.forward_only};
     if (w_streamed || f_streamed) sc.n_slots = offload_stream_slots(&rt->m, rt->cfg.prefetch_depth);
     sc.fslot = f_streamed ? rt->fg.slot_bytes : 0;
     sc.slot_size = sc.fslot + (w_streamed ? rt->g.slot_bytes : 0);
     if ((st = create_weights(rt, w_on, sc.n_slots)) != ZO_OK) goto out_free;
     if (frozen && (st = create_frozen(rt, sc.n_slots)) != ZO_OK) goto out_free;
-    /* the layers above the stores, each on the ones below it */
+    /* the layers above the stores, each on the ones below it (a forward-only
+     * runtime has the stores and the streaming alone) */
+    if (rt->cfg.forward_only) goto streaming;
     if ((st = create_ostate(rt)) != ZO_OK) goto out_free;
     if ((st = offload_optim_create(&rt->env, &rt->cfg, &rt->m, &rt->g, &rt->og, rt->ws, rt->os, &rt->opt)) != ZO_OK ||
         (st = offload_grads_create(&rt->env, &rt->g, &rt->og, rt->dep, rt->cfg.grad_accum, rt->os, rt->opt, &rt->gr)) !=
             ZO_OK)
         goto out_free;
+streaming:
     sc.ws = rt->ws;
     sc.fws = rt->fws;
     sc.gr = rt->gr;
@@ -398,6 +407,14 @@ void offload_free(offload_t *rt)
 
 /* ---- weights in and out, block by block ---------------------------------------------- */
 
+/* What a forward-only runtime has none of: gradients, the optimizer and its state. */
+static zo_status trains(const offload_t *rt, const char *fn)
+{
+    if (!rt->cfg.forward_only) return ZO_OK;
+    return zo_error(ZO_ERR_INVALID, "%s: the runtime runs forwards only (offload_config.forward_only): no "
+                    "gradients, optimizer state or fp32 master", fn);
+}
+
 static zo_status check_block(const offload_t *rt, const char *fn, int block)
 {
     if (block < 0 || block >= rt->g.nb)
@@ -414,7 +431,7 @@ static zo_status set_block(offload_t *rt, int b, const float *w)
     if (bad < rt->numel[b])
         return zo_error(ZO_ERR_INVALID, "offload: block %d element %zu is %g: weights must be finite", b,
                         bad, (double)w[bad]);
-    if ((st = ostate_write(rt->os, rt->og.off[b], rt->og.numel[b],
+    if (rt->os && (st = ostate_write(rt->os, rt->og.off[b], rt->og.numel[b],
                            w + offload_dp_part_first(rt->dp, b), NULL, NULL)) != ZO_OK)
         return st;
     return wstore_load_f32(rt->ws, b, 0, rt->numel[b], w);
@@ -423,6 +440,7 @@ static zo_status set_block(offload_t *rt, int b, const float *w)
 /* Whatever the gradient sums held is dropped: the weights changed. */
 static zo_status weights_begin(offload_t *rt)
 {
+    if (rt->cfg.forward_only) return ZO_OK; /* no optimizer, no gradients */
     zo_status st = offload_optim_settle(rt->opt);
     zo_status sd = offload_grads_drain(rt->gr);
     rt->opt->micro = 0;
@@ -460,7 +478,7 @@ zo_status offload_set_frozen_block(offload_t *rt, int block, const void *bytes)
 zo_status offload_get_frozen_block(offload_t *rt, int block, void *bytes)
 {
     zo_status st = check_block(rt, "offload_get_frozen_block", block);
-    if (st != ZO_OK || (st = offload_optim_settle(rt->opt)) != ZO_OK) return st;
+    if (st != ZO_OK || (rt->opt && (st = offload_optim_settle(rt->opt)) != ZO_OK)) return st;
     if (!rt->fws) return zo_error(ZO_ERR_INVALID, "offload_get_frozen_block: the model has no frozen base");
     return rt->fws->ops->get_host(rt->fws, block, bytes);
 }
@@ -468,7 +486,8 @@ zo_status offload_get_frozen_block(offload_t *rt, int block, void *bytes)
 zo_status offload_get_block(offload_t *rt, int block, float *w)
 {
     zo_status st = check_block(rt, "offload_get_block", block);
-    if (st != ZO_OK || (st = offload_optim_settle(rt->opt)) != ZO_OK) return st;
+    if (st != ZO_OK || (st = trains(rt, "offload_get_block")) != ZO_OK || (st = offload_optim_settle(rt->opt)) != ZO_OK)
+        return st;
     return ostate_get_block(rt->os, block, rt->numel[block], w);
 }
 
@@ -476,11 +495,12 @@ zo_status offload_set_weights(offload_t *rt, const float *const *blocks)
 {
     zo_status st = weights_begin(rt);
     for (int b = 0; b < rt->g.nb && st == ZO_OK; b++) st = set_block(rt, b, blocks[b]);
-    zo_status sw = ostate_sync(rt->os);
+    zo_status sw = rt->os ? ostate_sync(rt->os) : ZO_OK;
     if (st == ZO_OK) st = sw;
     sw = weights_end(rt);
     if (st != ZO_OK) return st;
     if (sw != ZO_OK) return sw;
+    if (!rt->opt) return ZO_OK;
     rt->opt->ctr.step = 0;
     rt->opt->ctr.good_steps = 0;
     rt->opt->ctr.skipped = 0;
@@ -490,7 +510,8 @@ zo_status offload_set_weights(offload_t *rt, const float *const *blocks)
 
 zo_status offload_get_weights(offload_t *rt, float *const *blocks)
 {
-    zo_status st;
+    zo_status st = trains(rt, "offload_get_weights");
+    if (st != ZO_OK) return st;
     for (int b = 0; b < rt->g.nb; b++)
         if ((st = offload_get_block(rt, b, blocks[b])) != ZO_OK) return st;
     return ostate_sync(rt->os);
@@ -500,6 +521,8 @@ zo_status offload_get_weights(offload_t *rt, float *const *blocks)
 
 zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s)
 {
+    zo_status tr = trains(rt, "offload_micro_batch");
+    if (tr != ZO_OK) return tr;
     double t0 = zo_now();
     offload_set_device_busy(&rt->acct, 1);
     zo_status st = offload_stream_micro_batch(rt->sm, s);
@@ -513,18 +536,22 @@ zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s)
 
 zo_status offload_forward(offload_t *rt, gpu_stream_t s)
 {
+    double t0 = zo_now();
     offload_set_device_busy(&rt->acct, 1);
     zo_status st = offload_stream_forward(rt->sm, s);
     offload_set_device_busy(&rt->acct, 0);
-    return st;
+    if (st != ZO_OK) return st;
+    device_peak(rt);
+    rt->acct.total_s += zo_now() - t0;
+    return ZO_OK;
 }
 
 zo_status offload_step(offload_t *rt, offload_step_info *info)
 {
     double t0 = zo_now();
     memset(info, 0, sizeof *info);
-    zo_status st = offload_grads_drain(rt->gr);
-    if (st != ZO_OK) return st;
+    zo_status st = trains(rt, "offload_step");
+    if (st != ZO_OK || (st = offload_grads_drain(rt->gr)) != ZO_OK) return st;
     if (!rt->opt->micro) return zo_error(ZO_ERR_INVALID, "offload_step: no micro-batch since the last step");
     if ((st = offload_grads_reduce(rt->gr)) != ZO_OK) return zo_error_wrap(st, "offload_step: gradient reduction");
     /* the update before this one is done (and, with dpu, published), and
@@ -539,12 +566,16 @@ zo_status offload_step(offload_t *rt, offload_step_info *info)
     return st;
 }
 
-float offload_loss_scale(const offload_t *rt) { return rt->opt->ctr.loss_scale; }
+float offload_loss_scale(const offload_t *rt) { return rt->opt ? rt->opt->ctr.loss_scale : 1.0f; }
 
 void offload_set_lr(offload_t *rt, float lr) { rt->cfg.adam.lr = lr; }
 
 const float *offload_grad(const offload_t *rt, size_t *n)
 {
+    if (!rt->os) {
+        if (n) *n = 0;
+        return NULL;
+    }
     size_t host_n;
     float *sums = ostate_host_sums(rt->os, &host_n);
     if (n) *n = host_n;
@@ -558,22 +589,30 @@ size_t offload_block_offset(const offload_t *rt, int block) { return rt->off[blo
 zo_status offload_save_streamed(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
                                 offload_weights_stream writer, void *writer_user)
 {
+    zo_status st = trains(rt, "offload_save_streamed");
+    if (st != ZO_OK) return st;
     return offload_ckpt_save(&rt->ck, dir, meta, writer, writer_user);
 }
 
 zo_status offload_save(offload_t *rt, const char *dir, const offload_ckpt_meta *meta,
                        offload_weights_writer writer, void *writer_user)
 {
+    zo_status st = trains(rt, "offload_save");
+    if (st != ZO_OK) return st;
     return offload_ckpt_save_whole(&rt->ck, dir, meta, writer, writer_user);
 }
 
 zo_status offload_load(offload_t *rt, const char *dir, offload_ckpt_meta *meta)
 {
+    zo_status st = trains(rt, "offload_load");
+    if (st != ZO_OK) return st;
     return offload_ckpt_load(&rt->ck, dir, meta);
 }
 
 zo_status offload_write_weights(offload_t *rt, const char *path, offload_weights_stream writer, void *user)
 {
+    zo_status st = trains(rt, "offload_write_weights");
+    if (st != ZO_OK) return st;
     return offload_ckpt_write_weights(&rt->ck, path, writer, user);
 }
 
@@ -593,10 +632,11 @@ void offload_get_stats(const offload_t *rt, offload_stats *o)
     o->in_use[OFFLOAD_DEVICE] = ms.in_use;
     o->device_capacity = ms.capacity;
     memcpy(o->time, a->time, sizeof o->time);
+    memcpy(o->time_beside, a->beside, sizeof o->time_beside);
     o->total_s = a->total_s;
     o->micro_batches = a->n_micro;
     o->steps = a->n_steps;
-    o->skipped = rt->opt->ctr.skipped;
+    o->skipped = rt->opt ? rt->opt->ctr.skipped : 0;
     o->bytes_h2d = a->bytes[OFFLOAD_BYTES_H2D];
     o->bytes_d2h = a->bytes[OFFLOAD_BYTES_D2H];
     o->bytes_disk_read = a->bytes[OFFLOAD_BYTES_DISK_READ];
@@ -614,7 +654,7 @@ void offload_get_stats(const offload_t *rt, offload_stats *o)
     o->comm_calls = a->comm_calls;
     o->comm_reused_elems = rt->dp && rt->dp->stage >= 3 ? a->reused_elems : 0;
     o->comm_frozen_bytes = a->comm_frozen_bytes;
-    ostate_bytes(rt->os, o->optimizer_bytes);
+    if (rt->os) ostate_bytes(rt->os, o->optimizer_bytes);
 }
 
 zo_status offload_gather(offload_t *rt, const void *mine, size_t bytes, void *all)
@@ -632,6 +672,7 @@ void offload_reset_times(offload_t *rt)
 {
     offload_acct *a = &rt->acct;
     memset(a->time, 0, sizeof a->time);
+    memset(a->beside, 0, sizeof a->beside);
     a->total_s = 0;
     a->n_micro = a->n_steps = 0;
     memset(a->bytes, 0, sizeof a->bytes);

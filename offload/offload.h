@@ -245,6 +245,16 @@ typedef struct offload_config {
      * fp16. The sums over micro-batches stay fp32; what is rounded where:
      * docs/offload.md, "The reduce dtype". */
     zo_dtype reduce_dtype;
+    /* Forwards only (generation, docs/generate.md): the weight stores
+     * (params_on; with a frozen base trainable_on places the adapters), the
+     * device slots and two device buffers for the activation between blocks,
+     * and nothing else: no gradients, no optimizer state, no fp32 master
+     * (offload_set_block keeps the weights in the model's dtype), no
+     * checkpoints, one rank. offload_forward runs the blocks; each forward's
+     * last blocks prefetch the next forward's first. offload_micro_batch,
+     * offload_step, offload_get_block, offload_get_weights and the
+     * checkpoints are ZO_ERR_INVALID. */
+    int forward_only;
 } offload_config;
 
 /* prefetch 2, everything on the device, no recompute, sub-group 1M, AdamW
@@ -336,10 +346,10 @@ zo_status offload_get_weights(offload_t *rt, float *const *blocks);
  * starts again with the next micro-batch. */
 zo_status offload_micro_batch(offload_t *rt, gpu_stream_t s);
 
-/* Forward only (evaluation): every block in order, weights streamed as in
- * training, no gradients and nothing added to the step; the model's loss is
- * complete on `s` on return. Between micro-batches of a step or between
- * steps alike. */
+/* Forward only (evaluation, generation): every block in order, weights
+ * streamed as in training, no gradients and nothing added to the step; the
+ * model's outputs are complete on `s` on return. Between micro-batches of a
+ * step or between steps alike; its time counts in the stats' total. */
 zo_status offload_forward(offload_t *rt, gpu_stream_t s);
 
 typedef struct offload_step_info {
@@ -390,7 +400,10 @@ typedef struct offload_stats {
     uint64_t peak[OFFLOAD_TIERS];   /* most bytes in use at once per tier */
     uint64_t in_use[OFFLOAD_TIERS]; /* now */
     uint64_t device_capacity;       /* 0 = unlimited */
-    double time[OFFLOAD_TIME_PARTS];/* seconds since init (or the last reset) */
+    double time[OFFLOAD_TIME_PARTS];/* seconds since init (or the last reset) the thread that made
+                                       the runtime spent in each part: parts of its wall time */
+    double time_beside[OFFLOAD_TIME_PARTS]; /* the same, spent on other threads beside it (the
+                                       optimizer's, schedules overlap and dpu) */
     double total_s;                 /* micro-batches and steps together */
     int64_t micro_batches, steps, skipped;
     uint64_t bytes_h2d, bytes_d2h, bytes_disk_read, bytes_disk_written;

@@ -243,9 +243,9 @@ static zo_status job_all(offload_optim *o, step_ctx *c)
  * as its last element is updated; one with nothing to update, here). */
 static zo_status step_block(offload_optim *o, step_ctx *c, oshard_update *u, int b)
 {
-    double ts = zo_now();
+    offload_timer ts = offload_time_begin();
     zo_status st = ostate_step_block(o->os, b, u);
-    offload_add_time(o->env->acct, OFFLOAD_TIME_OPTIMIZER, zo_now() - ts);
+    offload_time_end(o->env->acct, OFFLOAD_TIME_OPTIMIZER, ts);
     if (st == ZO_OK && !o->og->numel[b]) st = block_complete(c, b);
     return st;
 }
@@ -492,7 +492,7 @@ zo_status offload_optim_step(offload_optim *o, offload_step_info *info)
     }
     info->loss_scale = o->ctr.loss_scale;
     info->skipped = 0;
-    double t0 = zo_now();
+    offload_timer t0 = offload_time_begin();
     double sumsq;
     int first_bad;
     st = grad_stats(o, &sumsq, &first_bad);
@@ -505,7 +505,7 @@ zo_status offload_optim_step(offload_optim *o, offload_step_info *info)
     o->micro = 0;
     if (first_bad >= 0) {
         st = nonfinite_step(o, first_bad, early, info);
-        offload_add_time(a, OFFLOAD_TIME_OPTIMIZER, zo_now() - t0);
+        offload_time_end(a, OFFLOAD_TIME_OPTIMIZER, t0);
         return st;
     }
     o->prev_norm = (float)norm;

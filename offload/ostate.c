@@ -168,9 +168,9 @@ static zo_status host_step_range(oshard *sh, size_t first, size_t n, const oshar
 
 static zo_status host_step(oshard *sh, const oshard_update *u)
 {
-    double t0 = zo_now();
+    offload_timer t0 = offload_time_begin();
     zo_status st = host_step_range(sh, sh->first, sh->n, u);
-    offload_add_time(sh->env->acct, OFFLOAD_TIME_OPTIMIZER, zo_now() - t0);
+    offload_time_end(sh->env->acct, OFFLOAD_TIME_OPTIMIZER, t0);
     return st;
 }
 
@@ -577,7 +577,7 @@ static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, int *bad_b
     if (exact) {
         if (!d->stats_host)
             return zo_error(ZO_ERR_INTERNAL, "offload: exact statistics without their buffer");
-        double t0 = zo_now();
+        offload_timer t0 = offload_time_begin();
         for (int b = d->b0; b < g->nb; b++) {
             size_t n = g->numel[b];
             if (!n) continue;
@@ -593,7 +593,7 @@ static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, int *bad_b
             *sumsq += ss;
             if (nf && *bad_block < 0) *bad_block = b;
         }
-        offload_add_time(env->acct, OFFLOAD_TIME_GRADS, zo_now() - t0);
+        offload_time_end(env->acct, OFFLOAD_TIME_GRADS, t0);
         return ZO_OK;
     }
     float *sum = d->stats;

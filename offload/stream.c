@@ -43,7 +43,8 @@ static zo_status alloc_slots(offload_stream *sm)
     return ZO_OK;
 }
 
-/* The schedule of a micro-batch: forward in order, backward in reverse. */
+/* The schedule of a micro-batch: forward in order, backward in reverse;
+ * forward only, this forward and the next. */
 static zo_status schedule(offload_stream *sm)
 {
     int nb = sm->c.g->nb;
@@ -51,7 +52,7 @@ static zo_status schedule(offload_stream *sm)
         return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
     for (int b = 0; b < nb; b++) {
         sm->sched[b] = b;
-        sm->sched[nb + b] = nb - 1 - b;
+        sm->sched[nb + b] = sm->c.forward_only ? b : nb - 1 - b;
     }
     sm->n_sched = 2 * nb;
     return ZO_OK;
@@ -68,7 +69,9 @@ zo_status offload_stream_create(const offload_env *env, const offload_stream_con
     zo_status st = schedule(sm);
     if (st == ZO_OK && c->n_slots) st = alloc_slots(sm);
     for (int k = 0; k < 2 && st == ZO_OK; k++) st = gpu_event_create(env->dev, &sm->done[k]);
-    if (st == ZO_OK) st = actstore_create(env, c->g->nb, c->m->boundary_bytes, c->checkpoints_on, &sm->acts);
+    if (st == ZO_OK)
+        st = actstore_create(env, c->g->nb, c->m->boundary_bytes, c->forward_only ? ACTSTORE_PASS : c->checkpoints_on,
+                             &sm->acts);
     if (st != ZO_OK) {
         offload_stream_free(sm);
         return st;
@@ -181,8 +184,9 @@ static zo_status prefetch(offload_stream *sm)
             if (need[k] < 0 || slot_of(sm, need[k]) >= 0) continue;
             /* its update runs: later; a store whose fetch is a collective
              * waits for it, so that what every rank fetches, and when, is
-             * its schedule's, not the update's timing */
-            if (!offload_optim_ready(sm->c.opt, need[k], sm->c.ws->collective)) return ZO_OK;
+             * its schedule's, not the update's timing (a forward-only
+             * runtime has no optimizer) */
+            if (sm->c.opt && !offload_optim_ready(sm->c.opt, need[k], sm->c.ws->collective)) return ZO_OK;
             int s;
             if ((st = load_block(sm, need[k], p + 1, &s)) != ZO_OK) return st;
             if (s < 0) return ZO_OK; /* no slot free: later positions wait too */
@@ -227,9 +231,9 @@ static zo_status acquire(offload_stream *sm, gpu_stream_t s, int b, offload_bloc
     int ids0[2] = {b, dep};
     for (int k = 0; k < 2; k++) {
         if (ids0[k] < 0) continue;
-        double t0 = zo_now();
-        int ready = offload_optim_ready(sm->c.opt, ids0[k], 1);
-        offload_add_time(sm->env->acct, OFFLOAD_TIME_WEIGHTS, zo_now() - t0);
+        offload_timer t0 = offload_time_begin();
+        int ready = !sm->c.opt || offload_optim_ready(sm->c.opt, ids0[k], 1);
+        offload_time_end(sm->env->acct, OFFLOAD_TIME_WEIGHTS, t0);
         if (!ready) return zo_error(ZO_ERR_INVALID, "offload: block %d: the optimizer's update failed", ids0[k]);
         if ((st = use_resident(sm, s, ids0[k])) != ZO_OK) return st;
     }

@@ -37,6 +37,11 @@ typedef struct offload_stream_config {
     offload_tier checkpoints_on; /* the activation store's tier */
     offload_grads *gr;
     offload_optim *opt;
+    /* forwards only (generation): no gradients and no optimizer (gr, opt
+     * NULL), the boundaries in two device buffers, and the schedule one
+     * forward after another, so a forward's last blocks prefetch the next
+     * one's first */
+    int forward_only;
 } offload_stream_config;
 
 typedef struct offload_stream {
@@ -45,7 +50,8 @@ typedef struct offload_stream {
     const int *dep;             /* [nb] c.m->block_dep: the block whose weights block b reads, -1 none */
     offload_slot *slots;        /* [c.n_slots] */
     uint64_t tick;
-    int *sched;                 /* [2 nb] the blocks of one micro-batch in order */
+    int *sched;                 /* [2 nb] the blocks of one micro-batch in order (forward only:
+                                   two forwards) */
     int n_sched;
     int pos;                    /* schedule position being acquired */
     uint64_t pass;              /* passes (micro-batches, forwards) begun */

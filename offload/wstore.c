@@ -621,11 +621,11 @@ static nvme_wstore *nvme_of(wstore *ws) { return (nvme_wstore *)ws; }
 static zo_status nvme_write_block(wstore *ws, int b)
 {
     nvme_wstore *w = nvme_of(ws);
-    double t0 = zo_now();
+    offload_timer t0 = offload_time_begin();
     pthread_mutex_lock(&w->io_mu);
     zo_status st = nvme_store_write(w->store, w->ids[b], w->asm_buf);
     pthread_mutex_unlock(&w->io_mu);
-    offload_add_time(ws->env->acct, OFFLOAD_TIME_DISK, zo_now() - t0);
+    offload_time_end(ws->env->acct, OFFLOAD_TIME_DISK, t0);
     if (st != ZO_OK) return zo_error_wrap(st, "offload: weights of block %d to NVMe", b);
     offload_add_bytes(ws->env->acct, OFFLOAD_BYTES_DISK_WRITTEN, block_bytes(ws, b));
     return ZO_OK;
@@ -643,11 +643,11 @@ static zo_status nvme_fetch(wstore *ws, int b, void *dst)
     w->ring_next = (r + 1) % w->n_ring;
     if (w->ring_used[r] && (st = offload_timed_wait(env, w->ring_ev[r], OFFLOAD_TIME_WEIGHTS)) != ZO_OK)
         return st;
-    double t0 = zo_now();
+    offload_timer t0 = offload_time_begin();
     pthread_mutex_lock(&w->io_mu);
     st = nvme_store_read(w->store, w->ids[b], w->ring[r]);
     pthread_mutex_unlock(&w->io_mu);
-    offload_add_time(env->acct, OFFLOAD_TIME_DISK, zo_now() - t0);
+    offload_time_end(env->acct, OFFLOAD_TIME_DISK, t0);
     if (st != ZO_OK) return zo_error_wrap(st, "offload: weights of block %d from NVMe", b);
     offload_add_bytes(env->acct, OFFLOAD_BYTES_DISK_READ, bytes);
     if ((st = gpu_memcpy_async(env->h2d, dst, w->ring[r], bytes, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK ||
@@ -662,11 +662,11 @@ static zo_status nvme_get_host(wstore *ws, int b, void *dst)
 {
     nvme_wstore *w = nvme_of(ws);
     if (!block_bytes(ws, b)) return ZO_OK;
-    double t0 = zo_now();
+    offload_timer t0 = offload_time_begin();
     pthread_mutex_lock(&w->io_mu);
     zo_status st = nvme_store_read(w->store, w->ids[b], dst);
     pthread_mutex_unlock(&w->io_mu);
-    offload_add_time(ws->env->acct, OFFLOAD_TIME_DISK, zo_now() - t0);
+    offload_time_end(ws->env->acct, OFFLOAD_TIME_DISK, t0);
     if (st != ZO_OK) return zo_error_wrap(st, "offload: weights of block %d from NVMe", b);
     offload_add_bytes(ws->env->acct, OFFLOAD_BYTES_DISK_READ, block_bytes(ws, b));
     return ZO_OK;

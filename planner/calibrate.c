@@ -133,10 +133,14 @@ static zo_status measure_nvme(const plan_calibrate_opts *o, double *rd, double *
     for (size_t off = 0; off < total && !st; off += chunk) st = nvme_write(e, fid, buf, chunk, off);
     if (st) goto out_file;
     *wr = (double)total / (zo_now() - t0);
-    t0 = zo_now();
-    for (size_t off = 0; off < total && !st; off += chunk) st = nvme_read(e, fid, buf, chunk, off);
-    if (st) goto out_file;
-    *rd = (double)total / (zo_now() - t0);
+    *rd = 0;
+    for (int pass = 0; pass < (o->nvme_reads > 1 ? o->nvme_reads : 1); pass++) {
+        t0 = zo_now();
+        for (size_t off = 0; off < total && !st; off += chunk) st = nvme_read(e, fid, buf, chunk, off);
+        if (st) goto out_file;
+        double r = (double)total / (zo_now() - t0);
+        *rd = r > *rd ? r : *rd;
+    }
     if (((unsigned char *)buf)[chunk - 1] != 0x5a)
         st = zo_error(ZO_ERR_CHECKSUM, "calibrate: %s read back other bytes than written", path);
 out_file:

@@ -4,11 +4,12 @@
  *   memplan plan [options]       the search: the best layouts and placements
  *   memplan max-model [options]  the largest model per strategy
  *   memplan calibrate [options]  measure this machine: a hardware profile
+ *   memplan generate [options]   generation: bytes per tier, the cache, time per token
  *   memplan models, hardware     the presets
  *
  * One file a command: memplan_estimate.c, memplan_plan.c (the search's flags
  * too, which max-model shares), memplan_max_model.c, memplan_calibrate.c,
- * memplan_list.c.
+ * memplan_generate.c, memplan_list.c.
  *
  * The flags the commands share are parsed once (memplan_cli.c).
  * Exit status: 0 fits (or a listing), 1 does not fit, 2 bad input. */
@@ -28,6 +29,8 @@ static const char usage_main[] =
     "  plan        search layouts, ZeRO stages, recompute and placements; the best few\n"
     "  max-model   the largest model of a family that trains on the hardware, per strategy\n"
     "  calibrate   measure this machine; write a hardware profile for --hw FILE\n"
+    "  generate    bytes per tier to generate with a model (weights resident or streamed, the\n"
+    "              key/value cache), the predicted time per token\n"
     "  models      list the model presets with their shapes and parameter counts\n"
     "  hardware    list the hardware presets\n"
     "  help        this text; 'memplan estimate --help' for the estimate's options\n"
@@ -49,9 +52,10 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "plan")) return cmd_plan(argc - 1, argv + 1);
     if (!strcmp(cmd, "max-model")) return cmd_max_model(argc - 1, argv + 1);
     if (!strcmp(cmd, "calibrate")) return cmd_calibrate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "models")) return cmd_models();
     if (!strcmp(cmd, "hardware")) return cmd_hardware();
-    fprintf(stderr, "memplan: unknown command '%s' (commands: estimate, plan, max-model, calibrate, models, hardware; see "
+    fprintf(stderr, "memplan: unknown command '%s' (commands: estimate, plan, max-model, calibrate, generate, models, hardware; see "
                     "'memplan --help')\n", cmd);
     return EXIT_BADINPUT;
 }

@@ -219,6 +219,7 @@ int cmd_estimate(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_max_model(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
 int cmd_models(void);
 int cmd_hardware(void);
 

@@ -19,6 +19,12 @@ blocks, a multiple of neither 48 nor 32:
          The first step's loss is the base model's (B starts at zero), and the
          merged eval loss must differ from the base's by 10 times the
          tolerance at least, so that adapters left out of the merge are seen.
+  saved  the full fine-tune's `--save DIR` (sharded: --max-shard-size below
+         the model) and the LoRA run's `--merge DIR` are Hugging Face folders:
+         config.json is the config given with torch_dtype set, the weights load
+         by name through model.safetensors.index.json (or model.safetensors)
+         into the PyTorch model here, which gives train's eval loss; a bf16
+         run stores BF16 tensors and says bfloat16.
 
 For the mixtures of experts (Mixtral, and Qwen2-MoE with its shared expert behind a sigmoid gate
 and top-k weights not renormalized), full fine-tuning only, the load-balancing loss on
@@ -44,6 +50,7 @@ import json
 import math
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -394,6 +401,28 @@ def merge_adapter(c, params, adapter_dir, want):
 
 # ---- the train side ---------------------------------------------------------------------------
 
+def read_folder(d):
+    """A Hugging Face folder as the reference reads it: config.json, and every tensor by name
+    from model.safetensors.index.json's shards (or model.safetensors), with the file dtypes."""
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    index = os.path.join(d, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        shards = ["model.safetensors"]
+    params, dtypes = {}, set()
+    for sh in shards:
+        path = os.path.join(d, sh)
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            dtypes |= {e["dtype"] for k, e in json.loads(f.read(n)).items() if k != "__metadata__"}
+        if dtypes == {"F32"}:
+            params.update(mf.read_safetensors(path))
+    return cfg, params, shards, dtypes
+
+
 def write_tokens(path, ids):
     """A raw token file: little-endian uint16 ids, no side file."""
     a = array.array("H", [int(i) for i in ids])
@@ -492,22 +521,15 @@ def check_family(train, name, workdir):
     if is_moe(c):
         ck.fact(f"the reference's expert choices clear of ties (smallest gap {MIN_GAP[0]:.1e} > {TIE_GAP:.0e})",
                 MIN_GAP[0] > TIE_GAP)
-    saved = os.path.join(d, "trained.safetensors")
-    got_l, got_n, got_ev, t_train, cmd = run_train(train, d, run, ["--save", saved] if is_moe(c) else [])
+    sdir = os.path.join(d, "saved")
+    shard = 4 * sum(v.numel() for v in params.values()) // 3  # below the model: shards and an index
+    got_l, got_n, got_ev, t_train, cmd = run_train(train, d, run, ["--save", sdir, "--max-shard-size", str(shard)])
     print(f" full fine-tuning (train {t_train:.1f} s, torch {t_torch:.1f} s): {cmd}")
     for k in range(STEPS):
         ck.rel(f"step {k} loss", got_l[k], want_l[k])
         ck.rel(f"step {k} grad norm", got_n[k], want_n[k], slack=5e-5)
     ck.rel("eval loss after 3 steps", got_ev, want_ev)
-    if is_moe(c):
-        # the trained weights saved under the checkpoint's names, which evaluate here to train's
-        # eval loss
-        out = mf.read_safetensors(saved)
-        same = sorted(out) == sorted(params) and all(out[k].shape == params[k].shape for k in params)
-        ck.fact(f"--save wrote the {len(params)} tensors under the checkpoint's names and shapes", same)
-        if same:
-            ck.rel("eval loss of the saved weights", got_ev,
-                   eval_loss(c, {k: v.to(torch.float64) for k, v in out.items()}, eval_data, run))
+    check_folder(ck, c, params, sdir, eval_data, run, got_ev, "--save", sharded=True)
     if is_moe(c):
         # the MoE layer recomputed in backward (its routing redone) and streamed from host memory:
         # the same run
@@ -523,15 +545,16 @@ def check_family(train, name, workdir):
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         ck.fact(f"--lora refused (exit {p.returncode}, {p.stdout.strip()[-90:]!r})",
                 p.returncode == 2 and "on a mixture-of-experts model does not run" in p.stdout
-                and "\nstep 0 " not in p.stdout)
+                and "\nstep 1 " not in p.stdout)
         return ck.failed
 
     # LoRA: train's own adapters, saved, merged here
     adir = os.path.join(d, "adapter")
     lrun = dict(run, lr=lora["lr"])
+    mdir = os.path.join(d, "merged")
     got_l, _, got_ev, t_train, cmd = run_train(
         train, d, lrun, ["--lora", str(lora["r"]), "--lora-alpha", repr(lora["alpha"]),
-                         "--lora-targets", lora["targets"], "--save", adir])
+                         "--lora-targets", lora["targets"], "--save", adir, "--merge", mdir])
     t0 = time.time()
     base_ev = eval_loss(c, params, eval_data, run)
     with torch.no_grad():
@@ -548,7 +571,32 @@ def check_family(train, name, workdir):
     moved = abs(merged_ev - base_ev) / base_ev
     ck.fact(f"the adapters move the eval loss (base {base_ev:.6f}, rel {moved:.1e} > {10 * REL:.0e})",
             moved > 10 * REL)
+    check_folder(ck, c, params, mdir, eval_data, run, got_ev, "--merge", sharded=False)
+
+    # a bf16 run saves BF16 tensors and says so
+    bdir = os.path.join(d, "saved-bf16")
+    run_train(train, d, dict(run), ["--save", bdir, "--dtype", "bf16"])
+    bcfg, _, _, dtypes = read_folder(bdir)
+    ck.fact(f"--save --dtype bf16: tensors {sorted(dtypes)}, torch_dtype {bcfg.get('torch_dtype')}",
+            dtypes == {"BF16"} and bcfg.get("torch_dtype") == "bfloat16")
     return ck.failed
+
+
+def check_folder(ck, c, params, folder, eval_data, run, train_ev, flag, sharded):
+    """A saved folder: its config the one given (torch_dtype float32), every tensor of the model
+    by name with its shape and no other, sharded as asked; its eval loss in the reference is
+    train's."""
+    cfg, got, shards, dtypes = read_folder(folder)
+    want_cfg = dict(c, torch_dtype="float32")
+    ck.fact(f"{flag} {os.path.basename(folder)}/config.json is the config given, torch_dtype float32",
+            cfg == want_cfg)
+    names = set(params)
+    ck.fact(f"{flag}: {len(got)} tensors in {len(shards)} file(s) ({'sharded, an index' if sharded else 'one'}), "
+            f"the model's names and shapes, {sorted(dtypes)}",
+            set(got) == names and all(got[k].shape == params[k].shape for k in names) and
+            (len(shards) > 1) == sharded and dtypes == {"F32"})
+    if set(got) == names:
+        ck.rel(f"eval loss of the {flag} folder", eval_loss(c, got, eval_data, run), train_ev)
 
 
 def main():

@@ -10,7 +10,11 @@
  *   against PyTorch's cross_entropy(ignore_index=-1)
  *   (tests/fixtures/gpu/make_masked.py; test_finetune_torch remakes the
  *   references with /usr/bin/python3);
- * - train on text through a tokenizer and on prompt/completion JSONL. */
+ * - train on text through a tokenizer and on prompt/completion JSONL;
+ * - the conventions fine-tuners expect: steps and checkpoints counted from
+ *   1 alike, a resume with nothing left says so, AdamW's defaults the
+ *   Hugging Face Trainer's and the dtype memplan's (the header says both,
+ *   and they are what runs), the time line's parts add up to its total. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -27,6 +31,7 @@
 
 #include "examples/finetune.h"  /* defines: ft_lr_at, ft_log_read */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer */
+#include "tests/support/run.h"  /* defines: run_memplan */
 #include "model/safetensors.h"  /* defines: model_st_open, model_load_path */
 
 /* ---- helpers --------------------------------------------------------------------------- */
@@ -208,15 +213,25 @@ static void test_train_schedule_resume(void **state)
     assert_int_equal(n, 8);
     for (size_t i = 0; i < n; i++) {
         double want = closed_form(FT_LR_COSINE, 3e-3, 3e-4, 3, 8, (long)i);
-        assert_int_equal(recs[i].step, (long)i);
+        assert_int_equal(recs[i].step, (long)i + 1); /* counted from 1 */
         if (fabs(recs[i].lr - want) > 1e-8 * want) fail_msg("step %zu: lr %.9g, closed form %.9g", i, recs[i].lr, want);
         if (fabs(strtod(full.lr[i], NULL) - want) > 1e-5 * want) fail_msg("step %zu: printed lr %s", i, full.lr[i]);
     }
     free(recs);
 
-    /* stop after step 1 (mid-warmup), resume to step 4 (mid-decay), resume to the end */
+    /* stop after step 2 (mid-warmup), resume to step 5 (mid-decay), resume to the end */
     snprintf(extra, sizeof extra, "%s --steps 2 --schedule-steps 8 --ckpt %s/ck", sched, dir);
     train(extra, &a);
+    /* the checkpoint is labelled as the step line before it: steps counted the same way */
+    assert_int_equal(a.n, 2);
+    assert_int_equal(a.step[a.n - 1], 2);
+    char label[256];
+    snprintf(label, sizeof label, "step 2 loss %s", a.loss[1]);
+    const char *last = strstr(out, label), *ck = strstr(out, "# checkpoint ");
+    assert_non_null(last);
+    assert_non_null(ck);
+    assert_true(ck > last);
+    assert_true(!strncmp(strchr(ck, '\n') - 7, " step 2", 7));
     snprintf(extra, sizeof extra, "%s --steps 5 --schedule-steps 8 --resume %s/ck --ckpt %s/ck", sched, dir, dir);
     train(extra, &b);
     assert_non_null(strstr(out, "resumed"));
@@ -232,6 +247,17 @@ static void test_train_schedule_resume(void **state)
                 fail_msg("step %d: resumed loss %s lr %s, uninterrupted loss %s lr %s", k, parts[p]->loss[i],
                          parts[p]->lr[i], full.loss[k], full.lr[k]);
         }
+    /* a resume with nothing left to train says so, trains nothing and ends well;
+     * so does one whose checkpoint is past --steps */
+    const char *steps[] = {"8", "6"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(extra, sizeof extra, "%s --steps %s --schedule-steps 8 --resume %s/ck", sched, steps[i], dir);
+        train(extra, &c);
+        assert_int_equal(c.n, 0);
+        char want[128];
+        snprintf(want, sizeof want, "# nothing left to train: %s/ck is at step 8 of --steps %s\n", dir, steps[i]);
+        if (!strstr(out, want)) fail_msg("no \"%s\" in:\n%s", want, out);
+    }
     /* bad flags */
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "%s --model %s/config.json --data %s/train.txt --text --lr 1e-3 --min-lr 1e-2 2>&1",
@@ -268,9 +294,9 @@ static void test_eval_log_plot(void **state)
     run_out r;
     train(extra, &r);
     assert_int_equal(r.n, 6);
-    assert_int_equal(r.n_eval, 3); /* after steps 1, 3, 5 */
+    assert_int_equal(r.n_eval, 3); /* after steps 2, 4, 6 (counted from 1, as the checkpoints) */
     for (int i = 0; i < r.n_eval; i++) {
-        assert_int_equal(r.eval_step[i], 2 * i + 1);
+        assert_int_equal(r.eval_step[i], 2 * i + 2);
         assert_true(fabs(r.eval_ppl[i] - exp(r.eval_loss[i])) <= 1e-4 * r.eval_ppl[i]);
     }
     /* the log: every member, eval members on eval steps only */
@@ -288,9 +314,10 @@ static void test_eval_log_plot(void **state)
         assert_true(cJSON_GetObjectItem(pk, "cpu")->valuedouble > 0);
         assert_true(cJSON_IsNumber(cJSON_GetObjectItem(pk, "nvme")));
         int step = cJSON_GetObjectItem(o, "step")->valueint;
-        assert_int_equal(step, lines);
-        assert_int_equal(cJSON_HasObjectItem(o, "eval_loss"), step % 2 == 1);
-        if (step % 2) assert_true(fabs(cJSON_GetObjectItem(o, "eval_loss")->valuedouble - r.eval_loss[step / 2]) < 1e-5);
+        assert_int_equal(step, lines + 1);
+        assert_int_equal(cJSON_HasObjectItem(o, "eval_loss"), step % 2 == 0);
+        if (step % 2 == 0)
+            assert_true(fabs(cJSON_GetObjectItem(o, "eval_loss")->valuedouble - r.eval_loss[step / 2 - 1]) < 1e-5);
         cJSON_Delete(o);
         lines++;
     }
@@ -513,7 +540,7 @@ static void test_inputs_before_step0(void **state)
     snprintf(cmd, sizeof cmd, "%s %s --steps 2 --eval-data %s --save %s 2>&1", ZO_TRAIN_BIN, common, path, save);
     assert_int_equal(run_cmd(cmd, out, sizeof out), 2);
     assert_non_null(strstr(out, "tiny.txt"));
-    assert_null(strstr(out, "step 0 loss")); /* refused before training */
+    assert_null(strstr(out, "step 1 loss")); /* refused before training */
     /* prompts longer than --seq: no completion token is left to train on */
     snprintf(path, sizeof path, "%s/long.jsonl", dir);
     f = fopen(path, "w");
@@ -570,6 +597,104 @@ static void test_plot_no_follow(void **state)
     assert_non_null(strstr(svg, "<svg")); /* the plot landed at its own name */
 }
 
+/* ---- the conventions fine-tuners expect -------------------------------------------------- */
+
+/* The line of `out` that starts with `prefix` (NULL when none). */
+static const char *line_of(const char *out, const char *prefix)
+{
+    for (const char *p = out; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (!strncmp(p, prefix, strlen(prefix))) return p;
+    return NULL;
+}
+
+/* train's header names its AdamW settings and its dtype, and they are what
+ * runs: the defaults are the Hugging Face Trainer's (betas 0.9/0.999, eps
+ * 1e-8, no weight decay, so none on LoRA adapters; clip 1) and the same
+ * losses come out with them given as flags; the dtype is memplan's default
+ * (its estimate's "<dtype> weights"). */
+static void test_conventions(void **state)
+{
+    (void)state;
+    write_inputs();
+    run_out d, e;
+    train("--steps 3", &d);
+    const char *adamw = line_of(out, "# adamw:"), *head = line_of(out, "# train:");
+    assert_non_null(adamw);
+    assert_non_null(head);
+    const char *hf = "# adamw: lr 0.0003, betas 0.9/0.999, eps 1e-08, weight decay 0 on 2-D weights, clip 1 "
+                     "(Hugging Face Trainer's defaults)\n";
+    if (strncmp(adamw, hf, strlen(hf))) fail_msg("want %s got %.*s", hf, (int)strcspn(adamw, "\n"), adamw);
+    char memplan_out[1 << 14], args[256], dtype[16] = "", want[64];
+    snprintf(args, sizeof args, "estimate --model %s/config.json", dir);
+    assert_int_equal(run_memplan(args, memplan_out, sizeof memplan_out), 0);
+    const char *w = strstr(memplan_out, " weights, ");
+    assert_non_null(w);
+    const char *sp = w;
+    while (sp > memplan_out && sp[-1] != ' ') sp--;
+    snprintf(dtype, sizeof dtype, "%.*s", (int)(w - sp), sp);
+    snprintf(want, sizeof want, "; dtype %s (the default, memplan's);", dtype);
+    printf("  memplan's default: %s weights; train's header: %.*s\n", dtype, (int)strcspn(head, "\n"), head);
+    assert_true(strstr(head, want) && strstr(head, want) < strchr(head, '\n'));
+    /* the same run with every default given as a flag */
+    train("--steps 3 --beta1 0.9 --beta2 0.999 --eps 1e-8 --weight-decay 0 --clip 1 --dtype bf16", &e);
+    assert_int_equal(d.n, 3);
+    assert_int_equal(e.n, 3);
+    for (int i = 0; i < 3; i++) assert_string_equal(d.loss[i], e.loss[i]);
+    assert_non_null(line_of(out, "# train:"));
+    assert_non_null(strstr(line_of(out, "# train:"), "dtype bf16 (--dtype)"));
+    /* a flag that changes them says so, and changes the run */
+    train("--steps 3 --beta2 0.95 --weight-decay 0.1", &e);
+    assert_non_null(strstr(line_of(out, "# adamw:"), "betas 0.9/0.95, eps 1e-08, weight decay 0.1 on 2-D weights, "
+                                                     "clip 1 (set by flags)"));
+    assert_true(strcmp(d.loss[2], e.loss[2]) != 0);
+    /* LoRA: no decay on the adapters */
+    train("--steps 2 --lora 2", &e);
+    assert_non_null(strstr(line_of(out, "# adamw:"), "weight decay 0 on the adapters' 2-D weights"));
+}
+
+/* The time line's parts (the runtime's, and "other": the host's own work)
+ * add up to its total, the training's wall time, in every schedule and
+ * with the optimizer's state half on NVMe; the optimizer thread's time is
+ * a line of its own. */
+static void test_time_line(void **state)
+{
+    (void)state;
+    write_inputs();
+    char extra[512];
+    snprintf(extra, sizeof extra, "--params-on cpu --optimizer-on cpu=0.5,nvme=0.5 --nvme-dir %s", dir);
+    const char *cases[] = {"", "--schedule overlap", "--schedule dpu", extra, "--lora 2 --schedule overlap"};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char args[768];
+        run_out r;
+        snprintf(args, sizeof args, "--steps 4 %s", cases[i]);
+        train(args, &r);
+        const char *t = line_of(out, "# time:");
+        assert_non_null(t);
+        double sum = 0, total = -1;
+        int n = 0;
+        const char *p = t + 7, *end = strchr(t, '\n');
+        while (p < end) {
+            char name[32];
+            double v;
+            int used;
+            if (sscanf(p, " %31[a-z] %lfs,%n", name, &v, &used) == 2) {
+                assert_true(v >= 0); /* "other" included: no part counted twice */
+                sum += v;
+                n++;
+                p += used;
+            } else if (sscanf(p, " = total %lfs%n", &total, &used) == 1) {
+                p += used;
+            } else {
+                fail_msg("cannot read the time line: %.*s", (int)(end - t), t);
+            }
+        }
+        printf("  %-60s %.*s\n", cases[i], (int)(end - t), t);
+        assert_int_equal(n, 7); /* compute, weights, grads, optimizer, disk, comm, other */
+        assert_true(total > 0);
+        assert_true(fabs(sum - total) <= 0.0005 * (n + 1)); /* each printed to the millisecond */
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -580,6 +705,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_train_pairs, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_inputs_before_step0, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_plot_no_follow, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_conventions, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_time_line, setup_dir, teardown_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -251,14 +251,14 @@ static void test_gpt2_streamed(void **state)
 
 /* ---- the train program ------------------------------------------------------------------ */
 
-/* The "step K loss X" lines of train's output; returns how many. */
+/* The "step K loss X" lines of train's output (K from 1); returns how many. */
 static int parse_losses(const char *out, float *loss, int max)
 {
     int n = 0;
     for (const char *line = out; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
         int k;
         float l;
-        if (sscanf(line, "step %d loss %f", &k, &l) == 2 && k == n && n < max) loss[n++] = l;
+        if (sscanf(line, "step %d loss %f", &k, &l) == 2 && k == n + 1 && n < max) loss[n++] = l;
     }
     return n;
 }

@@ -382,6 +382,48 @@ static void ref_attention_backward(const gpu_op_args *a, hostv *h)
     free(s);
 }
 
+/* t: out qkv k_cache v_cache; p: pos; i[0]: tc. The new rows' keys and
+ * values into the caches (rounded to the caches' type), then each query
+ * over cache rows first .. pos[s] + i: the full softmax, in double. */
+static void ref_attention_cached(const gpu_op_args *a, hostv *h)
+{
+    const gpu_attn_desc *d = &a->d.attn;
+    ageom g = geom_of(d);
+    const int tc = (int)a->i[0];
+    const size_t ldc = (size_t)g.hkv * g.d;
+    double *kc = h->T[2], *vc = h->T[3], *sc = malloc((size_t)tc * sizeof *sc);
+    for (int b = 0; b < d->b; b++)
+        for (int i = 0; i < g.t; i++) {
+            size_t row = ((size_t)b * tc + (size_t)h->P[0][b] + i) * ldc;
+            for (int kv = 0; kv < g.hkv; kv++)
+                for (int e = 0; e < g.d; e++) {
+                    /* gk/gv take a query head: kv * grp is one of kv head kv's */
+                    kc[row + (size_t)kv * g.d + e] = as_stored(h->T[1][gk(&g, b, i, kv * g.grp) + e], (etype)a->t[2].dtype);
+                    vc[row + (size_t)kv * g.d + e] = as_stored(h->T[1][gv(&g, b, i, kv * g.grp) + e], (etype)a->t[3].dtype);
+                }
+        }
+    for (int b = 0; b < d->b; b++)
+        for (int hh = 0; hh < g.hq; hh++)
+            for (int i = 0; i < g.t; i++) {
+                int p = (int)h->P[0][b] + i, j0 = first_key(&g, p);
+                size_t kvo = (size_t)(hh / g.grp) * g.d;
+                double mx = -INFINITY, l = 0.0;
+                for (int j = j0; j <= p; j++) {
+                    double acc = 0.0;
+                    for (int e = 0; e < g.d; e++) acc += h->T[1][gq(&g, b, i, hh) + e] * kc[((size_t)b * tc + j) * ldc + kvo + e];
+                    sc[j] = acc / sqrt((double)g.d);
+                    mx = sc[j] > mx ? sc[j] : mx;
+                }
+                for (int j = j0; j <= p; j++) l += exp(sc[j] - mx);
+                for (int e = 0; e < g.d; e++) {
+                    double o = 0.0;
+                    for (int j = j0; j <= p; j++) o += exp(sc[j] - mx) / l * vc[((size_t)b * tc + j) * ldc + kvo + e];
+                    h->T[0][go(&g, b, i, hh) + e] = o;
+                }
+            }
+    free(sc);
+}
+
 /* HF rotate_half in place on the first n_heads heads of every row; row r at
  * position pos0 + r % t; the inverse rotates back. */
 static void rope_d(const gpu_op_args *a, hostv *h, int inverse)
@@ -1234,6 +1276,59 @@ static void attention_grid(gpu_op_id op)
 
 static void parity_attention_forward(void) { attention_grid(GPU_OP_ATTENTION_FORWARD); }
 static void parity_attention_backward(void) { attention_grid(GPU_OP_ATTENTION_BACKWARD); }
+
+/* The cached attention's positions: param[0] >= 0 puts every sequence
+ * there (a prompt at 0), else they stay as drawn. */
+static void cached_prep(const pcase *c, hostv *h)
+{
+    if (c->param[0] >= 0)
+        for (int b = 0; b < c->a.d.attn.b; b++) h->P[0][b] = c->param[0];
+}
+
+static void cached_case(int b, int t, int tc, int hq, int hkv, int d, int window, int pos, etype ty, etype cache)
+{
+    pcase c = new_case(GPU_OP_ATTENTION_CACHED, "b %d t %d tc %d hq %d hkv %d d %d window %d pos %s %s cache %s", b,
+                       t, tc, hq, hkv, d, window, pos < 0 ? "drawn" : pos ? "given" : "0", ename(ty), ename(cache));
+    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window};
+    c.a.i[0] = tc;
+    size_t nq = (size_t)b * t * (hq + 2 * hkv) * d, no = (size_t)b * t * hq * d, nc = (size_t)b * tc * hkv * d;
+    OUT_T(&c, 0, ty, no);
+    int q = IN_T(&c, 1, ty, nq);
+    c.buf[q].lo = -2.0, c.buf[q].hi = 2.0; /* peaked softmax rows as well as flat ones */
+    OUT_T(&c, 2, cache, nc); /* rows the op does not write keep their random values */
+    OUT_T(&c, 3, cache, nc);
+    add_buf(&c, 'p', 0, E_I32, (size_t)b, FILL_INT, 0, tc - t + 1, 0);
+    c.param[0] = pos;
+    c.prep = cached_prep;
+    emit(&c);
+}
+
+/* One new token (decoding) at positions drawn per sequence across the CUDA
+ * kernel's chunks of 32 cache rows; prompts at position 0 and chunks of a
+ * prompt after earlier ones; head sizes 32 to 128 and 36; GQA groups;
+ * sliding windows shorter and longer than a chunk; 16-bit tokens and
+ * caches, and an fp32 token into a bf16 cache. */
+static void parity_attention_cached(void)
+{
+    static const int tcs[] = {1, 31, 32, 33, 64, 97, 200};
+    static const int ds[] = {32, 64, 80, 128, 36};
+    static const int groups[][2] = {{2, 2}, {4, 2}, {8, 1}};
+    static const int windows[] = {1, 17, 32, 40, 500};
+    for (size_t i = 0; i < sizeof tcs / sizeof *tcs; i++) cached_case(3, 1, tcs[i], 2, 1, 64, 0, -1, E_F32, E_F32);
+    for (size_t i = 0; i < sizeof ds / sizeof *ds; i++) cached_case(2, 1, 130, 4, 2, ds[i], 0, -1, E_F32, E_F32);
+    for (size_t i = 0; i < 3; i++) cached_case(2, 1, 70, groups[i][0], groups[i][1], 128, 0, -1, E_F32, E_F32);
+    cached_case(1, 49, 64, 4, 2, 64, 0, 0, E_F32, E_F32);   /* a prompt */
+    cached_case(2, 33, 33, 2, 1, 128, 0, 0, E_F32, E_F32);  /* a prompt filling the cache */
+    cached_case(2, 17, 100, 4, 2, 80, 0, -1, E_F32, E_F32); /* a chunk after earlier tokens */
+    for (size_t i = 0; i < sizeof windows / sizeof *windows; i++) {
+        cached_case(2, 1, 120, 4, 2, 64, windows[i], -1, E_F32, E_F32);
+        cached_case(1, 40, 120, 4, 2, 64, windows[i], 50, E_F32, E_F32);
+    }
+    cached_case(2, 1, 97, 4, 2, 80, 0, -1, E_F16, E_F16);
+    cached_case(2, 3, 97, 4, 1, 128, 0, -1, E_BF16, E_BF16);
+    cached_case(2, 1, 97, 4, 1, 128, 40, -1, E_BF16, E_BF16);
+    cached_case(1, 5, 40, 2, 1, 64, 0, -1, E_F32, E_BF16);
+}
 
 /* Frequencies given by the caller (a rope_scaling's): theta's, each
  * scaled by its own factor in [1/8, 1], so no pair turns at theta's rate. */

@@ -810,7 +810,7 @@ static void test_train_refuses_other_plans(void **state)
         fprintf(stderr, "train said:\n%s\nwanted: %s\n", out, want);
         fail();
     }
-    assert_null(strstr(out, "step 0"));
+    assert_null(strstr(out, "step 1 loss"));
 
     /* the tiny model's own plan, for DP 2 */
     assert_true(estimate("--dp 2", plan, out, sizeof out) <= 1);
@@ -821,7 +821,7 @@ static void test_train_refuses_other_plans(void **state)
     rc = run_program(ZO_TRAIN_BIN, args, out, sizeof out);
     if (rc) fprintf(stderr, "%s\n", out);
     assert_int_equal(rc, 0);
-    assert_non_null(strstr(out, "step 0 loss"));
+    assert_non_null(strstr(out, "step 1 loss"));
     /* a report is not a plan */
     snprintf(cmd, sizeof cmd, "%s estimate --model %s --json > %s", ZO_MEMPLAN_BIN, cfg, plan);
     assert_true(system(cmd) != -1);
@@ -877,7 +877,7 @@ static void test_train_check_plan(void **state)
         fprintf(stderr, "train said:\n%s\nwanted: %s\n", out, want);
         fail();
     }
-    assert_null(strstr(out, "step 0"));
+    assert_null(strstr(out, "step 1 loss"));
 
     snprintf(cmd, sizeof cmd, "--check-plan --plan %s --model %s", plan, cfg);
     assert_int_equal(run_program(ZO_TRAIN_BIN, cmd, out, sizeof out), 2);

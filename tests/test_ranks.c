@@ -20,7 +20,8 @@
  *   read back by --adapter.
  * - Refusals: every combination outside the table is refused by train
  *   (exit 2, once under mpirun, the table's words: zo_capability_check's),
- *   and by the plan reader for tensor and pipeline parallelism.
+ *   and by the plan reader for tensor and pipeline parallelism; --merge with
+ *   ZeRO-3 on several ranks (the frozen base partitioned) before training.
  *
  * Each group is its own ctest entry (ZO_TEST_FILTER), so that they run side
  * by side; mpiexec missing: the tests skip (77). */
@@ -368,7 +369,7 @@ static void test_refusals(void **state)
         if (rc != 2 || count(out, why) != 1) fprintf(stderr, "%s\nwanted once: %s\n", out, why);
         assert_int_equal(rc, 2);
         assert_int_equal(count(out, why), 1);
-        assert_null(strstr(out, "\nstep 0 "));
+        assert_null(strstr(out, "\nstep 1 "));
     }
     /* plans memplan writes for tensor and pipeline parallelism: the plan
      * reader refuses them with the table's words */
@@ -392,6 +393,18 @@ static void test_refusals(void **state)
         assert_int_equal(rc, 2);
         assert_non_null(strstr(out, why));
     }
+    /* --merge reads the frozen base whole on rank 0: refused, before training,
+     * where ZeRO-3 partitions it */
+    char args[1024];
+    snprintf(args, sizeof args, "--steps 2 --micro-batch 2 --seq 32 --zero 3 --lora 4 --save %s/ad --merge %s/merged",
+             dir, dir);
+    int rc = train(2, args, out, sizeof out);
+    const char *why = "ZeRO-3 partitions the frozen base over the 2 ranks";
+    printf("  --merge with ZeRO-3 on 2 ranks: exit %d, said %d time(s)\n", rc, count(out, why));
+    if (rc != 2 || count(out, why) != 1) fprintf(stderr, "%s\nwanted once: %s\n", out, why);
+    assert_int_equal(rc, 2);
+    assert_int_equal(count(out, why), 1);
+    assert_null(strstr(out, "\nstep 1 "));
 }
 
 int main(void)

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +24,7 @@
 #include "tests/support/check.h" /* defines: check_close_f32 */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer, tf_model */
 #include "tests/support/run.h"         /* defines: run_capture */
+#include "transformer/generate.h"      /* defines: tf_gen, tf_gen_prompt, tf_gen_next */
 
 /* The PyTorch references: the committed ones, or those the ctest entry
  * test_transformer_torch has just made with /usr/bin/python3 (ZO_GPU_FIXTURES). */
@@ -179,6 +181,161 @@ static void test_qwen2_vs_torch(void **state)
 }
 
 /* ---- 10 AdamW steps -------------------------------------------------------------------- */
+
+/* ---- generation: a key/value cache against PyTorch's logits ------------------------------ */
+
+/* The logits of one forward of generation model g over the fixture's
+ * weights, checked row by row against PyTorch's full-sequence logits at
+ * the positions (row j, pos[j] + last[j]). */
+static int gen_check(fixture *fx, tf_model *g, const int32_t *tok, int t, const int *pos, const int *last,
+                     const float *want)
+{
+    int V = fx->cfg.vocab, bad = 0;
+    float *got = malloc((size_t)B * V * sizeof(float));
+    assert_int_equal(tf_set_tokens(g, fx->s, tok, B, t, pos, last), ZO_OK);
+    tf_model_bufs bufs = {.params = fx->tr.params};
+    assert_int_equal(tf_forward_all(g, &bufs, fx->s), ZO_OK);
+    assert_int_equal(tf_logits(g, fx->s, got), ZO_OK);
+    for (int j = 0; j < B; j++) {
+        char what[96];
+        snprintf(what, sizeof what, "%s: sequence %d, position %d", fx->name, j, pos[j] + last[j]);
+        bad += check_close_f32(what, got + (size_t)j * V, want + ((size_t)j * T + pos[j] + last[j]) * V, (size_t)V,
+                               2e-5, 2e-5);
+    }
+    free(got);
+    return bad;
+}
+
+/* Generation through the key/value cache: a prompt, then one token at a
+ * time (the fixture's own next tokens), gives PyTorch's logits of the
+ * whole sequence at every position; with both sequences at one position
+ * and at different ones (the shorter prompt padded: its padding's keys are
+ * overwritten as it goes on), which takes RoPE's and the learned
+ * positions' per-sequence paths. */
+static void run_generation(const char *name)
+{
+    fixture fx;
+    fixture_open(&fx, name, ZO_DTYPE_F32, 2, NULL);
+    float *want = read_expected(name, "logits", NULL);
+    tf_model g;
+    tf_options o = {.kv_len = T};
+    assert_int_equal(tf_init_opts(&g, &fx.cfg, fx.dev, ZO_DTYPE_F32, B, 5, &o), ZO_OK);
+    int32_t tok[B * 5];
+    int bad = 0;
+    /* one position: prompts of 3, then positions 3..7 */
+    int pos[B] = {0, 0}, last[B] = {2, 2};
+    for (int j = 0; j < B; j++)
+        for (int i = 0; i < 3; i++) tok[j * 3 + i] = fx.inputs[j * T + i];
+    bad += gen_check(&fx, &g, tok, 3, pos, last, want);
+    for (int p = 3; p < T; p++) {
+        int one[B] = {p, p}, zero[B] = {0, 0};
+        for (int j = 0; j < B; j++) tok[j] = fx.inputs[j * T + p];
+        bad += gen_check(&fx, &g, tok, 1, one, zero, want);
+    }
+    /* different positions: prompts of 3 (padded to 5) and 5 over the same caches */
+    int last2[B] = {2, 4};
+    for (int j = 0; j < B; j++)
+        for (int i = 0; i < 5; i++) tok[j * 5 + i] = j == 0 && i >= 3 ? 1 : fx.inputs[j * T + i];
+    bad += gen_check(&fx, &g, tok, 5, pos, last2, want);
+    for (int k = 0; k < 3; k++) {
+        int at[B] = {3 + k, 5 + k}, zero[B] = {0, 0};
+        for (int j = 0; j < B; j++) tok[j] = fx.inputs[j * T + at[j]];
+        bad += gen_check(&fx, &g, tok, 1, at, zero, want);
+    }
+    /* a position past the cache is refused, naming it */
+    int past[B] = {T, 0}, zero[B] = {0, 0};
+    assert_int_equal(tf_set_tokens(&g, fx.s, tok, B, 1, past, zero), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "outside the cache of 8"));
+    /* and a generation model trains nothing */
+    assert_int_equal(tf_set_batch(&g, fx.s, fx.inputs, fx.targets, B, 5), ZO_ERR_INVALID);
+    assert_int_equal(bad, 0);
+    tf_free(&g);
+    free(want);
+    fixture_close(&fx);
+}
+
+static void test_generation_vs_torch(void **state)
+{
+    (void)state;
+    run_generation("tiny_gpt2");
+    run_generation("tiny_llama");
+    run_generation("tiny_qwen2");
+}
+
+/* Generation on the forward-only runtime (transformer/generate.h), the
+ * weights resident, streamed from pinned host memory and read from NVMe
+ * (prefetch 0 and 2): a prompt of 3 tokens per sequence, then the
+ * fixture's next tokens one at a time give PyTorch's logits at every
+ * position. The tied GPT-2 head reads the embedding's slot. */
+static void run_gen_placements(const char *name)
+{
+    char cfgp[512], wp[512], nvme[64];
+    snprintf(cfgp, sizeof cfgp, "%s/%s.json", fix_dir(), name);
+    snprintf(wp, sizeof wp, "%s/%s.safetensors", fix_dir(), name);
+    snprintf(nvme, sizeof nvme, "/tmp/zo_test_gen_%d", (int)getpid());
+    assert_int_equal(mkdir(nvme, 0700), 0);
+    zo_model_config cfg;
+    assert_int_equal(zo_model_config_load(cfgp, &cfg), ZO_OK);
+    float *want = read_expected(name, "logits", NULL), *in = read_expected(name, "inputs", NULL);
+    int V = cfg.vocab;
+    float *got = malloc((size_t)B * V * sizeof(float));
+    const offload_tier tiers[] = {OFFLOAD_DEVICE, OFFLOAD_CPU, OFFLOAD_CPU, OFFLOAD_NVME};
+    const int depth[] = {2, 0, 2, 1};
+    for (int c = 0; c < 4; c++) {
+        gpu_cpu_options o = {.n_threads = 2};
+        gpu_device_t dev;
+        assert_int_equal(gpu_device_init_cpu(&o, &dev), ZO_OK);
+        tf_gen_config gc = {.batch = B, .prompt_max = 3, .ctx = T, .dtype = ZO_DTYPE_F32};
+        offload_config_defaults(&gc.oc);
+        gc.oc.params_on = tiers[c];
+        gc.oc.prefetch_depth = depth[c];
+        gc.oc.nvme_dir = nvme;
+        tf_gen g;
+        assert_int_equal(tf_gen_init(&g, &cfg, dev, &gc), ZO_OK);
+        assert_int_equal(tf_gen_load(&g, wp, 0, NULL), ZO_OK);
+        int32_t prompt[B][3], next[B];
+        const int32_t *pp[B] = {prompt[0], prompt[1]};
+        int lens[B] = {3, 3}, bad = 0;
+        for (int j = 0; j < B; j++)
+            for (int i = 0; i < 3; i++) prompt[j][i] = (int32_t)in[j * T + i];
+        for (int p = 2; p < T; p++) {
+            if (p == 2) assert_int_equal(tf_gen_prompt(&g, pp, lens, B, got), ZO_OK);
+            else {
+                for (int j = 0; j < B; j++) next[j] = (int32_t)in[j * T + p];
+                assert_int_equal(tf_gen_next(&g, next, got), ZO_OK);
+            }
+            for (int j = 0; j < B; j++) {
+                char what[128];
+                snprintf(what, sizeof what, "%s, weights on %s, prefetch %d: sequence %d, position %d", name,
+                         offload_tier_name(tiers[c]), depth[c], j, p);
+                bad += check_close_f32(what, got + (size_t)j * V, want + ((size_t)j * T + p) * V, (size_t)V, 2e-5,
+                                       2e-5);
+            }
+        }
+        /* the context is full: one more token is refused */
+        assert_int_equal(tf_gen_next(&g, next, got), ZO_ERR_INVALID);
+        assert_non_null(strstr(zo_last_error(), "the context's 8"));
+        /* and a forward-only runtime trains nothing */
+        assert_int_equal(offload_step(g.rt, &(offload_step_info){0}), ZO_ERR_INVALID);
+        assert_int_equal(bad, 0);
+        tf_gen_free(&g);
+        gpu_mem_stats ms;
+        gpu_mem_get_stats(dev, &ms);
+        assert_int_equal(ms.n_allocs, 0);
+        gpu_device_free(dev);
+    }
+    free(got);
+    free(want);
+    free(in);
+    rmdir(nvme);
+}
+
+static void test_generation_placements(void **state)
+{
+    (void)state;
+    run_gen_placements("tiny_gpt2");
+    run_gen_placements("tiny_llama");
+}
 
 /* The fixture's data as a uint16 token file, so batches come from the real
  * sampler (model_batch_get, the `train` contract). */
@@ -367,8 +524,8 @@ static float lora_losses(const char *out, int *steps, float *last5, int nsteps)
         int k;
         float l;
         if (sscanf(line, "step %d loss %f", &k, &l) == 2) {
-            if (k == 0) first = l;
-            if (k >= nsteps - 5) *last5 += l / 5;
+            if (k == 1) first = l; /* steps counted from 1 */
+            if (k > nsteps - 5) *last5 += l / 5;
             (*steps)++;
         }
     }
@@ -697,9 +854,9 @@ static void test_train_program(void **state)
         int k;
         float l;
         if (sscanf(line, "step %d loss %f", &k, &l) == 2) {
-            assert_int_equal(k, steps);
-            if (k == 0) first = l;
-            if (k >= 35) last5 += l / 5;
+            assert_int_equal(k, steps + 1); /* counted from 1 */
+            if (k == 1) first = l;
+            if (k > 35) last5 += l / 5;
             steps++;
         }
     }
@@ -760,6 +917,8 @@ int main(void)
         cmocka_unit_test(test_gpt2_vs_torch),
         cmocka_unit_test(test_llama_vs_torch),
         cmocka_unit_test(test_qwen2_vs_torch),
+        cmocka_unit_test(test_generation_vs_torch),
+        cmocka_unit_test(test_generation_placements),
         cmocka_unit_test(test_gpt2_training),
         cmocka_unit_test(test_llama_training),
         cmocka_unit_test(test_bf16_fp16),

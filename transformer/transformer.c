@@ -167,7 +167,7 @@ static zo_status rope_upload(tf_model *m)
     double *host = malloc(bytes);
     if (!host) return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory");
     gpu_stream_t s = NULL;
-    zo_status st = rope_frequencies(c, m->T, host);
+    zo_status st = rope_frequencies(c, m->opts.kv_len ? m->opts.kv_len : m->T, host); /* the last position */
     if (st == ZO_OK) st = gpu_mem_alloc(m->dev, bytes, (void **)&m->rope_freq);
     if (st == ZO_OK) st = gpu_stream_create(m->dev, &s);
     if (st == ZO_OK) st = gpu_memcpy_async(s, m->rope_freq, host, bytes, GPU_COPY_HOST_TO_DEVICE);
@@ -206,7 +206,74 @@ int tf_recompute_layers(const tf_model *m)
  * layers after them. */
 static int owns_acts(const tf_model *m, size_t l)
 {
+    if (m->opts.kv_len) return l == 0; /* generation: one set for every layer */
     return l == 0 || l >= (size_t)tf_recompute_layers(m);
+}
+
+size_t tf_kv_cache_bytes(const zo_model_config *cfg, zo_dtype dtype, int B, int kv_len)
+{
+    return 2 * (size_t)cfg->n_layers * (size_t)B * (size_t)kv_len * (size_t)cfg->n_kv_heads *
+           (size_t)cfg->head_dim * zo_dtype_size(dtype);
+}
+
+/* Generation's buffers (opts.kv_len): the new tokens and each sequence's
+ * position, one set of layer activations for the forward of B x T new
+ * tokens (no log-sum-exp: nothing goes backward), the key/value caches, and
+ * the head's B rows and logits. */
+static zo_status gen_alloc(tf_model *m)
+{
+    zo_status st;
+    const zo_model_config *c = &m->cfg;
+    size_t B = (size_t)m->B, N = B * m->T, es = zo_dtype_size(m->dtype), h = c->hidden, f = c->ffn;
+    size_t L = c->n_layers, lora_cols = has_lora(m) ? (size_t)m->n_lora * m->opts.lora.r : 0;
+    int llama = c->arch != ZO_ARCH_GPT;
+    m->kcache = calloc(L ? L : 1, sizeof *m->kcache);
+    m->vcache = calloc(L ? L : 1, sizeof *m->vcache);
+    m->hpos = calloc(B, sizeof *m->hpos);
+    m->hlast = calloc(B, sizeof *m->hlast);
+    if (!m->kcache || !m->vcache || !m->hpos || !m->hlast) return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory");
+    const act_req io[] = {{(void **)&m->tokens, N * 4, "tokens"}, {(void **)&m->pos, B * 4, "positions"}};
+    if ((st = act_alloc(m, io, N_REQ(io))) != ZO_OK) return st;
+    if (!m->opts.external_res)
+        for (size_t l = 0; l <= L; l++) {
+            const act_req r[] = {{&m->res[l], N * h * es, "residual"}};
+            if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) return st;
+        }
+    tf_layer_acts *a = &m->acts[0];
+    const act_req r[] = {
+        {&a->ln1, L ? N * h * es : 0, "ln1"},
+        {(void **)&a->mean1, L ? N * 4 : 0, "ln1 mean"},
+        {(void **)&a->rstd1, L ? N * 4 : 0, "ln1 rstd"},
+        {&a->qkv, L ? N * qkv_width(c) * es : 0, "qkv"},
+        {&a->att, L ? N * q_width(c) * es : 0, "attention"},
+        {&a->x_mid, L ? N * h * es : 0, "residual mid"},
+        {&a->ln2, L ? N * h * es : 0, "ln2"},
+        {(void **)&a->mean2, L ? N * 4 : 0, "ln2 mean"},
+        {(void **)&a->rstd2, L ? N * 4 : 0, "ln2 rstd"},
+        {&a->fc, L ? N * f * es : 0, "mlp fc/gate"},
+        {&a->up, L && llama ? N * f * es : 0, "mlp up"},
+        {&a->act, L ? N * f * es : 0, "mlp activation"},
+        {&a->lora_u, L ? N * lora_cols * es : 0, "LoRA A x"},
+        {&m->tmp, N * h * es, "scratch"},
+        {&m->hsel, B * h * es, "the rows of the next tokens"},
+        {&m->lnf, B * h * es, "final norm"},
+        {(void **)&m->meanf, B * 4, "final norm mean"},
+        {(void **)&m->rstdf, B * 4, "final norm rstd"},
+        {&m->logits, B * c->vocab * sizeof(float), "logits"},
+        {&m->wdq, has_lora(m) && m->opts.lora.nf4 ? largest_linear(c) * es : 0, "dequantized weight"},
+    };
+    if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) return st;
+    for (size_t l = 1; l < L; l++) m->acts[l] = m->acts[0];
+    /* the caches: every layer's keys and values of B sequences of kv_len positions */
+    size_t one = tf_kv_cache_bytes(c, m->dtype, m->B, m->opts.kv_len) / (2 * (L ? L : 1));
+    for (size_t l = 0; l < L; l++) {
+        if ((st = gpu_mem_alloc(m->dev, one, &m->kcache[l])) != ZO_OK ||
+            (st = gpu_mem_alloc(m->dev, one, &m->vcache[l])) != ZO_OK)
+            return zo_error_wrap(st, "transformer key/value cache of layer %zu (%zu bytes each for keys and values: "
+                                 "%d sequences of %d positions)", l, one, m->B, m->opts.kv_len);
+        m->kv_bytes += 2 * one;
+    }
+    return ZO_OK;
 }
 
 zo_status tf_init(tf_model *m, const zo_model_config *cfg, gpu_device_t dev, zo_dtype dtype,
@@ -233,6 +300,12 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
                         "tf_init: model %s: LoRA on a mixture-of-experts model is not implemented "
                         "(full fine-tuning is)",
                         cfg->name);
+    if (m->opts.kv_len < 0 || (m->opts.kv_len && m->opts.recompute))
+        return zo_error(ZO_ERR_INVALID, "tf_init: a key/value cache of %d positions (generation: kv_len >= 1, "
+                        "no recompute)", m->opts.kv_len);
+    if (m->opts.kv_len && cfg->moe.experts)
+        return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: generation with a key/value cache on a "
+                        "mixture-of-experts model is not implemented", cfg->name);
     if ((st = model_layout_init(&m->layout, cfg)) != ZO_OK) return st;
     m->cfg = m->layout.cfg;
     m->dev = dev;
@@ -240,10 +313,11 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     m->B = B;
     m->T = T;
     const zo_model_config *c = &m->cfg;
-    if (c->arch == ZO_ARCH_GPT && T > c->max_seq) {
+    int last_pos = m->opts.kv_len > T ? m->opts.kv_len : T; /* positions the model sees */
+    if (c->arch == ZO_ARCH_GPT && last_pos > c->max_seq) {
         model_layout_free(&m->layout);
-        return zo_error(ZO_ERR_INVALID, "tf_init: sequence %d exceeds the %d learned positions of %s",
-                        T, c->max_seq, c->name);
+        return zo_error(ZO_ERR_INVALID, "tf_init: %s %d exceeds the %d learned positions of %s",
+                        m->opts.kv_len ? "context" : "sequence", last_pos, c->max_seq, c->name);
     }
     size_t N = (size_t)B * T, es = zo_dtype_size(dtype), h = c->hidden, f = mlp_width(c);
     size_t E = (size_t)c->moe.experts, fe = (size_t)c->moe.expert_ffn, K = (size_t)c->moe.top_k;
@@ -256,6 +330,10 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     }
     const int lora = has_lora(m);
     if (lora && (st = lora_init(m)) != ZO_OK) goto out_free;
+    if (m->opts.kv_len) { /* generation: the forward's buffers and the caches */
+        if ((st = gen_alloc(m)) != ZO_OK || (st = rope_upload(m)) != ZO_OK) goto out_free;
+        return ZO_OK;
+    }
     size_t lora_cols = lora ? (size_t)m->n_lora * m->opts.lora.r : 0;
     const act_req io[] = {{(void **)&m->tokens, N * 4, "tokens"}, {(void **)&m->targets, N * 4, "targets"}};
     if ((st = act_alloc(m, io, N_REQ(io))) != ZO_OK) goto out_free;
@@ -374,6 +452,16 @@ void tf_free(tf_model *m)
                  m->dlora, m->dsink, m->wdq,  m->dy16,   m->moe_stats, m->drouter,
                  m->dweights, m->dz, m->sact, m->moe_x, m->moe_y, m->moe_dx, m->moe_dscale};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) gpu_mem_free(d, p[i]);
+    for (size_t l = 0; l < L; l++) {
+        if (m->kcache) gpu_mem_free(d, m->kcache[l]);
+        if (m->vcache) gpu_mem_free(d, m->vcache[l]);
+    }
+    gpu_mem_free(d, m->pos);
+    gpu_mem_free(d, m->hsel);
+    free(m->kcache);
+    free(m->vcache);
+    free(m->hpos);
+    free(m->hlast);
     free(m->res);
     free(m->acts);
     free(m->moe_w_h);
@@ -416,6 +504,53 @@ zo_status tf_frozen_pack(const tf_model *m, int block, const float *src, void *d
     return ZO_OK;
 }
 
+zo_status tf_frozen_unpack(const tf_model *m, int block, const void *src, float *dst)
+{
+    if (!has_lora(m)) return zo_error(ZO_ERR_INVALID, "tf_frozen_unpack: the model has no LoRA");
+    if (block < 0 || block >= m->layout.n_blocks)
+        return zo_error(ZO_ERR_INVALID, "tf_frozen_unpack: block %d outside 0..%d", block, m->layout.n_blocks - 1);
+    const uint8_t *in = src;
+    for (int i = 0; i < m->layout.n_tensors; i++) {
+        const model_tensor *t = &m->layout.tensors[i];
+        if (t->block != block) continue;
+        if (!frozen_is_nf4(m, t)) {
+            zo_convert(dst + t->offset, ZO_DTYPE_F32, in + m->frozen_off[i], m->dtype, t->numel);
+            continue;
+        }
+        zo_nf4_dequantize(dst + t->offset, ZO_DTYPE_F32, in + m->frozen_off[i], t->numel, 0);
+    }
+    return ZO_OK;
+}
+
+void tf_lora_merge_block(const tf_model *m, int block, const float *adapters, float *w)
+{
+    if (!has_lora(m) || block < 1 || block > m->cfg.n_layers) return;
+    static const model_role role[] = {[TF_LORA_QKV] = MODEL_ROLE_QKV_W, [TF_LORA_O] = MODEL_ROLE_ATTN_OUT_W,
+                                      [TF_LORA_GATE] = MODEL_ROLE_MLP_GATE_W, [TF_LORA_UP] = MODEL_ROLE_MLP_UP_W,
+                                      [TF_LORA_DOWN] = MODEL_ROLE_MLP_DOWN_W};
+    const int r = m->opts.lora.r;
+    for (int j = 0; j < m->n_lora; j++) {
+        const tf_lora_slot *sl = &m->lora[j];
+        const model_view *v = model_layout_view(&m->layout, block, role[sl->stage]);
+        const float *A = adapters + sl->a_off, *Bm = adapters + sl->b_off; /* [r, in], [out, r] */
+        /* rows col.. of the weight (of the fused q|k|v for q, k, v), [rows, in] */
+        float *W = w + v->offset + (size_t)sl->col * sl->in;
+        for (int o = 0; o < sl->out; o++)
+            for (int i = 0; i < sl->in; i++) {
+                double acc = 0.0;
+                for (int k = 0; k < r; k++) acc += (double)Bm[(size_t)o * r + k] * A[(size_t)k * sl->in + i];
+                W[(size_t)o * sl->in + i] += (float)(m->lora_scale * acc);
+            }
+    }
+}
+
+/* A model built for generation has no backward buffers. */
+static zo_status check_trains(const tf_model *m, const char *fn)
+{
+    if (!m->opts.kv_len) return ZO_OK;
+    return zo_error(ZO_ERR_INVALID, "%s: the model was built for generation (a key/value cache, no backward)", fn);
+}
+
 gpu_tensor tf_view(const tf_model *m, const void *block_buf, int block, model_role role)
 {
     const model_view *v = model_layout_view(&m->layout, block, role);
@@ -427,6 +562,7 @@ zo_status tf_set_batch(tf_model *m, gpu_stream_t s, const int32_t *inputs, const
                        int b, int t)
 {
     zo_status st;
+    if ((st = check_trains(m, "tf_set_batch")) != ZO_OK) return st;
     if (b < 1 || b > m->B || t < 1 || t > m->T)
         return zo_error(ZO_ERR_INVALID, "tf_set_batch: batch %d x %d outside the %d x %d the model holds",
                         b, t, m->B, m->T);
@@ -437,6 +573,46 @@ zo_status tf_set_batch(tf_model *m, gpu_stream_t s, const int32_t *inputs, const
     if ((st = gpu_memcpy_async(s, m->tokens, inputs, (size_t)b * t * 4, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK)
         return st;
     return gpu_memcpy_async(s, m->targets, targets, (size_t)b * t * 4, GPU_COPY_HOST_TO_DEVICE);
+}
+
+_Static_assert(sizeof(int) == sizeof(int32_t), "hpos goes to the device as int32");
+
+zo_status tf_set_tokens(tf_model *m, gpu_stream_t s, const int32_t *tokens, int b, int t, const int *pos,
+                        const int *last)
+{
+    zo_status st;
+    const zo_model_config *c = &m->cfg;
+    if (!m->opts.kv_len)
+        return zo_error(ZO_ERR_INVALID, "tf_set_tokens: the model has no key/value cache (tf_options.kv_len)");
+    if (b < 1 || b > m->B || t < 1 || t > m->T)
+        return zo_error(ZO_ERR_INVALID, "tf_set_tokens: %d x %d new tokens outside the %d x %d the model holds", b, t,
+                        m->B, m->T);
+    for (int j = 0; j < b; j++) {
+        if (pos[j] < 0 || pos[j] + t > m->opts.kv_len)
+            return zo_error(ZO_ERR_INVALID, "tf_set_tokens: sequence %d: positions %d..%d outside the cache of %d",
+                            j, pos[j], pos[j] + t - 1, m->opts.kv_len);
+        if (c->arch == ZO_ARCH_GPT && pos[j] + t > c->max_seq)
+            return zo_error(ZO_ERR_INVALID, "tf_set_tokens: sequence %d: position %d past the %d learned positions "
+                            "of %s", j, pos[j] + t - 1, c->max_seq, c->name);
+        if (last[j] < 0 || last[j] >= t)
+            return zo_error(ZO_ERR_INVALID, "tf_set_tokens: sequence %d: row %d of %d new tokens", j, last[j], t);
+    }
+    m->b = b;
+    m->t = t;
+    memcpy(m->hpos, pos, (size_t)b * sizeof *pos);
+    memcpy(m->hlast, last, (size_t)b * sizeof *last);
+    if ((st = gpu_memcpy_async(s, m->tokens, tokens, (size_t)b * t * 4, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK)
+        return st;
+    return gpu_memcpy_async(s, m->pos, m->hpos, (size_t)b * 4, GPU_COPY_HOST_TO_DEVICE);
+}
+
+zo_status tf_logits(tf_model *m, gpu_stream_t s, float *host)
+{
+    if (!m->opts.kv_len || !m->b)
+        return zo_error(ZO_ERR_INVALID, "tf_logits: no generation forward (tf_set_tokens) to read");
+    zo_status st = gpu_memcpy_async(s, host, m->logits, (size_t)m->b * m->cfg.vocab * sizeof(float),
+                                    GPU_COPY_DEVICE_TO_HOST);
+    return st == ZO_OK ? gpu_stream_synchronize(s) : st;
 }
 
 /* ---- linear layers ------------------------------------------------------------- */
@@ -643,15 +819,59 @@ static zo_status lora_backward(tf_model *m, gpu_stream_t s, int l, const tf_bloc
 
 /* ---- blocks ---------------------------------------------------------------------- */
 
+/* Generation: every sequence's new tokens start at the same position. */
+static int same_pos(const tf_model *m)
+{
+    for (int j = 1; j < m->b; j++)
+        if (m->hpos[j] != m->hpos[0]) return 0;
+    return 1;
+}
+
+/* The rows of `x` ([N, ld] elements) from sequence j's first. */
+static gpu_tensor seq_rows(const tf_model *m, gpu_tensor x, int j, size_t ld)
+{
+    return gpu_t((char *)x.data + (size_t)j * m->t * ld * zo_dtype_size(x.dtype), x.dtype);
+}
+
 static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t s)
 {
     const zo_model_config *c = &m->cfg;
     int N = m->b * m->t;
     const void *W = base_buf(m, bb);
-    /* res[0][N, h] = wte[tokens] (+ wpe[position]) */
-    return gpu_embedding_forward(s, gpu_t(m->res[0], m->dtype), m->tokens,
-                                 bview(m, W, 0, MODEL_ROLE_TOK_EMB), bview(m, W, 0, MODEL_ROLE_POS_EMB),
-                                 N, m->t, c->hidden, c->vocab);
+    gpu_tensor out = gpu_t(m->res[0], m->dtype), wte = bview(m, W, 0, MODEL_ROLE_TOK_EMB);
+    gpu_tensor wpe = bview(m, W, 0, MODEL_ROLE_POS_EMB);
+    /* res[0][N, h] = wte[tokens] (+ wpe[position]): positions from 0, or in
+     * generation from each sequence's (the table's rows from there) */
+    if (!m->opts.kv_len || !wpe.data || same_pos(m)) {
+        if (m->opts.kv_len && wpe.data)
+            wpe.data = (char *)wpe.data + (size_t)m->hpos[0] * c->hidden * zo_dtype_size(m->dtype);
+        return gpu_embedding_forward(s, out, m->tokens, wte, wpe, N, m->t, c->hidden, c->vocab);
+    }
+    for (int j = 0; j < m->b; j++) {
+        gpu_tensor pe = gpu_t((char *)wpe.data + (size_t)m->hpos[j] * c->hidden * zo_dtype_size(m->dtype), m->dtype);
+        zo_status st = gpu_embedding_forward(s, seq_rows(m, out, j, c->hidden), m->tokens + (size_t)j * m->t, wte,
+                                             pe, m->t, m->t, c->hidden, c->vocab);
+        if (st != ZO_OK) return st;
+    }
+    return ZO_OK;
+}
+
+/* RoPE on the q and k heads of the current rows: from position 0 of each
+ * sequence in training; in generation from each sequence's position (one
+ * call when they share it). */
+static zo_status rope_rows(tf_model *m, gpu_stream_t s, gpu_tensor qkv, int ld)
+{
+    const zo_model_config *c = &m->cfg;
+    const int heads = c->n_heads + c->n_kv_heads, t = m->t;
+    if (!m->opts.kv_len || same_pos(m))
+        return gpu_rope_forward(s, qkv, m->b * t, t, heads, c->head_dim, ld, c->rope_theta,
+                                m->opts.kv_len ? m->hpos[0] : 0, m->rope_freq);
+    for (int j = 0; j < m->b; j++) {
+        zo_status st = gpu_rope_forward(s, seq_rows(m, qkv, j, (size_t)ld), t, t, heads, c->head_dim, ld,
+                                        c->rope_theta, m->hpos[j], m->rope_freq);
+        if (st != ZO_OK) return st;
+    }
+    return ZO_OK;
 }
 
 static zo_status embed_backward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t s)
@@ -1016,12 +1236,14 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
                                   ld, h)) != ZO_OK ||
         (st = lora_forward(m, s, l, bb, TF_LORA_QKV, ln1, qkv, ld)) != ZO_OK)
         return st;
-    if (!is_gpt(m) && (st = gpu_rope_forward(s, qkv, N, m->t, c->n_heads + c->n_kv_heads,
-                                             c->head_dim, ld, c->rope_theta, 0, m->rope_freq)) != ZO_OK)
-        return st;
+    if (!is_gpt(m) && (st = rope_rows(m, s, qkv, ld)) != ZO_OK) return st;
     gpu_attn_desc ad = {.b = m->b, .t = m->t, .hq = c->n_heads, .hkv = c->n_kv_heads, .d = c->head_dim,
                         .window = layer_window(m, l)};
-    if ((st = gpu_attention_forward(s, &ad, att, a->lse, qkv)) != ZO_OK) return st;
+    /* generation: the new keys and values into the caches, the queries against them */
+    st = m->opts.kv_len ? gpu_attention_cached(s, &ad, att, qkv, gpu_t(m->kcache[l], dt), gpu_t(m->vcache[l], dt),
+                                               m->pos, m->opts.kv_len)
+                        : gpu_attention_forward(s, &ad, att, a->lse, qkv);
+    if (st != ZO_OK) return st;
     /* x_mid = x + att Wo^T (+ bo) */
     if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_ATTN_OUT_W, MODEL_ROLE_ATTN_OUT_B, tmp, h,
                                   att, N, h, qw)) != ZO_OK ||
@@ -1156,8 +1378,32 @@ static gpu_tensor head_weight(tf_model *m, const tf_block_bufs *bb, int blk)
     return bview(m, base_buf(m, bb), blk, MODEL_ROLE_LM_HEAD_W);
 }
 
+/* Generation's head: the final norm and the output projection of one row
+ * per sequence (its hlast, gathered into hsel): logits [b, v]. */
+static zo_status head_generate(tf_model *m, const tf_block_bufs *bb, gpu_stream_t s)
+{
+    zo_status st;
+    const zo_model_config *c = &m->cfg;
+    const int blk = model_layout_head_block(&m->layout);
+    const size_t row = (size_t)c->hidden * zo_dtype_size(m->dtype);
+    gpu_tensor w = head_weight(m, bb, blk);
+    if (!w.data) return zo_error(ZO_ERR_INVALID, "head forward: tied model needs the embedding parameters");
+    for (int j = 0; j < m->b; j++)
+        if ((st = gpu_memcpy_async(s, (char *)m->hsel + j * row,
+                                   (const char *)m->res[c->n_layers] + ((size_t)j * m->t + m->hlast[j]) * row, row,
+                                   GPU_COPY_DEVICE_TO_DEVICE)) != ZO_OK)
+            return st;
+    const void *W = base_buf(m, bb);
+    gpu_tensor lnf = gpu_t(m->lnf, m->dtype);
+    if ((st = norm_forward(m, s, lnf, m->meanf, m->rstdf, gpu_t(m->hsel, m->dtype), bview(m, W, blk, MODEL_ROLE_NORM_W),
+                           bview(m, W, blk, MODEL_ROLE_NORM_B), m->b)) != ZO_OK)
+        return st;
+    return linear_forward(s, F32(m->logits), c->vocab, lnf, w, gpu_t(NULL, m->dtype), m->b, c->vocab, c->hidden);
+}
+
 static zo_status head_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t s)
 {
+    if (m->opts.kv_len) return head_generate(m, bb, s);
     zo_status st;
     const zo_model_config *c = &m->cfg;
     const int blk = model_layout_head_block(&m->layout), N = m->b * m->t;
@@ -1234,7 +1480,8 @@ zo_status tf_block_forward(tf_model *m, int block, const tf_block_bufs *bufs, gp
 zo_status tf_block_recompute(tf_model *m, int block, const tf_block_bufs *bufs, gpu_stream_t s)
 {
     zo_status st;
-    if ((st = check_block(m, block, bufs, 0)) != ZO_OK) return st;
+    if ((st = check_trains(m, "tf_block_recompute")) != ZO_OK || (st = check_block(m, block, bufs, 0)) != ZO_OK)
+        return st;
     if (block == MODEL_BLOCK_EMBED || block == model_layout_head_block(&m->layout))
         return ZO_OK; /* the embedding saves nothing; the head's activations are its own */
     if (block - 1 >= tf_recompute_layers(m)) return ZO_OK; /* it kept its activations */
@@ -1245,7 +1492,8 @@ zo_status tf_block_backward(tf_model *m, int block, const tf_block_bufs *bufs, f
                             gpu_stream_t s)
 {
     zo_status st;
-    if ((st = check_block(m, block, bufs, 1)) != ZO_OK) return st;
+    if ((st = check_trains(m, "tf_block_backward")) != ZO_OK || (st = check_block(m, block, bufs, 1)) != ZO_OK)
+        return st;
     if (block == MODEL_BLOCK_EMBED) return embed_backward(m, bufs, s);
     if (block == model_layout_head_block(&m->layout)) return head_backward(m, bufs, loss_scale, s);
     return layer_backward(m, block - 1, bufs, s);

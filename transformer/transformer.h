@@ -113,6 +113,13 @@ typedef struct tf_options {
      * where it likes (device slots, copies in host memory). */
     int external_res;
     tf_lora_options lora;
+    /* Generation (tf_set_tokens): kv_len > 0 keeps a key/value cache of
+     * kv_len positions for each of the B sequences on the device, and
+     * buffers for the forward alone: one set of layer activations for B x T
+     * new tokens (T: the longest prompt a forward takes at once; 1 when it
+     * only decodes), and the logits of one position per sequence. No
+     * backward. 0: training (tf_set_batch). */
+    int kv_len;
 } tf_options;
 
 typedef struct tf_model {
@@ -163,6 +170,12 @@ typedef struct tf_model {
     float *moe_dscale;      /* [N top_k] the pairs' weight gradients */
     float *moe_w_h;         /* [N, experts] host: the router's weights, read to route */
     float moe_loss_scale;   /* the head's loss_scale, for the load-balancing loss's gradient */
+    /* generation (opts.kv_len > 0) */
+    void **kcache, **vcache; /* [L] each [B, kv_len, hkv d] in dtype */
+    int32_t *pos;           /* [B] device: each sequence's first new position */
+    int *hpos, *hlast;      /* [B] host: the same; the new row whose logits are wanted */
+    void *hsel;             /* [B, h] the final hidden rows of those positions */
+    size_t kv_bytes;        /* device bytes of the caches */
     size_t act_bytes;       /* device bytes of all of the above */
 } tf_model;
 
@@ -192,6 +205,17 @@ size_t tf_frozen_bytes(const tf_model *m, int block);
  * finite). */
 zo_status tf_frozen_pack(const tf_model *m, int block, const float *src, void *dst);
 
+/* The inverse of tf_frozen_pack: a block's frozen buffer (host memory) as
+ * the fp32 weights the model computes with, in the layout's order (NF4
+ * tensors dequantized, 16-bit ones widened). */
+zo_status tf_frozen_unpack(const tf_model *m, int block, const void *src, float *dst);
+/* A layer block's adapters merged into its weights, as PEFT's
+ * merge_and_unload: W += (alpha / r) B A for each adapted linear layer
+ * (the rows of the fused q|k|v it adapts). adapters: the block's adapter
+ * buffer as fp32 (m->adapters' layout); w: the block's weights as fp32 (the
+ * layout's). The embedding and the head have nothing to merge. */
+void tf_lora_merge_block(const tf_model *m, int block, const float *adapters, float *w);
+
 /* Tensor `role` of a block buffer as a device tensor (data NULL when the
  * block has no such role). */
 gpu_tensor tf_view(const tf_model *m, const void *block_buf, int block, model_role role);
@@ -201,6 +225,26 @@ gpu_tensor tf_view(const tf_model *m, const void *block_buf, int block, model_ro
  * run the copies. b <= B, t <= T. */
 zo_status tf_set_batch(tf_model *m, gpu_stream_t s, const int32_t *inputs, const int32_t *targets,
                        int b, int t);
+
+/* Generation (a model built with opts.kv_len): upload b x t new tokens
+ * (host ids, row-major; they must stay valid until the stream has run the
+ * copy), sequence s's at positions pos[s] .. pos[s] + t - 1 (its cache
+ * holds the positions before), and last[s], the new row (0..t-1) whose
+ * next-token logits the head computes (a prompt shorter than t: its last
+ * token; the rows after it are padding whose keys later tokens overwrite).
+ * A forward of every block then writes the new keys and values into the
+ * caches and the logits [b, vocab] (tf_logits). ZO_ERR_INVALID when b > B,
+ * t > T, a position leaves the cache (pos[s] + t > kv_len) or, with learned
+ * positions, the model's max_seq. */
+zo_status tf_set_tokens(tf_model *m, gpu_stream_t s, const int32_t *tokens, int b, int t, const int *pos,
+                        const int *last);
+/* After the head's forward on tokens set by tf_set_tokens: the logits
+ * [b, vocab] (fp32) into host memory; synchronizes the stream. */
+zo_status tf_logits(tf_model *m, gpu_stream_t s, float *host);
+/* Device bytes of the key/value caches of B sequences of kv_len positions
+ * in `dtype`: 2 L B kv_len hkv d x the dtype's size (what tf_init
+ * allocates for them, and what memplan sizes). */
+size_t tf_kv_cache_bytes(const zo_model_config *cfg, zo_dtype dtype, int B, int kv_len);
 
 /* Buffers a block needs. `params`/`grads`: the block's own buffers. The
  * head of a tied model also reads the embedding block's parameters and adds
@@ -269,6 +313,13 @@ void tf_init_weights(const model_layout *l, float *const *host_blocks, uint64_t 
  * the blocks are taken in order, 0 to n_blocks - 1. */
 uint64_t tf_init_rng(uint64_t seed);
 void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_t *rng);
+/* Receives block `block`'s fp32 weights (model/safetensors.h's sink). */
+typedef zo_status (*tf_block_sink)(void *ctx, int block, const void *buf);
+/* Every block of `l` in turn, from a safetensors checkpoint (`path`: a file,
+ * an index or a directory holding every tensor of the model) or, when path
+ * is NULL, tf_init_block_weights's from `seed`, handed to sink as fp32: host
+ * memory holds one block, whatever the model's size. */
+zo_status tf_load_blocks(const model_layout *l, const char *path, uint64_t seed, tf_block_sink sink, void *ctx);
 /* LoRA adapters of one block as PEFT initialises them: A ~ kaiming_uniform
  * with a = sqrt(5), i.e. uniform in +-1/sqrt(in), B = 0 (so the adapted
  * model starts as the base). `adapters` is tf_model.adapters; dst holds

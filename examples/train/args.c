@@ -52,15 +52,18 @@ static const char HELP[] =
     "  --lr X                 peak learning rate (default 3e-4)\n"
     "  --lr-schedule KIND     constant, cosine or linear (default constant): after --warmup\n"
     "                         steps of linear warmup, decay to --min-lr over the schedule\n"
-    "  --warmup N             warmup steps: step k < N runs at lr * (k+1)/N (default 0)\n"
+    "  --warmup N             warmup steps: step k <= N (counted from 1) runs at lr * k/N\n"
+    "                         (default 0)\n"
     "  --min-lr X             the floor cosine and linear decay to (default 0)\n"
     "  --schedule-steps N     the steps the schedule spans (default --steps): a run may stop\n"
     "                         earlier and be resumed on the same schedule\n"
-    "  --beta1 X --beta2 X    AdamW betas (default 0.9, 0.95)\n"
+    "  --beta1 X --beta2 X    AdamW betas (default 0.9, 0.999: Hugging Face Trainer's)\n"
     "  --eps X                AdamW epsilon (default 1e-8)\n"
-    "  --weight-decay X       decoupled weight decay on 2-D weights (default 0.1)\n"
+    "  --weight-decay X       decoupled weight decay on 2-D weights, LoRA adapters included\n"
+    "                         (default 0: Hugging Face Trainer's, so no decay on adapters)\n"
     "  --clip X               max gradient norm; 0 disables (default 1.0)\n"
-    "  --dtype fp32|fp16|bf16 device storage of weights, gradients, activations (default fp32)\n"
+    "  --dtype fp32|fp16|bf16 device storage of weights, gradients, activations (default bf16,\n"
+    "                         memplan's; a --plan's dtype where it has one)\n"
     "  --grad-accum K         micro-batches per optimizer step (default 1)\n"
     "  --seed N               random init seed (default 1337)\n"
     "  --max-skipped-steps N  fp16: steps skipped for overflow in a row before the run\n"
@@ -161,9 +164,18 @@ static const char HELP[] =
     "                         run's; another --seq or global batch is refused\n"
     "  --stats-json FILE      peak bytes per tier (and the plan's prediction) and the time split\n"
     "                         (several ranks: rank r > 0 writes FILE.rank<r>)\n"
-    "  --save FILE            write the trained weights as safetensors (Hugging Face names);\n"
-    "                         with LoRA, a PEFT adapter directory FILE (Hugging Face PEFT\n"
-    "                         loads it onto the base)\n"
+    "  --save DIR             the trained model as a Hugging Face folder (from_pretrained,\n"
+    "                         generate --model DIR): config.json (the --model file's, its\n"
+    "                         torch_dtype set; a preset's written), the weights in --dtype with\n"
+    "                         Hugging Face names (model.safetensors, or shards and\n"
+    "                         model.safetensors.index.json past --max-shard-size) and the\n"
+    "                         --tokenizer's files; with LoRA, a PEFT adapter directory (Hugging\n"
+    "                         Face PEFT loads it onto the base)\n"
+    "  --merge DIR            with LoRA: also the adapters merged into the base (W + alpha/r B A,\n"
+    "                         PEFT's merge_and_unload; QLoRA: into the NF4 base as it computes)\n"
+    "                         as a Hugging Face folder, as --save writes a full fine-tune\n"
+    "  --max-shard-size SIZE  shard --save's and --merge's weights above SIZE (default 5GB,\n"
+    "                         save_pretrained's)\n"
     "  --log FILE             one JSON object per step: step, loss, lr, grad_norm, tokens_per_s,\n"
     "                         peak_bytes per tier, eval_loss and eval_ppl when evaluated\n"
     "                         (appended to with --resume)\n"
@@ -196,7 +208,8 @@ enum {
     OPT_EVAL_BATCHES, OPT_SCHEDULE, OPT_WARMUP, OPT_MIN_LR, OPT_SCHEDULE_STEPS, OPT_LOG, OPT_PLOT,
     OPT_LORA, OPT_LORA_TARGETS, OPT_LORA_ALPHA, OPT_QLORA, OPT_ADAPTER, OPT_ADAPTERS_ON,
     OPT_SCHED, OPT_CLIP_STALE, OPT_DPU_WARMUP, OPT_OPT_THREADS, OPT_KEEP_CKPT,
-    OPT_MAX_SKIPPED, OPT_ZERO, OPT_COMM_TIMEOUT, OPT_RECOMPUTE_LAYERS, OPT_REDUCE_DTYPE,
+    OPT_MAX_SKIPPED, OPT_ZERO, OPT_COMM_TIMEOUT, OPT_RECOMPUTE_LAYERS, OPT_REDUCE_DTYPE, OPT_MERGE,
+    OPT_MAX_SHARD,
 };
 
 static const struct option long_opts[] = {
@@ -220,6 +233,8 @@ static const struct option long_opts[] = {
     {"device-mem", required_argument, 0, OPT_DEVMEM},
     {"threads", required_argument, 0, OPT_THREADS},
     {"save", required_argument, 0, OPT_SAVE},
+    {"merge", required_argument, 0, OPT_MERGE},
+    {"max-shard-size", required_argument, 0, OPT_MAX_SHARD},
     {"grad-accum", required_argument, 0, OPT_ACCUM},
     {"plan", required_argument, 0, OPT_PLAN},
     {"check-plan", no_argument, 0, OPT_CHECK_PLAN},
@@ -336,6 +351,7 @@ static int training_flag(int c, const char *arg, train_args *a, zo_status *st)
     case OPT_ACCUM: *st = plan_int(arg, "--grad-accum", "training.grad_accum", &oc->grad_accum); return 1;
     case OPT_DTYPE:
         if ((*st = zo_dtype_parse(arg, &a->dtype)) != ZO_OK) *st = zo_error_wrap(*st, "--dtype");
+        a->dtype_from = "--dtype";
         return 1;
     case OPT_SEED: *st = zo_parse_int(arg, "--seed", 0, 0x7fffffffL, &a->seed); return 1;
     case OPT_MAX_SKIPPED:
@@ -469,6 +485,8 @@ static int output_flag(int c, const char *arg, train_args *a, zo_status *st)
     case OPT_RESUME: a->resume = arg; return 1;
     case OPT_STATS: a->stats_json = arg; return 1;
     case OPT_SAVE: a->save = arg; return 1;
+    case OPT_MERGE: a->merge = arg; return 1;
+    case OPT_MAX_SHARD: *st = zo_parse_size(arg, "--max-shard-size", 0, &a->max_shard); return 1;
     case OPT_LOG: a->log = arg; return 1;
     case OPT_PLOT: a->plot = arg; return 1;
     default: return 0;
@@ -480,11 +498,15 @@ static int output_flag(int c, const char *arg, train_args *a, zo_status *st)
 static void args_defaults(train_args *a)
 {
     *a = (train_args){.width = MODEL_TOKENS_U16, .steps = 100, .micro_batch = 4, .seq = 64,
-                      .seed = 1337, .dtype = ZO_DTYPE_F32, .device = "cpu", .eval_batches = 10,
+                      .seed = 1337, .dtype = ZO_DTYPE_BF16, .dtype_from = "the default, memplan's",
+                      .device = "cpu", .eval_batches = 10,
                       .sched = {.lr = 3e-4}, .lora = {.alpha = 8.0f}};
     offload_plan_defaults(&a->p);
-    a->p.cfg.adam = (offload_adamw){.lr = (float)a->sched.lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                                    .weight_decay = 0.1f, .clip = 1.0f};
+    /* AdamW as the Hugging Face Trainer's defaults for fine-tuning
+     * (adam_beta1/2, adam_epsilon, weight_decay 0: no decay on LoRA adapters,
+     * max_grad_norm 1) */
+    a->p.cfg.adam = (offload_adamw){.lr = (float)a->sched.lr, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                                    .weight_decay = 0.0f, .clip = 1.0f};
 }
 
 /* The plan first, so that every flag overrides it: a first pass of
@@ -504,7 +526,7 @@ static int read_plan(int argc, char **argv, train_args *a)
         }
         if (a->p.seq) a->seq = a->p.seq;
         if (a->p.micro_batch) a->micro_batch = a->p.micro_batch;
-        if (a->p.dtype >= 0) a->dtype = (zo_dtype)a->p.dtype;
+        if (a->p.dtype >= 0) a->dtype = (zo_dtype)a->p.dtype, a->dtype_from = "the plan";
         if (a->p.gpu_mem) a->device_mem = a->p.gpu_mem;
     }
     return -1;
@@ -537,6 +559,10 @@ static const char *flags_conflict(const train_args *a)
         return "--qlora and --lora-targets need --lora R (or --adapter DIR)";
     if (a->set_recompute_layers && a->p.cfg.recompute_layers && !a->p.cfg.recompute)
         return "--recompute-layers K needs --recompute full (the first K layers recomputed whole)";
+    if (a->merge && !a->lora.r && !a->adapter && !(a->plan && a->p.file.training.method != ZO_PLAN_FULL))
+        return "--merge DIR merges LoRA adapters into their base: it needs --lora R (or --adapter DIR); "
+               "--save DIR writes a full fine-tune";
+    if (a->merge && !a->save) return "--merge DIR goes with --save DIR (the adapters; the merged model beside them)";
     return NULL;
 }
 

@@ -17,6 +17,8 @@
 
 typedef struct train_args {
     const char *model, *weights, *data, *save, *device;
+    const char *merge;   /* --merge DIR: with LoRA, the merged model as a Hugging Face folder */
+    uint64_t max_shard;  /* --max-shard-size: --save's weights sharded above it; 0: 5 GB */
     const char *plan, *ckpt, *resume, *stats_json;
     const char *tokenizer, *eot, *eval_data, *log, *plot;
     model_token_width width;
@@ -32,6 +34,7 @@ typedef struct train_args {
     const char *adapter; /* PEFT adapter directory to start from */
     offload_plan p;      /* the runtime's configuration: the plan, then the flags */
     zo_dtype dtype;
+    const char *dtype_from;  /* what set dtype: the default, --dtype, the plan (the header says) */
     uint64_t device_mem;
     double comm_timeout; /* seconds; 0: ZO_COMM_TIMEOUT or the communicator's default */
     int check_plan;      /* --check-plan: check the plan against the model, run nothing */

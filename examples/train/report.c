@@ -73,6 +73,19 @@ void report_init(train_report *rp, const train_args *a)
     *rp = (train_report){.a = a};
 }
 
+/* "# adamw: ..." the optimizer's settings, and whether they are the
+ * Hugging Face Trainer's defaults (betas 0.9/0.999, eps 1e-8, no weight
+ * decay, so none on LoRA adapters; clip 1) or the flags'. */
+static void print_adamw(const train_args *a)
+{
+    const offload_adamw *ad = &a->p.cfg.adam;
+    int trainer = ad->beta1 == 0.9f && ad->beta2 == 0.999f && ad->eps == 1e-8f && ad->weight_decay == 0.0f &&
+                  ad->clip == 1.0f;
+    printf("# adamw: lr %g, betas %g/%g, eps %g, weight decay %g on %s, clip %g (%s)\n", ad->lr, ad->beta1,
+           ad->beta2, ad->eps, ad->weight_decay, a->lora.r ? "the adapters' 2-D weights" : "2-D weights", ad->clip,
+           trainer ? "Hugging Face Trainer's defaults" : "set by flags");
+}
+
 /* "# train: ..." (the model, batch, data and device), the ranks, the
  * placement, the method and the lr schedule. */
 static void print_header(const train_run *r)
@@ -83,10 +96,11 @@ static void print_header(const train_run *r)
     char b1[32], b2[32];
     gpu_mem_stats ms;
     gpu_mem_get_stats(r->dev, &ms);
-    printf("# train: %s (%s), %llu parameters, %d layers, hidden %d, vocab %d; dtype %s; "
+    printf("# train: %s (%s), %llu parameters, %d layers, hidden %d, vocab %d; dtype %s (%s); "
            "batch %ld x %ld x %d; data %s (%llu tokens); device %s, %s in use of %s\n",
            cfg->name, zo_arch_name(cfg->arch), (unsigned long long)r->trained->total_numel,
-           cfg->n_layers, cfg->hidden, cfg->vocab, zo_dtype_name(a->dtype), a->micro_batch, a->seq, r->accum,
+           cfg->n_layers, cfg->hidden, cfg->vocab, zo_dtype_name(a->dtype), a->dtype_from, a->micro_batch, a->seq,
+           r->accum,
            a->data, (unsigned long long)r->tokens.n, gpu_device_name(r->dev),
            zo_format_bytes(ms.in_use, b1, sizeof b1),
            ms.capacity ? zo_format_bytes(ms.capacity, b2, sizeof b2) : "unlimited");
@@ -96,6 +110,7 @@ static void print_header(const train_run *r)
                r->ranks);
     report_placement(a);
     report_method(a);
+    print_adamw(a);
     if (a->p.selective_as_none && !oc->recompute)
         printf("# recompute: \"selective\" runs as none (the attention keeps no s x s "
                "scores, so selective would recompute nothing)\n");
@@ -113,6 +128,9 @@ zo_status report_start(train_report *rp, const train_run *r)
     if (a->log && !(rp->log = fopen(a->log, a->resume ? "a" : "w"))) /* a path that cannot be written: bad input */
         return zo_error(ZO_ERR_IO, "--log %s: %s", a->log, strerror(errno));
     rp->progress = isatty(STDERR_FILENO) && !isatty(STDOUT_FILENO);
+    /* the time line counts the training alone: not the set-up, the weights'
+     * load or a resume's */
+    offload_reset_times(r->rt);
     rp->t_start = zo_now();
     return ZO_OK;
 }
@@ -211,20 +229,34 @@ static zo_status print_rank_peaks(offload_t *rt, const offload_stats *st, const 
     return ZO_OK;
 }
 
-/* The peaks per tier (every rank's), then this rank's time split. */
+/* The peaks per tier (every rank's), then this rank's time split: the
+ * training's wall time (`total`, from its start), the parts of it the
+ * runtime's calls spent, the rest (the host's own work: batches, logging,
+ * checkpoints' bookkeeping) as "other"; what the optimizer's thread spent
+ * beside it on a line of its own. */
 static zo_status print_tiers(offload_t *rt, const offload_stats *st, const offload_prediction *pred,
-                             uint64_t psi)
+                             uint64_t psi, double total)
 {
     if (st->ranks <= 1) print_peaks("", st->peak, pred);
     else {
         zo_status e = print_rank_peaks(rt, st, pred, psi);
         if (e != ZO_OK) return e;
     }
+    double parts = 0, beside = 0;
     printf("# time:");
-    for (int p = 0; p < OFFLOAD_TIME_PARTS; p++)
-        printf(" %s %.3fs%s", offload_time_part_name((offload_time_part)p), st->time[p],
-               p + 1 < OFFLOAD_TIME_PARTS ? "," : "");
-    printf(" (runtime total %.3fs)\n", st->total_s);
+    for (int p = 0; p < OFFLOAD_TIME_PARTS; p++) {
+        printf(" %s %.3fs,", offload_time_part_name((offload_time_part)p), st->time[p]);
+        parts += st->time[p];
+        beside += st->time_beside[p];
+    }
+    printf(" other %.3fs = total %.3fs\n", total - parts, total);
+    if (beside > 0) {
+        printf("# time beside it, on the optimizer's thread:");
+        for (int p = 0; p < OFFLOAD_TIME_PARTS; p++)
+            if (st->time_beside[p] > 0)
+                printf(" %s %.3fs", offload_time_part_name((offload_time_part)p), st->time_beside[p]);
+        printf("\n");
+    }
     if (st->optimizer_s > 0)
         printf("# optimizer: %.3fs on the host, %.0f%% of it beside the device's work\n", st->optimizer_s,
                100.0 * st->optimizer_overlap);
@@ -235,6 +267,7 @@ zo_status report_end(train_report *rp, train_run *r)
 {
     const train_args *a = rp->a;
     const offload_prediction *pred = a->plan ? &a->p.predicted : NULL;
+    double total = zo_now() - rp->t_start; /* the training's wall time */
     zo_status st;
     if (rp->progress) fprintf(stderr, "\n");
     if (a->plot && (st = write_plot(rp, r)) != ZO_OK) return st;
@@ -245,7 +278,7 @@ zo_status report_end(train_report *rp, train_run *r)
            ms.capacity ? zo_format_bytes(ms.capacity, b2, sizeof b2) : "unlimited");
     offload_stats ost;
     offload_get_stats(r->rt, &ost);
-    if ((st = print_tiers(r->rt, &ost, pred, r->trained->total_numel)) != ZO_OK) return st;
+    if ((st = print_tiers(r->rt, &ost, pred, r->trained->total_numel, total)) != ZO_OK) return st;
     if (!a->stats_json) return ZO_OK;
     /* rank r > 0 writes FILE.rank<r> */
     char path[4200];

@@ -218,7 +218,15 @@ zo_status run_read_inputs(train_run *r)
     if (a->eval_data && (st = inputs_open_data(a, a->eval_data, r->tok, r->eot, r->cfg.vocab, &r->eval)) != ZO_OK)
         return st;
     if ((st = inputs_lora_choice(a, &r->cfg)) != ZO_OK) return st;
-    return check_capability(r, r->launch.size > 1 ? r->launch.size : 1);
+    int ranks = r->launch.size > 1 ? r->launch.size : 1;
+    /* a merge reads the frozen base block by block on rank 0: whole there
+     * unless ZeRO-3 partitions it over the ranks */
+    if (a->merge && ranks > 1 && a->p.cfg.zero_stage == 3) {
+        r->quiet = r->launch.rank > 0; /* rank 0 says it */
+        return zo_error(ZO_ERR_UNSUPPORTED, "--merge %s: ZeRO-3 partitions the frozen base over the %d ranks; "
+                        "train with ZeRO 0-2 to merge, or merge the saved adapters on one rank", a->merge, ranks);
+    }
+    return check_capability(r, ranks);
 }
 
 /* --device NAME with --device-mem as the capacity: the CPU backend with its
@@ -342,6 +350,9 @@ zo_status run_load_weights(train_run *r)
     if ((st = offload_load(r->rt, a->resume, &meta)) != ZO_OK) return st;
     if ((st = resume_position(r, &meta)) != ZO_OK) return st;
     printf("# resumed from %s at step %ld\n", a->resume, r->k0);
+    /* the run ends well with nothing trained (its --save still written) */
+    if (r->k0 >= a->steps)
+        printf("# nothing left to train: %s is at step %ld of --steps %ld\n", a->resume, r->k0, a->steps);
     return ZO_OK;
 }
 
@@ -391,8 +402,9 @@ zo_status run_step(train_run *r, long k, ft_record *rec, int *skipped)
         sum += loss;
         if ((st = run_stopped()) != ZO_OK) return st;
     }
-    /* test seam: ZO_TRAIN_KILL="RANK:STEP" kills that rank mid-step */
-    if (r->kill_rank == r->rank && r->kill_step == k) raise(SIGKILL);
+    /* test seam: ZO_TRAIN_KILL="RANK:STEP" kills that rank mid-step (steps
+     * counted from 1, as the step lines) */
+    if (r->kill_rank == r->rank && r->kill_step == k + 1) raise(SIGKILL);
     offload_step_info info;
     if ((st = offload_step(r->rt, &info)) != ZO_OK) return zo_error_wrap(st, "step %ld", k);
     /* the mean over the global batch: every rank's sum, in rank order */
@@ -401,7 +413,9 @@ zo_status run_step(train_run *r, long k, ft_record *rec, int *skipped)
     for (int q = 0; q < r->ranks; q++) sum += r->losses[q];
     double dt = zo_now() - t0;
     int global = r->accum * r->ranks; /* micro-batches */
-    *rec = (ft_record){.step = k, .loss = sum / global, .lr = lr, .grad_norm = info.grad_norm,
+    /* steps are counted from 1, as the checkpoints are: "step N" is the
+     * N-th step done, and a checkpoint after it is "step N" too */
+    *rec = (ft_record){.step = k + 1, .loss = sum / global, .lr = lr, .grad_norm = info.grad_norm,
                        .tokens_per_s = (double)a->micro_batch * a->seq * global / dt};
     offload_stats ost;
     offload_get_stats(r->rt, &ost);

@@ -1,10 +1,13 @@
 /* The weights in and out of the runtime, block by block (weights.h). */
 #include "examples/train/weights.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
+#include "model/hf.h"          /* defines: model_hf_folder, model_hf_save */
 #include "model/lora.h"        /* defines: model_lora_save, model_lora_load */
-#include "model/safetensors.h" /* defines: model_ckpt_open, model_load_streamed, model_save_streamed */
+#include "model/safetensors.h" /* defines: model_save_streamed */
 
 zo_status weights_write(void *user, const char *path, offload_block_reader read, void *ctx)
 {
@@ -19,33 +22,13 @@ size_t weights_frozen_total(const tf_model *m)
     return n;
 }
 
-/* Every block of `l` in turn, from a safetensors checkpoint (`path`: every
- * tensor of the model in it) or random from `seed`, handed to sink: host
- * memory holds one block, whatever the model's size. */
-static zo_status stream_blocks(const model_layout *l, const char *path, uint64_t seed, model_block_sink sink,
-                               void *ctx)
+/* The largest block of the frozen base, bytes. */
+static size_t weights_frozen_largest(const tf_model *m)
 {
-    size_t largest = 1;
-    for (int b = 0; b < l->n_blocks; b++)
-        if (l->block_numel[b] > largest) largest = l->block_numel[b];
-    float *buf = malloc(largest * sizeof(float));
-    if (!buf) return zo_error(ZO_ERR_NOMEM, "train: out of host memory for a block of %zu weights", largest);
-    zo_status st = ZO_OK;
-    if (path) {
-        model_ckpt c;
-        if ((st = model_ckpt_open(&c, path)) == ZO_OK) {
-            st = model_load_streamed(&c, l, buf, ZO_DTYPE_F32, 0, NULL, sink, ctx);
-            model_ckpt_close(&c);
-        }
-    } else {
-        uint64_t rng = tf_init_rng(seed);
-        for (int b = 0; b < l->n_blocks && st == ZO_OK; b++) {
-            tf_init_block_weights(l, b, buf, &rng);
-            st = sink(ctx, b, buf);
-        }
-    }
-    free(buf);
-    return st;
+    size_t n = 1;
+    for (int b = 0; b < m->layout.n_blocks; b++)
+        if (tf_frozen_bytes(m, b) > n) n = tf_frozen_bytes(m, b);
+    return n;
 }
 
 static zo_status set_block(void *ctx, int block, const void *buf)
@@ -91,12 +74,10 @@ static void **alloc_blocks(const model_layout *l)
 static zo_status load_lora(offload_t *rt, const tf_model *m, const train_args *a)
 {
     const model_layout *ad = &m->adapters;
-    size_t fbig = 1;
-    for (int b = 0; b < m->layout.n_blocks; b++)
-        if (tf_frozen_bytes(m, b) > fbig) fbig = tf_frozen_bytes(m, b);
+    size_t fbig = weights_frozen_largest(m);
     base_sink sink = {.rt = rt, .m = m, .packed = malloc(fbig)};
     if (!sink.packed) return zo_error(ZO_ERR_NOMEM, "train: out of host memory for a block of %zu bytes", fbig);
-    zo_status st = stream_blocks(&m->layout, a->weights, (uint64_t)a->seed, set_base_block, &sink);
+    zo_status st = tf_load_blocks(&m->layout, a->weights, (uint64_t)a->seed, set_base_block, &sink);
     free(sink.packed);
     if (st != ZO_OK) return st;
     void **blocks = alloc_blocks(ad);
@@ -115,27 +96,93 @@ static zo_status load_lora(offload_t *rt, const tf_model *m, const train_args *a
 zo_status weights_load(offload_t *rt, const tf_model *m, const train_args *a)
 {
     if (a->lora.r) return load_lora(rt, m, a);
-    return stream_blocks(&m->layout, a->weights, (uint64_t)a->seed, set_block, rt);
+    return tf_load_blocks(&m->layout, a->weights, (uint64_t)a->seed, set_block, rt);
 }
 
-/* --save with LoRA: a PEFT adapter directory, written by rank 0 (every
- * rank reads the adapters: gathered when partitioned). */
-static zo_status save_adapters(offload_t *rt, const tf_model *m, const train_args *a, int rank)
+/* The Hugging Face folder --save and --merge write (model/hf.h): the
+ * --model file's config (a preset's written from its shape), the weights in
+ * --dtype, the --tokenizer's files. */
+static model_hf_folder hf_folder(const tf_model *m, const train_args *a, const char *dir)
 {
-    const model_layout *ad = &m->adapters;
+    struct stat sb;
+    int file = stat(a->model, &sb) == 0 && S_ISREG(sb.st_mode);
+    return (model_hf_folder){.dir = dir, .l = &m->layout, .dtype = a->dtype, .max_shard_bytes = a->max_shard,
+                             .config = file ? a->model : NULL, .tokenizer = a->tokenizer};
+}
+
+/* An offload_weights_stream: the folder of `user` (a model_hf_folder) at path. */
+static zo_status hf_writer(void *user, const char *path, offload_block_reader read, void *ctx)
+{
+    model_hf_folder f = *(const model_hf_folder *)user;
+    f.dir = path;
+    return model_hf_save(&f, read, ctx, NULL);
+}
+
+/* The adapters of every block as fp32 (small: all at once). */
+static zo_status read_adapters(offload_t *rt, const model_layout *ad, void ***out)
+{
     void **blocks = alloc_blocks(ad);
     if (!blocks) return zo_error(ZO_ERR_NOMEM, "train: out of host memory for the adapters");
     zo_status st = ZO_OK;
     for (int b = 0; b < ad->n_blocks && st == ZO_OK; b++) st = offload_get_block(rt, b, blocks[b]);
-    if (st == ZO_OK && rank == 0)
-        st = model_lora_save(a->save, ad, &a->lora, a->model, (const void *const *)blocks, ZO_DTYPE_F32,
-                             ZO_DTYPE_F32);
-    free_blocks(blocks, ad->n_blocks);
+    if (st != ZO_OK) free_blocks(blocks, ad->n_blocks);
+    else *out = blocks;
+    return st;
+}
+
+/* --save with LoRA: a PEFT adapter directory. */
+static zo_status save_adapters(const tf_model *m, const train_args *a, void *const *adapters)
+{
+    return model_lora_save(a->save, &m->adapters, &a->lora, a->model, (const void *const *)adapters, ZO_DTYPE_F32,
+                           ZO_DTYPE_F32);
+}
+
+/* A block of the merged model: its frozen base as the model computes with it
+ * (NF4 dequantized), its adapters merged in. */
+typedef struct merged_reader {
+    offload_t *rt;
+    const tf_model *m;
+    void *packed;
+    void *const *adapters;
+} merged_reader;
+
+static zo_status read_merged(void *ctx, int block, float *dst)
+{
+    merged_reader *r = ctx;
+    zo_status st = offload_get_frozen_block(r->rt, block, r->packed);
+    if (st == ZO_OK) st = tf_frozen_unpack(r->m, block, r->packed, dst);
+    if (st == ZO_OK) tf_lora_merge_block(r->m, block, r->adapters[block], dst);
+    return st;
+}
+
+/* --merge DIR: the adapters merged into the base, a Hugging Face folder. */
+static zo_status save_merged(offload_t *rt, const tf_model *m, const train_args *a, void *const *adapters)
+{
+    merged_reader r = {.rt = rt, .m = m, .packed = malloc(weights_frozen_largest(m)), .adapters = adapters};
+    if (!r.packed) return zo_error(ZO_ERR_NOMEM, "train: out of host memory for a block of the base");
+    model_hf_folder f = hf_folder(m, a, a->merge);
+    int shards = 0;
+    zo_status st = model_hf_save(&f, read_merged, &r, &shards);
+    free(r.packed);
+    if (st == ZO_OK)
+        printf("# merged %s: LoRA r %d alpha %g merged into the base, %s, %d weight file(s)\n", a->merge, a->lora.r,
+               a->lora.alpha, zo_dtype_name(a->dtype), shards);
     return st;
 }
 
 zo_status weights_save(offload_t *rt, const tf_model *m, const train_args *a, int rank)
 {
-    if (a->lora.r) return save_adapters(rt, m, a, rank);
-    return offload_write_weights(rt, a->save, weights_write, (void *)&m->layout);
+    if (!a->lora.r) {
+        model_hf_folder f = hf_folder(m, a, a->save);
+        return offload_write_weights(rt, a->save, hf_writer, &f); /* rank 0 writes, the others send */
+    }
+    /* every rank reads the adapters (gathered when partitioned); the frozen
+     * base a merge reads is whole on every rank (run_read_inputs refuses
+     * --merge where ZeRO-3 partitions it): rank 0 writes */
+    void **adapters = NULL;
+    zo_status st = read_adapters(rt, &m->adapters, &adapters);
+    if (st == ZO_OK && rank == 0 && a->save) st = save_adapters(m, a, adapters);
+    if (st == ZO_OK && rank == 0 && a->merge) st = save_merged(rt, m, a, adapters);
+    if (adapters) free_blocks(adapters, m->adapters.n_blocks);
+    return st;
 }

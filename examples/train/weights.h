@@ -15,9 +15,12 @@
  * the adapters from --adapter or PEFT's init. */
 zo_status weights_load(offload_t *rt, const tf_model *m, const train_args *a);
 
-/* --save: the trained weights as one safetensors file, or with LoRA a PEFT
- * adapter directory. Every rank calls it (blocks are gathered when the
- * optimizer state is partitioned); rank 0 writes. */
+/* --save DIR: the trained model as a Hugging Face folder (model/hf.h:
+ * config.json, the weights in --dtype, sharded past --max-shard-size, the
+ * tokenizer's files), or with LoRA a PEFT adapter directory, and with
+ * --merge DIR the adapters merged into the base as such a folder. Every
+ * rank calls it (blocks are gathered when the optimizer state is
+ * partitioned); rank 0 writes. */
 zo_status weights_save(offload_t *rt, const tf_model *m, const train_args *a, int rank);
 
 /* An offload_weights_stream: the model_layout `user` as safetensors, fp32. */

@@ -271,6 +271,86 @@ __global__ void attention_backward_dkv_kernel(gpu_tensor dqkv, gpu_tensor dout, 
     }
 }
 
+/* ---- over a key/value cache (generation) ----------------------------------------
+ * Two kernels in stream order: the new tokens' keys and values into the
+ * caches, then the attention, one warp per (query row, query head,
+ * sequence) as in the forward: lane l scores cache row j0 + l (read from
+ * global memory), an online softmax over chunks of 32 rows, lanes own the
+ * output dimensions. Keys ascending, as the CPU reference sums them. */
+
+/* Sequence s's new rows fit its cache: pos[s] in [0, tc - t]. */
+__device__ __forceinline__ bool cached_pos_ok(int p0, int t, int tc) { return p0 >= 0 && p0 <= tc - t; }
+
+/* kc, vc [b, tc, hkv*d] at rows pos[s] + i = qkv's keys and values of row (s, i). */
+__global__ void attention_cache_write_kernel(cuda_err_rec *err, gpu_tensor kc, gpu_tensor vc, gpu_tensor qkv,
+                                             const int32_t *pos, int tc, int nb, attn_geom G)
+{
+    const size_t kvw = (size_t)G.hkv * G.d, total = (size_t)nb * G.t * kvw;
+    for (size_t x = (size_t)blockIdx.x * blockDim.x + threadIdx.x; x < total;
+         x += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = x / kvw, e = x % kvw; /* row (s, i), element e of its kv heads */
+        const int s = (int)(r / G.t), i = (int)(r % G.t), p0 = pos[s];
+        if (!cached_pos_ok(p0, G.t, tc)) {
+            if (i == 0 && e == 0) record_bad_id(err, CUDA_ERR_ATTN_CACHED, s, p0, tc - G.t + 1);
+            continue;
+        }
+        const size_t dst = ((size_t)s * tc + p0 + i) * kvw + e, src = r * G.ld + (size_t)G.hq * G.d + e;
+        tstore(kc, dst, tload(qkv, src));
+        tstore(vc, dst, tload(qkv, src + kvw));
+    }
+}
+
+/* out [b, t, hq*d]: query i of sequence s over cache rows 0 .. pos[s] + i.
+ * Dynamic shared memory: Qs [NW][d]. */
+template <int DPL>
+__global__ void attention_cached_kernel(gpu_tensor out, gpu_tensor qkv, gpu_tensor kc, gpu_tensor vc,
+                                        const int32_t *pos, int tc, attn_geom G)
+{
+    ZO_EXTERN_SHARED(float, smem);
+    const int d = G.d, lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    const int b = blockIdx.z, h = blockIdx.y, g = h / G.grp, i = blockIdx.x * NW + w;
+    const int p0 = pos[b];
+    const bool valid = i < G.t && cached_pos_ok(p0, G.t, tc); /* uniform over the warp */
+    float *q = smem + w * d;
+    if (valid)
+        for (int k = lane; k < d; k += WARP) q[k] = tload(qkv, G.q(b, i, h) + k);
+    __syncthreads();
+    if (!valid) return;
+    const size_t ldc = (size_t)G.hkv * d, base = (size_t)b * tc * ldc + (size_t)g * d;
+    const int p = p0 + i, jfirst = G.window > 0 && p >= G.window ? p - G.window + 1 : 0;
+    float o[DPL], m = -INFINITY, l = 0.0f;
+    for (int u = 0; u < DPL; u++) o[u] = 0.0f;
+    for (int j0 = jfirst; j0 <= p; j0 += WARP) {
+        const int j = j0 + lane;
+        float s = -INFINITY;
+        if (j <= p) {
+            float acc = 0.0f;
+            for (int k = 0; k < d; k++) acc += q[k] * tload(kc, base + (size_t)j * ldc + k);
+            s = acc * G.scale;
+        }
+        const float mnew = fmaxf(m, warp_max(s)); /* row j0 is seen: finite */
+        const float pj = j <= p ? expf(s - mnew) : 0.0f;
+        const float corr = expf(m - mnew);
+        l = l * corr + warp_sum(pj);
+        for (int u = 0; u < DPL; u++) o[u] *= corr;
+        const int n = min(WARP, p - j0 + 1);
+        for (int jj = 0; jj < n; jj++) {
+            const float pjj = __shfl_sync(FULL_MASK, pj, jj);
+            const size_t vrow = base + (size_t)(j0 + jj) * ldc;
+            for (int u = 0; u < DPL; u++) {
+                const int k = lane + WARP * u;
+                if (k < d) o[u] += pjj * tload(vc, vrow + k);
+            }
+        }
+        m = mnew;
+    }
+    const float inv = 1.0f / l;
+    for (int u = 0; u < DPL; u++) {
+        const int k = lane + WARP * u;
+        if (k < d) tstore(out, G.o(b, i, h) + k, o[u] * inv);
+    }
+}
+
 /* ---- launchers ---------------------------------------------------------------- */
 
 static attn_geom make_geom(const gpu_attn_desc *a)
@@ -384,5 +464,35 @@ extern "C" zo_status cuda_launch_attention_backward(cudaStream_t st, const gpu_a
     case 2: return backward_dpl<2>(st, a, dqkv, dout, qkv, out, lse);
     case 4: return backward_dpl<4>(st, a, dqkv, dout, qkv, out, lse);
     default: return backward_dpl<8>(st, a, dqkv, dout, qkv, out, lse);
+    }
+}
+
+template <int DPL>
+static zo_status cached_dpl(cudaStream_t st, const gpu_attn_desc *a, gpu_tensor out, gpu_tensor qkv,
+                            gpu_tensor kc, gpu_tensor vc, const int32_t *pos, int tc)
+{
+    attn_geom G = make_geom(a);
+    size_t smem = (size_t)NW * G.d * sizeof(float);
+    dim3 grid((a->t + NW - 1) / NW, a->hq, a->b);
+    ZO_LAUNCH(attention_cached_kernel<DPL>, grid, NW * WARP, smem, st, out, qkv, kc, vc, pos, tc, G);
+    return cuda_launch_check("attention_cached_kernel");
+}
+
+extern "C" zo_status cuda_launch_attention_cached(cudaStream_t st, cuda_err_rec *err, const gpu_attn_desc *a,
+                                                  gpu_tensor out, gpu_tensor qkv, gpu_tensor k_cache,
+                                                  gpu_tensor v_cache, const int32_t *pos, int tc)
+{
+    zo_status s = check_geometry("gpu_attention_cached", a);
+    if (s != ZO_OK) return s;
+    attn_geom G = make_geom(a);
+    size_t total = (size_t)a->b * a->t * a->hkv * a->d;
+    ZO_LAUNCH(attention_cache_write_kernel, grid_for(total, 256), 256, 0, st, err, k_cache, v_cache, qkv, pos, tc,
+              a->b, G);
+    if ((s = cuda_launch_check("attention_cache_write_kernel")) != ZO_OK) return s;
+    switch (dims_per_lane(a->d)) {
+    case 1: return cached_dpl<1>(st, a, out, qkv, k_cache, v_cache, pos, tc);
+    case 2: return cached_dpl<2>(st, a, out, qkv, k_cache, v_cache, pos, tc);
+    case 4: return cached_dpl<4>(st, a, out, qkv, k_cache, v_cache, pos, tc);
+    default: return cached_dpl<8>(st, a, out, qkv, k_cache, v_cache, pos, tc);
     }
 }

@@ -38,6 +38,7 @@ enum cuda_err_op {
     CUDA_ERR_EMBEDDING_BACKWARD,
     CUDA_ERR_CE_FORWARD,
     CUDA_ERR_CE_BACKWARD,
+    CUDA_ERR_ATTN_CACHED, /* index: the sequence, value: its first position */
 };
 
 typedef struct cuda_err_rec {
@@ -128,6 +129,12 @@ zo_status cuda_launch_attention_forward(cudaStream_t st, const gpu_attn_desc *a,
 zo_status cuda_launch_attention_backward(cudaStream_t st, const gpu_attn_desc *a,
                                          gpu_tensor dqkv, gpu_tensor dout, gpu_tensor qkv,
                                          gpu_tensor out, const float *lse);
+
+/* the cache's rows: a sequence whose positions leave the cache is recorded
+ * in err (CUDA_ERR_ATTN_CACHED) and skipped */
+zo_status cuda_launch_attention_cached(cudaStream_t st, cuda_err_rec *err, const gpu_attn_desc *a,
+                                       gpu_tensor out, gpu_tensor qkv, gpu_tensor k_cache,
+                                       gpu_tensor v_cache, const int32_t *pos, int tc);
 
 /* rope.cu */
 zo_status cuda_launch_rope(cudaStream_t st, gpu_tensor x, int n, int t, int n_heads, int d,

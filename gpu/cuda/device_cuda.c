@@ -316,6 +316,7 @@ static const char *err_op_name(int code, const char **what)
     case CUDA_ERR_EMBEDDING_BACKWARD: *what = "tokens"; return "gpu_embedding_backward";
     case CUDA_ERR_CE_FORWARD: *what = "targets"; return "gpu_cross_entropy_forward";
     case CUDA_ERR_CE_BACKWARD: *what = "targets"; return "gpu_cross_entropy_backward";
+    case CUDA_ERR_ATTN_CACHED: *what = "pos"; return "gpu_attention_cached";
     default: *what = "id"; return "a kernel";
     }
 }

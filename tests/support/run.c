@@ -33,7 +33,7 @@ void run_train_losses(const char *out, double *loss, int n)
         if (p != out && p[-1] != '\n') continue;
         int k;
         double x;
-        if (sscanf(p, "step %d loss %lf", &k, &x) == 2 && k >= 0 && k < n) loss[k] = x;
+        if (sscanf(p, "step %d loss %lf", &k, &x) == 2 && k >= 1 && k <= n) loss[k - 1] = x;
     }
 }
 

@@ -23,8 +23,8 @@ const char *run_memplan_bin(void);
 /* run_program of memplan. */
 int run_memplan(const char *args, char *out, size_t len);
 
-/* The losses of train's "step K loss X" lines in `out`, loss[K] for K < n
- * (NAN for a step with no line). */
+/* The losses of train's "step K loss X" lines in `out` (K counted from 1):
+ * loss[K - 1] for K <= n (NAN for a step with no line). */
 void run_train_losses(const char *out, double *loss, int n);
 
 /* Start the shell command `cmd` (its output dropped) with train's test seam

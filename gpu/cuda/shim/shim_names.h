@@ -24,6 +24,7 @@
 #define cuda_launch_rmsnorm_backward shim_launch_rmsnorm_backward
 #define cuda_launch_attention_forward shim_launch_attention_forward
 #define cuda_launch_attention_backward shim_launch_attention_backward
+#define cuda_launch_attention_cached shim_launch_attention_cached
 #define cuda_launch_rope shim_launch_rope
 #define cuda_launch_gelu_forward shim_launch_gelu_forward
 #define cuda_launch_gelu_backward shim_launch_gelu_backward

@@ -1,0 +1,254 @@
+/* A Hugging Face model folder (hf.h). */
+#include "model/hf.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/fileio.h" /* defines: zo_file_write_json, zo_file_read_all, zo_file_write_all */
+#include "common/json.h"   /* defines: zo_json_parse */
+
+#define MAX_JSON_BYTES (64u << 20)
+
+const char *model_hf_dtype_name(zo_dtype dt)
+{
+    return dt == ZO_DTYPE_BF16 ? "bfloat16" : dt == ZO_DTYPE_F16 ? "float16" : "float32";
+}
+
+/* ---- config.json ------------------------------------------------------------------- */
+
+/* The family's model_type: the runtime builds GPT-2, LLaMA, Mistral and Qwen2. */
+static const char *model_type(const zo_model_config *c)
+{
+    if (c->arch == ZO_ARCH_GPT) return "gpt2";
+    if (!strcmp(c->family, "mistral")) return "mistral";
+    if (!strcmp(c->family, "qwen2")) return "qwen2";
+    return "llama";
+}
+
+zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
+{
+    cJSON *o = cJSON_CreateObject(), *arch = o ? cJSON_AddArrayToObject(o, "architectures") : NULL;
+    if (!arch) {
+        cJSON_Delete(o);
+        return zo_error(ZO_ERR_NOMEM, "config.json: out of host memory");
+    }
+    const char *type = model_type(c);
+    if (c->arch == ZO_ARCH_GPT) {
+        cJSON_AddItemToArray(arch, cJSON_CreateString("GPT2LMHeadModel"));
+        cJSON_AddStringToObject(o, "model_type", type);
+        cJSON_AddNumberToObject(o, "n_layer", c->n_layers);
+        cJSON_AddNumberToObject(o, "n_embd", c->hidden);
+        cJSON_AddNumberToObject(o, "n_head", c->n_heads);
+        cJSON_AddNumberToObject(o, "n_inner", c->ffn);
+        cJSON_AddNumberToObject(o, "n_positions", c->max_seq);
+        cJSON_AddNumberToObject(o, "n_ctx", c->max_seq);
+        cJSON_AddNumberToObject(o, "vocab_size", c->vocab);
+        cJSON_AddNumberToObject(o, "layer_norm_epsilon", c->norm_eps);
+        cJSON_AddStringToObject(o, "activation_function", c->act[0] ? c->act : "gelu_new");
+        cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
+    } else {
+        const char *cls = !strcmp(type, "mistral") ? "MistralForCausalLM"
+                          : !strcmp(type, "qwen2") ? "Qwen2ForCausalLM"
+                                                    : "LlamaForCausalLM";
+        cJSON_AddItemToArray(arch, cJSON_CreateString(cls));
+        cJSON_AddStringToObject(o, "model_type", type);
+        cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layers);
+        cJSON_AddNumberToObject(o, "hidden_size", c->hidden);
+        cJSON_AddNumberToObject(o, "intermediate_size", c->ffn);
+        cJSON_AddNumberToObject(o, "num_attention_heads", c->n_heads);
+        cJSON_AddNumberToObject(o, "num_key_value_heads", c->n_kv_heads);
+        if (c->head_dim * c->n_heads != c->hidden) cJSON_AddNumberToObject(o, "head_dim", c->head_dim);
+        cJSON_AddNumberToObject(o, "vocab_size", c->vocab);
+        cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_seq);
+        cJSON_AddNumberToObject(o, "rms_norm_eps", c->norm_eps);
+        cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
+        cJSON_AddStringToObject(o, "hidden_act", "silu");
+        cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
+        if (!strcmp(type, "mistral")) {
+            if (c->sliding_window) cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window);
+            else cJSON_AddNullToObject(o, "sliding_window");
+        } else if (!strcmp(type, "qwen2")) {
+            cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0);
+            cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window ? c->sliding_window : 4096);
+            cJSON_AddNumberToObject(o, "max_window_layers", c->sliding_window ? c->window_from_layer : c->n_layers);
+        }
+        if (c->rope_scaling[0]) {
+            cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
+            cJSON_AddStringToObject(rs, "rope_type", c->rope_scaling);
+            cJSON_AddNumberToObject(rs, "factor", c->rope_factor);
+            if (!strcmp(c->rope_scaling, "llama3")) {
+                cJSON_AddNumberToObject(rs, "low_freq_factor", c->rope_low_freq_factor);
+                cJSON_AddNumberToObject(rs, "high_freq_factor", c->rope_high_freq_factor);
+            }
+            if (c->rope_original_max) cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_original_max);
+        }
+    }
+    cJSON_AddStringToObject(o, "torch_dtype", model_hf_dtype_name(dtype));
+    *out = o;
+    return ZO_OK;
+}
+
+/* The config given, its torch_dtype the weights' (every other key as it was). */
+static zo_status copy_config(const char *src, zo_dtype dtype, cJSON **out)
+{
+    char *text = NULL;
+    size_t len = 0;
+    zo_status st = zo_file_read_all(src, MAX_JSON_BYTES, "config.json", &text, &len);
+    if (st == ZO_OK) st = zo_json_parse(text, len, src, out);
+    free(text);
+    if (st != ZO_OK) return st;
+    cJSON_DeleteItemFromObjectCaseSensitive(*out, "torch_dtype");
+    if (!cJSON_AddStringToObject(*out, "torch_dtype", model_hf_dtype_name(dtype)))
+        return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", src);
+    return ZO_OK;
+}
+
+/* ---- files --------------------------------------------------------------------------- */
+
+static zo_status path_in(char *out, size_t len, const char *dir, const char *name)
+{
+    if ((size_t)snprintf(out, len, "%s/%s", dir, name) >= len)
+        return zo_error(ZO_ERR_INVALID, "%s/%s: the path is too long", dir, name);
+    return ZO_OK;
+}
+
+/* src's bytes as dir/name (atomically). */
+static zo_status copy_file(const char *src, const char *dir, const char *name)
+{
+    char dst[4200], *text = NULL;
+    size_t len = 0;
+    zo_status st = path_in(dst, sizeof dst, dir, name);
+    if (st == ZO_OK) st = zo_file_read_all(src, MAX_JSON_BYTES, name, &text, &len);
+    if (st == ZO_OK) st = zo_file_write_all(dst, text, len);
+    free(text);
+    return st;
+}
+
+/* The tokenizer.json given, and the tokenizer's other files beside it. */
+static zo_status copy_tokenizer(const char *tok, const char *dir)
+{
+    zo_status st = copy_file(tok, dir, "tokenizer.json");
+    const char *slash = strrchr(tok, '/');
+    char src[4200];
+    const char *others[] = {"tokenizer_config.json", "special_tokens_map.json"};
+    for (int i = 0; i < 2 && st == ZO_OK; i++) {
+        snprintf(src, sizeof src, "%.*s%s", slash ? (int)(slash - tok + 1) : 0, tok, others[i]);
+        struct stat sb;
+        if (stat(src, &sb) == 0) st = copy_file(src, dir, others[i]);
+    }
+    return st;
+}
+
+/* A model of the other form than the one about to be written, by name: the
+ * single file, or the index and the shards it names. */
+static zo_status remove_other_form(const char *dir, int sharded)
+{
+    char p[4200];
+    if (sharded) {
+        snprintf(p, sizeof p, "%s/model.safetensors", dir);
+        if (unlink(p) && errno != ENOENT) return zo_error(ZO_ERR_IO, "%s: %s", p, strerror(errno));
+        return ZO_OK;
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    char *text = NULL;
+    size_t len = 0;
+    cJSON *doc = NULL;
+    struct stat sb;
+    if (stat(p, &sb) != 0) return ZO_OK;
+    zo_status st = zo_file_read_all(p, MAX_JSON_BYTES, "model.safetensors.index.json", &text, &len);
+    if (st == ZO_OK) st = zo_json_parse(text, len, p, &doc);
+    free(text);
+    if (st != ZO_OK) return st;
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(doc, "weight_map"), *e;
+    cJSON_ArrayForEach(e, map)
+    {
+        char q[4200];
+        /* a shard's name, never a path out of the folder */
+        if (!cJSON_IsString(e) || strchr(e->valuestring, '/')) continue;
+        snprintf(q, sizeof q, "%s/%s", dir, e->valuestring);
+        if (unlink(q) && errno != ENOENT) st = zo_error(ZO_ERR_IO, "%s: %s", q, strerror(errno));
+    }
+    cJSON_Delete(doc);
+    if (st == ZO_OK && unlink(p)) st = zo_error(ZO_ERR_IO, "%s: %s", p, strerror(errno));
+    return st;
+}
+
+/* ---- the weights ------------------------------------------------------------------------ */
+
+/* Tensors into shards of at most max bytes each, in order (a tensor larger
+ * than max alone): shard[i] = the first tensor of shard i, n shards. */
+static int plan_shards(const model_layout *l, uint64_t es, uint64_t max, int *first)
+{
+    int n = 0;
+    uint64_t in = 0;
+    for (int i = 0; i < l->n_tensors; i++) {
+        uint64_t b = l->tensors[i].numel * es;
+        if (i == 0 || (in > 0 && in + b > max)) {
+            first[n++] = i;
+            in = 0;
+        }
+        in += b;
+    }
+    first[n] = l->n_tensors;
+    return n;
+}
+
+static zo_status write_index(const model_hf_folder *f, const int *first, int n)
+{
+    uint64_t es = zo_dtype_size(f->dtype), total = 0;
+    cJSON *o = cJSON_CreateObject(), *meta = o ? cJSON_AddObjectToObject(o, "metadata") : NULL;
+    cJSON *map = o ? cJSON_AddObjectToObject(o, "weight_map") : NULL;
+    if (!meta || !map) {
+        cJSON_Delete(o);
+        return zo_error(ZO_ERR_NOMEM, "model.safetensors.index.json: out of host memory");
+    }
+    for (int s = 0; s < n; s++)
+        for (int i = first[s]; i < first[s + 1]; i++) {
+            char shard[64];
+            snprintf(shard, sizeof shard, "model-%05d-of-%05d.safetensors", s + 1, n);
+            cJSON_AddStringToObject(map, f->l->tensors[i].name, shard);
+            total += f->l->tensors[i].numel * es;
+        }
+    cJSON_AddNumberToObject(meta, "total_size", (double)total);
+    char p[4200];
+    zo_status st = path_in(p, sizeof p, f->dir, "model.safetensors.index.json");
+    if (st == ZO_OK) st = zo_file_write_json(p, o);
+    cJSON_Delete(o);
+    return st;
+}
+
+zo_status model_hf_save(const model_hf_folder *f, model_block_read_fn read, void *ctx, int *shards)
+{
+    zo_status st;
+    char p[4200];
+    if (mkdir(f->dir, 0755) && errno != EEXIST) return zo_error(ZO_ERR_IO, "%s: %s", f->dir, strerror(errno));
+    /* the config: the one given (its torch_dtype set), else one of the shape */
+    cJSON *cfg = NULL;
+    if ((st = f->config ? copy_config(f->config, f->dtype, &cfg) : model_hf_config(&f->l->cfg, f->dtype, &cfg)) != ZO_OK)
+        return st;
+    if ((st = path_in(p, sizeof p, f->dir, "config.json")) == ZO_OK) st = zo_file_write_json(p, cfg);
+    cJSON_Delete(cfg);
+    if (st != ZO_OK) return st;
+    /* the weights, one file or shards and their index */
+    int *first = calloc((size_t)f->l->n_tensors + 2, sizeof *first);
+    if (!first) return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", f->dir);
+    uint64_t max = f->max_shard_bytes ? f->max_shard_bytes : MODEL_HF_SHARD_DEFAULT;
+    int n = plan_shards(f->l, zo_dtype_size(f->dtype), max, first);
+    st = remove_other_form(f->dir, n > 1);
+    for (int s = 0; s < n && st == ZO_OK; s++) {
+        char name[64];
+        if (n > 1) snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, n);
+        else snprintf(name, sizeof name, "model.safetensors");
+        if ((st = path_in(p, sizeof p, f->dir, name)) == ZO_OK)
+            st = model_save_streamed_range(p, f->l, first[s], first[s + 1] - first[s], read, ctx, f->dtype);
+    }
+    if (st == ZO_OK && n > 1) st = write_index(f, first, n);
+    free(first);
+    if (st == ZO_OK && f->tokenizer) st = copy_tokenizer(f->tokenizer, f->dir);
+    if (st == ZO_OK && shards) *shards = n;
+    return st;
+}

@@ -1,0 +1,289 @@
+/* Generation's memory and time (generate.h). Every line is an allocation of
+ * the runtime `generate` runs on (transformer/generate.h): the weight stores
+ * as offload/wstore.c makes them, the device slots of streamed blocks
+ * (offload/stream.c), the two buffers a forward passes between blocks
+ * (offload/actstore.c), and the model's forward buffers and key/value caches
+ * (transformer.c, tf_options.kv_len). Device allocations are rounded up to
+ * 256 bytes as the allocators take them; NVMe blocks start on 4096 bytes. */
+#include "planner/generate.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "common/nf4.h" /* defines: zo_nf4_bytes */
+
+#define DEV_GRANULE 256u
+#define NVME_BLOCK_ALIGN 4096u
+
+static uint64_t r256(uint64_t x) { return (x + DEV_GRANULE - 1) / DEV_GRANULE * DEV_GRANULE; }
+static uint64_t max_u64(uint64_t a, uint64_t b) { return a > b ? a : b; }
+
+void plan_gen_defaults(plan_gen *g)
+{
+    /* the reserved buffers of plan_train_defaults (planner/memory.c) */
+    *g = (plan_gen){.batch = 1, .prompt = 128, .new_tokens = 128, .dtype = ZO_DTYPE_BF16,
+                    .params_on = ZO_PLAN_GPU, .adapters_on = ZO_PLAN_GPU, .prefetch_depth = 2,
+                    .sub_group = 1u << 20, .cuda_context = 512ull << 20, .cublas_workspace = 32ull << 20,
+                    .fragmentation = 0.05};
+}
+
+/* ---- the blocks ------------------------------------------------------------------ */
+
+/* A chain of blocks as the runtime stores one kind of weights: bytes of
+ * each (embedding, a layer, the head; every layer alike), their element size. */
+typedef struct blocks {
+    int nb;
+    uint64_t first, layer, last; /* bytes */
+} blocks;
+
+static uint64_t blocks_total(const blocks *b) { return b->first + (uint64_t)(b->nb - 2) * b->layer + b->last; }
+static uint64_t blocks_largest(const blocks *b) { return max_u64(max_u64(b->first, b->layer), b->last); }
+
+/* What a store of b takes on NVMe: each block from a 4096-byte boundary and
+ * the store's end on one (an empty block holds one element: `es`). */
+static uint64_t blocks_nvme(const blocks *b, uint64_t es)
+{
+    uint64_t sz[3] = {b->first ? b->first : es, b->layer ? b->layer : es, b->last ? b->last : es};
+    uint64_t a = NVME_BLOCK_ALIGN, r[3];
+    for (int k = 0; k < 3; k++) r[k] = (sz[k] + a - 1) / a * a;
+    return r[0] + (uint64_t)(b->nb - 2) * r[1] + r[2];
+}
+
+/* ---- the lines ------------------------------------------------------------------- */
+
+static void add(plan_gen_estimate *e, const char *name, zo_plan_tier tier, plan_kind kind, uint64_t bytes)
+{
+    if (!bytes || e->n_items >= PLAN_GEN_MAX_ITEMS) return;
+    e->items[e->n_items++] = (plan_item){name, tier, kind, bytes};
+    e->total[tier] += bytes;
+}
+
+/* One weight store of `b` on `tier` (offload/wstore.c): resident on the GPU
+ * (its pinned staging: two chunks of min(sub_group, the largest block)
+ * elements), all of it in pinned host memory, or on NVMe (a pinned block
+ * to assemble writes and a read-ahead ring of `ring` blocks, each a slot's
+ * size). */
+static void store(plan_gen_estimate *e, const char *name, const char *staging, const blocks *b, uint64_t es,
+                  zo_plan_tier tier, uint64_t chunk, uint64_t slot, int ring)
+{
+    uint64_t total = blocks_total(b), largest = blocks_largest(b) / es;
+    switch (tier) {
+    case ZO_PLAN_GPU:
+        add(e, name, ZO_PLAN_GPU, PLAN_PARAMS, r256(total));
+        add(e, staging, ZO_PLAN_CPU, PLAN_BUFFERS, 2 * (largest && chunk > largest ? largest : chunk) * es);
+        break;
+    case ZO_PLAN_CPU: add(e, name, ZO_PLAN_CPU, PLAN_PARAMS, total); break;
+    default:
+        add(e, name, ZO_PLAN_NVME, PLAN_PARAMS, blocks_nvme(b, es));
+        add(e, staging, ZO_PLAN_CPU, PLAN_BUFFERS, (uint64_t)(1 + ring) * slot);
+        break;
+    }
+}
+
+/* The model's forward buffers for batch x rows new tokens (transformer.c's
+ * generation buffers, each rounded as allocated), its caches apart. */
+static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int rows, int lora_cols, uint64_t wdq)
+{
+    uint64_t B = (uint64_t)g->batch, N = B * (uint64_t)rows, es = zo_dtype_size(g->dtype);
+    uint64_t h = (uint64_t)m->hidden, f = (uint64_t)m->ffn, d = (uint64_t)m->head_dim;
+    uint64_t qkv = (uint64_t)(m->n_heads + 2 * m->n_kv_heads) * d, q = (uint64_t)m->n_heads * d;
+    int layers = m->n_layers > 0, llama = m->arch != ZO_ARCH_GPT;
+    uint64_t a[] = {
+        N * 4, B * 4,                                           /* tokens, positions */
+        layers * N * h * es, layers * N * 4, layers * N * 4,    /* ln1, its mean and rstd */
+        layers * N * qkv * es, layers * N * q * es,             /* qkv, attention */
+        layers * N * h * es, layers * N * h * es,               /* the residual between, ln2 */
+        layers * N * 4, layers * N * 4,                         /* ln2's mean and rstd */
+        layers * N * f * es, layers * llama * N * f * es, layers * N * f * es, /* fc/gate, up, act */
+        layers * N * (uint64_t)lora_cols * es,                  /* the adapters' A x */
+        N * h * es,                                             /* a projection's scratch */
+        B * h * es, B * h * es, B * 4, B * 4,                   /* the rows read out, the final norm */
+        B * (uint64_t)m->vocab * 4,                             /* fp32 logits */
+        wdq,                                                    /* QLoRA: a dequantized weight */
+        llama && m->rope_scaling[0] ? d / 2 * 8 : 0,            /* a rope_scaling's frequencies */
+    };
+    uint64_t sum = 0;
+    for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) sum += a[i] ? r256(a[i]) : 0;
+    return sum;
+}
+
+/* ---- time ------------------------------------------------------------------------ */
+
+/* A matmul of F FLOPs moving `bytes`: the cost model's roofline. */
+static double roofline(const plan_hw *hw, zo_dtype dt, double F, double bytes)
+{
+    double peak = dt == ZO_DTYPE_F32 ? hw->peak_flops_32 : hw->peak_flops_16;
+    double eff = plan_hw_gemm_eff(hw, F);
+    double t_f = peak > 0 && eff > 0 ? F / (peak * eff) : 0.0;
+    double t_b = bytes / (hw->hbm_bw * (hw->hbm_eff > 0 ? hw->hbm_eff : 1.0));
+    return t_f > t_b ? t_f : t_b;
+}
+
+/* The GPU's work of one forward over `rows` new tokens a sequence (batch
+ * sequences), each query reading `keys` cache rows on average: the layers'
+ * matmuls (and, with adapters, theirs; with QLoRA each weight dequantized
+ * first), the attention over the cache, the elementwise passes, the head
+ * on one row a sequence. */
+static double forward_time(const zo_model_config *m, const plan_hw *hw, const plan_gen *g, double rows,
+                           double keys, const zo_lora_module *mods, int n_mods)
+{
+    const double B = g->batch, es = (double)zo_dtype_size(g->dtype), M = B * rows;
+    const double h = m->hidden, f = m->ffn, d = m->head_dim, hq = m->n_heads, hkv = m->n_kv_heads;
+    const double qkv = (hq + 2 * hkv) * d, q = hq * d;
+    int llama = m->arch != ZO_ARCH_GPT, nf4 = g->method == ZO_PLAN_QLORA;
+    double lin[4][2] = {{qkv, h}, {h, q}, {f, h}, {h, f}}; /* out, in */
+    double layer = 0;
+    for (int k = 0; k < 4; k++) {
+        int n = k == 2 && llama ? 2 : 1; /* gate and up */
+        double w = lin[k][0] * lin[k][1];
+        for (int i = 0; i < n; i++) {
+            if (nf4) /* the NF4 tensor read, the 16-bit weight written */
+                layer += ((double)zo_nf4_bytes((uint64_t)w) + w * es) / (hw->hbm_bw * hw->hbm_eff);
+            layer += roofline(hw, g->dtype, 2 * M * w, w * es + M * (lin[k][0] + lin[k][1]) * es);
+        }
+    }
+    for (int j = 0; j < n_mods; j++) { /* u = x A^T, y += s u B^T */
+        double r = g->lora.r, in = (double)mods[j].in, out = (double)mods[j].out;
+        layer += roofline(hw, g->dtype, 2 * M * r * in, (r * in + M * (in + r)) * es);
+        layer += roofline(hw, g->dtype, 2 * M * r * out, (r * out + M * (r + 2 * out)) * es);
+    }
+    /* attention: each query against its keys, the cache's keys and values read */
+    layer += roofline(hw, g->dtype, 4 * M * keys * hq * d, B * (keys + rows) * 2 * hkv * d * es + 2 * M * q * es);
+    /* norms, residual adds, activation, RoPE: elements read and written */
+    layer += M * (10 * h + 3 * f + 2 * qkv) * es / (hw->hbm_bw * hw->hbm_eff);
+    double V = m->vocab;
+    double head = roofline(hw, g->dtype, 2 * B * h * V, V * h * es + B * (h * es + V * 4));
+    double embed = 2 * M * h * es / (hw->hbm_bw * hw->hbm_eff);
+    return m->n_layers * layer + head + embed;
+}
+
+/* The "GPU" is the host's CPU (plan_hw_cpu_backend's description of the CPU
+ * backend): its copies to and from "device" memory and its NVMe reads run
+ * on the same cores and memory as its compute. */
+static int device_is_host(const plan_hw *hw) { return !strcmp(hw->gpu, "CPU"); }
+
+/* ---- the estimate ---------------------------------------------------------------- */
+
+static zo_status check(const zo_model_config *m, const plan_gen *g)
+{
+    if (m->params_override)
+        return zo_error(ZO_ERR_INVALID, "generation needs the model's shape: a model known only by its size "
+                        "(--params) has no layers to stream");
+    zo_status st = zo_model_config_runtime_check(m);
+    if (st != ZO_OK) return st;
+    if (g->batch < 1 || g->prompt < 1 || g->new_tokens < 1 || g->prompt_buffers < 0 ||
+        (g->prompt_buffers && g->prompt_buffers < g->prompt))
+        return zo_error(ZO_ERR_INVALID, "generation: %d sequences, a prompt of %d and %d new tokens (each >= 1)",
+                        g->batch, g->prompt, g->new_tokens);
+    if (m->arch == ZO_ARCH_GPT && g->prompt + g->new_tokens > m->max_seq)
+        return zo_error(ZO_ERR_INVALID, "generation: a prompt of %d and %d new tokens need %d positions, past the "
+                        "%d learned positions of %s", g->prompt, g->new_tokens, g->prompt + g->new_tokens,
+                        m->max_seq, m->name);
+    if (g->prefetch_depth < 1 || g->prefetch_depth > ZO_PLAN_MAX_PREFETCH)
+        return zo_error(ZO_ERR_INVALID, "generation: prefetch %d outside [1, %d]", g->prefetch_depth,
+                        ZO_PLAN_MAX_PREFETCH);
+    if (g->method != ZO_PLAN_FULL) return zo_lora_check(m, &g->lora);
+    return ZO_OK;
+}
+
+zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, const plan_gen *g,
+                                plan_gen_estimate *e)
+{
+    memset(e, 0, sizeof *e);
+    zo_status st = check(m, g);
+    if (st != ZO_OK) return st;
+    const uint64_t es = zo_dtype_size(g->dtype), L = (uint64_t)m->n_layers;
+    const int adapters = g->method != ZO_PLAN_FULL, nb = m->n_layers + 2;
+    e->context = g->prompt + g->new_tokens;
+
+    /* the weights: the model's blocks, or a frozen base (its format) and adapters */
+    zo_param_counts pc;
+    zo_model_param_counts(m, &pc);
+    blocks w = {nb, pc.embedding * es, pc.per_layer * es, (pc.final_norm + pc.head) * es}, base = w, ad = {nb, 0, 0, 0};
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int n_mods = 0;
+    uint64_t wdq = 0;
+    if (adapters) {
+        plan_train t;
+        plan_train_defaults(&t, m);
+        t.dtype = t.grad_dtype = g->dtype;
+        t.method = g->method;
+        t.lora = g->lora;
+        plan_peft p;
+        plan_peft_stage(m, &t, 0, &p);
+        base = (blocks){nb, p.first_frozen, p.layer_frozen, p.last_frozen};
+        n_mods = zo_lora_layer_modules(m, g->lora.targets, mods);
+        ad.layer = zo_lora_trainable_params(m, g->lora.r, g->lora.targets) / (L ? L : 1) * es;
+        /* QLoRA dequantizes each linear weight into one scratch as large as
+         * the largest (transformer.c: the fused q|k|v counts as one) */
+        uint64_t h = (uint64_t)m->hidden, d = (uint64_t)m->head_dim, q = (uint64_t)m->n_heads * d;
+        uint64_t lin[3] = {(q + 2 * (uint64_t)m->n_kv_heads * d) * h, h * q, (uint64_t)m->ffn * h};
+        if (g->method == ZO_PLAN_QLORA) wdq = max_u64(max_u64(lin[0], lin[1]), lin[2]) * es;
+        w = ad;
+    }
+    /* the stores, the device slots of what streams (offload/offload.c, stream.c) */
+    zo_plan_tier w_on = adapters ? g->adapters_on : g->params_on;
+    int w_streamed = w_on != ZO_PLAN_GPU, b_streamed = adapters && g->params_on != ZO_PLAN_GPU;
+    int slots = g->prefetch_depth + 1;
+    if (m->tied_embeddings && slots < 2) slots = 2;
+    if (slots > nb) slots = nb;
+    uint64_t w_slot = max_u64(blocks_largest(&w), DEV_GRANULE), b_slot = r256(blocks_largest(&base));
+    if (adapters) {
+        store(e, "frozen base", "frozen base staging (pinned)", &base, 1, g->params_on, g->sub_group, b_slot, slots);
+        store(e, "LoRA adapters (A, B)", "adapter staging (pinned)", &ad, es, g->adapters_on, g->sub_group, w_slot,
+              slots);
+    } else {
+        store(e, "weights", "weight staging (pinned)", &w, es, g->params_on, g->sub_group, w_slot, slots);
+    }
+    if (w_streamed || b_streamed)
+        add(e, "weight slots (streamed blocks)", ZO_PLAN_GPU, PLAN_BUFFERS,
+            (uint64_t)slots * r256((b_streamed ? b_slot : 0) + (w_streamed ? w_slot : 0)));
+    /* the key/value caches, the forward's buffers, the two boundaries */
+    e->kv_cache = 2 * L * (uint64_t)g->batch * (uint64_t)e->context * (uint64_t)m->n_kv_heads * m->head_dim * es;
+    add(e, "key/value cache", ZO_PLAN_GPU, PLAN_ACTIVATIONS, L ? 2 * L * r256(e->kv_cache / (2 * L)) : 0);
+    int rows = g->prompt_buffers ? g->prompt_buffers : g->prompt;
+    add(e, "forward buffers (one layer, logits)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
+        forward_buffers(m, g, rows, n_mods * g->lora.r, wdq));
+    add(e, "block boundaries (two)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
+        (uint64_t)(nb - 1 < 2 ? nb - 1 : 2) * r256((uint64_t)g->batch * rows * m->hidden * es));
+    /* what the GPU itself takes */
+    add(e, "CUDA context", ZO_PLAN_GPU, PLAN_BUFFERS, g->cuda_context);
+    add(e, "cuBLAS workspace", ZO_PLAN_GPU, PLAN_BUFFERS, g->cublas_workspace);
+    add(e, "allocator fragmentation", ZO_PLAN_GPU, PLAN_BUFFERS,
+        (uint64_t)(g->fragmentation * (double)e->total[ZO_PLAN_GPU]));
+    int per_node = plan_hw_ranks_per_node(hw);
+    e->capacity[ZO_PLAN_GPU] = hw->gpu_mem;
+    e->capacity[ZO_PLAN_CPU] = hw->cpu_mem / (uint64_t)per_node;
+    e->capacity[ZO_PLAN_NVME] = hw->nvme / (uint64_t)per_node;
+    e->fits = 1;
+    for (int t = 0; t < ZO_PLAN_TIERS; t++) e->fits &= e->total[t] <= e->capacity[t];
+
+    /* time: the weights streamed each token through the links they cross */
+    e->weight_bytes = blocks_total(&base) + (adapters ? blocks_total(&ad) : 0);
+    e->stream_bytes = (b_streamed || (!adapters && w_streamed) ? blocks_total(&base) : 0) +
+                      (adapters && w_streamed ? blocks_total(&ad) : 0);
+    e->nvme_bytes = (g->params_on == ZO_PLAN_NVME ? blocks_total(&base) : 0) +
+                    (adapters && g->adapters_on == ZO_PLAN_NVME ? blocks_total(&ad) : 0);
+    double pcie = e->stream_bytes / hw->pcie_bw, disk = e->nvme_bytes ? e->nvme_bytes / hw->nvme_read_bw : 0.0;
+    /* a token: one row a sequence against the cache, on average halfway */
+    double keys = g->prompt + (g->new_tokens - 1) / 2.0 + 1.0;
+    e->kv_read = (uint64_t)((double)g->batch * keys * 2.0 * (double)L * m->n_kv_heads * m->head_dim * es);
+    e->compute_s = forward_time(m, hw, g, 1.0, keys, mods, n_mods);
+    /* the disk, the host link and the GPU work on different blocks at once
+     * (prefetch): the busiest sets the pace. On the CPU backend the copies
+     * run on the cores and the memory the compute runs on: one resource */
+    e->link_s = pcie > disk ? pcie : disk;
+    double device = e->compute_s + (device_is_host(hw) ? pcie : 0.0), link = device_is_host(hw) ? disk : e->link_s;
+    e->s_per_token = device > link ? device : link;
+    e->bound = device >= link ? (device_is_host(hw) && pcie > 0 ? "compute+copies" : "compute")
+               : disk >= pcie ? "nvme" : "pcie";
+    e->tokens_per_s = g->batch / e->s_per_token;
+    /* the first tokens: the prompts' forward (each query reads half the
+     * prompt on average), the weights' first block before anything runs */
+    e->prompt_compute_s = forward_time(m, hw, g, g->prompt, (g->prompt + 1) / 2.0, mods, n_mods);
+    double first = e->stream_bytes ? (double)(b_streamed || !adapters ? base.first : 0) / hw->pcie_bw : 0.0;
+    if (e->nvme_bytes) first += (double)base.first / hw->nvme_read_bw;
+    device = e->prompt_compute_s + (device_is_host(hw) ? pcie : 0.0);
+    e->ttft_s = (device > link ? device : link) + first;
+    return ZO_OK;
+}

@@ -1,0 +1,347 @@
+/* memplan generate (planner/generate.c) against the runtime it plans for:
+ * generation on the CPU backend (transformer/generate.h) measures its peak
+ * bytes per tier, which must be within 3% of the planner's, for the weights
+ * resident, streamed from pinned host memory and read from NVMe, GPT-2
+ * (tied) and LLaMA (GQA), fp32 and bf16, several prefetch depths, LoRA and
+ * QLoRA adapters on every tier; and memplan generate's command line (its
+ * lines, the cache's bytes by hand, the verdict, --plan-out read back by
+ * the plan schema, errors); its time per token by the placement on a GPU
+ * and on the CPU backend. The runtime's measured tokens/s against the
+ * prediction is bench_generate's (docs/performance.md): a timing, not a
+ * test. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "common/plan_schema.h"   /* defines: zo_plan_load */
+#include "model/lora.h"            /* defines: model_lora_save */
+#include "planner/generate.h"     /* defines: plan_gen, plan_gen_estimate_run */
+#include "tests/support/run.h"    /* defines: run_memplan */
+#include "transformer/generate.h" /* defines: tf_gen */
+
+static char nvme_dir[64];
+
+/* A small model of the family's shape. */
+static zo_model_config model(int gpt, int layers)
+{
+    zo_model_config m;
+    assert_int_equal(zo_model_preset_find(gpt ? "gpt2" : "llama-2-7b", &m), 0);
+    m.n_layers = layers;
+    m.hidden = gpt ? 128 : 256;
+    m.n_heads = gpt ? 2 : 4;
+    m.n_kv_heads = gpt ? 2 : 2; /* GQA for LLaMA */
+    m.head_dim = 0;
+    m.ffn = gpt ? 512 : 384;
+    m.vocab = gpt ? 500 : 320;
+    m.max_seq = gpt ? 128 : 4096;
+    assert_int_equal(zo_model_config_validate(&m), 0);
+    return m;
+}
+
+/* The CPU backend with room enough everywhere, nothing reserved. */
+static void cpu_hw(plan_hw *hw)
+{
+    memset(hw, 0, sizeof *hw);
+    snprintf(hw->name, sizeof hw->name, "cpu-backend");
+    hw->gpus = hw->gpus_per_node = 1;
+    hw->gpu_mem = hw->cpu_mem = hw->nvme = 1ull << 40;
+    hw->hbm_bw = hw->pcie_bw = hw->nvme_read_bw = hw->cpu_mem_bw = 1e10;
+    hw->hbm_eff = 1;
+    hw->peak_flops_16 = hw->peak_flops_32 = 1e11;
+    hw->gemm_eff_max = 1;
+}
+
+typedef struct gcase {
+    const char *what;
+    int gpt, layers, batch, prompt, new_tokens;
+    zo_dtype dtype;
+    zo_plan_tier params, adapters;
+    int prefetch;
+    zo_plan_method method;
+    int r;
+    unsigned targets;
+} gcase;
+
+/* Generate with the runtime (random weights), its peaks per tier against
+ * the planner's: within 3%, and 0 where the planner says 0. */
+static int run_case(const gcase *c)
+{
+    zo_model_config m = model(c->gpt, c->layers);
+    plan_gen g;
+    plan_gen_defaults(&g);
+    g.batch = c->batch;
+    g.prompt = c->prompt;
+    g.new_tokens = c->new_tokens;
+    g.dtype = c->dtype;
+    g.params_on = c->params;
+    g.adapters_on = c->adapters;
+    g.prefetch_depth = c->prefetch;
+    g.method = c->method;
+    g.lora = (zo_lora_config){.r = c->r, .alpha = 8.0f, .targets = c->targets};
+    g.cuda_context = g.cublas_workspace = 0;
+    g.fragmentation = 0;
+    plan_hw hw;
+    cpu_hw(&hw);
+    plan_gen_estimate e;
+    assert_int_equal(plan_gen_estimate_run(&m, &hw, &g, &e), 0);
+
+    gpu_cpu_options o = {.n_threads = 2};
+    gpu_device_t dev;
+    assert_int_equal(gpu_device_init_cpu(&o, &dev), 0);
+    tf_gen_config gc = {.batch = c->batch, .prompt_max = c->prompt, .ctx = c->prompt + c->new_tokens,
+                        .dtype = c->dtype};
+    offload_config_defaults(&gc.oc);
+    gc.oc.params_on = (offload_tier)c->params;
+    gc.oc.trainable_on = (offload_tier)c->adapters;
+    gc.oc.prefetch_depth = c->prefetch;
+    gc.oc.nvme_dir = nvme_dir;
+    const char *adapter = NULL;
+    char adir[128];
+    if (c->method != ZO_PLAN_FULL) {
+        gc.lora = (tf_lora_options){.r = c->r, .alpha = 8.0f, .targets = c->targets, .nf4 = c->method == ZO_PLAN_QLORA};
+        /* adapters: zeros written as a PEFT directory by the model's own layout */
+        snprintf(adir, sizeof adir, "%s/adapter", nvme_dir);
+        adapter = adir;
+    }
+    tf_gen tg;
+    assert_int_equal(tf_gen_init(&tg, &m, dev, &gc), 0);
+    if (adapter) {
+        const model_layout *ad = &tg.m.adapters;
+        float **blocks = calloc((size_t)ad->n_blocks, sizeof *blocks);
+        for (int b = 0; b < ad->n_blocks; b++) blocks[b] = calloc(ad->block_numel[b] + 1, sizeof(float));
+        zo_lora_config lc = {.r = c->r, .alpha = 8.0f, .targets = c->targets};
+        assert_int_equal(model_lora_save(adir, ad, &lc, NULL, (const void *const *)blocks, ZO_DTYPE_F32, ZO_DTYPE_F32),
+                         0);
+        for (int b = 0; b < ad->n_blocks; b++) free(blocks[b]);
+        free(blocks);
+    }
+    assert_int_equal(tf_gen_load(&tg, NULL, 7, adapter), 0);
+    int32_t *prompt = calloc((size_t)c->prompt, sizeof *prompt), next[16] = {0};
+    const int32_t *pp[16];
+    int lens[16];
+    float *logits = malloc((size_t)c->batch * m.vocab * sizeof *logits);
+    for (int i = 0; i < c->prompt; i++) prompt[i] = (i * 7 + 3) % m.vocab;
+    for (int j = 0; j < c->batch; j++) pp[j] = prompt, lens[j] = c->prompt - j % 2; /* lengths differ */
+    assert_int_equal(tf_gen_prompt(&tg, pp, lens, c->batch, logits), 0);
+    for (int k = 1; k < c->new_tokens; k++) assert_int_equal(tf_gen_next(&tg, next, logits), 0);
+    offload_stats st;
+    offload_get_stats(tg.rt, &st);
+    int bad = 0;
+    printf("  %-52s", c->what);
+    for (int t = 0; t < ZO_PLAN_TIERS; t++) {
+        double want = (double)e.total[t], got = (double)st.peak[t];
+        double r = want > 0 ? got / want : got == 0 ? 1.0 : INFINITY;
+        printf(" %s %.4f", zo_plan_tier_name((zo_plan_tier)t), r);
+        bad |= fabs(r - 1) > 0.03;
+    }
+    printf("%s\n", bad ? "  MISMATCH" : "");
+    if (bad)
+        for (int t = 0; t < ZO_PLAN_TIERS; t++)
+            printf("    %s: measured %llu, planned %llu\n", zo_plan_tier_name((zo_plan_tier)t),
+                   (unsigned long long)st.peak[t], (unsigned long long)e.total[t]);
+    free(prompt);
+    free(logits);
+    tf_gen_free(&tg);
+    gpu_device_free(dev);
+    return bad;
+}
+
+static void test_peaks(void **state)
+{
+    (void)state;
+    const unsigned all = ZO_LORA_ALL_LINEAR, qv = ZO_LORA_Q | ZO_LORA_V;
+    const gcase cases[] = {
+        {"llama bf16, resident", 0, 4, 2, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_GPU, ZO_PLAN_GPU, 2, ZO_PLAN_FULL, 0, 0},
+        {"llama bf16, streamed from host, prefetch 1", 0, 4, 2, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_CPU, ZO_PLAN_GPU, 1,
+         ZO_PLAN_FULL, 0, 0},
+        {"llama fp32, streamed from host, prefetch 3", 0, 6, 3, 17, 5, ZO_DTYPE_F32, ZO_PLAN_CPU, ZO_PLAN_GPU, 3,
+         ZO_PLAN_FULL, 0, 0},
+        {"llama bf16, NVMe, prefetch 2", 0, 4, 1, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_NVME, ZO_PLAN_GPU, 2, ZO_PLAN_FULL, 0, 0},
+        {"gpt2 fp32 (tied), resident", 1, 3, 2, 12, 6, ZO_DTYPE_F32, ZO_PLAN_GPU, ZO_PLAN_GPU, 2, ZO_PLAN_FULL, 0, 0},
+        {"gpt2 bf16 (tied), streamed from host, prefetch 1", 1, 3, 2, 12, 6, ZO_DTYPE_BF16, ZO_PLAN_CPU, ZO_PLAN_GPU, 1,
+         ZO_PLAN_FULL, 0, 0},
+        {"gpt2 fp32 (tied), NVMe, prefetch 1", 1, 3, 1, 12, 6, ZO_DTYPE_F32, ZO_PLAN_NVME, ZO_PLAN_GPU, 1, ZO_PLAN_FULL,
+         0, 0},
+        {"llama bf16, LoRA r 8 all-linear, base resident", 0, 4, 2, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_GPU, ZO_PLAN_GPU, 2,
+         ZO_PLAN_LORA, 8, all},
+        {"llama bf16, LoRA r 4 q,v, base streamed, adapters host", 0, 4, 2, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_CPU,
+         ZO_PLAN_CPU, 2, ZO_PLAN_LORA, 4, qv},
+        {"llama bf16, QLoRA r 8, base resident", 0, 4, 2, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_GPU, ZO_PLAN_GPU, 2,
+         ZO_PLAN_QLORA, 8, all},
+        {"llama bf16, QLoRA r 8, base NVMe, adapters NVMe", 0, 4, 1, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_NVME, ZO_PLAN_NVME, 1,
+         ZO_PLAN_QLORA, 8, all},
+        {"gpt2 fp32, QLoRA r 4, base streamed", 1, 3, 2, 12, 6, ZO_DTYPE_F32, ZO_PLAN_CPU, ZO_PLAN_GPU, 1,
+         ZO_PLAN_QLORA, 4, all},
+    };
+    int bad = 0;
+    printf("  measured / planned peak bytes per tier:\n");
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) bad += run_case(&cases[i]);
+    assert_int_equal(bad, 0);
+}
+
+/* ---- the command ------------------------------------------------------------------------ */
+
+static void test_cli(void **state)
+{
+    (void)state;
+    char out[16384], args[1024], plan[128];
+    /* LLaMA-2-7B, 4 sequences of 512 + 256: the cache by hand, 2 x 32 layers x 4 x 768 x 32 x 128 x 2 bytes */
+    int rc = run_memplan("generate --model llama-2-7b --gpu rtx-4090 --params cpu --batch 4 --prompt 512 "
+                         "--new-tokens 256 --json", out, sizeof out);
+    assert_int_equal(rc, 0);
+    char want[64];
+    snprintf(want, sizeof want, "\"kv_cache_bytes\":\t%llu", 2ull * 32 * 4 * 768 * 32 * 128 * 2);
+    assert_non_null(strstr(out, want));
+    assert_non_null(strstr(out, "\"bound\":\t\"pcie\""));
+    /* the weights resident do not fit a 24 GB card with that batch in fp32: exit 1 */
+    rc = run_memplan("generate --model llama-2-7b --gpu rtx-4090 --batch 4 --dtype fp32", out, sizeof out);
+    assert_int_equal(rc, 1);
+    assert_non_null(strstr(out, "does NOT fit: gpu needs"));
+    /* streamed from NVMe it fits, bound by the drive */
+    rc = run_memplan("generate --model llama-2-13b --gpu rtx-4090 --cpu-mem 16GB --params nvme", out, sizeof out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "bound by nvme"));
+    /* errors name the flag */
+    assert_int_equal(run_memplan("generate --model gpt2 --prompt 1000 --new-tokens 100", out, sizeof out), 2);
+    assert_non_null(strstr(out, "past the 1024 learned positions"));
+    assert_int_equal(run_memplan("generate --model mixtral-8x7b", out, sizeof out), 2);
+    assert_int_equal(run_memplan("generate --model gpt2 --batch 0", out, sizeof out), 2);
+    assert_non_null(strstr(out, "--batch"));
+    assert_int_equal(run_memplan("generate --model gpt2 --qlora", out, sizeof out), 2);
+    assert_non_null(strstr(out, "--qlora needs --lora R"));
+    /* --plan-out: a plan the schema reads back, the context as its seq, the batch */
+    snprintf(plan, sizeof plan, "%s/gen-plan.json", nvme_dir);
+    snprintf(args, sizeof args, "generate --model llama-2-7b --hw h100-80gb --params cpu --prefetch 1 --batch 2 "
+                                "--prompt 100 --new-tokens 28 --plan-out %s", plan);
+    assert_int_equal(run_memplan(args, out, sizeof out), 0);
+    zo_plan p;
+    assert_int_equal(zo_plan_load(plan, &p), 0);
+    assert_int_equal(p.training.seq, 128);
+    assert_int_equal(p.training.micro_batch, 2);
+    assert_int_equal(p.placement.params, ZO_PLAN_CPU);
+    assert_int_equal(p.buffers.prefetch_depth, 1);
+    assert_true(p.has_predicted && p.predicted.step_s > 0 && p.predicted.peak_bytes[ZO_PLAN_CPU] > 13000000000ull);
+}
+
+/* memplan generate --plan-out, then generate --plan: the program runs the
+ * plan's placement, batch and context and prints its peaks beside the
+ * plan's, each within 3%. */
+static void test_plan_run(void **state)
+{
+    (void)state;
+    char cfg[128], plan[128], args[1024], out[16384];
+    snprintf(cfg, sizeof cfg, "%s/llama.json", nvme_dir);
+    snprintf(plan, sizeof plan, "%s/run-plan.json", nvme_dir);
+    FILE *f = fopen(cfg, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"model_type\": \"llama\", \"num_hidden_layers\": 3, \"hidden_size\": 256, \"num_attention_heads\": 4,"
+               " \"num_key_value_heads\": 2, \"intermediate_size\": 512, \"vocab_size\": 1000}\n");
+    fclose(f);
+    const char *tiers[] = {"gpu", "cpu", "nvme"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(args, sizeof args, "generate --model %s --gpu-mem 64MiB --params %s --prefetch 1 --batch 2 --prompt 6 "
+                 "--new-tokens 10 --dtype bf16 --cuda-context 0 --cublas-workspace 0 --fragmentation 0 --plan-out %s",
+                 cfg, tiers[k], plan);
+        assert_int_equal(run_memplan(args, out, sizeof out), 0);
+        snprintf(args, sizeof args, "--model %s --plan %s --prompt-ids 1,2,3 --prompt-ids 4,5,6,7,8,9 "
+                 "--max-new-tokens 10 --nvme-dir %s --print-ids", cfg, plan, nvme_dir);
+        assert_int_equal(run_program(ZO_GENERATE_BIN, args, out, sizeof out), 0);
+        const char *p = strstr(out, "# peak bytes per tier:");
+        assert_non_null(p);
+        printf("  weights on %s: %.*s\n", tiers[k], (int)strcspn(p, "\n"), p);
+        int seen = 0;
+        for (const char *q = p; (q = strstr(q, "(plan ")) && q < p + strcspn(p, "\n"); q++) {
+            const char *pc = strstr(q, ", ");
+            double r = atof(pc + 2);
+            assert_true(fabs(r - 100.0) <= 3.0);
+            seen++;
+        }
+        assert_int_equal(seen, k == 2 ? 3 : 2); /* every tier the plan puts bytes on */
+    }
+}
+
+/* The time per token by the placement, from the estimate's own parts and
+ * the weights' bytes counted here (every parameter once, 2 bytes in bf16):
+ * a GPU overlaps its copies with its work (the slowest of compute, host
+ * link and disk sets the pace); the CPU backend (plan_hw_cpu_backend's
+ * "GPU" that is the host) copies on the cores it computes on, so its
+ * copies add to its compute and only the disk overlaps. */
+static void test_time_model(void **state)
+{
+    (void)state;
+    zo_model_config m = model(0, 4);
+    double w = (double)zo_model_params(&m) * 2.0;
+    plan_gen g;
+    plan_gen_defaults(&g);
+    g.batch = 1;
+    g.prompt = 8;
+    g.new_tokens = 9;
+    g.dtype = ZO_DTYPE_BF16;
+    g.cuda_context = g.cublas_workspace = 0;
+    g.fragmentation = 0;
+    plan_hw gpu, host;
+    cpu_hw(&gpu);
+    gpu.pcie_bw = 2e9;
+    plan_hw_cpu_backend(&gpu, 1e11, 2e9, 1ull << 40, &host);
+    for (int cpu = 0; cpu < 2; cpu++) {
+        for (int k = 0; k < 2; k++) { /* a slow disk (it sets the pace), a fast one */
+            plan_hw hw = cpu ? host : gpu;
+            hw.nvme_read_bw = k ? 1e12 : 1e8;
+            const zo_plan_tier on[] = {ZO_PLAN_GPU, ZO_PLAN_CPU, ZO_PLAN_NVME};
+            double compute = 0;
+            for (int i = 0; i < 3; i++) {
+                g.params_on = on[i];
+                plan_gen_estimate e;
+                assert_int_equal(plan_gen_estimate_run(&m, &hw, &g, &e), 0);
+                if (!i) compute = e.compute_s;
+                assert_true(e.compute_s > 0 && e.compute_s == compute); /* the same forward wherever the weights are */
+                double copies = i ? w / hw.pcie_bw : 0.0, disk = i == 2 ? w / hw.nvme_read_bw : 0.0;
+                double device = cpu ? compute + copies : fmax(compute, copies), want = fmax(device, disk);
+                const char *bound = disk > device ? "nvme" : !cpu && copies > compute ? "pcie"
+                                  : cpu && copies > 0 ? "compute+copies" : "compute";
+                printf("  %s, weights on %-4s disk %.0e B/s: %.6f s a token (want %.6f), bound %s\n",
+                       cpu ? "CPU backend" : "GPU", zo_plan_tier_name(on[i]), hw.nvme_read_bw, e.s_per_token, want,
+                       e.bound);
+                assert_int_equal((double)e.stream_bytes, i ? w : 0.0);
+                assert_int_equal((double)e.nvme_bytes, i == 2 ? w : 0.0);
+                assert_true(fabs(e.s_per_token - want) <= 1e-12 * want);
+                assert_string_equal(e.bound, bound);
+                assert_true(fabs(e.tokens_per_s - 1.0 / want) <= 1e-9 / want);
+            }
+        }
+    }
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(nvme_dir, sizeof nvme_dir, "/tmp/zo_test_plan_gen_%d", (int)getpid());
+    return mkdir(nvme_dir, 0700);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", nvme_dir);
+    return system(cmd) ? -1 : 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_peaks),
+        cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_plan_run),
+        cmocka_unit_test(test_time_model),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
