@@ -267,6 +267,20 @@ static zo_status from_plan_file(const cli_flags *f, const char *path, zo_model_c
     return st;
 }
 
+/* What train does not run of this configuration (tensor or pipeline
+ * parallelism, ...: the capability table's words), said under the report:
+ * estimate sizes it, train --plan refuses it with these words. */
+static void runtime_note(const plan_train *t)
+{
+    zo_run_shape run;
+    char why[512];
+    plan_run_shape(t, &run);
+    if (t->runtime != PLAN_RUNTIME_ZOFFLOAD || zo_capability_check(&run, why, sizeof why) == ZO_OK) return;
+    zo_clear_error();
+    printf("\nfor the runtime: train --plan refuses this configuration (docs/offload.md, \"What the runtime "
+           "runs\"): %s\n", why);
+}
+
 /* The report (table and/or JSON), the picture and the plan file. */
 static zo_status report(const cli_flags *f, const estimate_flags *e, const zo_model_config *m,
                         const plan_hw *hw, const plan_hw_basis *basis, const plan_train *t,
@@ -288,6 +302,7 @@ static zo_status report(const cli_flags *f, const estimate_flags *e, const zo_mo
     if (!f->json) {
         plan_report_basis(stdout, hw, basis);
         plan_report_table(stdout, m, hw, t, est, &pt, &sg);
+        runtime_note(t);
     }
     if (f->svg_path && (st = write_svg(f->svg_path, m, hw, t, est, &pt)) != ZO_OK) return st;
     if (e->plan_out) {

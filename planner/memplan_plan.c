@@ -57,6 +57,9 @@ static const char usage_plan[] =
     "  --json                  the best as a plan file (docs/plan-format.md) on stdout, instead\n"
     "                          of the table\n"
     "  --json-out FILE         write the best as a plan file to FILE (train --plan FILE)\n"
+    "                          A plan file holds only what train runs (data parallelism;\n"
+    "                          docs/offload.md, \"What the runtime runs\"): flags outside that\n"
+    "                          are refused (exit 2) with train's message\n"
     "  --svg FILE              a picture of the best plan\n"
     "\n"
     "exit status: 0 a plan fits, 1 nothing fits, 2 bad input\n";
@@ -223,8 +226,9 @@ static void print_search(FILE *tab, int json, const zo_model_config *m, const pl
             (unsigned long long)r->configs, (unsigned long long)r->feasible, dt,
             dt > 0 ? (double)r->configs / dt : 0.0);
     if (s->runtime_plans)
-        fprintf(tab, "(a plan file for the runtime: recompute ops and recompute of part of the "
-                     "layers left out, which it does not run yet)\n");
+        fprintf(tab, "(a plan file for train: only what the runtime runs, data parallelism on any number "
+                     "of ranks (docs/offload.md, \"What the runtime runs\"); recompute ops and recompute of "
+                     "part of the layers left out, which it does not run yet)\n");
     if (r->n_best == 0) {
         fprintf(json ? stderr : tab, "\nnothing fits: more GPUs (--gpus / --max-gpus), a shorter "
                 "--seq or a smaller --global-batch%s\n",
@@ -278,6 +282,50 @@ static zo_status write_best(const cli_flags *f, const zo_model_config *m, const 
     return f->svg_path ? write_svg(f->svg_path, m, &h, &b->t, &e, &pt) : ZO_OK;
 }
 
+/* A plan file for train whose fixed flags are outside the capability table
+ * (--tp 2, --zero 1 --adapters-on cpu on several GPUs, --schedule dpu with
+ * --optimizer-min gpu=F): the table's refusal, the words train prints
+ * (ZO_ERR_UNSUPPORTED). Checked before the search, as the flags give it. */
+static zo_status refuse_fixed(const search_cmd *c)
+{
+    const plan_space *s = &c->space;
+    zo_run_shape run;
+    zo_run_shape_defaults(&run);
+    run.method = s->base.method;
+    run.ranks = s->max_gpus ? 1 : c->hw.gpus; /* (--max-gpus: fewer ranks may run it) */
+    run.zero = s->zero_min == s->zero_max ? s->zero_min : 0;
+    run.tp = s->tp > 1 ? s->tp : 1;
+    run.pp = s->pp > 1 ? s->pp : 1;
+    run.ep = s->ep > 1 ? s->ep : 1;
+    if (s->schedule >= 0) run.schedule = (zo_plan_schedule)s->schedule;
+    if (s->adapters_on >= 0 && run.method != ZO_PLAN_FULL) run.adapters = (zo_plan_tier)s->adapters_on;
+    if (s->opt_min[ZO_PLAN_GPU] > 0) {
+        run.optimizer[ZO_PLAN_GPU] = s->opt_min[ZO_PLAN_GPU];
+        run.optimizer[ZO_PLAN_CPU] = 1 - s->opt_min[ZO_PLAN_GPU];
+    }
+    return zo_capability_check(&run, NULL, 0);
+}
+
+/* Nothing train runs fits: when the search without the table finds a plan,
+ * its refusal in the table's words (a full fine-tuning that fits only with
+ * the weights off the GPU at --zero 1, ...); ZO_OK otherwise ("nothing
+ * fits" stands). */
+static zo_status refuse_outside_table(const search_cmd *c)
+{
+    plan_space any = c->space;
+    any.runtime_plans = 0;
+    plan_result *r = malloc(sizeof *r);
+    if (!r) return zo_error(ZO_ERR_NOMEM, "plan: the search's results");
+    zo_status st = plan_search(&c->m, &c->hw, &any, 1, r);
+    if (st == ZO_OK && r->n_best > 0) {
+        zo_run_shape run;
+        plan_run_shape(&r->best[0].t, &run);
+        st = zo_capability_check(&run, NULL, 0);
+    }
+    free(r);
+    return st;
+}
+
 int cmd_plan(int argc, char **argv)
 {
     search_cmd c;
@@ -287,10 +335,12 @@ int cmd_plan(int argc, char **argv)
     if (build_model(f->model, f->params_n, &f->sf, f->seq, &c.m) != ZO_OK ||
         search_cmd_hw(&c) != ZO_OK || search_cmd_space(&c) != ZO_OK)
         return fail();
+    if (c.space.runtime_plans && refuse_fixed(&c) != ZO_OK) return fail();
     plan_result r;
     double t0 = zo_now();
     if (plan_search(&c.m, &c.hw, &c.space, (int)c.s.top, &r) != ZO_OK) return fail();
     double dt = zo_now() - t0;
+    if (r.n_best == 0 && c.space.runtime_plans && refuse_outside_table(&c) != ZO_OK) return fail();
     /* --json: stdout holds the plan alone */
     FILE *tab = f->json ? fopen("/dev/null", "w") : stdout;
     if (!tab) tab = stderr;

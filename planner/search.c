@@ -6,6 +6,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "planner/planfile.h" /* defines: plan_run_shape (the capability table's view of a plan) */
+
 void plan_space_defaults(plan_space *s, const zo_model_config *m, const plan_hw *hw)
 {
     memset(s, 0, sizeof *s);
@@ -128,6 +130,12 @@ static void rank_schedules(walk *w, plan_train *t, const plan_estimate *e, plan_
         if (sch == ZO_PLAN_SCHED_DPU && t->opt_frac[ZO_PLAN_GPU] > 0) continue;
         if (sch != ZO_PLAN_SCHED_SERIAL && pt->sched.cpu_n <= 0 && s->schedule < 0) break;
         t->schedule = (zo_plan_schedule)sch;
+        /* a plan file is for train: only what the runtime runs */
+        if (s->runtime_plans) {
+            zo_run_shape run;
+            plan_run_shape(t, &run);
+            if (zo_capability_find(&run) != ZO_CAP_RUNS) continue;
+        }
         const plan_estimate *se = e;
         if (sch == ZO_PLAN_SCHED_DPU) {
             plan_estimate_unchecked(w->m, &w->hw, t, &e_dpu);
@@ -321,11 +329,14 @@ static void walk_gpus(walk *w, int gpus)
     w->hw.gpus = gpus;
     int L = m->params_override ? 1 : m->n_layers;
     int node = w->hw.gpus_per_node;
-    for (int tp = 1; tp <= gpus && tp <= node; tp++) {
+    /* (a plan file for train: data parallelism only, the capability table's
+     * first rows; rank_schedules asks the table of every candidate) */
+    int par_max = s->runtime_plans ? 1 : gpus;
+    for (int tp = 1; tp <= gpus && tp <= node && tp <= par_max; tp++) {
         if (gpus % tp || (s->tp && tp != s->tp)) continue;
         if (!m->params_override && (m->n_heads % tp || m->n_kv_heads % tp)) continue;
         if (m->params_override && tp > 1) continue;
-        for (int pp = 1; pp * tp <= gpus; pp++) {
+        for (int pp = 1; pp * tp <= gpus && pp <= par_max; pp++) {
             if ((gpus / tp) % pp || L % pp || (s->pp && pp != s->pp)) continue;
             int dp = gpus / (tp * pp);
             if (s->global_batch % dp) continue;
@@ -338,7 +349,7 @@ static void walk_gpus(walk *w, int gpus)
                     if (v > 1 && L % (pp * v)) continue;
                     for (int sp = 0; sp <= (tp > 1); sp++) {
                       /* expert parallelism over data-parallel ranks (MoE only) */
-                      for (int ep = 1; ep <= dp; ep++) {
+                      for (int ep = 1; ep <= dp && ep <= par_max; ep++) {
                         if (dp % ep || (ep > 1 && (!m->moe.experts || m->moe.experts % ep))) continue;
                         if (s->ep && ep != s->ep) continue;
                         for (int rc = ZO_PLAN_RECOMPUTE_NONE; rc < ZO_PLAN_RECOMPUTES; rc++) {

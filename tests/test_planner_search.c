@@ -18,6 +18,7 @@
 #include <cmocka.h>
 #include <cjson/cJSON.h>
 
+#include "common/capability.h" /* defines: zo_capability_check, zo_run_shape */
 #include "common/clock.h"
 #include "common/model_config.h"
 #include "planner/cost.h"
@@ -439,6 +440,84 @@ static void test_cli_plan(void **state)
     assert_int_equal(system(args), 0);
 }
 
+/* zo_capability_check's message for `r` (the words train prints), after
+ * "memplan: ". */
+static void table_words(const zo_run_shape *r, char *buf, size_t len)
+{
+    char why[512];
+    assert_int_equal(zo_capability_check(r, why, sizeof why), ZO_ERR_UNSUPPORTED);
+    snprintf(buf, len, "memplan: %s", why);
+}
+
+/* A plan file is for train (issue 27): `memplan plan --json-out` searches
+ * only what the capability table runs (LLaMA-2-70B on 8 GPUs: the best for
+ * the table alone may be tensor parallel; the plan file is data parallel),
+ * and a combination the flags fix outside the table is refused, exit 2, in
+ * the table's words, those train prints (test_ranks: test_refusals). */
+static void test_plan_file_runs(void **state)
+{
+    (void)state;
+    static char out[1 << 18];
+    char dir[] = "/tmp/memplan-runs-XXXXXX", args[1024], path[512], want[1024];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/p.json", dir);
+    const char *runs[] = {"--model llama-2-70b --gpus 8 --gpus-per-node 8",
+                          "--model llama-2-13b --gpus 2 --gpus-per-node 2 --lora 8 --zero 1-2",
+                          "--model llama-2-7b --gpus 4 --gpus-per-node 4 --schedule dpu"};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        snprintf(args, sizeof args, "plan %s --json-out %s", runs[i], path);
+        if (run_memplan(args, out, sizeof out)) fail_msg("%s\n%s", args, out);
+        zo_plan p;
+        assert_int_equal(zo_plan_load(path, &p), ZO_OK);
+        char why[512] = "";
+        zo_status st = zo_capability_check_plan(&p, why, sizeof why);
+        printf("  plan %s: DP %d x TP %d x PP %d, ZeRO-%d%s%s\n", runs[i], p.parallel.dp, p.parallel.tp,
+               p.parallel.pp, p.parallel.zero, st ? ": " : "", why);
+        assert_int_equal(st, ZO_OK);
+    }
+    /* fixed outside the table: refused, the table's words */
+    zo_run_shape tp, lora, dpu;
+    zo_run_shape_defaults(&tp);
+    tp.tp = 2;
+    zo_run_shape_defaults(&lora);
+    lora.method = ZO_PLAN_LORA;
+    lora.ranks = 2;
+    lora.zero = 1;
+    lora.params = lora.adapters = ZO_PLAN_CPU;
+    zo_run_shape_defaults(&dpu);
+    dpu.schedule = ZO_PLAN_SCHED_DPU;
+    dpu.optimizer[ZO_PLAN_GPU] = 0.5;
+    dpu.optimizer[ZO_PLAN_CPU] = 0.5;
+    struct {
+        const char *flags;
+        const zo_run_shape *shape;
+    } no[] = {
+        {"--model llama-2-7b --gpus 2 --gpus-per-node 2 --tp 2", &tp},
+        {"--model gpt2 --gpus 2 --lora 8 --zero 1 --adapters-on cpu --no-nvme", &lora},
+        {"--model gpt2 --schedule dpu --optimizer-min gpu=0.5,cpu=0.5", &dpu},
+    };
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
+        table_words(no[i].shape, want, sizeof want);
+        snprintf(args, sizeof args, "plan %s --json-out %s/no.json", no[i].flags, dir);
+        int rc = run_memplan(args, out, sizeof out);
+        if (rc != 2 || !strstr(out, want)) fail_msg("%s: exit %d\n%s\nwanted: %s", args, rc, out, want);
+        snprintf(path, sizeof path, "%s/no.json", dir);
+        assert_int_equal(access(path, F_OK), -1);
+        /* no plan file: the search ranks it (dpu with a GPU share: never) */
+        snprintf(args, sizeof args, "plan %s", no[i].flags);
+        assert_int_equal(run_memplan(args, out, sizeof out), no[i].shape == &dpu ? 1 : 0);
+    }
+    /* estimate sizes tensor parallelism, and says train refuses it */
+    table_words(&tp, want, sizeof want);
+    assert_int_equal(run_memplan("estimate --model gpt2 --gpus 2 --tp 2", out, sizeof out), 0);
+    assert_non_null(strstr(out, "train --plan refuses this configuration"));
+    assert_non_null(strstr(out, want + strlen("memplan: ")));
+    assert_int_equal(run_memplan("estimate --model gpt2 --gpus 2", out, sizeof out), 0);
+    assert_null(strstr(out, "train --plan refuses"));
+    snprintf(args, sizeof args, "rm -rf %s", dir);
+    assert_int_equal(system(args), 0);
+}
+
 /* max-model for 3-D parallelism on a DGX-2 against estimate: the answer
  * fits, one more pipeline stage of layers at its width and layout does not,
  * and it is at least the 29.3B model (64 x 6144, TP 8 x PP 2) that estimate
@@ -504,7 +583,7 @@ int main(void)
         cmocka_unit_test(test_dgx2_max_model),
         cmocka_unit_test(test_family_shape),      cmocka_unit_test(test_search_22b_64gpus),
         cmocka_unit_test(test_objective_cost),    cmocka_unit_test(test_plan_file_roundtrip),
-        cmocka_unit_test(test_cli_plan),
+        cmocka_unit_test(test_cli_plan),          cmocka_unit_test(test_plan_file_runs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
