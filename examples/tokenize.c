@@ -8,6 +8,7 @@
 
 #include "common/clock.h"
 #include "common/units.h"     /* defines: zo_parse_int, zo_format_bytes */
+#include "common/version.h"   /* defines: zo_version_print */
 #include "model/corpus.h"     /* defines: model_corpus_read */
 #include "model/data.h"       /* defines: model_tokens_writer */
 #include "model/tokenizer.h"  /* defines: model_tokenizer_load, model_tokenizer_encode_many */
@@ -36,6 +37,7 @@ static void usage(FILE *f)
         "  --threads N        threads; documents are encoded in parallel (default: all)\n"
         "  --print            print each document's ids as a JSON array, one per line, and\n"
         "                     write nothing (--out not needed)\n"
+        "  --version          the version\n"
         "  -h, --help         this text\n");
 }
 
@@ -49,6 +51,7 @@ static const struct option long_opts[] = {
     {"threads", required_argument, 0, OPT_THREADS},
     {"print", no_argument, 0, OPT_PRINT},
     {"help", no_argument, 0, 'h'},
+    {"version", no_argument, 0, 'V'},
     {0, 0, 0, 0},
 };
 
@@ -73,6 +76,7 @@ int main(int argc, char **argv)
             }
             break;
         case 'h': usage(stdout); return 0;
+        case 'V': zo_version_print(stdout, "tokenize"); return 0;
         default:
             if (optopt) fprintf(stderr, "tokenize: option %s needs a value\n", argv[optind - 1]);
             else fprintf(stderr, "tokenize: unknown option %s\n", argv[optind - 1]);

@@ -1002,6 +1002,91 @@ static void test_train_flags(void **state)
     remove(plan);
 }
 #endif
+#ifdef ZO_TRAIN_BIN
+/* One set of flags (issue 27): every row of memplan estimate's "fits with"
+ * list (--params cpu --grads cpu --optimizer cpu --checkpoints cpu,
+ * --recompute full, --lora R --qlora, ...) added as it is printed to train's
+ * command line runs within the device capacity memplan was given; train
+ * checks --grads against --optimizer as memplan plans them, names the flag
+ * as given (the deprecated --params-on and --optimizer-on still work), and
+ * every program says its --version. */
+static void test_memplan_advice_runs(void **state)
+{
+    (void)state;
+    char dir[400], cfg[500], data[500], cmd[3000], args[3000];
+    static char out[1 << 18];
+    snprintf(dir, sizeof dir, "%s/advice", tmp_dir);
+    mkdir(dir, 0755);
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    snprintf(data, sizeof data, "%s/text.txt", dir);
+    files_write_text(cfg, "{\"model_type\": \"llama\", \"num_hidden_layers\": 8, \"hidden_size\": 128, "
+                          "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 256, "
+                          "\"vocab_size\": 256, \"max_position_embeddings\": 128}");
+    files_write_sample_text(data, 3000);
+    snprintf(cmd, sizeof cmd,
+             "%s estimate --model %s --gpu-mem 6MiB --cpu-mem 1GiB --nvme 1GiB --seq 64 --micro-batch 2 --dtype fp32 "
+             "--cuda-context 0 --cublas-workspace 0 --fragmentation 0 --json",
+             ZO_MEMPLAN_BIN, cfg);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 1); /* full fine-tuning does not fit */
+    cJSON *doc = cJSON_Parse(out);
+    assert_non_null(doc);
+    const cJSON *rows = cJSON_GetObjectItem(doc, "suggestions"); /* the "fits with" list */
+    assert_true(cJSON_GetArraySize(rows) >= 4);
+    int seen_all = 0;
+    const cJSON *row;
+    cJSON_ArrayForEach(row, rows)
+    {
+        const char *flags = cJSON_GetObjectItem(row, "flags")->valuestring;
+        seen_all |= strstr(flags, "--params cpu") && strstr(flags, "--grads cpu") && strstr(flags, "--optimizer cpu");
+        snprintf(args, sizeof args,
+                 "--model %s --data %s --text --steps 1 --threads 1 --seq 64 --micro-batch 2 --dtype fp32 --device-mem 6MiB "
+                 "--nvme-dir %s %s",
+                 cfg, data, dir, flags);
+        int rc = run_train(args, out, sizeof out);
+        printf("  train ... %s: exit %d\n", flags, rc);
+        if (rc) fprintf(stderr, "%s\n", out);
+        assert_int_equal(rc, 0);
+    }
+    cJSON_Delete(doc);
+    assert_true(seen_all);
+    /* --grads against --optimizer; the flag named as given */
+    const struct {
+        const char *flags, *want;
+    } bad[] = {
+        {"--grads gpu --optimizer cpu", "--grads gpu with the optimizer on cpu=1 (--optimizer)"},
+        {"--grads cpu --optimizer gpu", "--grads cpu with the optimizer on gpu"},
+        {"--grads nvme", "--grads: "},
+        {"--params disk", "--params: "},
+        {"--params-on disk", "--params-on: "},
+        {"--optimizer cpu=2", "--optimizer: "},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(args, sizeof args, "--model %s --data %s --text --steps 1 --threads 1 %s", cfg, data, bad[i].flags);
+        int rc = run_train(args, out, sizeof out);
+        if (rc != 2 || !strstr(out, bad[i].want)) fprintf(stderr, "%s: exit %d\n%s\n", bad[i].flags, rc, out);
+        assert_int_equal(rc, 2);
+        assert_non_null(strstr(out, bad[i].want));
+    }
+    /* the deprecated spellings run as before */
+    snprintf(args, sizeof args,
+             "--model %s --data %s --text --steps 1 --threads 1 --seq 64 --micro-batch 2 --params-on cpu "
+             "--optimizer-on cpu=0.5,nvme=0.5 --checkpoints-on gpu --nvme-dir %s",
+             cfg, data, dir);
+    assert_int_equal(run_train(args, out, sizeof out), 0);
+    assert_non_null(strstr(out, "weights cpu"));
+    /* --version: one line, exit 0, in memplan and train */
+    const char *progs[][2] = {{ZO_MEMPLAN_BIN, "memplan"}, {ZO_TRAIN_BIN, "train"}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "%s --version", progs[i][0]);
+        assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+        char want[64];
+        snprintf(want, sizeof want, "%s (zoffload) ", progs[i][1]);
+        assert_ptr_equal(strstr(out, want), out);
+        assert_non_null(strstr(out, "plan format zoffload-plan"));
+    }
+    files_remove_tree(dir);
+}
+#endif
 
 #ifdef ZO_TRAIN_BIN
 /* Files for a tiny GPT-2 run in `dir`: config.json and text.txt. */
@@ -1318,6 +1403,7 @@ int main(void)
         cmocka_unit_test(test_searched_plan_runs),
 #ifdef ZO_TRAIN_BIN
         cmocka_unit_test(test_train_flags),
+        cmocka_unit_test(test_memplan_advice_runs),
         cmocka_unit_test(test_train_bad_inputs),
         cmocka_unit_test(test_train_locks_and_swap_files),
 #endif

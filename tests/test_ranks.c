@@ -291,7 +291,7 @@ static void test_lora_three_ranks(void **state)
     run_train_losses(out, ref, 8);
     int same;
     for (int stage = 0; stage <= 3; stage += 3) {
-        snprintf(args, sizeof args, "%s --steps 8 --zero %d --params-on cpu --schedule overlap --save %s/ad%d",
+        snprintf(args, sizeof args, "%s --steps 8 --zero %d --params cpu --schedule overlap --save %s/ad%d",
                  common, stage, dir, stage);
         rc = train(3, args, out, sizeof out);
         if (rc) fprintf(stderr, "%s\n", out);
@@ -308,7 +308,7 @@ static void test_lora_three_ranks(void **state)
         assert_int_equal(rc, 0);
     }
     /* a checkpoint of 3 ranks (ZeRO-3: a shard each), resumed on one */
-    snprintf(args, sizeof args, "%s --steps 4 --zero 3 --params-on cpu --ckpt %s/ck3", common, dir);
+    snprintf(args, sizeof args, "%s --steps 4 --zero 3 --params cpu --ckpt %s/ck3", common, dir);
     rc = train(3, args, out, sizeof out);
     if (rc) fprintf(stderr, "%s\n", out);
     assert_int_equal(rc, 0);
@@ -343,14 +343,14 @@ static void test_refusals(void **state)
         const char *flags;
         zo_run_shape shape; /* the table's words for it */
     } v[] = {
-        {2, "--zero 1 --params-on cpu", {.zero = 1, .params = ZO_PLAN_CPU}},
-        {2, "--zero 2 --params-on nvme", {.zero = 2, .params = ZO_PLAN_NVME}},
+        {2, "--zero 1 --params cpu", {.zero = 1, .params = ZO_PLAN_CPU}},
+        {2, "--zero 2 --params nvme", {.zero = 2, .params = ZO_PLAN_NVME}},
         {2, "--zero 2 --lora 4 --adapters-on cpu", {.method = ZO_PLAN_LORA, .zero = 2, .adapters = ZO_PLAN_CPU}},
-        {2, "--zero 1 --lora 4 --qlora --adapters-on nvme --params-on nvme",
+        {2, "--zero 1 --lora 4 --qlora --adapters-on nvme --params nvme",
          {.method = ZO_PLAN_QLORA, .zero = 1, .params = ZO_PLAN_NVME, .adapters = ZO_PLAN_NVME}},
-        {2, "--schedule dpu --optimizer-on gpu=0.5,cpu=0.5 --zero 3",
+        {2, "--schedule dpu --optimizer gpu=0.5,cpu=0.5 --zero 3",
          {.zero = 3, .schedule = ZO_PLAN_SCHED_DPU, .optimizer = {0.5, 0.5, 0}}},
-        {0, "--schedule dpu --optimizer-on gpu=1", {.schedule = ZO_PLAN_SCHED_DPU, .optimizer = {1, 0, 0}}},
+        {0, "--schedule dpu --optimizer gpu=1", {.schedule = ZO_PLAN_SCHED_DPU, .optimizer = {1, 0, 0}}},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         zo_run_shape s = v[i].shape;
