@@ -242,6 +242,10 @@ static int gpu_is_volta_or_older(const plan_hw *hw)
 
 void plan_train_fit_hw(plan_train *t, const plan_hw *hw)
 {
+    if (plan_hw_is_cpu_backend(hw)) { /* train --device cpu: plain host allocations */
+        t->buf.cuda_context = t->buf.cublas_workspace = 0;
+        t->buf.fragmentation = 0;
+    }
     if (!gpu_is_volta_or_older(hw)) return;
     if (t->dtype == ZO_DTYPE_BF16) t->dtype = ZO_DTYPE_F16;
     if (t->grad_dtype == ZO_DTYPE_BF16) t->grad_dtype = ZO_DTYPE_F16;

@@ -354,7 +354,14 @@ zo_status build_hw(const plan_hw_flags *f, plan_hw *hw, plan_hw_basis *b)
     zo_status st;
     if ((st = plan_hw_flags_check(f)) != ZO_OK) return st;
     const char *name = f->hw ? f->hw : DEFAULT_HW;
-    if (f->gpu) {
+    if (!strcmp(name, "cpu") && !is_file(name)) { /* train --device cpu */
+        const plan_host_spec *h = NULL;
+        if (f->host && (st = plan_host_find(f->host, &h)) != ZO_OK) return st;
+        plan_hw_cpu_host(h, hw);
+        char what[128];
+        snprintf(what, sizeof what, "cpu (train --device cpu, %s host)", h ? h->name : "desktop");
+        plan_hw_basis_init(b, PLAN_HW_PRESET, what, 0, hw);
+    } else if (f->gpu) {
         st = plan_hw_from_gpu(f, hw, b);
     } else if ((st = load_hw(name, hw)) != ZO_OK) {
         return st;

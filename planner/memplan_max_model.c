@@ -12,7 +12,7 @@
 
 static const char usage_max_model[] =
     "usage: memplan max-model [--family gpt|llama|gpt3|megatron|llama2|llama3 | --model NAME]\n"
-    "                         [--hw NAME|FILE | --gpu NAME [--host NAME]] [--gpus N]\n"
+    "                         [--hw NAME|FILE|cpu | --gpu NAME [--host NAME]] [--gpus N]\n"
     "                         [--gpu-mem SIZE] [--cpu-mem SIZE] [--nvme SIZE] [--pcie LINK]\n"
     "                         [--seq N] [--strategy NAME] [--json | --json-out FILE]\n"
     "                         [--lora R [--lora-targets LIST] [--qlora]] [--schedule S]\n"

@@ -24,6 +24,8 @@ static const char usage_plan[] =
     "  --model, --params, --layers ... --arch   the model, as for 'memplan estimate'\n"
     "  --hw NAME|FILE          machine preset or calibrated profile (default h100-80gb)\n"
     "  --gpu NAME [--host NAME]  one GPU preset in a host (rtx-4090, l40s, ...; 'memplan hardware')\n"
+    "  --hw cpu [--host NAME]  plan for train --device cpu (no CUDA context, cuBLAS workspace or\n"
+    "                          allocator slack); --gpu-mem is train's --device-mem\n"
     "  --gpus N                GPUs in the job (default: the preset's)\n"
     "  --max-gpus N            also try fewer GPUs (powers of two and whole nodes up to N)\n"
     "  --gpus-per-node N, --gpu-mem SIZE, --cpu-mem SIZE, --nvme SIZE, --pcie LINK\n"

@@ -27,6 +27,7 @@
 #include "gpu/ops_cpu.h"     /* defines: gpu_cpu_inject_faults */
 #include "model/safetensors.h" /* defines: model_st_open */
 #include "offload/ckpt_meta.h" /* defines: ckpt_manifest_write (to re-sign an edited checkpoint) */
+#include "common/plan_schema.h" /* defines: zo_plan_load */
 #include "offload/offload.h" /* defines: offload_init, offload_plan_load, offload_save */
 #include "tests/support/files.h" /* defines: files_write_plan, files_write_text, files_remove_tree */
 #include "tests/support/run.h"   /* defines: run_program, run_capture, run_paused */
@@ -1089,6 +1090,68 @@ static void test_memplan_advice_runs(void **state)
 #endif
 
 #ifdef ZO_TRAIN_BIN
+/* Planning for the CPU device (issue 27): `memplan --hw cpu` sizes train
+ * --device cpu, with no CUDA context, no cuBLAS workspace and no allocator
+ * slack to zero by hand, the host a preset's (--host); train --plan runs
+ * the plan within 3% of its device and host peaks. */
+static void test_plan_hw_cpu(void **state)
+{
+    (void)state;
+    char dir[400], cfg[500], data[500], plan[500], cmd[3000];
+    static char out[1 << 16];
+    snprintf(dir, sizeof dir, "%s/hwcpu", tmp_dir);
+    mkdir(dir, 0755);
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    snprintf(data, sizeof data, "%s/text.txt", dir);
+    snprintf(plan, sizeof plan, "%s/plan.json", dir);
+    files_write_text(cfg, "{\"model_type\": \"llama\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+                          "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
+                          "\"vocab_size\": 256, \"max_position_embeddings\": 64}");
+    files_write_sample_text(data, 3000);
+    const char *flags[] = {"", "--params cpu --grads cpu --optimizer cpu=0.5,nvme=0.5 --host workstation"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "%s estimate --hw cpu --gpu-mem 32MiB --model %s --seq 32 --micro-batch 2 --dtype fp32 --no-dropout "
+                 "%s --plan-out %s",
+                 ZO_MEMPLAN_BIN, cfg, flags[i], plan);
+        int rc = run_capture(cmd, out, sizeof out);
+        if (rc) fprintf(stderr, "%s\n", out);
+        assert_int_equal(rc, 0);
+        assert_non_null(strstr(out, "train --device cpu"));
+        zo_plan p;
+        assert_int_equal(zo_plan_load(plan, &p), ZO_OK);
+        assert_string_equal(p.hardware.gpu, "CPU");
+        assert_true(p.buffers.cuda_context == 0 && p.buffers.cublas_workspace == 0);
+        assert_true(p.buffers.fragmentation == 0);
+        assert_true(p.hardware.gpu_mem == 32u << 20);
+        snprintf(cmd, sizeof cmd, "--model %s --data %s --text --plan %s --device cpu --steps 2 --threads 1 --nvme-dir %s",
+                 cfg, data, plan, dir);
+        rc = run_train(cmd, out, sizeof out);
+        if (rc) fprintf(stderr, "%s\n", out);
+        assert_int_equal(rc, 0);
+        const char *line = strstr(out, "# peak bytes per tier: ");
+        assert_non_null(line);
+        const char *nl = strchr(line, '\n');
+        int n = 0;
+        for (const char *pl = strstr(line, "(plan "); pl && pl < nl; pl = strstr(pl + 1, "(plan ")) {
+            double pct = atof(strchr(pl, ',') + 1);
+            printf("  --hw cpu %s: %.1f%% of the plan\n", flags[i], pct);
+            if (!(pct > 97 && pct < 103)) fail_msg("%.*s", (int)(nl - line), line);
+            n++;
+        }
+        assert_true(n >= 2);
+    }
+    /* --host goes with --gpu or --hw cpu; an unknown host is named */
+    snprintf(cmd, sizeof cmd, "%s estimate --hw h100-80gb --host workstation --model %s 2>&1", ZO_MEMPLAN_BIN, cfg);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 2);
+    snprintf(cmd, sizeof cmd, "%s estimate --hw cpu --host nothere --model %s 2>&1", ZO_MEMPLAN_BIN, cfg);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 2);
+    assert_non_null(strstr(out, "nothere"));
+    files_remove_tree(dir);
+}
+#endif
+
+#ifdef ZO_TRAIN_BIN
 /* Files for a tiny GPT-2 run in `dir`: config.json and text.txt. */
 static void tiny_run_files(const char *dir, char *cfg, char *data, size_t len)
 {
@@ -1404,6 +1467,7 @@ int main(void)
 #ifdef ZO_TRAIN_BIN
         cmocka_unit_test(test_train_flags),
         cmocka_unit_test(test_memplan_advice_runs),
+        cmocka_unit_test(test_plan_hw_cpu),
         cmocka_unit_test(test_train_bad_inputs),
         cmocka_unit_test(test_train_locks_and_swap_files),
 #endif
