@@ -1068,6 +1068,13 @@ static void test_memplan_advice_runs(void **state)
         assert_int_equal(rc, 2);
         assert_non_null(strstr(out, bad[i].want));
     }
+    /* memplan's names for every kind of state, --checkpoints included */
+    snprintf(args, sizeof args,
+             "--model %s --data %s --text --steps 1 --threads 1 --seq 64 --micro-batch 2 --dtype fp32 --device-mem 6MiB "
+             "--recompute full --params cpu --grads cpu --optimizer cpu --checkpoints cpu --nvme-dir %s",
+             cfg, data, dir);
+    assert_int_equal(run_train(args, out, sizeof out), 0);
+    assert_non_null(strstr(out, "checkpoints cpu"));
     /* the deprecated spellings run as before */
     snprintf(args, sizeof args,
              "--model %s --data %s --text --steps 1 --threads 1 --seq 64 --micro-batch 2 --params-on cpu "

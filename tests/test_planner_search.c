@@ -518,6 +518,69 @@ static void test_plan_file_runs(void **state)
     assert_int_equal(system(args), 0);
 }
 
+/* The settings of `flags` ("--params cpu", "--qlora") as words, in `set`. */
+static int settings(const char *flags, char set[][48], int max)
+{
+    int n = 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", flags);
+    for (char *sv = NULL, *w = strtok_r(buf, " ", &sv); w && n < max; w = strtok_r(NULL, " ", &sv)) {
+        if (!strncmp(w, "--", 2)) snprintf(set[n++], 48, "%s", w);
+        else if (n) snprintf(set[n - 1] + strlen(set[n - 1]), 48 - strlen(set[n - 1]), " %s", w);
+    }
+    return n;
+}
+
+/* Every setting of a is one of b's. */
+static int subset(char a[][48], int na, char b[][48], int nb)
+{
+    for (int i = 0; i < na; i++) {
+        int found = 0;
+        for (int j = 0; j < nb && !found; j++) found = !strcmp(a[i], b[j]);
+        if (!found) return 0;
+    }
+    return 1;
+}
+
+/* estimate's "fits with" list (issue 27): no row only adds, to another row
+ * of the same method (full, LoRA, QLoRA), a setting that changes nothing
+ * (LLaMA-2-13B on an RTX 4090 listed --checkpoints cpu beside the same full
+ * recompute at the same 54.461 s); LoRA rows stay beside faster full ones. */
+static void test_fits_with_distinct(void **state)
+{
+    (void)state;
+    static char out[1 << 18];
+    const char *runs[] = {"--model llama-2-13b --gpu rtx-4090 --cpu-mem 64GB --seq 2048",
+                          "--model llama-2-7b --gpu rtx-4090 --cpu-mem 64GB --seq 4096 --micro-batch 2",
+                          "--model llama-3-8b --gpu-mem 16GB --cpu-mem 32GB --seq 2048"};
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        char args[512];
+        snprintf(args, sizeof args, "estimate %s --json", runs[r]);
+        run_memplan(args, out, sizeof out);
+        cJSON *doc = cJSON_Parse(out);
+        assert_non_null(doc);
+        const cJSON *rows = cJSON_GetObjectItem(doc, "suggestions");
+        int n = cJSON_GetArraySize(rows);
+        printf("  %s: %d rows\n", runs[r], n);
+        assert_true(n >= 2);
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < n; j++) {
+                const cJSON *a = cJSON_GetArrayItem(rows, i), *b = cJSON_GetArrayItem(rows, j);
+                const char *fa = cJSON_GetObjectItem(a, "flags")->valuestring;
+                const char *fb = cJSON_GetObjectItem(b, "flags")->valuestring;
+                char sa[16][48], sb[16][48];
+                int na = settings(fa, sa, 16), nb = settings(fb, sb, 16);
+                int same_method = !strstr(fa, "--lora") == !strstr(fb, "--lora") &&
+                                  !strstr(fa, "--qlora") == !strstr(fb, "--qlora");
+                double ta = cJSON_GetObjectItem(a, "step_s")->valuedouble;
+                double tb = cJSON_GetObjectItem(b, "step_s")->valuedouble;
+                if (i != j && same_method && na < nb && subset(sa, na, sb, nb) && ta <= tb)
+                    fail_msg("row %d (%s) only adds to row %d (%s)", j + 1, fb, i + 1, fa);
+            }
+        cJSON_Delete(doc);
+    }
+}
+
 /* max-model for 3-D parallelism on a DGX-2 against estimate: the answer
  * fits, one more pipeline stage of layers at its width and layout does not,
  * and it is at least the 29.3B model (64 x 6144, TP 8 x PP 2) that estimate
@@ -584,6 +647,7 @@ int main(void)
         cmocka_unit_test(test_family_shape),      cmocka_unit_test(test_search_22b_64gpus),
         cmocka_unit_test(test_objective_cost),    cmocka_unit_test(test_plan_file_roundtrip),
         cmocka_unit_test(test_cli_plan),          cmocka_unit_test(test_plan_file_runs),
+        cmocka_unit_test(test_fits_with_distinct),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
