@@ -221,6 +221,11 @@ int cmd_max_model(int argc, char **argv)
     search_cmd c;
     int rc = search_cmd_parse(argc, argv, "max-model", usage_max_model, &c);
     if (rc != CLI_PARSED) return rc;
+    if (c.s.method >= 0) {
+        zo_error(ZO_ERR_INVALID, "--method is memplan plan's: max-model sizes full fine-tuning (--lora R for "
+                 "adapters)");
+        return fail();
+    }
     const char *family;
     int only, json = c.f.json;
     if (max_model_setup(&c, &family, &only) != ZO_OK) return fail();

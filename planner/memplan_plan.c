@@ -36,6 +36,10 @@ static const char usage_plan[] =
     "  --lora R [--lora-targets LIST] [--lora-alpha A] [--qlora]   fine-tune adapters on a\n"
     "                          frozen base (LoRA, QLoRA), as for estimate; where the base and\n"
     "                          the adapters live is searched (--adapters-on fixes the adapters)\n"
+    "  --method full|lora|qlora|auto   what is trained: auto ranks full fine-tuning, LoRA and\n"
+    "                          QLoRA together (the adapters of --lora R, else rank 16 on every\n"
+    "                          linear layer, as estimate's \"fits with\" list); default: full, or\n"
+    "                          the method of --lora R [--qlora]\n"
     "  --schedule serial|overlap|dpu   fix the optimizer schedule (default: searched, each\n"
     "                          plan with the fastest); --clip-stale, --dpu-warmup N,\n"
     "                          --opt-threads N as for estimate\n"
@@ -79,6 +83,7 @@ static const struct option plan_opts[] = {
     {"max-prefetch", required_argument, 0, OPT_MAX_PREFETCH},
     {"family", required_argument, 0, OPT_FAMILY},
     {"strategy", required_argument, 0, OPT_STRATEGY},
+    {"method", required_argument, 0, OPT_METHOD},
     {0, 0, 0, 0},
 };
 
@@ -107,6 +112,8 @@ static zo_status parse_zero_range(const char *arg, search_flags *s)
 static int search_flag(int c, const char *arg, void *own, zo_status *st)
 {
     static const char *const objectives[] = {"time", "memory", "cost", NULL};
+    /* (the order of zo_plan_method, then PLAN_METHOD_AUTO) */
+    static const char *const methods[] = {"full", "lora", "qlora", "auto", NULL};
     search_flags *s = own;
     int obj = 0;
     switch (c) {
@@ -128,6 +135,7 @@ static int search_flag(int c, const char *arg, void *own, zo_status *st)
         *st = zo_plan_flag_int(arg, "--max-prefetch", "buffers.prefetch_depth", &s->max_prefetch);
         return 1;
     case OPT_FAMILY: s->family = arg; return 1;
+    case OPT_METHOD: *st = zo_plan_name_parse(methods, arg, "--method", &s->method); return 1;
     case OPT_STRATEGY: s->strategy = arg; return 1;
     default: return 0;
     }
@@ -138,6 +146,7 @@ int search_cmd_parse(int argc, char **argv, const char *name, const char *usage,
     const cli_command cmd = {name, usage, plan_opts, 1 << 20, 0, search_flag};
     memset(&c->s, 0, sizeof c->s);
     c->s.top = 5;
+    c->s.method = -1;
     return cli_parse(&cmd, argc, argv, &c->f, &c->s);
 }
 
@@ -148,6 +157,26 @@ zo_status search_cmd_hw(search_cmd *c)
     if (c->s.max_gpus) c->hw.gpus = (int)c->s.max_gpus;
     else if (c->f.gpus) c->hw.gpus = (int)c->f.gpus;
     gpu_node_size(&c->f.hwf, &c->basis, &c->hw);
+    return ZO_OK;
+}
+
+/* --method: the methods searched, and the adapters of LoRA and QLoRA
+ * (--lora R's, else estimate's suggestion: rank 16 on every linear layer). */
+static zo_status search_methods(const cli_flags *f, int method, plan_space *out)
+{
+    const method_flags *mf = &f->mf;
+    if (method < 0) return ZO_OK; /* the method of --lora / --qlora, else full */
+    if (method == ZO_PLAN_FULL && mf->lora_r)
+        return zo_error(ZO_ERR_INVALID, "--method full trains every weight: leave out --lora (or --method lora)");
+    if (mf->qlora && method != ZO_PLAN_QLORA)
+        return zo_error(ZO_ERR_INVALID, "--qlora with --method %s: --method qlora says it",
+                        method == ZO_PLAN_LORA ? "lora" : method == ZO_PLAN_FULL ? "full" : "auto");
+    /* (--lora-targets, --lora-alpha and --adapters-on need --lora R) */
+    if (method != ZO_PLAN_FULL && !mf->lora_r)
+        out->base.lora = (zo_lora_config){PLAN_METHOD_LORA_R, PLAN_LORA_DEFAULT_ALPHA, ZO_LORA_ALL_LINEAR};
+    out->methods = method == PLAN_METHOD_AUTO ? 1u << ZO_PLAN_FULL | 1u << ZO_PLAN_LORA | 1u << ZO_PLAN_QLORA
+                                              : 1u << method;
+    out->base.method = method == PLAN_METHOD_AUTO ? ZO_PLAN_FULL : (zo_plan_method)method;
     return ZO_OK;
 }
 
@@ -180,7 +209,8 @@ zo_status search_cmd_space(search_cmd *c)
     /* a plan file is for the runtime: only what it runs */
     out->runtime_plans = f->json || f->json_out;
     out->adapters_on = f->mf.adapters_on;
-    return apply_method_flags(&f->mf, &out->base);
+    zo_status st = apply_method_flags(&f->mf, &out->base);
+    return st ? st : search_methods(f, s->method, out);
 }
 
 /* ---- memplan plan ------------------------------------------------------------------------ */
@@ -194,6 +224,8 @@ static void print_plan_line(const plan_candidate *c, const char *lead)
     if (t->ep > 1) snprintf(ep, sizeof ep, " (EP %d)", t->ep);
     char rc[48];
     plan_recompute_words(t, rc, sizeof rc);
+    char mw[96];
+    printf("%s%s\n", lead, plan_method_words(t, mw, sizeof mw));
     printf("%s%d GPU%s: DP %d%s x TP %d%s x PP %d%s, ZeRO-%d, micro-batch %d x %d, recompute %s\n",
            lead, c->gpus, c->gpus == 1 ? "" : "s", t->dp, ep, t->tp, t->sp ? " (+SP)" : "", t->pp,
            t->vpp > 1 ? " (interleaved)" : "", t->zero, t->micro_batch, t->grad_accum, rc);
@@ -227,6 +259,8 @@ static void print_search(FILE *tab, int json, const zo_model_config *m, const pl
     fprintf(tab, "searched %llu configurations (%llu fit) in %.2f s: %.3g configurations/s\n",
             (unsigned long long)r->configs, (unsigned long long)r->feasible, dt,
             dt > 0 ? (double)r->configs / dt : 0.0);
+    if (!s->methods && s->base.method == ZO_PLAN_FULL)
+        fprintf(tab, "(full fine-tuning of every weight: --method auto ranks LoRA and QLoRA adapters too)\n");
     if (s->runtime_plans)
         fprintf(tab, "(a plan file for train: only what the runtime runs, data parallelism on any number "
                      "of ranks (docs/offload.md, \"What the runtime runs\"); recompute ops and recompute of "

@@ -44,7 +44,7 @@ static int same_shape(const plan_candidate *a, const plan_train *t, int gpus)
            u->params_on == t->params_on && u->grads_on == t->grads_on &&
            u->checkpoints_on == t->checkpoints_on && u->opt_frac[0] == t->opt_frac[0] &&
            u->opt_frac[1] == t->opt_frac[1] && u->opt_frac[2] == t->opt_frac[2] &&
-           u->schedule == t->schedule && u->adapters_on == t->adapters_on;
+           u->schedule == t->schedule && u->adapters_on == t->adapters_on && u->method == t->method;
 }
 
 typedef struct ranked {
@@ -381,10 +381,34 @@ static void walk_gpus(walk *w, int gpus)
     }
 }
 
+/* The search of one method (s->base.method) into out's ranking. */
+static zo_status search_method(const zo_model_config *m, const plan_hw *hw, const plan_space *s, int top,
+                               plan_result *out);
+
 zo_status plan_search(const zo_model_config *m, const plan_hw *hw, const plan_space *s, int top,
                       plan_result *out)
 {
     memset(out, 0, sizeof *out);
+    unsigned mask = s->methods ? s->methods : 1u << s->base.method;
+    for (int k = ZO_PLAN_FULL; k <= ZO_PLAN_QLORA; k++) {
+        if (!(mask & 1u << k)) continue;
+        plan_space sm = *s;
+        sm.base.method = (zo_plan_method)k;
+        zo_status st = search_method(m, hw, &sm, top, out);
+        /* several methods: one the model cannot take (LoRA of a latent
+         * attention) is left out */
+        if (st && mask != 1u << k && k != ZO_PLAN_FULL) {
+            zo_clear_error();
+            continue;
+        }
+        if (st) return st;
+    }
+    return ZO_OK;
+}
+
+static zo_status search_method(const zo_model_config *m, const plan_hw *hw, const plan_space *s, int top,
+                               plan_result *out)
+{
     if (top < 1 || top > PLAN_TOP_MAX)
         return zo_error(ZO_ERR_INVALID, "--top %d: between 1 and %d", top, PLAN_TOP_MAX);
     if (s->global_batch < 1)
@@ -459,8 +483,19 @@ static const char *tier_words(zo_plan_tier t)
     return t == ZO_PLAN_GPU ? "the GPU" : t == ZO_PLAN_CPU ? "the CPU" : "NVMe";
 }
 
+const char *plan_method_words(const plan_train *t, char *buf, size_t len)
+{
+    char tg[64];
+    if (t->method == ZO_PLAN_FULL) snprintf(buf, len, "full fine-tuning");
+    else
+        snprintf(buf, len, "%s r %d on %s", t->method == ZO_PLAN_QLORA ? "QLoRA" : "LoRA", t->lora.r,
+                 zo_lora_targets_str(t->lora.targets, tg, sizeof tg));
+    return buf;
+}
+
 void plan_describe_diff(const plan_candidate *best, const plan_candidate *c, char *buf, size_t len)
 {
+    char mw[2][96];
     sbuf b = {buf, len, 0};
     buf[0] = '\0';
     const plan_train *x = &best->t, *y = &c->t;
@@ -473,6 +508,8 @@ void plan_describe_diff(const plan_candidate *best, const plan_candidate *c, cha
             sep = "; ";               \
         }                             \
     } while (0)
+    DIFF(y->method != x->method, "%s instead of %s", plan_method_words(y, mw[0], sizeof mw[0]),
+         plan_method_words(x, mw[1], sizeof mw[1]));
     DIFF(c->gpus != best->gpus, "%d GPUs instead of %d", c->gpus, best->gpus);
     DIFF(y->dp != x->dp, "DP %d instead of %d", y->dp, x->dp);
     DIFF(y->tp != x->tp, "TP %d instead of %d", y->tp, x->tp);

@@ -1075,6 +1075,17 @@ static void test_memplan_advice_runs(void **state)
              cfg, data, dir);
     assert_int_equal(run_train(args, out, sizeof out), 0);
     assert_non_null(strstr(out, "checkpoints cpu"));
+    /* memplan plan --method qlora: a plan file train runs as written */
+    snprintf(cmd, sizeof cmd,
+             "%s plan --model %s --gpu-mem 6MiB --cpu-mem 1GiB --nvme 1GiB --seq 64 --global-batch 2 --dtype fp32 "
+             "--cuda-context 0 --cublas-workspace 0 --fragmentation 0 --method qlora --top 1 --json-out %s/q.json",
+             ZO_MEMPLAN_BIN, cfg, dir);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+    snprintf(args, sizeof args, "--model %s --data %s --text --steps 1 --threads 1 --plan %s/q.json --nvme-dir %s", cfg,
+             data, dir, dir);
+    int qrc = run_train(args, out, sizeof out);
+    if (qrc || !strstr(out, "QLoRA")) fprintf(stderr, "%s\n", out);
+    assert_int_equal(qrc, 0);
     /* the deprecated spellings run as before */
     snprintf(args, sizeof args,
              "--model %s --data %s --text --steps 1 --threads 1 --seq 64 --micro-batch 2 --params-on cpu "

@@ -518,6 +518,60 @@ static void test_plan_file_runs(void **state)
     assert_int_equal(system(args), 0);
 }
 
+/* The step time of the best plan in memplan plan's table. */
+static double best_step(const char *out)
+{
+    const char *b = strstr(out, "\nbest: ");
+    assert_non_null(b);
+    return atof(b + 7);
+}
+
+/* memplan plan --method (issue 27): auto ranks full fine-tuning, LoRA and
+ * QLoRA together, as estimate's "fits with" list does (LLaMA-2-13B on an RTX
+ * 4090: full fine-tuning over NVMe at about a minute a step, QLoRA first at
+ * several times less), and writes the winner's method and adapters (rank 16
+ * on every linear layer) in the plan; --method full is the default's search;
+ * the method flags that contradict each other are refused, exit 2. */
+static void test_plan_method(void **state)
+{
+    (void)state;
+    static char out[1 << 18], full[1 << 18];
+    char dir[] = "/tmp/memplan-method-XXXXXX", args[1024], path[512];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/p.json", dir);
+    const char *base = "plan --model llama-2-13b --gpu rtx-4090 --cpu-mem 64GB --seq 2048";
+    snprintf(args, sizeof args, "%s --method full", base);
+    assert_int_equal(run_memplan(args, full, sizeof full), 0);
+    snprintf(args, sizeof args, "%s", base);
+    assert_int_equal(run_memplan(args, out, sizeof out), 0);
+    assert_true(best_step(out) == best_step(full));
+    assert_non_null(strstr(out, "--method auto"));
+    snprintf(args, sizeof args, "%s --method auto --json-out %s", base, path);
+    if (run_memplan(args, out, sizeof out)) fail_msg("%s", out);
+    printf("  full %.4g s per step, auto %.4g s\n", best_step(full), best_step(out));
+    assert_true(best_step(out) * 3 < best_step(full));
+    zo_plan p;
+    assert_int_equal(zo_plan_load(path, &p), ZO_OK);
+    assert_true(p.training.method != ZO_PLAN_FULL);
+    assert_int_equal(p.training.lora.r, 16);
+    assert_int_equal(p.training.lora.targets, ZO_LORA_ALL_LINEAR);
+    assert_int_equal(zo_capability_check_plan(&p, NULL, 0), ZO_OK);
+    /* one method: its plans only, the adapters of --lora R when given */
+    snprintf(args, sizeof args, "%s --method lora --lora 8 --json-out %s", base, path);
+    if (run_memplan(args, out, sizeof out)) fail_msg("%s", out);
+    assert_int_equal(zo_plan_load(path, &p), ZO_OK);
+    assert_int_equal(p.training.method, ZO_PLAN_LORA);
+    assert_int_equal(p.training.lora.r, 8);
+    const char *bad[] = {"plan --model gpt2 --method full --lora 4", "plan --model gpt2 --method lora --lora 4 --qlora",
+                         "plan --model gpt2 --method adapters", "max-model --family gpt --method auto"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = run_memplan(bad[i], out, sizeof out);
+        if (rc != 2 || !strstr(out, "--method")) fail_msg("%s: exit %d\n%s", bad[i], rc, out);
+    }
+    snprintf(args, sizeof args, "rm -rf %s", dir);
+    assert_int_equal(system(args), 0);
+}
+
 /* The settings of `flags` ("--params cpu", "--qlora") as words, in `set`. */
 static int settings(const char *flags, char set[][48], int max)
 {
@@ -647,7 +701,7 @@ int main(void)
         cmocka_unit_test(test_family_shape),      cmocka_unit_test(test_search_22b_64gpus),
         cmocka_unit_test(test_objective_cost),    cmocka_unit_test(test_plan_file_roundtrip),
         cmocka_unit_test(test_cli_plan),          cmocka_unit_test(test_plan_file_runs),
-        cmocka_unit_test(test_fits_with_distinct),
+        cmocka_unit_test(test_fits_with_distinct), cmocka_unit_test(test_plan_method),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
