@@ -322,6 +322,13 @@ static int is_file(const char *p)
     return strchr(p, '/') || strstr(p, ".json") ? 1 : (stat(p, &sb) == 0 && S_ISREG(sb.st_mode));
 }
 
+/* A Hugging Face model folder (--model DIR: its config.json). */
+static int is_dir(const char *p)
+{
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
 zo_status read_text(const char *path, char **out)
 {
     return zo_file_read_all(path, 64u << 20, "a JSON description", out, NULL);
@@ -424,7 +431,7 @@ zo_status build_model(const char *model, uint64_t params_n, const shape_flags *s
     int custom = sf->layers || sf->hidden || sf->heads || sf->kv_heads || sf->ffn || sf->vocab || sf->arch;
     memset(m, 0, sizeof *m);
     if (model) {
-        st = is_file(model) ? zo_model_config_load(model, m) : zo_model_preset_find(model, m);
+        st = is_file(model) || is_dir(model) ? zo_model_config_load(model, m) : zo_model_preset_find(model, m);
         if (st) return st;
     } else if (params_n) {
         if (custom)

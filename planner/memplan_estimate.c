@@ -20,6 +20,8 @@ static const char usage_estimate[] =
     "  --model PATH            a Hugging Face config.json (its family by model_type: LLaMA,\n"
     "                          Qwen2/3, Gemma, Mixtral, DeepSeek, GPT-NeoX, Falcon, OPT, BLOOM,\n"
     "                          ...; 'memplan models' lists them and those refused)\n"
+    "  --model DIR             a Hugging Face model folder: its config.json, the model named\n"
+    "                          after the folder\n"
     "  --params N              a model known only by its size (e.g. 7.5e9, 13B): model\n"
     "                          states only, activations unknown\n"
     "  --layers N --hidden N --heads N [--kv-heads N] [--ffn N] --vocab N [--arch gpt|llama]\n"

@@ -2,9 +2,11 @@
  * group of flags and the checks across them. */
 #include "examples/train/args.h"
 
+#include <dirent.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/plan_schema.h" /* defines: zo_plan_flag_int, zo_plan_flag_double, zo_plan_flag_u64 */
 #include "common/plan_vocab.h"  /* defines: zo_plan_tier_parse, zo_plan_fractions_parse, ... */
@@ -29,7 +31,13 @@ static const char HELP[] =
     "(padded rows: row i is record (k*B + i) mod R).\n"
     "\n"
     "model and data:\n"
-    "  --model CONFIG|PRESET  a Hugging Face config.json, or a preset name (gpt2, llama-2-7b, ...)\n"
+    "  --model CONFIG|DIR|PRESET  a Hugging Face config.json; a Hugging Face model folder\n"
+    "                         (config.json, tokenizer.json, model.safetensors or a sharded\n"
+    "                         index: its weights, and its tokenizer for text --data ending in\n"
+    "                         .txt, .json or .jsonl, where --weights and --tokenizer are not\n"
+    "                         given; the model named after the folder in reports, plots and\n"
+    "                         the adapter's base_model_name_or_path); or a preset name (gpt2,\n"
+    "                         llama-2-7b, ...)\n"
     "  --weights FILE         safetensors checkpoint (file, index.json or directory);\n"
     "                         default: GPT-2-style random init from --seed\n"
     "  --data FILE            token file: raw little-endian uint16 ids (nanoGPT style; the side\n"
@@ -563,6 +571,37 @@ static int grads_conflict(const train_args *a)
     return 1;
 }
 
+/* --model DIR (a Hugging Face model folder): its safetensors (a sharded
+ * index, model.safetensors, or any *.safetensors: --weights reads the
+ * folder) unless --weights is given, and its tokenizer.json for text data
+ * (--data FILE ending in .txt, .json or .jsonl, neither --text nor
+ * --tokens-u32) unless --tokenizer is given. */
+static void model_dir_files(train_args *a)
+{
+    struct stat sb;
+    if (!a->model || stat(a->model, &sb) != 0 || !S_ISDIR(sb.st_mode)) return;
+    if (!a->weights) {
+        DIR *d = opendir(a->model);
+        int found = 0;
+        for (struct dirent *e; d && !found && (e = readdir(d));) {
+            size_t n = strlen(e->d_name);
+            found = (n > 12 && !strcmp(e->d_name + n - 12, ".safetensors")) ||
+                    (n > 23 && !strcmp(e->d_name + n - 23, ".safetensors.index.json"));
+        }
+        if (d) closedir(d);
+        if (found) {
+            snprintf(a->dir_weights, sizeof a->dir_weights, "%s", a->model);
+            a->weights = a->dir_weights;
+        }
+    }
+    const char *ext = a->data ? strrchr(a->data, '.') : NULL;
+    int text = ext && (!strcmp(ext, ".txt") || !strcmp(ext, ".json") || !strcmp(ext, ".jsonl"));
+    if (!a->tokenizer && !a->set_width && text) {
+        snprintf(a->dir_tokenizer, sizeof a->dir_tokenizer, "%s/tokenizer.json", a->model);
+        if (stat(a->dir_tokenizer, &sb) == 0) a->tokenizer = a->dir_tokenizer;
+    }
+}
+
 /* The checks across flags and what follows from them: -1, or 2. */
 static int args_finish(int argc, char **argv, train_args *a)
 {
@@ -582,6 +621,7 @@ static int args_finish(int argc, char **argv, train_args *a)
     a->sched.steps = a->schedule_steps ? a->schedule_steps : a->steps;
     oc->n_threads = (int)a->threads;
     if (!a->model && a->plan && a->p.model_name[0]) a->model = a->p.model_name;
+    model_dir_files(a);
     if (optind < argc) {
         fprintf(stderr, "train: unexpected argument '%s'\n", argv[optind]);
         return 2;

@@ -35,6 +35,7 @@ typedef struct train_args {
     double comm_timeout; /* seconds; 0: ZO_COMM_TIMEOUT or the communicator's default */
     int check_plan;      /* --check-plan: check the plan against the model, run nothing */
     int grads;           /* --grads: a zo_plan_tier (checked against the optimizer's split); -1: not given */
+    char dir_weights[4096], dir_tokenizer[4096]; /* --model DIR: its files, where not given */
 } train_args;
 
 /* Parse argv into *a: the defaults, then --plan's file, then every flag.

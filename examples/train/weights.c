@@ -2,6 +2,7 @@
 #include "examples/train/weights.h"
 
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include "model/lora.h"        /* defines: model_lora_save, model_lora_load */
 #include "model/safetensors.h" /* defines: model_ckpt_open, model_load_streamed, model_save_streamed */
@@ -118,6 +119,14 @@ zo_status weights_load(offload_t *rt, const tf_model *m, const train_args *a)
     return stream_blocks(&m->layout, a->weights, (uint64_t)a->seed, set_block, rt);
 }
 
+/* --model DIR: the adapter's base_model_name_or_path is the folder's name
+ * (the model's, zo_model_config_load) */
+static int is_dir(const char *p)
+{
+    struct stat sb;
+    return p && stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
 /* --save with LoRA: a PEFT adapter directory, written by rank 0 (every
  * rank reads the adapters: gathered when partitioned). */
 static zo_status save_adapters(offload_t *rt, const tf_model *m, const train_args *a, int rank)
@@ -128,8 +137,8 @@ static zo_status save_adapters(offload_t *rt, const tf_model *m, const train_arg
     zo_status st = ZO_OK;
     for (int b = 0; b < ad->n_blocks && st == ZO_OK; b++) st = offload_get_block(rt, b, blocks[b]);
     if (st == ZO_OK && rank == 0)
-        st = model_lora_save(a->save, ad, &a->lora, a->model, (const void *const *)blocks, ZO_DTYPE_F32,
-                             ZO_DTYPE_F32);
+        st = model_lora_save(a->save, ad, &a->lora, is_dir(a->model) ? m->cfg.name : a->model,
+                             (const void *const *)blocks, ZO_DTYPE_F32, ZO_DTYPE_F32);
     free_blocks(blocks, ad->n_blocks);
     return st;
 }
