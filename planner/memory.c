@@ -929,9 +929,11 @@ static uint64_t pinned_staging(const stage_est *s, uint64_t host_slot, uint64_t 
     uint64_t largest = s->peft ? s->tr_largest : s->sh.largest;
     uint64_t part = t->zero >= 3 ? ceil_div(largest, dp) : largest;
     uint64_t pinned = 0;
-    uint64_t grad_half = s->peft                   ? part * wsz
-                         : t->zero >= 2 && dp > 1 ? ceil_div(s->sh.largest, dp) * 4
-                                                  : host_slot;
+    /* (ZeRO 2-3 on several ranks: the reduced fp32 part of a block, LoRA's
+     * of its adapters) */
+    uint64_t grad_half = t->zero >= 2 && dp > 1 ? ceil_div(largest, dp) * 4
+                         : s->peft               ? part * wsz
+                                                 : host_slot;
     if (s->fg < 1) pinned += 2 * grad_half;
     if (!s->peft && t->params_on == ZO_PLAN_GPU) {
         uint64_t chunk = sg && sg < part ? sg : part;

@@ -222,6 +222,42 @@ static void test_matrix_qlora(void **state)
     matrix(2);
 }
 
+/* ---- the plans memplan plan writes ------------------------------------------------------ */
+
+/* `memplan plan --hw cpu --gpus 2 --json-out` (the search: layout, micro-
+ * batch, placement, schedule) for method {full, lora, qlora} x ZeRO {0, 1,
+ * 2, 3}, each on a device that needs offload, run as written by `mpirun -np 2
+ * train --plan --device cpu`: every plan runs, every rank's peaks within 3%
+ * of the plan (issue 27: every plan memplan writes, train runs). */
+static void test_searched_plans(void **state)
+{
+    (void)state;
+    static char out[1 << 16];
+    const char *methods[3] = {"full", "lora", "qlora"};
+    for (int mth = 0; mth < 3; mth++)
+        for (int stage = 0; stage <= 3; stage++) {
+            char args[2048], plan[512];
+            snprintf(plan, sizeof plan, "%s/searched.json", dir);
+            snprintf(args, sizeof args,
+                     "plan --model %s/config.json --hw cpu --gpus 2 --gpu-mem 3MiB --cpu-mem 1GiB --nvme 1GiB "
+                     "--seq 32 --global-batch 4 --dtype fp32 --no-dropout --method %s --zero %d --top 1 "
+                     "--json-out %s",
+                     dir, methods[mth], stage, plan);
+            int rc = run_memplan(args, out, sizeof out);
+            if (rc) fprintf(stderr, "memplan %s\n%s\n", args, out);
+            assert_int_equal(rc, 0);
+            const char *best = strstr(out, "\nbest: ");
+            assert_non_null(best);
+            printf("  %s, ZeRO-%d: %.*s\n", methods[mth], stage, (int)(strchr(best + 1, '\n') - best - 1),
+                   best + 1);
+            snprintf(args, sizeof args, "--plan %s --steps 2 --device cpu", plan);
+            rc = train(2, args, out, sizeof out);
+            if (rc) fprintf(stderr, "%s\n", out);
+            assert_int_equal(rc, 0);
+            check_peaks(out, 2);
+        }
+}
+
 /* ---- LoRA on 3 ranks ------------------------------------------------------------------ */
 
 /* LoRA at ZeRO-3 with the base in host memory on 3 ranks: the losses of one
@@ -358,6 +394,7 @@ int main(void)
         cmocka_unit_test(test_matrix_full),
         cmocka_unit_test(test_matrix_lora),
         cmocka_unit_test(test_matrix_qlora),
+        cmocka_unit_test(test_searched_plans),
         cmocka_unit_test(test_lora_three_ranks),
         cmocka_unit_test(test_refusals),
     };
