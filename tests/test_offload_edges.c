@@ -1093,10 +1093,16 @@ static void test_memplan_advice_runs(void **state)
              cfg, data, dir);
     assert_int_equal(run_train(args, out, sizeof out), 0);
     assert_non_null(strstr(out, "weights cpu"));
-    /* --version: one line, exit 0, in memplan and train */
-    const char *progs[][2] = {{ZO_MEMPLAN_BIN, "memplan"}, {ZO_TRAIN_BIN, "train"}};
-    for (int i = 0; i < 2; i++) {
-        snprintf(cmd, sizeof cmd, "%s --version", progs[i][0]);
+    /* --version: one line, exit 0, in memplan, train, tokenize and plot
+     * (the last two built beside train) */
+    const char *progs[][2] = {{ZO_MEMPLAN_BIN, "memplan"}, {ZO_TRAIN_BIN, "train"}, {"tokenize", "tokenize"},
+                              {"plot", "plot"}};
+    char bin[600];
+    snprintf(bin, sizeof bin, "%s", ZO_TRAIN_BIN);
+    *strrchr(bin, '/') = '\0';
+    for (int i = 0; i < 4; i++) {
+        if (i < 2) snprintf(cmd, sizeof cmd, "%s --version", progs[i][0]);
+        else snprintf(cmd, sizeof cmd, "%s/%s --version", bin, progs[i][0]);
         assert_int_equal(run_capture(cmd, out, sizeof out), 0);
         char want[64];
         snprintf(want, sizeof want, "%s (zoffload) ", progs[i][1]);

@@ -355,6 +355,20 @@ static void test_refusals(void **state)
         assert_int_equal(rc, 2);
         assert_int_equal(count(out, why), 1);
         assert_null(strstr(out, "\nstep 0 "));
+        /* memplan plan, asked for a plan file with the same fixed, refuses
+         * it in the same words (its flags: --params is searched there, the
+         * GPU's optimizer share is --optimizer-min) */
+        const char *plan_flags[] = {NULL, NULL, "--zero 2 --lora 4 --adapters-on cpu",
+                                    "--zero 1 --lora 4 --qlora --adapters-on nvme",
+                                    "--schedule dpu --optimizer-min gpu=0.5,cpu=0.5 --zero 3", "--schedule dpu "
+                                    "--optimizer-min gpu=1"};
+        if (!plan_flags[i]) continue;
+        snprintf(args, sizeof args, "plan --model %s/config.json --gpus %d --seq 32 %s --json-out %s/refused.json",
+                 dir, s.ranks, plan_flags[i], dir);
+        rc = run_memplan(args, out, sizeof out);
+        if (rc != 2 || !strstr(out, why)) fprintf(stderr, "memplan %s: exit %d\n%s\nwanted: %s\n", args, rc, out, why);
+        assert_int_equal(rc, 2);
+        assert_non_null(strstr(out, why));
     }
     /* plans memplan writes for tensor and pipeline parallelism: the plan
      * reader refuses them with the table's words */
