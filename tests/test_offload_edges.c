@@ -1004,6 +1004,25 @@ static void test_train_flags(void **state)
 }
 #endif
 #ifdef ZO_TRAIN_BIN
+/* A small LLaMA run in tmp_dir/NAME (dir[400], cfg[500] and data[500]):
+ * config.json (4 heads, 2 of keys and values, ffn 2 x hidden, 256 byte
+ * tokens, hidden positions) and text.txt. */
+static void llama_run_files(const char *name, int layers, int hidden, char *dir, char *cfg, char *data)
+{
+    char text[400];
+    snprintf(dir, 400, "%s/%s", tmp_dir, name);
+    mkdir(dir, 0755);
+    snprintf(cfg, 500, "%s/config.json", dir);
+    snprintf(data, 500, "%s/text.txt", dir);
+    snprintf(text, sizeof text,
+             "{\"model_type\": \"llama\", \"num_hidden_layers\": %d, \"hidden_size\": %d, "
+             "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": %d, "
+             "\"vocab_size\": 256, \"max_position_embeddings\": %d}",
+             layers, hidden, 2 * hidden, hidden);
+    files_write_text(cfg, text);
+    files_write_sample_text(data, 3000);
+}
+
 /* One set of flags (issue 27): every row of memplan estimate's "fits with"
  * list (--params cpu --grads cpu --optimizer cpu --checkpoints cpu,
  * --recompute full, --lora R --qlora, ...) added as it is printed to train's
@@ -1016,14 +1035,7 @@ static void test_memplan_advice_runs(void **state)
     (void)state;
     char dir[400], cfg[500], data[500], cmd[3000], args[3000];
     static char out[1 << 18];
-    snprintf(dir, sizeof dir, "%s/advice", tmp_dir);
-    mkdir(dir, 0755);
-    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
-    snprintf(data, sizeof data, "%s/text.txt", dir);
-    files_write_text(cfg, "{\"model_type\": \"llama\", \"num_hidden_layers\": 8, \"hidden_size\": 128, "
-                          "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 256, "
-                          "\"vocab_size\": 256, \"max_position_embeddings\": 128}");
-    files_write_sample_text(data, 3000);
+    llama_run_files("advice", 8, 128, dir, cfg, data);
     snprintf(cmd, sizeof cmd,
              "%s estimate --model %s --gpu-mem 6MiB --cpu-mem 1GiB --nvme 1GiB --seq 64 --micro-batch 2 --dtype fp32 "
              "--cuda-context 0 --cublas-workspace 0 --fragmentation 0 --json",
@@ -1123,15 +1135,8 @@ static void test_plan_hw_cpu(void **state)
     (void)state;
     char dir[400], cfg[500], data[500], plan[500], cmd[3000];
     static char out[1 << 16];
-    snprintf(dir, sizeof dir, "%s/hwcpu", tmp_dir);
-    mkdir(dir, 0755);
-    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
-    snprintf(data, sizeof data, "%s/text.txt", dir);
+    llama_run_files("hwcpu", 4, 64, dir, cfg, data);
     snprintf(plan, sizeof plan, "%s/plan.json", dir);
-    files_write_text(cfg, "{\"model_type\": \"llama\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
-                          "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
-                          "\"vocab_size\": 256, \"max_position_embeddings\": 64}");
-    files_write_sample_text(data, 3000);
     const char *flags[] = {"", "--params cpu --grads cpu --optimizer cpu=0.5,nvme=0.5 --host workstation"};
     for (int i = 0; i < 2; i++) {
         snprintf(cmd, sizeof cmd,
