@@ -113,94 +113,97 @@ static double best_of(void (*fn)(void *), void *arg, double prev)
     return t < prev ? t : prev;
 }
 
-int main(int argc, char **argv)
-{
-    int threads = argc > 1 ? atoi(argv[1]) : 0;
-    gpu_device_t dev;
-    gpu_stream_t s;
-    gpu_cpu_options opt = {.n_threads = threads};
-    if (gpu_device_init_cpu(&opt, &dev) != ZO_OK || gpu_stream_create(dev, &s) != ZO_OK) die();
-    const int nt = threads > 0 ? threads : omp_get_max_threads();
-    const int rounds = argc > 2 && atoi(argv[2]) > 0 ? atoi(argv[2]) : 3;
-    const char *blas = cpu_gemm_blas(), *coretype = getenv("OPENBLAS_CORETYPE");
-    bench_header("bench_gpu", "cpu backend, %d threads per op, %d rounds; library: %s; "
-                 "OPENBLAS_CORETYPE %s", nt, rounds, blas ? blas : "none (own kernel only)",
-                 coretype ? coretype : "unset");
-    const gemm_case cases[] = {
-        {"gpt2 qkv   x W^T", 0, 1, 1024, 2304, 768},
-        {"gpt2 fc    x W^T", 0, 1, 1024, 3072, 768},
-        {"gpt2 proj  x W^T", 0, 1, 1024, 768, 3072},
-        {"gpt2 dx    dy W", 0, 0, 1024, 768, 3072},
-        {"gpt2 dW  dy^T x", 1, 0, 3072, 768, 1024},
-        {"gpt2 dW  N=1000", 1, 0, 768, 768, 1000},
-        {"llama q    x W^T", 0, 1, 512, 4096, 4096},
-        {"llama up   x W^T", 0, 1, 512, 11008, 4096},
-        {"lora  x A^T r16", 0, 1, 512, 16, 4096},
-        {"lora  u B^T r16", 0, 1, 512, 4096, 16},
-    };
-    double log_own = 0.0, log_back = 0.0, log_gf = 0.0;
-    int n_ratio = 0, n_rows = 0;
-    bench_row("%-17s %-5s %5s %6s %5s %9s %9s %9s %9s %9s %8s", "case", "dtype", "m", "n", "k",
-              "own", "backend", "OpenBLAS", "own/OB", "back/OB", "lib 1=n");
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        const gemm_case *g = &cases[c];
-        for (int dti = 0; dti < 2; dti++) {
-            zo_dtype dt = dti ? ZO_DTYPE_BF16 : ZO_DTYPE_F32;
-            size_t na = (size_t)g->m * g->k, nb = (size_t)g->k * g->n, nc = (size_t)g->m * g->n;
-            gemm_run r = {.s = s, .threads = nt};
-            r.d = (gpu_gemm_desc){.trans_a = g->ta, .trans_b = g->tb, .m = g->m, .n = g->n, .k = g->k,
-                                  .alpha = 1.0f, .beta = 0.0f,
-                                  .a = gpu_t(alloc_fill(dev, na, dt, &r.a32), dt),
-                                  .b = gpu_t(alloc_fill(dev, nb, dt, &r.b32), dt),
-                                  .c = gpu_t(alloc_fill(dev, nc, dt, &r.c32), dt),
-                                  .lda = g->ta ? g->m : g->k, .ldb = g->tb ? g->k : g->n, .ldc = g->n};
-            double flops = 2.0 * g->m * g->n * g->k, t_own = 1e300, t_back = 1e300, t_lib = 1e300;
-            gemm_run own = r, back = r;
-            own.impl = CPU_GEMM_OWN;
-            back.impl = CPU_GEMM_AUTO;
-            for (int round = 0; round < rounds; round++) {
-                t_own = best_of(run_device, &own, t_own);
-                t_back = best_of(run_device, &back, t_back);
-#ifdef ZO_HAVE_OPENBLAS
-                t_lib = best_of(run_blas, &r, t_lib);
-#endif
-            }
-            const char *same = "-";
-#ifdef ZO_HAVE_OPENBLAS
-            if (dt == ZO_DTYPE_F32) { /* the library's bits with 1 thread and with nt */
-                float *c1 = malloc(nc * sizeof(float));
-                memcpy(c1, r.c32, nc * sizeof(float));
-                gemm_run one = r;
-                one.threads = 1;
-                one.c32 = c1;
-                run_blas(&one);
-                same = memcmp(c1, r.c32, nc * sizeof(float)) ? "differ" : "same";
-                free(c1);
-            }
-#endif
-            double g_own = flops / t_own * 1e-9, g_back = flops / t_back * 1e-9;
-            log_gf += log(g_back);
-            n_rows++;
-            if (t_lib < 1e300) {
-                double g_lib = flops / t_lib * 1e-9;
-                log_own += log(g_own / g_lib);
-                log_back += log(g_back / g_lib);
-                n_ratio++;
-                bench_row("%-17s %-5s %5d %6d %5d %9.1f %9.1f %9.1f %9.3f %9.3f %8s", g->what,
-                          zo_dtype_name(dt), g->m, g->n, g->k, g_own, g_back, g_lib,
-                          g_own / g_lib, g_back / g_lib, same);
-            } else {
-                bench_row("%-17s %-5s %5d %6d %5d %9.1f %9.1f %9s %9s %9s %8s", g->what,
-                          zo_dtype_name(dt), g->m, g->n, g->k, g_own, g_back, "-", "-", "-", same);
-            }
-            gpu_mem_free(dev, r.d.a.data);
-            gpu_mem_free(dev, r.d.b.data);
-            gpu_mem_free(dev, r.d.c.data);
-            free(r.a32), free(r.b32), free(r.c32);
-        }
-    }
+static const gemm_case cases[] = {
+    {"gpt2 qkv   x W^T", 0, 1, 1024, 2304, 768},
+    {"gpt2 fc    x W^T", 0, 1, 1024, 3072, 768},
+    {"gpt2 proj  x W^T", 0, 1, 1024, 768, 3072},
+    {"gpt2 dx    dy W", 0, 0, 1024, 768, 3072},
+    {"gpt2 dW  dy^T x", 1, 0, 3072, 768, 1024},
+    {"gpt2 dW  N=1000", 1, 0, 768, 768, 1000},
+    {"llama q    x W^T", 0, 1, 512, 4096, 4096},
+    {"llama up   x W^T", 0, 1, 512, 11008, 4096},
+    {"lora  x A^T r16", 0, 1, 512, 16, 4096},
+    {"lora  u B^T r16", 0, 1, 512, 4096, 16},
+};
 
-    /* one forward + backward of a small GPT-2 through the transformer */
+/* The sums of logs behind the last lines' geometric means. */
+typedef struct tally {
+    double log_own, log_back, log_gf;
+    int n_ratio, n_rows;
+} tally;
+
+/* Whether OpenBLAS's threading gave the bits of its 1-thread run of r (whose
+ * c32 holds the last threaded result): "same", "differ", or "-" where not
+ * compared (bf16 rows, no OpenBLAS). */
+static const char *blas_same_bits(const gemm_run *r, zo_dtype dt, size_t nc)
+{
+    const char *same = "-";
+#ifdef ZO_HAVE_OPENBLAS
+    if (dt == ZO_DTYPE_F32) { /* the library's bits with 1 thread and with nt */
+        float *c1 = malloc(nc * sizeof(float));
+        memcpy(c1, r->c32, nc * sizeof(float));
+        gemm_run one = *r;
+        one.threads = 1;
+        one.c32 = c1;
+        run_blas(&one);
+        same = memcmp(c1, r->c32, nc * sizeof(float)) ? "differ" : "same";
+        free(c1);
+    }
+#else
+    (void)r, (void)dt, (void)nc;
+#endif
+    return same;
+}
+
+/* Case g in dtype dt: the own kernel, the backend and OpenBLAS alternated
+ * for `rounds`, best of each; its row, and its part of the means. */
+static void bench_gemm_case(gpu_device_t dev, gpu_stream_t s, const gemm_case *g, zo_dtype dt, int nt, int rounds,
+                            tally *sum)
+{
+    size_t na = (size_t)g->m * g->k, nb = (size_t)g->k * g->n, nc = (size_t)g->m * g->n;
+    gemm_run r = {.s = s, .threads = nt};
+    r.d = (gpu_gemm_desc){.trans_a = g->ta, .trans_b = g->tb, .m = g->m, .n = g->n, .k = g->k,
+                          .alpha = 1.0f, .beta = 0.0f,
+                          .a = gpu_t(alloc_fill(dev, na, dt, &r.a32), dt),
+                          .b = gpu_t(alloc_fill(dev, nb, dt, &r.b32), dt),
+                          .c = gpu_t(alloc_fill(dev, nc, dt, &r.c32), dt),
+                          .lda = g->ta ? g->m : g->k, .ldb = g->tb ? g->k : g->n, .ldc = g->n};
+    double flops = 2.0 * g->m * g->n * g->k, t_own = 1e300, t_back = 1e300, t_lib = 1e300;
+    gemm_run own = r, back = r;
+    own.impl = CPU_GEMM_OWN;
+    back.impl = CPU_GEMM_AUTO;
+    for (int round = 0; round < rounds; round++) {
+        t_own = best_of(run_device, &own, t_own);
+        t_back = best_of(run_device, &back, t_back);
+#ifdef ZO_HAVE_OPENBLAS
+        t_lib = best_of(run_blas, &r, t_lib);
+#endif
+    }
+    const char *same = blas_same_bits(&r, dt, nc);
+    double g_own = flops / t_own * 1e-9, g_back = flops / t_back * 1e-9;
+    sum->log_gf += log(g_back);
+    sum->n_rows++;
+    if (t_lib < 1e300) {
+        double g_lib = flops / t_lib * 1e-9;
+        sum->log_own += log(g_own / g_lib);
+        sum->log_back += log(g_back / g_lib);
+        sum->n_ratio++;
+        bench_row("%-17s %-5s %5d %6d %5d %9.1f %9.1f %9.1f %9.3f %9.3f %8s", g->what, zo_dtype_name(dt), g->m,
+                  g->n, g->k, g_own, g_back, g_lib, g_own / g_lib, g_back / g_lib, same);
+    } else {
+        bench_row("%-17s %-5s %5d %6d %5d %9.1f %9.1f %9s %9s %9s %8s", g->what, zo_dtype_name(dt), g->m, g->n,
+                  g->k, g_own, g_back, "-", "-", "-", same);
+    }
+    gpu_mem_free(dev, r.d.a.data);
+    gpu_mem_free(dev, r.d.b.data);
+    gpu_mem_free(dev, r.d.c.data);
+    free(r.a32), free(r.b32), free(r.c32);
+}
+
+/* One forward + backward of a small GPT-2 through the transformer, own
+ * kernel and backend alternated for `rounds`, best of each; its row. */
+static void bench_train_step(gpu_device_t dev, gpu_stream_t s, int rounds)
+{
     zo_model_config cfg;
     const char *json = "{\"model_type\": \"gpt2\", \"n_layer\": 4, \"n_embd\": 256, \"n_head\": 4,"
                        " \"n_positions\": 256, \"vocab_size\": 8192}";
@@ -238,13 +241,36 @@ int main(int argc, char **argv)
     tf_free(&m);
     free(in);
     free(tg);
+}
+
+int main(int argc, char **argv)
+{
+    int threads = argc > 1 ? atoi(argv[1]) : 0;
+    gpu_device_t dev;
+    gpu_stream_t s;
+    gpu_cpu_options opt = {.n_threads = threads};
+    if (gpu_device_init_cpu(&opt, &dev) != ZO_OK || gpu_stream_create(dev, &s) != ZO_OK) die();
+    const int nt = threads > 0 ? threads : omp_get_max_threads();
+    const int rounds = argc > 2 && atoi(argv[2]) > 0 ? atoi(argv[2]) : 3;
+    const char *blas = cpu_gemm_blas(), *coretype = getenv("OPENBLAS_CORETYPE");
+    bench_header("bench_gpu", "cpu backend, %d threads per op, %d rounds; library: %s; "
+                 "OPENBLAS_CORETYPE %s", nt, rounds, blas ? blas : "none (own kernel only)",
+                 coretype ? coretype : "unset");
+    tally sum = {0};
+    bench_row("%-17s %-5s %5s %6s %5s %9s %9s %9s %9s %9s %8s", "case", "dtype", "m", "n", "k",
+              "own", "backend", "OpenBLAS", "own/OB", "back/OB", "lib 1=n");
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        bench_gemm_case(dev, s, &cases[c], ZO_DTYPE_F32, nt, rounds, &sum);
+        bench_gemm_case(dev, s, &cases[c], ZO_DTYPE_BF16, nt, rounds, &sum);
+    }
+    bench_train_step(dev, s, rounds);
     gpu_stream_destroy(s);
     gpu_device_free(dev);
-    if (n_ratio) {
-        bench_row("gemm own / OpenBLAS GFLOP/s (geomean): %.3f", exp(log_own / n_ratio));
-        bench_result("gemm backend / OpenBLAS GFLOP/s (geomean)", exp(log_back / n_ratio));
+    if (sum.n_ratio) {
+        bench_row("gemm own / OpenBLAS GFLOP/s (geomean): %.3f", exp(sum.log_own / sum.n_ratio));
+        bench_result("gemm backend / OpenBLAS GFLOP/s (geomean)", exp(sum.log_back / sum.n_ratio));
     } else {
-        bench_result("gemm backend GFLOP/s (geomean; no OpenBLAS built in)", exp(log_gf / n_rows));
+        bench_result("gemm backend GFLOP/s (geomean; no OpenBLAS built in)", exp(sum.log_gf / sum.n_rows));
     }
     return 0;
 }

@@ -114,6 +114,84 @@ static void check(zo_status st)
     }
 }
 
+/* The files of one run, in the --dir given, named by the process id. */
+typedef struct run_files {
+    char f32[512], bf16[512], gpt[512], save[512], tokens[512];
+} run_files;
+
+static void files_init(run_files *f, const char *dir)
+{
+    snprintf(f->f32, sizeof f->f32, "%s/bench_model.%d.f32.safetensors", dir, (int)getpid());
+    snprintf(f->bf16, sizeof f->bf16, "%s/bench_model.%d.bf16.safetensors", dir, (int)getpid());
+    snprintf(f->gpt, sizeof f->gpt, "%s/bench_model.%d.gpt2.safetensors", dir, (int)getpid());
+    snprintf(f->save, sizeof f->save, "%s/bench_model.%d.save.safetensors", dir, (int)getpid());
+    snprintf(f->tokens, sizeof f->tokens, "%s/bench_model.%d.tokens.bin", dir, (int)getpid());
+}
+
+static void files_remove(const run_files *f)
+{
+    unlink(f->f32);
+    unlink(f->bf16);
+    unlink(f->gpt);
+    unlink(f->save);
+    unlink(f->tokens);
+}
+
+/* The checkpoints loaded: LLaMA-shaped l as F32 and BF16 (from src's
+ * values), GPT-2-shaped lg as F32. */
+static void write_checkpoints(const run_files *f, const model_layout *l, void **src, const model_layout *lg)
+{
+    check(model_save(f->f32, l, (const void *const *)src, ZO_DTYPE_F32, ZO_DTYPE_F32));
+    check(model_save(f->bf16, l, (const void *const *)src, ZO_DTYPE_F32, ZO_DTYPE_BF16));
+    void **gsrc = alloc_blocks(lg, ZO_DTYPE_F32);
+    check(model_save(f->gpt, lg, (const void *const *)gsrc, ZO_DTYPE_F32, ZO_DTYPE_F32));
+    free_blocks(lg, gsrc);
+}
+
+/* Best seconds of fn(arg) (>= 3 runs, >= 1 s) and its row: file MB, ms, GB/s. */
+static double time_row(const char *what, void (*fn)(void *), void *arg, int warmup, double bytes)
+{
+    double gb = 1e-9, t = bench_time_best(fn, arg, warmup, 3, 1.0);
+    bench_row("%-34s %10.1f %10.2f %8.2f", what, bytes / 1e6, t * 1e3, bytes * gb / t);
+    return t;
+}
+
+/* Every tensor of c read as stored, `bytes` in all: the baseline's seconds,
+ * or -1 without the memory. */
+static double time_raw_read(const model_ckpt *c, double bytes)
+{
+    copy_case cc = {.ckpt = c, .dst = malloc((size_t)bytes)};
+    if (!cc.dst) return -1;
+    double t = time_row("read the F32 file as stored", run_copy, &cc, 1, bytes);
+    free(cc.dst);
+    return t;
+}
+
+/* batches: 16M uint16 tokens written to path, cut (B=8, T=1024) in order;
+ * 0, or 1 when the file or the memory is not there. */
+static int time_batches(const char *path)
+{
+    const size_t n = 16u << 20;
+    uint16_t *tok = malloc(n * 2);
+    if (!tok) return 1;
+    for (size_t i = 0; i < n; i++) tok[i] = (uint16_t)((i * 2654435761u) % 50257);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(tok, 2, n, f) != n) return 1;
+    fclose(f);
+    free(tok);
+    model_tokens tf;
+    check(model_tokens_open(&tf, path, MODEL_TOKENS_U16, 50257));
+    batch_case bc = {.t = &tf, .in = malloc(8 * 1024 * 4), .tg = malloc(8 * 1024 * 4)};
+    if (!bc.in || !bc.tg) return 1;
+    double t = bench_time_best(run_batch, &bc, 5, 50, 0.5);
+    bench_row("%-34s %10.1f %10.3f %8s  %.0f Mtokens/s", "batch 8 x 1024 (u16, checked)", (double)n * 2 / 1e6,
+              t * 1e3, "-", 8 * 1024 / t / 1e6);
+    free(bc.in);
+    free(bc.tg);
+    model_tokens_close(&tf);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int layers = 2;
@@ -134,93 +212,40 @@ int main(int argc, char **argv)
     zo_model_config gpt;
     check(zo_model_preset_find("gpt2", &gpt));
     gpt.n_layers = layers;
-    char f32_path[512], bf16_path[512], gpt_path[512], save_path[512], tok_path[512];
-    snprintf(f32_path, sizeof f32_path, "%s/bench_model.%d.f32.safetensors", dir, (int)getpid());
-    snprintf(bf16_path, sizeof bf16_path, "%s/bench_model.%d.bf16.safetensors", dir, (int)getpid());
-    snprintf(gpt_path, sizeof gpt_path, "%s/bench_model.%d.gpt2.safetensors", dir, (int)getpid());
-    snprintf(save_path, sizeof save_path, "%s/bench_model.%d.save.safetensors", dir, (int)getpid());
-    snprintf(tok_path, sizeof tok_path, "%s/bench_model.%d.tokens.bin", dir, (int)getpid());
-
+    run_files files;
+    files_init(&files, dir);
     model_layout l, lg;
     check(model_layout_init(&l, &llama));
     check(model_layout_init(&lg, &gpt));
     void **src = alloc_blocks(&l, ZO_DTYPE_F32);
-    check(model_save(f32_path, &l, (const void *const *)src, ZO_DTYPE_F32, ZO_DTYPE_F32));
-    check(model_save(bf16_path, &l, (const void *const *)src, ZO_DTYPE_F32, ZO_DTYPE_BF16));
-    void **gsrc = alloc_blocks(&lg, ZO_DTYPE_F32);
-    check(model_save(gpt_path, &lg, (const void *const *)gsrc, ZO_DTYPE_F32, ZO_DTYPE_F32));
-    free_blocks(&lg, gsrc);
-
+    write_checkpoints(&files, &l, src, &lg);
     model_ckpt cf32, cbf16, cgpt;
-    check(model_ckpt_open(&cf32, f32_path));
-    check(model_ckpt_open(&cbf16, bf16_path));
-    check(model_ckpt_open(&cgpt, gpt_path));
-    double gb = 1e-9;
+    check(model_ckpt_open(&cf32, files.f32));
+    check(model_ckpt_open(&cbf16, files.bf16));
+    check(model_ckpt_open(&cgpt, files.gpt));
     double f32_bytes = (double)l.total_numel * 4, bf16_bytes = (double)l.total_numel * 2;
+    double g_bytes = (double)lg.total_numel * 4;
 
     bench_row("%-34s %10s %10s %8s", "case", "file MB", "ms", "GB/s");
-    copy_case cc = {.ckpt = &cf32, .dst = malloc(l.total_numel * 4)};
-    if (!cc.dst) return 1;
-    double t_copy = bench_time_best(run_copy, &cc, 1, 3, 1.0);
-    bench_row("%-34s %10.1f %10.2f %8.2f", "read the F32 file as stored", f32_bytes / 1e6,
-              t_copy * 1e3, f32_bytes * gb / t_copy);
-    free(cc.dst);
-
+    double t_copy = time_raw_read(&cf32, f32_bytes);
+    if (t_copy < 0) return 1;
     void **b32 = alloc_blocks(&l, ZO_DTYPE_F32), **b16 = alloc_blocks(&l, ZO_DTYPE_BF16);
     load_case lc = {.ckpt = &cf32, .l = &l, .blocks = b32, .dt = ZO_DTYPE_F32};
-    double t_load = bench_time_best(run_load, &lc, 1, 3, 1.0);
-    bench_row("%-34s %10.1f %10.2f %8.2f", "load llama F32 -> fp32", f32_bytes / 1e6,
-              t_load * 1e3, f32_bytes * gb / t_load);
+    double t_load = time_row("load llama F32 -> fp32", run_load, &lc, 1, f32_bytes);
     lc = (load_case){.ckpt = &cf32, .l = &l, .blocks = b16, .dt = ZO_DTYPE_BF16};
-    double t = bench_time_best(run_load, &lc, 1, 3, 1.0);
-    bench_row("%-34s %10.1f %10.2f %8.2f", "load llama F32 -> bf16", f32_bytes / 1e6, t * 1e3,
-              f32_bytes * gb / t);
+    time_row("load llama F32 -> bf16", run_load, &lc, 1, f32_bytes);
     lc = (load_case){.ckpt = &cbf16, .l = &l, .blocks = b32, .dt = ZO_DTYPE_F32};
-    t = bench_time_best(run_load, &lc, 1, 3, 1.0);
-    bench_row("%-34s %10.1f %10.2f %8.2f", "load llama BF16 -> fp32", bf16_bytes / 1e6, t * 1e3,
-              bf16_bytes * gb / t);
+    time_row("load llama BF16 -> fp32", run_load, &lc, 1, bf16_bytes);
     lc = (load_case){.ckpt = &cbf16, .l = &l, .blocks = b16, .dt = ZO_DTYPE_BF16};
-    t = bench_time_best(run_load, &lc, 1, 3, 1.0);
-    bench_row("%-34s %10.1f %10.2f %8.2f", "load llama BF16 -> bf16", bf16_bytes / 1e6, t * 1e3,
-              bf16_bytes * gb / t);
-
+    time_row("load llama BF16 -> bf16", run_load, &lc, 1, bf16_bytes);
     void **g32 = alloc_blocks(&lg, ZO_DTYPE_F32);
-    double g_bytes = (double)lg.total_numel * 4;
     lc = (load_case){.ckpt = &cgpt, .l = &lg, .blocks = g32, .dt = ZO_DTYPE_F32};
-    t = bench_time_best(run_load, &lc, 1, 3, 1.0);
-    bench_row("%-34s %10.1f %10.2f %8.2f", "load gpt2 F32 -> fp32 (Conv1D T)", g_bytes / 1e6,
-              t * 1e3, g_bytes * gb / t);
-
-    lc = (load_case){.l = &l, .blocks = b32, .dt = ZO_DTYPE_F32, .path = save_path};
-    t = bench_time_best(run_save, &lc, 0, 3, 1.0);
-    bench_row("%-34s %10.1f %10.2f %8.2f", "save llama fp32 -> F32 (+fsync)", f32_bytes / 1e6,
-              t * 1e3, f32_bytes * gb / t);
-    lc = (load_case){.l = &lg, .blocks = g32, .dt = ZO_DTYPE_F32, .path = save_path};
-    t = bench_time_best(run_save, &lc, 0, 3, 1.0);
-    bench_row("%-34s %10.1f %10.2f %8.2f", "save gpt2 fp32 -> F32 (Conv1D T)", g_bytes / 1e6,
-              t * 1e3, g_bytes * gb / t);
-
-    /* batches: 16M uint16 tokens */
-    {
-        const size_t n = 16u << 20;
-        uint16_t *tok = malloc(n * 2);
-        if (!tok) return 1;
-        for (size_t i = 0; i < n; i++) tok[i] = (uint16_t)((i * 2654435761u) % 50257);
-        FILE *f = fopen(tok_path, "wb");
-        if (!f || fwrite(tok, 2, n, f) != n) return 1;
-        fclose(f);
-        free(tok);
-        model_tokens tf;
-        check(model_tokens_open(&tf, tok_path, MODEL_TOKENS_U16, 50257));
-        batch_case bc = {.t = &tf, .in = malloc(8 * 1024 * 4), .tg = malloc(8 * 1024 * 4)};
-        if (!bc.in || !bc.tg) return 1;
-        t = bench_time_best(run_batch, &bc, 5, 50, 0.5);
-        bench_row("%-34s %10.1f %10.3f %8s  %.0f Mtokens/s", "batch 8 x 1024 (u16, checked)",
-                  (double)n * 2 / 1e6, t * 1e3, "-", 8 * 1024 / t / 1e6);
-        free(bc.in);
-        free(bc.tg);
-        model_tokens_close(&tf);
-    }
+    time_row("load gpt2 F32 -> fp32 (Conv1D T)", run_load, &lc, 1, g_bytes);
+    lc = (load_case){.l = &l, .blocks = b32, .dt = ZO_DTYPE_F32, .path = files.save};
+    time_row("save llama fp32 -> F32 (+fsync)", run_save, &lc, 0, f32_bytes);
+    lc = (load_case){.l = &lg, .blocks = g32, .dt = ZO_DTYPE_F32, .path = files.save};
+    time_row("save gpt2 fp32 -> F32 (Conv1D T)", run_save, &lc, 0, g_bytes);
+    if (time_batches(files.tokens) != 0) return 1;
 
     free_blocks(&l, b32);
     free_blocks(&l, b16);
@@ -229,11 +254,7 @@ int main(int argc, char **argv)
     model_ckpt_close(&cf32);
     model_ckpt_close(&cbf16);
     model_ckpt_close(&cgpt);
-    unlink(f32_path);
-    unlink(bf16_path);
-    unlink(gpt_path);
-    unlink(save_path);
-    unlink(tok_path);
+    files_remove(&files);
     model_layout_free(&l);
     model_layout_free(&lg);
     bench_result("load F32->fp32 bandwidth / raw read bandwidth", t_copy / t_load);

@@ -219,26 +219,45 @@ static double predict(const runcfg *rc, const plan_hw *hw, const placement *p, p
     return pt.step;
 }
 
-int main(int argc, char **argv)
+enum { NP = 4, NS = 3 };
+
+static const placement placements[NP] = {
+    {"weights resident, optimizer cpu", OFFLOAD_DEVICE, 1, 0, 0},
+    {"weights streamed, optimizer cpu", OFFLOAD_CPU, 1, 0, 0},
+    {"weights streamed, optimizer cpu/gpu", OFFLOAD_CPU, 0.5, 0, 0.5},
+    {"weights resident, optimizer nvme", OFFLOAD_DEVICE, 0, 1, 0},
+};
+
+/* The schedules, as the runtime and as the planner name them. */
+static const offload_schedule run_scheds[NS] = {OFFLOAD_SCHEDULE_SERIAL, OFFLOAD_SCHEDULE_OVERLAP,
+                                                OFFLOAD_SCHEDULE_DPU};
+static const plan_schedule plan_scheds[NS] = {PLAN_SCHED_SERIAL, PLAN_SCHED_OVERLAP, PLAN_SCHED_DPU};
+
+typedef struct opts {
+    long layers, hidden, steps, compute_threads, rounds;
+    const char *nvme_dir;
+} opts;
+
+/* The flags; -1 to go on, else main's exit status (0 after --help). */
+static int parse_opts(int argc, char **argv, opts *o)
 {
-    long layers = 8, hidden = 512, steps = 7, ct = 1, rounds = 3;
-    const char *nvme_dir = "/tmp";
-    static const struct option opts[] = {
+    *o = (opts){.layers = 8, .hidden = 512, .steps = 7, .compute_threads = 1, .rounds = 3, .nvme_dir = "/tmp"};
+    static const struct option long_opts[] = {
         {"layers", required_argument, 0, 'L'}, {"hidden", required_argument, 0, 'H'},
         {"steps", required_argument, 0, 's'}, {"compute-threads", required_argument, 0, 'c'},
         {"nvme-dir", required_argument, 0, 'n'}, {"rounds", required_argument, 0, 'r'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
-    int o;
-    while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    int c;
+    while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
         zo_status st = ZO_OK;
-        switch (o) {
-        case 'L': st = zo_parse_int(optarg, "--layers", 1, 256, &layers); break;
-        case 'H': st = zo_parse_int(optarg, "--hidden", 64, 8192, &hidden); break;
-        case 's': st = zo_parse_int(optarg, "--steps", 3, 100, &steps); break;
-        case 'c': st = zo_parse_int(optarg, "--compute-threads", 1, 1024, &ct); break;
-        case 'n': nvme_dir = optarg; break;
-        case 'r': st = zo_parse_int(optarg, "--rounds", 1, 100, &rounds); break;
+        switch (c) {
+        case 'L': st = zo_parse_int(optarg, "--layers", 1, 256, &o->layers); break;
+        case 'H': st = zo_parse_int(optarg, "--hidden", 64, 8192, &o->hidden); break;
+        case 's': st = zo_parse_int(optarg, "--steps", 3, 100, &o->steps); break;
+        case 'c': st = zo_parse_int(optarg, "--compute-threads", 1, 1024, &o->compute_threads); break;
+        case 'n': o->nvme_dir = optarg; break;
+        case 'r': st = zo_parse_int(optarg, "--rounds", 1, 100, &o->rounds); break;
         case 'h':
             printf("usage: bench_schedule [--layers N] [--hidden N] [--steps N] [--compute-threads N]\n"
                    "                      [--nvme-dir DIR] [--rounds N]\n"
@@ -251,97 +270,134 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    runcfg rc = {.B = 1, .T = 16, .accum = 2, .steps = (int)steps, .compute_threads = (int)ct,
-                 .total_threads = (int)cores, .opt_threads = (int)(cores > ct ? cores - ct : 1),
-                 .nvme_dir = nvme_dir};
-    if (zo_model_preset_find("llama-2-7b", &rc.cfg) != ZO_OK) return 1;
-    rc.cfg.n_layers = (int)layers;
-    rc.cfg.hidden = (int)hidden;
-    rc.cfg.n_heads = rc.cfg.n_kv_heads = (int)(hidden / 64);
-    rc.cfg.head_dim = 0;
-    rc.cfg.ffn = (int)(hidden * 8 / 3 / 64 * 64);
-    rc.cfg.vocab = 2048;
-    rc.cfg.max_seq = rc.T;
-    if (zo_model_config_validate(&rc.cfg) != ZO_OK) return 1;
+    return -1;
+}
 
-    /* this machine, as the planner sees it */
-    plan_calibrate_opts co;
-    plan_calibrate_defaults(&co);
-    co.seconds = 0.3;
-    co.nvme_dir = nvme_dir;
-    co.nvme_bytes = 256u << 20;
-    plan_hw host, hw;
-    if (plan_calibrate_run(&co, &host) != ZO_OK) {
-        fprintf(stderr, "bench_schedule: calibrate: %s\n", zo_last_error());
-        return 1;
-    }
-    double gemm = gemm_rate(rc.compute_threads, 256, (int)hidden), copy = memcpy_rate(), flops = gemm;
-    enum { NP = 4 };
-    placement pl[NP] = {
-        {"weights resident, optimizer cpu", OFFLOAD_DEVICE, 1, 0, 0},
-        {"weights streamed, optimizer cpu", OFFLOAD_CPU, 1, 0, 0},
-        {"weights streamed, optimizer cpu/gpu", OFFLOAD_CPU, 0.5, 0, 0.5},
-        {"weights resident, optimizer nvme", OFFLOAD_DEVICE, 0, 1, 0},
-    };
-    /* the compute rate: the planner's forward + backward of the first case
-     * made the measured one */
+/* The run of the flags: LLaMA-2 7B's kind of layer at `hidden` (heads of
+ * 64, vocab 2048), 1 x 16 tokens, 2 micro-batches; the cores split between
+ * the compute and the optimizer. */
+static zo_status make_runcfg(const opts *o, runcfg *rc)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN), ct = o->compute_threads;
+    *rc = (runcfg){.B = 1, .T = 16, .accum = 2, .steps = (int)o->steps, .compute_threads = (int)ct,
+                   .total_threads = (int)cores, .opt_threads = (int)(cores > ct ? cores - ct : 1),
+                   .nvme_dir = o->nvme_dir};
+    zo_status st = zo_model_preset_find("llama-2-7b", &rc->cfg);
+    if (st != ZO_OK) return st;
+    rc->cfg.n_layers = (int)o->layers;
+    rc->cfg.hidden = (int)o->hidden;
+    rc->cfg.n_heads = rc->cfg.n_kv_heads = (int)(o->hidden / 64);
+    rc->cfg.head_dim = 0;
+    rc->cfg.ffn = (int)(o->hidden * 8 / 3 / 64 * 64);
+    rc->cfg.vocab = 2048;
+    rc->cfg.max_seq = rc->T;
+    return zo_model_config_validate(&rc->cfg);
+}
+
+/* The compute rate (*flops, from the GEMM rate) that makes the planner's
+ * forward + backward of the first case the measured one, and the machine
+ * described with it (*hw); 0, or 1 when a run fails. */
+static int calibrate_compute(const runcfg *rc, const plan_hw *host, double copy, double *flops, plan_hw *hw)
+{
     double fb_meas = 1e30, fb_pred;
     for (int r = 0; r < 2; r++) {
         double fb;
-        if (measure(&rc, &pl[0], OFFLOAD_SCHEDULE_SERIAL, &fb) <= 0) {
+        if (measure(rc, &placements[0], OFFLOAD_SCHEDULE_SERIAL, &fb) <= 0) {
             fprintf(stderr, "bench_schedule: %s\n", zo_last_error());
             return 1;
         }
         if (fb < fb_meas) fb_meas = fb;
     }
     for (int it = 0; it < 6; it++) {
-        plan_hw_cpu_backend(&host, flops, copy, 1ull << 40, &hw);
-        if (predict(&rc, &hw, &pl[0], PLAN_SCHED_SERIAL, &fb_pred) <= 0) return 1;
-        flops *= fb_pred / fb_meas;
+        plan_hw_cpu_backend(host, *flops, copy, 1ull << 40, hw);
+        if (predict(rc, hw, &placements[0], PLAN_SCHED_SERIAL, &fb_pred) <= 0) return 1;
+        *flops *= fb_pred / fb_meas;
     }
-    plan_hw_cpu_backend(&host, flops, copy, 1ull << 40, &hw);
-    bench_header("bench_schedule", "LLaMA %ld x %ld, batch %d x %d x %d micro-batches, bf16; %d compute "
-                 "thread(s), optimizer thread(s) %d (serial: %d); compute %.3g FLOP/s calibrated (GEMM alone "
-                 "%.3g), memcpy %.3g B/s, AdamW %.3g/s on one thread, NVMe %.3g / %.3g B/s read/write",
-                 layers, hidden, rc.B, rc.T, rc.accum, rc.compute_threads, rc.opt_threads, rc.total_threads,
-                 flops, gemm, copy, host.cpu_adam_thread_rate, host.nvme_read_bw, host.nvme_write_bw);
-    offload_schedule rs[3] = {OFFLOAD_SCHEDULE_SERIAL, OFFLOAD_SCHEDULE_OVERLAP, OFFLOAD_SCHEDULE_DPU};
-    plan_schedule ps[3] = {PLAN_SCHED_SERIAL, PLAN_SCHED_OVERLAP, PLAN_SCHED_DPU};
-    /* the cases alternate, round by round; the fastest round counts (the
-     * machine is shared: slower rounds are someone else's load) */
-    double got[NP][3];
+    plan_hw_cpu_backend(host, *flops, copy, 1ull << 40, hw);
+    return 0;
+}
+
+/* Every case's step (got[placement][schedule]; 1e30 for a refused one),
+ * the cases alternating round by round, the fastest round counting (the
+ * machine is shared: slower rounds are someone else's load); 0, or 1 when a
+ * case fails. */
+static int measure_cases(const runcfg *rc, long rounds, double got[NP][NS])
+{
     for (int i = 0; i < NP; i++)
-        for (int k = 0; k < 3; k++) got[i][k] = 1e30;
+        for (int k = 0; k < NS; k++) got[i][k] = 1e30;
     for (int r = 0; r < rounds; r++)
         for (int i = 0; i < NP; i++)
-            for (int k = 0; k < 3; k++) {
-                if (pl[i].gpu > 0 && rs[k] == OFFLOAD_SCHEDULE_DPU) continue; /* refused: dpu is the CPU's */
-                double fb1, t = measure(&rc, &pl[i], rs[k], &fb1);
+            for (int k = 0; k < NS; k++) {
+                const placement *p = &placements[i];
+                if (p->gpu > 0 && run_scheds[k] == OFFLOAD_SCHEDULE_DPU) continue; /* refused: dpu is the CPU's */
+                double fb1, t = measure(rc, p, run_scheds[k], &fb1);
                 if (t <= 0) {
-                    fprintf(stderr, "bench_schedule: %s, %s: %s\n", pl[i].name, offload_schedule_name(rs[k]),
+                    fprintf(stderr, "bench_schedule: %s, %s: %s\n", p->name, offload_schedule_name(run_scheds[k]),
                             zo_last_error());
                     return 1;
                 }
                 if (t < got[i][k]) got[i][k] = t;
             }
-    double worst = 0, worst_nvme = 0;
+    return 0;
+}
+
+/* A row per case measured, against the planner's prediction, and the
+ * largest |measured / predicted - 1| with the optimizer on NVMe and without;
+ * 0, or 1 when a prediction fails. */
+static int report_cases(const runcfg *rc, const plan_hw *hw, double got[NP][NS], double *worst,
+                        double *worst_nvme)
+{
+    *worst = *worst_nvme = 0;
     for (int i = 0; i < NP; i++)
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < NS; k++) {
+            const placement *p = &placements[i];
             if (got[i][k] >= 1e30) continue;
             double fb2;
-            double want = predict(&rc, &hw, &pl[i], ps[k], &fb2);
+            double want = predict(rc, hw, p, plan_scheds[k], &fb2);
             if (want <= 0) {
-                fprintf(stderr, "bench_schedule: %s, %s: %s\n", pl[i].name, offload_schedule_name(rs[k]),
+                fprintf(stderr, "bench_schedule: %s, %s: %s\n", p->name, offload_schedule_name(run_scheds[k]),
                         zo_last_error());
                 return 1;
             }
             double r = got[i][k] / want;
-            double *w = pl[i].nvme > 0 ? &worst_nvme : &worst;
+            double *w = p->nvme > 0 ? worst_nvme : worst;
             if (fabs(r - 1) > *w) *w = fabs(r - 1);
-            bench_row("%-34s %-8s measured %8.4f s  predicted %8.4f s  ratio %.3f", pl[i].name,
-                      offload_schedule_name(rs[k]), got[i][k], want, r);
+            bench_row("%-34s %-8s measured %8.4f s  predicted %8.4f s  ratio %.3f", p->name,
+                      offload_schedule_name(run_scheds[k]), got[i][k], want, r);
         }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    opts o;
+    int rc = parse_opts(argc, argv, &o);
+    if (rc >= 0) return rc;
+    runcfg run;
+    if (make_runcfg(&o, &run) != ZO_OK) return 1;
+
+    /* this machine, as the planner sees it */
+    plan_calibrate_opts co;
+    plan_calibrate_defaults(&co);
+    co.seconds = 0.3;
+    co.nvme_dir = o.nvme_dir;
+    co.nvme_bytes = 256u << 20;
+    plan_hw host, hw;
+    if (plan_calibrate_run(&co, &host) != ZO_OK) {
+        fprintf(stderr, "bench_schedule: calibrate: %s\n", zo_last_error());
+        return 1;
+    }
+    double gemm = gemm_rate(run.compute_threads, 256, (int)o.hidden), copy = memcpy_rate(), flops = gemm;
+    if (calibrate_compute(&run, &host, copy, &flops, &hw) != 0) return 1;
+    bench_header("bench_schedule", "LLaMA %ld x %ld, batch %d x %d x %d micro-batches, bf16; %d compute "
+                 "thread(s), optimizer thread(s) %d (serial: %d); compute %.3g FLOP/s calibrated (GEMM alone "
+                 "%.3g), memcpy %.3g B/s, AdamW %.3g/s on one thread, NVMe %.3g / %.3g B/s read/write",
+                 o.layers, o.hidden, run.B, run.T, run.accum, run.compute_threads, run.opt_threads,
+                 run.total_threads, flops, gemm, copy, host.cpu_adam_thread_rate, host.nvme_read_bw,
+                 host.nvme_write_bw);
+    double got[NP][NS], worst, worst_nvme;
+    if (measure_cases(&run, o.rounds, got) != 0) return 1;
+    if (report_cases(&run, &hw, got, &worst, &worst_nvme) != 0) return 1;
     /* NVMe: the planner takes the disk's rates calibrate measured; a
      * virtual disk's vary from run to run (docs/performance.md) */
     bench_result("largest |measured / predicted - 1|, optimizer on NVMe", worst_nvme);

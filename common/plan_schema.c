@@ -908,16 +908,8 @@ zo_status zo_plan_runtime_check(const zo_plan *p, const char *path)
     if (t->recompute == ZO_PLAN_RECOMPUTE_OPS)
         return zo_error(ZO_ERR_UNSUPPORTED, "%s: field \"training.recompute\" is ops: memplan plans "
                         "recomputing by op (every other matmul), the runtime recomputes whole "
-                        "layers or none (plan with --recompute full or none)", path);
-    if (t->recompute_layers)
-        return zo_error(ZO_ERR_UNSUPPORTED, "%s: field \"training.recompute_layers\" is %d: memplan "
-                        "plans recomputing part of the layers, the runtime recomputes every layer "
-                        "or none (plan with --recompute full without --recompute-layers)", path,
-                        t->recompute_layers);
-    if (t->reduce_dtype != ZO_DTYPE_F32)
-        return zo_error(ZO_ERR_UNSUPPORTED, "%s: field \"training.reduce_dtype\" is %s: the runtime "
-                        "reduces gradients in fp32 (plan with --reduce-dtype fp32)", path,
-                        zo_dtype_name(t->reduce_dtype));
+                        "layers or none (plan with --recompute full, with --recompute-layers K for "
+                        "part of them, or none)", path);
     return ZO_OK;
 }
 

@@ -98,6 +98,12 @@ void model_tokens_close(model_tokens *t)
     t->fd = -1;
 }
 
+static zo_status bad_id(const model_tokens *t, uint64_t i, uint32_t id)
+{
+    return zo_error(ZO_ERR_FORMAT, "%s: token %llu (byte offset %llu) is %u, outside the vocabulary of %d",
+                    t->path, (unsigned long long)i, (unsigned long long)(i * (uint64_t)t->width), id, t->vocab);
+}
+
 zo_status model_tokens_check(const model_tokens *t, uint64_t first, uint64_t count)
 {
     if (first > t->n || count > t->n - first)
@@ -106,13 +112,48 @@ zo_status model_tokens_check(const model_tokens *t, uint64_t first, uint64_t cou
                         (unsigned long long)t->n);
     for (uint64_t i = first; i < first + count; i++) {
         uint32_t id = model_tokens_get(t, i);
-        if (id >= (uint32_t)t->vocab)
-            return zo_error(ZO_ERR_FORMAT,
-                            "%s: token %llu (byte offset %llu) is %u, outside the vocabulary "
-                            "of %d",
-                            t->path, (unsigned long long)i,
-                            (unsigned long long)(i * (uint64_t)t->width), id, t->vocab);
+        if (id >= (uint32_t)t->vocab) return bad_id(t, i, id);
     }
+    return ZO_OK;
+}
+
+/* Tokens [first, first + count) (within t->n) into ids, each checked
+ * against the vocabulary. A token file is read with pread, not through its
+ * mapping: a file cut short while the run uses it is ZO_ERR_IO naming it
+ * and both sizes (touching a mapped page past the new end is SIGBUS). */
+static zo_status tokens_read(const model_tokens *t, uint64_t first, uint64_t count, uint32_t *ids)
+{
+    if (t->owned || t->fd < 0) {
+        for (uint64_t i = 0; i < count; i++) ids[i] = model_tokens_get(t, first + i);
+    } else {
+        uint8_t *b = (uint8_t *)ids; /* read in place, decoded from the end (4 >= width) */
+        size_t w = (size_t)t->width, want = (size_t)count * w, got = 0;
+        off_t at = (off_t)(first * w);
+        while (got < want) {
+            ssize_t n = pread(t->fd, b + got, want - got, at + (off_t)got);
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0)
+                return zo_error(ZO_ERR_IO, "%s: read at byte %lld: %s", t->path, (long long)(at + (off_t)got),
+                                strerror(errno));
+            if (n == 0) {
+                struct stat sb;
+                long long now = fstat(t->fd, &sb) == 0 ? (long long)sb.st_size : -1;
+                return zo_error(ZO_ERR_IO, "%s: the file ends at byte %lld, was %zu bytes when opened: cut "
+                                "short while in use (tokens at byte %lld could not be read)", t->path, now,
+                                t->map_size, (long long)(at + (off_t)got));
+            }
+            got += (size_t)n;
+        }
+        for (uint64_t i = count; i-- > 0;) {
+            const uint8_t *p = b + i * w;
+            uint32_t v = p[0];
+            if (w > 1) v |= (uint32_t)p[1] << 8;
+            if (w > 2) v |= (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+            ids[i] = v;
+        }
+    }
+    for (uint64_t i = 0; i < count; i++)
+        if (ids[i] >= (uint32_t)t->vocab) return bad_id(t, first + i, ids[i]);
     return ZO_OK;
 }
 
@@ -204,20 +245,23 @@ zo_status model_batch_get(const model_tokens *t, int B, int T, int64_t step, uin
         return zo_error(ZO_ERR_INVALID,
                         "%s: %llu tokens are too few for sequences of %d (need at least %d)",
                         t->path, (unsigned long long)t->n, T, T + 2);
-    for (int b = 0; b < B; b++) {
+    uint32_t *win = malloc(((size_t)T + 1) * sizeof *win);
+    if (!win) return zo_error(ZO_ERR_NOMEM, "%s: out of host memory for a window of %d tokens", t->path, T + 1);
+    zo_status st = ZO_OK;
+    for (int b = 0; b < B && st == ZO_OK; b++) {
         uint64_t off = model_batch_offset(t, B, T, step, b, seed, mode);
         /* the (T+1)-token window: inputs are its first T, targets its last T */
-        zo_status st = model_tokens_check(t, off, (uint64_t)T + 1);
-        if (st) return st;
+        if ((st = tokens_read(t, off, (uint64_t)T + 1, win)) != ZO_OK) break;
         int32_t *in = inputs + (size_t)b * (size_t)T;
         int32_t *tg = targets + (size_t)b * (size_t)T;
         for (int j = 0; j < T; j++) {
-            in[j] = (int32_t)model_tokens_get(t, off + (uint64_t)j);
-            tg[j] = (int32_t)model_tokens_get(t, off + (uint64_t)j + 1);
+            in[j] = (int32_t)win[j];
+            tg[j] = (int32_t)win[j + 1];
             if (t->mask && !t->mask[off + (uint64_t)j + 1]) tg[j] = -1;
         }
     }
-    return ZO_OK;
+    free(win);
+    return st;
 }
 
 /* ---- token files with a side file --------------------------------------------------- */

@@ -1,7 +1,9 @@
 /* Training data: token files and a deterministic batch sampler.
  *
  * Token files are nanoGPT-style: raw little-endian uint16 ids (uint32 with
- * MODEL_TOKENS_U32), no header, memory-mapped. A plain text file can be used
+ * MODEL_TOKENS_U32), no header, memory-mapped for model_tokens_get and
+ * model_tokens_check; batches read their windows with pread, so a file cut
+ * short while in use is an error naming it (ZO_ERR_IO), not a SIGBUS. A plain text file can be used
  * directly with the byte-level tokenizer (MODEL_TOKENS_BYTES: every byte is a
  * token 0..255), or encoded to a uint16 token file once.
  *
@@ -106,7 +108,8 @@ uint64_t model_batch_offset(const model_tokens *t, int B, int T, int64_t step, i
 /* Fill one (B, T) batch: inputs[b*T + j] = tok[off_b + j] and
  * targets[b*T + j] = tok[off_b + j + 1], from a (B, T+1) window per row.
  * ZO_ERR_INVALID when the file holds fewer than T + 2 tokens; ZO_ERR_FORMAT
- * for an id >= vocab (naming the file and position).
+ * for an id >= vocab (naming the file and position); ZO_ERR_IO when the file
+ * no longer holds a window (cut short since it was opened), naming it.
  * With a mask, a target whose token is masked is -1 (ignored by the loss).
  * With rows, row i of step k is record (k*B + i) mod n_rows, cut to T + 1
  * tokens: inputs past its end are pad_id and their targets -1. */

@@ -640,13 +640,13 @@ static zo_status load_added(model_tokenizer *t, const cJSON *list)
     return ZO_OK;
 }
 
-static zo_status load_model(model_tokenizer *t, const cJSON *m)
+/* The BPE model's options: what is not supported is refused by name. */
+static zo_status load_model_options(model_tokenizer *t, const cJSON *m)
 {
     const char *type = jstr(m, "type");
-    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(m, "vocab");
-    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(m, "merges");
     if (type && strcmp(type, "BPE")) return unsupported(t, "model.type", type);
-    if (!cJSON_IsObject(vocab) || !cJSON_IsArray(merges))
+    if (!cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(m, "vocab")) ||
+        !cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(m, "merges")))
         return zo_error(ZO_ERR_FORMAT, "%s: model needs a vocab object and a merges array (a BPE model)", t->path);
     const cJSON *drop = cJSON_GetObjectItemCaseSensitive(m, "dropout");
     if (cJSON_IsNumber(drop) && drop->valuedouble > 0) return unsupported(t, "model.dropout", "(BPE dropout)");
@@ -656,8 +656,13 @@ static zo_status load_model(model_tokenizer *t, const cJSON *m)
     t->byte_fallback = jbool(m, "byte_fallback", 0);
     t->fuse_unk = jbool(m, "fuse_unk", 0);
     t->ignore_merges = jbool(m, "ignore_merges", 0);
+    return ZO_OK;
+}
 
-    /* ids: the vocabulary and the added tokens */
+/* The id tables, sized by the largest id of the vocabulary and the added
+ * tokens, with the added tokens in them. */
+static zo_status load_ids(model_tokenizer *t, const cJSON *vocab)
+{
     int max_id = -1;
     const cJSON *it;
     cJSON_ArrayForEach(it, vocab)
@@ -690,14 +695,18 @@ static zo_status load_model(model_tokenizer *t, const cJSON *m)
         if ((st = set_id(t, a->id, a->content, a->len, ID_ADDED | (a->special ? ID_SPECIAL : 0))) != ZO_OK)
             return st;
     }
+    return ZO_OK;
+}
 
-    uint32_t b2c[256];
-    int16_t c2b[324];
-    byte_level_tables(b2c, c2b);
-    int nv = cJSON_GetArraySize(vocab);
-    if ((st = str_map_init(&t->vocab, (size_t)nv)) != ZO_OK) return st;
+/* The vocabulary: each token's id, and the map from the bytes BPE works on
+ * (byte-level tokens decoded to raw bytes) to ids. */
+static zo_status load_vocab(model_tokenizer *t, const cJSON *vocab, const int16_t c2b[324])
+{
+    zo_status st;
+    if ((st = str_map_init(&t->vocab, (size_t)cJSON_GetArraySize(vocab))) != ZO_OK) return st;
     uint8_t *tmp = NULL;
     size_t tmpcap = 0;
+    const cJSON *it;
     cJSON_ArrayForEach(it, vocab)
     {
         const char *s = it->string;
@@ -707,7 +716,6 @@ static zo_status load_model(model_tokenizer *t, const cJSON *m)
             return zo_error(ZO_ERR_FORMAT, "%s: model.vocab has a token that is not UTF-8 (id %d)", t->path, it->valueint);
         }
         if ((st = set_id(t, it->valueint, s, n, ID_MODEL)) != ZO_OK) break;
-        /* the bytes BPE works on: byte-level tokens decoded to raw bytes */
         const uint8_t *key = (const uint8_t *)s;
         size_t kn = n;
         if (t->byte_level) {
@@ -726,9 +734,12 @@ static zo_status load_model(model_tokenizer *t, const cJSON *m)
         str_map_put(&t->vocab, h, off, (uint32_t)kn, it->valueint);
     }
     free(tmp);
-    if (st != ZO_OK) return st;
+    return st;
+}
 
-    /* the tokens BPE starts from */
+/* The tokens BPE starts from: one per byte, the <0xXX> fallbacks, unk. */
+static zo_status load_start_tokens(model_tokenizer *t, const cJSON *m)
+{
     for (int b = 0; b < 256; b++) {
         uint8_t c = (uint8_t)b;
         char name[8];
@@ -741,9 +752,54 @@ static zo_status load_model(model_tokenizer *t, const cJSON *m)
     }
     const char *unk = jstr(m, "unk_token");
     t->unk = -1;
-    if (unk && (st = named_id(t, unk, "model.unk_token", &t->unk)) != ZO_OK) return st;
+    return unk ? named_id(t, unk, "model.unk_token", &t->unk) : ZO_OK;
+}
 
-    /* merges: "a b" strings or [a, b] pairs, ranked by position */
+/* A merge's two parts, from "A B" or [A, B]; 0 when it is neither. */
+static int merge_parts(const cJSON *it, const char **a, size_t *an, const char **b, size_t *bn)
+{
+    if (cJSON_IsString(it)) {
+        const char *sp = strchr(it->valuestring, ' ');
+        if (!sp) return 0;
+        *a = it->valuestring;
+        *an = (size_t)(sp - *a);
+        *b = sp + 1;
+    } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 && cJSON_IsString(cJSON_GetArrayItem(it, 0)) &&
+               cJSON_IsString(cJSON_GetArrayItem(it, 1))) {
+        *a = cJSON_GetArrayItem(it, 0)->valuestring;
+        *b = cJSON_GetArrayItem(it, 1)->valuestring;
+        *an = strlen(*a);
+    } else {
+        return 0;
+    }
+    *bn = strlen(*b);
+    return 1;
+}
+
+/* The ids of a merge's parts and of their concatenation cat (in model bytes). */
+static void merge_ids(const model_tokenizer *t, const int16_t c2b[324], const char *a, size_t an, const char *b,
+                      size_t bn, const char *cat, int32_t ids[3])
+{
+    const char *parts[3] = {a, b, cat};
+    size_t lens[3] = {an, bn, an + bn};
+    for (int k = 0; k < 3; k++) {
+        uint8_t buf[256];
+        const uint8_t *key = (const uint8_t *)parts[k];
+        size_t kn = lens[k];
+        if (t->byte_level) {
+            if (kn > sizeof buf || !byte_level_decode(c2b, parts[k], lens[k], buf, &kn)) {
+                ids[k] = -1;
+                continue;
+            }
+            key = buf;
+        }
+        ids[k] = str_map_get(&t->vocab, t->strs.p, key, kn, hash_bytes(key, kn));
+    }
+}
+
+/* merges: "a b" strings or [a, b] pairs, ranked by position */
+static zo_status load_merges(model_tokenizer *t, const cJSON *merges, const int16_t c2b[324])
+{
     int nm = cJSON_GetArraySize(merges);
     size_t slots = 16;
     while (slots < (size_t)nm * 2 + 2) slots *= 2;
@@ -754,28 +810,16 @@ static zo_status load_model(model_tokenizer *t, const cJSON *m)
     char *cat = NULL;
     size_t catcap = 0;
     int rank = 0;
+    zo_status st = ZO_OK;
+    const cJSON *it;
     cJSON_ArrayForEach(it, merges)
     {
         const char *a, *b;
         size_t an, bn;
-        if (cJSON_IsString(it)) {
-            const char *sp = strchr(it->valuestring, ' ');
-            if (!sp) {
-                st = zo_error(ZO_ERR_FORMAT, "%s: model.merges[%d] \"%s\" is not \"A B\"", t->path, rank, it->valuestring);
-                break;
-            }
-            a = it->valuestring;
-            an = (size_t)(sp - a);
-            b = sp + 1;
-            bn = strlen(b);
-        } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 && cJSON_IsString(cJSON_GetArrayItem(it, 0)) &&
-                   cJSON_IsString(cJSON_GetArrayItem(it, 1))) {
-            a = cJSON_GetArrayItem(it, 0)->valuestring;
-            b = cJSON_GetArrayItem(it, 1)->valuestring;
-            an = strlen(a);
-            bn = strlen(b);
-        } else {
-            st = zo_error(ZO_ERR_FORMAT, "%s: model.merges[%d] is neither \"A B\" nor [A, B]", t->path, rank);
+        if (!merge_parts(it, &a, &an, &b, &bn)) {
+            st = cJSON_IsString(it)
+                     ? zo_error(ZO_ERR_FORMAT, "%s: model.merges[%d] \"%s\" is not \"A B\"", t->path, rank, it->valuestring)
+                     : zo_error(ZO_ERR_FORMAT, "%s: model.merges[%d] is neither \"A B\" nor [A, B]", t->path, rank);
             break;
         }
         /* the vocabulary is UTF-8 (checked above): a part that is not names no
@@ -790,25 +834,10 @@ static zo_status load_model(model_tokenizer *t, const cJSON *m)
             catcap = (an + bn) * 2 + 16;
             if (!(cat = malloc(catcap))) return zo_error(ZO_ERR_NOMEM, "tokenizer: out of memory");
         }
-        /* the three tokens in model bytes */
-        int32_t ids[3];
-        const char *parts[3] = {a, b, cat};
-        size_t lens[3] = {an, bn, an + bn};
         memcpy(cat, a, an);
         memcpy(cat + an, b, bn);
-        for (int k = 0; k < 3; k++) {
-            uint8_t buf[256];
-            const uint8_t *key = (const uint8_t *)parts[k];
-            size_t kn = lens[k];
-            if (t->byte_level) {
-                if (kn > sizeof buf || !byte_level_decode(c2b, parts[k], lens[k], buf, &kn)) {
-                    ids[k] = -1;
-                    continue;
-                }
-                key = buf;
-            }
-            ids[k] = str_map_get(&t->vocab, t->strs.p, key, kn, hash_bytes(key, kn));
-        }
+        int32_t ids[3];
+        merge_ids(t, c2b, a, an, b, bn, cat, ids);
         if (ids[0] < 0 || ids[1] < 0 || ids[2] < 0) {
             st = zo_error(ZO_ERR_FORMAT, "%s: model.merges[%d] (\"%.*s\" \"%.*s\") names a token not in the vocabulary",
                           t->path, rank, (int)an, a, (int)bn, b);
@@ -822,24 +851,39 @@ static zo_status load_model(model_tokenizer *t, const cJSON *m)
         rank++;
     }
     free(cat);
-    if (st != ZO_OK || t->byte_level) return st;
+    return st;
+}
+
+/* A SentencePiece-style model (not byte-level) cuts words before the
+ * U+2581 mark only when no merge joins a token onto a mark from its left. */
+static void find_sp_cut(model_tokenizer *t, const cJSON *merges)
+{
     const uint8_t *mark = (const uint8_t *)"\xe2\x96\x81";
     t->sp_cut = str_map_get(&t->vocab, t->strs.p, mark, 3, hash_bytes(mark, 3)) >= 0;
+    const cJSON *it;
     cJSON_ArrayForEach(it, merges)
     {
         const char *a, *b;
-        size_t an;
-        if (cJSON_IsString(it)) {
-            a = it->valuestring;
-            b = strchr(a, ' ') + 1;
-            an = (size_t)(b - 1 - a);
-        } else {
-            a = cJSON_GetArrayItem(it, 0)->valuestring;
-            b = cJSON_GetArrayItem(it, 1)->valuestring;
-            an = strlen(a);
-        }
-        if (!memcmp(b, mark, 3) && (an < 3 || memcmp(a + an - 3, mark, 3))) t->sp_cut = 0;
+        size_t an, bn;
+        merge_parts(it, &a, &an, &b, &bn); /* every merge was read by load_merges */
+        if (bn >= 3 && !memcmp(b, mark, 3) && (an < 3 || memcmp(a + an - 3, mark, 3))) t->sp_cut = 0;
     }
+}
+
+static zo_status load_model(model_tokenizer *t, const cJSON *m)
+{
+    zo_status st;
+    if ((st = load_model_options(t, m)) != ZO_OK) return st;
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(m, "vocab");
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(m, "merges");
+    if ((st = load_ids(t, vocab)) != ZO_OK) return st;
+    uint32_t b2c[256];
+    int16_t c2b[324];
+    byte_level_tables(b2c, c2b);
+    if ((st = load_vocab(t, vocab, c2b)) != ZO_OK || (st = load_start_tokens(t, m)) != ZO_OK ||
+        (st = load_merges(t, merges, c2b)) != ZO_OK)
+        return st;
+    if (!t->byte_level) find_sp_cut(t, merges);
     return ZO_OK;
 }
 

@@ -49,17 +49,6 @@ static void hook(const offload_ckpt *ck, const char *point)
     if (ck->cfg->ckpt_hook) ck->cfg->ckpt_hook(ck->cfg->ckpt_hook_user, point);
 }
 
-static zo_status fsync_path(const char *path)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return zo_error(ZO_ERR_IO, "%s: open for fsync: %s", path, strerror(errno));
-    int rc = fsync(fd);
-    int e = errno;
-    close(fd);
-    if (rc) return zo_error(ZO_ERR_IO, "%s: fsync: %s", path, strerror(e));
-    return ZO_OK;
-}
-
 /* The checkpoint DIR/latest names, "" when there is no such file; a name
  * that is not one the runtime writes (e.g. "../x") is refused. */
 static zo_status read_latest(const char *dir, char *name, size_t len)
@@ -93,7 +82,7 @@ void offload_ckpt_release(offload_ckpt *ck) { zo_dir_lock_release(&ck->lock); }
 zo_status offload_ckpt_lock(offload_ckpt *ck, const char *dir)
 {
     if (zo_dir_lock_holds(&ck->lock, dir)) return ZO_OK;
-    if (mkdir(dir, 0755) && errno != EEXIST)
+    if (mkdir(dir, 0777) && errno != EEXIST) /* less the umask, as any folder a program makes */
         return zo_error(ZO_ERR_IO, "%s: mkdir: %s", dir, strerror(errno));
     zo_dir_lock l;
     zo_status st = zo_dir_lock_take(dir, "the checkpoint folder", &l);
@@ -270,20 +259,51 @@ static zo_status pick_name(const offload_ckpt *ck, int dfd, const char *latest, 
 /* ---- several ranks ------------------------------------------------------------------ */
 
 /* Every rank's status of a stage: the first failure becomes every rank's
- * (no data parallelism: mine). */
+ * (no data parallelism: mine), with the failing rank's own message: a
+ * save that fails on rank 1 for a full disk says so on rank 0 too, not
+ * only "rank 1 of 2 failed" (the failing rank's message may never be
+ * printed: the job is aborted by whichever rank gets there first). The
+ * messages travel after the statuses, only when one failed, in pieces of
+ * OFFLOAD_GATHER_MAX bytes (AGREE_MSG in all, the rest cut). */
+#define AGREE_MSG (4 * OFFLOAD_GATHER_MAX)
 static zo_status dp_agree(offload_dp *dp, zo_status mine, const char *what)
 {
     if (!dp) return mine;
     int32_t *all = calloc((size_t)dp->size, sizeof *all), me = (int32_t)mine;
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", mine != ZO_OK ? zo_last_error() : "");
-    if (!all) return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", what);
+    char *msg = calloc(AGREE_MSG, 1), *msgs = calloc((size_t)dp->size, AGREE_MSG);
+    if (!all || !msg || !msgs) {
+        free(all), free(msg), free(msgs);
+        return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", what);
+    }
+    if (mine != ZO_OK) snprintf(msg, AGREE_MSG, "%s", zo_last_error());
     zo_status st = offload_dp_gather(dp, &me, sizeof me, all);
+    int failed = -1; /* mine first, else the first rank that failed */
     for (int r = 0; r < dp->size && st == ZO_OK; r++)
-        if (all[r] != ZO_OK)
-            st = r == dp->rank ? zo_error(mine, "%s", msg)
-                               : zo_error((zo_status)all[r], "%s: rank %d of %d failed", what, r, dp->size);
+        if (all[r] != ZO_OK && (failed < 0 || r == dp->rank)) failed = r;
+    if (st == ZO_OK && failed >= 0) {
+        /* every rank knows one failed: every rank takes part */
+        char piece[OFFLOAD_GATHER_MAX], *got = malloc((size_t)dp->size * OFFLOAD_GATHER_MAX);
+        if (!got) st = zo_error(ZO_ERR_NOMEM, "%s: out of host memory", what);
+        for (int k = 0; k < AGREE_MSG / OFFLOAD_GATHER_MAX && st == ZO_OK; k++) {
+            memcpy(piece, msg + (size_t)k * OFFLOAD_GATHER_MAX, OFFLOAD_GATHER_MAX);
+            st = offload_dp_gather(dp, piece, OFFLOAD_GATHER_MAX, got);
+            for (int r = 0; r < dp->size && st == ZO_OK; r++)
+                memcpy(msgs + (size_t)r * AGREE_MSG + (size_t)k * OFFLOAD_GATHER_MAX,
+                       got + (size_t)r * OFFLOAD_GATHER_MAX, OFFLOAD_GATHER_MAX);
+        }
+        free(got);
+        if (st == ZO_OK && failed == dp->rank) {
+            st = zo_error(mine, "%s", msg);
+        } else if (st == ZO_OK) {
+            char *said = msgs + (size_t)failed * AGREE_MSG;
+            said[AGREE_MSG - 1] = 0;
+            st = zo_error((zo_status)all[failed], "%s: rank %d of %d: %s", what, failed, dp->size,
+                          said[0] ? said : "failed");
+        }
+    }
     free(all);
+    free(msg);
+    free(msgs);
     return st;
 }
 
@@ -330,11 +350,29 @@ zo_status offload_ckpt_write_weights(offload_ckpt *ck, const char *path, offload
 
 /* The checkpoint under construction: DIR/.tmp-<name>, renamed to DIR/<name>
  * once complete. Only the rank that publishes (rank 0, or the only one)
- * holds the folder's lock and descriptor. */
+ * holds the folder's lock and descriptors: DIR's, and the one of the
+ * temporary folder it made (mkdirat, then opened without following a
+ * link), by which it is fsynced and known again before it is renamed and
+ * before `latest` names it. */
 typedef struct save_dir {
-    int dfd;
+    int dfd, tfd;
     char name[64], tname[80], tmp[4200];
 } save_dir;
+
+/* Whether DIR's entry `name` is the folder open as s->tfd (not a link or
+ * another folder put in its place while the save wrote into it). */
+static zo_status save_same_dir(const save_dir *s, const char *name, const char *path)
+{
+    struct stat at, mine;
+    if (fstat(s->tfd, &mine) != 0) return zo_error(ZO_ERR_IO, "%s: fstat: %s", s->tmp, strerror(errno));
+    if (fstatat(s->dfd, name, &at, AT_SYMLINK_NOFOLLOW) != 0)
+        return zo_error(ZO_ERR_IO, "%s: %s", path, strerror(errno));
+    if (!S_ISDIR(at.st_mode) || at.st_dev != mine.st_dev || at.st_ino != mine.st_ino)
+        return zo_error(ZO_ERR_IO, "%s: no longer the folder this save made (%s put in its place while it "
+                        "was written): the checkpoint is not published", path,
+                        S_ISLNK(at.st_mode) ? "a link" : "something else");
+    return ZO_OK;
+}
 
 /* Lock DIR, pick the name, make DIR/.tmp-<name> (a crash's leftovers of it
  * removed first). */
@@ -349,12 +387,16 @@ static zo_status save_begin(offload_ckpt *ck, const char *dir, save_dir *s)
     if ((st = pick_name(ck, s->dfd, latest, s->name, sizeof s->name)) == ZO_OK) {
         snprintf(s->tname, sizeof s->tname, ".tmp-%s", s->name);
         snprintf(s->tmp, sizeof s->tmp, "%s/%s", dir, s->tname);
-        if ((st = zo_dir_remove_at(s->dfd, s->tname)) == ZO_OK && mkdirat(s->dfd, s->tname, 0755))
+        /* 0777 less the umask: a group's shared folder gets group-writable checkpoints */
+        if ((st = zo_dir_remove_at(s->dfd, s->tname)) == ZO_OK && mkdirat(s->dfd, s->tname, 0777))
             st = zo_error(ZO_ERR_IO, "%s: mkdir: %s", s->tmp, strerror(errno));
+        if (st == ZO_OK && (s->tfd = openat(s->dfd, s->tname, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0)
+            st = zo_error(ZO_ERR_IO, "%s: open: %s", s->tmp, strerror(errno));
     }
     if (st != ZO_OK) {
+        if (s->tfd >= 0) close(s->tfd);
         close(s->dfd);
-        s->dfd = -1;
+        s->dfd = s->tfd = -1;
     }
     return st;
 }
@@ -365,9 +407,10 @@ static zo_status save_abort(save_dir *s, zo_status st)
     if (s->dfd < 0) return st;
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", zo_last_error());
-    zo_dir_remove_at(s->dfd, s->tname);
+    zo_dir_remove_at(s->dfd, s->tname); /* a link put in its place is left alone */
+    if (s->tfd >= 0) close(s->tfd);
     close(s->dfd);
-    s->dfd = -1;
+    s->dfd = s->tfd = -1;
     return zo_error(st, "%s", msg);
 }
 
@@ -376,12 +419,15 @@ static zo_status save_abort(save_dir *s, zo_status st)
 static zo_status save_publish(offload_ckpt *ck, const char *dir, save_dir *s)
 {
     char path[4400], line[80];
-    zo_status st;
-    if ((st = fsync_path(s->tmp)) != ZO_OK) return save_abort(s, st);
+    zo_status st = ZO_OK;
+    if (fsync(s->tfd)) return save_abort(s, zo_error(ZO_ERR_IO, "%s: fsync: %s", s->tmp, strerror(errno)));
     hook(ck, "before-rename");
+    if ((st = save_same_dir(s, s->tname, s->tmp)) != ZO_OK) return save_abort(s, st);
     if (renameat(s->dfd, s->tname, s->dfd, s->name))
         return save_abort(s, zo_error(ZO_ERR_IO, "rename %s -> %s/%s: %s", s->tmp, dir, s->name, strerror(errno)));
-    if (fsync(s->dfd)) st = zo_error(ZO_ERR_IO, "%s: fsync: %s", dir, strerror(errno));
+    snprintf(path, sizeof path, "%s/%s", dir, s->name);
+    st = save_same_dir(s, s->name, path); /* what was renamed: `latest` names only the folder made */
+    if (st == ZO_OK && fsync(s->dfd)) st = zo_error(ZO_ERR_IO, "%s: fsync: %s", dir, strerror(errno));
     if (st == ZO_OK) {
         hook(ck, "before-latest");
         snprintf(line, sizeof line, "%s\n", s->name);
@@ -390,8 +436,9 @@ static zo_status save_publish(offload_ckpt *ck, const char *dir, save_dir *s)
     }
     /* older checkpoints go once the new one is the latest */
     if (st == ZO_OK) rotate(ck, s->dfd, s->name);
+    close(s->tfd);
     close(s->dfd);
-    s->dfd = -1;
+    s->dfd = s->tfd = -1;
     return st;
 }
 
@@ -407,6 +454,9 @@ static zo_status save_finish(offload_ckpt *ck, const save_dir *s, offload_dp *dp
                      .skipped = c->skipped, .skipped_in_a_row = c->skipped_in_a_row,
                      .params = ck->g->n, .blocks = ck->g->nb, .dtype = ck->g->dtype,
                      .data_step = meta ? meta->data_step : 0, .seed = meta ? meta->seed : 0};
+    if (meta && meta->batch.micro_batch)
+        cs.batch = (ckpt_batch){.micro_batch = meta->batch.micro_batch, .grad_accum = meta->batch.grad_accum,
+                                .ranks = meta->batch.ranks, .seq = meta->batch.seq};
     zo_status st = ckpt_state_write(s->tmp, &cs);
     if (st != ZO_OK) return st;
     ckpt_manifest mf = {.layout = {.blocks = ck->g->nb, .params = ck->g->n, .dtype = ck->g->dtype,
@@ -450,7 +500,7 @@ static zo_status save_ckpt(offload_ckpt *ck, offload_dp *dp, const char *dir, co
                            offload_weights_stream writer, void *writer_user)
 {
     int rank = dp ? dp->rank : 0, ranks = dp ? dp->size : 1;
-    save_dir s = {.dfd = -1};
+    save_dir s = {.dfd = -1, .tfd = -1};
     char path[4400], file[64];
     zo_status st = rank == 0 ? save_begin(ck, dir, &s) : ZO_OK;
     if ((st = dp_agree(dp, st, "offload_save")) != ZO_OK) return save_abort(&s, st);
@@ -715,11 +765,11 @@ static zo_status check_checkpoint(const offload_ckpt *ck, const char *cdir, ckpt
     snprintf(path, sizeof path, "%s/" CKPT_MANIFEST_NAME, cdir);
     const ckpt_layout *l = &mf->layout;
     if (l->blocks != ck->g->nb || l->params != ck->g->n || l->dtype != ck->g->dtype ||
-        l->state_version != CKPT_STATE_VERSION)
+        l->state_version != cs->version)
         st = zo_error(ZO_ERR_INVALID, "%s: layout %d blocks, %" PRIu64 " parameters, %s, state version "
-                      "%d; this run: %d blocks, %zu parameters, %s, version %d", path, l->blocks,
+                      "%d; this run: %d blocks, %zu parameters, %s, %s version %d", path, l->blocks,
                       l->params, zo_dtype_name(l->dtype), l->state_version, ck->g->nb, ck->g->n,
-                      zo_dtype_name(ck->g->dtype), CKPT_STATE_VERSION);
+                      zo_dtype_name(ck->g->dtype), CKPT_STATE_NAME, cs->version);
     else if (!ckpt_manifest_find(mf, CKPT_STATE_NAME) || (!mf->partition.ranks && !ckpt_manifest_find(mf, OPT_FILE)))
         st = zo_error(ZO_ERR_FORMAT, "%s: does not list %s and %s", path, CKPT_STATE_NAME, OPT_FILE);
     else
@@ -784,6 +834,9 @@ zo_status offload_ckpt_load(offload_ckpt *ck, const char *dir, offload_ckpt_meta
     if (meta) {
         meta->data_step = cs.data_step;
         meta->seed = cs.seed;
+        meta->batch = (offload_ckpt_batch){.micro_batch = cs.batch.micro_batch, .grad_accum = cs.batch.grad_accum,
+                                           .ranks = cs.batch.ranks, .seq = cs.batch.seq};
+        meta->state_version = cs.version;
     }
 out_close:
     source_close(&src);

@@ -118,7 +118,20 @@ zo_status ckpt_state_write(const char *dir, const ckpt_state *s)
     cJSON_AddNumberToObject(o, "params", (double)s->params);
     cJSON_AddNumberToObject(o, "blocks", s->blocks);
     cJSON_AddStringToObject(o, "dtype", zo_dtype_name(s->dtype));
-    cJSON_AddNumberToObject(o, "data_step", (double)s->data_step);
+    cJSON_AddNumberToObject(o, "data_rows", (double)s->data_step);
+    const ckpt_batch *b = &s->batch;
+    if (b->micro_batch) {
+        cJSON *bo = cJSON_AddObjectToObject(o, "batch");
+        if (bo) {
+            cJSON_AddNumberToObject(bo, "micro_batch", (double)b->micro_batch);
+            cJSON_AddNumberToObject(bo, "grad_accum", (double)b->grad_accum);
+            cJSON_AddNumberToObject(bo, "ranks", (double)b->ranks);
+            cJSON_AddNumberToObject(bo, "seq", (double)b->seq);
+            cJSON_AddNumberToObject(bo, "global_batch", (double)(b->micro_batch * b->grad_accum * b->ranks));
+        }
+    } else {
+        cJSON_AddNullToObject(o, "batch");
+    }
     cJSON_AddStringToObject(o, "seed", seed);
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
@@ -129,11 +142,41 @@ zo_status ckpt_state_write(const char *dir, const ckpt_state *s)
     return st;
 }
 
+/* "batch": null (no shape recorded), or every member a whole number >= 1
+ * and "global_batch" their product. */
+static zo_status get_batch(const cJSON *o, const char *path, ckpt_batch *b)
+{
+    static const char *const known[] = {"micro_batch", "grad_accum", "ranks", "seq", "global_batch", NULL};
+    const cJSON *bo;
+    zo_status st = get_item(o, "batch", path, "", &bo);
+    memset(b, 0, sizeof *b);
+    if (st != ZO_OK || cJSON_IsNull(bo)) return st;
+    if (!cJSON_IsObject(bo)) return zo_error(ZO_ERR_FORMAT, "%s: field \"batch\" is not an object or null", path);
+    double mb, ga, ranks, seq, global;
+    if ((st = check_known(bo, known, path, "batch.")) != ZO_OK ||
+        (st = get_int(bo, "micro_batch", path, "batch.", 1, INT_MAX, &mb)) != ZO_OK ||
+        (st = get_int(bo, "grad_accum", path, "batch.", 1, INT_MAX, &ga)) != ZO_OK ||
+        (st = get_int(bo, "ranks", path, "batch.", 1, CKPT_MAX_RANKS, &ranks)) != ZO_OK ||
+        (st = get_int(bo, "seq", path, "batch.", 1, INT_MAX, &seq)) != ZO_OK ||
+        (st = get_int(bo, "global_batch", path, "batch.", 1, EXACT_MAX, &global)) != ZO_OK)
+        return st;
+    if (global != mb * ga * ranks)
+        return zo_error(ZO_ERR_FORMAT, "%s: \"batch.global_batch\" = %.0f is not micro_batch %.0f x grad_accum "
+                        "%.0f x ranks %.0f", path, global, mb, ga, ranks);
+    *b = (ckpt_batch){.micro_batch = (int64_t)mb, .grad_accum = (int64_t)ga, .ranks = (int64_t)ranks,
+                      .seq = (int64_t)seq};
+    return ZO_OK;
+}
+
 zo_status ckpt_state_parse(const char *text, size_t len, const char *path, ckpt_state *s)
 {
     static const char *const known[] = {"format", "version", "step", "loss_scale", "good_steps",
                                         "skipped", "skipped_in_a_row", "params", "blocks", "dtype",
-                                        "data_step", "seed", NULL};
+                                        "data_rows", "batch", "seed", NULL};
+    /* version 3: the data position in micro-batches, no batch shape */
+    static const char *const known_v3[] = {"format", "version", "step", "loss_scale", "good_steps",
+                                           "skipped", "skipped_in_a_row", "params", "blocks", "dtype",
+                                           "data_step", "seed", NULL};
     cJSON *o;
     zo_status st = zo_json_parse(text, len, path, &o);
     if (st != ZO_OK) return st;
@@ -145,15 +188,18 @@ zo_status ckpt_state_parse(const char *text, size_t len, const char *path, ckpt_
         st = zo_error(ZO_ERR_FORMAT, "%s: not a JSON object", path);
         goto out_free;
     }
-    if ((st = check_format(o, path, CKPT_STATE_FORMAT, CKPT_STATE_VERSION)) != ZO_OK ||
-        (st = check_known(o, known, path, "")) != ZO_OK ||
+    const cJSON *ver = cJSON_GetObjectItemCaseSensitive(o, "version");
+    int v3 = cJSON_IsNumber(ver) && ver->valuedouble == CKPT_STATE_VERSION_OLD;
+    if ((st = check_format(o, path, CKPT_STATE_FORMAT, v3 ? CKPT_STATE_VERSION_OLD : CKPT_STATE_VERSION)) != ZO_OK ||
+        (st = check_known(o, v3 ? known_v3 : known, path, "")) != ZO_OK ||
         (st = get_int(o, "step", path, "", 0, EXACT_MAX, &step)) != ZO_OK ||
         (st = get_int(o, "good_steps", path, "", 0, INT_MAX, &good)) != ZO_OK ||
         (st = get_int(o, "skipped", path, "", 0, EXACT_MAX, &skipped)) != ZO_OK ||
         (st = get_int(o, "skipped_in_a_row", path, "", 0, INT_MAX, &row)) != ZO_OK ||
         (st = get_int(o, "params", path, "", 1, EXACT_MAX, &params)) != ZO_OK ||
         (st = get_int(o, "blocks", path, "", 1, INT_MAX, &blocks)) != ZO_OK ||
-        (st = get_int(o, "data_step", path, "", 0, EXACT_MAX, &data_step)) != ZO_OK ||
+        (st = get_int(o, v3 ? "data_step" : "data_rows", path, "", 0, EXACT_MAX, &data_step)) != ZO_OK ||
+        (!v3 && (st = get_batch(o, path, &s->batch)) != ZO_OK) ||
         (st = get_dtype(o, path, "", &s->dtype)) != ZO_OK ||
         (st = get_string(o, "seed", path, "", &seed)) != ZO_OK ||
         (st = get_item(o, "loss_scale", path, "", &scale)) != ZO_OK)
@@ -170,6 +216,7 @@ zo_status ckpt_state_parse(const char *text, size_t len, const char *path, ckpt_
         st = zo_error(ZO_ERR_FORMAT, "%s: \"seed\" = \"%s\" is not a 64-bit unsigned integer", path, seed);
         goto out_free;
     }
+    s->version = v3 ? CKPT_STATE_VERSION_OLD : CKPT_STATE_VERSION;
     s->step = (int64_t)step;
     s->loss_scale = (float)scale->valuedouble;
     s->good_steps = (int)good;

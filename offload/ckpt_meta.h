@@ -1,7 +1,8 @@
 /* The small files of a training checkpoint (internal to the runtime):
  *
- *   state.json     the counters: step, loss scale, data position, ... (every
- *                  field required; version 3)
+ *   state.json     the counters: step, loss scale, data position and the
+ *                  batch shape it counts in, ... (every field required;
+ *                  version 4; version 3, without the batch shape, is read)
  *   manifest.json  written last: every other file of the checkpoint with its
  *                  size and XXH3-64, and the layout the checkpoint is of
  *                  (blocks, parameters, dtype, state version). A checkpoint is
@@ -25,7 +26,8 @@
 
 #define CKPT_STATE_NAME "state.json"
 #define CKPT_STATE_FORMAT "zoffload-train-state"
-#define CKPT_STATE_VERSION 3
+#define CKPT_STATE_VERSION 4
+#define CKPT_STATE_VERSION_OLD 3 /* read: its data position in micro-batches of a shape not recorded */
 #define CKPT_MANIFEST_NAME "manifest.json"
 #define CKPT_MANIFEST_FORMAT "zoffload-checkpoint-manifest"
 #define CKPT_MANIFEST_VERSION 1
@@ -34,7 +36,17 @@
 
 /* ---- state.json ------------------------------------------------------------------ */
 
+/* The batch shape the data position counts in: micro_batch rows (sequences
+ * of seq tokens) a micro-batch, grad_accum micro-batches a rank a step, on
+ * `ranks` ranks: micro_batch x grad_accum x ranks rows a step (the file's
+ * "global_batch", checked). All 0: none recorded (a caller other than
+ * train, or a version-3 state.json). */
+typedef struct ckpt_batch {
+    int64_t micro_batch, grad_accum, ranks, seq;
+} ckpt_batch;
+
 typedef struct ckpt_state {
+    int version;            /* read: 4, or 3 (data_step in micro-batches, no batch) */
     int64_t step;           /* optimizer steps taken */
     float loss_scale;
     int good_steps;         /* steps since the scale last moved */
@@ -43,14 +55,17 @@ typedef struct ckpt_state {
     uint64_t params;        /* elements of the model */
     int blocks;
     zo_dtype dtype;         /* of the weights */
-    int64_t data_step;      /* the caller's data position */
+    int64_t data_step;      /* the caller's data position: rows (sequences) of `batch` taken
+                             * by every rank in all ("data_rows"); version 3: micro-batches */
     uint64_t seed;          /* the caller's seed (a decimal string in the file: exact) */
+    ckpt_batch batch;
 } ckpt_state;
 
 /* dir/state.json, atomically. */
 zo_status ckpt_state_write(const char *dir, const ckpt_state *s);
-/* Every field required and in range, nothing unknown, version 3; messages
- * name `path` and the field. */
+/* Every field required and in range, nothing unknown, version 4 (or 3, as
+ * it was written: "data_step" and no "batch"); messages name `path` and the
+ * field. */
 zo_status ckpt_state_parse(const char *text, size_t len, const char *path, ckpt_state *s);
 zo_status ckpt_state_read(const char *path, ckpt_state *s);
 

@@ -26,13 +26,20 @@ void offload_dp_geom(const offload_dp *dp, const offload_geom *g, offload_geom *
     offload_part_geom(&p, g, out);
 }
 
+void *offload_dp_bucket_at(const offload_dp *dp, int k, size_t i)
+{
+    return (char *)dp->bucket[k] + i * zo_dtype_size(dp->red);
+}
+
 zo_status offload_dp_create(const offload_env *env, const offload_geom *g, comm_t comm, int stage,
-                            size_t bucket, offload_dp **out)
+                            size_t bucket, zo_dtype red, offload_dp **out)
 {
     *out = NULL;
     zo_status st;
     if (stage < 0 || stage > 3)
         return zo_error(ZO_ERR_INVALID, "offload_init: ZeRO stage %d (0, 1, 2 or 3)", stage);
+    if (red != ZO_DTYPE_F32 && red != ZO_DTYPE_BF16 && red != ZO_DTYPE_F16)
+        return zo_error(ZO_ERR_INVALID, "offload_init: reduce dtype %d (fp32, bf16 or fp16)", (int)red);
     /* the runtime's collectives take device memory: the CPU device's is host memory */
     if (!comm_device_buffers(comm) && strcmp(gpu_device_name(env->dev), "cpu"))
         return zo_error(ZO_ERR_UNSUPPORTED,
@@ -45,6 +52,7 @@ zo_status offload_dp_create(const offload_env *env, const offload_geom *g, comm_
     dp->rank = comm_rank(comm);
     dp->size = comm_size(comm);
     dp->stage = stage;
+    dp->red = red;
     dp->env = env;
     dp->nb = g->nb;
     size_t nb = (size_t)g->nb;
@@ -74,9 +82,13 @@ zo_status offload_dp_create(const offload_env *env, const offload_geom *g, comm_
     dp->bucket_q = cap / (size_t)dp->size;
     if (!dp->bucket_q) dp->bucket_q = 1;
     if (dp->bucket_q * (size_t)dp->size > dp->largest_pad) dp->bucket_q = dp->largest_pad / (size_t)dp->size;
-    size_t bb = dp->bucket_q * (size_t)dp->size * sizeof(float);
+    /* in the reduce dtype, rounded up to whole fp32 words per rank (a
+     * gather of master weights goes through bucket 0 as words) */
+    size_t word_row = 4 * (size_t)dp->size;
+    size_t bb = (dp->bucket_q * (size_t)dp->size * zo_dtype_size(red) + word_row - 1) / word_row * word_row;
+    dp->bucket_words = bb / word_row;
     for (int k = 0; k < 2; k++) {
-        if ((st = gpu_mem_alloc(env->dev, bb, (void **)&dp->bucket[k])) != ZO_OK) {
+        if ((st = gpu_mem_alloc(env->dev, bb, &dp->bucket[k])) != ZO_OK) {
             st = zo_error_wrap(st, "offload_init: communication bucket %d of 2 (%zu bytes)", k + 1, bb);
             goto out_free;
         }
@@ -318,7 +330,7 @@ zo_status offload_dp_gather_part(offload_dp *dp, const offload_part *p, int b, s
     const offload_env *env = dp->env;
     char *buf = (char *)dp->bucket[0];
     size_t c = p->pad[b] / (size_t)dp->size * es; /* bytes of a rank's part */
-    size_t cw = c / 4, qw = dp->bucket_q, whole = numel * es;
+    size_t cw = c / 4, qw = dp->bucket_words, whole = numel * es;
     zo_status st;
     /* piece by piece through bucket 0 (qw words of every rank's part): the
      * rank's piece in, every rank's gathered, each copied to its place in

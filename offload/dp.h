@@ -25,14 +25,17 @@ struct offload_dp {
     size_t *part_n;        /* [nb] ... and its elements (possibly 0) */
     size_t *loc_off;       /* [nb + 1] the rank's geometry: flat offsets of the parts */
     size_t largest_pad;    /* the largest padded block */
-    /* two fp32 buckets of bucket_q x size elements on the device: a piece of
-     * a block's gradient (or master weights) while a collective runs on it.
-     * A block whose part is longer than bucket_q goes in pieces: piece j
-     * holds elements [j q, j q + q) of every rank's part, rank after rank
+    /* two buckets of bucket_q x size elements of the reduce dtype on the
+     * device: a piece of a block's gradient while a collective runs on it
+     * (or, as fp32 words, of master weights being gathered). A block whose
+     * part is longer than bucket_q goes in pieces: piece j holds elements
+     * [j q, j q + q) of every rank's part, rank after rank
      * (offload_dp_piece), so that a reduce-scatter of the piece leaves each
      * rank a piece of its own part. */
-    float *bucket[2];
+    void *bucket[2];
+    zo_dtype red;          /* the gradients' reduce dtype: the buckets' elements */
     size_t bucket_q;       /* elements of a rank's part per piece */
+    size_t bucket_words;   /* fp32 words of a rank's part per piece (offload_dp_gather_part) */
     gpu_event_t bucket_ev[2]; /* the bucket's last use is done (its stream's record) */
     void *small;           /* device [size * OFFLOAD_GATHER_MAX]: offload_gather */
     /* a collective's `after` recorded on the h2d stream (ev_in) or on the
@@ -71,9 +74,12 @@ typedef enum dp_op {
 } dp_op;
 
 /* bucket: elements per communication bucket (0: 25M), rounded to the rank
- * count, at most the largest padded block. */
+ * count, at most the largest padded block; red: the gradients' reduce dtype
+ * (the buckets' elements: fp32, bf16 or fp16). */
 zo_status offload_dp_create(const offload_env *env, const offload_geom *g, comm_t comm, int stage,
-                            size_t bucket, offload_dp **out);
+                            size_t bucket, zo_dtype red, offload_dp **out);
+/* Element i of bucket k, in the reduce dtype. */
+void *offload_dp_bucket_at(const offload_dp *dp, int k, size_t i);
 void offload_dp_free(offload_dp *dp);
 /* 1 when the optimizer state (and what follows it) is partitioned: ZeRO 1-3. */
 int offload_dp_partitioned(const offload_dp *dp);

@@ -17,10 +17,18 @@
  *            its part (in place in the host sums, padded per block; in
  *            place in the whole device sums ZeRO-1 keeps for a device
  *            share, where the device shard reads it)
- *   ZeRO 2-3 after each block's backward its gradient is cast to fp32 in a
- *            device bucket and reduce-scattered; only the rank's part is
- *            summed (no rank holds a whole gradient)
- * Every reduction is in fp32. */
+ *   ZeRO 2-3 after each block's backward its gradient is cast to the
+ *            reduce dtype in a device bucket and reduce-scattered; only the
+ *            rank's part is summed (no rank holds a whole gradient)
+ * Every reduction is in the reduce dtype (offload_config.reduce_dtype, the
+ * buckets' elements; fp32 by default), every sum over micro-batches in
+ * fp32. In 16 bits: ZeRO 0-1 round each block's fp32 sum once to the reduce
+ * dtype (the host, in place, for a host sum; the device, into the bucket,
+ * for a device sum), the collective adds in fp32 and rounds each partial
+ * sum to the reduce dtype, and the result is widened exactly into the fp32
+ * sum (or the rank's part); ZeRO 2-3 cast each micro-batch's gradient (the
+ * model's dtype) to the reduce dtype, reduce-scatter it so, and add the
+ * rank's piece, widened, into its fp32 sum. */
 #include "offload/grads.h"
 
 #include <stdlib.h>
@@ -35,8 +43,9 @@ struct grads_path {
      * block's own, not a dependant's share), just written on s */
     zo_status (*send)(offload_grads *gr, gpu_stream_t s, int k, int block, int own);
     /* ZeRO 2-3: m elements of the rank's part from `first` on, reduced in
-     * `mine` (device fp32), to the sum of `block` through slot k, on d2h */
-    zo_status (*piece)(offload_grads *gr, int k, int block, size_t first, const float *mine, size_t m);
+     * `mine` (device, the reduce dtype), to the sum of `block` through slot
+     * k, on d2h */
+    zo_status (*piece)(offload_grads *gr, int k, int block, size_t first, const void *mine, size_t m);
     /* ZeRO 2-3: the pieces of slot k's `block` (pn elements of the rank's
      * part) are sent */
     void (*pieces_sent)(offload_grads *gr, int k, int block, size_t pn, int own);
@@ -47,6 +56,7 @@ struct grads_path {
 
 static zo_status added(offload_grads *gr, int b, gpu_stream_t s);
 static zo_status early_reduced(offload_grads *gr, int wait);
+static void widen(offload_grads *gr, int b);
 
 /* Add the gradients of gradient slot k (on the host once its copy is done)
  * into the fp32 sum. */
@@ -114,9 +124,9 @@ static zo_status early_reduced(offload_grads *gr, int wait)
     while (done < gr->n_red_wait) {
         int b = gr->red_wait[done];
         if (!wait && !gpu_event_query(gr->red_ev[b])) break;
-        if ((st = offload_timed_wait(gr->env, gr->red_ev[b], OFFLOAD_TIME_COMM)) != ZO_OK ||
-            (st = offload_optim_block_done(gr->opt, b)) != ZO_OK)
-            return st;
+        if ((st = offload_timed_wait(gr->env, gr->red_ev[b], OFFLOAD_TIME_COMM)) != ZO_OK) return st;
+        widen(gr, b);
+        if ((st = offload_optim_block_done(gr->opt, b)) != ZO_OK) return st;
         done++;
     }
     memmove(gr->red_wait, gr->red_wait + done, (size_t)(gr->n_red_wait - done) * sizeof *gr->red_wait);
@@ -128,6 +138,7 @@ void offload_grads_forget(offload_grads *gr)
 {
     for (int k = 0; k < OFFLOAD_GRAD_SLOTS; k++) gr->gs[k].block = -1;
     gr->n_red_wait = 0;
+    if (gr->narrowed) memset(gr->narrowed, 0, (size_t)gr->g->nb); /* the sums start again */
 }
 
 zo_status offload_grads_drain(offload_grads *gr)
@@ -235,43 +246,45 @@ static size_t mine_in(size_t pn, size_t first, size_t q)
 
 /* Piece (first, q) of block b into bucket bk, every rank's share of it
  * rank after rank, from `src` (n elements of dtype dt, device or host, by
- * `kind`) in fp32, the padding zeroed; on stream s. */
+ * `kind`; host memory in the reduce dtype only) in the reduce dtype, the
+ * padding zeroed; on stream s. */
 static zo_status pack_piece(offload_grads *gr, gpu_stream_t s, int b, size_t n, const void *src, zo_dtype dt,
-                            gpu_copy_kind kind, size_t first, size_t q, float *bk)
+                            gpu_copy_kind kind, size_t first, size_t q, void *bk)
 {
     offload_dp *dp = gr->env->dp;
-    size_t es = zo_dtype_size(dt);
+    size_t es = zo_dtype_size(dt), rs = zo_dtype_size(dp->red);
     zo_status st;
     for (int r = 0; r < dp->size; r++) {
         size_t nr, at = offload_dp_piece_src(dp, b, n, r, first, q, &nr);
-        float *dst = bk + (size_t)r * q;
+        char *dst = (char *)bk + (size_t)r * q * rs;
         const char *from = (const char *)src + at * es;
         if (!nr) st = ZO_OK;
-        else if (dt == ZO_DTYPE_F32) st = gpu_memcpy_async(s, dst, from, nr * 4, kind);
-        else st = gpu_cast(s, gpu_t(dst, ZO_DTYPE_F32), gpu_t((void *)from, dt), nr);
+        else if (dt == dp->red) st = gpu_memcpy_async(s, dst, from, nr * rs, kind);
+        else st = gpu_cast(s, gpu_t(dst, dp->red), gpu_t((void *)from, dt), nr);
         if (st != ZO_OK) return st;
-        if (nr < q && (st = gpu_memset_async(s, dst + nr, 0, (q - nr) * 4)) != ZO_OK) return st;
+        if (nr < q && (st = gpu_memset_async(s, dst + nr * rs, 0, (q - nr) * rs)) != ZO_OK) return st;
     }
     return ZO_OK;
 }
 
-/* ZeRO 2-3, a device sum: the rank's piece added to it. */
-static zo_status piece_dev(offload_grads *gr, int k, int block, size_t first, const float *mine, size_t m)
+/* ZeRO 2-3, a device sum: the rank's piece (the reduce dtype) added to it. */
+static zo_status piece_dev(offload_grads *gr, int k, int block, size_t first, const void *mine, size_t m)
 {
     float *acc = gr->sums[block].dev + first;
     (void)k;
-    return gpu_add(gr->env->d2h, gpu_t(acc, ZO_DTYPE_F32), gpu_t(acc, ZO_DTYPE_F32), gpu_t((void *)mine, ZO_DTYPE_F32),
-                   m);
+    return gpu_add(gr->env->d2h, gpu_t(acc, ZO_DTYPE_F32), gpu_t(acc, ZO_DTYPE_F32),
+                   gpu_t((void *)mine, gr->env->dp->red), m);
 }
 
-/* ZeRO 2-3, a host sum: the rank's piece copied out into slot k's pinned
- * half, at its place in the part. */
-static zo_status piece_host(offload_grads *gr, int k, int block, size_t first, const float *mine, size_t m)
+/* ZeRO 2-3, a host sum: the rank's piece (the reduce dtype) copied out into
+ * slot k's pinned half, at its place in the part. */
+static zo_status piece_host(offload_grads *gr, int k, int block, size_t first, const void *mine, size_t m)
 {
     (void)block;
-    float *dst = (float *)gr->gs[k].host + first;
-    zo_status st = gpu_memcpy_async(gr->env->d2h, dst, mine, m * 4, GPU_COPY_DEVICE_TO_HOST);
-    if (st == ZO_OK) offload_add_bytes(gr->env->acct, OFFLOAD_BYTES_D2H, m * 4);
+    size_t rs = zo_dtype_size(gr->env->dp->red);
+    char *dst = (char *)gr->gs[k].host + first * rs;
+    zo_status st = gpu_memcpy_async(gr->env->d2h, dst, mine, m * rs, GPU_COPY_DEVICE_TO_HOST);
+    if (st == ZO_OK) offload_add_bytes(gr->env->acct, OFFLOAD_BYTES_D2H, m * rs);
     return st;
 }
 
@@ -302,19 +315,19 @@ static zo_status send_scatter(offload_grads *gr, gpu_stream_t s, int k, int bloc
     gpu_stream_t d2h = gr->env->d2h;
     const grads_path *path = gr->path[block];
     size_t n = gr->g->numel[block], pn = dp->part_n[block];
-    float *bk = dp->bucket[k], *mine = bk;
+    void *bk = dp->bucket[k];
     zo_status st;
     g->block = -1;
     for (size_t j = 0; j < offload_dp_pieces(dp, block); j++) {
         size_t first, q, real;
         offload_dp_piece(dp, block, n, j, &first, &q, &real);
-        mine = bk + (size_t)dp->rank * q;
+        const void *mine = offload_dp_bucket_at(dp, k, (size_t)dp->rank * q);
         /* the bucket's previous piece has left it */
         if (j && (st = gpu_stream_wait_event(s, g->copied)) != ZO_OK) return st;
         if ((st = pack_piece(gr, s, block, n, g->dev, gr->g->dtype, GPU_COPY_DEVICE_TO_DEVICE, first, q, bk)) !=
                 ZO_OK ||
             (st = gpu_event_record(dp->ev_in_s, s)) != ZO_OK ||
-            (st = offload_dp_collective(dp, DP_REDUCE_SCATTER, q, real, bk, ZO_DTYPE_F32, dp->ev_in_s, dp->ev_out)) !=
+            (st = offload_dp_collective(dp, DP_REDUCE_SCATTER, q, real, bk, dp->red, dp->ev_in_s, dp->ev_out)) !=
                 ZO_OK ||
             (st = gpu_stream_wait_event(d2h, dp->ev_out)) != ZO_OK)
             return st;
@@ -339,46 +352,152 @@ zo_status offload_grads_send(offload_grads *gr, gpu_stream_t s, int k, int block
 
 /* ---- at the step: ZeRO 0-1 ---------------------------------------------------------- */
 
+/* n fp32 values rounded (to nearest even) to the 16-bit `red`, in place:
+ * value i goes to bytes [2i, 2i + 2), behind every value not yet read. */
+static void narrow_in_place(float *x, size_t n, zo_dtype red)
+{
+    char *p = (char *)x;
+    for (size_t i = 0; i < n; i++) {
+        float v;
+        memcpy(&v, p + 4 * i, 4);
+        uint16_t h = red == ZO_DTYPE_BF16 ? zo_f32_to_bf16(v) : zo_f32_to_f16(v);
+        memcpy(p + 2 * i, &h, 2);
+    }
+}
+
+/* The reverse, exactly: n 16-bit values at the start of x widened to fp32,
+ * last first (value i is read before bytes [2i, 2i + 2) are written). */
+static void widen_in_place(float *x, size_t n, zo_dtype red)
+{
+    char *p = (char *)x;
+    for (size_t i = n; i-- > 0;) {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        float v = red == ZO_DTYPE_BF16 ? zo_bf16_to_f32(h) : zo_f16_to_f32(h);
+        memcpy(p + 4 * i, &v, 4);
+    }
+}
+
+/* ZeRO 0-1, a host sum reduced in 16 bits: its result (the whole block, or
+ * the rank's part), back in host memory, widened where the optimizer reads
+ * it. */
+static void widen(offload_grads *gr, int b)
+{
+    if (!gr->narrowed || !gr->narrowed[b]) return;
+    offload_dp *dp = gr->env->dp;
+    gr->narrowed[b] = 0;
+    if (gr->red_op == DP_ALL_REDUCE) widen_in_place(gr->sums[b].host, gr->g->numel[b], dp->red);
+    else widen_in_place(gr->sums[b].part, dp->part_n[b], dp->red);
+}
+
+/* ZeRO 0-1: the pieces of block b's reduction, through a bucket each: an
+ * all-reduce's are contiguous (no padding), a reduce-scatter's are
+ * offload_dp_piece's. Piece j is (first, q), `real` of its elements the
+ * model's, `out` of the result's the rank keeps (all-reduce: all). */
+static size_t red_pieces(const offload_grads *gr, int b)
+{
+    const offload_dp *dp = gr->env->dp;
+    size_t n = gr->g->numel[b], cap = dp->bucket_q * (size_t)dp->size;
+    return gr->red_op == DP_ALL_REDUCE ? (n + cap - 1) / cap : offload_dp_pieces(dp, b);
+}
+
+static void red_piece(const offload_grads *gr, int b, size_t j, size_t *first, size_t *q, size_t *real, size_t *out)
+{
+    const offload_dp *dp = gr->env->dp;
+    size_t n = gr->g->numel[b], cap = dp->bucket_q * (size_t)dp->size;
+    if (gr->red_op == DP_ALL_REDUCE) {
+        *first = j * cap;
+        *q = *real = *out = n - *first < cap ? n - *first : cap;
+        return;
+    }
+    offload_dp_piece(dp, b, n, j, first, q, real);
+    *out = mine_in(dp->part_n[b], *first, *q);
+}
+
 /* Block b's host sum through the buckets (alternating, red_k the next),
  * piece by piece: in, reduced, the result (whole, or the rank's part where
- * the optimizer reads it) back out; a bucket's event marks it free. */
+ * the optimizer reads it) back out; a bucket's event marks it free. In a
+ * 16-bit reduce dtype the host rounds the whole sum first, in place (the
+ * 16-bit values in the first half of its bytes), the results come back
+ * 16-bit to the start of their places, and widen() finishes them once
+ * they are there (each piece's results land where that piece's inputs
+ * were, after they left). */
 static zo_status reduce_host(offload_grads *gr, int b, gpu_stream_t s)
 {
     offload_dp *dp = gr->env->dp;
     const offload_env *env = gr->env;
     dp_op op = (dp_op)gr->red_op;
     int *k = &gr->red_k;
-    size_t n = gr->g->numel[b], cap = dp->bucket_q * (size_t)dp->size;
-    float *sum = gr->sums[b].host, *part = gr->sums[b].part;
+    size_t n = gr->g->numel[b], rs = zo_dtype_size(dp->red);
+    char *sum = (char *)gr->sums[b].host, *part = (char *)gr->sums[b].part;
     (void)s;
-    size_t pieces = op == DP_ALL_REDUCE ? (n + cap - 1) / cap : offload_dp_pieces(dp, b);
+    if (dp->red != ZO_DTYPE_F32) {
+        double t0 = zo_now();
+        narrow_in_place(gr->sums[b].host, n, dp->red);
+        offload_add_time(env->acct, OFFLOAD_TIME_GRADS, zo_now() - t0);
+        gr->narrowed[b] = 1;
+    }
     zo_status st;
-    for (size_t j = 0; j < pieces; j++, *k ^= 1) {
-        float *bk = dp->bucket[*k];
+    for (size_t j = 0; j < red_pieces(gr, b); j++, *k ^= 1) {
+        void *bk = dp->bucket[*k];
         size_t first, q, real, out;
         if ((st = offload_timed_wait(env, dp->bucket_ev[*k], OFFLOAD_TIME_GRADS)) != ZO_OK) return st;
-        if (op == DP_ALL_REDUCE) { /* contiguous pieces: no padding */
-            first = j * cap;
-            q = real = out = n - first < cap ? n - first : cap;
-            st = gpu_memcpy_async(env->h2d, bk, sum + first, q * 4, GPU_COPY_HOST_TO_DEVICE);
-        } else {
-            offload_dp_piece(dp, b, n, j, &first, &q, &real);
-            out = mine_in(dp->part_n[b], first, q);
-            st = pack_piece(gr, env->h2d, b, n, sum, ZO_DTYPE_F32, GPU_COPY_HOST_TO_DEVICE, first, q, bk);
-        }
+        red_piece(gr, b, j, &first, &q, &real, &out);
+        st = op == DP_ALL_REDUCE
+                 ? gpu_memcpy_async(env->h2d, bk, sum + first * rs, q * rs, GPU_COPY_HOST_TO_DEVICE)
+                 : pack_piece(gr, env->h2d, b, n, sum, dp->red, GPU_COPY_HOST_TO_DEVICE, first, q, bk);
         if (st != ZO_OK) return st;
         if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK ||
-            (st = offload_dp_collective(dp, op, q, real, bk, ZO_DTYPE_F32, dp->ev_in, dp->ev_out)) != ZO_OK ||
+            (st = offload_dp_collective(dp, op, q, real, bk, dp->red, dp->ev_in, dp->ev_out)) != ZO_OK ||
             (st = gpu_stream_wait_event(env->d2h, dp->ev_out)) != ZO_OK)
             return st;
-        if (op == DP_ALL_REDUCE) st = gpu_memcpy_async(env->d2h, sum + first, bk, out * 4, GPU_COPY_DEVICE_TO_HOST);
+        if (op == DP_ALL_REDUCE)
+            st = gpu_memcpy_async(env->d2h, sum + first * rs, bk, out * rs, GPU_COPY_DEVICE_TO_HOST);
         else if (out)
-            st = gpu_memcpy_async(env->d2h, part + first, bk + (size_t)dp->rank * q, out * 4,
-                                  GPU_COPY_DEVICE_TO_HOST);
+            st = gpu_memcpy_async(env->d2h, part + first * rs, offload_dp_bucket_at(dp, *k, (size_t)dp->rank * q),
+                                  out * rs, GPU_COPY_DEVICE_TO_HOST);
         if (st != ZO_OK) return st;
-        offload_add_bytes(gr->env->acct, OFFLOAD_BYTES_H2D, real * 4);
-        offload_add_bytes(gr->env->acct, OFFLOAD_BYTES_D2H, out * 4);
+        offload_add_bytes(gr->env->acct, OFFLOAD_BYTES_H2D, real * rs);
+        offload_add_bytes(gr->env->acct, OFFLOAD_BYTES_D2H, out * rs);
         if ((st = gpu_event_record(dp->bucket_ev[*k], env->d2h)) != ZO_OK) return st;
+    }
+    return ZO_OK;
+}
+
+/* Block b's device sum in a 16-bit reduce dtype: through the buckets
+ * (alternating, red_k the next), piece by piece, rounded into a bucket on
+ * `in` (the compute stream after its additions, or h2d at the step), reduced,
+ * and widened back on d2h into the sum (all-reduce) or the rank's part of it
+ * (reduce-scatter, where the device shard reads it). */
+static zo_status reduce_dev_16(offload_grads *gr, int b, gpu_stream_t s)
+{
+    offload_dp *dp = gr->env->dp;
+    const offload_env *env = gr->env;
+    dp_op op = (dp_op)gr->red_op;
+    int *k = &gr->red_k;
+    size_t n = gr->g->numel[b];
+    float *sum = gr->sums[b].dev;
+    gpu_stream_t in = s ? s : env->h2d;
+    gpu_event_t ev = s ? dp->ev_in_s : dp->ev_in; /* (each event recorded on one stream only) */
+    zo_status st;
+    for (size_t j = 0; j < red_pieces(gr, b); j++, *k ^= 1) {
+        void *bk = dp->bucket[*k];
+        size_t first, q, real, out;
+        if ((st = offload_timed_wait(env, dp->bucket_ev[*k], OFFLOAD_TIME_GRADS)) != ZO_OK) return st;
+        red_piece(gr, b, j, &first, &q, &real, &out);
+        st = op == DP_ALL_REDUCE ? gpu_cast(in, gpu_t(bk, dp->red), gpu_t(sum + first, ZO_DTYPE_F32), q)
+                                 : pack_piece(gr, in, b, n, sum, ZO_DTYPE_F32, GPU_COPY_DEVICE_TO_DEVICE, first, q, bk);
+        if (st != ZO_OK) return st;
+        if ((st = gpu_event_record(ev, in)) != ZO_OK ||
+            (st = offload_dp_collective(dp, op, q, real, bk, dp->red, ev, dp->ev_out)) != ZO_OK ||
+            (st = gpu_stream_wait_event(env->d2h, dp->ev_out)) != ZO_OK)
+            return st;
+        if (op == DP_ALL_REDUCE)
+            st = gpu_cast(env->d2h, gpu_t(sum + first, ZO_DTYPE_F32), gpu_t(bk, dp->red), out);
+        else if (out)
+            st = gpu_cast(env->d2h, gpu_t(sum + dp->part_off[b] + first, ZO_DTYPE_F32),
+                          gpu_t(offload_dp_bucket_at(dp, *k, (size_t)dp->rank * q), dp->red), out);
+        if (st != ZO_OK || (st = gpu_event_record(dp->bucket_ev[*k], env->d2h)) != ZO_OK) return st;
     }
     return ZO_OK;
 }
@@ -392,6 +511,7 @@ static zo_status reduce_dev(offload_grads *gr, int b, gpu_stream_t s)
     offload_dp *dp = gr->env->dp;
     gpu_event_t after = NULL;
     zo_status st;
+    if (dp->red != ZO_DTYPE_F32) return reduce_dev_16(gr, b, s);
     if (s) {
         if ((st = gpu_event_record(dp->ev_in_s, s)) != ZO_OK) return st;
         after = dp->ev_in_s;
@@ -421,6 +541,7 @@ static zo_status reduce_at_step(offload_grads *gr)
     sw = gpu_stream_synchronize(gr->env->d2h);
     if (st == ZO_OK) st = sw;
     offload_add_time(gr->env->acct, OFFLOAD_TIME_COMM, zo_now() - t0);
+    for (int b = 0; st == ZO_OK && b < gr->g->nb; b++) widen(gr, b);
     return st;
 }
 
@@ -467,6 +588,8 @@ static zo_status layout(offload_grads *gr)
         }
         gr->reduce = reduce_at_step;
         gr->red_op = stage == 0 ? DP_ALL_REDUCE : DP_REDUCE_SCATTER;
+        if (dp->red != ZO_DTYPE_F32 && !(gr->narrowed = calloc((size_t)nb, 1)))
+            return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
         /* updates during backward (overlap) wait for each block's reduction */
         if (gr->opt->cfg->schedule == OFFLOAD_SCHEDULE_OVERLAP) {
             gr->red_ev = calloc((size_t)nb, sizeof *gr->red_ev);
@@ -480,7 +603,7 @@ static zo_status layout(offload_grads *gr)
     if (stage >= 2) {
         /* ZeRO 2-3: the rank's parts only, reduced as backward produces them */
         gr->send = send_scatter;
-        gr->ghost_dtype = ZO_DTYPE_F32;
+        gr->ghost_dtype = dp->red; /* (the pinned halves sized for fp32 parts whatever it is) */
         gr->ghost_bytes = gr->og->largest * 4;
     }
     return ZO_OK;
@@ -545,6 +668,7 @@ void offload_grads_free(offload_grads *gr)
     free(gr->contrib);
     free(gr->contrib_want);
     free(gr->reduced);
+    free(gr->narrowed);
     if (gr->red_ev)
         for (int b = 0; b < gr->g->nb; b++)
             if (gr->red_ev[b]) gpu_event_destroy(gr->red_ev[b]);

@@ -36,7 +36,8 @@ struct offload_grads {
     const grads_path **path;    /* [nb] how it gets there */
     int to_host;                /* some block's sum is in host memory */
     unsigned char *fresh;       /* [nb] the step's first addition into block b writes (lazy zero) */
-    zo_dtype ghost_dtype;       /* what the pinned halves hold: the model's dtype, or fp32 parts */
+    zo_dtype ghost_dtype;       /* what the pinned halves hold: the model's dtype, or (ZeRO 2-3)
+                                   parts reduced in the reduce dtype */
     size_t ghost_bytes, ghost_pinned; /* one pinned half; all of them */
     zo_status (*send)(offload_grads *gr, gpu_stream_t s, int k, int block, int own);
     zo_status (*reduce)(offload_grads *gr);
@@ -47,6 +48,10 @@ struct offload_grads {
     int *contrib, *contrib_want; /* [nb] additions to block b's sum in it; how many there are */
     unsigned char *reduced;     /* [nb] block b reduced this step */
     int red_k;                  /* the next bucket */
+    /* ZeRO 0-1, host sums reduced in a 16-bit reduce dtype: block b's
+     * reduced values wait, 16-bit, at the start of their fp32 places, to be
+     * widened before the optimizer reads them */
+    unsigned char *narrowed;    /* [nb] (NULL: the reduce dtype is fp32) */
     /* ZeRO 0-1 with updates during backward (overlap, offload_optim_early):
      * a block's update starts once its reduction is back in its sum; the
      * blocks reduced and not yet handed on, oldest first, each with the

@@ -84,6 +84,7 @@ void offload_config_defaults(offload_config *c)
     c->sub_group = OFFLOAD_DEFAULT_SUB_GROUP;
     c->swap_buffers = 3;
     c->grad_accum = 1;
+    c->reduce_dtype = ZO_DTYPE_F32;
     c->adam = (offload_adamw){.lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                               .weight_decay = 0.1f, .clip = 1.0f};
 }
@@ -116,6 +117,26 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
     if (c->checkpoints_on == OFFLOAD_CPU && !c->recompute)
         return zo_error(ZO_ERR_INVALID,
                         "offload_init: checkpoints in host memory need recompute (only block inputs are kept)");
+    if (c->recompute_layers < 0 || (c->recompute_layers && !c->recompute))
+        return zo_error(ZO_ERR_INVALID, "offload_init: recompute_layers %d needs recompute (of the first "
+                        "layers, K > 0)", c->recompute_layers);
+    int layers = 0; /* the model's layers; recompute_layers of them all is every layer */
+    for (int b = 0; b < m->n_blocks; b++) {
+        int l = m->block_layer ? m->block_layer[b] : b;
+        if (l + 1 > layers) layers = l + 1;
+    }
+    if (c->recompute_layers > layers)
+        return zo_error(ZO_ERR_INVALID, "offload_init: recompute_layers %d, but the model has %d layers",
+                        c->recompute_layers, layers);
+    int k = c->recompute_layers == layers ? 0 : c->recompute_layers;
+    if (c->recompute && k != m->recompute_layers)
+        return zo_error(ZO_ERR_INVALID, "offload_init: recompute_layers %d, but the model rebuilds the "
+                        "activations of its first %d layers (0: every layer)", c->recompute_layers,
+                        m->recompute_layers);
+    if (c->checkpoints_on == OFFLOAD_CPU && k)
+        return zo_error(ZO_ERR_INVALID, "offload_init: checkpoints in host memory need recompute of every "
+                        "layer (recompute_layers %d: a layer not recomputed keeps its activations on the "
+                        "device)", c->recompute_layers);
     int nvme = c->params_on == OFFLOAD_NVME || c->opt_frac[OFFLOAD_NVME] > 0 ||
                (m->frozen_bytes && c->trainable_on == OFFLOAD_NVME);
     if (nvme) {
@@ -289,7 +310,8 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     rt->env = (offload_env){.dev = dev, .acct = &rt->acct, .n_threads = cfg->n_threads};
     if ((st = copy_model(rt, model)) != ZO_OK) goto out_free;
     if (cfg->comm && comm_size(cfg->comm) > 1) {
-        if ((st = offload_dp_create(&rt->env, &rt->g, cfg->comm, cfg->zero_stage, cfg->comm_bucket, &rt->dp)) != ZO_OK)
+        if ((st = offload_dp_create(&rt->env, &rt->g, cfg->comm, cfg->zero_stage, cfg->comm_bucket,
+                                     cfg->reduce_dtype, &rt->dp)) != ZO_OK)
             goto out_free;
         rt->env.dp = rt->dp;
         /* a slot takes a padded block (the all-gathers and reduce-scatters in place) */
@@ -316,7 +338,8 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     int w_streamed = w_on != OFFLOAD_DEVICE || zero3;
     int f_streamed = frozen && (rt->cfg.params_on != OFFLOAD_DEVICE || zero3);
     offload_stream_config sc = {.m = &rt->m, .g = &rt->g, .prefetch_depth = rt->cfg.prefetch_depth,
-                                .recompute = rt->cfg.recompute, .checkpoints_on = rt->cfg.checkpoints_on};
+                                .recompute = rt->cfg.recompute,
+                                .recompute_layers = rt->cfg.recompute_layers, .checkpoints_on = rt->cfg.checkpoints_on};
     if (w_streamed || f_streamed) sc.n_slots = offload_stream_slots(&rt->m, rt->cfg.prefetch_depth);
     sc.fslot = f_streamed ? rt->fg.slot_bytes : 0;
     sc.slot_size = sc.fslot + (w_streamed ? rt->g.slot_bytes : 0);

@@ -119,8 +119,16 @@ typedef struct offload_model {
      * gradient (the last block uses it). */
     offload_backward_fn backward;
     /* (optional) Rebuild what backward reads from `in`, without writing
-     * `out`. Called before backward when config.recompute is set. */
+     * `out`. Called before backward when config.recompute is set (with
+     * config.recompute_layers K, for the blocks of layers 0..K-1 only). */
     offload_block_fn recompute;
+    /* (optional) [n_blocks] the layer block b is (0, 1, ...), -1 for a block
+     * that is none (an embedding, a head); NULL: block b is layer b. */
+    const int *block_layer;
+    /* With recompute: the layers whose activations the model rebuilds
+     * (the first K; 0: every layer); offload_init checks that it is
+     * config.recompute_layers. */
+    int recompute_layers;
     /* (optional) A frozen base per block (e.g. the base weights under LoRA
      * adapters, 16-bit or NF4): frozen_bytes[b] bytes the model reads and
      * never trains: no gradients, no optimizer state, never written back.
@@ -174,6 +182,11 @@ typedef struct offload_config {
     offload_tier checkpoints_on;     /* DEVICE or CPU (CPU needs recompute) */
     int recompute;                   /* rebuild each block's activations in backward (a plan's
                                         "selective" reads as 0: see offload_plan_load) */
+    int recompute_layers;            /* with recompute: 0 every block; K > 0 only the blocks
+                                        of the model's first K layers (offload_model.block_layer),
+                                        the others keep their activations (Megatron's
+                                        --recompute-num-layers; training.recompute_layers).
+                                        Checkpoints in host memory need every layer */
     int prefetch_depth;              /* blocks loaded ahead of the one computing (0..16) */
     const char *nvme_dir;            /* where NVMe state lives (needed when used) */
     size_t sub_group;                /* optimizer sub-group, elements; 0 = 1M */
@@ -223,10 +236,15 @@ typedef struct offload_config {
      * runtime does not run is common/capability.h's table, whose words
      * offload_init refuses with (ZO_ERR_UNSUPPORTED). */
     int zero_stage;
-    /* Elements of a communication bucket (fp32; two of them on the device):
-     * a block larger than it is reduced in pieces. 0: 25M (the plan's
-     * comm.bucket), at most the largest block. */
+    /* Elements of a communication bucket (in reduce_dtype; two of them on
+     * the device): a block larger than it is reduced in pieces. 0: 25M (the
+     * plan's comm.bucket), at most the largest block. */
     size_t comm_bucket;
+    /* The dtype the gradients are reduced in over the ranks (memplan's
+     * --reduce-dtype, training.reduce_dtype): fp32 (the default), bf16 or
+     * fp16. The sums over micro-batches stay fp32; what is rounded where:
+     * docs/offload.md, "The reduce dtype". */
+    zo_dtype reduce_dtype;
 } offload_config;
 
 /* prefetch 2, everything on the device, no recompute, sub-group 1M, AdamW
@@ -420,10 +438,25 @@ zo_status offload_write_stats_json(const offload_t *rt, const offload_prediction
 
 /* ---- training checkpoints ------------------------------------------------------ */
 
-/* Counters saved with a checkpoint besides the runtime's own. */
+/* Counters saved with a checkpoint besides the runtime's own (state.json,
+ * docs/offload.md "Checkpoints"). The batch shape says what the data
+ * position counts, so that a run resumed with another split of the same
+ * global batch (another micro-batch, grad-accum or rank count) finds its
+ * place, and one with another sequence length or global batch is refused:
+ * micro_batch rows (sequences of seq tokens) a micro-batch, grad_accum
+ * micro-batches a rank a step, on `ranks` ranks. All 0: no shape recorded
+ * (saved so, or loaded from a version-3 state.json). */
+typedef struct offload_ckpt_batch {
+    int64_t micro_batch, grad_accum, ranks, seq;
+} offload_ckpt_batch;
+
 typedef struct offload_ckpt_meta {
-    int64_t data_step;   /* the caller's data position */
+    int64_t data_step;   /* the caller's data position: train's is rows (sequences) every rank
+                          * took, in all; loaded from a version-3 state.json (state_version 3),
+                          * micro-batches of a shape it did not record */
     uint64_t seed;
+    offload_ckpt_batch batch;
+    int state_version;   /* loaded: the state.json's (4; 3 for an older checkpoint) */
 } offload_ckpt_meta;
 
 /* Write the model's weights (fp32 master blocks) under `path` (e.g. as

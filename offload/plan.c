@@ -48,6 +48,7 @@ zo_status offload_plan_load(const char *path, offload_plan *plan)
      * memory-efficient (it keeps one log-sum-exp per row), so selective
      * saves nothing over none */
     c->recompute = f->training.recompute == ZO_PLAN_RECOMPUTE_FULL;
+    c->recompute_layers = c->recompute ? f->training.recompute_layers : 0;
     /* the optimizer's schedule; LoRA: the adapters' place (the method and
      * its r, alpha and targets are the program's: plan->file.training) */
     c->schedule = f->training.optimizer_schedule == ZO_PLAN_SCHED_DPU       ? OFFLOAD_SCHEDULE_DPU
@@ -62,6 +63,7 @@ zo_status offload_plan_load(const char *path, offload_plan *plan)
     c->prefetch_depth = f->buffers.prefetch_depth;
     c->sub_group = (size_t)f->nvme.sub_group;
     c->comm_bucket = (size_t)f->buffers.comm_bucket_elems;
+    c->reduce_dtype = f->training.reduce_dtype;
     c->swap_buffers = f->nvme.swap_buffers;
     if (strcmp(f->nvme.dir, ZO_PLAN_NVME_DIR_PLACEHOLDER)) c->nvme_dir = f->nvme.dir;
 

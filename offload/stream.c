@@ -316,6 +316,17 @@ static zo_status forward_blocks(offload_stream *sm, gpu_stream_t s)
     return ZO_OK;
 }
 
+/* Whether block b's activations are rebuilt before its backward: with
+ * recompute, every block, or (recompute_layers K) the blocks of the first K
+ * layers, the others having kept theirs. */
+static int recomputes(const offload_stream *sm, int b)
+{
+    if (!sm->c.recompute) return 0;
+    if (!sm->c.recompute_layers) return 1;
+    int l = sm->c.m->block_layer ? sm->c.m->block_layer[b] : b;
+    return l >= 0 && l < sm->c.recompute_layers;
+}
+
 /* Backward of block b, its gradients sent on. */
 static zo_status backward_block(offload_stream *sm, gpu_stream_t s, int b)
 {
@@ -332,7 +343,7 @@ static zo_status backward_block(offload_stream *sm, gpu_stream_t s, int b)
         if ((st = offload_grads_take(gr, s, k, &kd)) != ZO_OK) return st;
         io.dep_grads = gr->gs[kd].dev;
     }
-    if (sm->c.recompute && (st = sm->c.m->recompute(sm->c.m->user, b, &io, s)) != ZO_OK) return st;
+    if (recomputes(sm, b) && (st = sm->c.m->recompute(sm->c.m->user, b, &io, s)) != ZO_OK) return st;
     if ((st = sm->c.m->backward(sm->c.m->user, b, &io, sm->c.opt->ctr.loss_scale, s)) != ZO_OK) return st;
     /* the dependency's share first: the same order whatever the placement */
     if (kd >= 0 && (st = offload_grads_send(gr, s, kd, dep, 0)) != ZO_OK) return st;

@@ -33,6 +33,7 @@ typedef struct offload_stream_config {
     size_t fslot, slot_size;    /* bytes of a slot's frozen part (0: the base is resident); of a slot */
     int prefetch_depth;
     int recompute;              /* backward rebuilds a block's activations from its input */
+    int recompute_layers;       /* with recompute: 0 every block; K the blocks of layers 0..K-1 */
     offload_tier checkpoints_on; /* the activation store's tier */
     offload_grads *gr;
     offload_optim *opt;

@@ -215,7 +215,7 @@ static void walk_depths(walk *w, plan_train *t, const plan_time_mb *mb, int *fit
             /* where part of the layers can keep their activations, that is
              * faster than recomputing them all (which is then ranked only by
              * memory) */
-            if (t->recompute == ZO_PLAN_RECOMPUTE_FULL && ck == ZO_PLAN_GPU && !s->runtime_plans &&
+            if (t->recompute == ZO_PLAN_RECOMPUTE_FULL && ck == ZO_PLAN_GPU &&
                 e.activations_known && walk_partial(w, t, &e, mb, &w->part_mb, &w->part_k) &&
                 s->objective != PLAN_OBJ_MEMORY)
                 continue;

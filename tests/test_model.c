@@ -260,7 +260,7 @@ static int teardown_tmp(void **state)
 {
     (void)state;
     const char *names[] = {"u16.bin", "u32.bin", "odd.bin", "oov.bin", "text.txt", "text.bin",
-                           "short.bin", "empty.bin"};
+                           "short.bin", "empty.bin", "cut.bin"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char p[512];
         snprintf(p, sizeof p, "%s/%s", tmpdir, names[i]);
@@ -358,6 +358,37 @@ static void test_batches_random(void **state)
         }
     }
     assert_true(low > 800 && high > 800 && tail > 100);
+    model_tokens_close(&t);
+    free(ids);
+}
+
+/* A token file cut short while it is in use (another process rewrote it):
+ * the batch that reads past its new end is ZO_ERR_IO naming the file and
+ * both sizes; the windows still inside it read as before. The tokens were
+ * read through the mapping, and the same batch killed the process with
+ * SIGBUS (train: exit 135, no message). */
+static void test_tokens_truncated(void **state)
+{
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof path, "%s/cut.bin", tmpdir);
+    const size_t N = 20000;
+    const int B = 2, T = 31;
+    uint32_t *ids = write_tokens(path, N, 2, 50257);
+    model_tokens t;
+    assert_int_equal(model_tokens_open(&t, path, MODEL_TOKENS_U16, 50257), ZO_OK);
+    int32_t in[2 * 31], tg[2 * 31];
+    /* step 200 reads tokens [12400, 12464): before the cut, it is the file's */
+    assert_int_equal(model_batch_get(&t, B, T, 200, 0, MODEL_SAMPLE_SEQUENTIAL, in, tg), ZO_OK);
+    assert_int_equal(in[0], ids[200 * B * T]);
+    assert_int_equal(truncate(path, 8192), 0); /* 4096 tokens left */
+    assert_int_equal(model_batch_get(&t, B, T, 200, 0, MODEL_SAMPLE_SEQUENTIAL, in, tg), ZO_ERR_IO);
+    printf("  %s\n", zo_last_error());
+    assert_non_null(strstr(zo_last_error(), path));
+    assert_non_null(strstr(zo_last_error(), "the file ends at byte 8192, was 40000 bytes when opened: cut short"));
+    /* step 1's windows lie before the cut */
+    assert_int_equal(model_batch_get(&t, B, T, 1, 0, MODEL_SAMPLE_SEQUENTIAL, in, tg), ZO_OK);
+    assert_int_equal(tg[0], ids[B * T + 1]);
     model_tokens_close(&t);
     free(ids);
 }
@@ -474,6 +505,7 @@ int main(void)
         cmocka_unit_test(test_batches_sequential),
         cmocka_unit_test(test_batches_random),
         cmocka_unit_test(test_tokens_errors),
+        cmocka_unit_test(test_tokens_truncated),
         cmocka_unit_test(test_byte_tokens),
     };
     return cmocka_run_group_tests(tests, setup_tmp, teardown_tmp);

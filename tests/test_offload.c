@@ -130,7 +130,8 @@ static zo_status do_run(run *r)
     assert_int_equal(gpu_device_init_cpu(&dopt, &dev), ZO_OK);
     assert_int_equal(gpu_stream_create(dev, &s), ZO_OK);
     tf_model m;
-    tf_options to = {.recompute = r->oc.recompute, .external_res = 1, .lora = r->lora};
+    tf_options to = {.recompute = r->oc.recompute, .recompute_layers = r->oc.recompute_layers, .external_res = 1,
+                     .lora = r->lora};
     zo_status st = tf_init_opts(&m, &r->cfg, dev, r->dt, r->B, r->T, &to);
     if (st != ZO_OK) fprintf(stderr, "tf_init: %s\n", zo_last_error());
     assert_int_equal(st, ZO_OK);
@@ -526,6 +527,73 @@ static void test_bit_identical(void **state)
             print_losses(v[i].name, &r);
             assert_same_losses(v[i].name, &ref, &r);
         }
+    }
+}
+
+/* Partial recompute (Megatron's --recompute-num-layers): the first K layers
+ * rebuilt before their backward, the others keeping their activations. The
+ * losses are those of no recompute and of full recompute, bit for bit (a
+ * recomputed forward is the same arithmetic); the device's peak falls with
+ * every layer recomputed, from none's to full's. A K the model does not
+ * have, or one with host checkpoints, is refused at init. */
+static void test_partial_recompute(void **state)
+{
+    (void)state;
+    zo_model_config cfgs[2] = {tiny_llama(4, 64, 128), tiny_gpt(4, 64, 128)};
+    zo_dtype dts[2] = {ZO_DTYPE_BF16, ZO_DTYPE_F32};
+    for (int c = 0; c < 2; c++) {
+        run base = {.cfg = cfgs[c], .dt = dts[c], .B = 2, .T = 16, .steps = 8};
+        base_config(&base.oc);
+        run none = base, full = base;
+        full.oc.recompute = 1;
+        assert_int_equal(do_run(&none), ZO_OK);
+        assert_int_equal(do_run(&full), ZO_OK);
+        print_losses(c ? "gpt fp32 recompute none" : "llama bf16 recompute none", &none);
+        assert_same_losses("recompute full", &none, &full);
+        uint64_t prev = none.stats.peak[OFFLOAD_DEVICE];
+        for (int k = 1; k <= 4; k++) {
+            run r = base;
+            r.oc.recompute = 1;
+            r.oc.recompute_layers = k;
+            r.oc.params_on = k % 2 ? OFFLOAD_CPU : OFFLOAD_DEVICE; /* streamed or resident */
+            assert_int_equal(do_run(&r), ZO_OK);
+            char name[64];
+            snprintf(name, sizeof name, "recompute %d of 4 layers", k);
+            assert_same_losses(name, &none, &r);
+            /* resident against resident: one layer's activations fewer each */
+            if (r.oc.params_on == OFFLOAD_DEVICE) {
+                printf("  %-28s device peak %llu (none %llu, full %llu)\n", name,
+                       (unsigned long long)r.stats.peak[OFFLOAD_DEVICE],
+                       (unsigned long long)none.stats.peak[OFFLOAD_DEVICE],
+                       (unsigned long long)full.stats.peak[OFFLOAD_DEVICE]);
+                assert_true(r.stats.peak[OFFLOAD_DEVICE] < prev);
+                prev = r.stats.peak[OFFLOAD_DEVICE];
+            }
+        }
+        /* K = every layer is full recompute, byte for byte */
+        assert_int_equal(prev, full.stats.peak[OFFLOAD_DEVICE]);
+    }
+    /* refused at init, naming what: more layers than the model has, host
+     * checkpoints with some layers not recomputed, K without recompute */
+    struct {
+        int recompute, k;
+        offload_tier ckpt;
+        const char *why;
+    } bad[] = {
+        {1, 5, OFFLOAD_DEVICE, "recompute_layers 5, but the model has 4 layers"},
+        {1, 2, OFFLOAD_CPU, "checkpoints in host memory need recompute of every layer"},
+        {0, 2, OFFLOAD_DEVICE, "recompute_layers 2 needs recompute"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        run r = {.cfg = tiny_llama(4, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 1};
+        base_config(&r.oc);
+        r.oc.recompute = bad[i].recompute;
+        r.oc.recompute_layers = bad[i].k;
+        r.oc.checkpoints_on = bad[i].ckpt;
+        r.expect_init = ZO_ERR_INVALID;
+        do_run(&r);
+        printf("  refused: %s\n", zo_last_error());
+        assert_non_null(strstr(zo_last_error(), bad[i].why));
     }
 }
 
@@ -1134,19 +1202,24 @@ static void test_memplan_agrees(void **state)
         double dev; /* optimizer on the device (gradients there too) */
         offload_schedule sched;
         int fp32;   /* fp32 weights (else bf16) */
+        int rc_layers; /* recompute the first K of the 8 layers (0: every one) */
     } v[] = {
-        {"weights cpu, optimizer cpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_SERIAL, 0},
+        {"weights cpu, optimizer cpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_SERIAL, 0, 0},
         /* the delayed update: a second fp32 gradient sum on the host */
-        {"weights cpu, optimizer cpu, dpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_DPU, 0},
-        {"weights cpu, optimizer split", OFFLOAD_CPU, 0.5, 1, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_SERIAL, 0},
-        {"weights nvme, optimizer nvme", OFFLOAD_NVME, 1.0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_SERIAL, 0},
-        {"resident, no recompute", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_SERIAL, 0},
-        {"weights cpu, optimizer gpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 1.0, OFFLOAD_SCHEDULE_SERIAL, 0},
-        {"resident, optimizer and grads gpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 1.0, OFFLOAD_SCHEDULE_SERIAL, 0},
-        {"resident, optimizer gpu/cpu/nvme", OFFLOAD_DEVICE, 0.25, 1, OFFLOAD_DEVICE, 0.5, OFFLOAD_SCHEDULE_SERIAL, 0},
-        {"weights cpu, optimizer gpu/cpu/nvme", OFFLOAD_CPU, 0.25, 1, OFFLOAD_CPU, 0.5, OFFLOAD_SCHEDULE_SERIAL, 0},
-        {"fp32, weights cpu, optimizer cpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_SERIAL, 1},
-        {"fp32, resident, optimizer gpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 1.0, OFFLOAD_SCHEDULE_SERIAL, 1},
+        {"weights cpu, optimizer cpu, dpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_DPU, 0, 0},
+        {"weights cpu, optimizer split", OFFLOAD_CPU, 0.5, 1, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_SERIAL, 0, 0},
+        {"weights nvme, optimizer nvme", OFFLOAD_NVME, 1.0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_SERIAL, 0, 0},
+        {"resident, no recompute", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_SERIAL, 0, 0},
+        {"weights cpu, optimizer gpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 1.0, OFFLOAD_SCHEDULE_SERIAL, 0, 0},
+        {"resident, optimizer and grads gpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 1.0, OFFLOAD_SCHEDULE_SERIAL, 0, 0},
+        {"resident, optimizer gpu/cpu/nvme", OFFLOAD_DEVICE, 0.25, 1, OFFLOAD_DEVICE, 0.5, OFFLOAD_SCHEDULE_SERIAL, 0, 0},
+        {"weights cpu, optimizer gpu/cpu/nvme", OFFLOAD_CPU, 0.25, 1, OFFLOAD_CPU, 0.5, OFFLOAD_SCHEDULE_SERIAL, 0, 0},
+        {"fp32, weights cpu, optimizer cpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_SERIAL, 1, 0},
+        {"fp32, resident, optimizer gpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 1.0, OFFLOAD_SCHEDULE_SERIAL, 1, 0},
+        /* partial recompute: the first K layers rebuilt, the others keeping theirs */
+        {"resident, recompute 3 of 8 layers", OFFLOAD_DEVICE, 0, 1, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_SERIAL, 0, 3},
+        {"weights cpu, recompute 6 of 8 layers", OFFLOAD_CPU, 0, 1, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_SERIAL, 0, 6},
+        {"fp32, weights nvme, recompute 1 of 8", OFFLOAD_NVME, 1.0, 1, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_SERIAL, 1, 1},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         run r = {.cfg = tiny_llama(8, 128, 512), .dt = v[i].fp32 ? ZO_DTYPE_F32 : ZO_DTYPE_BF16, .B = 2, .T = 32,
@@ -1159,6 +1232,7 @@ static void test_memplan_agrees(void **state)
         r.oc.opt_frac[OFFLOAD_NVME] = v[i].nvme;
         r.oc.opt_frac[OFFLOAD_DEVICE] = v[i].dev;
         r.oc.recompute = v[i].recompute;
+        r.oc.recompute_layers = v[i].rc_layers;
         r.oc.checkpoints_on = v[i].ckpt;
         r.oc.schedule = v[i].sched;
         peaks_agree(v[i].name, &r);
@@ -1172,6 +1246,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_trains),
         cmocka_unit_test(test_bit_identical),
+        cmocka_unit_test(test_partial_recompute),
         cmocka_unit_test(test_forward_only),
         cmocka_unit_test(test_schedules),
         cmocka_unit_test(test_lora),

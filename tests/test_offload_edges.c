@@ -479,7 +479,7 @@ static void test_ckpt_bad_state(void **state)
 
     const char *bad[][2] = {
         {"loss_scale", "0"}, {"loss_scale", "-2"}, {"step", "-1"}, {"step", "1.5"},
-        {"skipped", "-3"},   {"good_steps", "-1"}, {"params", "-1"}, {"data_step", "-5"},
+        {"skipped", "-3"},   {"good_steps", "-1"}, {"params", "-1"}, {"data_rows", "-5"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         files_write_text(state_path, saved);
@@ -623,7 +623,7 @@ static void test_ckpt_checksums(void **state)
     ckpt_teardown(rt, &m, dir);
 }
 
-/* state.json: every field required, nothing unknown, version 3, and its
+/* state.json: every field required, nothing unknown, version 4, and its
  * parameters, blocks and dtype those of the run (a fp16 run resumed from a
  * bf16 checkpoint loaded). */
 static void test_ckpt_state_strict(void **state)
@@ -641,7 +641,7 @@ static void test_ckpt_state_strict(void **state)
     size_t len;
     char *saved = slurp_file(path, &len);
     const char *fields[] = {"format", "version", "step", "loss_scale", "good_steps", "skipped",
-                            "skipped_in_a_row", "params", "blocks", "dtype", "data_step", "seed"};
+                            "skipped_in_a_row", "params", "blocks", "dtype", "data_rows", "batch", "seed"};
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         cJSON *o = cJSON_Parse(saved);
         assert_non_null(o);
@@ -686,6 +686,158 @@ static void test_ckpt_state_strict(void **state)
     assert_int_equal(offload_load(rt, dir, NULL), ZO_ERR_INVALID);
     assert_non_null(strstr(zo_last_error(), "a checkpoint of a bf16 run; this run trains in fp16"));
     ckpt_teardown(rt, &m, dir);
+}
+
+/* state.json's batch shape: saved and loaded as given, null when none is
+ * given, checked (its global batch the product of the rest); a version-3
+ * state.json (its data position "data_step" in micro-batches, no shape) is
+ * read as it was written, its version said. */
+static void test_ckpt_state_batch(void **state)
+{
+    (void)state;
+    stub m;
+    char dir[400], ck[500], path[700];
+    offload_t *rt = ckpt_setup(&m, ZO_DTYPE_BF16, "batch", dir, sizeof dir);
+    offload_ckpt_meta meta = {.data_step = 24, .seed = 5, .batch = {.micro_batch = 2, .grad_accum = 3, .ranks = 2, .seq = 16}};
+    assert_int_equal(offload_save(rt, dir, &meta, NULL, NULL), ZO_OK);
+    offload_ckpt_meta got;
+    assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
+    assert_int_equal(got.state_version, 4);
+    assert_int_equal(got.data_step, 24);
+    assert_int_equal(got.batch.micro_batch, 2);
+    assert_int_equal(got.batch.grad_accum, 3);
+    assert_int_equal(got.batch.ranks, 2);
+    assert_int_equal(got.batch.seq, 16);
+    snprintf(ck, sizeof ck, "%s/step-00000000", dir);
+    snprintf(path, sizeof path, "%s/state.json", ck);
+    char *text = files_read_text(path);
+    assert_non_null(strstr(text, "\"global_batch\":\t12"));
+    free(text);
+    ckpt_layout lay = {.blocks = NB, .params = NB * NUMEL, .dtype = ZO_DTYPE_BF16, .state_version = CKPT_STATE_VERSION};
+    const char *names[] = {"optimizer.safetensors", "state.json"};
+    /* a global batch that is not the product of the rest */
+    set_state_field(path, "global_batch", "13");
+    assert_int_equal(ckpt_manifest_write(ck, &lay, names, 2), ZO_OK);
+    assert_int_equal(offload_load(rt, dir, NULL), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "\"batch.global_batch\" = 13 is not micro_batch 2 x grad_accum 3 x ranks 2"));
+    /* no shape given: null, loaded as 0s */
+    meta = (offload_ckpt_meta){.data_step = 7, .seed = 5};
+    assert_int_equal(offload_save(rt, dir, &meta, NULL, NULL), ZO_OK);
+    assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
+    assert_int_equal(got.batch.micro_batch, 0);
+    assert_int_equal(got.batch.seq, 0);
+    /* a version-3 checkpoint, as the runtime wrote it before */
+    const char *v3 = "{\"format\": \"zoffload-train-state\", \"version\": 3, \"step\": 0, \"loss_scale\": 1, "
+                     "\"good_steps\": 0, \"skipped\": 0, \"skipped_in_a_row\": 0, \"params\": %d, "
+                     "\"blocks\": %d, \"dtype\": \"bf16\", \"data_step\": 6, \"seed\": \"9\"}";
+    char buf[1024];
+    snprintf(ck, sizeof ck, "%s/step-00000000.1", dir);
+    snprintf(path, sizeof path, "%s/state.json", ck);
+    snprintf(buf, sizeof buf, v3, NB * NUMEL, NB);
+    files_write_text(path, buf);
+    lay.state_version = 3;
+    assert_int_equal(ckpt_manifest_write(ck, &lay, names, 2), ZO_OK);
+    assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
+    assert_int_equal(got.state_version, 3);
+    assert_int_equal(got.data_step, 6);
+    assert_int_equal(got.seed, 9);
+    assert_int_equal(got.batch.micro_batch, 0);
+    /* version 3 with version 4's fields, or the manifest's version another */
+    snprintf(buf, sizeof buf, v3, NB * NUMEL, NB);
+    strcpy(strstr(buf, "\"data_step\""), "\"data_rows\": 6, \"seed\": \"9\"}");
+    files_write_text(path, buf);
+    assert_int_equal(ckpt_manifest_write(ck, &lay, names, 2), ZO_OK);
+    assert_int_equal(offload_load(rt, dir, NULL), ZO_ERR_FORMAT);
+    assert_non_null(strstr(zo_last_error(), "unknown field \"data_rows\""));
+    snprintf(buf, sizeof buf, v3, NB * NUMEL, NB);
+    files_write_text(path, buf);
+    lay.state_version = 4;
+    assert_int_equal(ckpt_manifest_write(ck, &lay, names, 2), ZO_OK);
+    assert_int_equal(offload_load(rt, dir, NULL), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "state version 4"));
+    ckpt_teardown(rt, &m, dir);
+}
+
+/* At "before-rename": the save's temporary folder moved away and a link to
+ * another folder (hook_user: "DIR\nTARGET") put at its name. */
+static void swap_tmp_hook(void *user, const char *point)
+{
+    if (strcmp(point, "before-rename")) return;
+    char dir[400], target[400], from[900], to[900];
+    assert_int_equal(sscanf(user, "%399[^\n]\n%399s", dir, target), 2);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (!strncmp(de->d_name, ".tmp-", 5)) {
+            snprintf(from, sizeof from, "%s/%s", dir, de->d_name);
+            snprintf(to, sizeof to, "%s/moved", dir);
+            assert_int_equal(rename(from, to), 0);
+            assert_int_equal(symlink(target, from), 0);
+        }
+    closedir(d);
+}
+
+/* The checkpoint's folders are made 0777 less the umask (a group's shared
+ * folder gets group-writable checkpoints; they were 0755 whatever the
+ * umask), and the temporary folder is known by its descriptor: one moved
+ * away mid-save with a link to another folder put at its name is not
+ * published (the link was renamed to step-N and `latest` named it: the next
+ * resume read whatever the link pointed to). */
+static void test_ckpt_tmp_dir(void **state)
+{
+    (void)state;
+    stub m;
+    char dir[400], p[900], outside[400], spec[900];
+    offload_t *rt = ckpt_setup(&m, ZO_DTYPE_BF16, "tmpdir", dir, sizeof dir);
+    files_remove_tree(dir);
+    mode_t old = umask(0002);
+    zo_status st = offload_save(rt, dir, NULL, NULL, NULL);
+    umask(old);
+    assert_int_equal(st, ZO_OK);
+    struct stat sb;
+    assert_int_equal(stat(dir, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0775);
+    snprintf(p, sizeof p, "%s/step-00000000", dir);
+    assert_int_equal(stat(p, &sb), 0);
+    printf("  umask 002: the folder and the checkpoint are %o\n", (unsigned)(sb.st_mode & 0777));
+    assert_int_equal(sb.st_mode & 0777, 0775);
+    offload_free(rt);
+
+    snprintf(outside, sizeof outside, "%s/tmpdir-outside", tmp_dir);
+    files_remove_tree(outside);
+    assert_int_equal(mkdir(outside, 0755), 0);
+    snprintf(spec, sizeof spec, "%s\n%s", dir, outside);
+    offload_config c;
+    offload_config_defaults(&c);
+    c.ckpt_hook = swap_tmp_hook;
+    c.ckpt_hook_user = spec;
+    rt = stub_runtime(&m, ZO_DTYPE_BF16, &c);
+    st = offload_save(rt, dir, NULL, NULL, NULL);
+    printf("  a link put at the temporary folder's name: %s\n", zo_last_error());
+    assert_int_equal(st, ZO_ERR_IO);
+    assert_non_null(strstr(zo_last_error(), "/.tmp-step-00000000.1: no longer the folder this save made (a link "
+                                            "put in its place while it was written)"));
+    /* the latest is the earlier checkpoint; the link is left, not followed */
+    snprintf(p, sizeof p, "%s/latest", dir);
+    char *latest = files_read_text(p);
+    assert_string_equal(latest, "step-00000000\n");
+    free(latest);
+    snprintf(p, sizeof p, "%s/step-00000000.1", dir);
+    assert_int_not_equal(access(p, F_OK), 0);
+    snprintf(p, sizeof p, "%s/.tmp-step-00000000.1", dir);
+    assert_int_equal(lstat(p, &sb), 0);
+    assert_true(S_ISLNK(sb.st_mode));
+    DIR *d = opendir(outside);
+    assert_non_null(d);
+    int entries = 0;
+    for (struct dirent *de; (de = readdir(d));) entries += de->d_name[0] != '.';
+    closedir(d);
+    assert_int_equal(entries, 0);
+    offload_ckpt_meta got;
+    assert_int_equal(offload_load(rt, dir, &got), ZO_OK);
+    ckpt_teardown(rt, &m, dir);
+    files_remove_tree(outside);
 }
 
 /* Non-finite values are refused at every door: a weight set with
@@ -1488,6 +1640,8 @@ int main(void)
         cmocka_unit_test(test_ckpt_same_step),
         cmocka_unit_test(test_ckpt_checksums),
         cmocka_unit_test(test_ckpt_state_strict),
+        cmocka_unit_test(test_ckpt_state_batch),
+        cmocka_unit_test(test_ckpt_tmp_dir),
         cmocka_unit_test(test_nonfinite_weights),
         cmocka_unit_test(test_nonfinite_gradients),
         cmocka_unit_test(test_ckpt_rotation),

@@ -150,8 +150,9 @@ static void test_llama13b_h200_split(void **state)
     s.opt_min[PLAN_GPU] = s.opt_min[PLAN_CPU] = 0.01;
     s.opt_min[PLAN_NVME] = 0.1;
     /* as scripts/gpu_13b.py asks it, for a plan file: what the runtime runs
-     * (no recompute of part of the layers, whose smaller GPU share leaves the
-     * CPU no room for the NVMe share) */
+     * (recompute of part of the layers included: its smaller GPU share of the
+     * optimizer leaves the CPU no room for the whole rest, so the explanation
+     * names the host's memory rather than the flag) */
     s.runtime_plans = 1;
     assert_int_equal(plan_search(&m, &hw, &s, 3, &r), ZO_OK);
     assert_true(r.n_best > 0);
@@ -164,7 +165,8 @@ static void test_llama13b_h200_split(void **state)
     assert_true(r.best[0].time.step >= best);
     char why[2048];
     plan_explain(&m, &hw, &r.best[0], why, sizeof why);
-    if (!strstr(why, "optimizer partly on NVMe as the flags ask")) {
+    if (!strstr(why, "optimizer partly on NVMe as the flags ask") &&
+        !strstr(why, "% NVMe because CPU memory is 128 GiB per node")) {
         print_error("explanation: %s\n", why);
         fail();
     }

@@ -55,12 +55,16 @@ zo_status tf_offload_model_init(tf_offload_model *a, tf_model *m)
     const model_layout *l = lora ? &m->adapters : &m->layout;
     a->m = m;
     a->dep = calloc((size_t)l->n_blocks, sizeof(int));
+    a->layer = calloc((size_t)l->n_blocks, sizeof(int));
     a->decay = calloc((size_t)l->n_tensors + 1, sizeof *a->decay);
-    if (!a->dep || !a->decay) {
+    if (!a->dep || !a->layer || !a->decay) {
         tf_offload_model_free(a);
         return zo_error(ZO_ERR_NOMEM, "tf_offload_model_init: out of host memory");
     }
-    for (int b = 0; b < l->n_blocks; b++) a->dep[b] = -1;
+    for (int b = 0; b < l->n_blocks; b++) {
+        a->dep[b] = -1;
+        a->layer[b] = b >= 1 && b <= m->cfg.n_layers ? b - 1 : -1;
+    }
     if (m->cfg.tied_embeddings) a->dep[model_layout_head_block(&m->layout)] = MODEL_BLOCK_EMBED;
     int nd = 0;
     for (int i = 0; i < l->n_tensors; i++) {
@@ -80,6 +84,10 @@ zo_status tf_offload_model_init(tf_offload_model *a, tf_model *m)
         .forward = tf_off_forward,
         .backward = tf_off_backward,
         .recompute = m->opts.recompute ? tf_off_recompute : NULL,
+        .block_layer = a->layer,
+        /* the layers sharing one activation set: every one, or the first K */
+        .recompute_layers = m->opts.recompute && tf_recompute_layers(m) < m->cfg.n_layers
+                                ? tf_recompute_layers(m) : 0,
         .frozen_bytes = lora ? m->frozen_bytes : NULL,
     };
     return ZO_OK;
@@ -88,6 +96,7 @@ zo_status tf_offload_model_init(tf_offload_model *a, tf_model *m)
 void tf_offload_model_free(tf_offload_model *a)
 {
     free(a->dep);
+    free(a->layer);
     free(a->decay);
     memset(a, 0, sizeof *a);
 }

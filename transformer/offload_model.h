@@ -3,7 +3,8 @@
  * stream between blocks; the model keeps its per-layer activations (or one
  * shared set with recompute). The model must be built with
  * tf_options.external_res = 1 (and .recompute = 1 when the runtime
- * recomputes). Weight decay applies to the 2-D tensors. */
+ * recomputes, .recompute_layers its config.recompute_layers). Weight decay
+ * applies to the 2-D tensors. */
 #ifndef ZO_TRANSFORMER_OFFLOAD_MODEL_H
 #define ZO_TRANSFORMER_OFFLOAD_MODEL_H
 
@@ -14,6 +15,7 @@ typedef struct tf_offload_model {
     tf_model *m;
     offload_model om;
     int *dep;                    /* [n_blocks]: the tied head reads the embedding */
+    int *layer;                  /* [n_blocks]: block b is layer b - 1; the embedding and head none */
     offload_decay_range *decay;  /* the 2-D tensors */
 } tf_offload_model;
 

@@ -182,6 +182,21 @@ static size_t widest_gradient(const zo_model_config *c)
     return most;
 }
 
+int tf_recompute_layers(const tf_model *m)
+{
+    int L = m->cfg.n_layers, k = m->opts.recompute_layers;
+    if (!m->opts.recompute) return 0;
+    return k > 0 && k < L ? k : L;
+}
+
+/* Whether layer l has an activation set of its own: every layer without
+ * recompute, the first of the recomputed ones (the shared set) and the
+ * layers after them. */
+static int owns_acts(const tf_model *m, size_t l)
+{
+    return l == 0 || l >= (size_t)tf_recompute_layers(m);
+}
+
 zo_status tf_init(tf_model *m, const zo_model_config *cfg, gpu_device_t dev, zo_dtype dtype,
                   int B, int T)
 {
@@ -196,6 +211,8 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     if (opts) m->opts = *opts;
     if (B < 1 || T < 1)
         return zo_error(ZO_ERR_INVALID, "tf_init: micro-batch %d x %d must be positive", B, T);
+    if (m->opts.recompute_layers < 0)
+        return zo_error(ZO_ERR_INVALID, "tf_init: recompute_layers %d is negative", m->opts.recompute_layers);
     if (m->opts.lora.r < 0 || (m->opts.lora.nf4 && m->opts.lora.r < 1))
         return zo_error(ZO_ERR_INVALID, "tf_init: LoRA rank %d (NF4 needs LoRA: a rank >= 1)",
                         m->opts.lora.r);
@@ -229,10 +246,14 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
             const act_req r[] = {{&m->res[l], N * h * es, "residual"}};
             if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) goto out_free;
         }
-    /* with recompute, every layer shares one set of activation buffers */
-    size_t n_sets = m->opts.recompute ? (L ? 1 : 0) : L;
+    /* with recompute, the layers recomputed share one set of activation
+     * buffers (acts[0]); the others keep their own */
     int llama = c->arch != ZO_ARCH_GPT;
-    for (size_t l = 0; l < n_sets; l++) {
+    for (size_t l = 0; l < L; l++) {
+        if (!owns_acts(m, l)) {
+            m->acts[l] = m->acts[0];
+            continue;
+        }
         tf_layer_acts *a = &m->acts[l];
         const act_req r[] = {
             {&a->ln1, N * h * es, "ln1"},
@@ -252,7 +273,6 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         };
         if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) goto out_free;
     }
-    for (size_t l = n_sets; l < L; l++) m->acts[l] = m->acts[0];
     const act_req r[] = {
         {&m->lnf, N * h * es, "final norm"},
         {(void **)&m->meanf, N * 4, "final norm mean"},
@@ -291,9 +311,9 @@ void tf_free(tf_model *m)
     gpu_mem_free(d, m->rope_freq);
     if (m->res && !m->opts.external_res)
         for (size_t l = 0; l <= L; l++) gpu_mem_free(d, m->res[l]);
-    size_t n_sets = m->opts.recompute ? (L ? 1 : 0) : L;
     if (m->acts)
-        for (size_t l = 0; l < n_sets; l++) {
+        for (size_t l = 0; l < L; l++) {
+            if (!owns_acts(m, l)) continue;
             tf_layer_acts *a = &m->acts[l];
             void *p[] = {a->ln1, a->mean1, a->rstd1, a->qkv, a->att, a->lse, a->x_mid,
                          a->ln2, a->mean2, a->rstd2, a->fc, a->up, a->act, a->lora_u};
@@ -858,6 +878,7 @@ zo_status tf_block_recompute(tf_model *m, int block, const tf_block_bufs *bufs, 
     if ((st = check_block(m, block, bufs, 0)) != ZO_OK) return st;
     if (block == MODEL_BLOCK_EMBED || block == model_layout_head_block(&m->layout))
         return ZO_OK; /* the embedding saves nothing; the head's activations are its own */
+    if (block - 1 >= tf_recompute_layers(m)) return ZO_OK; /* it kept its activations */
     return layer_forward(m, block - 1, bufs, s, 1);
 }
 

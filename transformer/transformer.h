@@ -89,6 +89,11 @@ typedef struct tf_options {
      * must be preceded by tf_block_recompute of that layer (activation
      * checkpointing: only the residual stream between layers is kept). */
     int recompute;
+    /* With recompute: 0 every layer shares the set; K > 0 only the first K
+     * layers do (Megatron's --recompute-num-layers, the plan's
+     * training.recompute_layers) and the others keep a set of their own,
+     * their backward needing no recompute. K >= the layers: every layer. */
+    int recompute_layers;
     /* The residual stream buffers res[0..L] are not allocated: the caller
      * points res[l] at buffers of [N, h] in `dtype` before each block call
      * (block b reads res[b-1] and writes res[b]), so a runtime can keep them
@@ -197,8 +202,12 @@ zo_status tf_block_backward(tf_model *m, int block, const tf_block_bufs *bufs, f
 
 /* Recompute the activations a block's backward reads from its input
  * (res[block-1] for a layer), without writing its output. A no-op for the
- * embedding and the head. */
+ * embedding, the head and a layer that keeps its own activations. */
 zo_status tf_block_recompute(tf_model *m, int block, const tf_block_bufs *bufs, gpu_stream_t s);
+/* Layers whose activations share one set (opts.recompute; recompute_layers):
+ * the first tf_recompute_layers(m) layers, 0 without recompute. Their
+ * backward must be preceded by tf_block_recompute. */
+int tf_recompute_layers(const tf_model *m);
 
 /* The whole model over per-block buffer arrays (params[i], grads[i] for
  * block i). */

@@ -111,6 +111,9 @@ static const char HELP[] =
     "  --recompute none|selective|full  recompute each block's activations in backward\n"
     "                         (default none; selective runs as none: the attention keeps\n"
     "                         no s x s scores, so there is nothing selective to recompute)\n"
+    "  --recompute-layers K   with --recompute full: only the first K layers recompute, the\n"
+    "                         others keep their activations (Megatron's --recompute-num-layers,\n"
+    "                         memplan's flag; default 0: every layer; needs --checkpoints-on gpu)\n"
     "  --prefetch N           blocks loaded ahead of the one computing (default 2)\n"
     "  --sub-group N          optimizer sub-group, parameters (default 1M)\n"
     "  --nvme-dir DIR         where NVMe state lives\n"
@@ -143,6 +146,11 @@ static const char HELP[] =
     "                         and schedule runs at every stage; ZeRO 1-2 keep the trained\n"
     "                         weights on the GPU (weights off it: --zero 3)\n"
     "  --comm-timeout S       a collective not done in S seconds ends every rank (default 300)\n"
+    "  --reduce-dtype fp32|bf16|fp16  the gradients' reduction over the ranks and its buckets\n"
+    "                         (memplan's flag; default: the plan's, else fp32): each rank's\n"
+    "                         fp32 sum (ZeRO 2-3: each micro-batch's gradient) is rounded\n"
+    "                         to it, every addition of the collective rounded to it, and\n"
+    "                         the result added back into fp32 (docs/offload.md)\n"
     "  Rank r of N reads micro-batches (k N + r) K + j of step k: the global batch of one\n"
     "  rank with --grad-accum N K. Rank 0 prints; the others print only errors.\n"
     "\n"
@@ -162,8 +170,10 @@ static const char HELP[] =
     "                         highest step numbers (default 1: the latest only); only\n"
     "                         folders named step-N or step-N.K are ever removed\n"
     "  --resume DIR           continue from DIR's latest checkpoint (every file's checksum\n"
-    "                         verified first; saved on any number of ranks whose global\n"
-    "                         batch is this run's)\n"
+    "                         verified first) at the step its data position is at: saved\n"
+    "                         with any --micro-batch, --grad-accum and rank count whose\n"
+    "                         product (the global batch, in sequences) and --seq are this\n"
+    "                         run's; another --seq or global batch is refused\n"
     "  --stats-json FILE      peak bytes per tier (and the plan's prediction) and the time split\n"
     "                         (several ranks: rank r > 0 writes FILE.rank<r>)\n"
     "  --save FILE            write the trained weights as safetensors (Hugging Face names);\n"
@@ -202,7 +212,7 @@ enum {
     OPT_EVAL_BATCHES, OPT_SCHEDULE, OPT_WARMUP, OPT_MIN_LR, OPT_SCHEDULE_STEPS, OPT_LOG, OPT_PLOT,
     OPT_LORA, OPT_LORA_TARGETS, OPT_LORA_ALPHA, OPT_QLORA, OPT_ADAPTER, OPT_ADAPTERS_ON,
     OPT_SCHED, OPT_CLIP_STALE, OPT_DPU_WARMUP, OPT_OPT_THREADS, OPT_KEEP_CKPT,
-    OPT_MAX_SKIPPED, OPT_ZERO, OPT_COMM_TIMEOUT, OPT_GRADS, OPT_VERSION,
+    OPT_MAX_SKIPPED, OPT_ZERO, OPT_COMM_TIMEOUT, OPT_RECOMPUTE_LAYERS, OPT_REDUCE_DTYPE, OPT_GRADS, OPT_VERSION,
 };
 
 static const struct option long_opts[] = {
@@ -238,6 +248,7 @@ static const struct option long_opts[] = {
     {"optimizer-on", required_argument, 0, OPT_OPT_ON},
     {"checkpoints-on", required_argument, 0, OPT_CKPT_ON},
     {"recompute", required_argument, 0, OPT_RECOMPUTE},
+    {"recompute-layers", required_argument, 0, OPT_RECOMPUTE_LAYERS},
     {"prefetch", required_argument, 0, OPT_PREFETCH},
     {"sub-group", required_argument, 0, OPT_SUBGROUP},
     {"nvme-dir", required_argument, 0, OPT_NVME_DIR},
@@ -247,6 +258,7 @@ static const struct option long_opts[] = {
     {"stats-json", required_argument, 0, OPT_STATS},
     {"zero", required_argument, 0, OPT_ZERO},
     {"comm-timeout", required_argument, 0, OPT_COMM_TIMEOUT},
+    {"reduce-dtype", required_argument, 0, OPT_REDUCE_DTYPE},
     {"keep-checkpoints", required_argument, 0, OPT_KEEP_CKPT},
     {"max-skipped-steps", required_argument, 0, OPT_MAX_SKIPPED},
     {"tokenizer", required_argument, 0, OPT_TOKENIZER},
@@ -435,6 +447,10 @@ static int placement_flag(int c, const char *arg, const char *flag, train_args *
         oc->recompute = r == ZO_PLAN_RECOMPUTE_FULL;
         if (r == ZO_PLAN_RECOMPUTE_SELECTIVE) a->p.selective_as_none = 1;
         return 1;
+    case OPT_RECOMPUTE_LAYERS:
+        *st = plan_int(arg, "--recompute-layers", "training.recompute_layers", &oc->recompute_layers);
+        a->set_recompute_layers = 1;
+        return 1;
     case OPT_PREFETCH:
         *st = plan_int(arg, "--prefetch", "buffers.prefetch_depth", &oc->prefetch_depth);
         return 1;
@@ -459,6 +475,9 @@ static int device_flag(int c, const char *arg, train_args *a, zo_status *st)
     case OPT_THREADS: *st = zo_parse_int(arg, "--threads", 1, 1024, &a->threads); return 1;
     case OPT_ZERO: *st = plan_int(arg, "--zero", "parallel.zero", &a->p.cfg.zero_stage); return 1;
     case OPT_COMM_TIMEOUT: *st = zo_parse_double(arg, "--comm-timeout", 0.001, 1e7, &a->comm_timeout); return 1;
+    case OPT_REDUCE_DTYPE:
+        if ((*st = zo_dtype_parse(arg, &a->p.cfg.reduce_dtype)) != ZO_OK) *st = zo_error_wrap(*st, "--reduce-dtype");
+        return 1;
     default: return 0;
     }
 }
@@ -543,6 +562,8 @@ static const char *flags_conflict(const train_args *a)
     if (a->sched.min_lr > a->sched.lr) return "--min-lr is above --lr";
     if (!a->lora.r && !a->adapter && (a->qlora || a->lora.targets))
         return "--qlora and --lora-targets need --lora R (or --adapter DIR)";
+    if (a->set_recompute_layers && a->p.cfg.recompute_layers && !a->p.cfg.recompute)
+        return "--recompute-layers K needs --recompute full (the first K layers recomputed whole)";
     return NULL;
 }
 
@@ -618,6 +639,7 @@ static int args_finish(int argc, char **argv, train_args *a)
         return 2;
     }
     if (grads_conflict(a)) return 2;
+    if (!oc->recompute) oc->recompute_layers = 0; /* a plan's K goes with its recompute */
     a->sched.steps = a->schedule_steps ? a->schedule_steps : a->steps;
     oc->n_threads = (int)a->threads;
     if (!a->model && a->plan && a->p.model_name[0]) a->model = a->p.model_name;

@@ -23,6 +23,7 @@ typedef struct train_args {
     int set_width;       /* --tokens-u32 or --text given */
     model_packing packing;
     int set_packing, set_eval_batches;
+    int set_recompute_layers;    /* --recompute-layers was given */
     long steps, micro_batch, seq, seed, threads, save_every;
     long eval_every, eval_batches, schedule_steps;
     ft_schedule sched;   /* its lr: the AdamW lr (--lr) */

@@ -24,13 +24,18 @@ void report_lora(const train_args *a, const tf_model *m)
 void report_placement(const train_args *a)
 {
     const offload_config *oc = &a->p.cfg;
+    char rc[48];
+    if (oc->recompute && oc->recompute_layers)
+        snprintf(rc, sizeof rc, "full of the first %d layers", oc->recompute_layers);
+    else
+        snprintf(rc, sizeof rc, "%s", oc->recompute ? "full" : "none");
     printf("# placement: weights %s (prefetch %d), optimizer cpu %.2f nvme %.2f gpu %.2f, "
-           "gradients %s, checkpoints %s, recompute %s%s%s\n",
+           "gradients %s, checkpoints %s, recompute %s; gradients reduced in %s%s%s\n",
            offload_tier_name(oc->params_on), oc->prefetch_depth, oc->opt_frac[OFFLOAD_CPU],
            oc->opt_frac[OFFLOAD_NVME], oc->opt_frac[OFFLOAD_DEVICE],
            oc->opt_frac[OFFLOAD_DEVICE] >= 1 ? "gpu" : oc->opt_frac[OFFLOAD_DEVICE] > 0 ? "gpu+cpu" : "cpu",
            offload_tier_name(oc->checkpoints_on),
-           oc->recompute ? "full" : "none", a->plan ? "; plan " : "", a->plan ? a->plan : "");
+           rc, zo_dtype_name(oc->reduce_dtype), a->plan ? "; plan " : "", a->plan ? a->plan : "");
 }
 
 void report_method(const train_args *a)

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "common/capability.h"       /* defines: zo_capability_check */
@@ -47,10 +48,9 @@ zo_status run_stopped(void)
  * "before-latest"), write one byte to FD and wait there for a signal (a test
  * kills the process mid-write, or stops it with SIGTERM: the write goes on
  * then, and the run ends as a stopped run does). */
-static void pause_hook(void *user, const char *point)
+static void pause_at(const char *spec, const char *point)
 {
     static int saves;
-    const char *spec = user;
     if (!strcmp(point, "begin")) saves++;
     char want[64];
     int nth = 0, fd = -1;
@@ -68,18 +68,36 @@ static void pause_hook(void *user, const char *point)
     sigprocmask(SIG_SETMASK, &old, NULL);
 }
 
+static void ckpt_hook(void *user, const char *point)
+{
+    train_run *r = user;
+    if (r->pause_spec) pause_at(r->pause_spec, point);
+    /* test seam: ZO_TRAIN_CKPT_FSIZE="RANK:BYTES": from its first save on,
+     * rank RANK writes no file past BYTES (RLIMIT_FSIZE, SIGXFSZ ignored: a
+     * write past it fails with EFBIG, "File too large", as on a file system
+     * that takes no more) */
+    if (r->fsize_rank == r->rank && !strcmp(point, "begin")) {
+        struct rlimit lim = {.rlim_cur = (rlim_t)r->fsize_bytes, .rlim_max = (rlim_t)r->fsize_bytes};
+        signal(SIGXFSZ, SIG_IGN);
+        setrlimit(RLIMIT_FSIZE, &lim);
+    }
+}
+
 zo_status run_init(train_run *r, train_args *a)
 {
     *r = (train_run){.a = a, .phase = RUN_INPUT, .eot = -1, .tokens = {.fd = -1}, .eval = {.fd = -1},
-                     .ranks = 1, .accum = 1, .kill_rank = -1, .kill_step = -1};
+                     .ranks = 1, .accum = 1, .kill_rank = -1, .kill_step = -1, .fsize_rank = -1};
     catch_stop_signals();
     const char *kill_spec = getenv("ZO_TRAIN_KILL"); /* kills rank RANK in step STEP */
     if (kill_spec && sscanf(kill_spec, "%ld:%ld", &r->kill_rank, &r->kill_step) != 2)
         return zo_error(ZO_ERR_INVALID, "ZO_TRAIN_KILL=%s is not RANK:STEP", kill_spec);
-    const char *pause_spec = getenv("ZO_TRAIN_CKPT_PAUSE");
-    if (pause_spec) {
-        a->p.cfg.ckpt_hook = pause_hook;
-        a->p.cfg.ckpt_hook_user = (void *)pause_spec;
+    const char *fsize_spec = getenv("ZO_TRAIN_CKPT_FSIZE");
+    if (fsize_spec && (sscanf(fsize_spec, "%ld:%ld", &r->fsize_rank, &r->fsize_bytes) != 2 || r->fsize_bytes < 0))
+        return zo_error(ZO_ERR_INVALID, "ZO_TRAIN_CKPT_FSIZE=%s is not RANK:BYTES", fsize_spec);
+    r->pause_spec = getenv("ZO_TRAIN_CKPT_PAUSE");
+    if (r->pause_spec || fsize_spec) {
+        a->p.cfg.ckpt_hook = ckpt_hook;
+        a->p.cfg.ckpt_hook_user = r;
     }
     return ZO_OK;
 }
@@ -145,6 +163,21 @@ static zo_status check_plan_run(const train_args *a, const zo_model_config *cfg,
     return zo_error(ZO_ERR_INVALID, "--plan %s", why);
 }
 
+/* Recompute of the first K layers: K within the model's layers, and
+ * checkpoints on the GPU (a layer not recomputed keeps its activations
+ * there; host checkpoints are every layer's input alone). */
+static zo_status check_recompute_layers(const train_args *a, const zo_model_config *cfg)
+{
+    int k = a->p.cfg.recompute_layers;
+    if (k > cfg->n_layers)
+        return zo_error(ZO_ERR_INVALID, "--recompute-layers %d (training.recompute_layers): the model %s has %d "
+                        "layers", k, cfg->name, cfg->n_layers);
+    if (k && k < cfg->n_layers && a->p.cfg.checkpoints_on == OFFLOAD_CPU)
+        return zo_error(ZO_ERR_INVALID, "--recompute-layers %d with --checkpoints-on cpu: host checkpoints need "
+                        "every layer recomputed (a layer not recomputed keeps its activations on the GPU)", k);
+    return ZO_OK;
+}
+
 /* What the run would be, as the capability table (common/capability.h)
  * sees it: the plan and the flags over it, on `ranks` ranks. */
 static void run_shape(const train_args *a, int ranks, zo_run_shape *out)
@@ -176,6 +209,7 @@ zo_status run_read_inputs(train_run *r)
     train_args *a = r->a;
     zo_status st;
     if ((st = inputs_load_config(a->model, &r->cfg)) != ZO_OK) return st;
+    if ((st = check_recompute_layers(a, &r->cfg)) != ZO_OK) return st;
     if ((st = comm_launch_detect(&r->launch)) != ZO_OK) return st;
     if (a->plan && (st = check_plan_run(a, &r->cfg, r->launch.size)) != ZO_OK) return st;
     if ((st = inputs_tokenizer(a, r->cfg.vocab, &r->tok, &r->eot)) != ZO_OK) return st;
@@ -239,7 +273,7 @@ zo_status run_setup(train_run *r)
     if (st != ZO_OK) return st;
     oc->comm = r->comm;
     if ((st = gpu_stream_create(r->dev, &r->s)) != ZO_OK) return st;
-    tf_options to = {.recompute = oc->recompute, .external_res = 1,
+    tf_options to = {.recompute = oc->recompute, .recompute_layers = oc->recompute_layers, .external_res = 1,
                      .lora = {.r = a->lora.r, .alpha = a->lora.alpha, .targets = a->lora.targets, .nf4 = a->qlora}};
     if ((st = tf_init_opts(&r->m, &r->cfg, r->dev, a->dtype, (int)a->micro_batch, (int)a->seq, &to)) != ZO_OK)
         return st;
@@ -251,6 +285,52 @@ zo_status run_setup(train_run *r)
     return ZO_OK;
 }
 
+/* The step a checkpoint's data position is at in this run's batches. Rows
+ * (sequences) count it: step k takes rows [k G, (k + 1) G) of the data, G =
+ * micro-batch x grad-accum x ranks, however they are split, so any split of
+ * the checkpoint's global batch resumes at the same rows; another --seq
+ * (other rows) or another global batch (other steps) is refused. A
+ * version-3 checkpoint counted micro-batches and recorded no shape: read as
+ * it was, on the word of --micro-batch and --seq. */
+static zo_status resume_position(train_run *r, const offload_ckpt_meta *meta)
+{
+    const train_args *a = r->a;
+    const offload_ckpt_batch *b = &meta->batch;
+    int64_t global = (int64_t)a->micro_batch * r->accum * r->ranks;
+    if (meta->state_version == 3) {
+        if (meta->data_step % (r->accum * r->ranks))
+            return zo_error(ZO_ERR_INVALID, "--resume %s: the checkpoint is %lld micro-batches into the data, not "
+                            "a whole number of global batches of %d ranks x grad-accum %d", a->resume,
+                            (long long)meta->data_step, r->ranks, r->accum);
+        r->k0 = (long)(meta->data_step / (r->accum * r->ranks));
+        printf("# %s: a version-3 state.json records no batch shape: its %lld micro-batches are taken to be of "
+               "--micro-batch %ld --seq %ld, as this run's\n", a->resume, (long long)meta->data_step,
+               a->micro_batch, a->seq);
+        return ZO_OK;
+    }
+    if (!b->micro_batch)
+        return zo_error(ZO_ERR_INVALID, "--resume %s: the checkpoint records no batch shape (not saved by "
+                        "train): its data position cannot be placed", a->resume);
+    int64_t saved = b->micro_batch * b->grad_accum * b->ranks;
+    if (b->seq != a->seq)
+        return zo_error(ZO_ERR_INVALID, "--resume %s: --seq %ld is not the checkpoint's --seq %lld (its data "
+                        "position counts sequences of %lld tokens): resume with --seq %lld", a->resume, a->seq,
+                        (long long)b->seq, (long long)b->seq, (long long)b->seq);
+    if (global != saved)
+        return zo_error(ZO_ERR_INVALID, "--resume %s: a global batch of %lld sequences (--micro-batch %ld x "
+                        "--grad-accum %d x %d rank%s) is not the checkpoint's %lld (--micro-batch %lld x "
+                        "--grad-accum %lld x %lld rank%s): resume with --micro-batch and --grad-accum whose "
+                        "product with the ranks is %lld", a->resume, (long long)global, a->micro_batch, r->accum,
+                        r->ranks, r->ranks > 1 ? "s" : "", (long long)saved, (long long)b->micro_batch,
+                        (long long)b->grad_accum, (long long)b->ranks, b->ranks > 1 ? "s" : "", (long long)saved);
+    if (meta->data_step % global)
+        return zo_error(ZO_ERR_FORMAT, "--resume %s: the checkpoint is %lld sequences into the data, not a whole "
+                        "number of its global batches of %lld", a->resume, (long long)meta->data_step,
+                        (long long)global);
+    r->k0 = (long)(meta->data_step / global);
+    return ZO_OK;
+}
+
 zo_status run_load_weights(train_run *r)
 {
     const train_args *a = r->a;
@@ -259,13 +339,7 @@ zo_status run_load_weights(train_run *r)
     if (st != ZO_OK || !a->resume) return st;
     offload_ckpt_meta meta;
     if ((st = offload_load(r->rt, a->resume, &meta)) != ZO_OK) return st;
-    /* the data position counts every rank's micro-batches: it resumes on
-     * any rank count whose global batch (ranks x grad-accum) divides it */
-    if (meta.data_step % (r->accum * r->ranks))
-        return zo_error(ZO_ERR_INVALID, "--resume %s: the checkpoint is %lld micro-batches into the data, not "
-                        "a whole number of global batches of %d ranks x grad-accum %d", a->resume,
-                        (long long)meta.data_step, r->ranks, r->accum);
-    r->k0 = (long)(meta.data_step / (r->accum * r->ranks));
+    if ((st = resume_position(r, &meta)) != ZO_OK) return st;
     printf("# resumed from %s at step %ld\n", a->resume, r->k0);
     return ZO_OK;
 }
@@ -354,9 +428,12 @@ zo_status run_evaluate(train_run *r, ft_record *rec, uint64_t *counted)
 
 zo_status run_checkpoint(train_run *r, long steps)
 {
-    offload_ckpt_meta meta = {.data_step = steps * r->accum * r->ranks, .seed = (uint64_t)r->a->seed};
-    zo_status st = offload_save_streamed(r->rt, r->a->ckpt, &meta, weights_write, (void *)r->trained);
-    if (st == ZO_OK) printf("# checkpoint %s step %ld\n", r->a->ckpt, steps);
+    const train_args *a = r->a;
+    offload_ckpt_meta meta = {.data_step = steps * a->micro_batch * r->accum * r->ranks, .seed = (uint64_t)a->seed,
+                              .batch = {.micro_batch = a->micro_batch, .grad_accum = r->accum, .ranks = r->ranks,
+                                        .seq = a->seq}};
+    zo_status st = offload_save_streamed(r->rt, a->ckpt, &meta, weights_write, (void *)r->trained);
+    if (st == ZO_OK) printf("# checkpoint %s step %ld\n", a->ckpt, steps);
     return st;
 }
 
@@ -378,6 +455,7 @@ int run_check_plan(train_args *a)
     zo_model_config cfg;
     zo_status st = inputs_load_config(a->model, &cfg);
     if (st == ZO_OK) st = check_plan_run(a, &cfg, 1);
+    if (st == ZO_OK) st = check_recompute_layers(a, &cfg);
     if (st != ZO_OK) {
         fprintf(stderr, "train: %s\n", zo_last_error());
         return exit_code(st, RUN_INPUT);

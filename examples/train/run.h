@@ -45,6 +45,8 @@ typedef struct train_run {
     int32_t *inputs, *targets;      /* a micro-batch: (micro_batch, seq) */
     double *losses;                 /* a step's loss sum of every rank */
     long kill_rank, kill_step;      /* test seam ZO_TRAIN_KILL="RANK:STEP" */
+    const char *pause_spec;         /* test seam ZO_TRAIN_CKPT_PAUSE="POINT:N:FD", or NULL */
+    long fsize_rank, fsize_bytes;   /* test seam ZO_TRAIN_CKPT_FSIZE="RANK:BYTES" */
     int quiet;                      /* the failure is every rank's alike and rank 0 says it */
 } train_run;
 

@@ -285,16 +285,16 @@ static zo_status cuda_stream_create(gpu_device_t dev, gpu_stream_t s)
         goto out_free_err_dev;
     if ((st = CU(cudaMalloc((void **)&cs->partials, CUDA_SUMSQ_BLOCKS * sizeof(double)))) != ZO_OK)
         goto out_free_err_host;
-    if ((st = CU(cudaMalloc(&cs->workspace, CUDA_LT_WORKSPACE))) != ZO_OK) goto out_free_partials;
+    /* the cuBLASLt workspace comes with the stream's first op that needs it
+     * (stream_workspace): copy and optimizer streams never hold one, and the
+     * device holds one per computing stream, as memplan counts */
     memset(cs->err_host, 0, sizeof(cuda_err_rec));
     if ((st = CU(cudaMemsetAsync(cs->err_dev, 0, sizeof(cuda_err_rec), cs->stream))) != ZO_OK)
-        goto out_free_workspace;
-    if ((st = CU(cudaStreamSynchronize(cs->stream))) != ZO_OK) goto out_free_workspace;
+        goto out_free_partials;
+    if ((st = CU(cudaStreamSynchronize(cs->stream))) != ZO_OK) goto out_free_partials;
     s->impl = cs;
     return ZO_OK;
 
-out_free_workspace:
-    cudaFree(cs->workspace);
 out_free_partials:
     cudaFree(cs->partials);
 out_free_err_host:
@@ -467,12 +467,21 @@ static zo_status cuda_memset_async(gpu_stream_t s, void *dst, int value, size_t 
 
 /* ---- ops: make the device current, then launch on the stream -------------------------------------- */
 
+/* The stream's cuBLASLt workspace, allocated by the first op that uses one:
+ * the GEMM (cuBLASLt's scratch) and the embedding backward (its sort). */
+static zo_status stream_workspace(cuda_stream *cs, gpu_op_id id)
+{
+    if (cs->workspace || (id != GPU_OP_GEMM && id != GPU_OP_EMBEDDING_BACKWARD)) return ZO_OK;
+    return CU(cudaMalloc(&cs->workspace, CUDA_LT_WORKSPACE));
+}
+
 /* Every op: the CUDA column of the op table (ops_cuda.c) on the stream. */
 static zo_status cuda_op(gpu_stream_t s, gpu_op_id id, const gpu_op_args *a)
 {
     cuda_stream *cs = s->impl;
     cuda_ctx *c = ctx_of(s->dev);
     zo_status st = use_device(c);
+    if (st == ZO_OK) st = stream_workspace(cs, id);
     if (st != ZO_OK) return st;
     cuda_exec e = {.stream = cs->stream, .err = cs->err_dev, .partials = cs->partials,
                    .workspace = cs->workspace, .ws_bytes = CUDA_LT_WORKSPACE, .lt = c->lt,

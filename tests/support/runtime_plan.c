@@ -14,6 +14,7 @@ void runtime_plan_train(plan_train *t, const zo_model_config *m, zo_dtype dt, in
     t->grad_accum = oc->grad_accum ? oc->grad_accum : 1;
     t->dtype = t->grad_dtype = dt;
     t->recompute = oc->recompute ? PLAN_RECOMPUTE_FULL : PLAN_RECOMPUTE_NONE;
+    t->recompute_layers = oc->recompute ? oc->recompute_layers : 0;
     t->dropout = 0;
     t->flash_attn = 1;
     t->params_on = (plan_tier)oc->params_on;
@@ -31,6 +32,7 @@ void runtime_plan_train(plan_train *t, const zo_model_config *m, zo_dtype dt, in
     t->buf.sub_group = oc->sub_group;
     t->buf.swap_buffers = oc->swap_buffers ? oc->swap_buffers : 3;
     if (oc->comm_bucket) t->buf.comm_bucket = oc->comm_bucket;
+    t->reduce_dtype = oc->reduce_dtype;
     t->schedule = oc->schedule == OFFLOAD_SCHEDULE_DPU       ? PLAN_SCHED_DPU
                   : oc->schedule == OFFLOAD_SCHEDULE_OVERLAP ? PLAN_SCHED_OVERLAP
                                                              : PLAN_SCHED_SERIAL;
