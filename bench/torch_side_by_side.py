@@ -3,9 +3,9 @@
 shape, batch, sequence, data and AdamW settings (issue 18).
 
 Per model (default on CUDA: GPT-2 small and a 1.3B LLaMA, bf16, batch 8 x 1024):
-  ours resident   train --params-on gpu --optimizer-on gpu (everything on the GPU)
+  ours resident   train --params gpu --optimizer gpu (everything on the GPU)
   torch eager     fp32 parameters, bf16 autocast, AdamW(fused=True)
-  ours streamed   train --params-on cpu --optimizer-on cpu (weights streamed, CPU AdamW)
+  ours streamed   train --params cpu --optimizer cpu (weights streamed, CPU AdamW)
   torch FSDP      one rank, CPUOffload(offload_params=True), bf16 MixedPrecision
   torch compile   the eager model under torch.compile, where it runs
 Each contender runs in a process of its own, in that (alternating) order; the
@@ -342,9 +342,9 @@ def run_contender(args, name, cfg, m, data, limit):
     if name.startswith("ours"):
         cmd = [args.train, "--model", cfg["model"], "--data", data, "--device", args.device, "--dtype", "bf16",
                "--micro-batch", str(B), "--seq", str(S), "--steps", str(steps), "--recompute", "none",
-               "--checkpoints-on", "gpu"]
-        cmd += (["--params-on", "gpu", "--optimizer-on", "gpu"] if name == "ours-resident" else
-                ["--params-on", "cpu", "--optimizer-on", "cpu", "--prefetch", "2"])
+               "--checkpoints", "gpu"]
+        cmd += (["--params", "gpu", "--optimizer", "gpu"] if name == "ours-resident" else
+                ["--params", "cpu", "--optimizer", "cpu", "--prefetch", "2"])
     else:
         kind = name.split("-")[1]
         spec = dict(kind=kind, model=m, device=args.device, batch=B, seq=S, steps=steps, data=data)

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/stat.h>
+
 #include <cjson/cJSON.h>
 
 #include "common/fileio.h"       /* defines: zo_file_read_all */
@@ -988,10 +990,24 @@ out_free_root:
 
 zo_status zo_model_config_load(const char *path, zo_model_config *out)
 {
-    char *buf;
-    zo_status st = zo_file_read_all(path, 64u << 20, "a config.json", &buf, NULL);
+    char *buf, file[4096], name[sizeof out->name];
+    struct stat sb;
+    const char *cfg = path;
+    name[0] = '\0';
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        /* a model folder: its config.json, the model named after it */
+        size_t n = strlen(path);
+        while (n > 1 && path[n - 1] == '/') n--;
+        const char *b = path + n;
+        while (b > path && b[-1] != '/') b--;
+        snprintf(name, sizeof name, "%.*s", (int)(path + n - b), b);
+        snprintf(file, sizeof file, "%.*s/config.json", (int)n, path);
+        cfg = file;
+    }
+    zo_status st = zo_file_read_all(cfg, 64u << 20, "a config.json", &buf, NULL);
     if (st != ZO_OK) return st;
-    st = zo_model_config_parse(buf, path, out);
+    st = zo_model_config_parse(buf, cfg, out);
     free(buf);
+    if (st == ZO_OK && name[0]) snprintf(out->name, sizeof out->name, "%s", name);
     return st;
 }

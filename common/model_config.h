@@ -132,6 +132,9 @@ zo_status zo_model_preset_find(const char *name, zo_model_config *out);
  * the key. Errors name the file and the field, and malformed JSON gives the
  * line and column. */
 zo_status zo_model_config_load(const char *path, zo_model_config *out);
+/* `path` may be a Hugging Face model folder (config.json, tokenizer.json,
+ * safetensors): its config.json, the model named after the folder
+ * ("Llama-2-7b-hf" for /models/Llama-2-7b-hf/). */
 /* The same from a string in memory; `path` is used in messages only. */
 zo_status zo_model_config_parse(const char *json, const char *path, zo_model_config *out);
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/version.h"    /* defines: zo_version_print */
 #include "examples/finetune.h" /* defines: ft_log_read, ft_plot_write */
 
 static void usage(FILE *f)
@@ -19,6 +20,7 @@ static void usage(FILE *f)
         "\n"
         "  -o, --out FILE     the SVG to write\n"
         "  --title TEXT       the title (default: the log's name)\n"
+        "  --version          the version\n"
         "  -h, --help         this text\n");
 }
 
@@ -26,6 +28,7 @@ static const struct option long_opts[] = {
     {"out", required_argument, 0, 'o'},
     {"title", required_argument, 0, 't'},
     {"help", no_argument, 0, 'h'},
+    {"version", no_argument, 0, 'V'},
     {0, 0, 0, 0},
 };
 
@@ -39,6 +42,7 @@ int main(int argc, char **argv)
         case 'o': out = optarg; break;
         case 't': title = optarg; break;
         case 'h': usage(stdout); return 0;
+        case 'V': zo_version_print(stdout, "plot"); return 0;
         default:
             fprintf(stderr, "plot: bad option %s (see --help)\n", argv[optind - 1]);
             return 2;

@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/fileio.h"    /* defines: zo_file_read_all */
 #include "common/units.h"     /* defines: zo_parse_int, zo_format_bytes */
+#include "common/version.h"   /* defines: zo_version_print */
 #include "model/corpus.h"     /* defines: model_corpus_read */
 #include "model/data.h"       /* defines: model_tokens_writer */
 #include "model/tokenizer.h"  /* defines: model_tokenizer_load, model_tokenizer_encode_many */
@@ -47,6 +48,7 @@ static void usage(FILE *f)
         "                     ids (1 2 3, 1,2,3 or --print's [1,2,3]; generate --print-ids's\n"
         "                     lines), each decoded to one line\n"
         "  --skip-special     with --decode: leave special tokens out (skip_special_tokens=True)\n"
+        "  --version          the version\n"
         "  -h, --help         this text\n");
 }
 
@@ -62,6 +64,7 @@ static const struct option long_opts[] = {
     {"decode", no_argument, 0, OPT_DECODE},
     {"skip-special", no_argument, 0, OPT_SKIP_SPECIAL},
     {"help", no_argument, 0, 'h'},
+    {"version", no_argument, 0, 'V'},
     {0, 0, 0, 0},
 };
 
@@ -180,6 +183,7 @@ int main(int argc, char **argv)
             }
             break;
         case 'h': usage(stdout); return 0;
+        case 'V': zo_version_print(stdout, "tokenize"); return 0;
         default:
             if (optopt) fprintf(stderr, "tokenize: option %s needs a value\n", argv[optind - 1]);
             else fprintf(stderr, "tokenize: unknown option %s\n", argv[optind - 1]);

@@ -16,9 +16,9 @@ zo_status plan_hw_flags_check(const plan_hw_flags *f)
         return zo_error(ZO_ERR_INVALID, "--hw %s and --gpu %s exclude each other: --hw names a whole "
                                         "machine, --gpu one GPU in a host (--host, --cpu-mem, --nvme, "
                                         "--pcie)", f->hw, f->gpu);
-    if (f->host && !f->gpu)
-        return zo_error(ZO_ERR_INVALID, "--host %s needs --gpu NAME (a --hw preset has its own host; "
-                                        "change it with --cpu-mem, --nvme, --pcie)", f->host);
+    if (f->host && !f->gpu && !(f->hw && !strcmp(f->hw, "cpu")))
+        return zo_error(ZO_ERR_INVALID, "--host %s needs --gpu NAME or --hw cpu (a --hw preset has its own "
+                                        "host; change it with --cpu-mem, --nvme, --pcie)", f->host);
     return ZO_OK;
 }
 

@@ -470,6 +470,21 @@ void plan_hw_cpu_backend(const plan_hw *host, double flops, double copy_bw, uint
              flops, copy_bw);
 }
 
+void plan_hw_cpu_host(const plan_host_spec *host, plan_hw *out)
+{
+    plan_hw node;
+    if (!host) plan_host_find("desktop", &host);
+    plan_hw_gpu_node(&gpu_presets[0], host, &node);
+    plan_hw_cpu_backend(&node, PLAN_CPU_BACKEND_CORE_FLOPS * (node.cpu_cores > 0 ? node.cpu_cores : 1),
+                        node.cpu_mem_bw / 2, node.cpu_mem, out);
+    snprintf(out->name, sizeof out->name, "cpu");
+    snprintf(out->note, sizeof out->note,
+             "train --device cpu on the %s host: matmuls at %.3g FLOP/s (%d cores, assumed), copies at %.3g B/s",
+             host->name, out->peak_flops_16, out->cpu_cores, out->pcie_bw);
+}
+
+int plan_hw_is_cpu_backend(const plan_hw *hw) { return !strcmp(hw->gpu, "CPU"); }
+
 const char *plan_peers_name(plan_peers p)
 {
     return p ==

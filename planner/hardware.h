@@ -120,6 +120,23 @@ double plan_hw_cpu_adam_rate_threads(const plan_hw *hw, double threads);
 void plan_hw_cpu_backend(const plan_hw *host, double flops, double copy_bw, uint64_t dev_mem,
                          plan_hw *out);
 
+/* The matmul rate assumed of one core of the CPU backend (fp32 GEMM with
+ * OpenMP and AVX2/AVX-512 on a few hundred rows): `--hw cpu` plans with
+ * cores x this. memplan calibrate measures a host's real figures. */
+#define PLAN_CPU_BACKEND_CORE_FLOPS 2e10
+
+/* `memplan --hw cpu [--host NAME]`: plan_hw_cpu_backend of a host preset
+ * (`host`; NULL: the desktop), for `train --device cpu`: its matmuls at
+ * PLAN_CPU_BACKEND_CORE_FLOPS a core, copies at half the host memory's
+ * bandwidth, as much device memory as the host has (train --device-mem,
+ * memplan --gpu-mem, sets the capacity). Named "cpu". */
+void plan_hw_cpu_host(const plan_host_spec *host, plan_hw *out);
+
+/* 1 when `hw` is the CPU backend (plan_hw_cpu_backend, --hw cpu): no CUDA
+ * context, no cuBLAS workspace, an allocator that keeps no slack
+ * (plan_train_fit_hw). */
+int plan_hw_is_cpu_backend(const plan_hw *hw);
+
 /* Bytes/s each GPU of a node reaches its peers with in a collective over
  * the GPUs of one node (before coll_eff): nvlink_bw (NVLink, or PCIe
  * peer-to-peer), or through host memory, where each byte is written by one

@@ -242,6 +242,10 @@ static int gpu_is_volta_or_older(const plan_hw *hw)
 
 void plan_train_fit_hw(plan_train *t, const plan_hw *hw)
 {
+    if (plan_hw_is_cpu_backend(hw)) { /* train --device cpu: plain host allocations */
+        t->buf.cuda_context = t->buf.cublas_workspace = 0;
+        t->buf.fragmentation = 0;
+    }
     if (!gpu_is_volta_or_older(hw)) return;
     if (t->dtype == ZO_DTYPE_BF16) t->dtype = ZO_DTYPE_F16;
     if (t->grad_dtype == ZO_DTYPE_BF16) t->grad_dtype = ZO_DTYPE_F16;
@@ -734,22 +738,33 @@ static void params_full(stage_est *s, plan_estimate *e)
     s->slot = sh->largest * s->wsz;
 }
 
-/* On NVMe a store's blocks start on PLAN_NVME_ALIGN bytes (O_DIRECT): every
- * block but the last rounded up (the adapters' last block, the head, is
- * empty). `frozen` and `adapters` are the stores' bytes unaligned. */
+/* A rank's part of a frozen block of `bytes` (ZeRO-3 on several ranks: the
+ * base is partitioned in bytes padded to 4 B x DP), or the block. */
+static uint64_t frozen_part(const stage_est *s, uint64_t bytes)
+{
+    return s->t->zero >= 3 && s->dp > 1 ? ceil_div(bytes, 4 * s->dp) * 4 : bytes;
+}
+
+/* On NVMe a store's blocks (ZeRO-3: the rank's parts of them) start on
+ * PLAN_NVME_ALIGN bytes (O_DIRECT): every block but the last rounded up
+ * (parts: the last too; the adapters' last block, the head, is empty; their
+ * parts on NVMe at ZeRO-3 are not modelled so). `frozen` and `adapters` are the
+ * stores' bytes unaligned. */
 static void nvme_aligned(const stage_est *s, uint64_t *frozen, uint64_t *adapters)
 {
     const plan_train *t = s->t;
     const stage_shape *sh = &s->sh;
     const plan_peft *pf = &s->pf;
-    if (t->params_on == ZO_PLAN_NVME && t->zero < 3 && sh->layers)
-        *frozen = (sh->first ? ceil_div(pf->first_frozen, PLAN_NVME_ALIGN) * PLAN_NVME_ALIGN : 0) +
-                  (uint64_t)(sh->layers - (sh->last ? 0 : 1)) *
-                      (ceil_div(pf->layer_frozen, PLAN_NVME_ALIGN) * PLAN_NVME_ALIGN) +
-                  (sh->last ? pf->last_frozen : pf->layer_frozen);
-    if (t->adapters_on == ZO_PLAN_NVME && t->zero < 3)
-        *adapters = (uint64_t)sh->layers * ceil_div(pf->layer_trainable * s->wsz, PLAN_NVME_ALIGN) *
-                    PLAN_NVME_ALIGN;
+    uint64_t al = PLAN_NVME_ALIGN;
+    if (t->params_on == ZO_PLAN_NVME && sh->layers)
+        *frozen = (sh->first ? ceil_div(frozen_part(s, pf->first_frozen), al) * al : 0) +
+                  (uint64_t)(sh->layers - (sh->last ? 0 : 1)) * (ceil_div(frozen_part(s, pf->layer_frozen), al) * al) +
+                  frozen_part(s, sh->last ? pf->last_frozen : pf->layer_frozen);
+    /* (parts: the last one rounded up too) */
+    if (t->params_on == ZO_PLAN_NVME && sh->layers && t->zero >= 3 && s->dp > 1) *frozen = ceil_div(*frozen, al) * al;
+    uint64_t layer = t->zero >= 3 ? ceil_div(pf->layer_trainable, s->dp) : pf->layer_trainable;
+    if (t->adapters_on == ZO_PLAN_NVME)
+        *adapters = (uint64_t)sh->layers * ceil_div(layer * s->wsz, al) * al;
 }
 
 /* LoRA: two weight stores (the runtime's), the frozen base where --params
@@ -772,7 +787,16 @@ static void params_peft(stage_est *s, plan_estimate *e)
     add(e, "LoRA adapters (A, B)", t->adapters_on, PLAN_PARAMS, ad);
     s->fslot = ceil_div(pf->largest_frozen, 256) * 256;
     s->aslot = s->tr_largest * wsz > 256 ? s->tr_largest * wsz : 256;
-    s->slot = (t->params_on != ZO_PLAN_GPU ? s->fslot : 0) + (t->adapters_on != ZO_PLAN_GPU ? s->aslot : 0);
+    /* a device slot takes a block of each store that streams; at ZeRO-3 on
+     * several ranks both do (each rank's parts gathered into it), and a slot
+     * takes a padded block: the base's bytes to 4 B x DP (it is gathered as
+     * fp32 words), the adapters' elements to DP (the slot is the all-gather's
+     * and the reduce-scatter's buffer on any number of ranks) */
+    int z3 = t->zero >= 3 && dp > 1;
+    uint64_t fs = z3 ? ceil_div(ceil_div(pf->largest_frozen, 4 * dp) * 4 * dp, 256) * 256 : s->fslot;
+    uint64_t as = dp > 1 && ceil_div(s->tr_largest, dp) * dp * wsz > s->aslot ? ceil_div(s->tr_largest, dp) * dp * wsz
+                                                                              : s->aslot;
+    s->slot = (t->params_on != ZO_PLAN_GPU || z3 ? fs : 0) + (t->adapters_on != ZO_PLAN_GPU || z3 ? as : 0);
     e->weight_bytes = pf->frozen + s->tr * wsz;
     e->stream_bytes = (t->params_on != ZO_PLAN_GPU ? frozen : 0) +
                       (t->adapters_on != ZO_PLAN_GPU ? adapters : 0);
@@ -835,13 +859,27 @@ static void estimate_grads(const stage_est *s, plan_estimate *e)
             t->zero >= 3 ? ceil_div(ns, s->dp) : ns);
     }
     /* the delayed update writes a step's new weights into a host copy,
-     * published at the next step */
+     * published at the next step: of what the rank updates (ZeRO 1-3 on
+     * several ranks: its parts) */
     if (t->schedule == ZO_PLAN_SCHED_DPU)
         add(e, "new weights of the delayed update (host copy)", ZO_PLAN_CPU, PLAN_BUFFERS,
-            s->tr * s->wsz);
+            (t->zero >= 1 && s->dp > 1 ? s->sharded : s->tr) * s->wsz);
 }
 
 /* ---- optimizer state ---- */
+
+/* The NVMe store of `elems` elements of optimizer state (`per` bytes each,
+ * 4 B tensors: master, m, v): the runtime's swap pipeline writes each
+ * sub-group's tensors one by one, each starting on PLAN_NVME_ALIGN bytes
+ * (LoRA's small adapters: 12 KiB where 10.5 KiB are used). */
+static uint64_t nvme_opt_bytes(const plan_train *t, uint64_t elems, uint64_t per)
+{
+    uint64_t sg = t->buf.sub_group && t->buf.sub_group < elems ? t->buf.sub_group : elems;
+    if (!sg) return 0;
+    uint64_t tensors = per / 4, full = elems / sg, rest = elems % sg;
+    uint64_t a = PLAN_NVME_ALIGN;
+    return full * tensors * (ceil_div(sg * 4, a) * a) + (rest ? tensors * (ceil_div(rest * 4, a) * a) : 0);
+}
 static void estimate_optimizer(const stage_est *s, plan_estimate *e)
 {
     const plan_train *t = s->t;
@@ -865,7 +903,7 @@ static void estimate_optimizer(const stage_est *s, plan_estimate *e)
                                                       : "SGD: fp32 master, momentum";
     add(e, oname, ZO_PLAN_GPU, PLAN_OPTIMIZER, o_gpu);
     add(e, oname, ZO_PLAN_CPU, PLAN_OPTIMIZER, o_cpu);
-    add(e, oname, ZO_PLAN_NVME, PLAN_OPTIMIZER, o_nvme);
+    add(e, oname, ZO_PLAN_NVME, PLAN_OPTIMIZER, nvme_opt_bytes(t, o_nvme / per, per));
     if (o_nvme) {
         /* a sub-group never holds more than the NVMe share of the state */
         uint64_t nvme_elems = o_nvme / per;
@@ -891,9 +929,11 @@ static uint64_t pinned_staging(const stage_est *s, uint64_t host_slot, uint64_t 
     uint64_t largest = s->peft ? s->tr_largest : s->sh.largest;
     uint64_t part = t->zero >= 3 ? ceil_div(largest, dp) : largest;
     uint64_t pinned = 0;
-    uint64_t grad_half = s->peft                   ? part * wsz
-                         : t->zero >= 2 && dp > 1 ? ceil_div(s->sh.largest, dp) * 4
-                                                  : host_slot;
+    /* (ZeRO 2-3 on several ranks: the reduced fp32 part of a block, LoRA's
+     * of its adapters) */
+    uint64_t grad_half = t->zero >= 2 && dp > 1 ? ceil_div(largest, dp) * 4
+                         : s->peft               ? part * wsz
+                                                 : host_slot;
     if (s->fg < 1) pinned += 2 * grad_half;
     if (!s->peft && t->params_on == ZO_PLAN_GPU) {
         uint64_t chunk = sg && sg < part ? sg : part;
@@ -904,6 +944,9 @@ static uint64_t pinned_staging(const stage_est *s, uint64_t host_slot, uint64_t 
         /* a resident store takes its blocks through two chunks (the frozen
          * one's in bytes); one on NVMe assembles a block in one slot */
         uint64_t fl = s->pf.largest_frozen;
+        /* (ZeRO-3 on several ranks: the store holds the rank's parts, its
+         * bytes padded to 4 B x DP) */
+        if (t->zero >= 3 && dp > 1) fl = ceil_div(fl, 4 * dp) * 4;
         if (t->params_on == ZO_PLAN_GPU) pinned += 2 * (sg && sg < fl ? sg : fl);
         if (t->adapters_on == ZO_PLAN_GPU) pinned += 2 * (sg && sg < part ? sg : part) * wsz;
         pinned += nvme_slots;
@@ -925,8 +968,12 @@ static void estimate_host_buffers(const stage_est *s, plan_estimate *e)
         add(e, "fp16/bf16 weights read-ahead", ZO_PLAN_CPU, PLAN_BUFFERS, ring * host_slot);
     /* LoRA: a store on NVMe reads ahead into a ring of its slots and
      * assembles a block to write in one more (the frozen one's never used) */
-    uint64_t nvme_slots = s->peft ? (t->params_on == ZO_PLAN_NVME ? s->fslot : 0) +
-                                        (t->adapters_on == ZO_PLAN_NVME ? s->aslot : 0)
+    /* (ZeRO-3 on several ranks: of the rank's parts) */
+    int z3 = t->zero >= 3 && s->dp > 1;
+    uint64_t nvme_slots = s->peft ? (t->params_on == ZO_PLAN_NVME ? (z3 ? frozen_part(s, s->pf.largest_frozen)
+                                                                        : s->fslot)
+                                                                  : 0) +
+                                        (t->adapters_on == ZO_PLAN_NVME ? (z3 ? ceil_div(s->aslot, s->dp) : s->aslot) : 0)
                                   : 0;
     if (nvme_slots) add(e, "NVMe weights read-ahead", ZO_PLAN_CPU, PLAN_BUFFERS, ring * nvme_slots);
     add(e, "pinned staging", ZO_PLAN_CPU, PLAN_BUFFERS, pinned_staging(s, host_slot, nvme_slots));
@@ -1113,7 +1160,8 @@ static void estimate_gpu_buffers(const stage_est *s, plan_estimate *e)
      * the largest block padded */
     if (t->dp > 1) {
         uint64_t dp = s->dp;
-        uint64_t cap = t->buf.comm_bucket / dp * dp, whole = ceil_div(s->sh.largest, dp) * dp;
+        /* (the largest block trained: LoRA's, of adapters) */
+        uint64_t cap = t->buf.comm_bucket / dp * dp, whole = ceil_div(s->tr_largest, dp) * dp;
         if (!cap) cap = dp;
         add(e, t->reduce_dtype == ZO_DTYPE_F32 ? "communication buckets (fp32)"
                : t->reduce_dtype == ZO_DTYPE_BF16 ? "communication buckets (bf16)"

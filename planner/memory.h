@@ -181,7 +181,9 @@ const char *plan_kind_name(plan_kind k);   /* "params", "grads", ... */
 void plan_train_defaults(plan_train *t, const zo_model_config *m);
 
 /* Adjust the defaults to the GPU: fp16 on Volta and older (no bf16 tensor
- * cores). Called after the defaults and before the user's flags. */
+ * cores); on the CPU backend (--hw cpu) no CUDA context, no cuBLAS
+ * workspace and no allocator slack. Called after the defaults and before
+ * the user's flags. */
 void plan_train_fit_hw(plan_train *t, const plan_hw *hw);
 
 /* Check a configuration against the model and hardware: TP divides heads

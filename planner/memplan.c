@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/version.h" /* defines: zo_version_print */
 #include "planner/memplan_cli.h"
 
 static const char usage_main[] =
@@ -34,6 +35,7 @@ static const char usage_main[] =
     "  models      list the model presets with their shapes and parameter counts\n"
     "  hardware    list the hardware presets\n"
     "  help        this text; 'memplan estimate --help' for the estimate's options\n"
+    "  --version   the version (also: version)\n"
     "\n"
     "exit status: 0 fits (or a listing), 1 does not fit, 2 bad input\n";
 
@@ -46,6 +48,10 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
         fputs(usage_main, stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+        zo_version_print(stdout, "memplan");
         return 0;
     }
     if (!strcmp(cmd, "estimate")) return cmd_estimate(argc - 1, argv + 1);

@@ -322,6 +322,13 @@ static int is_file(const char *p)
     return strchr(p, '/') || strstr(p, ".json") ? 1 : (stat(p, &sb) == 0 && S_ISREG(sb.st_mode));
 }
 
+/* A Hugging Face model folder (--model DIR: its config.json). */
+static int is_dir(const char *p)
+{
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
 zo_status read_text(const char *path, char **out)
 {
     return zo_file_read_all(path, 64u << 20, "a JSON description", out, NULL);
@@ -354,7 +361,14 @@ zo_status build_hw(const plan_hw_flags *f, plan_hw *hw, plan_hw_basis *b)
     zo_status st;
     if ((st = plan_hw_flags_check(f)) != ZO_OK) return st;
     const char *name = f->hw ? f->hw : DEFAULT_HW;
-    if (f->gpu) {
+    if (!strcmp(name, "cpu") && !is_file(name)) { /* train --device cpu */
+        const plan_host_spec *h = NULL;
+        if (f->host && (st = plan_host_find(f->host, &h)) != ZO_OK) return st;
+        plan_hw_cpu_host(h, hw);
+        char what[128];
+        snprintf(what, sizeof what, "cpu (train --device cpu, %s host)", h ? h->name : "desktop");
+        plan_hw_basis_init(b, PLAN_HW_PRESET, what, 0, hw);
+    } else if (f->gpu) {
         st = plan_hw_from_gpu(f, hw, b);
     } else if ((st = load_hw(name, hw)) != ZO_OK) {
         return st;
@@ -417,7 +431,7 @@ zo_status build_model(const char *model, uint64_t params_n, const shape_flags *s
     int custom = sf->layers || sf->hidden || sf->heads || sf->kv_heads || sf->ffn || sf->vocab || sf->arch;
     memset(m, 0, sizeof *m);
     if (model) {
-        st = is_file(model) ? zo_model_config_load(model, m) : zo_model_preset_find(model, m);
+        st = is_file(model) || is_dir(model) ? zo_model_config_load(model, m) : zo_model_preset_find(model, m);
         if (st) return st;
     } else if (params_n) {
         if (custom)

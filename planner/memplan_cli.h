@@ -44,7 +44,7 @@ enum {
     OPT_JSON, OPT_GLOBAL_BATCH, OPT_SVG, OPT_PLAN, OPT_PLAN_OUT, OPT_HELP, OPT_JSON_OUT,
     /* plan and max-model */
     OPT_MAX_GPUS, OPT_OBJECTIVE, OPT_TOP, OPT_NO_OFFLOAD, OPT_NO_NVME, OPT_MAX_MB, OPT_OPT_STEPS,
-    OPT_OPT_MIN, OPT_MAX_PREFETCH, OPT_FAMILY, OPT_STRATEGY,
+    OPT_OPT_MIN, OPT_MAX_PREFETCH, OPT_FAMILY, OPT_STRATEGY, OPT_METHOD,
     /* calibrate */
     OPT_OUT, OPT_BASE, OPT_NVME_DIR, OPT_THREADS, OPT_ADAM_PARAMS, OPT_SECONDS, OPT_NVME_BYTES,
     OPT_END,
@@ -231,7 +231,15 @@ typedef struct search_flags {
     int zero_set, zmin, zmax;    /* --zero S or A-B */
     double opt_min[ZO_PLAN_TIERS];
     const char *family, *strategy;
+    int method;                  /* --method: -1 not given, else a zo_plan_method or PLAN_METHOD_AUTO */
 } search_flags;
+
+/* --method lora|qlora|auto without --lora R: the adapters estimate's
+ * "fits with" list suggests, rank 16 on every linear layer */
+#define PLAN_METHOD_LORA_R 16
+
+/* --method auto: full fine-tuning, LoRA and QLoRA ranked together */
+#define PLAN_METHOD_AUTO (ZO_PLAN_QLORA + 1)
 
 /* plan and max-model: the flags, the model (max-model: the family's shape
  * at 1B), the machine and the space searched. */

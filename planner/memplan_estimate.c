@@ -20,6 +20,8 @@ static const char usage_estimate[] =
     "  --model PATH            a Hugging Face config.json (its family by model_type: LLaMA,\n"
     "                          Qwen2/3, Gemma, Mixtral, DeepSeek, GPT-NeoX, Falcon, OPT, BLOOM,\n"
     "                          ...; 'memplan models' lists them and those refused)\n"
+    "  --model DIR             a Hugging Face model folder: its config.json, the model named\n"
+    "                          after the folder\n"
     "  --params N              a model known only by its size (e.g. 7.5e9, 13B): model\n"
     "                          states only, activations unknown\n"
     "  --layers N --hidden N --heads N [--kv-heads N] [--ffn N] --vocab N [--arch gpt|llama]\n"
@@ -28,7 +30,10 @@ static const char usage_estimate[] =
     "  --hw NAME               a machine preset ('memplan hardware'); default h100-80gb\n"
     "  --gpu NAME              one GPU preset (rtx-4090, l40s, a100-80gb-pcie, ...) in its usual\n"
     "                          host; with --gpus N, N of them in one node\n"
-    "  --host NAME             with --gpu: desktop, workstation or server\n"
+    "  --host NAME             with --gpu or --hw cpu: desktop, workstation or server\n"
+    "  --hw cpu                train --device cpu: the CPU backend of --host (default desktop),\n"
+    "                          no CUDA context, cuBLAS workspace or allocator slack; --gpu-mem\n"
+    "                          is train's --device-mem (default: the host's memory)\n"
     "  --gpus N                GPUs in the job (default: DP x TP x PP, or the preset's)\n"
     "  --gpus-per-node N, --gpu-mem SIZE, --cpu-mem SIZE (per node), --nvme SIZE (per node)\n"
     "                          sizes: 80GB, 80GiB, 1.5TB or bytes\n"
@@ -267,6 +272,20 @@ static zo_status from_plan_file(const cli_flags *f, const char *path, zo_model_c
     return st;
 }
 
+/* What train does not run of this configuration (tensor or pipeline
+ * parallelism, ...: the capability table's words), said under the report:
+ * estimate sizes it, train --plan refuses it with these words. */
+static void runtime_note(const plan_train *t)
+{
+    zo_run_shape run;
+    char why[512];
+    plan_run_shape(t, &run);
+    if (t->runtime != PLAN_RUNTIME_ZOFFLOAD || zo_capability_check(&run, why, sizeof why) == ZO_OK) return;
+    zo_clear_error();
+    printf("\nfor the runtime: train --plan refuses this configuration (docs/offload.md, \"What the runtime "
+           "runs\"): %s\n", why);
+}
+
 /* The report (table and/or JSON), the picture and the plan file. */
 static zo_status report(const cli_flags *f, const estimate_flags *e, const zo_model_config *m,
                         const plan_hw *hw, const plan_hw_basis *basis, const plan_train *t,
@@ -288,6 +307,7 @@ static zo_status report(const cli_flags *f, const estimate_flags *e, const zo_mo
     if (!f->json) {
         plan_report_basis(stdout, hw, basis);
         plan_report_table(stdout, m, hw, t, est, &pt, &sg);
+        runtime_note(t);
     }
     if (f->svg_path && (st = write_svg(f->svg_path, m, hw, t, est, &pt)) != ZO_OK) return st;
     if (e->plan_out) {

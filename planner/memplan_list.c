@@ -60,10 +60,12 @@ int cmd_hardware(void)
     printf("  * fp16/bf16 tensor with fp32 accumulation, the rate training gets (GeForce cards run "
            "it at half\n    their fp16-accumulate rate, fp16acc16)\n");
     const plan_host_spec *h = plan_host_presets(&n);
-    printf("\nhosts (--host NAME, with --gpu):\n");
+    printf("\nhosts (--host NAME, with --gpu or --hw cpu):\n");
     for (size_t i = 0; i < n; i++)
         printf("%-15s %s; NVMe read %.4g, write %.4g GB/s\n", h[i].name, h[i].summary,
                h[i].nvme_read_bw / 1e9, h[i].nvme_write_bw / 1e9);
+    printf("\ncpu (--hw cpu [--host NAME]): the CPU backend, for train --device cpu (its device memory: "
+           "--gpu-mem, train's --device-mem).\n");
     printf("\nOverride with --gpus --gpus-per-node --gpu-mem --cpu-mem --nvme --pcie (CPU memory and "
            "NVMe are per node).\n");
     return 0;

@@ -12,7 +12,7 @@
 
 static const char usage_max_model[] =
     "usage: memplan max-model [--family gpt|llama|gpt3|megatron|llama2|llama3 | --model NAME]\n"
-    "                         [--hw NAME|FILE | --gpu NAME [--host NAME]] [--gpus N]\n"
+    "                         [--hw NAME|FILE|cpu | --gpu NAME [--host NAME]] [--gpus N]\n"
     "                         [--gpu-mem SIZE] [--cpu-mem SIZE] [--nvme SIZE] [--pcie LINK]\n"
     "                         [--seq N] [--strategy NAME] [--json | --json-out FILE]\n"
     "                         [--lora R [--lora-targets LIST] [--qlora]] [--schedule S]\n"
@@ -221,6 +221,11 @@ int cmd_max_model(int argc, char **argv)
     search_cmd c;
     int rc = search_cmd_parse(argc, argv, "max-model", usage_max_model, &c);
     if (rc != CLI_PARSED) return rc;
+    if (c.s.method >= 0) {
+        zo_error(ZO_ERR_INVALID, "--method is memplan plan's: max-model sizes full fine-tuning (--lora R for "
+                 "adapters)");
+        return fail();
+    }
     const char *family;
     int only, json = c.f.json;
     if (max_model_setup(&c, &family, &only) != ZO_OK) return fail();

@@ -21,9 +21,12 @@ static const char usage_plan[] =
     "(fractions) / checkpoints across GPU, CPU and NVMe, prefetch depth, and the CPU\n"
     "optimizer's schedule (serial, overlap, dpu); keep what fits; rank by predicted step time.\n"
     "\n"
-    "  --model, --params, --layers ... --arch   the model, as for 'memplan estimate'\n"
+    "  --model, --params, --layers ... --arch   the model, as for 'memplan estimate' (--model:\n"
+    "                          a preset, a config.json or a Hugging Face model folder)\n"
     "  --hw NAME|FILE          machine preset or calibrated profile (default h100-80gb)\n"
     "  --gpu NAME [--host NAME]  one GPU preset in a host (rtx-4090, l40s, ...; 'memplan hardware')\n"
+    "  --hw cpu [--host NAME]  plan for train --device cpu (no CUDA context, cuBLAS workspace or\n"
+    "                          allocator slack); --gpu-mem is train's --device-mem\n"
     "  --gpus N                GPUs in the job (default: the preset's)\n"
     "  --max-gpus N            also try fewer GPUs (powers of two and whole nodes up to N)\n"
     "  --gpus-per-node N, --gpu-mem SIZE, --cpu-mem SIZE, --nvme SIZE, --pcie LINK\n"
@@ -34,6 +37,10 @@ static const char usage_plan[] =
     "  --lora R [--lora-targets LIST] [--lora-alpha A] [--qlora]   fine-tune adapters on a\n"
     "                          frozen base (LoRA, QLoRA), as for estimate; where the base and\n"
     "                          the adapters live is searched (--adapters-on fixes the adapters)\n"
+    "  --method full|lora|qlora|auto   what is trained: auto ranks full fine-tuning, LoRA and\n"
+    "                          QLoRA together (the adapters of --lora R, else rank 16 on every\n"
+    "                          linear layer, as estimate's \"fits with\" list); default: full, or\n"
+    "                          the method of --lora R [--qlora]\n"
     "  --schedule serial|overlap|dpu   fix the optimizer schedule (default: searched, each\n"
     "                          plan with the fastest); --clip-stale, --dpu-warmup N,\n"
     "                          --opt-threads N as for estimate\n"
@@ -57,6 +64,9 @@ static const char usage_plan[] =
     "  --json                  the best as a plan file (docs/plan-format.md) on stdout, instead\n"
     "                          of the table\n"
     "  --json-out FILE         write the best as a plan file to FILE (train --plan FILE)\n"
+    "                          A plan file holds only what train runs (data parallelism;\n"
+    "                          docs/offload.md, \"What the runtime runs\"): flags outside that\n"
+    "                          are refused (exit 2) with train's message\n"
     "  --svg FILE              a picture of the best plan\n"
     "\n"
     "exit status: 0 a plan fits, 1 nothing fits, 2 bad input\n";
@@ -74,6 +84,7 @@ static const struct option plan_opts[] = {
     {"max-prefetch", required_argument, 0, OPT_MAX_PREFETCH},
     {"family", required_argument, 0, OPT_FAMILY},
     {"strategy", required_argument, 0, OPT_STRATEGY},
+    {"method", required_argument, 0, OPT_METHOD},
     {0, 0, 0, 0},
 };
 
@@ -102,6 +113,8 @@ static zo_status parse_zero_range(const char *arg, search_flags *s)
 static int search_flag(int c, const char *arg, void *own, zo_status *st)
 {
     static const char *const objectives[] = {"time", "memory", "cost", NULL};
+    /* (the order of zo_plan_method, then PLAN_METHOD_AUTO) */
+    static const char *const methods[] = {"full", "lora", "qlora", "auto", NULL};
     search_flags *s = own;
     int obj = 0;
     switch (c) {
@@ -123,6 +136,7 @@ static int search_flag(int c, const char *arg, void *own, zo_status *st)
         *st = zo_plan_flag_int(arg, "--max-prefetch", "buffers.prefetch_depth", &s->max_prefetch);
         return 1;
     case OPT_FAMILY: s->family = arg; return 1;
+    case OPT_METHOD: *st = zo_plan_name_parse(methods, arg, "--method", &s->method); return 1;
     case OPT_STRATEGY: s->strategy = arg; return 1;
     default: return 0;
     }
@@ -133,6 +147,7 @@ int search_cmd_parse(int argc, char **argv, const char *name, const char *usage,
     const cli_command cmd = {name, usage, plan_opts, 1 << 20, 0, search_flag};
     memset(&c->s, 0, sizeof c->s);
     c->s.top = 5;
+    c->s.method = -1;
     return cli_parse(&cmd, argc, argv, &c->f, &c->s);
 }
 
@@ -143,6 +158,26 @@ zo_status search_cmd_hw(search_cmd *c)
     if (c->s.max_gpus) c->hw.gpus = (int)c->s.max_gpus;
     else if (c->f.gpus) c->hw.gpus = (int)c->f.gpus;
     gpu_node_size(&c->f.hwf, &c->basis, &c->hw);
+    return ZO_OK;
+}
+
+/* --method: the methods searched, and the adapters of LoRA and QLoRA
+ * (--lora R's, else estimate's suggestion: rank 16 on every linear layer). */
+static zo_status search_methods(const cli_flags *f, int method, plan_space *out)
+{
+    const method_flags *mf = &f->mf;
+    if (method < 0) return ZO_OK; /* the method of --lora / --qlora, else full */
+    if (method == ZO_PLAN_FULL && mf->lora_r)
+        return zo_error(ZO_ERR_INVALID, "--method full trains every weight: leave out --lora (or --method lora)");
+    if (mf->qlora && method != ZO_PLAN_QLORA)
+        return zo_error(ZO_ERR_INVALID, "--qlora with --method %s: --method qlora says it",
+                        method == ZO_PLAN_LORA ? "lora" : method == ZO_PLAN_FULL ? "full" : "auto");
+    /* (--lora-targets, --lora-alpha and --adapters-on need --lora R) */
+    if (method != ZO_PLAN_FULL && !mf->lora_r)
+        out->base.lora = (zo_lora_config){PLAN_METHOD_LORA_R, PLAN_LORA_DEFAULT_ALPHA, ZO_LORA_ALL_LINEAR};
+    out->methods = method == PLAN_METHOD_AUTO ? 1u << ZO_PLAN_FULL | 1u << ZO_PLAN_LORA | 1u << ZO_PLAN_QLORA
+                                              : 1u << method;
+    out->base.method = method == PLAN_METHOD_AUTO ? ZO_PLAN_FULL : (zo_plan_method)method;
     return ZO_OK;
 }
 
@@ -175,7 +210,8 @@ zo_status search_cmd_space(search_cmd *c)
     /* a plan file is for the runtime: only what it runs */
     out->runtime_plans = f->json || f->json_out;
     out->adapters_on = f->mf.adapters_on;
-    return apply_method_flags(&f->mf, &out->base);
+    zo_status st = apply_method_flags(&f->mf, &out->base);
+    return st ? st : search_methods(f, s->method, out);
 }
 
 /* ---- memplan plan ------------------------------------------------------------------------ */
@@ -189,6 +225,8 @@ static void print_plan_line(const plan_candidate *c, const char *lead)
     if (t->ep > 1) snprintf(ep, sizeof ep, " (EP %d)", t->ep);
     char rc[48];
     plan_recompute_words(t, rc, sizeof rc);
+    char mw[96];
+    printf("%s%s\n", lead, plan_method_words(t, mw, sizeof mw));
     printf("%s%d GPU%s: DP %d%s x TP %d%s x PP %d%s, ZeRO-%d, micro-batch %d x %d, recompute %s\n",
            lead, c->gpus, c->gpus == 1 ? "" : "s", t->dp, ep, t->tp, t->sp ? " (+SP)" : "", t->pp,
            t->vpp > 1 ? " (interleaved)" : "", t->zero, t->micro_batch, t->grad_accum, rc);
@@ -222,8 +260,12 @@ static void print_search(FILE *tab, int json, const zo_model_config *m, const pl
     fprintf(tab, "searched %llu configurations (%llu fit) in %.2f s: %.3g configurations/s\n",
             (unsigned long long)r->configs, (unsigned long long)r->feasible, dt,
             dt > 0 ? (double)r->configs / dt : 0.0);
+    if (!s->methods && s->base.method == ZO_PLAN_FULL)
+        fprintf(tab, "(full fine-tuning of every weight: --method auto ranks LoRA and QLoRA adapters too)\n");
     if (s->runtime_plans)
-        fprintf(tab, "(a plan file for the runtime: recompute ops left out, which it does not run yet)\n");
+        fprintf(tab, "(a plan file for train: only what the runtime runs, data parallelism on any number "
+                     "of ranks (docs/offload.md, \"What the runtime runs\"); recompute ops left out, which it "
+                     "does not run yet)\n");
     if (r->n_best == 0) {
         fprintf(json ? stderr : tab, "\nnothing fits: more GPUs (--gpus / --max-gpus), a shorter "
                 "--seq or a smaller --global-batch%s\n",
@@ -277,6 +319,50 @@ static zo_status write_best(const cli_flags *f, const zo_model_config *m, const 
     return f->svg_path ? write_svg(f->svg_path, m, &h, &b->t, &e, &pt) : ZO_OK;
 }
 
+/* A plan file for train whose fixed flags are outside the capability table
+ * (--tp 2, --zero 1 --adapters-on cpu on several GPUs, --schedule dpu with
+ * --optimizer-min gpu=F): the table's refusal, the words train prints
+ * (ZO_ERR_UNSUPPORTED). Checked before the search, as the flags give it. */
+static zo_status refuse_fixed(const search_cmd *c)
+{
+    const plan_space *s = &c->space;
+    zo_run_shape run;
+    zo_run_shape_defaults(&run);
+    run.method = s->base.method;
+    run.ranks = s->max_gpus ? 1 : c->hw.gpus; /* (--max-gpus: fewer ranks may run it) */
+    run.zero = s->zero_min == s->zero_max ? s->zero_min : 0;
+    run.tp = s->tp > 1 ? s->tp : 1;
+    run.pp = s->pp > 1 ? s->pp : 1;
+    run.ep = s->ep > 1 ? s->ep : 1;
+    if (s->schedule >= 0) run.schedule = (zo_plan_schedule)s->schedule;
+    if (s->adapters_on >= 0 && run.method != ZO_PLAN_FULL) run.adapters = (zo_plan_tier)s->adapters_on;
+    if (s->opt_min[ZO_PLAN_GPU] > 0) {
+        run.optimizer[ZO_PLAN_GPU] = s->opt_min[ZO_PLAN_GPU];
+        run.optimizer[ZO_PLAN_CPU] = 1 - s->opt_min[ZO_PLAN_GPU];
+    }
+    return zo_capability_check(&run, NULL, 0);
+}
+
+/* Nothing train runs fits: when the search without the table finds a plan,
+ * its refusal in the table's words (a full fine-tuning that fits only with
+ * the weights off the GPU at --zero 1, ...); ZO_OK otherwise ("nothing
+ * fits" stands). */
+static zo_status refuse_outside_table(const search_cmd *c)
+{
+    plan_space any = c->space;
+    any.runtime_plans = 0;
+    plan_result *r = malloc(sizeof *r);
+    if (!r) return zo_error(ZO_ERR_NOMEM, "plan: the search's results");
+    zo_status st = plan_search(&c->m, &c->hw, &any, 1, r);
+    if (st == ZO_OK && r->n_best > 0) {
+        zo_run_shape run;
+        plan_run_shape(&r->best[0].t, &run);
+        st = zo_capability_check(&run, NULL, 0);
+    }
+    free(r);
+    return st;
+}
+
 int cmd_plan(int argc, char **argv)
 {
     search_cmd c;
@@ -286,10 +372,12 @@ int cmd_plan(int argc, char **argv)
     if (build_model(f->model, f->params_n, &f->sf, f->seq, &c.m) != ZO_OK ||
         search_cmd_hw(&c) != ZO_OK || search_cmd_space(&c) != ZO_OK)
         return fail();
+    if (c.space.runtime_plans && refuse_fixed(&c) != ZO_OK) return fail();
     plan_result r;
     double t0 = zo_now();
     if (plan_search(&c.m, &c.hw, &c.space, (int)c.s.top, &r) != ZO_OK) return fail();
     double dt = zo_now() - t0;
+    if (r.n_best == 0 && c.space.runtime_plans && refuse_outside_table(&c) != ZO_OK) return fail();
     /* --json: stdout holds the plan alone */
     FILE *tab = f->json ? fopen("/dev/null", "w") : stdout;
     if (!tab) tab = stderr;

@@ -7,6 +7,21 @@
 
 #include "common/json.h" /* defines: zo_json_parse */
 
+void plan_run_shape(const plan_train *t, zo_run_shape *out)
+{
+    zo_run_shape_defaults(out);
+    out->method = t->method;
+    out->ranks = t->dp > 0 ? t->dp : 1;
+    out->zero = t->zero;
+    out->tp = t->tp;
+    out->pp = t->pp;
+    out->ep = t->ep > 0 ? t->ep : 1;
+    out->schedule = t->schedule;
+    out->params = t->params_on;
+    out->adapters = t->method == ZO_PLAN_FULL ? ZO_PLAN_GPU : t->adapters_on;
+    memcpy(out->optimizer, t->opt_frac, sizeof out->optimizer);
+}
+
 /* ---- hardware ----------------------------------------------------------------------- */
 
 cJSON *plan_hw_json(const plan_hw *hw) { return zo_hw_profile_write_json(hw); }

@@ -6,9 +6,15 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/capability.h"  /* defines: zo_run_shape, zo_capability_find */
 #include "common/plan_schema.h" /* defines: zo_plan, zo_plan_read, zo_plan_write_json */
 #include "planner/cost.h"
 #include "planner/memory.h"
+
+/* The run a configuration is, as the runtime's capability table sees it
+ * (common/capability.h): what `memplan plan` asks of every candidate for a
+ * plan file, and what estimate reports of its configuration. */
+void plan_run_shape(const plan_train *t, zo_run_shape *out);
 
 /* The plan for a configuration (docs/plan-format.md): the model, the
  * hardware (may be NULL), the training settings and, when `e` is given, the

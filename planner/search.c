@@ -6,6 +6,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "planner/planfile.h" /* defines: plan_run_shape (the capability table's view of a plan) */
+
 void plan_space_defaults(plan_space *s, const zo_model_config *m, const plan_hw *hw)
 {
     memset(s, 0, sizeof *s);
@@ -42,7 +44,7 @@ static int same_shape(const plan_candidate *a, const plan_train *t, int gpus)
            u->params_on == t->params_on && u->grads_on == t->grads_on &&
            u->checkpoints_on == t->checkpoints_on && u->opt_frac[0] == t->opt_frac[0] &&
            u->opt_frac[1] == t->opt_frac[1] && u->opt_frac[2] == t->opt_frac[2] &&
-           u->schedule == t->schedule && u->adapters_on == t->adapters_on;
+           u->schedule == t->schedule && u->adapters_on == t->adapters_on && u->method == t->method;
 }
 
 typedef struct ranked {
@@ -128,6 +130,12 @@ static void rank_schedules(walk *w, plan_train *t, const plan_estimate *e, plan_
         if (sch == ZO_PLAN_SCHED_DPU && t->opt_frac[ZO_PLAN_GPU] > 0) continue;
         if (sch != ZO_PLAN_SCHED_SERIAL && pt->sched.cpu_n <= 0 && s->schedule < 0) break;
         t->schedule = (zo_plan_schedule)sch;
+        /* a plan file is for train: only what the runtime runs */
+        if (s->runtime_plans) {
+            zo_run_shape run;
+            plan_run_shape(t, &run);
+            if (zo_capability_find(&run) != ZO_CAP_RUNS) continue;
+        }
         const plan_estimate *se = e;
         if (sch == ZO_PLAN_SCHED_DPU) {
             plan_estimate_unchecked(w->m, &w->hw, t, &e_dpu);
@@ -321,11 +329,14 @@ static void walk_gpus(walk *w, int gpus)
     w->hw.gpus = gpus;
     int L = m->params_override ? 1 : m->n_layers;
     int node = w->hw.gpus_per_node;
-    for (int tp = 1; tp <= gpus && tp <= node; tp++) {
+    /* (a plan file for train: data parallelism only, the capability table's
+     * first rows; rank_schedules asks the table of every candidate) */
+    int par_max = s->runtime_plans ? 1 : gpus;
+    for (int tp = 1; tp <= gpus && tp <= node && tp <= par_max; tp++) {
         if (gpus % tp || (s->tp && tp != s->tp)) continue;
         if (!m->params_override && (m->n_heads % tp || m->n_kv_heads % tp)) continue;
         if (m->params_override && tp > 1) continue;
-        for (int pp = 1; pp * tp <= gpus; pp++) {
+        for (int pp = 1; pp * tp <= gpus && pp <= par_max; pp++) {
             if ((gpus / tp) % pp || L % pp || (s->pp && pp != s->pp)) continue;
             int dp = gpus / (tp * pp);
             if (s->global_batch % dp) continue;
@@ -338,7 +349,7 @@ static void walk_gpus(walk *w, int gpus)
                     if (v > 1 && L % (pp * v)) continue;
                     for (int sp = 0; sp <= (tp > 1); sp++) {
                       /* expert parallelism over data-parallel ranks (MoE only) */
-                      for (int ep = 1; ep <= dp; ep++) {
+                      for (int ep = 1; ep <= dp && ep <= par_max; ep++) {
                         if (dp % ep || (ep > 1 && (!m->moe.experts || m->moe.experts % ep))) continue;
                         if (s->ep && ep != s->ep) continue;
                         for (int rc = ZO_PLAN_RECOMPUTE_NONE; rc < ZO_PLAN_RECOMPUTES; rc++) {
@@ -370,10 +381,34 @@ static void walk_gpus(walk *w, int gpus)
     }
 }
 
+/* The search of one method (s->base.method) into out's ranking. */
+static zo_status search_method(const zo_model_config *m, const plan_hw *hw, const plan_space *s, int top,
+                               plan_result *out);
+
 zo_status plan_search(const zo_model_config *m, const plan_hw *hw, const plan_space *s, int top,
                       plan_result *out)
 {
     memset(out, 0, sizeof *out);
+    unsigned mask = s->methods ? s->methods : 1u << s->base.method;
+    for (int k = ZO_PLAN_FULL; k <= ZO_PLAN_QLORA; k++) {
+        if (!(mask & 1u << k)) continue;
+        plan_space sm = *s;
+        sm.base.method = (zo_plan_method)k;
+        zo_status st = search_method(m, hw, &sm, top, out);
+        /* several methods: one the model cannot take (LoRA of a latent
+         * attention) is left out */
+        if (st && mask != 1u << k && k != ZO_PLAN_FULL) {
+            zo_clear_error();
+            continue;
+        }
+        if (st) return st;
+    }
+    return ZO_OK;
+}
+
+static zo_status search_method(const zo_model_config *m, const plan_hw *hw, const plan_space *s, int top,
+                               plan_result *out)
+{
     if (top < 1 || top > PLAN_TOP_MAX)
         return zo_error(ZO_ERR_INVALID, "--top %d: between 1 and %d", top, PLAN_TOP_MAX);
     if (s->global_batch < 1)
@@ -448,8 +483,19 @@ static const char *tier_words(zo_plan_tier t)
     return t == ZO_PLAN_GPU ? "the GPU" : t == ZO_PLAN_CPU ? "the CPU" : "NVMe";
 }
 
+const char *plan_method_words(const plan_train *t, char *buf, size_t len)
+{
+    char tg[64];
+    if (t->method == ZO_PLAN_FULL) snprintf(buf, len, "full fine-tuning");
+    else
+        snprintf(buf, len, "%s r %d on %s", t->method == ZO_PLAN_QLORA ? "QLoRA" : "LoRA", t->lora.r,
+                 zo_lora_targets_str(t->lora.targets, tg, sizeof tg));
+    return buf;
+}
+
 void plan_describe_diff(const plan_candidate *best, const plan_candidate *c, char *buf, size_t len)
 {
+    char mw[2][96];
     sbuf b = {buf, len, 0};
     buf[0] = '\0';
     const plan_train *x = &best->t, *y = &c->t;
@@ -462,6 +508,8 @@ void plan_describe_diff(const plan_candidate *best, const plan_candidate *c, cha
             sep = "; ";               \
         }                             \
     } while (0)
+    DIFF(y->method != x->method, "%s instead of %s", plan_method_words(y, mw[0], sizeof mw[0]),
+         plan_method_words(x, mw[1], sizeof mw[1]));
     DIFF(c->gpus != best->gpus, "%d GPUs instead of %d", c->gpus, best->gpus);
     DIFF(y->dp != x->dp, "DP %d instead of %d", y->dp, x->dp);
     DIFF(y->tp != x->tp, "TP %d instead of %d", y->tp, x->tp);

@@ -40,13 +40,16 @@ typedef struct plan_space {
     int tp, pp;            /* > 0: fixed */
     int ep;                /* > 0: fixed; else every EP dividing DP and the experts (MoE) */
     int recompute;         /* -1: all; else a zo_plan_recompute */
-    int runtime_plans;     /* 1: only what the runtime runs (a plan file for train): no
-                              recompute ops (full of part of the layers runs) */
+    int runtime_plans;     /* 1: only what the runtime runs (a plan file for train): what the
+                              capability table (common/capability.h) runs, and no recompute
+                              ops (full of part of the layers runs) */
     int params_on;         /* -1: free; else the zo_plan_tier of the weights */
     int opt_on;            /* -1: free; else all optimizer state on this zo_plan_tier */
     double opt_min[ZO_PLAN_TIERS]; /* the least share of the optimizer state on each zo_plan_tier */
     int schedule;          /* -1: every optimizer schedule; else a zo_plan_schedule */
     int adapters_on;       /* LoRA: -1 free; else the zo_plan_tier of the adapters */
+    unsigned methods;      /* 1 << zo_plan_method of each method searched (base.lora the
+                              adapters'); 0: base.method alone */
     plan_objective objective;
     plan_train base;       /* dtype, grad dtype, optimizer, seq, flash, dropout, buffers */
 } plan_space;
@@ -75,6 +78,9 @@ void plan_space_defaults(plan_space *s, const zo_model_config *m, const plan_hw 
  * best first. n_best is 0 when nothing fits. */
 zo_status plan_search(const zo_model_config *m, const plan_hw *hw, const plan_space *s, int top,
                       plan_result *out);
+
+/* What is trained, in words: "full fine-tuning", "QLoRA r 16 on all-linear". */
+const char *plan_method_words(const plan_train *t, char *buf, size_t len);
 
 /* How `c` differs from `best`, in words ("TP 4 instead of 8; optimizer on
  * the CPU instead of the GPU; 12% slower"). */

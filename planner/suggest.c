@@ -272,6 +272,33 @@ static int same_config(const plan_train *a, const plan_train *b)
            a->dp == b->dp && a->tp == b->tp && a->pp == b->pp;
 }
 
+/* Each of `flags`' settings ("--params cpu", "--qlora") found among
+ * `in`'s: 1 when `flags` asks for nothing `in` does not. */
+static int flags_within(const char *flags, const char *in)
+{
+    for (const char *p = strstr(flags, "--"); p; p = strstr(p + 2, "--")) {
+        const char *next = strstr(p + 2, " --");
+        size_t n = next ? (size_t)(next - p) : strlen(p);
+        int found = 0;
+        for (const char *q = strstr(in, "--"); q && !found; q = strstr(q + 2, "--")) {
+            const char *qn = strstr(q + 2, " --");
+            size_t k = qn ? (size_t)(qn - q) : strlen(q);
+            found = k == n && !strncmp(p, q, n);
+        }
+        if (!found) return 0;
+    }
+    return 1;
+}
+
+/* Row b adds to row a's flags a setting that changes nothing: a trains the
+ * same way (full, LoRA or QLoRA), fits with fewer settings and is as fast (--checkpoints cpu beside a full recompute
+ * whose checkpoints fit on the GPU, ...). */
+static int adds_nothing(const plan_alternative *a, const plan_alternative *b)
+{
+    return a->t.method == b->t.method && strcmp(a->flags, b->flags) && flags_within(a->flags, b->flags) &&
+           a->time.step <= b->time.step * (1 + 1e-9);
+}
+
 static int by_step(const void *x, const void *y)
 {
     const plan_alternative *a = x, *b = y;
@@ -318,5 +345,13 @@ zo_status plan_suggest(const zo_model_config *m, const plan_hw *hw, const plan_t
             out->alt[j] = out->alt[j - 1];
             out->alt[j - 1] = tmp;
         }
+    /* rows that only add a setting that changes nothing are left out */
+    int kept = 0;
+    for (int j = 0; j < out->n; j++) {
+        int redundant = 0;
+        for (int i = 0; i < out->n && !redundant; i++) redundant = i != j && adds_nothing(&out->alt[i], &out->alt[j]);
+        if (!redundant) out->alt[kept++] = out->alt[j];
+    }
+    out->n = kept;
     return ZO_OK;
 }

@@ -39,8 +39,9 @@ typedef struct plan_suggestions {
     plan_alternative alt[PLAN_SUGGEST_MAX];
 } plan_suggestions;
 
-/* Every alternative to `t` that fits `hw`, ranked by predicted step time;
- * out->n is 0 when none does. */
+/* Every alternative to `t` that fits `hw`, ranked by predicted step time,
+ * less those that only add a setting that changes nothing (another row fits
+ * with a subset of its flags and is as fast); out->n is 0 when none does. */
 zo_status plan_suggest(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
                        plan_suggestions *out);
 

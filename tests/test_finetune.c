@@ -147,6 +147,66 @@ static void train(const char *extra, run_out *r)
     parse_run(out, r);
 }
 
+/* ---- a Hugging Face model folder ------------------------------------------------------------ */
+
+/* --model DIR (issue 27): a Hugging Face folder (config.json, tokenizer.json,
+ * model.safetensors) gives train its config, weights and tokenizer, and the
+ * model its name: the losses are those of the same files named one by one,
+ * the report, the plot and the adapter's base_model_name_or_path say
+ * "Tiny-Llama-1k", and memplan estimate and plan size the folder. */
+static void test_model_dir(void **state)
+{
+    (void)state;
+    char cmd[4096], md[160];
+    write_inputs();
+    snprintf(md, sizeof md, "%s/Tiny-Llama-1k", dir);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/config.json %s/ && cp %s/tokenizer/small-bpe.json %s/tokenizer.json",
+             md, dir, md, ZO_FIXTURES_DIR, md);
+    assert_int_equal(system(cmd), 0);
+    run_out one, folder;
+    snprintf(cmd, sizeof cmd, "--steps 1 --save %s/model.safetensors", md);
+    train(cmd, &one);
+    /* the files one by one, then the folder */
+    snprintf(cmd, sizeof cmd, "--steps 3 --weights %s/model.safetensors --lora 4 --save %s/ad1", md, dir);
+    train(cmd, &one);
+    snprintf(cmd, sizeof cmd,
+             "%s --model %s/ --data %s/train.txt --micro-batch 2 --seq 32 --threads 2 --steps 3 --lora 4 "
+             "--save %s/ad2 --log %s/run.jsonl --plot %s/run.svg 2>&1",
+             ZO_TRAIN_BIN, md, dir, dir, dir, dir);
+    int rc = run_cmd(cmd, out, sizeof out);
+    if (rc) fail_msg("train exited %d:\n%s", rc, out);
+    parse_run(out, &folder);
+    assert_int_equal(folder.n, 3);
+    for (int k = 0; k < 3; k++) assert_string_equal(folder.loss[k], one.loss[k]);
+    assert_non_null(strstr(out, "Tiny-Llama-1k"));
+    assert_non_null(strstr(out, "tokenizer.json"));
+    char path[256];
+    snprintf(path, sizeof path, "%s/ad2/adapter_config.json", dir);
+    cJSON *cfg = NULL;
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    static char text[1 << 16];
+    text[fread(text, 1, sizeof text - 1, f)] = 0;
+    fclose(f);
+    cfg = cJSON_Parse(text);
+    assert_non_null(cfg);
+    assert_string_equal(cJSON_GetObjectItem(cfg, "base_model_name_or_path")->valuestring, "Tiny-Llama-1k");
+    cJSON_Delete(cfg);
+    snprintf(path, sizeof path, "%s/run.svg", dir);
+    f = fopen(path, "r");
+    assert_non_null(f);
+    text[fread(text, 1, sizeof text - 1, f)] = 0;
+    fclose(f);
+    assert_non_null(strstr(text, "Tiny-Llama-1k"));
+    /* memplan: the folder as --model */
+    const char *cmds[] = {"estimate", "plan --gpu rtx-4090"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "%s %s --model %s --seq 32 2>&1", ZO_MEMPLAN_BIN, cmds[i], md);
+        rc = run_cmd(cmd, out, sizeof out);
+        if (rc || !strstr(out, "Tiny-Llama-1k")) fail_msg("%s: exit %d\n%s", cmd, rc, out);
+    }
+}
+
 /* ---- schedules --------------------------------------------------------------------------- */
 
 /* The closed form, written out again. */
@@ -707,6 +767,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_plot_no_follow, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_conventions, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_time_line, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_model_dir, setup_dir, teardown_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

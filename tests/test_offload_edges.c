@@ -27,6 +27,7 @@
 #include "gpu/ops_cpu.h"     /* defines: gpu_cpu_inject_faults */
 #include "model/safetensors.h" /* defines: model_st_open */
 #include "offload/ckpt_meta.h" /* defines: ckpt_manifest_write (to re-sign an edited checkpoint) */
+#include "common/plan_schema.h" /* defines: zo_plan_load */
 #include "offload/offload.h" /* defines: offload_init, offload_plan_load, offload_save */
 #include "tests/support/files.h" /* defines: files_write_plan, files_write_text, files_remove_tree */
 #include "tests/support/run.h"   /* defines: run_program, run_capture, run_paused */
@@ -1154,6 +1155,182 @@ static void test_train_flags(void **state)
     remove(plan);
 }
 #endif
+#ifdef ZO_TRAIN_BIN
+/* A small LLaMA run in tmp_dir/NAME (dir[400], cfg[500] and data[500]):
+ * config.json (4 heads, 2 of keys and values, ffn 2 x hidden, 256 byte
+ * tokens, hidden positions) and text.txt. */
+static void llama_run_files(const char *name, int layers, int hidden, char *dir, char *cfg, char *data)
+{
+    char text[400];
+    snprintf(dir, 400, "%s/%s", tmp_dir, name);
+    mkdir(dir, 0755);
+    snprintf(cfg, 500, "%s/config.json", dir);
+    snprintf(data, 500, "%s/text.txt", dir);
+    snprintf(text, sizeof text,
+             "{\"model_type\": \"llama\", \"num_hidden_layers\": %d, \"hidden_size\": %d, "
+             "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": %d, "
+             "\"vocab_size\": 256, \"max_position_embeddings\": %d}",
+             layers, hidden, 2 * hidden, hidden);
+    files_write_text(cfg, text);
+    files_write_sample_text(data, 3000);
+}
+
+/* One set of flags (issue 27): every row of memplan estimate's "fits with"
+ * list (--params cpu --grads cpu --optimizer cpu --checkpoints cpu,
+ * --recompute full, --lora R --qlora, ...) added as it is printed to train's
+ * command line runs within the device capacity memplan was given; train
+ * checks --grads against --optimizer as memplan plans them, names the flag
+ * as given (the deprecated --params-on and --optimizer-on still work), and
+ * every program says its --version. */
+static void test_memplan_advice_runs(void **state)
+{
+    (void)state;
+    char dir[400], cfg[500], data[500], cmd[3000], args[3000];
+    static char out[1 << 18];
+    llama_run_files("advice", 8, 128, dir, cfg, data);
+    snprintf(cmd, sizeof cmd,
+             "%s estimate --model %s --gpu-mem 6MiB --cpu-mem 1GiB --nvme 1GiB --seq 64 --micro-batch 2 --dtype fp32 "
+             "--cuda-context 0 --cublas-workspace 0 --fragmentation 0 --json",
+             ZO_MEMPLAN_BIN, cfg);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 1); /* full fine-tuning does not fit */
+    cJSON *doc = cJSON_Parse(out);
+    assert_non_null(doc);
+    const cJSON *rows = cJSON_GetObjectItem(doc, "suggestions"); /* the "fits with" list */
+    assert_true(cJSON_GetArraySize(rows) >= 4);
+    int seen_all = 0;
+    const cJSON *row;
+    cJSON_ArrayForEach(row, rows)
+    {
+        const char *flags = cJSON_GetObjectItem(row, "flags")->valuestring;
+        seen_all |= strstr(flags, "--params cpu") && strstr(flags, "--grads cpu") && strstr(flags, "--optimizer cpu");
+        snprintf(args, sizeof args,
+                 "--model %s --data %s --text --steps 1 --threads 1 --seq 64 --micro-batch 2 --dtype fp32 --device-mem 6MiB "
+                 "--nvme-dir %s %s",
+                 cfg, data, dir, flags);
+        int rc = run_train(args, out, sizeof out);
+        printf("  train ... %s: exit %d\n", flags, rc);
+        if (rc) fprintf(stderr, "%s\n", out);
+        assert_int_equal(rc, 0);
+    }
+    cJSON_Delete(doc);
+    assert_true(seen_all);
+    /* --grads against --optimizer; the flag named as given */
+    const struct {
+        const char *flags, *want;
+    } bad[] = {
+        {"--grads gpu --optimizer cpu", "--grads gpu with the optimizer on cpu=1 (--optimizer)"},
+        {"--grads cpu --optimizer gpu", "--grads cpu with the optimizer on gpu"},
+        {"--grads nvme", "--grads: "},
+        {"--params disk", "--params: "},
+        {"--params-on disk", "--params-on: "},
+        {"--optimizer cpu=2", "--optimizer: "},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(args, sizeof args, "--model %s --data %s --text --steps 1 --threads 1 %s", cfg, data, bad[i].flags);
+        int rc = run_train(args, out, sizeof out);
+        if (rc != 2 || !strstr(out, bad[i].want)) fprintf(stderr, "%s: exit %d\n%s\n", bad[i].flags, rc, out);
+        assert_int_equal(rc, 2);
+        assert_non_null(strstr(out, bad[i].want));
+    }
+    /* memplan's names for every kind of state, --checkpoints included */
+    snprintf(args, sizeof args,
+             "--model %s --data %s --text --steps 1 --threads 1 --seq 64 --micro-batch 2 --dtype fp32 --device-mem 6MiB "
+             "--recompute full --params cpu --grads cpu --optimizer cpu --checkpoints cpu --nvme-dir %s",
+             cfg, data, dir);
+    assert_int_equal(run_train(args, out, sizeof out), 0);
+    assert_non_null(strstr(out, "checkpoints cpu"));
+    /* memplan plan --method qlora: a plan file train runs as written */
+    snprintf(cmd, sizeof cmd,
+             "%s plan --model %s --gpu-mem 6MiB --cpu-mem 1GiB --nvme 1GiB --seq 64 --global-batch 2 --dtype fp32 "
+             "--cuda-context 0 --cublas-workspace 0 --fragmentation 0 --method qlora --top 1 --json-out %s/q.json",
+             ZO_MEMPLAN_BIN, cfg, dir);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+    snprintf(args, sizeof args, "--model %s --data %s --text --steps 1 --threads 1 --plan %s/q.json --nvme-dir %s", cfg,
+             data, dir, dir);
+    int qrc = run_train(args, out, sizeof out);
+    if (qrc || !strstr(out, "QLoRA")) fprintf(stderr, "%s\n", out);
+    assert_int_equal(qrc, 0);
+    /* the deprecated spellings run as before */
+    snprintf(args, sizeof args,
+             "--model %s --data %s --text --steps 1 --threads 1 --seq 64 --micro-batch 2 --params-on cpu "
+             "--optimizer-on cpu=0.5,nvme=0.5 --checkpoints-on gpu --nvme-dir %s",
+             cfg, data, dir);
+    assert_int_equal(run_train(args, out, sizeof out), 0);
+    assert_non_null(strstr(out, "weights cpu"));
+    /* --version: one line, exit 0, in memplan, train, tokenize and plot
+     * (the last two built beside train) */
+    const char *progs[][2] = {{ZO_MEMPLAN_BIN, "memplan"}, {ZO_TRAIN_BIN, "train"}, {"tokenize", "tokenize"},
+                              {"plot", "plot"}};
+    char bin[600];
+    snprintf(bin, sizeof bin, "%s", ZO_TRAIN_BIN);
+    *strrchr(bin, '/') = '\0';
+    for (int i = 0; i < 4; i++) {
+        if (i < 2) snprintf(cmd, sizeof cmd, "%s --version", progs[i][0]);
+        else snprintf(cmd, sizeof cmd, "%s/%s --version", bin, progs[i][0]);
+        assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+        char want[64];
+        snprintf(want, sizeof want, "%s (zoffload) ", progs[i][1]);
+        assert_ptr_equal(strstr(out, want), out);
+        assert_non_null(strstr(out, "plan format zoffload-plan"));
+    }
+    files_remove_tree(dir);
+}
+#endif
+
+#ifdef ZO_TRAIN_BIN
+/* Planning for the CPU device (issue 27): `memplan --hw cpu` sizes train
+ * --device cpu, with no CUDA context, no cuBLAS workspace and no allocator
+ * slack to zero by hand, the host a preset's (--host); train --plan runs
+ * the plan within 3% of its device and host peaks. */
+static void test_plan_hw_cpu(void **state)
+{
+    (void)state;
+    char dir[400], cfg[500], data[500], plan[500], cmd[3000];
+    static char out[1 << 16];
+    llama_run_files("hwcpu", 4, 64, dir, cfg, data);
+    snprintf(plan, sizeof plan, "%s/plan.json", dir);
+    const char *flags[] = {"", "--params cpu --grads cpu --optimizer cpu=0.5,nvme=0.5 --host workstation"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd,
+                 "%s estimate --hw cpu --gpu-mem 32MiB --model %s --seq 32 --micro-batch 2 --dtype fp32 --no-dropout "
+                 "%s --plan-out %s",
+                 ZO_MEMPLAN_BIN, cfg, flags[i], plan);
+        int rc = run_capture(cmd, out, sizeof out);
+        if (rc) fprintf(stderr, "%s\n", out);
+        assert_int_equal(rc, 0);
+        assert_non_null(strstr(out, "train --device cpu"));
+        zo_plan p;
+        assert_int_equal(zo_plan_load(plan, &p), ZO_OK);
+        assert_string_equal(p.hardware.gpu, "CPU");
+        assert_true(p.buffers.cuda_context == 0 && p.buffers.cublas_workspace == 0);
+        assert_true(p.buffers.fragmentation == 0);
+        assert_true(p.hardware.gpu_mem == 32u << 20);
+        snprintf(cmd, sizeof cmd, "--model %s --data %s --text --plan %s --device cpu --steps 2 --threads 1 --nvme-dir %s",
+                 cfg, data, plan, dir);
+        rc = run_train(cmd, out, sizeof out);
+        if (rc) fprintf(stderr, "%s\n", out);
+        assert_int_equal(rc, 0);
+        const char *line = strstr(out, "# peak bytes per tier: ");
+        assert_non_null(line);
+        const char *nl = strchr(line, '\n');
+        int n = 0;
+        for (const char *pl = strstr(line, "(plan "); pl && pl < nl; pl = strstr(pl + 1, "(plan ")) {
+            double pct = atof(strchr(pl, ',') + 1);
+            printf("  --hw cpu %s: %.1f%% of the plan\n", flags[i], pct);
+            if (!(pct > 97 && pct < 103)) fail_msg("%.*s", (int)(nl - line), line);
+            n++;
+        }
+        assert_true(n >= 2);
+    }
+    /* --host goes with --gpu or --hw cpu; an unknown host is named */
+    snprintf(cmd, sizeof cmd, "%s estimate --hw h100-80gb --host workstation --model %s 2>&1", ZO_MEMPLAN_BIN, cfg);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 2);
+    snprintf(cmd, sizeof cmd, "%s estimate --hw cpu --host nothere --model %s 2>&1", ZO_MEMPLAN_BIN, cfg);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 2);
+    assert_non_null(strstr(out, "nothere"));
+    files_remove_tree(dir);
+}
+#endif
 
 #ifdef ZO_TRAIN_BIN
 /* Files for a tiny GPT-2 run in `dir`: config.json and text.txt. */
@@ -1475,6 +1652,8 @@ int main(void)
         cmocka_unit_test(test_searched_plan_runs),
 #ifdef ZO_TRAIN_BIN
         cmocka_unit_test(test_train_flags),
+        cmocka_unit_test(test_memplan_advice_runs),
+        cmocka_unit_test(test_plan_hw_cpu),
         cmocka_unit_test(test_train_bad_inputs),
         cmocka_unit_test(test_train_locks_and_swap_files),
 #endif

@@ -18,6 +18,7 @@
 #include <cmocka.h>
 #include <cjson/cJSON.h>
 
+#include "common/capability.h" /* defines: zo_capability_check, zo_run_shape */
 #include "common/clock.h"
 #include "common/model_config.h"
 #include "planner/cost.h"
@@ -441,6 +442,201 @@ static void test_cli_plan(void **state)
     assert_int_equal(system(args), 0);
 }
 
+/* zo_capability_check's message for `r` (the words train prints), after
+ * "memplan: ". */
+static void table_words(const zo_run_shape *r, char *buf, size_t len)
+{
+    char why[512];
+    assert_int_equal(zo_capability_check(r, why, sizeof why), ZO_ERR_UNSUPPORTED);
+    snprintf(buf, len, "memplan: %s", why);
+}
+
+/* A plan file is for train (issue 27): `memplan plan --json-out` searches
+ * only what the capability table runs (LLaMA-2-70B on 8 GPUs: the best for
+ * the table alone may be tensor parallel; the plan file is data parallel),
+ * and a combination the flags fix outside the table is refused, exit 2, in
+ * the table's words, those train prints (test_ranks: test_refusals). */
+static void test_plan_file_runs(void **state)
+{
+    (void)state;
+    static char out[1 << 18];
+    char dir[] = "/tmp/memplan-runs-XXXXXX", args[1024], path[512], want[1024];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/p.json", dir);
+    const char *runs[] = {"--model llama-2-70b --gpus 8 --gpus-per-node 8",
+                          "--model llama-2-13b --gpus 2 --gpus-per-node 2 --lora 8 --zero 1-2",
+                          "--model llama-2-7b --gpus 4 --gpus-per-node 4 --schedule dpu"};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        snprintf(args, sizeof args, "plan %s --json-out %s", runs[i], path);
+        if (run_memplan(args, out, sizeof out)) fail_msg("%s\n%s", args, out);
+        zo_plan p;
+        assert_int_equal(zo_plan_load(path, &p), ZO_OK);
+        char why[512] = "";
+        zo_status st = zo_capability_check_plan(&p, why, sizeof why);
+        printf("  plan %s: DP %d x TP %d x PP %d, ZeRO-%d%s%s\n", runs[i], p.parallel.dp, p.parallel.tp,
+               p.parallel.pp, p.parallel.zero, st ? ": " : "", why);
+        assert_int_equal(st, ZO_OK);
+    }
+    /* fixed outside the table: refused, the table's words */
+    zo_run_shape tp, lora, dpu;
+    zo_run_shape_defaults(&tp);
+    tp.tp = 2;
+    zo_run_shape_defaults(&lora);
+    lora.method = ZO_PLAN_LORA;
+    lora.ranks = 2;
+    lora.zero = 1;
+    lora.params = lora.adapters = ZO_PLAN_CPU;
+    zo_run_shape_defaults(&dpu);
+    dpu.schedule = ZO_PLAN_SCHED_DPU;
+    dpu.optimizer[ZO_PLAN_GPU] = 0.5;
+    dpu.optimizer[ZO_PLAN_CPU] = 0.5;
+    struct {
+        const char *flags;
+        const zo_run_shape *shape;
+    } no[] = {
+        {"--model llama-2-7b --gpus 2 --gpus-per-node 2 --tp 2", &tp},
+        {"--model gpt2 --gpus 2 --lora 8 --zero 1 --adapters-on cpu --no-nvme", &lora},
+        {"--model gpt2 --schedule dpu --optimizer-min gpu=0.5,cpu=0.5", &dpu},
+    };
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
+        table_words(no[i].shape, want, sizeof want);
+        snprintf(args, sizeof args, "plan %s --json-out %s/no.json", no[i].flags, dir);
+        int rc = run_memplan(args, out, sizeof out);
+        if (rc != 2 || !strstr(out, want)) fail_msg("%s: exit %d\n%s\nwanted: %s", args, rc, out, want);
+        snprintf(path, sizeof path, "%s/no.json", dir);
+        assert_int_equal(access(path, F_OK), -1);
+        /* no plan file: the search ranks it (dpu with a GPU share: never) */
+        snprintf(args, sizeof args, "plan %s", no[i].flags);
+        assert_int_equal(run_memplan(args, out, sizeof out), no[i].shape == &dpu ? 1 : 0);
+    }
+    /* estimate sizes tensor parallelism, and says train refuses it */
+    table_words(&tp, want, sizeof want);
+    assert_int_equal(run_memplan("estimate --model gpt2 --gpus 2 --tp 2", out, sizeof out), 0);
+    assert_non_null(strstr(out, "train --plan refuses this configuration"));
+    assert_non_null(strstr(out, want + strlen("memplan: ")));
+    assert_int_equal(run_memplan("estimate --model gpt2 --gpus 2", out, sizeof out), 0);
+    assert_null(strstr(out, "train --plan refuses"));
+    snprintf(args, sizeof args, "rm -rf %s", dir);
+    assert_int_equal(system(args), 0);
+}
+
+/* The step time of the best plan in memplan plan's table. */
+static double best_step(const char *out)
+{
+    const char *b = strstr(out, "\nbest: ");
+    assert_non_null(b);
+    return atof(b + 7);
+}
+
+/* memplan plan --method (issue 27): auto ranks full fine-tuning, LoRA and
+ * QLoRA together, as estimate's "fits with" list does (LLaMA-2-13B on an RTX
+ * 4090: full fine-tuning over NVMe at about a minute a step, QLoRA first at
+ * several times less), and writes the winner's method and adapters (rank 16
+ * on every linear layer) in the plan; --method full is the default's search;
+ * the method flags that contradict each other are refused, exit 2. */
+static void test_plan_method(void **state)
+{
+    (void)state;
+    static char out[1 << 18], full[1 << 18];
+    char dir[] = "/tmp/memplan-method-XXXXXX", args[1024], path[512];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/p.json", dir);
+    const char *base = "plan --model llama-2-13b --gpu rtx-4090 --cpu-mem 64GB --seq 2048";
+    snprintf(args, sizeof args, "%s --method full", base);
+    assert_int_equal(run_memplan(args, full, sizeof full), 0);
+    snprintf(args, sizeof args, "%s", base);
+    assert_int_equal(run_memplan(args, out, sizeof out), 0);
+    assert_true(best_step(out) == best_step(full));
+    assert_non_null(strstr(out, "--method auto"));
+    snprintf(args, sizeof args, "%s --method auto --json-out %s", base, path);
+    if (run_memplan(args, out, sizeof out)) fail_msg("%s", out);
+    printf("  full %.4g s per step, auto %.4g s\n", best_step(full), best_step(out));
+    assert_true(best_step(out) * 3 < best_step(full));
+    zo_plan p;
+    assert_int_equal(zo_plan_load(path, &p), ZO_OK);
+    assert_true(p.training.method != ZO_PLAN_FULL);
+    assert_int_equal(p.training.lora.r, 16);
+    assert_int_equal(p.training.lora.targets, ZO_LORA_ALL_LINEAR);
+    assert_int_equal(zo_capability_check_plan(&p, NULL, 0), ZO_OK);
+    /* one method: its plans only, the adapters of --lora R when given */
+    snprintf(args, sizeof args, "%s --method lora --lora 8 --json-out %s", base, path);
+    if (run_memplan(args, out, sizeof out)) fail_msg("%s", out);
+    assert_int_equal(zo_plan_load(path, &p), ZO_OK);
+    assert_int_equal(p.training.method, ZO_PLAN_LORA);
+    assert_int_equal(p.training.lora.r, 8);
+    const char *bad[] = {"plan --model gpt2 --method full --lora 4", "plan --model gpt2 --method lora --lora 4 --qlora",
+                         "plan --model gpt2 --method adapters", "max-model --family gpt --method auto"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = run_memplan(bad[i], out, sizeof out);
+        if (rc != 2 || !strstr(out, "--method")) fail_msg("%s: exit %d\n%s", bad[i], rc, out);
+    }
+    snprintf(args, sizeof args, "rm -rf %s", dir);
+    assert_int_equal(system(args), 0);
+}
+
+/* The settings of `flags` ("--params cpu", "--qlora") as words, in `set`. */
+static int settings(const char *flags, char set[][48], int max)
+{
+    int n = 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", flags);
+    for (char *sv = NULL, *w = strtok_r(buf, " ", &sv); w && n < max; w = strtok_r(NULL, " ", &sv)) {
+        if (!strncmp(w, "--", 2)) snprintf(set[n++], 48, "%s", w);
+        else if (n) snprintf(set[n - 1] + strlen(set[n - 1]), 48 - strlen(set[n - 1]), " %s", w);
+    }
+    return n;
+}
+
+/* Every setting of a is one of b's. */
+static int subset(char a[][48], int na, char b[][48], int nb)
+{
+    for (int i = 0; i < na; i++) {
+        int found = 0;
+        for (int j = 0; j < nb && !found; j++) found = !strcmp(a[i], b[j]);
+        if (!found) return 0;
+    }
+    return 1;
+}
+
+/* estimate's "fits with" list (issue 27): no row only adds, to another row
+ * of the same method (full, LoRA, QLoRA), a setting that changes nothing
+ * (LLaMA-2-13B on an RTX 4090 listed --checkpoints cpu beside the same full
+ * recompute at the same 54.461 s); LoRA rows stay beside faster full ones. */
+static void test_fits_with_distinct(void **state)
+{
+    (void)state;
+    static char out[1 << 18];
+    const char *runs[] = {"--model llama-2-13b --gpu rtx-4090 --cpu-mem 64GB --seq 2048",
+                          "--model llama-2-7b --gpu rtx-4090 --cpu-mem 64GB --seq 4096 --micro-batch 2",
+                          "--model llama-3-8b --gpu-mem 16GB --cpu-mem 32GB --seq 2048"};
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        char args[512];
+        snprintf(args, sizeof args, "estimate %s --json", runs[r]);
+        run_memplan(args, out, sizeof out);
+        cJSON *doc = cJSON_Parse(out);
+        assert_non_null(doc);
+        const cJSON *rows = cJSON_GetObjectItem(doc, "suggestions");
+        int n = cJSON_GetArraySize(rows);
+        printf("  %s: %d rows\n", runs[r], n);
+        assert_true(n >= 2);
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < n; j++) {
+                const cJSON *a = cJSON_GetArrayItem(rows, i), *b = cJSON_GetArrayItem(rows, j);
+                const char *fa = cJSON_GetObjectItem(a, "flags")->valuestring;
+                const char *fb = cJSON_GetObjectItem(b, "flags")->valuestring;
+                char sa[16][48], sb[16][48];
+                int na = settings(fa, sa, 16), nb = settings(fb, sb, 16);
+                int same_method = !strstr(fa, "--lora") == !strstr(fb, "--lora") &&
+                                  !strstr(fa, "--qlora") == !strstr(fb, "--qlora");
+                double ta = cJSON_GetObjectItem(a, "step_s")->valuedouble;
+                double tb = cJSON_GetObjectItem(b, "step_s")->valuedouble;
+                if (i != j && same_method && na < nb && subset(sa, na, sb, nb) && ta <= tb)
+                    fail_msg("row %d (%s) only adds to row %d (%s)", j + 1, fb, i + 1, fa);
+            }
+        cJSON_Delete(doc);
+    }
+}
+
 /* max-model for 3-D parallelism on a DGX-2 against estimate: the answer
  * fits, one more pipeline stage of layers at its width and layout does not,
  * and it is at least the 29.3B model (64 x 6144, TP 8 x PP 2) that estimate
@@ -506,7 +702,8 @@ int main(void)
         cmocka_unit_test(test_dgx2_max_model),
         cmocka_unit_test(test_family_shape),      cmocka_unit_test(test_search_22b_64gpus),
         cmocka_unit_test(test_objective_cost),    cmocka_unit_test(test_plan_file_roundtrip),
-        cmocka_unit_test(test_cli_plan),
+        cmocka_unit_test(test_cli_plan),          cmocka_unit_test(test_plan_file_runs),
+        cmocka_unit_test(test_fits_with_distinct), cmocka_unit_test(test_plan_method),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

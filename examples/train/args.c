@@ -2,13 +2,16 @@
  * group of flags and the checks across them. */
 #include "examples/train/args.h"
 
+#include <dirent.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/plan_schema.h" /* defines: zo_plan_flag_int, zo_plan_flag_double, zo_plan_flag_u64 */
 #include "common/plan_vocab.h"  /* defines: zo_plan_tier_parse, zo_plan_fractions_parse, ... */
 #include "common/units.h"       /* defines: zo_parse_int, zo_parse_double, zo_parse_size */
+#include "common/version.h"     /* defines: zo_version_print */
 
 /* The run vocabulary's values are the runtime's, in one order. */
 _Static_assert((int)ZO_PLAN_GPU == (int)OFFLOAD_DEVICE && (int)ZO_PLAN_CPU == (int)OFFLOAD_CPU &&
@@ -28,7 +31,13 @@ static const char HELP[] =
     "(padded rows: row i is record (k*B + i) mod R).\n"
     "\n"
     "model and data:\n"
-    "  --model CONFIG|PRESET  a Hugging Face config.json, or a preset name (gpt2, llama-2-7b, ...)\n"
+    "  --model CONFIG|DIR|PRESET  a Hugging Face config.json; a Hugging Face model folder\n"
+    "                         (config.json, tokenizer.json, model.safetensors or a sharded\n"
+    "                         index: its weights, and its tokenizer for text --data ending in\n"
+    "                         .txt, .json or .jsonl, where --weights and --tokenizer are not\n"
+    "                         given; the model named after the folder in reports, plots and\n"
+    "                         the adapter's base_model_name_or_path); or a preset name (gpt2,\n"
+    "                         llama-2-7b, ...)\n"
     "  --weights FILE         safetensors checkpoint (file, index.json or directory);\n"
     "                         default: GPT-2-style random init from --seed\n"
     "  --data FILE            token file: raw little-endian uint16 ids (nanoGPT style; the side\n"
@@ -80,7 +89,7 @@ static const char HELP[] =
     "  --qlora                the base's linear weights in NF4 with double quantization\n"
     "  --adapter DIR          start from a PEFT adapter directory (adapter_config.json and\n"
     "                         adapter_model.safetensors; its r, alpha and targets are used)\n"
-    "  --adapters-on gpu|cpu|nvme  where the adapters live (default gpu; --params-on places\n"
+    "  --adapters-on gpu|cpu|nvme  where the adapters live (default gpu; --params places\n"
     "                         the frozen base)\n"
     "\n"
     "placement (a plan, then these flags; see docs/offload.md):\n"
@@ -91,11 +100,17 @@ static const char HELP[] =
     "                         plan's model), print the placement and the plan's predicted\n"
     "                         peaks per tier, and exit (0: they agree) without opening a\n"
     "                         device, reading --data or allocating the model\n"
-    "  --params-on gpu|cpu|nvme     16-bit weights: resident, or streamed from pinned host / NVMe\n"
-    "  --optimizer-on SPEC    fp32 master + Adam moments: cpu, nvme, gpu, or fractions\n"
+    "  --params gpu|cpu|nvme  16-bit weights: resident, or streamed from pinned host / NVMe\n"
+    "  --grads gpu|cpu        where the gradients go: gpu with --optimizer gpu (summed on the\n"
+    "                         device in fp32), else cpu (pinned host memory, for the cpu and\n"
+    "                         nvme shares; the gpu share's stay on the device); checked\n"
+    "                         against --optimizer, as memplan prints them\n"
+    "  --optimizer SPEC       fp32 master + Adam moments: cpu, nvme, gpu, or fractions\n"
     "                         cpu=0.5,nvme=0.3,gpu=0.2 (the gpu share: whole blocks, its\n"
     "                         gradients summed and updated on the device)\n"
-    "  --checkpoints-on gpu|cpu     activation checkpoints between blocks (cpu needs --recompute full)\n"
+    "  --checkpoints gpu|cpu  activation checkpoints between blocks (cpu needs --recompute full)\n"
+    "                         (memplan's names; --params-on, --optimizer-on, --checkpoints-on:\n"
+    "                         deprecated spellings of the same flags)\n"
     "  --recompute none|selective|full  recompute each block's activations in backward\n"
     "                         (default none; selective runs as none: the attention keeps\n"
     "                         no s x s scores, so there is nothing selective to recompute)\n"
@@ -181,6 +196,7 @@ static const char HELP[] =
     "                         (appended to with --resume)\n"
     "  --plot FILE            at the end, an SVG of loss, eval loss and lr against steps (the\n"
     "                         whole --log when given; plot LOG --out FILE draws one any time)\n"
+    "  --version              the version\n"
     "  -h, --help             this text\n"
     "\n"
     "Prints one line per step: step K loss X lr Y norm G tok/s R mem M (loss: the mean over\n"
@@ -209,7 +225,7 @@ enum {
     OPT_LORA, OPT_LORA_TARGETS, OPT_LORA_ALPHA, OPT_QLORA, OPT_ADAPTER, OPT_ADAPTERS_ON,
     OPT_SCHED, OPT_CLIP_STALE, OPT_DPU_WARMUP, OPT_OPT_THREADS, OPT_KEEP_CKPT,
     OPT_MAX_SKIPPED, OPT_ZERO, OPT_COMM_TIMEOUT, OPT_RECOMPUTE_LAYERS, OPT_REDUCE_DTYPE, OPT_MERGE,
-    OPT_MAX_SHARD,
+    OPT_MAX_SHARD, OPT_GRADS, OPT_VERSION,
 };
 
 static const struct option long_opts[] = {
@@ -238,6 +254,11 @@ static const struct option long_opts[] = {
     {"grad-accum", required_argument, 0, OPT_ACCUM},
     {"plan", required_argument, 0, OPT_PLAN},
     {"check-plan", no_argument, 0, OPT_CHECK_PLAN},
+    {"params", required_argument, 0, OPT_PARAMS_ON},
+    {"grads", required_argument, 0, OPT_GRADS},
+    {"optimizer", required_argument, 0, OPT_OPT_ON},
+    {"checkpoints", required_argument, 0, OPT_CKPT_ON},
+    /* deprecated spellings (before memplan's names were train's) */
     {"params-on", required_argument, 0, OPT_PARAMS_ON},
     {"optimizer-on", required_argument, 0, OPT_OPT_ON},
     {"checkpoints-on", required_argument, 0, OPT_CKPT_ON},
@@ -278,6 +299,7 @@ static const struct option long_opts[] = {
     {"dpu-warmup", required_argument, 0, OPT_DPU_WARMUP},
     {"opt-threads", required_argument, 0, OPT_OPT_THREADS},
     {"help", no_argument, 0, 'h'},
+    {"version", no_argument, 0, OPT_VERSION},
     {0, 0, 0, 0},
 };
 
@@ -418,18 +440,23 @@ static int method_flag(int c, const char *arg, train_args *a, zo_status *st)
     }
 }
 
-/* Where each kind of state lives, and the buffers. */
-static int placement_flag(int c, const char *arg, train_args *a, zo_status *st)
+/* Where each kind of state lives, and the buffers; `flag` as given. */
+static int placement_flag(int c, const char *arg, const char *flag, train_args *a, zo_status *st)
 {
     offload_config *oc = &a->p.cfg;
     zo_plan_recompute r = ZO_PLAN_RECOMPUTE_NONE;
+    zo_plan_tier g = ZO_PLAN_GPU;
     uint64_t n = 0;
     switch (c) {
     case OPT_PLAN: return 1; /* read first, by read_plan */
     case OPT_CHECK_PLAN: a->check_plan = 1; return 1;
-    case OPT_PARAMS_ON: *st = plan_tier(arg, "--params-on", 1, &oc->params_on); return 1;
-    case OPT_OPT_ON: *st = zo_plan_fractions_parse(arg, "--optimizer-on", 1, oc->opt_frac); return 1;
-    case OPT_CKPT_ON: *st = plan_tier(arg, "--checkpoints-on", 0, &oc->checkpoints_on); return 1;
+    /* (the flag as given: --params or its deprecated --params-on) */
+    case OPT_PARAMS_ON: *st = plan_tier(arg, flag, 1, &oc->params_on); return 1;
+    case OPT_GRADS:
+        if ((*st = zo_plan_tier_parse(arg, flag, 0, &g)) == ZO_OK) a->grads = (int)g;
+        return 1;
+    case OPT_OPT_ON: *st = zo_plan_fractions_parse(arg, flag, 1, oc->opt_frac); return 1;
+    case OPT_CKPT_ON: *st = plan_tier(arg, flag, 0, &oc->checkpoints_on); return 1;
     case OPT_RECOMPUTE:
         if ((*st = zo_plan_recompute_parse(arg, "--recompute", &r)) != ZO_OK) return 1;
         /* selective runs as none: the attention keeps no s x s scores to recompute */
@@ -500,7 +527,7 @@ static void args_defaults(train_args *a)
     *a = (train_args){.width = MODEL_TOKENS_U16, .steps = 100, .micro_batch = 4, .seq = 64,
                       .seed = 1337, .dtype = ZO_DTYPE_BF16, .dtype_from = "the default, memplan's",
                       .device = "cpu", .eval_batches = 10,
-                      .sched = {.lr = 3e-4}, .lora = {.alpha = 8.0f}};
+                      .sched = {.lr = 3e-4}, .lora = {.alpha = 8.0f}, .grads = -1};
     offload_plan_defaults(&a->p);
     /* AdamW as the Hugging Face Trainer's defaults for fine-tuning
      * (adam_beta1/2, adam_epsilon, weight_decay 0: no decay on LoRA adapters,
@@ -566,6 +593,62 @@ static const char *flags_conflict(const train_args *a)
     return NULL;
 }
 
+/* --grads against the optimizer's split (the plan's, then --optimizer): the
+ * runtime keeps on the device the gradients of the optimizer's GPU share,
+ * and sends the rest to pinned host memory, so gpu is the optimizer wholly
+ * on the GPU and cpu any split with a host share (memplan plans them so).
+ * 1 after a message. */
+static int grads_conflict(const train_args *a)
+{
+    const double *f = a->p.cfg.opt_frac;
+    int all_gpu = f[ZO_PLAN_GPU] >= 1;
+    if (a->grads < 0 || (a->grads == ZO_PLAN_GPU) == all_gpu) return 0;
+    char fr[96] = "";
+    for (int t = 0, n = 0; t < ZO_PLAN_TIERS; t++)
+        if (f[t] > 0)
+            n += snprintf(fr + n, sizeof fr - (size_t)n, "%s%s=%g", n ? "," : "", zo_plan_tier_name((zo_plan_tier)t),
+                          f[t]);
+    if (a->grads == ZO_PLAN_GPU)
+        fprintf(stderr, "train: --grads gpu with the optimizer on %s (--optimizer): the runtime keeps on the GPU "
+                        "only the gradients the GPU's optimizer share updates; the cpu and nvme shares' go to host "
+                        "memory (--grads cpu), or put the optimizer on the GPU (--optimizer gpu)\n", fr);
+    else
+        fprintf(stderr, "train: --grads cpu with the optimizer on gpu (--optimizer gpu): the GPU's optimizer "
+                        "updates its gradients where backward sums them, on the GPU (--grads gpu)\n");
+    return 1;
+}
+
+/* --model DIR (a Hugging Face model folder): its safetensors (a sharded
+ * index, model.safetensors, or any *.safetensors: --weights reads the
+ * folder) unless --weights is given, and its tokenizer.json for text data
+ * (--data FILE ending in .txt, .json or .jsonl, neither --text nor
+ * --tokens-u32) unless --tokenizer is given. */
+static void model_dir_files(train_args *a)
+{
+    struct stat sb;
+    if (!a->model || stat(a->model, &sb) != 0 || !S_ISDIR(sb.st_mode)) return;
+    if (!a->weights) {
+        DIR *d = opendir(a->model);
+        int found = 0;
+        for (struct dirent *e; d && !found && (e = readdir(d));) {
+            size_t n = strlen(e->d_name);
+            found = (n > 12 && !strcmp(e->d_name + n - 12, ".safetensors")) ||
+                    (n > 23 && !strcmp(e->d_name + n - 23, ".safetensors.index.json"));
+        }
+        if (d) closedir(d);
+        if (found) {
+            snprintf(a->dir_weights, sizeof a->dir_weights, "%s", a->model);
+            a->weights = a->dir_weights;
+        }
+    }
+    const char *ext = a->data ? strrchr(a->data, '.') : NULL;
+    int text = ext && (!strcmp(ext, ".txt") || !strcmp(ext, ".json") || !strcmp(ext, ".jsonl"));
+    if (!a->tokenizer && !a->set_width && text) {
+        snprintf(a->dir_tokenizer, sizeof a->dir_tokenizer, "%s/tokenizer.json", a->model);
+        if (stat(a->dir_tokenizer, &sb) == 0) a->tokenizer = a->dir_tokenizer;
+    }
+}
+
 /* The checks across flags and what follows from them: -1, or 2. */
 static int args_finish(int argc, char **argv, train_args *a)
 {
@@ -581,10 +664,12 @@ static int args_finish(int argc, char **argv, train_args *a)
         fprintf(stderr, "train: %s\n", bad);
         return 2;
     }
+    if (grads_conflict(a)) return 2;
     if (!oc->recompute) oc->recompute_layers = 0; /* a plan's K goes with its recompute */
     a->sched.steps = a->schedule_steps ? a->schedule_steps : a->steps;
     oc->n_threads = (int)a->threads;
     if (!a->model && a->plan && a->p.model_name[0]) a->model = a->p.model_name;
+    model_dir_files(a);
     if (optind < argc) {
         fprintf(stderr, "train: unexpected argument '%s'\n", argv[optind]);
         return 2;
@@ -603,15 +688,22 @@ int args_parse(int argc, char **argv, train_args *a)
     if (rc >= 0) return rc;
     opterr = 0;
     optind = 0;
-    while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
+    int at;
+    while ((c = getopt_long(argc, argv, "h", long_opts, &at)) != -1) {
         if (c == 'h') {
             fputs(HELP, stdout);
             return 0;
         }
+        if (c == OPT_VERSION) {
+            zo_version_print(stdout, "train");
+            return 0;
+        }
+        char flag[40] = "";
+        if (c >= 256) snprintf(flag, sizeof flag, "--%s", long_opts[at].name);
         zo_status st = ZO_OK;
         if (!data_flag(c, optarg, a, &st) && !training_flag(c, optarg, a, &st) &&
             !adamw_flag(c, optarg, a, &st) && !method_flag(c, optarg, a, &st) &&
-            !placement_flag(c, optarg, a, &st) && !device_flag(c, optarg, a, &st) &&
+            !placement_flag(c, optarg, flag, a, &st) && !device_flag(c, optarg, a, &st) &&
             !output_flag(c, optarg, a, &st))
             return bad_option(argv);
         if (st != ZO_OK) {

@@ -38,11 +38,13 @@ typedef struct train_args {
     uint64_t device_mem;
     double comm_timeout; /* seconds; 0: ZO_COMM_TIMEOUT or the communicator's default */
     int check_plan;      /* --check-plan: check the plan against the model, run nothing */
+    int grads;           /* --grads: a zo_plan_tier (checked against the optimizer's split); -1: not given */
+    char dir_weights[4096], dir_tokenizer[4096]; /* --model DIR: its files, where not given */
 } train_args;
 
 /* Parse argv into *a: the defaults, then --plan's file, then every flag.
  * Returns -1 to run, or the exit status to end with at once: 0 after
- * --help, 2 for bad flags (the message, naming the flag, printed). */
+ * --help or --version, 2 for bad flags (the message, naming the flag, printed). */
 int args_parse(int argc, char **argv, train_args *a);
 
 #endif

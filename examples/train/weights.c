@@ -99,15 +99,31 @@ zo_status weights_load(offload_t *rt, const tf_model *m, const train_args *a)
     return tf_load_blocks(&m->layout, a->weights, (uint64_t)a->seed, set_block, rt);
 }
 
+/* --model DIR: the adapter's base_model_name_or_path is the folder's name
+ * (the model's, zo_model_config_load) */
+static int is_dir(const char *p)
+{
+    struct stat sb;
+    return p && stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
 /* The Hugging Face folder --save and --merge write (model/hf.h): the
  * --model file's config (a preset's written from its shape), the weights in
  * --dtype, the --tokenizer's files. */
 static model_hf_folder hf_folder(const tf_model *m, const train_args *a, const char *dir)
 {
+    static char folder_config[4096]; /* --model DIR: its config.json */
     struct stat sb;
-    int file = stat(a->model, &sb) == 0 && S_ISREG(sb.st_mode);
+    const char *config = NULL;
+    if (stat(a->model, &sb) == 0 && S_ISREG(sb.st_mode)) {
+        config = a->model;
+    } else if (is_dir(a->model) &&
+               (size_t)snprintf(folder_config, sizeof folder_config, "%s/config.json", a->model) <
+                   sizeof folder_config) {
+        config = folder_config;
+    }
     return (model_hf_folder){.dir = dir, .l = &m->layout, .dtype = a->dtype, .max_shard_bytes = a->max_shard,
-                             .config = file ? a->model : NULL, .tokenizer = a->tokenizer};
+                             .config = config, .tokenizer = a->tokenizer};
 }
 
 /* An offload_weights_stream: the folder of `user` (a model_hf_folder) at path. */
@@ -133,8 +149,8 @@ static zo_status read_adapters(offload_t *rt, const model_layout *ad, void ***ou
 /* --save with LoRA: a PEFT adapter directory. */
 static zo_status save_adapters(const tf_model *m, const train_args *a, void *const *adapters)
 {
-    return model_lora_save(a->save, &m->adapters, &a->lora, a->model, (const void *const *)adapters, ZO_DTYPE_F32,
-                           ZO_DTYPE_F32);
+    return model_lora_save(a->save, &m->adapters, &a->lora, is_dir(a->model) ? m->cfg.name : a->model,
+                           (const void *const *)adapters, ZO_DTYPE_F32, ZO_DTYPE_F32);
 }
 
 /* A block of the merged model: its frozen base as the model computes with it
