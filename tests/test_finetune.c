@@ -164,8 +164,12 @@ static void test_model_dir(void **state)
              md, dir, md, ZO_FIXTURES_DIR, md);
     assert_int_equal(system(cmd), 0);
     run_out one, folder;
-    snprintf(cmd, sizeof cmd, "--steps 1 --save %s/model.safetensors", md);
+    /* a full fine-tune saved as a Hugging Face folder; its weights file
+     * copied into the model folder */
+    snprintf(cmd, sizeof cmd, "--steps 1 --save %s/full", dir);
     train(cmd, &one);
+    snprintf(cmd, sizeof cmd, "cp %s/full/model.safetensors %s/", dir, md);
+    assert_int_equal(system(cmd), 0);
     /* the files one by one, then the folder */
     snprintf(cmd, sizeof cmd, "--steps 3 --weights %s/model.safetensors --lora 4 --save %s/ad1", md, dir);
     train(cmd, &one);
