@@ -47,6 +47,8 @@ typedef struct plan_space {
     double opt_min[ZO_PLAN_TIERS]; /* the least share of the optimizer state on each zo_plan_tier */
     int schedule;          /* -1: every optimizer schedule; else a zo_plan_schedule */
     int adapters_on;       /* LoRA: -1 free; else the zo_plan_tier of the adapters */
+    unsigned opt_states;   /* AdamW's m and v encodings tried, bits (1 << zo_plan_opt_state);
+                              0: base.opt_state alone (memplan plan --optim-dtype auto: all) */
     plan_objective objective;
     plan_train base;       /* dtype, grad dtype, optimizer, seq, flash, dropout, buffers */
 } plan_space;

@@ -220,7 +220,8 @@ static void test_roundtrip(void **state)
 /* The fields added after plans were written (issue 33): absent, they take
  * the value every plan before them meant. */
 static const char *const optional_fields[] = {"training.recompute_layers", "training.reduce_dtype",
-                                              "hardware.peers_via_host"};
+                                              "hardware.peers_via_host", "training.optim_dtype",
+                                              "training.master", "training.loss_chunk"};
 
 static int is_optional(const char *name)
 {
@@ -250,6 +251,9 @@ static void test_required_and_unknown(void **state)
             assert_int_equal(q->training.recompute_layers, 0);
             assert_int_equal(q->training.reduce_dtype, ZO_DTYPE_F32);
             assert_int_equal(q->hardware.peers_via_host, 0);
+            assert_int_equal(q->training.optim_dtype, ZO_PLAN_STATE_FP32);
+            assert_int_equal(q->training.master, ZO_PLAN_MASTER_FP32);
+            assert_int_equal(q->training.loss_chunk, 0);
             cJSON_AddItemToObject(l[i].parent, l[i].item->string, item);
             continue;
         }
@@ -522,6 +526,21 @@ static void test_added_fields(void **state)
     assert_int_equal(zo_plan_read(text, strlen(text), "p.json", q), ZO_OK);
     assert_int_equal(q->training.recompute, ZO_PLAN_RECOMPUTE_OPS);
     free(text);
+    /* issue 30's: the state's encoding, the master, the loss chunk */
+    p->training.optim_dtype = ZO_PLAN_STATE_8BIT;
+    p->training.master = ZO_PLAN_MASTER_STOCHASTIC;
+    p->training.loss_chunk = 2048;
+    text = plan_text(p);
+    assert_non_null(strstr(text, "\"8bit\""));
+    assert_non_null(strstr(text, "\"stochastic\""));
+    assert_int_equal(zo_plan_read(text, strlen(text), "p.json", q), ZO_OK);
+    assert_int_equal(q->training.optim_dtype, ZO_PLAN_STATE_8BIT);
+    assert_int_equal(q->training.master, ZO_PLAN_MASTER_STOCHASTIC);
+    assert_int_equal(q->training.loss_chunk, 2048);
+    free(text);
+    p->training.optim_dtype = ZO_PLAN_STATE_FP32;
+    p->training.master = ZO_PLAN_MASTER_FP32;
+    p->training.loss_chunk = 0;
     /* an older plan: without the two fields */
     p->training.recompute = ZO_PLAN_RECOMPUTE_FULL;
     p->training.reduce_dtype = ZO_DTYPE_F32;
