@@ -19,6 +19,15 @@ const zo_capability_entry zo_capability_table[ZO_CAP_GAPS - 1] = {
     {ZO_CAP_DPU_GPU_OPTIMIZER, "dpu-gpu-optimizer",
      "the delayed update runs the optimizer on the CPU beside the next step, while the GPU share's update "
      "writes the resident weights in place; use --schedule overlap or serial, or the optimizer on cpu and nvme"},
+    {ZO_CAP_STATE_GPU_OPTIMIZER, "state-gpu-optimizer",
+     "the GPU optimizer (gpu_adam_update) keeps fp32 m and v; bf16 and 8-bit state run in the CPU optimizer's "
+     "shards (host memory and NVMe): put the optimizer on cpu and nvme, or keep --optim-dtype fp32"},
+    {ZO_CAP_NO_MASTER, "no-master",
+     "the runtime's optimizer shards keep an fp32 master of the weights they update; memplan models the "
+     "bf16 update without one, the runtime does not run it yet: use --master fp32"},
+    {ZO_CAP_LOSS_CHUNK, "loss-chunk",
+     "the runtime computes the output layer and the cross-entropy over the whole micro-batch; memplan "
+     "models --loss-chunk, the runtime does not run it yet"},
 };
 
 void zo_run_shape_defaults(zo_run_shape *r)
@@ -44,6 +53,9 @@ void zo_run_shape_from_plan(const zo_plan *p, zo_run_shape *out)
     out->params = p->placement.params;
     out->adapters = p->training.method == ZO_PLAN_FULL ? ZO_PLAN_GPU : p->placement.adapters;
     memcpy(out->optimizer, p->placement.optimizer, sizeof out->optimizer);
+    out->optim_dtype = p->training.optim_dtype;
+    out->master = p->training.master;
+    out->loss_chunk = p->training.loss_chunk;
 }
 
 /* The trained weights' tier: the weights, or a LoRA base's adapters. */
@@ -60,6 +72,9 @@ zo_capability_gap zo_capability_find(const zo_run_shape *r)
     if (r->ranks > 1 && (r->zero == 1 || r->zero == 2) && trained_on(r) != ZO_PLAN_GPU)
         return ZO_CAP_ZERO12_OFFLOADED;
     if (r->schedule == ZO_PLAN_SCHED_DPU && r->optimizer[ZO_PLAN_GPU] > 0) return ZO_CAP_DPU_GPU_OPTIMIZER;
+    if (r->optim_dtype != ZO_PLAN_STATE_FP32 && r->optimizer[ZO_PLAN_GPU] > 0) return ZO_CAP_STATE_GPU_OPTIMIZER;
+    if (r->master != ZO_PLAN_MASTER_FP32) return ZO_CAP_NO_MASTER;
+    if (r->loss_chunk > 0) return ZO_CAP_LOSS_CHUNK;
     return ZO_CAP_RUNS;
 }
 
@@ -102,6 +117,19 @@ static void what(const zo_run_shape *r, zo_capability_gap gap, char *buf, size_t
         fractions(r->optimizer, fr, sizeof fr);
         snprintf(buf, len, "the delayed parameter update (--schedule dpu, training.optimizer_schedule) with "
                  "optimizer state on the GPU (--optimizer %s, placement.optimizer)", fr);
+        break;
+    case ZO_CAP_STATE_GPU_OPTIMIZER:
+        fractions(r->optimizer, fr, sizeof fr);
+        snprintf(buf, len, "%s m and v (--optim-dtype %s, training.optim_dtype) with optimizer state on the GPU "
+                 "(--optimizer %s, placement.optimizer)", zo_plan_opt_state_name(r->optim_dtype),
+                 zo_plan_opt_state_name(r->optim_dtype), fr);
+        break;
+    case ZO_CAP_NO_MASTER:
+        snprintf(buf, len, "weights without an fp32 master (--master %s, training.master)",
+                 zo_plan_master_name(r->master));
+        break;
+    case ZO_CAP_LOSS_CHUNK:
+        snprintf(buf, len, "the loss in chunks (--loss-chunk %d, training.loss_chunk)", r->loss_chunk);
         break;
     default:
         snprintf(buf, len, "this combination");

@@ -143,6 +143,7 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
     shape.params = (zo_plan_tier)c->params_on;
     shape.adapters = (zo_plan_tier)c->trainable_on;
     memcpy(shape.optimizer, c->opt_frac, sizeof shape.optimizer);
+    shape.optim_dtype = c->opt_state;
     if ((st = zo_capability_check(&shape, NULL, 0)) != ZO_OK) return zo_error_wrap(st, "offload_init");
     return ZO_OK;
 }
@@ -225,7 +226,8 @@ static zo_status create_ostate(offload_t *rt)
 {
     const offload_config *c = &rt->cfg;
     ostate_config oc = {.sub_group = c->sub_group, .swap_buffers = c->swap_buffers,
-                        .exact_stats = c->adam.clip > 0.0f, .nvme_dir = c->nvme_dir};
+                        .exact_stats = c->adam.clip > 0.0f, .nvme_dir = c->nvme_dir,
+                        .state = c->opt_state};
     memcpy(oc.frac, c->opt_frac, sizeof oc.frac);
     return ostate_create(&rt->env, &rt->g, &rt->og, &oc, &rt->os);
 }

@@ -722,6 +722,9 @@ static void test_train_flags_as_memplan(void **state)
         {"--optimizer-on", "--optimizer", "cpu=0.5,nvme=0.3"},
         {"--optimizer-on", "--optimizer", "gpu=1.5"},
         {"--optimizer-on", "--optimizer", "device"},
+        /* issue 30: the optimizer state's flags */
+        {"--optim-dtype", "--optim-dtype", "fp8"}, {"--master", "--master", "half"},
+        {"--loss-chunk", "--loss-chunk", "-1"},  {"--optim", "--optim", "adam4bit"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(args, sizeof args, "%s %s", bad[i].memplan, bad[i].value);
@@ -838,6 +841,29 @@ static void test_train_refuses_other_plans(void **state)
     if (rc) fprintf(stderr, "%s\n", out);
     assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "step 0 loss"));
+    /* issue 30: a plan's 8-bit state trains in the CPU optimizer; on the
+     * GPU, without an fp32 master or with the loss in chunks, the
+     * capability table's words */
+    assert_true(estimate("--optim adamw8bit", plan, out, sizeof out) <= 1);
+    rc = run_program(ZO_TRAIN_BIN, args, out, sizeof out);
+    if (rc) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "step 0 loss"));
+    const struct {
+        const char *flags, *said;
+    } gap[] = {
+        {"--optim adamw8bit --params gpu --grads gpu --optimizer gpu", "8bit m and v (--optim-dtype 8bit, training.optim_dtype) with optimizer state on the "
+                              "GPU (--optimizer gpu=1, placement.optimizer) does not run"},
+        {"--master stochastic --dtype bf16",
+         "weights without an fp32 master (--master stochastic, training.master) does not run"},
+        {"--loss-chunk 64",
+         "the loss in chunks (--loss-chunk 64, training.loss_chunk) does not run"},
+    };
+    for (size_t i = 0; i < sizeof gap / sizeof gap[0]; i++) {
+        assert_true(estimate(gap[i].flags, plan, out, sizeof out) <= 1);
+        assert_int_equal(run_program(ZO_TRAIN_BIN, args, out, sizeof out), 2);
+        if (!strstr(out, gap[i].said)) fail_msg("train --plan (%s) said:\n%s", gap[i].flags, out);
+    }
     /* a report is not a plan */
     snprintf(cmd, sizeof cmd, "%s estimate --model %s --json > %s", ZO_MEMPLAN_BIN, cfg, plan);
     assert_true(system(cmd) != -1);

@@ -158,6 +158,9 @@ static void run_shape(const train_args *a, int ranks, zo_run_shape *out)
     out->params = (zo_plan_tier)oc->params_on;
     out->adapters = (zo_plan_tier)oc->trainable_on;
     memcpy(out->optimizer, oc->opt_frac, sizeof out->optimizer);
+    out->optim_dtype = oc->opt_state;
+    out->master = a->p.file.training.master;
+    out->loss_chunk = a->p.file.training.loss_chunk;
 }
 
 /* The runtime runs it, or the table's words (the same on every rank:
