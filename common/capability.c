@@ -25,9 +25,6 @@ const zo_capability_entry zo_capability_table[ZO_CAP_GAPS - 1] = {
     {ZO_CAP_NO_MASTER, "no-master",
      "the runtime's optimizer shards keep an fp32 master of the weights they update; memplan models the "
      "bf16 update without one, the runtime does not run it yet: use --master fp32"},
-    {ZO_CAP_LOSS_CHUNK, "loss-chunk",
-     "the runtime computes the output layer and the cross-entropy over the whole micro-batch; memplan "
-     "models --loss-chunk, the runtime does not run it yet"},
 };
 
 void zo_run_shape_defaults(zo_run_shape *r)
@@ -74,7 +71,6 @@ zo_capability_gap zo_capability_find(const zo_run_shape *r)
     if (r->schedule == ZO_PLAN_SCHED_DPU && r->optimizer[ZO_PLAN_GPU] > 0) return ZO_CAP_DPU_GPU_OPTIMIZER;
     if (r->optim_dtype != ZO_PLAN_STATE_FP32 && r->optimizer[ZO_PLAN_GPU] > 0) return ZO_CAP_STATE_GPU_OPTIMIZER;
     if (r->master != ZO_PLAN_MASTER_FP32) return ZO_CAP_NO_MASTER;
-    if (r->loss_chunk > 0) return ZO_CAP_LOSS_CHUNK;
     return ZO_CAP_RUNS;
 }
 
@@ -127,9 +123,6 @@ static void what(const zo_run_shape *r, zo_capability_gap gap, char *buf, size_t
     case ZO_CAP_NO_MASTER:
         snprintf(buf, len, "weights without an fp32 master (--master %s, training.master)",
                  zo_plan_master_name(r->master));
-        break;
-    case ZO_CAP_LOSS_CHUNK:
-        snprintf(buf, len, "the loss in chunks (--loss-chunk %d, training.loss_chunk)", r->loss_chunk);
         break;
     default:
         snprintf(buf, len, "this combination");

@@ -95,6 +95,13 @@ typedef struct tf_options {
      * where it likes (device slots, copies in host memory). */
     int external_res;
     tf_lora_options lora;
+    /* > 0 (and below the micro-batch's tokens): the output layer and the
+     * cross-entropy this many tokens at a time (issue 30, --loss-chunk):
+     * the forward computes each chunk's logits and losses; the head's
+     * backward computes each chunk's logits again and takes its gradient
+     * straight through the two GEMMs, so the fp32 logits of one chunk are
+     * all that is held ([chunk, vocab] where [N, vocab] was). */
+    int loss_chunk;
 } tf_options;
 
 typedef struct tf_model {
@@ -113,7 +120,8 @@ typedef struct tf_model {
     tf_layer_acts *acts; /* [L] */
     void *lnf;           /* [N, h] */
     float *meanf, *rstdf;
-    void *logits;        /* [N, vocab] fp32; after the head's backward it holds dlogits */
+    void *logits;        /* [N, vocab] fp32 ([loss_chunk, vocab] in chunks); after the head's
+                            backward it holds dlogits (of the last chunk) */
     float *losses;       /* [N] fp32 */
     void *tmp;           /* [N, h] dtype scratch (projections before the residual add) */
     float *dres;         /* [N, h] gradient of the residual stream */

@@ -243,7 +243,8 @@ zo_status run_setup(train_run *r)
     oc->comm = r->comm;
     if ((st = gpu_stream_create(r->dev, &r->s)) != ZO_OK) return st;
     tf_options to = {.recompute = oc->recompute, .external_res = 1,
-                     .lora = {.r = a->lora.r, .alpha = a->lora.alpha, .targets = a->lora.targets, .nf4 = a->qlora}};
+                     .lora = {.r = a->lora.r, .alpha = a->lora.alpha, .targets = a->lora.targets, .nf4 = a->qlora},
+                     .loss_chunk = a->p.file.training.loss_chunk};
     if ((st = tf_init_opts(&r->m, &r->cfg, r->dev, a->dtype, (int)a->micro_batch, (int)a->seq, &to)) != ZO_OK)
         return st;
     if (a->lora.r) report_lora(a, &r->m);
