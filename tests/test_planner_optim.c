@@ -148,6 +148,29 @@ static void test_13b_rtx4090(void **state)
     assert_non_null(strstr(out, "accuracy of that state: 8-bit AdamW (Dettmers et al."));
 }
 
+/* When full fine-tuning does not fit, the suggestions include 8-bit AdamW on
+ * the offload ladder (kind adamw8bit), and its flags, applied, fit and take
+ * that long: on the desktop, 0.6x of the same placement with fp32 state. */
+static void test_suggestion(void **state)
+{
+    (void)state;
+    cJSON *doc = run_memplan_json("estimate " DESKTOP, 1);
+    const cJSON *a, *hit = NULL;
+    cJSON_ArrayForEach(a, cJSON_GetObjectItemCaseSensitive(doc, "suggestions"))
+        if (!strcmp(cJSON_GetObjectItemCaseSensitive(a, "kind")->valuestring, "adamw8bit")) hit = a;
+    assert_non_null(hit);
+    const char *flags = cJSON_GetObjectItemCaseSensitive(hit, "flags")->valuestring;
+    assert_non_null(strstr(flags, "--optim adamw8bit"));
+    char args[1024];
+    snprintf(args, sizeof args, "estimate " DESKTOP " %s", flags);
+    cJSON *d = run_memplan_json(args, 0);
+    assert_true(fabs(step_of(d) - run_json_num(hit, "step_s", NULL)) < 1e-9 * step_of(d));
+    printf("  suggested: %s: %.3f s\n", flags, step_of(d));
+    assert_true(step_of(d) <= 0.6 * 54.461);
+    cJSON_Delete(d);
+    cJSON_Delete(doc);
+}
+
 /* The search tries the encodings only when asked; with them it ranks the
  * 8-bit state first on the desktop, and each ranked plan is what the
  * estimate says of it. */
@@ -306,7 +329,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_state_bytes),       cmocka_unit_test(test_13b_rtx4090),
         cmocka_unit_test(test_search_states),     cmocka_unit_test(test_qlora_recipe_65b),
-        cmocka_unit_test(test_loss_chunk),        cmocka_unit_test(test_flags_and_plan_files),
+        cmocka_unit_test(test_loss_chunk),        cmocka_unit_test(test_suggestion),        cmocka_unit_test(test_flags_and_plan_files),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
