@@ -131,6 +131,9 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
                         "max_skipped_steps or keep_checkpoints");
     if ((unsigned)c->schedule > OFFLOAD_SCHEDULE_DPU)
         return zo_error(ZO_ERR_INVALID, "offload_init: schedule %d is not serial, overlap or dpu", (int)c->schedule);
+    if ((unsigned)c->opt_state >= ZO_PLAN_STATES)
+        return zo_error(ZO_ERR_INVALID, "offload_init: optimizer state encoding %d (fp32, bf16 or 8bit)",
+                        (int)c->opt_state);
     if (c->zero_stage < 0 || c->zero_stage > 3)
         return zo_error(ZO_ERR_INVALID, "offload_init: ZeRO stage %d (0, 1, 2 or 3)", c->zero_stage);
     /* what the runtime runs: the table every program asks (common/capability.h) */

@@ -171,6 +171,34 @@ static void test_suggestion(void **state)
     cJSON_Delete(doc);
 }
 
+/* max-model with 8-bit state: ZeRO-Offload's largest LLaMA on the desktop
+ * grows from 3.69B (fp32 state, README.md) as the state shrinks from 12 to
+ * 6 bytes a parameter, and the largest preset's check carries the flag and
+ * the 8-bit step. */
+static void test_max_model(void **state)
+{
+    (void)state;
+    cJSON *f = run_memplan_json("max-model --family llama --gpu rtx-4090 --cpu-mem 64GB", 0);
+    cJSON *q = run_memplan_json("max-model --family llama --gpu rtx-4090 --cpu-mem 64GB --optim adamw8bit", 0);
+    double off32 = 0, off8 = 0;
+    const cJSON *r;
+    cJSON_ArrayForEach(r, f)
+        if (!strcmp(cJSON_GetObjectItemCaseSensitive(r, "strategy")->valuestring, "zero-offload"))
+            off32 = run_json_num(r, "params", NULL);
+    cJSON_ArrayForEach(r, q) {
+        const char *name = cJSON_GetObjectItemCaseSensitive(r, "strategy")->valuestring;
+        if (!strcmp(name, "zero-offload")) off8 = run_json_num(r, "params", NULL);
+        if (!strcmp(name, "zero-infinity-nvme")) {
+            const cJSON *pr = cJSON_GetObjectItemCaseSensitive(r, "preset");
+            assert_non_null(strstr(cJSON_GetObjectItemCaseSensitive(pr, "check")->valuestring, "--optim adamw8bit"));
+        }
+    }
+    printf("  zero-offload's largest llama: fp32 state %.3gB, 8-bit %.3gB parameters\n", off32 / 1e9, off8 / 1e9);
+    assert_true(off32 > 3e9 && off8 > 1.5 * off32);
+    cJSON_Delete(f);
+    cJSON_Delete(q);
+}
+
 /* The search tries the encodings only when asked; with them it ranks the
  * 8-bit state first on the desktop, and each ranked plan is what the
  * estimate says of it. */
@@ -329,7 +357,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_state_bytes),       cmocka_unit_test(test_13b_rtx4090),
         cmocka_unit_test(test_search_states),     cmocka_unit_test(test_qlora_recipe_65b),
-        cmocka_unit_test(test_loss_chunk),        cmocka_unit_test(test_suggestion),        cmocka_unit_test(test_flags_and_plan_files),
+        cmocka_unit_test(test_loss_chunk),        cmocka_unit_test(test_suggestion),
+        cmocka_unit_test(test_max_model),        cmocka_unit_test(test_flags_and_plan_files),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
