@@ -22,6 +22,12 @@ const zo_capability_entry zo_capability_table[ZO_CAP_GAPS - 1] = {
     {ZO_CAP_MOE_LORA, "moe-lora",
      "adapters on a mixture of experts' layers (the experts as PEFT names them) are not built yet; full "
      "fine-tuning of Mixtral and Qwen2-MoE runs"},
+    {ZO_CAP_STATE_GPU_OPTIMIZER, "state-gpu-optimizer",
+     "the GPU optimizer (gpu_adam_update) keeps fp32 m and v; bf16 and 8-bit state run in the CPU optimizer's "
+     "shards (host memory and NVMe): put the optimizer on cpu and nvme, or keep --optim-dtype fp32"},
+    {ZO_CAP_NO_MASTER, "no-master",
+     "the runtime's optimizer shards keep an fp32 master of the weights they update; memplan models the "
+     "bf16 update without one, the runtime does not run it yet: use --master fp32"},
 };
 
 void zo_run_shape_defaults(zo_run_shape *r)
@@ -48,6 +54,9 @@ void zo_run_shape_from_plan(const zo_plan *p, zo_run_shape *out)
     out->adapters = p->training.method == ZO_PLAN_FULL ? ZO_PLAN_GPU : p->placement.adapters;
     memcpy(out->optimizer, p->placement.optimizer, sizeof out->optimizer);
     out->moe = p->model.moe.experts > 0;
+    out->optim_dtype = p->training.optim_dtype;
+    out->master = p->training.master;
+    out->loss_chunk = p->training.loss_chunk;
 }
 
 /* The trained weights' tier: the weights, or a LoRA base's adapters. */
@@ -65,6 +74,8 @@ zo_capability_gap zo_capability_find(const zo_run_shape *r)
         return ZO_CAP_ZERO12_OFFLOADED;
     if (r->schedule == ZO_PLAN_SCHED_DPU && r->optimizer[ZO_PLAN_GPU] > 0) return ZO_CAP_DPU_GPU_OPTIMIZER;
     if (r->moe && r->method != ZO_PLAN_FULL) return ZO_CAP_MOE_LORA;
+    if (r->optim_dtype != ZO_PLAN_STATE_FP32 && r->optimizer[ZO_PLAN_GPU] > 0) return ZO_CAP_STATE_GPU_OPTIMIZER;
+    if (r->master != ZO_PLAN_MASTER_FP32) return ZO_CAP_NO_MASTER;
     return ZO_CAP_RUNS;
 }
 
@@ -111,6 +122,16 @@ static void what(const zo_run_shape *r, zo_capability_gap gap, char *buf, size_t
     case ZO_CAP_MOE_LORA:
         snprintf(buf, len, "%s (--%s, training.method) on a mixture-of-experts model",
                  r->method == ZO_PLAN_QLORA ? "QLoRA" : "LoRA", r->method == ZO_PLAN_QLORA ? "qlora" : "lora");
+        break;
+    case ZO_CAP_STATE_GPU_OPTIMIZER:
+        fractions(r->optimizer, fr, sizeof fr);
+        snprintf(buf, len, "%s m and v (--optim-dtype %s, training.optim_dtype) with optimizer state on the GPU "
+                 "(--optimizer %s, placement.optimizer)", zo_plan_opt_state_name(r->optim_dtype),
+                 zo_plan_opt_state_name(r->optim_dtype), fr);
+        break;
+    case ZO_CAP_NO_MASTER:
+        snprintf(buf, len, "weights without an fp32 master (--master %s, training.master)",
+                 zo_plan_master_name(r->master));
         break;
     default:
         snprintf(buf, len, "this combination");

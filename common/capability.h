@@ -35,6 +35,9 @@ typedef struct zo_run_shape {
     zo_plan_tier adapters;         /* lora, qlora: the adapters (the weights trained) */
     double optimizer[ZO_PLAN_TIERS]; /* the optimizer state's fractions per tier */
     int moe;                       /* the model has mixture-of-experts layers */
+    zo_plan_opt_state optim_dtype; /* AdamW's m and v: fp32, bf16, 8bit */
+    zo_plan_master master;         /* fp32, or none (with its rounding) */
+    int loss_chunk;                /* > 0: the loss in chunks of this many tokens (runs) */
 } zo_run_shape;
 
 /* One rank, ZeRO 0, no tp/pp/ep, full fine-tuning, serial, everything on
@@ -53,6 +56,8 @@ typedef enum zo_capability_gap {
     ZO_CAP_ZERO12_OFFLOADED,       /* ZeRO 1-2 on several ranks, trained weights off the GPU */
     ZO_CAP_DPU_GPU_OPTIMIZER,      /* dpu with optimizer state on the GPU */
     ZO_CAP_MOE_LORA,               /* LoRA or QLoRA on a mixture of experts */
+    ZO_CAP_STATE_GPU_OPTIMIZER,    /* bf16 or 8-bit m, v with optimizer state on the GPU */
+    ZO_CAP_NO_MASTER,              /* weights without an fp32 master */
     ZO_CAP_GAPS,
 } zo_capability_gap;
 

@@ -80,6 +80,13 @@ typedef struct zo_plan_training {
     int grad_accum;               /* micro-batches per step per data-parallel rank */
     zo_dtype dtype, grad_dtype;   /* weights and activations; gradients on the device */
     zo_plan_optimizer optimizer;
+    zo_plan_opt_state optim_dtype; /* AdamW's m and v: fp32, bf16, 8bit (issue 30). Optional
+                                     in the file (fp32) */
+    zo_plan_master master;        /* the trained weights' master copy: fp32, or none with the
+                                     16-bit update rounded to nearest, stochastically, or
+                                     Kahan-compensated. Optional (fp32) */
+    int loss_chunk;               /* > 0: output layer and cross-entropy this many tokens at a
+                                     time. Optional (0: whole) */
     zo_plan_recompute recompute;
     int recompute_layers;         /* recompute full: 0 every layer; K > 0 only K layers of each
                                      pipeline stage (the rest keep all their activations).

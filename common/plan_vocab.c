@@ -13,6 +13,17 @@ const char *const zo_plan_recompute_names[] = {"none", "selective", "full", "ops
 const char *const zo_plan_optimizer_names[] = {"adamw", "sgd", NULL};
 const char *const zo_plan_method_names[] = {"full", "lora", "qlora", NULL};
 const char *const zo_plan_schedule_names[] = {"serial", "overlap", "dpu", NULL};
+const char *const zo_plan_opt_state_names[] = {"fp32", "bf16", "8bit", NULL};
+const char *const zo_plan_master_names[] = {"fp32", "none", "stochastic", "kahan", NULL};
+
+double zo_plan_state_bytes(zo_plan_opt_state s)
+{
+    switch (s) {
+    case ZO_PLAN_STATE_BF16: return 4;
+    case ZO_PLAN_STATE_8BIT: return 2 + 8.0 / ZO_PLAN_STATE_8BIT_BLOCK;
+    default: return 8;
+    }
+}
 
 /* names[i] for 0 <= i < n, else "?" */
 static const char *name_of(const char *const *names, int n, int i)
@@ -33,6 +44,16 @@ const char *zo_plan_recompute_name(zo_plan_recompute r)
 const char *zo_plan_optimizer_name(zo_plan_optimizer o)
 {
     return name_of(zo_plan_optimizer_names, ZO_PLAN_SGD + 1, (int)o);
+}
+
+const char *zo_plan_opt_state_name(zo_plan_opt_state s)
+{
+    return name_of(zo_plan_opt_state_names, ZO_PLAN_STATES, (int)s);
+}
+
+const char *zo_plan_master_name(zo_plan_master m)
+{
+    return name_of(zo_plan_master_names, ZO_PLAN_MASTERS, (int)m);
 }
 
 const char *zo_plan_method_name(zo_plan_method m)
@@ -92,6 +113,42 @@ zo_status zo_plan_optimizer_parse(const char *s, const char *flag, zo_plan_optim
     if (!strcasecmp(s, "adam")) s = zo_plan_optimizer_names[ZO_PLAN_ADAMW];
     zo_status st = zo_plan_name_parse(zo_plan_optimizer_names, s, flag, &i);
     if (st == ZO_OK) *out = (zo_plan_optimizer)i;
+    return st;
+}
+
+zo_status zo_plan_optim_parse(const char *s, const char *flag, zo_plan_optimizer *out,
+                              int *state_8bit)
+{
+    *state_8bit = 0;
+    if (!strcasecmp(s, "adamw8bit") || !strcasecmp(s, "adamw-8bit") || !strcasecmp(s, "adam8bit")) {
+        *out = ZO_PLAN_ADAMW;
+        *state_8bit = 1;
+        return ZO_OK;
+    }
+    int i;
+    if (!strcasecmp(s, "adam")) s = zo_plan_optimizer_names[ZO_PLAN_ADAMW];
+    zo_status st = zo_plan_name_parse(zo_plan_optimizer_names, s, flag, &i);
+    if (st != ZO_OK)
+        return zo_error(ZO_ERR_INVALID, "%s: '%s' is not adamw, adamw8bit or sgd", flag, s);
+    *out = (zo_plan_optimizer)i;
+    return ZO_OK;
+}
+
+zo_status zo_plan_opt_state_parse(const char *s, const char *flag, zo_plan_opt_state *out)
+{
+    int i;
+    if (!strcasecmp(s, "fp32") || !strcasecmp(s, "f32") || !strcasecmp(s, "float32")) s = "fp32";
+    if (!strcasecmp(s, "q8") || !strcasecmp(s, "int8") || !strcasecmp(s, "8-bit")) s = "8bit";
+    zo_status st = zo_plan_name_parse(zo_plan_opt_state_names, s, flag, &i);
+    if (st == ZO_OK) *out = (zo_plan_opt_state)i;
+    return st;
+}
+
+zo_status zo_plan_master_parse(const char *s, const char *flag, zo_plan_master *out)
+{
+    int i;
+    zo_status st = zo_plan_name_parse(zo_plan_master_names, s, flag, &i);
+    if (st == ZO_OK) *out = (zo_plan_master)i;
     return st;
 }
 

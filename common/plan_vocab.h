@@ -36,6 +36,43 @@ typedef enum zo_plan_recompute {
 /* AdamW: an fp32 master copy, m and v; SGD: the master copy and momentum. */
 typedef enum zo_plan_optimizer { ZO_PLAN_ADAMW = 0, ZO_PLAN_SGD } zo_plan_optimizer;
 
+/* AdamW's m and v (issue 30; cpu_adam's adam_state encodings): fp32;
+ * bf16 (torchtune's and LLaMA-Factory's pure-bf16 recipes); block-wise
+ * 8-bit with one fp32 absmax per block of 2048 (Dettmers et al., "8-bit
+ * Optimizers via Block-wise Quantization", ICLR 2022: bitsandbytes'
+ * adamw8bit). memplan's `--optim adamw8bit` and `--optim-dtype bf16`. */
+typedef enum zo_plan_opt_state {
+    ZO_PLAN_STATE_FP32 = 0,
+    ZO_PLAN_STATE_BF16,
+    ZO_PLAN_STATE_8BIT,
+    ZO_PLAN_STATES,
+} zo_plan_opt_state;
+
+/* The block of the 8-bit state, and its bytes a parameter (m and v codes,
+ * an fp32 absmax each a block): 2 + 8/2048. */
+#define ZO_PLAN_STATE_8BIT_BLOCK 2048
+double zo_plan_state_bytes(zo_plan_opt_state s);
+
+/* The runtime keeps bf16 and 8-bit m and v in chunks of at most this many
+ * elements (a multiple of the block), each decoded into fp32 scratch for its
+ * update: 8 bytes an element of scratch per CPU-updated shard (memory, NVMe),
+ * of min(this, the shard's or sub-group's elements rounded up to a block). */
+#define ZO_PLAN_STATE_CHUNK (1u << 18)
+
+/* The trained weights' master copy: fp32 (the default), or none, the 16-bit
+ * weights updated in place by the optimizer: rounded to nearest (as
+ * PyTorch's bf16 arithmetic in the QLoRA paper's adapters and the pure-bf16
+ * recipes), with stochastic rounding (unbiased: an update smaller than half
+ * an ulp is kept in expectation), or with Kahan compensation (a bf16
+ * compensation buffer holding what the rounding lost, 2 B a parameter). */
+typedef enum zo_plan_master {
+    ZO_PLAN_MASTER_FP32 = 0,
+    ZO_PLAN_MASTER_NONE,       /* 16-bit weights, round to nearest even */
+    ZO_PLAN_MASTER_STOCHASTIC, /* 16-bit weights, stochastic rounding */
+    ZO_PLAN_MASTER_KAHAN,      /* 16-bit weights and a 16-bit Kahan compensation */
+    ZO_PLAN_MASTERS,
+} zo_plan_master;
+
 /* What is trained (docs/memplan.md, "LoRA and QLoRA"): every parameter, or
  * LoRA adapters on a frozen base kept in the model dtype (lora) or with its
  * layers' linear weights in NF4 (qlora). */
@@ -56,6 +93,8 @@ extern const char *const zo_plan_recompute_names[]; /* "none", "selective", "ful
 extern const char *const zo_plan_optimizer_names[]; /* "adamw", "sgd" */
 extern const char *const zo_plan_method_names[];    /* "full", "lora", "qlora" */
 extern const char *const zo_plan_schedule_names[];  /* "serial", "overlap", "dpu" */
+extern const char *const zo_plan_opt_state_names[]; /* "fp32", "bf16", "8bit" */
+extern const char *const zo_plan_master_names[];    /* "fp32", "none", "stochastic", "kahan" */
 
 /* A value's name; "?" for one out of range. */
 const char *zo_plan_tier_name(zo_plan_tier t);
@@ -63,6 +102,8 @@ const char *zo_plan_recompute_name(zo_plan_recompute r);
 const char *zo_plan_optimizer_name(zo_plan_optimizer o);
 const char *zo_plan_method_name(zo_plan_method m);
 const char *zo_plan_schedule_name(zo_plan_schedule s);
+const char *zo_plan_opt_state_name(zo_plan_opt_state s);
+const char *zo_plan_master_name(zo_plan_master m);
 
 /* "a, b or c" of a NULL-terminated list of names, into buf. */
 void zo_plan_names_list(const char *const *names, char *buf, size_t len);
@@ -77,6 +118,14 @@ zo_status zo_plan_tier_parse(const char *s, const char *flag, int allow_nvme, zo
 zo_status zo_plan_recompute_parse(const char *s, const char *flag, zo_plan_recompute *out);
 zo_status zo_plan_optimizer_parse(const char *s, const char *flag, zo_plan_optimizer *out);
 zo_status zo_plan_schedule_parse(const char *s, const char *flag, zo_plan_schedule *out);
+/* `--optim`: adamw (adam), sgd, or adamw8bit (AdamW with 8-bit m and v; *state
+ * is set only by adamw8bit, to ZO_PLAN_STATE_8BIT). */
+zo_status zo_plan_optim_parse(const char *s, const char *flag, zo_plan_optimizer *out,
+                              int *state_8bit);
+/* `--optim-dtype`: fp32, bf16 or 8bit (the m and v encoding). */
+zo_status zo_plan_opt_state_parse(const char *s, const char *flag, zo_plan_opt_state *out);
+/* `--master`: fp32, none, stochastic or kahan. */
+zo_status zo_plan_master_parse(const char *s, const char *flag, zo_plan_master *out);
 
 /* ---- the optimizer's split over the tiers -------------------------------------- */
 

@@ -26,7 +26,9 @@ struct nvme_pipeline {
     nvme_engine_t *e;
     size_t n, ge, K;
     int nslots;
-    int *ids;               /* (K, 3) tensor ids */
+    int *ids;               /* (K, 3) tensor ids (-1: a tensor of no bytes) */
+    size_t (*tbytes)(const void *user, int j, size_t n);
+    const void *tuser;
     pipe_slot slot[PIPE_MAX_SLOTS];
 
     /* shared by the caller's thread and the I/O thread during a step */
@@ -40,6 +42,12 @@ struct nvme_pipeline {
     double io_seconds;
 };
 
+
+/* Bytes of tensor j of a sub-group of n elements. */
+static size_t tensor_size(const nvme_pipeline_t *p, int j, size_t n)
+{
+    return p->tbytes ? p->tbytes(p->tuser, j, n) : n * sizeof(float);
+}
 
 zo_status nvme_pipeline_init(nvme_pipeline_t **out, nvme_store_t *store,
                              const nvme_pipeline_config *cfg)
@@ -62,12 +70,15 @@ zo_status nvme_pipeline_init(nvme_pipeline_t **out, nvme_store_t *store,
     p->ge = cfg->group_elems < cfg->n_elems ? cfg->group_elems : cfg->n_elems;
     p->K = (p->n + p->ge - 1) / p->ge;
     p->nslots = nslots;
-    size_t nt = 3 * p->K;
+    p->tbytes = cfg->tensor_bytes;
+    p->tuser = cfg->tensor_user;
+    size_t nt = 3 * p->K, na = 0;
     p->ids = malloc(nt * sizeof *p->ids);
+    int *added = malloc(nt * sizeof *added);
     p->ready = calloc(p->K, 1);
     char **names = calloc(nt, sizeof *names);
     size_t *sizes = malloc(nt * sizeof *sizes);
-    if (!p->ids || !p->ready || !names || !sizes) {
+    if (!p->ids || !p->ready || !names || !sizes || !added) {
         st = zo_error(ZO_ERR_NOMEM, "nvme_pipeline_init: out of memory for %zu sub-groups", p->K);
         goto out_free_names;
     }
@@ -75,24 +86,32 @@ zo_status nvme_pipeline_init(nvme_pipeline_t **out, nvme_store_t *store,
         size_t first, n;
         nvme_pipeline_group_range(p, g, &first, &n);
         for (int j = 0; j < 3; j++) {
+            p->ids[3 * g + j] = -1;
+            if (!tensor_size(p, j, n)) continue;
             size_t len = strlen(prefix) + 48;
-            names[3 * g + j] = malloc(len);
-            if (!names[3 * g + j]) {
+            names[na] = malloc(len);
+            if (!names[na]) {
                 st = zo_error(ZO_ERR_NOMEM, "nvme_pipeline_init: out of memory");
                 goto out_free_names;
             }
-            snprintf(names[3 * g + j], len, "%s.%zu.%s", prefix, g, kind[j]);
-            sizes[3 * g + j] = n * sizeof(float);
+            snprintf(names[na], len, "%s.%zu.%s", prefix, g, kind[j]);
+            sizes[na] = tensor_size(p, j, n);
+            added[na++] = (int)(3 * g + (size_t)j);
         }
     }
-    st = nvme_store_add(store, nt, (const char *const *)names, sizes, p->ids);
+    int *ids = malloc((na ? na : 1) * sizeof *ids);
+    st = ids ? nvme_store_add(store, na, (const char *const *)names, sizes, ids)
+             : zo_error(ZO_ERR_NOMEM, "nvme_pipeline_init: out of memory");
+    for (size_t i = 0; ids && st == ZO_OK && i < na; i++) p->ids[added[i]] = ids[i];
+    free(ids);
     if (st != ZO_OK) {
         zo_error_wrap(st, "optimizer state of %zu parameters in %zu sub-groups", p->n, p->K);
         goto out_free_names;
     }
     for (int i = 0; i < nslots; i++)
         for (int j = 0; j < 3; j++) {
-            st = nvme_buf_alloc(p->e, p->ge * sizeof(float), (void **)&p->slot[i].buf[j]);
+            if (!tensor_size(p, j, p->ge)) continue;
+            st = nvme_buf_alloc(p->e, tensor_size(p, j, p->ge), (void **)&p->slot[i].buf[j]);
             if (st != ZO_OK) {
                 zo_error_wrap(st, "nvme_pipeline_init: sub-group buffer");
                 goto out_free_bufs;
@@ -100,9 +119,10 @@ zo_status nvme_pipeline_init(nvme_pipeline_t **out, nvme_store_t *store,
         }
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
-    for (size_t i = 0; i < nt; i++) free(names[i]);
+    for (size_t i = 0; i < na; i++) free(names[i]);
     free(names);
     free(sizes);
+    free(added);
     *out = p;
     return ZO_OK;
 
@@ -111,9 +131,10 @@ out_free_bufs:
         for (int j = 0; j < 3; j++) nvme_buf_free(p->e, p->slot[i].buf[j]);
 out_free_names:
     if (names)
-        for (size_t i = 0; i < nt; i++) free(names[i]);
+        for (size_t i = 0; i < na; i++) free(names[i]);
     free(names);
     free(sizes);
+    free(added);
     free(p->ids);
     free(p->ready);
     free(p);
@@ -156,8 +177,9 @@ zo_status nvme_pipeline_store_group(nvme_pipeline_t *p, size_t g, const float *m
     nvme_pipeline_group_range(p, g, &first, &n);
     const float *src[3] = {master, m, v};
     for (int j = 0; j < 3; j++) {
+        if (p->ids[3 * g + j] < 0) continue;
         /* Through an aligned slot buffer, so the write goes straight to disk. */
-        memcpy(p->slot[0].buf[j], src[j], n * sizeof(float));
+        memcpy(p->slot[0].buf[j], src[j], tensor_size(p, j, n));
         st = nvme_store_write(p->s, p->ids[3 * g + j], p->slot[0].buf[j]);
         if (st != ZO_OK) return st;
     }
@@ -174,11 +196,16 @@ zo_status nvme_pipeline_load_group_part(nvme_pipeline_t *p, size_t g, size_t fro
     if (from > n || count > n - from)
         return zo_error(ZO_ERR_INVALID, "nvme_pipeline_load_group: elements %zu..%zu of a group of %zu",
                         from, from + count, n);
+    if (p->tbytes && (from || count != n))
+        return zo_error(ZO_ERR_INVALID, "nvme_pipeline_load_group: part of a sub-group in another "
+                        "encoding than fp32");
     float *dst[3] = {master, m, v};
     for (int j = 0; j < 3; j++) {
+        if (p->ids[3 * g + j] < 0) continue;
         st = nvme_store_read(p->s, p->ids[3 * g + j], p->slot[0].buf[j]);
         if (st != ZO_OK) return st;
-        memcpy(dst[j], p->slot[0].buf[j] + from, count * sizeof(float));
+        if (p->tbytes) memcpy(dst[j], p->slot[0].buf[j], tensor_size(p, j, n));
+        else memcpy(dst[j], p->slot[0].buf[j] + from, count * sizeof(float));
     }
     return ZO_OK;
 }
@@ -225,16 +252,17 @@ static zo_status slot_submit(nvme_pipeline_t *p, pipe_slot *sl, size_t g, nvme_o
     sl->state = op == NVME_OP_READ ? SLOT_READING : SLOT_WRITING;
     for (int j = 0; j < 3; j++) memset(&sl->op[j], 0, sizeof sl->op[j]);
     for (int j = 0; j < 3; j++) {
+        if (p->ids[3 * g + j] < 0) continue;
         zo_status st = nvme_store_submit(p->s, p->ids[3 * g + j], op, sl->buf[j], &sl->op[j]);
         if (st != ZO_OK) return st;
     }
     return ZO_OK;
 }
 
-static int slot_complete(const pipe_slot *sl)
+static int slot_complete(const nvme_pipeline_t *p, const pipe_slot *sl)
 {
     for (int j = 0; j < 3; j++)
-        if (!nvme_store_op_complete(&sl->op[j])) return 0;
+        if (p->ids[3 * sl->group + j] >= 0 && !nvme_store_op_complete(&sl->op[j])) return 0;
     return 1;
 }
 
@@ -298,7 +326,7 @@ static void *pipe_io_thread(void *arg)
         }
         for (int i = 0; i < p->nslots; i++) {
             pipe_slot *sl = &p->slot[i];
-            if ((sl->state != SLOT_READING && sl->state != SLOT_WRITING) || !slot_complete(sl))
+            if ((sl->state != SLOT_READING && sl->state != SLOT_WRITING) || !slot_complete(p, sl))
                 continue;
             int reading = sl->state == SLOT_READING;
             st = slot_finish(p, sl);
@@ -372,7 +400,12 @@ zo_status nvme_pipeline_step(nvme_pipeline_t *p, nvme_update_fn fn, void *user,
         stats->update_seconds = t_update;
         stats->wait_seconds = t_wait;
         stats->io_seconds = p->io_seconds;
-        uint64_t state = 3ull * p->n * sizeof(float);
+        uint64_t state = 0;
+        for (size_t g = 0; g < p->K; g++) {
+            size_t first, n;
+            nvme_pipeline_group_range(p, g, &first, &n);
+            for (int j = 0; j < 3; j++) state += tensor_size(p, j, n);
+        }
         stats->bytes_read = st == ZO_OK ? state : 0;
         stats->bytes_written = st == ZO_OK ? state : 0;
     }

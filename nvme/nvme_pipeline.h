@@ -28,7 +28,8 @@
 typedef struct nvme_pipeline nvme_pipeline_t;
 
 /* Update sub-group `group`, which holds elements [first, first + n) of the
- * flat state: master, m, v are (n,) fp32 each, updated in place. */
+ * flat state: master, m, v are (n,) fp32 each, updated in place (with
+ * tensor_bytes: buffers of those bytes, NULL for a tensor of none). */
 typedef zo_status (*nvme_update_fn)(void *user, size_t group, size_t first, size_t n,
                                     float *master, float *m, float *v);
 
@@ -37,6 +38,13 @@ typedef struct nvme_pipeline_config {
     size_t group_elems;   /* elements per sub-group */
     int nslots;           /* sub-group buffers; 0 = 3; at least 2 */
     const char *prefix;   /* tensor name prefix; NULL = "opt" */
+    /* (optional) The bytes of tensor j (0 master, 1 m, 2 v) of a sub-group
+     * of n elements, for state in another encoding than fp32 (issue 30: m
+     * and v in one buffer of adam_state_bytes, in tensor 1; tensor 2 of 0
+     * bytes, not stored). NULL: n floats each. Partial loads
+     * (nvme_pipeline_load_group_part) need n floats each. */
+    size_t (*tensor_bytes)(const void *user, int j, size_t n);
+    const void *tensor_user;
 } nvme_pipeline_config;
 
 typedef struct nvme_step_stats {

@@ -156,6 +156,9 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
     if (c->forward_only && ((c->comm && comm_size(c->comm) > 1) || c->recompute || c->ckpt_dir))
         return zo_error(ZO_ERR_INVALID, "offload_init: a forward-only runtime runs one rank, recomputes nothing "
                         "and keeps no checkpoints");
+    if ((unsigned)c->opt_state >= ZO_PLAN_STATES)
+        return zo_error(ZO_ERR_INVALID, "offload_init: optimizer state encoding %d (fp32, bf16 or 8bit)",
+                        (int)c->opt_state);
     if (c->zero_stage < 0 || c->zero_stage > 3)
         return zo_error(ZO_ERR_INVALID, "offload_init: ZeRO stage %d (0, 1, 2 or 3)", c->zero_stage);
     /* what the runtime runs: the table every program asks (common/capability.h) */
@@ -168,6 +171,7 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
     shape.params = (zo_plan_tier)c->params_on;
     shape.adapters = (zo_plan_tier)c->trainable_on;
     memcpy(shape.optimizer, c->opt_frac, sizeof shape.optimizer);
+    shape.optim_dtype = c->opt_state;
     if ((st = zo_capability_check(&shape, NULL, 0)) != ZO_OK) return zo_error_wrap(st, "offload_init");
     return ZO_OK;
 }
@@ -250,7 +254,8 @@ static zo_status create_ostate(offload_t *rt)
 {
     const offload_config *c = &rt->cfg;
     ostate_config oc = {.sub_group = c->sub_group, .swap_buffers = c->swap_buffers,
-                        .exact_stats = c->adam.clip > 0.0f, .nvme_dir = c->nvme_dir};
+                        .exact_stats = c->adam.clip > 0.0f, .nvme_dir = c->nvme_dir,
+                        .state = c->opt_state};
     memcpy(oc.frac, c->opt_frac, sizeof oc.frac);
     return ostate_create(&rt->env, &rt->g, &rt->og, &oc, &rt->os);
 }

@@ -190,6 +190,10 @@ typedef struct offload_config {
     int prefetch_depth;              /* blocks loaded ahead of the one computing (0..16) */
     const char *nvme_dir;            /* where NVMe state lives (needed when used) */
     size_t sub_group;                /* optimizer sub-group, elements; 0 = 1M */
+    /* AdamW's m and v in host memory and on NVMe (issue 30): fp32 (default),
+     * bf16, or block-wise 8-bit (cpu_adam's adam_state encodings); the
+     * device share keeps fp32 (offload_init refuses another with one) */
+    zo_plan_opt_state opt_state;
     int swap_buffers;                /* sub-group buffers of the NVMe pipeline; 0 = 3 */
     int grad_accum;                  /* micro-batches per step; 0 = 1 */
     int n_threads;                   /* CPU Adam threads; 0 = OpenMP's default */

@@ -90,6 +90,7 @@ typedef struct oshard_config {
     int swap_buffers;      /* NVMe pipeline buffers */
     int exact_stats;       /* device: a pinned block for exact clipping statistics */
     const char *nvme_dir;
+    zo_plan_opt_state state; /* host and NVMe: m and v's encoding */
 } oshard_config;
 
 struct ostate {
@@ -113,12 +114,152 @@ static void host_side_sum(oshard *sh, int b, oshard_sum *out)
     out->part = out->host + s->part[b];
 }
 
+static void copy_or_zero(float *dst, const float *src, size_t n)
+{
+    if (src) memcpy(dst, src, n * 4);
+    else memset(dst, 0, n * 4);
+}
+
+/* ---- m and v in an encoding (issue 30) ------------------------------------------------ */
+
+/* bf16 or 8-bit m and v (cpu_adam's adam_state encodings) in chunks of
+ * `chunk` elements from the start of a shard (or of an NVMe sub-group), each
+ * chunk one adam_state buffer of its own, so that any range is reached a
+ * chunk at a time: decoded into fp32 scratch, updated by the fp32 path,
+ * coded again (what adam_state_update does in one pass: the same fp32
+ * sequence, the moments coded after it; adam_state_from_f32 codes as the
+ * step does). The master stays fp32. */
+typedef struct ostate_enc {
+    adam_state_kind kind;
+    size_t chunk;       /* elements a chunk: a multiple of the 8-bit block */
+    size_t cbytes;      /* bytes of a whole chunk's buffer, a multiple of 64 */
+    int threads;
+} ostate_enc;
+
+#define ENC_CHUNK_MAX ((size_t)ZO_PLAN_STATE_CHUNK)
+
+static size_t enc_bytes(const ostate_enc *e, size_t n)
+{
+    size_t full = n / e->chunk, rem = n % e->chunk;
+    return full * e->cbytes + (rem ? (size_t)adam_state_bytes(e->kind, rem) : 0);
+}
+
+/* The encoding of `state` for shards of up to `n` elements (0: fp32, none). */
+static zo_status enc_init(ostate_enc *e, zo_plan_opt_state state, size_t n, int threads)
+{
+    memset(e, 0, sizeof *e);
+    if (state == ZO_PLAN_STATE_FP32) return ZO_OK;
+    e->kind = state == ZO_PLAN_STATE_BF16 ? adam_state_bf16() : adam_state_q8(ADAM_Q8_BLOCK);
+    size_t c = n < ENC_CHUNK_MAX ? n : ENC_CHUNK_MAX;
+    e->chunk = (c + ADAM_Q8_BLOCK - 1) / ADAM_Q8_BLOCK * ADAM_Q8_BLOCK;
+    if (!e->chunk) e->chunk = ADAM_Q8_BLOCK;
+    e->cbytes = ((size_t)adam_state_bytes(e->kind, e->chunk) + 63) / 64 * 64;
+    e->threads = threads;
+    return ZO_OK;
+}
+
+static int enc_on(const ostate_enc *e) { return e->chunk != 0; }
+
+/* The chunks of [rel, rel + k) of a region of n elements whose state is S:
+ * for each, its buffer decoded into sm, sv (fp32 [chunk]). */
+typedef zo_status (*enc_visit_fn)(void *ctx, size_t at, size_t len, size_t off, float *sm, float *sv);
+
+static zo_status enc_walk(const ostate_enc *e, void *S, size_t n, size_t rel, size_t k, float *sm, float *sv,
+                          int decode, int encode, enc_visit_fn fn, void *ctx)
+{
+    zo_status st;
+    size_t end = rel + k;
+    while (rel < end) {
+        size_t c = rel / e->chunk, c0 = c * e->chunk;
+        size_t clen = n - c0 < e->chunk ? n - c0 : e->chunk;
+        size_t stop = end < c0 + clen ? end : c0 + clen;
+        void *buf = (char *)S + c * e->cbytes;
+        /* (a write of the whole chunk needs nothing from it) */
+        int whole = rel == c0 && stop == c0 + clen;
+        if ((decode || !whole) && (st = adam_state_to_f32(e->kind, buf, clen, sm, sv, e->threads)) != ZO_OK)
+            return st;
+        if ((st = fn(ctx, rel, stop - rel, rel - c0, sm, sv)) != ZO_OK) return st;
+        if (encode && (st = adam_state_from_f32(e->kind, buf, clen, sm, sv, e->threads)) != ZO_OK) return st;
+        rel = stop;
+    }
+    return ZO_OK;
+}
+
+typedef struct enc_io {
+    size_t base;       /* the first element of the caller's arrays */
+    float *M, *V;      /* read into */
+    const float *cM, *cV; /* written from (NULL: zeros) */
+} enc_io;
+
+static zo_status enc_get_fn(void *ctx, size_t at, size_t len, size_t off, float *sm, float *sv)
+{
+    enc_io *io = ctx;
+    if (io->M) memcpy(io->M + (at - io->base), sm + off, len * 4);
+    if (io->V) memcpy(io->V + (at - io->base), sv + off, len * 4);
+    return ZO_OK;
+}
+
+static zo_status enc_put_fn(void *ctx, size_t at, size_t len, size_t off, float *sm, float *sv)
+{
+    enc_io *io = ctx;
+    copy_or_zero(sm + off, io->cM ? io->cM + (at - io->base) : NULL, len);
+    copy_or_zero(sv + off, io->cV ? io->cV + (at - io->base) : NULL, len);
+    return ZO_OK;
+}
+
+/* m and v of [rel, rel + k) into M, V (either NULL: skipped) */
+static zo_status enc_get(const ostate_enc *e, void *S, size_t n, size_t rel, size_t k, float *M, float *V,
+                         float *sm, float *sv)
+{
+    if (!M && !V) return ZO_OK;
+    enc_io io = {.base = rel, .M = M, .V = V};
+    return enc_walk(e, S, n, rel, k, sm, sv, 1, 0, enc_get_fn, &io);
+}
+
+/* ... and from M, V (NULL: zeros) */
+static zo_status enc_put(const ostate_enc *e, void *S, size_t n, size_t rel, size_t k, const float *M,
+                         const float *V, float *sm, float *sv)
+{
+    enc_io io = {.base = rel, .cM = M, .cV = V};
+    return enc_walk(e, S, n, rel, k, sm, sv, 0, 1, enc_put_fn, &io);
+}
+
+typedef struct enc_upd {
+    const oshard_update *u;
+    size_t flat0, rel0; /* the flat index of element rel0 of the region */
+    float *P;           /* the master at rel0 */
+    size_t most;        /* elements an update call takes at most (the sub-group) */
+} enc_upd;
+
+static zo_status enc_upd_fn(void *ctx, size_t at, size_t len, size_t off, float *sm, float *sv)
+{
+    enc_upd *x = ctx;
+    zo_status st;
+    for (size_t f = 0; f < len; f += x->most) {
+        size_t k = len - f < x->most ? len - f : x->most, r = at + f - x->rel0;
+        if ((st = x->u->host(x->u->ctx, x->flat0 + r, k, x->P + r, sm + off + f, sv + off + f)) != ZO_OK) return st;
+    }
+    return ZO_OK;
+}
+
+/* The update of [rel, rel + k) (flat index flat0 at rel), P its master. */
+static zo_status enc_update(const ostate_enc *e, void *S, size_t n, size_t rel, size_t k, size_t flat0,
+                            float *P, const oshard_update *u, float *sm, float *sv, size_t most)
+{
+    enc_upd x = {.u = u, .flat0 = flat0, .rel0 = rel, .P = P, .most = most ? most : k};
+    return enc_walk(e, S, n, rel, k, sm, sv, 1, 1, enc_upd_fn, &x);
+}
+
 /* ---- host memory ----------------------------------------------------------------------- */
 
 typedef struct host_shard {
     oshard base;
-    float *P, *M, *V;  /* [n] */
+    float *P, *M, *V;  /* [n] (M, V: fp32 state only) */
     size_t sub_group;
+    ostate_enc enc;    /* m and v in another encoding: S, and scratch of a chunk */
+    void *S;
+    size_t s_bytes;
+    float *sm, *sv;
 } host_shard;
 
 static zo_status host_read(oshard *sh, size_t first, size_t n, float *P, float *M, float *V)
@@ -126,15 +267,10 @@ static zo_status host_read(oshard *sh, size_t first, size_t n, float *P, float *
     host_shard *h = (host_shard *)sh;
     size_t r = first - sh->first;
     if (P) memcpy(P, h->P + r, n * 4);
+    if (enc_on(&h->enc)) return enc_get(&h->enc, h->S, sh->n, r, n, M, V, h->sm, h->sv);
     if (M) memcpy(M, h->M + r, n * 4);
     if (V) memcpy(V, h->V + r, n * 4);
     return ZO_OK;
-}
-
-static void copy_or_zero(float *dst, const float *src, size_t n)
-{
-    if (src) memcpy(dst, src, n * 4);
-    else memset(dst, 0, n * 4);
 }
 
 static zo_status host_write(oshard *sh, size_t first, size_t n, const float *P, const float *M,
@@ -143,6 +279,7 @@ static zo_status host_write(oshard *sh, size_t first, size_t n, const float *P, 
     host_shard *h = (host_shard *)sh;
     size_t r = first - sh->first;
     if (P) memcpy(h->P + r, P, n * 4);
+    if (enc_on(&h->enc)) return enc_put(&h->enc, h->S, sh->n, r, n, M, V, h->sm, h->sv);
     copy_or_zero(h->M + r, M, n);
     copy_or_zero(h->V + r, V, n);
     return ZO_OK;
@@ -159,6 +296,8 @@ static zo_status host_step_range(oshard *sh, size_t first, size_t n, const oshar
     host_shard *h = (host_shard *)sh;
     zo_status st;
     size_t r0 = first - sh->first;
+    if (enc_on(&h->enc)) return enc_update(&h->enc, h->S, sh->n, r0, n, first, h->P + r0, u, h->sm, h->sv,
+                                          h->sub_group);
     for (size_t f = 0; f < n; f += h->sub_group) {
         size_t k = n - f < h->sub_group ? n - f : h->sub_group, r = r0 + f;
         if ((st = u->host(u->ctx, first + f, k, h->P + r, h->M + r, h->V + r)) != ZO_OK) return st;
@@ -178,8 +317,14 @@ static void host_destroy(oshard *sh)
 {
     host_shard *h = (host_shard *)sh;
     offload_host_free(sh->env, h->P, sh->n * 4, 0);
-    offload_host_free(sh->env, h->M, sh->n * 4, 0);
-    offload_host_free(sh->env, h->V, sh->n * 4, 0);
+    if (enc_on(&h->enc)) {
+        offload_host_free(sh->env, h->S, h->s_bytes, 0);
+        offload_host_free(sh->env, h->sm, h->enc.chunk * 4, 0);
+        offload_host_free(sh->env, h->sv, h->enc.chunk * 4, 0);
+    } else {
+        offload_host_free(sh->env, h->M, sh->n * 4, 0);
+        offload_host_free(sh->env, h->V, sh->n * 4, 0);
+    }
     free(h);
 }
 
@@ -193,6 +338,21 @@ static zo_status host_create(oshard *sh, const oshard_config *c)
     host_shard *h = (host_shard *)sh;
     zo_status st;
     h->sub_group = c->sub_group;
+    if ((st = enc_init(&h->enc, c->state, sh->n, sh->env->n_threads)) != ZO_OK) return st;
+    if (enc_on(&h->enc)) {
+        /* the master, m and v in their encoding (zero moments: zero bytes),
+         * a chunk of fp32 scratch for each moment */
+        h->s_bytes = enc_bytes(&h->enc, sh->n);
+        void **arr[4] = {(void **)&h->P, &h->S, (void **)&h->sm, (void **)&h->sv};
+        size_t bytes[4] = {sh->n * 4, h->s_bytes, h->enc.chunk * 4, h->enc.chunk * 4};
+        for (int i = 0; i < 4; i++) {
+            if ((st = offload_host_alloc(sh->env, bytes[i], 0, arr[i])) != ZO_OK)
+                return zo_error_wrap(st, "offload_init: optimizer state in memory (%s m, v)",
+                                     adam_state_name(h->enc.kind));
+            if (bytes[i]) memset(*arr[i], 0, bytes[i]);
+        }
+        return ZO_OK;
+    }
     float **arr[3] = {&h->P, &h->M, &h->V};
     for (int i = 0; i < 3; i++) {
         if ((st = offload_host_alloc(sh->env, sh->n * 4, 0, (void **)arr[i])) != ZO_OK)
@@ -221,7 +381,23 @@ typedef struct nvme_shard {
     int loaded;        /* the cache holds the whole group (as on disk, or newer) */
     size_t covered;    /* not loaded: elements [0, covered) were written */
     int dirty;         /* newer than the disk */
+    ostate_enc enc;    /* m and v in another encoding: tensor 1 a sub-group's buffer of
+                          chunks (the cache's [1]), no tensor 2; scratch of a chunk */
+    float *sm, *sv;
+    unsigned char *stored; /* encoded: [groups] the group has been written (else its state is zeros) */
 } nvme_shard;
+
+/* Bytes of a sub-group of n elements on the drive: master, m and v. */
+static size_t nvs_group_bytes(const nvme_shard *s, size_t n)
+{
+    return n * 4 + (enc_on(&s->enc) ? enc_bytes(&s->enc, n) : 8 * n);
+}
+
+static size_t nvs_tensor_bytes(const void *user, int j, size_t n)
+{
+    const ostate_enc *e = user;
+    return j == 0 ? n * 4 : j == 1 ? enc_bytes(e, n) : 0;
+}
 
 static void group_range(nvme_shard *s, size_t g, size_t *first, size_t *n)
 {
@@ -239,7 +415,7 @@ static zo_status cache_complete(nvme_shard *s)
         zo_status st = nvme_pipeline_load_group_part(s->pipe, (size_t)s->cg, c, n - c, s->cache[0] + c,
                                                      s->cache[1] + c, s->cache[2] + c);
         if (st != ZO_OK) return st;
-        offload_add_bytes(s->base.env->acct, OFFLOAD_BYTES_DISK_READ, 3 * n * 4);
+        offload_add_bytes(s->base.env->acct, OFFLOAD_BYTES_DISK_READ, nvs_group_bytes(s, n));
     }
     s->loaded = 1;
     return ZO_OK;
@@ -252,9 +428,10 @@ static zo_status cache_flush(nvme_shard *s)
     if ((st = cache_complete(s)) != ZO_OK) return st;
     if ((st = nvme_pipeline_store_group(s->pipe, (size_t)s->cg, s->cache[0], s->cache[1], s->cache[2])) != ZO_OK)
         return st;
+    if (s->stored) s->stored[s->cg] = 1;
     size_t f, n;
     group_range(s, (size_t)s->cg, &f, &n);
-    offload_add_bytes(s->base.env->acct, OFFLOAD_BYTES_DISK_WRITTEN, 3 * n * 4);
+    offload_add_bytes(s->base.env->acct, OFFLOAD_BYTES_DISK_WRITTEN, nvs_group_bytes(s, n));
     s->dirty = 0;
     return ZO_OK;
 }
@@ -269,14 +446,22 @@ static zo_status cache_take(nvme_shard *s, size_t g, int fresh)
     s->cg = (long)g;
     s->covered = 0;
     s->loaded = 0;
-    if (fresh) return ZO_OK;
+    /* (encoded m and v are read whole: a chunk is coded as one; a group
+     * never written holds zeros) */
+    if (fresh && !enc_on(&s->enc)) return ZO_OK;
     size_t f, n;
     group_range(s, g, &f, &n);
+    if (s->stored && !s->stored[g]) {
+        memset(s->cache[0], 0, n * 4);
+        memset(s->cache[1], 0, enc_bytes(&s->enc, n));
+        s->loaded = 1;
+        return ZO_OK;
+    }
     if ((st = nvme_pipeline_load_group(s->pipe, g, s->cache[0], s->cache[1], s->cache[2])) != ZO_OK) {
         s->cg = -1;
         return st;
     }
-    offload_add_bytes(s->base.env->acct, OFFLOAD_BYTES_DISK_READ, 3 * n * 4);
+    offload_add_bytes(s->base.env->acct, OFFLOAD_BYTES_DISK_READ, nvs_group_bytes(s, n));
     s->loaded = 1;
     return ZO_OK;
 }
@@ -292,6 +477,14 @@ static zo_status nvs_read(oshard *sh, size_t first, size_t n, float *P, float *M
         group_range(s, g, &gf, &gn);
         if ((st = cache_take(s, g, 0)) != ZO_OK || (st = cache_complete(s)) != ZO_OK) return st;
         size_t stop = end < gf + gn ? end : gf + gn;
+        if (enc_on(&s->enc)) {
+            if (P) memcpy(P + (rel - base), s->cache[0] + (rel - gf), (stop - rel) * 4);
+            if ((st = enc_get(&s->enc, s->cache[1], gn, rel - gf, stop - rel, M ? M + (rel - base) : NULL,
+                              V ? V + (rel - base) : NULL, s->sm, s->sv)) != ZO_OK)
+                return st;
+            rel = stop;
+            continue;
+        }
         for (int a = 0; a < 3; a++)
             if (out[a]) memcpy(out[a] + (rel - base), s->cache[a] + (rel - gf), (stop - rel) * 4);
         rel = stop;
@@ -315,6 +508,15 @@ static zo_status nvs_write(oshard *sh, size_t first, size_t n, const float *P, c
          * kept: that needs it) */
         if ((st = cache_take(s, g, rel == gf && P)) != ZO_OK) return st;
         if (!s->loaded && (rel - gf != s->covered || !P) && (st = cache_complete(s)) != ZO_OK) return st;
+        if (enc_on(&s->enc)) {
+            if (P) memcpy(s->cache[0] + (rel - gf), P + (rel - base), (stop - rel) * 4);
+            if ((st = enc_put(&s->enc, s->cache[1], gn, rel - gf, stop - rel, M ? M + (rel - base) : NULL,
+                              V ? V + (rel - base) : NULL, s->sm, s->sv)) != ZO_OK)
+                return st;
+            s->dirty = 1;
+            rel = stop;
+            continue;
+        }
         for (int a = 0; a < 3; a++) {
             float *dst = s->cache[a] + (rel - gf);
             if (in[a]) memcpy(dst, in[a] + (rel - base), (stop - rel) * 4);
@@ -345,6 +547,9 @@ static zo_status nvs_update(void *user, size_t group, size_t first, size_t n, fl
 {
     (void)group;
     nvs_step_ctx *c = user;
+    nvme_shard *s = (nvme_shard *)c->sh;
+    if (enc_on(&s->enc))
+        return enc_update(&s->enc, m, n, 0, n, c->sh->first + first, master, c->u, s->sm, s->sv, s->group);
     return c->u->host(c->u->ctx, c->sh->first + first, n, master, m, v);
 }
 
@@ -361,9 +566,12 @@ static zo_status nvs_step_range(oshard *sh, size_t first, size_t n, const oshard
         group_range(s, g, &gf, &gn);
         if ((st = cache_take(s, g, 0)) != ZO_OK || (st = cache_complete(s)) != ZO_OK) return st;
         size_t stop = end < gf + gn ? end : gf + gn, o = rel - gf;
-        if ((st = u->host(u->ctx, sh->first + rel, stop - rel, s->cache[0] + o, s->cache[1] + o, s->cache[2] + o)) !=
-            ZO_OK)
-            return st;
+        if (enc_on(&s->enc))
+            st = enc_update(&s->enc, s->cache[1], gn, o, stop - rel, sh->first + rel, s->cache[0] + o, u, s->sm,
+                            s->sv, s->group);
+        else
+            st = u->host(u->ctx, sh->first + rel, stop - rel, s->cache[0] + o, s->cache[1] + o, s->cache[2] + o);
+        if (st != ZO_OK) return st;
         s->dirty = 1;
         rel = stop;
     }
@@ -378,6 +586,16 @@ static zo_status nvs_step(oshard *sh, const oshard_update *u)
     if (st != ZO_OK) return st;
     nvs_step_ctx c = {.sh = sh, .u = u};
     nvme_step_stats ns;
+    if (s->stored)
+        for (size_t g = 0; g < nvme_pipeline_groups(s->pipe); g++)
+            if (!s->stored[g]) {
+                /* (the step reads every group: write the zeros of one never written) */
+                size_t f, n;
+                group_range(s, g, &f, &n);
+                if ((st = cache_take(s, g, 1)) != ZO_OK) return st;
+                s->dirty = 1;
+                if ((st = nvs_sync(sh)) != ZO_OK) return st;
+            }
     st = nvme_pipeline_step(s->pipe, nvs_update, &c, &ns);
     offload_add_time(a, OFFLOAD_TIME_DISK, ns.wait_seconds);
     offload_add_time(a, OFFLOAD_TIME_OPTIMIZER, ns.seconds - ns.wait_seconds);
@@ -391,9 +609,14 @@ static void nvs_destroy(oshard *sh)
     nvme_shard *s = (nvme_shard *)sh;
     offload_acct *a = sh->env->acct;
     if (s->counted) {
-        offload_count(a, OFFLOAD_CPU, -(int64_t)((size_t)s->nslots * s->group * 12));
+        offload_count(a, OFFLOAD_CPU, -(int64_t)((size_t)s->nslots * nvs_group_bytes(s, s->group)));
         offload_count(a, OFFLOAD_NVME, -(int64_t)nvme_store_footprint(s->store));
     }
+    if (enc_on(&s->enc)) {
+        offload_host_free(sh->env, s->sm, s->enc.chunk * 4, 0);
+        offload_host_free(sh->env, s->sv, s->enc.chunk * 4, 0);
+    }
+    free(s->stored);
     if (s->pipe) nvme_pipeline_free(s->pipe);
     if (s->store) nvme_store_free(s->store);
     if (s->engine) nvme_engine_free(s->engine);
@@ -422,13 +645,25 @@ static zo_status nvs_create(oshard *sh, const oshard_config *c)
     s->nslots = c->swap_buffers < 2 ? 2 : c->swap_buffers;
     nvme_pipeline_config pc = {.n_elems = sh->n, .group_elems = s->group, .nslots = s->nslots,
                                .prefix = "opt"};
+    if ((st = enc_init(&s->enc, c->state, s->group, sh->env->n_threads)) != ZO_OK) return st;
+    if (enc_on(&s->enc)) {
+        /* the drive holds the master and the encoded m and v: the pipeline
+         * moves those bytes */
+        pc.tensor_bytes = nvs_tensor_bytes;
+        pc.tensor_user = &s->enc;
+        if ((st = offload_host_alloc(sh->env, s->enc.chunk * 4, 0, (void **)&s->sm)) != ZO_OK ||
+            (st = offload_host_alloc(sh->env, s->enc.chunk * 4, 0, (void **)&s->sv)) != ZO_OK)
+            return zo_error_wrap(st, "offload_init: optimizer state on NVMe: scratch");
+    }
     if ((st = nvme_pipeline_init(&s->pipe, s->store, &pc)) != ZO_OK)
         return zo_error_wrap(st, "offload: optimizer state on NVMe");
     if ((st = nvme_pipeline_slot_buffers(s->pipe, 1, &s->cache[0], &s->cache[1], &s->cache[2])) != ZO_OK)
         return st;
+    if (enc_on(&s->enc) && !(s->stored = calloc(nvme_pipeline_groups(s->pipe), 1)))
+        return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
     offload_count(a, OFFLOAD_NVME, (int64_t)nvme_store_footprint(s->store));
     /* the pipeline's sub-group buffers: master, m, v per slot */
-    offload_count(a, OFFLOAD_CPU, (int64_t)((size_t)s->nslots * s->group * 12));
+    offload_count(a, OFFLOAD_CPU, (int64_t)((size_t)s->nslots * nvs_group_bytes(s, s->group)));
     s->counted = 1;
     return ZO_OK;
 }
@@ -784,7 +1019,7 @@ zo_status ostate_create(const offload_env *env, const offload_geom *g, const off
         if (!part[i].n && !hands_out) continue;
         oshard_config sc = {.tier = part[i].tier, .first = part[i].first, .n = part[i].n,
                             .sub_group = c->sub_group, .swap_buffers = c->swap_buffers,
-                            .exact_stats = c->exact_stats, .nvme_dir = c->nvme_dir};
+                            .exact_stats = c->exact_stats, .nvme_dir = c->nvme_dir, .state = c->state};
         if ((st = oshard_create(os, &sc, &os->sh[os->n_sh])) == ZO_OK) os->n_sh++;
     }
     if (st != ZO_OK) {
@@ -875,7 +1110,17 @@ zo_status ostate_get_block(ostate *os, int b, size_t numel, float *w)
 
 void ostate_bytes(const ostate *os, uint64_t bytes[OFFLOAD_TIERS])
 {
-    for (int i = 0; i < os->n_sh; i++) bytes[os->sh[i]->tier] += os->sh[i]->n * 12;
+    for (int i = 0; i < os->n_sh; i++) {
+        const oshard *sh = os->sh[i];
+        uint64_t b = sh->n * 12;
+        if (sh->tier == OFFLOAD_CPU && enc_on(&((const host_shard *)sh)->enc))
+            b = sh->n * 4 + ((const host_shard *)sh)->s_bytes;
+#ifdef ZO_OFFLOAD_HAVE_NVME
+        if (sh->tier == OFFLOAD_NVME && enc_on(&((const nvme_shard *)sh)->enc))
+            b = sh->n * 4 + enc_bytes(&((const nvme_shard *)sh)->enc, sh->n);
+#endif
+        bytes[sh->tier] += b;
+    }
 }
 
 /* ---- the step ---------------------------------------------------------------------------- */

@@ -45,6 +45,7 @@ typedef struct ostate_config {
     int swap_buffers;      /* NVMe pipeline buffers */
     int exact_stats;       /* device: a pinned block for exact clipping statistics */
     const char *nvme_dir;
+    zo_plan_opt_state state; /* m and v in host memory and on NVMe: fp32, bf16, 8-bit */
 } ostate_config;
 
 /* The shards of og (the optimizer's geometry over the model's blocks g;
@@ -61,7 +62,7 @@ zo_status ostate_sync(ostate *os);
 /* Block b's master weights, the whole block (numel elements; the ranks'
  * parts gathered when partitioned), into host memory. */
 zo_status ostate_get_block(ostate *os, int b, size_t numel, float *w);
-/* Bytes of state (master, m, v) per tier. */
+/* Bytes of state (master, m and v in their encoding) per tier. */
 void ostate_bytes(const ostate *os, uint64_t bytes[OFFLOAD_TIERS]);
 
 /* ---- the step ---------------------------------------------------------------------------- */

@@ -36,6 +36,8 @@ zo_status offload_plan_load(const char *path, offload_plan *plan)
     par.tp = f->parallel.tp;
     par.pp = f->parallel.pp;
     par.ep = f->parallel.ep > 0 ? f->parallel.ep : 1;
+    par.master = f->training.master;
+    par.loss_chunk = f->training.loss_chunk;
     if ((st = zo_capability_check(&par, NULL, 0)) != ZO_OK) return zo_error_wrap(st, "%s", path);
 
     offload_config *c = &plan->cfg;
@@ -43,6 +45,7 @@ zo_status offload_plan_load(const char *path, offload_plan *plan)
     c->params_on = (offload_tier)f->placement.params;
     c->checkpoints_on = (offload_tier)f->placement.checkpoints;
     memcpy(c->opt_frac, f->placement.optimizer, sizeof c->opt_frac);
+    c->opt_state = f->training.optim_dtype;
     /* selective recompute keeps all but the attention core, which is worth
      * recomputing only when it stores the s x s scores; this attention is
      * memory-efficient (it keeps one log-sum-exp per row), so selective

@@ -17,6 +17,10 @@
 #define FLASH_CAUSAL 0.5
 /* Host memory bandwidth a vectorized loop reaches (gradient accumulation). */
 #define HOST_BW_EFF 0.7
+/* 8-bit AdamW's kernel a thread against the fp32 one's, in parameters a
+ * second: 0.856 (bench_cpu_adam, auto, 2 threads, docs/performance.md
+ * "cpu_adam state encodings"); bf16 ran at its memory roof (1.36x fp32). */
+#define PLAN_ADAM_8BIT_COMPUTE 0.856
 
 static double dmax(double a, double b) { return a > b ? a : b; }
 static double dmin(double a, double b) { return a < b ? a : b; }
@@ -726,8 +730,18 @@ static void cpu_optimizer(const step_in *in, double per, double o_elems, double 
                       : cores        ? dmax((double)(cores - rpn) / rpn, 1)
                                      : 0;
     double sgd = t->optimizer == ZO_PLAN_SGD ? 1.5 : 1; /* momentum only: less traffic */
-    s->rate_serial = sgd * plan_hw_cpu_adam_rate_threads(hw, s->threads_serial * rpn) / rpn;
-    s->rate_over = sgd * plan_hw_cpu_adam_rate_threads(hw, s->threads_over * rpn) / rpn;
+    if (t->optimizer == ZO_PLAN_ADAMW && (t->opt_state != ZO_PLAN_STATE_FP32 ||
+                                          t->master != ZO_PLAN_MASTER_FP32)) {
+        /* the state read and written, an fp32 gradient read, the 16-bit
+         * weight written; 8-bit state's coding costs instructions */
+        double bytes = 2 * per + 4 + 2;
+        double compute = t->opt_state == ZO_PLAN_STATE_8BIT ? PLAN_ADAM_8BIT_COMPUTE : 1;
+        s->rate_serial = plan_hw_cpu_adam_rate_enc(hw, s->threads_serial * rpn, bytes, compute) / rpn;
+        s->rate_over = plan_hw_cpu_adam_rate_enc(hw, s->threads_over * rpn, bytes, compute) / rpn;
+    } else {
+        s->rate_serial = sgd * plan_hw_cpu_adam_rate_threads(hw, s->threads_serial * rpn) / rpn;
+        s->rate_over = sgd * plan_hw_cpu_adam_rate_threads(hw, s->threads_over * rpn) / rpn;
+    }
     double nv = in->e->opt_share[ZO_PLAN_NVME] / (1 - in->fg) * per * rpn;
     s->n_elem = nv / hw->nvme_read_bw + nv / hw->nvme_write_bw;
     /* (the weights a step writes: the model's, or LoRA's adapters) */
@@ -749,7 +763,7 @@ static double step_optimizer(const step_in *in, plan_time *o)
 {
     const plan_train *t = in->t;
     double o_elems = t->zero >= 1 ? in->P_shard : in->P;
-    double per = 4 + (t->optimizer == ZO_PLAN_ADAMW ? 8 : 4); /* (an fp32 master for fp32 weights too) */
+    double per = plan_opt_bytes_per_param(t); /* (an fp32 master for fp32 weights too) */
     if (in->fg > 0)
         o->optimizer_gpu = in->fg * o_elems * (2 * per + 5 * in->gsz + 4 + in->wsz) /
                            (in->hw->hbm_bw * in->hw->hbm_eff);

@@ -451,6 +451,23 @@ double plan_hw_cpu_adam_rate_threads(const plan_hw *hw, double threads)
     return r < roof ? r : roof;
 }
 
+double plan_hw_cpu_adam_rate_enc(const plan_hw *hw, double threads, double bytes, double compute)
+{
+    double roof = plan_hw_cpu_adam_rate(hw) * (bytes > 0 ? ADAM_BYTES / bytes : 1);
+    double one = hw->cpu_adam_thread_rate > 0 ? hw->cpu_adam_thread_rate
+                 : hw->cpu_adam_rate > 0      ? hw->cpu_adam_rate / (hw->cpu_cores > 0 ? hw->cpu_cores : 1)
+                                              : ADAM_THREAD_RATE;
+    double n = threads > 0 && hw->cpu_cores > 0 && threads < hw->cpu_cores ? threads
+               : hw->cpu_cores > 0                                          ? hw->cpu_cores
+                                                                            : 0;
+    /* (no cores known: the roof alone, as plan_hw_cpu_adam_rate_threads) */
+    if (n <= 0) return roof;
+    double r = n * one * compute;
+    /* the fp32 rate on every core is the roof itself (measured there) */
+    if (compute >= 1 && bytes >= ADAM_BYTES && n >= hw->cpu_cores) return roof;
+    return r < roof ? r : roof;
+}
+
 void plan_hw_cpu_backend(const plan_hw *host, double flops, double copy_bw, uint64_t dev_mem,
                          plan_hw *out)
 {

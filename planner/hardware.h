@@ -109,6 +109,13 @@ double plan_hw_cpu_adam_rate(const plan_hw *hw);
  * threads >= cpu_cores or no cores known: plan_hw_cpu_adam_rate. */
 double plan_hw_cpu_adam_rate_threads(const plan_hw *hw, double threads);
 
+/* The same for an update that moves `bytes` a parameter (ADAM_BYTES, 30, for
+ * fp32 master, m and v with an fp32 gradient and a 16-bit weight out) and
+ * whose instructions run at `compute` times the fp32 kernel's rate a thread
+ * (8-bit state: 0.86, measured by bench_cpu_adam, docs/performance.md): the
+ * roof scaled by 30 / bytes, the threads' rate by `compute`; the lower. */
+double plan_hw_cpu_adam_rate_enc(const plan_hw *hw, double threads, double bytes, double compute);
+
 /* The CPU backend as a machine, to set the planner's prediction beside the
  * runtime's measured step on it (docs/memplan.md, "The CPU backend as
  * hardware"): `host` is this host's profile (memplan calibrate: memory,

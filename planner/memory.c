@@ -424,6 +424,20 @@ zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, con
                         t->opt_frac[ZO_PLAN_GPU]);
     if (t->opt_threads < 0 || t->dpu_warmup < 0)
         return zo_error(ZO_ERR_INVALID, "--opt-threads and --dpu-warmup must not be negative");
+    if (t->opt_state < ZO_PLAN_STATE_FP32 || t->opt_state >= ZO_PLAN_STATES)
+        return zo_error(ZO_ERR_INVALID, "--optim-dtype: %d is not fp32, bf16 or 8bit", (int)t->opt_state);
+    if (t->opt_state != ZO_PLAN_STATE_FP32 && t->optimizer != ZO_PLAN_ADAMW)
+        return zo_error(ZO_ERR_INVALID, "--optim-dtype %s: the bf16 and 8-bit encodings are AdamW's "
+                        "m and v (--optim sgd keeps an fp32 momentum)",
+                        zo_plan_opt_state_name(t->opt_state));
+    if (t->master < ZO_PLAN_MASTER_FP32 || t->master >= ZO_PLAN_MASTERS)
+        return zo_error(ZO_ERR_INVALID, "--master: %d is not fp32, none, stochastic or kahan", (int)t->master);
+    if (t->master != ZO_PLAN_MASTER_FP32 && t->dtype != ZO_DTYPE_BF16)
+        return zo_error(ZO_ERR_INVALID, "--master %s: without an fp32 master the optimizer updates "
+                        "bf16 weights; --dtype is %s", zo_plan_master_name(t->master),
+                        zo_dtype_name(t->dtype));
+    if (t->loss_chunk < 0)
+        return zo_error(ZO_ERR_INVALID, "--loss-chunk %d must not be negative", t->loss_chunk);
     return plan_peft_validate(t, m);
 }
 
@@ -880,15 +894,92 @@ static uint64_t nvme_opt_bytes(const plan_train *t, uint64_t elems, uint64_t per
     uint64_t a = PLAN_NVME_ALIGN;
     return full * tensors * (ceil_div(sg * 4, a) * a) + (rest ? tensors * (ceil_div(rest * 4, a) * a) : 0);
 }
+
+double plan_opt_master_bytes(const plan_train *t)
+{
+    if (t->master == ZO_PLAN_MASTER_FP32) return 4;
+    zo_plan_tier w_on = t->method != ZO_PLAN_FULL ? t->adapters_on : t->params_on;
+    int in_place = w_on != ZO_PLAN_NVME && t->opt_frac[w_on] >= 1 - ZO_PLAN_FRACTION_EPS;
+    return (in_place ? 0 : 2) + (t->master == ZO_PLAN_MASTER_KAHAN ? 2 : 0);
+}
+
+double plan_opt_bytes_per_param(const plan_train *t)
+{
+    double mom = t->optimizer == ZO_PLAN_ADAMW ? zo_plan_state_bytes(t->opt_state) : 4;
+    return plan_opt_master_bytes(t) + mom;
+}
+
+const char *plan_opt_state_words(const plan_train *t)
+{
+    static const char *const adamw[ZO_PLAN_MASTERS][ZO_PLAN_STATES] = {
+        {"AdamW: fp32 master, m, v", "AdamW: fp32 master, bf16 m, v",
+         "AdamW: fp32 master, 8-bit m, v + absmax"},
+        {"AdamW: m, v (no master)", "AdamW: bf16 m, v (no master)",
+         "AdamW: 8-bit m, v + absmax (no master)"},
+        {"AdamW: m, v (no master, stochastic rounding)", "AdamW: bf16 m, v (no master, stochastic rounding)",
+         "AdamW: 8-bit m, v + absmax (no master, stochastic rounding)"},
+        {"AdamW: m, v, Kahan compensation (no master)", "AdamW: bf16 m, v, Kahan compensation (no master)",
+         "AdamW: 8-bit m, v + absmax, Kahan compensation (no master)"},
+    };
+    static const char *const sgd[ZO_PLAN_MASTERS] = {
+        "SGD: fp32 master, momentum", "SGD: momentum (no master)",
+        "SGD: momentum (no master, stochastic rounding)", "SGD: momentum, Kahan compensation (no master)"};
+    int ma = t->master >= 0 && t->master < ZO_PLAN_MASTERS ? (int)t->master : 0;
+    int st = t->opt_state >= 0 && t->opt_state < ZO_PLAN_STATES ? (int)t->opt_state : 0;
+    return t->optimizer == ZO_PLAN_ADAMW ? adamw[ma][st] : sgd[ma];
+}
+
+const char *plan_opt_accuracy_note(const plan_train *t)
+{
+    if (t->method == ZO_PLAN_QLORA && t->master == ZO_PLAN_MASTER_NONE &&
+        t->opt_state == ZO_PLAN_STATE_FP32)
+        return "the QLoRA recipe (Dettmers et al., \"QLoRA: Efficient Finetuning of Quantized "
+               "LLMs\", 2023): NF4 base, bf16 adapters, 32-bit AdamW, no fp32 master; the paper "
+               "matches 16-bit full fine-tuning and 16-bit LoRA on GLUE, Super-NaturalInstructions "
+               "and MMLU with adapters on every linear layer";
+    switch (t->opt_state) {
+    case ZO_PLAN_STATE_8BIT:
+        return t->master == ZO_PLAN_MASTER_FP32
+                   ? "8-bit AdamW (Dettmers et al., \"8-bit Optimizers via Block-wise "
+                     "Quantization\", ICLR 2022): block-wise dynamic quantization of m and v matched "
+                     "32-bit Adam on language modelling, GLUE, image classification and translation "
+                     "(block-wise is what kept training stable)"
+                   : "8-bit AdamW (Dettmers et al. 2022) matched 32-bit Adam with an fp32 master "
+                     "(its weights stay 32-bit); without one, updates below half a bf16 ulp of a "
+                     "weight are lost unless rounded stochastically or compensated (Kahan): not "
+                     "what the paper measured";
+    case ZO_PLAN_STATE_BF16:
+        return "bf16 m and v (torchtune's and LLaMA-Factory's pure-bf16 recipes): with "
+               "round-to-nearest v cannot decay by less than half an ulp a step (beta2 0.999 moves "
+               "it 0.1%, half an ulp is 0.2-0.4%), so late steps come out smaller than fp32 "
+               "AdamW's (docs/cpu_adam.md, \"bf16\")";
+    default:
+        switch (t->master) {
+        case ZO_PLAN_MASTER_NONE:
+            return "no fp32 master, round-to-nearest bf16 updates: an update below half an ulp of "
+                   "its weight (2^-9 relative) is lost: it degraded full bf16 training in Zamirai "
+                   "et al., \"Revisiting BFloat16 Training\" (2020); the QLoRA paper trains its "
+                   "bf16 adapters so";
+        case ZO_PLAN_MASTER_STOCHASTIC:
+            return "no fp32 master, stochastic rounding of the bf16 update: unbiased, matched fp32 "
+                   "master training in Zamirai et al., \"Revisiting BFloat16 Training\" (2020)";
+        case ZO_PLAN_MASTER_KAHAN:
+            return "no fp32 master, Kahan-compensated bf16 update: the compensation keeps what "
+                   "rounding lost, matching fp32 master training (Zamirai et al. 2020)";
+        default: return "";
+        }
+    }
+}
+
 static void estimate_optimizer(const stage_est *s, plan_estimate *e)
 {
     const plan_train *t = s->t;
     uint64_t o_elems = t->zero >= 1 ? s->sharded : s->tr;
-    /* the fp32 master copy: the runtime's optimizer shards keep one for
-     * fp32 weights too (the weights stream from their own store) */
-    uint64_t master = 4;
-    uint64_t per = master + (t->optimizer == ZO_PLAN_ADAMW ? 8 : 4);
-    uint64_t o_bytes = o_elems * per;
+    /* the master copy (fp32: the runtime's optimizer shards keep one for
+     * fp32 weights too, the weights stream from their own store) and the
+     * moments in their encoding */
+    double per = plan_opt_bytes_per_param(t);
+    uint64_t o_bytes = round_u64((double)o_elems * per);
     /* (the runtime's: the GPU's whole blocks, NVMe the nearest count of
      * the rest, all of it when the CPU has no share) */
     uint64_t o_gpu = frac_of(o_bytes, s->fg);
@@ -899,17 +990,34 @@ static void estimate_optimizer(const stage_est *s, plan_estimate *e)
     e->opt_share[ZO_PLAN_GPU] = s->fg;
     e->opt_share[ZO_PLAN_NVME] = o_bytes ? (double)o_nvme / (double)o_bytes : t->opt_frac[ZO_PLAN_NVME];
     e->opt_share[ZO_PLAN_CPU] = 1 - e->opt_share[ZO_PLAN_GPU] - e->opt_share[ZO_PLAN_NVME];
-    const char *oname = t->optimizer == ZO_PLAN_ADAMW ? "AdamW: fp32 master, m, v"
-                                                      : "SGD: fp32 master, momentum";
+    const char *oname = plan_opt_state_words(t);
     add(e, oname, ZO_PLAN_GPU, PLAN_OPTIMIZER, o_gpu);
     add(e, oname, ZO_PLAN_CPU, PLAN_OPTIMIZER, o_cpu);
-    add(e, oname, ZO_PLAN_NVME, PLAN_OPTIMIZER, nvme_opt_bytes(t, o_nvme / per, per));
+    /* fp32 state: the store's 4 KiB alignment of each tensor of a sub-group
+     * (nvme_opt_bytes); the encodings' tensors are not all 4 B an element */
+    int fp32_state = t->opt_state == ZO_PLAN_STATE_FP32 || t->optimizer != ZO_PLAN_ADAMW;
+    add(e, oname, ZO_PLAN_NVME, PLAN_OPTIMIZER,
+        fp32_state && per >= 4 ? nvme_opt_bytes(t, (uint64_t)((double)o_nvme / per), (uint64_t)per) : o_nvme);
+    if (t->opt_state != ZO_PLAN_STATE_FP32 && t->optimizer == ZO_PLAN_ADAMW) {
+        /* the runtime's fp32 scratch of one chunk of m and v per shard the
+         * CPU updates (memory, NVMe: a sub-group's) */
+        uint64_t blk = ZO_PLAN_STATE_8BIT_BLOCK, scratch = 0;
+        uint64_t e_cpu = (uint64_t)((double)o_cpu / per), e_nvme = (uint64_t)((double)o_nvme / per);
+        if (e_nvme > t->buf.sub_group) e_nvme = t->buf.sub_group;
+        uint64_t shard[2] = {e_cpu, e_nvme};
+        for (int i = 0; i < 2; i++) {
+            if (!shard[i]) continue;
+            uint64_t c = shard[i] < ZO_PLAN_STATE_CHUNK ? shard[i] : ZO_PLAN_STATE_CHUNK;
+            scratch += 8 * ((c + blk - 1) / blk * blk);
+        }
+        add(e, "optimizer scratch (fp32 m, v of a chunk)", ZO_PLAN_CPU, PLAN_BUFFERS, scratch);
+    }
     if (o_nvme) {
         /* a sub-group never holds more than the NVMe share of the state */
-        uint64_t nvme_elems = o_nvme / per;
+        uint64_t nvme_elems = (uint64_t)((double)o_nvme / per);
         uint64_t sg = t->buf.sub_group < nvme_elems ? t->buf.sub_group : nvme_elems;
         add(e, "NVMe swap buffers (sub-groups)", ZO_PLAN_CPU, PLAN_BUFFERS,
-            (uint64_t)t->buf.swap_buffers * sg * per);
+            round_u64((double)t->buf.swap_buffers * (double)sg * per));
     }
 }
 
@@ -1064,8 +1172,11 @@ static void end_activations(const stage_est *s, plan_estimate *e)
          * fp32 for the cross-entropy (its gradient is written in place) */
         add(e, "final norm + output layer inputs", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
             2 * ceil_div(sb * h * s->wsz, sp_div));
-        add(e, "logits (fp32, cross-entropy)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
-            ceil_div(4 * sb * (uint64_t)m->vocab, tp));
+        /* (--loss-chunk N: the output layer and cross-entropy N tokens at
+         * a time, forward and backward fused: N tokens' logits live) */
+        uint64_t rows = t->loss_chunk > 0 && (uint64_t)t->loss_chunk < sb ? (uint64_t)t->loss_chunk : sb;
+        add(e, t->loss_chunk > 0 ? "logits (fp32, cross-entropy, one chunk)" : "logits (fp32, cross-entropy)",
+            ZO_PLAN_GPU, PLAN_ACTIVATIONS, ceil_div(4 * rows * (uint64_t)m->vocab, tp));
     }
 }
 
@@ -1097,11 +1208,14 @@ static void backward_activations(const stage_est *s, plan_estimate *e)
         /* 16-bit weights: the widest activation gradient (a linear layer's
          * output, or the logits) rounded once for the GEMMs that read it */
         uint64_t widest = q + k + v;
-        uint64_t cand[] = {(uint64_t)m->ffn, (uint64_t)m->moe.expert_ffn, h,
-                           s->sh.last ? (uint64_t)m->vocab : 0};
+        uint64_t cand[] = {(uint64_t)m->ffn, (uint64_t)m->moe.expert_ffn, h};
         for (size_t i = 0; i < sizeof cand / sizeof *cand; i++) widest = cand[i] > widest ? cand[i] : widest;
+        uint64_t bytes = sb * ceil_div(widest, (uint64_t)t->tp) * s->wsz;
+        /* the logits' gradient: a chunk's with --loss-chunk */
+        uint64_t rows = t->loss_chunk > 0 && (uint64_t)t->loss_chunk < sb ? (uint64_t)t->loss_chunk : sb;
+        uint64_t lg = s->sh.last ? rows * ceil_div((uint64_t)m->vocab, (uint64_t)t->tp) * s->wsz : 0;
         add(e, "16-bit activation gradient (the GEMMs' operand)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
-            sb * ceil_div(widest, (uint64_t)t->tp) * s->wsz);
+            lg > bytes ? lg : bytes);
     }
     if (s->peft)
         add(e, "LoRA backward scratch (fp32)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,

@@ -74,6 +74,11 @@ typedef struct plan_train {
     zo_dtype dtype;           /* weights and activations */
     zo_dtype grad_dtype;      /* gradients on the device (fp32: Megatron's 18 B/param) */
     zo_plan_optimizer optimizer;
+    zo_plan_opt_state opt_state; /* AdamW's m and v: fp32, bf16 or 8-bit (issue 30) */
+    zo_plan_master master;    /* the trained weights' fp32 master copy, or none (how the 16-bit
+                                 update is rounded: nearest, stochastic, Kahan-compensated) */
+    int loss_chunk;           /* > 0: the output layer and cross-entropy N tokens at a time
+                                 (the fp32 logits of N tokens live, never the whole) */
     int dp, tp, pp, vpp;      /* vpp > 1: interleaved 1F1B with vpp chunks per stage */
     int ep;                   /* expert parallel: MoE experts sharded over ep of the dp ranks */
     double capacity_factor;   /* MoE: tokens an expert takes, x its fair share; 0: dropless */
@@ -190,6 +195,21 @@ void plan_train_fit_hw(plan_train *t, const plan_hw *hw);
  * and kv heads, PP (x VPP) divides layers, DP x TP x PP equals the GPUs,
  * fractions sum to 1, placements are possible. Messages name the flag. */
 zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, const plan_hw *hw);
+
+/* The optimizer state's bytes a trained parameter (issue 30): the master
+ * copy, then AdamW's m and v (zo_plan_state_bytes) or SGD's fp32 momentum.
+ * The master: fp32, 4; none or stochastic, 0 where the optimizer updates
+ * the 16-bit weights in their own store (all of its state on the tier the
+ * weights live on, GPU or CPU: the QLoRA recipe's adapters), else a 16-bit
+ * copy it updates and hands on as it does the fp32 master's rounding, 2;
+ * kahan, 2 more for the compensation. */
+double plan_opt_master_bytes(const plan_train *t);
+double plan_opt_bytes_per_param(const plan_train *t);
+/* The estimate's line for the optimizer state ("AdamW: fp32 master, 8-bit m, v"). */
+const char *plan_opt_state_words(const plan_train *t);
+/* What the encoding and the master cost in accuracy, as the papers found
+ * it (the report prints it): "" for fp32 state with an fp32 master. */
+const char *plan_opt_accuracy_note(const plan_train *t);
 
 /* The estimate for the pipeline stage that needs the most GPU memory. */
 zo_status plan_estimate_run(const zo_model_config *m, const plan_hw *hw, const plan_train *t,

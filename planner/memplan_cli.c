@@ -112,7 +112,33 @@ static int parse_train_flag(int c, const char *arg, cli_flags *f, zo_status *st)
         if (*st) *st = zo_error_wrap(*st, "--reduce-dtype");
         return 1;
     case OPT_RUNTIME: *st = plan_runtime_parse(arg, "--runtime", &f->runtime); return 1;
-    case OPT_OPTIM: *st = zo_plan_optimizer_parse(arg, "--optim", &f->optim); return 1;
+    case OPT_OPTIM: {
+        int q8 = 0;
+        *st = zo_plan_optim_parse(arg, "--optim", &f->optim, &q8);
+        if (q8 && f->opt_state >= 0 && f->opt_state != ZO_PLAN_STATE_8BIT) {
+            *st = zo_error(ZO_ERR_INVALID, "--optim adamw8bit keeps m and v in 8 bits: drop "
+                           "--optim-dtype %s", f->opt_state == PLAN_STATE_AUTO ? "auto"
+                           : zo_plan_opt_state_name((zo_plan_opt_state)f->opt_state));
+            return 1;
+        }
+        if (q8) f->opt_state = ZO_PLAN_STATE_8BIT;
+        return 1;
+    }
+    case OPT_OPTIM_DTYPE: {
+        zo_plan_opt_state os = ZO_PLAN_STATE_FP32;
+        if (!strcasecmp(arg, "auto")) os = PLAN_STATE_AUTO;
+        else if ((*st = zo_plan_opt_state_parse(arg, "--optim-dtype", &os)) != ZO_OK) return 1;
+        if (f->opt_state == ZO_PLAN_STATE_8BIT && (int)os != ZO_PLAN_STATE_8BIT) {
+            *st = zo_error(ZO_ERR_INVALID, "--optim-dtype %s: --optim adamw8bit keeps m and v in 8 bits",
+                           arg);
+            return 1;
+        }
+        f->opt_state = (int)os;
+        return 1;
+    }
+    case OPT_LOSS_CHUNK:
+        *st = zo_plan_flag_int(arg, "--loss-chunk", "training.loss_chunk", &f->loss_chunk);
+        return 1;
     case OPT_NO_FLASH: return 1;
     case OPT_DROPOUT: f->dropout = 1; return 1;
     case OPT_NO_DROPOUT: f->dropout = 0; return 1;
@@ -196,6 +222,21 @@ static int parse_method_flag(int c, const char *arg, method_flags *f, zo_status 
         *st = zo_plan_flag_int(arg, "--opt-threads", "training.opt_threads", &f->opt_threads);
         return 1;
     case OPT_CLIP_STALE: f->clip_stale = 1; return 1;
+    case OPT_MASTER: {
+        zo_plan_master ma = ZO_PLAN_MASTER_FP32;
+        *st = zo_plan_master_parse(arg, "--master", &ma);
+        f->master = (int)ma;
+        return 1;
+    }
+    case OPT_RECIPE:
+        if (strcasecmp(arg, "qlora")) {
+            *st = zo_error(ZO_ERR_INVALID, "--recipe: '%s' is not qlora (the QLoRA paper's: NF4 "
+                           "base, adapters on every linear layer, bf16, 32-bit AdamW, no fp32 master)",
+                           arg);
+            return 1;
+        }
+        f->recipe_qlora = 1;
+        return 1;
     default: return 0;
     }
 }
@@ -220,6 +261,8 @@ static void cli_flags_init(cli_flags *f)
     f->recompute = -1;
     f->mf.schedule = -1;
     f->mf.adapters_on = -1;
+    f->mf.master = -1;
+    f->opt_state = -1;
 }
 
 /* An option getopt refused, or an argument left over after the options
@@ -274,6 +317,8 @@ void apply_train_flags(const cli_flags *f, plan_train *t)
     if (f->seen[OPT_REDUCE_DTYPE]) t->reduce_dtype = f->reduce_dtype;
     t->runtime = f->runtime;
     t->optimizer = f->optim;
+    if (f->opt_state >= 0 && f->opt_state < ZO_PLAN_STATES) t->opt_state = (zo_plan_opt_state)f->opt_state;
+    if (f->seen[OPT_LOSS_CHUNK]) t->loss_chunk = (int)f->loss_chunk;
     if (f->seen[OPT_NO_FLASH]) t->flash_attn = 0;
     if (f->dropout >= 0) t->dropout = f->dropout;
 }
@@ -294,11 +339,29 @@ void apply_buffer_flags(const cli_flags *f, plan_buffers *b)
 zo_status apply_method_flags(const method_flags *f, plan_train *t)
 {
     zo_status st;
-    if (!f->lora_r && (f->qlora || f->targets || f->alpha_set || f->adapters_on >= 0))
+    if (f->recipe_qlora) {
+        /* QLoRA (Dettmers et al. 2023), as its 65B run: r 64 on every
+         * linear layer, alpha 16, the base in NF4 with double quantization,
+         * bf16 adapters updated by 32-bit AdamW with no fp32 master */
+        if (t->opt_state != ZO_PLAN_STATE_FP32)
+            return zo_error(ZO_ERR_INVALID, "--recipe qlora runs 32-bit AdamW: drop --optim-dtype "
+                            "and --optim adamw8bit");
+        t->method = ZO_PLAN_QLORA;
+        t->lora.r = f->lora_r ? (int)f->lora_r : 64;
+        t->lora.alpha = f->alpha_set ? (float)f->alpha : 16;
+        t->lora.targets = ZO_LORA_ALL_LINEAR;
+        if (f->targets && (st = zo_lora_targets_parse(f->targets, &t->lora.targets)) != ZO_OK)
+            return zo_error_wrap(st, "--lora-targets");
+        if (f->adapters_on >= 0) t->adapters_on = (zo_plan_tier)f->adapters_on;
+        t->master = f->master >= 0 ? (zo_plan_master)f->master : ZO_PLAN_MASTER_NONE;
+    } else if (f->master >= 0) {
+        t->master = (zo_plan_master)f->master;
+    }
+    if (!f->recipe_qlora && !f->lora_r && (f->qlora || f->targets || f->alpha_set || f->adapters_on >= 0))
         return zo_error(ZO_ERR_INVALID, "%s needs --lora R (the adapters' rank)",
                         f->qlora ? "--qlora" : f->targets ? "--lora-targets"
                                            : f->alpha_set ? "--lora-alpha" : "--adapters-on");
-    if (f->lora_r) {
+    if (f->lora_r && !f->recipe_qlora) {
         t->method = f->qlora ? ZO_PLAN_QLORA : ZO_PLAN_LORA;
         t->lora.r = (int)f->lora_r;
         t->lora.alpha = f->alpha_set ? (float)f->alpha : PLAN_LORA_DEFAULT_ALPHA;

@@ -28,6 +28,9 @@
 
 #define DEFAULT_HW "h100-80gb"
 
+/* --optim-dtype auto: the search tries every encoding of m and v */
+#define PLAN_STATE_AUTO ZO_PLAN_STATES
+
 /* Every command's option ids (getopt_long's val). OPT_MODEL ... OPT_FUSED_ACCUM
  * configure an estimate: a plan file (estimate --plan) refuses them. */
 enum {
@@ -40,6 +43,7 @@ enum {
     OPT_FRAG, OPT_SUB_GROUP, OPT_SWAP_BUFFERS, OPT_EP, OPT_CAPACITY, OPT_LORA, OPT_LORA_TARGETS,
     OPT_LORA_ALPHA, OPT_QLORA, OPT_ADAPTERS_ON, OPT_SCHEDULE, OPT_DPU_WARMUP, OPT_OPT_THREADS,
     OPT_CLIP_STALE, OPT_REDUCE_DTYPE, OPT_RUNTIME, OPT_RECOMPUTE_LAYERS, OPT_NO_DP_OVERLAP,
+    OPT_OPTIM_DTYPE, OPT_MASTER, OPT_LOSS_CHUNK, OPT_RECIPE,
     OPT_FUSED_ACCUM, /* the last configuration flag */
     OPT_JSON, OPT_GLOBAL_BATCH, OPT_SVG, OPT_PLAN, OPT_PLAN_OUT, OPT_HELP, OPT_JSON_OUT,
     /* plan and max-model */
@@ -91,6 +95,10 @@ enum {
     {"dtype", required_argument, 0, OPT_DTYPE},                                 \
     {"grad-dtype", required_argument, 0, OPT_GRAD_DTYPE},                       \
     {"optim", required_argument, 0, OPT_OPTIM},                                 \
+    {"optim-dtype", required_argument, 0, OPT_OPTIM_DTYPE},                     \
+    {"master", required_argument, 0, OPT_MASTER},                               \
+    {"loss-chunk", required_argument, 0, OPT_LOSS_CHUNK},                       \
+    {"recipe", required_argument, 0, OPT_RECIPE},                               \
     {"global-batch", required_argument, 0, OPT_GLOBAL_BATCH},                   \
     {"no-flash-attn", no_argument, 0, OPT_NO_FLASH},                            \
     {"dropout", no_argument, 0, OPT_DROPOUT},                                   \
@@ -133,6 +141,9 @@ typedef struct method_flags {
     int dpu_warmup_set;
     long opt_threads;
     int clip_stale;
+    int recipe_qlora;      /* --recipe qlora: the QLoRA paper's (NF4 base, all-linear r 64,
+                              bf16 adapters, 32-bit AdamW, no fp32 master) */
+    int master;            /* --master: a zo_plan_master; -1: not given */
 } method_flags;
 
 /* The flags that mean the same in estimate, plan and max-model, as given. */
@@ -149,6 +160,9 @@ typedef struct cli_flags {
     zo_dtype reduce_dtype;       /* --reduce-dtype, where seen */
     plan_runtime runtime;        /* --runtime (default zoffload) */
     zo_plan_optimizer optim;
+    int opt_state;               /* --optim adamw8bit / --optim-dtype: a zo_plan_opt_state;
+                                    -1: not given; PLAN_STATE_AUTO: plan searches them */
+    long loss_chunk;             /* --loss-chunk N; 0: the whole sequence's logits */
     int dropout;                 /* --dropout 1, --no-dropout 0, -1: the model's */
     int recompute;               /* a zo_plan_recompute; -1: not given */
     plan_buffers buf;            /* the working-buffer flags' values, where seen */

@@ -60,6 +60,11 @@ static void preset_config(const zo_model_config *m, const plan_train *ct, plan_t
     x->dpu_warmup = ct->dpu_warmup;
     x->opt_threads = ct->opt_threads;
     x->clip_stale = ct->clip_stale;
+    /* the optimizer's state as the search's (issue 30) */
+    x->optimizer = ct->optimizer;
+    x->opt_state = ct->opt_state;
+    x->master = ct->master;
+    x->loss_chunk = ct->loss_chunk;
 }
 
 /* The largest preset of the shape's architecture, at most `n` parameters,

@@ -34,6 +34,8 @@ static const char usage_plan[] =
     "  --seq N                 sequence length (default: the model's positions, at most 4096)\n"
     "  --global-batch N        sequences per step (default 8 x GPUs)\n"
     "  --dtype, --grad-dtype, --optim, --no-flash-attn, --dropout, --no-dropout   as for estimate\n"
+    "  --optim-dtype auto      search the encodings of m and v too (fp32, bf16, 8bit), ranked by\n"
+    "                          time with the rest; the report cites what each costs in accuracy\n"
     "  --lora R [--lora-targets LIST] [--lora-alpha A] [--qlora]   fine-tune adapters on a\n"
     "                          frozen base (LoRA, QLoRA), as for estimate; where the base and\n"
     "                          the adapters live is searched (--adapters-on fixes the adapters)\n"
@@ -210,6 +212,8 @@ zo_status search_cmd_space(search_cmd *c)
     /* a plan file is for the runtime: only what it runs */
     out->runtime_plans = f->json || f->json_out;
     out->adapters_on = f->mf.adapters_on;
+    /* --optim-dtype auto: every encoding of m and v, ranked with the rest */
+    if (f->opt_state == PLAN_STATE_AUTO) out->opt_states = (1u << ZO_PLAN_STATES) - 1;
     zo_status st = apply_method_flags(&f->mf, &out->base);
     return st ? st : search_methods(f, s->method, out);
 }
@@ -233,6 +237,10 @@ static void print_plan_line(const plan_candidate *c, const char *lead)
     char ad[32] = "";
     if (t->method != ZO_PLAN_FULL)
         snprintf(ad, sizeof ad, ", adapters on %s", zo_plan_tier_name(t->adapters_on));
+    if (t->opt_state != ZO_PLAN_STATE_FP32 || t->master != ZO_PLAN_MASTER_FP32)
+        printf("%sAdamW state: %s m, v, master %s (%.4g B/param)\n", lead,
+               zo_plan_opt_state_name(t->opt_state), zo_plan_master_name(t->master),
+               plan_opt_bytes_per_param(t));
     printf("%s%s on %s%s, gradients on %s, optimizer on %s, checkpoints on %s, prefetch %d, "
            "optimizer schedule %s\n",
            lead, t->method == ZO_PLAN_FULL ? "weights" : "frozen base",

@@ -218,6 +218,11 @@ static void add_config(cJSON *root, const plan_train *t, const plan_estimate *e)
     cJSON_AddStringToObject(jc, "dtype", zo_dtype_name(t->dtype));
     cJSON_AddStringToObject(jc, "grad_dtype", zo_dtype_name(t->grad_dtype));
     cJSON_AddStringToObject(jc, "optimizer", zo_plan_optimizer_name(t->optimizer));
+    cJSON_AddStringToObject(jc, "optim_dtype", zo_plan_opt_state_name(t->opt_state));
+    cJSON_AddStringToObject(jc, "master", zo_plan_master_name(t->master));
+    cJSON_AddNumberToObject(jc, "optimizer_bytes_per_param", plan_opt_bytes_per_param(t));
+    cJSON_AddStringToObject(jc, "optimizer_accuracy", plan_opt_accuracy_note(t));
+    cJSON_AddNumberToObject(jc, "loss_chunk", t->loss_chunk);
     PLAN_JSON_ADD(jc, t, layout_fields);
     cJSON_AddStringToObject(jc, "recompute", zo_plan_recompute_name(t->recompute));
     cJSON_AddNumberToObject(jc, "recompute_layers", t->recompute_layers);
@@ -422,13 +427,31 @@ static void print_config(FILE *out, const zo_model_config *m, const plan_hw *hw,
             zo_format_count(e->params, cnt, sizeof cnt), act, hw->name, hw->gpus, hw->gpu,
             hw->gpus_per_node);
     plan_format_fractions(t->opt_frac, fr, sizeof fr);
+    char opt[96];
+    if (t->optimizer != ZO_PLAN_ADAMW)
+        snprintf(opt, sizeof opt, "SGD");
+    else if (t->opt_state == ZO_PLAN_STATE_FP32 && t->master == ZO_PLAN_MASTER_FP32)
+        snprintf(opt, sizeof opt, "AdamW");
+    else
+        snprintf(opt, sizeof opt, "AdamW (%s m, v; %s%s)", zo_plan_opt_state_name(t->opt_state),
+                 t->master == ZO_PLAN_MASTER_FP32 ? "fp32 master" : "no fp32 master: ",
+                 t->master == ZO_PLAN_MASTER_NONE         ? "bf16 rounded to nearest"
+                 : t->master == ZO_PLAN_MASTER_STOCHASTIC ? "bf16, stochastic rounding"
+                 : t->master == ZO_PLAN_MASTER_KAHAN      ? "bf16, Kahan-compensated"
+                                                          : "");
     fprintf(out,
             "  seq %d%s, micro-batch %d, grad-accum %d, %s weights, %s grads, %s; DP %d, TP %d%s, "
             "PP %d%s, ZeRO-%d\n",
             t->seq, t->seq_is_default ? " (default: the model's positions, at most 4096)" : "",
             t->micro_batch, t->grad_accum, zo_dtype_name(t->dtype),
-            zo_dtype_name(t->grad_dtype), t->optimizer == ZO_PLAN_ADAMW ? "AdamW" : "SGD", t->dp,
+            zo_dtype_name(t->grad_dtype), opt, t->dp,
             t->tp, t->sp ? " (+SP)" : "", t->pp, t->vpp > 1 ? " (interleaved)" : "", t->zero);
+    if (*plan_opt_accuracy_note(t))
+        fprintf(out, "  optimizer state %.4g B/param; accuracy: %s\n", plan_opt_bytes_per_param(t),
+                plan_opt_accuracy_note(t));
+    if (t->loss_chunk)
+        fprintf(out, "  loss in chunks of %d tokens: the output layer and cross-entropy fused, "
+                     "forward and backward, a chunk at a time\n", t->loss_chunk);
     /* the runtime's GPU share is whole blocks: say so when that moved it */
     char held[96] = "";
     if (fabs(e->opt_share[ZO_PLAN_GPU] - t->opt_frac[ZO_PLAN_GPU]) > 1e-6) {

@@ -44,7 +44,8 @@ static int same_shape(const plan_candidate *a, const plan_train *t, int gpus)
            u->params_on == t->params_on && u->grads_on == t->grads_on &&
            u->checkpoints_on == t->checkpoints_on && u->opt_frac[0] == t->opt_frac[0] &&
            u->opt_frac[1] == t->opt_frac[1] && u->opt_frac[2] == t->opt_frac[2] &&
-           u->schedule == t->schedule && u->adapters_on == t->adapters_on && u->method == t->method;
+           u->schedule == t->schedule && u->adapters_on == t->adapters_on && u->method == t->method &&
+           u->opt_state == t->opt_state;
 }
 
 typedef struct ranked {
@@ -257,6 +258,9 @@ static void walk_splits(walk *w, plan_train *t, const plan_time_mb *mb, int step
          * plan says the share it gets */
         double fg = partial ? share[g] : (double)g / steps;
         if (partial && (fg >= 1 || fg == last_fg)) continue;
+        /* a plan for the runtime: its GPU optimizer keeps fp32 m and v
+         * (common/capability.h) */
+        if (s->runtime_plans && t->opt_state != ZO_PLAN_STATE_FP32 && fg > 0) continue;
         last_fg = fg;
         for (int k = 0; k <= steps - g; k++) {
             double fn = (double)k / steps;
@@ -299,7 +303,12 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
         t->opt_frac[ZO_PLAN_GPU] = (double)g / steps;
         share[g] = t->pp == 1 ? plan_gpu_share(w->m, t, 0) : (double)g / steps;
     }
-    for (int z = zmin; z <= zmax; z++) {
+    unsigned states = s->opt_states && t->optimizer == ZO_PLAN_ADAMW ? s->opt_states
+                                                                      : 1u << t->opt_state;
+    for (int os = 0; os < ZO_PLAN_STATES; os++) {
+      if (!(states & (1u << os))) continue;
+      t->opt_state = (zo_plan_opt_state)os;
+      for (int z = zmin; z <= zmax; z++) {
         t->zero = z;
         for (int pla = 0; pla <= (pmax + 1) * (amax + 1) - 1; pla++) {
             int pl = pla / (amax + 1), ad = pla % (amax + 1);
@@ -309,6 +318,7 @@ static void walk_placements(walk *w, plan_train *t, const plan_time_mb *mb)
             t->adapters_on = (zo_plan_tier)ad;
             walk_splits(w, t, mb, steps, share);
         }
+      }
     }
 }
 
@@ -538,6 +548,8 @@ void plan_describe_diff(const plan_candidate *best, const plan_candidate *c, cha
          tier_words(y->checkpoints_on), tier_words(x->checkpoints_on));
     DIFF(y->adapters_on != x->adapters_on, "adapters on %s instead of %s", tier_words(y->adapters_on),
          tier_words(x->adapters_on));
+    DIFF(y->opt_state != x->opt_state, "%s m, v instead of %s", zo_plan_opt_state_name(y->opt_state),
+         zo_plan_opt_state_name(x->opt_state));
     DIFF(y->schedule != x->schedule, "optimizer schedule %s instead of %s",
          zo_plan_schedule_name(y->schedule), zo_plan_schedule_name(x->schedule));
     int streamed = y->params_on != ZO_PLAN_GPU || y->zero >= 3 || x->params_on != ZO_PLAN_GPU || x->zero >= 3 ||
@@ -699,6 +711,19 @@ void plan_explain(const zo_model_config *m, const plan_hw *hw, const plan_candid
         int fits = try_change(m, &h, &u, &e, &step);
         snprintf(what, sizeof what, "ZeRO-%d rather than ZeRO-%d", t->zero, t->zero - 1);
         because(&b, what, &e, fits, step, c->time.step, ZO_PLAN_GPU);
+    }
+    if (*plan_opt_accuracy_note(t)) {
+        plan_train u = *t;
+        u.opt_state = ZO_PLAN_STATE_FP32;
+        u.master = ZO_PLAN_MASTER_FP32;
+        int fits = try_change(m, &h, &u, &e, &step);
+        snprintf(what, sizeof what, "optimizer state of %.4g B/param (fp32 master, m, v: %.4g)",
+                 plan_opt_bytes_per_param(t), plan_opt_bytes_per_param(&u));
+        zo_plan_tier over = ZO_PLAN_GPU;
+        for (int i = ZO_PLAN_TIERS - 1; i >= 0; i--)
+            if (e.total[i] > e.capacity[i]) over = (zo_plan_tier)i;
+        because(&b, what, &e, fits, step, c->time.step, over);
+        put(&b, "accuracy of that state: %s\n", plan_opt_accuracy_note(t));
     }
     explain_schedule(&b, c);
     if (!b.used) put(&b, "everything on the GPU: it fits there\n");

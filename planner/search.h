@@ -50,6 +50,8 @@ typedef struct plan_space {
     int adapters_on;       /* LoRA: -1 free; else the zo_plan_tier of the adapters */
     unsigned methods;      /* 1 << zo_plan_method of each method searched (base.lora the
                               adapters'); 0: base.method alone */
+    unsigned opt_states;   /* AdamW's m and v encodings tried, bits (1 << zo_plan_opt_state);
+                              0: base.opt_state alone (memplan plan --optim-dtype auto: all) */
     plan_objective objective;
     plan_train base;       /* dtype, grad dtype, optimizer, seq, flash, dropout, buffers */
 } plan_space;

@@ -6,7 +6,7 @@
 
 #include "planner/report.h" /* plan_format_fractions */
 
-static const char *kind_names[PLAN_ALT_KINDS] = {"offload", "lora", "qlora"};
+static const char *kind_names[PLAN_ALT_KINDS] = {"offload", "lora", "qlora", "adamw8bit"};
 
 const char *plan_alt_kind_name(plan_alt_kind k) { return k < PLAN_ALT_KINDS ? kind_names[k] : "?"; }
 
@@ -73,6 +73,12 @@ void plan_train_flags(const plan_train *from, const plan_train *to, char *buf, s
         if (to->adapters_on != from->adapters_on)
             append(buf, len, "%s%s %s", "--adapters-on", zo_plan_tier_name(to->adapters_on));
     }
+    if (to->opt_state != from->opt_state) {
+        if (to->opt_state == ZO_PLAN_STATE_8BIT) append(buf, len, "%s%s %s", "--optim", "adamw8bit");
+        else append(buf, len, "%s%s %s", "--optim-dtype", zo_plan_opt_state_name(to->opt_state));
+    }
+    if (to->master != from->master) append(buf, len, "%s%s %s", "--master", zo_plan_master_name(to->master));
+    if (to->loss_chunk != from->loss_chunk) append_int(buf, len, "--loss-chunk", to->loss_chunk);
     if (to->schedule != from->schedule)
         append(buf, len, "%s%s %s", "--schedule", zo_plan_schedule_name(to->schedule));
     if (to->dpu_warmup != from->dpu_warmup) append_int(buf, len, "--dpu-warmup", to->dpu_warmup);
@@ -246,6 +252,22 @@ static int gen_qlora(const zo_model_config *m, const plan_hw *hw, const plan_tra
     return gen_peft(m, t, ZO_PLAN_QLORA, i, c, what, len);
 }
 
+/* Full fine-tuning with AdamW's m and v in 8 bits (Dettmers et al. 2022: it
+ * matches 32-bit Adam; the fp32 master kept), on the offload ladder: half
+ * the bytes of the state to hold and to move. */
+static int gen_adamw8bit(const zo_model_config *m, const plan_hw *hw, const plan_train *t, int i,
+                         plan_train *c, char *what, size_t len)
+{
+    if (t->method != ZO_PLAN_FULL || t->optimizer != ZO_PLAN_ADAMW || t->opt_state == ZO_PLAN_STATE_8BIT)
+        return -1;
+    plan_train u = *t;
+    u.opt_state = ZO_PLAN_STATE_8BIT;
+    char w[160];
+    int r = gen_offload(m, hw, &u, i, c, w, sizeof w);
+    if (r == 1) snprintf(what, len, "8-bit AdamW m and v (Dettmers et al. 2022)%s%s", w[0] ? "; " : "", w);
+    return r;
+}
+
 /* A kind with `first_only` keeps the first of its alternatives that fits:
  * its ladder goes from the least change to the most, and the first rung
  * that fits is the one to take. */
@@ -257,6 +279,7 @@ static const struct {
     {PLAN_ALT_OFFLOAD, gen_offload, 0},
     {PLAN_ALT_LORA, gen_lora, 1},
     {PLAN_ALT_QLORA, gen_qlora, 1},
+    {PLAN_ALT_ADAMW8BIT, gen_adamw8bit, 1},
 };
 
 /* ---- the ranked list --------------------------------------------------------------- */
@@ -269,7 +292,8 @@ static int same_config(const plan_train *a, const plan_train *b)
            a->grads_on == b->grads_on && a->checkpoints_on == b->checkpoints_on &&
            !memcmp(a->opt_frac, b->opt_frac, sizeof a->opt_frac) && a->zero == b->zero &&
            a->micro_batch == b->micro_batch && a->grad_accum == b->grad_accum &&
-           a->dp == b->dp && a->tp == b->tp && a->pp == b->pp;
+           a->dp == b->dp && a->tp == b->tp && a->pp == b->pp && a->opt_state == b->opt_state &&
+           a->master == b->master;
 }
 
 /* Each of `flags`' settings ("--params cpu", "--qlora") found among

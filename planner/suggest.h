@@ -17,10 +17,11 @@ typedef enum plan_alt_kind {
     PLAN_ALT_OFFLOAD = 0, /* recompute and placement: ZeRO-Offload, ZeRO-Infinity */
     PLAN_ALT_LORA,        /* LoRA adapters on a 16-bit frozen base */
     PLAN_ALT_QLORA,       /* LoRA adapters on an NF4 frozen base */
+    PLAN_ALT_ADAMW8BIT,   /* full fine-tuning with 8-bit m and v (issue 30) */
     PLAN_ALT_KINDS,
 } plan_alt_kind;
 
-const char *plan_alt_kind_name(plan_alt_kind k); /* "offload", "lora", "qlora" */
+const char *plan_alt_kind_name(plan_alt_kind k); /* "offload", "lora", "qlora", "adamw8bit" */
 
 #define PLAN_SUGGEST_MAX 32
 

@@ -223,7 +223,8 @@ static void test_roundtrip(void **state)
 static const char *const optional_fields[] = {"training.recompute_layers", "training.reduce_dtype",
                                               "hardware.peers_via_host", "model.features.moe.norm_topk",
                                               "model.features.moe.aux_loss",
-                                              "model.features.moe.aux_coef"};
+                                              "model.features.moe.aux_coef", "training.optim_dtype",
+                                              "training.master", "training.loss_chunk"};
 
 static int is_optional(const char *name)
 {
@@ -253,6 +254,9 @@ static void test_required_and_unknown(void **state)
             assert_int_equal(q->training.recompute_layers, 0);
             assert_int_equal(q->training.reduce_dtype, ZO_DTYPE_F32);
             assert_int_equal(q->hardware.peers_via_host, 0);
+            assert_int_equal(q->training.optim_dtype, ZO_PLAN_STATE_FP32);
+            assert_int_equal(q->training.master, ZO_PLAN_MASTER_FP32);
+            assert_int_equal(q->training.loss_chunk, 0);
             cJSON_AddItemToObject(l[i].parent, l[i].item->string, item);
             continue;
         }
@@ -524,6 +528,21 @@ static void test_added_fields(void **state)
     assert_int_equal(zo_plan_read(text, strlen(text), "p.json", q), ZO_OK);
     assert_int_equal(q->training.recompute, ZO_PLAN_RECOMPUTE_OPS);
     free(text);
+    /* issue 30's: the state's encoding, the master, the loss chunk */
+    p->training.optim_dtype = ZO_PLAN_STATE_8BIT;
+    p->training.master = ZO_PLAN_MASTER_STOCHASTIC;
+    p->training.loss_chunk = 2048;
+    text = plan_text(p);
+    assert_non_null(strstr(text, "\"8bit\""));
+    assert_non_null(strstr(text, "\"stochastic\""));
+    assert_int_equal(zo_plan_read(text, strlen(text), "p.json", q), ZO_OK);
+    assert_int_equal(q->training.optim_dtype, ZO_PLAN_STATE_8BIT);
+    assert_int_equal(q->training.master, ZO_PLAN_MASTER_STOCHASTIC);
+    assert_int_equal(q->training.loss_chunk, 2048);
+    free(text);
+    p->training.optim_dtype = ZO_PLAN_STATE_FP32;
+    p->training.master = ZO_PLAN_MASTER_FP32;
+    p->training.loss_chunk = 0;
     /* an older plan: without the two fields */
     p->training.recompute = ZO_PLAN_RECOMPUTE_FULL;
     p->training.reduce_dtype = ZO_DTYPE_F32;
@@ -706,6 +725,9 @@ static void test_train_flags_as_memplan(void **state)
         {"--optimizer-on", "--optimizer", "cpu=0.5,nvme=0.3"},
         {"--optimizer-on", "--optimizer", "gpu=1.5"},
         {"--optimizer-on", "--optimizer", "device"},
+        /* issue 30: the optimizer state's flags */
+        {"--optim-dtype", "--optim-dtype", "fp8"}, {"--master", "--master", "half"},
+        {"--loss-chunk", "--loss-chunk", "-1"},  {"--optim", "--optim", "adam4bit"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(args, sizeof args, "%s %s", bad[i].memplan, bad[i].value);
@@ -822,6 +844,27 @@ static void test_train_refuses_other_plans(void **state)
     if (rc) fprintf(stderr, "%s\n", out);
     assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "step 1 loss"));
+    /* issue 30: a plan's 8-bit state trains in the CPU optimizer, and its
+     * loss in chunks; on the GPU or without an fp32 master, the capability
+     * table's words */
+    assert_true(estimate("--optim adamw8bit --loss-chunk 16", plan, out, sizeof out) <= 1);
+    rc = run_program(ZO_TRAIN_BIN, args, out, sizeof out);
+    if (rc) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "step 1 loss"));
+    const struct {
+        const char *flags, *said;
+    } gap[] = {
+        {"--optim adamw8bit --params gpu --grads gpu --optimizer gpu", "8bit m and v (--optim-dtype 8bit, training.optim_dtype) with optimizer state on the "
+                              "GPU (--optimizer gpu=1, placement.optimizer) does not run"},
+        {"--master stochastic --dtype bf16",
+         "weights without an fp32 master (--master stochastic, training.master) does not run"},
+    };
+    for (size_t i = 0; i < sizeof gap / sizeof gap[0]; i++) {
+        assert_true(estimate(gap[i].flags, plan, out, sizeof out) <= 1);
+        assert_int_equal(run_program(ZO_TRAIN_BIN, args, out, sizeof out), 2);
+        if (!strstr(out, gap[i].said)) fail_msg("train --plan (%s) said:\n%s", gap[i].flags, out);
+    }
     /* a report is not a plan */
     snprintf(cmd, sizeof cmd, "%s estimate --model %s --json > %s", ZO_MEMPLAN_BIN, cfg, plan);
     assert_true(system(cmd) != -1);

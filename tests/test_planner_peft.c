@@ -25,7 +25,7 @@
 #include "planner/hardware.h"
 #include "planner/memory.h"
 #include "planner/suggest.h"
-#include "tests/support/run.h" /* defines: run_memplan */
+#include "tests/support/run.h" /* defines: run_memplan, run_memplan_json, run_json_num */
 
 static void load(const char *name, zo_model_config *c)
 {
@@ -34,25 +34,6 @@ static void load(const char *name, zo_model_config *c)
     if (zo_model_config_load(path, c)) fail_msg("%s", zo_last_error());
 }
 
-static cJSON *memplan_json(const char *args, int want_rc)
-{
-    static char out[1 << 20];
-    char a[4096];
-    snprintf(a, sizeof a, "%s --json", args);
-    int rc = run_memplan(a, out, sizeof out);
-    if (rc != want_rc) fail_msg("memplan %s: exit %d, wanted %d\n%s", a, rc, want_rc, out);
-    cJSON *doc = cJSON_Parse(out);
-    if (!doc) fail_msg("memplan %s: not JSON:\n%s", a, out);
-    return doc;
-}
-
-static double num(const cJSON *o, const char *a, const char *b)
-{
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, a);
-    if (b) x = cJSON_GetObjectItemCaseSensitive(x, b);
-    if (!cJSON_IsNumber(x)) fail_msg("no number %s.%s", a, b ? b : "");
-    return x->valuedouble;
-}
 
 /* NF4 with double quantization as the QLoRA paper lays it out: a 4-bit code
  * per weight, an 8-bit absmax per block of 64, an fp32 scale per 256 of those
@@ -85,14 +66,14 @@ static void test_peft_counts_cli(void **state)
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         char args[512];
         snprintf(args, sizeof args, "estimate --model %s --seq 512 %s", c[i].model, c[i].flags);
-        cJSON *doc = memplan_json(args, 0);
-        if ((uint64_t)num(doc, "trainable_params", NULL) != c[i].trainable)
-            fail_msg("%s: %.0f trainable, PEFT says %llu", args, num(doc, "trainable_params", NULL),
+        cJSON *doc = run_memplan_json(args, 0);
+        if ((uint64_t)run_json_num(doc, "trainable_params", NULL) != c[i].trainable)
+            fail_msg("%s: %.0f trainable, PEFT says %llu", args, run_json_num(doc, "trainable_params", NULL),
                      (unsigned long long)c[i].trainable);
         const cJSON *cfg = cJSON_GetObjectItemCaseSensitive(doc, "config");
         assert_string_equal(cJSON_GetObjectItemCaseSensitive(cfg, "method")->valuestring,
                             strstr(c[i].flags, "--qlora") ? "qlora" : "lora");
-        assert_true(num(cfg, "lora", "r") == atof(strstr(c[i].flags, "--lora ") + 7));
+        assert_true(run_json_num(cfg, "lora", "r") == atof(strstr(c[i].flags, "--lora ") + 7));
         /* the table says the same count */
         static char out[1 << 16];
         assert_int_equal(run_memplan(args, out, sizeof out), 0);
@@ -352,7 +333,7 @@ static void test_suggestions(void **state)
     char args[1024], cmd[2048];
     snprintf(args, sizeof args, "estimate --model %s/hf-configs/llama-30b.json --gpu rtx-4090 "
              "--cpu-mem 64GB --seq 2048", ZO_FIXTURES_DIR);
-    cJSON *doc = memplan_json(args, 1);
+    cJSON *doc = run_memplan_json(args, 1);
     const cJSON *sg = cJSON_GetObjectItemCaseSensitive(doc, "suggestions");
     int kinds[3] = {0};
     double prev = 0;
@@ -361,15 +342,15 @@ static void test_suggestions(void **state)
     {
         const char *kind = cJSON_GetObjectItemCaseSensitive(a, "kind")->valuestring;
         const char *flags = cJSON_GetObjectItemCaseSensitive(a, "flags")->valuestring;
-        double step = num(a, "step_s", NULL);
+        double step = run_json_num(a, "step_s", NULL);
         assert_true(step >= prev);
         prev = step;
         kinds[!strcmp(kind, "lora") ? 1 : !strcmp(kind, "qlora") ? 2 : 0]++;
         if (strcmp(kind, "offload")) assert_non_null(strstr(flags, "--lora 16 --lora-targets all-linear"));
         snprintf(cmd, sizeof cmd, "%s %s", args, flags);
-        cJSON *d = memplan_json(cmd, 0);
+        cJSON *d = run_memplan_json(cmd, 0);
         assert_true(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(d, "fits")));
-        assert_true(num(d, "time", "step_s") == step);
+        assert_true(run_json_num(d, "time", "step_s") == step);
         cJSON_Delete(d);
     }
     assert_int_equal(kinds[1], 1);
@@ -387,7 +368,7 @@ static void test_plan_file(void **state)
     snprintf(args, sizeof args, "estimate --model llama-2-13b --gpu rtx-4090 --seq 1024 --lora 32 "
              "--lora-targets q,k,v,o --lora-alpha 64 --qlora --recompute full --optimizer cpu --schedule dpu "
              "--opt-threads 6 --plan-out %s", path);
-    cJSON *doc = memplan_json(args, 0);
+    cJSON *doc = run_memplan_json(args, 0);
     zo_plan p;
     assert_int_equal(zo_plan_load(path, &p), ZO_OK);
     assert_true(p.training.method == ZO_PLAN_QLORA && p.training.has_lora);
@@ -395,16 +376,16 @@ static void test_plan_file(void **state)
     assert_true(p.training.lora.targets == (ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V | ZO_LORA_O));
     assert_true(p.training.optimizer_schedule == ZO_PLAN_SCHED_DPU && p.training.opt_threads == 6);
     snprintf(args, sizeof args, "estimate --plan %s", path);
-    cJSON *back = memplan_json(args, 0);
-    assert_true(num(back, "trainable_params", NULL) == num(doc, "trainable_params", NULL));
+    cJSON *back = run_memplan_json(args, 0);
+    assert_true(run_json_num(back, "trainable_params", NULL) == run_json_num(doc, "trainable_params", NULL));
     const char *tiers[] = {"gpu", "cpu", "nvme"};
     for (int t = 0; t < 3; t++) {
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(doc, "per_rank"), tiers[t]);
         const cJSON *b = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(back, "per_rank"), tiers[t]);
-        assert_true(num(a, "total", NULL) == num(b, "total", NULL));
-        assert_true(num(a, "total", NULL) == (double)p.predicted.peak_bytes[t]);
+        assert_true(run_json_num(a, "total", NULL) == run_json_num(b, "total", NULL));
+        assert_true(run_json_num(a, "total", NULL) == (double)p.predicted.peak_bytes[t]);
     }
-    assert_true(num(back, "time", "step_s") == num(doc, "time", "step_s"));
+    assert_true(run_json_num(back, "time", "step_s") == run_json_num(doc, "time", "step_s"));
     cJSON_Delete(back);
     cJSON_Delete(doc);
     remove(path);

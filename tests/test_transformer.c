@@ -64,8 +64,17 @@ typedef struct fixture {
     int32_t inputs[B * T], targets[B * T];
 } fixture;
 
+static void fixture_open_opts(fixture *fx, const char *name, zo_dtype dt, int n_threads, const tf_adamw *opt,
+                              const tf_options *to);
+
 static void fixture_open(fixture *fx, const char *name, zo_dtype dt, int n_threads,
                          const tf_adamw *opt)
+{
+    fixture_open_opts(fx, name, dt, n_threads, opt, NULL);
+}
+
+static void fixture_open_opts(fixture *fx, const char *name, zo_dtype dt, int n_threads, const tf_adamw *opt,
+                              const tf_options *to)
 {
     memset(fx, 0, sizeof *fx);
     fx->name = name;
@@ -75,7 +84,7 @@ static void fixture_open(fixture *fx, const char *name, zo_dtype dt, int n_threa
     gpu_cpu_options o = {.n_threads = n_threads};
     assert_int_equal(gpu_device_init_cpu(&o, &fx->dev), ZO_OK);
     assert_int_equal(gpu_stream_create(fx->dev, &fx->s), ZO_OK);
-    assert_int_equal(tf_init(&fx->m, &fx->cfg, fx->dev, dt, B, T), ZO_OK);
+    if (tf_init_opts(&fx->m, &fx->cfg, fx->dev, dt, B, T, to) != ZO_OK) fail_msg("tf_init: %s", zo_last_error());
     tf_adamw none = {.lr = 0};
     assert_int_equal(tf_trainer_init(&fx->tr, &fx->m, opt ? opt : &none), ZO_OK);
     snprintf(path, sizeof path, "%s/%s.safetensors", fix_dir(), name);
@@ -160,6 +169,62 @@ static void run_against_torch(const char *name)
     free(want_logits);
     free(want_loss);
     fixture_close(&fx);
+}
+
+/* --loss-chunk (issue 30): the output layer and the cross-entropy 5 tokens
+ * at a time (chunks of 5, 5, 5 and 1 of the 16): the loss and every
+ * gradient equal the unchunked path's within 1e-6 relative (of the
+ * tensor's largest), and PyTorch's within the unchunked test's tolerance;
+ * the logits buffer holds 5 tokens. */
+static void check_loss_chunk(const char *name)
+{
+    fixture a, c;
+    tf_options to = {.loss_chunk = 5};
+    fixture_open(&a, name, ZO_DTYPE_F32, 2, NULL);
+    fixture_open_opts(&c, name, ZO_DTYPE_F32, 2, NULL, &to);
+    tf_step_info ia, ic;
+    assert_int_equal(tf_trainer_grads(&a.tr, a.s, a.inputs, a.targets, B, T, &ia), ZO_OK);
+    assert_int_equal(tf_trainer_grads(&c.tr, c.s, c.inputs, c.targets, B, T, &ic), ZO_OK);
+    assert_true(fabsf(ic.loss - ia.loss) <= 1e-6f * fabsf(ia.loss));
+    float *want_loss = read_expected(name, "loss", NULL);
+    assert_int_equal(check_close_f32("loss (chunked)", &ic.loss, want_loss, 1, 1e-5, 1e-5), 0);
+    int nb = a.m.layout.n_blocks, bad = 0;
+    float **torch = calloc(nb, sizeof(float *));
+    for (int b = 0; b < nb; b++) torch[b] = calloc(a.m.layout.block_numel[b] + 1, sizeof(float));
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s_grads.safetensors", fix_dir(), name);
+    assert_int_equal(model_load_path(path, &a.m.layout, (void *const *)torch, ZO_DTYPE_F32, 0, NULL), ZO_OK);
+    double worst = 0;
+    for (int i = 0; i < a.m.layout.n_tensors; i++) {
+        const model_tensor *t = &a.m.layout.tensors[i];
+        const float *g0 = a.tr.grad[t->block] + t->offset, *g1 = c.tr.grad[t->block] + t->offset;
+        double big = 0, diff = 0;
+        for (size_t e = 0; e < t->numel; e++) {
+            big = fmax(big, fabs((double)g0[e]));
+            diff = fmax(diff, fabs((double)g1[e] - (double)g0[e]));
+        }
+        if (big > 0) worst = fmax(worst, diff / big);
+        if (diff > 1e-6 * big) {
+            fprintf(stderr, "%s: chunked gradient differs by %.3g of its largest %.3g\n", t->name, diff, big);
+            bad++;
+        }
+        bad += check_close_f32(t->name, g1, torch[t->block] + t->offset, t->numel, 1e-5, 1e-3);
+    }
+    printf("  %s: loss %.7f chunked %.7f; gradients differ by at most %.3g of a tensor's largest\n", name,
+           (double)ia.loss, (double)ic.loss, worst);
+    assert_int_equal(bad, 0);
+    for (int b = 0; b < nb; b++) free(torch[b]);
+    free(torch);
+    free(want_loss);
+    fixture_close(&a);
+    fixture_close(&c);
+}
+
+static void test_loss_chunk(void **state)
+{
+    (void)state;
+    check_loss_chunk("tiny_gpt2");
+    check_loss_chunk("tiny_llama");
 }
 
 static void test_gpt2_vs_torch(void **state)
@@ -915,6 +980,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt2_vs_torch),
+        cmocka_unit_test(test_loss_chunk),
         cmocka_unit_test(test_llama_vs_torch),
         cmocka_unit_test(test_qwen2_vs_torch),
         cmocka_unit_test(test_generation_vs_torch),

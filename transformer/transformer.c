@@ -183,15 +183,23 @@ static int layer_window(const tf_model *m, int l)
     return l >= m->cfg.window_from_layer ? m->cfg.sliding_window : 0;
 }
 
-/* Columns of the widest activation gradient a GEMM reads: a linear layer's
- * output (q|k|v, the MLP's, the hidden size) or the logits. */
-static size_t widest_gradient(const zo_model_config *c)
+/* Elements of the widest 16-bit activation gradient of a micro-batch of N
+ * tokens: a linear layer's output (q|k|v, the MLP's or an MoE layer's
+ * pairs, the hidden size) or the logits (of a chunk of `chunk` tokens). */
+static size_t widest_gradient(const zo_model_config *c, size_t N, size_t chunk)
 {
-    size_t w[] = {(size_t)qkv_width(c), widest_mlp(c), (size_t)c->hidden, (size_t)c->vocab,
+    size_t w[] = {(size_t)qkv_width(c), widest_mlp(c), (size_t)c->hidden,
                   (size_t)c->moe.experts + (size_t)c->moe.top_k * (size_t)c->hidden};
     size_t most = 0;
-    for (size_t i = 0; i < 5; i++) most = w[i] > most ? w[i] : most;
-    return most;
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) most = w[i] > most ? w[i] : most;
+    /* the logits' gradient: the micro-batch's rows, or a loss chunk's */
+    return N * most > chunk * (size_t)c->vocab ? N * most : chunk * (size_t)c->vocab;
+}
+
+/* Tokens of the head's chunks: the micro-batch's, or the loss chunk's. */
+static size_t loss_rows(const tf_model *m, size_t N)
+{
+    return m->opts.loss_chunk > 0 && (size_t)m->opts.loss_chunk < N ? (size_t)m->opts.loss_chunk : N;
 }
 
 int tf_recompute_layers(const tf_model *m)
@@ -292,6 +300,8 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         return zo_error(ZO_ERR_INVALID, "tf_init: micro-batch %d x %d must be positive", B, T);
     if (m->opts.recompute_layers < 0)
         return zo_error(ZO_ERR_INVALID, "tf_init: recompute_layers %d is negative", m->opts.recompute_layers);
+    if (m->opts.loss_chunk < 0)
+        return zo_error(ZO_ERR_INVALID, "tf_init: loss chunk %d must not be negative", m->opts.loss_chunk);
     if (m->opts.lora.r < 0 || (m->opts.lora.nf4 && m->opts.lora.r < 1))
         return zo_error(ZO_ERR_INVALID, "tf_init: LoRA rank %d (NF4 needs LoRA: a rank >= 1)",
                         m->opts.lora.r);
@@ -386,7 +396,7 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         {&m->lnf, N * h * es, "final norm"},
         {(void **)&m->meanf, N * 4, "final norm mean"},
         {(void **)&m->rstdf, N * 4, "final norm rstd"},
-        {&m->logits, N * c->vocab * sizeof(float), "logits"}, /* fp32 for the cross-entropy */
+        {&m->logits, loss_rows(m, N) * c->vocab * sizeof(float), "logits"}, /* fp32 for the cross-entropy */
         {(void **)&m->losses, N * 4, "losses"},
         {&m->tmp, N * h * es, "scratch"},
         {(void **)&m->dres, N * h * 4, "residual gradient"},
@@ -407,7 +417,8 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         {(void **)&m->dlora, lora ? N * m->opts.lora.r * 4 : 0, "LoRA gradient"},
         {(void **)&m->dsink, lora ? 2 * h * 4 : 0, "frozen norm gradients"},
         {&m->wdq, lora && m->opts.lora.nf4 ? largest_linear(c) * es : 0, "dequantized weight"},
-        {&m->dy16, dtype == ZO_DTYPE_F32 ? 0 : N * widest_gradient(c) * es, "16-bit activation gradient"},
+        {&m->dy16, dtype == ZO_DTYPE_F32 ? 0 : widest_gradient(c, N, loss_rows(m, N)) * es,
+         "16-bit activation gradient"},
     };
     if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) goto out_free;
     if (E && !(m->moe_w_h = malloc(N * E * 4))) {
@@ -1415,10 +1426,17 @@ static zo_status head_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t
                            bview(m, W, blk, MODEL_ROLE_NORM_W), bview(m, W, blk, MODEL_ROLE_NORM_B),
                            N)) != ZO_OK)
         return st;
-    /* logits[N, v] = lnf W^T */
-    if ((st = linear_forward(s, logits, c->vocab, lnf, w, gpu_t(NULL, m->dtype), N, c->vocab, c->hidden)) != ZO_OK)
-        return st;
-    return gpu_cross_entropy_forward(s, m->losses, logits, m->targets, N, c->vocab);
+    /* logits[n, v] = lnf W^T, n tokens at a time (the loss chunk's, or all) */
+    size_t rows = loss_rows(m, (size_t)N), es = zo_dtype_size(m->dtype);
+    for (size_t n0 = 0; n0 < (size_t)N; n0 += rows) {
+        int n = (int)((size_t)N - n0 < rows ? (size_t)N - n0 : rows);
+        gpu_tensor x = gpu_t((char *)m->lnf + n0 * (size_t)c->hidden * es, m->dtype);
+        if ((st = linear_forward(s, logits, c->vocab, x, w, gpu_t(NULL, m->dtype), n, c->vocab, c->hidden)) !=
+                ZO_OK ||
+            (st = gpu_cross_entropy_forward(s, m->losses + n0, logits, m->targets + n0, n, c->vocab)) != ZO_OK)
+            return st;
+    }
+    return ZO_OK;
 }
 
 static zo_status head_backward(tf_model *m, const tf_block_bufs *bb, float loss_scale,
@@ -1440,11 +1458,27 @@ static zo_status head_backward(tf_model *m, const tf_block_bufs *bb, float loss_
     /* dlogits = dloss * (softmax - onehot): in place of the fp32 logits, or
      * rounded once into the 16-bit copy the GEMMs read (gemm_operand) */
     gpu_tensor dlogits = m->dtype == ZO_DTYPE_F32 ? logits : gpu_t(m->dy16, m->dtype);
-    if ((st = gpu_cross_entropy_backward(s, dlogits, logits, m->targets, dloss, N, c->vocab)) != ZO_OK)
-        return st;
-    if ((st = linear_backward(s, F32(m->dh), 0.0f, dw, gpu_t(NULL, m->dtype), dlogits, dlogits, lnf, w, N,
-                              c->vocab, c->hidden)) != ZO_OK)
-        return st;
+    size_t rows = loss_rows(m, (size_t)N), es = zo_dtype_size(m->dtype);
+    if (rows == (size_t)N) {
+        /* the forward's logits, whole */
+        if ((st = gpu_cross_entropy_backward(s, dlogits, logits, m->targets, dloss, N, c->vocab)) != ZO_OK)
+            return st;
+        if ((st = linear_backward(s, F32(m->dh), 0.0f, dw, gpu_t(NULL, m->dtype), dlogits, dlogits, lnf, w, N,
+                                  c->vocab, c->hidden)) != ZO_OK)
+            return st;
+    }
+    /* in chunks: each chunk's logits again, its dlogits, and its share of
+     * the weight gradient (added) and of the norm gradient (its rows) */
+    for (size_t n0 = 0; rows < (size_t)N && n0 < (size_t)N; n0 += rows) {
+        int n = (int)((size_t)N - n0 < rows ? (size_t)N - n0 : rows);
+        gpu_tensor x = gpu_t((char *)m->lnf + n0 * (size_t)c->hidden * es, m->dtype);
+        if ((st = linear_forward(s, logits, c->vocab, x, w, gpu_t(NULL, m->dtype), n, c->vocab, c->hidden)) !=
+                ZO_OK ||
+            (st = gpu_cross_entropy_backward(s, dlogits, logits, m->targets + n0, dloss, n, c->vocab)) != ZO_OK ||
+            (st = linear_backward(s, F32(m->dh + n0 * (size_t)c->hidden), 0.0f, dw, gpu_t(NULL, m->dtype), dlogits,
+                                  dlogits, x, w, n, c->vocab, c->hidden)) != ZO_OK)
+            return st;
+    }
     /* the residual gradient starts here: dres = norm_f backward */
     if ((st = gpu_memset_async(s, m->dres, 0, (size_t)N * c->hidden * 4)) != ZO_OK) return st;
     return norm_backward(m, s, bb->grads, blk, MODEL_ROLE_NORM_W, MODEL_ROLE_NORM_B,

@@ -120,6 +120,13 @@ typedef struct tf_options {
      * only decodes), and the logits of one position per sequence. No
      * backward. 0: training (tf_set_batch). */
     int kv_len;
+    /* > 0 (and below the micro-batch's tokens): the output layer and the
+     * cross-entropy this many tokens at a time (issue 30, --loss-chunk):
+     * the forward computes each chunk's logits and losses; the head's
+     * backward computes each chunk's logits again and takes its gradient
+     * straight through the two GEMMs, so the fp32 logits of one chunk are
+     * all that is held ([chunk, vocab] where [N, vocab] was). */
+    int loss_chunk;
 } tf_options;
 
 typedef struct tf_model {
@@ -138,7 +145,8 @@ typedef struct tf_model {
     tf_layer_acts *acts; /* [L] */
     void *lnf;           /* [N, h] */
     float *meanf, *rstdf;
-    void *logits;        /* [N, vocab] fp32; after the head's backward it holds dlogits */
+    void *logits;        /* [N, vocab] fp32 ([loss_chunk, vocab] in chunks); after the head's
+                            backward it holds dlogits (of the last chunk) */
     float *losses;       /* [N] fp32 */
     void *tmp;           /* [N, h] dtype scratch (projections before the residual add) */
     float *dres;         /* [N, h] gradient of the residual stream */

@@ -70,6 +70,14 @@ static const char HELP[] =
     "  --eps X                AdamW epsilon (default 1e-8)\n"
     "  --weight-decay X       decoupled weight decay on 2-D weights, LoRA adapters included\n"
     "                         (default 0: Hugging Face Trainer's, so no decay on adapters)\n"
+    "  --optim adamw|adamw8bit  AdamW, or AdamW with m and v block-wise 8-bit (Dettmers et al.\n"
+    "                         2022; the fp32 master kept): memplan's flag\n"
+    "  --optim-dtype fp32|bf16|8bit  AdamW's m and v in the CPU optimizer's memory and on NVMe\n"
+    "                         (default fp32; the GPU optimizer keeps fp32)\n"
+    "  --master fp32          the fp32 master (memplan models none, stochastic, kahan; the\n"
+    "                         runtime refuses them)\n"
+    "  --loss-chunk N         the output layer and cross-entropy N tokens at a time: the fp32\n"
+    "                         logits of N tokens held, never the micro-batch's (memplan's flag)\n"
     "  --clip X               max gradient norm; 0 disables (default 1.0)\n"
     "  --dtype fp32|fp16|bf16 device storage of weights, gradients, activations (default bf16,\n"
     "                         memplan's; a --plan's dtype where it has one)\n"
@@ -225,7 +233,7 @@ enum {
     OPT_LORA, OPT_LORA_TARGETS, OPT_LORA_ALPHA, OPT_QLORA, OPT_ADAPTER, OPT_ADAPTERS_ON,
     OPT_SCHED, OPT_CLIP_STALE, OPT_DPU_WARMUP, OPT_OPT_THREADS, OPT_KEEP_CKPT,
     OPT_MAX_SKIPPED, OPT_ZERO, OPT_COMM_TIMEOUT, OPT_RECOMPUTE_LAYERS, OPT_REDUCE_DTYPE, OPT_MERGE,
-    OPT_MAX_SHARD, OPT_GRADS, OPT_VERSION,
+    OPT_MAX_SHARD, OPT_GRADS, OPT_VERSION, OPT_OPTIM, OPT_OPTIM_DTYPE, OPT_MASTER, OPT_LOSS_CHUNK,
 };
 
 static const struct option long_opts[] = {
@@ -238,6 +246,10 @@ static const struct option long_opts[] = {
     {"micro-batch", required_argument, 0, OPT_MB},
     {"seq", required_argument, 0, OPT_SEQ},
     {"lr", required_argument, 0, OPT_LR},
+    {"optim", required_argument, 0, OPT_OPTIM},
+    {"optim-dtype", required_argument, 0, OPT_OPTIM_DTYPE},
+    {"master", required_argument, 0, OPT_MASTER},
+    {"loss-chunk", required_argument, 0, OPT_LOSS_CHUNK},
     {"beta1", required_argument, 0, OPT_B1},
     {"beta2", required_argument, 0, OPT_B2},
     {"eps", required_argument, 0, OPT_EPS},
@@ -408,6 +420,37 @@ static int adamw_flag(int c, const char *arg, train_args *a, zo_status *st)
         return 1;
     case OPT_WD: *st = parse_float(arg, "--weight-decay", 0.0, 10.0, &ad->weight_decay); return 1;
     case OPT_CLIP: *st = parse_float(arg, "--clip", 0.0, 1e9, &ad->clip); return 1;
+    /* the optimizer's state, with memplan's flags and words */
+    case OPT_OPTIM: {
+        zo_plan_optimizer o = ZO_PLAN_ADAMW;
+        int q8 = 0;
+        if ((*st = zo_plan_optim_parse(arg, "--optim", &o, &q8)) != ZO_OK) return 1;
+        if (o != ZO_PLAN_ADAMW) {
+            *st = zo_error(ZO_ERR_INVALID, "--optim %s: the runtime runs adamw and adamw8bit", arg);
+            return 1;
+        }
+        if (q8 && a->optim_dtype_set && a->p.cfg.opt_state != ZO_PLAN_STATE_8BIT) {
+            *st = zo_error(ZO_ERR_INVALID, "--optim adamw8bit keeps m and v in 8 bits: drop --optim-dtype %s",
+                           zo_plan_opt_state_name(a->p.cfg.opt_state));
+            return 1;
+        }
+        if (q8) a->p.cfg.opt_state = ZO_PLAN_STATE_8BIT;
+        a->optim_8bit = q8;
+        return 1;
+    }
+    case OPT_OPTIM_DTYPE: {
+        zo_plan_opt_state os = ZO_PLAN_STATE_FP32;
+        if ((*st = zo_plan_opt_state_parse(arg, "--optim-dtype", &os)) != ZO_OK) return 1;
+        if (a->optim_8bit && os != ZO_PLAN_STATE_8BIT) {
+            *st = zo_error(ZO_ERR_INVALID, "--optim-dtype %s: --optim adamw8bit keeps m and v in 8 bits", arg);
+            return 1;
+        }
+        a->p.cfg.opt_state = os;
+        a->optim_dtype_set = 1;
+        return 1;
+    }
+    case OPT_MASTER: *st = zo_plan_master_parse(arg, "--master", &a->p.file.training.master); return 1;
+    case OPT_LOSS_CHUNK: *st = plan_int(arg, "--loss-chunk", "training.loss_chunk", &a->p.file.training.loss_chunk); return 1;
     default: return 0;
     }
 }

@@ -31,6 +31,7 @@ typedef struct train_args {
     ft_schedule sched;   /* its lr: the AdamW lr (--lr) */
     zo_lora_config lora; /* r 0: full fine-tuning */
     int qlora;
+    int optim_8bit, optim_dtype_set; /* --optim adamw8bit, --optim-dtype given */
     const char *adapter; /* PEFT adapter directory to start from */
     offload_plan p;      /* the runtime's configuration: the plan, then the flags */
     zo_dtype dtype;

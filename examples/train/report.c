@@ -49,6 +49,8 @@ void report_method(const train_args *a)
     printf("; optimizer schedule %s", offload_schedule_name(oc->schedule));
     if (oc->schedule == OFFLOAD_SCHEDULE_DPU) printf(" (warm-up %d)", oc->dpu_warmup);
     if (oc->schedule == OFFLOAD_SCHEDULE_OVERLAP && oc->clip_stale) printf(" (clip stale)");
+    if (oc->opt_state != ZO_PLAN_STATE_FP32) printf("; AdamW m, v in %s", zo_plan_opt_state_name(oc->opt_state));
+    if (a->p.file.training.loss_chunk > 0) printf("; loss in chunks of %d tokens", a->p.file.training.loss_chunk);
     printf("\n");
 }
 

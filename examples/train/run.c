@@ -191,6 +191,9 @@ static void run_shape(const train_args *a, int ranks, zo_run_shape *out)
     out->params = (zo_plan_tier)oc->params_on;
     out->adapters = (zo_plan_tier)oc->trainable_on;
     memcpy(out->optimizer, oc->opt_frac, sizeof out->optimizer);
+    out->optim_dtype = oc->opt_state;
+    out->master = a->p.file.training.master;
+    out->loss_chunk = a->p.file.training.loss_chunk;
 }
 
 /* The runtime runs it, or the table's words (the same on every rank:
@@ -283,7 +286,8 @@ zo_status run_setup(train_run *r)
     oc->comm = r->comm;
     if ((st = gpu_stream_create(r->dev, &r->s)) != ZO_OK) return st;
     tf_options to = {.recompute = oc->recompute, .recompute_layers = oc->recompute_layers, .external_res = 1,
-                     .lora = {.r = a->lora.r, .alpha = a->lora.alpha, .targets = a->lora.targets, .nf4 = a->qlora}};
+                     .lora = {.r = a->lora.r, .alpha = a->lora.alpha, .targets = a->lora.targets, .nf4 = a->qlora},
+                     .loss_chunk = a->p.file.training.loss_chunk};
     if ((st = tf_init_opts(&r->m, &r->cfg, r->dev, a->dtype, (int)a->micro_batch, (int)a->seq, &to)) != ZO_OK)
         return st;
     if (a->lora.r) report_lora(a, &r->m);

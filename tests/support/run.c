@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <cjson/cJSON.h>
 
 int run_capture(const char *cmd, char *out, size_t len)
 {
@@ -24,6 +25,26 @@ int run_capture(const char *cmd, char *out, size_t len)
     while (fread(drop, 1, sizeof drop, p) > 0) {}
     int st = pclose(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+cJSON *run_memplan_json(const char *args, int want_rc)
+{
+    static char out[1 << 20];
+    char a[4096];
+    snprintf(a, sizeof a, "%s --json", args);
+    int rc = run_memplan(a, out, sizeof out);
+    if (rc != want_rc) fail_msg("memplan %s: exit %d, wanted %d\n%s", a, rc, want_rc, out);
+    cJSON *doc = cJSON_Parse(out);
+    if (!doc) fail_msg("memplan %s: not JSON:\n%s", a, out);
+    return doc;
+}
+
+double run_json_num(const cJSON *o, const char *a, const char *b)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, a);
+    if (b) x = cJSON_GetObjectItemCaseSensitive(x, b);
+    if (!cJSON_IsNumber(x)) fail_msg("no number %s.%s", a, b ? b : "");
+    return x->valuedouble;
 }
 
 void run_train_losses(const char *out, double *loss, int n)

@@ -23,6 +23,14 @@ const char *run_memplan_bin(void);
 /* run_program of memplan. */
 int run_memplan(const char *args, char *out, size_t len);
 
+/* memplan ARGS --json: its document (the caller deletes it); fails the test
+ * when the exit code is not `want_rc` or the output is not JSON. */
+struct cJSON;
+struct cJSON *run_memplan_json(const char *args, int want_rc);
+
+/* The number at o.a (o.a.b when b is not NULL); fails the test when there is none. */
+double run_json_num(const struct cJSON *o, const char *a, const char *b);
+
 /* The losses of train's "step K loss X" lines in `out` (K counted from 1):
  * loss[K - 1] for K <= n (NAN for a step with no line). */
 void run_train_losses(const char *out, double *loss, int n);
