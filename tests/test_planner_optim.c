@@ -81,7 +81,9 @@ static void test_state_bytes(void **state)
          * (they live on NVMe, not where it updates them): 2 B */
         double per = ref_bytes(c[i].state, c[i].master) + (c[i].master ? 0 : 2);
         double opt = tier_bytes(doc, "nvme", "optimizer");
-        if (fabs(opt - p * per) > 1.0)
+        /* (fp32 state: the store starts each tensor of a sub-group on 4 KiB,
+         * at most a few MiB over 13B parameters) */
+        if (opt < p * per - 1.0 || opt > p * per * (1 + 1e-5))
             fail_msg("%s: NVMe optimizer %.0f B, the layout gives %.0f (%.4f B/param)", c[i].flags, opt,
                      p * per, per);
         assert_true(tier_bytes(doc, "gpu", "optimizer") == 0);
@@ -126,7 +128,7 @@ static void test_13b_rtx4090(void **state)
     assert_true(s8 <= 0.6 * s32);
     /* NVMe bytes of the optimizer: 6.004 of 12 a parameter */
     double r = tier_bytes(q, "nvme", "optimizer") / tier_bytes(f, "nvme", "optimizer");
-    assert_true(fabs(r - ref_bytes("8bit", 1) / 12) < 1e-6);
+    assert_true(fabs(r - ref_bytes("8bit", 1) / 12) < 1e-5); /* (fp32's 4 KiB alignment) */
     cJSON_Delete(f);
     cJSON_Delete(q);
 
