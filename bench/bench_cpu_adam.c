@@ -395,42 +395,72 @@ static void fill(size_t n, float *p, float *m, float *v, void *g, zo_dtype gd, v
     }
 }
 
-int main(int argc, char **argv)
-{
-    uint64_t n = (uint64_t)1 << 26;
-    int tlist[MAX_THREAD_COUNTS], nt = 0;
-    zo_dtype gd = ZO_DTYPE_F16, od = ZO_DTYPE_F16;
-    int with_out = 1, quick = 0;
-    double min_s = 1.0;
-    long stagger = 266304; /* 260 KiB: 8 arrays spread over the 2 MiB page, 4 KiB apart mod 64 KiB */
-    int c;
+/* What the command line asks for. */
+typedef struct bench_opts {
+    uint64_t n;
+    int tlist[MAX_THREAD_COUNTS], nt, tmax;
+    zo_dtype gd, od;
+    int with_out, quick;
+    double min_s;
+    long stagger;
     adam_state_kind kinds[MAX_STATES];
-    int nk = 0;
+    int nk;
+} bench_opts;
+
+/* The thread counts in -t's comma-separated list. */
+static zo_status parse_threads(char *list, bench_opts *o)
+{
+    zo_status st = ZO_OK;
+    long x;
+    for (char *tok = strtok(list, ","); tok && st == ZO_OK; tok = strtok(NULL, ",")) {
+        if (o->nt == MAX_THREAD_COUNTS)
+            return zo_error(ZO_ERR_INVALID, "-t: at most %d thread counts", MAX_THREAD_COUNTS);
+        if ((st = zo_parse_int(tok, "-t", 1, 4096, &x)) == ZO_OK) o->tlist[o->nt++] = (int)x;
+    }
+    return st;
+}
+
+/* The state encodings in -m's comma-separated list; 0 or the exit code. */
+static int parse_kinds(const char *kind_list, bench_opts *o)
+{
+    if (!strcmp(kind_list, "none")) return 0;
+    char list[256];
+    snprintf(list, sizeof list, "%s", kind_list);
+    for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
+        if (o->nk == MAX_STATES || adam_state_parse(tok, &o->kinds[o->nk]) != ZO_OK) {
+            fprintf(stderr, "bench_cpu_adam: -m: %s\n",
+                    o->nk == MAX_STATES ? "too many encodings" : zo_last_error());
+            return 2;
+        }
+        o->nk++;
+    }
+    return 0;
+}
+
+/* Parses the options into o; returns -1 to go on, or the exit code. */
+static int parse_args(int argc, char **argv, bench_opts *o)
+{
+    *o = (bench_opts){.n = (uint64_t)1 << 26, .gd = ZO_DTYPE_F16, .od = ZO_DTYPE_F16,
+                      .with_out = 1, .min_s = 1.0,
+                      /* 260 KiB: 8 arrays spread over the 2 MiB page, 4 KiB apart mod 64 KiB */
+                      .stagger = 266304};
     const char *kind_list = "fp32,bf16,q8";
+    int c;
     while ((c = getopt(argc, argv, "n:t:g:o:m:s:S:qh")) != -1) {
         zo_status st = ZO_OK;
-        long x;
         switch (c) {
-        case 'n': st = zo_parse_count(optarg, "-n", &n); break;
-        case 't':
-            for (char *tok = strtok(optarg, ","); tok && st == ZO_OK; tok = strtok(NULL, ",")) {
-                if (nt == MAX_THREAD_COUNTS) {
-                    st = zo_error(ZO_ERR_INVALID, "-t: at most %d thread counts", MAX_THREAD_COUNTS);
-                    break;
-                }
-                if ((st = zo_parse_int(tok, "-t", 1, 4096, &x)) == ZO_OK) tlist[nt++] = (int)x;
-            }
-            break;
-        case 'g': st = zo_dtype_parse(optarg, &gd); break;
+        case 'n': st = zo_parse_count(optarg, "-n", &o->n); break;
+        case 't': st = parse_threads(optarg, o); break;
+        case 'g': st = zo_dtype_parse(optarg, &o->gd); break;
         case 'o':
-            if (!strcmp(optarg, "none")) with_out = 0;
-            else if ((st = zo_dtype_parse(optarg, &od)) == ZO_OK && od == ZO_DTYPE_F32)
+            if (!strcmp(optarg, "none")) o->with_out = 0;
+            else if ((st = zo_dtype_parse(optarg, &o->od)) == ZO_OK && o->od == ZO_DTYPE_F32)
                 st = zo_error(ZO_ERR_INVALID, "-o: the copy is fp16, bf16 or none");
             break;
         case 'm': kind_list = optarg; break;
-        case 's': st = zo_parse_double(optarg, "-s", 0.0, 600.0, &min_s); break;
-        case 'S': st = zo_parse_int(optarg, "-S", 0, (long)HUGE_PAGE, &stagger); break;
-        case 'q': quick = 1; break;
+        case 's': st = zo_parse_double(optarg, "-s", 0.0, 600.0, &o->min_s); break;
+        case 'S': st = zo_parse_int(optarg, "-S", 0, (long)HUGE_PAGE, &o->stagger); break;
+        case 'q': o->quick = 1; break;
         default: usage(); return c == 'h' ? 0 : 2;
         }
         if (st != ZO_OK) {
@@ -438,149 +468,159 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (strcmp(kind_list, "none")) {
-        char list[256];
-        snprintf(list, sizeof list, "%s", kind_list);
-        for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
-            if (nk == MAX_STATES || adam_state_parse(tok, &kinds[nk]) != ZO_OK) {
-                fprintf(stderr, "bench_cpu_adam: -m: %s\n",
-                        nk == MAX_STATES ? "too many encodings" : zo_last_error());
-                return 2;
-            }
-            nk++;
-        }
-    }
-    if (stagger % 64) {
+    if (parse_kinds(kind_list, o)) return 2;
+    if (o->stagger % 64) {
         fprintf(stderr, "bench_cpu_adam: -S must be a multiple of 64\n");
         return 2;
     }
-    if (nt == 0) {
-        tlist[nt++] = 1;
-        if (omp_get_max_threads() > 1) tlist[nt++] = omp_get_max_threads();
+    if (o->nt == 0) {
+        o->tlist[o->nt++] = 1;
+        if (omp_get_max_threads() > 1) o->tlist[o->nt++] = omp_get_max_threads();
     }
-    int tmax = tlist[0];
-    for (int i = 1; i < nt; i++) tmax = tlist[i] > tmax ? tlist[i] : tmax;
+    o->tmax = o->tlist[0];
+    for (int i = 1; i < o->nt; i++) o->tmax = o->tlist[i] > o->tmax ? o->tlist[i] : o->tmax;
+    return -1;
+}
 
-    size_t gs = zo_dtype_size(gd), os = with_out ? zo_dtype_size(od) : 0;
+/* The arrays, the variants timed and what they measured. */
+typedef struct bench_run {
+    bench_opts o;
+    size_t gs, os;
+    double bpp; /* bytes moved per parameter by the update */
+    bench_buf bufs[5 + MAX_STATES];
+    int k; /* bufs in use */
+    roof_args r0, roofs[2];
+    int nroof;
+    adam_impl impls[8];
+    int ni;
+    adam_args args[9]; /* one per implementation, then the automatic one */
+    int scalar;        /* impls[0] is the scalar reference, timed on its own (slow) */
+    double main_rate;
+    state_case *cases;
+    double state_bpp[MAX_STATES], state_rate[MAX_STATES], state_roof[MAX_STATES];
+} bench_run;
+
+/* The header, the arrays (filled), the implementations this CPU supports and
+ * one argument block per variant; 0 or the exit code. */
+static int bench_setup(bench_run *b)
+{
+    const bench_opts *o = &b->o;
+    uint64_t n = o->n;
+    b->gs = zo_dtype_size(o->gd);
+    b->os = o->with_out ? zo_dtype_size(o->od) : 0;
     /* bytes moved per parameter: read p, g, m, v; write p, m, v (+ copy) */
-    double bpp = (double)(4 + gs + 4 + 4) + 12.0 + (double)os;
+    b->bpp = (double)(4 + b->gs + 4 + 4) + 12.0 + (double)b->os;
     bench_header("bench_cpu_adam",
                  "n %llu, grad %s, copy %s, best %s%s, stagger %ld B, %.0f bytes/param",
-                 (unsigned long long)n, zo_dtype_name(gd), with_out ? zo_dtype_name(od) : "none",
-                 adam_impl_name(adam_best_impl()), adam_avx512_has_bf16() ? " (+avx512bf16)" : "",
-                 stagger, bpp);
+                 (unsigned long long)n, zo_dtype_name(o->gd),
+                 o->with_out ? zo_dtype_name(o->od) : "none", adam_impl_name(adam_best_impl()),
+                 adam_avx512_has_bf16() ? " (+avx512bf16)" : "", o->stagger, b->bpp);
 
-    bench_buf bufs[5 + MAX_STATES];
-    int k = 0;
-    float *p = buf_alloc(&bufs[k], n * 4, k, (size_t)stagger);
-    k++;
-    void *g = buf_alloc(&bufs[k], n * gs, k, (size_t)stagger);
-    k++;
-    float *m = buf_alloc(&bufs[k], n * 4, k, (size_t)stagger);
-    k++;
-    float *v = buf_alloc(&bufs[k], n * 4, k, (size_t)stagger);
-    k++;
-    void *out = buf_alloc(&bufs[k], n * 2, k, (size_t)stagger);
-    k++;
+    size_t sizes[5] = {n * 4, n * b->gs, n * 4, n * 4, n * 2}; /* p, g, m, v, copy */
+    void *a[5];
+    for (b->k = 0; b->k < 5; b->k++)
+        a[b->k] = buf_alloc(&b->bufs[b->k], sizes[b->k], b->k, (size_t)o->stagger);
+    float *p = a[0], *m = a[2], *v = a[3];
+    void *g = a[1], *out = a[4];
     if (!p || !g || !m || !v || !out) {
         fprintf(stderr, "bench_cpu_adam: cannot allocate %llu parameters\n", (unsigned long long)n);
         return 1;
     }
-    if (!with_out) out = NULL;
-    fill(n, p, m, v, g, gd, out, od, tmax);
+    if (!o->with_out) out = NULL;
+    fill(n, p, m, v, g, o->gd, out, o->od, o->tmax);
 
-    adam_impl impls[8];
-    int ni = 0;
-    if (!quick) impls[ni++] = ADAM_IMPL_SCALAR;
+    if (!o->quick) b->impls[b->ni++] = ADAM_IMPL_SCALAR;
     for (int i = ADAM_IMPL_AVX2; i < ADAM_IMPL_COUNT; i++) {
         /* the integer-bf16 variant differs only with a bf16 copy */
-        if (i == ADAM_IMPL_AVX512_NO_BF16 && !(with_out && od == ZO_DTYPE_BF16 &&
+        if (i == ADAM_IMPL_AVX512_NO_BF16 && !(o->with_out && o->od == ZO_DTYPE_BF16 &&
                                                adam_avx512_has_bf16()))
             continue;
-        if (adam_impl_supported((adam_impl)i)) impls[ni++] = (adam_impl)i;
+        if (adam_impl_supported((adam_impl)i)) b->impls[b->ni++] = (adam_impl)i;
     }
 
     /* one argument block per variant: roof kernels, then implementations */
-    roof_args r0 = {.n = n, .p = p, .m = m, .v = v, .ms = 4, .g = g, .gd = gd, .out = out, .od = od};
-    roof_args roofs[2] = {r0, r0};
-    roofs[1].order = 1;
-    int nroof = adam_best_impl() == ADAM_IMPL_AVX512 ? 2 : 1;
-    adam_args args[9];
-    for (int ii = 0; ii <= ni; ii++) {
-        args[ii] = (adam_args){.r = r0, .impl = ii < ni ? impls[ii] : ADAM_IMPL_AUTO,
-                               .hp = adam_hparams_default()};
-        args[ii].hp.step = 10;
+    b->r0 = (roof_args){.n = n, .p = p, .m = m, .v = v, .ms = 4, .g = g, .gd = o->gd, .out = out,
+                        .od = o->od};
+    b->roofs[0] = b->roofs[1] = b->r0;
+    b->roofs[1].order = 1;
+    b->nroof = adam_best_impl() == ADAM_IMPL_AVX512 ? 2 : 1;
+    for (int ii = 0; ii <= b->ni; ii++) {
+        b->args[ii] = (adam_args){.r = b->r0, .impl = ii < b->ni ? b->impls[ii] : ADAM_IMPL_AUTO,
+                                  .hp = adam_hparams_default()};
+        b->args[ii].hp.step = 10;
     }
-    int scalar = !quick; /* impls[0] is the scalar reference, timed on its own (slow) */
+    b->scalar = !o->quick;
+    return 0;
+}
 
-    double main_rate = 0.0;
-    bench_row("%-16s %7s %9s %8s %8s", "# update", "threads", "Gparam/s", "GB/s", "%roof");
-    for (int ti = 0; ti < nt; ti++) {
-        int th = tlist[ti];
-        variant vs[12];
-        int nv = 0;
-        for (int i = 0; i < nroof; i++) {
-            roofs[i].threads = th;
-            vs[nv++] = (variant){.name = "roof", .fn = roof_run, .arg = &roofs[i]};
-        }
-        for (int ii = scalar; ii <= ni; ii++) {
-            args[ii].r.threads = th;
-            vs[nv++] = (variant){.name = adam_impl_name(args[ii].impl), .fn = adam_run,
-                                 .arg = &args[ii]};
-        }
-        time_interleaved(vs, nv, 5, min_s);
-        /* the roof is the fastest streaming kernel */
-        double roof = vs[0].best;
-        for (int i = 1; i < nroof; i++) roof = vs[i].best < roof ? vs[i].best : roof;
-        if (scalar) {
-            args[0].r.threads = th;
-            vs[nv] = (variant){.name = "scalar", .fn = adam_run, .arg = &args[0]};
-            time_interleaved(&vs[nv], 1, 2, 0.0);
-            nv++;
-        }
-        double rr = (double)n / roof * 1e-9;
-        bench_row("%-16s %7d %9.3f %8.2f %8.1f", "roof", th, rr, rr * bpp, 100.0);
-        for (int i = nroof; i < nv; i++) {
-            /* print the scalar reference first, as in the implementation list */
-            variant *x = &vs[scalar && i == nroof ? nv - 1 : i - (scalar && i > nroof)];
-            double r = (double)n / x->best * 1e-9;
-            bench_row("%-16s %7d %9.3f %8.2f %8.1f", x->name, th, r, r * bpp,
-                      100.0 * roof / x->best);
-            if (x->arg == &args[ni] && th == tmax) main_rate = r * 1e9;
-        }
+/* The update rows at th threads: the roofs and the implementations timed in
+ * turn, then the scalar reference on its own. */
+static void bench_update_rows(bench_run *b, int th)
+{
+    uint64_t n = b->o.n;
+    int nroof = b->nroof, scalar = b->scalar;
+    variant vs[12];
+    int nv = 0;
+    for (int i = 0; i < nroof; i++) {
+        b->roofs[i].threads = th;
+        vs[nv++] = (variant){.name = "roof", .fn = roof_run, .arg = &b->roofs[i]};
     }
-    for (int ii = 0; ii <= ni; ii++)
-        if (args[ii].st != ZO_OK) {
-            fprintf(stderr, "bench_cpu_adam: %s: %s\n", adam_impl_name(args[ii].impl),
-                    zo_status_name(args[ii].st));
-            return 1;
-        }
+    for (int ii = scalar; ii <= b->ni; ii++) {
+        b->args[ii].r.threads = th;
+        vs[nv++] = (variant){.name = adam_impl_name(b->args[ii].impl), .fn = adam_run,
+                             .arg = &b->args[ii]};
+    }
+    time_interleaved(vs, nv, 5, b->o.min_s);
+    /* the roof is the fastest streaming kernel */
+    double roof = vs[0].best;
+    for (int i = 1; i < nroof; i++) roof = vs[i].best < roof ? vs[i].best : roof;
+    if (scalar) {
+        b->args[0].r.threads = th;
+        vs[nv] = (variant){.name = "scalar", .fn = adam_run, .arg = &b->args[0]};
+        time_interleaved(&vs[nv], 1, 2, 0.0);
+        nv++;
+    }
+    double rr = (double)n / roof * 1e-9;
+    bench_row("%-16s %7d %9.3f %8.2f %8.1f", "roof", th, rr, rr * b->bpp, 100.0);
+    for (int i = nroof; i < nv; i++) {
+        /* print the scalar reference first, as in the implementation list */
+        variant *x = &vs[scalar && i == nroof ? nv - 1 : i - (scalar && i > nroof)];
+        double r = (double)n / x->best * 1e-9;
+        bench_row("%-16s %7d %9.3f %8.2f %8.1f", x->name, th, r, r * b->bpp,
+                  100.0 * roof / x->best);
+        if (x->arg == &b->args[b->ni] && th == b->o.tmax) b->main_rate = r * 1e9;
+    }
+}
 
-    /* the state encodings: each with its roof, all timed in turn */
-    state_case *cases = calloc((size_t)nk + 1, sizeof *cases);
-    if (!cases) return 1;
-    for (int ki = 0; ki < nk; ki++) {
-        state_case *sc = &cases[ki];
+/* One case per state encoding: its state, its roofs and its implementations
+ * (the scalar reference apart); 0 or the exit code. */
+static int bench_state_setup(bench_run *b)
+{
+    const bench_opts *o = &b->o;
+    b->cases = calloc((size_t)o->nk + 1, sizeof *b->cases);
+    if (!b->cases) return 1;
+    for (int ki = 0; ki < o->nk; ki++) {
+        state_case *sc = &b->cases[ki];
         adam_state_layout l;
-        sc->kind = kinds[ki];
-        if (adam_state_layout_of(sc->kind, n, &l) != ZO_OK ||
-            !(sc->state = buf_alloc(&bufs[k], l.bytes, k, (size_t)stagger)) ||
-            adam_state_init(sc->kind, sc->state, n, tmax) != ZO_OK) {
+        sc->kind = o->kinds[ki];
+        if (adam_state_layout_of(sc->kind, o->n, &l) != ZO_OK ||
+            !(sc->state = buf_alloc(&b->bufs[b->k], l.bytes, b->k, (size_t)o->stagger)) ||
+            adam_state_init(sc->kind, sc->state, o->n, o->tmax) != ZO_OK) {
             fprintf(stderr, "bench_cpu_adam: cannot set up %s state for %llu parameters\n",
-                    adam_state_name(sc->kind), (unsigned long long)n);
+                    adam_state_name(sc->kind), (unsigned long long)o->n);
             return 1;
         }
-        k++;
-        roof_args rs = r0;
+        b->k++;
+        roof_args rs = b->r0;
         rs.m = (char *)sc->state + l.off_m;
         rs.v = (char *)sc->state + l.off_v;
         rs.ms = sc->kind.type == ADAM_STATE_F32 ? 4 : sc->kind.type == ADAM_STATE_BF16 ? 2 : 1;
         sc->roofs[0] = sc->roofs[1] = rs;
         sc->roofs[1].order = 1;
-        for (int ii = 0; ii <= ni; ii++) {
-            adam_impl impl = ii < ni ? impls[ii] : ADAM_IMPL_AUTO;
+        for (int ii = 0; ii <= b->ni; ii++) {
+            adam_impl impl = ii < b->ni ? b->impls[ii] : ADAM_IMPL_AUTO;
             if (impl == ADAM_IMPL_SCALAR) continue; /* timed on its own below */
-            sc->impls[sc->ni] = (adam_args){.r = r0, .impl = impl, .hp = adam_hparams_default()};
+            sc->impls[sc->ni] = (adam_args){.r = b->r0, .impl = impl, .hp = adam_hparams_default()};
             sc->impls[sc->ni].r.m = sc; /* state_run's way to the state */
             sc->impls[sc->ni].hp.step = 10;
             sc->ni++;
@@ -588,122 +628,190 @@ int main(int argc, char **argv)
     }
     /* bytes moved per parameter: p, g, m, v read; p, m, v, copy written;
      * q8's two absmax per block read and written */
-    double state_bpp[MAX_STATES], state_rate[MAX_STATES] = {0}, state_roof[MAX_STATES] = {0};
+    for (int ki = 0; ki < o->nk; ki++) {
+        double ms = b->cases[ki].roofs[0].ms;
+        b->state_bpp[ki] = (double)(8 + b->gs) + 4.0 * ms + (double)b->os +
+                           (o->kinds[ki].type == ADAM_STATE_Q8 ? 16.0 / o->kinds[ki].block : 0.0);
+    }
+    return 0;
+}
+
+/* Adds the roofs and implementations of one state case at th threads to vs,
+ * named after the encoding (and its block size when not the default). */
+static int state_variants(bench_run *b, state_case *sc, int th, variant *vs, char (*names)[40])
+{
+    int nv = 0;
+    const char *kn = adam_state_name(sc->kind);
+    int dflt = sc->kind.type != ADAM_STATE_Q8 || sc->kind.block == ADAM_Q8_BLOCK;
+    for (int i = 0; i < b->nroof; i++) {
+        sc->roofs[i].threads = th;
+        if (dflt) snprintf(names[nv], sizeof names[nv], "roof %s", kn);
+        else snprintf(names[nv], sizeof names[nv], "roof %s/%u", kn, sc->kind.block);
+        vs[nv] = (variant){.name = names[nv], .fn = roof_run, .arg = &sc->roofs[i]};
+        nv++;
+    }
+    for (int ii = 0; ii < sc->ni; ii++) {
+        sc->impls[ii].r.threads = th;
+        const char *in = adam_impl_name(sc->impls[ii].impl);
+        if (dflt) snprintf(names[nv], sizeof names[nv], "%s %s", kn, in);
+        else snprintf(names[nv], sizeof names[nv], "%s/%u %s", kn, sc->kind.block, in);
+        vs[nv] = (variant){.name = names[nv], .fn = state_run, .arg = &sc->impls[ii]};
+        nv++;
+    }
+    return nv;
+}
+
+/* The state rows at th threads: every encoding's roofs and implementations
+ * timed in turn, so that they see the same load. */
+static void bench_state_rows(bench_run *b, int th)
+{
+    const bench_opts *o = &b->o;
+    int nk = o->nk, nroof = b->nroof;
+    variant vs[MAX_STATES * 10];
+    char names[MAX_STATES * 10][40];
+    int nv = 0, first[MAX_STATES + 1];
     for (int ki = 0; ki < nk; ki++) {
-        double ms = cases[ki].roofs[0].ms;
-        state_bpp[ki] = (double)(8 + gs) + 4.0 * ms + (double)os +
-                        (kinds[ki].type == ADAM_STATE_Q8 ? 16.0 / kinds[ki].block : 0.0);
+        first[ki] = nv;
+        nv += state_variants(b, &b->cases[ki], th, &vs[nv], &names[nv]);
     }
-    if (nk)
-        bench_row("%-16s %7s %9s %8s %8s %8s", "# state", "threads", "Gparam/s", "B/param",
-                  "GB/s", "%roof");
-    for (int ti = 0; ti < nt && nk; ti++) {
-        int th = tlist[ti];
-        variant vs[MAX_STATES * 10];
-        char names[MAX_STATES * 10][40];
-        int nv = 0, first[MAX_STATES + 1];
-        for (int ki = 0; ki < nk; ki++) {
-            state_case *sc = &cases[ki];
-            first[ki] = nv;
-            const char *kn = adam_state_name(sc->kind);
-            int dflt = sc->kind.type != ADAM_STATE_Q8 || sc->kind.block == ADAM_Q8_BLOCK;
-            for (int i = 0; i < nroof; i++) {
-                sc->roofs[i].threads = th;
-                if (dflt) snprintf(names[nv], sizeof names[nv], "roof %s", kn);
-                else snprintf(names[nv], sizeof names[nv], "roof %s/%u", kn, sc->kind.block);
-                vs[nv] = (variant){.name = names[nv], .fn = roof_run, .arg = &sc->roofs[i]};
-                nv++;
-            }
-            for (int ii = 0; ii < sc->ni; ii++) {
-                sc->impls[ii].r.threads = th;
-                const char *in = adam_impl_name(sc->impls[ii].impl);
-                if (dflt) snprintf(names[nv], sizeof names[nv], "%s %s", kn, in);
-                else snprintf(names[nv], sizeof names[nv], "%s/%u %s", kn, sc->kind.block, in);
-                vs[nv] = (variant){.name = names[nv], .fn = state_run, .arg = &sc->impls[ii]};
-                nv++;
-            }
-        }
-        first[nk] = nv;
-        time_interleaved(vs, nv, 5, min_s);
-        for (int ki = 0; ki < nk; ki++) {
-            double roof = vs[first[ki]].best, bpp_k = state_bpp[ki];
-            for (int i = 1; i < nroof; i++)
-                roof = vs[first[ki] + i].best < roof ? vs[first[ki] + i].best : roof;
-            double rr = (double)n / roof * 1e-9;
-            bench_row("%-16s %7d %9.3f %8.2f %8.2f %8.1f", vs[first[ki]].name, th, rr, bpp_k,
-                      rr * bpp_k, 100.0);
-            for (int i = first[ki] + nroof; i < first[ki + 1]; i++) {
-                double r = (double)n / vs[i].best * 1e-9;
-                bench_row("%-16s %7d %9.3f %8.2f %8.2f %8.1f", vs[i].name, th, r, bpp_k,
-                          r * bpp_k, 100.0 * roof / vs[i].best);
-                if (i == first[ki + 1] - 1 && th == tmax) { /* auto: the last */
-                    state_rate[ki] = r;
-                    state_roof[ki] = 100.0 * roof / vs[i].best;
-                }
+    first[nk] = nv;
+    time_interleaved(vs, nv, 5, o->min_s);
+    for (int ki = 0; ki < nk; ki++) {
+        double roof = vs[first[ki]].best, bpp_k = b->state_bpp[ki];
+        for (int i = 1; i < nroof; i++)
+            roof = vs[first[ki] + i].best < roof ? vs[first[ki] + i].best : roof;
+        double rr = (double)o->n / roof * 1e-9;
+        bench_row("%-16s %7d %9.3f %8.2f %8.2f %8.1f", vs[first[ki]].name, th, rr, bpp_k,
+                  rr * bpp_k, 100.0);
+        for (int i = first[ki] + nroof; i < first[ki + 1]; i++) {
+            double r = (double)o->n / vs[i].best * 1e-9;
+            bench_row("%-16s %7d %9.3f %8.2f %8.2f %8.1f", vs[i].name, th, r, bpp_k, r * bpp_k,
+                      100.0 * roof / vs[i].best);
+            if (i == first[ki + 1] - 1 && th == o->tmax) { /* auto: the last */
+                b->state_rate[ki] = r;
+                b->state_roof[ki] = 100.0 * roof / vs[i].best;
             }
         }
     }
-    if (!quick) /* the scalar references, on their own (slow) */
-        for (int ki = 0; ki < nk; ki++) {
-            adam_args sa = {.r = r0, .impl = ADAM_IMPL_SCALAR, .hp = adam_hparams_default()};
-            sa.r.m = &cases[ki];
-            sa.r.threads = tmax;
-            sa.hp.step = 10;
-            variant v1 = {.name = "scalar", .fn = state_run, .arg = &sa};
-            time_interleaved(&v1, 1, 2, 0.0);
-            double r = (double)n / v1.best * 1e-9;
-            char name[40];
-            snprintf(name, sizeof name, "%s scalar", adam_state_name(kinds[ki]));
-            bench_row("%-16s %7d %9.3f %8.2f %8.2f %8s", name, tmax, r, state_bpp[ki],
-                      r * state_bpp[ki], "-");
-            if (sa.st != ZO_OK) cases[ki].impls[0].st = sa.st;
+}
+
+/* The scalar references of the state encodings, on their own (slow). */
+static void bench_state_scalar_rows(bench_run *b)
+{
+    const bench_opts *o = &b->o;
+    for (int ki = 0; ki < o->nk; ki++) {
+        adam_args sa = {.r = b->r0, .impl = ADAM_IMPL_SCALAR, .hp = adam_hparams_default()};
+        sa.r.m = &b->cases[ki];
+        sa.r.threads = o->tmax;
+        sa.hp.step = 10;
+        variant v1 = {.name = "scalar", .fn = state_run, .arg = &sa};
+        time_interleaved(&v1, 1, 2, 0.0);
+        double r = (double)o->n / v1.best * 1e-9;
+        char name[40];
+        snprintf(name, sizeof name, "%s scalar", adam_state_name(o->kinds[ki]));
+        bench_row("%-16s %7d %9.3f %8.2f %8.2f %8s", name, o->tmax, r, b->state_bpp[ki],
+                  r * b->state_bpp[ki], "-");
+        if (sa.st != ZO_OK) b->cases[ki].impls[0].st = sa.st;
+    }
+}
+
+/* The gradient statistics rows at th threads, against a read-only stream. */
+static void bench_stats_rows(bench_run *b, int th)
+{
+    variant vs[12];
+    int nv = 0;
+    b->roofs[0].threads = th;
+    vs[nv++] = (variant){.name = "read roof", .fn = read_run, .arg = &b->roofs[0]};
+    for (int ii = 0; ii < b->ni; ii++) {
+        if (b->impls[ii] == ADAM_IMPL_AVX512_NO_BF16) continue; /* same kernel as avx512 */
+        b->args[ii].r.threads = th;
+        vs[nv++] = (variant){.name = adam_impl_name(b->impls[ii]), .fn = stats_run,
+                             .arg = &b->args[ii]};
+    }
+    time_interleaved(vs, nv, 5, b->o.min_s / 2);
+    for (int i = 0; i < nv; i++) {
+        double r = (double)b->o.n / vs[i].best * 1e-9;
+        bench_row("%-16s %7d %9.3f %8.2f %8.1f", vs[i].name, th, r, r * (double)b->gs,
+                  100.0 * vs[0].best / vs[i].best);
+    }
+}
+
+/* The last lines: params/s of the chosen case, then the encodings against
+ * fp32 state and each against its own roof. */
+static void bench_report(const bench_run *b)
+{
+    const bench_opts *o = &b->o;
+    int tmax = o->tmax;
+    bench_result("params/s", b->main_rate);
+    int f32 = -1;
+    for (int ki = 0; ki < o->nk; ki++)
+        if (o->kinds[ki].type == ADAM_STATE_F32) f32 = ki;
+    for (int ki = 0; ki < o->nk; ki++) {
+        char label[96];
+        if (f32 >= 0 && ki != f32 && b->state_rate[f32] > 0) {
+            snprintf(label, sizeof label, "%s/fp32 Gparam/s (auto, %d thread%s)",
+                     adam_state_name(o->kinds[ki]), tmax, tmax > 1 ? "s" : "");
+            bench_result(label, b->state_rate[ki] / b->state_rate[f32]);
         }
-    for (int ki = 0; ki < nk; ki++)
-        for (int ii = 0; ii < cases[ki].ni; ii++)
-            if (cases[ki].impls[ii].st != ZO_OK) {
-                fprintf(stderr, "bench_cpu_adam: %s state, %s: %s\n", adam_state_name(kinds[ki]),
-                        adam_impl_name(cases[ki].impls[ii].impl),
-                        zo_status_name(cases[ki].impls[ii].st));
+        snprintf(label, sizeof label, "%s %%roof (auto, %d thread%s)",
+                 adam_state_name(o->kinds[ki]), tmax, tmax > 1 ? "s" : "");
+        bench_result(label, b->state_roof[ki]);
+    }
+}
+
+/* The first failed update call, reported; 0 or the exit code. */
+static int bench_check_update(const bench_run *b)
+{
+    for (int ii = 0; ii <= b->ni; ii++)
+        if (b->args[ii].st != ZO_OK) {
+            fprintf(stderr, "bench_cpu_adam: %s: %s\n", adam_impl_name(b->args[ii].impl),
+                    zo_status_name(b->args[ii].st));
+            return 1;
+        }
+    return 0;
+}
+
+/* The first failed state update call, reported; 0 or the exit code. */
+static int bench_check_states(const bench_run *b)
+{
+    for (int ki = 0; ki < b->o.nk; ki++)
+        for (int ii = 0; ii < b->cases[ki].ni; ii++)
+            if (b->cases[ki].impls[ii].st != ZO_OK) {
+                fprintf(stderr, "bench_cpu_adam: %s state, %s: %s\n",
+                        adam_state_name(b->o.kinds[ki]),
+                        adam_impl_name(b->cases[ki].impls[ii].impl),
+                        zo_status_name(b->cases[ki].impls[ii].st));
                 return 1;
             }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    bench_run run, *b = &run;
+    memset(b, 0, sizeof *b);
+    int rc = parse_args(argc, argv, &b->o);
+    if (rc >= 0) return rc;
+    const bench_opts *o = &b->o;
+    if ((rc = bench_setup(b))) return rc;
+
+    bench_row("%-16s %7s %9s %8s %8s", "# update", "threads", "Gparam/s", "GB/s", "%roof");
+    for (int ti = 0; ti < o->nt; ti++) bench_update_rows(b, o->tlist[ti]);
+    if ((rc = bench_check_update(b))) return rc;
+
+    /* the state encodings: each with its roof, all timed in turn */
+    if ((rc = bench_state_setup(b))) return rc;
+    if (o->nk)
+        bench_row("%-16s %7s %9s %8s %8s %8s", "# state", "threads", "Gparam/s", "B/param",
+                  "GB/s", "%roof");
+    for (int ti = 0; ti < o->nt && o->nk; ti++) bench_state_rows(b, o->tlist[ti]);
+    if (!o->quick) bench_state_scalar_rows(b);
+    if ((rc = bench_check_states(b))) return rc;
 
     bench_row("%-16s %7s %9s %8s %8s", "# grad stats", "threads", "Gparam/s", "GB/s", "%roof");
-    for (int ti = 0; ti < nt; ti++) {
-        int th = tlist[ti];
-        variant vs[12];
-        int nv = 0;
-        roofs[0].threads = th;
-        vs[nv++] = (variant){.name = "read roof", .fn = read_run, .arg = &roofs[0]};
-        for (int ii = 0; ii < ni; ii++) {
-            if (impls[ii] == ADAM_IMPL_AVX512_NO_BF16) continue; /* same kernel as avx512 */
-            args[ii].r.threads = th;
-            vs[nv++] = (variant){.name = adam_impl_name(impls[ii]), .fn = stats_run,
-                                 .arg = &args[ii]};
-        }
-        time_interleaved(vs, nv, 5, min_s / 2);
-        for (int i = 0; i < nv; i++) {
-            double r = (double)n / vs[i].best * 1e-9;
-            bench_row("%-16s %7d %9.3f %8.2f %8.1f", vs[i].name, th, r, r * (double)gs,
-                      100.0 * vs[0].best / vs[i].best);
-        }
-    }
-    for (int i = 0; i < k; i++) free(bufs[i].base);
-    free(cases);
-    bench_result("params/s", main_rate);
-    /* the encodings against fp32 state, and each against its own roof */
-    int f32 = -1;
-    for (int ki = 0; ki < nk; ki++)
-        if (kinds[ki].type == ADAM_STATE_F32) f32 = ki;
-    for (int ki = 0; ki < nk; ki++) {
-        char label[96];
-        if (f32 >= 0 && ki != f32 && state_rate[f32] > 0) {
-            snprintf(label, sizeof label, "%s/fp32 Gparam/s (auto, %d thread%s)",
-                     adam_state_name(kinds[ki]), tmax, tmax > 1 ? "s" : "");
-            bench_result(label, state_rate[ki] / state_rate[f32]);
-        }
-        snprintf(label, sizeof label, "%s %%roof (auto, %d thread%s)", adam_state_name(kinds[ki]),
-                 tmax, tmax > 1 ? "s" : "");
-        bench_result(label, state_roof[ki]);
-    }
+    for (int ti = 0; ti < o->nt; ti++) bench_stats_rows(b, o->tlist[ti]);
+    for (int i = 0; i < b->k; i++) free(b->bufs[i].base);
+    free(b->cases);
+    bench_report(b);
     return 0;
 }
