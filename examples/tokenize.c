@@ -161,23 +161,30 @@ static int decode_main(const model_tokenizer *t, char **inputs, int n, int flags
     return st == ZO_ERR_NOMEM ? 1 : 2;
 }
 
-int main(int argc, char **argv)
+/* What the command line asks for. */
+typedef struct tok_opts {
+    const char *tok_path, *out_path, *eot_name;
+    int special, print, decode, skip_special;
+    long threads;
+} tok_opts;
+
+/* Parses the options into o; returns -1 to go on, or the exit code. */
+static int parse_args(int argc, char **argv, tok_opts *o)
 {
-    const char *tok_path = NULL, *out_path = NULL, *eot_name = NULL;
-    int special = 1, print = 0, decode = 0, skip_special = 0, c;
-    long threads = 0;
+    int c;
+    *o = (tok_opts){.special = 1};
     opterr = 0;
     while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
         switch (c) {
-        case OPT_TOKENIZER: tok_path = optarg; break;
-        case OPT_OUT: out_path = optarg; break;
-        case OPT_EOT: eot_name = optarg; break;
-        case OPT_NO_SPECIAL: special = 0; break;
-        case OPT_PRINT: print = 1; break;
-        case OPT_DECODE: decode = 1; break;
-        case OPT_SKIP_SPECIAL: skip_special = 1; break;
+        case OPT_TOKENIZER: o->tok_path = optarg; break;
+        case OPT_OUT: o->out_path = optarg; break;
+        case OPT_EOT: o->eot_name = optarg; break;
+        case OPT_NO_SPECIAL: o->special = 0; break;
+        case OPT_PRINT: o->print = 1; break;
+        case OPT_DECODE: o->decode = 1; break;
+        case OPT_SKIP_SPECIAL: o->skip_special = 1; break;
         case OPT_THREADS:
-            if (zo_parse_int(optarg, "--threads", 1, 1024, &threads) != ZO_OK) {
+            if (zo_parse_int(optarg, "--threads", 1, 1024, &o->threads) != ZO_OK) {
                 fprintf(stderr, "tokenize: %s\n", zo_last_error());
                 return 2;
             }
@@ -191,114 +198,142 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (tok_path && decode) {
-        model_tokenizer *t = NULL;
-        if (model_tokenizer_load(tok_path, &t) != ZO_OK) {
-            fprintf(stderr, "tokenize: %s\n", zo_last_error());
-            return 2;
-        }
-        int rc = decode_main(t, argv + optind, argc - optind, skip_special ? MODEL_TOK_SKIP_SPECIAL : 0);
-        model_tokenizer_free(t);
-        return rc;
-    }
-    if (!tok_path || (!out_path && !print) || optind >= argc) {
-        fprintf(stderr, "tokenize: %s (see --help)\n",
-                !tok_path ? "--tokenizer is required" : optind >= argc ? "no input files" : "--out is required");
-        return 2;
-    }
+    return -1;
+}
 
-    model_tokenizer *t = NULL;
-    zo_status st = model_tokenizer_load(tok_path, &t);
-    if (st != ZO_OK) {
-        fprintf(stderr, "tokenize: %s\n", zo_last_error());
-        return 2;
-    }
-    int rc = 2;
+/* The end-of-text id appended to each document (-1: none), from --eot or the
+ * tokenizer's own; -2 after printing why there is none. */
+static int32_t resolve_eot(const model_tokenizer *t, const tok_opts *o)
+{
     int32_t eot = model_tokenizer_eot(t);
-    if (eot_name && !strcmp(eot_name, "none")) {
-        eot = -1;
-    } else if (eot_name && (eot = model_tokenizer_token_id(t, eot_name)) < 0) {
-        fprintf(stderr, "tokenize: --eot %s: no such token in %s\n", eot_name, tok_path);
-        goto out_tok;
-    } else if (!eot_name && eot < 0) {
-        fprintf(stderr, "tokenize: %s has none of the usual end-of-text tokens: name one with --eot "
-                        "TOKEN (or --eot none)\n", tok_path);
-        goto out_tok;
+    if (o->eot_name && !strcmp(o->eot_name, "none")) return -1;
+    if (o->eot_name && (eot = model_tokenizer_token_id(t, o->eot_name)) < 0) {
+        fprintf(stderr, "tokenize: --eot %s: no such token in %s\n", o->eot_name, o->tok_path);
+        return -2;
     }
+    if (!o->eot_name && eot < 0) {
+        fprintf(stderr, "tokenize: %s has none of the usual end-of-text tokens: name one with --eot "
+                        "TOKEN (or --eot none)\n", o->tok_path);
+        return -2;
+    }
+    return eot;
+}
+
+/* Totals over the input files. */
+typedef struct tok_totals {
+    uint64_t docs, bytes;
+    double t_encode;
+} tok_totals;
+
+/* Encodes one input file's documents: printed as lists of ids with --print,
+ * else appended to w. */
+static zo_status encode_file(const model_tokenizer *t, const tok_opts *o, int32_t eot,
+                             const char *path, model_tokens_writer *w, tok_totals *tot)
+{
+    model_corpus corp;
+    zo_status st = model_corpus_read(path, &corp);
+    if (st != ZO_OK) return st;
+    if (corp.kind == MODEL_CORPUS_PAIRS) {
+        st = zo_error(ZO_ERR_INVALID, "%s: prompt/completion records keep a loss mask that a token "
+                      "file has no room for; train reads them itself (train --tokenizer %s --data %s)",
+                      path, o->tok_path, path);
+        model_corpus_free(&corp);
+        return st;
+    }
+    model_ids *ids = calloc(corp.n, sizeof *ids);
+    if (!ids) {
+        st = zo_error(ZO_ERR_NOMEM, "%s: out of memory", path);
+        model_corpus_free(&corp);
+        return st;
+    }
+    double te = zo_now();
+    st = model_tokenizer_encode_many(t, (const char *const *)corp.text, corp.len, corp.n,
+                                     o->special ? MODEL_TOK_ADD_SPECIAL : 0, eot, (int)o->threads, ids);
+    tot->t_encode += zo_now() - te;
+    if (st != ZO_OK) st = zo_error_wrap(st, "%s", path);
+    for (size_t d = 0; d < corp.n; d++) {
+        if (st == ZO_OK && o->print) {
+            putchar('[');
+            for (size_t k = 0; k < ids[d].n; k++) printf("%s%d", k ? "," : "", ids[d].v[k]);
+            printf("]\n");
+        } else if (st == ZO_OK) {
+            st = model_tokens_writer_append(w, ids[d].v, ids[d].n);
+        }
+        tot->bytes += corp.len[d];
+        model_ids_free(&ids[d]);
+    }
+    tot->docs += corp.n;
+    free(ids);
+    model_corpus_free(&corp);
+    return st;
+}
+
+/* Encodes inputs[0..n) into --out (or prints them); returns the exit code. */
+static int encode_main(const model_tokenizer *t, const tok_opts *o, char **inputs, int n)
+{
+    int32_t eot = resolve_eot(t, o);
+    if (eot == -2) return 2;
     int vocab = model_tokenizer_vocab(t);
     model_tokens_writer w = {0};
-    if (!print && (st = model_tokens_writer_open(&w, out_path, model_tokens_width_for(vocab), vocab)) != ZO_OK) {
+    zo_status st;
+    if (!o->print &&
+        (st = model_tokens_writer_open(&w, o->out_path, model_tokens_width_for(vocab), vocab)) != ZO_OK) {
         fprintf(stderr, "tokenize: %s\n", zo_last_error());
-        rc = 1;
-        goto out_tok;
+        return 1;
     }
-    uint64_t docs = 0, bytes = 0;
-    double t0 = zo_now(), t_encode = 0;
-    for (int i = optind; i < argc; i++) {
-        model_corpus corp;
-        if ((st = model_corpus_read(argv[i], &corp)) != ZO_OK) goto out_write;
-        if (corp.kind == MODEL_CORPUS_PAIRS) {
-            st = zo_error(ZO_ERR_INVALID, "%s: prompt/completion records keep a loss mask that a token "
-                          "file has no room for; train reads them itself (train --tokenizer %s --data %s)",
-                          argv[i], tok_path, argv[i]);
-            model_corpus_free(&corp);
-            goto out_write;
+    tok_totals tot = {0};
+    double t0 = zo_now();
+    for (int i = 0; i < n; i++)
+        if ((st = encode_file(t, o, eot, inputs[i], &w, &tot)) != ZO_OK) {
+            fprintf(stderr, "tokenize: %s\n", zo_last_error());
+            if (!o->print) model_tokens_writer_abort(&w);
+            return st == ZO_ERR_NOMEM || st == ZO_ERR_IO ? 1 : 2;
         }
-        model_ids *ids = calloc(corp.n, sizeof *ids);
-        if (!ids) {
-            st = zo_error(ZO_ERR_NOMEM, "%s: out of memory", argv[i]);
-            model_corpus_free(&corp);
-            goto out_write;
-        }
-        double te = zo_now();
-        st = model_tokenizer_encode_many(t, (const char *const *)corp.text, corp.len, corp.n,
-                                         special ? MODEL_TOK_ADD_SPECIAL : 0, eot, (int)threads, ids);
-        t_encode += zo_now() - te;
-        if (st != ZO_OK) st = zo_error_wrap(st, "%s", argv[i]);
-        for (size_t d = 0; d < corp.n; d++) {
-            if (st == ZO_OK && print) {
-                putchar('[');
-                for (size_t k = 0; k < ids[d].n; k++) printf("%s%d", k ? "," : "", ids[d].v[k]);
-                printf("]\n");
-            } else if (st == ZO_OK) {
-                st = model_tokens_writer_append(&w, ids[d].v, ids[d].n);
-            }
-            bytes += corp.len[d];
-            model_ids_free(&ids[d]);
-        }
-        docs += corp.n;
-        free(ids);
-        model_corpus_free(&corp);
-        if (st != ZO_OK) goto out_write;
-    }
-    if (print) {
-        rc = 0;
-        goto out_tok;
-    }
+    if (o->print) return 0;
     uint64_t n_tokens = w.n;
     int width = (int)w.width;
-    model_tokens_info info = {.eot = eot, .documents = docs};
-    snprintf(info.tokenizer, sizeof info.tokenizer, "%s", tok_path);
+    model_tokens_info info = {.eot = eot, .documents = tot.docs};
+    snprintf(info.tokenizer, sizeof info.tokenizer, "%s", o->tok_path);
     if ((st = model_tokens_writer_commit(&w, &info)) != ZO_OK) {
         fprintf(stderr, "tokenize: %s\n", zo_last_error());
-        rc = 1;
-        goto out_tok;
+        return 1;
     }
     char b1[32];
     printf("# tokenize: %llu documents, %s of text -> %llu tokens (uint%d, vocab %d, %s), "
            "%.1f MB/s encoding, %.2fs in all\n",
-           (unsigned long long)docs, zo_format_bytes(bytes, b1, sizeof b1), (unsigned long long)n_tokens,
-           width * 8, vocab, model_tokenizer_kind(t), t_encode > 0 ? (double)bytes / t_encode / 1e6 : 0.0,
-           zo_now() - t0);
-    printf("# wrote %s and %s.json\n", out_path, out_path);
-    rc = 0;
-    goto out_tok;
+           (unsigned long long)tot.docs, zo_format_bytes(tot.bytes, b1, sizeof b1),
+           (unsigned long long)n_tokens, width * 8, vocab, model_tokenizer_kind(t),
+           tot.t_encode > 0 ? (double)tot.bytes / tot.t_encode / 1e6 : 0.0, zo_now() - t0);
+    printf("# wrote %s and %s.json\n", o->out_path, o->out_path);
+    return 0;
+}
 
-out_write:
-    fprintf(stderr, "tokenize: %s\n", zo_last_error());
-    if (!print) model_tokens_writer_abort(&w);
-    rc = st == ZO_ERR_NOMEM || st == ZO_ERR_IO ? 1 : 2;
-out_tok:
+int main(int argc, char **argv)
+{
+    tok_opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc >= 0) return rc;
+    if (o.tok_path && o.decode) {
+        model_tokenizer *t = NULL;
+        if (model_tokenizer_load(o.tok_path, &t) != ZO_OK) {
+            fprintf(stderr, "tokenize: %s\n", zo_last_error());
+            return 2;
+        }
+        rc = decode_main(t, argv + optind, argc - optind, o.skip_special ? MODEL_TOK_SKIP_SPECIAL : 0);
+        model_tokenizer_free(t);
+        return rc;
+    }
+    if (!o.tok_path || (!o.out_path && !o.print) || optind >= argc) {
+        fprintf(stderr, "tokenize: %s (see --help)\n",
+                !o.tok_path ? "--tokenizer is required" : optind >= argc ? "no input files" : "--out is required");
+        return 2;
+    }
+    model_tokenizer *t = NULL;
+    if (model_tokenizer_load(o.tok_path, &t) != ZO_OK) {
+        fprintf(stderr, "tokenize: %s\n", zo_last_error());
+        return 2;
+    }
+    rc = encode_main(t, &o, argv + optind, argc - optind);
     model_tokenizer_free(t);
     return rc;
 }
