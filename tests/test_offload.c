@@ -121,6 +121,121 @@ static zo_status weights_writer(void *user, const char *path, const float *const
     return model_save(path, l, (const void *const *)blocks, ZO_DTYPE_F32, ZO_DTYPE_F32);
 }
 
+/* The starting weights: with LoRA the frozen base packed block by block and
+ * the adapters at PEFT's init (returns the packed base, to compare after the
+ * run), else the full weights (returns NULL). */
+static uint8_t **set_initial_weights(const run *r, tf_model *m, offload_t *rt)
+{
+    const model_layout *l = &m->layout;
+    if (r->lora.r <= 0) {
+        float **w = calloc((size_t)l->n_blocks, sizeof(float *));
+        for (int b = 0; b < l->n_blocks; b++) w[b] = calloc(l->block_numel[b] + 1, sizeof(float));
+        tf_init_weights(l, w, 1234);
+        assert_int_equal(offload_set_weights(rt, (const float *const *)w), ZO_OK);
+        for (int b = 0; b < l->n_blocks; b++) free(w[b]);
+        free(w);
+        return NULL;
+    }
+    uint8_t **base = calloc((size_t)l->n_blocks, sizeof *base);
+    uint64_t rng = tf_init_rng(1234), arng = tf_init_rng(99);
+    for (int b = 0; b < l->n_blocks; b++) {
+        float *w = calloc(l->block_numel[b] + 1, sizeof(float));
+        base[b] = calloc(tf_frozen_bytes(m, b) + 1, 1);
+        tf_init_block_weights(l, b, w, &rng);
+        assert_int_equal(tf_frozen_pack(m, b, w, base[b]), ZO_OK);
+        assert_int_equal(offload_set_frozen_block(rt, b, base[b]), ZO_OK);
+        float *a = calloc(m->adapters.block_numel[b] + 1, sizeof(float));
+        tf_init_lora_block(&m->adapters, b, a, &arng);
+        assert_int_equal(offload_set_block(rt, b, a), ZO_OK);
+        free(a);
+        free(w);
+    }
+    return base;
+}
+
+/* Resumes from r->resume_dir, measuring the resident set's growth when asked. */
+static void resume_load(run *r, offload_t *rt)
+{
+    offload_ckpt_meta meta;
+    uint64_t rss = proc_status_kb("VmRSS");
+    if (r->measure_io) assert_true(reset_hwm());
+    zo_status st = offload_load(rt, r->resume_dir, &meta);
+    if (r->measure_io) r->load_growth = proc_status_kb("VmHWM") - rss;
+    if (st != ZO_OK) fprintf(stderr, "offload_load: %s\n", zo_last_error());
+    assert_int_equal(st, ZO_OK);
+    assert_int_equal(meta.data_step, r->start_step);
+}
+
+/* Saves after step k (streamed and measured when asked). */
+static void save_checkpoint(run *r, offload_t *rt, const model_layout *l, int k)
+{
+    offload_ckpt_meta meta = {.data_step = k + 1, .seed = 1234};
+    zo_status st;
+    if (r->measure_io) {
+        r->rss_at_save = proc_status_kb("VmRSS");
+        assert_true(reset_hwm());
+        st = offload_save_streamed(rt, r->save_dir, &meta, stream_writer, (void *)l);
+        r->save_growth = proc_status_kb("VmHWM") - r->rss_at_save;
+    } else {
+        st = offload_save(rt, r->save_dir, &meta, weights_writer, (void *)l);
+    }
+    if (st != ZO_OK) fprintf(stderr, "save: %s\n", zo_last_error());
+    assert_int_equal(st, ZO_OK);
+}
+
+/* Step k: the micro-batches (each checked against a forward-only pass when
+ * r->eval), the mean loss, the last step's gradient, the update, the save. */
+static void train_step(run *r, tf_model *m, offload_t *rt, gpu_stream_t s, int k, int32_t *in,
+                       int32_t *tg)
+{
+    int accum = r->oc.grad_accum ? r->oc.grad_accum : 1;
+    double sum = 0;
+    zo_status st;
+    for (int j = 0; j < accum; j++) {
+        tiny_batch(r->cfg.vocab, r->B, r->T, (int64_t)k * accum + j, in, tg);
+        assert_int_equal(tf_set_batch(m, s, in, tg, r->B, r->T), ZO_OK);
+        float eval_loss = 0;
+        if (r->eval) {
+            assert_int_equal(offload_forward(rt, s), ZO_OK);
+            assert_int_equal(tf_loss(m, s, &eval_loss), ZO_OK);
+        }
+        st = offload_micro_batch(rt, s);
+        if (st != ZO_OK) fprintf(stderr, "micro-batch: %s\n", zo_last_error());
+        assert_int_equal(st, ZO_OK);
+        float loss;
+        assert_int_equal(tf_loss(m, s, &loss), ZO_OK);
+        if (r->eval) assert_memory_equal(&eval_loss, &loss, sizeof loss);
+        sum += loss;
+    }
+    r->loss[k] = (float)(sum / accum);
+    if (r->final_grad && k == r->steps - 1) {
+        size_t gn;
+        const float *g = offload_grad(rt, &gn);
+        assert_non_null(g);
+        r->final_grad_n = gn;
+        memcpy(r->final_grad, g, gn * 4);
+    }
+    st = offload_step(rt, &r->info[k]);
+    if (st != ZO_OK) fprintf(stderr, "step: %s\n", zo_last_error());
+    assert_int_equal(st, ZO_OK);
+    if (r->save_dir && k + 1 == r->save_at) save_checkpoint(r, rt, &m->layout, k);
+}
+
+/* The frozen base, never written back: the bytes it was given. Frees base. */
+static void check_frozen_base(run *r, tf_model *m, offload_t *rt, uint8_t **base)
+{
+    const model_layout *l = &m->layout;
+    for (int b = 0; b < l->n_blocks; b++) {
+        size_t fb = tf_frozen_bytes(m, b);
+        uint8_t *got = malloc(fb + 1);
+        assert_int_equal(offload_get_frozen_block(rt, b, got), ZO_OK);
+        r->base_changed |= memcmp(got, base[b], fb) != 0;
+        free(got);
+        free(base[b]);
+    }
+    free(base);
+}
+
 /* Train r->steps steps; returns ZO_ERR_UNSUPPORTED (the run did not happen)
  * when the configuration needs what this build lacks. */
 static zo_status do_run(run *r)
@@ -148,102 +263,13 @@ static zo_status do_run(run *r)
     if (st != ZO_OK) fprintf(stderr, "offload_init: %s\n", zo_last_error());
     assert_int_equal(st, ZO_OK);
 
-    const model_layout *l = &m.layout;
-    uint8_t **base = NULL;
-    if (r->lora.r > 0) {
-        /* the frozen base packed block by block, the adapters at PEFT's init */
-        base = calloc((size_t)l->n_blocks, sizeof *base);
-        uint64_t rng = tf_init_rng(1234), arng = tf_init_rng(99);
-        for (int b = 0; b < l->n_blocks; b++) {
-            float *w = calloc(l->block_numel[b] + 1, sizeof(float));
-            base[b] = calloc(tf_frozen_bytes(&m, b) + 1, 1);
-            tf_init_block_weights(l, b, w, &rng);
-            assert_int_equal(tf_frozen_pack(&m, b, w, base[b]), ZO_OK);
-            assert_int_equal(offload_set_frozen_block(rt, b, base[b]), ZO_OK);
-            float *a = calloc(m.adapters.block_numel[b] + 1, sizeof(float));
-            tf_init_lora_block(&m.adapters, b, a, &arng);
-            assert_int_equal(offload_set_block(rt, b, a), ZO_OK);
-            free(a);
-            free(w);
-        }
-    } else {
-        float **w = calloc((size_t)l->n_blocks, sizeof(float *));
-        for (int b = 0; b < l->n_blocks; b++) w[b] = calloc(l->block_numel[b] + 1, sizeof(float));
-        tf_init_weights(l, w, 1234);
-        assert_int_equal(offload_set_weights(rt, (const float *const *)w), ZO_OK);
-        for (int b = 0; b < l->n_blocks; b++) free(w[b]);
-        free(w);
-    }
-    if (r->resume_dir) {
-        offload_ckpt_meta meta;
-        uint64_t rss = proc_status_kb("VmRSS");
-        if (r->measure_io) assert_true(reset_hwm());
-        st = offload_load(rt, r->resume_dir, &meta);
-        if (r->measure_io) r->load_growth = proc_status_kb("VmHWM") - rss;
-        if (st != ZO_OK) fprintf(stderr, "offload_load: %s\n", zo_last_error());
-        assert_int_equal(st, ZO_OK);
-        assert_int_equal(meta.data_step, r->start_step);
-    }
-
-    int accum = r->oc.grad_accum ? r->oc.grad_accum : 1;
+    uint8_t **base = set_initial_weights(r, &m, rt);
+    if (r->resume_dir) resume_load(r, rt);
     size_t n = (size_t)r->B * r->T;
     int32_t *in = malloc(n * 4), *tg = malloc(n * 4);
-    for (int k = r->start_step; k < r->steps; k++) {
-        double sum = 0;
-        for (int j = 0; j < accum; j++) {
-            tiny_batch(r->cfg.vocab, r->B, r->T, (int64_t)k * accum + j, in, tg);
-            assert_int_equal(tf_set_batch(&m, s, in, tg, r->B, r->T), ZO_OK);
-            float eval_loss = 0;
-            if (r->eval) {
-                assert_int_equal(offload_forward(rt, s), ZO_OK);
-                assert_int_equal(tf_loss(&m, s, &eval_loss), ZO_OK);
-            }
-            st = offload_micro_batch(rt, s);
-            if (st != ZO_OK) fprintf(stderr, "micro-batch: %s\n", zo_last_error());
-            assert_int_equal(st, ZO_OK);
-            float loss;
-            assert_int_equal(tf_loss(&m, s, &loss), ZO_OK);
-            if (r->eval) assert_memory_equal(&eval_loss, &loss, sizeof loss);
-            sum += loss;
-        }
-        r->loss[k] = (float)(sum / accum);
-        if (r->final_grad && k == r->steps - 1) {
-            size_t gn;
-            const float *g = offload_grad(rt, &gn);
-            assert_non_null(g);
-            r->final_grad_n = gn;
-            memcpy(r->final_grad, g, gn * 4);
-        }
-        st = offload_step(rt, &r->info[k]);
-        if (st != ZO_OK) fprintf(stderr, "step: %s\n", zo_last_error());
-        assert_int_equal(st, ZO_OK);
-        if (r->save_dir && k + 1 == r->save_at) {
-            offload_ckpt_meta meta = {.data_step = k + 1, .seed = 1234};
-            if (r->measure_io) {
-                r->rss_at_save = proc_status_kb("VmRSS");
-                assert_true(reset_hwm());
-                st = offload_save_streamed(rt, r->save_dir, &meta, stream_writer, (void *)l);
-                r->save_growth = proc_status_kb("VmHWM") - r->rss_at_save;
-            } else {
-                st = offload_save(rt, r->save_dir, &meta, weights_writer, (void *)l);
-            }
-            if (st != ZO_OK) fprintf(stderr, "save: %s\n", zo_last_error());
-            assert_int_equal(st, ZO_OK);
-        }
-    }
+    for (int k = r->start_step; k < r->steps; k++) train_step(r, &m, rt, s, k, in, tg);
     offload_get_stats(rt, &r->stats);
-    if (base) {
-        /* the frozen base, never written back: the bytes it was given */
-        for (int b = 0; b < l->n_blocks; b++) {
-            size_t fb = tf_frozen_bytes(&m, b);
-            uint8_t *got = malloc(fb + 1);
-            assert_int_equal(offload_get_frozen_block(rt, b, got), ZO_OK);
-            r->base_changed |= memcmp(got, base[b], fb) != 0;
-            free(got);
-            free(base[b]);
-        }
-        free(base);
-    }
+    if (base) check_frozen_base(r, &m, rt, base);
     free(in);
     free(tg);
     offload_free(rt);
