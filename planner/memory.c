@@ -313,7 +313,10 @@ static zo_status plan_peft_validate(const plan_train *t, const zo_model_config *
     return st == ZO_OK ? ZO_OK : zo_error_wrap(st, "%s", flag);
 }
 
-zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, const plan_hw *hw)
+/* The batch, the parallel degrees and what they must divide, the dtype the
+ * GPU can run, and the rank count against the hardware. */
+static zo_status plan_parallel_validate(const plan_train *t, const zo_model_config *m,
+                                        const plan_hw *hw)
 {
     if (t->seq <= 0 || t->micro_batch <= 0 || t->grad_accum <= 0)
         return zo_error(ZO_ERR_INVALID, "--seq, --micro-batch and --grad-accum must be positive");
@@ -372,6 +375,13 @@ zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, con
                         "--dp %d x --tp %d x --pp %d = %lld ranks, but the hardware has %d GPUs "
                         "(set --gpus or --dp)",
                         t->dp, t->tp, t->pp, world, hw->gpus);
+    return ZO_OK;
+}
+
+/* Where the optimizer state, gradients and checkpoints live, and the
+ * recomputation policy. */
+static zo_status plan_placement_validate(const plan_train *t, const zo_model_config *m)
+{
     zo_status st = zo_plan_fractions_check(t->opt_frac, 1, "--optimizer", "fractions");
     if (st != ZO_OK) return st;
     if (t->grads_on == ZO_PLAN_NVME)
@@ -406,6 +416,12 @@ zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, con
         return zo_error(ZO_ERR_INVALID, "--reduce-dtype: %d is not a dtype", (int)t->reduce_dtype);
     if (t->checkpoints_on == ZO_PLAN_NVME)
         return zo_error(ZO_ERR_INVALID, "--checkpoints: activation checkpoints live on gpu or cpu");
+    return ZO_OK;
+}
+
+/* The buffers, the hardware, the schedule and the optimizer's encodings. */
+static zo_status plan_runtime_validate(const plan_train *t, const plan_hw *hw)
+{
     if (t->buf.fragmentation < 0 || t->buf.fragmentation > 1)
         return zo_error(ZO_ERR_INVALID, "--fragmentation %g is outside [0, 1]", t->buf.fragmentation);
     if (t->buf.prefetch_depth < 1)
@@ -438,7 +454,16 @@ zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, con
                         zo_dtype_name(t->dtype));
     if (t->loss_chunk < 0)
         return zo_error(ZO_ERR_INVALID, "--loss-chunk %d must not be negative", t->loss_chunk);
-    return plan_peft_validate(t, m);
+    return ZO_OK;
+}
+
+zo_status plan_train_validate(const plan_train *t, const zo_model_config *m, const plan_hw *hw)
+{
+    zo_status st = plan_parallel_validate(t, m, hw);
+    if (st == ZO_OK) st = plan_placement_validate(t, m);
+    if (st == ZO_OK) st = plan_runtime_validate(t, hw);
+    if (st == ZO_OK) st = plan_peft_validate(t, m);
+    return st;
 }
 
 /* ---- the estimate ------------------------------------------------------------ */
