@@ -197,6 +197,108 @@ size_t model_layout_expert_stride(const model_layout *l)
     return 3 * (size_t)l->cfg.hidden * (size_t)l->cfg.moe.expert_ffn;
 }
 
+/* Block 0: the token embedding (and GPT's learned positions). */
+static void embedding_block(builder *b)
+{
+    const zo_model_config *c = &b->l->cfg;
+    const int64_t h = c->hidden, v = c->vocab;
+    if (c->arch == ZO_ARCH_GPT) {
+        add(b, MODEL_ROLE_TOK_EMB, 0, v, h, "wte.weight");
+        add(b, MODEL_ROLE_POS_EMB, 0, c->max_seq, h, "wpe.weight");
+    } else {
+        add(b, MODEL_ROLE_TOK_EMB, 0, v, h, "model.embed_tokens.weight");
+    }
+}
+
+/* Layer i of a GPT-2 model (the builder at its block): Conv1D weights
+ * (transposed in the file), q, k and v as row ranges of the fused c_attn. */
+static void gpt_layer(builder *b, int i)
+{
+    model_layout *l = b->l;
+    const zo_model_config *c = &l->cfg;
+    const int64_t h = c->hidden, f = c->ffn;
+    const int64_t q = (int64_t)c->n_heads * c->head_dim;
+    const int64_t kv = (int64_t)c->n_kv_heads * c->head_dim;
+    const int bl = b->block;
+    add(b, MODEL_ROLE_LN1_W, 0, h, 0, "h.%d.ln_1.weight", i);
+    if (c->norm_bias) add(b, MODEL_ROLE_LN1_B, 0, h, 0, "h.%d.ln_1.bias", i);
+    add(b, MODEL_ROLE_QKV_W, 1, q + 2 * kv, h, "h.%d.attn.c_attn.weight", i);
+    if (c->attn_bias)
+        add(b, MODEL_ROLE_QKV_B, 0, q + 2 * kv, 0, "h.%d.attn.c_attn.bias", i);
+    add(b, MODEL_ROLE_ATTN_OUT_W, 1, h, q, "h.%d.attn.c_proj.weight", i);
+    if (c->out_bias) add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "h.%d.attn.c_proj.bias", i);
+    add(b, MODEL_ROLE_LN2_W, 0, h, 0, "h.%d.ln_2.weight", i);
+    if (c->norm_bias) add(b, MODEL_ROLE_LN2_B, 0, h, 0, "h.%d.ln_2.bias", i);
+    add(b, MODEL_ROLE_MLP_UP_W, 1, f, h, "h.%d.mlp.c_fc.weight", i);
+    if (c->out_bias) add(b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "h.%d.mlp.c_fc.bias", i);
+    add(b, MODEL_ROLE_MLP_DOWN_W, 1, h, f, "h.%d.mlp.c_proj.weight", i);
+    if (c->out_bias) add(b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "h.%d.mlp.c_proj.bias", i);
+    /* q, k, v are row ranges of the fused c_attn */
+    sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_Q_W, 0, q);
+    sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_K_W, q, kv);
+    sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_V_W, q + kv, kv);
+    sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_Q_B, 0, q);
+    sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_K_B, q, kv);
+    sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_V_B, q + kv, kv);
+}
+
+/* Layer i of a LLaMA-family model (the builder at its block): separate
+ * q, k, v and an MLP or MoE block, with fused views over q/k/v and gate/up. */
+static void llama_layer(builder *b, int i)
+{
+    model_layout *l = b->l;
+    const zo_model_config *c = &l->cfg;
+    const int64_t h = c->hidden;
+    const int64_t q = (int64_t)c->n_heads * c->head_dim;
+    const int64_t kv = (int64_t)c->n_kv_heads * c->head_dim;
+    const int bl = b->block;
+    const char *p = "model.layers";
+    add(b, MODEL_ROLE_LN1_W, 0, h, 0, "%s.%d.input_layernorm.weight", p, i);
+    if (c->norm_bias)
+        add(b, MODEL_ROLE_LN1_B, 0, h, 0, "%s.%d.input_layernorm.bias", p, i);
+    add(b, MODEL_ROLE_Q_W, 0, q, h, "%s.%d.self_attn.q_proj.weight", p, i);
+    add(b, MODEL_ROLE_K_W, 0, kv, h, "%s.%d.self_attn.k_proj.weight", p, i);
+    add(b, MODEL_ROLE_V_W, 0, kv, h, "%s.%d.self_attn.v_proj.weight", p, i);
+    if (c->attn_bias) {
+        add(b, MODEL_ROLE_Q_B, 0, q, 0, "%s.%d.self_attn.q_proj.bias", p, i);
+        add(b, MODEL_ROLE_K_B, 0, kv, 0, "%s.%d.self_attn.k_proj.bias", p, i);
+        add(b, MODEL_ROLE_V_B, 0, kv, 0, "%s.%d.self_attn.v_proj.bias", p, i);
+    }
+    add(b, MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.self_attn.o_proj.weight", p, i);
+    if (c->out_bias)
+        add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.self_attn.o_proj.bias", p, i);
+    add(b, MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.post_attention_layernorm.weight", p, i);
+    if (c->norm_bias)
+        add(b, MODEL_ROLE_LN2_B, 0, h, 0, "%s.%d.post_attention_layernorm.bias", p, i);
+    if (zo_model_layer_is_moe(c, i))
+        moe_layer(b, i);
+    else
+        llama_mlp(b, i);
+    static const model_role qkv_w[] = {MODEL_ROLE_Q_W, MODEL_ROLE_K_W, MODEL_ROLE_V_W};
+    static const model_role qkv_b[] = {MODEL_ROLE_Q_B, MODEL_ROLE_K_B, MODEL_ROLE_V_B};
+    static const model_role gu_w[] = {MODEL_ROLE_MLP_GATE_W, MODEL_ROLE_MLP_UP_W};
+    static const model_role gu_b[] = {MODEL_ROLE_MLP_GATE_B, MODEL_ROLE_MLP_UP_B};
+    fuse_views(l, bl, MODEL_ROLE_QKV_W, qkv_w, 3);
+    fuse_views(l, bl, MODEL_ROLE_QKV_B, qkv_b, 3);
+    fuse_views(l, bl, MODEL_ROLE_MLP_GATE_UP_W, gu_w, 2);
+    fuse_views(l, bl, MODEL_ROLE_MLP_GATE_UP_B, gu_b, 2);
+}
+
+/* Block L+1: the final norm and, unless tied to the embedding, the LM head. */
+static void head_block(builder *b)
+{
+    const zo_model_config *c = &b->l->cfg;
+    const int64_t h = c->hidden, v = c->vocab;
+    if (c->arch == ZO_ARCH_GPT) {
+        add(b, MODEL_ROLE_NORM_W, 0, h, 0, "ln_f.weight");
+        if (c->norm_bias) add(b, MODEL_ROLE_NORM_B, 0, h, 0, "ln_f.bias");
+    } else {
+        add(b, MODEL_ROLE_NORM_W, 0, h, 0, "model.norm.weight");
+        if (c->norm_bias) add(b, MODEL_ROLE_NORM_B, 0, h, 0, "model.norm.bias");
+    }
+    if (!c->tied_embeddings) add(b, MODEL_ROLE_LM_HEAD_W, 0, v, h, "lm_head.weight");
+}
+
 zo_status model_layout_init(model_layout *l, const zo_model_config *cfg_in)
 {
     zo_status st;
@@ -224,91 +326,17 @@ zo_status model_layout_init(model_layout *l, const zo_model_config *cfg_in)
         goto out_free_layout;
     }
 
-    const int gpt = cfg.arch == ZO_ARCH_GPT;
-    const int64_t h = cfg.hidden, v = cfg.vocab, f = cfg.ffn;
-    const int64_t q = (int64_t)cfg.n_heads * cfg.head_dim;
-    const int64_t kv = (int64_t)cfg.n_kv_heads * cfg.head_dim;
     builder b = {.l = l, .block = 0, .layer = -1, .st = ZO_OK};
-
-    /* block 0: embedding */
-    if (gpt) {
-        add(&b, MODEL_ROLE_TOK_EMB, 0, v, h, "wte.weight");
-        add(&b, MODEL_ROLE_POS_EMB, 0, cfg.max_seq, h, "wpe.weight");
-    } else {
-        add(&b, MODEL_ROLE_TOK_EMB, 0, v, h, "model.embed_tokens.weight");
-    }
-
-    /* blocks 1..L: layers */
-    for (int i = 0; i < cfg.n_layers; i++) {
+    embedding_block(&b); /* block 0 */
+    for (int i = 0; i < cfg.n_layers; i++) { /* blocks 1..L */
         b.block = model_layout_layer_block(i);
         b.layer = i;
-        int bl = b.block;
-        if (gpt) {
-            add(&b, MODEL_ROLE_LN1_W, 0, h, 0, "h.%d.ln_1.weight", i);
-            if (cfg.norm_bias) add(&b, MODEL_ROLE_LN1_B, 0, h, 0, "h.%d.ln_1.bias", i);
-            add(&b, MODEL_ROLE_QKV_W, 1, q + 2 * kv, h, "h.%d.attn.c_attn.weight", i);
-            if (cfg.attn_bias)
-                add(&b, MODEL_ROLE_QKV_B, 0, q + 2 * kv, 0, "h.%d.attn.c_attn.bias", i);
-            add(&b, MODEL_ROLE_ATTN_OUT_W, 1, h, q, "h.%d.attn.c_proj.weight", i);
-            if (cfg.out_bias) add(&b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "h.%d.attn.c_proj.bias", i);
-            add(&b, MODEL_ROLE_LN2_W, 0, h, 0, "h.%d.ln_2.weight", i);
-            if (cfg.norm_bias) add(&b, MODEL_ROLE_LN2_B, 0, h, 0, "h.%d.ln_2.bias", i);
-            add(&b, MODEL_ROLE_MLP_UP_W, 1, f, h, "h.%d.mlp.c_fc.weight", i);
-            if (cfg.out_bias) add(&b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "h.%d.mlp.c_fc.bias", i);
-            add(&b, MODEL_ROLE_MLP_DOWN_W, 1, h, f, "h.%d.mlp.c_proj.weight", i);
-            if (cfg.out_bias) add(&b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "h.%d.mlp.c_proj.bias", i);
-            /* q, k, v are row ranges of the fused c_attn */
-            sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_Q_W, 0, q);
-            sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_K_W, q, kv);
-            sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_V_W, q + kv, kv);
-            sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_Q_B, 0, q);
-            sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_K_B, q, kv);
-            sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_V_B, q + kv, kv);
-        } else {
-            const char *p = "model.layers";
-            add(&b, MODEL_ROLE_LN1_W, 0, h, 0, "%s.%d.input_layernorm.weight", p, i);
-            if (cfg.norm_bias)
-                add(&b, MODEL_ROLE_LN1_B, 0, h, 0, "%s.%d.input_layernorm.bias", p, i);
-            add(&b, MODEL_ROLE_Q_W, 0, q, h, "%s.%d.self_attn.q_proj.weight", p, i);
-            add(&b, MODEL_ROLE_K_W, 0, kv, h, "%s.%d.self_attn.k_proj.weight", p, i);
-            add(&b, MODEL_ROLE_V_W, 0, kv, h, "%s.%d.self_attn.v_proj.weight", p, i);
-            if (cfg.attn_bias) {
-                add(&b, MODEL_ROLE_Q_B, 0, q, 0, "%s.%d.self_attn.q_proj.bias", p, i);
-                add(&b, MODEL_ROLE_K_B, 0, kv, 0, "%s.%d.self_attn.k_proj.bias", p, i);
-                add(&b, MODEL_ROLE_V_B, 0, kv, 0, "%s.%d.self_attn.v_proj.bias", p, i);
-            }
-            add(&b, MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.self_attn.o_proj.weight", p, i);
-            if (cfg.out_bias)
-                add(&b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.self_attn.o_proj.bias", p, i);
-            add(&b, MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.post_attention_layernorm.weight", p, i);
-            if (cfg.norm_bias)
-                add(&b, MODEL_ROLE_LN2_B, 0, h, 0, "%s.%d.post_attention_layernorm.bias", p, i);
-            if (zo_model_layer_is_moe(&cfg, i))
-                moe_layer(&b, i);
-            else
-                llama_mlp(&b, i);
-            static const model_role qkv_w[] = {MODEL_ROLE_Q_W, MODEL_ROLE_K_W, MODEL_ROLE_V_W};
-            static const model_role qkv_b[] = {MODEL_ROLE_Q_B, MODEL_ROLE_K_B, MODEL_ROLE_V_B};
-            static const model_role gu_w[] = {MODEL_ROLE_MLP_GATE_W, MODEL_ROLE_MLP_UP_W};
-            static const model_role gu_b[] = {MODEL_ROLE_MLP_GATE_B, MODEL_ROLE_MLP_UP_B};
-            fuse_views(l, bl, MODEL_ROLE_QKV_W, qkv_w, 3);
-            fuse_views(l, bl, MODEL_ROLE_QKV_B, qkv_b, 3);
-            fuse_views(l, bl, MODEL_ROLE_MLP_GATE_UP_W, gu_w, 2);
-            fuse_views(l, bl, MODEL_ROLE_MLP_GATE_UP_B, gu_b, 2);
-        }
+        if (cfg.arch == ZO_ARCH_GPT) gpt_layer(&b, i);
+        else llama_layer(&b, i);
     }
-
-    /* block L+1: head */
-    b.block = model_layout_head_block(l);
+    b.block = model_layout_head_block(l); /* block L+1 */
     b.layer = -1;
-    if (gpt) {
-        add(&b, MODEL_ROLE_NORM_W, 0, h, 0, "ln_f.weight");
-        if (cfg.norm_bias) add(&b, MODEL_ROLE_NORM_B, 0, h, 0, "ln_f.bias");
-    } else {
-        add(&b, MODEL_ROLE_NORM_W, 0, h, 0, "model.norm.weight");
-        if (cfg.norm_bias) add(&b, MODEL_ROLE_NORM_B, 0, h, 0, "model.norm.bias");
-    }
-    if (!cfg.tied_embeddings) add(&b, MODEL_ROLE_LM_HEAD_W, 0, v, h, "lm_head.weight");
+    head_block(&b);
     if ((st = b.st) != ZO_OK) goto out_free_layout;
 
     for (int i = 0; i < l->n_blocks; i++) l->total_numel += l->block_numel[i];
