@@ -19,6 +19,8 @@
  *   checkpoint (a shard per rank and a manifest) resumed on one rank goes on
  *   as the 3-rank run does; its PEFT adapter folder is written once and
  *   read back by --adapter.
+ * - Mixtral and Qwen2-MoE at ZeRO 0-3 on 2 ranks: the losses of one rank
+ *   with --grad-accum 2 (the peaks: test_moe says why not yet).
  * - Refusals: every combination outside the table is refused by train
  *   (exit 2, once under mpirun, the table's words: zo_capability_check's),
  *   and by the plan reader for tensor and pipeline parallelism; --merge with
@@ -45,6 +47,7 @@
 #define STEPS 4
 
 static char dir[256];
+static const char *config = "config.json"; /* the model's file in dir */
 static const char *last_out; /* the output of plan_and_train's train */
 
 static const char tiny_config[] =
@@ -61,8 +64,8 @@ static int train(int np, const char *args, char *out, size_t cap)
     char cmd[4096], launch[1024] = "";
     if (np) snprintf(launch, sizeof launch, "%s '%s' %d", ZO_RUN_MPI, ZO_MPIEXEC, np);
     snprintf(cmd, sizeof cmd,
-             "%s %s --model %s/config.json --data %s/text.txt --text --threads 1 --nvme-dir %s %s 2>&1", launch,
-             ZO_TRAIN_BIN, dir, dir, dir, args);
+             "%s %s --model %s/%s --data %s/text.txt --text --threads 1 --nvme-dir %s %s 2>&1", launch,
+             ZO_TRAIN_BIN, dir, config, dir, dir, args);
     int rc = run_capture(cmd, out, cap);
     if (np && rc == 77) {
         printf("  %s", out);
@@ -77,9 +80,9 @@ static int memplan_plan(const char *flags, const char *plan, char *out, size_t c
 {
     char args[2048];
     snprintf(args, sizeof args,
-             "estimate --model %s/config.json --gpu-mem 64MiB --cpu-mem 1GiB --nvme 1GiB --seq 32 --micro-batch 2 "
+             "estimate --model %s/%s --gpu-mem 64MiB --cpu-mem 1GiB --nvme 1GiB --seq 32 --micro-batch 2 "
              "--grads cpu --cuda-context 0 --cublas-workspace 0 --fragmentation 0 --no-dropout %s --plan-out %s",
-             dir, flags, plan);
+             dir, config, flags, plan);
     return run_memplan(args, out, cap);
 }
 
@@ -309,6 +312,69 @@ static void test_lora_three_ranks(void **state)
     assert_true(worst <= 1e-6);
 }
 
+/* ---- mixtures of experts on several ranks ---------------------------------------------- */
+
+/* A Mixtral-shaped and a Qwen2-MoE-shaped model (4 MoE layers; Qwen2-MoE's
+ * shared expert, top-k not renormalized), the router's load-balancing loss
+ * on. */
+static const char mixtral_config[] =
+    "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 64, "
+    "\"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"vocab_size\": 256, "
+    "\"max_position_embeddings\": 64, \"output_router_logits\": true, \"router_aux_loss_coef\": 0.02}";
+static const char qwen2_moe_config[] =
+    "{\"model_type\": \"qwen2_moe\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
+    "\"moe_intermediate_size\": 32, \"shared_expert_intermediate_size\": 48, \"num_experts\": 6, "
+    "\"num_experts_per_tok\": 3, \"norm_topk_prob\": false, \"decoder_sparse_step\": 1, "
+    "\"mlp_only_layers\": [], \"vocab_size\": 256, \"max_position_embeddings\": 64, "
+    "\"output_router_logits\": true, \"router_aux_loss_coef\": 0.05}";
+
+/* Full fine-tuning of each MoE model with plain data parallelism (every
+ * rank holds every expert; issue 31): ZeRO {0, 1, 2, 3} x the two
+ * placements of the matrix, memplan's 2-rank plan run by mpirun -np 2,
+ * against one rank with --grad-accum 2: within 1e-6 relative at every step,
+ * bit-identical in placement 1. The peaks are not held to memplan's here:
+ * memplan sizes a routed expert as a block of its own (streamed, gathered
+ * and staged one at a time, planner/memory.c's stage_params), while the
+ * runtime moves an MoE layer as one block, so its slots, gradient staging
+ * and pinned staging are a layer's (measured: GPU 102-148%, CPU 113-124% of
+ * memplan's on these models). */
+static void test_moe(void **state)
+{
+    (void)state;
+    static const char *const names[2] = {"mixtral", "qwen2_moe"};
+    const char *texts[2] = {mixtral_config, qwen2_moe_config};
+    char flags[1024], plan[512], extra[256], place[256], path[512];
+    for (int mdl = 0; mdl < 2; mdl++) {
+        snprintf(path, sizeof path, "%s/%s.json", dir, names[mdl]);
+        files_write_text(path, texts[mdl]);
+        config = strrchr(path, '/') + 1;
+        for (int p = 1; p <= 2; p++) {
+            double ref[STEPS], got[STEPS];
+            placement(0, 0, p, place, sizeof place);
+            snprintf(flags, sizeof flags, "%s %s", dtype(p), place);
+            snprintf(plan, sizeof plan, "%s/ref-%s-%d.json", dir, names[mdl], p);
+            snprintf(extra, sizeof extra, "--grad-accum 2 %s", clip(p));
+            plan_and_train(flags, plan, 0, extra, ref);
+            for (int stage = 0; stage <= 3; stage++) {
+                placement(0, stage, p, place, sizeof place);
+                snprintf(flags, sizeof flags, "%s %s --dp 2 --zero %d", dtype(p), place, stage);
+                snprintf(plan, sizeof plan, "%s/plan.json", dir);
+                plan_and_train(flags, plan, 2, clip(p), got);
+                int same;
+                double worst = worst_rel(got, ref, 0, STEPS, &same);
+                printf("  %s, ZeRO-%d, %s: %d of %d steps as one rank's, worst %.1e\n", names[mdl], stage, place,
+                       same, STEPS, worst);
+                if (worst > 1e-6) fprintf(stderr, "%s\n", last_out);
+                assert_true(worst <= 1e-6);
+                if (p == 1) assert_int_equal(same, STEPS);
+            }
+        }
+    }
+    config = "config.json";
+}
+
 /* ---- refusals ---------------------------------------------------------------------------- */
 
 /* Occurrences of `what` in `s`. */
@@ -423,6 +489,7 @@ int main(void)
         cmocka_unit_test(test_matrix_qlora),
         cmocka_unit_test(test_searched_plans),
         cmocka_unit_test(test_lora_three_ranks),
+        cmocka_unit_test(test_moe),
         cmocka_unit_test(test_refusals),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
