@@ -337,7 +337,7 @@ static const char qwen2_moe_config[] =
  * bit-identical in placement 1; each rank's peaks within 3% of memplan's
  * plan (before memplan sized an MoE layer as the runtime moves it, one
  * block, and its activations as the transformer keeps them, GPU 102-148%
- * and CPU 113-124% of it; now 98.9-100.3%). Then the plans memplan plan's
+ * and CPU 113-124% of it; now 98.8-100.3%). Then the plans memplan plan's
  * search writes for 2 ranks on a 2 MiB device (the weights streamed from
  * host memory, layers recomputed) at ZeRO 0 and 3: each runs, every rank's
  * peaks within 3% of it. */
