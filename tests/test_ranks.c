@@ -21,7 +21,7 @@
  *   read back by --adapter.
  * - Mixtral and Qwen2-MoE at ZeRO 0-3 on 2 ranks (ZeRO-3 on 4 too): the
  *   losses of one rank with --grad-accum 2 (4), each rank's peaks within 3%
- *   of memplan's.
+ *   of memplan's; --ep 2 refused in the table's words.
  * - Refusals: every combination outside the table is refused by train
  *   (exit 2, once under mpirun, the table's words: zo_capability_check's),
  *   and by the plan reader for tensor and pipeline parallelism; --merge with
@@ -102,6 +102,14 @@ static void plan_and_train(const char *flags, const char *plan, int np, const ch
     assert_int_equal(rc, 0);
     run_train_losses(out, loss, STEPS);
     last_out = out;
+}
+
+/* Occurrences of `what` in `s`. */
+static int count(const char *s, const char *what)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, what)); p += strlen(what)) n++;
+    return n;
 }
 
 /* The worst relative difference of steps [from, to); 1 when a step is missing. */
@@ -418,18 +426,25 @@ static void test_moe(void **state)
             check_peaks(out, 2);
         }
     }
+    /* expert parallelism is not built: train --ep 2 (memplan's flag; it was
+     * taken as --eps, "--eps: 2 is out of range") is refused in the table's
+     * words, once, exit 2 */
+    static char out[1 << 16];
+    zo_run_shape ep;
+    zo_run_shape_defaults(&ep);
+    ep.ranks = ep.ep = 2;
+    ep.moe = 1;
+    char why[512];
+    assert_int_equal(zo_capability_check(&ep, why, sizeof why), ZO_ERR_UNSUPPORTED);
+    int rc = train(2, "--steps 1 --micro-batch 2 --seq 32 --ep 2", out, sizeof out);
+    printf("  --ep 2 on 2 ranks: exit %d, \"%.60s...\" %d time(s)\n", rc, why, count(out, why));
+    if (rc != 2 || count(out, why) != 1) fprintf(stderr, "%s\nwanted once: %s\n", out, why);
+    assert_int_equal(rc, 2);
+    assert_int_equal(count(out, why), 1);
     config = "config.json";
 }
 
 /* ---- refusals ---------------------------------------------------------------------------- */
-
-/* Occurrences of `what` in `s`. */
-static int count(const char *s, const char *what)
-{
-    int n = 0;
-    for (const char *p = s; (p = strstr(p, what)); p += strlen(what)) n++;
-    return n;
-}
 
 /* What the table does not run, refused by train with its words, exit 2,
  * said once (rank 0) under mpirun; nothing trained. */
