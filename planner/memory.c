@@ -93,15 +93,17 @@ static const plan_act_entry act_table[] = {
     {"mlp.swiglu", "gate output", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_LLAMA | PLAN_ACT_DENSE},
     {"mlp.swiglu", "up output", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_LLAMA | PLAN_ACT_DENSE},
     {"mlp.down", "input (swiglu output)", PLAN_W_FFN, 0, PLAN_ACT_TP | PLAN_ACT_LLAMA | PLAN_ACT_DENSE},
-    /* MoE: the router, the routed tokens in and out of the experts (the
-     * outputs for the routing weights' gradient), the experts' gated MLPs
-     * over the routed rows, the shared expert over every token */
+    /* MoE as the runtime keeps it (transformer.c): the router's logits and
+     * probabilities, the (token, expert) pairs' token indices and weights
+     * (int32, fp32), the experts' gated MLPs over the pairs' rows, the shared
+     * expert over every token; the pairs' inputs and outputs are gathered
+     * and scattered through buffers the layers share (moe_buffers) */
+    {"moe.router", "logits (fp32)", PLAN_W_ROUTER, 4, PLAN_ACT_MOE},
     {"moe.router", "probabilities (fp32)", PLAN_W_ROUTER, 4, PLAN_ACT_MOE},
-    {"moe.dispatch", "routed tokens", PLAN_W_ROUTED_H, 0, PLAN_ACT_MOE},
+    {"moe.dispatch", "pairs' tokens and weights", PLAN_W_ROUTED, 8, PLAN_ACT_MOE},
     {"moe.expert", "gate output", PLAN_W_ROUTED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
     {"moe.expert", "up output", PLAN_W_ROUTED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
     {"moe.expert.down", "input (swiglu output)", PLAN_W_ROUTED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
-    {"moe.combine", "expert outputs", PLAN_W_ROUTED_H, 0, PLAN_ACT_MOE},
     {"moe.shared", "gate output", PLAN_W_SHARED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
     {"moe.shared", "up output", PLAN_W_SHARED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
     {"moe.shared.down", "input (swiglu output)", PLAN_W_SHARED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
@@ -163,7 +165,7 @@ uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, 
         case PLAN_W_KVLORA: n = sb * (uint64_t)(m->mla.kv_rank + m->mla.qk_rope); break;
         case PLAN_W_NORMS: n = norms > 2 ? sb * (uint64_t)m->hidden * (uint64_t)(norms - 2) : 0; break;
         case PLAN_W_ROUTER: n = sb * (uint64_t)m->moe.experts; break;
-        case PLAN_W_ROUTED_H: n = routed * (uint64_t)m->hidden; break;
+        case PLAN_W_ROUTED: n = routed; break;
         case PLAN_W_ROUTED_FFN: n = routed * (uint64_t)m->moe.expert_ffn; break;
         default: n = sb * (uint64_t)m->moe.shared_ffn; break;
         }
@@ -533,11 +535,12 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
         uint64_t layer = layer_on_rank(&lp, t, &ex);
         o->params += (uint64_t)n_moe * layer;
         o->experts = (uint64_t)n_moe * ex;
-        /* an MoE layer is blocks of its own: the attention with the router and
-         * the shared expert, and each routed expert (streamed, gathered and
-         * staged one at a time, as DeepSpeed gathers module by module) */
+        /* this runtime moves an MoE layer as one block (router, experts,
+         * shared expert); eager PyTorch frameworks gather module by module
+         * (DeepSpeed's ZeRO-3, FSDP): the attention with the router and the
+         * shared expert, and each routed expert, one at a time */
         uint64_t one = ceil_div(lp.expert, tp), rest = layer - ex;
-        uint64_t block = one > rest ? one : rest;
+        uint64_t block = t->runtime != PLAN_RUNTIME_EAGER ? layer : one > rest ? one : rest;
         if (block > o->largest) o->largest = block;
     }
     if (o->first) {
@@ -1247,6 +1250,28 @@ static void backward_activations(const stage_est *s, plan_estimate *e)
             4 * sb * (uint64_t)t->lora.r + 8 * h);
 }
 
+/* The buffers an MoE model's layers share (transformer.c): the pairs'
+ * gathered inputs and their outputs (activation dtype), the inputs' fp32
+ * gradient and the pairs' weight gradient, the router's gradient and the
+ * pairs' weights' gradient per token and expert (fp32), the weighted
+ * expert activation of the widest MLP, and each layer's [2 E] statistics
+ * of the load-balancing loss. */
+static void moe_buffers(const stage_est *s, plan_estimate *e)
+{
+    const zo_model_config *m = s->m;
+    const plan_train *t = s->t;
+    if (!s->sh.moe_layers) return;
+    uint64_t sb = (uint64_t)t->seq * (uint64_t)t->micro_batch, h = (uint64_t)m->hidden;
+    uint64_t E = (uint64_t)m->moe.experts;
+    uint64_t pairs = round_u64((double)sb * plan_routed_rows(m, t));
+    uint64_t routed_ffn = pairs * (uint64_t)m->moe.expert_ffn, shared_ffn = sb * (uint64_t)m->moe.shared_ffn;
+    uint64_t widest = routed_ffn > shared_ffn ? routed_ffn : shared_ffn;
+    uint64_t bytes = pairs * h * (2 * s->wsz + 4) + pairs * 4 + 2 * sb * E * 4 + widest * s->wsz +
+                     (uint64_t)m->n_layers * 2 * E * 4;
+    add(e, "MoE dispatch buffers (pairs in and out, their gradients, router gradients)", ZO_PLAN_GPU,
+        PLAN_ACTIVATIONS, bytes);
+}
+
 /* ---- activations (unknown for a model known only by its size) ---- */
 static void estimate_activations(const stage_est *s, int stage, plan_estimate *e)
 {
@@ -1279,6 +1304,7 @@ static void estimate_activations(const stage_est *s, int stage, plan_estimate *e
     e->eager_extra = round_u64(plan_eager_extra(s->m) * (double)(layers_bytes + working));
     end_activations(s, e);
     backward_activations(s, e);
+    moe_buffers(s, e);
 }
 
 /* ---- working buffers on the GPU, the allocator's allowance last ---- */

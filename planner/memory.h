@@ -257,8 +257,8 @@ typedef enum plan_act_width {
     PLAN_W_QLORA,  /* s*b*q_lora_rank (MLA) */
     PLAN_W_KVLORA, /* s*b*(kv_lora_rank + qk_rope) (MLA) */
     PLAN_W_NORMS,  /* s*b*h*(norms per layer - 2): Gemma-2's extra norms */
-    PLAN_W_ROUTER, /* s*b*experts: the router's probabilities */
-    PLAN_W_ROUTED_H,   /* s*b*top_k*h (x capacity factor): tokens at the experts */
+    PLAN_W_ROUTER, /* s*b*experts: the router's logits or probabilities */
+    PLAN_W_ROUTED,     /* s*b*top_k (x capacity factor): the (token, expert) pairs */
     PLAN_W_ROUTED_FFN, /* s*b*top_k*expert_ffn (x capacity factor) */
     PLAN_W_SHARED_FFN, /* s*b*shared_ffn */
 } plan_act_width;

@@ -472,19 +472,21 @@ static void test_mixtral_ep8_bytes(void **state)
 
     /* the MoE layer's activations (no recompute, flash attention, bf16, seq
      * 4096, micro-batch 1), by hand against the dense MLP they replace
-     * (gate, up and down inputs of 14336 per token): the router's fp32
-     * probabilities 8 x 4 B, the routed rows in and out 2 x (2 x 4096) x 2 B,
-     * and the experts' gate, up and down inputs over the 2 routed rows:
-     * 3 x (2 x 14336) x 2 B, per token */
+     * (gate, up and down inputs of 14336 per token), as the runtime's
+     * transformer keeps them: the router's fp32 logits and probabilities
+     * 2 x 8 x 4 B, the 2 (token, expert) pairs' token index and weight
+     * 2 x 2 x 4 B, and the experts' gate, up and down outputs over the 2
+     * routed rows: 3 x (2 x 14336) x 2 B, per token (the pairs' inputs and
+     * outputs go through buffers the layers share, since issue 31) */
     uint64_t sq = 4096;
-    uint64_t moe_rows = sq * (8 * 4 + 2 * 2 * 4096 * 2 + 3 * 2 * 14336 * 2);
+    uint64_t moe_rows = sq * (2 * 8 * 4 + 2 * 2 * 4 + 3 * 2 * 14336 * 2);
     uint64_t dense_rows = sq * 3 * 14336 * 2;
     assert_int_equal(plan_layer_act_bytes_of(&s.m, &s.t, 1, 1) - plan_layer_act_bytes_of(&s.m, &s.t, 1, 0),
                      moe_rows - dense_rows);
     /* with a capacity factor of 1.25 the expert buffers grow by a quarter */
     plan_train cf = s.t;
     cf.capacity_factor = 1.25;
-    uint64_t routed = sq * (2 * 2 * 4096 * 2 + 3 * 2 * 14336 * 2);
+    uint64_t routed = sq * (2 * 2 * 4 + 3 * 2 * 14336 * 2);
     assert_int_equal(plan_layer_act_bytes_of(&s.m, &cf, 1, 1) - plan_layer_act_bytes_of(&s.m, &s.t, 1, 1),
                      routed / 4);
 }

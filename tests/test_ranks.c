@@ -19,6 +19,9 @@
  *   checkpoint (a shard per rank and a manifest) resumed on one rank goes on
  *   as the 3-rank run does; its PEFT adapter folder is written once and
  *   read back by --adapter.
+ * - Mixtral and Qwen2-MoE at ZeRO 0-3 on 2 ranks (ZeRO-3 on 4 too): the
+ *   losses of one rank with --grad-accum 2 (4), each rank's peaks within 3%
+ *   of memplan's; --ep 2 refused in the table's words.
  * - Refusals: every combination outside the table is refused by train
  *   (exit 2, once under mpirun, the table's words: zo_capability_check's),
  *   and by the plan reader for tensor and pipeline parallelism; --merge with
@@ -45,6 +48,7 @@
 #define STEPS 4
 
 static char dir[256];
+static const char *config = "config.json"; /* the model's file in dir */
 static const char *last_out; /* the output of plan_and_train's train */
 
 static const char tiny_config[] =
@@ -61,8 +65,8 @@ static int train(int np, const char *args, char *out, size_t cap)
     char cmd[4096], launch[1024] = "";
     if (np) snprintf(launch, sizeof launch, "%s '%s' %d", ZO_RUN_MPI, ZO_MPIEXEC, np);
     snprintf(cmd, sizeof cmd,
-             "%s %s --model %s/config.json --data %s/text.txt --text --threads 1 --nvme-dir %s %s 2>&1", launch,
-             ZO_TRAIN_BIN, dir, dir, dir, args);
+             "%s %s --model %s/%s --data %s/text.txt --text --threads 1 --nvme-dir %s %s 2>&1", launch,
+             ZO_TRAIN_BIN, dir, config, dir, dir, args);
     int rc = run_capture(cmd, out, cap);
     if (np && rc == 77) {
         printf("  %s", out);
@@ -77,9 +81,9 @@ static int memplan_plan(const char *flags, const char *plan, char *out, size_t c
 {
     char args[2048];
     snprintf(args, sizeof args,
-             "estimate --model %s/config.json --gpu-mem 64MiB --cpu-mem 1GiB --nvme 1GiB --seq 32 --micro-batch 2 "
+             "estimate --model %s/%s --gpu-mem 64MiB --cpu-mem 1GiB --nvme 1GiB --seq 32 --micro-batch 2 "
              "--grads cpu --cuda-context 0 --cublas-workspace 0 --fragmentation 0 --no-dropout %s --plan-out %s",
-             dir, flags, plan);
+             dir, config, flags, plan);
     return run_memplan(args, out, cap);
 }
 
@@ -98,6 +102,14 @@ static void plan_and_train(const char *flags, const char *plan, int np, const ch
     assert_int_equal(rc, 0);
     run_train_losses(out, loss, STEPS);
     last_out = out;
+}
+
+/* Occurrences of `what` in `s`. */
+static int count(const char *s, const char *what)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, what)); p += strlen(what)) n++;
+    return n;
 }
 
 /* The worst relative difference of steps [from, to); 1 when a step is missing. */
@@ -309,15 +321,130 @@ static void test_lora_three_ranks(void **state)
     assert_true(worst <= 1e-6);
 }
 
-/* ---- refusals ---------------------------------------------------------------------------- */
+/* ---- mixtures of experts on several ranks ---------------------------------------------- */
 
-/* Occurrences of `what` in `s`. */
-static int count(const char *s, const char *what)
+/* A Mixtral-shaped and a Qwen2-MoE-shaped model (4 MoE layers; Qwen2-MoE's
+ * shared expert, top-k not renormalized), the router's load-balancing loss
+ * on. */
+static const char mixtral_config[] =
+    "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 64, "
+    "\"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"vocab_size\": 256, "
+    "\"max_position_embeddings\": 64, \"output_router_logits\": true, \"router_aux_loss_coef\": 0.02}";
+static const char qwen2_moe_config[] =
+    "{\"model_type\": \"qwen2_moe\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
+    "\"moe_intermediate_size\": 32, \"shared_expert_intermediate_size\": 48, \"num_experts\": 6, "
+    "\"num_experts_per_tok\": 3, \"norm_topk_prob\": false, \"decoder_sparse_step\": 1, "
+    "\"mlp_only_layers\": [], \"vocab_size\": 256, \"max_position_embeddings\": 64, "
+    "\"output_router_logits\": true, \"router_aux_loss_coef\": 0.05}";
+
+/* Full fine-tuning of each MoE model with plain data parallelism (every
+ * rank holds every expert; issue 31): ZeRO {0, 1, 2, 3} x the two
+ * placements of the matrix, memplan's 2-rank plan run by mpirun -np 2,
+ * against one rank with --grad-accum 2: within 1e-6 relative at every step,
+ * bit-identical in placement 1; each rank's peaks within 3% of memplan's
+ * plan (before memplan sized an MoE layer as the runtime moves it, one
+ * block, and its activations as the transformer keeps them, GPU 102-148%
+ * and CPU 113-124% of it; now 98.8-100.3%). The same at ZeRO-3 on 4 ranks
+ * against one rank's --grad-accum 4. Then the plans memplan plan's
+ * search writes for 2 ranks on a 2 MiB device (the weights streamed from
+ * host memory, layers recomputed) at ZeRO 0 and 3: each runs, every rank's
+ * peaks within 3% of it. */
+static void test_moe(void **state)
 {
-    int n = 0;
-    for (const char *p = s; (p = strstr(p, what)); p += strlen(what)) n++;
-    return n;
+    (void)state;
+    static const char *const names[2] = {"mixtral", "qwen2_moe"};
+    const char *texts[2] = {mixtral_config, qwen2_moe_config};
+    char flags[1024], plan[512], extra[256], place[256], path[512];
+    for (int mdl = 0; mdl < 2; mdl++) {
+        snprintf(path, sizeof path, "%s/%s.json", dir, names[mdl]);
+        files_write_text(path, texts[mdl]);
+        config = strrchr(path, '/') + 1;
+        for (int p = 1; p <= 2; p++) {
+            double ref[STEPS], got[STEPS];
+            placement(0, 0, p, place, sizeof place);
+            snprintf(flags, sizeof flags, "%s %s", dtype(p), place);
+            snprintf(plan, sizeof plan, "%s/ref-%s-%d.json", dir, names[mdl], p);
+            snprintf(extra, sizeof extra, "--grad-accum 2 %s", clip(p));
+            plan_and_train(flags, plan, 0, extra, ref);
+            for (int stage = 0; stage <= 3; stage++) {
+                placement(0, stage, p, place, sizeof place);
+                snprintf(flags, sizeof flags, "%s %s --dp 2 --zero %d", dtype(p), place, stage);
+                snprintf(plan, sizeof plan, "%s/plan.json", dir);
+                plan_and_train(flags, plan, 2, clip(p), got);
+                int same;
+                double worst = worst_rel(got, ref, 0, STEPS, &same);
+                printf("  %s, ZeRO-%d, %s: %d of %d steps as one rank's, worst %.1e\n", names[mdl], stage, place,
+                       same, STEPS, worst);
+                if (worst > 1e-6) fprintf(stderr, "%s\n", last_out);
+                assert_true(worst <= 1e-6);
+                if (p == 1) assert_int_equal(same, STEPS);
+                check_peaks(last_out, 2);
+            }
+        }
+        /* 4 ranks at ZeRO-3, the weights in host memory: one rank's
+         * --grad-accum 4 */
+        {
+            double ref[STEPS], got[STEPS];
+            const char *fl = "--dtype fp32 --params cpu --optimizer cpu";
+            snprintf(plan, sizeof plan, "%s/ref-%s-4.json", dir, names[mdl]);
+            plan_and_train(fl, plan, 0, "--grad-accum 4 --clip 1", ref);
+            snprintf(flags, sizeof flags, "%s --dp 4 --zero 3", fl);
+            snprintf(plan, sizeof plan, "%s/plan.json", dir);
+            plan_and_train(flags, plan, 4, "--clip 1", got);
+            int same;
+            double worst = worst_rel(got, ref, 0, STEPS, &same);
+            printf("  %s, ZeRO-3, 4 ranks, %s: %d of %d steps as one rank's with grad-accum 4, worst %.1e\n",
+                   names[mdl], fl, same, STEPS, worst);
+            if (worst > 1e-6) fprintf(stderr, "%s\n", last_out);
+            assert_true(worst <= 1e-6);
+            check_peaks(last_out, 4);
+        }
+        /* memplan plan's search on a device too small for the weights (it
+         * streams them from host memory and recomputes), run as written;
+         * ZeRO 0 and 3 (1-2 keep every weight on the GPU: the table) */
+        static char out[1 << 16];
+        for (int stage = 0; stage <= 3; stage += 3) {
+            char args[2048];
+            snprintf(plan, sizeof plan, "%s/searched.json", dir);
+            snprintf(args, sizeof args,
+                     "plan --model %s --hw cpu --gpus 2 --gpu-mem 2MiB --cpu-mem 1GiB --nvme 1GiB --seq 32 "
+                     "--global-batch 4 --dtype fp32 --no-dropout --method full --zero %d --top 1 --json-out %s",
+                     path, stage, plan);
+            int rc = run_memplan(args, out, sizeof out);
+            if (rc) fprintf(stderr, "memplan %s\n%s\n", args, out);
+            assert_int_equal(rc, 0);
+            const char *best = strstr(out, "\nbest: ");
+            assert_non_null(best);
+            printf("  %s, ZeRO-%d, searched: %.*s\n", names[mdl], stage, (int)(strchr(best + 1, '\n') - best - 1),
+                   best + 1);
+            snprintf(args, sizeof args, "--plan %s --steps 2 --device cpu", plan);
+            rc = train(2, args, out, sizeof out);
+            if (rc) fprintf(stderr, "%s\n", out);
+            assert_int_equal(rc, 0);
+            check_peaks(out, 2);
+        }
+    }
+    /* expert parallelism is not built: train --ep 2 (memplan's flag; it was
+     * taken as --eps, "--eps: 2 is out of range") is refused in the table's
+     * words, once, exit 2 */
+    static char out[1 << 16];
+    zo_run_shape ep;
+    zo_run_shape_defaults(&ep);
+    ep.ranks = ep.ep = 2;
+    ep.moe = 1;
+    char why[512];
+    assert_int_equal(zo_capability_check(&ep, why, sizeof why), ZO_ERR_UNSUPPORTED);
+    int rc = train(2, "--steps 1 --micro-batch 2 --seq 32 --ep 2", out, sizeof out);
+    printf("  --ep 2 on 2 ranks: exit %d, \"%.60s...\" %d time(s)\n", rc, why, count(out, why));
+    if (rc != 2 || count(out, why) != 1) fprintf(stderr, "%s\nwanted once: %s\n", out, why);
+    assert_int_equal(rc, 2);
+    assert_int_equal(count(out, why), 1);
+    config = "config.json";
 }
+
+/* ---- refusals ---------------------------------------------------------------------------- */
 
 /* What the table does not run, refused by train with its words, exit 2,
  * said once (rank 0) under mpirun; nothing trained. */
@@ -423,6 +550,7 @@ int main(void)
         cmocka_unit_test(test_matrix_qlora),
         cmocka_unit_test(test_searched_plans),
         cmocka_unit_test(test_lora_three_ranks),
+        cmocka_unit_test(test_moe),
         cmocka_unit_test(test_refusals),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

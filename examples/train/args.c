@@ -156,6 +156,10 @@ static const char HELP[] =
     "                         base is replicated at 0-2 and partitioned at 3); every method\n"
     "                         and schedule runs at every stage; ZeRO 1-2 keep the trained\n"
     "                         weights on the GPU (weights off it: --zero 3)\n"
+    "  --tp N, --pp N, --ep N  tensor, pipeline and expert parallel degrees (memplan's flags):\n"
+    "                         the runtime runs 1 of each, data parallelism over every rank\n"
+    "                         (a mixture of experts too: each rank holds every expert);\n"
+    "                         more is refused (exit 2), naming what is not built\n"
     "  --comm-timeout S       a collective not done in S seconds ends every rank (default 300)\n"
     "  --reduce-dtype fp32|bf16|fp16  the gradients' reduction over the ranks and its buckets\n"
     "                         (memplan's flag; default: the plan's, else fp32): each rank's\n"
@@ -234,6 +238,7 @@ enum {
     OPT_SCHED, OPT_CLIP_STALE, OPT_DPU_WARMUP, OPT_OPT_THREADS, OPT_KEEP_CKPT,
     OPT_MAX_SKIPPED, OPT_ZERO, OPT_COMM_TIMEOUT, OPT_RECOMPUTE_LAYERS, OPT_REDUCE_DTYPE, OPT_MERGE,
     OPT_MAX_SHARD, OPT_GRADS, OPT_VERSION, OPT_OPTIM, OPT_OPTIM_DTYPE, OPT_MASTER, OPT_LOSS_CHUNK,
+    OPT_TP, OPT_PP, OPT_EP,
 };
 
 static const struct option long_opts[] = {
@@ -284,6 +289,9 @@ static const struct option long_opts[] = {
     {"resume", required_argument, 0, OPT_RESUME},
     {"stats-json", required_argument, 0, OPT_STATS},
     {"zero", required_argument, 0, OPT_ZERO},
+    {"tp", required_argument, 0, OPT_TP},
+    {"pp", required_argument, 0, OPT_PP},
+    {"ep", required_argument, 0, OPT_EP},
     {"comm-timeout", required_argument, 0, OPT_COMM_TIMEOUT},
     {"reduce-dtype", required_argument, 0, OPT_REDUCE_DTYPE},
     {"keep-checkpoints", required_argument, 0, OPT_KEEP_CKPT},
@@ -533,6 +541,9 @@ static int device_flag(int c, const char *arg, train_args *a, zo_status *st)
     case OPT_DEVMEM: *st = zo_parse_size(arg, "--device-mem", 0, &a->device_mem); return 1;
     case OPT_THREADS: *st = zo_parse_int(arg, "--threads", 1, 1024, &a->threads); return 1;
     case OPT_ZERO: *st = plan_int(arg, "--zero", "parallel.zero", &a->p.cfg.zero_stage); return 1;
+    case OPT_TP: *st = plan_int(arg, "--tp", "parallel.tp", &a->tp); return 1;
+    case OPT_PP: *st = plan_int(arg, "--pp", "parallel.pp", &a->pp); return 1;
+    case OPT_EP: *st = plan_int(arg, "--ep", "parallel.ep", &a->ep); return 1;
     case OPT_COMM_TIMEOUT: *st = zo_parse_double(arg, "--comm-timeout", 0.001, 1e7, &a->comm_timeout); return 1;
     case OPT_REDUCE_DTYPE:
         if ((*st = zo_dtype_parse(arg, &a->p.cfg.reduce_dtype)) != ZO_OK) *st = zo_error_wrap(*st, "--reduce-dtype");

@@ -194,6 +194,9 @@ static void run_shape(const train_args *a, int ranks, zo_run_shape *out)
     out->optim_dtype = oc->opt_state;
     out->master = a->p.file.training.master;
     out->loss_chunk = a->p.file.training.loss_chunk;
+    if (a->tp) out->tp = a->tp;
+    if (a->pp) out->pp = a->pp;
+    if (a->ep) out->ep = a->ep;
 }
 
 /* The runtime runs it, or the table's words (the same on every rank:
