@@ -46,6 +46,11 @@ typedef struct ostate_config {
     int exact_stats;       /* device: a pinned block for exact clipping statistics */
     const char *nvme_dir;
     zo_plan_opt_state state; /* m and v in host memory and on NVMe: fp32, bf16, 8-bit */
+    zo_plan_master master;   /* host: an fp32 master, or bf16 weights (+ a bf16 Kahan compensation) */
+    /* without an fp32 master: the weights' store in host memory over the
+     * optimizer's geometry (bf16, flat), where the host shard's weights are
+     * kept in place (NULL: the shard keeps a bf16 copy) */
+    uint16_t *master_at;
 } ostate_config;
 
 /* The shards of og (the optimizer's geometry over the model's blocks g;
