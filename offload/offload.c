@@ -265,13 +265,19 @@ static zo_status create_ostate(offload_t *rt)
     memcpy(oc.frac, c->opt_frac, sizeof oc.frac);
     /* without an fp32 master, the host shard's bf16 weights are the store's
      * when it holds them in host memory in the optimizer's order (one rank,
-     * or ZeRO 0) and the update writes them there (not the delayed update's
-     * copy): memplan's in-place case */
-    void *arr = c->master != ZO_PLAN_MASTER_FP32 && c->schedule != OFFLOAD_SCHEDULE_DPU
-                    ? wstore_host_array(rt->ws) : NULL;
-    if (arr && rt->g.n == rt->og.n && rt->g.nb == rt->og.nb &&
-        !memcmp(rt->g.off, rt->og.off, (size_t)(rt->g.nb + 1) * sizeof *rt->g.off))
-        oc.master_at = arr;
+     * or ZeRO 0), memplan's in-place case; with the delayed update, its host
+     * copy of the newest weights (over the optimizer's geometry, made by
+     * offload_optim_create: bound then) */
+    if (c->master != ZO_PLAN_MASTER_FP32 && c->schedule == OFFLOAD_SCHEDULE_DPU && wstore_host_array(rt->ws)) {
+        oc.master_in_place = 1;
+    } else if (c->master != ZO_PLAN_MASTER_FP32) {
+        void *arr = wstore_host_array(rt->ws);
+        if (arr && rt->g.n == rt->og.n && rt->g.nb == rt->og.nb &&
+            !memcmp(rt->g.off, rt->og.off, (size_t)(rt->g.nb + 1) * sizeof *rt->g.off)) {
+            oc.master_in_place = 1;
+            oc.master_at = arr;
+        }
+    }
     return ostate_create(&rt->env, &rt->g, &rt->og, &oc, &rt->os);
 }
 
@@ -375,7 +381,11 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
      * runtime has the stores and the streaming alone) */
     if (rt->cfg.forward_only) goto streaming;
     if ((st = create_ostate(rt)) != ZO_OK) goto out_free;
-    if ((st = offload_optim_create(&rt->env, &rt->cfg, &rt->m, &rt->g, &rt->og, rt->ws, rt->os, &rt->opt)) != ZO_OK ||
+    if ((st = offload_optim_create(&rt->env, &rt->cfg, &rt->m, &rt->g, &rt->og, rt->ws, rt->os, &rt->opt)) == ZO_OK &&
+        rt->cfg.master != ZO_PLAN_MASTER_FP32 && rt->cfg.schedule == OFFLOAD_SCHEDULE_DPU &&
+        wstore_host_array(rt->ws))
+        ostate_master_at(rt->os, wstore_host_array(offload_optim_shadow(rt->opt)));
+    if (st != ZO_OK ||
         (st = offload_grads_create(&rt->env, &rt->g, &rt->og, rt->dep, rt->cfg.grad_accum, rt->os, rt->opt, &rt->gr)) !=
             ZO_OK)
         goto out_free;

@@ -575,6 +575,8 @@ zo_status offload_optim_step(offload_optim *o, offload_step_info *info)
 
 /* ---- life cycle ---------------------------------------------------------------------- */
 
+wstore *offload_optim_shadow(offload_optim *o) { return o->shadow; }
+
 zo_status offload_optim_create(const offload_env *env, const offload_config *cfg, const offload_model *m,
                                const offload_geom *g, const offload_geom *og, wstore *ws, ostate *os,
                                offload_optim **out)

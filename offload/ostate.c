@@ -92,7 +92,8 @@ typedef struct oshard_config {
     const char *nvme_dir;
     zo_plan_opt_state state; /* host and NVMe: m and v's encoding */
     zo_plan_master master;   /* host: fp32 master, or bf16 weights (+ Kahan compensation) */
-    uint16_t *master_at;     /* host, no master: the store's bf16 weights of flat 0 (NULL: a copy) */
+    int master_in_place;     /* host, no master: the weights' store is W (else a copy) */
+    uint16_t *master_at;     /* ... its bf16 weights of flat 0 (NULL: given by ostate_master_at) */
 } oshard_config;
 
 struct ostate {
@@ -270,6 +271,7 @@ typedef struct host_shard {
      * C = RN(P - W) (the update rounded P itself when stochastic) */
     zo_plan_master master;
     uint16_t *W, *C;
+    int nomaster;      /* the master is W (+ C) */
     int in_place;      /* W is the weights' store (no bytes of its own) */
     float *Ps;
     oshard_update inner; /* the caller's update, under mst_host */
@@ -309,7 +311,7 @@ static zo_status host_read(oshard *sh, size_t first, size_t n, float *P, float *
 {
     host_shard *h = (host_shard *)sh;
     size_t r = first - sh->first;
-    if (P && h->W) mst_decode(h, r, n, P);
+    if (P && h->nomaster) mst_decode(h, r, n, P);
     else if (P) memcpy(P, h->P + r, n * 4);
     if (enc_on(&h->enc)) return enc_get(&h->enc, h->S, sh->n, r, n, M, V, h->sm, h->sv);
     if (M) memcpy(M, h->M + r, n * 4);
@@ -322,7 +324,7 @@ static zo_status host_write(oshard *sh, size_t first, size_t n, const float *P, 
 {
     host_shard *h = (host_shard *)sh;
     size_t r = first - sh->first;
-    if (P && h->W) mst_encode(h, r, n, P);
+    if (P && h->nomaster) mst_encode(h, r, n, P);
     else if (P) memcpy(h->P + r, P, n * 4);
     if (enc_on(&h->enc)) return enc_put(&h->enc, h->S, sh->n, r, n, M, V, h->sm, h->sv);
     copy_or_zero(h->M + r, M, n);
@@ -342,11 +344,11 @@ static zo_status host_step_range(oshard *sh, size_t first, size_t n, const oshar
     zo_status st;
     size_t r0 = first - sh->first;
     oshard_update mu = {.host = mst_host, .ctx = h};
-    if (h->W) {
+    if (h->nomaster) {
         h->inner = *u;
         u = &mu;
     }
-    float *P0 = h->W ? NULL : h->P + r0;
+    float *P0 = h->nomaster ? NULL : h->P + r0;
     if (enc_on(&h->enc)) return enc_update(&h->enc, h->S, sh->n, r0, n, first, P0, u, h->sm, h->sv,
                                           h->sub_group);
     for (size_t f = 0; f < n; f += h->sub_group) {
@@ -367,7 +369,7 @@ static zo_status host_step(oshard *sh, const oshard_update *u)
 static void host_destroy(oshard *sh)
 {
     host_shard *h = (host_shard *)sh;
-    if (h->W) {
+    if (h->nomaster) {
         if (!h->in_place) offload_host_free(sh->env, h->W, sh->n * 2, 0);
         offload_host_free(sh->env, h->C, h->C ? sh->n * 2 : 0, 0);
         offload_host_free(sh->env, h->Ps, h->sub_group * 4, 0);
@@ -400,7 +402,9 @@ static zo_status host_create(oshard *sh, const oshard_config *c)
         /* the weights in bf16 (and Kahan's compensation), a sub-group of
          * fp32 scratch to update them on */
         h->in_place = c->master_at != NULL;
-        if (h->in_place) h->W = c->master_at + sh->first;
+        h->nomaster = 1;
+        h->in_place = c->master_in_place;
+        if (h->in_place && c->master_at) h->W = c->master_at + sh->first;
         void **arr[3] = {(void **)&h->W, (void **)&h->C, (void **)&h->Ps};
         size_t bytes[3] = {h->in_place ? 0 : sh->n * 2, c->master == ZO_PLAN_MASTER_KAHAN ? sh->n * 2 : 0,
                            h->sub_group * 4};
@@ -412,7 +416,7 @@ static zo_status host_create(oshard *sh, const oshard_config *c)
             memset(*arr[i], 0, bytes[i]);
         }
     }
-    size_t p_bytes = h->W ? 0 : sh->n * 4;
+    size_t p_bytes = h->nomaster ? 0 : sh->n * 4;
     if ((st = enc_init(&h->enc, c->state, sh->n, sh->env->n_threads)) != ZO_OK) return st;
     if (enc_on(&h->enc)) {
         /* the master, m and v in their encoding (zero moments: zero bytes),
@@ -429,7 +433,7 @@ static zo_status host_create(oshard *sh, const oshard_config *c)
         return ZO_OK;
     }
     float **arr[3] = {&h->P, &h->M, &h->V};
-    for (int i = h->W ? 1 : 0; i < 3; i++) {
+    for (int i = h->nomaster ? 1 : 0; i < 3; i++) {
         if ((st = offload_host_alloc(sh->env, sh->n * 4, 0, (void **)arr[i])) != ZO_OK)
             return zo_error_wrap(st, "offload_init: optimizer state in memory");
         if (sh->n) memset(*arr[i], 0, sh->n * 4);
@@ -1095,7 +1099,8 @@ zo_status ostate_create(const offload_env *env, const offload_geom *g, const off
         oshard_config sc = {.tier = part[i].tier, .first = part[i].first, .n = part[i].n,
                             .sub_group = c->sub_group, .swap_buffers = c->swap_buffers,
                             .exact_stats = c->exact_stats, .nvme_dir = c->nvme_dir, .state = c->state,
-                            .master = c->master, .master_at = c->master_at};
+                            .master = c->master, .master_in_place = c->master_in_place,
+                            .master_at = c->master_at};
         if ((st = oshard_create(os, &sc, &os->sh[os->n_sh])) == ZO_OK) os->n_sh++;
     }
     if (st != ZO_OK) {
@@ -1184,6 +1189,16 @@ zo_status ostate_get_block(ostate *os, int b, size_t numel, float *w)
     return st;
 }
 
+void ostate_master_at(ostate *os, uint16_t *w)
+{
+    for (int i = 0; i < os->n_sh; i++) {
+        oshard *sh = os->sh[i];
+        if (sh->tier != OFFLOAD_CPU) continue;
+        host_shard *h = (host_shard *)sh;
+        if (h->nomaster && h->in_place) h->W = w + sh->first;
+    }
+}
+
 void ostate_bytes(const ostate *os, uint64_t bytes[OFFLOAD_TIERS])
 {
     for (int i = 0; i < os->n_sh; i++) {
@@ -1192,7 +1207,7 @@ void ostate_bytes(const ostate *os, uint64_t bytes[OFFLOAD_TIERS])
         if (sh->tier == OFFLOAD_CPU) {
             const host_shard *h = (const host_shard *)sh;
             /* the master: fp32, or bf16 weights (+ Kahan's bf16 compensation) */
-            uint64_t p = h->W ? sh->n * ((h->in_place ? 0 : 2) + (h->C ? 2 : 0)) : sh->n * 4;
+            uint64_t p = h->nomaster ? sh->n * ((h->in_place ? 0 : 2) + (h->C ? 2 : 0)) : sh->n * 4;
             b = p + (enc_on(&h->enc) ? h->s_bytes : sh->n * 8);
         }
 #ifdef ZO_OFFLOAD_HAVE_NVME

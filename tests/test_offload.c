@@ -863,7 +863,9 @@ static void test_state_training(void **state)
  * and Kahan end (mean loss of steps 50-59) within 3% of the fp32 master's,
  * round to nearest within 10% (updates below half an ulp are lost: worse is
  * allowed, not a divergence); stochastic rounding is seeded by step and
- * element: a second run's losses are the same bit for bit. */
+ * element: a second run's losses are the same bit for bit. Kahan with the
+ * weights in host memory (kept in the store, or the delayed update's copy)
+ * within 3% of the fp32 master on the same schedule. */
 static void test_master_training(void **state)
 {
     (void)state;
@@ -893,6 +895,26 @@ static void test_master_training(void **state)
     }
     assert_true(fabs(tail[1] - tail[0]) <= 0.10 * tail[0]);
     for (int i = 2; i < 4; i++) assert_true(fabs(tail[i] - tail[0]) <= 0.03 * tail[0]);
+    /* the weights in host memory (the shard's bf16 weights are the store's)
+     * and the delayed update (its copy's): kahan against the fp32 master,
+     * each with that schedule */
+    for (int dpu = 0; dpu < 2; dpu++) {
+        double t2[2];
+        for (int i = 0; i < 2; i++) {
+            run r = {.cfg = tiny_llama(2, 64, 256), .dt = ZO_DTYPE_BF16, .B = 4, .T = 32, .steps = 60};
+            base_config(&r.oc);
+            r.oc.adam.lr = 2e-3f;
+            r.oc.params_on = OFFLOAD_CPU;
+            r.oc.schedule = dpu ? OFFLOAD_SCHEDULE_DPU : OFFLOAD_SCHEDULE_SERIAL;
+            r.oc.master = i ? ZO_PLAN_MASTER_KAHAN : ZO_PLAN_MASTER_FP32;
+            assert_int_equal(do_run(&r), ZO_OK);
+            t2[i] = 0;
+            for (int k = 50; k < 60; k++) t2[i] += r.loss[k] / 10.0;
+        }
+        printf("  weights cpu%s: --master fp32 %.4f, kahan %.4f over steps 50-59\n", dpu ? ", dpu" : "", t2[0],
+               t2[1]);
+        assert_true(fabs(t2[1] - t2[0]) <= 0.03 * t2[0]);
+    }
 }
 
 /* Issue 30: a checkpoint holds fp32 m and v whatever the encoding (the
@@ -1365,7 +1387,8 @@ static void test_memplan_agrees(void **state)
         {"bf16 state, resident, optimizer cpu/nvme, overlap", OFFLOAD_DEVICE, 0.5, 0, OFFLOAD_DEVICE, 0,
          OFFLOAD_SCHEDULE_OVERLAP, 0, 0, ZO_PLAN_STATE_BF16, ZO_PLAN_MASTER_FP32},
         /* no fp32 master (issue 30): the optimizer's bf16 weights, Kahan's
-         * compensation; with the weights in host memory they are the store's */
+         * compensation; with the weights in host memory they are the store's
+         * (the delayed update: its copy's) */
         {"no master, weights cpu, optimizer cpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_SERIAL, 0, 0,
          ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_NONE},
         {"stochastic, resident, optimizer cpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_SERIAL, 0,
@@ -1374,6 +1397,9 @@ static void test_memplan_agrees(void **state)
          OFFLOAD_SCHEDULE_SERIAL, 0, 0, ZO_PLAN_STATE_8BIT, ZO_PLAN_MASTER_KAHAN},
         {"kahan, weights cpu, optimizer cpu, overlap", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_OVERLAP,
          0, 0, ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_KAHAN},
+        /* the delayed update: its host copy of the newest weights is W */
+        {"stochastic, weights cpu, optimizer cpu, dpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_DPU, 0,
+         0, ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_STOCHASTIC},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         run r = {.cfg = tiny_llama(8, 128, 512), .dt = v[i].fp32 ? ZO_DTYPE_F32 : ZO_DTYPE_BF16, .B = 2, .T = 32,
