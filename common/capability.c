@@ -29,8 +29,8 @@ const zo_capability_entry zo_capability_table[ZO_CAP_GAPS - 1] = {
      "the GPU optimizer (gpu_adam_update) keeps fp32 m and v; bf16 and 8-bit state run in the CPU optimizer's "
      "shards (host memory and NVMe): put the optimizer on cpu and nvme, or keep --optim-dtype fp32"},
     {ZO_CAP_NO_MASTER, "no-master",
-     "the runtime's optimizer shards keep an fp32 master of the weights they update; memplan models the "
-     "bf16 update without one, the runtime does not run it yet: use --master fp32"},
+     "the bf16 update without an fp32 master runs in the host optimizer shard only (the NVMe swap and the "
+     "GPU optimizer keep an fp32 master): put the optimizer on cpu (--optimizer cpu), or use --master fp32"},
 };
 
 void zo_run_shape_defaults(zo_run_shape *r)
@@ -78,7 +78,8 @@ zo_capability_gap zo_capability_find(const zo_run_shape *r)
     if (r->schedule == ZO_PLAN_SCHED_DPU && r->optimizer[ZO_PLAN_GPU] > 0) return ZO_CAP_DPU_GPU_OPTIMIZER;
     if (r->moe && r->method != ZO_PLAN_FULL) return ZO_CAP_MOE_LORA;
     if (r->optim_dtype != ZO_PLAN_STATE_FP32 && r->optimizer[ZO_PLAN_GPU] > 0) return ZO_CAP_STATE_GPU_OPTIMIZER;
-    if (r->master != ZO_PLAN_MASTER_FP32) return ZO_CAP_NO_MASTER;
+    if (r->master != ZO_PLAN_MASTER_FP32 && (r->optimizer[ZO_PLAN_GPU] > 0 || r->optimizer[ZO_PLAN_NVME] > 0))
+        return ZO_CAP_NO_MASTER;
     return ZO_CAP_RUNS;
 }
 
@@ -133,8 +134,9 @@ static void what(const zo_run_shape *r, zo_capability_gap gap, char *buf, size_t
                  zo_plan_opt_state_name(r->optim_dtype), fr);
         break;
     case ZO_CAP_NO_MASTER:
-        snprintf(buf, len, "weights without an fp32 master (--master %s, training.master)",
-                 zo_plan_master_name(r->master));
+        fractions(r->optimizer, fr, sizeof fr);
+        snprintf(buf, len, "weights without an fp32 master (--master %s, training.master) with optimizer state "
+                 "off the host (--optimizer %s, placement.optimizer)", zo_plan_master_name(r->master), fr);
         break;
     default:
         snprintf(buf, len, "this combination");

@@ -49,6 +49,16 @@ static inline uint16_t zo_f32_to_bf16(float f)
 
 static inline float zo_bf16_to_f32(uint16_t h) { return zo_bits_f32((uint32_t)h << 16); }
 
+/* Stochastic rounding to bf16: f rounds up with probability (its distance
+ * from the bf16 below, in the 16 bits dropped) / 2^16, given r uniform in
+ * [0, 2^16) (the low 16 bits are used). Unbiased: E[bf16] = f. */
+static inline uint16_t zo_f32_to_bf16_sr(float f, uint32_t r)
+{
+    uint32_t u = zo_f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return zo_f32_to_bf16(f);
+    return (uint16_t)((u + (r & 0xffffu)) >> 16);
+}
+
 static inline uint16_t zo_f32_to_f16(float f)
 {
     uint32_t u = zo_f32_bits(f);

@@ -159,6 +159,11 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
     if ((unsigned)c->opt_state >= ZO_PLAN_STATES)
         return zo_error(ZO_ERR_INVALID, "offload_init: optimizer state encoding %d (fp32, bf16 or 8bit)",
                         (int)c->opt_state);
+    if ((unsigned)c->master >= ZO_PLAN_MASTERS)
+        return zo_error(ZO_ERR_INVALID, "offload_init: master %d (fp32, none, stochastic or kahan)", (int)c->master);
+    if (c->master != ZO_PLAN_MASTER_FP32 && m->dtype != ZO_DTYPE_BF16)
+        return zo_error(ZO_ERR_INVALID, "offload_init: --master %s updates bf16 weights; the model's are %s",
+                        zo_plan_master_name(c->master), zo_dtype_name(m->dtype));
     if (c->zero_stage < 0 || c->zero_stage > 3)
         return zo_error(ZO_ERR_INVALID, "offload_init: ZeRO stage %d (0, 1, 2 or 3)", c->zero_stage);
     /* what the runtime runs: the table every program asks (common/capability.h) */
@@ -172,6 +177,7 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
     shape.adapters = (zo_plan_tier)c->trainable_on;
     memcpy(shape.optimizer, c->opt_frac, sizeof shape.optimizer);
     shape.optim_dtype = c->opt_state;
+    shape.master = c->master;
     if ((st = zo_capability_check(&shape, NULL, 0)) != ZO_OK) return zo_error_wrap(st, "offload_init");
     return ZO_OK;
 }
@@ -255,8 +261,23 @@ static zo_status create_ostate(offload_t *rt)
     const offload_config *c = &rt->cfg;
     ostate_config oc = {.sub_group = c->sub_group, .swap_buffers = c->swap_buffers,
                         .exact_stats = c->adam.clip > 0.0f, .nvme_dir = c->nvme_dir,
-                        .state = c->opt_state};
+                        .state = c->opt_state, .master = c->master};
     memcpy(oc.frac, c->opt_frac, sizeof oc.frac);
+    /* without an fp32 master, the host shard's bf16 weights are the store's
+     * when it holds them in host memory in the optimizer's order (one rank,
+     * or ZeRO 0), memplan's in-place case; with the delayed update, its host
+     * copy of the newest weights (over the optimizer's geometry, made by
+     * offload_optim_create: bound then) */
+    if (c->master != ZO_PLAN_MASTER_FP32 && c->schedule == OFFLOAD_SCHEDULE_DPU && wstore_host_array(rt->ws)) {
+        oc.master_in_place = 1;
+    } else if (c->master != ZO_PLAN_MASTER_FP32) {
+        void *arr = wstore_host_array(rt->ws);
+        if (arr && rt->g.n == rt->og.n && rt->g.nb == rt->og.nb &&
+            !memcmp(rt->g.off, rt->og.off, (size_t)(rt->g.nb + 1) * sizeof *rt->g.off)) {
+            oc.master_in_place = 1;
+            oc.master_at = arr;
+        }
+    }
     return ostate_create(&rt->env, &rt->g, &rt->og, &oc, &rt->os);
 }
 
@@ -360,7 +381,11 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
      * runtime has the stores and the streaming alone) */
     if (rt->cfg.forward_only) goto streaming;
     if ((st = create_ostate(rt)) != ZO_OK) goto out_free;
-    if ((st = offload_optim_create(&rt->env, &rt->cfg, &rt->m, &rt->g, &rt->og, rt->ws, rt->os, &rt->opt)) != ZO_OK ||
+    if ((st = offload_optim_create(&rt->env, &rt->cfg, &rt->m, &rt->g, &rt->og, rt->ws, rt->os, &rt->opt)) == ZO_OK &&
+        rt->cfg.master != ZO_PLAN_MASTER_FP32 && rt->cfg.schedule == OFFLOAD_SCHEDULE_DPU &&
+        wstore_host_array(rt->ws))
+        ostate_master_at(rt->os, wstore_host_array(offload_optim_shadow(rt->opt)));
+    if (st != ZO_OK ||
         (st = offload_grads_create(&rt->env, &rt->g, &rt->og, rt->dep, rt->cfg.grad_accum, rt->os, rt->opt, &rt->gr)) !=
             ZO_OK)
         goto out_free;

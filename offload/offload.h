@@ -194,6 +194,11 @@ typedef struct offload_config {
      * bf16, or block-wise 8-bit (cpu_adam's adam_state encodings); the
      * device share keeps fp32 (offload_init refuses another with one) */
     zo_plan_opt_state opt_state;
+    /* the trained weights' master (issue 30): fp32 (default), or bf16 weights
+     * updated directly: none rounds to nearest, stochastic rounds
+     * stochastically (seeded by step and element), kahan keeps a bf16
+     * compensation; host optimizer state only (offload_init refuses others) */
+    zo_plan_master master;
     int swap_buffers;                /* sub-group buffers of the NVMe pipeline; 0 = 3 */
     int grad_accum;                  /* micro-batches per step; 0 = 1 */
     int n_threads;                   /* CPU Adam threads; 0 = OpenMP's default */

@@ -106,6 +106,28 @@ static size_t decay_piece_part(const offload_optim *o, int b, size_t rel, size_t
     return decay_piece(o, b, base + rel, base + stop, decay) - base;
 }
 
+/* A counter-based hash (splitmix64's finalizer) of the step, the block and
+ * the element: the stochastic rounding's random bits, the same on every
+ * rank and every run. */
+static uint32_t sr_bits(uint64_t step, uint64_t b, uint64_t i)
+{
+    uint64_t z = step * 0x9e3779b97f4a7c15ull ^ (b << 40 ^ i) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (uint32_t)(z ^ (z >> 31));
+}
+
+/* --master stochastic: the new weights of P (n, element `first` of block b
+ * as a whole) rounded stochastically to bf16, into P and into dst. */
+static void round_stochastic(int64_t step, int b, size_t first, float *P, uint16_t *dst, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint16_t w = zo_f32_to_bf16_sr(P[i], sr_bits((uint64_t)step, (uint64_t)b, first + i));
+        dst[i] = w;
+        P[i] = zo_bf16_to_f32(w);
+    }
+}
+
 /* One AdamW call over the optimizer's flat [a, e) of block b, all with or
  * without decay; P, M, V point at element a; the new weights go to the
  * store. The time it takes counts as overlapped when the device was
@@ -127,10 +149,14 @@ static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay,
     int threads = o->threaded && o->cfg->opt_threads ? o->cfg->opt_threads : o->cfg->n_threads;
     oshard_sum sum;
     ostate_grad_sum(o->os, b, &sum);
-    st = adam_update(&hp, n, P, sum.part + rel, ZO_DTYPE_F32, M, V, wide ? NULL : dst, o->m->dtype, threads);
+    /* (stochastic rounding: the update's fp32 weights rounded here, the
+     * optimizer's bf16 copy keeps what the store gets) */
+    int sr = o->cfg->master == ZO_PLAN_MASTER_STOCHASTIC;
+    st = adam_update(&hp, n, P, sum.part + rel, ZO_DTYPE_F32, M, V, wide || sr ? NULL : dst, o->m->dtype, threads);
     if (st != ZO_OK)
         return zo_error_wrap(st, "offload_step: block %d elements %zu..%zu", b, rel, rel + n);
     if (wide) memcpy(dst, P, n * 4);
+    if (sr) round_stochastic(hp.step, b, offload_dp_part_first(o->env->dp, b) + rel, P, dst, n);
     st = wstore_put_host_done(ws, b, rel, n);
     double dt = zo_now() - t0;
     int busy1 = offload_device_busy(o->env->acct);
@@ -548,6 +574,8 @@ zo_status offload_optim_step(offload_optim *o, offload_step_info *info)
 }
 
 /* ---- life cycle ---------------------------------------------------------------------- */
+
+wstore *offload_optim_shadow(offload_optim *o) { return o->shadow; }
 
 zo_status offload_optim_create(const offload_env *env, const offload_config *cfg, const offload_model *m,
                                const offload_geom *g, const offload_geom *og, wstore *ws, ostate *os,

@@ -65,6 +65,9 @@ zo_status offload_optim_create(const offload_env *env, const offload_config *cfg
                                const offload_geom *g, const offload_geom *og, wstore *ws, ostate *os,
                                offload_optim **out);
 void offload_optim_free(offload_optim *o);
+/* The delayed update's host copy of the newest weights (NULL: another
+ * schedule). */
+wstore *offload_optim_shadow(offload_optim *o);
 /* Unscale, clip and update every shard from the gradient sums of o->micro
  * micro-batches (drained), as the schedule says; the sums are the next
  * step's to start (o->micro 0) once their statistics are taken. */

@@ -91,6 +91,9 @@ typedef struct oshard_config {
     int exact_stats;       /* device: a pinned block for exact clipping statistics */
     const char *nvme_dir;
     zo_plan_opt_state state; /* host and NVMe: m and v's encoding */
+    zo_plan_master master;   /* host: fp32 master, or bf16 weights (+ Kahan compensation) */
+    int master_in_place;     /* host, no master: the weights' store is W (else a copy) */
+    uint16_t *master_at;     /* ... its bf16 weights of flat 0 (NULL: given by ostate_master_at) */
 } oshard_config;
 
 struct ostate {
@@ -227,7 +230,7 @@ static zo_status enc_put(const ostate_enc *e, void *S, size_t n, size_t rel, siz
 typedef struct enc_upd {
     const oshard_update *u;
     size_t flat0, rel0; /* the flat index of element rel0 of the region */
-    float *P;           /* the master at rel0 */
+    float *P;           /* the master at rel0 (NULL: the update finds it) */
     size_t most;        /* elements an update call takes at most (the sub-group) */
 } enc_upd;
 
@@ -237,7 +240,9 @@ static zo_status enc_upd_fn(void *ctx, size_t at, size_t len, size_t off, float 
     zo_status st;
     for (size_t f = 0; f < len; f += x->most) {
         size_t k = len - f < x->most ? len - f : x->most, r = at + f - x->rel0;
-        if ((st = x->u->host(x->u->ctx, x->flat0 + r, k, x->P + r, sm + off + f, sv + off + f)) != ZO_OK) return st;
+        if ((st = x->u->host(x->u->ctx, x->flat0 + r, k, x->P ? x->P + r : NULL, sm + off + f, sv + off + f)) !=
+            ZO_OK)
+            return st;
     }
     return ZO_OK;
 }
@@ -254,19 +259,60 @@ static zo_status enc_update(const ostate_enc *e, void *S, size_t n, size_t rel, 
 
 typedef struct host_shard {
     oshard base;
-    float *P, *M, *V;  /* [n] (M, V: fp32 state only) */
+    float *P, *M, *V;  /* [n] (P: an fp32 master only; M, V: fp32 state only) */
     size_t sub_group;
     ostate_enc enc;    /* m and v in another encoding: S, and scratch of a chunk */
     void *S;
     size_t s_bytes;
     float *sm, *sv;
+    /* no fp32 master (issue 30): the weights in bf16 (W [n]), Kahan's
+     * compensation (C [n], kahan only), a sub-group of fp32 scratch (Ps)
+     * the update runs on: W + C decoded, the update, then W = RN(P) and
+     * C = RN(P - W) (the update rounded P itself when stochastic) */
+    zo_plan_master master;
+    uint16_t *W, *C;
+    int nomaster;      /* the master is W (+ C) */
+    int in_place;      /* W is the weights' store (no bytes of its own) */
+    float *Ps;
+    oshard_update inner; /* the caller's update, under mst_host */
 } host_shard;
+
+/* Weights of [r, r + n) of h, fp32, into P: W + C. */
+static void mst_decode(const host_shard *h, size_t r, size_t n, float *P)
+{
+    for (size_t i = 0; i < n; i++)
+        P[i] = zo_bf16_to_f32(h->W[r + i]) + (h->C ? zo_bf16_to_f32(h->C[r + i]) : 0.0f);
+}
+
+/* ... and back: W the nearest bf16 of P, C what it lost (kahan). */
+static void mst_encode(host_shard *h, size_t r, size_t n, const float *P)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint16_t w = zo_f32_to_bf16(P[i]);
+        h->W[r + i] = w;
+        if (h->C) h->C[r + i] = zo_f32_to_bf16(P[i] - zo_bf16_to_f32(w));
+    }
+}
+
+/* The update of flat [first, first + n) (n at most a sub-group) on the
+ * decoded weights. */
+static zo_status mst_host(void *ctx, size_t first, size_t n, float *P, float *M, float *V)
+{
+    host_shard *h = ctx;
+    (void)P;
+    size_t r = first - h->base.first;
+    mst_decode(h, r, n, h->Ps);
+    zo_status st = h->inner.host(h->inner.ctx, first, n, h->Ps, M, V);
+    if (st == ZO_OK) mst_encode(h, r, n, h->Ps);
+    return st;
+}
 
 static zo_status host_read(oshard *sh, size_t first, size_t n, float *P, float *M, float *V)
 {
     host_shard *h = (host_shard *)sh;
     size_t r = first - sh->first;
-    if (P) memcpy(P, h->P + r, n * 4);
+    if (P && h->nomaster) mst_decode(h, r, n, P);
+    else if (P) memcpy(P, h->P + r, n * 4);
     if (enc_on(&h->enc)) return enc_get(&h->enc, h->S, sh->n, r, n, M, V, h->sm, h->sv);
     if (M) memcpy(M, h->M + r, n * 4);
     if (V) memcpy(V, h->V + r, n * 4);
@@ -278,7 +324,8 @@ static zo_status host_write(oshard *sh, size_t first, size_t n, const float *P, 
 {
     host_shard *h = (host_shard *)sh;
     size_t r = first - sh->first;
-    if (P) memcpy(h->P + r, P, n * 4);
+    if (P && h->nomaster) mst_encode(h, r, n, P);
+    else if (P) memcpy(h->P + r, P, n * 4);
     if (enc_on(&h->enc)) return enc_put(&h->enc, h->S, sh->n, r, n, M, V, h->sm, h->sv);
     copy_or_zero(h->M + r, M, n);
     copy_or_zero(h->V + r, V, n);
@@ -296,11 +343,17 @@ static zo_status host_step_range(oshard *sh, size_t first, size_t n, const oshar
     host_shard *h = (host_shard *)sh;
     zo_status st;
     size_t r0 = first - sh->first;
-    if (enc_on(&h->enc)) return enc_update(&h->enc, h->S, sh->n, r0, n, first, h->P + r0, u, h->sm, h->sv,
+    oshard_update mu = {.host = mst_host, .ctx = h};
+    if (h->nomaster) {
+        h->inner = *u;
+        u = &mu;
+    }
+    float *P0 = h->nomaster ? NULL : h->P + r0;
+    if (enc_on(&h->enc)) return enc_update(&h->enc, h->S, sh->n, r0, n, first, P0, u, h->sm, h->sv,
                                           h->sub_group);
     for (size_t f = 0; f < n; f += h->sub_group) {
         size_t k = n - f < h->sub_group ? n - f : h->sub_group, r = r0 + f;
-        if ((st = u->host(u->ctx, first + f, k, h->P + r, h->M + r, h->V + r)) != ZO_OK) return st;
+        if ((st = u->host(u->ctx, first + f, k, P0 ? P0 + f : NULL, h->M + r, h->V + r)) != ZO_OK) return st;
     }
     return ZO_OK;
 }
@@ -316,7 +369,13 @@ static zo_status host_step(oshard *sh, const oshard_update *u)
 static void host_destroy(oshard *sh)
 {
     host_shard *h = (host_shard *)sh;
-    offload_host_free(sh->env, h->P, sh->n * 4, 0);
+    if (h->nomaster) {
+        if (!h->in_place) offload_host_free(sh->env, h->W, sh->n * 2, 0);
+        offload_host_free(sh->env, h->C, h->C ? sh->n * 2 : 0, 0);
+        offload_host_free(sh->env, h->Ps, h->sub_group * 4, 0);
+    } else {
+        offload_host_free(sh->env, h->P, sh->n * 4, 0);
+    }
     if (enc_on(&h->enc)) {
         offload_host_free(sh->env, h->S, h->s_bytes, 0);
         offload_host_free(sh->env, h->sm, h->enc.chunk * 4, 0);
@@ -338,13 +397,33 @@ static zo_status host_create(oshard *sh, const oshard_config *c)
     host_shard *h = (host_shard *)sh;
     zo_status st;
     h->sub_group = c->sub_group;
+    h->master = c->master;
+    if (c->master != ZO_PLAN_MASTER_FP32) {
+        /* the weights in bf16 (and Kahan's compensation), a sub-group of
+         * fp32 scratch to update them on */
+        h->in_place = c->master_at != NULL;
+        h->nomaster = 1;
+        h->in_place = c->master_in_place;
+        if (h->in_place && c->master_at) h->W = c->master_at + sh->first;
+        void **arr[3] = {(void **)&h->W, (void **)&h->C, (void **)&h->Ps};
+        size_t bytes[3] = {h->in_place ? 0 : sh->n * 2, c->master == ZO_PLAN_MASTER_KAHAN ? sh->n * 2 : 0,
+                           h->sub_group * 4};
+        for (int i = 0; i < 3; i++) {
+            if (!bytes[i]) continue;
+            if ((st = offload_host_alloc(sh->env, bytes[i], 0, arr[i])) != ZO_OK)
+                return zo_error_wrap(st, "offload_init: bf16 weights of the optimizer (--master %s)",
+                                     zo_plan_master_name(c->master));
+            memset(*arr[i], 0, bytes[i]);
+        }
+    }
+    size_t p_bytes = h->nomaster ? 0 : sh->n * 4;
     if ((st = enc_init(&h->enc, c->state, sh->n, sh->env->n_threads)) != ZO_OK) return st;
     if (enc_on(&h->enc)) {
         /* the master, m and v in their encoding (zero moments: zero bytes),
          * a chunk of fp32 scratch for each moment */
         h->s_bytes = enc_bytes(&h->enc, sh->n);
         void **arr[4] = {(void **)&h->P, &h->S, (void **)&h->sm, (void **)&h->sv};
-        size_t bytes[4] = {sh->n * 4, h->s_bytes, h->enc.chunk * 4, h->enc.chunk * 4};
+        size_t bytes[4] = {p_bytes, h->s_bytes, h->enc.chunk * 4, h->enc.chunk * 4};
         for (int i = 0; i < 4; i++) {
             if ((st = offload_host_alloc(sh->env, bytes[i], 0, arr[i])) != ZO_OK)
                 return zo_error_wrap(st, "offload_init: optimizer state in memory (%s m, v)",
@@ -354,7 +433,7 @@ static zo_status host_create(oshard *sh, const oshard_config *c)
         return ZO_OK;
     }
     float **arr[3] = {&h->P, &h->M, &h->V};
-    for (int i = 0; i < 3; i++) {
+    for (int i = h->nomaster ? 1 : 0; i < 3; i++) {
         if ((st = offload_host_alloc(sh->env, sh->n * 4, 0, (void **)arr[i])) != ZO_OK)
             return zo_error_wrap(st, "offload_init: optimizer state in memory");
         if (sh->n) memset(*arr[i], 0, sh->n * 4);
@@ -1019,7 +1098,9 @@ zo_status ostate_create(const offload_env *env, const offload_geom *g, const off
         if (!part[i].n && !hands_out) continue;
         oshard_config sc = {.tier = part[i].tier, .first = part[i].first, .n = part[i].n,
                             .sub_group = c->sub_group, .swap_buffers = c->swap_buffers,
-                            .exact_stats = c->exact_stats, .nvme_dir = c->nvme_dir, .state = c->state};
+                            .exact_stats = c->exact_stats, .nvme_dir = c->nvme_dir, .state = c->state,
+                            .master = c->master, .master_in_place = c->master_in_place,
+                            .master_at = c->master_at};
         if ((st = oshard_create(os, &sc, &os->sh[os->n_sh])) == ZO_OK) os->n_sh++;
     }
     if (st != ZO_OK) {
@@ -1108,13 +1189,27 @@ zo_status ostate_get_block(ostate *os, int b, size_t numel, float *w)
     return st;
 }
 
+void ostate_master_at(ostate *os, uint16_t *w)
+{
+    for (int i = 0; i < os->n_sh; i++) {
+        oshard *sh = os->sh[i];
+        if (sh->tier != OFFLOAD_CPU) continue;
+        host_shard *h = (host_shard *)sh;
+        if (h->nomaster && h->in_place) h->W = w + sh->first;
+    }
+}
+
 void ostate_bytes(const ostate *os, uint64_t bytes[OFFLOAD_TIERS])
 {
     for (int i = 0; i < os->n_sh; i++) {
         const oshard *sh = os->sh[i];
         uint64_t b = sh->n * 12;
-        if (sh->tier == OFFLOAD_CPU && enc_on(&((const host_shard *)sh)->enc))
-            b = sh->n * 4 + ((const host_shard *)sh)->s_bytes;
+        if (sh->tier == OFFLOAD_CPU) {
+            const host_shard *h = (const host_shard *)sh;
+            /* the master: fp32, or bf16 weights (+ Kahan's bf16 compensation) */
+            uint64_t p = h->nomaster ? sh->n * ((h->in_place ? 0 : 2) + (h->C ? 2 : 0)) : sh->n * 4;
+            b = p + (enc_on(&h->enc) ? h->s_bytes : sh->n * 8);
+        }
 #ifdef ZO_OFFLOAD_HAVE_NVME
         if (sh->tier == OFFLOAD_NVME && enc_on(&((const nvme_shard *)sh)->enc))
             b = sh->n * 4 + enc_bytes(&((const nvme_shard *)sh)->enc, sh->n);

@@ -46,6 +46,13 @@ typedef struct ostate_config {
     int exact_stats;       /* device: a pinned block for exact clipping statistics */
     const char *nvme_dir;
     zo_plan_opt_state state; /* m and v in host memory and on NVMe: fp32, bf16, 8-bit */
+    zo_plan_master master;   /* host: an fp32 master, or bf16 weights (+ a bf16 Kahan compensation) */
+    /* without an fp32 master: the host shard's weights are kept in place in
+     * a store of the weights in host memory over the optimizer's geometry
+     * (bf16, flat from element 0: master_at, or NULL until ostate_master_at
+     * gives it, before any state is written), else in a bf16 copy */
+    int master_in_place;
+    uint16_t *master_at;
 } ostate_config;
 
 /* The shards of og (the optimizer's geometry over the model's blocks g;
@@ -62,6 +69,8 @@ zo_status ostate_sync(ostate *os);
 /* Block b's master weights, the whole block (numel elements; the ranks'
  * parts gathered when partitioned), into host memory. */
 zo_status ostate_get_block(ostate *os, int b, size_t numel, float *w);
+/* The store the host shard's bf16 weights are kept in (master_in_place). */
+void ostate_master_at(ostate *os, uint16_t *w);
 /* Bytes of state (master, m and v in their encoding) per tier. */
 void ostate_bytes(const ostate *os, uint64_t bytes[OFFLOAD_TIERS]);
 

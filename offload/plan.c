@@ -46,6 +46,7 @@ zo_status offload_plan_load(const char *path, offload_plan *plan)
     c->checkpoints_on = (offload_tier)f->placement.checkpoints;
     memcpy(c->opt_frac, f->placement.optimizer, sizeof c->opt_frac);
     c->opt_state = f->training.optim_dtype;
+    c->master = f->training.master;
     /* selective recompute keeps all but the attention core, which is worth
      * recomputing only when it stores the s x s scores; this attention is
      * memory-efficient (it keeps one log-sum-exp per row), so selective

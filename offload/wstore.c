@@ -590,6 +590,8 @@ static zo_status host_create(wstore *ws, const wstore_config *c)
     return staging_create(ws, c, &h->dev_stage, &h->dev_ev);
 }
 
+void *wstore_host_array(wstore *ws) { return ws->ops == &host_ops ? host_of(ws)->host : NULL; }
+
 /* ---- the nvme tier ------------------------------------------------------------------------- */
 
 #ifdef ZO_OFFLOAD_HAVE_NVME

@@ -102,6 +102,11 @@ typedef struct wstore_config {
     int deferred;
 } wstore_config;
 
+/* The host tier's array of every block's weights, in its geometry's flat
+ * order (the dtype's elements); NULL for another tier. The optimizer keeps
+ * its bf16 weights there when it has no fp32 master (offload_config.master). */
+void *wstore_host_array(wstore *ws);
+
 /* The tier's store of the blocks of g. */
 zo_status wstore_create(const offload_env *env, const offload_geom *g, const wstore_config *c,
                         wstore **out);

@@ -77,6 +77,39 @@ static void test_bf16_rounding(void **state)
     assert_int_equal(bad, 0);
 }
 
+/* Stochastic rounding to bf16 (issue 30's --master stochastic): over all
+ * 2^16 values of the random bits, f rounds up to the bf16 above exactly as
+ * often as its distance from the one below says, in double: (f - lo) /
+ * (hi - lo) of the time, so the mean is f; a bf16 value never moves; nan
+ * stays nan. */
+static void test_bf16_stochastic(void **state)
+{
+    (void)state;
+    uint64_t bad = 0, checked = 0;
+    for (uint64_t u = 1; u < 0x100000000ull; u += 999983) {
+        float f = zo_bits_f32((uint32_t)u);
+        if (isnan(f) || isinf(f) || (u & 0x7fffffffu) >= 0x7f7f0000u) continue;
+        uint32_t lo = (uint32_t)u & 0xffff0000u;
+        double dlo = (double)zo_bits_f32(lo), dhi = (double)zo_bits_f32(lo + 0x10000u);
+        uint32_t ups = 0;
+        for (uint32_t r = 0; r < 65536; r++) {
+            uint16_t b = zo_f32_to_bf16_sr(f, r);
+            if (b == (uint16_t)((lo >> 16) + 1)) ups++;
+            else if (b != (uint16_t)(lo >> 16)) bad++;
+        }
+        double want = ((double)f - dlo) / (dhi - dlo) * 65536.0;
+        if (fabs((double)ups - want) > 1e-6) bad++;
+        checked++;
+    }
+    assert_true(checked > 3000);
+    assert_int_equal(bad, 0);
+    for (uint32_t r = 0; r < 65536; r += 257) {
+        assert_int_equal(zo_f32_to_bf16_sr(1.0f, r), 0x3f80);
+        assert_int_equal(zo_f32_to_bf16_sr(-0.5f, r), 0xbf00);
+        assert_true(isnan(zo_bf16_to_f32(zo_f32_to_bf16_sr(NAN, r))));
+    }
+}
+
 __attribute__((target("f16c"))) static uint16_t f16_hw(float f)
 {
     return (uint16_t)_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(f), _MM_FROUND_TO_NEAREST_INT), 0);
@@ -588,6 +621,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_check),     cmocka_unit_test(test_bf16_rounding),
+        cmocka_unit_test(test_bf16_stochastic),
         cmocka_unit_test(test_f16_against_hardware), cmocka_unit_test(test_f16_edges),
         cmocka_unit_test(test_parse_size),       cmocka_unit_test(test_parse_count),
         cmocka_unit_test(test_format),           cmocka_unit_test(test_file_write_read),

@@ -883,6 +883,66 @@ static void test_state_training(void **state)
     for (int i = 1; i < 3; i++) assert_true(fabs(tail[i] - tail[0]) <= 0.02 * tail[0]);
 }
 
+/* Training without an fp32 master (issue 30): bf16 weights updated in the
+ * CPU optimizer by round to nearest, stochastic rounding and Kahan
+ * compensation, 60 steps of test_state_training's small LLaMA; stochastic
+ * and Kahan end (mean loss of steps 50-59) within 3% of the fp32 master's,
+ * round to nearest within 10% (updates below half an ulp are lost: worse is
+ * allowed, not a divergence); stochastic rounding is seeded by step and
+ * element: a second run's losses are the same bit for bit. Kahan with the
+ * weights in host memory (kept in the store, or the delayed update's copy)
+ * within 3% of the fp32 master on the same schedule. */
+static void test_master_training(void **state)
+{
+    (void)state;
+    static const zo_plan_master ma[4] = {ZO_PLAN_MASTER_FP32, ZO_PLAN_MASTER_NONE, ZO_PLAN_MASTER_STOCHASTIC,
+                                         ZO_PLAN_MASTER_KAHAN};
+    double tail[4];
+    float sr_loss[60];
+    for (int i = 0; i < 4; i++) {
+        run r = {.cfg = tiny_llama(2, 64, 256), .dt = ZO_DTYPE_BF16, .B = 4, .T = 32, .steps = 60};
+        base_config(&r.oc);
+        r.oc.adam.lr = 2e-3f;
+        r.oc.master = ma[i];
+        run again = r;
+        assert_int_equal(do_run(&r), ZO_OK);
+        tail[i] = 0;
+        for (int k = 50; k < 60; k++) tail[i] += r.loss[k] / 10.0;
+        printf("  --master %-10s: loss %.4f at step 0, %.4f over steps 50-59\n", zo_plan_master_name(ma[i]),
+               (double)r.loss[0], tail[i]);
+        if (ma[i] == ZO_PLAN_MASTER_STOCHASTIC) {
+            memcpy(sr_loss, r.loss, sizeof sr_loss);
+            assert_int_equal(do_run(&again), ZO_OK);
+            for (int k = 0; k < 60; k++)
+                if (memcmp(&sr_loss[k], &again.loss[k], sizeof(float)))
+                    fail_msg("stochastic rounding, step %d: %.9g then %.9g", k, (double)sr_loss[k],
+                             (double)again.loss[k]);
+        }
+    }
+    assert_true(fabs(tail[1] - tail[0]) <= 0.10 * tail[0]);
+    for (int i = 2; i < 4; i++) assert_true(fabs(tail[i] - tail[0]) <= 0.03 * tail[0]);
+    /* the weights in host memory (the shard's bf16 weights are the store's)
+     * and the delayed update (its copy's): kahan against the fp32 master,
+     * each with that schedule */
+    for (int dpu = 0; dpu < 2; dpu++) {
+        double t2[2];
+        for (int i = 0; i < 2; i++) {
+            run r = {.cfg = tiny_llama(2, 64, 256), .dt = ZO_DTYPE_BF16, .B = 4, .T = 32, .steps = 60};
+            base_config(&r.oc);
+            r.oc.adam.lr = 2e-3f;
+            r.oc.params_on = OFFLOAD_CPU;
+            r.oc.schedule = dpu ? OFFLOAD_SCHEDULE_DPU : OFFLOAD_SCHEDULE_SERIAL;
+            r.oc.master = i ? ZO_PLAN_MASTER_KAHAN : ZO_PLAN_MASTER_FP32;
+            assert_int_equal(do_run(&r), ZO_OK);
+            t2[i] = 0;
+            for (int k = 50; k < 60; k++) t2[i] += r.loss[k] / 10.0;
+        }
+        printf("  weights cpu%s: --master fp32 %.4f, kahan %.4f over steps 50-59\n", dpu ? ", dpu" : "", t2[0],
+               t2[1]);
+        assert_true(fabs(t2[1] - t2[0]) <= 0.03 * t2[0]);
+    }
+}
+
 /* Issue 30: a checkpoint holds fp32 m and v whatever the encoding (the
  * values 8-bit state decodes to, exactly), so it resumes in any encoding: a
  * run with 8-bit m and v (in memory and on NVMe) resumes with 8-bit state
@@ -931,6 +991,53 @@ static void test_resume_state(void **state)
             if (fabsf(c.loss[k] - u.loss[k]) > 0.01f * u.loss[k])
                 fail_msg("step %d: resumed in %s: loss %.9g, uninterrupted %.9g", k,
                          zo_plan_opt_state_name(other), c.loss[k], u.loss[k]);
+        }
+    }
+    files_remove_tree(dir);
+}
+
+/* A run without an fp32 master saves the fp32 value of its bf16 weights
+ * (with kahan, weights + compensation) and resumes: round to nearest and
+ * stochastic rounding (seeded by the step) go on bit for bit; kahan within
+ * 1e-4, not bit for bit: the fp32 sum drops the low bits of a compensation
+ * below 2^-16 of its weight, and one of exactly half an ulp reads back as
+ * the other neighbour (an exact resume would save the compensation as a
+ * tensor of its own); each resumes into an fp32 master within 1%. */
+static void test_resume_master(void **state)
+{
+    (void)state;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/resume-master", nvme_dir);
+    static const zo_plan_master ma[3] = {ZO_PLAN_MASTER_NONE, ZO_PLAN_MASTER_STOCHASTIC, ZO_PLAN_MASTER_KAHAN};
+    for (int i = 0; i < 3; i++) {
+        files_remove_tree(dir);
+        run u = {.cfg = tiny_llama(2, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 12};
+        base_config(&u.oc);
+        u.oc.params_on = OFFLOAD_CPU;
+        u.oc.master = ma[i];
+        run a = u, b = u, c = u;
+        assert_int_equal(do_run(&u), ZO_OK);
+        a.steps = 6;
+        a.save_dir = dir;
+        a.save_at = 6;
+        assert_int_equal(do_run(&a), ZO_OK);
+        b.resume_dir = dir;
+        b.start_step = 6;
+        assert_int_equal(do_run(&b), ZO_OK);
+        c.oc.master = ZO_PLAN_MASTER_FP32;
+        c.resume_dir = dir;
+        c.start_step = 6;
+        assert_int_equal(do_run(&c), ZO_OK);
+        printf("  --master %-10s: uninterrupted %.6f, resumed %.6f, resumed with an fp32 master %.6f (step 11)\n",
+               zo_plan_master_name(ma[i]), (double)u.loss[11], (double)b.loss[11], (double)c.loss[11]);
+        for (int k = 6; k < 12; k++) {
+            if (ma[i] != ZO_PLAN_MASTER_KAHAN ? memcmp(&u.loss[k], &b.loss[k], sizeof(float)) != 0
+                                              : fabsf(b.loss[k] - u.loss[k]) > 1e-4f * u.loss[k])
+                fail_msg("--master %s, step %d: resumed loss %.9g, uninterrupted %.9g", zo_plan_master_name(ma[i]),
+                         k, b.loss[k], u.loss[k]);
+            if (fabsf(c.loss[k] - u.loss[k]) > 0.01f * u.loss[k])
+                fail_msg("--master %s, step %d: resumed with an fp32 master: loss %.9g, uninterrupted %.9g",
+                         zo_plan_master_name(ma[i]), k, c.loss[k], u.loss[k]);
         }
     }
     files_remove_tree(dir);
@@ -1309,48 +1416,63 @@ static void test_memplan_agrees(void **state)
         int fp32;   /* fp32 weights (else bf16) */
         int rc_layers; /* recompute the first K of the 8 layers (0: every one) */
         zo_plan_opt_state state; /* m and v (issue 30) */
+        zo_plan_master master;   /* fp32, or bf16 weights updated without one (issue 30) */
     } v[] = {
         {"weights cpu, optimizer cpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_SERIAL, 0, 0,
-         ZO_PLAN_STATE_FP32},
+         ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
         /* the delayed update: a second fp32 gradient sum on the host */
         {"weights cpu, optimizer cpu, dpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_DPU, 0, 0,
-         ZO_PLAN_STATE_FP32},
+         ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
         {"weights cpu, optimizer split", OFFLOAD_CPU, 0.5, 1, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_SERIAL, 0, 0,
-         ZO_PLAN_STATE_FP32},
+         ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
         {"weights nvme, optimizer nvme", OFFLOAD_NVME, 1.0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_SERIAL, 0, 0,
-         ZO_PLAN_STATE_FP32},
+         ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
         {"resident, no recompute", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_SERIAL, 0, 0,
-         ZO_PLAN_STATE_FP32},
+         ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
         {"weights cpu, optimizer gpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 1.0, OFFLOAD_SCHEDULE_SERIAL, 0, 0,
-         ZO_PLAN_STATE_FP32},
+         ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
         {"resident, optimizer and grads gpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 1.0, OFFLOAD_SCHEDULE_SERIAL, 0, 0,
-         ZO_PLAN_STATE_FP32},
+         ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
         {"resident, optimizer gpu/cpu/nvme", OFFLOAD_DEVICE, 0.25, 1, OFFLOAD_DEVICE, 0.5, OFFLOAD_SCHEDULE_SERIAL, 0, 0,
-         ZO_PLAN_STATE_FP32},
+         ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
         {"weights cpu, optimizer gpu/cpu/nvme", OFFLOAD_CPU, 0.25, 1, OFFLOAD_CPU, 0.5, OFFLOAD_SCHEDULE_SERIAL, 0, 0,
-         ZO_PLAN_STATE_FP32},
+         ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
         {"fp32, weights cpu, optimizer cpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_SERIAL, 1, 0,
-         ZO_PLAN_STATE_FP32},
+         ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
         {"fp32, resident, optimizer gpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 1.0, OFFLOAD_SCHEDULE_SERIAL, 1, 0,
-         ZO_PLAN_STATE_FP32},
+         ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
         /* partial recompute: the first K layers rebuilt, the others keeping theirs */
         {"resident, recompute 3 of 8 layers", OFFLOAD_DEVICE, 0, 1, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_SERIAL, 0, 3,
-         ZO_PLAN_STATE_FP32},
+         ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
         {"weights cpu, recompute 6 of 8 layers", OFFLOAD_CPU, 0, 1, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_SERIAL, 0, 6,
-         ZO_PLAN_STATE_FP32},
+         ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
         {"fp32, weights nvme, recompute 1 of 8", OFFLOAD_NVME, 1.0, 1, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_SERIAL, 1, 1,
-         ZO_PLAN_STATE_FP32},
+         ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
         /* m and v in 8 bits and in bf16 (issue 30): in memory and on NVMe */
         {"8-bit state, weights cpu, optimizer cpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_SERIAL, 0,
-         0, ZO_PLAN_STATE_8BIT},
+         0, ZO_PLAN_STATE_8BIT, ZO_PLAN_MASTER_FP32},
         {"bf16 state, weights cpu, optimizer cpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_SERIAL, 0,
-         0, ZO_PLAN_STATE_BF16},
+         0, ZO_PLAN_STATE_BF16, ZO_PLAN_MASTER_FP32},
         {"8-bit state, weights nvme, optimizer nvme", OFFLOAD_NVME, 1.0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_SERIAL,
-         0, 0, ZO_PLAN_STATE_8BIT},
+         0, 0, ZO_PLAN_STATE_8BIT, ZO_PLAN_MASTER_FP32},
         {"8-bit state, weights cpu, optimizer split", OFFLOAD_CPU, 0.5, 1, OFFLOAD_DEVICE, 0,
-         OFFLOAD_SCHEDULE_SERIAL, 0, 0, ZO_PLAN_STATE_8BIT},
+         OFFLOAD_SCHEDULE_SERIAL, 0, 0, ZO_PLAN_STATE_8BIT, ZO_PLAN_MASTER_FP32},
         {"bf16 state, resident, optimizer cpu/nvme, overlap", OFFLOAD_DEVICE, 0.5, 0, OFFLOAD_DEVICE, 0,
-         OFFLOAD_SCHEDULE_OVERLAP, 0, 0, ZO_PLAN_STATE_BF16},
+         OFFLOAD_SCHEDULE_OVERLAP, 0, 0, ZO_PLAN_STATE_BF16, ZO_PLAN_MASTER_FP32},
+        /* no fp32 master (issue 30): the optimizer's bf16 weights, Kahan's
+         * compensation; with the weights in host memory they are the store's
+         * (the delayed update: its copy's) */
+        {"no master, weights cpu, optimizer cpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_SERIAL, 0, 0,
+         ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_NONE},
+        {"stochastic, resident, optimizer cpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_SERIAL, 0,
+         0, ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_STOCHASTIC},
+        {"kahan, 8-bit state, resident, optimizer cpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 0,
+         OFFLOAD_SCHEDULE_SERIAL, 0, 0, ZO_PLAN_STATE_8BIT, ZO_PLAN_MASTER_KAHAN},
+        {"kahan, weights cpu, optimizer cpu, overlap", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_OVERLAP,
+         0, 0, ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_KAHAN},
+        /* the delayed update: its host copy of the newest weights is W */
+        {"stochastic, weights cpu, optimizer cpu, dpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_DPU, 0,
+         0, ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_STOCHASTIC},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         run r = {.cfg = tiny_llama(8, 128, 512), .dt = v[i].fp32 ? ZO_DTYPE_F32 : ZO_DTYPE_BF16, .B = 2, .T = 32,
@@ -1367,6 +1489,7 @@ static void test_memplan_agrees(void **state)
         r.oc.checkpoints_on = v[i].ckpt;
         r.oc.schedule = v[i].sched;
         r.oc.opt_state = v[i].state;
+        r.oc.master = v[i].master;
         peaks_agree(v[i].name, &r);
     }
     /* the loss in chunks of 16 of the 64 tokens (issue 30): the logits and
@@ -1438,6 +1561,8 @@ int main(void)
         cmocka_unit_test(test_nvme_state_bytes),
         cmocka_unit_test(test_resume_state),
         cmocka_unit_test(test_state_training),
+        cmocka_unit_test(test_master_training),
+        cmocka_unit_test(test_resume_master),
         cmocka_unit_test(test_memplan_agrees_lora),
         cmocka_unit_test(test_device_optimizer),
         cmocka_unit_test(test_device_optimizer_resume),

@@ -852,13 +852,23 @@ static void test_train_refuses_other_plans(void **state)
     if (rc) fprintf(stderr, "%s\n", out);
     assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "step 1 loss"));
+    /* bf16 weights updated without an fp32 master in the CPU optimizer
+     * (each rounding), and QLoRA's recipe (no master, 32-bit AdamW) */
+    const char *runs[] = {"--master none --dtype bf16", "--master stochastic --dtype bf16",
+                          "--master kahan --dtype bf16 --optim-dtype bf16", "--recipe qlora"};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        assert_true(estimate(runs[i], plan, out, sizeof out) <= 1);
+        rc = run_program(ZO_TRAIN_BIN, args, out, sizeof out);
+        if (rc || !strstr(out, "step 1 loss")) fail_msg("train --plan (%s) said:\n%s", runs[i], out);
+    }
     const struct {
         const char *flags, *said;
     } gap[] = {
         {"--optim adamw8bit --params gpu --grads gpu --optimizer gpu", "8bit m and v (--optim-dtype 8bit, training.optim_dtype) with optimizer state on the "
                               "GPU (--optimizer gpu=1, placement.optimizer) does not run"},
-        {"--master stochastic --dtype bf16",
-         "weights without an fp32 master (--master stochastic, training.master) does not run"},
+        {"--master stochastic --dtype bf16 --params gpu --grads gpu --optimizer gpu",
+         "weights without an fp32 master (--master stochastic, training.master) with optimizer state off the "
+         "host (--optimizer gpu=1, placement.optimizer) does not run"},
     };
     for (size_t i = 0; i < sizeof gap / sizeof gap[0]; i++) {
         assert_true(estimate(gap[i].flags, plan, out, sizeof out) <= 1);

@@ -27,6 +27,7 @@ void runtime_plan_train(plan_train *t, const zo_model_config *m, zo_dtype dt, in
     t->checkpoints_on = (plan_tier)oc->checkpoints_on;
     for (int i = 0; i < PLAN_TIERS; i++) t->opt_frac[i] = oc->opt_frac[i];
     t->opt_state = oc->opt_state;
+    t->master = oc->master;
     t->buf.cuda_context = t->buf.cublas_workspace = 0;
     t->buf.fragmentation = 0;
     t->buf.prefetch_depth = oc->prefetch_depth;
