@@ -1434,6 +1434,17 @@ static void test_memplan_agrees(void **state)
         r.oc.checkpoints_on = OFFLOAD_CPU;
         peaks_agree(fp32 ? "fp32, loss in chunks of 16 tokens" : "loss in chunks of 16 tokens", &r);
     }
+    /* recompute by op where the activations are most of the device's bytes:
+     * 1024 tokens through 4 narrow layers, none, ops and full */
+    for (int rc = OFFLOAD_RECOMPUTE_NONE; rc <= OFFLOAD_RECOMPUTE_OPS; rc++) {
+        run r = {.cfg = tiny_llama(4, 64, 128), .dt = ZO_DTYPE_BF16, .B = 4, .T = 256, .steps = 1};
+        base_config(&r.oc);
+        r.oc.sub_group = 50000;
+        r.oc.recompute = rc;
+        static const char *names[] = {"1024 tokens, recompute none", "1024 tokens, recompute full",
+                                      "1024 tokens, recompute ops"};
+        peaks_agree(names[rc], &r);
+    }
 }
 
 /* The runtime's own count of the bytes the NVMe swap moves in a step, with
