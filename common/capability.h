@@ -8,10 +8,10 @@
  * number of data-parallel ranks; the serial, overlap and dpu schedules; the
  * weights (or a LoRA base) on the GPU, in host memory or on NVMe; the
  * optimizer state split over the three tiers; recompute of no layer, every
- * layer or the first K (training.recompute_layers); gradients reduced in
- * fp32, bf16 or fp16 (training.reduce_dtype). docs/offload.md, "What the
+ * layer, the first K (training.recompute_layers) or by op; gradients reduced
+ * in fp32, bf16 or fp16 (training.reduce_dtype). docs/offload.md, "What the
  * runtime runs", has the table in words. What a plan asks beyond the
- * runtime field by field (recompute by op) is zo_plan_runtime_check's
+ * runtime field by field (recompute by op of LoRA or MoE) is zo_plan_runtime_check's
  * (plan_schema.h).
  *
  * Depends on the run vocabulary and the plan schema only (common/). */

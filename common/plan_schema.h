@@ -206,9 +206,11 @@ zo_status zo_plan_flag_u64(const char *s, const char *flag, const char *field, i
 
 /* Whether this project's runtime runs what the plan asks, field by field
  * where memplan plans beyond it (docs/plan-format.md, "Against the run"):
- * recompute "ops" (by op, every other matmul) is refused, naming the field;
- * recompute full of part of the layers (training.recompute_layers) and a
- * reduction in bf16 or fp16 (training.reduce_dtype) run.
+ * recompute "ops" (by op, every other matmul) runs for full fine-tuning of
+ * dense layers with checkpoints on the GPU and is refused otherwise, naming
+ * the field; recompute full of part of the layers
+ * (training.recompute_layers) and a reduction in bf16 or fp16
+ * (training.reduce_dtype) run.
  * ZO_ERR_UNSUPPORTED. zo_plan_check_run checks it too. */
 zo_status zo_plan_runtime_check(const zo_plan *p, const char *path);
 

@@ -117,7 +117,14 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
     if (c->checkpoints_on == OFFLOAD_CPU && !c->recompute)
         return zo_error(ZO_ERR_INVALID,
                         "offload_init: checkpoints in host memory need recompute (only block inputs are kept)");
-    if (c->recompute_layers < 0 || (c->recompute_layers && !c->recompute))
+    if (c->recompute < OFFLOAD_RECOMPUTE_NONE || c->recompute > OFFLOAD_RECOMPUTE_OPS)
+        return zo_error(ZO_ERR_INVALID, "offload_init: recompute %d is not none (0), full (1) or ops (2)",
+                        c->recompute);
+    if (c->recompute == OFFLOAD_RECOMPUTE_OPS && (c->recompute_layers || c->checkpoints_on == OFFLOAD_CPU))
+        return zo_error(ZO_ERR_INVALID, "offload_init: recompute by op keeps every layer's kept outputs on the "
+                        "device: it takes no recompute_layers (%d) and no checkpoints in host memory",
+                        c->recompute_layers);
+    if (c->recompute_layers < 0 || (c->recompute_layers && c->recompute != OFFLOAD_RECOMPUTE_FULL))
         return zo_error(ZO_ERR_INVALID, "offload_init: recompute_layers %d needs recompute (of the first "
                         "layers, K > 0)", c->recompute_layers);
     int layers = 0; /* the model's layers; recompute_layers of them all is every layer */

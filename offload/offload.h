@@ -170,6 +170,9 @@ zo_status offload_schedule_parse(const char *s, const char *what, offload_schedu
  * offload_save); a test blocks or kills the process there. */
 typedef void (*offload_ckpt_hook)(void *user, const char *point);
 
+/* offload_config.recompute (the values of the transformer's tf_options.recompute) */
+enum { OFFLOAD_RECOMPUTE_NONE = 0, OFFLOAD_RECOMPUTE_FULL = 1, OFFLOAD_RECOMPUTE_OPS = 2 };
+
 typedef struct offload_config {
     offload_tier params_on;          /* DEVICE: resident; CPU, NVME: streamed (with a frozen
                                         base: where the base lives) */
@@ -180,8 +183,10 @@ typedef struct offload_config {
      * share, in fp32 host memory for the rest. */
     double opt_frac[OFFLOAD_TIERS];
     offload_tier checkpoints_on;     /* DEVICE or CPU (CPU needs recompute) */
-    int recompute;                   /* rebuild each block's activations in backward (a plan's
-                                        "selective" reads as 0: see offload_plan_load) */
+    int recompute;                   /* OFFLOAD_RECOMPUTE_*: rebuild each block's activations in
+                                        backward, whole (FULL) or by op (OPS: the model keeps
+                                        every other matmul's output, tf_options.recompute); a
+                                        plan's "selective" reads as NONE: see offload_plan_load */
     int recompute_layers;            /* with recompute: 0 every block; K > 0 only the blocks
                                         of the model's first K layers (offload_model.block_layer),
                                         the others keep their activations (Megatron's

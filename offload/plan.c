@@ -51,8 +51,10 @@ zo_status offload_plan_load(const char *path, offload_plan *plan)
      * recomputing only when it stores the s x s scores; this attention is
      * memory-efficient (it keeps one log-sum-exp per row), so selective
      * saves nothing over none */
-    c->recompute = f->training.recompute == ZO_PLAN_RECOMPUTE_FULL;
-    c->recompute_layers = c->recompute ? f->training.recompute_layers : 0;
+    c->recompute = f->training.recompute == ZO_PLAN_RECOMPUTE_FULL  ? OFFLOAD_RECOMPUTE_FULL
+                   : f->training.recompute == ZO_PLAN_RECOMPUTE_OPS ? OFFLOAD_RECOMPUTE_OPS
+                                                                    : OFFLOAD_RECOMPUTE_NONE;
+    c->recompute_layers = c->recompute == OFFLOAD_RECOMPUTE_FULL ? f->training.recompute_layers : 0;
     /* the optimizer's schedule; LoRA: the adapters' place (the method and
      * its r, alpha and targets are the program's: plan->file.training) */
     c->schedule = f->training.optimizer_schedule == ZO_PLAN_SCHED_DPU       ? OFFLOAD_SCHEDULE_DPU

@@ -106,7 +106,7 @@ typedef struct layer_time {
     double ep_fwd, ep_bwd, ep_rc; /* expert-parallel all-to-alls */
     double flops_token;         /* model fwd FLOPs per token (whole layer, all TP ranks) */
     double attn_flops_token;    /* the attention core's share */
-    double ops_flops_token;     /* recompute ops: the recomputed matmuls' (every other one) */
+    double ops_flops_token;     /* recompute ops: the recomputed matmuls' (o; LLaMA's up) */
 } layer_time;
 
 /* One matmul (M x K) @ (K x N) forward; its backward is the input gradient
@@ -353,16 +353,17 @@ static void layer_time_of(const zo_model_config *m, const plan_train *t, const c
     } else if (t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE) {
         o->rc = attn_rc;
     } else if (t->recompute == ZO_PLAN_RECOMPUTE_OPS) {
-        /* every other matmul again (LLaMA: k, o, up; GPT: o, fc2), the elementwise
-         * kernels, and the attention output's TP reduction; the attention core and
-         * the kept matmuls come from what was saved */
+        /* the other matmuls whose outputs the backward reads, as the runtime
+         * recomputes them (LLaMA: o, up; GPT: o; the last, down or fc2, has an
+         * output no backward reads), the elementwise kernels, and the attention
+         * output's TP reduction; the attention core and the kept matmuls (the
+         * fused qkv, fc1 or gate) come from what was saved */
         double h = m->hidden, tp = t->tp, f = m->ffn;
         int gpt = m->arch == ZO_ARCH_GPT;
-        double mm_rc = gemm(c, T, h, ow / tp) + (gpt ? gemm(c, T, h, f / tp) : gemm(c, T, k / tp, h) +
-                                                                                  gemm(c, T, f / tp, h));
+        double mm_rc = gemm(c, T, h, ow / tp) + (gpt ? 0 : gemm(c, T, f / tp, h));
         o->rc = mm_rc + ew_f;
         o->tp_rc = o->tp_fwd / 2;
-        o->ops_flops_token = 2 * (ow * h + (gpt ? f * h : k * h + f * h));
+        o->ops_flops_token = 2 * (ow * h + (gpt ? 0 : f * h));
     }
 }
 

@@ -187,14 +187,15 @@ uint64_t plan_layer_ops_bytes(const zo_model_config *m, const plan_train *t)
     uint64_t tp = (uint64_t)t->tp, sp = t->sp ? tp : 1, h = (uint64_t)m->hidden;
     uint64_t q, k, v, o;
     zo_model_attn_widths(m, &q, &k, &v, &o);
-    /* the matmuls in the order the layer runs them; the odd ones (1st, 3rd, ...) kept:
-     * LLaMA q | k | v | o | gate | up | down -> q, v, gate, down; GPT qkv | o | fc1 | fc2 ->
-     * qkv, fc1 */
-    uint64_t kept_tp = m->arch == ZO_ARCH_GPT ? q + k + v + (uint64_t)m->ffn : q + v + (uint64_t)m->ffn;
-    uint64_t kept_h = m->arch == ZO_ARCH_GPT ? 0 : h; /* down's output (before TP's reduction) */
+    /* the matmuls in the order the runtime's layer runs them, q, k and v as one GEMM; the
+     * odd ones (1st, 3rd, ...) kept: qkv | o | fc1 or gate | fc2 or up | down -> qkv (after
+     * RoPE), fc1 or gate, and down, whose output no backward reads (the runtime keeps none;
+     * torchtitan's policy over separate q, k, v would keep q, v, gate and down's output:
+     * the same bytes where k is as wide as the hidden size, more with grouped queries) */
+    uint64_t kept_tp = q + k + v + (uint64_t)m->ffn;
     /* the layer's input, the attention's output and its log-sum-exp (fp32, per head) */
-    uint64_t bytes = ceil_div(sb * h * act, sp) + sb * kept_h * act +
-                     ceil_div(sb * (kept_tp + o) * act, tp) + ceil_div(sb * (uint64_t)m->n_heads * 4, tp);
+    uint64_t bytes = ceil_div(sb * h * act, sp) + ceil_div(sb * (kept_tp + o) * act, tp) +
+                     ceil_div(sb * (uint64_t)m->n_heads * 4, tp);
     return bytes;
 }
 
@@ -1292,12 +1293,17 @@ static void estimate_activations(const stage_est *s, int stage, plan_estimate *e
     } else {
         add(e, "stored layer activations", ZO_PLAN_GPU, PLAN_ACTIVATIONS, layers_bytes);
     }
-    uint64_t working = t->recompute == ZO_PLAN_RECOMPUTE_FULL || t->recompute == ZO_PLAN_RECOMPUTE_OPS
-                           ? full
-                       : t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE ? sel
-                                                                     : 0;
+    /* by op: what one layer recomputes, its activations less those it kept
+     * (its input stays in the working set, as full recompute's) */
+    uint64_t input = ceil_div((uint64_t)t->seq * t->micro_batch * s->m->hidden * s->wsz, t->sp ? t->tp : 1);
+    uint64_t working = t->recompute == ZO_PLAN_RECOMPUTE_FULL                          ? full
+                       : t->recompute == ZO_PLAN_RECOMPUTE_OPS && full > stored - input ? full - (stored - input)
+                       : t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE                   ? sel
+                                                                                       : 0;
     if (t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE)
         add(e, "recompute working set (attention core)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, working);
+    else if (t->recompute == ZO_PLAN_RECOMPUTE_OPS)
+        add(e, "recompute working set (1 layer's recomputed ops)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, working);
     else
         add(e, "recompute working set (1 layer)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, working);
     /* eager PyTorch keeps more of a layer's tensors than this runtime (measured) */

@@ -272,8 +272,7 @@ static void print_search(FILE *tab, int json, const zo_model_config *m, const pl
         fprintf(tab, "(full fine-tuning of every weight: --method auto ranks LoRA and QLoRA adapters too)\n");
     if (s->runtime_plans)
         fprintf(tab, "(a plan file for train: only what the runtime runs, data parallelism on any number "
-                     "of ranks (docs/offload.md, \"What the runtime runs\"); recompute ops left out, which it "
-                     "does not run yet)\n");
+                     "of ranks (docs/offload.md, \"What the runtime runs\"))\n");
     if (r->n_best == 0) {
         fprintf(json ? stderr : tab, "\nnothing fits: more GPUs (--gpus / --max-gpus), a shorter "
                 "--seq or a smaller --global-batch%s\n",

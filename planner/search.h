@@ -41,8 +41,8 @@ typedef struct plan_space {
     int ep;                /* > 0: fixed; else every EP dividing DP and the experts (MoE) */
     int recompute;         /* -1: all; else a zo_plan_recompute */
     int runtime_plans;     /* 1: only what the runtime runs (a plan file for train): what the
-                              capability table (common/capability.h) runs, and no recompute
-                              ops (full of part of the layers runs) */
+                              capability table (common/capability.h) runs (recompute ops and
+                              full of part of the layers run) */
     int params_on;         /* -1: free; else the zo_plan_tier of the weights */
     int opt_on;            /* -1: free; else all optimizer state on this zo_plan_tier */
     double opt_min[ZO_PLAN_TIERS]; /* the least share of the optimizer state on each zo_plan_tier */

@@ -624,6 +624,78 @@ static void test_partial_recompute(void **state)
     }
 }
 
+/* Recompute by op (PyTorch's every other matmul, memplan's --recompute ops):
+ * each layer keeps its input, qkv, the attention's output and log-sum-exp
+ * and fc1 / gate, and the backward recomputes the norms, o, up and the
+ * activation with the forward's kernels. Losses and the last step's
+ * gradients are those of no recompute bit for bit, resident and streamed,
+ * on GPT-2 in fp32 and LLaMA (grouped queries) in bf16; the device peak
+ * lies between full recompute's and none's. Recompute by op of the first K
+ * layers, or with host checkpoints, is refused at init. */
+static void test_recompute_ops(void **state)
+{
+    (void)state;
+    static float g_none[1 << 20], g_ops[1 << 20];
+    zo_model_config cfgs[2] = {tiny_gpt(4, 64, 128), tiny_llama(4, 64, 128)};
+    cfgs[1].n_kv_heads = cfgs[1].n_heads / 2;
+    zo_dtype dts[2] = {ZO_DTYPE_F32, ZO_DTYPE_BF16};
+    for (int c = 0; c < 2; c++) {
+        run base = {.cfg = cfgs[c], .dt = dts[c], .B = 2, .T = 16, .steps = 6};
+        base_config(&base.oc);
+        base.oc.grad_accum = 2;
+        run none = base, full = base;
+        none.final_grad = g_none;
+        full.oc.recompute = OFFLOAD_RECOMPUTE_FULL;
+        assert_int_equal(do_run(&none), ZO_OK);
+        assert_int_equal(do_run(&full), ZO_OK);
+        print_losses(c ? "llama bf16 recompute none" : "gpt fp32 recompute none", &none);
+        for (int streamed = 0; streamed < 2; streamed++) {
+            run r = base;
+            r.final_grad = g_ops;
+            r.oc.recompute = OFFLOAD_RECOMPUTE_OPS;
+            r.oc.params_on = streamed ? OFFLOAD_CPU : OFFLOAD_DEVICE;
+            assert_int_equal(do_run(&r), ZO_OK);
+            const char *name = streamed ? "recompute ops, streamed" : "recompute ops, resident";
+            print_losses(name, &r);
+            assert_same_losses(name, &none, &r);
+            assert_int_equal(r.final_grad_n, none.final_grad_n);
+            for (size_t i = 0; i < r.final_grad_n; i++)
+                if (memcmp(&g_ops[i], &g_none[i], sizeof(float))) {
+                    fprintf(stderr, "%s: gradient %zu: %.9g != %.9g (no recompute)\n", name, i, g_ops[i],
+                            g_none[i]);
+                    fail();
+                }
+            if (!streamed) {
+                printf("  %-28s device peak %llu (none %llu, full %llu)\n", name,
+                       (unsigned long long)r.stats.peak[OFFLOAD_DEVICE],
+                       (unsigned long long)none.stats.peak[OFFLOAD_DEVICE],
+                       (unsigned long long)full.stats.peak[OFFLOAD_DEVICE]);
+                assert_true(r.stats.peak[OFFLOAD_DEVICE] < none.stats.peak[OFFLOAD_DEVICE]);
+                assert_true(r.stats.peak[OFFLOAD_DEVICE] > full.stats.peak[OFFLOAD_DEVICE]);
+            }
+        }
+    }
+    /* refused: host checkpoints (the runtime's), the first K layers (the model's) */
+    run r = {.cfg = tiny_llama(4, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 1};
+    base_config(&r.oc);
+    r.oc.recompute = OFFLOAD_RECOMPUTE_OPS;
+    r.oc.checkpoints_on = OFFLOAD_CPU;
+    r.expect_init = ZO_ERR_INVALID;
+    do_run(&r);
+    printf("  refused: %s\n", zo_last_error());
+    assert_non_null(strstr(zo_last_error(), "no checkpoints in host memory"));
+    gpu_device_t dev;
+    gpu_cpu_options dopt = {.n_threads = THREADS};
+    assert_int_equal(gpu_device_init_cpu(&dopt, &dev), ZO_OK);
+    tf_model m;
+    tf_options to = {.recompute = TF_RECOMPUTE_OPS, .recompute_layers = 2, .external_res = 1};
+    zo_model_config cfg = tiny_llama(4, 64, 128);
+    assert_int_equal(tf_init_opts(&m, &cfg, dev, ZO_DTYPE_BF16, 2, 16, &to), ZO_ERR_INVALID);
+    printf("  refused: %s\n", zo_last_error());
+    assert_non_null(strstr(zo_last_error(), "recompute by op with recompute_layers 2"));
+    gpu_device_free(dev);
+}
+
 /* A model whose 16-bit weights are over 3x the device memory trains in it. */
 static void test_larger_than_device(void **state)
 {
@@ -1448,6 +1520,13 @@ static void test_memplan_agrees(void **state)
          ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
         {"fp32, weights nvme, recompute 1 of 8", OFFLOAD_NVME, 1.0, 1, OFFLOAD_DEVICE, 0, OFFLOAD_SCHEDULE_SERIAL, 1, 1,
          ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
+        /* recompute by op: every layer keeps its input, qkv, the attention and fc1/gate */
+        {"resident, recompute ops", OFFLOAD_DEVICE, 0, OFFLOAD_RECOMPUTE_OPS, OFFLOAD_DEVICE, 0,
+         OFFLOAD_SCHEDULE_SERIAL, 0, 0, ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
+        {"weights cpu, optimizer cpu, recompute ops", OFFLOAD_CPU, 0, OFFLOAD_RECOMPUTE_OPS, OFFLOAD_DEVICE, 0,
+         OFFLOAD_SCHEDULE_SERIAL, 0, 0, ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
+        {"fp32, weights nvme, optimizer gpu/nvme, recompute ops", OFFLOAD_NVME, 0.5, OFFLOAD_RECOMPUTE_OPS,
+         OFFLOAD_DEVICE, 0.5, OFFLOAD_SCHEDULE_SERIAL, 1, 0, ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
         /* m and v in 8 bits and in bf16 (issue 30): in memory and on NVMe */
         {"8-bit state, weights cpu, optimizer cpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_SERIAL, 0,
          0, ZO_PLAN_STATE_8BIT, ZO_PLAN_MASTER_FP32},
@@ -1504,6 +1583,17 @@ static void test_memplan_agrees(void **state)
         r.oc.checkpoints_on = OFFLOAD_CPU;
         peaks_agree(fp32 ? "fp32, loss in chunks of 16 tokens" : "loss in chunks of 16 tokens", &r);
     }
+    /* recompute by op where the activations are most of the device's bytes:
+     * 1024 tokens through 4 narrow layers, none, ops and full */
+    for (int rc = OFFLOAD_RECOMPUTE_NONE; rc <= OFFLOAD_RECOMPUTE_OPS; rc++) {
+        run r = {.cfg = tiny_llama(4, 64, 128), .dt = ZO_DTYPE_BF16, .B = 4, .T = 256, .steps = 1};
+        base_config(&r.oc);
+        r.oc.sub_group = 50000;
+        r.oc.recompute = rc;
+        static const char *names[] = {"1024 tokens, recompute none", "1024 tokens, recompute full",
+                                      "1024 tokens, recompute ops"};
+        peaks_agree(names[rc], &r);
+    }
 }
 
 /* The runtime's own count of the bytes the NVMe swap moves in a step, with
@@ -1547,6 +1637,7 @@ int main(void)
         cmocka_unit_test(test_trains),
         cmocka_unit_test(test_bit_identical),
         cmocka_unit_test(test_partial_recompute),
+        cmocka_unit_test(test_recompute_ops),
         cmocka_unit_test(test_forward_only),
         cmocka_unit_test(test_schedules),
         cmocka_unit_test(test_lora),

@@ -6,7 +6,8 @@
  * backend's within the tolerance of the storage dtype, the device
  * high-water mark must stay under the cap, and on the device under test the
  * data path must not change a bit (prefetch 0 against prefetch 2: a missing
- * event wait would show as a difference). A short `train --device cuda`
+ * event wait would show as a difference), nor recompute by op against full
+ * recompute (the same kernels on the same inputs). A short `train --device cuda`
  * run must match `train --device cpu` the same way.
  *
  * Exits 77 where no CUDA device is present (or the build has no CUDA);
@@ -69,6 +70,7 @@ typedef struct run {
     zo_dtype dt;
     size_t capacity;      /* --device-mem */
     int prefetch;
+    int ops;              /* recompute by op, checkpoints on the device (else full, in host memory) */
     /* out */
     float loss[STEPS];
     offload_step_info info[STEPS];
@@ -115,6 +117,10 @@ static void do_run(run *r)
     assert_int_equal(gpu_stream_create(dev, &s), ZO_OK);
     offload_config oc;
     streamed_config(&oc, r->prefetch);
+    if (r->ops) {
+        oc.recompute = OFFLOAD_RECOMPUTE_OPS;
+        oc.checkpoints_on = OFFLOAD_DEVICE;
+    }
     tf_model m;
     tf_options to = {.recompute = oc.recompute, .external_res = 1};
     zo_status st = tf_init_opts(&m, &r->cfg, dev, r->dt, B, T, &to);
@@ -233,6 +239,19 @@ static void check_model(const char *name, zo_model_config cfg, zo_dtype dt)
         if (memcmp(&dut.loss[k], &dut0.loss[k], sizeof(float))) {
             printf("  step %d: prefetch 2 loss %.9g, prefetch 0 loss %.9g on %s\n", k, dut.loss[k],
                    dut0.loss[k], backend);
+            fail();
+        }
+    /* recompute by op (its kept outputs on the device: a larger cap) reads
+     * the forward's bits: the losses of full recompute, bit for bit */
+    run ops = dut;
+    ops.ops = 1;
+    ops.capacity = (size_t)(weights * 2);
+    do_run(&ops);
+    print_losses("device, recompute ops", &ops);
+    for (int k = 0; k < STEPS; k++)
+        if (memcmp(&ops.loss[k], &dut.loss[k], sizeof(float))) {
+            printf("  step %d: recompute ops loss %.9g, full %.9g on %s\n", k, ops.loss[k], dut.loss[k],
+                   backend);
             fail();
         }
 }

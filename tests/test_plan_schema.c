@@ -485,11 +485,21 @@ static void test_check_run(void **state)
     assert_non_null(strstr(zo_last_error(), "for 8 ranks (parallel.dp 4 x tp 1 x pp 2); this run has 1"));
     assert_int_equal(zo_plan_check_run(p, &a, 8, "p.json"), ZO_OK);
     /* what memplan plans beyond the runtime is refused by name (issue 33):
-     * recomputing by op; recomputing part of the layers and a reduction
-     * in bf16 run */
+     * recomputing by op of a LoRA/QLoRA run or with host checkpoints;
+     * recomputing by op of a full fine-tune, part of the layers and a
+     * reduction in bf16 run */
     p->training.recompute = ZO_PLAN_RECOMPUTE_OPS;
+    assert_int_equal(p->training.method, ZO_PLAN_FULL);
+    assert_int_equal(p->placement.checkpoints, ZO_PLAN_GPU);
+    assert_int_equal(zo_plan_check_run(p, &a, 8, "p.json"), ZO_OK);
+    p->training.method = ZO_PLAN_LORA;
     assert_int_equal(zo_plan_check_run(p, &a, 8, "p.json"), ZO_ERR_UNSUPPORTED);
-    assert_non_null(strstr(zo_last_error(), "p.json: field \"training.recompute\" is ops"));
+    assert_non_null(strstr(zo_last_error(), "p.json: field \"training.recompute\" is ops with training.method"));
+    p->training.method = ZO_PLAN_FULL;
+    p->placement.checkpoints = ZO_PLAN_CPU;
+    assert_int_equal(zo_plan_check_run(p, &a, 8, "p.json"), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "is ops with placement.checkpoints cpu"));
+    p->placement.checkpoints = ZO_PLAN_GPU;
     p->training.recompute = ZO_PLAN_RECOMPUTE_FULL;
     p->training.recompute_layers = 1;
     assert_int_equal(zo_plan_check_run(p, &a, 8, "p.json"), ZO_OK);
@@ -955,24 +965,28 @@ static void test_train_refuses_partial_recompute(void **state)
     snprintf(plan, sizeof plan, "%s/partial.json", tmp_dir);
     snprintf(cfg, sizeof cfg, "%s/config.json", tmp_dir);
     files_write_text(cfg, tiny_config);
-    assert_true(estimate("--recompute full --recompute-layers 2", plan, out, sizeof out) <= 1);
+    /* plans that run (issue 33): part of the layers, by op, a bf16 reduction */
+    static const struct { const char *flags, *says; } ok[] = {
+        {"--recompute full --recompute-layers 2", "recompute full of the first 2 layers"},
+        {"--recompute ops", "recompute ops (every other matmul)"},
+        {"--reduce-dtype bf16", "gradients reduced in bf16"},
+    };
     snprintf(cmd, sizeof cmd, "--check-plan --plan %s --model %s", plan, cfg);
-    assert_int_equal(run_program(ZO_TRAIN_BIN, cmd, out, sizeof out), 0);
-    if (!strstr(out, "recompute full of the first 2 layers")) {
-        fprintf(stderr, "train said:\n%s\n", out);
-        fail();
-    }
-    assert_true(estimate("--reduce-dtype bf16", plan, out, sizeof out) <= 1);
-    assert_int_equal(run_program(ZO_TRAIN_BIN, cmd, out, sizeof out), 0);
-    if (!strstr(out, "gradients reduced in bf16")) {
-        fprintf(stderr, "train said:\n%s\n", out);
-        fail();
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        assert_true(estimate(ok[i].flags, plan, out, sizeof out) <= 1);
+        assert_int_equal(run_program(ZO_TRAIN_BIN, cmd, out, sizeof out), 0);
+        if (!strstr(out, ok[i].says)) {
+            fprintf(stderr, "train said:\n%s\nwanted: %s\n", out, ok[i].says);
+            fail();
+        }
     }
     /* K more than the model's layers, K without recompute, K beside host checkpoints */
     static const struct { const char *flags, *why; } k[] = {
         {"--recompute full --recompute-layers 5", "--recompute-layers 5 (training.recompute_layers): the model"},
         {"--recompute-layers 2", "--recompute-layers K needs --recompute full"},
         {"--recompute full --recompute-layers 2 --checkpoints-on cpu", "host checkpoints need every layer"},
+        {"--recompute ops --recompute-layers 2", "--recompute-layers K needs --recompute full"},
+        {"--recompute ops --checkpoints-on cpu", "--checkpoints cpu needs --recompute full"},
     };
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
         snprintf(cmd, sizeof cmd, "--model %s --data %s %s", cfg, cfg, k[i].flags);
@@ -982,19 +996,7 @@ static void test_train_refuses_partial_recompute(void **state)
             fail();
         }
     }
-    static const struct { const char *flags, *field; } c[] = {
-        {"--recompute ops", "field \"training.recompute\" is ops"},
-    };
-    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-        assert_true(estimate(c[i].flags, plan, out, sizeof out) <= 1);
-        snprintf(cmd, sizeof cmd, "--check-plan --plan %s --model %s", plan, cfg);
-        assert_int_equal(run_program(ZO_TRAIN_BIN, cmd, out, sizeof out), 2);
-        if (!strstr(out, c[i].field)) {
-            fprintf(stderr, "train said:\n%s\nwanted: %s\n", out, c[i].field);
-            fail();
-        }
-    }
-    /* the search's plan file: recompute none or full of every layer */
+    /* the search's plan file: recompute none or full of every layer (ops only when asked) */
     snprintf(cmd, sizeof cmd, "plan --model %s --gpu-mem 3MiB --cpu-mem 1GiB --nvme 1GiB --seq 64 "
              "--global-batch 4 --cuda-context 0 --cublas-workspace 0 --fragmentation 0 --json-out %s",
              cfg, plan);

@@ -381,10 +381,10 @@ static uint64_t item_bytes(const plan_estimate *e, const char *name, plan_tier t
 
 /* LLaMA-2-13B on one H100, 4096 tokens: recompute full of K of its 40 layers
  * keeps K layer inputs and 40 - K whole layers, and recomputes K/40 of what
- * full recompute does; recompute ops keeps each layer's input, q, v, the
- * attention's output and log-sum-exp, the gate's and the down projection's
- * outputs (the 1st, 3rd, 5th and 7th matmuls), between none and full in
- * memory and in time. */
+ * full recompute does; recompute ops keeps each layer's input, the fused
+ * qkv, the attention's output and log-sum-exp and the gate's output (the
+ * runtime's 1st and 3rd matmuls; the 5th, down, has an output no backward
+ * reads), between none and full in memory and in time. */
 /* A preset model on a preset machine with the model's defaults. */
 static void preset_on(const char *model, const char *hw_name, zo_model_config *m, plan_hw *hw,
                       plan_train *t)
@@ -425,9 +425,12 @@ static void test_partial_recompute(void **state)
     assert_true(pt[0].step < pt[2].step && pt[2].step < pt[1].step);
     assert_true(fabs((pt[2].hw_flops - pt[2].model_flops) / (pt[1].hw_flops - pt[1].model_flops) -
                      (double)K / 40) < 1e-9);
-    /* ops: by hand, per token h + q + v + o + gate + down's output (bf16), 40
-     * heads' fp32 log-sum-exp */
-    double ops = 4096.0 * (2 * (5120 + 5120 + 5120 + 5120 + 13824 + 5120) + 4 * 40);
+    /* ops: by hand, per token h + q + k + v + o + gate (bf16), 40 heads' fp32
+     * log-sum-exp */
+    double ops = 4096.0 * (2 * (5120 + 5120 + 5120 + 5120 + 5120 + 13824) + 4 * 40);
+    /* the working set: one layer's activations less what it kept (its input stays) */
+    assert_true(item_bytes(&e[3], "recompute working set (1 layer's recomputed ops)", PLAN_GPU) ==
+                e[0].act_layer - (e[3].act_layer - (uint64_t)sbh2));
     assert_true(fabs((double)e[3].act_layer - ops) < 1);
     assert_true(e[1].act_layer < e[3].act_layer && e[3].act_layer < e[0].act_layer);
     assert_true(pt[0].step < pt[3].step && pt[3].step < pt[1].step);
@@ -492,12 +495,17 @@ static void test_search_fills_gpu(void **state)
     assert_int_equal(plan_time_run(&m, &hw, &u, &e, &full), ZO_OK);
     assert_true(part.step < full.step);
     /* a plan file for train: the runtime recomputes part of the layers
-     * (issue 33) but not by op */
+     * (issue 33); by op only when asked */
     s.runtime_plans = 1;
     assert_int_equal(plan_search(&m, &hw, &s, 3, &r), ZO_OK);
     assert_true(r.n_best > 0);
     assert_int_equal(r.best[0].t.recompute_layers, k);
     for (int i = 0; i < r.n_best; i++) assert_true(r.best[i].t.recompute != ZO_PLAN_RECOMPUTE_OPS);
+    /* --recompute ops: the runtime runs it, so a plan for train may propose it */
+    s.recompute = ZO_PLAN_RECOMPUTE_OPS;
+    assert_int_equal(plan_search(&m, &hw, &s, 3, &r), ZO_OK);
+    assert_true(r.n_best > 0);
+    for (int i = 0; i < r.n_best; i++) assert_int_equal(r.best[i].t.recompute, ZO_PLAN_RECOMPUTE_OPS);
 }
 
 /* The reduce dtype sets the communication buckets' bytes (fp32 by default,

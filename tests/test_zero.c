@@ -884,13 +884,15 @@ static void test_train_ranks(void **state)
         rank_peaks_agree(out, 2); /* every rank's peaks, printed by rank 0 beside the plan's */
     }
     /* plans train refused before issue 33: recompute of the first layer of
-     * 2 (the losses bit for bit), gradients reduced in bf16 (within 1e-2
-     * relative: test_reduce_dtype's bound); the peaks within 3% */
+     * 2 and recompute by op (the losses bit for bit), gradients reduced in
+     * bf16 (within 1e-2 relative: test_reduce_dtype's bound); the peaks
+     * within 3% */
     const struct {
         const char *flags, *says;
         int exact;
     } more[] = {
         {"--zero 1 --recompute full --recompute-layers 1", "recompute full of the first 1 layers", 1},
+        {"--zero 2 --recompute ops", "recompute ops (every other matmul)", 1},
         {"--zero 2 --reduce-dtype bf16", "gradients reduced in bf16", 0},
     };
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {

@@ -209,9 +209,12 @@ int tf_recompute_layers(const tf_model *m)
     return k > 0 && k < L ? k : L;
 }
 
+/* Recompute by op: every layer keeps qkv, att, lse and fc, the rest is shared. */
+static int recompute_ops(const tf_model *m) { return m->opts.recompute == TF_RECOMPUTE_OPS; }
+
 /* Whether layer l has an activation set of its own: every layer without
  * recompute, the first of the recomputed ones (the shared set) and the
- * layers after them. */
+ * layers after them. (By op, every layer owns its kept buffers: ops_acts.) */
 static int owns_acts(const tf_model *m, size_t l)
 {
     if (m->opts.kv_len) return l == 0; /* generation: one set for every layer */
@@ -300,6 +303,15 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         return zo_error(ZO_ERR_INVALID, "tf_init: micro-batch %d x %d must be positive", B, T);
     if (m->opts.recompute_layers < 0)
         return zo_error(ZO_ERR_INVALID, "tf_init: recompute_layers %d is negative", m->opts.recompute_layers);
+    if (m->opts.recompute < TF_RECOMPUTE_NONE || m->opts.recompute > TF_RECOMPUTE_OPS)
+        return zo_error(ZO_ERR_INVALID, "tf_init: recompute %d is not none (0), full (1) or ops (2)",
+                        m->opts.recompute);
+    if (recompute_ops(m) && m->opts.recompute_layers)
+        return zo_error(ZO_ERR_INVALID, "tf_init: recompute by op with recompute_layers %d (the first K "
+                        "layers are recomputed whole: recompute full)", m->opts.recompute_layers);
+    if (recompute_ops(m) && (m->opts.lora.r > 0 || cfg->moe.experts))
+        return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: recompute by op is implemented for dense "
+                        "layers without LoRA (recompute full or none)", cfg->name);
     if (m->opts.loss_chunk < 0)
         return zo_error(ZO_ERR_INVALID, "tf_init: loss chunk %d must not be negative", m->opts.loss_chunk);
     if (m->opts.lora.r < 0 || (m->opts.lora.nf4 && m->opts.lora.r < 1))
@@ -358,6 +370,18 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     for (size_t l = 0; l < L; l++) {
         if (!owns_acts(m, l)) {
             m->acts[l] = m->acts[0];
+            if (!recompute_ops(m)) continue;
+            /* by op: the kept outputs of its own, the rest shared with layer 0 */
+            tf_layer_acts *a = &m->acts[l];
+            a->qkv = a->att = a->fc = NULL; /* tf_free frees these four of a layer that fails here */
+            a->lse = NULL;
+            const act_req r[] = {
+                {&a->qkv, N * qkv_width(c) * es, "qkv"},
+                {&a->att, N * q_width(c) * es, "attention"},
+                {(void **)&a->lse, (size_t)B * c->n_heads * T * 4, "attention lse"},
+                {&a->fc, N * f * es, "mlp fc/gate"},
+            };
+            if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) goto out_free;
             continue;
         }
         tf_layer_acts *a = &m->acts[l];
@@ -446,8 +470,16 @@ void tf_free(tf_model *m)
         for (size_t l = 0; l <= L; l++) gpu_mem_free(d, m->res[l]);
     if (m->acts)
         for (size_t l = 0; l < L; l++) {
-            if (!owns_acts(m, l)) continue;
             tf_layer_acts *a = &m->acts[l];
+            if (!owns_acts(m, l)) {
+                if (recompute_ops(m)) {
+                    gpu_mem_free(d, a->qkv);
+                    gpu_mem_free(d, a->att);
+                    gpu_mem_free(d, a->lse);
+                    gpu_mem_free(d, a->fc);
+                }
+                continue;
+            }
             void *p[] = {a->ln1,  a->mean1,  a->rstd1, a->qkv,           a->att,
                          a->lse,  a->x_mid,  a->ln2,   a->mean2,         a->rstd2,
                          a->fc,   a->up,     a->act,   a->lora_u,        a->router_logits,
@@ -1223,7 +1255,10 @@ static zo_status moe_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_s
 /* Forward of layer l. With `recompute`, stop once every activation the
  * backward reads is saved: the down projection and the residual add, whose
  * output (res[l+1]) backward does not read, are skipped and res[l+1] is not
- * written (a down adapter's A x is computed: backward reads it). */
+ * written (a down adapter's A x is computed: backward reads it). Recompute
+ * by op (TF_RECOMPUTE_OPS) also skips what the layer kept: the qkv GEMM
+ * and RoPE, the attention, fc1 / gate; the ops it runs are the forward's
+ * kernels on the same inputs, so their outputs are the forward's bits. */
 static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s,
                                int recompute)
 {
@@ -1239,22 +1274,25 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
     gpu_tensor x_mid = gpu_t(a->x_mid, dt), ln2 = gpu_t(a->ln2, dt), tmp = gpu_t(m->tmp, dt);
     gpu_tensor fc = gpu_t(a->fc, dt), act = gpu_t(a->act, dt);
 
+    const int kept = recompute && recompute_ops(m); /* qkv, att, lse, fc are the forward's */
     /* attention: ln1 = norm(x); qkv[N, q+2kv] = ln1 Wqkv^T (+ b) (+ adapters); RoPE on q, k */
     if ((st = norm_forward(m, s, ln1, a->mean1, a->rstd1, x, bview(m, W, blk, MODEL_ROLE_LN1_W),
                            bview(m, W, blk, MODEL_ROLE_LN1_B), N)) != ZO_OK)
         return st;
-    if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_QKV_W, MODEL_ROLE_QKV_B, qkv, ld, ln1, N,
-                                  ld, h)) != ZO_OK ||
-        (st = lora_forward(m, s, l, bb, TF_LORA_QKV, ln1, qkv, ld)) != ZO_OK)
-        return st;
-    if (!is_gpt(m) && (st = rope_rows(m, s, qkv, ld)) != ZO_OK) return st;
-    gpu_attn_desc ad = {.b = m->b, .t = m->t, .hq = c->n_heads, .hkv = c->n_kv_heads, .d = c->head_dim,
-                        .window = layer_window(m, l)};
-    /* generation: the new keys and values into the caches, the queries against them */
-    st = m->opts.kv_len ? gpu_attention_cached(s, &ad, att, qkv, gpu_t(m->kcache[l], dt), gpu_t(m->vcache[l], dt),
-                                               m->pos, m->opts.kv_len)
-                        : gpu_attention_forward(s, &ad, att, a->lse, qkv);
-    if (st != ZO_OK) return st;
+    if (!kept) {
+        if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_QKV_W, MODEL_ROLE_QKV_B, qkv, ld, ln1, N,
+                                      ld, h)) != ZO_OK ||
+            (st = lora_forward(m, s, l, bb, TF_LORA_QKV, ln1, qkv, ld)) != ZO_OK)
+            return st;
+        if (!is_gpt(m) && (st = rope_rows(m, s, qkv, ld)) != ZO_OK) return st;
+        gpu_attn_desc ad = {.b = m->b, .t = m->t, .hq = c->n_heads, .hkv = c->n_kv_heads, .d = c->head_dim,
+                            .window = layer_window(m, l)};
+        /* generation: the new keys and values into the caches, the queries against them */
+        st = m->opts.kv_len ? gpu_attention_cached(s, &ad, att, qkv, gpu_t(m->kcache[l], dt),
+                                                   gpu_t(m->vcache[l], dt), m->pos, m->opts.kv_len)
+                            : gpu_attention_forward(s, &ad, att, a->lse, qkv);
+        if (st != ZO_OK) return st;
+    }
     /* x_mid = x + att Wo^T (+ bo) */
     if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_ATTN_OUT_W, MODEL_ROLE_ATTN_OUT_B, tmp, h,
                                   att, N, h, qw)) != ZO_OK ||
@@ -1271,16 +1309,16 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
         return gpu_add(s, out, x_mid, tmp, (size_t)N * h);
     }
     if (is_gpt(m)) {
-        if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_UP_W, MODEL_ROLE_MLP_UP_B, fc, f,
-                                      ln2, N, f, h)) != ZO_OK ||
-            (st = lora_forward(m, s, l, bb, TF_LORA_UP, ln2, fc, f)) != ZO_OK)
+        if (!kept && ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_UP_W, MODEL_ROLE_MLP_UP_B, fc, f,
+                                                ln2, N, f, h)) != ZO_OK ||
+                      (st = lora_forward(m, s, l, bb, TF_LORA_UP, ln2, fc, f)) != ZO_OK))
             return st;
         if ((st = gpu_gelu_forward(s, act, fc, (size_t)N * f)) != ZO_OK) return st;
     } else {
         gpu_tensor up = gpu_t(a->up, dt);
-        if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_GATE_W, MODEL_ROLE_MLP_GATE_B, fc,
-                                      f, ln2, N, f, h)) != ZO_OK ||
-            (st = lora_forward(m, s, l, bb, TF_LORA_GATE, ln2, fc, f)) != ZO_OK)
+        if (!kept && ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_GATE_W, MODEL_ROLE_MLP_GATE_B, fc,
+                                                f, ln2, N, f, h)) != ZO_OK ||
+                      (st = lora_forward(m, s, l, bb, TF_LORA_GATE, ln2, fc, f)) != ZO_OK))
             return st;
         if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_UP_W, MODEL_ROLE_MLP_UP_B, up, f,
                                       ln2, N, f, h)) != ZO_OK ||

@@ -42,6 +42,9 @@
 #include "gpu/device.h"          /* defines: gpu_device_t, gpu_stream_t */
 #include "model/layout.h"        /* defines: model_layout, model_role */
 
+/* tf_options.recompute: none, whole layers, by op */
+enum { TF_RECOMPUTE_NONE = 0, TF_RECOMPUTE_FULL = 1, TF_RECOMPUTE_OPS = 2 };
+
 /* Activations one layer saves for its backward ([N = B*T] rows). */
 typedef struct tf_layer_acts {
     void *ln1;        /* [N, h]  normed input of attention */
@@ -100,7 +103,15 @@ typedef struct tf_lora_slot {
 typedef struct tf_options {
     /* One set of layer activations shared by every layer: a layer's backward
      * must be preceded by tf_block_recompute of that layer (activation
-     * checkpointing: only the residual stream between layers is kept). */
+     * checkpointing: only the residual stream between layers is kept).
+     * TF_RECOMPUTE_OPS (2): recompute by op (PyTorch's selective
+     * checkpointing of every other matmul, memplan's --recompute ops): each
+     * layer keeps the outputs of every other matmul in the order it runs
+     * them (qkv | o | fc1 or gate | fc2 or up | down: the fused qkv after
+     * RoPE and fc1/gate; down's output no backward reads), the attention's
+     * output and log-sum-exp; the norms, o (with the residual add), LLaMA's
+     * up and the activation are recomputed into one set shared by every
+     * layer. recompute_layers must be 0. */
     int recompute;
     /* With recompute: 0 every layer shares the set; K > 0 only the first K
      * layers do (Megatron's --recompute-num-layers, the plan's
@@ -285,8 +296,9 @@ zo_status tf_block_backward(tf_model *m, int block, const tf_block_bufs *bufs, f
  * embedding, the head and a layer that keeps its own activations. */
 zo_status tf_block_recompute(tf_model *m, int block, const tf_block_bufs *bufs, gpu_stream_t s);
 /* Layers whose activations share one set (opts.recompute; recompute_layers):
- * the first tf_recompute_layers(m) layers, 0 without recompute. Their
- * backward must be preceded by tf_block_recompute. */
+ * the first tf_recompute_layers(m) layers, 0 without recompute (by op:
+ * every layer, sharing what it recomputes). Their backward must be
+ * preceded by tf_block_recompute. */
 int tf_recompute_layers(const tf_model *m);
 
 /* The whole model over per-block buffer arrays (params[i], grads[i] for

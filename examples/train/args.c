@@ -119,9 +119,13 @@ static const char HELP[] =
     "  --checkpoints gpu|cpu  activation checkpoints between blocks (cpu needs --recompute full)\n"
     "                         (memplan's names; --params-on, --optimizer-on, --checkpoints-on:\n"
     "                         deprecated spellings of the same flags)\n"
-    "  --recompute none|selective|full  recompute each block's activations in backward\n"
+    "  --recompute none|selective|full|ops  recompute each block's activations in backward\n"
     "                         (default none; selective runs as none: the attention keeps\n"
-    "                         no s x s scores, so there is nothing selective to recompute)\n"
+    "                         no s x s scores, so there is nothing selective to recompute;\n"
+    "                         ops: by op, PyTorch's every other matmul: each layer keeps its\n"
+    "                         input, qkv, the attention output and fc1/gate and recomputes\n"
+    "                         the norms, o, up and the activation; full fine-tuning of dense\n"
+    "                         layers, checkpoints on the GPU)\n"
     "  --recompute-layers K   with --recompute full: only the first K layers recompute, the\n"
     "                         others keep their activations (Megatron's --recompute-num-layers,\n"
     "                         memplan's flag; default 0: every layer; needs --checkpoints-on gpu)\n"
@@ -511,7 +515,9 @@ static int placement_flag(int c, const char *arg, const char *flag, train_args *
     case OPT_RECOMPUTE:
         if ((*st = zo_plan_recompute_parse(arg, "--recompute", &r)) != ZO_OK) return 1;
         /* selective runs as none: the attention keeps no s x s scores to recompute */
-        oc->recompute = r == ZO_PLAN_RECOMPUTE_FULL;
+        oc->recompute = r == ZO_PLAN_RECOMPUTE_FULL  ? OFFLOAD_RECOMPUTE_FULL
+                        : r == ZO_PLAN_RECOMPUTE_OPS ? OFFLOAD_RECOMPUTE_OPS
+                                                     : OFFLOAD_RECOMPUTE_NONE;
         if (r == ZO_PLAN_RECOMPUTE_SELECTIVE) a->p.selective_as_none = 1;
         return 1;
     case OPT_RECOMPUTE_LAYERS:
@@ -638,8 +644,14 @@ static const char *flags_conflict(const train_args *a)
     if (a->sched.min_lr > a->sched.lr) return "--min-lr is above --lr";
     if (!a->lora.r && !a->adapter && (a->qlora || a->lora.targets))
         return "--qlora and --lora-targets need --lora R (or --adapter DIR)";
-    if (a->set_recompute_layers && a->p.cfg.recompute_layers && !a->p.cfg.recompute)
+    if (a->set_recompute_layers && a->p.cfg.recompute_layers && a->p.cfg.recompute != OFFLOAD_RECOMPUTE_FULL)
         return "--recompute-layers K needs --recompute full (the first K layers recomputed whole)";
+    if (a->p.cfg.recompute == OFFLOAD_RECOMPUTE_OPS && a->p.cfg.checkpoints_on == OFFLOAD_CPU)
+        return "--checkpoints cpu needs --recompute full (--recompute ops keeps each layer's kept outputs "
+               "on the GPU)";
+    if (a->p.cfg.recompute == OFFLOAD_RECOMPUTE_OPS && (a->lora.r || a->adapter))
+        return "--recompute ops with --lora: the adapters' matmuls are not in the runtime's op set; "
+               "recompute full or none";
     if (a->merge && !a->lora.r && !a->adapter && !(a->plan && a->p.file.training.method != ZO_PLAN_FULL))
         return "--merge DIR merges LoRA adapters into their base: it needs --lora R (or --adapter DIR); "
                "--save DIR writes a full fine-tune";
@@ -719,7 +731,7 @@ static int args_finish(int argc, char **argv, train_args *a)
         return 2;
     }
     if (grads_conflict(a)) return 2;
-    if (!oc->recompute) oc->recompute_layers = 0; /* a plan's K goes with its recompute */
+    if (oc->recompute != OFFLOAD_RECOMPUTE_FULL) oc->recompute_layers = 0; /* a plan's K goes with full */
     a->sched.steps = a->schedule_steps ? a->schedule_steps : a->steps;
     oc->n_threads = (int)a->threads;
     if (!a->model && a->plan && a->p.model_name[0]) a->model = a->p.model_name;

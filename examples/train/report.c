@@ -28,7 +28,9 @@ void report_placement(const train_args *a)
     if (oc->recompute && oc->recompute_layers)
         snprintf(rc, sizeof rc, "full of the first %d layers", oc->recompute_layers);
     else
-        snprintf(rc, sizeof rc, "%s", oc->recompute ? "full" : "none");
+        snprintf(rc, sizeof rc, "%s", oc->recompute == OFFLOAD_RECOMPUTE_OPS ? "ops (every other matmul)"
+                                      : oc->recompute                          ? "full"
+                                                                               : "none");
     printf("# placement: weights %s (prefetch %d), optimizer cpu %.2f nvme %.2f gpu %.2f, "
            "gradients %s, checkpoints %s, recompute %s; gradients reduced in %s%s%s\n",
            offload_tier_name(oc->params_on), oc->prefetch_depth, oc->opt_frac[OFFLOAD_CPU],

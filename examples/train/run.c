@@ -172,6 +172,9 @@ static zo_status check_recompute_layers(const train_args *a, const zo_model_conf
     if (k > cfg->n_layers)
         return zo_error(ZO_ERR_INVALID, "--recompute-layers %d (training.recompute_layers): the model %s has %d "
                         "layers", k, cfg->name, cfg->n_layers);
+    if (a->p.cfg.recompute == OFFLOAD_RECOMPUTE_OPS && cfg->moe.experts)
+        return zo_error(ZO_ERR_INVALID, "--recompute ops (training.recompute): the model %s has experts; the "
+                        "runtime recomputes by op in dense layers (recompute full or none)", cfg->name);
     if (k && k < cfg->n_layers && a->p.cfg.checkpoints_on == OFFLOAD_CPU)
         return zo_error(ZO_ERR_INVALID, "--recompute-layers %d with --checkpoints-on cpu: host checkpoints need "
                         "every layer recomputed (a layer not recomputed keeps its activations on the GPU)", k);

@@ -13,8 +13,10 @@ void runtime_plan_train(plan_train *t, const zo_model_config *m, zo_dtype dt, in
     t->micro_batch = B;
     t->grad_accum = oc->grad_accum ? oc->grad_accum : 1;
     t->dtype = t->grad_dtype = dt;
-    t->recompute = oc->recompute ? PLAN_RECOMPUTE_FULL : PLAN_RECOMPUTE_NONE;
-    t->recompute_layers = oc->recompute ? oc->recompute_layers : 0;
+    t->recompute = oc->recompute == OFFLOAD_RECOMPUTE_OPS ? ZO_PLAN_RECOMPUTE_OPS
+                   : oc->recompute                        ? PLAN_RECOMPUTE_FULL
+                                                          : PLAN_RECOMPUTE_NONE;
+    t->recompute_layers = oc->recompute == OFFLOAD_RECOMPUTE_FULL ? oc->recompute_layers : 0;
     t->dropout = 0;
     t->flash_attn = 1;
     t->params_on = (plan_tier)oc->params_on;
