@@ -86,6 +86,10 @@ zo_status gen_time_measure_machine(const gen_time_case *c, int threads, const ch
      * reads them (a disk's cache may serve a second pass faster) */
     co.nvme_bytes = zo_model_params(&c->m) * zo_dtype_size(c->dtype);
     co.nvme_reads = 4;
+    /* read a block's weights at a time, as the runtime's weight store does */
+    zo_param_counts pc;
+    zo_model_param_counts(&c->m, &pc);
+    co.nvme_tensor_bytes = pc.per_layer * zo_dtype_size(c->dtype);
     co.adam_params = 1u << 18;
     zo_status st = plan_calibrate_run(&co, &out->host);
     if (st == ZO_OK) st = forward_compute(c, threads, &out->token_s, &out->prompt_s);

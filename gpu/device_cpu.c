@@ -135,16 +135,21 @@ static void cpu_mem_reset_peak(gpu_device_t dev)
 }
 
 /* Pinned host memory is ordinary memory here, with the same header so that
- * its bytes can be counted. */
+ * its bytes can be counted. It starts on a page, as cudaHostAlloc's does:
+ * the NVMe engine reads into it with O_DIRECT (4 KiB aligned buffers), where
+ * 256-byte buffers sent every request through the page cache, so the CPU
+ * backend's weights "from NVMe" came from memory (issue 29). */
+#define HOST_ALIGN 4096u
+
 static zo_status cpu_host_alloc(gpu_device_t dev, size_t bytes, void **out)
 {
     cpu_ctx *c = ctx_of(dev);
-    if (bytes > SIZE_MAX - 2 * POOL_ALIGN)
+    if (bytes > SIZE_MAX - 2 * HOST_ALIGN)
         return zo_error(ZO_ERR_NOMEM, "gpu_host_alloc: %zu bytes is too large", bytes);
     size_t rounded = (bytes + POOL_ALIGN - 1) / POOL_ALIGN * POOL_ALIGN;
     if (fault_alloc(c))
         return zo_error(ZO_ERR_NOMEM, "gpu_host_alloc: %zu bytes failed (injected)", rounded);
-    char *base = aligned_alloc(POOL_ALIGN, rounded + POOL_ALIGN);
+    char *base = aligned_alloc(HOST_ALIGN, (rounded + HOST_ALIGN - 1) / HOST_ALIGN * HOST_ALIGN + HOST_ALIGN);
     if (!base) return zo_error(ZO_ERR_NOMEM, "gpu_host_alloc: %zu bytes failed", rounded);
     alloc_header *h = (alloc_header *)base;
     h->magic = ALLOC_MAGIC ^ 1u;
@@ -152,14 +157,14 @@ static zo_status cpu_host_alloc(gpu_device_t dev, size_t bytes, void **out)
     pthread_mutex_lock(&c->lock);
     c->host_pinned += rounded;
     pthread_mutex_unlock(&c->lock);
-    *out = base + POOL_ALIGN;
+    *out = base + HOST_ALIGN;
     return ZO_OK;
 }
 
 static void cpu_host_free(gpu_device_t dev, void *p)
 {
     cpu_ctx *c = ctx_of(dev);
-    char *base = (char *)p - POOL_ALIGN;
+    char *base = (char *)p - HOST_ALIGN;
     alloc_header *h = (alloc_header *)base;
     if (h->magic != (ALLOC_MAGIC ^ 1u)) return;
     h->magic = 0;

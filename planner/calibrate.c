@@ -16,7 +16,8 @@
 #include "common/dtype.h"
 #include "cpu_adam/cpu_adam.h" /* adam_update, adam_hparams_default */
 #ifdef ZO_HAVE_NVME_ENGINE
-#include "nvme/nvme_engine.h" /* nvme_engine_init, nvme_write, nvme_read */
+#include "nvme/nvme_engine.h" /* nvme_engine_init, nvme_buf_alloc */
+#include "nvme/nvme_store.h"  /* nvme_store_init, nvme_store_read */
 #endif
 
 void plan_calibrate_defaults(plan_calibrate_opts *o)
@@ -109,47 +110,76 @@ out_free:
 }
 
 #ifdef ZO_HAVE_NVME_ENGINE
-/* Write `bytes` to a file under dir in 64 MiB transfers (each split into the
- * engine's queue-depth requests), then read it back; bytes/s of each. */
+/* Write `nvme_bytes` to a swap store under dir as tensors of
+ * `nvme_tensor_bytes`, then read them back one tensor at a time: the way the
+ * runtime's weight store (offload/wstore.c) moves a block. Same engine
+ * defaults (1 MiB requests, NVME_DEFAULT_QUEUE_DEPTH in flight, O_DIRECT),
+ * same store (striped in the engine's block size, checksums verified on
+ * each read); bytes/s of each, the read the fastest of nvme_reads passes.
+ * The buffer is the engine's (4 KiB aligned), so every request is O_DIRECT:
+ * the disk's rate, not the page cache's. */
 static zo_status measure_nvme(const plan_calibrate_opts *o, double *rd, double *wr, int *direct)
 {
     nvme_engine_t *e = NULL;
+    nvme_store_t *s = NULL;
     nvme_engine_config cfg = {0};
     void *buf = NULL;
-    int fid = -1;
-    char path[4096];
-    size_t chunk = 64u << 20, total = (o->nvme_bytes + chunk - 1) / chunk * chunk;
-    snprintf(path, sizeof path, "%s/memplan-calibrate.%ld.tmp", o->nvme_dir, (long)getpid());
-    zo_status st = nvme_engine_init(&e, &cfg);
-    if (st) return zo_error_wrap(st, "calibrate: NVMe engine");
-    if ((st = nvme_buf_alloc(e, chunk, &buf)) != ZO_OK) goto out_engine;
-    memset(buf, 0x5a, chunk);
-    /* a file of its own: never one planted under the name, never through a link */
-    if ((st = nvme_file_open(e, path, NVME_FILE_EXCL, &fid)) != ZO_OK)
-        goto out_buf;
-    *direct = nvme_file_is_direct(e, fid);
-    if ((st = nvme_file_allocate(e, fid, total)) != ZO_OK) goto out_file;
+    size_t tensor = o->nvme_tensor_bytes ? o->nvme_tensor_bytes : 64u << 20;
+    tensor = (tensor + NVME_ALIGN - 1) / NVME_ALIGN * NVME_ALIGN;
+    size_t n = (o->nvme_bytes + tensor - 1) / tensor;
+    if (!n) n = 1;
+    size_t *bytes = calloc(n, sizeof *bytes);
+    int *ids = calloc(n, sizeof *ids);
+    char(*names)[32] = calloc(n, sizeof *names);
+    const char **np = calloc(n, sizeof *np);
+    zo_status st = ZO_OK;
+    if (!bytes || !ids || !names || !np) {
+        st = zo_error(ZO_ERR_NOMEM, "calibrate: out of host memory");
+        goto out_free;
+    }
+    for (size_t i = 0; i < n; i++) {
+        snprintf(names[i], sizeof names[i], "calibrate.%zu", i);
+        np[i] = names[i];
+        bytes[i] = tensor;
+    }
+    if ((st = nvme_engine_init(&e, &cfg)) != ZO_OK) {
+        st = zo_error_wrap(st, "calibrate: NVMe engine");
+        goto out_free;
+    }
+    /* a file of its own, created exclusively and removed at the end (nvme_store.h) */
+    const char *dirs[1] = {o->nvme_dir};
+    nvme_store_config sc = {.dirs = dirs, .ndirs = 1, .prefix = "memplan-calibrate"};
+    if ((st = nvme_store_init(&s, e, &sc)) != ZO_OK) goto out_engine;
+    if ((st = nvme_store_add(s, n, np, bytes, ids)) != ZO_OK) goto out_store;
+    *direct = nvme_file_is_direct(e, nvme_store_file_id(s, 0));
+    if ((st = nvme_buf_alloc(e, tensor, &buf)) != ZO_OK) goto out_store;
+    memset(buf, 0x5a, tensor);
     double t0 = zo_now();
-    for (size_t off = 0; off < total && !st; off += chunk) st = nvme_write(e, fid, buf, chunk, off);
-    if (st) goto out_file;
-    *wr = (double)total / (zo_now() - t0);
+    for (size_t i = 0; i < n && !st; i++) st = nvme_store_write(s, ids[i], buf);
+    if (st) goto out_buf;
+    *wr = (double)(n * tensor) / (zo_now() - t0);
     *rd = 0;
     for (int pass = 0; pass < (o->nvme_reads > 1 ? o->nvme_reads : 1); pass++) {
         t0 = zo_now();
-        for (size_t off = 0; off < total && !st; off += chunk) st = nvme_read(e, fid, buf, chunk, off);
-        if (st) goto out_file;
-        double r = (double)total / (zo_now() - t0);
+        for (size_t i = 0; i < n && !st; i++) st = nvme_store_read(s, ids[i], buf);
+        if (st) goto out_buf;
+        double r = (double)(n * tensor) / (zo_now() - t0);
         *rd = r > *rd ? r : *rd;
     }
-    if (((unsigned char *)buf)[chunk - 1] != 0x5a)
-        st = zo_error(ZO_ERR_CHECKSUM, "calibrate: %s read back other bytes than written", path);
-out_file:
-    nvme_file_close(e, fid);
-    unlink(path);
+    if (((unsigned char *)buf)[tensor - 1] != 0x5a)
+        st = zo_error(ZO_ERR_CHECKSUM, "calibrate: %s read back other bytes than written",
+                      nvme_file_path(e, nvme_store_file_id(s, 0)));
 out_buf:
     nvme_buf_free(e, buf);
+out_store:
+    nvme_store_free(s);
 out_engine:
     nvme_engine_free(e);
+out_free:
+    free(bytes);
+    free(ids);
+    free(names);
+    free(np);
     return st ? zo_error_wrap(st, "calibrate --nvme-dir %s", o->nvme_dir) : ZO_OK;
 }
 #endif

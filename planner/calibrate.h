@@ -18,6 +18,8 @@ typedef struct plan_calibrate_opts {
     int threads;           /* 0: OpenMP's default */
     const char *nvme_dir;  /* NVMe capacity (statvfs) and read/write rates measured here; NULL: none */
     size_t nvme_bytes;     /* bytes written and read back for the NVMe rates */
+    size_t nvme_tensor_bytes; /* bytes per store read, as the runtime reads a block's
+                                 weights (0: 64 MiB) */
     int nvme_reads;        /* passes over the file read back, the fastest kept (0, 1: one); more
                               for what reads the same data again, as generation does each token */
 } plan_calibrate_opts;

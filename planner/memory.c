@@ -790,9 +790,13 @@ static uint64_t frozen_part(const stage_est *s, uint64_t bytes)
 
 /* On NVMe a store's blocks (ZeRO-3: the rank's parts of them) start on
  * PLAN_NVME_ALIGN bytes (O_DIRECT): every block but the last rounded up
- * (parts: the last too; the adapters' last block, the head, is empty; their
- * parts on NVMe at ZeRO-3 are not modelled so). `frozen` and `adapters` are the
- * stores' bytes unaligned. */
+ * (parts: the last too). The adapters' store holds every block, each
+ * rounded up (the store aligns its end): the layers' adapters (ZeRO-3: the
+ * rank's part, ceil of a layer's elements over DP, comm_shard's largest),
+ * and the first block (embeddings) and the last (head), which have none:
+ * the weight store gives an empty block one element (wstore.c's nvme_open),
+ * a PLAN_NVME_ALIGN unit each. `frozen` and `adapters` are the stores'
+ * bytes unaligned. */
 static void nvme_aligned(const stage_est *s, uint64_t *frozen, uint64_t *adapters)
 {
     const plan_train *t = s->t;
@@ -807,7 +811,7 @@ static void nvme_aligned(const stage_est *s, uint64_t *frozen, uint64_t *adapter
     if (t->params_on == ZO_PLAN_NVME && sh->layers && t->zero >= 3 && s->dp > 1) *frozen = ceil_div(*frozen, al) * al;
     uint64_t layer = t->zero >= 3 ? ceil_div(pf->layer_trainable, s->dp) : pf->layer_trainable;
     if (t->adapters_on == ZO_PLAN_NVME)
-        *adapters = (uint64_t)sh->layers * ceil_div(layer * s->wsz, al) * al;
+        *adapters = ((uint64_t)sh->layers * ceil_div(layer * s->wsz, al) + (sh->first ? 1 : 0) + (sh->last ? 1 : 0)) * al;
 }
 
 /* LoRA: two weight stores (the runtime's), the frozen base where --params

@@ -35,7 +35,7 @@ static const char usage_main[] =
     "  models      list the model presets with their shapes and parameter counts\n"
     "  hardware    list the hardware presets\n"
     "  help        this text; 'memplan estimate --help' for the estimate's options\n"
-    "  --version   the version (also: version)\n"
+    "  --version   the version (also: version); every command takes --version and -h/--help\n"
     "\n"
     "exit status: 0 fits (or a listing), 1 does not fit, 2 bad input\n";
 
@@ -59,8 +59,19 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "max-model")) return cmd_max_model(argc - 1, argv + 1);
     if (!strcmp(cmd, "calibrate")) return cmd_calibrate(argc - 1, argv + 1);
     if (!strcmp(cmd, "generate")) return cmd_generate(argc - 1, argv + 1);
-    if (!strcmp(cmd, "models")) return cmd_models();
-    if (!strcmp(cmd, "hardware")) return cmd_hardware();
+    if (!strcmp(cmd, "models") || !strcmp(cmd, "hardware")) {
+        /* listings take no options but --version and -h/--help, as every command */
+        if (argc > 2 && (!strcmp(argv[2], "--version") || !strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"))) {
+            if (!strcmp(argv[2], "--version")) zo_version_print(stdout, "memplan");
+            else fprintf(stdout, "usage: memplan %s\n  list the %s presets\n", cmd, cmd[0] == 'm' ? "model" : "hardware");
+            return 0;
+        }
+        if (argc > 2) {
+            fprintf(stderr, "memplan: %s takes no arguments: '%s' (see 'memplan --help')\n", cmd, argv[2]);
+            return EXIT_BADINPUT;
+        }
+        return !strcmp(cmd, "models") ? cmd_models() : cmd_hardware();
+    }
     fprintf(stderr, "memplan: unknown command '%s' (commands: estimate, plan, max-model, calibrate, generate, models, hardware; see "
                     "'memplan --help')\n", cmd);
     return EXIT_BADINPUT;

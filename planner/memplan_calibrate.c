@@ -31,6 +31,7 @@ static const struct option calibrate_opts[] = {
     {"seconds", required_argument, 0, OPT_SECONDS},
     {"nvme-bytes", required_argument, 0, OPT_NVME_BYTES},
     {"help", no_argument, 0, OPT_HELP},
+    {"version", no_argument, 0, OPT_VERSION},
     {0, 0, 0, 0},
 };
 

@@ -11,6 +11,7 @@
 #include "common/fileio.h" /* defines: zo_file_read_all, zo_file_write_all, zo_file_write_json */
 #include "common/plan_schema.h" /* defines: zo_plan_flag_int, zo_plan_flag_double, zo_plan_flag_u64 */
 #include "common/units.h"
+#include "common/version.h" /* defines: zo_version_print */
 #include "planner/planfile.h" /* defines: plan_hw_parse */
 #include "planner/svg.h"
 
@@ -288,11 +289,15 @@ int cli_parse(const cli_command *cmd, int argc, char **argv, cli_flags *f, void 
     cli_flags_init(f);
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":", cmd->opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":h", cmd->opts, NULL)) != -1) {
         zo_status st = ZO_OK;
         if (c >= OPT_MODEL && c < OPT_END) f->seen[c] = 1;
-        if (c == OPT_HELP) {
+        if (c == OPT_HELP || c == 'h') {
             fputs(cmd->usage, stdout);
+            return 0;
+        }
+        if (c == OPT_VERSION) {
+            zo_version_print(stdout, "memplan");
             return 0;
         }
         int known = parse_model_flag(cmd, c, optarg, f, &st) ||

@@ -45,7 +45,7 @@ enum {
     OPT_CLIP_STALE, OPT_REDUCE_DTYPE, OPT_RUNTIME, OPT_RECOMPUTE_LAYERS, OPT_NO_DP_OVERLAP,
     OPT_OPTIM_DTYPE, OPT_MASTER, OPT_LOSS_CHUNK, OPT_RECIPE,
     OPT_FUSED_ACCUM, /* the last configuration flag */
-    OPT_JSON, OPT_GLOBAL_BATCH, OPT_SVG, OPT_PLAN, OPT_PLAN_OUT, OPT_HELP, OPT_JSON_OUT,
+    OPT_JSON, OPT_GLOBAL_BATCH, OPT_SVG, OPT_PLAN, OPT_PLAN_OUT, OPT_HELP, OPT_VERSION, OPT_JSON_OUT,
     /* plan and max-model */
     OPT_MAX_GPUS, OPT_OBJECTIVE, OPT_TOP, OPT_NO_OFFLOAD, OPT_NO_NVME, OPT_MAX_MB, OPT_OPT_STEPS,
     OPT_OPT_MIN, OPT_MAX_PREFETCH, OPT_FAMILY, OPT_STRATEGY, OPT_METHOD,
@@ -117,7 +117,8 @@ enum {
     {"json", no_argument, 0, OPT_JSON},                                         \
     {"json-out", required_argument, 0, OPT_JSON_OUT},                           \
     {"svg", required_argument, 0, OPT_SVG},                                     \
-    {"help", no_argument, 0, OPT_HELP}
+    {"help", no_argument, 0, OPT_HELP},                                         \
+    {"version", no_argument, 0, OPT_VERSION}
 
 /* What estimate, plan and max-model all take. */
 #define SHARED_OPTIONS MODEL_HW_OPTIONS, METHOD_OPTIONS, RUN_OPTIONS

@@ -65,6 +65,7 @@ static const struct option generate_opts[] = {
     {"prompt", required_argument, 0, OPT_PROMPT},
     {"new-tokens", required_argument, 0, OPT_NEW_TOKENS},
     {"help", no_argument, 0, OPT_HELP},
+    {"version", no_argument, 0, OPT_VERSION},
     {0, 0, 0, 0},
 };
 

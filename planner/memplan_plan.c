@@ -370,6 +370,40 @@ static zo_status refuse_outside_table(const search_cmd *c)
     return st;
 }
 
+/* The search tried no configuration at all: the layout flags rule out
+ * every one (issue 27: `--gpus 2 --tp 2` on a preset of one GPU a node
+ * printed "searched 0 configurations" and "nothing fits: more GPUs").
+ * The first flag that does, named, as the search's own rules (walk_gpus):
+ * TP within a node dividing the GPUs and the heads, PP dividing the layers
+ * and the GPUs TP leaves, the global batch a multiple of DP. */
+static zo_status refuse_unsearchable(const search_cmd *c)
+{
+    const plan_space *s = &c->space;
+    const plan_hw *hw = &c->hw;
+    const zo_model_config *m = &c->m;
+    int gpus = s->max_gpus > 0 ? s->max_gpus : s->gpus, tp = s->tp > 0 ? s->tp : 1, pp = s->pp > 0 ? s->pp : 1;
+    int L = m->params_override ? 1 : m->n_layers;
+    if (s->tp > 1 && s->tp > hw->gpus_per_node)
+        return zo_error(ZO_ERR_INVALID,
+                        "--tp %d: tensor parallelism runs within a node, and %s has %d GPU%s a node (give "
+                        "--gpus-per-node N, or --tp at most %d)",
+                        s->tp, hw->name, hw->gpus_per_node, hw->gpus_per_node == 1 ? "" : "s", hw->gpus_per_node);
+    if (s->tp > 1 && gpus % s->tp)
+        return zo_error(ZO_ERR_INVALID, "--tp %d does not divide the %d GPUs (--gpus)", s->tp, gpus);
+    if (s->tp > 1 && (m->params_override || m->n_heads % s->tp || m->n_kv_heads % s->tp))
+        return zo_error(ZO_ERR_INVALID, "--tp %d does not divide %s's attention heads (%d, %d key/value)", s->tp,
+                        m->name, m->n_heads, m->n_kv_heads);
+    if (s->pp > 1 && (gpus / tp) % s->pp)
+        return zo_error(ZO_ERR_INVALID, "--pp %d does not divide the %d GPUs left by --tp %d (--gpus %d)", s->pp,
+                        gpus / tp, tp, gpus);
+    if (s->pp > 1 && L % s->pp)
+        return zo_error(ZO_ERR_INVALID, "--pp %d does not divide %s's %d layers", s->pp, m->name, L);
+    if (s->tp > 0 && s->pp > 0 && s->global_batch % (gpus / (tp * pp)))
+        return zo_error(ZO_ERR_INVALID, "--global-batch %d is not a multiple of the %d data-parallel ranks "
+                        "(--gpus %d / --tp %d / --pp %d)", s->global_batch, gpus / (tp * pp), gpus, tp, pp);
+    return ZO_OK;
+}
+
 int cmd_plan(int argc, char **argv)
 {
     search_cmd c;
@@ -384,6 +418,7 @@ int cmd_plan(int argc, char **argv)
     double t0 = zo_now();
     if (plan_search(&c.m, &c.hw, &c.space, (int)c.s.top, &r) != ZO_OK) return fail();
     double dt = zo_now() - t0;
+    if (r.configs == 0 && refuse_unsearchable(&c) != ZO_OK) return fail();
     if (r.n_best == 0 && c.space.runtime_plans && refuse_outside_table(&c) != ZO_OK) return fail();
     /* --json: stdout holds the plan alone */
     FILE *tab = f->json ? fopen("/dev/null", "w") : stdout;

@@ -186,6 +186,8 @@ static void test_flags(void **state)
     (void)state;
     char a[1024];
     expect("--help", 0, "--max-new-tokens N");
+    expect("-h", 0, "--max-new-tokens N");
+    expect("--version", 0, "generate (zoffload) "); /* issue 27: --version in every program */
     expect("--prompt-ids 1", 2, "--model is required");
     snprintf(a, sizeof a, "--model %s", cfg);
     expect(a, 2, "a prompt is required");

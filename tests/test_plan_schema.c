@@ -1061,6 +1061,63 @@ static void test_memplan_json_convention(void **state)
     assert_non_null(strstr(out, "--json-out FILE writes it to FILE"));
     remove(path);
 }
+
+/* --version and -h/--help after every command (issue 27: `memplan estimate
+ * --version` was an unknown option): the version line or the command's
+ * usage on stdout, exit 0; a listing given anything else exits 2. */
+static void test_memplan_version_help(void **state)
+{
+    (void)state;
+    static char out[1 << 16];
+    char args[256];
+    const char *cmds[] = {"estimate", "plan", "max-model", "calibrate", "generate", "models", "hardware"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        snprintf(args, sizeof args, "%s --version", cmds[i]);
+        int rc = run_program(ZO_MEMPLAN_BIN, args, out, sizeof out);
+        if (rc || strstr(out, "memplan (zoffload) ") != out) fprintf(stderr, "memplan %s: exit %d\n%s\n", args, rc, out);
+        assert_int_equal(rc, 0);
+        assert_ptr_equal(strstr(out, "memplan (zoffload) "), out);
+        for (int h = 0; h < 2; h++) {
+            snprintf(args, sizeof args, "%s %s", cmds[i], h ? "-h" : "--help");
+            rc = run_program(ZO_MEMPLAN_BIN, args, out, sizeof out);
+            char want[64];
+            snprintf(want, sizeof want, "usage: memplan %s", cmds[i]);
+            if (rc || strstr(out, want) != out) fprintf(stderr, "memplan %s: exit %d\n%s\n", args, rc, out);
+            assert_int_equal(rc, 0);
+            assert_ptr_equal(strstr(out, want), out);
+        }
+    }
+    assert_int_equal(run_program(ZO_MEMPLAN_BIN, "models --bogus", out, sizeof out), 2);
+    assert_non_null(strstr(out, "'--bogus'"));
+}
+
+/* A layout the flags rule out everywhere is said, naming the flag, exit 2
+ * (issue 27: `plan --gpus 2 --tp 2` on a preset of one GPU a node printed
+ * "searched 0 configurations" and "nothing fits: more GPUs"). */
+static void test_memplan_plan_nothing_searched(void **state)
+{
+    (void)state;
+    static char out[1 << 16];
+    const struct {
+        const char *args, *want;
+    } v[] = {
+        {"plan --model llama-2-7b --hw a100-80gb --gpus 2 --tp 2", "--tp 2: tensor parallelism runs within a node, "
+                                                                   "and a100-80gb has 1 GPU a node"},
+        {"plan --model llama-2-7b --hw dgx-a100-80gb --gpus 8 --tp 3", "--tp 3 does not divide the 8 GPUs"},
+        {"plan --model llama-2-7b --hw dgx-a100-80gb --gpus 8 --pp 3", "--pp 3 does not divide the 8 GPUs left by --tp 1"},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        int rc = run_program(ZO_MEMPLAN_BIN, v[i].args, out, sizeof out);
+        if (rc != 2 || !strstr(out, v[i].want)) fprintf(stderr, "memplan %s: exit %d\n%s\n", v[i].args, rc, out);
+        assert_int_equal(rc, 2);
+        assert_non_null(strstr(out, v[i].want));
+        assert_null(strstr(out, "nothing fits"));
+    }
+    /* a layout that runs is searched as before */
+    assert_int_equal(run_program(ZO_MEMPLAN_BIN, "plan --model llama-2-7b --hw dgx-a100-80gb --gpus 8 --tp 2 --top 1",
+                                 out, sizeof out), 0);
+    assert_non_null(strstr(out, "best: "));
+}
 #endif
 
 int main(void)
@@ -1084,6 +1141,8 @@ int main(void)
 #endif
 #ifdef ZO_MEMPLAN_BIN
         cmocka_unit_test(test_memplan_json_convention),
+        cmocka_unit_test(test_memplan_version_help),
+        cmocka_unit_test(test_memplan_plan_nothing_searched),
 #endif
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -224,6 +224,23 @@ static void test_lora_memory(void **state)
     run_cfg(&nv);
     assert_true(nv.pt.sched.w_bytes == 2);
     assert_true(fabs(nv.pt.h2d_total - 2.0 * (double)got / nv.hw.pcie_bw) < 1e-9 * nv.pt.h2d_total);
+
+    /* the adapters on NVMe: their store holds every block, each on 4096
+     * bytes, the embeddings' and the head's too (no adapters: one element
+     * each, wstore.c); at ZeRO-3 on 3 ranks a rank's part of each layer, the
+     * largest of comm_shard's (issue 27: the runtime's 8 KiB over the plan) */
+    cfg an = q;
+    an.t.params_on = PLAN_CPU;
+    an.t.adapters_on = PLAN_NVME;
+    run_cfg(&an);
+    uint64_t la = A / (uint64_t)L;
+    assert_true(item(&an.e, "LoRA adapters") == ((uint64_t)L * ((la * 2 + al - 1) / al) + 2) * al);
+    an.t.zero = 3;
+    an.t.dp = 3;
+    an.hw.gpus = 3;
+    run_cfg(&an);
+    uint64_t part = (la + 2) / 3;
+    assert_true(item(&an.e, "LoRA adapters") == ((uint64_t)L * ((part * 2 + al - 1) / al) + 2) * al);
 }
 
 /* ---- time ----------------------------------------------------------------------------------- */

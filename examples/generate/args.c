@@ -9,6 +9,7 @@
 #include "common/plan_schema.h" /* defines: zo_plan_flag_int */
 #include "common/plan_vocab.h"  /* defines: zo_plan_tier_parse */
 #include "common/units.h"       /* defines: zo_parse_int, zo_parse_double, zo_parse_size */
+#include "common/version.h"     /* defines: zo_version_print */
 
 static const char HELP[] =
     "usage: generate --model CONFIG|DIR|PRESET (--prompt TEXT | --prompt-ids 1,2,3)... [options]\n"
@@ -68,6 +69,7 @@ static const char HELP[] =
     "                         unlimited on cpu and the free memory on cuda)\n"
     "  --threads N            threads per op on cpu (default: all)\n"
     "  --stats-json FILE      peak bytes per tier, the time split, tokens/s and time to first token\n"
+    "  --version              the version\n"
     "  -h, --help             this text\n"
     "\n"
     "Writes the generated text to stdout as it is decoded (one prompt), or each prompt's text\n"
@@ -113,6 +115,7 @@ static const struct option long_opts[] = {
     {"device-mem", required_argument, 0, OPT_DEVMEM},
     {"threads", required_argument, 0, OPT_THREADS},
     {"stats-json", required_argument, 0, OPT_STATS},
+    {"version", no_argument, 0, 'V'},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0},
 };
@@ -254,6 +257,10 @@ int gen_args_parse(int argc, char **argv, gen_args *a)
     while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
         if (c == 'h') {
             fputs(HELP, stdout);
+            return 0;
+        }
+        if (c == 'V') {
+            zo_version_print(stdout, "generate");
             return 0;
         }
         zo_status st = ZO_OK;
