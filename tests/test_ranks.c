@@ -242,6 +242,25 @@ static void test_matrix_qlora(void **state)
  * 2, 3}, each on a device that needs offload, run as written by `mpirun -np 2
  * train --plan --device cpu`: every plan runs, every rank's peaks within 3%
  * of the plan (issue 27: every plan memplan writes, train runs). */
+
+/* memplan ARGS (a 2-rank plan search writing `plan`), its best row printed
+ * after `what`, then `train --plan` on 2 ranks: it runs and each rank's
+ * peaks are within 3% of the plan's (check_peaks). */
+static void plan_and_run_searched(char *args, size_t args_len, const char *plan, const char *what, char *out,
+                                  size_t len)
+{
+    int rc = run_memplan(args, out, len);
+    if (rc) fprintf(stderr, "memplan %s\n%s\n", args, out);
+    assert_int_equal(rc, 0);
+    const char *best = strstr(out, "\nbest: ");
+    assert_non_null(best);
+    printf("  %s: %.*s\n", what, (int)(strchr(best + 1, '\n') - best - 1), best + 1);
+    snprintf(args, args_len, "--plan %s --steps 2 --device cpu", plan);
+    rc = train(2, args, out, len);
+    if (rc) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    check_peaks(out, 2);
+}
 static void test_searched_plans(void **state)
 {
     (void)state;
@@ -256,18 +275,9 @@ static void test_searched_plans(void **state)
                      "--seq 32 --global-batch 4 --dtype fp32 --no-dropout --method %s --zero %d --top 1 "
                      "--json-out %s",
                      dir, methods[mth], stage, plan);
-            int rc = run_memplan(args, out, sizeof out);
-            if (rc) fprintf(stderr, "memplan %s\n%s\n", args, out);
-            assert_int_equal(rc, 0);
-            const char *best = strstr(out, "\nbest: ");
-            assert_non_null(best);
-            printf("  %s, ZeRO-%d: %.*s\n", methods[mth], stage, (int)(strchr(best + 1, '\n') - best - 1),
-                   best + 1);
-            snprintf(args, sizeof args, "--plan %s --steps 2 --device cpu", plan);
-            rc = train(2, args, out, sizeof out);
-            if (rc) fprintf(stderr, "%s\n", out);
-            assert_int_equal(rc, 0);
-            check_peaks(out, 2);
+            char what[64];
+            snprintf(what, sizeof what, "%s, ZeRO-%d", methods[mth], stage);
+            plan_and_run_searched(args, sizeof args, plan, what, out, sizeof out);
         }
 }
 
@@ -412,18 +422,9 @@ static void test_moe(void **state)
                      "plan --model %s --hw cpu --gpus 2 --gpu-mem 2MiB --cpu-mem 1GiB --nvme 1GiB --seq 32 "
                      "--global-batch 4 --dtype fp32 --no-dropout --method full --zero %d --top 1 --json-out %s",
                      path, stage, plan);
-            int rc = run_memplan(args, out, sizeof out);
-            if (rc) fprintf(stderr, "memplan %s\n%s\n", args, out);
-            assert_int_equal(rc, 0);
-            const char *best = strstr(out, "\nbest: ");
-            assert_non_null(best);
-            printf("  %s, ZeRO-%d, searched: %.*s\n", names[mdl], stage, (int)(strchr(best + 1, '\n') - best - 1),
-                   best + 1);
-            snprintf(args, sizeof args, "--plan %s --steps 2 --device cpu", plan);
-            rc = train(2, args, out, sizeof out);
-            if (rc) fprintf(stderr, "%s\n", out);
-            assert_int_equal(rc, 0);
-            check_peaks(out, 2);
+            char what[64];
+            snprintf(what, sizeof what, "%s, ZeRO-%d, searched", names[mdl], stage);
+            plan_and_run_searched(args, sizeof args, plan, what, out, sizeof out);
         }
     }
     /* expert parallelism is not built: train --ep 2 (memplan's flag; it was
