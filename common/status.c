@@ -69,3 +69,17 @@ zo_status zo_check_failed(zo_status s, const char *expr, const char *func,
         snprintf(errbuf, sizeof errbuf, "%s", zo_status_name(s));
     return zo_error_wrap(s, "%s failed in %s (%s:%d)", expr, func, file, line);
 }
+
+int zo_exit_status(zo_status s, int reading_inputs, int running)
+{
+    switch (s) {
+    case ZO_OK: return 0;
+    case ZO_ERR_NOMEM:
+    case ZO_ERR_CAPACITY:
+    case ZO_ERR_DEVICE:
+    case ZO_ERR_INTERNAL:
+    case ZO_ERR_BUSY: return 1;
+    case ZO_ERR_IO: return reading_inputs ? 2 : 1; /* an input that cannot be read */
+    default: return running ? 1 : 2;
+    }
+}

@@ -27,6 +27,13 @@ typedef enum zo_status {
 /* A fixed string naming the status, e.g. "ZO_ERR_IO". */
 const char *zo_status_name(zo_status s);
 
+/* The programs' exit status for a failure (0 for ZO_OK): 1 when the
+ * machine failed the run (memory, capacity, the device, a bug, a lock held
+ * elsewhere) or, for the other statuses, when it happened while running
+ * (`running`); else 2, bad input. An I/O error is bad input while the inputs
+ * are read (`reading_inputs`), a failure at run time after. */
+int zo_exit_status(zo_status s, int reading_inputs, int running);
+
 /* Record a message for the current thread and return `s`, so callers can
  * write `return zo_error(ZO_ERR_INVALID, "%s: field %s missing", path, f);`. */
 zo_status zo_error(zo_status s, const char *fmt, ...)

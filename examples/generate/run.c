@@ -482,16 +482,7 @@ zo_status gen_report_end(gen_run *r)
 /* memplan's and train's convention: 2 bad input, 1 failed at run time. */
 static int exit_code(zo_status st, gen_phase phase)
 {
-    switch (st) {
-    case ZO_OK: return 0;
-    case ZO_ERR_NOMEM:
-    case ZO_ERR_CAPACITY:
-    case ZO_ERR_DEVICE:
-    case ZO_ERR_INTERNAL:
-    case ZO_ERR_BUSY: return 1;
-    case ZO_ERR_IO: return phase == GEN_INPUT ? 2 : 1;
-    default: return phase == GEN_RUN ? 1 : 2;
-    }
+    return zo_exit_status(st, phase == GEN_INPUT, phase == GEN_RUN);
 }
 
 int gen_finish(gen_run *r, zo_status st)

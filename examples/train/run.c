@@ -107,16 +107,7 @@ zo_status run_init(train_run *r, train_args *a)
 /* memplan's convention: 2 bad input, 1 failed at run time. */
 static int exit_code(zo_status st, run_phase phase)
 {
-    switch (st) {
-    case ZO_OK: return 0;
-    case ZO_ERR_NOMEM:
-    case ZO_ERR_CAPACITY:
-    case ZO_ERR_DEVICE:
-    case ZO_ERR_INTERNAL:
-    case ZO_ERR_BUSY: return 1;
-    case ZO_ERR_IO: return phase == RUN_INPUT ? 2 : 1; /* an input that cannot be read */
-    default: return phase == RUN_TRAIN ? 1 : 2;
-    }
+    return zo_exit_status(st, phase == RUN_INPUT, phase == RUN_TRAIN);
 }
 
 int run_finish(train_run *r, zo_status st)
