@@ -1023,6 +1023,24 @@ static void test_master_training(void **state)
  * docs/cpu_adam.md) and with fp32 state, and an fp32 checkpoint resumes with
  * 8-bit state, each within 1e-3 (same encoding) or 1% (converted) of the
  * uninterrupted run's loss. */
+
+/* u uninterrupted for its 12 steps; the same run saved at step 6 into dir;
+ * b and c (set up by the caller) resumed from it at step 6. */
+static void run_and_resume(run *u, run *b, run *c, const char *dir)
+{
+    run a = *u;
+    assert_int_equal(do_run(u), ZO_OK);
+    a.steps = 6;
+    a.save_dir = dir;
+    a.save_at = 6;
+    assert_int_equal(do_run(&a), ZO_OK);
+    run *resumed[2] = {b, c};
+    for (int i = 0; i < 2; i++) {
+        resumed[i]->resume_dir = dir;
+        resumed[i]->start_step = 6;
+        assert_int_equal(do_run(resumed[i]), ZO_OK);
+    }
+}
 static void test_resume_state(void **state)
 {
     (void)state;
@@ -1037,21 +1055,10 @@ static void test_resume_state(void **state)
         u.oc.opt_frac[OFFLOAD_CPU] = 0.5;
         u.oc.opt_frac[OFFLOAD_NVME] = 0.5;
         u.oc.opt_state = saved;
-        run a = u, b = u, c = u;
-        assert_int_equal(do_run(&u), ZO_OK);
-        a.steps = 6;
-        a.save_dir = dir;
-        a.save_at = 6;
-        assert_int_equal(do_run(&a), ZO_OK);
-        /* the same encoding */
-        b.resume_dir = dir;
-        b.start_step = 6;
-        assert_int_equal(do_run(&b), ZO_OK);
-        /* the other one: converted */
+        /* b resumes in the same encoding, c in the other one: converted */
+        run b = u, c = u;
         c.oc.opt_state = other;
-        c.resume_dir = dir;
-        c.start_step = 6;
-        assert_int_equal(do_run(&c), ZO_OK);
+        run_and_resume(&u, &b, &c, dir);
         printf("  saved %-5s: uninterrupted %.6f, resumed %s %.6f, resumed %s %.6f (step 11)\n",
                zo_plan_opt_state_name(saved), (double)u.loss[11], zo_plan_opt_state_name(saved),
                (double)b.loss[11], zo_plan_opt_state_name(other), (double)c.loss[11]);
@@ -1087,19 +1094,9 @@ static void test_resume_master(void **state)
         base_config(&u.oc);
         u.oc.params_on = OFFLOAD_CPU;
         u.oc.master = ma[i];
-        run a = u, b = u, c = u;
-        assert_int_equal(do_run(&u), ZO_OK);
-        a.steps = 6;
-        a.save_dir = dir;
-        a.save_at = 6;
-        assert_int_equal(do_run(&a), ZO_OK);
-        b.resume_dir = dir;
-        b.start_step = 6;
-        assert_int_equal(do_run(&b), ZO_OK);
+        run b = u, c = u;
         c.oc.master = ZO_PLAN_MASTER_FP32;
-        c.resume_dir = dir;
-        c.start_step = 6;
-        assert_int_equal(do_run(&c), ZO_OK);
+        run_and_resume(&u, &b, &c, dir);
         printf("  --master %-10s: uninterrupted %.6f, resumed %.6f, resumed with an fp32 master %.6f (step 11)\n",
                zo_plan_master_name(ma[i]), (double)u.loss[11], (double)b.loss[11], (double)c.loss[11]);
         for (int k = 6; k < 12; k++) {
