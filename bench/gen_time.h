@@ -33,10 +33,13 @@ typedef struct gen_time_machine {
     double copy_bw;         /* bytes/s */
     double token_s;         /* a token's forward, seconds */
     double prompt_s;        /* the prompts' forward */
+    int nvme_rounds;        /* rounds whose NVMe read rate host.nvme_read_bw sustains */
 } gen_time_machine;
 
 zo_status gen_time_measure_machine(const gen_time_case *c, int threads, const char *nvme_dir, gen_time_machine *out);
-/* The best of two measurements: the faster rates and times. */
+/* Two measurements as one: the faster rates and times, but the NVMe read
+ * rate sustained over both (their bytes over their time: each round reads
+ * the same bytes), as a run reads the disk token after token. */
 void gen_time_best(gen_time_machine *best, const gen_time_machine *m);
 
 /* The CPU backend as the planner's hardware (plan_hw_cpu_backend): the

@@ -115,7 +115,10 @@ out_free:
  * runtime's weight store (offload/wstore.c) moves a block. Same engine
  * defaults (1 MiB requests, NVME_DEFAULT_QUEUE_DEPTH in flight, O_DIRECT),
  * same store (striped in the engine's block size, checksums verified on
- * each read); bytes/s of each, the read the fastest of nvme_reads passes.
+ * each read); bytes/s of each, the read sustained over nvme_reads passes
+ * (all their bytes over all their time: what a run reading the weights
+ * token after token gets from a disk whose rate swings pass to pass, not
+ * its best pass).
  * The buffer is the engine's (4 KiB aligned), so every request is O_DIRECT:
  * the disk's rate, not the page cache's. */
 static zo_status measure_nvme(const plan_calibrate_opts *o, double *rd, double *wr, int *direct)
@@ -158,14 +161,12 @@ static zo_status measure_nvme(const plan_calibrate_opts *o, double *rd, double *
     for (size_t i = 0; i < n && !st; i++) st = nvme_store_write(s, ids[i], buf);
     if (st) goto out_buf;
     *wr = (double)(n * tensor) / (zo_now() - t0);
-    *rd = 0;
-    for (int pass = 0; pass < (o->nvme_reads > 1 ? o->nvme_reads : 1); pass++) {
-        t0 = zo_now();
+    int passes = o->nvme_reads > 1 ? o->nvme_reads : 1;
+    t0 = zo_now();
+    for (int pass = 0; pass < passes; pass++)
         for (size_t i = 0; i < n && !st; i++) st = nvme_store_read(s, ids[i], buf);
-        if (st) goto out_buf;
-        double r = (double)(n * tensor) / (zo_now() - t0);
-        *rd = r > *rd ? r : *rd;
-    }
+    if (st) goto out_buf;
+    *rd = (double)passes * (double)(n * tensor) / (zo_now() - t0);
     if (((unsigned char *)buf)[tensor - 1] != 0x5a)
         st = zo_error(ZO_ERR_CHECKSUM, "calibrate: %s read back other bytes than written",
                       nvme_file_path(e, nvme_store_file_id(s, 0)));

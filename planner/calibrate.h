@@ -20,8 +20,9 @@ typedef struct plan_calibrate_opts {
     size_t nvme_bytes;     /* bytes written and read back for the NVMe rates */
     size_t nvme_tensor_bytes; /* bytes per store read, as the runtime reads a block's
                                  weights (0: 64 MiB) */
-    int nvme_reads;        /* passes over the file read back, the fastest kept (0, 1: one); more
-                              for what reads the same data again, as generation does each token */
+    int nvme_reads;        /* passes over the file read back, the rate their total bytes over
+                              their total time (0, 1: one); more for what reads the same data
+                              again and again, as generation does each token */
 } plan_calibrate_opts;
 
 /* Defaults: base h100-80gb, 16M parameters, 64 MiB arrays, 0.5 s, 512 MiB
