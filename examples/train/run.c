@@ -3,6 +3,7 @@
 #include "examples/train/run.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,8 +21,21 @@
 /* ---- signals and test seams -------------------------------------------------------- */
 
 static volatile sig_atomic_t stop_signal; /* SIGINT, SIGTERM or SIGHUP came */
+static int stop_wake_fd = -1;              /* the pause seam's pipe, write end (-1: no seam) */
+static int stop_wake_read = -1;            /* and read end */
 
-static void on_stop_signal(int sig) { stop_signal = sig; }
+/* Any thread may take a process-directed signal: the handler also writes a
+ * byte to the pause seam's pipe, so a thread waiting there wakes whichever
+ * thread ran the handler. */
+static void on_stop_signal(int sig)
+{
+    int saved = errno;
+    stop_signal = sig;
+    if (stop_wake_fd >= 0 && write(stop_wake_fd, "s", 1) < 0) {
+        /* the pipe is full: a byte is already waiting */
+    }
+    errno = saved;
+}
 
 /* SIGINT, SIGTERM and SIGHUP end the run at the next micro-batch, through
  * the normal exit path (swap files removed, locks released). */
@@ -47,7 +61,10 @@ zo_status run_stopped(void)
  * write, at hook POINT ("begin", "optimizer-half", "before-rename",
  * "before-latest"), write one byte to FD and wait there for a signal (a test
  * kills the process mid-write, or stops it with SIGTERM: the write goes on
- * then, and the run ends as a stopped run does). */
+ * then, and the run ends as a stopped run does). The wait reads the stop
+ * handler's pipe: sigsuspend would wait forever when the signal went to
+ * another thread (the optimizer's, an I/O or OpenMP thread) between the
+ * check of stop_signal and the suspend. */
 static void pause_at(const char *spec, const char *point)
 {
     static int saves;
@@ -56,16 +73,10 @@ static void pause_at(const char *spec, const char *point)
     int nth = 0, fd = -1;
     if (sscanf(spec, "%63[^:]:%d:%d", want, &nth, &fd) != 3 || strcmp(want, point) || nth != saves)
         return;
-    /* the stop signals held until sigsuspend waits, so none is missed */
-    sigset_t stop, old;
-    sigemptyset(&stop);
-    sigaddset(&stop, SIGINT);
-    sigaddset(&stop, SIGTERM);
-    sigaddset(&stop, SIGHUP);
-    sigprocmask(SIG_BLOCK, &stop, &old);
-    if (write(fd, "k", 1) == 1)
-        while (!stop_signal) sigsuspend(&old);
-    sigprocmask(SIG_SETMASK, &old, NULL);
+    if (write(fd, "k", 1) != 1) return;
+    char c;
+    while (!stop_signal)
+        if (read(stop_wake_read, &c, 1) < 0 && errno != EINTR) break;
 }
 
 static void ckpt_hook(void *user, const char *point)
@@ -95,6 +106,13 @@ zo_status run_init(train_run *r, train_args *a)
     if (fsize_spec && (sscanf(fsize_spec, "%ld:%ld", &r->fsize_rank, &r->fsize_bytes) != 2 || r->fsize_bytes < 0))
         return zo_error(ZO_ERR_INVALID, "ZO_TRAIN_CKPT_FSIZE=%s is not RANK:BYTES", fsize_spec);
     r->pause_spec = getenv("ZO_TRAIN_CKPT_PAUSE");
+    if (r->pause_spec) {
+        int p[2]; /* the handler's end never blocks */
+        if (pipe2(p, O_CLOEXEC) || fcntl(p[1], F_SETFL, O_NONBLOCK))
+            return zo_error(ZO_ERR_IO, "ZO_TRAIN_CKPT_PAUSE: pipe: %s", strerror(errno));
+        stop_wake_read = p[0];
+        stop_wake_fd = p[1];
+    }
     if (r->pause_spec || fsize_spec) {
         a->p.cfg.ckpt_hook = ckpt_hook;
         a->p.cfg.ckpt_hook_user = r;
