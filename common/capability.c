@@ -22,9 +22,6 @@ const zo_capability_entry zo_capability_table[ZO_CAP_GAPS - 1] = {
     {ZO_CAP_DPU_GPU_OPTIMIZER, "dpu-gpu-optimizer",
      "the delayed update runs the optimizer on the CPU beside the next step, while the GPU share's update "
      "writes the resident weights in place; use --schedule overlap or serial, or the optimizer on cpu and nvme"},
-    {ZO_CAP_MOE_LORA, "moe-lora",
-     "adapters on a mixture of experts' layers (the experts as PEFT names them) are not built yet; full "
-     "fine-tuning of Mixtral and Qwen2-MoE runs"},
     {ZO_CAP_STATE_GPU_OPTIMIZER, "state-gpu-optimizer",
      "the GPU optimizer (gpu_adam_update) keeps fp32 m and v; bf16 and 8-bit state run in the CPU optimizer's "
      "shards (host memory and NVMe): put the optimizer on cpu and nvme, or keep --optim-dtype fp32"},
@@ -76,7 +73,6 @@ zo_capability_gap zo_capability_find(const zo_run_shape *r)
     if (r->ranks > 1 && (r->zero == 1 || r->zero == 2) && trained_on(r) != ZO_PLAN_GPU)
         return ZO_CAP_ZERO12_OFFLOADED;
     if (r->schedule == ZO_PLAN_SCHED_DPU && r->optimizer[ZO_PLAN_GPU] > 0) return ZO_CAP_DPU_GPU_OPTIMIZER;
-    if (r->moe && r->method != ZO_PLAN_FULL) return ZO_CAP_MOE_LORA;
     if (r->optim_dtype != ZO_PLAN_STATE_FP32 && r->optimizer[ZO_PLAN_GPU] > 0) return ZO_CAP_STATE_GPU_OPTIMIZER;
     if (r->master != ZO_PLAN_MASTER_FP32 && (r->optimizer[ZO_PLAN_GPU] > 0 || r->optimizer[ZO_PLAN_NVME] > 0))
         return ZO_CAP_NO_MASTER;
@@ -122,10 +118,6 @@ static void what(const zo_run_shape *r, zo_capability_gap gap, char *buf, size_t
         fractions(r->optimizer, fr, sizeof fr);
         snprintf(buf, len, "the delayed parameter update (--schedule dpu, training.optimizer_schedule) with "
                  "optimizer state on the GPU (--optimizer %s, placement.optimizer)", fr);
-        break;
-    case ZO_CAP_MOE_LORA:
-        snprintf(buf, len, "%s (--%s, training.method) on a mixture-of-experts model",
-                 r->method == ZO_PLAN_QLORA ? "QLoRA" : "LoRA", r->method == ZO_PLAN_QLORA ? "qlora" : "lora");
         break;
     case ZO_CAP_STATE_GPU_OPTIMIZER:
         fractions(r->optimizer, fr, sizeof fr);
