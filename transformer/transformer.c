@@ -51,11 +51,14 @@ static zo_status act_alloc(tf_model *m, const act_req *r, size_t n)
 
 #define N_REQ(r) (sizeof(r) / sizeof((r)[0]))
 
-/* QLoRA stores a tensor in NF4: the linear weights of the layers. */
+/* QLoRA stores a tensor in NF4: the linear weights of the layers but an
+ * MoE layer's router and shared expert gate, which choose and weigh the
+ * experts (kept in the model dtype, as memplan sizes them). */
 static int frozen_is_nf4(const tf_model *m, const model_tensor *t)
 {
     return m->opts.lora.nf4 && t->block != MODEL_BLOCK_EMBED &&
-           t->block != model_layout_head_block(&m->layout) && t->ndim == 2;
+           t->block != model_layout_head_block(&m->layout) && t->ndim == 2 && t->role != MODEL_ROLE_ROUTER_W &&
+           t->role != MODEL_ROLE_SHARED_GATE_W;
 }
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -133,8 +136,8 @@ static zo_status lora_init(tf_model *m)
 static size_t largest_linear(const zo_model_config *c)
 {
     size_t h = (size_t)c->hidden, f = (size_t)c->ffn, q = (size_t)q_width(c), qkv = (size_t)qkv_width(c);
-    size_t e = (size_t)c->moe.experts, fe = (size_t)c->moe.expert_ffn, fs = (size_t)c->moe.shared_ffn;
-    size_t w[] = {qkv * h, h * q, f * h, e * h, fe * h, fs * h}; /* and an MoE layer's router and experts */
+    size_t fe = (size_t)c->moe.expert_ffn, fs = (size_t)c->moe.shared_ffn;
+    size_t w[] = {qkv * h, h * q, f * h, fe * h, fs * h}; /* and an MoE layer's experts */
     size_t most = 0;
     for (size_t i = 0; i < N_REQ(w); i++) most = w[i] > most ? w[i] : most;
     return most;
