@@ -77,41 +77,19 @@ int offload_optim_ready(offload_optim *o, int b, int wait)
 
 /* ---- the update of a range ---------------------------------------------------------- */
 
-/* Where the decay ranges cut block b from element `rel` (of the block):
- * returns the end of the piece starting there (at most `stop`) and whether
- * it decays. */
-static size_t decay_piece(const offload_optim *o, int b, size_t rel, size_t stop, int *decay)
+/* Where sorted, disjoint ranges (n of them) cut block b from element `rel`
+ * (of the block): returns the end of the piece starting there (at most
+ * `stop`) and the range holding it (-1: none). */
+static size_t range_piece(const offload_decay_range *r, int n, int b, size_t rel, size_t stop, int *hit)
 {
-    *decay = o->m->decay ? 0 : 1;
-    if (!o->m->decay) return stop;
-    for (int i = 0; i < o->m->n_decay; i++) {
-        const offload_decay_range *d = &o->m->decay[i];
-        if (d->block != b || d->offset + d->numel <= rel) continue;
-        if (d->offset <= rel) {
-            *decay = 1;
-            if (d->offset + d->numel < stop) stop = d->offset + d->numel;
-        } else if (d->offset < stop) {
-            stop = d->offset;
-        }
-        break; /* sorted: the first range ending after rel decides */
-    }
-    return stop;
-}
-
-/* Where the routed experts' ranges cut block b from element `rel` (of the
- * block): returns the end of the piece starting there (at most `stop`) and
- * the expert it belongs to (-1: none). */
-static size_t expert_piece(const offload_optim *o, int b, size_t rel, size_t stop, int *expert)
-{
-    *expert = -1;
-    for (int i = 0; i < o->m->n_expert_ranges; i++) {
-        const offload_expert_range *x = &o->m->expert_ranges[i];
-        if (x->block != b || x->offset + x->numel <= rel) continue;
-        if (x->offset <= rel) {
-            *expert = x->expert;
-            if (x->offset + x->numel < stop) stop = x->offset + x->numel;
-        } else if (x->offset < stop) {
-            stop = x->offset;
+    *hit = -1;
+    for (int i = 0; i < n; i++) {
+        if (r[i].block != b || r[i].offset + r[i].numel <= rel) continue;
+        if (r[i].offset <= rel) {
+            *hit = i;
+            if (r[i].offset + r[i].numel < stop) stop = r[i].offset + r[i].numel;
+        } else if (r[i].offset < stop) {
+            stop = r[i].offset;
         }
         break; /* sorted: the first range ending after rel decides */
     }
@@ -123,8 +101,17 @@ static size_t expert_piece(const offload_optim *o, int b, size_t rel, size_t sto
 static size_t piece_part(const offload_optim *o, int b, size_t rel, size_t stop, int *decay, int *expert)
 {
     size_t base = offload_dp_part_first(o->env->dp, b);
-    stop = decay_piece(o, b, base + rel, base + stop, decay);
-    return expert_piece(o, b, base + rel, stop, expert) - base;
+    int hit;
+    stop = base + stop;
+    if (o->m->decay) { /* (none given: every element decays) */
+        stop = range_piece(o->m->decay, o->m->n_decay, b, base + rel, stop, &hit);
+        *decay = hit >= 0;
+    } else {
+        *decay = 1;
+    }
+    stop = range_piece(o->expert_at, o->m->n_expert_ranges, b, base + rel, stop, &hit);
+    *expert = hit >= 0 ? o->m->expert_ranges[hit].expert : -1;
+    return stop - base;
 }
 
 /* Whether the piece of `expert` of block b is left as it is this step (no
@@ -677,8 +664,13 @@ zo_status offload_optim_create(const offload_env *env, const offload_config *cfg
     size_t ne = m->n_expert_ranges ? (size_t)g->nb * (size_t)m->experts : 0;
     if (st == ZO_OK && ne &&
         (!(o->routed = calloc(ne, 1)) || !(o->step_routed = calloc(ne, 1)) ||
-         !(o->expert_steps = calloc(ne, sizeof *o->expert_steps))))
+         !(o->expert_steps = calloc(ne, sizeof *o->expert_steps)) ||
+         !(o->expert_at = calloc((size_t)m->n_expert_ranges, sizeof *o->expert_at))))
         st = zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    for (int i = 0; o->expert_at && i < m->n_expert_ranges; i++) {
+        const offload_expert_range *x = &m->expert_ranges[i];
+        o->expert_at[i] = (offload_decay_range){.block = x->block, .offset = x->offset, .numel = x->numel};
+    }
     if (st == ZO_OK && cfg->schedule == OFFLOAD_SCHEDULE_DPU) {
         /* the new weights of the update in flight land in a host copy (of
          * the optimizer's geometry: the rank's parts with ZeRO 1-3) */
@@ -726,5 +718,6 @@ void offload_optim_free(offload_optim *o)
     free(o->routed);
     free(o->step_routed);
     free(o->expert_steps);
+    free(o->expert_at);
     free(o);
 }

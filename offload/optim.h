@@ -64,6 +64,7 @@ typedef struct offload_optim {
                                    keeps them) */
     int routed_final;           /* step_routed and expert_steps are the step's (offload_optim_step, or
                                    the first update during backward) */
+    offload_decay_range *expert_at; /* [m->n_expert_ranges] the experts' ranges, as ranges of a block */
 } offload_optim;
 
 /* The optimizer of the shards `os` and the store `ws` (on the model's
