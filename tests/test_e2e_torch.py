@@ -44,6 +44,11 @@ the k-th and (k+1)-th probability above 1e-4), so a seed is never blamed on the 
          gradient norm and the eval loss agree; the adapter folder train saves holds exactly
          those keys, and merged here (read by name) and as train's --merge folder it gives
          train's eval loss.
+  sparse mixtral_sparse and qwen2_moe_sparse (16 experts, 10 tokens a micro-batch) leave some
+         experts without tokens in some steps: the reference sets gradients to None each step
+         (PyTorch 2's zero_grad), so torch.optim.AdamW skips those experts (no moment decay, no
+         weight decay, their step count unmoved), and train must too; full and LoRA as above,
+         and the optimizer on the device or half on NVMe gives the same run.
 
 Losses agree to a relative 1e-4 (train in fp32, PyTorch in float64); the
 gradient norm, printed with 4 decimals, to 1e-4 relative plus the rounding.
@@ -608,6 +613,11 @@ def check_family(train, name, workdir):
         print(f" recomputed and streamed: {rcmd}")
         ck.fact(f"losses, norms and eval loss with --recompute full --params-on cpu equal the first run's "
                 f"({rl} {rev})", rl == got_l and rn == got_n and rev == got_ev)
+    if sparse(name):
+        # the untouched experts in each optimizer shard: the device's, and half of it on NVMe
+        for opt in ("gpu", "cpu=0.5,nvme=0.5"):
+            ol, on, oev, _, _ = run_train(train, d, run, ["--optimizer", opt, "--nvme-dir", d])
+            ck.fact(f"--optimizer {opt}: the same run ({ol} {oev})", ol == got_l and on == got_n and oev == got_ev)
     if is_moe(c):
         return ck.failed + check_moe_lora(train, name, c, params, data, eval_data, run, lora, d, g)
 
