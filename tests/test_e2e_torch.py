@@ -43,7 +43,8 @@ the k-th and (k+1)-th probability above 1e-4), so a seed is never blamed on the 
          (W + (lora_alpha / r) B A, AdamW on A and B, clipping over them). Each step's loss and
          gradient norm and the eval loss agree; the adapter folder train saves holds exactly
          those keys, and merged here (read by name) and as train's --merge folder it gives
-         train's eval loss.
+         train's eval loss. With --qlora too: its --merge folder (the NF4 base dequantized, the
+         router kept whole) gives its eval loss.
   sparse mixtral_sparse and qwen2_moe_sparse (16 experts, 10 tokens a micro-batch) leave some
          experts without tokens in some steps: the reference sets gradients to None each step
          (PyTorch 2's zero_grad), so torch.optim.AdamW skips those experts (no moment decay, no
@@ -718,6 +719,14 @@ def check_moe_lora(train, name, c, params, data, eval_data, run, lora, d, g):
     if not problems:
         ck.rel("eval loss, saved adapter merged here", eval_loss(c, merged, eval_data, run), got_ev)
     check_folder(ck, c, params, mdir, eval_data, run, got_ev, "--merge", sharded=False)
+    # QLoRA: the experts' and attention's base in NF4 (the router's not), each expert dequantized as
+    # it computes; the merged folder (the base dequantized on the host, the adapters merged) gives
+    # train's eval loss here
+    qdir, qmdir = os.path.join(d, "qadapter"), os.path.join(d, "qmerged")
+    _, _, q_ev, _, qcmd = run_train(train, d, lrun, ["--adapter", idir, "--qlora", "--save", qdir, "--merge", qmdir])
+    qcfg, qparams, _, _ = read_folder(qmdir)
+    ck.rel("QLoRA eval loss of its --merge folder", eval_loss(c, qparams, eval_data, run) if qparams else float("nan"),
+           q_ev)
     return ck.failed
 
 

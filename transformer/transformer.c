@@ -757,18 +757,21 @@ static gpu_tensor bview(const tf_model *m, const void *buf, int block, model_rol
     return gpu_t((char *)buf + m->frozen_off[i] + skip, m->dtype);
 }
 
-/* A linear weight of a layer (QKV_W fused, ATTN_OUT_W, MLP_*_W): a view of
- * the base buffer, or, NF4, each of its tensors dequantized into m->wdq in
- * stream order (the scratch is reused by the next weight). */
+/* A linear weight of a layer (QKV_W fused, ATTN_OUT_W, MLP_*_W, an MoE
+ * layer's router and shared expert gate): a view of the base buffer, or,
+ * NF4, each of its tensors dequantized into m->wdq in stream order (the
+ * scratch is reused by the next weight). */
 static zo_status base_weight(tf_model *m, gpu_stream_t s, const void *buf, int block,
                              model_role role, gpu_tensor *w)
 {
     zo_status st;
-    if (!m->opts.lora.nf4 || !has_lora(m)) {
+    const model_view *v = model_layout_view(&m->layout, block, role);
+    int first = v ? tensor_at(&m->layout, block, v->offset) : -1;
+    /* (an MoE layer's router and shared expert gate stay in the model dtype) */
+    if (!m->opts.lora.nf4 || !has_lora(m) || (first >= 0 && !frozen_is_nf4(m, &m->layout.tensors[first]))) {
         *w = bview(m, buf, block, role);
         return ZO_OK;
     }
-    const model_view *v = model_layout_view(&m->layout, block, role);
     size_t es = zo_dtype_size(m->dtype);
     for (int i = 0; v && i < m->layout.n_tensors; i++) {
         const model_tensor *t = &m->layout.tensors[i];
