@@ -21,8 +21,11 @@
 typedef struct oshard_update {
     /* host state of flat [first, first + n): master P, moments M and V */
     zo_status (*host)(void *ctx, size_t first, size_t n, float *P, float *M, float *V);
-    /* device state of block b: P, M, V and the fp32 gradient sum G, on `s` */
-    zo_status (*dev)(void *ctx, int b, float *P, float *M, float *V, float *G, gpu_stream_t s);
+    /* device state of block b: P, the moments (fp32 M and V; or, with
+     * m and v encoded, S: the block's state buffer, the layout of
+     * cpu_adam's adam_state over the block's elements) and the fp32
+     * gradient sum G, on `s` */
+    zo_status (*dev)(void *ctx, int b, float *P, float *M, float *V, void *S, float *G, gpu_stream_t s);
     void *ctx;
 } oshard_update;
 
@@ -45,7 +48,7 @@ typedef struct ostate_config {
     int swap_buffers;      /* NVMe pipeline buffers */
     int exact_stats;       /* device: a pinned block for exact clipping statistics */
     const char *nvme_dir;
-    zo_plan_opt_state state; /* m and v in host memory and on NVMe: fp32, bf16, 8-bit */
+    zo_plan_opt_state state; /* m and v in every shard: fp32, bf16, 8-bit */
     zo_plan_master master;   /* host: an fp32 master, or bf16 weights (+ a bf16 Kahan compensation) */
     /* without an fp32 master: the host shard's weights are kept in place in
      * a store of the weights in host memory over the optimizer's geometry
