@@ -68,6 +68,10 @@ typedef struct oshard_ops {
     void (*grad_sum)(oshard *sh, int b, oshard_sum *out);
     /* (optional) Zero the gradient sums it keeps, on stream s. */
     zo_status (*grad_zero)(oshard *sh, gpu_stream_t s);
+    /* (optional) Its image (ostate_image_key): the key and size; bytes
+     * [off, off + len) of it out or in (put). */
+    void (*image_key)(const oshard *sh, char *key, size_t len, uint64_t *bytes);
+    zo_status (*image_io)(oshard *sh, uint64_t off, size_t len, void *buf, int put);
     /* (optional) Add the sum of squares of the sums it keeps, block by
      * block; *bad_block gets the first of its blocks whose gradient holds
      * an inf or nan, and is left as it is when none does. */
@@ -309,11 +313,23 @@ static zo_status mst_host(void *ctx, size_t first, size_t n, float *P, float *M,
     return st;
 }
 
+/* W + C as fp32 for a reader (checkpoints, weights out) whose value rounds
+ * to W again: a compensation of exactly half an ulp of W makes the sum a
+ * tie, which round to even may send to W's other neighbour; one fp32 ulp
+ * toward W settles it (so a checkpoint's weights are W, and its image
+ * gives back C exactly). */
+static void mst_decode_out(const host_shard *h, size_t r, size_t n, float *P)
+{
+    mst_decode(h, r, n, P);
+    for (size_t i = 0; h->C && i < n; i++)
+        if (zo_f32_to_bf16(P[i]) != h->W[r + i]) P[i] = nextafterf(P[i], zo_bf16_to_f32(h->W[r + i]));
+}
+
 static zo_status host_read(oshard *sh, size_t first, size_t n, float *P, float *M, float *V)
 {
     host_shard *h = (host_shard *)sh;
     size_t r = first - sh->first;
-    if (P && h->nomaster) mst_decode(h, r, n, P);
+    if (P && h->nomaster) mst_decode_out(h, r, n, P);
     else if (P) memcpy(P, h->P + r, n * 4);
     if (enc_on(&h->enc)) return enc_get(&h->enc, h->S, sh->n, r, n, M, V, h->sm, h->sv);
     if (M) memcpy(M, h->M + r, n * 4);
@@ -389,9 +405,34 @@ static void host_destroy(oshard *sh)
     free(h);
 }
 
+/* The image: the encoded state S, then Kahan's compensation C. */
+static void host_image_key(const oshard *sh, char *key, size_t len, uint64_t *bytes)
+{
+    const host_shard *h = (const host_shard *)sh;
+    *bytes = (enc_on(&h->enc) ? h->s_bytes : 0) + (h->C ? sh->n * 2 : 0);
+    snprintf(key, len, "cpu %zu+%zu %s chunk %zu%s", sh->first, sh->n, enc_on(&h->enc) ? adam_state_name(h->enc.kind) : "fp32",
+             h->enc.chunk, h->C ? " kahan" : "");
+}
+
+static zo_status host_image_io(oshard *sh, uint64_t off, size_t len, void *buf, int put)
+{
+    host_shard *h = (host_shard *)sh;
+    size_t sb = enc_on(&h->enc) ? h->s_bytes : 0;
+    for (size_t done = 0; done < len;) {
+        uint64_t at = off + done;
+        char *mem = at < sb ? (char *)h->S + at : (char *)h->C + (at - sb);
+        size_t k = at < sb && sb - at < len - done ? sb - at : len - done;
+        if (put) memcpy(mem, (char *)buf + done, k);
+        else memcpy((char *)buf + done, mem, k);
+        done += k;
+    }
+    return ZO_OK;
+}
+
 static const oshard_ops host_ops = {
     .read = host_read, .write = host_write, .sync = host_sync, .step = host_step,
-    .step_range = host_step_range, .grad_sum = host_side_sum, .free = host_destroy,
+    .step_range = host_step_range, .grad_sum = host_side_sum, .image_key = host_image_key,
+    .image_io = host_image_io, .free = host_destroy,
 };
 
 static zo_status host_create(oshard *sh, const oshard_config *c)
@@ -704,9 +745,42 @@ static void nvs_destroy(oshard *sh)
     free(s);
 }
 
+/* The image: every group's encoded m and v in group order (each group but
+ * the last the same size). */
+static void nvs_image_key(const oshard *sh, char *key, size_t len, uint64_t *bytes)
+{
+    const nvme_shard *s = (const nvme_shard *)sh;
+    *bytes = enc_on(&s->enc) ? enc_bytes(&s->enc, sh->n / s->group * s->group) + enc_bytes(&s->enc, sh->n % s->group) : 0;
+    snprintf(key, len, "nvme %zu+%zu %s group %zu chunk %zu", sh->first, sh->n,
+             enc_on(&s->enc) ? adam_state_name(s->enc.kind) : "fp32", s->group, s->enc.chunk);
+}
+
+static zo_status nvs_image_io(oshard *sh, uint64_t off, size_t len, void *buf, int put)
+{
+    nvme_shard *s = (nvme_shard *)sh;
+    size_t gb = enc_bytes(&s->enc, s->group), ng = nvme_pipeline_groups(s->pipe);
+    zo_status st;
+    for (size_t done = 0; done < len;) {
+        uint64_t at = off + done;
+        size_t g = at / gb < ng ? at / gb : ng - 1, f, n;
+        group_range(s, g, &f, &n);
+        size_t in = at - g * gb, k = enc_bytes(&s->enc, n) - in < len - done ? enc_bytes(&s->enc, n) - in : len - done;
+        if ((st = cache_take(s, g, 0)) != ZO_OK || (st = cache_complete(s)) != ZO_OK) return st;
+        if (put) {
+            memcpy((char *)s->cache[1] + in, (char *)buf + done, k);
+            s->dirty = 1;
+        } else {
+            memcpy((char *)buf + done, (char *)s->cache[1] + in, k);
+        }
+        done += k;
+    }
+    return ZO_OK;
+}
+
 static const oshard_ops nvs_ops = {
     .read = nvs_read, .write = nvs_write, .sync = nvs_sync, .step = nvs_step,
-    .step_range = nvs_step_range, .grad_sum = host_side_sum, .free = nvs_destroy,
+    .step_range = nvs_step_range, .grad_sum = host_side_sum, .image_key = nvs_image_key,
+    .image_io = nvs_image_io, .free = nvs_destroy,
 };
 
 static zo_status nvs_create(oshard *sh, const oshard_config *c)
@@ -1059,9 +1133,31 @@ static void dev_destroy(oshard *sh)
     free(d);
 }
 
+/* The image: every block's state buffer, in block order. */
+static void dev_image_key(const oshard *sh, char *key, size_t len, uint64_t *bytes)
+{
+    const dev_shard *d = (const dev_shard *)sh;
+    *bytes = d->enc ? d->s_off[sh->g->nb - d->b0] : 0;
+    snprintf(key, len, "gpu %zu+%zu %s", sh->first, sh->n, d->enc ? adam_state_name(d->kind) : "fp32");
+}
+
+static zo_status dev_image_io(oshard *sh, uint64_t off, size_t len, void *buf, int put)
+{
+    dev_shard *d = (dev_shard *)sh;
+    const offload_env *env = sh->env;
+    zo_status st;
+    if (put) {
+        if ((st = gpu_memcpy_async(env->h2d, d->S + off, buf, len, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK) return st;
+        return gpu_stream_synchronize(env->h2d);
+    }
+    if ((st = gpu_memcpy_async(env->d2h, buf, d->S + off, len, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK) return st;
+    return dev_wait(d, OFFLOAD_TIME_OPTIMIZER);
+}
+
 static const oshard_ops dev_ops = {
     .read = dev_read, .write = dev_write, .sync = dev_sync, .step = dev_step, .grad_sum = dev_grad_sum,
-    .grad_zero = dev_grad_zero, .grad_stats = dev_grad_stats, .free = dev_destroy,
+    .grad_zero = dev_grad_zero, .grad_stats = dev_grad_stats, .image_key = dev_image_key,
+    .image_io = dev_image_io, .free = dev_destroy,
 };
 
 /* m and v encoded: every block's state buffer (zero state: 8-bit m codes
@@ -1367,6 +1463,28 @@ zo_status ostate_step_host(ostate *os, const oshard_update *u)
     for (int i = 0; i < os->n_sh; i++)
         if (!os->sh[i]->enqueued && (st = os->sh[i]->ops->step(os->sh[i], u)) != ZO_OK) return st;
     return ZO_OK;
+}
+
+int ostate_images(const ostate *os) { return os->n_sh; }
+
+void ostate_image_key(const ostate *os, int i, char *key, size_t len, uint64_t *bytes)
+{
+    const oshard *sh = os->sh[i];
+    *bytes = 0;
+    key[0] = 0;
+    if (sh->ops->image_key) sh->ops->image_key(sh, key, len, bytes);
+}
+
+zo_status ostate_image_io(ostate *os, int i, uint64_t off, size_t len, void *buf, int put)
+{
+    oshard *sh = os->sh[i];
+    uint64_t bytes;
+    char key[160];
+    ostate_image_key(os, i, key, sizeof key, &bytes);
+    if (off > bytes || len > bytes - off)
+        return zo_error(ZO_ERR_INTERNAL, "offload: bytes %llu..%llu of a %llu-byte image (%s)", (unsigned long long)off,
+                        (unsigned long long)(off + len), (unsigned long long)bytes, key);
+    return len ? sh->ops->image_io(sh, off, len, buf, put) : ZO_OK;
 }
 
 zo_status ostate_step_block(ostate *os, int b, const oshard_update *u)

@@ -77,6 +77,21 @@ void ostate_master_at(ostate *os, uint16_t *w);
 /* Bytes of state (master, m and v in their encoding) per tier. */
 void ostate_bytes(const ostate *os, uint64_t bytes[OFFLOAD_TIERS]);
 
+/* ---- the encoded state as it is (checkpoints: an exact resume) --------------------------
+ *
+ * What the fp32 values of ostate_read do not say exactly: each shard's
+ * 8-bit or bf16 m and v as it holds them (8-bit blocks re-coded from their
+ * decoded values take another absmax when a block's largest m is negative),
+ * and Kahan's bf16 compensation. Shard i's image is `bytes` bytes, named by
+ * `key`: its tier, range, encoding and how it cuts it into chunks (an
+ * image fits only a shard of the same key); 0 bytes when it holds nothing
+ * of the kind (fp32 state, a master). */
+int ostate_images(const ostate *os);
+void ostate_image_key(const ostate *os, int i, char *key, size_t len, uint64_t *bytes);
+/* Bytes [off, off + len) of shard i's image into buf, or (put) from buf:
+ * after ostate_write of the same range's fp32 values, which it refines. */
+zo_status ostate_image_io(ostate *os, int i, uint64_t off, size_t len, void *buf, int put);
+
 /* ---- the step ---------------------------------------------------------------------------- */
 
 /* The enqueued shards' update, started (ostate_sync waits for it). */
