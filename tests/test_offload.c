@@ -298,6 +298,26 @@ static void assert_same_losses(const char *name, const run *a, const run *b)
     }
 }
 
+/* r with the weights on `params`, the optimizer's GPU and NVMe shares dev
+ * and nvme (the rest in host memory) and a prefetch depth, run and its
+ * losses printed under `name`; 0 when this build does not run it (said). */
+static int run_placed(run *r, const char *name, offload_tier params, double dev, double nvme, int prefetch)
+{
+    r->oc.params_on = params;
+    r->oc.opt_frac[OFFLOAD_DEVICE] = dev;
+    r->oc.opt_frac[OFFLOAD_NVME] = nvme;
+    r->oc.opt_frac[OFFLOAD_CPU] = 1.0 - dev - nvme;
+    r->oc.prefetch_depth = prefetch;
+    zo_status st = do_run(r);
+    if (st == ZO_ERR_UNSUPPORTED) {
+        printf("  %-28s skipped: %s\n", name, zo_last_error());
+        return 0;
+    }
+    assert_int_equal(st, ZO_OK);
+    print_losses(name, r);
+    return 1;
+}
+
 /* The same training with the reference single-device trainer (tests/
  * support/ref_trainer.h: every block resident, its own AdamW). */
 static void reference_run(run *r)
@@ -539,20 +559,10 @@ static void test_bit_identical(void **state)
         };
         for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
             run r = base;
-            r.oc.params_on = v[i].params;
-            r.oc.opt_frac[OFFLOAD_CPU] = 1.0 - v[i].nvme;
-            r.oc.opt_frac[OFFLOAD_NVME] = v[i].nvme;
-            r.oc.prefetch_depth = v[i].prefetch;
             r.oc.recompute = v[i].recompute;
             r.oc.checkpoints_on = v[i].ckpt;
-            zo_status st = do_run(&r);
-            if (st == ZO_ERR_UNSUPPORTED) {
-                printf("  %-28s skipped: %s\n", v[i].name, zo_last_error());
-                continue;
-            }
-            assert_int_equal(st, ZO_OK);
-            print_losses(v[i].name, &r);
-            assert_same_losses(v[i].name, &ref, &r);
+            if (run_placed(&r, v[i].name, v[i].params, 0, v[i].nvme, v[i].prefetch))
+                assert_same_losses(v[i].name, &ref, &r);
         }
     }
 }
@@ -1308,18 +1318,7 @@ static void test_device_optimizer(void **state)
             };
             for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
                 run r = base;
-                r.oc.params_on = v[i].params;
-                r.oc.opt_frac[OFFLOAD_DEVICE] = v[i].dev;
-                r.oc.opt_frac[OFFLOAD_NVME] = v[i].nvme;
-                r.oc.opt_frac[OFFLOAD_CPU] = 1.0 - v[i].dev - v[i].nvme;
-                r.oc.prefetch_depth = v[i].prefetch;
-                zo_status st = do_run(&r);
-                if (st == ZO_ERR_UNSUPPORTED) {
-                    printf("  %-28s skipped: %s\n", v[i].name, zo_last_error());
-                    continue;
-                }
-                assert_int_equal(st, ZO_OK);
-                print_losses(v[i].name, &r);
+                if (!run_placed(&r, v[i].name, v[i].params, v[i].dev, v[i].nvme, v[i].prefetch)) continue;
                 assert_same_losses(v[i].name, &ref, &r);
                 for (int k = 0; k < r.steps; k++) {
                     if (clip)
@@ -1376,18 +1375,7 @@ static void test_device_optimizer_state(void **state)
         double worst = 0;
         for (size_t j = 0; j < sizeof v / sizeof v[0]; j++) {
             run r = base;
-            r.oc.params_on = v[j].params;
-            r.oc.opt_frac[OFFLOAD_DEVICE] = v[j].dev;
-            r.oc.opt_frac[OFFLOAD_NVME] = v[j].nvme;
-            r.oc.opt_frac[OFFLOAD_CPU] = 1.0 - v[j].dev - v[j].nvme;
-            r.oc.prefetch_depth = 1;
-            zo_status s = do_run(&r);
-            if (s == ZO_ERR_UNSUPPORTED) {
-                printf("  %-28s skipped: %s\n", v[j].name, zo_last_error());
-                continue;
-            }
-            assert_int_equal(s, ZO_OK);
-            print_losses(v[j].name, &r);
+            if (!run_placed(&r, v[j].name, v[j].params, v[j].dev, v[j].nvme, 1)) continue;
             if (st[i] == ZO_PLAN_STATE_BF16) {
                 assert_same_losses(v[j].name, &ref, &r);
                 continue;
