@@ -952,10 +952,10 @@ static void assert_losses_close(const double *got, const double *want, int from,
     assert_true(worst <= 1e-6);
 }
 
-/* 8-bit m and v (issue 30) on 2 ranks at ZeRO-2, in memory and on NVMe:
- * each rank writes its shards' encoded bytes beside its optimizer file
- * (optimizer-<r>-of-2.image, in the manifest), and the run resumed on 2
- * ranks prints the uninterrupted run's losses. */
+/* 8-bit m and v (issue 30) on 2 ranks at ZeRO-2, in memory, on NVMe and on
+ * the GPU: each rank writes its shards' encoded bytes beside its optimizer
+ * file (optimizer-<r>-of-2.image, in the manifest), and the run resumed on
+ * 2 ranks prints the uninterrupted run's losses. */
 static void test_train_resume_8bit(void **state)
 {
     (void)state;
@@ -963,7 +963,7 @@ static void test_train_resume_8bit(void **state)
     static char out[1 << 16];
     char extra[2048], path[700];
     double full[8], got[8];
-    const char *flags = "--dtype fp32 --zero 2 --optim-dtype 8bit --optimizer-on cpu=0.5,nvme=0.5";
+    const char *flags = "--dtype fp32 --zero 2 --optim-dtype 8bit --optimizer-on cpu=0.25,nvme=0.25,gpu=0.5";
     snprintf(extra, sizeof extra, "%s --steps 8 --nvme-dir %s", flags, tmp_dir);
     int rc = train_run(2, "", "", extra, out, sizeof out, NULL);
     if (rc) fprintf(stderr, "%s\n", out);
