@@ -144,7 +144,7 @@ __global__ void adam_q8_kernel(gpu_adam_state_args x, size_t n, gpu_tensor param
     for (int j = 0; j < Q8_PER_THREAD; j++) {
         uint64_t k = (uint64_t)j * BS + t;
         if (k >= len) break;
-        float m = __fmul_rn(maps.m[qm[k]], a_m), v = __fmul_rn(maps.v[qv[k]], a_v);
+        float m = __fmul_rn(map_m[qm[k]], a_m), v = __fmul_rn(map_v[qv[k]], a_v);
         uint64_t i = e0 + k;
         float p = adam_elem(consts_at(x, c0, i), tload(param, i), tload(grad, i), &m, &v);
         tstore(param, i, p);
