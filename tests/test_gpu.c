@@ -1399,6 +1399,16 @@ static long first_diff(const void *a, const void *b, size_t n, size_t es)
     return -1;
 }
 
+/* A step's gradients: n values of dtype gd over many magnitudes, with
+ * zeros, so sqrt(v) spans a range. */
+static void adam_grads(void *g, zo_dtype gd, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        double mag = pow(10.0, -6.0 + 7.0 * (urand() * 0.5 + 0.5));
+        zo_store_f32(g, gd, i, i % 97 == 0 ? 0.0f : (float)(urand() * mag));
+    }
+}
+
 /* gpu_adam_update against cpu_adam (impl `ref`) over `steps` steps: params,
  * m, v and the 16-bit copy must be the same bits after every step. */
 static void adam_case(adam_impl ref, size_t n, zo_dtype gd, adam_decay decay, zo_dtype od,
@@ -1420,11 +1430,7 @@ static void adam_case(adam_impl ref, size_t n, zo_dtype gd, adam_decay decay, zo
     hp.decay = decay;
     hp.grad_mult = grad_mult;
     for (int step = 1; step <= steps; step++) {
-        /* gradients over many magnitudes, with zeros, so sqrt(v) spans a range */
-        for (size_t i = 0; i < n; i++) {
-            double mag = pow(10.0, -6.0 + 7.0 * (urand() * 0.5 + 0.5));
-            zo_store_f32(g, gd, i, i % 97 == 0 ? 0.0f : (float)(urand() * mag));
-        }
+        adam_grads(g, gd, n);
         assert_int_equal(gpu_memcpy_async(S, dgrad, g, gs * n, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
         hp.step = step;
         gpu_adam_hparams gh = {.lr = hp.lr, .beta1 = hp.beta1, .beta2 = hp.beta2, .eps = hp.eps,
@@ -1508,10 +1514,7 @@ static void adam_state_case(adam_state_kind kind, size_t n, zo_dtype gd, int ste
     gpu_adam_state_desc d = {.type = kind.type == ADAM_STATE_Q8 ? GPU_ADAM_STATE_Q8 : GPU_ADAM_STATE_BF16,
                              .block = kind.block, .total = n, .first = 0, .n_decay = -1};
     for (int step = 1; step <= steps; step++) {
-        for (size_t i = 0; i < n; i++) {
-            double mag = pow(10.0, -6.0 + 7.0 * (urand() * 0.5 + 0.5));
-            zo_store_f32(g, gd, i, i % 97 == 0 ? 0.0f : (float)(urand() * mag));
-        }
+        adam_grads(g, gd, n);
         assert_int_equal(gpu_memcpy_async(S, dgrad, g, gs * n, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
         hp.step = step;
         assert_int_equal(gpu_adam_state_update(S, &hp, &d, n, gpu_t(dpar, ZO_DTYPE_F32), gpu_t(dgrad, gd), dstate,
