@@ -1438,6 +1438,10 @@ void ostate_bytes(const ostate *os, uint64_t bytes[OFFLOAD_TIERS])
             uint64_t p = h->nomaster ? sh->n * ((h->in_place ? 0 : 2) + (h->C ? 2 : 0)) : sh->n * 4;
             b = p + (enc_on(&h->enc) ? h->s_bytes : sh->n * 8);
         }
+        if (sh->tier == OFFLOAD_DEVICE && ((const dev_shard *)sh)->enc) {
+            const dev_shard *d = (const dev_shard *)sh;
+            b = sh->n * 4 + d->s_off[sh->g->nb - d->b0];
+        }
 #ifdef ZO_OFFLOAD_HAVE_NVME
         if (sh->tier == OFFLOAD_NVME && enc_on(&((const nvme_shard *)sh)->enc))
             b = sh->n * 4 + enc_bytes(&((const nvme_shard *)sh)->enc, sh->n);

@@ -1376,6 +1376,13 @@ static void test_device_optimizer_state(void **state)
         for (size_t j = 0; j < sizeof v / sizeof v[0]; j++) {
             run r = base;
             if (!run_placed(&r, v[j].name, v[j].params, v[j].dev, v[j].nvme, 1)) continue;
+            if (v[j].dev == 1.0) { /* the runtime's count: the fp32 master and the encoded m, v */
+                double per = 4 + (st[i] == ZO_PLAN_STATE_BF16 ? 4 : 2 + 8.0 / 2048);
+                double want = per * (double)zo_model_params(&base.cfg);
+                double got = (double)r.stats.optimizer_bytes[OFFLOAD_DEVICE];
+                printf("    optimizer bytes on the device %.0f, %.4g a parameter\n", got, per);
+                assert_true(fabs(got - want) <= 0.01 * want);
+            }
             if (st[i] == ZO_PLAN_STATE_BF16) {
                 assert_same_losses(v[j].name, &ref, &r);
                 continue;
