@@ -25,12 +25,11 @@ const zo_capability_entry zo_capability_table[ZO_CAP_GAPS - 1] = {
     {ZO_CAP_MOE_LORA, "moe-lora",
      "adapters on a mixture of experts' layers (the experts as PEFT names them) are not built yet; full "
      "fine-tuning of Mixtral and Qwen2-MoE runs"},
-    {ZO_CAP_STATE_GPU_OPTIMIZER, "state-gpu-optimizer",
-     "the GPU optimizer (gpu_adam_update) keeps fp32 m and v; bf16 and 8-bit state run in the CPU optimizer's "
-     "shards (host memory and NVMe): put the optimizer on cpu and nvme, or keep --optim-dtype fp32"},
     {ZO_CAP_NO_MASTER, "no-master",
-     "the bf16 update without an fp32 master runs in the host optimizer shard only (the NVMe swap and the "
-     "GPU optimizer keep an fp32 master): put the optimizer on cpu (--optimizer cpu), or use --master fp32"},
+     "the bf16 update without an fp32 master runs in the host optimizer shard only: the NVMe swap and the "
+     "GPU optimizer keep an fp32 master (the GPU's update has neither stochastic rounding nor Kahan's "
+     "compensation, and with 8-bit m and v the weights would carry what round to nearest loses as well); "
+     "put the optimizer on cpu (--optimizer cpu), or use --master fp32"},
 };
 
 void zo_run_shape_defaults(zo_run_shape *r)
@@ -77,7 +76,6 @@ zo_capability_gap zo_capability_find(const zo_run_shape *r)
         return ZO_CAP_ZERO12_OFFLOADED;
     if (r->schedule == ZO_PLAN_SCHED_DPU && r->optimizer[ZO_PLAN_GPU] > 0) return ZO_CAP_DPU_GPU_OPTIMIZER;
     if (r->moe && r->method != ZO_PLAN_FULL) return ZO_CAP_MOE_LORA;
-    if (r->optim_dtype != ZO_PLAN_STATE_FP32 && r->optimizer[ZO_PLAN_GPU] > 0) return ZO_CAP_STATE_GPU_OPTIMIZER;
     if (r->master != ZO_PLAN_MASTER_FP32 && (r->optimizer[ZO_PLAN_GPU] > 0 || r->optimizer[ZO_PLAN_NVME] > 0))
         return ZO_CAP_NO_MASTER;
     return ZO_CAP_RUNS;
@@ -126,12 +124,6 @@ static void what(const zo_run_shape *r, zo_capability_gap gap, char *buf, size_t
     case ZO_CAP_MOE_LORA:
         snprintf(buf, len, "%s (--%s, training.method) on a mixture-of-experts model",
                  r->method == ZO_PLAN_QLORA ? "QLoRA" : "LoRA", r->method == ZO_PLAN_QLORA ? "qlora" : "lora");
-        break;
-    case ZO_CAP_STATE_GPU_OPTIMIZER:
-        fractions(r->optimizer, fr, sizeof fr);
-        snprintf(buf, len, "%s m and v (--optim-dtype %s, training.optim_dtype) with optimizer state on the GPU "
-                 "(--optimizer %s, placement.optimizer)", zo_plan_opt_state_name(r->optim_dtype),
-                 zo_plan_opt_state_name(r->optim_dtype), fr);
         break;
     case ZO_CAP_NO_MASTER:
         fractions(r->optimizer, fr, sizeof fr);

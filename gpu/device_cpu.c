@@ -718,6 +718,13 @@ static zo_status cpu_run_adam_update(cpu_scratch *ws, const gpu_op_args *a, int 
     return ZO_OK;
 }
 
+static zo_status cpu_run_adam_state_update(cpu_scratch *ws, const gpu_op_args *a, int nt)
+{
+    (void)ws;
+    cpu_adam_state_update(&a->d.astate, a->n, a->t[0], a->t[1], a->p[0], a->t[2], nt);
+    return ZO_OK;
+}
+
 static const cpu_op_fn cpu_ops[GPU_OP_COUNT] = {
 #define CPU_OP(ID, name, slots, check) [GPU_OP_##ID] = cpu_run_##name,
     GPU_OP_TABLE(CPU_OP)

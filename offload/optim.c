@@ -208,10 +208,72 @@ static zo_status update_host(void *ctx, size_t first, size_t n, float *P, float 
     return ZO_OK;
 }
 
+/* The decay ranges of block b from element `rel` on (the optimizer's part
+ * of it, nb elements), as gpu_adam_state_update takes them: at most
+ * GPU_ADAM_DECAY_RANGES, relative to rel. Returns where the call ends:
+ * the block's end, or (more ranges than a call takes) the start of the
+ * 8-bit block (`align`) in which the ranges ran out; rel itself when one
+ * such block holds more ranges than a call takes. */
+static size_t decay_ranges(const offload_optim *o, int b, size_t rel, size_t nb, size_t align,
+                           gpu_adam_state_desc *d)
+{
+    size_t pos = rel;
+    d->n_decay = 0;
+    while (pos < nb) {
+        int decay;
+        size_t stop = decay_piece_part(o, b, pos, nb, &decay);
+        if (decay) {
+            if (d->n_decay == GPU_ADAM_DECAY_RANGES) break;
+            d->decay[d->n_decay][0] = pos - rel;
+            d->decay[d->n_decay][1] = stop - rel;
+            d->n_decay++;
+        }
+        pos = stop;
+    }
+    if (pos >= nb) return nb;
+    size_t end = align > 1 ? pos / align * align : pos;
+    int kept = 0; /* the ranges cut at the call's end */
+    for (int k = 0; k < d->n_decay; k++)
+        if (d->decay[k][0] < end - rel) {
+            d->decay[kept][0] = d->decay[k][0];
+            d->decay[kept][1] = d->decay[k][1] < end - rel ? d->decay[k][1] : end - rel;
+            kept++;
+        }
+    d->n_decay = kept;
+    return end;
+}
+
+/* The device shard's update of block b with m and v encoded (S: the
+ * block's state buffer): gpu_adam_state_update over calls of whole 8-bit
+ * blocks, each taking its decay ranges. */
+static zo_status update_dev_state(offload_optim *o, int b, float *P, void *S, float *G, gpu_tensor out,
+                                  gpu_stream_t s)
+{
+    size_t nb = o->og->numel[b], es = zo_dtype_size(out.dtype);
+    int q8 = o->cfg->opt_state == ZO_PLAN_STATE_8BIT;
+    gpu_adam_state_desc d = {.type = q8 ? GPU_ADAM_STATE_Q8 : GPU_ADAM_STATE_BF16, .block = q8 ? ADAM_Q8_BLOCK : 0,
+                             .total = nb};
+    for (size_t rel = 0; rel < nb;) {
+        size_t stop = decay_ranges(o, b, rel, nb, q8 ? ADAM_Q8_BLOCK : 1, &d);
+        if (stop <= rel)
+            return zo_error(ZO_ERR_UNSUPPORTED, "offload_step: device share, block %d: more than %d decay ranges "
+                            "in the 8-bit block at element %zu", b, GPU_ADAM_DECAY_RANGES, rel);
+        d.first = rel;
+        gpu_tensor o16 = gpu_t(out.data ? (char *)out.data + rel * es : NULL, out.dtype);
+        zo_status st = gpu_adam_state_update(s, &o->hp, &d, stop - rel, gpu_t(P + rel, ZO_DTYPE_F32),
+                                             gpu_t(G + rel, ZO_DTYPE_F32), S, o16);
+        if (st != ZO_OK)
+            return zo_error_wrap(st, "offload_step: device share, block %d elements %zu..%zu", b, rel, stop);
+        rel = stop;
+    }
+    return ZO_OK;
+}
+
 /* The device shard's update of block b, enqueued on s: gpu_adam_update
- * (cpu_adam's arithmetic) over each decay piece, the new weights written
- * where the store takes them from the device. */
-static zo_status update_dev(void *ctx, int b, float *P, float *M, float *V, float *G, gpu_stream_t s)
+ * (cpu_adam's arithmetic) over each decay piece, or gpu_adam_state_update
+ * over the encoded state S, the new weights written where the store takes
+ * them from the device. */
+static zo_status update_dev(void *ctx, int b, float *P, float *M, float *V, void *S, float *G, gpu_stream_t s)
 {
     step_ctx *c = ctx;
     offload_optim *o = c->o;
@@ -221,7 +283,11 @@ static zo_status update_dev(void *ctx, int b, float *P, float *M, float *V, floa
     char *dst;
     zo_status st = ws->ops->put_dev(ws, b, (void **)&dst);
     if (st != ZO_OK) return st;
-    for (size_t rel = 0; rel < nb;) {
+    if (S) {
+        st = update_dev_state(o, b, P, S, G, gpu_t(wide ? NULL : dst, o->m->dtype), s);
+        if (st != ZO_OK) return st;
+    }
+    for (size_t rel = 0; rel < nb && !S;) {
         int decay;
         size_t stop = decay_piece_part(o, b, rel, nb, &decay);
         gpu_adam_hparams h = o->hp;

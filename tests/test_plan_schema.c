@@ -855,7 +855,7 @@ static void test_train_refuses_other_plans(void **state)
     assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "step 1 loss"));
     /* issue 30: a plan's 8-bit state trains in the CPU optimizer, and its
-     * loss in chunks; on the GPU or without an fp32 master, the capability
+     * loss in chunks; without an fp32 master off the host, the capability
      * table's words */
     assert_true(estimate("--optim adamw8bit --loss-chunk 16", plan, out, sizeof out) <= 1);
     rc = run_program(ZO_TRAIN_BIN, args, out, sizeof out);
@@ -865,7 +865,10 @@ static void test_train_refuses_other_plans(void **state)
     /* bf16 weights updated without an fp32 master in the CPU optimizer
      * (each rounding), and QLoRA's recipe (no master, 32-bit AdamW) */
     const char *runs[] = {"--master none --dtype bf16", "--master stochastic --dtype bf16",
-                          "--master kahan --dtype bf16 --optim-dtype bf16", "--recipe qlora"};
+                          "--master kahan --dtype bf16 --optim-dtype bf16", "--recipe qlora",
+                          /* 8-bit and bf16 m and v in the GPU optimizer */
+                          "--optim adamw8bit --params gpu --grads gpu --optimizer gpu",
+                          "--optim-dtype bf16 --params gpu --grads gpu --optimizer gpu=0.5,cpu=0.5"};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         assert_true(estimate(runs[i], plan, out, sizeof out) <= 1);
         rc = run_program(ZO_TRAIN_BIN, args, out, sizeof out);
@@ -874,8 +877,6 @@ static void test_train_refuses_other_plans(void **state)
     const struct {
         const char *flags, *said;
     } gap[] = {
-        {"--optim adamw8bit --params gpu --grads gpu --optimizer gpu", "8bit m and v (--optim-dtype 8bit, training.optim_dtype) with optimizer state on the "
-                              "GPU (--optimizer gpu=1, placement.optimizer) does not run"},
         {"--master stochastic --dtype bf16 --params gpu --grads gpu --optimizer gpu",
          "weights without an fp32 master (--master stochastic, training.master) with optimizer state off the "
          "host (--optimizer gpu=1, placement.optimizer) does not run"},
