@@ -238,6 +238,45 @@ static void test_store_byte_flipped(void **state)
     nvme_store_free(s);
 }
 
+/* A read in many pieces (129 checksum blocks: NVME_STORE_READ_PIECES pieces
+ * of 3 blocks, the last one short), its blocks checked as the pieces
+ * arrive: the bytes come back whole, and a byte flipped in a late block, then
+ * in the first, is reported as that block either way. */
+static void test_store_read_in_pieces(void **state)
+{
+    fixture *f = *state;
+    size_t cb = 16 * 1024, n = 128 * cb + 5000;
+    nvme_store_t *s = store_on(f, 1, 0, cb);
+    int a = add1(s, "wte", n);
+    unsigned char *src = malloc(n), *dst = malloc(n);
+    fill_bytes(src, n, 91);
+    assert_int_equal(nvme_store_write(s, a, src), ZO_OK);
+    assert_int_equal(nvme_store_read(s, a, dst), ZO_OK);
+    assert_memory_equal(dst, src, n);
+    static const size_t bad[] = {100, 0};
+    for (int i = 0; i < 2; i++) {
+        int k;
+        uint64_t off;
+        nvme_store_locate(s, a, bad[i] * cb + 77, &k, &off);
+        int fd = open(store_path(s, k), O_RDWR);
+        unsigned char c;
+        assert_int_equal(pread(fd, &c, 1, (off_t)off), 1);
+        c ^= 0x01;
+        assert_int_equal(pwrite(fd, &c, 1, (off_t)off), 1);
+        close(fd);
+        char want[64];
+        snprintf(want, sizeof want, "tensor wte block %zu ", bad[i]);
+        assert_int_equal(nvme_store_read(s, a, dst), ZO_ERR_CHECKSUM);
+        assert_non_null(strstr(zo_last_error(), want));
+    }
+    assert_int_equal(nvme_store_write(s, a, src), ZO_OK);
+    assert_int_equal(nvme_store_read(s, a, dst), ZO_OK);
+    assert_memory_equal(dst, src, n);
+    free(src);
+    free(dst);
+    nvme_store_free(s);
+}
+
 /* A swap file truncated behind the store's back: an end-of-file error naming
  * the tensor, the file and the offset; a rewrite heals it. */
 static void test_store_file_truncated(void **state)
@@ -763,6 +802,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_store_round_trip_striped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_store_unwritten_tensor, setup, teardown),
         cmocka_unit_test_setup_teardown(test_store_byte_flipped, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_store_read_in_pieces, setup, teardown),
         cmocka_unit_test_setup_teardown(test_store_file_truncated, setup, teardown),
         cmocka_unit_test_setup_teardown(test_store_injected_write_error, setup, teardown),
         cmocka_unit_test_setup_teardown(test_store_tiny_filesystem, setup, teardown),
