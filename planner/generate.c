@@ -184,9 +184,9 @@ typedef struct sim_block {
  * it). At each forward's end it waits for the logits (it samples the next
  * token from them), so nothing past the next forward's first `depth`
  * blocks is read or copied until the head has run: the logits wait. A read
- * runs at the disk's busy rate (its idle time x `busy_factor`) once the
- * forward has started, at the idle rate before (the prompts' first blocks,
- * read before any compute is queued). On the CPU backend (`host`) copies and compute share the
+ * takes its idle time x `busy_factor` (the disk beside the forward) once
+ * the forward has started, its idle time before (the prompts' first
+ * blocks, read before any compute is queued). On the CPU backend (`host`) copies and compute share the
  * cores: one resource taking them in the order they are queued. Returns
  * the end of the prompts' forward (*ttft) and the time a token in the
  * steady state (*token). */
@@ -340,19 +340,29 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
                       (adapters && w_streamed ? blocks_total(&ad) : 0);
     e->nvme_bytes = (g->params_on == ZO_PLAN_NVME ? blocks_total(&base) : 0) +
                     (adapters && g->adapters_on == ZO_PLAN_NVME ? blocks_total(&ad) : 0);
-    /* the reads overlap the forward: the disk's rate beside compute (calibrate's busy read) */
-    double busy_bw = hw->nvme_read_bw_busy > 0 ? hw->nvme_read_bw_busy : hw->nvme_read_bw;
-    double pcie = e->stream_bytes / hw->pcie_bw, disk = e->nvme_bytes ? e->nvme_bytes / busy_bw : 0.0;
+    double pcie = e->stream_bytes / hw->pcie_bw, disk = e->nvme_bytes ? e->nvme_bytes / hw->nvme_read_bw : 0.0;
     /* a token: one row a sequence against the cache, on average halfway */
     double keys = g->prompt + (g->new_tokens - 1) / 2.0 + 1.0;
     e->kv_read = (uint64_t)((double)g->batch * keys * 2.0 * (double)L * m->n_kv_heads * m->head_dim * es);
     double tok_part[3], prompt_part[3];
     e->compute_s = forward_time(m, hw, g, 1.0, keys, mods, n_mods, tok_part);
+    double device = e->compute_s + (device_is_host(hw) ? pcie : 0.0);
+    /* On the CPU backend the reads share the cores with the forward: while
+     * the cores compute (the device's work of a token, or all of the reads
+     * when that is longer) the disk gives its busy rate (calibrate's read
+     * beside a triad on every thread), the rest of the time its idle rate:
+     * N / idle + overlap x (1 - busy / idle) for N bytes. A GPU's forward
+     * leaves the host's cores alone: the idle rate. */
+    double disk_idle = disk;
+    if (device_is_host(hw) && disk > 0 && hw->nvme_read_bw_busy > 0 && hw->nvme_read_bw_busy < hw->nvme_read_bw) {
+        double all_busy = e->nvme_bytes / hw->nvme_read_bw_busy;
+        disk += (device < all_busy ? device : all_busy) * (1.0 - hw->nvme_read_bw_busy / hw->nvme_read_bw);
+    }
     /* the disk, the host link and the GPU work on different blocks at once
      * (prefetch): the busiest sets the pace. On the CPU backend the copies
      * run on the cores and the memory the compute runs on: one resource */
     e->link_s = pcie > disk ? pcie : disk;
-    double device = e->compute_s + (device_is_host(hw) ? pcie : 0.0), link = device_is_host(hw) ? disk : e->link_s;
+    double link = device_is_host(hw) ? disk : e->link_s;
     e->pace_s = device > link ? device : link;
     e->bound = device >= link ? (device_is_host(hw) && pcie > 0 ? "compute+copies" : "compute")
                : disk >= pcie ? "nvme" : "pcie";
@@ -369,7 +379,7 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
         double cp = (double)((base_copy ? bb[k] : 0) + (ad_copy ? ab[k] : 0));
         kind[k] = (sim_block){rd / hw->nvme_read_bw, cp / hw->pcie_bw, prompt_part[k], tok_part[k]};
     }
-    if ((st = simulate(kind, m->n_layers, g->prefetch_depth, slots, hw->nvme_read_bw / busy_bw, device_is_host(hw),
+    if ((st = simulate(kind, m->n_layers, g->prefetch_depth, slots, disk > 0 ? disk / disk_idle : 1.0, device_is_host(hw),
                        &e->ttft_s, &e->s_per_token)) != ZO_OK)
         return st;
     /* (the sum of the blocks' times rounds: never below the slowest, and a

@@ -66,8 +66,9 @@ typedef struct plan_gen_estimate {
                                    token's first prefetch_depth blocks, so the slowest resource
                                    idles while the others drain */
     double compute_s;           /* the GPU's work of a token: each matmul's roofline, the cache read */
-    double link_s;              /* the streamed weights through the slowest link they cross (the
-                                   disk at nvme_read_bw_busy: its reads overlap the forward) */
+    double link_s;              /* the streamed weights through the slowest link they cross (on the
+                                   CPU backend the disk at nvme_read_bw_busy while the cores
+                                   compute, at nvme_read_bw the rest of the time) */
     double prompt_compute_s;    /* the GPU's work of the prompts' forward */
     double ttft_s;              /* time to the first tokens: the prompts' forward through the same
                                    schedule from cold (the first blocks read and copied before

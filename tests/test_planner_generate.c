@@ -342,8 +342,10 @@ static void test_time_model(void **state)
  * on the same cores runs: the last block read, a layer with prefetch 2).
  * A larger head (vocabulary) lengthens the wait by exactly what it adds to
  * the forward; the CPU backend's wait exceeds the GPU's by a layer's copy.
- * Reads that overlap compute run at nvme_read_bw_busy (the pace), the
- * prompts' first blocks, read before anything runs, at the idle rate. */
+ * On the CPU backend the disk gives nvme_read_bw_busy while the cores
+ * compute and nvme_read_bw the rest of the time (the prompts' first blocks,
+ * read before anything runs, at the idle rate); a GPU's forward leaves the
+ * host's cores alone: the idle rate throughout. */
 static void test_logits_wait(void **state)
 {
     (void)state;
@@ -376,18 +378,32 @@ static void test_logits_wait(void **state)
     double layer_copy = (double)pc.per_layer * 2 / host.pcie_bw;
     for (int v = 0; v < 2; v++)
         assert_true(fabs((e[v][1].stall_s - e[v][0].stall_s) - layer_copy) <= 1e-9 * layer_copy);
-    /* the disk beside compute at half its idle rate: the pace doubles, the
-     * first token's first blocks still come at the idle rate */
-    plan_hw busy = gpu, slow = gpu;
-    busy.nvme_read_bw_busy = gpu.nvme_read_bw / 2;
-    slow.nvme_read_bw = gpu.nvme_read_bw / 2;
-    plan_gen_estimate eb, es;
-    assert_int_equal(plan_gen_estimate_run(&m[0], &busy, &g, &eb), 0);
-    assert_int_equal(plan_gen_estimate_run(&m[0], &slow, &g, &es), 0);
-    assert_true(eb.link_s == (double)eb.nvme_bytes / busy.nvme_read_bw_busy);
-    assert_true(fabs(eb.pace_s - 2 * e[0][0].pace_s) <= 1e-12 * eb.pace_s);
-    assert_true(eb.s_per_token == es.s_per_token);
-    assert_true(eb.ttft_s < es.ttft_s && eb.ttft_s > e[0][0].ttft_s);
+    /* the disk beside compute at half its idle rate: on a GPU nothing
+     * changes; on the CPU backend the reads take N / idle + W / 2 (W: the
+     * device's work of a token, compute plus copies, all of it beside
+     * reads while the disk sets the pace); with a disk 1000x faster the
+     * device's work covers every read and sets the pace */
+    plan_hw busy_gpu = gpu, busy_host = host;
+    busy_gpu.nvme_read_bw_busy = busy_host.nvme_read_bw_busy = gpu.nvme_read_bw / 2;
+    plan_gen_estimate eg, eh;
+    assert_int_equal(plan_gen_estimate_run(&m[0], &busy_gpu, &g, &eg), 0);
+    assert_true(eg.pace_s == e[0][0].pace_s && eg.s_per_token == e[0][0].s_per_token && eg.ttft_s == e[0][0].ttft_s);
+    assert_int_equal(plan_gen_estimate_run(&m[0], &busy_host, &g, &eh), 0);
+    double N = (double)eh.nvme_bytes, W = eh.compute_s + (double)eh.stream_bytes / host.pcie_bw;
+    assert_true(W < N / busy_host.nvme_read_bw_busy);
+    double want = N / host.nvme_read_bw + W / 2;
+    assert_true(fabs(eh.link_s - want) <= 1e-12 * want && eh.pace_s == eh.link_s);
+    assert_string_equal(eh.bound, "nvme");
+    /* every read after the first blocks slowed alike: a token slower, the
+     * first blocks of the prompt at the idle rate (the first token less
+     * slowed than reads all at the busy rate would make it) */
+    assert_true(eh.s_per_token > e[0][1].s_per_token && eh.ttft_s > e[0][1].ttft_s);
+    plan_hw fast = busy_host;
+    fast.nvme_read_bw = 1e11, fast.nvme_read_bw_busy = 5e10;
+    plan_gen_estimate ef;
+    assert_int_equal(plan_gen_estimate_run(&m[0], &fast, &g, &ef), 0);
+    assert_string_equal(ef.bound, "compute+copies");
+    assert_true(fabs(ef.pace_s - W) <= 1e-12 * W);
 }
 
 static int setup(void **state)
