@@ -204,6 +204,28 @@ static void test_store_unwritten_tensor(void **state)
     nvme_store_free(s);
 }
 
+/* Flip bits `mask` of byte `byte` of tensor id in its file, behind the
+ * store's back; *file_k: the file it is in. */
+static void flip_byte(nvme_store_t *s, int id, size_t byte, unsigned char mask, int *file_k)
+{
+    uint64_t off;
+    nvme_store_locate(s, id, byte, file_k, &off);
+    int fd = open(store_path(s, *file_k), O_RDWR);
+    unsigned char c;
+    assert_int_equal(pread(fd, &c, 1, (off_t)off), 1);
+    c ^= mask;
+    assert_int_equal(pwrite(fd, &c, 1, (off_t)off), 1);
+    close(fd);
+}
+
+/* Tensor id written again from src heals it: read back into dst whole. */
+static void rewrite_heals(nvme_store_t *s, int id, const unsigned char *src, unsigned char *dst, size_t n)
+{
+    assert_int_equal(nvme_store_write(s, id, src), ZO_OK);
+    assert_int_equal(nvme_store_read(s, id, dst), ZO_OK);
+    assert_memory_equal(dst, src, n);
+}
+
 /* A byte flipped in a file behind the store's back: ZO_ERR_CHECKSUM naming
  * the tensor and block; other tensors read fine; a rewrite heals it. */
 static void test_store_byte_flipped(void **state)
@@ -217,22 +239,13 @@ static void test_store_byte_flipped(void **state)
     assert_int_equal(nvme_store_write(s, a, src), ZO_OK);
     assert_int_equal(nvme_store_write(s, b, src), ZO_OK);
     int k;
-    uint64_t off;
-    nvme_store_locate(s, a, 2 * 32 * 1024 + 123, &k, &off);
-    int fd = open(store_path(s, k), O_RDWR);
-    unsigned char c;
-    assert_int_equal(pread(fd, &c, 1, (off_t)off), 1);
-    c ^= 0x10;
-    assert_int_equal(pwrite(fd, &c, 1, (off_t)off), 1);
-    close(fd);
+    flip_byte(s, a, 2 * 32 * 1024 + 123, 0x10, &k);
     assert_int_equal(nvme_store_read(s, a, dst), ZO_ERR_CHECKSUM);
     assert_non_null(strstr(zo_last_error(), "tensor layer0.m block 2 "));
     assert_non_null(strstr(zo_last_error(), store_path(s, k)));
     assert_int_equal(nvme_store_read(s, b, dst), ZO_OK);
     assert_memory_equal(dst, src, n);
-    assert_int_equal(nvme_store_write(s, a, src), ZO_OK);
-    assert_int_equal(nvme_store_read(s, a, dst), ZO_OK);
-    assert_memory_equal(dst, src, n);
+    rewrite_heals(s, a, src, dst, n);
     free(src);
     free(dst);
     nvme_store_free(s);
@@ -256,22 +269,13 @@ static void test_store_read_in_pieces(void **state)
     static const size_t bad[] = {100, 0};
     for (int i = 0; i < 2; i++) {
         int k;
-        uint64_t off;
-        nvme_store_locate(s, a, bad[i] * cb + 77, &k, &off);
-        int fd = open(store_path(s, k), O_RDWR);
-        unsigned char c;
-        assert_int_equal(pread(fd, &c, 1, (off_t)off), 1);
-        c ^= 0x01;
-        assert_int_equal(pwrite(fd, &c, 1, (off_t)off), 1);
-        close(fd);
+        flip_byte(s, a, bad[i] * cb + 77, 0x01, &k);
         char want[64];
         snprintf(want, sizeof want, "tensor wte block %zu ", bad[i]);
         assert_int_equal(nvme_store_read(s, a, dst), ZO_ERR_CHECKSUM);
         assert_non_null(strstr(zo_last_error(), want));
     }
-    assert_int_equal(nvme_store_write(s, a, src), ZO_OK);
-    assert_int_equal(nvme_store_read(s, a, dst), ZO_OK);
-    assert_memory_equal(dst, src, n);
+    rewrite_heals(s, a, src, dst, n);
     free(src);
     free(dst);
     nvme_store_free(s);
