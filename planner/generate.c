@@ -163,8 +163,10 @@ static double forward_time(const zo_model_config *m, const plan_hw *hw, const pl
 /* ---- the pipeline ------------------------------------------------------------------ */
 
 /* What one block costs the pipeline, by its kind (embedding, a layer, the
- * head): its weights read from disk and copied to the device (bytes), its
- * compute in a prompt's forward and in a token's (seconds). */
+ * head), in seconds: reading its weights from disk (at the idle rate),
+ * copying them to the device, its compute in the prompts' forward and in a
+ * token's. (A tied head's reuse of the embedding block is not modelled:
+ * each block is moved once a forward, as stream_bytes counts.) */
 typedef struct sim_block {
     double disk, copy, prompt, token;
 } sim_block;
@@ -186,10 +188,10 @@ typedef struct sim_block {
  * blocks is read or copied until the head has run: the logits wait. A read
  * takes its idle time x `busy_factor` (the disk beside the forward) once
  * the forward has started, its idle time before (the prompts' first
- * blocks, read before any compute is queued). On the CPU backend (`host`) copies and compute share the
- * cores: one resource taking them in the order they are queued. Returns
- * the end of the prompts' forward (*ttft) and the time a token in the
- * steady state (*token). */
+ * blocks, read before any compute is queued). On the CPU backend (`host`)
+ * copies and compute share the cores: one resource taking them in the
+ * order they are queued. Returns the end of the prompts' forward (*ttft)
+ * and the time a token in the steady state (*token). */
 static zo_status simulate(const sim_block kind[3], int n_layers, int depth, int slots, double busy_factor, int host,
                           double *ttft, double *token)
 {
