@@ -108,9 +108,9 @@ int main(int argc, char **argv)
                  "sequence(s), a prompt of %d and %ld new tokens, prefetch %d, %ld thread(s), best of %ld rounds; "
                  "the CPU backend as the planner sees it: peak %.3g FLOP/s and memory %.3g B/s (fitted to its "
                  "forward outside the runtime: a token %.4f s, the prompt %.4f s), memcpy %.3g B/s, NVMe reads "
-                 "%.3g B/s", layers, hidden, c.m.ffn, c.m.vocab, zo_format_bytes(zo_model_params(&c.m) * 2, b, sizeof b),
+                 "%.3g B/s (%.3g B/s beside compute)", layers, hidden, c.m.ffn, c.m.vocab, zo_format_bytes(zo_model_params(&c.m) * 2, b, sizeof b),
                  batch, c.prompt, tokens, c.prefetch, threads, rounds, hw.peak_flops_16, hw.hbm_bw, best.token_s,
-                 best.prompt_s, hw.pcie_bw, hw.nvme_read_bw);
+                 best.prompt_s, hw.pcie_bw, hw.nvme_read_bw, hw.nvme_read_bw_busy);
     double worst = 0;
     for (int i = 0; i < NP; i++) {
         c.params_on = tiers[i];

@@ -105,11 +105,13 @@ void gen_time_best(gen_time_machine *b, const gen_time_machine *m)
     double *faster[] = {&b->host.cpu_mem_bw, &b->copy_bw};
     const double got[] = {m->host.cpu_mem_bw, m->copy_bw};
     for (int i = 0; i < 2; i++) *faster[i] = got[i] > *faster[i] ? got[i] : *faster[i];
-    if (m->host.nvme_read_bw > 0 && b->host.nvme_read_bw > 0) {
-        double nb = b->nvme_rounds, nm = m->nvme_rounds;
-        b->host.nvme_read_bw = (nb + nm) / (nb / b->host.nvme_read_bw + nm / m->host.nvme_read_bw);
-        b->nvme_rounds += m->nvme_rounds;
-    }
+    /* the read rates, idle and beside compute: each round's bytes over the time of all */
+    double *rate[] = {&b->host.nvme_read_bw, &b->host.nvme_read_bw_busy};
+    const double mrate[] = {m->host.nvme_read_bw, m->host.nvme_read_bw_busy};
+    double nb = b->nvme_rounds, nm = m->nvme_rounds;
+    for (int i = 0; i < 2; i++)
+        if (mrate[i] > 0 && *rate[i] > 0) *rate[i] = (nb + nm) / (nb / *rate[i] + nm / mrate[i]);
+    if (m->host.nvme_read_bw > 0 && b->host.nvme_read_bw > 0) b->nvme_rounds += m->nvme_rounds;
     b->token_s = m->token_s < b->token_s ? m->token_s : b->token_s;
     b->prompt_s = m->prompt_s < b->prompt_s ? m->prompt_s : b->prompt_s;
 }

@@ -21,8 +21,9 @@ typedef struct gen_time_case {
 
 /* What the planner is told of this machine, measured: the host's profile
  * (memplan calibrate's functions: the triad's bandwidth, the NVMe read rate
- * of `nvme_dir` over a file the size of the weights, read 4 times, the
- * fastest pass: a token reads the same weights again), memcpy's rate (the CPU backend's copy to the "device"),
+ * of `nvme_dir` over a file the size of the weights, sustained over 8
+ * passes, idle and beside a triad on every thread: a token reads the same
+ * weights again), memcpy's rate (the CPU backend's copy to the "device"),
  * and the forward of case c's model outside the runtime (every block in
  * device memory, run one after another by the transformer alone, on
  * `threads` threads): a token's (halfway through the generation) and the

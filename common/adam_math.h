@@ -19,6 +19,7 @@
 #define ZO_COMMON_ADAM_MATH_H
 
 #include <math.h>
+#include <stdint.h>
 
 #include "common/status.h" /* zo_status */
 
@@ -72,6 +73,34 @@ static inline float zo_adam_step_elem(const zo_adam_consts *c, float p, float g,
     *m = mi;
     *v = vi;
     return p;
+}
+
+/* Where the parts of encoded moments of n values lie in one buffer, the
+ * layout of cpu_adam's encoded state (cpu_adam.h, "optimizer state
+ * encodings") and of the device's (gpu_adam_state_update): m, then v (es
+ * bytes a value: 4 fp32, 2 bf16, 1 a q8 code), then, with n_blocks > 0 (q8),
+ * the fp32 absmax of m's blocks and of v's; each part starts on a 64-byte
+ * boundary of the buffer. */
+typedef struct zo_adam_state_offsets {
+    uint64_t m, v, absmax_m, absmax_v; /* byte offsets */
+    uint64_t bytes;                    /* the whole buffer */
+} zo_adam_state_offsets;
+
+static inline zo_adam_state_offsets zo_adam_state_offsets_of(uint64_t es, uint64_t n, uint64_t n_blocks)
+{
+    zo_adam_state_offsets o;
+    uint64_t end;
+    o.m = 0;
+    o.v = (es * n + 63) & ~(uint64_t)63;
+    end = o.v + es * n;
+    o.absmax_m = o.absmax_v = end;
+    if (n_blocks) {
+        o.absmax_m = (end + 63) & ~(uint64_t)63;
+        o.absmax_v = (o.absmax_m + 4 * n_blocks + 63) & ~(uint64_t)63;
+        end = o.absmax_v + 4 * n_blocks;
+    }
+    o.bytes = end;
+    return o;
 }
 
 #ifdef __cplusplus

@@ -125,6 +125,7 @@ static const field hw_fields[] = {
     U64(H, nvme, 0, P2(53)),
     DBL(H, nvme_read_bw, 0, 1e15),
     DBL(H, nvme_write_bw, 0, 1e15),
+    {"nvme_read_bw_busy", F_DBL, offsetof(H, nvme_read_bw_busy), 0, 0, 1e15, NULL, F_OPTIONAL},
     DBL(H, pcie_bw, 0, 1e15),
     DBL(H, nvlink_bw, 0, 1e15),
     {"peers_via_host", F_BOOL, offsetof(H, peers_via_host), 0, 0, 1, NULL, F_OPTIONAL},

@@ -48,6 +48,11 @@ typedef struct zo_hw_profile {
     uint64_t nvme;           /* bytes per node */
     double nvme_read_bw;     /* bytes/s per node */
     double nvme_write_bw;    /* bytes/s per node */
+    double nvme_read_bw_busy; /* bytes/s per node of a read beside compute on the same cores
+                                (memplan calibrate: its read beside an OpenMP triad on every
+                                thread): memplan generate's rate of the CPU
+                                backend's reads while its cores compute; 0: nvme_read_bw
+                                (optional in a file) */
     double pcie_bw;          /* bytes/s per GPU, each direction, achieved */
     double nvlink_bw;        /* bytes/s per GPU, one direction, to the GPUs of its node: NVLink,
                                 or PCIe peer-to-peer where the GPU has no NVLink */

@@ -20,8 +20,9 @@
 
 #include "common/dtype.h" /* zo_f32_bits */
 #include "common/nf4.h"   /* zo_dynamic_map_nearest */
+#include "cpu_adam.h"     /* ADAM_Q8_ZERO_M_CODE */
 
-#define ADAM_Q8_ZERO_M 127 /* the signed map's index of 0 (m) */
+#define ADAM_Q8_ZERO_M ADAM_Q8_ZERO_M_CODE /* the signed map's index of 0 (m) */
 #define ADAM_Q8_ZERO_V 0   /* the unsigned map's index of 0 (v) */
 
 /* The vector quantizers look |s * inv| up in a table of buckets keyed by the

@@ -111,8 +111,6 @@ zo_status adam_state_parse(const char *s, adam_state_kind *out)
     return ZO_OK;
 }
 
-static uint64_t round64(uint64_t x) { return (x + 63) & ~(uint64_t)63; }
-
 zo_status adam_state_layout_of(adam_state_kind kind, uint64_t n, adam_state_layout *out)
 {
     zo_status st = adam_state_check("adam_state_layout_of", kind);
@@ -123,16 +121,12 @@ zo_status adam_state_layout_of(adam_state_kind kind, uint64_t n, adam_state_layo
     uint64_t es = kind.type == ADAM_STATE_F32 ? 4 : kind.type == ADAM_STATE_BF16 ? 2 : 1;
     out->n = n;
     out->n_blocks = kind.type == ADAM_STATE_Q8 ? (n + kind.block - 1) / kind.block : 0;
-    out->off_m = 0;
-    out->off_v = round64(es * n);
-    uint64_t end = out->off_v + es * n;
-    out->off_absmax_m = out->off_absmax_v = end;
-    if (kind.type == ADAM_STATE_Q8) {
-        out->off_absmax_m = round64(end);
-        out->off_absmax_v = round64(out->off_absmax_m + 4 * out->n_blocks);
-        end = out->off_absmax_v + 4 * out->n_blocks;
-    }
-    out->bytes = end;
+    zo_adam_state_offsets o = zo_adam_state_offsets_of(es, n, out->n_blocks);
+    out->off_m = o.m;
+    out->off_v = o.v;
+    out->off_absmax_m = o.absmax_m;
+    out->off_absmax_v = o.absmax_v;
+    out->bytes = o.bytes;
     return ZO_OK;
 }
 

@@ -149,6 +149,7 @@ typedef struct adam_state_kind {
 } adam_state_kind;
 
 #define ADAM_Q8_BLOCK 2048     /* the paper's block size */
+#define ADAM_Q8_ZERO_M_CODE 127 /* m's code of 0 (the signed map's); v's is 0 */
 #define ADAM_Q8_BLOCK_MAX 4096 /* the largest block a kernel handles */
 #define ADAM_STATE_ALIGN 4     /* required alignment of a state buffer (64 advised) */
 

@@ -396,6 +396,31 @@ zo_status gpu_adam_update(gpu_stream_t s, const gpu_adam_hparams *hp, size_t n, 
         .d.adam = zo_adam_consts_make(hp));
 }
 
+/* The descriptor as the kernels take it: the step's scalars (as
+ * gpu_adam_update's) and the offsets of the state's parts; gpu_op_run
+ * checks the rest (gpu_check_adam_state). */
+zo_status gpu_adam_state_update(gpu_stream_t s, const gpu_adam_hparams *hp,
+                                const gpu_adam_state_desc *d, size_t n, gpu_tensor param,
+                                gpu_tensor grad, void *state, gpu_tensor out16)
+{
+    const char *who = "gpu_adam_state_update";
+    zo_status st;
+    if (!s) return zo_error(ZO_ERR_INVALID, "%s: NULL stream", who);
+    if (!d) return zo_error(ZO_ERR_INVALID, "%s: desc is NULL", who);
+    if ((st = zo_adam_check_hparams(who, hp)) != ZO_OK) return st;
+    if (d->n_decay > GPU_ADAM_DECAY_RANGES)
+        return zo_error(ZO_ERR_INVALID, "%s: %d decay ranges (at most %d)", who, d->n_decay,
+                        GPU_ADAM_DECAY_RANGES);
+    uint64_t es = d->type == GPU_ADAM_STATE_BF16 ? 2 : 1;
+    uint64_t nb = d->type == GPU_ADAM_STATE_Q8 && d->block ? (d->total + d->block - 1) / d->block : 0;
+    zo_adam_state_offsets o = zo_adam_state_offsets_of(es, d->total, nb);
+    gpu_adam_state_args x = {.c = zo_adam_consts_make(hp), .type = d->type, .block = d->block,
+                             .total = d->total, .first = d->first, .off_m = o.m, .off_v = o.v,
+                             .off_am = o.absmax_m, .off_av = o.absmax_v, .n_decay = d->n_decay};
+    for (int k = 0; k < d->n_decay; k++) x.decay[k][0] = d->decay[k][0], x.decay[k][1] = d->decay[k][1];
+    RUN(ADAM_STATE_UPDATE, .t = {param, grad, out16}, .p = {state}, .n = n, .d.astate = x);
+}
+
 zo_status gpu_moe_router_forward(gpu_stream_t s, gpu_tensor weights, gpu_tensor logits,
                                  float *stats, int n, int e, int k, int norm)
 {

@@ -326,6 +326,51 @@ typedef zo_adam_hparams gpu_adam_hparams;
 zo_status gpu_adam_update(gpu_stream_t s, const gpu_adam_hparams *hp, size_t n, float *param,
                           gpu_tensor grad, float *m, float *v, gpu_tensor out16);
 
+/* The same update with m and v encoded (issue 30), as cpu_adam's
+ * adam_state_update keeps them (docs/cpu_adam.md, "State encodings"):
+ *   GPU_ADAM_STATE_BF16  m, v bf16: read widened, updated in fp32, stored
+ *                        rounded to nearest even;
+ *   GPU_ADAM_STATE_Q8    m, v block-wise 8-bit: per block of `block` values
+ *                        one fp32 absmax per moment and a byte per value,
+ *                        the index of the nearest value of bitsandbytes'
+ *                        dynamic map (common/nf4.h: signed for m, unsigned
+ *                        for v) to value / absmax; read back as
+ *                        map[code] * absmax. The parameters are updated
+ *                        from the unrounded fp32 moments; the new absmax is
+ *                        the block's largest |m| (|v|), a nan largest.
+ * `state` is one device buffer of `total` values in the layout
+ * zo_adam_state_offsets_of gives (common/adam_math.h: m, v, then q8's
+ * absmax of m and of v); the call updates its values [first, first + n),
+ * with first a multiple of block and first + n a multiple of it or total
+ * (q8: whole blocks). param [n] is fp32 (a master; out16 may take the
+ * 16-bit copy) or bf16 (the weights themselves, no master: updated in
+ * fp32 and stored rounded to nearest even). Weight decay applies to the
+ * elements of the `n_decay` ranges [decay[k][0], decay[k][1]) of the call
+ * (relative to first, ascending, disjoint), or to every element when
+ * n_decay < 0; elsewhere the update is the one with weight_decay 0.
+ * ZO_ERR_INVALID as gpu_adam_update, and for a bad type, block, range or
+ * decay range, or a state not 4-byte aligned. */
+typedef enum gpu_adam_state_type {
+    GPU_ADAM_STATE_BF16 = 1,
+    GPU_ADAM_STATE_Q8 = 2,
+} gpu_adam_state_type;
+
+#define GPU_ADAM_Q8_BLOCK_MAX 4096 /* the largest q8 block (cpu_adam's ADAM_Q8_BLOCK_MAX) */
+#define GPU_ADAM_DECAY_RANGES 16   /* decay ranges one call takes at most */
+
+typedef struct gpu_adam_state_desc {
+    gpu_adam_state_type type;
+    uint32_t block;  /* q8: values per absmax, a multiple of 64 up to GPU_ADAM_Q8_BLOCK_MAX; else 0 */
+    uint64_t total;  /* values the state buffer holds */
+    uint64_t first;  /* the call's first value */
+    int n_decay;     /* < 0: every element decays */
+    uint64_t decay[GPU_ADAM_DECAY_RANGES][2];
+} gpu_adam_state_desc;
+
+zo_status gpu_adam_state_update(gpu_stream_t s, const gpu_adam_hparams *hp,
+                                const gpu_adam_state_desc *d, size_t n, gpu_tensor param,
+                                gpu_tensor grad, void *state, gpu_tensor out16);
+
 /* ---- ops: mixture of experts (Mixtral, Qwen2-MoE) -------------------------------------- */
 
 /* The router of n tokens over e experts, as Hugging Face's Mixtral and

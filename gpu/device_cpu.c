@@ -61,6 +61,13 @@ static int fault_alloc(cpu_ctx *c)
 
 /* ---- memory ---------------------------------------------------------------- */
 
+/* Back every page of a new allocation now, as cudaMalloc and cudaHostAlloc
+ * do (device memory and page-locked memory are committed when allocated):
+ * left to the first use, the page faults landed in the first token's time
+ * (a streamed generation's slots, the NVMe read-ahead ring, its forward's
+ * buffers: issue 29) and in whichever op first wrote a buffer. */
+static void commit_pages(void *p, size_t bytes) { memset(p, 0, bytes); }
+
 static zo_status cpu_mem_alloc(gpu_device_t dev, size_t bytes, void **out)
 {
     cpu_ctx *c = ctx_of(dev);
@@ -93,6 +100,7 @@ static zo_status cpu_mem_alloc(gpu_device_t dev, size_t bytes, void **out)
         return zo_error(ZO_ERR_NOMEM, "gpu_mem_alloc: host allocation of %zu bytes failed "
                                       "(backing the cpu device)", rounded);
     }
+    commit_pages(base, rounded + POOL_ALIGN);
     alloc_header *h = (alloc_header *)base;
     h->magic = ALLOC_MAGIC;
     h->bytes = rounded;
@@ -151,6 +159,7 @@ static zo_status cpu_host_alloc(gpu_device_t dev, size_t bytes, void **out)
         return zo_error(ZO_ERR_NOMEM, "gpu_host_alloc: %zu bytes failed (injected)", rounded);
     char *base = aligned_alloc(HOST_ALIGN, (rounded + HOST_ALIGN - 1) / HOST_ALIGN * HOST_ALIGN + HOST_ALIGN);
     if (!base) return zo_error(ZO_ERR_NOMEM, "gpu_host_alloc: %zu bytes failed", rounded);
+    commit_pages(base, (rounded + HOST_ALIGN - 1) / HOST_ALIGN * HOST_ALIGN + HOST_ALIGN);
     alloc_header *h = (alloc_header *)base;
     h->magic = ALLOC_MAGIC ^ 1u;
     h->bytes = rounded;
@@ -715,6 +724,13 @@ static zo_status cpu_run_adam_update(cpu_scratch *ws, const gpu_op_args *a, int 
 {
     (void)ws;
     cpu_adam_update(&a->d.adam, a->n, a->p[0], a->t[0], a->p[1], a->p[2], a->t[1], nt);
+    return ZO_OK;
+}
+
+static zo_status cpu_run_adam_state_update(cpu_scratch *ws, const gpu_op_args *a, int nt)
+{
+    (void)ws;
+    cpu_adam_state_update(&a->d.astate, a->n, a->t[0], a->t[1], a->p[0], a->t[2], nt);
     return ZO_OK;
 }
 

@@ -42,6 +42,18 @@ extern "C" {
 #define GPU_OP_MAX_I 6
 #define GPU_OP_MAX_F 2
 
+/* gpu_adam_state_update's descriptor as the kernels take it: the step's
+ * scalars, the encoding, and the byte offsets of the state's parts. */
+typedef struct gpu_adam_state_args {
+    zo_adam_consts c;
+    gpu_adam_state_type type;
+    uint32_t block;
+    uint64_t total, first;
+    uint64_t off_m, off_v, off_am, off_av; /* zo_adam_state_offsets_of(total) */
+    int n_decay;
+    uint64_t decay[GPU_ADAM_DECAY_RANGES][2];
+} gpu_adam_state_args;
+
 typedef struct gpu_op_args {
     gpu_tensor t[GPU_OP_MAX_T];
     void *p[GPU_OP_MAX_P];
@@ -52,6 +64,7 @@ typedef struct gpu_op_args {
         gpu_gemm_desc gemm;
         gpu_attn_desc attn;
         zo_adam_consts adam;
+        gpu_adam_state_args astate;
     } d;
 } gpu_op_args;
 
@@ -151,6 +164,9 @@ typedef struct gpu_op_slot {
     X(ADAM_UPDATE, adam_update,                                                                 \
       (GPU_N(n), GPU_P(0, param), GPU_P(1, m), GPU_P(2, v), GPU_T(0, grad), GPU_TOPT(1, out16)), \
       gpu_check_adam)                                                                            \
+    X(ADAM_STATE_UPDATE, adam_state_update,                                                     \
+      (GPU_N(n), GPU_T(0, param), GPU_T(1, grad), GPU_P(0, state), GPU_TOPT(2, out16)),          \
+      gpu_check_adam_state)                                                                      \
     X(MOE_ROUTER_FORWARD, moe_router_forward,                                                   \
       (GPU_T(0, weights), GPU_T(1, logits), GPU_P(0, stats), GPU_DIM(0, n), GPU_DIM(1, e),       \
        GPU_DIM(2, k), GPU_INT(3, norm)),                                                         \

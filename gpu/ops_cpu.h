@@ -15,6 +15,7 @@
 
 #include "gpu/device.h"
 #include "gpu/device_impl.h" /* defines: gpu_adam_consts */
+#include "gpu/ops.h"         /* defines: gpu_adam_state_args */
 
 /* ---- scratch arena ----------------------------------------------------------- */
 
@@ -122,6 +123,10 @@ void cpu_nf4_dequantize(gpu_tensor out, const void *nf4, size_t n, int nt);
  * gpu_adam_update, element by element in cpu_adam's scalar order. */
 void cpu_adam_update(const gpu_adam_consts *c, size_t n, float *param, gpu_tensor grad, float *m,
                      float *v, gpu_tensor out16, int nt);
+/* gpu_adam_state_update: the same sequence on decoded m and v, coded again
+ * after the update (cpu_adam's adam_state_update, written for this backend). */
+void cpu_adam_state_update(const gpu_adam_state_args *x, size_t n, gpu_tensor param, gpu_tensor grad, void *state,
+                           gpu_tensor out16, int nt);
 
 /* ---- mixture of experts (ops_cpu_moe.c) ---------------------------------------------- */
 

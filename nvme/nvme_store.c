@@ -490,8 +490,13 @@ zo_status nvme_store_submit(nvme_store_t *s, int id, nvme_op_kind op, void *buf,
     o->id = id;
     o->op = op;
     o->buf = buf;
-    /* One transfer per stripe piece; one for the whole tensor with one file. */
-    size_t max = s->nfiles == 1 ? 1 : t->nbytes / s->stripe + 2;
+    /* One transfer per stripe piece; one for the whole tensor with one file.
+     * A read's pieces are also cut every `unit` bytes (whole checksum
+     * blocks), so that its first blocks can be checked while the disk reads
+     * the rest (nvme_store_wait) */
+    size_t unit = op == NVME_OP_READ ? (t->nblocks + NVME_STORE_READ_PIECES - 1) / NVME_STORE_READ_PIECES * s->cblock
+                                     : 0;
+    size_t max = (s->nfiles == 1 ? 1 : t->nbytes / s->stripe + 2) + (unit ? t->nbytes / unit + 1 : 0);
     o->ios = calloc(max, sizeof *o->ios);
     if (!o->ios) return zo_error(ZO_ERR_NOMEM, "tensor %s: out of memory for %zu transfers",
                                  t->name, max);
@@ -517,6 +522,7 @@ zo_status nvme_store_submit(nvme_store_t *s, int id, nvme_op_kind op, void *buf,
             size_t to_end = s->stripe - (size_t)((t->start + pos) % s->stripe);
             if (len > to_end) len = to_end;
         }
+        if (unit && len > unit - pos % unit) len = unit - pos % unit;
         nvme_io *io = &o->ios[o->nios++];
         io->fid = s->fids[k];
         io->op = op;
@@ -547,6 +553,35 @@ int nvme_store_op_complete(const nvme_store_op *o)
     return 1;
 }
 
+/* The checksum of tensor t's block b in buf. */
+static uint64_t block_sum(const nvme_store_t *s, const store_tensor *t, const void *buf, size_t b)
+{
+    size_t off = b * s->cblock;
+    size_t len = t->nbytes - off < s->cblock ? t->nbytes - off : s->cblock;
+    return XXH3_64bits((const char *)buf + off, len);
+}
+
+/* A read in flight: check the blocks of the pieces that have arrived in
+ * order from its start, up to the first piece still reading (or failed)
+ * and the first block that does not match (nvme_store_finish reports
+ * both). */
+static void verify_arrived(const nvme_store_t *s, nvme_store_op *o)
+{
+    if (o->op != NVME_OP_READ || o->mismatch) return;
+    const store_tensor *t = &s->t[o->id];
+    while (o->arrived_io < o->nios && nvme_io_done(&o->ios[o->arrived_io]) &&
+           o->ios[o->arrived_io].status == ZO_OK)
+        o->arrived_io++;
+    size_t upto = o->arrived_io < o->nios ? (size_t)((char *)o->ios[o->arrived_io].buf - (char *)o->buf)
+                                          : t->nbytes;
+    size_t blocks = upto >= t->nbytes ? t->nblocks : upto / s->cblock;
+    for (; o->verified < blocks; o->verified++)
+        if (block_sum(s, t, o->buf, o->verified) != t->sums[o->verified]) {
+            o->mismatch = 1;
+            return;
+        }
+}
+
 zo_status nvme_store_finish(nvme_store_t *s, nvme_store_op *o)
 {
     zo_status st = check_id(s, o->id, "nvme_store_finish");
@@ -569,11 +604,12 @@ zo_status nvme_store_finish(nvme_store_t *s, nvme_store_op *o)
         t->valid = 1;
         goto out_release;
     }
-    for (size_t b = 0; b < t->nblocks; b++) {
+    /* the blocks nvme_store_wait has not checked yet */
+    for (size_t b = o->verified; b < t->nblocks; b++) {
+        uint64_t got = block_sum(s, t, o->buf, b);
+        if (got == t->sums[b]) continue;
         size_t off = b * s->cblock;
         size_t len = t->nbytes - off < s->cblock ? t->nbytes - off : s->cblock;
-        uint64_t got = XXH3_64bits((const char *)o->buf + off, len);
-        if (got == t->sums[b]) continue;
         int k;
         uint64_t foff;
         locate_addr(s, t->start + off, &k, &foff);
@@ -594,6 +630,7 @@ zo_status nvme_store_wait(nvme_store_t *s, nvme_store_op *o)
     while (!nvme_store_op_complete(o)) {
         zo_status st = nvme_engine_progress(s->e, 1);
         if (st != ZO_OK) return st; /* the ring failed: the op cannot complete */
+        verify_arrived(s, o);
     }
     return nvme_store_finish(s, o);
 }

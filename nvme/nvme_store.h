@@ -83,9 +83,19 @@ typedef struct nvme_store_op {
     nvme_op_kind op;
     void *buf;
     size_t nios;
-    nvme_io *ios;          /* one per stripe piece */
+    nvme_io *ios;          /* one per stripe piece; a read's also cut every few
+                              checksum blocks (NVME_STORE_READ_PIECES) */
     uint64_t *sums;        /* checksums of a write, committed when it succeeds */
+    size_t arrived_io;     /* a read: ios [0, arrived_io) completed, in order */
+    size_t verified;       /* a read: checksum blocks [0, verified) checked */
+    int mismatch;          /* a read: block `verified` did not match (finish reports it) */
 } nvme_store_op;
+
+/* A read is cut into at most this many pieces of whole checksum blocks (and
+ * at stripe boundaries), so that nvme_store_wait checks the blocks that have
+ * arrived while the rest are still on their way: the hashing overlaps the
+ * disk instead of following it. */
+#define NVME_STORE_READ_PIECES 64
 
 /* Queue the transfer of tensor `id` to or from buf (nbytes of it; an aligned
  * buffer from nvme_buf_alloc goes straight to the disk). A write computes
@@ -97,7 +107,9 @@ int nvme_store_op_complete(const nvme_store_op *o);
 /* For a complete op: verify a read's checksums, or commit a write's; release
  * the op. Returns the op's status with a message naming the tensor. */
 zo_status nvme_store_finish(nvme_store_t *s, nvme_store_op *o);
-/* Drive the engine until the op is complete, then finish it. */
+/* Drive the engine until the op is complete, then finish it. A read's
+ * checksums are checked piece by piece as the pieces arrive (in order),
+ * the disk still reading the rest; finish checks what is left. */
 zo_status nvme_store_wait(nvme_store_t *s, nvme_store_op *o);
 
 /* Synchronous forms. */

@@ -13,7 +13,12 @@
  * Weights and optimizer state move one block at a time, through the
  * optimizer shards and the weight store: host memory holds a few blocks, never
  * the model. optimizer.safetensors holds "block.<b>.master", ".exp_avg" and
- * ".exp_avg_sq" for every block b, in block order.
+ * ".exp_avg_sq" for every block b, in block order, in fp32 (a run resumes
+ * from them in any encoding and placement). With m and v in 8 bits or
+ * bf16, or Kahan's compensation, optimizer.image (issue 30) holds besides
+ * each optimizer shard's bytes as it keeps them (ostate_image_key): a run
+ * whose shard has the same key takes them back over the fp32 values, so
+ * it resumes bit for bit.
  *
  * Several ranks: ZeRO 0 ranks hold the same state, and rank 0 saves it as
  * one rank does. ZeRO 1-3: in the same directory each rank writes its
@@ -39,6 +44,9 @@
 #include "offload/ckpt_meta.h" /* defines: ckpt_state, ckpt_manifest */
 
 #define OPT_FILE "optimizer.safetensors"
+#define IMAGE_FILE "optimizer.image"
+#define IMAGE_MAGIC "zoffload optimizer image 1\n"
+#define IMAGE_IO ((size_t)1 << 20) /* bytes moved at once */
 #define MODEL_FILE "model.safetensors"
 #define LATEST_FILE "latest"
 
@@ -221,6 +229,57 @@ out_free:
     free(names);
     free(e);
     free(first);
+    return st;
+}
+
+/* The image file of a rank's optimizer file: optimizer.image, or
+ * optimizer-<r>-of-<N>.image beside a shard. */
+static void image_name(char *buf, size_t len, int rank, int ranks)
+{
+    if (!ranks) {
+        snprintf(buf, len, IMAGE_FILE);
+        return;
+    }
+    ckpt_shard_name(buf, len, rank, ranks);
+    char *dot = strrchr(buf, '.');
+    if (dot) snprintf(dot, len - (size_t)(dot - buf), ".image");
+}
+
+/* optimizer.image: a line naming the format, then for each shard with an
+ * image a line "<bytes> <key>" and its bytes. *written 0 (no file) when no
+ * shard has one. */
+static zo_status write_image(offload_ckpt *ck, const char *path, int *written)
+{
+    int n = ostate_images(ck->os), any = 0;
+    char key[160], line[200];
+    uint64_t bytes;
+    zo_status st;
+    *written = 0;
+    for (int i = 0; i < n; i++) {
+        ostate_image_key(ck->os, i, key, sizeof key, &bytes);
+        any |= bytes > 0;
+    }
+    if (!any) return ZO_OK;
+    void *buf;
+    if ((st = offload_host_alloc(ck->env, IMAGE_IO, 0, &buf)) != ZO_OK) return st;
+    zo_file_writer f;
+    if ((st = zo_file_create(&f, path)) != ZO_OK) goto out_free;
+    st = zo_file_append(&f, IMAGE_MAGIC, strlen(IMAGE_MAGIC));
+    for (int i = 0; i < n && st == ZO_OK; i++) {
+        ostate_image_key(ck->os, i, key, sizeof key, &bytes);
+        if (!bytes) continue;
+        int k = snprintf(line, sizeof line, "%llu %s\n", (unsigned long long)bytes, key);
+        st = zo_file_append(&f, line, (size_t)k);
+        for (uint64_t off = 0; off < bytes && st == ZO_OK; off += IMAGE_IO) {
+            size_t len = bytes - off < IMAGE_IO ? (size_t)(bytes - off) : IMAGE_IO;
+            if ((st = ostate_image_io(ck->os, i, off, len, buf, 0)) == ZO_OK) st = zo_file_append(&f, buf, len);
+        }
+    }
+    if (st == ZO_OK) st = zo_file_commit(&f);
+    else zo_file_abort(&f);
+    *written = st == ZO_OK;
+out_free:
+    offload_host_free(ck->env, buf, IMAGE_IO, 0);
     return st;
 }
 
@@ -465,7 +524,7 @@ static zo_status save_finish(offload_ckpt *ck, const save_dir *s, offload_dp *dp
     if (st != ZO_OK) return st;
     ckpt_manifest mf = {.layout = {.blocks = ck->g->nb, .params = ck->g->n, .dtype = ck->g->dtype,
                                    .state_version = CKPT_STATE_VERSION}};
-    mf.files = calloc((size_t)n_opt + 2, sizeof *mf.files);
+    mf.files = calloc(2 * (size_t)n_opt + 2, sizeof *mf.files);
     uint64_t *numel = NULL, *part = NULL;
     if (dp) {
         numel = calloc((size_t)ck->g->nb, sizeof *numel);
@@ -476,7 +535,9 @@ static zo_status save_finish(offload_ckpt *ck, const save_dir *s, offload_dp *dp
         goto out_free;
     }
     if (model && (st = ckpt_file_hash(s->tmp, MODEL_FILE, &mf.files[mf.n_files++])) != ZO_OK) goto out_free;
-    for (int r = 0; r < n_opt; r++) mf.files[mf.n_files++] = opt[r];
+    /* each rank's optimizer file and (where it wrote one) its image */
+    for (int r = 0; r < 2 * n_opt; r++)
+        if (opt[r].name[0]) mf.files[mf.n_files++] = opt[r];
     if ((st = ckpt_file_hash(s->tmp, CKPT_STATE_NAME, &mf.files[mf.n_files++])) != ZO_OK) goto out_free;
     if (dp) {
         /* rank r holds elements [r part, min(numel, (r + 1) part)) of a block */
@@ -523,11 +584,19 @@ static zo_status save_ckpt(offload_ckpt *ck, offload_dp *dp, const char *dir, co
     if (dp) ckpt_shard_name(file, sizeof file, rank, ranks);
     else snprintf(file, sizeof file, OPT_FILE);
     snprintf(path, sizeof path, "%s/%s", s.tmp, file);
-    ckpt_file_sum mine;
-    memset(&mine, 0, sizeof mine);
+    ckpt_file_sum mine[2];
+    memset(mine, 0, sizeof mine);
     if ((st = ostate_sync(ck->os)) == ZO_OK && (st = write_opt(ck, path)) == ZO_OK &&
         (st = ostate_sync(ck->os)) == ZO_OK)
-        st = ckpt_file_hash(s.tmp, file, &mine);
+        st = ckpt_file_hash(s.tmp, file, &mine[0]);
+    /* the encoded state as the shards hold it, when the fp32 values do not
+     * say it exactly */
+    int imaged = 0;
+    image_name(file, sizeof file, rank, dp ? ranks : 0);
+    snprintf(path, sizeof path, "%s/%s", s.tmp, file);
+    if (st == ZO_OK && (st = write_image(ck, path, &imaged)) == ZO_OK && imaged)
+        st = ostate_sync(ck->os);
+    if (st == ZO_OK && imaged) st = ckpt_file_hash(s.tmp, file, &mine[1]);
     /* the weights (a collective when they are partitioned) */
     if (writer) {
         snprintf(path, sizeof path, "%s/" MODEL_FILE, s.tmp);
@@ -536,9 +605,13 @@ static zo_status save_ckpt(offload_ckpt *ck, offload_dp *dp, const char *dir, co
         if (st == ZO_OK) st = sw;
     }
     st = dp_agree(dp, st, "offload_save");
-    ckpt_file_sum *sums = calloc((size_t)ranks, sizeof *sums);
+    ckpt_file_sum *sums = calloc(2 * (size_t)ranks, sizeof *sums);
     if (st == ZO_OK && !sums) st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
-    if (st == ZO_OK) st = dp ? offload_dp_gather(dp, &mine, sizeof mine, sums) : (sums[0] = mine, ZO_OK);
+    /* sums[r] rank r's optimizer file, sums[ranks + r] its image (one
+     * gather each: a gather moves OFFLOAD_GATHER_MAX bytes a rank) */
+    if (st == ZO_OK && dp) st = offload_dp_gather(dp, &mine[0], sizeof mine[0], sums);
+    if (st == ZO_OK && dp) st = offload_dp_gather(dp, &mine[1], sizeof mine[1], sums + ranks);
+    if (st == ZO_OK && !dp) sums[0] = mine[0], sums[1] = mine[1];
     if (rank == 0) {
         if (st == ZO_OK) st = save_finish(ck, &s, dp, meta, writer != NULL, sums, ranks);
         st = st == ZO_OK ? save_publish(ck, dir, &s) : save_abort(&s, st);
@@ -789,6 +862,73 @@ static zo_status check_checkpoint(const offload_ckpt *ck, const char *cdir, ckpt
     return st;
 }
 
+/* A line of the image file at *at (at most len - 1 bytes and its '\n'),
+ * without the '\n'; *at moves past it. */
+static zo_status image_line(int fd, const char *path, uint64_t *at, char *line, size_t len)
+{
+    ssize_t r = pread(fd, line, len - 1, (off_t)*at);
+    if (r < 0) return zo_error(ZO_ERR_IO, "%s: read at byte %llu: %s", path, (unsigned long long)*at, strerror(errno));
+    line[r] = 0;
+    char *nl = strchr(line, '\n');
+    if (!nl) return zo_error(ZO_ERR_FORMAT, "%s: byte %llu: no line of the image's format", path, (unsigned long long)*at);
+    *nl = 0;
+    *at += (uint64_t)(nl - line) + 1;
+    return ZO_OK;
+}
+
+/* This rank's optimizer image, where the checkpoint has one: each shard
+ * whose key it lists takes its bytes back (over the fp32 values just
+ * written); an image of another key (another placement, encoding, chunking
+ * or rank count) is passed over: the fp32 values stand. */
+static zo_status load_image(offload_ckpt *ck, const char *cdir, const ckpt_manifest *mf)
+{
+    const offload_dp *dp = ck->env->dp;
+    int ranks = mf->partition.ranks;
+    char name[64], path[4200], line[256], key[160];
+    if (ranks && (!dp || dp->size != ranks)) return ZO_OK;
+    image_name(name, sizeof name, dp && ranks ? dp->rank : 0, ranks);
+    if (!ckpt_manifest_find(mf, name)) return ZO_OK;
+    snprintf(path, sizeof path, "%s/%s", cdir, name);
+    int fd;
+    zo_status st = zo_file_open_regular(path, "a checkpoint's optimizer image", &fd);
+    if (st != ZO_OK) return st;
+    struct stat sb;
+    uint64_t at = 0, size = fstat(fd, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+    void *buf = NULL;
+    if ((st = image_line(fd, path, &at, line, sizeof line)) == ZO_OK && strcmp(line, "zoffload optimizer image 1"))
+        st = zo_error(ZO_ERR_FORMAT, "%s: not an optimizer image (\"%.40s\")", path, line);
+    if (st == ZO_OK) st = offload_host_alloc(ck->env, IMAGE_IO, 0, &buf);
+    while (st == ZO_OK && at < size) {
+        if ((st = image_line(fd, path, &at, line, sizeof line)) != ZO_OK) break;
+        char *end;
+        unsigned long long bytes = strtoull(line, &end, 10);
+        if (end == line || *end != ' ' || bytes > size - at) {
+            st = zo_error(ZO_ERR_FORMAT, "%s: \"%.60s\": not \"<bytes> <key>\" of an image within the file", path,
+                          line);
+            break;
+        }
+        int shard = -1;
+        uint64_t mine;
+        for (int i = 0; i < ostate_images(ck->os) && shard < 0; i++) {
+            ostate_image_key(ck->os, i, key, sizeof key, &mine);
+            if (mine == bytes && !strcmp(key, end + 1)) shard = i;
+        }
+        for (uint64_t off = 0; shard >= 0 && off < bytes && st == ZO_OK; off += IMAGE_IO) {
+            size_t len = bytes - off < IMAGE_IO ? (size_t)(bytes - off) : IMAGE_IO;
+            ssize_t r = pread(fd, buf, len, (off_t)(at + off));
+            if (r != (ssize_t)len)
+                st = zo_error(ZO_ERR_IO, "%s: read at byte %llu: %s", path, (unsigned long long)(at + off),
+                              r < 0 ? strerror(errno) : "end of file");
+            else
+                st = ostate_image_io(ck->os, shard, off, len, buf, 1);
+        }
+        at += bytes;
+    }
+    offload_host_free(ck->env, buf, IMAGE_IO, 0);
+    close(fd);
+    return st;
+}
+
 zo_status offload_ckpt_load(offload_ckpt *ck, const char *dir, offload_ckpt_meta *meta)
 {
     char cdir[4096];
@@ -831,6 +971,7 @@ zo_status offload_ckpt_load(offload_ckpt *ck, const char *dir, offload_ckpt_meta
         }
     }
     offload_host_free(ck->env, buf, 3 * C * 4, 0);
+    if (st == ZO_OK) st = load_image(ck, cdir, &mf);
     zo_status ss = ostate_sync(ck->os);
     if (st == ZO_OK) st = ss;
     ss = wstore_settle(ck->ws);

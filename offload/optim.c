@@ -96,22 +96,31 @@ static size_t range_piece(const offload_decay_range *r, int n, int b, size_t rel
     return stop;
 }
 
+/* From element `rel` of block b (the optimizer's coordinates: its part),
+ * the end of the run (at most `stop`) in one routed expert's range (its
+ * number in *expert) or between two (-1). */
+static size_t expert_run(const offload_optim *o, int b, size_t rel, size_t stop, int *expert)
+{
+    size_t base = offload_dp_part_first(o->env->dp, b);
+    int hit;
+    stop = range_piece(o->expert_at, o->m->n_expert_ranges, b, base + rel, base + stop, &hit);
+    *expert = hit >= 0 ? o->m->expert_ranges[hit].expert : -1;
+    return stop - base;
+}
+
 /* The piece of block b from `rel` (the optimizer's coordinates: its part)
  * that one AdamW call takes: cut at the decay ranges and at the experts'. */
 static size_t piece_part(const offload_optim *o, int b, size_t rel, size_t stop, int *decay, int *expert)
 {
     size_t base = offload_dp_part_first(o->env->dp, b);
     int hit;
-    stop = base + stop;
     if (o->m->decay) { /* (none given: every element decays) */
-        stop = range_piece(o->m->decay, o->m->n_decay, b, base + rel, stop, &hit);
+        stop = range_piece(o->m->decay, o->m->n_decay, b, base + rel, base + stop, &hit) - base;
         *decay = hit >= 0;
     } else {
         *decay = 1;
     }
-    stop = range_piece(o->expert_at, o->m->n_expert_ranges, b, base + rel, stop, &hit);
-    *expert = hit >= 0 ? o->m->expert_ranges[hit].expert : -1;
-    return stop - base;
+    return expert_run(o, b, rel, stop, expert);
 }
 
 /* Whether the piece of `expert` of block b is left as it is this step (no
@@ -235,10 +244,89 @@ static zo_status update_host(void *ctx, size_t first, size_t n, float *P, float 
     return ZO_OK;
 }
 
+/* The decay ranges of block b from element `rel` on (the optimizer's part
+ * of it, nb elements), as gpu_adam_state_update takes them: at most
+ * GPU_ADAM_DECAY_RANGES, relative to rel. Returns where the call ends:
+ * the block's end, or (more ranges than a call takes) the start of the
+ * 8-bit block (`align`) in which the ranges ran out; rel itself when one
+ * such block holds more ranges than a call takes. */
+static size_t decay_ranges(const offload_optim *o, int b, size_t rel, size_t nb, size_t align,
+                           gpu_adam_state_desc *d)
+{
+    size_t pos = rel;
+    d->n_decay = 0;
+    while (pos < nb) {
+        int decay, expert;
+        size_t stop = piece_part(o, b, pos, nb, &decay, &expert);
+        if (decay) {
+            if (d->n_decay == GPU_ADAM_DECAY_RANGES) break;
+            d->decay[d->n_decay][0] = pos - rel;
+            d->decay[d->n_decay][1] = stop - rel;
+            d->n_decay++;
+        }
+        pos = stop;
+    }
+    if (pos >= nb) return nb;
+    size_t end = align > 1 ? pos / align * align : pos;
+    int kept = 0; /* the ranges cut at the call's end */
+    for (int k = 0; k < d->n_decay; k++)
+        if (d->decay[k][0] < end - rel) {
+            d->decay[kept][0] = d->decay[k][0];
+            d->decay[kept][1] = d->decay[k][1] < end - rel ? d->decay[k][1] : end - rel;
+            kept++;
+        }
+    d->n_decay = kept;
+    return end;
+}
+
+/* The device shard's update of block b with m and v encoded (S: the
+ * block's state buffer): gpu_adam_state_update over calls of whole 8-bit
+ * blocks, each taking its decay ranges. */
+static zo_status update_dev_state(offload_optim *o, int b, float *P, void *S, float *G, gpu_tensor out,
+                                  gpu_stream_t s)
+{
+    size_t nb = o->og->numel[b], es = zo_dtype_size(out.dtype);
+    int q8 = o->cfg->opt_state == ZO_PLAN_STATE_8BIT;
+    size_t align = q8 ? ADAM_Q8_BLOCK : 1;
+    gpu_adam_state_desc d = {.type = q8 ? GPU_ADAM_STATE_Q8 : GPU_ADAM_STATE_BF16, .block = q8 ? ADAM_Q8_BLOCK : 0,
+                             .total = nb};
+    zo_status st;
+    for (size_t rel = 0; rel < nb;) {
+        /* a routed expert's range (or the run between two) at a time: its own step, or untouched */
+        int expert;
+        size_t xend = expert_run(o, b, rel, nb, &expert);
+        if (xend < nb && xend % align) /* (the capability table refuses 8-bit device state with experts) */
+            return zo_error(ZO_ERR_INTERNAL, "offload_step: device share, block %d: a routed expert's range ends "
+                            "at element %zu, inside an 8-bit block of m and v", b, xend);
+        gpu_adam_hparams h = o->hp;
+        if (expert_untouched(o, b, expert, &h.step)) { /* no token went to it: put back as it is */
+            gpu_tensor o16 = gpu_t(out.data ? (char *)out.data + rel * es : NULL, out.dtype);
+            if (o16.data && (st = gpu_cast(s, o16, gpu_t(P + rel, ZO_DTYPE_F32), xend - rel)) != ZO_OK) return st;
+            rel = xend;
+            continue;
+        }
+        while (rel < xend) {
+            size_t stop = decay_ranges(o, b, rel, xend, align, &d);
+            if (stop <= rel)
+                return zo_error(ZO_ERR_UNSUPPORTED, "offload_step: device share, block %d: more than %d decay "
+                                "ranges in the 8-bit block at element %zu", b, GPU_ADAM_DECAY_RANGES, rel);
+            d.first = rel;
+            gpu_tensor o16 = gpu_t(out.data ? (char *)out.data + rel * es : NULL, out.dtype);
+            st = gpu_adam_state_update(s, &h, &d, stop - rel, gpu_t(P + rel, ZO_DTYPE_F32),
+                                       gpu_t(G + rel, ZO_DTYPE_F32), S, o16);
+            if (st != ZO_OK)
+                return zo_error_wrap(st, "offload_step: device share, block %d elements %zu..%zu", b, rel, stop);
+            rel = stop;
+        }
+    }
+    return ZO_OK;
+}
+
 /* The device shard's update of block b, enqueued on s: gpu_adam_update
- * (cpu_adam's arithmetic) over each decay piece, the new weights written
- * where the store takes them from the device. */
-static zo_status update_dev(void *ctx, int b, float *P, float *M, float *V, float *G, gpu_stream_t s)
+ * (cpu_adam's arithmetic) over each decay piece, or gpu_adam_state_update
+ * over the encoded state S, the new weights written where the store takes
+ * them from the device. */
+static zo_status update_dev(void *ctx, int b, float *P, float *M, float *V, void *S, float *G, gpu_stream_t s)
 {
     step_ctx *c = ctx;
     offload_optim *o = c->o;
@@ -248,7 +336,11 @@ static zo_status update_dev(void *ctx, int b, float *P, float *M, float *V, floa
     char *dst;
     zo_status st = ws->ops->put_dev(ws, b, (void **)&dst);
     if (st != ZO_OK) return st;
-    for (size_t rel = 0; rel < nb;) {
+    if (S) {
+        st = update_dev_state(o, b, P, S, G, gpu_t(wide ? NULL : dst, o->m->dtype), s);
+        if (st != ZO_OK) return st;
+    }
+    for (size_t rel = 0; rel < nb && !S;) {
         int decay, expert;
         size_t stop = piece_part(o, b, rel, nb, &decay, &expert);
         gpu_adam_hparams h = o->hp;

@@ -6,9 +6,11 @@
  *   nvme     sub-groups in an NVMe store, updated by the pipelined step
  *            (read ahead || update || write behind); reads and writes from
  *            outside the step go through a cache of one sub-group
- *   device   three arrays and the fp32 gradient sums in device memory (whole
- *            blocks at the end of the index), updated by gpu_adam_update on
- *            the d2h stream while the host updates its shards
+ *   device   the master, m and v and the fp32 gradient sums in device memory
+ *            (whole blocks at the end of the index), updated by
+ *            gpu_adam_update (gpu_adam_state_update with m and v encoded:
+ *            a state buffer a block) on the d2h stream while the host
+ *            updates its shards
  *
  * The host and NVMe shards' gradient sums are one fp32 array in host
  * memory over their blocks (one block may straddle the two shards: its sum
@@ -66,6 +68,10 @@ typedef struct oshard_ops {
     void (*grad_sum)(oshard *sh, int b, oshard_sum *out);
     /* (optional) Zero the gradient sums it keeps, on stream s. */
     zo_status (*grad_zero)(oshard *sh, gpu_stream_t s);
+    /* (optional) Its image (ostate_image_key): the key and size; bytes
+     * [off, off + len) of it out or in (put). */
+    void (*image_key)(const oshard *sh, char *key, size_t len, uint64_t *bytes);
+    zo_status (*image_io)(oshard *sh, uint64_t off, size_t len, void *buf, int put);
     /* (optional) Add the sum of squares of the sums it keeps, block by
      * block; *bad_block gets the first of its blocks whose gradient holds
      * an inf or nan, and is left as it is when none does. */
@@ -90,7 +96,7 @@ typedef struct oshard_config {
     int swap_buffers;      /* NVMe pipeline buffers */
     int exact_stats;       /* device: a pinned block for exact clipping statistics */
     const char *nvme_dir;
-    zo_plan_opt_state state; /* host and NVMe: m and v's encoding */
+    zo_plan_opt_state state; /* m and v's encoding */
     zo_plan_master master;   /* host: fp32 master, or bf16 weights (+ Kahan compensation) */
     int master_in_place;     /* host, no master: the weights' store is W (else a copy) */
     uint16_t *master_at;     /* ... its bf16 weights of flat 0 (NULL: given by ostate_master_at) */
@@ -307,11 +313,23 @@ static zo_status mst_host(void *ctx, size_t first, size_t n, float *P, float *M,
     return st;
 }
 
+/* W + C as fp32 for a reader (checkpoints, weights out) whose value rounds
+ * to W again: a compensation of exactly half an ulp of W makes the sum a
+ * tie, which round to even may send to W's other neighbour; one fp32 ulp
+ * toward W settles it (so a checkpoint's weights are W, and its image
+ * gives back C exactly). */
+static void mst_decode_out(const host_shard *h, size_t r, size_t n, float *P)
+{
+    mst_decode(h, r, n, P);
+    for (size_t i = 0; h->C && i < n; i++)
+        if (zo_f32_to_bf16(P[i]) != h->W[r + i]) P[i] = nextafterf(P[i], zo_bf16_to_f32(h->W[r + i]));
+}
+
 static zo_status host_read(oshard *sh, size_t first, size_t n, float *P, float *M, float *V)
 {
     host_shard *h = (host_shard *)sh;
     size_t r = first - sh->first;
-    if (P && h->nomaster) mst_decode(h, r, n, P);
+    if (P && h->nomaster) mst_decode_out(h, r, n, P);
     else if (P) memcpy(P, h->P + r, n * 4);
     if (enc_on(&h->enc)) return enc_get(&h->enc, h->S, sh->n, r, n, M, V, h->sm, h->sv);
     if (M) memcpy(M, h->M + r, n * 4);
@@ -387,9 +405,34 @@ static void host_destroy(oshard *sh)
     free(h);
 }
 
+/* The image: the encoded state S, then Kahan's compensation C. */
+static void host_image_key(const oshard *sh, char *key, size_t len, uint64_t *bytes)
+{
+    const host_shard *h = (const host_shard *)sh;
+    *bytes = (enc_on(&h->enc) ? h->s_bytes : 0) + (h->C ? sh->n * 2 : 0);
+    snprintf(key, len, "cpu %zu+%zu %s chunk %zu%s", sh->first, sh->n, enc_on(&h->enc) ? adam_state_name(h->enc.kind) : "fp32",
+             h->enc.chunk, h->C ? " kahan" : "");
+}
+
+static zo_status host_image_io(oshard *sh, uint64_t off, size_t len, void *buf, int put)
+{
+    host_shard *h = (host_shard *)sh;
+    size_t sb = enc_on(&h->enc) ? h->s_bytes : 0;
+    for (size_t done = 0; done < len;) {
+        uint64_t at = off + done;
+        char *mem = at < sb ? (char *)h->S + at : (char *)h->C + (at - sb);
+        size_t k = at < sb && sb - at < len - done ? sb - at : len - done;
+        if (put) memcpy(mem, (char *)buf + done, k);
+        else memcpy((char *)buf + done, mem, k);
+        done += k;
+    }
+    return ZO_OK;
+}
+
 static const oshard_ops host_ops = {
     .read = host_read, .write = host_write, .sync = host_sync, .step = host_step,
-    .step_range = host_step_range, .grad_sum = host_side_sum, .free = host_destroy,
+    .step_range = host_step_range, .grad_sum = host_side_sum, .image_key = host_image_key,
+    .image_io = host_image_io, .free = host_destroy,
 };
 
 static zo_status host_create(oshard *sh, const oshard_config *c)
@@ -702,9 +745,42 @@ static void nvs_destroy(oshard *sh)
     free(s);
 }
 
+/* The image: every group's encoded m and v in group order (each group but
+ * the last the same size). */
+static void nvs_image_key(const oshard *sh, char *key, size_t len, uint64_t *bytes)
+{
+    const nvme_shard *s = (const nvme_shard *)sh;
+    *bytes = enc_on(&s->enc) ? enc_bytes(&s->enc, sh->n / s->group * s->group) + enc_bytes(&s->enc, sh->n % s->group) : 0;
+    snprintf(key, len, "nvme %zu+%zu %s group %zu chunk %zu", sh->first, sh->n,
+             enc_on(&s->enc) ? adam_state_name(s->enc.kind) : "fp32", s->group, s->enc.chunk);
+}
+
+static zo_status nvs_image_io(oshard *sh, uint64_t off, size_t len, void *buf, int put)
+{
+    nvme_shard *s = (nvme_shard *)sh;
+    size_t gb = enc_bytes(&s->enc, s->group), ng = nvme_pipeline_groups(s->pipe);
+    zo_status st;
+    for (size_t done = 0; done < len;) {
+        uint64_t at = off + done;
+        size_t g = at / gb < ng ? at / gb : ng - 1, f, n;
+        group_range(s, g, &f, &n);
+        size_t in = at - g * gb, k = enc_bytes(&s->enc, n) - in < len - done ? enc_bytes(&s->enc, n) - in : len - done;
+        if ((st = cache_take(s, g, 0)) != ZO_OK || (st = cache_complete(s)) != ZO_OK) return st;
+        if (put) {
+            memcpy((char *)s->cache[1] + in, (char *)buf + done, k);
+            s->dirty = 1;
+        } else {
+            memcpy((char *)buf + done, (char *)s->cache[1] + in, k);
+        }
+        done += k;
+    }
+    return ZO_OK;
+}
+
 static const oshard_ops nvs_ops = {
     .read = nvs_read, .write = nvs_write, .sync = nvs_sync, .step = nvs_step,
-    .step_range = nvs_step_range, .grad_sum = host_side_sum, .free = nvs_destroy,
+    .step_range = nvs_step_range, .grad_sum = host_side_sum, .image_key = nvs_image_key,
+    .image_io = nvs_image_io, .free = nvs_destroy,
 };
 
 static zo_status nvs_create(oshard *sh, const oshard_config *c)
@@ -763,9 +839,24 @@ static zo_status nvs_create(oshard *sh, const oshard_config *c)
 
 /* ---- device memory ---------------------------------------------------------------------------- */
 
+/* Values of m and v a device shard decodes or codes at a time in host
+ * memory (checkpoints, weights in and out): whole 8-bit blocks. */
+#define DEV_STAGE ((size_t)2 * ADAM_Q8_BLOCK)
+
 typedef struct dev_shard {
     oshard base;
-    float *P, *M, *V;     /* device [n] fp32 */
+    float *P, *M, *V;     /* device [n] fp32 (M, V: fp32 state only) */
+    /* m and v encoded (issue 30): each block's an adam_state buffer of its
+     * own (so 8-bit blocks start at the block's first element), block b's
+     * at S + s_off[b - b0]; a host state buffer of DEV_STAGE values and
+     * fp32 scratch to move them in and out */
+    adam_state_kind kind;
+    int enc;
+    char *S;
+    size_t *s_off;        /* [blocks + 1] */
+    void *stage;
+    size_t stage_bytes;
+    float *sm, *sv;
     float *G;             /* device [gn] fp32: the gradient sums over micro-batches (sums->off from b0) */
     size_t gn;
     int b0;               /* its first block (whole blocks to the end) */
@@ -799,10 +890,77 @@ static zo_status dev_wait(dev_shard *d, offload_time_part part)
     return st;
 }
 
+/* The parts of chunk [c0, c0 + len) of block b's encoded state: byte
+ * offsets and lengths in the device buffer (dev) and in a host state
+ * buffer of len values (host), m, v and (8-bit) the two absmax parts. */
+static int dev_chunk_parts(const dev_shard *d, int b, size_t c0, size_t len, size_t dev[4], size_t host[4],
+                           size_t bytes[4])
+{
+    adam_state_layout lb, lc;
+    adam_state_layout_of(d->kind, d->base.g->numel[b], &lb);
+    adam_state_layout_of(d->kind, len, &lc);
+    size_t es = d->kind.type == ADAM_STATE_BF16 ? 2 : 1, base = d->s_off[b - d->b0];
+    size_t q0 = d->kind.block ? c0 / d->kind.block : 0;
+    dev[0] = base + lb.off_m + es * c0, host[0] = lc.off_m, bytes[0] = es * len;
+    dev[1] = base + lb.off_v + es * c0, host[1] = lc.off_v, bytes[1] = es * len;
+    dev[2] = base + lb.off_absmax_m + 4 * q0, host[2] = lc.off_absmax_m, bytes[2] = 4 * lc.n_blocks;
+    dev[3] = base + lb.off_absmax_v + 4 * q0, host[3] = lc.off_absmax_v, bytes[3] = 4 * lc.n_blocks;
+    return d->kind.type == ADAM_STATE_Q8 ? 4 : 2;
+}
+
+/* Chunk [c0, c0 + len) of block b between the device and the stage, then
+ * (get) decoded into sm, sv, or (put, from sm, sv) coded first. */
+static zo_status dev_chunk_move(dev_shard *d, int b, size_t c0, size_t len, int put)
+{
+    const offload_env *env = d->base.env;
+    size_t dv[4], hs[4], by[4];
+    int parts = dev_chunk_parts(d, b, c0, len, dv, hs, by);
+    zo_status st;
+    if (put && (st = adam_state_from_f32(d->kind, d->stage, len, d->sm, d->sv, env->n_threads)) != ZO_OK) return st;
+    for (int k = 0; k < parts; k++) {
+        st = put ? gpu_memcpy_async(env->h2d, d->S + dv[k], (char *)d->stage + hs[k], by[k], GPU_COPY_HOST_TO_DEVICE)
+                 : gpu_memcpy_async(env->d2h, (char *)d->stage + hs[k], d->S + dv[k], by[k], GPU_COPY_DEVICE_TO_HOST);
+        if (st != ZO_OK) return st;
+    }
+    if (put) return gpu_stream_synchronize(env->h2d);
+    if ((st = dev_wait(d, OFFLOAD_TIME_OPTIMIZER)) != ZO_OK) return st;
+    return adam_state_to_f32(d->kind, d->stage, len, d->sm, d->sv, env->n_threads);
+}
+
+/* Encoded m and v of flat [first, first + n) out (M, V; either NULL:
+ * skipped) or in (cM, cV; NULL: zeros), a chunk of whole 8-bit blocks of
+ * one block at a time. */
+static zo_status dev_enc_io(dev_shard *d, size_t first, size_t n, float *M, float *V, const float *cM,
+                            const float *cV, int put)
+{
+    const offload_geom *g = d->base.g;
+    zo_status st;
+    if (!put && !M && !V) return ZO_OK;
+    for (size_t pos = first, end = first + n; pos < end;) {
+        int b = offload_block_of(g, pos);
+        size_t rel = pos - g->off[b], nb = g->numel[b];
+        size_t c0 = rel / DEV_STAGE * DEV_STAGE, len = nb - c0 < DEV_STAGE ? nb - c0 : DEV_STAGE;
+        size_t stop = end - g->off[b] < c0 + len ? end - g->off[b] : c0 + len, k = stop - rel;
+        size_t at = pos - first;
+        /* (a write of the whole chunk needs nothing from it) */
+        if ((!put || rel > c0 || stop < c0 + len) && (st = dev_chunk_move(d, b, c0, len, 0)) != ZO_OK) return st;
+        if (put) {
+            copy_or_zero(d->sm + (rel - c0), cM ? cM + at : NULL, k);
+            copy_or_zero(d->sv + (rel - c0), cV ? cV + at : NULL, k);
+            if ((st = dev_chunk_move(d, b, c0, len, 1)) != ZO_OK) return st;
+        } else {
+            if (M) memcpy(M + at, d->sm + (rel - c0), k * 4);
+            if (V) memcpy(V + at, d->sv + (rel - c0), k * 4);
+        }
+        pos += k;
+    }
+    return ZO_OK;
+}
+
 static zo_status dev_read(oshard *sh, size_t first, size_t n, float *P, float *M, float *V)
 {
     dev_shard *d = (dev_shard *)sh;
-    float *out[3] = {P, M, V};
+    float *out[3] = {P, d->enc ? NULL : M, d->enc ? NULL : V};
     size_t r = first - sh->first;
     zo_status st;
     if (!n) return ZO_OK;
@@ -810,7 +968,8 @@ static zo_status dev_read(oshard *sh, size_t first, size_t n, float *P, float *M
         if (out[a] && (st = gpu_memcpy_async(sh->env->d2h, out[a], dev_array(d, a) + r, n * 4,
                                              GPU_COPY_DEVICE_TO_HOST)) != ZO_OK)
             return st;
-    return dev_wait(d, OFFLOAD_TIME_OPTIMIZER);
+    if ((st = dev_wait(d, OFFLOAD_TIME_OPTIMIZER)) != ZO_OK) return st;
+    return d->enc ? dev_enc_io(d, first, n, M, V, NULL, NULL, 0) : ZO_OK;
 }
 
 static zo_status dev_write(oshard *sh, size_t first, size_t n, const float *P, const float *M,
@@ -822,14 +981,15 @@ static zo_status dev_write(oshard *sh, size_t first, size_t n, const float *P, c
     size_t r = first - sh->first;
     zo_status st;
     if (!n) return ZO_OK;
-    for (int a = 0; a < 3; a++) {
+    for (int a = 0; a < (d->enc ? 1 : 3); a++) {
         float *dst = dev_array(d, a) + r;
         if (in[a]) st = gpu_memcpy_async(s, dst, in[a], n * 4, GPU_COPY_HOST_TO_DEVICE);
         else if (a) st = gpu_memset_async(s, dst, 0, n * 4);
         else continue;
         if (st != ZO_OK) return st;
     }
-    return gpu_stream_synchronize(s);
+    if ((st = gpu_stream_synchronize(s)) != ZO_OK) return st;
+    return d->enc ? dev_enc_io(d, first, n, NULL, NULL, M, V, 1) : ZO_OK;
 }
 
 static zo_status dev_sync(oshard *sh)
@@ -849,7 +1009,9 @@ static zo_status dev_step(oshard *sh, const oshard_update *u)
     for (int b = d->b0; b < g->nb; b++) {
         size_t r = g->off[b] - sh->first;
         if (!g->numel[b]) continue;
-        if ((st = u->dev(u->ctx, b, d->P + r, d->M + r, d->V + r, grad_block(d, b), s)) != ZO_OK) return st;
+        float *M = d->enc ? NULL : d->M + r, *V = d->enc ? NULL : d->V + r;
+        void *S = d->enc ? d->S + d->s_off[b - d->b0] : NULL;
+        if ((st = u->dev(u->ctx, b, d->P + r, M, V, S, grad_block(d, b), s)) != ZO_OK) return st;
     }
     if ((st = gpu_event_record(d->done, s)) != ZO_OK) return st;
     d->pending = 1;
@@ -958,16 +1120,80 @@ static void dev_destroy(oshard *sh)
      * failed): they finish before their arrays go */
     if (sh->env->h2d) gpu_stream_synchronize(sh->env->h2d);
     for (int a = 0; a < 4; a++) gpu_mem_free(dev, dev_array(d, a));
+    gpu_mem_free(dev, d->S);
+    free(d->s_off);
+    if (d->enc) {
+        offload_host_free(sh->env, d->stage, d->stage_bytes, 0);
+        offload_host_free(sh->env, d->sm, DEV_STAGE * 4, 0);
+        offload_host_free(sh->env, d->sv, DEV_STAGE * 4, 0);
+    }
     gpu_mem_free(dev, d->stats);
     offload_host_free(sh->env, d->stats_host, sh->g->largest * 4, 1);
     if (d->done) gpu_event_destroy(d->done);
     free(d);
 }
 
+/* The image: every block's state buffer, in block order. */
+static void dev_image_key(const oshard *sh, char *key, size_t len, uint64_t *bytes)
+{
+    const dev_shard *d = (const dev_shard *)sh;
+    *bytes = d->enc ? d->s_off[sh->g->nb - d->b0] : 0;
+    snprintf(key, len, "gpu %zu+%zu %s", sh->first, sh->n, d->enc ? adam_state_name(d->kind) : "fp32");
+}
+
+static zo_status dev_image_io(oshard *sh, uint64_t off, size_t len, void *buf, int put)
+{
+    dev_shard *d = (dev_shard *)sh;
+    const offload_env *env = sh->env;
+    zo_status st;
+    if (put) {
+        if ((st = gpu_memcpy_async(env->h2d, d->S + off, buf, len, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK) return st;
+        return gpu_stream_synchronize(env->h2d);
+    }
+    if ((st = gpu_memcpy_async(env->d2h, buf, d->S + off, len, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK) return st;
+    return dev_wait(d, OFFLOAD_TIME_OPTIMIZER);
+}
+
 static const oshard_ops dev_ops = {
     .read = dev_read, .write = dev_write, .sync = dev_sync, .step = dev_step, .grad_sum = dev_grad_sum,
-    .grad_zero = dev_grad_zero, .grad_stats = dev_grad_stats, .free = dev_destroy,
+    .grad_zero = dev_grad_zero, .grad_stats = dev_grad_stats, .image_key = dev_image_key,
+    .image_io = dev_image_io, .free = dev_destroy,
 };
+
+/* m and v encoded: every block's state buffer (zero state: 8-bit m codes
+ * at the map's 0, everything else 0) and the host stage. */
+static zo_status dev_enc_create(dev_shard *d, zo_plan_opt_state state)
+{
+    const offload_env *env = d->base.env;
+    const offload_geom *g = d->base.g;
+    int nblk = g->nb - d->b0;
+    zo_status st;
+    d->enc = 1;
+    d->kind = state == ZO_PLAN_STATE_BF16 ? adam_state_bf16() : adam_state_q8(ADAM_Q8_BLOCK);
+    d->s_off = calloc((size_t)nblk + 1, sizeof *d->s_off);
+    if (!d->s_off) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    for (int i = 0; i < nblk; i++)
+        d->s_off[i + 1] = d->s_off[i] + ((size_t)adam_state_bytes(d->kind, g->numel[d->b0 + i]) + 63) / 64 * 64;
+    size_t bytes = d->s_off[nblk];
+    if (bytes && (st = gpu_mem_alloc(env->dev, bytes, (void **)&d->S)) != ZO_OK)
+        return zo_error_wrap(st, "offload_init: optimizer on the device: %s m and v of %zu elements",
+                             adam_state_name(d->kind), d->base.n);
+    if (bytes && (st = gpu_memset_async(env->h2d, d->S, 0, bytes)) != ZO_OK) return st;
+    for (int i = 0; i < nblk && d->kind.type == ADAM_STATE_Q8; i++) {
+        adam_state_layout l;
+        adam_state_layout_of(d->kind, g->numel[d->b0 + i], &l);
+        if (l.n && (st = gpu_memset_async(env->h2d, d->S + d->s_off[i] + l.off_m, ADAM_Q8_ZERO_M_CODE, l.n)) != ZO_OK)
+            return st;
+    }
+    d->stage_bytes = (size_t)adam_state_bytes(d->kind, DEV_STAGE);
+    void **arr[3] = {&d->stage, (void **)&d->sm, (void **)&d->sv};
+    size_t sz[3] = {d->stage_bytes, DEV_STAGE * 4, DEV_STAGE * 4};
+    for (int i = 0; i < 3; i++)
+        if ((st = offload_host_alloc(env, sz[i], 0, arr[i])) != ZO_OK)
+            return zo_error_wrap(st, "offload_init: optimizer on the device: host stage of its %s m and v",
+                                 adam_state_name(d->kind));
+    return ZO_OK;
+}
 
 static zo_status dev_create(oshard *sh, const oshard_config *c)
 {
@@ -981,8 +1207,10 @@ static zo_status dev_create(oshard *sh, const oshard_config *c)
     const char *what[4] = {"fp32 master", "m", "v", "fp32 gradient sums"};
     d->gn = sh->sums->off[sh->g->nb] - sh->sums->off[d->b0];
     sh->enqueued = 1;
+    if (c->state != ZO_PLAN_STATE_FP32 && (st = dev_enc_create(d, c->state)) != ZO_OK) return st;
     for (int a = 0; a < 4; a++) {
-        size_t n = a < 3 ? sh->n : d->gn;
+        size_t n = a == 3 ? d->gn : a == 0 || !d->enc ? sh->n : 0;
+        if (!n) continue;
         if ((st = gpu_mem_alloc(env->dev, n * 4, (void **)arr[a])) != ZO_OK)
             return zo_error_wrap(st, "offload_init: optimizer on the device: %s of %zu elements", what[a], n);
         if ((st = gpu_memset_async(env->h2d, *arr[a], 0, n * 4)) != ZO_OK) return st;
@@ -1210,6 +1438,10 @@ void ostate_bytes(const ostate *os, uint64_t bytes[OFFLOAD_TIERS])
             uint64_t p = h->nomaster ? sh->n * ((h->in_place ? 0 : 2) + (h->C ? 2 : 0)) : sh->n * 4;
             b = p + (enc_on(&h->enc) ? h->s_bytes : sh->n * 8);
         }
+        if (sh->tier == OFFLOAD_DEVICE && ((const dev_shard *)sh)->enc) {
+            const dev_shard *d = (const dev_shard *)sh;
+            b = sh->n * 4 + d->s_off[sh->g->nb - d->b0];
+        }
 #ifdef ZO_OFFLOAD_HAVE_NVME
         if (sh->tier == OFFLOAD_NVME && enc_on(&((const nvme_shard *)sh)->enc))
             b = sh->n * 4 + enc_bytes(&((const nvme_shard *)sh)->enc, sh->n);
@@ -1235,6 +1467,28 @@ zo_status ostate_step_host(ostate *os, const oshard_update *u)
     for (int i = 0; i < os->n_sh; i++)
         if (!os->sh[i]->enqueued && (st = os->sh[i]->ops->step(os->sh[i], u)) != ZO_OK) return st;
     return ZO_OK;
+}
+
+int ostate_images(const ostate *os) { return os->n_sh; }
+
+void ostate_image_key(const ostate *os, int i, char *key, size_t len, uint64_t *bytes)
+{
+    const oshard *sh = os->sh[i];
+    *bytes = 0;
+    key[0] = 0;
+    if (sh->ops->image_key) sh->ops->image_key(sh, key, len, bytes);
+}
+
+zo_status ostate_image_io(ostate *os, int i, uint64_t off, size_t len, void *buf, int put)
+{
+    oshard *sh = os->sh[i];
+    uint64_t bytes;
+    char key[160];
+    ostate_image_key(os, i, key, sizeof key, &bytes);
+    if (off > bytes || len > bytes - off)
+        return zo_error(ZO_ERR_INTERNAL, "offload: bytes %llu..%llu of a %llu-byte image (%s)", (unsigned long long)off,
+                        (unsigned long long)(off + len), (unsigned long long)bytes, key);
+    return len ? sh->ops->image_io(sh, off, len, buf, put) : ZO_OK;
 }
 
 zo_status ostate_step_block(ostate *os, int b, const oshard_update *u)

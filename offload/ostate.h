@@ -21,8 +21,11 @@
 typedef struct oshard_update {
     /* host state of flat [first, first + n): master P, moments M and V */
     zo_status (*host)(void *ctx, size_t first, size_t n, float *P, float *M, float *V);
-    /* device state of block b: P, M, V and the fp32 gradient sum G, on `s` */
-    zo_status (*dev)(void *ctx, int b, float *P, float *M, float *V, float *G, gpu_stream_t s);
+    /* device state of block b: P, the moments (fp32 M and V; or, with
+     * m and v encoded, S: the block's state buffer, the layout of
+     * cpu_adam's adam_state over the block's elements) and the fp32
+     * gradient sum G, on `s` */
+    zo_status (*dev)(void *ctx, int b, float *P, float *M, float *V, void *S, float *G, gpu_stream_t s);
     void *ctx;
 } oshard_update;
 
@@ -45,7 +48,7 @@ typedef struct ostate_config {
     int swap_buffers;      /* NVMe pipeline buffers */
     int exact_stats;       /* device: a pinned block for exact clipping statistics */
     const char *nvme_dir;
-    zo_plan_opt_state state; /* m and v in host memory and on NVMe: fp32, bf16, 8-bit */
+    zo_plan_opt_state state; /* m and v in every shard: fp32, bf16, 8-bit */
     zo_plan_master master;   /* host: an fp32 master, or bf16 weights (+ a bf16 Kahan compensation) */
     /* without an fp32 master: the host shard's weights are kept in place in
      * a store of the weights in host memory over the optimizer's geometry
@@ -73,6 +76,21 @@ zo_status ostate_get_block(ostate *os, int b, size_t numel, float *w);
 void ostate_master_at(ostate *os, uint16_t *w);
 /* Bytes of state (master, m and v in their encoding) per tier. */
 void ostate_bytes(const ostate *os, uint64_t bytes[OFFLOAD_TIERS]);
+
+/* ---- the encoded state as it is (checkpoints: an exact resume) --------------------------
+ *
+ * What the fp32 values of ostate_read do not say exactly: each shard's
+ * 8-bit or bf16 m and v as it holds them (8-bit blocks re-coded from their
+ * decoded values take another absmax when a block's largest m is negative),
+ * and Kahan's bf16 compensation. Shard i's image is `bytes` bytes, named by
+ * `key`: its tier, range, encoding and how it cuts it into chunks (an
+ * image fits only a shard of the same key); 0 bytes when it holds nothing
+ * of the kind (fp32 state, a master). */
+int ostate_images(const ostate *os);
+void ostate_image_key(const ostate *os, int i, char *key, size_t len, uint64_t *bytes);
+/* Bytes [off, off + len) of shard i's image into buf, or (put) from buf:
+ * after ostate_write of the same range's fp32 values, which it refines. */
+zo_status ostate_image_io(ostate *os, int i, uint64_t off, size_t len, void *buf, int put);
 
 /* ---- the step ---------------------------------------------------------------------------- */
 

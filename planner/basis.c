@@ -260,6 +260,7 @@ static const plan_json_field node_fields[] = {
     H("cpu_mem", cpu_mem, U64),    H("cpu_mem_bw", cpu_mem_bw, DOUBLE),
     H("cpu_cores", cpu_cores, INT), H("nvme", nvme, U64),
     H("nvme_read_bw", nvme_read_bw, DOUBLE), H("nvme_write_bw", nvme_write_bw, DOUBLE),
+    H("nvme_read_bw_busy", nvme_read_bw_busy, DOUBLE),
     H("nvlink_bw", nvlink_bw, DOUBLE), H("peers_via_host", peers_via_host, INT),
 };
 #undef H

@@ -1,6 +1,8 @@
 #include "calibrate.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,6 +112,37 @@ out_free:
 }
 
 #ifdef ZO_HAVE_NVME_ENGINE
+#ifdef ZO_HAVE_NVME_ENGINE
+/* A compute load for the cores while the disk is read (the busy read
+ * rate): the triad on `threads` OpenMP threads, over and over, until told
+ * to stop. Memory-bound, as a generated token's forward is. */
+typedef struct busy_load {
+    float *a, *b, *c;
+    size_t n;
+    int threads;
+    atomic_int stop;
+} busy_load;
+
+static void *busy_run(void *arg)
+{
+    busy_load *l = arg;
+    while (!atomic_load(&l->stop)) triad(l->a, l->b, l->c, l->n, 0.5f, l->threads);
+    return NULL;
+}
+
+/* Read every tensor `passes` times: bytes/s of all of them over all the time. */
+static zo_status read_passes(nvme_store_t *s, const int *ids, size_t n, size_t tensor, int passes, void *buf,
+                             double *rd)
+{
+    zo_status st = ZO_OK;
+    double t0 = zo_now();
+    for (int pass = 0; pass < passes; pass++)
+        for (size_t i = 0; i < n && !st; i++) st = nvme_store_read(s, ids[i], buf);
+    *rd = (double)passes * (double)(n * tensor) / (zo_now() - t0);
+    return st;
+}
+#endif
+
 /* Write `nvme_bytes` to a swap store under dir as tensors of
  * `nvme_tensor_bytes`, then read them back one tensor at a time: the way the
  * runtime's weight store (offload/wstore.c) moves a block. Same engine
@@ -118,10 +151,13 @@ out_free:
  * each read); bytes/s of each, the read sustained over nvme_reads passes
  * (all their bytes over all their time: what a run reading the weights
  * token after token gets from a disk whose rate swings pass to pass, not
- * its best pass).
+ * its best pass); then as many passes again while the triad runs on
+ * `threads` threads (*rd_busy: the rate a read gets beside a forward, the
+ * reading thread and its checksums sharing the cores with the compute).
  * The buffer is the engine's (4 KiB aligned), so every request is O_DIRECT:
  * the disk's rate, not the page cache's. */
-static zo_status measure_nvme(const plan_calibrate_opts *o, double *rd, double *wr, int *direct)
+static zo_status measure_nvme(const plan_calibrate_opts *o, int threads, double *rd, double *rd_busy, double *wr,
+                              int *direct)
 {
     nvme_engine_t *e = NULL;
     nvme_store_t *s = NULL;
@@ -162,11 +198,30 @@ static zo_status measure_nvme(const plan_calibrate_opts *o, double *rd, double *
     if (st) goto out_buf;
     *wr = (double)(n * tensor) / (zo_now() - t0);
     int passes = o->nvme_reads > 1 ? o->nvme_reads : 1;
-    t0 = zo_now();
-    for (int pass = 0; pass < passes; pass++)
-        for (size_t i = 0; i < n && !st; i++) st = nvme_store_read(s, ids[i], buf);
+    if ((st = read_passes(s, ids, n, tensor, passes, buf, rd)) != ZO_OK) goto out_buf;
+    /* the same passes beside the triad on every thread */
+    busy_load l = {.n = o->stream_bytes / sizeof(float), .threads = threads};
+    l.a = aligned_alloc(64, l.n * sizeof(float));
+    l.b = aligned_alloc(64, l.n * sizeof(float));
+    l.c = aligned_alloc(64, l.n * sizeof(float));
+    pthread_t load;
+    int rc = -1;
+    if (l.a && l.b && l.c) {
+        for (size_t i = 0; i < l.n; i++) l.a[i] = 0, l.b[i] = 1, l.c[i] = 2;
+        rc = pthread_create(&load, NULL, busy_run, &l);
+    }
+    if (rc) {
+        st = zo_error(ZO_ERR_NOMEM, "calibrate: the compute load beside the NVMe reads (%zu bytes, a thread)",
+                      3 * l.n * sizeof(float));
+    } else {
+        st = read_passes(s, ids, n, tensor, passes, buf, rd_busy);
+        atomic_store(&l.stop, 1);
+        pthread_join(load, NULL);
+    }
+    free(l.a);
+    free(l.b);
+    free(l.c);
     if (st) goto out_buf;
-    *rd = (double)passes * (double)(n * tensor) / (zo_now() - t0);
     if (((unsigned char *)buf)[tensor - 1] != 0x5a)
         st = zo_error(ZO_ERR_CHECKSUM, "calibrate: %s read back other bytes than written",
                       nvme_file_path(e, nvme_store_file_id(s, 0)));
@@ -218,7 +273,9 @@ zo_status plan_calibrate_run(const plan_calibrate_opts *o, plan_hw *hw)
     if (o->nvme_dir) {
 #ifdef ZO_HAVE_NVME_ENGINE
         int direct = 0;
-        if ((st = measure_nvme(o, &hw->nvme_read_bw, &hw->nvme_write_bw, &direct)) != ZO_OK) return st;
+        if ((st = measure_nvme(o, threads, &hw->nvme_read_bw, &hw->nvme_read_bw_busy, &hw->nvme_write_bw,
+                               &direct)) != ZO_OK)
+            return st;
         snprintf(nvme_note, sizeof nvme_note, "NVMe rates measured in %s%s", o->nvme_dir,
                  direct ? " (O_DIRECT)" : " (buffered: the file system refused O_DIRECT)");
 #else

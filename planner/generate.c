@@ -8,6 +8,7 @@
 #include "planner/generate.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/nf4.h" /* defines: zo_nf4_bytes */
@@ -120,12 +121,13 @@ static double roofline(const plan_hw *hw, zo_dtype dt, double F, double bytes)
 }
 
 /* The GPU's work of one forward over `rows` new tokens a sequence (batch
- * sequences), each query reading `keys` cache rows on average: the layers'
- * matmuls (and, with adapters, theirs; with QLoRA each weight dequantized
- * first), the attention over the cache, the elementwise passes, the head
- * on one row a sequence. */
+ * sequences), each query reading `keys` cache rows on average, per block:
+ * part[0] the embedding, part[1] one layer (its matmuls and, with
+ * adapters, theirs; with QLoRA each weight dequantized first; the
+ * attention over the cache; the elementwise passes), part[2] the head on
+ * one row a sequence. Returns the whole forward's. */
 static double forward_time(const zo_model_config *m, const plan_hw *hw, const plan_gen *g, double rows,
-                           double keys, const zo_lora_module *mods, int n_mods)
+                           double keys, const zo_lora_module *mods, int n_mods, double part[3])
 {
     const double B = g->batch, es = (double)zo_dtype_size(g->dtype), M = B * rows;
     const double h = m->hidden, f = m->ffn, d = m->head_dim, hq = m->n_heads, hkv = m->n_kv_heads;
@@ -154,7 +156,83 @@ static double forward_time(const zo_model_config *m, const plan_hw *hw, const pl
     double V = m->vocab;
     double head = roofline(hw, g->dtype, 2 * B * h * V, V * h * es + B * (h * es + V * 4));
     double embed = 2 * M * h * es / (hw->hbm_bw * hw->hbm_eff);
+    part[0] = embed, part[1] = layer, part[2] = head;
     return m->n_layers * layer + head + embed;
+}
+
+/* ---- the pipeline ------------------------------------------------------------------ */
+
+/* What one block costs the pipeline, by its kind (embedding, a layer, the
+ * head), in seconds: reading its weights from disk (at the idle rate),
+ * copying them to the device, its compute in the prompts' forward and in a
+ * token's. (A tied head's reuse of the embedding block is not modelled:
+ * each block is moved once a forward, as stream_bytes counts.) */
+typedef struct sim_block {
+    double disk, copy, prompt, token;
+} sim_block;
+
+/* the prompts' forward, then tokens: the two before the last are the
+ * steady state (the last reads nothing ahead for a token after it) */
+#define SIM_TOKENS 6
+
+/* The runtime's schedule of a generation (offload/stream.c), block by block
+ * over the prompts' forward and SIM_TOKENS - 1 tokens. The host thread, at
+ * each block: waits until the block two back has run; prefetches up to
+ * `depth` blocks ahead, reading each streamed block from disk itself
+ * (synchronously, into a read-ahead buffer, after that buffer's last copy)
+ * and queueing its copy to a device slot (after the read, the copies before
+ * it, and the compute of the block that last held the slot, `slots` back);
+ * waits for this block's copy; queues its compute (after the block before
+ * it). At each forward's end it waits for the logits (it samples the next
+ * token from them), so nothing past the next forward's first `depth`
+ * blocks is read or copied until the head has run: the logits wait. A read
+ * takes its idle time x `busy_factor` (the disk beside the forward) once
+ * the forward has started, its idle time before (the prompts' first
+ * blocks, read before any compute is queued). On the CPU backend (`host`)
+ * copies and compute share the cores: one resource taking them in the
+ * order they are queued. Returns the end of the prompts' forward (*ttft)
+ * and the time a token in the steady state (*token). */
+static zo_status simulate(const sim_block kind[3], int n_layers, int depth, int slots, double busy_factor, int host,
+                          double *ttft, double *token)
+{
+    int nb = n_layers + 2, np = SIM_TOKENS * nb;
+    double *R = malloc(3 * (size_t)np * sizeof *R), *C = R + np, *F = C + np; /* read, copy, compute: ends */
+    if (!R) return zo_error(ZO_ERR_NOMEM, "memplan generate: the schedule of %d blocks: out of memory", np);
+    double H = 0, D = 0, end[SIM_TOKENS]; /* the host thread's time, when the CPU backend's cores are free */
+#define KIND(q) (&kind[(q) % nb == 0 ? 0 : (q) % nb == nb - 1 ? 2 : 1])
+#define MAX2(a, b) ((a) > (b) ? (a) : (b))
+    int next = 0; /* the next position to fetch */
+    for (int p = 0; p < np; p++) {
+        int t = p / nb;
+        if (p >= 2) H = MAX2(H, F[p - 2]);
+        for (; next < np && next <= p + depth; next++) {
+            int q = next;
+            const sim_block *k = KIND(q);
+            if (k->disk > 0) {
+                if (q >= slots) H = MAX2(H, C[q - slots]); /* the read-ahead buffer's last copy */
+                H += k->disk * (p > 0 ? busy_factor : 1.0);
+            }
+            R[q] = H;
+            double start = MAX2(R[q], q >= slots ? F[q - slots] : 0.0);
+            start = MAX2(start, host ? D : q > 0 ? C[q - 1] : 0.0);
+            C[q] = start + k->copy;
+            if (host) D = C[q];
+        }
+        H = MAX2(H, C[p]); /* the weights are on the device */
+        double start = MAX2(H, p > 0 ? F[p - 1] : 0.0);
+        F[p] = MAX2(start, host ? D : 0.0) + (t ? KIND(p)->token : KIND(p)->prompt);
+        if (host) D = F[p];
+        if (p % nb == nb - 1) { /* the logits: the host samples the next token */
+            end[t] = F[p];
+            H = MAX2(H, F[p]);
+        }
+    }
+#undef KIND
+#undef MAX2
+    free(R);
+    *ttft = end[0];
+    *token = (end[SIM_TOKENS - 2] - end[SIM_TOKENS - 4]) / 2.0;
+    return ZO_OK;
 }
 
 /* The "GPU" is the host's CPU (plan_hw_cpu_backend's description of the CPU
@@ -268,22 +346,48 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
     /* a token: one row a sequence against the cache, on average halfway */
     double keys = g->prompt + (g->new_tokens - 1) / 2.0 + 1.0;
     e->kv_read = (uint64_t)((double)g->batch * keys * 2.0 * (double)L * m->n_kv_heads * m->head_dim * es);
-    e->compute_s = forward_time(m, hw, g, 1.0, keys, mods, n_mods);
+    double tok_part[3], prompt_part[3];
+    e->compute_s = forward_time(m, hw, g, 1.0, keys, mods, n_mods, tok_part);
+    double device = e->compute_s + (device_is_host(hw) ? pcie : 0.0);
+    /* On the CPU backend the reads share the cores with the forward: while
+     * the cores compute (the device's work of a token, or all of the reads
+     * when that is longer) the disk gives its busy rate (calibrate's read
+     * beside a triad on every thread), the rest of the time its idle rate:
+     * N / idle + overlap x (1 - busy / idle) for N bytes. A GPU's forward
+     * leaves the host's cores alone: the idle rate. */
+    double disk_idle = disk;
+    if (device_is_host(hw) && disk > 0 && hw->nvme_read_bw_busy > 0 && hw->nvme_read_bw_busy < hw->nvme_read_bw) {
+        double all_busy = e->nvme_bytes / hw->nvme_read_bw_busy;
+        disk += (device < all_busy ? device : all_busy) * (1.0 - hw->nvme_read_bw_busy / hw->nvme_read_bw);
+    }
     /* the disk, the host link and the GPU work on different blocks at once
      * (prefetch): the busiest sets the pace. On the CPU backend the copies
      * run on the cores and the memory the compute runs on: one resource */
     e->link_s = pcie > disk ? pcie : disk;
-    double device = e->compute_s + (device_is_host(hw) ? pcie : 0.0), link = device_is_host(hw) ? disk : e->link_s;
-    e->s_per_token = device > link ? device : link;
+    double link = device_is_host(hw) ? disk : e->link_s;
+    e->pace_s = device > link ? device : link;
     e->bound = device >= link ? (device_is_host(hw) && pcie > 0 ? "compute+copies" : "compute")
                : disk >= pcie ? "nvme" : "pcie";
+    /* the prompts' forward: each query reads half the prompt on average */
+    e->prompt_compute_s = forward_time(m, hw, g, g->prompt, (g->prompt + 1) / 2.0, mods, n_mods, prompt_part);
+    /* the pipeline block by block: what it adds to the pace (the logits
+     * wait at each token's end), and the first tokens' time */
+    sim_block kind[3];
+    const uint64_t bb[3] = {base.first, base.layer, base.last}, ab[3] = {ad.first, ad.layer, ad.last};
+    int base_disk = g->params_on == ZO_PLAN_NVME, ad_disk = adapters && g->adapters_on == ZO_PLAN_NVME;
+    int base_copy = b_streamed || (!adapters && w_streamed), ad_copy = adapters && w_streamed;
+    for (int k = 0; k < 3; k++) {
+        double rd = (double)((base_disk ? bb[k] : 0) + (ad_disk ? ab[k] : 0));
+        double cp = (double)((base_copy ? bb[k] : 0) + (ad_copy ? ab[k] : 0));
+        kind[k] = (sim_block){rd / hw->nvme_read_bw, cp / hw->pcie_bw, prompt_part[k], tok_part[k]};
+    }
+    if ((st = simulate(kind, m->n_layers, g->prefetch_depth, slots, disk > 0 ? disk / disk_idle : 1.0, device_is_host(hw),
+                       &e->ttft_s, &e->s_per_token)) != ZO_OK)
+        return st;
+    /* (the sum of the blocks' times rounds: never below the slowest, and a
+     * difference below the rounding is none) */
+    if (e->s_per_token < e->pace_s * (1 + 1e-12)) e->s_per_token = e->pace_s;
+    e->stall_s = e->s_per_token - e->pace_s;
     e->tokens_per_s = g->batch / e->s_per_token;
-    /* the first tokens: the prompts' forward (each query reads half the
-     * prompt on average), the weights' first block before anything runs */
-    e->prompt_compute_s = forward_time(m, hw, g, g->prompt, (g->prompt + 1) / 2.0, mods, n_mods);
-    double first = e->stream_bytes ? (double)(b_streamed || !adapters ? base.first : 0) / hw->pcie_bw : 0.0;
-    if (e->nvme_bytes) first += (double)base.first / hw->nvme_read_bw;
-    device = e->prompt_compute_s + (device_is_host(hw) ? pcie : 0.0);
-    e->ttft_s = (device > link ? device : link) + first;
     return ZO_OK;
 }

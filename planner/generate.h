@@ -55,15 +55,25 @@ typedef struct plan_gen_estimate {
     uint64_t kv_cache;          /* bytes of the cache: 2 L batch context kv_heads head_dim */
     uint64_t kv_read;           /* bytes of it a token reads, on average over the generation */
     /* time (seconds): a token of every sequence, the prompts' forward */
-    double s_per_token;         /* max(compute_s, link_s); on the CPU backend (a "GPU" that is
-                                   the host: plan_hw_cpu_backend) max(compute_s + the copies,
-                                   the disk), its copies running on the cores the compute runs on */
+    double s_per_token;         /* pace_s + stall_s: the runtime's schedule played block by block
+                                   (generate.c, simulate), its steady state */
+    double pace_s;              /* the slowest resource: max(compute_s, link_s); on the CPU backend
+                                   (a "GPU" that is the host: plan_hw_cpu_backend) max(compute_s +
+                                   the copies, the disk), its copies running on the cores the
+                                   compute runs on */
+    double stall_s;             /* what the schedule adds to the pace: at each token's end the host
+                                   waits for the logits before it reads or copies past the next
+                                   token's first prefetch_depth blocks, so the slowest resource
+                                   idles while the others drain */
     double compute_s;           /* the GPU's work of a token: each matmul's roofline, the cache read */
-    double link_s;              /* the streamed weights through the slowest link they cross */
+    double link_s;              /* the streamed weights through the slowest link they cross (on the
+                                   CPU backend the disk at nvme_read_bw_busy while the cores
+                                   compute, at nvme_read_bw the rest of the time) */
     double prompt_compute_s;    /* the GPU's work of the prompts' forward */
-    double ttft_s;              /* time to the first tokens: the prompts' forward, the weights' first
-                                   block before it starts */
-    const char *bound;          /* what sets s_per_token: "compute", "compute+copies", "pcie", "nvme" */
+    double ttft_s;              /* time to the first tokens: the prompts' forward through the same
+                                   schedule from cold (the first blocks read and copied before
+                                   anything runs, at the disk's idle rate) */
+    const char *bound;          /* what sets pace_s: "compute", "compute+copies", "pcie", "nvme" */
     double tokens_per_s;        /* batch / s_per_token */
 } plan_gen_estimate;
 

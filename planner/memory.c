@@ -1044,6 +1044,9 @@ static void estimate_optimizer(const stage_est *s, plan_estimate *e)
             uint64_t c = shard[i] < ZO_PLAN_STATE_CHUNK ? shard[i] : ZO_PLAN_STATE_CHUNK;
             scratch += 8 * ((c + blk - 1) / blk * blk);
         }
+        /* the GPU share's host stage: two 8-bit blocks of m and v, coded
+         * and in fp32 (checkpoints and weights in and out) */
+        if (o_gpu) scratch += round_u64(2.0 * (double)blk * (8.0 + zo_plan_state_bytes(t->opt_state)));
         add(e, "optimizer scratch (fp32 m, v of a chunk)", ZO_PLAN_CPU, PLAN_BUFFERS, scratch);
     }
     if (o_nvme) {

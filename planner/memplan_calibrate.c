@@ -14,7 +14,9 @@ static const char usage_calibrate[] =
     "Measure this machine and write a hardware profile (JSON) that '--hw FILE' reads:\n"
     "CPU memory size and cores, memory bandwidth (a triad), CPU AdamW parameters/s\n"
     "(cpu_adam), and the free space and write/read rates of --nvme-dir (a file of\n"
-    "--nvme-bytes, default 512MiB, through the nvme module's io_uring engine). What cannot\n"
+    "--nvme-bytes, default 512MiB, through the nvme module's io_uring engine; the read\n"
+    "again beside a triad on every thread: nvme_read_bw_busy, the rate of the CPU backend's\n"
+    "reads while its cores compute, in memplan generate). What cannot\n"
     "be measured here (the GPU, PCIe) comes from --base (default h100-80gb; a machine or a\n"
     "GPU preset such as rtx-4090, 'memplan hardware'); the profile's\n"
     "\"note\" says which. --json (the default) prints it to stdout; --json-out FILE (or\n"
@@ -76,8 +78,10 @@ int cmd_calibrate(int argc, char **argv)
         return fail();
     if (f.json_out)
         fprintf(stderr, "memplan: profile written to %s: CPU AdamW %.3g params/s (%.3g on one "
-                        "thread), memory %.3g GB/s, %.1f GiB RAM, %d cores (%s)\n",
+                        "thread), memory %.3g GB/s, %.1f GiB RAM, %d cores, NVMe read %.3g GB/s (%.3g beside "
+                        "compute) (%s)\n",
                 f.json_out, hw.cpu_adam_rate, hw.cpu_adam_thread_rate, hw.cpu_mem_bw / 1e9,
-                (double)hw.cpu_mem / (1 << 30), hw.cpu_cores, hw.note);
+                (double)hw.cpu_mem / (1 << 30), hw.cpu_cores, hw.nvme_read_bw / 1e9, hw.nvme_read_bw_busy / 1e9,
+                hw.note);
     return 0;
 }

@@ -146,11 +146,12 @@ static void print_table(const zo_model_config *m, const plan_gen *g, const plan_
             printf(" %s needs %s of %s", zo_plan_tier_name((zo_plan_tier)t),
                    zo_format_bytes(e->total[t], b1, sizeof b1), zo_format_bytes(e->capacity[t], b2, sizeof b2));
     printf("\ntime per token: %.4g s, %.4g tokens/s (%d sequence(s)); bound by %s: the GPU's work %.4g s, "
-           "%s of streamed weights %.4g s%s\n",
+           "%s of streamed weights %.4g s%s; the logits wait at each token's end adds %.3g s\n",
            e->s_per_token, e->tokens_per_s, g->batch, e->bound, e->compute_s,
            zo_format_bytes(e->stream_bytes, b1, sizeof b1), e->link_s,
-           e->nvme_bytes ? " (read from NVMe, then over PCIe)" : e->stream_bytes ? " (over PCIe)" : "");
-    printf("time to first token: %.4g s (the prompts' forward)\n", e->ttft_s);
+           e->nvme_bytes ? " (read from NVMe, then over PCIe)" : e->stream_bytes ? " (over PCIe)" : "", e->stall_s);
+    printf("time to first token: %.4g s (the prompts' forward, its first blocks loaded before it starts)\n",
+           e->ttft_s);
 }
 
 static cJSON *report_json(const zo_model_config *m, const plan_hw *hw, const plan_hw_basis *basis,
@@ -192,6 +193,8 @@ static cJSON *report_json(const zo_model_config *m, const plan_hw *hw, const pla
     x = cJSON_AddObjectToObject(o, "time");
     cJSON_AddNumberToObject(x, "s_per_token", e->s_per_token);
     cJSON_AddNumberToObject(x, "tokens_per_s", e->tokens_per_s);
+    cJSON_AddNumberToObject(x, "pace_s", e->pace_s);
+    cJSON_AddNumberToObject(x, "stall_s", e->stall_s);
     cJSON_AddNumberToObject(x, "compute_s", e->compute_s);
     cJSON_AddNumberToObject(x, "link_s", e->link_s);
     cJSON_AddStringToObject(x, "bound", e->bound);

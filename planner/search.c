@@ -258,9 +258,6 @@ static void walk_splits(walk *w, plan_train *t, const plan_time_mb *mb, int step
          * plan says the share it gets */
         double fg = partial ? share[g] : (double)g / steps;
         if (partial && (fg >= 1 || fg == last_fg)) continue;
-        /* a plan for the runtime: its GPU optimizer keeps fp32 m and v
-         * (common/capability.h) */
-        if (s->runtime_plans && t->opt_state != ZO_PLAN_STATE_FP32 && fg > 0) continue;
         last_fg = fg;
         for (int k = 0; k <= steps - g; k++) {
             double fn = (double)k / steps;

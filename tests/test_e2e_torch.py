@@ -619,6 +619,9 @@ def check_family(train, name, workdir):
         for opt in ("gpu", "cpu=0.5,nvme=0.5"):
             ol, on, oev, _, _ = run_train(train, d, run, ["--optimizer", opt, "--nvme-dir", d])
             ck.fact(f"--optimizer {opt}: the same run ({ol} {oev})", ol == got_l and on == got_n and oev == got_ev)
+        # bf16 m and v (cpu_adam's encoding), the device's update as the host's
+        bl = [run_train(train, d, run, ["--optimizer", opt, "--optim-dtype", "bf16"])[0] for opt in ("cpu", "gpu")]
+        ck.fact(f"--optim-dtype bf16: the optimizer on the GPU as on the host ({bl[1]})", bl[0] == bl[1])
     if is_moe(c):
         return ck.failed + check_moe_lora(train, name, c, params, data, eval_data, run, lora, d, g)
 

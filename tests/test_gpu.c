@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -198,6 +200,41 @@ static void test_capacity(void **state)
     gpu_host_free(d, p);
     assert_int_equal(gpu_mem_alloc(d, 0, &p), ZO_ERR_INVALID);
     gpu_device_free(d); /* destroys the stream too */
+}
+
+/* Pages of [p, p + bytes) the kernel has not backed yet (mincore). */
+static size_t pages_missing(const void *p, size_t bytes)
+{
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = (uintptr_t)p / pg * pg, hi = ((uintptr_t)p + bytes + pg - 1) / pg * pg;
+    size_t n = (hi - lo) / pg, missing = 0;
+    unsigned char *v = malloc(n);
+    assert_non_null(v);
+    assert_int_equal(mincore((void *)lo, hi - lo, v), 0);
+    for (size_t i = 0; i < n; i++) missing += !(v[i] & 1);
+    free(v);
+    return missing;
+}
+
+/* Device and pinned memory are backed when allocated, as cudaMalloc's and
+ * cudaHostAlloc's are, not page by page at their first use (issue 29: the
+ * faults landed in the first token's time). 40 MiB: past malloc's largest
+ * mmap threshold, so each is a fresh mapping no earlier use has touched. */
+static void test_memory_committed(void **state)
+{
+    (void)state;
+    gpu_device_t d;
+    gpu_cpu_options opt = {.n_threads = 1};
+    assert_int_equal(gpu_device_init_cpu(&opt, &d), ZO_OK);
+    size_t bytes = 40u << 20;
+    void *dm, *hm;
+    assert_int_equal(gpu_mem_alloc(d, bytes, &dm), ZO_OK);
+    assert_int_equal(gpu_host_alloc(d, bytes, &hm), ZO_OK);
+    assert_int_equal(pages_missing(dm, bytes), 0);
+    assert_int_equal(pages_missing(hm, bytes), 0);
+    gpu_mem_free(d, dm);
+    gpu_host_free(d, hm);
+    gpu_device_free(d);
 }
 
 /* Many threads allocate and free at once; the high-water mark never passes
@@ -1399,6 +1436,16 @@ static long first_diff(const void *a, const void *b, size_t n, size_t es)
     return -1;
 }
 
+/* A step's gradients: n values of dtype gd over many magnitudes, with
+ * zeros, so sqrt(v) spans a range. */
+static void adam_grads(void *g, zo_dtype gd, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        double mag = pow(10.0, -6.0 + 7.0 * (urand() * 0.5 + 0.5));
+        zo_store_f32(g, gd, i, i % 97 == 0 ? 0.0f : (float)(urand() * mag));
+    }
+}
+
 /* gpu_adam_update against cpu_adam (impl `ref`) over `steps` steps: params,
  * m, v and the 16-bit copy must be the same bits after every step. */
 static void adam_case(adam_impl ref, size_t n, zo_dtype gd, adam_decay decay, zo_dtype od,
@@ -1420,11 +1467,7 @@ static void adam_case(adam_impl ref, size_t n, zo_dtype gd, adam_decay decay, zo
     hp.decay = decay;
     hp.grad_mult = grad_mult;
     for (int step = 1; step <= steps; step++) {
-        /* gradients over many magnitudes, with zeros, so sqrt(v) spans a range */
-        for (size_t i = 0; i < n; i++) {
-            double mag = pow(10.0, -6.0 + 7.0 * (urand() * 0.5 + 0.5));
-            zo_store_f32(g, gd, i, i % 97 == 0 ? 0.0f : (float)(urand() * mag));
-        }
+        adam_grads(g, gd, n);
         assert_int_equal(gpu_memcpy_async(S, dgrad, g, gs * n, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
         hp.step = step;
         gpu_adam_hparams gh = {.lr = hp.lr, .beta1 = hp.beta1, .beta2 = hp.beta2, .eps = hp.eps,
@@ -1485,6 +1528,90 @@ static void test_adam_update(void **state)
     adam_case(ADAM_IMPL_AUTO, 70001, ZO_DTYPE_F16, ADAM_DECAY_L2, ZO_DTYPE_F16, 1, 2, 1.0f);
 }
 
+/* gpu_adam_state_update against cpu_adam's adam_state_update over `steps`
+ * steps, the whole state in one call (decay everywhere): the state buffer's
+ * every byte, the fp32 master and the 16-bit copy the same bits after each
+ * step (the encodings' one sequence; the layout one buffer's). */
+static void adam_state_case(adam_state_kind kind, size_t n, zo_dtype gd, int steps)
+{
+    size_t gs = zo_dtype_size(gd), sb = (size_t)adam_state_bytes(kind, n);
+    float *p = malloc(4 * n), *dp = malloc(4 * n);
+    void *g = malloc(gs * n), *st = aligned_alloc(64, (sb + 63) / 64 * 64), *dst_host = malloc(sb);
+    uint16_t *o = calloc(n, 2), *dout = calloc(n, 2);
+    for (size_t i = 0; i < n; i++) p[i] = (float)(urand() * 2.0);
+    assert_int_equal(adam_state_init(kind, st, n, 1), ZO_OK);
+    float *dpar = adam_put(p, 4 * n);
+    void *dstate = adam_put(st, sb), *dout16 = adam_put(o, 2 * n), *dgrad = NULL;
+    assert_int_equal(gpu_mem_alloc(dev, gs * n, &dgrad), ZO_OK);
+    assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+    adam_hparams hp = adam_hparams_default();
+    hp.lr = 3e-3f;
+    hp.beta2 = 0.95f;
+    hp.weight_decay = 0.1f;
+    gpu_adam_state_desc d = {.type = kind.type == ADAM_STATE_Q8 ? GPU_ADAM_STATE_Q8 : GPU_ADAM_STATE_BF16,
+                             .block = kind.block, .total = n, .first = 0, .n_decay = -1};
+    for (int step = 1; step <= steps; step++) {
+        adam_grads(g, gd, n);
+        assert_int_equal(gpu_memcpy_async(S, dgrad, g, gs * n, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+        hp.step = step;
+        assert_int_equal(gpu_adam_state_update(S, &hp, &d, n, gpu_t(dpar, ZO_DTYPE_F32), gpu_t(dgrad, gd), dstate,
+                                               gpu_t(dout16, ZO_DTYPE_BF16)),
+                         ZO_OK);
+        assert_int_equal(gpu_stream_synchronize(S), ZO_OK);
+        assert_int_equal(adam_state_update_impl(ADAM_IMPL_SCALAR, &hp, kind, n, p, g, gd, st, o, ZO_DTYPE_BF16, 2),
+                         ZO_OK);
+        adam_get(dp, dpar, 4 * n);
+        adam_get(dst_host, dstate, sb);
+        adam_get(dout, dout16, 2 * n);
+        long dpi = first_diff(p, dp, n, 4), dsi = first_diff(st, dst_host, sb, 1), doi = first_diff(o, dout, n, 2);
+        if (dpi >= 0 || dsi >= 0 || doi >= 0)
+            printf("  adam state %s n=%zu grad %s step %d: first difference: param %ld, state byte %ld, out16 %ld\n",
+                   adam_state_name(kind), n, zo_dtype_name(gd), step, dpi, dsi, doi);
+        assert_int_equal(dpi, -1);
+        assert_int_equal(dsi, -1);
+        assert_int_equal(doi, -1);
+    }
+    gpu_mem_free(dev, dpar);
+    gpu_mem_free(dev, dstate);
+    gpu_mem_free(dev, dout16);
+    gpu_mem_free(dev, dgrad);
+    free(p), free(dp), free(g), free(st), free(dst_host), free(o), free(dout);
+}
+
+static void test_adam_state_update(void **state)
+{
+    (void)state;
+    /* around the 8-bit block, bf16 anywhere; 3 steps from the zero state */
+    const size_t sizes[3] = {2047, 2049, 6145};
+    for (int k = 0; k < 3; k++) {
+        adam_state_case(adam_state_q8(ADAM_Q8_BLOCK), sizes[k], k == 1 ? ZO_DTYPE_BF16 : ZO_DTYPE_F32, 3);
+        adam_state_case(adam_state_bf16(), sizes[k], k == 2 ? ZO_DTYPE_F16 : ZO_DTYPE_F32, 3);
+    }
+    /* refused: a q8 call not on whole blocks, a bf16 state with a block,
+     * fp16 weights, too many decay ranges */
+    size_t n = 4096, sb = (size_t)adam_state_bytes(adam_state_q8(ADAM_Q8_BLOCK), n);
+    void *buf = NULL;
+    assert_int_equal(gpu_mem_alloc(dev, sb + 8 * n, &buf), ZO_OK);
+    float *P = (float *)buf, *G = P + n;
+    void *state_buf = (char *)buf + 8 * n;
+    gpu_adam_hparams hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .decay = GPU_ADAM_DECAY_ADAMW,
+                           .step = 1, .grad_mult = 1.0f};
+    gpu_tensor pt = gpu_t(P, ZO_DTYPE_F32), gt = gpu_t(G, ZO_DTYPE_F32), none = gpu_t(NULL, ZO_DTYPE_BF16);
+    gpu_adam_state_desc d = {.type = GPU_ADAM_STATE_Q8, .block = 2048, .total = n, .first = 1024, .n_decay = -1};
+    assert_int_equal(gpu_adam_state_update(S, &hp, &d, 1024, pt, gt, state_buf, none), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "not whole blocks"));
+    d = (gpu_adam_state_desc){.type = GPU_ADAM_STATE_BF16, .block = 64, .total = n, .n_decay = -1};
+    assert_int_equal(gpu_adam_state_update(S, &hp, &d, n, pt, gt, state_buf, none), ZO_ERR_INVALID);
+    d.block = 0;
+    assert_int_equal(gpu_adam_state_update(S, &hp, &d, n, gpu_t(P, ZO_DTYPE_F16), gt, state_buf, none),
+                     ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "param dtype"));
+    d.n_decay = GPU_ADAM_DECAY_RANGES + 1;
+    assert_int_equal(gpu_adam_state_update(S, &hp, &d, n, pt, gt, state_buf, none), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "decay ranges"));
+    gpu_mem_free(dev, buf);
+}
+
 static void test_adam_errors(void **state)
 {
     (void)state;
@@ -1526,6 +1653,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_capacity),
+        cmocka_unit_test(test_memory_committed),
         cmocka_unit_test(test_capacity_concurrent),
         cmocka_unit_test(test_events_order),
         cmocka_unit_test(test_host_func),
@@ -1549,6 +1677,7 @@ int main(void)
         cmocka_unit_test(test_fault_injection),
         cmocka_unit_test(test_adam_update),
         cmocka_unit_test(test_adam_errors),
+        cmocka_unit_test(test_adam_state_update),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -204,6 +204,28 @@ static void test_store_unwritten_tensor(void **state)
     nvme_store_free(s);
 }
 
+/* Flip bits `mask` of byte `byte` of tensor id in its file, behind the
+ * store's back; *file_k: the file it is in. */
+static void flip_byte(nvme_store_t *s, int id, size_t byte, unsigned char mask, int *file_k)
+{
+    uint64_t off;
+    nvme_store_locate(s, id, byte, file_k, &off);
+    int fd = open(store_path(s, *file_k), O_RDWR);
+    unsigned char c;
+    assert_int_equal(pread(fd, &c, 1, (off_t)off), 1);
+    c ^= mask;
+    assert_int_equal(pwrite(fd, &c, 1, (off_t)off), 1);
+    close(fd);
+}
+
+/* Tensor id written again from src heals it: read back into dst whole. */
+static void rewrite_heals(nvme_store_t *s, int id, const unsigned char *src, unsigned char *dst, size_t n)
+{
+    assert_int_equal(nvme_store_write(s, id, src), ZO_OK);
+    assert_int_equal(nvme_store_read(s, id, dst), ZO_OK);
+    assert_memory_equal(dst, src, n);
+}
+
 /* A byte flipped in a file behind the store's back: ZO_ERR_CHECKSUM naming
  * the tensor and block; other tensors read fine; a rewrite heals it. */
 static void test_store_byte_flipped(void **state)
@@ -217,22 +239,43 @@ static void test_store_byte_flipped(void **state)
     assert_int_equal(nvme_store_write(s, a, src), ZO_OK);
     assert_int_equal(nvme_store_write(s, b, src), ZO_OK);
     int k;
-    uint64_t off;
-    nvme_store_locate(s, a, 2 * 32 * 1024 + 123, &k, &off);
-    int fd = open(store_path(s, k), O_RDWR);
-    unsigned char c;
-    assert_int_equal(pread(fd, &c, 1, (off_t)off), 1);
-    c ^= 0x10;
-    assert_int_equal(pwrite(fd, &c, 1, (off_t)off), 1);
-    close(fd);
+    flip_byte(s, a, 2 * 32 * 1024 + 123, 0x10, &k);
     assert_int_equal(nvme_store_read(s, a, dst), ZO_ERR_CHECKSUM);
     assert_non_null(strstr(zo_last_error(), "tensor layer0.m block 2 "));
     assert_non_null(strstr(zo_last_error(), store_path(s, k)));
     assert_int_equal(nvme_store_read(s, b, dst), ZO_OK);
     assert_memory_equal(dst, src, n);
+    rewrite_heals(s, a, src, dst, n);
+    free(src);
+    free(dst);
+    nvme_store_free(s);
+}
+
+/* A read in many pieces (129 checksum blocks: NVME_STORE_READ_PIECES pieces
+ * of 3 blocks, the last one short), its blocks checked as the pieces
+ * arrive: the bytes come back whole, and a byte flipped in a late block, then
+ * in the first, is reported as that block either way. */
+static void test_store_read_in_pieces(void **state)
+{
+    fixture *f = *state;
+    size_t cb = 16 * 1024, n = 128 * cb + 5000;
+    nvme_store_t *s = store_on(f, 1, 0, cb);
+    int a = add1(s, "wte", n);
+    unsigned char *src = malloc(n), *dst = malloc(n);
+    fill_bytes(src, n, 91);
     assert_int_equal(nvme_store_write(s, a, src), ZO_OK);
     assert_int_equal(nvme_store_read(s, a, dst), ZO_OK);
     assert_memory_equal(dst, src, n);
+    static const size_t bad[] = {100, 0};
+    for (int i = 0; i < 2; i++) {
+        int k;
+        flip_byte(s, a, bad[i] * cb + 77, 0x01, &k);
+        char want[64];
+        snprintf(want, sizeof want, "tensor wte block %zu ", bad[i]);
+        assert_int_equal(nvme_store_read(s, a, dst), ZO_ERR_CHECKSUM);
+        assert_non_null(strstr(zo_last_error(), want));
+    }
+    rewrite_heals(s, a, src, dst, n);
     free(src);
     free(dst);
     nvme_store_free(s);
@@ -763,6 +806,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_store_round_trip_striped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_store_unwritten_tensor, setup, teardown),
         cmocka_unit_test_setup_teardown(test_store_byte_flipped, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_store_read_in_pieces, setup, teardown),
         cmocka_unit_test_setup_teardown(test_store_file_truncated, setup, teardown),
         cmocka_unit_test_setup_teardown(test_store_injected_write_error, setup, teardown),
         cmocka_unit_test_setup_teardown(test_store_tiny_filesystem, setup, teardown),

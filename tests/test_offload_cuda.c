@@ -7,8 +7,10 @@
  * high-water mark must stay under the cap, and on the device under test the
  * data path must not change a bit (prefetch 0 against prefetch 2: a missing
  * event wait would show as a difference), nor recompute by op against full
- * recompute (the same kernels on the same inputs). A short `train --device cuda`
- * run must match `train --device cpu` the same way.
+ * recompute (the same kernels on the same inputs). With bf16 and 8-bit m
+ * and v in the optimizer's device share the losses must match the CPU
+ * backend's too. A short `train --device cuda` run must match
+ * `train --device cpu` the same way.
  *
  * Exits 77 where no CUDA device is present (or the build has no CUDA);
  * ZO_OFFLOAD_BACKEND=cpu runs the device-under-test side on a second CPU
@@ -71,6 +73,8 @@ typedef struct run {
     size_t capacity;      /* --device-mem */
     int prefetch;
     int ops;              /* recompute by op, checkpoints on the device (else full, in host memory) */
+    double opt_dev;       /* the optimizer's share on the device (the rest in host memory) */
+    zo_plan_opt_state state; /* its m and v: fp32, bf16, 8-bit */
     /* out */
     float loss[STEPS];
     offload_step_info info[STEPS];
@@ -121,6 +125,9 @@ static void do_run(run *r)
         oc.recompute = OFFLOAD_RECOMPUTE_OPS;
         oc.checkpoints_on = OFFLOAD_DEVICE;
     }
+    oc.opt_frac[OFFLOAD_DEVICE] = r->opt_dev;
+    oc.opt_frac[OFFLOAD_CPU] = 1.0 - r->opt_dev;
+    oc.opt_state = r->state;
     tf_model m;
     tf_options to = {.recompute = oc.recompute, .external_res = 1};
     zo_status st = tf_init_opts(&m, &r->cfg, dev, r->dt, B, T, &to);
@@ -268,6 +275,34 @@ static void test_gpt2_streamed(void **state)
     check_model("gpt2", tiny_model(ZO_ARCH_GPT, 12, 128, 256, T), ZO_DTYPE_F16);
 }
 
+/* bf16 and 8-bit m and v in the optimizer's device share (issue 30,
+ * gpu_adam_state_update on the device under test), half the optimizer
+ * there and half in host memory: the CPU backend's losses within bf16's
+ * tolerance, falling. */
+static void test_optimizer_state_on_device(void **state)
+{
+    (void)state;
+    static const zo_plan_opt_state st[2] = {ZO_PLAN_STATE_BF16, ZO_PLAN_STATE_8BIT};
+    for (int i = 0; i < 2; i++) {
+        run ref = {.device = "cpu", .cfg = tiny_model(ZO_ARCH_LLAMA, 4, 128, 256, T), .dt = ZO_DTYPE_BF16,
+                   .prefetch = 2, .opt_dev = 0.5, .state = st[i]};
+        run dut = ref;
+        dut.device = backend;
+        do_run(&ref);
+        do_run(&dut);
+        char name[64];
+        snprintf(name, sizeof name, "%s m, v: cpu", zo_plan_opt_state_name(st[i]));
+        print_losses(name, &ref);
+        snprintf(name, sizeof name, "%s m, v: %s", zo_plan_opt_state_name(st[i]), backend);
+        print_losses(name, &dut);
+        for (int k = 0; k < STEPS; k++)
+            if (!(fabs((double)dut.loss[k] - ref.loss[k]) <= loss_rtol(ZO_DTYPE_BF16) * fabs(ref.loss[k])))
+                fail_msg("%s state, step %d: loss %.7g on %s, %.7g on cpu", zo_plan_opt_state_name(st[i]), k,
+                         dut.loss[k], backend, ref.loss[k]);
+        assert_true(dut.loss[STEPS - 1] < dut.loss[0] - 0.1f);
+    }
+}
+
 /* ---- the train program ------------------------------------------------------------------ */
 
 /* The "step K loss X" lines of train's output (K from 1); returns how many. */
@@ -368,6 +403,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_streamed),
         cmocka_unit_test(test_gpt2_streamed),
+        cmocka_unit_test(test_optimizer_state_on_device),
         cmocka_unit_test(test_train_program),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

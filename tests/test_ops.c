@@ -52,6 +52,8 @@ typedef enum fill_kind {
 
 #define MAX_BUF (GPU_OP_MAX_T + GPU_OP_MAX_P)
 
+typedef struct pcase pcase;
+
 typedef struct pbuf {
     char slot;   /* 't' (args.t) or 'p' (args.p) */
     int index;
@@ -63,9 +65,15 @@ typedef struct pbuf {
     int alias;    /* >= 0: the same memory as buffer `alias` (in-place ops) */
     double rtol;  /* 0: the type's default */
     int no_rms;   /* the tolerance is rtol * |want| alone (plus fp32's error) */
+    /* (optional) the comparison of an output whose elements are not values
+     * (an encoded optimizer state): got and want [n], c the case; prints
+     * what differs under `what` and returns 1 */
+    int (*cmp)(const pcase *c, const char *what, const double *got, const double *want, size_t n);
+    /* (optional) the smallest magnitude the error is measured against, for
+     * an output that can cancel to zero (0: the reference's rms alone) */
+    double floor;
 } pbuf;
 
-typedef struct pcase pcase;
 /* Host values of every buffer (doubles), by slot: T[k], P[k]; NULL where
  * the op takes none. */
 typedef struct hostv {
@@ -113,7 +121,7 @@ static int add_buf(pcase *c, char slot, int index, etype type, size_t n, fill_ki
                    double hi, int out)
 {
     pbuf *b = &c->buf[c->nbuf];
-    *b = (pbuf){slot, index, type, n, f, lo, hi, out, -1, 0.0, 0};
+    *b = (pbuf){slot, index, type, n, f, lo, hi, out, -1, 0.0, 0, NULL, 0.0};
     return c->nbuf++;
 }
 
@@ -652,6 +660,124 @@ static void ref_adam_update(const gpu_op_args *a, hostv *h)
     }
 }
 
+/* ---- Adam over encoded m and v ----
+ * The format, from its description (gpu/device.h, docs/cpu_adam.md): m, v
+ * of `total` values, bf16 (2 bytes each) or 8-bit codes (1 byte each) whose
+ * value is map[code] * absmax of their block (bitsandbytes' dynamic map:
+ * signed for m, unsigned for v), then the fp32 absmax of m's blocks and of
+ * v's; each part from a 64-byte boundary. The reference reads the old
+ * state so, updates in double and keeps the exact new m and v (state_want)
+ * for the comparison, which allows what coding them may change. */
+
+typedef struct state_geom {
+    int q8;
+    size_t block, total, first, n, es, nb;
+    size_t off_m, off_v, off_am, off_av, bytes;
+} state_geom;
+
+static size_t up64(size_t x) { return (x + 63) / 64 * 64; }
+
+static state_geom state_geom_of(int q8, size_t block, size_t total, size_t first, size_t n)
+{
+    state_geom g = {q8, block, total, first, n, q8 ? 1 : 2, q8 ? (total + block - 1) / block : 0, 0, 0, 0, 0, 0};
+    g.off_m = 0;
+    g.off_v = up64(g.es * total);
+    g.off_am = g.off_av = g.off_v + g.es * total;
+    if (q8) {
+        g.off_am = up64(g.off_v + total);
+        g.off_av = up64(g.off_am + 4 * g.nb);
+    }
+    g.bytes = q8 ? g.off_av + 4 * g.nb : g.off_v + 2 * total;
+    return g;
+}
+
+static state_geom state_geom_args(const gpu_op_args *a)
+{
+    const gpu_adam_state_args *x = &a->d.astate;
+    return state_geom_of(x->type == GPU_ADAM_STATE_Q8, x->block, x->total, x->first, a->n);
+}
+
+/* The unsigned map: create_dynamic_map(signed=False), ascending. */
+static void dynamic_map_unsigned(double map[256])
+{
+    int k = 0;
+    for (int i = 0; i < 7; i++) {
+        int fr = 2 << i; /* 2^(i+1) midpoints of linspace(0.1, 1, fr + 1) */
+        for (int j = 0; j < fr; j++) map[k++] = pow(10.0, i - 6) * (0.1 + 0.9 * (j + 0.5) / fr);
+    }
+    map[k++] = 0.0;
+    map[k++] = 1.0;
+    qsort(map, 256, sizeof *map, cmp_double);
+}
+
+/* Bytes (as the harness holds them, one double each) as a float / bf16. */
+static double bytes_f32(const double *b, size_t at)
+{
+    uint8_t x[4] = {(uint8_t)b[at], (uint8_t)b[at + 1], (uint8_t)b[at + 2], (uint8_t)b[at + 3]};
+    float f;
+    memcpy(&f, x, 4);
+    return f;
+}
+
+static double bytes_bf16(const double *b, size_t at)
+{
+    uint32_t u = ((uint32_t)b[at] | (uint32_t)b[at + 1] << 8) << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Value i of the state (m: which 0, v: 1). */
+static double state_value(const state_geom *g, const double *S, int which, size_t i)
+{
+    static double map_m[256], map_v[256];
+    if (map_m[255] != 1.0) dynamic_map(map_m), dynamic_map_unsigned(map_v);
+    size_t off = which ? g->off_v : g->off_m;
+    if (!g->q8) return bytes_bf16(S, off + 2 * i);
+    double absmax = bytes_f32(S, (which ? g->off_av : g->off_am) + 4 * (i / g->block));
+    return (which ? map_v : map_m)[(int)S[off + i]] * absmax;
+}
+
+/* The exact new moments of the last reference run: m, v [n]. */
+static struct {
+    double *m, *v;
+    size_t n;
+} state_want;
+
+/* Element i of the call decays (gpu/device.h: in a range, or every one). */
+static int decays(const gpu_adam_state_args *x, size_t i)
+{
+    if (x->n_decay < 0) return 1;
+    for (int k = 0; k < x->n_decay; k++)
+        if (i >= x->decay[k][0] && i < x->decay[k][1]) return 1;
+    return 0;
+}
+
+/* t: param grad out16; p: state; d.astate */
+static void ref_adam_state_update(const gpu_op_args *a, hostv *h)
+{
+    const gpu_adam_state_args *x = &a->d.astate;
+    const zo_adam_consts *c = &x->c;
+    state_geom g = state_geom_args(a);
+    free(state_want.m), free(state_want.v);
+    state_want.n = a->n;
+    state_want.m = malloc((a->n ? a->n : 1) * sizeof(double));
+    state_want.v = malloc((a->n ? a->n : 1) * sizeof(double));
+    for (size_t i = 0; i < a->n; i++) {
+        double wd_on = decays(x, i);
+        double p = h->T[0][i], g1 = h->T[1][i] * c->grad_mult;
+        if (c->use_l2) g1 += wd_on * c->l2 * p;
+        double m = c->beta1 * state_value(&g, h->P[0], 0, x->first + i) + c->omb1 * g1;
+        double v = c->beta2 * state_value(&g, h->P[0], 1, x->first + i) + c->omb2 * g1 * g1;
+        double d = sqrt(v) * c->inv_bc2_sqrt + c->eps;
+        if (!c->use_l2) p -= wd_on * c->lr_wd * p;
+        p -= c->step_size * (m / d);
+        h->T[0][i] = p;
+        if (h->T[2]) h->T[2][i] = p;
+        state_want.m[i] = m, state_want.v[i] = v;
+    }
+}
+
 /* ---- mixture of experts ---- */
 
 /* Row r of a router: p [e] (softmax in double) and the k chosen, largest
@@ -982,9 +1108,17 @@ static int run_on(backend *be, const pcase *c, double **in, double **want)
         } else { /* an output: within its type's tolerance of the reference */
             double *got = malloc((b->n ? b->n : 1) * sizeof *got);
             decode(b, img + GUARD, got);
+            if (b->cmp) {
+                if (b->cmp(c, what, got, want[k], b->n)) bad = 1;
+                free(got);
+                free(img);
+                continue;
+            }
             double rt = b->rtol > 0 ? b->rtol : rtol_of(b->type);
             if (be->tf32 && c->op == GPU_OP_GEMM && b->type == E_F32) rt = rtol_of(E_F16);
-            double at = (b->no_rms ? 1e-6 : rt) * rms(want[k], b->n) + (b->type == E_F16 ? F16_SUBNORMAL_STEP : 0.0);
+            double mag = rms(want[k], b->n);
+            if (mag < b->floor) mag = b->floor;
+            double at = (b->no_rms ? 1e-6 : rt) * mag + (b->type == E_F16 ? F16_SUBNORMAL_STEP : 0.0);
             if (check_close_f64(what, got, want[k], b->n, at, rt)) bad = 1;
             free(got);
         }
@@ -1612,6 +1746,158 @@ static void parity_adam_update(void)
             }
 }
 
+/* A state to start from: zeros (the first step, c->param[0] 0) or random
+ * codes and absmax (bf16: random moments), as earlier steps leave it. */
+static void state_prep(const pcase *c, hostv *h)
+{
+    state_geom g = state_geom_args(&c->a);
+    double *S = h->P[0];
+    for (size_t i = 0; i < g.bytes; i++) S[i] = 0.0;
+    for (size_t i = 0; i < g.total; i++) {
+        if (g.q8) {
+            S[g.off_m + i] = c->param[0] ? floor(256 * urand()) : 127; /* 127: the signed map's 0 */
+            S[g.off_v + i] = c->param[0] ? floor(256 * urand()) : 0;
+            continue;
+        }
+        float mv[2] = {(float)(c->param[0] ? 0.05 * (2 * urand() - 1) : 0.0), (float)(c->param[0] ? 1e-3 * urand() : 0.0)};
+        for (int w = 0; w < 2; w++) {
+            uint16_t b = zo_f32_to_bf16(mv[w]);
+            S[(w ? g.off_v : g.off_m) + 2 * i] = b & 0xff, S[(w ? g.off_v : g.off_m) + 2 * i + 1] = b >> 8;
+        }
+    }
+    for (size_t b = 0; b < g.nb; b++) {
+        float am[2] = {(float)(c->param[0] ? 0.01 + 0.09 * urand() : 0.0), (float)(c->param[0] ? 1e-5 + 1e-3 * urand() : 0.0)};
+        uint8_t x[4];
+        for (int w = 0; w < 2; w++) {
+            memcpy(x, &am[w], 4);
+            for (int k = 0; k < 4; k++) S[(w ? g.off_av : g.off_am) + 4 * b + k] = x[k];
+        }
+    }
+}
+
+/* The largest half-gap of the map around r (|r| <= 1): how far from r the
+ * value of its nearest code may lie. */
+static double half_gap(const double map[256], double r)
+{
+    for (int k = 0; k < 255; k++)
+        if (r <= map[k + 1]) return (map[k + 1] - map[k]) / 2;
+    return 0.0;
+}
+
+/* The state's comparison: outside the call's values and blocks, every byte
+ * as it was; inside, each moment within what coding the exact one allows
+ * (bf16: one unit in the last place; q8: half the gap between the map
+ * values around it, times the block's absmax, which is the largest exact
+ * |moment| of the block within fp32 rounding), plus fp32's error (1e-6
+ * of the moments' rms, or of the block's absmax). */
+static int state_cmp(const pcase *c, const char *what, const double *got, const double *want, size_t nbytes)
+{
+    state_geom g = state_geom_args(&c->a);
+    static double map_m[256], map_v[256];
+    if (map_m[255] != 1.0) dynamic_map(map_m), dynamic_map_unsigned(map_v);
+    unsigned char *touched = calloc(nbytes, 1);
+    size_t lo = g.first, hi = g.first + g.n;
+    memset(touched + g.off_m + g.es * lo, 1, g.es * (hi - lo));
+    memset(touched + g.off_v + g.es * lo, 1, g.es * (hi - lo));
+    if (g.q8 && hi > lo) {
+        size_t b0 = lo / g.block, b1 = (hi + g.block - 1) / g.block;
+        memset(touched + g.off_am + 4 * b0, 1, 4 * (b1 - b0));
+        memset(touched + g.off_av + 4 * b0, 1, 4 * (b1 - b0));
+    }
+    /* fp32's error in the new moments: of the order of their largest terms */
+    double rms_m = rms(state_want.m, g.n), rms_v = rms(state_want.v, g.n);
+    int bad = 0;
+    for (size_t i = 0; i < nbytes && !bad; i++)
+        if (!touched[i] && got[i] != want[i]) {
+            printf("  %s: byte %zu outside the call's values changed (%g, was %g)\n", what, i, got[i], want[i]);
+            bad = 1;
+        }
+    for (size_t i = 0; i < g.n && !bad; i++) {
+        for (int w = 0; w < 2 && !bad; w++) {
+            const double *ex = w ? state_want.v : state_want.m;
+            double e = ex[i], gv = state_value(&g, got, w, g.first + i), allow;
+            if (!g.q8) {
+                allow = ldexp(fabs(e), -8) + 1e-6 * (w ? rms_v : rms_m);
+            } else {
+                size_t blk = (g.first + i) / g.block, s0 = blk * g.block - g.first;
+                size_t s1 = s0 + g.block < g.n ? s0 + g.block : g.n;
+                double amax = 0.0;
+                for (size_t k = s0; k < s1; k++) amax = fabs(ex[k]) > amax ? fabs(ex[k]) : amax;
+                double ga = bytes_f32(got, (w ? g.off_av : g.off_am) + 4 * blk);
+                if (fabs(ga - amax) > 1e-6 * amax) {
+                    printf("  %s: %s absmax of block %zu %.9g, want %.9g\n", what, w ? "v" : "m", blk, ga, amax);
+                    bad = 1;
+                    break;
+                }
+                allow = amax > 0 ? half_gap(w ? map_v : map_m, e / amax) * amax * 1.001 + 1e-6 * amax : 0.0;
+            }
+            if (!(fabs(gv - e) <= allow)) {
+                printf("  %s: %s[%zu] = %.9g, want %.9g (allowed %.3g)\n", what, w ? "v" : "m", g.first + i, gv, e,
+                       allow);
+                bad = 1;
+            }
+        }
+    }
+    free(touched);
+    return bad;
+}
+
+/* Sizes around the 8-bit block of 2048 (and odd ones), the weights fp32 (a
+ * master, with or without a 16-bit copy) or bf16 (no master), decay on
+ * every element, none or two ranges, AdamW and L2, the first step from
+ * zeros and later ones from a random state; and calls on a part of a state
+ * (first > 0, values after the call's). */
+static void state_case(int q8, size_t total, size_t first, size_t n, int pv, int variant)
+{
+    static const char *pname[4] = {"f32", "f32 out bf16", "f32 out f16", "bf16 (no master)"};
+    int later = variant % 2, l2 = variant % 3 == 2, nd = variant % 3 - 1; /* -1 all, 0 none, 1: two ranges */
+    zo_adam_hparams hp = {.lr = pv == 3 ? 0.05f : 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                          .weight_decay = 0.1f, .decay = l2 ? ZO_ADAM_DECAY_L2 : ZO_ADAM_DECAY_ADAMW,
+                          .step = later ? 7 : 1, .grad_mult = 0.5f};
+    pcase c = new_case(GPU_OP_ADAM_STATE_UPDATE, "%s n %zu of %zu from %zu, %s, %s, decay %s, step %ld",
+                       q8 ? "q8" : "bf16", n, total, first, pname[pv], l2 ? "L2" : "AdamW",
+                       nd < 0 ? "all" : nd == 0 ? "none" : "two ranges", (long)hp.step);
+    c.a.n = n;
+    gpu_adam_state_args *x = &c.a.d.astate;
+    state_geom g = state_geom_of(q8, 2048, total, first, n);
+    *x = (gpu_adam_state_args){.c = zo_adam_consts_make(&hp), .type = q8 ? GPU_ADAM_STATE_Q8 : GPU_ADAM_STATE_BF16,
+                               .block = q8 ? 2048 : 0, .total = total, .first = first, .off_m = g.off_m,
+                               .off_v = g.off_v, .off_am = g.off_am, .off_av = g.off_av, .n_decay = nd};
+    if (nd > 0) {
+        x->n_decay = 2;
+        x->decay[0][0] = n / 5, x->decay[0][1] = n / 2;
+        x->decay[1][0] = n / 2 + 1 < n ? n / 2 + 1 : n, x->decay[1][1] = n;
+    }
+    int b = OUT_T(&c, 0, pv == 3 ? E_BF16 : E_F32, n);
+    c.buf[b].rtol = pv == 3 ? 1.0 / 256 : 1e-6;
+    c.buf[b].no_rms = pv == 3;
+    IN_T(&c, 1, storage[(variant + pv) % 3], n);
+    b = add_buf(&c, 'p', 0, E_U8, g.bytes, FILL_NONE, 0, 0, 1);
+    c.buf[b].cmp = state_cmp;
+    if (pv == 1 || pv == 2) OUT_T(&c, 2, pv == 1 ? E_BF16 : E_F16, n);
+    c.param[0] = later;
+    c.prep = state_prep;
+    emit(&c);
+}
+
+static void parity_adam_state_update(void)
+{
+    static const size_t sizes[] = {1, 2047, 2048, 2049, 4097, 6143};
+    /* a stream of its own: the ops after it draw what they drew before it
+     * was added */
+    uint64_t saved = rng;
+    rng = 0x2545f4914f6cdd1dull;
+    int v = 0;
+    for (int q8 = 0; q8 < 2; q8++)
+        for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+            for (int pv = 0; pv < 4; pv++, v++) state_case(q8, sizes[s], 0, sizes[s], pv, v);
+    /* a part of a state: q8 whole blocks from the second one, bf16 anywhere */
+    state_case(1, 3 * 2048 + 5, 2048, 2 * 2048 + 5, 0, 1);
+    state_case(1, 4 * 2048 + 7, 2048, 2048, 3, 4);
+    state_case(0, 3001, 17, 2500, 1, 3);
+    rng = saved;
+}
+
 /* Router logits kept apart: each row a shuffle of 0.25 j plus noise under
  * 0.05, so no two experts' p are near a tie (the choice is the same in
  * every precision); the logits are buffer param[0]'s slot t[param[0]]. */
@@ -1664,7 +1950,12 @@ static void parity_moe_router_backward(void)
                                    e, k, norm, layers);
                 c.a.i[0] = n, c.a.i[1] = e, c.a.i[2] = k, c.a.i[3] = norm, c.a.i[4] = layers;
                 c.a.f[0] = layers ? 0.0125f : 0.0f;
-                OUT_T(&c, 0, E_F32, (size_t)n * e);
+                /* one chosen expert of two, renormalized and no auxiliary loss:
+                 * the weight is 1 whatever the logits, the gradient cancels to
+                 * zero, and its rounding is measured against the incoming
+                 * gradient's bound (1) */
+                int o = OUT_T(&c, 0, E_F32, (size_t)n * e);
+                if (k == 1 && norm && !layers) c.buf[o].floor = 1.0;
                 IN_T(&c, 1, E_F32, (size_t)n * e);
                 IN_T(&c, 2, E_F32, (size_t)n * e);
                 if (layers) add_buf(&c, 'p', 0, E_F32, (size_t)layers * 2 * e, FILL_INT, 0, n + 1, 0);

@@ -217,14 +217,15 @@ static void test_roundtrip(void **state)
     free(q);
 }
 
-/* The fields added after plans were written (issues 33, 31): absent, they
+/* The fields added after plans were written (issues 33, 31, 30, 29): absent, they
  * take the value every plan before them meant (no MoE model ran before
  * issue 31: its router's fields default to 0). */
 static const char *const optional_fields[] = {"training.recompute_layers", "training.reduce_dtype",
                                               "hardware.peers_via_host", "model.features.moe.norm_topk",
                                               "model.features.moe.aux_loss",
                                               "model.features.moe.aux_coef", "training.optim_dtype",
-                                              "training.master", "training.loss_chunk"};
+                                              "training.master", "training.loss_chunk",
+                                              "hardware.nvme_read_bw_busy"};
 
 static int is_optional(const char *name)
 {
@@ -257,6 +258,7 @@ static void test_required_and_unknown(void **state)
             assert_int_equal(q->training.optim_dtype, ZO_PLAN_STATE_FP32);
             assert_int_equal(q->training.master, ZO_PLAN_MASTER_FP32);
             assert_int_equal(q->training.loss_chunk, 0);
+            assert_true(q->hardware.nvme_read_bw_busy == 0); /* (0: nvme_read_bw applies) */
             cJSON_AddItemToObject(l[i].parent, l[i].item->string, item);
             continue;
         }
@@ -538,6 +540,14 @@ static void test_added_fields(void **state)
     assert_int_equal(zo_plan_read(text, strlen(text), "p.json", q), ZO_OK);
     assert_int_equal(q->training.recompute, ZO_PLAN_RECOMPUTE_OPS);
     free(text);
+    /* issue 29's: the disk's read rate beside compute */
+    p->hardware.nvme_read_bw_busy = 8.5e8;
+    text = plan_text(p);
+    assert_non_null(strstr(text, "\"nvme_read_bw_busy\""));
+    assert_int_equal(zo_plan_read(text, strlen(text), "p.json", q), ZO_OK);
+    assert_true(q->hardware.nvme_read_bw_busy == 8.5e8);
+    free(text);
+    p->hardware.nvme_read_bw_busy = 0;
     /* issue 30's: the state's encoding, the master, the loss chunk */
     p->training.optim_dtype = ZO_PLAN_STATE_8BIT;
     p->training.master = ZO_PLAN_MASTER_STOCHASTIC;
@@ -855,7 +865,7 @@ static void test_train_refuses_other_plans(void **state)
     assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "step 1 loss"));
     /* issue 30: a plan's 8-bit state trains in the CPU optimizer, and its
-     * loss in chunks; on the GPU or without an fp32 master, the capability
+     * loss in chunks; without an fp32 master off the host, the capability
      * table's words */
     assert_true(estimate("--optim adamw8bit --loss-chunk 16", plan, out, sizeof out) <= 1);
     rc = run_program(ZO_TRAIN_BIN, args, out, sizeof out);
@@ -865,7 +875,10 @@ static void test_train_refuses_other_plans(void **state)
     /* bf16 weights updated without an fp32 master in the CPU optimizer
      * (each rounding), and QLoRA's recipe (no master, 32-bit AdamW) */
     const char *runs[] = {"--master none --dtype bf16", "--master stochastic --dtype bf16",
-                          "--master kahan --dtype bf16 --optim-dtype bf16", "--recipe qlora"};
+                          "--master kahan --dtype bf16 --optim-dtype bf16", "--recipe qlora",
+                          /* 8-bit and bf16 m and v in the GPU optimizer */
+                          "--optim adamw8bit --params gpu --grads gpu --optimizer gpu",
+                          "--optim-dtype bf16 --params gpu --grads gpu --optimizer gpu=0.5,cpu=0.5"};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         assert_true(estimate(runs[i], plan, out, sizeof out) <= 1);
         rc = run_program(ZO_TRAIN_BIN, args, out, sizeof out);
@@ -874,8 +887,6 @@ static void test_train_refuses_other_plans(void **state)
     const struct {
         const char *flags, *said;
     } gap[] = {
-        {"--optim adamw8bit --params gpu --grads gpu --optimizer gpu", "8bit m and v (--optim-dtype 8bit, training.optim_dtype) with optimizer state on the "
-                              "GPU (--optimizer gpu=1, placement.optimizer) does not run"},
         {"--master stochastic --dtype bf16 --params gpu --grads gpu --optimizer gpu",
          "weights without an fp32 master (--master stochastic, training.master) with optimizer state off the "
          "host (--optimizer gpu=1, placement.optimizer) does not run"},

@@ -307,17 +307,103 @@ static void test_time_model(void **state)
                 double device = cpu ? compute + copies : fmax(compute, copies), want = fmax(device, disk);
                 const char *bound = disk > device ? "nvme" : !cpu && copies > compute ? "pcie"
                                   : cpu && copies > 0 ? "compute+copies" : "compute";
-                printf("  %s, weights on %-4s disk %.0e B/s: %.6f s a token (want %.6f), bound %s\n",
-                       cpu ? "CPU backend" : "GPU", zo_plan_tier_name(on[i]), hw.nvme_read_bw, e.s_per_token, want,
-                       e.bound);
+                printf("  %s, weights on %-4s disk %.0e B/s: %.6f s a token (pace %.6f, want %.6f), bound %s, stall %.3g\n",
+                       cpu ? "CPU backend" : "GPU", zo_plan_tier_name(on[i]), hw.nvme_read_bw, e.s_per_token, e.pace_s, want,
+                       e.bound, e.stall_s);
                 assert_int_equal((double)e.stream_bytes, i ? w : 0.0);
                 assert_int_equal((double)e.nvme_bytes, i == 2 ? w : 0.0);
-                assert_true(fabs(e.s_per_token - want) <= 1e-12 * want);
+                assert_true(fabs(e.pace_s - want) <= 1e-12 * want);
                 assert_string_equal(e.bound, bound);
-                assert_true(fabs(e.tokens_per_s - 1.0 / want) <= 1e-9 / want);
+                /* the schedule adds the logits wait where the host reads
+                 * the disk: its reads stop at the next token's first
+                 * blocks until the head has run (test_logits_wait), the
+                 * disk idle for less than a token's device work; on the
+                 * CPU backend with a fast disk, the device idles while the
+                 * host reads the next block before it queues the token's
+                 * first compute (less than a token's reads) */
+                assert_true(e.s_per_token == e.pace_s + e.stall_s);
+                if (i == 2 && !k) assert_true(e.stall_s > 0 && e.stall_s < device);
+                else if (i == 2 && cpu) assert_true(e.stall_s > 0 && e.stall_s < disk);
+                else assert_true(e.stall_s == 0);
+                assert_true(fabs(e.tokens_per_s - 1.0 / e.s_per_token) <= 1e-9 / e.s_per_token);
+                /* the first tokens: the prompts' forward, after the first
+                 * blocks are loaded; resident, just the forward */
+                if (!i) assert_true(e.ttft_s == e.prompt_compute_s);
+                else assert_true(e.ttft_s > e.prompt_compute_s && e.ttft_s >= fmax(cpu ? copies : 0.0, disk));
             }
         }
     }
+}
+
+/* The logits wait, from the schedule's structure: with the disk setting the
+ * pace, the host reads the next token's first prefetch_depth blocks, then
+ * waits for the logits before it reads on, so the disk idles while the
+ * head runs (on the CPU backend also while the copy queued before the head
+ * on the same cores runs: the last block read, a layer with prefetch 2).
+ * A larger head (vocabulary) lengthens the wait by exactly what it adds to
+ * the forward; the CPU backend's wait exceeds the GPU's by a layer's copy.
+ * On the CPU backend the disk gives nvme_read_bw_busy while the cores
+ * compute and nvme_read_bw the rest of the time (the prompts' first blocks,
+ * read before anything runs, at the idle rate); a GPU's forward leaves the
+ * host's cores alone: the idle rate throughout. */
+static void test_logits_wait(void **state)
+{
+    (void)state;
+    plan_gen g;
+    plan_gen_defaults(&g);
+    g.prompt = 8;
+    g.new_tokens = 9;
+    g.cuda_context = g.cublas_workspace = 0;
+    g.fragmentation = 0;
+    g.params_on = ZO_PLAN_NVME;
+    plan_hw gpu, host;
+    cpu_hw(&gpu);
+    gpu.nvme_read_bw = 1e8;
+    plan_hw_cpu_backend(&gpu, gpu.peak_flops_16, gpu.pcie_bw, 1ull << 40, &host);
+    plan_gen_estimate e[2][2]; /* [small, large vocabulary][GPU, CPU backend] */
+    zo_model_config m[2] = {model(0, 4), model(0, 4)};
+    m[1].vocab = 10 * m[0].vocab;
+    for (int v = 0; v < 2; v++)
+        for (int cpu = 0; cpu < 2; cpu++) {
+            assert_int_equal(plan_gen_estimate_run(&m[v], cpu ? &host : &gpu, &g, &e[v][cpu]), 0);
+            assert_string_equal(e[v][cpu].bound, "nvme");
+            printf("  vocab %d, %s: pace %.6g s, logits wait %.6g s, the forward %.6g s\n", m[v].vocab,
+                   cpu ? "CPU backend" : "GPU", e[v][cpu].pace_s, e[v][cpu].stall_s, e[v][cpu].compute_s);
+        }
+    double head = e[1][0].compute_s - e[0][0].compute_s;
+    assert_true(head > 0);
+    assert_true(fabs((e[1][0].stall_s - e[0][0].stall_s) - head) <= 1e-9 * head);
+    zo_param_counts pc;
+    zo_model_param_counts(&m[0], &pc);
+    double layer_copy = (double)pc.per_layer * 2 / host.pcie_bw;
+    for (int v = 0; v < 2; v++)
+        assert_true(fabs((e[v][1].stall_s - e[v][0].stall_s) - layer_copy) <= 1e-9 * layer_copy);
+    /* the disk beside compute at half its idle rate: on a GPU nothing
+     * changes; on the CPU backend the reads take N / idle + W / 2 (W: the
+     * device's work of a token, compute plus copies, all of it beside
+     * reads while the disk sets the pace); with a disk 1000x faster the
+     * device's work covers every read and sets the pace */
+    plan_hw busy_gpu = gpu, busy_host = host;
+    busy_gpu.nvme_read_bw_busy = busy_host.nvme_read_bw_busy = gpu.nvme_read_bw / 2;
+    plan_gen_estimate eg, eh;
+    assert_int_equal(plan_gen_estimate_run(&m[0], &busy_gpu, &g, &eg), 0);
+    assert_true(eg.pace_s == e[0][0].pace_s && eg.s_per_token == e[0][0].s_per_token && eg.ttft_s == e[0][0].ttft_s);
+    assert_int_equal(plan_gen_estimate_run(&m[0], &busy_host, &g, &eh), 0);
+    double N = (double)eh.nvme_bytes, W = eh.compute_s + (double)eh.stream_bytes / host.pcie_bw;
+    assert_true(W < N / busy_host.nvme_read_bw_busy);
+    double want = N / host.nvme_read_bw + W / 2;
+    assert_true(fabs(eh.link_s - want) <= 1e-12 * want && eh.pace_s == eh.link_s);
+    assert_string_equal(eh.bound, "nvme");
+    /* every read after the first blocks slowed alike: a token slower, the
+     * first blocks of the prompt at the idle rate (the first token less
+     * slowed than reads all at the busy rate would make it) */
+    assert_true(eh.s_per_token > e[0][1].s_per_token && eh.ttft_s > e[0][1].ttft_s);
+    plan_hw fast = busy_host;
+    fast.nvme_read_bw = 1e11, fast.nvme_read_bw_busy = 5e10;
+    plan_gen_estimate ef;
+    assert_int_equal(plan_gen_estimate_run(&m[0], &fast, &g, &ef), 0);
+    assert_string_equal(ef.bound, "compute+copies");
+    assert_true(fabs(ef.pace_s - W) <= 1e-12 * W);
 }
 
 static int setup(void **state)
@@ -342,6 +428,7 @@ int main(void)
         cmocka_unit_test(test_cli),
         cmocka_unit_test(test_plan_run),
         cmocka_unit_test(test_time_model),
+        cmocka_unit_test(test_logits_wait),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -55,6 +55,7 @@
 
 #include "common/capability.h"         /* defines: zo_capability_check */
 #include "common/clock.h"
+#include "common/fileio.h"             /* defines: zo_file_read_all */
 #include "gpu/comm.h"                  /* defines: comm_init */
 #include "offload/ckpt_meta.h"         /* defines: ckpt_state_read, ckpt_manifest_write (a version-3 checkpoint) */
 #include "offload/offload.h"           /* defines: offload_init */
@@ -951,6 +952,45 @@ static void assert_losses_close(const double *got, const double *want, int from,
     assert_true(worst <= 1e-6);
 }
 
+/* 8-bit m and v (issue 30) on 2 ranks at ZeRO-2, in memory, on NVMe and on
+ * the GPU: each rank writes its shards' encoded bytes beside its optimizer
+ * file (optimizer-<r>-of-2.image, in the manifest), and the run resumed on
+ * 2 ranks prints the uninterrupted run's losses. */
+static void test_train_resume_8bit(void **state)
+{
+    (void)state;
+    if (ranks > 1) skip();
+    static char out[1 << 16];
+    char extra[2048], path[700];
+    double full[8], got[8];
+    const char *flags = "--dtype fp32 --zero 2 --optim-dtype 8bit --optimizer-on cpu=0.25,nvme=0.25,gpu=0.5";
+    snprintf(extra, sizeof extra, "%s --steps 8 --nvme-dir %s", flags, tmp_dir);
+    int rc = train_run(2, "", "", extra, out, sizeof out, NULL);
+    if (rc) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    run_train_losses(out, full, 8);
+    snprintf(extra, sizeof extra, "%s --steps 4 --nvme-dir %s --ckpt %s/ck8", flags, tmp_dir, tmp_dir);
+    rc = train_run(2, "", "", extra, out, sizeof out, NULL);
+    if (rc) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    for (int r = 0; r < 2; r++) {
+        snprintf(path, sizeof path, "%s/ck8/step-00000004/optimizer-%05d-of-00002.image", tmp_dir, r);
+        assert_int_equal(access(path, F_OK), 0);
+    }
+    snprintf(path, sizeof path, "%s/ck8/step-00000004/manifest.json", tmp_dir);
+    char *text = NULL;
+    assert_int_equal(zo_file_read_all(path, 1 << 20, "manifest", &text, NULL), ZO_OK);
+    assert_non_null(strstr(text, "optimizer-00001-of-00002.image"));
+    free(text);
+    snprintf(extra, sizeof extra, "%s --steps 8 --nvme-dir %s --resume %s/ck8", flags, tmp_dir, tmp_dir);
+    rc = train_run(2, "", "", extra, out, sizeof out, NULL);
+    if (rc || !strstr(out, "at step 4")) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    run_train_losses(out, got, 8);
+    for (int k = 4; k < 8; k++) assert_true(got[k] == full[k]);
+    printf("  8-bit state, ZeRO-2, 2 ranks: resumed at step 4, steps 4-7 print the uninterrupted run's losses\n");
+}
+
 /* A checkpoint of 4 ranks (ZeRO 0: one rank's form; 1-3: a shard per rank
  * and a manifest) resumed on 4, 2 and 1 ranks with the same global batch:
  * the losses go on as the uninterrupted 4-rank run's. */
@@ -1227,6 +1267,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_train_ranks),
         cmocka_unit_test(test_train_resume),
+        cmocka_unit_test(test_train_resume_8bit),
         cmocka_unit_test(test_train_resplit),
         cmocka_unit_test(test_train_save_fails_rank1),
         cmocka_unit_test(test_train_kill),

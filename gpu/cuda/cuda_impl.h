@@ -201,6 +201,9 @@ zo_status cuda_launch_nf4_dequantize(cudaStream_t st, gpu_tensor out, const void
 zo_status cuda_launch_adam_update(cudaStream_t st, const gpu_adam_consts *c, size_t n,
                                   float *param, gpu_tensor grad, float *m, float *v,
                                   gpu_tensor out16);
+/* ... and over bf16 or 8-bit m and v (gpu_adam_state_update) */
+zo_status cuda_launch_adam_state_update(cudaStream_t st, const gpu_adam_state_args *x, size_t n,
+                                        gpu_tensor param, gpu_tensor grad, void *state, gpu_tensor out16);
 
 #ifdef __cplusplus
 }

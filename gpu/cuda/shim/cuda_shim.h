@@ -211,6 +211,21 @@ static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __fsqrt_rn(float a) { return sqrtf(a); }
 
+/* A float's bits and back (the q8 optimizer state compares magnitudes as
+ * bit patterns). */
+static inline unsigned __float_as_uint(float x)
+{
+    unsigned u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+static inline float __uint_as_float(unsigned u)
+{
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
 
