@@ -532,6 +532,20 @@ static void test_moe(void **state)
     if (rc != 2 || count(out, why) != 1) fprintf(stderr, "%s\nwanted once: %s\n", out, why);
     assert_int_equal(rc, 2);
     assert_int_equal(count(out, why), 1);
+    /* 8-bit m and v in the GPU's optimizer share would have their 2048-value
+     * blocks cut by the untouched experts: refused the same way */
+    zo_run_shape q8;
+    zo_run_shape_defaults(&q8);
+    q8.moe = 1;
+    q8.optim_dtype = ZO_PLAN_STATE_8BIT;
+    q8.optimizer[ZO_PLAN_CPU] = 0;
+    q8.optimizer[ZO_PLAN_GPU] = 1;
+    assert_int_equal(zo_capability_check(&q8, why, sizeof why), ZO_ERR_UNSUPPORTED);
+    rc = train(0, "--steps 1 --micro-batch 2 --seq 32 --optimizer gpu --optim-dtype 8bit", out, sizeof out);
+    printf("  --optimizer gpu --optim-dtype 8bit: exit %d, \"%.60s...\" %d time(s)\n", rc, why, count(out, why));
+    if (rc != 2 || count(out, why) != 1) fprintf(stderr, "%s\nwanted once: %s\n", out, why);
+    assert_int_equal(rc, 2);
+    assert_int_equal(count(out, why), 1);
     config = "config.json";
 }
 
