@@ -22,9 +22,10 @@ const zo_capability_entry zo_capability_table[ZO_CAP_GAPS - 1] = {
     {ZO_CAP_DPU_GPU_OPTIMIZER, "dpu-gpu-optimizer",
      "the delayed update runs the optimizer on the CPU beside the next step, while the GPU share's update "
      "writes the resident weights in place; use --schedule overlap or serial, or the optimizer on cpu and nvme"},
-    {ZO_CAP_MOE_LORA, "moe-lora",
-     "adapters on a mixture of experts' layers (the experts as PEFT names them) are not built yet; full "
-     "fine-tuning of Mixtral and Qwen2-MoE runs"},
+    {ZO_CAP_MOE_STATE8_GPU, "moe-state8-gpu-optimizer",
+     "the GPU's update codes 8-bit m and v 2048 values at a time from a block's start, and the experts no "
+     "token went to in a step, which AdamW leaves untouched, cut those blocks: put the optimizer on cpu and "
+     "nvme, or use --optim-dtype bf16"},
     {ZO_CAP_NO_MASTER, "no-master",
      "the bf16 update without an fp32 master runs in the host optimizer shard only: the NVMe swap and the "
      "GPU optimizer keep an fp32 master (the GPU's update has neither stochastic rounding nor Kahan's "
@@ -75,7 +76,8 @@ zo_capability_gap zo_capability_find(const zo_run_shape *r)
     if (r->ranks > 1 && (r->zero == 1 || r->zero == 2) && trained_on(r) != ZO_PLAN_GPU)
         return ZO_CAP_ZERO12_OFFLOADED;
     if (r->schedule == ZO_PLAN_SCHED_DPU && r->optimizer[ZO_PLAN_GPU] > 0) return ZO_CAP_DPU_GPU_OPTIMIZER;
-    if (r->moe && r->method != ZO_PLAN_FULL) return ZO_CAP_MOE_LORA;
+    if (r->moe && r->optim_dtype == ZO_PLAN_STATE_8BIT && r->optimizer[ZO_PLAN_GPU] > 0)
+        return ZO_CAP_MOE_STATE8_GPU;
     if (r->master != ZO_PLAN_MASTER_FP32 && (r->optimizer[ZO_PLAN_GPU] > 0 || r->optimizer[ZO_PLAN_NVME] > 0))
         return ZO_CAP_NO_MASTER;
     return ZO_CAP_RUNS;
@@ -121,9 +123,11 @@ static void what(const zo_run_shape *r, zo_capability_gap gap, char *buf, size_t
         snprintf(buf, len, "the delayed parameter update (--schedule dpu, training.optimizer_schedule) with "
                  "optimizer state on the GPU (--optimizer %s, placement.optimizer)", fr);
         break;
-    case ZO_CAP_MOE_LORA:
-        snprintf(buf, len, "%s (--%s, training.method) on a mixture-of-experts model",
-                 r->method == ZO_PLAN_QLORA ? "QLoRA" : "LoRA", r->method == ZO_PLAN_QLORA ? "qlora" : "lora");
+        break;
+    case ZO_CAP_MOE_STATE8_GPU:
+        fractions(r->optimizer, fr, sizeof fr);
+        snprintf(buf, len, "8-bit m and v (--optim-dtype 8bit, training.optim_dtype) with optimizer state on the "
+                 "GPU (--optimizer %s, placement.optimizer) for a mixture of experts", fr);
         break;
     case ZO_CAP_NO_MASTER:
         fractions(r->optimizer, fr, sizeof fr);

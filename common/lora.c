@@ -28,6 +28,9 @@ static const struct {
     {"c_attn", ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V},
     {"c_fc", ZO_LORA_UP},
     {"c_proj", ZO_LORA_O | ZO_LORA_DOWN},
+    {"w1", ZO_LORA_GATE},
+    {"w3", ZO_LORA_UP},
+    {"w2", ZO_LORA_DOWN},
     {"all-linear", ZO_LORA_ALL_LINEAR},
 };
 
@@ -48,7 +51,7 @@ zo_status zo_lora_targets_parse(const char *s, unsigned *out)
         if (!found)
             return zo_error(ZO_ERR_INVALID,
                             "LoRA targets \"%s\": unknown target \"%.*s\" (expected q, k, v, o, "
-                            "gate, up, down or all-linear)",
+                            "gate, up, down, PEFT's module names such as q_proj or w1, or all-linear)",
                             s, (int)len, p);
         p += len;
         if (*p == ',') p++;
@@ -96,26 +99,51 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
     const int64_t h = c->hidden, f = c->ffn;
     const int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
     const zo_lora_module gpt[] = {
-        {ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V, "c_attn", "attn.c_attn", h, q + 2 * kv},
-        {ZO_LORA_O, "attn.c_proj", "attn.c_proj", q, h},
-        {ZO_LORA_UP, "c_fc", "mlp.c_fc", h, f},
-        {ZO_LORA_DOWN, "mlp.c_proj", "mlp.c_proj", f, h},
+        {ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V, "c_attn", "attn.c_attn", h, q + 2 * kv, 0, NULL},
+        {ZO_LORA_O, "attn.c_proj", "attn.c_proj", q, h, 0, NULL},
+        {ZO_LORA_UP, "c_fc", "mlp.c_fc", h, f, 0, NULL},
+        {ZO_LORA_DOWN, "mlp.c_proj", "mlp.c_proj", f, h, 0, NULL},
     };
     const zo_lora_module llama[] = {
-        {ZO_LORA_Q, "q_proj", "self_attn.q_proj", h, q},
-        {ZO_LORA_K, "k_proj", "self_attn.k_proj", h, kv},
-        {ZO_LORA_V, "v_proj", "self_attn.v_proj", h, kv},
-        {ZO_LORA_O, "o_proj", "self_attn.o_proj", q, h},
-        {ZO_LORA_GATE, "gate_proj", "mlp.gate_proj", h, f},
-        {ZO_LORA_UP, "up_proj", "mlp.up_proj", h, f},
-        {ZO_LORA_DOWN, "down_proj", "mlp.down_proj", f, h},
+        {ZO_LORA_Q, "q_proj", "self_attn.q_proj", h, q, 0, NULL},
+        {ZO_LORA_K, "k_proj", "self_attn.k_proj", h, kv, 0, NULL},
+        {ZO_LORA_V, "v_proj", "self_attn.v_proj", h, kv, 0, NULL},
+        {ZO_LORA_O, "o_proj", "self_attn.o_proj", q, h, 0, NULL},
+        {ZO_LORA_GATE, "gate_proj", "mlp.gate_proj", h, f, 0, NULL},
+        {ZO_LORA_UP, "up_proj", "mlp.up_proj", h, f, 0, NULL},
+        {ZO_LORA_DOWN, "down_proj", "mlp.down_proj", f, h, 0, NULL},
+    };
+    /* a mixture of experts: the attention's, then the routed experts' (each
+     * module once per expert), then the shared expert's */
+    const int mixtral = !strcmp(c->family, "mixtral");
+    const int64_t fe = c->moe.expert_ffn, fs = c->moe.shared_ffn, E = c->moe.experts;
+    const char *ep = mixtral ? "block_sparse_moe.experts" : "mlp.experts";
+    const zo_lora_module moe[] = {
+        llama[0], llama[1], llama[2], llama[3],
+        {ZO_LORA_GATE, mixtral ? "w1" : "gate_proj", mixtral ? "w1" : "gate_proj", h, fe, (int)E, ep},
+        {ZO_LORA_UP, mixtral ? "w3" : "up_proj", mixtral ? "w3" : "up_proj", h, fe, (int)E, ep},
+        {ZO_LORA_DOWN, mixtral ? "w2" : "down_proj", mixtral ? "w2" : "down_proj", fe, h, (int)E, ep},
+        {ZO_LORA_GATE, "gate_proj", "mlp.shared_expert.gate_proj", h, fs, 0, NULL},
+        {ZO_LORA_UP, "up_proj", "mlp.shared_expert.up_proj", h, fs, 0, NULL},
+        {ZO_LORA_DOWN, "down_proj", "mlp.shared_expert.down_proj", fs, h, 0, NULL},
     };
     int gpt2 = c->arch == ZO_ARCH_GPT, n = 0;
-    const zo_lora_module *all = gpt2 ? gpt : llama;
-    size_t count = gpt2 ? sizeof gpt / sizeof gpt[0] : sizeof llama / sizeof llama[0];
+    const zo_lora_module *all = gpt2 ? gpt : E ? moe : llama;
+    size_t count = gpt2 ? sizeof gpt / sizeof gpt[0]
+                   : E  ? sizeof moe / sizeof moe[0] - (fs ? 0 : 3)
+                        : sizeof llama / sizeof llama[0];
     for (size_t i = 0; i < count; i++)
         if (targets & all[i].targets) out[n++] = all[i];
     return n;
+}
+
+const char *zo_lora_module_path(const zo_lora_module *m, int n, char *buf, size_t len)
+{
+    if (m->experts)
+        snprintf(buf, len, "%s.%d.%s", m->expert_path, n, m->path);
+    else
+        snprintf(buf, len, "%s", m->path);
+    return buf;
 }
 
 unsigned zo_lora_targets_effective(const zo_model_config *cfg, unsigned targets)
@@ -132,6 +160,8 @@ uint64_t zo_lora_trainable_params(const zo_model_config *cfg, int r, unsigned ta
     zo_lora_module mods[ZO_LORA_MAX_MODULES];
     int n = zo_lora_layer_modules(cfg, targets, mods);
     uint64_t per_layer = 0;
-    for (int i = 0; i < n; i++) per_layer += (uint64_t)r * (uint64_t)(mods[i].in + mods[i].out);
+    for (int i = 0; i < n; i++)
+        per_layer += (uint64_t)(mods[i].experts ? mods[i].experts : 1) * (uint64_t)r *
+                     (uint64_t)(mods[i].in + mods[i].out);
     return per_layer * (uint64_t)cfg->n_layers;
 }

@@ -14,7 +14,18 @@
  * GPT-2 fuses q, k and v into one Conv1D, c_attn: as PEFT targets it (its
  * default for gpt2 is ["c_attn"]), one adapter covers the fused layer, A
  * [r, h] and B [3h, r], so any of q, k, v on GPT-2 means c_attn; o is
- * attn.c_proj, up is mlp.c_fc, down is mlp.c_proj, and GPT-2 has no gate. */
+ * attn.c_proj, up is mlp.c_fc, down is mlp.c_proj, and GPT-2 has no gate.
+ *
+ * A mixture-of-experts layer (Mixtral, Qwen2-MoE) has no dense MLP: gate,
+ * up and down adapt every routed expert's projection (Mixtral's
+ * block_sparse_moe.experts.N.w1, w3, w2; Qwen2-MoE's
+ * mlp.experts.N.gate_proj, up_proj, down_proj) and Qwen2-MoE's shared
+ * expert's (mlp.shared_expert.gate_proj ...), as PEFT's target_modules
+ * "w1" or "gate_proj" reach every module whose name ends so. The router
+ * (block_sparse_moe.gate, mlp.gate) and Qwen2-MoE's shared_expert_gate
+ * carry no adapters: PEFT's "all-linear" would include them, this
+ * runtime's leaves them out and writes the modules it adapted, by name,
+ * into adapter_config.json. */
 #ifndef ZO_COMMON_LORA_H
 #define ZO_COMMON_LORA_H
 
@@ -34,7 +45,7 @@ enum {
     ZO_LORA_DOWN = 1u << 6,
 };
 #define ZO_LORA_ALL_LINEAR 0x7fu /* every projection the architecture has */
-#define ZO_LORA_MAX_MODULES 7    /* adapted linear layers per transformer layer */
+#define ZO_LORA_MAX_MODULES 10   /* kinds of adapted linear layers per transformer layer */
 
 typedef struct zo_lora_config {
     int r;            /* rank; 0: no LoRA */
@@ -46,16 +57,23 @@ typedef struct zo_lora_config {
 typedef struct zo_lora_module {
     unsigned targets; /* the target bits it stands for (GPT-2 c_attn: q|k|v) */
     const char *peft; /* its entry in PEFT's target_modules ("q_proj", "c_attn", "attn.c_proj") */
-    const char *path; /* its module path inside the layer ("self_attn.q_proj", "attn.c_attn") */
+    const char *path; /* its module path inside the layer ("self_attn.q_proj", "attn.c_attn"); a
+                         routed expert's: the path inside the expert ("w1", "gate_proj") */
     int64_t in, out;  /* A is [r, in], B is [out, r] */
+    int experts;      /* 0: one module; else one per routed expert, at expert_path.N.path */
+    const char *expert_path; /* "block_sparse_moe.experts", "mlp.experts" (experts > 0) */
 } zo_lora_module;
 
 /* Parse a comma-separated list of q, k, v, o, gate, up, down (PEFT's module
- * names q_proj ... down_proj, c_attn, c_fc, c_proj are accepted too), or
- * "all-linear". ZO_ERR_INVALID names the unknown entry. */
+ * names q_proj ... down_proj, c_attn, c_fc, c_proj, and Mixtral's experts'
+ * w1 (gate), w3 (up), w2 (down) are accepted too), or "all-linear".
+ * ZO_ERR_INVALID names the unknown entry. */
 zo_status zo_lora_targets_parse(const char *s, unsigned *out);
 /* "q,v", or "all-linear" for every bit. */
 const char *zo_lora_targets_str(unsigned targets, char *buf, size_t len);
+/* A module's path inside its layer: `path`, or expert_path.N.path for
+ * routed expert n. */
+const char *zo_lora_module_path(const zo_lora_module *m, int n, char *buf, size_t len);
 
 /* Check a LoRA choice against a model: r >= 1, alpha finite and > 0, at
  * least one target, and an explicit target the architecture has (gate on
@@ -63,8 +81,9 @@ const char *zo_lora_targets_str(unsigned targets, char *buf, size_t len);
 zo_status zo_lora_check(const zo_model_config *cfg, const zo_lora_config *lc);
 
 /* The adapted linear layers of one transformer layer, in the layer's order
- * (LLaMA: q k v o gate up down; GPT-2: c_attn, attn.c_proj, c_fc, mlp.c_proj);
- * returns their count. */
+ * (LLaMA: q k v o gate up down; GPT-2: c_attn, attn.c_proj, c_fc, mlp.c_proj;
+ * an MoE layer: q k v o, the routed experts' gate up down (each module
+ * `experts` times), the shared expert's gate up down); returns their count. */
 int zo_lora_layer_modules(const zo_model_config *cfg, unsigned targets,
                           zo_lora_module out[ZO_LORA_MAX_MODULES]);
 
@@ -77,7 +96,7 @@ unsigned zo_lora_targets_effective(const zo_model_config *cfg, unsigned targets)
 
 /* Trainable parameters of rank-r adapters on `targets`, as PEFT's
  * print_trainable_parameters counts them (LLaMA-2-7B, r 8, q and v:
- * 4,194,304). */
+ * 4,194,304; an MoE layer: every expert's). */
 uint64_t zo_lora_trainable_params(const zo_model_config *cfg, int r, unsigned targets);
 
 #endif

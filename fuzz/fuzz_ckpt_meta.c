@@ -8,8 +8,12 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     ckpt_state s;
-    if (ckpt_state_parse((const char *)data, size, "fuzz/state.json", &s) == ZO_OK)
+    if (ckpt_state_parse((const char *)data, size, "fuzz/state.json", &s) == ZO_OK) {
         FUZZ_ASSERT(s.loss_scale > 0 && s.blocks >= 1 && s.step >= 0, "state out of range");
+        for (size_t i = 0; i < s.n_expert_steps; i++)
+            FUZZ_ASSERT(s.expert_steps[i] >= 0 && s.expert_steps[i] <= s.step, "expert %zu's steps", i);
+        ckpt_state_free(&s);
+    }
     ckpt_manifest m;
     if (ckpt_manifest_parse((const char *)data, size, "fuzz/manifest.json", &m) == ZO_OK) {
         for (int i = 0; i < m.n_files; i++)

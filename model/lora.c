@@ -15,9 +15,13 @@
 #include "safetensors.h"   /* defines: model_save, model_load_path */
 
 /* The weight an adapter sits beside (GPT-2's fused c_attn: the QKV view). */
-static model_role role_of(unsigned targets)
+static model_role role_of(const zo_lora_module *m)
 {
-    switch (targets) {
+    if (m->experts)
+        return m->targets == ZO_LORA_GATE ? MODEL_ROLE_EXPERT_GATE_W
+               : m->targets == ZO_LORA_UP ? MODEL_ROLE_EXPERT_UP_W
+                                          : MODEL_ROLE_EXPERT_DOWN_W;
+    switch (m->targets) {
     case ZO_LORA_Q: return MODEL_ROLE_Q_W;
     case ZO_LORA_K: return MODEL_ROLE_K_W;
     case ZO_LORA_V: return MODEL_ROLE_V_W;
@@ -42,7 +46,9 @@ zo_status model_lora_layout_init(model_layout *l, const zo_model_config *cfg_in,
     l->cfg = cfg;
     l->n_layers = cfg.n_layers;
     l->n_blocks = cfg.n_layers + 2;
-    l->n_tensors = 2 * nm * cfg.n_layers;
+    l->n_tensors = 0;
+    for (int j = 0; j < nm; j++) l->n_tensors += 2 * (mods[j].experts ? mods[j].experts : 1);
+    l->n_tensors *= cfg.n_layers;
     l->block_numel = calloc((size_t)l->n_blocks, sizeof *l->block_numel);
     l->views = calloc((size_t)l->n_blocks * MODEL_ROLE_COUNT, sizeof *l->views);
     l->tensors = calloc(l->n_tensors ? (size_t)l->n_tensors : 1, sizeof *l->tensors);
@@ -54,22 +60,33 @@ zo_status model_lora_layout_init(model_layout *l, const zo_model_config *cfg_in,
     int k = 0;
     for (int layer = 0; layer < cfg.n_layers; layer++) {
         int blk = model_layout_layer_block(layer);
-        for (int j = 0; j < nm; j++)
-            for (int part = MODEL_LORA_A; part <= MODEL_LORA_B; part++) {
-                model_tensor *t = &l->tensors[k++];
-                snprintf(t->name, sizeof t->name, "base_model.model.%s.%d.%s.lora_%c.weight", prefix,
-                         layer, mods[j].path, part == MODEL_LORA_A ? 'A' : 'B');
-                t->block = blk;
-                t->role = role_of(mods[j].targets);
-                t->layer = layer;
-                t->lora = part;
-                t->offset = l->block_numel[blk];
-                t->ndim = 2;
-                t->shape[0] = part == MODEL_LORA_A ? lc->r : mods[j].out;
-                t->shape[1] = part == MODEL_LORA_A ? mods[j].in : lc->r;
-                t->numel = (size_t)(t->shape[0] * t->shape[1]);
-                l->block_numel[blk] += t->numel;
-            }
+        for (int j = 0; j < nm; j++) {
+            /* a routed expert's adapters lie together, expert after expert
+             * (every expert module of the layer at the first of them) */
+            int experts = mods[j].experts, last = j;
+            if (experts)
+                while (last + 1 < nm && mods[last + 1].experts) last++;
+            for (int e = 0; e < (experts ? experts : 1); e++)
+                for (int i = j; i <= last; i++)
+                    for (int part = MODEL_LORA_A; part <= MODEL_LORA_B; part++) {
+                        model_tensor *t = &l->tensors[k++];
+                        char path[128];
+                        snprintf(t->name, sizeof t->name, "base_model.model.%s.%d.%s.lora_%c.weight", prefix,
+                                 layer, zo_lora_module_path(&mods[i], e, path, sizeof path),
+                                 part == MODEL_LORA_A ? 'A' : 'B');
+                        t->block = blk;
+                        t->role = role_of(&mods[i]);
+                        t->layer = layer;
+                        t->lora = part;
+                        t->offset = l->block_numel[blk];
+                        t->ndim = 2;
+                        t->shape[0] = part == MODEL_LORA_A ? lc->r : mods[i].out;
+                        t->shape[1] = part == MODEL_LORA_A ? mods[i].in : lc->r;
+                        t->numel = (size_t)(t->shape[0] * t->shape[1]);
+                        l->block_numel[blk] += t->numel;
+                    }
+            j = last;
+        }
     }
     for (int b = 0; b < l->n_blocks; b++) l->total_numel += l->block_numel[b];
     if ((uint64_t)l->total_numel != zo_lora_trainable_params(&cfg, lc->r, lc->targets)) {
@@ -107,7 +124,11 @@ static cJSON *config_json(const zo_model_config *cfg, const zo_lora_config *lc, 
     }
     zo_lora_module mods[ZO_LORA_MAX_MODULES];
     int nm = zo_lora_layer_modules(cfg, lc->targets, mods);
-    for (int j = 0; j < nm; j++) cJSON_AddItemToArray(targets, cJSON_CreateString(mods[j].peft));
+    for (int j = 0; j < nm; j++) {
+        int seen = 0; /* Qwen2-MoE: the experts' and the shared expert's gate_proj are one entry */
+        for (int i = 0; i < j; i++) seen |= !strcmp(mods[i].peft, mods[j].peft);
+        if (!seen) cJSON_AddItemToArray(targets, cJSON_CreateString(mods[j].peft));
+    }
     cJSON_AddStringToObject(o, "peft_type", "LORA");
     cJSON_AddStringToObject(o, "task_type", "CAUSAL_LM");
     if (base_model && *base_model)
@@ -160,33 +181,58 @@ out_free:
     return st;
 }
 
+/* Whether PEFT's entry reaches the module at `path`: the name itself or
+ * its end after a dot. */
+static int entry_matches(const char *path, const char *entry)
+{
+    size_t ml = strlen(path), el = strlen(entry);
+    return ml >= el && !strcmp(path + ml - el, entry) && (ml == el || path[ml - el - 1] == '.');
+}
+
 /* One target_modules entry as target bits, PEFT's way: an entry matches a
  * module whose name is the entry or ends with "." + the entry, so "c_proj"
  * is both of GPT-2's projections, "attn.c_proj" the attention's only, and
  * "self_attn.q_proj" every layer's q_proj. A dotted entry naming the
- * module under a longer path ("model.layers.0.self_attn.q_proj") adapts
- * some layers only: refused; one matching nothing is refused. A plain name
- * of no module of this architecture goes by its target name (gate_proj on
- * GPT-2: zo_lora_check refuses it, naming the target). */
+ * module under a longer path ("model.layers.0.self_attn.q_proj", an MoE's
+ * "experts.0.w1") adapts some layers or experts only: refused, as is one
+ * reaching some of the modules of a target only (Qwen2-MoE's
+ * "shared_expert.gate_proj": the routed experts' gate_proj too or
+ * neither), the router of an MoE layer ("gate": block_sparse_moe.gate,
+ * mlp.gate; shared_expert_gate), which carries no adapters here, and one
+ * matching nothing. A plain name of no module of this architecture goes by
+ * its target name (gate_proj on GPT-2: zo_lora_check refuses it, naming
+ * the target). */
 static zo_status module_bits(const char *path, const zo_model_config *cfg, const char *entry, unsigned *bits)
 {
     zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    int n = zo_lora_layer_modules(cfg, ZO_LORA_ALL_LINEAR, mods);
-    size_t el = strlen(entry);
+    int n = zo_lora_layer_modules(cfg, ZO_LORA_ALL_LINEAR, mods), hit[ZO_LORA_MAX_MODULES] = {0};
     *bits = 0;
     int deeper = 0;
     for (int i = 0; i < n; i++) {
-        size_t ml = strlen(mods[i].path);
-        if (ml >= el && !strcmp(mods[i].path + ml - el, entry) && (ml == el || mods[i].path[ml - el - 1] == '.'))
+        if ((hit[i] = entry_matches(mods[i].path, entry)))
             *bits |= mods[i].targets;
-        else if (el > ml && !strcmp(entry + el - ml, mods[i].path) && entry[el - ml - 1] == '.')
+        else if (entry_matches(entry, mods[i].path))
             deeper = 1;
     }
+    for (int i = 0; i < n; i++)
+        if ((mods[i].targets & *bits) && !hit[i])
+            return zo_error(ZO_ERR_UNSUPPORTED, "%s: \"target_modules\": \"%s\" reaches some of the modules "
+                            "this runtime adapts together only (not %s%s%s): name the module every layer's "
+                            "experts and shared expert answer to (\"%s\")", path, entry,
+                            mods[i].experts ? mods[i].expert_path : mods[i].path, mods[i].experts ? ".N." : "",
+                            mods[i].experts ? mods[i].path : "", mods[i].peft);
     if (*bits) return ZO_OK;
+    if (cfg->moe.experts) {
+        const char *router = !strcmp(cfg->family, "mixtral") ? "block_sparse_moe.gate" : "mlp.gate";
+        if (entry_matches(router, entry) || entry_matches("mlp.shared_expert_gate", entry))
+            return zo_error(ZO_ERR_UNSUPPORTED, "%s: \"target_modules\": \"%s\" is the router of a "
+                            "mixture-of-experts layer (%s, shared_expert_gate), which carries no adapters here: "
+                            "adapters go on the attention's and the experts' projections", path, entry, router);
+    }
     if (deeper)
-        return zo_error(ZO_ERR_UNSUPPORTED, "%s: \"target_modules\": \"%s\" names the module of particular layers: "
-                        "only names every layer's module answers to (\"q_proj\", \"self_attn.q_proj\") are "
-                        "supported", path, entry);
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s: \"target_modules\": \"%s\" names the module of particular layers "
+                        "or experts: only names every layer's module answers to (\"q_proj\", "
+                        "\"self_attn.q_proj\", \"w1\") are supported", path, entry);
     if (!strchr(entry, '.') && zo_lora_targets_parse(entry, bits) == ZO_OK && *bits != ZO_LORA_ALL_LINEAR)
         return ZO_OK;
     return zo_error(ZO_ERR_UNSUPPORTED, "%s: \"target_modules\": \"%s\" is not a linear layer of a transformer layer",

@@ -516,6 +516,10 @@ static zo_status save_finish(offload_ckpt *ck, const save_dir *s, offload_dp *dp
     if (meta && meta->batch.micro_batch)
         cs.batch = (ckpt_batch){.micro_batch = meta->batch.micro_batch, .grad_accum = meta->batch.grad_accum,
                                 .ranks = meta->batch.ranks, .seq = meta->batch.seq};
+    if (ck->opt->expert_steps) {
+        cs.expert_steps = ck->opt->expert_steps;
+        cs.n_expert_steps = (size_t)ck->g->nb * (size_t)ck->opt->m->experts;
+    }
     zo_status st = ckpt_state_write(s->tmp, &cs);
     if (st != ZO_OK) return st;
     ckpt_manifest mf = {.layout = {.blocks = ck->g->nb, .params = ck->g->n, .dtype = ck->g->dtype,
@@ -827,6 +831,13 @@ static zo_status check_checkpoint(const offload_ckpt *ck, const char *cdir, ckpt
     zo_status st;
     snprintf(path, sizeof path, "%s/" CKPT_STATE_NAME, cdir);
     if ((st = ckpt_state_read(path, cs)) != ZO_OK) return st;
+    size_t ne = ck->opt->expert_steps ? (size_t)ck->g->nb * (size_t)ck->opt->m->experts : 0;
+    if (cs->n_expert_steps && cs->n_expert_steps != ne) {
+        st = zo_error(ZO_ERR_INVALID, "%s: \"expert_steps\" holds %zu step counts; this model's routed experts "
+                      "are %zu (blocks x experts)", path, cs->n_expert_steps, ne);
+        ckpt_state_free(cs);
+        return st;
+    }
     if (cs->params != ck->g->n || cs->blocks != ck->g->nb)
         return zo_error(ZO_ERR_INVALID, "%s: a checkpoint of %" PRIu64 " parameters in %d blocks; the "
                         "model has %zu in %d", path, cs->params, cs->blocks, ck->g->n, ck->g->nb);
@@ -930,6 +941,7 @@ zo_status offload_ckpt_load(offload_ckpt *ck, const char *dir, offload_ckpt_meta
     zo_status mine = check_checkpoint(ck, cdir, &cs, &mf);
     if ((st = dp_agree(ck->env->dp, mine, "offload_load")) != ZO_OK) {
         if (mine == ZO_OK) ckpt_manifest_free(&mf);
+        ckpt_state_free(&cs);
         return st;
     }
     /* every tensor is there before anything is overwritten */
@@ -971,6 +983,9 @@ zo_status offload_ckpt_load(offload_ckpt *ck, const char *dir, offload_ckpt_meta
     ck->opt->ctr.skipped = cs.skipped;
     ck->opt->ctr.skipped_in_a_row = cs.skipped_in_a_row;
     ck->opt->micro = 0;
+    /* each expert's steps (a checkpoint without them: every expert took every step) */
+    for (size_t i = 0; ck->opt->expert_steps && i < (size_t)ck->g->nb * (size_t)ck->opt->m->experts; i++)
+        ck->opt->expert_steps[i] = cs.n_expert_steps ? cs.expert_steps[i] : cs.step;
     offload_optim_settle(ck->opt); /* every block's weights are this step's */
     if (meta) {
         meta->data_step = cs.data_step;
@@ -983,5 +998,6 @@ out_close:
     source_close(&src);
 out_manifest:
     ckpt_manifest_free(&mf);
+    ckpt_state_free(&cs);
     return st;
 }

@@ -133,6 +133,11 @@ zo_status ckpt_state_write(const char *dir, const ckpt_state *s)
         cJSON_AddNullToObject(o, "batch");
     }
     cJSON_AddStringToObject(o, "seed", seed);
+    if (s->n_expert_steps) {
+        cJSON *ex = cJSON_AddArrayToObject(o, "expert_steps");
+        for (size_t i = 0; ex && i < s->n_expert_steps; i++)
+            cJSON_AddItemToArray(ex, cJSON_CreateNumber((double)s->expert_steps[i]));
+    }
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     snprintf(path, sizeof path, "%s/%s", dir, CKPT_STATE_NAME);
@@ -168,11 +173,35 @@ static zo_status get_batch(const cJSON *o, const char *path, ckpt_batch *b)
     return ZO_OK;
 }
 
+/* "expert_steps": absent, or a list of whole numbers in [0, step]. */
+static zo_status get_expert_steps(const cJSON *o, const char *path, ckpt_state *s)
+{
+    const cJSON *ex = cJSON_GetObjectItemCaseSensitive(o, "expert_steps"), *e;
+    if (!ex) return ZO_OK;
+    int n = cJSON_GetArraySize(ex);
+    if (!cJSON_IsArray(ex) || !n)
+        return zo_error(ZO_ERR_FORMAT, "%s: \"expert_steps\" is not a non-empty list", path);
+    if (!(s->expert_steps = calloc((size_t)n, sizeof *s->expert_steps)))
+        return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", path);
+    cJSON_ArrayForEach(e, ex)
+    {
+        double v = cJSON_IsNumber(e) ? e->valuedouble : -1;
+        if (!(v >= 0 && v <= (double)s->step && v == (double)(int64_t)v)) {
+            size_t i = s->n_expert_steps;
+            ckpt_state_free(s);
+            return zo_error(ZO_ERR_FORMAT, "%s: \"expert_steps\"[%zu] is not a whole number in [0, step %" PRId64
+                            "]", path, i, s->step);
+        }
+        s->expert_steps[s->n_expert_steps++] = (int64_t)v;
+    }
+    return ZO_OK;
+}
+
 zo_status ckpt_state_parse(const char *text, size_t len, const char *path, ckpt_state *s)
 {
     static const char *const known[] = {"format", "version", "step", "loss_scale", "good_steps",
                                         "skipped", "skipped_in_a_row", "params", "blocks", "dtype",
-                                        "data_rows", "batch", "seed", NULL};
+                                        "data_rows", "batch", "seed", "expert_steps", NULL};
     /* version 3: the data position in micro-batches, no batch shape */
     static const char *const known_v3[] = {"format", "version", "step", "loss_scale", "good_steps",
                                            "skipped", "skipped_in_a_row", "params", "blocks", "dtype",
@@ -226,9 +255,17 @@ zo_status ckpt_state_parse(const char *text, size_t len, const char *path, ckpt_
     s->blocks = (int)blocks;
     s->data_step = (int64_t)data_step;
     s->seed = (uint64_t)sv;
+    st = get_expert_steps(o, path, s);
 out_free:
     cJSON_Delete(o);
     return st;
+}
+
+void ckpt_state_free(ckpt_state *s)
+{
+    free(s->expert_steps);
+    s->expert_steps = NULL;
+    s->n_expert_steps = 0;
 }
 
 zo_status ckpt_state_read(const char *path, ckpt_state *s)

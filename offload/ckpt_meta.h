@@ -59,7 +59,16 @@ typedef struct ckpt_state {
                              * by every rank in all ("data_rows"); version 3: micro-batches */
     uint64_t seed;          /* the caller's seed (a decimal string in the file: exact) */
     ckpt_batch batch;
+    /* a mixture of experts: the AdamW steps each routed expert has taken
+     * (blocks x experts, expert e of block b at b * experts + e; an expert
+     * no token went to in a step takes none); "expert_steps" in the file,
+     * absent when none (as before: every expert took every step). Read:
+     * allocated, ckpt_state_free releases it. */
+    int64_t *expert_steps;
+    size_t n_expert_steps;
 } ckpt_state;
+
+void ckpt_state_free(ckpt_state *s);
 
 /* dir/state.json, atomically. */
 zo_status ckpt_state_write(const char *dir, const ckpt_state *s);

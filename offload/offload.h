@@ -97,6 +97,16 @@ typedef struct offload_decay_range {
     size_t offset, numel; /* elements in the block */
 } offload_decay_range;
 
+/* A routed expert's elements in a block (a mixture of experts). In a step
+ * where no token of any micro-batch on any rank went to the expert, AdamW
+ * leaves them as they are: no moment decay, no weight decay, and the
+ * expert's own step count (its bias correction) does not move, as
+ * torch.optim.AdamW skips a parameter whose grad is None. */
+typedef struct offload_expert_range {
+    int block, expert;    /* expert: 0 .. offload_model.experts - 1 */
+    size_t offset, numel; /* elements in the block */
+} offload_expert_range;
+
 typedef zo_status (*offload_block_fn)(void *user, int block, const offload_block_io *io,
                                       gpu_stream_t s);
 typedef zo_status (*offload_backward_fn)(void *user, int block, const offload_block_io *io,
@@ -135,6 +145,14 @@ typedef struct offload_model {
      * The block's trainable weights are then block_numel[b] elements beside
      * it (0 for a block with nothing to train). NULL: nothing frozen. */
     const size_t *frozen_bytes;
+    /* (optional) Mixtures of experts: the routed experts' ranges (sorted
+     * by block and offset), `experts` per MoE block, and after a training
+     * forward of block b, expert_routed(user, b, e): whether that forward
+     * sent a token to expert e. n_expert_ranges 0: nothing is skipped. */
+    const offload_expert_range *expert_ranges;
+    int n_expert_ranges;
+    int experts;
+    int (*expert_routed)(void *user, int block, int expert);
 } offload_model;
 
 /* ---- the configuration (what a plan says) -------------------------------- */

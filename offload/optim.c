@@ -77,33 +77,61 @@ int offload_optim_ready(offload_optim *o, int b, int wait)
 
 /* ---- the update of a range ---------------------------------------------------------- */
 
-/* Where the decay ranges cut block b from element `rel` (of the block):
- * returns the end of the piece starting there (at most `stop`) and whether
- * it decays. */
-static size_t decay_piece(const offload_optim *o, int b, size_t rel, size_t stop, int *decay)
+/* Where sorted, disjoint ranges (n of them) cut block b from element `rel`
+ * (of the block): returns the end of the piece starting there (at most
+ * `stop`) and the range holding it (-1: none). */
+static size_t range_piece(const offload_decay_range *r, int n, int b, size_t rel, size_t stop, int *hit)
 {
-    *decay = o->m->decay ? 0 : 1;
-    if (!o->m->decay) return stop;
-    for (int i = 0; i < o->m->n_decay; i++) {
-        const offload_decay_range *d = &o->m->decay[i];
-        if (d->block != b || d->offset + d->numel <= rel) continue;
-        if (d->offset <= rel) {
-            *decay = 1;
-            if (d->offset + d->numel < stop) stop = d->offset + d->numel;
-        } else if (d->offset < stop) {
-            stop = d->offset;
+    *hit = -1;
+    for (int i = 0; i < n; i++) {
+        if (r[i].block != b || r[i].offset + r[i].numel <= rel) continue;
+        if (r[i].offset <= rel) {
+            *hit = i;
+            if (r[i].offset + r[i].numel < stop) stop = r[i].offset + r[i].numel;
+        } else if (r[i].offset < stop) {
+            stop = r[i].offset;
         }
         break; /* sorted: the first range ending after rel decides */
     }
     return stop;
 }
 
-/* decay_piece in the optimizer's coordinates of block b (its part; decay
- * ranges are in whole-block coordinates). */
-static size_t decay_piece_part(const offload_optim *o, int b, size_t rel, size_t stop, int *decay)
+/* From element `rel` of block b (the optimizer's coordinates: its part),
+ * the end of the run (at most `stop`) in one routed expert's range (its
+ * number in *expert) or between two (-1). */
+static size_t expert_run(const offload_optim *o, int b, size_t rel, size_t stop, int *expert)
 {
     size_t base = offload_dp_part_first(o->env->dp, b);
-    return decay_piece(o, b, base + rel, base + stop, decay) - base;
+    int hit;
+    stop = range_piece(o->expert_at, o->m->n_expert_ranges, b, base + rel, base + stop, &hit);
+    *expert = hit >= 0 ? o->m->expert_ranges[hit].expert : -1;
+    return stop - base;
+}
+
+/* The piece of block b from `rel` (the optimizer's coordinates: its part)
+ * that one AdamW call takes: cut at the decay ranges and at the experts'. */
+static size_t piece_part(const offload_optim *o, int b, size_t rel, size_t stop, int *decay, int *expert)
+{
+    size_t base = offload_dp_part_first(o->env->dp, b);
+    int hit;
+    if (o->m->decay) { /* (none given: every element decays) */
+        stop = range_piece(o->m->decay, o->m->n_decay, b, base + rel, base + stop, &hit) - base;
+        *decay = hit >= 0;
+    } else {
+        *decay = 1;
+    }
+    return expert_run(o, b, rel, stop, expert);
+}
+
+/* Whether the piece of `expert` of block b is left as it is this step (no
+ * token went to the expert); otherwise its AdamW step in *step. */
+static int expert_untouched(const offload_optim *o, int b, int expert, long *step)
+{
+    if (expert < 0) return 0;
+    size_t k = (size_t)b * (size_t)o->m->experts + (size_t)expert;
+    if (!o->step_routed[k]) return 1;
+    *step = (long)o->expert_steps[k];
+    return 0;
 }
 
 /* A counter-based hash (splitmix64's finalizer) of the step, the block and
@@ -132,7 +160,7 @@ static void round_stochastic(int64_t step, int b, size_t first, float *P, uint16
  * without decay; P, M, V point at element a; the new weights go to the
  * store. The time it takes counts as overlapped when the device was
  * computing at both ends. */
-static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay, float *P,
+static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay, int expert, float *P,
                               float *M, float *V)
 {
     offload_optim *o = c->o;
@@ -140,6 +168,14 @@ static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay,
     size_t rel = a - o->og->off[b], n = e - a;
     adam_hparams hp = o->hp;
     if (!decay) hp.weight_decay = 0.0f;
+    if (expert_untouched(o, b, expert, &hp.step)) {
+        /* an expert no token went to: its weights put back as they are */
+        void *dst;
+        zo_status st = ws->ops->put_host(ws, b, rel, n, &dst);
+        if (st != ZO_OK) return st;
+        zo_convert(dst, o->m->dtype, P, ZO_DTYPE_F32, n);
+        return wstore_put_host_done(ws, b, rel, n);
+    }
     double t0 = zo_now();
     int busy0 = offload_device_busy(o->env->acct);
     void *dst;
@@ -156,7 +192,7 @@ static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay,
     if (st != ZO_OK)
         return zo_error_wrap(st, "offload_step: block %d elements %zu..%zu", b, rel, rel + n);
     if (wide) memcpy(dst, P, n * 4);
-    if (sr) round_stochastic(hp.step, b, offload_dp_part_first(o->env->dp, b) + rel, P, dst, n);
+    if (sr) round_stochastic(o->hp.step, b, offload_dp_part_first(o->env->dp, b) + rel, P, dst, n);
     st = wstore_put_host_done(ws, b, rel, n);
     double dt = zo_now() - t0;
     int busy1 = offload_device_busy(o->env->acct);
@@ -197,10 +233,10 @@ static zo_status update_host(void *ctx, size_t first, size_t n, float *P, float 
         int b = offload_block_of(o->og, pos);
         size_t bend = off[b + 1] < end ? off[b + 1] : end;
         while (pos < bend) {
-            int decay;
-            size_t stop = decay_piece_part(o, b, pos - off[b], bend - off[b], &decay);
+            int decay, expert;
+            size_t stop = piece_part(o, b, pos - off[b], bend - off[b], &decay, &expert);
             size_t e = off[b] + stop, k = pos - first;
-            if ((st = update_piece(c, b, pos, e, decay, P + k, M + k, V + k)) != ZO_OK) return st;
+            if ((st = update_piece(c, b, pos, e, decay, expert, P + k, M + k, V + k)) != ZO_OK) return st;
             pos = e;
         }
         if (pos == off[b + 1] && (st = block_complete(c, b)) != ZO_OK) return st;
@@ -220,8 +256,8 @@ static size_t decay_ranges(const offload_optim *o, int b, size_t rel, size_t nb,
     size_t pos = rel;
     d->n_decay = 0;
     while (pos < nb) {
-        int decay;
-        size_t stop = decay_piece_part(o, b, pos, nb, &decay);
+        int decay, expert;
+        size_t stop = piece_part(o, b, pos, nb, &decay, &expert);
         if (decay) {
             if (d->n_decay == GPU_ADAM_DECAY_RANGES) break;
             d->decay[d->n_decay][0] = pos - rel;
@@ -251,20 +287,37 @@ static zo_status update_dev_state(offload_optim *o, int b, float *P, void *S, fl
 {
     size_t nb = o->og->numel[b], es = zo_dtype_size(out.dtype);
     int q8 = o->cfg->opt_state == ZO_PLAN_STATE_8BIT;
+    size_t align = q8 ? ADAM_Q8_BLOCK : 1;
     gpu_adam_state_desc d = {.type = q8 ? GPU_ADAM_STATE_Q8 : GPU_ADAM_STATE_BF16, .block = q8 ? ADAM_Q8_BLOCK : 0,
                              .total = nb};
+    zo_status st;
     for (size_t rel = 0; rel < nb;) {
-        size_t stop = decay_ranges(o, b, rel, nb, q8 ? ADAM_Q8_BLOCK : 1, &d);
-        if (stop <= rel)
-            return zo_error(ZO_ERR_UNSUPPORTED, "offload_step: device share, block %d: more than %d decay ranges "
-                            "in the 8-bit block at element %zu", b, GPU_ADAM_DECAY_RANGES, rel);
-        d.first = rel;
-        gpu_tensor o16 = gpu_t(out.data ? (char *)out.data + rel * es : NULL, out.dtype);
-        zo_status st = gpu_adam_state_update(s, &o->hp, &d, stop - rel, gpu_t(P + rel, ZO_DTYPE_F32),
-                                             gpu_t(G + rel, ZO_DTYPE_F32), S, o16);
-        if (st != ZO_OK)
-            return zo_error_wrap(st, "offload_step: device share, block %d elements %zu..%zu", b, rel, stop);
-        rel = stop;
+        /* a routed expert's range (or the run between two) at a time: its own step, or untouched */
+        int expert;
+        size_t xend = expert_run(o, b, rel, nb, &expert);
+        if (xend < nb && xend % align) /* (the capability table refuses 8-bit device state with experts) */
+            return zo_error(ZO_ERR_INTERNAL, "offload_step: device share, block %d: a routed expert's range ends "
+                            "at element %zu, inside an 8-bit block of m and v", b, xend);
+        gpu_adam_hparams h = o->hp;
+        if (expert_untouched(o, b, expert, &h.step)) { /* no token went to it: put back as it is */
+            gpu_tensor o16 = gpu_t(out.data ? (char *)out.data + rel * es : NULL, out.dtype);
+            if (o16.data && (st = gpu_cast(s, o16, gpu_t(P + rel, ZO_DTYPE_F32), xend - rel)) != ZO_OK) return st;
+            rel = xend;
+            continue;
+        }
+        while (rel < xend) {
+            size_t stop = decay_ranges(o, b, rel, xend, align, &d);
+            if (stop <= rel)
+                return zo_error(ZO_ERR_UNSUPPORTED, "offload_step: device share, block %d: more than %d decay "
+                                "ranges in the 8-bit block at element %zu", b, GPU_ADAM_DECAY_RANGES, rel);
+            d.first = rel;
+            gpu_tensor o16 = gpu_t(out.data ? (char *)out.data + rel * es : NULL, out.dtype);
+            st = gpu_adam_state_update(s, &h, &d, stop - rel, gpu_t(P + rel, ZO_DTYPE_F32),
+                                       gpu_t(G + rel, ZO_DTYPE_F32), S, o16);
+            if (st != ZO_OK)
+                return zo_error_wrap(st, "offload_step: device share, block %d elements %zu..%zu", b, rel, stop);
+            rel = stop;
+        }
     }
     return ZO_OK;
 }
@@ -288,12 +341,15 @@ static zo_status update_dev(void *ctx, int b, float *P, float *M, float *V, void
         if (st != ZO_OK) return st;
     }
     for (size_t rel = 0; rel < nb && !S;) {
-        int decay;
-        size_t stop = decay_piece_part(o, b, rel, nb, &decay);
+        int decay, expert;
+        size_t stop = piece_part(o, b, rel, nb, &decay, &expert);
         gpu_adam_hparams h = o->hp;
         if (!decay) h.weight_decay = 0.0f;
         gpu_tensor out = gpu_t(wide ? NULL : dst + rel * es, o->m->dtype);
-        st = gpu_adam_update(s, &h, stop - rel, P + rel, gpu_t(G + rel, ZO_DTYPE_F32), M + rel, V + rel, out);
+        if (expert_untouched(o, b, expert, &h.step)) /* no token went to it: put back as it is */
+            st = wide ? ZO_OK : gpu_cast(s, out, gpu_t(P + rel, ZO_DTYPE_F32), stop - rel);
+        else
+            st = gpu_adam_update(s, &h, stop - rel, P + rel, gpu_t(G + rel, ZO_DTYPE_F32), M + rel, V + rel, out);
         if (st != ZO_OK)
             return zo_error_wrap(st, "offload_step: device share, block %d elements %zu..%zu", b, rel, stop);
         rel = stop;
@@ -475,6 +531,39 @@ static double clip_coef(const offload_optim *o, double norm)
 
 int offload_optim_early(const offload_optim *o) { return o->early; }
 
+void offload_optim_routed(offload_optim *o, int b)
+{
+    if (!o->routed || !o->m->expert_routed) return;
+    int has = 0; /* (a block of routed experts) */
+    for (int i = 0; i < o->m->n_expert_ranges && !has; i++) has = o->m->expert_ranges[i].block == b;
+    for (int e = 0; has && e < o->m->experts; e++)
+        if (o->m->expert_routed(o->m->user, b, e)) o->routed[(size_t)b * o->m->experts + e] = 1;
+}
+
+/* The step's experts, before its first update (on the host thread, every
+ * rank at the same point): those any rank sent a token to in any
+ * micro-batch take a step of their own; the others are left untouched. */
+static zo_status routed_final(offload_optim *o)
+{
+    if (!o->routed || o->routed_final) return ZO_OK;
+    size_t n = (size_t)o->g->nb * (size_t)o->m->experts;
+    memcpy(o->step_routed, o->routed, n);
+    const offload_dp *dp = o->env->dp;
+    if (dp && dp->size > 1) {
+        uint8_t *all = malloc(n * (size_t)dp->size);
+        if (!all) return zo_error(ZO_ERR_NOMEM, "offload_step: out of host memory");
+        zo_status st = offload_dp_gather(o->env->dp, o->routed, n, all);
+        for (int r = 0; r < dp->size && st == ZO_OK; r++)
+            for (size_t i = 0; i < n; i++) o->step_routed[i] |= all[(size_t)r * n + i];
+        free(all);
+        if (st != ZO_OK) return st;
+    }
+    for (size_t i = 0; i < n; i++) o->expert_steps[i] += o->step_routed[i];
+    memset(o->routed, 0, n);
+    o->routed_final = 1;
+    return ZO_OK;
+}
+
 zo_status offload_optim_micro_begin(offload_optim *o)
 {
     o->early = 0;
@@ -503,6 +592,7 @@ zo_status offload_optim_block_done(offload_optim *o, int b)
     zo_status st = ostate_grad_block_stats(o->os, b, &nf);
     if (st != ZO_OK) return st;
     if (nf) return ZO_OK; /* not updated: the step reports it */
+    if ((st = routed_final(o)) != ZO_OK) return st;
     wstore_will_change(o->ws, b); /* (the host thread: every rank here, at this point of its backward) */
     pthread_mutex_lock(&o->mu);
     o->queue[o->qtail++] = b;
@@ -597,9 +687,12 @@ zo_status offload_optim_step(offload_optim *o, offload_step_info *info)
     o->micro = 0;
     if (first_bad >= 0) {
         st = nonfinite_step(o, first_bad, early, info);
+        if (o->routed) memset(o->routed, 0, (size_t)o->g->nb * (size_t)o->m->experts); /* (the step's batches) */
         offload_time_end(a, OFFLOAD_TIME_OPTIMIZER, t0);
         return st;
     }
+    if ((st = routed_final(o)) != ZO_OK) return st;
+    o->routed_final = 0; /* (the next step's, from its first update) */
     o->prev_norm = (float)norm;
     o->have_prev_norm = 1;
     step_ctx c = {.o = o, .dst = o->ws};
@@ -660,6 +753,16 @@ zo_status offload_optim_create(const offload_env *env, const offload_config *cfg
     o->queue = calloc((size_t)g->nb, sizeof *o->queue);
     zo_status st = ZO_OK;
     if (!o->published || !o->queue) st = zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    size_t ne = m->n_expert_ranges ? (size_t)g->nb * (size_t)m->experts : 0;
+    if (st == ZO_OK && ne &&
+        (!(o->routed = calloc(ne, 1)) || !(o->step_routed = calloc(ne, 1)) ||
+         !(o->expert_steps = calloc(ne, sizeof *o->expert_steps)) ||
+         !(o->expert_at = calloc((size_t)m->n_expert_ranges, sizeof *o->expert_at))))
+        st = zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    for (int i = 0; o->expert_at && i < m->n_expert_ranges; i++) {
+        const offload_expert_range *x = &m->expert_ranges[i];
+        o->expert_at[i] = (offload_decay_range){.block = x->block, .offset = x->offset, .numel = x->numel};
+    }
     if (st == ZO_OK && cfg->schedule == OFFLOAD_SCHEDULE_DPU) {
         /* the new weights of the update in flight land in a host copy (of
          * the optimizer's geometry: the rank's parts with ZeRO 1-3) */
@@ -704,5 +807,9 @@ void offload_optim_free(offload_optim *o)
     wstore_free(o->shadow);
     free(o->published);
     free(o->queue);
+    free(o->routed);
+    free(o->step_routed);
+    free(o->expert_steps);
+    free(o->expert_at);
     free(o);
 }

@@ -56,6 +56,15 @@ typedef struct offload_optim {
     int early;                  /* this step's updates started during backward */
     wstore *shadow;             /* DPU: a host store the update writes into */
     int dpu_pending;            /* DPU: the shadow holds an update not yet published */
+    /* mixtures of experts (m->n_expert_ranges > 0): [nb * m->experts] each,
+     * expert e of block b at b * experts + e */
+    uint8_t *routed;            /* this step's training forwards so far sent it a token (this rank) */
+    uint8_t *step_routed;       /* the update's: a token on any rank, in any micro-batch of its step */
+    int64_t *expert_steps;      /* AdamW steps the expert has taken (its bias correction; a checkpoint
+                                   keeps them) */
+    int routed_final;           /* step_routed and expert_steps are the step's (offload_optim_step, or
+                                   the first update during backward) */
+    offload_decay_range *expert_at; /* [m->n_expert_ranges] the experts' ranges, as ranges of a block */
 } offload_optim;
 
 /* The optimizer of the shards `os` and the store `ws` (on the model's
@@ -90,6 +99,9 @@ zo_status offload_optim_block_done(offload_optim *o, int b);
  * (overlap without exact clipping), its blocks' updates start as their
  * gradients complete (offload_optim_early says so). */
 zo_status offload_optim_micro_begin(offload_optim *o);
+/* A training forward of block b ran: the experts it sent tokens to are
+ * updated this step (the others, on every rank, are left untouched). */
+void offload_optim_routed(offload_optim *o, int b);
 int offload_optim_early(const offload_optim *o);
 
 #endif

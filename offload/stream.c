@@ -305,8 +305,9 @@ static void pass_begin(offload_stream *sm)
     sm->acts->ops->pass_begin(sm->acts);
 }
 
-/* Forward of every block in order. */
-static zo_status forward_blocks(offload_stream *sm, gpu_stream_t s)
+/* Forward of every block in order; `train`: a micro-batch's, whose
+ * routing to the experts the optimizer hears of. */
+static zo_status forward_blocks(offload_stream *sm, gpu_stream_t s, int train)
 {
     actstore *acts = sm->acts;
     zo_status st;
@@ -316,6 +317,7 @@ static zo_status forward_blocks(offload_stream *sm, gpu_stream_t s)
             (st = sm->c.m->forward(sm->c.m->user, b, &io, s)) != ZO_OK ||
             (st = acts->ops->forward_done(acts, s, b)) != ZO_OK || (st = release(sm, s, b)) != ZO_OK)
             return st;
+        if (train) offload_optim_routed(sm->c.opt, b);
     }
     return ZO_OK;
 }
@@ -373,7 +375,7 @@ static zo_status micro_batch_run(offload_stream *sm, gpu_stream_t s)
     pass_begin(sm);
     if ((st = offload_grads_begin(sm->c.gr, s)) != ZO_OK || (st = offload_optim_micro_begin(sm->c.opt)) != ZO_OK)
         return st;
-    if ((st = forward_blocks(sm, s)) != ZO_OK) return st;
+    if ((st = forward_blocks(sm, s, 1)) != ZO_OK) return st;
     for (int b = sm->c.g->nb - 1; b >= 0; b--)
         if ((st = backward_block(sm, s, b)) != ZO_OK) return st;
     /* the compute of the last block, then its gradients */
@@ -389,7 +391,7 @@ static zo_status forward_run(offload_stream *sm, gpu_stream_t s)
 {
     zo_status st;
     pass_begin(sm);
-    if ((st = forward_blocks(sm, s)) != ZO_OK || (st = last_block_done(sm)) != ZO_OK ||
+    if ((st = forward_blocks(sm, s, 0)) != ZO_OK || (st = last_block_done(sm)) != ZO_OK ||
         (st = offload_dp_wait(sm->env->dp)) != ZO_OK)
         return st;
     sm->n_done = 0;

@@ -305,10 +305,10 @@ static zo_status plan_peft_validate(const plan_train *t, const zo_model_config *
     if (m->params_override)
         return zo_error(ZO_ERR_INVALID, "%s: the adapters need the model's shape (--model or a "
                                         "shape, not --params N)", flag);
-    if (m->moe.experts && (m->moe.first_dense || m->moe.shared_gate || m->moe.router_bias))
+    if (m->moe.experts && (m->moe.first_dense || m->moe.router_bias))
         return zo_error(ZO_ERR_INVALID, "%s: %s is a mixture of experts with %s, whose adapters are "
-                                        "not modelled (Mixtral-like MoE layers are)", flag, m->name,
-                        m->moe.first_dense ? "dense first layers" : "a gated shared expert");
+                                        "not modelled (Mixtral-like and Qwen2-MoE layers are)", flag, m->name,
+                        m->moe.first_dense ? "dense first layers" : "a router bias");
     if (m->mla.kv_rank)
         return zo_error(ZO_ERR_INVALID, "%s: %s has latent attention, whose projections the "
                                         "adapter targets do not name", flag, m->name);
@@ -662,10 +662,11 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
     o->last_frozen = sh.head * wsz;
     o->frozen = (uint64_t)sh.layers * o->layer_frozen + o->first_frozen + o->last_frozen;
     o->nf4 = nf4 ? (uint64_t)sh.layers * o->layer_nf4 : 0;
-    /* an MoE layer streams as blocks: each local expert, and the rest */
-    uint64_t expert = ex ? (nf4 ? expert_nf4 : expert_linear * wsz) : 0;
+    /* this runtime moves an MoE layer's base as one block; eager frameworks
+     * each local expert, and the rest */
+    uint64_t expert = ex && t->runtime == PLAN_RUNTIME_EAGER ? (nf4 ? expert_nf4 : expert_linear * wsz) : 0;
     uint64_t local = (uint64_t)(m->moe.experts / t->ep);
-    o->largest_frozen = ex ? o->layer_frozen - local * expert : o->layer_frozen;
+    o->largest_frozen = expert ? o->layer_frozen - local * expert : o->layer_frozen;
     if (expert > o->largest_frozen) o->largest_frozen = expert;
     if (o->first_frozen > o->largest_frozen) o->largest_frozen = o->first_frozen;
     if (o->last_frozen > o->largest_frozen) o->largest_frozen = o->last_frozen;

@@ -63,7 +63,7 @@ static const char usage_estimate[] =
     "fine-tuning method (default: every parameter):\n"
     "  --lora R                LoRA adapters of rank R on a frozen base: trainable parameters\n"
     "                          as Hugging Face PEFT counts them; no base gradients or optimizer state\n"
-    "  --lora-targets LIST     q,k,v,o,gate,up,down (or PEFT's q_proj, ...) or all-linear\n"
+    "  --lora-targets LIST     q,k,v,o,gate,up,down (or PEFT's q_proj, ..., Mixtral's w1,w3,w2) or all-linear\n"
     "                          (default q,v: PEFT's; on GPT-2 its fused c_attn)\n"
     "  --lora-alpha A          the adapters' scale alpha / R (default 8, PEFT's; time and memory\n"
     "                          do not depend on it)\n"

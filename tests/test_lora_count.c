@@ -59,6 +59,15 @@ static void test_peft_counts(void **state)
     /* o and down are GPT-2's two c_proj: 12 x 4 x (1536 + 3840) */
     assert_int_equal(count("gpt2", 4, "c_proj"), 258048);
     assert_int_equal(count("gpt2", 4, "o,down"), 258048);
+    /* Mixtral-8x7B (h 4096, 8 kv heads of 128, 8 experts of 14336), r 16 on
+     * q_proj, v_proj and every expert's w1, w2, w3 (PEFT's names):
+     * 32 x 16 x ((4096 + 4096) + (4096 + 1024) + 8 x 3 x (4096 + 14336)) */
+    assert_int_equal(count("mixtral-8x7b", 16, "q_proj,v_proj,w1,w2,w3"), 233308160);
+    assert_int_equal(count("mixtral-8x7b", 16, "q,v,gate,up,down"), 233308160);
+    /* Qwen1.5-MoE-A2.7B (h 2048, 60 experts of 1408, a shared expert of
+     * 5632), r 8 all-linear (the router and shared_expert_gate carry none):
+     * 24 x 8 x (4 x 4096 + 60 x 3 x 3456 + 3 x 7680) */
+    assert_int_equal(count("qwen1.5-moe-a2.7b", 8, "all-linear"), 127008768);
 }
 
 static void test_modules(void **state)
@@ -87,6 +96,26 @@ static void test_modules(void **state)
     assert_int_equal(zo_lora_targets_effective(&g, ZO_LORA_Q), ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V);
     assert_int_equal(zo_lora_targets_effective(&c, ZO_LORA_ALL_LINEAR), ZO_LORA_ALL_LINEAR);
     assert_int_equal(zo_lora_targets_effective(&c, ZO_LORA_Q | ZO_LORA_V), ZO_LORA_Q | ZO_LORA_V);
+    /* a mixture of experts: the attention's, the routed experts' (once per
+     * expert, at expert_path.N.path), the shared expert's */
+    char buf[128];
+    zo_model_config x = load("mixtral-8x7b");
+    assert_int_equal(zo_lora_layer_modules(&x, ZO_LORA_ALL_LINEAR, m), 7);
+    assert_string_equal(m[4].peft, "w1");
+    assert_string_equal(m[5].peft, "w3");
+    assert_string_equal(m[6].peft, "w2");
+    assert_int_equal(m[6].experts, 8);
+    assert_int_equal(m[6].in, 14336);
+    assert_string_equal(zo_lora_module_path(&m[4], 7, buf, sizeof buf), "block_sparse_moe.experts.7.w1");
+    assert_string_equal(zo_lora_module_path(&m[0], 7, buf, sizeof buf), "self_attn.q_proj");
+    zo_model_config q = load("qwen1.5-moe-a2.7b");
+    assert_int_equal(zo_lora_layer_modules(&q, ZO_LORA_ALL_LINEAR, m), 10);
+    assert_string_equal(zo_lora_module_path(&m[5], 59, buf, sizeof buf), "mlp.experts.59.up_proj");
+    assert_string_equal(m[7].path, "mlp.shared_expert.gate_proj");
+    assert_string_equal(m[7].peft, "gate_proj");
+    assert_int_equal(m[7].experts, 0);
+    assert_int_equal(m[7].out, 5632);
+    assert_int_equal(zo_lora_layer_modules(&q, ZO_LORA_DOWN, m), 2);
 }
 
 static void test_parse_and_check(void **state)
@@ -97,6 +126,8 @@ static void test_parse_and_check(void **state)
     assert_int_equal(zo_lora_targets_parse("q,v", &t), ZO_OK);
     assert_int_equal(t, ZO_LORA_Q | ZO_LORA_V);
     assert_string_equal(zo_lora_targets_str(t, buf, sizeof buf), "q,v");
+    assert_int_equal(zo_lora_targets_parse("w1,w3,w2", &t), ZO_OK); /* Mixtral's experts, PEFT's names */
+    assert_int_equal(t, ZO_LORA_GATE | ZO_LORA_UP | ZO_LORA_DOWN);
     assert_int_equal(zo_lora_targets_parse("all-linear", &t), ZO_OK);
     assert_string_equal(zo_lora_targets_str(t, buf, sizeof buf), "all-linear");
     assert_int_equal(zo_lora_targets_parse("o,gate,down", &t), ZO_OK);

@@ -68,6 +68,22 @@ static void test_layout(void **state)
 
     lc.targets = ZO_LORA_GATE; /* GPT-2 has none */
     assert_int_equal(model_lora_layout_init(&l, &g, &lc), ZO_ERR_INVALID);
+
+    /* a mixture of experts: a routed expert's adapters together (w1, w3,
+     * w2), expert after expert, after the attention's */
+    zo_model_config x = load_cfg("lora/tiny_mixtral.json");
+    lc.targets = ZO_LORA_Q | ZO_LORA_GATE | ZO_LORA_UP | ZO_LORA_DOWN;
+    assert_int_equal(model_lora_layout_init(&l, &x, &lc), ZO_OK);
+    assert_int_equal(l.n_tensors, 2 * 2 * (1 + 3 * 3));
+    assert_string_equal(l.tensors[2].name, "base_model.model.model.layers.0.block_sparse_moe.experts.0.w1.lora_A.weight");
+    assert_int_equal(l.tensors[2].role, MODEL_ROLE_EXPERT_GATE_W);
+    assert_string_equal(l.tensors[5].name, "base_model.model.model.layers.0.block_sparse_moe.experts.0.w3.lora_B.weight");
+    assert_string_equal(l.tensors[7].name, "base_model.model.model.layers.0.block_sparse_moe.experts.0.w2.lora_B.weight");
+    assert_int_equal(l.tensors[7].shape[0], 32);
+    assert_string_equal(l.tensors[8].name, "base_model.model.model.layers.0.block_sparse_moe.experts.1.w1.lora_A.weight");
+    assert_int_equal(l.tensors[8].offset - l.tensors[2].offset, 8 * (3 * 32 + 3 * 24)); /* one expert's */
+    assert_int_equal(l.total_numel, zo_lora_trainable_params(&x, 8, lc.targets));
+    model_layout_free(&l);
 }
 
 /* Every adapter's module is a linear weight of the base model: stripping
@@ -204,6 +220,15 @@ static void test_round_trip(void **state)
     static const char *const gpt_o[] = {"attn.c_proj"};
     round_trip("gpu/tiny_gpt2.json", (zo_lora_config){.r = 1, .alpha = 1.5f, .targets = ZO_LORA_O},
                gpt_o, 1, ZO_DTYPE_F32);
+    /* mixtures of experts: Mixtral's experts' names; Qwen2-MoE's gate_proj,
+     * up_proj and down_proj once each, the routed experts' and the shared
+     * expert's */
+    static const char *const mixtral[] = {"v_proj", "w1", "w3", "w2"};
+    round_trip("lora/tiny_mixtral.json",
+               (zo_lora_config){.r = 2, .alpha = 4, .targets = ZO_LORA_V | ZO_LORA_GATE | ZO_LORA_UP | ZO_LORA_DOWN},
+               mixtral, 4, ZO_DTYPE_F32);
+    round_trip("lora/tiny_qwen2_moe.json", (zo_lora_config){.r = 3, .alpha = 6, .targets = ZO_LORA_ALL_LINEAR},
+               llama_all, 7, ZO_DTYPE_BF16);
 }
 
 /* The adapter files the PyTorch fixtures wrote with PEFT's names load into
@@ -235,7 +260,8 @@ static void test_torch_names(void **state)
 
 /* A config PEFT can write: what it means here (the targets; r is 8 in every
  * one), or a refusal naming the field (msg, in the error). */
-typedef enum config_base { TINY_LLAMA, TINY_GPT2 } config_base; /* gpu/tiny_llama.json, gpu/tiny_gpt2.json */
+/* gpu/tiny_llama.json, gpu/tiny_gpt2.json, hf-configs/mixtral-8x7b.json, hf-configs/qwen1.5-moe-a2.7b.json */
+typedef enum config_base { TINY_LLAMA, TINY_GPT2, MIXTRAL, QWEN_MOE } config_base;
 
 typedef struct config_case {
     config_base base;
@@ -336,6 +362,25 @@ static const config_case config_cases[] = {
      ZO_ERR_UNSUPPORTED, 0, "peft_type"},
     {TINY_GPT2, "{\"r\": 8, \"target_modules\": [\"gate_proj\"]}", ZO_ERR_INVALID, 0, "gate"},
     {TINY_LLAMA, "{\"r\": 8, \"r\": 16, \"target_modules\": [\"q_proj\"]}", ZO_ERR_FORMAT, 0, "\"r\" appears twice"},
+    /* mixtures of experts: the experts' projections by PEFT's names (every
+     * expert's, and Qwen2-MoE's shared expert's with the routed ones); the
+     * router, one expert, or the shared expert alone refused by name */
+    {MIXTRAL, "{\"r\": 8, \"target_modules\": [\"q_proj\", \"w1\", \"w2\", \"w3\"]}", ZO_OK,
+     ZO_LORA_Q | ZO_LORA_GATE | ZO_LORA_UP | ZO_LORA_DOWN, NULL},
+    {MIXTRAL, "{\"r\": 8, \"target_modules\": [\"block_sparse_moe.experts.w2\"]}", ZO_ERR_UNSUPPORTED, 0,
+     "\"block_sparse_moe.experts.w2\""},
+    {MIXTRAL, "{\"r\": 8, \"target_modules\": [\"experts.0.w1\"]}", ZO_ERR_UNSUPPORTED, 0, "particular layers or experts"},
+    {MIXTRAL, "{\"r\": 8, \"target_modules\": [\"gate\"]}", ZO_ERR_UNSUPPORTED, 0, "is the router"},
+    {MIXTRAL, "{\"r\": 8, \"target_modules\": [\"block_sparse_moe.gate\"]}", ZO_ERR_UNSUPPORTED, 0, "is the router"},
+    {QWEN_MOE, "{\"r\": 8, \"target_modules\": [\"gate_proj\", \"mlp.experts.0.up_proj\"]}", ZO_ERR_UNSUPPORTED, 0,
+     "particular layers or experts"},
+    {QWEN_MOE, "{\"r\": 8, \"target_modules\": [\"k_proj\", \"gate_proj\", \"down_proj\"]}", ZO_OK,
+     ZO_LORA_K | ZO_LORA_GATE | ZO_LORA_DOWN, NULL},
+    {QWEN_MOE, "{\"r\": 8, \"target_modules\": [\"shared_expert.up_proj\"]}", ZO_ERR_UNSUPPORTED, 0,
+     "mlp.experts.N.up_proj"},
+    {QWEN_MOE, "{\"r\": 8, \"target_modules\": [\"shared_expert_gate\"]}", ZO_ERR_UNSUPPORTED, 0, "is the router"},
+    {QWEN_MOE, "{\"r\": 8, \"target_modules\": [\"mlp.gate\"]}", ZO_ERR_UNSUPPORTED, 0, "is the router"},
+    {QWEN_MOE, "{\"r\": 8, \"target_modules\": \"all-linear\"}", ZO_OK, ZO_LORA_ALL_LINEAR, NULL},
 };
 
 /* The scale a read config should have: alpha / r, PEFT's default alpha 8;
@@ -379,7 +424,9 @@ static void test_configs(void **state)
     snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
     assert_int_equal(system(cmd), 0);
     zo_model_config bases[] = {[TINY_LLAMA] = load_cfg("gpu/tiny_llama.json"),
-                               [TINY_GPT2] = load_cfg("gpu/tiny_gpt2.json")};
+                               [TINY_GPT2] = load_cfg("gpu/tiny_gpt2.json"),
+                               [MIXTRAL] = load_cfg("hf-configs/mixtral-8x7b.json"),
+                               [QWEN_MOE] = load_cfg("hf-configs/qwen1.5-moe-a2.7b.json")};
     for (size_t i = 0; i < sizeof config_cases / sizeof config_cases[0]; i++)
         check_config_case(dir, path, &bases[config_cases[i].base], &config_cases[i]);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

@@ -35,6 +35,43 @@ static zo_status tf_off_recompute(void *user, int b, const offload_block_io *io,
     return tf_block_recompute(m, b, &bb, s);
 }
 
+/* Whether layer block b's last forward routed a token to expert e. */
+static int tf_off_routed(void *user, int b, int e)
+{
+    tf_model *m = user;
+    if (b < 1 || b > m->cfg.n_layers || !m->acts[b - 1].moe_off) return 0;
+    const tf_layer_acts *a = &m->acts[b - 1];
+    return a->moe_off[e + 1] > a->moe_off[e];
+}
+
+/* Each routed expert's range in a layer block: its weights, expert after
+ * expert (model/layout.h), or with LoRA its adapters (model/lora.c lays a
+ * routed expert's adapters together); numbered per block. */
+static zo_status expert_ranges(tf_offload_model *a, const tf_model *m, int lora)
+{
+    const int E = m->cfg.moe.experts, L = m->cfg.n_layers;
+    a->experts = calloc((size_t)L * E + 1, sizeof *a->experts);
+    if (!a->experts) return zo_error(ZO_ERR_NOMEM, "tf_offload_model_init: out of host memory");
+    size_t first = 0, stride = model_layout_expert_stride(&m->layout);
+    if (lora) {
+        stride = 0;
+        for (int j = 0; j < m->n_lora && !stride; j++)
+            if (m->lora[j].e_stride) {
+                first = m->lora[j].a_off;
+                stride = m->lora[j].e_stride;
+            }
+    }
+    if (!stride) return ZO_OK; /* LoRA on none of the experts' projections */
+    for (int l = 0; l < L; l++) {
+        int b = model_layout_layer_block(l);
+        if (!lora) first = model_layout_view(&m->layout, b, MODEL_ROLE_EXPERT_GATE_W)->offset;
+        for (int e = 0; e < E; e++)
+            a->experts[a->n_experts++] = (offload_expert_range){
+                .block = b, .expert = e, .offset = first + (size_t)e * stride, .numel = stride};
+    }
+    return ZO_OK;
+}
+
 static zo_status tf_off_backward(void *user, int b, const offload_block_io *io, float loss_scale,
                                  gpu_stream_t s)
 {
@@ -72,6 +109,11 @@ zo_status tf_offload_model_init(tf_offload_model *a, tf_model *m)
         if (model_tensor_decays(t))
             a->decay[nd++] = (offload_decay_range){.block = t->block, .offset = t->offset, .numel = t->numel};
     }
+    zo_status st;
+    if (m->cfg.moe.experts && (st = expert_ranges(a, m, lora)) != ZO_OK) {
+        tf_offload_model_free(a);
+        return st;
+    }
     a->om = (offload_model){
         .n_blocks = l->n_blocks,
         .block_numel = l->block_numel,
@@ -89,6 +131,10 @@ zo_status tf_offload_model_init(tf_offload_model *a, tf_model *m)
         .recompute_layers = m->opts.recompute && tf_recompute_layers(m) < m->cfg.n_layers
                                 ? tf_recompute_layers(m) : 0,
         .frozen_bytes = lora ? m->frozen_bytes : NULL,
+        .expert_ranges = a->experts,
+        .n_expert_ranges = a->n_experts,
+        .experts = m->cfg.moe.experts,
+        .expert_routed = a->n_experts ? tf_off_routed : NULL,
     };
     return ZO_OK;
 }
@@ -98,5 +144,6 @@ void tf_offload_model_free(tf_offload_model *a)
     free(a->dep);
     free(a->layer);
     free(a->decay);
+    free(a->experts);
     memset(a, 0, sizeof *a);
 }

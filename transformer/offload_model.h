@@ -17,6 +17,8 @@ typedef struct tf_offload_model {
     int *dep;                    /* [n_blocks]: the tied head reads the embedding */
     int *layer;                  /* [n_blocks]: block b is layer b - 1; the embedding and head none */
     offload_decay_range *decay;  /* the 2-D tensors */
+    offload_expert_range *experts; /* a mixture of experts: each routed expert's weights or adapters */
+    int n_experts;
 } tf_offload_model;
 
 zo_status tf_offload_model_init(tf_offload_model *a, tf_model *m);

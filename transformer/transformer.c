@@ -51,11 +51,14 @@ static zo_status act_alloc(tf_model *m, const act_req *r, size_t n)
 
 #define N_REQ(r) (sizeof(r) / sizeof((r)[0]))
 
-/* QLoRA stores a tensor in NF4: the linear weights of the layers. */
+/* QLoRA stores a tensor in NF4: the linear weights of the layers but an
+ * MoE layer's router and shared expert gate, which choose and weigh the
+ * experts (kept in the model dtype, as memplan sizes them). */
 static int frozen_is_nf4(const tf_model *m, const model_tensor *t)
 {
     return m->opts.lora.nf4 && t->block != MODEL_BLOCK_EMBED &&
-           t->block != model_layout_head_block(&m->layout) && t->ndim == 2;
+           t->block != model_layout_head_block(&m->layout) && t->ndim == 2 && t->role != MODEL_ROLE_ROUTER_W &&
+           t->role != MODEL_ROLE_SHARED_GATE_W;
 }
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -72,22 +75,42 @@ static zo_status lora_init(tf_model *m)
     m->lora_scale = o->alpha / (float)o->r;
     zo_lora_module mods[ZO_LORA_MAX_MODULES];
     m->n_lora = zo_lora_layer_modules(c, o->targets, mods);
-    const int q = q_width(c), kv = c->n_kv_heads * c->head_dim;
+    const int q = q_width(c), kv = c->n_kv_heads * c->head_dim, r = o->r;
+    /* offsets as model_lora_layout_init lays a layer out: the modules in
+     * order, the routed experts' together at the first of them, expert
+     * after expert */
+    size_t at = 0, e_stride = 0, e_at = 0;
+    int e_seen = 0;
+    for (int j = 0; j < m->n_lora; j++)
+        if (mods[j].experts) e_stride += (size_t)r * (size_t)(mods[j].in + mods[j].out);
     for (int j = 0; j < m->n_lora; j++) {
         tf_lora_slot *sl = &m->lora[j];
         unsigned t = mods[j].targets;
+        int ex = mods[j].experts > 0;
         sl->stage = t & (ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V) ? TF_LORA_QKV
                     : t == ZO_LORA_O                         ? TF_LORA_O
-                    : t == ZO_LORA_GATE                      ? TF_LORA_GATE
-                    : t == ZO_LORA_UP                        ? TF_LORA_UP
-                                                             : TF_LORA_DOWN;
+                    : t == ZO_LORA_GATE                      ? (ex ? TF_LORA_EXPERT_GATE : TF_LORA_GATE)
+                    : t == ZO_LORA_UP                        ? (ex ? TF_LORA_EXPERT_UP : TF_LORA_UP)
+                                                             : (ex ? TF_LORA_EXPERT_DOWN : TF_LORA_DOWN);
         sl->col = t == ZO_LORA_K ? q : t == ZO_LORA_V ? q + kv : 0;
         sl->in = (int)mods[j].in;
         sl->out = (int)mods[j].out;
-        /* every layer block has the same adapters: layer 0's offsets serve all */
-        sl->a_off = m->adapters.tensors[2 * j].offset;
-        sl->b_off = m->adapters.tensors[2 * j + 1].offset;
+        size_t *pos = &at;
+        if (ex) {
+            if (!e_seen++) { /* the first expert module: the experts' adapters start here */
+                e_at = at;
+                at += (size_t)mods[j].experts * e_stride;
+            }
+            pos = &e_at;
+            sl->e_stride = e_stride;
+        }
+        sl->a_off = *pos;
+        sl->b_off = *pos + (size_t)r * sl->in;
+        *pos += (size_t)r * (size_t)(sl->in + sl->out);
     }
+    if (at != m->adapters.block_numel[model_layout_layer_block(0)])
+        return zo_error(ZO_ERR_INTERNAL, "tf_init: the adapters of a layer laid out in %zu elements, not %zu", at,
+                        m->adapters.block_numel[model_layout_layer_block(0)]);
     const model_layout *l = &m->layout;
     m->frozen_off = calloc((size_t)l->n_tensors + 1, sizeof *m->frozen_off);
     m->frozen_bytes = calloc((size_t)l->n_blocks, sizeof *m->frozen_bytes);
@@ -113,9 +136,10 @@ static zo_status lora_init(tf_model *m)
 static size_t largest_linear(const zo_model_config *c)
 {
     size_t h = (size_t)c->hidden, f = (size_t)c->ffn, q = (size_t)q_width(c), qkv = (size_t)qkv_width(c);
-    size_t w[] = {qkv * h, h * q, f * h};
+    size_t fe = (size_t)c->moe.expert_ffn, fs = (size_t)c->moe.shared_ffn;
+    size_t w[] = {qkv * h, h * q, f * h, fe * h, fs * h}; /* and an MoE layer's experts */
     size_t most = 0;
-    for (size_t i = 0; i < 3; i++) most = w[i] > most ? w[i] : most;
+    for (size_t i = 0; i < N_REQ(w); i++) most = w[i] > most ? w[i] : most;
     return most;
 }
 
@@ -317,11 +341,6 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     if (m->opts.lora.r < 0 || (m->opts.lora.nf4 && m->opts.lora.r < 1))
         return zo_error(ZO_ERR_INVALID, "tf_init: LoRA rank %d (NF4 needs LoRA: a rank >= 1)",
                         m->opts.lora.r);
-    if (m->opts.lora.r > 0 && cfg->moe.experts)
-        return zo_error(ZO_ERR_UNSUPPORTED,
-                        "tf_init: model %s: LoRA on a mixture-of-experts model is not implemented "
-                        "(full fine-tuning is)",
-                        cfg->name);
     if (m->opts.kv_len < 0 || (m->opts.kv_len && m->opts.recompute))
         return zo_error(ZO_ERR_INVALID, "tf_init: a key/value cache of %d positions (generation: kv_len >= 1, "
                         "no recompute)", m->opts.kv_len);
@@ -438,7 +457,8 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         {&m->moe_y, K * N * h * es, "expert outputs"},
         {(void **)&m->moe_dx, K * N * h * 4, "expert input gradients"},
         {(void **)&m->moe_dscale, K * N * 4, "expert weight gradients"},
-        {(void **)&m->dlora, lora ? N * m->opts.lora.r * 4 : 0, "LoRA gradient"},
+        {(void **)&m->dlora, lora ? (K ? K : 1) * N * m->opts.lora.r * 4 : 0, "LoRA gradient"},
+        {&m->eu, lora ? K * N * m->opts.lora.r * es : 0, "expert LoRA A x"},
         {(void **)&m->dsink, lora ? 2 * h * 4 : 0, "frozen norm gradients"},
         {&m->wdq, lora && m->opts.lora.nf4 ? largest_linear(c) * es : 0, "dequantized weight"},
         {&m->dy16, dtype == ZO_DTYPE_F32 ? 0 : widest_gradient(c, N, loss_rows(m, N)) * es,
@@ -493,7 +513,7 @@ void tf_free(tf_model *m)
     void *p[] = {m->lnf,  m->meanf, m->rstdf, m->logits, m->losses,    m->tmp,
                  m->dres, m->dh,    m->dqkv,  m->datt,   m->dff,       m->dff2,
                  m->dlora, m->dsink, m->wdq,  m->dy16,   m->moe_stats, m->drouter,
-                 m->dweights, m->dz, m->sact, m->moe_x, m->moe_y, m->moe_dx, m->moe_dscale};
+                 m->dweights, m->dz, m->sact, m->moe_x, m->moe_y, m->moe_dx, m->moe_dscale, m->eu};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) gpu_mem_free(d, p[i]);
     for (size_t l = 0; l < L; l++) {
         if (m->kcache) gpu_mem_free(d, m->kcache[l]);
@@ -570,20 +590,28 @@ void tf_lora_merge_block(const tf_model *m, int block, const float *adapters, fl
     if (!has_lora(m) || block < 1 || block > m->cfg.n_layers) return;
     static const model_role role[] = {[TF_LORA_QKV] = MODEL_ROLE_QKV_W, [TF_LORA_O] = MODEL_ROLE_ATTN_OUT_W,
                                       [TF_LORA_GATE] = MODEL_ROLE_MLP_GATE_W, [TF_LORA_UP] = MODEL_ROLE_MLP_UP_W,
-                                      [TF_LORA_DOWN] = MODEL_ROLE_MLP_DOWN_W};
+                                      [TF_LORA_DOWN] = MODEL_ROLE_MLP_DOWN_W,
+                                      [TF_LORA_EXPERT_GATE] = MODEL_ROLE_EXPERT_GATE_W,
+                                      [TF_LORA_EXPERT_UP] = MODEL_ROLE_EXPERT_UP_W,
+                                      [TF_LORA_EXPERT_DOWN] = MODEL_ROLE_EXPERT_DOWN_W};
     const int r = m->opts.lora.r;
     for (int j = 0; j < m->n_lora; j++) {
         const tf_lora_slot *sl = &m->lora[j];
         const model_view *v = model_layout_view(&m->layout, block, role[sl->stage]);
-        const float *A = adapters + sl->a_off, *Bm = adapters + sl->b_off; /* [r, in], [out, r] */
-        /* rows col.. of the weight (of the fused q|k|v for q, k, v), [rows, in] */
-        float *W = w + v->offset + (size_t)sl->col * sl->in;
-        for (int o = 0; o < sl->out; o++)
-            for (int i = 0; i < sl->in; i++) {
-                double acc = 0.0;
-                for (int k = 0; k < r; k++) acc += (double)Bm[(size_t)o * r + k] * A[(size_t)k * sl->in + i];
-                W[(size_t)o * sl->in + i] += (float)(m->lora_scale * acc);
-            }
+        int experts = sl->e_stride ? m->cfg.moe.experts : 1; /* a routed expert's: each expert's */
+        for (int e = 0; e < experts; e++) {
+            const float *A = adapters + sl->a_off + (size_t)e * sl->e_stride; /* [r, in] */
+            const float *Bm = adapters + sl->b_off + (size_t)e * sl->e_stride; /* [out, r] */
+            /* rows col.. of the weight (of the fused q|k|v for q, k, v), [rows, in] */
+            float *W = w + v->offset + (size_t)e * model_layout_expert_stride(&m->layout) * (sl->e_stride != 0) +
+                       (size_t)sl->col * sl->in;
+            for (int o = 0; o < sl->out; o++)
+                for (int i = 0; i < sl->in; i++) {
+                    double acc = 0.0;
+                    for (int k = 0; k < r; k++) acc += (double)Bm[(size_t)o * r + k] * A[(size_t)k * sl->in + i];
+                    W[(size_t)o * sl->in + i] += (float)(m->lora_scale * acc);
+                }
+        }
     }
 }
 
@@ -729,18 +757,21 @@ static gpu_tensor bview(const tf_model *m, const void *buf, int block, model_rol
     return gpu_t((char *)buf + m->frozen_off[i] + skip, m->dtype);
 }
 
-/* A linear weight of a layer (QKV_W fused, ATTN_OUT_W, MLP_*_W): a view of
- * the base buffer, or, NF4, each of its tensors dequantized into m->wdq in
- * stream order (the scratch is reused by the next weight). */
+/* A linear weight of a layer (QKV_W fused, ATTN_OUT_W, MLP_*_W, an MoE
+ * layer's router and shared expert gate): a view of the base buffer, or,
+ * NF4, each of its tensors dequantized into m->wdq in stream order (the
+ * scratch is reused by the next weight). */
 static zo_status base_weight(tf_model *m, gpu_stream_t s, const void *buf, int block,
                              model_role role, gpu_tensor *w)
 {
     zo_status st;
-    if (!m->opts.lora.nf4 || !has_lora(m)) {
+    const model_view *v = model_layout_view(&m->layout, block, role);
+    int first = v ? tensor_at(&m->layout, block, v->offset) : -1;
+    /* (an MoE layer's router and shared expert gate stay in the model dtype) */
+    if (!m->opts.lora.nf4 || !has_lora(m) || (first >= 0 && !frozen_is_nf4(m, &m->layout.tensors[first]))) {
         *w = bview(m, buf, block, role);
         return ZO_OK;
     }
-    const model_view *v = model_layout_view(&m->layout, block, role);
     size_t es = zo_dtype_size(m->dtype);
     for (int i = 0; v && i < m->layout.n_tensors; i++) {
         const model_tensor *t = &m->layout.tensors[i];
@@ -799,6 +830,44 @@ static zo_status gemm_operand(tf_model *m, gpu_stream_t s, gpu_tensor dy, int N,
     return gpu_cast(s, *op, dy, (size_t)N * out);
 }
 
+/* One adapter on n rows: u [n, r] (row stride ldu) = x A^T, then
+ * y[n, out] (row stride ldy) += (alpha / r) u B^T; y.data NULL: u only. */
+static zo_status adapter_forward(tf_model *m, gpu_stream_t s, gpu_tensor u, int ldu, gpu_tensor A, gpu_tensor B,
+                                 gpu_tensor x, gpu_tensor y, int64_t ldy, int n, int in, int out)
+{
+    zo_status st;
+    const int r = m->opts.lora.r;
+    gpu_gemm_desc ga = {.trans_b = 1, .m = n, .n = r, .k = in, .alpha = 1.0f, .beta = 0.0f,
+                        .a = x, .b = A, .c = u, .lda = in, .ldb = in, .ldc = ldu};
+    if ((st = gpu_gemm(s, &ga)) != ZO_OK || !y.data) return st;
+    gpu_gemm_desc gb = {.trans_b = 1, .m = n, .n = out, .k = r, .alpha = m->lora_scale, .beta = 1.0f,
+                        .a = u, .b = B, .c = y, .lda = ldu, .ldb = r, .ldc = ldy};
+    return gpu_gemm(s, &gb);
+}
+
+/* The backward of one adapter on n rows, given dy (row stride lddy), its
+ * input x [n, in] and u: du = s dy B, dB += s dy^T u, dA += du^T x,
+ * dx += du A. */
+static zo_status adapter_backward(tf_model *m, gpu_stream_t s, gpu_tensor u, int ldu, gpu_tensor A, gpu_tensor B,
+                                  gpu_tensor dA, gpu_tensor dB, gpu_tensor dy, int64_t lddy, gpu_tensor x,
+                                  gpu_tensor dx, int n, int in, int out)
+{
+    zo_status st;
+    const int r = m->opts.lora.r;
+    gpu_tensor du = F32(m->dlora);
+    gpu_gemm_desc g1 = {.m = n, .n = r, .k = out, .alpha = m->lora_scale, .beta = 0.0f,
+                        .a = dy, .b = B, .c = du, .lda = lddy, .ldb = r, .ldc = r};
+    gpu_gemm_desc g2 = {.trans_a = 1, .m = out, .n = r, .k = n, .alpha = m->lora_scale,
+                        .beta = 1.0f, .a = dy, .b = u, .c = dB, .lda = lddy, .ldb = ldu, .ldc = r};
+    gpu_gemm_desc g3 = {.trans_a = 1, .m = r, .n = in, .k = n, .alpha = 1.0f, .beta = 1.0f,
+                        .a = du, .b = x, .c = dA, .lda = r, .ldb = in, .ldc = in};
+    gpu_gemm_desc g4 = {.m = n, .n = in, .k = r, .alpha = 1.0f, .beta = 1.0f, .a = du,
+                        .b = A, .c = dx, .lda = r, .ldb = in, .ldc = in};
+    if ((st = gpu_gemm(s, &g1)) != ZO_OK || (st = gpu_gemm(s, &g2)) != ZO_OK || (st = gpu_gemm(s, &g3)) != ZO_OK)
+        return st;
+    return gpu_gemm(s, &g4);
+}
+
 /* The adapters of `stage` in layer l: u_j = x A_j^T [N, r] (saved), then
  * y[:, col_j ..] += (alpha / r) u_j B_j^T. y.data NULL: u only (recompute,
  * whose forward stops before the GEMM the adapter adds to). */
@@ -812,23 +881,19 @@ static zo_status lora_forward(tf_model *m, gpu_stream_t s, int l, const tf_block
         const tf_lora_slot *sl = &m->lora[j];
         if (sl->stage != stage) continue;
         gpu_tensor u = gpu_t((char *)m->acts[l].lora_u + (size_t)j * r * zo_dtype_size(dt), dt);
-        gpu_gemm_desc ga = {.trans_b = 1, .m = N, .n = r, .k = sl->in, .alpha = 1.0f, .beta = 0.0f,
-                            .a = x, .b = lora_part(m, bb->params, j, MODEL_LORA_A), .c = u,
-                            .lda = sl->in, .ldb = sl->in, .ldc = ldu};
-        if ((st = gpu_gemm(s, &ga)) != ZO_OK) return st;
-        if (!y.data) continue;
-        gpu_tensor yc = gpu_t((char *)y.data + (size_t)sl->col * zo_dtype_size(y.dtype), y.dtype);
-        gpu_gemm_desc gb = {.trans_b = 1, .m = N, .n = sl->out, .k = r, .alpha = m->lora_scale,
-                            .beta = 1.0f, .a = u, .b = lora_part(m, bb->params, j, MODEL_LORA_B),
-                            .c = yc, .lda = ldu, .ldb = r, .ldc = ldy};
-        if ((st = gpu_gemm(s, &gb)) != ZO_OK) return st;
+        gpu_tensor yc = y;
+        if (y.data) yc.data = (char *)y.data + (size_t)sl->col * zo_dtype_size(y.dtype);
+        if ((st = adapter_forward(m, s, u, ldu, lora_part(m, bb->params, j, MODEL_LORA_A),
+                                  lora_part(m, bb->params, j, MODEL_LORA_B), x, yc, ldy, N, sl->in, sl->out)) !=
+            ZO_OK)
+            return st;
     }
     return ZO_OK;
 }
 
 /* Backward of the adapters of `stage` in layer l, given dy (row stride
  * lddy; adapter j reads its columns from col_j), the saved input x [N, in]
- * and u: du = s dy B, dB += s dy^T u, dA += du^T x, dx += du A. */
+ * and u (adapter_backward). */
 static zo_status lora_backward(tf_model *m, gpu_stream_t s, int l, const tf_block_bufs *bb,
                                tf_lora_stage stage, gpu_tensor dy, int64_t lddy, gpu_tensor x,
                                gpu_tensor dx)
@@ -836,25 +901,64 @@ static zo_status lora_backward(tf_model *m, gpu_stream_t s, int l, const tf_bloc
     zo_status st;
     const int N = m->b * m->t, r = m->opts.lora.r, ldu = m->n_lora * r;
     const zo_dtype dt = m->dtype;
-    gpu_tensor du = F32(m->dlora);
     for (int j = 0; j < m->n_lora; j++) {
         const tf_lora_slot *sl = &m->lora[j];
         if (sl->stage != stage) continue;
         gpu_tensor u = gpu_t((char *)m->acts[l].lora_u + (size_t)j * r * zo_dtype_size(dt), dt);
         gpu_tensor dyc = gpu_t((char *)dy.data + (size_t)sl->col * zo_dtype_size(dy.dtype), dy.dtype);
-        gpu_tensor A = lora_part(m, bb->params, j, MODEL_LORA_A), Bm = lora_part(m, bb->params, j, MODEL_LORA_B);
-        gpu_gemm_desc g1 = {.m = N, .n = r, .k = sl->out, .alpha = m->lora_scale, .beta = 0.0f,
-                            .a = dyc, .b = Bm, .c = du, .lda = lddy, .ldb = r, .ldc = r};
-        gpu_gemm_desc g2 = {.trans_a = 1, .m = sl->out, .n = r, .k = N, .alpha = m->lora_scale,
-                            .beta = 1.0f, .a = dyc, .b = u, .c = lora_part(m, bb->grads, j, MODEL_LORA_B),
-                            .lda = lddy, .ldb = ldu, .ldc = r};
-        gpu_gemm_desc g3 = {.trans_a = 1, .m = r, .n = sl->in, .k = N, .alpha = 1.0f, .beta = 1.0f,
-                            .a = du, .b = x, .c = lora_part(m, bb->grads, j, MODEL_LORA_A),
-                            .lda = r, .ldb = sl->in, .ldc = sl->in};
-        gpu_gemm_desc g4 = {.m = N, .n = sl->in, .k = r, .alpha = 1.0f, .beta = 1.0f, .a = du,
-                            .b = A, .c = dx, .lda = r, .ldb = sl->in, .ldc = sl->in};
-        if ((st = gpu_gemm(s, &g1)) != ZO_OK || (st = gpu_gemm(s, &g2)) != ZO_OK ||
-            (st = gpu_gemm(s, &g3)) != ZO_OK || (st = gpu_gemm(s, &g4)) != ZO_OK)
+        if ((st = adapter_backward(m, s, u, ldu, lora_part(m, bb->params, j, MODEL_LORA_A),
+                                   lora_part(m, bb->params, j, MODEL_LORA_B), lora_part(m, bb->grads, j, MODEL_LORA_A),
+                                   lora_part(m, bb->grads, j, MODEL_LORA_B), dyc, lddy, x, dx, N, sl->in,
+                                   sl->out)) != ZO_OK)
+            return st;
+    }
+    return ZO_OK;
+}
+
+/* Routed expert e's adapter j, A or B, in a layer block's adapter buffer. */
+static gpu_tensor expert_lora_part(const tf_model *m, const void *buf, int j, int e, int part)
+{
+    gpu_tensor t = lora_part(m, buf, j, part);
+    t.data = (char *)t.data + (size_t)e * m->lora[j].e_stride * zo_dtype_size(m->dtype);
+    return t;
+}
+
+/* The adapters of routed expert e at `stage` on its n pairs: y[n, out]
+ * (row stride ldy) += (alpha / r) (x A^T) B^T, x A^T in m->eu. */
+static zo_status expert_lora_forward(tf_model *m, gpu_stream_t s, const tf_block_bufs *bb, tf_lora_stage stage,
+                                     int e, gpu_tensor x, gpu_tensor y, int64_t ldy, int n)
+{
+    zo_status st;
+    for (int j = 0; j < m->n_lora; j++) {
+        const tf_lora_slot *sl = &m->lora[j];
+        if (sl->stage != stage) continue;
+        if ((st = adapter_forward(m, s, gpu_t(m->eu, m->dtype), m->opts.lora.r,
+                                  expert_lora_part(m, bb->params, j, e, MODEL_LORA_A),
+                                  expert_lora_part(m, bb->params, j, e, MODEL_LORA_B), x, y, ldy, n, sl->in,
+                                  sl->out)) != ZO_OK)
+            return st;
+    }
+    return ZO_OK;
+}
+
+/* Their backward from dy (row stride lddy) and the input x [n, in]: x A^T
+ * computed again (the forward's bits: the same GEMM on the same input),
+ * then adapter_backward, dx += the adapters' share. */
+static zo_status expert_lora_backward(tf_model *m, gpu_stream_t s, const tf_block_bufs *bb, tf_lora_stage stage,
+                                      int e, gpu_tensor dy, int64_t lddy, gpu_tensor x, gpu_tensor dx, int n)
+{
+    zo_status st;
+    const int r = m->opts.lora.r;
+    gpu_tensor u = gpu_t(m->eu, m->dtype);
+    for (int j = 0; j < m->n_lora; j++) {
+        const tf_lora_slot *sl = &m->lora[j];
+        if (sl->stage != stage) continue;
+        gpu_tensor A = expert_lora_part(m, bb->params, j, e, MODEL_LORA_A);
+        gpu_tensor B = expert_lora_part(m, bb->params, j, e, MODEL_LORA_B);
+        if ((st = adapter_forward(m, s, u, r, A, B, x, gpu_t(NULL, m->dtype), 0, n, sl->in, sl->out)) != ZO_OK ||
+            (st = adapter_backward(m, s, u, r, A, B, expert_lora_part(m, bb->grads, j, e, MODEL_LORA_A),
+                                   expert_lora_part(m, bb->grads, j, e, MODEL_LORA_B), dy, lddy, x, dx, n, sl->in,
+                                   sl->out)) != ZO_OK)
             return st;
     }
     return ZO_OK;
@@ -968,13 +1072,44 @@ static zo_status norm_backward(tf_model *m, gpu_stream_t s, const void *grads, i
  * inputs are gathered, each expert's GEMMs run on its rows, and its
  * weighted outputs are added back to their tokens, expert after expert. */
 
-/* Expert e's tensor of an EXPERT_* role. */
+/* Expert e's tensor of an EXPERT_* role (a trained buffer's: the
+ * parameters or, without LoRA, the gradients); data NULL when buf is. */
 static gpu_tensor expert_view(const tf_model *m, const void *buf, int blk, model_role role, int e)
 {
     gpu_tensor t = tf_view(m, buf, blk, role);
     if (t.data)
         t.data = (char *)t.data + (size_t)e * model_layout_expert_stride(&m->layout) * zo_dtype_size(m->dtype);
     return t;
+}
+
+/* Expert e's base weight of an EXPERT_* role: a view of the parameters, or
+ * with LoRA of the frozen buffer (NF4: dequantized into m->wdq, in stream
+ * order; the next base weight reuses it). */
+static zo_status base_expert_weight(tf_model *m, gpu_stream_t s, const tf_block_bufs *bb, int blk,
+                                    model_role role, int e, gpu_tensor *w)
+{
+    if (!has_lora(m)) {
+        *w = expert_view(m, bb->params, blk, role, e);
+        return ZO_OK;
+    }
+    const model_view *v = model_layout_view(&m->layout, blk, role);
+    int i = tensor_at(&m->layout, blk, v->offset + (size_t)e * model_layout_expert_stride(&m->layout));
+    const char *p = (const char *)bb->frozen + m->frozen_off[i];
+    if (!frozen_is_nf4(m, &m->layout.tensors[i])) {
+        *w = gpu_t((void *)p, m->dtype);
+        return ZO_OK;
+    }
+    *w = gpu_t(m->wdq, m->dtype);
+    return gpu_nf4_dequantize(s, *w, p, m->layout.tensors[i].numel);
+}
+
+/* A layer's weight gradient of `role` (expert e's for EXPERT_* roles, e
+ * otherwise ignored); data NULL with LoRA, whose base is frozen. */
+static gpu_tensor base_grad(const tf_model *m, const tf_block_bufs *bb, int blk, model_role role, int e)
+{
+    const void *G = has_lora(m) ? NULL : bb->grads;
+    return role >= MODEL_ROLE_EXPERT_GATE_W && role <= MODEL_ROLE_EXPERT_DOWN_W ? expert_view(m, G, blk, role, e)
+                                                                                : tf_view(m, G, blk, role);
 }
 
 /* Rows from `row` of a [rows, cols] tensor. */
@@ -993,6 +1128,16 @@ static zo_status gemm_xwt(gpu_stream_t s, gpu_tensor y, gpu_tensor x, gpu_tensor
     return gpu_gemm(s, &g);
 }
 
+/* y (+)= x W^T with the layer's base weight of `role` (beta 0 or 1) */
+static zo_status base_xwt(tf_model *m, gpu_stream_t s, const tf_block_bufs *bb, int blk, model_role role,
+                          gpu_tensor y, gpu_tensor x, int N, int out, int in, float beta)
+{
+    zo_status st;
+    gpu_tensor w;
+    if ((st = base_weight(m, s, base_buf(m, bb), blk, role, &w)) != ZO_OK) return st;
+    return gemm_xwt(s, y, x, w, N, out, in, beta);
+}
+
 /* dx[n, in] (+)= dy[n, out] W (W [out, in]) and dW += dy^T x: beta for dx */
 static zo_status gemm_back(gpu_stream_t s, gpu_tensor dx, float beta, gpu_tensor dw, gpu_tensor dy,
                            gpu_tensor x, gpu_tensor w, int n, int out, int in)
@@ -1005,18 +1150,6 @@ static zo_status gemm_back(gpu_stream_t s, gpu_tensor dx, float beta, gpu_tensor
     gpu_gemm_desc gx = {.m = n, .n = in, .k = out, .alpha = 1.0f, .beta = beta, .a = dy, .b = w,
                         .c = dx, .lda = out, .ldb = in, .ldc = in};
     return gpu_gemm(s, &gx);
-}
-
-/* One SwiGLU MLP of the layer (the shared expert) on ln2, up to its
- * activation: fc = ln2 Wg^T, up = ln2 Wu^T, act = silu(fc) up [N, f]. */
-static zo_status swiglu_mlp_forward(gpu_stream_t s, gpu_tensor ln2, gpu_tensor wg, gpu_tensor wu,
-                                    gpu_tensor fc, gpu_tensor up, gpu_tensor act, int N, int f, int h)
-{
-    zo_status st;
-    if ((st = gemm_xwt(s, fc, ln2, wg, N, f, h, 0.0f)) != ZO_OK ||
-        (st = gemm_xwt(s, up, ln2, wu, N, f, h, 0.0f)) != ZO_OK)
-        return st;
-    return gpu_swiglu_forward(s, act, fc, up, (size_t)N * f);
 }
 
 /* Route layer l's tokens: wait for the router's weights, list the pairs
@@ -1051,7 +1184,9 @@ static zo_status moe_route(tf_model *m, int l, gpu_stream_t s)
 }
 
 /* The MoE MLP of layer l: tmp [N, h] = its output. With `recompute`, stop
- * once the activations backward reads are saved. */
+ * once the activations backward reads are saved. A routed expert's
+ * adapters add to its GEMMs on its pairs; the shared expert's as a dense
+ * MLP's. */
 static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s, int recompute)
 {
     zo_status st;
@@ -1061,14 +1196,12 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
     const int fe = mo->expert_ffn, fs = mo->shared_ffn;
     const zo_dtype dt = m->dtype;
     tf_layer_acts *a = &m->acts[l];
-    const void *W = bb->params;
-    gpu_tensor ln2 = gpu_t(a->ln2, dt), tmp = gpu_t(m->tmp, dt), sact = gpu_t(m->sact, dt);
+    gpu_tensor ln2 = gpu_t(a->ln2, dt), tmp = gpu_t(m->tmp, dt), sact = gpu_t(m->sact, dt), w;
     gpu_tensor xg = gpu_t(m->moe_x, dt), yg = gpu_t(m->moe_y, dt);
     gpu_tensor fc = gpu_t(a->efc, dt), up = gpu_t(a->eup, dt), act = gpu_t(a->eact, dt);
 
     /* router: logits [N, E] (fp32), the chosen experts' weights, the statistics of layer l */
-    if ((st = gemm_xwt(s, F32(a->router_logits), ln2, tf_view(m, W, blk, MODEL_ROLE_ROUTER_W), N, E, h,
-                       0.0f)) != ZO_OK ||
+    if ((st = base_xwt(m, s, bb, blk, MODEL_ROLE_ROUTER_W, F32(a->router_logits), ln2, N, E, h, 0.0f)) != ZO_OK ||
         (st = gpu_moe_router_forward(s, F32(a->router_w), F32(a->router_logits),
                                      m->moe_stats + (size_t)l * 2 * E, N, E, mo->top_k, mo->norm_topk)) != ZO_OK ||
         (st = moe_route(m, l, s)) != ZO_OK)
@@ -1079,11 +1212,13 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
     for (int e = 0; e < E; e++) {
         int n = off[e + 1] - off[e];
         if (!n) continue;
-        gpu_tensor x = rows_at(xg, off[e], h);
-        if ((st = gemm_xwt(s, rows_at(fc, off[e], fe), x, expert_view(m, W, blk, MODEL_ROLE_EXPERT_GATE_W, e), n,
-                           fe, h, 0.0f)) != ZO_OK ||
-            (st = gemm_xwt(s, rows_at(up, off[e], fe), x, expert_view(m, W, blk, MODEL_ROLE_EXPERT_UP_W, e), n,
-                           fe, h, 0.0f)) != ZO_OK)
+        gpu_tensor x = rows_at(xg, off[e], h), fce = rows_at(fc, off[e], fe), upe = rows_at(up, off[e], fe);
+        if ((st = base_expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_GATE_W, e, &w)) != ZO_OK ||
+            (st = gemm_xwt(s, fce, x, w, n, fe, h, 0.0f)) != ZO_OK ||
+            (st = expert_lora_forward(m, s, bb, TF_LORA_EXPERT_GATE, e, x, fce, fe, n)) != ZO_OK ||
+            (st = base_expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_UP_W, e, &w)) != ZO_OK ||
+            (st = gemm_xwt(s, upe, x, w, n, fe, h, 0.0f)) != ZO_OK ||
+            (st = expert_lora_forward(m, s, bb, TF_LORA_EXPERT_UP, e, x, upe, fe, n)) != ZO_OK)
             return st;
     }
     if (M && (st = gpu_swiglu_forward(s, act, fc, up, (size_t)M * fe)) != ZO_OK) return st;
@@ -1095,74 +1230,90 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
         for (int e = 0; e < E; e++) {
             int n = off[e + 1] - off[e];
             if (!n) continue;
-            gpu_tensor y = rows_at(yg, off[e], h);
-            if ((st = gemm_xwt(s, y, rows_at(sact, off[e], fe), expert_view(m, W, blk, MODEL_ROLE_EXPERT_DOWN_W, e),
-                               n, h, fe, 0.0f)) != ZO_OK ||
+            gpu_tensor y = rows_at(yg, off[e], h), x = rows_at(sact, off[e], fe);
+            if ((st = base_expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_DOWN_W, e, &w)) != ZO_OK ||
+                (st = gemm_xwt(s, y, x, w, n, h, fe, 0.0f)) != ZO_OK ||
+                (st = expert_lora_forward(m, s, bb, TF_LORA_EXPERT_DOWN, e, x, y, h, n)) != ZO_OK ||
                 (st = gpu_moe_scatter_add(s, tmp, y, a->moe_idx + off[e], n, h, h)) != ZO_OK)
                 return st;
         }
     }
     if (!fs) return ZO_OK;
-    /* the shared expert: tmp += (sigmoid(ln2 w_sg) * act) Wdown^T */
-    gpu_tensor sa = gpu_t(a->act, dt);
-    if ((st = swiglu_mlp_forward(s, ln2, tf_view(m, W, blk, MODEL_ROLE_MLP_GATE_W),
-                                 tf_view(m, W, blk, MODEL_ROLE_MLP_UP_W), gpu_t(a->fc, dt),
-                                 gpu_t(a->up, dt), sa, N, fs, h)) != ZO_OK ||
-        (st = gemm_xwt(s, F32(a->sgate), ln2, tf_view(m, W, blk, MODEL_ROLE_SHARED_GATE_W), N, 1, h,
-                       0.0f)) != ZO_OK)
+    /* the shared expert: fc = ln2 Wg^T, up = ln2 Wu^T (and their adapters),
+     * act = silu(fc) up [N, fs], then tmp += (sigmoid(ln2 w_sg) * act) Wdown^T */
+    gpu_tensor sa = gpu_t(a->act, dt), sfc = gpu_t(a->fc, dt), sup = gpu_t(a->up, dt);
+    if ((st = base_xwt(m, s, bb, blk, MODEL_ROLE_MLP_GATE_W, sfc, ln2, N, fs, h, 0.0f)) != ZO_OK ||
+        (st = lora_forward(m, s, l, bb, TF_LORA_GATE, ln2, sfc, fs)) != ZO_OK ||
+        (st = base_xwt(m, s, bb, blk, MODEL_ROLE_MLP_UP_W, sup, ln2, N, fs, h, 0.0f)) != ZO_OK ||
+        (st = lora_forward(m, s, l, bb, TF_LORA_UP, ln2, sup, fs)) != ZO_OK ||
+        (st = gpu_swiglu_forward(s, sa, sfc, sup, (size_t)N * fs)) != ZO_OK ||
+        (st = base_xwt(m, s, bb, blk, MODEL_ROLE_SHARED_GATE_W, F32(a->sgate), ln2, N, 1, h, 0.0f)) != ZO_OK)
         return st;
     if (recompute) return ZO_OK;
-    if ((st = gpu_moe_scale_forward(s, sact, sa, a->sgate, N, fs, 1, 1)) != ZO_OK) return st;
-    return gemm_xwt(s, tmp, sact, tf_view(m, W, blk, MODEL_ROLE_MLP_DOWN_W), N, h, fs, 1.0f);
+    if ((st = gpu_moe_scale_forward(s, sact, sa, a->sgate, N, fs, 1, 1)) != ZO_OK ||
+        (st = base_xwt(m, s, bb, blk, MODEL_ROLE_MLP_DOWN_W, tmp, sact, N, h, fs, 1.0f)) != ZO_OK)
+        return st;
+    return lora_forward(m, s, l, bb, TF_LORA_DOWN, sact, tmp, h);
 }
 
-/* dh += dy W, dW += dy^T x for a weight without bias or adapters; dy fp32
- * [N, out], rounded once for the GEMMs. */
-static zo_status plain_linear_backward(tf_model *m, gpu_stream_t s, gpu_tensor dy, gpu_tensor x,
-                                       gpu_tensor w, gpu_tensor dw, int N, int out, int in)
+/* dh += dy W (+ the adapters' share), dW += dy^T x (none with LoRA) for the
+ * layer's weight of `role`, without bias, whose adapters are `stage`'s; dy
+ * fp32 [N, out], rounded once for the GEMMs. */
+static zo_status plain_linear_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s,
+                                       model_role role, tf_lora_stage stage, gpu_tensor dy, gpu_tensor x, int N,
+                                       int out, int in)
 {
     zo_status st;
-    gpu_tensor op;
-    if ((st = gemm_operand(m, s, dy, N, out, &op)) != ZO_OK) return st;
-    return linear_backward(s, F32(m->dh), 1.0f, dw, gpu_t(NULL, m->dtype), dy, op, x, w, N, out, in);
+    const int blk = model_layout_layer_block(l);
+    gpu_tensor op, w;
+    if ((st = gemm_operand(m, s, dy, N, out, &op)) != ZO_OK ||
+        (st = base_weight(m, s, base_buf(m, bb), blk, role, &w)) != ZO_OK ||
+        (st = linear_backward(s, F32(m->dh), 1.0f, base_grad(m, bb, blk, role, 0), gpu_t(NULL, m->dtype), dy, op,
+                              x, w, N, out, in)) != ZO_OK)
+        return st;
+    return lora_backward(m, s, l, bb, stage, op, out, x, F32(m->dh));
 }
 
 /* The shared expert's backward from dres: dWdown, its gate's gradient dz,
- * dWg, dWu, dh += its input's gradient. */
+ * dWg, dWu (or their adapters'), dh += its input's gradient. */
 static zo_status shared_expert_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s)
 {
     zo_status st;
     const int blk = model_layout_layer_block(l), N = m->b * m->t, h = m->cfg.hidden, f = m->cfg.moe.shared_ffn;
     const zo_dtype dt = m->dtype;
     tf_layer_acts *a = &m->acts[l];
-    const void *W = bb->params, *G = bb->grads;
-    gpu_tensor ln2 = gpu_t(a->ln2, dt), act = gpu_t(a->act, dt), wd = tf_view(m, W, blk, MODEL_ROLE_MLP_DOWN_W);
+    gpu_tensor ln2 = gpu_t(a->ln2, dt), act = gpu_t(a->act, dt), wd;
     gpu_tensor dff = F32(m->dff), dup = F32(m->dff2), sact = gpu_t(m->sact, dt), op;
     /* g [N, f] = dres Wdown; dWdown += dres^T (sigmoid(z) act) */
-    if ((st = gemm_operand(m, s, F32(m->dres), N, h, &op)) != ZO_OK) return st;
+    if ((st = gemm_operand(m, s, F32(m->dres), N, h, &op)) != ZO_OK ||
+        (st = base_weight(m, s, base_buf(m, bb), blk, MODEL_ROLE_MLP_DOWN_W, &wd)) != ZO_OK)
+        return st;
     gpu_gemm_desc gx = {.m = N, .n = f, .k = h, .alpha = 1.0f, .beta = 0.0f, .a = op, .b = wd, .c = dff,
                         .lda = h, .ldb = f, .ldc = f};
     gpu_gemm_desc gw = {.trans_a = 1, .m = h, .n = f, .k = N, .alpha = 1.0f, .beta = 1.0f, .a = op,
-                        .b = sact, .c = tf_view(m, G, blk, MODEL_ROLE_MLP_DOWN_W), .lda = h, .ldb = f, .ldc = f};
+                        .b = sact, .c = base_grad(m, bb, blk, MODEL_ROLE_MLP_DOWN_W, 0), .lda = h, .ldb = f, .ldc = f};
     if ((st = gpu_gemm(s, &gx)) != ZO_OK ||
         (st = gpu_moe_scale_forward(s, sact, act, a->sgate, N, f, 1, 1)) != ZO_OK ||
-        (st = gpu_gemm(s, &gw)) != ZO_OK)
+        (gw.c.data && (st = gpu_gemm(s, &gw)) != ZO_OK))
+        return st;
+    /* the down adapters: their A x again (recompute stops before the down
+     * projection), then g += their share */
+    if (has_lora(m) && ((st = lora_forward(m, s, l, bb, TF_LORA_DOWN, sact, gpu_t(NULL, dt), h)) != ZO_OK ||
+                        (st = lora_backward(m, s, l, bb, TF_LORA_DOWN, op, h, sact, dff)) != ZO_OK))
         return st;
     /* dz = g . act sigmoid', dact = sigmoid(z) g (in place), then SwiGLU, gate/up and the gate */
     if ((st = gpu_moe_scale_backward(s, dff, m->dz, dff, act, a->sgate, N, f, 1, 1)) != ZO_OK ||
         (st = gpu_swiglu_backward(s, dff, dup, dff, gpu_t(a->fc, dt), gpu_t(a->up, dt), (size_t)N * f)) != ZO_OK ||
-        (st = plain_linear_backward(m, s, dff, ln2, tf_view(m, W, blk, MODEL_ROLE_MLP_GATE_W),
-                                    tf_view(m, G, blk, MODEL_ROLE_MLP_GATE_W), N, f, h)) != ZO_OK ||
-        (st = plain_linear_backward(m, s, dup, ln2, tf_view(m, W, blk, MODEL_ROLE_MLP_UP_W),
-                                    tf_view(m, G, blk, MODEL_ROLE_MLP_UP_W), N, f, h)) != ZO_OK)
+        (st = plain_linear_backward(m, l, bb, s, MODEL_ROLE_MLP_GATE_W, TF_LORA_GATE, dff, ln2, N, f, h)) != ZO_OK ||
+        (st = plain_linear_backward(m, l, bb, s, MODEL_ROLE_MLP_UP_W, TF_LORA_UP, dup, ln2, N, f, h)) != ZO_OK)
         return st;
-    return plain_linear_backward(m, s, F32(m->dz), ln2, tf_view(m, W, blk, MODEL_ROLE_SHARED_GATE_W),
-                                 tf_view(m, G, blk, MODEL_ROLE_SHARED_GATE_W), N, 1, h);
+    return plain_linear_backward(m, l, bb, s, MODEL_ROLE_SHARED_GATE_W, TF_LORA_NONE, F32(m->dz), ln2, N, 1, h);
 }
 
 /* The routed experts' backward on their pairs, from dres: their weights'
- * gradients, dweights [N, E] (each pair's weight gradient at its token and
- * expert), dh += the pairs' input gradients added back to their tokens. */
+ * (or adapters') gradients, dweights [N, E] (each pair's weight gradient at
+ * its token and expert), dh += the pairs' input gradients added back to
+ * their tokens. */
 static zo_status experts_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s)
 {
     zo_status st;
@@ -1171,11 +1322,10 @@ static zo_status experts_backward(tf_model *m, int l, const tf_block_bufs *bb, g
     const int fe = mo->expert_ffn;
     const zo_dtype dt = m->dtype;
     tf_layer_acts *a = &m->acts[l];
-    const void *W = bb->params, *G = bb->grads;
     const int *off = a->moe_off, M = off[E];
     gpu_tensor fc = gpu_t(a->efc, dt), up = gpu_t(a->eup, dt), act = gpu_t(a->eact, dt);
     gpu_tensor dff = F32(m->dff), dup = F32(m->dff2), sact = gpu_t(m->sact, dt), dx = F32(m->moe_dx);
-    gpu_tensor xg = gpu_t(m->moe_x, dt), op;
+    gpu_tensor xg = gpu_t(m->moe_x, dt), op, w;
     if ((st = gpu_memset_async(s, m->dweights, 0, (size_t)N * E * 4)) != ZO_OK || !M) return st;
     /* the pairs' output gradients dg [M, h] (in moe_dx); g = dg Wdown [M, fe];
      * dWdown += dg^T (w act) */
@@ -1185,10 +1335,12 @@ static zo_status experts_backward(tf_model *m, int l, const tf_block_bufs *bb, g
         return st;
     for (int e = 0; e < E; e++) {
         int n = off[e + 1] - off[e];
-        if (n && (st = gemm_back(s, rows_at(dff, off[e], fe), 0.0f,
-                                 expert_view(m, G, blk, MODEL_ROLE_EXPERT_DOWN_W, e), rows_at(op, off[e], h),
-                                 rows_at(sact, off[e], fe), expert_view(m, W, blk, MODEL_ROLE_EXPERT_DOWN_W, e),
-                                 n, h, fe)) != ZO_OK)
+        if (!n) continue;
+        gpu_tensor g = rows_at(dff, off[e], fe), dy = rows_at(op, off[e], h), x = rows_at(sact, off[e], fe);
+        if ((st = base_expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_DOWN_W, e, &w)) != ZO_OK ||
+            (st = gemm_back(s, g, 0.0f, base_grad(m, bb, blk, MODEL_ROLE_EXPERT_DOWN_W, e), dy, x, w, n, h, fe)) !=
+                ZO_OK ||
+            (st = expert_lora_backward(m, s, bb, TF_LORA_EXPERT_DOWN, e, dy, h, x, g, n)) != ZO_OK)
             return st;
     }
     /* each pair's weight gradient g . act, dact = w g (in place), SwiGLU */
@@ -1199,13 +1351,16 @@ static zo_status experts_backward(tf_model *m, int l, const tf_block_bufs *bb, g
     /* gate, then up: dW += d^T xg, dx [M, h] = dgate Wg + dup Wu (dg is spent) */
     gpu_tensor d[2] = {dff, dup};
     model_role r[2] = {MODEL_ROLE_EXPERT_GATE_W, MODEL_ROLE_EXPERT_UP_W};
+    tf_lora_stage ls[2] = {TF_LORA_EXPERT_GATE, TF_LORA_EXPERT_UP};
     for (int k = 0; k < 2; k++) {
         if ((st = gemm_operand(m, s, d[k], M, fe, &op)) != ZO_OK) return st;
         for (int e = 0; e < E; e++) {
             int n = off[e + 1] - off[e];
-            if (n && (st = gemm_back(s, rows_at(dx, off[e], h), (float)k, expert_view(m, G, blk, r[k], e),
-                                     rows_at(op, off[e], fe), rows_at(xg, off[e], h),
-                                     expert_view(m, W, blk, r[k], e), n, fe, h)) != ZO_OK)
+            if (!n) continue;
+            gpu_tensor dxe = rows_at(dx, off[e], h), dy = rows_at(op, off[e], fe), x = rows_at(xg, off[e], h);
+            if ((st = base_expert_weight(m, s, bb, blk, r[k], e, &w)) != ZO_OK ||
+                (st = gemm_back(s, dxe, (float)k, base_grad(m, bb, blk, r[k], e), dy, x, w, n, fe, h)) != ZO_OK ||
+                (st = expert_lora_backward(m, s, bb, ls[k], e, dy, fe, x, dxe, n)) != ZO_OK)
                 return st;
         }
     }
@@ -1229,7 +1384,7 @@ static zo_status moe_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_s
     zo_status st;
     const zo_model_config *c = &m->cfg;
     const zo_moe *mo = &c->moe;
-    const int blk = model_layout_layer_block(l), N = m->b * m->t, h = c->hidden, E = mo->experts;
+    const int N = m->b * m->t, h = c->hidden, E = mo->experts;
     tf_layer_acts *a = &m->acts[l];
     if ((st = gpu_memset_async(s, m->dh, 0, (size_t)N * h * 4)) != ZO_OK ||
         (st = experts_backward(m, l, bb, s)) != ZO_OK ||
@@ -1247,9 +1402,8 @@ static zo_status moe_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_s
                                       m->moe_stats + (size_t)mo->first_dense * 2 * E, N, E, mo->top_k,
                                       mo->norm_topk, moe_layers, aux)) != ZO_OK)
         return st;
-    return plain_linear_backward(m, s, F32(m->drouter), gpu_t(a->ln2, m->dtype),
-                                 tf_view(m, bb->params, blk, MODEL_ROLE_ROUTER_W),
-                                 tf_view(m, bb->grads, blk, MODEL_ROLE_ROUTER_W), N, E, h);
+    return plain_linear_backward(m, l, bb, s, MODEL_ROLE_ROUTER_W, TF_LORA_NONE, F32(m->drouter),
+                                 gpu_t(a->ln2, m->dtype), N, E, h);
 }
 
 /* Forward of layer l. With `recompute`, stop once every activation the

@@ -90,13 +90,19 @@ typedef enum tf_lora_stage {
     TF_LORA_GATE,
     TF_LORA_UP,
     TF_LORA_DOWN,
+    /* a mixture of experts' routed experts (each expert on its tokens) */
+    TF_LORA_EXPERT_GATE,
+    TF_LORA_EXPERT_UP,
+    TF_LORA_EXPERT_DOWN,
+    TF_LORA_NONE, /* a linear layer without adapters (the router) */
 } tf_lora_stage;
 
 typedef struct tf_lora_slot {
     tf_lora_stage stage;
     int col;             /* first output column in that GEMM's output (k: q, v: q + kv) */
     int in, out;
-    size_t a_off, b_off; /* elements into a layer block's adapter buffer */
+    size_t a_off, b_off; /* elements into a layer block's adapter buffer (a routed expert's: expert 0's) */
+    size_t e_stride;     /* a routed expert's: elements from expert e's adapters to e + 1's */
 } tf_lora_slot;
 
 /* How the model holds its activations (all zero: the defaults). */
@@ -174,7 +180,9 @@ typedef struct tf_model {
     float lora_scale;       /* alpha / r */
     size_t *frozen_off;     /* [layout.n_tensors] bytes into its block's frozen buffer */
     size_t *frozen_bytes;   /* [n_blocks] */
-    float *dlora;           /* [N, r] gradient of one adapter's A x */
+    float *dlora;           /* [N max(1, top_k), r] gradient of one adapter's A x */
+    void *eu;               /* [N top_k, r] a routed expert's adapter's A x (dtype; recomputed in
+                               backward, so one serves every layer) */
     float *dsink;           /* [2h] where the frozen norms' weight gradients go */
     void *wdq;              /* QLoRA: one dequantized linear weight (model dtype) */
     /* mixture of experts (cfg.moe.experts > 0) */
