@@ -285,11 +285,11 @@ static zo_status from_plan_file(const cli_flags *f, const char *path, zo_model_c
 /* What train does not run of this configuration (tensor or pipeline
  * parallelism, ...: the capability table's words), said under the report:
  * estimate sizes it, train --plan refuses it with these words. */
-static void runtime_note(const plan_train *t)
+static void runtime_note(const zo_model_config *m, const plan_train *t)
 {
     zo_run_shape run;
     char why[512];
-    plan_run_shape(t, &run);
+    plan_run_shape(m, t, &run);
     if (t->runtime != PLAN_RUNTIME_ZOFFLOAD || zo_capability_check(&run, why, sizeof why) == ZO_OK) return;
     zo_clear_error();
     printf("\nfor the runtime: train --plan refuses this configuration (docs/offload.md, \"What the runtime "
@@ -317,7 +317,7 @@ static zo_status report(const cli_flags *f, const estimate_flags *e, const zo_mo
     if (!f->json) {
         plan_report_basis(stdout, hw, basis);
         plan_report_table(stdout, m, hw, t, est, &pt, &sg);
-        runtime_note(t);
+        runtime_note(m, t);
     }
     if (f->svg_path && (st = write_svg(f->svg_path, m, hw, t, est, &pt)) != ZO_OK) return st;
     if (e->plan_out) {

@@ -363,7 +363,7 @@ static zo_status refuse_outside_table(const search_cmd *c)
     zo_status st = plan_search(&c->m, &c->hw, &any, 1, r);
     if (st == ZO_OK && r->n_best > 0) {
         zo_run_shape run;
-        plan_run_shape(&r->best[0].t, &run);
+        plan_run_shape(&c->m, &r->best[0].t, &run);
         st = zo_capability_check(&run, NULL, 0);
     }
     free(r);

@@ -7,7 +7,7 @@
 
 #include "common/json.h" /* defines: zo_json_parse */
 
-void plan_run_shape(const plan_train *t, zo_run_shape *out)
+void plan_run_shape(const zo_model_config *m, const plan_train *t, zo_run_shape *out)
 {
     zo_run_shape_defaults(out);
     out->method = t->method;
@@ -20,6 +20,10 @@ void plan_run_shape(const plan_train *t, zo_run_shape *out)
     out->params = t->params_on;
     out->adapters = t->method == ZO_PLAN_FULL ? ZO_PLAN_GPU : t->adapters_on;
     memcpy(out->optimizer, t->opt_frac, sizeof out->optimizer);
+    out->moe = m->moe.experts > 0;
+    out->optim_dtype = t->opt_state;
+    out->master = t->master;
+    out->loss_chunk = t->loss_chunk;
 }
 
 /* ---- hardware ----------------------------------------------------------------------- */

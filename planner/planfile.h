@@ -11,10 +11,11 @@
 #include "planner/cost.h"
 #include "planner/memory.h"
 
-/* The run a configuration is, as the runtime's capability table sees it
- * (common/capability.h): what `memplan plan` asks of every candidate for a
+/* The run a configuration of model m is, as the runtime's capability table
+ * sees it (common/capability.h; the same fields zo_run_shape_from_plan reads
+ * from the plan file): what `memplan plan` asks of every candidate for a
  * plan file, and what estimate reports of its configuration. */
-void plan_run_shape(const plan_train *t, zo_run_shape *out);
+void plan_run_shape(const zo_model_config *m, const plan_train *t, zo_run_shape *out);
 
 /* The plan for a configuration (docs/plan-format.md): the model, the
  * hardware (may be NULL), the training settings and, when `e` is given, the

@@ -134,7 +134,7 @@ static void rank_schedules(walk *w, plan_train *t, const plan_estimate *e, plan_
         /* a plan file is for train: only what the runtime runs */
         if (s->runtime_plans) {
             zo_run_shape run;
-            plan_run_shape(t, &run);
+            plan_run_shape(w->m, t, &run);
             if (zo_capability_find(&run) != ZO_CAP_RUNS) continue;
         }
         const plan_estimate *se = e;

@@ -463,9 +463,16 @@ static void test_plan_file_runs(void **state)
     char dir[] = "/tmp/memplan-runs-XXXXXX", args[1024], path[512], want[1024];
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/p.json", dir);
+    /* and what the model and the optimizer's encoding rule out: a mixture of
+     * experts' 8-bit m and v, and weights without a master, off the GPU's
+     * optimizer (the search once saw neither, and wrote the MoE's 8-bit
+     * state on the GPU) */
+    char moe8[600];
+    snprintf(moe8, sizeof moe8, "--model %s/lora/tiny_mixtral.json --optim-dtype 8bit", ZO_FIXTURES_DIR);
     const char *runs[] = {"--model llama-2-70b --gpus 8 --gpus-per-node 8",
                           "--model llama-2-13b --gpus 2 --gpus-per-node 2 --lora 8 --zero 1-2",
-                          "--model llama-2-7b --gpus 4 --gpus-per-node 4 --schedule dpu"};
+                          "--model llama-2-7b --gpus 4 --gpus-per-node 4 --schedule dpu", moe8,
+                          "--model gpt2 --master stochastic"};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         snprintf(args, sizeof args, "plan %s --json-out %s", runs[i], path);
         if (run_memplan(args, out, sizeof out)) fail_msg("%s\n%s", args, out);
@@ -516,6 +523,18 @@ static void test_plan_file_runs(void **state)
     assert_non_null(strstr(out, want + strlen("memplan: ")));
     assert_int_equal(run_memplan("estimate --model gpt2 --gpus 2", out, sizeof out), 0);
     assert_null(strstr(out, "train --plan refuses"));
+    /* and a mixture of experts' 8-bit m and v in the GPU's optimizer */
+    zo_run_shape moe;
+    zo_run_shape_defaults(&moe);
+    moe.moe = 1;
+    moe.optim_dtype = ZO_PLAN_STATE_8BIT;
+    moe.optimizer[ZO_PLAN_CPU] = 0;
+    moe.optimizer[ZO_PLAN_GPU] = 1;
+    table_words(&moe, want, sizeof want);
+    snprintf(args, sizeof args, "estimate %s --optimizer gpu", moe8);
+    assert_int_equal(run_memplan(args, out, sizeof out), 0);
+    if (!strstr(out, "train --plan refuses this configuration") || !strstr(out, want + strlen("memplan: ")))
+        fail_msg("%s\n%s\nwanted: %s", args, out, want);
     snprintf(args, sizeof args, "rm -rf %s", dir);
     assert_int_equal(system(args), 0);
 }
