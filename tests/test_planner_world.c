@@ -262,19 +262,21 @@ static void test_pipeline_engines(void **state)
     cJSON_Delete(mega);
     cJSON_Delete(ds);
 
-    /* refused by name: an interleaved DeepSpeed pipeline, one without
-     * stages, a plan file of either, an unknown engine */
+    /* refused by name (exit 2): an interleaved DeepSpeed pipeline, one
+     * without stages, a plan file of either, an unknown engine */
+    static const char *const refused[][2] = {
+        {" --pp-schedule deepspeed --vpp 3", "--pp-schedule deepspeed: DeepSpeed's pipeline engine"},
+        {" --pp-schedule deepspeed --plan-out /dev/null", "--pp-schedule deepspeed times"},
+        {" --pp-schedule gpipe", "--pp-schedule"},
+    };
     char out[1 << 16];
-    snprintf(args, sizeof args, "estimate %s --pp-schedule deepspeed --vpp 3", base);
-    assert_int_equal(run_memplan(args, out, sizeof out), 2);
-    assert_non_null(strstr(out, "--pp-schedule deepspeed"));
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        snprintf(args, sizeof args, "estimate %s%s", base, refused[i][0]);
+        assert_int_equal(run_memplan(args, out, sizeof out), 2);
+        assert_non_null(strstr(out, refused[i][1]));
+    }
     assert_int_equal(run_memplan("estimate --model gpt2 --pp-schedule deepspeed", out, sizeof out), 2);
-    assert_non_null(strstr(out, "--pp > 1"));
-    snprintf(args, sizeof args, "estimate %s --pp-schedule deepspeed --plan-out /dev/null", base);
-    assert_int_equal(run_memplan(args, out, sizeof out), 2);
-    assert_non_null(strstr(out, "--pp-schedule deepspeed"));
-    assert_int_equal(run_memplan("estimate --model gpt2 --pp 2 --pp-schedule gpipe", out, sizeof out), 2);
-    assert_non_null(strstr(out, "--pp-schedule"));
+    assert_non_null(strstr(out, "--pp-schedule deepspeed: needs pipeline parallelism (--pp > 1)"));
 }
 
 /* ---- torchtune's 2 x RTX 4090 LoRA (eager PyTorch, FSDP) ---------------------------- */
