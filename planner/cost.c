@@ -607,8 +607,29 @@ static void step_pp_comm(const step_in *in, plan_time *o)
     double whole = (double)t->seq * t->micro_batch * (in->m->params_override ? 0 : in->m->hidden) *
                    in->wsz;
     double gather = t->tp > 1 ? plan_allgather_s(whole, t->tp, peer * hw->coll_eff, hw->nvlink_lat) : 0;
-    double exchange = lat + whole / t->tp / bw + gather;
-    o->pp_comm = 2 * exchange * ((double)t->vpp * in->n_mb + (double)t->pp - 1);
+    double send = lat + whole / t->tp / bw;
+    double slots = (double)t->vpp * in->n_mb + (double)t->pp - 1;
+    if (t->pp_schedule != PLAN_PP_DEEPSPEED) {
+        o->pp_comm = 2 * (send + gather) * slots;
+        return;
+    }
+    /* DeepSpeed's TrainSchedule: a forward step receives the activation
+     * and then sends the previous backward's gradient, a backward step
+     * sends the previous forward's activation and then receives the
+     * gradient, each a blocking send or receive of its own (p2p.py): four
+     * transfers in a row per micro-batch. With TP the engine partitions what
+     * it sends (pipe_partitioned, grad_partitioned) and gathers three
+     * tensors back over the TP ranks: the received activation, the received
+     * gradient, and the stage's own output, which it cleared after sending
+     * and restores before the backward. Then, after the flush,
+     * ReduceTiedGrads all-reduces the tied embedding's gradient between the
+     * first and the last stage (its 1/t vocabulary slice, in the gradients'
+     * dtype), on nothing else's time. */
+    o->pp_comm = (4 * send + 3 * gather) * slots;
+    if (in->m->tied_embeddings && !in->m->params_override) {
+        double tied = (double)in->m->vocab / t->tp * in->m->hidden * in->gsz;
+        o->pp_comm += plan_allreduce_s(tied, 2, bw, lat);
+    }
 }
 
 /* Data parallel (plan_dp_comm_elems): gradients all-reduced (ZeRO 0) or
@@ -659,7 +680,8 @@ static void step_dp_comm(const step_in *in, plan_time *o)
                               : plan_allgather_s(bucket * rsz, group, bw, lat);
     }
     o->dp_comm_total = red + gat;
-    if (!t->dp_overlap) o->dp_comm = red + gat;
+    /* DeepSpeed's pipeline engine reduces after the flush (ReduceGrads) */
+    if (!t->dp_overlap || t->pp_schedule == PLAN_PP_DEEPSPEED) o->dp_comm = red + gat;
     else if (t->zero <= 1) o->dp_comm = dmax(red - last_bwd, dmin(tail, red)) + gat;
     else if (t->zero == 2) o->dp_comm = dmax(red - in->bwd_window, dmin(tail, red)) + gat;
     else o->dp_comm = dmax(o->dp_comm_total - in->window, dmin(tail, o->dp_comm_total));

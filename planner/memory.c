@@ -233,6 +233,20 @@ zo_status plan_runtime_parse(const char *s, const char *flag, plan_runtime *out)
     return st;
 }
 
+const char *plan_pp_schedule_name(plan_pp_schedule s)
+{
+    return s == PLAN_PP_DEEPSPEED ? "deepspeed" : "megatron";
+}
+
+zo_status plan_pp_schedule_parse(const char *s, const char *flag, plan_pp_schedule *out)
+{
+    static const char *const names[] = {"megatron", "deepspeed", NULL};
+    int i;
+    zo_status st = zo_plan_name_parse(names, s, flag, &i);
+    if (st == ZO_OK) *out = (plan_pp_schedule)i;
+    return st;
+}
+
 /* ---- what the GPU can run -------------------------------------------------------- */
 
 /* By the GPU's name, until the hardware description carries its compute
@@ -365,6 +379,10 @@ static zo_status plan_parallel_validate(const plan_train *t, const zo_model_conf
     }
     if (t->vpp > 1 && t->pp == 1)
         return zo_error(ZO_ERR_INVALID, "--vpp %d needs pipeline parallelism (--pp > 1)", t->vpp);
+    if (t->pp_schedule == PLAN_PP_DEEPSPEED && (t->pp == 1 || t->vpp > 1))
+        return zo_error(ZO_ERR_INVALID, "--pp-schedule deepspeed: %s",
+                        t->pp == 1 ? "needs pipeline parallelism (--pp > 1)"
+                                   : "DeepSpeed's pipeline engine does not interleave (drop --vpp)");
     if ((t->dtype == ZO_DTYPE_BF16 || t->grad_dtype == ZO_DTYPE_BF16) && gpu_is_volta_or_older(hw))
         return zo_error(ZO_ERR_INVALID,
                         "--dtype bf16: %s has no bf16 tensor cores (Volta and older); use "

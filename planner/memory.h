@@ -56,6 +56,20 @@ typedef enum plan_runtime {
 const char *plan_runtime_name(plan_runtime r); /* "zoffload", "eager" */
 zo_status plan_runtime_parse(const char *s, const char *flag, plan_runtime *out);
 
+/* Whose pipeline engine runs the stages (the cost model only, docs/memplan.md
+ * "Time"): Megatron-LM's 1F1B (interleaved with --vpp), or DeepSpeed's
+ * pipeline engine (its TrainSchedule of 2021: blocking sends one tensor at a
+ * time, the stage's output re-gathered over TP in the backward, the tied
+ * embedding's gradient all-reduced after the flush, the data-parallel
+ * reduction after it). Never in a plan file: the runtime runs no pipeline. */
+typedef enum plan_pp_schedule {
+    PLAN_PP_MEGATRON = 0,
+    PLAN_PP_DEEPSPEED,
+} plan_pp_schedule;
+
+const char *plan_pp_schedule_name(plan_pp_schedule s); /* "megatron", "deepspeed" */
+zo_status plan_pp_schedule_parse(const char *s, const char *flag, plan_pp_schedule *out);
+
 /* What eager PyTorch keeps beyond this runtime in the stored layer
  * activations, as a fraction of them, from published measurements
  * (docs/memplan.md, "What memplan models"): LLaMA layers (RMSNorm upcast to
@@ -90,6 +104,7 @@ typedef struct plan_train {
                                  rest keep all their activations */
     zo_dtype reduce_dtype;    /* the gradients' data-parallel reduction (and its buckets) */
     plan_runtime runtime;     /* what runs the step (memory and time) */
+    plan_pp_schedule pp_schedule; /* whose pipeline engine (time only) */
     int flash_attn;
     int dropout;              /* dropout masks saved (GPT default on, LLaMA off) */
     int seq_is_default;       /* seq was not given: plan_train_defaults chose it (reports say so) */

@@ -75,6 +75,10 @@ static const char usage_estimate[] =
     "  --dp N --tp N --pp N    data, tensor and pipeline parallel degrees (default 1)\n"
     "  --sp                    sequence parallelism (with --tp)\n"
     "  --vpp N                 interleaved 1F1B with N model chunks per stage\n"
+    "  --pp-schedule megatron|deepspeed  whose pipeline engine (time only): Megatron-LM's 1F1B\n"
+    "                          (default), or DeepSpeed's of 2021 (MT-NLG's): blocking sends one\n"
+    "                          tensor at a time, the tied embedding's gradient all-reduced and\n"
+    "                          the data-parallel reduction run after the pipeline's flush\n"
     "  --zero 0|1|2|3          ZeRO stage: 1 shards optimizer state over DP, 2 also\n"
     "                          gradients, 3 also parameters (default 0)\n"
     "  --recompute none|selective|full|ops   activation recomputation (default none): the\n"
@@ -142,6 +146,7 @@ static const struct option estimate_opts[] = {
     {"recompute-layers", required_argument, 0, OPT_RECOMPUTE_LAYERS},
     {"no-dp-overlap", no_argument, 0, OPT_NO_DP_OVERLAP},
     {"fused-grad-accum", no_argument, 0, OPT_FUSED_ACCUM},
+    {"pp-schedule", required_argument, 0, OPT_PP_SCHEDULE},
     {"plan", required_argument, 0, OPT_PLAN},
     {"plan-out", required_argument, 0, OPT_PLAN_OUT},
     {0, 0, 0, 0},
@@ -155,6 +160,7 @@ typedef struct estimate_flags {
     double capacity_factor;
     double opt_frac[ZO_PLAN_TIERS];
     zo_plan_tier grads_on, ck_on;
+    plan_pp_schedule pp_schedule;
 } estimate_flags;
 
 static int estimate_flag(int c, const char *arg, void *own, zo_status *st)
@@ -183,6 +189,7 @@ static int estimate_flag(int c, const char *arg, void *own, zo_status *st)
                                &e->recompute_layers);
         return 1;
     case OPT_NO_DP_OVERLAP: case OPT_FUSED_ACCUM: return 1;
+    case OPT_PP_SCHEDULE: *st = plan_pp_schedule_parse(arg, "--pp-schedule", &e->pp_schedule); return 1;
     case OPT_PLAN: e->plan_path = arg; return 1;
     case OPT_PLAN_OUT: e->plan_out = arg; return 1;
     default: return 0;
@@ -259,6 +266,7 @@ static zo_status configure(const cli_flags *f, const estimate_flags *e, zo_model
     t->capacity_factor = e->capacity_factor;
     if (f->seen[OPT_NO_DP_OVERLAP]) t->dp_overlap = 0;
     if (f->seen[OPT_FUSED_ACCUM]) t->fused_grad_accum = 1;
+    t->pp_schedule = e->pp_schedule;
     if ((st = apply_method_flags(&f->mf, t)) != ZO_OK) return st;
     return f->global_batch ? set_global_batch(f, t) : ZO_OK;
 }

@@ -157,6 +157,10 @@ zo_status plan_file_json(const zo_model_config *m, const plan_hw *hw, const plan
     if (t->runtime != PLAN_RUNTIME_ZOFFLOAD)
         return zo_error(ZO_ERR_INVALID, "%s: a plan is for this project's runtime; --runtime %s sizes "
                         "a run of another (drop it to write a plan)", what, plan_runtime_name(t->runtime));
+    if (t->pp_schedule != PLAN_PP_MEGATRON)
+        return zo_error(ZO_ERR_INVALID, "%s: a plan is for this project's runtime; --pp-schedule %s "
+                        "times another's pipeline engine (drop it to write a plan)", what,
+                        plan_pp_schedule_name(t->pp_schedule));
     zo_plan *p = malloc(sizeof *p);
     if (!p) return zo_error(ZO_ERR_NOMEM, "%s: out of memory", what);
     plan_file_from(m, hw, t, e, pt, p);

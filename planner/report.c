@@ -229,7 +229,9 @@ static void add_config(cJSON *root, const plan_train *t, const plan_estimate *e)
     cJSON_AddStringToObject(jc, "reduce_dtype", zo_dtype_name(t->reduce_dtype));
     cJSON_AddStringToObject(jc, "runtime", plan_runtime_name(t->runtime));
     PLAN_JSON_ADD(jc, t, attention_fields);
-    cJSON_AddStringToObject(jc, "schedule", t->vpp > 1 ? "interleaved-1f1b" : "1f1b");
+    cJSON_AddStringToObject(jc, "schedule", t->pp_schedule == PLAN_PP_DEEPSPEED ? "deepspeed-1f1b"
+                                            : t->vpp > 1                      ? "interleaved-1f1b"
+                                                                              : "1f1b");
     cJSON_AddStringToObject(jc, "method", zo_plan_method_name(t->method));
     if (t->method != ZO_PLAN_FULL) {
         char tg[64];
@@ -445,7 +447,11 @@ static void print_config(FILE *out, const zo_model_config *m, const plan_hw *hw,
             t->seq, t->seq_is_default ? " (default: the model's positions, at most 4096)" : "",
             t->micro_batch, t->grad_accum, zo_dtype_name(t->dtype),
             zo_dtype_name(t->grad_dtype), opt, t->dp,
-            t->tp, t->sp ? " (+SP)" : "", t->pp, t->vpp > 1 ? " (interleaved)" : "", t->zero);
+            t->tp, t->sp ? " (+SP)" : "", t->pp,
+            t->pp_schedule == PLAN_PP_DEEPSPEED ? " (DeepSpeed's engine)"
+            : t->vpp > 1                        ? " (interleaved)"
+                                                : "",
+            t->zero);
     if (*plan_opt_accuracy_note(t))
         fprintf(out, "  optimizer state %.4g B/param; accuracy: %s\n", plan_opt_bytes_per_param(t),
                 plan_opt_accuracy_note(t));
