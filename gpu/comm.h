@@ -150,6 +150,18 @@ zo_status comm_broadcast(comm_t c, const void *send, void *recv, size_t count, z
  * of tokens). send and recv must not overlap. */
 zo_status comm_all_to_all(comm_t c, const void *send, void *recv, size_t count, zo_dtype dt,
                           const comm_order *ord, comm_request_t *req);
+/* The all-to-all of variable sizes: send holds, packed in rank order,
+ * send_counts[r] elements for rank r; recv receives, packed in rank order,
+ * recv_counts[r] elements from rank r, which must be rank r's
+ * send_counts[this rank] (exchange the counts first, e.g. with
+ * comm_all_to_all). Both arrays hold comm_size entries and must stay valid
+ * until the collective completes; at most INT_MAX elements each way. Every
+ * rank joins every call, also one that sends and receives nothing (expert
+ * parallelism's exchange of the tokens routed to each rank's experts).
+ * send and recv must not overlap. */
+zo_status comm_all_to_all_v(comm_t c, const void *send, const size_t *send_counts, void *recv,
+                            const size_t *recv_counts, zo_dtype dt, const comm_order *ord,
+                            comm_request_t *req);
 /* Completes on every rank once all ranks have entered it. */
 zo_status comm_barrier(comm_t c, const comm_order *ord, comm_request_t *req);
 
