@@ -239,6 +239,7 @@ int comm_rank(comm_t c) { return c ? c->rank : 0; }
 int comm_size(comm_t c) { return c ? c->size : 1; }
 double comm_timeout(comm_t c) { return c ? c->timeout_s : 0.0; }
 int comm_device_buffers(comm_t c) { return c ? c->device_buffers : 0; }
+uint64_t comm_all_to_all_bytes(comm_t c) { return c ? c->a2a_bytes : 0; }
 
 void comm_op_describe(const struct comm_request *op, char *buf, size_t n)
 {
@@ -355,6 +356,17 @@ static zo_status check_op(const struct comm_request *op, const char *fn)
     return ZO_OK;
 }
 
+/* The bytes an all-to-all sends to the other ranks (its block for itself
+ * excluded); 0 for the other collectives. */
+static uint64_t sent_to_others(const struct comm_request *op)
+{
+    comm_t c = op->comm;
+    size_t es = zo_dtype_size(op->dtype);
+    if (op->kind == COMM_OP_ALL_TO_ALL) return (uint64_t)op->count * es * (uint64_t)(c->size - 1);
+    if (op->kind != COMM_OP_ALL_TO_ALL_V) return 0;
+    return (uint64_t)(op->count - op->send_counts[c->rank]) * es;
+}
+
 static zo_status run_op(comm_t c, struct comm_request *tmpl, const comm_order *ord,
                         comm_request_t *req, const char *fn)
 {
@@ -378,6 +390,7 @@ static zo_status run_op(comm_t c, struct comm_request *tmpl, const comm_order *o
         return zo_error_wrap(st, "%s", fn);
     }
     c->seq++;
+    c->a2a_bytes += sent_to_others(tmpl);
     if (req) {
         *req = op;
         return ZO_OK;

@@ -123,6 +123,10 @@ double comm_timeout(comm_t c); /* seconds */
 /* 1 when buffers must be device memory (NCCL; SELF with a CUDA device), 0
  * when host memory (MPI; SELF without a device or with the CPU device). */
 int comm_device_buffers(comm_t c);
+/* Bytes this rank's all-to-alls (comm_all_to_all and comm_all_to_all_v)
+ * sent to the other ranks since comm_init, counted when each is started:
+ * the runtime's side of memplan's `time.ep_alltoall_bytes`. */
+uint64_t comm_all_to_all_bytes(comm_t c);
 
 /* ---- collectives -----------------------------------------------------------------
  * count / recv_count / send_count are elements of `dt` (fp32, fp16, bf16),

@@ -68,6 +68,7 @@ struct comm {
     comm_fault_fn on_fault;
     void *fault_arg;
     uint64_t seq; /* collectives issued so far */
+    uint64_t a2a_bytes; /* bytes all-to-alls (both forms) sent to other ranks */
     void *ctx;    /* the backend's */
 };
 

@@ -469,7 +469,9 @@ static void test_all_to_all(void **state)
         bpush(recv);
         bpush(send);
         comm_request_t req;
+        uint64_t before = comm_all_to_all_bytes(C);
         assert_int_equal(comm_all_to_all(C, send.d, recv.d, block, q.t, NULL, &req), ZO_OK);
+        wrong += comm_all_to_all_bytes(C) - before != (size_t)(N - 1) * block * q.es;
         assert_int_equal(comm_wait(req), ZO_OK);
         bpull(recv);
         for (int r = 0; r < N; r++)
@@ -524,7 +526,9 @@ static void test_all_to_all_v(void **state)
         bpush(recv);
         bpush(send);
         comm_request_t req;
+        uint64_t before = comm_all_to_all_bytes(C);
         assert_int_equal(comm_all_to_all_v(C, send.d, sc, recv.d, rc, q.t, NULL, &req), ZO_OK);
+        wrong += comm_all_to_all_bytes(C) - before != (sent - sc[R]) * q.es;
         assert_int_equal(comm_wait(req), ZO_OK);
         bpull(recv);
         size_t at = 0;
