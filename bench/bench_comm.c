@@ -472,23 +472,20 @@ int main(int argc, char **argv)
         if (dev) gpu_device_free(dev);
     }
     if (R == 0) {
-        if (ratio_nccl[0] > 0)
-            bench_result("nccl all_reduce busbw / MPI_Allreduce busbw (geometric mean, >= 1 MiB)",
-                         ratio_nccl[0]);
-        if (ratio_nccl[1] > 0)
-            bench_result("nccl all_to_all busbw / MPI_Alltoall busbw (geometric mean, >= 1 MiB)",
-                         ratio_nccl[1]);
-        if (ratio_nccl[2] > 0)
-            bench_result("nccl all_to_all_v busbw / MPI_Alltoallv busbw (geometric mean, >= 1 MiB)",
-                         ratio_nccl[2]);
-        if (ratio_mpi[2] > 0)
-            bench_result("mpi all_to_all_v busbw / MPI_Alltoallv busbw (geometric mean, >= 1 MiB)",
-                         ratio_mpi[2]);
-        if (ratio_mpi[1] > 0)
-            bench_result("mpi all_to_all busbw / MPI_Alltoall busbw (geometric mean, >= 1 MiB)",
-                         ratio_mpi[1]);
-        bench_result("mpi all_reduce busbw / MPI_Allreduce busbw (geometric mean, >= 1 MiB)",
-                     ratio_mpi[0]);
+        /* NCCL's ratios (all-reduce, all-to-all, all-to-all-v), then MPI's in
+         * the reverse order: its all-reduce's last, printed even when 0 */
+        static const char *const what[3] = {"all_reduce busbw / MPI_Allreduce busbw",
+                                            "all_to_all busbw / MPI_Alltoall busbw",
+                                            "all_to_all_v busbw / MPI_Alltoallv busbw"};
+        char line[160];
+        for (int i = 0; i < 6; i++) {
+            int nccl = i < 3, k = nccl ? i : 5 - i;
+            double v = nccl ? ratio_nccl[k] : ratio_mpi[k];
+            if (v <= 0 && i < 5) continue;
+            snprintf(line, sizeof line, "%s %s (geometric mean, >= 1 MiB)", nccl ? "nccl" : "mpi",
+                     what[k]);
+            bench_result(line, v);
+        }
     }
     v_free();
     comm_free(world);
