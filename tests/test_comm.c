@@ -323,6 +323,21 @@ static void test_args(void **state)
     assert_int_equal(comm_broadcast(C, a, b, 1, ZO_DTYPE_F32, N, NULL, NULL), ZO_ERR_INVALID);
     assert_int_equal(comm_broadcast(C, a, b, 1, ZO_DTYPE_F32, -1, NULL, NULL), ZO_ERR_INVALID);
     assert_int_equal(comm_wait(NULL), ZO_ERR_INVALID);
+    /* all_to_all_v: count arrays present, sums within an int, buffers for them */
+    size_t big[4] = {(size_t)INT_MAX / 2 + 1, (size_t)INT_MAX / 2 + 1, 1, 1}, one[4] = {1, 1, 1, 1};
+    if (N == 1) big[0] = (size_t)INT_MAX + 1; /* one rank: one count over INT_MAX */
+    assert_int_equal(comm_all_to_all_v(C, a, NULL, b, one, ZO_DTYPE_F32, NULL, NULL), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "count array"));
+    if (N <= 4) { /* the arrays above hold 4 ranks' counts */
+        assert_int_equal(comm_all_to_all_v(C, a, one, b, NULL, ZO_DTYPE_F32, NULL, NULL), ZO_ERR_INVALID);
+        assert_int_equal(comm_all_to_all_v(C, a, big, b, one, ZO_DTYPE_F32, NULL, NULL), ZO_ERR_INVALID);
+        assert_non_null(strstr(zo_last_error(), "one call"));
+        assert_int_equal(comm_all_to_all_v(C, a, one, b, big, ZO_DTYPE_F32, NULL, NULL), ZO_ERR_INVALID);
+        assert_non_null(strstr(zo_last_error(), "one call"));
+        assert_int_equal(comm_all_to_all_v(C, NULL, one, b, one, ZO_DTYPE_F32, NULL, NULL),
+                         ZO_ERR_INVALID);
+        assert_non_null(strstr(zo_last_error(), "NULL buffer"));
+    }
     /* events without a device to order them on */
     if (!comm_device_buffers(C)) {
         comm_order ord = {.after = (gpu_event_t)a};
