@@ -126,13 +126,6 @@ static void mm_n(const ctx *c, double n, double M, double N, double K, double *f
     *b += bmm(c, n, M, K, N) + (c->frozen ? 0 : bmm(c, n, K, N, M));
 }
 
-/* An all-to-all over p ranks, `bytes` leaving each rank (1/p stays). */
-static double alltoall_s(double bytes, int p, double bw, double lat)
-{
-    if (p <= 1 || bytes <= 0) return 0;
-    return (double)(p - 1) / p * bytes / bw + (p - 1) * lat;
-}
-
 void plan_ep_layer_bytes(const zo_model_config *m, const plan_train *t, double *fwd, double *bwd)
 {
     *fwd = *bwd = 0;
@@ -251,7 +244,7 @@ static double moe_time(const zo_model_config *m, const plan_train *t, const ctx 
         double bw, lat;
         link_for(c->hw, t->ep, t->tp, COLL_ALLTOALL, &bw, &lat);
         plan_ep_layer_bytes(m, t, &o->ep_bytes_fwd, &o->ep_bytes_bwd);
-        double a2a_lat = alltoall_s(1, t->ep, INFINITY, lat);
+        double a2a_lat = (t->ep - 1) * lat; /* one all-to-all: a step per peer */
         o->ep_fwd = 2 * a2a_lat + o->ep_bytes_fwd / bw;
         o->ep_bwd = 2 * a2a_lat + o->ep_bytes_bwd / bw;
     }
