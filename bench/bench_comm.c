@@ -11,7 +11,14 @@
  * are small integers, so every sum is exact), and the in-run baseline: the
  * MPI library's own MPI_Allreduce of the same bytes on host buffers (for
  * all-to-all, whose bytes a reduction does not move alike, MPI_Alltoall of
- * the same bytes), called from this thread, timed alternately with ours.
+ * the same bytes; for all_to_all_v, MPI_Alltoallv of the same blocks),
+ * called from this thread, timed alternately with ours.
+ *
+ * all_to_all_v sends uneven blocks, as expert parallelism's token exchange
+ * does: rank r sends rank q block c[(q - r) mod n] of a fixed pattern (half
+ * a block, one and a half, ... the last taking the rest), so every rank
+ * sends and receives the row's whole size; its bus bandwidth counts the
+ * bytes that leave the rank (all but c[0]).
  * The ratio (last column) is our bus bandwidth over the baseline's.
  *
  * Run: mpirun -np N ./bench_comm [options]; without a launcher it runs as
@@ -37,9 +44,17 @@ typedef struct opts {
     const char *backends; /* "mpi", "nccl" or "all" */
 } opts;
 
-enum { OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_BROADCAST, OP_ALL_TO_ALL, OP_COUNT };
+enum {
+    OP_ALL_REDUCE,
+    OP_REDUCE_SCATTER,
+    OP_ALL_GATHER,
+    OP_BROADCAST,
+    OP_ALL_TO_ALL,
+    OP_ALL_TO_ALL_V,
+    OP_COUNT
+};
 static const char *const op_names[OP_COUNT] = {"all_reduce", "reduce_scatter", "all_gather",
-                                               "broadcast", "all_to_all"};
+                                               "broadcast",  "all_to_all",     "all_to_all_v"};
 
 static int R, N;
 
@@ -48,7 +63,8 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: mpirun -np N bench_comm [--min 1KiB] [--max 256MiB] [--factor 4]\n"
             "                  [--dtype fp32|fp16|bf16] [--seconds 0.2] [--backend mpi|nccl|all]\n"
-            "                  [--op all_reduce|reduce_scatter|all_gather|broadcast|all_to_all]...\n");
+            "                  [--op all_reduce|reduce_scatter|all_gather|broadcast|all_to_all|\n"
+            "                        all_to_all_v]...\n");
 }
 
 static int parse_opts(int argc, char **argv, opts *o)
@@ -155,6 +171,54 @@ static float input(int r, size_t i) { return (float)((int)((i * 7 + (size_t)r * 
 
 /* ---- one row ---------------------------------------------------------------------------------- */
 
+/* all_to_all_v's pattern for a row of `elems` elements per rank: vc[k]
+ * elements from rank r to rank (r + k) mod N; the send and receive counts
+ * of this rank (elements and, for MPI_Alltoallv, bytes) and its offsets. */
+static size_t *vc, *v_send, *v_recv;
+static int *v_mpi; /* send counts, displacements, receive counts, displacements (bytes) */
+
+static int v_alloc(void)
+{
+    vc = calloc((size_t)N, sizeof *vc);
+    v_send = calloc((size_t)N, sizeof *v_send);
+    v_recv = calloc((size_t)N, sizeof *v_recv);
+    v_mpi = calloc((size_t)N * 4, sizeof *v_mpi);
+    return vc && v_send && v_recv && v_mpi ? 0 : -1;
+}
+
+static void v_free(void)
+{
+    free(vc);
+    free(v_send);
+    free(v_recv);
+    free(v_mpi);
+}
+
+static void v_pattern(size_t elems, size_t es)
+{
+    size_t block = elems / (size_t)N, used = 0;
+    for (int k = 0; k < N - 1; k++) used += vc[k] = k % 2 ? block + block / 2 : block / 2;
+    vc[N - 1] = elems - used;
+    for (int q = 0, s = 0, r = 0; q < N; q++) {
+        v_send[q] = vc[(q - R + N) % N];
+        v_recv[q] = vc[(R - q + N) % N];
+        v_mpi[q] = (int)(v_send[q] * es);
+        v_mpi[N + q] = s;
+        v_mpi[2 * N + q] = (int)(v_recv[q] * es);
+        v_mpi[3 * N + q] = r;
+        s += v_mpi[q];
+        r += v_mpi[2 * N + q];
+    }
+}
+
+/* Where rank p's block for rank q starts in p's send, in elements. */
+static size_t v_send_offset(int p, int q)
+{
+    size_t at = 0;
+    for (int k = 0; k < q; k++) at += vc[(k - p + N) % N];
+    return at;
+}
+
 typedef struct shape {
     size_t count;        /* elements passed to the call */
     size_t in_elems;     /* elements of send read */
@@ -169,6 +233,7 @@ static shape shape_of(int op, size_t elems)
     case OP_REDUCE_SCATTER: return (shape){elems / (size_t)N, elems, (n - 1) / n};
     case OP_ALL_GATHER: return (shape){elems / (size_t)N, elems / (size_t)N, (n - 1) / n};
     case OP_ALL_TO_ALL: return (shape){elems / (size_t)N, elems, (n - 1) / n};
+    case OP_ALL_TO_ALL_V: return (shape){elems, elems, N > 1 ? 1.0 - (double)vc[0] / (double)elems : 0.0};
     default: return (shape){elems, elems, 1.0};
     }
 }
@@ -180,6 +245,7 @@ static zo_status run_op(comm_t c, int op, bufs *b, size_t count, zo_dtype t)
     case OP_REDUCE_SCATTER: return comm_reduce_scatter(c, b->send, b->recv, count, t, NULL, NULL);
     case OP_ALL_GATHER: return comm_all_gather(c, b->send, b->recv, count, t, NULL, NULL);
     case OP_ALL_TO_ALL: return comm_all_to_all(c, b->send, b->recv, count, t, NULL, NULL);
+    case OP_ALL_TO_ALL_V: return comm_all_to_all_v(c, b->send, v_send, b->recv, v_recv, t, NULL, NULL);
     default: return comm_broadcast(c, b->send, b->recv, count, t, 0, NULL, NULL);
     }
 }
@@ -189,6 +255,12 @@ static long count_wrong(int op, const bufs *b, size_t count, zo_dtype t)
 {
     long wrong = 0;
     size_t n = op == OP_ALL_GATHER || op == OP_ALL_TO_ALL ? count * (size_t)N : count;
+    if (op == OP_ALL_TO_ALL_V) { /* from rank p, packed in rank order: its block for R */
+        for (int p = 0, i = 0; p < N; p++)
+            for (size_t j = 0, from = v_send_offset(p, R); j < v_recv[p]; j++, i++)
+                wrong += zo_load_f32(b->hrecv, t, (size_t)i) != input(p, from + j);
+        return wrong;
+    }
     for (size_t i = 0; i < n; i++) {
         double ref = 0.0;
         if (op == OP_ALL_REDUCE || op == OP_REDUCE_SCATTER) {
@@ -221,11 +293,15 @@ typedef struct row_result {
     long wrong;
 } row_result;
 
-/* The baseline of a row: MPI_Alltoall for all-to-all, MPI_Allreduce for
- * the rest, on the host buffers, fp32, `count` floats in all. */
+/* The baseline of a row: MPI_Alltoall for all-to-all, MPI_Alltoallv of
+ * the same bytes for all_to_all_v, MPI_Allreduce for the rest, on the host
+ * buffers, fp32, `count` floats in all. */
 static void baseline(int op, bufs *b, size_t count)
 {
-    if (op == OP_ALL_TO_ALL)
+    if (op == OP_ALL_TO_ALL_V)
+        MPI_Alltoallv(b->hsend, v_mpi, v_mpi + N, MPI_BYTE, b->hrecv, v_mpi + 2 * N, v_mpi + 3 * N,
+                      MPI_BYTE, MPI_COMM_WORLD);
+    else if (op == OP_ALL_TO_ALL)
         MPI_Alltoall(b->hsend, (int)(count / (size_t)N), MPI_FLOAT, b->hrecv, (int)(count / (size_t)N),
                      MPI_FLOAT, MPI_COMM_WORLD);
     else
@@ -236,6 +312,7 @@ static int bench_row_op(comm_t c, int op, bufs *b, size_t bytes, const opts *o, 
 {
     zo_dtype t = o->dtype;
     size_t es = zo_dtype_size(t), elems = bytes / es;
+    v_pattern(elems, es);
     shape s = shape_of(op, elems);
     for (size_t i = 0; i < s.in_elems; i++) zo_store_f32(b->hsend, t, i, input(R, i));
     bufs_move(b, 1);
@@ -271,7 +348,10 @@ static int bench_row_op(comm_t c, int op, bufs *b, size_t bytes, const opts *o, 
     MPI_Allreduce(&wrong, &out->wrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
     double algbw = (double)bytes / out->ours / 1e9;
     out->busbw = algbw * s.bus_factor;
-    out->mpi_busbw = (double)bytes / out->mpi / 1e9 * (op == OP_ALL_TO_ALL ? 1.0 : 2.0) * (N - 1) / N;
+    /* the same bus factor as ours: all-to-all's bytes that leave the rank,
+     * else MPI_Allreduce's 2(n-1)/n */
+    out->mpi_busbw = (double)bytes / out->mpi / 1e9 *
+                     (op == OP_ALL_TO_ALL || op == OP_ALL_TO_ALL_V ? s.bus_factor : 2.0 * (N - 1) / N);
     if (R == 0)
         bench_row("%12zu %11zu %6s %15s %11.1f %8.3f %8.3f %7ld %11.1f %8.3f %7.3f", bytes, s.count,
                   zo_dtype_name(t), op_names[op], out->ours * 1e6, algbw, out->busbw, out->wrong,
@@ -281,8 +361,9 @@ static int bench_row_op(comm_t c, int op, bufs *b, size_t bytes, const opts *o, 
 }
 
 /* All rows of one backend; geo_ratio[0] the all-reduce ratio, [1] the
- * all-to-all's, geometric means over the sizes >= 1 MiB (0 when none). */
-static int bench_backend(comm_backend be, gpu_device_t dev, const opts *o, double geo_ratio[2])
+ * all-to-all's, [2] the all_to_all_v's, geometric means over the sizes
+ * >= 1 MiB (0 when none). */
+static int bench_backend(comm_backend be, gpu_device_t dev, const opts *o, double geo_ratio[3])
 {
     comm_options co = {.backend = be, .device = dev};
     comm_t c;
@@ -303,8 +384,8 @@ static int bench_backend(comm_backend be, gpu_device_t dev, const opts *o, doubl
                   "collective", "time(us)", "algbw", "busbw", "#wrong", "mpi(us)", "mpi_bus",
                   "ratio");
     }
-    double log_sum[2] = {0.0, 0.0};
-    int n_log[2] = {0, 0};
+    double log_sum[3] = {0.0, 0.0, 0.0};
+    int n_log[3] = {0, 0, 0};
     for (int op = 0; op < OP_COUNT; op++) {
         if (!(o->ops_mask & (1 << op))) continue;
         for (uint64_t sz = o->min_bytes; sz <= o->max_bytes; sz *= (uint64_t)o->factor) {
@@ -315,14 +396,14 @@ static int bench_backend(comm_backend be, gpu_device_t dev, const opts *o, doubl
                 fprintf(stderr, "bench_comm: %s\n", zo_last_error());
                 return 1;
             }
-            int k = op == OP_ALL_REDUCE ? 0 : op == OP_ALL_TO_ALL ? 1 : -1;
+            int k = op == OP_ALL_REDUCE ? 0 : op == OP_ALL_TO_ALL ? 1 : op == OP_ALL_TO_ALL_V ? 2 : -1;
             if (k >= 0 && bytes >= ZO_MIB && rr.mpi_busbw > 0) {
                 log_sum[k] += log(rr.busbw / rr.mpi_busbw);
                 n_log[k]++;
             }
         }
     }
-    for (int k = 0; k < 2; k++) geo_ratio[k] = n_log[k] ? exp(log_sum[k] / n_log[k]) : 0.0;
+    for (int k = 0; k < 3; k++) geo_ratio[k] = n_log[k] ? exp(log_sum[k] / n_log[k]) : 0.0;
     bufs_free(&b);
     comm_free(c);
     return 0;
@@ -365,11 +446,16 @@ int main(int argc, char **argv)
     char lo[32], hi[32];
     if (R == 0)
         bench_header("bench_comm", "%d ranks, %s, %s..%s x%ld, >= %.2f s per case; "
-                     "baseline MPI_Allreduce, all_to_all's MPI_Alltoall (fp32, host buffers)", N,
+                     "baseline MPI_Allreduce, all_to_all's MPI_Alltoall, all_to_all_v's "
+                     "MPI_Alltoallv (fp32, host buffers)", N,
                      zo_dtype_name(o.dtype),
                      zo_format_bytes(o.min_bytes, lo, sizeof lo),
                      zo_format_bytes(o.max_bytes, hi, sizeof hi), o.factor, o.seconds);
-    double ratio_mpi[2] = {0.0, 0.0}, ratio_nccl[2] = {0.0, 0.0};
+    if (v_alloc() != 0) {
+        fprintf(stderr, "bench_comm: out of host memory\n");
+        return 1;
+    }
+    double ratio_mpi[3] = {0.0, 0.0, 0.0}, ratio_nccl[3] = {0.0, 0.0, 0.0};
     if (strcmp(o.backends, "nccl") && (rc = bench_backend(COMM_BACKEND_MPI, NULL, &o, ratio_mpi)))
         return rc;
     if (strcmp(o.backends, "mpi")) {
@@ -386,18 +472,22 @@ int main(int argc, char **argv)
         if (dev) gpu_device_free(dev);
     }
     if (R == 0) {
-        if (ratio_nccl[0] > 0)
-            bench_result("nccl all_reduce busbw / MPI_Allreduce busbw (geometric mean, >= 1 MiB)",
-                         ratio_nccl[0]);
-        if (ratio_nccl[1] > 0)
-            bench_result("nccl all_to_all busbw / MPI_Alltoall busbw (geometric mean, >= 1 MiB)",
-                         ratio_nccl[1]);
-        if (ratio_mpi[1] > 0)
-            bench_result("mpi all_to_all busbw / MPI_Alltoall busbw (geometric mean, >= 1 MiB)",
-                         ratio_mpi[1]);
-        bench_result("mpi all_reduce busbw / MPI_Allreduce busbw (geometric mean, >= 1 MiB)",
-                     ratio_mpi[0]);
+        /* NCCL's ratios (all-reduce, all-to-all, all-to-all-v), then MPI's in
+         * the reverse order: its all-reduce's last, printed even when 0 */
+        static const char *const what[3] = {"all_reduce busbw / MPI_Allreduce busbw",
+                                            "all_to_all busbw / MPI_Alltoall busbw",
+                                            "all_to_all_v busbw / MPI_Alltoallv busbw"};
+        char line[160];
+        for (int i = 0; i < 6; i++) {
+            int nccl = i < 3, k = nccl ? i : 5 - i;
+            double v = nccl ? ratio_nccl[k] : ratio_mpi[k];
+            if (v <= 0 && i < 5) continue;
+            snprintf(line, sizeof line, "%s %s (geometric mean, >= 1 MiB)", nccl ? "nccl" : "mpi",
+                     what[k]);
+            bench_result(line, v);
+        }
     }
+    v_free();
     comm_free(world);
     return 0;
 }

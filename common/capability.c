@@ -13,8 +13,8 @@ const zo_capability_entry zo_capability_table[ZO_CAP_GAPS - 1] = {
      "the runtime runs data parallelism only (--tp 1 --pp 1, any number of ranks); memplan estimate sizes "
      "tensor and pipeline parallelism for clusters"},
     {ZO_CAP_EXPERT_PARALLEL, "expert-parallel",
-     "experts are not partitioned over the ranks yet (no all-to-all of the routed tokens); a mixture of "
-     "experts runs on any number of ranks with --ep 1, every rank holding every expert (ZeRO 0-3 partition "
+     "experts are not partitioned over the ranks yet (the weight store and ZeRO shard an MoE layer as one "
+     "block over all ranks, and the layer sends no tokens between ranks); a mixture of experts runs on any number of ranks with --ep 1, every rank holding every expert (ZeRO 0-3 partition "
      "them as the dense weights)"},
     {ZO_CAP_ZERO12_OFFLOADED, "zero12-offloaded-weights",
      "ZeRO-1 and ZeRO-2 keep every 16-bit weight on each rank's GPU; trained weights off the GPU need "

@@ -21,7 +21,7 @@
 static const char *const backend_names[] = {"auto", "self", "mpi", "nccl"};
 static const char *const op_names[COMM_OP_KIND_COUNT] = {"all_reduce", "reduce_scatter",
                                                          "all_gather", "broadcast", "barrier",
-                                                         "all_to_all"};
+                                                         "all_to_all", "all_to_all_v"};
 
 const char *comm_backend_name(comm_backend b)
 {
@@ -239,6 +239,7 @@ int comm_rank(comm_t c) { return c ? c->rank : 0; }
 int comm_size(comm_t c) { return c ? c->size : 1; }
 double comm_timeout(comm_t c) { return c ? c->timeout_s : 0.0; }
 int comm_device_buffers(comm_t c) { return c ? c->device_buffers : 0; }
+uint64_t comm_all_to_all_bytes(comm_t c) { return c ? c->a2a_bytes : 0; }
 
 void comm_op_describe(const struct comm_request *op, char *buf, size_t n)
 {
@@ -250,7 +251,9 @@ void comm_op_describe(const struct comm_request *op, char *buf, size_t n)
     else
         snprintf(buf, n, "%s #%llu (%s, %zu elements%s)", comm_op_name(op->kind),
                  (unsigned long long)op->seq, zo_dtype_name(op->dtype), op->count,
-                 op->kind == COMM_OP_ALL_REDUCE ? "" : " per rank");
+                 op->kind == COMM_OP_ALL_REDUCE     ? ""
+                 : op->kind == COMM_OP_ALL_TO_ALL_V ? " sent"
+                                                    : " per rank");
 }
 
 void comm_report_fault(comm_t c, const char *message)
@@ -312,6 +315,27 @@ static zo_status check_op(const struct comm_request *op, const char *fn)
         recv_bytes *= n;
         in_place = NULL;
         break;
+    case COMM_OP_ALL_TO_ALL_V: { /* never in place; count is the sum of send_counts */
+        if (!op->send_counts || !op->recv_counts)
+            return zo_error(ZO_ERR_INVALID, "%s: NULL count array", fn);
+        size_t sent = 0, received = 0;
+        for (int r = 0; r < c->size; r++) {
+            if (op->send_counts[r] > INT_MAX - sent || op->recv_counts[r] > INT_MAX - received)
+                return zo_error(ZO_ERR_INVALID, "%s: more than %d elements in one call", fn, INT_MAX);
+            sent += op->send_counts[r];
+            received += op->recv_counts[r];
+        }
+        if (c->size == 1 && sent != received)
+            return zo_error(ZO_ERR_INVALID, "%s: one rank sends %zu elements to itself but receives %zu",
+                            fn, sent, received);
+        send_bytes = sent * es;
+        recv_bytes = received * es;
+        in_place = NULL;
+        if (!sent && !received) return ZO_OK;
+        if ((sent && !op->send) || (received && !op->recv))
+            return zo_error(ZO_ERR_INVALID, "%s: NULL buffer", fn);
+        break;
+    }
     case COMM_OP_BROADCAST:
         if (op->root < 0 || op->root >= c->size)
             return zo_error(ZO_ERR_INVALID, "%s: root %d is not a rank of %d", fn, op->root,
@@ -320,16 +344,27 @@ static zo_status check_op(const struct comm_request *op, const char *fn)
         break;
     default: break;
     }
-    if (op->count == 0) return ZO_OK;
-    if ((send_bytes && !op->send) || !op->recv)
+    if (op->count == 0 && op->kind != COMM_OP_ALL_TO_ALL_V) return ZO_OK;
+    if (op->kind != COMM_OP_ALL_TO_ALL_V && ((send_bytes && !op->send) || !op->recv))
         return zo_error(ZO_ERR_INVALID, "%s: NULL buffer", fn);
     int ok_in_place = op->kind == COMM_OP_ALL_GATHER ? op->send == in_place
-                      : op->kind == COMM_OP_ALL_TO_ALL ? 0
+                      : op->kind == COMM_OP_ALL_TO_ALL || op->kind == COMM_OP_ALL_TO_ALL_V ? 0
                                                        : op->recv == in_place;
     if (!ok_in_place && overlap(op->send, send_bytes, op->recv, recv_bytes))
         return zo_error(ZO_ERR_INVALID,
                         "%s: send and recv overlap but are not in place (docs/comm.md)", fn);
     return ZO_OK;
+}
+
+/* The bytes an all-to-all sends to the other ranks (its block for itself
+ * excluded); 0 for the other collectives. */
+static uint64_t sent_to_others(const struct comm_request *op)
+{
+    comm_t c = op->comm;
+    size_t es = zo_dtype_size(op->dtype);
+    if (op->kind == COMM_OP_ALL_TO_ALL) return (uint64_t)op->count * es * (uint64_t)(c->size - 1);
+    if (op->kind != COMM_OP_ALL_TO_ALL_V) return 0;
+    return (uint64_t)(op->count - op->send_counts[c->rank]) * es;
 }
 
 static zo_status run_op(comm_t c, struct comm_request *tmpl, const comm_order *ord,
@@ -355,6 +390,7 @@ static zo_status run_op(comm_t c, struct comm_request *tmpl, const comm_order *o
         return zo_error_wrap(st, "%s", fn);
     }
     c->seq++;
+    c->a2a_bytes += sent_to_others(tmpl);
     if (req) {
         *req = op;
         return ZO_OK;
@@ -400,6 +436,17 @@ zo_status comm_all_to_all(comm_t c, const void *send, void *recv, size_t count, 
     struct comm_request t = {.kind = COMM_OP_ALL_TO_ALL, .send = send, .recv = recv,
                              .count = count, .dtype = dt};
     return run_op(c, &t, ord, req, "comm_all_to_all");
+}
+
+zo_status comm_all_to_all_v(comm_t c, const void *send, const size_t *send_counts, void *recv,
+                            const size_t *recv_counts, zo_dtype dt, const comm_order *ord,
+                            comm_request_t *req)
+{
+    struct comm_request t = {.kind = COMM_OP_ALL_TO_ALL_V, .send = send, .recv = recv,
+                             .send_counts = send_counts, .recv_counts = recv_counts, .dtype = dt};
+    if (c && send_counts)
+        for (int r = 0; r < c->size; r++) t.count += send_counts[r];
+    return run_op(c, &t, ord, req, "comm_all_to_all_v");
 }
 
 zo_status comm_barrier(comm_t c, const comm_order *ord, comm_request_t *req)

@@ -123,6 +123,10 @@ double comm_timeout(comm_t c); /* seconds */
 /* 1 when buffers must be device memory (NCCL; SELF with a CUDA device), 0
  * when host memory (MPI; SELF without a device or with the CPU device). */
 int comm_device_buffers(comm_t c);
+/* Bytes this rank's all-to-alls (comm_all_to_all and comm_all_to_all_v)
+ * sent to the other ranks since comm_init, counted when each is started:
+ * the runtime's side of memplan's `time.ep_alltoall_bytes`. */
+uint64_t comm_all_to_all_bytes(comm_t c);
 
 /* ---- collectives -----------------------------------------------------------------
  * count / recv_count / send_count are elements of `dt` (fp32, fp16, bf16),
@@ -150,6 +154,18 @@ zo_status comm_broadcast(comm_t c, const void *send, void *recv, size_t count, z
  * of tokens). send and recv must not overlap. */
 zo_status comm_all_to_all(comm_t c, const void *send, void *recv, size_t count, zo_dtype dt,
                           const comm_order *ord, comm_request_t *req);
+/* The all-to-all of variable sizes: send holds, packed in rank order,
+ * send_counts[r] elements for rank r; recv receives, packed in rank order,
+ * recv_counts[r] elements from rank r, which must be rank r's
+ * send_counts[this rank] (exchange the counts first, e.g. with
+ * comm_all_to_all). Both arrays hold comm_size entries and must stay valid
+ * until the collective completes; at most INT_MAX elements each way. Every
+ * rank joins every call, also one that sends and receives nothing (expert
+ * parallelism's exchange of the tokens routed to each rank's experts).
+ * send and recv must not overlap. */
+zo_status comm_all_to_all_v(comm_t c, const void *send, const size_t *send_counts, void *recv,
+                            const size_t *recv_counts, zo_dtype dt, const comm_order *ord,
+                            comm_request_t *req);
 /* Completes on every rank once all ranks have entered it. */
 zo_status comm_barrier(comm_t c, const comm_order *ord, comm_request_t *req);
 

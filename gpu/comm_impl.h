@@ -20,6 +20,7 @@ typedef enum comm_op_kind {
     COMM_OP_BROADCAST,
     COMM_OP_BARRIER,
     COMM_OP_ALL_TO_ALL,
+    COMM_OP_ALL_TO_ALL_V,
     COMM_OP_KIND_COUNT,
 } comm_op_kind;
 
@@ -34,7 +35,9 @@ struct comm_request {
     void *recv;
     size_t count; /* all_reduce, broadcast: elements; reduce_scatter: per rank
                      (received); all_gather: per rank (sent);
-                     all_to_all: per pair of ranks */
+                     all_to_all: per pair of ranks;
+                     all_to_all_v: the sum of send_counts */
+    const size_t *send_counts, *recv_counts; /* all_to_all_v: [size] each */
     zo_dtype dtype;
     int root;
     gpu_event_t after, done;
@@ -65,6 +68,7 @@ struct comm {
     comm_fault_fn on_fault;
     void *fault_arg;
     uint64_t seq; /* collectives issued so far */
+    uint64_t a2a_bytes; /* bytes all-to-alls (both forms) sent to other ranks */
     void *ctx;    /* the backend's */
 };
 

@@ -56,6 +56,7 @@ typedef struct mpi_op {
     int stream_refs;     /* host functions on the device stream still to run */
     zo_status status;
     char message[512];
+    int *v; /* all_to_all_v: MPI's send counts, displacements, receive counts, displacements */
 } mpi_op;
 
 typedef struct mpi_comm_ctx {
@@ -391,6 +392,11 @@ static int start_call(mpi_op *op, MPI_Request *r)
         return MPI_Ibcast(b->recv, n, t, b->root, x->comm, r);
     case COMM_OP_BARRIER: return MPI_Ibarrier(x->comm, r);
     case COMM_OP_ALL_TO_ALL: return MPI_Ialltoall(b->send, n, t, b->recv, n, t, x->comm, r);
+    case COMM_OP_ALL_TO_ALL_V: {
+        int p = b->comm->size;
+        return MPI_Ialltoallv(b->send, op->v, op->v + p, t, b->recv, op->v + 2 * p, op->v + 3 * p,
+                              t, x->comm, r);
+    }
     default: return MPI_ERR_OP;
     }
 }
@@ -722,11 +728,31 @@ static void host_block_until_complete(void *arg)
     pthread_mutex_unlock(&E.lock);
 }
 
+/* all_to_all_v: MPI's int counts and displacements (comm.c checked that the
+ * sums fit an int). */
+static zo_status counts_to_int(comm_t c, mpi_op *op)
+{
+    const struct comm_request *b = &op->base;
+    int p = c->size;
+    if (!(op->v = malloc((size_t)4 * (size_t)p * sizeof *op->v)))
+        return zo_error(ZO_ERR_NOMEM, "out of host memory");
+    for (int r = 0, sent = 0, received = 0; r < p; r++) {
+        op->v[r] = (int)b->send_counts[r];
+        op->v[p + r] = sent;
+        op->v[2 * p + r] = (int)b->recv_counts[r];
+        op->v[3 * p + r] = received;
+        sent += op->v[r];
+        received += op->v[2 * p + r];
+    }
+    return ZO_OK;
+}
+
 static zo_status mpi_start(comm_t c, struct comm_request *base)
 {
     mpi_op *op = (mpi_op *)base;
     mpi_comm_ctx *x = ctx_of(c);
     zo_status st;
+    if (base->kind == COMM_OP_ALL_TO_ALL_V && (st = counts_to_int(c, op)) != ZO_OK) return st;
     op->ready = 1;
     if (base->after) {
         /* Counted before the launch: the host function may run at once. */
@@ -734,7 +760,7 @@ static zo_status mpi_start(comm_t c, struct comm_request *base)
         op->stream_refs = 1;
         if ((st = gpu_stream_wait_event(x->stream, base->after)) != ZO_OK ||
             (st = gpu_launch_host_func(x->stream, host_mark_ready, op)) != ZO_OK)
-            return st;
+            goto out_free_counts;
     }
     if (base->done) {
         pthread_mutex_lock(&E.lock);
@@ -745,14 +771,24 @@ static zo_status mpi_start(comm_t c, struct comm_request *base)
             /* Not submitted: let a queued host_mark_ready run before the
              * caller frees the request. */
             (void)gpu_stream_synchronize(x->stream);
-            return st;
+            goto out_free_counts;
         }
     }
     engine_submit(op);
     return ZO_OK;
+
+out_free_counts:
+    free(op->v);
+    return st;
 }
 
-static zo_status mpi_wait(struct comm_request *base) { return engine_wait((mpi_op *)base); }
+static zo_status mpi_wait(struct comm_request *base)
+{
+    mpi_op *op = (mpi_op *)base;
+    zo_status st = engine_wait(op);
+    free(op->v);
+    return st;
+}
 
 static int mpi_test(struct comm_request *base)
 {

@@ -104,6 +104,7 @@ typedef struct layer_time {
     double fwd, bwd, rc;        /* compute */
     double tp_fwd, tp_bwd, tp_rc;
     double ep_fwd, ep_bwd, ep_rc; /* expert-parallel all-to-alls */
+    double ep_bytes_fwd, ep_bytes_bwd, ep_bytes_rc; /* their bytes sent to other ranks */
     double flops_token;         /* model fwd FLOPs per token (whole layer, all TP ranks) */
     double attn_flops_token;    /* the attention core's share */
     double ops_flops_token;     /* recompute ops: the recomputed matmuls' (o; LLaMA's up) */
@@ -125,11 +126,16 @@ static void mm_n(const ctx *c, double n, double M, double N, double K, double *f
     *b += bmm(c, n, M, K, N) + (c->frozen ? 0 : bmm(c, n, K, N, M));
 }
 
-/* An all-to-all over p ranks, `bytes` leaving each rank (1/p stays). */
-static double alltoall_s(double bytes, int p, double bw, double lat)
+void plan_ep_layer_bytes(const zo_model_config *m, const plan_train *t, double *fwd, double *bwd)
 {
-    if (p <= 1 || bytes <= 0) return 0;
-    return (double)(p - 1) / p * bytes / bw + (p - 1) * lat;
+    *fwd = *bwd = 0;
+    if (t->ep <= 1 || !m->moe.experts) return;
+    double p = t->ep, h = m->hidden, e = zo_dtype_size(t->dtype);
+    double T = (double)t->seq * t->micro_batch;
+    double remote = T * plan_routed_rows(m, t) * (p - 1) / p; /* pairs at other ranks' experts */
+    double counts = (p - 1) * ((double)m->moe.experts / p) * 4;
+    *fwd = counts + remote * (h * e + 4 + h * e);
+    *bwd = remote * (h * 4 + h * 4 + 4);
 }
 
 /* LoRA adapters of one layer on one rank (T rows): per adapted layer
@@ -232,13 +238,15 @@ static double moe_time(const zo_model_config *m, const plan_train *t, const ctx 
         a->wparams += (n_in + 1) * h * x->shared_ffn;
     }
     /* expert parallelism: each token's rows go to the experts' ranks and
-     * come back (dispatch and combine), in every pass */
+     * come back (dispatch and combine), in every pass: two all-to-alls'
+     * latencies and the bytes plan_ep_layer_bytes counts */
     if (t->ep > 1) {
         double bw, lat;
         link_for(c->hw, t->ep, t->tp, COLL_ALLTOALL, &bw, &lat);
-        double a2a = alltoall_s(R * h * e, t->ep, bw, lat);
-        o->ep_fwd = 2 * a2a;
-        o->ep_bwd = 2 * a2a;
+        plan_ep_layer_bytes(m, t, &o->ep_bytes_fwd, &o->ep_bytes_bwd);
+        double a2a_lat = (t->ep - 1) * lat; /* one all-to-all: a step per peer */
+        o->ep_fwd = 2 * a2a_lat + o->ep_bytes_fwd / bw;
+        o->ep_bwd = 2 * a2a_lat + o->ep_bytes_bwd / bw;
     }
     /* router softmax / top-k (fp32), tokens permuted to the experts and
      * back (read + write each way), the gated activation of the experts
@@ -350,6 +358,7 @@ static void layer_time_of(const zo_model_config *m, const plan_train *t, const c
         o->rc = o->fwd;
         o->tp_rc = o->tp_fwd;
         o->ep_rc = o->ep_fwd;
+        o->ep_bytes_rc = o->ep_bytes_fwd;
     } else if (t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE) {
         o->rc = attn_rc;
     } else if (t->recompute == ZO_PLAN_RECOMPUTE_OPS) {
@@ -429,6 +438,7 @@ static void stage_time(const layer_time lt[2], const double nl[2], double ef, do
         o->ep_fwd += nl[j] * x->ep_fwd;
         o->ep_bwd += nl[j] * x->ep_bwd;
         o->ep_rc += nl[j] * x->ep_rc;
+        o->ep_bytes += nl[j] * (x->ep_bytes_fwd + x->ep_bytes_bwd + x->ep_bytes_rc);
     }
     o->fwd += ef;
     o->bwd += eb;
@@ -583,6 +593,7 @@ static void step_compute(step_in *in, plan_time *o)
     o->recompute = n_mb * mb->rc;
     o->tp_comm = n_mb * (mb->tp_fwd + mb->tp_bwd + mb->tp_rc);
     o->ep_comm = n_mb * (mb->ep_fwd + mb->ep_bwd + mb->ep_rc);
+    o->ep_bytes = n_mb * mb->ep_bytes;
     o->pp_bubble = t->pp > 1 ? ((double)t->pp - 1) / t->vpp * (mb->total + acc) : 0;
     in->window = n_mb * (mb->fwd + mb->bwd + mb->rc);
     in->bwd_window = n_mb * (mb->bwd + mb->rc);

@@ -16,11 +16,28 @@
 /* One micro-batch through the slowest pipeline stage, on one rank. Depends on
  * the shape, TP/SP, micro-batch, sequence, recompute and attention only, so
  * the search computes it once for all placements. */
+/* Expert parallelism's all-to-alls of one MoE layer and one micro-batch:
+ * the bytes one rank sends to the other ranks of its expert-parallel group
+ * (what stays on the rank not counted), under uniform routing (each pair
+ * of token and chosen expert lands on another rank with probability
+ * (ep-1)/ep) and with no capacity factor dropping or padding (a
+ * plan_train.capacity_factor above 1 scales the pairs as it does the
+ * activations). The forward: each remote rank's per-expert pair counts
+ * (int32), the pairs' input rows (activation dtype) with their routing
+ * weights (fp32: the runtime's layer applies them before the down
+ * projection, on the expert's rank) and the output rows back; the backward
+ * (fp32 gradients, as the runtime keeps them): the output rows' gradients
+ * out, the input rows' gradients and the weights' gradients back. A full
+ * recompute repeats the forward's. Both 0 without expert parallelism. */
+void plan_ep_layer_bytes(const zo_model_config *m, const plan_train *t, double *fwd, double *bwd);
+
 typedef struct plan_time_mb {
     double fwd, bwd, rc;        /* compute seconds: forward, backward, recompute */
     double tp_fwd, tp_bwd, tp_rc; /* tensor-parallel collectives of each pass */
     double ep_fwd, ep_bwd, ep_rc; /* expert-parallel all-to-alls of each pass */
     double total;               /* fwd + bwd + rc + the TP and EP parts */
+    double ep_bytes;            /* bytes the expert-parallel all-to-alls send to other ranks
+                                   (all MoE layers of the stage, every pass) */
     double layer_fwd, layer_bwd;  /* one layer with its TP collectives; bwd includes recompute */
     double layer_compute;       /* one layer's fwd + bwd + rc compute (overlap window per block) */
     double layer_rc, layer_rc_compute; /* of one layer: its recompute with its collectives; compute */
@@ -78,6 +95,7 @@ typedef struct plan_time {
     double cpu_adam;      /* AdamW on the CPU over the CPU and NVMe shares */
     double nvme;          /* exposed NVMe traffic (optimizer swap, streamed weights) */
     double ep_comm;       /* expert-parallel all-to-alls (not overlapped) */
+    double ep_bytes;      /* their bytes per step sent by one rank to the others */
     /* totals before overlap */
     double dp_comm_total, h2d_total, d2h_total, nvme_total;
     double step;          /* seconds per step: the critical path, the sum of the exposed parts */

@@ -73,6 +73,7 @@ static const plan_json_field time_fields[] = {
     T("step_s", step, DOUBLE),   T("tokens_per_s", tokens_per_s, DOUBLE),
     T("mfu", mfu, DOUBLE),       T("hfu", hfu, DOUBLE),
     T("model_flops", model_flops, DOUBLE), T("hw_flops", hw_flops, DOUBLE),
+    T("ep_alltoall_bytes", ep_bytes, DOUBLE),
 };
 static const plan_json_field before_overlap_fields[] = {
     T("cpu_adam", cpu_adam_total, DOUBLE), T("dp_comm", dp_comm_total, DOUBLE),
@@ -369,6 +370,9 @@ void plan_report_time_table(FILE *out, const plan_time *pt)
     if (pt->mb.layer_fwd > 0)
         fprintf(out, "    (one layer, one micro-batch: forward %.2f ms, backward %.2f ms)\n",
                 pt->mb.layer_fwd * 1e3, pt->mb.layer_bwd * 1e3);
+    if (pt->ep_bytes > 0)
+        fprintf(out, "    (expert parallelism: %.0f bytes of tokens sent to other ranks per step and "
+                     "rank, uniform routing)\n", pt->ep_bytes);
     plan_report_schedule(out, pt);
 }
 

@@ -323,6 +323,21 @@ static void test_args(void **state)
     assert_int_equal(comm_broadcast(C, a, b, 1, ZO_DTYPE_F32, N, NULL, NULL), ZO_ERR_INVALID);
     assert_int_equal(comm_broadcast(C, a, b, 1, ZO_DTYPE_F32, -1, NULL, NULL), ZO_ERR_INVALID);
     assert_int_equal(comm_wait(NULL), ZO_ERR_INVALID);
+    /* all_to_all_v: count arrays present, sums within an int, buffers for them */
+    size_t big[4] = {(size_t)INT_MAX / 2 + 1, (size_t)INT_MAX / 2 + 1, 1, 1}, one[4] = {1, 1, 1, 1};
+    if (N == 1) big[0] = (size_t)INT_MAX + 1; /* one rank: one count over INT_MAX */
+    assert_int_equal(comm_all_to_all_v(C, a, NULL, b, one, ZO_DTYPE_F32, NULL, NULL), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "count array"));
+    if (N <= 4) { /* the arrays above hold 4 ranks' counts */
+        assert_int_equal(comm_all_to_all_v(C, a, one, b, NULL, ZO_DTYPE_F32, NULL, NULL), ZO_ERR_INVALID);
+        assert_int_equal(comm_all_to_all_v(C, a, big, b, one, ZO_DTYPE_F32, NULL, NULL), ZO_ERR_INVALID);
+        assert_non_null(strstr(zo_last_error(), "one call"));
+        assert_int_equal(comm_all_to_all_v(C, a, one, b, big, ZO_DTYPE_F32, NULL, NULL), ZO_ERR_INVALID);
+        assert_non_null(strstr(zo_last_error(), "one call"));
+        assert_int_equal(comm_all_to_all_v(C, NULL, one, b, one, ZO_DTYPE_F32, NULL, NULL),
+                         ZO_ERR_INVALID);
+        assert_non_null(strstr(zo_last_error(), "NULL buffer"));
+    }
     /* events without a device to order them on */
     if (!comm_device_buffers(C)) {
         comm_order ord = {.after = (gpu_event_t)a};
@@ -469,7 +484,9 @@ static void test_all_to_all(void **state)
         bpush(recv);
         bpush(send);
         comm_request_t req;
+        uint64_t before = comm_all_to_all_bytes(C);
         assert_int_equal(comm_all_to_all(C, send.d, recv.d, block, q.t, NULL, &req), ZO_OK);
+        wrong += comm_all_to_all_bytes(C) - before != (size_t)(N - 1) * block * q.es;
         assert_int_equal(comm_wait(req), ZO_OK);
         bpull(recv);
         for (int r = 0; r < N; r++)
@@ -478,6 +495,71 @@ static void test_all_to_all(void **state)
         bfree(send);
         bfree(recv);
     }
+    assert_int_equal(agree(wrong), 0);
+}
+
+/* Elements rank p sends rank q in all_to_all_v case ci: up to n, zero for
+ * some pairs (a rank that got no tokens for an expert still joins). */
+static size_t v_count(int p, int q, size_t n, int ci)
+{
+    return n * (size_t)((p + 2 * q + ci) % 4) / 3;
+}
+
+/* All-to-all of variable sizes: rank p's block for q (its input from index
+ * q * n on) arrives in q's recv at p's place in rank order; the bytes after
+ * the last block stay untouched. In-place cases check that the overlap is
+ * refused, and one rank's counts that disagree with themselves. */
+static void test_all_to_all_v(void **state)
+{
+    (void)state;
+    int wrong = 0;
+    size_t *sc = xmalloc((size_t)N * sizeof *sc), *rc = xmalloc((size_t)N * sizeof *rc);
+    for (int ci = 0; ci < N_CASES; ci++) {
+        tcase q = case_at(ci);
+        size_t sent = 0, received = 0;
+        for (int r = 0; r < N; r++) {
+            sent += sc[r] = v_count(R, r, q.n, ci);
+            received += rc[r] = v_count(r, R, q.n, ci);
+        }
+        buf send = balloc(sent * q.es + q.es);
+        if (q.in_place) {
+            sc[R] = rc[R] = q.n; /* something to send, to oneself */
+            assert_int_equal(comm_all_to_all_v(C, send.d, sc, send.d, rc, q.t, NULL, NULL), ZO_ERR_INVALID);
+            if (N == 1) {
+                rc[0] = q.n + 1;
+                assert_int_equal(comm_all_to_all_v(C, send.d, sc, send.d, rc, q.t, NULL, NULL),
+                                 ZO_ERR_INVALID);
+                assert_non_null(strstr(zo_last_error(), "receives"));
+            }
+            bfree(send);
+            continue;
+        }
+        buf recv = balloc(received * q.es + q.es);
+        memset(recv.h, 0xff, recv.bytes); /* nan: stale data shows */
+        for (int r = 0, at = 0; r < N; at += (int)sc[r], r++)
+            fill(send.h + (size_t)at * q.es, q.t, sc[r], R, INPUT_FRACTION, (size_t)r * q.n);
+        bpush(recv);
+        bpush(send);
+        comm_request_t req;
+        uint64_t before = comm_all_to_all_bytes(C);
+        assert_int_equal(comm_all_to_all_v(C, send.d, sc, recv.d, rc, q.t, NULL, &req), ZO_OK);
+        wrong += comm_all_to_all_bytes(C) - before != (sent - sc[R]) * q.es;
+        assert_int_equal(comm_wait(req), ZO_OK);
+        bpull(recv);
+        size_t at = 0;
+        for (int r = 0; r < N; at += rc[r], r++)
+            wrong += check_copy(recv.h + at * q.es, q.t, rc[r], r, (size_t)R * q.n, "all_to_all_v");
+        uint16_t tail;
+        memcpy(&tail, recv.h + at * q.es, sizeof tail);
+        wrong += tail != 0xffff;
+        bfree(send);
+        bfree(recv);
+    }
+    /* nothing anywhere: every rank still joins, NULL buffers allowed */
+    for (int r = 0; r < N; r++) sc[r] = rc[r] = 0;
+    assert_int_equal(comm_all_to_all_v(C, NULL, sc, NULL, rc, ZO_DTYPE_F32, NULL, NULL), ZO_OK);
+    free(sc);
+    free(rc);
     assert_int_equal(agree(wrong), 0);
 }
 
@@ -696,6 +778,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_names),         cmocka_unit_test(test_args),
         cmocka_unit_test(test_all_reduce),    cmocka_unit_test(test_reduce_scatter),
         cmocka_unit_test(test_all_gather),    cmocka_unit_test(test_all_to_all),
+        cmocka_unit_test(test_all_to_all_v),
         cmocka_unit_test(test_broadcast),
         cmocka_unit_test(test_barrier),       cmocka_unit_test(test_async_many),
         cmocka_unit_test(test_events),

@@ -497,13 +497,21 @@ static void test_mixtral_ep_time(void **state)
     moe_setup ep8, ep1;
     mixtral_setup(&ep8, 8, 1);
     mixtral_setup(&ep1, 1, 1);
-    /* EP: four all-to-alls (dispatch and combine, forward and backward) per
-     * layer of 4096 x 2 rows x 4096 x 2 B, 7/8 of them leaving the rank,
-     * over NVLink */
+    /* EP: per layer, 4096 x 2 (token, expert) pairs of which 7/8 leave the
+     * rank (uniform routing). Forward: each of the 7 other ranks' count of
+     * pairs for its 1 expert (int32), the pairs' rows out (4096 x 2 B) with
+     * their fp32 weights, and the rows back; backward in fp32: the output
+     * rows' gradients out, the input rows' and the weights' gradients back.
+     * Four all-to-alls' latencies (dispatch and combine, forward and
+     * backward) over NVLink. */
     double bw = ep8.hw.nvlink_bw * ep8.hw.coll_eff;
-    double a2a = 7.0 / 8 * 4096.0 * 2 * 4096 * 2 / bw + 7 * ep8.hw.nvlink_lat;
-    assert_true(fabs(ep8.pt.ep_comm - 32 * 4 * a2a) < 1e-9);
-    assert_true(ep1.pt.ep_comm == 0);
+    double remote = 7.0 / 8 * 4096.0 * 2;
+    double fwd = 7 * 1 * 4 + remote * (4096 * 2 + 4 + 4096 * 2);
+    double bwd = remote * (4096 * 4 + 4096 * 4 + 4);
+    double layer_s = 4 * 7 * ep8.hw.nvlink_lat + (fwd + bwd) / bw;
+    assert_true(fabs(ep8.pt.ep_comm - 32 * layer_s) < 1e-9);
+    assert_true(ep8.pt.ep_bytes == 32 * (fwd + bwd));
+    assert_true(ep1.pt.ep_comm == 0 && ep1.pt.ep_bytes == 0);
     /* model FLOPs from the active parameters: per token 2 x (attention 41.9M
      * + router 32K + 2 experts of 176.2M) per layer and the attention core
      * 2 x s x (128 + 128) x 32, three passes, plus the output layer */

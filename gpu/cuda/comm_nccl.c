@@ -160,6 +160,21 @@ static ncclResult_t enqueue(nccl_ctx *x, const struct comm_request *b, cudaStrea
         ncclResult_t end = ncclGroupEnd();
         return res != ncclSuccess ? res : end;
     }
+    case COMM_OP_ALL_TO_ALL_V: { /* the same, packed blocks of their own sizes; empty ones skipped
+                                    on both sides (rank r's send_counts[q] is q's recv_counts[r]) */
+        size_t es = zo_dtype_size(b->dtype), sent = 0, received = 0;
+        ncclResult_t res = ncclGroupStart();
+        for (int r = 0; r < b->comm->size && res == ncclSuccess; r++) {
+            size_t ns = b->send_counts[r], nr = b->recv_counts[r];
+            if (ns) res = ncclSend((const char *)b->send + sent * es, ns, t, r, x->nccl, cs);
+            if (nr && res == ncclSuccess)
+                res = ncclRecv((char *)b->recv + received * es, nr, t, r, x->nccl, cs);
+            sent += ns;
+            received += nr;
+        }
+        ncclResult_t end = ncclGroupEnd();
+        return res != ncclSuccess ? res : end;
+    }
     default: return ncclInvalidArgument;
     }
 }
