@@ -541,7 +541,9 @@ void offload_optim_routed(offload_optim *o, int b)
 }
 
 /* The step's experts, before its first update (on the host thread, every
- * rank at the same point): those any rank sent a token to in any
+ * rank at the same point of its collectives: after the last forward with
+ * updates during backward, in offload_step otherwise, never where a
+ * reduction's completion is polled): those any rank sent a token to in any
  * micro-batch take a step of their own; the others are left untouched. */
 static zo_status routed_final(offload_optim *o)
 {
@@ -563,6 +565,8 @@ static zo_status routed_final(offload_optim *o)
     o->routed_final = 1;
     return ZO_OK;
 }
+
+zo_status offload_optim_forward_done(offload_optim *o) { return o->early ? routed_final(o) : ZO_OK; }
 
 zo_status offload_optim_micro_begin(offload_optim *o)
 {
@@ -592,7 +596,9 @@ zo_status offload_optim_block_done(offload_optim *o, int b)
     zo_status st = ostate_grad_block_stats(o->os, b, &nf);
     if (st != ZO_OK) return st;
     if (nf) return ZO_OK; /* not updated: the step reports it */
-    if ((st = routed_final(o)) != ZO_OK) return st;
+    /* (the step's experts were settled after the forward: this may run
+     * where a reduction's completion was polled, at a point that differs
+     * from rank to rank, and must not gather) */
     wstore_will_change(o->ws, b); /* (the host thread: every rank here, at this point of its backward) */
     pthread_mutex_lock(&o->mu);
     o->queue[o->qtail++] = b;

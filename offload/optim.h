@@ -102,6 +102,11 @@ zo_status offload_optim_micro_begin(offload_optim *o);
 /* A training forward of block b ran: the experts it sent tokens to are
  * updated this step (the others, on every rank, are left untouched). */
 void offload_optim_routed(offload_optim *o, int b);
+/* A training forward's blocks were all issued (the host thread, at the same
+ * point of every rank's program): when its backward updates blocks as
+ * their gradients complete, the step's experts are settled now (gathered
+ * over the ranks), before the backward issues any reduction. */
+zo_status offload_optim_forward_done(offload_optim *o);
 int offload_optim_early(const offload_optim *o);
 
 #endif

@@ -375,7 +375,8 @@ static zo_status micro_batch_run(offload_stream *sm, gpu_stream_t s)
     pass_begin(sm);
     if ((st = offload_grads_begin(sm->c.gr, s)) != ZO_OK || (st = offload_optim_micro_begin(sm->c.opt)) != ZO_OK)
         return st;
-    if ((st = forward_blocks(sm, s, 1)) != ZO_OK) return st;
+    if ((st = forward_blocks(sm, s, 1)) != ZO_OK || (st = offload_optim_forward_done(sm->c.opt)) != ZO_OK)
+        return st;
     for (int b = sm->c.g->nb - 1; b >= 0; b--)
         if ((st = backward_block(sm, s, b)) != ZO_OK) return st;
     /* the compute of the last block, then its gradients */
