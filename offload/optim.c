@@ -134,23 +134,12 @@ static int expert_untouched(const offload_optim *o, int b, int expert, long *ste
     return 0;
 }
 
-/* A counter-based hash (splitmix64's finalizer) of the step, the block and
- * the element: the stochastic rounding's random bits, the same on every
- * rank and every run. */
-static uint32_t sr_bits(uint64_t step, uint64_t b, uint64_t i)
-{
-    uint64_t z = step * 0x9e3779b97f4a7c15ull ^ (b << 40 ^ i) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return (uint32_t)(z ^ (z >> 31));
-}
-
 /* --master stochastic: the new weights of P (n, element `first` of block b
  * as a whole) rounded stochastically to bf16, into P and into dst. */
 static void round_stochastic(int64_t step, int b, size_t first, float *P, uint16_t *dst, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        uint16_t w = zo_f32_to_bf16_sr(P[i], sr_bits((uint64_t)step, (uint64_t)b, first + i));
+        uint16_t w = zo_f32_to_bf16_sr(P[i], zo_adam_sr_bits((uint64_t)step, (uint64_t)b, first + i));
         dst[i] = w;
         P[i] = zo_bf16_to_f32(w);
     }
