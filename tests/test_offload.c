@@ -1109,6 +1109,61 @@ static void test_resume_state(void **state)
     files_remove_tree(dir);
 }
 
+/* No fp32 master with the optimizer's GPU share (issue 30): the share's
+ * bf16 weights updated by gpu_adam_state_update, rounded as the host
+ * shard rounds them. With bf16 m and v (element-wise) a run with half the
+ * optimizer on the device gives the losses of the run with all of it on
+ * the CPU bit for bit, for round to nearest, stochastic rounding (the
+ * same hash of step, block and element) and Kahan; with 8-bit m and v
+ * (absmax blocks from each block's start on the device, from the shard's
+ * on the host: another quantization noise) within 1%, the tolerance of a
+ * resume into another encoding (test_resume_state). Saved at step 6 and resumed (twice), the
+ * GPU-share run goes on bit for bit (the compensation in optimizer.image). */
+static void test_master_gpu_share(void **state)
+{
+    (void)state;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/master-gpu", nvme_dir);
+    static const struct {
+        zo_plan_master master;
+        zo_plan_opt_state state;
+    } v[] = {
+        {ZO_PLAN_MASTER_NONE, ZO_PLAN_STATE_BF16},
+        {ZO_PLAN_MASTER_STOCHASTIC, ZO_PLAN_STATE_BF16},
+        {ZO_PLAN_MASTER_KAHAN, ZO_PLAN_STATE_BF16},
+        {ZO_PLAN_MASTER_KAHAN, ZO_PLAN_STATE_8BIT},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        files_remove_tree(dir);
+        run cpu = {.cfg = tiny_llama(2, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 12};
+        base_config(&cpu.oc);
+        cpu.oc.master = v[i].master;
+        cpu.oc.opt_state = v[i].state;
+        run gpu = cpu;
+        gpu.oc.opt_frac[OFFLOAD_CPU] = 0.5;
+        gpu.oc.opt_frac[OFFLOAD_DEVICE] = 0.5;
+        run resumed = gpu, again = gpu;
+        assert_int_equal(do_run(&cpu), ZO_OK);
+        run_and_resume(&gpu, &resumed, &again, dir);
+        printf("  --master %-10s %-4s m, v: optimizer cpu %.6f, cpu/gpu %.6f, resumed %.6f (step 11)\n",
+               zo_plan_master_name(v[i].master), zo_plan_opt_state_name(v[i].state), (double)cpu.loss[11],
+               (double)gpu.loss[11], (double)resumed.loss[11]);
+        for (int k = 0; k < 12; k++) {
+            int exact = v[i].state != ZO_PLAN_STATE_8BIT;
+            if (exact ? memcmp(&cpu.loss[k], &gpu.loss[k], sizeof(float)) != 0
+                      : fabsf(cpu.loss[k] - gpu.loss[k]) > 0.01f * cpu.loss[k])
+                fail_msg("--master %s, %s m, v, step %d: optimizer cpu/gpu %.9g, cpu %.9g",
+                         zo_plan_master_name(v[i].master), zo_plan_opt_state_name(v[i].state), k,
+                         (double)gpu.loss[k], (double)cpu.loss[k]);
+            if (k >= 6 && (memcmp(&gpu.loss[k], &resumed.loss[k], sizeof(float)) != 0 ||
+                           memcmp(&gpu.loss[k], &again.loss[k], sizeof(float)) != 0))
+                fail_msg("--master %s, gpu share, step %d: resumed %.9g, uninterrupted %.9g",
+                         zo_plan_master_name(v[i].master), k, (double)resumed.loss[k], (double)gpu.loss[k]);
+        }
+    }
+    files_remove_tree(dir);
+}
+
 /* A run without an fp32 master saves the fp32 value of its bf16 weights
  * (with kahan, weights + compensation, a tie of a compensation of half an
  * ulp settled toward the weight, so the value rounds to the weight again;
@@ -1654,6 +1709,14 @@ static void test_memplan_agrees(void **state)
          0, ZO_PLAN_STATE_BF16, ZO_PLAN_MASTER_FP32},
         {"bf16 state, resident, optimizer gpu/cpu, overlap", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 0.5,
          OFFLOAD_SCHEDULE_OVERLAP, 0, 0, ZO_PLAN_STATE_BF16, ZO_PLAN_MASTER_FP32},
+        /* no fp32 master with a GPU share: its bf16 weights (and Kahan's
+         * compensation) on the device, a host stage to move them */
+        {"kahan, bf16 state, resident, optimizer gpu/cpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 0.5,
+         OFFLOAD_SCHEDULE_SERIAL, 0, 0, ZO_PLAN_STATE_BF16, ZO_PLAN_MASTER_KAHAN},
+        {"stochastic, 8-bit state, weights cpu, optimizer gpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 1.0,
+         OFFLOAD_SCHEDULE_SERIAL, 0, 0, ZO_PLAN_STATE_8BIT, ZO_PLAN_MASTER_STOCHASTIC},
+        {"no master, bf16 state, resident, optimizer gpu/cpu, overlap", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 0.5,
+         OFFLOAD_SCHEDULE_OVERLAP, 0, 0, ZO_PLAN_STATE_BF16, ZO_PLAN_MASTER_NONE},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         run r = {.cfg = tiny_llama(8, 128, 512), .dt = v[i].fp32 ? ZO_DTYPE_F32 : ZO_DTYPE_BF16, .B = 2, .T = 32,
@@ -1755,6 +1818,7 @@ int main(void)
         cmocka_unit_test(test_resume_state),
         cmocka_unit_test(test_state_training),
         cmocka_unit_test(test_master_training),
+        cmocka_unit_test(test_master_gpu_share),
         cmocka_unit_test(test_resume_master),
         cmocka_unit_test(test_memplan_agrees_lora),
         cmocka_unit_test(test_device_optimizer),
