@@ -411,7 +411,7 @@ zo_status gpu_adam_state_update(gpu_stream_t s, const gpu_adam_hparams *hp,
     if (d->n_decay > GPU_ADAM_DECAY_RANGES)
         return zo_error(ZO_ERR_INVALID, "%s: %d decay ranges (at most %d)", who, d->n_decay,
                         GPU_ADAM_DECAY_RANGES);
-    uint64_t es = d->type == GPU_ADAM_STATE_BF16 ? 2 : 1;
+    uint64_t es = d->type == GPU_ADAM_STATE_F32 ? 4 : d->type == GPU_ADAM_STATE_BF16 ? 2 : 1;
     uint64_t nb = d->type == GPU_ADAM_STATE_Q8 && d->block ? (d->total + d->block - 1) / d->block : 0;
     zo_adam_state_offsets o = zo_adam_state_offsets_of(es, d->total, nb);
     gpu_adam_state_args x = {.c = zo_adam_consts_make(hp), .type = d->type, .block = d->block,

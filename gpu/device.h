@@ -328,6 +328,8 @@ zo_status gpu_adam_update(gpu_stream_t s, const gpu_adam_hparams *hp, size_t n, 
 
 /* The same update with m and v encoded (issue 30), as cpu_adam's
  * adam_state_update keeps them (docs/cpu_adam.md, "State encodings"):
+ *   GPU_ADAM_STATE_F32   m, v fp32 (gpu_adam_update's state, in this
+ *                        layout: for bf16 weights without a master);
  *   GPU_ADAM_STATE_BF16  m, v bf16: read widened, updated in fp32, stored
  *                        rounded to nearest even;
  *   GPU_ADAM_STATE_Q8    m, v block-wise 8-bit: per block of `block` values
@@ -366,6 +368,7 @@ zo_status gpu_adam_update(gpu_stream_t s, const gpu_adam_hparams *hp, size_t n, 
 typedef enum gpu_adam_state_type {
     GPU_ADAM_STATE_BF16 = 1,
     GPU_ADAM_STATE_Q8 = 2,
+    GPU_ADAM_STATE_F32 = 3,
 } gpu_adam_state_type;
 
 typedef enum gpu_adam_round {

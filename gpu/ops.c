@@ -141,11 +141,11 @@ static zo_status gpu_check_adam_state(const char *op, const gpu_op_args *a)
 {
     const gpu_adam_state_args *x = &a->d.astate;
     size_t n = a->n;
-    if (x->type != GPU_ADAM_STATE_BF16 && x->type != GPU_ADAM_STATE_Q8)
-        return zo_error(ZO_ERR_INVALID, "%s: state type %d is not bf16 or q8", op, (int)x->type);
+    if (x->type != GPU_ADAM_STATE_BF16 && x->type != GPU_ADAM_STATE_Q8 && x->type != GPU_ADAM_STATE_F32)
+        return zo_error(ZO_ERR_INVALID, "%s: state type %d is not fp32, bf16 or q8", op, (int)x->type);
     if (x->type == GPU_ADAM_STATE_Q8 ? x->block < 64 || x->block > GPU_ADAM_Q8_BLOCK_MAX || x->block % 64
                                      : x->block != 0)
-        return zo_error(ZO_ERR_INVALID, "%s: block %u (q8: a multiple of 64 up to %d; bf16: 0)", op,
+        return zo_error(ZO_ERR_INVALID, "%s: block %u (q8: a multiple of 64 up to %d; fp32, bf16: 0)", op,
                         x->block, GPU_ADAM_Q8_BLOCK_MAX);
     if (x->first > x->total || n > x->total - x->first)
         return zo_error(ZO_ERR_INVALID, "%s: values %llu..%llu beyond the state's total %llu", op,
@@ -176,7 +176,7 @@ static zo_status gpu_check_adam_state(const char *op, const gpu_op_args *a)
         prev = x->decay[k][1];
     }
     uint64_t state_bytes = (x->type == GPU_ADAM_STATE_Q8 ? x->off_av + 4 * ((x->total + x->block - 1) / x->block)
-                                                         : x->off_v + 2 * x->total);
+                                                         : x->off_v + (x->type == GPU_ADAM_STATE_F32 ? 4 : 2) * x->total);
     const void *arr[5] = {a->t[0].data, a->t[1].data, a->p[0], a->t[2].data, a->p[1]};
     size_t len[5] = {zo_dtype_size(a->t[0].dtype) * n, zo_dtype_size(a->t[1].dtype) * n, (size_t)state_bytes,
                      a->t[2].data ? zo_dtype_size(a->t[2].dtype) * n : 0, a->p[1] ? 2 * n : 0};

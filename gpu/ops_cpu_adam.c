@@ -140,6 +140,12 @@ void cpu_adam_state_update(const gpu_adam_state_args *x, size_t n, gpu_tensor pa
     nodecay.l2 = 0.0f;
     nodecay.lr_wd = 0.0f;
     char *S = state;
+    if (x->type == GPU_ADAM_STATE_F32) {
+        float *sm = (float *)(void *)(S + x->off_m) + x->first, *sv = (float *)(void *)(S + x->off_v) + x->first;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+        for (size_t i = 0; i < n; i++) state_elem(x, consts_at(x, &nodecay, i), param, grad, out16, comp, i, &sm[i], &sv[i]);
+        return;
+    }
     if (x->type == GPU_ADAM_STATE_BF16) {
         uint16_t *sm = (uint16_t *)(void *)(S + x->off_m) + x->first;
         uint16_t *sv = (uint16_t *)(void *)(S + x->off_v) + x->first;

@@ -282,7 +282,9 @@ static zo_status update_dev_state(offload_optim *o, int b, float *P, uint16_t *W
     size_t align = q8 ? ADAM_Q8_BLOCK : 1;
     static const gpu_adam_round rounds[ZO_PLAN_MASTERS] = {
         [ZO_PLAN_MASTER_STOCHASTIC] = GPU_ADAM_ROUND_STOCHASTIC, [ZO_PLAN_MASTER_KAHAN] = GPU_ADAM_ROUND_KAHAN};
-    gpu_adam_state_desc d = {.type = q8 ? GPU_ADAM_STATE_Q8 : GPU_ADAM_STATE_BF16, .block = q8 ? ADAM_Q8_BLOCK : 0,
+    gpu_adam_state_type type = q8 ? GPU_ADAM_STATE_Q8
+                               : o->cfg->opt_state == ZO_PLAN_STATE_BF16 ? GPU_ADAM_STATE_BF16 : GPU_ADAM_STATE_F32;
+    gpu_adam_state_desc d = {.type = type, .block = q8 ? ADAM_Q8_BLOCK : 0,
                              .total = nb, .round = W ? rounds[o->cfg->master] : GPU_ADAM_ROUND_NEAREST,
                              .sr_step = (uint64_t)o->hp.step, .sr_block = (uint64_t)b};
     size_t part0 = offload_dp_part_first(o->env->dp, b);

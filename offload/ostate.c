@@ -905,7 +905,8 @@ static int dev_chunk_parts(const dev_shard *d, int b, size_t c0, size_t len, siz
     adam_state_layout lb, lc;
     adam_state_layout_of(d->kind, d->base.g->numel[b], &lb);
     adam_state_layout_of(d->kind, len, &lc);
-    size_t es = d->kind.type == ADAM_STATE_BF16 ? 2 : 1, base = d->s_off[b - d->b0];
+    size_t es = d->kind.type == ADAM_STATE_F32 ? 4 : d->kind.type == ADAM_STATE_BF16 ? 2 : 1;
+    size_t base = d->s_off[b - d->b0];
     size_t q0 = d->kind.block ? c0 / d->kind.block : 0;
     dev[0] = base + lb.off_m + es * c0, host[0] = lc.off_m, bytes[0] = es * len;
     dev[1] = base + lb.off_v + es * c0, host[1] = lc.off_v, bytes[1] = es * len;
@@ -1199,8 +1200,10 @@ static void dev_image_key(const oshard *sh, char *key, size_t len, uint64_t *byt
 {
     const dev_shard *d = (const dev_shard *)sh;
     *bytes = (d->enc ? d->s_off[sh->g->nb - d->b0] : 0) + (d->C ? sh->n * 2 : 0);
-    snprintf(key, len, "gpu %zu+%zu %s%s", sh->first, sh->n, d->enc ? adam_state_name(d->kind) : "fp32",
-             d->C ? " kahan" : "");
+    /* (fp32 m and v in state buffers, without a master: "fp32 buffers",
+     * whose image the fp32 master's shard, with none, does not take) */
+    snprintf(key, len, "gpu %zu+%zu %s%s%s", sh->first, sh->n, d->enc ? adam_state_name(d->kind) : "fp32",
+             d->enc && d->kind.type == ADAM_STATE_F32 ? " buffers" : "", d->C ? " kahan" : "");
 }
 
 static zo_status dev_image_io(oshard *sh, uint64_t off, size_t len, void *buf, int put)
@@ -1241,7 +1244,8 @@ static zo_status dev_enc_create(dev_shard *d, zo_plan_opt_state state)
     int nblk = g->nb - d->b0;
     zo_status st;
     d->enc = 1;
-    d->kind = state == ZO_PLAN_STATE_BF16 ? adam_state_bf16() : adam_state_q8(ADAM_Q8_BLOCK);
+    d->kind = state == ZO_PLAN_STATE_BF16 ? adam_state_bf16()
+              : state == ZO_PLAN_STATE_FP32 ? adam_state_f32() : adam_state_q8(ADAM_Q8_BLOCK);
     d->s_off = calloc((size_t)nblk + 1, sizeof *d->s_off);
     if (!d->s_off) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
     for (int i = 0; i < nblk; i++)
@@ -1279,11 +1283,12 @@ static zo_status dev_create(oshard *sh, const oshard_config *c)
     const char *what[4] = {"fp32 master", "m", "v", "fp32 gradient sums"};
     d->gn = sh->sums->off[sh->g->nb] - sh->sums->off[d->b0];
     sh->enqueued = 1;
-    if (c->state != ZO_PLAN_STATE_FP32 && (st = dev_enc_create(d, c->state)) != ZO_OK) return st;
+    /* (without a master, fp32 m and v too are a state buffer a block, the
+     * layout gpu_adam_state_update takes) */
+    if ((c->state != ZO_PLAN_STATE_FP32 || c->master != ZO_PLAN_MASTER_FP32) &&
+        (st = dev_enc_create(d, c->state)) != ZO_OK)
+        return st;
     if (c->master != ZO_PLAN_MASTER_FP32) { /* bf16 weights (+ compensation), zeros until written */
-        if (!d->enc)
-            return zo_error(ZO_ERR_UNSUPPORTED, "offload_init: optimizer on the device without an fp32 master "
-                            "(--master %s) with fp32 m and v", zo_plan_master_name(c->master));
         uint16_t **wc[2] = {&d->W, &d->C};
         for (int i = 0; i < (c->master == ZO_PLAN_MASTER_KAHAN ? 2 : 1); i++)
             if (sh->n && ((st = gpu_mem_alloc(env->dev, sh->n * 2, (void **)wc[i])) != ZO_OK ||

@@ -1111,7 +1111,7 @@ static void test_resume_state(void **state)
 
 /* No fp32 master with the optimizer's GPU share (issue 30): the share's
  * bf16 weights updated by gpu_adam_state_update, rounded as the host
- * shard rounds them. With bf16 m and v (element-wise) a run with half the
+ * shard rounds them. With fp32 or bf16 m and v (element-wise) a run with half the
  * optimizer on the device gives the losses of the run with all of it on
  * the CPU bit for bit, for round to nearest, stochastic rounding (the
  * same hash of step, block and element) and Kahan; with 8-bit m and v
@@ -1132,6 +1132,8 @@ static void test_master_gpu_share(void **state)
         {ZO_PLAN_MASTER_STOCHASTIC, ZO_PLAN_STATE_BF16},
         {ZO_PLAN_MASTER_KAHAN, ZO_PLAN_STATE_BF16},
         {ZO_PLAN_MASTER_KAHAN, ZO_PLAN_STATE_8BIT},
+        {ZO_PLAN_MASTER_STOCHASTIC, ZO_PLAN_STATE_FP32},
+        {ZO_PLAN_MASTER_KAHAN, ZO_PLAN_STATE_FP32},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         files_remove_tree(dir);
@@ -1717,6 +1719,8 @@ static void test_memplan_agrees(void **state)
          OFFLOAD_SCHEDULE_SERIAL, 0, 0, ZO_PLAN_STATE_8BIT, ZO_PLAN_MASTER_STOCHASTIC},
         {"no master, bf16 state, resident, optimizer gpu/cpu, overlap", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 0.5,
          OFFLOAD_SCHEDULE_OVERLAP, 0, 0, ZO_PLAN_STATE_BF16, ZO_PLAN_MASTER_NONE},
+        {"kahan, fp32 state, resident, optimizer gpu/cpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 0.5,
+         OFFLOAD_SCHEDULE_SERIAL, 0, 0, ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_KAHAN},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         run r = {.cfg = tiny_llama(8, 128, 512), .dt = v[i].fp32 ? ZO_DTYPE_F32 : ZO_DTYPE_BF16, .B = 2, .T = 32,

@@ -677,9 +677,11 @@ typedef struct state_geom {
 
 static size_t up64(size_t x) { return (x + 63) / 64 * 64; }
 
-static state_geom state_geom_of(int q8, size_t block, size_t total, size_t first, size_t n)
+static state_geom state_geom_of(gpu_adam_state_type type, size_t block, size_t total, size_t first, size_t n)
 {
-    state_geom g = {q8, block, total, first, n, q8 ? 1 : 2, q8 ? (total + block - 1) / block : 0, 0, 0, 0, 0, 0};
+    int q8 = type == GPU_ADAM_STATE_Q8;
+    size_t es = type == GPU_ADAM_STATE_F32 ? 4 : q8 ? 1 : 2;
+    state_geom g = {q8, block, total, first, n, es, q8 ? (total + block - 1) / block : 0, 0, 0, 0, 0, 0};
     g.off_m = 0;
     g.off_v = up64(g.es * total);
     g.off_am = g.off_av = g.off_v + g.es * total;
@@ -687,14 +689,14 @@ static state_geom state_geom_of(int q8, size_t block, size_t total, size_t first
         g.off_am = up64(g.off_v + total);
         g.off_av = up64(g.off_am + 4 * g.nb);
     }
-    g.bytes = q8 ? g.off_av + 4 * g.nb : g.off_v + 2 * total;
+    g.bytes = q8 ? g.off_av + 4 * g.nb : g.off_v + es * total;
     return g;
 }
 
 static state_geom state_geom_args(const gpu_op_args *a)
 {
     const gpu_adam_state_args *x = &a->d.astate;
-    return state_geom_of(x->type == GPU_ADAM_STATE_Q8, x->block, x->total, x->first, a->n);
+    return state_geom_of(x->type, x->block, x->total, x->first, a->n);
 }
 
 /* The unsigned map: create_dynamic_map(signed=False), ascending. */
@@ -733,7 +735,7 @@ static double state_value(const state_geom *g, const double *S, int which, size_
     static double map_m[256], map_v[256];
     if (map_m[255] != 1.0) dynamic_map(map_m), dynamic_map_unsigned(map_v);
     size_t off = which ? g->off_v : g->off_m;
-    if (!g->q8) return bytes_bf16(S, off + 2 * i);
+    if (!g->q8) return g->es == 4 ? bytes_f32(S, off + 4 * i) : bytes_bf16(S, off + 2 * i);
     double absmax = bytes_f32(S, (which ? g->off_av : g->off_am) + 4 * (i / g->block));
     return (which ? map_v : map_m)[(int)S[off + i]] * absmax;
 }
@@ -1765,7 +1767,12 @@ static void state_prep(const pcase *c, hostv *h)
             continue;
         }
         float mv[2] = {(float)(c->param[0] ? 0.05 * (2 * urand() - 1) : 0.0), (float)(c->param[0] ? 1e-3 * urand() : 0.0)};
-        for (int w = 0; w < 2; w++) {
+        for (int w = 0; w < 2 && g.es == 4; w++) {
+            uint8_t x[4];
+            memcpy(x, &mv[w], 4);
+            for (int k = 0; k < 4; k++) S[(w ? g.off_v : g.off_m) + 4 * i + k] = x[k];
+        }
+        for (int w = 0; w < 2 && g.es == 2; w++) {
             uint16_t b = zo_f32_to_bf16(mv[w]);
             S[(w ? g.off_v : g.off_m) + 2 * i] = b & 0xff, S[(w ? g.off_v : g.off_m) + 2 * i + 1] = b >> 8;
         }
@@ -1821,8 +1828,8 @@ static int state_cmp(const pcase *c, const char *what, const double *got, const 
         for (int w = 0; w < 2 && !bad; w++) {
             const double *ex = w ? state_want.v : state_want.m;
             double e = ex[i], gv = state_value(&g, got, w, g.first + i), allow;
-            if (!g.q8) {
-                allow = ldexp(fabs(e), -8) + 1e-6 * (w ? rms_v : rms_m);
+            if (!g.q8) { /* (fp32: its own error alone) */
+                allow = (g.es == 4 ? 1e-6 * fabs(e) : ldexp(fabs(e), -8)) + 1e-6 * (w ? rms_v : rms_m);
             } else {
                 size_t blk = (g.first + i) / g.block, s0 = blk * g.block - g.first;
                 size_t s1 = s0 + g.block < g.n ? s0 + g.block : g.n;
@@ -1864,7 +1871,7 @@ static void state_case(int q8, size_t total, size_t first, size_t n, int pv, int
                        nd < 0 ? "all" : nd == 0 ? "none" : "two ranges", (long)hp.step);
     c.a.n = n;
     gpu_adam_state_args *x = &c.a.d.astate;
-    state_geom g = state_geom_of(q8, 2048, total, first, n);
+    state_geom g = state_geom_of(q8 ? GPU_ADAM_STATE_Q8 : GPU_ADAM_STATE_BF16, 2048, total, first, n);
     *x = (gpu_adam_state_args){.c = zo_adam_consts_make(&hp), .type = q8 ? GPU_ADAM_STATE_Q8 : GPU_ADAM_STATE_BF16,
                                .block = q8 ? 2048 : 0, .total = total, .first = first, .off_m = g.off_m,
                                .off_v = g.off_v, .off_am = g.off_am, .off_av = g.off_av, .n_decay = nd};
@@ -1986,21 +1993,25 @@ static void comp_prep(const pcase *c, hostv *h)
 }
 
 /* bf16 weights without a master rounded stochastically or with Kahan's
- * compensation (the nearest case is state_case's "no master"), bf16 and q8
- * state, small steps (lr 1e-3: most updates below half a bf16 gap, which
+ * compensation (the nearest case is state_case's "no master"; with fp32
+ * state, here), bf16, q8 and fp32 state, small steps (lr 1e-3: most updates below half a bf16 gap, which
  * round to nearest loses), the hash's element from sr_first. */
-static void state_round_case(int q8, size_t total, size_t first, size_t n, gpu_adam_round round, int variant)
+static void state_round_case(gpu_adam_state_type type, size_t total, size_t first, size_t n, gpu_adam_round round,
+                             int variant)
 {
+    static const char *const tname[4] = {"", "bf16", "q8", "fp32"};
+    int q8 = type == GPU_ADAM_STATE_Q8;
     int later = variant % 2, nd = variant % 3 - 1;
     zo_adam_hparams hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
                           .decay = ZO_ADAM_DECAY_ADAMW, .step = later ? 7 : 1, .grad_mult = 0.5f};
     pcase c = new_case(GPU_OP_ADAM_STATE_UPDATE, "%s n %zu of %zu from %zu, bf16 (no master, %s), decay %s, step %ld",
-                       q8 ? "q8" : "bf16", n, total, first, round == GPU_ADAM_ROUND_KAHAN ? "kahan" : "stochastic",
+                       tname[type], n, total, first,
+                       round == GPU_ADAM_ROUND_KAHAN ? "kahan" : round == GPU_ADAM_ROUND_STOCHASTIC ? "stochastic" : "nearest",
                        nd < 0 ? "all" : nd == 0 ? "none" : "two ranges", (long)hp.step);
     c.a.n = n;
     gpu_adam_state_args *x = &c.a.d.astate;
-    state_geom g = state_geom_of(q8, 2048, total, first, n);
-    *x = (gpu_adam_state_args){.c = zo_adam_consts_make(&hp), .type = q8 ? GPU_ADAM_STATE_Q8 : GPU_ADAM_STATE_BF16,
+    state_geom g = state_geom_of(type, 2048, total, first, n);
+    *x = (gpu_adam_state_args){.c = zo_adam_consts_make(&hp), .type = type,
                                .block = q8 ? 2048 : 0, .total = total, .first = first, .off_m = g.off_m,
                                .off_v = g.off_v, .off_am = g.off_am, .off_av = g.off_av, .n_decay = nd,
                                .round = round, .sr_step = (uint64_t)hp.step + 40, .sr_block = 3 + variant,
@@ -2011,7 +2022,12 @@ static void state_round_case(int q8, size_t total, size_t first, size_t n, gpu_a
         x->decay[1][0] = n / 2 + 1 < n ? n / 2 + 1 : n, x->decay[1][1] = n;
     }
     int b = OUT_T(&c, 0, E_BF16, n);
-    c.buf[b].cmp = round_cmp;
+    if (round != GPU_ADAM_ROUND_NEAREST) {
+        c.buf[b].cmp = round_cmp;
+    } else { /* (nearest: within a bf16 rounding of the exact weight) */
+        c.buf[b].rtol = 1.0 / 256;
+        c.buf[b].no_rms = 1;
+    }
     IN_T(&c, 1, storage[variant % 3], n);
     b = add_buf(&c, 'p', 0, E_U8, g.bytes, FILL_NONE, 0, 0, 1);
     c.buf[b].cmp = state_cmp;
@@ -2042,12 +2058,14 @@ static void parity_adam_state_update(void)
     state_case(0, 3001, 17, 2500, 1, 3);
     /* without a master: stochastic rounding and Kahan's compensation */
     static const size_t rsizes[] = {1, 2049, 6143};
-    for (int q8 = 0; q8 < 2; q8++)
+    static const gpu_adam_state_type types[] = {GPU_ADAM_STATE_BF16, GPU_ADAM_STATE_Q8, GPU_ADAM_STATE_F32};
+    for (int t = 0; t < 3; t++)
         for (size_t s = 0; s < sizeof rsizes / sizeof *rsizes; s++)
-            for (int r = GPU_ADAM_ROUND_STOCHASTIC; r <= GPU_ADAM_ROUND_KAHAN; r++, v++)
-                state_round_case(q8, rsizes[s], 0, rsizes[s], (gpu_adam_round)r, v);
-    state_round_case(1, 3 * 2048 + 5, 2048, 2 * 2048 + 5, GPU_ADAM_ROUND_KAHAN, 5);
-    state_round_case(0, 3001, 17, 2500, GPU_ADAM_ROUND_STOCHASTIC, 7);
+            for (int r = t == 2 ? GPU_ADAM_ROUND_NEAREST : GPU_ADAM_ROUND_STOCHASTIC; r <= GPU_ADAM_ROUND_KAHAN; r++, v++)
+                state_round_case(types[t], rsizes[s], 0, rsizes[s], (gpu_adam_round)r, v);
+    state_round_case(GPU_ADAM_STATE_Q8, 3 * 2048 + 5, 2048, 2 * 2048 + 5, GPU_ADAM_ROUND_KAHAN, 5);
+    state_round_case(GPU_ADAM_STATE_BF16, 3001, 17, 2500, GPU_ADAM_ROUND_STOCHASTIC, 7);
+    state_round_case(GPU_ADAM_STATE_F32, 3001, 17, 2500, GPU_ADAM_ROUND_KAHAN, 8);
     rng = saved;
 }
 

@@ -118,6 +118,20 @@ __device__ __forceinline__ void weight_out(const gpu_adam_state_args &x, gpu_ten
     if (out16.data) tstore(out16, i, bf16_bits_f32(w));
 }
 
+/* fp32 m, v (bf16 weights without a master): element by element, [first,
+ * first + n) of the state. */
+__global__ void adam_f32s_kernel(gpu_adam_state_args x, size_t n, gpu_tensor param, gpu_tensor grad,
+                                 char *state, gpu_tensor out16, uint16_t *comp)
+{
+    const gpu_adam_consts c0 = no_decay(x.c);
+    float *sm = (float *)(state + x.off_m) + x.first, *sv = (float *)(state + x.off_v) + x.first;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float p = adam_elem(consts_at(x, c0, i), weight_in(param, comp, i), tload(grad, i), &sm[i], &sv[i]);
+        weight_out(x, param, out16, comp, i, p);
+    }
+}
+
 /* bf16 m, v: element by element, [first, first + n) of the state. */
 __global__ void adam_bf16s_kernel(gpu_adam_state_args x, size_t n, gpu_tensor param, gpu_tensor grad,
                                   char *state, gpu_tensor out16, uint16_t *comp)
@@ -229,6 +243,10 @@ extern "C" zo_status cuda_launch_adam_state_update(cudaStream_t st, const gpu_ad
                                                    gpu_tensor out16, void *comp)
 {
     uint16_t *cp = (uint16_t *)comp;
+    if (x->type == GPU_ADAM_STATE_F32) {
+        ZO_LAUNCH(adam_f32s_kernel, grid_for(n, BS), BS, 0, st, *x, n, param, grad, (char *)state, out16, cp);
+        return cuda_launch_check("adam_f32s_kernel");
+    }
     if (x->type == GPU_ADAM_STATE_BF16) {
         ZO_LAUNCH(adam_bf16s_kernel, grid_for(n, BS), BS, 0, st, *x, n, param, grad, (char *)state, out16, cp);
         return cuda_launch_check("adam_bf16s_kernel");
