@@ -31,11 +31,6 @@ const zo_capability_entry zo_capability_table[ZO_CAP_GAPS - 1] = {
      "moves an fp32 master with m and v (its sub-groups have no slot for bf16 weights and their "
      "compensation yet); put the optimizer on cpu and gpu (--optimizer cpu or cpu=F,gpu=G), or use "
      "--master fp32"},
-    {ZO_CAP_NO_MASTER_GPU, "no-master-gpu",
-     "the GPU optimizer's update without an fp32 master keeps its own bf16 copy of the weights; with the "
-     "whole optimizer on the GPU beside the weights memplan counts the update in place in the weights' "
-     "store (no bytes of master), which the runtime does not do yet: put part of the optimizer on cpu "
-     "(--optimizer cpu=F,gpu=G), or the weights on cpu, or use --master fp32"},
 };
 
 void zo_run_shape_defaults(zo_run_shape *r)
@@ -84,9 +79,6 @@ zo_capability_gap zo_capability_find(const zo_run_shape *r)
     if (r->moe && r->optim_dtype == ZO_PLAN_STATE_8BIT && r->optimizer[ZO_PLAN_GPU] > 0)
         return ZO_CAP_MOE_STATE8_GPU;
     if (r->master != ZO_PLAN_MASTER_FP32 && r->optimizer[ZO_PLAN_NVME] > 0) return ZO_CAP_NO_MASTER;
-    if (r->master != ZO_PLAN_MASTER_FP32 && trained_on(r) == ZO_PLAN_GPU &&
-        r->optimizer[ZO_PLAN_GPU] >= 1 - ZO_PLAN_FRACTION_EPS)
-        return ZO_CAP_NO_MASTER_GPU;
     return ZO_CAP_RUNS;
 }
 
@@ -140,13 +132,6 @@ static void what(const zo_run_shape *r, zo_capability_gap gap, char *buf, size_t
         fractions(r->optimizer, fr, sizeof fr);
         snprintf(buf, len, "weights without an fp32 master (--master %s, training.master) with optimizer state "
                  "on NVMe (--optimizer %s, placement.optimizer)", zo_plan_master_name(r->master), fr);
-        break;
-    case ZO_CAP_NO_MASTER_GPU:
-        fractions(r->optimizer, fr, sizeof fr);
-        snprintf(buf, len, "weights without an fp32 master (--master %s, training.master) with the whole "
-                 "optimizer on the GPU (--optimizer %s, placement.optimizer) beside the trained weights "
-                 "(%s gpu)", zo_plan_master_name(r->master), fr,
-                 r->method == ZO_PLAN_FULL ? "--params" : "--adapters-on");
         break;
     default:
         snprintf(buf, len, "this combination");

@@ -339,8 +339,8 @@ static zo_status update_dev(void *ctx, int b, float *P, float *M, float *V, void
     char *dst;
     zo_status st = ws->ops->put_dev(ws, b, (void **)&dst);
     if (st != ZO_OK) return st;
-    if (S) {
-        st = update_dev_state(o, b, P, W, C, S, G, gpu_t(wide ? NULL : dst, o->m->dtype), s);
+    if (S) { /* (W in place in the store: no copy) */
+        st = update_dev_state(o, b, P, W, C, S, G, gpu_t(wide || (char *)W == dst ? NULL : dst, o->m->dtype), s);
         if (st != ZO_OK) return st;
     }
     for (size_t rel = 0; rel < nb && !S;) {

@@ -100,6 +100,7 @@ typedef struct oshard_config {
     zo_plan_master master;   /* host: fp32 master, or bf16 weights (+ Kahan compensation) */
     int master_in_place;     /* host, no master: the weights' store is W (else a copy) */
     uint16_t *master_at;     /* ... its bf16 weights of flat 0 (NULL: given by ostate_master_at) */
+    uint16_t *dev_master_at; /* device, no master: the device store's bf16 weights of flat 0 (NULL: a copy) */
 } oshard_config;
 
 struct ostate {
@@ -864,6 +865,7 @@ typedef struct dev_shard {
      * place of P, which gpu_adam_state_update rounds as --master says; a
      * host stage of DEV_STAGE of each to move them */
     uint16_t *W, *C;
+    int w_in_place;       /* W is the device store's array (no bytes of its own) */
     uint16_t *wstage;     /* [2 DEV_STAGE]: W's values, then C's */
     int b0;               /* its first block (whole blocks to the end) */
     void *stats;          /* device: float sum of squares, int32 inf/nan flag */
@@ -1028,13 +1030,8 @@ static zo_status dev_write(oshard *sh, size_t first, size_t n, const float *P, c
     size_t r = first - sh->first;
     zo_status st;
     if (!n) return ZO_OK;
-    if (d->W) { /* (weights written as zeros when none come) */
-        if (P) {
-            if ((st = dev_w_io(d, first, n, NULL, P)) != ZO_OK) return st;
-        } else if ((st = gpu_memset_async(s, d->W + r, 0, n * 2)) != ZO_OK ||
-                   (d->C && (st = gpu_memset_async(s, d->C + r, 0, n * 2)) != ZO_OK)) {
-            return st;
-        }
+    if (d->W) { /* (no weights given: left as they are, as a master is) */
+        if (P && (st = dev_w_io(d, first, n, NULL, P)) != ZO_OK) return st;
         in[0] = NULL;
     }
     for (int a = 0; a < (d->enc ? 1 : 3); a++) {
@@ -1179,7 +1176,7 @@ static void dev_destroy(oshard *sh)
     if (sh->env->h2d) gpu_stream_synchronize(sh->env->h2d);
     for (int a = 0; a < 4; a++) gpu_mem_free(dev, dev_array(d, a));
     gpu_mem_free(dev, d->S);
-    gpu_mem_free(dev, d->W);
+    if (!d->w_in_place) gpu_mem_free(dev, d->W);
     gpu_mem_free(dev, d->C);
     offload_host_free(sh->env, d->wstage, d->wstage ? DEV_STAGE * 4 : 0, 0);
     free(d->s_off);
@@ -1290,7 +1287,11 @@ static zo_status dev_create(oshard *sh, const oshard_config *c)
         return st;
     if (c->master != ZO_PLAN_MASTER_FP32) { /* bf16 weights (+ compensation), zeros until written */
         uint16_t **wc[2] = {&d->W, &d->C};
-        for (int i = 0; i < (c->master == ZO_PLAN_MASTER_KAHAN ? 2 : 1); i++)
+        if (c->dev_master_at) { /* the device store's weights themselves */
+            d->W = c->dev_master_at + sh->first;
+            d->w_in_place = 1;
+        }
+        for (int i = d->w_in_place; i < (c->master == ZO_PLAN_MASTER_KAHAN ? 2 : 1); i++)
             if (sh->n && ((st = gpu_mem_alloc(env->dev, sh->n * 2, (void **)wc[i])) != ZO_OK ||
                           (st = gpu_memset_async(env->h2d, *wc[i], 0, sh->n * 2)) != ZO_OK))
                 return zo_error_wrap(st, "offload_init: optimizer on the device: bf16 %s of %zu elements (--master %s)",
@@ -1418,7 +1419,7 @@ zo_status ostate_create(const offload_env *env, const offload_geom *g, const off
                             .sub_group = c->sub_group, .swap_buffers = c->swap_buffers,
                             .exact_stats = c->exact_stats, .nvme_dir = c->nvme_dir, .state = c->state,
                             .master = c->master, .master_in_place = c->master_in_place,
-                            .master_at = c->master_at};
+                            .master_at = c->master_at, .dev_master_at = c->dev_master_at};
         if ((st = oshard_create(os, &sc, &os->sh[os->n_sh])) == ZO_OK) os->n_sh++;
     }
     if (st != ZO_OK) {
@@ -1531,7 +1532,7 @@ void ostate_bytes(const ostate *os, uint64_t bytes[OFFLOAD_TIERS])
         if (sh->tier == OFFLOAD_DEVICE && ((const dev_shard *)sh)->enc) {
             const dev_shard *d = (const dev_shard *)sh;
             /* the master: fp32, or bf16 weights (+ Kahan's bf16 compensation) */
-            b = sh->n * (d->W ? (d->C ? 4 : 2) : 4) + d->s_off[sh->g->nb - d->b0];
+            b = sh->n * (d->W ? (d->w_in_place ? 0 : 2) + (d->C ? 2 : 0) : 4) + d->s_off[sh->g->nb - d->b0];
         }
 #ifdef ZO_OFFLOAD_HAVE_NVME
         if (sh->tier == OFFLOAD_NVME && enc_on(&((const nvme_shard *)sh)->enc))

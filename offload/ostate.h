@@ -59,6 +59,9 @@ typedef struct ostate_config {
      * gives it, before any state is written), else in a bf16 copy */
     int master_in_place;
     uint16_t *master_at;
+    /* ... and the device share's, in place in the device store's array
+     * (bf16, flat from element 0) when it is given, else a bf16 copy */
+    uint16_t *dev_master_at;
 } ostate_config;
 
 /* The shards of og (the optimizer's geometry over the model's blocks g;

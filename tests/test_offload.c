@@ -1111,9 +1111,10 @@ static void test_resume_state(void **state)
 
 /* No fp32 master with the optimizer's GPU share (issue 30): the share's
  * bf16 weights updated by gpu_adam_state_update, rounded as the host
- * shard rounds them. With fp32 or bf16 m and v (element-wise) a run with half the
- * optimizer on the device gives the losses of the run with all of it on
- * the CPU bit for bit, for round to nearest, stochastic rounding (the
+ * shard rounds them (with the whole optimizer on the device, in place in
+ * the weights' device store). With fp32 or bf16 m and v (element-wise) a
+ * run with half or all the optimizer on the device gives the losses of the
+ * run with all of it on the CPU bit for bit, for round to nearest, stochastic rounding (the
  * same hash of step, block and element) and Kahan; with 8-bit m and v
  * (absmax blocks from each block's start on the device, from the shard's
  * on the host: another quantization noise) within 1%, the tolerance of a
@@ -1127,13 +1128,16 @@ static void test_master_gpu_share(void **state)
     static const struct {
         zo_plan_master master;
         zo_plan_opt_state state;
+        double gpu; /* the optimizer's GPU share (1: the weights' store is the share's bf16 weights) */
     } v[] = {
-        {ZO_PLAN_MASTER_NONE, ZO_PLAN_STATE_BF16},
-        {ZO_PLAN_MASTER_STOCHASTIC, ZO_PLAN_STATE_BF16},
-        {ZO_PLAN_MASTER_KAHAN, ZO_PLAN_STATE_BF16},
-        {ZO_PLAN_MASTER_KAHAN, ZO_PLAN_STATE_8BIT},
-        {ZO_PLAN_MASTER_STOCHASTIC, ZO_PLAN_STATE_FP32},
-        {ZO_PLAN_MASTER_KAHAN, ZO_PLAN_STATE_FP32},
+        {ZO_PLAN_MASTER_NONE, ZO_PLAN_STATE_BF16, 0.5},
+        {ZO_PLAN_MASTER_STOCHASTIC, ZO_PLAN_STATE_BF16, 0.5},
+        {ZO_PLAN_MASTER_KAHAN, ZO_PLAN_STATE_BF16, 0.5},
+        {ZO_PLAN_MASTER_KAHAN, ZO_PLAN_STATE_8BIT, 0.5},
+        {ZO_PLAN_MASTER_STOCHASTIC, ZO_PLAN_STATE_FP32, 0.5},
+        {ZO_PLAN_MASTER_KAHAN, ZO_PLAN_STATE_FP32, 0.5},
+        {ZO_PLAN_MASTER_STOCHASTIC, ZO_PLAN_STATE_BF16, 1.0},
+        {ZO_PLAN_MASTER_KAHAN, ZO_PLAN_STATE_FP32, 1.0},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         files_remove_tree(dir);
@@ -1142,14 +1146,14 @@ static void test_master_gpu_share(void **state)
         cpu.oc.master = v[i].master;
         cpu.oc.opt_state = v[i].state;
         run gpu = cpu;
-        gpu.oc.opt_frac[OFFLOAD_CPU] = 0.5;
-        gpu.oc.opt_frac[OFFLOAD_DEVICE] = 0.5;
+        gpu.oc.opt_frac[OFFLOAD_CPU] = 1 - v[i].gpu;
+        gpu.oc.opt_frac[OFFLOAD_DEVICE] = v[i].gpu;
         run resumed = gpu, again = gpu;
         assert_int_equal(do_run(&cpu), ZO_OK);
         run_and_resume(&gpu, &resumed, &again, dir);
-        printf("  --master %-10s %-4s m, v: optimizer cpu %.6f, cpu/gpu %.6f, resumed %.6f (step 11)\n",
+        printf("  --master %-10s %-4s m, v: optimizer cpu %.6f, %s %.6f, resumed %.6f (step 11)\n",
                zo_plan_master_name(v[i].master), zo_plan_opt_state_name(v[i].state), (double)cpu.loss[11],
-               (double)gpu.loss[11], (double)resumed.loss[11]);
+               v[i].gpu < 1 ? "cpu/gpu" : "gpu", (double)gpu.loss[11], (double)resumed.loss[11]);
         for (int k = 0; k < 12; k++) {
             int exact = v[i].state != ZO_PLAN_STATE_8BIT;
             if (exact ? memcmp(&cpu.loss[k], &gpu.loss[k], sizeof(float)) != 0
@@ -1721,6 +1725,11 @@ static void test_memplan_agrees(void **state)
          OFFLOAD_SCHEDULE_OVERLAP, 0, 0, ZO_PLAN_STATE_BF16, ZO_PLAN_MASTER_NONE},
         {"kahan, fp32 state, resident, optimizer gpu/cpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 0.5,
          OFFLOAD_SCHEDULE_SERIAL, 0, 0, ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_KAHAN},
+        /* the whole optimizer beside the weights: in place in their store */
+        {"no master, fp32 state, resident, optimizer and grads gpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 1.0,
+         OFFLOAD_SCHEDULE_SERIAL, 0, 0, ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_NONE},
+        {"stochastic, 8-bit state, resident, optimizer and grads gpu, overlap", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE,
+         1.0, OFFLOAD_SCHEDULE_OVERLAP, 0, 0, ZO_PLAN_STATE_8BIT, ZO_PLAN_MASTER_STOCHASTIC},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         run r = {.cfg = tiny_llama(8, 128, 512), .dt = v[i].fp32 ? ZO_DTYPE_F32 : ZO_DTYPE_BF16, .B = 2, .T = 32,
