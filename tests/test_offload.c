@@ -1036,6 +1036,15 @@ static void test_master_training(void **state)
  * run's loss; and 8-bit into another placement (the image's keys differ,
  * the fp32 values stand: a block whose largest |m| is negative is coded
  * with another absmax, the signed map having no -1) within 1e-3. */
+/* The resume tests' run: a small LLaMA in bf16, 12 steps, base_config's
+ * AdamW. */
+static run resume_run(void)
+{
+    run r = {.cfg = tiny_llama(2, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 12};
+    base_config(&r.oc);
+    return r;
+}
+
 /* u uninterrupted for its 12 steps; the same run saved at step 6 into dir;
  * b and c (set up by the caller) resumed from it at step 6. */
 static void run_and_resume(run *u, run *b, run *c, const char *dir)
@@ -1070,8 +1079,7 @@ static void test_resume_state(void **state)
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         files_remove_tree(dir);
-        run u = {.cfg = tiny_llama(2, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 12};
-        base_config(&u.oc);
+        run u = resume_run();
         u.oc.opt_frac[OFFLOAD_CPU] = (1 - v[i].gpu) / 2;
         u.oc.opt_frac[OFFLOAD_NVME] = (1 - v[i].gpu) / 2;
         u.oc.opt_frac[OFFLOAD_DEVICE] = v[i].gpu;
@@ -1141,8 +1149,7 @@ static void test_master_gpu_share(void **state)
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         files_remove_tree(dir);
-        run cpu = {.cfg = tiny_llama(2, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 12};
-        base_config(&cpu.oc);
+        run cpu = resume_run();
         cpu.oc.master = v[i].master;
         cpu.oc.opt_state = v[i].state;
         run gpu = cpu;
@@ -1184,8 +1191,7 @@ static void test_resume_master(void **state)
     static const zo_plan_master ma[3] = {ZO_PLAN_MASTER_NONE, ZO_PLAN_MASTER_STOCHASTIC, ZO_PLAN_MASTER_KAHAN};
     for (int i = 0; i < 3; i++) {
         files_remove_tree(dir);
-        run u = {.cfg = tiny_llama(2, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 12};
-        base_config(&u.oc);
+        run u = resume_run();
         u.oc.params_on = OFFLOAD_CPU;
         u.oc.master = ma[i];
         run b = u, c = u;
