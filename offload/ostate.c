@@ -842,7 +842,8 @@ static zo_status nvs_create(oshard *sh, const oshard_config *c)
 
 /* Values of m and v a device shard decodes or codes at a time in host
  * memory (checkpoints, weights in and out): whole 8-bit blocks. */
-#define DEV_STAGE ((size_t)2 * ADAM_Q8_BLOCK)
+#define DEV_STAGE ((size_t)ZO_PLAN_GPU_STAGE)
+_Static_assert(ZO_PLAN_GPU_STAGE % ADAM_Q8_BLOCK == 0, "the GPU share's stage holds whole 8-bit blocks");
 
 typedef struct dev_shard {
     oshard base;

@@ -1064,12 +1064,12 @@ static void estimate_optimizer(const stage_est *s, plan_estimate *e)
             uint64_t c = shard[i] < ZO_PLAN_STATE_CHUNK ? shard[i] : ZO_PLAN_STATE_CHUNK;
             scratch += 8 * ((c + blk - 1) / blk * blk);
         }
-        /* the GPU share's host stage: two 8-bit blocks of m and v, coded
-         * and in fp32 (checkpoints and weights in and out), when they are
-         * state buffers (encoded, or fp32 without a master); without a
+        /* the GPU share's host stage: ZO_PLAN_GPU_STAGE values of m and v,
+         * coded and in fp32 (checkpoints and weights in and out), when they
+         * are state buffers (encoded, or fp32 without a master); without a
          * master as many bf16 weights and compensations */
-        if (o_gpu) scratch += round_u64(2.0 * (double)blk * (8.0 + zo_plan_state_bytes(t->opt_state)));
-        if (o_gpu && nomaster) scratch += 2 * blk * 4;
+        if (o_gpu) scratch += round_u64((double)ZO_PLAN_GPU_STAGE * (8.0 + zo_plan_state_bytes(t->opt_state)));
+        if (o_gpu && nomaster) scratch += (uint64_t)ZO_PLAN_GPU_STAGE * 4;
         add(e, "optimizer scratch (fp32 m, v of a chunk)", ZO_PLAN_CPU, PLAN_BUFFERS, scratch);
     }
     if (o_nvme) {
