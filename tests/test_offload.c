@@ -1717,7 +1717,7 @@ static void test_memplan_agrees(void **state)
         {"stochastic, weights cpu, optimizer cpu, dpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_DPU, 0,
          0, ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_STOCHASTIC},
         /* 8-bit and bf16 m and v in the GPU optimizer: a state buffer a
-         * block on the device, a host stage of two 8-bit blocks */
+         * block on the device, a host stage of ZO_PLAN_GPU_STAGE values */
         {"8-bit state, resident, optimizer and grads gpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 1.0,
          OFFLOAD_SCHEDULE_SERIAL, 0, 0, ZO_PLAN_STATE_8BIT, ZO_PLAN_MASTER_FP32},
         {"8-bit state, weights cpu, optimizer gpu/cpu/nvme", OFFLOAD_CPU, 0.25, 1, OFFLOAD_CPU, 0.5,
