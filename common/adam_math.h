@@ -75,6 +75,27 @@ static inline float zo_adam_step_elem(const zo_adam_consts *c, float p, float g,
     return p;
 }
 
+/* Callable on the host and, in CUDA sources, on the device. */
+#ifdef __CUDACC__
+#define ZO_ADAM_HD __host__ __device__
+#else
+#define ZO_ADAM_HD
+#endif
+
+/* The random bits of stochastic rounding (--master stochastic): a
+ * counter-based hash (splitmix64's finalizer) of the step, the block and the
+ * element's index in the whole block, so every rank, every run and every
+ * backend (the host's update, gpu_adam_state_update) draws the same bits
+ * for the same weight. Its low 16 bits feed zo_f32_to_bf16_sr
+ * (common/dtype.h). */
+static inline ZO_ADAM_HD uint32_t zo_adam_sr_bits(uint64_t step, uint64_t block, uint64_t i)
+{
+    uint64_t z = step * 0x9e3779b97f4a7c15ull ^ (block << 40 ^ i) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (uint32_t)(z ^ (z >> 31));
+}
+
 /* Where the parts of encoded moments of n values lie in one buffer, the
  * layout of cpu_adam's encoded state (cpu_adam.h, "optimizer state
  * encodings") and of the device's (gpu_adam_state_update): m, then v (es

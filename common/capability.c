@@ -27,10 +27,10 @@ const zo_capability_entry zo_capability_table[ZO_CAP_GAPS - 1] = {
      "token went to in a step, which AdamW leaves untouched, cut those blocks: put the optimizer on cpu and "
      "nvme, or use --optim-dtype bf16"},
     {ZO_CAP_NO_MASTER, "no-master",
-     "the bf16 update without an fp32 master runs in the host optimizer shard only: the NVMe swap and the "
-     "GPU optimizer keep an fp32 master (the GPU's update has neither stochastic rounding nor Kahan's "
-     "compensation, and with 8-bit m and v the weights would carry what round to nearest loses as well); "
-     "put the optimizer on cpu (--optimizer cpu), or use --master fp32"},
+     "the bf16 update without an fp32 master runs in the host and GPU optimizer shards: the NVMe swap "
+     "moves an fp32 master with m and v (its sub-groups have no slot for bf16 weights and their "
+     "compensation yet); put the optimizer on cpu and gpu (--optimizer cpu or cpu=F,gpu=G), or use "
+     "--master fp32"},
 };
 
 void zo_run_shape_defaults(zo_run_shape *r)
@@ -78,8 +78,7 @@ zo_capability_gap zo_capability_find(const zo_run_shape *r)
     if (r->schedule == ZO_PLAN_SCHED_DPU && r->optimizer[ZO_PLAN_GPU] > 0) return ZO_CAP_DPU_GPU_OPTIMIZER;
     if (r->moe && r->optim_dtype == ZO_PLAN_STATE_8BIT && r->optimizer[ZO_PLAN_GPU] > 0)
         return ZO_CAP_MOE_STATE8_GPU;
-    if (r->master != ZO_PLAN_MASTER_FP32 && (r->optimizer[ZO_PLAN_GPU] > 0 || r->optimizer[ZO_PLAN_NVME] > 0))
-        return ZO_CAP_NO_MASTER;
+    if (r->master != ZO_PLAN_MASTER_FP32 && r->optimizer[ZO_PLAN_NVME] > 0) return ZO_CAP_NO_MASTER;
     return ZO_CAP_RUNS;
 }
 
@@ -132,7 +131,7 @@ static void what(const zo_run_shape *r, zo_capability_gap gap, char *buf, size_t
     case ZO_CAP_NO_MASTER:
         fractions(r->optimizer, fr, sizeof fr);
         snprintf(buf, len, "weights without an fp32 master (--master %s, training.master) with optimizer state "
-                 "off the host (--optimizer %s, placement.optimizer)", zo_plan_master_name(r->master), fr);
+                 "on NVMe (--optimizer %s, placement.optimizer)", zo_plan_master_name(r->master), fr);
         break;
     default:
         snprintf(buf, len, "this combination");

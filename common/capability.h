@@ -56,7 +56,7 @@ typedef enum zo_capability_gap {
     ZO_CAP_ZERO12_OFFLOADED,       /* ZeRO 1-2 on several ranks, trained weights off the GPU */
     ZO_CAP_DPU_GPU_OPTIMIZER,      /* dpu with optimizer state on the GPU */
     ZO_CAP_MOE_STATE8_GPU,         /* a mixture of experts with 8-bit m, v in the GPU's optimizer state */
-    ZO_CAP_NO_MASTER,              /* no fp32 master with optimizer state on NVMe or the GPU */
+    ZO_CAP_NO_MASTER,              /* no fp32 master with optimizer state on NVMe */
     ZO_CAP_GAPS,
 } zo_capability_gap;
 

@@ -59,6 +59,12 @@ double zo_plan_state_bytes(zo_plan_opt_state s);
  * of min(this, the shard's or sub-group's elements rounded up to a block). */
 #define ZO_PLAN_STATE_CHUNK (1u << 18)
 
+/* The GPU optimizer share moves its state buffers (and, without a master,
+ * its bf16 weights) between the device and the host this many values at a
+ * time (weights in and out, checkpoints), through a host stage of them in
+ * fp32 and coded: 1 MiB of fp32 m and v, 64 8-bit blocks. */
+#define ZO_PLAN_GPU_STAGE (64u * ZO_PLAN_STATE_8BIT_BLOCK)
+
 /* The trained weights' master copy: fp32 (the default), or none, the 16-bit
  * weights updated in place by the optimizer: rounded to nearest (as
  * PyTorch's bf16 arithmetic in the QLoRA paper's adapters and the pure-bf16

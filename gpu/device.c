@@ -411,14 +411,16 @@ zo_status gpu_adam_state_update(gpu_stream_t s, const gpu_adam_hparams *hp,
     if (d->n_decay > GPU_ADAM_DECAY_RANGES)
         return zo_error(ZO_ERR_INVALID, "%s: %d decay ranges (at most %d)", who, d->n_decay,
                         GPU_ADAM_DECAY_RANGES);
-    uint64_t es = d->type == GPU_ADAM_STATE_BF16 ? 2 : 1;
+    uint64_t es = d->type == GPU_ADAM_STATE_F32 ? 4 : d->type == GPU_ADAM_STATE_BF16 ? 2 : 1;
     uint64_t nb = d->type == GPU_ADAM_STATE_Q8 && d->block ? (d->total + d->block - 1) / d->block : 0;
     zo_adam_state_offsets o = zo_adam_state_offsets_of(es, d->total, nb);
     gpu_adam_state_args x = {.c = zo_adam_consts_make(hp), .type = d->type, .block = d->block,
                              .total = d->total, .first = d->first, .off_m = o.m, .off_v = o.v,
-                             .off_am = o.absmax_m, .off_av = o.absmax_v, .n_decay = d->n_decay};
+                             .off_am = o.absmax_m, .off_av = o.absmax_v, .n_decay = d->n_decay,
+                             .round = d->round, .sr_step = d->sr_step, .sr_block = d->sr_block,
+                             .sr_first = d->sr_first};
     for (int k = 0; k < d->n_decay; k++) x.decay[k][0] = d->decay[k][0], x.decay[k][1] = d->decay[k][1];
-    RUN(ADAM_STATE_UPDATE, .t = {param, grad, out16}, .p = {state}, .n = n, .d.astate = x);
+    RUN(ADAM_STATE_UPDATE, .t = {param, grad, out16}, .p = {state, d->comp}, .n = n, .d.astate = x);
 }
 
 zo_status gpu_moe_router_forward(gpu_stream_t s, gpu_tensor weights, gpu_tensor logits,

@@ -328,6 +328,8 @@ zo_status gpu_adam_update(gpu_stream_t s, const gpu_adam_hparams *hp, size_t n, 
 
 /* The same update with m and v encoded (issue 30), as cpu_adam's
  * adam_state_update keeps them (docs/cpu_adam.md, "State encodings"):
+ *   GPU_ADAM_STATE_F32   m, v fp32 (gpu_adam_update's state, in this
+ *                        layout: for bf16 weights without a master);
  *   GPU_ADAM_STATE_BF16  m, v bf16: read widened, updated in fp32, stored
  *                        rounded to nearest even;
  *   GPU_ADAM_STATE_Q8    m, v block-wise 8-bit: per block of `block` values
@@ -344,16 +346,36 @@ zo_status gpu_adam_update(gpu_stream_t s, const gpu_adam_hparams *hp, size_t n, 
  * with first a multiple of block and first + n a multiple of it or total
  * (q8: whole blocks). param [n] is fp32 (a master; out16 may take the
  * 16-bit copy) or bf16 (the weights themselves, no master: updated in
- * fp32 and stored rounded to nearest even). Weight decay applies to the
+ * fp32 and stored rounded as `round` says). Weight decay applies to the
  * elements of the `n_decay` ranges [decay[k][0], decay[k][1]) of the call
  * (relative to first, ascending, disjoint), or to every element when
  * n_decay < 0; elsewhere the update is the one with weight_decay 0.
- * ZO_ERR_INVALID as gpu_adam_update, and for a bad type, block, range or
- * decay range, or a state not 4-byte aligned. */
+ * Without a master (param bf16) the new weight p is stored as `round` says,
+ * the three ways of the host optimizer's --master (docs/cpu_adam.md):
+ *   GPU_ADAM_ROUND_NEAREST     round to nearest even (--master none);
+ *   GPU_ADAM_ROUND_STOCHASTIC  zo_f32_to_bf16_sr(p, zo_adam_sr_bits(sr_step,
+ *                              sr_block, sr_first + i)) for element i of the
+ *                              call (common/adam_math.h: the host's very
+ *                              bits, so both agree bit for bit);
+ *   GPU_ADAM_ROUND_KAHAN       the weight read is param + comp (fp32 sum of
+ *                              the two bf16 values), and after the update
+ *                              param = RN(p), comp = RN(p - param): comp
+ *                              [n] bf16 beside the state, the compensation.
+ * out16 takes the stored weight. ZO_ERR_INVALID as gpu_adam_update, and
+ * for a bad type, block, range, decay range or rounding (not nearest with
+ * fp32 param; kahan without comp, comp without kahan), or a state not
+ * 4-byte aligned. */
 typedef enum gpu_adam_state_type {
     GPU_ADAM_STATE_BF16 = 1,
     GPU_ADAM_STATE_Q8 = 2,
+    GPU_ADAM_STATE_F32 = 3,
 } gpu_adam_state_type;
+
+typedef enum gpu_adam_round {
+    GPU_ADAM_ROUND_NEAREST = 0,
+    GPU_ADAM_ROUND_STOCHASTIC = 1,
+    GPU_ADAM_ROUND_KAHAN = 2,
+} gpu_adam_round;
 
 #define GPU_ADAM_Q8_BLOCK_MAX 4096 /* the largest q8 block (cpu_adam's ADAM_Q8_BLOCK_MAX) */
 #define GPU_ADAM_DECAY_RANGES 16   /* decay ranges one call takes at most */
@@ -365,6 +387,9 @@ typedef struct gpu_adam_state_desc {
     uint64_t first;  /* the call's first value */
     int n_decay;     /* < 0: every element decays */
     uint64_t decay[GPU_ADAM_DECAY_RANGES][2];
+    gpu_adam_round round;                  /* bf16 param only (0: nearest) */
+    uint64_t sr_step, sr_block, sr_first;  /* stochastic: the hash's step, block, element of the call's first value */
+    uint16_t *comp;                        /* kahan: [n] bf16 device, the call's compensation; else NULL */
 } gpu_adam_state_desc;
 
 zo_status gpu_adam_state_update(gpu_stream_t s, const gpu_adam_hparams *hp,

@@ -730,7 +730,7 @@ static zo_status cpu_run_adam_update(cpu_scratch *ws, const gpu_op_args *a, int 
 static zo_status cpu_run_adam_state_update(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
     (void)ws;
-    cpu_adam_state_update(&a->d.astate, a->n, a->t[0], a->t[1], a->p[0], a->t[2], nt);
+    cpu_adam_state_update(&a->d.astate, a->n, a->t[0], a->t[1], a->p[0], a->t[2], a->p[1], nt);
     return ZO_OK;
 }
 

@@ -141,11 +141,11 @@ static zo_status gpu_check_adam_state(const char *op, const gpu_op_args *a)
 {
     const gpu_adam_state_args *x = &a->d.astate;
     size_t n = a->n;
-    if (x->type != GPU_ADAM_STATE_BF16 && x->type != GPU_ADAM_STATE_Q8)
-        return zo_error(ZO_ERR_INVALID, "%s: state type %d is not bf16 or q8", op, (int)x->type);
+    if (x->type != GPU_ADAM_STATE_BF16 && x->type != GPU_ADAM_STATE_Q8 && x->type != GPU_ADAM_STATE_F32)
+        return zo_error(ZO_ERR_INVALID, "%s: state type %d is not fp32, bf16 or q8", op, (int)x->type);
     if (x->type == GPU_ADAM_STATE_Q8 ? x->block < 64 || x->block > GPU_ADAM_Q8_BLOCK_MAX || x->block % 64
                                      : x->block != 0)
-        return zo_error(ZO_ERR_INVALID, "%s: block %u (q8: a multiple of 64 up to %d; bf16: 0)", op,
+        return zo_error(ZO_ERR_INVALID, "%s: block %u (q8: a multiple of 64 up to %d; fp32, bf16: 0)", op,
                         x->block, GPU_ADAM_Q8_BLOCK_MAX);
     if (x->first > x->total || n > x->total - x->first)
         return zo_error(ZO_ERR_INVALID, "%s: values %llu..%llu beyond the state's total %llu", op,
@@ -159,6 +159,14 @@ static zo_status gpu_check_adam_state(const char *op, const gpu_op_args *a)
         return zo_error(ZO_ERR_INVALID, "%s: param dtype %d is not fp32 or bf16", op, (int)a->t[0].dtype);
     if (a->t[2].data && a->t[2].dtype != ZO_DTYPE_F16 && a->t[2].dtype != ZO_DTYPE_BF16)
         return zo_error(ZO_ERR_INVALID, "%s: out16 dtype %d is not fp16 or bf16", op, (int)a->t[2].dtype);
+    if (x->round != GPU_ADAM_ROUND_NEAREST && x->round != GPU_ADAM_ROUND_STOCHASTIC && x->round != GPU_ADAM_ROUND_KAHAN)
+        return zo_error(ZO_ERR_INVALID, "%s: round %d is not nearest, stochastic or kahan", op, (int)x->round);
+    if (x->round != GPU_ADAM_ROUND_NEAREST && a->t[0].dtype != ZO_DTYPE_BF16)
+        return zo_error(ZO_ERR_INVALID, "%s: round %d with an fp32 param (a master rounds to nearest)", op,
+                        (int)x->round);
+    if ((x->round == GPU_ADAM_ROUND_KAHAN) != (a->p[1] != NULL))
+        return zo_error(ZO_ERR_INVALID, "%s: comp %s (Kahan's compensation, with round kahan only)", op,
+                        a->p[1] ? "given" : "NULL");
     if ((uintptr_t)a->p[0] % 4) return zo_error(ZO_ERR_INVALID, "%s: state is not 4-byte aligned", op);
     uint64_t prev = 0;
     for (int k = 0; k < x->n_decay; k++) {
@@ -168,13 +176,13 @@ static zo_status gpu_check_adam_state(const char *op, const gpu_op_args *a)
         prev = x->decay[k][1];
     }
     uint64_t state_bytes = (x->type == GPU_ADAM_STATE_Q8 ? x->off_av + 4 * ((x->total + x->block - 1) / x->block)
-                                                         : x->off_v + 2 * x->total);
-    const void *arr[4] = {a->t[0].data, a->t[1].data, a->p[0], a->t[2].data};
-    size_t len[4] = {zo_dtype_size(a->t[0].dtype) * n, zo_dtype_size(a->t[1].dtype) * n, (size_t)state_bytes,
-                     a->t[2].data ? zo_dtype_size(a->t[2].dtype) * n : 0};
-    const char *name[4] = {"param", "grad", "state", "out16"};
-    for (int i = 0; i < 4; i++)
-        for (int j = i + 1; j < 4; j++)
+                                                         : x->off_v + (x->type == GPU_ADAM_STATE_F32 ? 4 : 2) * x->total);
+    const void *arr[5] = {a->t[0].data, a->t[1].data, a->p[0], a->t[2].data, a->p[1]};
+    size_t len[5] = {zo_dtype_size(a->t[0].dtype) * n, zo_dtype_size(a->t[1].dtype) * n, (size_t)state_bytes,
+                     a->t[2].data ? zo_dtype_size(a->t[2].dtype) * n : 0, a->p[1] ? 2 * n : 0};
+    const char *name[5] = {"param", "grad", "state", "out16", "comp"};
+    for (int i = 0; i < 5; i++)
+        for (int j = i + 1; j < 5; j++)
             if (arr[j] && bytes_overlap(arr[i], len[i], arr[j], len[j]))
                 return zo_error(ZO_ERR_INVALID, "%s: buffers %s and %s overlap", op, name[i], name[j]);
     return ZO_OK;

@@ -52,6 +52,8 @@ typedef struct gpu_adam_state_args {
     uint64_t off_m, off_v, off_am, off_av; /* zo_adam_state_offsets_of(total) */
     int n_decay;
     uint64_t decay[GPU_ADAM_DECAY_RANGES][2];
+    gpu_adam_round round;                 /* without a master: how the bf16 weights are stored */
+    uint64_t sr_step, sr_block, sr_first; /* stochastic rounding's hash (zo_adam_sr_bits) */
 } gpu_adam_state_args;
 
 typedef struct gpu_op_args {
@@ -165,7 +167,8 @@ typedef struct gpu_op_slot {
       (GPU_N(n), GPU_P(0, param), GPU_P(1, m), GPU_P(2, v), GPU_T(0, grad), GPU_TOPT(1, out16)), \
       gpu_check_adam)                                                                            \
     X(ADAM_STATE_UPDATE, adam_state_update,                                                     \
-      (GPU_N(n), GPU_T(0, param), GPU_T(1, grad), GPU_P(0, state), GPU_TOPT(2, out16)),          \
+      (GPU_N(n), GPU_T(0, param), GPU_T(1, grad), GPU_P(0, state), GPU_TOPT(2, out16),           \
+       GPU_POPT(1, comp)),                                                                       \
       gpu_check_adam_state)                                                                      \
     X(MOE_ROUTER_FORWARD, moe_router_forward,                                                   \
       (GPU_T(0, weights), GPU_T(1, logits), GPU_P(0, stats), GPU_DIM(0, n), GPU_DIM(1, e),       \

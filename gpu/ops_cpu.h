@@ -126,7 +126,7 @@ void cpu_adam_update(const gpu_adam_consts *c, size_t n, float *param, gpu_tenso
 /* gpu_adam_state_update: the same sequence on decoded m and v, coded again
  * after the update (cpu_adam's adam_state_update, written for this backend). */
 void cpu_adam_state_update(const gpu_adam_state_args *x, size_t n, gpu_tensor param, gpu_tensor grad, void *state,
-                           gpu_tensor out16, int nt);
+                           gpu_tensor out16, void *comp, int nt);
 
 /* ---- mixture of experts (ops_cpu_moe.c) ---------------------------------------------- */
 

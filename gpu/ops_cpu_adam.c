@@ -66,14 +66,25 @@ static const zo_adam_consts *consts_at(const gpu_adam_state_args *x, const zo_ad
 }
 
 /* One element: the fp32 update on widened m, v (updated in place); the new
- * weight into param and out16. */
-static void state_elem(const zo_adam_consts *c, gpu_tensor param, gpu_tensor grad, gpu_tensor out16,
-                       uint64_t i, float *m, float *v)
+ * weight into param, stored as x->round says (comp: Kahan's compensation,
+ * read into the weight and written again), and into out16. */
+static void state_elem(const gpu_adam_state_args *x, const zo_adam_consts *c, gpu_tensor param, gpu_tensor grad,
+                       gpu_tensor out16, uint16_t *comp, uint64_t i, float *m, float *v)
 {
-    float p = zo_adam_step_elem(c, zo_load_f32(param.data, param.dtype, i), zo_load_f32(grad.data, grad.dtype, i),
-                                m, v);
-    zo_store_f32(param.data, param.dtype, i, p);
-    if (out16.data) zo_store_f32(out16.data, out16.dtype, i, p);
+    float p = zo_load_f32(param.data, param.dtype, i);
+    if (comp) p = p + zo_bf16_to_f32(comp[i]);
+    p = zo_adam_step_elem(c, p, zo_load_f32(grad.data, grad.dtype, i), m, v);
+    if (x->round == GPU_ADAM_ROUND_NEAREST) {
+        zo_store_f32(param.data, param.dtype, i, p);
+        if (out16.data) zo_store_f32(out16.data, out16.dtype, i, p);
+        return;
+    }
+    uint16_t w = x->round == GPU_ADAM_ROUND_STOCHASTIC
+                     ? zo_f32_to_bf16_sr(p, zo_adam_sr_bits(x->sr_step, x->sr_block, x->sr_first + i))
+                     : zo_f32_to_bf16(p);
+    ((uint16_t *)param.data)[i] = w;
+    if (comp) comp[i] = zo_f32_to_bf16(p - zo_bf16_to_f32(w));
+    if (out16.data) zo_store_f32(out16.data, out16.dtype, i, zo_bf16_to_f32(w));
 }
 
 /* The absmax a q8 block keeps, from its largest magnitude (as bit
@@ -92,7 +103,7 @@ static uint8_t q8_code(const float thr[255], float x) { return (uint8_t)zo_dynam
 /* Values [lo, lo + len) of the state (one q8 block), element e0 of the call
  * the first. */
 static void q8_block(const gpu_adam_state_args *x, const zo_adam_consts *nodecay, gpu_tensor param, gpu_tensor grad,
-                     gpu_tensor out16, char *state, uint64_t lo, uint64_t len, uint64_t e0)
+                     gpu_tensor out16, uint16_t *comp, char *state, uint64_t lo, uint64_t len, uint64_t e0)
 {
     uint8_t *qm = (uint8_t *)state + x->off_m + lo, *qv = (uint8_t *)state + x->off_v + lo;
     float *am = (float *)(void *)(state + x->off_am) + lo / x->block;
@@ -103,7 +114,7 @@ static void q8_block(const gpu_adam_state_args *x, const zo_adam_consts *nodecay
         m[k] = maps.map_m[qm[k]] * *am;
         v[k] = maps.map_v[qv[k]] * *av;
         uint64_t i = e0 + k;
-        state_elem(consts_at(x, nodecay, i), param, grad, out16, i, &m[k], &v[k]);
+        state_elem(x, consts_at(x, nodecay, i), param, grad, out16, comp, i, &m[k], &v[k]);
         uint32_t a = zo_f32_bits(m[k]) & 0x7fffffffu, b = zo_f32_bits(v[k]) & 0x7fffffffu;
         if (a > max_m) max_m = a;
         if (b > max_v) max_v = b;
@@ -117,11 +128,11 @@ static void q8_block(const gpu_adam_state_args *x, const zo_adam_consts *nodecay
     }
 }
 
-/* param, grad, out16 [n]; state: the whole buffer (x's offsets), values
+/* param, grad, out16, comp [n]; state: the whole buffer (x's offsets), values
  * [first, first + n) updated. Threads take whole q8 blocks or elements, so
  * the result does not depend on their number. */
 void cpu_adam_state_update(const gpu_adam_state_args *x, size_t n, gpu_tensor param, gpu_tensor grad, void *state,
-                           gpu_tensor out16, int nt)
+                           gpu_tensor out16, void *comp, int nt)
 {
     if (nt <= 0) nt = omp_get_max_threads();
     if (n < 65536) nt = 1;
@@ -129,13 +140,19 @@ void cpu_adam_state_update(const gpu_adam_state_args *x, size_t n, gpu_tensor pa
     nodecay.l2 = 0.0f;
     nodecay.lr_wd = 0.0f;
     char *S = state;
+    if (x->type == GPU_ADAM_STATE_F32) {
+        float *sm = (float *)(void *)(S + x->off_m) + x->first, *sv = (float *)(void *)(S + x->off_v) + x->first;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+        for (size_t i = 0; i < n; i++) state_elem(x, consts_at(x, &nodecay, i), param, grad, out16, comp, i, &sm[i], &sv[i]);
+        return;
+    }
     if (x->type == GPU_ADAM_STATE_BF16) {
         uint16_t *sm = (uint16_t *)(void *)(S + x->off_m) + x->first;
         uint16_t *sv = (uint16_t *)(void *)(S + x->off_v) + x->first;
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
         for (size_t i = 0; i < n; i++) {
             float m = zo_bf16_to_f32(sm[i]), v = zo_bf16_to_f32(sv[i]);
-            state_elem(consts_at(x, &nodecay, i), param, grad, out16, i, &m, &v);
+            state_elem(x, consts_at(x, &nodecay, i), param, grad, out16, comp, i, &m, &v);
             sm[i] = zo_f32_to_bf16(m);
             sv[i] = zo_f32_to_bf16(v);
         }
@@ -146,6 +163,6 @@ void cpu_adam_state_update(const gpu_adam_state_args *x, size_t n, gpu_tensor pa
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (size_t j = 0; j < nblk; j++) {
         uint64_t e0 = (uint64_t)j * x->block, len = n - e0 < x->block ? n - e0 : x->block;
-        q8_block(x, &nodecay, param, grad, out16, S, x->first + e0, len, e0);
+        q8_block(x, &nodecay, param, grad, out16, comp, S, x->first + e0, len, e0);
     }
 }

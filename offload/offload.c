@@ -285,6 +285,12 @@ static zo_status create_ostate(offload_t *rt)
             oc.master_in_place = 1;
             oc.master_at = arr;
         }
+        /* the whole optimizer on the device beside the weights: their
+         * device store's array, memplan's in-place case there */
+        void *darr = wstore_dev_array(rt->ws);
+        if (darr && c->opt_frac[OFFLOAD_DEVICE] >= 1 - ZO_PLAN_FRACTION_EPS && rt->g.n == rt->og.n &&
+            rt->g.nb == rt->og.nb && !memcmp(rt->g.off, rt->og.off, (size_t)(rt->g.nb + 1) * sizeof *rt->g.off))
+            oc.dev_master_at = darr;
     }
     return ostate_create(&rt->env, &rt->g, &rt->og, &oc, &rt->os);
 }

@@ -134,23 +134,12 @@ static int expert_untouched(const offload_optim *o, int b, int expert, long *ste
     return 0;
 }
 
-/* A counter-based hash (splitmix64's finalizer) of the step, the block and
- * the element: the stochastic rounding's random bits, the same on every
- * rank and every run. */
-static uint32_t sr_bits(uint64_t step, uint64_t b, uint64_t i)
-{
-    uint64_t z = step * 0x9e3779b97f4a7c15ull ^ (b << 40 ^ i) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return (uint32_t)(z ^ (z >> 31));
-}
-
 /* --master stochastic: the new weights of P (n, element `first` of block b
  * as a whole) rounded stochastically to bf16, into P and into dst. */
 static void round_stochastic(int64_t step, int b, size_t first, float *P, uint16_t *dst, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        uint16_t w = zo_f32_to_bf16_sr(P[i], sr_bits((uint64_t)step, (uint64_t)b, first + i));
+        uint16_t w = zo_f32_to_bf16_sr(P[i], zo_adam_sr_bits((uint64_t)step, (uint64_t)b, first + i));
         dst[i] = w;
         P[i] = zo_bf16_to_f32(w);
     }
@@ -281,15 +270,26 @@ static size_t decay_ranges(const offload_optim *o, int b, size_t rel, size_t nb,
 
 /* The device shard's update of block b with m and v encoded (S: the
  * block's state buffer): gpu_adam_state_update over calls of whole 8-bit
- * blocks, each taking its decay ranges. */
-static zo_status update_dev_state(offload_optim *o, int b, float *P, void *S, float *G, gpu_tensor out,
-                                  gpu_stream_t s)
+ * blocks, each taking its decay ranges. The weights: the fp32 master P, or
+ * without one the bf16 W (and Kahan's C), rounded as the host shard rounds
+ * them (the stochastic rounding's hash of the step, the block and the
+ * element's index in the whole block, as round_stochastic). */
+static zo_status update_dev_state(offload_optim *o, int b, float *P, uint16_t *W, uint16_t *C, void *S, float *G,
+                                  gpu_tensor out, gpu_stream_t s)
 {
     size_t nb = o->og->numel[b], es = zo_dtype_size(out.dtype);
     int q8 = o->cfg->opt_state == ZO_PLAN_STATE_8BIT;
     size_t align = q8 ? ADAM_Q8_BLOCK : 1;
-    gpu_adam_state_desc d = {.type = q8 ? GPU_ADAM_STATE_Q8 : GPU_ADAM_STATE_BF16, .block = q8 ? ADAM_Q8_BLOCK : 0,
-                             .total = nb};
+    static const gpu_adam_round rounds[ZO_PLAN_MASTERS] = {
+        [ZO_PLAN_MASTER_STOCHASTIC] = GPU_ADAM_ROUND_STOCHASTIC, [ZO_PLAN_MASTER_KAHAN] = GPU_ADAM_ROUND_KAHAN};
+    gpu_adam_state_type type = q8 ? GPU_ADAM_STATE_Q8
+                               : o->cfg->opt_state == ZO_PLAN_STATE_BF16 ? GPU_ADAM_STATE_BF16 : GPU_ADAM_STATE_F32;
+    gpu_adam_state_desc d = {.type = type, .block = q8 ? ADAM_Q8_BLOCK : 0,
+                             .total = nb, .round = W ? rounds[o->cfg->master] : GPU_ADAM_ROUND_NEAREST,
+                             .sr_step = (uint64_t)o->hp.step, .sr_block = (uint64_t)b};
+    size_t part0 = offload_dp_part_first(o->env->dp, b);
+    /* the weights from element rel on */
+#define WEIGHTS_AT(rel) (W ? gpu_t(W + (rel), ZO_DTYPE_BF16) : gpu_t(P + (rel), ZO_DTYPE_F32))
     zo_status st;
     for (size_t rel = 0; rel < nb;) {
         /* a routed expert's range (or the run between two) at a time: its own step, or untouched */
@@ -301,7 +301,7 @@ static zo_status update_dev_state(offload_optim *o, int b, float *P, void *S, fl
         gpu_adam_hparams h = o->hp;
         if (expert_untouched(o, b, expert, &h.step)) { /* no token went to it: put back as it is */
             gpu_tensor o16 = gpu_t(out.data ? (char *)out.data + rel * es : NULL, out.dtype);
-            if (o16.data && (st = gpu_cast(s, o16, gpu_t(P + rel, ZO_DTYPE_F32), xend - rel)) != ZO_OK) return st;
+            if (o16.data && (st = gpu_cast(s, o16, WEIGHTS_AT(rel), xend - rel)) != ZO_OK) return st;
             rel = xend;
             continue;
         }
@@ -311,14 +311,16 @@ static zo_status update_dev_state(offload_optim *o, int b, float *P, void *S, fl
                 return zo_error(ZO_ERR_UNSUPPORTED, "offload_step: device share, block %d: more than %d decay "
                                 "ranges in the 8-bit block at element %zu", b, GPU_ADAM_DECAY_RANGES, rel);
             d.first = rel;
+            d.sr_first = part0 + rel;
+            d.comp = C ? C + rel : NULL;
             gpu_tensor o16 = gpu_t(out.data ? (char *)out.data + rel * es : NULL, out.dtype);
-            st = gpu_adam_state_update(s, &h, &d, stop - rel, gpu_t(P + rel, ZO_DTYPE_F32),
-                                       gpu_t(G + rel, ZO_DTYPE_F32), S, o16);
+            st = gpu_adam_state_update(s, &h, &d, stop - rel, WEIGHTS_AT(rel), gpu_t(G + rel, ZO_DTYPE_F32), S, o16);
             if (st != ZO_OK)
                 return zo_error_wrap(st, "offload_step: device share, block %d elements %zu..%zu", b, rel, stop);
             rel = stop;
         }
     }
+#undef WEIGHTS_AT
     return ZO_OK;
 }
 
@@ -326,7 +328,8 @@ static zo_status update_dev_state(offload_optim *o, int b, float *P, void *S, fl
  * (cpu_adam's arithmetic) over each decay piece, or gpu_adam_state_update
  * over the encoded state S, the new weights written where the store takes
  * them from the device. */
-static zo_status update_dev(void *ctx, int b, float *P, float *M, float *V, void *S, float *G, gpu_stream_t s)
+static zo_status update_dev(void *ctx, int b, float *P, float *M, float *V, void *S, float *G, uint16_t *W,
+                            uint16_t *C, gpu_stream_t s)
 {
     step_ctx *c = ctx;
     offload_optim *o = c->o;
@@ -336,8 +339,8 @@ static zo_status update_dev(void *ctx, int b, float *P, float *M, float *V, void
     char *dst;
     zo_status st = ws->ops->put_dev(ws, b, (void **)&dst);
     if (st != ZO_OK) return st;
-    if (S) {
-        st = update_dev_state(o, b, P, S, G, gpu_t(wide ? NULL : dst, o->m->dtype), s);
+    if (S) { /* (W in place in the store: no copy) */
+        st = update_dev_state(o, b, P, W, C, S, G, gpu_t(wide || (char *)W == dst ? NULL : dst, o->m->dtype), s);
         if (st != ZO_OK) return st;
     }
     for (size_t rel = 0; rel < nb && !S;) {

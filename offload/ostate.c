@@ -100,6 +100,7 @@ typedef struct oshard_config {
     zo_plan_master master;   /* host: fp32 master, or bf16 weights (+ Kahan compensation) */
     int master_in_place;     /* host, no master: the weights' store is W (else a copy) */
     uint16_t *master_at;     /* ... its bf16 weights of flat 0 (NULL: given by ostate_master_at) */
+    uint16_t *dev_master_at; /* device, no master: the device store's bf16 weights of flat 0 (NULL: a copy) */
 } oshard_config;
 
 struct ostate {
@@ -841,7 +842,8 @@ static zo_status nvs_create(oshard *sh, const oshard_config *c)
 
 /* Values of m and v a device shard decodes or codes at a time in host
  * memory (checkpoints, weights in and out): whole 8-bit blocks. */
-#define DEV_STAGE ((size_t)2 * ADAM_Q8_BLOCK)
+#define DEV_STAGE ((size_t)ZO_PLAN_GPU_STAGE)
+_Static_assert(ZO_PLAN_GPU_STAGE % ADAM_Q8_BLOCK == 0, "the GPU share's stage holds whole 8-bit blocks");
 
 typedef struct dev_shard {
     oshard base;
@@ -859,6 +861,13 @@ typedef struct dev_shard {
     float *sm, *sv;
     float *G;             /* device [gn] fp32: the gradient sums over micro-batches (sums->off from b0) */
     size_t gn;
+    /* no fp32 master (issue 30; m and v encoded): the bf16 weights W [n]
+     * and Kahan's bf16 compensation C [n] (kahan only) in device memory in
+     * place of P, which gpu_adam_state_update rounds as --master says; a
+     * host stage of DEV_STAGE of each to move them */
+    uint16_t *W, *C;
+    int w_in_place;       /* W is the device store's array (no bytes of its own) */
+    uint16_t *wstage;     /* [2 DEV_STAGE]: W's values, then C's */
     int b0;               /* its first block (whole blocks to the end) */
     void *stats;          /* device: float sum of squares, int32 inf/nan flag */
     float *stats_host;    /* pinned [largest]: one block's fp32 gradient (exact statistics) */
@@ -899,7 +908,8 @@ static int dev_chunk_parts(const dev_shard *d, int b, size_t c0, size_t len, siz
     adam_state_layout lb, lc;
     adam_state_layout_of(d->kind, d->base.g->numel[b], &lb);
     adam_state_layout_of(d->kind, len, &lc);
-    size_t es = d->kind.type == ADAM_STATE_BF16 ? 2 : 1, base = d->s_off[b - d->b0];
+    size_t es = d->kind.type == ADAM_STATE_F32 ? 4 : d->kind.type == ADAM_STATE_BF16 ? 2 : 1;
+    size_t base = d->s_off[b - d->b0];
     size_t q0 = d->kind.block ? c0 / d->kind.block : 0;
     dev[0] = base + lb.off_m + es * c0, host[0] = lc.off_m, bytes[0] = es * len;
     dev[1] = base + lb.off_v + es * c0, host[1] = lc.off_v, bytes[1] = es * len;
@@ -957,9 +967,49 @@ static zo_status dev_enc_io(dev_shard *d, size_t first, size_t n, float *M, floa
     return ZO_OK;
 }
 
+/* The weights of flat [first, first + n) without a master, out as fp32 (W
+ * + C, settled on W as the host shard's mst_decode_out does: a checkpoint's
+ * weight rounds to W, its image gives C back) or in (W the nearest bf16 of
+ * P, C what it lost), DEV_STAGE at a time through the host stage. */
+static zo_status dev_w_io(dev_shard *d, size_t first, size_t n, float *out, const float *in)
+{
+    const offload_env *env = d->base.env;
+    uint16_t *sw = d->wstage, *sc = d->wstage + DEV_STAGE;
+    zo_status st;
+    for (size_t f = 0; f < n; f += DEV_STAGE) {
+        size_t k = n - f < DEV_STAGE ? n - f : DEV_STAGE, r = first - d->base.first + f;
+        if (in) {
+            for (size_t i = 0; i < k; i++) {
+                sw[i] = zo_f32_to_bf16(in[f + i]);
+                sc[i] = zo_f32_to_bf16(in[f + i] - zo_bf16_to_f32(sw[i]));
+            }
+            if ((st = gpu_memcpy_async(env->h2d, d->W + r, sw, k * 2, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK ||
+                (d->C && (st = gpu_memcpy_async(env->h2d, d->C + r, sc, k * 2, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK) ||
+                (st = gpu_stream_synchronize(env->h2d)) != ZO_OK)
+                return st;
+            continue;
+        }
+        if ((st = gpu_memcpy_async(env->d2h, sw, d->W + r, k * 2, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
+            (d->C && (st = gpu_memcpy_async(env->d2h, sc, d->C + r, k * 2, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK) ||
+            (st = dev_wait(d, OFFLOAD_TIME_OPTIMIZER)) != ZO_OK)
+            return st;
+        for (size_t i = 0; i < k; i++) {
+            float w = zo_bf16_to_f32(sw[i]), p = w + (d->C ? zo_bf16_to_f32(sc[i]) : 0.0f);
+            if (zo_f32_to_bf16(p) != sw[i]) p = nextafterf(p, w);
+            out[f + i] = p;
+        }
+    }
+    return ZO_OK;
+}
+
 static zo_status dev_read(oshard *sh, size_t first, size_t n, float *P, float *M, float *V)
 {
     dev_shard *d = (dev_shard *)sh;
+    if (d->W && P && n) {
+        zo_status st = dev_w_io(d, first, n, P, NULL);
+        if (st != ZO_OK) return st;
+        P = NULL;
+    }
     float *out[3] = {P, d->enc ? NULL : M, d->enc ? NULL : V};
     size_t r = first - sh->first;
     zo_status st;
@@ -981,6 +1031,10 @@ static zo_status dev_write(oshard *sh, size_t first, size_t n, const float *P, c
     size_t r = first - sh->first;
     zo_status st;
     if (!n) return ZO_OK;
+    if (d->W) { /* (no weights given: left as they are, as a master is) */
+        if (P && (st = dev_w_io(d, first, n, NULL, P)) != ZO_OK) return st;
+        in[0] = NULL;
+    }
     for (int a = 0; a < (d->enc ? 1 : 3); a++) {
         float *dst = dev_array(d, a) + r;
         if (in[a]) st = gpu_memcpy_async(s, dst, in[a], n * 4, GPU_COPY_HOST_TO_DEVICE);
@@ -1011,7 +1065,9 @@ static zo_status dev_step(oshard *sh, const oshard_update *u)
         if (!g->numel[b]) continue;
         float *M = d->enc ? NULL : d->M + r, *V = d->enc ? NULL : d->V + r;
         void *S = d->enc ? d->S + d->s_off[b - d->b0] : NULL;
-        if ((st = u->dev(u->ctx, b, d->P + r, M, V, S, grad_block(d, b), s)) != ZO_OK) return st;
+        float *P = d->W ? NULL : d->P + r;
+        uint16_t *W = d->W ? d->W + r : NULL, *C = d->C ? d->C + r : NULL;
+        if ((st = u->dev(u->ctx, b, P, M, V, S, grad_block(d, b), W, C, s)) != ZO_OK) return st;
     }
     if ((st = gpu_event_record(d->done, s)) != ZO_OK) return st;
     d->pending = 1;
@@ -1121,6 +1177,9 @@ static void dev_destroy(oshard *sh)
     if (sh->env->h2d) gpu_stream_synchronize(sh->env->h2d);
     for (int a = 0; a < 4; a++) gpu_mem_free(dev, dev_array(d, a));
     gpu_mem_free(dev, d->S);
+    if (!d->w_in_place) gpu_mem_free(dev, d->W);
+    gpu_mem_free(dev, d->C);
+    offload_host_free(sh->env, d->wstage, d->wstage ? DEV_STAGE * 4 : 0, 0);
     free(d->s_off);
     if (d->enc) {
         offload_host_free(sh->env, d->stage, d->stage_bytes, 0);
@@ -1133,25 +1192,39 @@ static void dev_destroy(oshard *sh)
     free(d);
 }
 
-/* The image: every block's state buffer, in block order. */
+/* The image: every block's state buffer, in block order, then Kahan's
+ * compensation C (the key says "kahan"). */
 static void dev_image_key(const oshard *sh, char *key, size_t len, uint64_t *bytes)
 {
     const dev_shard *d = (const dev_shard *)sh;
-    *bytes = d->enc ? d->s_off[sh->g->nb - d->b0] : 0;
-    snprintf(key, len, "gpu %zu+%zu %s", sh->first, sh->n, d->enc ? adam_state_name(d->kind) : "fp32");
+    *bytes = (d->enc ? d->s_off[sh->g->nb - d->b0] : 0) + (d->C ? sh->n * 2 : 0);
+    /* (fp32 m and v in state buffers, without a master: "fp32 buffers",
+     * whose image the fp32 master's shard, with none, does not take) */
+    snprintf(key, len, "gpu %zu+%zu %s%s%s", sh->first, sh->n, d->enc ? adam_state_name(d->kind) : "fp32",
+             d->enc && d->kind.type == ADAM_STATE_F32 ? " buffers" : "", d->C ? " kahan" : "");
 }
 
 static zo_status dev_image_io(oshard *sh, uint64_t off, size_t len, void *buf, int put)
 {
     dev_shard *d = (dev_shard *)sh;
     const offload_env *env = sh->env;
+    uint64_t sb = d->enc ? d->s_off[sh->g->nb - d->b0] : 0;
     zo_status st;
-    if (put) {
-        if ((st = gpu_memcpy_async(env->h2d, d->S + off, buf, len, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK) return st;
-        return gpu_stream_synchronize(env->h2d);
+    /* [off, off + len) cut at the state's end: the state's part, then C's */
+    for (int part = 0; part < 2 && len; part++) {
+        if (part == 0 && off >= sb) continue;
+        size_t k = part == 0 ? (off + len <= sb ? len : (size_t)(sb - off)) : len;
+        char *dv = part == 0 ? d->S + off : (char *)d->C + (off - sb);
+        st = put ? gpu_memcpy_async(env->h2d, dv, buf, k, GPU_COPY_HOST_TO_DEVICE)
+                 : gpu_memcpy_async(env->d2h, buf, dv, k, GPU_COPY_DEVICE_TO_HOST);
+        if (st != ZO_OK) return st;
+        st = put ? gpu_stream_synchronize(env->h2d) : dev_wait(d, OFFLOAD_TIME_OPTIMIZER);
+        if (st != ZO_OK) return st;
+        buf = (char *)buf + k;
+        off += k;
+        len -= k;
     }
-    if ((st = gpu_memcpy_async(env->d2h, buf, d->S + off, len, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK) return st;
-    return dev_wait(d, OFFLOAD_TIME_OPTIMIZER);
+    return ZO_OK;
 }
 
 static const oshard_ops dev_ops = {
@@ -1169,7 +1242,8 @@ static zo_status dev_enc_create(dev_shard *d, zo_plan_opt_state state)
     int nblk = g->nb - d->b0;
     zo_status st;
     d->enc = 1;
-    d->kind = state == ZO_PLAN_STATE_BF16 ? adam_state_bf16() : adam_state_q8(ADAM_Q8_BLOCK);
+    d->kind = state == ZO_PLAN_STATE_BF16 ? adam_state_bf16()
+              : state == ZO_PLAN_STATE_FP32 ? adam_state_f32() : adam_state_q8(ADAM_Q8_BLOCK);
     d->s_off = calloc((size_t)nblk + 1, sizeof *d->s_off);
     if (!d->s_off) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
     for (int i = 0; i < nblk; i++)
@@ -1207,9 +1281,27 @@ static zo_status dev_create(oshard *sh, const oshard_config *c)
     const char *what[4] = {"fp32 master", "m", "v", "fp32 gradient sums"};
     d->gn = sh->sums->off[sh->g->nb] - sh->sums->off[d->b0];
     sh->enqueued = 1;
-    if (c->state != ZO_PLAN_STATE_FP32 && (st = dev_enc_create(d, c->state)) != ZO_OK) return st;
+    /* (without a master, fp32 m and v too are a state buffer a block, the
+     * layout gpu_adam_state_update takes) */
+    if ((c->state != ZO_PLAN_STATE_FP32 || c->master != ZO_PLAN_MASTER_FP32) &&
+        (st = dev_enc_create(d, c->state)) != ZO_OK)
+        return st;
+    if (c->master != ZO_PLAN_MASTER_FP32) { /* bf16 weights (+ compensation), zeros until written */
+        uint16_t **wc[2] = {&d->W, &d->C};
+        if (c->dev_master_at) { /* the device store's weights themselves */
+            d->W = c->dev_master_at + sh->first;
+            d->w_in_place = 1;
+        }
+        for (int i = d->w_in_place; i < (c->master == ZO_PLAN_MASTER_KAHAN ? 2 : 1); i++)
+            if (sh->n && ((st = gpu_mem_alloc(env->dev, sh->n * 2, (void **)wc[i])) != ZO_OK ||
+                          (st = gpu_memset_async(env->h2d, *wc[i], 0, sh->n * 2)) != ZO_OK))
+                return zo_error_wrap(st, "offload_init: optimizer on the device: bf16 %s of %zu elements (--master %s)",
+                                     i ? "compensation" : "weights", sh->n, zo_plan_master_name(c->master));
+        if ((st = offload_host_alloc(env, DEV_STAGE * 4, 0, (void **)&d->wstage)) != ZO_OK)
+            return zo_error_wrap(st, "offload_init: optimizer on the device: host stage of its bf16 weights");
+    }
     for (int a = 0; a < 4; a++) {
-        size_t n = a == 3 ? d->gn : a == 0 || !d->enc ? sh->n : 0;
+        size_t n = a == 3 ? d->gn : (a == 0 && !d->W) || !d->enc ? sh->n : 0;
         if (!n) continue;
         if ((st = gpu_mem_alloc(env->dev, n * 4, (void **)arr[a])) != ZO_OK)
             return zo_error_wrap(st, "offload_init: optimizer on the device: %s of %zu elements", what[a], n);
@@ -1328,7 +1420,7 @@ zo_status ostate_create(const offload_env *env, const offload_geom *g, const off
                             .sub_group = c->sub_group, .swap_buffers = c->swap_buffers,
                             .exact_stats = c->exact_stats, .nvme_dir = c->nvme_dir, .state = c->state,
                             .master = c->master, .master_in_place = c->master_in_place,
-                            .master_at = c->master_at};
+                            .master_at = c->master_at, .dev_master_at = c->dev_master_at};
         if ((st = oshard_create(os, &sc, &os->sh[os->n_sh])) == ZO_OK) os->n_sh++;
     }
     if (st != ZO_OK) {
@@ -1440,7 +1532,8 @@ void ostate_bytes(const ostate *os, uint64_t bytes[OFFLOAD_TIERS])
         }
         if (sh->tier == OFFLOAD_DEVICE && ((const dev_shard *)sh)->enc) {
             const dev_shard *d = (const dev_shard *)sh;
-            b = sh->n * 4 + d->s_off[sh->g->nb - d->b0];
+            /* the master: fp32, or bf16 weights (+ Kahan's bf16 compensation) */
+            b = sh->n * (d->W ? (d->w_in_place ? 0 : 2) + (d->C ? 2 : 0) : 4) + d->s_off[sh->g->nb - d->b0];
         }
 #ifdef ZO_OFFLOAD_HAVE_NVME
         if (sh->tier == OFFLOAD_NVME && enc_on(&((const nvme_shard *)sh)->enc))

@@ -24,8 +24,10 @@ typedef struct oshard_update {
     /* device state of block b: P, the moments (fp32 M and V; or, with
      * m and v encoded, S: the block's state buffer, the layout of
      * cpu_adam's adam_state over the block's elements) and the fp32
-     * gradient sum G, on `s` */
-    zo_status (*dev)(void *ctx, int b, float *P, float *M, float *V, void *S, float *G, gpu_stream_t s);
+     * gradient sum G, on `s`; without an fp32 master (P NULL) the bf16
+     * weights W and (Kahan) their bf16 compensation C */
+    zo_status (*dev)(void *ctx, int b, float *P, float *M, float *V, void *S, float *G, uint16_t *W, uint16_t *C,
+                     gpu_stream_t s);
     void *ctx;
 } oshard_update;
 
@@ -49,13 +51,17 @@ typedef struct ostate_config {
     int exact_stats;       /* device: a pinned block for exact clipping statistics */
     const char *nvme_dir;
     zo_plan_opt_state state; /* m and v in every shard: fp32, bf16, 8-bit */
-    zo_plan_master master;   /* host: an fp32 master, or bf16 weights (+ a bf16 Kahan compensation) */
+    zo_plan_master master;   /* an fp32 master, or bf16 weights (+ a bf16 Kahan compensation): host and
+                              * device (with m and v encoded) */
     /* without an fp32 master: the host shard's weights are kept in place in
      * a store of the weights in host memory over the optimizer's geometry
      * (bf16, flat from element 0: master_at, or NULL until ostate_master_at
      * gives it, before any state is written), else in a bf16 copy */
     int master_in_place;
     uint16_t *master_at;
+    /* ... and the device share's, in place in the device store's array
+     * (bf16, flat from element 0) when it is given, else a bf16 copy */
+    uint16_t *dev_master_at;
 } ostate_config;
 
 /* The shards of og (the optimizer's geometry over the model's blocks g;

@@ -592,6 +592,16 @@ static zo_status host_create(wstore *ws, const wstore_config *c)
 
 void *wstore_host_array(wstore *ws) { return ws->ops == &host_ops ? host_of(ws)->host : NULL; }
 
+void *wstore_dev_array(wstore *ws)
+{
+    if (ws->ops != &dev_ops) return NULL;
+    const dev_store *d = dev_of(ws);
+    if (d->dp) return NULL;
+    for (int b = 0; b < ws->g->nb; b++)
+        if (d->boff[b] != ws->g->off[b]) return NULL;
+    return d->dev;
+}
+
 /* ---- the nvme tier ------------------------------------------------------------------------- */
 
 #ifdef ZO_OFFLOAD_HAVE_NVME

@@ -106,6 +106,11 @@ typedef struct wstore_config {
  * order (the dtype's elements); NULL for another tier. The optimizer keeps
  * its bf16 weights there when it has no fp32 master (offload_config.master). */
 void *wstore_host_array(wstore *ws);
+/* The device tier's array of every block's weights when it is in its
+ * geometry's flat order (whole blocks, not padded: no ZeRO 1-2 parts); NULL
+ * otherwise. The GPU optimizer share updates its bf16 weights there in
+ * place when it has no fp32 master and holds the whole optimizer. */
+void *wstore_dev_array(wstore *ws);
 
 /* The tier's store of the blocks of g. */
 zo_status wstore_create(const offload_env *env, const offload_geom *g, const wstore_config *c,

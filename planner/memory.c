@@ -1050,21 +1050,26 @@ static void estimate_optimizer(const stage_est *s, plan_estimate *e)
     int fp32_state = t->opt_state == ZO_PLAN_STATE_FP32 || t->optimizer != ZO_PLAN_ADAMW;
     add(e, oname, ZO_PLAN_NVME, PLAN_OPTIMIZER,
         fp32_state && per >= 4 ? nvme_opt_bytes(t, (uint64_t)((double)o_nvme / per), (uint64_t)per) : o_nvme);
-    if (t->opt_state != ZO_PLAN_STATE_FP32 && t->optimizer == ZO_PLAN_ADAMW) {
+    int encoded = t->opt_state != ZO_PLAN_STATE_FP32 && t->optimizer == ZO_PLAN_ADAMW;
+    int nomaster = t->master != ZO_PLAN_MASTER_FP32 && t->optimizer == ZO_PLAN_ADAMW;
+    if (encoded || (nomaster && o_gpu)) {
         /* the runtime's fp32 scratch of one chunk of m and v per shard the
          * CPU updates (memory, NVMe: a sub-group's) */
         uint64_t blk = ZO_PLAN_STATE_8BIT_BLOCK, scratch = 0;
         uint64_t e_cpu = (uint64_t)((double)o_cpu / per), e_nvme = (uint64_t)((double)o_nvme / per);
         if (e_nvme > t->buf.sub_group) e_nvme = t->buf.sub_group;
         uint64_t shard[2] = {e_cpu, e_nvme};
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < 2 && encoded; i++) {
             if (!shard[i]) continue;
             uint64_t c = shard[i] < ZO_PLAN_STATE_CHUNK ? shard[i] : ZO_PLAN_STATE_CHUNK;
             scratch += 8 * ((c + blk - 1) / blk * blk);
         }
-        /* the GPU share's host stage: two 8-bit blocks of m and v, coded
-         * and in fp32 (checkpoints and weights in and out) */
-        if (o_gpu) scratch += round_u64(2.0 * (double)blk * (8.0 + zo_plan_state_bytes(t->opt_state)));
+        /* the GPU share's host stage: ZO_PLAN_GPU_STAGE values of m and v,
+         * coded and in fp32 (checkpoints and weights in and out), when they
+         * are state buffers (encoded, or fp32 without a master); without a
+         * master as many bf16 weights and compensations */
+        if (o_gpu) scratch += round_u64((double)ZO_PLAN_GPU_STAGE * (8.0 + zo_plan_state_bytes(t->opt_state)));
+        if (o_gpu && nomaster) scratch += (uint64_t)ZO_PLAN_GPU_STAGE * 4;
         add(e, "optimizer scratch (fp32 m, v of a chunk)", ZO_PLAN_CPU, PLAN_BUFFERS, scratch);
     }
     if (o_nvme) {

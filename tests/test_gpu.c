@@ -1588,7 +1588,7 @@ static void test_adam_state_update(void **state)
         adam_state_case(adam_state_bf16(), sizes[k], k == 2 ? ZO_DTYPE_F16 : ZO_DTYPE_F32, 3);
     }
     /* refused: a q8 call not on whole blocks, a bf16 state with a block,
-     * fp16 weights, too many decay ranges */
+     * fp16 weights, too many decay ranges, a rounding that does not fit */
     size_t n = 4096, sb = (size_t)adam_state_bytes(adam_state_q8(ADAM_Q8_BLOCK), n);
     void *buf = NULL;
     assert_int_equal(gpu_mem_alloc(dev, sb + 8 * n, &buf), ZO_OK);
@@ -1609,6 +1609,24 @@ static void test_adam_state_update(void **state)
     d.n_decay = GPU_ADAM_DECAY_RANGES + 1;
     assert_int_equal(gpu_adam_state_update(S, &hp, &d, n, pt, gt, state_buf, none), ZO_ERR_INVALID);
     assert_non_null(strstr(zo_last_error(), "decay ranges"));
+    /* ... and without a master: stochastic or Kahan rounding of an fp32
+     * param, Kahan without its compensation, a compensation without Kahan */
+    d.n_decay = -1;
+    d.round = GPU_ADAM_ROUND_STOCHASTIC;
+    assert_int_equal(gpu_adam_state_update(S, &hp, &d, n, pt, gt, state_buf, none), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "fp32 param"));
+    gpu_tensor wt = gpu_t(P, ZO_DTYPE_BF16);
+    d.round = GPU_ADAM_ROUND_KAHAN;
+    assert_int_equal(gpu_adam_state_update(S, &hp, &d, n, wt, gt, state_buf, none), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "comp NULL"));
+    d.round = GPU_ADAM_ROUND_NEAREST;
+    d.comp = (uint16_t *)(void *)(P + n / 2);
+    assert_int_equal(gpu_adam_state_update(S, &hp, &d, n, wt, gt, state_buf, none), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "comp given"));
+    d.round = GPU_ADAM_ROUND_KAHAN;
+    d.comp = (uint16_t *)(void *)P; /* the weights themselves */
+    assert_int_equal(gpu_adam_state_update(S, &hp, &d, n, wt, gt, state_buf, none), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "overlap"));
     gpu_mem_free(dev, buf);
 }
 

@@ -1036,6 +1036,15 @@ static void test_master_training(void **state)
  * run's loss; and 8-bit into another placement (the image's keys differ,
  * the fp32 values stand: a block whose largest |m| is negative is coded
  * with another absmax, the signed map having no -1) within 1e-3. */
+/* The resume tests' run: a small LLaMA in bf16, 12 steps, base_config's
+ * AdamW. */
+static run resume_run(void)
+{
+    run r = {.cfg = tiny_llama(2, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 12};
+    base_config(&r.oc);
+    return r;
+}
+
 /* u uninterrupted for its 12 steps; the same run saved at step 6 into dir;
  * b and c (set up by the caller) resumed from it at step 6. */
 static void run_and_resume(run *u, run *b, run *c, const char *dir)
@@ -1070,8 +1079,7 @@ static void test_resume_state(void **state)
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         files_remove_tree(dir);
-        run u = {.cfg = tiny_llama(2, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 12};
-        base_config(&u.oc);
+        run u = resume_run();
         u.oc.opt_frac[OFFLOAD_CPU] = (1 - v[i].gpu) / 2;
         u.oc.opt_frac[OFFLOAD_NVME] = (1 - v[i].gpu) / 2;
         u.oc.opt_frac[OFFLOAD_DEVICE] = v[i].gpu;
@@ -1109,6 +1117,71 @@ static void test_resume_state(void **state)
     files_remove_tree(dir);
 }
 
+/* No fp32 master with the optimizer's GPU share (issue 30): the share's
+ * bf16 weights updated by gpu_adam_state_update, rounded as the host
+ * shard rounds them (with the whole optimizer on the device, in place in
+ * the weights' device store). With fp32 or bf16 m and v (element-wise) a
+ * run with half or all the optimizer on the device gives the losses of the
+ * run with all of it on the CPU bit for bit, for round to nearest, stochastic rounding (the
+ * same hash of step, block and element) and Kahan; with 8-bit m and v
+ * (absmax blocks from each block's start on the device, from the shard's
+ * on the host: another quantization noise) within 1%, the tolerance of a
+ * resume into another encoding (test_resume_state). One model's layers are
+ * several of the share's host stages, so weights in and out and the
+ * checkpoint cross them. Saved at step 6 and resumed (twice), the
+ * GPU-share run goes on bit for bit (the compensation in optimizer.image). */
+static void test_master_gpu_share(void **state)
+{
+    (void)state;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/master-gpu", nvme_dir);
+    static const struct {
+        zo_plan_master master;
+        zo_plan_opt_state state;
+        double gpu; /* the optimizer's GPU share (1: the weights' store is the share's bf16 weights) */
+        int wide;   /* hidden 192: blocks of several host stages (ZO_PLAN_GPU_STAGE) */
+    } v[] = {
+        {ZO_PLAN_MASTER_NONE, ZO_PLAN_STATE_BF16, 0.5, 0},
+        {ZO_PLAN_MASTER_STOCHASTIC, ZO_PLAN_STATE_BF16, 0.5, 0},
+        {ZO_PLAN_MASTER_KAHAN, ZO_PLAN_STATE_BF16, 0.5, 0},
+        {ZO_PLAN_MASTER_KAHAN, ZO_PLAN_STATE_8BIT, 0.5, 0},
+        {ZO_PLAN_MASTER_STOCHASTIC, ZO_PLAN_STATE_FP32, 0.5, 0},
+        {ZO_PLAN_MASTER_KAHAN, ZO_PLAN_STATE_FP32, 0.5, 0},
+        {ZO_PLAN_MASTER_STOCHASTIC, ZO_PLAN_STATE_BF16, 1.0, 0},
+        {ZO_PLAN_MASTER_KAHAN, ZO_PLAN_STATE_FP32, 1.0, 0},
+        {ZO_PLAN_MASTER_KAHAN, ZO_PLAN_STATE_BF16, 0.5, 1},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        files_remove_tree(dir);
+        run cpu = resume_run();
+        if (v[i].wide) cpu.cfg = tiny_llama(2, 192, 128);
+        cpu.oc.master = v[i].master;
+        cpu.oc.opt_state = v[i].state;
+        run gpu = cpu;
+        gpu.oc.opt_frac[OFFLOAD_CPU] = 1 - v[i].gpu;
+        gpu.oc.opt_frac[OFFLOAD_DEVICE] = v[i].gpu;
+        run resumed = gpu, again = gpu;
+        assert_int_equal(do_run(&cpu), ZO_OK);
+        run_and_resume(&gpu, &resumed, &again, dir);
+        printf("  --master %-10s %-4s m, v: optimizer cpu %.6f, %s %.6f, resumed %.6f (step 11)\n",
+               zo_plan_master_name(v[i].master), zo_plan_opt_state_name(v[i].state), (double)cpu.loss[11],
+               v[i].gpu < 1 ? "cpu/gpu" : "gpu", (double)gpu.loss[11], (double)resumed.loss[11]);
+        for (int k = 0; k < 12; k++) {
+            int exact = v[i].state != ZO_PLAN_STATE_8BIT;
+            if (exact ? memcmp(&cpu.loss[k], &gpu.loss[k], sizeof(float)) != 0
+                      : fabsf(cpu.loss[k] - gpu.loss[k]) > 0.01f * cpu.loss[k])
+                fail_msg("--master %s, %s m, v, step %d: optimizer cpu/gpu %.9g, cpu %.9g",
+                         zo_plan_master_name(v[i].master), zo_plan_opt_state_name(v[i].state), k,
+                         (double)gpu.loss[k], (double)cpu.loss[k]);
+            if (k >= 6 && (memcmp(&gpu.loss[k], &resumed.loss[k], sizeof(float)) != 0 ||
+                           memcmp(&gpu.loss[k], &again.loss[k], sizeof(float)) != 0))
+                fail_msg("--master %s, gpu share, step %d: resumed %.9g, uninterrupted %.9g",
+                         zo_plan_master_name(v[i].master), k, (double)resumed.loss[k], (double)gpu.loss[k]);
+        }
+    }
+    files_remove_tree(dir);
+}
+
 /* A run without an fp32 master saves the fp32 value of its bf16 weights
  * (with kahan, weights + compensation, a tie of a compensation of half an
  * ulp settled toward the weight, so the value rounds to the weight again;
@@ -1123,8 +1196,7 @@ static void test_resume_master(void **state)
     static const zo_plan_master ma[3] = {ZO_PLAN_MASTER_NONE, ZO_PLAN_MASTER_STOCHASTIC, ZO_PLAN_MASTER_KAHAN};
     for (int i = 0; i < 3; i++) {
         files_remove_tree(dir);
-        run u = {.cfg = tiny_llama(2, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 12};
-        base_config(&u.oc);
+        run u = resume_run();
         u.oc.params_on = OFFLOAD_CPU;
         u.oc.master = ma[i];
         run b = u, c = u;
@@ -1645,7 +1717,7 @@ static void test_memplan_agrees(void **state)
         {"stochastic, weights cpu, optimizer cpu, dpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 0, OFFLOAD_SCHEDULE_DPU, 0,
          0, ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_STOCHASTIC},
         /* 8-bit and bf16 m and v in the GPU optimizer: a state buffer a
-         * block on the device, a host stage of two 8-bit blocks */
+         * block on the device, a host stage of ZO_PLAN_GPU_STAGE values */
         {"8-bit state, resident, optimizer and grads gpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 1.0,
          OFFLOAD_SCHEDULE_SERIAL, 0, 0, ZO_PLAN_STATE_8BIT, ZO_PLAN_MASTER_FP32},
         {"8-bit state, weights cpu, optimizer gpu/cpu/nvme", OFFLOAD_CPU, 0.25, 1, OFFLOAD_CPU, 0.5,
@@ -1654,6 +1726,21 @@ static void test_memplan_agrees(void **state)
          0, ZO_PLAN_STATE_BF16, ZO_PLAN_MASTER_FP32},
         {"bf16 state, resident, optimizer gpu/cpu, overlap", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 0.5,
          OFFLOAD_SCHEDULE_OVERLAP, 0, 0, ZO_PLAN_STATE_BF16, ZO_PLAN_MASTER_FP32},
+        /* no fp32 master with a GPU share: its bf16 weights (and Kahan's
+         * compensation) on the device, a host stage to move them */
+        {"kahan, bf16 state, resident, optimizer gpu/cpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 0.5,
+         OFFLOAD_SCHEDULE_SERIAL, 0, 0, ZO_PLAN_STATE_BF16, ZO_PLAN_MASTER_KAHAN},
+        {"stochastic, 8-bit state, weights cpu, optimizer gpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 1.0,
+         OFFLOAD_SCHEDULE_SERIAL, 0, 0, ZO_PLAN_STATE_8BIT, ZO_PLAN_MASTER_STOCHASTIC},
+        {"no master, bf16 state, resident, optimizer gpu/cpu, overlap", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 0.5,
+         OFFLOAD_SCHEDULE_OVERLAP, 0, 0, ZO_PLAN_STATE_BF16, ZO_PLAN_MASTER_NONE},
+        {"kahan, fp32 state, resident, optimizer gpu/cpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 0.5,
+         OFFLOAD_SCHEDULE_SERIAL, 0, 0, ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_KAHAN},
+        /* the whole optimizer beside the weights: in place in their store */
+        {"no master, fp32 state, resident, optimizer and grads gpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 1.0,
+         OFFLOAD_SCHEDULE_SERIAL, 0, 0, ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_NONE},
+        {"stochastic, 8-bit state, resident, optimizer and grads gpu, overlap", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE,
+         1.0, OFFLOAD_SCHEDULE_OVERLAP, 0, 0, ZO_PLAN_STATE_8BIT, ZO_PLAN_MASTER_STOCHASTIC},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         run r = {.cfg = tiny_llama(8, 128, 512), .dt = v[i].fp32 ? ZO_DTYPE_F32 : ZO_DTYPE_BF16, .B = 2, .T = 32,
@@ -1755,6 +1842,7 @@ int main(void)
         cmocka_unit_test(test_resume_state),
         cmocka_unit_test(test_state_training),
         cmocka_unit_test(test_master_training),
+        cmocka_unit_test(test_master_gpu_share),
         cmocka_unit_test(test_resume_master),
         cmocka_unit_test(test_memplan_agrees_lora),
         cmocka_unit_test(test_device_optimizer),

@@ -75,6 +75,7 @@ typedef struct run {
     int ops;              /* recompute by op, checkpoints on the device (else full, in host memory) */
     double opt_dev;       /* the optimizer's share on the device (the rest in host memory) */
     zo_plan_opt_state state; /* its m and v: fp32, bf16, 8-bit */
+    zo_plan_master master;   /* fp32, or bf16 weights updated without one */
     /* out */
     float loss[STEPS];
     offload_step_info info[STEPS];
@@ -128,6 +129,7 @@ static void do_run(run *r)
     oc.opt_frac[OFFLOAD_DEVICE] = r->opt_dev;
     oc.opt_frac[OFFLOAD_CPU] = 1.0 - r->opt_dev;
     oc.opt_state = r->state;
+    oc.master = r->master;
     tf_model m;
     tf_options to = {.recompute = oc.recompute, .external_res = 1};
     zo_status st = tf_init_opts(&m, &r->cfg, dev, r->dt, B, T, &to);
@@ -277,28 +279,38 @@ static void test_gpt2_streamed(void **state)
 
 /* bf16 and 8-bit m and v in the optimizer's device share (issue 30,
  * gpu_adam_state_update on the device under test), half the optimizer
- * there and half in host memory: the CPU backend's losses within bf16's
- * tolerance, falling. */
+ * there and half in host memory, and bf16 weights without an fp32 master
+ * (stochastic rounding with bf16 m and v, Kahan with fp32 m and v, the
+ * whole optimizer on the device in place): the CPU backend's losses within
+ * bf16's tolerance, falling. */
 static void test_optimizer_state_on_device(void **state)
 {
     (void)state;
-    static const zo_plan_opt_state st[2] = {ZO_PLAN_STATE_BF16, ZO_PLAN_STATE_8BIT};
-    for (int i = 0; i < 2; i++) {
+    static const struct {
+        zo_plan_opt_state state;
+        zo_plan_master master;
+        double dev;
+    } st[4] = {{ZO_PLAN_STATE_BF16, ZO_PLAN_MASTER_FP32, 0.5},
+               {ZO_PLAN_STATE_8BIT, ZO_PLAN_MASTER_FP32, 0.5},
+               {ZO_PLAN_STATE_BF16, ZO_PLAN_MASTER_STOCHASTIC, 0.5},
+               {ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_KAHAN, 1.0}};
+    for (int i = 0; i < 4; i++) {
         run ref = {.device = "cpu", .cfg = tiny_model(ZO_ARCH_LLAMA, 4, 128, 256, T), .dt = ZO_DTYPE_BF16,
-                   .prefetch = 2, .opt_dev = 0.5, .state = st[i]};
+                   .prefetch = 2, .opt_dev = st[i].dev, .state = st[i].state, .master = st[i].master};
         run dut = ref;
         dut.device = backend;
         do_run(&ref);
         do_run(&dut);
-        char name[64];
-        snprintf(name, sizeof name, "%s m, v: cpu", zo_plan_opt_state_name(st[i]));
+        char name[96];
+        const char *sn = zo_plan_opt_state_name(st[i].state), *mn = zo_plan_master_name(st[i].master);
+        snprintf(name, sizeof name, "%s m, v, master %s: cpu", sn, mn);
         print_losses(name, &ref);
-        snprintf(name, sizeof name, "%s m, v: %s", zo_plan_opt_state_name(st[i]), backend);
+        snprintf(name, sizeof name, "%s m, v, master %s: %s", sn, mn, backend);
         print_losses(name, &dut);
         for (int k = 0; k < STEPS; k++)
             if (!(fabs((double)dut.loss[k] - ref.loss[k]) <= loss_rtol(ZO_DTYPE_BF16) * fabs(ref.loss[k])))
-                fail_msg("%s state, step %d: loss %.7g on %s, %.7g on cpu", zo_plan_opt_state_name(st[i]), k,
-                         dut.loss[k], backend, ref.loss[k]);
+                fail_msg("%s state, master %s, step %d: loss %.7g on %s, %.7g on cpu", sn, mn, k, dut.loss[k],
+                         backend, ref.loss[k]);
         assert_true(dut.loss[STEPS - 1] < dut.loss[0] - 0.1f);
     }
 }

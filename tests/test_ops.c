@@ -677,9 +677,11 @@ typedef struct state_geom {
 
 static size_t up64(size_t x) { return (x + 63) / 64 * 64; }
 
-static state_geom state_geom_of(int q8, size_t block, size_t total, size_t first, size_t n)
+static state_geom state_geom_of(gpu_adam_state_type type, size_t block, size_t total, size_t first, size_t n)
 {
-    state_geom g = {q8, block, total, first, n, q8 ? 1 : 2, q8 ? (total + block - 1) / block : 0, 0, 0, 0, 0, 0};
+    int q8 = type == GPU_ADAM_STATE_Q8;
+    size_t es = type == GPU_ADAM_STATE_F32 ? 4 : q8 ? 1 : 2;
+    state_geom g = {q8, block, total, first, n, es, q8 ? (total + block - 1) / block : 0, 0, 0, 0, 0, 0};
     g.off_m = 0;
     g.off_v = up64(g.es * total);
     g.off_am = g.off_av = g.off_v + g.es * total;
@@ -687,14 +689,14 @@ static state_geom state_geom_of(int q8, size_t block, size_t total, size_t first
         g.off_am = up64(g.off_v + total);
         g.off_av = up64(g.off_am + 4 * g.nb);
     }
-    g.bytes = q8 ? g.off_av + 4 * g.nb : g.off_v + 2 * total;
+    g.bytes = q8 ? g.off_av + 4 * g.nb : g.off_v + es * total;
     return g;
 }
 
 static state_geom state_geom_args(const gpu_op_args *a)
 {
     const gpu_adam_state_args *x = &a->d.astate;
-    return state_geom_of(x->type == GPU_ADAM_STATE_Q8, x->block, x->total, x->first, a->n);
+    return state_geom_of(x->type, x->block, x->total, x->first, a->n);
 }
 
 /* The unsigned map: create_dynamic_map(signed=False), ascending. */
@@ -733,7 +735,7 @@ static double state_value(const state_geom *g, const double *S, int which, size_
     static double map_m[256], map_v[256];
     if (map_m[255] != 1.0) dynamic_map(map_m), dynamic_map_unsigned(map_v);
     size_t off = which ? g->off_v : g->off_m;
-    if (!g->q8) return bytes_bf16(S, off + 2 * i);
+    if (!g->q8) return g->es == 4 ? bytes_f32(S, off + 4 * i) : bytes_bf16(S, off + 2 * i);
     double absmax = bytes_f32(S, (which ? g->off_av : g->off_am) + 4 * (i / g->block));
     return (which ? map_v : map_m)[(int)S[off + i]] * absmax;
 }
@@ -765,15 +767,19 @@ static void ref_adam_state_update(const gpu_op_args *a, hostv *h)
     state_want.v = malloc((a->n ? a->n : 1) * sizeof(double));
     for (size_t i = 0; i < a->n; i++) {
         double wd_on = decays(x, i);
-        double p = h->T[0][i], g1 = h->T[1][i] * c->grad_mult;
+        /* (Kahan: the weight is the bf16 weight plus its bf16 compensation) */
+        double p = h->T[0][i] + (x->round == GPU_ADAM_ROUND_KAHAN ? h->P[1][i] : 0.0), g1 = h->T[1][i] * c->grad_mult;
         if (c->use_l2) g1 += wd_on * c->l2 * p;
         double m = c->beta1 * state_value(&g, h->P[0], 0, x->first + i) + c->omb1 * g1;
         double v = c->beta2 * state_value(&g, h->P[0], 1, x->first + i) + c->omb2 * g1 * g1;
         double d = sqrt(v) * c->inv_bc2_sqrt + c->eps;
         if (!c->use_l2) p -= wd_on * c->lr_wd * p;
         p -= c->step_size * (m / d);
+        /* (stochastic and Kahan: the exact weight, which round_cmp holds
+         * the stored bf16 weight and its compensation to) */
         h->T[0][i] = p;
         if (h->T[2]) h->T[2][i] = p;
+        if (x->round == GPU_ADAM_ROUND_KAHAN) h->P[1][i] = p;
         state_want.m[i] = m, state_want.v[i] = v;
     }
 }
@@ -984,7 +990,8 @@ static const char *slot_label(gpu_op_id id, const pbuf *b)
     for (int k = 0; k < info->n_slots; k++) {
         const gpu_op_slot *s = &info->slots[k];
         int is_t = s->kind == GPU_SLOT_TENSOR || s->kind == GPU_SLOT_TENSOR_OPT;
-        if (s->index == b->index && ((b->slot == 't' && is_t) || (b->slot == 'p' && s->kind == GPU_SLOT_PTR)))
+        int is_p = s->kind == GPU_SLOT_PTR || s->kind == GPU_SLOT_PTR_OPT;
+        if (s->index == b->index && ((b->slot == 't' && is_t) || (b->slot == 'p' && is_p)))
             return s->name;
     }
     return "?";
@@ -1760,7 +1767,12 @@ static void state_prep(const pcase *c, hostv *h)
             continue;
         }
         float mv[2] = {(float)(c->param[0] ? 0.05 * (2 * urand() - 1) : 0.0), (float)(c->param[0] ? 1e-3 * urand() : 0.0)};
-        for (int w = 0; w < 2; w++) {
+        for (int w = 0; w < 2 && g.es == 4; w++) {
+            uint8_t x[4];
+            memcpy(x, &mv[w], 4);
+            for (int k = 0; k < 4; k++) S[(w ? g.off_v : g.off_m) + 4 * i + k] = x[k];
+        }
+        for (int w = 0; w < 2 && g.es == 2; w++) {
             uint16_t b = zo_f32_to_bf16(mv[w]);
             S[(w ? g.off_v : g.off_m) + 2 * i] = b & 0xff, S[(w ? g.off_v : g.off_m) + 2 * i + 1] = b >> 8;
         }
@@ -1816,8 +1828,8 @@ static int state_cmp(const pcase *c, const char *what, const double *got, const 
         for (int w = 0; w < 2 && !bad; w++) {
             const double *ex = w ? state_want.v : state_want.m;
             double e = ex[i], gv = state_value(&g, got, w, g.first + i), allow;
-            if (!g.q8) {
-                allow = ldexp(fabs(e), -8) + 1e-6 * (w ? rms_v : rms_m);
+            if (!g.q8) { /* (fp32: its own error alone) */
+                allow = (g.es == 4 ? 1e-6 * fabs(e) : ldexp(fabs(e), -8)) + 1e-6 * (w ? rms_v : rms_m);
             } else {
                 size_t blk = (g.first + i) / g.block, s0 = blk * g.block - g.first;
                 size_t s1 = s0 + g.block < g.n ? s0 + g.block : g.n;
@@ -1859,7 +1871,7 @@ static void state_case(int q8, size_t total, size_t first, size_t n, int pv, int
                        nd < 0 ? "all" : nd == 0 ? "none" : "two ranges", (long)hp.step);
     c.a.n = n;
     gpu_adam_state_args *x = &c.a.d.astate;
-    state_geom g = state_geom_of(q8, 2048, total, first, n);
+    state_geom g = state_geom_of(q8 ? GPU_ADAM_STATE_Q8 : GPU_ADAM_STATE_BF16, 2048, total, first, n);
     *x = (gpu_adam_state_args){.c = zo_adam_consts_make(&hp), .type = q8 ? GPU_ADAM_STATE_Q8 : GPU_ADAM_STATE_BF16,
                                .block = q8 ? 2048 : 0, .total = total, .first = first, .off_m = g.off_m,
                                .off_v = g.off_v, .off_am = g.off_am, .off_av = g.off_av, .n_decay = nd};
@@ -1880,6 +1892,155 @@ static void state_case(int q8, size_t total, size_t first, size_t n, int pv, int
     emit(&c);
 }
 
+/* The stochastic rounding's bits, from its description (gpu/device.h,
+ * common/adam_math.h): splitmix64's finalizer of
+ * step * 0x9e3779b97f4a7c15 xor ((block << 40) xor i) * 0xbf58476d1ce4e5b9. */
+static uint32_t sr_hash(uint64_t step, uint64_t block, uint64_t i)
+{
+    uint64_t z = (step * 0x9e3779b97f4a7c15ull) ^ (((block << 40) ^ i) * 0xbf58476d1ce4e5b9ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (uint32_t)z;
+}
+
+/* The bf16 neighbours of |p| (lo <= |p| < lo + ulp, in double) and where
+ * |p| lies between them, in 65536ths of the gap. */
+static double bf16_frac(double p, double *lo, double *ulp)
+{
+    double a = fabs(p);
+    int e;
+    frexp(a, &e); /* a = f 2^e, f in [0.5, 1) */
+    *ulp = ldexp(1.0, e - 8);
+    *lo = floor(a / *ulp) * *ulp;
+    return (a - *lo) / *ulp * 65536.0;
+}
+
+/* The stored weights of the last round case (Kahan's compensation is
+ * checked against them). */
+static struct {
+    double *w;
+    size_t n;
+} round_got;
+
+/* The weights without a master, rounded stochastically or (Kahan) to
+ * nearest: want holds the exact new weight p. Stochastic: the bf16 above
+ * |p| exactly when the dropped part (in 65536ths of the gap) plus the low
+ * 16 bits of the hash reach 65536, except where fp32's error in p (2e-6 of
+ * |p| and 4e-8, the steps' error, in those units) could tip it. Kahan: the bf16 nearest p, within the
+ * same error of a tie. */
+static int round_cmp(const pcase *c, const char *what, const double *got, const double *want, size_t n)
+{
+    const gpu_adam_state_args *x = &c->a.d.astate;
+    free(round_got.w);
+    round_got.w = malloc((n ? n : 1) * sizeof(double));
+    round_got.n = n;
+    memcpy(round_got.w, got, n * sizeof(double));
+    size_t unsure = 0;
+    for (size_t i = 0; i < n; i++) {
+        double lo, ulp, frac = bf16_frac(want[i], &lo, &ulp), err = (2e-6 * fabs(want[i]) + 4e-8) / ulp * 65536.0 + 1.0;
+        double up, s = want[i] < 0 ? -1.0 : 1.0;
+        if (x->round == GPU_ADAM_ROUND_STOCHASTIC) {
+            double r = (double)(sr_hash(x->sr_step, x->sr_block, x->sr_first + i) & 0xffffu);
+            up = frac + r - 65536.0;
+        } else {
+            up = frac - 32768.0;
+        }
+        if (fabs(up) <= err) { /* too near the boundary to tell: either neighbour */
+            unsure++;
+            if (got[i] == s * lo || got[i] == s * (lo + ulp)) continue;
+        } else if (got[i] == s * (up >= 0 ? lo + ulp : lo)) {
+            continue;
+        }
+        printf("  %s: weight %zu = %.9g, want %.9g (exact %.9g, %s)\n", what, i, got[i],
+               s * (up >= 0 ? lo + ulp : lo), want[i], x->round == GPU_ADAM_ROUND_KAHAN ? "nearest" : "stochastic");
+        return 1;
+    }
+    if (unsure > n / 100 + 1) {
+        printf("  %s: %zu of %zu weights within fp32's error of the rounding boundary\n", what, unsure, n);
+        return 1;
+    }
+    return 0;
+}
+
+/* Kahan's compensation: the stored weight plus it is the exact new weight
+ * within what rounding it to bf16 loses (2^-8 of |p - w|) and fp32's
+ * error (2e-6 of |p|, and 4e-8 for the step's). */
+static int comp_cmp(const pcase *c, const char *what, const double *got, const double *want, size_t n)
+{
+    (void)c;
+    if (round_got.n != n) {
+        printf("  %s: no weights to check it against\n", what);
+        return 1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        double w = round_got.w[i], p = want[i];
+        if (fabs(w + got[i] - p) > ldexp(fabs(p - w), -8) + 2e-6 * fabs(p) + 4e-8) {
+            printf("  %s: weight %zu: %.9g + compensation %.9g = %.9g, want %.9g\n", what, i, w, got[i],
+                   w + got[i], p);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The compensation going in: up to half a bf16 gap of the weight, as the
+ * previous step left it. */
+static void comp_prep(const pcase *c, hostv *h)
+{
+    state_prep(c, h);
+    for (size_t i = 0; i < c->a.n; i++) h->P[1][i] = ldexp((2 * urand() - 1) * fabs(h->T[0][i]), -9);
+}
+
+/* bf16 weights without a master rounded stochastically or with Kahan's
+ * compensation (the nearest case is state_case's "no master"; with fp32
+ * state, here), bf16, q8 and fp32 state, small steps (lr 1e-3: most updates below half a bf16 gap, which
+ * round to nearest loses), the hash's element from sr_first. */
+static void state_round_case(gpu_adam_state_type type, size_t total, size_t first, size_t n, gpu_adam_round round,
+                             int variant)
+{
+    static const char *const tname[4] = {"", "bf16", "q8", "fp32"};
+    int q8 = type == GPU_ADAM_STATE_Q8;
+    int later = variant % 2, nd = variant % 3 - 1;
+    zo_adam_hparams hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                          .decay = ZO_ADAM_DECAY_ADAMW, .step = later ? 7 : 1, .grad_mult = 0.5f};
+    pcase c = new_case(GPU_OP_ADAM_STATE_UPDATE, "%s n %zu of %zu from %zu, bf16 (no master, %s), decay %s, step %ld",
+                       tname[type], n, total, first,
+                       round == GPU_ADAM_ROUND_KAHAN ? "kahan" : round == GPU_ADAM_ROUND_STOCHASTIC ? "stochastic" : "nearest",
+                       nd < 0 ? "all" : nd == 0 ? "none" : "two ranges", (long)hp.step);
+    c.a.n = n;
+    gpu_adam_state_args *x = &c.a.d.astate;
+    state_geom g = state_geom_of(type, 2048, total, first, n);
+    *x = (gpu_adam_state_args){.c = zo_adam_consts_make(&hp), .type = type,
+                               .block = q8 ? 2048 : 0, .total = total, .first = first, .off_m = g.off_m,
+                               .off_v = g.off_v, .off_am = g.off_am, .off_av = g.off_av, .n_decay = nd,
+                               .round = round, .sr_step = (uint64_t)hp.step + 40, .sr_block = 3 + variant,
+                               .sr_first = 1000 * (uint64_t)variant + first};
+    if (nd > 0) {
+        x->n_decay = 2;
+        x->decay[0][0] = n / 5, x->decay[0][1] = n / 2;
+        x->decay[1][0] = n / 2 + 1 < n ? n / 2 + 1 : n, x->decay[1][1] = n;
+    }
+    int b = OUT_T(&c, 0, E_BF16, n);
+    if (round != GPU_ADAM_ROUND_NEAREST) {
+        c.buf[b].cmp = round_cmp;
+    } else { /* (nearest: within a bf16 rounding of the exact weight) */
+        c.buf[b].rtol = 1.0 / 256;
+        c.buf[b].no_rms = 1;
+    }
+    IN_T(&c, 1, storage[variant % 3], n);
+    b = add_buf(&c, 'p', 0, E_U8, g.bytes, FILL_NONE, 0, 0, 1);
+    c.buf[b].cmp = state_cmp;
+    if (round == GPU_ADAM_ROUND_KAHAN) {
+        b = add_buf(&c, 'p', 1, E_BF16, n, FILL_NONE, 0, 0, 1);
+        c.buf[b].cmp = comp_cmp;
+    }
+    if (variant % 2) OUT_T(&c, 2, E_BF16, n); /* the weight store's copy: the stored weight */
+    c.param[0] = later;
+    c.prep = round == GPU_ADAM_ROUND_KAHAN ? comp_prep : state_prep;
+    emit(&c);
+}
+
 static void parity_adam_state_update(void)
 {
     static const size_t sizes[] = {1, 2047, 2048, 2049, 4097, 6143};
@@ -1895,6 +2056,16 @@ static void parity_adam_state_update(void)
     state_case(1, 3 * 2048 + 5, 2048, 2 * 2048 + 5, 0, 1);
     state_case(1, 4 * 2048 + 7, 2048, 2048, 3, 4);
     state_case(0, 3001, 17, 2500, 1, 3);
+    /* without a master: stochastic rounding and Kahan's compensation */
+    static const size_t rsizes[] = {1, 2049, 6143};
+    static const gpu_adam_state_type types[] = {GPU_ADAM_STATE_BF16, GPU_ADAM_STATE_Q8, GPU_ADAM_STATE_F32};
+    for (int t = 0; t < 3; t++)
+        for (size_t s = 0; s < sizeof rsizes / sizeof *rsizes; s++)
+            for (int r = t == 2 ? GPU_ADAM_ROUND_NEAREST : GPU_ADAM_ROUND_STOCHASTIC; r <= GPU_ADAM_ROUND_KAHAN; r++, v++)
+                state_round_case(types[t], rsizes[s], 0, rsizes[s], (gpu_adam_round)r, v);
+    state_round_case(GPU_ADAM_STATE_Q8, 3 * 2048 + 5, 2048, 2 * 2048 + 5, GPU_ADAM_ROUND_KAHAN, 5);
+    state_round_case(GPU_ADAM_STATE_BF16, 3001, 17, 2500, GPU_ADAM_ROUND_STOCHASTIC, 7);
+    state_round_case(GPU_ADAM_STATE_F32, 3001, 17, 2500, GPU_ADAM_ROUND_KAHAN, 8);
     rng = saved;
 }
 

@@ -865,7 +865,7 @@ static void test_train_refuses_other_plans(void **state)
     assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "step 1 loss"));
     /* issue 30: a plan's 8-bit state trains in the CPU optimizer, and its
-     * loss in chunks; without an fp32 master off the host, the capability
+     * loss in chunks; without an fp32 master on NVMe, the capability
      * table's words */
     assert_true(estimate("--optim adamw8bit --loss-chunk 16", plan, out, sizeof out) <= 1);
     rc = run_program(ZO_TRAIN_BIN, args, out, sizeof out);
@@ -878,7 +878,12 @@ static void test_train_refuses_other_plans(void **state)
                           "--master kahan --dtype bf16 --optim-dtype bf16", "--recipe qlora",
                           /* 8-bit and bf16 m and v in the GPU optimizer */
                           "--optim adamw8bit --params gpu --grads gpu --optimizer gpu",
-                          "--optim-dtype bf16 --params gpu --grads gpu --optimizer gpu=0.5,cpu=0.5"};
+                          "--optim-dtype bf16 --params gpu --grads gpu --optimizer gpu=0.5,cpu=0.5",
+                          /* ... and without an fp32 master (its bf16 weights on the device) */
+                          "--master stochastic --dtype bf16 --optim-dtype bf16 --params gpu --grads gpu "
+                          "--optimizer gpu=0.5,cpu=0.5",
+                          "--master kahan --dtype bf16 --params cpu --optimizer gpu",
+                          "--master stochastic --dtype bf16 --params gpu --grads gpu --optimizer gpu"};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         assert_true(estimate(runs[i], plan, out, sizeof out) <= 1);
         rc = run_program(ZO_TRAIN_BIN, args, out, sizeof out);
@@ -887,9 +892,9 @@ static void test_train_refuses_other_plans(void **state)
     const struct {
         const char *flags, *said;
     } gap[] = {
-        {"--master stochastic --dtype bf16 --params gpu --grads gpu --optimizer gpu",
-         "weights without an fp32 master (--master stochastic, training.master) with optimizer state off the "
-         "host (--optimizer gpu=1, placement.optimizer) does not run"},
+        {"--master kahan --dtype bf16 --optimizer cpu=0.5,nvme=0.5",
+         "weights without an fp32 master (--master kahan, training.master) with optimizer state on NVMe "
+         "(--optimizer cpu=0.5,nvme=0.5, placement.optimizer) does not run"},
     };
     for (size_t i = 0; i < sizeof gap / sizeof gap[0]; i++) {
         assert_true(estimate(gap[i].flags, plan, out, sizeof out) <= 1);

@@ -1,5 +1,6 @@
 /* Adam / AdamW on the device: over fp32 master state (gpu_adam_update) and
- * over m and v in bf16 or block-wise 8 bits (gpu_adam_state_update). The
+ * over m and v in bf16 or block-wise 8 bits (gpu_adam_state_update, whose
+ * bf16 weights without a master round as the host's --master does). The
  * sequence of operations is cpu_adam's scalar reference and the CPU
  * backend's (gpu/ops_cpu_adam.c), element for element. Every multiply, add,
  * divide and square root is an explicitly rounded intrinsic (__fmul_rn,
@@ -71,9 +72,69 @@ __device__ __forceinline__ gpu_adam_consts no_decay(const gpu_adam_consts &c)
     return c0;
 }
 
+/* ---- the weights without a master (bf16 param) --------------------------------------- */
+
+/* bf16 bits as fp32, and fp32 rounded to bf16 bits: to nearest even (a nan
+ * kept quiet with its sign) and stochastically, as common/dtype.h's
+ * zo_bf16_to_f32, zo_f32_to_bf16 and zo_f32_to_bf16_sr. */
+__device__ __forceinline__ float bf16_bits_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+__device__ __forceinline__ uint16_t f32_bf16_rn(float f)
+{
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+__device__ __forceinline__ uint16_t f32_bf16_sr(float f, uint32_t r)
+{
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return f32_bf16_rn(f);
+    return (uint16_t)((u + (r & 0xffffu)) >> 16);
+}
+
+/* Element i's weight before the update: param, plus (Kahan) its compensation. */
+__device__ __forceinline__ float weight_in(gpu_tensor param, const uint16_t *comp, uint64_t i)
+{
+    float p = tload(param, i);
+    return comp ? __fadd_rn(p, bf16_bits_f32(comp[i])) : p;
+}
+
+/* ... and after it: p stored into param as x.round says (comp: what
+ * rounding to nearest lost), and into out16. */
+__device__ __forceinline__ void weight_out(const gpu_adam_state_args &x, gpu_tensor param, gpu_tensor out16,
+                                           uint16_t *comp, uint64_t i, float p)
+{
+    if (x.round == GPU_ADAM_ROUND_NEAREST) {
+        tstore(param, i, p);
+        if (out16.data) tstore(out16, i, p);
+        return;
+    }
+    uint16_t w = x.round == GPU_ADAM_ROUND_STOCHASTIC
+                     ? f32_bf16_sr(p, zo_adam_sr_bits(x.sr_step, x.sr_block, x.sr_first + i))
+                     : f32_bf16_rn(p);
+    ((uint16_t *)param.data)[i] = w;
+    if (comp) comp[i] = f32_bf16_rn(__fsub_rn(p, bf16_bits_f32(w)));
+    if (out16.data) tstore(out16, i, bf16_bits_f32(w));
+}
+
+/* fp32 m, v (bf16 weights without a master): element by element, [first,
+ * first + n) of the state. */
+__global__ void adam_f32s_kernel(gpu_adam_state_args x, size_t n, gpu_tensor param, gpu_tensor grad,
+                                 char *state, gpu_tensor out16, uint16_t *comp)
+{
+    const gpu_adam_consts c0 = no_decay(x.c);
+    float *sm = (float *)(state + x.off_m) + x.first, *sv = (float *)(state + x.off_v) + x.first;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float p = adam_elem(consts_at(x, c0, i), weight_in(param, comp, i), tload(grad, i), &sm[i], &sv[i]);
+        weight_out(x, param, out16, comp, i, p);
+    }
+}
+
 /* bf16 m, v: element by element, [first, first + n) of the state. */
 __global__ void adam_bf16s_kernel(gpu_adam_state_args x, size_t n, gpu_tensor param, gpu_tensor grad,
-                                  char *state, gpu_tensor out16)
+                                  char *state, gpu_tensor out16, uint16_t *comp)
 {
     const gpu_adam_consts c0 = no_decay(x.c);
     __nv_bfloat16 *sm = (__nv_bfloat16 *)(state + x.off_m) + x.first;
@@ -81,9 +142,8 @@ __global__ void adam_bf16s_kernel(gpu_adam_state_args x, size_t n, gpu_tensor pa
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         float m = __bfloat162float(sm[i]), v = __bfloat162float(sv[i]);
-        float p = adam_elem(consts_at(x, c0, i), tload(param, i), tload(grad, i), &m, &v);
-        tstore(param, i, p);
-        if (out16.data) tstore(out16, i, p);
+        float p = adam_elem(consts_at(x, c0, i), weight_in(param, comp, i), tload(grad, i), &m, &v);
+        weight_out(x, param, out16, comp, i, p);
         sm[i] = __float2bfloat16_rn(m);
         sv[i] = __float2bfloat16_rn(v);
     }
@@ -121,7 +181,7 @@ __device__ __forceinline__ float q8_absmax(uint32_t max_mag, float *inv)
  * finds the new absmax (the largest magnitude, a tree of maxima in shared
  * memory: an order-free result), then codes its values. */
 __global__ void adam_q8_kernel(gpu_adam_state_args x, size_t n, gpu_tensor param, gpu_tensor grad, char *state,
-                               gpu_tensor out16, q8_maps maps)
+                               gpu_tensor out16, uint16_t *comp, q8_maps maps)
 {
     __shared__ float map_m[256], map_v[256], thr_m[255], thr_v[255];
     __shared__ uint32_t red_m[BS], red_v[BS];
@@ -146,9 +206,8 @@ __global__ void adam_q8_kernel(gpu_adam_state_args x, size_t n, gpu_tensor param
         if (k >= len) break;
         float m = __fmul_rn(map_m[qm[k]], a_m), v = __fmul_rn(map_v[qv[k]], a_v);
         uint64_t i = e0 + k;
-        float p = adam_elem(consts_at(x, c0, i), tload(param, i), tload(grad, i), &m, &v);
-        tstore(param, i, p);
-        if (out16.data) tstore(out16, i, p);
+        float p = adam_elem(consts_at(x, c0, i), weight_in(param, comp, i), tload(grad, i), &m, &v);
+        weight_out(x, param, out16, comp, i, p);
         mm[j] = m;
         vv[j] = v;
         uint32_t bm = __float_as_uint(m) & 0x7fffffffu, bv = __float_as_uint(v) & 0x7fffffffu;
@@ -181,16 +240,21 @@ __global__ void adam_q8_kernel(gpu_adam_state_args x, size_t n, gpu_tensor param
 
 extern "C" zo_status cuda_launch_adam_state_update(cudaStream_t st, const gpu_adam_state_args *x, size_t n,
                                                    gpu_tensor param, gpu_tensor grad, void *state,
-                                                   gpu_tensor out16)
+                                                   gpu_tensor out16, void *comp)
 {
+    uint16_t *cp = (uint16_t *)comp;
+    if (x->type == GPU_ADAM_STATE_F32) {
+        ZO_LAUNCH(adam_f32s_kernel, grid_for(n, BS), BS, 0, st, *x, n, param, grad, (char *)state, out16, cp);
+        return cuda_launch_check("adam_f32s_kernel");
+    }
     if (x->type == GPU_ADAM_STATE_BF16) {
-        ZO_LAUNCH(adam_bf16s_kernel, grid_for(n, BS), BS, 0, st, *x, n, param, grad, (char *)state, out16);
+        ZO_LAUNCH(adam_bf16s_kernel, grid_for(n, BS), BS, 0, st, *x, n, param, grad, (char *)state, out16, cp);
         return cuda_launch_check("adam_bf16s_kernel");
     }
     q8_maps maps;
     zo_dynamic_map(maps.m, 1);
     zo_dynamic_map(maps.v, 0);
     size_t blocks = (n + x->block - 1) / x->block;
-    ZO_LAUNCH(adam_q8_kernel, (unsigned)blocks, BS, 0, st, *x, n, param, grad, (char *)state, out16, maps);
+    ZO_LAUNCH(adam_q8_kernel, (unsigned)blocks, BS, 0, st, *x, n, param, grad, (char *)state, out16, cp, maps);
     return cuda_launch_check("adam_q8_kernel");
 }

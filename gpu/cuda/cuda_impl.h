@@ -203,7 +203,8 @@ zo_status cuda_launch_adam_update(cudaStream_t st, const gpu_adam_consts *c, siz
                                   gpu_tensor out16);
 /* ... and over bf16 or 8-bit m and v (gpu_adam_state_update) */
 zo_status cuda_launch_adam_state_update(cudaStream_t st, const gpu_adam_state_args *x, size_t n,
-                                        gpu_tensor param, gpu_tensor grad, void *state, gpu_tensor out16);
+                                        gpu_tensor param, gpu_tensor grad, void *state, gpu_tensor out16,
+                                        void *comp);
 
 #ifdef __cplusplus
 }

@@ -167,7 +167,8 @@ static zo_status cuda_run_adam_update(const cuda_exec *e, const gpu_op_args *a)
 
 static zo_status cuda_run_adam_state_update(const cuda_exec *e, const gpu_op_args *a)
 {
-    return cuda_launch_adam_state_update(e->stream, &a->d.astate, a->n, a->t[0], a->t[1], a->p[0], a->t[2]);
+    return cuda_launch_adam_state_update(e->stream, &a->d.astate, a->n, a->t[0], a->t[1], a->p[0], a->t[2],
+                                         a->p[1]);
 }
 
 static zo_status cuda_run_moe_router_forward(const cuda_exec *e, const gpu_op_args *a)
