@@ -504,11 +504,19 @@ typedef struct stage_shape {
     uint64_t emb, head;  /* of which the embedding block (first stage), the head block (last) */
     uint64_t experts;    /* of which routed experts (sharded by ZeRO over DP / EP) */
     uint64_t largest;    /* elements of the largest block */
+    uint64_t dense_largest; /* of the largest block with an MoE layer's routed experts apart */
+    uint64_t expert;     /* elements of one routed expert on the rank */
     int layers;
     int moe_layers;      /* of which MoE layers */
     int first_layer;     /* the model's index of the stage's first layer */
     int first, last;
 } stage_shape;
+
+int plan_experts_apart(const zo_model_config *m, const plan_train *t)
+{
+    return m->moe.experts && !m->params_override && t->runtime != PLAN_RUNTIME_EAGER && t->method == ZO_PLAN_FULL &&
+           t->params_on == ZO_PLAN_CPU && t->dp == 1 && t->tp == 1 && t->pp == 1 && t->ep == 1;
+}
 
 /* One layer on one rank: TP splits the projections, EP the routed experts. */
 static uint64_t layer_on_rank(const zo_layer_params *lp, const plan_train *t, uint64_t *experts)
@@ -548,6 +556,7 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
         uint64_t layer = layer_on_rank(&lp, t, &ex);
         o->params += (uint64_t)(o->layers - n_moe) * layer;
         if (layer > o->largest) o->largest = layer;
+        o->dense_largest = layer;
     }
     if (n_moe) {
         zo_model_layer_params(m, m->n_layers - 1, &lp);
@@ -561,12 +570,15 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
         uint64_t one = ceil_div(lp.expert, tp), rest = layer - ex;
         uint64_t block = t->runtime != PLAN_RUNTIME_EAGER ? layer : one > rest ? one : rest;
         if (block > o->largest) o->largest = block;
+        if (rest > o->dense_largest) o->dense_largest = rest;
+        o->expert = one;
     }
     if (o->first) {
         uint64_t emb = ceil_div(v * h, tp) + zo_model_position_rows(m) * h + (m->embed_norm ? norm : 0);
         o->params += emb;
         o->emb = emb;
         if (emb > o->largest) o->largest = emb;
+        if (emb > o->dense_largest) o->dense_largest = emb;
     }
     if (o->last) {
         uint64_t head = norm;
@@ -576,6 +588,7 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
         o->params += head;
         o->head = head;
         if (head > o->largest) o->largest = head;
+        if (head > o->dense_largest) o->dense_largest = head;
     }
 }
 
@@ -798,6 +811,15 @@ static void params_full(stage_est *s, plan_estimate *e)
     e->train_layer = sh->layers ? (sh->params - sh->emb - sh->head) / (uint64_t)sh->layers : 0;
     e->trainable = e->params;
     s->slot = sh->largest * s->wsz;
+    /* this runtime streams an MoE layer's routed experts apart from its
+     * dense part where the host tier holds the weights on one rank
+     * (docs/offload.md, "Experts streamed apart"): a slot holds the largest
+     * dense part, and PLAN_EXPERT_SLOTS slots one expert each */
+    if (plan_experts_apart(s->m, t)) {
+        s->slot = sh->dense_largest * s->wsz;
+        add(e, "expert slots (2 x routed expert)", ZO_PLAN_GPU, PLAN_BUFFERS,
+            (uint64_t)PLAN_EXPERT_SLOTS * sh->expert * s->wsz);
+    }
 }
 
 /* A rank's part of a frozen block of `bytes` (ZeRO-3 on several ranks: the
