@@ -769,6 +769,7 @@ typedef struct stage_est {
     uint64_t sharded;    /* of tr, the rank's ZeRO partition */
     uint64_t p_elems;    /* trained weights the rank holds (ZeRO-3: its partition) */
     uint64_t slot;       /* bytes of a device weight slot (LoRA: the streamed stores' blocks) */
+    uint64_t wslot;      /* of a device weight slot as streamed (experts apart: a dense part) */
     uint64_t fslot, aslot; /* LoRA: a slot's frozen and adapter blocks */
     double fg;           /* the optimizer's GPU share as the runtime takes it */
 } stage_est;
@@ -791,7 +792,7 @@ static void stage_init(stage_est *s, const zo_model_config *m, const plan_train 
     uint64_t edp = s->dp / (uint64_t)t->ep, dense = s->tr - s->tr_ex;
     s->sharded = ceil_div(dense, s->dp) + ceil_div(s->tr_ex, edp);
     s->p_elems = t->zero >= 3 ? s->sharded : s->tr;
-    s->slot = s->fslot = s->aslot = 0; /* estimate_params sets them */
+    s->slot = s->wslot = s->fslot = s->aslot = 0; /* estimate_params sets them */
     s->fg = gpu_share(m, t, &s->sh, s->peft ? &s->pf : NULL, t->opt_frac[ZO_PLAN_GPU]);
 }
 
@@ -815,8 +816,9 @@ static void params_full(stage_est *s, plan_estimate *e)
      * dense part where the host tier holds the weights on one rank
      * (docs/offload.md, "Experts streamed apart"): a slot holds the largest
      * dense part, and PLAN_EXPERT_SLOTS slots one expert each */
+    s->wslot = s->slot;
     if (plan_experts_apart(s->m, t)) {
-        s->slot = sh->dense_largest * s->wsz;
+        s->wslot = sh->dense_largest * s->wsz;
         add(e, "expert slots (2 x routed expert)", ZO_PLAN_GPU, PLAN_BUFFERS,
             (uint64_t)PLAN_EXPERT_SLOTS * sh->expert * s->wsz);
     }
@@ -885,6 +887,7 @@ static void params_peft(stage_est *s, plan_estimate *e)
     uint64_t as = dp > 1 && ceil_div(s->tr_largest, dp) * dp * wsz > s->aslot ? ceil_div(s->tr_largest, dp) * dp * wsz
                                                                               : s->aslot;
     s->slot = (t->params_on != ZO_PLAN_GPU || z3 ? fs : 0) + (t->adapters_on != ZO_PLAN_GPU || z3 ? as : 0);
+    s->wslot = s->slot;
     e->weight_bytes = pf->frozen + s->tr * wsz;
     e->stream_bytes = (t->params_on != ZO_PLAN_GPU ? frozen : 0) +
                       (t->adapters_on != ZO_PLAN_GPU ? adapters : 0);
@@ -912,7 +915,7 @@ static void estimate_params(stage_est *s, plan_estimate *e)
     if (streamed)
         add(e, t->zero >= 3 && t->params_on == ZO_PLAN_GPU ? "ZeRO-3 gather slots ((prefetch + 1) x block)"
                                                            : "weight slots ((depth + 1) x largest block)",
-            ZO_PLAN_GPU, PLAN_BUFFERS, (uint64_t)(t->buf.prefetch_depth + 1) * s->slot);
+            ZO_PLAN_GPU, PLAN_BUFFERS, (uint64_t)(t->buf.prefetch_depth + 1) * s->wslot);
 }
 
 /* ---- gradients (of what is trained) ---- */
