@@ -145,23 +145,24 @@ zo_status offload_stream_create(const offload_env *env, const offload_stream_con
     return ZO_OK;
 }
 
+/* A slot's device memory and events (either kind of slot). */
+static void slot_free(gpu_device_t d, void *buf, gpu_event_t ready, gpu_event_t freed)
+{
+    gpu_mem_free(d, buf);
+    if (ready) gpu_event_destroy(ready);
+    if (freed) gpu_event_destroy(freed);
+}
+
 void offload_stream_free(offload_stream *sm)
 {
     if (!sm) return;
     gpu_device_t d = sm->env->dev;
     if (sm->slots)
-        for (int i = 0; i < sm->c.n_slots; i++) {
-            gpu_mem_free(d, sm->slots[i].buf);
-            if (sm->slots[i].ready) gpu_event_destroy(sm->slots[i].ready);
-            if (sm->slots[i].freed) gpu_event_destroy(sm->slots[i].freed);
-        }
+        for (int i = 0; i < sm->c.n_slots; i++) slot_free(d, sm->slots[i].buf, sm->slots[i].ready, sm->slots[i].freed);
     free(sm->slots);
     if (sm->eslots)
-        for (int i = 0; i < sm->c.expert_slots; i++) {
-            gpu_mem_free(d, sm->eslots[i].buf);
-            if (sm->eslots[i].ready) gpu_event_destroy(sm->eslots[i].ready);
-            if (sm->eslots[i].freed) gpu_event_destroy(sm->eslots[i].freed);
-        }
+        for (int i = 0; i < sm->c.expert_slots; i++)
+            slot_free(d, sm->eslots[i].buf, sm->eslots[i].ready, sm->eslots[i].freed);
     free(sm->eslots);
     free(sm->elo);
     free(sm->ehi);
@@ -341,13 +342,24 @@ static zo_status expert_load(offload_stream *sm, int b, int e, int *slot_out)
     return ZO_OK;
 }
 
+/* Start loading the first expert from `from` on that block b's last forward
+ * routed tokens to, unless a slot has it (or none is free of the expert
+ * computing). */
+static zo_status expert_prefetch(offload_stream *sm, int b, int from)
+{
+    const offload_model *m = sm->c.m;
+    int e = from, i;
+    while (e < m->experts && !m->expert_routed(m->user, b, e)) e++;
+    if (e >= m->experts || sm->c.expert_slots - (sm->ebusy >= 0) < 1 || eslot_of(sm, b, e) >= 0) return ZO_OK;
+    return expert_load(sm, b, e, &i);
+}
+
 /* offload_block_io.expert: routed expert e of the block computing, on s;
  * the expert before it is released, and the next one the block routed
  * tokens to starts loading into another slot while e computes. */
 static zo_status expert_acquire(void *ctx, int e, gpu_stream_t s, const void **w)
 {
     offload_stream *sm = ctx;
-    const offload_model *m = sm->c.m;
     int b = sm->eblock, i;
     zo_status st;
     *w = NULL;
@@ -359,12 +371,7 @@ static zo_status expert_acquire(void *ctx, int e, gpu_stream_t s, const void **w
         return st;
     sm->ebusy = i;
     *w = sl->buf;
-    int next = e + 1;
-    while (next < m->experts && !m->expert_routed(m->user, b, next)) next++;
-    if (next < m->experts && sm->c.expert_slots > 1 && eslot_of(sm, b, next) < 0 &&
-        (st = expert_load(sm, b, next, &i)) != ZO_OK)
-        return st;
-    return ZO_OK;
+    return expert_prefetch(sm, b, e + 1);
 }
 
 /* Where block b's weights and frozen base are for compute: resident in
@@ -445,6 +452,10 @@ static zo_status acquire(offload_stream *sm, gpu_stream_t s, int b, offload_bloc
         io->expert = expert_acquire;
         io->expert_ctx = sm;
         sm->eblock = b;
+        /* a backward (and its recompute) routes as its forward did: the
+         * first expert it will ask for loads now, beside the dense part's
+         * wait (a forward knows its routing only once the router has run) */
+        if (sm->pos >= sm->c.g->nb && (st = expert_prefetch(sm, b, 0)) != ZO_OK) return st;
     }
     return ZO_OK;
 }
