@@ -366,9 +366,10 @@ static zo_status expert_acquire(void *ctx, int e, gpu_stream_t s, const void **w
     if ((st = expert_release(sm, s)) != ZO_OK) return st;
     if ((i = eslot_of(sm, b, e)) < 0 && (st = expert_load(sm, b, e, &i)) != ZO_OK) return st;
     offload_eslot *sl = &sm->eslots[i];
-    if ((st = offload_timed_wait(sm->env, sl->ready, OFFLOAD_TIME_WEIGHTS)) != ZO_OK ||
-        (st = gpu_stream_wait_event(s, sl->ready)) != ZO_OK)
-        return st;
+    /* the device waits for the copy, the host does not: it goes on queueing
+     * the expert's work and the next expert's copy (the time the device
+     * waits shows as compute) */
+    if ((st = gpu_stream_wait_event(s, sl->ready)) != ZO_OK) return st;
     sm->ebusy = i;
     *w = sl->buf;
     return expert_prefetch(sm, b, e + 1);
