@@ -375,6 +375,8 @@ static zo_status expert_acquire(void *ctx, int e, gpu_stream_t s, const void **w
     return expert_prefetch(sm, b, e + 1);
 }
 
+static int recomputes(const offload_stream *sm, int b);
+
 /* Where block b's weights and frozen base are for compute: resident in
  * their stores, or in slot `slot` (NULL: nothing streamed). */
 static void block_pointers(offload_stream *sm, int b, const offload_slot *slot, const void **params,
@@ -453,10 +455,12 @@ static zo_status acquire(offload_stream *sm, gpu_stream_t s, int b, offload_bloc
         io->expert = expert_acquire;
         io->expert_ctx = sm;
         sm->eblock = b;
-        /* a backward (and its recompute) routes as its forward did: the
-         * first expert it will ask for loads now, beside the dense part's
-         * wait (a forward knows its routing only once the router has run) */
-        if (sm->pos >= sm->c.g->nb && (st = expert_prefetch(sm, b, 0)) != ZO_OK) return st;
+        /* a backward routes as its forward did: the first expert it will
+         * ask for loads now, beside the dense part's wait (a forward knows
+         * its routing only once the router has run, and a block recomputed
+         * once it has been: the layers it shares its activations with, its
+         * routing included, have routed since) */
+        if (sm->pos >= sm->c.g->nb && !recomputes(sm, b) && (st = expert_prefetch(sm, b, 0)) != ZO_OK) return st;
     }
     return ZO_OK;
 }

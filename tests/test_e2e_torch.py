@@ -250,9 +250,9 @@ TIE_GAP = 1e-4
 UNTOUCHED = [0]
 
 # The number of experts the reference routed some token to, layer by layer of each forward, while
-# ROUTED[0] is a list (torch_train's final evaluation: EVAL_ROUTED).
+# ROUTED[0] is a list (torch_train's micro-batches: TRAIN_ROUTED; its final evaluation: EVAL_ROUTED).
 ROUTED = [None]
-EVAL_ROUTED = [[]]
+TRAIN_ROUTED, EVAL_ROUTED = [[]], [[]]
 
 
 def check_untouched(ck, name, what):
@@ -412,6 +412,7 @@ def torch_train(c, params, data, eval_data, run, adapters=None, scale=0.0):
                             lr=run["lr"], betas=(OPT["beta1"], OPT["beta2"]), eps=OPT["eps"])
     K = run["grad_accum"]
     losses, norms = [], []
+    ROUTED[0] = []
     for k in range(STEPS):
         for group in opt.param_groups:
             group["lr"] = lr_at(run, k)
@@ -428,7 +429,7 @@ def torch_train(c, params, data, eval_data, run, adapters=None, scale=0.0):
                                                     OPT["clip"]).item())
         opt.step()
         losses.append(total)
-    ROUTED[0] = []
+    TRAIN_ROUTED[0], ROUTED[0] = ROUTED[0], []
     with torch.no_grad():
         ev = eval_loss(c, model(), eval_data, run)
     EVAL_ROUTED[0], ROUTED[0] = ROUTED[0], None
@@ -708,6 +709,14 @@ def check_experts_apart(ck, train, c, params, d, run, want, sdir, shard):
     ck.fact(f"an evaluation batch moves the dense parts ({dense} elements) and the {sum(routed)} experts routed to "
             f"({routed} of {E} a layer): {moved} bytes, {fetched} experts",
             moved == 4 * (dense + sum(routed) * expert) and fetched == sum(routed) and sum(routed) < L * E)
+    # training: each micro-batch's forward and backward visit the experts routed to, and copy each
+    # at most once a visit; the only copies saved are of experts still in one of the 2 slots where
+    # a forward meets its backward, or a backward the next micro-batch's forward (the same layer)
+    visits = 2 * sum(TRAIN_ROUTED[0])
+    train_fetched = stats[1]["experts_fetched"] - sum(EVAL_ROUTED[0])
+    seams = 2 * run["grad_accum"] * STEPS
+    ck.fact(f"training copies {train_fetched} experts, of {visits} visits to experts routed to (at least "
+            f"{visits - 2 * seams}: 2 a seam between passes)", visits - 2 * seams <= train_fetched <= visits)
 
 
 def lora_modules(c, params, targets):
