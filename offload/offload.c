@@ -385,11 +385,13 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     sc.slot_size = sc.fslot + (w_streamed ? rt->g.slot_bytes : 0);
     if ((st = create_weights(rt, w_on, sc.n_slots)) != ZO_OK) goto out_free;
     if (frozen && (st = create_frozen(rt, sc.n_slots)) != ZO_OK) goto out_free;
-    /* an MoE layer's routed experts stream apart where the store can (one
-     * rank, host tier): a slot holds the largest dense part, and the
-     * experts the batch routes to go through their own slots */
+    /* an MoE layer's routed experts stream apart where the store can (the
+     * host tier, whole blocks on every rank: ZeRO-0): a slot holds the
+     * largest dense part, and the experts the batch routes to go through
+     * their own slots (each rank fetches those its own batch routes to) */
     size_t dense, expert;
-    if (sc.n_slots && !rt->dp && !rt->cfg.forward_only && offload_stream_apart(&rt->m, rt->ws, rt->fws, &dense, &expert)) {
+    if (sc.n_slots && (!rt->dp || rt->dp->stage == 0) && !rt->cfg.forward_only &&
+        offload_stream_apart(&rt->m, rt->ws, rt->fws, &dense, &expert)) {
         sc.expert_slots = OFFLOAD_EXPERT_SLOTS;
         sc.expert_numel = expert;
         sc.slot_size = dense * rt->g.es > 256 ? dense * rt->g.es : 256;

@@ -515,7 +515,7 @@ typedef struct stage_shape {
 int plan_experts_apart(const zo_model_config *m, const plan_train *t)
 {
     return m->moe.experts && !m->params_override && t->runtime != PLAN_RUNTIME_EAGER && t->method == ZO_PLAN_FULL &&
-           t->params_on == ZO_PLAN_CPU && t->dp == 1 && t->tp == 1 && t->pp == 1 && t->ep == 1;
+           t->params_on == ZO_PLAN_CPU && (t->dp == 1 || t->zero == 0) && t->tp == 1 && t->pp == 1 && t->ep == 1;
 }
 
 /* One layer on one rank: TP splits the projections, EP the routed experts. */
@@ -813,7 +813,7 @@ static void params_full(stage_est *s, plan_estimate *e)
     e->trainable = e->params;
     s->slot = sh->largest * s->wsz;
     /* this runtime streams an MoE layer's routed experts apart from its
-     * dense part where the host tier holds the weights on one rank
+     * dense part where the host tier holds the weights (ZeRO-0 or one rank)
      * (docs/offload.md, "Experts streamed apart"): a slot holds the largest
      * dense part, and PLAN_EXPERT_SLOTS slots one expert each */
     s->wslot = s->slot;

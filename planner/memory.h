@@ -135,7 +135,7 @@ typedef struct plan_train {
 } plan_train;
 
 /* Whether this runtime streams the MoE layers' routed experts apart (full
- * fine-tuning, weights on the host, one rank; not --runtime eager, which
+ * fine-tuning, weights on the host, ZeRO-0 or one rank; not --runtime eager, which
  * sizes its own per-expert blocks): a weight slot then holds the largest
  * dense part, beside PLAN_EXPERT_SLOTS expert slots. */
 int plan_experts_apart(const zo_model_config *m, const plan_train *t);

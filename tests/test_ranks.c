@@ -411,6 +411,11 @@ static void test_moe(void **state)
                 assert_true(worst <= 1e-6);
                 if (p == 1) assert_int_equal(same, STEPS);
                 check_peaks(last_out, 2);
+                /* ZeRO-0 keeps whole blocks on every rank: each rank streams
+                 * the experts its own batch routes to; ZeRO-3 gathers whole
+                 * layers */
+                if (strstr(place, "--params cpu"))
+                    assert_true(!strstr(last_out, "# experts streamed apart:") == (stage != 0));
             }
         }
         /* 4 ranks at ZeRO-3, the weights in host memory: one rank's
