@@ -38,6 +38,8 @@ typedef struct offload_acct {
      * issues every collective (the optimizer's thread issues none) */
     uint64_t comm_elems, comm_pad_elems; /* collectives */
     uint64_t reused_elems; /* blocks a half-pass found in a slot an earlier one loaded */
+    uint64_t weight_bytes; /* streamed weights copied into device slots (the host thread's) */
+    uint64_t experts_fetched; /* routed experts copied into their slots */
     uint64_t comm_frozen_bytes; /* a frozen base's all-gathers (ZeRO-3 LoRA), apart */
     int64_t comm_calls;
 } offload_acct;

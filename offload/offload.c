@@ -391,6 +391,17 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     sc.slot_size = sc.fslot + (w_streamed ? rt->g.slot_bytes : 0);
     if ((st = create_weights(rt, w_on, sc.n_slots)) != ZO_OK) goto out_free;
     if (frozen && (st = create_frozen(rt, sc.n_slots)) != ZO_OK) goto out_free;
+    /* an MoE layer's routed experts stream apart where the store can (the
+     * host tier, whole blocks on every rank: ZeRO-0): a slot holds the
+     * largest dense part, and the experts the batch routes to go through
+     * their own slots (each rank fetches those its own batch routes to) */
+    size_t dense, expert;
+    if (sc.n_slots && (!rt->dp || rt->dp->stage == 0) && !rt->cfg.forward_only &&
+        offload_stream_apart(&rt->m, rt->ws, rt->fws, &dense, &expert)) {
+        sc.expert_slots = OFFLOAD_EXPERT_SLOTS;
+        sc.expert_numel = expert;
+        sc.slot_size = dense * rt->g.es > 256 ? dense * rt->g.es : 256;
+    }
     /* the layers above the stores, each on the ones below it (a forward-only
      * runtime has the stores and the streaming alone) */
     if (rt->cfg.forward_only) goto streaming;
@@ -691,6 +702,10 @@ void offload_get_stats(const offload_t *rt, offload_stats *o)
     pthread_mutex_unlock((pthread_mutex_t *)&a->mu);
     o->n_slots = rt->sm->c.n_slots;
     o->slot_bytes = rt->sm->c.n_slots ? rt->sm->c.slot_size : 0;
+    o->bytes_weights = a->weight_bytes;
+    o->n_expert_slots = rt->sm->c.n_slots ? rt->sm->c.expert_slots : 0;
+    o->expert_slot_bytes = o->n_expert_slots ? rt->sm->c.expert_numel * rt->g.es : 0;
+    o->experts_fetched = a->experts_fetched;
     o->rank = rt->dp ? rt->dp->rank : 0;
     o->ranks = rt->dp ? rt->dp->size : 1;
     o->comm_elems = a->comm_elems;
@@ -720,6 +735,7 @@ void offload_reset_times(offload_t *rt)
     a->total_s = 0;
     a->n_micro = a->n_steps = 0;
     memset(a->bytes, 0, sizeof a->bytes);
+    a->weight_bytes = a->experts_fetched = 0;
     a->opt_busy_s = a->opt_overlap_s = 0;
     a->comm_elems = a->comm_pad_elems = a->reused_elems = a->comm_frozen_bytes = 0;
     a->comm_calls = 0;
@@ -762,8 +778,14 @@ zo_status offload_write_stats_json(const offload_t *rt, const offload_prediction
     cJSON_AddNumberToObject(by, "d2h", (double)s.bytes_d2h);
     cJSON_AddNumberToObject(by, "disk_read", (double)s.bytes_disk_read);
     cJSON_AddNumberToObject(by, "disk_written", (double)s.bytes_disk_written);
+    cJSON_AddNumberToObject(by, "weights", (double)s.bytes_weights);
     cJSON_AddNumberToObject(o, "device_slots", s.n_slots);
     cJSON_AddNumberToObject(o, "slot_bytes", (double)s.slot_bytes);
+    if (s.n_expert_slots) { /* docs/offload.md, "Experts streamed apart" */
+        cJSON_AddNumberToObject(o, "expert_slots", s.n_expert_slots);
+        cJSON_AddNumberToObject(o, "expert_slot_bytes", (double)s.expert_slot_bytes);
+        cJSON_AddNumberToObject(o, "experts_fetched", (double)s.experts_fetched);
+    }
     if (s.ranks > 1) { /* this rank of a data-parallel job (docs/offload.md, "Several ranks") */
         cJSON *cm = cJSON_AddObjectToObject(o, "comm");
         cJSON_AddNumberToObject(cm, "rank", s.rank);

@@ -89,6 +89,15 @@ typedef struct offload_block_io {
     const void *dep_frozen; /* the frozen base of block_dep[b], or NULL */
     const void *in;         /* the activation from block b-1 (NULL for block 0) */
     void *out;              /* forward: the activation for block b+1 (NULL for the last) */
+    /* (an MoE layer whose routed experts the runtime streams apart,
+     * offload_stream_apart) params holds the block's dense part: its
+     * elements before the experts' ranges, then those after them, moved
+     * down; expert(expert_ctx, e, s, &w) makes routed expert e's weights
+     * (its range of expert_ranges) usable on s, for the experts the block's
+     * last forward routed tokens to, each visit in increasing order. NULL:
+     * the experts are in params. */
+    zo_status (*expert)(void *ctx, int e, gpu_stream_t s, const void **w);
+    void *expert_ctx;
 } offload_block_io;
 
 /* AdamW weight decay of a range of a block (the model's 2-D weights). */
@@ -428,6 +437,10 @@ typedef enum offload_time_part {
 
 const char *offload_time_part_name(offload_time_part p); /* "compute", "weights", ... */
 
+/* Device slots for routed experts streamed apart from their MoE layer's
+ * dense part: one computing while the next loads (memplan sizes as many). */
+#define OFFLOAD_EXPERT_SLOTS 2
+
 typedef struct offload_stats {
     uint64_t peak[OFFLOAD_TIERS];   /* most bytes in use at once per tier */
     uint64_t in_use[OFFLOAD_TIERS]; /* now */
@@ -439,8 +452,16 @@ typedef struct offload_stats {
     double total_s;                 /* micro-batches and steps together */
     int64_t micro_batches, steps, skipped;
     uint64_t bytes_h2d, bytes_d2h, bytes_disk_read, bytes_disk_written;
+    uint64_t bytes_weights;         /* of the streamed weights, copied into the device slots (blocks,
+                                       their dense parts, experts) */
     int n_slots;                    /* device weight slots (0 when resident) */
     size_t slot_bytes;
+    /* MoE layers whose routed experts stream apart (offload.md, "Experts
+     * streamed apart"): their slots (0: none), the bytes of one, and the
+     * experts copied into them */
+    int n_expert_slots;
+    size_t expert_slot_bytes;
+    uint64_t experts_fetched;
     double optimizer_s;             /* the CPU update's own time (every schedule) */
     double optimizer_overlap;       /* the fraction of it that ran while the device computed */
     /* Data parallelism: the collectives of this rank since init (or the

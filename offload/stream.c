@@ -43,6 +43,69 @@ static zo_status alloc_slots(offload_stream *sm)
     return ZO_OK;
 }
 
+/* Block b's routed experts' range [lo, hi) from the model's expert ranges
+ * (sorted by block and offset); 0 when they do not lie together, each
+ * `numel` long (*numel 0: any, set from the first). */
+static int expert_span(const offload_model *m, int b, size_t *lo, size_t *hi, size_t *numel)
+{
+    int n = 0;
+    *lo = *hi = 0;
+    for (int i = 0; i < m->n_expert_ranges; i++) {
+        const offload_expert_range *r = &m->expert_ranges[i];
+        if (r->block != b) continue;
+        if (!*numel) *numel = r->numel;
+        if (r->numel != *numel || r->expert != n || (n && r->offset != *hi)) return 0;
+        if (!n) *lo = r->offset;
+        *hi = r->offset + r->numel;
+        n++;
+    }
+    return !n || n == m->experts;
+}
+
+int offload_stream_apart(const offload_model *m, const wstore *ws, const wstore *fws, size_t *dense_largest,
+                         size_t *expert_numel)
+{
+    *dense_largest = *expert_numel = 0;
+    if (!m->n_expert_ranges || !m->expert_routed || !ws || ws->resident || ws->collective || !ws->ops->fetch_range ||
+        fws)
+        return 0;
+    size_t numel = 0, largest = 0;
+    for (int b = 0; b < m->n_blocks; b++) {
+        size_t lo, hi;
+        if (!expert_span(m, b, &lo, &hi, &numel)) return 0;
+        size_t dense = m->block_numel[b] - (hi - lo);
+        if (dense > largest) largest = dense;
+    }
+    *dense_largest = largest;
+    *expert_numel = numel;
+    return numel > 0;
+}
+
+static zo_status alloc_expert_slots(offload_stream *sm)
+{
+    zo_status st;
+    const offload_model *m = sm->c.m;
+    int nb = m->n_blocks, n = sm->c.expert_slots;
+    size_t bytes = sm->c.expert_numel * sm->c.g->es, numel = sm->c.expert_numel;
+    sm->elo = calloc((size_t)nb, sizeof *sm->elo);
+    sm->ehi = calloc((size_t)nb, sizeof *sm->ehi);
+    sm->eslots = calloc((size_t)n, sizeof *sm->eslots);
+    if (!sm->elo || !sm->ehi || !sm->eslots) return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    for (int b = 0; b < nb; b++)
+        if (!expert_span(m, b, &sm->elo[b], &sm->ehi[b], &numel))
+            return zo_error(ZO_ERR_INTERNAL, "offload_init: block %d: its experts do not lie together", b);
+    for (int i = 0; i < n; i++) {
+        offload_eslot *sl = &sm->eslots[i];
+        sl->block = sl->expert = -1;
+        if ((st = gpu_mem_alloc(sm->env->dev, bytes, &sl->buf)) != ZO_OK)
+            return zo_error_wrap(st, "offload_init: device expert slot %d of %d (%zu bytes each)", i + 1, n, bytes);
+        if ((st = gpu_event_create(sm->env->dev, &sl->ready)) != ZO_OK) return st;
+        if ((st = gpu_event_create(sm->env->dev, &sl->freed)) != ZO_OK) return st;
+    }
+    sm->ebusy = -1;
+    return ZO_OK;
+}
+
 /* The schedule of a micro-batch: forward in order, backward in reverse;
  * forward only, this forward and the next. */
 static zo_status schedule(offload_stream *sm)
@@ -67,7 +130,9 @@ zo_status offload_stream_create(const offload_env *env, const offload_stream_con
     sm->c = *c;
     sm->dep = c->m->block_dep;
     zo_status st = schedule(sm);
+    sm->ebusy = -1;
     if (st == ZO_OK && c->n_slots) st = alloc_slots(sm);
+    if (st == ZO_OK && c->n_slots && c->expert_slots) st = alloc_expert_slots(sm);
     for (int k = 0; k < 2 && st == ZO_OK; k++) st = gpu_event_create(env->dev, &sm->done[k]);
     if (st == ZO_OK)
         st = actstore_create(env, c->g->nb, c->m->boundary_bytes, c->forward_only ? ACTSTORE_PASS : c->checkpoints_on,
@@ -80,17 +145,27 @@ zo_status offload_stream_create(const offload_env *env, const offload_stream_con
     return ZO_OK;
 }
 
+/* A slot's device memory and events (either kind of slot). */
+static void slot_free(gpu_device_t d, void *buf, gpu_event_t ready, gpu_event_t freed)
+{
+    gpu_mem_free(d, buf);
+    if (ready) gpu_event_destroy(ready);
+    if (freed) gpu_event_destroy(freed);
+}
+
 void offload_stream_free(offload_stream *sm)
 {
     if (!sm) return;
     gpu_device_t d = sm->env->dev;
     if (sm->slots)
-        for (int i = 0; i < sm->c.n_slots; i++) {
-            gpu_mem_free(d, sm->slots[i].buf);
-            if (sm->slots[i].ready) gpu_event_destroy(sm->slots[i].ready);
-            if (sm->slots[i].freed) gpu_event_destroy(sm->slots[i].freed);
-        }
+        for (int i = 0; i < sm->c.n_slots; i++) slot_free(d, sm->slots[i].buf, sm->slots[i].ready, sm->slots[i].freed);
     free(sm->slots);
+    if (sm->eslots)
+        for (int i = 0; i < sm->c.expert_slots; i++)
+            slot_free(d, sm->eslots[i].buf, sm->eslots[i].ready, sm->eslots[i].freed);
+    free(sm->eslots);
+    free(sm->elo);
+    free(sm->ehi);
     for (int k = 0; k < 2; k++)
         if (sm->done[k]) gpu_event_destroy(sm->done[k]);
     actstore_free(sm->acts);
@@ -137,6 +212,27 @@ static int needed_soon(offload_stream *sm, int block, int from, int to)
     return 0;
 }
 
+/* Whether block b's routed experts stream apart from its dense part. */
+static int apart(const offload_stream *sm, int b) { return sm->eslots && sm->ehi[b] > sm->elo[b]; }
+
+/* Copy the streamed weights of `block` into device memory dst on h2d: the
+ * whole block, or with its experts apart its dense part (the elements
+ * before them, then those after). */
+static zo_status fetch_weights(offload_stream *sm, int block, void *dst)
+{
+    wstore *ws = sm->c.ws;
+    size_t n = sm->c.g->numel[block], es = sm->c.g->es;
+    zo_status st;
+    if (!apart(sm, block)) {
+        sm->env->acct->weight_bytes += n * es;
+        return ws->ops->fetch(ws, block, dst);
+    }
+    size_t lo = sm->elo[block], hi = sm->ehi[block];
+    sm->env->acct->weight_bytes += (n - (hi - lo)) * es;
+    if ((st = ws->ops->fetch_range(ws, block, 0, lo, dst)) != ZO_OK) return st;
+    return ws->ops->fetch_range(ws, block, hi, n - hi, (char *)dst + lo * es);
+}
+
 /* Start loading `block` into a free slot; -1 when none can be taken now
  * (every free slot holds a block needed before this one). */
 static zo_status load_block(offload_stream *sm, int block, int horizon_end, int *slot_out)
@@ -163,8 +259,7 @@ static zo_status load_block(offload_stream *sm, int block, int horizon_end, int 
     sl->gen = wstore_gen(sm->c.ws, block);
     if (sm->c.fws && !sm->c.fws->resident && (st = sm->c.fws->ops->fetch(sm->c.fws, block, sl->buf)) != ZO_OK)
         return st;
-    if (!sm->c.ws->resident && (st = sm->c.ws->ops->fetch(sm->c.ws, block, (char *)sl->buf + sm->c.fslot)) != ZO_OK)
-        return st;
+    if (!sm->c.ws->resident && (st = fetch_weights(sm, block, (char *)sl->buf + sm->c.fslot)) != ZO_OK) return st;
     if ((st = gpu_event_record(sl->ready, sm->env->h2d)) != ZO_OK) return st;
     sl->block = block;
     sl->seg = 2 * sm->pass + (horizon_end - 1 >= sm->c.g->nb); /* the half-pass it was loaded for */
@@ -194,6 +289,93 @@ static zo_status prefetch(offload_stream *sm)
     }
     return ZO_OK;
 }
+
+/* ---- routed experts streamed apart ---------------------------------------------------- */
+
+/* The expert slot holding a current copy of expert e of block b, -1 none. */
+static int eslot_of(const offload_stream *sm, int b, int e)
+{
+    for (int i = 0; i < sm->c.expert_slots; i++) {
+        const offload_eslot *sl = &sm->eslots[i];
+        if (sl->block == b && sl->expert == e && sl->gen == wstore_gen(sm->c.ws, b)) return i;
+    }
+    return -1;
+}
+
+/* The expert slot computing is done with once the work enqueued on s has run. */
+static zo_status expert_release(offload_stream *sm, gpu_stream_t s)
+{
+    if (sm->ebusy < 0) return ZO_OK;
+    offload_eslot *sl = &sm->eslots[sm->ebusy];
+    sm->ebusy = -1;
+    sl->used = 1;
+    sl->released = ++sm->tick;
+    return gpu_event_record(sl->freed, s);
+}
+
+/* Start copying expert e of block b into the least recently released slot
+ * that is not computing; *slot_out its index. */
+static zo_status expert_load(offload_stream *sm, int b, int e, int *slot_out)
+{
+    zo_status st;
+    int best = -1;
+    for (int i = 0; i < sm->c.expert_slots; i++)
+        if (i != sm->ebusy && (best < 0 || sm->eslots[i].released < sm->eslots[best].released)) best = i;
+    offload_eslot *sl = &sm->eslots[best];
+    const offload_expert_range *r = NULL;
+    for (int i = 0; i < sm->c.m->n_expert_ranges && !r; i++)
+        if (sm->c.m->expert_ranges[i].block == b && sm->c.m->expert_ranges[i].expert == e)
+            r = &sm->c.m->expert_ranges[i];
+    if (!r) return zo_error(ZO_ERR_INTERNAL, "offload: block %d has no expert %d", b, e);
+    /* the copy overwrites the slot after the expert that used it has run */
+    if (sl->used && (st = gpu_stream_wait_event(sm->env->h2d, sl->freed)) != ZO_OK) return st;
+    sl->block = -1;
+    sl->gen = wstore_gen(sm->c.ws, b);
+    if ((st = sm->c.ws->ops->fetch_range(sm->c.ws, b, r->offset, r->numel, sl->buf)) != ZO_OK ||
+        (st = gpu_event_record(sl->ready, sm->env->h2d)) != ZO_OK)
+        return st;
+    sl->block = b;
+    sl->expert = e;
+    sm->env->acct->weight_bytes += r->numel * sm->c.g->es;
+    sm->env->acct->experts_fetched++;
+    *slot_out = best;
+    return ZO_OK;
+}
+
+/* Start loading the first expert from `from` on that block b's last forward
+ * routed tokens to, unless a slot has it (or none is free of the expert
+ * computing). */
+static zo_status expert_prefetch(offload_stream *sm, int b, int from)
+{
+    const offload_model *m = sm->c.m;
+    int e = from, i;
+    while (e < m->experts && !m->expert_routed(m->user, b, e)) e++;
+    if (e >= m->experts || sm->c.expert_slots - (sm->ebusy >= 0) < 1 || eslot_of(sm, b, e) >= 0) return ZO_OK;
+    return expert_load(sm, b, e, &i);
+}
+
+/* offload_block_io.expert: routed expert e of the block computing, on s;
+ * the expert before it is released, and the next one the block routed
+ * tokens to starts loading into another slot while e computes. */
+static zo_status expert_acquire(void *ctx, int e, gpu_stream_t s, const void **w)
+{
+    offload_stream *sm = ctx;
+    int b = sm->eblock, i;
+    zo_status st;
+    *w = NULL;
+    if ((st = expert_release(sm, s)) != ZO_OK) return st;
+    if ((i = eslot_of(sm, b, e)) < 0 && (st = expert_load(sm, b, e, &i)) != ZO_OK) return st;
+    offload_eslot *sl = &sm->eslots[i];
+    /* the device waits for the copy, the host does not: it goes on queueing
+     * the expert's work and the next expert's copy (the time the device
+     * waits shows as compute) */
+    if ((st = gpu_stream_wait_event(s, sl->ready)) != ZO_OK) return st;
+    sm->ebusy = i;
+    *w = sl->buf;
+    return expert_prefetch(sm, b, e + 1);
+}
+
+static int recomputes(const offload_stream *sm, int b);
 
 /* Where block b's weights and frozen base are for compute: resident in
  * their stores, or in slot `slot` (NULL: nothing streamed). */
@@ -269,6 +451,17 @@ static zo_status acquire(offload_stream *sm, gpu_stream_t s, int b, offload_bloc
         if (k == 0) block_pointers(sm, b, sl, &io->params, &io->frozen);
         else block_pointers(sm, dep, sl, &io->dep_params, &io->dep_frozen);
     }
+    if (apart(sm, b)) {
+        io->expert = expert_acquire;
+        io->expert_ctx = sm;
+        sm->eblock = b;
+        /* a backward routes as its forward did: the first expert it will
+         * ask for loads now, beside the dense part's wait (a forward knows
+         * its routing only once the router has run, and a block recomputed
+         * once it has been: the layers it shares its activations with, its
+         * routing included, have routed since) */
+        if (sm->pos >= sm->c.g->nb && !recomputes(sm, b) && (st = expert_prefetch(sm, b, 0)) != ZO_OK) return st;
+    }
     return ZO_OK;
 }
 
@@ -280,6 +473,7 @@ static zo_status release(offload_stream *sm, gpu_stream_t s, int b)
     sm->n_done++;
     sm->pos++;
     if (!sm->c.n_slots) return ZO_OK;
+    if ((st = expert_release(sm, s)) != ZO_OK) return st;
     int ids[2] = {b, sm->dep[b]};
     for (int k = 0; k < 2; k++) {
         if (ids[k] < 0) continue;
@@ -413,6 +607,7 @@ static zo_status abandon(offload_stream *sm, gpu_stream_t s, zo_status st, int k
     gpu_stream_synchronize(sm->env->h2d);
     gpu_stream_synchronize(sm->env->d2h);
     for (int i = 0; i < sm->c.n_slots; i++) sm->slots[i].busy = 0;
+    sm->ebusy = -1;
     sm->n_done = 0;
     if (!keep_grads) {
         offload_grads_forget(sm->c.gr);

@@ -25,6 +25,18 @@ typedef struct offload_slot {
     gpu_event_t freed;  /* on the compute stream: the last block using it has run */
 } offload_slot;
 
+/* A device slot holding one routed expert's weights (an MoE layer whose
+ * experts stream apart from its dense part). */
+typedef struct offload_eslot {
+    void *buf;          /* device, expert_slot_size */
+    int block, expert;  /* what it holds (or is loading), -1 none */
+    int used;           /* the freed event has been recorded at least once */
+    uint64_t gen;       /* the generation of the block's weights it copied */
+    uint64_t released;  /* tick of the last release */
+    gpu_event_t ready;  /* on the h2d stream: the weights have arrived */
+    gpu_event_t freed;  /* on the compute stream: the expert's work has run */
+} offload_eslot;
+
 typedef struct offload_stream_config {
     const offload_model *m;     /* forward, backward, recompute; dependencies; boundary bytes */
     const offload_geom *g;      /* the model's blocks */
@@ -42,6 +54,11 @@ typedef struct offload_stream_config {
      * forward after another, so a forward's last blocks prefetch the next
      * one's first */
     int forward_only;
+    /* MoE layers' routed experts streamed apart (offload_stream_apart): the
+     * experts' device slots (0: each layer moves as one block) and the
+     * elements of one expert; slot_size then holds a block's dense part */
+    int expert_slots;
+    size_t expert_numel;
 } offload_stream_config;
 
 typedef struct offload_stream {
@@ -62,12 +79,26 @@ typedef struct offload_stream {
     gpu_event_t done[2];
     int n_done;                 /* blocks enqueued this pass */
     actstore *acts;             /* the activation checkpoints */
+    /* experts streamed apart (c.expert_slots): per block, the range of its
+     * routed experts [elo, ehi) (elo == ehi: none, the block moves whole) */
+    size_t *elo, *ehi;
+    offload_eslot *eslots;      /* [c.expert_slots] */
+    int eblock;                 /* the block whose experts are being visited */
+    int ebusy;                  /* the expert slot computing, -1 none */
 } offload_stream;
 
 /* Device slots for streamed weights: the block computing and
  * `prefetch_depth` loading ahead (two at least when a block reads
  * another's weights), at most one a block. */
 int offload_stream_slots(const offload_model *m, int prefetch_depth);
+/* Whether the MoE layers' routed experts can stream apart from their
+ * dense parts (the trainable weights' store has fetch_range, its fetch is
+ * no collective, no frozen base; each MoE block's experts lie together,
+ * every one the same size): 1, with the elements of a slot holding the
+ * largest block's dense part (a block without experts: all of it) and of
+ * one expert; else 0, the layers moving whole. */
+int offload_stream_apart(const offload_model *m, const wstore *ws, const wstore *fws, size_t *dense_largest,
+                         size_t *expert_numel);
 zo_status offload_stream_create(const offload_env *env, const offload_stream_config *c, offload_stream **out);
 void offload_stream_free(offload_stream *st);
 /* One micro-batch on the compute stream s: forward, backward, its

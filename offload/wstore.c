@@ -515,6 +515,16 @@ static zo_status host_fetch(wstore *ws, int b, void *dst)
     return st;
 }
 
+static zo_status host_fetch_range(wstore *ws, int b, size_t rel, size_t n, void *dst)
+{
+    const offload_env *env = ws->env;
+    size_t bytes = n * ws->g->es;
+    if (!bytes) return ZO_OK;
+    zo_status st = gpu_memcpy_async(env->h2d, dst, host_at(ws, b, rel), bytes, GPU_COPY_HOST_TO_DEVICE);
+    if (st == ZO_OK) offload_add_bytes(env->acct, OFFLOAD_BYTES_H2D, bytes);
+    return st;
+}
+
 static zo_status host_get_host(wstore *ws, int b, void *dst)
 {
     memcpy(dst, host_at(ws, b, 0), block_bytes(ws, b));
@@ -574,7 +584,7 @@ static void host_destroy(wstore *ws)
 }
 
 static const wstore_ops host_ops = {
-    .resident = none_resident, .fetch = host_fetch, .put_host = host_put_host,
+    .resident = none_resident, .fetch = host_fetch, .fetch_range = host_fetch_range, .put_host = host_put_host,
     .put_host_done = host_put_host_done, .put_dev = host_put_dev, .put_dev_done = host_put_dev_done,
     .sync = host_sync, .load = load_by_puts, .get_host = host_get_host, .free = host_destroy,
 };

@@ -34,6 +34,11 @@ typedef struct wstore_ops {
     /* Start copying block b's weights into device memory `dst` on the h2d
      * stream (streamed stores); the copy is ordered on h2d. */
     zo_status (*fetch)(wstore *ws, int b, void *dst);
+    /* (optional) Elements [rel, rel + n) of block b alone into device
+     * memory `dst`, on the h2d stream: a part of what fetch copies (the
+     * stream layer's units inside a block: an MoE layer's dense part, each
+     * routed expert). The host tier has it; NULL: whole blocks only. */
+    zo_status (*fetch_range)(wstore *ws, int b, size_t rel, size_t n, void *dst);
     /* Host memory for new weights of elements [rel, rel + n) of block b (in
      * the dtype), valid until put_host_done of the same range, which hands
      * them to the store. n is at most put_max. */

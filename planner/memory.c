@@ -504,11 +504,19 @@ typedef struct stage_shape {
     uint64_t emb, head;  /* of which the embedding block (first stage), the head block (last) */
     uint64_t experts;    /* of which routed experts (sharded by ZeRO over DP / EP) */
     uint64_t largest;    /* elements of the largest block */
+    uint64_t dense_largest; /* of the largest block with an MoE layer's routed experts apart */
+    uint64_t expert;     /* elements of one routed expert on the rank */
     int layers;
     int moe_layers;      /* of which MoE layers */
     int first_layer;     /* the model's index of the stage's first layer */
     int first, last;
 } stage_shape;
+
+int plan_experts_apart(const zo_model_config *m, const plan_train *t)
+{
+    return m->moe.experts && !m->params_override && t->runtime != PLAN_RUNTIME_EAGER && t->method == ZO_PLAN_FULL &&
+           t->params_on == ZO_PLAN_CPU && (t->dp == 1 || t->zero == 0) && t->tp == 1 && t->pp == 1 && t->ep == 1;
+}
 
 /* One layer on one rank: TP splits the projections, EP the routed experts. */
 static uint64_t layer_on_rank(const zo_layer_params *lp, const plan_train *t, uint64_t *experts)
@@ -548,6 +556,7 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
         uint64_t layer = layer_on_rank(&lp, t, &ex);
         o->params += (uint64_t)(o->layers - n_moe) * layer;
         if (layer > o->largest) o->largest = layer;
+        o->dense_largest = layer;
     }
     if (n_moe) {
         zo_model_layer_params(m, m->n_layers - 1, &lp);
@@ -561,12 +570,15 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
         uint64_t one = ceil_div(lp.expert, tp), rest = layer - ex;
         uint64_t block = t->runtime != PLAN_RUNTIME_EAGER ? layer : one > rest ? one : rest;
         if (block > o->largest) o->largest = block;
+        if (rest > o->dense_largest) o->dense_largest = rest;
+        o->expert = one;
     }
     if (o->first) {
         uint64_t emb = ceil_div(v * h, tp) + zo_model_position_rows(m) * h + (m->embed_norm ? norm : 0);
         o->params += emb;
         o->emb = emb;
         if (emb > o->largest) o->largest = emb;
+        if (emb > o->dense_largest) o->dense_largest = emb;
     }
     if (o->last) {
         uint64_t head = norm;
@@ -576,6 +588,7 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
         o->params += head;
         o->head = head;
         if (head > o->largest) o->largest = head;
+        if (head > o->dense_largest) o->dense_largest = head;
     }
 }
 
@@ -756,6 +769,7 @@ typedef struct stage_est {
     uint64_t sharded;    /* of tr, the rank's ZeRO partition */
     uint64_t p_elems;    /* trained weights the rank holds (ZeRO-3: its partition) */
     uint64_t slot;       /* bytes of a device weight slot (LoRA: the streamed stores' blocks) */
+    uint64_t wslot;      /* of a device weight slot as streamed (experts apart: a dense part) */
     uint64_t fslot, aslot; /* LoRA: a slot's frozen and adapter blocks */
     double fg;           /* the optimizer's GPU share as the runtime takes it */
 } stage_est;
@@ -778,7 +792,7 @@ static void stage_init(stage_est *s, const zo_model_config *m, const plan_train 
     uint64_t edp = s->dp / (uint64_t)t->ep, dense = s->tr - s->tr_ex;
     s->sharded = ceil_div(dense, s->dp) + ceil_div(s->tr_ex, edp);
     s->p_elems = t->zero >= 3 ? s->sharded : s->tr;
-    s->slot = s->fslot = s->aslot = 0; /* estimate_params sets them */
+    s->slot = s->wslot = s->fslot = s->aslot = 0; /* estimate_params sets them */
     s->fg = gpu_share(m, t, &s->sh, s->peft ? &s->pf : NULL, t->opt_frac[ZO_PLAN_GPU]);
 }
 
@@ -798,6 +812,16 @@ static void params_full(stage_est *s, plan_estimate *e)
     e->train_layer = sh->layers ? (sh->params - sh->emb - sh->head) / (uint64_t)sh->layers : 0;
     e->trainable = e->params;
     s->slot = sh->largest * s->wsz;
+    /* this runtime streams an MoE layer's routed experts apart from its
+     * dense part where the host tier holds the weights (ZeRO-0 or one rank)
+     * (docs/offload.md, "Experts streamed apart"): a slot holds the largest
+     * dense part, and PLAN_EXPERT_SLOTS slots one expert each */
+    s->wslot = s->slot;
+    if (plan_experts_apart(s->m, t)) {
+        s->wslot = sh->dense_largest * s->wsz;
+        add(e, "expert slots (2 x routed expert)", ZO_PLAN_GPU, PLAN_BUFFERS,
+            (uint64_t)PLAN_EXPERT_SLOTS * sh->expert * s->wsz);
+    }
 }
 
 /* A rank's part of a frozen block of `bytes` (ZeRO-3 on several ranks: the
@@ -863,6 +887,7 @@ static void params_peft(stage_est *s, plan_estimate *e)
     uint64_t as = dp > 1 && ceil_div(s->tr_largest, dp) * dp * wsz > s->aslot ? ceil_div(s->tr_largest, dp) * dp * wsz
                                                                               : s->aslot;
     s->slot = (t->params_on != ZO_PLAN_GPU || z3 ? fs : 0) + (t->adapters_on != ZO_PLAN_GPU || z3 ? as : 0);
+    s->wslot = s->slot;
     e->weight_bytes = pf->frozen + s->tr * wsz;
     e->stream_bytes = (t->params_on != ZO_PLAN_GPU ? frozen : 0) +
                       (t->adapters_on != ZO_PLAN_GPU ? adapters : 0);
@@ -890,7 +915,7 @@ static void estimate_params(stage_est *s, plan_estimate *e)
     if (streamed)
         add(e, t->zero >= 3 && t->params_on == ZO_PLAN_GPU ? "ZeRO-3 gather slots ((prefetch + 1) x block)"
                                                            : "weight slots ((depth + 1) x largest block)",
-            ZO_PLAN_GPU, PLAN_BUFFERS, (uint64_t)(t->buf.prefetch_depth + 1) * s->slot);
+            ZO_PLAN_GPU, PLAN_BUFFERS, (uint64_t)(t->buf.prefetch_depth + 1) * s->wslot);
 }
 
 /* ---- gradients (of what is trained) ---- */

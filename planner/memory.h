@@ -80,6 +80,10 @@ zo_status plan_pp_schedule_parse(const char *s, const char *flag, plan_pp_schedu
  * (2.41 GB a sequence of 1034 tokens where this model counts 2.54 GB). */
 #define PLAN_EAGER_LLAMA_EXTRA 0.318
 double plan_eager_extra(const zo_model_config *m);
+/* Device slots this runtime gives routed experts streamed apart from their
+ * MoE layer's dense part (offload.h's OFFLOAD_EXPERT_SLOTS: one computing,
+ * the next loading). */
+#define PLAN_EXPERT_SLOTS 2
 
 typedef struct plan_train {
     int seq;
@@ -129,6 +133,12 @@ typedef struct plan_train {
     double opt_frac[ZO_PLAN_TIERS]; /* optimizer state split, sums to 1 */
     plan_buffers buf;
 } plan_train;
+
+/* Whether this runtime streams the MoE layers' routed experts apart (full
+ * fine-tuning, weights on the host, ZeRO-0 or one rank; not --runtime eager, which
+ * sizes its own per-expert blocks): a weight slot then holds the largest
+ * dense part, beside PLAN_EXPERT_SLOTS expert slots. */
+int plan_experts_apart(const zo_model_config *m, const plan_train *t);
 
 /* The recompute in words: "none", "selective", "ops", "full", or "full, 12
  * layers a stage" (recompute_layers). */

@@ -249,6 +249,11 @@ TIE_GAP = 1e-4
 # the others' none, so that each run is what its name says.
 UNTOUCHED = [0]
 
+# The number of experts the reference routed some token to, layer by layer of each forward, while
+# ROUTED[0] is a list (torch_train's micro-batches: TRAIN_ROUTED; its final evaluation: EVAL_ROUTED).
+ROUTED = [None]
+TRAIN_ROUTED, EVAL_ROUTED = [[]], [[]]
+
 
 def check_untouched(ck, name, what):
     if sparse(name):
@@ -275,6 +280,8 @@ def moe_mlp(c, p, m, x):
             top = torch.topk(w, k + 1, dim=-1).values
             MIN_GAP[0] = min(MIN_GAP[0], ((top[:, k - 1] - top[:, k]) / top[:, k - 1]).min().item())
     w, sel = torch.topk(w, k, dim=-1)
+    if ROUTED[0] is not None:
+        ROUTED[0].append(len(set(sel.flatten().tolist())))
     if c["model_type"] == "mixtral" or c.get("norm_topk_prob", False):
         w = w / w.sum(dim=-1, keepdim=True)
     out = torch.zeros_like(hs)
@@ -405,6 +412,7 @@ def torch_train(c, params, data, eval_data, run, adapters=None, scale=0.0):
                             lr=run["lr"], betas=(OPT["beta1"], OPT["beta2"]), eps=OPT["eps"])
     K = run["grad_accum"]
     losses, norms = [], []
+    ROUTED[0] = []
     for k in range(STEPS):
         for group in opt.param_groups:
             group["lr"] = lr_at(run, k)
@@ -421,8 +429,10 @@ def torch_train(c, params, data, eval_data, run, adapters=None, scale=0.0):
                                                     OPT["clip"]).item())
         opt.step()
         losses.append(total)
+    TRAIN_ROUTED[0], ROUTED[0] = ROUTED[0], []
     with torch.no_grad():
         ev = eval_loss(c, model(), eval_data, run)
+    EVAL_ROUTED[0], ROUTED[0] = ROUTED[0], None
     if adapters:
         return losses, norms, ev, {k: v.detach() for k, v in q.items()}
     return losses, norms, ev
@@ -620,6 +630,7 @@ def check_family(train, name, workdir):
         ck.fact(f"losses, norms and eval loss with --recompute full --params-on cpu equal the first run's "
                 f"({rl} {rev})", rl == got_l and rn == got_n and rev == got_ev)
     if sparse(name):
+        check_experts_apart(ck, train, c, params, d, run, (got_l, got_n, got_ev), sdir, shard)
         # the untouched experts in each optimizer shard: the device's, and half of it on NVMe
         for opt in ("gpu", "cpu=0.5,nvme=0.5"):
             ol, on, oev, _, _ = run_train(train, d, run, ["--optimizer", opt, "--nvme-dir", d])
@@ -662,6 +673,50 @@ def check_family(train, name, workdir):
     ck.fact(f"--save --dtype bf16: tensors {sorted(dtypes)}, torch_dtype {bcfg.get('torch_dtype')}",
             dtypes == {"BF16"} and bcfg.get("torch_dtype") == "bfloat16")
     return ck.failed
+
+
+def check_experts_apart(ck, train, c, params, d, run, want, sdir, shard):
+    """--params-on cpu streams each MoE layer's routed experts apart from its dense part, only those
+    the batch routes to (docs/offload.md, "Experts streamed apart"): the run is the resident one's
+    (losses, norms, eval loss, and every saved weight bit for bit after 3 AdamW steps, so every
+    gradient was), and an evaluation batch moves the dense parts of every block plus exactly the
+    experts the reference routed its tokens to, in fp32: the weight bytes of the run with two
+    evaluation batches less those of the run with one (the same steps; the second batch's
+    forward, after the last update, finds nothing in its slots)."""
+    E, _, f, _ = moe_shape(c)
+    L, h = c["num_hidden_layers"], c["hidden_size"]
+    expert = 3 * f * h
+    dense = sum(v.numel() for v in params.values()) - L * E * expert
+    stats = []
+    for nb in (1, 2):
+        sj, sv = os.path.join(d, f"stats-apart-{nb}.json"), os.path.join(d, f"saved-apart-{nb}")
+        t0 = time.time()
+        l, n, ev, _, cmd = run_train(train, d, run, ["--params-on", "cpu", "--eval-batches", str(nb),
+                                                     "--stats-json", sj, "--save", sv, "--max-shard-size", str(shard)])
+        print(f" experts streamed apart ({time.time() - t0:.1f} s): {cmd}")
+        with open(sj) as fh:
+            stats.append(json.load(fh))
+    ck.fact(f"two expert slots of {expert * 4} bytes ({stats[1].get('expert_slots')}, "
+            f"{stats[1].get('expert_slot_bytes')})",
+            stats[1].get("expert_slots") == 2 and stats[1].get("expert_slot_bytes") == expert * 4)
+    ck.fact(f"losses, norms, eval loss as the resident run's ({l} {ev})", (l, n, ev) == want)
+    files = sorted(x for x in os.listdir(sdir) if x.endswith(".safetensors"))
+    same = all(open(os.path.join(sdir, x), "rb").read() == open(os.path.join(sv, x), "rb").read() for x in files)
+    ck.fact(f"every saved weight bit for bit the resident run's ({len(files)} files)", bool(files) and same)
+    routed = EVAL_ROUTED[0][L:2 * L]  # the second evaluation batch's layers
+    moved = stats[1]["bytes_moved"]["weights"] - stats[0]["bytes_moved"]["weights"]
+    fetched = stats[1]["experts_fetched"] - stats[0]["experts_fetched"]
+    ck.fact(f"an evaluation batch moves the dense parts ({dense} elements) and the {sum(routed)} experts routed to "
+            f"({routed} of {E} a layer): {moved} bytes, {fetched} experts",
+            moved == 4 * (dense + sum(routed) * expert) and fetched == sum(routed) and sum(routed) < L * E)
+    # training: each micro-batch's forward and backward visit the experts routed to, and copy each
+    # at most once a visit; the only copies saved are of experts still in one of the 2 slots where
+    # a forward meets its backward, or a backward the next micro-batch's forward (the same layer)
+    visits = 2 * sum(TRAIN_ROUTED[0])
+    train_fetched = stats[1]["experts_fetched"] - sum(EVAL_ROUTED[0])
+    seams = 2 * run["grad_accum"] * STEPS
+    ck.fact(f"training copies {train_fetched} experts, of {visits} visits to experts routed to (at least "
+            f"{visits - 2 * seams}: 2 a seam between passes)", visits - 2 * seams <= train_fetched <= visits)
 
 
 def lora_modules(c, params, targets):

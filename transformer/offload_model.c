@@ -15,7 +15,8 @@ static void tf_bind(tf_model *m, int b, const offload_block_io *io)
 static tf_block_bufs tf_bufs(const offload_block_io *io)
 {
     tf_block_bufs bb = {.params = io->params, .grads = io->grads, .embed_params = io->dep_params,
-                        .embed_grads = io->dep_grads, .frozen = io->frozen, .embed_frozen = io->dep_frozen};
+                        .embed_grads = io->dep_grads, .frozen = io->frozen, .embed_frozen = io->dep_frozen,
+                        .expert = io->expert, .expert_ctx = io->expert_ctx};
     return bb;
 }
 

@@ -749,6 +749,15 @@ static int tensor_at(const model_layout *l, int block, size_t e)
  * buffer; data NULL when the block has no such role. */
 static gpu_tensor bview(const tf_model *m, const void *buf, int block, model_role role)
 {
+    if (!has_lora(m) && buf && buf == m->apart_buf) {
+        /* the dense part of an MoE layer streamed per expert: the roles after
+         * the experts (the shared expert's) moved down over them */
+        const model_view *v = model_layout_view(&m->layout, block, role);
+        const model_view *x = model_layout_view(&m->layout, block, MODEL_ROLE_EXPERT_GATE_W);
+        if (!v || !v->numel) return gpu_t(NULL, m->dtype);
+        size_t o = v->offset, lo = x->offset, n = (size_t)m->cfg.moe.experts * model_layout_expert_stride(&m->layout);
+        return gpu_t((char *)buf + (o >= lo ? o - n : o) * zo_dtype_size(m->dtype), m->dtype);
+    }
     if (!has_lora(m)) return tf_view(m, buf, block, role);
     const model_view *v = model_layout_view(&m->layout, block, role);
     int i = v && buf ? tensor_at(&m->layout, block, v->offset) : -1;
@@ -1105,6 +1114,26 @@ static zo_status base_expert_weight(tf_model *m, gpu_stream_t s, const tf_block_
 
 /* A layer's weight gradient of `role` (expert e's for EXPERT_* roles, e
  * otherwise ignored); data NULL with LoRA, whose base is frozen. */
+/* A visit to routed expert e begins: where its weights are when the
+ * runtime streams them apart (bb->expert), else NULL. */
+static zo_status expert_begin(const tf_block_bufs *bb, int e, gpu_stream_t s, const void **ew)
+{
+    *ew = NULL;
+    return bb->expert ? bb->expert(bb->expert_ctx, e, s, ew) : ZO_OK;
+}
+
+/* Expert e's base weight of an EXPERT_* role: in its own buffer `ew` (from
+ * expert_begin), or as base_expert_weight finds it. */
+static zo_status expert_weight(tf_model *m, gpu_stream_t s, const tf_block_bufs *bb, int blk, model_role role,
+                               int e, const void *ew, gpu_tensor *w)
+{
+    if (!ew) return base_expert_weight(m, s, bb, blk, role, e, w);
+    size_t rel = model_layout_view(&m->layout, blk, role)->offset -
+                 model_layout_view(&m->layout, blk, MODEL_ROLE_EXPERT_GATE_W)->offset;
+    *w = gpu_t((char *)ew + rel * zo_dtype_size(m->dtype), m->dtype);
+    return ZO_OK;
+}
+
 static gpu_tensor base_grad(const tf_model *m, const tf_block_bufs *bb, int blk, model_role role, int e)
 {
     const void *G = has_lora(m) ? NULL : bb->grads;
@@ -1207,36 +1236,33 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
         (st = moe_route(m, l, s)) != ZO_OK)
         return st;
     const int *off = a->moe_off, M = off[E];
-    /* the experts on their pairs: xg [M, h], fc, up, act [M, fe] */
+    /* the experts on their pairs, one expert at a time (its weights may be
+     * streamed apart: one visit each): xg [M, h], fc, up, act [M, fe], then
+     * tmp = the sum of their weighted outputs added back to the tokens */
     if (M && (st = gpu_moe_gather(s, xg, ln2, a->moe_idx, M, h)) != ZO_OK) return st;
+    if (!recompute && (st = gpu_memset_async(s, m->tmp, 0, (size_t)N * h * zo_dtype_size(dt))) != ZO_OK) return st;
     for (int e = 0; e < E; e++) {
         int n = off[e + 1] - off[e];
         if (!n) continue;
         gpu_tensor x = rows_at(xg, off[e], h), fce = rows_at(fc, off[e], fe), upe = rows_at(up, off[e], fe);
-        if ((st = base_expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_GATE_W, e, &w)) != ZO_OK ||
+        gpu_tensor acte = rows_at(act, off[e], fe), y = rows_at(yg, off[e], h), sx = rows_at(sact, off[e], fe);
+        const void *ew;
+        if ((st = expert_begin(bb, e, s, &ew)) != ZO_OK ||
+            (st = expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_GATE_W, e, ew, &w)) != ZO_OK ||
             (st = gemm_xwt(s, fce, x, w, n, fe, h, 0.0f)) != ZO_OK ||
             (st = expert_lora_forward(m, s, bb, TF_LORA_EXPERT_GATE, e, x, fce, fe, n)) != ZO_OK ||
-            (st = base_expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_UP_W, e, &w)) != ZO_OK ||
+            (st = expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_UP_W, e, ew, &w)) != ZO_OK ||
             (st = gemm_xwt(s, upe, x, w, n, fe, h, 0.0f)) != ZO_OK ||
-            (st = expert_lora_forward(m, s, bb, TF_LORA_EXPERT_UP, e, x, upe, fe, n)) != ZO_OK)
+            (st = expert_lora_forward(m, s, bb, TF_LORA_EXPERT_UP, e, x, upe, fe, n)) != ZO_OK ||
+            (st = gpu_swiglu_forward(s, acte, fce, upe, (size_t)n * fe)) != ZO_OK)
             return st;
-    }
-    if (M && (st = gpu_swiglu_forward(s, act, fc, up, (size_t)M * fe)) != ZO_OK) return st;
-    if (!recompute) {
-        /* tmp = sum over the experts of their weighted outputs, added back to the tokens */
-        if ((st = gpu_memset_async(s, m->tmp, 0, (size_t)N * h * zo_dtype_size(dt))) != ZO_OK ||
-            (M && (st = gpu_moe_scale_forward(s, sact, act, a->moe_wp, M, fe, 1, 0)) != ZO_OK))
+        if (recompute) continue;
+        if ((st = gpu_moe_scale_forward(s, sx, acte, a->moe_wp + off[e], n, fe, 1, 0)) != ZO_OK ||
+            (st = expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_DOWN_W, e, ew, &w)) != ZO_OK ||
+            (st = gemm_xwt(s, y, sx, w, n, h, fe, 0.0f)) != ZO_OK ||
+            (st = expert_lora_forward(m, s, bb, TF_LORA_EXPERT_DOWN, e, sx, y, h, n)) != ZO_OK ||
+            (st = gpu_moe_scatter_add(s, tmp, y, a->moe_idx + off[e], n, h, h)) != ZO_OK)
             return st;
-        for (int e = 0; e < E; e++) {
-            int n = off[e + 1] - off[e];
-            if (!n) continue;
-            gpu_tensor y = rows_at(yg, off[e], h), x = rows_at(sact, off[e], fe);
-            if ((st = base_expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_DOWN_W, e, &w)) != ZO_OK ||
-                (st = gemm_xwt(s, y, x, w, n, h, fe, 0.0f)) != ZO_OK ||
-                (st = expert_lora_forward(m, s, bb, TF_LORA_EXPERT_DOWN, e, x, y, h, n)) != ZO_OK ||
-                (st = gpu_moe_scatter_add(s, tmp, y, a->moe_idx + off[e], n, h, h)) != ZO_OK)
-                return st;
-        }
     }
     if (!fs) return ZO_OK;
     /* the shared expert: fc = ln2 Wg^T, up = ln2 Wu^T (and their adapters),
@@ -1327,51 +1353,47 @@ static zo_status experts_backward(tf_model *m, int l, const tf_block_bufs *bb, g
     gpu_tensor dff = F32(m->dff), dup = F32(m->dff2), sact = gpu_t(m->sact, dt), dx = F32(m->moe_dx);
     gpu_tensor xg = gpu_t(m->moe_x, dt), op, w;
     if ((st = gpu_memset_async(s, m->dweights, 0, (size_t)N * E * 4)) != ZO_OK || !M) return st;
-    /* the pairs' output gradients dg [M, h] (in moe_dx); g = dg Wdown [M, fe];
-     * dWdown += dg^T (w act) */
+    /* the pairs' output gradients dg [M, h] (in moe_dx), their weighted
+     * activations w act [M, fe], their inputs xg [M, h] */
     if ((st = gpu_moe_gather(s, dx, F32(m->dres), a->moe_idx, M, h)) != ZO_OK ||
-        (st = gemm_operand(m, s, dx, M, h, &op)) != ZO_OK ||
-        (st = gpu_moe_scale_forward(s, sact, act, a->moe_wp, M, fe, 1, 0)) != ZO_OK)
-        return st;
-    for (int e = 0; e < E; e++) {
-        int n = off[e + 1] - off[e];
-        if (!n) continue;
-        gpu_tensor g = rows_at(dff, off[e], fe), dy = rows_at(op, off[e], h), x = rows_at(sact, off[e], fe);
-        if ((st = base_expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_DOWN_W, e, &w)) != ZO_OK ||
-            (st = gemm_back(s, g, 0.0f, base_grad(m, bb, blk, MODEL_ROLE_EXPERT_DOWN_W, e), dy, x, w, n, h, fe)) !=
-                ZO_OK ||
-            (st = expert_lora_backward(m, s, bb, TF_LORA_EXPERT_DOWN, e, dy, h, x, g, n)) != ZO_OK)
-            return st;
-    }
-    /* each pair's weight gradient g . act, dact = w g (in place), SwiGLU */
-    if ((st = gpu_moe_scale_backward(s, dff, m->moe_dscale, dff, act, a->moe_wp, M, fe, 1, 0)) != ZO_OK ||
-        (st = gpu_swiglu_backward(s, dff, dup, dff, fc, up, (size_t)M * fe)) != ZO_OK ||
+        (st = gpu_moe_scale_forward(s, sact, act, a->moe_wp, M, fe, 1, 0)) != ZO_OK ||
         (st = gpu_moe_gather(s, xg, gpu_t(a->ln2, dt), a->moe_idx, M, h)) != ZO_OK)
         return st;
-    /* gate, then up: dW += d^T xg, dx [M, h] = dgate Wg + dup Wu (dg is spent) */
-    gpu_tensor d[2] = {dff, dup};
-    model_role r[2] = {MODEL_ROLE_EXPERT_GATE_W, MODEL_ROLE_EXPERT_UP_W};
-    tf_lora_stage ls[2] = {TF_LORA_EXPERT_GATE, TF_LORA_EXPERT_UP};
-    for (int k = 0; k < 2; k++) {
-        if ((st = gemm_operand(m, s, d[k], M, fe, &op)) != ZO_OK) return st;
-        for (int e = 0; e < E; e++) {
-            int n = off[e + 1] - off[e];
-            if (!n) continue;
-            gpu_tensor dxe = rows_at(dx, off[e], h), dy = rows_at(op, off[e], fe), x = rows_at(xg, off[e], h);
-            if ((st = base_expert_weight(m, s, bb, blk, r[k], e, &w)) != ZO_OK ||
-                (st = gemm_back(s, dxe, (float)k, base_grad(m, bb, blk, r[k], e), dy, x, w, n, fe, h)) != ZO_OK ||
-                (st = expert_lora_backward(m, s, bb, ls[k], e, dy, fe, x, dxe, n)) != ZO_OK)
-                return st;
-        }
-    }
-    /* back to the tokens: dh += dx, dweights[token, e] = the pair's weight gradient */
+    /* one expert at a time (one visit each: its weights may be streamed
+     * apart); the casts of a GEMM operand reuse one buffer in stream order */
     for (int e = 0; e < E; e++) {
         int n = off[e + 1] - off[e];
         if (!n) continue;
-        if ((st = gpu_moe_scatter_add(s, F32(m->dh), rows_at(dx, off[e], h), a->moe_idx + off[e], n, h, h)) !=
+        const int o = off[e];
+        gpu_tensor g = rows_at(dff, o, fe), gu = rows_at(dup, o, fe), x = rows_at(sact, o, fe);
+        gpu_tensor dxe = rows_at(dx, o, h), xe = rows_at(xg, o, h);
+        const void *ew;
+        /* g = dg Wdown [n, fe]; dWdown += dg^T (w act) */
+        if ((st = expert_begin(bb, e, s, &ew)) != ZO_OK || (st = gemm_operand(m, s, dxe, n, h, &op)) != ZO_OK ||
+            (st = expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_DOWN_W, e, ew, &w)) != ZO_OK ||
+            (st = gemm_back(s, g, 0.0f, base_grad(m, bb, blk, MODEL_ROLE_EXPERT_DOWN_W, e), op, x, w, n, h, fe)) !=
                 ZO_OK ||
-            (st = gpu_moe_scatter_add(s, F32(m->dweights + e), F32(m->moe_dscale + off[e]), a->moe_idx + off[e],
-                                      n, 1, E)) != ZO_OK)
+            (st = expert_lora_backward(m, s, bb, TF_LORA_EXPERT_DOWN, e, op, h, x, g, n)) != ZO_OK)
+            return st;
+        /* each pair's weight gradient g . act, dact = w g (in place), SwiGLU */
+        if ((st = gpu_moe_scale_backward(s, g, m->moe_dscale + o, g, rows_at(act, o, fe), a->moe_wp + o, n, fe, 1,
+                                         0)) != ZO_OK ||
+            (st = gpu_swiglu_backward(s, g, gu, g, rows_at(fc, o, fe), rows_at(up, o, fe), (size_t)n * fe)) != ZO_OK)
+            return st;
+        /* gate, then up: dW += d^T xg, dx [n, h] = dgate Wg + dup Wu (dg is spent) */
+        gpu_tensor d[2] = {g, gu};
+        model_role r[2] = {MODEL_ROLE_EXPERT_GATE_W, MODEL_ROLE_EXPERT_UP_W};
+        tf_lora_stage ls[2] = {TF_LORA_EXPERT_GATE, TF_LORA_EXPERT_UP};
+        for (int k = 0; k < 2; k++)
+            if ((st = gemm_operand(m, s, d[k], n, fe, &op)) != ZO_OK ||
+                (st = expert_weight(m, s, bb, blk, r[k], e, ew, &w)) != ZO_OK ||
+                (st = gemm_back(s, dxe, (float)k, base_grad(m, bb, blk, r[k], e), op, xe, w, n, fe, h)) != ZO_OK ||
+                (st = expert_lora_backward(m, s, bb, ls[k], e, op, fe, xe, dxe, n)) != ZO_OK)
+                return st;
+        /* back to the tokens: dh += dx, dweights[token, e] = the pair's weight gradient */
+        if ((st = gpu_moe_scatter_add(s, F32(m->dh), dxe, a->moe_idx + o, n, h, h)) != ZO_OK ||
+            (st = gpu_moe_scatter_add(s, F32(m->dweights + e), F32(m->moe_dscale + o), a->moe_idx + o, n, 1, E)) !=
+                ZO_OK)
             return st;
     }
     return ZO_OK;
@@ -1698,6 +1720,7 @@ zo_status tf_block_forward(tf_model *m, int block, const tf_block_bufs *bufs, gp
 {
     zo_status st;
     if ((st = check_block(m, block, bufs, 0)) != ZO_OK) return st;
+    m->apart_buf = bufs->expert ? bufs->params : NULL;
     if (block == MODEL_BLOCK_EMBED) return embed_forward(m, bufs, s);
     if (block == model_layout_head_block(&m->layout)) return head_forward(m, bufs, s);
     return layer_forward(m, block - 1, bufs, s, 0);
@@ -1711,6 +1734,7 @@ zo_status tf_block_recompute(tf_model *m, int block, const tf_block_bufs *bufs, 
     if (block == MODEL_BLOCK_EMBED || block == model_layout_head_block(&m->layout))
         return ZO_OK; /* the embedding saves nothing; the head's activations are its own */
     if (block - 1 >= tf_recompute_layers(m)) return ZO_OK; /* it kept its activations */
+    m->apart_buf = bufs->expert ? bufs->params : NULL;
     return layer_forward(m, block - 1, bufs, s, 1);
 }
 
@@ -1720,6 +1744,7 @@ zo_status tf_block_backward(tf_model *m, int block, const tf_block_bufs *bufs, f
     zo_status st;
     if ((st = check_trains(m, "tf_block_backward")) != ZO_OK || (st = check_block(m, block, bufs, 1)) != ZO_OK)
         return st;
+    m->apart_buf = bufs->expert ? bufs->params : NULL;
     if (block == MODEL_BLOCK_EMBED) return embed_backward(m, bufs, s);
     if (block == model_layout_head_block(&m->layout)) return head_backward(m, bufs, loss_scale, s);
     return layer_backward(m, block - 1, bufs, s);

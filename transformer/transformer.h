@@ -197,6 +197,8 @@ typedef struct tf_model {
     float *moe_dscale;      /* [N top_k] the pairs' weight gradients */
     float *moe_w_h;         /* [N, experts] host: the router's weights, read to route */
     float moe_loss_scale;   /* the head's loss_scale, for the load-balancing loss's gradient */
+    const void *apart_buf;  /* the block call's params when they hold an MoE layer's dense part alone
+                               (tf_block_bufs.expert), else NULL */
     /* generation (opts.kv_len > 0) */
     void **kcache, **vcache; /* [L] each [B, kv_len, hkv d] in dtype */
     int32_t *pos;           /* [B] device: each sequence's first new position */
@@ -284,6 +286,14 @@ typedef struct tf_block_bufs {
     void *embed_grads;
     const void *frozen;       /* LoRA: the block's frozen base (ignored otherwise) */
     const void *embed_frozen; /* LoRA, tied head: the embedding block's frozen base */
+    /* (optional, an MoE layer without LoRA) its routed experts streamed
+     * apart: params holds the layer's dense part only (the elements before
+     * the experts, then those after them, moved down), and expert(ctx, e,
+     * s, &w) makes routed expert e's weights (gate, up, down, as laid out in
+     * the block) usable on s; called once a visit, for the experts with
+     * tokens only, in increasing order. NULL: the experts are in params. */
+    zo_status (*expert)(void *ctx, int e, gpu_stream_t s, const void **w);
+    void *expert_ctx;
 } tf_block_bufs;
 
 /* Forward of one block on the current batch. The head's forward computes the

@@ -283,6 +283,10 @@ zo_status report_end(train_report *rp, train_run *r)
     offload_stats ost;
     offload_get_stats(r->rt, &ost);
     if ((st = print_tiers(r->rt, &ost, pred, r->trained->total_numel, total)) != ZO_OK) return st;
+    if (ost.n_expert_slots) /* docs/offload.md, "Experts streamed apart" */
+        printf("# experts streamed apart: %d slots of %s, %llu experts fetched, %s of weights copied to the "
+               "device\n", ost.n_expert_slots, zo_format_bytes(ost.expert_slot_bytes, b1, sizeof b1),
+               (unsigned long long)ost.experts_fetched, zo_format_bytes(ost.bytes_weights, b2, sizeof b2));
     if (!a->stats_json) return ZO_OK;
     /* rank r > 0 writes FILE.rank<r> */
     char path[4200];
