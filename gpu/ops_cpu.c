@@ -116,7 +116,7 @@ static void out_done(gpu_tensor t, size_t off, const float *v, size_t n)
     if (t.dtype != ZO_DTYPE_F32) store_row(t, off, v, n);
 }
 
-static int nthreads(int nt) { return nt > 0 ? nt : omp_get_max_threads(); }
+int cpu_team(int nt) { return nt > 0 ? nt : omp_get_max_threads(); }
 
 /* ---- scratch arena ------------------------------------------------------------ */
 
@@ -338,7 +338,7 @@ static zo_status own_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
     long tiles = (long)batch * tm * tn;
     size_t es_a = zo_dtype_size(d->a.dtype), es_b = zo_dtype_size(d->b.dtype);
     size_t es_c = zo_dtype_size(d->c.dtype);
-    int team = nthreads(nt);
+    int team = cpu_team(nt);
     if (team > tiles) team = (int)tiles;
     /* per thread: packed A, packed B, the C tile, a converted row */
     const size_t n_ap = (size_t)MC * KC, n_bp = (size_t)NC * KC, n_acc = (size_t)MC * NC;
@@ -612,7 +612,7 @@ static zo_status blas_gemm(cpu_scratch *ws, const gpu_gemm_desc *d, int nt)
     const int batch = d->batch > 0 ? d->batch : 1;
     const blas_tiles bt = blas_tiles_of(d, batch);
     const long tiles = (long)batch * bt.rt * bt.ct;
-    int team = nthreads(nt);
+    int team = cpu_team(nt);
     if (team > tiles) team = (int)tiles;
     /* reserved even when nothing is converted: a GEMM takes (and may fail
      * to get) its scratch the same way whichever kernel runs it */
@@ -672,7 +672,7 @@ void cpu_gemm_naive(const gpu_gemm_desc *d)
 zo_status cpu_bias_forward(cpu_scratch *ws, gpu_tensor y, gpu_tensor bias, int n, int c,
                            int64_t ldy, int nt)
 {
-    const int team = nthreads(nt);
+    const int team = cpu_team(nt);
     const size_t cb = (size_t)c * sizeof(float);
     char *base;
     zo_status st = reserve_team(ws, "gpu_bias_forward", cb, cb, team, &base);
@@ -699,7 +699,7 @@ zo_status cpu_bias_forward(cpu_scratch *ws, gpu_tensor y, gpu_tensor bias, int n
 void cpu_bias_backward(gpu_tensor dbias, gpu_tensor dy, int n, int c, int64_t lddy, int nt)
 {
     int blocks = (c + COLS - 1) / COLS;
-#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (int cb = 0; cb < blocks; cb++) {
         int j0 = cb * COLS, w = c - j0 < COLS ? c - j0 : COLS;
         float acc[COLS], row[COLS];
@@ -718,7 +718,7 @@ zo_status cpu_layernorm_forward(cpu_scratch *ws, gpu_tensor y, float *mean, floa
                                 gpu_tensor x, gpu_tensor w, gpu_tensor b, int n, int c, float eps,
                                 int nt)
 {
-    const int team = nthreads(nt);
+    const int team = cpu_team(nt);
     const size_t cb = (size_t)c * sizeof(float);
     char *base;
     zo_status st = reserve_team(ws, "gpu_layernorm_forward", 2 * al64(cb), cb, team, &base);
@@ -755,7 +755,7 @@ static void norm_param_grads(gpu_tensor dw, gpu_tensor db, gpu_tensor dy, gpu_te
                              const float *mean, const float *rstd, int n, int c, int nt)
 {
     int blocks = (c + COLS - 1) / COLS;
-#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (int cb = 0; cb < blocks; cb++) {
         int j0 = cb * COLS, wd = c - j0 < COLS ? c - j0 : COLS;
         float aw[COLS], ab[COLS], g[COLS], xr[COLS];
@@ -809,7 +809,7 @@ static zo_status norm_backward(cpu_scratch *ws, const char *op, gpu_tensor dx, g
                                gpu_tensor db, gpu_tensor dy, gpu_tensor x, gpu_tensor w,
                                const float *mean, const float *rstd, int n, int c, int nt)
 {
-    const int team = nthreads(nt);
+    const int team = cpu_team(nt);
     const size_t cb = al64((size_t)c * sizeof(float));
     char *base;
     zo_status st = reserve_team(ws, op, cb, 3 * cb, team, &base);
@@ -847,7 +847,7 @@ zo_status cpu_layernorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, 
 zo_status cpu_rmsnorm_forward(cpu_scratch *ws, gpu_tensor y, float *rstd, gpu_tensor x,
                               gpu_tensor w, int n, int c, float eps, int nt)
 {
-    const int team = nthreads(nt);
+    const int team = cpu_team(nt);
     const size_t cb = (size_t)c * sizeof(float);
     char *base;
     zo_status st = reserve_team(ws, "gpu_rmsnorm_forward", cb, cb, team, &base);
@@ -993,7 +993,7 @@ zo_status cpu_attention_forward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_ten
     const int t = a->t, d = a->d, hq = a->hq, hkv = a->hkv, grp = hq / hkv;
     const size_t ld = (size_t)(hq + 2 * hkv) * d, ldo = (size_t)hq * d;
     const float scale = 1.0f / sqrtf((float)d);
-    const int team = nthreads(nt), tN = RUP(t, NR), dN = RUP(d, NR), aqM = RUP(AQ, MR);
+    const int team = cpu_team(nt), tN = RUP(t, NR), dN = RUP(d, NR), aqM = RUP(AQ, MR);
     /* per thread: K^T and V panels, the fp32 rows staged, Q and P panels,
      * scores [aqM][tN], output tile [aqM][dN] */
     const size_t n_kp = (size_t)tN * d, n_vp = (size_t)t * dN, n_x = (size_t)t * d;
@@ -1056,7 +1056,7 @@ zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_te
     const int t = a->t, d = a->d, hq = a->hq, hkv = a->hkv, grp = hq / hkv;
     const size_t ld = (size_t)(hq + 2 * hkv) * d, ldo = (size_t)hq * d;
     const float scale = 1.0f / sqrtf((float)d);
-    const int team = nthreads(nt), tN = RUP(t, NR), tM = RUP(t, MR), dN = RUP(d, NR);
+    const int team = cpu_team(nt), tN = RUP(t, NR), tM = RUP(t, MR), dN = RUP(d, NR);
     const int aqM = RUP(AQ, MR);
     /* per thread: K^T, V^T and K panels, dK and dV [tM][dN], the fp32 rows
      * staged (t x d), Q and dO blocks (AQ x d each), their A and B panels,
@@ -1164,7 +1164,7 @@ zo_status cpu_attention_cached(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tens
                             s, pos[s], pos[s], pos[s] + t - 1, tc);
         if (pos[s] + t > most) most = pos[s] + t;
     }
-    const int team = nthreads(nt);
+    const int team = cpu_team(nt);
     /* per thread: K and V rows [most][d], a score row, a query and an output row */
     const size_t per = 2 * al64((size_t)most * d * 4) + al64((size_t)most * 4) + 3 * al64((size_t)d * 4);
     char *sb;
@@ -1227,7 +1227,7 @@ zo_status cpu_attention_cached(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tens
 zo_status cpu_rope(cpu_scratch *ws, gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx,
                    float theta, int pos0, const double *freq, int inverse, int nt)
 {
-    const int half = d / 2, team = nthreads(nt);
+    const int half = d / 2, team = cpu_team(nt);
     const size_t db = al64((size_t)d * sizeof(float));
     char *base;
     zo_status st = reserve_team(ws, "gpu_rope", (size_t)half * sizeof(double), 2 * db, team, &base);
@@ -1316,7 +1316,7 @@ static int ew_len(size_t blk, size_t n)
 
 void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int nt)
 {
-#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
         float bx[EW_BLOCK], by[EW_BLOCK];
         size_t off = blk * EW_BLOCK;
@@ -1329,7 +1329,7 @@ void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int nt)
 
 void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int nt)
 {
-#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
         float bx[EW_BLOCK], bdy[EW_BLOCK], bdx[EW_BLOCK];
         size_t off = blk * EW_BLOCK;
@@ -1342,7 +1342,7 @@ void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int
 
 void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, int nt)
 {
-#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
         float bg[EW_BLOCK], bu[EW_BLOCK], by[EW_BLOCK];
         size_t off = blk * EW_BLOCK;
@@ -1356,7 +1356,7 @@ void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, 
 void cpu_swiglu_backward(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy, gpu_tensor gate,
                          gpu_tensor up, size_t n, int nt)
 {
-#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
         float bg[EW_BLOCK], bu[EW_BLOCK], bdy[EW_BLOCK], bdg[EW_BLOCK], bdu[EW_BLOCK];
         size_t off = blk * EW_BLOCK;
@@ -1387,7 +1387,7 @@ zo_status cpu_embedding_forward(cpu_scratch *ws, gpu_tensor out, const int32_t *
 {
     zo_status s = check_ids("gpu_embedding_forward", "tokens", tokens, n, vocab, 0);
     if (s != ZO_OK) return s;
-    const int team = nthreads(nt);
+    const int team = cpu_team(nt);
     const size_t cb = al64((size_t)c * sizeof(float));
     char *base;
     s = reserve_team(ws, "gpu_embedding_forward", 0, 2 * cb, team, &base);
@@ -1430,7 +1430,7 @@ zo_status cpu_embedding_backward(cpu_scratch *ws, gpu_tensor dwte, gpu_tensor dw
     for (int v = 0; v < vocab; v++) start[v + 1] += start[v];
     for (int r = 0; r < n; r++) order[start[tokens[r]]++] = r; /* start[v]: end of token v */
     int blocks = (c + COLS - 1) / COLS, positions = t < n ? t : n;
-#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (int cb = 0; cb < blocks; cb++) {
         int j0 = cb * COLS, w = c - j0 < COLS ? c - j0 : COLS;
         float g[COLS], sum[COLS];
@@ -1489,7 +1489,7 @@ zo_status cpu_cross_entropy_forward(cpu_scratch *ws, float *losses, gpu_tensor l
     const char *op = "gpu_cross_entropy_forward";
     zo_status s = check_ids(op, "targets", targets, n, v, 1);
     if (s != ZO_OK) return s;
-    const int team = nthreads(nt);
+    const int team = cpu_team(nt);
     const size_t vb = (size_t)v * sizeof(float);
     char *base;
     s = reserve_team(ws, op, 0, vb, team, &base);
@@ -1516,7 +1516,7 @@ zo_status cpu_cross_entropy_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_te
     const char *op = "gpu_cross_entropy_backward";
     zo_status s = check_ids(op, "targets", targets, n, v, 1);
     if (s != ZO_OK) return s;
-    const int team = nthreads(nt);
+    const int team = cpu_team(nt);
     const size_t vb = (size_t)v * sizeof(float);
     char *base;
     s = reserve_team(ws, op, 0, vb, team, &base);
@@ -1571,7 +1571,7 @@ VEC_CLONES static double sumsq_f32(const float *restrict x, int n)
 
 void cpu_add(gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n, int nt)
 {
-#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
         float ba[EW_BLOCK], bb[EW_BLOCK], by[EW_BLOCK];
         size_t off = blk * EW_BLOCK;
@@ -1584,7 +1584,7 @@ void cpu_add(gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n, int nt)
 
 void cpu_scale(gpu_tensor x, float alpha, size_t n, int nt)
 {
-#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
         float bx[EW_BLOCK], by[EW_BLOCK];
         size_t off = blk * EW_BLOCK;
@@ -1601,7 +1601,7 @@ void cpu_cast(gpu_tensor dst, gpu_tensor src, size_t n, int nt)
         if (dst.data != src.data) memmove(dst.data, src.data, n * zo_dtype_size(dst.dtype));
         return;
     }
-#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
         float bx[EW_BLOCK];
         size_t off = blk * EW_BLOCK;
@@ -1613,7 +1613,7 @@ void cpu_cast(gpu_tensor dst, gpu_tensor src, size_t n, int nt)
 void cpu_check_finite(int32_t *flag, gpu_tensor x, size_t n, int nt)
 {
     int bad = 0;
-#pragma omp parallel for schedule(static) reduction(| : bad) num_threads(nthreads(nt))
+#pragma omp parallel for schedule(static) reduction(| : bad) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
         float bx[EW_BLOCK];
         size_t off = blk * EW_BLOCK;
@@ -1632,7 +1632,7 @@ zo_status cpu_sum_squares(cpu_scratch *ws, float *sum, gpu_tensor x, size_t n, i
     zo_status st = cpu_scratch_reserve(ws, chunks * sizeof(double), "gpu_sum_squares",
                                        (void **)&part);
     if (st != ZO_OK) return st;
-#pragma omp parallel for schedule(static) num_threads(nthreads(nt))
+#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t k = 0; k < chunks; k++) {
         size_t end = (k + 1) * SUMSQ_CHUNK < n ? (k + 1) * SUMSQ_CHUNK : n;
         double s = 0.0;
@@ -1651,5 +1651,5 @@ zo_status cpu_sum_squares(cpu_scratch *ws, float *sum, gpu_tensor x, size_t n, i
 
 void cpu_nf4_dequantize(gpu_tensor out, const void *nf4, size_t n, int nt)
 {
-    zo_nf4_dequantize(out.data, out.dtype, nf4, n, nthreads(nt));
+    zo_nf4_dequantize(out.data, out.dtype, nf4, n, cpu_team(nt));
 }

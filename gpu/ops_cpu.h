@@ -31,6 +31,10 @@ typedef struct cpu_scratch {
     void *fail_arg;
 } cpu_scratch;
 
+/* The team an op with thread count nt runs on: nt, or OpenMP's default
+ * where nt is 0 (a device opened without a count). */
+int cpu_team(int nt);
+
 void cpu_scratch_init(cpu_scratch *ws);
 void cpu_scratch_free(cpu_scratch *ws);
 /* *out = at least `bytes` bytes, 64-byte aligned, valid until the next

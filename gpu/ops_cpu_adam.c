@@ -19,7 +19,7 @@
 void cpu_adam_update(const gpu_adam_consts *c, size_t n, float *param, gpu_tensor grad, float *m,
                      float *v, gpu_tensor out16, int nt)
 {
-    if (nt <= 0) nt = omp_get_max_threads(); /* 0: OpenMP's default, as the other ops */
+    nt = cpu_team(nt); /* 0: OpenMP's default, as the other ops */
     if (n < 65536) nt = 1; /* not worth a team */
     const void *g = grad.data;
     zo_dtype gd = grad.dtype;
@@ -134,7 +134,7 @@ static void q8_block(const gpu_adam_state_args *x, const zo_adam_consts *nodecay
 void cpu_adam_state_update(const gpu_adam_state_args *x, size_t n, gpu_tensor param, gpu_tensor grad, void *state,
                            gpu_tensor out16, void *comp, int nt)
 {
-    if (nt <= 0) nt = omp_get_max_threads();
+    nt = cpu_team(nt);
     if (n < 65536) nt = 1;
     zo_adam_consts nodecay = x->c;
     nodecay.l2 = 0.0f;

@@ -53,6 +53,7 @@ static zo_status route_scratch(cpu_scratch *ws, const char *op, int nt, int e, i
 zo_status cpu_moe_router_forward(cpu_scratch *ws, gpu_tensor weights, gpu_tensor logits,
                                  float *stats, int n, int e, int k, int norm, int nt)
 {
+    nt = cpu_team(nt); /* 0: OpenMP's team, sized here: the scratch is per thread */
     float *rows;
     double *acc;
     zo_status st = route_scratch(ws, "gpu_moe_router_forward", nt, e, k, 2 * (size_t)e, &rows, &acc);
@@ -85,6 +86,7 @@ zo_status cpu_moe_router_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_tenso
                                   gpu_tensor logits, const float *stats, int n, int e, int k,
                                   int norm, int layers, float aux_scale, int nt)
 {
+    nt = cpu_team(nt); /* 0: OpenMP's team, sized here: the scratch is per thread */
     float *rows;
     double *aux;
     /* per thread: p [e], sel [k], then dp [e] in the doubles */
@@ -130,6 +132,7 @@ static float gate_of(float s, int sigmoid) { return sigmoid ? 1.0f / (1.0f + exp
 void cpu_moe_scale_forward(gpu_tensor y, gpu_tensor x, const float *scale, int n, int c,
                            int64_t lds, int sigmoid, int nt)
 {
+    nt = cpu_team(nt); /* 0: OpenMP's team (num_threads takes a positive count) */
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int r = 0; r < n; r++) {
         float g = gate_of(scale[(size_t)r * lds], sigmoid);
@@ -142,6 +145,7 @@ void cpu_moe_scale_forward(gpu_tensor y, gpu_tensor x, const float *scale, int n
 void cpu_moe_scale_backward(gpu_tensor dx, float *dscale, gpu_tensor dy, gpu_tensor x,
                             const float *scale, int n, int c, int64_t lds, int sigmoid, int nt)
 {
+    nt = cpu_team(nt); /* 0: OpenMP's team (num_threads takes a positive count) */
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int r = 0; r < n; r++) {
         float g = gate_of(scale[(size_t)r * lds], sigmoid);
@@ -158,6 +162,7 @@ void cpu_moe_scale_backward(gpu_tensor dx, float *dscale, gpu_tensor dy, gpu_ten
 
 void cpu_moe_gather(gpu_tensor y, gpu_tensor x, const int32_t *idx, int n, int c, int nt)
 {
+    nt = cpu_team(nt); /* 0: OpenMP's team (num_threads takes a positive count) */
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int i = 0; i < n; i++) {
         size_t from = (size_t)idx[i] * c, to = (size_t)i * c;
@@ -169,6 +174,7 @@ void cpu_moe_gather(gpu_tensor y, gpu_tensor x, const int32_t *idx, int n, int c
 void cpu_moe_scatter_add(gpu_tensor y, gpu_tensor x, const int32_t *idx, int n, int c, int64_t ldy,
                          int nt)
 {
+    nt = cpu_team(nt); /* 0: OpenMP's team (num_threads takes a positive count) */
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int i = 0; i < n; i++) {
         size_t to = (size_t)idx[i] * (size_t)ldy, from = (size_t)i * c;

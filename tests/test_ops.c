@@ -2267,7 +2267,10 @@ static void test_every_op(void **state)
 
 static int open_device(devpair *d, const char *name)
 {
-    gpu_cpu_options opt = {.capacity = 0, .n_threads = 2};
+    /* n_threads 0, train's default: each op sizes its team from OpenMP's
+     * (the router's kernels once took 0 for the team and laid every
+     * thread's scratch over its sums) */
+    gpu_cpu_options opt = {.capacity = 0, .n_threads = 0};
     zo_status st = strcmp(name, "cpu") == 0 ? gpu_device_init_cpu(&opt, &d->dev)
                                             : gpu_device_open(name, 0, &d->dev);
     if (st == ZO_OK) st = gpu_stream_create(d->dev, &d->s);
