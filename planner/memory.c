@@ -923,15 +923,20 @@ static void estimate_grads(const stage_est *s, plan_estimate *e)
 {
     const plan_train *t = s->t;
     uint64_t stage_bytes = 2 * s->tr_largest * s->wsz;
-    /* summed where their optimizer state lives: the GPU share's on the GPU
-     * in the plan's gradient dtype (the runtime sums them in fp32: plan it
-     * with --grad-dtype fp32, 4 B/param); the rest where --grads says: on
-     * the GPU likewise, or added in fp32 on the host as blocks arrive
-     * (micro-batches, a tied embedding's two parts, fp16 unscaling) */
+    /* summed where their optimizer state lives: the GPU share's on the GPU,
+     * by this runtime in fp32 whatever --grad-dtype says (the device
+     * shard's gradient sums, 4 B/param); in --grad-dtype for the frameworks
+     * memplan also sizes: --runtime eager (DeepSpeed, FSDP) and tensor or
+     * pipeline parallelism (Megatron), which this runtime does not run. The
+     * rest where --grads says: on the GPU likewise, or added in fp32 on the
+     * host as blocks arrive (micro-batches, a tied embedding's two parts,
+     * fp16 unscaling) */
     uint64_t g_elems = t->zero >= 2 ? s->sharded : s->tr;
     uint64_t g_gpu = t->grads_on == ZO_PLAN_GPU ? g_elems : frac_of(g_elems, s->fg);
     uint64_t g_host = g_elems - g_gpu;
-    add(e, "gradients", ZO_PLAN_GPU, PLAN_GRADS, g_gpu * s->gsz);
+    if (t->runtime == PLAN_RUNTIME_EAGER || t->tp > 1 || t->pp > 1)
+        add(e, "gradients", ZO_PLAN_GPU, PLAN_GRADS, g_gpu * s->gsz);
+    else add(e, "gradient sums (fp32)", ZO_PLAN_GPU, PLAN_GRADS, g_gpu * 4);
     /* backward writes a block's gradients (in the weights' dtype) into one
      * of two staging blocks, from which they go to the host or are added to
      * the GPU's sum; the host reads the GPU share's fp32 gradient through

@@ -1667,6 +1667,15 @@ static void test_memplan_agrees(void **state)
          ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
         {"weights cpu, optimizer gpu", OFFLOAD_CPU, 0, 1, OFFLOAD_CPU, 1.0, OFFLOAD_SCHEDULE_SERIAL, 0, 0,
          ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
+        /* the GPU share's fp32 gradient sums with bf16 gradients in the plan
+         * (memplan's default, what train runs; --params cpu|nvme --optimizer
+         * gpu was 110% of memplan with those sums counted in bf16) */
+        {"weights cpu, optimizer gpu, no recompute", OFFLOAD_CPU, 0, 0, OFFLOAD_DEVICE, 1.0, OFFLOAD_SCHEDULE_SERIAL,
+         0, 0, ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
+        {"weights nvme, optimizer gpu", OFFLOAD_NVME, 0, 0, OFFLOAD_DEVICE, 1.0, OFFLOAD_SCHEDULE_SERIAL, 0, 0,
+         ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
+        {"weights cpu, optimizer gpu/cpu", OFFLOAD_CPU, 0, 0, OFFLOAD_DEVICE, 0.5, OFFLOAD_SCHEDULE_SERIAL, 0, 0,
+         ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
         {"resident, optimizer and grads gpu", OFFLOAD_DEVICE, 0, 0, OFFLOAD_DEVICE, 1.0, OFFLOAD_SCHEDULE_SERIAL, 0, 0,
          ZO_PLAN_STATE_FP32, ZO_PLAN_MASTER_FP32},
         {"resident, optimizer gpu/cpu/nvme", OFFLOAD_DEVICE, 0.25, 1, OFFLOAD_DEVICE, 0.5, OFFLOAD_SCHEDULE_SERIAL, 0, 0,

@@ -260,6 +260,7 @@ static double model_states_gb(double params, int dp, int zero)
     plan_train t;
     plan_train_defaults(&t, &m);
     t.dtype = t.grad_dtype = ZO_DTYPE_F16;
+    t.runtime = PLAN_RUNTIME_EAGER; /* DeepSpeed's: fp16 gradients (this runtime sums in fp32) */
     t.dp = dp;
     t.zero = zero;
     plan_estimate e;
@@ -668,8 +669,9 @@ static void test_placement(void **state)
     assert_false(e.fits);
     uint64_t P = 13015864320ull;
     assert_int_equal(e.bytes[PLAN_GPU][PLAN_OPTIMIZER], 12 * P);
-    /* a GPU optimizer share: gradients in the plan's dtype (the runtime sums
-     * them in fp32: --grad-dtype fp32), plus the runtime's two staging
+    /* a GPU optimizer share: gradients summed in fp32 (this runtime's, which
+     * --grad-dtype does not change; --runtime eager's in the plan's dtype),
+     * plus the runtime's two staging
      * blocks (weights' dtype, buffers: not model states, so the ZeRO paper's
      * figures stand) and its pinned staging: one block of that share's fp32
      * gradient (read for an exact clipping norm) and two sub-group chunks of
@@ -677,12 +679,18 @@ static void test_placement(void **state)
      * the host); the largest block is a layer (see below) */
     uint64_t big = 3ull * 5120 * 13824 + 4ull * 5120 * 5120 + 2 * 5120;
     uint64_t chunk = s.t.buf.sub_group < big ? s.t.buf.sub_group : big;
-    assert_int_equal(e.bytes[PLAN_GPU][PLAN_GRADS], 2 * P);
+    assert_int_equal(e.bytes[PLAN_GPU][PLAN_GRADS], 4 * P);
+    assert_int_equal(item_bytes(&e, "gradient sums (fp32)", PLAN_GPU), 4 * P);
     assert_int_equal(item_bytes(&e, "gradient staging (2 blocks)", PLAN_GPU), 2 * 2 * big);
     assert_int_equal(item_bytes(&e, "pinned staging", PLAN_CPU), 4 * big + 2 * 2 * chunk);
     s.t.grad_dtype = ZO_DTYPE_F32;
     assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &e), ZO_OK);
     assert_int_equal(e.bytes[PLAN_GPU][PLAN_GRADS], 4 * P);
+    s.t.grad_dtype = ZO_DTYPE_BF16;
+    s.t.runtime = PLAN_RUNTIME_EAGER;
+    assert_int_equal(plan_estimate_run(&s.m, &s.hw, &s.t, &e), ZO_OK);
+    assert_int_equal(e.bytes[PLAN_GPU][PLAN_GRADS], 2 * P);
+    s.t.runtime = PLAN_RUNTIME_ZOFFLOAD;
     s.t.grad_dtype = s.t.dtype;
 
     s.t.grads_on = PLAN_CPU;

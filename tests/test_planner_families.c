@@ -452,9 +452,10 @@ static void test_mixtral_ep8_bytes(void **state)
     const uint64_t experts = 32ull * 176160768;                  /* 5,637,144,576 */
     assert_int_equal(s.e.stage_params, dense + experts);         /* 7,242,780,672 */
     assert_int_equal(s.e.stage_expert_params, experts);
-    /* bf16 weights and gradients, whole on each rank (ZeRO-1) */
+    /* bf16 weights and the runtime's fp32 gradient sums, whole on each rank
+     * (ZeRO-1) */
     assert_int_equal(item(&s.e, "fp16/bf16 weights", PLAN_GPU), 2 * (dense + experts));
-    assert_int_equal(item(&s.e, "gradients", PLAN_GPU), 2 * (dense + experts));
+    assert_int_equal(item(&s.e, "gradient sums (fp32)", PLAN_GPU), 4 * (dense + experts));
     /* ZeRO-1 shards AdamW's 12 bytes over the ranks that hold the same
      * parameters: the dense ones over DP 8, each expert is on one rank
      * (DP / EP = 1), so its optimizer state is not sharded at all */

@@ -23,9 +23,8 @@ void runtime_plan_train(plan_train *t, const zo_model_config *m, zo_dtype dt, in
     /* the runtime sums a gradient where its optimizer state lives: a
      * device share's on the device, the rest on the host */
     t->grads_on = oc->opt_frac[OFFLOAD_DEVICE] >= 1 ? PLAN_GPU : PLAN_CPU;
-    /* the runtime sums the gradients of a device optimizer share in fp32:
-     * such a plan is made with --grad-dtype fp32 */
-    if (oc->opt_frac[OFFLOAD_DEVICE] > 0) t->grad_dtype = ZO_DTYPE_F32;
+    /* (a device optimizer share's gradient sums are fp32: memplan counts
+     * them so whatever the plan's gradient dtype, as train runs its plans) */
     t->checkpoints_on = (plan_tier)oc->checkpoints_on;
     for (int i = 0; i < PLAN_TIERS; i++) t->opt_frac[i] = oc->opt_frac[i];
     t->opt_state = oc->opt_state;
