@@ -24,6 +24,7 @@
 #include "tests/support/files.h"       /* defines: files_write_plan, files_remove_tree */
 #include "tests/support/models.h"      /* defines: tiny_model, tiny_batch */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer (the reference) */
+#include "tests/support/lora_init.h"    /* defines: lora_init_weights */
 #include "tests/support/run.h"         /* defines: run_capture, run_paused */
 #include "tests/support/runtime_plan.h" /* defines: runtime_plan_train, runtime_plan_estimate */
 #include "transformer/offload_model.h" /* defines: tf_offload_model, tf_model */
@@ -137,19 +138,7 @@ static uint8_t **set_initial_weights(const run *r, tf_model *m, offload_t *rt)
         return NULL;
     }
     uint8_t **base = calloc((size_t)l->n_blocks, sizeof *base);
-    uint64_t rng = tf_init_rng(1234), arng = tf_init_rng(99);
-    for (int b = 0; b < l->n_blocks; b++) {
-        float *w = calloc(l->block_numel[b] + 1, sizeof(float));
-        base[b] = calloc(tf_frozen_bytes(m, b) + 1, 1);
-        tf_init_block_weights(l, b, w, &rng);
-        assert_int_equal(tf_frozen_pack(m, b, w, base[b]), ZO_OK);
-        assert_int_equal(offload_set_frozen_block(rt, b, base[b]), ZO_OK);
-        float *a = calloc(m->adapters.block_numel[b] + 1, sizeof(float));
-        tf_init_lora_block(&m->adapters, b, a, &arng);
-        assert_int_equal(offload_set_block(rt, b, a), ZO_OK);
-        free(a);
-        free(w);
-    }
+    lora_init_weights(rt, m, base);
     return base;
 }
 

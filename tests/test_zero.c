@@ -62,6 +62,7 @@
 #include "planner/cost.h"              /* defines: plan_dp_comm_elems */
 #include "planner/memory.h"            /* defines: plan_estimate_run */
 #include "tests/support/models.h"      /* defines: tiny_model, tiny_batch */
+#include "tests/support/lora_init.h"    /* defines: lora_init_weights */
 #include "tests/support/run.h"         /* defines: run_train_losses */
 #include "tests/support/runtime_plan.h" /* defines: runtime_plan_train, runtime_plan_estimate */
 #include "transformer/offload_model.h" /* defines: tf_offload_model */
@@ -106,26 +107,6 @@ static zo_status backward_inf(void *user, int block, const offload_block_io *io,
     return st;
 }
 
-/* The frozen base (packed, NF4 with QLoRA) and the adapters at PEFT's init,
- * block by block; base[b] keeps each block's bytes. */
-static void set_lora(offload_t *rt, tf_model *m, uint8_t **base)
-{
-    const model_layout *l = &m->layout;
-    uint64_t rng = tf_init_rng(1234), arng = tf_init_rng(99);
-    for (int b = 0; b < l->n_blocks; b++) {
-        float *w = calloc(l->block_numel[b] + 1, sizeof(float));
-        base[b] = calloc(tf_frozen_bytes(m, b) + 1, 1);
-        tf_init_block_weights(l, b, w, &rng);
-        assert_int_equal(tf_frozen_pack(m, b, w, base[b]), ZO_OK);
-        assert_int_equal(offload_set_frozen_block(rt, b, base[b]), ZO_OK);
-        float *a = calloc(m->adapters.block_numel[b] + 1, sizeof(float));
-        tf_init_lora_block(&m->adapters, b, a, &arng);
-        assert_int_equal(offload_set_block(rt, b, a), ZO_OK);
-        free(a);
-        free(w);
-    }
-}
-
 static void base_config(offload_config *c)
 {
     offload_config_defaults(c);
@@ -163,7 +144,7 @@ static zo_status train(dp_run *r)
     for (int b = 0; b < l->n_blocks; b++) w[b] = calloc(l->block_numel[b] + 1, sizeof(float));
     uint8_t **base = r->lora.r ? calloc((size_t)l->n_blocks, sizeof *base) : NULL;
     if (base) {
-        set_lora(rt, &m, base);
+        lora_init_weights(rt, &m, base);
     } else {
         tf_init_weights(l, w, 1234);
         assert_int_equal(offload_set_weights(rt, (const float *const *)w), ZO_OK);
