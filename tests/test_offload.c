@@ -24,7 +24,7 @@
 #include "tests/support/files.h"       /* defines: files_write_plan, files_remove_tree */
 #include "tests/support/models.h"      /* defines: tiny_model, tiny_batch */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer (the reference) */
-#include "tests/support/lora_init.h"    /* defines: lora_init_weights */
+#include "tests/support/lora_init.h"    /* defines: lora_init_weights, lora_base_changed */
 #include "tests/support/run.h"         /* defines: run_capture, run_paused */
 #include "tests/support/runtime_plan.h" /* defines: runtime_plan_train, runtime_plan_estimate */
 #include "transformer/offload_model.h" /* defines: tf_offload_model, tf_model */
@@ -213,16 +213,7 @@ static void train_step(run *r, tf_model *m, offload_t *rt, gpu_stream_t s, int k
 /* The frozen base, never written back: the bytes it was given. Frees base. */
 static void check_frozen_base(run *r, tf_model *m, offload_t *rt, uint8_t **base)
 {
-    const model_layout *l = &m->layout;
-    for (int b = 0; b < l->n_blocks; b++) {
-        size_t fb = tf_frozen_bytes(m, b);
-        uint8_t *got = malloc(fb + 1);
-        assert_int_equal(offload_get_frozen_block(rt, b, got), ZO_OK);
-        r->base_changed |= memcmp(got, base[b], fb) != 0;
-        free(got);
-        free(base[b]);
-    }
-    free(base);
+    r->base_changed |= lora_base_changed(rt, m, base);
 }
 
 /* Train r->steps steps; returns ZO_ERR_UNSUPPORTED (the run did not happen)

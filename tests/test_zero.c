@@ -62,7 +62,7 @@
 #include "planner/cost.h"              /* defines: plan_dp_comm_elems */
 #include "planner/memory.h"            /* defines: plan_estimate_run */
 #include "tests/support/models.h"      /* defines: tiny_model, tiny_batch */
-#include "tests/support/lora_init.h"    /* defines: lora_init_weights */
+#include "tests/support/lora_init.h"    /* defines: lora_init_weights, lora_base_changed */
 #include "tests/support/run.h"         /* defines: run_train_losses */
 #include "tests/support/runtime_plan.h" /* defines: runtime_plan_train, runtime_plan_estimate */
 #include "transformer/offload_model.h" /* defines: tf_offload_model */
@@ -194,18 +194,8 @@ static zo_status train(dp_run *r)
     for (size_t i = 0; i < l->block_numel[lb]; i++) r->weights_sum += w[lb][i] * (double)(i % 7 + 1);
     for (int b = 0; b < l->n_blocks; b++) free(w[b]);
     free(w);
-    r->base_changed = 0;
-    for (int b = 0; base && b < l->n_blocks; b++) {
-        /* the frozen base, never written back: the bytes it was given
-         * (ZeRO-3: the ranks' parts gathered) */
-        size_t fb = tf_frozen_bytes(&m, b);
-        uint8_t *got = malloc(fb + 1);
-        assert_int_equal(offload_get_frozen_block(rt, b, got), ZO_OK);
-        r->base_changed |= memcmp(got, base[b], fb) != 0;
-        free(got);
-        free(base[b]);
-    }
-    free(base);
+    /* the frozen base, never written back: the bytes it was given */
+    r->base_changed = base ? lora_base_changed(rt, &m, base) : 0;
     free(in);
     free(tg);
     free(all);

@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -23,4 +24,19 @@ void lora_init_weights(offload_t *rt, tf_model *m, uint8_t **base)
         free(a);
         free(w);
     }
+}
+
+int lora_base_changed(offload_t *rt, tf_model *m, uint8_t **base)
+{
+    int changed = 0;
+    for (int b = 0; b < m->layout.n_blocks; b++) {
+        size_t fb = tf_frozen_bytes(m, b);
+        uint8_t *got = malloc(fb + 1);
+        assert_int_equal(offload_get_frozen_block(rt, b, got), ZO_OK);
+        changed |= memcmp(got, base[b], fb) != 0;
+        free(got);
+        free(base[b]);
+    }
+    free(base);
+    return changed;
 }

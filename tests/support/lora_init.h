@@ -13,5 +13,8 @@
  * base[b] (m's n_blocks entries) gets each block's packed bytes, for the
  * caller to compare after the run and free. */
 void lora_init_weights(offload_t *rt, tf_model *m, uint8_t **base);
+/* Whether rt's frozen base (ZeRO-3: the ranks' parts gathered) differs from
+ * the bytes it was given, base; frees base. */
+int lora_base_changed(offload_t *rt, tf_model *m, uint8_t **base);
 
 #endif
