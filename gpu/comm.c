@@ -41,15 +41,23 @@ zo_status comm_backend_parse(const char *s, comm_backend *out)
 
 #if defined(ZO_HAVE_NCCL) && ZO_HAVE_NCCL
 /* What the NCCL backend (in the CUDA module, gpu/cuda/comm_nccl.c) calls in
- * the program: named here so every program that can start it keeps them. */
-__attribute__((used)) static void *const nccl_needs[] = {
+ * the program, handed to it at each open. */
+static const comm_host_api nccl_host = {
+    .init = comm_init,
+    .free = comm_free,
+    .abort = comm_abort,
+    .rank = comm_rank,
+    .size = comm_size,
+    .op_name = comm_op_name,
+    .op_describe = comm_op_describe,
 #if defined(ZO_HAVE_MPI) && ZO_HAVE_MPI
-    (void *)comm_mpi_register, (void *)comm_mpi_unregister, (void *)comm_mpi_set_state,
-    (void *)comm_mpi_fault,    (void *)comm_mpi_fail,       (void *)comm_mpi_bcast_bytes,
+    .mpi_bcast_bytes = comm_mpi_bcast_bytes,
+    .mpi_register = comm_mpi_register,
+    .mpi_unregister = comm_mpi_unregister,
+    .mpi_set_state = comm_mpi_set_state,
+    .mpi_fault = comm_mpi_fault,
+    .mpi_fail = comm_mpi_fail,
 #endif
-    (void *)comm_init,         (void *)comm_free,           (void *)comm_abort,
-    (void *)comm_rank,         (void *)comm_size,           (void *)comm_op_name,
-    (void *)comm_op_describe,
 };
 
 /* The NCCL backend lives in the CUDA module: open it there. */
@@ -59,7 +67,7 @@ static zo_status comm_nccl_open(comm_t c)
     zo_status st = gpu_cuda_module_get(&m);
     if (st != ZO_OK) return zo_error_wrap(st, "comm_init(nccl)");
     if (!m->nccl_init) return zo_error(ZO_ERR_UNSUPPORTED, "comm_init(nccl): the CUDA module has no NCCL");
-    return m->nccl_init(c);
+    return m->nccl_init(c, &nccl_host);
 }
 #endif
 

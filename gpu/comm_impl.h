@@ -81,13 +81,6 @@ void comm_report_fault(comm_t c, const char *message);
 /* Backends' constructors: fill c->ctx, c->rank, c->size, c->device_buffers
  * (comm.c has set iface, backend, device, timeout and the fault handler). */
 zo_status comm_self_init(comm_t c);
-#if defined(ZO_HAVE_MPI) && ZO_HAVE_MPI
-extern const comm_iface comm_mpi_iface;
-zo_status comm_mpi_init(comm_t c);
-/* For the NCCL backend: a blocking broadcast of host bytes from rank 0 over
- * the MPI communicator `mpi` (an MPI backend comm). */
-zo_status comm_mpi_bcast_bytes(comm_t mpi, void *buf, size_t bytes);
-
 /* The MPI engine keeps, for every communicator of the process, where it is
  * in its sequence of collectives, and answers the questions of a rank that
  * timed out. A backend whose collectives do not run on the engine thread
@@ -100,6 +93,14 @@ typedef enum comm_phase {
 } comm_phase;
 
 typedef void (*comm_watch_fn)(void *arg);
+
+#if defined(ZO_HAVE_MPI) && ZO_HAVE_MPI
+extern const comm_iface comm_mpi_iface;
+zo_status comm_mpi_init(comm_t c);
+/* For the NCCL backend: a blocking broadcast of host bytes from rank 0 over
+ * the MPI communicator `mpi` (an MPI backend comm). */
+zo_status comm_mpi_bcast_bytes(comm_t mpi, void *buf, size_t bytes);
+
 /* Register comm `c` (any backend) with the engine; its id is the number of
  * communicators this process registered before it (the same on every rank,
  * since every rank creates them in the same order). */
@@ -119,7 +120,28 @@ void comm_mpi_fail(comm_t c, const char *message) __attribute__((noreturn));
 /* gpu/cuda/comm_nccl.c, in the CUDA module (gpu/cuda_module.h); comm.c
  * reaches it through the module's table */
 extern const comm_iface comm_nccl_iface;
-zo_status comm_nccl_init(comm_t c);
+
+/* What the NCCL backend calls in the program, handed to it by comm.c when it
+ * opens it: the module refers to none of the communicator's functions by
+ * name, so it loads in a program that links zo_gpu without zo_comm
+ * (test_gpu_parity, bench_gpu_cuda). The mpi_ members are NULL in a build
+ * without MPI (the NCCL bootstrap is then one rank on the SELF backend). */
+typedef struct comm_host_api {
+    zo_status (*init)(const comm_options *o, comm_t *out);
+    void (*free)(comm_t c);
+    void (*abort)(comm_t c, int code, const char *message); /* does not return */
+    int (*rank)(comm_t c);
+    int (*size)(comm_t c);
+    const char *(*op_name)(comm_op_kind k);
+    void (*op_describe)(const struct comm_request *op, char *buf, size_t n);
+    zo_status (*mpi_bcast_bytes)(comm_t mpi, void *buf, size_t bytes);
+    zo_status (*mpi_register)(comm_t c, comm_watch_fn watch, void *arg, int *id);
+    void (*mpi_unregister)(int id);
+    void (*mpi_set_state)(int id, comm_phase phase, uint64_t seq, comm_op_kind kind);
+    void (*mpi_fault)(comm_t c, int id, uint64_t seq, const char *what); /* does not return */
+    void (*mpi_fail)(comm_t c, const char *message);                     /* does not return */
+} comm_host_api;
+zo_status comm_nccl_init(comm_t c, const comm_host_api *host);
 #endif
 
 #endif

@@ -7,8 +7,10 @@
  *
  * The module exports one table, ZO_CUDA_MODULE_SYMBOL; its own symbols are
  * hidden, and its references to the project's libraries (zo_error,
- * gpu_device_wrap, the communicator's engine) resolve against the program
- * that opens it, which links zo_gpu with --export-dynamic. Private to gpu/. */
+ * gpu_device_wrap) resolve against the program that opens it, which links
+ * zo_gpu with --export-dynamic. The communicator's functions, which a
+ * program linking zo_gpu alone lacks, come as a table (comm_host_api) when
+ * comm.c opens the NCCL backend. Private to gpu/. */
 #ifndef ZO_GPU_CUDA_MODULE_H
 #define ZO_GPU_CUDA_MODULE_H
 
@@ -16,11 +18,12 @@
 #include "gpu/ops.h"              /* defines: GPU_OP_COUNT, gpu_op_args */
 
 struct comm;
+struct comm_host_api;
 
 /* Bumped with any change to what crosses between the module and the
  * program (this table, the device interface, gpu_op_args): a module of
  * another build is refused by name rather than trusted. */
-#define ZO_CUDA_MODULE_ABI (1000000 + 1000 * GPU_OP_COUNT + (int)sizeof(gpu_op_args))
+#define ZO_CUDA_MODULE_ABI (2000000 + 1000 * GPU_OP_COUNT + (int)sizeof(gpu_op_args))
 #define ZO_CUDA_MODULE_SYMBOL "zo_cuda_module_v1"
 #define ZO_CUDA_MODULE_FILE "libzo_cuda.so"
 
@@ -28,7 +31,9 @@ typedef struct gpu_cuda_module {
     int abi; /* ZO_CUDA_MODULE_ABI of the module's build */
     zo_status (*open)(const gpu_cuda_options *opt, gpu_device_t *out);
     int (*device_count)(void);
-    zo_status (*nccl_init)(struct comm *c); /* NULL: built without NCCL */
+    /* NULL: built without NCCL. `host`: the communicator's functions it calls
+     * (gpu/comm_impl.h), so the module names none of them */
+    zo_status (*nccl_init)(struct comm *c, const struct comm_host_api *host);
 } gpu_cuda_module;
 
 /* The module, opened once (thread-safe); ZO_ERR_UNSUPPORTED naming what is

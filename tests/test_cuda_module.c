@@ -5,9 +5,12 @@
  *
  * - `train --help` and a CPU-only run of a tiny model stay under 40 MiB
  *   resident (the peak, from the kernel's rusage of the child);
- * - this program (zo_gpu and zo_comm, nothing else) opens the module: every
- *   symbol it needs resolves against the program (--export-dynamic), so
- *   the error is the driver's, not an undefined symbol;
+ * - this program, which links zo_gpu alone (as test_gpu_parity and
+ *   bench_gpu_cuda do: no communicator), opens the module: every symbol it
+ *   needs resolves against the program (--export-dynamic), so the error is
+ *   the driver's, not an undefined symbol. (The module once named the
+ *   communicator's functions, which only programs linking zo_comm have: on
+ *   the first GPU, those tests saw no device.)
  * - without a driver, `train --device cuda` exits 2 naming libcuda.so.1;
  *   with ZO_CUDA_MODULE pointing nowhere, it names the path it tried. */
 #include <setjmp.h>
@@ -25,7 +28,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "gpu/comm.h"   /* defines: comm_backend_built (links zo_comm, as train does) */
 #include "gpu/device.h" /* defines: gpu_device_open, gpu_cuda_device_count */
 
 #define LIMIT_KIB (40 * 1024)
@@ -110,7 +112,6 @@ static void test_cuda_errors(void **state)
     }
     const char *msg = zo_last_error();
     printf("  gpu_device_open(\"cuda\"): %s\n", msg);
-    (void)comm_backend_built(COMM_BACKEND_NCCL);
     assert_int_equal(st, ZO_ERR_UNSUPPORTED);
     assert_null(strstr(msg, "undefined symbol")); /* the module resolved against this program */
 #if defined(ZO_HAVE_CUDA) && ZO_HAVE_CUDA

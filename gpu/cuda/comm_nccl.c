@@ -52,6 +52,10 @@ typedef struct nccl_ctx {
     uint64_t last_done;
 } nccl_ctx;
 
+/* The communicator's functions in the program (comm.c hands them over at
+ * each open; the same table every time). */
+static const comm_host_api *host;
+
 #define CU(call) cuda_status((call), #call)
 
 static zo_status nccl_status(ncclResult_t r, const char *call)
@@ -114,14 +118,15 @@ static void nccl_watch(void *arg)
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(x->nccl, &async);
     if (!oldest) {
-        comm_mpi_set_state(x->id, COMM_PHASE_IDLE, x->last_done, COMM_OP_BARRIER);
+        host->mpi_set_state(x->id, COMM_PHASE_IDLE, x->last_done, COMM_OP_BARRIER);
     } else {
-        comm_mpi_set_state(x->id, oldest->started_at ? COMM_PHASE_RUNNING : COMM_PHASE_WAITING,
+        host->mpi_set_state(x->id, oldest->started_at ? COMM_PHASE_RUNNING : COMM_PHASE_WAITING,
                            oldest->base.seq, oldest->base.kind);
         if (oldest->started_at && now - oldest->started_at > c->timeout_s) {
-            comm_op_describe(&oldest->base, what, sizeof what);
+            host->op_describe(&oldest->base, what, sizeof what);
             pthread_mutex_unlock(&x->lock);
-            comm_mpi_fault(c, x->id, oldest->base.seq, what);
+            host->mpi_fault(c, x->id, oldest->base.seq, what);
+            __builtin_unreachable();
         }
     }
     pthread_mutex_unlock(&x->lock);
@@ -129,7 +134,8 @@ static void nccl_watch(void *arg)
         char msg[768];
         snprintf(msg, sizeof msg, "comm: NCCL failed on rank %d of %d: %s (%s)", c->rank, c->size,
                  ncclGetErrorString(async), ncclGetLastError(x->nccl));
-        comm_mpi_fail(c, msg);
+        host->mpi_fail(c, msg);
+        __builtin_unreachable();
     }
 }
 #endif
@@ -194,7 +200,7 @@ static zo_status nccl_start(comm_t c, struct comm_request *base)
         goto out_destroy_end;
     if ((st = CU(cudaEventRecord(op->start, cs))) != ZO_OK) goto out_destroy_end;
     if ((st = NC(enqueue(x, base, cs))) != ZO_OK) goto out_destroy_end;
-    if ((st = settle(x->nccl, c->timeout_s, comm_op_name(base->kind))) != ZO_OK)
+    if ((st = settle(x->nccl, c->timeout_s, host->op_name(base->kind))) != ZO_OK)
         goto out_destroy_end;
     /* From here the collective is enqueued: failures below are the device's. */
     if ((st = CU(cudaEventRecord(op->end, cs))) != ZO_OK) goto out_destroy_end;
@@ -252,7 +258,7 @@ static void nccl_free(comm_t c)
 {
     nccl_ctx *x = c->ctx;
 #if defined(ZO_HAVE_MPI) && ZO_HAVE_MPI
-    comm_mpi_unregister(x->id);
+    host->mpi_unregister(x->id);
 #endif
     if (cudaSetDevice(x->device) == cudaSuccess) {
         (void)gpu_stream_synchronize(x->stream);
@@ -262,7 +268,7 @@ static void nccl_free(comm_t c)
     }
     gpu_mem_free(c->device, x->scratch);
     gpu_stream_destroy(x->stream);
-    comm_free(x->boot);
+    host->free(x->boot);
     pthread_mutex_destroy(&x->lock);
     free(x);
 }
@@ -270,7 +276,8 @@ static void nccl_free(comm_t c)
 __attribute__((noreturn)) static void nccl_abort(comm_t c, int code, const char *message)
 {
     nccl_ctx *x = c->ctx;
-    comm_abort(x->boot, code, message);
+    host->abort(x->boot, code, message);
+    __builtin_unreachable();
 }
 
 const comm_iface comm_nccl_iface = {
@@ -283,9 +290,10 @@ const comm_iface comm_nccl_iface = {
     .abort = nccl_abort,
 };
 
-zo_status comm_nccl_init(comm_t c)
+zo_status comm_nccl_init(comm_t c, const comm_host_api *h)
 {
     zo_status st;
+    host = h;
     nccl_ctx *x = calloc(1, sizeof *x);
     if (!x) return zo_error(ZO_ERR_NOMEM, "comm_init: out of host memory");
     pthread_mutex_init(&x->lock, NULL);
@@ -297,9 +305,9 @@ zo_status comm_nccl_init(comm_t c)
 #endif
     comm_options bo = {.backend = boot, .timeout_s = c->timeout_s, .on_fault = c->on_fault,
                        .fault_arg = c->fault_arg};
-    if ((st = comm_init(&bo, &x->boot)) != ZO_OK) goto out_free_ctx;
-    c->rank = comm_rank(x->boot);
-    c->size = comm_size(x->boot);
+    if ((st = host->init(&bo, &x->boot)) != ZO_OK) goto out_free_ctx;
+    c->rank = host->rank(x->boot);
+    c->size = host->size(x->boot);
     if ((st = CU(cudaSetDevice(x->device))) != ZO_OK) goto out_free_boot;
 
     ncclUniqueId uid;
@@ -308,7 +316,7 @@ zo_status comm_nccl_init(comm_t c)
 #if defined(ZO_HAVE_MPI) && ZO_HAVE_MPI
     /* every rank takes part in the broadcast, even when rank 0 has no id:
      * the others then fail to join within the timeout instead of hanging */
-    if ((st = comm_mpi_bcast_bytes(x->boot, &uid, sizeof uid)) != ZO_OK) goto out_free_boot;
+    if ((st = host->mpi_bcast_bytes(x->boot, &uid, sizeof uid)) != ZO_OK) goto out_free_boot;
 #endif
     if ((st = id_st) != ZO_OK) goto out_free_boot;
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
@@ -324,7 +332,7 @@ zo_status comm_nccl_init(comm_t c)
     c->iface = &comm_nccl_iface;
     c->device_buffers = 1;
 #if defined(ZO_HAVE_MPI) && ZO_HAVE_MPI
-    if ((st = comm_mpi_register(c, nccl_watch, c, &x->id)) != ZO_OK) goto out_free_scratch;
+    if ((st = host->mpi_register(c, nccl_watch, c, &x->id)) != ZO_OK) goto out_free_scratch;
 #endif
     return ZO_OK;
 
@@ -337,7 +345,7 @@ out_destroy_stream:
 out_destroy_nccl:
     ncclCommAbort(x->nccl);
 out_free_boot:
-    comm_free(x->boot);
+    host->free(x->boot);
 out_free_ctx:
     pthread_mutex_destroy(&x->lock);
     free(x);

@@ -3,7 +3,8 @@
 #include "gpu/cuda_module.h" /* defines: gpu_cuda_module, ZO_CUDA_MODULE_ABI */
 
 #if defined(ZO_HAVE_NCCL) && ZO_HAVE_NCCL
-zo_status comm_nccl_init(struct comm *c); /* gpu/cuda/comm_nccl.c */
+struct comm_host_api;
+zo_status comm_nccl_init(struct comm *c, const struct comm_host_api *host); /* gpu/cuda/comm_nccl.c */
 #define NCCL_INIT comm_nccl_init
 #else
 #define NCCL_INIT NULL
