@@ -263,7 +263,7 @@ typedef struct section {
 #define AT(m) offsetof(zo_plan, m)
 enum {
     S_TOP, S_MODEL, S_FEATURES, S_MLA, S_MOE, S_HARDWARE, S_TRAINING, S_LORA, S_PARALLEL, S_PLACEMENT, S_OPTIMIZER, S_NVME,
-    S_BUFFERS, S_PREDICTED, S_PEAK, S_CAPACITY,
+    S_BUFFERS, S_PREDICTED, S_PEAK, S_CAPACITY, S_ALLOC,
 };
 /* In the order they are read and written; a parent before its children. */
 static const section sections[] = {
@@ -292,6 +292,8 @@ static const section sections[] = {
                 AT(predicted.peak_bytes), NO_FLAG, NULL, 0, 0},
     [S_CAPACITY] = {"predicted.capacity_bytes", S_PREDICTED, FIELDS(tier_bytes_fields),
                     AT(predicted.capacity_bytes), NO_FLAG, NULL, 0, 0},
+    [S_ALLOC] = {"predicted.alloc_bytes", S_PREDICTED, FIELDS(tier_bytes_fields),
+                 AT(predicted.alloc_bytes), AT(predicted.has_alloc), NULL, 0, 0},
 };
 #define N_SECTIONS (sizeof sections / sizeof sections[0])
 

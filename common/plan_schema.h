@@ -147,6 +147,11 @@ typedef struct zo_plan_buffers {
 typedef struct zo_plan_predicted {
     uint64_t peak_bytes[ZO_PLAN_TIERS];     /* per rank and tier */
     uint64_t capacity_bytes[ZO_PLAN_TIERS]; /* what they were checked against */
+    /* of peak_bytes, what the runtime's allocations reach (its measured
+     * peak): the peak less what no allocation of the runtime makes (the CUDA
+     * context, the cuBLAS workspace, the fragmentation allowance) */
+    uint64_t alloc_bytes[ZO_PLAN_TIERS];
+    int has_alloc; /* "predicted.alloc_bytes" is present (plans written before it lack it) */
     int fits;
     double step_s, tokens_per_s, mfu;
 } zo_plan_predicted;

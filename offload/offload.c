@@ -7,6 +7,7 @@
 #include "offload/offload.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +15,7 @@
 
 #include "common/capability.h" /* defines: zo_capability_check */
 #include "common/fileio.h"  /* defines: zo_file_write_json */
+#include "common/units.h"   /* defines: zo_format_bytes */
 #include "offload/ckpt.h"   /* defines: offload_ckpt */
 #include "offload/stream.h" /* defines: offload_stream, offload_grads, offload_optim, ostate, wstore */
 
@@ -741,6 +743,22 @@ void offload_reset_times(offload_t *rt)
     a->comm_calls = 0;
 }
 
+void offload_format_peak_vs_plan(char *buf, size_t n, uint64_t measured, const offload_prediction *pr,
+                                 offload_tier tier)
+{
+    char a[32], t[32];
+    buf[0] = '\0';
+    if (!pr || !pr->present || !pr->alloc[tier]) return;
+    int k = snprintf(buf, n, " (plan %s, %.1f%%", zo_format_bytes(pr->alloc[tier], a, sizeof a),
+                     100.0 * (double)measured / (double)pr->alloc[tier]);
+    if (k < 0 || (size_t)k >= n) return;
+    if (pr->peak[tier] > pr->alloc[tier])
+        snprintf(buf + k, n - (size_t)k, "; %s with the CUDA context, cuBLAS workspace and allocator allowance)",
+                 zo_format_bytes(pr->peak[tier], t, sizeof t));
+    else
+        snprintf(buf + k, n - (size_t)k, ")");
+}
+
 zo_status offload_write_stats_json(const offload_t *rt, const offload_prediction *pred,
                                    const char *path)
 {
@@ -751,12 +769,14 @@ zo_status offload_write_stats_json(const offload_t *rt, const offload_prediction
     cJSON *pk = cJSON_AddObjectToObject(o, "peak_bytes");
     cJSON *pd = pred && pred->present ? cJSON_AddObjectToObject(o, "predicted_bytes") : NULL;
     cJSON *rd = pd ? cJSON_AddObjectToObject(o, "measured_over_predicted") : NULL;
+    cJSON *pt = pd ? cJSON_AddObjectToObject(o, "planned_total_bytes") : NULL;
     for (int t = 0; t < OFFLOAD_TIERS; t++) {
         const char *tn = offload_tier_name((offload_tier)t);
         cJSON_AddNumberToObject(pk, tn, (double)s.peak[t]);
-        if (pd) {
-            cJSON_AddNumberToObject(pd, tn, (double)pred->peak[t]);
-            if (pred->peak[t]) cJSON_AddNumberToObject(rd, tn, (double)s.peak[t] / (double)pred->peak[t]);
+        if (pd) { /* the plan's allocations, which the measured peak is */
+            cJSON_AddNumberToObject(pd, tn, (double)pred->alloc[t]);
+            cJSON_AddNumberToObject(pt, tn, (double)pred->peak[t]);
+            if (pred->alloc[t]) cJSON_AddNumberToObject(rd, tn, (double)s.peak[t] / (double)pred->alloc[t]);
             else cJSON_AddNullToObject(rd, tn);
         }
     }

@@ -308,6 +308,10 @@ void offload_config_defaults(offload_config *c);
 typedef struct offload_prediction {
     int present;
     uint64_t peak[OFFLOAD_TIERS];    /* bytes per tier */
+    /* of those, what the runtime's own allocations reach (the measured peak
+     * is compared with it): peak less the CUDA context, the cuBLAS workspace
+     * and the fragmentation allowance; = peak for plans written before it */
+    uint64_t alloc[OFFLOAD_TIERS];
     double step_s;                   /* 0 when absent */
 } offload_prediction;
 
@@ -496,6 +500,13 @@ void offload_reset_times(offload_t *rt);
  * copy. For what programs print for the whole job: losses, peaks. */
 #define OFFLOAD_GATHER_MAX 256
 zo_status offload_gather(offload_t *rt, const void *mine, size_t bytes, void *all);
+
+/* " (plan A, P%)": the plan's allocations for `tier` beside the measured
+ * peak, and "; T with the CUDA context, the cuBLAS workspace and the
+ * allocator allowance" where the plan counts more than its allocations;
+ * empty without a prediction for the tier. Into buf (n bytes). */
+void offload_format_peak_vs_plan(char *buf, size_t n, uint64_t measured, const offload_prediction *pr,
+                                 offload_tier tier);
 
 /* Write {"peak_bytes": {...}, "predicted_bytes": {...}, "time_s": {...},
  * ...} to `path` (atomically); pred may be NULL. */

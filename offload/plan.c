@@ -82,6 +82,8 @@ zo_status offload_plan_load(const char *path, offload_plan *plan)
     if (f->has_predicted) {
         plan->predicted.present = 1;
         memcpy(plan->predicted.peak, f->predicted.peak_bytes, sizeof plan->predicted.peak);
+        memcpy(plan->predicted.alloc, f->predicted.has_alloc ? f->predicted.alloc_bytes : f->predicted.peak_bytes,
+               sizeof plan->predicted.alloc);
         plan->predicted.step_s = f->predicted.step_s;
     }
     return ZO_OK;

@@ -327,8 +327,9 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
     /* what the GPU itself takes */
     add(e, "CUDA context", ZO_PLAN_GPU, PLAN_BUFFERS, g->cuda_context);
     add(e, "cuBLAS workspace", ZO_PLAN_GPU, PLAN_BUFFERS, g->cublas_workspace);
-    add(e, "allocator fragmentation", ZO_PLAN_GPU, PLAN_BUFFERS,
-        (uint64_t)(g->fragmentation * (double)e->total[ZO_PLAN_GPU]));
+    uint64_t frag = (uint64_t)(g->fragmentation * (double)e->total[ZO_PLAN_GPU]);
+    add(e, "allocator fragmentation", ZO_PLAN_GPU, PLAN_BUFFERS, frag);
+    e->reserved[ZO_PLAN_GPU] = g->cuda_context + g->cublas_workspace + frag;
     int per_node = plan_hw_ranks_per_node(hw);
     e->capacity[ZO_PLAN_GPU] = hw->gpu_mem;
     e->capacity[ZO_PLAN_CPU] = hw->cpu_mem / (uint64_t)per_node;

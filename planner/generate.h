@@ -47,6 +47,8 @@ typedef struct plan_gen_estimate {
     int n_items;
     plan_item items[PLAN_GEN_MAX_ITEMS]; /* every line: name, tier, bytes */
     uint64_t total[ZO_PLAN_TIERS], capacity[ZO_PLAN_TIERS];
+    uint64_t reserved[ZO_PLAN_TIERS]; /* of total, what no allocation of the runtime makes (the
+                                         CUDA context, cuBLAS workspace, fragmentation allowance) */
     int fits;
     int context;                /* prompt + new tokens: the cache's positions */
     uint64_t weight_bytes;      /* the weights (base in its format, adapters) */

@@ -1387,6 +1387,7 @@ static void estimate_gpu_buffers(const stage_est *s, plan_estimate *e)
             PLAN_ACTIVATIONS, e->eager_extra);
     add(e, "CUDA context", ZO_PLAN_GPU, PLAN_BUFFERS, t->buf.cuda_context);
     add(e, "cuBLAS workspace", ZO_PLAN_GPU, PLAN_BUFFERS, t->buf.cublas_workspace);
+    e->reserved[ZO_PLAN_GPU] += t->buf.cuda_context + t->buf.cublas_workspace;
     /* the gradients are reduced in the reduce dtype (the runtime's: fp32), through
      * buckets of comm_bucket elements (rounded down to a multiple of DP), at most
      * the largest block padded */
@@ -1405,6 +1406,7 @@ static void estimate_gpu_buffers(const stage_est *s, plan_estimate *e)
     for (int k = 0; k < PLAN_KINDS; k++) gpu_sum += e->bytes[ZO_PLAN_GPU][k];
     add(e, "allocator fragmentation allowance", ZO_PLAN_GPU, PLAN_BUFFERS,
         frac_of(gpu_sum, t->buf.fragmentation));
+    e->reserved[ZO_PLAN_GPU] += frac_of(gpu_sum, t->buf.fragmentation);
 }
 
 /* One pipeline stage's estimate: its capacities, each kind of memory in the

@@ -233,7 +233,9 @@ static zo_status write_plan(const char *path, const zo_model_config *m, const pl
     for (int t = 0; t < ZO_PLAN_TIERS; t++) {
         p.predicted.peak_bytes[t] = e.total[t];
         p.predicted.capacity_bytes[t] = e.capacity[t];
+        p.predicted.alloc_bytes[t] = e.total[t] - e.reserved[t];
     }
+    p.predicted.has_alloc = 1;
     p.predicted.fits = e.fits;
     /* a token's time of the generation as asked (the whole context's buffers change no time) */
     plan_gen_estimate asked;

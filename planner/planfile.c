@@ -141,7 +141,9 @@ void plan_file_from(const zo_model_config *m, const plan_hw *hw, const plan_trai
     for (int i = 0; i < ZO_PLAN_TIERS; i++) {
         p->predicted.peak_bytes[i] = e->total[i];
         p->predicted.capacity_bytes[i] = e->capacity[i];
+        p->predicted.alloc_bytes[i] = e->total[i] - e->reserved[i];
     }
+    p->predicted.has_alloc = 1;
     p->predicted.fits = e->fits;
     if (pt) {
         p->predicted.step_s = pt->step;

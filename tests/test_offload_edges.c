@@ -28,6 +28,7 @@
 #include "model/safetensors.h" /* defines: model_st_open */
 #include "offload/ckpt_meta.h" /* defines: ckpt_manifest_write (to re-sign an edited checkpoint) */
 #include "common/plan_schema.h" /* defines: zo_plan_load */
+#include "common/units.h"       /* defines: zo_format_bytes */
 #include "offload/offload.h" /* defines: offload_init, offload_plan_load, offload_save */
 #include "tests/support/files.h" /* defines: files_write_plan, files_write_text, files_remove_tree */
 #include "tests/support/run.h"   /* defines: run_program, run_capture, run_paused */
@@ -1346,6 +1347,87 @@ static void tiny_run_files(const char *dir, char *cfg, char *data, size_t len)
                     " \"n_positions\": 32, \"vocab_size\": 256}\n");
 }
 
+
+/* predicted.alloc_bytes: what the runtime's allocations reach, which train
+ * compares its measured peak with. On a GPU plan it is the peak less the
+ * CUDA context, the cuBLAS workspace and the fragmentation allowance (a
+ * fraction of everything before it); on the CPU backend, the peak. train
+ * prints the allocations' figure and percentage, then the plan's total where
+ * it is larger; a plan written before the field compares with the peak. */
+static void test_plan_alloc_bytes(void **state)
+{
+    (void)state;
+    char dir[400], cfg[500], data[500], plan[500], edited[500], stats[500], cmd[3000];
+    static char out[1 << 16];
+    llama_run_files("alloc", 4, 64, dir, cfg, data);
+    snprintf(plan, sizeof plan, "%s/plan.json", dir);
+    snprintf(edited, sizeof edited, "%s/edited.json", dir);
+    snprintf(stats, sizeof stats, "%s/stats.json", dir);
+    zo_plan p;
+    /* a GPU plan */
+    snprintf(cmd, sizeof cmd, "%s estimate --hw h100-80gb --model %s --seq 32 --micro-batch 2 --plan-out %s",
+             ZO_MEMPLAN_BIN, cfg, plan);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+    assert_int_equal(zo_plan_load(plan, &p), ZO_OK);
+    assert_true(p.predicted.has_alloc);
+    const double ctx = (double)p.buffers.cuda_context + (double)p.buffers.cublas_workspace;
+    const double alloc = (double)p.predicted.alloc_bytes[ZO_PLAN_GPU];
+    const double want_peak = (alloc + ctx) * (1.0 + p.buffers.fragmentation);
+    printf("  h100 plan: allocations %.0f, peak %llu (context and workspace %.0f, allowance %.2f)\n", alloc,
+           (unsigned long long)p.predicted.peak_bytes[ZO_PLAN_GPU], ctx, p.buffers.fragmentation);
+    assert_true(ctx > 0 && p.buffers.fragmentation > 0);
+    assert_true(fabs((double)p.predicted.peak_bytes[ZO_PLAN_GPU] - want_peak) <= 2.0);
+    assert_true(p.predicted.alloc_bytes[ZO_PLAN_CPU] == p.predicted.peak_bytes[ZO_PLAN_CPU]);
+    assert_true(p.predicted.alloc_bytes[ZO_PLAN_NVME] == p.predicted.peak_bytes[ZO_PLAN_NVME]);
+    /* a CPU-backend plan: nothing reserved */
+    snprintf(cmd, sizeof cmd,
+             "%s estimate --hw cpu --gpu-mem 32MiB --model %s --seq 32 --micro-batch 2 --dtype fp32 --no-dropout "
+             "--plan-out %s",
+             ZO_MEMPLAN_BIN, cfg, plan);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+    assert_int_equal(zo_plan_load(plan, &p), ZO_OK);
+    assert_true(p.predicted.has_alloc);
+    for (int t = 0; t < ZO_PLAN_TIERS; t++) assert_true(p.predicted.alloc_bytes[t] == p.predicted.peak_bytes[t]);
+    /* the runtime: the same plan with a total 25% above its allocations */
+    const uint64_t a = p.predicted.alloc_bytes[ZO_PLAN_GPU], total = a + a / 4;
+    char v[32], fa[32], ft[32];
+    snprintf(v, sizeof v, "%llu", (unsigned long long)total);
+    files_write_plan(edited, &p, "predicted.peak_bytes.gpu", v);
+    snprintf(cmd, sizeof cmd, "--model %s --data %s --text --plan %s --device cpu --steps 1 --threads 1 --stats-json %s",
+             cfg, data, edited, stats);
+    int rc = run_train(cmd, out, sizeof out);
+    if (rc) fprintf(stderr, "%s\n", out);
+    assert_int_equal(rc, 0);
+    const char *line = strstr(out, "# peak bytes per tier: gpu ");
+    assert_non_null(line);
+    char want[200];
+    snprintf(want, sizeof want, "(plan %s, ", zo_format_bytes(a, fa, sizeof fa));
+    snprintf(want + strlen(want), sizeof want - strlen(want), "%%; %s with the CUDA context",
+             zo_format_bytes(total, ft, sizeof ft));
+    const char *pl = strstr(line, "(plan ");
+    assert_non_null(pl);
+    printf("  %.*s", (int)(strchr(line, '\n') - line + 1), line);
+    assert_true(!strncmp(pl, want, strlen(fa) + 8));          /* "(plan A, " */
+    assert_non_null(strstr(pl, strchr(want, '%') + 1));      /* "; T with the CUDA context" */
+    char *js = files_read_text(stats);
+    cJSON *doc = cJSON_Parse(js);
+    assert_non_null(doc);
+    const cJSON *pb = cJSON_GetObjectItemCaseSensitive(doc, "predicted_bytes"),
+                *tb = cJSON_GetObjectItemCaseSensitive(doc, "planned_total_bytes");
+    assert_true(cJSON_GetObjectItemCaseSensitive(pb, "gpu")->valuedouble == (double)a);
+    assert_true(cJSON_GetObjectItemCaseSensitive(tb, "gpu")->valuedouble == (double)total);
+    cJSON_Delete(doc);
+    free(js);
+    /* a plan without the field: its peak is what the run is compared with */
+    files_write_plan(edited, &p, "predicted.alloc_bytes", NULL);
+    assert_int_equal(run_train(cmd, out, sizeof out), 0);
+    line = strstr(out, "# peak bytes per tier: gpu ");
+    assert_non_null(line);
+    snprintf(want, sizeof want, "(plan %s, ", zo_format_bytes(p.predicted.peak_bytes[ZO_PLAN_GPU], fa, sizeof fa));
+    assert_non_null(strstr(line, want));
+    files_remove_tree(dir);
+}
+
 /* `timeout 60 train ARGS`: a run that hangs (a FIFO waited on) fails. */
 static int run_train_limited(const char *args, char *out, size_t len)
 {
@@ -1654,6 +1736,7 @@ int main(void)
         cmocka_unit_test(test_train_flags),
         cmocka_unit_test(test_memplan_advice_runs),
         cmocka_unit_test(test_plan_hw_cpu),
+        cmocka_unit_test(test_plan_alloc_bytes),
         cmocka_unit_test(test_train_bad_inputs),
         cmocka_unit_test(test_train_locks_and_swap_files),
 #endif

@@ -429,13 +429,11 @@ zo_status gen_report_end(gen_run *r)
     offload_stats os;
     offload_get_stats(r->g.rt, &os);
     const offload_prediction *pr = a->plan && a->p.predicted.present ? &a->p.predicted : NULL;
-    char b1[32], b2[32];
+    char b1[32], vs[160];
     fprintf(stderr, "# peak bytes per tier:");
     for (int t = 0; t < OFFLOAD_TIERS; t++) {
-        fprintf(stderr, " %s %s", offload_tier_name((offload_tier)t), zo_format_bytes(os.peak[t], b1, sizeof b1));
-        if (pr && pr->peak[t])
-            fprintf(stderr, " (plan %s, %.1f%%)", zo_format_bytes(pr->peak[t], b2, sizeof b2),
-                    100.0 * (double)os.peak[t] / (double)pr->peak[t]);
+        offload_format_peak_vs_plan(vs, sizeof vs, os.peak[t], pr, (offload_tier)t);
+        fprintf(stderr, " %s %s%s", offload_tier_name((offload_tier)t), zo_format_bytes(os.peak[t], b1, sizeof b1), vs);
         fprintf(stderr, t + 1 < OFFLOAD_TIERS ? "," : "\n");
     }
     /* the runtime's waits, and the rest of the generation's time (the host
@@ -456,7 +454,7 @@ zo_status gen_report_end(gen_run *r)
     cJSON *pk = cJSON_AddObjectToObject(o, "peak_bytes"), *pd = pr ? cJSON_AddObjectToObject(o, "predicted_bytes") : NULL;
     for (int t = 0; t < OFFLOAD_TIERS; t++) {
         cJSON_AddNumberToObject(pk, offload_tier_name((offload_tier)t), (double)os.peak[t]);
-        if (pd) cJSON_AddNumberToObject(pd, offload_tier_name((offload_tier)t), (double)pr->peak[t]);
+        if (pd) cJSON_AddNumberToObject(pd, offload_tier_name((offload_tier)t), (double)pr->alloc[t]);
     }
     cJSON *ts = cJSON_AddObjectToObject(o, "time_s");
     for (int p = 0; p < OFFLOAD_TIME_PARTS; p++)

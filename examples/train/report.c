@@ -200,13 +200,11 @@ static zo_status write_plot(train_report *rp, const train_run *r)
 /* Peak bytes per tier beside the plan's prediction (per rank). */
 static void print_peaks(const char *who, const uint64_t *peak, const offload_prediction *pred)
 {
-    char b1[32], b2[32];
+    char b1[32], vs[160];
     printf("# %speak bytes per tier:", who);
     for (int t = 0; t < OFFLOAD_TIERS; t++) {
-        printf(" %s %s", offload_tier_name((offload_tier)t), zo_format_bytes(peak[t], b1, sizeof b1));
-        if (pred && pred->present && pred->peak[t])
-            printf(" (plan %s, %.1f%%)", zo_format_bytes(pred->peak[t], b2, sizeof b2),
-                   100.0 * (double)peak[t] / (double)pred->peak[t]);
+        offload_format_peak_vs_plan(vs, sizeof vs, peak[t], pred, (offload_tier)t);
+        printf(" %s %s%s", offload_tier_name((offload_tier)t), zo_format_bytes(peak[t], b1, sizeof b1), vs);
         printf(t + 1 < OFFLOAD_TIERS ? "," : "\n");
     }
 }
