@@ -67,6 +67,7 @@ scripts/gpu-check.sh's summary go to --rows.
 import argparse
 import array
 import json
+import math
 import os
 import random
 import re
@@ -432,9 +433,14 @@ def tiny_plan(run, plan, hw_args, name):
 # ---- 4. the runs -----------------------------------------------------------------------------
 
 def write_tokens(path, vocab, n):
+    """n tokens: one block of 256 random ones, repeated. Learnable in a few steps (its
+    unigram distribution at least, from a random initialisation's ln(vocab) and above), so a
+    loss that does not fall says the update is wrong; all-random tokens would leave nothing to
+    learn but the uniform distribution."""
     rng = random.Random(1234)
+    block = [rng.randrange(vocab) for _ in range(256)]
     with open(path, "wb") as f:
-        f.write(array.array("H", (rng.randrange(vocab) for _ in range(n))).tobytes())
+        f.write(array.array("H", (block[i % len(block)] for i in range(n))).tobytes())
 
 
 def run_train(run, cmd, limit):
@@ -502,6 +508,8 @@ def train_plan(run, label, path, plan, model, steps, skip, est=None, optional=Fa
     os.unlink(data)
     tok = [float(w[w.index("tok/s") + 1]) for w in (ln.split() for ln in lines)
            if len(w) >= 2 and w[0] == "step" and "tok/s" in w[:-1]]
+    loss = [float(w[w.index("loss") + 1]) for w in (ln.split() for ln in lines)
+            if len(w) >= 2 and w[0] == "step" and "loss" in w[:-1]]
     if rc != 0:
         why = "stopped at its %.0f s limit" % limit if killed else "exit %d" % rc
         last = [ln for ln in lines if ln.strip()][-1:] or ["no output"]
@@ -511,7 +519,7 @@ def train_plan(run, label, path, plan, model, steps, skip, est=None, optional=Fa
     meas = tok[skip:] if len(tok) > skip else tok[-1:]
     tps = statistics.median(meas) if meas else 0.0
     tokens = mb * accum * seq
-    return dict(tok=tok, tps=tps, step=tokens / tps if tps else 0.0, stats=load(stats), lines=lines,
+    return dict(tok=tok, loss=loss, tps=tps, step=tokens / tps if tps else 0.0, stats=load(stats), lines=lines,
                 steps=steps, skip=skip, setup=max(0.0, secs - sum(tokens / t for t in tok if t > 0)))
 
 
@@ -523,7 +531,17 @@ def report(run, label, plan, meas):
             "" if len(meas["tok"]) == meas["steps"] else "%d of %d steps" % (len(meas["tok"]), meas["steps"]))
         run.row("train --plan ran it (%s, CPU backend)" % label, "FAIL" if bad else "ok",
                 bad or "%d steps; %s" % (meas["steps"], method_str(plan)))
+        run.row("%s losses (CPU backend)" % label, "info", " ".join("%.4f" % x for x in meas["loss"]))
         return
+    losses = " ".join("%.4f" % x for x in meas["loss"])
+    ls = meas["loss"]
+    finite = ls and all(math.isfinite(x) for x in ls)
+    # the halves' means: consecutive batches start at other offsets of the data, so one
+    # step's loss can sit above the one before while the trend falls
+    h = len(ls) // 2
+    falling = h > 0 and statistics.mean(ls[len(ls) - h:]) < statistics.mean(ls[:h])
+    run.row("%s losses finite and falling" % label, "ok" if finite and falling else "FAIL",
+            losses or "no loss lines", "finite; the later half's mean below the first half's")
     peak, step_pred, tps_pred, mfu_pred, flops = predicted(plan)
     peak_flops = flops / (step_pred * mfu_pred) if step_pred and mfu_pred else 0
     mfu = flops / meas["step"] / peak_flops if peak_flops and meas["step"] else 0
