@@ -30,7 +30,8 @@
 #   bench      bench_gpu_cuda: gpu_gemm against cuBLASLt's best (goal >= 0.9),
 #              pinned and pageable copies, attention
 #   sanitize   memcheck of test_ops, test_gpu_parity_model, test_offload_cuda;
-#              racecheck, synccheck, initcheck of test_gpu_parity
+#              racecheck, synccheck, initcheck (GEMMs on the own kernel:
+#              ZO_CUDA_GEMM=tiled) of test_gpu_parity
 #   13b        scripts/gpu_13b.py: LLaMA-2-13B QLoRA, then full fine-tuning, then
 #              the full plan under the other optimizer schedules (ZO_13B_RUNS)
 #   torch      bench/torch_side_by_side.py: train --device cuda against PyTorch
@@ -502,10 +503,11 @@ find_sanitizer() {
   return 1
 }
 
-# sanitize_one STEP TOOL BIN LIMIT OPTIONAL: one compute-sanitizer run, one row; 0 when clean
+# sanitize_one STEP TOOL BIN LIMIT OPTIONAL [ENV]: one compute-sanitizer run, one row; 0 when
+# clean. ENV (NAME=VALUE) is set for the run and named in the row.
 sanitize_one() {
-  local step=$1 tool=$2 bin=$3 limit=$4 opt=$5 cs extra=() rc errs t=$SECONDS name
-  name="$tool $(basename "$bin")"
+  local step=$1 tool=$2 bin=$3 limit=$4 opt=$5 env=${6:-} cs extra=() rc errs t=$SECONDS name
+  name="$tool $(basename "$bin")${env:+ ($env)}"
   if ! cs=$(find_sanitizer); then
     row "$step" "$name" FAIL "compute-sanitizer not found on PATH or under /usr/local/cuda"
     return 1
@@ -520,7 +522,8 @@ sanitize_one() {
   [ "$bin" = offload/test_offload_cuda ] && extra+=(--target-processes all)
   local from
   from=$(($(stat -c %s "$RES/sanitize.log" 2>/dev/null || echo 0) + 1))
-  (cd "$B/$(dirname "$bin")" && run_step "$step" "$limit" "$cs" --error-exitcode 1 --tool "$tool" "${extra[@]}" "./$(basename "$bin")")
+  (cd "$B/$(dirname "$bin")" && { [ -z "$env" ] || export "${env?}"; } &&
+     run_step "$step" "$limit" "$cs" --error-exitcode 1 --tool "$tool" "${extra[@]}" "./$(basename "$bin")")
   rc=$?
   # this run's own count (the log holds the earlier runs too)
   errs=$(tail -c +"$from" "$RES/sanitize.log" | grep -o 'ERROR SUMMARY: [0-9]* error' | tail -1 | grep -o '[0-9]*')
@@ -547,18 +550,23 @@ step_memcheck() { sanitize_one memcheck memcheck gpu/test_gpu_parity 600 require
 
 # The other tools and binaries, each while the step's time lasts: test_ops
 # first (every op on a grid of shapes that crosses the kernels' boundaries).
+# initcheck runs with every GEMM on the project's own kernel (ZO_CUDA_GEMM=
+# tiled): on the H200 it reported each read of a cuBLASLt GEMM's output as
+# uninitialized (262,144 reports, one per element of the GEMM's C, while the
+# values were right), since it does not see those kernels' writes.
 step_sanitize() {
-  local bad=0 job tool bin opt=required
+  local bad=0 job tool bin env opt=required
   is_optional sanitize && opt=optional
   for job in "memcheck gpu/test_ops" "memcheck gpu/test_gpu_parity_model" "memcheck offload/test_offload_cuda" \
-             "racecheck gpu/test_gpu_parity" "synccheck gpu/test_gpu_parity" "initcheck gpu/test_gpu_parity"; do
-    read -r tool bin <<< "$job"
+             "racecheck gpu/test_gpu_parity" "synccheck gpu/test_gpu_parity" \
+             "initcheck gpu/test_gpu_parity ZO_CUDA_GEMM=tiled"; do
+    read -r tool bin env <<< "$job"
     if [ "$(step_left)" -lt 20 ]; then
       row sanitize "$tool $(basename "$bin")" "$([ $opt = optional ] && echo skip || echo FAIL)" "not started: no time left"
       [ $opt = optional ] || bad=1
       continue
     fi
-    sanitize_one sanitize "$tool" "$bin" 600 "$opt" || bad=1
+    sanitize_one sanitize "$tool" "$bin" 600 "$opt" "$env" || bad=1
   done
   return $bad
 }

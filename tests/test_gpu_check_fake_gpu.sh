@@ -69,6 +69,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ $# -gt 0 ] || { echo "stand-in compute-sanitizer"; exit 0; }
+[ -n "${ZO_CUDA_GEMM:-}" ] && echo "stand-in: ZO_CUDA_GEMM=$ZO_CUDA_GEMM"
 "$@"
 rc=$?
 echo "========= ERROR SUMMARY: 0 errors"
@@ -126,6 +127,10 @@ want test test_cuda_module ok "^passed"
 want memcheck "memcheck test_gpu_parity" FAIL "^exit 77"
 want bench bench_gpu_cuda FAIL "^exit 77"
 want sanitize "memcheck test_ops" ok "^0 errors"
+# initcheck with every GEMM on the own kernel: the variable reaches the run, and only that one
+want sanitize "initcheck test_gpu_parity (ZO_CUDA_GEMM=tiled)" FAIL "^exit 77"
+[ "$(grep -c '^stand-in: ZO_CUDA_GEMM=tiled$' "$tmp/out/sanitize.log")" = 1 ] ||
+  fail "ZO_CUDA_GEMM=tiled in sanitize.log: $(grep -c 'ZO_CUDA_GEMM' "$tmp/out/sanitize.log") lines"
 echo "ok: rows.tsv: $(wc -l <"$rows") rows, steps $order"
 
 # the summary: printed last, the same as summary.txt, whose counts are the rows'
