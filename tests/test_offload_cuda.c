@@ -10,7 +10,8 @@
  * recompute (the same kernels on the same inputs). With bf16 and 8-bit m
  * and v in the optimizer's device share the losses must match the CPU
  * backend's too. A short `train --device cuda` run must match
- * `train --device cpu` the same way.
+ * `train --device cpu` the same way, for a LLaMA and for a Mixtral whose
+ * routed experts stream to the device apart.
  *
  * Exits 77 where no CUDA device is present (or the build has no CUDA);
  * ZO_OFFLOAD_BACKEND=cpu runs the device-under-test side on a second CPU
@@ -348,35 +349,26 @@ static void read_peak(const char *path, double *peak, double *capacity)
     cJSON_Delete(root);
 }
 
-/* `train --device <backend>` against `train --device cpu`: the same losses
- * within bf16's tolerance, the device named in the header, the peak under
- * --device-mem. */
-static void test_train_program(void **state)
+/* `train --device <backend>` against `train --device cpu` on the model
+ * config.json of dir holds (`extra`: flags beside the common ones): the same
+ * losses within bf16's tolerance, falling, the device named in the header,
+ * the peak under --device-mem. Each run's output into out[0] (cpu) and
+ * out[1] (the device under test). */
+static void train_both(const char *dir, const char *what, const char *extra, char out[2][1 << 16])
 {
-    (void)state;
-    char dir[64], text[128], cfg[128], stats[128], cmd[1024];
-    snprintf(dir, sizeof dir, "/tmp/zo_test_offload_cuda_%d", (int)getpid());
-    assert_int_equal(mkdir(dir, 0755), 0);
+    char text[128], cfg[128], stats[128], cmd[1024];
     snprintf(text, sizeof text, "%s/text.txt", dir);
     snprintf(cfg, sizeof cfg, "%s/config.json", dir);
-    files_write_sample_text(text, 300);
-    FILE *f = fopen(cfg, "w");
-    assert_non_null(f);
-    fprintf(f, "{\"model_type\": \"llama\", \"num_hidden_layers\": 6, \"hidden_size\": 128,"
-               " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 384,"
-               " \"max_position_embeddings\": 64, \"vocab_size\": 256, \"rms_norm_eps\": 1e-5}\n");
-    fclose(f);
-    static char out[2][1 << 16];
     float loss[2][8];
     const char *devs[2] = {"cpu", backend};
     for (int i = 0; i < 2; i++) {
         snprintf(stats, sizeof stats, "%s/stats-%d.json", dir, i);
         snprintf(cmd, sizeof cmd,
                  "%s --model %s --data %s --text --steps 8 --micro-batch 2 --seq 32 --lr 3e-3 "
-                 "--dtype bf16 --threads 2 --params-on cpu --prefetch 2 --recompute full "
-                 "--checkpoints-on cpu --device %s --device-mem 4MiB --stats-json %s 2>&1",
-                 ZO_TRAIN_BIN, cfg, text, devs[i], stats);
-        int rc = run_capture(cmd, out[i], sizeof out[i]);
+                 "--dtype bf16 --threads 2 --params-on cpu --prefetch 2 %s "
+                 "--device %s --device-mem 4MiB --stats-json %s 2>&1",
+                 ZO_TRAIN_BIN, cfg, text, extra, devs[i], stats);
+        int rc = run_capture(cmd, out[i], 1 << 16);
         if (rc != 0) printf("%s\n", out[i]);
         assert_int_equal(rc, 0);
         assert_int_equal(parse_losses(out[i], loss[i], 8), 8);
@@ -386,7 +378,7 @@ static void test_train_program(void **state)
         assert_non_null(strstr(out[i], want));
         double peak, capacity;
         read_peak(stats, &peak, &capacity);
-        printf("  train --device %-6s device peak %.0f of %.0f bytes; losses", devs[i], peak, capacity);
+        printf("  %s, train --device %-6s device peak %.0f of %.0f bytes; losses", what, devs[i], peak, capacity);
         for (int k = 0; k < 8; k++) printf(" %.4f", loss[i][k]);
         printf("\n");
         assert_true(capacity == 4.0 * 1024.0 * 1024.0);
@@ -395,12 +387,57 @@ static void test_train_program(void **state)
     for (int k = 0; k < 8; k++)
         assert_true(fabsf(loss[1][k] - loss[0][k]) <= (float)loss_rtol(ZO_DTYPE_BF16) * loss[0][k]);
     assert_true(loss[1][7] < loss[1][0]);
+}
+
+/* A fresh folder with text.txt and config.json holding `config`. */
+static void program_dir(char *dir, size_t n, const char *tag, const char *config)
+{
+    snprintf(dir, n, "/tmp/zo_test_offload_cuda_%s_%d", tag, (int)getpid());
+    assert_int_equal(mkdir(dir, 0755), 0);
+    char path[128];
+    snprintf(path, sizeof path, "%s/text.txt", dir);
+    files_write_sample_text(path, 300);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    files_write_text(path, config);
+}
+
+static void test_train_program(void **state)
+{
+    (void)state;
+    char dir[96], cmd[1024];
+    static char out[2][1 << 16];
+    program_dir(dir, sizeof dir, "llama",
+                "{\"model_type\": \"llama\", \"num_hidden_layers\": 6, \"hidden_size\": 128,"
+                " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 384,"
+                " \"max_position_embeddings\": 64, \"vocab_size\": 256, \"rms_norm_eps\": 1e-5}\n");
+    train_both(dir, "llama", "--recompute full --checkpoints-on cpu", out);
 
     /* a malformed device name is a usage error naming the flag */
-    snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --device tpu 2>&1", ZO_TRAIN_BIN, cfg, text);
+    snprintf(cmd, sizeof cmd, "%s --model %s/config.json --data %s/text.txt --text --device tpu 2>&1", ZO_TRAIN_BIN,
+             dir, dir);
     assert_int_equal(run_capture(cmd, out[0], sizeof out[0]), 2);
     assert_non_null(strstr(out[0], "--device tpu"));
 
+    files_remove_tree(dir);
+}
+
+/* A Mixtral with the weights on the host: its routed experts stream to the
+ * device apart from the layer's dense part (docs/offload.md, "Experts
+ * streamed apart"), through the MoE kernels (router, gather, scatter) and
+ * the AdamW that skips experts without tokens; both runs say so. */
+static void test_train_program_moe(void **state)
+{
+    (void)state;
+    char dir[96];
+    static char out[2][1 << 16];
+    program_dir(dir, sizeof dir, "mixtral",
+                "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 4, \"hidden_size\": 64,"
+                " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128,"
+                " \"num_local_experts\": 8, \"num_experts_per_tok\": 2, \"vocab_size\": 256,"
+                " \"max_position_embeddings\": 64, \"output_router_logits\": true,"
+                " \"router_aux_loss_coef\": 0.02}\n");
+    train_both(dir, "mixtral", "--lr 1e-3", out);
+    for (int i = 0; i < 2; i++) assert_non_null(strstr(out[i], "# experts streamed apart:"));
     files_remove_tree(dir);
 }
 
@@ -417,6 +454,7 @@ int main(void)
         cmocka_unit_test(test_gpt2_streamed),
         cmocka_unit_test(test_optimizer_state_on_device),
         cmocka_unit_test(test_train_program),
+        cmocka_unit_test(test_train_program_moe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
