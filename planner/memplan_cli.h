@@ -247,6 +247,7 @@ typedef struct search_flags {
     double opt_min[ZO_PLAN_TIERS];
     const char *family, *strategy;
     int method;                  /* --method: -1 not given, else a zo_plan_method or PLAN_METHOD_AUTO */
+    plan_pp_schedule pp_schedule; /* --pp-schedule: whose pipeline engine times PP > 1 */
 } search_flags;
 
 /* --method lora|qlora|auto without --lora R: the adapters estimate's

@@ -53,7 +53,9 @@ static const char usage_plan[] =
     "  --recompute none|selective|full|ops   fix recompute (full also tries the fewest\n"
     "                          layers of a stage that fit: Megatron's --recompute-num-layers)\n"
     "  --reduce-dtype fp32|bf16|fp16   the gradients' reduction (default fp32, the runtime's)\n"
-    "  --runtime zoffload|eager   size for this runtime (default) or eager PyTorch\n"
+    "  --runtime zoffload|eager   size for this runtime (default) or eager PyTorch\n"    "  --pp-schedule megatron|deepspeed   whose pipeline engine times the layouts with PP > 1\n"
+    "                          (default megatron; deepspeed: its 2021 engine, no interleaving,\n"
+    "                          as for estimate; not with --json or --json-out)\n"
     "  --no-offload            everything on the GPU       --no-nvme   nothing on NVMe\n"
     "  --max-micro-batch N     largest micro-batch tried (default 16)\n"
     "  --opt-steps N           optimizer GPU/CPU/NVMe split in 1/N steps (default 10)\n"
@@ -87,6 +89,7 @@ static const struct option plan_opts[] = {
     {"family", required_argument, 0, OPT_FAMILY},
     {"strategy", required_argument, 0, OPT_STRATEGY},
     {"method", required_argument, 0, OPT_METHOD},
+    {"pp-schedule", required_argument, 0, OPT_PP_SCHEDULE},
     {0, 0, 0, 0},
 };
 
@@ -139,6 +142,7 @@ static int search_flag(int c, const char *arg, void *own, zo_status *st)
         return 1;
     case OPT_FAMILY: s->family = arg; return 1;
     case OPT_METHOD: *st = zo_plan_name_parse(methods, arg, "--method", &s->method); return 1;
+    case OPT_PP_SCHEDULE: *st = plan_pp_schedule_parse(arg, "--pp-schedule", &s->pp_schedule); return 1;
     case OPT_STRATEGY: s->strategy = arg; return 1;
     default: return 0;
     }
@@ -211,6 +215,11 @@ zo_status search_cmd_space(search_cmd *c)
     out->schedule = f->mf.schedule; /* searched unless given */
     /* a plan file is for the runtime: only what it runs */
     out->runtime_plans = f->json || f->json_out;
+    /* layouts with PP > 1 timed with this engine's schedule (the others have none) */
+    out->pp_schedule = s->pp_schedule;
+    if (s->pp_schedule == PLAN_PP_DEEPSPEED && out->runtime_plans)
+        return zo_error(ZO_ERR_INVALID, "--pp-schedule deepspeed: a plan file is for this project's runtime, "
+                                        "which runs no pipeline (drop %s)", f->json_out ? "--json-out" : "--json");
     out->adapters_on = f->mf.adapters_on;
     /* --optim-dtype auto: every encoding of m and v, ranked with the rest */
     if (f->opt_state == PLAN_STATE_AUTO) out->opt_states = (1u << ZO_PLAN_STATES) - 1;

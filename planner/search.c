@@ -351,7 +351,8 @@ static void walk_gpus(walk *w, int gpus)
             for (int mbs = 1; mbs <= per_dp && mbs <= s->max_micro_batch; mbs *= 2) {
                 if (per_dp % mbs) continue;
                 int ga = per_dp / mbs;
-                int vmax = pp > 1 && ga % pp == 0 ? s->max_vpp : 1;
+                /* DeepSpeed's pipeline engine does not interleave */
+                int vmax = pp > 1 && ga % pp == 0 && s->pp_schedule != PLAN_PP_DEEPSPEED ? s->max_vpp : 1;
                 for (int v = 1; v <= vmax; v++) {
                     if (v > 1 && L % (pp * v)) continue;
                     for (int sp = 0; sp <= (tp > 1); sp++) {
@@ -370,6 +371,8 @@ static void walk_gpus(walk *w, int gpus)
                             t.tp = tp;
                             t.pp = pp;
                             t.vpp = v;
+                            /* a pipeline engine times pipelines only */
+                            t.pp_schedule = pp > 1 ? s->pp_schedule : PLAN_PP_MEGATRON;
                             t.sp = sp;
                             t.ep = ep;
                             t.micro_batch = mbs;

@@ -38,6 +38,7 @@ typedef struct plan_space {
     int allow_nvme;        /* 0: nothing on NVMe */
     int zero_min, zero_max;
     int tp, pp;            /* > 0: fixed */
+    plan_pp_schedule pp_schedule; /* whose pipeline engine times the layouts with PP > 1 */
     int ep;                /* > 0: fixed; else every EP dividing DP and the experts (MoE) */
     int recompute;         /* -1: all; else a zo_plan_recompute */
     int runtime_plans;     /* 1: only what the runtime runs (a plan file for train): what the

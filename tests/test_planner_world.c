@@ -380,6 +380,50 @@ static void test_pipeline_engines(void **state)
     assert_non_null(strstr(out, "--pp-schedule deepspeed: needs pipeline parallelism (--pp > 1)"));
 }
 
+/* memplan plan --pp-schedule deepspeed: the search times its layouts with
+ * PP > 1 under DeepSpeed's engine, and its best is what estimate gives for
+ * the same configuration under that engine (the MT-NLG shape, micro-batch 1,
+ * the search free to recompute fewer layers); Megatron-LM's schedule is
+ * faster on it. No plan file holds it (the runtime runs no pipeline). */
+static void test_plan_pp_schedule(void **state)
+{
+    (void)state;
+    const char *base = "--model megatron-530b --hw dgx-a100-80gb --tp 8 --pp 35 --global-batch 1920 "
+                       "--recompute full --dtype fp16 --no-flash-attn --zero 1 --reduce-dtype fp16 --gpus 2240";
+    static char out[1 << 16];
+    char args[1024];
+    double best[2];
+    int layers = 0;
+    for (int ds = 0; ds < 2; ds++) {
+        snprintf(args, sizeof args, "plan %s --max-micro-batch 1 --top 1%s", base, ds ? " --pp-schedule deepspeed" : "");
+        assert_int_equal(run_memplan(args, out, sizeof out), 0);
+        const char *b = strstr(out, "best: ");
+        assert_non_null(b);
+        best[ds] = atof(b + 6);
+        if (ds) {
+            const char *r = strstr(out, "recompute full of ");
+            assert_non_null(r);
+            layers = atoi(r + strlen("recompute full of "));
+        }
+    }
+    assert_true(layers > 0);
+    snprintf(args, sizeof args, "%s --micro-batch 1 --recompute-layers %d --pp-schedule deepspeed", base, layers);
+    cJSON *e = estimate(args);
+    double want = num(e, "time.step_s");
+    cJSON_Delete(e);
+    printf("plan --pp-schedule deepspeed: best %.2f s per step (estimate of its layout, %d layers recomputed a "
+           "stage: %.4f s); Megatron-LM's schedule: %.2f s\n", best[1], layers, want, best[0]);
+    assert_true(fabs(best[1] - want) <= 0.006);
+    assert_true(best[0] < best[1]);
+    /* refused by name (exit 2): a plan file of it, an unknown engine */
+    snprintf(args, sizeof args, "plan %s --max-micro-batch 1 --pp-schedule deepspeed --json-out /dev/null", base);
+    assert_int_equal(run_memplan(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "--pp-schedule deepspeed: a plan file is for this project's runtime"));
+    snprintf(args, sizeof args, "plan %s --pp-schedule gpipe", base);
+    assert_int_equal(run_memplan(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "--pp-schedule: 'gpipe'"));
+}
+
 /* ---- torchtune's 2 x RTX 4090 LoRA (eager PyTorch, FSDP) ---------------------------- */
 
 /* pytorch/torchtune README.md at fef3ed10d (2024-04-16, "Memory update"),
@@ -501,6 +545,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_deepspeed_zero3_mixtral),
+        cmocka_unit_test(test_plan_pp_schedule),
         cmocka_unit_test(test_torchtitan_64_a100),
         cmocka_unit_test(test_mtnlg_iterations),
         cmocka_unit_test(test_pipeline_engines),
