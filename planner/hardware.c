@@ -35,8 +35,8 @@
 #define V100 GPU("V100-32GB", 32768, 900, 125, 15.7, 150, 12, 3, V100_EFF, V100_HALF)
 #define A100_40 GPU("A100-40GB", 40960, 1555, 312, 156, 300, 25, 4, A100_EFF, A100_HALF)
 #define A100_80 GPU("A100-80GB", 81920, 2039, 312, 156, 300, 25, 4, A100_EFF, A100_HALF)
-#define H100 GPU("H100-80GB", 81559, 3350, 989, 495, 450, 50, 5, H100_EFF, H100_HALF)
-#define H200 GPU("H200-141GB", 143771, 4800, 989, 495, 450, 50, 5, H100_EFF, H100_HALF)
+#define H100 GPU("H100-80GB", 81559, 3350, 989, 495, 450, 55, 5, H100_EFF, H100_HALF)
+#define H200 GPU("H200-141GB", 143771, 4800, 989, 495, 450, 55, 5, H100_EFF, H100_HALF)
 
 static const plan_hw_preset presets[] = {
     /* One GPU with an eighth of its DGX host (a single-GPU server). */
@@ -378,12 +378,14 @@ void plan_hw_gpu_node(const plan_gpu_spec *g, const plan_host_spec *h, plan_hw *
     o->net_bw = h->net_bw;
 }
 
-/* Pinned host<->device copies reach about 12, 25 and 50 GB/s over x16 links
- * of generations 3, 4 and 5 (76-79% of 15.75, 31.5 and 63 GB/s raw), as the
+/* Pinned host<->device copies reach about 12 and 25 GB/s over x16 links of
+ * generations 3 and 4 (76-79% of 15.75 and 31.5 GB/s raw), and 55 over
+ * generation 5 (88% of 63: 256 MiB pinned copies on an H200 measured 55.47
+ * GB/s to the device and 55.45 back, bench_gpu_cuda, 2026-11-26), as the
  * presets above assume; narrower links scale by their lanes. */
 double plan_pcie_bw(int gen, int lanes)
 {
-    static const double x16[] = {0, 2 * GBs, 4 * GBs, 12 * GBs, 25 * GBs, 50 * GBs, 100 * GBs};
+    static const double x16[] = {0, 2 * GBs, 4 * GBs, 12 * GBs, 25 * GBs, 55 * GBs, 100 * GBs};
     if (gen < 1 || gen > 6 || lanes < 1) return 0;
     return x16[gen] * lanes / 16.0;
 }
