@@ -504,23 +504,53 @@ static void rate_of(const gpu_profile_row *r, char *buf, size_t len)
     else if (r->bytes > 0) snprintf(buf, len, "%.2f GB/s", r->bytes / r->seconds / 1e9);
 }
 
-/* Each stream's busy seconds (its rows' sum: work on one stream does not overlap). */
-static int stream_busy(const gpu_profile_row *rows, size_t n, char names[][24], double *busy)
+/* The rows' seconds summed by op name (by_stream 0; host rows too) or by
+ * stream (1; device rows only: work on one stream does not overlap, so
+ * the sum is its busy time), the longest first: names[] and secs[], their
+ * number returned. */
+typedef struct prof_sum {
+    char name[40];
+    double s;
+} prof_sum;
+
+static int by_secs(const void *a, const void *b)
+{
+    const prof_sum *x = a, *y = b;
+    return x->s < y->s ? 1 : x->s > y->s ? -1 : strcmp(x->name, y->name);
+}
+
+static int sum_rows(const gpu_profile_row *rows, size_t n, int by_stream, prof_sum *sums, int max)
 {
     int ns = 0;
     for (size_t i = 0; i < n; i++) {
-        if (rows[i].host) continue;
+        if (by_stream && rows[i].host) continue;
+        const char *key = by_stream ? rows[i].stream : rows[i].op;
         int j = 0;
-        while (j < ns && strcmp(names[j], rows[i].stream)) j++;
+        while (j < ns && strcmp(sums[j].name, key)) j++;
         if (j == ns) {
-            if (ns == PROF_STREAMS) continue;
-            snprintf(names[ns], 24, "%s", rows[i].stream);
-            busy[ns++] = 0;
+            if (ns == max) continue;
+            snprintf(sums[ns].name, sizeof sums[ns].name, "%s", key);
+            sums[ns++].s = 0;
         }
-        busy[j] += rows[i].seconds;
+        sums[j].s += rows[i].seconds;
     }
+    qsort(sums, (size_t)ns, sizeof *sums, by_secs);
     return ns;
 }
+
+/* "# profile: WHAT, ms per step: a 1.000 (10.0%), b ..." */
+static void print_sums(FILE *f, const char *what, const prof_sum *sums, int ns, double per, double step_ms)
+{
+    fprintf(f, "# profile: %s, ms per step:", what);
+    for (int j = 0; j < ns; j++) {
+        double ms = 1e3 * sums[j].s * per;
+        fprintf(f, " %s %.3f (%.1f%%)%s", sums[j].name, ms, step_ms > 0 ? 100 * ms / step_ms : 0.0,
+                j + 1 < ns ? "," : "");
+    }
+    fprintf(f, "\n");
+}
+
+#define PROF_SUMS (GPU_OP_COUNT + 16)
 
 void gpu_profile_print(gpu_profile *p, FILE *f)
 {
@@ -543,14 +573,9 @@ void gpu_profile_print(gpu_profile *p, FILE *f)
         fprintf(f, "# profile: %-22s %-30s %-12s %10.1f %11.3f %6.1f%% %15s\n", r->op, r->shape[0] ? r->shape : "-",
                 r->stream, r->calls * per, ms, step_ms > 0 ? 100 * ms / step_ms : 0.0, rate);
     }
-    char names[PROF_STREAMS][24];
-    double busy[PROF_STREAMS];
-    int ns = stream_busy(rows, n, names, busy);
-    fprintf(f, "# profile: streams busy, ms per step:");
-    for (int j = 0; j < ns; j++)
-        fprintf(f, " %s %.3f (%.1f%%)%s", names[j], 1e3 * busy[j] * per,
-                step_ms > 0 ? 100 * 1e3 * busy[j] * per / step_ms : 0.0, j + 1 < ns ? "," : "");
-    fprintf(f, "\n");
+    prof_sum sums[PROF_SUMS];
+    print_sums(f, "by op", sums, sum_rows(rows, n, 0, sums, PROF_SUMS), per, step_ms);
+    print_sums(f, "streams busy", sums, sum_rows(rows, n, 1, sums, PROF_SUMS), per, step_ms);
     if (p->n_waits) {
         fprintf(f, "# profile: host thread, ms per step:");
         for (int j = 0; j < p->n_waits; j++)
@@ -589,11 +614,12 @@ cJSON *gpu_profile_json(gpu_profile *p)
         if (r->bytes > 0) cJSON_AddNumberToObject(e, "bytes_per_step", r->bytes * per);
         if (r->bytes > 0 && r->seconds > 0) cJSON_AddNumberToObject(e, "gbps", r->bytes / r->seconds / 1e9);
     }
-    char names[PROF_STREAMS][24];
-    double busy[PROF_STREAMS];
-    int ns = stream_busy(rows, n, names, busy);
-    cJSON *sb = cJSON_AddObjectToObject(o, "streams_busy_ms_per_step");
-    for (int j = 0; sb && j < ns; j++) cJSON_AddNumberToObject(sb, names[j], 1e3 * busy[j] * per);
+    prof_sum sums[PROF_SUMS];
+    for (int by_stream = 0; by_stream < 2; by_stream++) {
+        int ns = sum_rows(rows, n, by_stream, sums, PROF_SUMS);
+        cJSON *sb = cJSON_AddObjectToObject(o, by_stream ? "streams_busy_ms_per_step" : "by_op_ms_per_step");
+        for (int j = 0; sb && j < ns; j++) cJSON_AddNumberToObject(sb, sums[j].name, 1e3 * sums[j].s * per);
+    }
     cJSON *hw = cJSON_AddObjectToObject(o, "host_ms_per_step");
     for (int j = 0; hw && j < p->n_waits; j++) cJSON_AddNumberToObject(hw, p->waits[j].name, 1e3 * p->waits[j].s * per);
     return o;
