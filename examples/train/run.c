@@ -437,7 +437,10 @@ static void profile_host(train_run *r, const offload_stats *o0, double dt)
         gpu_profile_add_wait(r->prof, offload_time_part_name((offload_time_part)p), t);
         parts += t;
     }
-    gpu_profile_add_wait(r->prof, "other", dt - parts);
+    /* the rest of the step; 0 when the parts exceed it: with the optimizer
+     * on NVMe the runtime adds a pipeline's time when it ends, which may
+     * have begun in the step before */
+    gpu_profile_add_wait(r->prof, "other", dt > parts ? dt - parts : 0.0);
 }
 
 zo_status run_step(train_run *r, long k, ft_record *rec, int *skipped)
