@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """profile_overhead: what train --profile costs a step on the CPU backend.
 
-Runs `train` on a small LLaMA with and without --profile, alternated
-(--pairs times), and prints the median step time of the steps after the
-first (the ones --profile times) of each, their ratio, and the ops timed
-per step. The model is written to a temporary folder; nothing else is read.
+Runs `train` on a small LLaMA (weights, gradients and optimizer on the
+device, as the QLoRA 13B plan places them) with and without --profile,
+alternated (--pairs times), and prints the median step time of the steps
+after the first (the ones --profile times) of each, their ratio, and the
+ops timed per step; then, over the --profile runs, the compute stream's
+busy time over the host's waits for it (the runtime's own count: 1.0 when
+the profile accounts for the time the host waited). The model is written
+to a temporary folder; nothing else is read.
 
 usage: scripts/profile_overhead.py [--train build/examples/train] [--hidden 128] [--pairs 5] [--steps 8]
 """
@@ -28,10 +32,12 @@ def run(a, d, profile):
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     tok = [float(w[w.index("tok/s") + 1]) for w in (ln.split() for ln in out.splitlines()) if w[:1] == ["step"]]
     step_ms = [1e3 * 4 * 128 / t for t in tok[1:]]
-    ops = 0.0
+    ops, ratio = 0.0, 0.0
     if profile:
-        ops = sum(o["calls_per_step"] for o in json.load(open(stats))["profile"]["ops"] if o["stream"] != "host")
-    return statistics.median(step_ms), ops
+        prof = json.load(open(stats))["profile"]
+        ops = sum(o["calls_per_step"] for o in prof["ops"] if o["stream"] != "host")
+        ratio = prof["streams_busy_ms_per_step"]["compute"] / prof["host_ms_per_step"]["compute"]
+    return statistics.median(step_ms), ops, ratio
 
 
 def main():
@@ -50,17 +56,20 @@ def main():
         rng = random.Random(1)
         with open(os.path.join(d, "tokens.bin"), "wb") as f:
             f.write(array.array("H", (rng.randrange(512) for _ in range(4 * 128 * (a.steps + 1) + 2))).tobytes())
-        off, on, ops = [], [], 0.0
+        off, on, ratios, ops = [], [], [], 0.0
         for _ in range(a.pairs):
             off.append(run(a, d, False)[0])
-            ms, ops = run(a, d, True)
+            ms, ops, ratio = run(a, d, True)
             on.append(ms)
+            ratios.append(ratio)
     mo, mn = statistics.median(off), statistics.median(on)
     print("# profile_overhead: LLaMA 2 layers hidden %d, batch 4 x 128, %d threads, CPU backend; median step of "
           "steps 2..%d over %d runs each, alternated" % (a.hidden, a.threads, a.steps, a.pairs))
     print("off      %.3f ms/step" % mo)
     print("profile  %.3f ms/step (%.0f ops, copies and memsets timed a step)" % (mn, ops))
     print("ratio    %.3f (%.2f us a timed op)" % (mn / mo, 1e3 * (mn - mo) / ops if ops else 0.0))
+    print("compute stream busy / host's waits for it: %.3f .. %.3f (median %.3f)" % (
+        min(ratios), max(ratios), statistics.median(ratios)))
 
 
 if __name__ == "__main__":
