@@ -23,7 +23,7 @@ struct comm_host_api;
 /* Bumped with any change to what crosses between the module and the
  * program (this table, the device interface, gpu_op_args): a module of
  * another build is refused by name rather than trusted. */
-#define ZO_CUDA_MODULE_ABI (2000000 + 1000 * GPU_OP_COUNT + (int)sizeof(gpu_op_args))
+#define ZO_CUDA_MODULE_ABI (3000000 + 1000 * GPU_OP_COUNT + (int)sizeof(gpu_op_args))
 #define ZO_CUDA_MODULE_SYMBOL "zo_cuda_module_v1"
 #define ZO_CUDA_MODULE_FILE "libzo_cuda.so"
 

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "gpu/device_impl.h" /* defines: gpu_backend_iface, struct gpu_device */
+#include "gpu/profile_impl.h" /* defines: gpu_profile_copy, gpu_profile_memset */
 
 zo_status gpu_device_wrap(const gpu_backend_iface *iface, void *ctx, gpu_device_t *out)
 {
@@ -128,12 +129,13 @@ zo_status gpu_stream_synchronize(gpu_stream_t s)
 
 gpu_device_t gpu_stream_device(gpu_stream_t s) { return s ? s->dev : NULL; }
 
-zo_status gpu_event_create(gpu_device_t dev, gpu_event_t *out)
+static zo_status event_create(gpu_device_t dev, int timed, gpu_event_t *out)
 {
     if (!dev || !out) return zo_error(ZO_ERR_INVALID, "gpu_event_create: NULL argument");
     gpu_event_t ev = calloc(1, sizeof *ev);
     if (!ev) return zo_error(ZO_ERR_NOMEM, "gpu_event_create: out of host memory");
     ev->dev = dev;
+    ev->timed = timed;
     zo_status st = dev->iface->event_create(dev, ev);
     if (st != ZO_OK) {
         free(ev);
@@ -146,6 +148,10 @@ zo_status gpu_event_create(gpu_device_t dev, gpu_event_t *out)
     *out = ev;
     return ZO_OK;
 }
+
+zo_status gpu_event_create(gpu_device_t dev, gpu_event_t *out) { return event_create(dev, 0, out); }
+
+zo_status gpu_event_create_timed(gpu_device_t dev, gpu_event_t *out) { return event_create(dev, 1, out); }
 
 void gpu_event_destroy(gpu_event_t ev)
 {
@@ -167,7 +173,9 @@ zo_status gpu_event_record(gpu_event_t ev, gpu_stream_t s)
     if (!ev || !s) return zo_error(ZO_ERR_INVALID, "gpu_event_record: NULL argument");
     if (ev->dev != s->dev)
         return zo_error(ZO_ERR_INVALID, "gpu_event_record: event and stream on different devices");
-    return s->dev->iface->event_record(ev, s);
+    zo_status st = s->dev->iface->event_record(ev, s);
+    if (st == ZO_OK && ev->timed) ev->recorded = 1; /* gpu_event_elapsed's check */
+    return st;
 }
 
 zo_status gpu_stream_wait_event(gpu_stream_t s, gpu_event_t ev)
@@ -182,6 +190,22 @@ zo_status gpu_event_synchronize(gpu_event_t ev)
 {
     if (!ev) return zo_error(ZO_ERR_INVALID, "gpu_event_synchronize: NULL event");
     return ev->dev->iface->event_synchronize(ev);
+}
+
+zo_status gpu_event_elapsed(gpu_event_t start, gpu_event_t end, double *ms)
+{
+    const char *op = __func__;
+    if (!start || !end || !ms) return zo_error(ZO_ERR_INVALID, "%s: NULL argument", op);
+    if (start->dev != end->dev) return zo_error(ZO_ERR_INVALID, "%s: events of two devices", op);
+    if (!start->timed || !end->timed)
+        return zo_error(ZO_ERR_INVALID, "%s: the %s event is not timed (gpu_event_create_timed)", op,
+                        start->timed ? "end" : "start");
+    gpu_device_t dev = start->dev;
+    if (!start->recorded || !end->recorded)
+        return zo_error(ZO_ERR_INVALID, "%s: the %s event was never recorded", op, start->recorded ? "end" : "start");
+    if (!dev->iface->event_query(start) || !dev->iface->event_query(end))
+        return zo_error(ZO_ERR_INVALID, "%s: a record has not completed", op);
+    return dev->iface->event_elapsed(start, end, ms);
 }
 
 zo_status gpu_launch_host_func(gpu_stream_t s, gpu_host_fn fn, void *arg)
@@ -205,6 +229,8 @@ zo_status gpu_memcpy_async(gpu_stream_t s, void *dst, const void *src, size_t by
     if (!dst || !src) return zo_error(ZO_ERR_INVALID, "%s: %s is NULL", op, dst ? "src" : "dst");
     if (kind < GPU_COPY_HOST_TO_DEVICE || kind > GPU_COPY_HOST_TO_HOST)
         return zo_error(ZO_ERR_INVALID, "%s: unknown copy kind %d", op, (int)kind);
+    gpu_profile *prof = __atomic_load_n(&s->dev->prof, __ATOMIC_ACQUIRE);
+    if (prof) return gpu_profile_copy(prof, s, dst, src, bytes, kind);
     return s->dev->iface->memcpy_async(s, dst, src, bytes, kind);
 }
 
@@ -214,6 +240,8 @@ zo_status gpu_memset_async(gpu_stream_t s, void *dst, int value, size_t bytes)
     if (!s) return zo_error(ZO_ERR_INVALID, "%s: NULL stream", op);
     if (!bytes) return ZO_OK;
     if (!dst) return zo_error(ZO_ERR_INVALID, "%s: dst is NULL", op);
+    gpu_profile *prof = __atomic_load_n(&s->dev->prof, __ATOMIC_ACQUIRE);
+    if (prof) return gpu_profile_memset(prof, s, dst, value, bytes);
     return s->dev->iface->memset_async(s, dst, value, bytes);
 }
 

@@ -128,6 +128,17 @@ zo_status gpu_stream_wait_event(gpu_stream_t s, gpu_event_t ev);
 /* 1 when the latest record has completed (or there was none), else 0. */
 int gpu_event_query(gpu_event_t ev);
 zo_status gpu_event_synchronize(gpu_event_t ev);
+/* An event that also keeps the time its latest record completed, on the
+ * device's clock (CUDA's event timer; the CPU backend's monotonic clock read
+ * by the stream's worker as it reaches the record), for gpu_event_elapsed.
+ * Plain events keep none (CUDA: cudaEventDisableTiming, cheaper to record
+ * and wait on); gpu/profile.h is what times ops with these. */
+zo_status gpu_event_create_timed(gpu_device_t dev, gpu_event_t *out);
+/* Milliseconds from the latest record of `start` to the latest record of
+ * `end`, both timed events of one device whose records have completed.
+ * ZO_ERR_INVALID when an event is not timed or of another device, or a
+ * record is not complete (or was never made). */
+zo_status gpu_event_elapsed(gpu_event_t start, gpu_event_t end, double *ms);
 
 /* Run fn(arg) on a host thread in stream order: after the work enqueued on
  * `s` so far; work enqueued on `s` later waits until fn returns (CUDA's

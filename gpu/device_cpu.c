@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"     /* defines: zo_now */
 #include "gpu/device_impl.h" /* defines: gpu_backend_iface, struct gpu_stream/event */
 #include "gpu/ops_cpu.h"     /* defines: cpu_gemm, cpu_attention_forward, ... */
 
@@ -225,6 +226,8 @@ typedef struct cpu_event {
     pthread_cond_t done;
     uint64_t recorded;  /* records made (host side) */
     uint64_t completed; /* latest record that has run */
+    int timed;          /* gpu_event_create_timed: t_done kept */
+    double t_done;      /* zo_now() when the worker reached the latest record */
 } cpu_event;
 
 static void *stream_worker(void *arg)
@@ -370,6 +373,7 @@ static zo_status cpu_event_create(gpu_device_t dev, gpu_event_t ev)
     (void)dev;
     cpu_event *ce = calloc(1, sizeof *ce);
     if (!ce) return zo_error(ZO_ERR_NOMEM, "gpu_event_create: out of host memory");
+    ce->timed = ev->timed;
     pthread_mutex_init(&ce->lock, NULL);
     pthread_cond_init(&ce->done, NULL);
     ev->impl = ce;
@@ -389,8 +393,12 @@ static zo_status run_event_complete(cpu_cmd *cmd, int nt)
 {
     (void)nt;
     cpu_event *ce = cmd->u.event.ev;
+    double t = ce->timed ? zo_now() : 0.0; /* the device's clock: when its stream got here */
     pthread_mutex_lock(&ce->lock);
-    if (cmd->u.event.gen > ce->completed) ce->completed = cmd->u.event.gen;
+    if (cmd->u.event.gen > ce->completed) {
+        ce->completed = cmd->u.event.gen;
+        ce->t_done = t;
+    }
     pthread_cond_broadcast(&ce->done);
     pthread_mutex_unlock(&ce->lock);
     return ZO_OK;
@@ -445,6 +453,19 @@ static zo_status cpu_event_synchronize(gpu_event_t ev)
     uint64_t target = ce->recorded;
     while (ce->completed < target) pthread_cond_wait(&ce->done, &ce->lock);
     pthread_mutex_unlock(&ce->lock);
+    return ZO_OK;
+}
+
+static zo_status cpu_event_elapsed(gpu_event_t start, gpu_event_t end, double *ms)
+{
+    cpu_event *a = start->impl, *b = end->impl;
+    pthread_mutex_lock(&a->lock);
+    double t0 = a->t_done;
+    pthread_mutex_unlock(&a->lock);
+    pthread_mutex_lock(&b->lock);
+    double t1 = b->t_done;
+    pthread_mutex_unlock(&b->lock);
+    *ms = (t1 - t0) * 1e3;
     return ZO_OK;
 }
 
@@ -781,6 +802,7 @@ static const gpu_backend_iface cpu_iface = {
     .stream_wait_event = cpu_stream_wait_event,
     .event_query = cpu_event_query,
     .event_synchronize = cpu_event_synchronize,
+    .event_elapsed = cpu_event_elapsed,
     .launch_host_func = cpu_launch_host_func,
     .memcpy_async = cpu_memcpy_async,
     .memset_async = cpu_memset_async,

@@ -40,6 +40,10 @@ typedef struct gpu_backend_iface {
     zo_status (*stream_wait_event)(gpu_stream_t s, gpu_event_t ev);
     int (*event_query)(gpu_event_t ev);
     zo_status (*event_synchronize)(gpu_event_t ev);
+    /* ms between two completed records of timed events (ev->timed: create
+     * keeps the completion time); device.c has checked both are timed, of
+     * this device, and complete */
+    zo_status (*event_elapsed)(gpu_event_t start, gpu_event_t end, double *ms);
     /* (optional) NULL: synchronize the stream, then call fn on the caller's thread */
     zo_status (*launch_host_func)(gpu_stream_t s, gpu_host_fn fn, void *arg);
 
@@ -63,8 +67,12 @@ struct gpu_stream {
 struct gpu_event {
     gpu_device_t dev;
     void *impl;
+    int timed; /* gpu_event_create_timed: set before the backend's create */
+    int recorded; /* a timed event's first record was made (gpu_event_record) */
     struct gpu_event *next;
 };
+
+struct gpu_profile;
 
 struct gpu_device {
     const gpu_backend_iface *iface;
@@ -72,6 +80,10 @@ struct gpu_device {
     struct gpu_stream *streams;
     struct gpu_event *events;
     void *list_lock; /* pthread_mutex_t *, guards the two lists */
+    /* the op profile (gpu/profile.h) while one is attached, else NULL: read
+     * with __atomic_load_n by every thread that enqueues; NULL costs the
+     * ops and copies one load and a branch */
+    struct gpu_profile *prof;
 };
 
 /* Called by a backend's init: allocate the handle around its context. */

@@ -6,6 +6,7 @@
 #include "common/nf4.h"      /* defines: ZO_NF4_ALIGN */
 #include "gpu/device_impl.h" /* defines: struct gpu_stream, gpu_backend_iface */
 #include "gpu/ops.h"         /* defines: GPU_OP_TABLE, gpu_op_args */
+#include "gpu/profile_impl.h" /* defines: gpu_profile_op */
 
 /* ---- the checks beyond the slots ------------------------------------------------- */
 
@@ -272,5 +273,7 @@ zo_status gpu_op_run(gpu_stream_t s, gpu_op_id id, const gpu_op_args *a)
     zo_status st;
     if (!check_slots(&st, info, a)) return st;
     if (info->check && (st = info->check(info->name, a)) != ZO_OK) return st;
+    gpu_profile *prof = __atomic_load_n(&s->dev->prof, __ATOMIC_ACQUIRE);
+    if (prof) return gpu_profile_op(prof, s, id, a); /* the op between two timed events */
     return s->dev->iface->op(s, id, a);
 }

@@ -759,13 +759,30 @@ void offload_format_peak_vs_plan(char *buf, size_t n, uint64_t measured, const o
         snprintf(buf + k, n - (size_t)k, ")");
 }
 
+void offload_copy_streams(const offload_t *rt, gpu_stream_t *h2d, gpu_stream_t *d2h)
+{
+    *h2d = rt->env.h2d;
+    *d2h = rt->env.d2h;
+}
+
 zo_status offload_write_stats_json(const offload_t *rt, const offload_prediction *pred,
                                    const char *path)
+{
+    cJSON *o;
+    zo_status st = offload_stats_json(rt, pred, &o);
+    if (st != ZO_OK) return zo_error_wrap(st, "%s", path);
+    st = zo_file_write_json(path, o);
+    cJSON_Delete(o);
+    return st;
+}
+
+zo_status offload_stats_json(const offload_t *rt, const offload_prediction *pred, cJSON **out)
 {
     offload_stats s;
     offload_get_stats(rt, &s);
     cJSON *o = cJSON_CreateObject();
-    if (!o) return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", path);
+    *out = NULL;
+    if (!o) return zo_error(ZO_ERR_NOMEM, "the stats: out of host memory");
     cJSON *pk = cJSON_AddObjectToObject(o, "peak_bytes");
     cJSON *pd = pred && pred->present ? cJSON_AddObjectToObject(o, "predicted_bytes") : NULL;
     cJSON *rd = pd ? cJSON_AddObjectToObject(o, "measured_over_predicted") : NULL;
@@ -816,7 +833,6 @@ zo_status offload_write_stats_json(const offload_t *rt, const offload_prediction
         cJSON_AddNumberToObject(cm, "collectives", (double)s.comm_calls);
         if (s.comm_frozen_bytes) cJSON_AddNumberToObject(cm, "frozen_base_bytes", (double)s.comm_frozen_bytes);
     }
-    zo_status st = zo_file_write_json(path, o);
-    cJSON_Delete(o);
-    return st;
+    *out = o;
+    return ZO_OK;
 }

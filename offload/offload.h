@@ -512,6 +512,16 @@ void offload_format_peak_vs_plan(char *buf, size_t n, uint64_t measured, const o
  * ...} to `path` (atomically); pred may be NULL. */
 zo_status offload_write_stats_json(const offload_t *rt, const offload_prediction *pred,
                                    const char *path);
+/* The same document, for a program to add its own members to (train's
+ * "profile") before it writes it (zo_file_write_json); the caller deletes
+ * it. */
+struct cJSON;
+zo_status offload_stats_json(const offload_t *rt, const offload_prediction *pred, struct cJSON **out);
+
+/* The runtime's copy streams (host to device, device to host: the
+ * optimizer's device share steps on the latter), to name them in a
+ * profile (gpu/profile.h). */
+void offload_copy_streams(const offload_t *rt, gpu_stream_t *h2d, gpu_stream_t *d2h);
 
 /* ---- training checkpoints ------------------------------------------------------ */
 

@@ -32,8 +32,10 @@
 #   sanitize   memcheck of test_ops, test_gpu_parity_model, test_offload_cuda;
 #              racecheck, synccheck, initcheck (GEMMs on the own kernel:
 #              ZO_CUDA_GEMM=tiled) of test_gpu_parity
-#   13b        scripts/gpu_13b.py: LLaMA-2-13B QLoRA, then full fine-tuning, then
-#              the full plan under the other optimizer schedules (ZO_13B_RUNS)
+#   13b        scripts/gpu_13b.py: LLaMA-2-13B QLoRA (train --profile: the op
+#              table in 13b.log, the five longest ops in a row), then full
+#              fine-tuning, then the full plan under the other optimizer
+#              schedules (ZO_13B_RUNS)
 #   torch      bench/torch_side_by_side.py: train --device cuda against PyTorch
 #   schedules  scripts/gpu_schedules.py: a 1.3B LLaMA's step under the optimizer
 #              schedules serial, overlap and dpu against memplan's
@@ -745,6 +747,7 @@ step_plan13b() {
   # what the GPU runs rest on, each checked here (a row missing is a check that did not run)
   for want in "train --check-plan (13B)" "train --plan ran it (tiny LLaMA, full, CPU backend)" \
               "train --check-plan (QLoRA 13B)" "train --plan ran it (tiny LLaMA, qlora, CPU backend)" \
+              "tiny LLaMA, qlora: where the step goes (train --profile)" \
               "tiny LLaMA schedule overlap ran (CPU backend)" \
               "tiny, CPU optimizer schedule dpu ran (CPU backend)"; do
     grep -qF "$(printf 'plan13b\t%s\tok\t' "$want")" "$ROWS" ||

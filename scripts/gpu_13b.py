@@ -31,7 +31,9 @@ left holds it:
 4. `train --plan` on the device for --steps steps: tokens/s, MFU (memplan's
    model FLOPs over the measured step, against the hardware peak the plan
    used), and the peak bytes per tier against the plan (goal: within 5%),
-   the step time against the predicted one (goal: within 20%). schedules: the
+   the step time against the predicted one (goal: within 20%). The QLoRA run is
+   profiled (`train --profile`): its table, every device op's ms per step, goes
+   to the log, and its five longest ops to a row. schedules: the
    full plan with training.optimizer_schedule set (dpu after one serial
    step), memplan estimate --plan for its prediction, train --plan for the
    measured step (the median after the warm-up steps); goal within 15%.
@@ -474,12 +476,13 @@ def setup_s(run, plan):
     return s + plan["predicted"]["peak_bytes"]["nvme"] / (plan["hardware"].get("nvme_write_bw") or 1e9)
 
 
-def train_plan(run, label, path, plan, model, steps, skip, est=None, optional=False):
+def train_plan(run, label, path, plan, model, steps, skip, est=None, optional=False, profile=False):
     """`train --plan` for `steps` steps (fewer on CUDA when the time left would not hold them, never
     fewer than skip + 1): a measurement (median tokens/s and step of the steps after the first
     `skip`, the seconds before the first step, the stats file, train's lines) or None with a FAIL
     row (a skip row for an `optional` run when no time is left). `est`: (setup s, step s) to
-    expect, else the plan's."""
+    expect, else the plan's. `profile`: train --profile (its table in the log with train's other
+    lines, and under "profile" in the stats file)."""
     a = run.a
     tr = plan["training"]
     seq, mb, accum = tr["seq"], tr["micro_batch"], tr.get("grad_accum", 1)
@@ -502,7 +505,7 @@ def train_plan(run, label, path, plan, model, steps, skip, est=None, optional=Fa
     data = os.path.join(a.workdir, "tokens-%s.bin" % slug)
     write_tokens(data, plan["model"]["vocab"], mb * accum * seq * (steps + 1) + seq + 2)
     cmd = [a.train, "--plan", path, "--model", model, "--data", data, "--device", a.device, "--steps", str(steps),
-           "--nvme-dir", nv, "--stats-json", stats]
+           "--nvme-dir", nv, "--stats-json", stats] + (["--profile"] if profile else [])
     rc, lines, secs, killed = run_train(run, cmd, limit)
     shutil.rmtree(nv, ignore_errors=True)
     os.unlink(data)
@@ -562,10 +565,29 @@ def report(run, label, plan, meas):
                 "%.3f (%s vs %s%s)" % (q, gib(got), gib(want), extra), "within %.0f%%" % (100 * PEAK_GOAL))
 
 
+def profile_row(run, label, meas):
+    """train --profile's five longest rows as one row: op, shape, ms per step (% of the step, TFLOP/s
+    or GB/s), so that the summary says where the step's time went. On the CPU backend the row checks
+    that the profile is there."""
+    prof = meas["stats"].get("profile") or {}
+    ops = prof.get("ops") or []
+    check = "%s: where the step goes (train --profile)" % label
+    if not ops:
+        run.row(check, "FAIL", "no \"profile\" in the stats file")
+        return
+    def one(o):
+        rate = " %.0f TFLOP/s" % o["tflops"] if "tflops" in o else " %.1f GB/s" % o["gbps"] if "gbps" in o else ""
+        shape = " " + o["shape"] if o["shape"] else ""
+        return "%s%s %.1f ms (%.0f%%%s)" % (o["op"], shape, o["ms_per_step"], o["percent_of_step"], rate)
+    run.row(check, "info" if run.cuda else "ok", "step %.0f ms; the 5 longest of %d rows: %s" % (
+        prof.get("step_ms", 0), len(ops), "; ".join(one(o) for o in ops[:5])))
+
+
 def check_and_run(run, label, plan, path, hw_args, name):
     """`train --check-plan` of the plan against --model, then its run: on CUDA the plan itself, on the
     CPU backend the same configuration planned for the tiny LLaMA. (path, model, measurement) of the
-    run, the measurement None when it did not run."""
+    run, the measurement None when it did not run. The QLoRA run is profiled (train --profile):
+    its table goes to the log, its five longest ops to a row."""
     a = run.a
     if not train_check_plan(run, path, a.model, plan, label):
         return path, a.model, None
@@ -575,9 +597,13 @@ def check_and_run(run, label, plan, path, hw_args, name):
         if not plan:
             return path, TINY, None
         model = TINY
-    meas = train_plan(run, label, path, plan, model, a.steps if run.cuda else 2, 1 if run.cuda else 0)
+    profile = name == "qlora"
+    meas = train_plan(run, label, path, plan, model, a.steps if run.cuda else 2, 1 if run.cuda else 0,
+                      profile=profile)
     if meas:
         report(run, label if run.cuda else "tiny LLaMA, %s" % name, plan, meas)
+        if profile:
+            profile_row(run, label if run.cuda else "tiny LLaMA, %s" % name, meas)
     return path, model, meas
 
 

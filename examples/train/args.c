@@ -197,7 +197,14 @@ static const char HELP[] =
     "                         product (the global batch, in sequences) and --seq are this\n"
     "                         run's; another --seq or global batch is refused\n"
     "  --stats-json FILE      peak bytes per tier (and the plan's prediction) and the time split\n"
-    "                         (several ranks: rank r > 0 writes FILE.rank<r>)\n"
+    "                         (several ranks: rank r > 0 writes FILE.rank<r>); with --profile,\n"
+    "                         its table under \"profile\"\n"
+    "  --profile              time every device op, copy and memset of the steps after the\n"
+    "                         first (the only one, with one step) between events on its stream,\n"
+    "                         and the host's AdamW; at the end a table (lines \"# profile:\"):\n"
+    "                         op, shape, stream, calls per step, ms per step, % of the step,\n"
+    "                         TFLOP/s of GEMMs and attention, GB/s of copies\n"
+    "                         (docs/performance.md, \"Where a step's time goes\")\n"
     "  --save DIR             the trained model as a Hugging Face folder (from_pretrained,\n"
     "                         generate --model DIR): config.json (the --model file's, its\n"
     "                         torch_dtype set; a preset's written), the weights in --dtype with\n"
@@ -245,7 +252,7 @@ enum {
     OPT_SCHED, OPT_CLIP_STALE, OPT_DPU_WARMUP, OPT_OPT_THREADS, OPT_KEEP_CKPT,
     OPT_MAX_SKIPPED, OPT_ZERO, OPT_COMM_TIMEOUT, OPT_RECOMPUTE_LAYERS, OPT_REDUCE_DTYPE, OPT_MERGE,
     OPT_MAX_SHARD, OPT_GRADS, OPT_VERSION, OPT_OPTIM, OPT_OPTIM_DTYPE, OPT_MASTER, OPT_LOSS_CHUNK,
-    OPT_TP, OPT_PP, OPT_EP,
+    OPT_TP, OPT_PP, OPT_EP, OPT_PROFILE,
 };
 
 static const struct option long_opts[] = {
@@ -295,6 +302,7 @@ static const struct option long_opts[] = {
     {"save-every", required_argument, 0, OPT_SAVE_EVERY},
     {"resume", required_argument, 0, OPT_RESUME},
     {"stats-json", required_argument, 0, OPT_STATS},
+    {"profile", no_argument, 0, OPT_PROFILE},
     {"zero", required_argument, 0, OPT_ZERO},
     {"tp", required_argument, 0, OPT_TP},
     {"pp", required_argument, 0, OPT_PP},
@@ -574,6 +582,7 @@ static int output_flag(int c, const char *arg, train_args *a, zo_status *st)
         return 1;
     case OPT_RESUME: a->resume = arg; return 1;
     case OPT_STATS: a->stats_json = arg; return 1;
+    case OPT_PROFILE: a->profile = 1; return 1;
     case OPT_SAVE: a->save = arg; return 1;
     case OPT_MERGE: a->merge = arg; return 1;
     case OPT_MAX_SHARD: *st = zo_parse_size(arg, "--max-shard-size", 0, &a->max_shard); return 1;

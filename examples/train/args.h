@@ -40,6 +40,7 @@ typedef struct train_args {
     double comm_timeout; /* seconds; 0: ZO_COMM_TIMEOUT or the communicator's default */
     int tp, pp, ep;      /* --tp, --pp, --ep (memplan's degrees; 0: not given): the capability table's to refuse */
     int check_plan;      /* --check-plan: check the plan against the model, run nothing */
+    int profile;         /* --profile: time every device op of the steps (gpu/profile.h) */
     int grads;           /* --grads: a zo_plan_tier (checked against the optimizer's split); -1: not given */
     char dir_weights[4096], dir_tokenizer[4096]; /* --model DIR: its files, where not given */
 } train_args;

@@ -6,7 +6,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/clock.h" /* defines: zo_now */
+#include "common/fileio.h" /* defines: zo_file_write_json */
 #include "common/units.h" /* defines: zo_format_bytes */
 #include "examples/train/weights.h" /* defines: weights_frozen_total */
 
@@ -265,6 +268,25 @@ static zo_status print_tiers(offload_t *rt, const offload_stats *st, const offlo
     return ZO_OK;
 }
 
+/* --stats-json: the runtime's document, and with --profile its table
+ * under "profile". */
+static zo_status write_stats(const train_run *r, const offload_prediction *pred, const char *path)
+{
+    if (!r->prof) return offload_write_stats_json(r->rt, pred, path);
+    cJSON *o;
+    zo_status st = offload_stats_json(r->rt, pred, &o);
+    if (st != ZO_OK) return zo_error_wrap(st, "--stats-json %s", path);
+    cJSON *pj = gpu_profile_json(r->prof);
+    if (!pj) {
+        cJSON_Delete(o);
+        return zo_error(ZO_ERR_NOMEM, "--stats-json %s: out of host memory for the profile", path);
+    }
+    cJSON_AddItemToObject(o, "profile", pj);
+    st = zo_file_write_json(path, o);
+    cJSON_Delete(o);
+    return st;
+}
+
 zo_status report_end(train_report *rp, train_run *r)
 {
     const train_args *a = rp->a;
@@ -285,11 +307,15 @@ zo_status report_end(train_report *rp, train_run *r)
         printf("# experts streamed apart: %d slots of %s, %llu experts fetched, %s of weights copied to the "
                "device\n", ost.n_expert_slots, zo_format_bytes(ost.expert_slot_bytes, b1, sizeof b1),
                (unsigned long long)ost.experts_fetched, zo_format_bytes(ost.bytes_weights, b2, sizeof b2));
+    if (r->prof) { /* the records still in flight waited for, then the table */
+        if ((st = gpu_profile_stop(r->prof)) != ZO_OK) return zo_error_wrap(st, "--profile");
+        gpu_profile_print(r->prof, stdout);
+    }
     if (!a->stats_json) return ZO_OK;
     /* rank r > 0 writes FILE.rank<r> */
     char path[4200];
     snprintf(path, sizeof path, r->rank ? "%s.rank%d" : "%s", a->stats_json, r->rank);
-    if ((st = offload_write_stats_json(r->rt, pred, path)) != ZO_OK) return st;
+    if ((st = write_stats(r, pred, path)) != ZO_OK) return st;
     printf("# stats %s\n", a->stats_json);
     return ZO_OK;
 }

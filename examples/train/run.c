@@ -130,7 +130,8 @@ static int exit_code(zo_status st, run_phase phase)
 
 int run_finish(train_run *r, zo_status st)
 {
-    offload_free(r->rt);
+    offload_free(r->rt); /* the optimizer's thread joined: nothing else enqueues */
+    gpu_profile_free(r->prof);
     tf_offload_model_free(&r->tm);
     tf_free(&r->m);
     if (st != ZO_OK && r->ranks > 1) {
@@ -291,6 +292,20 @@ static zo_status open_device_and_ranks(train_run *r)
     return ZO_OK;
 }
 
+/* --profile: attached to the device, its streams named; it times only
+ * the steps run_step opens to it. */
+static zo_status start_profile(train_run *r)
+{
+    zo_status st = gpu_profile_start(r->dev, &r->prof);
+    if (st != ZO_OK) return st;
+    gpu_stream_t h2d, d2h;
+    offload_copy_streams(r->rt, &h2d, &d2h);
+    gpu_profile_name_stream(r->prof, r->s, "compute");
+    gpu_profile_name_stream(r->prof, h2d, "h2d");
+    gpu_profile_name_stream(r->prof, d2h, "d2h");
+    return ZO_OK;
+}
+
 zo_status run_setup(train_run *r)
 {
     train_args *a = r->a;
@@ -308,6 +323,7 @@ zo_status run_setup(train_run *r)
     if (a->lora.r) report_lora(a, &r->m);
     if ((st = tf_offload_model_init(&r->tm, &r->m)) != ZO_OK) return st;
     if ((st = offload_init(&r->rt, r->dev, &r->tm.om, oc)) != ZO_OK) return st;
+    if (a->profile && (st = start_profile(r)) != ZO_OK) return st;
     r->trained = a->lora.r ? &r->m.adapters : &r->m.layout;
     r->accum = oc->grad_accum ? oc->grad_accum : 1;
     return ZO_OK;
@@ -407,9 +423,36 @@ static zo_status run_batch(train_run *r, const model_tokens *data, long index, i
     return st == ZO_OK ? tf_loss(&r->m, r->s, loss) : st;
 }
 
+/* The host's side of a profiled step: the CPU AdamW's time (every thread's)
+ * as a row, and the host thread's time split (`dt` its wall time), from
+ * the runtime's counters before (`o0`) and after the step. */
+static void profile_host(train_run *r, const offload_stats *o0, double dt)
+{
+    offload_stats o1;
+    offload_get_stats(r->rt, &o1);
+    double adam = o1.optimizer_s - o0->optimizer_s, parts = 0;
+    if (adam > 0) gpu_profile_add_host(r->prof, "adamw (cpu)", adam, 1);
+    for (int p = 0; p < OFFLOAD_TIME_PARTS; p++) {
+        double t = o1.time[p] - o0->time[p];
+        gpu_profile_add_wait(r->prof, offload_time_part_name((offload_time_part)p), t);
+        parts += t;
+    }
+    /* the rest of the step; 0 when the parts exceed it: with the optimizer
+     * on NVMe the runtime adds a pipeline's time when it ends, which may
+     * have begun in the step before */
+    gpu_profile_add_wait(r->prof, "other", dt > parts ? dt - parts : 0.0);
+}
+
 zo_status run_step(train_run *r, long k, ft_record *rec, int *skipped)
 {
     const train_args *a = r->a;
+    /* --profile: the steps after the first, which pays for first touches */
+    int profiled = r->prof && (k > r->k0 || a->steps - r->k0 == 1);
+    offload_stats o0;
+    if (profiled) {
+        offload_get_stats(r->rt, &o0);
+        gpu_profile_step_begin(r->prof);
+    }
     double t0 = zo_now(), sum = 0, lr = ft_lr_at(&a->sched, k);
     offload_set_lr(r->rt, (float)lr);
     zo_status st;
@@ -431,6 +474,10 @@ zo_status run_step(train_run *r, long k, ft_record *rec, int *skipped)
     sum = 0;
     for (int q = 0; q < r->ranks; q++) sum += r->losses[q];
     double dt = zo_now() - t0;
+    if (profiled) { /* the step's records resolved, outside its time */
+        if ((st = gpu_profile_step_end(r->prof)) != ZO_OK) return zo_error_wrap(st, "--profile, step %ld", k);
+        profile_host(r, &o0, dt);
+    }
     int global = r->accum * r->ranks; /* micro-batches */
     /* steps are counted from 1, as the checkpoints are: "step N" is the
      * N-th step done, and a checkpoint after it is "step N" too */

@@ -13,6 +13,7 @@
 #include "examples/train/args.h"       /* defines: train_args */
 #include "gpu/comm.h"                  /* defines: comm_t, comm_launch */
 #include "gpu/device.h"                /* defines: gpu_device_t, gpu_stream_t */
+#include "gpu/profile.h"               /* defines: gpu_profile */
 #include "model/data.h"                /* defines: model_tokens */
 #include "model/tokenizer.h"           /* defines: model_tokenizer */
 #include "offload/offload.h"           /* defines: offload_t */
@@ -39,6 +40,7 @@ typedef struct train_run {
     tf_model m;
     tf_offload_model tm;            /* the model as the runtime's blocks */
     offload_t *rt;
+    gpu_profile *prof;              /* --profile, else NULL */
     const model_layout *trained;    /* the model's layout, or with LoRA the adapters' */
     int accum;                      /* micro-batches per step and rank */
     long k0;                        /* the first step: 0, or the resumed checkpoint's */
@@ -74,7 +76,9 @@ zo_status run_start(train_run *r);
 /* Step k: the lr of the schedule, forward and backward over the rank's
  * micro-batches, the update; *rec gets the mean loss over the global batch,
  * the lr, the gradient norm, the tokens per second and the peak bytes per
- * tier, *skipped whether the update was skipped (fp16 overflow). */
+ * tier, *skipped whether the update was skipped (fp16 overflow). With
+ * --profile, the steps after the first (the only one, when one step runs)
+ * are profiled: their ops, the host's AdamW and the host's time split. */
 zo_status run_step(train_run *r, long k, ft_record *rec, int *skipped);
 
 /* The mean loss over the counted targets of --eval-batches batches of the

@@ -380,7 +380,9 @@ static zo_status cuda_event_create(gpu_device_t dev, gpu_event_t ev)
     cuda_event *ce = calloc(1, sizeof *ce);
     if (!ce) return zo_error(ZO_ERR_NOMEM, "gpu_event_create: out of host memory");
     if ((st = use_device(c)) != ZO_OK) goto out_free_ce;
-    if ((st = CU(cudaEventCreateWithFlags(&ce->event, cudaEventDisableTiming))) != ZO_OK)
+    /* a timed event (gpu/profile.h) keeps its time; others need not */
+    if ((st = CU(cudaEventCreateWithFlags(&ce->event, ev->timed ? cudaEventDefault : cudaEventDisableTiming))) !=
+        ZO_OK)
         goto out_free_ce;
     ev->impl = ce;
     return ZO_OK;
@@ -436,6 +438,15 @@ static zo_status cuda_event_synchronize(gpu_event_t ev)
 {
     cuda_event *ce = ev->impl;
     return CU(cudaEventSynchronize(ce->event));
+}
+
+static zo_status cuda_event_elapsed(gpu_event_t start, gpu_event_t end, double *ms)
+{
+    cuda_event *a = start->impl, *b = end->impl;
+    float t = 0.0f;
+    zo_status st = CU(cudaEventElapsedTime(&t, a->event, b->event));
+    *ms = t;
+    return st;
 }
 
 /* ---- copies -------------------------------------------------------------------------------------- */
@@ -537,6 +548,7 @@ static const gpu_backend_iface cuda_iface = {
     .stream_wait_event = cuda_stream_wait_event,
     .event_query = cuda_event_query,
     .event_synchronize = cuda_event_synchronize,
+    .event_elapsed = cuda_event_elapsed,
     .launch_host_func = cuda_launch_host_func,
     .memcpy_async = cuda_memcpy_async,
     .memset_async = cuda_memset_async,
