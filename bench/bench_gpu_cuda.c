@@ -9,7 +9,10 @@
  *   cuBLASLt algorithm alternate, round after round (ROUNDS), the best time
  *   of each counting: both see the same clocks and the same neighbours.
  * - copies: host->device and device->host GB/s, pinned and pageable.
- * - attention forward and backward time (flash-style kernels).
+ * - attention forward and backward time, bf16, causal: the flash kernel
+ *   (CUDA cores, fp32) and the GEMM path (tensor cores, batched cuBLASLt
+ *   GEMMs), each forced through ZO_ATTENTION and alternating round after
+ *   round as the GEMMs do, and the GEMM path's speedup over the flash kernel.
  * Every input is random (uniform in [-1, 1], a fixed seed), as training's
  * are: constant data toggles few bits in the multipliers and on the buses,
  * draws less power and lets the GPU hold clocks that real data would not,
@@ -347,9 +350,10 @@ static int bench_copies(void)
     return 0;
 }
 
-/* One attention row: causal, 13B heads, sequences of t (TOKENS / t of
- * them), random inputs (seeds 5 + seed and 7 + seed) filled through stage; forward
- * and backward timed. 0, or 1 on a failure. */
+/* The two attention rows of one t: causal, 13B heads, sequences of t
+ * (TOKENS / t of them), random inputs (seeds 5 + seed and 7 + seed) filled
+ * through stage; forward and backward timed on each path. 0, or 1 on a
+ * failure. */
 static int attention_row(int t, void *stage, uint64_t seed)
 {
     int b = TOKENS / t;
@@ -368,15 +372,33 @@ static int attention_row(int t, void *stage, uint64_t seed)
     r.dout = gpu_t(dout, ZO_DTYPE_BF16);
     r.dqkv = gpu_t(dqkv, ZO_DTYPE_BF16);
     r.lse = lse;
-    if (gpu_attention_forward(S, &r.a, r.out, r.lse, r.qkv) != ZO_OK || gpu_stream_synchronize(S) != ZO_OK)
-        return fail("gpu_attention_forward");
-    double tf = bench_time_best(run_attn, &r, 1, 3, 0.3);
-    r.backward = 1;
-    double tb = bench_time_best(run_attn, &r, 1, 3, 0.3);
+    /* [path][direction]: path 0 the flash kernel, 1 the GEMM path */
+    static const char *paths[2] = {"flash", "gemm"};
+    double best[2][2] = {{INFINITY, INFINITY}, {INFINITY, INFINITY}};
+    for (int round = 0; round < ROUNDS; round++)
+        for (int p = 0; p < 2; p++) {
+            setenv("ZO_ATTENTION", paths[p], 1);
+            r.backward = 0;
+            if (gpu_attention_forward(S, &r.a, r.out, r.lse, r.qkv) != ZO_OK ||
+                gpu_stream_synchronize(S) != ZO_OK)
+                return fail(p ? "gpu_attention_forward (GEMM path)" : "gpu_attention_forward");
+            if (gpu_attention_backward(S, &r.a, r.dqkv, r.dout, r.qkv, r.out, r.lse) != ZO_OK ||
+                gpu_stream_synchronize(S) != ZO_OK)
+                return fail(p ? "gpu_attention_backward (GEMM path)" : "gpu_attention_backward");
+            for (int dir = 0; dir < 2; dir++) {
+                r.backward = dir;
+                double tm = bench_time_best(run_attn, &r, 1, 3, 0.3);
+                if (tm < best[p][dir]) best[p][dir] = tm;
+            }
+        }
+    unsetenv("ZO_ATTENTION");
     /* causal: half the t x t scores; forward 2 matmuls, backward 5 */
     double f = 2.0 * b * HEADS * (double)t * t * HEAD_DIM;
-    bench_row("%-9s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f", "causal", b, t, HEADS, tf * 1e3, f / tf * 1e-12,
-              tb * 1e3, 2.5 * f / tb * 1e-12);
+    bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f", "causal", b, t, HEADS, best[0][0] * 1e3,
+              f / best[0][0] * 1e-12, best[0][1] * 1e3, 2.5 * f / best[0][1] * 1e-12);
+    bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f %8.2f %8.2f", "causal_gemm", b, t, HEADS,
+              best[1][0] * 1e3, f / best[1][0] * 1e-12, best[1][1] * 1e3, 2.5 * f / best[1][1] * 1e-12,
+              best[0][0] / best[1][0], best[0][1] / best[1][1]);
     gpu_mem_free(dev, qkv);
     gpu_mem_free(dev, out);
     gpu_mem_free(dev, dout);
@@ -385,12 +407,13 @@ static int attention_row(int t, void *stage, uint64_t seed)
     return 0;
 }
 
-/* The attention rows: 13B heads, causal, sequences of 2048 and 4096; 0, or 1
- * on a failure. */
+/* The attention rows: 13B heads, causal, sequences of 2048 and 4096, the
+ * flash kernel's row ("causal") and the GEMM path's ("causal_gemm", with
+ * its speedup: the flash kernel's time over its own); 0, or 1 on a failure. */
 static int bench_attention(void *stage)
 {
-    bench_row("%-9s %6s %6s %6s %10s %10s %10s %10s", "attention", "b", "t", "heads", "fwd_ms",
-              "fwd_TF/s", "bwd_ms", "bwd_TF/s");
+    bench_row("%-11s %6s %6s %6s %10s %10s %10s %10s %8s %8s", "attention", "b", "t", "heads", "fwd_ms",
+              "fwd_TF/s", "bwd_ms", "bwd_TF/s", "fwd_x", "bwd_x");
     const int seqs[2] = {2048, 4096};
     for (int si = 0; si < 2; si++)
         if (attention_row(seqs[si], stage, (uint64_t)si) != 0) return 1;
