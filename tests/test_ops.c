@@ -2323,6 +2323,48 @@ static void test_every_op(void **state)
     assert_int_equal(failed, 0);
 }
 
+#ifdef ZO_HAVE_CUDA_SHIM
+/* ZO_ATTENTION on the shim's automatic choice (which is the flash kernel
+ * there): gemm gives the forced GEMM path's bits, flash and auto the flash
+ * kernel's, anything else ZO_ERR_INVALID naming the variable. */
+static void test_attention_path_env(void **state)
+{
+    (void)state;
+    enum { B = 1, T = 40, HQ = 2, HKV = 1, D = 64 };
+    const size_t nq = (size_t)B * T * (HQ + 2 * HKV) * D, no = (size_t)B * T * HQ * D;
+    uint16_t *qkv = malloc(nq * 2), *out[4];
+    float *lse = malloc((size_t)B * HQ * T * sizeof *lse);
+    for (size_t i = 0; i < nq; i++) qkv[i] = zo_f32_to_bf16((float)(2.0 * urand() - 1.0));
+    gpu_op_args a = {0};
+    a.d.attn = (gpu_attn_desc){B, T, HQ, HKV, D, 0};
+    a.t[1] = gpu_t(qkv, ZO_DTYPE_BF16);
+    a.p[0] = lse;
+    /* forced GEMM path; then AUTO with ZO_ATTENTION gemm, flash, unset */
+    static const char *env[4] = {NULL, "gemm", "flash", NULL};
+    shim_exec x;
+    assert_int_equal(shim_exec_init(&x), ZO_OK);
+    for (int k = 0; k < 4; k++) {
+        out[k] = malloc(no * 2);
+        x.exec.attn_path = k == 0 ? CUDA_ATTN_GEMM : CUDA_ATTN_AUTO;
+        if (env[k]) setenv("ZO_ATTENTION", env[k], 1);
+        else unsetenv("ZO_ATTENTION");
+        a.t[0] = gpu_t(out[k], ZO_DTYPE_BF16);
+        assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_OK);
+    }
+    assert_memory_equal(out[0], out[1], no * 2);
+    assert_memory_equal(out[2], out[3], no * 2);
+    assert_memory_not_equal(out[0], out[2], no * 2);
+    setenv("ZO_ATTENTION", "tensor", 1);
+    assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "ZO_ATTENTION=tensor"));
+    unsetenv("ZO_ATTENTION");
+    shim_exec_free(&x);
+    for (int k = 0; k < 4; k++) free(out[k]);
+    free(qkv);
+    free(lse);
+}
+#endif
+
 static int open_device(devpair *d, const char *name)
 {
     /* n_threads 0, train's default: each op sizes its team from OpenMP's
@@ -2370,7 +2412,12 @@ int main(void)
     } else {
         printf("  no CUDA device: the cuda backend is not run here\n");
     }
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_every_op)};
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_op),
+#ifdef ZO_HAVE_CUDA_SHIM
+        cmocka_unit_test(test_attention_path_env),
+#endif
+    };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
 #ifdef ZO_HAVE_CUDA_SHIM
     shim_exec_free(&shim);
