@@ -87,30 +87,23 @@ __global__ void attn_split_kernel(gpu_tensor hi, gpu_tensor lo, gpu_tensor src, 
         store_split(hi, lo, x, tload(src, x));
 }
 
-/* Backward: P = exp(S - lse) masked, split into Ph + Pl; one thread per element. */
-__global__ void attn_probs_kernel(gpu_tensor Ph, gpu_tensor Pl, const float *S, const float *lse, chunk_geom G,
-                                  int rows)
+/* Backward, one thread per element of the chunk's rows, the result split
+ * into Ph + Pl: with grad 0, P = exp(S - lse) where the row sees the key,
+ * else 0 (vals: lse); with grad 1, in place, dS = P (dP - D) scale with dP
+ * in S and P in Ph + Pl (vals: D). */
+__global__ void attn_backward_elems_kernel(gpu_tensor Ph, gpu_tensor Pl, const float *S, const float *vals,
+                                           chunk_geom G, int rows, int grad)
 {
     const size_t total = (size_t)rows * G.n;
     for (size_t x = (size_t)blockIdx.x * blockDim.x + threadIdx.x; x < total;
          x += (size_t)gridDim.x * blockDim.x) {
         const int r = (int)(x / G.n), c = (int)(x % G.n);
         const size_t e = (size_t)r * G.ld + c;
-        store_split(Ph, Pl, e, G.sees(G.r0 + r % G.m, G.k0 + c) ? expf(S[e] - lse[G.lrow(r)]) : 0.0f);
-    }
-}
-
-/* Backward: dS = P (dP - D) scale, split, in place over P's parts; dP fp32. */
-__global__ void attn_dscores_kernel(gpu_tensor Ph, gpu_tensor Pl, const float *dP, const float *D, chunk_geom G,
-                                    int rows)
-{
-    const size_t total = (size_t)rows * G.n;
-    for (size_t x = (size_t)blockIdx.x * blockDim.x + threadIdx.x; x < total;
-         x += (size_t)gridDim.x * blockDim.x) {
-        const int r = (int)(x / G.n), c = (int)(x % G.n);
-        const size_t e = (size_t)r * G.ld + c;
-        const float p = tload(Ph, e) + tload(Pl, e);
-        store_split(Ph, Pl, e, p * (dP[e] - D[G.lrow(r)]) * G.scale);
+        const float v = vals[G.lrow(r)];
+        float y;
+        if (grad) y = (tload(Ph, e) + tload(Pl, e)) * (S[e] - v) * G.scale;
+        else y = G.sees(G.r0 + r % G.m, G.k0 + c) ? expf(S[e] - v) : 0.0f;
+        store_split(Ph, Pl, e, y);
     }
 }
 
@@ -283,8 +276,8 @@ static zo_status backward_seq(const cuda_gemm_env *g, const attn_shape &A, int b
                 gpu_tensor dq = at(dqkv, (row + r0) * A.ld + h0);
                 gpu_gemm_desc d;
                 if ((s = scores(g, A, G, nh, qkv, S)) != ZO_OK) break;
-                ZO_LAUNCH(attn_probs_kernel, blocks, BS, 0, g->stream, Ph, Pl, S, lse, G, rows);
-                if ((s = cuda_launch_check("attn_probs_kernel")) != ZO_OK) break;
+                ZO_LAUNCH(attn_backward_elems_kernel, blocks, BS, 0, g->stream, Ph, Pl, S, lse, G, rows, 0);
+                if ((s = cuda_launch_check("attn_backward_elems_kernel")) != ZO_OK) break;
                 /* dV += P^T dO: Ph dOh, Pl dOh, Ph dOl */
                 for (int part = 0; part < 1 + dparts && s == ZO_OK; part++) {
                     d = desc(part == 1 ? Pl : Ph, G.ld, sP, 1, part == 2 ? dOlo : dO, A.ldo, sq, 0, dv, lda, A.d,
@@ -299,8 +292,8 @@ static zo_status backward_seq(const cuda_gemm_env *g, const attn_shape &A, int b
                     s = gemm(g, &d);
                 }
                 if (s != ZO_OK) break;
-                ZO_LAUNCH(attn_dscores_kernel, blocks, BS, 0, g->stream, Ph, Pl, S, D, G, rows);
-                if ((s = cuda_launch_check("attn_dscores_kernel")) != ZO_OK) break;
+                ZO_LAUNCH(attn_backward_elems_kernel, blocks, BS, 0, g->stream, Ph, Pl, S, D, G, rows, 1);
+                if ((s = cuda_launch_check("attn_backward_elems_kernel")) != ZO_OK) break;
                 /* dQ = dS K (the high part overwrites: each query row is in one
                  * block), dK += dS^T Q */
                 for (int part = 0; part < 2 && s == ZO_OK; part++) {
