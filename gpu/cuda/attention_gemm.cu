@@ -7,8 +7,8 @@
  *
  * The [rows, keys] scores of a chunk (attention_gemm.h) live in stream-
  * ordered scratch from the device's pool, as gemm.cu's rounded operands do:
- * S in fp32, P in the 16-bit type of qkv (flash attention rounds P before
- * the P V product the same way). Per chunk (sequence b, group position hh,
+ * S in fp32, P in the 16-bit type of qkv (in the forward, flash attention
+ * rounds P before the P V product the same way). Per chunk (sequence b, group position hh,
  * kv heads g0 .. g0 + heads - 1, query rows r0 .. r0 + m - 1, keys k0 ..
  * k0 + n - 1):
  *
@@ -21,18 +21,20 @@
  * with D = rowsum(dO * O) in fp32, as the flash kernel's. dK and dV sum
  * over the group's query heads and the row blocks in fp32: in dqkv itself
  * when it is fp32, else in a per-sequence fp32 scratch cast into dqkv at the
- * end. dO is rounded to the type of qkv once per sequence when it has
- * another (the transformer passes fp32 gradients). Every sum runs in a fixed
- * order: results do not change from run to run. */
+ * end. In the backward P, dS and a dO of another type than qkv's (the
+ * transformer passes fp32 gradients) are carried as two 16-bit parts
+ * (backward_seq says why). Every sum runs in a fixed order: results do not
+ * change from run to run. */
 #include "gpu/cuda/attention_gemm.h" /* defines: cuda_attn_plan_chunks, cuda_attn_scratch_bytes */
 #include "gpu/cuda/kernels.cuh"      /* defines: tload, tstore, warp_sum, warp_max, grid_for */
 
 #define RW 8 /* warps (rows) per block of the row kernels */
 #define BS 256
 
-/* gpu_tensor t advanced by `elems` elements. */
+/* gpu_tensor t advanced by `elems` elements (an absent one, data NULL, stays so). */
 static gpu_tensor at(gpu_tensor t, size_t elems)
 {
+    if (!t.data) return t;
     return gpu_t((char *)t.data + elems * zo_dtype_size(t.dtype), t.dtype);
 }
 
