@@ -1409,14 +1409,17 @@ static void estimate_gpu_buffers(const stage_est *s, const plan_hw *hw, plan_est
 {
     const plan_train *t = s->t;
     const zo_model_config *m = s->m;
-    /* attention on tensor cores: its scratch (the pool keeps it) */
+    /* attention on tensor cores: its scratch, taken from the pool in stream
+     * order outside the runtime's counted allocations (so reserved), which
+     * the pool keeps */
     if (t->runtime == PLAN_RUNTIME_ZOFFLOAD && !plan_hw_is_cpu_backend(hw) && s->wsz == 2) {
         /* a window on every layer bounds the keys; else some layer reads all */
         int window = m->sliding_window > 0 && m->window_from_layer <= 0 ? m->sliding_window : 0;
         int hq = (int)ceil_div((uint64_t)m->n_heads, (uint64_t)t->tp);
         int hkv = (int)ceil_div((uint64_t)m->n_kv_heads, (uint64_t)t->tp);
         uint64_t bytes = plan_attention_scratch(t->micro_batch, t->seq, hq, hkv, m->head_dim, window);
-        if (bytes) add(e, "attention scratch (scores of a chunk, GEMM path)", ZO_PLAN_GPU, PLAN_BUFFERS, bytes);
+        add(e, "attention scratch (scores of a chunk, GEMM path)", ZO_PLAN_GPU, PLAN_BUFFERS, bytes);
+        e->reserved[ZO_PLAN_GPU] += bytes;
     }
     /* QLoRA: one linear weight dequantized at a time */
     if (t->method == ZO_PLAN_QLORA)

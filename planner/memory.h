@@ -162,7 +162,8 @@ typedef struct plan_estimate {
     uint64_t bytes[ZO_PLAN_TIERS][PLAN_KINDS];
     uint64_t total[ZO_PLAN_TIERS];
     uint64_t reserved[ZO_PLAN_TIERS]; /* of total, what no allocation of the runtime makes (the
-                                         CUDA context, cuBLAS workspace, fragmentation allowance) */
+                                         CUDA context, cuBLAS workspace, attention scratch from
+                                         the CUDA pool, fragmentation allowance) */
     uint64_t capacity[ZO_PLAN_TIERS]; /* per rank: CPU and NVMe are the node's share */
     int ranks_per_node;
     int fits;

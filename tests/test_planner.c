@@ -16,6 +16,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/model_config.h"
+#include "common/plan_schema.h" /* defines: zo_plan_load */
 #include "planner/cost.h"
 #include "planner/hardware.h"
 #include "planner/memory.h"
@@ -926,6 +927,23 @@ static void test_attention_scratch(void **state)
     snprintf(cmd, sizeof cmd, "%s --dtype fp32", base);
     assert_int_equal(run_memplan(cmd, out, sizeof out), 0);
     assert_null(strstr(out, "attention scratch"));
+    /* pool memory outside the runtime's counted allocations: the plan's
+     * alloc_bytes leave it out, with the context and the workspace */
+    char dir[] = "/tmp/zo_attn_scratch_XXXXXX", plan[128];
+    assert_non_null(mkdtemp(dir));
+    snprintf(plan, sizeof plan, "%s/plan.json", dir);
+    snprintf(cmd, sizeof cmd, "%s --plan-out %s", base, plan);
+    assert_int_equal(run_memplan(cmd, out, sizeof out), 0);
+    zo_plan p;
+    assert_int_equal(zo_plan_load(plan, &p), ZO_OK);
+    assert_true(p.predicted.has_alloc);
+    /* gpt2-xl: 25 heads of 64, seq 1024 */
+    double attn = (double)plan_attention_scratch(1, 1024, 25, 25, 64, 0);
+    double kept = (double)p.predicted.alloc_bytes[ZO_PLAN_GPU] + (double)p.buffers.cuda_context +
+                  (double)p.buffers.cublas_workspace + attn;
+    assert_true(attn > 0);
+    assert_true(fabs((double)p.predicted.peak_bytes[ZO_PLAN_GPU] - kept * (1.0 + p.buffers.fragmentation)) <= 2.0);
+    files_remove_tree(dir);
 }
 
 int main(void)
