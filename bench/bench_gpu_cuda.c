@@ -1,8 +1,8 @@
 /* bench_gpu_cuda: the CUDA backend on the shapes of a 13B (LLaMA-2 13B)
  * layer.
  *
- * - GEMM: gpu_gemm (cuBLASLt's first heuristic, descriptors built per call)
- *   against cuBLAS's own best: the fastest of cuBLASLt's top heuristic
+ * - GEMM: gpu_gemm (cuBLASLt's first heuristic, asked once per problem;
+ *   descriptors built per call) against cuBLAS's own best: the fastest of cuBLASLt's top heuristic
  *   algorithms for the same problem, timed here with prebuilt descriptors.
  *   Forward (x W^T), input gradient (dy W) and weight gradient (dy^T x) of
  *   every Linear of the layer, bf16 in, fp32 accumulation. Ours and each
