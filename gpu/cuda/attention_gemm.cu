@@ -1,7 +1,8 @@
 /* Causal self-attention on tensor cores, for 16-bit qkv: the two products
  * of the forward and the five of the backward are strided-batched GEMMs
- * (cuBLASLt through cuda_gemm; the tiled kernel in the host shim), the
- * softmax and the score gradient small kernels between them. Same contract
+ * (cuBLASLt through cuda_gemm; the tiled kernel in the host shim; the
+ * backward's split operands make its five 8 or 10 GEMMs), the softmax and
+ * the score gradient small kernels between them. Same contract
  * as attention.cu (gpu/device.h): out, lse [b, hq, t] saved as the flash
  * kernel saves them, dqkv overwritten.
  *
