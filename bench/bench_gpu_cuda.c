@@ -359,10 +359,11 @@ static int attention_row(int t, void *stage, uint64_t seed)
     int b = TOKENS / t;
     attn_run r = {.a = {.b = b, .t = t, .hq = HEADS, .hkv = HEADS, .d = HEAD_DIM}};
     size_t nqkv = (size_t)b * t * 3 * HEADS * HEAD_DIM, nout = (size_t)b * t * HEADS * HEAD_DIM;
-    void *qkv, *out, *dout, *dqkv, *lse;
+    void *qkv, *out, *dout, *dqkv, *lse, *dout32, *dqkv32;
     if (gpu_mem_alloc(dev, nqkv * 2, &qkv) != ZO_OK || gpu_mem_alloc(dev, nout * 2, &out) != ZO_OK ||
         gpu_mem_alloc(dev, nout * 2, &dout) != ZO_OK || gpu_mem_alloc(dev, nqkv * 2, &dqkv) != ZO_OK ||
-        gpu_mem_alloc(dev, (size_t)b * HEADS * t * 4, &lse) != ZO_OK)
+        gpu_mem_alloc(dev, (size_t)b * HEADS * t * 4, &lse) != ZO_OK ||
+        gpu_mem_alloc(dev, nout * 4, &dout32) != ZO_OK || gpu_mem_alloc(dev, nqkv * 4, &dqkv32) != ZO_OK)
         return fail("attention buffers");
     if (fill_random_bf16(qkv, nqkv, stage, 5 + seed) != ZO_OK ||
         fill_random_bf16(dout, nout, stage, 7 + seed) != ZO_OK)
@@ -372,6 +373,15 @@ static int attention_row(int t, void *stage, uint64_t seed)
     r.dout = gpu_t(dout, ZO_DTYPE_BF16);
     r.dqkv = gpu_t(dqkv, ZO_DTYPE_BF16);
     r.lse = lse;
+    /* the transformer's call: fp32 dout and dqkv (the GEMM path splits dO in
+     * two bf16 parts: 10 GEMMs a chunk instead of 8) */
+    attn_run r32 = r;
+    r32.dout = gpu_t(dout32, ZO_DTYPE_F32);
+    r32.dqkv = gpu_t(dqkv32, ZO_DTYPE_F32);
+    r32.backward = 1;
+    if (gpu_cast(S, r32.dout, r.dout, nout) != ZO_OK || gpu_stream_synchronize(S) != ZO_OK)
+        return fail("gpu_cast (fp32 dout)");
+    double best32 = INFINITY;
     /* [path][direction]: path 0 the flash kernel, 1 the GEMM path */
     static const char *paths[2] = {"flash", "gemm"};
     double best[2][2] = {{INFINITY, INFINITY}, {INFINITY, INFINITY}};
@@ -390,30 +400,37 @@ static int attention_row(int t, void *stage, uint64_t seed)
                 double tm = bench_time_best(run_attn, &r, 1, 3, 0.3);
                 if (tm < best[p][dir]) best[p][dir] = tm;
             }
+            if (p == 1) {
+                double tm = bench_time_best(run_attn, &r32, 1, 3, 0.3);
+                if (tm < best32) best32 = tm;
+            }
         }
     unsetenv("ZO_ATTENTION");
     /* causal: half the t x t scores; forward 2 matmuls, backward 5 */
     double f = 2.0 * b * HEADS * (double)t * t * HEAD_DIM;
     bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f", "causal", b, t, HEADS, best[0][0] * 1e3,
               f / best[0][0] * 1e-12, best[0][1] * 1e3, 2.5 * f / best[0][1] * 1e-12);
-    bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f %8.2f %8.2f", "causal_gemm", b, t, HEADS,
-              best[1][0] * 1e3, f / best[1][0] * 1e-12, best[1][1] * 1e3, 2.5 * f / best[1][1] * 1e-12,
-              best[0][0] / best[1][0], best[0][1] / best[1][1]);
+    bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f %8.2f %8.2f %10.2f %10.1f", "causal_gemm", b, t,
+              HEADS, best[1][0] * 1e3, f / best[1][0] * 1e-12, best[1][1] * 1e3, 2.5 * f / best[1][1] * 1e-12,
+              best[0][0] / best[1][0], best[0][1] / best[1][1], best32 * 1e3, 2.5 * f / best32 * 1e-12);
     gpu_mem_free(dev, qkv);
     gpu_mem_free(dev, out);
     gpu_mem_free(dev, dout);
     gpu_mem_free(dev, dqkv);
     gpu_mem_free(dev, lse);
+    gpu_mem_free(dev, dout32);
+    gpu_mem_free(dev, dqkv32);
     return 0;
 }
 
 /* The attention rows: 13B heads, causal, sequences of 2048 and 4096, the
  * flash kernel's row ("causal") and the GEMM path's ("causal_gemm", with
- * its speedup: the flash kernel's time over its own); 0, or 1 on a failure. */
+ * its speedup: the flash kernel's time over its own; and its backward with
+ * fp32 dout and dqkv, as the transformer calls it); 0, or 1 on a failure. */
 static int bench_attention(void *stage)
 {
-    bench_row("%-11s %6s %6s %6s %10s %10s %10s %10s %8s %8s", "attention", "b", "t", "heads", "fwd_ms",
-              "fwd_TF/s", "bwd_ms", "bwd_TF/s", "fwd_x", "bwd_x");
+    bench_row("%-11s %6s %6s %6s %10s %10s %10s %10s %8s %8s %10s %10s", "attention", "b", "t", "heads", "fwd_ms",
+              "fwd_TF/s", "bwd_ms", "bwd_TF/s", "fwd_x", "bwd_x", "bwd32_ms", "bwd32_TF/s");
     const int seqs[2] = {2048, 4096};
     for (int si = 0; si < 2; si++)
         if (attention_row(seqs[si], stage, (uint64_t)si) != 0) return 1;
