@@ -1,15 +1,18 @@
 /* bench_gpu_cuda: the CUDA backend on the shapes of a 13B (LLaMA-2 13B)
  * layer.
  *
- * - GEMM: gpu_gemm (cuBLASLt's first heuristic, descriptors built per call)
- *   against cuBLAS's own best: the fastest of cuBLASLt's top heuristic
+ * - GEMM: gpu_gemm (cuBLASLt's first heuristic, asked once per problem;
+ *   descriptors built per call) against cuBLAS's own best: the fastest of cuBLASLt's top heuristic
  *   algorithms for the same problem, timed here with prebuilt descriptors.
  *   Forward (x W^T), input gradient (dy W) and weight gradient (dy^T x) of
  *   every Linear of the layer, bf16 in, fp32 accumulation. Ours and each
  *   cuBLASLt algorithm alternate, round after round (ROUNDS), the best time
  *   of each counting: both see the same clocks and the same neighbours.
  * - copies: host->device and device->host GB/s, pinned and pageable.
- * - attention forward and backward time (flash-style kernels).
+ * - attention forward and backward time, bf16, causal: the flash kernel
+ *   (CUDA cores, fp32) and the GEMM path (tensor cores, batched cuBLASLt
+ *   GEMMs), each forced through ZO_ATTENTION and alternating round after
+ *   round as the GEMMs do, and the GEMM path's speedup over the flash kernel.
  * Every input is random (uniform in [-1, 1], a fixed seed), as training's
  * are: constant data toggles few bits in the multipliers and on the buses,
  * draws less power and lets the GPU hold clocks that real data would not,
@@ -347,18 +350,20 @@ static int bench_copies(void)
     return 0;
 }
 
-/* One attention row: causal, 13B heads, sequences of t (TOKENS / t of
- * them), random inputs (seeds 5 + seed and 7 + seed) filled through stage; forward
- * and backward timed. 0, or 1 on a failure. */
+/* The two attention rows of one t: causal, 13B heads, sequences of t
+ * (TOKENS / t of them), random inputs (seeds 5 + seed and 7 + seed) filled
+ * through stage; forward and backward timed on each path. 0, or 1 on a
+ * failure. */
 static int attention_row(int t, void *stage, uint64_t seed)
 {
     int b = TOKENS / t;
     attn_run r = {.a = {.b = b, .t = t, .hq = HEADS, .hkv = HEADS, .d = HEAD_DIM}};
     size_t nqkv = (size_t)b * t * 3 * HEADS * HEAD_DIM, nout = (size_t)b * t * HEADS * HEAD_DIM;
-    void *qkv, *out, *dout, *dqkv, *lse;
+    void *qkv, *out, *dout, *dqkv, *lse, *dout32, *dqkv32;
     if (gpu_mem_alloc(dev, nqkv * 2, &qkv) != ZO_OK || gpu_mem_alloc(dev, nout * 2, &out) != ZO_OK ||
         gpu_mem_alloc(dev, nout * 2, &dout) != ZO_OK || gpu_mem_alloc(dev, nqkv * 2, &dqkv) != ZO_OK ||
-        gpu_mem_alloc(dev, (size_t)b * HEADS * t * 4, &lse) != ZO_OK)
+        gpu_mem_alloc(dev, (size_t)b * HEADS * t * 4, &lse) != ZO_OK ||
+        gpu_mem_alloc(dev, nout * 4, &dout32) != ZO_OK || gpu_mem_alloc(dev, nqkv * 4, &dqkv32) != ZO_OK)
         return fail("attention buffers");
     if (fill_random_bf16(qkv, nqkv, stage, 5 + seed) != ZO_OK ||
         fill_random_bf16(dout, nout, stage, 7 + seed) != ZO_OK)
@@ -368,29 +373,64 @@ static int attention_row(int t, void *stage, uint64_t seed)
     r.dout = gpu_t(dout, ZO_DTYPE_BF16);
     r.dqkv = gpu_t(dqkv, ZO_DTYPE_BF16);
     r.lse = lse;
-    if (gpu_attention_forward(S, &r.a, r.out, r.lse, r.qkv) != ZO_OK || gpu_stream_synchronize(S) != ZO_OK)
-        return fail("gpu_attention_forward");
-    double tf = bench_time_best(run_attn, &r, 1, 3, 0.3);
-    r.backward = 1;
-    double tb = bench_time_best(run_attn, &r, 1, 3, 0.3);
+    /* the transformer's call: fp32 dout and dqkv (the GEMM path splits dO in
+     * two bf16 parts: 10 GEMMs a chunk instead of 8) */
+    attn_run r32 = r;
+    r32.dout = gpu_t(dout32, ZO_DTYPE_F32);
+    r32.dqkv = gpu_t(dqkv32, ZO_DTYPE_F32);
+    r32.backward = 1;
+    if (gpu_cast(S, r32.dout, r.dout, nout) != ZO_OK || gpu_stream_synchronize(S) != ZO_OK)
+        return fail("gpu_cast (fp32 dout)");
+    double best32 = INFINITY;
+    /* [path][direction]: path 0 the flash kernel, 1 the GEMM path */
+    static const char *paths[2] = {"flash", "gemm"};
+    double best[2][2] = {{INFINITY, INFINITY}, {INFINITY, INFINITY}};
+    for (int round = 0; round < ROUNDS; round++)
+        for (int p = 0; p < 2; p++) {
+            setenv("ZO_ATTENTION", paths[p], 1);
+            r.backward = 0;
+            if (gpu_attention_forward(S, &r.a, r.out, r.lse, r.qkv) != ZO_OK ||
+                gpu_stream_synchronize(S) != ZO_OK)
+                return fail(p ? "gpu_attention_forward (GEMM path)" : "gpu_attention_forward");
+            if (gpu_attention_backward(S, &r.a, r.dqkv, r.dout, r.qkv, r.out, r.lse) != ZO_OK ||
+                gpu_stream_synchronize(S) != ZO_OK)
+                return fail(p ? "gpu_attention_backward (GEMM path)" : "gpu_attention_backward");
+            for (int dir = 0; dir < 2; dir++) {
+                r.backward = dir;
+                double tm = bench_time_best(run_attn, &r, 1, 3, 0.3);
+                if (tm < best[p][dir]) best[p][dir] = tm;
+            }
+            if (p == 1) {
+                double tm = bench_time_best(run_attn, &r32, 1, 3, 0.3);
+                if (tm < best32) best32 = tm;
+            }
+        }
+    unsetenv("ZO_ATTENTION");
     /* causal: half the t x t scores; forward 2 matmuls, backward 5 */
     double f = 2.0 * b * HEADS * (double)t * t * HEAD_DIM;
-    bench_row("%-9s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f", "causal", b, t, HEADS, tf * 1e3, f / tf * 1e-12,
-              tb * 1e3, 2.5 * f / tb * 1e-12);
+    bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f", "causal", b, t, HEADS, best[0][0] * 1e3,
+              f / best[0][0] * 1e-12, best[0][1] * 1e3, 2.5 * f / best[0][1] * 1e-12);
+    bench_row("%-11s %6d %6d %6d %10.2f %10.1f %10.2f %10.1f %8.2f %8.2f %10.2f %10.1f", "causal_gemm", b, t,
+              HEADS, best[1][0] * 1e3, f / best[1][0] * 1e-12, best[1][1] * 1e3, 2.5 * f / best[1][1] * 1e-12,
+              best[0][0] / best[1][0], best[0][1] / best[1][1], best32 * 1e3, 2.5 * f / best32 * 1e-12);
     gpu_mem_free(dev, qkv);
     gpu_mem_free(dev, out);
     gpu_mem_free(dev, dout);
     gpu_mem_free(dev, dqkv);
     gpu_mem_free(dev, lse);
+    gpu_mem_free(dev, dout32);
+    gpu_mem_free(dev, dqkv32);
     return 0;
 }
 
-/* The attention rows: 13B heads, causal, sequences of 2048 and 4096; 0, or 1
- * on a failure. */
+/* The attention rows: 13B heads, causal, sequences of 2048 and 4096, the
+ * flash kernel's row ("causal") and the GEMM path's ("causal_gemm", with
+ * its speedup: the flash kernel's time over its own; and its backward with
+ * fp32 dout and dqkv, as the transformer calls it); 0, or 1 on a failure. */
 static int bench_attention(void *stage)
 {
-    bench_row("%-9s %6s %6s %6s %10s %10s %10s %10s", "attention", "b", "t", "heads", "fwd_ms",
-              "fwd_TF/s", "bwd_ms", "bwd_TF/s");
+    bench_row("%-11s %6s %6s %6s %10s %10s %10s %10s %8s %8s %10s %10s", "attention", "b", "t", "heads", "fwd_ms",
+              "fwd_TF/s", "bwd_ms", "bwd_TF/s", "fwd_x", "bwd_x", "bwd32_ms", "bwd32_TF/s");
     const int seqs[2] = {2048, 4096};
     for (int si = 0; si < 2; si++)
         if (attention_row(seqs[si], stage, (uint64_t)si) != 0) return 1;

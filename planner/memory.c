@@ -1374,10 +1374,53 @@ static void estimate_activations(const stage_est *s, int stage, plan_estimate *e
     moe_buffers(s, e);
 }
 
+/* gpu/cuda/attention_gemm.h's arithmetic, written again (the planner
+ * includes no runtime header); test_planner checks the two agree. */
+#define ATTN_ROWS 256
+#define ATTN_CAP ((uint64_t)256 << 20)
+#define ATTN_ALIGN 256
+
+static uint64_t attn_align(uint64_t n) { return ceil_div(n, ATTN_ALIGN) * ATTN_ALIGN; }
+
+uint64_t plan_attention_scratch(int b, int t, int hq, int hkv, int d, int window)
+{
+    if (t < ATTN_ROWS || b < 1 || hq < 1 || hkv < 1 || d < 1) return 0;
+    /* a chunk: query rows (fewer when one head's do not fit the cap) times
+     * the keys they read, rounded up to 8, of as many kv heads as fit; S
+     * fp32 and two 16-bit buffers */
+    uint64_t rows = ATTN_ROWS, ld, one;
+    for (;;) {
+        uint64_t keys = window > 0 && rows + (uint64_t)window - 1 < (uint64_t)t ? rows + (uint64_t)window - 1
+                                                                                : (uint64_t)t;
+        ld = ceil_div(keys, 8) * 8;
+        one = rows * ld * 8;
+        if (one <= ATTN_CAP || rows == 1) break;
+        rows = (rows + 1) / 2;
+    }
+    uint64_t heads = ATTN_CAP / one;
+    heads = heads < 1 ? 1 : heads > (uint64_t)hkv ? (uint64_t)hkv : heads;
+    uint64_t nS = heads * rows * ld;
+    return attn_align(nS * 4) + 2 * attn_align(nS * 2) + attn_align((uint64_t)b * hq * t * 4) +
+           2 * attn_align((uint64_t)t * hq * d * 2);
+}
+
 /* ---- working buffers on the GPU, the allocator's allowance last ---- */
-static void estimate_gpu_buffers(const stage_est *s, plan_estimate *e)
+static void estimate_gpu_buffers(const stage_est *s, const plan_hw *hw, plan_estimate *e)
 {
     const plan_train *t = s->t;
+    const zo_model_config *m = s->m;
+    /* attention on tensor cores: its scratch, taken from the pool in stream
+     * order outside the runtime's counted allocations (so reserved), which
+     * the pool keeps */
+    if (t->runtime == PLAN_RUNTIME_ZOFFLOAD && !plan_hw_is_cpu_backend(hw) && s->wsz == 2) {
+        /* a window on every layer bounds the keys; else some layer reads all */
+        int window = m->sliding_window > 0 && m->window_from_layer <= 0 ? m->sliding_window : 0;
+        int hq = (int)ceil_div((uint64_t)m->n_heads, (uint64_t)t->tp);
+        int hkv = (int)ceil_div((uint64_t)m->n_kv_heads, (uint64_t)t->tp);
+        uint64_t bytes = plan_attention_scratch(t->micro_batch, t->seq, hq, hkv, m->head_dim, window);
+        add(e, "attention scratch (scores of a chunk, GEMM path)", ZO_PLAN_GPU, PLAN_BUFFERS, bytes);
+        e->reserved[ZO_PLAN_GPU] += bytes;
+    }
     /* QLoRA: one linear weight dequantized at a time */
     if (t->method == ZO_PLAN_QLORA)
         add(e, "NF4 dequantization scratch (1 linear weight)", ZO_PLAN_GPU, PLAN_BUFFERS,
@@ -1431,7 +1474,7 @@ static void estimate_stage(const zo_model_config *m, const plan_hw *hw, const pl
     estimate_optimizer(&s, e);
     estimate_host_buffers(&s, e);
     estimate_activations(&s, stage, e);
-    estimate_gpu_buffers(&s, e);
+    estimate_gpu_buffers(&s, hw, e);
     e->fits = 1;
     for (int tier = 0; tier < ZO_PLAN_TIERS; tier++) {
         for (int k = 0; k < PLAN_KINDS; k++) e->total[tier] += e->bytes[tier][k];

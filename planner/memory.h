@@ -162,7 +162,8 @@ typedef struct plan_estimate {
     uint64_t bytes[ZO_PLAN_TIERS][PLAN_KINDS];
     uint64_t total[ZO_PLAN_TIERS];
     uint64_t reserved[ZO_PLAN_TIERS]; /* of total, what no allocation of the runtime makes (the
-                                         CUDA context, cuBLAS workspace, fragmentation allowance) */
+                                         CUDA context, cuBLAS workspace, attention scratch from
+                                         the CUDA pool, fragmentation allowance) */
     uint64_t capacity[ZO_PLAN_TIERS]; /* per rank: CPU and NVMe are the node's share */
     int ranks_per_node;
     int fits;
@@ -329,6 +330,15 @@ uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, 
  * the first MLP matmul for GPT); the rest is recomputed. Dense GPT and LLaMA
  * layers with flash attention. */
 uint64_t plan_layer_ops_bytes(const zo_model_config *m, const plan_train *t);
+
+/* Bytes of stream-ordered scratch the runtime's attention takes on a CUDA
+ * device with 16-bit activations from t 256, where it runs on tensor cores
+ * through batched GEMMs (gpu/cuda/attention_gemm.h): its backward's, the
+ * larger, as the transformer calls it (fp32 dout and dqkv): the [rows, keys]
+ * scores of one chunk (at most 256 MiB), D [b, hq, t] in fp32 and one
+ * sequence's dO as two 16-bit parts. b sequences of t, hq query and hkv kv
+ * heads of d, a sliding window (0: none). 0 below t 256. */
+uint64_t plan_attention_scratch(int b, int t, int hq, int hkv, int d, int window);
 
 /* ---- LoRA and QLoRA ------------------------------------------------------- */
 

@@ -601,6 +601,9 @@ step_bench() {
   [ -n "$h2d" ] && echo "$h2d" > "$STATE/pcie_h2d_gbs"
   row bench "bench_gpu_cuda: pinned copies" info "h2d ${h2d:-?} GB/s, d2h ${d2h:-?} GB/s (ZO_GPUCHECK_PCIE_GBS=${h2d:-?} for run2, run3)"
   row bench "bench_gpu_cuda: attention (bf16, causal)" info "$(awk '$1 == "causal" {printf "%st=%s fwd %s TF/s bwd %s TF/s", sep, $3, $6, $8; sep = "; "}' "$out")"
+  # the GEMM path (tensor cores), its speedup over the flash kernel in the same run,
+  # and its backward with fp32 gradients (the transformer's call)
+  row bench "bench_gpu_cuda: attention GEMM path / flash kernel" info "$(awk '$1 == "causal_gemm" {printf "%st=%s fwd %s TF/s (%sx) bwd %s TF/s (%sx), fp32 grads %s TF/s", sep, $3, $6, $9, $8, $10, $12; sep = "; "}' "$out")"
   return $bad
 }
 

@@ -548,35 +548,42 @@ static void test_rmsnorm(void **state)
 
 /* ---- attention ------------------------------------------------------------------------ */
 
-static void attention_case(zo_dtype t, int b, int tt, int hq, int hkv, int d, int *bad)
+/* t: qkv and out; gt: dout and dqkv (the transformer passes fp32 gradients) */
+static void attention_case_w(zo_dtype t, zo_dtype gt, int b, int tt, int hq, int hkv, int d, int window, int *bad)
 {
-    gpu_attn_desc a = {.b = b, .t = tt, .hq = hq, .hkv = hkv, .d = d};
+    gpu_attn_desc a = {.b = b, .t = tt, .hq = hq, .hkv = hkv, .d = d, .window = window};
     size_t nqkv = (size_t)b * tt * (hq + 2 * hkv) * d, nout = (size_t)b * tt * hq * d;
     size_t nl = (size_t)b * hq * tt;
     twin qkv = tw_rand(nqkv, t, 1.5f), out = tw_out(nout, t), lse = tw_out(nl, ZO_DTYPE_F32);
     assert_int_equal(gpu_attention_forward(scpu, &a, out.c, lse.c.data, qkv.c), ZO_OK);
     assert_int_equal(gpu_attention_forward(sgpu, &a, out.g, lse.g.data, qkv.g), ZO_OK);
     char what[96];
-    snprintf(what, sizeof what, "attention b%d t%d hq%d hkv%d d%d", b, tt, hq, hkv, d);
+    snprintf(what, sizeof what, "attention b%d t%d hq%d hkv%d d%d window %d grads %s", b, tt, hq, hkv, d, window,
+             zo_dtype_name(gt));
     int before = *bad;
     *bad += tw_check("attention out", out, tol_of(t));
     *bad += tw_check("attention lse", lse, tol_of(ZO_DTYPE_F32));
     /* backward from identical saved tensors */
     tw_sync_to_gpu(out);
     tw_sync_to_gpu(lse);
-    twin dout = tw_rand(nout, t, 1.0f), dqkv = tw_out(nqkv, t);
+    twin dout = tw_rand(nout, gt, 1.0f), dqkv = tw_out(nqkv, gt);
     assert_int_equal(gpu_attention_backward(scpu, &a, dqkv.c, dout.c, qkv.c, out.c, lse.c.data),
                      ZO_OK);
     assert_int_equal(gpu_attention_backward(sgpu, &a, dqkv.g, dout.g, qkv.g, out.g, lse.g.data),
                      ZO_OK);
     /* sums over up to t terms with cancellation: fp32 gets a wider margin */
-    *bad += tw_check("attention dqkv", dqkv, tol_max(tol_of(t), (tol){1e-4, 1e-3}));
+    *bad += tw_check("attention dqkv", dqkv, tol_max(tol_of(gt), (tol){1e-4, 1e-3}));
     if (*bad != before) printf("  in %s %s\n", what, zo_dtype_name(t));
     tw_free(qkv);
     tw_free(out);
     tw_free(lse);
     tw_free(dout);
     tw_free(dqkv);
+}
+
+static void attention_case(zo_dtype t, int b, int tt, int hq, int hkv, int d, int *bad)
+{
+    attention_case_w(t, t, b, tt, hq, hkv, d, 0, bad);
 }
 
 static void test_attention(void **state)
@@ -591,17 +598,23 @@ static void test_attention(void **state)
         attention_case(t, 1, 40, 2, 1, 128, &bad); /* LLaMA head size, MQA */
     }
     attention_case(ZO_DTYPE_BF16, 1, 9, 2, 2, 256, &bad); /* the largest head */
+    /* t >= 256 with 16-bit qkv: the GEMM path on tensor cores (attention_gemm.cu) */
+    attention_case(ZO_DTYPE_BF16, 1, 300, 8, 2, 128, &bad);
+    attention_case(ZO_DTYPE_F16, 2, 257, 4, 4, 64, &bad);
+    attention_case_w(ZO_DTYPE_BF16, ZO_DTYPE_BF16, 1, 600, 4, 1, 80, 100, &bad); /* a sliding window */
+    /* the transformer's call: fp32 gradients beside bf16 qkv and out */
+    attention_case_w(ZO_DTYPE_BF16, ZO_DTYPE_F32, 2, 520, 8, 4, 128, 0, &bad);
     assert_int_equal(bad, 0);
 }
 
-/* Same inputs twice: bitwise the same gradients (no atomics anywhere). */
-static void test_determinism(void **state)
+/* Same inputs twice: bitwise the same gradients (no atomics anywhere), from
+ * the flash kernel (t 50) and from the GEMM path (t 300). */
+static void determinism_case(int t)
 {
-    (void)state;
-    gpu_attn_desc a = {.b = 1, .t = 50, .hq = 4, .hkv = 2, .d = 64};
-    size_t nqkv = (size_t)50 * 8 * 64, nout = (size_t)50 * 4 * 64;
+    gpu_attn_desc a = {.b = 1, .t = t, .hq = 4, .hkv = 2, .d = 64};
+    size_t nqkv = (size_t)t * 8 * 64, nout = (size_t)t * 4 * 64;
     twin qkv = tw_rand(nqkv, ZO_DTYPE_BF16, 1.0f), out = tw_out(nout, ZO_DTYPE_BF16);
-    twin lse = tw_out(200, ZO_DTYPE_F32), dout = tw_rand(nout, ZO_DTYPE_BF16, 1.0f);
+    twin lse = tw_out((size_t)4 * t, ZO_DTYPE_F32), dout = tw_rand(nout, ZO_DTYPE_BF16, 1.0f);
     twin g1 = tw_out(nqkv, ZO_DTYPE_F32), g2 = tw_out(nqkv, ZO_DTYPE_F32);
     assert_int_equal(gpu_attention_forward(sgpu, &a, out.g, lse.g.data, qkv.g), ZO_OK);
     assert_int_equal(gpu_attention_backward(sgpu, &a, g1.g, dout.g, qkv.g, out.g, lse.g.data),
@@ -628,6 +641,13 @@ static void test_determinism(void **state)
     tw_free(dout);
     tw_free(g1);
     tw_free(g2);
+}
+
+static void test_determinism(void **state)
+{
+    (void)state;
+    determinism_case(50);
+    determinism_case(300);
 }
 
 /* ---- RoPE, activations -------------------------------------------------------------------- */

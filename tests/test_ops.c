@@ -917,6 +917,8 @@ typedef struct backend {
     int cases, failed;
     int tf32; /* fp32 GEMMs on TF32 tensor cores (CUDA's cuBLASLt path): inputs rounded
                * to 10 mantissa bits, so their tolerance is fp16's */
+    /* (optional) the cases it runs; NULL: every case */
+    int (*takes)(const pcase *c);
 } backend;
 
 /* A device of the device interface: the CPU backend, or CUDA (cuda:0). The
@@ -976,6 +978,35 @@ static void host_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, sr
 static zo_status shim_run(gpu_op_id id, const gpu_op_args *a)
 {
     return shim_cuda_ops[id](&shim.exec, a);
+}
+
+/* The GEMM path of attention (gpu/cuda/attention_gemm.cu) on the shim, forced
+ * (a GPU takes it by itself from t 256), twice: with the default cap on a
+ * chunk's scores (blocks of 256 query rows, every kv head in one chunk at
+ * these sizes), and with a cap of 200 KiB, which splits the kv heads into
+ * chunks and, from t 257, the query rows into blocks of 64 or 128. */
+static shim_exec shim_gemm;
+
+static zo_status shim_gemm_run(gpu_op_id id, const gpu_op_args *a)
+{
+    shim_gemm.exec.attn_cap = 0;
+    return shim_cuda_ops[id](&shim_gemm.exec, a);
+}
+
+static zo_status shim_gemm_small_run(gpu_op_id id, const gpu_op_args *a)
+{
+    shim_gemm.exec.attn_cap = (size_t)200 << 10;
+    return shim_cuda_ops[id](&shim_gemm.exec, a);
+}
+
+/* Attention's cases with 16-bit qkv: the only ones the GEMM path takes. */
+static int takes_gemm_attention(const pcase *c)
+{
+    int qkv = c->op == GPU_OP_ATTENTION_FORWARD ? 1 : c->op == GPU_OP_ATTENTION_BACKWARD ? 2 : -1;
+    if (qkv < 0) return 0;
+    for (int k = 0; k < c->nbuf; k++)
+        if (c->buf[k].slot == 't' && c->buf[k].index == qkv) return c->buf[k].type != E_F32;
+    return 0;
 }
 #endif
 
@@ -1139,7 +1170,7 @@ static int run_on(backend *be, const pcase *c, double **in, double **want)
     return bad;
 }
 
-static backend *backends[3];
+static backend *backends[5];
 static int n_backends;
 static int op_cases[GPU_OP_COUNT];
 static int op_failed[GPU_OP_COUNT];
@@ -1178,6 +1209,7 @@ static void emit(pcase *c)
     refs[c->op](&c->a, &h);
     op_cases[c->op]++;
     for (int b = 0; b < n_backends; b++) {
+        if (backends[b]->takes && !backends[b]->takes(c)) continue;
         cur = backends[b]->dev;
         if (run_on(backends[b], c, in, want)) op_failed[c->op]++;
     }
@@ -1369,9 +1401,12 @@ static void attn_prep(const pcase *c, hostv *h)
     attention_forward_d(&c->a.d.attn, h->T[2], h->T[3], h->P[0]);
 }
 
-static void attention_case(gpu_op_id op, int b, int t, int hq, int hkv, int d, int window, etype ty)
+/* gty: the type of dout and dqkv in the backward (the transformer passes
+ * fp32 gradients beside 16-bit qkv and out). */
+static void attention_case_g(gpu_op_id op, int b, int t, int hq, int hkv, int d, int window, etype ty, etype gty)
 {
-    pcase c = new_case(op, "b %d t %d hq %d hkv %d d %d window %d %s", b, t, hq, hkv, d, window, ename(ty));
+    pcase c = new_case(op, "b %d t %d hq %d hkv %d d %d window %d %s%s%s", b, t, hq, hkv, d, window, ename(ty),
+                       gty != ty ? " grads " : "", gty != ty ? ename(gty) : "");
     c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window};
     size_t nq = (size_t)b * t * (hq + 2 * hkv) * d, no = (size_t)b * t * hq * d, nl = (size_t)b * hq * t;
     if (op == GPU_OP_ATTENTION_FORWARD) {
@@ -1380,8 +1415,14 @@ static void attention_case(gpu_op_id op, int b, int t, int hq, int hkv, int d, i
         c.buf[q].lo = -2.0, c.buf[q].hi = 2.0; /* peaked softmax rows as well as flat ones */
         OUT_P(&c, 0, E_F32, nl);
     } else {
-        OUT_T(&c, 0, ty, nq);
-        IN_T(&c, 1, ty, no);
+        int dq = OUT_T(&c, 0, gty, nq);
+        /* fp32 gradients of 16-bit inputs: the GEMM path carries P, dS and
+         * dO as two 16-bit parts each, about 16 significant bits with bf16
+         * (against fp32's 2e-5 it missed on 146 of 307200 elements, by up
+         * to 1.55e-5): 1e-4, as test_gpu_parity holds fp32 attention
+         * gradients to */
+        if (gty == E_F32 && ty != E_F32) c.buf[dq].rtol = 1e-4;
+        IN_T(&c, 1, gty, no);
         int q = IN_T(&c, 2, ty, nq);
         c.buf[q].lo = -2.0, c.buf[q].hi = 2.0;
         add_buf(&c, 't', 3, ty, no, FILL_NONE, 0, 0, 0);
@@ -1391,9 +1432,17 @@ static void attention_case(gpu_op_id op, int b, int t, int hq, int hkv, int d, i
     emit(&c);
 }
 
+static void attention_case(gpu_op_id op, int b, int t, int hq, int hkv, int d, int window, etype ty)
+{
+    attention_case_g(op, b, t, hq, hkv, d, window, ty, ty);
+}
+
 /* Sequences below, at and above the CPU's 48-row query blocks and the CUDA
  * tiles of 32 (t 130: three blocks, the last partial); head sizes 32, 64,
- * 80, 96, 128 and 36 (not a multiple of 16); GQA groups 1, 2, 4, 8. */
+ * 80, 96, 128 and 36 (not a multiple of 16); GQA groups 1, 2, 4, 8. The
+ * 16-bit cases also run the GEMM path (the cuda-shim-gemm backends): across
+ * its 256-row blocks and its automatic threshold (t 255, 257, 300), at the
+ * real head sizes, with GQA and sliding windows, and with fp32 gradients. */
 static void attention_grid(gpu_op_id op)
 {
     static const int ts[] = {1, 5, 31, 32, 33, 47, 48, 49, 96, 97, 130};
@@ -1413,6 +1462,15 @@ static void attention_grid(gpu_op_id op)
     attention_case(op, 1, 97, 4, 2, 80, 0, E_F16);
     attention_case(op, 1, 97, 4, 1, 128, 0, E_BF16);
     attention_case(op, 1, 97, 4, 1, 128, 40, E_BF16);
+    attention_case(op, 1, 257, 4, 2, 64, 0, E_BF16);
+    attention_case(op, 1, 255, 2, 2, 80, 0, E_F16);
+    attention_case(op, 2, 300, 4, 1, 128, 0, E_BF16);
+    attention_case(op, 1, 300, 6, 3, 80, 100, E_F16);
+    attention_case(op, 1, 300, 2, 2, 64, 300, E_BF16);
+    if (op == GPU_OP_ATTENTION_BACKWARD) {
+        attention_case_g(op, 1, 300, 4, 2, 128, 0, E_BF16, E_F32);
+        attention_case_g(op, 1, 257, 2, 1, 80, 64, E_F16, E_F32);
+    }
 }
 
 static void parity_attention_forward(void) { attention_grid(GPU_OP_ATTENTION_FORWARD); }
@@ -2265,6 +2323,48 @@ static void test_every_op(void **state)
     assert_int_equal(failed, 0);
 }
 
+#ifdef ZO_HAVE_CUDA_SHIM
+/* ZO_ATTENTION on the shim's automatic choice (which is the flash kernel
+ * there): gemm gives the forced GEMM path's bits, flash and auto the flash
+ * kernel's, anything else ZO_ERR_INVALID naming the variable. */
+static void test_attention_path_env(void **state)
+{
+    (void)state;
+    enum { B = 1, T = 40, HQ = 2, HKV = 1, D = 64 };
+    const size_t nq = (size_t)B * T * (HQ + 2 * HKV) * D, no = (size_t)B * T * HQ * D;
+    uint16_t *qkv = malloc(nq * 2), *out[4];
+    float *lse = malloc((size_t)B * HQ * T * sizeof *lse);
+    for (size_t i = 0; i < nq; i++) qkv[i] = zo_f32_to_bf16((float)(2.0 * urand() - 1.0));
+    gpu_op_args a = {0};
+    a.d.attn = (gpu_attn_desc){B, T, HQ, HKV, D, 0};
+    a.t[1] = gpu_t(qkv, ZO_DTYPE_BF16);
+    a.p[0] = lse;
+    /* forced GEMM path; then AUTO with ZO_ATTENTION gemm, flash, unset */
+    static const char *env[4] = {NULL, "gemm", "flash", NULL};
+    shim_exec x;
+    assert_int_equal(shim_exec_init(&x), ZO_OK);
+    for (int k = 0; k < 4; k++) {
+        out[k] = malloc(no * 2);
+        x.exec.attn_path = k == 0 ? CUDA_ATTN_GEMM : CUDA_ATTN_AUTO;
+        if (env[k]) setenv("ZO_ATTENTION", env[k], 1);
+        else unsetenv("ZO_ATTENTION");
+        a.t[0] = gpu_t(out[k], ZO_DTYPE_BF16);
+        assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_OK);
+    }
+    assert_memory_equal(out[0], out[1], no * 2);
+    assert_memory_equal(out[2], out[3], no * 2);
+    assert_memory_not_equal(out[0], out[2], no * 2);
+    setenv("ZO_ATTENTION", "tensor", 1);
+    assert_int_equal(shim_cuda_ops[GPU_OP_ATTENTION_FORWARD](&x.exec, &a), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "ZO_ATTENTION=tensor"));
+    unsetenv("ZO_ATTENTION");
+    shim_exec_free(&x);
+    for (int k = 0; k < 4; k++) free(out[k]);
+    free(qkv);
+    free(lse);
+}
+#endif
+
 static int open_device(devpair *d, const char *name)
 {
     /* n_threads 0, train's default: each op sizes its team from OpenMP's
@@ -2289,14 +2389,21 @@ int main(void)
 {
     filter = getenv("ZO_OPS_FILTER");
     verbose = getenv("ZO_OPS_VERBOSE") != NULL;
-    static backend cpu = {"cpu", &cpu_dev, dev_alloc, dev_release, dev_put, dev_get, dev_run, 0, 0, 0};
-    static backend cuda = {"cuda", &cuda_dev, dev_alloc, dev_release, dev_put, dev_get, dev_run, 0, 0, 1};
+    static backend cpu = {"cpu", &cpu_dev, dev_alloc, dev_release, dev_put, dev_get, dev_run, 0, 0, 0, NULL};
+    static backend cuda = {"cuda", &cuda_dev, dev_alloc, dev_release, dev_put, dev_get, dev_run, 0, 0, 1, NULL};
     if (!open_device(&cpu_dev, "cpu")) return 1;
     backends[n_backends++] = &cpu;
 #ifdef ZO_HAVE_CUDA_SHIM
-    static backend sh = {"cuda-shim", NULL, host_alloc, free, host_copy, host_copy, shim_run, 0, 0, 0};
-    if (shim_exec_init(&shim) != ZO_OK) return 1;
+    static backend sh = {"cuda-shim", NULL, host_alloc, free, host_copy, host_copy, shim_run, 0, 0, 0, NULL};
+    static backend shg = {"cuda-shim-gemm", NULL, host_alloc, free, host_copy, host_copy, shim_gemm_run,
+                          0, 0, 0, takes_gemm_attention};
+    static backend shs = {"cuda-shim-gemm-small", NULL, host_alloc, free, host_copy, host_copy,
+                          shim_gemm_small_run, 0, 0, 0, takes_gemm_attention};
+    if (shim_exec_init(&shim) != ZO_OK || shim_exec_init(&shim_gemm) != ZO_OK) return 1;
+    shim_gemm.exec.attn_path = CUDA_ATTN_GEMM;
     backends[n_backends++] = &sh;
+    backends[n_backends++] = &shg;
+    backends[n_backends++] = &shs;
 #endif
     /* a GPU, where there is one: the same cases against the same reference */
     if (gpu_cuda_device_count() > 0) {
@@ -2305,10 +2412,16 @@ int main(void)
     } else {
         printf("  no CUDA device: the cuda backend is not run here\n");
     }
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_every_op)};
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_op),
+#ifdef ZO_HAVE_CUDA_SHIM
+        cmocka_unit_test(test_attention_path_env),
+#endif
+    };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
 #ifdef ZO_HAVE_CUDA_SHIM
     shim_exec_free(&shim);
+    shim_exec_free(&shim_gemm);
 #endif
     close_device(&cuda_dev);
     close_device(&cpu_dev);

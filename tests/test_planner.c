@@ -16,9 +16,11 @@
 #include <cjson/cJSON.h>
 
 #include "common/model_config.h"
+#include "common/plan_schema.h" /* defines: zo_plan_load */
 #include "planner/cost.h"
 #include "planner/hardware.h"
 #include "planner/memory.h"
+#include "gpu/cuda/attention_gemm.h" /* defines: cuda_attn_scratch_bytes (the runtime's count) */
 #include "planner/report.h"
 #include "planner/search.h"
 #include "tests/support/files.h" /* defines: files_write_text, files_remove_tree */
@@ -894,6 +896,56 @@ static void test_cli_json(void **state)
     assert_non_null(strstr(out, "dgx-h200"));
 }
 
+/* memplan counts the scratch of attention's GEMM path as the CUDA backend
+ * takes it (gpu/cuda/attention_gemm.h, written apart from the planner),
+ * where the runtime takes that path: 16-bit activations on a GPU, t >= 256. */
+static void test_attention_scratch(void **state)
+{
+    (void)state;
+    static const int shapes[][6] = {
+        /* b, t, hq, hkv, d, window */
+        {1, 2048, 40, 40, 128, 0},  {4, 4096, 32, 8, 128, 0}, {2, 300, 6, 3, 80, 100},
+        {1, 32768, 32, 8, 128, 4096}, {1, 256, 2, 1, 64, 0},  {1, 200000, 8, 1, 128, 0},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        const int *x = shapes[i];
+        uint64_t want = cuda_attn_scratch_bytes(1, x[0], x[1], x[2], x[3], x[4], x[5], 0, 1, 0);
+        assert_true(want > 0);
+        assert_int_equal(plan_attention_scratch(x[0], x[1], x[2], x[3], x[4], x[5]), want);
+    }
+    /* 13B, t 2048: 40 heads x 256 rows x 2048 keys (fp32 S, two bf16 parts),
+     * D, dO in two bf16 parts */
+    assert_int_equal(plan_attention_scratch(1, 2048, 40, 40, 128, 0),
+                     40ull * 256 * 2048 * 8 + 40ull * 2048 * 4 + 2ull * 2048 * 5120 * 2);
+    assert_int_equal(plan_attention_scratch(1, 255, 40, 40, 128, 0), 0);
+    /* in the estimate on a GPU with bf16, not with fp32 or on the CPU backend */
+    char out[65536];
+    const char *base = "estimate --model gpt2-xl --seq 1024 --micro-batch 1 --gpu h200";
+    char cmd[512];
+    assert_int_equal(run_memplan(base, out, sizeof out), 0);
+    assert_non_null(strstr(out, "attention scratch"));
+    snprintf(cmd, sizeof cmd, "%s --dtype fp32", base);
+    assert_int_equal(run_memplan(cmd, out, sizeof out), 0);
+    assert_null(strstr(out, "attention scratch"));
+    /* pool memory outside the runtime's counted allocations: the plan's
+     * alloc_bytes leave it out, with the context and the workspace */
+    char dir[] = "/tmp/zo_attn_scratch_XXXXXX", plan[128];
+    assert_non_null(mkdtemp(dir));
+    snprintf(plan, sizeof plan, "%s/plan.json", dir);
+    snprintf(cmd, sizeof cmd, "%s --plan-out %s", base, plan);
+    assert_int_equal(run_memplan(cmd, out, sizeof out), 0);
+    zo_plan p;
+    assert_int_equal(zo_plan_load(plan, &p), ZO_OK);
+    assert_true(p.predicted.has_alloc);
+    /* gpt2-xl: 25 heads of 64, seq 1024 */
+    double attn = (double)plan_attention_scratch(1, 1024, 25, 25, 64, 0);
+    double kept = (double)p.predicted.alloc_bytes[ZO_PLAN_GPU] + (double)p.buffers.cuda_context +
+                  (double)p.buffers.cublas_workspace + attn;
+    assert_true(attn > 0);
+    assert_true(fabs((double)p.predicted.peak_bytes[ZO_PLAN_GPU] - kept * (1.0 + p.buffers.fragmentation)) <= 2.0);
+    files_remove_tree(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -907,7 +959,7 @@ int main(void)
         cmocka_unit_test(test_tensor_parallel_params), cmocka_unit_test(test_cli_bad_input),
         cmocka_unit_test(test_cli_json),
         cmocka_unit_test(test_partial_recompute), cmocka_unit_test(test_search_fills_gpu),
-        cmocka_unit_test(test_reduce_dtype_buckets),
+        cmocka_unit_test(test_reduce_dtype_buckets), cmocka_unit_test(test_attention_scratch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

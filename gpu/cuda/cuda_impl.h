@@ -136,6 +136,24 @@ zo_status cuda_launch_attention_cached(cudaStream_t st, cuda_err_rec *err, const
                                        gpu_tensor out, gpu_tensor qkv, gpu_tensor k_cache,
                                        gpu_tensor v_cache, const int32_t *pos, int tc);
 
+/* attention_gemm.cu: the same ops for 16-bit qkv through batched GEMMs
+ * (cuBLASLt with an lt handle, else the tiled kernel) and stream-ordered
+ * scratch from `pool`, at most `cap` bytes of scores per chunk
+ * (attention_gemm.h). ops_cuda.c chooses between the two. */
+typedef struct cuda_gemm_env {
+    cudaStream_t stream;
+    cublasLtHandle_t lt; /* NULL: the tiled kernel */
+    cudaMemPool_t pool;  /* the scratch's */
+    void *workspace;     /* cuBLASLt's, ws_bytes */
+    size_t ws_bytes;
+    size_t cap;          /* 0: CUDA_ATTN_GEMM_CAP */
+} cuda_gemm_env;
+zo_status cuda_launch_attention_gemm_forward(const cuda_gemm_env *g, const gpu_attn_desc *a, gpu_tensor out,
+                                             float *lse, gpu_tensor qkv);
+zo_status cuda_launch_attention_gemm_backward(const cuda_gemm_env *g, const gpu_attn_desc *a, gpu_tensor dqkv,
+                                              gpu_tensor dout, gpu_tensor qkv, gpu_tensor out,
+                                              const float *lse);
+
 /* rope.cu */
 zo_status cuda_launch_rope(cudaStream_t st, gpu_tensor x, int n, int t, int n_heads, int d,
                            int64_t ldx, float theta, int pos0, const double *inv_freq,

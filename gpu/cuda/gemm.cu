@@ -72,8 +72,9 @@ extern "C" zo_status cuda_launch_gemm_tiled(cudaStream_t st, const gpu_gemm_desc
 
 /* ---- cuBLASLt (not in the host shim, which runs the tiled kernel only) -------- */
 #ifndef ZO_CUDA_SHIM
-#include <stdlib.h> /* getenv */
-#include <string.h> /* strcmp */
+#include <pthread.h> /* defines: pthread_mutex_t (the heuristic's answers) */
+#include <stdlib.h>  /* getenv */
+#include <string.h>  /* strcmp, memcmp, memset */
 
 static cudaDataType_t lt_type(zo_dtype t)
 {
@@ -104,6 +105,89 @@ static int lt_types_ok(const gpu_gemm_desc *d)
 
 #define LT(call) cuda_blas_status((call), #call)
 
+/* ---- the heuristic's answers, kept by problem ---------------------------------
+ * cublasLtMatmulAlgoGetHeuristic takes tens of microseconds a call, more than
+ * the tensor-core work of a small product (attention_gemm.cu's chunks are
+ * a few microseconds each on an H200): its answer (the algorithm, or none)
+ * is kept per problem, the key being everything the query is given (device,
+ * handle, compute and data types, operations, layouts, alignments,
+ * workspace bytes). A table of LT_CACHE entries, direct-mapped by a hash of
+ * the key (a collision replaces), under a mutex; the query runs outside it. */
+#define LT_CACHE 256
+#define LT_KEY_WORDS 28
+
+typedef struct lt_key {
+    uint64_t w[LT_KEY_WORDS];
+} lt_key;
+
+typedef struct lt_entry {
+    int valid, found;
+    lt_key key;
+    cublasLtMatmulHeuristicResult_t heur;
+} lt_entry;
+
+static lt_entry lt_cache[LT_CACHE];
+static pthread_mutex_t lt_cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void key_mat(uint64_t *w, const cuda_lt_mat *m)
+{
+    w[0] = (uint64_t)m->trans, w[1] = m->rows, w[2] = m->cols;
+    w[3] = (uint64_t)m->ld, w[4] = (uint64_t)m->stride;
+}
+
+static lt_key lt_key_of(cublasLtHandle_t lt, const gpu_gemm_desc *d, const cuda_lt_gemm *g, int compute,
+                        const uint32_t align[3], uint64_t ws)
+{
+    lt_key k;
+    memset(&k, 0, sizeof k);
+    int dev = -1;
+    (void)cudaGetDevice(&dev);
+    k.w[0] = (uint64_t)(int64_t)dev, k.w[1] = (uint64_t)(uintptr_t)lt, k.w[2] = (uint64_t)compute;
+    k.w[3] = (uint64_t)d->a.dtype, k.w[4] = (uint64_t)d->b.dtype, k.w[5] = (uint64_t)d->c.dtype;
+    key_mat(k.w + 6, &g->a);
+    key_mat(k.w + 11, &g->b);
+    key_mat(k.w + 16, &g->c);
+    k.w[21] = (uint64_t)g->batch, k.w[22] = align[0], k.w[23] = align[1], k.w[24] = align[2];
+    k.w[25] = ws;
+    return k;
+}
+
+static unsigned lt_slot(const lt_key *k)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a over the words */
+    for (int i = 0; i < LT_KEY_WORDS; i++) {
+        h ^= k->w[i];
+        h *= 1099511628211ull;
+    }
+    return (unsigned)(h % LT_CACHE);
+}
+
+/* The kept answer for k: 1 (found, heur set) or 0 when there is none. */
+static int lt_cache_get(const lt_key *k, int *found, cublasLtMatmulHeuristicResult_t *heur)
+{
+    const lt_entry *e = &lt_cache[lt_slot(k)];
+    int hit = 0;
+    pthread_mutex_lock(&lt_cache_lock);
+    if (e->valid && !memcmp(&e->key, k, sizeof *k)) {
+        *found = e->found;
+        *heur = e->heur;
+        hit = 1;
+    }
+    pthread_mutex_unlock(&lt_cache_lock);
+    return hit;
+}
+
+static void lt_cache_put(const lt_key *k, int found, const cublasLtMatmulHeuristicResult_t *heur)
+{
+    lt_entry *e = &lt_cache[lt_slot(k)];
+    pthread_mutex_lock(&lt_cache_lock);
+    e->valid = 1;
+    e->found = found;
+    e->key = *k;
+    e->heur = *heur;
+    pthread_mutex_unlock(&lt_cache_lock);
+}
+
 /* Set a layout's batch count and stride (elements) when batched. */
 static zo_status lt_batch(cublasLtMatrixLayout_t l, int batch, int64_t stride)
 {
@@ -130,7 +214,9 @@ static zo_status gemm_lt(cudaStream_t st, cublasLtHandle_t lt, void *workspace, 
     cublasLtMatrixLayout_t lay_b = NULL, lay_a = NULL, lay_c = NULL;
     cublasLtMatmulPreference_t pref = NULL;
     cublasLtMatmulHeuristicResult_t heur;
+    memset(&heur, 0, sizeof heur);
     int found = 0;
+    lt_key key;
     zo_status s;
 
     if ((s = LT(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F))) != ZO_OK) return s;
@@ -174,13 +260,16 @@ static zo_status gemm_lt(cudaStream_t st, cublasLtHandle_t lt, void *workspace, 
             (s = LT(cublasLtMatmulPreferenceSetAttribute(
                  pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c))) != ZO_OK)
             goto out_destroy_pref;
+        const uint32_t align[3] = {al_lt_a, al_lt_b, al_c};
+        key = lt_key_of(lt, d, &g, (int)compute, align, ws);
     }
-    {
+    if (!lt_cache_get(&key, &found, &heur)) {
         cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt, desc, lay_b, lay_a, lay_c, lay_c,
                                                            pref, 1, &heur, &found);
         if (hs == CUBLAS_STATUS_NOT_SUPPORTED) found = 0;
         else if ((s = cuda_blas_status(hs, "cublasLtMatmulAlgoGetHeuristic")) != ZO_OK)
             goto out_destroy_pref;
+        lt_cache_put(&key, found > 0, &heur);
     }
     if (found > 0)
         s = LT(cublasLtMatmul(lt, desc, &d->alpha, d->b.data, lay_b, d->a.data, lay_a, &d->beta,

@@ -1,6 +1,10 @@
 /* The CUDA column of the op table: each entry unpacks its slots (gpu/ops.h)
  * for its launcher in gpu/cuda/<family>.cu. */
-#include "gpu/cuda/ops_cuda.h" /* defines: cuda_exec, cuda_ops */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/cuda/attention_gemm.h" /* defines: CUDA_ATTN_GEMM_MIN_T */
+#include "gpu/cuda/ops_cuda.h"       /* defines: cuda_exec, cuda_ops */
 
 /* cuBLASLt where there is a handle; the tiled kernel otherwise (the host
  * shim, which has no cuBLASLt). */
@@ -50,13 +54,51 @@ static zo_status cuda_run_rmsnorm_backward(const cuda_exec *e, const gpu_op_args
                                         a->p[0], (int)a->i[0], (int)a->i[1]);
 }
 
+/* Whether attention over qkv of this shape takes the GEMM path (*gemm). */
+static zo_status attention_path(const cuda_exec *e, const gpu_attn_desc *d, zo_dtype qkv, int *gemm)
+{
+    int path = e->attn_path;
+    if (path == CUDA_ATTN_AUTO) {
+        const char *v = getenv("ZO_ATTENTION");
+        if (v && !strcmp(v, "gemm")) path = CUDA_ATTN_GEMM;
+        else if (v && !strcmp(v, "flash")) path = CUDA_ATTN_FLASH;
+        else if (v && *v && strcmp(v, "auto"))
+            return zo_error(ZO_ERR_INVALID, "ZO_ATTENTION=%s: expected gemm, flash or auto", v);
+    }
+    *gemm = (qkv == ZO_DTYPE_F16 || qkv == ZO_DTYPE_BF16) &&
+            (path == CUDA_ATTN_GEMM || (path == CUDA_ATTN_AUTO && e->lt && d->t >= CUDA_ATTN_GEMM_MIN_T));
+    return ZO_OK;
+}
+
+static cuda_gemm_env gemm_env(const cuda_exec *e)
+{
+    cuda_gemm_env g = {.stream = e->stream, .lt = e->lt, .pool = e->pool, .workspace = e->workspace,
+                       .ws_bytes = e->ws_bytes, .cap = e->attn_cap};
+    return g;
+}
+
 static zo_status cuda_run_attention_forward(const cuda_exec *e, const gpu_op_args *a)
 {
+    int gemm = 0;
+    zo_status st = attention_path(e, &a->d.attn, a->t[1].dtype, &gemm);
+    if (st != ZO_OK) return st;
+    if (gemm) {
+        cuda_gemm_env g = gemm_env(e);
+        return cuda_launch_attention_gemm_forward(&g, &a->d.attn, a->t[0], a->p[0], a->t[1]);
+    }
     return cuda_launch_attention_forward(e->stream, &a->d.attn, a->t[0], a->p[0], a->t[1]);
 }
 
 static zo_status cuda_run_attention_backward(const cuda_exec *e, const gpu_op_args *a)
 {
+    int gemm = 0;
+    zo_status st = attention_path(e, &a->d.attn, a->t[2].dtype, &gemm);
+    if (st != ZO_OK) return st;
+    if (gemm) {
+        cuda_gemm_env g = gemm_env(e);
+        return cuda_launch_attention_gemm_backward(&g, &a->d.attn, a->t[0], a->t[1], a->t[2], a->t[3],
+                                                   a->p[0]);
+    }
     return cuda_launch_attention_backward(e->stream, &a->d.attn, a->t[0], a->t[1], a->t[2],
                                           a->t[3], a->p[0]);
 }

@@ -21,8 +21,17 @@ typedef struct cuda_exec {
     void *workspace;        /* cuBLASLt's, ws_bytes */
     size_t ws_bytes;
     cublasLtHandle_t lt;    /* NULL: GEMMs run the tiled kernel */
-    cudaMemPool_t pool;     /* scratch of mixed-dtype GEMMs */
+    cudaMemPool_t pool;     /* scratch of mixed-dtype GEMMs and GEMM attention */
+    int attn_path;          /* a cuda_attn_path; CUDA_ATTN_AUTO: ZO_ATTENTION decides */
+    size_t attn_cap;        /* bytes of GEMM attention's scores per chunk (0: the default) */
 } cuda_exec;
+
+/* Which attention runs gpu_attention_forward / _backward with 16-bit qkv:
+ * the GEMM path (attention_gemm.cu) or the flash kernel (attention.cu). AUTO
+ * reads ZO_ATTENTION (gemm, flash, or auto / unset): auto takes the GEMM path
+ * on a device with cuBLASLt from t >= CUDA_ATTN_GEMM_MIN_T. fp32 qkv and
+ * the cached attention always run the flash kernels. */
+enum cuda_attn_path { CUDA_ATTN_AUTO, CUDA_ATTN_FLASH, CUDA_ATTN_GEMM };
 
 typedef zo_status (*cuda_op_fn)(const cuda_exec *e, const gpu_op_args *a);
 

@@ -45,7 +45,9 @@ void runtime_plan_train(plan_train *t, const zo_model_config *m, zo_dtype dt, in
 
 void runtime_plan_estimate(const zo_model_config *m, const plan_train *t, plan_estimate *e)
 {
-    plan_hw hw = {.gpus = t->dp, .gpus_per_node = t->dp, .gpu_mem = 1ull << 40, .cpu_mem = 1ull << 40,
-                  .nvme = 1ull << 40};
+    /* the CPU device (its runs' backend): what memplan counts only on a CUDA
+     * device, the GEMM attention's scratch, is left out */
+    plan_hw hw = {.gpu = "CPU", .gpus = t->dp, .gpus_per_node = t->dp, .gpu_mem = 1ull << 40,
+                  .cpu_mem = 1ull << 40, .nvme = 1ull << 40};
     assert_int_equal(plan_estimate_run(m, &hw, t, e), ZO_OK);
 }

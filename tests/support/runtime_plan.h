@@ -13,8 +13,8 @@
  * device has none). */
 void runtime_plan_train(plan_train *t, const zo_model_config *m, zo_dtype dt, int B, int T,
                         const offload_config *oc, int ranks);
-/* memplan's estimate of t (hardware: t->dp ranks with room for anything);
- * fails the test when memplan refuses it. */
+/* memplan's estimate of t (hardware: t->dp ranks of the CPU device with
+ * room for anything); fails the test when memplan refuses it. */
 void runtime_plan_estimate(const zo_model_config *m, const plan_train *t, plan_estimate *e);
 
 #endif

@@ -673,6 +673,17 @@ extern "C" cudaError_t zo_shim_memcpy(void *dst, const void *src, size_t bytes)
     return cudaSuccess;
 }
 
+extern "C" cudaError_t zo_shim_malloc(void **p, size_t bytes)
+{
+    *p = malloc(bytes ? bytes : 1);
+    if (!*p) {
+        set_last(rt(), cudaErrorMemoryAllocation, "cudaMallocFromPoolAsync: %zu bytes of host memory", bytes);
+        return cudaErrorMemoryAllocation;
+    }
+    memset(*p, 0xff, bytes);
+    return cudaSuccess;
+}
+
 extern "C" const char *zo_shim_error_string(cudaError_t e)
 {
     switch (e) {

@@ -22,7 +22,8 @@
  *   conversions (the very same functions, so the very same bits);
  * - min, max, rsqrtf beside <math.h>;
  * - cudaGetLastError, cudaPeekAtLastError, cudaGetErrorString,
- *   cudaGetErrorName, cudaFuncSetAttribute, cudaMemcpyAsync (host memory).
+ *   cudaGetErrorName, cudaFuncSetAttribute, cudaMemcpyAsync,
+ *   cudaMallocFromPoolAsync and cudaFreeAsync (host memory).
  *
  * Kernels, launchers and the types above are renamed or kept internal so
  * that nothing here shares a symbol with the real CUDA backend in one
@@ -42,6 +43,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <tuple>
@@ -96,6 +98,7 @@ void *zo_shim_dynamic_smem(void);
 cudaError_t zo_shim_take_last_error(int clear, char *detail, size_t cap);
 cudaError_t zo_shim_func_set_attribute(const void *kernel, cudaFuncAttribute attr, int value);
 cudaError_t zo_shim_memcpy(void *dst, const void *src, size_t bytes);
+cudaError_t zo_shim_malloc(void **p, size_t bytes);
 const char *zo_shim_error_string(cudaError_t e);
 const char *zo_shim_error_name(cudaError_t e);
 }
@@ -293,6 +296,24 @@ static inline cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t byt
     (void)kind;
     (void)st;
     return zo_shim_memcpy(dst, src, bytes);
+}
+
+/* Stream-ordered scratch (gemm.cu's rounded operands, attention_gemm.cu's
+ * scores): host memory from malloc, every byte 0xff (nan as floats), as
+ * memory never written holds anything on a GPU; the pool is ignored (NULL in
+ * the shim). cudaFreeAsync frees at once: the launches before it are done. */
+static inline cudaError_t cudaMallocFromPoolAsync(void **p, size_t bytes, cudaMemPool_t pool, cudaStream_t st)
+{
+    (void)pool;
+    (void)st;
+    return zo_shim_malloc(p, bytes);
+}
+
+static inline cudaError_t cudaFreeAsync(void *p, cudaStream_t st)
+{
+    (void)st;
+    free(p);
+    return cudaSuccess;
 }
 
 /* ---- launches ------------------------------------------------------------------ */

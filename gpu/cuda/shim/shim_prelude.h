@@ -13,6 +13,7 @@
 
 #include "gpu/cuda/cuda_impl.h"   /* defines: gpu_tensor, cuda_err_rec, shim_launch_* */
 #include "gpu/cuda/gemm_layout.h" /* defines: cuda_gemm_lt_shape (gemm.cu) */
+#include "gpu/cuda/attention_gemm.h" /* defines: cuda_attn_plan_chunks (attention_gemm.cu) */
 extern "C" {
 #include "common/nf4.h" /* defines: zo_nf4_layout_of, zo_nf4_absmax_map (nf4.cu) */
 }
