@@ -200,12 +200,12 @@ static void bfree(buf b)
     free(b.h);
 }
 
-/* Every rank's mismatch count, summed over the ranks of c (through the
- * communicator itself, on fp32 integers: exact). */
-static int agree_on(comm_t c, int wrong)
+/* Every rank's v (a mismatch count), summed over the ranks of c (through
+ * the communicator itself, on fp32 integers: exact). */
+static int sum_over(comm_t c, int v)
 {
     buf w = balloc(sizeof(float));
-    *(float *)w.h = (float)wrong;
+    *(float *)w.h = (float)v;
     bpush(w);
     assert_int_equal(comm_all_reduce(c, w.d, w.d, 1, ZO_DTYPE_F32, NULL, NULL), ZO_OK);
     bpull(w);
@@ -213,7 +213,7 @@ static int agree_on(comm_t c, int wrong)
     bfree(w);
     return total;
 }
-static int agree(int wrong) { return agree_on(C, wrong); }
+static int agree(int wrong) { return sum_over(C, wrong); }
 
 static zo_status open_comm(const comm_options *o, comm_t *out);
 
@@ -781,17 +781,7 @@ static float sval(int tag, int world_rank, size_t i)
 }
 
 /* One all-reduce of world ranks on c: the sum of its members' world ranks. */
-static int world_rank_sum(comm_t c)
-{
-    buf b = balloc(sizeof(float));
-    *(float *)b.h = (float)comm_rank(World);
-    bpush(b);
-    assert_int_equal(comm_all_reduce(c, b.d, b.d, 1, ZO_DTYPE_F32, NULL, NULL), ZO_OK);
-    bpull(b);
-    int s = (int)*(float *)b.h;
-    bfree(b);
-    return s;
-}
+static int world_rank_sum(comm_t c) { return sum_over(c, comm_rank(World)); }
 
 static void test_split(void **state)
 {
@@ -847,7 +837,7 @@ static void test_split(void **state)
     comm_free(p);
     /* the world's own sequence is unaffected: it still agrees */
     wrong += world_rank_sum(World) != wn * (wn - 1) / 2;
-    assert_int_equal(agree_on(World, wrong), 0);
+    assert_int_equal(sum_over(World, wrong), 0);
 }
 
 /* One communicator of the interleaved test: its members' world ranks. */
@@ -987,7 +977,7 @@ static void test_split_interleaved(void **state)
         comm_free(sd[j].c);
     }
     wrong += comm_all_to_all_bytes(World) != world_before; /* the children's are not the world's */
-    assert_int_equal(agree_on(World, wrong), 0);
+    assert_int_equal(sum_over(World, wrong), 0);
 }
 
 /* The SELF backend: a one-rank parent's child is one rank. */

@@ -165,40 +165,40 @@ static void test_kill(void **state)
     assert_null(strstr(out, "completed the collective without"));
 }
 
+/* Run `np` victims `how` with rank k the culprit: the job must fail within
+ * the timeout plus slack, print `expect` and `missing` (NULL: not checked),
+ * and no rank may complete the collective. */
+static void expect_fault(int np, const char *how, int k, const char *expect, const char *missing)
+{
+    static char out[1 << 16];
+    double s;
+    int rc = run_victims(np, how, k, "", &s, out, sizeof out);
+    printf("%s: exit %d after %.1f s\n", how, rc, s);
+    if (!strstr(out, expect) || (missing && !strstr(out, missing)))
+        fprintf(stderr, "output:\n%s\n", out);
+    assert_int_not_equal(rc, 0);
+    assert_true(s < TIMEOUT_S + SLACK_S);
+    assert_non_null(strstr(out, expect));
+    if (missing) assert_non_null(strstr(out, missing));
+    assert_null(strstr(out, "completed the collective without"));
+}
+
 /* A stall in a sub-communicator: the child's rank named as its world rank. */
 static void test_split_stall(void **state)
 {
     (void)state;
-    static char out[1 << 16];
-    double s;
-    int rc = run_victims(4, "split-stall", 3, "", &s, out, sizeof out);
-    printf("split stall: exit %d after %.1f s\n", rc, s);
-    const char *expect = "all_reduce #3 (fp32, 1024 elements) did not complete within 3 s on rank 0 "
-                         "of 2 (world rank 1 of 4); did not arrive: rank 1, world rank 3 (not in "
-                         "it: busy elsewhere after all_reduce #2)";
-    if (!strstr(out, expect)) fprintf(stderr, "output:\n%s\n", out);
-    assert_int_not_equal(rc, 0);
-    assert_true(s < TIMEOUT_S + SLACK_S);
-    assert_non_null(strstr(out, expect));
-    assert_null(strstr(out, "completed the collective without"));
+    expect_fault(4, "split-stall", 3,
+                 "all_reduce #3 (fp32, 1024 elements) did not complete within 3 s on rank 0 of 2 "
+                 "(world rank 1 of 4); did not arrive: rank 1, world rank 3 (not in it: busy "
+                 "elsewhere after all_reduce #2)", NULL);
 }
 
 /* A rank that never arrives at the split. */
 static void test_split_absent(void **state)
 {
     (void)state;
-    static char out[1 << 16];
-    double s;
-    int rc = run_victims(3, "split-absent", 2, "", &s, out, sizeof out);
-    printf("split absent: exit %d after %.1f s\n", rc, s);
-    const char *expect = "split #2 (MPI_Iallgather of the colors) did not complete within 3 s";
-    const char *missing = "did not arrive: rank 2 (not in it: busy elsewhere after all_reduce #1)";
-    if (!strstr(out, expect) || !strstr(out, missing)) fprintf(stderr, "output:\n%s\n", out);
-    assert_int_not_equal(rc, 0);
-    assert_true(s < TIMEOUT_S + SLACK_S);
-    assert_non_null(strstr(out, expect));
-    assert_non_null(strstr(out, missing));
-    assert_null(strstr(out, "completed the collective without"));
+    expect_fault(3, "split-absent", 2, "split #2 (MPI_Iallgather of the colors) did not complete within 3 s",
+                 "did not arrive: rank 2 (not in it: busy elsewhere after all_reduce #1)");
 }
 
 /* The launcher lets the job run on after a death: the timeout must end it. */
