@@ -144,7 +144,7 @@ typedef struct comm_host_api {
     const char *(*op_name)(comm_op_kind k);
     void (*op_describe)(const struct comm_request *op, char *buf, size_t n);
     zo_status (*mpi_bcast_bytes)(comm_t mpi, void *buf, size_t bytes);
-    zo_status (*split)(comm_t parent, int color, int key, comm_t *out);
+    zo_status (*split)(comm_t parent, int color, int key, comm_t *out); /* of the bootstrap */
     zo_status (*mpi_register)(comm_t c, comm_t group, comm_watch_fn watch, void *arg, int *id);
     void (*mpi_unregister)(int id);
     void (*mpi_set_state)(int id, comm_phase phase, uint64_t seq, comm_op_kind kind);
