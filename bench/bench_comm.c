@@ -21,6 +21,12 @@
  * bytes that leave the rank (all but c[0]).
  * The ratio (last column) is our bus bandwidth over the baseline's.
  *
+ * --split G runs every case on sub-communicators instead: the world split
+ * (comm_split) into G groups of consecutive ranks, all groups at once, each
+ * row the slowest rank of any group; the baseline is the MPI collective on
+ * the same groups (MPI_Comm_split of MPI_COMM_WORLD), so the ratio compares
+ * like with like, as expert parallelism's groups would use them.
+ *
  * Run: mpirun -np N ./bench_comm [options]; without a launcher it runs as
  * one rank (bus bandwidth 0). */
 #include <getopt.h>
@@ -42,6 +48,7 @@ typedef struct opts {
     double seconds; /* per contender and size */
     int ops_mask;
     const char *backends; /* "mpi", "nccl" or "all" */
+    long split;           /* groups of ranks (--split); 1: the world */
 } opts;
 
 enum {
@@ -56,13 +63,16 @@ enum {
 static const char *const op_names[OP_COUNT] = {"all_reduce", "reduce_scatter", "all_gather",
                                                "broadcast",  "all_to_all",     "all_to_all_v"};
 
-static int R, N;
+static int R, N;   /* the rank and size of the communicator benchmarked */
+static int Wr, Wn; /* in the world */
+static MPI_Comm Base; /* the baseline's communicator: the world or this rank's group */
 
 static void usage(FILE *out)
 {
     fprintf(out,
             "usage: mpirun -np N bench_comm [--min 1KiB] [--max 256MiB] [--factor 4]\n"
             "                  [--dtype fp32|fp16|bf16] [--seconds 0.2] [--backend mpi|nccl|all]\n"
+            "                  [--split G]\n"
             "                  [--op all_reduce|reduce_scatter|all_gather|broadcast|all_to_all|\n"
             "                        all_to_all_v]...\n");
 }
@@ -70,12 +80,13 @@ static void usage(FILE *out)
 static int parse_opts(int argc, char **argv, opts *o)
 {
     *o = (opts){.min_bytes = ZO_KIB, .max_bytes = 256 * ZO_MIB, .factor = 4,
-                .dtype = ZO_DTYPE_F32, .seconds = 0.2, .backends = "all"};
+                .dtype = ZO_DTYPE_F32, .seconds = 0.2, .backends = "all", .split = 1};
     static const struct option lo[] = {
         {"min", required_argument, 0, 'm'},     {"max", required_argument, 0, 'M'},
         {"factor", required_argument, 0, 'f'},  {"dtype", required_argument, 0, 'd'},
         {"seconds", required_argument, 0, 's'}, {"backend", required_argument, 0, 'b'},
         {"op", required_argument, 0, 'o'},      {"help", no_argument, 0, 'h'},
+        {"split", required_argument, 0, 'g'},
         {0, 0, 0, 0},
     };
     int c;
@@ -101,6 +112,7 @@ static int parse_opts(int argc, char **argv, opts *o)
                 o->ops_mask |= 1 << k;
             break;
         }
+        case 'g': st = zo_parse_int(optarg, "--split", 1, 1 << 20, &o->split); break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return 2;
         }
@@ -300,12 +312,12 @@ static void baseline(int op, bufs *b, size_t count)
 {
     if (op == OP_ALL_TO_ALL_V)
         MPI_Alltoallv(b->hsend, v_mpi, v_mpi + N, MPI_BYTE, b->hrecv, v_mpi + 2 * N, v_mpi + 3 * N,
-                      MPI_BYTE, MPI_COMM_WORLD);
+                      MPI_BYTE, Base);
     else if (op == OP_ALL_TO_ALL)
         MPI_Alltoall(b->hsend, (int)(count / (size_t)N), MPI_FLOAT, b->hrecv, (int)(count / (size_t)N),
-                     MPI_FLOAT, MPI_COMM_WORLD);
+                     MPI_FLOAT, Base);
     else
-        MPI_Allreduce(b->hsend, b->hrecv, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Allreduce(b->hsend, b->hrecv, (int)count, MPI_FLOAT, MPI_SUM, Base);
 }
 
 static int bench_row_op(comm_t c, int op, bufs *b, size_t bytes, const opts *o, row_result *out)
@@ -352,7 +364,7 @@ static int bench_row_op(comm_t c, int op, bufs *b, size_t bytes, const opts *o, 
      * else MPI_Allreduce's 2(n-1)/n */
     out->mpi_busbw = (double)bytes / out->mpi / 1e9 *
                      (op == OP_ALL_TO_ALL || op == OP_ALL_TO_ALL_V ? s.bus_factor : 2.0 * (N - 1) / N);
-    if (R == 0)
+    if (Wr == 0)
         bench_row("%12zu %11zu %6s %15s %11.1f %8.3f %8.3f %7ld %11.1f %8.3f %7.3f", bytes, s.count,
                   zo_dtype_name(t), op_names[op], out->ours * 1e6, algbw, out->busbw, out->wrong,
                   out->mpi * 1e6, out->mpi_busbw,
@@ -371,6 +383,17 @@ static int bench_backend(comm_backend be, gpu_device_t dev, const opts *o, doubl
         fprintf(stderr, "bench_comm: %s\n", zo_last_error());
         return 1;
     }
+    if (o->split > 1) { /* this rank's group; the world communicator is not needed */
+        comm_t world = c;
+        zo_status st = comm_split(world, Wr / (Wn / (int)o->split), Wr, &c);
+        comm_free(world);
+        if (st != ZO_OK) {
+            fprintf(stderr, "bench_comm: --split: %s\n", zo_last_error());
+            return 1;
+        }
+    }
+    R = comm_rank(c);
+    N = comm_size(c);
     size_t unit = (size_t)N * zo_dtype_size(o->dtype) * sizeof(float); /* every shape divides */
     size_t max = (size_t)o->max_bytes / unit * unit;
     bufs b;
@@ -378,8 +401,12 @@ static int bench_backend(comm_backend be, gpu_device_t dev, const opts *o, doubl
         fprintf(stderr, "bench_comm: cannot allocate 2 x %zu bytes\n", max);
         return 1;
     }
-    if (R == 0) {
-        printf("# backend %s, %d ranks\n", comm_backend_name(be), N);
+    if (Wr == 0) {
+        if (o->split > 1)
+            printf("# backend %s, %d ranks split into %ld groups of %d\n", comm_backend_name(be), Wn,
+                   o->split, N);
+        else
+            printf("# backend %s, %d ranks\n", comm_backend_name(be), N);
         bench_row("# %10s %11s %6s %15s %11s %8s %8s %7s %11s %8s %7s", "size(B)", "count", "type",
                   "collective", "time(us)", "algbw", "busbw", "#wrong", "mpi(us)", "mpi_bus",
                   "ratio");
@@ -435,22 +462,37 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_comm: %s\n", zo_last_error());
         return 1;
     }
-    R = comm_rank(world);
-    N = comm_size(world);
+    R = Wr = comm_rank(world);
+    N = Wn = comm_size(world);
+    Base = MPI_COMM_WORLD;
+    if (Wn % o.split) {
+        if (Wr == 0)
+            fprintf(stderr, "bench_comm: --split %ld does not divide the %d ranks into equal groups\n",
+                    o.split, Wn);
+        comm_free(world);
+        return 2;
+    }
     int provided = 0;
     MPI_Query_thread(&provided);
     if (provided < MPI_THREAD_MULTIPLE) {
         fprintf(stderr, "bench_comm: this MPI gives no MPI_THREAD_MULTIPLE: no baseline\n");
         return 1;
     }
+    /* the baseline's groups: the same as comm_split makes below */
+    if (o.split > 1 && MPI_Comm_split(MPI_COMM_WORLD, Wr / (Wn / (int)o.split), Wr, &Base) != MPI_SUCCESS) {
+        fprintf(stderr, "bench_comm: --split: MPI_Comm_split failed\n");
+        return 1;
+    }
     char lo[32], hi[32];
-    if (R == 0)
-        bench_header("bench_comm", "%d ranks, %s, %s..%s x%ld, >= %.2f s per case; "
+    if (Wr == 0)
+        bench_header("bench_comm", "%d ranks%s, %s, %s..%s x%ld, >= %.2f s per case; "
                      "baseline MPI_Allreduce, all_to_all's MPI_Alltoall, all_to_all_v's "
-                     "MPI_Alltoallv (fp32, host buffers)", N,
+                     "MPI_Alltoallv (fp32, host buffers%s)", Wn,
+                     o.split > 1 ? " split into groups (--split)" : "",
                      zo_dtype_name(o.dtype),
                      zo_format_bytes(o.min_bytes, lo, sizeof lo),
-                     zo_format_bytes(o.max_bytes, hi, sizeof hi), o.factor, o.seconds);
+                     zo_format_bytes(o.max_bytes, hi, sizeof hi), o.factor, o.seconds,
+                     o.split > 1 ? ", on the same groups" : "");
     if (v_alloc() != 0) {
         fprintf(stderr, "bench_comm: out of host memory\n");
         return 1;
@@ -464,14 +506,14 @@ int main(int argc, char **argv)
         MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
         if (all) {
             if ((rc = bench_backend(COMM_BACKEND_NCCL, dev, &o, ratio_nccl))) return rc;
-        } else if (R == 0) {
+        } else if (Wr == 0) {
             printf("# backend nccl: skipped (%s)\n", comm_backend_built(COMM_BACKEND_NCCL)
                                                           ? "no GPU for every rank"
                                                           : "not in this build");
         }
         if (dev) gpu_device_free(dev);
     }
-    if (R == 0) {
+    if (Wr == 0) {
         /* NCCL's ratios (all-reduce, all-to-all, all-to-all-v), then MPI's in
          * the reverse order: its all-reduce's last, printed even when 0 */
         static const char *const what[3] = {"all_reduce busbw / MPI_Allreduce busbw",
@@ -488,6 +530,7 @@ int main(int argc, char **argv)
         }
     }
     v_free();
+    if (Base != MPI_COMM_WORLD) MPI_Comm_free(&Base);
     comm_free(world);
     return 0;
 }

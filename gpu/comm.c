@@ -21,7 +21,7 @@
 static const char *const backend_names[] = {"auto", "self", "mpi", "nccl"};
 static const char *const op_names[COMM_OP_KIND_COUNT] = {"all_reduce", "reduce_scatter",
                                                          "all_gather", "broadcast", "barrier",
-                                                         "all_to_all", "all_to_all_v"};
+                                                         "all_to_all", "all_to_all_v", "split"};
 
 const char *comm_backend_name(comm_backend b)
 {
@@ -48,6 +48,7 @@ static const comm_host_api nccl_host = {
     .abort = comm_abort,
     .rank = comm_rank,
     .size = comm_size,
+    .split = comm_split,
     .op_name = comm_op_name,
     .op_describe = comm_op_describe,
 #if defined(ZO_HAVE_MPI) && ZO_HAVE_MPI
@@ -235,6 +236,36 @@ zo_status comm_init(const comm_options *opt_in, comm_t *out)
     return ZO_OK;
 }
 
+zo_status comm_split(comm_t parent, int color, int key, comm_t *out)
+{
+    if (!out) return zo_error(ZO_ERR_INVALID, "comm_split: NULL argument");
+    *out = NULL;
+    if (!parent) return zo_error(ZO_ERR_INVALID, "comm_split: NULL communicator");
+    if (color < COMM_SPLIT_NONE)
+        return zo_error(ZO_ERR_INVALID, "comm_split: color %d is negative (a rank that joins no "
+                        "communicator passes COMM_SPLIT_NONE)", color);
+    if (!parent->iface->split)
+        return zo_error(ZO_ERR_UNSUPPORTED, "comm_split: the %s backend cannot split",
+                        parent->iface->name);
+    comm_t c = calloc(1, sizeof *c);
+    if (!c) return zo_error(ZO_ERR_NOMEM, "comm_split: out of host memory");
+    c->backend = parent->backend;
+    c->device = parent->device;
+    c->timeout_s = parent->timeout_s;
+    c->on_fault = parent->on_fault;
+    c->fault_arg = parent->fault_arg;
+    c->size = 1;
+    /* a collective of the parent: the next number in its sequence */
+    zo_status st = parent->iface->split(parent, parent->seq + 1, color, key, c);
+    if (st == ZO_OK) parent->seq++;
+    if (st != ZO_OK || !c->iface) {
+        free(c);
+        return st == ZO_OK ? ZO_OK : zo_error_wrap(st, "comm_split");
+    }
+    *out = c;
+    return ZO_OK;
+}
+
 void comm_free(comm_t c)
 {
     if (!c) return;
@@ -251,8 +282,8 @@ uint64_t comm_all_to_all_bytes(comm_t c) { return c ? c->a2a_bytes : 0; }
 
 void comm_op_describe(const struct comm_request *op, char *buf, size_t n)
 {
-    if (op->kind == COMM_OP_BARRIER)
-        snprintf(buf, n, "barrier #%llu", (unsigned long long)op->seq);
+    if (op->kind == COMM_OP_BARRIER || op->kind == COMM_OP_SPLIT)
+        snprintf(buf, n, "%s #%llu", comm_op_name(op->kind), (unsigned long long)op->seq);
     else if (op->kind == COMM_OP_BROADCAST)
         snprintf(buf, n, "broadcast #%llu (%s, %zu elements, root %d)",
                  (unsigned long long)op->seq, zo_dtype_name(op->dtype), op->count, op->root);

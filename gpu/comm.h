@@ -116,6 +116,25 @@ zo_status comm_init(const comm_options *opt, comm_t *out);
  * initialized until the process exits (MPI cannot be initialized twice). */
 void comm_free(comm_t c);
 
+/* The color of a rank that joins no communicator in comm_split. */
+#define COMM_SPLIT_NONE (-1)
+
+/* A sub-communicator (MPI_Comm_split's semantics): every rank of `parent`
+ * calls it, as a collective of the parent (numbered in its sequence, under
+ * its timeout), and the ranks that pass the same `color` (>= 0) form one
+ * new communicator, ranked by `key`, then by their rank in the parent. A
+ * rank that passes COMM_SPLIT_NONE gets *out = NULL. The child has the
+ * parent's backend, device, timeout and fault handler, its own sequence of
+ * collectives and byte counters, and outlives the parent: either may be
+ * freed first, and a child may be split again. The collectives of all the
+ * communicators of a process run one after another in the order they were
+ * issued (MPI: on one thread; NCCL: on their streams), so every rank must
+ * issue them in an order consistent with one program (the same order on
+ * every rank for the communicators it shares); docs/comm.md.
+ * ZO_ERR_INVALID for a color below COMM_SPLIT_NONE; a fault (as in a
+ * collective) for a rank that does not arrive within the timeout. */
+zo_status comm_split(comm_t parent, int color, int key, comm_t *out);
+
 comm_backend comm_get_backend(comm_t c);
 int comm_rank(comm_t c);
 int comm_size(comm_t c);
@@ -124,8 +143,10 @@ double comm_timeout(comm_t c); /* seconds */
  * when host memory (MPI; SELF without a device or with the CPU device). */
 int comm_device_buffers(comm_t c);
 /* Bytes this rank's all-to-alls (comm_all_to_all and comm_all_to_all_v)
- * sent to the other ranks since comm_init, counted when each is started:
- * the runtime's side of memplan's `time.ep_alltoall_bytes`. */
+ * on `c` sent to the other ranks of `c` since it was created (comm_init or
+ * comm_split), counted when each is started: the runtime's side of
+ * memplan's `time.ep_alltoall_bytes`. A child counts its own traffic only,
+ * and its parent's count does not include it. */
 uint64_t comm_all_to_all_bytes(comm_t c);
 
 /* ---- collectives -----------------------------------------------------------------

@@ -21,6 +21,7 @@ typedef enum comm_op_kind {
     COMM_OP_BARRIER,
     COMM_OP_ALL_TO_ALL,
     COMM_OP_ALL_TO_ALL_V,
+    COMM_OP_SPLIT, /* comm_split, numbered among the parent's collectives */
     COMM_OP_KIND_COUNT,
 } comm_op_kind;
 
@@ -56,6 +57,11 @@ typedef struct comm_iface {
     int (*test)(struct comm_request *op);
     /* End every rank; does not return. */
     void (*abort)(comm_t c, int code, const char *message) __attribute__((noreturn));
+    /* comm_split: the parent's collective number `seq`. Fills `child` as a
+     * constructor does (comm.c has set backend, device, timeout and the
+     * fault handler), or leaves child->iface NULL for a rank that passed
+     * COMM_SPLIT_NONE. */
+    zo_status (*split)(comm_t parent, uint64_t seq, int color, int key, comm_t child);
 } comm_iface;
 
 struct comm {
@@ -101,16 +107,19 @@ zo_status comm_mpi_init(comm_t c);
  * the MPI communicator `mpi` (an MPI backend comm). */
 zo_status comm_mpi_bcast_bytes(comm_t mpi, void *buf, size_t bytes);
 
-/* Register comm `c` (any backend) with the engine; its id is the number of
- * communicators this process registered before it (the same on every rank,
- * since every rank creates them in the same order). */
-zo_status comm_mpi_register(comm_t c, comm_watch_fn watch, void *arg, int *id);
+/* Register comm `c` (another backend: NCCL) with the engine, over the
+ * ranks of the MPI communicator `group` (its bootstrap). *id is this
+ * process's handle of the slot; the other ranks find it by a key that every
+ * rank of `group` derives alike (from group's key), so the slot answers
+ * their questions whatever other communicators each process has. */
+zo_status comm_mpi_register(comm_t c, comm_t group, comm_watch_fn watch, void *arg, int *id);
 void comm_mpi_unregister(int id);
 /* Publish comm `id`'s state: phase, the collective it is in (or the last one
  * completed when idle), and its kind. */
 void comm_mpi_set_state(int id, comm_phase phase, uint64_t seq, comm_op_kind kind);
-/* Called on the engine thread by a watchdog: ask the other ranks where they
- * are, report the fault with `what` and the ranks that did not arrive, and
+/* Called on the engine thread by a watchdog: ask the other ranks of comm
+ * `id` where they are, report the fault with `what` and the ranks that did
+ * not arrive (a sub-communicator's as its ranks and their world ranks), and
  * abort the job. Does not return. */
 void comm_mpi_fault(comm_t c, int id, uint64_t seq, const char *what) __attribute__((noreturn));
 /* Called on the engine thread: report `message` and abort the job. */
@@ -135,7 +144,8 @@ typedef struct comm_host_api {
     const char *(*op_name)(comm_op_kind k);
     void (*op_describe)(const struct comm_request *op, char *buf, size_t n);
     zo_status (*mpi_bcast_bytes)(comm_t mpi, void *buf, size_t bytes);
-    zo_status (*mpi_register)(comm_t c, comm_watch_fn watch, void *arg, int *id);
+    zo_status (*split)(comm_t parent, int color, int key, comm_t *out); /* of the bootstrap */
+    zo_status (*mpi_register)(comm_t c, comm_t group, comm_watch_fn watch, void *arg, int *id);
     void (*mpi_unregister)(int id);
     void (*mpi_set_state)(int id, comm_phase phase, uint64_t seq, comm_op_kind kind);
     void (*mpi_fault)(comm_t c, int id, uint64_t seq, const char *what); /* does not return */

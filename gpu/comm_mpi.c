@@ -6,9 +6,23 @@
  * communicator of the process in the order they were issued, each as a
  * nonblocking MPI call polled with MPI_Test until a deadline, and finalizes
  * MPI when the process exits. Between polls it answers the questions of
- * ranks that timed out ("where are you in communicator i?") on a duplicate
+ * ranks that timed out ("where are you in communicator k?") on a duplicate
  * of MPI_COMM_WORLD kept for that, so a rank that times out can name the
  * ranks that did not arrive and what they were doing.
+ *
+ * Communicators are known to the other ranks by a key every member derives
+ * alike, not by a count of this process's communicators (which differs
+ * between ranks once they create different sub-communicators): the n-th
+ * communicator over the world (every rank creates those in the same order)
+ * hashes n; a sub-communicator hashes its parent's key, the number of the
+ * split in the parent's sequence and its color. A sub-communicator's slot
+ * also lists its ranks' world ranks, so a rank that times out in it asks
+ * only them and names them both ways.
+ *
+ * comm_split: the engine gathers every parent rank's (color, key, world
+ * rank) with MPI_Iallgather, polled to the timeout like a collective (a rank
+ * that never arrives is a fault naming it), then calls MPI_Comm_split, which
+ * blocks but only once every rank of the parent has arrived.
  *
  * Ordering by device events: the collective is also entered in the stream
  * order of a private stream of comm_options.device: that stream waits for
@@ -45,6 +59,7 @@ typedef enum mpi_ctl {
     CTL_DUP,   /* duplicate MPI_COMM_WORLD for a new communicator */
     CTL_FREE,  /* free a communicator's MPI_Comm */
     CTL_BYTES, /* broadcast host bytes from rank 0 (NCCL's unique id) */
+    CTL_SPLIT, /* comm_split: gather the colors, then MPI_Comm_split */
 } mpi_ctl;
 
 typedef struct mpi_op {
@@ -56,18 +71,26 @@ typedef struct mpi_op {
     int stream_refs;     /* host functions on the device stream still to run */
     zo_status status;
     char message[512];
-    int *v; /* all_to_all_v: MPI's send counts, displacements, receive counts, displacements */
+    int *v; /* all_to_all_v: MPI's send counts, displacements, receive counts, displacements;
+               split: this rank's (color, key, world rank), then every parent rank's */
+    MPI_Comm made; /* split: the new communicator (MPI_COMM_NULL for COMM_SPLIT_NONE) */
+    int made_rank, made_size;
 } mpi_op;
 
 typedef struct mpi_comm_ctx {
     MPI_Comm comm;
-    int id;              /* the engine's number for it */
+    int id;              /* this process's slot for it */
+    uint64_t key;        /* the same on every rank of it */
+    int *members;        /* a sub-communicator's world ranks, by rank; NULL: the world */
     gpu_stream_t stream; /* with a device: orders by its events */
 } mpi_comm_ctx;
 
 /* Where a communicator of this process is, for the questions of others. */
 typedef struct comm_slot {
     int used;
+    uint64_t key;  /* how the other ranks name it */
+    int *members;  /* world ranks by rank (a copy); NULL: the world */
+    int n_members;
     comm_phase phase;
     uint64_t seq;
     comm_op_kind kind;
@@ -77,7 +100,7 @@ typedef struct comm_slot {
 
 typedef struct answer {
     int got;
-    int64_t msg[4]; /* comm id, seq, phase, kind */
+    int64_t msg[4]; /* comm key, seq, phase, kind */
 } answer;
 
 static struct engine {
@@ -93,7 +116,8 @@ static struct engine {
     mpi_op *head, *tail;
     int abort_requested, abort_code;
     comm_slot slots[ENGINE_MAX_COMMS];
-    int n_slots;
+    int n_slots;      /* slots ever used (a freed one is reused) */
+    uint64_t n_world; /* communicators over the world created so far */
     /* engine thread only */
     MPI_Comm fault_comm;
     MPI_Op sum_bf16, sum_f16;
@@ -164,12 +188,27 @@ static MPI_Op mpi_sum(zo_dtype t)
 
 /* ---- the questions of ranks that timed out ------------------------------------------- */
 
-static void slot_answer(int64_t comm_id, int64_t out[4])
+/* Keys: splitmix64's finalizer over a combination (collisions are as
+ * unlikely as in any 64-bit hash). */
+static uint64_t key_mix(uint64_t a, uint64_t b)
 {
-    out[0] = comm_id;
+    uint64_t x = a ^ (b + 0x9e3779b97f4a7c15ull + (a << 6) + (a >> 2));
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+#define KEY_WORLD 0x776f726c64ull /* "world" */
+#define KEY_NCCL 0x6e63636cull    /* "nccl": a communicator bootstrapped by an MPI one */
+
+static void slot_answer(int64_t comm_key, int64_t out[4])
+{
+    out[0] = comm_key;
     pthread_mutex_lock(&E.lock);
-    if (comm_id >= 0 && comm_id < E.n_slots && E.slots[comm_id].used) {
-        const comm_slot *s = &E.slots[comm_id];
+    const comm_slot *s = NULL;
+    for (int i = 0; i < E.n_slots && !s; i++)
+        if (E.slots[i].used && E.slots[i].key == (uint64_t)comm_key) s = &E.slots[i];
+    if (s) {
         out[1] = (int64_t)s->seq;
         out[2] = s->phase;
         out[3] = s->kind;
@@ -264,7 +303,17 @@ void comm_mpi_fail(comm_t c, const char *message)
 
 void comm_mpi_fault(comm_t c, int id, uint64_t seq, const char *what)
 {
-    /* Ask every other rank where it is in communicator `id`. */
+    /* The communicator's key and ranks (world ranks by rank; the world's
+     * are themselves). */
+    pthread_mutex_lock(&E.lock);
+    const comm_slot *slot = &E.slots[id];
+    uint64_t key = slot->key;
+    int world = !slot->members, n = world ? E.size : slot->n_members;
+    int *member = malloc((size_t)n * sizeof *member);
+    for (int p = 0; member && p < n; p++) member[p] = world ? p : slot->members[p];
+    pthread_mutex_unlock(&E.lock);
+    if (!member) engine_mpi_abort(1);
+    /* Ask every other rank of it where it is in it. */
     int64_t *q = calloc((size_t)E.size * 4, sizeof *q);
     MPI_Request *qr = calloc((size_t)E.size, sizeof *qr);
     E.answers = calloc((size_t)E.size, sizeof *E.answers);
@@ -272,10 +321,11 @@ void comm_mpi_fault(comm_t c, int id, uint64_t seq, const char *what)
     if (grace > 2.0) grace = 2.0;
     if (grace < 0.2) grace = 0.2;
     if (q && qr && E.answers) {
-        for (int p = 0; p < E.size; p++) {
-            qr[p] = MPI_REQUEST_NULL;
+        for (int p = 0; p < E.size; p++) qr[p] = MPI_REQUEST_NULL;
+        for (int i = 0; i < n; i++) {
+            int p = member[i];
             if (p == E.rank) continue;
-            q[4 * p] = id;
+            q[4 * p] = (int64_t)key;
             q[4 * p + 1] = (int64_t)seq;
             MPI_Isend(&q[4 * p], 4, MPI_INT64_T, p, TAG_QUERY, E.fault_comm, &qr[p]);
         }
@@ -283,28 +333,36 @@ void comm_mpi_fault(comm_t c, int id, uint64_t seq, const char *what)
         for (;;) {
             poll_questions();
             int all = 1;
-            for (int p = 0; p < E.size; p++) all &= p == E.rank || E.answers[p].got;
+            for (int i = 0; i < n; i++) all &= member[i] == E.rank || E.answers[member[i]].got;
             if (all || zo_now() > end) break;
             struct timespec ts = {0, 1000000};
             nanosleep(&ts, NULL);
         }
     }
     /* The message: the operation, then the ranks that did not arrive. */
-    size_t cap = 512 + (size_t)E.size * 96;
+    size_t cap = 512 + (size_t)n * 112;
     char *msg = malloc(cap);
     if (!msg) engine_mpi_abort(1);
-    size_t len = (size_t)snprintf(msg, cap,
-                                  "comm: %s did not complete within %g s on rank %d of %d; "
-                                  "did not arrive:", what, c->timeout_s, E.rank, E.size);
+    size_t len = (size_t)snprintf(msg, cap, "comm: %s did not complete within %g s on rank %d of %d",
+                                  what, c->timeout_s, c->rank, c->size);
+    if (!world)
+        len += (size_t)snprintf(msg + len, cap - len, " (world rank %d of %d)", E.rank, E.size);
+    len += (size_t)snprintf(msg + len, cap - len, "; did not arrive:");
     int missing = 0;
-    for (int p = 0; p < E.size && E.answers; p++) {
+    for (int i = 0; i < n && E.answers; i++) {
+        int p = member[i];
         const answer *a = &E.answers[p];
-        int arrived = p == E.rank || (a->got && a->msg[0] == id && arrived_at(a->msg, seq));
+        int arrived = p == E.rank ||
+                      (a->got && (uint64_t)a->msg[0] == key && arrived_at(a->msg, seq));
         if (arrived) continue;
-        char d[160];
+        char d[160], who[48];
         describe_answer(a, seq, d, sizeof d);
+        if (world)
+            snprintf(who, sizeof who, "rank %d", p);
+        else
+            snprintf(who, sizeof who, "rank %d, world rank %d", i, p);
         if (len < cap)
-            len += (size_t)snprintf(msg + len, cap - len, "%s rank %d (%s)", missing ? ";" : "", p, d);
+            len += (size_t)snprintf(msg + len, cap - len, "%s %s (%s)", missing ? ";" : "", who, d);
         missing++;
     }
     if (!E.answers && len < cap) len += (size_t)snprintf(msg + len, cap - len, " (not known)");
@@ -369,6 +427,7 @@ static int start_call(mpi_op *op, MPI_Request *r)
     switch (op->ctl) {
     case CTL_DUP: return MPI_Comm_idup(MPI_COMM_WORLD, &x->comm, r);
     case CTL_BYTES: return MPI_Ibcast(b->recv, n, MPI_BYTE, 0, x->comm, r);
+    case CTL_SPLIT: return MPI_Iallgather(op->v, 3, MPI_INT, op->v + 3, 3, MPI_INT, x->comm, r);
     default: break;
     }
     switch (b->kind) {
@@ -401,10 +460,30 @@ static int start_call(mpi_op *op, MPI_Request *r)
     }
 }
 
-/* After the call: the in-place reduce-scatter's block goes to its place. */
+/* After the call: the in-place reduce-scatter's block goes to its place;
+ * a split, whose colors every rank of the parent now has, makes the new
+ * communicator (blocking, but every rank of the parent is at it). */
 static void finish_call(mpi_op *op)
 {
     struct comm_request *b = &op->base;
+    if (op->ctl == CTL_SPLIT) {
+        mpi_comm_ctx *x = ctx_of(b->comm);
+        int color = op->v[0] == COMM_SPLIT_NONE ? MPI_UNDEFINED : op->v[0];
+        int rc = MPI_Comm_split(x->comm, color, op->v[1], &op->made);
+        if (rc != MPI_SUCCESS) {
+            char err[256], msg[600];
+            mpi_message(rc, err, sizeof err);
+            snprintf(msg, sizeof msg, "comm: split #%llu: MPI_Comm_split failed on rank %d of %d: %s",
+                     (unsigned long long)b->seq, E.rank, E.size, err);
+            comm_mpi_fail(b->comm, msg);
+        }
+        if (op->made != MPI_COMM_NULL) {
+            MPI_Comm_set_errhandler(op->made, MPI_ERRORS_RETURN);
+            MPI_Comm_rank(op->made, &op->made_rank);
+            MPI_Comm_size(op->made, &op->made_size);
+        }
+        return;
+    }
     if (op->ctl != CTL_COLLECTIVE || b->kind != COMM_OP_REDUCE_SCATTER || !rs_in_place(b) ||
         b->send == b->recv)
         return;
@@ -417,6 +496,9 @@ static void describe(const mpi_op *op, char *buf, size_t n)
         snprintf(buf, n, "comm_init (MPI_Comm_idup)");
     else if (op->ctl == CTL_BYTES)
         snprintf(buf, n, "comm_init (broadcast of the NCCL unique id)");
+    else if (op->ctl == CTL_SPLIT)
+        snprintf(buf, n, "split #%llu (MPI_Iallgather of the colors)",
+                 (unsigned long long)op->base.seq);
     else
         comm_op_describe(&op->base, buf, n);
 }
@@ -495,7 +577,7 @@ static void wait_ready(mpi_op *op)
 static void engine_run(mpi_op *op)
 {
     mpi_comm_ctx *x = ctx_of(op->base.comm);
-    int collective = op->ctl == CTL_COLLECTIVE;
+    int collective = op->ctl == CTL_COLLECTIVE; /* a split is always ready */
     if (collective && !op->ready) {
         set_slot(x->id, COMM_PHASE_WAITING, op->base.seq, op->base.kind);
         wait_ready(op);
@@ -503,7 +585,7 @@ static void engine_run(mpi_op *op)
     if (op->ctl == CTL_FREE) {
         MPI_Comm_free(&x->comm);
     } else {
-        /* control operations (at init) show as collective 0 */
+        /* control operations at init show as collective 0; a split as its number */
         set_slot(x->id, COMM_PHASE_RUNNING, op->base.seq, op->base.kind);
         MPI_Request r;
         int rc = start_call(op, &r);
@@ -678,31 +760,57 @@ static zo_status engine_wait(mpi_op *op)
     return ZO_OK;
 }
 
-zo_status comm_mpi_register(comm_t c, comm_watch_fn watch, void *arg, int *id)
+/* A slot for the communicator `key` over `members` (n world ranks by rank;
+ * NULL: the world), the first free one. */
+static zo_status slot_register(uint64_t key, const int *members, int n, comm_watch_fn watch,
+                               void *arg, int *id)
 {
-    (void)c;
     zo_status st = engine_start();
     if (st != ZO_OK) return st;
+    int *copy = NULL;
+    if (members) {
+        if (!(copy = malloc((size_t)n * sizeof *copy)))
+            return zo_error(ZO_ERR_NOMEM, "comm: out of host memory");
+        memcpy(copy, members, (size_t)n * sizeof *copy);
+    }
     pthread_mutex_lock(&E.lock);
-    if (E.n_slots >= ENGINE_MAX_COMMS) {
+    int i = 0;
+    while (i < E.n_slots && E.slots[i].used) i++;
+    if (i == ENGINE_MAX_COMMS) {
         pthread_mutex_unlock(&E.lock);
-        return zo_error(ZO_ERR_CAPACITY, "comm_init: more than %d communicators in one process",
+        free(copy);
+        return zo_error(ZO_ERR_CAPACITY, "comm: more than %d communicators at once in one process",
                         ENGINE_MAX_COMMS);
     }
-    *id = E.n_slots++;
-    comm_slot *s = &E.slots[*id];
+    if (i == E.n_slots) E.n_slots++;
+    comm_slot *s = &E.slots[i];
     memset(s, 0, sizeof *s);
     s->used = 1;
+    s->key = key;
+    s->members = copy;
+    s->n_members = n;
     s->watch = watch;
     s->watch_arg = arg;
+    *id = i;
     pthread_mutex_unlock(&E.lock);
     return ZO_OK;
+}
+
+zo_status comm_mpi_register(comm_t c, comm_t group, comm_watch_fn watch, void *arg, int *id)
+{
+    (void)c;
+    mpi_comm_ctx *g = ctx_of(group);
+    return slot_register(key_mix(g->key, KEY_NCCL), g->members, group->size, watch, arg, id);
 }
 
 void comm_mpi_unregister(int id)
 {
     pthread_mutex_lock(&E.lock);
-    if (id >= 0 && id < E.n_slots) E.slots[id].used = 0;
+    if (id >= 0 && id < E.n_slots && E.slots[id].used) {
+        E.slots[id].used = 0;
+        free(E.slots[id].members);
+        E.slots[id].members = NULL;
+    }
     pthread_mutex_unlock(&E.lock);
 }
 
@@ -827,6 +935,7 @@ static void mpi_free(comm_t c)
     if (x->stream) gpu_stream_destroy(x->stream); /* after its host functions */
     (void)run_ctl(c, CTL_FREE, NULL, 0);         /* after the collectives queued before */
     comm_mpi_unregister(x->id);
+    free(x->members);
     free(x);
 }
 
@@ -845,6 +954,8 @@ __attribute__((noreturn)) static void mpi_abort(comm_t c, int code, const char *
     _exit(code);
 }
 
+static zo_status mpi_split(comm_t parent, uint64_t seq, int color, int key, comm_t child);
+
 const comm_iface comm_mpi_iface = {
     .name = "mpi",
     .op_size = sizeof(mpi_op),
@@ -853,6 +964,7 @@ const comm_iface comm_mpi_iface = {
     .wait = mpi_wait,
     .test = mpi_test,
     .abort = mpi_abort,
+    .split = mpi_split,
 };
 
 zo_status comm_mpi_init(comm_t c)
@@ -863,7 +975,11 @@ zo_status comm_mpi_init(comm_t c)
     mpi_comm_ctx *x = calloc(1, sizeof *x);
     if (!x) return zo_error(ZO_ERR_NOMEM, "comm_init: out of host memory");
     x->comm = MPI_COMM_NULL;
-    if ((st = comm_mpi_register(c, NULL, NULL, &x->id)) != ZO_OK) goto out_free_ctx;
+    if ((st = engine_start()) != ZO_OK) goto out_free_ctx;
+    pthread_mutex_lock(&E.lock);
+    x->key = key_mix(KEY_WORLD, E.n_world++);
+    pthread_mutex_unlock(&E.lock);
+    if ((st = slot_register(x->key, NULL, 0, NULL, NULL, &x->id)) != ZO_OK) goto out_free_ctx;
     if (l.found && (l.rank != E.rank || l.size != E.size)) {
         st = zo_error(ZO_ERR_INVALID,
                       "comm_init: the launcher says rank %d of %d (%s, %s) but MPI says rank %d "
@@ -886,5 +1002,92 @@ out_unregister:
     comm_mpi_unregister(x->id);
 out_free_ctx:
     free(x);
+    return st;
+}
+
+/* The ranks of `parent` with `color`, by key then parent rank: their world
+ * ranks into members[], their count returned; *rank: this rank's place. */
+static int split_members(const int *all, int parent_size, int parent_rank, int color,
+                         int *members, int *rank)
+{
+    int n = 0;
+    for (int p = 0; p < parent_size; p++) {
+        if (all[3 * p] != color) continue;
+        /* insertion by (key, parent rank): parent ranks arrive in order */
+        int at = n;
+        while (at > 0 && all[3 * members[at - 1] + 1] > all[3 * p + 1]) {
+            members[at] = members[at - 1];
+            at--;
+        }
+        members[at] = p;
+        n++;
+    }
+    for (int i = 0; i < n; i++) {
+        if (members[i] == parent_rank) *rank = i;
+        members[i] = all[3 * members[i] + 2];
+    }
+    return n;
+}
+
+static zo_status mpi_split(comm_t parent, uint64_t seq, int color, int key, comm_t child)
+{
+    zo_status st;
+    int p = parent->size;
+    mpi_op *op = calloc(1, sizeof *op);
+    if (!op || !(op->v = malloc((size_t)3 * (size_t)(p + 1) * sizeof *op->v))) {
+        free(op);
+        return zo_error(ZO_ERR_NOMEM, "out of host memory");
+    }
+    op->base.comm = parent;
+    op->base.kind = COMM_OP_SPLIT;
+    op->base.seq = seq;
+    op->ctl = CTL_SPLIT;
+    op->ready = 1;
+    op->made = MPI_COMM_NULL;
+    op->v[0] = color;
+    op->v[1] = key;
+    op->v[2] = E.rank;
+    engine_submit(op);
+    if ((st = engine_wait(op)) != ZO_OK || op->made == MPI_COMM_NULL) goto out_free_op;
+
+    mpi_comm_ctx *x = calloc(1, sizeof *x);
+    if (!x || !(x->members = malloc((size_t)p * sizeof *x->members))) {
+        st = zo_error(ZO_ERR_NOMEM, "out of host memory");
+        goto out_free_ctx;
+    }
+    int rank = -1, n = split_members(op->v + 3, p, parent->rank, color, x->members, &rank);
+    x->comm = op->made;
+    op->made = MPI_COMM_NULL;
+    x->key = key_mix(key_mix(ctx_of(parent)->key, seq), (uint64_t)color);
+    child->iface = &comm_mpi_iface;
+    child->ctx = x;
+    child->rank = rank;
+    child->size = n;
+    child->device_buffers = 0;
+    if (rank != op->made_rank || n != op->made_size) {
+        st = zo_error(ZO_ERR_DEVICE, "split #%llu: MPI made rank %d of %d, expected %d of %d",
+                      (unsigned long long)seq, op->made_rank, op->made_size, rank, n);
+        goto out_free_comm;
+    }
+    if ((st = slot_register(x->key, x->members, n, NULL, NULL, &x->id)) != ZO_OK)
+        goto out_free_comm;
+    if (child->device && (st = gpu_stream_create(child->device, &x->stream)) != ZO_OK) {
+        comm_mpi_unregister(x->id);
+        goto out_free_comm;
+    }
+    free(op->v);
+    free(op);
+    return ZO_OK;
+
+out_free_comm:
+    (void)run_ctl(child, CTL_FREE, NULL, 0);
+    child->iface = NULL;
+    child->ctx = NULL;
+out_free_ctx:
+    if (x) free(x->members);
+    free(x);
+out_free_op:
+    free(op->v);
+    free(op);
     return st;
 }

@@ -81,6 +81,13 @@ __attribute__((noreturn)) static void self_abort(comm_t c, int code, const char 
     _exit(code);
 }
 
+/* One rank: the child is one rank too (or none). */
+static zo_status self_split(comm_t parent, uint64_t seq, int color, int key, comm_t child)
+{
+    (void)parent, (void)seq, (void)key;
+    return color == COMM_SPLIT_NONE ? ZO_OK : comm_self_init(child);
+}
+
 static const comm_iface self_iface = {
     .name = "self",
     .op_size = sizeof(self_op),
@@ -89,6 +96,7 @@ static const comm_iface self_iface = {
     .wait = self_wait,
     .test = self_test,
     .abort = self_abort,
+    .split = self_split,
 };
 
 zo_status comm_self_init(comm_t c)

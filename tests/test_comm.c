@@ -6,7 +6,15 @@
  * events with the CPU device; launch variables, shards and argument errors.
  *
  * Run as one plain process (the SELF backend) and under mpiexec with 1, 2
- * and 4 ranks (`test_comm --backend mpi`). Every rank runs the same
+ * and 4 ranks (`test_comm --backend mpi`). With `--split parity` (colors
+ * world rank % 2, one key: ranked by world rank) or `--split reverse` (one
+ * color, keys reversing the world's order) every test runs on that
+ * sub-communicator of the world instead: the inputs are a function of the
+ * world rank, so a child whose ranks are not the members the test expects,
+ * in the order it expects, or that receives the other child's data, fails.
+ * Sub-communicators themselves (ranks, COMM_SPLIT_NONE, a child of a child,
+ * either freed first, two children used alternately, their counters) are
+ * tested on the world in every mode. Every rank runs the same
  * collectives; a check counts mismatches locally, then the ranks sum their
  * counts so that all of them pass or fail the same assertion (a rank that
  * left a test early would leave the others waiting in a collective). */
@@ -28,6 +36,11 @@
 static comm_t C;
 static int R, N; /* rank, size */
 static comm_backend backend = COMM_BACKEND_AUTO;
+/* --split: the world; the world rank of each rank of C (NULL: C is the world) */
+static comm_t World;
+static int *Who;
+typedef enum split_mode { SPLIT_NONE = 0, SPLIT_PARITY, SPLIT_REVERSE } split_mode;
+static split_mode Split;
 
 static const zo_dtype dtypes[] = {ZO_DTYPE_F32, ZO_DTYPE_F16, ZO_DTYPE_BF16};
 #define N_DTYPES (sizeof dtypes / sizeof dtypes[0])
@@ -70,6 +83,7 @@ static double round_to(double v, zo_dtype t)
 /* What rank r holds at index i, as stored in t. */
 static double input(int r, size_t i, input_kind k, zo_dtype t)
 {
+    if (Who) r = Who[r]; /* a sub-communicator's rank: its world rank's input */
     if (k == INPUT_INTEGER) return (double)((int)((i * 131 + (size_t)r * 17 + 5) % 33) - 16);
     uint64_t x = (uint64_t)i * 0x9e3779b97f4a7c15ull + (uint64_t)(r + 1) * 0xbf58476d1ce4e5b9ull;
     x ^= x >> 31;
@@ -186,19 +200,22 @@ static void bfree(buf b)
     free(b.h);
 }
 
-/* Every rank's mismatch count, summed over the ranks (through the
- * communicator itself, on fp32 integers: exact). */
-static int agree(int wrong)
+/* Every rank's v (a mismatch count), summed over the ranks of c (through
+ * the communicator itself, on fp32 integers: exact). */
+static int sum_over(comm_t c, int v)
 {
     buf w = balloc(sizeof(float));
-    *(float *)w.h = (float)wrong;
+    *(float *)w.h = (float)v;
     bpush(w);
-    assert_int_equal(comm_all_reduce(C, w.d, w.d, 1, ZO_DTYPE_F32, NULL, NULL), ZO_OK);
+    assert_int_equal(comm_all_reduce(c, w.d, w.d, 1, ZO_DTYPE_F32, NULL, NULL), ZO_OK);
     bpull(w);
     int total = (int)*(float *)w.h;
     bfree(w);
     return total;
 }
+static int agree(int wrong) { return sum_over(C, wrong); }
+
+static zo_status open_comm(const comm_options *o, comm_t *out);
 
 /* ---- launch, shards, names ---------------------------------------------------------- */
 
@@ -659,7 +676,7 @@ static void test_events(void **state)
     if (!dev) assert_int_equal(gpu_device_init_cpu(&dopt, &dev), ZO_OK);
     comm_options o = {.backend = comm_get_backend(C), .device = dev, .timeout_s = 60};
     comm_t c;
-    assert_int_equal(comm_init(&o, &c), ZO_OK);
+    assert_int_equal(open_comm(&o, &c), ZO_OK);
     assert_int_equal(comm_size(c), N);
     assert_int_equal(comm_device_buffers(c), Dev != NULL);
     gpu_stream_t s1, s2;
@@ -726,6 +743,271 @@ static void test_events(void **state)
     assert_int_equal(agree(wrong), 0);
 }
 
+/* ---- sub-communicators -------------------------------------------------------------------
+ * On the world communicator whatever --split says: children by parity and
+ * in reverse, ranks that join none, a child of a child, either freed first,
+ * and two children used alternately, against values computed here. */
+
+/* Mode --split: the color and key of world rank wr of wn, and the world
+ * ranks of the child's ranks (the test's own account of MPI_Comm_split). */
+static int split_color(int wr) { return Split == SPLIT_PARITY ? wr % 2 : 0; }
+static int split_key(int wr, int wn) { return Split == SPLIT_PARITY ? 0 : wn - wr; }
+static int split_members(int wr, int wn, int *who)
+{
+    int n = 0;
+    if (Split == SPLIT_PARITY)
+        for (int w = wr % 2; w < wn; w += 2) who[n++] = w;
+    else
+        for (int w = wn - 1; w >= 0; w--) who[n++] = w;
+    return n;
+}
+
+/* comm_init, then in --split mode the child of the new world communicator
+ * (the world freed before its child). */
+static zo_status open_comm(const comm_options *o, comm_t *out)
+{
+    zo_status st = comm_init(o, out);
+    if (st != ZO_OK || Split == SPLIT_NONE) return st;
+    comm_t w = *out;
+    st = comm_split(w, split_color(comm_rank(w)), split_key(comm_rank(w), comm_size(w)), out);
+    comm_free(w);
+    return st;
+}
+
+/* An fp32 integer: exact in every sum here. tag: the communicator and op. */
+static float sval(int tag, int world_rank, size_t i)
+{
+    return (float)((int)((i * 7 + (size_t)world_rank * 13 + (size_t)tag * 29) % 41) - 20);
+}
+
+/* One all-reduce of world ranks on c: the sum of its members' world ranks. */
+static int world_rank_sum(comm_t c) { return sum_over(c, comm_rank(World)); }
+
+static void test_split(void **state)
+{
+    (void)state;
+    int wr = comm_rank(World), wn = comm_size(World), wrong = 0;
+    comm_t p, r, e, g;
+    /* arguments */
+    assert_int_equal(comm_split(NULL, 0, 0, &p), ZO_ERR_INVALID);
+    assert_null(p);
+    assert_int_equal(comm_split(World, 0, 0, NULL), ZO_ERR_INVALID);
+    assert_int_equal(comm_split(World, -2, 0, &p), ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "color -2"));
+    /* by parity, one key: ranked by world rank */
+    assert_int_equal(comm_split(World, wr % 2, 0, &p), ZO_OK);
+    assert_int_equal(comm_rank(p), wr / 2);
+    assert_int_equal(comm_size(p), (wn - wr % 2 + 1) / 2);
+    assert_int_equal(comm_get_backend(p), comm_get_backend(World));
+    assert_true(comm_timeout(p) == comm_timeout(World));
+    assert_int_equal(comm_device_buffers(p), comm_device_buffers(World));
+    int ps = 0;
+    for (int w = wr % 2; w < wn; w += 2) ps += w;
+    wrong += world_rank_sum(p) != ps;
+    /* one color, keys reversing the world's order */
+    assert_int_equal(comm_split(World, 7, wn - wr, &r), ZO_OK);
+    assert_int_equal(comm_rank(r), wn - 1 - wr);
+    assert_int_equal(comm_size(r), wn);
+    /* odd ranks join none; the even ones by decreasing world rank */
+    assert_int_equal(comm_split(World, wr % 2 ? COMM_SPLIT_NONE : 3, -wr, &e), ZO_OK);
+    if (wr % 2) {
+        assert_null(e);
+    } else {
+        assert_int_equal(comm_size(e), (wn + 1) / 2);
+        assert_int_equal(comm_rank(e), (wn + 1) / 2 - 1 - wr / 2);
+    }
+    /* a child of the reversed child, by its rank's parity; the parent freed
+     * first, the grandchild still works */
+    int rr = wn - 1 - wr;
+    assert_int_equal(comm_split(r, rr % 2, rr, &g), ZO_OK);
+    comm_free(r);
+    assert_int_equal(comm_rank(g), rr / 2);
+    assert_int_equal(comm_size(g), (wn - rr % 2 + 1) / 2);
+    int gs = 0;
+    for (int q = rr % 2; q < wn; q += 2) gs += wn - 1 - q;
+    wrong += world_rank_sum(g) != gs;
+    comm_free(g);
+    /* a child freed before its parent (the world, still in use below) */
+    if (e) {
+        int es = 0;
+        for (int w = 0; w < wn; w += 2) es += w;
+        wrong += world_rank_sum(e) != es;
+        comm_free(e);
+    }
+    comm_free(p);
+    /* the world's own sequence is unaffected: it still agrees */
+    wrong += world_rank_sum(World) != wn * (wn - 1) / 2;
+    assert_int_equal(sum_over(World, wrong), 0);
+}
+
+/* One communicator of the interleaved test: its members' world ranks. */
+typedef struct side {
+    comm_t c;
+    int rank, size, who[64];
+    int tag;
+    buf send[6], recv[6];
+    size_t sc[64], rc[64];
+    comm_request_t req[7];
+    uint64_t a2a_before;
+} side;
+
+#define SBLK 37 /* elements per block: odd */
+static size_t v_elems(int p, int q) { return (size_t)((p * 3 + q) % 4) * 5; }
+
+/* Fill c's inputs and start its op `k` (0 all_reduce, 1 reduce_scatter,
+ * 2 all_gather, 3 all_to_all, 4 all_to_all_v, 5 broadcast, 6 barrier). */
+static void side_start(side *s, int k)
+{
+    int n = s->size, me = s->who[s->rank], tag = s->tag + k;
+    size_t in = 0, out = 0;
+    switch (k) {
+    case 0: in = out = SBLK; break;
+    case 1: in = (size_t)n * SBLK, out = SBLK; break;
+    case 2: in = SBLK, out = (size_t)n * SBLK; break;
+    case 3: in = out = (size_t)n * SBLK; break;
+    case 4:
+        for (int q = 0; q < n; q++) {
+            in += s->sc[q] = v_elems(s->rank, q);
+            out += s->rc[q] = v_elems(q, s->rank);
+        }
+        break;
+    case 5: in = out = SBLK; break;
+    default: break;
+    }
+    if (k < 6) {
+        s->send[k] = balloc(in * 4 + 4);
+        s->recv[k] = balloc(out * 4 + 4);
+        for (size_t i = 0; i < in; i++) ((float *)s->send[k].h)[i] = sval(tag, me, i);
+        bpush(s->send[k]);
+    }
+    void *x = k < 6 ? s->send[k].d : NULL, *y = k < 6 ? s->recv[k].d : NULL;
+    comm_request_t *rq = &s->req[k];
+    zo_status st;
+    switch (k) {
+    case 0: st = comm_all_reduce(s->c, x, y, SBLK, ZO_DTYPE_F32, NULL, rq); break;
+    case 1: st = comm_reduce_scatter(s->c, x, y, SBLK, ZO_DTYPE_F32, NULL, rq); break;
+    case 2: st = comm_all_gather(s->c, x, y, SBLK, ZO_DTYPE_F32, NULL, rq); break;
+    case 3: st = comm_all_to_all(s->c, x, y, SBLK, ZO_DTYPE_F32, NULL, rq); break;
+    case 4: st = comm_all_to_all_v(s->c, x, s->sc, y, s->rc, ZO_DTYPE_F32, NULL, rq); break;
+    case 5: st = comm_broadcast(s->c, x, y, SBLK, ZO_DTYPE_F32, n - 1, NULL, rq); break;
+    default: st = comm_barrier(s->c, NULL, rq); break;
+    }
+    assert_int_equal(st, ZO_OK);
+}
+
+/* Check c's op k against sums and copies of its members' inputs. */
+static int side_check(side *s, int k)
+{
+    if (k == 6) return 0;
+    int n = s->size, me = s->rank, tag = s->tag + k, wrong = 0;
+    bpull(s->recv[k]);
+    const float *got = (const float *)s->recv[k].h;
+    size_t at = 0;
+    for (int r = 0; r < n; r++) {
+        size_t m = k == 0 || k == 1 ? (r ? 0 : SBLK) : k == 4 ? s->rc[r] : k == 5 ? (r ? 0 : SBLK) : SBLK;
+        for (size_t i = 0; i < m; i++, at++) {
+            double ref = 0.0;
+            if (k == 0 || k == 1)
+                for (int q = 0; q < n; q++) ref += sval(tag, s->who[q], (k == 1 ? (size_t)me * SBLK : 0) + i);
+            else if (k == 2)
+                ref = sval(tag, s->who[r], i);
+            else if (k == 3)
+                ref = sval(tag, s->who[r], (size_t)me * SBLK + i);
+            else if (k == 4) { /* rank r's block for me starts after its blocks for ranks < me */
+                size_t off = 0;
+                for (int q = 0; q < me; q++) off += v_elems(r, q);
+                ref = sval(tag, s->who[r], off + i);
+            } else
+                ref = sval(tag, s->who[n - 1], i);
+            if ((double)got[at] != ref) {
+                if (!wrong)
+                    fprintf(stderr, "world rank %d: interleaved %s op %d: element %zu = %g, expected %g\n",
+                            comm_rank(World), s->tag == 100 ? "parity" : "reverse", k, at,
+                            (double)got[at], ref);
+                wrong++;
+            }
+        }
+    }
+    bfree(s->send[k]);
+    bfree(s->recv[k]);
+    return wrong;
+}
+
+/* Two children, every collective on each, issued alternately and all in
+ * flight at once, completed in reverse order: each result is its own
+ * members' (no cross-talk), and each counts its own all-to-all bytes. */
+static void test_split_interleaved(void **state)
+{
+    (void)state;
+    int wr = comm_rank(World), wn = comm_size(World), wrong = 0;
+    if (wn > 64) skip();
+    static side sd[2];
+    memset(sd, 0, sizeof sd);
+    assert_int_equal(comm_split(World, wr % 2, 0, &sd[0].c), ZO_OK);
+    assert_int_equal(comm_split(World, 0, wn - wr, &sd[1].c), ZO_OK);
+    sd[0].tag = 100;
+    sd[1].tag = 200;
+    for (int w = wr % 2; w < wn; w += 2) sd[0].who[sd[0].size++] = w;
+    for (int w = wn - 1; w >= 0; w--) sd[1].who[sd[1].size++] = w;
+    sd[0].rank = wr / 2;
+    sd[1].rank = wn - 1 - wr;
+    uint64_t world_before = comm_all_to_all_bytes(World);
+    for (int j = 0; j < 2; j++) {
+        wrong += comm_rank(sd[j].c) != sd[j].rank || comm_size(sd[j].c) != sd[j].size;
+        sd[j].a2a_before = comm_all_to_all_bytes(sd[j].c);
+    }
+    for (int k = 0; k < 7; k++)
+        for (int j = 0; j < 2; j++) side_start(&sd[j], k);
+    for (int k = 6; k >= 0; k--)
+        for (int j = 1; j >= 0; j--) {
+            assert_int_equal(comm_wait(sd[j].req[k]), ZO_OK);
+            wrong += side_check(&sd[j], k);
+        }
+    for (int j = 0; j < 2; j++) {
+        /* all_to_all: a block to each other rank; all_to_all_v: its blocks for them */
+        uint64_t expect = (uint64_t)(sd[j].size - 1) * SBLK * 4;
+        for (int q = 0; q < sd[j].size; q++)
+            if (q != sd[j].rank) expect += v_elems(sd[j].rank, q) * 4;
+        uint64_t got = comm_all_to_all_bytes(sd[j].c) - sd[j].a2a_before;
+        if (got != expect) {
+            fprintf(stderr, "world rank %d: child %d counted %llu all-to-all bytes, expected %llu\n",
+                    wr, j, (unsigned long long)got, (unsigned long long)expect);
+            wrong++;
+        }
+        comm_free(sd[j].c);
+    }
+    wrong += comm_all_to_all_bytes(World) != world_before; /* the children's are not the world's */
+    assert_int_equal(sum_over(World, wrong), 0);
+}
+
+/* The SELF backend: a one-rank parent's child is one rank. */
+static void test_split_self(void **state)
+{
+    (void)state;
+    comm_options o = {.backend = COMM_BACKEND_SELF, .timeout_s = 5};
+    comm_t s, a, b, none;
+    assert_int_equal(comm_init(&o, &s), ZO_OK);
+    assert_int_equal(comm_split(s, COMM_SPLIT_NONE, 0, &none), ZO_OK);
+    assert_null(none);
+    assert_int_equal(comm_split(s, 5, 9, &a), ZO_OK);
+    assert_int_equal(comm_get_backend(a), COMM_BACKEND_SELF);
+    assert_int_equal(comm_rank(a), 0);
+    assert_int_equal(comm_size(a), 1);
+    assert_true(comm_timeout(a) == 5.0);
+    comm_free(s); /* the parent first */
+    assert_int_equal(comm_split(a, 0, 0, &b), ZO_OK);
+    float x[3] = {1, 2, 3}, y[3] = {0}, z[3] = {0};
+    assert_int_equal(comm_all_reduce(b, x, y, 3, ZO_DTYPE_F32, NULL, NULL), ZO_OK);
+    assert_int_equal(comm_all_to_all(b, x, z, 3, ZO_DTYPE_F32, NULL, NULL), ZO_OK);
+    for (int i = 0; i < 3; i++) {
+        assert_true(y[i] == x[i]);
+        assert_true(z[i] == x[i]);
+    }
+    assert_int_equal(comm_all_to_all_bytes(b), 0); /* nothing leaves one rank */
+    comm_free(b); /* the child first */
+    comm_free(a);
+}
+
 /* NCCL: one GPU per rank on a node (NCCL refuses two ranks on one GPU).
  * Every rank of a node decides alike, so they skip together. */
 static int open_cuda_device(void)
@@ -756,8 +1038,16 @@ int main(int argc, char **argv)
                 fprintf(stderr, "test_comm: %s\n", zo_last_error());
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--split") && i + 1 < argc) {
+            i++;
+            Split = !strcmp(argv[i], "parity") ? SPLIT_PARITY
+                    : !strcmp(argv[i], "reverse") ? SPLIT_REVERSE : SPLIT_NONE;
+            if (Split == SPLIT_NONE) {
+                fprintf(stderr, "test_comm: --split: '%s' is not parity or reverse\n", argv[i]);
+                return 2;
+            }
         } else {
-            fprintf(stderr, "usage: test_comm [--backend auto|self|mpi|nccl]\n");
+            fprintf(stderr, "usage: test_comm [--backend auto|self|mpi|nccl] [--split parity|reverse]\n");
             return 2;
         }
     }
@@ -767,9 +1057,24 @@ int main(int argc, char **argv)
     }
     if (backend == COMM_BACKEND_NCCL && open_cuda_device() != 0) return 77;
     comm_options o = {.backend = backend, .device = Dev, .timeout_s = 60};
-    if (comm_init(&o, &C) != ZO_OK) {
+    if (comm_init(&o, &World) != ZO_OK) {
         fprintf(stderr, "test_comm: %s\n", zo_last_error());
         return 1;
+    }
+    C = World;
+    if (Split != SPLIT_NONE) {
+        int wr = comm_rank(World), wn = comm_size(World);
+        if (comm_split(World, split_color(wr), split_key(wr, wn), &C) != ZO_OK ||
+            !(Who = malloc((size_t)wn * sizeof *Who))) {
+            fprintf(stderr, "test_comm: --split: %s\n", zo_last_error());
+            return 1;
+        }
+        int n = split_members(wr, wn, Who);
+        if (comm_size(C) != n || Who[comm_rank(C)] != wr) {
+            fprintf(stderr, "test_comm: world rank %d: split gave rank %d of %d, expected %d members "
+                    "with this rank among them\n", wr, comm_rank(C), comm_size(C), n);
+            return 1;
+        }
     }
     R = comm_rank(C);
     N = comm_size(C);
@@ -782,9 +1087,13 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_broadcast),
         cmocka_unit_test(test_barrier),       cmocka_unit_test(test_async_many),
         cmocka_unit_test(test_events),
+        cmocka_unit_test(test_split),         cmocka_unit_test(test_split_interleaved),
+        cmocka_unit_test(test_split_self),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
-    comm_free(C);
+    if (C != World) comm_free(C);
+    comm_free(World);
+    free(Who);
     if (Dev) {
         gpu_stream_destroy(Copy);
         gpu_device_free(Dev);

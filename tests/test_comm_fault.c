@@ -9,7 +9,16 @@
  * dies, Open MPI's mpirun ends the job itself, before the timeout; with
  * `--enable-recovery` it lets the others run on, and then the timeout ends
  * them, naming the dead rank (mpirun itself then exits 0, so that case is
- * checked by its message, its time, and no rank completing). */
+ * checked by its message, its time, and no rank completing).
+ *
+ * On a sub-communicator ("split-stall", 4 ranks): the world is split into
+ * {0,1},{2,3}, only {0,1} splits its child again (so ranks 0 and 1 hold one
+ * communicator more than 2 and 3), then into {0,2},{1,3}; after two
+ * all-reduces on {1,3}, world rank 3 never enters the third. World rank 1
+ * must end the job naming rank 1 of the child as world rank 3, and what it
+ * was doing, which it can only answer if both agree which communicator is
+ * asked about. A rank that never arrives at comm_split itself
+ * ("split-absent") is named the same way as in a collective. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -35,8 +44,49 @@ static char self_path[4096];
 
 /* ---- victim mode: runs under mpiexec ---------------------------------------------------- */
 
+/* A stall inside a sub-communicator: world rank k of 4 (odd) stalls. */
+static int victim_split(int k)
+{
+    comm_t w, a, a2 = NULL, b;
+    comm_options o = {.backend = COMM_BACKEND_MPI};
+    if (comm_init(&o, &w) != ZO_OK) {
+        fprintf(stderr, "victim: %s\n", zo_last_error());
+        return 2;
+    }
+    int rank = comm_rank(w);
+    float x[1024] = {0};
+    if (comm_split(w, rank < 2 ? 0 : 1, 0, &a) != ZO_OK) return 2;
+    if (rank < 2 && comm_split(a, 0, 0, &a2) != ZO_OK) return 2;
+    if (comm_split(w, rank % 2, 0, &b) != ZO_OK) return 2;
+    for (int i = 0; i < 2; i++)
+        if (comm_all_reduce(b, x, x, 1024, ZO_DTYPE_F32, NULL, NULL) != ZO_OK) return 2;
+    if (rank == k)
+        for (;;) pause(); /* alive, but never arrives: killed by the others' abort */
+    if (comm_all_reduce(b, x, x, 1024, ZO_DTYPE_F32, NULL, NULL) != ZO_OK) return 2;
+    if (rank % 2 == k % 2)
+        fprintf(stderr, "victim: rank %d completed the collective without rank %d\n", rank, k);
+    for (;;) pause(); /* the other child's ranks: wait for the abort */
+}
+
+/* Rank k never calls comm_split; the others must time out in it. */
+static int victim_split_absent(int k)
+{
+    comm_t w, c;
+    comm_options o = {.backend = COMM_BACKEND_MPI};
+    if (comm_init(&o, &w) != ZO_OK) return 2;
+    float x[16] = {0};
+    if (comm_all_reduce(w, x, x, 16, ZO_DTYPE_F32, NULL, NULL) != ZO_OK) return 2;
+    if (comm_rank(w) == k)
+        for (;;) pause();
+    if (comm_split(w, 0, 0, &c) != ZO_OK) return 2;
+    fprintf(stderr, "victim: rank %d completed the collective without rank %d\n", comm_rank(w), k);
+    return 0;
+}
+
 static int victim(const char *how, int k)
 {
+    if (!strcmp(how, "split-absent")) return victim_split_absent(k);
+    if (!strcmp(how, "split-stall")) return victim_split(k);
     comm_t c;
     comm_options o = {.backend = COMM_BACKEND_MPI}; /* timeout from ZO_COMM_TIMEOUT */
     if (comm_init(&o, &c) != ZO_OK) {
@@ -115,6 +165,42 @@ static void test_kill(void **state)
     assert_null(strstr(out, "completed the collective without"));
 }
 
+/* Run `np` victims `how` with rank k the culprit: the job must fail within
+ * the timeout plus slack, print `expect` and `missing` (NULL: not checked),
+ * and no rank may complete the collective. */
+static void expect_fault(int np, const char *how, int k, const char *expect, const char *missing)
+{
+    static char out[1 << 16];
+    double s;
+    int rc = run_victims(np, how, k, "", &s, out, sizeof out);
+    printf("%s: exit %d after %.1f s\n", how, rc, s);
+    if (!strstr(out, expect) || (missing && !strstr(out, missing)))
+        fprintf(stderr, "output:\n%s\n", out);
+    assert_int_not_equal(rc, 0);
+    assert_true(s < TIMEOUT_S + SLACK_S);
+    assert_non_null(strstr(out, expect));
+    if (missing) assert_non_null(strstr(out, missing));
+    assert_null(strstr(out, "completed the collective without"));
+}
+
+/* A stall in a sub-communicator: the child's rank named as its world rank. */
+static void test_split_stall(void **state)
+{
+    (void)state;
+    expect_fault(4, "split-stall", 3,
+                 "all_reduce #3 (fp32, 1024 elements) did not complete within 3 s on rank 0 of 2 "
+                 "(world rank 1 of 4); did not arrive: rank 1, world rank 3 (not in it: busy "
+                 "elsewhere after all_reduce #2)", NULL);
+}
+
+/* A rank that never arrives at the split. */
+static void test_split_absent(void **state)
+{
+    (void)state;
+    expect_fault(3, "split-absent", 2, "split #2 (MPI_Iallgather of the colors) did not complete within 3 s",
+                 "did not arrive: rank 2 (not in it: busy elsewhere after all_reduce #1)");
+}
+
 /* The launcher lets the job run on after a death: the timeout must end it. */
 static void test_kill_no_launcher_help(void **state)
 {
@@ -145,6 +231,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_stall),
         cmocka_unit_test(test_kill),
         cmocka_unit_test(test_kill_no_launcher_help),
+        cmocka_unit_test(test_split_stall),
+        cmocka_unit_test(test_split_absent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,14 @@
  * build without MPI (the GPU machine has none) the bootstrap is the SELF
  * communicator: one rank, its own id, no watchdog (nothing to wait for).
  *
+ * comm_split: the parent's bootstrap is split (comm_split of the MPI
+ * communicator, through the host table), and the child is bootstrapped
+ * over that MPI child exactly as comm_init bootstraps over the world: the
+ * child's rank 0 makes a unique id, broadcasts it inside the child, and the
+ * members create the NCCL communicator nonblocking. Not ncclCommSplit: the
+ * same code path as comm_init, any NCCL version, and the MPI child keeps
+ * its own slot and timeout for the broadcast. Not run on a GPU yet.
+ *
  * Ordering: the stream waits for `after`, runs the collective between two
  * CUDA events (start, end), and records `done`: device work waiting on
  * `done` needs no host round trip.
@@ -280,6 +288,8 @@ __attribute__((noreturn)) static void nccl_abort(comm_t c, int code, const char 
     __builtin_unreachable();
 }
 
+static zo_status nccl_split(comm_t parent, uint64_t seq, int color, int key, comm_t child);
+
 const comm_iface comm_nccl_iface = {
     .name = "nccl",
     .op_size = sizeof(nccl_op),
@@ -288,24 +298,22 @@ const comm_iface comm_nccl_iface = {
     .wait = nccl_wait,
     .test = nccl_test,
     .abort = nccl_abort,
+    .split = nccl_split,
 };
 
-zo_status comm_nccl_init(comm_t c, const comm_host_api *h)
+/* The NCCL communicator of `c` over the MPI (or SELF) communicator `boot`,
+ * which it takes over (freed on failure too). */
+static zo_status nccl_open(comm_t c, comm_t boot)
 {
     zo_status st;
-    host = h;
     nccl_ctx *x = calloc(1, sizeof *x);
-    if (!x) return zo_error(ZO_ERR_NOMEM, "comm_init: out of host memory");
+    if (!x) {
+        host->free(boot);
+        return zo_error(ZO_ERR_NOMEM, "out of host memory");
+    }
     pthread_mutex_init(&x->lock, NULL);
     x->device = ((cuda_ctx *)c->device->ctx)->device;
-#if defined(ZO_HAVE_MPI) && ZO_HAVE_MPI
-    const comm_backend boot = COMM_BACKEND_MPI;
-#else
-    const comm_backend boot = COMM_BACKEND_SELF; /* one rank */
-#endif
-    comm_options bo = {.backend = boot, .timeout_s = c->timeout_s, .on_fault = c->on_fault,
-                       .fault_arg = c->fault_arg};
-    if ((st = host->init(&bo, &x->boot)) != ZO_OK) goto out_free_ctx;
+    x->boot = boot;
     c->rank = host->rank(x->boot);
     c->size = host->size(x->boot);
     if ((st = CU(cudaSetDevice(x->device))) != ZO_OK) goto out_free_boot;
@@ -332,7 +340,8 @@ zo_status comm_nccl_init(comm_t c, const comm_host_api *h)
     c->iface = &comm_nccl_iface;
     c->device_buffers = 1;
 #if defined(ZO_HAVE_MPI) && ZO_HAVE_MPI
-    if ((st = host->mpi_register(c, nccl_watch, c, &x->id)) != ZO_OK) goto out_free_scratch;
+    /* its slot: the bootstrap's ranks, a key derived from the bootstrap's */
+    if ((st = host->mpi_register(c, x->boot, nccl_watch, c, &x->id)) != ZO_OK) goto out_free_scratch;
 #endif
     return ZO_OK;
 
@@ -346,9 +355,41 @@ out_destroy_nccl:
     ncclCommAbort(x->nccl);
 out_free_boot:
     host->free(x->boot);
-out_free_ctx:
     pthread_mutex_destroy(&x->lock);
     free(x);
     c->ctx = NULL;
-    return zo_error_wrap(st, "comm_init (nccl)");
+    c->iface = NULL;
+    return st;
+}
+
+zo_status comm_nccl_init(comm_t c, const comm_host_api *h)
+{
+    zo_status st;
+    host = h;
+#if defined(ZO_HAVE_MPI) && ZO_HAVE_MPI
+    const comm_backend boot = COMM_BACKEND_MPI;
+#else
+    const comm_backend boot = COMM_BACKEND_SELF; /* one rank */
+#endif
+    comm_options bo = {.backend = boot, .timeout_s = c->timeout_s, .on_fault = c->on_fault,
+                       .fault_arg = c->fault_arg};
+    comm_t b;
+    if ((st = host->init(&bo, &b)) != ZO_OK) return zo_error_wrap(st, "comm_init (nccl)");
+    if ((st = nccl_open(c, b)) != ZO_OK) return zo_error_wrap(st, "comm_init (nccl)");
+    return ZO_OK;
+}
+
+/* comm_split: split the bootstrap, then open over the child's. */
+static zo_status nccl_split(comm_t parent, uint64_t seq, int color, int key, comm_t child)
+{
+    nccl_ctx *x = parent->ctx;
+    comm_t b;
+    zo_status st = host->split(x->boot, color, key, &b);
+    if (st != ZO_OK || !b) return st;
+    if ((st = nccl_open(child, b)) != ZO_OK) return st;
+    /* the split is complete: the watchdog shows the parent idle after it */
+    pthread_mutex_lock(&x->lock);
+    if (seq > x->last_done) x->last_done = seq;
+    pthread_mutex_unlock(&x->lock);
+    return ZO_OK;
 }
