@@ -451,10 +451,14 @@ zo_status gen_report_end(gen_run *r)
     if (!a->stats_json) return ZO_OK;
     cJSON *o = cJSON_CreateObject();
     if (!o) return zo_error(ZO_ERR_NOMEM, "--stats-json %s: out of host memory", a->stats_json);
+    /* predicted_bytes: the plan's allocations, which the peak measures; planned_total_bytes:
+     * its peak with the CUDA context, cuBLAS workspace and allocator allowance (as train's) */
     cJSON *pk = cJSON_AddObjectToObject(o, "peak_bytes"), *pd = pr ? cJSON_AddObjectToObject(o, "predicted_bytes") : NULL;
+    cJSON *pt = pr ? cJSON_AddObjectToObject(o, "planned_total_bytes") : NULL;
     for (int t = 0; t < OFFLOAD_TIERS; t++) {
         cJSON_AddNumberToObject(pk, offload_tier_name((offload_tier)t), (double)os.peak[t]);
         if (pd) cJSON_AddNumberToObject(pd, offload_tier_name((offload_tier)t), (double)pr->alloc[t]);
+        if (pt) cJSON_AddNumberToObject(pt, offload_tier_name((offload_tier)t), (double)pr->peak[t]);
     }
     cJSON *ts = cJSON_AddObjectToObject(o, "time_s");
     for (int p = 0; p < OFFLOAD_TIME_PARTS; p++)
