@@ -54,9 +54,17 @@ static uint64_t blocks_nvme(const blocks *b, uint64_t es)
 
 static void add(plan_gen_estimate *e, const char *name, zo_plan_tier tier, plan_kind kind, uint64_t bytes)
 {
-    if (!bytes || e->n_items >= PLAN_GEN_MAX_ITEMS) return;
-    e->items[e->n_items++] = (plan_item){name, tier, kind, bytes};
-    e->total[tier] += bytes;
+    if (!bytes) return;
+    e->total[tier] += bytes; /* counted even when the list of lines is full */
+    if (e->n_items < PLAN_GEN_MAX_ITEMS) e->items[e->n_items++] = (plan_item){name, tier, kind, bytes};
+}
+
+/* A GPU buffer no allocation of the runtime makes: in the total, and in
+ * e->reserved. */
+static void add_reserved(plan_gen_estimate *e, const char *name, uint64_t bytes)
+{
+    add(e, name, ZO_PLAN_GPU, PLAN_BUFFERS, bytes);
+    e->reserved[ZO_PLAN_GPU] += bytes;
 }
 
 /* One weight store of `b` on `tier` (offload/wstore.c): resident on the GPU
@@ -325,11 +333,9 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
     add(e, "block boundaries (two)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
         (uint64_t)(nb - 1 < 2 ? nb - 1 : 2) * r256((uint64_t)g->batch * rows * m->hidden * es));
     /* what the GPU itself takes */
-    add(e, "CUDA context", ZO_PLAN_GPU, PLAN_BUFFERS, g->cuda_context);
-    add(e, "cuBLAS workspace", ZO_PLAN_GPU, PLAN_BUFFERS, g->cublas_workspace);
-    uint64_t frag = (uint64_t)(g->fragmentation * (double)e->total[ZO_PLAN_GPU]);
-    add(e, "allocator fragmentation", ZO_PLAN_GPU, PLAN_BUFFERS, frag);
-    e->reserved[ZO_PLAN_GPU] = g->cuda_context + g->cublas_workspace + frag;
+    add_reserved(e, "CUDA context", g->cuda_context);
+    add_reserved(e, "cuBLAS workspace", g->cublas_workspace);
+    add_reserved(e, "allocator fragmentation", (uint64_t)(g->fragmentation * (double)e->total[ZO_PLAN_GPU]));
     int per_node = plan_hw_ranks_per_node(hw);
     e->capacity[ZO_PLAN_GPU] = hw->gpu_mem;
     e->capacity[ZO_PLAN_CPU] = hw->cpu_mem / (uint64_t)per_node;

@@ -497,6 +497,14 @@ static void add(plan_estimate *e, const char *name, zo_plan_tier tier, plan_kind
         e->items[e->n_items++] = (plan_item){name, tier, kind, bytes};
 }
 
+/* A GPU buffer no allocation of the runtime makes, or one it takes outside
+ * its counted allocations: in the total, and in e->reserved. */
+static void add_reserved(plan_estimate *e, const char *name, uint64_t bytes)
+{
+    add(e, name, ZO_PLAN_GPU, PLAN_BUFFERS, bytes);
+    e->reserved[ZO_PLAN_GPU] += bytes;
+}
+
 /* Parameter elements on one rank of a pipeline stage (after TP and EP,
  * before ZeRO). */
 typedef struct stage_shape {
@@ -1418,8 +1426,7 @@ static void estimate_gpu_buffers(const stage_est *s, const plan_hw *hw, plan_est
         int hq = (int)ceil_div((uint64_t)m->n_heads, (uint64_t)t->tp);
         int hkv = (int)ceil_div((uint64_t)m->n_kv_heads, (uint64_t)t->tp);
         uint64_t bytes = plan_attention_scratch(t->micro_batch, t->seq, hq, hkv, m->head_dim, window);
-        add(e, "attention scratch (scores of a chunk, GEMM path)", ZO_PLAN_GPU, PLAN_BUFFERS, bytes);
-        e->reserved[ZO_PLAN_GPU] += bytes;
+        add_reserved(e, "attention scratch (scores of a chunk, GEMM path)", bytes);
     }
     /* QLoRA: one linear weight dequantized at a time */
     if (t->method == ZO_PLAN_QLORA)
@@ -1428,9 +1435,8 @@ static void estimate_gpu_buffers(const stage_est *s, const plan_hw *hw, plan_est
     if (t->runtime == PLAN_RUNTIME_EAGER)
         add(e, "eager PyTorch: what its ops keep beyond these layers' (measured)", ZO_PLAN_GPU,
             PLAN_ACTIVATIONS, e->eager_extra);
-    add(e, "CUDA context", ZO_PLAN_GPU, PLAN_BUFFERS, t->buf.cuda_context);
-    add(e, "cuBLAS workspace", ZO_PLAN_GPU, PLAN_BUFFERS, t->buf.cublas_workspace);
-    e->reserved[ZO_PLAN_GPU] += t->buf.cuda_context + t->buf.cublas_workspace;
+    add_reserved(e, "CUDA context", t->buf.cuda_context);
+    add_reserved(e, "cuBLAS workspace", t->buf.cublas_workspace);
     /* the gradients are reduced in the reduce dtype (the runtime's: fp32), through
      * buckets of comm_bucket elements (rounded down to a multiple of DP), at most
      * the largest block padded */
@@ -1447,9 +1453,7 @@ static void estimate_gpu_buffers(const stage_est *s, const plan_hw *hw, plan_est
     }
     uint64_t gpu_sum = 0;
     for (int k = 0; k < PLAN_KINDS; k++) gpu_sum += e->bytes[ZO_PLAN_GPU][k];
-    add(e, "allocator fragmentation allowance", ZO_PLAN_GPU, PLAN_BUFFERS,
-        frac_of(gpu_sum, t->buf.fragmentation));
-    e->reserved[ZO_PLAN_GPU] += frac_of(gpu_sum, t->buf.fragmentation);
+    add_reserved(e, "allocator fragmentation allowance", frac_of(gpu_sum, t->buf.fragmentation));
 }
 
 /* One pipeline stage's estimate: its capacities, each kind of memory in the
