@@ -237,11 +237,11 @@ static void test_mtnlg_iterations(void **state)
  * per-micro-batch overhead (pp_engine), so the step checks the fit; what
  * the row tests is the rest: every sourced part of memplan, the fitted one
  * left out, within 10% of the published time. */
-#define BLOOM "--model " ZO_FIXTURES_DIR "/hf-configs/bloom-176b.json --hw " ZO_FIXTURES_DIR      \
-              "/hw/jean-zay-a100.json --tp 4 --pp 12 --dp 8 --gpus 384 --global-batch 2048 "       \
-              "--micro-batch 2 --seq 2048 --recompute full --dtype bf16 --grad-dtype fp32 "         \
-              "--no-flash-attn --zero 1 --reduce-dtype fp32 --dropout --pp-schedule deepspeed "     \
-              "--pp-partition embedding"
+#define BLOOM_RUN "--model " ZO_FIXTURES_DIR "/hf-configs/bloom-176b.json --hw " ZO_FIXTURES_DIR  \
+                  "/hw/jean-zay-a100.json --pp 12 --gpus 384 --global-batch 2048 --seq 2048 "      \
+                  "--recompute full --dtype bf16 --grad-dtype fp32 --no-flash-attn --zero 1 "       \
+                  "--reduce-dtype fp32 --dropout --pp-schedule deepspeed --pp-partition embedding "
+#define BLOOM BLOOM_RUN "--tp 4 --dp 8 --micro-batch 2"
 static void test_bloom_iteration(void **state)
 {
     (void)state;
@@ -258,6 +258,33 @@ static void test_bloom_iteration(void **state)
     /* 128 micro-batches and 11 slots of fill and drain */
     assert_true(fabs(fitted / ((128 + 11) * 51.5e-3) - 1) < 1e-9);
     cJSON_Delete(j);
+}
+
+/* The same software a fortnight before (BF16_Optimizer and the partition
+ * "from now on"), other layouts of the same 176B shape: train/tr11-176B-ml/
+ * chronicles-prequel.md, section "Rebalancing layers", the table
+ * "NHIDDEN=14336; NLAYERS=70" (added as tr11-200B-ml/chronicles-prequel.md
+ * in 01e7d72, 2022-02-28): seconds per iteration, each the snapshot of one
+ * iteration (the second), on the same 48 nodes with global batch 2048.
+ * Nothing was fitted to them; they test the engine overhead fitted on the
+ * training's log line (test_bloom_iteration) on other TP, DP, micro-batch
+ * and head counts. */
+static void test_bloom_layouts(void **state)
+{
+    (void)state;
+    static const row rows[] = {
+        {"TP 8, DP 4, micro-batch 2, 64 heads", BLOOM_RUN "--heads 64 --tp 8 --dp 4 --micro-batch 2",
+         121.63, STEP_S, 0.10},
+        {"TP 4, DP 8, micro-batch 2, 64 heads", BLOOM_RUN "--heads 64 --tp 4 --dp 8 --micro-batch 2",
+         102.03, STEP_S, 0.10},
+        {"TP 4, DP 8, micro-batch 2, 112 heads", BLOOM_RUN "--heads 112 --tp 4 --dp 8 --micro-batch 2",
+         104.50, STEP_S, 0.10},
+        {"TP 4, DP 8, micro-batch 2, 128 heads", BLOOM_RUN "--heads 128 --tp 4 --dp 8 --micro-batch 2",
+         105.89, STEP_S, 0.10},
+        {"TP 4, DP 8, micro-batch 4, 64 heads", BLOOM_RUN "--heads 64 --tp 4 --dp 8 --micro-batch 4",
+         102.27, STEP_S, 0.10},
+    };
+    check_rows("BLOOM-176B layouts", rows, sizeof rows / sizeof rows[0]);
 }
 
 /* --pp-partition embedding: DeepSpeed's 'type:transformer|embedding'
@@ -639,6 +666,7 @@ int main(void)
         cmocka_unit_test(test_torchtitan_64_a100),
         cmocka_unit_test(test_mtnlg_iterations),
         cmocka_unit_test(test_bloom_iteration),
+        cmocka_unit_test(test_bloom_layouts),
         cmocka_unit_test(test_pp_partition),
         cmocka_unit_test(test_pipeline_engines),
         cmocka_unit_test(test_torchtune_2x4090_lora),
