@@ -95,9 +95,9 @@ typedef struct plan_time {
     double cpu_adam;      /* AdamW on the CPU over the CPU and NVMe shares */
     double nvme;          /* exposed NVMe traffic (optimizer swap, streamed weights) */
     double ep_comm;       /* expert-parallel all-to-alls (not overlapped) */
+    double ep_bytes;      /* their bytes per step sent by one rank to the others */
     double pp_engine;     /* DeepSpeed's pipeline engine: a per-micro-batch overhead fitted on
                              BLOOM-176B's run (PLAN_DS_SLOT_S, docs/memplan.md "Time") */
-    double ep_bytes;      /* their bytes per step sent by one rank to the others */
     /* totals before overlap */
     double dp_comm_total, h2d_total, d2h_total, nvme_total;
     double step;          /* seconds per step: the critical path, the sum of the exposed parts */

@@ -274,8 +274,8 @@ int plan_stage_layers(const zo_model_config *m, const plan_train *t, int stage, 
      * and the tied output layer the last stage's last */
     int per = (m->n_layers + 2) / t->pp;
     if (first) *first = stage == 0 ? 0 : stage * per - 1;
-    if (most) *most = t->pp > 2 ? per : per - 1;
-    return stage == 0 || stage == t->pp - 1 ? per - 1 : per;
+    if (most) *most = t->pp > 2 ? per : per - (t->pp == 1 ? 2 : 1);
+    return per - (stage == 0) - (stage == t->pp - 1);
 }
 
 /* ---- what the GPU can run -------------------------------------------------------- */
