@@ -200,7 +200,8 @@ static void test_torchtitan_64_a100(void **state)
  * pipeline engine (--pp-schedule deepspeed: its blocking sends, the TP
  * re-gathers, the tied embedding's all-reduce and the data-parallel
  * reduction after the flush; docs/memplan.md, "Time"). The paper gives no
- * micro-batch; 1 as in Narayanan et al.'s runs of the same shape. What the
+ * micro-batch; 1 as Megatron-LM's examples/sc21/run_table_1.sh gives
+ * Narayanan et al.'s run of the same shape (test_planner_cost.c). What the
  * engine's source shows costs about 1% of the step and left memplan 20-23%
  * fast here; the engine's per-micro-batch overhead fitted on BLOOM-176B's
  * run (test_bloom_iteration, nothing fitted to these rows) brings them
