@@ -494,21 +494,23 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
     }
     /* dense and MoE layers (DeepSeek: dense first layers, then MoE) */
     layer_time lt[2];
-    int per = m->n_layers / t->pp;
     int n_moe_all = m->moe.experts ? m->n_layers - m->moe.first_dense : 0;
     layer_time_of(m, t, &c, 0, &lt[0]);
     if (n_moe_all) layer_time_of(m, t, &c, 1, &lt[1]);
     ends_time end;
     ends_time_of(m, t, &c, &end);
-    /* the slower of the first stage (its layers, the embedding) and the
-     * last (its layers, more of them MoE, the logits) */
+    /* the slowest of the first stage (its layers, the embedding), the last
+     * (its layers, more of them MoE, the logits) and, with DeepSpeed's
+     * partition, a middle one (a layer more than either end) */
     double best = -1;
-    for (int k = 0; k < 2; k++) {
-        int stage = k ? t->pp - 1 : 0;
-        if (k && t->pp == 1) break;
-        int lo = stage * per, n_moe = 0;
-        for (int i = lo; i < lo + per; i++) n_moe += zo_model_layer_is_moe(m, i);
-        double nl[2] = {per - n_moe, n_moe};
+    int per = 0;
+    int stages[3] = {0, t->pp - 1, t->pp_partition == PLAN_PP_PARTITION_EMBEDDING && t->pp > 2 ? 1 : -1};
+    for (int k = 0; k < 3; k++) {
+        int stage = stages[k];
+        if (stage < 0 || (k && stage == 0)) continue;
+        int lo, n = plan_stage_layers(m, t, stage, &lo, NULL), n_moe = 0;
+        for (int i = lo; i < lo + n; i++) n_moe += zo_model_layer_is_moe(m, i);
+        double nl[2] = {n - n_moe, n_moe};
         int first = stage == 0, last = stage == t->pp - 1;
         double ef = (first ? end.first_f : 0) + (last ? end.last_f : 0);
         double eb = (first ? end.first_b : 0) + (last ? end.last_b : 0);
@@ -516,6 +518,7 @@ void plan_time_microbatch(const zo_model_config *m, const plan_hw *hw, const pla
         stage_time(lt, nl, ef, eb, first ? 2 * end.first_tp : 0, &o);
         if (o.total > best) {
             best = o.total;
+            per = n;
             *out = o;
         }
     }
@@ -574,6 +577,23 @@ typedef struct step_in {
     double nvme_stream;  /* NVMe seconds of streamed weights */
 } step_in;
 
+/* DeepSpeed's BF16_Optimizer (deepspeed/runtime/bf16_optimizer.py and
+ * pipe/engine.py from the bf16 pipeline work merged as 56c522386, 2022-04,
+ * whose branch BLOOM-176B trained with): the only way its pipeline engine
+ * ran bf16, configured as ZeRO stage 0 but sharding the fp32 optimizer
+ * state over DP itself, as ZeRO-1 does (memplan: --pp-schedule deepspeed
+ * --dtype bf16 --grad-dtype fp32 --zero 1). After every micro-batch's
+ * backward update_hp_grads adds each bf16 gradient into its fp32 buffer
+ * through a cast copy (`hp_grad.add_(lp.grad.to(fp32))`: the copy is
+ * written and read again); after the flush _bf16_reduce_grads all-reduces
+ * the fp32 gradients whole (no reduce-scatter), the shard is updated and
+ * the bf16 weights all-gathered. */
+static int ds_bf16_optimizer(const plan_train *t)
+{
+    return t->pp_schedule == PLAN_PP_DEEPSPEED && t->dtype == ZO_DTYPE_BF16 &&
+           t->grad_dtype == ZO_DTYPE_F32 && t->zero == 1;
+}
+
 /* The micro-batches' compute and collectives, the bubble. Every
  * micro-batch's weight gradients (written by the backward in the weights'
  * dtype) are added into the rank's gradient buffer on the GPU: an
@@ -585,8 +605,10 @@ static void step_compute(step_in *in, plan_time *o)
     const plan_train *t = in->t;
     const plan_time_mb *mb = in->mb;
     double acc = 0, n_mb = in->n_mb;
+    /* read the new gradient, read and write the buffer (BF16_Optimizer: and its fp32 copy) */
+    double pass = in->wsz + 2 * in->gsz + (ds_bf16_optimizer(t) ? 2 * in->gsz : 0);
     if (in->on_gpu > 0 && !t->fused_grad_accum && !in->m->params_override)
-        acc = in->on_gpu * (t->zero >= 2 ? in->P_shard : in->P) * (in->wsz + 2 * in->gsz) /
+        acc = in->on_gpu * (t->zero >= 2 ? in->P_shard : in->P) * pass /
               (in->hw->hbm_bw * in->hw->hbm_eff);
     o->forward = n_mb * mb->fwd;
     o->backward = n_mb * (mb->bwd + acc);
@@ -598,6 +620,17 @@ static void step_compute(step_in *in, plan_time *o)
     in->window = n_mb * (mb->fwd + mb->bwd + mb->rc);
     in->bwd_window = n_mb * (mb->bwd + mb->rc);
 }
+
+/* DeepSpeed's pipeline engine: what it costs per micro-batch beyond the
+ * work above, a constant fitted on one run and checked on others (issue
+ * 33). Fitted on BLOOM-176B (bigscience tr11-176B-ml, 2022-03-18: 105.22 s
+ * an iteration; docs/memplan.md, "Accuracy"), where everything else memplan
+ * counts gives 98.06 s: the 7.16 s left over its 128 + 11 micro-batch
+ * slots. It then puts MT-NLG's three published iteration times within 4%
+ * (they were 20-23% short). Which of the engine's host-side costs it
+ * stands for (its per-step .tolist() synchronizations, the instruction
+ * interpreter, BLOOM's CUDA_LAUNCH_BLOCKING=1) no source measures. */
+#define PLAN_DS_SLOT_S 51.5e-3
 
 /* Pipeline sends: an activation forward and its gradient back, once per
  * chunk and micro-batch, each scattered over the TP ranks (1/t of s b h
@@ -637,6 +670,7 @@ static void step_pp_comm(const step_in *in, plan_time *o)
      * first and the last stage (its 1/t vocabulary slice, in the gradients'
      * dtype), on nothing else's time. */
     o->pp_comm = (4 * send + 3 * gather) * slots;
+    o->pp_engine = PLAN_DS_SLOT_S * slots;
     if (in->m->tied_embeddings && !in->m->params_override) {
         double tied = (double)in->m->vocab / t->tp * in->m->hidden * in->gsz;
         o->pp_comm += plan_allreduce_s(tied, 2, bw, lat);
@@ -681,7 +715,7 @@ static void step_dp_comm(const step_in *in, plan_time *o)
         double G = n * rsz;
         double W = t->zero >= 3 && !part ? (double)in->e->weight_bytes - Pe * in->wsz : n * in->wsz;
         /* a reduce-scatter or an all-gather of n elements each, an all-reduce of 2n */
-        red += t->zero == 0 ? plan_allreduce_s(G, group, bw, lat)
+        red += t->zero == 0 || ds_bf16_optimizer(t) ? plan_allreduce_s(G, group, bw, lat)
                             : ge / n * plan_allgather_s(G, group, bw, lat);
         gat += we / n * plan_allgather_s(W, group, bw, lat);
         if (part) continue;
@@ -821,7 +855,7 @@ static void step_sched_in(const step_in *in, double cpu_n, plan_time *o)
     const plan_time_mb *mb = in->mb;
     plan_sched_in *s = &o->sched;
     s->gpu = o->forward + o->backward + o->recompute + o->tp_comm + o->pp_bubble + o->pp_comm +
-             o->dp_comm + o->h2d + o->d2h + o->ep_comm;
+             o->dp_comm + o->h2d + o->d2h + o->ep_comm + o->pp_engine;
     s->h2d = o->h2d;
     s->opt_gpu = o->optimizer_gpu;
     s->h2d_busy = o->h2d_total;
@@ -896,7 +930,7 @@ zo_status plan_time_run(const zo_model_config *m, const plan_hw *hw, const plan_
 
 static const char *part_names[PLAN_TIME_PARTS] = {
     "forward", "backward", "recompute", "tp_comm", "pp_bubble", "pp_comm",
-    "dp_comm", "h2d", "d2h", "optimizer_gpu", "cpu_adam", "nvme", "ep_comm",
+    "dp_comm", "h2d", "d2h", "optimizer_gpu", "cpu_adam", "nvme", "ep_comm", "pp_engine",
 };
 
 const char *plan_time_part_name(int i) { return i >= 0 && i < PLAN_TIME_PARTS ? part_names[i] : "?"; }
@@ -906,6 +940,6 @@ double plan_time_part(const plan_time *pt, int i)
     const double v[PLAN_TIME_PARTS] = {pt->forward, pt->backward, pt->recompute, pt->tp_comm,
                                        pt->pp_bubble, pt->pp_comm, pt->dp_comm, pt->h2d,
                                        pt->d2h, pt->optimizer_gpu, pt->cpu_adam, pt->nvme,
-                                       pt->ep_comm};
+                                       pt->ep_comm, pt->pp_engine};
     return i >= 0 && i < PLAN_TIME_PARTS ? v[i] : 0;
 }

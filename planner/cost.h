@@ -96,6 +96,8 @@ typedef struct plan_time {
     double nvme;          /* exposed NVMe traffic (optimizer swap, streamed weights) */
     double ep_comm;       /* expert-parallel all-to-alls (not overlapped) */
     double ep_bytes;      /* their bytes per step sent by one rank to the others */
+    double pp_engine;     /* DeepSpeed's pipeline engine: a per-micro-batch overhead fitted on
+                             BLOOM-176B's run (PLAN_DS_SLOT_S, docs/memplan.md "Time") */
     /* totals before overlap */
     double dp_comm_total, h2d_total, d2h_total, nvme_total;
     double step;          /* seconds per step: the critical path, the sum of the exposed parts */
@@ -158,7 +160,7 @@ double plan_allgather_s(double bytes, int p, double bw, double lat); /* = reduce
 void plan_dp_comm_elems(const plan_train *t, double P, double *grads, double *weights);
 
 /* The names of the parts, in the order of the step (JSON keys, SVG legend). */
-#define PLAN_TIME_PARTS 13
+#define PLAN_TIME_PARTS 14
 const char *plan_time_part_name(int i);
 double plan_time_part(const plan_time *pt, int i);
 

@@ -247,6 +247,37 @@ zo_status plan_pp_schedule_parse(const char *s, const char *flag, plan_pp_schedu
     return st;
 }
 
+const char *plan_pp_partition_name(plan_pp_partition p)
+{
+    return p == PLAN_PP_PARTITION_EMBEDDING ? "embedding" : "layers";
+}
+
+zo_status plan_pp_partition_parse(const char *s, const char *flag, plan_pp_partition *out)
+{
+    static const char *const names[] = {"layers", "embedding", NULL};
+    int i;
+    zo_status st = zo_plan_name_parse(names, s, flag, &i);
+    if (st == ZO_OK) *out = (plan_pp_partition)i;
+    return st;
+}
+
+int plan_stage_layers(const zo_model_config *m, const plan_train *t, int stage, int *first,
+                      int *most)
+{
+    if (t->pp_partition != PLAN_PP_PARTITION_EMBEDDING) {
+        int per = m->n_layers / t->pp;
+        if (first) *first = stage * per;
+        if (most) *most = per;
+        return per;
+    }
+    /* (L + 2)/p slots a stage; the embedding takes the first stage's first
+     * and the tied output layer the last stage's last */
+    int per = (m->n_layers + 2) / t->pp;
+    if (first) *first = stage == 0 ? 0 : stage * per - 1;
+    if (most) *most = t->pp > 2 ? per : per - (t->pp == 1 ? 2 : 1);
+    return per - (stage == 0) - (stage == t->pp - 1);
+}
+
 /* ---- what the GPU can run -------------------------------------------------------- */
 
 /* By the GPU's name, until the hardware description carries its compute
@@ -356,6 +387,9 @@ static zo_status plan_parallel_validate(const plan_train *t, const zo_model_conf
                         t->capacity_factor < 0 ? "must not be negative" : "the model has no experts");
     if (t->zero < 0 || t->zero > 3)
         return zo_error(ZO_ERR_INVALID, "--zero %d: the ZeRO stage is 0, 1, 2 or 3", t->zero);
+    if (t->pp_partition == PLAN_PP_PARTITION_EMBEDDING && t->pp_schedule != PLAN_PP_DEEPSPEED)
+        return zo_error(ZO_ERR_INVALID, "--pp-partition embedding: DeepSpeed's partition (its "
+                        "PipelineModule's 'type:transformer|embedding'); needs --pp-schedule deepspeed");
     if (!m->params_override) {
         if (m->n_heads % t->tp)
             return zo_error(ZO_ERR_INVALID,
@@ -365,7 +399,12 @@ static zo_status plan_parallel_validate(const plan_train *t, const zo_model_conf
             return zo_error(ZO_ERR_INVALID,
                             "--tp %d does not divide the %d key/value heads of %s", t->tp,
                             m->n_kv_heads, m->name);
-        if (m->n_layers % t->pp)
+        if (t->pp_partition == PLAN_PP_PARTITION_EMBEDDING) {
+            if ((m->n_layers + 2) % t->pp || (m->n_layers + 2) / t->pp < 2)
+                return zo_error(ZO_ERR_INVALID, "--pp %d with --pp-partition embedding: the %d "
+                                "layers of %s and its two embedding layers make no whole number "
+                                "of at least 2 a stage", t->pp, m->n_layers, m->name);
+        } else if (m->n_layers % t->pp)
             return zo_error(ZO_ERR_INVALID, "--pp %d does not divide the %d layers of %s",
                             t->pp, m->n_layers, m->name);
         if (t->vpp > 1 && m->n_layers % (t->pp * t->vpp))
@@ -421,9 +460,11 @@ static zo_status plan_placement_validate(const plan_train *t, const zo_model_con
     if (t->recompute_layers && m->params_override)
         return zo_error(ZO_ERR_INVALID, "--recompute-layers %d needs the model's layers (a shape or "
                         "a config.json, not --params N)", t->recompute_layers);
-    if (t->recompute_layers && !m->params_override && t->recompute_layers > m->n_layers / t->pp)
+    int most = 0;
+    if (!m->params_override) plan_stage_layers(m, t, 0, NULL, &most);
+    if (t->recompute_layers && !m->params_override && t->recompute_layers > most)
         return zo_error(ZO_ERR_INVALID, "--recompute-layers %d: a pipeline stage of %s has %d layers",
-                        t->recompute_layers, m->name, m->n_layers / t->pp);
+                        t->recompute_layers, m->name, most);
     if (t->recompute == ZO_PLAN_RECOMPUTE_OPS && t->method != ZO_PLAN_FULL)
         return zo_error(ZO_ERR_INVALID, "--recompute ops with --lora: the adapters' matmuls would "
                         "count in the policy's every other matmul; recompute full or none");
@@ -551,8 +592,7 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
     /* column/row-parallel weights are split over TP; norms and the biases
      * added after a row-parallel reduction are replicated; the stage's layers
      * are dense, or MoE from the model's first_dense on */
-    o->layers = m->n_layers / t->pp;
-    o->first_layer = stage * o->layers;
+    o->layers = plan_stage_layers(m, t, stage, &o->first_layer, NULL);
     int n_moe = 0;
     if (m->moe.experts)
         for (int i = o->first_layer; i < o->first_layer + o->layers; i++) n_moe += zo_model_layer_is_moe(m, i);
@@ -1490,10 +1530,13 @@ void plan_estimate_unchecked(const zo_model_config *m, const plan_hw *hw, const 
                              plan_estimate *out)
 {
     estimate_stage(m, hw, t, 0, out);
-    if (t->pp > 1) {
-        plan_estimate last;
-        estimate_stage(m, hw, t, t->pp - 1, &last);
-        if (last.total[ZO_PLAN_GPU] > out->total[ZO_PLAN_GPU]) *out = last;
+    /* the last stage; with DeepSpeed's partition also a middle one (more layers) */
+    int others[2] = {t->pp - 1, t->pp_partition == PLAN_PP_PARTITION_EMBEDDING && t->pp > 2};
+    for (int k = 0; k < 2; k++) {
+        if (others[k] <= 0) continue;
+        plan_estimate other;
+        estimate_stage(m, hw, t, others[k], &other);
+        if (other.total[ZO_PLAN_GPU] > out->total[ZO_PLAN_GPU]) *out = other;
     }
 }
 

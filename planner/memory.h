@@ -70,6 +70,20 @@ typedef enum plan_pp_schedule {
 const char *plan_pp_schedule_name(plan_pp_schedule s); /* "megatron", "deepspeed" */
 zo_status plan_pp_schedule_parse(const char *s, const char *flag, plan_pp_schedule *out);
 
+/* How the layers are split into pipeline stages (--pp-partition): L/p
+ * layers a stage (Megatron-LM), or DeepSpeed's PipelineModule partition
+ * 'type:transformer|embedding' (Megatron-DeepSpeed's --pp-partition-method,
+ * BLOOM's), which balances the transformer layers and the two embedding
+ * layers (the input embedding, the tied output one) together: (L + 2)/p a
+ * stage, the first and the last stage one layer fewer. */
+typedef enum plan_pp_partition {
+    PLAN_PP_PARTITION_LAYERS = 0,
+    PLAN_PP_PARTITION_EMBEDDING,
+} plan_pp_partition;
+
+const char *plan_pp_partition_name(plan_pp_partition p); /* "layers", "embedding" */
+zo_status plan_pp_partition_parse(const char *s, const char *flag, plan_pp_partition *out);
+
 /* What eager PyTorch keeps beyond this runtime in the stored layer
  * activations, as a fraction of them, from published measurements
  * (docs/memplan.md, "What memplan models"): LLaMA layers (RMSNorm upcast to
@@ -109,6 +123,7 @@ typedef struct plan_train {
     zo_dtype reduce_dtype;    /* the gradients' data-parallel reduction (and its buckets) */
     plan_runtime runtime;     /* what runs the step (memory and time) */
     plan_pp_schedule pp_schedule; /* whose pipeline engine (time only) */
+    plan_pp_partition pp_partition; /* how the layers are split into stages */
     int flash_attn;
     int dropout;              /* dropout masks saved (GPT default on, LLaMA off) */
     int seq_is_default;       /* seq was not given: plan_train_defaults chose it (reports say so) */
@@ -246,6 +261,12 @@ zo_status plan_estimate_run(const zo_model_config *m, const plan_hw *hw, const p
 /* The same without validating `t` (the search builds valid ones). */
 void plan_estimate_unchecked(const zo_model_config *m, const plan_hw *hw, const plan_train *t,
                              plan_estimate *out);
+
+/* The transformer layers of pipeline stage `stage` (t->pp_partition) and,
+ * in *first, the model's index of its first; the most any stage holds in
+ * *most when not NULL. */
+int plan_stage_layers(const zo_model_config *m, const plan_train *t, int stage, int *first,
+                      int *most);
 
 /* Parameter elements one rank of pipeline stage `stage` holds after TP (and
  * EP for routed experts) and before ZeRO, the largest streamed block

@@ -81,6 +81,9 @@ static const char usage_estimate[] =
     "                          (default), or DeepSpeed's of 2021 (MT-NLG's): blocking sends one\n"
     "                          tensor at a time, the tied embedding's gradient all-reduced and\n"
     "                          the data-parallel reduction run after the pipeline's flush\n"
+    "  --pp-partition layers|embedding  the layers a stage: L/p (default), or with deepspeed its\n"
+    "                          'type:transformer|embedding' (BLOOM's): (L + 2)/p, the embedding\n"
+    "                          and the tied output layer each counted as a layer\n"
     "  --zero 0|1|2|3          ZeRO stage: 1 shards optimizer state over DP, 2 also\n"
     "                          gradients, 3 also parameters (default 0)\n"
     "  --recompute none|selective|full|ops   activation recomputation (default none): the\n"
@@ -149,6 +152,7 @@ static const struct option estimate_opts[] = {
     {"no-dp-overlap", no_argument, 0, OPT_NO_DP_OVERLAP},
     {"fused-grad-accum", no_argument, 0, OPT_FUSED_ACCUM},
     {"pp-schedule", required_argument, 0, OPT_PP_SCHEDULE},
+    {"pp-partition", required_argument, 0, OPT_PP_PARTITION},
     {"plan", required_argument, 0, OPT_PLAN},
     {"plan-out", required_argument, 0, OPT_PLAN_OUT},
     {0, 0, 0, 0},
@@ -163,6 +167,7 @@ typedef struct estimate_flags {
     double opt_frac[ZO_PLAN_TIERS];
     zo_plan_tier grads_on, ck_on;
     plan_pp_schedule pp_schedule;
+    plan_pp_partition pp_partition;
 } estimate_flags;
 
 static int estimate_flag(int c, const char *arg, void *own, zo_status *st)
@@ -192,6 +197,9 @@ static int estimate_flag(int c, const char *arg, void *own, zo_status *st)
         return 1;
     case OPT_NO_DP_OVERLAP: case OPT_FUSED_ACCUM: return 1;
     case OPT_PP_SCHEDULE: *st = plan_pp_schedule_parse(arg, "--pp-schedule", &e->pp_schedule); return 1;
+    case OPT_PP_PARTITION:
+        *st = plan_pp_partition_parse(arg, "--pp-partition", &e->pp_partition);
+        return 1;
     case OPT_PLAN: e->plan_path = arg; return 1;
     case OPT_PLAN_OUT: e->plan_out = arg; return 1;
     default: return 0;
@@ -269,6 +277,7 @@ static zo_status configure(const cli_flags *f, const estimate_flags *e, zo_model
     if (f->seen[OPT_NO_DP_OVERLAP]) t->dp_overlap = 0;
     if (f->seen[OPT_FUSED_ACCUM]) t->fused_grad_accum = 1;
     t->pp_schedule = e->pp_schedule;
+    t->pp_partition = e->pp_partition;
     if ((st = apply_method_flags(&f->mf, t)) != ZO_OK) return st;
     return f->global_batch ? set_global_batch(f, t) : ZO_OK;
 }

@@ -233,6 +233,7 @@ static void add_config(cJSON *root, const plan_train *t, const plan_estimate *e)
     cJSON_AddStringToObject(jc, "schedule", t->pp_schedule == PLAN_PP_DEEPSPEED ? "deepspeed-1f1b"
                                             : t->vpp > 1                      ? "interleaved-1f1b"
                                                                               : "1f1b");
+    cJSON_AddStringToObject(jc, "pp_partition", plan_pp_partition_name(t->pp_partition));
     cJSON_AddStringToObject(jc, "method", zo_plan_method_name(t->method));
     if (t->method != ZO_PLAN_FULL) {
         char tg[64];
@@ -347,6 +348,7 @@ static const char *part_title[PLAN_TIME_PARTS] = {
     "pipeline bubble", "pipeline sends", "data-parallel collectives (exposed)",
     "host->device copies (exposed)", "device->host gradients (exposed)", "optimizer on the GPU",
     "CPU AdamW", "NVMe traffic (exposed)", "expert-parallel all-to-alls",
+    "DeepSpeed engine overhead (fitted on BLOOM)",
 };
 
 static void fmt_s(double s, char *buf, size_t len)
@@ -452,9 +454,9 @@ static void print_config(FILE *out, const zo_model_config *m, const plan_hw *hw,
             t->micro_batch, t->grad_accum, zo_dtype_name(t->dtype),
             zo_dtype_name(t->grad_dtype), opt, t->dp,
             t->tp, t->sp ? " (+SP)" : "", t->pp,
-            t->pp_schedule == PLAN_PP_DEEPSPEED ? " (DeepSpeed's engine)"
-            : t->vpp > 1                        ? " (interleaved)"
-                                                : "",
+            t->pp_schedule != PLAN_PP_DEEPSPEED                ? (t->vpp > 1 ? " (interleaved)" : "")
+            : t->pp_partition == PLAN_PP_PARTITION_EMBEDDING ? " (DeepSpeed's engine, the embedding a layer)"
+                                                             : " (DeepSpeed's engine)",
             t->zero);
     if (*plan_opt_accuracy_note(t))
         fprintf(out, "  optimizer state %.4g B/param; accuracy: %s\n", plan_opt_bytes_per_param(t),

@@ -119,7 +119,7 @@ void plan_time_schedule(plan_time *o, zo_plan_schedule s)
     o->optimizer_gpu = in->opt_gpu;
     o->step = o->forward + o->backward + o->recompute + o->tp_comm + o->pp_bubble + o->pp_comm +
               o->dp_comm + o->h2d + o->d2h + o->optimizer_gpu + o->cpu_adam + o->nvme +
-              o->ep_comm;
+              o->ep_comm + o->pp_engine;
     o->tokens_per_s = in->tokens / o->step;
     o->mfu = o->model_flops / (o->step * in->peak);
     o->hfu = o->hw_flops / (o->step * in->peak);

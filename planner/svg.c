@@ -55,7 +55,7 @@ static void put_text(out *o, const char *s)
 static const char *kind_color[PLAN_KINDS] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#b07aa1"};
 static const char *part_color[PLAN_TIME_PARTS] = {
     "#4e79a7", "#2f5a87", "#a0cbe8", "#f28e2b", "#bab0ac", "#9d7660",
-    "#e15759", "#59a14f", "#8cd17d", "#b6992d", "#f1ce63", "#d37295", "#79706e",
+    "#e15759", "#59a14f", "#8cd17d", "#b6992d", "#f1ce63", "#d37295", "#79706e", "#ff9d9a",
 };
 
 #define W 960
