@@ -21,6 +21,7 @@
 #include "examples/generate/sample.h" /* defines: gen_sampler, gen_sample */
 #include "model/hf.h"                 /* defines: model_hf_config */
 #include "model/tokenizer.h"          /* defines: model_tokenizer_decode */
+#include "tests/support/files.h"      /* defines: files_write_text */
 #include "tests/support/run.h"        /* defines: run_program */
 
 /* ---- the sampler --------------------------------------------------------------------- */
@@ -243,10 +244,7 @@ static void test_moe(void **state)
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
         char mcfg[128], a[1024], want[4096], got[4096], err[8192];
         snprintf(mcfg, sizeof mcfg, "%s/moe%zu.json", dir, i);
-        FILE *f = fopen(mcfg, "w");
-        assert_non_null(f);
-        fprintf(f, "%s\n", configs[i]);
-        fclose(f);
+        files_write_text(mcfg, configs[i]);
         const char *base = "--prompt-ids 1,2,3 --prompt-ids 4,5 --max-new-tokens 6 --eos none --print-ids --seed 3";
         snprintf(a, sizeof a, "--model %s %s --params-on gpu", mcfg, base);
         assert_int_equal(gen_out(a, want, sizeof want), 0);

@@ -166,6 +166,16 @@ def run_generate(gen, d, prompts, extra):
     return ids, r.returncode, r.stdout + r.stderr, " ".join(cmd)
 
 
+def run_ok(gen, d, prompts, extra):
+    """generate's ids per prompt, or None (its output and command printed) when it failed."""
+    got, rc, out, cmd = run_generate(gen, d, prompts, extra)
+    if rc != 0:
+        print(out)
+        print(f"generate exited {rc}: {cmd}")
+        return None
+    return got
+
+
 class Checks:
     def __init__(self):
         self.failed = 0
@@ -222,10 +232,8 @@ def check_family(gen, name, workdir):
                                         "--prefetch", "1", "--device-mem", cap]),
     ]
     for what, extra in runs:
-        got, rc, out, cmd = run_generate(gen, d, prompts, extra)
-        if rc != 0:
-            print(out)
-            print(f"generate exited {rc}: {cmd}")
+        got = run_ok(gen, d, prompts, extra)
+        if got is None:
             return ck.failed + 1
         ck.tokens(what, got, want)
     # a sequence stops at its end-of-sequence token (--eos: the sixth token the first prompt gets),
@@ -257,11 +265,8 @@ def check_family(gen, name, workdir):
         for what, extra in [("resident base", []), ("streamed base", ["--params-on", "cpu", "--prefetch", "1"])]:
             if nf4 and extra:
                 continue
-            got, rc, out, cmd = run_generate(gen, d, prompts, ["--adapter", adir] + (["--qlora"] if nf4 else []) +
-                                             extra)
-            if rc != 0:
-                print(out)
-                print(f"generate exited {rc}: {cmd}")
+            got = run_ok(gen, d, prompts, ["--adapter", adir] + (["--qlora"] if nf4 else []) + extra)
+            if got is None:
                 return ck.failed + 1
             ck.tokens(f"{'QLoRA' if nf4 else 'LoRA'} r {lspec['r']}, {what}", got, want_l)
     return ck.failed
@@ -315,11 +320,7 @@ def check_experts_apart(ck, gen, c, params, d, prompts, want, model_bytes):
     h, L = c["hidden_size"], c["num_hidden_layers"]
     eb = 3 * f * h * 4  # an expert's gate, up and down, fp32
     stats = os.path.join(d, "stats.json")
-    got, rc, out, cmd = run_generate(gen, d, prompts, ["--params-on", "cpu", "--prefetch", "1",
-                                                       "--stats-json", stats])
-    if rc != 0:
-        print(out)
-        print(f"generate exited {rc}: {cmd}")
+    if run_ok(gen, d, prompts, ["--params-on", "cpu", "--prefetch", "1", "--stats-json", stats]) is None:
         ck.failed += 1
         return
     with open(stats) as fh:
@@ -344,20 +345,8 @@ def check_moe_adapters(gen, c, params, spec, d, prompts, want, g):
     W + scale B A, over the resident and the streamed base, and over an NF4 base."""
     ck = Checks()
     r, scale = spec["r"], spec["alpha"] / spec["r"]
-    mods = e2e.lora_modules(c, params, spec["targets"])
-    ad = {}
-    for m in mods:
-        out_f, in_f = params[m + ".weight"].shape
-        ad[f"base_model.model.{m}.lora_A.weight"] = (torch.randn(r, in_f, generator=g) / math.sqrt(in_f)).float().double()
-        ad[f"base_model.model.{m}.lora_B.weight"] = (0.3 * torch.randn(out_f, r, generator=g)).float().double()
     adir = os.path.join(d, "adapter")
-    os.makedirs(adir, exist_ok=True)
-    mf.write_safetensors(os.path.join(adir, "adapter_model.safetensors"), sorted(ad.items()))
-    names = sorted({m.rsplit(".", 1)[1] for m in mods}) if spec["targets"] != "all-linear" else "all-linear"
-    with open(os.path.join(adir, "adapter_config.json"), "w") as f:
-        json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": spec["alpha"],
-                   "target_modules": names, "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
-                   "base_model_name_or_path": None, "inference_mode": True}, f, indent=1)
+    ad, mods = e2e.write_moe_adapter(adir, c, params, spec, g, 0.3)
     n_exp = sum(".experts." in m for m in mods)
     for nf4 in (0, 1):
         base = nf4_base(params) if nf4 else params
@@ -370,11 +359,8 @@ def check_moe_adapters(gen, c, params, spec, d, prompts, want, g):
                 want_l != want and e2e.MIN_GAP[0] > e2e.TIE_GAP)
         for where, extra in [("resident base", []), ("streamed base", ["--params-on", "cpu", "--prefetch", "1"])]:
             # the adapted decode may reach the end-of-sequence id: not special here, as in the reference
-            got, rc, out, cmd = run_generate(gen, d, prompts, ["--adapter", adir, "--eos", "none"] +
-                                             (["--qlora"] if nf4 else []) + extra)
-            if rc != 0:
-                print(out)
-                print(f"generate exited {rc}: {cmd}")
+            got = run_ok(gen, d, prompts, ["--adapter", adir, "--eos", "none"] + (["--qlora"] if nf4 else []) + extra)
+            if got is None:
                 return ck.failed + 1
             ck.tokens(f"{what} r {r}, {where}", got, want_l)
     return ck.failed

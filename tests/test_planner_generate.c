@@ -24,6 +24,7 @@
 #include "common/plan_schema.h"   /* defines: zo_plan_load */
 #include "model/lora.h"            /* defines: model_lora_save */
 #include "planner/generate.h"     /* defines: plan_gen, plan_gen_estimate_run */
+#include "tests/support/files.h"  /* defines: files_write_text */
 #include "tests/support/run.h"    /* defines: run_memplan */
 #include "transformer/generate.h" /* defines: tf_gen */
 
@@ -253,13 +254,10 @@ static void test_cli(void **state)
      * (embedding + 32 x (attention + norms + router + 2 x 3 x 4096 x 14336) + norm + head) */
     char mcfg[128];
     snprintf(mcfg, sizeof mcfg, "%s/mixtral.json", nvme_dir);
-    FILE *f = fopen(mcfg, "w");
-    assert_non_null(f);
-    fprintf(f, "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 32, \"hidden_size\": 4096, "
-               "\"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"intermediate_size\": 14336, "
-               "\"num_local_experts\": 8, \"num_experts_per_tok\": 2, \"vocab_size\": 32000, "
-               "\"max_position_embeddings\": 32768, \"tie_word_embeddings\": false}\n");
-    fclose(f);
+    files_write_text(mcfg, "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 32, \"hidden_size\": 4096, "
+                           "\"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"intermediate_size\": 14336, "
+                           "\"num_local_experts\": 8, \"num_experts_per_tok\": 2, \"vocab_size\": 32000, "
+                           "\"max_position_embeddings\": 32768, \"tie_word_embeddings\": false}\n");
     snprintf(args, sizeof args, "generate --model %s --hw h100-80gb --params cpu --json", mcfg);
     assert_int_equal(run_memplan(args, out, sizeof out), 0);
     unsigned long long h = 4096, layer = h * (h + 1024 + 1024) + h * h + 2 * h + 8 * h + 2 * 3 * h * 14336;
