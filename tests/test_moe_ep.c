@@ -215,11 +215,22 @@ static void exchange(int which, int recompute)
         free(a);
         free(b);
     }
+    /* the bytes sent: what the model says its exchanges were, counted by
+     * the communicator */
+    const uint64_t(*pr)[2] = (const uint64_t(*)[2])ep.m.ep_pairs;
+    uint64_t he = (uint64_t)cfg.hidden * 4, counts = (uint64_t)(P - 1) * (uint64_t)el->expert_count * 4;
+    uint64_t want = ep.m.ep_layers[TF_EP_FORWARD] * counts + pr[TF_EP_FORWARD][0] * (he + 4) +
+                    pr[TF_EP_FORWARD][1] * he + ep.m.ep_layers[TF_EP_RECOMPUTE] * counts +
+                    pr[TF_EP_RECOMPUTE][0] * (he + 4) + pr[TF_EP_BACKWARD][0] * 4 * cfg.hidden +
+                    pr[TF_EP_BACKWARD][1] * (4 * (uint64_t)cfg.hidden + 4);
+    uint64_t got = comm_all_to_all_bytes(world) - a2a0;
+    assert_int_equal(ep.m.ep_layers[TF_EP_RECOMPUTE], recompute ? ep.m.ep_layers[TF_EP_FORWARD] : 0);
     printf("  rank %d of %d, %s%s: loss %s (%.1e), weights %d of %d identical, gradients: dense %d of %d "
-           "identical, experts %d of %d; %llu pairs out, %llu in, %llu all-to-all bytes\n",
+           "identical, experts %d of %d; %llu pairs out, %llu in; %llu all-to-all bytes, %llu counted\n",
            me, P, cfg.family, recompute ? ", recompute" : "", loss_ep == loss_whole ? "identical" : "within", rel,
-           same_w, n_w, same_d, n_d, same_x, n_x, (unsigned long long)ep.m.ep_pairs_out,
-           (unsigned long long)ep.m.ep_pairs_in, (unsigned long long)(comm_all_to_all_bytes(world) - a2a0));
+           same_w, n_w, same_d, n_d, same_x, n_x, (unsigned long long)pr[TF_EP_FORWARD][0],
+           (unsigned long long)pr[TF_EP_FORWARD][1], (unsigned long long)got, (unsigned long long)want);
+    assert_int_equal(got, want);
     run_close(&ep);
     run_close(&whole);
     gpu_stream_destroy(s);

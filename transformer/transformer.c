@@ -1291,9 +1291,9 @@ static int ep_rows_from(const tf_model *m, const tf_layer_acts *a, int p)
  * sender's pairs to their owners (back = 0: rank q gets the pairs of its
  * experts) or the owners' rows back to their senders (back = 1), after the
  * work enqueued on s; blocking. Counts the pairs crossing between ranks
- * (once per pass: with `count`). */
+ * under `pass` (TF_EP_*; -1: not, counted once a pass). */
 static zo_status ep_exchange(tf_model *m, int l, gpu_stream_t s, const void *send, void *recv, int cols,
-                             zo_dtype dt, int back, int count)
+                             zo_dtype dt, int back, int pass)
 {
     const int P = m->ep_size, El = m->layout.expert_count;
     const tf_layer_acts *a = &m->acts[l];
@@ -1302,11 +1302,12 @@ static zo_status ep_exchange(tf_model *m, int l, gpu_stream_t s, const void *sen
         size_t mine = (size_t)(a->moe_off[(q + 1) * El] - a->moe_off[q * El]), theirs = (size_t)ep_rows_from(m, a, q);
         sc[q] = (back ? theirs : mine) * (size_t)cols;
         rc[q] = (back ? mine : theirs) * (size_t)cols;
-        if (count && q != m->ep_rank) {
-            m->ep_pairs_out += mine;
-            m->ep_pairs_in += theirs;
+        if (pass >= 0 && q != m->ep_rank) {
+            m->ep_pairs[pass][0] += mine;
+            m->ep_pairs[pass][1] += theirs;
         }
     }
+    if (pass >= 0) m->ep_layers[pass]++;
     zo_status st;
     comm_request_t req;
     if ((st = gpu_stream_synchronize(s)) != ZO_OK ||
@@ -1318,7 +1319,7 @@ static zo_status ep_exchange(tf_model *m, int l, gpu_stream_t s, const void *sen
 /* The forward's exchange of layer l: the counts, then the pairs' inputs xg
  * [M, h] and weights to their owners, kept grouped by local expert (ep_x,
  * ep_wp, ep_off). */
-static zo_status ep_dispatch(tf_model *m, int l, gpu_stream_t s, gpu_tensor xg)
+static zo_status ep_dispatch(tf_model *m, int l, gpu_stream_t s, gpu_tensor xg, int recompute)
 {
     zo_status st;
     const int P = m->ep_size, El = m->layout.expert_count, h = m->cfg.hidden;
@@ -1364,8 +1365,9 @@ static zo_status ep_dispatch(tf_model *m, int l, gpu_stream_t s, gpu_tensor xg)
     }
     gpu_tensor rows = gpu_t(m->ep_buf[0], m->dtype);
     if ((R && (st = gpu_memcpy_async(s, a->ep_idx, a->ep_idx_h, 2 * R * 4, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK) ||
-        (st = ep_exchange(m, l, s, xg.data, rows.data, h, m->dtype, 0, 1)) != ZO_OK ||
-        (st = ep_exchange(m, l, s, a->moe_wp, m->ep_w[0], 1, ZO_DTYPE_F32, 0, 0)) != ZO_OK || !R)
+        (st = ep_exchange(m, l, s, xg.data, rows.data, h, m->dtype, 0,
+                          recompute ? TF_EP_RECOMPUTE : TF_EP_FORWARD)) != ZO_OK ||
+        (st = ep_exchange(m, l, s, a->moe_wp, m->ep_w[0], 1, ZO_DTYPE_F32, 0, -1)) != ZO_OK || !R)
         return st;
     if ((st = gpu_moe_gather(s, gpu_t(a->ep_x, m->dtype), rows, a->ep_idx, (int)R, h)) != ZO_OK) return st;
     return gpu_moe_gather(s, F32(a->ep_wp), F32(m->ep_w[0]), a->ep_idx, (int)R, 1);
@@ -1382,7 +1384,7 @@ static zo_status ep_return(tf_model *m, int l, gpu_stream_t s, gpu_tensor groupe
     int R = a->ep_off[m->layout.expert_count];
     gpu_tensor arr = gpu_t(arrival, grouped.dtype);
     if (R && (st = gpu_moe_gather(s, arr, grouped, a->ep_idx + R, R, cols)) != ZO_OK) return st;
-    return ep_exchange(m, l, s, arrival, recv, cols, grouped.dtype, 1, 0);
+    return ep_exchange(m, l, s, arrival, recv, cols, grouped.dtype, 1, -1);
 }
 
 /* The MoE MLP of layer l: tmp [N, h] = its output. With `recompute`, stop
@@ -1412,7 +1414,7 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
     /* the pairs' inputs xg [M, h]; the experts here take theirs (with
      * expert parallelism the rows every rank sent them, ep_x) */
     if (M && (st = gpu_moe_gather(s, xg, ln2, a->moe_idx, M, h)) != ZO_OK) return st;
-    if (ep && (st = ep_dispatch(m, l, s, xg)) != ZO_OK) return st;
+    if (ep && (st = ep_dispatch(m, l, s, xg, recompute)) != ZO_OK) return st;
     const int El = m->layout.expert_count, *eoff = ep ? a->ep_off : off;
     const float *wp = ep ? a->ep_wp : a->moe_wp;
     gpu_tensor ex = ep ? gpu_t(a->ep_x, dt) : xg, ey = ep ? gpu_t(m->ep_buf[1], dt) : yg;
@@ -1525,6 +1527,30 @@ static zo_status shared_expert_backward(tf_model *m, int l, const tf_block_bufs 
     return plain_linear_backward(m, l, bb, s, MODEL_ROLE_SHARED_GATE_W, TF_LORA_NONE, F32(m->dz), ln2, N, 1, h);
 }
 
+/* dW += dy^T x over an expert's n rows: with expert parallelism one GEMM
+ * per source rank's rows (grouped rows: by expert, then source rank), so
+ * that an expert's gradient adds each rank's tokens' share in rank order,
+ * as one rank's gradient accumulation adds its micro-batches'; returns dw
+ * emptied for gemm_back when it did (nothing else to add). */
+static zo_status ep_weight_grad(tf_model *m, const tf_layer_acts *a, int e, gpu_stream_t s, gpu_tensor *dw,
+                                gpu_tensor dy, gpu_tensor x, int out, int in)
+{
+    if (m->ep_size <= 1 || !dw->data) return ZO_OK;
+    const int El = m->layout.expert_count;
+    zo_status st;
+    for (int p = 0, at = 0; p < m->ep_size; p++) {
+        int n = a->ep_cnt[(size_t)p * El + e];
+        if (!n) continue;
+        gpu_gemm_desc gw = {.trans_a = 1, .m = out, .n = in, .k = n, .alpha = 1.0f, .beta = 1.0f,
+                            .a = rows_at(dy, at, out), .b = rows_at(x, at, in), .c = *dw, .lda = out, .ldb = in,
+                            .ldc = in};
+        if ((st = gpu_gemm(s, &gw)) != ZO_OK) return st;
+        at += n;
+    }
+    dw->data = NULL;
+    return ZO_OK;
+}
+
 /* The routed experts' backward on their pairs, from dres: their weights'
  * (or adapters') gradients, dweights [N, E] (each pair's weight gradient at
  * its token and expert), dh += the pairs' input gradients added back to
@@ -1554,7 +1580,7 @@ static zo_status experts_backward(tf_model *m, int l, const tf_block_bufs *bb, g
     gpu_tensor ex_g = dx, ex_x = ep ? gpu_t(a->ep_x, dt) : xg;
     if (ep) {
         ex_g = F32(m->ep_buf[1]);
-        if ((st = ep_exchange(m, l, s, dx.data, m->ep_buf[0], h, ZO_DTYPE_F32, 0, 1)) != ZO_OK ||
+        if ((st = ep_exchange(m, l, s, dx.data, m->ep_buf[0], h, ZO_DTYPE_F32, 0, TF_EP_BACKWARD)) != ZO_OK ||
             (R && (st = gpu_moe_gather(s, ex_g, F32(m->ep_buf[0]), a->ep_idx, R, h)) != ZO_OK))
             return st;
     } else if ((st = gpu_moe_gather(s, xg, gpu_t(a->ln2, dt), a->moe_idx, M, h)) != ZO_OK) {
@@ -1571,10 +1597,11 @@ static zo_status experts_backward(tf_model *m, int l, const tf_block_bufs *bb, g
         gpu_tensor dxe = rows_at(ex_g, o, h), xe = rows_at(ex_x, o, h);
         const void *ew;
         /* g = dg Wdown [n, fe]; dWdown += dg^T (w act) */
+        gpu_tensor dw = base_grad(m, bb, blk, MODEL_ROLE_EXPERT_DOWN_W, e);
         if ((st = expert_begin(bb, e, s, &ew)) != ZO_OK || (st = gemm_operand(m, s, dxe, n, h, &op)) != ZO_OK ||
             (st = expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_DOWN_W, e, ew, &w)) != ZO_OK ||
-            (st = gemm_back(s, g, 0.0f, base_grad(m, bb, blk, MODEL_ROLE_EXPERT_DOWN_W, e), op, x, w, n, h, fe)) !=
-                ZO_OK ||
+            (st = ep_weight_grad(m, a, e, s, &dw, op, x, h, fe)) != ZO_OK ||
+            (st = gemm_back(s, g, 0.0f, dw, op, x, w, n, h, fe)) != ZO_OK ||
             (st = expert_lora_backward(m, s, bb, TF_LORA_EXPERT_DOWN, e, op, h, x, g, n)) != ZO_OK)
             return st;
         /* each pair's weight gradient g . act, dact = w g (in place), SwiGLU */
@@ -1585,12 +1612,15 @@ static zo_status experts_backward(tf_model *m, int l, const tf_block_bufs *bb, g
         gpu_tensor d[2] = {g, gu};
         model_role r[2] = {MODEL_ROLE_EXPERT_GATE_W, MODEL_ROLE_EXPERT_UP_W};
         tf_lora_stage ls[2] = {TF_LORA_EXPERT_GATE, TF_LORA_EXPERT_UP};
-        for (int k = 0; k < 2; k++)
+        for (int k = 0; k < 2; k++) {
+            gpu_tensor dwk = base_grad(m, bb, blk, r[k], e);
             if ((st = gemm_operand(m, s, d[k], n, fe, &op)) != ZO_OK ||
                 (st = expert_weight(m, s, bb, blk, r[k], e, ew, &w)) != ZO_OK ||
-                (st = gemm_back(s, dxe, (float)k, base_grad(m, bb, blk, r[k], e), op, xe, w, n, fe, h)) != ZO_OK ||
+                (st = ep_weight_grad(m, a, e, s, &dwk, op, xe, fe, h)) != ZO_OK ||
+                (st = gemm_back(s, dxe, (float)k, dwk, op, xe, w, n, fe, h)) != ZO_OK ||
                 (st = expert_lora_backward(m, s, bb, ls[k], e, op, fe, xe, dxe, n)) != ZO_OK)
                 return st;
+        }
     }
     /* the input and weight gradients back to their senders (moe_dx,
      * moe_dscale: the pairs' order), then to the tokens, expert after

@@ -165,6 +165,8 @@ typedef struct tf_options {
     comm_t ep;
 } tf_options;
 
+enum { TF_EP_FORWARD = 0, TF_EP_RECOMPUTE, TF_EP_BACKWARD };
+
 typedef struct tf_model {
     zo_model_config cfg;
     tf_options opts;
@@ -227,8 +229,14 @@ typedef struct tf_model {
     int32_t *ep_cnt_d;      /* [2 ep El] device: the counts sent, then received */
     int32_t *ep_cnt_h;      /* [2 ep El] host: the same */
     size_t *ep_counts;      /* [2 ep] host: elements each all-to-all sends to, receives from each rank */
-    uint64_t ep_pairs_out;  /* pairs sent to another rank's experts since tf_init (every pass) */
-    uint64_t ep_pairs_in;   /* pairs received from another rank since tf_init (every pass) */
+    /* what the exchanges sent since tf_init, by pass (TF_EP_FORWARD,
+     * TF_EP_RECOMPUTE, TF_EP_BACKWARD): the layer exchanges, the pairs sent
+     * to another rank's experts ([0]) and received from another rank ([1]).
+     * The bytes they send to the other ranks (comm_all_to_all_bytes) are,
+     * with h e the bytes of a row in the model dtype, El the local experts:
+     * forward layers (P-1) El 4 + out (h e + 4) + in h e; recompute layers
+     * (P-1) El 4 + out (h e + 4); backward out 4 h + in (4 h + 4). */
+    uint64_t ep_layers[3], ep_pairs[3][2];
     const void *apart_buf;  /* the block call's params when they hold an MoE layer's dense part alone
                                (tf_block_bufs.expert), else NULL */
     /* generation (opts.kv_len > 0) */
