@@ -71,7 +71,9 @@ static zo_status lora_init(tf_model *m)
     const tf_lora_options *o = &m->opts.lora;
     const zo_model_config *c = &m->cfg;
     zo_lora_config lc = {.r = o->r, .alpha = o->alpha, .targets = o->targets};
-    if ((st = model_lora_layout_init(&m->adapters, c, &lc)) != ZO_OK) return zo_error_wrap(st, "tf_init");
+    if ((st = model_lora_layout_init_experts(&m->adapters, c, &lc, m->layout.expert_first, m->layout.expert_count)) !=
+        ZO_OK)
+        return zo_error_wrap(st, "tf_init");
     m->lora_scale = o->alpha / (float)o->r;
     zo_lora_module mods[ZO_LORA_MAX_MODULES];
     m->n_lora = zo_lora_layer_modules(c, o->targets, mods);
@@ -97,9 +99,9 @@ static zo_status lora_init(tf_model *m)
         sl->out = (int)mods[j].out;
         size_t *pos = &at;
         if (ex) {
-            if (!e_seen++) { /* the first expert module: the experts' adapters start here */
+            if (!e_seen++) { /* the first expert module: the experts' adapters (the window's) start here */
                 e_at = at;
-                at += (size_t)mods[j].experts * e_stride;
+                at += (size_t)m->layout.expert_count * e_stride;
             }
             pos = &e_at;
             sl->e_stride = e_stride;
@@ -355,9 +357,8 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         if (!cfg->moe.experts || cfg->moe.experts % m->ep_size)
             return zo_error(ZO_ERR_INVALID, "tf_init: model %s: expert parallelism over %d ranks needs a number "
                             "of experts it divides (the model has %d)", cfg->name, m->ep_size, cfg->moe.experts);
-        if (m->opts.lora.r > 0 || m->opts.kv_len)
-            return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: expert parallelism with %s is not implemented",
-                            m->opts.lora.r > 0 ? "LoRA" : "generation");
+        if (m->opts.kv_len)
+            return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: expert parallelism with generation is not implemented");
         /* the exchange hands device memory to the communicator: the CPU device's is host memory */
         if (!comm_device_buffers(m->opts.ep) && strcmp(gpu_device_name(dev), "cpu"))
             return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: the %s communicator takes host buffers, expert "
@@ -492,8 +493,9 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         {&m->moe_y, K * N * h * es, "expert outputs"},
         {(void **)&m->moe_dx, K * N * h * 4, "expert input gradients"},
         {(void **)&m->moe_dscale, K * N * 4, "expert weight gradients"},
-        {(void **)&m->dlora, lora ? (K ? K : 1) * N * m->opts.lora.r * 4 : 0, "LoRA gradient"},
-        {&m->eu, lora ? K * N * m->opts.lora.r * es : 0, "expert LoRA A x"},
+        {(void **)&m->dlora, lora ? max_z(K ? K : 1, P > 1 ? P : 0) * N * m->opts.lora.r * 4 : 0, "LoRA gradient"},
+        /* (an expert's rows: top_k N of this rank's pairs, or N from each rank of the group) */
+        {&m->eu, lora ? max_z(K, P > 1 ? P : 0) * N * m->opts.lora.r * es : 0, "expert LoRA A x"},
         {(void **)&m->dsink, lora ? 2 * h * 4 : 0, "frozen norm gradients"},
         {&m->wdq, lora && m->opts.lora.nf4 ? largest_linear(c) * es : 0, "dequantized weight"},
         {&m->dy16, dtype == ZO_DTYPE_F32 ? 0 : max_z(widest_gradient(c, N, loss_rows(m, N)), P * N * max_z(h, fe)) * es,
@@ -648,7 +650,7 @@ void tf_lora_merge_block(const tf_model *m, int block, const float *adapters, fl
     for (int j = 0; j < m->n_lora; j++) {
         const tf_lora_slot *sl = &m->lora[j];
         const model_view *v = model_layout_view(&m->layout, block, role[sl->stage]);
-        int experts = sl->e_stride ? m->cfg.moe.experts : 1; /* a routed expert's: each expert's */
+        int experts = sl->e_stride ? m->layout.expert_count : 1; /* a routed expert's: each expert's */
         for (int e = 0; e < experts; e++) {
             const float *A = adapters + sl->a_off + (size_t)e * sl->e_stride; /* [r, in] */
             const float *Bm = adapters + sl->b_off + (size_t)e * sl->e_stride; /* [out, r] */
@@ -2156,9 +2158,28 @@ void tf_init_weights(const model_layout *l, float *const *host_blocks, uint64_t 
 
 void tf_init_lora_block(const model_layout *adapters, int block, float *dst, uint64_t *rng)
 {
+    /* an expert window (model/layout.h): the draws of the experts before it
+     * and after it are skipped, so that each expert's adapters get the
+     * whole model's values (an expert's A draws: the window's over its
+     * experts) */
+    const model_layout *l = adapters;
+    int first_x = -1, last_x = -1;
+    uint64_t xa = 0;
+    for (int i = 0; i < l->n_tensors; i++) {
+        const model_tensor *t = &l->tensors[i];
+        if (t->block != block || t->role < MODEL_ROLE_EXPERT_GATE_W || t->role > MODEL_ROLE_EXPERT_DOWN_W) continue;
+        if (first_x < 0) first_x = i;
+        last_x = i;
+        if (t->lora == MODEL_LORA_A) xa += t->numel;
+    }
+    uint64_t per = l->expert_count ? xa / (uint64_t)l->expert_count : 0;
     for (int i = 0; i < adapters->n_tensors; i++) {
         const model_tensor *t = &adapters->tensors[i];
         if (t->block != block) continue;
+        if (i == first_x) *rng += (uint64_t)l->expert_first * per * 0x9e3779b97f4a7c15ull;
+        if (i == last_x) /* (after its draws, below: it is a B, which draws none) */
+            *rng += (uint64_t)(l->cfg.moe.experts - l->expert_first - l->expert_count) * per *
+                    0x9e3779b97f4a7c15ull;
         float *p = dst + t->offset;
         long long n = (long long)t->numel;
         if (t->lora == MODEL_LORA_B) { /* B = 0: the adapted model starts as the base */

@@ -212,12 +212,12 @@ static zo_status check_ep(const train_args *a, const zo_model_config *cfg, int r
     if (cfg->moe.experts % ep)
         return zo_error(ZO_ERR_INVALID, "--ep %d does not divide the %d experts of %s", ep, cfg->moe.experts,
                         cfg->name);
-    const char *what = a->ckpt ? "--ckpt" : a->resume ? "--resume" : NULL;
+    const char *what = a->ckpt ? "--ckpt" : a->resume ? "--resume" : a->merge ? "--merge" : NULL;
     if (what)
         return zo_error(ZO_ERR_UNSUPPORTED, "%s with expert parallelism (--ep %d, parallel.ep): each rank holds "
-                        "its share of the experts and its own optimizer state for them, and a ZeRO-0 checkpoint is "
-                        "rank 0's state alone; train with --ep 1 to checkpoint (--save writes the weights)", what,
-                        ep);
+                        "its share of the experts and its own optimizer state for them: a ZeRO-0 checkpoint is "
+                        "rank 0's state alone, and a merge reads the whole base on rank 0; train with --ep 1 for "
+                        "them (--save writes the weights or the adapters)", what, ep);
     return ZO_OK;
 }
 
