@@ -459,7 +459,17 @@ zo_status model_lora_load(const char *dir, const model_layout *adapters, void *c
     void **ptrs = block_ptrs(adapters, (const void *const *)blocks, &dummy);
     if (!ptrs) return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", path);
     model_load_report rep;
-    zo_status st = model_load_path(path, adapters, ptrs, dt, MODEL_LOAD_STRICT, &rep);
+    /* an expert window (expert parallelism): the other experts' adapters are
+     * in the file, each expert's as many tensors as the window's */
+    const model_layout *l = adapters;
+    int outside = l->cfg.moe.experts - l->expert_count, per = 0;
+    for (int i = 0; outside && i < l->n_tensors; i++)
+        per += l->tensors[i].role >= MODEL_ROLE_EXPERT_GATE_W && l->tensors[i].role <= MODEL_ROLE_EXPERT_DOWN_W;
+    per = l->expert_count ? per / l->expert_count : 0;
+    zo_status st = model_load_path(path, adapters, ptrs, dt, outside ? 0 : MODEL_LOAD_STRICT, &rep);
     free(ptrs);
+    if (st == ZO_OK && outside && rep.n_unexpected != outside * per)
+        return zo_error(ZO_ERR_FORMAT, "%s: %d tensors are not adapters of %s (%d are the other ranks' experts'), "
+                        "first \"%s\"", path, rep.n_unexpected, l->cfg.name, outside * per, rep.first_unexpected);
     return st;
 }
