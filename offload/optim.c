@@ -614,12 +614,6 @@ zo_status offload_optim_block_done(offload_optim *o, int b)
     return ZO_OK;
 }
 
-/* Sum of squares of the step's gradient and the first block holding an inf
- * or nan (-1: none): the host's blocks in order, then the device shard's.
- * Blocks whose statistics were taken as their gradients completed
- * (offload_optim_block_done) are not summed again. With the optimizer
- * partitioned, each rank's over its parts, then the ranks' in rank order
- * (the same double on every rank) and the first bad block of any. */
 /* Expert parallelism at ZeRO-0: the squares of the rank's own experts'
  * gradients (their ranges of the reduced sums, host or device), the same
  * function over the same values as the block statistics. */
@@ -629,7 +623,8 @@ static zo_status expert_sumsq(offload_optim *o, double *xs)
     const offload_env *env = o->env;
     size_t most = 0;
     *xs = 0.0;
-    for (int i = 0; i < m->n_expert_ranges; i++) most = m->expert_ranges[i].numel > most ? m->expert_ranges[i].numel : most;
+    for (int i = 0; i < m->n_expert_ranges; i++)
+        if (m->expert_ranges[i].numel > most) most = m->expert_ranges[i].numel;
     float *tmp = NULL;
     zo_status st = ZO_OK;
     for (int i = 0; i < m->n_expert_ranges && st == ZO_OK; i++) {
@@ -638,7 +633,8 @@ static zo_status expert_sumsq(offload_optim *o, double *xs)
         ostate_grad_sum(o->os, x->block, &sum);
         const float *v = sum.host ? sum.host + x->offset : NULL;
         if (!v) { /* the device's sum, copied out */
-            if (!tmp && !(tmp = malloc(most * sizeof *tmp))) return zo_error(ZO_ERR_NOMEM, "offload_step: out of host memory");
+            if (!tmp && !(tmp = malloc(most * sizeof *tmp)))
+                return zo_error(ZO_ERR_NOMEM, "offload_step: out of host memory");
             if ((st = gpu_memcpy_async(env->d2h, tmp, sum.dev + x->offset, x->numel * 4, GPU_COPY_DEVICE_TO_HOST)) !=
                     ZO_OK ||
                 (st = gpu_stream_synchronize(env->d2h)) != ZO_OK)
@@ -653,6 +649,12 @@ static zo_status expert_sumsq(offload_optim *o, double *xs)
     return st;
 }
 
+/* Sum of squares of the step's gradient and the first block holding an inf
+ * or nan (-1: none): the host's blocks in order, then the device shard's.
+ * Blocks whose statistics were taken as their gradients completed
+ * (offload_optim_block_done) are not summed again. With the optimizer
+ * partitioned, each rank's over its parts, then the ranks' in rank order
+ * (the same double on every rank) and the first bad block of any. */
 static zo_status grad_stats(offload_optim *o, double *sumsq, int *first_bad)
 {
     zo_status st = ostate_grad_stats(o->os, o->early, o->cfg->adam.clip > 0.0f, sumsq, first_bad);
@@ -678,7 +680,8 @@ static zo_status grad_stats(offload_optim *o, double *sumsq, int *first_bad)
         if (st == ZO_OK) *sumsq -= xs;
         for (int r = 0; r < size && st == ZO_OK; r++) {
             *sumsq += all[r].xs;
-            if (all[r].first_bad >= 0 && (*first_bad < 0 || all[r].first_bad < *first_bad)) *first_bad = all[r].first_bad;
+            if (all[r].first_bad >= 0 && (*first_bad < 0 || all[r].first_bad < *first_bad))
+                *first_bad = all[r].first_bad;
         }
         free(all);
         return st;

@@ -683,7 +683,8 @@ static void compare_folders(const char *got_dir, const char *want_dir, const cha
         free(a);
         free(b);
         const cJSON *off = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
-        size_t lo = (size_t)cJSON_GetArrayItem(off, 0)->valuedouble, hi = (size_t)cJSON_GetArrayItem(off, 1)->valuedouble;
+        size_t lo = (size_t)cJSON_GetArrayItem(off, 0)->valuedouble;
+        size_t hi = (size_t)cJSON_GetArrayItem(off, 1)->valuedouble;
         (*n)++;
         if (!memcmp(g.data + lo, w.data + lo, hi - lo)) {
             (*same)++;
@@ -785,10 +786,10 @@ static void test_moe_ep(void **state)
     static const char *const names[2] = {"mixtral", "qwen2_moe8"};
     const char *texts[2] = {mixtral_config, qwen2_moe8_config};
     static const int runs[3][2] = {{2, 2}, {4, 4}, {4, 2}}; /* ranks, ep */
-    static const char *const place[3] = {"--dtype fp32 --params gpu --optimizer cpu --schedule overlap",
-                                         "--dtype fp32 --params cpu --optimizer cpu=0.5,nvme=0.5 --recompute full",
-                                         "--dtype fp32 --lora 4 --lora-targets all-linear --params cpu --adapters-on cpu "
-                                         "--optimizer cpu=0.5,nvme=0.5"};
+    static const char *const place[3] = {
+        "--dtype fp32 --params gpu --optimizer cpu --schedule overlap",
+        "--dtype fp32 --params cpu --optimizer cpu=0.5,nvme=0.5 --recompute full",
+        "--dtype fp32 --lora 4 --lora-targets all-linear --params cpu --adapters-on cpu --optimizer cpu=0.5,nvme=0.5"};
     char flags[1024], plan[512], extra[1024], path[512], stats[600];
     for (int mdl = 0; mdl < 2; mdl++) {
         snprintf(path, sizeof path, "%s/%s.json", dir, names[mdl]);

@@ -807,7 +807,8 @@ static gpu_tensor bview(const tf_model *m, const void *buf, int block, model_rol
         const model_view *v = model_layout_view(&m->layout, block, role);
         const model_view *x = model_layout_view(&m->layout, block, MODEL_ROLE_EXPERT_GATE_W);
         if (!v || !v->numel) return gpu_t(NULL, m->dtype);
-        size_t o = v->offset, lo = x->offset, n = (size_t)m->layout.expert_count * model_layout_expert_stride(&m->layout);
+        size_t o = v->offset, lo = x->offset;
+        size_t n = (size_t)m->layout.expert_count * model_layout_expert_stride(&m->layout);
         return gpu_t((char *)buf + (o >= lo ? o - n : o) * zo_dtype_size(m->dtype), m->dtype);
     }
     if (!has_lora(m)) return tf_view(m, buf, block, role);
