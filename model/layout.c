@@ -167,7 +167,7 @@ static void moe_layer(builder *b, int i)
     const char *p = "model.layers", *m = mixtral ? "block_sparse_moe" : "mlp";
     add(b, MODEL_ROLE_ROUTER_W, 0, c->moe.experts, h, "%s.%d.%s.gate.weight", p, i, m);
     int first = b->l->n_tensors;
-    for (int e = 0; e < c->moe.experts; e++) {
+    for (int e = b->l->expert_first; e < b->l->expert_first + b->l->expert_count; e++) {
         add(b, MODEL_ROLE_EXPERT_GATE_W, 0, fe, h, "%s.%d.%s.experts.%d.%s.weight", p, i, m, e,
             mixtral ? "w1" : "gate_proj");
         add(b, MODEL_ROLE_EXPERT_UP_W, 0, fe, h, "%s.%d.%s.experts.%d.%s.weight", p, i, m, e,
@@ -299,10 +299,18 @@ static void head_block(builder *b)
     if (!c->tied_embeddings) add(b, MODEL_ROLE_LM_HEAD_W, 0, v, h, "lm_head.weight");
 }
 
-zo_status model_layout_init(model_layout *l, const zo_model_config *cfg_in)
+zo_status model_layout_init(model_layout *l, const zo_model_config *cfg)
+{
+    return model_layout_init_experts(l, cfg, 0, cfg->moe.experts);
+}
+
+zo_status model_layout_init_experts(model_layout *l, const zo_model_config *cfg_in, int first, int count)
 {
     zo_status st;
     memset(l, 0, sizeof *l);
+    if (first < 0 || count < 1 - !cfg_in->moe.experts || first + count > cfg_in->moe.experts)
+        return zo_error(ZO_ERR_INVALID, "model layout: %s: experts %d..%d of its %d", cfg_in->name, first,
+                        first + count - 1, cfg_in->moe.experts);
     zo_model_config cfg = *cfg_in;
     if (cfg.params_override)
         return zo_error(ZO_ERR_INVALID,
@@ -317,6 +325,8 @@ zo_status model_layout_init(model_layout *l, const zo_model_config *cfg_in)
     if ((st = zo_model_config_runtime_check(&cfg)) != ZO_OK)
         return zo_error_wrap(st, "model layout");
     l->cfg = cfg;
+    l->expert_first = first;
+    l->expert_count = count;
     l->n_layers = cfg.n_layers;
     l->n_blocks = cfg.n_layers + 2;
     l->block_numel = calloc((size_t)l->n_blocks, sizeof *l->block_numel);
@@ -340,10 +350,14 @@ zo_status model_layout_init(model_layout *l, const zo_model_config *cfg_in)
     if ((st = b.st) != ZO_OK) goto out_free_layout;
 
     for (int i = 0; i < l->n_blocks; i++) l->total_numel += l->block_numel[i];
-    if ((uint64_t)l->total_numel != zo_model_params(&cfg)) {
+    uint64_t want = zo_model_params(&cfg), outside = 0; /* the experts outside the window */
+    for (int i = 0; i < cfg.n_layers; i++)
+        if (zo_model_layer_is_moe(&cfg, i))
+            outside += (uint64_t)(cfg.moe.experts - count) * model_layout_expert_stride(l);
+    if ((uint64_t)l->total_numel != want - outside) {
         st = zo_error(ZO_ERR_INTERNAL,
                       "model layout: %s: %zu elements laid out but the config counts %llu",
-                      cfg.name, l->total_numel, (unsigned long long)zo_model_params(&cfg));
+                      cfg.name, l->total_numel, (unsigned long long)(want - outside));
         goto out_free_layout;
     }
     return ZO_OK;

@@ -116,12 +116,23 @@ typedef struct model_layout {
     int n_tensors;
     model_tensor *tensors; /* in buffer order, block by block */
     model_view *views;     /* [n_blocks * MODEL_ROLE_COUNT]; numel 0 = absent */
-    size_t total_numel;    /* == zo_model_params(cfg) */
+    size_t total_numel;    /* == zo_model_params(cfg), less the experts outside the window */
+    /* The routed experts an MoE layer block holds (expert parallelism: a
+     * rank's share): experts expert_first .. expert_first + expert_count - 1
+     * of cfg.moe.experts, one after another (model_layout_expert_stride);
+     * local expert i is global expert expert_first + i, and its tensors keep
+     * the global Hugging Face names (experts.{expert_first + i}). The router
+     * scores every expert. Without a window: 0 and cfg.moe.experts. */
+    int expert_first, expert_count;
 } model_layout;
 
 /* Build the layout of `cfg` (validated first). Fails with ZO_ERR_INVALID for a
  * config that only knows its total (params_override). */
 zo_status model_layout_init(model_layout *l, const zo_model_config *cfg);
+/* The same holding only the routed experts [first, first + count) in each
+ * MoE layer block (the expert window above); ZO_ERR_INVALID for a window
+ * outside the model's experts. */
+zo_status model_layout_init_experts(model_layout *l, const zo_model_config *cfg, int first, int count);
 void model_layout_free(model_layout *l);
 
 /* Elements from expert e's tensor of an MoE role (EXPERT_*) to expert

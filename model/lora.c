@@ -33,21 +33,31 @@ static model_role role_of(const zo_lora_module *m)
     }
 }
 
-zo_status model_lora_layout_init(model_layout *l, const zo_model_config *cfg_in,
-                                 const zo_lora_config *lc)
+zo_status model_lora_layout_init(model_layout *l, const zo_model_config *cfg, const zo_lora_config *lc)
+{
+    return model_lora_layout_init_experts(l, cfg, lc, 0, cfg->moe.experts);
+}
+
+zo_status model_lora_layout_init_experts(model_layout *l, const zo_model_config *cfg_in, const zo_lora_config *lc,
+                                         int first, int count)
 {
     zo_status st;
     memset(l, 0, sizeof *l);
     zo_model_config cfg = *cfg_in;
+    if (first < 0 || count < 1 - !cfg.moe.experts || first + count > cfg.moe.experts)
+        return zo_error(ZO_ERR_INVALID, "LoRA layout: %s: experts %d..%d of its %d", cfg.name, first,
+                        first + count - 1, cfg.moe.experts);
     if ((st = zo_model_config_validate(&cfg)) != ZO_OK) return zo_error_wrap(st, "LoRA layout: %s", cfg.name);
     if ((st = zo_lora_check(&cfg, lc)) != ZO_OK) return zo_error_wrap(st, "LoRA layout: %s", cfg.name);
     zo_lora_module mods[ZO_LORA_MAX_MODULES];
     int nm = zo_lora_layer_modules(&cfg, lc->targets, mods);
     l->cfg = cfg;
+    l->expert_first = first;
+    l->expert_count = count;
     l->n_layers = cfg.n_layers;
     l->n_blocks = cfg.n_layers + 2;
     l->n_tensors = 0;
-    for (int j = 0; j < nm; j++) l->n_tensors += 2 * (mods[j].experts ? mods[j].experts : 1);
+    for (int j = 0; j < nm; j++) l->n_tensors += 2 * (mods[j].experts ? count : 1);
     l->n_tensors *= cfg.n_layers;
     l->block_numel = calloc((size_t)l->n_blocks, sizeof *l->block_numel);
     l->views = calloc((size_t)l->n_blocks * MODEL_ROLE_COUNT, sizeof *l->views);
@@ -66,7 +76,7 @@ zo_status model_lora_layout_init(model_layout *l, const zo_model_config *cfg_in,
             int experts = mods[j].experts, last = j;
             if (experts)
                 while (last + 1 < nm && mods[last + 1].experts) last++;
-            for (int e = 0; e < (experts ? experts : 1); e++)
+            for (int e = experts ? first : 0; e < (experts ? first + count : 1); e++)
                 for (int i = j; i <= last; i++)
                     for (int part = MODEL_LORA_A; part <= MODEL_LORA_B; part++) {
                         model_tensor *t = &l->tensors[k++];
@@ -89,11 +99,17 @@ zo_status model_lora_layout_init(model_layout *l, const zo_model_config *cfg_in,
         }
     }
     for (int b = 0; b < l->n_blocks; b++) l->total_numel += l->block_numel[b];
-    if ((uint64_t)l->total_numel != zo_lora_trainable_params(&cfg, lc->r, lc->targets)) {
+    /* (the experts outside the window: their adapters) */
+    uint64_t outside = 0;
+    for (int j = 0; j < nm; j++)
+        if (mods[j].experts)
+            outside += (uint64_t)(cfg.moe.experts - count) * (uint64_t)lc->r * (uint64_t)(mods[j].in + mods[j].out);
+    outside *= (uint64_t)cfg.n_layers;
+    uint64_t want = zo_lora_trainable_params(&cfg, lc->r, lc->targets) - outside;
+    if ((uint64_t)l->total_numel != want) {
         model_layout_free(l);
         return zo_error(ZO_ERR_INTERNAL, "LoRA layout: %s: laid out %zu, PEFT counts %llu", cfg.name,
-                        l->total_numel,
-                        (unsigned long long)zo_lora_trainable_params(&cfg, lc->r, lc->targets));
+                        l->total_numel, (unsigned long long)want);
     }
     return ZO_OK;
 }
@@ -443,7 +459,17 @@ zo_status model_lora_load(const char *dir, const model_layout *adapters, void *c
     void **ptrs = block_ptrs(adapters, (const void *const *)blocks, &dummy);
     if (!ptrs) return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", path);
     model_load_report rep;
-    zo_status st = model_load_path(path, adapters, ptrs, dt, MODEL_LOAD_STRICT, &rep);
+    /* an expert window (expert parallelism): the other experts' adapters are
+     * in the file, each expert's as many tensors as the window's */
+    const model_layout *l = adapters;
+    int outside = l->cfg.moe.experts - l->expert_count, per = 0;
+    for (int i = 0; outside && i < l->n_tensors; i++)
+        per += l->tensors[i].role >= MODEL_ROLE_EXPERT_GATE_W && l->tensors[i].role <= MODEL_ROLE_EXPERT_DOWN_W;
+    per = l->expert_count ? per / l->expert_count : 0;
+    zo_status st = model_load_path(path, adapters, ptrs, dt, outside ? 0 : MODEL_LOAD_STRICT, &rep);
     free(ptrs);
+    if (st == ZO_OK && outside && rep.n_unexpected != outside * per)
+        return zo_error(ZO_ERR_FORMAT, "%s: %d tensors are not adapters of %s (%d are the other ranks' experts'), "
+                        "first \"%s\"", path, rep.n_unexpected, l->cfg.name, outside * per, rep.first_unexpected);
     return st;
 }

@@ -40,6 +40,11 @@
  * free it with model_layout_free. */
 zo_status model_lora_layout_init(model_layout *l, const zo_model_config *cfg,
                                  const zo_lora_config *lc);
+/* The same holding the adapters of routed experts [first, first + count)
+ * only (expert parallelism: model/layout.h's expert window), under their
+ * global names. */
+zo_status model_lora_layout_init_experts(model_layout *l, const zo_model_config *cfg, const zo_lora_config *lc,
+                                         int first, int count);
 
 /* Write dir/adapter_model.safetensors (the adapter buffers blocks[b], of
  * type buf_dt, stored as file_dt; blocks of no elements may be NULL) and

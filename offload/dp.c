@@ -127,6 +127,8 @@ void offload_dp_free(offload_dp *dp)
     free(dp->part_off);
     free(dp->part_n);
     free(dp->loc_off);
+    free(dp->xlo);
+    free(dp->xhi);
     free(dp);
 }
 
@@ -226,8 +228,8 @@ static zo_status push(offload_dp *dp, comm_request_t r)
 
 /* A collective, counted: in model elements (`real` of them the model's),
  * or, for a frozen base, `real` bytes apart. */
-static zo_status collective(offload_dp *dp, dp_op op, size_t count, size_t real, void *buf, zo_dtype dt,
-                            gpu_event_t after, gpu_event_t done, int frozen)
+static zo_status collective_on(offload_dp *dp, comm_t c, dp_op op, size_t count, size_t real, void *buf,
+                               zo_dtype dt, gpu_event_t after, gpu_event_t done, int frozen)
 {
     offload_acct *a = dp->env->acct;
     comm_order ord = {.after = after, .done = done};
@@ -239,7 +241,7 @@ static zo_status collective(offload_dp *dp, dp_op op, size_t count, size_t real,
     reap(dp);
     switch (op) {
     case DP_ALL_REDUCE:
-        st = comm_all_reduce(dp->comm, buf, buf, count, dt, &ord, &r);
+        st = comm_all_reduce(c, buf, buf, count, dt, &ord, &r);
         a->comm_elems += 2 * real;
         a->comm_pad_elems += 2 * (count - real);
         break;
@@ -262,6 +264,31 @@ static zo_status collective(offload_dp *dp, dp_op op, size_t count, size_t real,
     }
     a->comm_calls++;
     return push(dp, r);
+}
+
+static zo_status collective(offload_dp *dp, dp_op op, size_t count, size_t real, void *buf, zo_dtype dt,
+                            gpu_event_t after, gpu_event_t done, int frozen)
+{
+    return collective_on(dp, dp->comm, op, count, real, buf, dt, after, done, frozen);
+}
+
+zo_status offload_dp_all_reduce_experts(offload_dp *dp, size_t count, void *buf, zo_dtype dt, gpu_event_t after,
+                                        gpu_event_t done)
+{
+    return collective_on(dp, dp->xcomm, DP_ALL_REDUCE, count, count, buf, dt, after, done, 0);
+}
+
+zo_status offload_dp_set_experts(offload_dp *dp, comm_t xcomm, const size_t *lo, const size_t *hi)
+{
+    if (dp->stage)
+        return zo_error(ZO_ERR_UNSUPPORTED, "offload_init: expert parallelism at ZeRO-%d (ZeRO-0 only)", dp->stage);
+    if (!(dp->xlo = malloc((size_t)dp->nb * sizeof *dp->xlo)) || !(dp->xhi = malloc((size_t)dp->nb * sizeof *dp->xhi)))
+        return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    memcpy(dp->xlo, lo, (size_t)dp->nb * sizeof *lo);
+    memcpy(dp->xhi, hi, (size_t)dp->nb * sizeof *hi);
+    dp->ep = 1;
+    dp->xcomm = xcomm && comm_size(xcomm) > 1 ? xcomm : NULL;
+    return ZO_OK;
 }
 
 zo_status offload_dp_collective(offload_dp *dp, dp_op op, size_t count, size_t real, void *buf, zo_dtype dt,
@@ -373,7 +400,13 @@ zo_status offload_dp_gather_block(offload_dp *dp, int b, size_t numel, const flo
 
 zo_status offload_dp_gather(offload_dp *dp, const void *mine, size_t bytes, void *all)
 {
+    return offload_dp_gather_on(dp, dp->comm, mine, bytes, all);
+}
+
+zo_status offload_dp_gather_on(offload_dp *dp, comm_t c, const void *mine, size_t bytes, void *all)
+{
     const offload_env *env = dp->env;
+    const int rank = comm_rank(c), size = comm_size(c);
     if (bytes > OFFLOAD_GATHER_MAX)
         return zo_error(ZO_ERR_INVALID, "offload_gather: %zu bytes (at most %d)", bytes, OFFLOAD_GATHER_MAX);
     size_t words = (bytes + 3) / 4, stride = words * 4;
@@ -381,15 +414,15 @@ zo_status offload_dp_gather(offload_dp *dp, const void *mine, size_t bytes, void
     comm_order ord = {.after = dp->ev_in};
     zo_status st;
     if (!bytes) return ZO_OK;
-    if ((st = gpu_memcpy_async(env->h2d, buf + (size_t)dp->rank * stride, mine, bytes,
+    if ((st = gpu_memcpy_async(env->h2d, buf + (size_t)rank * stride, mine, bytes,
                                GPU_COPY_HOST_TO_DEVICE)) != ZO_OK ||
         (st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK)
         return st;
     offload_timer t0 = offload_time_begin();
-    st = comm_all_gather(dp->comm, buf + (size_t)dp->rank * stride, buf, words, ZO_DTYPE_F32, &ord, NULL);
+    st = comm_all_gather(c, buf + (size_t)rank * stride, buf, words, ZO_DTYPE_F32, &ord, NULL);
     offload_time_end(dp->env->acct, OFFLOAD_TIME_COMM, t0);
     if (st != ZO_OK) return zo_error_wrap(st, "offload_gather");
-    for (int r = 0; r < dp->size; r++)
+    for (int r = 0; r < size; r++)
         if ((st = gpu_memcpy_async(env->d2h, (char *)all + (size_t)r * bytes, buf + (size_t)r * stride, bytes,
                                    GPU_COPY_DEVICE_TO_HOST)) != ZO_OK)
             return st;

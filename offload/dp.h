@@ -45,6 +45,13 @@ struct offload_dp {
      * backend then releases the earlier record's waiters too (it keeps the
      * highest record completed) */
     gpu_event_t ev_in, ev_in_s, ev_out;
+    /* expert parallelism (offload_dp_set_experts): block b's routed experts,
+     * elements [xlo[b], xhi[b]), are this rank's own; at ZeRO-0 they are
+     * all-reduced over xcomm (the ranks holding the same experts; NULL:
+     * none other does, nothing to reduce), the rest of the block over comm */
+    int ep;
+    comm_t xcomm;
+    size_t *xlo, *xhi;     /* [nb] */
     /* collectives in flight, oldest first (they complete in issue order) */
     comm_request_t *req;
     size_t n_req, head, cap_req;
@@ -135,5 +142,15 @@ zo_status offload_dp_gather_part(offload_dp *dp, const offload_part *p, int b, s
                                  const void *part, void *all);
 /* `bytes` of host memory from every rank into all[rank * bytes]. Blocking. */
 zo_status offload_dp_gather(offload_dp *dp, const void *mine, size_t bytes, void *all);
+/* The same over communicator c (expert parallelism's groups: at most the
+ * world's ranks). */
+zo_status offload_dp_gather_on(offload_dp *dp, comm_t c, const void *mine, size_t bytes, void *all);
+/* Expert parallelism: block b's elements [lo[b], hi[b]) are this rank's
+ * experts, reduced over xcomm (NULL: not at all) at ZeRO-0. */
+zo_status offload_dp_set_experts(offload_dp *dp, comm_t xcomm, const size_t *lo, const size_t *hi);
+/* An all-reduce in place over xcomm, as offload_dp_collective's (xcomm
+ * must not be NULL). */
+zo_status offload_dp_all_reduce_experts(offload_dp *dp, size_t count, void *buf, zo_dtype dt, gpu_event_t after,
+                                        gpu_event_t done);
 
 #endif

@@ -394,24 +394,64 @@ static void widen(offload_grads *gr, int b)
  * all-reduce's are contiguous (no padding), a reduce-scatter's are
  * offload_dp_piece's. Piece j is (first, q), `real` of its elements the
  * model's, `out` of the result's the rank keeps (all-reduce: all). */
+/* An all-reduce's segment k of block b: 0 the elements before its routed
+ * experts, 1 the experts, 2 those after them; with expert parallelism the
+ * experts are this rank's own, reduced over the ranks holding the same
+ * ones (offload_dp.xcomm), the rest over all ranks. Without it segment 0
+ * is the whole block. */
+static void red_segment(const offload_grads *gr, int b, int k, size_t *lo, size_t *hi)
+{
+    const offload_dp *dp = gr->env->dp;
+    size_t n = gr->g->numel[b], xl = dp->ep ? dp->xlo[b] : n, xh = dp->ep ? dp->xhi[b] : n;
+    *lo = k == 0 ? 0 : k == 1 ? xl : xh;
+    *hi = k == 0 ? xl : k == 1 ? xh : n;
+}
+
 static size_t red_pieces(const offload_grads *gr, int b)
 {
     const offload_dp *dp = gr->env->dp;
-    size_t n = gr->g->numel[b], cap = dp->bucket_q * (size_t)dp->size;
-    return gr->red_op == DP_ALL_REDUCE ? (n + cap - 1) / cap : offload_dp_pieces(dp, b);
+    size_t cap = dp->bucket_q * (size_t)dp->size, n = 0;
+    if (gr->red_op != DP_ALL_REDUCE) return offload_dp_pieces(dp, b);
+    for (int k = 0; k < 3; k++) {
+        size_t lo, hi;
+        red_segment(gr, b, k, &lo, &hi);
+        n += (hi - lo + cap - 1) / cap;
+    }
+    return n;
 }
 
-static void red_piece(const offload_grads *gr, int b, size_t j, size_t *first, size_t *q, size_t *real, size_t *out)
+/* *expert: the piece is of the rank's experts (expert parallelism). */
+static void red_piece(const offload_grads *gr, int b, size_t j, size_t *first, size_t *q, size_t *real, size_t *out,
+                      int *expert)
 {
     const offload_dp *dp = gr->env->dp;
     size_t n = gr->g->numel[b], cap = dp->bucket_q * (size_t)dp->size;
+    *expert = 0;
     if (gr->red_op == DP_ALL_REDUCE) {
-        *first = j * cap;
-        *q = *real = *out = n - *first < cap ? n - *first : cap;
-        return;
+        for (int k = 0; k < 3; k++) {
+            size_t lo, hi, np;
+            red_segment(gr, b, k, &lo, &hi);
+            if (j >= (np = (hi - lo + cap - 1) / cap)) {
+                j -= np;
+                continue;
+            }
+            *first = lo + j * cap;
+            *q = *real = *out = hi - *first < cap ? hi - *first : cap;
+            *expert = k == 1 && dp->ep;
+            return;
+        }
     }
     offload_dp_piece(dp, b, n, j, first, q, real);
     *out = mine_in(dp->part_n[b], *first, *q);
+}
+
+/* A piece's all-reduce: over every rank, or a piece of the rank's experts
+ * over the ranks holding the same ones (none: nothing to do, *skip). */
+static zo_status red_collective(offload_dp *dp, dp_op op, int expert, size_t q, size_t real, void *bk,
+                                gpu_event_t after)
+{
+    if (expert) return offload_dp_all_reduce_experts(dp, q, bk, dp->red, after, dp->ev_out);
+    return offload_dp_collective(dp, op, q, real, bk, dp->red, after, dp->ev_out);
 }
 
 /* Block b's host sum through the buckets (alternating, red_k the next),
@@ -441,14 +481,16 @@ static zo_status reduce_host(offload_grads *gr, int b, gpu_stream_t s)
     for (size_t j = 0; j < red_pieces(gr, b); j++, *k ^= 1) {
         void *bk = dp->bucket[*k];
         size_t first, q, real, out;
+        int expert;
+        red_piece(gr, b, j, &first, &q, &real, &out, &expert);
+        if (expert && !dp->xcomm) continue; /* no other rank holds these experts */
         if ((st = offload_timed_wait(env, dp->bucket_ev[*k], OFFLOAD_TIME_GRADS)) != ZO_OK) return st;
-        red_piece(gr, b, j, &first, &q, &real, &out);
         st = op == DP_ALL_REDUCE
                  ? gpu_memcpy_async(env->h2d, bk, sum + first * rs, q * rs, GPU_COPY_HOST_TO_DEVICE)
                  : pack_piece(gr, env->h2d, b, n, sum, dp->red, GPU_COPY_HOST_TO_DEVICE, first, q, bk);
         if (st != ZO_OK) return st;
         if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK ||
-            (st = offload_dp_collective(dp, op, q, real, bk, dp->red, dp->ev_in, dp->ev_out)) != ZO_OK ||
+            (st = red_collective(dp, op, expert, q, real, bk, dp->ev_in)) != ZO_OK ||
             (st = gpu_stream_wait_event(env->d2h, dp->ev_out)) != ZO_OK)
             return st;
         if (op == DP_ALL_REDUCE)
@@ -483,13 +525,15 @@ static zo_status reduce_dev_16(offload_grads *gr, int b, gpu_stream_t s)
     for (size_t j = 0; j < red_pieces(gr, b); j++, *k ^= 1) {
         void *bk = dp->bucket[*k];
         size_t first, q, real, out;
+        int expert;
+        red_piece(gr, b, j, &first, &q, &real, &out, &expert);
+        if (expert && !dp->xcomm) continue; /* no other rank holds these experts */
         if ((st = offload_timed_wait(env, dp->bucket_ev[*k], OFFLOAD_TIME_GRADS)) != ZO_OK) return st;
-        red_piece(gr, b, j, &first, &q, &real, &out);
         st = op == DP_ALL_REDUCE ? gpu_cast(in, gpu_t(bk, dp->red), gpu_t(sum + first, ZO_DTYPE_F32), q)
                                  : pack_piece(gr, in, b, n, sum, ZO_DTYPE_F32, GPU_COPY_DEVICE_TO_DEVICE, first, q, bk);
         if (st != ZO_OK) return st;
         if ((st = gpu_event_record(ev, in)) != ZO_OK ||
-            (st = offload_dp_collective(dp, op, q, real, bk, dp->red, ev, dp->ev_out)) != ZO_OK ||
+            (st = red_collective(dp, op, expert, q, real, bk, ev)) != ZO_OK ||
             (st = gpu_stream_wait_event(env->d2h, dp->ev_out)) != ZO_OK)
             return st;
         if (op == DP_ALL_REDUCE)
@@ -516,7 +560,22 @@ static zo_status reduce_dev(offload_grads *gr, int b, gpu_stream_t s)
         if ((st = gpu_event_record(dp->ev_in_s, s)) != ZO_OK) return st;
         after = dp->ev_in_s;
     }
-    return offload_dp_block(dp, (dp_op)gr->red_op, b, gr->g->numel[b], gr->sums[b].dev, ZO_DTYPE_F32, after, NULL);
+    if (!dp->ep || gr->red_op != DP_ALL_REDUCE)
+        return offload_dp_block(dp, (dp_op)gr->red_op, b, gr->g->numel[b], gr->sums[b].dev, ZO_DTYPE_F32, after,
+                                NULL);
+    /* expert parallelism: the dense segments over every rank, the rank's
+     * experts over the ranks holding the same ones (if any) */
+    for (int k = 0; k < 3; k++) {
+        size_t lo, hi;
+        red_segment(gr, b, k, &lo, &hi);
+        if (hi == lo || (k == 1 && !dp->xcomm)) continue;
+        float *at = gr->sums[b].dev + lo;
+        if ((st = k == 1 ? offload_dp_all_reduce_experts(dp, hi - lo, at, ZO_DTYPE_F32, after, NULL)
+                         : offload_dp_collective(dp, DP_ALL_REDUCE, hi - lo, hi - lo, at, ZO_DTYPE_F32, after,
+                                                 NULL)) != ZO_OK)
+            return zo_error_wrap(st, "offload: collective on block %d", b);
+    }
+    return ZO_OK;
 }
 
 static const grads_path host_path = {.send = send_host, .piece = piece_host, .pieces_sent = sent_host,

@@ -188,8 +188,33 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
     shape.optim_dtype = c->opt_state;
     shape.master = c->master;
     shape.moe = m->n_expert_ranges > 0;
+    shape.ep = c->ep_comm ? comm_size(c->ep_comm) : 1;
     if ((st = zo_capability_check(&shape, NULL, 0)) != ZO_OK) return zo_error_wrap(st, "offload_init");
     return ZO_OK;
+}
+
+/* Expert parallelism: each block's routed experts (this rank's), reduced
+ * apart from the rest of the block. */
+static zo_status set_experts(offload_t *rt, const offload_model *m)
+{
+    size_t nb = (size_t)rt->g.nb, *lo = calloc(nb, sizeof *lo), *hi = calloc(nb, sizeof *hi);
+    zo_status st = ZO_ERR_NOMEM;
+    if (!lo || !hi) {
+        st = zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+        goto out;
+    }
+    for (size_t b = 0; b < nb; b++) lo[b] = hi[b] = rt->g.numel[b];
+    for (int i = 0; i < m->n_expert_ranges; i++) {
+        const offload_expert_range *x = &m->expert_ranges[i];
+        if (lo[x->block] == rt->g.numel[x->block] || x->offset < lo[x->block]) lo[x->block] = x->offset;
+        if (hi[x->block] == rt->g.numel[x->block] || x->offset + x->numel > hi[x->block])
+            hi[x->block] = x->offset + x->numel;
+    }
+    st = offload_dp_set_experts(rt->dp, rt->cfg.expert_comm, lo, hi);
+out:
+    free(lo);
+    free(hi);
+    return st;
 }
 
 static int cmp_decay(const void *a, const void *b)
@@ -362,6 +387,7 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
                                      cfg->reduce_dtype, &rt->dp)) != ZO_OK)
             goto out_free;
         rt->env.dp = rt->dp;
+        if (cfg->ep_comm && comm_size(cfg->ep_comm) > 1 && (st = set_experts(rt, model)) != ZO_OK) goto out_free;
         /* a slot takes a padded block (the all-gathers and reduce-scatters in place) */
         if (rt->g.slot_bytes < rt->dp->largest_pad * rt->g.es) rt->g.slot_bytes = rt->dp->largest_pad * rt->g.es;
     }

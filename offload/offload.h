@@ -263,6 +263,16 @@ typedef struct offload_config {
      * runtime's device (comm_options.device) and take its memory: NCCL, or
      * MPI with the CPU device (whose memory is host memory). */
     comm_t comm;
+    /* Expert parallelism (docs/offload.md "Expert parallelism"): the
+     * model's expert ranges are this rank's own experts (the transformer's
+     * layout window) and ep_comm the group of ranks that together hold
+     * every expert; expert_comm the ranks of comm holding the same experts
+     * as this one (NULL, or one rank: none other does). At ZeRO-0 a block's
+     * experts are all-reduced over expert_comm, the rest over comm; the
+     * clipping norm sums the group's experts once each; which experts got
+     * tokens is OR-ed over expert_comm. NULL ep_comm: every rank holds every
+     * expert. */
+    comm_t ep_comm, expert_comm;
     /* ZeRO stage over the ranks of comm: 0 every rank holds everything and
      * gradients are all-reduced; 1 the optimizer state (fp32 master, m, v)
      * is partitioned, gradients reduce-scattered at the step and the new

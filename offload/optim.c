@@ -554,11 +554,15 @@ static zo_status routed_final(offload_optim *o)
     size_t n = (size_t)o->g->nb * (size_t)o->m->experts;
     memcpy(o->step_routed, o->routed, n);
     const offload_dp *dp = o->env->dp;
-    if (dp && dp->size > 1) {
-        uint8_t *all = malloc(n * (size_t)dp->size);
+    /* with expert parallelism the experts here are the rank's own: those of
+     * the ranks holding the same ones (none: nothing to gather) */
+    comm_t c = !dp ? NULL : dp->ep ? dp->xcomm : dp->comm;
+    if (c && comm_size(c) > 1) {
+        int size = comm_size(c);
+        uint8_t *all = malloc(n * (size_t)size);
         if (!all) return zo_error(ZO_ERR_NOMEM, "offload_step: out of host memory");
-        zo_status st = offload_dp_gather(o->env->dp, o->routed, n, all);
-        for (int r = 0; r < dp->size && st == ZO_OK; r++)
+        zo_status st = offload_dp_gather_on(o->env->dp, c, o->routed, n, all);
+        for (int r = 0; r < size && st == ZO_OK; r++)
             for (size_t i = 0; i < n; i++) o->step_routed[i] |= all[(size_t)r * n + i];
         free(all);
         if (st != ZO_OK) return st;
@@ -610,6 +614,41 @@ zo_status offload_optim_block_done(offload_optim *o, int b)
     return ZO_OK;
 }
 
+/* Expert parallelism at ZeRO-0: the squares of the rank's own experts'
+ * gradients (their ranges of the reduced sums, host or device), the same
+ * function over the same values as the block statistics. */
+static zo_status expert_sumsq(offload_optim *o, double *xs)
+{
+    const offload_model *m = o->m;
+    const offload_env *env = o->env;
+    size_t most = 0;
+    *xs = 0.0;
+    for (int i = 0; i < m->n_expert_ranges; i++)
+        if (m->expert_ranges[i].numel > most) most = m->expert_ranges[i].numel;
+    float *tmp = NULL;
+    zo_status st = ZO_OK;
+    for (int i = 0; i < m->n_expert_ranges && st == ZO_OK; i++) {
+        const offload_expert_range *x = &m->expert_ranges[i];
+        oshard_sum sum;
+        ostate_grad_sum(o->os, x->block, &sum);
+        const float *v = sum.host ? sum.host + x->offset : NULL;
+        if (!v) { /* the device's sum, copied out */
+            if (!tmp && !(tmp = malloc(most * sizeof *tmp)))
+                return zo_error(ZO_ERR_NOMEM, "offload_step: out of host memory");
+            if ((st = gpu_memcpy_async(env->d2h, tmp, sum.dev + x->offset, x->numel * 4, GPU_COPY_DEVICE_TO_HOST)) !=
+                    ZO_OK ||
+                (st = gpu_stream_synchronize(env->d2h)) != ZO_OK)
+                break;
+            v = tmp;
+        }
+        double ss;
+        int nf;
+        if ((st = adam_grad_stats(v, ZO_DTYPE_F32, x->numel, env->n_threads, &ss, &nf)) == ZO_OK) *xs += ss;
+    }
+    free(tmp);
+    return st;
+}
+
 /* Sum of squares of the step's gradient and the first block holding an inf
  * or nan (-1: none): the host's blocks in order, then the device shard's.
  * Blocks whose statistics were taken as their gradients completed
@@ -619,6 +658,34 @@ zo_status offload_optim_block_done(offload_optim *o, int b)
 static zo_status grad_stats(offload_optim *o, double *sumsq, int *first_bad)
 {
     zo_status st = ostate_grad_stats(o->os, o->early, o->cfg->adam.clip > 0.0f, sumsq, first_bad);
+    const offload_dp *dp = o->env->dp;
+    if (st == ZO_OK && dp && dp->ep) {
+        /* expert parallelism: the dense part is the same on every rank, the
+         * experts the rank's own: the group's experts' squares summed, each
+         * expert once (a first bad block of any rank of the group) */
+        comm_t c = o->cfg->ep_comm;
+        int size = comm_size(c);
+        double xs;
+        struct {
+            double xs;
+            int32_t first_bad, pad;
+        } mine, *all = calloc((size_t)size, sizeof mine);
+        if (!all) return zo_error(ZO_ERR_NOMEM, "offload_step: out of host memory");
+        if ((st = expert_sumsq(o, &xs)) == ZO_OK) {
+            mine.xs = xs;
+            mine.first_bad = *first_bad;
+            mine.pad = 0;
+            st = offload_dp_gather_on(o->env->dp, c, &mine, sizeof mine, all);
+        }
+        if (st == ZO_OK) *sumsq -= xs;
+        for (int r = 0; r < size && st == ZO_OK; r++) {
+            *sumsq += all[r].xs;
+            if (all[r].first_bad >= 0 && (*first_bad < 0 || all[r].first_bad < *first_bad))
+                *first_bad = all[r].first_bad;
+        }
+        free(all);
+        return st;
+    }
     if (st != ZO_OK || !offload_dp_partitioned(o->env->dp)) return st;
     struct {
         double sumsq;

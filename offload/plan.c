@@ -36,6 +36,7 @@ zo_status offload_plan_load(const char *path, offload_plan *plan)
     par.tp = f->parallel.tp;
     par.pp = f->parallel.pp;
     par.ep = f->parallel.ep > 0 ? f->parallel.ep : 1;
+    par.moe = f->model.moe.experts > 0; /* (expert parallelism needs experts) */
     par.master = f->training.master;
     par.loss_chunk = f->training.loss_chunk;
     if ((st = zo_capability_check(&par, NULL, 0)) != ZO_OK) return zo_error_wrap(st, "%s", path);

@@ -105,6 +105,8 @@ typedef struct layer_time {
     double tp_fwd, tp_bwd, tp_rc;
     double ep_fwd, ep_bwd, ep_rc; /* expert-parallel all-to-alls */
     double ep_bytes_fwd, ep_bytes_bwd, ep_bytes_rc; /* their bytes sent to other ranks */
+    double ep_rc_one, ep_bytes_rc_one; /* a full recompute's all-to-alls (the dispatch: counts, rows,
+                                        * weights) and their bytes */
     double flops_token;         /* model fwd FLOPs per token (whole layer, all TP ranks) */
     double attn_flops_token;    /* the attention core's share */
     double ops_flops_token;     /* recompute ops: the recomputed matmuls' (o; LLaMA's up) */
@@ -126,9 +128,9 @@ static void mm_n(const ctx *c, double n, double M, double N, double K, double *f
     *b += bmm(c, n, M, K, N) + (c->frozen ? 0 : bmm(c, n, K, N, M));
 }
 
-void plan_ep_layer_bytes(const zo_model_config *m, const plan_train *t, double *fwd, double *bwd)
+void plan_ep_layer_bytes(const zo_model_config *m, const plan_train *t, double *fwd, double *bwd, double *rc)
 {
-    *fwd = *bwd = 0;
+    *fwd = *bwd = *rc = 0;
     if (t->ep <= 1 || !m->moe.experts) return;
     double p = t->ep, h = m->hidden, e = zo_dtype_size(t->dtype);
     double T = (double)t->seq * t->micro_batch;
@@ -136,6 +138,7 @@ void plan_ep_layer_bytes(const zo_model_config *m, const plan_train *t, double *
     double counts = (p - 1) * ((double)m->moe.experts / p) * 4;
     *fwd = counts + remote * (h * e + 4 + h * e);
     *bwd = remote * (h * 4 + h * 4 + 4);
+    *rc = counts + remote * (h * e + 4);
 }
 
 /* LoRA adapters of one layer on one rank (T rows): per adapted layer
@@ -243,10 +246,11 @@ static double moe_time(const zo_model_config *m, const plan_train *t, const ctx 
     if (t->ep > 1) {
         double bw, lat;
         link_for(c->hw, t->ep, t->tp, COLL_ALLTOALL, &bw, &lat);
-        plan_ep_layer_bytes(m, t, &o->ep_bytes_fwd, &o->ep_bytes_bwd);
+        plan_ep_layer_bytes(m, t, &o->ep_bytes_fwd, &o->ep_bytes_bwd, &o->ep_bytes_rc_one);
         double a2a_lat = (t->ep - 1) * lat; /* one all-to-all: a step per peer */
         o->ep_fwd = 2 * a2a_lat + o->ep_bytes_fwd / bw;
         o->ep_bwd = 2 * a2a_lat + o->ep_bytes_bwd / bw;
+        o->ep_rc_one = a2a_lat + o->ep_bytes_rc_one / bw; /* (a recompute: the dispatch alone) */
     }
     /* router softmax / top-k (fp32), tokens permuted to the experts and
      * back (read + write each way), the gated activation of the experts
@@ -357,8 +361,8 @@ static void layer_time_of(const zo_model_config *m, const plan_train *t, const c
     if (t->recompute == ZO_PLAN_RECOMPUTE_FULL) {
         o->rc = o->fwd;
         o->tp_rc = o->tp_fwd;
-        o->ep_rc = o->ep_fwd;
-        o->ep_bytes_rc = o->ep_bytes_fwd;
+        o->ep_rc = o->ep_rc_one;
+        o->ep_bytes_rc = o->ep_bytes_rc_one;
     } else if (t->recompute == ZO_PLAN_RECOMPUTE_SELECTIVE) {
         o->rc = attn_rc;
     } else if (t->recompute == ZO_PLAN_RECOMPUTE_OPS) {

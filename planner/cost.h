@@ -28,8 +28,10 @@
  * projection, on the expert's rank) and the output rows back; the backward
  * (fp32 gradients, as the runtime keeps them): the output rows' gradients
  * out, the input rows' gradients and the weights' gradients back. A full
- * recompute repeats the forward's. Both 0 without expert parallelism. */
-void plan_ep_layer_bytes(const zo_model_config *m, const plan_train *t, double *fwd, double *bwd);
+ * recompute (*rc) sends the forward's counts, rows and weights again, not
+ * the output rows: it stops before the down projection. All 0 without
+ * expert parallelism. */
+void plan_ep_layer_bytes(const zo_model_config *m, const plan_train *t, double *fwd, double *bwd, double *rc);
 
 typedef struct plan_time_mb {
     double fwd, bwd, rc;        /* compute seconds: forward, backward, recompute */

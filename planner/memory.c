@@ -104,6 +104,11 @@ static const plan_act_entry act_table[] = {
     {"moe.expert", "gate output", PLAN_W_ROUTED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
     {"moe.expert", "up output", PLAN_W_ROUTED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
     {"moe.expert.down", "input (swiglu output)", PLAN_W_ROUTED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
+    /* expert parallelism: the owner keeps the rows every rank of its group
+     * sent its experts (the gate, up and activation above are over them),
+     * their weights and their order (arrival to grouped and back) */
+    {"moe.ep", "rows received (expert parallelism)", PLAN_W_EP_H, 0, PLAN_ACT_MOE},
+    {"moe.ep", "their weights and order (fp32, int32)", PLAN_W_EP, 12, PLAN_ACT_MOE},
     {"moe.shared", "gate output", PLAN_W_SHARED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
     {"moe.shared", "up output", PLAN_W_SHARED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
     {"moe.shared.down", "input (swiglu output)", PLAN_W_SHARED_FFN, 0, PLAN_ACT_TP | PLAN_ACT_MOE},
@@ -122,6 +127,13 @@ static uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
  * library call the search would pay for every estimate). */
 static uint64_t round_u64(double x) { return (uint64_t)(x + 0.5); }
 
+uint64_t plan_ep_rows(const zo_model_config *m, const plan_train *t)
+{
+    if (t->ep <= 1 || !m->moe.experts || t->runtime != PLAN_RUNTIME_ZOFFLOAD) return 0;
+    uint64_t k = (uint64_t)m->moe.top_k, local = (uint64_t)(m->moe.experts / t->ep);
+    return (uint64_t)t->ep * (uint64_t)t->seq * (uint64_t)t->micro_batch * (k < local ? k : local);
+}
+
 double plan_routed_rows(const zo_model_config *m, const plan_train *t)
 {
     return m->moe.top_k * (t->capacity_factor > 0 ? t->capacity_factor : 1.0);
@@ -137,6 +149,7 @@ uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, 
     uint64_t q, k, v, o;
     zo_model_attn_widths(m, &q, &k, &v, &o);
     uint64_t routed = moe ? round_u64((double)sb * plan_routed_rows(m, t)) : 0;
+    uint64_t ep_rows = moe ? plan_ep_rows(m, t) : 0; /* the owner's rows (expert parallelism) */
     int norms = m->layer_norms ? m->layer_norms : 2;
     /* the rows this layer does not have, as one mask of flags */
     unsigned skip = (m->arch != ZO_ARCH_GPT ? PLAN_ACT_GPT : 0) |
@@ -166,8 +179,11 @@ uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, 
         case PLAN_W_NORMS: n = norms > 2 ? sb * (uint64_t)m->hidden * (uint64_t)(norms - 2) : 0; break;
         case PLAN_W_ROUTER: n = sb * (uint64_t)m->moe.experts; break;
         case PLAN_W_ROUTED: n = routed; break;
-        case PLAN_W_ROUTED_FFN: n = routed * (uint64_t)m->moe.expert_ffn; break;
-        default: n = sb * (uint64_t)m->moe.shared_ffn; break;
+        case PLAN_W_ROUTED_FFN: n = (ep_rows ? ep_rows : routed) * (uint64_t)m->moe.expert_ffn; break;
+        case PLAN_W_EP: n = ep_rows; break;
+        case PLAN_W_EP_H: n = ep_rows * (uint64_t)m->hidden; break;
+        case PLAN_W_SHARED_FFN: n = sb * (uint64_t)m->moe.shared_ffn; break;
+        default: n = 0; break;
         }
         n *= e->bytes ? (uint64_t)e->bytes : act;
         uint64_t div = (fl & PLAN_ACT_TP) || t->sp ? tp : 1;
@@ -564,7 +580,7 @@ typedef struct stage_shape {
 int plan_experts_apart(const zo_model_config *m, const plan_train *t)
 {
     return m->moe.experts && !m->params_override && t->runtime != PLAN_RUNTIME_EAGER && t->method == ZO_PLAN_FULL &&
-           t->params_on == ZO_PLAN_CPU && (t->dp == 1 || t->zero == 0) && t->tp == 1 && t->pp == 1 && t->ep == 1;
+           t->params_on == ZO_PLAN_CPU && (t->dp == 1 || t->zero == 0) && t->tp == 1 && t->pp == 1;
 }
 
 /* One layer on one rank: TP splits the projections, EP the routed experts. */
@@ -1335,8 +1351,11 @@ static void backward_activations(const stage_est *s, plan_estimate *e)
     uint64_t gated = m->arch == ZO_ARCH_GPT ? 1 : 2;
     uint64_t mlp = s->sh.layers > s->sh.moe_layers ? (uint64_t)m->ffn * gated : 0;
     if (s->sh.moe_layers) {
-        uint64_t moe = round_u64(plan_routed_rows(m, t) * m->moe.expert_ffn) * gated +
-                       (uint64_t)m->moe.shared_ffn * gated;
+        /* (expert parallelism: over the rows the rank's experts receive) */
+        uint64_t ep_rows = plan_ep_rows(m, t);
+        uint64_t routed = ep_rows ? ceil_div(ep_rows * (uint64_t)m->moe.expert_ffn, sb)
+                                  : round_u64(plan_routed_rows(m, t) * m->moe.expert_ffn);
+        uint64_t moe = routed * gated + (uint64_t)m->moe.shared_ffn * gated;
         if (moe > mlp) mlp = moe;
     }
     uint64_t dgrad = 4 * sb * (2 * h + ceil_div(q + k + v + o + mlp, (uint64_t)t->tp));
@@ -1346,7 +1365,9 @@ static void backward_activations(const stage_est *s, plan_estimate *e)
         /* 16-bit weights: the widest activation gradient (a linear layer's
          * output, or the logits) rounded once for the GEMMs that read it */
         uint64_t widest = q + k + v;
-        uint64_t cand[] = {(uint64_t)m->ffn, (uint64_t)m->moe.expert_ffn, h};
+        /* (expert parallelism: an expert's rows from every rank of the group) */
+        uint64_t ep = s->sh.moe_layers && t->ep > 1 ? (uint64_t)t->ep : 1;
+        uint64_t cand[] = {(uint64_t)m->ffn, (uint64_t)m->moe.expert_ffn * ep, h * ep};
         for (size_t i = 0; i < sizeof cand / sizeof *cand; i++) widest = cand[i] > widest ? cand[i] : widest;
         uint64_t bytes = sb * ceil_div(widest, (uint64_t)t->tp) * s->wsz;
         /* the logits' gradient: a chunk's with --loss-chunk */
@@ -1374,12 +1395,20 @@ static void moe_buffers(const stage_est *s, plan_estimate *e)
     uint64_t sb = (uint64_t)t->seq * (uint64_t)t->micro_batch, h = (uint64_t)m->hidden;
     uint64_t E = (uint64_t)m->moe.experts;
     uint64_t pairs = round_u64((double)sb * plan_routed_rows(m, t));
-    uint64_t routed_ffn = pairs * (uint64_t)m->moe.expert_ffn, shared_ffn = sb * (uint64_t)m->moe.shared_ffn;
+    uint64_t ep_rows = plan_ep_rows(m, t); /* (expert parallelism: the rows the rank's experts receive) */
+    uint64_t routed_ffn = (ep_rows ? ep_rows : pairs) * (uint64_t)m->moe.expert_ffn;
+    uint64_t shared_ffn = sb * (uint64_t)m->moe.shared_ffn;
     uint64_t widest = routed_ffn > shared_ffn ? routed_ffn : shared_ffn;
     uint64_t bytes = pairs * h * (2 * s->wsz + 4) + pairs * 4 + 2 * sb * E * 4 + widest * s->wsz +
                      (uint64_t)m->n_layers * 2 * E * 4;
     add(e, "MoE dispatch buffers (pairs in and out, their gradients, router gradients)", ZO_PLAN_GPU,
         PLAN_ACTIVATIONS, bytes);
+    /* expert parallelism: the rows in arrival order and grouped by expert
+     * (fp32, in and out of the exchange), their weights (fp32) and the
+     * counts sent and received */
+    if (ep_rows)
+        add(e, "expert-parallel exchange buffers (rows, weights, counts)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
+            2 * ep_rows * h * 4 + 2 * ep_rows * 4 + 2 * (uint64_t)m->moe.experts * 4);
 }
 
 /* ---- activations (unknown for a model known only by its size) ---- */

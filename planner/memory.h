@@ -310,6 +310,8 @@ typedef enum plan_act_width {
     PLAN_W_ROUTED,     /* s*b*top_k (x capacity factor): the (token, expert) pairs */
     PLAN_W_ROUTED_FFN, /* s*b*top_k*expert_ffn (x capacity factor) */
     PLAN_W_SHARED_FFN, /* s*b*shared_ffn */
+    PLAN_W_EP,         /* expert parallelism: the rows a rank's experts can receive (plan_ep_rows) */
+    PLAN_W_EP_H,       /* plan_ep_rows * hidden */
 } plan_act_width;
 
 enum {
@@ -414,6 +416,13 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
 
 /* Routed token rows per token (top_k, times the capacity factor when one is
  * set): what the experts of an MoE layer compute on. */
+/* Expert parallelism (ep > 1): the most (token, expert) rows one rank's
+ * experts receive in a layer, from every rank of its group: ep s b
+ * min(top_k, experts / ep) (dropless, each token at most top_k of them and
+ * at most one per expert); 0 without, and for the other runtimes (their
+ * capacity factor bounds their rows). This runtime's transformer allocates
+ * exactly these. */
+uint64_t plan_ep_rows(const zo_model_config *m, const plan_train *t);
 double plan_routed_rows(const zo_model_config *m, const plan_train *t);
 
 /* ---- the names the planner's tests and benchmarks were written with ---------- */

@@ -482,14 +482,22 @@ static void test_mixtral_ep8_bytes(void **state)
     uint64_t sq = 4096;
     uint64_t moe_rows = sq * (2 * 8 * 4 + 2 * 2 * 4 + 3 * 2 * 14336 * 2);
     uint64_t dense_rows = sq * 3 * 14336 * 2;
-    assert_int_equal(plan_layer_act_bytes_of(&s.m, &s.t, 1, 1) - plan_layer_act_bytes_of(&s.m, &s.t, 1, 0),
+    assert_int_equal(plan_layer_act_bytes_of(&all.m, &all.t, 1, 1) - plan_layer_act_bytes_of(&all.m, &all.t, 1, 0),
                      moe_rows - dense_rows);
     /* with a capacity factor of 1.25 the expert buffers grow by a quarter */
-    plan_train cf = s.t;
+    plan_train cf = all.t;
     cf.capacity_factor = 1.25;
     uint64_t routed = sq * (2 * 2 * 4 + 3 * 2 * 14336 * 2);
-    assert_int_equal(plan_layer_act_bytes_of(&s.m, &cf, 1, 1) - plan_layer_act_bytes_of(&s.m, &s.t, 1, 1),
+    assert_int_equal(plan_layer_act_bytes_of(&all.m, &cf, 1, 1) - plan_layer_act_bytes_of(&all.m, &all.t, 1, 1),
                      routed / 4);
+    /* with EP 8 the rank's expert keeps the rows every rank of its group can
+     * send it, 8 x min(2, 1) a token (dropless): their gate, up and down
+     * inputs 3 x 8 x 14336 x 2 B, the rows themselves 8 x 4096 x 2 B, their
+     * weights and order 8 x 12 B; the rank's own pairs as before */
+    uint64_t ep_rows = sq * (2 * 8 * 4 + 2 * 2 * 4 + 3 * 8 * 14336 * 2 + 8 * 4096 * 2 + 8 * 12);
+    assert_int_equal(plan_ep_rows(&s.m, &s.t), 8 * sq);
+    assert_int_equal(plan_layer_act_bytes_of(&s.m, &s.t, 1, 1) - plan_layer_act_bytes_of(&s.m, &s.t, 1, 0),
+                     ep_rows - dense_rows);
 }
 
 static void test_mixtral_ep_time(void **state)

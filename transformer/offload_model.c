@@ -42,15 +42,18 @@ static int tf_off_routed(void *user, int b, int e)
     tf_model *m = user;
     if (b < 1 || b > m->cfg.n_layers || !m->acts[b - 1].moe_off) return 0;
     const tf_layer_acts *a = &m->acts[b - 1];
-    return a->moe_off[e + 1] > a->moe_off[e];
+    /* with expert parallelism: the rows any rank of the group sent to local expert e */
+    const int *off = m->ep_size > 1 ? a->ep_off : a->moe_off;
+    return off[e + 1] > off[e];
 }
 
 /* Each routed expert's range in a layer block: its weights, expert after
  * expert (model/layout.h), or with LoRA its adapters (model/lora.c lays a
- * routed expert's adapters together); numbered per block. */
+ * routed expert's adapters together); numbered per block, the experts of
+ * the layout's window (expert parallelism: this rank's) only. */
 static zo_status expert_ranges(tf_offload_model *a, const tf_model *m, int lora)
 {
-    const int E = m->cfg.moe.experts, L = m->cfg.n_layers;
+    const int E = m->layout.expert_count, L = m->cfg.n_layers;
     a->experts = calloc((size_t)L * E + 1, sizeof *a->experts);
     if (!a->experts) return zo_error(ZO_ERR_NOMEM, "tf_offload_model_init: out of host memory");
     size_t first = 0, stride = model_layout_expert_stride(&m->layout);
@@ -134,7 +137,7 @@ zo_status tf_offload_model_init(tf_offload_model *a, tf_model *m)
         .frozen_bytes = lora ? m->frozen_bytes : NULL,
         .expert_ranges = a->experts,
         .n_expert_ranges = a->n_experts,
-        .experts = m->cfg.moe.experts,
+        .experts = m->layout.expert_count,
         .expert_routed = a->n_experts ? tf_off_routed : NULL,
     };
     return ZO_OK;

@@ -71,7 +71,9 @@ static zo_status lora_init(tf_model *m)
     const tf_lora_options *o = &m->opts.lora;
     const zo_model_config *c = &m->cfg;
     zo_lora_config lc = {.r = o->r, .alpha = o->alpha, .targets = o->targets};
-    if ((st = model_lora_layout_init(&m->adapters, c, &lc)) != ZO_OK) return zo_error_wrap(st, "tf_init");
+    if ((st = model_lora_layout_init_experts(&m->adapters, c, &lc, m->layout.expert_first, m->layout.expert_count)) !=
+        ZO_OK)
+        return zo_error_wrap(st, "tf_init");
     m->lora_scale = o->alpha / (float)o->r;
     zo_lora_module mods[ZO_LORA_MAX_MODULES];
     m->n_lora = zo_lora_layer_modules(c, o->targets, mods);
@@ -97,9 +99,9 @@ static zo_status lora_init(tf_model *m)
         sl->out = (int)mods[j].out;
         size_t *pos = &at;
         if (ex) {
-            if (!e_seen++) { /* the first expert module: the experts' adapters start here */
+            if (!e_seen++) { /* the first expert module: the experts' adapters (the window's) start here */
                 e_at = at;
-                at += (size_t)mods[j].experts * e_stride;
+                at += (size_t)m->layout.expert_count * e_stride;
             }
             pos = &e_at;
             sl->e_stride = e_stride;
@@ -364,7 +366,25 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     if (m->opts.kv_len < 0 || (m->opts.kv_len && m->opts.recompute))
         return zo_error(ZO_ERR_INVALID, "tf_init: a key/value cache of %d positions (generation: kv_len >= 1, "
                         "no recompute)", m->opts.kv_len);
-    if ((st = model_layout_init(&m->layout, cfg)) != ZO_OK) return st;
+    /* expert parallelism: this rank's window of the experts */
+    int ep_first = 0, ep_count = cfg->moe.experts;
+    m->ep_size = m->opts.ep ? comm_size(m->opts.ep) : 1;
+    m->ep_rank = m->opts.ep ? comm_rank(m->opts.ep) : 0;
+    if (m->ep_size > 1) {
+        if (!cfg->moe.experts || cfg->moe.experts % m->ep_size)
+            return zo_error(ZO_ERR_INVALID, "tf_init: model %s: expert parallelism over %d ranks needs a number "
+                            "of experts it divides (the model has %d)", cfg->name, m->ep_size, cfg->moe.experts);
+        if (m->opts.kv_len)
+            return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: expert parallelism with generation is not implemented");
+        /* the exchange hands device memory to the communicator: the CPU device's is host memory */
+        if (!comm_device_buffers(m->opts.ep) && strcmp(gpu_device_name(dev), "cpu"))
+            return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: the %s communicator takes host buffers, expert "
+                            "parallelism's exchange runs on %s device memory: use NCCL with a CUDA device",
+                            comm_backend_name(comm_get_backend(m->opts.ep)), gpu_device_name(dev));
+        ep_count = cfg->moe.experts / m->ep_size;
+        ep_first = m->ep_rank * ep_count;
+    }
+    if ((st = model_layout_init_experts(&m->layout, cfg, ep_first, ep_count)) != ZO_OK) return st;
     m->cfg = m->layout.cfg;
     m->dev = dev;
     m->dtype = dtype;
@@ -393,6 +413,13 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         return ZO_OK;
     }
     size_t lora_cols = lora ? (size_t)m->n_lora * m->opts.lora.r : 0;
+    /* the rows the experts here compute a layer: the rank's own pairs, or
+     * with expert parallelism the most every rank of the group can send
+     * (dropless: each token at most min(top_k, El) of them) */
+    size_t El = (size_t)m->layout.expert_count, P = (size_t)m->ep_size;
+    m->ep_rows = P > 1 ? P * N * (K < El ? K : El) : 0;
+    size_t X = P > 1 ? m->ep_rows : K * N;
+    size_t wide = max_z(N * widest_mlp(c), X * fe); /* [rows, columns] of the MLP's scratch */
     const act_req io[] = {{(void **)&m->tokens, N * 4, "tokens"}, {(void **)&m->targets, N * 4, "targets"}};
     if ((st = act_alloc(m, io, N_REQ(io))) != ZO_OK) goto out_free;
     if (!m->opts.external_res)
@@ -438,17 +465,26 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
             {&a->lora_u, N * lora_cols * es, "LoRA A x"},
             {(void **)&a->router_logits, N * E * 4, "router logits"},
             {(void **)&a->router_w, N * E * 4, "router weights"},
-            {&a->efc, K * N * fe * es, "expert gates"},
-            {&a->eup, K * N * fe * es, "expert ups"},
-            {&a->eact, K * N * fe * es, "expert activations"},
+            {&a->efc, X * fe * es, "expert gates"},
+            {&a->eup, X * fe * es, "expert ups"},
+            {&a->eact, X * fe * es, "expert activations"},
             {(void **)&a->moe_idx, K * N * 4, "expert tokens"},
             {(void **)&a->moe_wp, K * N * 4, "expert token weights"},
             {(void **)&a->sgate, c->moe.shared_gate ? N * 4 : 0, "shared expert gate"},
+            {&a->ep_x, m->ep_rows * h * es, "expert parallel inputs"},
+            {(void **)&a->ep_wp, m->ep_rows * 4, "expert parallel weights"},
+            {(void **)&a->ep_idx, 2 * m->ep_rows * 4, "expert parallel order"},
         };
         if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) goto out_free;
         if (E && (!(a->moe_idx_h = malloc(K * N * 4)) || !(a->moe_wp_h = malloc(K * N * 4)) ||
                   !(a->moe_off = calloc(E + 1, sizeof *a->moe_off)))) {
             st = zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory (routing of %zu tokens)", N);
+            goto out_free;
+        }
+        if (P > 1 && (!(a->ep_idx_h = malloc(2 * m->ep_rows * 4)) || !(a->ep_cnt = calloc(P * El, sizeof(int))) ||
+                      !(a->ep_off = calloc(El + 1, sizeof(int))))) {
+            st = zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory (expert parallel routing of %zu rows)",
+                          m->ep_rows);
             goto out_free;
         }
     }
@@ -463,25 +499,35 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         {(void **)&m->dh, N * h * 4, "norm gradient"},
         {(void **)&m->dqkv, N * qkv_width(c) * 4, "qkv gradient"},
         {(void **)&m->datt, N * q_width(c) * 4, "attention gradient"},
-        {(void **)&m->dff, N * widest_mlp(c) * 4, "mlp gradient"},
-        {(void **)&m->dff2, llama ? N * widest_mlp(c) * 4 : 0, "mlp up gradient"},
+        {(void **)&m->dff, wide * 4, "mlp gradient"},
+        {(void **)&m->dff2, llama ? wide * 4 : 0, "mlp up gradient"},
         {(void **)&m->moe_stats, L * 2 * E * 4, "router statistics"},
         {(void **)&m->drouter, N * E * 4, "router gradient"},
         {(void **)&m->dweights, N * E * 4, "expert weight gradient"},
         {(void **)&m->dz, c->moe.shared_gate ? N * 4 : 0, "shared expert gate gradient"},
-        {&m->sact, E ? N * widest_mlp(c) * es : 0, "weighted expert activation"},
+        {&m->sact, E ? wide * es : 0, "weighted expert activation"},
         {&m->moe_x, K * N * h * es, "expert inputs"},
         {&m->moe_y, K * N * h * es, "expert outputs"},
         {(void **)&m->moe_dx, K * N * h * 4, "expert input gradients"},
         {(void **)&m->moe_dscale, K * N * 4, "expert weight gradients"},
-        {(void **)&m->dlora, lora ? (K ? K : 1) * N * m->opts.lora.r * 4 : 0, "LoRA gradient"},
-        {&m->eu, lora ? K * N * m->opts.lora.r * es : 0, "expert LoRA A x"},
+        {(void **)&m->dlora, lora ? max_z(K ? K : 1, P > 1 ? P : 0) * N * m->opts.lora.r * 4 : 0, "LoRA gradient"},
+        /* (an expert's rows: top_k N of this rank's pairs, or N from each rank of the group) */
+        {&m->eu, lora ? max_z(K, P > 1 ? P : 0) * N * m->opts.lora.r * es : 0, "expert LoRA A x"},
         {(void **)&m->dsink, lora ? 2 * h * 4 : 0, "frozen norm gradients"},
         {&m->wdq, lora && m->opts.lora.nf4 ? largest_linear(c) * es : 0, "dequantized weight"},
-        {&m->dy16, dtype == ZO_DTYPE_F32 ? 0 : widest_gradient(c, N, loss_rows(m, N)) * es,
+        {&m->dy16, dtype == ZO_DTYPE_F32 ? 0 : max_z(widest_gradient(c, N, loss_rows(m, N)), P * N * max_z(h, fe)) * es,
          "16-bit activation gradient"},
+        {&m->ep_buf[0], m->ep_rows * h * 4, "expert parallel rows"},
+        {&m->ep_buf[1], m->ep_rows * h * 4, "expert parallel rows grouped"},
+        {(void **)&m->ep_w[0], m->ep_rows * 4, "expert parallel weights"},
+        {(void **)&m->ep_w[1], m->ep_rows * 4, "expert parallel weights grouped"},
+        {(void **)&m->ep_cnt_d, P > 1 ? 2 * P * El * 4 : 0, "expert parallel counts"},
     };
     if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) goto out_free;
+    if (P > 1 && (!(m->ep_cnt_h = malloc(2 * P * El * 4)) || !(m->ep_counts = malloc(2 * P * sizeof(size_t))))) {
+        st = zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory (expert parallel counts)");
+        goto out_free;
+    }
     if (E && !(m->moe_w_h = malloc(N * E * 4))) {
         st = zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory (router weights of %zu tokens)", N);
         goto out_free;
@@ -521,8 +567,11 @@ void tf_free(tf_model *m)
                          a->lse,  a->x_mid,  a->ln2,   a->mean2,         a->rstd2,
                          a->fc,   a->up,     a->act,   a->lora_u,        a->router_logits,
                          a->router_w, a->efc, a->eup,  a->eact,          a->sgate,
-                         a->moe_idx, a->moe_wp};
+                         a->moe_idx, a->moe_wp, a->ep_x,     a->ep_wp,         a->ep_idx};
             for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) gpu_mem_free(d, p[i]);
+            free(a->ep_idx_h);
+            free(a->ep_cnt);
+            free(a->ep_off);
             free(a->moe_idx_h);
             free(a->moe_wp_h);
             free(a->moe_off);
@@ -530,7 +579,8 @@ void tf_free(tf_model *m)
     void *p[] = {m->lnf,  m->meanf, m->rstdf, m->logits, m->losses,    m->tmp,
                  m->dres, m->dh,    m->dqkv,  m->datt,   m->dff,       m->dff2,
                  m->dlora, m->dsink, m->wdq,  m->dy16,   m->moe_stats, m->drouter,
-                 m->dweights, m->dz, m->sact, m->moe_x, m->moe_y, m->moe_dx, m->moe_dscale, m->eu};
+                 m->dweights, m->dz, m->sact, m->moe_x, m->moe_y, m->moe_dx, m->moe_dscale, m->eu,
+                 m->ep_buf[0], m->ep_buf[1], m->ep_w[0], m->ep_w[1], m->ep_cnt_d};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) gpu_mem_free(d, p[i]);
     for (size_t l = 0; l < L; l++) {
         if (m->kcache) gpu_mem_free(d, m->kcache[l]);
@@ -545,6 +595,8 @@ void tf_free(tf_model *m)
     free(m->res);
     free(m->acts);
     free(m->moe_w_h);
+    free(m->ep_cnt_h);
+    free(m->ep_counts);
     free(m->frozen_off);
     free(m->frozen_bytes);
     model_layout_free(&m->adapters);
@@ -615,7 +667,7 @@ void tf_lora_merge_block(const tf_model *m, int block, const float *adapters, fl
     for (int j = 0; j < m->n_lora; j++) {
         const tf_lora_slot *sl = &m->lora[j];
         const model_view *v = model_layout_view(&m->layout, block, role[sl->stage]);
-        int experts = sl->e_stride ? m->cfg.moe.experts : 1; /* a routed expert's: each expert's */
+        int experts = sl->e_stride ? m->layout.expert_count : 1; /* a routed expert's: each expert's */
         for (int e = 0; e < experts; e++) {
             const float *A = adapters + sl->a_off + (size_t)e * sl->e_stride; /* [r, in] */
             const float *Bm = adapters + sl->b_off + (size_t)e * sl->e_stride; /* [out, r] */
@@ -772,7 +824,8 @@ static gpu_tensor bview(const tf_model *m, const void *buf, int block, model_rol
         const model_view *v = model_layout_view(&m->layout, block, role);
         const model_view *x = model_layout_view(&m->layout, block, MODEL_ROLE_EXPERT_GATE_W);
         if (!v || !v->numel) return gpu_t(NULL, m->dtype);
-        size_t o = v->offset, lo = x->offset, n = (size_t)m->cfg.moe.experts * model_layout_expert_stride(&m->layout);
+        size_t o = v->offset, lo = x->offset;
+        size_t n = (size_t)m->layout.expert_count * model_layout_expert_stride(&m->layout);
         return gpu_t((char *)buf + (o >= lo ? o - n : o) * zo_dtype_size(m->dtype), m->dtype);
     }
     if (!has_lora(m)) return tf_view(m, buf, block, role);
@@ -1229,6 +1282,131 @@ static zo_status moe_route(tf_model *m, int l, gpu_stream_t s)
     return gpu_memcpy_async(s, a->moe_wp, a->moe_wp_h, (size_t)n * 4, GPU_COPY_HOST_TO_DEVICE);
 }
 
+/* ---- expert parallelism ----------------------------------------------------------------
+ * With a group of P ranks (tf_options.ep) rank q holds local experts
+ * 0..El-1, the global experts q El .. q El + El - 1 (the layout's window).
+ * moe_route lists a rank's pairs expert by expert, so the pairs for rank
+ * q's experts are the contiguous rows moe_off[q El] .. moe_off[(q+1) El].
+ * Forward: the counts per (rank, local expert) go out by comm_all_to_all,
+ * then the pairs' inputs (model dtype) and their weights (fp32) by
+ * comm_all_to_all_v; the owner keeps them grouped by local expert (ep_x,
+ * ep_wp: per source rank in rank order within an expert), runs its experts
+ * on them and sends each pair's weighted output back; the sender adds them
+ * to its tokens as without the group. Backward mirrors it in fp32: each
+ * pair's output gradient to the owner, which accumulates its experts'
+ * weight gradients, and the pairs' input gradients and weight gradients
+ * back. A recompute (its forward stops before the down projection) sends
+ * the counts, inputs and weights again, not the outputs. Every rank of the
+ * group runs every exchange, also one with nothing to send. */
+
+/* Rows of the arrival order that rank p sent (the owner's side). */
+static int ep_rows_from(const tf_model *m, const tf_layer_acts *a, int p)
+{
+    int El = m->layout.expert_count, n = 0;
+    for (int j = 0; j < El; j++) n += a->ep_cnt[(size_t)p * El + j];
+    return n;
+}
+
+/* One all-to-all of rows of `cols` elements of `dt` over the group, the
+ * sender's pairs to their owners (back = 0: rank q gets the pairs of its
+ * experts) or the owners' rows back to their senders (back = 1), after the
+ * work enqueued on s; blocking. Counts the pairs crossing between ranks
+ * under `pass` (TF_EP_*; -1: not, counted once a pass). */
+static zo_status ep_exchange(tf_model *m, int l, gpu_stream_t s, const void *send, void *recv, int cols,
+                             zo_dtype dt, int back, int pass)
+{
+    const int P = m->ep_size, El = m->layout.expert_count;
+    const tf_layer_acts *a = &m->acts[l];
+    size_t *sc = m->ep_counts, *rc = m->ep_counts + P;
+    for (int q = 0; q < P; q++) {
+        size_t mine = (size_t)(a->moe_off[(q + 1) * El] - a->moe_off[q * El]), theirs = (size_t)ep_rows_from(m, a, q);
+        sc[q] = (back ? theirs : mine) * (size_t)cols;
+        rc[q] = (back ? mine : theirs) * (size_t)cols;
+        if (pass >= 0 && q != m->ep_rank) {
+            m->ep_pairs[pass][0] += mine;
+            m->ep_pairs[pass][1] += theirs;
+        }
+    }
+    if (pass >= 0) m->ep_layers[pass]++;
+    zo_status st;
+    comm_request_t req;
+    if ((st = gpu_stream_synchronize(s)) != ZO_OK ||
+        (st = comm_all_to_all_v(m->opts.ep, send, sc, recv, rc, dt, NULL, &req)) != ZO_OK)
+        return st;
+    return comm_wait(req);
+}
+
+/* The forward's exchange of layer l: the counts, then the pairs' inputs xg
+ * [M, h] and weights to their owners, kept grouped by local expert (ep_x,
+ * ep_wp, ep_off). */
+static zo_status ep_dispatch(tf_model *m, int l, gpu_stream_t s, gpu_tensor xg, int recompute)
+{
+    zo_status st;
+    const int P = m->ep_size, El = m->layout.expert_count, h = m->cfg.hidden;
+    tf_layer_acts *a = &m->acts[l];
+    int32_t *sent = m->ep_cnt_h, *got = m->ep_cnt_h + (size_t)P * El;
+    for (int k = 0; k < P * El; k++) sent[k] = a->moe_off[k + 1] - a->moe_off[k];
+    /* the counts: El int32 to each rank (moved as fp32 words, never summed) */
+    comm_request_t req;
+    if ((st = gpu_memcpy_async(s, m->ep_cnt_d, sent, (size_t)P * El * 4, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK ||
+        (st = gpu_stream_synchronize(s)) != ZO_OK ||
+        (st = comm_all_to_all(m->opts.ep, m->ep_cnt_d, m->ep_cnt_d + (size_t)P * El, (size_t)El, ZO_DTYPE_F32,
+                              NULL, &req)) != ZO_OK ||
+        (st = comm_wait(req)) != ZO_OK ||
+        (st = gpu_memcpy_async(s, got, m->ep_cnt_d + (size_t)P * El, (size_t)P * El * 4,
+                               GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
+        (st = gpu_stream_synchronize(s)) != ZO_OK)
+        return st;
+    /* the arrival order is by source rank, then local expert; the grouped
+     * order by local expert, then source rank */
+    size_t R = 0;
+    for (int k = 0; k < P * El; k++) {
+        if (got[k] < 0 || (size_t)got[k] > m->ep_rows - R)
+            return zo_error(ZO_ERR_INTERNAL, "transformer: layer %d: expert parallel rank %d announced %d rows "
+                            "for local expert %d (at most %zu a layer in all)", l, k / El, got[k], k % El,
+                            m->ep_rows);
+        a->ep_cnt[k] = got[k];
+        R += (size_t)got[k];
+    }
+    int32_t *to_arrival = a->ep_idx_h, *to_grouped = a->ep_idx_h + R;
+    int g = 0;
+    a->ep_off[0] = 0;
+    for (int j = 0; j < El; j++) {
+        for (int p = 0; p < P; p++) {
+            int at = 0; /* rank p's rows for local expert j start here in the arrival order */
+            for (int q = 0; q < p; q++) at += ep_rows_from(m, a, q);
+            for (int i = 0; i < j; i++) at += a->ep_cnt[(size_t)p * El + i];
+            for (int i = 0; i < a->ep_cnt[(size_t)p * El + j]; i++, g++) {
+                to_arrival[g] = at + i;
+                to_grouped[at + i] = g;
+            }
+        }
+        a->ep_off[j + 1] = g;
+    }
+    gpu_tensor rows = gpu_t(m->ep_buf[0], m->dtype);
+    if ((R && (st = gpu_memcpy_async(s, a->ep_idx, a->ep_idx_h, 2 * R * 4, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK) ||
+        (st = ep_exchange(m, l, s, xg.data, rows.data, h, m->dtype, 0,
+                          recompute ? TF_EP_RECOMPUTE : TF_EP_FORWARD)) != ZO_OK ||
+        (st = ep_exchange(m, l, s, a->moe_wp, m->ep_w[0], 1, ZO_DTYPE_F32, 0, -1)) != ZO_OK || !R)
+        return st;
+    if ((st = gpu_moe_gather(s, gpu_t(a->ep_x, m->dtype), rows, a->ep_idx, (int)R, h)) != ZO_OK) return st;
+    return gpu_moe_gather(s, F32(a->ep_wp), F32(m->ep_w[0]), a->ep_idx, (int)R, 1);
+}
+
+/* Rows [R, cols] of `dt` grouped by local expert (`grouped`) back to their
+ * arrival order in `arrival`, then to the ranks that sent them, into
+ * `recv` (the sender's pair order). */
+static zo_status ep_return(tf_model *m, int l, gpu_stream_t s, gpu_tensor grouped, void *arrival, void *recv,
+                           int cols)
+{
+    zo_status st;
+    tf_layer_acts *a = &m->acts[l];
+    int R = a->ep_off[m->layout.expert_count];
+    gpu_tensor arr = gpu_t(arrival, grouped.dtype);
+    if (R && (st = gpu_moe_gather(s, arr, grouped, a->ep_idx + R, R, cols)) != ZO_OK) return st;
+    return ep_exchange(m, l, s, arrival, recv, cols, grouped.dtype, 1, -1);
+}
+
 /* The MoE MLP of layer l: tmp [N, h] = its output. With `recompute`, stop
  * once the activations backward reads are saved. A routed expert's
  * adapters add to its GEMMs on its pairs; the shared expert's as a dense
@@ -1239,7 +1417,7 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
     const zo_model_config *c = &m->cfg;
     const zo_moe *mo = &c->moe;
     const int blk = model_layout_layer_block(l), N = m->b * m->t, h = c->hidden, E = mo->experts;
-    const int fe = mo->expert_ffn, fs = mo->shared_ffn;
+    const int fe = mo->expert_ffn, fs = mo->shared_ffn, ep = m->ep_size > 1;
     const zo_dtype dt = m->dtype;
     tf_layer_acts *a = &m->acts[l];
     gpu_tensor ln2 = gpu_t(a->ln2, dt), tmp = gpu_t(m->tmp, dt), sact = gpu_t(m->sact, dt), w;
@@ -1253,16 +1431,22 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
         (st = moe_route(m, l, s)) != ZO_OK)
         return st;
     const int *off = a->moe_off, M = off[E];
-    /* the experts on their pairs, one expert at a time (its weights may be
-     * streamed apart: one visit each): xg [M, h], fc, up, act [M, fe], then
-     * tmp = the sum of their weighted outputs added back to the tokens */
+    /* the pairs' inputs xg [M, h]; the experts here take theirs (with
+     * expert parallelism the rows every rank sent them, ep_x) */
     if (M && (st = gpu_moe_gather(s, xg, ln2, a->moe_idx, M, h)) != ZO_OK) return st;
+    if (ep && (st = ep_dispatch(m, l, s, xg, recompute)) != ZO_OK) return st;
+    const int El = m->layout.expert_count, *eoff = ep ? a->ep_off : off;
+    const float *wp = ep ? a->ep_wp : a->moe_wp;
+    gpu_tensor ex = ep ? gpu_t(a->ep_x, dt) : xg, ey = ep ? gpu_t(m->ep_buf[1], dt) : yg;
     if (!recompute && (st = gpu_memset_async(s, m->tmp, 0, (size_t)N * h * zo_dtype_size(dt))) != ZO_OK) return st;
-    for (int e = 0; e < E; e++) {
-        int n = off[e + 1] - off[e];
+    /* the experts on their rows, one expert at a time (its weights may be
+     * streamed apart: one visit each): fc, up, act [rows, fe], then each
+     * row's weighted output ey [rows, h] */
+    for (int e = 0; e < El; e++) {
+        int n = eoff[e + 1] - eoff[e];
         if (!n) continue;
-        gpu_tensor x = rows_at(xg, off[e], h), fce = rows_at(fc, off[e], fe), upe = rows_at(up, off[e], fe);
-        gpu_tensor acte = rows_at(act, off[e], fe), y = rows_at(yg, off[e], h), sx = rows_at(sact, off[e], fe);
+        gpu_tensor x = rows_at(ex, eoff[e], h), fce = rows_at(fc, eoff[e], fe), upe = rows_at(up, eoff[e], fe);
+        gpu_tensor acte = rows_at(act, eoff[e], fe), y = rows_at(ey, eoff[e], h), sx = rows_at(sact, eoff[e], fe);
         const void *ew;
         if ((st = expert_begin(bb, e, s, &ew)) != ZO_OK ||
             (st = expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_GATE_W, e, ew, &w)) != ZO_OK ||
@@ -1274,12 +1458,22 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
             (st = gpu_swiglu_forward(s, acte, fce, upe, (size_t)n * fe)) != ZO_OK)
             return st;
         if (recompute) continue;
-        if ((st = gpu_moe_scale_forward(s, sx, acte, a->moe_wp + off[e], n, fe, 1, 0)) != ZO_OK ||
+        if ((st = gpu_moe_scale_forward(s, sx, acte, wp + eoff[e], n, fe, 1, 0)) != ZO_OK ||
             (st = expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_DOWN_W, e, ew, &w)) != ZO_OK ||
             (st = gemm_xwt(s, y, sx, w, n, h, fe, 0.0f)) != ZO_OK ||
-            (st = expert_lora_forward(m, s, bb, TF_LORA_EXPERT_DOWN, e, sx, y, h, n)) != ZO_OK ||
-            (st = gpu_moe_scatter_add(s, tmp, y, a->moe_idx + off[e], n, h, h)) != ZO_OK)
+            (st = expert_lora_forward(m, s, bb, TF_LORA_EXPERT_DOWN, e, sx, y, h, n)) != ZO_OK)
             return st;
+    }
+    if (!recompute) {
+        /* the outputs back to their senders (yg [M, h], the pairs' order),
+         * then tmp = their sum at their tokens, expert after expert */
+        if (ep && (st = ep_return(m, l, s, ey, m->ep_buf[0], yg.data, h)) != ZO_OK) return st;
+        for (int e = 0; e < E; e++) {
+            int n = off[e + 1] - off[e];
+            if (n && (st = gpu_moe_scatter_add(s, tmp, rows_at(yg, off[e], h), a->moe_idx + off[e], n, h, h)) !=
+                         ZO_OK)
+                return st;
+        }
     }
     if (!fs) return ZO_OK;
     /* the shared expert: fc = ln2 Wg^T, up = ln2 Wu^T (and their adapters),
@@ -1353,62 +1547,112 @@ static zo_status shared_expert_backward(tf_model *m, int l, const tf_block_bufs 
     return plain_linear_backward(m, l, bb, s, MODEL_ROLE_SHARED_GATE_W, TF_LORA_NONE, F32(m->dz), ln2, N, 1, h);
 }
 
+/* dW += dy^T x over an expert's n rows: with expert parallelism one GEMM
+ * per source rank's rows (grouped rows: by expert, then source rank), so
+ * that an expert's gradient adds each rank's tokens' share in rank order,
+ * as one rank's gradient accumulation adds its micro-batches'; returns dw
+ * emptied for gemm_back when it did (nothing else to add). */
+static zo_status ep_weight_grad(tf_model *m, const tf_layer_acts *a, int e, gpu_stream_t s, gpu_tensor *dw,
+                                gpu_tensor dy, gpu_tensor x, int out, int in)
+{
+    if (m->ep_size <= 1 || !dw->data) return ZO_OK;
+    const int El = m->layout.expert_count;
+    zo_status st;
+    for (int p = 0, at = 0; p < m->ep_size; p++) {
+        int n = a->ep_cnt[(size_t)p * El + e];
+        if (!n) continue;
+        gpu_gemm_desc gw = {.trans_a = 1, .m = out, .n = in, .k = n, .alpha = 1.0f, .beta = 1.0f,
+                            .a = rows_at(dy, at, out), .b = rows_at(x, at, in), .c = *dw, .lda = out, .ldb = in,
+                            .ldc = in};
+        if ((st = gpu_gemm(s, &gw)) != ZO_OK) return st;
+        at += n;
+    }
+    dw->data = NULL;
+    return ZO_OK;
+}
+
 /* The routed experts' backward on their pairs, from dres: their weights'
  * (or adapters') gradients, dweights [N, E] (each pair's weight gradient at
  * its token and expert), dh += the pairs' input gradients added back to
- * their tokens. */
+ * their tokens. With expert parallelism the owners compute them on the
+ * rows they received (ep_x) from each pair's output gradient, sent in fp32,
+ * and send the input and weight gradients back. */
 static zo_status experts_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s)
 {
     zo_status st;
     const zo_moe *mo = &m->cfg.moe;
     const int blk = model_layout_layer_block(l), N = m->b * m->t, h = m->cfg.hidden, E = mo->experts;
-    const int fe = mo->expert_ffn;
+    const int fe = mo->expert_ffn, ep = m->ep_size > 1, El = m->layout.expert_count;
     const zo_dtype dt = m->dtype;
     tf_layer_acts *a = &m->acts[l];
     const int *off = a->moe_off, M = off[E];
     gpu_tensor fc = gpu_t(a->efc, dt), up = gpu_t(a->eup, dt), act = gpu_t(a->eact, dt);
     gpu_tensor dff = F32(m->dff), dup = F32(m->dff2), sact = gpu_t(m->sact, dt), dx = F32(m->moe_dx);
     gpu_tensor xg = gpu_t(m->moe_x, dt), op, w;
-    if ((st = gpu_memset_async(s, m->dweights, 0, (size_t)N * E * 4)) != ZO_OK || !M) return st;
-    /* the pairs' output gradients dg [M, h] (in moe_dx), their weighted
-     * activations w act [M, fe], their inputs xg [M, h] */
-    if ((st = gpu_moe_gather(s, dx, F32(m->dres), a->moe_idx, M, h)) != ZO_OK ||
-        (st = gpu_moe_scale_forward(s, sact, act, a->moe_wp, M, fe, 1, 0)) != ZO_OK ||
-        (st = gpu_moe_gather(s, xg, gpu_t(a->ln2, dt), a->moe_idx, M, h)) != ZO_OK)
+    if ((st = gpu_memset_async(s, m->dweights, 0, (size_t)N * E * 4)) != ZO_OK || (!M && !ep)) return st;
+    /* the pairs' output gradients dg [M, h] (in moe_dx); the owner's rows:
+     * their gradients (ex_g), weighted activations w act (sact), inputs
+     * (ex_x), weights and weight gradients (ex_ds) */
+    if (M && (st = gpu_moe_gather(s, dx, F32(m->dres), a->moe_idx, M, h)) != ZO_OK) return st;
+    const int *eoff = ep ? a->ep_off : off, R = eoff[El];
+    const float *wp = ep ? a->ep_wp : a->moe_wp;
+    float *ex_ds = ep ? m->ep_w[1] : m->moe_dscale;
+    gpu_tensor ex_g = dx, ex_x = ep ? gpu_t(a->ep_x, dt) : xg;
+    if (ep) {
+        ex_g = F32(m->ep_buf[1]);
+        if ((st = ep_exchange(m, l, s, dx.data, m->ep_buf[0], h, ZO_DTYPE_F32, 0, TF_EP_BACKWARD)) != ZO_OK ||
+            (R && (st = gpu_moe_gather(s, ex_g, F32(m->ep_buf[0]), a->ep_idx, R, h)) != ZO_OK))
+            return st;
+    } else if ((st = gpu_moe_gather(s, xg, gpu_t(a->ln2, dt), a->moe_idx, M, h)) != ZO_OK) {
         return st;
+    }
+    if (R && (st = gpu_moe_scale_forward(s, sact, act, wp, R, fe, 1, 0)) != ZO_OK) return st;
     /* one expert at a time (one visit each: its weights may be streamed
      * apart); the casts of a GEMM operand reuse one buffer in stream order */
-    for (int e = 0; e < E; e++) {
-        int n = off[e + 1] - off[e];
+    for (int e = 0; e < El; e++) {
+        int n = eoff[e + 1] - eoff[e];
         if (!n) continue;
-        const int o = off[e];
+        const int o = eoff[e];
         gpu_tensor g = rows_at(dff, o, fe), gu = rows_at(dup, o, fe), x = rows_at(sact, o, fe);
-        gpu_tensor dxe = rows_at(dx, o, h), xe = rows_at(xg, o, h);
+        gpu_tensor dxe = rows_at(ex_g, o, h), xe = rows_at(ex_x, o, h);
         const void *ew;
         /* g = dg Wdown [n, fe]; dWdown += dg^T (w act) */
+        gpu_tensor dw = base_grad(m, bb, blk, MODEL_ROLE_EXPERT_DOWN_W, e);
         if ((st = expert_begin(bb, e, s, &ew)) != ZO_OK || (st = gemm_operand(m, s, dxe, n, h, &op)) != ZO_OK ||
             (st = expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_DOWN_W, e, ew, &w)) != ZO_OK ||
-            (st = gemm_back(s, g, 0.0f, base_grad(m, bb, blk, MODEL_ROLE_EXPERT_DOWN_W, e), op, x, w, n, h, fe)) !=
-                ZO_OK ||
+            (st = ep_weight_grad(m, a, e, s, &dw, op, x, h, fe)) != ZO_OK ||
+            (st = gemm_back(s, g, 0.0f, dw, op, x, w, n, h, fe)) != ZO_OK ||
             (st = expert_lora_backward(m, s, bb, TF_LORA_EXPERT_DOWN, e, op, h, x, g, n)) != ZO_OK)
             return st;
         /* each pair's weight gradient g . act, dact = w g (in place), SwiGLU */
-        if ((st = gpu_moe_scale_backward(s, g, m->moe_dscale + o, g, rows_at(act, o, fe), a->moe_wp + o, n, fe, 1,
-                                         0)) != ZO_OK ||
+        if ((st = gpu_moe_scale_backward(s, g, ex_ds + o, g, rows_at(act, o, fe), wp + o, n, fe, 1, 0)) != ZO_OK ||
             (st = gpu_swiglu_backward(s, g, gu, g, rows_at(fc, o, fe), rows_at(up, o, fe), (size_t)n * fe)) != ZO_OK)
             return st;
         /* gate, then up: dW += d^T xg, dx [n, h] = dgate Wg + dup Wu (dg is spent) */
         gpu_tensor d[2] = {g, gu};
         model_role r[2] = {MODEL_ROLE_EXPERT_GATE_W, MODEL_ROLE_EXPERT_UP_W};
         tf_lora_stage ls[2] = {TF_LORA_EXPERT_GATE, TF_LORA_EXPERT_UP};
-        for (int k = 0; k < 2; k++)
+        for (int k = 0; k < 2; k++) {
+            gpu_tensor dwk = base_grad(m, bb, blk, r[k], e);
             if ((st = gemm_operand(m, s, d[k], n, fe, &op)) != ZO_OK ||
                 (st = expert_weight(m, s, bb, blk, r[k], e, ew, &w)) != ZO_OK ||
-                (st = gemm_back(s, dxe, (float)k, base_grad(m, bb, blk, r[k], e), op, xe, w, n, fe, h)) != ZO_OK ||
+                (st = ep_weight_grad(m, a, e, s, &dwk, op, xe, fe, h)) != ZO_OK ||
+                (st = gemm_back(s, dxe, (float)k, dwk, op, xe, w, n, fe, h)) != ZO_OK ||
                 (st = expert_lora_backward(m, s, bb, ls[k], e, op, fe, xe, dxe, n)) != ZO_OK)
                 return st;
-        /* back to the tokens: dh += dx, dweights[token, e] = the pair's weight gradient */
-        if ((st = gpu_moe_scatter_add(s, F32(m->dh), dxe, a->moe_idx + o, n, h, h)) != ZO_OK ||
+        }
+    }
+    /* the input and weight gradients back to their senders (moe_dx,
+     * moe_dscale: the pairs' order), then to the tokens, expert after
+     * expert: dh += dx, dweights[token, e] = the pair's weight gradient */
+    if (ep && ((st = ep_return(m, l, s, ex_g, m->ep_buf[0], dx.data, h)) != ZO_OK ||
+               (st = ep_return(m, l, s, F32(ex_ds), m->ep_w[0], m->moe_dscale, 1)) != ZO_OK))
+        return st;
+    for (int e = 0; e < E; e++) {
+        int n = off[e + 1] - off[e];
+        if (!n) continue;
+        const int o = off[e];
+        if ((st = gpu_moe_scatter_add(s, F32(m->dh), rows_at(dx, o, h), a->moe_idx + o, n, h, h)) != ZO_OK ||
             (st = gpu_moe_scatter_add(s, F32(m->dweights + e), F32(m->moe_dscale + o), a->moe_idx + o, n, 1, E)) !=
                 ZO_OK)
             return st;
@@ -1898,6 +2142,18 @@ void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_
                       t->role == MODEL_ROLE_EXPERT_DOWN_W)
                          ? proj_std
                          : 0.02;
+        /* an expert window (model/layout.h): the draws of the experts
+         * before it and after it are skipped, so that each expert gets the
+         * values of the whole model's */
+        size_t skip_after = 0;
+        if (t->role >= MODEL_ROLE_EXPERT_GATE_W && t->role <= MODEL_ROLE_EXPERT_DOWN_W) {
+            size_t stride = model_layout_expert_stride(l);
+            size_t i_loc = (t->offset - model_layout_view(l, block, MODEL_ROLE_EXPERT_GATE_W)->offset) / stride;
+            if (t->role == MODEL_ROLE_EXPERT_GATE_W && i_loc == 0)
+                *rng += 2 * (uint64_t)((size_t)l->expert_first * stride) * 0x9e3779b97f4a7c15ull;
+            if (t->role == MODEL_ROLE_EXPERT_DOWN_W && (int)i_loc == l->expert_count - 1)
+                skip_after = (size_t)(l->cfg.moe.experts - l->expert_first - l->expert_count) * stride;
+        }
         /* splitmix is a counter: element e draws the two values after
          * 2e draws of the tensor, so the elements are independent (and the
          * values the sequential draw gives) */
@@ -1908,7 +2164,7 @@ void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_
             uint64_t s = s0 + 2 * (uint64_t)e * 0x9e3779b97f4a7c15ull;
             p[e] = (float)(gauss(&s) * std);
         }
-        *rng = s0 + 2 * (uint64_t)n * 0x9e3779b97f4a7c15ull;
+        *rng = s0 + 2 * (uint64_t)(n + (long long)skip_after) * 0x9e3779b97f4a7c15ull;
     }
 }
 
@@ -1920,9 +2176,28 @@ void tf_init_weights(const model_layout *l, float *const *host_blocks, uint64_t 
 
 void tf_init_lora_block(const model_layout *adapters, int block, float *dst, uint64_t *rng)
 {
+    /* an expert window (model/layout.h): the draws of the experts before it
+     * and after it are skipped, so that each expert's adapters get the
+     * whole model's values (an expert's A draws: the window's over its
+     * experts) */
+    const model_layout *l = adapters;
+    int first_x = -1, last_x = -1;
+    uint64_t xa = 0;
+    for (int i = 0; i < l->n_tensors; i++) {
+        const model_tensor *t = &l->tensors[i];
+        if (t->block != block || t->role < MODEL_ROLE_EXPERT_GATE_W || t->role > MODEL_ROLE_EXPERT_DOWN_W) continue;
+        if (first_x < 0) first_x = i;
+        last_x = i;
+        if (t->lora == MODEL_LORA_A) xa += t->numel;
+    }
+    uint64_t per = l->expert_count ? xa / (uint64_t)l->expert_count : 0;
     for (int i = 0; i < adapters->n_tensors; i++) {
         const model_tensor *t = &adapters->tensors[i];
         if (t->block != block) continue;
+        if (i == first_x) *rng += (uint64_t)l->expert_first * per * 0x9e3779b97f4a7c15ull;
+        if (i == last_x) /* (after its draws, below: it is a B, which draws none) */
+            *rng += (uint64_t)(l->cfg.moe.experts - l->expert_first - l->expert_count) * per *
+                    0x9e3779b97f4a7c15ull;
         float *p = dst + t->offset;
         long long n = (long long)t->numel;
         if (t->lora == MODEL_LORA_B) { /* B = 0: the adapted model starts as the base */

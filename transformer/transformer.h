@@ -40,6 +40,7 @@
 #include "common/lora.h"         /* defines: zo_lora_config, ZO_LORA_MAX_MODULES */
 #include "common/model_config.h" /* defines: zo_model_config */
 #include "gpu/device.h"          /* defines: gpu_device_t, gpu_stream_t */
+#include "gpu/comm.h"            /* defines: comm_t (expert parallelism's group) */
 #include "model/layout.h"        /* defines: model_layout, model_role */
 
 /* tf_options.recompute: none, whole layers, by op */
@@ -72,6 +73,16 @@ typedef struct tf_layer_acts {
     float *moe_wp_h;      /* [N top_k] host */
     int *moe_off;         /* [experts + 1] host: expert e's pairs are rows moe_off[e] .. moe_off[e+1] */
     float *sgate;         /* [N] the shared expert's gate before its sigmoid */
+    /* expert parallelism (tf_model.ep_size > 1), the owner's side: the rows
+     * the ranks of the group sent to this rank's experts, R = ep_off[El] of
+     * them (at most tf_model.ep_rows) */
+    void *ep_x;           /* [R, h] their inputs, grouped by local expert (source ranks in order) */
+    float *ep_wp;         /* [R] their weights, grouped the same */
+    int32_t *ep_idx;      /* [2 R] device: grouped row i is arrival row ep_idx[i]; arrival row r is
+                             grouped row ep_idx[R + r] (arrival: by source rank, then local expert) */
+    int32_t *ep_idx_h;    /* [2 ep_rows] host: the same */
+    int *ep_cnt;          /* [ep El] host: rows from rank p for local expert j at [p El + j] */
+    int *ep_off;          /* [El + 1] host: local expert j's grouped rows are ep_off[j] .. ep_off[j+1] */
 } tf_layer_acts;
 
 /* LoRA on the model: r = 0 (the default) trains every weight as before. */
@@ -145,7 +156,17 @@ typedef struct tf_options {
      * straight through the two GEMMs, so the fp32 logits of one chunk are
      * all that is held ([chunk, vocab] where [N, vocab] was). */
     int loss_chunk;
+    /* Expert parallelism: the group of ranks that together hold every
+     * routed expert (NULL, or one rank: this rank holds them all). Rank q
+     * of its P holds experts [q E/P, (q+1) E/P) (the layout's window), and
+     * each MoE layer sends the pairs routed to another rank's experts there
+     * and back (comm_all_to_all_v): full fine-tuning only (no LoRA, no
+     * generation). The communicator must carry no other collective while
+     * the model runs a block. */
+    comm_t ep;
 } tf_options;
+
+enum { TF_EP_FORWARD = 0, TF_EP_RECOMPUTE, TF_EP_BACKWARD };
 
 typedef struct tf_model {
     zo_model_config cfg;
@@ -198,6 +219,25 @@ typedef struct tf_model {
     float *moe_dscale;      /* [N top_k] the pairs' weight gradients */
     float *moe_w_h;         /* [N, experts] host: the router's weights, read to route */
     float moe_loss_scale;   /* the head's loss_scale, for the load-balancing loss's gradient */
+    /* expert parallelism (opts.ep of more than one rank): this rank holds
+     * the routed experts of its layout's window and computes them for the
+     * pairs every rank of the group routes to them (transformer.c, "expert
+     * parallelism") */
+    int ep_size, ep_rank;   /* 1 and 0 without */
+    size_t ep_rows;         /* the most rows a rank receives a layer: ep_size N min(top_k, El) */
+    void *ep_buf[2];        /* [ep_rows, h] fp32 each: rows in arrival order (in and out), grouped */
+    float *ep_w[2];         /* [ep_rows] fp32: weights (gradients) in arrival order, grouped */
+    int32_t *ep_cnt_d;      /* [2 ep El] device: the counts sent, then received */
+    int32_t *ep_cnt_h;      /* [2 ep El] host: the same */
+    size_t *ep_counts;      /* [2 ep] host: elements each all-to-all sends to, receives from each rank */
+    /* what the exchanges sent since tf_init, by pass (TF_EP_FORWARD,
+     * TF_EP_RECOMPUTE, TF_EP_BACKWARD): the layer exchanges, the pairs sent
+     * to another rank's experts ([0]) and received from another rank ([1]).
+     * The bytes they send to the other ranks (comm_all_to_all_bytes) are,
+     * with h e the bytes of a row in the model dtype, El the local experts:
+     * forward layers (P-1) El 4 + out (h e + 4) + in h e; recompute layers
+     * (P-1) El 4 + out (h e + 4); backward out 4 h + in (4 h + 4). */
+    uint64_t ep_layers[3], ep_pairs[3][2];
     const void *apart_buf;  /* the block call's params when they hold an MoE layer's dense part alone
                                (tf_block_bufs.expert), else NULL */
     /* generation (opts.kv_len > 0) */

@@ -270,18 +270,41 @@ static zo_status print_tiers(offload_t *rt, const offload_stats *st, const offlo
 
 /* --stats-json: the runtime's document, and with --profile its table
  * under "profile". */
+/* Expert parallelism's exchanges over the run (tf_model.ep_layers,
+ * ep_pairs): the layers and pairs of each pass and the bytes the rank's
+ * all-to-alls sent to the others, which those give exactly
+ * (docs/offload.md, "Expert parallelism"). */
+static cJSON *ep_json(const train_run *r)
+{
+    static const char *const pass[3] = {"forward", "recompute", "backward"};
+    cJSON *e = cJSON_CreateObject();
+    if (!e) return NULL;
+    cJSON_AddNumberToObject(e, "ranks", r->ep);
+    cJSON_AddNumberToObject(e, "local_experts", r->m.layout.expert_count);
+    cJSON_AddNumberToObject(e, "all_to_all_bytes", (double)comm_all_to_all_bytes(r->ep_comm));
+    for (int k = 0; k < 3; k++) {
+        cJSON *p = cJSON_AddObjectToObject(e, pass[k]);
+        cJSON_AddNumberToObject(p, "layers", (double)r->m.ep_layers[k]);
+        cJSON_AddNumberToObject(p, "pairs_out", (double)r->m.ep_pairs[k][0]);
+        cJSON_AddNumberToObject(p, "pairs_in", (double)r->m.ep_pairs[k][1]);
+    }
+    return e;
+}
+
 static zo_status write_stats(const train_run *r, const offload_prediction *pred, const char *path)
 {
-    if (!r->prof) return offload_write_stats_json(r->rt, pred, path);
+    if (!r->prof && r->ep <= 1) return offload_write_stats_json(r->rt, pred, path);
     cJSON *o;
     zo_status st = offload_stats_json(r->rt, pred, &o);
     if (st != ZO_OK) return zo_error_wrap(st, "--stats-json %s", path);
-    cJSON *pj = gpu_profile_json(r->prof);
-    if (!pj) {
+    cJSON *pj = r->prof ? gpu_profile_json(r->prof) : NULL, *ej = r->ep > 1 ? ep_json(r) : NULL;
+    if ((r->prof && !pj) || (r->ep > 1 && !ej)) {
+        cJSON_Delete(pj);
         cJSON_Delete(o);
-        return zo_error(ZO_ERR_NOMEM, "--stats-json %s: out of host memory for the profile", path);
+        return zo_error(ZO_ERR_NOMEM, "--stats-json %s: out of host memory", path);
     }
-    cJSON_AddItemToObject(o, "profile", pj);
+    if (pj) cJSON_AddItemToObject(o, "profile", pj);
+    if (ej) cJSON_AddItemToObject(o, "ep", ej);
     st = zo_file_write_json(path, o);
     cJSON_Delete(o);
     return st;
@@ -307,6 +330,11 @@ zo_status report_end(train_report *rp, train_run *r)
         printf("# experts streamed apart: %d slots of %s, %llu experts fetched, %s of weights copied to the "
                "device\n", ost.n_expert_slots, zo_format_bytes(ost.expert_slot_bytes, b1, sizeof b1),
                (unsigned long long)ost.experts_fetched, zo_format_bytes(ost.bytes_weights, b2, sizeof b2));
+    if (r->ep > 1) /* docs/offload.md, "Expert parallelism" */
+        printf("# expert parallelism: %d ranks a group, %d experts a rank; rank 0's all-to-alls sent %llu bytes "
+               "(%llu pairs out, %llu in, forward)\n", r->ep, r->m.layout.expert_count,
+               (unsigned long long)comm_all_to_all_bytes(r->ep_comm), (unsigned long long)r->m.ep_pairs[0][0],
+               (unsigned long long)r->m.ep_pairs[0][1]);
     if (r->prof) { /* the records still in flight waited for, then the table */
         if ((st = gpu_profile_stop(r->prof)) != ZO_OK) return zo_error_wrap(st, "--profile");
         gpu_profile_print(r->prof, stdout);

@@ -142,6 +142,8 @@ int run_finish(train_run *r, zo_status st)
         snprintf(msg, sizeof msg, "train: rank %d of %d: %s", r->rank, r->ranks, zo_last_error());
         comm_abort(r->comm, exit_code(st, r->phase), msg);
     }
+    comm_free(r->expert_comm); /* the groups, then the world they were split from */
+    comm_free(r->ep_comm);
     comm_free(r->comm);
     if (r->s) gpu_stream_destroy(r->s);
     gpu_device_free(r->dev);
@@ -191,6 +193,34 @@ static zo_status check_recompute_layers(const train_args *a, const zo_model_conf
     return ZO_OK;
 }
 
+/* The expert-parallel degree: --ep, or the plan's parallel.ep. */
+static int run_ep(const train_args *a)
+{
+    if (a->ep) return a->ep;
+    return a->plan && a->p.file.parallel.ep > 1 ? a->p.file.parallel.ep : 1;
+}
+
+/* Expert parallelism runs on N | ranks and N | experts (memplan's words),
+ * and keeps no checkpoints yet (--save writes the Hugging Face folder). */
+static zo_status check_ep(const train_args *a, const zo_model_config *cfg, int ranks)
+{
+    int ep = run_ep(a);
+    if (ep <= 1) return ZO_OK;
+    if (ranks % ep)
+        return zo_error(ZO_ERR_INVALID, "--ep %d must divide the data-parallel degree (DP %d, the ranks): expert "
+                        "parallelism shards the experts over data-parallel ranks", ep, ranks);
+    if (cfg->moe.experts % ep)
+        return zo_error(ZO_ERR_INVALID, "--ep %d does not divide the %d experts of %s", ep, cfg->moe.experts,
+                        cfg->name);
+    const char *what = a->ckpt ? "--ckpt" : a->resume ? "--resume" : a->merge ? "--merge" : NULL;
+    if (what)
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s with expert parallelism (--ep %d, parallel.ep): each rank holds "
+                        "its share of the experts and its own optimizer state for them: a ZeRO-0 checkpoint is "
+                        "rank 0's state alone, and a merge reads the whole base on rank 0; train with --ep 1 for "
+                        "them (--save writes the weights or the adapters)", what, ep);
+    return ZO_OK;
+}
+
 /* What the run would be, as the capability table (common/capability.h)
  * sees it: the plan and the flags over it, on `ranks` ranks. */
 static void run_shape(const train_args *a, int ranks, zo_run_shape *out)
@@ -209,7 +239,7 @@ static void run_shape(const train_args *a, int ranks, zo_run_shape *out)
     out->loss_chunk = a->p.file.training.loss_chunk;
     if (a->tp) out->tp = a->tp;
     if (a->pp) out->pp = a->pp;
-    if (a->ep) out->ep = a->ep;
+    out->ep = run_ep(a);
 }
 
 /* The runtime runs it, or the table's words (the same on every rank:
@@ -245,7 +275,9 @@ zo_status run_read_inputs(train_run *r)
         return zo_error(ZO_ERR_UNSUPPORTED, "--merge %s: ZeRO-3 partitions the frozen base over the %d ranks; "
                         "train with ZeRO 0-2 to merge, or merge the saved adapters on one rank", a->merge, ranks);
     }
-    return check_capability(r, ranks);
+    if ((st = check_capability(r, ranks)) != ZO_OK) return st;
+    if ((st = check_ep(a, &r->cfg, ranks)) != ZO_OK) r->quiet = r->launch.rank > 0; /* rank 0 says it */
+    return st;
 }
 
 /* --device NAME with --device-mem as the capacity: the CPU backend with its
@@ -286,6 +318,14 @@ static zo_status open_device_and_ranks(train_run *r)
     if ((st = comm_init(&co, &r->comm)) != ZO_OK) return st;
     r->rank = comm_rank(r->comm);
     r->ranks = comm_size(r->comm);
+    /* expert parallelism: groups of ep consecutive ranks hold every expert
+     * (rank r the experts of r % ep), and the ranks of one r % ep the same */
+    r->ep = run_ep(a);
+    if (r->ep > 1) {
+        if ((st = comm_split(r->comm, r->rank / r->ep, r->rank, &r->ep_comm)) != ZO_OK ||
+            (st = comm_split(r->comm, r->rank % r->ep, r->rank, &r->expert_comm)) != ZO_OK)
+            return zo_error_wrap(st, "--ep %d: the expert-parallel groups", r->ep);
+    }
     /* rank 0 speaks for the job; the others print only errors */
     if (r->rank > 0 && !freopen("/dev/null", "w", stdout))
         return zo_error(ZO_ERR_IO, "train: rank %d: /dev/null: %s", r->rank, strerror(errno));
@@ -314,10 +354,12 @@ zo_status run_setup(train_run *r)
     zo_status st = open_device_and_ranks(r);
     if (st != ZO_OK) return st;
     oc->comm = r->comm;
+    oc->ep_comm = r->ep_comm;
+    oc->expert_comm = r->expert_comm;
     if ((st = gpu_stream_create(r->dev, &r->s)) != ZO_OK) return st;
     tf_options to = {.recompute = oc->recompute, .recompute_layers = oc->recompute_layers, .external_res = 1,
                      .lora = {.r = a->lora.r, .alpha = a->lora.alpha, .targets = a->lora.targets, .nf4 = a->qlora},
-                     .loss_chunk = a->p.file.training.loss_chunk};
+                     .loss_chunk = a->p.file.training.loss_chunk, .ep = r->ep_comm};
     if ((st = tf_init_opts(&r->m, &r->cfg, r->dev, a->dtype, (int)a->micro_batch, (int)a->seq, &to)) != ZO_OK)
         return st;
     if (a->lora.r) report_lora(a, &r->m);
@@ -520,7 +562,7 @@ zo_status run_checkpoint(train_run *r, long steps)
 
 zo_status run_save(train_run *r)
 {
-    zo_status st = weights_save(r->rt, &r->m, r->a, r->rank);
+    zo_status st = weights_save(r->rt, &r->m, r->a, r->rank, r->ep_comm);
     if (st == ZO_OK) printf("# saved %s\n", r->a->save);
     return st;
 }

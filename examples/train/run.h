@@ -37,6 +37,12 @@ typedef struct train_run {
     gpu_stream_t s;
     comm_t comm;
     int rank, ranks;
+    /* expert parallelism (--ep N > 1, parallel.ep): the group of N
+     * consecutive ranks that together hold every expert (the token
+     * exchange), and the ranks holding the same experts as this one (their
+     * gradients' all-reduce; NULL when N is the rank count) */
+    int ep;
+    comm_t ep_comm, expert_comm;
     tf_model m;
     tf_offload_model tm;            /* the model as the runtime's blocks */
     offload_t *rt;

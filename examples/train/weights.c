@@ -186,8 +186,119 @@ static zo_status save_merged(offload_t *rt, const tf_model *m, const train_args 
     return st;
 }
 
-zo_status weights_save(offload_t *rt, const tf_model *m, const train_args *a, int rank)
+/* Expert parallelism (ZeRO-0): each rank's trained blocks (`ll`: the
+ * weights', or with LoRA the adapters' layout) hold its group share of the
+ * experts, elements [x_off, x_off + n) of each MoE layer block. Every rank
+ * reads its blocks in order and each layer's experts are all-gathered over
+ * its group (`ep`, through device buffers: what the communicator takes);
+ * rank 0 puts the blocks together as the whole model lays them out (`gl`:
+ * the experts of group rank q at x_off + q n, what follows them moved up)
+ * in host memory, *whole (NULL on the other ranks). */
+static zo_status gather_ep(offload_t *rt, const tf_model *m, const model_layout *ll, const model_layout *gl,
+                           size_t x_off, size_t n, comm_t ep, int rank, void ***whole)
 {
+    const int P = comm_size(ep);
+    size_t largest = 1;
+    for (int b = 0; b < ll->n_blocks; b++) largest = ll->block_numel[b] > largest ? ll->block_numel[b] : largest;
+    void **w = rank == 0 ? alloc_blocks(gl) : NULL;
+    float *local = malloc(largest * sizeof(float)), *all = malloc((size_t)P * n * sizeof(float) + 4);
+    void *dsend = NULL, *drecv = NULL;
+    gpu_stream_t s = NULL;
+    zo_status st = ZO_OK;
+    if ((rank == 0 && !w) || !local || !all) {
+        st = zo_error(ZO_ERR_NOMEM, "out of host memory for the whole model's blocks");
+        goto out;
+    }
+    if ((st = gpu_mem_alloc(m->dev, n * sizeof(float) + 4, &dsend)) != ZO_OK ||
+        (st = gpu_mem_alloc(m->dev, (size_t)P * n * sizeof(float) + 4, &drecv)) != ZO_OK ||
+        (st = gpu_stream_create(m->dev, &s)) != ZO_OK)
+        goto out;
+    for (int b = 0; b < ll->n_blocks && st == ZO_OK; b++) {
+        if (ll->block_numel[b] && (st = offload_get_block(rt, b, local)) != ZO_OK) break;
+        if (!model_layout_view(&m->layout, b, MODEL_ROLE_EXPERT_GATE_W)) { /* no experts: as it is */
+            if (w) memcpy(w[b], local, ll->block_numel[b] * sizeof(float));
+            continue;
+        }
+        comm_request_t req;
+        if ((st = gpu_memcpy_async(s, dsend, local + x_off, n * sizeof(float), GPU_COPY_HOST_TO_DEVICE)) != ZO_OK ||
+            (st = gpu_stream_synchronize(s)) != ZO_OK ||
+            (st = comm_all_gather(ep, dsend, drecv, n, ZO_DTYPE_F32, NULL, &req)) != ZO_OK ||
+            (st = comm_wait(req)) != ZO_OK ||
+            (st = gpu_memcpy_async(s, all, drecv, (size_t)P * n * sizeof(float), GPU_COPY_DEVICE_TO_HOST)) !=
+                ZO_OK ||
+            (st = gpu_stream_synchronize(s)) != ZO_OK)
+            break;
+        if (!w) continue;
+        float *dst = w[b];
+        memcpy(dst, local, x_off * sizeof(float));
+        memcpy(dst + x_off, all, (size_t)P * n * sizeof(float));
+        memcpy(dst + x_off + (size_t)P * n, local + x_off + n, (ll->block_numel[b] - x_off - n) * sizeof(float));
+    }
+out:
+    if (s) gpu_stream_destroy(s);
+    gpu_mem_free(m->dev, dsend);
+    gpu_mem_free(m->dev, drecv);
+    free(local);
+    free(all);
+    if (st != ZO_OK && w) {
+        free_blocks(w, gl->n_blocks);
+        w = NULL;
+    }
+    *whole = w;
+    return st;
+}
+
+/* A reader of blocks held in host memory (fp32). */
+static zo_status read_held(void *ctx, int block, float *dst)
+{
+    const model_layout *l = ((void **)ctx)[0];
+    void **blocks = ((void **)ctx)[1];
+    memcpy(dst, blocks[block], l->block_numel[block] * sizeof(float));
+    return ZO_OK;
+}
+
+/* --save with expert parallelism: the Hugging Face folder, or with LoRA
+ * the PEFT adapter folder, rank 0 writing what one rank would. */
+static zo_status save_ep(offload_t *rt, const tf_model *m, const train_args *a, comm_t ep, int rank)
+{
+    model_layout gl;
+    size_t x_off = 0, n = 0;
+    zo_status st;
+    if (!a->lora.r) {
+        st = model_layout_init(&gl, &m->cfg);
+        x_off = model_layout_view(&m->layout, model_layout_layer_block(0), MODEL_ROLE_EXPERT_GATE_W)->offset;
+        n = (size_t)m->layout.expert_count * model_layout_expert_stride(&m->layout);
+    } else {
+        zo_lora_config lc = {.r = a->lora.r, .alpha = a->lora.alpha, .targets = a->lora.targets};
+        st = model_lora_layout_init(&gl, &m->cfg, &lc);
+        for (int j = 0; j < m->n_lora && !n; j++) /* the routed experts' adapters, together */
+            if (m->lora[j].e_stride) {
+                x_off = m->lora[j].a_off;
+                n = (size_t)m->layout.expert_count * m->lora[j].e_stride;
+            }
+    }
+    if (st != ZO_OK) return zo_error_wrap(st, "--save %s", a->save);
+    void **whole = NULL;
+    st = gather_ep(rt, m, m->opts.lora.r ? &m->adapters : &m->layout, &gl, x_off, n, ep, rank, &whole);
+    if (st == ZO_OK && whole) {
+        if (a->lora.r) {
+            st = model_lora_save(a->save, &gl, &a->lora, is_dir(a->model) ? m->cfg.name : a->model,
+                                 (const void *const *)whole, ZO_DTYPE_F32, ZO_DTYPE_F32); /* as save_adapters */
+        } else {
+            model_hf_folder f = hf_folder(m, a, a->save);
+            f.l = &gl;
+            void *ctx[2] = {&gl, whole};
+            st = model_hf_save(&f, read_held, ctx, NULL);
+        }
+    }
+    if (whole) free_blocks(whole, gl.n_blocks);
+    model_layout_free(&gl);
+    return st == ZO_OK ? st : zo_error_wrap(st, "--save %s", a->save);
+}
+
+zo_status weights_save(offload_t *rt, const tf_model *m, const train_args *a, int rank, comm_t ep)
+{
+    if (ep && comm_size(ep) > 1) return save_ep(rt, m, a, ep, rank);
     if (!a->lora.r) {
         model_hf_folder f = hf_folder(m, a, a->save);
         return offload_write_weights(rt, a->save, hf_writer, &f); /* rank 0 writes, the others send */

@@ -21,7 +21,7 @@ zo_status weights_load(offload_t *rt, const tf_model *m, const train_args *a);
  * --merge DIR the adapters merged into the base as such a folder. Every
  * rank calls it (blocks are gathered when the optimizer state is
  * partitioned); rank 0 writes. */
-zo_status weights_save(offload_t *rt, const tf_model *m, const train_args *a, int rank);
+zo_status weights_save(offload_t *rt, const tf_model *m, const train_args *a, int rank, comm_t ep);
 
 /* An offload_weights_stream: the model_layout `user` as safetensors, fp32. */
 zo_status weights_write(void *user, const char *path, offload_block_reader read, void *ctx);
