@@ -422,9 +422,10 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     /* an MoE layer's routed experts stream apart where the store can (the
      * host tier, whole blocks on every rank: ZeRO-0): a slot holds the
      * largest dense part, and the experts the batch routes to go through
-     * their own slots (each rank fetches those its own batch routes to) */
+     * their own slots (each rank fetches those its own batch routes to; a
+     * forward-only runtime, generation, those each forward routes to) */
     size_t dense, expert;
-    if (sc.n_slots && (!rt->dp || rt->dp->stage == 0) && !rt->cfg.forward_only &&
+    if (sc.n_slots && (!rt->dp || rt->dp->stage == 0) &&
         offload_stream_apart(&rt->m, rt->ws, rt->fws, &dense, &expert)) {
         sc.expert_slots = OFFLOAD_EXPERT_SLOTS;
         sc.expert_numel = expert;
