@@ -291,6 +291,36 @@ zo_status offload_dp_set_experts(offload_dp *dp, comm_t xcomm, const size_t *lo,
     return ZO_OK;
 }
 
+int offload_dp_segments(size_t n, size_t xlo, size_t xhi, int world, int rank, int xsize, int xrank,
+                        offload_seg seg[3])
+{
+    const size_t lo[3] = {0, xlo, xhi}, hi[3] = {xlo, xhi, n};
+    int ns = 0;
+    size_t loc = 0;
+    for (int k = 0; k < 3; k++) {
+        if (hi[k] <= lo[k]) continue;
+        offload_seg *s = &seg[ns++];
+        int size = k == 1 ? xsize : world, r = k == 1 ? xrank : rank;
+        s->lo = lo[k];
+        s->n = hi[k] - lo[k];
+        s->expert = k == 1;
+        s->pad = comm_padded_count(s->n, size);
+        comm_shard(s->n, size, r, &s->own_off, &s->own_n);
+        s->loc = loc;
+        loc += s->own_n;
+    }
+    return ns;
+}
+
+size_t offload_seg_at(const offload_seg *seg, int ns, size_t rel, size_t *run)
+{
+    int k = 0;
+    while (k + 1 < ns && rel >= seg[k].loc + seg[k].own_n) k++;
+    size_t in = rel - seg[k].loc;
+    *run = seg[k].own_n - in;
+    return seg[k].lo + seg[k].own_off + in;
+}
+
 zo_status offload_dp_collective(offload_dp *dp, dp_op op, size_t count, size_t real, void *buf, zo_dtype dt,
                                 gpu_event_t after, gpu_event_t done)
 {

@@ -148,6 +148,32 @@ zo_status offload_dp_gather_on(offload_dp *dp, comm_t c, const void *mine, size_
 /* Expert parallelism: block b's elements [lo[b], hi[b]) are this rank's
  * experts, reduced over xcomm (NULL: not at all) at ZeRO-0. */
 zo_status offload_dp_set_experts(offload_dp *dp, comm_t xcomm, const size_t *lo, const size_t *hi);
+/* Expert parallelism at ZeRO 1-3: the partition of one MoE block
+ * (docs/architecture.md, "ZeRO with expert parallelism"). The block of n
+ * elements, its routed experts at [xlo, xhi), is up to three segments, in
+ * block order: the dense elements before the experts and those after them,
+ * each partitioned over the world's `world` ranks, and the experts,
+ * partitioned over the `xsize` ranks holding the same ones (expert_comm).
+ * Each segment is padded to a multiple of its communicator's size and split
+ * as comm_shard splits a block; the rank's part of the block is its parts
+ * of the segments, one after the other. Not yet run: the capability table
+ * refuses --ep with ZeRO 1-3. */
+typedef struct offload_seg {
+    size_t lo, n;          /* elements [lo, lo + n) of the block */
+    int expert;            /* 1: over expert_comm (its rank xrank); 0: over the world (rank) */
+    size_t pad;            /* n padded: comm_padded_count(n, the communicator's size) */
+    size_t own_off, own_n; /* the rank's part: elements [lo + own_off, lo + own_off + own_n) */
+    size_t loc;            /* where that part starts in the rank's part of the block */
+} offload_seg;
+
+/* The non-empty segments of the block into seg[0..2], their count returned
+ * (0 when n is 0). xlo == xhi: no experts, one dense segment. */
+int offload_dp_segments(size_t n, size_t xlo, size_t xhi, int world, int rank, int xsize, int xrank,
+                        offload_seg seg[3]);
+/* Element `rel` of the rank's part (segments seg[0..ns)) in the whole
+ * block; *run: how many elements from there on are contiguous in both (to
+ * the end of its segment's part). rel must be inside the part. */
+size_t offload_seg_at(const offload_seg *seg, int ns, size_t rel, size_t *run);
 /* An all-reduce in place over xcomm, as offload_dp_collective's (xcomm
  * must not be NULL). */
 zo_status offload_dp_all_reduce_experts(offload_dp *dp, size_t count, void *buf, zo_dtype dt, gpu_event_t after,
