@@ -284,8 +284,6 @@ zo_status offload_dp_set_experts(offload_dp *dp, comm_t xcomm, const size_t *num
                                  const size_t *hi)
 {
     size_t nb = (size_t)dp->nb;
-    if (dp->stage >= 3)
-        return zo_error(ZO_ERR_UNSUPPORTED, "offload_init: expert parallelism at ZeRO-%d (ZeRO 0-2)", dp->stage);
     if (!(dp->xlo = malloc(nb * sizeof *dp->xlo)) || !(dp->xhi = malloc(nb * sizeof *dp->xhi)))
         return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
     memcpy(dp->xlo, lo, nb * sizeof *lo);
@@ -293,7 +291,7 @@ zo_status offload_dp_set_experts(offload_dp *dp, comm_t xcomm, const size_t *num
     dp->ep = 1;
     dp->xcomm = xcomm && comm_size(xcomm) > 1 ? xcomm : NULL;
     if (!dp->stage) return ZO_OK;
-    /* ZeRO 1-2: a block with experts partitioned in segments */
+    /* ZeRO 1-3: a block with experts partitioned in segments */
     dp->xcomm_part = xcomm;
     dp->xrank = xcomm ? comm_rank(xcomm) : 0;
     dp->xsize = xcomm ? comm_size(xcomm) : 1;

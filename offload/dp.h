@@ -17,7 +17,7 @@
  * Each segment is padded to a multiple of its communicator's size and split
  * as comm_shard splits a block; the rank's part of the block is its parts
  * of the segments, one after the other (offload_dp_set_experts at ZeRO
- * 1-2; ZeRO-3 is refused by the capability table). */
+ * 1-3). */
 typedef struct offload_seg {
     size_t lo, n;          /* elements [lo, lo + n) of the block */
     int expert;            /* 1: over expert_comm (its rank xrank); 0: over the world (rank) */
@@ -196,7 +196,7 @@ zo_status offload_dp_gather(offload_dp *dp, const void *mine, size_t bytes, void
 zo_status offload_dp_gather_on(offload_dp *dp, comm_t c, const void *mine, size_t bytes, void *all);
 /* Expert parallelism: block b's elements [lo[b], hi[b]) are this rank's
  * experts, held by the ranks of xcomm: at ZeRO-0 all-reduced over it (not
- * at all when it has one rank), at ZeRO 1-2 partitioned over it, the rest
+ * at all when it has one rank), at ZeRO 1-3 partitioned over it, the rest
  * of the block over the world (offload_dp_segments); part_n and loc_off
  * change (numel: the blocks' elements). */
 zo_status offload_dp_set_experts(offload_dp *dp, comm_t xcomm, const size_t *numel, const size_t *lo,

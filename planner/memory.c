@@ -1198,12 +1198,12 @@ static uint64_t pinned_staging(const stage_est *s, uint64_t host_slot, uint64_t 
     const plan_train *t = s->t;
     uint64_t dp = s->dp, wsz = s->wsz, sg = t->buf.sub_group;
     uint64_t largest = s->peft ? s->tr_largest : s->sh.largest;
-    uint64_t part = t->zero >= 3 ? ceil_div(largest, dp) : largest;
+    /* (the largest block's part: with EP an MoE layer's experts over DP / EP) */
+    uint64_t largest_part = s->peft ? ceil_div(largest, dp) : s->sh.largest_part;
+    uint64_t part = t->zero >= 3 ? largest_part : largest;
     uint64_t pinned = 0;
     /* (ZeRO 2-3 on several ranks: the reduced fp32 part of a block, LoRA's
      * of its adapters) */
-    /* (the largest block's part: with EP an MoE layer's experts over DP / EP) */
-    uint64_t largest_part = s->peft ? ceil_div(largest, dp) : s->sh.largest_part;
     uint64_t grad_half = t->zero >= 2 && dp > 1 ? largest_part * 4
                          : s->peft               ? part * wsz
                                                  : host_slot;
