@@ -755,7 +755,9 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
     n = plan_peft_modules(m, t->lora.targets, t->ep, mods);
     for (int i = 0; i < n; i++) {
         uint64_t in = (uint64_t)mods[i].in, out = (uint64_t)mods[i].out;
-        o->layer_trainable += mods[i].count * r * (mods[i].row ? ceil_div(in, tp) + out : in + ceil_div(out, tp));
+        uint64_t el = mods[i].count * r * (mods[i].row ? ceil_div(in, tp) + out : in + ceil_div(out, tp));
+        o->layer_trainable += el;
+        if (mods[i].expert) o->layer_trainable_ex += el;
         o->u_width += (double)mods[i].routed * (double)r; /* A x, per token */
         o->n_adapters++;
     }
@@ -858,7 +860,8 @@ static void stage_init(stage_est *s, const zo_model_config *m, const plan_train 
     s->wsz = zo_dtype_size(t->dtype);
     s->gsz = zo_dtype_size(t->grad_dtype);
     s->tr = s->peft ? s->pf.trainable : s->sh.params;
-    s->tr_ex = s->peft ? 0 : s->sh.experts;
+    /* (LoRA: the routed experts' adapters apart only with expert parallelism) */
+    s->tr_ex = !s->peft ? s->sh.experts : t->ep > 1 ? (uint64_t)s->pf.layers * s->pf.layer_trainable_ex : 0;
     s->tr_largest = s->peft ? s->pf.layer_trainable : s->sh.largest;
     /* ZeRO shards over the ranks that hold the same parameters: all of DP
      * for the rest, DP / EP ("expert data parallel") for routed experts */
@@ -1199,7 +1202,10 @@ static uint64_t pinned_staging(const stage_est *s, uint64_t host_slot, uint64_t 
     uint64_t dp = s->dp, wsz = s->wsz, sg = t->buf.sub_group;
     uint64_t largest = s->peft ? s->tr_largest : s->sh.largest;
     /* (the largest block's part: with EP an MoE layer's experts over DP / EP) */
-    uint64_t largest_part = s->peft ? ceil_div(largest, dp) : s->sh.largest_part;
+    uint64_t ex = s->peft && t->ep > 1 ? s->pf.layer_trainable_ex : 0, edp = dp / (uint64_t)t->ep;
+    uint64_t largest_part = !s->peft ? s->sh.largest_part
+                            : ex      ? ceil_div(largest - ex, dp) + ceil_div(ex, edp ? edp : 1)
+                                      : ceil_div(largest, dp);
     uint64_t part = t->zero >= 3 ? largest_part : largest;
     uint64_t pinned = 0;
     /* (ZeRO 2-3 on several ranks: the reduced fp32 part of a block, LoRA's

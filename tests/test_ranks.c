@@ -720,8 +720,11 @@ static void compare_folders(const char *got_dir, const char *want_dir, const cha
 static void ep_save(int lora, int zero)
 {
     static char out[1 << 16];
-    const char *common = lora ? "--micro-batch 2 --seq 32 --dtype fp32 --params cpu --adapters-on cpu --optimizer cpu "
-                                "--clip 0 --lora 4 --lora-targets all-linear"
+    /* (ZeRO 1-2 keep the trained weights, LoRA's adapters, on the GPU) */
+    const char *common = lora && zero ? "--micro-batch 2 --seq 32 --dtype fp32 --params cpu --adapters-on gpu "
+                                        "--optimizer cpu --clip 0 --lora 4 --lora-targets all-linear"
+                         : lora ? "--micro-batch 2 --seq 32 --dtype fp32 --params cpu --adapters-on cpu --optimizer cpu "
+                                  "--clip 0 --lora 4 --lora-targets all-linear"
                               : "--micro-batch 2 --seq 32 --dtype fp32 --params gpu --optimizer cpu --clip 0";
     const char *file = lora ? "adapter_model.safetensors" : "model.safetensors";
     for (int trained = 0; trained < 2; trained++) {
@@ -858,7 +861,7 @@ static void test_moe_ep(void **state)
     /* still refused, once, exit 2: the table's words, then train's */
     static const char *const refused[][2] = {
         {"--ep 2 --zero 3 --params cpu", "expert parallelism (--ep 2, parallel.ep) at ZeRO-3 with the weights on cpu"},
-        {"--ep 2 --zero 1 --lora 4", "expert parallelism (--ep 2, parallel.ep) with LoRA at ZeRO-1"},
+        {"--ep 2 --zero 3 --lora 4", "expert parallelism (--ep 2, parallel.ep) with LoRA at ZeRO-3"},
         {"--ep 2 --zero 2 --optimizer gpu=0.5,cpu=0.5",
          "expert parallelism (--ep 2, parallel.ep) at ZeRO-2 with an optimizer share on the GPU"},
         {"--ep 2 --zero 1 --params cpu", "ZeRO-1 (--zero 1) on 2 ranks with the weights on cpu"},
@@ -902,31 +905,35 @@ static void test_moe_ep(void **state)
  * of 2 partitions the experts), the weights on the GPU (the table's only
  * placement for them), the optimizer in host memory (the overlap schedule)
  * or half on NVMe with clipping (the norm's squares of every rank's parts,
- * each element once; 2 ranks and --ep 2 on 4). fp32. Each: the losses of
- * one rank with --grad-accum = ranks within 1e-6 relative, every rank's
- * peaks within 3% of memplan's plan, the all-to-all bytes as
- * check_ep_bytes says. Then --save at each stage: the folder of one rank
- * (with --lr 0 the same bytes). */
+ * each element once; 2 ranks and --ep 2 on 4); LoRA on every linear layer
+ * at ZeRO 1-2 (the adapters on the GPU, the base in host memory, clipping).
+ * fp32. Each: the losses of one rank with --grad-accum = ranks within 1e-6
+ * relative, every rank's peaks within 3% of memplan's plan, the all-to-all
+ * bytes as check_ep_bytes says. Then --save at each stage (LoRA: 1-2): the
+ * folder of one rank (with --lr 0 the same bytes). */
 static void test_moe_ep_zero(void **state)
 {
     (void)state;
-    static const char *const zplace[2] = {"--dtype fp32 --params gpu --optimizer cpu --schedule overlap",
-                                          "--dtype fp32 --params gpu --optimizer cpu=0.5,nvme=0.5"};
+    static const char *const zplace[3] = {
+        "--dtype fp32 --params gpu --optimizer cpu --schedule overlap",
+        "--dtype fp32 --params gpu --optimizer cpu=0.5,nvme=0.5",
+        "--dtype fp32 --lora 4 --lora-targets all-linear --params cpu --adapters-on gpu --optimizer cpu"};
     char path[512];
     for (int mdl = 0; mdl < 2; mdl++) {
         ep_use_model(mdl, path, sizeof path);
-        for (int p = 0; p < 2; p++) {
+        for (int p = 0; p < 3; p++) {
             double ref[2][STEPS];
-            ep_refs(zplace[p], "epz", mdl, p, p, ref);
-            for (int zero = 1; zero <= 3; zero++)
+            ep_refs(zplace[p], "epz", mdl, p, p > 0, ref);
+            for (int zero = 1; zero <= 3 - (p == 2); zero++) /* (LoRA: ZeRO 1-2) */
                 for (int k = 0; k < 3; k++)
-                    if (p == 0 || k != 1) /* (the NVMe half: --ep 2 on 2 and 4 ranks) */
-                        ep_run(mdl, zplace[p], ep_runs[k][0], ep_runs[k][1], zero, p, ref);
+                    if (p != 1 || k != 1) /* (the NVMe half: --ep 2 on 2 and 4 ranks) */
+                        ep_run(mdl, zplace[p], ep_runs[k][0], ep_runs[k][1], zero, p > 0, ref);
         }
     }
     snprintf(path, sizeof path, "%s/mixtral.json", dir);
     config = strrchr(path, '/') + 1;
     for (int zero = 1; zero <= 3; zero++) ep_save(0, zero);
+    for (int zero = 1; zero <= 2; zero++) ep_save(1, zero);
     config = "config.json";
 }
 
