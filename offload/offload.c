@@ -210,7 +210,7 @@ static zo_status set_experts(offload_t *rt, const offload_model *m)
         if (hi[x->block] == rt->g.numel[x->block] || x->offset + x->numel > hi[x->block])
             hi[x->block] = x->offset + x->numel;
     }
-    st = offload_dp_set_experts(rt->dp, rt->cfg.expert_comm, lo, hi);
+    st = offload_dp_set_experts(rt->dp, rt->cfg.expert_comm, rt->g.numel, lo, hi);
 out:
     free(lo);
     free(hi);
@@ -515,9 +515,12 @@ static zo_status set_block(offload_t *rt, int b, const float *w)
     if (bad < rt->numel[b])
         return zo_error(ZO_ERR_INVALID, "offload: block %d element %zu is %g: weights must be finite", b,
                         bad, (double)w[bad]);
-    if (rt->os && (st = ostate_write(rt->os, rt->og.off[b], rt->og.numel[b],
-                           w + offload_dp_part_first(rt->dp, b), NULL, NULL)) != ZO_OK)
-        return st;
+    /* the rank's part, run by run (a part in segments: expert parallelism) */
+    for (size_t rel = 0, run; rt->os && rel < rt->og.numel[b]; rel += run) {
+        size_t at = offload_dp_part_at(rt->dp, b, rel, &run);
+        if (run > rt->og.numel[b] - rel) run = rt->og.numel[b] - rel;
+        if ((st = ostate_write(rt->os, rt->og.off[b] + rel, run, w + at, NULL, NULL)) != ZO_OK) return st;
+    }
     return wstore_load_f32(rt->ws, b, 0, rt->numel[b], w);
 }
 

@@ -186,7 +186,8 @@ static zo_status save_merged(offload_t *rt, const tf_model *m, const train_args 
     return st;
 }
 
-/* Expert parallelism (ZeRO-0): each rank's trained blocks (`ll`: the
+/* Expert parallelism (at any ZeRO stage: the blocks are read back whole):
+ * each rank's trained blocks (`ll`: the
  * weights', or with LoRA the adapters' layout) hold its group share of the
  * experts, elements [x_off, x_off + n) of each MoE layer block. Every rank
  * reads its blocks in order and each layer's experts are all-gathered over
