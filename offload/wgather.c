@@ -51,12 +51,17 @@ static zo_status wg_fetch(wstore *ws, int b, void *dst)
     if (!ws->g->numel[b]) return ZO_OK;
     if (!p->frozen && offload_dp_segmented(dp, b)) {
         /* a part in segments (expert parallelism): gathered through a
-         * bucket from the device store's part (the table refuses others) */
-        if (!in->resident)
+         * bucket, each piece of the rank's share copied into it from the
+         * device store's part or the host store's pinned one (no staging
+         * block: the bucket is the only device memory it takes) */
+        const void *src = in->resident ? in->ops->resident(in, b) : in->ops->host ? in->ops->host(in, b) : NULL;
+        if (!src)
             return zo_error(ZO_ERR_UNSUPPORTED, "offload: block %d's part is in segments (expert parallelism at "
-                            "ZeRO-3): it is gathered from device memory only", b);
-        return offload_dp_gather_segs(dp, b, ws->g->numel[b], es, in->ops->resident(in, b), 1,
-                                      GPU_COPY_DEVICE_TO_DEVICE, dst, GPU_COPY_DEVICE_TO_DEVICE);
+                            "ZeRO-3): it is gathered from device or pinned host memory only", b);
+        if (!in->resident) offload_add_bytes(env->acct, OFFLOAD_BYTES_H2D, n * es);
+        return offload_dp_gather_segs(dp, b, ws->g->numel[b], es, src, 1,
+                                      in->resident ? GPU_COPY_DEVICE_TO_DEVICE : GPU_COPY_HOST_TO_DEVICE, dst,
+                                      GPU_COPY_DEVICE_TO_DEVICE);
     }
     if (n && in->resident) {
         st = gpu_memcpy_async(env->h2d, mine, in->ops->resident(in, b), n * es, GPU_COPY_DEVICE_TO_DEVICE);

@@ -551,6 +551,8 @@ static zo_status host_get_host(wstore *ws, int b, void *dst)
     return ZO_OK;
 }
 
+static const void *host_in_place(wstore *ws, int b) { return host_at(ws, b, 0); }
+
 static zo_status host_put_host(wstore *ws, int b, size_t rel, size_t n, void **dst)
 {
     (void)n;
@@ -606,7 +608,8 @@ static void host_destroy(wstore *ws)
 static const wstore_ops host_ops = {
     .resident = none_resident, .fetch = host_fetch, .fetch_range = host_fetch_range, .put_host = host_put_host,
     .put_host_done = host_put_host_done, .put_dev = host_put_dev, .put_dev_done = host_put_dev_done,
-    .sync = host_sync, .load = load_by_puts, .get_host = host_get_host, .free = host_destroy,
+    .sync = host_sync, .load = load_by_puts, .get_host = host_get_host, .host = host_in_place,
+    .free = host_destroy,
 };
 
 static zo_status host_create(wstore *ws, const wstore_config *c)

@@ -70,6 +70,10 @@ typedef struct wstore_ops {
     /* Elements [rel, rel + n) of block b (whole-block coordinates) from
      * fp32, which every rank has. */
     zo_status (*load)(wstore *ws, int b, size_t rel, size_t n, const float *src);
+    /* (optional) Block b's weights in pinned host memory when the store
+     * keeps them there (the host tier), else NULL: the gathering store
+     * reads a part in segments from it straight into its bucket. */
+    const void *(*host)(wstore *ws, int b);
     /* Block b's weights (numel[b] elements of the dtype) into host memory,
      * synchronously (the tier stores: the frozen base's reads). */
     zo_status (*get_host)(wstore *ws, int b, void *dst);
