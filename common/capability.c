@@ -13,7 +13,7 @@ const zo_capability_entry zo_capability_table[ZO_CAP_GAPS - 1] = {
      "the runtime runs data parallelism only (--tp 1 --pp 1, any number of ranks); memplan estimate sizes "
      "tensor and pipeline parallelism for clusters"},
     {ZO_CAP_EXPERT_PARALLEL, "expert-parallel",
-     "the runtime runs expert parallelism for full fine-tuning and LoRA of a mixture of experts at ZeRO-0 "
+     "the runtime runs expert parallelism for full fine-tuning, LoRA and QLoRA of a mixture of experts at ZeRO-0 "
      "with the weights on the GPU or in host memory (--ep N --zero 0 --params gpu or cpu); anything else runs "
      "with --ep 1, every rank holding every expert (ZeRO 0-3 partition them as the dense weights)"},
     {ZO_CAP_ZERO12_OFFLOADED, "zero12-offloaded-weights",
@@ -72,7 +72,7 @@ zo_capability_gap zo_capability_find(const zo_run_shape *r)
 {
     if (r->tp > 1) return ZO_CAP_TENSOR_PARALLEL;
     if (r->pp > 1) return ZO_CAP_PIPELINE_PARALLEL;
-    if (r->ep > 1 && (r->method == ZO_PLAN_QLORA || r->zero != 0 || r->params == ZO_PLAN_NVME || !r->moe))
+    if (r->ep > 1 && (r->zero != 0 || r->params == ZO_PLAN_NVME || !r->moe))
         return ZO_CAP_EXPERT_PARALLEL;
     if (r->ranks > 1 && (r->zero == 1 || r->zero == 2) && trained_on(r) != ZO_PLAN_GPU)
         return ZO_CAP_ZERO12_OFFLOADED;
@@ -106,10 +106,7 @@ static void what(const zo_run_shape *r, zo_capability_gap gap, char *buf, size_t
         snprintf(buf, len, "pipeline parallelism (--pp %d, parallel.pp)", r->pp);
         break;
     case ZO_CAP_EXPERT_PARALLEL:
-        if (r->method == ZO_PLAN_QLORA)
-            snprintf(buf, len, "expert parallelism (--ep %d, parallel.ep) with QLoRA (--lora --qlora, "
-                     "training.method)", r->ep);
-        else if (r->zero != 0)
+        if (r->zero != 0)
             snprintf(buf, len, "expert parallelism (--ep %d, parallel.ep) with ZeRO-%d (--zero %d, parallel.zero)",
                      r->ep, r->zero, r->zero);
         else if (r->params == ZO_PLAN_NVME)
