@@ -13,8 +13,8 @@ const zo_capability_entry zo_capability_table[ZO_CAP_GAPS - 1] = {
      "the runtime runs data parallelism only (--tp 1 --pp 1, any number of ranks); memplan estimate sizes "
      "tensor and pipeline parallelism for clusters"},
     {ZO_CAP_EXPERT_PARALLEL, "expert-parallel",
-     "the runtime runs expert parallelism for full fine-tuning, LoRA and QLoRA of a mixture of experts at ZeRO-0 "
-     "with the weights on the GPU or in host memory (--ep N --zero 0 --params gpu or cpu); anything else runs "
+     "the runtime runs expert parallelism for full fine-tuning, LoRA and QLoRA of a mixture of experts at "
+     "ZeRO-0 with the weights on the GPU or in host memory (--ep N --zero 0 --params gpu or cpu); anything else runs "
      "with --ep 1, every rank holding every expert (ZeRO 0-3 partition them as the dense weights)"},
     {ZO_CAP_ZERO12_OFFLOADED, "zero12-offloaded-weights",
      "ZeRO-1 and ZeRO-2 keep every 16-bit weight on each rank's GPU; trained weights off the GPU need "

@@ -838,7 +838,6 @@ static void test_moe_ep(void **state)
     static const char *const refused[][2] = {
         {"--ep 2 --zero 1", "expert parallelism (--ep 2, parallel.ep) with ZeRO-1"},
         {"--ep 2 --zero 3 --params cpu", "expert parallelism (--ep 2, parallel.ep) with ZeRO-3"},
-        {"--ep 2 --lora 4 --save SAVE --merge SAVE-merged", "--merge with expert parallelism (--ep 2, parallel.ep)"},
         {"--ep 2 --params nvme", "expert parallelism (--ep 2, parallel.ep) with the weights on nvme"},
         {"--ep 3", "--ep 3 must divide the data-parallel degree (DP 2, the ranks)"},
     };
@@ -1020,8 +1019,8 @@ static void test_moe_ep_ckpt(void **state)
     /* refused by name: a ZeRO-3 checkpoint (its optimizer state partitioned
      * over the ranks), and (LoRA's) a shard missing */
     static char out[1 << 16];
-    snprintf(args, sizeof args, "--steps 1 --micro-batch 2 --seq 32 --dtype fp32 --zero 3 --params cpu --ckpt %s/epc-z3",
-             dir);
+    snprintf(args, sizeof args,
+             "--steps 1 --micro-batch 2 --seq 32 --dtype fp32 --zero 3 --params cpu --ckpt %s/epc-z3", dir);
     train_ok(2, args, NULL, NULL);
     struct {
         const char *resume, *why;
@@ -1033,7 +1032,8 @@ static void test_moe_ep_ckpt(void **state)
         snprintf(args, sizeof args, "--steps 2 --micro-batch 2 --seq 32 --dtype fp32 --ep 2 %s --resume %s/%s",
                  i ? method[1] : "", dir, bad[i].resume);
         int rc = train(2, args, out, sizeof out);
-        printf("  --ep 2 --resume %s: exit %d, \"%s\" %d time(s)\n", bad[i].resume, rc, bad[i].why, count(out, bad[i].why));
+        printf("  --ep 2 --resume %s: exit %d, \"%s\" %d time(s)\n", bad[i].resume, rc, bad[i].why,
+               count(out, bad[i].why));
         if (rc != 2 || !count(out, bad[i].why)) fprintf(stderr, "%s\nwanted: %s\n", out, bad[i].why);
         assert_int_equal(rc, 2);
         assert_true(count(out, bad[i].why) >= 1);
@@ -1050,7 +1050,10 @@ static void test_moe_ep_ckpt(void **state)
  * within 1e-6 (test_moe's QLoRA bound), every rank's peaks within 3% of
  * the plan's; the PEFT adapter folder --save writes with --ep 2 against one
  * rank's (after 4 steps LoRA's B is about 1e-3: 1e-3 of a tensor's largest
- * value, as ep_save's LoRA), read back by --adapter with --ep 2. */
+ * value, as ep_save's LoRA), read back by --adapter with --ep 2; the
+ * merged folder --merge writes with --ep 2 against one rank's (within 1e-5
+ * of a tensor's largest value after 4 steps, the same held-out loss loaded;
+ * bit for bit with --lr 0). */
 static void test_moe_ep_qlora(void **state)
 {
     (void)state;
@@ -1058,7 +1061,7 @@ static void test_moe_ep_qlora(void **state)
     const char *texts[2] = {mixtral_config, qwen2_moe8_config};
     const char *place = "--dtype fp32 --lora 4 --lora-targets all-linear --qlora --params cpu --adapters-on cpu "
                         "--optimizer cpu=0.5,nvme=0.5";
-    char flags[1024], plan[512], extra[1024], path[512], one[512], two[512];
+    char flags[1024], plan[512], extra[2048], path[512], one[512], two[512];
     snprintf(one, sizeof one, "%s/epq-save-1", dir);
     snprintf(two, sizeof two, "%s/epq-save-2", dir);
     for (int mdl = 0; mdl < 2; mdl++) {
@@ -1069,12 +1072,15 @@ static void test_moe_ep_qlora(void **state)
             int np = 2 << k;
             double ref[STEPS], got[STEPS];
             snprintf(plan, sizeof plan, "%s/ref-epq.json", dir);
-            snprintf(extra, sizeof extra, "--grad-accum %d --clip 1 %s%s", np, mdl || k ? "" : "--save ",
-                     mdl || k ? "" : one);
+            snprintf(extra, sizeof extra, "--grad-accum %d --clip 1", np);
+            size_t at = strlen(extra);
+            if (!mdl && !k) snprintf(extra + at, sizeof extra - at, " --save %s --merge %s-m", one, one);
             plan_and_train(place, plan, 0, extra, ref);
             snprintf(flags, sizeof flags, "%s --dp %d --ep %d --zero 0", place, np, np);
             snprintf(plan, sizeof plan, "%s/plan.json", dir);
-            snprintf(extra, sizeof extra, "--clip 1 %s%s", mdl || k ? "" : "--save ", mdl || k ? "" : two);
+            snprintf(extra, sizeof extra, "--clip 1");
+            at = strlen(extra);
+            if (!mdl && !k) snprintf(extra + at, sizeof extra - at, " --save %s --merge %s-m", two, two);
             plan_and_train(flags, plan, np, extra, got);
             int same;
             double worst = worst_rel(got, ref, 0, STEPS, &same);
@@ -1092,11 +1098,45 @@ static void test_moe_ep_qlora(void **state)
         printf("  QLoRA --save with --ep 2: %d of %d adapter tensors bit-identical to one rank's, worst %.1e of a "
                "tensor's largest value\n", same, n, worst);
         static char out[1 << 16];
-        char args[1024];
+        char args[2048], m1[600], m2[600];
         snprintf(args, sizeof args, "--adapter %s --steps 1 --micro-batch 2 --seq 32 %s --ep 2 --lr 0", two, place);
         int rc = train(2, args, out, sizeof out);
         if (rc) fprintf(stderr, "%s\n", out);
         assert_int_equal(rc, 0);
+        /* --merge: the merged Hugging Face folder (the base as the model
+         * computes with it, NF4 dequantized, and the adapters merged) */
+        snprintf(m1, sizeof m1, "%s-m", one);
+        snprintf(m2, sizeof m2, "%s-m", two);
+        compare_folders(m2, m1, "model.safetensors", 1e-5, &n, &same, &worst);
+        printf("  --merge with --ep 2: %d of %d tensors bit-identical to one rank's merge, worst %.1e of a tensor's "
+               "largest value\n", same, n, worst);
+        double ev[2];
+        for (int k = 0; k < 2; k++) {
+            snprintf(args, sizeof args, "--model %s --steps 1 --micro-batch 2 --seq 32 --dtype fp32 --lr 0 --eval-data "
+                     "%s/text.txt --eval-batches 2", k ? m2 : m1, dir);
+            rc = train(0, args, out, sizeof out);
+            const char *e = strstr(out, "eval step 1 loss ");
+            if (rc || !e) fprintf(stderr, "%s\n", out);
+            assert_int_equal(rc, 0);
+            assert_non_null(e);
+            ev[k] = atof(e + strlen("eval step 1 loss "));
+        }
+        printf("  the merged folders loaded: held-out loss %.6f (one rank's), %.6f (--ep 2's)\n", ev[0], ev[1]);
+        assert_true(fabs(ev[0] - ev[1]) <= 1e-6 * fabs(ev[0]));
+        /* --lr 0 (B stays 0): the merge is the dequantized base, every
+         * expert where the whole model has it, bit for bit */
+        for (int k = 0; k < 2; k++) {
+            snprintf(args, sizeof args, "--steps 1 --micro-batch 2 --seq 32 %s --lr 0 %s --save %s --merge %s",
+                     place, k ? "--ep 2" : "--grad-accum 2", k ? two : one, k ? m2 : m1);
+            files_remove_tree(k ? m2 : m1);
+            files_remove_tree(k ? two : one);
+            rc = train(2 * k, args, out, sizeof out);
+            if (rc) fprintf(stderr, "%s\n", out);
+            assert_int_equal(rc, 0);
+        }
+        compare_folders(m2, m1, "model.safetensors", 0.0, &n, &same, &worst);
+        printf("  --merge with --ep 2, --lr 0: %d of %d tensors bit-identical to one rank's merge\n", same, n);
+        assert_int_equal(same, n);
     }
     config = "config.json";
 }

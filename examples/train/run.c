@@ -200,8 +200,7 @@ static int run_ep(const train_args *a)
     return a->plan && a->p.file.parallel.ep > 1 ? a->p.file.parallel.ep : 1;
 }
 
-/* Expert parallelism runs on N | ranks and N | experts (memplan's words);
- * its checkpoints are the ranks' expert shards (offload/ckpt.c). */
+/* Expert parallelism runs on N | ranks and N | experts (memplan's words). */
 static zo_status check_ep(const train_args *a, const zo_model_config *cfg, int ranks)
 {
     int ep = run_ep(a);
@@ -212,10 +211,6 @@ static zo_status check_ep(const train_args *a, const zo_model_config *cfg, int r
     if (cfg->moe.experts % ep)
         return zo_error(ZO_ERR_INVALID, "--ep %d does not divide the %d experts of %s", ep, cfg->moe.experts,
                         cfg->name);
-    if (a->merge)
-        return zo_error(ZO_ERR_UNSUPPORTED, "--merge with expert parallelism (--ep %d, parallel.ep): each rank "
-                        "holds its share of the experts, and a merge reads the whole base on rank 0; train with "
-                        "--ep 1 for it (--save writes the adapters)", ep);
     return ZO_OK;
 }
 
