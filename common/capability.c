@@ -14,8 +14,8 @@ const zo_capability_entry zo_capability_table[ZO_CAP_GAPS - 1] = {
      "tensor and pipeline parallelism for clusters"},
     {ZO_CAP_EXPERT_PARALLEL, "expert-parallel",
      "the runtime runs expert parallelism for full fine-tuning, LoRA and QLoRA of a mixture of experts at "
-     "ZeRO-0 with the weights on the GPU or in host memory (--ep N --zero 0 --params gpu or cpu); anything else runs "
-     "with --ep 1, every rank holding every expert (ZeRO 0-3 partition them as the dense weights)"},
+     "ZeRO-0, the weights on any tier (--ep N --zero 0); anything else runs with --ep 1, every rank holding every "
+     "expert (ZeRO 0-3 partition them as the dense weights)"},
     {ZO_CAP_ZERO12_OFFLOADED, "zero12-offloaded-weights",
      "ZeRO-1 and ZeRO-2 keep every 16-bit weight on each rank's GPU; trained weights off the GPU need "
      "ZeRO-3 (--zero 3), which partitions them over the ranks and streams each rank's part"},
@@ -72,7 +72,7 @@ zo_capability_gap zo_capability_find(const zo_run_shape *r)
 {
     if (r->tp > 1) return ZO_CAP_TENSOR_PARALLEL;
     if (r->pp > 1) return ZO_CAP_PIPELINE_PARALLEL;
-    if (r->ep > 1 && (r->zero != 0 || r->params == ZO_PLAN_NVME || !r->moe))
+    if (r->ep > 1 && (r->zero != 0 || !r->moe))
         return ZO_CAP_EXPERT_PARALLEL;
     if (r->ranks > 1 && (r->zero == 1 || r->zero == 2) && trained_on(r) != ZO_PLAN_GPU)
         return ZO_CAP_ZERO12_OFFLOADED;
@@ -109,9 +109,6 @@ static void what(const zo_run_shape *r, zo_capability_gap gap, char *buf, size_t
         if (r->zero != 0)
             snprintf(buf, len, "expert parallelism (--ep %d, parallel.ep) with ZeRO-%d (--zero %d, parallel.zero)",
                      r->ep, r->zero, r->zero);
-        else if (r->params == ZO_PLAN_NVME)
-            snprintf(buf, len, "expert parallelism (--ep %d, parallel.ep) with the weights on nvme (--params nvme, "
-                     "placement.params)", r->ep);
         else
             snprintf(buf, len, "expert parallelism (--ep %d, parallel.ep) on a model without experts", r->ep);
         break;
