@@ -916,8 +916,8 @@ static void expert_steps_text(const char *ckpt, char *buf, size_t len)
  * rank with --grad-accum 2 (and full fine-tuning with --ep 4 on 4 ranks of
  * --micro-batch 1) gives the losses of one rank's uninterrupted run within
  * 1e-6, and every run's step-4 expert step counts are one rank's. A ZeRO-3
- * checkpoint resumed with --ep 2 is refused by name, and so is a shard
- * missing. */
+ * checkpoint resumed with --ep 2 is refused by name, and so are a shard
+ * missing and a manifest naming other experts for a shard. */
 static void test_moe_ep_ckpt(void **state)
 {
     (void)state;
@@ -1016,18 +1016,28 @@ static void test_moe_ep_ckpt(void **state)
         }
     }
     /* refused by name: a ZeRO-3 checkpoint (its optimizer state partitioned
-     * over the ranks), and (LoRA's) a shard missing */
+     * over the ranks), and (LoRA's) a shard missing, a manifest whose
+     * shard holds other experts than its place says */
     static char out[1 << 16];
     snprintf(args, sizeof args,
              "--steps 1 --micro-batch 2 --seq 32 --dtype fp32 --zero 3 --params cpu --ckpt %s/epc-z3", dir);
     train_ok(2, args, NULL, NULL);
     struct {
         const char *resume, *why;
-    } bad[2] = {{"epc-z3", "expert parallelism (a group of 2) resumes a ZeRO-0 checkpoint only"},
-                {"epc-run/step-00000002", "optimizer-ep-00001-of-00002.safetensors (listed in manifest.json)"}};
+    } bad[3] = {{"epc-z3", "expert parallelism (a group of 2) resumes a ZeRO-0 checkpoint only"},
+                {"epc-run/step-00000002", "optimizer-ep-00001-of-00002.safetensors (listed in manifest.json)"},
+                {"epc-run/step-00000004", "\"experts.shards[1].\" is optimizer-ep-00001-of-00002.safetensors with "
+                                          "experts [0, 16); shard 1 of 2 holds experts [16, 32)"}};
     snprintf(a, sizeof a, "%s/epc-run/step-00000002/optimizer-ep-00001-of-00002.safetensors", dir);
     remove(a);
-    for (int i = 0; i < 2; i++) {
+    /* the manifest says shard 1 holds experts 0-15 */
+    snprintf(a, sizeof a, "%s/epc-run/step-%08d/manifest.json", dir, STEPS);
+    char *text = files_read_text(a), *at = text ? strstr(text, "\"first\":\t16") : NULL;
+    assert_non_null(at);
+    memcpy(at + strlen("\"first\":\t"), " 0", 2);
+    files_write_text(a, text);
+    free(text);
+    for (int i = 0; i < 3; i++) {
         snprintf(args, sizeof args, "--steps 2 --micro-batch 2 --seq 32 --dtype fp32 --ep 2 %s --resume %s/%s",
                  i ? method[1] : "", dir, bad[i].resume);
         int rc = train(2, args, out, sizeof out);
