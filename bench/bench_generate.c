@@ -25,13 +25,14 @@
 
 int main(int argc, char **argv)
 {
-    long layers = 8, hidden = 1024, batch = 1, tokens = 32, rounds = 3, threads = 0;
+    long layers = 8, hidden = 1024, batch = 1, tokens = 32, rounds = 3, threads = 0, moe = 0;
     const char *nvme_dir = "/tmp";
     static const struct option opts[] = {
         {"layers", required_argument, 0, 'L'}, {"hidden", required_argument, 0, 'H'},
         {"batch", required_argument, 0, 'b'},  {"tokens", required_argument, 0, 't'},
         {"rounds", required_argument, 0, 'r'}, {"threads", required_argument, 0, 'T'},
-        {"nvme-dir", required_argument, 0, 'n'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+        {"nvme-dir", required_argument, 0, 'n'}, {"moe", no_argument, 0, 'm'},
+        {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
     };
     int o;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -44,11 +45,13 @@ int main(int argc, char **argv)
         case 'r': st = zo_parse_int(optarg, "--rounds", 1, 100, &rounds); break;
         case 'T': st = zo_parse_int(optarg, "--threads", 1, 1024, &threads); break;
         case 'n': nvme_dir = optarg; break;
+        case 'm': moe = 1; break;
         case 'h':
             printf("usage: bench_generate [--layers N] [--hidden N] [--batch N] [--tokens N] [--rounds N]\n"
-                   "                      [--threads N] [--nvme-dir DIR]\n"
+                   "                      [--threads N] [--nvme-dir DIR] [--moe]\n"
                    "defaults: a LLaMA of 8 layers x 1024 (ffn 8/3 h, vocab 4096), bf16, 1 sequence, a prompt of\n"
-                   "16 and 32 new tokens, 3 rounds, every core, /tmp\n");
+                   "16 and 32 new tokens, 3 rounds, every core, /tmp; --moe: a Mixtral of that shape, 8 experts\n"
+                   "of ffn h, 2 a token (from host its routed experts stream apart)\n");
             return 0;
         default: return 2;
         }
@@ -67,6 +70,19 @@ int main(int argc, char **argv)
     c.m.head_dim = 0;
     c.m.ffn = (int)(hidden * 8 / 3 / 64 * 64);
     c.m.vocab = 4096;
+    if (moe) { /* a Mixtral of the same attention, 8 experts of ffn h in place of the MLP */
+        char json[512];
+        snprintf(json, sizeof json,
+                 "{\"model_type\": \"mixtral\", \"num_hidden_layers\": %ld, \"hidden_size\": %ld, "
+                 "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"intermediate_size\": %ld, "
+                 "\"num_local_experts\": 8, \"num_experts_per_tok\": 2, \"vocab_size\": %d, "
+                 "\"max_position_embeddings\": 4096}",
+                 layers, hidden, c.m.n_heads, c.m.n_kv_heads, hidden, c.m.vocab);
+        if (zo_model_config_parse(json, "bench_generate --moe", &c.m) != ZO_OK) {
+            fprintf(stderr, "bench_generate: %s\n", zo_last_error());
+            return 1;
+        }
+    }
     if (zo_model_config_validate(&c.m) != ZO_OK) return 1;
     enum { NP = 3 };
     const zo_plan_tier tiers[NP] = {ZO_PLAN_GPU, ZO_PLAN_CPU, ZO_PLAN_NVME};
@@ -104,11 +120,11 @@ int main(int argc, char **argv)
         return 1;
     }
     char b[32];
-    bench_header("bench_generate", "LLaMA %ld x %ld (heads of 128, ffn %d, vocab %d), %s weights, bf16, %ld "
+    bench_header("bench_generate", "%s %ld x %ld (heads of 128, ffn %d, vocab %d), %s weights, bf16, %ld "
                  "sequence(s), a prompt of %d and %ld new tokens, prefetch %d, %ld thread(s), best of %ld rounds; "
                  "the CPU backend as the planner sees it: peak %.3g FLOP/s and memory %.3g B/s (fitted to its "
                  "forward outside the runtime: a token %.4f s, the prompt %.4f s), memcpy %.3g B/s, NVMe reads "
-                 "%.3g B/s (%.3g B/s beside compute)", layers, hidden, c.m.ffn, c.m.vocab, zo_format_bytes(zo_model_params(&c.m) * 2, b, sizeof b),
+                 "%.3g B/s (%.3g B/s beside compute)", moe ? "Mixtral (8 experts, 2 a token)" : "LLaMA", layers, hidden, c.m.ffn, c.m.vocab, zo_format_bytes(zo_model_params(&c.m) * 2, b, sizeof b),
                  batch, c.prompt, tokens, c.prefetch, threads, rounds, hw.peak_flops_16, hw.hbm_bw, best.token_s,
                  best.prompt_s, hw.pcie_bw, hw.nvme_read_bw, hw.nvme_read_bw_busy);
     double worst = 0;

@@ -24,11 +24,31 @@ static double forward_time(tf_model *m, gpu_stream_t s, void *const *blocks, int
     return best;
 }
 
+/* A block's random weights (fp32) into its device buffer in the model's dtype. */
+typedef struct weight_sink {
+    tf_model *m;
+    gpu_stream_t s;
+    void **buf;
+    void *host;
+} weight_sink;
+
+static zo_status put_block(void *ctx, int block, const void *w)
+{
+    weight_sink *k = ctx;
+    size_t bytes = tf_block_bytes(k->m, block);
+    zo_convert(k->host, k->m->dtype, w, ZO_DTYPE_F32, bytes / zo_dtype_size(k->m->dtype));
+    zo_status st = gpu_memcpy_async(k->s, k->buf[block], k->host, bytes, GPU_COPY_HOST_TO_DEVICE);
+    return st == ZO_OK ? gpu_stream_synchronize(k->s) : st;
+}
+
 /* Seconds of a forward's compute on the CPU backend, outside the runtime:
  * the model of case c built for generation, every block resident in device
- * memory (zero weights), its blocks forward one after another (the best of
- * several); *token: one new token a sequence halfway through the
- * generation, *prompt: the prompts at position 0. */
+ * memory (zero weights; an MoE model's the run's random ones, seed 1, and
+ * the run's prompt, so that its layers route as the run's do, not every
+ * token to the first experts as zero weights would), its blocks forward
+ * one after another (the best of several); *token: one new token a
+ * sequence halfway through the generation, *prompt: the prompts at
+ * position 0. */
 static zo_status forward_compute(const gen_time_case *c, int threads, double *token, double *prompt)
 {
     gpu_cpu_options o = {.n_threads = threads};
@@ -46,10 +66,20 @@ static zo_status forward_compute(const gen_time_case *c, int threads, double *to
     if ((st = gpu_stream_create(dev, &s)) != ZO_OK ||
         (st = tf_init_opts(&m, &c->m, dev, c->dtype, c->batch, c->prompt, &to)) != ZO_OK)
         goto out_dev;
+    size_t most = 0;
     for (int b = 0; b < nb; b++) {
         size_t bytes = tf_block_bytes(&m, b);
         if ((st = gpu_mem_alloc(dev, bytes, &buf[b])) != ZO_OK) goto out_dev;
         gpu_memset_async(s, buf[b], 0, bytes);
+        most = bytes > most ? bytes : most;
+    }
+    if (c->m.moe.experts) {
+        weight_sink sink = {.m = &m, .s = s, .buf = buf, .host = malloc(most)};
+        st = sink.host ? tf_load_blocks(&m.layout, NULL, 1, put_block, &sink)
+                       : zo_error(ZO_ERR_NOMEM, "gen_time: out of host memory for a block of %zu bytes", most);
+        free(sink.host);
+        if (st != ZO_OK) goto out_dev;
+        for (int i = 0; i < c->batch * c->prompt; i++) tok[i] = (i % c->prompt * 7 + 1) % c->m.vocab;
     }
     for (int k = 0; k < 2; k++) { /* a token, then the prompts */
         int t = k ? c->prompt : 1;

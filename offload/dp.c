@@ -129,6 +129,8 @@ void offload_dp_free(offload_dp *dp)
     free(dp->loc_off);
     free(dp->xlo);
     free(dp->xhi);
+    free(dp->seg);
+    free(dp->nseg);
     free(dp);
 }
 
@@ -234,8 +236,8 @@ static zo_status collective_on(offload_dp *dp, comm_t c, dp_op op, size_t count,
     offload_acct *a = dp->env->acct;
     comm_order ord = {.after = after, .done = done};
     comm_request_t r = NULL;
-    size_t es = zo_dtype_size(dt);
-    char *mine = (char *)buf + (size_t)dp->rank * count * es;
+    size_t es = zo_dtype_size(dt), size = (size_t)comm_size(c);
+    char *mine = (char *)buf + (size_t)comm_rank(c) * count * es;
     uint64_t elems0 = a->comm_elems, pad0 = a->comm_pad_elems;
     zo_status st;
     reap(dp);
@@ -246,14 +248,14 @@ static zo_status collective_on(offload_dp *dp, comm_t c, dp_op op, size_t count,
         a->comm_pad_elems += 2 * (count - real);
         break;
     case DP_REDUCE_SCATTER:
-        st = comm_reduce_scatter(dp->comm, buf, mine, count, dt, &ord, &r);
+        st = comm_reduce_scatter(c, buf, mine, count, dt, &ord, &r);
         a->comm_elems += real;
-        a->comm_pad_elems += count * (size_t)dp->size - real;
+        a->comm_pad_elems += count * size - real;
         break;
     default:
-        st = comm_all_gather(dp->comm, mine, buf, count, dt, &ord, &r);
+        st = comm_all_gather(c, mine, buf, count, dt, &ord, &r);
         a->comm_elems += real;
-        a->comm_pad_elems += count * (size_t)dp->size - real;
+        a->comm_pad_elems += count * size - real;
         break;
     }
     if (st != ZO_OK) return st;
@@ -278,17 +280,150 @@ zo_status offload_dp_all_reduce_experts(offload_dp *dp, size_t count, void *buf,
     return collective_on(dp, dp->xcomm, DP_ALL_REDUCE, count, count, buf, dt, after, done, 0);
 }
 
-zo_status offload_dp_set_experts(offload_dp *dp, comm_t xcomm, const size_t *lo, const size_t *hi)
+zo_status offload_dp_set_experts(offload_dp *dp, comm_t xcomm, const size_t *numel, const size_t *lo,
+                                 const size_t *hi)
 {
-    if (dp->stage)
-        return zo_error(ZO_ERR_UNSUPPORTED, "offload_init: expert parallelism at ZeRO-%d (ZeRO-0 only)", dp->stage);
-    if (!(dp->xlo = malloc((size_t)dp->nb * sizeof *dp->xlo)) || !(dp->xhi = malloc((size_t)dp->nb * sizeof *dp->xhi)))
+    size_t nb = (size_t)dp->nb;
+    if (!(dp->xlo = malloc(nb * sizeof *dp->xlo)) || !(dp->xhi = malloc(nb * sizeof *dp->xhi)))
         return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
-    memcpy(dp->xlo, lo, (size_t)dp->nb * sizeof *lo);
-    memcpy(dp->xhi, hi, (size_t)dp->nb * sizeof *hi);
+    memcpy(dp->xlo, lo, nb * sizeof *lo);
+    memcpy(dp->xhi, hi, nb * sizeof *hi);
     dp->ep = 1;
     dp->xcomm = xcomm && comm_size(xcomm) > 1 ? xcomm : NULL;
+    if (!dp->stage) return ZO_OK;
+    /* ZeRO 1-3: a block with experts partitioned in segments */
+    dp->xcomm_part = xcomm;
+    dp->xrank = xcomm ? comm_rank(xcomm) : 0;
+    dp->xsize = xcomm ? comm_size(xcomm) : 1;
+    if (!xcomm)
+        return zo_error(ZO_ERR_INVALID, "offload_init: expert parallelism at ZeRO-%d without expert_comm", dp->stage);
+    if (!(dp->seg = calloc(nb, sizeof *dp->seg)) || !(dp->nseg = calloc(nb, sizeof *dp->nseg)))
+        return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    for (size_t b = 0; b < nb; b++) {
+        if (hi[b] > lo[b]) {
+            dp->nseg[b] = offload_dp_segments(numel[b], lo[b], hi[b], dp->size, dp->rank, dp->xsize, dp->xrank,
+                                              dp->seg[b]);
+            const offload_seg *g = &dp->seg[b][dp->nseg[b] - 1];
+            dp->part_off[b] = 0;
+            dp->part_n[b] = g->loc + g->own_n;
+        }
+        dp->loc_off[b + 1] = dp->loc_off[b] + dp->part_n[b];
+    }
     return ZO_OK;
+}
+
+int offload_dp_segmented(const offload_dp *dp, int b) { return dp && dp->nseg && dp->nseg[b]; }
+
+size_t offload_dp_part_at(const offload_dp *dp, int b, size_t rel, size_t *run)
+{
+    if (offload_dp_segmented(dp, b)) return offload_seg_at(dp->seg[b], dp->nseg[b], rel, run);
+    if (!offload_dp_partitioned(dp)) {
+        *run = (size_t)-1 - rel;
+        return rel;
+    }
+    *run = dp->part_n[b] > rel ? dp->part_n[b] - rel : 0;
+    return dp->part_off[b] + rel;
+}
+
+/* The segments of block b: its own, or the whole block as one (numel
+ * elements, the rank's part at part_off). */
+static int segs_of(const offload_dp *dp, int b, size_t numel, offload_seg *one, const offload_seg **out)
+{
+    if (offload_dp_segmented(dp, b)) {
+        *out = dp->seg[b];
+        return dp->nseg[b];
+    }
+    *one = (offload_seg){.lo = 0, .n = numel, .pad = dp->pad[b], .own_off = dp->part_off[b],
+                         .own_n = dp->part_n[b]};
+    *out = one;
+    return 1;
+}
+
+static int seg_size(const offload_dp *dp, const offload_seg *g) { return g->expert ? dp->xsize : dp->size; }
+
+size_t offload_dp_pieces(const offload_dp *dp, int b, size_t qcap)
+{
+    offload_seg one;
+    const offload_seg *g;
+    int ns = segs_of(dp, b, 0, &one, &g);
+    size_t n = 0;
+    for (int k = 0; k < ns; k++) {
+        size_t c = g[k].pad / (size_t)seg_size(dp, &g[k]);
+        n += (c + qcap - 1) / qcap;
+    }
+    return n;
+}
+
+size_t offload_piece_src(const offload_piece *p, int r, size_t *n)
+{
+    size_t at = (size_t)r * p->c + p->first;
+    *n = at >= p->n ? 0 : (p->n - at < p->q ? p->n - at : p->q);
+    return p->lo + at;
+}
+
+void offload_dp_piece(const offload_dp *dp, int b, size_t numel, size_t j, size_t qcap, offload_piece *p)
+{
+    offload_seg one;
+    const offload_seg *g;
+    int ns = segs_of(dp, b, numel, &one, &g), k = 0;
+    for (;; k++) {
+        size_t c = g[k].pad / (size_t)seg_size(dp, &g[k]), np = (c + qcap - 1) / qcap;
+        if (j < np || k + 1 == ns) break;
+        j -= np;
+    }
+    const offload_seg *s = &g[k];
+    p->comm = s->expert ? dp->xcomm_part : dp->comm;
+    p->rank = s->expert ? dp->xrank : dp->rank;
+    p->size = seg_size(dp, s);
+    p->lo = s->lo;
+    p->n = s->n;
+    p->c = s->pad / (size_t)p->size;
+    p->first = j * qcap;
+    p->q = p->c - p->first < qcap ? p->c - p->first : qcap;
+    p->real = 0;
+    for (int r = 0; r < p->size; r++) {
+        size_t n;
+        offload_piece_src(p, r, &n);
+        p->real += n;
+    }
+    p->loc = s->loc + p->first;
+    p->mine = p->first >= s->own_n ? 0 : (s->own_n - p->first < p->q ? s->own_n - p->first : p->q);
+}
+
+zo_status offload_dp_piece_collective(offload_dp *dp, dp_op op, const offload_piece *p, void *buf, zo_dtype dt,
+                                      gpu_event_t after, gpu_event_t done)
+{
+    return collective_on(dp, p->comm, op, p->q, p->real, buf, dt, after, done, 0);
+}
+
+int offload_dp_segments(size_t n, size_t xlo, size_t xhi, int world, int rank, int xsize, int xrank,
+                        offload_seg seg[3])
+{
+    const size_t lo[3] = {0, xlo, xhi}, hi[3] = {xlo, xhi, n};
+    int ns = 0;
+    size_t loc = 0;
+    for (int k = 0; k < 3; k++) {
+        if (hi[k] <= lo[k]) continue;
+        offload_seg *s = &seg[ns++];
+        int size = k == 1 ? xsize : world, r = k == 1 ? xrank : rank;
+        s->lo = lo[k];
+        s->n = hi[k] - lo[k];
+        s->expert = k == 1;
+        s->pad = comm_padded_count(s->n, size);
+        comm_shard(s->n, size, r, &s->own_off, &s->own_n);
+        s->loc = loc;
+        loc += s->own_n;
+    }
+    return ns;
+}
+
+size_t offload_seg_at(const offload_seg *seg, int ns, size_t rel, size_t *run)
+{
+    int k = 0;
+    while (k + 1 < ns && rel >= seg[k].loc + seg[k].own_n) k++;
+    size_t in = rel - seg[k].loc;
+    *run = seg[k].own_n - in;
+    return seg[k].lo + seg[k].own_off + in;
 }
 
 zo_status offload_dp_collective(offload_dp *dp, dp_op op, size_t count, size_t real, void *buf, zo_dtype dt,
@@ -304,34 +439,6 @@ zo_status offload_dp_block(offload_dp *dp, dp_op op, int b, size_t numel, void *
     zo_status st = offload_dp_collective(dp, op, count, numel, buf, dt, after, done);
     if (st != ZO_OK) return zo_error_wrap(st, "offload: collective on block %d", b);
     return ZO_OK;
-}
-
-size_t offload_dp_pieces(const offload_dp *dp, int b)
-{
-    size_t c = dp->pad[b] / (size_t)dp->size;
-    return c ? (c + dp->bucket_q - 1) / dp->bucket_q : 0;
-}
-
-size_t offload_dp_piece_src(const offload_dp *dp, int b, size_t numel, int r, size_t first, size_t q,
-                            size_t *n)
-{
-    size_t at = (size_t)r * (dp->pad[b] / (size_t)dp->size) + first;
-    *n = at >= numel ? 0 : (numel - at < q ? numel - at : q);
-    return at;
-}
-
-void offload_dp_piece(const offload_dp *dp, int b, size_t numel, size_t j, size_t *first, size_t *q,
-                      size_t *real)
-{
-    size_t c = dp->pad[b] / (size_t)dp->size;
-    *first = j * dp->bucket_q;
-    *q = c - *first < dp->bucket_q ? c - *first : dp->bucket_q;
-    *real = 0;
-    for (int r = 0; r < dp->size; r++) {
-        size_t n;
-        offload_dp_piece_src(dp, b, numel, r, *first, *q, &n);
-        *real += n;
-    }
 }
 
 zo_status offload_dp_wait(offload_dp *dp)
@@ -391,8 +498,47 @@ zo_status offload_dp_gather_part(offload_dp *dp, const offload_part *p, int b, s
     return gpu_stream_synchronize(env->d2h);
 }
 
+zo_status offload_dp_gather_segs(offload_dp *dp, int b, size_t numel, size_t es, const void *part, int part_local,
+                                 gpu_copy_kind in_kind, void *all, gpu_copy_kind out_kind)
+{
+    const offload_env *env = dp->env;
+    char *buf = (char *)dp->bucket[0];
+    size_t qcap = dp->bucket_words * 4 / es;
+    zo_dtype wire = es == 4 ? ZO_DTYPE_F32 : ZO_DTYPE_BF16; /* (an all-gather moves bytes) */
+    zo_status st;
+    if (es != 4 && es != 2) return zo_error(ZO_ERR_INTERNAL, "offload: a gather of %zu-byte elements", es);
+    /* piece by piece through bucket 0: the rank's share in, every rank's
+     * gathered on the segment's communicator, each copied to its place */
+    for (size_t j = 0; j < offload_dp_pieces(dp, b, qcap); j++) {
+        offload_piece p;
+        offload_dp_piece(dp, b, numel, j, qcap, &p);
+        size_t n, own = offload_piece_src(&p, p.rank, &n);
+        /* the bucket's last piece has left (the host waited for it) */
+        if ((st = offload_dp_wait(dp)) != ZO_OK || (st = gpu_stream_synchronize(env->d2h)) != ZO_OK) return st;
+        const char *from = (const char *)part + (part_local ? p.loc : own) * es;
+        if (p.mine && (st = gpu_memcpy_async(env->h2d, buf + (size_t)p.rank * p.q * es, from, p.mine * es,
+                                             in_kind)) != ZO_OK)
+            return st;
+        if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK ||
+            (st = offload_dp_piece_collective(dp, DP_ALL_GATHER, &p, buf, wire, dp->ev_in, dp->ev_out)) != ZO_OK ||
+            (st = gpu_stream_wait_event(env->d2h, dp->ev_out)) != ZO_OK)
+            return zo_error_wrap(st, "offload: all-gather of block %d", b);
+        for (int r = 0; r < p.size; r++) {
+            size_t at = offload_piece_src(&p, r, &n);
+            if (n && (st = gpu_memcpy_async(env->d2h, (char *)all + at * es, buf + (size_t)r * p.q * es, n * es,
+                                             out_kind)) != ZO_OK)
+                return st;
+        }
+    }
+    if ((st = offload_dp_wait(dp)) != ZO_OK) return st;
+    return gpu_stream_synchronize(env->d2h);
+}
+
 zo_status offload_dp_gather_block(offload_dp *dp, int b, size_t numel, const float *part, float *all)
 {
+    if (offload_dp_segmented(dp, b))
+        return offload_dp_gather_segs(dp, b, numel, sizeof(float), part, 1, GPU_COPY_HOST_TO_DEVICE, all,
+                                      GPU_COPY_DEVICE_TO_HOST);
     offload_part p = {.nb = dp->nb, .pad = dp->pad, .part_off = dp->part_off, .part_n = dp->part_n,
                       .loc_off = dp->loc_off, .largest_pad = dp->largest_pad, .wire = ZO_DTYPE_F32, .per_wire = 1};
     return offload_dp_gather_part(dp, &p, b, numel, sizeof(float), part, all);

@@ -8,13 +8,33 @@
 
 #define OFFLOAD_DEFAULT_BUCKET 25000000u /* elements (memplan's comm.bucket) */
 
+/* Expert parallelism at ZeRO 1-3: the partition of one MoE block
+ * (docs/architecture.md, "ZeRO with expert parallelism"). The block of n
+ * elements, its routed experts at [xlo, xhi), is up to three segments, in
+ * block order: the dense elements before the experts and those after them,
+ * each partitioned over the world's `world` ranks, and the experts,
+ * partitioned over the `xsize` ranks holding the same ones (expert_comm).
+ * Each segment is padded to a multiple of its communicator's size and split
+ * as comm_shard splits a block; the rank's part of the block is its parts
+ * of the segments, one after the other (offload_dp_set_experts at ZeRO
+ * 1-3). */
+typedef struct offload_seg {
+    size_t lo, n;          /* elements [lo, lo + n) of the block */
+    int expert;            /* 1: over expert_comm (its rank xrank); 0: over the world (rank) */
+    size_t pad;            /* n padded: comm_padded_count(n, the communicator's size) */
+    size_t own_off, own_n; /* the rank's part: elements [lo + own_off, lo + own_off + own_n) */
+    size_t loc;            /* where that part starts in the rank's part of the block */
+} offload_seg;
+
 /* The partition: every block is one bucket, padded to a multiple of the
  * rank count and split in equal parts (comm_padded_count, comm_shard); rank
  * r's part of block b is elements [part_off[b], part_off[b] + part_n[b]).
  * With ZeRO 1-3 the optimizer state, the gradient sums it reads and (ZeRO
  * 3) the 16-bit weights of a rank are its parts: the rank's geometry has
  * block b of part_n[b] elements. Stage 0 partitions nothing (its part is
- * the whole block). */
+ * the whole block). A block whose part is in segments (nseg[b]) has
+ * part_off[b] 0: a whole block's buffer (ZeRO-1's sums) holds the part
+ * from its start; offload_dp_part_at maps the part onto the block. */
 struct offload_dp {
     comm_t comm;
     int rank, size, stage;
@@ -52,6 +72,14 @@ struct offload_dp {
     int ep;
     comm_t xcomm;
     size_t *xlo, *xhi;     /* [nb] */
+    /* ... and at ZeRO 1-3 the partition of a block with experts in
+     * segments (nseg[b] of them; 0: the block is one part, part_off's):
+     * the dense ones over comm, the experts over xcomm_part (expert_comm,
+     * of any size; its rank xrank) */
+    offload_seg (*seg)[3]; /* [nb] */
+    int *nseg;             /* [nb] */
+    comm_t xcomm_part;
+    int xrank, xsize;
     /* collectives in flight, oldest first (they complete in issue order) */
     comm_request_t *req;
     size_t n_req, head, cap_req;
@@ -121,16 +149,37 @@ zo_status offload_dp_collective(offload_dp *dp, dp_op op, size_t count, size_t r
  * all-reduce of numel, or a reduce-scatter / all-gather of the padded block. */
 zo_status offload_dp_block(offload_dp *dp, dp_op op, int b, size_t numel, void *buf, zo_dtype dt,
                            gpu_event_t after, gpu_event_t done);
-/* The pieces of block b (at least 1 when it has elements); piece j covers
- * elements [*first, *first + *q) of every rank's part; *real: of the
- * piece's size * q elements, the model's. */
-size_t offload_dp_pieces(const offload_dp *dp, int b);
-void offload_dp_piece(const offload_dp *dp, int b, size_t numel, size_t j, size_t *first, size_t *q,
-                      size_t *real);
-/* Where rank r's share of piece (first, q) starts in the whole block, and
- * how many of its q elements are the model's (the rest padding). */
-size_t offload_dp_piece_src(const offload_dp *dp, int b, size_t numel, int r, size_t first, size_t q,
-                            size_t *n);
+/* A piece of a block's reduce-scatter or all-gather through a bucket: of
+ * one segment of the block (the whole block but with expert parallelism at
+ * ZeRO 1-3), elements [first, first + q) of every rank's part of it, rank
+ * after rank, on the segment's communicator. */
+typedef struct offload_piece {
+    comm_t comm;
+    int rank, size;        /* the rank in comm, and comm's size */
+    size_t lo, n, c;       /* the segment: its first element in the block, its elements, a rank's part (padded) */
+    size_t first, q, real; /* the piece in each rank's part; real: of its size * q elements, the model's */
+    size_t loc, mine;      /* the rank's share: where it starts in the rank's part, how many are real */
+} offload_piece;
+/* The pieces of block b of at most qcap elements a rank (at least 1 when
+ * it has elements), and piece j of them (numel: the block's elements). */
+size_t offload_dp_pieces(const offload_dp *dp, int b, size_t qcap);
+void offload_dp_piece(const offload_dp *dp, int b, size_t numel, size_t j, size_t qcap, offload_piece *p);
+/* Where rank r's share of piece p starts in the whole block, and how many
+ * of its q elements are the model's (the rest padding). */
+size_t offload_piece_src(const offload_piece *p, int r, size_t *n);
+/* Element `rel` of the rank's part of block b in the whole block; *run:
+ * how many from there on are contiguous in both (the rest of the part, or
+ * of its segment's part). Not partitioned: rel itself. */
+size_t offload_dp_part_at(const offload_dp *dp, int b, size_t rel, size_t *run);
+/* 1 when block b's part is in segments (expert parallelism at ZeRO 1-3). */
+int offload_dp_segmented(const offload_dp *dp, int b);
+/* A segmented block's fp32, fp16 or bf16 values (es bytes each) gathered
+ * through bucket 0, segment by segment on its communicator: from `part`
+ * (the rank's part; part_local 0: its runs at their places in a whole
+ * block) to `all` (the whole block, numel elements), copied in and out as
+ * in_kind and out_kind say. Blocking. */
+zo_status offload_dp_gather_segs(offload_dp *dp, int b, size_t numel, size_t es, const void *part, int part_local,
+                                 gpu_copy_kind in_kind, void *all, gpu_copy_kind out_kind);
 /* Complete every collective issued so far. */
 zo_status offload_dp_wait(offload_dp *dp);
 /* Block b's fp32 values from every rank's part: `part` (host, part_n[b]
@@ -146,8 +195,24 @@ zo_status offload_dp_gather(offload_dp *dp, const void *mine, size_t bytes, void
  * world's ranks). */
 zo_status offload_dp_gather_on(offload_dp *dp, comm_t c, const void *mine, size_t bytes, void *all);
 /* Expert parallelism: block b's elements [lo[b], hi[b]) are this rank's
- * experts, reduced over xcomm (NULL: not at all) at ZeRO-0. */
-zo_status offload_dp_set_experts(offload_dp *dp, comm_t xcomm, const size_t *lo, const size_t *hi);
+ * experts, held by the ranks of xcomm: at ZeRO-0 all-reduced over it (not
+ * at all when it has one rank), at ZeRO 1-3 partitioned over it, the rest
+ * of the block over the world (offload_dp_segments); part_n and loc_off
+ * change (numel: the blocks' elements). */
+zo_status offload_dp_set_experts(offload_dp *dp, comm_t xcomm, const size_t *numel, const size_t *lo,
+                                 const size_t *hi);
+/* The non-empty segments of the block into seg[0..2], their count returned
+ * (0 when n is 0). xlo == xhi: no experts, one dense segment. */
+int offload_dp_segments(size_t n, size_t xlo, size_t xhi, int world, int rank, int xsize, int xrank,
+                        offload_seg seg[3]);
+/* Element `rel` of the rank's part (segments seg[0..ns)) in the whole
+ * block; *run: how many elements from there on are contiguous in both (to
+ * the end of its segment's part). rel must be inside the part. */
+size_t offload_seg_at(const offload_seg *seg, int ns, size_t rel, size_t *run);
+/* A piece's collective (a reduce-scatter or all-gather in place in bucket
+ * buf of dtype dt, as offload_dp_collective's) on its communicator. */
+zo_status offload_dp_piece_collective(offload_dp *dp, dp_op op, const offload_piece *p, void *buf, zo_dtype dt,
+                                      gpu_event_t after, gpu_event_t done);
 /* An all-reduce in place over xcomm, as offload_dp_collective's (xcomm
  * must not be NULL). */
 zo_status offload_dp_all_reduce_experts(offload_dp *dp, size_t count, void *buf, zo_dtype dt, gpu_event_t after,

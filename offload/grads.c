@@ -238,24 +238,18 @@ static zo_status send_host(offload_grads *gr, gpu_stream_t s, int k, int block, 
     return ZO_OK;
 }
 
-/* Elements of the rank's part in piece (first, q) of a part of pn. */
-static size_t mine_in(size_t pn, size_t first, size_t q)
-{
-    return first >= pn ? 0 : (pn - first < q ? pn - first : q);
-}
-
-/* Piece (first, q) of block b into bucket bk, every rank's share of it
- * rank after rank, from `src` (n elements of dtype dt, device or host, by
- * `kind`; host memory in the reduce dtype only) in the reduce dtype, the
- * padding zeroed; on stream s. */
-static zo_status pack_piece(offload_grads *gr, gpu_stream_t s, int b, size_t n, const void *src, zo_dtype dt,
-                            gpu_copy_kind kind, size_t first, size_t q, void *bk)
+/* Piece p of block b into bucket bk, every rank's share of it rank after
+ * rank, from `src` (the whole block, dtype dt, device or host, by `kind`;
+ * host memory in the reduce dtype only) in the reduce dtype, the padding
+ * zeroed; on stream s. */
+static zo_status pack_piece(offload_grads *gr, gpu_stream_t s, const void *src, zo_dtype dt, gpu_copy_kind kind,
+                            const offload_piece *p, void *bk)
 {
     offload_dp *dp = gr->env->dp;
-    size_t es = zo_dtype_size(dt), rs = zo_dtype_size(dp->red);
+    size_t es = zo_dtype_size(dt), rs = zo_dtype_size(dp->red), q = p->q;
     zo_status st;
-    for (int r = 0; r < dp->size; r++) {
-        size_t nr, at = offload_dp_piece_src(dp, b, n, r, first, q, &nr);
+    for (int r = 0; r < p->size; r++) {
+        size_t nr, at = offload_piece_src(p, r, &nr);
         char *dst = (char *)bk + (size_t)r * q * rs;
         const char *from = (const char *)src + at * es;
         if (!nr) st = ZO_OK;
@@ -318,21 +312,19 @@ static zo_status send_scatter(offload_grads *gr, gpu_stream_t s, int k, int bloc
     void *bk = dp->bucket[k];
     zo_status st;
     g->block = -1;
-    for (size_t j = 0; j < offload_dp_pieces(dp, block); j++) {
-        size_t first, q, real;
-        offload_dp_piece(dp, block, n, j, &first, &q, &real);
-        const void *mine = offload_dp_bucket_at(dp, k, (size_t)dp->rank * q);
+    for (size_t j = 0; j < offload_dp_pieces(dp, block, dp->bucket_q); j++) {
+        offload_piece p;
+        offload_dp_piece(dp, block, n, j, dp->bucket_q, &p);
+        const void *mine = offload_dp_bucket_at(dp, k, (size_t)p.rank * p.q);
         /* the bucket's previous piece has left it */
         if (j && (st = gpu_stream_wait_event(s, g->copied)) != ZO_OK) return st;
-        if ((st = pack_piece(gr, s, block, n, g->dev, gr->g->dtype, GPU_COPY_DEVICE_TO_DEVICE, first, q, bk)) !=
-                ZO_OK ||
+        if ((st = pack_piece(gr, s, g->dev, gr->g->dtype, GPU_COPY_DEVICE_TO_DEVICE, &p, bk)) != ZO_OK ||
             (st = gpu_event_record(dp->ev_in_s, s)) != ZO_OK ||
-            (st = offload_dp_collective(dp, DP_REDUCE_SCATTER, q, real, bk, dp->red, dp->ev_in_s, dp->ev_out)) !=
+            (st = offload_dp_piece_collective(dp, DP_REDUCE_SCATTER, &p, bk, dp->red, dp->ev_in_s, dp->ev_out)) !=
                 ZO_OK ||
             (st = gpu_stream_wait_event(d2h, dp->ev_out)) != ZO_OK)
             return st;
-        size_t m = mine_in(pn, first, q);
-        if (m && (st = path->piece(gr, k, block, first, mine, m)) != ZO_OK) return st;
+        if (p.mine && (st = path->piece(gr, k, block, p.loc, mine, p.mine)) != ZO_OK) return st;
         if ((st = gpu_event_record(g->copied, d2h)) != ZO_OK) return st;
     }
     path->pieces_sent(gr, k, block, pn, own);
@@ -392,8 +384,9 @@ static void widen(offload_grads *gr, int b)
 
 /* ZeRO 0-1: the pieces of block b's reduction, through a bucket each: an
  * all-reduce's are contiguous (no padding), a reduce-scatter's are
- * offload_dp_piece's. Piece j is (first, q), `real` of its elements the
- * model's, `out` of the result's the rank keeps (all-reduce: all). */
+ * offload_dp_piece's. An all-reduce's piece j is p->first.. p->first + p->q
+ * of the block (all of them the model's, all kept); a reduce-scatter's
+ * keeps the rank's share (p->mine at p->loc of its part). */
 /* An all-reduce's segment k of block b: 0 the elements before its routed
  * experts, 1 the experts, 2 those after them; with expert parallelism the
  * experts are this rank's own, reduced over the ranks holding the same
@@ -411,7 +404,7 @@ static size_t red_pieces(const offload_grads *gr, int b)
 {
     const offload_dp *dp = gr->env->dp;
     size_t cap = dp->bucket_q * (size_t)dp->size, n = 0;
-    if (gr->red_op != DP_ALL_REDUCE) return offload_dp_pieces(dp, b);
+    if (gr->red_op != DP_ALL_REDUCE) return offload_dp_pieces(dp, b, dp->bucket_q);
     for (int k = 0; k < 3; k++) {
         size_t lo, hi;
         red_segment(gr, b, k, &lo, &hi);
@@ -420,9 +413,8 @@ static size_t red_pieces(const offload_grads *gr, int b)
     return n;
 }
 
-/* *expert: the piece is of the rank's experts (expert parallelism). */
-static void red_piece(const offload_grads *gr, int b, size_t j, size_t *first, size_t *q, size_t *real, size_t *out,
-                      int *expert)
+/* *expert: an all-reduce's piece of the rank's experts (expert parallelism). */
+static void red_piece(const offload_grads *gr, int b, size_t j, offload_piece *p, int *expert)
 {
     const offload_dp *dp = gr->env->dp;
     size_t n = gr->g->numel[b], cap = dp->bucket_q * (size_t)dp->size;
@@ -435,23 +427,24 @@ static void red_piece(const offload_grads *gr, int b, size_t j, size_t *first, s
                 j -= np;
                 continue;
             }
-            *first = lo + j * cap;
-            *q = *real = *out = hi - *first < cap ? hi - *first : cap;
+            p->first = p->loc = lo + j * cap;
+            p->q = p->real = p->mine = hi - p->first < cap ? hi - p->first : cap;
             *expert = k == 1 && dp->ep;
             return;
         }
     }
-    offload_dp_piece(dp, b, n, j, first, q, real);
-    *out = mine_in(dp->part_n[b], *first, *q);
+    offload_dp_piece(dp, b, n, j, dp->bucket_q, p);
 }
 
-/* A piece's all-reduce: over every rank, or a piece of the rank's experts
- * over the ranks holding the same ones (none: nothing to do, *skip). */
-static zo_status red_collective(offload_dp *dp, dp_op op, int expert, size_t q, size_t real, void *bk,
+/* A piece's collective: an all-reduce over every rank, or of the rank's
+ * experts over the ranks holding the same ones; a reduce-scatter on the
+ * piece's communicator. */
+static zo_status red_collective(offload_dp *dp, dp_op op, int expert, const offload_piece *p, void *bk,
                                 gpu_event_t after)
 {
-    if (expert) return offload_dp_all_reduce_experts(dp, q, bk, dp->red, after, dp->ev_out);
-    return offload_dp_collective(dp, op, q, real, bk, dp->red, after, dp->ev_out);
+    if (op != DP_ALL_REDUCE) return offload_dp_piece_collective(dp, op, p, bk, dp->red, after, dp->ev_out);
+    if (expert) return offload_dp_all_reduce_experts(dp, p->q, bk, dp->red, after, dp->ev_out);
+    return offload_dp_collective(dp, op, p->q, p->real, bk, dp->red, after, dp->ev_out);
 }
 
 /* Block b's host sum through the buckets (alternating, red_k the next),
@@ -470,6 +463,9 @@ static zo_status reduce_host(offload_grads *gr, int b, gpu_stream_t s)
     int *k = &gr->red_k;
     size_t n = gr->g->numel[b], rs = zo_dtype_size(dp->red);
     char *sum = (char *)gr->sums[b].host, *part = (char *)gr->sums[b].part;
+    /* (with expert parallelism a part in segments lands from the start of
+     * the whole sum: each piece's results before the inputs still to be
+     * read, as a part's elements come in block order) */
     (void)s;
     if (dp->red != ZO_DTYPE_F32) {
         offload_timer t0 = offload_time_begin();
@@ -480,33 +476,42 @@ static zo_status reduce_host(offload_grads *gr, int b, gpu_stream_t s)
     zo_status st;
     for (size_t j = 0; j < red_pieces(gr, b); j++, *k ^= 1) {
         void *bk = dp->bucket[*k];
-        size_t first, q, real, out;
+        offload_piece p;
         int expert;
-        red_piece(gr, b, j, &first, &q, &real, &out, &expert);
+        red_piece(gr, b, j, &p, &expert);
         if (expert && !dp->xcomm) continue; /* no other rank holds these experts */
         if ((st = offload_timed_wait(env, dp->bucket_ev[*k], OFFLOAD_TIME_GRADS)) != ZO_OK) return st;
         st = op == DP_ALL_REDUCE
-                 ? gpu_memcpy_async(env->h2d, bk, sum + first * rs, q * rs, GPU_COPY_HOST_TO_DEVICE)
-                 : pack_piece(gr, env->h2d, b, n, sum, dp->red, GPU_COPY_HOST_TO_DEVICE, first, q, bk);
+                 ? gpu_memcpy_async(env->h2d, bk, sum + p.first * rs, p.q * rs, GPU_COPY_HOST_TO_DEVICE)
+                 : pack_piece(gr, env->h2d, sum, dp->red, GPU_COPY_HOST_TO_DEVICE, &p, bk);
         if (st != ZO_OK) return st;
         if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK ||
-            (st = red_collective(dp, op, expert, q, real, bk, dp->ev_in)) != ZO_OK ||
+            (st = red_collective(dp, op, expert, &p, bk, dp->ev_in)) != ZO_OK ||
             (st = gpu_stream_wait_event(env->d2h, dp->ev_out)) != ZO_OK)
             return st;
         if (op == DP_ALL_REDUCE)
-            st = gpu_memcpy_async(env->d2h, sum + first * rs, bk, out * rs, GPU_COPY_DEVICE_TO_HOST);
-        else if (out)
-            st = gpu_memcpy_async(env->d2h, part + first * rs, offload_dp_bucket_at(dp, *k, (size_t)dp->rank * q),
-                                  out * rs, GPU_COPY_DEVICE_TO_HOST);
+            st = gpu_memcpy_async(env->d2h, sum + p.first * rs, bk, p.mine * rs, GPU_COPY_DEVICE_TO_HOST);
+        else if (p.mine)
+            st = gpu_memcpy_async(env->d2h, part + p.loc * rs, offload_dp_bucket_at(dp, *k, (size_t)p.rank * p.q),
+                                  p.mine * rs, GPU_COPY_DEVICE_TO_HOST);
         if (st != ZO_OK) return st;
-        offload_add_bytes(gr->env->acct, OFFLOAD_BYTES_H2D, real * rs);
-        offload_add_bytes(gr->env->acct, OFFLOAD_BYTES_D2H, out * rs);
+        offload_add_bytes(gr->env->acct, OFFLOAD_BYTES_H2D, p.real * rs);
+        offload_add_bytes(gr->env->acct, OFFLOAD_BYTES_D2H, p.mine * rs);
         if ((st = gpu_event_record(dp->bucket_ev[*k], env->d2h)) != ZO_OK) return st;
     }
     return ZO_OK;
 }
 
-/* Block b's device sum in a 16-bit reduce dtype: through the buckets
+/* n values from src (dtype sd) to dst (dtype dt), device to device, on s. */
+static zo_status cast_or_copy(gpu_stream_t s, void *dst, zo_dtype dt, const void *src, zo_dtype sd, size_t n)
+{
+    if (dt == sd) return gpu_memcpy_async(s, dst, src, n * zo_dtype_size(dt), GPU_COPY_DEVICE_TO_DEVICE);
+    return gpu_cast(s, gpu_t(dst, dt), gpu_t((void *)src, sd), n);
+}
+
+/* Block b's device sum in a 16-bit reduce dtype, or reduce-scattered from
+ * a part in segments (expert parallelism: its result lands from the start
+ * of the sum, as reduce_host's): through the buckets
  * (alternating, red_k the next), piece by piece, rounded into a bucket on
  * `in` (the compute stream after its additions, or h2d at the step), reduced,
  * and widened back on d2h into the sum (all-reduce) or the rank's part of it
@@ -517,30 +522,28 @@ static zo_status reduce_dev_16(offload_grads *gr, int b, gpu_stream_t s)
     const offload_env *env = gr->env;
     dp_op op = (dp_op)gr->red_op;
     int *k = &gr->red_k;
-    size_t n = gr->g->numel[b];
     float *sum = gr->sums[b].dev;
     gpu_stream_t in = s ? s : env->h2d;
     gpu_event_t ev = s ? dp->ev_in_s : dp->ev_in; /* (each event recorded on one stream only) */
     zo_status st;
     for (size_t j = 0; j < red_pieces(gr, b); j++, *k ^= 1) {
         void *bk = dp->bucket[*k];
-        size_t first, q, real, out;
+        offload_piece p;
         int expert;
-        red_piece(gr, b, j, &first, &q, &real, &out, &expert);
+        red_piece(gr, b, j, &p, &expert);
         if (expert && !dp->xcomm) continue; /* no other rank holds these experts */
         if ((st = offload_timed_wait(env, dp->bucket_ev[*k], OFFLOAD_TIME_GRADS)) != ZO_OK) return st;
-        st = op == DP_ALL_REDUCE ? gpu_cast(in, gpu_t(bk, dp->red), gpu_t(sum + first, ZO_DTYPE_F32), q)
-                                 : pack_piece(gr, in, b, n, sum, ZO_DTYPE_F32, GPU_COPY_DEVICE_TO_DEVICE, first, q, bk);
+        st = op == DP_ALL_REDUCE ? cast_or_copy(in, bk, dp->red, sum + p.first, ZO_DTYPE_F32, p.q)
+                                 : pack_piece(gr, in, sum, ZO_DTYPE_F32, GPU_COPY_DEVICE_TO_DEVICE, &p, bk);
         if (st != ZO_OK) return st;
-        if ((st = gpu_event_record(ev, in)) != ZO_OK ||
-            (st = red_collective(dp, op, expert, q, real, bk, ev)) != ZO_OK ||
+        if ((st = gpu_event_record(ev, in)) != ZO_OK || (st = red_collective(dp, op, expert, &p, bk, ev)) != ZO_OK ||
             (st = gpu_stream_wait_event(env->d2h, dp->ev_out)) != ZO_OK)
             return st;
         if (op == DP_ALL_REDUCE)
-            st = gpu_cast(env->d2h, gpu_t(sum + first, ZO_DTYPE_F32), gpu_t(bk, dp->red), out);
-        else if (out)
-            st = gpu_cast(env->d2h, gpu_t(sum + dp->part_off[b] + first, ZO_DTYPE_F32),
-                          gpu_t(offload_dp_bucket_at(dp, *k, (size_t)dp->rank * q), dp->red), out);
+            st = cast_or_copy(env->d2h, sum + p.first, ZO_DTYPE_F32, bk, dp->red, p.mine);
+        else if (p.mine)
+            st = cast_or_copy(env->d2h, sum + dp->part_off[b] + p.loc, ZO_DTYPE_F32,
+                              offload_dp_bucket_at(dp, *k, (size_t)p.rank * p.q), dp->red, p.mine);
         if (st != ZO_OK || (st = gpu_event_record(dp->bucket_ev[*k], env->d2h)) != ZO_OK) return st;
     }
     return ZO_OK;
@@ -555,7 +558,8 @@ static zo_status reduce_dev(offload_grads *gr, int b, gpu_stream_t s)
     offload_dp *dp = gr->env->dp;
     gpu_event_t after = NULL;
     zo_status st;
-    if (dp->red != ZO_DTYPE_F32) return reduce_dev_16(gr, b, s);
+    if (dp->red != ZO_DTYPE_F32 || (gr->red_op != DP_ALL_REDUCE && offload_dp_segmented(dp, b)))
+        return reduce_dev_16(gr, b, s);
     if (s) {
         if ((st = gpu_event_record(dp->ev_in_s, s)) != ZO_OK) return st;
         after = dp->ev_in_s;

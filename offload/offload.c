@@ -210,7 +210,7 @@ static zo_status set_experts(offload_t *rt, const offload_model *m)
         if (hi[x->block] == rt->g.numel[x->block] || x->offset + x->numel > hi[x->block])
             hi[x->block] = x->offset + x->numel;
     }
-    st = offload_dp_set_experts(rt->dp, rt->cfg.expert_comm, lo, hi);
+    st = offload_dp_set_experts(rt->dp, rt->cfg.expert_comm, rt->g.numel, lo, hi);
 out:
     free(lo);
     free(hi);
@@ -422,9 +422,10 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     /* an MoE layer's routed experts stream apart where the store can (the
      * host tier, whole blocks on every rank: ZeRO-0): a slot holds the
      * largest dense part, and the experts the batch routes to go through
-     * their own slots (each rank fetches those its own batch routes to) */
+     * their own slots (each rank fetches those its own batch routes to; a
+     * forward-only runtime, generation, those each forward routes to) */
     size_t dense, expert;
-    if (sc.n_slots && (!rt->dp || rt->dp->stage == 0) && !rt->cfg.forward_only &&
+    if (sc.n_slots && (!rt->dp || rt->dp->stage == 0) &&
         offload_stream_apart(&rt->m, rt->ws, rt->fws, &dense, &expert)) {
         sc.expert_slots = OFFLOAD_EXPERT_SLOTS;
         sc.expert_numel = expert;
@@ -514,9 +515,12 @@ static zo_status set_block(offload_t *rt, int b, const float *w)
     if (bad < rt->numel[b])
         return zo_error(ZO_ERR_INVALID, "offload: block %d element %zu is %g: weights must be finite", b,
                         bad, (double)w[bad]);
-    if (rt->os && (st = ostate_write(rt->os, rt->og.off[b], rt->og.numel[b],
-                           w + offload_dp_part_first(rt->dp, b), NULL, NULL)) != ZO_OK)
-        return st;
+    /* the rank's part, run by run (a part in segments: expert parallelism) */
+    for (size_t rel = 0, run; rt->os && rel < rt->og.numel[b]; rel += run) {
+        size_t at = offload_dp_part_at(rt->dp, b, rel, &run);
+        if (run > rt->og.numel[b] - rel) run = rt->og.numel[b] - rel;
+        if ((st = ostate_write(rt->os, rt->og.off[b] + rel, run, w + at, NULL, NULL)) != ZO_OK) return st;
+    }
     return wstore_load_f32(rt->ws, b, 0, rt->numel[b], w);
 }
 

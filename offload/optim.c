@@ -99,9 +99,19 @@ static size_t range_piece(const offload_decay_range *r, int n, int b, size_t rel
 /* From element `rel` of block b (the optimizer's coordinates: its part),
  * the end of the run (at most `stop`) in one routed expert's range (its
  * number in *expert) or between two (-1). */
+/* Where the optimizer's element `rel` of block b is in the block, less
+ * rel; *stop cut where that stops holding (a part in segments: expert
+ * parallelism). */
+static size_t part_base(const offload_optim *o, int b, size_t rel, size_t *stop)
+{
+    size_t run, at = offload_dp_part_at(o->env->dp, b, rel, &run);
+    if (run < *stop - rel) *stop = rel + run;
+    return at - rel;
+}
+
 static size_t expert_run(const offload_optim *o, int b, size_t rel, size_t stop, int *expert)
 {
-    size_t base = offload_dp_part_first(o->env->dp, b);
+    size_t base = part_base(o, b, rel, &stop);
     int hit;
     stop = range_piece(o->expert_at, o->m->n_expert_ranges, b, base + rel, base + stop, &hit);
     *expert = hit >= 0 ? o->m->expert_ranges[hit].expert : -1;
@@ -112,7 +122,7 @@ static size_t expert_run(const offload_optim *o, int b, size_t rel, size_t stop,
  * that one AdamW call takes: cut at the decay ranges and at the experts'. */
 static size_t piece_part(const offload_optim *o, int b, size_t rel, size_t stop, int *decay, int *expert)
 {
-    size_t base = offload_dp_part_first(o->env->dp, b);
+    size_t base = part_base(o, b, rel, &stop);
     int hit;
     if (o->m->decay) { /* (none given: every element decays) */
         stop = range_piece(o->m->decay, o->m->n_decay, b, base + rel, base + stop, &hit) - base;
@@ -181,7 +191,8 @@ static zo_status update_piece(step_ctx *c, int b, size_t a, size_t e, int decay,
     if (st != ZO_OK)
         return zo_error_wrap(st, "offload_step: block %d elements %zu..%zu", b, rel, rel + n);
     if (wide) memcpy(dst, P, n * 4);
-    if (sr) round_stochastic(o->hp.step, b, offload_dp_part_first(o->env->dp, b) + rel, P, dst, n);
+    size_t run; /* (a piece lies in one run of the part: piece_part) */
+    if (sr) round_stochastic(o->hp.step, b, offload_dp_part_at(o->env->dp, b, rel, &run), P, dst, n);
     st = wstore_put_host_done(ws, b, rel, n);
     double dt = zo_now() - t0;
     int busy1 = offload_device_busy(o->env->acct);
@@ -287,7 +298,8 @@ static zo_status update_dev_state(offload_optim *o, int b, float *P, uint16_t *W
     gpu_adam_state_desc d = {.type = type, .block = q8 ? ADAM_Q8_BLOCK : 0,
                              .total = nb, .round = W ? rounds[o->cfg->master] : GPU_ADAM_ROUND_NEAREST,
                              .sr_step = (uint64_t)o->hp.step, .sr_block = (uint64_t)b};
-    size_t part0 = offload_dp_part_first(o->env->dp, b);
+    size_t run, part0 = offload_dp_part_at(o->env->dp, b, 0, &run); /* (a part in one run: the table refuses
+                                                                       * a device share of segments) */
     /* the weights from element rel on */
 #define WEIGHTS_AT(rel) (W ? gpu_t(W + (rel), ZO_DTYPE_BF16) : gpu_t(P + (rel), ZO_DTYPE_F32))
     zo_status st;
@@ -659,7 +671,9 @@ static zo_status grad_stats(offload_optim *o, double *sumsq, int *first_bad)
 {
     zo_status st = ostate_grad_stats(o->os, o->early, o->cfg->adam.clip > 0.0f, sumsq, first_bad);
     const offload_dp *dp = o->env->dp;
-    if (st == ZO_OK && dp && dp->ep) {
+    /* (a partitioned state counts every element once over the world: the
+     * experts once in each expert_comm, and those hold different experts) */
+    if (st == ZO_OK && dp && dp->ep && !offload_dp_partitioned(dp)) {
         /* expert parallelism: the dense part is the same on every rank, the
          * experts the rank's own: the group's experts' squares summed, each
          * expert once (a first bad block of any rank of the group) */

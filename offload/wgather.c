@@ -49,6 +49,15 @@ static zo_status wg_fetch(wstore *ws, int b, void *dst)
     char *mine = (char *)dst + p->part_off[b] * es;
     zo_status st;
     if (!ws->g->numel[b]) return ZO_OK;
+    if (!p->frozen && offload_dp_segmented(dp, b)) {
+        /* a part in segments (expert parallelism): gathered through a
+         * bucket from the device store's part (the table refuses others) */
+        if (!in->resident)
+            return zo_error(ZO_ERR_UNSUPPORTED, "offload: block %d's part is in segments (expert parallelism at "
+                            "ZeRO-3): it is gathered from device memory only", b);
+        return offload_dp_gather_segs(dp, b, ws->g->numel[b], es, in->ops->resident(in, b), 1,
+                                      GPU_COPY_DEVICE_TO_DEVICE, dst, GPU_COPY_DEVICE_TO_DEVICE);
+    }
     if (n && in->resident) {
         st = gpu_memcpy_async(env->h2d, mine, in->ops->resident(in, b), n * es, GPU_COPY_DEVICE_TO_DEVICE);
         if (st != ZO_OK) return st;
@@ -110,10 +119,16 @@ static zo_status wg_load(wstore *ws, int b, size_t rel, size_t n, const float *s
 {
     const offload_part *p = part_of(ws);
     wstore *in = inner_of(ws);
-    size_t po = p->part_off[b], pe = po + p->part_n[b];
-    size_t lo = rel > po ? rel : po, hi = rel + n < pe ? rel + n : pe;
-    if (lo >= hi) return ZO_OK;
-    return wstore_load_f32(in, b, lo - po, hi - lo, src + (lo - rel));
+    zo_status st;
+    /* the part's runs (one, or a part in segments: expert parallelism) */
+    for (size_t at_part = 0, run; at_part < p->part_n[b]; at_part += run) {
+        size_t po = p->frozen ? p->part_off[b] + at_part : offload_dp_part_at(ws->env->dp, b, at_part, &run);
+        if (p->frozen || run > p->part_n[b] - at_part) run = p->part_n[b] - at_part;
+        size_t pe = po + run, lo = rel > po ? rel : po, hi = rel + n < pe ? rel + n : pe;
+        if (lo < hi && (st = wstore_load_f32(in, b, at_part + (lo - po), hi - lo, src + (lo - rel))) != ZO_OK)
+            return st;
+    }
+    return ZO_OK;
 }
 
 /* Block b whole into host memory: the rank's part read, the others'
@@ -123,13 +138,19 @@ static zo_status wg_get_host(wstore *ws, int b, void *dst)
     const offload_part *p = part_of(ws);
     wstore *in = inner_of(ws);
     size_t es = ws->g->es, pn = p->part_n[b], cap = p->pad[b] / (size_t)ws->env->dp->size * es;
+    int segs = !p->frozen && offload_dp_segmented(ws->env->dp, b);
     void *part = NULL;
     zo_status st;
     if (!ws->g->numel[b]) return ZO_OK;
+    if (pn * es > cap) cap = pn * es;
     if ((st = offload_host_alloc(ws->env, cap, 0, &part)) != ZO_OK) return st;
     memset(part, 0, cap);
     st = pn ? in->ops->get_host(in, b, part) : ZO_OK;
-    if (st == ZO_OK) st = offload_dp_gather_part(ws->env->dp, p, b, ws->g->numel[b], es, part, dst);
+    if (st == ZO_OK && segs)
+        st = offload_dp_gather_segs(ws->env->dp, b, ws->g->numel[b], es, part, 1, GPU_COPY_HOST_TO_DEVICE, dst,
+                                    GPU_COPY_DEVICE_TO_HOST);
+    else if (st == ZO_OK)
+        st = offload_dp_gather_part(ws->env->dp, p, b, ws->g->numel[b], es, part, dst);
     offload_host_free(ws->env, part, cap, 0);
     return st;
 }

@@ -209,8 +209,9 @@ static zo_status dev_put_host(wstore *ws, int b, size_t rel, size_t n, void **ds
     return ZO_OK;
 }
 
-/* The staged chunk into elements [pos, pos + n) of block b. */
-static zo_status dev_copy_in(wstore *ws, int b, size_t pos, size_t n)
+/* The staged chunk from its element `from` on into elements [pos, pos + n)
+ * of block b. */
+static zo_status dev_copy_in(wstore *ws, int b, size_t pos, size_t from, size_t n)
 {
     dev_store *d = dev_of(ws);
     const offload_env *env = ws->env;
@@ -218,12 +219,29 @@ static zo_status dev_copy_in(wstore *ws, int b, size_t pos, size_t n)
     size_t bytes = n * ws->g->es;
     zo_status st;
     if (!bytes) return ZO_OK;
-    if ((st = gpu_memcpy_async(env->h2d, dev_at(ws, b, pos), d->stage[k], bytes, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK ||
+    if ((st = gpu_memcpy_async(env->h2d, dev_at(ws, b, pos), (char *)d->stage[k] + from * ws->g->es, bytes,
+                               GPU_COPY_HOST_TO_DEVICE)) != ZO_OK ||
         (st = gpu_event_record(d->stage_ev[k], env->h2d)) != ZO_OK)
         return st;
     d->stage_pending[k] = 1;
     offload_add_bytes(env->acct, OFFLOAD_BYTES_H2D, bytes);
     return ZO_OK;
+}
+
+/* Block b's new weights from every rank, after dp->ev_in (recorded on
+ * h2d); s (when not NULL) waits for them. In place, or, for a block in
+ * segments (expert parallelism), through a bucket, blocking. */
+static zo_status dev_all_gather(wstore *ws, int b, gpu_stream_t s)
+{
+    offload_dp *dp = ws->env->dp;
+    zo_status st;
+    if (offload_dp_segmented(dp, b))
+        return offload_dp_gather_segs(dp, b, ws->g->numel[b], ws->g->es, dev_at(ws, b, 0), 0,
+                                      GPU_COPY_DEVICE_TO_DEVICE, dev_at(ws, b, 0), GPU_COPY_DEVICE_TO_DEVICE);
+    if ((st = offload_dp_block(dp, DP_ALL_GATHER, b, ws->g->numel[b], dev_at(ws, b, 0), ws->g->dtype, dp->ev_in,
+                               s ? dp->ev_out : NULL)) != ZO_OK)
+        return st;
+    return s ? gpu_stream_wait_event(s, dp->ev_out) : ZO_OK;
 }
 
 /* ZeRO 1-2: all-gather, in block order, every block whose part is complete
@@ -250,10 +268,7 @@ static zo_status dev_gather_ready(wstore *ws, int all)
             if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK) return st;
             joined = 1;
         }
-        if (ws->g->numel[b] &&
-            (st = offload_dp_block(env->dp, DP_ALL_GATHER, b, ws->g->numel[b], dev_at(ws, b, 0), ws->g->dtype,
-                                   dp->ev_in, NULL)) != ZO_OK)
-            return st;
+        if (ws->g->numel[b] && (st = dev_all_gather(ws, b, NULL)) != ZO_OK) return st;
         d->got[b] = 0;
         d->next_ag++;
     }
@@ -287,10 +302,7 @@ static zo_status dev_gather_one(wstore *ws, int b, gpu_stream_t s)
     if (d->dev_s && ((st = gpu_event_record(d->ag_join, d->dev_s)) != ZO_OK ||
                      (st = gpu_stream_wait_event(env->h2d, d->ag_join)) != ZO_OK))
         return st;
-    if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK ||
-        (st = offload_dp_block(env->dp, DP_ALL_GATHER, b, ws->g->numel[b], dev_at(ws, b, 0), ws->g->dtype,
-                               dp->ev_in, dp->ev_out)) != ZO_OK ||
-        (s && (st = gpu_stream_wait_event(s, dp->ev_out)) != ZO_OK))
+    if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK || (st = dev_all_gather(ws, b, s)) != ZO_OK)
         return st;
     d->got[b] = 0;
     d->pending[b] = 0;
@@ -325,13 +337,21 @@ static zo_status dev_use(wstore *ws, int b, gpu_stream_t s)
 
 static zo_status dev_put_host_done(wstore *ws, int b, size_t rel, size_t n)
 {
-    zo_status st = dev_copy_in(ws, b, put_pos(ws, b, rel), n);
-    if (st != ZO_OK) return st;
+    zo_status st;
+    /* run by run: a part in segments (expert parallelism) is not contiguous in the block */
+    for (size_t done = 0, run; done < n; done += run) {
+        size_t at = offload_dp_part_at(dev_of(ws)->dp, b, rel + done, &run);
+        if (run > n - done) run = n - done;
+        if ((st = dev_copy_in(ws, b, at, done, run)) != ZO_OK) return st;
+    }
     return dev_part_done(ws, b, n);
 }
 
 static zo_status dev_put_dev(wstore *ws, int b, void **dst)
 {
+    if (offload_dp_segmented(dev_of(ws)->dp, b)) /* (the capability table refuses it) */
+        return zo_error(ZO_ERR_UNSUPPORTED, "offload_step: block %d's part is in segments (expert parallelism at "
+                        "ZeRO 1-2): the optimizer's device share cannot put it in place", b);
     *dst = dev_at(ws, b, put_pos(ws, b, 0));
     return ZO_OK;
 }
@@ -356,7 +376,7 @@ static zo_status dev_load(wstore *ws, int b, size_t rel, size_t n, const float *
         void *dst;
         if ((st = dev_put_host(ws, b, rel + done, k, &dst)) != ZO_OK) return st;
         offload_to_dtype(ws->g, dst, src + done, k);
-        if ((st = dev_copy_in(ws, b, rel + done, k)) != ZO_OK) return st;
+        if ((st = dev_copy_in(ws, b, rel + done, 0, k)) != ZO_OK) return st;
     }
     return ZO_OK;
 }

@@ -90,11 +90,20 @@ static void store(plan_gen_estimate *e, const char *name, const char *staging, c
 }
 
 /* The model's forward buffers for batch x rows new tokens (transformer.c's
- * generation buffers, each rounded as allocated), its caches apart. */
+ * generation buffers, each rounded as allocated), its caches apart. An MoE
+ * model's dense MLP buffers are its shared expert's (none: Mixtral), and
+ * its layers share one set of the router's and the experts' buffers for
+ * those tokens: the router's logits and weights [N, E] fp32, the top_k
+ * pairs of each token (inputs, outputs [N k, h], the experts' gate, up and
+ * activation [N k, expert_ffn], their tokens and weights), the weighted
+ * activation, the shared gate, every layer's router statistics. */
 static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int rows, int lora_cols, uint64_t wdq)
 {
     uint64_t B = (uint64_t)g->batch, N = B * (uint64_t)rows, es = zo_dtype_size(g->dtype);
-    uint64_t h = (uint64_t)m->hidden, f = (uint64_t)m->ffn, d = (uint64_t)m->head_dim;
+    const zo_moe *mo = &m->moe;
+    uint64_t E = (uint64_t)mo->experts, K = (uint64_t)mo->top_k, fe = (uint64_t)mo->expert_ffn;
+    uint64_t h = (uint64_t)m->hidden, f = (uint64_t)(E ? mo->shared_ffn : m->ffn), d = (uint64_t)m->head_dim;
+    uint64_t widest = max_u64(f, K * fe), r = g->method != ZO_PLAN_FULL ? (uint64_t)g->lora.r : 0;
     uint64_t qkv = (uint64_t)(m->n_heads + 2 * m->n_kv_heads) * d, q = (uint64_t)m->n_heads * d;
     int layers = m->n_layers > 0, llama = m->arch != ZO_ARCH_GPT;
     uint64_t a[] = {
@@ -110,6 +119,15 @@ static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int
         B * (uint64_t)m->vocab * 4,                             /* fp32 logits */
         wdq,                                                    /* QLoRA: a dequantized weight */
         llama && m->rope_scaling[0] ? d / 2 * 8 : 0,            /* a rope_scaling's frequencies */
+        layers * N * E * 4, layers * N * E * 4,                 /* MoE: router logits, weights */
+        layers * K * N * fe * es, layers * K * N * fe * es,     /* the experts' gate, up */
+        layers * K * N * fe * es,                               /* and activation */
+        layers * K * N * 4, layers * K * N * 4,                 /* the pairs' tokens, weights */
+        layers * (mo->shared_gate ? N * 4 : 0),                 /* the shared expert's gate */
+        (uint64_t)m->n_layers * 2 * E * 4,                      /* router statistics */
+        E ? N * widest * es : 0,                                /* the weighted activation */
+        K * N * h * es, K * N * h * es,                         /* the pairs' inputs, outputs */
+        E ? K * N * r * es : 0,                                 /* an expert adapter's A x */
     };
     uint64_t sum = 0;
     for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) sum += a[i] ? r256(a[i]) : 0;
@@ -117,6 +135,16 @@ static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int
 }
 
 /* ---- time ------------------------------------------------------------------------ */
+
+/* The routed experts an MoE layer's forward of `rows` tokens touches: each
+ * token routes to top_k, so at most min(experts, rows x top_k) (the bound
+ * memplan takes: routing spread over the experts, as load balancing trains
+ * it to be; fewer when tokens agree). 0 for a dense model. */
+static double touched(const zo_model_config *m, double rows)
+{
+    double pairs = rows * m->moe.top_k;
+    return pairs < m->moe.experts ? pairs : m->moe.experts;
+}
 
 /* A matmul of F FLOPs moving `bytes`: the cost model's roofline. */
 static double roofline(const plan_hw *hw, zo_dtype dt, double F, double bytes)
@@ -138,29 +166,39 @@ static double forward_time(const zo_model_config *m, const plan_hw *hw, const pl
                            double keys, const zo_lora_module *mods, int n_mods, double part[3])
 {
     const double B = g->batch, es = (double)zo_dtype_size(g->dtype), M = B * rows;
-    const double h = m->hidden, f = m->ffn, d = m->head_dim, hq = m->n_heads, hkv = m->n_kv_heads;
-    const double qkv = (hq + 2 * hkv) * d, q = hq * d;
+    const zo_moe *mo = &m->moe;
+    const double E = mo->experts, K = mo->top_k, fe = mo->expert_ffn, P = M * K, T = touched(m, M);
+    const double h = m->hidden, f = E ? mo->shared_ffn : m->ffn, d = m->head_dim, hq = m->n_heads;
+    const double hkv = m->n_kv_heads, qkv = (hq + 2 * hkv) * d, q = hq * d;
     int llama = m->arch != ZO_ARCH_GPT, nf4 = g->method == ZO_PLAN_QLORA;
-    double lin[4][2] = {{qkv, h}, {h, q}, {f, h}, {h, f}}; /* out, in */
+    /* out, in, the matrices of that shape, the rows through each, the copies
+     * of its weight read: q|k|v, o, the MLP's (an MoE layer's shared
+     * expert's: its gate and up, its down), and an MoE layer's router, the
+     * routed experts' gate and up, their down (on the P = M top_k pairs, each
+     * pair through one expert: T experts' weights read), the shared gate */
+    double lin[][5] = {{qkv, h, 1, M, 1}, {h, q, 1, M, 1},  {f, h, llama ? 2 : 1, M, 1}, {h, f, 1, M, 1},
+                       {E, h, 1, M, 1},   {fe, h, 2, P, T}, {h, fe, 1, P, T},            {mo->shared_gate, h, 1, M, 1}};
     double layer = 0;
-    for (int k = 0; k < 4; k++) {
-        int n = k == 2 && llama ? 2 : 1; /* gate and up */
-        double w = lin[k][0] * lin[k][1];
-        for (int i = 0; i < n; i++) {
-            if (nf4) /* the NF4 tensor read, the 16-bit weight written */
-                layer += ((double)zo_nf4_bytes((uint64_t)w) + w * es) / (hw->hbm_bw * hw->hbm_eff);
-            layer += roofline(hw, g->dtype, 2 * M * w, w * es + M * (lin[k][0] + lin[k][1]) * es);
+    for (size_t k = 0; k < sizeof lin / sizeof lin[0]; k++) {
+        double w = lin[k][0] * lin[k][1], rows_k = lin[k][3], copies = lin[k][4];
+        int nf4_k = nf4 && k != 4 && k != 7; /* QLoRA keeps the router and the shared gate 16-bit */
+        for (int i = 0; w > 0 && copies > 0 && i < (int)lin[k][2]; i++) {
+            if (nf4_k) /* the NF4 tensor read, the 16-bit weight written */
+                layer += copies * ((double)zo_nf4_bytes((uint64_t)w) + w * es) / (hw->hbm_bw * hw->hbm_eff);
+            layer += roofline(hw, g->dtype, 2 * rows_k * w, copies * w * es + rows_k * (lin[k][0] + lin[k][1]) * es);
         }
     }
-    for (int j = 0; j < n_mods; j++) { /* u = x A^T, y += s u B^T */
+    for (int j = 0; j < n_mods; j++) { /* u = x A^T, y += s u B^T: a routed expert's on its pairs */
         double r = g->lora.r, in = (double)mods[j].in, out = (double)mods[j].out;
-        layer += roofline(hw, g->dtype, 2 * M * r * in, (r * in + M * (in + r)) * es);
-        layer += roofline(hw, g->dtype, 2 * M * r * out, (r * out + M * (r + 2 * out)) * es);
+        double rows_j = mods[j].experts ? P : M, n = mods[j].experts ? T : 1;
+        layer += roofline(hw, g->dtype, 2 * rows_j * r * in, (n * r * in + rows_j * (in + r)) * es);
+        layer += roofline(hw, g->dtype, 2 * rows_j * r * out, (n * r * out + rows_j * (r + 2 * out)) * es);
     }
     /* attention: each query against its keys, the cache's keys and values read */
     layer += roofline(hw, g->dtype, 4 * M * keys * hq * d, B * (keys + rows) * 2 * hkv * d * es + 2 * M * q * es);
-    /* norms, residual adds, activation, RoPE: elements read and written */
-    layer += M * (10 * h + 3 * f + 2 * qkv) * es / (hw->hbm_bw * hw->hbm_eff);
+    /* norms, residual adds, activation, RoPE: elements read and written (an
+     * MoE layer's pairs: their activation, weighting, gather and scatter) */
+    layer += (M * (10 * h + 3 * f + 2 * qkv) + P * (4 * fe + 3 * h)) * es / (hw->hbm_bw * hw->hbm_eff);
     double V = m->vocab;
     double head = roofline(hw, g->dtype, 2 * B * h * V, V * h * es + B * (h * es + V * 4));
     double embed = 2 * M * h * es / (hw->hbm_bw * hw->hbm_eff);
@@ -176,7 +214,8 @@ static double forward_time(const zo_model_config *m, const plan_hw *hw, const pl
  * token's. (A tied head's reuse of the embedding block is not modelled:
  * each block is moved once a forward, as stream_bytes counts.) */
 typedef struct sim_block {
-    double disk, copy, prompt, token;
+    double disk, copy, copy_prompt, prompt, token; /* copy_prompt: the prompts' forward's (an MoE layer's
+                                                       experts apart: those its tokens touch) */
 } sim_block;
 
 /* the prompts' forward, then tokens: the two before the last are the
@@ -223,7 +262,7 @@ static zo_status simulate(const sim_block kind[3], int n_layers, int depth, int 
             R[q] = H;
             double start = MAX2(R[q], q >= slots ? F[q - slots] : 0.0);
             start = MAX2(start, host ? D : q > 0 ? C[q - 1] : 0.0);
-            C[q] = start + k->copy;
+            C[q] = start + (q < nb ? k->copy_prompt : k->copy);
             if (host) D = C[q];
         }
         H = MAX2(H, C[p]); /* the weights are on the device */
@@ -301,19 +340,31 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
         n_mods = zo_lora_layer_modules(m, g->lora.targets, mods);
         ad.layer = zo_lora_trainable_params(m, g->lora.r, g->lora.targets) / (L ? L : 1) * es;
         /* QLoRA dequantizes each linear weight into one scratch as large as
-         * the largest (transformer.c: the fused q|k|v counts as one) */
+         * the largest (transformer.c: the fused q|k|v counts as one; an
+         * expert's and the shared expert's too) */
         uint64_t h = (uint64_t)m->hidden, d = (uint64_t)m->head_dim, q = (uint64_t)m->n_heads * d;
-        uint64_t lin[3] = {(q + 2 * (uint64_t)m->n_kv_heads * d) * h, h * q, (uint64_t)m->ffn * h};
-        if (g->method == ZO_PLAN_QLORA) wdq = max_u64(max_u64(lin[0], lin[1]), lin[2]) * es;
+        uint64_t lin[5] = {(q + 2 * (uint64_t)m->n_kv_heads * d) * h, h * q, (uint64_t)m->ffn * h,
+                           (uint64_t)m->moe.expert_ffn * h, (uint64_t)m->moe.shared_ffn * h};
+        for (int k = 0; k < 5 && g->method == ZO_PLAN_QLORA; k++) wdq = max_u64(wdq, lin[k] * es);
         w = ad;
     }
+    /* an MoE layer's routed experts stream apart from its dense part where
+     * the runtime does it (offload/offload.c: the whole weights in pinned
+     * host memory, no frozen base): a slot holds the largest dense part, two
+     * expert slots one routed expert each, and a forward copies the dense
+     * parts and the experts it touches (touched(): at most top_k a token) */
+    zo_layer_params lp; /* (the runtime's MoE families have every layer an MoE layer: first_dense 0) */
+    zo_model_layer_params(m, m->n_layers - 1, &lp);
+    int apart = lp.experts && !adapters && g->params_on == ZO_PLAN_CPU;
+    uint64_t expert_b = apart ? lp.expert * es : 0, layer_dense = w.layer - (uint64_t)lp.experts * expert_b;
+    blocks dense = {nb, w.first, layer_dense, w.last};
     /* the stores, the device slots of what streams (offload/offload.c, stream.c) */
     zo_plan_tier w_on = adapters ? g->adapters_on : g->params_on;
     int w_streamed = w_on != ZO_PLAN_GPU, b_streamed = adapters && g->params_on != ZO_PLAN_GPU;
     int slots = g->prefetch_depth + 1;
     if (m->tied_embeddings && slots < 2) slots = 2;
     if (slots > nb) slots = nb;
-    uint64_t w_slot = max_u64(blocks_largest(&w), DEV_GRANULE), b_slot = r256(blocks_largest(&base));
+    uint64_t w_slot = max_u64(blocks_largest(&dense), DEV_GRANULE), b_slot = r256(blocks_largest(&base));
     if (adapters) {
         store(e, "frozen base", "frozen base staging (pinned)", &base, 1, g->params_on, g->sub_group, b_slot, slots);
         store(e, "LoRA adapters (A, B)", "adapter staging (pinned)", &ad, es, g->adapters_on, g->sub_group, w_slot,
@@ -324,6 +375,7 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
     if (w_streamed || b_streamed)
         add(e, "weight slots (streamed blocks)", ZO_PLAN_GPU, PLAN_BUFFERS,
             (uint64_t)slots * r256((b_streamed ? b_slot : 0) + (w_streamed ? w_slot : 0)));
+    if (apart) add(e, "expert slots (2 x routed expert)", ZO_PLAN_GPU, PLAN_BUFFERS, PLAN_EXPERT_SLOTS * r256(expert_b));
     /* the key/value caches, the forward's buffers, the two boundaries */
     e->kv_cache = 2 * L * (uint64_t)g->batch * (uint64_t)e->context * (uint64_t)m->n_kv_heads * m->head_dim * es;
     add(e, "key/value cache", ZO_PLAN_GPU, PLAN_ACTIVATIONS, L ? 2 * L * r256(e->kv_cache / (2 * L)) : 0);
@@ -347,6 +399,14 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
     e->weight_bytes = blocks_total(&base) + (adapters ? blocks_total(&ad) : 0);
     e->stream_bytes = (b_streamed || (!adapters && w_streamed) ? blocks_total(&base) : 0) +
                       (adapters && w_streamed ? blocks_total(&ad) : 0);
+    /* experts apart: a token's forward (one row a sequence) copies the dense
+     * parts and the experts it touches, the prompts' its own */
+    uint64_t tok_experts = (uint64_t)touched(m, g->batch) * expert_b;
+    uint64_t prompt_experts = (uint64_t)touched(m, (double)g->batch * g->prompt) * expert_b;
+    if (apart) e->stream_bytes = blocks_total(&dense) + L * tok_experts;
+    e->experts_apart = apart;
+    e->experts_token = (int)touched(m, g->batch);
+    e->experts_prompt = (int)touched(m, (double)g->batch * g->prompt);
     e->nvme_bytes = (g->params_on == ZO_PLAN_NVME ? blocks_total(&base) : 0) +
                     (adapters && g->adapters_on == ZO_PLAN_NVME ? blocks_total(&ad) : 0);
     double pcie = e->stream_bytes / hw->pcie_bw, disk = e->nvme_bytes ? e->nvme_bytes / hw->nvme_read_bw : 0.0;
@@ -385,8 +445,13 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
     int base_copy = b_streamed || (!adapters && w_streamed), ad_copy = adapters && w_streamed;
     for (int k = 0; k < 3; k++) {
         double rd = (double)((base_disk ? bb[k] : 0) + (ad_disk ? ab[k] : 0));
-        double cp = (double)((base_copy ? bb[k] : 0) + (ad_copy ? ab[k] : 0));
-        kind[k] = (sim_block){rd / hw->nvme_read_bw, cp / hw->pcie_bw, prompt_part[k], tok_part[k]};
+        double cp = (double)((base_copy ? bb[k] : 0) + (ad_copy ? ab[k] : 0)), cp_prompt = cp;
+        if (apart && k == 1) { /* a layer's dense part and the experts the forward touches */
+            cp = (double)(layer_dense + tok_experts);
+            cp_prompt = (double)(layer_dense + prompt_experts);
+        }
+        kind[k] = (sim_block){rd / hw->nvme_read_bw, cp / hw->pcie_bw, cp_prompt / hw->pcie_bw, prompt_part[k],
+                              tok_part[k]};
     }
     if ((st = simulate(kind, m->n_layers, g->prefetch_depth, slots, disk > 0 ? disk / disk_idle : 1.0, device_is_host(hw),
                        &e->ttft_s, &e->s_per_token)) != ZO_OK)

@@ -54,6 +54,10 @@ typedef struct plan_gen_estimate {
     uint64_t weight_bytes;      /* the weights (base in its format, adapters) */
     uint64_t stream_bytes;      /* of them, what crosses to the GPU for each token */
     uint64_t nvme_bytes;        /* of those, read from NVMe */
+    int experts_apart;          /* an MoE layer's routed experts stream apart from its dense part
+                                   (the weights whole in pinned host memory) */
+    int experts_token, experts_prompt; /* the routed experts a layer's forward touches, at most:
+                                   min(experts, top_k x its tokens), a token's and the prompts' */
     uint64_t kv_cache;          /* bytes of the cache: 2 L batch context kv_heads head_dim */
     uint64_t kv_read;           /* bytes of it a token reads, on average over the generation */
     /* time (seconds): a token of every sequence, the prompts' forward */

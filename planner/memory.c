@@ -571,6 +571,8 @@ typedef struct stage_shape {
     uint64_t largest;    /* elements of the largest block */
     uint64_t dense_largest; /* of the largest block with an MoE layer's routed experts apart */
     uint64_t expert;     /* elements of one routed expert on the rank */
+    uint64_t largest_part; /* elements of the largest block's ZeRO part: a block over DP, an MoE layer's
+                            * routed experts over DP / EP (the runtime's segments, docs/architecture.md) */
     int layers;
     int moe_layers;      /* of which MoE layers */
     int first_layer;     /* the model's index of the stage's first layer */
@@ -597,7 +599,7 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
     memset(o, 0, sizeof *o);
     o->first = stage == 0;
     o->last = stage == t->pp - 1;
-    uint64_t tp = (uint64_t)t->tp;
+    uint64_t tp = (uint64_t)t->tp, dp = (uint64_t)t->dp;
     if (m->params_override) {
         /* only the size is known: an even split, no block structure */
         o->params = ceil_div(m->params_override, tp * (uint64_t)t->pp);
@@ -621,6 +623,7 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
         o->params += (uint64_t)(o->layers - n_moe) * layer;
         if (layer > o->largest) o->largest = layer;
         o->dense_largest = layer;
+        o->largest_part = ceil_div(layer, dp);
     }
     if (n_moe) {
         zo_model_layer_params(m, m->n_layers - 1, &lp);
@@ -636,6 +639,10 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
         if (block > o->largest) o->largest = block;
         if (rest > o->dense_largest) o->dense_largest = rest;
         o->expert = one;
+        uint64_t edp = dp / (uint64_t)t->ep ? dp / (uint64_t)t->ep : 1;
+        uint64_t part = t->ep > 1 && t->runtime != PLAN_RUNTIME_EAGER ? ceil_div(rest, dp) + ceil_div(ex, edp)
+                                                                      : ceil_div(block, dp);
+        if (part > o->largest_part) o->largest_part = part;
     }
     if (o->first) {
         uint64_t emb = ceil_div(v * h, tp) + zo_model_position_rows(m) * h + (m->embed_norm ? norm : 0);
@@ -643,6 +650,7 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
         o->emb = emb;
         if (emb > o->largest) o->largest = emb;
         if (emb > o->dense_largest) o->dense_largest = emb;
+        if (ceil_div(emb, dp) > o->largest_part) o->largest_part = ceil_div(emb, dp);
     }
     if (o->last) {
         uint64_t head = norm;
@@ -653,6 +661,7 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
         o->head = head;
         if (head > o->largest) o->largest = head;
         if (head > o->dense_largest) o->dense_largest = head;
+        if (ceil_div(head, dp) > o->largest_part) o->largest_part = ceil_div(head, dp);
     }
 }
 
@@ -746,7 +755,9 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
     n = plan_peft_modules(m, t->lora.targets, t->ep, mods);
     for (int i = 0; i < n; i++) {
         uint64_t in = (uint64_t)mods[i].in, out = (uint64_t)mods[i].out;
-        o->layer_trainable += mods[i].count * r * (mods[i].row ? ceil_div(in, tp) + out : in + ceil_div(out, tp));
+        uint64_t el = mods[i].count * r * (mods[i].row ? ceil_div(in, tp) + out : in + ceil_div(out, tp));
+        o->layer_trainable += el;
+        if (mods[i].expert) o->layer_trainable_ex += el;
         o->u_width += (double)mods[i].routed * (double)r; /* A x, per token */
         o->n_adapters++;
     }
@@ -849,7 +860,8 @@ static void stage_init(stage_est *s, const zo_model_config *m, const plan_train 
     s->wsz = zo_dtype_size(t->dtype);
     s->gsz = zo_dtype_size(t->grad_dtype);
     s->tr = s->peft ? s->pf.trainable : s->sh.params;
-    s->tr_ex = s->peft ? 0 : s->sh.experts;
+    /* (LoRA: the routed experts' adapters apart only with expert parallelism) */
+    s->tr_ex = !s->peft ? s->sh.experts : t->ep > 1 ? (uint64_t)s->pf.layers * s->pf.layer_trainable_ex : 0;
     s->tr_largest = s->peft ? s->pf.layer_trainable : s->sh.largest;
     /* ZeRO shards over the ranks that hold the same parameters: all of DP
      * for the rest, DP / EP ("expert data parallel") for routed experts */
@@ -1189,11 +1201,16 @@ static uint64_t pinned_staging(const stage_est *s, uint64_t host_slot, uint64_t 
     const plan_train *t = s->t;
     uint64_t dp = s->dp, wsz = s->wsz, sg = t->buf.sub_group;
     uint64_t largest = s->peft ? s->tr_largest : s->sh.largest;
-    uint64_t part = t->zero >= 3 ? ceil_div(largest, dp) : largest;
+    /* (the largest block's part: with EP an MoE layer's experts over DP / EP) */
+    uint64_t ex = s->peft && t->ep > 1 ? s->pf.layer_trainable_ex : 0, edp = dp / (uint64_t)t->ep;
+    uint64_t largest_part = !s->peft ? s->sh.largest_part
+                            : ex      ? ceil_div(largest - ex, dp) + ceil_div(ex, edp ? edp : 1)
+                                      : ceil_div(largest, dp);
+    uint64_t part = t->zero >= 3 ? largest_part : largest;
     uint64_t pinned = 0;
     /* (ZeRO 2-3 on several ranks: the reduced fp32 part of a block, LoRA's
      * of its adapters) */
-    uint64_t grad_half = t->zero >= 2 && dp > 1 ? ceil_div(largest, dp) * 4
+    uint64_t grad_half = t->zero >= 2 && dp > 1 ? largest_part * 4
                          : s->peft               ? part * wsz
                                                  : host_slot;
     if (s->fg < 1) pinned += 2 * grad_half;
@@ -1214,7 +1231,7 @@ static uint64_t pinned_staging(const stage_est *s, uint64_t host_slot, uint64_t 
         pinned += nvme_slots;
     }
     /* the optimizer's part of a block (LoRA: of the adapters') */
-    if (s->fg > 0) pinned += (t->zero >= 1 ? ceil_div(largest, dp) : largest) * 4;
+    if (s->fg > 0) pinned += (t->zero >= 1 ? largest_part : largest) * 4;
     return t->buf.pinned_staging ? t->buf.pinned_staging : pinned;
 }
 

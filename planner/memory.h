@@ -395,6 +395,8 @@ uint64_t plan_lora_trainable(const zo_model_config *m, int r, unsigned targets);
 typedef struct plan_peft {
     uint64_t trainable;      /* adapter elements of the stage's layers on this rank */
     uint64_t layer_trainable; /* of one layer */
+    uint64_t layer_trainable_ex; /* of which the rank's routed experts' adapters (sharded by ZeRO over
+                                  * DP / EP with expert parallelism) */
     uint64_t frozen;         /* bytes of the frozen base on this rank: the stage's blocks */
     uint64_t nf4;            /* of those, NF4 tensors (QLoRA) */
     uint64_t layer_frozen;   /* bytes of one layer's frozen block */

@@ -140,6 +140,13 @@ static void print_table(const zo_model_config *m, const plan_gen *g, const plan_
     printf("  key/value cache: %s (2 x %d layers x %d x %d positions x %d kv heads x %d); a token reads %s of it "
            "on average\n", zo_format_bytes(e->kv_cache, b1, sizeof b1), m->n_layers, g->batch, e->context,
            m->n_kv_heads, m->head_dim, zo_format_bytes(e->kv_read, b2, sizeof b2));
+    if (m->moe.experts)
+        printf("  experts: %d a layer, %d a token: a token's forward of %d sequence(s) touches up to min(%d, %d x %d) "
+               "= %d a layer, the prompts' %d (memplan's bound); %s\n", m->moe.experts, m->moe.top_k, g->batch,
+               m->moe.experts, g->batch, m->moe.top_k, e->experts_token, e->experts_prompt,
+               e->experts_apart ? "streamed apart from host: a forward copies the dense parts and those experts"
+               : g->params_on == ZO_PLAN_GPU && g->adapters_on == ZO_PLAN_GPU ? "resident: a forward reads those experts"
+                                                                                : "streamed in whole layers");
     printf("\nverdict: %s", e->fits ? "fits" : "does NOT fit:");
     for (int t = 0; t < ZO_PLAN_TIERS && !e->fits; t++)
         if (e->total[t] > e->capacity[t])
@@ -190,6 +197,14 @@ static cJSON *report_json(const zo_model_config *m, const plan_hw *hw, const pla
     cJSON_AddNumberToObject(o, "kv_cache_bytes", (double)e->kv_cache);
     cJSON_AddNumberToObject(o, "weight_bytes", (double)e->weight_bytes);
     cJSON_AddNumberToObject(o, "stream_bytes_per_token", (double)e->stream_bytes);
+    if (m->moe.experts) {
+        x = cJSON_AddObjectToObject(o, "experts");
+        cJSON_AddNumberToObject(x, "per_layer", m->moe.experts);
+        cJSON_AddNumberToObject(x, "top_k", m->moe.top_k);
+        cJSON_AddNumberToObject(x, "touched_per_token", e->experts_token);
+        cJSON_AddNumberToObject(x, "touched_prompt", e->experts_prompt);
+        cJSON_AddBoolToObject(x, "streamed_apart", e->experts_apart);
+    }
     x = cJSON_AddObjectToObject(o, "time");
     cJSON_AddNumberToObject(x, "s_per_token", e->s_per_token);
     cJSON_AddNumberToObject(x, "tokens_per_s", e->tokens_per_s);

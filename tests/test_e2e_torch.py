@@ -729,6 +729,27 @@ def lora_modules(c, params, targets):
     return [m for m in names if any(m.endswith("." + t) for t in targets.split(","))]
 
 
+def write_moe_adapter(idir, c, params, lora, g, b_std):
+    """A PEFT adapter folder on the modules of lora["targets"] (lora_modules), A and B random (B of
+    std b_std, nonzero so that every adapter counts), float32 values as train and generate read
+    them; returns the tensors by PEFT's key names, float64, and the modules."""
+    r = lora["r"]
+    mods = lora_modules(c, params, lora["targets"])
+    init = {}
+    for m in mods:
+        out_f, in_f = params[m + ".weight"].shape
+        init[f"base_model.model.{m}.lora_A.weight"] = (torch.randn(r, in_f, generator=g) / math.sqrt(in_f)).float().double()
+        init[f"base_model.model.{m}.lora_B.weight"] = (b_std * torch.randn(out_f, r, generator=g)).float().double()
+    os.makedirs(idir, exist_ok=True)
+    mf.write_safetensors(os.path.join(idir, "adapter_model.safetensors"), sorted(init.items()))
+    peft_names = sorted({m.rsplit(".", 1)[1] for m in mods}) if lora["targets"] != "all-linear" else "all-linear"
+    with open(os.path.join(idir, "adapter_config.json"), "w") as f:
+        json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": lora["alpha"],
+                   "target_modules": peft_names, "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
+                   "base_model_name_or_path": None}, f, indent=1)
+    return init, mods
+
+
 def check_moe_lora(train, name, c, params, data, eval_data, run, lora, d, g):
     """LoRA on a mixture of experts (the experts' projections, the shared expert's, the
     attention's): adapters written here under PEFT's key names, B not zero so that every adapter
@@ -737,21 +758,8 @@ def check_moe_lora(train, name, c, params, data, eval_data, run, lora, d, g):
     merged here, and its --merge folder, give train's eval loss."""
     ck = Checks()
     r, scale = lora["r"], lora["alpha"] / lora["r"]
-    mods = lora_modules(c, params, lora["targets"])
-    init = {}
-    for m in mods:
-        out_f, in_f = params[m + ".weight"].shape
-        # float32 values, as train reads them
-        init[f"base_model.model.{m}.lora_A.weight"] = (torch.randn(r, in_f, generator=g) / math.sqrt(in_f)).float().double()
-        init[f"base_model.model.{m}.lora_B.weight"] = (0.2 * torch.randn(out_f, r, generator=g)).float().double()
     idir = os.path.join(d, "adapter-init")
-    os.makedirs(idir, exist_ok=True)
-    mf.write_safetensors(os.path.join(idir, "adapter_model.safetensors"), sorted(init.items()))
-    peft_names = sorted({m.rsplit(".", 1)[1] for m in mods}) if lora["targets"] != "all-linear" else "all-linear"
-    with open(os.path.join(idir, "adapter_config.json"), "w") as f:
-        json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": lora["alpha"],
-                   "target_modules": peft_names, "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
-                   "base_model_name_or_path": None}, f, indent=1)
+    init, mods = write_moe_adapter(idir, c, params, lora, g, 0.2)
     lrun = dict(run, lr=lora["lr"])
     t0 = time.time()
     MIN_GAP[0] = float("inf")

@@ -25,6 +25,17 @@ the same, for:
   eos        --eos set to a token the first prompt's decode reaches: each
              sequence stops at it (kept), as the reference's cut there
 
+For the mixtures of experts (Mixtral: 8 experts, 2 a token, renormalized;
+Qwen2-MoE: 8 experts, 3 a token, norm_topk_prob false, a shared expert behind
+its sigmoid gate; 4 layers, head size 128) the reference is test_e2e_torch.py's
+float64 model written after Hugging Face's sparse MoE blocks (softmax over every
+expert, the top k, each expert on its tokens), run the same way; its expert
+choices must be clear of near ties. The same runs (resident, streamed, NVMe,
+eos), and LoRA on the routed experts' projections and the attention's (PEFT's
+names, the reference computing with W + scale B A), resident and streamed, and
+QLoRA (the base's linear weights through the NF4 round trip, the router and the
+shared expert's gate not).
+
 The smallest gap between PyTorch's two largest logits over every step is
 printed: the tokens are compared where the choice is not a near tie.
 
@@ -52,6 +63,7 @@ sys.path.insert(0, os.path.join(HERE, "fixtures", "gpu"))
 sys.path.insert(0, os.path.join(HERE, "fixtures", "lora"))
 import make_fixtures as mf  # noqa: E402  (the models, float64; the safetensors writer)
 import make_lora_fixtures as mlf  # noqa: E402  (LoRA's forward and NF4, written after PEFT and the paper)
+import test_e2e_torch as e2e  # noqa: E402  (the float64 MoE model after Hugging Face's, its adapters' merge)
 
 NEW = 32
 PROMPT_LENS = (5, 11)
@@ -74,6 +86,29 @@ FAMILIES = {
                 "tie_word_embeddings": False, "eos_token_id": 127, "torch_dtype": "float32"},
         lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
                   peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])),
+    # mixtures of experts, 4 layers so that the streamed runs' device memory (three quarters of
+    # the weights) holds the two slots of whole MoE layers
+    "mixtral": dict(
+        seed=43, moe=True,
+        config={"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_hidden_layers": 4,
+                "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 128,
+                "intermediate_size": 64, "num_local_experts": 8, "num_experts_per_tok": 2,
+                "vocab_size": 128, "max_position_embeddings": 128, "hidden_act": "silu",
+                "rms_norm_eps": 1e-5, "rope_theta": 1000000.0, "sliding_window": None,
+                "router_jitter_noise": 0.0, "tie_word_embeddings": False, "eos_token_id": 127,
+                "torch_dtype": "float32"},
+        lora=dict(r=4, alpha=8.0, targets="q_proj,o_proj,w1,w2,w3")),
+    "qwen2_moe": dict(
+        seed=45, moe=True,
+        config={"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "num_hidden_layers": 4,
+                "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1,
+                "intermediate_size": 160, "moe_intermediate_size": 48, "shared_expert_intermediate_size": 96,
+                "num_experts": 8, "num_experts_per_tok": 3, "norm_topk_prob": False,
+                "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 128,
+                "max_position_embeddings": 128, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+                "rope_theta": 1000000.0, "use_sliding_window": False, "tie_word_embeddings": False,
+                "eos_token_id": 127, "torch_dtype": "float32"},
+        lora=dict(r=4, alpha=16.0, targets="all-linear")),
 }
 
 
@@ -131,6 +166,16 @@ def run_generate(gen, d, prompts, extra):
     return ids, r.returncode, r.stdout + r.stderr, " ".join(cmd)
 
 
+def run_ok(gen, d, prompts, extra):
+    """generate's ids per prompt, or None (its output and command printed) when it failed."""
+    got, rc, out, cmd = run_generate(gen, d, prompts, extra)
+    if rc != 0:
+        print(out)
+        print(f"generate exited {rc}: {cmd}")
+        return None
+    return got
+
+
 class Checks:
     def __init__(self):
         self.failed = 0
@@ -150,9 +195,9 @@ class Checks:
 def check_family(gen, name, workdir):
     spec = FAMILIES[name]
     c = spec["config"]
-    gpt = c["model_type"] == "gpt2"
+    gpt, moe = c["model_type"] == "gpt2", spec.get("moe", False)
     g = torch.Generator().manual_seed(spec["seed"])
-    params = (mf.gpt2_params if gpt else mf.llama_params)(c, g, std=1.0)
+    params = e2e.moe_params(c, g) if moe else (mf.gpt2_params if gpt else mf.llama_params)(c, g, std=1.0)
     V = c["vocab_size"]
     prompts = [torch.randint(0, V - 1, (n,), generator=g).tolist() for n in PROMPT_LENS]
     d = os.path.join(workdir, name)
@@ -170,8 +215,13 @@ def check_family(gen, name, workdir):
           f"{(c['n_embd'] // c['n_head']) if gpt else c['hidden_size'] // c['num_attention_heads']}, prompts of "
           f"{PROMPT_LENS} tokens, {NEW} new tokens each; device memory {cap} bytes where the weights stream")
 
-    fwd = (lambda idx: mf.gpt2_forward(c, params, idx)) if gpt else (lambda idx: mf.llama_forward(c, params, idx))
+    fwd = (lambda idx: e2e.moe_forward(c, params, idx)[0]) if moe else \
+        (lambda idx: mf.gpt2_forward(c, params, idx)) if gpt else (lambda idx: mf.llama_forward(c, params, idx))
+    e2e.MIN_GAP[0] = math.inf
     want, gap = greedy(fwd, prompts)
+    if moe:
+        ck.fact(f"the reference's expert choices clear of ties (smallest gap {e2e.MIN_GAP[0]:.1e} > "
+                f"{e2e.TIE_GAP:.0e})", e2e.MIN_GAP[0] > e2e.TIE_GAP)
     ck.fact(f"the end-of-sequence id 127 is in no prompt or greedy decode (smallest top-2 logit gap {gap:.2e})",
             all(127 not in p for p in prompts + want))
     runs = [
@@ -182,10 +232,8 @@ def check_family(gen, name, workdir):
                                         "--prefetch", "1", "--device-mem", cap]),
     ]
     for what, extra in runs:
-        got, rc, out, cmd = run_generate(gen, d, prompts, extra)
-        if rc != 0:
-            print(out)
-            print(f"generate exited {rc}: {cmd}")
+        got = run_ok(gen, d, prompts, extra)
+        if got is None:
             return ck.failed + 1
         ck.tokens(what, got, want)
     # a sequence stops at its end-of-sequence token (--eos: the sixth token the first prompt gets),
@@ -200,6 +248,9 @@ def check_family(gen, name, workdir):
     ck.fact(f"resident in {cap} bytes of device memory is refused (exit {rc}, the capacity named)",
             rc == 1 and "capacity" in out)
 
+    if moe:
+        check_experts_apart(ck, gen, c, params, d, prompts, want, model_bytes)
+        return ck.failed + check_moe_adapters(gen, c, params, spec["lora"], d, prompts, want, g)
     # adapters over the base, and over an NF4 base
     lspec = spec["lora"]
     adir = os.path.join(d, "adapter")
@@ -214,13 +265,104 @@ def check_family(gen, name, workdir):
         for what, extra in [("resident base", []), ("streamed base", ["--params-on", "cpu", "--prefetch", "1"])]:
             if nf4 and extra:
                 continue
-            got, rc, out, cmd = run_generate(gen, d, prompts, ["--adapter", adir] + (["--qlora"] if nf4 else []) +
-                                             extra)
-            if rc != 0:
-                print(out)
-                print(f"generate exited {rc}: {cmd}")
+            got = run_ok(gen, d, prompts, ["--adapter", adir] + (["--qlora"] if nf4 else []) + extra)
+            if got is None:
                 return ck.failed + 1
             ck.tokens(f"{'QLoRA' if nf4 else 'LoRA'} r {lspec['r']}, {what}", got, want_l)
+    return ck.failed
+
+
+def nf4_base(params):
+    """The weights QLoRA computes with: every linear weight of the layers through the NF4 round
+    trip but an MoE layer's router and shared expert gate (kept in the model dtype)."""
+    p = dict(params)
+    for k, w in params.items():
+        if k.startswith("model.layers.") and w.dim() == 2 and not k.endswith((".gate.weight",
+                                                                                ".shared_expert_gate.weight")):
+            p[k] = mlf.nf4_dequantize(mlf.nf4_quantize(w.contiguous().reshape(-1).float()), w.numel()) \
+                .double().view(w.shape)
+    return p
+
+
+def routed_experts(c, params, prompts, want):
+    """The experts each of generate's forwards routes some token to, layer by layer, by the
+    reference: the prompts' forward (every row of each prompt padded to the longest with its last
+    token, as generate pads it), then each later token of every sequence at its position. A
+    forward's count is that of the distinct experts per layer; summed over the forwards."""
+    k = e2e.moe_shape(c)[1]
+    t = max(len(p) for p in prompts)
+
+    def chosen(ids, rows):  # per layer, the experts the given rows of the sequence choose
+        with torch.no_grad():
+            routers = e2e.moe_forward(c, params, torch.tensor([ids]))[1]
+        return [set(torch.topk(r[rows], k, dim=-1).indices.flatten().tolist()) for r in routers]
+
+    L = c["num_hidden_layers"]
+    sets = [set() for _ in range(L)]
+    for p in prompts:
+        for l, s in enumerate(chosen(p + [p[-1]] * (t - len(p)), slice(0, t))):
+            sets[l] |= s
+    total = sum(len(s) for s in sets)
+    for i in range(1, NEW):  # the forward of each sequence's token i - 1 (the last has none after it)
+        sets = [set() for _ in range(L)]
+        for p, w in zip(prompts, want):
+            for l, s in enumerate(chosen(p + w[:i], slice(-1, None))):
+                sets[l] |= s
+        total += sum(len(s) for s in sets)
+    return total
+
+
+def check_experts_apart(ck, gen, c, params, d, prompts, want, model_bytes):
+    """Streamed from host, the routed experts go to the device apart from their layer's dense part,
+    only those a forward routes to: the weight bytes copied are each forward's dense parts plus
+    exactly the experts the reference routed to, and fewer than whole layers would move."""
+    E, _, f, _ = e2e.moe_shape(c)
+    h, L = c["hidden_size"], c["num_hidden_layers"]
+    eb = 3 * f * h * 4  # an expert's gate, up and down, fp32
+    stats = os.path.join(d, "stats.json")
+    if run_ok(gen, d, prompts, ["--params-on", "cpu", "--prefetch", "1", "--stats-json", stats]) is None:
+        ck.failed += 1
+        return
+    with open(stats) as fh:
+        js = json.load(fh)
+    fetched = routed_experts(c, params, prompts, want)
+    # and the embedding once more: prefetch 1 loads the next forward's first block while the last
+    # forward's head computes (the runtime does not know no forward follows)
+    emb = 4 * params["model.embed_tokens.weight"].numel()
+    moved = NEW * (model_bytes - L * E * eb) + fetched * eb + emb
+    whole = NEW * model_bytes + emb
+    print(f"  experts apart: {js.get('experts_fetched')} experts fetched of {NEW * L * E} in {NEW} forwards, "
+          f"{js['bytes_moved']['weights']} weight bytes copied ({js['bytes_moved']['weights'] / whole:.3f} of the "
+          f"{whole} whole layers move)")
+    ck.fact(f"experts fetched: the {fetched} the reference routed to", js.get("experts_fetched") == fetched)
+    ck.fact(f"weight bytes copied: the dense parts and those experts, {moved}",
+            js["bytes_moved"]["weights"] == moved and moved < whole)
+
+
+def check_moe_adapters(gen, c, params, spec, d, prompts, want, g):
+    """PEFT adapters on an MoE model (the routed experts' projections among them, under PEFT's
+    key names), written here with B nonzero: the tokens against the reference computing with
+    W + scale B A, over the resident and the streamed base, and over an NF4 base."""
+    ck = Checks()
+    r, scale = spec["r"], spec["alpha"] / spec["r"]
+    adir = os.path.join(d, "adapter")
+    ad, mods = e2e.write_moe_adapter(adir, c, params, spec, g, 0.3)
+    n_exp = sum(".experts." in m for m in mods)
+    for nf4 in (0, 1):
+        base = nf4_base(params) if nf4 else params
+        p = e2e.with_adapters(base, ad, scale)
+        e2e.MIN_GAP[0] = math.inf
+        want_l, gap_l = greedy(lambda idx: e2e.moe_forward(c, p, idx)[0], prompts)
+        what = "QLoRA" if nf4 else "LoRA"
+        ck.fact(f"{what} reference on {len(mods)} modules ({n_exp} routed experts'): the adapters change the "
+                f"tokens (top-2 gap {gap_l:.2e}, expert choices' gap {e2e.MIN_GAP[0]:.1e})",
+                want_l != want and e2e.MIN_GAP[0] > e2e.TIE_GAP)
+        for where, extra in [("resident base", []), ("streamed base", ["--params-on", "cpu", "--prefetch", "1"])]:
+            # the adapted decode may reach the end-of-sequence id: not special here, as in the reference
+            got = run_ok(gen, d, prompts, ["--adapter", adir, "--eos", "none"] + (["--qlora"] if nf4 else []) + extra)
+            if got is None:
+                return ck.failed + 1
+            ck.tokens(f"{what} r {r}, {where}", got, want_l)
     return ck.failed
 
 

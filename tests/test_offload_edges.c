@@ -1,7 +1,8 @@
 /* Edge cases of the offload runtime, fast: plan files that say nonsense,
  * allocation failures at every point of offload_init, a micro-batch whose
  * model fails with work still queued, checkpoints whose state.json was
- * tampered with, and train flags that must not be accepted and ignored.
+ * tampered with, train flags that must not be accepted and ignored, and
+ * the partition of an MoE block for ZeRO with expert parallelism.
  * The model is a stub of a few blocks whose forward/backward copy weights
  * around on the compute stream (the runtime's data path, no transformer). */
 #include <setjmp.h>
@@ -27,6 +28,7 @@
 #include "gpu/ops_cpu.h"     /* defines: gpu_cpu_inject_faults */
 #include "model/safetensors.h" /* defines: model_st_open */
 #include "offload/ckpt_meta.h" /* defines: ckpt_manifest_write (to re-sign an edited checkpoint) */
+#include "offload/dp.h"        /* defines: offload_dp_segments, offload_seg_at */
 #include "common/plan_schema.h" /* defines: zo_plan_load */
 #include "common/units.h"       /* defines: zo_format_bytes */
 #include "offload/offload.h" /* defines: offload_init, offload_plan_load, offload_save */
@@ -59,6 +61,82 @@ static zo_status load_plan_with(const char *field, const char *value, offload_pl
 
 /* A bad nvme.sub_group is refused; buffers.sub_group (where `memplan
  * estimate --json` kept it) is not a plan's field. */
+/* The rank's part of an MoE block under expert parallelism at ZeRO 1-3
+ * (offload_dp_segments): on W ranks in groups of N (expert_comm: the ranks
+ * with the same r % N, rank r / N in it), every dense element belongs to
+ * exactly one rank of the world and every expert element to exactly one
+ * rank of each expert_comm; a rank's part maps onto the block in runs that
+ * stay inside one segment, in block order; the segments are padded to
+ * their communicator's size. One case is written out by hand. */
+static void test_ep_partition(void **state)
+{
+    (void)state;
+    /* by hand: 10 elements, experts [3, 7), 4 ranks, --ep 2. Dense before
+     * [0, 3) in parts of 1, the experts in parts of 2 over 2 ranks each,
+     * dense after [7, 10) in parts of 1; rank 3 holds no dense element */
+    static const size_t want[4][4] = {{0, 3, 4, 7}, {1, 3, 4, 8}, {2, 5, 6, 9}, {5, 6}};
+    static const size_t want_n[4] = {4, 4, 4, 2};
+    for (int r = 0; r < 4; r++) {
+        offload_seg seg[3];
+        int ns = offload_dp_segments(10, 3, 7, 4, r, 2, r / 2, seg);
+        assert_int_equal(ns, 3);
+        size_t total = seg[ns - 1].loc + seg[ns - 1].own_n, run;
+        assert_int_equal(total, want_n[r]);
+        for (size_t i = 0; i < total; i++) assert_int_equal(offload_seg_at(seg, ns, i, &run), want[r][i]);
+    }
+    static const struct { size_t n, xlo, xhi; } blocks[] = {
+        {1000, 137, 901}, {1000, 0, 1000}, {1000, 0, 600}, {1000, 400, 1000}, {7, 2, 5}, {999, 999, 999}, {3, 1, 2},
+    };
+    static const int layouts[][2] = {{2, 2}, {4, 2}, {4, 4}, {8, 2}, {8, 4}, {6, 3}, {2, 1}};
+    for (size_t bi = 0; bi < sizeof blocks / sizeof *blocks; bi++)
+        for (size_t li = 0; li < sizeof layouts / sizeof *layouts; li++) {
+            const size_t n = blocks[bi].n, xlo = blocks[bi].xlo, xhi = blocks[bi].xhi;
+            const int W = layouts[li][0], N = layouts[li][1], S = W / N;
+            /* owners[i * N + c]: how many ranks of color c hold element i */
+            int *owners = calloc(n * (size_t)N, sizeof *owners);
+            assert_non_null(owners);
+            for (int r = 0; r < W; r++) {
+                offload_seg seg[3];
+                int ns = offload_dp_segments(n, xlo, xhi, W, r, S, r / N, seg);
+                size_t total = ns ? seg[ns - 1].loc + seg[ns - 1].own_n : 0, prev = 0;
+                for (int k = 0; k < ns; k++) {
+                    size_t P = (size_t)(seg[k].expert ? S : W);
+                    assert_true(seg[k].pad % P == 0 && seg[k].pad >= seg[k].n && seg[k].pad < seg[k].n + P);
+                    /* the parts are equal: rank q's starts at q pad / P */
+                    size_t q = (size_t)(seg[k].expert ? r / N : r);
+                    assert_int_equal(seg[k].own_off, q * (seg[k].pad / P));
+                    assert_true(seg[k].own_n <= seg[k].pad / P);
+                    assert_int_equal(seg[k].expert, seg[k].lo == xlo && xhi > xlo);
+                }
+                for (size_t i = 0; i < total;) {
+                    size_t run, at = offload_seg_at(seg, ns, i, &run);
+                    assert_true(run >= 1 && at + run <= n);
+                    assert_true(i == 0 || at > prev); /* block order */
+                    /* a run is all dense or all experts */
+                    int in = at >= xlo && at < xhi;
+                    assert_int_equal(at + run - 1 >= xlo && at + run - 1 < xhi, in);
+                    for (size_t j = 0; j < run; j++) owners[(at + j) * (size_t)N + (size_t)(r % N)]++;
+                    prev = at + run - 1;
+                    i += run;
+                }
+            }
+            for (size_t i = 0; i < n; i++) {
+                int expert = i >= xlo && i < xhi, sum = 0;
+                for (int c = 0; c < N; c++) {
+                    if (expert && owners[i * (size_t)N + (size_t)c] != 1)
+                        fail_msg("n %zu experts [%zu, %zu) on %d ranks, --ep %d: expert element %zu held by %d "
+                                 "ranks of expert_comm %d (want 1)", n, xlo, xhi, W, N, i,
+                                 owners[i * (size_t)N + (size_t)c], c);
+                    sum += owners[i * (size_t)N + (size_t)c];
+                }
+                if (!expert && sum != 1)
+                    fail_msg("n %zu experts [%zu, %zu) on %d ranks, --ep %d: dense element %zu held by %d ranks "
+                             "(want 1)", n, xlo, xhi, W, N, i, sum);
+            }
+            free(owners);
+        }
+}
+
 static void test_plan_bad_sub_group(void **state)
 {
     (void)state;
@@ -1716,6 +1794,7 @@ int main(void)
     snprintf(tmp_dir, sizeof tmp_dir, "/tmp/zo_test_offload_edges_%d", (int)getpid());
     mkdir(tmp_dir, 0755);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ep_partition),
         cmocka_unit_test(test_plan_bad_sub_group),
         cmocka_unit_test(test_plan_fractions),
         cmocka_unit_test(test_init_alloc_faults),

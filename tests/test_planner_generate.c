@@ -24,15 +24,37 @@
 #include "common/plan_schema.h"   /* defines: zo_plan_load */
 #include "model/lora.h"            /* defines: model_lora_save */
 #include "planner/generate.h"     /* defines: plan_gen, plan_gen_estimate_run */
+#include "tests/support/files.h"  /* defines: files_write_text */
 #include "tests/support/run.h"    /* defines: run_memplan */
 #include "transformer/generate.h" /* defines: tf_gen */
 
 static char nvme_dir[64];
 
+/* The families of the cases: gpt (1) or not (0, LLaMA), and the mixtures of
+ * experts, from their Hugging Face configs. */
+enum { FAM_MIXTRAL = 2, FAM_QWEN2_MOE = 3 };
+
 /* A small model of the family's shape. */
 static zo_model_config model(int gpt, int layers)
 {
     zo_model_config m;
+    if (gpt >= FAM_MIXTRAL) { /* Mixtral: 8 experts, 2 a token; Qwen2-MoE: 6, 3 a token, a shared expert */
+        char json[1024];
+        snprintf(json, sizeof json,
+                 gpt == FAM_MIXTRAL
+                     ? "{\"model_type\": \"mixtral\", \"num_hidden_layers\": %d, \"hidden_size\": 256, "
+                       "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 192, "
+                       "\"num_local_experts\": 8, \"num_experts_per_tok\": 2, \"vocab_size\": 320, "
+                       "\"max_position_embeddings\": 4096}"
+                     : "{\"model_type\": \"qwen2_moe\", \"num_hidden_layers\": %d, \"hidden_size\": 256, "
+                       "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 384, "
+                       "\"moe_intermediate_size\": 96, \"shared_expert_intermediate_size\": 160, "
+                       "\"num_experts\": 6, \"num_experts_per_tok\": 3, \"norm_topk_prob\": false, "
+                       "\"vocab_size\": 320, \"max_position_embeddings\": 4096}",
+                 layers);
+        assert_int_equal(zo_model_config_parse(json, "moe.json", &m), 0);
+        return m;
+    }
     assert_int_equal(zo_model_preset_find(gpt ? "gpt2" : "llama-2-7b", &m), 0);
     m.n_layers = layers;
     m.hidden = gpt ? 128 : 256;
@@ -180,6 +202,20 @@ static void test_peaks(void **state)
          ZO_PLAN_QLORA, 8, all},
         {"gpt2 fp32, QLoRA r 4, base streamed", 1, 3, 2, 12, 6, ZO_DTYPE_F32, ZO_PLAN_CPU, ZO_PLAN_GPU, 1,
          ZO_PLAN_QLORA, 4, all},
+        /* mixtures of experts: the router's and the experts' buffers at the batch's tokens; from
+         * host the routed experts stream apart (a dense part's slots, two expert slots) */
+        {"mixtral bf16, resident", FAM_MIXTRAL, 3, 2, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_GPU, ZO_PLAN_GPU, 2, ZO_PLAN_FULL,
+         0, 0},
+        {"mixtral fp32, experts apart from host, prefetch 1", FAM_MIXTRAL, 3, 3, 11, 5, ZO_DTYPE_F32, ZO_PLAN_CPU,
+         ZO_PLAN_GPU, 1, ZO_PLAN_FULL, 0, 0},
+        {"mixtral bf16, NVMe (whole layers), prefetch 2", FAM_MIXTRAL, 3, 1, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_NVME,
+         ZO_PLAN_GPU, 2, ZO_PLAN_FULL, 0, 0},
+        {"mixtral bf16, QLoRA r 8, base streamed", FAM_MIXTRAL, 3, 2, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_CPU, ZO_PLAN_GPU,
+         1, ZO_PLAN_QLORA, 8, all},
+        {"qwen2_moe bf16, experts apart from host, prefetch 2", FAM_QWEN2_MOE, 3, 2, 9, 7, ZO_DTYPE_BF16,
+         ZO_PLAN_CPU, ZO_PLAN_GPU, 2, ZO_PLAN_FULL, 0, 0},
+        {"qwen2_moe fp32, LoRA r 4 all-linear, resident", FAM_QWEN2_MOE, 3, 2, 9, 7, ZO_DTYPE_F32, ZO_PLAN_GPU,
+         ZO_PLAN_GPU, 2, ZO_PLAN_LORA, 4, all},
     };
     int bad = 0;
     printf("  measured / planned peak bytes per tier:\n");
@@ -213,6 +249,27 @@ static void test_cli(void **state)
     assert_int_equal(run_memplan("generate --model gpt2 --prompt 1000 --new-tokens 100", out, sizeof out), 2);
     assert_non_null(strstr(out, "past the 1024 learned positions"));
     assert_int_equal(run_memplan("generate --model mixtral-8x7b", out, sizeof out), 2);
+    /* Mixtral-8x7B's shape from host, one sequence: the routed experts stream apart, a token
+     * copying the dense parts and the 2 experts it routes to of each layer, by hand: bf16 x
+     * (embedding + 32 x (attention + norms + router + 2 x 3 x 4096 x 14336) + norm + head) */
+    char mcfg[128];
+    snprintf(mcfg, sizeof mcfg, "%s/mixtral.json", nvme_dir);
+    files_write_text(mcfg, "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 32, \"hidden_size\": 4096, "
+                           "\"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"intermediate_size\": 14336, "
+                           "\"num_local_experts\": 8, \"num_experts_per_tok\": 2, \"vocab_size\": 32000, "
+                           "\"max_position_embeddings\": 32768, \"tie_word_embeddings\": false}\n");
+    snprintf(args, sizeof args, "generate --model %s --hw h100-80gb --params cpu --json", mcfg);
+    assert_int_equal(run_memplan(args, out, sizeof out), 0);
+    unsigned long long h = 4096, layer = h * (h + 1024 + 1024) + h * h + 2 * h + 8 * h + 2 * 3 * h * 14336;
+    snprintf(want, sizeof want, "\"stream_bytes_per_token\":\t%llu", 2 * (32000 * h + 32 * layer + h + 32000 * h));
+    assert_non_null(strstr(out, want));
+    assert_non_null(strstr(out, "\"touched_per_token\":\t2"));
+    assert_non_null(strstr(out, "\"streamed_apart\":\ttrue"));
+    assert_non_null(strstr(out, "expert slots (2 x routed expert)"));
+    /* 4 sequences touch up to min(8, 4 x 2) = 8 experts a layer: every one */
+    snprintf(args, sizeof args, "generate --model %s --hw h100-80gb --params cpu --batch 4", mcfg);
+    assert_int_equal(run_memplan(args, out, sizeof out), 0);
+    assert_non_null(strstr(out, "touches up to min(8, 4 x 2) = 8 a layer"));
     assert_int_equal(run_memplan("generate --model gpt2 --batch 0", out, sizeof out), 2);
     assert_non_null(strstr(out, "--batch"));
     assert_int_equal(run_memplan("generate --model gpt2 --qlora", out, sizeof out), 2);

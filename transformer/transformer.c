@@ -256,13 +256,17 @@ size_t tf_kv_cache_bytes(const zo_model_config *cfg, zo_dtype dtype, int B, int 
 /* Generation's buffers (opts.kv_len): the new tokens and each sequence's
  * position, one set of layer activations for the forward of B x T new
  * tokens (no log-sum-exp: nothing goes backward), the key/value caches, and
- * the head's B rows and logits. */
+ * the head's B rows and logits. An MoE model's layers share one set of
+ * moe_forward's buffers for those N tokens: the router's logits and weights
+ * [N, E], the top_k pairs of each token (inputs, outputs, activations), the
+ * routing lists on the host, and the router statistics its kernel writes. */
 static zo_status gen_alloc(tf_model *m)
 {
     zo_status st;
     const zo_model_config *c = &m->cfg;
-    size_t B = (size_t)m->B, N = B * m->T, es = zo_dtype_size(m->dtype), h = c->hidden, f = c->ffn;
+    size_t B = (size_t)m->B, N = B * m->T, es = zo_dtype_size(m->dtype), h = c->hidden, f = mlp_width(c);
     size_t L = c->n_layers, lora_cols = has_lora(m) ? (size_t)m->n_lora * m->opts.lora.r : 0;
+    size_t E = (size_t)c->moe.experts, fe = (size_t)c->moe.expert_ffn, K = (size_t)c->moe.top_k;
     int llama = c->arch != ZO_ARCH_GPT;
     m->kcache = calloc(L ? L : 1, sizeof *m->kcache);
     m->vcache = calloc(L ? L : 1, sizeof *m->vcache);
@@ -298,8 +302,24 @@ static zo_status gen_alloc(tf_model *m)
         {(void **)&m->rstdf, B * 4, "final norm rstd"},
         {&m->logits, B * c->vocab * sizeof(float), "logits"},
         {&m->wdq, has_lora(m) && m->opts.lora.nf4 ? largest_linear(c) * es : 0, "dequantized weight"},
+        {(void **)&a->router_logits, L ? N * E * 4 : 0, "router logits"},
+        {(void **)&a->router_w, L ? N * E * 4 : 0, "router weights"},
+        {&a->efc, L ? K * N * fe * es : 0, "expert gates"},
+        {&a->eup, L ? K * N * fe * es : 0, "expert ups"},
+        {&a->eact, L ? K * N * fe * es : 0, "expert activations"},
+        {(void **)&a->moe_idx, L ? K * N * 4 : 0, "expert tokens"},
+        {(void **)&a->moe_wp, L ? K * N * 4 : 0, "expert token weights"},
+        {(void **)&a->sgate, L && c->moe.shared_gate ? N * 4 : 0, "shared expert gate"},
+        {(void **)&m->moe_stats, L * 2 * E * 4, "router statistics"},
+        {&m->sact, E ? N * widest_mlp(c) * es : 0, "weighted expert activation"},
+        {&m->moe_x, K * N * h * es, "expert inputs"},
+        {&m->moe_y, K * N * h * es, "expert outputs"},
+        {&m->eu, E && has_lora(m) ? K * N * m->opts.lora.r * es : 0, "expert LoRA A x"},
     };
     if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) return st;
+    if (E && L && (!(a->moe_idx_h = malloc(K * N * 4)) || !(a->moe_wp_h = malloc(K * N * 4)) ||
+                   !(a->moe_off = calloc(E + 1, sizeof *a->moe_off)) || !(m->moe_w_h = malloc(N * E * 4))))
+        return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory (routing of %zu tokens)", N);
     for (size_t l = 1; l < L; l++) m->acts[l] = m->acts[0];
     /* the caches: every layer's keys and values of B sequences of kv_len positions */
     size_t one = tf_kv_cache_bytes(c, m->dtype, m->B, m->opts.kv_len) / (2 * (L ? L : 1));
@@ -346,9 +366,6 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     if (m->opts.kv_len < 0 || (m->opts.kv_len && m->opts.recompute))
         return zo_error(ZO_ERR_INVALID, "tf_init: a key/value cache of %d positions (generation: kv_len >= 1, "
                         "no recompute)", m->opts.kv_len);
-    if (m->opts.kv_len && cfg->moe.experts)
-        return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: generation with a key/value cache on a "
-                        "mixture-of-experts model is not implemented", cfg->name);
     /* expert parallelism: this rank's window of the experts */
     int ep_first = 0, ep_count = cfg->moe.experts;
     m->ep_size = m->opts.ep ? comm_size(m->opts.ep) : 1;

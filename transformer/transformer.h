@@ -145,8 +145,9 @@ typedef struct tf_options {
      * kv_len positions for each of the B sequences on the device, and
      * buffers for the forward alone: one set of layer activations for B x T
      * new tokens (T: the longest prompt a forward takes at once; 1 when it
-     * only decodes), and the logits of one position per sequence. No
-     * backward. 0: training (tf_set_batch). */
+     * only decodes; an MoE model's router and experts' buffers among them),
+     * and the logits of one position per sequence. No backward. 0: training
+     * (tf_set_batch). */
     int kv_len;
     /* > 0 (and below the micro-batch's tokens): the output layer and the
      * cross-entropy this many tokens at a time (issue 30, --loss-chunk):

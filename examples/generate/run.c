@@ -445,6 +445,10 @@ zo_status gen_report_end(gen_run *r)
         parts += os.time[p];
     }
     fprintf(stderr, " other %.3fs = total %.3fs\n", total - parts, total);
+    if (os.n_expert_slots) /* an MoE model's routed experts streamed apart (docs/generate.md) */
+        fprintf(stderr, "# experts streamed apart: %d slots of %s, %llu experts fetched, %s of weights copied to "
+                "the device\n", os.n_expert_slots, zo_format_bytes(os.expert_slot_bytes, b1, sizeof b1),
+                (unsigned long long)os.experts_fetched, zo_format_bytes(os.bytes_weights, vs, sizeof vs));
     if (pr && pr->step_s > 0)
         fprintf(stderr, "# plan predicts %.4f s per token (%.2f tokens/s per sequence); measured %.4f s\n", pr->step_s,
                 1.0 / pr->step_s, rate > 0 ? r->n / rate : 0.0);
@@ -475,6 +479,12 @@ zo_status gen_report_end(gen_run *r)
     cJSON *by = cJSON_AddObjectToObject(o, "bytes_moved");
     cJSON_AddNumberToObject(by, "h2d", (double)os.bytes_h2d);
     cJSON_AddNumberToObject(by, "disk_read", (double)os.bytes_disk_read);
+    cJSON_AddNumberToObject(by, "weights", (double)os.bytes_weights);
+    if (os.n_expert_slots) { /* an MoE model's routed experts streamed apart (docs/generate.md) */
+        cJSON_AddNumberToObject(o, "expert_slots", os.n_expert_slots);
+        cJSON_AddNumberToObject(o, "expert_slot_bytes", (double)os.expert_slot_bytes);
+        cJSON_AddNumberToObject(o, "experts_fetched", (double)os.experts_fetched);
+    }
     st = zo_file_write_json(a->stats_json, o);
     cJSON_Delete(o);
     if (st == ZO_OK) fprintf(stderr, "# stats %s\n", a->stats_json);

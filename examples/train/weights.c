@@ -192,11 +192,11 @@ static zo_status read_trained(void *ctx, int block, float *dst)
     return offload_get_block(ctx, block, dst);
 }
 
-/* Expert parallelism (ZeRO-0): each rank's blocks of `ll` (read by `read`:
- * the trained weights, the adapters, or the merged model) hold its group
- * share of the experts, elements [x_off, x_off + n) of each MoE layer
- * block. Every rank reads its blocks in order and each layer's experts are
- * all-gathered over
+/* Expert parallelism (at any ZeRO stage: the blocks are read back whole):
+ * each rank's blocks of `ll` (read by `read`: the trained weights, the
+ * adapters, or the merged model) hold its group share of the experts,
+ * elements [x_off, x_off + n) of each MoE layer block. Every rank reads its
+ * blocks in order and each layer's experts are all-gathered over
  * its group (`ep`, through device buffers: what the communicator takes);
  * rank 0 puts the blocks together as the whole model lays them out (`gl`:
  * the experts of group rank q at x_off + q n, what follows them moved up)
