@@ -26,7 +26,18 @@
  * part, none for a block of which it holds nothing), rank 0 the weights
  * (every rank reading the blocks it is asked for: they are gathered),
  * state.json and, last, the manifest with every file's sum and the
- * partition, from which a run of any rank count re-partitions. */
+ * partition, from which a run of any rank count re-partitions.
+ *
+ * Expert parallelism at ZeRO-0 (offload_config.ep_comm): the ranks of one
+ * group hold the dense part alike and each its own experts, so the ranks
+ * of the first group (world ranks 0 .. N-1) each write their state as
+ * optimizer-ep-<q>-of-<N>.safetensors (q: the rank in its group), blocks
+ * laid out as the rank holds them, and the manifest's "experts" says which
+ * experts each shard holds; state.json's expert_steps are the whole
+ * model's (gathered over the group), its params too. A run of any layout
+ * reads it element by element through the experts' places (ck_experts):
+ * the same --ep, one rank, or another --ep dividing the experts. No
+ * model.safetensors is written (--save writes the whole model). */
 #include "offload/ckpt.h"
 
 #include <dirent.h>
@@ -40,6 +51,7 @@
 #include <unistd.h>
 
 #include "common/fileio.h"     /* defines: zo_dir_lock_take, zo_dir_remove_at, zo_file_write_all */
+#include "gpu/comm.h"          /* defines: comm_rank, comm_size */
 #include "model/safetensors.h" /* defines: model_st_write, model_st_open */
 #include "offload/ckpt_meta.h" /* defines: ckpt_state, ckpt_manifest */
 
@@ -55,6 +67,86 @@ static const char *const opt_names[3] = {"master", "exp_avg", "exp_avg_sq"};
 static void hook(const offload_ckpt *ck, const char *point)
 {
     if (ck->cfg->ckpt_hook) ck->cfg->ckpt_hook(ck->cfg->ckpt_hook_user, point);
+}
+
+/* ---- the routed experts' places ------------------------------------------------------- */
+
+/* This run's routed experts as a checkpoint sees them: a MoE block b's
+ * experts lie together from lo[b], stride[b] elements each (0: a block
+ * without experts); the run holds El of the model's E experts from
+ * `first` (expert parallelism: rank ep_rank of a group of ep). E 0: no
+ * experts, or none trained. */
+typedef struct ck_experts {
+    int E, El, first, ep, ep_rank;
+    size_t *lo, *stride;
+} ck_experts;
+
+static void experts_free(ck_experts *x)
+{
+    free(x->lo);
+    free(x->stride);
+    memset(x, 0, sizeof *x);
+}
+
+static zo_status experts_init(const offload_ckpt *ck, ck_experts *x)
+{
+    const offload_model *m = ck->opt->m;
+    memset(x, 0, sizeof *x);
+    x->ep = ck->cfg->ep_comm ? comm_size(ck->cfg->ep_comm) : 1;
+    x->ep_rank = ck->cfg->ep_comm ? comm_rank(ck->cfg->ep_comm) : 0;
+    if (!m->n_expert_ranges) return ZO_OK;
+    x->lo = calloc((size_t)ck->g->nb, sizeof *x->lo);
+    x->stride = calloc((size_t)ck->g->nb, sizeof *x->stride);
+    if (!x->lo || !x->stride) {
+        experts_free(x);
+        return zo_error(ZO_ERR_NOMEM, "offload: out of host memory");
+    }
+    x->El = m->experts;
+    x->E = x->El * x->ep;
+    x->first = x->ep_rank * x->El;
+    for (int i = 0; i < m->n_expert_ranges; i++) {
+        const offload_expert_range *r = &m->expert_ranges[i];
+        if (r->expert) continue;
+        x->lo[r->block] = r->offset;
+        x->stride[r->block] = r->numel;
+    }
+    return ZO_OK;
+}
+
+/* Elements of block b in a layout holding c of the E experts. */
+static size_t experts_numel(const offload_ckpt *ck, const ck_experts *x, int b, int c)
+{
+    return ck->g->numel[b] - (x->E ? (size_t)x->El * x->stride[b] : 0) + (size_t)c * (x->E ? x->stride[b] : 0);
+}
+
+/* Elements of the whole model (every expert once). */
+static uint64_t experts_params(const offload_ckpt *ck, const ck_experts *x)
+{
+    uint64_t n = 0;
+    for (int b = 0; b < ck->g->nb; b++) n += experts_numel(ck, x, b, x->E);
+    return n;
+}
+
+/* Element `at` of block b as this run lays it out, in a checkpoint whose
+ * shards hold c experts each (c = E: one file holding all): its shard *q
+ * and place *y there; returns how many elements from `at` on (at most
+ * `left`) lie together there. The dense part is every shard's: shard 0's. */
+static size_t experts_map(const ck_experts *x, int b, size_t at, size_t left, int c, int *q, size_t *y)
+{
+    size_t lo = x->E ? x->lo[b] : 0, w = x->E ? x->stride[b] : 0, end = lo + (size_t)x->El * w;
+    *q = 0;
+    *y = at;
+    if (!w) return left;
+    if (at < lo) return lo - at < left ? lo - at : left;
+    if (at >= end) {
+        *y = at - end + lo + (size_t)c * w;
+        return left;
+    }
+    size_t in = (at - lo) % w;
+    int e = x->first + (int)((at - lo) / w);
+    *q = e / c;
+    *y = lo + (size_t)(e % c) * w + in;
+    return w - in < left ? w - in : left;
 }
 
 /* The checkpoint DIR/latest names, "" when there is no such file; a name
@@ -233,14 +325,16 @@ out_free:
 }
 
 /* The image file of a rank's optimizer file: optimizer.image, or
- * optimizer-<r>-of-<N>.image beside a shard. */
-static void image_name(char *buf, size_t len, int rank, int ranks)
+ * optimizer-<r>-of-<N>.image beside a shard (optimizer-ep-<q>-of-<N>.image
+ * beside an expert shard: `ep`). */
+static void image_name(char *buf, size_t len, int rank, int ranks, int ep)
 {
     if (!ranks) {
         snprintf(buf, len, IMAGE_FILE);
         return;
     }
-    ckpt_shard_name(buf, len, rank, ranks);
+    if (ep) ckpt_ep_shard_name(buf, len, rank, ranks);
+    else ckpt_shard_name(buf, len, rank, ranks);
     char *dot = strrchr(buf, '.');
     if (dot) snprintf(dot, len - (size_t)(dot - buf), ".image");
 }
@@ -501,36 +595,56 @@ static zo_status save_publish(offload_ckpt *ck, const char *dir, save_dir *s)
     return st;
 }
 
+/* Expert parallelism's save (`xs`, NULL otherwise): the group's experts
+ * and the whole model's expert steps. */
+typedef struct ep_save {
+    const ck_experts *x;
+    const int64_t *steps; /* [nb * E] */
+} ep_save;
+
 /* state.json, the manifest's entries for it and for the weights (`model`)
  * and the optimizer files (`opt`, one per rank), then manifest.json: what
  * every file is, read back from the disk, and the partition when the
- * optimizer state is in shards. */
-static zo_status save_finish(offload_ckpt *ck, const save_dir *s, offload_dp *dp, const offload_ckpt_meta *meta,
-                             int model, const ckpt_file_sum *opt, int n_opt)
+ * optimizer state is in shards (the expert shards with `xs`). */
+static zo_status save_finish(offload_ckpt *ck, const save_dir *s, offload_dp *dp, const ep_save *xs,
+                             const offload_ckpt_meta *meta, int model, const ckpt_file_sum *opt, int n_opt)
 {
     const optim_counters *c = &ck->opt->ctr;
+    uint64_t params = xs ? experts_params(ck, xs->x) : ck->g->n;
     ckpt_state cs = {.step = c->step, .loss_scale = c->loss_scale, .good_steps = c->good_steps,
                      .skipped = c->skipped, .skipped_in_a_row = c->skipped_in_a_row,
-                     .params = ck->g->n, .blocks = ck->g->nb, .dtype = ck->g->dtype,
+                     .params = params, .blocks = ck->g->nb, .dtype = ck->g->dtype,
                      .data_step = meta ? meta->data_step : 0, .seed = meta ? meta->seed : 0};
     if (meta && meta->batch.micro_batch)
         cs.batch = (ckpt_batch){.micro_batch = meta->batch.micro_batch, .grad_accum = meta->batch.grad_accum,
                                 .ranks = meta->batch.ranks, .seq = meta->batch.seq};
     if (ck->opt->expert_steps) {
-        cs.expert_steps = ck->opt->expert_steps;
-        cs.n_expert_steps = (size_t)ck->g->nb * (size_t)ck->opt->m->experts;
+        cs.expert_steps = xs ? (int64_t *)xs->steps : ck->opt->expert_steps;
+        cs.n_expert_steps = (size_t)ck->g->nb * (size_t)(xs ? xs->x->E : ck->opt->m->experts);
     }
     zo_status st = ckpt_state_write(s->tmp, &cs);
     if (st != ZO_OK) return st;
-    ckpt_manifest mf = {.layout = {.blocks = ck->g->nb, .params = ck->g->n, .dtype = ck->g->dtype,
+    ckpt_manifest mf = {.layout = {.blocks = ck->g->nb, .params = params, .dtype = ck->g->dtype,
                                    .state_version = CKPT_STATE_VERSION}};
+    if (xs) {
+        mf.experts = (ckpt_experts){.experts = xs->x->E, .shards = xs->x->ep};
+        for (int q = 0; q < xs->x->ep; q++) { /* the ranks writing were one group */
+            char name[64];
+            int found = 0;
+            ckpt_ep_shard_name(name, sizeof name, q, xs->x->ep);
+            for (int r = 0; r < n_opt && !found; r++) found = !strcmp(opt[r].name, name);
+            if (!found)
+                return zo_error(ZO_ERR_INVALID, "offload_save: no rank of the first %d wrote %s: they are not one "
+                                "expert-parallel group (ranks [g N, (g + 1) N))", xs->x->ep, name);
+        }
+    }
     mf.files = calloc(2 * (size_t)n_opt + 2, sizeof *mf.files);
     uint64_t *numel = NULL, *part = NULL;
-    if (dp) {
+    if (dp && !xs) {
         numel = calloc((size_t)ck->g->nb, sizeof *numel);
         part = calloc((size_t)ck->g->nb, sizeof *part);
     }
-    if (!mf.files || (dp && (!numel || !part))) {
+    if (!mf.files || (dp && !xs && (!numel || !part))) {
         st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
         goto out_free;
     }
@@ -539,7 +653,7 @@ static zo_status save_finish(offload_ckpt *ck, const save_dir *s, offload_dp *dp
     for (int r = 0; r < 2 * n_opt; r++)
         if (opt[r].name[0]) mf.files[mf.n_files++] = opt[r];
     if ((st = ckpt_file_hash(s->tmp, CKPT_STATE_NAME, &mf.files[mf.n_files++])) != ZO_OK) goto out_free;
-    if (dp) {
+    if (dp && !xs) {
         /* rank r holds elements [r part, min(numel, (r + 1) part)) of a block */
         for (int b = 0; b < ck->g->nb; b++) {
             numel[b] = ck->g->numel[b];
@@ -558,13 +672,16 @@ out_free:
 /* One checkpoint written by the ranks of `dp` (NULL: this rank alone, with
  * every block's state): each writes its optimizer file (the one
  * optimizer.safetensors alone, a shard optimizer-<r>-of-<N>.safetensors
- * each otherwise), the weights are written by rank 0 (gathered block by
- * block, every rank taking part), and rank 0 completes it. Each stage ends
- * with every rank learning whether every other succeeded. */
-static zo_status save_ckpt(offload_ckpt *ck, offload_dp *dp, const char *dir, const offload_ckpt_meta *meta,
-                           offload_weights_stream writer, void *writer_user)
+ * each otherwise; with `xs` the first N ranks each their expert shard
+ * optimizer-ep-<q>-of-<N>.safetensors, the others nothing), the weights
+ * are written by rank 0 (gathered block by block, every rank taking part),
+ * and rank 0 completes it. Each stage ends with every rank learning
+ * whether every other succeeded. */
+static zo_status save_ckpt(offload_ckpt *ck, offload_dp *dp, const ep_save *xs, const char *dir,
+                           const offload_ckpt_meta *meta, offload_weights_stream writer, void *writer_user)
 {
     int rank = dp ? dp->rank : 0, ranks = dp ? dp->size : 1;
+    int writes = !xs || rank < xs->x->ep; /* the first group's ranks, each its experts */
     save_dir s = {.dfd = -1, .tfd = -1};
     char path[4400], file[64];
     zo_status st = rank == 0 ? save_begin(ck, dir, &s) : ZO_OK;
@@ -581,20 +698,22 @@ static zo_status save_ckpt(offload_ckpt *ck, offload_dp *dp, const char *dir, co
     }
     hook(ck, "begin");
     /* this rank's optimizer state, as the shards hold it: nothing cached in between */
-    if (dp) ckpt_shard_name(file, sizeof file, rank, ranks);
+    int q = xs ? xs->x->ep_rank : rank, shards = xs ? xs->x->ep : ranks;
+    if (xs) ckpt_ep_shard_name(file, sizeof file, q, shards);
+    else if (dp) ckpt_shard_name(file, sizeof file, rank, ranks);
     else snprintf(file, sizeof file, OPT_FILE);
     snprintf(path, sizeof path, "%s/%s", s.tmp, file);
     ckpt_file_sum mine[2];
     memset(mine, 0, sizeof mine);
-    if ((st = ostate_sync(ck->os)) == ZO_OK && (st = write_opt(ck, path)) == ZO_OK &&
+    if (writes && (st = ostate_sync(ck->os)) == ZO_OK && (st = write_opt(ck, path)) == ZO_OK &&
         (st = ostate_sync(ck->os)) == ZO_OK)
         st = ckpt_file_hash(s.tmp, file, &mine[0]);
     /* the encoded state as the shards hold it, when the fp32 values do not
      * say it exactly */
     int imaged = 0;
-    image_name(file, sizeof file, rank, dp ? ranks : 0);
+    image_name(file, sizeof file, q, dp ? shards : 0, xs != NULL);
     snprintf(path, sizeof path, "%s/%s", s.tmp, file);
-    if (st == ZO_OK && (st = write_image(ck, path, &imaged)) == ZO_OK && imaged)
+    if (writes && st == ZO_OK && (st = write_image(ck, path, &imaged)) == ZO_OK && imaged)
         st = ostate_sync(ck->os);
     if (st == ZO_OK && imaged) st = ckpt_file_hash(s.tmp, file, &mine[1]);
     /* the weights (a collective when they are partitioned) */
@@ -613,11 +732,45 @@ static zo_status save_ckpt(offload_ckpt *ck, offload_dp *dp, const char *dir, co
     if (st == ZO_OK && dp) st = offload_dp_gather(dp, &mine[1], sizeof mine[1], sums + ranks);
     if (st == ZO_OK && !dp) sums[0] = mine[0], sums[1] = mine[1];
     if (rank == 0) {
-        if (st == ZO_OK) st = save_finish(ck, &s, dp, meta, writer != NULL, sums, ranks);
+        if (st == ZO_OK) st = save_finish(ck, &s, dp, xs, meta, writer != NULL, sums, ranks);
         st = st == ZO_OK ? save_publish(ck, dir, &s) : save_abort(&s, st);
     }
     free(sums);
     return dp_agree(dp, st, "offload_save");
+}
+
+/* Expert parallelism at ZeRO-0: the whole model's expert steps gathered
+ * over the group (each rank's [nb x El], in pieces a gather moves), then
+ * the first group's ranks write their shards. The weights are not written:
+ * no rank holds them whole. */
+static zo_status save_experts(offload_ckpt *ck, const ck_experts *x, const char *dir, const offload_ckpt_meta *meta)
+{
+    offload_dp *dp = ck->env->dp;
+    if (!dp || offload_dp_partitioned(dp))
+        return zo_error(ZO_ERR_UNSUPPORTED, "offload_save: a checkpoint of expert parallelism (a group of %d) at "
+                        "ZeRO-%d: only ZeRO-0's is written", x->ep, dp ? dp->stage : 0);
+    size_t nb = (size_t)ck->g->nb, local = nb * (size_t)x->El, per = OFFLOAD_GATHER_MAX / sizeof(int64_t);
+    int64_t *steps = calloc(nb * (size_t)x->E + 1, sizeof *steps), piece[OFFLOAD_GATHER_MAX / sizeof(int64_t)];
+    int64_t *got = calloc((size_t)x->ep * per, sizeof *got);
+    zo_status st = steps && got ? ZO_OK : zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
+    for (size_t at = 0; ck->opt->expert_steps && at < local && st == ZO_OK; at += per) {
+        size_t n = local - at < per ? local - at : per;
+        memset(piece, 0, sizeof piece);
+        memcpy(piece, ck->opt->expert_steps + at, n * sizeof *piece);
+        st = offload_dp_gather_on(dp, ck->cfg->ep_comm, piece, sizeof piece, got);
+        /* local expert i of block b on group rank g is expert g El + i */
+        for (int g = 0; g < x->ep && st == ZO_OK; g++)
+            for (size_t j = 0; j < n; j++) {
+                size_t b = (at + j) / (size_t)x->El, i = (at + j) % (size_t)x->El;
+                steps[b * (size_t)x->E + (size_t)g * (size_t)x->El + i] = got[(size_t)g * per + j];
+            }
+    }
+    st = dp_agree(dp, st, "offload_save");
+    ep_save xs = {.x = x, .steps = steps};
+    if (st == ZO_OK) st = save_ckpt(ck, dp, &xs, dir, meta, NULL, NULL);
+    free(steps);
+    free(got);
+    return st;
 }
 
 zo_status offload_ckpt_save(offload_ckpt *ck, const char *dir, const offload_ckpt_meta *meta,
@@ -629,13 +782,22 @@ zo_status offload_ckpt_save(offload_ckpt *ck, const char *dir, const offload_ckp
         st = zo_error(ZO_ERR_INVALID, "offload_save: %d micro-batches are accumulated; save between steps",
                       ck->opt->micro);
     if ((st = dp_agree(ck->env->dp, st, "offload_save")) != ZO_OK) return st;
-    if (offload_dp_partitioned(ck->env->dp)) return save_ckpt(ck, ck->env->dp, dir, meta, writer, writer_user);
+    ck_experts x;
+    if ((st = experts_init(ck, &x)) != ZO_OK) return st;
+    if (x.ep > 1 && x.E) {
+        st = save_experts(ck, &x, dir, meta);
+        experts_free(&x);
+        return st;
+    }
+    experts_free(&x);
+    if (offload_dp_partitioned(ck->env->dp))
+        return save_ckpt(ck, ck->env->dp, NULL, dir, meta, writer, writer_user);
     /* ZeRO 0: every rank holds the same state; rank 0 saves it as one rank does */
     if (ck->env->dp)
         return dp_agree(ck->env->dp,
-                        ck->env->dp->rank == 0 ? save_ckpt(ck, NULL, dir, meta, writer, writer_user) : ZO_OK,
+                        ck->env->dp->rank == 0 ? save_ckpt(ck, NULL, NULL, dir, meta, writer, writer_user) : ZO_OK,
                         "offload_save");
-    return save_ckpt(ck, NULL, dir, meta, writer, writer_user);
+    return save_ckpt(ck, NULL, NULL, dir, meta, writer, writer_user);
 }
 
 /* A whole-model writer behind the streamed interface: the blocks gathered
@@ -704,14 +866,19 @@ static zo_status read_f32(const model_st_file *f, const model_st_tensor *t, int 
 
 /* A checkpoint's optimizer state as whole-block ranges, whatever its form:
  * optimizer.safetensors, or the shards of N ranks (the manifest's
- * partition), re-partitioned on the fly for this run's ranks. */
+ * partition), re-partitioned on the fly for this run's ranks; or, where
+ * this run or the checkpoint is expert-parallel (`x`), each element read
+ * from where the checkpoint holds it: its expert shards (c experts each),
+ * or its one file (c = E). */
 typedef struct ck_source {
     model_st_file one;      /* one file */
     int opened;
     int ranks;              /* shards: how many, 0 for one file */
     const uint64_t *part;   /* [nb] shards: elements of a rank's part of block b (the manifest's) */
-    model_st_file *files;   /* [ranks] */
+    model_st_file *files;   /* [ranks], or [xshards] */
     int n_files;
+    const ck_experts *x;    /* mapped through the experts' places; NULL: as it lies */
+    int xshards, xc;        /* expert shards (0: the one file), experts in each */
 } ck_source;
 
 static void source_close(ck_source *s)
@@ -743,13 +910,34 @@ static zo_status find_tensor(const model_st_file *f, int b, int a, size_t want, 
 
 /* Every file of the optimizer state opened and every tensor checked before
  * anything is overwritten. */
-static zo_status source_open(const offload_ckpt *ck, const char *cdir, const ckpt_manifest *mf, ck_source *s)
+static zo_status source_open(const offload_ckpt *ck, const char *cdir, const ckpt_manifest *mf,
+                             const ck_experts *x, ck_source *s)
 {
     char path[4200], name[64];
     const model_st_tensor *t;
     zo_status st = ZO_OK;
     memset(s, 0, sizeof *s);
     const ckpt_partition *p = &mf->partition;
+    if (x) { /* every tensor of every file this run may read from */
+        s->x = x;
+        s->xshards = mf->experts.shards;
+        s->xc = s->xshards ? x->E / s->xshards : x->E;
+        int n = s->xshards ? s->xshards : 1;
+        if (!(s->files = calloc((size_t)n, sizeof *s->files)))
+            return zo_error(ZO_ERR_NOMEM, "offload_load: out of host memory");
+        for (int q = 0; q < n && st == ZO_OK; q++) {
+            if (s->xshards) ckpt_ep_shard_name(name, sizeof name, q, n);
+            snprintf(path, sizeof path, "%s/%s", cdir, s->xshards ? name : OPT_FILE);
+            if ((st = model_st_open(&s->files[q], path)) != ZO_OK) break;
+            s->n_files++;
+            for (int b = 0; b < ck->g->nb && st == ZO_OK; b++) { /* (a shard has no empty block) */
+                size_t n = experts_numel(ck, x, b, s->xc);
+                for (int a = 0; a < 3 && n && st == ZO_OK; a++) st = find_tensor(&s->files[q], b, a, n, &t);
+            }
+        }
+        if (st != ZO_OK) source_close(s);
+        return st;
+    }
     if (!p->ranks) {
         snprintf(path, sizeof path, "%s/" OPT_FILE, cdir);
         if ((st = model_st_open(&s->one, path)) != ZO_OK) return st;
@@ -787,6 +975,15 @@ static zo_status source_read(ck_source *s, const offload_ckpt *ck, int b, size_t
 {
     const model_st_tensor *t = NULL;
     zo_status st;
+    for (size_t done = 0; s->x && done < k; ) {
+        int q;
+        size_t y, n = experts_map(s->x, b, rel + done, k - done, s->xc, &q, &y);
+        if ((st = find_tensor(&s->files[q], b, a, experts_numel(ck, s->x, b, s->xc), &t)) != ZO_OK ||
+            (st = read_f32(&s->files[q], t, a, y, n, dst + done)) != ZO_OK)
+            return st;
+        done += n;
+    }
+    if (s->x) return ZO_OK;
     if (!s->ranks) {
         if ((st = find_tensor(&s->one, b, a, ck->g->numel[b], &t)) != ZO_OK) return st;
         return read_f32(&s->one, t, a, rel, k, dst);
@@ -825,22 +1022,24 @@ static zo_status resolve(const char *dir, char *cdir, size_t len)
  * checksums (this rank's share of them: the ranks loading together hash
  * each file once), before anything is overwritten; the manifest stays with
  * the caller (its partition). */
-static zo_status check_checkpoint(const offload_ckpt *ck, const char *cdir, ckpt_state *cs, ckpt_manifest *mf)
+static zo_status check_checkpoint(const offload_ckpt *ck, const ck_experts *x, const char *cdir, ckpt_state *cs,
+                                  ckpt_manifest *mf)
 {
     char path[4200];
     zo_status st;
     snprintf(path, sizeof path, "%s/" CKPT_STATE_NAME, cdir);
     if ((st = ckpt_state_read(path, cs)) != ZO_OK) return st;
-    size_t ne = ck->opt->expert_steps ? (size_t)ck->g->nb * (size_t)ck->opt->m->experts : 0;
+    size_t ne = ck->opt->expert_steps ? (size_t)ck->g->nb * (size_t)x->E : 0;
+    uint64_t params = experts_params(ck, x);
     if (cs->n_expert_steps && cs->n_expert_steps != ne) {
         st = zo_error(ZO_ERR_INVALID, "%s: \"expert_steps\" holds %zu step counts; this model's routed experts "
                       "are %zu (blocks x experts)", path, cs->n_expert_steps, ne);
         ckpt_state_free(cs);
         return st;
     }
-    if (cs->params != ck->g->n || cs->blocks != ck->g->nb)
+    if (cs->params != params || cs->blocks != ck->g->nb)
         return zo_error(ZO_ERR_INVALID, "%s: a checkpoint of %" PRIu64 " parameters in %d blocks; the "
-                        "model has %zu in %d", path, cs->params, cs->blocks, ck->g->n, ck->g->nb);
+                        "model has %" PRIu64 " in %d", path, cs->params, cs->blocks, params, ck->g->nb);
     if (cs->dtype != ck->g->dtype)
         return zo_error(ZO_ERR_INVALID, "%s: a checkpoint of a %s run; this run trains in %s (its loss "
                         "scale and weights would not carry over)", path, zo_dtype_name(cs->dtype),
@@ -848,13 +1047,27 @@ static zo_status check_checkpoint(const offload_ckpt *ck, const char *cdir, ckpt
     if ((st = ckpt_manifest_read(cdir, mf)) != ZO_OK) return st;
     snprintf(path, sizeof path, "%s/" CKPT_MANIFEST_NAME, cdir);
     const ckpt_layout *l = &mf->layout;
-    if (l->blocks != ck->g->nb || l->params != ck->g->n || l->dtype != ck->g->dtype ||
+    const ckpt_experts *mx = &mf->experts;
+    int mapped = x->E && (x->ep > 1 || mx->experts);
+    if (l->blocks != ck->g->nb || l->params != params || l->dtype != ck->g->dtype ||
         l->state_version != cs->version)
         st = zo_error(ZO_ERR_INVALID, "%s: layout %d blocks, %" PRIu64 " parameters, %s, state version "
-                      "%d; this run: %d blocks, %zu parameters, %s, %s version %d", path, l->blocks,
-                      l->params, zo_dtype_name(l->dtype), l->state_version, ck->g->nb, ck->g->n,
+                      "%d; this run: %d blocks, %" PRIu64 " parameters, %s, %s version %d", path, l->blocks,
+                      l->params, zo_dtype_name(l->dtype), l->state_version, ck->g->nb, params,
                       zo_dtype_name(ck->g->dtype), CKPT_STATE_NAME, cs->version);
-    else if (!ckpt_manifest_find(mf, CKPT_STATE_NAME) || (!mf->partition.ranks && !ckpt_manifest_find(mf, OPT_FILE)))
+    else if (mx->experts && mx->experts != x->E)
+        st = zo_error(ZO_ERR_INVALID, "%s: \"experts\": shards of %d routed experts; this model's MoE blocks "
+                      "have %d%s", path, mx->experts, x->E, x->E ? "" : " (or no expert is trained)");
+    else if (mapped && mf->partition.ranks)
+        st = zo_error(ZO_ERR_UNSUPPORTED, "%s: optimizer state partitioned over %d ranks (ZeRO-%d); expert "
+                      "parallelism (a group of %d) resumes a ZeRO-0 checkpoint only", path, mf->partition.ranks,
+                      mf->partition.zero_stage, x->ep);
+    else if (mapped && offload_dp_partitioned(ck->env->dp))
+        st = zo_error(ZO_ERR_UNSUPPORTED, "%s: %s at ZeRO-%d: a checkpoint of expert parallelism is resumed at "
+                      "ZeRO-0 only", path, x->ep > 1 ? "expert parallelism" : "its expert shards",
+                      ck->env->dp->stage);
+    else if (!ckpt_manifest_find(mf, CKPT_STATE_NAME) ||
+             (!mf->partition.ranks && !mx->experts && !ckpt_manifest_find(mf, OPT_FILE)))
         st = zo_error(ZO_ERR_FORMAT, "%s: does not list %s and %s", path, CKPT_STATE_NAME, OPT_FILE);
     else
         st = ckpt_manifest_verify(cdir, mf, ck->env->dp ? ck->env->dp->rank : 0, ck->env->dp ? ck->env->dp->size : 1);
@@ -880,13 +1093,16 @@ static zo_status image_line(int fd, const char *path, uint64_t *at, char *line, 
  * whose key it lists takes its bytes back (over the fp32 values just
  * written); an image of another key (another placement, encoding, chunking
  * or rank count) is passed over: the fp32 values stand. */
-static zo_status load_image(offload_ckpt *ck, const char *cdir, const ckpt_manifest *mf)
+static zo_status load_image(offload_ckpt *ck, const ck_experts *x, const char *cdir, const ckpt_manifest *mf)
 {
     const offload_dp *dp = ck->env->dp;
-    int ranks = mf->partition.ranks;
+    int ranks = mf->partition.ranks, shards = mf->experts.shards;
     char name[64], path[4200], line[256], key[160];
     if (ranks && (!dp || dp->size != ranks)) return ZO_OK;
-    image_name(name, sizeof name, dp && ranks ? dp->rank : 0, ranks);
+    /* expert shards: the rank holding the same experts as the shard */
+    if (shards && x->ep != shards) return ZO_OK;
+    if (shards) image_name(name, sizeof name, x->ep_rank, shards, 1);
+    else image_name(name, sizeof name, dp && ranks ? dp->rank : 0, ranks, 0);
     if (!ckpt_manifest_find(mf, name)) return ZO_OK;
     snprintf(path, sizeof path, "%s/%s", cdir, name);
     int fd;
@@ -935,18 +1151,21 @@ zo_status offload_ckpt_load(offload_ckpt *ck, const char *dir, offload_ckpt_meta
     zo_status st;
     ckpt_state cs;
     ckpt_manifest mf;
-    if ((st = resolve(dir, cdir, sizeof cdir)) != ZO_OK) return st;
+    ck_experts x;
+    if ((st = resolve(dir, cdir, sizeof cdir)) != ZO_OK || (st = experts_init(ck, &x)) != ZO_OK) return st;
     /* every rank's checks passed (a damaged file is named by the rank
      * that hashed it, and ends every rank) */
-    zo_status mine = check_checkpoint(ck, cdir, &cs, &mf);
+    zo_status mine = check_checkpoint(ck, &x, cdir, &cs, &mf);
     if ((st = dp_agree(ck->env->dp, mine, "offload_load")) != ZO_OK) {
         if (mine == ZO_OK) ckpt_manifest_free(&mf);
         ckpt_state_free(&cs);
+        experts_free(&x);
         return st;
     }
     /* every tensor is there before anything is overwritten */
     ck_source src;
-    if ((st = source_open(ck, cdir, &mf, &src)) != ZO_OK) goto out_manifest;
+    int mapped = x.E && (x.ep > 1 || mf.experts.experts);
+    if ((st = source_open(ck, cdir, &mf, mapped ? &x : NULL, &src)) != ZO_OK) goto out_manifest;
     if ((st = offload_optim_settle(ck->opt)) != ZO_OK || (st = offload_grads_drain(ck->gr)) != ZO_OK) goto out_close;
     size_t C = io_chunk(ck);
     float *buf;
@@ -971,7 +1190,7 @@ zo_status offload_ckpt_load(offload_ckpt *ck, const char *dir, offload_ckpt_meta
         }
     }
     offload_host_free(ck->env, buf, 3 * C * 4, 0);
-    if (st == ZO_OK) st = load_image(ck, cdir, &mf);
+    if (st == ZO_OK) st = load_image(ck, &x, cdir, &mf);
     zo_status ss = ostate_sync(ck->os);
     if (st == ZO_OK) st = ss;
     ss = wstore_settle(ck->ws);
@@ -983,9 +1202,12 @@ zo_status offload_ckpt_load(offload_ckpt *ck, const char *dir, offload_ckpt_meta
     ck->opt->ctr.skipped = cs.skipped;
     ck->opt->ctr.skipped_in_a_row = cs.skipped_in_a_row;
     ck->opt->micro = 0;
-    /* each expert's steps (a checkpoint without them: every expert took every step) */
-    for (size_t i = 0; ck->opt->expert_steps && i < (size_t)ck->g->nb * (size_t)ck->opt->m->experts; i++)
-        ck->opt->expert_steps[i] = cs.n_expert_steps ? cs.expert_steps[i] : cs.step;
+    /* each expert's steps (a checkpoint without them: every expert took
+     * every step): the run's experts of the whole model's */
+    for (size_t i = 0; ck->opt->expert_steps && i < (size_t)ck->g->nb * (size_t)x.El; i++)
+        ck->opt->expert_steps[i] = cs.n_expert_steps ? cs.expert_steps[i / (size_t)x.El * (size_t)x.E +
+                                                                        (size_t)x.first + i % (size_t)x.El]
+                                                     : cs.step;
     offload_optim_settle(ck->opt); /* every block's weights are this step's */
     if (meta) {
         meta->data_step = cs.data_step;
@@ -999,5 +1221,6 @@ out_close:
 out_manifest:
     ckpt_manifest_free(&mf);
     ckpt_state_free(&cs);
+    experts_free(&x);
     return st;
 }

@@ -344,6 +344,11 @@ void ckpt_shard_name(char *buf, size_t len, int rank, int ranks)
     snprintf(buf, len, "optimizer-%05d-of-%05d.safetensors", rank, ranks);
 }
 
+void ckpt_ep_shard_name(char *buf, size_t len, int shard, int shards)
+{
+    snprintf(buf, len, "optimizer-ep-%05d-of-%05d.safetensors", shard, shards);
+}
+
 zo_status ckpt_manifest_write(const char *dir, const ckpt_layout *layout, const char *const *names,
                               int n)
 {
@@ -387,6 +392,35 @@ static cJSON *partition_json(const ckpt_manifest *m)
     return o;
 }
 
+/* "experts": {"experts": E, "shards": [{"file", "first", "count"}, ...]}:
+ * which experts each shard holds. */
+static cJSON *experts_json(const ckpt_experts *x)
+{
+    cJSON *o = cJSON_CreateObject(), *shards = cJSON_CreateArray();
+    if (!o || !shards) {
+        cJSON_Delete(o);
+        cJSON_Delete(shards);
+        return NULL;
+    }
+    cJSON_AddNumberToObject(o, "experts", x->experts);
+    cJSON_AddItemToObject(o, "shards", shards);
+    int c = x->experts / x->shards;
+    for (int q = 0; q < x->shards; q++) {
+        char name[64];
+        cJSON *e = cJSON_CreateObject();
+        if (!e) {
+            cJSON_Delete(o);
+            return NULL;
+        }
+        ckpt_ep_shard_name(name, sizeof name, q, x->shards);
+        cJSON_AddStringToObject(e, "file", name);
+        cJSON_AddNumberToObject(e, "first", q * c);
+        cJSON_AddNumberToObject(e, "count", c);
+        cJSON_AddItemToArray(shards, e);
+    }
+    return o;
+}
+
 zo_status ckpt_manifest_write_sums(const char *dir, const ckpt_manifest *m)
 {
     char path[4200];
@@ -415,6 +449,14 @@ zo_status ckpt_manifest_write_sums(const char *dir, const ckpt_manifest *m)
             goto out_free;
         }
         cJSON_AddItemToObject(o, "partition", p);
+    }
+    if (m->experts.experts > 0) {
+        cJSON *x = experts_json(&m->experts);
+        if (!x) {
+            st = zo_error(ZO_ERR_NOMEM, "%s: out of host memory", path);
+            goto out_free;
+        }
+        cJSON_AddItemToObject(o, "experts", x);
     }
     for (int i = 0; i < m->n_files; i++) {
         const ckpt_file_sum *f = &m->files[i];
@@ -498,9 +540,52 @@ static zo_status parse_partition(const cJSON *p, const char *path, ckpt_manifest
     return ZO_OK;
 }
 
+/* The expert shards of a manifest whose files are read: shard q holds
+ * experts [q c, (q + 1) c), c = experts / shards, in its listed file. */
+static zo_status parse_experts(const cJSON *x, const char *path, ckpt_manifest *m)
+{
+    static const char *const known[] = {"experts", "shards", NULL};
+    static const char *const known_shard[] = {"file", "first", "count", NULL};
+    const cJSON *shards;
+    double experts;
+    zo_status st;
+    if (!cJSON_IsObject(x)) return zo_error(ZO_ERR_FORMAT, "%s: \"experts\" must be an object", path);
+    if ((st = check_known(x, known, path, "experts.")) != ZO_OK ||
+        (st = get_int(x, "experts", path, "experts.", 1, INT_MAX, &experts)) != ZO_OK ||
+        (st = get_item(x, "shards", path, "experts.", &shards)) != ZO_OK)
+        return st;
+    int n = cJSON_IsArray(shards) ? cJSON_GetArraySize(shards) : 0;
+    if (!n || (int)experts % n)
+        return zo_error(ZO_ERR_FORMAT, "%s: \"experts.shards\" is not a list of shards dividing the %.0f "
+                        "experts", path, experts);
+    int c = (int)experts / n, q = 0;
+    for (const cJSON *e = shards->child; e; e = e->next, q++) {
+        char prefix[48], want[64];
+        const char *file = "";
+        double first = 0, count = 0;
+        snprintf(prefix, sizeof prefix, "experts.shards[%d].", q);
+        if (!cJSON_IsObject(e))
+            return zo_error(ZO_ERR_FORMAT, "%s: \"experts.shards[%d]\" is not an object", path, q);
+        if ((st = check_known(e, known_shard, path, prefix)) != ZO_OK ||
+            (st = get_string(e, "file", path, prefix, &file)) != ZO_OK ||
+            (st = get_int(e, "first", path, prefix, 0, INT_MAX, &first)) != ZO_OK ||
+            (st = get_int(e, "count", path, prefix, 1, INT_MAX, &count)) != ZO_OK)
+            return st;
+        ckpt_ep_shard_name(want, sizeof want, q, n);
+        if ((int)first != q * c || (int)count != c || strcmp(file, want))
+            return zo_error(ZO_ERR_FORMAT, "%s: \"%s\" is %s with experts [%.0f, %.0f); shard %d of %d holds "
+                            "experts [%d, %d) in %s", path, prefix, file, first, first + count, q, n, q * c,
+                            (q + 1) * c, want);
+        if (!ckpt_manifest_find(m, file))
+            return zo_error(ZO_ERR_FORMAT, "%s: \"%sfile\" %s is not listed", path, prefix, file);
+    }
+    m->experts = (ckpt_experts){.experts = (int)experts, .shards = n};
+    return ZO_OK;
+}
+
 zo_status ckpt_manifest_parse(const char *text, size_t len, const char *path, ckpt_manifest *m)
 {
-    static const char *const known[] = {"format", "version", "layout", "files", "partition", NULL};
+    static const char *const known[] = {"format", "version", "layout", "files", "partition", "experts", NULL};
     static const char *const known_layout[] = {"blocks", "params", "dtype", "state_version", NULL};
     static const char *const known_file[] = {"name", "bytes", "xxh3", NULL};
     memset(m, 0, sizeof *m);
@@ -574,6 +659,11 @@ zo_status ckpt_manifest_parse(const char *text, size_t len, const char *path, ck
     }
     const cJSON *part = cJSON_GetObjectItemCaseSensitive(o, "partition");
     if (part) st = parse_partition(part, path, m);
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, "experts");
+    if (x && st == ZO_OK && part)
+        st = zo_error(ZO_ERR_FORMAT, "%s: both \"partition\" and \"experts\": a checkpoint of expert "
+                      "parallelism is not partitioned", path);
+    if (x && st == ZO_OK) st = parse_experts(x, path, m);
 out_free:
     if (st != ZO_OK) ckpt_manifest_free(m);
     cJSON_Delete(o);

@@ -105,15 +105,28 @@ typedef struct ckpt_partition {
 
 #define CKPT_MAX_RANKS (1 << 20)
 
+/* The optimizer state of expert parallelism at ZeRO-0 ("experts" in the
+ * manifest): `shards` files (ckpt_ep_shard_name), shard q the state of
+ * every block as a rank holding experts [q E/shards, (q + 1) E/shards) of
+ * each MoE block lays it out: the dense part whole, then its own experts
+ * only. The layout's "params" are the whole model's (every expert once). */
+typedef struct ckpt_experts {
+    int experts;      /* E, the routed experts a MoE block; 0: no such section */
+    int shards;       /* dividing E */
+} ckpt_experts;
+
 typedef struct ckpt_manifest {
     ckpt_layout layout;
     int n_files;
     ckpt_file_sum *files;
     ckpt_partition partition; /* ranks 0 when the checkpoint is one rank's */
+    ckpt_experts experts;     /* experts 0 unless expert-parallel */
 } ckpt_manifest;
 
 /* "optimizer-<r>-of-<n>.safetensors" (5 digits each): rank r's shard. */
 void ckpt_shard_name(char *buf, size_t len, int rank, int ranks);
+/* "optimizer-ep-<q>-of-<n>.safetensors": expert shard q of n. */
+void ckpt_ep_shard_name(char *buf, size_t len, int shard, int shards);
 
 /* Size and XXH3-64 of dir/name (a regular file, not through a link). */
 zo_status ckpt_file_hash(const char *dir, const char *name, ckpt_file_sum *out);

@@ -200,8 +200,7 @@ static int run_ep(const train_args *a)
     return a->plan && a->p.file.parallel.ep > 1 ? a->p.file.parallel.ep : 1;
 }
 
-/* Expert parallelism runs on N | ranks and N | experts (memplan's words),
- * and keeps no checkpoints yet (--save writes the Hugging Face folder). */
+/* Expert parallelism runs on N | ranks and N | experts (memplan's words). */
 static zo_status check_ep(const train_args *a, const zo_model_config *cfg, int ranks)
 {
     int ep = run_ep(a);
@@ -212,12 +211,14 @@ static zo_status check_ep(const train_args *a, const zo_model_config *cfg, int r
     if (cfg->moe.experts % ep)
         return zo_error(ZO_ERR_INVALID, "--ep %d does not divide the %d experts of %s", ep, cfg->moe.experts,
                         cfg->name);
+    /* its checkpoints and merge are ZeRO-0's (offload/ckpt.c, weights.c) */
     const char *what = a->ckpt ? "--ckpt" : a->resume ? "--resume" : a->merge ? "--merge" : NULL;
-    if (what)
-        return zo_error(ZO_ERR_UNSUPPORTED, "%s with expert parallelism (--ep %d, parallel.ep): each rank holds "
-                        "its share of the experts and its own optimizer state for them: a ZeRO-0 checkpoint is "
-                        "rank 0's state alone, and a merge reads the whole base on rank 0; train with --ep 1 for "
-                        "them (--save writes the weights or the adapters)", what, ep);
+    int zero = a->p.cfg.zero_stage;
+    if (what && zero)
+        return zo_error(ZO_ERR_UNSUPPORTED, "%s with expert parallelism (--ep %d, parallel.ep) at ZeRO-%d (--zero "
+                        "%d, parallel.zero): expert-parallel checkpoints and merges are written at ZeRO-0 only; "
+                        "train with --zero 0 for them (--save writes the weights or the adapters)", what, ep, zero,
+                        zero);
     return ZO_OK;
 }
 

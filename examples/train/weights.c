@@ -186,17 +186,23 @@ static zo_status save_merged(offload_t *rt, const tf_model *m, const train_args 
     return st;
 }
 
+/* A block of the runtime's trained layout (an offload_block_reader). */
+static zo_status read_trained(void *ctx, int block, float *dst)
+{
+    return offload_get_block(ctx, block, dst);
+}
+
 /* Expert parallelism (at any ZeRO stage: the blocks are read back whole):
- * each rank's trained blocks (`ll`: the
- * weights', or with LoRA the adapters' layout) hold its group share of the
- * experts, elements [x_off, x_off + n) of each MoE layer block. Every rank
- * reads its blocks in order and each layer's experts are all-gathered over
+ * each rank's blocks of `ll` (read by `read`: the trained weights, the
+ * adapters, or the merged model) hold its group share of the experts,
+ * elements [x_off, x_off + n) of each MoE layer block. Every rank reads its
+ * blocks in order and each layer's experts are all-gathered over
  * its group (`ep`, through device buffers: what the communicator takes);
  * rank 0 puts the blocks together as the whole model lays them out (`gl`:
  * the experts of group rank q at x_off + q n, what follows them moved up)
  * in host memory, *whole (NULL on the other ranks). */
-static zo_status gather_ep(offload_t *rt, const tf_model *m, const model_layout *ll, const model_layout *gl,
-                           size_t x_off, size_t n, comm_t ep, int rank, void ***whole)
+static zo_status gather_ep(offload_block_reader read, void *ctx, const tf_model *m, const model_layout *ll,
+                           const model_layout *gl, size_t x_off, size_t n, comm_t ep, int rank, void ***whole)
 {
     const int P = comm_size(ep);
     size_t largest = 1;
@@ -215,7 +221,7 @@ static zo_status gather_ep(offload_t *rt, const tf_model *m, const model_layout 
         (st = gpu_stream_create(m->dev, &s)) != ZO_OK)
         goto out;
     for (int b = 0; b < ll->n_blocks && st == ZO_OK; b++) {
-        if (ll->block_numel[b] && (st = offload_get_block(rt, b, local)) != ZO_OK) break;
+        if (ll->block_numel[b] && (st = read(ctx, b, local)) != ZO_OK) break;
         if (!model_layout_view(&m->layout, b, MODEL_ROLE_EXPERT_GATE_W)) { /* no experts: as it is */
             if (w) memcpy(w[b], local, ll->block_numel[b] * sizeof(float));
             continue;
@@ -258,6 +264,45 @@ static zo_status read_held(void *ctx, int block, float *dst)
     return ZO_OK;
 }
 
+/* The whole model's Hugging Face folder at `dir` from its blocks held
+ * whole (`gl`), as one rank writes it; *shards its weight files. */
+static zo_status save_held(const tf_model *m, const train_args *a, const char *dir, model_layout *gl, void **whole,
+                           int *shards)
+{
+    model_hf_folder f = hf_folder(m, a, dir);
+    f.l = gl;
+    void *ctx[2] = {gl, whole};
+    return model_hf_save(&f, read_held, ctx, shards);
+}
+
+/* --merge with expert parallelism: each rank merges its blocks (its base,
+ * NF4 dequantized, and its adapters: its own experts'), the experts are
+ * gathered as --save gathers them, and rank 0 writes the folder. */
+static zo_status save_ep_merged(offload_t *rt, const tf_model *m, const train_args *a, comm_t ep, int rank)
+{
+    model_layout gl;
+    void **adapters = NULL, **whole = NULL;
+    int shards = 0;
+    zo_status st = model_layout_init(&gl, &m->cfg);
+    if (st != ZO_OK) return zo_error_wrap(st, "--merge %s", a->merge);
+    size_t x_off = model_layout_view(&m->layout, model_layout_layer_block(0), MODEL_ROLE_EXPERT_GATE_W)->offset;
+    size_t n = (size_t)m->layout.expert_count * model_layout_expert_stride(&m->layout);
+    merged_reader r = {.rt = rt, .m = m, .packed = malloc(weights_frozen_largest(m))};
+    if (!r.packed) st = zo_error(ZO_ERR_NOMEM, "train: out of host memory for a block of the base");
+    if (st == ZO_OK) st = read_adapters(rt, &m->adapters, &adapters);
+    r.adapters = adapters;
+    if (st == ZO_OK) st = gather_ep(read_merged, &r, m, &m->layout, &gl, x_off, n, ep, rank, &whole);
+    if (st == ZO_OK && whole) st = save_held(m, a, a->merge, &gl, whole, &shards);
+    if (st == ZO_OK && whole)
+        printf("# merged %s: LoRA r %d alpha %g merged into the base, %s, %d weight file(s)\n", a->merge, a->lora.r,
+               a->lora.alpha, zo_dtype_name(a->dtype), shards);
+    if (whole) free_blocks(whole, gl.n_blocks);
+    if (adapters) free_blocks(adapters, m->adapters.n_blocks);
+    free(r.packed);
+    model_layout_free(&gl);
+    return st == ZO_OK ? st : zo_error_wrap(st, "--merge %s", a->merge);
+}
+
 /* --save with expert parallelism: the Hugging Face folder, or with LoRA
  * the PEFT adapter folder, rank 0 writing what one rank would. */
 static zo_status save_ep(offload_t *rt, const tf_model *m, const train_args *a, comm_t ep, int rank)
@@ -280,16 +325,13 @@ static zo_status save_ep(offload_t *rt, const tf_model *m, const train_args *a, 
     }
     if (st != ZO_OK) return zo_error_wrap(st, "--save %s", a->save);
     void **whole = NULL;
-    st = gather_ep(rt, m, m->opts.lora.r ? &m->adapters : &m->layout, &gl, x_off, n, ep, rank, &whole);
+    st = gather_ep(read_trained, rt, m, m->opts.lora.r ? &m->adapters : &m->layout, &gl, x_off, n, ep, rank, &whole);
     if (st == ZO_OK && whole) {
         if (a->lora.r) {
             st = model_lora_save(a->save, &gl, &a->lora, is_dir(a->model) ? m->cfg.name : a->model,
                                  (const void *const *)whole, ZO_DTYPE_F32, ZO_DTYPE_F32); /* as save_adapters */
         } else {
-            model_hf_folder f = hf_folder(m, a, a->save);
-            f.l = &gl;
-            void *ctx[2] = {&gl, whole};
-            st = model_hf_save(&f, read_held, ctx, NULL);
+            st = save_held(m, a, a->save, &gl, whole, NULL);
         }
     }
     if (whole) free_blocks(whole, gl.n_blocks);
@@ -299,7 +341,10 @@ static zo_status save_ep(offload_t *rt, const tf_model *m, const train_args *a, 
 
 zo_status weights_save(offload_t *rt, const tf_model *m, const train_args *a, int rank, comm_t ep)
 {
-    if (ep && comm_size(ep) > 1) return save_ep(rt, m, a, ep, rank);
+    if (ep && comm_size(ep) > 1) {
+        zo_status st = save_ep(rt, m, a, ep, rank);
+        return st == ZO_OK && a->merge ? save_ep_merged(rt, m, a, ep, rank) : st;
+    }
     if (!a->lora.r) {
         model_hf_folder f = hf_folder(m, a, a->save);
         return offload_write_weights(rt, a->save, hf_writer, &f); /* rank 0 writes, the others send */
