@@ -350,6 +350,7 @@ static zo_status refuse_fixed(const search_cmd *c)
     run.tp = s->tp > 1 ? s->tp : 1;
     run.pp = s->pp > 1 ? s->pp : 1;
     run.ep = s->ep > 1 ? s->ep : 1;
+    run.moe = c->m.moe.experts > 0;
     if (s->schedule >= 0) run.schedule = (zo_plan_schedule)s->schedule;
     if (s->adapters_on >= 0 && run.method != ZO_PLAN_FULL) run.adapters = (zo_plan_tier)s->adapters_on;
     if (s->opt_min[ZO_PLAN_GPU] > 0) {

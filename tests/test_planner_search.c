@@ -471,10 +471,22 @@ static void test_plan_file_runs(void **state)
     snprintf(moe8, sizeof moe8, "--model %s/lora/tiny_mixtral.json --optim-dtype 8bit", ZO_FIXTURES_DIR);
     /* (70B: 512 GiB of RAM a node; with the preset's 256 nothing the table
      * runs fits, the GPU optimizer share's gradient sums being fp32) */
+    /* and expert parallelism asked for: searched as given (the search
+     * once tried no configuration at all with --ep and --json-out) */
+    char moe_ep[600], mx4[512];
+    snprintf(mx4, sizeof mx4, "%s/mixtral4.json", dir);
+    FILE *f = fopen(mx4, "w");
+    assert_non_null(f);
+    fputs("{\"model_type\": \"mixtral\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+          "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 64, "
+          "\"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"vocab_size\": 256, "
+          "\"max_position_embeddings\": 64}", f);
+    assert_int_equal(fclose(f), 0);
+    snprintf(moe_ep, sizeof moe_ep, "--model %s --gpus 2 --gpus-per-node 2 --seq 32 --ep 2", mx4);
     const char *runs[] = {"--model llama-2-70b --gpus 8 --gpus-per-node 8 --cpu-mem 512GiB",
                           "--model llama-2-13b --gpus 2 --gpus-per-node 2 --lora 8 --zero 1-2",
                           "--model llama-2-7b --gpus 4 --gpus-per-node 4 --schedule dpu", moe8,
-                          "--model gpt2 --master stochastic"};
+                          "--model gpt2 --master stochastic", moe_ep};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         snprintf(args, sizeof args, "plan %s --json-out %s", runs[i], path);
         if (run_memplan(args, out, sizeof out)) fail_msg("%s\n%s", args, out);
@@ -485,9 +497,15 @@ static void test_plan_file_runs(void **state)
         printf("  plan %s: DP %d x TP %d x PP %d, ZeRO-%d%s%s\n", runs[i], p.parallel.dp, p.parallel.tp,
                p.parallel.pp, p.parallel.zero, st ? ": " : "", why);
         assert_int_equal(st, ZO_OK);
+        if (runs[i] == moe_ep) assert_int_equal(p.parallel.ep, 2);
     }
     /* fixed outside the table: refused, the table's words */
-    zo_run_shape tp, lora, dpu;
+    zo_run_shape tp, lora, dpu, ep_lora;
+    zo_run_shape_defaults(&ep_lora);
+    ep_lora.method = ZO_PLAN_LORA;
+    ep_lora.ranks = ep_lora.ep = 2;
+    ep_lora.zero = 3;
+    ep_lora.moe = 1;
     zo_run_shape_defaults(&tp);
     tp.tp = 2;
     zo_run_shape_defaults(&lora);
@@ -499,6 +517,10 @@ static void test_plan_file_runs(void **state)
     dpu.schedule = ZO_PLAN_SCHED_DPU;
     dpu.optimizer[ZO_PLAN_GPU] = 0.5;
     dpu.optimizer[ZO_PLAN_CPU] = 0.5;
+    /* (the model's experts seen: not "on a model without experts") */
+    char moe_lora_z3[600];
+    snprintf(moe_lora_z3, sizeof moe_lora_z3,
+             "--model %s --gpus 2 --gpus-per-node 2 --seq 32 --lora 8 --ep 2 --zero 3", mx4);
     struct {
         const char *flags;
         const zo_run_shape *shape;
@@ -506,6 +528,7 @@ static void test_plan_file_runs(void **state)
         {"--model llama-2-7b --gpus 2 --gpus-per-node 2 --tp 2", &tp},
         {"--model gpt2 --gpus 2 --lora 8 --zero 1 --adapters-on cpu --no-nvme", &lora},
         {"--model gpt2 --schedule dpu --optimizer-min gpu=0.5,cpu=0.5", &dpu},
+        {moe_lora_z3, &ep_lora},
     };
     for (size_t i = 0; i < sizeof no / sizeof no[0]; i++) {
         table_words(no[i].shape, want, sizeof want);
