@@ -753,6 +753,9 @@ static zo_status save_experts(offload_ckpt *ck, const ck_experts *x, const char 
     int64_t *steps = calloc(nb * (size_t)x->E + 1, sizeof *steps), piece[OFFLOAD_GATHER_MAX / sizeof(int64_t)];
     int64_t *got = calloc((size_t)x->ep * per, sizeof *got);
     zo_status st = steps && got ? ZO_OK : zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
+    /* (every rank agrees first: one that could not allocate would leave its
+     * group in the gathers below) */
+    st = dp_agree(dp, st, "offload_save");
     for (size_t at = 0; ck->opt->expert_steps && at < local && st == ZO_OK; at += per) {
         size_t n = local - at < per ? local - at : per;
         memset(piece, 0, sizeof piece);

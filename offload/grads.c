@@ -382,11 +382,6 @@ static void widen(offload_grads *gr, int b)
     else widen_in_place(gr->sums[b].part, dp->part_n[b], dp->red);
 }
 
-/* ZeRO 0-1: the pieces of block b's reduction, through a bucket each: an
- * all-reduce's are contiguous (no padding), a reduce-scatter's are
- * offload_dp_piece's. An all-reduce's piece j is p->first.. p->first + p->q
- * of the block (all of them the model's, all kept); a reduce-scatter's
- * keeps the rank's share (p->mine at p->loc of its part). */
 /* An all-reduce's segment k of block b: 0 the elements before its routed
  * experts, 1 the experts, 2 those after them; with expert parallelism the
  * experts are this rank's own, reduced over the ranks holding the same

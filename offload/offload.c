@@ -198,22 +198,33 @@ static zo_status check_config(const offload_model *m, const offload_config *c)
 static zo_status set_experts(offload_t *rt, const offload_model *m)
 {
     size_t nb = (size_t)rt->g.nb, *lo = calloc(nb, sizeof *lo), *hi = calloc(nb, sizeof *hi);
-    zo_status st = ZO_ERR_NOMEM;
-    if (!lo || !hi) {
+    size_t *sum = calloc(nb, sizeof *sum);
+    zo_status st;
+    if (!lo || !hi || !sum) {
         st = zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
         goto out;
     }
     for (size_t b = 0; b < nb; b++) lo[b] = hi[b] = rt->g.numel[b];
     for (int i = 0; i < m->n_expert_ranges; i++) {
         const offload_expert_range *x = &m->expert_ranges[i];
-        if (lo[x->block] == rt->g.numel[x->block] || x->offset < lo[x->block]) lo[x->block] = x->offset;
-        if (hi[x->block] == rt->g.numel[x->block] || x->offset + x->numel > hi[x->block])
-            hi[x->block] = x->offset + x->numel;
+        if (!sum[x->block] || x->offset < lo[x->block]) lo[x->block] = x->offset;
+        if (!sum[x->block] || x->offset + x->numel > hi[x->block]) hi[x->block] = x->offset + x->numel;
+        sum[x->block] += x->numel;
     }
+    /* [lo, hi) is reduced over expert_comm only: nothing of the dense part
+     * may lie between two of the rank's experts */
+    for (size_t b = 0; b < nb; b++)
+        if (sum[b] && sum[b] != hi[b] - lo[b]) {
+            st = zo_error(ZO_ERR_INVALID, "offload_init: block %zu's routed experts are not one run "
+                          "([%zu, %zu) holds %zu of their elements): expert parallelism reduces that run apart",
+                          b, lo[b], hi[b], sum[b]);
+            goto out;
+        }
     st = offload_dp_set_experts(rt->dp, rt->cfg.expert_comm, rt->g.numel, lo, hi);
 out:
     free(lo);
     free(hi);
+    free(sum);
     return st;
 }
 

@@ -96,9 +96,6 @@ static size_t range_piece(const offload_decay_range *r, int n, int b, size_t rel
     return stop;
 }
 
-/* From element `rel` of block b (the optimizer's coordinates: its part),
- * the end of the run (at most `stop`) in one routed expert's range (its
- * number in *expert) or between two (-1). */
 /* Where the optimizer's element `rel` of block b is in the block, less
  * rel; *stop cut where that stops holding (a part in segments: expert
  * parallelism). */
@@ -109,6 +106,9 @@ static size_t part_base(const offload_optim *o, int b, size_t rel, size_t *stop)
     return at - rel;
 }
 
+/* From element `rel` of block b (the optimizer's coordinates: its part),
+ * the end of the run (at most `stop`) in one routed expert's range (its
+ * number in *expert) or between two (-1). */
 static size_t expert_run(const offload_optim *o, int b, size_t rel, size_t stop, int *expert)
 {
     size_t base = part_base(o, b, rel, &stop);
@@ -298,8 +298,11 @@ static zo_status update_dev_state(offload_optim *o, int b, float *P, uint16_t *W
     gpu_adam_state_desc d = {.type = type, .block = q8 ? ADAM_Q8_BLOCK : 0,
                              .total = nb, .round = W ? rounds[o->cfg->master] : GPU_ADAM_ROUND_NEAREST,
                              .sr_step = (uint64_t)o->hp.step, .sr_block = (uint64_t)b};
-    size_t run, part0 = offload_dp_part_at(o->env->dp, b, 0, &run); /* (a part in one run: the table refuses
-                                                                       * a device share of segments) */
+    /* (a part in one run: the table refuses a device share of segments) */
+    if (offload_dp_segmented(o->env->dp, b))
+        return zo_error(ZO_ERR_UNSUPPORTED, "offload_step: block %d's part is in segments (expert parallelism at "
+                        "ZeRO 1-3): the optimizer's device share updates one run in place", b);
+    size_t run, part0 = offload_dp_part_at(o->env->dp, b, 0, &run);
     /* the weights from element rel on */
 #define WEIGHTS_AT(rel) (W ? gpu_t(W + (rel), ZO_DTYPE_BF16) : gpu_t(P + (rel), ZO_DTYPE_F32))
     zo_status st;
