@@ -499,6 +499,26 @@ static void test_plan_file_runs(void **state)
         assert_int_equal(st, ZO_OK);
         if (runs[i] == moe_ep) assert_int_equal(p.parallel.ep, 2);
     }
+    /* and unasked, expert parallelism is searched too: Mixtral-8x7B on 8
+     * nodes of one GPU streams its weights from the host at ZeRO-3, and EP 2
+     * halves the experts a rank gathers; the wider search is never slower
+     * than EP 1 */
+    double step[2];
+    for (int asked = 0; asked < 2; asked++) {
+        snprintf(args, sizeof args,
+                 "plan --model %s/hf-configs/mixtral-8x7b.json --gpus 8 --seq 4096 "
+                 "--global-batch 64%s --json-out %s",
+                 ZO_FIXTURES_DIR, asked ? " --ep 1" : "", path);
+        if (run_memplan(args, out, sizeof out)) fail_msg("%s\n%s", args, out);
+        zo_plan p;
+        assert_int_equal(zo_plan_load(path, &p), ZO_OK);
+        char why[512] = "";
+        if (zo_capability_check_plan(&p, why, sizeof why)) fail_msg("%s: %s", args, why);
+        step[asked] = p.predicted.step_s;
+        if (!asked) assert_true(p.parallel.ep > 1);
+        else assert_int_equal(p.parallel.ep, 1);
+    }
+    assert_true(step[0] < step[1]);
     /* fixed outside the table: refused, the table's words */
     zo_run_shape tp, lora, dpu, ep_lora;
     zo_run_shape_defaults(&ep_lora);
