@@ -433,7 +433,9 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     m->ep_rows = P > 1 ? P * N * (K < El ? K : El) : 0;
     if (P > 1 && F > 0 && P * El * Cap < m->ep_rows) m->ep_rows = P * El * Cap;
     size_t Mr = m->moe_rows, X = P > 1 ? m->ep_rows : Mr;
-    size_t wide = max_z(N * widest_mlp(c), X * fe); /* [rows, columns] of the MLP's scratch */
+    /* [rows, columns] of the MLP's scratch: the shared expert's, the pairs
+     * kept (N top_k of them dropless), the rows at the experts here */
+    size_t wide = max_z(max_z(N * mlp_width(c), Mr * fe), X * fe);
     const act_req io[] = {{(void **)&m->tokens, N * 4, "tokens"}, {(void **)&m->targets, N * 4, "targets"}};
     if ((st = act_alloc(m, io, N_REQ(io))) != ZO_OK) goto out_free;
     if (!m->opts.external_res)
