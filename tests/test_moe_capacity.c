@@ -69,15 +69,58 @@ static const model_tensor *find(const model_layout *l, model_role role, int idx)
 static double silu(double v) { return v / (1.0 + exp(-v)); }
 static double sigm(double v) { return 1.0 / (1.0 + exp(-v)); }
 
-/* The reference: the layer's MoE block in double. w: the block's weights
- * (fp32, the layout's); x, G [N, h]. Fills the loss sum(out G), dx, the
- * block's gradient dw (the MoE block's tensors and the second norm's) and
- * the pairs chosen and dropped. */
+/* What the reference computes: the loss sum(out G), dx [N, h], the block's
+ * gradient dw (the MoE block's tensors and the second norm's), the pairs
+ * chosen and dropped. */
 typedef struct ref_out {
     double loss, *dx, *dw;
     int pairs, dropped;
 } ref_out;
 
+/* One row u [h] through a SwiGLU MLP of width f (tensors t: gate, up,
+ * down) scaled by `scale`: adds scale (silu(u Wg) (u Wu)) Wd . G to the
+ * loss, the weights' gradients to o->dw and u's to du; returns the
+ * gradient of the scale. buf: 4 f doubles. */
+static double mlp_row(const float *w, const model_tensor *const t[3], int f, int h, const double *u,
+                      const float *G, double scale, ref_out *o, double *du, double *buf)
+{
+    double *g1 = buf, *g3 = buf + f, *a = buf + 2 * f, *da = buf + 3 * f, dscale = 0;
+    const size_t og = t[0]->offset, ou = t[1]->offset, od = t[2]->offset;
+    for (int j = 0; j < f; j++) {
+        g1[j] = g3[j] = 0;
+        for (int i = 0; i < h; i++) {
+            g1[j] += u[i] * w[og + (size_t)j * h + i];
+            g3[j] += u[i] * w[ou + (size_t)j * h + i];
+        }
+        a[j] = silu(g1[j]) * g3[j];
+    }
+    for (int i = 0; i < h; i++) {
+        double yi = 0;
+        for (int j = 0; j < f; j++) yi += a[j] * w[od + (size_t)i * f + j];
+        o->loss += scale * yi * G[i];
+    }
+    for (int j = 0; j < f; j++) {
+        double gj = 0; /* (Wd^T G)_j */
+        for (int i = 0; i < h; i++) {
+            gj += w[od + (size_t)i * f + j] * G[i];
+            o->dw[od + (size_t)i * f + j] += scale * G[i] * a[j];
+        }
+        dscale += a[j] * gj;
+        da[j] = scale * gj;
+    }
+    for (int j = 0; j < f; j++) {
+        double sg = sigm(g1[j]), d1 = da[j] * g3[j] * sg * (1 + g1[j] * (1 - sg)), d3 = da[j] * silu(g1[j]);
+        for (int i = 0; i < h; i++) {
+            o->dw[og + (size_t)j * h + i] += d1 * u[i];
+            o->dw[ou + (size_t)j * h + i] += d3 * u[i];
+            du[i] += d1 * w[og + (size_t)j * h + i] + d3 * w[ou + (size_t)j * h + i];
+        }
+    }
+    return dscale;
+}
+
+/* The reference: the layer's MoE block in double. w: the block's weights
+ * (fp32, the layout's); x, G [N, h]. */
 static void reference(const zo_model_config *c, const model_layout *l, const float *w, const float *x,
                       const float *G, double F, ref_out *o)
 {
@@ -89,8 +132,7 @@ static void reference(const zo_model_config *c, const model_layout *l, const flo
     double *wt = calloc((size_t)N * E, sizeof *wt), *dwt = calloc((size_t)N * E, sizeof *dwt);
     int *chosen = calloc((size_t)N * E, sizeof *chosen), *rank = calloc((size_t)N * E, sizeof *rank);
     int *kept = calloc((size_t)N * E, sizeof *kept);
-    double *ga = malloc(sizeof(double) * (size_t)(fe > fs ? fe : fs) * 4);
-    double *g1 = ga, *g3 = ga + (fe > fs ? fe : fs), *a = g3 + (fe > fs ? fe : fs), *da = a + (fe > fs ? fe : fs);
+    double *buf = malloc(sizeof(double) * (size_t)(fe > fs ? fe : fs) * 4);
     /* out = x + y: the residual's share of the loss and of dx */
     o->loss = 0;
     for (int i = 0; i < N * h; i++) {
@@ -144,87 +186,27 @@ static void reference(const zo_model_config *c, const model_layout *l, const flo
     }
     /* the kept pairs' experts: y_r += wt silu(u Wg) (u Wu) Wd, and back */
     for (int e = 0; e < E; e++) {
-        const model_tensor *tg = find(l, MODEL_ROLE_EXPERT_GATE_W, e), *tu = find(l, MODEL_ROLE_EXPERT_UP_W, e);
-        const model_tensor *td = find(l, MODEL_ROLE_EXPERT_DOWN_W, e);
-        for (int r = 0; r < N; r++) {
-            if (!kept[r * E + e]) continue;
-            const double ww = wt[r * E + e];
-            double dwe = 0;
-            for (int j = 0; j < fe; j++) {
-                g1[j] = g3[j] = 0;
-                for (int i = 0; i < h; i++) {
-                    g1[j] += u[r * h + i] * w[tg->offset + (size_t)j * h + i];
-                    g3[j] += u[r * h + i] * w[tu->offset + (size_t)j * h + i];
-                }
-                a[j] = silu(g1[j]) * g3[j];
-            }
-            for (int i = 0; i < h; i++) {
-                double yi = 0;
-                for (int j = 0; j < fe; j++) yi += a[j] * w[td->offset + (size_t)i * fe + j];
-                o->loss += ww * yi * G[r * h + i];
-            }
-            for (int j = 0; j < fe; j++) {
-                double gj = 0; /* (Wd^T G_r)_j */
-                for (int i = 0; i < h; i++) {
-                    gj += w[td->offset + (size_t)i * fe + j] * G[r * h + i];
-                    o->dw[td->offset + (size_t)i * fe + j] += ww * G[r * h + i] * a[j];
-                }
-                dwe += a[j] * gj;
-                da[j] = ww * gj;
-            }
-            dwt[r * E + e] = dwe;
-            for (int j = 0; j < fe; j++) {
-                double sg = sigm(g1[j]), d1 = da[j] * g3[j] * sg * (1 + g1[j] * (1 - sg)), d3 = da[j] * silu(g1[j]);
-                for (int i = 0; i < h; i++) {
-                    o->dw[tg->offset + (size_t)j * h + i] += d1 * u[r * h + i];
-                    o->dw[tu->offset + (size_t)j * h + i] += d3 * u[r * h + i];
-                    du[r * h + i] += d1 * w[tg->offset + (size_t)j * h + i] + d3 * w[tu->offset + (size_t)j * h + i];
-                }
-            }
-        }
+        const model_tensor *t[3] = {find(l, MODEL_ROLE_EXPERT_GATE_W, e), find(l, MODEL_ROLE_EXPERT_UP_W, e),
+                                    find(l, MODEL_ROLE_EXPERT_DOWN_W, e)};
+        for (int r = 0; r < N; r++)
+            if (kept[r * E + e])
+                dwt[r * E + e] = mlp_row(w, t, fe, h, u + (size_t)r * h, G + (size_t)r * h, wt[r * E + e], o,
+                                         du + (size_t)r * h, buf);
     }
     /* the shared expert: y += sigmoid(u wsg) silu(u Wg) (u Wu) Wd, and back */
     if (fs) {
-        const model_tensor *tg = find(l, MODEL_ROLE_MLP_GATE_W, 0), *tu = find(l, MODEL_ROLE_MLP_UP_W, 0);
-        const model_tensor *td = find(l, MODEL_ROLE_MLP_DOWN_W, 0), *tz = find(l, MODEL_ROLE_SHARED_GATE_W, 0);
+        const model_tensor *t[3] = {find(l, MODEL_ROLE_MLP_GATE_W, 0), find(l, MODEL_ROLE_MLP_UP_W, 0),
+                                    find(l, MODEL_ROLE_MLP_DOWN_W, 0)};
+        const model_tensor *tz = find(l, MODEL_ROLE_SHARED_GATE_W, 0);
         for (int r = 0; r < N; r++) {
-            double z = 0, dz = 0;
+            double z = 0;
             for (int i = 0; i < h; i++) z += u[r * h + i] * w[tz->offset + i];
             const double sz = sigm(z);
-            for (int j = 0; j < fs; j++) {
-                g1[j] = g3[j] = 0;
-                for (int i = 0; i < h; i++) {
-                    g1[j] += u[r * h + i] * w[tg->offset + (size_t)j * h + i];
-                    g3[j] += u[r * h + i] * w[tu->offset + (size_t)j * h + i];
-                }
-                a[j] = silu(g1[j]) * g3[j];
-            }
-            for (int i = 0; i < h; i++) {
-                double yi = 0;
-                for (int j = 0; j < fs; j++) yi += a[j] * w[td->offset + (size_t)i * fs + j];
-                o->loss += sz * yi * G[r * h + i];
-            }
-            for (int j = 0; j < fs; j++) {
-                double gj = 0;
-                for (int i = 0; i < h; i++) {
-                    gj += w[td->offset + (size_t)i * fs + j] * G[r * h + i];
-                    o->dw[td->offset + (size_t)i * fs + j] += sz * G[r * h + i] * a[j];
-                }
-                dz += a[j] * gj;
-                da[j] = sz * gj;
-            }
+            double dz = mlp_row(w, t, fs, h, u + (size_t)r * h, G + (size_t)r * h, sz, o, du + (size_t)r * h, buf);
             dz *= sz * (1 - sz);
             for (int i = 0; i < h; i++) {
                 o->dw[tz->offset + i] += dz * u[r * h + i];
                 du[r * h + i] += dz * w[tz->offset + i];
-            }
-            for (int j = 0; j < fs; j++) {
-                double sg = sigm(g1[j]), d1 = da[j] * g3[j] * sg * (1 + g1[j] * (1 - sg)), d3 = da[j] * silu(g1[j]);
-                for (int i = 0; i < h; i++) {
-                    o->dw[tg->offset + (size_t)j * h + i] += d1 * u[r * h + i];
-                    o->dw[tu->offset + (size_t)j * h + i] += d3 * u[r * h + i];
-                    du[r * h + i] += d1 * w[tg->offset + (size_t)j * h + i] + d3 * w[tu->offset + (size_t)j * h + i];
-                }
             }
         }
     }
@@ -268,7 +250,7 @@ static void reference(const zo_model_config *c, const model_layout *l, const flo
     free(chosen);
     free(rank);
     free(kept);
-    free(ga);
+    free(buf);
 }
 
 /* |got - want| <= tol max |want| over n values. */
