@@ -18,7 +18,8 @@
  * expert 3) and
  * two router rows are equal (exact ties in the router's weights); N = 7
  * tokens, a multiple of neither model's experts. Factors 0.5, 1.0 and
- * 1.25 drop, 8 never does, 0 is dropless. */
+ * 1.25 drop, 8 never does, 0 is dropless; 0.5 also with the layer
+ * recomputed before its backward (it routes again, uncounted). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -268,8 +269,9 @@ static void compare(const char *what, const float *got, const double *want, size
 }
 
 /* One model and capacity factor: the layer's forward and backward against
- * the reference; returns the pairs the layer dropped. */
-static int check(int which, double F)
+ * the reference (with `recompute`: the layer's activations recomputed
+ * before its backward, routing again); returns the pairs the layer dropped. */
+static int check(int which, double F, int recompute)
 {
     zo_model_config cfg;
     assert_int_equal(zo_model_config_parse(configs[which], "test", &cfg), ZO_OK);
@@ -279,7 +281,7 @@ static int check(int which, double F)
     gpu_stream_t s;
     assert_int_equal(gpu_device_init_cpu(&co, &dev), ZO_OK);
     assert_int_equal(gpu_stream_create(dev, &s), ZO_OK);
-    tf_options o = {.external_res = 1, .capacity_factor = F};
+    tf_options o = {.external_res = 1, .capacity_factor = F, .recompute = recompute};
     tf_model m;
     if (tf_init_opts(&m, &cfg, dev, ZO_DTYPE_F32, NB, NT + 2, &o) != ZO_OK) fail_msg("tf_init: %s", zo_last_error());
     const model_layout *l = &m.layout;
@@ -326,6 +328,8 @@ static int check(int which, double F)
     assert_int_equal(gpu_stream_synchronize(s), ZO_OK);
     double loss = 0;
     for (int i = 0; i < N * h; i++) loss += (double)((float *)xout)[i] * G[i];
+    if (recompute && tf_block_recompute(&m, BLK, &bb, s) != ZO_OK) fail_msg("recompute: %s", zo_last_error());
+    assert_int_equal(gpu_stream_synchronize(s), ZO_OK);
     memcpy(m.dres, G, (size_t)N * h * 4);
     if (tf_block_backward(&m, BLK, &bb, 1.0f, s) != ZO_OK) fail_msg("backward: %s", zo_last_error());
     assert_int_equal(gpu_stream_synchronize(s), ZO_OK);
@@ -333,10 +337,10 @@ static int check(int which, double F)
     ref_out ro = {.dx = calloc((size_t)N * h, sizeof(double)), .dw = calloc(nw, sizeof(double))};
     reference(&cfg, l, w, x, G, F, &ro);
     char what[160];
-    snprintf(what, sizeof what, "%s F %g", which ? "qwen2_moe" : "mixtral", F);
+    snprintf(what, sizeof what, "%s F %g%s", which ? "qwen2_moe" : "mixtral", F, recompute ? " recompute" : "");
     if (!(fabs(loss - ro.loss) <= 1e-5 * fmax(1.0, fabs(ro.loss))))
         fail_msg("%s: loss %.9g against %.9g", what, loss, ro.loss);
-    assert_int_equal((int)m.moe_pairs, ro.pairs);
+    assert_int_equal((int)m.moe_pairs, ro.pairs); /* (a recompute's routing not counted) */
     assert_int_equal((int)m.moe_dropped, ro.dropped);
     char t[320];
     snprintf(t, sizeof t, "%s: dL/dx", what);
@@ -374,11 +378,12 @@ static int check(int which, double F)
 
 static void run_model(int which)
 {
-    assert_int_equal(check(which, 0), 0);  /* dropless */
-    assert_true(check(which, 0.5) > 0);
-    assert_true(check(which, 1.0) > 0);     /* skewed: expert 0 over its fair share */
-    assert_true(check(which, 1.25) > 0);
-    assert_int_equal(check(which, 8), 0);  /* room for every pair */
+    assert_int_equal(check(which, 0, 0), 0); /* dropless */
+    assert_true(check(which, 0.5, 0) > 0);
+    assert_true(check(which, 0.5, 1) > 0);   /* the recompute routes as the forward did */
+    assert_true(check(which, 1.0, 0) > 0);   /* skewed: experts 0 and 3 over their fair share */
+    assert_true(check(which, 1.25, 0) > 0);
+    assert_int_equal(check(which, 8, 0), 0); /* room for every pair */
 }
 
 static void test_mixtral(void **state)
