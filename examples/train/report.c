@@ -180,7 +180,12 @@ void report_progress(train_report *rp, const train_run *r, long k, double loss)
     if (!rp->progress) return;
     long steps = rp->a->steps;
     double el = zo_now() - rp->t_start;
-    fprintf(stderr, "\r[%ld/%ld] loss %.4f, %.0fs left ", k + 1, steps, loss, el / (k + 1 - r->k0) * (steps - k - 1));
+    char dropped[40] = "";
+    if (r->m.opts.capacity_factor > 0)
+        snprintf(dropped, sizeof dropped, ", %.1f%% dropped",
+                 r->step_pairs ? 100.0 * (double)r->step_dropped / (double)r->step_pairs : 0.0);
+    fprintf(stderr, "\r[%ld/%ld] loss %.4f%s, %.0fs left ", k + 1, steps, loss, dropped,
+            el / (k + 1 - r->k0) * (steps - k - 1));
 }
 
 /* ---- the end ---------------------------------------------------------------------------- */
