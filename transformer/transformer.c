@@ -1334,7 +1334,7 @@ static zo_status moe_route(tf_model *m, int l, gpu_stream_t s, int count)
                 int rank = m->moe_rank_h[(size_t)r * E + e];
                 if (rank > cut || (rank == cut && room-- <= 0)) continue; /* over the capacity: dropped */
             }
-            if ((size_t)n == m->moe_rows)
+            if ((size_t)n == (F > 0 ? m->moe_rows : (size_t)N * K)) /* (a capacity: the chosen were counted) */
                 return zo_error(ZO_ERR_INTERNAL, "transformer: layer %d: the router chose more than %d experts "
                                 "per token", l, m->cfg.moe.top_k);
             a->moe_idx_h[n] = r;
