@@ -211,14 +211,9 @@ static zo_status check_ep(const train_args *a, const zo_model_config *cfg, int r
     if (cfg->moe.experts % ep)
         return zo_error(ZO_ERR_INVALID, "--ep %d does not divide the %d experts of %s", ep, cfg->moe.experts,
                         cfg->name);
-    /* its checkpoints and merge are ZeRO-0's (offload/ckpt.c, weights.c) */
-    const char *what = a->ckpt ? "--ckpt" : a->resume ? "--resume" : a->merge ? "--merge" : NULL;
-    int zero = a->p.cfg.zero_stage;
-    if (what && zero)
-        return zo_error(ZO_ERR_UNSUPPORTED, "%s with expert parallelism (--ep %d, parallel.ep) at ZeRO-%d (--zero "
-                        "%d, parallel.zero): expert-parallel checkpoints and merges are written at ZeRO-0 only; "
-                        "train with --zero 0 for them (--save writes the weights or the adapters)", what, ep, zero,
-                        zero);
+    /* (checkpoints and --merge run at every stage that runs: offload/ckpt.c
+     * gathers a ZeRO 1-3 part into the expert shards; a merge's frozen
+     * base is whole at ZeRO 0-2; ZeRO-3 partitions it, refused above) */
     return ZO_OK;
 }
 
