@@ -28,16 +28,20 @@
  * state.json and, last, the manifest with every file's sum and the
  * partition, from which a run of any rank count re-partitions.
  *
- * Expert parallelism at ZeRO-0 (offload_config.ep_comm): the ranks of one
- * group hold the dense part alike and each its own experts, so the ranks
- * of the first group (world ranks 0 .. N-1) each write their state as
+ * Expert parallelism (offload_config.ep_comm): the ranks of one group
+ * hold the dense part alike and each its own experts, so the ranks of the
+ * first group (world ranks 0 .. N-1) each write their state as
  * optimizer-ep-<q>-of-<N>.safetensors (q: the rank in its group), blocks
  * laid out as the rank holds them, and the manifest's "experts" says which
  * experts each shard holds; state.json's expert_steps are the whole
- * model's (gathered over the group), its params too. A run of any layout
- * reads it element by element through the experts' places (ck_experts):
- * the same --ep, one rank, or another --ep dividing the experts. No
- * model.safetensors is written (--save writes the whole model). */
+ * model's (gathered over the group), its params too. At ZeRO 1-3 each
+ * block is gathered from every rank's part first (write_opt_gathered), so
+ * the files are ZeRO-0's, and the encoded state's image is each rank's of
+ * its part (optimizer-ep<N>-<r>-of-<W>.image). A run of any layout and
+ * stage reads it element by element through the experts' places
+ * (ck_experts): the same --ep, one rank, or another --ep dividing the
+ * experts; an --ep run reads a one-rank or ZeRO 1-3 checkpoint the same
+ * way. No model.safetensors is written (--save writes the whole model). */
 #include "offload/ckpt.h"
 
 #include <dirent.h>
@@ -808,6 +812,16 @@ static zo_status save_ckpt(offload_ckpt *ck, offload_dp *dp, const ep_save *xs, 
     return dp_agree(dp, st, "offload_save");
 }
 
+/* Expert parallelism at ZeRO 1-3 with an optimizer share on the GPU: its
+ * checkpoints are refused (not run yet). */
+static zo_status ep_device_share(const offload_ckpt *ck, const ck_experts *x, const char *what)
+{
+    if (x->ep <= 1 || !x->E || !offload_dp_partitioned(ck->env->dp) || !(ck->cfg->opt_frac[OFFLOAD_DEVICE] > 0))
+        return ZO_OK;
+    return zo_error(ZO_ERR_UNSUPPORTED, "%s: a checkpoint of expert parallelism (a group of %d) at ZeRO-%d with an "
+                    "optimizer share on the GPU is not written yet", what, x->ep, ck->env->dp->stage);
+}
+
 /* Expert parallelism: the whole model's expert steps gathered over the
  * group (each rank's [nb x El], in pieces a gather moves), then the first
  * group's ranks write their shards (at ZeRO 1-3 gathered from every rank's
@@ -856,7 +870,8 @@ zo_status offload_ckpt_save(offload_ckpt *ck, const char *dir, const offload_ckp
     ck_experts x;
     if ((st = experts_init(ck, &x)) != ZO_OK) return st;
     if (x.ep > 1 && x.E) {
-        st = save_experts(ck, &x, dir, meta);
+        st = ep_device_share(ck, &x, "offload_save");
+        if (st == ZO_OK) st = save_experts(ck, &x, dir, meta);
         experts_free(&x);
         return st;
     }
@@ -1262,6 +1277,10 @@ zo_status offload_ckpt_load(offload_ckpt *ck, const char *dir, offload_ckpt_meta
     ckpt_manifest mf;
     ck_experts x;
     if ((st = resolve(dir, cdir, sizeof cdir)) != ZO_OK || (st = experts_init(ck, &x)) != ZO_OK) return st;
+    if ((st = ep_device_share(ck, &x, "offload_load")) != ZO_OK) {
+        experts_free(&x);
+        return st;
+    }
     /* every rank's checks passed (a damaged file is named by the rank
      * that hashed it, and ends every rank) */
     zo_status mine = check_checkpoint(ck, &x, cdir, &cs, &mf);
