@@ -1222,6 +1222,34 @@ static void test_moe_ep_zero_ckpt(void **state)
     snprintf(run, sizeof run, "%s/epz-run-13/step-00000002", dir);
     zckpt_resume(common, 2, "--ep 2 --zero 2 --grad-accum 2", run, ref[13], "(mixtral LoRA, --ep 2 --zero 1, 4 "
                  "ranks) with --ep 2 --zero 2 on 2 ranks");
+    /* experts without tokens (test_moe_ep_ckpt's model: 32 experts, one a
+     * token): a ZeRO-2 --ep 2 checkpoint's expert steps, gathered over the
+     * group, resumed on one rank: its step-4 expert steps and losses are
+     * one rank's uninterrupted run's */
+    char want[4096], got_steps[4096];
+    double one[STEPS];
+    snprintf(path, sizeof path, "%s/mixtral_sparse.json", dir);
+    files_write_text(path, mixtral_sparse_config);
+    config = strrchr(path, '/') + 1;
+    snprintf(common, sizeof common, "--steps %d --micro-batch 2 --seq 32 %s", STEPS, full[0][0]);
+    for (const char *d = "epz-one\0epz-sparse\0epz-other\0"; *d; d += strlen(d) + 1) {
+        snprintf(a, sizeof a, "%s/%s", dir, d);
+        files_remove_tree(a);
+    }
+    snprintf(args, sizeof args, "%s --grad-accum 2 --ckpt %s/epz-one", common, dir);
+    train_ok(0, args, one, NULL);
+    snprintf(args, sizeof args, "%s --ep 2 --zero 2 --steps 2 --ckpt %s/epz-sparse", common, dir);
+    train_ok(2, args, NULL, NULL);
+    snprintf(run, sizeof run, "%s/epz-sparse", dir);
+    snprintf(a, sizeof a, "--grad-accum 2 --ckpt %s/epz-other", dir);
+    zckpt_resume(common, 0, a, run, one, "(32 experts, one a token, --ep 2 --zero 2) on one rank");
+    snprintf(a, sizeof a, "%s/epz-one/step-%08d", dir, STEPS);
+    expert_steps_text(a, want, sizeof want);
+    snprintf(a, sizeof a, "%s/epz-other/step-%08d", dir, STEPS);
+    expert_steps_text(a, got_steps, sizeof got_steps);
+    printf("    its step-%d expert steps %s\n", STEPS, strcmp(got_steps, want) ? "DIFFER" : "are one rank's");
+    assert_string_equal(got_steps, want);
+    ep_use_model(0, path, sizeof path);
     /* refused by name, exit 2, nothing trained */
     static char out[1 << 16];
     snprintf(a, sizeof a, "%s/epz-run-4/step-00000002/optimizer-ep-00001-of-00002.safetensors", dir);
