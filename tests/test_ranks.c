@@ -1146,7 +1146,8 @@ static void zckpt_resume(const char *common, int np, const char *extra, const ch
  * (fp32, as printed) and every file of the step-4 checkpoint byte for byte
  * the uninterrupted run's. Resumed in other configurations (one rank,
  * ZeRO-0, another --ep, another stage, fewer ranks; a ZeRO-2 checkpoint
- * without --ep resumed with it): within 1e-6 of the uninterrupted run.
+ * without --ep resumed with it): within 1e-6 of the uninterrupted run;
+ * with experts no token went to, the expert step counts one rank's.
  * Refused by name, exit 2: a shard with a byte changed, an image missing,
  * --merge at ZeRO-3. Then --merge with --ep 2 at ZeRO 1 and 2: the merged
  * folder of one rank's --grad-accum 2, bit for bit with --lr 0, within
