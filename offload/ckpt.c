@@ -28,16 +28,20 @@
  * state.json and, last, the manifest with every file's sum and the
  * partition, from which a run of any rank count re-partitions.
  *
- * Expert parallelism at ZeRO-0 (offload_config.ep_comm): the ranks of one
- * group hold the dense part alike and each its own experts, so the ranks
- * of the first group (world ranks 0 .. N-1) each write their state as
+ * Expert parallelism (offload_config.ep_comm): the ranks of one group
+ * hold the dense part alike and each its own experts, so the ranks of the
+ * first group (world ranks 0 .. N-1) each write their state as
  * optimizer-ep-<q>-of-<N>.safetensors (q: the rank in its group), blocks
  * laid out as the rank holds them, and the manifest's "experts" says which
  * experts each shard holds; state.json's expert_steps are the whole
- * model's (gathered over the group), its params too. A run of any layout
- * reads it element by element through the experts' places (ck_experts):
- * the same --ep, one rank, or another --ep dividing the experts. No
- * model.safetensors is written (--save writes the whole model). */
+ * model's (gathered over the group), its params too. At ZeRO 1-3 each
+ * block is gathered from every rank's part first (write_opt_gathered), so
+ * the files are ZeRO-0's, and the encoded state's image is each rank's of
+ * its part (optimizer-ep<N>-<r>-of-<W>.image). A run of any layout and
+ * stage reads it element by element through the experts' places
+ * (ck_experts): the same --ep, one rank, or another --ep dividing the
+ * experts; an --ep run reads a one-rank or ZeRO 1-3 checkpoint the same
+ * way. No model.safetensors is written (--save writes the whole model). */
 #include "offload/ckpt.h"
 
 #include <dirent.h>
@@ -63,6 +67,8 @@
 #define LATEST_FILE "latest"
 
 static const char *const opt_names[3] = {"master", "exp_avg", "exp_avg_sq"};
+
+static zo_status dp_agree(offload_dp *dp, zo_status mine, const char *what);
 
 static void hook(const offload_ckpt *ck, const char *point)
 {
@@ -324,13 +330,73 @@ out_free:
     return st;
 }
 
+/* Expert parallelism at ZeRO 1-3: every block's master, m and v as the
+ * rank lays it out (what ZeRO-0's expert shard holds), gathered from every
+ * rank's part (the dense segments over the world, the experts over
+ * expert_comm; offload_dp_gather_block). Every rank takes part in every
+ * gather, in block order; the first group's ranks (`writes`) put the blocks
+ * in `path`. Host memory: a block's part of the three arrays and one whole
+ * block. */
+static zo_status write_opt_gathered(offload_ckpt *ck, const char *path, int writes)
+{
+    const offload_geom *g = ck->g, *og = ck->og;
+    offload_dp *dp = ck->env->dp;
+    int nb = g->nb, n = 0;
+    zo_status st = ZO_OK;
+    float *part = NULL, *whole = NULL;
+    model_st_writer *w = NULL;
+    model_st_entry *e = calloc(3 * (size_t)nb, sizeof *e);
+    char(*names)[48] = calloc(3 * (size_t)nb, sizeof *names);
+    int *first = calloc((size_t)nb, sizeof *first);
+    size_t P = 1; /* the largest part */
+    for (int b = 0; b < nb; b++) P = og->numel[b] > P ? og->numel[b] : P;
+    if (!e || !names || !first) st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
+    for (int b = 0; b < nb && st == ZO_OK; b++) {
+        first[b] = n;
+        for (int a = 0; a < 3 && g->numel[b]; a++, n++) {
+            snprintf(names[n], sizeof names[n], "block.%d.%s", b, opt_names[a]);
+            e[n] = (model_st_entry){.name = names[n], .dtype = ZO_DTYPE_F32, .ndim = 1,
+                                    .shape = {(int64_t)g->numel[b]}};
+        }
+    }
+    if (st == ZO_OK) st = offload_host_alloc(ck->env, 3 * P * 4, 0, (void **)&part);
+    if (st == ZO_OK) st = offload_host_alloc(ck->env, g->largest * 4 + 4, 0, (void **)&whole);
+    if (st == ZO_OK && writes) st = model_st_writer_open(&w, path, e, n);
+    /* every rank goes on to the gathers only when every rank can */
+    st = dp_agree(dp, st, "offload_save");
+    for (int b = 0; b < nb && st == ZO_OK; b++) {
+        if (b == nb / 2) hook(ck, "optimizer-half");
+        if (!g->numel[b]) continue;
+        if (og->numel[b]) st = ostate_read(ck->os, og->off[b], og->numel[b], part, part + P, part + 2 * P);
+        st = dp_agree(dp, st, "offload_save");
+        for (int a = 0; a < 3 && st == ZO_OK; a++) {
+            st = offload_dp_gather_block(dp, b, g->numel[b], part + (size_t)a * P, whole);
+            if (st == ZO_OK && w) st = model_st_writer_put(w, first[b] + a, 0, g->numel[b], whole);
+        }
+    }
+    if (w && st == ZO_OK) st = model_st_writer_commit(w);
+    else if (w) model_st_writer_abort(w);
+    offload_host_free(ck->env, part, 3 * P * 4, 0);
+    offload_host_free(ck->env, whole, g->largest * 4 + 4, 0);
+    free(names);
+    free(e);
+    free(first);
+    return st;
+}
+
 /* The image file of a rank's optimizer file: optimizer.image, or
  * optimizer-<r>-of-<N>.image beside a shard (optimizer-ep-<q>-of-<N>.image
- * beside an expert shard: `ep`). */
+ * beside an expert shard: `ep` 1; with `ep` N > 1, expert parallelism's
+ * at ZeRO 1-3, rank r's of N world ranks, optimizer-epN-<r>-of-<N>.image:
+ * its part, which the rank count, the group size and the rank decide). */
 static void image_name(char *buf, size_t len, int rank, int ranks, int ep)
 {
     if (!ranks) {
         snprintf(buf, len, IMAGE_FILE);
+        return;
+    }
+    if (ep > 1) {
+        snprintf(buf, len, "optimizer-ep%d-%05d-of-%05d.image", ep, rank, ranks);
         return;
     }
     if (ep) ckpt_ep_shard_name(buf, len, rank, ranks);
@@ -682,6 +748,7 @@ static zo_status save_ckpt(offload_ckpt *ck, offload_dp *dp, const ep_save *xs, 
 {
     int rank = dp ? dp->rank : 0, ranks = dp ? dp->size : 1;
     int writes = !xs || rank < xs->x->ep; /* the first group's ranks, each its experts */
+    int gathered = xs && offload_dp_partitioned(dp); /* ZeRO 1-3: every rank's parts gathered */
     save_dir s = {.dfd = -1, .tfd = -1};
     char path[4400], file[64];
     zo_status st = rank == 0 ? save_begin(ck, dir, &s) : ZO_OK;
@@ -705,15 +772,21 @@ static zo_status save_ckpt(offload_ckpt *ck, offload_dp *dp, const ep_save *xs, 
     snprintf(path, sizeof path, "%s/%s", s.tmp, file);
     ckpt_file_sum mine[2];
     memset(mine, 0, sizeof mine);
-    if (writes && (st = ostate_sync(ck->os)) == ZO_OK && (st = write_opt(ck, path)) == ZO_OK &&
-        (st = ostate_sync(ck->os)) == ZO_OK)
+    if (gathered) { /* a collective: every rank, the writers write */
+        if ((st = ostate_sync(ck->os)) == ZO_OK && (st = write_opt_gathered(ck, path, writes)) == ZO_OK &&
+            (st = ostate_sync(ck->os)) == ZO_OK && writes)
+            st = ckpt_file_hash(s.tmp, file, &mine[0]);
+    } else if (writes && (st = ostate_sync(ck->os)) == ZO_OK && (st = write_opt(ck, path)) == ZO_OK &&
+               (st = ostate_sync(ck->os)) == ZO_OK) {
         st = ckpt_file_hash(s.tmp, file, &mine[0]);
+    }
     /* the encoded state as the shards hold it, when the fp32 values do not
-     * say it exactly */
+     * say it exactly (ZeRO 1-3 with experts: every rank's own part) */
     int imaged = 0;
-    image_name(file, sizeof file, q, dp ? shards : 0, xs != NULL);
+    if (gathered) image_name(file, sizeof file, rank, ranks, shards);
+    else image_name(file, sizeof file, q, dp ? shards : 0, xs != NULL);
     snprintf(path, sizeof path, "%s/%s", s.tmp, file);
-    if (writes && st == ZO_OK && (st = write_image(ck, path, &imaged)) == ZO_OK && imaged)
+    if ((writes || gathered) && st == ZO_OK && (st = write_image(ck, path, &imaged)) == ZO_OK && imaged)
         st = ostate_sync(ck->os);
     if (st == ZO_OK && imaged) st = ckpt_file_hash(s.tmp, file, &mine[1]);
     /* the weights (a collective when they are partitioned) */
@@ -739,16 +812,25 @@ static zo_status save_ckpt(offload_ckpt *ck, offload_dp *dp, const ep_save *xs, 
     return dp_agree(dp, st, "offload_save");
 }
 
-/* Expert parallelism at ZeRO-0: the whole model's expert steps gathered
- * over the group (each rank's [nb x El], in pieces a gather moves), then
- * the first group's ranks write their shards. The weights are not written:
- * no rank holds them whole. */
+/* Expert parallelism at ZeRO 1-3 with an optimizer share on the GPU: its
+ * checkpoints are refused (not run yet). */
+static zo_status ep_device_share(const offload_ckpt *ck, const ck_experts *x, const char *what)
+{
+    if (x->ep <= 1 || !x->E || !offload_dp_partitioned(ck->env->dp) || !(ck->cfg->opt_frac[OFFLOAD_DEVICE] > 0))
+        return ZO_OK;
+    return zo_error(ZO_ERR_UNSUPPORTED, "%s: a checkpoint of expert parallelism (a group of %d) at ZeRO-%d with an "
+                    "optimizer share on the GPU is not written yet", what, x->ep, ck->env->dp->stage);
+}
+
+/* Expert parallelism: the whole model's expert steps gathered over the
+ * group (each rank's [nb x El], in pieces a gather moves), then the first
+ * group's ranks write their shards (at ZeRO 1-3 gathered from every rank's
+ * part first, every rank its image of its part). The weights are not
+ * written: no rank holds them whole. */
 static zo_status save_experts(offload_ckpt *ck, const ck_experts *x, const char *dir, const offload_ckpt_meta *meta)
 {
     offload_dp *dp = ck->env->dp;
-    if (!dp || offload_dp_partitioned(dp))
-        return zo_error(ZO_ERR_UNSUPPORTED, "offload_save: a checkpoint of expert parallelism (a group of %d) at "
-                        "ZeRO-%d: only ZeRO-0's is written", x->ep, dp ? dp->stage : 0);
+    if (!dp) return zo_error(ZO_ERR_INTERNAL, "offload_save: expert parallelism without data parallelism");
     size_t nb = (size_t)ck->g->nb, local = nb * (size_t)x->El, per = OFFLOAD_GATHER_MAX / sizeof(int64_t);
     int64_t *steps = calloc(nb * (size_t)x->E + 1, sizeof *steps), piece[OFFLOAD_GATHER_MAX / sizeof(int64_t)];
     int64_t *got = calloc((size_t)x->ep * per, sizeof *got);
@@ -788,7 +870,8 @@ zo_status offload_ckpt_save(offload_ckpt *ck, const char *dir, const offload_ckp
     ck_experts x;
     if ((st = experts_init(ck, &x)) != ZO_OK) return st;
     if (x.ep > 1 && x.E) {
-        st = save_experts(ck, &x, dir, meta);
+        st = ep_device_share(ck, &x, "offload_save");
+        if (st == ZO_OK) st = save_experts(ck, &x, dir, meta);
         experts_free(&x);
         return st;
     }
@@ -878,6 +961,7 @@ typedef struct ck_source {
     int opened;
     int ranks;              /* shards: how many, 0 for one file */
     const uint64_t *part;   /* [nb] shards: elements of a rank's part of block b (the manifest's) */
+    const uint64_t *numel;  /* [nb] shards: elements of block b (the manifest's: the whole model's) */
     model_st_file *files;   /* [ranks], or [xshards] */
     int n_files;
     const ck_experts *x;    /* mapped through the experts' places; NULL: as it lies */
@@ -921,7 +1005,11 @@ static zo_status source_open(const offload_ckpt *ck, const char *cdir, const ckp
     zo_status st = ZO_OK;
     memset(s, 0, sizeof *s);
     const ckpt_partition *p = &mf->partition;
-    if (x) { /* every tensor of every file this run may read from */
+    if (x && p->ranks) { /* a partitioned checkpoint of the whole model, read through the experts' places */
+        s->x = x;
+        s->xc = x->E;
+    }
+    if (x && !p->ranks) { /* every tensor of every file this run may read from */
         s->x = x;
         s->xshards = mf->experts.shards;
         s->xc = s->xshards ? x->E / s->xshards : x->E;
@@ -952,9 +1040,11 @@ static zo_status source_open(const offload_ckpt *ck, const char *cdir, const ckp
     }
     snprintf(path, sizeof path, "%s/" CKPT_MANIFEST_NAME, cdir);
     for (int b = 0; b < ck->g->nb; b++)
-        if (p->numel[b] != ck->g->numel[b])
+        if (p->numel[b] != (x ? experts_numel(ck, x, b, x->E) : ck->g->numel[b]))
             return zo_error(ZO_ERR_INVALID, "%s: \"partition.blocks[%d]\" has %" PRIu64 " elements; this "
-                            "model's block %d has %zu", path, b, p->numel[b], b, ck->g->numel[b]);
+                            "model's block %d has %zu", path, b, p->numel[b], b,
+                            x ? experts_numel(ck, x, b, x->E) : ck->g->numel[b]);
+    s->numel = p->numel;
     s->ranks = p->ranks;
     s->part = p->part;
     if (!(s->files = calloc((size_t)s->ranks, sizeof *s->files)))
@@ -965,12 +1055,31 @@ static zo_status source_open(const offload_ckpt *ck, const char *cdir, const ckp
         if ((st = model_st_open(&s->files[r], path)) != ZO_OK) break;
         s->n_files++;
         for (int b = 0; b < ck->g->nb && st == ZO_OK; b++) {
-            size_t n = shard_n(ck->g->numel[b], s->part[b], r);
+            size_t n = shard_n(s->numel[b], s->part[b], r);
             for (int a = 0; a < 3 && n && st == ZO_OK; a++) st = find_tensor(&s->files[r], b, a, n, &t);
         }
     }
     if (st != ZO_OK) source_close(s);
     return st;
+}
+
+/* Elements [rel, rel + k) of block b's array a from the shards of a
+ * partitioned checkpoint (its blocks' coordinates: the whole model's) into
+ * dst. */
+static zo_status source_read_parts(ck_source *s, int b, size_t rel, size_t k, int a, float *dst)
+{
+    const model_st_tensor *t = NULL;
+    zo_status st;
+    size_t c = s->part[b];
+    for (int r = c ? (int)(rel / c) : 0; r < s->ranks && (size_t)r * c < rel + k; r++) {
+        size_t first = (size_t)r * c, n = shard_n(s->numel[b], c, r);
+        size_t lo = rel > first ? rel : first, hi = rel + k < first + n ? rel + k : first + n;
+        if (lo >= hi) continue;
+        if ((st = find_tensor(&s->files[r], b, a, n, &t)) != ZO_OK ||
+            (st = read_f32(&s->files[r], t, a, lo - first, hi - lo, dst + (lo - rel))) != ZO_OK)
+            return st;
+    }
+    return ZO_OK;
 }
 
 /* Elements [rel, rel + k) of block b's array a (master, m, v) into dst. */
@@ -981,9 +1090,10 @@ static zo_status source_read(ck_source *s, const offload_ckpt *ck, int b, size_t
     for (size_t done = 0; s->x && done < k; ) {
         int q;
         size_t y, n = experts_map(s->x, b, rel + done, k - done, s->xc, &q, &y);
-        if ((st = find_tensor(&s->files[q], b, a, experts_numel(ck, s->x, b, s->xc), &t)) != ZO_OK ||
-            (st = read_f32(&s->files[q], t, a, y, n, dst + done)) != ZO_OK)
-            return st;
+        if (s->ranks) st = source_read_parts(s, b, y, n, a, dst + done); /* (q is 0: one layout of every expert) */
+        else if ((st = find_tensor(&s->files[q], b, a, experts_numel(ck, s->x, b, s->xc), &t)) == ZO_OK)
+            st = read_f32(&s->files[q], t, a, y, n, dst + done);
+        if (st != ZO_OK) return st;
         done += n;
     }
     if (s->x) return ZO_OK;
@@ -991,16 +1101,7 @@ static zo_status source_read(ck_source *s, const offload_ckpt *ck, int b, size_t
         if ((st = find_tensor(&s->one, b, a, ck->g->numel[b], &t)) != ZO_OK) return st;
         return read_f32(&s->one, t, a, rel, k, dst);
     }
-    size_t c = s->part[b];
-    for (int r = c ? (int)(rel / c) : 0; r < s->ranks && (size_t)r * c < rel + k; r++) {
-        size_t first = (size_t)r * c, n = shard_n(ck->g->numel[b], c, r);
-        size_t lo = rel > first ? rel : first, hi = rel + k < first + n ? rel + k : first + n;
-        if (lo >= hi) continue;
-        if ((st = find_tensor(&s->files[r], b, a, n, &t)) != ZO_OK ||
-            (st = read_f32(&s->files[r], t, a, lo - first, hi - lo, dst + (lo - rel))) != ZO_OK)
-            return st;
-    }
-    return ZO_OK;
+    return source_read_parts(s, b, rel, k, a, dst);
 }
 
 /* The checkpoint `dir` names: itself when it holds a state.json, else the
@@ -1051,7 +1152,6 @@ static zo_status check_checkpoint(const offload_ckpt *ck, const ck_experts *x, c
     snprintf(path, sizeof path, "%s/" CKPT_MANIFEST_NAME, cdir);
     const ckpt_layout *l = &mf->layout;
     const ckpt_experts *mx = &mf->experts;
-    int mapped = x->E && (x->ep > 1 || mx->experts);
     if (l->blocks != ck->g->nb || l->params != params || l->dtype != ck->g->dtype ||
         l->state_version != cs->version)
         st = zo_error(ZO_ERR_INVALID, "%s: layout %d blocks, %" PRIu64 " parameters, %s, state version "
@@ -1061,14 +1161,6 @@ static zo_status check_checkpoint(const offload_ckpt *ck, const ck_experts *x, c
     else if (mx->experts && mx->experts != x->E)
         st = zo_error(ZO_ERR_INVALID, "%s: \"experts\": shards of %d routed experts; this model's MoE blocks "
                       "have %d%s", path, mx->experts, x->E, x->E ? "" : " (or no expert is trained)");
-    else if (mapped && mf->partition.ranks)
-        st = zo_error(ZO_ERR_UNSUPPORTED, "%s: optimizer state partitioned over %d ranks (ZeRO-%d); expert "
-                      "parallelism (a group of %d) resumes a ZeRO-0 checkpoint only", path, mf->partition.ranks,
-                      mf->partition.zero_stage, x->ep);
-    else if (mapped && offload_dp_partitioned(ck->env->dp))
-        st = zo_error(ZO_ERR_UNSUPPORTED, "%s: %s at ZeRO-%d: a checkpoint of expert parallelism is resumed at "
-                      "ZeRO-0 only", path, x->ep > 1 ? "expert parallelism" : "its expert shards",
-                      ck->env->dp->stage);
     else if (!ckpt_manifest_find(mf, CKPT_STATE_NAME) ||
              (!mf->partition.ranks && !mx->experts && !ckpt_manifest_find(mf, OPT_FILE)))
         st = zo_error(ZO_ERR_FORMAT, "%s: does not list %s and %s", path, CKPT_STATE_NAME, OPT_FILE);
@@ -1102,9 +1194,13 @@ static zo_status load_image(offload_ckpt *ck, const ck_experts *x, const char *c
     int ranks = mf->partition.ranks, shards = mf->experts.shards;
     char name[64], path[4200], line[256], key[160];
     if (ranks && (!dp || dp->size != ranks)) return ZO_OK;
-    /* expert shards: the rank holding the same experts as the shard */
-    if (shards && x->ep != shards) return ZO_OK;
-    if (shards) image_name(name, sizeof name, x->ep_rank, shards, 1);
+    /* expert shards: the rank holding the same experts as the shard (at
+     * ZeRO 1-3 the rank of the same place among as many ranks: its part);
+     * another group size, or a checkpoint without them, lays the state
+     * out otherwise */
+    if ((shards && x->ep != shards) || (!shards && x->ep > 1)) return ZO_OK;
+    if (shards && offload_dp_partitioned(dp)) image_name(name, sizeof name, dp->rank, dp->size, shards);
+    else if (shards) image_name(name, sizeof name, x->ep_rank, shards, 1);
     else image_name(name, sizeof name, dp && ranks ? dp->rank : 0, ranks, 0);
     if (!ckpt_manifest_find(mf, name)) return ZO_OK;
     snprintf(path, sizeof path, "%s/%s", cdir, name);
@@ -1148,6 +1244,31 @@ static zo_status load_image(offload_ckpt *ck, const ck_experts *x, const char *c
     return st;
 }
 
+/* Block b of a part in segments (expert parallelism at ZeRO 1-3) from the
+ * checkpoint, through buf (3 C fp32 values): the store the whole block's
+ * weights (ZeRO 1-2; ZeRO-3's keeps its part), the optimizer its part, run
+ * by run (offload_dp_part_at). */
+static zo_status load_segmented(offload_ckpt *ck, ck_source *src, int b, float *buf, size_t C)
+{
+    size_t numel = ck->g->numel[b], pn = ck->og->numel[b];
+    zo_status st = ZO_OK;
+    for (size_t rel = 0; !ck->ws->part_only && rel < numel && st == ZO_OK; rel += C) {
+        size_t k = numel - rel < C ? numel - rel : C;
+        if ((st = source_read(src, ck, b, rel, k, 0, buf)) == ZO_OK) st = wstore_load_f32(ck->ws, b, rel, k, buf);
+    }
+    for (size_t rel = 0, run; rel < pn && st == ZO_OK; rel += run) {
+        size_t at = offload_dp_part_at(ck->env->dp, b, rel, &run);
+        run = run < pn - rel ? run : pn - rel;
+        for (size_t o = 0; o < run && st == ZO_OK; o += C) {
+            size_t k = run - o < C ? run - o : C;
+            for (int a = 0; a < 3 && st == ZO_OK; a++) st = source_read(src, ck, b, at + o, k, a, buf + a * C);
+            if (st == ZO_OK) st = ostate_write(ck->os, ck->og->off[b] + rel + o, k, buf, buf + C, buf + 2 * C);
+            if (st == ZO_OK && ck->ws->part_only) st = wstore_load_f32(ck->ws, b, at + o, k, buf);
+        }
+    }
+    return st;
+}
+
 zo_status offload_ckpt_load(offload_ckpt *ck, const char *dir, offload_ckpt_meta *meta)
 {
     char cdir[4096];
@@ -1156,6 +1277,10 @@ zo_status offload_ckpt_load(offload_ckpt *ck, const char *dir, offload_ckpt_meta
     ckpt_manifest mf;
     ck_experts x;
     if ((st = resolve(dir, cdir, sizeof cdir)) != ZO_OK || (st = experts_init(ck, &x)) != ZO_OK) return st;
+    if ((st = ep_device_share(ck, &x, "offload_load")) != ZO_OK) {
+        experts_free(&x);
+        return st;
+    }
     /* every rank's checks passed (a damaged file is named by the rank
      * that hashed it, and ends every rank) */
     zo_status mine = check_checkpoint(ck, &x, cdir, &cs, &mf);
@@ -1174,6 +1299,10 @@ zo_status offload_ckpt_load(offload_ckpt *ck, const char *dir, offload_ckpt_meta
     float *buf;
     if ((st = offload_host_alloc(ck->env, 3 * C * 4, 0, (void **)&buf)) != ZO_OK) goto out_close;
     for (int b = 0; b < ck->g->nb && st == ZO_OK; b++) {
+        if (offload_dp_segmented(ck->env->dp, b)) {
+            st = load_segmented(ck, &src, b, buf, C);
+            continue;
+        }
         /* the optimizer's part of the block [po, pe) (all of it with one
          * rank); the store needs the whole block's weights, or that part */
         size_t po = offload_dp_part_first(ck->env->dp, b), pe = po + ck->og->numel[b];

@@ -48,6 +48,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -873,25 +874,14 @@ static void test_moe_ep(void **state)
         {"--ep 2 --zero 1 --lora 4 --qlora --adapters-on gpu",
          "expert parallelism (--ep 2, parallel.ep) with QLoRA at ZeRO-1"},
         {"--ep 2 --zero 3 --params nvme", "expert parallelism (--ep 2, parallel.ep) at ZeRO-3 with the weights on nvme"},
-        {"--ep 2 --zero 1 --ckpt SAVE", "--ckpt with expert parallelism (--ep 2, parallel.ep) at ZeRO-1"},
         {"--ep 3", "--ep 3 must divide the data-parallel degree (DP 2, the ranks)"},
     };
     static char out[1 << 16];
     snprintf(path, sizeof path, "%s/mixtral.json", dir);
     config = strrchr(path, '/') + 1;
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
-        char args[1024], fl[512] = "";
-        for (const char *p = refused[i][0]; *p;) { /* SAVE: a folder under dir */
-            size_t at = strlen(fl);
-            if (!strncmp(p, "SAVE", 4)) {
-                snprintf(fl + at, sizeof fl - at, "%s/ep-out", dir);
-                p += 4;
-            } else {
-                fl[at] = *p++;
-                fl[at + 1] = '\0';
-            }
-        }
-        snprintf(args, sizeof args, "--steps 1 --micro-batch 2 --seq 32 %s", fl);
+        char args[1024];
+        snprintf(args, sizeof args, "--steps 1 --micro-batch 2 --seq 32 %s", refused[i][0]);
         int rc = train(2, args, out, sizeof out);
         printf("  %s on 2 ranks: exit %d, \"%s\" %d time(s)\n", refused[i][0], rc, refused[i][1],
                count(out, refused[i][1]));
@@ -952,8 +942,8 @@ static void expert_steps_text(const char *ckpt, char *buf, size_t len)
  * rank with --grad-accum 2 (and full fine-tuning with --ep 4 on 4 ranks of
  * --micro-batch 1) gives the losses of one rank's uninterrupted run within
  * 1e-6, and every run's step-4 expert step counts are one rank's. A ZeRO-3
- * checkpoint resumed with --ep 2 is refused by name, and so are a shard
- * missing and a manifest naming other experts for a shard. */
+ * checkpoint without --ep resumes with --ep 2; a shard missing and a
+ * manifest naming other experts for a shard are refused by name. */
 static void test_moe_ep_ckpt(void **state)
 {
     (void)state;
@@ -1051,17 +1041,19 @@ static void test_moe_ep_ckpt(void **state)
             files_remove_tree(a);
         }
     }
-    /* refused by name: a ZeRO-3 checkpoint (its optimizer state partitioned
-     * over the ranks), and (LoRA's) a shard missing, a manifest whose
-     * shard holds other experts than its place says */
+    /* a ZeRO-3 checkpoint (its optimizer state partitioned over the ranks)
+     * resumes with --ep 2 (each element read from its rank's shard) */
     static char out[1 << 16];
     snprintf(args, sizeof args,
              "--steps 1 --micro-batch 2 --seq 32 --dtype fp32 --zero 3 --params cpu --ckpt %s/epc-z3", dir);
     train_ok(2, args, NULL, NULL);
+    snprintf(args, sizeof args, "--steps 2 --micro-batch 2 --seq 32 --dtype fp32 --ep 2 --resume %s/epc-z3", dir);
+    train_ok(2, args, NULL, "at step 1");
+    /* refused by name: (LoRA's) a shard missing, a manifest whose shard
+     * holds other experts than its place says */
     struct {
         const char *resume, *why;
-    } bad[3] = {{"epc-z3", "expert parallelism (a group of 2) resumes a ZeRO-0 checkpoint only"},
-                {"epc-run/step-00000002", "optimizer-ep-00001-of-00002.safetensors (listed in manifest.json)"},
+    } bad[2] = {{"epc-run/step-00000002", "optimizer-ep-00001-of-00002.safetensors (listed in manifest.json)"},
                 {"epc-run/step-00000004", "\"experts.shards[1].\" is optimizer-ep-00001-of-00002.safetensors with "
                                           "experts [0, 16); shard 1 of 2 holds experts [16, 32)"}};
     snprintf(a, sizeof a, "%s/epc-run/step-00000002/optimizer-ep-00001-of-00002.safetensors", dir);
@@ -1073,9 +1065,9 @@ static void test_moe_ep_ckpt(void **state)
     memcpy(at + strlen("\"first\":\t"), " 0", 2);
     files_write_text(a, text);
     free(text);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 2; i++) {
         snprintf(args, sizeof args, "--steps 2 --micro-batch 2 --seq 32 --dtype fp32 --ep 2 %s --resume %s/%s",
-                 i ? method[1] : "", dir, bad[i].resume);
+                 method[1], dir, bad[i].resume);
         int rc = train(2, args, out, sizeof out);
         printf("  --ep 2 --resume %s: exit %d, \"%s\" %d time(s)\n", bad[i].resume, rc, bad[i].why,
                count(out, bad[i].why));
@@ -1083,6 +1075,243 @@ static void test_moe_ep_ckpt(void **state)
         assert_int_equal(rc, 2);
         assert_true(count(out, bad[i].why) >= 1);
         assert_null(strstr(out, "\nstep 1 "));
+    }
+    config = "config.json";
+}
+
+/* ---- expert parallelism's checkpoints and --merge at ZeRO 1-3 ------------------------------- */
+
+/* Every file of checkpoint folder a byte for byte in b (and as many): how many. */
+static int same_folder(const char *a, const char *b)
+{
+    DIR *d = opendir(a);
+    assert_non_null(d);
+    int n = 0, nb = 0;
+    char pa[1024], pb[1024];
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(pa, sizeof pa, "%s/%s", a, e->d_name);
+        snprintf(pb, sizeof pb, "%s/%s", b, e->d_name);
+        if (!same_bytes(pa, pb)) fail_msg("%s: not byte for byte %s", pb, pa);
+        n++;
+    }
+    closedir(d);
+    assert_non_null(d = opendir(b));
+    for (struct dirent *e; (e = readdir(d));) nb += e->d_name[0] != '.';
+    closedir(d);
+    assert_int_equal(n, nb);
+    return n;
+}
+
+/* What a ZeRO 1-3 checkpoint with --ep holds: expert shard files (ZeRO-0's
+ * format), and with m and v encoded each rank's image of its part. */
+static void check_zckpt_files(const char *ck, int np, int images)
+{
+    char p[1024];
+    for (int q = 0; q < 2; q++) {
+        snprintf(p, sizeof p, "%s/optimizer-ep-%05d-of-00002.safetensors", ck, q);
+        assert_int_equal(access(p, F_OK), 0);
+    }
+    for (int r = 0; r < np; r++) {
+        snprintf(p, sizeof p, "%s/optimizer-ep2-%05d-of-%05d.image", ck, r, np);
+        assert_int_equal(access(p, F_OK), images ? 0 : -1);
+    }
+}
+
+/* `train COMMON EXTRA --resume FROM` on np ranks: steps 3-4 within 1e-6 of
+ * want (an uninterrupted run's); what it says. */
+static void zckpt_resume(const char *common, int np, const char *extra, const char *from, const double *want,
+                         const char *what)
+{
+    char args[2048];
+    double got[STEPS];
+    int same;
+    snprintf(args, sizeof args, "%s %s --resume %s", common, extra, from);
+    train_ok(np, args, got, "at step 2");
+    double worst = worst_rel(got, want, 2, STEPS, &same);
+    printf("    resumed %s: steps 3-%d within %.1e of the uninterrupted run (%d exactly)\n", what, STEPS, worst, same);
+    assert_true(worst <= 1e-6);
+}
+
+/* Checkpoints with --ep at ZeRO 1-3 (offload/ckpt.c): every rank's part
+ * gathered into the expert shards ZeRO-0 writes (a shard per group rank,
+ * the dense part and its experts whole), each rank's image of its part
+ * beside them where m and v are encoded. The Mixtral- and Qwen2-MoE-shaped
+ * models, --ep 2 on 2 and on 4 ranks, ZeRO 1, 2 and 3 (Mixtral: the
+ * optimizer half on NVMe, m and v in bf16, ZeRO-3's weights in host
+ * memory; Qwen2-MoE: the optimizer in host memory, m and v in 8 bits, the
+ * overlap schedule), LoRA on every linear layer at ZeRO 1 and 2, and bf16
+ * weights with Kahan's compensation: 4 steps checkpointed at steps 2 and 4,
+ * resumed at step 2 in the same configuration: steps 3-4 the same losses
+ * (fp32, as printed) and every file of the step-4 checkpoint byte for byte
+ * the uninterrupted run's. Resumed in other configurations (one rank,
+ * ZeRO-0, another --ep, another stage, fewer ranks; a ZeRO-2 checkpoint
+ * without --ep resumed with it): within 1e-6 of the uninterrupted run;
+ * with experts no token went to, the expert step counts one rank's.
+ * Refused by name, exit 2: a shard with a byte changed, an image missing,
+ * --merge at ZeRO-3. Then --merge with --ep 2 at ZeRO 1 and 2: the merged
+ * folder of one rank's --grad-accum 2, bit for bit with --lr 0, within
+ * 1e-5 of a tensor's largest value after 4 steps (test_moe_ep_qlora's). */
+static void test_moe_ep_zero_ckpt(void **state)
+{
+    (void)state;
+    static const char *const full[2][2] = {
+        {"--dtype fp32 --params gpu --optimizer cpu=0.5,nvme=0.5 --optim-dtype bf16 --clip 1",
+         "--dtype fp32 --params cpu --optimizer cpu=0.5,nvme=0.5 --optim-dtype bf16 --clip 1"},
+        {"--dtype fp32 --params gpu --optimizer cpu --optim-dtype 8bit --schedule overlap --clip 0",
+         "--dtype fp32 --params gpu --optimizer cpu --optim-dtype 8bit --schedule overlap --clip 0"}};
+    static const char *const lora = "--dtype fp32 --lora 4 --lora-targets all-linear --params cpu --adapters-on gpu "
+                                    "--optimizer cpu --clip 1";
+    static const char *const kahan = "--dtype bf16 --params gpu --optimizer cpu --optim-dtype bf16 --master kahan "
+                                     "--clip 1";
+    /* the configurations: model, method (0 full, 1 LoRA, 2 Kahan), ranks, ZeRO */
+    static const int runs[][4] = {{0, 0, 2, 1}, {0, 0, 2, 2}, {0, 0, 2, 3}, {0, 0, 4, 1}, {0, 0, 4, 2}, {0, 0, 4, 3},
+                                  {1, 0, 2, 1}, {1, 0, 2, 2}, {1, 0, 2, 3}, {1, 0, 4, 1}, {1, 0, 4, 2}, {1, 0, 4, 3},
+                                  {0, 1, 2, 2}, {0, 1, 4, 1}, {1, 2, 4, 2}};
+    char path[512], args[2048], common[1024], run[320], res[320], a[400], b[400];
+    double ref[sizeof runs / sizeof runs[0]][STEPS];
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        int mdl = runs[i][0], m = runs[i][1], np = runs[i][2], zero = runs[i][3];
+        const char *place = m == 1 ? lora : m == 2 ? kahan : full[mdl][zero == 3];
+        double got[STEPS];
+        int same;
+        ep_use_model(mdl, path, sizeof path);
+        snprintf(common, sizeof common, "--steps %d --micro-batch 2 --seq 32 %s --ep 2 --zero %d", STEPS, place, zero);
+        snprintf(run, sizeof run, "%s/epz-run-%zu", dir, i);
+        snprintf(res, sizeof res, "%s/epz-res", dir);
+        files_remove_tree(res);
+        snprintf(args, sizeof args, "%s --ckpt %s --save-every 2 --keep-checkpoints 2", common, run);
+        train_ok(np, args, ref[i], NULL);
+        snprintf(a, sizeof a, "%s/step-00000002", run);
+        check_zckpt_files(a, np, m != 1); /* (LoRA's m and v: fp32) */
+        snprintf(args, sizeof args, "%s --resume %s --ckpt %s", common, a, res);
+        train_ok(np, args, got, "at step 2");
+        worst_rel(got, ref[i], 2, STEPS, &same);
+        snprintf(a, sizeof a, "%s/step-%08d", run, STEPS);
+        snprintf(b, sizeof b, "%s/step-%08d", res, STEPS);
+        int files = same_folder(a, b);
+        printf("  %s %s, --ep 2 --zero %d on %d ranks, resumed at step 2: steps 3-%d %s, the step-%d checkpoint's "
+               "%d files byte for byte\n", ep_names[mdl], m == 1 ? "LoRA" : m == 2 ? "bf16 kahan" : "full", zero, np,
+               STEPS, same == STEPS - 2 ? "the same" : "NOT the same", STEPS, files);
+        assert_int_equal(same, STEPS - 2);
+    }
+    /* other configurations: (full: the one rank's micro-batches the ranks') */
+    ep_use_model(0, path, sizeof path);
+    snprintf(common, sizeof common, "--steps %d --micro-batch 2 --seq 32 %s", STEPS, full[0][0]);
+    snprintf(run, sizeof run, "%s/epz-run-1/step-00000002", dir);
+    zckpt_resume(common, 0, "--grad-accum 2", run, ref[1], "(mixtral, --ep 2 --zero 2, 2 ranks) on one rank");
+    snprintf(run, sizeof run, "%s/epz-run-5/step-00000002", dir);
+    zckpt_resume(common, 2, "--ep 2 --zero 0 --grad-accum 2", run, ref[5],
+                 "(mixtral, --ep 2 --zero 3, 4 ranks) with --ep 2 --zero 0 on 2 ranks");
+    snprintf(run, sizeof run, "%s/epz-run-3/step-00000002", dir);
+    zckpt_resume(common, 4, "--ep 4 --zero 2", run, ref[3], "(mixtral, --ep 2 --zero 1, 4 ranks) with --ep 4 --zero 2");
+    snprintf(run, sizeof run, "%s/epz-nox", dir);
+    files_remove_tree(run);
+    snprintf(args, sizeof args, "--steps 2 --micro-batch 2 --seq 32 %s --zero 2 --ckpt %s", full[0][0], run);
+    train_ok(2, args, NULL, NULL);
+    zckpt_resume(common, 2, "--ep 2 --zero 3", run, ref[1], "(mixtral, --zero 2 without --ep, 2 ranks) with --ep 2 "
+                 "--zero 3");
+    /* (8-bit m and v coded again in another layout are other values: the
+     * same ranks and --ep at another stage take the images back) */
+    ep_use_model(1, path, sizeof path);
+    snprintf(common, sizeof common, "--steps %d --micro-batch 2 --seq 32 %s", STEPS, full[1][0]);
+    snprintf(run, sizeof run, "%s/epz-run-11/step-00000002", dir);
+    zckpt_resume(common, 4, "--ep 2 --zero 1", run, ref[11], "(qwen2_moe8, 8-bit m and v, --ep 2 --zero 3, 4 ranks) "
+                 "with --ep 2 --zero 1");
+    ep_use_model(0, path, sizeof path);
+    snprintf(common, sizeof common, "--steps %d --micro-batch 2 --seq 32 %s", STEPS, lora);
+    snprintf(run, sizeof run, "%s/epz-run-13/step-00000002", dir);
+    zckpt_resume(common, 2, "--ep 2 --zero 2 --grad-accum 2", run, ref[13], "(mixtral LoRA, --ep 2 --zero 1, 4 "
+                 "ranks) with --ep 2 --zero 2 on 2 ranks");
+    /* experts without tokens (test_moe_ep_ckpt's model: 32 experts, one a
+     * token): a ZeRO-2 --ep 2 checkpoint's expert steps, gathered over the
+     * group, resumed on one rank: its step-4 expert steps and losses are
+     * one rank's uninterrupted run's */
+    char want[4096], got_steps[4096];
+    double one[STEPS];
+    snprintf(path, sizeof path, "%s/mixtral_sparse.json", dir);
+    files_write_text(path, mixtral_sparse_config);
+    config = strrchr(path, '/') + 1;
+    snprintf(common, sizeof common, "--steps %d --micro-batch 2 --seq 32 %s", STEPS, full[0][0]);
+    for (const char *d = "epz-one\0epz-sparse\0epz-other\0"; *d; d += strlen(d) + 1) {
+        snprintf(a, sizeof a, "%s/%s", dir, d);
+        files_remove_tree(a);
+    }
+    snprintf(args, sizeof args, "%s --grad-accum 2 --ckpt %s/epz-one", common, dir);
+    train_ok(0, args, one, NULL);
+    snprintf(args, sizeof args, "%s --ep 2 --zero 2 --steps 2 --ckpt %s/epz-sparse", common, dir);
+    train_ok(2, args, NULL, NULL);
+    snprintf(run, sizeof run, "%s/epz-sparse", dir);
+    snprintf(a, sizeof a, "--grad-accum 2 --ckpt %s/epz-other", dir);
+    zckpt_resume(common, 0, a, run, one, "(32 experts, one a token, --ep 2 --zero 2) on one rank");
+    snprintf(a, sizeof a, "%s/epz-one/step-%08d", dir, STEPS);
+    expert_steps_text(a, want, sizeof want);
+    snprintf(a, sizeof a, "%s/epz-other/step-%08d", dir, STEPS);
+    expert_steps_text(a, got_steps, sizeof got_steps);
+    printf("    its step-%d expert steps %s\n", STEPS, strcmp(got_steps, want) ? "DIFFER" : "are one rank's");
+    assert_string_equal(got_steps, want);
+    ep_use_model(0, path, sizeof path);
+    /* refused by name, exit 2, nothing trained */
+    static char out[1 << 16];
+    snprintf(a, sizeof a, "%s/epz-run-4/step-00000002/optimizer-ep-00001-of-00002.safetensors", dir);
+    FILE *f = fopen(a, "r+b");
+    assert_non_null(f);
+    fseek(f, -64, SEEK_END);
+    int c = fgetc(f);
+    fseek(f, -64, SEEK_END);
+    fputc(c ^ 1, f);
+    fclose(f);
+    snprintf(a, sizeof a, "%s/epz-run-4/step-00000004/optimizer-ep2-00002-of-00004.image", dir);
+    assert_int_equal(remove(a), 0);
+    struct {
+        int np;
+        const char *args, *why;
+    } bad[3] = {{4, "--ep 2 --zero 2 --resume RUN/step-00000002",
+                 "optimizer-ep-00001-of-00002.safetensors: checksum mismatch"},
+                {4, "--ep 2 --zero 2 --resume RUN/step-00000004", "optimizer-ep2-00002-of-00004.image"},
+                {2, "--ep 2 --zero 3 --lora 4 --save RUN-a --merge RUN-m",
+                 "ZeRO-3 partitions the frozen base over the 2 ranks"}};
+    for (int i = 0; i < 3; i++) {
+        char fl[1024] = "";
+        for (const char *p = bad[i].args; *p;) { /* RUN: the run's folder */
+            size_t at = strlen(fl);
+            if (!strncmp(p, "RUN", 3)) {
+                snprintf(fl + at, sizeof fl - at, "%s/epz-run-4", dir);
+                p += 3;
+            } else {
+                fl[at] = *p++;
+                fl[at + 1] = '\0';
+            }
+        }
+        snprintf(args, sizeof args, "--steps %d --micro-batch 2 --seq 32 %s %s", STEPS, full[0][0], fl);
+        int rc = train(bad[i].np, args, out, sizeof out);
+        printf("  %s: exit %d, \"%s\" %d time(s)\n", bad[i].args, rc, bad[i].why, count(out, bad[i].why));
+        if (rc != 2 || !count(out, bad[i].why)) fprintf(stderr, "%s\nwanted: %s\n", out, bad[i].why);
+        assert_int_equal(rc, 2);
+        assert_true(count(out, bad[i].why) >= 1);
+        assert_null(strstr(out, "\nstep 3 "));
+    }
+    /* --merge at ZeRO 1 and 2: one rank's merged folder */
+    for (int trained = 0; trained < 2; trained++) {
+        char one[320], two[320];
+        snprintf(one, sizeof one, "%s/epz-merge-1", dir);
+        snprintf(two, sizeof two, "%s/epz-merge-2", dir);
+        snprintf(common, sizeof common, "--steps %d --micro-batch 2 --seq 32 %s %s", STEPS, lora,
+                 trained ? "" : "--lr 0");
+        files_remove_tree(one);
+        snprintf(args, sizeof args, "%s --grad-accum 2 --save %s-a --merge %s", common, one, one);
+        train_ok(0, args, NULL, "# merged");
+        for (int zero = 1; zero <= 2; zero++) {
+            files_remove_tree(two);
+            snprintf(args, sizeof args, "%s --ep 2 --zero %d --save %s-a --merge %s", common, zero, two, two);
+            train_ok(2, args, NULL, "# merged");
+            int n, same;
+            double worst;
+            compare_folders(two, one, "model.safetensors", trained ? 1e-5 : 0.0, &n, &same, &worst);
+            printf("  --merge with --ep 2 --zero %d on 2 ranks%s: %d of %d tensors bit-identical to one rank's, worst "
+                   "%.1e of a tensor's largest value\n", zero, trained ? ", 4 steps" : ", --lr 0", same, n, worst);
+            if (!trained) assert_int_equal(same, n);
+        }
     }
     config = "config.json";
 }
@@ -1454,6 +1683,7 @@ int main(void)
         cmocka_unit_test(test_moe_ep_zero),
         cmocka_unit_test(test_moe_ep_z3host),
         cmocka_unit_test(test_moe_ep_capacity),
+        cmocka_unit_test(test_moe_ep_zero_ckpt),
         cmocka_unit_test(test_refusals),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
