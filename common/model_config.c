@@ -231,15 +231,28 @@ int zo_model_layer_is_moe(const zo_model_config *c, int layer)
 
 uint64_t zo_moe_capacity(const zo_model_config *c, double factor, uint64_t n)
 {
-    if (factor <= 0 || c->moe.experts < 1) return 0;
+    if (!(factor > 0) || c->moe.experts < 1) return 0;
     double cap = ceil(factor * (double)n * (double)c->moe.top_k / (double)c->moe.experts);
-    return cap < 1 ? 1 : (uint64_t)cap;
+    if (cap < 1) return 1;
+    /* an expert takes a token at most once: n bounds it (and keeps a huge
+     * or infinite factor's ceiling out of the conversion) */
+    return cap >= (double)n ? n : (uint64_t)cap;
 }
 
-uint64_t zo_moe_routed_rows(const zo_model_config *c, double factor, uint64_t n)
+uint64_t zo_moe_rank_rows(const zo_model_config *c, double factor, uint64_t n, uint64_t ranks)
 {
-    uint64_t all = n * (uint64_t)c->moe.top_k, cap = zo_moe_capacity(c, factor, n) * (uint64_t)c->moe.experts;
-    return factor > 0 && cap < all ? cap : all;
+    uint64_t k = (uint64_t)c->moe.top_k, local = (uint64_t)c->moe.experts / ranks;
+    uint64_t rows = ranks * n * (k < local ? k : local);
+    if (!(factor > 0)) return rows;
+    uint64_t cap = ranks * local * zo_moe_capacity(c, factor, n);
+    return cap < rows ? cap : rows;
+}
+
+const char *zo_moe_check_capacity(const zo_model_config *c, double factor)
+{
+    if (!(factor >= 0)) return "must not be negative";
+    if (factor > 0 && !c->moe.experts) return "the model has no experts";
+    return NULL;
 }
 
 void zo_model_attn_widths(const zo_model_config *c, uint64_t *q, uint64_t *k, uint64_t *v,

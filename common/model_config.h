@@ -175,12 +175,20 @@ int zo_model_layer_is_moe(const zo_model_config *cfg, int layer);
 
 /* Capacity-limited routing (memplan's --capacity-factor F, the plan's
  * parallel.capacity_factor; 0: dropless): an expert takes at most
- * C = ceil(F n top_k / experts) pairs (at least 1) of a rank's n tokens in
- * a micro-batch; the rest are dropped. */
+ * C = ceil(F n top_k / experts) pairs (at least 1, at most n: a token once)
+ * of a rank's n tokens in a micro-batch; the rest are dropped. */
 uint64_t zo_moe_capacity(const zo_model_config *cfg, double factor, uint64_t n);
-/* The most pairs n tokens route to experts that take them:
- * min(n top_k, experts C), n top_k when factor is 0. */
-uint64_t zo_moe_routed_rows(const zo_model_config *cfg, double factor, uint64_t n);
+/* The most rows the experts of one rank of `ranks` (expert parallelism,
+ * experts / ranks of them a rank; 1: all) can receive from the ranks' n
+ * tokens each: ranks n min(top_k, experts / ranks), at most
+ * ranks (experts / ranks) C with a capacity factor (each rank drops among
+ * its own tokens before the exchange). ranks 1: the pairs n tokens route
+ * to experts that take them, min(n top_k, experts C). */
+uint64_t zo_moe_rank_rows(const zo_model_config *cfg, double factor, uint64_t n, uint64_t ranks);
+/* NULL when `factor` suits the model, else why not (negative or not a
+ * number; positive for a model without routed experts): callers name
+ * their flag or field. */
+const char *zo_moe_check_capacity(const zo_model_config *cfg, double factor);
 
 /* Rows of the learned position table (GPT-2's max_seq, OPT's max_seq + 2);
  * 0 for rotary and ALiBi models, which take any sequence length. */

@@ -129,26 +129,23 @@ static uint64_t round_u64(double x) { return (uint64_t)(x + 0.5); }
 
 /* With a capacity factor each rank drops among its own tokens before the
  * exchange (DeepSpeed's convention), so an owner receives at most C rows
- * of each of its experts from each rank (zo_moe_capacity). */
+ * of each of its experts from each rank (zo_moe_rank_rows). */
 uint64_t plan_ep_rows(const zo_model_config *m, const plan_train *t)
 {
     if (t->ep <= 1 || !m->moe.experts || t->runtime != PLAN_RUNTIME_ZOFFLOAD) return 0;
-    uint64_t k = (uint64_t)m->moe.top_k, local = (uint64_t)(m->moe.experts / t->ep), P = (uint64_t)t->ep;
     uint64_t n = (uint64_t)t->seq * (uint64_t)t->micro_batch;
-    uint64_t rows = P * n * (k < local ? k : local);
-    uint64_t cap = P * local * zo_moe_capacity(m, t->capacity_factor, n);
-    return t->capacity_factor > 0 && cap < rows ? cap : rows;
+    return zo_moe_rank_rows(m, t->capacity_factor, n, (uint64_t)t->ep);
 }
 
 /* The zoffload runtime holds the pairs its experts can take,
- * min(n top_k, experts C) (zo_moe_routed_rows); DeepSpeed's pads every
- * expert to its capacity, top_k F a token. */
+ * min(n top_k, experts C) (zo_moe_rank_rows of one rank); DeepSpeed's pads
+ * every expert to its capacity, top_k F a token. */
 double plan_routed_rows(const zo_model_config *m, const plan_train *t)
 {
     if (t->capacity_factor <= 0) return m->moe.top_k;
     if (t->runtime != PLAN_RUNTIME_ZOFFLOAD) return m->moe.top_k * t->capacity_factor;
     uint64_t n = (uint64_t)t->seq * (uint64_t)t->micro_batch;
-    return (double)zo_moe_routed_rows(m, t->capacity_factor, n) / (double)n;
+    return (double)zo_moe_rank_rows(m, t->capacity_factor, n, 1) / (double)n;
 }
 
 uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, int keep_s2,
@@ -410,9 +407,8 @@ static zo_status plan_parallel_validate(const plan_train *t, const zo_model_conf
             return zo_error(ZO_ERR_INVALID, "--ep %d does not divide the %d experts of %s",
                             t->ep, m->moe.experts, m->name);
     }
-    if (t->capacity_factor < 0 || (t->capacity_factor > 0 && !m->moe.experts))
-        return zo_error(ZO_ERR_INVALID, "--capacity-factor %g: %s", t->capacity_factor,
-                        t->capacity_factor < 0 ? "must not be negative" : "the model has no experts");
+    const char *why = zo_moe_check_capacity(m, t->capacity_factor);
+    if (why) return zo_error(ZO_ERR_INVALID, "--capacity-factor %g: %s", t->capacity_factor, why);
     if (t->zero < 0 || t->zero > 3)
         return zo_error(ZO_ERR_INVALID, "--zero %d: the ZeRO stage is 0, 1, 2 or 3", t->zero);
     if (t->pp_partition == PLAN_PP_PARTITION_EMBEDDING && t->pp_schedule != PLAN_PP_DEEPSPEED)

@@ -420,14 +420,14 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
  * experts receive in a layer, from every rank of its group: ep s b
  * min(top_k, experts / ep) (dropless, each token at most top_k of them and
  * at most one per expert), with a capacity factor at most ep (experts / ep)
- * C of them (zo_moe_capacity: each rank drops among its own tokens before
- * the exchange); 0 without, and for the other runtimes (their capacity
+ * C of them (zo_moe_rank_rows: each rank drops among its own tokens
+ * before the exchange); 0 without, and for the other runtimes (their capacity
  * factor bounds their rows). This runtime's transformer allocates exactly
  * these. */
 uint64_t plan_ep_rows(const zo_model_config *m, const plan_train *t);
 /* Routed token rows per token, what the experts of an MoE layer compute
  * on: top_k dropless; with a capacity factor F this runtime's
- * min(s b top_k, experts C) / (s b) (zo_moe_routed_rows: what its
+ * min(s b top_k, experts C) / (s b) (zo_moe_rank_rows of one rank: what its
  * transformer allocates), the others' top_k F (padded to capacity). */
 double plan_routed_rows(const zo_model_config *m, const plan_train *t);
 

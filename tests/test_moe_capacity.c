@@ -37,6 +37,7 @@
 #define NT 7 /* N = 7 tokens */
 #define N (NB * NT)
 #define BLK 1 /* layer 0's block */
+#define MAX_E 64 /* the reference's experts at most (its router backward's row) */
 
 /* Mixtral-shaped (4 experts, 2 a token, weights renormalized over the
  * chosen) and Qwen2-MoE-shaped (8 experts, 3 a token, norm_topk off, a
@@ -59,12 +60,15 @@ static double uniform(void) /* [-1, 1) */
     return (double)(rng_state >> 11) / (double)(1ull << 53) * 2.0 - 1.0;
 }
 
-/* The idx-th tensor of `role` in block BLK (routed experts: expert idx). */
-static const model_tensor *find(const model_layout *l, model_role role, int idx)
+/* The view of `role` in block BLK, into *v (routed experts: expert idx's,
+ * the experts one after another); v, or NULL when the block has none. */
+static const model_view *find(const model_layout *l, model_role role, int idx, model_view *v)
 {
-    for (int i = 0; i < l->n_tensors; i++)
-        if (l->tensors[i].block == BLK && l->tensors[i].role == role && idx-- == 0) return &l->tensors[i];
-    return NULL;
+    const model_view *at = model_layout_view(l, BLK, role);
+    if (!at) return NULL;
+    *v = *at;
+    v->offset += (size_t)idx * model_layout_expert_stride(l);
+    return v;
 }
 
 static double silu(double v) { return v / (1.0 + exp(-v)); }
@@ -82,7 +86,7 @@ typedef struct ref_out {
  * down) scaled by `scale`: adds scale (silu(u Wg) (u Wu)) Wd . G to the
  * loss, the weights' gradients to o->dw and u's to du; returns the
  * gradient of the scale. buf: 4 f doubles. */
-static double mlp_row(const float *w, const model_tensor *const t[3], int f, int h, const double *u,
+static double mlp_row(const float *w, const model_view *const t[3], int f, int h, const double *u,
                       const float *G, double scale, ref_out *o, double *du, double *buf)
 {
     double *g1 = buf, *g3 = buf + f, *a = buf + 2 * f, *da = buf + 3 * f, dscale = 0;
@@ -127,7 +131,9 @@ static void reference(const zo_model_config *c, const model_layout *l, const flo
 {
     const int h = c->hidden, E = c->moe.experts, K = c->moe.top_k, fe = c->moe.expert_ffn;
     const int fs = c->moe.shared_ffn;
-    const model_tensor *g2 = find(l, MODEL_ROLE_LN2_W, 0), *wr = find(l, MODEL_ROLE_ROUTER_W, 0);
+    assert_true(E <= MAX_E);
+    model_view vg2, vwr;
+    const model_view *g2 = find(l, MODEL_ROLE_LN2_W, 0, &vg2), *wr = find(l, MODEL_ROLE_ROUTER_W, 0, &vwr);
     double *u = calloc((size_t)N * h, sizeof *u), *du = calloc((size_t)N * h, sizeof *du);
     double *rstd = calloc(N, sizeof *rstd), *p = calloc((size_t)N * E, sizeof *p);
     double *wt = calloc((size_t)N * E, sizeof *wt), *dwt = calloc((size_t)N * E, sizeof *dwt);
@@ -171,7 +177,9 @@ static void reference(const zo_model_config *c, const model_layout *l, const flo
             wt[r * E + e] = chosen[r * E + e] ? (c->moe.norm_topk ? p[r * E + e] / s : p[r * E + e]) : 0;
     }
     /* capacity: each expert takes its pairs by (choice rank, token) until C */
-    int C = F > 0 ? (int)ceil(F * N * K / E) : N * K;
+    /* (at most N K: a huge or infinite F keeps every pair) */
+    const double Cd = F > 0 ? ceil(F * N * K / E) : N * K;
+    int C = Cd < N * K ? (int)Cd : N * K;
     if (C < 1) C = 1;
     o->pairs = N * K;
     o->dropped = 0;
@@ -187,8 +195,9 @@ static void reference(const zo_model_config *c, const model_layout *l, const flo
     }
     /* the kept pairs' experts: y_r += wt silu(u Wg) (u Wu) Wd, and back */
     for (int e = 0; e < E; e++) {
-        const model_tensor *t[3] = {find(l, MODEL_ROLE_EXPERT_GATE_W, e), find(l, MODEL_ROLE_EXPERT_UP_W, e),
-                                    find(l, MODEL_ROLE_EXPERT_DOWN_W, e)};
+        model_view v[3];
+        const model_view *t[3] = {find(l, MODEL_ROLE_EXPERT_GATE_W, e, &v[0]), find(l, MODEL_ROLE_EXPERT_UP_W, e, &v[1]),
+                                  find(l, MODEL_ROLE_EXPERT_DOWN_W, e, &v[2])};
         for (int r = 0; r < N; r++)
             if (kept[r * E + e])
                 dwt[r * E + e] = mlp_row(w, t, fe, h, u + (size_t)r * h, G + (size_t)r * h, wt[r * E + e], o,
@@ -196,9 +205,10 @@ static void reference(const zo_model_config *c, const model_layout *l, const flo
     }
     /* the shared expert: y += sigmoid(u wsg) silu(u Wg) (u Wu) Wd, and back */
     if (fs) {
-        const model_tensor *t[3] = {find(l, MODEL_ROLE_MLP_GATE_W, 0), find(l, MODEL_ROLE_MLP_UP_W, 0),
-                                    find(l, MODEL_ROLE_MLP_DOWN_W, 0)};
-        const model_tensor *tz = find(l, MODEL_ROLE_SHARED_GATE_W, 0);
+        model_view v[4];
+        const model_view *t[3] = {find(l, MODEL_ROLE_MLP_GATE_W, 0, &v[0]), find(l, MODEL_ROLE_MLP_UP_W, 0, &v[1]),
+                                  find(l, MODEL_ROLE_MLP_DOWN_W, 0, &v[2])};
+        const model_view *tz = find(l, MODEL_ROLE_SHARED_GATE_W, 0, &v[3]);
         for (int r = 0; r < N; r++) {
             double z = 0;
             for (int i = 0; i < h; i++) z += u[r * h + i] * w[tz->offset + i];
@@ -213,7 +223,7 @@ static void reference(const zo_model_config *c, const model_layout *l, const flo
     }
     /* the router's backward: the weights (renormalized or not), the softmax */
     for (int r = 0; r < N; r++) {
-        double dp[64] = {0}, s = 0, sdw = 0, pdp = 0;
+        double dp[MAX_E] = {0}, s = 0, sdw = 0, pdp = 0;
         for (int e = 0; e < E; e++)
             if (chosen[r * E + e]) {
                 s += p[r * E + e];
@@ -268,9 +278,12 @@ static void compare(const char *what, const float *got, const double *want, size
         fail_msg("%s: %.3e off at %zu (%.6g against %.6g; largest %.3e)", what, worst, at, got[at], want[at], most);
 }
 
+static double last_loss; /* check's layer loss, the last one */
+
 /* One model and capacity factor: the layer's forward and backward against
  * the reference (with `recompute`: the layer's activations recomputed
- * before its backward, routing again); returns the pairs the layer dropped. */
+ * before its backward, routing again); returns the pairs the layer dropped
+ * (the loss: last_loss). */
 static int check(int which, double F, int recompute)
 {
     zo_model_config cfg;
@@ -294,8 +307,9 @@ static int check(int which, double F, int recompute)
      * second choice of the first, the first choice of the third) */
     rng_state = 0x5eed0000ull + (uint64_t)which;
     for (size_t i = 0; i < nw; i++) w[i] = (float)(0.3 * uniform());
-    const model_tensor *wo = find(l, MODEL_ROLE_ATTN_OUT_W, 0), *wr = find(l, MODEL_ROLE_ROUTER_W, 0);
-    const model_tensor *g2 = find(l, MODEL_ROLE_LN2_W, 0);
+    model_view vwo, vwr, vg2;
+    const model_view *wo = find(l, MODEL_ROLE_ATTN_OUT_W, 0, &vwo), *wr = find(l, MODEL_ROLE_ROUTER_W, 0, &vwr);
+    const model_view *g2 = find(l, MODEL_ROLE_LN2_W, 0, &vg2);
     assert_non_null(wo);
     assert_non_null(wr);
     assert_non_null(g2);
@@ -361,6 +375,7 @@ static int check(int which, double F, int recompute)
         compare(t, dg, ro.dw + mt->offset, mt->numel, 1e-5);
     }
     printf("# %s: %d of %d pairs dropped (E %d, N %d), loss %.6f\n", what, ro.dropped, ro.pairs, E, N, loss);
+    last_loss = loss;
     free(ro.dx);
     free(ro.dw);
     free(w);
@@ -379,6 +394,13 @@ static int check(int which, double F, int recompute)
 static void run_model(int which)
 {
     assert_int_equal(check(which, 0, 0), 0); /* dropless */
+    const double dropless = last_loss;
+    /* a huge or infinite factor: C is N (a token once), every pair kept,
+     * the layer F 0's to the bit */
+    assert_int_equal(check(which, INFINITY, 0), 0);
+    assert_true(last_loss == dropless);
+    assert_int_equal(check(which, 1e30, 0), 0);
+    assert_true(last_loss == dropless);
     assert_true(check(which, 0.5, 0) > 0);
     assert_true(check(which, 0.5, 1) > 0);   /* the recompute routes as the forward did */
     assert_true(check(which, 1.0, 0) > 0);   /* skewed: experts 0 and 3 over their fair share */
@@ -417,6 +439,22 @@ static void test_sizes_and_refusals(void **state)
     assert_int_equal(tf_init_opts(&m, &cfg, dev, ZO_DTYPE_F32, 2, 9, &o), ZO_OK);
     assert_int_equal(m.moe_rows, 36);
     tf_free(&m);
+    /* C is at most the 18 tokens (an expert takes a token once), however
+     * large the factor: 2^62 C would make E C wrap to 0 rows, an infinite
+     * one's ceiling no integer */
+    const double huge[] = {INFINITY, 1e30, 5.1e17};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(zo_moe_capacity(&cfg, huge[i], 18), 18);
+        assert_int_equal(zo_moe_rank_rows(&cfg, huge[i], 18, 1), 36);
+        assert_int_equal(zo_moe_rank_rows(&cfg, huge[i], 18, 2), 2 * 18 * 2); /* 2 ranks, 2 experts each */
+        o.capacity_factor = huge[i];
+        assert_int_equal(tf_init_opts(&m, &cfg, dev, ZO_DTYPE_F32, 2, 9, &o), ZO_OK);
+        assert_int_equal(m.moe_rows, 36);
+        tf_free(&m);
+    }
+    /* 2 ranks of 2 experts: each rank sends an expert at most C = 5 rows */
+    assert_int_equal(zo_moe_rank_rows(&cfg, 0.5, 18, 2), 2 * 2 * 5);
+    assert_non_null(zo_moe_check_capacity(&cfg, NAN));
     o.capacity_factor = -1;
     assert_int_not_equal(tf_init_opts(&m, &cfg, dev, ZO_DTYPE_F32, 2, 9, &o), ZO_OK);
     assert_non_null(strstr(zo_last_error(), "capacity factor"));

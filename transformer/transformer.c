@@ -367,9 +367,8 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     if (m->opts.kv_len < 0 || (m->opts.kv_len && m->opts.recompute))
         return zo_error(ZO_ERR_INVALID, "tf_init: a key/value cache of %d positions (generation: kv_len >= 1, "
                         "no recompute)", m->opts.kv_len);
-    if (!(m->opts.capacity_factor >= 0) || (m->opts.capacity_factor > 0 && !cfg->moe.experts))
-        return zo_error(ZO_ERR_INVALID, "tf_init: capacity factor %g (%s)", m->opts.capacity_factor,
-                        m->opts.capacity_factor > 0 ? "the model has no experts" : "must not be negative");
+    const char *why = zo_moe_check_capacity(cfg, m->opts.capacity_factor);
+    if (why) return zo_error(ZO_ERR_INVALID, "tf_init: capacity factor %g (%s)", m->opts.capacity_factor, why);
     if (cfg->moe.top_k > UINT8_MAX && m->opts.capacity_factor > 0)
         return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: a capacity factor with top_k %d (at most %d)",
                         cfg->name, cfg->moe.top_k, UINT8_MAX);
@@ -421,21 +420,20 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         return ZO_OK;
     }
     size_t lora_cols = lora ? (size_t)m->n_lora * m->opts.lora.r : 0;
-    /* the rows the experts here compute a layer: the rank's own pairs kept
-     * (min(top_k N, E C) with a capacity factor), or with expert
-     * parallelism the most every rank of the group can send (dropless:
-     * each token at most min(top_k, El) of them; with a capacity factor
-     * at most C of each expert from each rank) */
+    /* the rows the experts here compute a layer (zo_moe_rank_rows): the
+     * rank's own pairs kept (min(top_k N, E C) with a capacity factor),
+     * or with expert parallelism the most every rank of the group can
+     * send (dropless: each token at most min(top_k, El) of them; with a
+     * capacity factor at most C of each expert from each rank) */
     size_t El = (size_t)m->layout.expert_count, P = (size_t)m->ep_size;
     double F = m->opts.capacity_factor;
-    size_t Cap = (size_t)zo_moe_capacity(c, F, N);
-    m->moe_rows = (size_t)zo_moe_routed_rows(c, F, N);
-    m->ep_rows = P > 1 ? P * N * (K < El ? K : El) : 0;
-    if (P > 1 && F > 0 && P * El * Cap < m->ep_rows) m->ep_rows = P * El * Cap;
+    m->moe_rows = (size_t)zo_moe_rank_rows(c, F, N, 1);
+    m->ep_rows = P > 1 ? (size_t)zo_moe_rank_rows(c, F, N, P) : 0;
     size_t Mr = m->moe_rows, X = P > 1 ? m->ep_rows : Mr;
-    /* [rows, columns] of the MLP's scratch: the shared expert's, the pairs
-     * kept (N top_k of them dropless), the rows at the experts here */
-    size_t wide = max_z(max_z(N * mlp_width(c), Mr * fe), X * fe);
+    /* [rows, columns] of the MLP's scratch: the shared expert's, the rows
+     * at the experts here (the pairs kept, N top_k of them dropless, or
+     * with expert parallelism what the group sends, never fewer) */
+    size_t wide = max_z(N * mlp_width(c), X * fe);
     const act_req io[] = {{(void **)&m->tokens, N * 4, "tokens"}, {(void **)&m->targets, N * 4, "targets"}};
     if ((st = act_alloc(m, io, N_REQ(io))) != ZO_OK) goto out_free;
     if (!m->opts.external_res)
@@ -544,9 +542,17 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         st = zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory (expert parallel counts)");
         goto out_free;
     }
-    if (E && (!(m->moe_w_h = malloc(N * E * 4)) ||
-              (F > 0 && (!(m->moe_rank_h = malloc(N * E)) || !(m->moe_quota_h = calloc(2 * K, sizeof(int))))))) {
-        st = zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory (router weights of %zu tokens)", N);
+    /* the router's weights, read to route; with a capacity factor the
+     * chosen experts' choice ranks and each expert's pairs of each rank */
+    const char *host = NULL;
+    if (E && !(m->moe_w_h = malloc(N * E * 4)))
+        host = "router weights";
+    else if (E && F > 0 && !(m->moe_rank_h = malloc(N * E)))
+        host = "choice ranks";
+    else if (E && F > 0 && !(m->moe_quota_h = malloc(E * K * sizeof(int))))
+        host = "capacity quotas";
+    if (host) {
+        st = zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory (%s, %zu tokens x %zu experts)", host, N, E);
         goto out_free;
     }
     /* a rope_scaling's frequencies (what it does not compute is refused here) */
@@ -1272,11 +1278,13 @@ static zo_status gemm_back(gpu_stream_t s, gpu_tensor dx, float beta, gpu_tensor
 
 /* Capacity-limited routing: each chosen (token, expert)'s choice rank,
  * how many of the token's chosen experts weigh more (ties: the lower
- * index first), into moe_rank_h [N, E]. */
+ * index first), into moe_rank_h [N, E], and each expert's pairs of each
+ * choice rank into moe_quota_h [E, K]. */
 static zo_status moe_choice_ranks(tf_model *m, int l, int N)
 {
     const int E = m->cfg.moe.experts, K = m->cfg.moe.top_k;
-    int *chosen = m->moe_quota_h + K;
+    int chosen[UINT8_MAX]; /* a token's chosen experts (tf_init: top_k <= UINT8_MAX with a capacity) */
+    memset(m->moe_quota_h, 0, (size_t)E * K * sizeof *m->moe_quota_h);
     for (int r = 0; r < N; r++) {
         const float *w = m->moe_w_h + (size_t)r * E;
         int k = 0;
@@ -1291,6 +1299,7 @@ static zo_status moe_choice_ranks(tf_model *m, int l, int N)
             int e = chosen[i], rank = 0;
             for (int j = 0; j < k; j++) rank += w[chosen[j]] > w[e] || (w[chosen[j]] == w[e] && chosen[j] < e);
             m->moe_rank_h[(size_t)r * E + e] = (uint8_t)rank;
+            m->moe_quota_h[(size_t)e * K + rank]++;
         }
     }
     return ZO_OK;
@@ -1312,17 +1321,16 @@ static zo_status moe_route(tf_model *m, int l, gpu_stream_t s, int count)
             ZO_OK ||
         (st = gpu_stream_synchronize(s)) != ZO_OK) /* also: the last uploads from the host lists ran */
         return st;
-    const int cap = F > 0 ? (int)zo_moe_capacity(&m->cfg, F, (uint64_t)N) : 0;
-    if (F > 0 && (st = moe_choice_ranks(m, l, N)) != ZO_OK) return st;
+    /* (C >= N: an expert takes a token once, so nothing can drop) */
+    const int cap = (int)zo_moe_capacity(&m->cfg, F, (uint64_t)N), limit = F > 0 && cap < N;
+    if (limit && (st = moe_choice_ranks(m, l, N)) != ZO_OK) return st;
     int n = 0, chosen = 0;
     a->moe_off[0] = 0;
     for (int e = 0; e < E; e++) {
         int cut = K, room = 0;
-        if (F > 0) {
-            int *quota = m->moe_quota_h, left = cap;
-            memset(quota, 0, (size_t)K * sizeof *quota);
-            for (int r = 0; r < N; r++)
-                if (m->moe_w_h[(size_t)r * E + e] != 0.0f) quota[m->moe_rank_h[(size_t)r * E + e]]++;
+        if (limit) {
+            const int *quota = m->moe_quota_h + (size_t)e * K;
+            int left = cap;
             for (cut = 0; cut < K && quota[cut] <= left; cut++) left -= quota[cut];
             room = left;
         }
@@ -1330,11 +1338,11 @@ static zo_status moe_route(tf_model *m, int l, gpu_stream_t s, int count)
             float w = m->moe_w_h[(size_t)r * E + e];
             if (w == 0.0f) continue; /* not chosen (or a weight that underflowed: adds nothing) */
             chosen++;
-            if (F > 0) {
+            if (limit) {
                 int rank = m->moe_rank_h[(size_t)r * E + e];
                 if (rank > cut || (rank == cut && room-- <= 0)) continue; /* over the capacity: dropped */
             }
-            if ((size_t)n == (F > 0 ? m->moe_rows : (size_t)N * K)) /* (a capacity: the chosen were counted) */
+            if (n == N * K) /* (a capacity that drops: moe_choice_ranks counted the chosen first) */
                 return zo_error(ZO_ERR_INTERNAL, "transformer: layer %d: the router chose more than %d experts "
                                 "per token", l, m->cfg.moe.top_k);
             a->moe_idx_h[n] = r;

@@ -233,9 +233,8 @@ typedef struct tf_model {
     float *moe_dscale;      /* [moe_rows] the pairs' weight gradients */
     float *moe_w_h;         /* [N, experts] host: the router's weights, read to route */
     uint8_t *moe_rank_h;    /* [N, experts] host: a chosen expert's choice rank in its token (capacity) */
-    int *moe_quota_h;       /* [2 top_k] host: an expert's pairs of each choice rank, a token's
-                               chosen experts (capacity) */
-    size_t moe_rows;        /* the most pairs a layer keeps: zo_moe_routed_rows of B T tokens */
+    int *moe_quota_h;       /* [experts, top_k] host: an expert's pairs of each choice rank (capacity) */
+    size_t moe_rows;        /* the most pairs a layer keeps: zo_moe_rank_rows of B T tokens, 1 rank */
     /* the pairs the forwards routed since tf_init (recomputes not counted):
      * chosen by the router, dropped by the capacity factor */
     uint64_t moe_pairs, moe_dropped;
@@ -246,7 +245,7 @@ typedef struct tf_model {
      * parallelism") */
     int ep_size, ep_rank;   /* 1 and 0 without */
     size_t ep_rows;         /* the most rows a rank receives a layer: ep_size N min(top_k, El),
-                               with a capacity factor at most ep_size El C */
+                               with a capacity factor at most ep_size El C (zo_moe_rank_rows) */
     void *ep_buf[2];        /* [ep_rows, h] fp32 each: rows in arrival order (in and out), grouped */
     float *ep_w[2];         /* [ep_rows] fp32: weights (gradients) in arrival order, grouped */
     int32_t *ep_cnt_d;      /* [2 ep El] device: the counts sent, then received */

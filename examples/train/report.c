@@ -142,6 +142,12 @@ zo_status report_start(train_report *rp, const train_run *r)
     return ZO_OK;
 }
 
+/* The share of `pairs` dropped, in percent (0 of none). */
+static double dropped_pct(uint64_t dropped, uint64_t pairs)
+{
+    return pairs ? 100.0 * (double)dropped / (double)pairs : 0.0;
+}
+
 void report_step(const train_run *r, const ft_record *rec, int skipped)
 {
     char b[32];
@@ -149,8 +155,7 @@ void report_step(const train_run *r, const ft_record *rec, int skipped)
     gpu_mem_get_stats(r->dev, &ms);
     char dropped[48] = "";
     if (r->m.opts.capacity_factor > 0) /* every rank's pairs of the step */
-        snprintf(dropped, sizeof dropped, " dropped %.2f%%",
-                 r->step_pairs ? 100.0 * (double)r->step_dropped / (double)r->step_pairs : 0.0);
+        snprintf(dropped, sizeof dropped, " dropped %.2f%%", dropped_pct(r->step_dropped, r->step_pairs));
     printf("step %ld loss %.6f lr %.6g norm %.4f tok/s %.0f mem %s%s%s\n", rec->step, rec->loss, rec->lr,
            rec->grad_norm, rec->tokens_per_s, zo_format_bytes(ms.high_water, b, sizeof b), dropped,
            skipped ? " (overflow: skipped)" : "");
@@ -182,8 +187,7 @@ void report_progress(train_report *rp, const train_run *r, long k, double loss)
     double el = zo_now() - rp->t_start;
     char dropped[40] = "";
     if (r->m.opts.capacity_factor > 0)
-        snprintf(dropped, sizeof dropped, ", %.1f%% dropped",
-                 r->step_pairs ? 100.0 * (double)r->step_dropped / (double)r->step_pairs : 0.0);
+        snprintf(dropped, sizeof dropped, ", %.1f%% dropped", dropped_pct(r->step_dropped, r->step_pairs));
     fprintf(stderr, "\r[%ld/%ld] loss %.4f%s, %.0fs left ", k + 1, steps, loss, dropped,
             el / (k + 1 - r->k0) * (steps - k - 1));
 }
@@ -365,7 +369,7 @@ zo_status report_end(train_report *rp, train_run *r)
         printf("# moe routing: capacity factor %g%s; %llu pairs of token and expert, %llu dropped (%.2f%%)\n",
                r->m.opts.capacity_factor, r->m.opts.capacity_factor > 0 ? "" : " (dropless)",
                (unsigned long long)r->moe_pairs, (unsigned long long)r->moe_dropped,
-               r->moe_pairs ? 100.0 * (double)r->moe_dropped / (double)r->moe_pairs : 0.0);
+               dropped_pct(r->moe_dropped, r->moe_pairs));
     if (r->prof) { /* the records still in flight waited for, then the table */
         if ((st = gpu_profile_stop(r->prof)) != ZO_OK) return zo_error_wrap(st, "--profile");
         gpu_profile_print(r->prof, stdout);

@@ -152,7 +152,7 @@ int run_finish(train_run *r, zo_status st)
     model_tokenizer_free(r->tok);
     free(r->inputs);
     free(r->targets);
-    free(r->losses);
+    free(r->sums);
     if (st == ZO_OK) return 0;
     if (!r->quiet) fprintf(stderr, "train: %s\n", zo_last_error());
     if (stop_signal) { /* cleaned up: end the way the signal would have */
@@ -194,12 +194,13 @@ static zo_status check_recompute_layers(const train_args *a, const zo_model_conf
 }
 
 /* A capacity factor (--capacity-factor, parallel.capacity_factor) needs
- * routed experts. */
+ * routed experts (here too: --check-plan never runs tf_init). */
 static zo_status check_capacity(const train_args *a, const zo_model_config *cfg)
 {
     double f = a->p.file.parallel.capacity_factor;
-    if (f > 0 && !cfg->moe.experts)
-        return zo_error(ZO_ERR_INVALID, "--capacity-factor %g (parallel.capacity_factor): %s has no experts", f,
+    const char *why = zo_moe_check_capacity(cfg, f);
+    if (why)
+        return zo_error(ZO_ERR_INVALID, "--capacity-factor %g (parallel.capacity_factor): %s (%s)", f, why,
                         cfg->name);
     return ZO_OK;
 }
@@ -457,8 +458,8 @@ zo_status run_start(train_run *r)
     size_t n = (size_t)r->a->micro_batch * r->a->seq;
     r->inputs = malloc(n * sizeof *r->inputs);
     r->targets = malloc(n * sizeof *r->targets);
-    r->losses = calloc(3 * (size_t)r->ranks, sizeof *r->losses);
-    if (!r->inputs || !r->targets || !r->losses)
+    r->sums = calloc((size_t)r->ranks, sizeof *r->sums);
+    if (!r->inputs || !r->targets || !r->sums)
         return zo_error(ZO_ERR_NOMEM, "train: out of host memory for the batch");
     return ZO_OK;
 }
@@ -530,14 +531,14 @@ zo_status run_step(train_run *r, long k, ft_record *rec, int *skipped)
     if ((st = offload_step(r->rt, &info)) != ZO_OK) return zo_error_wrap(st, "step %ld", k);
     /* the mean over the global batch: every rank's sum, in rank order;
      * the MoE pairs every rank's micro-batches routed and dropped */
-    double mine[3] = {sum, (double)(r->m.moe_pairs - pairs0), (double)(r->m.moe_dropped - dropped0)};
-    if ((st = offload_gather(r->rt, mine, sizeof mine, r->losses)) != ZO_OK) return st;
+    run_step_sums mine = {sum, (double)(r->m.moe_pairs - pairs0), (double)(r->m.moe_dropped - dropped0)};
+    if ((st = offload_gather(r->rt, &mine, sizeof mine, r->sums)) != ZO_OK) return st;
     sum = 0;
     r->step_pairs = r->step_dropped = 0;
     for (int q = 0; q < r->ranks; q++) {
-        sum += r->losses[3 * q];
-        r->step_pairs += (uint64_t)r->losses[3 * q + 1];
-        r->step_dropped += (uint64_t)r->losses[3 * q + 2];
+        sum += r->sums[q].loss;
+        r->step_pairs += (uint64_t)r->sums[q].pairs;
+        r->step_dropped += (uint64_t)r->sums[q].dropped;
     }
     r->moe_pairs += r->step_pairs;
     r->moe_dropped += r->step_dropped;

@@ -25,6 +25,12 @@
  * training. */
 typedef enum run_phase { RUN_INPUT, RUN_SETUP, RUN_TRAIN } run_phase;
 
+/* What a rank sends at the end of a step (offload_gather): its
+ * micro-batches' loss sum and the MoE pairs they routed and dropped. */
+typedef struct run_step_sums {
+    double loss, pairs, dropped;
+} run_step_sums;
+
 typedef struct train_run {
     train_args *a;
     run_phase phase;
@@ -51,7 +57,7 @@ typedef struct train_run {
     int accum;                      /* micro-batches per step and rank */
     long k0;                        /* the first step: 0, or the resumed checkpoint's */
     int32_t *inputs, *targets;      /* a micro-batch: (micro_batch, seq) */
-    double *losses;                 /* [ranks, 3] a step's loss sum, MoE pairs routed and dropped of every rank */
+    run_step_sums *sums;            /* [ranks] a step's, every rank's */
     uint64_t step_pairs, step_dropped; /* the last step's (token, expert) pairs, every rank's: routed, dropped */
     uint64_t moe_pairs, moe_dropped;   /* the same over the run's steps (tf_options.capacity_factor) */
     long kill_rank, kill_step;      /* test seam ZO_TRAIN_KILL="RANK:STEP" */
