@@ -349,10 +349,8 @@ static zo_status dev_put_host_done(wstore *ws, int b, size_t rel, size_t n)
 
 static zo_status dev_put_dev(wstore *ws, int b, void **dst)
 {
-    if (offload_dp_segmented(dev_of(ws)->dp, b)) /* (the capability table refuses it) */
-        return zo_error(ZO_ERR_UNSUPPORTED, "offload_step: block %d's part is in segments (expert parallelism at "
-                        "ZeRO 1-2): the optimizer's device share cannot put it in place", b);
-    *dst = dev_at(ws, b, put_pos(ws, b, 0));
+    /* (a part in segments: the block's start, the runs in their places, put_dev_runs) */
+    *dst = dev_at(ws, b, offload_dp_segmented(dev_of(ws)->dp, b) ? 0 : put_pos(ws, b, 0));
     return ZO_OK;
 }
 
@@ -471,6 +469,7 @@ static zo_status dev_partition(wstore *ws, size_t *elems)
     const offload_dp *dp = ws->env->dp;
     const offload_geom *g = ws->g;
     d->dp = dp;
+    ws->put_dev_runs = 1;
     d->boff_own = calloc((size_t)g->nb, sizeof(size_t));
     d->got = calloc((size_t)g->nb, sizeof(size_t));
     d->pending = calloc((size_t)g->nb, 1);
