@@ -14,10 +14,10 @@ const zo_capability_entry zo_capability_table[ZO_CAP_GAPS - 1] = {
      "tensor and pipeline parallelism for clusters"},
     {ZO_CAP_EXPERT_PARALLEL, "expert-parallel",
      "the runtime runs expert parallelism for full fine-tuning, LoRA and QLoRA of a mixture of experts at "
-     "ZeRO-0, the weights on any tier (--ep N --zero 0), and for full fine-tuning at ZeRO 1-3 with the weights "
-     "on the GPU (ZeRO-3: or in host memory) and LoRA and QLoRA at ZeRO 1-2 with the adapters on it (the base "
-     "on any tier), the optimizer on any tier (--ep N --zero 1, 2 or 3 --params gpu; --zero 3 --params cpu; "
-     "--zero 1 or 2 --adapters-on gpu); anything else runs with --ep 1, every rank holding every expert (ZeRO 0-3 partition them as the dense "
+     "ZeRO-0, the weights on any tier (--ep N --zero 0), and at ZeRO 1-3 for full fine-tuning with the weights "
+     "on the GPU (ZeRO-3: or in host memory), LoRA and QLoRA with the adapters on the GPU (ZeRO-3: or in host "
+     "memory, the base too), the optimizer on any tier (--ep N --zero 1, 2 or 3 --params gpu; --zero 3 "
+     "--params cpu; --zero 1 or 2 --adapters-on gpu; --zero 3 --params cpu --adapters-on cpu); anything else runs with --ep 1, every rank holding every expert (ZeRO 0-3 partition them as the dense "
      "weights)"},
     {ZO_CAP_ZERO12_OFFLOADED, "zero12-offloaded-weights",
      "ZeRO-1 and ZeRO-2 keep every 16-bit weight on each rank's GPU; trained weights off the GPU need "
@@ -75,7 +75,7 @@ zo_capability_gap zo_capability_find(const zo_run_shape *r)
 {
     if (r->tp > 1) return ZO_CAP_TENSOR_PARALLEL;
     if (r->pp > 1) return ZO_CAP_PIPELINE_PARALLEL;
-    if (r->ep > 1 && (!r->moe || (r->zero == 3 && (r->method != ZO_PLAN_FULL || r->params == ZO_PLAN_NVME))))
+    if (r->ep > 1 && (!r->moe || (r->zero == 3 && (r->params == ZO_PLAN_NVME || trained_on(r) == ZO_PLAN_NVME))))
         return ZO_CAP_EXPERT_PARALLEL;
     if (r->ranks > 1 && (r->zero == 1 || r->zero == 2) && trained_on(r) != ZO_PLAN_GPU)
         return ZO_CAP_ZERO12_OFFLOADED;
@@ -111,12 +111,9 @@ static void what(const zo_run_shape *r, zo_capability_gap gap, char *buf, size_t
     case ZO_CAP_EXPERT_PARALLEL:
         if (!r->moe)
             snprintf(buf, len, "expert parallelism (--ep %d, parallel.ep) on a model without experts", r->ep);
-        else if (r->method == ZO_PLAN_QLORA)
-            snprintf(buf, len, "expert parallelism (--ep %d, parallel.ep) with QLoRA at ZeRO-%d (--lora --qlora, "
-                     "--zero %d, training.method, parallel.zero)", r->ep, r->zero, r->zero);
-        else if (r->zero == 3 && r->method != ZO_PLAN_FULL)
-            snprintf(buf, len, "expert parallelism (--ep %d, parallel.ep) with LoRA at ZeRO-3 (--lora, --zero 3, "
-                     "parallel.zero)", r->ep);
+        else if (r->params != ZO_PLAN_NVME)
+            snprintf(buf, len, "expert parallelism (--ep %d, parallel.ep) at ZeRO-%d with the adapters on nvme "
+                     "(--adapters-on nvme, placement.adapters)", r->ep, r->zero);
         else
             snprintf(buf, len, "expert parallelism (--ep %d, parallel.ep) at ZeRO-%d with the weights on %s (--params "
                      "%s, placement.params)", r->ep, r->zero, zo_plan_tier_name(r->params),

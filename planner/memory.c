@@ -772,6 +772,7 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
      * each local expert, and the rest */
     uint64_t expert = ex && t->runtime == PLAN_RUNTIME_EAGER ? (nf4 ? expert_nf4 : expert_linear * wsz) : 0;
     uint64_t local = (uint64_t)(m->moe.experts / t->ep);
+    o->layer_frozen_ex = nf4 ? local * expert_nf4 : ex * wsz;
     o->largest_frozen = expert ? o->layer_frozen - local * expert : o->layer_frozen;
     if (expert > o->largest_frozen) o->largest_frozen = expert;
     if (o->first_frozen > o->largest_frozen) o->largest_frozen = o->first_frozen;
@@ -933,6 +934,32 @@ static void nvme_aligned(const stage_est *s, uint64_t *frozen, uint64_t *adapter
         *adapters = ((uint64_t)sh->layers * ceil_div(layer * s->wsz, al) + (sh->first ? 1 : 0) + (sh->last ? 1 : 0)) * al;
 }
 
+/* A rank's frozen base at ZeRO-3: the bytes over DP; with expert
+ * parallelism each layer's routed experts' over the DP / EP ranks holding
+ * them, the rest over DP (the runtime's segments of bytes). */
+static uint64_t frozen_z3(const stage_est *s)
+{
+    const plan_peft *pf = &s->pf;
+    uint64_t dp = s->dp, layers = s->sh.layers;
+    if (s->t->ep <= 1 || !pf->layer_frozen_ex) return ceil_div(pf->frozen, dp);
+    uint64_t xdp = dp / (uint64_t)s->t->ep;
+    return ceil_div(pf->frozen - layers * pf->layer_frozen_ex, dp) + layers * ceil_div(pf->layer_frozen_ex, xdp);
+}
+
+/* The largest of a rank's parts of the frozen blocks at ZeRO-3 on several
+ * ranks: a block's bytes padded to 4 B x DP; with expert parallelism a
+ * layer's dense bytes over DP and its routed experts' over DP / EP. */
+static uint64_t frozen_largest_part(const stage_est *s)
+{
+    const plan_peft *pf = &s->pf;
+    uint64_t dp = s->dp, fl = ceil_div(pf->largest_frozen, 4 * dp) * 4;
+    if (s->t->ep <= 1 || !pf->layer_frozen_ex) return fl;
+    uint64_t xdp = dp / (uint64_t)s->t->ep;
+    uint64_t layer = ceil_div(pf->layer_frozen - pf->layer_frozen_ex, 4 * dp) * 4 +
+                     ceil_div(pf->layer_frozen_ex, 4 * xdp) * 4;
+    return layer > fl ? layer : fl;
+}
+
 /* LoRA: two weight stores (the runtime's), the frozen base where --params
  * says, the adapters where --adapters-on says; a device slot holds a block
  * of each that streams (the base's rounded up to 256 bytes, the adapters' at
@@ -942,7 +969,7 @@ static void params_peft(stage_est *s, plan_estimate *e)
     const plan_train *t = s->t;
     const plan_peft *pf = &s->pf;
     uint64_t dp = s->dp, wsz = s->wsz;
-    uint64_t frozen = t->zero >= 3 ? ceil_div(pf->frozen, dp) : pf->frozen;
+    uint64_t frozen = t->zero >= 3 ? frozen_z3(s) : pf->frozen;
     uint64_t adapters = s->p_elems * wsz;
     e->rank_params = (t->zero >= 3 ? ceil_div(s->sh.params, dp) : s->sh.params) + s->p_elems;
     uint64_t fz = frozen, ad = adapters;
@@ -1225,7 +1252,7 @@ static uint64_t pinned_staging(const stage_est *s, uint64_t host_slot, uint64_t 
         uint64_t fl = s->pf.largest_frozen;
         /* (ZeRO-3 on several ranks: the store holds the rank's parts, its
          * bytes padded to 4 B x DP) */
-        if (t->zero >= 3 && dp > 1) fl = ceil_div(fl, 4 * dp) * 4;
+        if (t->zero >= 3 && dp > 1) fl = frozen_largest_part(s);
         if (t->params_on == ZO_PLAN_GPU) pinned += 2 * (sg && sg < fl ? sg : fl);
         if (t->adapters_on == ZO_PLAN_GPU) pinned += 2 * (sg && sg < part ? sg : part) * wsz;
         pinned += nvme_slots;

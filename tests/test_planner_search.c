@@ -505,6 +505,7 @@ static void test_plan_file_runs(void **state)
     ep_lora.method = ZO_PLAN_LORA;
     ep_lora.ranks = ep_lora.ep = 2;
     ep_lora.zero = 3;
+    ep_lora.adapters = ZO_PLAN_NVME;
     ep_lora.moe = 1;
     zo_run_shape_defaults(&tp);
     tp.tp = 2;
@@ -520,7 +521,7 @@ static void test_plan_file_runs(void **state)
     /* (the model's experts seen: not "on a model without experts") */
     char moe_lora_z3[600];
     snprintf(moe_lora_z3, sizeof moe_lora_z3,
-             "--model %s --gpus 2 --gpus-per-node 2 --seq 32 --lora 8 --ep 2 --zero 3", mx4);
+             "--model %s --gpus 2 --gpus-per-node 2 --seq 32 --lora 8 --ep 2 --zero 3 --adapters-on nvme", mx4);
     struct {
         const char *flags;
         const zo_run_shape *shape;

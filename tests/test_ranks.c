@@ -874,9 +874,11 @@ static void test_moe_ep(void **state)
     config = "config.json";
     /* still refused, once, exit 2: the table's words, then train's */
     static const char *const refused[][2] = {
-        {"--ep 2 --zero 3 --lora 4", "expert parallelism (--ep 2, parallel.ep) with LoRA at ZeRO-3"},
+        {"--ep 2 --zero 3 --lora 4 --adapters-on nvme",
+         "expert parallelism (--ep 2, parallel.ep) at ZeRO-3 with the adapters on nvme"},
         {"--ep 2 --zero 1 --params cpu", "ZeRO-1 (--zero 1) on 2 ranks with the weights on cpu"},
-        {"--ep 2 --zero 3 --lora 4 --qlora", "expert parallelism (--ep 2, parallel.ep) with QLoRA at ZeRO-3"},
+        {"--ep 2 --zero 3 --lora 4 --qlora --params nvme",
+         "expert parallelism (--ep 2, parallel.ep) at ZeRO-3 with the weights on nvme"},
         {"--ep 2 --zero 3 --params nvme", "expert parallelism (--ep 2, parallel.ep) at ZeRO-3 with the weights on nvme"},
         {"--ep 2 --zero 1 --ckpt SAVE", "--ckpt with expert parallelism (--ep 2, parallel.ep) at ZeRO-1"},
         {"--ep 3", "--ep 3 must divide the data-parallel degree (DP 2, the ranks)"},
@@ -1199,6 +1201,28 @@ static void test_moe_ep_nvme(void **state)
     config = "config.json";
 }
 
+/* memplan's plans for place at --ep 2 on 4 ranks (the experts over 2 ranks)
+ * and ZeRO 0-3 with clipping, the model chosen (the Qwen2-MoE-shaped one
+ * here): ZeRO 1-3's losses within 1e-6 of ZeRO-0's, every rank's peaks
+ * within 3% of the plan's; label names the runs in the printout. */
+static void ep_zero_as_zero0(const char *place, const char *label)
+{
+    double z0[STEPS], got[STEPS];
+    char plan[512], flags[1024];
+    snprintf(plan, sizeof plan, "%s/plan.json", dir);
+    for (int zero = 0; zero <= 3; zero++) {
+        snprintf(flags, sizeof flags, "%s --dp 4 --ep 2 --zero %d", place, zero);
+        plan_and_train(flags, plan, 4, "--clip 1", zero ? got : z0);
+        check_peaks(last_out, 4);
+        if (!zero) continue;
+        int same;
+        double worst = worst_rel(got, z0, 0, STEPS, &same);
+        printf("  qwen2_moe8, 4 ranks, --ep 2 --zero %d, %s: %d of %d steps as --zero 0's, worst %.1e\n", zero, label,
+               same, STEPS, worst);
+        assert_true(worst <= 1e-6);
+    }
+}
+
 /* Expert parallelism with ZeRO 1-3 (issue 31): the dense elements of a
  * block partitioned over the world, each MoE block's experts over the
  * ranks holding them (docs/architecture.md). The Mixtral- and
@@ -1237,22 +1261,9 @@ static void test_moe_ep_zero(void **state)
     /* the 16-bit reductions (the pieces rounded, the results widened where
      * the part lands): ZeRO 1-3 as ZeRO-0's bf16 reduction, Qwen2-MoE-shaped,
      * --ep 2 on 4 ranks (the experts over 2 ranks) */
-    static const char *const bf = "--dtype fp32 --params gpu --optimizer cpu --schedule overlap --reduce-dtype bf16";
-    double z0[STEPS], got[STEPS];
-    char plan[512], flags[1024];
     ep_use_model(1, path, sizeof path);
-    snprintf(plan, sizeof plan, "%s/plan.json", dir);
-    for (int zero = 0; zero <= 3; zero++) {
-        snprintf(flags, sizeof flags, "%s --dp 4 --ep 2 --zero %d", bf, zero);
-        plan_and_train(flags, plan, 4, "--clip 1", zero ? got : z0);
-        check_peaks(last_out, 4);
-        if (!zero) continue;
-        int same;
-        double worst = worst_rel(got, z0, 0, STEPS, &same);
-        printf("  qwen2_moe8, 4 ranks, --ep 2 --zero %d, --reduce-dtype bf16: %d of %d steps as --zero 0's, worst "
-               "%.1e\n", zero, same, STEPS, worst);
-        assert_true(worst <= 1e-6);
-    }
+    ep_zero_as_zero0("--dtype fp32 --params gpu --optimizer cpu --schedule overlap --reduce-dtype bf16",
+                     "--reduce-dtype bf16");
     snprintf(path, sizeof path, "%s/mixtral.json", dir);
     config = strrchr(path, '/') + 1;
     for (int zero = 1; zero <= 3; zero++) ep_save(0, zero, 0);
@@ -1300,11 +1311,16 @@ static void test_moe_ep_z3host(void **state)
  *   their places in the block: the dense runs and the experts'): the
  *   weights on the GPU, ZeRO 1, 2 and 3, --ep 2 on 2 ranks, --ep 4 and
  *   --ep 2 on 4, half the optimizer on the GPU; all of it there with m and
- *   v in bf16 (the encoded state's update, --ep 2 on 2 ranks);
+ *   v in bf16 (the encoded state's update, --ep 2 on 2 ranks); (ZeRO-2
+ *   takes the same runs as ZeRO-1: --ep 2 on 2 ranks only);
  * - QLoRA at ZeRO 1 and 2 (the NF4 base replicated as at ZeRO-0, the
  *   adapters on the GPU in segments), --ep 2 on 2 ranks and --ep 4 on 4;
  * - (Mixtral-shaped) LoRA's and QLoRA's base on NVMe at ZeRO 1 and 2,
- *   replicated as at ZeRO-0, --ep 2 on 2 ranks and --ep 4 on 4.
+ *   replicated as at ZeRO-0, ZeRO-1 --ep 2 on 2 ranks, ZeRO-2 --ep 4 on 4;
+ * - LoRA and QLoRA at ZeRO-3 (the frozen base partitioned in segments of
+ *   bytes: the dense bytes over the world, the experts' over the ranks
+ *   holding them), base and adapters in host memory (QLoRA: the optimizer
+ *   half on NVMe) or, LoRA, on the GPU, --ep 2 on 2 ranks and on 4.
  * Each: the losses of one rank with --grad-accum = ranks (QLoRA: one
  * rank's QLoRA) within 1e-6 relative, every rank's peaks within 3% of
  * memplan's plan, the all-to-all bytes (ep_run). A bf16 model with the GPU
@@ -1324,12 +1340,27 @@ static void test_moe_ep_gaps(void **state)
         ep_use_model(mdl, path, sizeof path);
         ep_refs(gpu_half, "epg", mdl, 0, 1, ref);
         for (int zero = 1; zero <= 3; zero++)
-            for (int k = 0; k < 3; k++) ep_run(mdl, gpu_half, ep_runs[k][0], ep_runs[k][1], zero, 1, ref);
+            for (int k = 0; k < (zero == 2 ? 1 : 3); k++) /* (ZeRO-2: --ep 2 on 2 ranks) */
+                ep_run(mdl, gpu_half, ep_runs[k][0], ep_runs[k][1], zero, 1, ref);
         ep_refs(gpu_all, "epg", mdl, 1, 1, ref);
         for (int zero = 1; zero <= 3; zero += 2) ep_run(mdl, gpu_all, 2, 2, zero, 1, ref);
         ep_refs(qlora, "epg", mdl, 2, 1, ref);
         for (int zero = 1; zero <= 2; zero++)
             for (int k = 0; k < 2; k++) ep_run(mdl, qlora, ep_runs[k][0], ep_runs[k][1], zero, 1, ref);
+    }
+    static const char *const z3[3] = {
+        "--dtype fp32 --lora 4 --lora-targets all-linear --params cpu --adapters-on cpu --optimizer cpu",
+        "--dtype fp32 --lora 4 --lora-targets all-linear --params gpu --adapters-on gpu --optimizer cpu",
+        "--dtype fp32 --lora 4 --lora-targets all-linear --qlora --params cpu --adapters-on cpu "
+        "--optimizer cpu=0.5,nvme=0.5"};
+    for (int mdl = 0; mdl < 2; mdl++) {
+        ep_use_model(mdl, path, sizeof path);
+        for (int p = 0; p < 3; p++) {
+            if (mdl && p == 1) continue; /* (the base on the GPU: Mixtral-shaped) */
+            double ref[2][STEPS];
+            ep_refs(z3[p], "epg3", mdl, p, 1, ref);
+            for (int k = 0; k < 3; k += 2) ep_run(mdl, z3[p], ep_runs[k][0], ep_runs[k][1], 3, 1, ref);
+        }
     }
     static const char *const nvme_base[2] = {
         "--dtype fp32 --lora 4 --lora-targets all-linear --params nvme --adapters-on gpu --optimizer cpu",
@@ -1338,26 +1369,12 @@ static void test_moe_ep_gaps(void **state)
     for (int p = 0; p < 2; p++) {
         double ref[2][STEPS];
         ep_refs(nvme_base[p], "epgn", 0, p, 1, ref);
-        for (int zero = 1; zero <= 2; zero++)
-            for (int k = 0; k < 2; k++) ep_run(0, nvme_base[p], ep_runs[k][0], ep_runs[k][1], zero, 1, ref);
+        for (int zero = 1; zero <= 2; zero++) /* (ZeRO-1 --ep 2 on 2 ranks, ZeRO-2 --ep 4 on 4) */
+            ep_run(0, nvme_base[p], ep_runs[zero - 1][0], ep_runs[zero - 1][1], zero, 1, ref);
     }
     /* a 16-bit model: the GPU share's new weights rounded into the runs */
-    static const char *const bf = "--dtype bf16 --params gpu --optimizer gpu=0.5,cpu=0.5";
-    double z0[STEPS], got[STEPS];
-    char plan[512], flags[1024];
     ep_use_model(1, path, sizeof path);
-    snprintf(plan, sizeof plan, "%s/plan.json", dir);
-    for (int zero = 0; zero <= 3; zero++) {
-        snprintf(flags, sizeof flags, "%s --dp 4 --ep 2 --zero %d", bf, zero);
-        plan_and_train(flags, plan, 4, "--clip 1", zero ? got : z0);
-        check_peaks(last_out, 4);
-        if (!zero) continue;
-        int same;
-        double worst = worst_rel(got, z0, 0, STEPS, &same);
-        printf("  qwen2_moe8, 4 ranks, --ep 2 --zero %d, --dtype bf16, optimizer half on the GPU: %d of %d steps as "
-               "--zero 0's, worst %.1e\n", zero, same, STEPS, worst);
-        assert_true(worst <= 1e-6);
-    }
+    ep_zero_as_zero0("--dtype bf16 --params gpu --optimizer gpu=0.5,cpu=0.5", "--dtype bf16, optimizer half on the GPU");
     snprintf(path, sizeof path, "%s/mixtral.json", dir);
     config = strrchr(path, '/') + 1;
     for (int zero = 1; zero <= 3; zero++)
@@ -1366,6 +1383,10 @@ static void test_moe_ep_gaps(void **state)
     for (int zero = 1; zero <= 2; zero++)
         ep_save_flags("--micro-batch 2 --seq 32 --dtype fp32 --lora 4 --lora-targets all-linear --qlora --params cpu "
                       "--adapters-on gpu --optimizer cpu --clip 0", 1, zero, ", QLoRA", 0);
+    ep_save_flags("--micro-batch 2 --seq 32 --dtype fp32 --lora 4 --lora-targets all-linear --params cpu "
+                  "--adapters-on cpu --optimizer cpu --clip 0", 1, 3, ", LoRA", 0);
+    ep_save_flags("--micro-batch 2 --seq 32 --dtype fp32 --lora 4 --lora-targets all-linear --qlora --params cpu "
+                  "--adapters-on cpu --optimizer cpu --clip 0", 1, 3, ", QLoRA", 0);
     config = "config.json";
 }
 
