@@ -71,12 +71,14 @@ static zo_status wg_fetch(wstore *ws, int b, void *dst)
     if (segmented(ws, b)) {
         /* a part in segments (expert parallelism): gathered through a
          * bucket, each piece of the rank's share copied into it from the
-         * device store's part or the host store's pinned one (no staging
-         * block: the bucket is the only device memory it takes) */
+         * device store's part, the host store's pinned one or the NVMe
+         * store's read-ahead buffer it was read into (no staging block: the
+         * bucket is the only device memory it takes) */
         const void *src = in->resident ? in->ops->resident(in, b) : in->ops->host ? in->ops->host(in, b) : NULL;
+        if (!src && in->ops->fetch_host && (st = in->ops->fetch_host(in, b, &src)) != ZO_OK) return st;
         if (!src)
             return zo_error(ZO_ERR_UNSUPPORTED, "offload: block %d's part is in segments (expert parallelism at "
-                            "ZeRO-3): it is gathered from device or pinned host memory only", b);
+                            "ZeRO-3): its store keeps it in no memory the gather reads", b);
         if (!in->resident) offload_add_bytes(env->acct, OFFLOAD_BYTES_H2D, n * es);
         return gather_segs(ws, b, src, in->resident ? GPU_COPY_DEVICE_TO_DEVICE : GPU_COPY_HOST_TO_DEVICE, dst,
                            GPU_COPY_DEVICE_TO_DEVICE);

@@ -76,6 +76,11 @@ typedef struct wstore_ops {
      * keeps them there (the host tier), else NULL: the gathering store
      * reads a part in segments from it straight into its bucket. */
     const void *(*host)(wstore *ws, int b);
+    /* (optional) Block b read into pinned host memory of the store's (the
+     * NVMe tier: a read-ahead buffer), *src valid until the store's next
+     * fetch or fetch_host: the gathering store reads a part in segments from
+     * there when the store keeps none in memory (host NULL). */
+    zo_status (*fetch_host)(wstore *ws, int b, const void **src);
     /* Block b's weights (numel[b] elements of the dtype) into host memory,
      * synchronously (the tier stores: the frozen base's reads). */
     zo_status (*get_host)(wstore *ws, int b, void *dst);

@@ -874,12 +874,8 @@ static void test_moe_ep(void **state)
     config = "config.json";
     /* still refused, once, exit 2: the table's words, then train's */
     static const char *const refused[][2] = {
-        {"--ep 2 --zero 3 --lora 4 --adapters-on nvme",
-         "expert parallelism (--ep 2, parallel.ep) at ZeRO-3 with the adapters on nvme"},
         {"--ep 2 --zero 1 --params cpu", "ZeRO-1 (--zero 1) on 2 ranks with the weights on cpu"},
-        {"--ep 2 --zero 3 --lora 4 --qlora --params nvme",
-         "expert parallelism (--ep 2, parallel.ep) at ZeRO-3 with the weights on nvme"},
-        {"--ep 2 --zero 3 --params nvme", "expert parallelism (--ep 2, parallel.ep) at ZeRO-3 with the weights on nvme"},
+        {"--ep 2 --zero 2 --lora 4 --adapters-on cpu", "LoRA on 2 ranks at ZeRO-2 (--zero 2) with the adapters on cpu"},
         {"--ep 2 --zero 1 --ckpt SAVE", "--ckpt with expert parallelism (--ep 2, parallel.ep) at ZeRO-1"},
         {"--ep 3", "--ep 3 must divide the data-parallel degree (DP 2, the ranks)"},
     };
@@ -1315,8 +1311,12 @@ static void test_moe_ep_z3host(void **state)
  *   takes the same runs as ZeRO-1: --ep 2 on 2 ranks only);
  * - QLoRA at ZeRO 1 and 2 (the NF4 base replicated as at ZeRO-0, the
  *   adapters on the GPU in segments), --ep 2 on 2 ranks and --ep 4 on 4;
- * - (Mixtral-shaped) LoRA's and QLoRA's base on NVMe at ZeRO 1 and 2,
- *   replicated as at ZeRO-0, ZeRO-1 --ep 2 on 2 ranks, ZeRO-2 --ep 4 on 4;
+ * - (Mixtral-shaped) LoRA's and QLoRA's base on NVMe, replicated at ZeRO
+ *   1 and 2 as at ZeRO-0 (ZeRO-1 --ep 2 on 2 ranks, ZeRO-2 --ep 4 on 4),
+ *   partitioned at ZeRO-3 (--ep 2 on 4); at ZeRO-3 the weights on NVMe
+ *   (the optimizer half there), and QLoRA's base, adapters and optimizer
+ *   (--ep 2 on 2 and 4 ranks): a part in segments read into the store's
+ *   read-ahead buffer, then gathered;
  * - LoRA and QLoRA at ZeRO-3 (the frozen base partitioned in segments of
  *   bytes: the dense bytes over the world, the experts' over the ranks
  *   holding them), base and adapters in host memory (QLoRA: the optimizer
@@ -1362,15 +1362,27 @@ static void test_moe_ep_gaps(void **state)
             for (int k = 0; k < 3; k += 2) ep_run(mdl, z3[p], ep_runs[k][0], ep_runs[k][1], 3, 1, ref);
         }
     }
-    static const char *const nvme_base[2] = {
+    /* on NVMe: LoRA's and QLoRA's base (ZeRO-1 --ep 2 on 2 ranks, ZeRO-2
+     * --ep 4 on 4, ZeRO-3 --ep 2 on 4); at ZeRO-3 (--ep 2 on 2 and 4
+     * ranks) the weights with the optimizer half there, and QLoRA's base,
+     * adapters and optimizer */
+    static const char *const nvme[4] = {
         "--dtype fp32 --lora 4 --lora-targets all-linear --params nvme --adapters-on gpu --optimizer cpu",
-        "--dtype fp32 --lora 4 --lora-targets all-linear --qlora --params nvme --adapters-on gpu --optimizer cpu"};
+        "--dtype fp32 --lora 4 --lora-targets all-linear --qlora --params nvme --adapters-on gpu --optimizer cpu",
+        "--dtype fp32 --params nvme --optimizer cpu=0.5,nvme=0.5",
+        "--dtype fp32 --lora 4 --lora-targets all-linear --qlora --params nvme --adapters-on nvme --optimizer nvme"};
     ep_use_model(0, path, sizeof path);
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < 4; p++) {
         double ref[2][STEPS];
-        ep_refs(nvme_base[p], "epgn", 0, p, 1, ref);
-        for (int zero = 1; zero <= 2; zero++) /* (ZeRO-1 --ep 2 on 2 ranks, ZeRO-2 --ep 4 on 4) */
-            ep_run(0, nvme_base[p], ep_runs[zero - 1][0], ep_runs[zero - 1][1], zero, 1, ref);
+        ep_refs(nvme[p], "epgn", 0, p, 1, ref);
+        if (p < 2) { /* the base replicated at ZeRO 1-2, partitioned at 3 */
+            ep_run(0, nvme[p], 2, 2, 1, 1, ref);
+            ep_run(0, nvme[p], 4, 4, 2, 1, ref);
+            ep_run(0, nvme[p], 4, 2, 3, 1, ref);
+        } else {
+            ep_run(0, nvme[p], 2, 2, 3, 1, ref);
+            ep_run(0, nvme[p], 4, 2, 3, 1, ref);
+        }
     }
     /* a 16-bit model: the GPU share's new weights rounded into the runs */
     ep_use_model(1, path, sizeof path);
@@ -1387,6 +1399,8 @@ static void test_moe_ep_gaps(void **state)
                   "--adapters-on cpu --optimizer cpu --clip 0", 1, 3, ", LoRA", 0);
     ep_save_flags("--micro-batch 2 --seq 32 --dtype fp32 --lora 4 --lora-targets all-linear --qlora --params cpu "
                   "--adapters-on cpu --optimizer cpu --clip 0", 1, 3, ", QLoRA", 0);
+    ep_save_flags("--micro-batch 2 --seq 32 --dtype fp32 --params nvme --optimizer cpu --clip 0", 0, 3,
+                  ", --params nvme", 0);
     config = "config.json";
 }
 
