@@ -15,7 +15,11 @@
  * gathers, depends only on its schedule, the same on every rank.
  *
  * The partition is the data-parallel one (the trainable weights) or one of
- * bytes (a LoRA base: offload_dp_part_bytes), gathered as fp32 words. */
+ * bytes (a LoRA base: offload_dp_part_bytes), gathered as fp32 words. With
+ * expert parallelism a block's part may be in segments (the dense elements
+ * or bytes over the world, the routed experts' over expert_comm): such a
+ * part is gathered through a bucket from the inner store's memory (device,
+ * pinned host, or an NVMe read-ahead buffer: fetch_host). */
 #include "offload/wstore.h"
 
 #include <stdlib.h>
