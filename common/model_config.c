@@ -229,6 +229,19 @@ int zo_model_layer_is_moe(const zo_model_config *c, int layer)
     return c->moe.experts > 0 && layer >= c->moe.first_dense;
 }
 
+uint64_t zo_moe_capacity(const zo_model_config *c, double factor, uint64_t n)
+{
+    if (factor <= 0 || c->moe.experts < 1) return 0;
+    double cap = ceil(factor * (double)n * (double)c->moe.top_k / (double)c->moe.experts);
+    return cap < 1 ? 1 : (uint64_t)cap;
+}
+
+uint64_t zo_moe_routed_rows(const zo_model_config *c, double factor, uint64_t n)
+{
+    uint64_t all = n * (uint64_t)c->moe.top_k, cap = zo_moe_capacity(c, factor, n) * (uint64_t)c->moe.experts;
+    return factor > 0 && cap < all ? cap : all;
+}
+
 void zo_model_attn_widths(const zo_model_config *c, uint64_t *q, uint64_t *k, uint64_t *v,
                           uint64_t *o)
 {

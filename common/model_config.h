@@ -173,6 +173,15 @@ typedef struct zo_layer_params {
 
 int zo_model_layer_is_moe(const zo_model_config *cfg, int layer);
 
+/* Capacity-limited routing (memplan's --capacity-factor F, the plan's
+ * parallel.capacity_factor; 0: dropless): an expert takes at most
+ * C = ceil(F n top_k / experts) pairs (at least 1) of a rank's n tokens in
+ * a micro-batch; the rest are dropped. */
+uint64_t zo_moe_capacity(const zo_model_config *cfg, double factor, uint64_t n);
+/* The most pairs n tokens route to experts that take them:
+ * min(n top_k, experts C), n top_k when factor is 0. */
+uint64_t zo_moe_routed_rows(const zo_model_config *cfg, double factor, uint64_t n);
+
 /* Rows of the learned position table (GPT-2's max_seq, OPT's max_seq + 2);
  * 0 for rotary and ALiBi models, which take any sequence length. */
 uint64_t zo_model_position_rows(const zo_model_config *cfg);

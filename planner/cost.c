@@ -219,7 +219,7 @@ static void attn_proj_time(const zo_model_config *m, const plan_train *t, const 
 
 /* An MoE layer's MLP: a router, its experts over the routed rows that reach
  * this rank (EP spreads the experts, each rank receives top_k rows per token
- * on average: dropless, balanced; a capacity factor pads to it) as grouped
+ * on average: dropless, balanced; a capacity factor bounds it, plan_routed_rows) as grouped
  * GEMMs, and the shared expert over every token. Returns the bytes of its
  * elementwise kernels; sets the expert-parallel all-to-alls. */
 static double moe_time(const zo_model_config *m, const plan_train *t, const ctx *c, double T,

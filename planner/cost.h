@@ -20,9 +20,10 @@
  * the bytes one rank sends to the other ranks of its expert-parallel group
  * (what stays on the rank not counted), under uniform routing (each pair
  * of token and chosen expert lands on another rank with probability
- * (ep-1)/ep) and with no capacity factor dropping or padding (a
- * plan_train.capacity_factor above 1 scales the pairs as it does the
- * activations). The forward: each remote rank's per-expert pair counts
+ * (ep-1)/ep), over plan_routed_rows a token: top_k dropless; with a
+ * plan_train.capacity_factor the rows the runtime keeps at most (this
+ * runtime's min(top_k, E C / tokens), eager's padding to top_k F), as the
+ * activations count them. The forward: each remote rank's per-expert pair counts
  * (int32), the pairs' input rows (activation dtype) with their routing
  * weights (fp32: the runtime's layer applies them before the down
  * projection, on the expert's rank) and the output rows back; the backward

@@ -127,16 +127,28 @@ static uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
  * library call the search would pay for every estimate). */
 static uint64_t round_u64(double x) { return (uint64_t)(x + 0.5); }
 
+/* With a capacity factor each rank drops among its own tokens before the
+ * exchange (DeepSpeed's convention), so an owner receives at most C rows
+ * of each of its experts from each rank (zo_moe_capacity). */
 uint64_t plan_ep_rows(const zo_model_config *m, const plan_train *t)
 {
     if (t->ep <= 1 || !m->moe.experts || t->runtime != PLAN_RUNTIME_ZOFFLOAD) return 0;
-    uint64_t k = (uint64_t)m->moe.top_k, local = (uint64_t)(m->moe.experts / t->ep);
-    return (uint64_t)t->ep * (uint64_t)t->seq * (uint64_t)t->micro_batch * (k < local ? k : local);
+    uint64_t k = (uint64_t)m->moe.top_k, local = (uint64_t)(m->moe.experts / t->ep), P = (uint64_t)t->ep;
+    uint64_t n = (uint64_t)t->seq * (uint64_t)t->micro_batch;
+    uint64_t rows = P * n * (k < local ? k : local);
+    uint64_t cap = P * local * zo_moe_capacity(m, t->capacity_factor, n);
+    return t->capacity_factor > 0 && cap < rows ? cap : rows;
 }
 
+/* The zoffload runtime holds the pairs its experts can take,
+ * min(n top_k, experts C) (zo_moe_routed_rows); DeepSpeed's pads every
+ * expert to its capacity, top_k F a token. */
 double plan_routed_rows(const zo_model_config *m, const plan_train *t)
 {
-    return m->moe.top_k * (t->capacity_factor > 0 ? t->capacity_factor : 1.0);
+    if (t->capacity_factor <= 0) return m->moe.top_k;
+    if (t->runtime != PLAN_RUNTIME_ZOFFLOAD) return m->moe.top_k * t->capacity_factor;
+    uint64_t n = (uint64_t)t->seq * (uint64_t)t->micro_batch;
+    return (double)zo_moe_routed_rows(m, t->capacity_factor, n) / (double)n;
 }
 
 uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, int keep_s2,

@@ -307,8 +307,8 @@ typedef enum plan_act_width {
     PLAN_W_KVLORA, /* s*b*(kv_lora_rank + qk_rope) (MLA) */
     PLAN_W_NORMS,  /* s*b*h*(norms per layer - 2): Gemma-2's extra norms */
     PLAN_W_ROUTER, /* s*b*experts: the router's logits or probabilities */
-    PLAN_W_ROUTED,     /* s*b*top_k (x capacity factor): the (token, expert) pairs */
-    PLAN_W_ROUTED_FFN, /* s*b*top_k*expert_ffn (x capacity factor) */
+    PLAN_W_ROUTED,     /* s*b*plan_routed_rows: the (token, expert) pairs */
+    PLAN_W_ROUTED_FFN, /* s*b*plan_routed_rows*expert_ffn */
     PLAN_W_SHARED_FFN, /* s*b*shared_ffn */
     PLAN_W_EP,         /* expert parallelism: the rows a rank's experts can receive (plan_ep_rows) */
     PLAN_W_EP_H,       /* plan_ep_rows * hidden */
@@ -418,15 +418,19 @@ typedef struct plan_peft {
  * lora or qlora; after plan_train_validate). */
 void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, plan_peft *out);
 
-/* Routed token rows per token (top_k, times the capacity factor when one is
- * set): what the experts of an MoE layer compute on. */
 /* Expert parallelism (ep > 1): the most (token, expert) rows one rank's
  * experts receive in a layer, from every rank of its group: ep s b
  * min(top_k, experts / ep) (dropless, each token at most top_k of them and
- * at most one per expert); 0 without, and for the other runtimes (their
- * capacity factor bounds their rows). This runtime's transformer allocates
- * exactly these. */
+ * at most one per expert), with a capacity factor at most ep (experts / ep)
+ * C of them (zo_moe_capacity: each rank drops among its own tokens before
+ * the exchange); 0 without, and for the other runtimes (their capacity
+ * factor bounds their rows). This runtime's transformer allocates exactly
+ * these. */
 uint64_t plan_ep_rows(const zo_model_config *m, const plan_train *t);
+/* Routed token rows per token, what the experts of an MoE layer compute
+ * on: top_k dropless; with a capacity factor F this runtime's
+ * min(s b top_k, experts C) / (s b) (zo_moe_routed_rows: what its
+ * transformer allocates), the others' top_k F (padded to capacity). */
 double plan_routed_rows(const zo_model_config *m, const plan_train *t);
 
 /* ---- the names the planner's tests and benchmarks were written with ---------- */

@@ -248,6 +248,7 @@ typedef struct search_flags {
     const char *family, *strategy;
     int method;                  /* --method: -1 not given, else a zo_plan_method or PLAN_METHOD_AUTO */
     plan_pp_schedule pp_schedule; /* --pp-schedule: whose pipeline engine times PP > 1 */
+    double capacity_factor;       /* --capacity-factor: MoE tokens an expert takes; 0 dropless */
 } search_flags;
 
 /* --method lora|qlora|auto without --lora R: the adapters estimate's

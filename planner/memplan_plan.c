@@ -50,6 +50,8 @@ static const char usage_plan[] =
     "                          GPU-seconds per token\n"
     "  --zero S | --zero A-B   only these ZeRO stages      --tp N, --pp N, --ep N   fix a degree\n"
     "                          (EP, for a mixture of experts: searched over DP's divisors)\n"
+    "  --capacity-factor F     a mixture of experts' capacity-limited routing, as for estimate\n"
+    "                          (default 0: dropless)\n"
     "  --recompute none|selective|full|ops   fix recompute (full also tries the fewest\n"
     "                          layers of a stage that fit: Megatron's --recompute-num-layers)\n"
     "  --reduce-dtype fp32|bf16|fp16   the gradients' reduction (default fp32, the runtime's)\n"
@@ -90,6 +92,7 @@ static const struct option plan_opts[] = {
     {"strategy", required_argument, 0, OPT_STRATEGY},
     {"method", required_argument, 0, OPT_METHOD},
     {"pp-schedule", required_argument, 0, OPT_PP_SCHEDULE},
+    {"capacity-factor", required_argument, 0, OPT_CAPACITY},
     {0, 0, 0, 0},
 };
 
@@ -144,6 +147,9 @@ static int search_flag(int c, const char *arg, void *own, zo_status *st)
     case OPT_METHOD: *st = zo_plan_name_parse(methods, arg, "--method", &s->method); return 1;
     case OPT_PP_SCHEDULE: *st = plan_pp_schedule_parse(arg, "--pp-schedule", &s->pp_schedule); return 1;
     case OPT_STRATEGY: s->strategy = arg; return 1;
+    case OPT_CAPACITY:
+        *st = zo_plan_flag_double(arg, "--capacity-factor", "parallel.capacity_factor", &s->capacity_factor);
+        return 1;
     default: return 0;
     }
 }
@@ -203,6 +209,7 @@ zo_status search_cmd_space(search_cmd *c)
     out->tp = (int)f->tp;
     out->pp = (int)f->pp;
     out->ep = (int)f->ep;
+    out->base.capacity_factor = s->capacity_factor; /* (checked with the base: experts, range) */
     out->recompute = f->recompute;
     if (s->no_offload) out->allow_offload = 0;
     if (s->no_nvme) out->allow_nvme = 0;

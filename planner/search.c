@@ -357,10 +357,8 @@ static void walk_gpus(walk *w, int gpus)
                     if (v > 1 && L % (pp * v)) continue;
                     for (int sp = 0; sp <= (tp > 1); sp++) {
                       /* expert parallelism over data-parallel ranks (MoE only) */
-                      /* (a plan file: --ep N is searched as given, the
-                       * table asked of each candidate; unasked, EP 1) */
-                      int ep_max = s->runtime_plans && !s->ep ? 1 : dp;
-                      for (int ep = 1; ep <= ep_max; ep++) {
+                      /* (a plan file too: the table is asked of each candidate) */
+                      for (int ep = 1; ep <= dp; ep++) {
                         if (dp % ep || (ep > 1 && (!m->moe.experts || m->moe.experts % ep))) continue;
                         if (s->ep && ep != s->ep) continue;
                         for (int rc = ZO_PLAN_RECOMPUTE_NONE; rc < ZO_PLAN_RECOMPUTES; rc++) {

@@ -484,11 +484,23 @@ static void test_mixtral_ep8_bytes(void **state)
     uint64_t dense_rows = sq * 3 * 14336 * 2;
     assert_int_equal(plan_layer_act_bytes_of(&all.m, &all.t, 1, 1) - plan_layer_act_bytes_of(&all.m, &all.t, 1, 0),
                      moe_rows - dense_rows);
-    /* with a capacity factor of 1.25 the expert buffers grow by a quarter */
+    /* a capacity factor: C = ceil(F 4096 x 2 / 8) pairs an expert. This
+     * runtime holds min(4096 x 2, 8 C) rows: at 1.25 (C = 1280) every pair,
+     * as dropless; at 0.5 (C = 512) half of them. PyTorch eager pads each
+     * expert to its capacity: a quarter more at 1.25. */
     plan_train cf = all.t;
-    cf.capacity_factor = 1.25;
     uint64_t routed = sq * (2 * 2 * 4 + 3 * 2 * 14336 * 2);
-    assert_int_equal(plan_layer_act_bytes_of(&all.m, &cf, 1, 1) - plan_layer_act_bytes_of(&all.m, &all.t, 1, 1),
+    assert_int_equal(cf.runtime, PLAN_RUNTIME_ZOFFLOAD);
+    cf.capacity_factor = 1.25;
+    assert_int_equal(plan_layer_act_bytes_of(&all.m, &cf, 1, 1), plan_layer_act_bytes_of(&all.m, &all.t, 1, 1));
+    cf.capacity_factor = 0.5;
+    assert_int_equal(plan_layer_act_bytes_of(&all.m, &all.t, 1, 1) - plan_layer_act_bytes_of(&all.m, &cf, 1, 1),
+                     routed / 2);
+    cf.capacity_factor = 1.25;
+    cf.runtime = PLAN_RUNTIME_EAGER;
+    plan_train eager = all.t;
+    eager.runtime = PLAN_RUNTIME_EAGER;
+    assert_int_equal(plan_layer_act_bytes_of(&all.m, &cf, 1, 1) - plan_layer_act_bytes_of(&all.m, &eager, 1, 1),
                      routed / 4);
     /* with EP 8 the rank's expert keeps the rows every rank of its group can
      * send it, 8 x min(2, 1) a token (dropless): their gate, up and down
@@ -496,6 +508,11 @@ static void test_mixtral_ep8_bytes(void **state)
      * weights and order 8 x 12 B; the rank's own pairs as before */
     uint64_t ep_rows = sq * (2 * 8 * 4 + 2 * 2 * 4 + 3 * 8 * 14336 * 2 + 8 * 4096 * 2 + 8 * 12);
     assert_int_equal(plan_ep_rows(&s.m, &s.t), 8 * sq);
+    /* with a capacity factor each rank sends its expert at most C rows:
+     * at 0.5 C = 512, 8 x 512 from the group (dropless: 8 x 4096) */
+    plan_train ep_cf = s.t;
+    ep_cf.capacity_factor = 0.5;
+    assert_int_equal(plan_ep_rows(&s.m, &ep_cf), 8 * 512);
     assert_int_equal(plan_layer_act_bytes_of(&s.m, &s.t, 1, 1) - plan_layer_act_bytes_of(&s.m, &s.t, 1, 0),
                      ep_rows - dense_rows);
 }

@@ -472,7 +472,8 @@ static void test_plan_file_runs(void **state)
     /* (70B: 512 GiB of RAM a node; with the preset's 256 nothing the table
      * runs fits, the GPU optimizer share's gradient sums being fp32) */
     /* and expert parallelism asked for: searched as given (the search
-     * once tried no configuration at all with --ep and --json-out) */
+     * once tried no configuration at all with --ep and --json-out), the
+     * capacity factor written */
     char moe_ep[600], mx4[512];
     snprintf(mx4, sizeof mx4, "%s/mixtral4.json", dir);
     FILE *f = fopen(mx4, "w");
@@ -482,7 +483,8 @@ static void test_plan_file_runs(void **state)
           "\"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"vocab_size\": 256, "
           "\"max_position_embeddings\": 64}", f);
     assert_int_equal(fclose(f), 0);
-    snprintf(moe_ep, sizeof moe_ep, "--model %s --gpus 2 --gpus-per-node 2 --seq 32 --ep 2", mx4);
+    snprintf(moe_ep, sizeof moe_ep, "--model %s --gpus 2 --gpus-per-node 2 --seq 32 --ep 2 --capacity-factor 0.5",
+             mx4);
     const char *runs[] = {"--model llama-2-70b --gpus 8 --gpus-per-node 8 --cpu-mem 512GiB",
                           "--model llama-2-13b --gpus 2 --gpus-per-node 2 --lora 8 --zero 1-2",
                           "--model llama-2-7b --gpus 4 --gpus-per-node 4 --schedule dpu", moe8,
@@ -498,7 +500,28 @@ static void test_plan_file_runs(void **state)
                p.parallel.pp, p.parallel.zero, st ? ": " : "", why);
         assert_int_equal(st, ZO_OK);
         if (runs[i] == moe_ep) assert_int_equal(p.parallel.ep, 2);
+        assert_true(p.parallel.capacity_factor == (runs[i] == moe_ep ? 0.5 : 0.0));
     }
+    /* and unasked, expert parallelism is searched too: Mixtral-8x7B on 8
+     * nodes of one GPU streams its weights from the host at ZeRO-3, and EP 2
+     * halves the experts a rank gathers; the wider search is never slower
+     * than EP 1 */
+    double step[2];
+    for (int asked = 0; asked < 2; asked++) {
+        snprintf(args, sizeof args,
+                 "plan --model %s/hf-configs/mixtral-8x7b.json --gpus 8 --seq 4096 "
+                 "--global-batch 64%s --json-out %s",
+                 ZO_FIXTURES_DIR, asked ? " --ep 1" : "", path);
+        if (run_memplan(args, out, sizeof out)) fail_msg("%s\n%s", args, out);
+        zo_plan p;
+        assert_int_equal(zo_plan_load(path, &p), ZO_OK);
+        char why[512] = "";
+        if (zo_capability_check_plan(&p, why, sizeof why)) fail_msg("%s: %s", args, why);
+        step[asked] = p.predicted.step_s;
+        if (!asked) assert_true(p.parallel.ep > 1);
+        else assert_int_equal(p.parallel.ep, 1);
+    }
+    assert_true(step[0] < step[1]);
     /* fixed outside the table: refused, the table's words */
     zo_run_shape tp, lora, dpu, ep_lora;
     zo_run_shape_defaults(&ep_lora);

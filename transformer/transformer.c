@@ -268,6 +268,7 @@ static zo_status gen_alloc(tf_model *m)
     size_t L = c->n_layers, lora_cols = has_lora(m) ? (size_t)m->n_lora * m->opts.lora.r : 0;
     size_t E = (size_t)c->moe.experts, fe = (size_t)c->moe.expert_ffn, K = (size_t)c->moe.top_k;
     int llama = c->arch != ZO_ARCH_GPT;
+    m->moe_rows = K * N;
     m->kcache = calloc(L ? L : 1, sizeof *m->kcache);
     m->vcache = calloc(L ? L : 1, sizeof *m->vcache);
     m->hpos = calloc(B, sizeof *m->hpos);
@@ -366,6 +367,13 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     if (m->opts.kv_len < 0 || (m->opts.kv_len && m->opts.recompute))
         return zo_error(ZO_ERR_INVALID, "tf_init: a key/value cache of %d positions (generation: kv_len >= 1, "
                         "no recompute)", m->opts.kv_len);
+    if (!(m->opts.capacity_factor >= 0) || (m->opts.capacity_factor > 0 && !cfg->moe.experts))
+        return zo_error(ZO_ERR_INVALID, "tf_init: capacity factor %g (%s)", m->opts.capacity_factor,
+                        m->opts.capacity_factor > 0 ? "the model has no experts" : "must not be negative");
+    if (cfg->moe.top_k > UINT8_MAX && m->opts.capacity_factor > 0)
+        return zo_error(ZO_ERR_UNSUPPORTED, "tf_init: model %s: a capacity factor with top_k %d (at most %d)",
+                        cfg->name, cfg->moe.top_k, UINT8_MAX);
+    if (m->opts.kv_len) m->opts.capacity_factor = 0; /* generation routes dropless */
     /* expert parallelism: this rank's window of the experts */
     int ep_first = 0, ep_count = cfg->moe.experts;
     m->ep_size = m->opts.ep ? comm_size(m->opts.ep) : 1;
@@ -413,13 +421,21 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         return ZO_OK;
     }
     size_t lora_cols = lora ? (size_t)m->n_lora * m->opts.lora.r : 0;
-    /* the rows the experts here compute a layer: the rank's own pairs, or
-     * with expert parallelism the most every rank of the group can send
-     * (dropless: each token at most min(top_k, El) of them) */
+    /* the rows the experts here compute a layer: the rank's own pairs kept
+     * (min(top_k N, E C) with a capacity factor), or with expert
+     * parallelism the most every rank of the group can send (dropless:
+     * each token at most min(top_k, El) of them; with a capacity factor
+     * at most C of each expert from each rank) */
     size_t El = (size_t)m->layout.expert_count, P = (size_t)m->ep_size;
+    double F = m->opts.capacity_factor;
+    size_t Cap = (size_t)zo_moe_capacity(c, F, N);
+    m->moe_rows = (size_t)zo_moe_routed_rows(c, F, N);
     m->ep_rows = P > 1 ? P * N * (K < El ? K : El) : 0;
-    size_t X = P > 1 ? m->ep_rows : K * N;
-    size_t wide = max_z(N * widest_mlp(c), X * fe); /* [rows, columns] of the MLP's scratch */
+    if (P > 1 && F > 0 && P * El * Cap < m->ep_rows) m->ep_rows = P * El * Cap;
+    size_t Mr = m->moe_rows, X = P > 1 ? m->ep_rows : Mr;
+    /* [rows, columns] of the MLP's scratch: the shared expert's, the pairs
+     * kept (N top_k of them dropless), the rows at the experts here */
+    size_t wide = max_z(max_z(N * mlp_width(c), Mr * fe), X * fe);
     const act_req io[] = {{(void **)&m->tokens, N * 4, "tokens"}, {(void **)&m->targets, N * 4, "targets"}};
     if ((st = act_alloc(m, io, N_REQ(io))) != ZO_OK) goto out_free;
     if (!m->opts.external_res)
@@ -468,15 +484,15 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
             {&a->efc, X * fe * es, "expert gates"},
             {&a->eup, X * fe * es, "expert ups"},
             {&a->eact, X * fe * es, "expert activations"},
-            {(void **)&a->moe_idx, K * N * 4, "expert tokens"},
-            {(void **)&a->moe_wp, K * N * 4, "expert token weights"},
+            {(void **)&a->moe_idx, Mr * 4, "expert tokens"},
+            {(void **)&a->moe_wp, Mr * 4, "expert token weights"},
             {(void **)&a->sgate, c->moe.shared_gate ? N * 4 : 0, "shared expert gate"},
             {&a->ep_x, m->ep_rows * h * es, "expert parallel inputs"},
             {(void **)&a->ep_wp, m->ep_rows * 4, "expert parallel weights"},
             {(void **)&a->ep_idx, 2 * m->ep_rows * 4, "expert parallel order"},
         };
         if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) goto out_free;
-        if (E && (!(a->moe_idx_h = malloc(K * N * 4)) || !(a->moe_wp_h = malloc(K * N * 4)) ||
+        if (E && (!(a->moe_idx_h = malloc(Mr * 4)) || !(a->moe_wp_h = malloc(Mr * 4)) ||
                   !(a->moe_off = calloc(E + 1, sizeof *a->moe_off)))) {
             st = zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory (routing of %zu tokens)", N);
             goto out_free;
@@ -506,10 +522,10 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         {(void **)&m->dweights, N * E * 4, "expert weight gradient"},
         {(void **)&m->dz, c->moe.shared_gate ? N * 4 : 0, "shared expert gate gradient"},
         {&m->sact, E ? wide * es : 0, "weighted expert activation"},
-        {&m->moe_x, K * N * h * es, "expert inputs"},
-        {&m->moe_y, K * N * h * es, "expert outputs"},
-        {(void **)&m->moe_dx, K * N * h * 4, "expert input gradients"},
-        {(void **)&m->moe_dscale, K * N * 4, "expert weight gradients"},
+        {&m->moe_x, Mr * h * es, "expert inputs"},
+        {&m->moe_y, Mr * h * es, "expert outputs"},
+        {(void **)&m->moe_dx, Mr * h * 4, "expert input gradients"},
+        {(void **)&m->moe_dscale, Mr * 4, "expert weight gradients"},
         {(void **)&m->dlora, lora ? max_z(K ? K : 1, P > 1 ? P : 0) * N * m->opts.lora.r * 4 : 0, "LoRA gradient"},
         /* (an expert's rows: top_k N of this rank's pairs, or N from each rank of the group) */
         {&m->eu, lora ? max_z(K, P > 1 ? P : 0) * N * m->opts.lora.r * es : 0, "expert LoRA A x"},
@@ -528,7 +544,8 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         st = zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory (expert parallel counts)");
         goto out_free;
     }
-    if (E && !(m->moe_w_h = malloc(N * E * 4))) {
+    if (E && (!(m->moe_w_h = malloc(N * E * 4)) ||
+              (F > 0 && (!(m->moe_rank_h = malloc(N * E)) || !(m->moe_quota_h = calloc(2 * K, sizeof(int))))))) {
         st = zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory (router weights of %zu tokens)", N);
         goto out_free;
     }
@@ -595,6 +612,8 @@ void tf_free(tf_model *m)
     free(m->res);
     free(m->acts);
     free(m->moe_w_h);
+    free(m->moe_rank_h);
+    free(m->moe_quota_h);
     free(m->ep_cnt_h);
     free(m->ep_counts);
     free(m->frozen_off);
@@ -1251,30 +1270,81 @@ static zo_status gemm_back(gpu_stream_t s, gpu_tensor dx, float beta, gpu_tensor
     return gpu_gemm(s, &gx);
 }
 
+/* Capacity-limited routing: each chosen (token, expert)'s choice rank,
+ * how many of the token's chosen experts weigh more (ties: the lower
+ * index first), into moe_rank_h [N, E]. */
+static zo_status moe_choice_ranks(tf_model *m, int l, int N)
+{
+    const int E = m->cfg.moe.experts, K = m->cfg.moe.top_k;
+    int *chosen = m->moe_quota_h + K;
+    for (int r = 0; r < N; r++) {
+        const float *w = m->moe_w_h + (size_t)r * E;
+        int k = 0;
+        for (int e = 0; e < E; e++) {
+            if (w[e] == 0.0f) continue;
+            if (k == K)
+                return zo_error(ZO_ERR_INTERNAL, "transformer: layer %d: the router chose more than %d experts "
+                                "for token %d", l, K, r);
+            chosen[k++] = e;
+        }
+        for (int i = 0; i < k; i++) {
+            int e = chosen[i], rank = 0;
+            for (int j = 0; j < k; j++) rank += w[chosen[j]] > w[e] || (w[chosen[j]] == w[e] && chosen[j] < e);
+            m->moe_rank_h[(size_t)r * E + e] = (uint8_t)rank;
+        }
+    }
+    return ZO_OK;
+}
+
 /* Route layer l's tokens: wait for the router's weights, list the pairs
- * expert by expert (tokens in order) with their weights, and upload them. */
-static zo_status moe_route(tf_model *m, int l, gpu_stream_t s)
+ * expert by expert (tokens in order) with their weights, and upload them.
+ * With a capacity factor C an expert keeps its C first pairs by priority,
+ * choice rank then token (tf_options.capacity_factor): the ranks below
+ * `cut` whole, `room` pairs of rank cut in token order. `count`: add the
+ * pairs chosen and dropped to moe_pairs, moe_dropped (not a recompute). */
+static zo_status moe_route(tf_model *m, int l, gpu_stream_t s, int count)
 {
     zo_status st;
-    const int N = m->b * m->t, E = m->cfg.moe.experts;
+    const int N = m->b * m->t, E = m->cfg.moe.experts, K = m->cfg.moe.top_k;
+    const double F = m->opts.capacity_factor;
     tf_layer_acts *a = &m->acts[l];
     if ((st = gpu_memcpy_async(s, m->moe_w_h, a->router_w, (size_t)N * E * 4, GPU_COPY_DEVICE_TO_HOST)) !=
             ZO_OK ||
         (st = gpu_stream_synchronize(s)) != ZO_OK) /* also: the last uploads from the host lists ran */
         return st;
-    int n = 0;
+    const int cap = F > 0 ? (int)zo_moe_capacity(&m->cfg, F, (uint64_t)N) : 0;
+    if (F > 0 && (st = moe_choice_ranks(m, l, N)) != ZO_OK) return st;
+    int n = 0, chosen = 0;
     a->moe_off[0] = 0;
     for (int e = 0; e < E; e++) {
+        int cut = K, room = 0;
+        if (F > 0) {
+            int *quota = m->moe_quota_h, left = cap;
+            memset(quota, 0, (size_t)K * sizeof *quota);
+            for (int r = 0; r < N; r++)
+                if (m->moe_w_h[(size_t)r * E + e] != 0.0f) quota[m->moe_rank_h[(size_t)r * E + e]]++;
+            for (cut = 0; cut < K && quota[cut] <= left; cut++) left -= quota[cut];
+            room = left;
+        }
         for (int r = 0; r < N; r++) {
             float w = m->moe_w_h[(size_t)r * E + e];
             if (w == 0.0f) continue; /* not chosen (or a weight that underflowed: adds nothing) */
-            if (n == N * m->cfg.moe.top_k)
+            chosen++;
+            if (F > 0) {
+                int rank = m->moe_rank_h[(size_t)r * E + e];
+                if (rank > cut || (rank == cut && room-- <= 0)) continue; /* over the capacity: dropped */
+            }
+            if ((size_t)n == (F > 0 ? m->moe_rows : (size_t)N * K)) /* (a capacity: the chosen were counted) */
                 return zo_error(ZO_ERR_INTERNAL, "transformer: layer %d: the router chose more than %d experts "
                                 "per token", l, m->cfg.moe.top_k);
             a->moe_idx_h[n] = r;
             a->moe_wp_h[n++] = w;
         }
         a->moe_off[e + 1] = n;
+    }
+    if (count) {
+        m->moe_pairs += (uint64_t)chosen;
+        m->moe_dropped += (uint64_t)(chosen - n);
     }
     if (!n) return ZO_OK;
     if ((st = gpu_memcpy_async(s, a->moe_idx, a->moe_idx_h, (size_t)n * 4, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK)
@@ -1428,7 +1498,7 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
     if ((st = base_xwt(m, s, bb, blk, MODEL_ROLE_ROUTER_W, F32(a->router_logits), ln2, N, E, h, 0.0f)) != ZO_OK ||
         (st = gpu_moe_router_forward(s, F32(a->router_w), F32(a->router_logits),
                                      m->moe_stats + (size_t)l * 2 * E, N, E, mo->top_k, mo->norm_topk)) != ZO_OK ||
-        (st = moe_route(m, l, s)) != ZO_OK)
+        (st = moe_route(m, l, s, !recompute)) != ZO_OK)
         return st;
     const int *off = a->moe_off, M = off[E];
     /* the pairs' inputs xg [M, h]; the experts here take theirs (with

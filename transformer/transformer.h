@@ -64,13 +64,14 @@ typedef struct tf_layer_acts {
      * shared expert's ([N, shared_ffn]) */
     float *router_logits; /* [N, experts] */
     float *router_w;      /* [N, experts] the chosen experts' weights, 0 elsewhere */
-    /* the (token, expert) pairs the router chose, expert by expert (its
-     * tokens in order): M = moe_off[experts] <= N top_k rows */
+    /* the (token, expert) pairs the router chose that their experts took
+     * (all of them without a capacity factor), expert by expert (its
+     * tokens in order): M = moe_off[experts] <= tf_model.moe_rows rows */
     void *efc, *eup, *eact; /* [M, expert_ffn] gate, up, silu(gate) * up of each pair */
     int32_t *moe_idx;     /* [M] device: each pair's token */
     float *moe_wp;        /* [M] device: each pair's weight */
-    int32_t *moe_idx_h;   /* [N top_k] host: the same, as routed */
-    float *moe_wp_h;      /* [N top_k] host */
+    int32_t *moe_idx_h;   /* [moe_rows] host: the same, as routed */
+    float *moe_wp_h;      /* [moe_rows] host */
     int *moe_off;         /* [experts + 1] host: expert e's pairs are rows moe_off[e] .. moe_off[e+1] */
     float *sgate;         /* [N] the shared expert's gate before its sigmoid */
     /* expert parallelism (tf_model.ep_size > 1), the owner's side: the rows
@@ -164,6 +165,19 @@ typedef struct tf_options {
      * generation). The communicator must carry no other collective while
      * the model runs a block. */
     comm_t ep;
+    /* Capacity-limited routing (train's --capacity-factor, the plan's
+     * parallel.capacity_factor): F > 0 lets each routed expert take at most
+     * C = ceil(F N top_k / experts) pairs (at least 1) of the rank's N
+     * tokens in a micro-batch and layer (zo_moe_capacity), by priority:
+     * every token's first choice before any token's second (its experts
+     * ordered by router weight, ties to the lower index), tokens in order
+     * within a choice. A dropped pair adds nothing to its token (the
+     * weights are not renormalized), its expert sees no row and its
+     * weight's gradient is 0; the load-balancing loss is the router's,
+     * before dropping. With expert parallelism each rank drops among its
+     * own tokens before the exchange. 0: dropless. Generation (kv_len)
+     * always routes dropless. */
+    double capacity_factor;
 } tf_options;
 
 enum { TF_EP_FORWARD = 0, TF_EP_RECOMPUTE, TF_EP_BACKWARD };
@@ -214,17 +228,25 @@ typedef struct tf_model {
     float *dweights;        /* [N, experts] gradient of the chosen experts' weights */
     float *dz;              /* [N] gradient of the shared expert's gate */
     void *sact;             /* [N, max(top_k expert_ffn, shared_ffn)] activations times their weights */
-    void *moe_x, *moe_y;    /* [N top_k, h] the pairs' inputs, the experts' outputs (dtype) */
-    float *moe_dx;          /* [N top_k, h] the pairs' input gradients */
-    float *moe_dscale;      /* [N top_k] the pairs' weight gradients */
+    void *moe_x, *moe_y;    /* [moe_rows, h] the pairs' inputs, the experts' outputs (dtype) */
+    float *moe_dx;          /* [moe_rows, h] the pairs' input gradients */
+    float *moe_dscale;      /* [moe_rows] the pairs' weight gradients */
     float *moe_w_h;         /* [N, experts] host: the router's weights, read to route */
+    uint8_t *moe_rank_h;    /* [N, experts] host: a chosen expert's choice rank in its token (capacity) */
+    int *moe_quota_h;       /* [2 top_k] host: an expert's pairs of each choice rank, a token's
+                               chosen experts (capacity) */
+    size_t moe_rows;        /* the most pairs a layer keeps: zo_moe_routed_rows of B T tokens */
+    /* the pairs the forwards routed since tf_init (recomputes not counted):
+     * chosen by the router, dropped by the capacity factor */
+    uint64_t moe_pairs, moe_dropped;
     float moe_loss_scale;   /* the head's loss_scale, for the load-balancing loss's gradient */
     /* expert parallelism (opts.ep of more than one rank): this rank holds
      * the routed experts of its layout's window and computes them for the
      * pairs every rank of the group routes to them (transformer.c, "expert
      * parallelism") */
     int ep_size, ep_rank;   /* 1 and 0 without */
-    size_t ep_rows;         /* the most rows a rank receives a layer: ep_size N min(top_k, El) */
+    size_t ep_rows;         /* the most rows a rank receives a layer: ep_size N min(top_k, El),
+                               with a capacity factor at most ep_size El C */
     void *ep_buf[2];        /* [ep_rows, h] fp32 each: rows in arrival order (in and out), grouped */
     float *ep_w[2];         /* [ep_rows] fp32: weights (gradients) in arrival order, grouped */
     int32_t *ep_cnt_d;      /* [2 ep El] device: the counts sent, then received */

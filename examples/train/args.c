@@ -169,6 +169,13 @@ static const char HELP[] =
     "                         E/N of them, tokens exchanged by all-to-all: full fine-tuning,\n"
     "                         LoRA and QLoRA at ZeRO 0-3, every placement the stage takes\n"
     "                         (--ckpt, --resume, --merge at ZeRO-0 only)\n"
+    "  --capacity-factor F    MoE: tokens an expert takes, x its fair share (memplan's flag;\n"
+    "                         default: the plan's parallel.capacity_factor, else 0: dropless):\n"
+    "                         each micro-batch and layer an expert keeps C = ceil(F N top_k /\n"
+    "                         experts) of the rank's N tokens' pairs, every first choice\n"
+    "                         before any second, tokens in order; the rest add nothing (with\n"
+    "                         --ep each rank drops among its own tokens); the pairs dropped\n"
+    "                         are printed per step and in --stats-json (docs/offload.md)\n"
     "  --comm-timeout S       a collective not done in S seconds ends every rank (default 300)\n"
     "  --reduce-dtype fp32|bf16|fp16  the gradients' reduction over the ranks and its buckets\n"
     "                         (memplan's flag; default: the plan's, else fp32): each rank's\n"
@@ -228,8 +235,9 @@ static const char HELP[] =
     "  -h, --help             this text\n"
     "\n"
     "Prints one line per step: step K loss X lr Y norm G tok/s R mem M (loss: the mean over\n"
-    "the global batch; tok/s: every rank's tokens), and eval step K loss X ppl P when\n"
-    "evaluating.\n"
+    "the global batch; tok/s: every rank's tokens), with a capacity factor also dropped D%\n"
+    "(the pairs of token and expert every rank's micro-batches dropped), and eval step K\n"
+    "loss X ppl P when evaluating.\n"
     "\n"
     "Input files (--model, --data, --eval-data, --tokenizer, --weights and its shards,\n"
     "--adapter's files, --plan) must be regular files: a FIFO or a device is refused,\n"
@@ -253,7 +261,7 @@ enum {
     OPT_LORA, OPT_LORA_TARGETS, OPT_LORA_ALPHA, OPT_QLORA, OPT_ADAPTER, OPT_ADAPTERS_ON,
     OPT_SCHED, OPT_CLIP_STALE, OPT_DPU_WARMUP, OPT_OPT_THREADS, OPT_KEEP_CKPT,
     OPT_MAX_SKIPPED, OPT_ZERO, OPT_COMM_TIMEOUT, OPT_RECOMPUTE_LAYERS, OPT_REDUCE_DTYPE, OPT_MERGE,
-    OPT_MAX_SHARD, OPT_GRADS, OPT_VERSION, OPT_OPTIM, OPT_OPTIM_DTYPE, OPT_MASTER, OPT_LOSS_CHUNK,
+    OPT_MAX_SHARD, OPT_GRADS, OPT_VERSION, OPT_OPTIM, OPT_OPTIM_DTYPE, OPT_MASTER, OPT_LOSS_CHUNK, OPT_CAPACITY,
     OPT_TP, OPT_PP, OPT_EP, OPT_PROFILE,
 };
 
@@ -271,6 +279,7 @@ static const struct option long_opts[] = {
     {"optim-dtype", required_argument, 0, OPT_OPTIM_DTYPE},
     {"master", required_argument, 0, OPT_MASTER},
     {"loss-chunk", required_argument, 0, OPT_LOSS_CHUNK},
+    {"capacity-factor", required_argument, 0, OPT_CAPACITY},
     {"beta1", required_argument, 0, OPT_B1},
     {"beta2", required_argument, 0, OPT_B2},
     {"eps", required_argument, 0, OPT_EPS},
@@ -563,6 +572,10 @@ static int device_flag(int c, const char *arg, train_args *a, zo_status *st)
     case OPT_TP: *st = plan_int(arg, "--tp", "parallel.tp", &a->tp); return 1;
     case OPT_PP: *st = plan_int(arg, "--pp", "parallel.pp", &a->pp); return 1;
     case OPT_EP: *st = plan_int(arg, "--ep", "parallel.ep", &a->ep); return 1;
+    case OPT_CAPACITY:
+        *st = zo_plan_flag_double(arg, "--capacity-factor", "parallel.capacity_factor",
+                                  &a->p.file.parallel.capacity_factor);
+        return 1;
     case OPT_COMM_TIMEOUT: *st = zo_parse_double(arg, "--comm-timeout", 0.001, 1e7, &a->comm_timeout); return 1;
     case OPT_REDUCE_DTYPE:
         if ((*st = zo_dtype_parse(arg, &a->p.cfg.reduce_dtype)) != ZO_OK) *st = zo_error_wrap(*st, "--reduce-dtype");

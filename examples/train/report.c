@@ -147,8 +147,12 @@ void report_step(const train_run *r, const ft_record *rec, int skipped)
     char b[32];
     gpu_mem_stats ms;
     gpu_mem_get_stats(r->dev, &ms);
-    printf("step %ld loss %.6f lr %.6g norm %.4f tok/s %.0f mem %s%s\n", rec->step, rec->loss, rec->lr,
-           rec->grad_norm, rec->tokens_per_s, zo_format_bytes(ms.high_water, b, sizeof b),
+    char dropped[48] = "";
+    if (r->m.opts.capacity_factor > 0) /* every rank's pairs of the step */
+        snprintf(dropped, sizeof dropped, " dropped %.2f%%",
+                 r->step_pairs ? 100.0 * (double)r->step_dropped / (double)r->step_pairs : 0.0);
+    printf("step %ld loss %.6f lr %.6g norm %.4f tok/s %.0f mem %s%s%s\n", rec->step, rec->loss, rec->lr,
+           rec->grad_norm, rec->tokens_per_s, zo_format_bytes(ms.high_water, b, sizeof b), dropped,
            skipped ? " (overflow: skipped)" : "");
 }
 
@@ -176,7 +180,12 @@ void report_progress(train_report *rp, const train_run *r, long k, double loss)
     if (!rp->progress) return;
     long steps = rp->a->steps;
     double el = zo_now() - rp->t_start;
-    fprintf(stderr, "\r[%ld/%ld] loss %.4f, %.0fs left ", k + 1, steps, loss, el / (k + 1 - r->k0) * (steps - k - 1));
+    char dropped[40] = "";
+    if (r->m.opts.capacity_factor > 0)
+        snprintf(dropped, sizeof dropped, ", %.1f%% dropped",
+                 r->step_pairs ? 100.0 * (double)r->step_dropped / (double)r->step_pairs : 0.0);
+    fprintf(stderr, "\r[%ld/%ld] loss %.4f%s, %.0fs left ", k + 1, steps, loss, dropped,
+            el / (k + 1 - r->k0) * (steps - k - 1));
 }
 
 /* ---- the end ---------------------------------------------------------------------------- */
@@ -291,20 +300,37 @@ static cJSON *ep_json(const train_run *r)
     return e;
 }
 
+/* An MoE model's routing over the run's steps: the capacity factor and
+ * the (token, expert) pairs every rank's micro-batches routed and dropped. */
+static cJSON *moe_json(const train_run *r)
+{
+    cJSON *e = cJSON_CreateObject();
+    if (!e) return NULL;
+    cJSON_AddNumberToObject(e, "capacity_factor", r->m.opts.capacity_factor);
+    cJSON_AddNumberToObject(e, "pairs", (double)r->moe_pairs);
+    cJSON_AddNumberToObject(e, "dropped", (double)r->moe_dropped);
+    return e;
+}
+
 static zo_status write_stats(const train_run *r, const offload_prediction *pred, const char *path)
 {
-    if (!r->prof && r->ep <= 1) return offload_write_stats_json(r->rt, pred, path);
+    int moe = r->cfg.moe.experts > 0;
+    if (!r->prof && r->ep <= 1 && !moe) return offload_write_stats_json(r->rt, pred, path);
     cJSON *o;
     zo_status st = offload_stats_json(r->rt, pred, &o);
     if (st != ZO_OK) return zo_error_wrap(st, "--stats-json %s", path);
     cJSON *pj = r->prof ? gpu_profile_json(r->prof) : NULL, *ej = r->ep > 1 ? ep_json(r) : NULL;
-    if ((r->prof && !pj) || (r->ep > 1 && !ej)) {
+    cJSON *mj = moe ? moe_json(r) : NULL;
+    if ((r->prof && !pj) || (r->ep > 1 && !ej) || (moe && !mj)) {
         cJSON_Delete(pj);
+        cJSON_Delete(ej);
+        cJSON_Delete(mj);
         cJSON_Delete(o);
         return zo_error(ZO_ERR_NOMEM, "--stats-json %s: out of host memory", path);
     }
     if (pj) cJSON_AddItemToObject(o, "profile", pj);
     if (ej) cJSON_AddItemToObject(o, "ep", ej);
+    if (mj) cJSON_AddItemToObject(o, "moe", mj);
     st = zo_file_write_json(path, o);
     cJSON_Delete(o);
     return st;
@@ -335,6 +361,11 @@ zo_status report_end(train_report *rp, train_run *r)
                "(%llu pairs out, %llu in, forward)\n", r->ep, r->m.layout.expert_count,
                (unsigned long long)comm_all_to_all_bytes(r->ep_comm), (unsigned long long)r->m.ep_pairs[0][0],
                (unsigned long long)r->m.ep_pairs[0][1]);
+    if (r->cfg.moe.experts) /* docs/offload.md, "Capacity-limited routing" */
+        printf("# moe routing: capacity factor %g%s; %llu pairs of token and expert, %llu dropped (%.2f%%)\n",
+               r->m.opts.capacity_factor, r->m.opts.capacity_factor > 0 ? "" : " (dropless)",
+               (unsigned long long)r->moe_pairs, (unsigned long long)r->moe_dropped,
+               r->moe_pairs ? 100.0 * (double)r->moe_dropped / (double)r->moe_pairs : 0.0);
     if (r->prof) { /* the records still in flight waited for, then the table */
         if ((st = gpu_profile_stop(r->prof)) != ZO_OK) return zo_error_wrap(st, "--profile");
         gpu_profile_print(r->prof, stdout);

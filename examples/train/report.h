@@ -31,7 +31,8 @@ void report_step(const train_run *r, const ft_record *rec, int skipped);
 void report_eval(const train_run *r, const ft_record *rec, uint64_t counted);
 /* The step's record into --log and, for --plot, into memory. */
 zo_status report_record(train_report *rp, const ft_record *rec);
-/* "[K/N] loss X, Ts left" on stderr, when it is a terminal and stdout is not. */
+/* "[K/N] loss X, Ts left" on stderr (with a capacity factor ", D% dropped"
+ * after the loss), when it is a terminal and stdout is not. */
 void report_progress(train_report *rp, const train_run *r, long k, double loss);
 /* After the last step: the plot, the device's peak, the peaks per tier
  * (gathered: every rank calls it), the time split, --stats-json. */

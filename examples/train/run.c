@@ -193,6 +193,17 @@ static zo_status check_recompute_layers(const train_args *a, const zo_model_conf
     return ZO_OK;
 }
 
+/* A capacity factor (--capacity-factor, parallel.capacity_factor) needs
+ * routed experts. */
+static zo_status check_capacity(const train_args *a, const zo_model_config *cfg)
+{
+    double f = a->p.file.parallel.capacity_factor;
+    if (f > 0 && !cfg->moe.experts)
+        return zo_error(ZO_ERR_INVALID, "--capacity-factor %g (parallel.capacity_factor): %s has no experts", f,
+                        cfg->name);
+    return ZO_OK;
+}
+
 /* The expert-parallel degree: --ep, or the plan's parallel.ep. */
 static int run_ep(const train_args *a)
 {
@@ -260,7 +271,7 @@ zo_status run_read_inputs(train_run *r)
     train_args *a = r->a;
     zo_status st;
     if ((st = inputs_load_config(a->model, &r->cfg)) != ZO_OK) return st;
-    if ((st = check_recompute_layers(a, &r->cfg)) != ZO_OK) return st;
+    if ((st = check_recompute_layers(a, &r->cfg)) != ZO_OK || (st = check_capacity(a, &r->cfg)) != ZO_OK) return st;
     if ((st = comm_launch_detect(&r->launch)) != ZO_OK) return st;
     if (a->plan && (st = check_plan_run(a, &r->cfg, r->launch.size)) != ZO_OK) return st;
     if ((st = inputs_tokenizer(a, r->cfg.vocab, &r->tok, &r->eot)) != ZO_OK) return st;
@@ -360,7 +371,8 @@ zo_status run_setup(train_run *r)
     if ((st = gpu_stream_create(r->dev, &r->s)) != ZO_OK) return st;
     tf_options to = {.recompute = oc->recompute, .recompute_layers = oc->recompute_layers, .external_res = 1,
                      .lora = {.r = a->lora.r, .alpha = a->lora.alpha, .targets = a->lora.targets, .nf4 = a->qlora},
-                     .loss_chunk = a->p.file.training.loss_chunk, .ep = r->ep_comm};
+                     .loss_chunk = a->p.file.training.loss_chunk, .ep = r->ep_comm,
+                     .capacity_factor = a->p.file.parallel.capacity_factor};
     if ((st = tf_init_opts(&r->m, &r->cfg, r->dev, a->dtype, (int)a->micro_batch, (int)a->seq, &to)) != ZO_OK)
         return st;
     if (a->lora.r) report_lora(a, &r->m);
@@ -442,7 +454,7 @@ zo_status run_start(train_run *r)
     size_t n = (size_t)r->a->micro_batch * r->a->seq;
     r->inputs = malloc(n * sizeof *r->inputs);
     r->targets = malloc(n * sizeof *r->targets);
-    r->losses = calloc((size_t)r->ranks, sizeof *r->losses);
+    r->losses = calloc(3 * (size_t)r->ranks, sizeof *r->losses);
     if (!r->inputs || !r->targets || !r->losses)
         return zo_error(ZO_ERR_NOMEM, "train: out of host memory for the batch");
     return ZO_OK;
@@ -497,6 +509,7 @@ zo_status run_step(train_run *r, long k, ft_record *rec, int *skipped)
         gpu_profile_step_begin(r->prof);
     }
     double t0 = zo_now(), sum = 0, lr = ft_lr_at(&a->sched, k);
+    uint64_t pairs0 = r->m.moe_pairs, dropped0 = r->m.moe_dropped;
     offload_set_lr(r->rt, (float)lr);
     zo_status st;
     for (int j = 0; j < r->accum; j++) {
@@ -512,10 +525,19 @@ zo_status run_step(train_run *r, long k, ft_record *rec, int *skipped)
     if (r->kill_rank == r->rank && r->kill_step == k + 1) raise(SIGKILL);
     offload_step_info info;
     if ((st = offload_step(r->rt, &info)) != ZO_OK) return zo_error_wrap(st, "step %ld", k);
-    /* the mean over the global batch: every rank's sum, in rank order */
-    if ((st = offload_gather(r->rt, &sum, sizeof sum, r->losses)) != ZO_OK) return st;
+    /* the mean over the global batch: every rank's sum, in rank order;
+     * the MoE pairs every rank's micro-batches routed and dropped */
+    double mine[3] = {sum, (double)(r->m.moe_pairs - pairs0), (double)(r->m.moe_dropped - dropped0)};
+    if ((st = offload_gather(r->rt, mine, sizeof mine, r->losses)) != ZO_OK) return st;
     sum = 0;
-    for (int q = 0; q < r->ranks; q++) sum += r->losses[q];
+    r->step_pairs = r->step_dropped = 0;
+    for (int q = 0; q < r->ranks; q++) {
+        sum += r->losses[3 * q];
+        r->step_pairs += (uint64_t)r->losses[3 * q + 1];
+        r->step_dropped += (uint64_t)r->losses[3 * q + 2];
+    }
+    r->moe_pairs += r->step_pairs;
+    r->moe_dropped += r->step_dropped;
     double dt = zo_now() - t0;
     if (profiled) { /* the step's records resolved, outside its time */
         if ((st = gpu_profile_step_end(r->prof)) != ZO_OK) return zo_error_wrap(st, "--profile, step %ld", k);
@@ -580,6 +602,7 @@ int run_check_plan(train_args *a)
     zo_status st = inputs_load_config(a->model, &cfg);
     if (st == ZO_OK) st = check_plan_run(a, &cfg, 1);
     if (st == ZO_OK) st = check_recompute_layers(a, &cfg);
+    if (st == ZO_OK) st = check_capacity(a, &cfg);
     if (st != ZO_OK) {
         fprintf(stderr, "train: %s\n", zo_last_error());
         return exit_code(st, RUN_INPUT);

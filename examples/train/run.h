@@ -51,7 +51,9 @@ typedef struct train_run {
     int accum;                      /* micro-batches per step and rank */
     long k0;                        /* the first step: 0, or the resumed checkpoint's */
     int32_t *inputs, *targets;      /* a micro-batch: (micro_batch, seq) */
-    double *losses;                 /* a step's loss sum of every rank */
+    double *losses;                 /* [ranks, 3] a step's loss sum, MoE pairs routed and dropped of every rank */
+    uint64_t step_pairs, step_dropped; /* the last step's (token, expert) pairs, every rank's: routed, dropped */
+    uint64_t moe_pairs, moe_dropped;   /* the same over the run's steps (tf_options.capacity_factor) */
     long kill_rank, kill_step;      /* test seam ZO_TRAIN_KILL="RANK:STEP" */
     const char *pause_spec;         /* test seam ZO_TRAIN_CKPT_PAUSE="POINT:N:FD", or NULL */
     long fsize_rank, fsize_bytes;   /* test seam ZO_TRAIN_CKPT_FSIZE="RANK:BYTES" */

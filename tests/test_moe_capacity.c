@@ -1,0 +1,442 @@
+/* Capacity-limited MoE routing (tf_options.capacity_factor) in one MoE
+ * layer on the CPU backend in fp32, against a plain double-precision
+ * reference of the layer's MoE block written here: RMSNorm, the router
+ * (softmax, top_k with ties to the lower index, Mixtral's renormalized or
+ * Qwen2-MoE's raw weights), the capacity C = ceil(F N top_k / E) per
+ * expert with every token's first choice before any token's second
+ * (choice rank by weight, ties to the lower expert; tokens in order
+ * within a rank), the kept pairs' SwiGLU experts weighted and summed,
+ * Qwen2-MoE's gated shared expert, and the backward of all of it.
+ *
+ * The layer's attention output projection is zero, so the layer is
+ * out = x + moe(rmsnorm(x)); the loss is sum(out * G) for a fixed G (the
+ * gradient the layer's backward receives). Checked: that loss, dL/dx, the
+ * gradients of the router, every expert, the shared expert, its gate and
+ * the norm, and the pairs routed and dropped (tf_model.moe_pairs,
+ * moe_dropped). The routing is skewed (two tokens of three prefer expert
+ * 0 and then 3, the third prefers 3: first and second choices meet at
+ * expert 3) and
+ * two router rows are equal (exact ties in the router's weights); N = 7
+ * tokens, a multiple of neither model's experts. Factors 0.5, 1.0 and
+ * 1.25 drop, 8 never does, 0 is dropless; 0.5 also with the layer
+ * recomputed before its backward (it routes again, uncounted). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/model_config.h"     /* defines: zo_model_config_parse */
+#include "transformer/transformer.h" /* defines: tf_init_opts, tf_block_forward, tf_block_backward */
+
+#define NB 1
+#define NT 7 /* N = 7 tokens */
+#define N (NB * NT)
+#define BLK 1 /* layer 0's block */
+
+/* Mixtral-shaped (4 experts, 2 a token, weights renormalized over the
+ * chosen) and Qwen2-MoE-shaped (8 experts, 3 a token, norm_topk off, a
+ * shared expert with its sigmoid gate) */
+static const char *const configs[2] = {
+    "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 1, \"hidden_size\": 16, "
+    "\"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"intermediate_size\": 12, "
+    "\"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"vocab_size\": 32, "
+    "\"max_position_embeddings\": 16}",
+    "{\"model_type\": \"qwen2_moe\", \"num_hidden_layers\": 1, \"hidden_size\": 16, "
+    "\"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"intermediate_size\": 32, "
+    "\"moe_intermediate_size\": 8, \"shared_expert_intermediate_size\": 12, \"num_experts\": 8, "
+    "\"num_experts_per_tok\": 3, \"norm_topk_prob\": false, \"decoder_sparse_step\": 1, "
+    "\"mlp_only_layers\": [], \"vocab_size\": 32, \"max_position_embeddings\": 16}"};
+
+static uint64_t rng_state;
+static double uniform(void) /* [-1, 1) */
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(rng_state >> 11) / (double)(1ull << 53) * 2.0 - 1.0;
+}
+
+/* The idx-th tensor of `role` in block BLK (routed experts: expert idx). */
+static const model_tensor *find(const model_layout *l, model_role role, int idx)
+{
+    for (int i = 0; i < l->n_tensors; i++)
+        if (l->tensors[i].block == BLK && l->tensors[i].role == role && idx-- == 0) return &l->tensors[i];
+    return NULL;
+}
+
+static double silu(double v) { return v / (1.0 + exp(-v)); }
+static double sigm(double v) { return 1.0 / (1.0 + exp(-v)); }
+
+/* What the reference computes: the loss sum(out G), dx [N, h], the block's
+ * gradient dw (the MoE block's tensors and the second norm's), the pairs
+ * chosen and dropped. */
+typedef struct ref_out {
+    double loss, *dx, *dw;
+    int pairs, dropped;
+} ref_out;
+
+/* One row u [h] through a SwiGLU MLP of width f (tensors t: gate, up,
+ * down) scaled by `scale`: adds scale (silu(u Wg) (u Wu)) Wd . G to the
+ * loss, the weights' gradients to o->dw and u's to du; returns the
+ * gradient of the scale. buf: 4 f doubles. */
+static double mlp_row(const float *w, const model_tensor *const t[3], int f, int h, const double *u,
+                      const float *G, double scale, ref_out *o, double *du, double *buf)
+{
+    double *g1 = buf, *g3 = buf + f, *a = buf + 2 * f, *da = buf + 3 * f, dscale = 0;
+    const size_t og = t[0]->offset, ou = t[1]->offset, od = t[2]->offset;
+    for (int j = 0; j < f; j++) {
+        g1[j] = g3[j] = 0;
+        for (int i = 0; i < h; i++) {
+            g1[j] += u[i] * w[og + (size_t)j * h + i];
+            g3[j] += u[i] * w[ou + (size_t)j * h + i];
+        }
+        a[j] = silu(g1[j]) * g3[j];
+    }
+    for (int i = 0; i < h; i++) {
+        double yi = 0;
+        for (int j = 0; j < f; j++) yi += a[j] * w[od + (size_t)i * f + j];
+        o->loss += scale * yi * G[i];
+    }
+    for (int j = 0; j < f; j++) {
+        double gj = 0; /* (Wd^T G)_j */
+        for (int i = 0; i < h; i++) {
+            gj += w[od + (size_t)i * f + j] * G[i];
+            o->dw[od + (size_t)i * f + j] += scale * G[i] * a[j];
+        }
+        dscale += a[j] * gj;
+        da[j] = scale * gj;
+    }
+    for (int j = 0; j < f; j++) {
+        double sg = sigm(g1[j]), d1 = da[j] * g3[j] * sg * (1 + g1[j] * (1 - sg)), d3 = da[j] * silu(g1[j]);
+        for (int i = 0; i < h; i++) {
+            o->dw[og + (size_t)j * h + i] += d1 * u[i];
+            o->dw[ou + (size_t)j * h + i] += d3 * u[i];
+            du[i] += d1 * w[og + (size_t)j * h + i] + d3 * w[ou + (size_t)j * h + i];
+        }
+    }
+    return dscale;
+}
+
+/* The reference: the layer's MoE block in double. w: the block's weights
+ * (fp32, the layout's); x, G [N, h]. */
+static void reference(const zo_model_config *c, const model_layout *l, const float *w, const float *x,
+                      const float *G, double F, ref_out *o)
+{
+    const int h = c->hidden, E = c->moe.experts, K = c->moe.top_k, fe = c->moe.expert_ffn;
+    const int fs = c->moe.shared_ffn;
+    const model_tensor *g2 = find(l, MODEL_ROLE_LN2_W, 0), *wr = find(l, MODEL_ROLE_ROUTER_W, 0);
+    double *u = calloc((size_t)N * h, sizeof *u), *du = calloc((size_t)N * h, sizeof *du);
+    double *rstd = calloc(N, sizeof *rstd), *p = calloc((size_t)N * E, sizeof *p);
+    double *wt = calloc((size_t)N * E, sizeof *wt), *dwt = calloc((size_t)N * E, sizeof *dwt);
+    int *chosen = calloc((size_t)N * E, sizeof *chosen), *rank = calloc((size_t)N * E, sizeof *rank);
+    int *kept = calloc((size_t)N * E, sizeof *kept);
+    double *buf = malloc(sizeof(double) * (size_t)(fe > fs ? fe : fs) * 4);
+    /* out = x + y: the residual's share of the loss and of dx */
+    o->loss = 0;
+    for (int i = 0; i < N * h; i++) {
+        o->loss += (double)x[i] * G[i];
+        o->dx[i] = G[i];
+    }
+    /* u = rmsnorm(x) g2 */
+    for (int r = 0; r < N; r++) {
+        double ss = 0;
+        for (int i = 0; i < h; i++) ss += (double)x[r * h + i] * x[r * h + i];
+        rstd[r] = 1.0 / sqrt(ss / h + c->norm_eps);
+        for (int i = 0; i < h; i++) u[r * h + i] = x[r * h + i] * rstd[r] * w[g2->offset + i];
+    }
+    /* the router: softmax, top_k (ties: the lower index), weights */
+    for (int r = 0; r < N; r++) {
+        double mx = -1e300, sum = 0;
+        for (int e = 0; e < E; e++) {
+            double z = 0;
+            for (int i = 0; i < h; i++) z += u[r * h + i] * w[wr->offset + (size_t)e * h + i];
+            p[r * E + e] = z;
+            mx = fmax(mx, z);
+        }
+        for (int e = 0; e < E; e++) sum += (p[r * E + e] = exp(p[r * E + e] - mx));
+        for (int e = 0; e < E; e++) p[r * E + e] /= sum;
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            for (int e = 0; e < E; e++)
+                if (!chosen[r * E + e] && (best < 0 || p[r * E + e] > p[r * E + best])) best = e;
+            chosen[r * E + best] = 1;
+            rank[r * E + best] = k; /* picked in order of weight, ties to the lower index */
+        }
+        double s = 0;
+        for (int e = 0; e < E; e++) s += chosen[r * E + e] ? p[r * E + e] : 0;
+        for (int e = 0; e < E; e++)
+            wt[r * E + e] = chosen[r * E + e] ? (c->moe.norm_topk ? p[r * E + e] / s : p[r * E + e]) : 0;
+    }
+    /* capacity: each expert takes its pairs by (choice rank, token) until C */
+    int C = F > 0 ? (int)ceil(F * N * K / E) : N * K;
+    if (C < 1) C = 1;
+    o->pairs = N * K;
+    o->dropped = 0;
+    for (int e = 0; e < E; e++) {
+        int taken = 0;
+        for (int k = 0; k < K; k++)
+            for (int r = 0; r < N; r++)
+                if (chosen[r * E + e] && rank[r * E + e] == k) {
+                    kept[r * E + e] = taken < C;
+                    o->dropped += taken >= C;
+                    taken++;
+                }
+    }
+    /* the kept pairs' experts: y_r += wt silu(u Wg) (u Wu) Wd, and back */
+    for (int e = 0; e < E; e++) {
+        const model_tensor *t[3] = {find(l, MODEL_ROLE_EXPERT_GATE_W, e), find(l, MODEL_ROLE_EXPERT_UP_W, e),
+                                    find(l, MODEL_ROLE_EXPERT_DOWN_W, e)};
+        for (int r = 0; r < N; r++)
+            if (kept[r * E + e])
+                dwt[r * E + e] = mlp_row(w, t, fe, h, u + (size_t)r * h, G + (size_t)r * h, wt[r * E + e], o,
+                                         du + (size_t)r * h, buf);
+    }
+    /* the shared expert: y += sigmoid(u wsg) silu(u Wg) (u Wu) Wd, and back */
+    if (fs) {
+        const model_tensor *t[3] = {find(l, MODEL_ROLE_MLP_GATE_W, 0), find(l, MODEL_ROLE_MLP_UP_W, 0),
+                                    find(l, MODEL_ROLE_MLP_DOWN_W, 0)};
+        const model_tensor *tz = find(l, MODEL_ROLE_SHARED_GATE_W, 0);
+        for (int r = 0; r < N; r++) {
+            double z = 0;
+            for (int i = 0; i < h; i++) z += u[r * h + i] * w[tz->offset + i];
+            const double sz = sigm(z);
+            double dz = mlp_row(w, t, fs, h, u + (size_t)r * h, G + (size_t)r * h, sz, o, du + (size_t)r * h, buf);
+            dz *= sz * (1 - sz);
+            for (int i = 0; i < h; i++) {
+                o->dw[tz->offset + i] += dz * u[r * h + i];
+                du[r * h + i] += dz * w[tz->offset + i];
+            }
+        }
+    }
+    /* the router's backward: the weights (renormalized or not), the softmax */
+    for (int r = 0; r < N; r++) {
+        double dp[64] = {0}, s = 0, sdw = 0, pdp = 0;
+        for (int e = 0; e < E; e++)
+            if (chosen[r * E + e]) {
+                s += p[r * E + e];
+                sdw += dwt[r * E + e] * p[r * E + e];
+            }
+        for (int e = 0; e < E; e++)
+            if (chosen[r * E + e])
+                dp[e] = c->moe.norm_topk ? dwt[r * E + e] / s - sdw / (s * s) : dwt[r * E + e];
+        for (int e = 0; e < E; e++) pdp += p[r * E + e] * dp[e];
+        for (int e = 0; e < E; e++) {
+            double dz = p[r * E + e] * (dp[e] - pdp);
+            for (int i = 0; i < h; i++) {
+                o->dw[wr->offset + (size_t)e * h + i] += dz * u[r * h + i];
+                du[r * h + i] += dz * w[wr->offset + (size_t)e * h + i];
+            }
+        }
+    }
+    /* the norm's backward */
+    for (int r = 0; r < N; r++) {
+        double m = 0;
+        for (int i = 0; i < h; i++) {
+            o->dw[g2->offset + i] += du[r * h + i] * x[r * h + i] * rstd[r];
+            m += du[r * h + i] * w[g2->offset + i] * x[r * h + i];
+        }
+        m /= h;
+        for (int i = 0; i < h; i++)
+            o->dx[r * h + i] += rstd[r] * (du[r * h + i] * w[g2->offset + i] - x[r * h + i] * rstd[r] * rstd[r] * m);
+    }
+    free(u);
+    free(du);
+    free(rstd);
+    free(p);
+    free(wt);
+    free(dwt);
+    free(chosen);
+    free(rank);
+    free(kept);
+    free(buf);
+}
+
+/* |got - want| <= tol max |want| over n values. */
+static void compare(const char *what, const float *got, const double *want, size_t n, double tol)
+{
+    double most = 0, worst = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        most = fmax(most, fabs(want[i]));
+        double d = fabs((double)got[i] - want[i]);
+        if (d > worst) worst = d, at = i;
+    }
+    if (!(worst <= tol * most + 1e-12))
+        fail_msg("%s: %.3e off at %zu (%.6g against %.6g; largest %.3e)", what, worst, at, got[at], want[at], most);
+}
+
+/* One model and capacity factor: the layer's forward and backward against
+ * the reference (with `recompute`: the layer's activations recomputed
+ * before its backward, routing again); returns the pairs the layer dropped. */
+static int check(int which, double F, int recompute)
+{
+    zo_model_config cfg;
+    assert_int_equal(zo_model_config_parse(configs[which], "test", &cfg), ZO_OK);
+    const int h = cfg.hidden, E = cfg.moe.experts;
+    gpu_cpu_options co = {.n_threads = 1};
+    gpu_device_t dev;
+    gpu_stream_t s;
+    assert_int_equal(gpu_device_init_cpu(&co, &dev), ZO_OK);
+    assert_int_equal(gpu_stream_create(dev, &s), ZO_OK);
+    tf_options o = {.external_res = 1, .capacity_factor = F, .recompute = recompute};
+    tf_model m;
+    if (tf_init_opts(&m, &cfg, dev, ZO_DTYPE_F32, NB, NT + 2, &o) != ZO_OK) fail_msg("tf_init: %s", zo_last_error());
+    const model_layout *l = &m.layout;
+    size_t nw = l->block_numel[BLK];
+    float *w = calloc(nw, 4), *x = malloc((size_t)N * h * 4), *G = malloc((size_t)N * h * 4);
+    /* weights: random, the attention's output projection 0 (the layer is
+     * x + moe(rmsnorm(x))), router rows 1 and 2 equal (ties); the tokens'
+     * inputs lean along router row 0 (two of three: expert 0 first) or
+     * against it (the third), and all along row 3's first features (the
+     * second choice of the first, the first choice of the third) */
+    rng_state = 0x5eed0000ull + (uint64_t)which;
+    for (size_t i = 0; i < nw; i++) w[i] = (float)(0.3 * uniform());
+    const model_tensor *wo = find(l, MODEL_ROLE_ATTN_OUT_W, 0), *wr = find(l, MODEL_ROLE_ROUTER_W, 0);
+    const model_tensor *g2 = find(l, MODEL_ROLE_LN2_W, 0);
+    assert_non_null(wo);
+    assert_non_null(wr);
+    assert_non_null(g2);
+    memset(w + wo->offset, 0, wo->numel * 4);
+    for (int i = 0; i < h; i++) {
+        w[g2->offset + i] = (float)(1.0 + 0.2 * uniform());
+        w[wr->offset + i] = (float)(i % 2 ? 0.25 : -0.25);
+        w[wr->offset + (size_t)2 * h + i] = w[wr->offset + (size_t)h + i];
+        w[wr->offset + (size_t)3 * h + i] = (float)(i < 4 ? 0.5 : 0.0);
+    }
+    for (int r = 0; r < N; r++) /* every third token leans away: expert 0 its last choice */
+        for (int i = 0; i < h; i++)
+            x[r * h + i] = (float)((i % 2 ? 1.0 : -1.0) * (r % 3 == 2 ? -1 : 1) + (i < 4 ? 1.5 : 0) + 0.5 * uniform());
+    for (int i = 0; i < N * h; i++) G[i] = (float)uniform();
+    /* the layer on the device (the CPU device's memory is host memory) */
+    void *pw, *pg, *xin, *xout;
+    assert_int_equal(gpu_mem_alloc(dev, nw * 4, &pw), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(dev, nw * 4, &pg), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(dev, (size_t)N * h * 4, &xin), ZO_OK);
+    assert_int_equal(gpu_mem_alloc(dev, (size_t)N * h * 4, &xout), ZO_OK);
+    memcpy(pw, w, nw * 4);
+    memset(pg, 0, nw * 4);
+    memcpy(xin, x, (size_t)N * h * 4);
+    int32_t ids[N] = {0};
+    m.res[0] = xin;
+    m.res[1] = xout;
+    assert_int_equal(tf_set_batch(&m, s, ids, ids, NB, NT), ZO_OK);
+    tf_block_bufs bb = {.params = pw, .grads = pg};
+    if (tf_block_forward(&m, BLK, &bb, s) != ZO_OK) fail_msg("forward: %s", zo_last_error());
+    assert_int_equal(gpu_stream_synchronize(s), ZO_OK);
+    double loss = 0;
+    for (int i = 0; i < N * h; i++) loss += (double)((float *)xout)[i] * G[i];
+    if (recompute && tf_block_recompute(&m, BLK, &bb, s) != ZO_OK) fail_msg("recompute: %s", zo_last_error());
+    assert_int_equal(gpu_stream_synchronize(s), ZO_OK);
+    memcpy(m.dres, G, (size_t)N * h * 4);
+    if (tf_block_backward(&m, BLK, &bb, 1.0f, s) != ZO_OK) fail_msg("backward: %s", zo_last_error());
+    assert_int_equal(gpu_stream_synchronize(s), ZO_OK);
+
+    ref_out ro = {.dx = calloc((size_t)N * h, sizeof(double)), .dw = calloc(nw, sizeof(double))};
+    reference(&cfg, l, w, x, G, F, &ro);
+    char what[160];
+    snprintf(what, sizeof what, "%s F %g%s", which ? "qwen2_moe" : "mixtral", F, recompute ? " recompute" : "");
+    if (!(fabs(loss - ro.loss) <= 1e-5 * fmax(1.0, fabs(ro.loss))))
+        fail_msg("%s: loss %.9g against %.9g", what, loss, ro.loss);
+    assert_int_equal((int)m.moe_pairs, ro.pairs); /* (a recompute's routing not counted) */
+    assert_int_equal((int)m.moe_dropped, ro.dropped);
+    char t[320];
+    snprintf(t, sizeof t, "%s: dL/dx", what);
+    compare(t, m.dres, ro.dx, (size_t)N * h, 1e-5);
+    /* the MoE block's gradients and the norm's, tensor by tensor */
+    for (int i = 0; i < l->n_tensors; i++) {
+        const model_tensor *mt = &l->tensors[i];
+        if (mt->block != BLK || mt->role < MODEL_ROLE_LN2_W || mt->role == MODEL_ROLE_LN2_B) continue;
+        float *dg = (float *)pg + mt->offset;
+        double any = 0;
+        for (size_t j = 0; j < mt->numel; j++) any = fmax(any, fabs(ro.dw[mt->offset + j]));
+        snprintf(t, sizeof t, "%s: gradient of %s", what, mt->name);
+        if (any == 0) { /* an expert no kept pair reached: untouched */
+            for (size_t j = 0; j < mt->numel; j++)
+                if (dg[j] != 0.0f) fail_msg("%s: %.3e where no pair reached it", t, dg[j]);
+            continue;
+        }
+        compare(t, dg, ro.dw + mt->offset, mt->numel, 1e-5);
+    }
+    printf("# %s: %d of %d pairs dropped (E %d, N %d), loss %.6f\n", what, ro.dropped, ro.pairs, E, N, loss);
+    free(ro.dx);
+    free(ro.dw);
+    free(w);
+    free(x);
+    free(G);
+    gpu_mem_free(dev, pw);
+    gpu_mem_free(dev, pg);
+    gpu_mem_free(dev, xin);
+    gpu_mem_free(dev, xout);
+    tf_free(&m);
+    gpu_stream_destroy(s);
+    gpu_device_free(dev);
+    return ro.dropped;
+}
+
+static void run_model(int which)
+{
+    assert_int_equal(check(which, 0, 0), 0); /* dropless */
+    assert_true(check(which, 0.5, 0) > 0);
+    assert_true(check(which, 0.5, 1) > 0);   /* the recompute routes as the forward did */
+    assert_true(check(which, 1.0, 0) > 0);   /* skewed: experts 0 and 3 over their fair share */
+    assert_true(check(which, 1.25, 0) > 0);
+    assert_int_equal(check(which, 8, 0), 0); /* room for every pair */
+}
+
+static void test_mixtral(void **state)
+{
+    (void)state;
+    run_model(0);
+}
+
+static void test_qwen2_moe(void **state)
+{
+    (void)state;
+    run_model(1);
+}
+
+/* The buffers hold what can arrive: min(N top_k, E C) rows; refusals. */
+static void test_sizes_and_refusals(void **state)
+{
+    (void)state;
+    zo_model_config cfg, dense;
+    assert_int_equal(zo_model_config_parse(configs[0], "test", &cfg), ZO_OK);
+    gpu_cpu_options co = {.n_threads = 1};
+    gpu_device_t dev;
+    assert_int_equal(gpu_device_init_cpu(&co, &dev), ZO_OK);
+    tf_model m;
+    /* 2 x 9 tokens, 4 experts, 2 a token: C = ceil(0.5 x 18 x 2 / 4) = 5 */
+    tf_options o = {.capacity_factor = 0.5};
+    assert_int_equal(tf_init_opts(&m, &cfg, dev, ZO_DTYPE_F32, 2, 9, &o), ZO_OK);
+    assert_int_equal(m.moe_rows, 20);
+    tf_free(&m);
+    o.capacity_factor = 1.25; /* C = 12: every pair, 36 */
+    assert_int_equal(tf_init_opts(&m, &cfg, dev, ZO_DTYPE_F32, 2, 9, &o), ZO_OK);
+    assert_int_equal(m.moe_rows, 36);
+    tf_free(&m);
+    o.capacity_factor = -1;
+    assert_int_not_equal(tf_init_opts(&m, &cfg, dev, ZO_DTYPE_F32, 2, 9, &o), ZO_OK);
+    assert_non_null(strstr(zo_last_error(), "capacity factor"));
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"llama\", \"num_hidden_layers\": 1, "
+                                           "\"hidden_size\": 16, \"num_attention_heads\": 2, "
+                                           "\"intermediate_size\": 12, \"vocab_size\": 32}",
+                                           "dense", &dense),
+                     ZO_OK);
+    o.capacity_factor = 1;
+    assert_int_not_equal(tf_init_opts(&m, &dense, dev, ZO_DTYPE_F32, 2, 9, &o), ZO_OK);
+    assert_non_null(strstr(zo_last_error(), "no experts"));
+    gpu_device_free(dev);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mixtral),
+        cmocka_unit_test(test_qwen2_moe),
+        cmocka_unit_test(test_sizes_and_refusals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
