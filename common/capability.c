@@ -13,12 +13,10 @@ const zo_capability_entry zo_capability_table[ZO_CAP_GAPS - 1] = {
      "the runtime runs data parallelism only (--tp 1 --pp 1, any number of ranks); memplan estimate sizes "
      "tensor and pipeline parallelism for clusters"},
     {ZO_CAP_EXPERT_PARALLEL, "expert-parallel",
-     "the runtime runs expert parallelism for full fine-tuning, LoRA and QLoRA of a mixture of experts at "
-     "ZeRO-0, the weights on any tier (--ep N --zero 0), and for full fine-tuning at ZeRO 1-3 with the weights "
-     "on the GPU (ZeRO-3: or in host memory) and LoRA at ZeRO 1-2 with the adapters on it, the optimizer on cpu "
-     "and nvme (--ep N --zero 1, 2 or 3 --params gpu; --zero 3 --params cpu; --zero 1 or 2 --adapters-on gpu); "
-     "anything else runs with --ep 1, every rank holding every expert (ZeRO 0-3 partition them as the dense "
-     "weights)"},
+     "expert parallelism places a mixture of experts' routed experts over the ranks: the runtime runs it for "
+     "full fine-tuning, LoRA and QLoRA of such a model at ZeRO 0-3, the weights, the base, the adapters and "
+     "the optimizer on any tier the stage takes (--ep N, N dividing the ranks and the experts); a model "
+     "without experts runs with --ep 1"},
     {ZO_CAP_ZERO12_OFFLOADED, "zero12-offloaded-weights",
      "ZeRO-1 and ZeRO-2 keep every 16-bit weight on each rank's GPU; trained weights off the GPU need "
      "ZeRO-3 (--zero 3), which partitions them over the ranks and streams each rank's part"},
@@ -75,8 +73,7 @@ zo_capability_gap zo_capability_find(const zo_run_shape *r)
 {
     if (r->tp > 1) return ZO_CAP_TENSOR_PARALLEL;
     if (r->pp > 1) return ZO_CAP_PIPELINE_PARALLEL;
-    if (r->ep > 1 && (!r->moe || (r->zero && (r->method == ZO_PLAN_QLORA || r->params == ZO_PLAN_NVME)) ||
-                      (r->zero == 3 && r->method != ZO_PLAN_FULL) || (r->zero && r->optimizer[ZO_PLAN_GPU] > 0)))
+    if (r->ep > 1 && !r->moe)
         return ZO_CAP_EXPERT_PARALLEL;
     if (r->ranks > 1 && (r->zero == 1 || r->zero == 2) && trained_on(r) != ZO_PLAN_GPU)
         return ZO_CAP_ZERO12_OFFLOADED;
@@ -110,21 +107,7 @@ static void what(const zo_run_shape *r, zo_capability_gap gap, char *buf, size_t
         snprintf(buf, len, "pipeline parallelism (--pp %d, parallel.pp)", r->pp);
         break;
     case ZO_CAP_EXPERT_PARALLEL:
-        if (!r->moe)
-            snprintf(buf, len, "expert parallelism (--ep %d, parallel.ep) on a model without experts", r->ep);
-        else if (r->method == ZO_PLAN_QLORA)
-            snprintf(buf, len, "expert parallelism (--ep %d, parallel.ep) with QLoRA at ZeRO-%d (--lora --qlora, "
-                     "--zero %d, training.method, parallel.zero)", r->ep, r->zero, r->zero);
-        else if (r->zero == 3 && r->method != ZO_PLAN_FULL)
-            snprintf(buf, len, "expert parallelism (--ep %d, parallel.ep) with LoRA at ZeRO-3 (--lora, --zero 3, "
-                     "parallel.zero)", r->ep);
-        else if (r->zero && r->optimizer[ZO_PLAN_GPU] > 0)
-            snprintf(buf, len, "expert parallelism (--ep %d, parallel.ep) at ZeRO-%d with an optimizer share on the "
-                     "GPU (--optimizer gpu=%g, placement.optimizer)", r->ep, r->zero, r->optimizer[ZO_PLAN_GPU]);
-        else
-            snprintf(buf, len, "expert parallelism (--ep %d, parallel.ep) at ZeRO-%d with the weights on %s (--params "
-                     "%s, placement.params)", r->ep, r->zero, zo_plan_tier_name(r->params),
-                     zo_plan_tier_name(r->params));
+        snprintf(buf, len, "expert parallelism (--ep %d, parallel.ep) on a model without experts", r->ep);
         break;
     case ZO_CAP_ZERO12_OFFLOADED:
         if (r->method == ZO_PLAN_FULL)

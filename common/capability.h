@@ -52,7 +52,7 @@ typedef enum zo_capability_gap {
     ZO_CAP_RUNS = 0,
     ZO_CAP_TENSOR_PARALLEL,        /* tp > 1 */
     ZO_CAP_PIPELINE_PARALLEL,      /* pp > 1 */
-    ZO_CAP_EXPERT_PARALLEL,        /* ep > 1 with QLoRA, ZeRO 1-3, NVMe weights or no experts */
+    ZO_CAP_EXPERT_PARALLEL,        /* ep > 1 on a model without experts */
     ZO_CAP_ZERO12_OFFLOADED,       /* ZeRO 1-2 on several ranks, trained weights off the GPU */
     ZO_CAP_DPU_GPU_OPTIMIZER,      /* dpu with optimizer state on the GPU */
     ZO_CAP_MOE_STATE8_GPU,         /* a mixture of experts with 8-bit m, v in the GPU's optimizer state */

@@ -166,7 +166,10 @@ zo_status offload_dp_part_bytes(const offload_dp *dp, int nb, const size_t *byte
 
 void offload_dp_part_free(offload_part *p)
 {
-    if (p) free(p->own);
+    if (!p || !p->own) return; /* (a view: the arrays are another's) */
+    free(p->own);
+    free(p->seg);
+    free(p->nseg);
 }
 
 void offload_part_geom(const offload_part *p, const offload_geom *g, offload_geom *out)
@@ -341,17 +344,23 @@ static int segs_of(const offload_dp *dp, int b, size_t numel, offload_seg *one, 
 
 static int seg_size(const offload_dp *dp, const offload_seg *g) { return g->expert ? dp->xsize : dp->size; }
 
-size_t offload_dp_pieces(const offload_dp *dp, int b, size_t qcap)
+/* The pieces of segments g[0..ns) (offload_dp_pieces). */
+static size_t pieces_in(const offload_dp *dp, const offload_seg *g, int ns, size_t qcap)
 {
-    offload_seg one;
-    const offload_seg *g;
-    int ns = segs_of(dp, b, 0, &one, &g);
     size_t n = 0;
     for (int k = 0; k < ns; k++) {
         size_t c = g[k].pad / (size_t)seg_size(dp, &g[k]);
         n += (c + qcap - 1) / qcap;
     }
     return n;
+}
+
+size_t offload_dp_pieces(const offload_dp *dp, int b, size_t qcap)
+{
+    offload_seg one;
+    const offload_seg *g;
+    int ns = segs_of(dp, b, 0, &one, &g);
+    return pieces_in(dp, g, ns, qcap);
 }
 
 size_t offload_piece_src(const offload_piece *p, int r, size_t *n)
@@ -361,11 +370,10 @@ size_t offload_piece_src(const offload_piece *p, int r, size_t *n)
     return p->lo + at;
 }
 
-void offload_dp_piece(const offload_dp *dp, int b, size_t numel, size_t j, size_t qcap, offload_piece *p)
+/* Piece j of segments g[0..ns) (offload_dp_piece). */
+static void piece_in(const offload_dp *dp, const offload_seg *g, int ns, size_t j, size_t qcap, offload_piece *p)
 {
-    offload_seg one;
-    const offload_seg *g;
-    int ns = segs_of(dp, b, numel, &one, &g), k = 0;
+    int k = 0;
     for (;; k++) {
         size_t c = g[k].pad / (size_t)seg_size(dp, &g[k]), np = (c + qcap - 1) / qcap;
         if (j < np || k + 1 == ns) break;
@@ -390,14 +398,24 @@ void offload_dp_piece(const offload_dp *dp, int b, size_t numel, size_t j, size_
     p->mine = p->first >= s->own_n ? 0 : (s->own_n - p->first < p->q ? s->own_n - p->first : p->q);
 }
 
+void offload_dp_piece(const offload_dp *dp, int b, size_t numel, size_t j, size_t qcap, offload_piece *p)
+{
+    offload_seg one;
+    const offload_seg *g;
+    int ns = segs_of(dp, b, numel, &one, &g);
+    piece_in(dp, g, ns, j, qcap, p);
+}
+
 zo_status offload_dp_piece_collective(offload_dp *dp, dp_op op, const offload_piece *p, void *buf, zo_dtype dt,
                                       gpu_event_t after, gpu_event_t done)
 {
     return collective_on(dp, p->comm, op, p->q, p->real, buf, dt, after, done, 0);
 }
 
-int offload_dp_segments(size_t n, size_t xlo, size_t xhi, int world, int rank, int xsize, int xrank,
-                        offload_seg seg[3])
+/* offload_dp_segments with each rank's share a multiple of `unit` (a
+ * frozen base's bytes: 4, whole fp32 words). */
+static int segments(size_t n, size_t xlo, size_t xhi, int world, int rank, int xsize, int xrank, size_t unit,
+                    offload_seg seg[3])
 {
     const size_t lo[3] = {0, xlo, xhi}, hi[3] = {xlo, xhi, n};
     int ns = 0;
@@ -409,12 +427,55 @@ int offload_dp_segments(size_t n, size_t xlo, size_t xhi, int world, int rank, i
         s->lo = lo[k];
         s->n = hi[k] - lo[k];
         s->expert = k == 1;
-        s->pad = comm_padded_count(s->n, size);
-        comm_shard(s->n, size, r, &s->own_off, &s->own_n);
+        /* (unit 1: comm_padded_count and comm_shard) */
+        size_t u = unit * (size_t)size;
+        s->pad = (s->n + u - 1) / u * u;
+        size_t c = s->pad / (size_t)size;
+        s->own_off = (size_t)r * c;
+        s->own_n = s->own_off >= s->n ? 0 : (s->n - s->own_off < c ? s->n - s->own_off : c);
         s->loc = loc;
         loc += s->own_n;
     }
     return ns;
+}
+
+int offload_dp_segments(size_t n, size_t xlo, size_t xhi, int world, int rank, int xsize, int xrank,
+                        offload_seg seg[3])
+{
+    return segments(n, xlo, xhi, world, rank, xsize, xrank, 1, seg);
+}
+
+zo_status offload_dp_part_bytes_experts(const offload_dp *dp, const size_t *bytes, const size_t *xlo,
+                                        const size_t *xhi, offload_part *p)
+{
+    size_t nb = (size_t)p->nb, *pad = p->own, *off = pad + nb, *pn = pad + 2 * nb, *loc = pad + 3 * nb;
+    if (!p->own || !dp->xcomm_part)
+        return zo_error(ZO_ERR_INTERNAL, "offload_init: a frozen base's expert segments without its own partition "
+                        "or expert_comm");
+    if (!(p->seg = calloc(nb, sizeof *p->seg)) || !(p->nseg = calloc(nb, sizeof *p->nseg)))
+        return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    p->largest_pad = 0;
+    for (size_t b = 0; b < nb; b++) {
+        if (xhi[b] > xlo[b]) {
+            p->nseg[b] = segments(bytes[b], xlo[b], xhi[b], dp->size, dp->rank, dp->xsize, dp->xrank, 4, p->seg[b]);
+            const offload_seg *g = &p->seg[b][p->nseg[b] - 1];
+            pad[b] = (bytes[b] + 3) / 4 * 4; /* (gathered through a bucket: the slot holds the block) */
+            off[b] = 0;
+            pn[b] = g->loc + g->own_n;
+        }
+        loc[b + 1] = loc[b] + pn[b];
+        if (pad[b] > p->largest_pad) p->largest_pad = pad[b];
+    }
+    return ZO_OK;
+}
+
+int offload_part_segmented(const offload_part *p, int b) { return p && p->nseg && p->nseg[b]; }
+
+size_t offload_part_at(const offload_part *p, int b, size_t rel, size_t *run)
+{
+    if (offload_part_segmented(p, b)) return offload_seg_at(p->seg[b], p->nseg[b], rel, run);
+    *run = p->part_n[b] > rel ? p->part_n[b] - rel : 0;
+    return p->part_off[b] + rel;
 }
 
 size_t offload_seg_at(const offload_seg *seg, int ns, size_t rel, size_t *run)
@@ -498,20 +559,24 @@ zo_status offload_dp_gather_part(offload_dp *dp, const offload_part *p, int b, s
     return gpu_stream_synchronize(env->d2h);
 }
 
-zo_status offload_dp_gather_segs(offload_dp *dp, int b, size_t numel, size_t es, const void *part, int part_local,
-                                 gpu_copy_kind in_kind, void *all, gpu_copy_kind out_kind)
+/* Block b in segments g[0..ns) of es-byte elements gathered, as
+ * offload_dp_gather_segs; the wire's elements are `per` of them (a frozen
+ * base: bytes, 4 a word, counted as frozen bytes). */
+static zo_status gather_segs(offload_dp *dp, int b, const offload_seg *g, int ns, size_t es, size_t per, int frozen,
+                             const void *part, int part_local, gpu_copy_kind in_kind, void *all,
+                             gpu_copy_kind out_kind)
 {
     const offload_env *env = dp->env;
     char *buf = (char *)dp->bucket[0];
     size_t qcap = dp->bucket_words * 4 / es;
-    zo_dtype wire = es == 4 ? ZO_DTYPE_F32 : ZO_DTYPE_BF16; /* (an all-gather moves bytes) */
+    zo_dtype wire = es * per == 4 ? ZO_DTYPE_F32 : ZO_DTYPE_BF16; /* (an all-gather moves bytes) */
     zo_status st;
-    if (es != 4 && es != 2) return zo_error(ZO_ERR_INTERNAL, "offload: a gather of %zu-byte elements", es);
+    if (es * per != 4 && es * per != 2) return zo_error(ZO_ERR_INTERNAL, "offload: a gather of %zu-byte elements", es);
     /* piece by piece through bucket 0: the rank's share in, every rank's
      * gathered on the segment's communicator, each copied to its place */
-    for (size_t j = 0; j < offload_dp_pieces(dp, b, qcap); j++) {
+    for (size_t j = 0; j < pieces_in(dp, g, ns, qcap); j++) {
         offload_piece p;
-        offload_dp_piece(dp, b, numel, j, qcap, &p);
+        piece_in(dp, g, ns, j, qcap, &p);
         size_t n, own = offload_piece_src(&p, p.rank, &n);
         /* the bucket's last piece has left (the host waited for it) */
         if ((st = offload_dp_wait(dp)) != ZO_OK || (st = gpu_stream_synchronize(env->d2h)) != ZO_OK) return st;
@@ -520,7 +585,8 @@ zo_status offload_dp_gather_segs(offload_dp *dp, int b, size_t numel, size_t es,
                                              in_kind)) != ZO_OK)
             return st;
         if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK ||
-            (st = offload_dp_piece_collective(dp, DP_ALL_GATHER, &p, buf, wire, dp->ev_in, dp->ev_out)) != ZO_OK ||
+            (st = collective_on(dp, p.comm, DP_ALL_GATHER, p.q / per, p.real, buf, wire, dp->ev_in, dp->ev_out,
+                                frozen)) != ZO_OK ||
             (st = gpu_stream_wait_event(env->d2h, dp->ev_out)) != ZO_OK)
             return zo_error_wrap(st, "offload: all-gather of block %d", b);
         for (int r = 0; r < p.size; r++) {
@@ -532,6 +598,21 @@ zo_status offload_dp_gather_segs(offload_dp *dp, int b, size_t numel, size_t es,
     }
     if ((st = offload_dp_wait(dp)) != ZO_OK) return st;
     return gpu_stream_synchronize(env->d2h);
+}
+
+zo_status offload_dp_gather_segs(offload_dp *dp, int b, size_t numel, size_t es, const void *part, int part_local,
+                                 gpu_copy_kind in_kind, void *all, gpu_copy_kind out_kind)
+{
+    offload_seg one;
+    const offload_seg *g;
+    int ns = segs_of(dp, b, numel, &one, &g);
+    return gather_segs(dp, b, g, ns, es, 1, 0, part, part_local, in_kind, all, out_kind);
+}
+
+zo_status offload_dp_gather_part_segs(offload_dp *dp, const offload_part *p, int b, const void *part,
+                                      gpu_copy_kind in_kind, void *all, gpu_copy_kind out_kind)
+{
+    return gather_segs(dp, b, p->seg[b], p->nseg[b], 1, 4, 1, part, 1, in_kind, all, out_kind);
 }
 
 zo_status offload_dp_gather_block(offload_dp *dp, int b, size_t numel, const float *part, float *all)

@@ -100,6 +100,10 @@ typedef struct offload_part {
     size_t per_wire;       /* the blocks' elements per wire element (1; 4 bytes a word) */
     int frozen;            /* a frozen base: counted apart (offload_acct.comm_frozen_bytes) */
     size_t *own;           /* the arrays, when the partition owns them (free with offload_dp_part_free) */
+    /* a frozen base with expert parallelism (offload_dp_part_bytes_experts):
+     * block b's part in nseg[b] segments of bytes (0: one run at part_off) */
+    offload_seg (*seg)[3];
+    int *nseg;
 } offload_part;
 
 typedef enum dp_op {
@@ -129,6 +133,22 @@ void offload_dp_part(const offload_dp *dp, const offload_geom *g, offload_part *
 /* A partition of blocks of bytes[b] bytes (a frozen base): each padded to
  * whole fp32 words per rank. */
 zo_status offload_dp_part_bytes(const offload_dp *dp, int nb, const size_t *bytes, offload_part *out);
+/* Expert parallelism at ZeRO-3: the frozen base's blocks with experts
+ * (bytes [xlo[b], xhi[b]) the rank's, xlo == xhi: none) in segments as
+ * offload_dp_segments lays the weights' (the dense bytes over the world,
+ * the experts' over expert_comm), each padded to whole fp32 words a rank;
+ * their part_off 0, part_n and loc_off the segments' (pad: the block's
+ * bytes, what a slot holds). offload_dp_set_experts first. */
+zo_status offload_dp_part_bytes_experts(const offload_dp *dp, const size_t *bytes, const size_t *xlo,
+                                        const size_t *xhi, offload_part *p);
+int offload_part_segmented(const offload_part *p, int b);
+/* Byte (element) `rel` of the rank's part of block b of p in the whole
+ * block; *run: how many from there on are contiguous in both. */
+size_t offload_part_at(const offload_part *p, int b, size_t rel, size_t *run);
+/* Block b of a frozen partition in segments gathered, as
+ * offload_dp_gather_segs gathers the weights' (bytes as fp32 words). */
+zo_status offload_dp_gather_part_segs(offload_dp *dp, const offload_part *p, int b, const void *part,
+                                      gpu_copy_kind in_kind, void *all, gpu_copy_kind out_kind);
 void offload_dp_part_free(offload_part *p);
 /* The rank's geometry of partition p over the blocks of g (the parts). */
 void offload_part_geom(const offload_part *p, const offload_geom *g, offload_geom *out);

@@ -408,6 +408,11 @@ zo_status offload_init(offload_t **out, gpu_device_t dev, const offload_model *m
     if (frozen && zero3) {
         /* the base partitioned in bytes; a slot takes a padded block */
         if ((st = offload_dp_part_bytes(rt->dp, rt->fg.nb, rt->fbytes, &rt->fpart)) != ZO_OK) goto out_free;
+        /* expert parallelism: a block's experts' bytes over expert_comm, the rest over the world */
+        if (rt->dp->ep && model->frozen_expert_lo &&
+            (st = offload_dp_part_bytes_experts(rt->dp, rt->fbytes, model->frozen_expert_lo, model->frozen_expert_hi,
+                                                &rt->fpart)) != ZO_OK)
+            goto out_free;
         offload_part_geom(&rt->fpart, &rt->fg, &rt->fog);
         size_t fs = (rt->fpart.largest_pad + 255) & ~(size_t)255;
         if (rt->fg.slot_bytes < fs) rt->fg.slot_bytes = fs;
@@ -563,13 +568,16 @@ zo_status offload_set_frozen_block(offload_t *rt, int block, const void *bytes)
     if (st != ZO_OK) return st;
     if (!rt->fws) return zo_error(ZO_ERR_INVALID, "offload_set_frozen_block: the model has no frozen base");
     /* every rank sets every block, in the same order: with ZeRO-3 it keeps its part */
-    size_t first = 0, n = rt->fbytes[block];
-    if (rt->fws->part_only) {
-        first = rt->fpart.part_off[block];
-        n = rt->fpart.part_n[block];
-    }
     wstore_will_change(rt->fws, block);
-    if ((st = wstore_put_raw(rt->fws, block, 0, n, (const char *)bytes + first)) != ZO_OK) return st;
+    if (!rt->fws->part_only) {
+        if ((st = wstore_put_raw(rt->fws, block, 0, rt->fbytes[block], bytes)) != ZO_OK) return st;
+        return wstore_settle(rt->fws);
+    }
+    /* the part's runs (one, or a part in segments: expert parallelism) */
+    for (size_t rel = 0, run; rel < rt->fpart.part_n[block]; rel += run) {
+        size_t at = offload_part_at(&rt->fpart, block, rel, &run);
+        if ((st = wstore_put_raw(rt->fws, block, rel, run, (const char *)bytes + at)) != ZO_OK) return st;
+    }
     return wstore_settle(rt->fws);
 }
 

@@ -162,6 +162,11 @@ typedef struct offload_model {
     int n_expert_ranges;
     int experts;
     int (*expert_routed)(void *user, int block, int expert);
+    /* (optional, a frozen base with expert parallelism) [n_blocks]: the
+     * rank's routed experts are bytes [frozen_expert_lo[b],
+     * frozen_expert_hi[b]) of block b's frozen base (equal: none), which
+     * ZeRO-3 partitions over expert_comm, the rest over the world. */
+    const size_t *frozen_expert_lo, *frozen_expert_hi;
 } offload_model;
 
 /* ---- the configuration (what a plan says) -------------------------------- */

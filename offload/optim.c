@@ -279,6 +279,18 @@ static size_t decay_ranges(const offload_optim *o, int b, size_t rel, size_t nb,
     return end;
 }
 
+/* Where in put_dev's memory of block b the optimizer's element rel goes:
+ * rel, or with `runs` (a store of whole blocks, a part in segments:
+ * put_dev_runs) the element's place in the block; *run elements from rel
+ * on go on from there. The device share's calls each lie in one run
+ * (expert_run and piece_part cut there). */
+static size_t dev_out_at(const offload_optim *o, int runs, int b, size_t rel, size_t *run)
+{
+    if (runs && offload_dp_segmented(o->env->dp, b)) return offload_dp_part_at(o->env->dp, b, rel, run);
+    *run = (size_t)-1 - rel;
+    return rel;
+}
+
 /* The device shard's update of block b with m and v encoded (S: the
  * block's state buffer): gpu_adam_state_update over calls of whole 8-bit
  * blocks, each taking its decay ranges. The weights: the fp32 master P, or
@@ -286,7 +298,7 @@ static size_t decay_ranges(const offload_optim *o, int b, size_t rel, size_t nb,
  * them (the stochastic rounding's hash of the step, the block and the
  * element's index in the whole block, as round_stochastic). */
 static zo_status update_dev_state(offload_optim *o, int b, float *P, uint16_t *W, uint16_t *C, void *S, float *G,
-                                  gpu_tensor out, gpu_stream_t s)
+                                  gpu_tensor out, int runs, gpu_stream_t s)
 {
     size_t nb = o->og->numel[b], es = zo_dtype_size(out.dtype);
     int q8 = o->cfg->opt_state == ZO_PLAN_STATE_8BIT;
@@ -298,11 +310,7 @@ static zo_status update_dev_state(offload_optim *o, int b, float *P, uint16_t *W
     gpu_adam_state_desc d = {.type = type, .block = q8 ? ADAM_Q8_BLOCK : 0,
                              .total = nb, .round = W ? rounds[o->cfg->master] : GPU_ADAM_ROUND_NEAREST,
                              .sr_step = (uint64_t)o->hp.step, .sr_block = (uint64_t)b};
-    /* (a part in one run: the table refuses a device share of segments) */
-    if (offload_dp_segmented(o->env->dp, b))
-        return zo_error(ZO_ERR_UNSUPPORTED, "offload_step: block %d's part is in segments (expert parallelism at "
-                        "ZeRO 1-3): the optimizer's device share updates one run in place", b);
-    size_t run, part0 = offload_dp_part_at(o->env->dp, b, 0, &run);
+    size_t run;
     /* the weights from element rel on */
 #define WEIGHTS_AT(rel) (W ? gpu_t(W + (rel), ZO_DTYPE_BF16) : gpu_t(P + (rel), ZO_DTYPE_F32))
     zo_status st;
@@ -315,7 +323,7 @@ static zo_status update_dev_state(offload_optim *o, int b, float *P, uint16_t *W
                             "at element %zu, inside an 8-bit block of m and v", b, xend);
         gpu_adam_hparams h = o->hp;
         if (expert_untouched(o, b, expert, &h.step)) { /* no token went to it: put back as it is */
-            gpu_tensor o16 = gpu_t(out.data ? (char *)out.data + rel * es : NULL, out.dtype);
+            gpu_tensor o16 = gpu_t(out.data ? (char *)out.data + dev_out_at(o, runs, b, rel, &run) * es : NULL, out.dtype);
             if (o16.data && (st = gpu_cast(s, o16, WEIGHTS_AT(rel), xend - rel)) != ZO_OK) return st;
             rel = xend;
             continue;
@@ -326,9 +334,9 @@ static zo_status update_dev_state(offload_optim *o, int b, float *P, uint16_t *W
                 return zo_error(ZO_ERR_UNSUPPORTED, "offload_step: device share, block %d: more than %d decay "
                                 "ranges in the 8-bit block at element %zu", b, GPU_ADAM_DECAY_RANGES, rel);
             d.first = rel;
-            d.sr_first = part0 + rel;
+            d.sr_first = offload_dp_part_at(o->env->dp, b, rel, &run); /* (the element's index in the block) */
             d.comp = C ? C + rel : NULL;
-            gpu_tensor o16 = gpu_t(out.data ? (char *)out.data + rel * es : NULL, out.dtype);
+            gpu_tensor o16 = gpu_t(out.data ? (char *)out.data + dev_out_at(o, runs, b, rel, &run) * es : NULL, out.dtype);
             st = gpu_adam_state_update(s, &h, &d, stop - rel, WEIGHTS_AT(rel), gpu_t(G + rel, ZO_DTYPE_F32), S, o16);
             if (st != ZO_OK)
                 return zo_error_wrap(st, "offload_step: device share, block %d elements %zu..%zu", b, rel, stop);
@@ -355,15 +363,16 @@ static zo_status update_dev(void *ctx, int b, float *P, float *M, float *V, void
     zo_status st = ws->ops->put_dev(ws, b, (void **)&dst);
     if (st != ZO_OK) return st;
     if (S) { /* (W in place in the store: no copy) */
-        st = update_dev_state(o, b, P, W, C, S, G, gpu_t(wide || (char *)W == dst ? NULL : dst, o->m->dtype), s);
+        st = update_dev_state(o, b, P, W, C, S, G, gpu_t(wide || (char *)W == dst ? NULL : dst, o->m->dtype),
+                              ws->put_dev_runs, s);
         if (st != ZO_OK) return st;
     }
     for (size_t rel = 0; rel < nb && !S;) {
         int decay, expert;
-        size_t stop = piece_part(o, b, rel, nb, &decay, &expert);
+        size_t stop = piece_part(o, b, rel, nb, &decay, &expert), run;
         gpu_adam_hparams h = o->hp;
         if (!decay) h.weight_decay = 0.0f;
-        gpu_tensor out = gpu_t(wide ? NULL : dst + rel * es, o->m->dtype);
+        gpu_tensor out = gpu_t(wide ? NULL : dst + dev_out_at(o, ws->put_dev_runs, b, rel, &run) * es, o->m->dtype);
         if (expert_untouched(o, b, expert, &h.step)) /* no token went to it: put back as it is */
             st = wide ? ZO_OK : gpu_cast(s, out, gpu_t(P + rel, ZO_DTYPE_F32), stop - rel);
         else
@@ -372,7 +381,13 @@ static zo_status update_dev(void *ctx, int b, float *P, float *M, float *V, void
             return zo_error_wrap(st, "offload_step: device share, block %d elements %zu..%zu", b, rel, stop);
         rel = stop;
     }
-    if (wide && (st = gpu_memcpy_async(s, dst, P, nb * es, GPU_COPY_DEVICE_TO_DEVICE)) != ZO_OK) return st;
+    /* (fp32: the master is the weights, run by run: a part in segments) */
+    for (size_t rel = 0, run; wide && rel < nb; rel += run) {
+        size_t at = dev_out_at(o, ws->put_dev_runs, b, rel, &run);
+        if (run > nb - rel) run = nb - rel;
+        if ((st = gpu_memcpy_async(s, dst + at * es, P + rel, run * es, GPU_COPY_DEVICE_TO_DEVICE)) != ZO_OK)
+            return st;
+    }
     return wstore_put_dev_done(ws, b, s);
 }
 

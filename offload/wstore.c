@@ -349,10 +349,8 @@ static zo_status dev_put_host_done(wstore *ws, int b, size_t rel, size_t n)
 
 static zo_status dev_put_dev(wstore *ws, int b, void **dst)
 {
-    if (offload_dp_segmented(dev_of(ws)->dp, b)) /* (the capability table refuses it) */
-        return zo_error(ZO_ERR_UNSUPPORTED, "offload_step: block %d's part is in segments (expert parallelism at "
-                        "ZeRO 1-2): the optimizer's device share cannot put it in place", b);
-    *dst = dev_at(ws, b, put_pos(ws, b, 0));
+    /* (a part in segments: the block's start, the runs in their places, put_dev_runs) */
+    *dst = dev_at(ws, b, offload_dp_segmented(dev_of(ws)->dp, b) ? 0 : put_pos(ws, b, 0));
     return ZO_OK;
 }
 
@@ -471,6 +469,7 @@ static zo_status dev_partition(wstore *ws, size_t *elems)
     const offload_dp *dp = ws->env->dp;
     const offload_geom *g = ws->g;
     d->dp = dp;
+    ws->put_dev_runs = 1;
     d->boff_own = calloc((size_t)g->nb, sizeof(size_t));
     d->got = calloc((size_t)g->nb, sizeof(size_t));
     d->pending = calloc((size_t)g->nb, 1);
@@ -676,15 +675,14 @@ static zo_status nvme_write_block(wstore *ws, int b)
     return ZO_OK;
 }
 
-static zo_status nvme_fetch(wstore *ws, int b, void *dst)
+/* Block b (bytes of it) read into the next read-ahead buffer, once its
+ * last copy to the device is done; its index in *r. */
+static zo_status nvme_read_ahead(wstore *ws, int b, size_t bytes, int *r_out)
 {
     nvme_wstore *w = nvme_of(ws);
     const offload_env *env = ws->env;
-    size_t bytes = block_bytes(ws, b);
     zo_status st;
-    if (!bytes) return ZO_OK;
-    /* a read-ahead buffer whose last copy to the device is done */
-    int r = w->ring_next;
+    int r = *r_out = w->ring_next;
     w->ring_next = (r + 1) % w->n_ring;
     if (w->ring_used[r] && (st = offload_timed_wait(env, w->ring_ev[r], OFFLOAD_TIME_WEIGHTS)) != ZO_OK)
         return st;
@@ -695,11 +693,40 @@ static zo_status nvme_fetch(wstore *ws, int b, void *dst)
     offload_time_end(env->acct, OFFLOAD_TIME_DISK, t0);
     if (st != ZO_OK) return zo_error_wrap(st, "offload: weights of block %d from NVMe", b);
     offload_add_bytes(env->acct, OFFLOAD_BYTES_DISK_READ, bytes);
+    return ZO_OK;
+}
+
+static zo_status nvme_fetch(wstore *ws, int b, void *dst)
+{
+    nvme_wstore *w = nvme_of(ws);
+    const offload_env *env = ws->env;
+    size_t bytes = block_bytes(ws, b);
+    zo_status st;
+    int r;
+    if (!bytes) return ZO_OK;
+    if ((st = nvme_read_ahead(ws, b, bytes, &r)) != ZO_OK) return st;
     if ((st = gpu_memcpy_async(env->h2d, dst, w->ring[r], bytes, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK ||
         (st = gpu_event_record(w->ring_ev[r], env->h2d)) != ZO_OK)
         return st;
     w->ring_used[r] = 1;
     offload_add_bytes(env->acct, OFFLOAD_BYTES_H2D, bytes);
+    return ZO_OK;
+}
+
+/* The caller copies from the buffer and waits for its copies before the
+ * store's next fetch (the gathering store's blocking gather through a
+ * bucket): the buffer is marked free. */
+static zo_status nvme_fetch_host(wstore *ws, int b, const void **src)
+{
+    nvme_wstore *w = nvme_of(ws);
+    size_t bytes = block_bytes(ws, b);
+    int r;
+    *src = NULL;
+    if (!bytes) return ZO_OK;
+    zo_status st = nvme_read_ahead(ws, b, bytes, &r);
+    if (st != ZO_OK) return st;
+    w->ring_used[r] = 0;
+    *src = w->ring[r];
     return ZO_OK;
 }
 
@@ -802,7 +829,8 @@ static void nvme_destroy(wstore *ws)
 static const wstore_ops nvme_ops = {
     .resident = none_resident, .fetch = nvme_fetch, .put_host = nvme_put_host,
     .put_host_done = nvme_put_host_done, .put_dev = nvme_put_dev, .put_dev_done = nvme_put_dev_done,
-    .sync = nvme_sync, .load = load_by_puts, .get_host = nvme_get_host, .free = nvme_destroy,
+    .sync = nvme_sync, .load = load_by_puts, .get_host = nvme_get_host, .fetch_host = nvme_fetch_host,
+    .free = nvme_destroy,
 };
 
 /* The NVMe store of the blocks: one tensor each, in dir. */

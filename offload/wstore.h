@@ -45,7 +45,9 @@ typedef struct wstore_ops {
     zo_status (*put_host)(wstore *ws, int b, size_t rel, size_t n, void **dst);
     zo_status (*put_host_done)(wstore *ws, int b, size_t rel, size_t n);
     /* Device memory for all new weights of block b, written on stream s;
-     * put_dev_done (on the same stream) hands them to the store. */
+     * put_dev_done (on the same stream) hands them to the store. The
+     * optimizer's element rel goes to element rel of it, or with
+     * put_dev_runs (a part in segments) to offload_dp_part_at's place. */
     zo_status (*put_dev)(wstore *ws, int b, void **dst);
     zo_status (*put_dev_done)(wstore *ws, int b, gpu_stream_t s);
     /* Every put has reached the store: later fetches and compute see it.
@@ -74,6 +76,11 @@ typedef struct wstore_ops {
      * keeps them there (the host tier), else NULL: the gathering store
      * reads a part in segments from it straight into its bucket. */
     const void *(*host)(wstore *ws, int b);
+    /* (optional) Block b read into pinned host memory of the store's (the
+     * NVMe tier: a read-ahead buffer), *src valid until the store's next
+     * fetch or fetch_host: the gathering store reads a part in segments from
+     * there when the store keeps none in memory (host NULL). */
+    zo_status (*fetch_host)(wstore *ws, int b, const void **src);
     /* Block b's weights (numel[b] elements of the dtype) into host memory,
      * synchronously (the tier stores: the frozen base's reads). */
     zo_status (*get_host)(wstore *ws, int b, void *dst);
@@ -91,6 +98,8 @@ struct wstore {
                               the same points of the schedule, decided from what the host thread knows */
     int round_gens;        /* generations move with will_change (and loads), not with each put */
     size_t put_max;        /* elements put_host takes at once */
+    int put_dev_runs;      /* put_dev of a block in segments gives the whole block's element 0: the part's
+                              runs are written in their places (ZeRO 1-2 with expert parallelism) */
     uint64_t *gen;         /* [nb] block b's generation (atomic: puts may come from the optimizer's thread) */
 };
 

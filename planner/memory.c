@@ -780,6 +780,7 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
      * each local expert, and the rest */
     uint64_t expert = ex && t->runtime == PLAN_RUNTIME_EAGER ? (nf4 ? expert_nf4 : expert_linear * wsz) : 0;
     uint64_t local = (uint64_t)(m->moe.experts / t->ep);
+    o->layer_frozen_ex = nf4 ? local * expert_nf4 : ex * wsz;
     o->largest_frozen = expert ? o->layer_frozen - local * expert : o->layer_frozen;
     if (expert > o->largest_frozen) o->largest_frozen = expert;
     if (o->first_frozen > o->largest_frozen) o->largest_frozen = o->first_frozen;
@@ -880,6 +881,24 @@ static void stage_init(stage_est *s, const zo_model_config *m, const plan_train 
     s->fg = gpu_share(m, t, &s->sh, s->peft ? &s->pf : NULL, t->opt_frac[ZO_PLAN_GPU]);
 }
 
+/* Full fine-tuning's weights on NVMe at ZeRO-3 on several ranks: the store
+ * of the rank's parts, each part starting on PLAN_NVME_ALIGN bytes
+ * (nvme_aligned's rule for parts): the embedding's and the head's over DP,
+ * a layer's over DP (with expert parallelism its routed experts' over DP /
+ * EP, the runtime's segments). */
+static uint64_t nvme_parts(const stage_est *s)
+{
+    const stage_shape *sh = &s->sh;
+    uint64_t al = PLAN_NVME_ALIGN, dp = s->dp, wsz = s->wsz, bytes = 0;
+    if (sh->first) bytes += ceil_div(ceil_div(sh->emb, dp) * wsz, al) * al;
+    if (sh->last) bytes += ceil_div(ceil_div(sh->head, dp) * wsz, al) * al;
+    if (!sh->layers) return bytes;
+    uint64_t layer = (sh->params - sh->emb - sh->head) / (uint64_t)sh->layers;
+    uint64_t ex = sh->moe_layers ? sh->experts / (uint64_t)sh->moe_layers : 0, edp = dp / (uint64_t)s->t->ep;
+    uint64_t part = s->t->ep > 1 && edp ? ceil_div(layer - ex, dp) + ceil_div(ex, edp) : ceil_div(layer, dp);
+    return bytes + (uint64_t)sh->layers * (ceil_div(part * wsz, al) * al);
+}
+
 /* Every parameter trained: the weights where --params says. */
 static void params_full(stage_est *s, plan_estimate *e)
 {
@@ -887,7 +906,9 @@ static void params_full(stage_est *s, plan_estimate *e)
     const stage_shape *sh = &s->sh;
     uint64_t bytes = s->p_elems * s->wsz;
     e->rank_params = s->p_elems;
-    add(e, "fp16/bf16 weights", t->params_on, PLAN_PARAMS, bytes);
+    /* (on NVMe, the rank's parts each aligned) */
+    uint64_t stored = t->params_on == ZO_PLAN_NVME && t->zero >= 3 && s->dp > 1 ? nvme_parts(s) : bytes;
+    add(e, "fp16/bf16 weights", t->params_on, PLAN_PARAMS, stored);
     e->weight_bytes = sh->params * s->wsz;
     e->stream_bytes = t->params_on != ZO_PLAN_GPU ? bytes : 0;
     e->stream_nvme_bytes = t->params_on == ZO_PLAN_NVME ? bytes : 0;
@@ -915,6 +936,29 @@ static uint64_t frozen_part(const stage_est *s, uint64_t bytes)
     return s->t->zero >= 3 && s->dp > 1 ? ceil_div(bytes, 4 * s->dp) * 4 : bytes;
 }
 
+/* A rank's part of a layer's frozen block (ZeRO-3 on several ranks: as
+ * frozen_part; with expert parallelism the dense bytes over DP and the
+ * routed experts' over DP / EP, each padded to 4 B a rank, the runtime's
+ * segments). */
+static uint64_t frozen_layer_part(const stage_est *s)
+{
+    const plan_peft *pf = &s->pf;
+    uint64_t dp = s->dp;
+    if (s->t->zero < 3 || dp <= 1 || s->t->ep <= 1 || !pf->layer_frozen_ex) return frozen_part(s, pf->layer_frozen);
+    uint64_t xdp = dp / (uint64_t)s->t->ep;
+    return ceil_div(pf->layer_frozen - pf->layer_frozen_ex, 4 * dp) * 4 + ceil_div(pf->layer_frozen_ex, 4 * xdp) * 4;
+}
+
+/* A rank's part of a layer's adapters at ZeRO-3 (elements): over DP; with
+ * expert parallelism the routed experts' over DP / EP. */
+static uint64_t adapters_layer_part(const stage_est *s)
+{
+    const plan_peft *pf = &s->pf;
+    uint64_t edp = s->dp / (uint64_t)s->t->ep;
+    if (s->t->ep <= 1 || !edp) return ceil_div(pf->layer_trainable, s->dp);
+    return ceil_div(pf->layer_trainable - pf->layer_trainable_ex, s->dp) + ceil_div(pf->layer_trainable_ex, edp);
+}
+
 /* On NVMe a store's blocks (ZeRO-3: the rank's parts of them) start on
  * PLAN_NVME_ALIGN bytes (O_DIRECT): every block but the last rounded up
  * (parts: the last too). The adapters' store holds every block, each
@@ -932,13 +976,35 @@ static void nvme_aligned(const stage_est *s, uint64_t *frozen, uint64_t *adapter
     uint64_t al = PLAN_NVME_ALIGN;
     if (t->params_on == ZO_PLAN_NVME && sh->layers)
         *frozen = (sh->first ? ceil_div(frozen_part(s, pf->first_frozen), al) * al : 0) +
-                  (uint64_t)(sh->layers - (sh->last ? 0 : 1)) * (ceil_div(frozen_part(s, pf->layer_frozen), al) * al) +
-                  frozen_part(s, sh->last ? pf->last_frozen : pf->layer_frozen);
+                  (uint64_t)(sh->layers - (sh->last ? 0 : 1)) * (ceil_div(frozen_layer_part(s), al) * al) +
+                  (sh->last ? frozen_part(s, pf->last_frozen) : frozen_layer_part(s));
     /* (parts: the last one rounded up too) */
     if (t->params_on == ZO_PLAN_NVME && sh->layers && t->zero >= 3 && s->dp > 1) *frozen = ceil_div(*frozen, al) * al;
-    uint64_t layer = t->zero >= 3 ? ceil_div(pf->layer_trainable, s->dp) : pf->layer_trainable;
+    uint64_t layer = t->zero >= 3 ? adapters_layer_part(s) : pf->layer_trainable;
     if (t->adapters_on == ZO_PLAN_NVME)
         *adapters = ((uint64_t)sh->layers * ceil_div(layer * s->wsz, al) + (sh->first ? 1 : 0) + (sh->last ? 1 : 0)) * al;
+}
+
+/* A rank's frozen base at ZeRO-3: the bytes over DP; with expert
+ * parallelism each layer's routed experts' over the DP / EP ranks holding
+ * them, the rest over DP (the runtime's segments of bytes). */
+static uint64_t frozen_z3(const stage_est *s)
+{
+    const plan_peft *pf = &s->pf;
+    uint64_t dp = s->dp, layers = s->sh.layers;
+    if (s->t->ep <= 1 || !pf->layer_frozen_ex) return ceil_div(pf->frozen, dp);
+    uint64_t xdp = dp / (uint64_t)s->t->ep;
+    return ceil_div(pf->frozen - layers * pf->layer_frozen_ex, dp) + layers * ceil_div(pf->layer_frozen_ex, xdp);
+}
+
+/* The largest of a rank's parts of the frozen blocks at ZeRO-3 on several
+ * ranks: a block's bytes padded to 4 B x DP; with expert parallelism a
+ * layer's dense bytes over DP and its routed experts' over DP / EP. */
+static uint64_t frozen_largest_part(const stage_est *s)
+{
+    const plan_peft *pf = &s->pf;
+    uint64_t fl = ceil_div(pf->largest_frozen, 4 * s->dp) * 4, layer = frozen_layer_part(s);
+    return layer > fl ? layer : fl;
 }
 
 /* LoRA: two weight stores (the runtime's), the frozen base where --params
@@ -950,7 +1016,7 @@ static void params_peft(stage_est *s, plan_estimate *e)
     const plan_train *t = s->t;
     const plan_peft *pf = &s->pf;
     uint64_t dp = s->dp, wsz = s->wsz;
-    uint64_t frozen = t->zero >= 3 ? ceil_div(pf->frozen, dp) : pf->frozen;
+    uint64_t frozen = t->zero >= 3 ? frozen_z3(s) : pf->frozen;
     uint64_t adapters = s->p_elems * wsz;
     e->rank_params = (t->zero >= 3 ? ceil_div(s->sh.params, dp) : s->sh.params) + s->p_elems;
     uint64_t fz = frozen, ad = adapters;
@@ -1233,7 +1299,7 @@ static uint64_t pinned_staging(const stage_est *s, uint64_t host_slot, uint64_t 
         uint64_t fl = s->pf.largest_frozen;
         /* (ZeRO-3 on several ranks: the store holds the rank's parts, its
          * bytes padded to 4 B x DP) */
-        if (t->zero >= 3 && dp > 1) fl = ceil_div(fl, 4 * dp) * 4;
+        if (t->zero >= 3 && dp > 1) fl = frozen_largest_part(s);
         if (t->params_on == ZO_PLAN_GPU) pinned += 2 * (sg && sg < fl ? sg : fl);
         if (t->adapters_on == ZO_PLAN_GPU) pinned += 2 * (sg && sg < part ? sg : part) * wsz;
         pinned += nvme_slots;
@@ -1250,6 +1316,9 @@ static void estimate_host_buffers(const stage_est *s, plan_estimate *e)
     /* with ZeRO-3 a rank reads and writes only its 1/DP partition of a block
      * through host memory (the rest arrives by all-gather) */
     uint64_t host_slot = t->zero >= 3 ? ceil_div(s->slot, s->dp) : s->slot;
+    /* (expert parallelism: the largest part, an MoE layer's, holds its experts over DP / EP) */
+    if (!s->peft && t->zero >= 3 && t->ep > 1 && s->sh.largest_part * s->wsz > host_slot)
+        host_slot = s->sh.largest_part * s->wsz;
     uint64_t ring = (uint64_t)(t->buf.prefetch_depth + 1);
     if (!s->peft && t->params_on == ZO_PLAN_NVME)
         add(e, "fp16/bf16 weights read-ahead", ZO_PLAN_CPU, PLAN_BUFFERS, ring * host_slot);
@@ -1257,10 +1326,11 @@ static void estimate_host_buffers(const stage_est *s, plan_estimate *e)
      * assembles a block to write in one more (the frozen one's never used) */
     /* (ZeRO-3 on several ranks: of the rank's parts) */
     int z3 = t->zero >= 3 && s->dp > 1;
-    uint64_t nvme_slots = s->peft ? (t->params_on == ZO_PLAN_NVME ? (z3 ? frozen_part(s, s->pf.largest_frozen)
-                                                                        : s->fslot)
-                                                                  : 0) +
-                                        (t->adapters_on == ZO_PLAN_NVME ? (z3 ? ceil_div(s->aslot, s->dp) : s->aslot) : 0)
+    /* (expert parallelism: a layer's part holds its experts over DP / EP) */
+    uint64_t apart = z3 ? ceil_div(s->aslot, s->dp) : s->aslot;
+    if (z3 && s->peft && t->ep > 1 && adapters_layer_part(s) * s->wsz > apart) apart = adapters_layer_part(s) * s->wsz;
+    uint64_t nvme_slots = s->peft ? (t->params_on == ZO_PLAN_NVME ? (z3 ? frozen_largest_part(s) : s->fslot) : 0) +
+                                        (t->adapters_on == ZO_PLAN_NVME ? apart : 0)
                                   : 0;
     if (nvme_slots) add(e, "NVMe weights read-ahead", ZO_PLAN_CPU, PLAN_BUFFERS, ring * nvme_slots);
     add(e, "pinned staging", ZO_PLAN_CPU, PLAN_BUFFERS, pinned_staging(s, host_slot, nvme_slots));

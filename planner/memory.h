@@ -400,6 +400,8 @@ typedef struct plan_peft {
     uint64_t frozen;         /* bytes of the frozen base on this rank: the stage's blocks */
     uint64_t nf4;            /* of those, NF4 tensors (QLoRA) */
     uint64_t layer_frozen;   /* bytes of one layer's frozen block */
+    uint64_t layer_frozen_ex; /* of which the rank's routed experts' (ZeRO-3 partitions them over DP /
+                               * EP with expert parallelism) */
     uint64_t first_frozen, last_frozen; /* bytes of the embedding (stage 0) and head (last
                                            stage) blocks; 0 elsewhere */
     uint64_t largest_frozen; /* bytes of the largest frozen block */

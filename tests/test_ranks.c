@@ -722,9 +722,10 @@ static void compare_folders(const char *got_dir, const char *want_dir, const cha
  * an update's (the losses agree within 1e-6). The folder loads back, with
  * and without --ep: the same held-out loss. With LoRA (lora = 1) the PEFT
  * adapter folder, the same way. */
+static void ep_save_flags(const char *common, int lora, int zero, const char *label, int trained_too);
+
 static void ep_save(int lora, int zero, int host)
 {
-    static char out[1 << 16];
     /* (ZeRO 1-2 keep the trained weights, LoRA's adapters, on the GPU;
      * host: full fine-tuning's weights in host memory) */
     const char *common = lora && zero ? "--micro-batch 2 --seq 32 --dtype fp32 --params cpu --adapters-on gpu "
@@ -733,8 +734,16 @@ static void ep_save(int lora, int zero, int host)
                                   "--clip 0 --lora 4 --lora-targets all-linear"
                          : host ? "--micro-batch 2 --seq 32 --dtype fp32 --params cpu --optimizer cpu --clip 0"
                                 : "--micro-batch 2 --seq 32 --dtype fp32 --params gpu --optimizer cpu --clip 0";
+    ep_save_flags(common, lora, zero, lora ? ", LoRA" : host ? ", --params cpu" : "", 1);
+}
+
+/* ep_save's runs with `common` (the placement and method; label names it
+ * in the printout): --lr 0, and after 4 steps when trained_too. */
+static void ep_save_flags(const char *common, int lora, int zero, const char *label, int trained_too)
+{
+    static char out[1 << 16];
     const char *file = lora ? "adapter_model.safetensors" : "model.safetensors";
-    for (int trained = 0; trained < 2; trained++) {
+    for (int trained = 0; trained < 1 + trained_too; trained++) {
         char args[2048], one[512], two[512];
         snprintf(one, sizeof one, "%s/ep-save-1", dir);
         snprintf(two, sizeof two, "%s/ep-save-2", dir);
@@ -754,9 +763,8 @@ static void ep_save(int lora, int zero, int host)
         /* (LoRA's B starts at 0: after 4 steps of lr 3e-4 its largest value
          * is about 1e-3, so the same absolute rounding is 1e-3 of it) */
         compare_folders(two, one, file, trained ? (lora ? 1e-3 : 1e-4) : 0.0, &n, &same, &worst);
-        printf("  --save with --ep 2 --zero %d on 2 ranks%s%s%s: %d of %d tensors bit-identical to one rank's, worst "
-               "%.1e of a tensor's largest value\n", zero, lora ? ", LoRA" : "", host ? ", --params cpu" : "",
-               trained ? ", 4 steps" : ", --lr 0", same, n, worst);
+        printf("  --save with --ep 2 --zero %d on 2 ranks%s%s: %d of %d tensors bit-identical to one rank's, worst "
+               "%.1e of a tensor's largest value\n", zero, label, trained ? ", 4 steps" : ", --lr 0", same, n, worst);
         if (!trained || zero) continue; /* (ZeRO 1-2: the folder itself is the check) */
         /* loads back: the held-out loss of the saved model, --ep 2 and one rank */
         double ev[2];
@@ -867,13 +875,8 @@ static void test_moe_ep(void **state)
     config = "config.json";
     /* still refused, once, exit 2: the table's words, then train's */
     static const char *const refused[][2] = {
-        {"--ep 2 --zero 3 --lora 4", "expert parallelism (--ep 2, parallel.ep) with LoRA at ZeRO-3"},
-        {"--ep 2 --zero 2 --optimizer gpu=0.5,cpu=0.5",
-         "expert parallelism (--ep 2, parallel.ep) at ZeRO-2 with an optimizer share on the GPU"},
         {"--ep 2 --zero 1 --params cpu", "ZeRO-1 (--zero 1) on 2 ranks with the weights on cpu"},
-        {"--ep 2 --zero 1 --lora 4 --qlora --adapters-on gpu",
-         "expert parallelism (--ep 2, parallel.ep) with QLoRA at ZeRO-1"},
-        {"--ep 2 --zero 3 --params nvme", "expert parallelism (--ep 2, parallel.ep) at ZeRO-3 with the weights on nvme"},
+        {"--ep 2 --zero 2 --lora 4 --adapters-on cpu", "LoRA on 2 ranks at ZeRO-2 (--zero 2) with the adapters on cpu"},
         {"--ep 3", "--ep 3 must divide the data-parallel degree (DP 2, the ranks)"},
     };
     static char out[1 << 16];
@@ -1423,6 +1426,28 @@ static void test_moe_ep_nvme(void **state)
     config = "config.json";
 }
 
+/* memplan's plans for place at --ep 2 on 4 ranks (the experts over 2 ranks)
+ * and ZeRO 0-3 with clipping, the model chosen (the Qwen2-MoE-shaped one
+ * here): ZeRO 1-3's losses within 1e-6 of ZeRO-0's, every rank's peaks
+ * within 3% of the plan's; label names the runs in the printout. */
+static void ep_zero_as_zero0(const char *place, const char *label)
+{
+    double z0[STEPS], got[STEPS];
+    char plan[512], flags[1024];
+    snprintf(plan, sizeof plan, "%s/plan.json", dir);
+    for (int zero = 0; zero <= 3; zero++) {
+        snprintf(flags, sizeof flags, "%s --dp 4 --ep 2 --zero %d", place, zero);
+        plan_and_train(flags, plan, 4, "--clip 1", zero ? got : z0);
+        check_peaks(last_out, 4);
+        if (!zero) continue;
+        int same;
+        double worst = worst_rel(got, z0, 0, STEPS, &same);
+        printf("  qwen2_moe8, 4 ranks, --ep 2 --zero %d, %s: %d of %d steps as --zero 0's, worst %.1e\n", zero, label,
+               same, STEPS, worst);
+        assert_true(worst <= 1e-6);
+    }
+}
+
 /* Expert parallelism with ZeRO 1-3 (issue 31): the dense elements of a
  * block partitioned over the world, each MoE block's experts over the
  * ranks holding them (docs/architecture.md). The Mixtral- and
@@ -1461,22 +1486,9 @@ static void test_moe_ep_zero(void **state)
     /* the 16-bit reductions (the pieces rounded, the results widened where
      * the part lands): ZeRO 1-3 as ZeRO-0's bf16 reduction, Qwen2-MoE-shaped,
      * --ep 2 on 4 ranks (the experts over 2 ranks) */
-    static const char *const bf = "--dtype fp32 --params gpu --optimizer cpu --schedule overlap --reduce-dtype bf16";
-    double z0[STEPS], got[STEPS];
-    char plan[512], flags[1024];
     ep_use_model(1, path, sizeof path);
-    snprintf(plan, sizeof plan, "%s/plan.json", dir);
-    for (int zero = 0; zero <= 3; zero++) {
-        snprintf(flags, sizeof flags, "%s --dp 4 --ep 2 --zero %d", bf, zero);
-        plan_and_train(flags, plan, 4, "--clip 1", zero ? got : z0);
-        check_peaks(last_out, 4);
-        if (!zero) continue;
-        int same;
-        double worst = worst_rel(got, z0, 0, STEPS, &same);
-        printf("  qwen2_moe8, 4 ranks, --ep 2 --zero %d, --reduce-dtype bf16: %d of %d steps as --zero 0's, worst "
-               "%.1e\n", zero, same, STEPS, worst);
-        assert_true(worst <= 1e-6);
-    }
+    ep_zero_as_zero0("--dtype fp32 --params gpu --optimizer cpu --schedule overlap --reduce-dtype bf16",
+                     "--reduce-dtype bf16");
     snprintf(path, sizeof path, "%s/mixtral.json", dir);
     config = strrchr(path, '/') + 1;
     for (int zero = 1; zero <= 3; zero++) ep_save(0, zero, 0);
@@ -1515,6 +1527,109 @@ static void test_moe_ep_z3host(void **state)
     snprintf(path, sizeof path, "%s/mixtral.json", dir);
     config = strrchr(path, '/') + 1;
     ep_save(0, 3, 1);
+    config = "config.json";
+}
+
+/* Expert parallelism's combinations at ZeRO 1-3 the table once refused
+ * (issue 31). The models of test_moe_ep, memplan's plans, fp32, clipping:
+ * - an optimizer share on the GPU (its update writes the part's runs in
+ *   their places in the block: the dense runs and the experts'): the
+ *   weights on the GPU, ZeRO 1, 2 and 3, --ep 2 on 2 ranks, --ep 4 and
+ *   --ep 2 on 4, half the optimizer on the GPU; all of it there with m and
+ *   v in bf16 (the encoded state's update, --ep 2 on 2 ranks); (ZeRO-2
+ *   takes the same runs as ZeRO-1: --ep 2 on 2 ranks only);
+ * - QLoRA at ZeRO 1 and 2 (the NF4 base replicated as at ZeRO-0, the
+ *   adapters on the GPU in segments), --ep 2 on 2 ranks and --ep 4 on 4;
+ * - (Mixtral-shaped) LoRA's and QLoRA's base on NVMe, replicated at ZeRO
+ *   1 and 2 as at ZeRO-0 (ZeRO-1 --ep 2 on 2 ranks, ZeRO-2 --ep 4 on 4),
+ *   partitioned at ZeRO-3 (--ep 2 on 4); at ZeRO-3 the weights on NVMe
+ *   (the optimizer half there), and QLoRA's base, adapters and optimizer
+ *   (--ep 2 on 2 and 4 ranks): a part in segments read into the store's
+ *   read-ahead buffer, then gathered;
+ * - LoRA and QLoRA at ZeRO-3 (the frozen base partitioned in segments of
+ *   bytes: the dense bytes over the world, the experts' over the ranks
+ *   holding them), base and adapters in host memory (QLoRA: the optimizer
+ *   half on NVMe) or, LoRA, on the GPU, --ep 2 on 2 ranks and on 4.
+ * Each: the losses of one rank with --grad-accum = ranks (QLoRA: one
+ * rank's QLoRA) within 1e-6 relative, every rank's peaks within 3% of
+ * memplan's plan, the all-to-all bytes (ep_run). A bf16 model with the GPU
+ * share (Qwen2-MoE, --ep 2 on 4 ranks): ZeRO 1-3 as ZeRO-0's losses within
+ * 1e-6. --save with --lr 0 (--ep 2, 2 ranks): one rank's folder, the same
+ * bytes. */
+static void test_moe_ep_gaps(void **state)
+{
+    (void)state;
+    static const char *const gpu_half = "--dtype fp32 --params gpu --optimizer gpu=0.5,cpu=0.5";
+    static const char *const gpu_all = "--dtype fp32 --params gpu --optimizer gpu=1 --optim-dtype bf16";
+    static const char *const qlora = "--dtype fp32 --lora 4 --lora-targets all-linear --qlora --params cpu "
+                                     "--adapters-on gpu --optimizer cpu";
+    char path[512];
+    for (int mdl = 0; mdl < 2; mdl++) {
+        double ref[2][STEPS];
+        ep_use_model(mdl, path, sizeof path);
+        ep_refs(gpu_half, "epg", mdl, 0, 1, ref);
+        for (int zero = 1; zero <= 3; zero++)
+            for (int k = 0; k < (zero == 2 ? 1 : 3); k++) /* (ZeRO-2: --ep 2 on 2 ranks) */
+                ep_run(mdl, gpu_half, ep_runs[k][0], ep_runs[k][1], zero, 1, ref);
+        ep_refs(gpu_all, "epg", mdl, 1, 1, ref);
+        for (int zero = 1; zero <= 3; zero += 2) ep_run(mdl, gpu_all, 2, 2, zero, 1, ref);
+        ep_refs(qlora, "epg", mdl, 2, 1, ref);
+        for (int zero = 1; zero <= 2; zero++)
+            for (int k = 0; k < 2; k++) ep_run(mdl, qlora, ep_runs[k][0], ep_runs[k][1], zero, 1, ref);
+    }
+    static const char *const z3[3] = {
+        "--dtype fp32 --lora 4 --lora-targets all-linear --params cpu --adapters-on cpu --optimizer cpu",
+        "--dtype fp32 --lora 4 --lora-targets all-linear --params gpu --adapters-on gpu --optimizer cpu",
+        "--dtype fp32 --lora 4 --lora-targets all-linear --qlora --params cpu --adapters-on cpu "
+        "--optimizer cpu=0.5,nvme=0.5"};
+    for (int mdl = 0; mdl < 2; mdl++) {
+        ep_use_model(mdl, path, sizeof path);
+        for (int p = 0; p < 3; p++) {
+            if (mdl && p == 1) continue; /* (the base on the GPU: Mixtral-shaped) */
+            double ref[2][STEPS];
+            ep_refs(z3[p], "epg3", mdl, p, 1, ref);
+            for (int k = 0; k < 3; k += 2) ep_run(mdl, z3[p], ep_runs[k][0], ep_runs[k][1], 3, 1, ref);
+        }
+    }
+    /* on NVMe: LoRA's and QLoRA's base (ZeRO-1 --ep 2 on 2 ranks, ZeRO-2
+     * --ep 4 on 4, ZeRO-3 --ep 2 on 4); at ZeRO-3 (--ep 2 on 2 and 4
+     * ranks) the weights with the optimizer half there, and QLoRA's base,
+     * adapters and optimizer */
+    static const char *const nvme[4] = {
+        "--dtype fp32 --lora 4 --lora-targets all-linear --params nvme --adapters-on gpu --optimizer cpu",
+        "--dtype fp32 --lora 4 --lora-targets all-linear --qlora --params nvme --adapters-on gpu --optimizer cpu",
+        "--dtype fp32 --params nvme --optimizer cpu=0.5,nvme=0.5",
+        "--dtype fp32 --lora 4 --lora-targets all-linear --qlora --params nvme --adapters-on nvme --optimizer nvme"};
+    ep_use_model(0, path, sizeof path);
+    for (int p = 0; p < 4; p++) {
+        double ref[2][STEPS];
+        ep_refs(nvme[p], "epgn", 0, p, 1, ref);
+        if (p < 2) { /* the base replicated at ZeRO 1-2, partitioned at 3 */
+            ep_run(0, nvme[p], 2, 2, 1, 1, ref);
+            ep_run(0, nvme[p], 4, 4, 2, 1, ref);
+            ep_run(0, nvme[p], 4, 2, 3, 1, ref);
+        } else {
+            ep_run(0, nvme[p], 2, 2, 3, 1, ref);
+            ep_run(0, nvme[p], 4, 2, 3, 1, ref);
+        }
+    }
+    /* a 16-bit model: the GPU share's new weights rounded into the runs */
+    ep_use_model(1, path, sizeof path);
+    ep_zero_as_zero0("--dtype bf16 --params gpu --optimizer gpu=0.5,cpu=0.5", "--dtype bf16, optimizer half on the GPU");
+    snprintf(path, sizeof path, "%s/mixtral.json", dir);
+    config = strrchr(path, '/') + 1;
+    for (int zero = 1; zero <= 3; zero++)
+        ep_save_flags("--micro-batch 2 --seq 32 --dtype fp32 --params gpu --optimizer gpu=0.5,cpu=0.5 --clip 0", 0,
+                      zero, ", optimizer half on the GPU", 0);
+    for (int zero = 1; zero <= 2; zero++)
+        ep_save_flags("--micro-batch 2 --seq 32 --dtype fp32 --lora 4 --lora-targets all-linear --qlora --params cpu "
+                      "--adapters-on gpu --optimizer cpu --clip 0", 1, zero, ", QLoRA", 0);
+    ep_save_flags("--micro-batch 2 --seq 32 --dtype fp32 --lora 4 --lora-targets all-linear --params cpu "
+                  "--adapters-on cpu --optimizer cpu --clip 0", 1, 3, ", LoRA", 0);
+    ep_save_flags("--micro-batch 2 --seq 32 --dtype fp32 --lora 4 --lora-targets all-linear --qlora --params cpu "
+                  "--adapters-on cpu --optimizer cpu --clip 0", 1, 3, ", QLoRA", 0);
+    ep_save_flags("--micro-batch 2 --seq 32 --dtype fp32 --params nvme --optimizer cpu --clip 0", 0, 3,
+                  ", --params nvme", 0);
     config = "config.json";
 }
 
@@ -1684,6 +1799,7 @@ int main(void)
         cmocka_unit_test(test_moe_ep_z3host),
         cmocka_unit_test(test_moe_ep_capacity),
         cmocka_unit_test(test_moe_ep_zero_ckpt),
+        cmocka_unit_test(test_moe_ep_gaps),
         cmocka_unit_test(test_refusals),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -76,6 +76,29 @@ static zo_status expert_ranges(tf_offload_model *a, const tf_model *m, int lora)
     return ZO_OK;
 }
 
+/* LoRA on a mixture of experts: each block's routed experts' bytes of its
+ * frozen base (tf_init's frozen_off; the layout keeps a block's routed
+ * experts together, so their bytes are one run, with any alignment before
+ * the next tensor). */
+static zo_status frozen_experts(tf_offload_model *a, const tf_model *m)
+{
+    const model_layout *l = &m->layout;
+    a->frozen_xlo = calloc((size_t)l->n_blocks, sizeof *a->frozen_xlo);
+    a->frozen_xhi = calloc((size_t)l->n_blocks, sizeof *a->frozen_xhi);
+    if (!a->frozen_xlo || !a->frozen_xhi) return zo_error(ZO_ERR_NOMEM, "tf_offload_model_init: out of host memory");
+    for (int i = 0; i < l->n_tensors; i++) {
+        const model_tensor *t = &l->tensors[i];
+        if (t->role != MODEL_ROLE_EXPERT_GATE_W && t->role != MODEL_ROLE_EXPERT_UP_W &&
+            t->role != MODEL_ROLE_EXPERT_DOWN_W)
+            continue;
+        int b = t->block;
+        size_t end = i + 1 < l->n_tensors && l->tensors[i + 1].block == b ? m->frozen_off[i + 1] : m->frozen_bytes[b];
+        if (a->frozen_xlo[b] == a->frozen_xhi[b]) a->frozen_xlo[b] = m->frozen_off[i];
+        a->frozen_xhi[b] = end;
+    }
+    return ZO_OK;
+}
+
 static zo_status tf_off_backward(void *user, int b, const offload_block_io *io, float loss_scale,
                                  gpu_stream_t s)
 {
@@ -114,7 +137,8 @@ zo_status tf_offload_model_init(tf_offload_model *a, tf_model *m)
             a->decay[nd++] = (offload_decay_range){.block = t->block, .offset = t->offset, .numel = t->numel};
     }
     zo_status st;
-    if (m->cfg.moe.experts && (st = expert_ranges(a, m, lora)) != ZO_OK) {
+    if (m->cfg.moe.experts && ((st = expert_ranges(a, m, lora)) != ZO_OK ||
+                               (lora && (st = frozen_experts(a, m)) != ZO_OK))) {
         tf_offload_model_free(a);
         return st;
     }
@@ -139,6 +163,8 @@ zo_status tf_offload_model_init(tf_offload_model *a, tf_model *m)
         .n_expert_ranges = a->n_experts,
         .experts = m->layout.expert_count,
         .expert_routed = a->n_experts ? tf_off_routed : NULL,
+        .frozen_expert_lo = a->frozen_xlo,
+        .frozen_expert_hi = a->frozen_xhi,
     };
     return ZO_OK;
 }
@@ -149,5 +175,7 @@ void tf_offload_model_free(tf_offload_model *a)
     free(a->layer);
     free(a->decay);
     free(a->experts);
+    free(a->frozen_xlo);
+    free(a->frozen_xhi);
     memset(a, 0, sizeof *a);
 }

@@ -19,6 +19,7 @@ typedef struct tf_offload_model {
     offload_decay_range *decay;  /* the 2-D tensors */
     offload_expert_range *experts; /* a mixture of experts: each routed expert's weights or adapters */
     int n_experts;
+    size_t *frozen_xlo, *frozen_xhi; /* [n_blocks] the routed experts' bytes of the frozen base (LoRA) */
 } tf_offload_model;
 
 zo_status tf_offload_model_init(tf_offload_model *a, tf_model *m);
