@@ -334,15 +334,15 @@ out_free:
  * rank lays it out (what ZeRO-0's expert shard holds), gathered from every
  * rank's part (the dense segments over the world, the experts over
  * expert_comm; offload_dp_gather_block). Every rank takes part in every
- * gather, in block order; the first group's ranks (`writes`) put the blocks
- * in `path`. Host memory: a block's part of the three arrays and one whole
- * block. */
-static zo_status write_opt_gathered(offload_ckpt *ck, const char *path, int writes)
+ * gather, in block order, and calls this whatever its status `st` (the
+ * stage before's: a failure is agreed on first); the first group's ranks
+ * (`writes`) put the blocks in `path`. Host memory: a block's part of the
+ * three arrays and one whole block. */
+static zo_status write_opt_gathered(offload_ckpt *ck, const char *path, int writes, zo_status st)
 {
     const offload_geom *g = ck->g, *og = ck->og;
     offload_dp *dp = ck->env->dp;
     int nb = g->nb, n = 0;
-    zo_status st = ZO_OK;
     float *part = NULL, *whole = NULL;
     model_st_writer *w = NULL;
     model_st_entry *e = calloc(3 * (size_t)nb, sizeof *e);
@@ -350,7 +350,7 @@ static zo_status write_opt_gathered(offload_ckpt *ck, const char *path, int writ
     int *first = calloc((size_t)nb, sizeof *first);
     size_t P = 1; /* the largest part */
     for (int b = 0; b < nb; b++) P = og->numel[b] > P ? og->numel[b] : P;
-    if (!e || !names || !first) st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
+    if (st == ZO_OK && (!e || !names || !first)) st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
     for (int b = 0; b < nb && st == ZO_OK; b++) {
         first[b] = n;
         for (int a = 0; a < 3 && g->numel[b]; a++, n++) {
@@ -362,18 +362,22 @@ static zo_status write_opt_gathered(offload_ckpt *ck, const char *path, int writ
     if (st == ZO_OK) st = offload_host_alloc(ck->env, 3 * P * 4, 0, (void **)&part);
     if (st == ZO_OK) st = offload_host_alloc(ck->env, g->largest * 4 + 4, 0, (void **)&whole);
     if (st == ZO_OK && writes) st = model_st_writer_open(&w, path, e, n);
-    /* every rank goes on to the gathers only when every rank can */
+    /* every rank goes on to the gathers only when every rank can: a
+     * write's failure (wst: a full disk on a writing rank) is agreed on at
+     * the next block's agreement, so that no rank leaves the gathers alone */
     st = dp_agree(dp, st, "offload_save");
+    zo_status wst = ZO_OK;
     for (int b = 0; b < nb && st == ZO_OK; b++) {
         if (b == nb / 2) hook(ck, "optimizer-half");
         if (!g->numel[b]) continue;
         if (og->numel[b]) st = ostate_read(ck->os, og->off[b], og->numel[b], part, part + P, part + 2 * P);
-        st = dp_agree(dp, st, "offload_save");
+        st = dp_agree(dp, st != ZO_OK ? st : wst, "offload_save");
         for (int a = 0; a < 3 && st == ZO_OK; a++) {
             st = offload_dp_gather_block(dp, b, g->numel[b], part + (size_t)a * P, whole);
-            if (st == ZO_OK && w) st = model_st_writer_put(w, first[b] + a, 0, g->numel[b], whole);
+            if (st == ZO_OK && w && wst == ZO_OK) wst = model_st_writer_put(w, first[b] + a, 0, g->numel[b], whole);
         }
     }
+    if (st == ZO_OK) st = wst; /* the last block's write: save_ckpt's agreement */
     if (w && st == ZO_OK) st = model_st_writer_commit(w);
     else if (w) model_st_writer_abort(w);
     offload_host_free(ck->env, part, 3 * P * 4, 0);
@@ -772,13 +776,12 @@ static zo_status save_ckpt(offload_ckpt *ck, offload_dp *dp, const ep_save *xs, 
     snprintf(path, sizeof path, "%s/%s", s.tmp, file);
     ckpt_file_sum mine[2];
     memset(mine, 0, sizeof mine);
-    if (gathered) { /* a collective: every rank, the writers write */
-        if ((st = ostate_sync(ck->os)) == ZO_OK && (st = write_opt_gathered(ck, path, writes)) == ZO_OK &&
-            (st = ostate_sync(ck->os)) == ZO_OK && writes)
-            st = ckpt_file_hash(s.tmp, file, &mine[0]);
-    } else if (writes && (st = ostate_sync(ck->os)) == ZO_OK && (st = write_opt(ck, path)) == ZO_OK &&
-               (st = ostate_sync(ck->os)) == ZO_OK) {
-        st = ckpt_file_hash(s.tmp, file, &mine[0]);
+    if (gathered || writes) {
+        st = ostate_sync(ck->os);
+        if (gathered) st = write_opt_gathered(ck, path, writes, st); /* a collective: every rank, whatever st */
+        else if (st == ZO_OK) st = write_opt(ck, path);
+        if (st == ZO_OK) st = ostate_sync(ck->os);
+        if (st == ZO_OK && writes) st = ckpt_file_hash(s.tmp, file, &mine[0]);
     }
     /* the encoded state as the shards hold it, when the fp32 values do not
      * say it exactly (ZeRO 1-3 with experts: every rank's own part) */

@@ -47,9 +47,10 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <dirent.h>
+#include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -923,6 +924,30 @@ static void train_ok(int np, const char *args, double *loss, const char *must)
     if (loss) run_train_losses(out, loss, STEPS);
 }
 
+/* `train ARGS` on np ranks, which must end with exit status `rc` (2: a
+ * refusal) and say `why` (once: exactly once, else at least once) without
+ * training step `no_step` (0: not asserted); `label` names it in the line
+ * printed. Its wall-clock seconds. */
+static double train_refused(int np, const char *args, int rc, const char *why, int once, int no_step,
+                            const char *label)
+{
+    static char out[1 << 16];
+    struct timespec t0, t1;
+    char step[32];
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int got = train(np, args, out, sizeof out);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    int n = count(out, why);
+    printf("  %s: exit %d, \"%.60s%s\" %d time(s)\n", label, got, why, strlen(why) > 60 ? "..." : "", n);
+    if (got != rc || (once ? n != 1 : !n)) fprintf(stderr, "%s\nwanted%s: %s\n", out, once ? " once" : "", why);
+    assert_int_equal(got, rc);
+    if (once) assert_int_equal(n, 1);
+    else assert_true(n >= 1);
+    snprintf(step, sizeof step, "\nstep %d ", no_step);
+    if (no_step) assert_null(strstr(out, step));
+    return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+}
+
 /* The "expert_steps" of a checkpoint's state.json, as written (its last
  * member), into buf. */
 static void expert_steps_text(const char *ckpt, char *buf, size_t len)
@@ -1293,6 +1318,24 @@ static void test_moe_ep_zero_ckpt(void **state)
         assert_int_equal(rc, 2);
         assert_true(count(out, bad[i].why) >= 1);
         assert_null(strstr(out, "\nstep 3 "));
+    }
+    /* a writing rank's shard past its file size limit (RLIMIT_FSIZE: "File
+     * too large", as a full disk says) while the others gather on: every
+     * rank ends, the cause named, within seconds (the writes' failure is
+     * agreed on with the gathers; before, the ranks' collectives no longer
+     * paired up: MPI_ERR_TRUNCATE or a hang until ZO_COMM_TIMEOUT) */
+    for (int np = 2; np <= 4; np += 2) {
+        snprintf(args, sizeof args, "--steps 2 --micro-batch 2 --seq 32 --dtype fp32 --params gpu --optimizer cpu "
+                 "--ep 2 --zero %d --ckpt %s/epz-efbig-%d", np == 2 ? 2 : 3, dir, np);
+        snprintf(a, sizeof a, "rank 1's shard past 4096 bytes, --ep 2 --zero %d on %d ranks", np == 2 ? 2 : 3, np);
+        setenv("ZO_TRAIN_CKPT_FSIZE", "1:4096", 1);
+        double took = train_refused(np, args, 1, "optimizer-ep-00001-of-00002.safetensors (unnamed, being written): "
+                                    "tensor \"block.0.master\": write at byte 4096: File too large", 0, 0, a);
+        unsetenv("ZO_TRAIN_CKPT_FSIZE");
+        printf("    every rank ended in %.1f s\n", took);
+        assert_true(took < 60); /* (a hang: ZO_COMM_TIMEOUT, 120 s) */
+        snprintf(a, sizeof a, "%s/epz-efbig-%d/latest", dir, np);
+        assert_int_not_equal(access(a, F_OK), 0);
     }
     /* --merge at ZeRO 1 and 2: one rank's merged folder */
     for (int trained = 0; trained < 2; trained++) {
