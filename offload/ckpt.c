@@ -281,110 +281,130 @@ static zo_status read_master(void *ctx, int block, float *dst)
     return ostate_get_block(ck->os, block, ck->g->numel[block], dst);
 }
 
+/* An optimizer file's entries: three a block, "block.<b>.master",
+ * ".exp_avg", ".exp_avg_sq", numel[b] fp32 each (none for a block of no
+ * elements where `skip_empty`), block b's first at first[b]. */
+typedef struct opt_table {
+    model_st_entry *e;
+    char (*names)[48];
+    int *first, n;
+} opt_table;
+
+static void opt_table_free(opt_table *t)
+{
+    free(t->e);
+    free(t->names);
+    free(t->first);
+    memset(t, 0, sizeof *t);
+}
+
+static zo_status opt_table_init(opt_table *t, const size_t *numel, int nb, int skip_empty)
+{
+    memset(t, 0, sizeof *t);
+    t->e = calloc(3 * (size_t)nb, sizeof *t->e);
+    t->names = calloc(3 * (size_t)nb, sizeof *t->names);
+    t->first = calloc((size_t)nb, sizeof *t->first);
+    if (!t->e || !t->names || !t->first) {
+        opt_table_free(t);
+        return zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
+    }
+    for (int b = 0; b < nb; b++) {
+        t->first[b] = t->n;
+        if (!numel[b] && skip_empty) continue;
+        for (int a = 0; a < 3; a++, t->n++) {
+            snprintf(t->names[t->n], sizeof t->names[t->n], "block.%d.%s", b, opt_names[a]);
+            t->e[t->n] = (model_st_entry){.name = t->names[t->n], .dtype = ZO_DTYPE_F32, .ndim = 1,
+                                          .shape = {(int64_t)numel[b]}};
+        }
+    }
+    return ZO_OK;
+}
+
 /* optimizer.safetensors: three tensors a block, chunk by chunk, each chunk
  * read once from the shards (an NVMe sub-group is read once). The blocks as
  * the optimizer holds them (og): whole, or the rank's parts (a rank's shard
  * file; a block of which it holds nothing has no tensors). */
 static zo_status write_opt(offload_ckpt *ck, const char *path)
 {
-    int nb = ck->g->nb, n = 0;
     const offload_geom *og = ck->og;
     size_t C = io_chunk(ck);
     zo_status st;
     float *buf = NULL;
     model_st_writer *w = NULL;
-    model_st_entry *e = calloc(3 * (size_t)nb, sizeof *e);
-    char(*names)[48] = calloc(3 * (size_t)nb, sizeof *names);
-    int *first = calloc((size_t)nb, sizeof *first); /* block b's first entry */
-    if (!e || !names || !first) {
-        st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
-        goto out_free;
-    }
-    for (int b = 0; b < nb; b++) {
-        first[b] = n;
-        if (!og->numel[b] && ck->env->dp) continue;
-        for (int a = 0; a < 3; a++, n++) {
-            snprintf(names[n], sizeof names[n], "block.%d.%s", b, opt_names[a]);
-            e[n] = (model_st_entry){.name = names[n], .dtype = ZO_DTYPE_F32, .ndim = 1,
-                                    .shape = {(int64_t)og->numel[b]}};
-        }
-    }
+    opt_table t;
+    if ((st = opt_table_init(&t, og->numel, og->nb, ck->env->dp != NULL)) != ZO_OK) return st;
     if ((st = offload_host_alloc(ck->env, 3 * C * 4, 0, (void **)&buf)) != ZO_OK) goto out_free;
-    if ((st = model_st_writer_open(&w, path, e, n)) != ZO_OK) goto out_free;
-    for (int b = 0; b < nb && st == ZO_OK; b++) {
-        if (b == nb / 2) hook(ck, "optimizer-half"); /* half the blocks are written */
+    if ((st = model_st_writer_open(&w, path, t.e, t.n)) != ZO_OK) goto out_free;
+    for (int b = 0; b < og->nb && st == ZO_OK; b++) {
+        if (b == og->nb / 2) hook(ck, "optimizer-half"); /* half the blocks are written */
         for (size_t rel = 0; rel < og->numel[b] && st == ZO_OK; rel += C) {
             size_t k = og->numel[b] - rel < C ? og->numel[b] - rel : C;
             st = ostate_read(ck->os, og->off[b] + rel, k, buf, buf + C, buf + 2 * C);
             for (int a = 0; a < 3 && st == ZO_OK; a++)
-                st = model_st_writer_put(w, first[b] + a, rel, k, buf + (size_t)a * C);
+                st = model_st_writer_put(w, t.first[b] + a, rel, k, buf + (size_t)a * C);
         }
     }
     if (st == ZO_OK) st = model_st_writer_commit(w);
     else model_st_writer_abort(w);
 out_free:
     offload_host_free(ck->env, buf, 3 * C * 4, 0);
-    free(names);
-    free(e);
-    free(first);
+    opt_table_free(&t);
     return st;
 }
 
 /* Expert parallelism at ZeRO 1-3: every block's master, m and v as the
  * rank lays it out (what ZeRO-0's expert shard holds), gathered from every
- * rank's part (the dense segments over the world, the experts over
- * expert_comm; offload_dp_gather_block). Every rank takes part in every
- * gather, in block order, and calls this whatever its status `st` (the
- * stage before's: a failure is agreed on first); the first group's ranks
- * (`writes`) put the blocks in `path`. Host memory: a block's part of the
- * three arrays and one whole block. */
+ * rank's part piece by piece (the dense segments over the world, the
+ * experts over expert_comm; offload_dp_piece): the rank's share of a piece
+ * read from its shards, every rank's gathered, each put at its place.
+ * Every rank takes part in every gather, in block order, and calls this
+ * whatever its status `st` (the stage before's, agreed on first); the
+ * first group's ranks (`writes`) put the blocks in `path`. A rank's own
+ * failure (a read, or a write: a full disk) is kept apart (mine) and
+ * agreed on at the next block's start (the last block's by save_ckpt's
+ * agreement), so that no rank leaves the gathers alone. Host memory: Q
+ * elements of the rank's three arrays and a gathered piece (ranks x Q),
+ * Q = the io chunk / ranks: about write_opt's 3 chunks or less. */
 static zo_status write_opt_gathered(offload_ckpt *ck, const char *path, int writes, zo_status st)
 {
     const offload_geom *g = ck->g, *og = ck->og;
     offload_dp *dp = ck->env->dp;
-    int nb = g->nb, n = 0;
-    float *part = NULL, *whole = NULL;
+    size_t Q = io_chunk(ck) / (size_t)dp->size, W = (size_t)dp->size; /* the largest piece's ranks */
+    Q = Q < 1 ? 1 : Q > dp->bucket_words ? dp->bucket_words : Q;
+    float *part = NULL, *all = NULL;
     model_st_writer *w = NULL;
-    model_st_entry *e = calloc(3 * (size_t)nb, sizeof *e);
-    char(*names)[48] = calloc(3 * (size_t)nb, sizeof *names);
-    int *first = calloc((size_t)nb, sizeof *first);
-    size_t P = 1; /* the largest part */
-    for (int b = 0; b < nb; b++) P = og->numel[b] > P ? og->numel[b] : P;
-    if (st == ZO_OK && (!e || !names || !first)) st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
-    for (int b = 0; b < nb && st == ZO_OK; b++) {
-        first[b] = n;
-        for (int a = 0; a < 3 && g->numel[b]; a++, n++) {
-            snprintf(names[n], sizeof names[n], "block.%d.%s", b, opt_names[a]);
-            e[n] = (model_st_entry){.name = names[n], .dtype = ZO_DTYPE_F32, .ndim = 1,
-                                    .shape = {(int64_t)g->numel[b]}};
-        }
-    }
-    if (st == ZO_OK) st = offload_host_alloc(ck->env, 3 * P * 4, 0, (void **)&part);
-    if (st == ZO_OK) st = offload_host_alloc(ck->env, g->largest * 4 + 4, 0, (void **)&whole);
-    if (st == ZO_OK && writes) st = model_st_writer_open(&w, path, e, n);
-    /* every rank goes on to the gathers only when every rank can: a
-     * write's failure (wst: a full disk on a writing rank) is agreed on at
-     * the next block's agreement, so that no rank leaves the gathers alone */
+    opt_table t = {0};
+    if (st == ZO_OK) st = opt_table_init(&t, g->numel, g->nb, 1);
+    if (st == ZO_OK) st = offload_host_alloc(ck->env, 3 * Q * 4, 0, (void **)&part);
+    if (st == ZO_OK) st = offload_host_alloc(ck->env, W * Q * 4, 0, (void **)&all);
+    if (st == ZO_OK && writes) st = model_st_writer_open(&w, path, t.e, t.n);
+    /* every rank goes on to the gathers only when every rank can */
     st = dp_agree(dp, st, "offload_save");
-    zo_status wst = ZO_OK;
-    for (int b = 0; b < nb && st == ZO_OK; b++) {
-        if (b == nb / 2) hook(ck, "optimizer-half");
+    zo_status mine = ZO_OK;
+    for (int b = 0; b < g->nb && st == ZO_OK; b++) {
+        if (b == g->nb / 2) hook(ck, "optimizer-half");
         if (!g->numel[b]) continue;
-        if (og->numel[b]) st = ostate_read(ck->os, og->off[b], og->numel[b], part, part + P, part + 2 * P);
-        st = dp_agree(dp, st != ZO_OK ? st : wst, "offload_save");
-        for (int a = 0; a < 3 && st == ZO_OK; a++) {
-            st = offload_dp_gather_block(dp, b, g->numel[b], part + (size_t)a * P, whole);
-            if (st == ZO_OK && w && wst == ZO_OK) wst = model_st_writer_put(w, first[b] + a, 0, g->numel[b], whole);
+        if ((st = dp_agree(dp, mine, "offload_save")) != ZO_OK) break;
+        for (size_t j = 0; j < offload_dp_pieces(dp, b, Q) && st == ZO_OK; j++) {
+            offload_piece p;
+            offload_dp_piece(dp, b, g->numel[b], j, Q, &p);
+            if (p.mine && mine == ZO_OK)
+                mine = ostate_read(ck->os, og->off[b] + p.loc, p.mine, part, part + Q, part + 2 * Q);
+            for (int a = 0; a < 3 && st == ZO_OK; a++) {
+                st = offload_dp_gather_piece(dp, &p, part + (size_t)a * Q, all);
+                for (int r = 0; r < p.size && st == ZO_OK && w && mine == ZO_OK; r++) {
+                    size_t n, at = offload_piece_src(&p, r, &n);
+                    if (n) mine = model_st_writer_put(w, t.first[b] + a, at, n, all + (size_t)r * p.q);
+                }
+            }
         }
     }
-    if (st == ZO_OK) st = wst; /* the last block's write: save_ckpt's agreement */
+    if (st == ZO_OK) st = mine;
     if (w && st == ZO_OK) st = model_st_writer_commit(w);
     else if (w) model_st_writer_abort(w);
-    offload_host_free(ck->env, part, 3 * P * 4, 0);
-    offload_host_free(ck->env, whole, g->largest * 4 + 4, 0);
-    free(names);
-    free(e);
-    free(first);
+    offload_host_free(ck->env, part, 3 * Q * 4, 0);
+    offload_host_free(ck->env, all, W * Q * 4, 0);
+    opt_table_free(&t);
     return st;
 }
 
