@@ -835,16 +835,6 @@ static zo_status save_ckpt(offload_ckpt *ck, offload_dp *dp, const ep_save *xs, 
     return dp_agree(dp, st, "offload_save");
 }
 
-/* Expert parallelism at ZeRO 1-3 with an optimizer share on the GPU: its
- * checkpoints are refused (not run yet). */
-static zo_status ep_device_share(const offload_ckpt *ck, const ck_experts *x, const char *what)
-{
-    if (x->ep <= 1 || !x->E || !offload_dp_partitioned(ck->env->dp) || !(ck->cfg->opt_frac[OFFLOAD_DEVICE] > 0))
-        return ZO_OK;
-    return zo_error(ZO_ERR_UNSUPPORTED, "%s: a checkpoint of expert parallelism (a group of %d) at ZeRO-%d with an "
-                    "optimizer share on the GPU is not written yet", what, x->ep, ck->env->dp->stage);
-}
-
 /* Expert parallelism: the whole model's expert steps gathered over the
  * group (each rank's [nb x El], in pieces a gather moves), then the first
  * group's ranks write their shards (at ZeRO 1-3 gathered from every rank's
@@ -893,8 +883,7 @@ zo_status offload_ckpt_save(offload_ckpt *ck, const char *dir, const offload_ckp
     ck_experts x;
     if ((st = experts_init(ck, &x)) != ZO_OK) return st;
     if (x.ep > 1 && x.E) {
-        st = ep_device_share(ck, &x, "offload_save");
-        if (st == ZO_OK) st = save_experts(ck, &x, dir, meta);
+        st = save_experts(ck, &x, dir, meta);
         experts_free(&x);
         return st;
     }
@@ -1300,10 +1289,6 @@ zo_status offload_ckpt_load(offload_ckpt *ck, const char *dir, offload_ckpt_meta
     ckpt_manifest mf;
     ck_experts x;
     if ((st = resolve(dir, cdir, sizeof cdir)) != ZO_OK || (st = experts_init(ck, &x)) != ZO_OK) return st;
-    if ((st = ep_device_share(ck, &x, "offload_load")) != ZO_OK) {
-        experts_free(&x);
-        return st;
-    }
     /* every rank's checks passed (a damaged file is named by the rank
      * that hashed it, and ends every rank) */
     zo_status mine = check_checkpoint(ck, &x, cdir, &cs, &mf);
