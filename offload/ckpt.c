@@ -68,8 +68,6 @@
 
 static const char *const opt_names[3] = {"master", "exp_avg", "exp_avg_sq"};
 
-static zo_status dp_agree(offload_dp *dp, zo_status mine, const char *what);
-
 static void hook(const offload_ckpt *ck, const char *point)
 {
     if (ck->cfg->ckpt_hook) ck->cfg->ckpt_hook(ck->cfg->ckpt_hook_user, point);
@@ -259,6 +257,57 @@ static void rotate(const offload_ckpt *ck, int dfd, const char *latest)
     free(e);
 }
 
+/* ---- several ranks: every rank's status --------------------------------------------- */
+
+/* Every rank's status of a stage: the first failure becomes every rank's
+ * (no data parallelism: mine), with the failing rank's own message: a
+ * save that fails on rank 1 for a full disk says so on rank 0 too, not
+ * only "rank 1 of 2 failed" (the failing rank's message may never be
+ * printed: the job is aborted by whichever rank gets there first). The
+ * messages travel after the statuses, only when one failed, in pieces of
+ * OFFLOAD_GATHER_MAX bytes (AGREE_MSG in all, the rest cut). */
+#define AGREE_MSG (4 * OFFLOAD_GATHER_MAX)
+static zo_status dp_agree(offload_dp *dp, zo_status mine, const char *what)
+{
+    if (!dp) return mine;
+    int32_t *all = calloc((size_t)dp->size, sizeof *all), me = (int32_t)mine;
+    char *msg = calloc(AGREE_MSG, 1), *msgs = calloc((size_t)dp->size, AGREE_MSG);
+    if (!all || !msg || !msgs) {
+        free(all), free(msg), free(msgs);
+        return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", what);
+    }
+    if (mine != ZO_OK) snprintf(msg, AGREE_MSG, "%s", zo_last_error());
+    zo_status st = offload_dp_gather(dp, &me, sizeof me, all);
+    int failed = -1; /* mine first, else the first rank that failed */
+    for (int r = 0; r < dp->size && st == ZO_OK; r++)
+        if (all[r] != ZO_OK && (failed < 0 || r == dp->rank)) failed = r;
+    if (st == ZO_OK && failed >= 0) {
+        /* every rank knows one failed: every rank takes part */
+        char piece[OFFLOAD_GATHER_MAX], *got = malloc((size_t)dp->size * OFFLOAD_GATHER_MAX);
+        if (!got) st = zo_error(ZO_ERR_NOMEM, "%s: out of host memory", what);
+        for (int k = 0; k < AGREE_MSG / OFFLOAD_GATHER_MAX && st == ZO_OK; k++) {
+            memcpy(piece, msg + (size_t)k * OFFLOAD_GATHER_MAX, OFFLOAD_GATHER_MAX);
+            st = offload_dp_gather(dp, piece, OFFLOAD_GATHER_MAX, got);
+            for (int r = 0; r < dp->size && st == ZO_OK; r++)
+                memcpy(msgs + (size_t)r * AGREE_MSG + (size_t)k * OFFLOAD_GATHER_MAX,
+                       got + (size_t)r * OFFLOAD_GATHER_MAX, OFFLOAD_GATHER_MAX);
+        }
+        free(got);
+        if (st == ZO_OK && failed == dp->rank) {
+            st = zo_error(mine, "%s", msg);
+        } else if (st == ZO_OK) {
+            char *said = msgs + (size_t)failed * AGREE_MSG;
+            said[AGREE_MSG - 1] = 0;
+            st = zo_error((zo_status)all[failed], "%s: rank %d of %d: %s", what, failed, dp->size,
+                          said[0] ? said : "failed");
+        }
+    }
+    free(all);
+    free(msg);
+    free(msgs);
+    return st;
+}
+
 /* ---- saving ------------------------------------------------------------------------ */
 
 /* Elements moved at once by a save or a load: one sub-group of master, m
@@ -408,19 +457,14 @@ static zo_status write_opt_gathered(offload_ckpt *ck, const char *path, int writ
     return st;
 }
 
-/* The image file of a rank's optimizer file: optimizer.image, or
- * optimizer-<r>-of-<N>.image beside a shard (optimizer-ep-<q>-of-<N>.image
- * beside an expert shard: `ep` 1; with `ep` N > 1, expert parallelism's
- * at ZeRO 1-3, rank r's of N world ranks, optimizer-epN-<r>-of-<N>.image:
- * its part, which the rank count, the group size and the rank decide). */
+/* The image file of a rank's optimizer file: optimizer.image (ranks 0),
+ * or optimizer-<r>-of-<N>.image beside a shard, optimizer-ep-<q>-of-<N>.image
+ * beside an expert shard (`ep`; at ZeRO 1-3 a rank's part has its own,
+ * ckpt_epz_image_name). */
 static void image_name(char *buf, size_t len, int rank, int ranks, int ep)
 {
     if (!ranks) {
         snprintf(buf, len, IMAGE_FILE);
-        return;
-    }
-    if (ep > 1) {
-        snprintf(buf, len, "optimizer-ep%d-%05d-of-%05d.image", ep, rank, ranks);
         return;
     }
     if (ep) ckpt_ep_shard_name(buf, len, rank, ranks);
@@ -499,56 +543,7 @@ static zo_status pick_name(const offload_ckpt *ck, int dfd, const char *latest, 
     return ZO_OK;
 }
 
-/* ---- several ranks ------------------------------------------------------------------ */
-
-/* Every rank's status of a stage: the first failure becomes every rank's
- * (no data parallelism: mine), with the failing rank's own message: a
- * save that fails on rank 1 for a full disk says so on rank 0 too, not
- * only "rank 1 of 2 failed" (the failing rank's message may never be
- * printed: the job is aborted by whichever rank gets there first). The
- * messages travel after the statuses, only when one failed, in pieces of
- * OFFLOAD_GATHER_MAX bytes (AGREE_MSG in all, the rest cut). */
-#define AGREE_MSG (4 * OFFLOAD_GATHER_MAX)
-static zo_status dp_agree(offload_dp *dp, zo_status mine, const char *what)
-{
-    if (!dp) return mine;
-    int32_t *all = calloc((size_t)dp->size, sizeof *all), me = (int32_t)mine;
-    char *msg = calloc(AGREE_MSG, 1), *msgs = calloc((size_t)dp->size, AGREE_MSG);
-    if (!all || !msg || !msgs) {
-        free(all), free(msg), free(msgs);
-        return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", what);
-    }
-    if (mine != ZO_OK) snprintf(msg, AGREE_MSG, "%s", zo_last_error());
-    zo_status st = offload_dp_gather(dp, &me, sizeof me, all);
-    int failed = -1; /* mine first, else the first rank that failed */
-    for (int r = 0; r < dp->size && st == ZO_OK; r++)
-        if (all[r] != ZO_OK && (failed < 0 || r == dp->rank)) failed = r;
-    if (st == ZO_OK && failed >= 0) {
-        /* every rank knows one failed: every rank takes part */
-        char piece[OFFLOAD_GATHER_MAX], *got = malloc((size_t)dp->size * OFFLOAD_GATHER_MAX);
-        if (!got) st = zo_error(ZO_ERR_NOMEM, "%s: out of host memory", what);
-        for (int k = 0; k < AGREE_MSG / OFFLOAD_GATHER_MAX && st == ZO_OK; k++) {
-            memcpy(piece, msg + (size_t)k * OFFLOAD_GATHER_MAX, OFFLOAD_GATHER_MAX);
-            st = offload_dp_gather(dp, piece, OFFLOAD_GATHER_MAX, got);
-            for (int r = 0; r < dp->size && st == ZO_OK; r++)
-                memcpy(msgs + (size_t)r * AGREE_MSG + (size_t)k * OFFLOAD_GATHER_MAX,
-                       got + (size_t)r * OFFLOAD_GATHER_MAX, OFFLOAD_GATHER_MAX);
-        }
-        free(got);
-        if (st == ZO_OK && failed == dp->rank) {
-            st = zo_error(mine, "%s", msg);
-        } else if (st == ZO_OK) {
-            char *said = msgs + (size_t)failed * AGREE_MSG;
-            said[AGREE_MSG - 1] = 0;
-            st = zo_error((zo_status)all[failed], "%s: rank %d of %d: %s", what, failed, dp->size,
-                          said[0] ? said : "failed");
-        }
-    }
-    free(all);
-    free(msg);
-    free(msgs);
-    return st;
-}
+/* ---- several ranks: the weights ----------------------------------------------------- */
 
 /* Rank 0 reads a block (for its writer) and tells the others, who read it
  * too: reading a partitioned block is a collective. -1 ends. */
@@ -806,7 +801,7 @@ static zo_status save_ckpt(offload_ckpt *ck, offload_dp *dp, const ep_save *xs, 
     /* the encoded state as the shards hold it, when the fp32 values do not
      * say it exactly (ZeRO 1-3 with experts: every rank's own part) */
     int imaged = 0;
-    if (gathered) image_name(file, sizeof file, rank, ranks, shards);
+    if (gathered) ckpt_epz_image_name(file, sizeof file, shards, rank, ranks);
     else image_name(file, sizeof file, q, dp ? shards : 0, xs != NULL);
     snprintf(path, sizeof path, "%s/%s", s.tmp, file);
     if ((writes || gathered) && st == ZO_OK && (st = write_image(ck, path, &imaged)) == ZO_OK && imaged)
@@ -1017,12 +1012,9 @@ static zo_status source_open(const offload_ckpt *ck, const char *cdir, const ckp
     zo_status st = ZO_OK;
     memset(s, 0, sizeof *s);
     const ckpt_partition *p = &mf->partition;
-    if (x && p->ranks) { /* a partitioned checkpoint of the whole model, read through the experts' places */
-        s->x = x;
-        s->xc = x->E;
-    }
+    s->x = x;
+    if (x) s->xc = x->E; /* a partitioned checkpoint of the whole model: read through the experts' places */
     if (x && !p->ranks) { /* every tensor of every file this run may read from */
-        s->x = x;
         s->xshards = mf->experts.shards;
         s->xc = s->xshards ? x->E / s->xshards : x->E;
         int n = s->xshards ? s->xshards : 1;
@@ -1051,11 +1043,12 @@ static zo_status source_open(const offload_ckpt *ck, const char *cdir, const ckp
         return st;
     }
     snprintf(path, sizeof path, "%s/" CKPT_MANIFEST_NAME, cdir);
-    for (int b = 0; b < ck->g->nb; b++)
-        if (p->numel[b] != (x ? experts_numel(ck, x, b, x->E) : ck->g->numel[b]))
+    for (int b = 0; b < ck->g->nb; b++) {
+        size_t n = x ? experts_numel(ck, x, b, x->E) : ck->g->numel[b];
+        if (p->numel[b] != n)
             return zo_error(ZO_ERR_INVALID, "%s: \"partition.blocks[%d]\" has %" PRIu64 " elements; this "
-                            "model's block %d has %zu", path, b, p->numel[b], b,
-                            x ? experts_numel(ck, x, b, x->E) : ck->g->numel[b]);
+                            "model's block %d has %zu", path, b, p->numel[b], b, n);
+    }
     s->numel = p->numel;
     s->ranks = p->ranks;
     s->part = p->part;
@@ -1211,7 +1204,8 @@ static zo_status load_image(offload_ckpt *ck, const ck_experts *x, const char *c
      * another group size, or a checkpoint without them, lays the state
      * out otherwise */
     if ((shards && x->ep != shards) || (!shards && x->ep > 1)) return ZO_OK;
-    if (shards && offload_dp_partitioned(dp)) image_name(name, sizeof name, dp->rank, dp->size, shards);
+    if (shards && offload_dp_partitioned(dp))
+        ckpt_epz_image_name(name, sizeof name, shards, dp->rank, dp->size);
     else if (shards) image_name(name, sizeof name, x->ep_rank, shards, 1);
     else image_name(name, sizeof name, dp && ranks ? dp->rank : 0, ranks, 0);
     if (!ckpt_manifest_find(mf, name)) return ZO_OK;

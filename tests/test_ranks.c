@@ -126,6 +126,46 @@ static int count(const char *s, const char *what)
     return n;
 }
 
+/* `train ARGS` on np ranks, which must end with exit status `rc` (2: a
+ * refusal) and say `why` (once: exactly once, else at least once) without
+ * training step `no_step` (0: not asserted); `label` names it in the line
+ * printed. Its wall-clock seconds. */
+static double train_refused(int np, const char *args, int rc, const char *why, int once, int no_step,
+                            const char *label)
+{
+    static char out[1 << 16];
+    struct timespec t0, t1;
+    char step[32];
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int got = train(np, args, out, sizeof out);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    int n = count(out, why);
+    printf("  %s: exit %d, \"%.60s%s\" %d time(s)\n", label, got, why, strlen(why) > 60 ? "..." : "", n);
+    if (got != rc || (once ? n != 1 : !n)) fprintf(stderr, "%s\nwanted%s: %s\n", out, once ? " once" : "", why);
+    assert_int_equal(got, rc);
+    if (once) assert_int_equal(n, 1);
+    else assert_true(n >= 1);
+    snprintf(step, sizeof step, "\nstep %d ", no_step);
+    if (no_step) assert_null(strstr(out, step));
+    return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+}
+
+/* `in` with every `word` in it replaced by `with`, into out. */
+static void subst(const char *in, const char *word, const char *with, char *out, size_t cap)
+{
+    size_t n = 0, w = strlen(word);
+    out[0] = '\0';
+    for (const char *p = in; *p && n + 1 < cap;) {
+        if (!strncmp(p, word, w)) {
+            n += (size_t)snprintf(out + n, cap - n, "%s", with);
+            p += w;
+        } else {
+            out[n++] = *p++;
+            out[n] = '\0';
+        }
+    }
+}
+
 /* The worst relative difference of steps [from, to); 1 when a step is missing. */
 static double worst_rel(const double *got, const double *want, int from, int to, int *same)
 {
@@ -547,7 +587,6 @@ static void test_moe(void **state)
         assert_true(worst == 0.0);
     }
     char why[512];
-    int rc;
     /* 8-bit m and v in the GPU's optimizer share would have their 2048-value
      * blocks cut by the untouched experts: refused the same way */
     zo_run_shape q8;
@@ -557,11 +596,8 @@ static void test_moe(void **state)
     q8.optimizer[ZO_PLAN_CPU] = 0;
     q8.optimizer[ZO_PLAN_GPU] = 1;
     assert_int_equal(zo_capability_check(&q8, why, sizeof why), ZO_ERR_UNSUPPORTED);
-    rc = train(0, "--steps 1 --micro-batch 2 --seq 32 --optimizer gpu --optim-dtype 8bit", out, sizeof out);
-    printf("  --optimizer gpu --optim-dtype 8bit: exit %d, \"%.60s...\" %d time(s)\n", rc, why, count(out, why));
-    if (rc != 2 || count(out, why) != 1) fprintf(stderr, "%s\nwanted once: %s\n", out, why);
-    assert_int_equal(rc, 2);
-    assert_int_equal(count(out, why), 1);
+    train_refused(0, "--steps 1 --micro-batch 2 --seq 32 --optimizer gpu --optim-dtype 8bit", 2, why, 1, 0,
+                  "--optimizer gpu --optim-dtype 8bit");
     config = "config.json";
 }
 
@@ -880,18 +916,14 @@ static void test_moe_ep(void **state)
         {"--ep 2 --zero 2 --lora 4 --adapters-on cpu", "LoRA on 2 ranks at ZeRO-2 (--zero 2) with the adapters on cpu"},
         {"--ep 3", "--ep 3 must divide the data-parallel degree (DP 2, the ranks)"},
     };
-    static char out[1 << 16];
     snprintf(path, sizeof path, "%s/mixtral.json", dir);
     config = strrchr(path, '/') + 1;
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         char args[1024];
         snprintf(args, sizeof args, "--steps 1 --micro-batch 2 --seq 32 %s", refused[i][0]);
-        int rc = train(2, args, out, sizeof out);
-        printf("  %s on 2 ranks: exit %d, \"%s\" %d time(s)\n", refused[i][0], rc, refused[i][1],
-               count(out, refused[i][1]));
-        if (rc != 2 || count(out, refused[i][1]) != 1) fprintf(stderr, "%s\nwanted once: %s\n", out, refused[i][1]);
-        assert_int_equal(rc, 2);
-        assert_int_equal(count(out, refused[i][1]), 1);
+        char label[256];
+        snprintf(label, sizeof label, "%s on 2 ranks", refused[i][0]);
+        train_refused(2, args, 2, refused[i][1], 1, 0, label);
     }
     config = "config.json";
 }
@@ -922,30 +954,6 @@ static void train_ok(int np, const char *args, double *loss, const char *must)
     assert_int_equal(rc, 0);
     if (must) assert_non_null(strstr(out, must));
     if (loss) run_train_losses(out, loss, STEPS);
-}
-
-/* `train ARGS` on np ranks, which must end with exit status `rc` (2: a
- * refusal) and say `why` (once: exactly once, else at least once) without
- * training step `no_step` (0: not asserted); `label` names it in the line
- * printed. Its wall-clock seconds. */
-static double train_refused(int np, const char *args, int rc, const char *why, int once, int no_step,
-                            const char *label)
-{
-    static char out[1 << 16];
-    struct timespec t0, t1;
-    char step[32];
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    int got = train(np, args, out, sizeof out);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    int n = count(out, why);
-    printf("  %s: exit %d, \"%.60s%s\" %d time(s)\n", label, got, why, strlen(why) > 60 ? "..." : "", n);
-    if (got != rc || (once ? n != 1 : !n)) fprintf(stderr, "%s\nwanted%s: %s\n", out, once ? " once" : "", why);
-    assert_int_equal(got, rc);
-    if (once) assert_int_equal(n, 1);
-    else assert_true(n >= 1);
-    snprintf(step, sizeof step, "\nstep %d ", no_step);
-    if (no_step) assert_null(strstr(out, step));
-    return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
 }
 
 /* The "expert_steps" of a checkpoint's state.json, as written (its last
@@ -1071,7 +1079,6 @@ static void test_moe_ep_ckpt(void **state)
     }
     /* a ZeRO-3 checkpoint (its optimizer state partitioned over the ranks)
      * resumes with --ep 2 (each element read from its rank's shard) */
-    static char out[1 << 16];
     snprintf(args, sizeof args,
              "--steps 1 --micro-batch 2 --seq 32 --dtype fp32 --zero 3 --params cpu --ckpt %s/epc-z3", dir);
     train_ok(2, args, NULL, NULL);
@@ -1096,13 +1103,8 @@ static void test_moe_ep_ckpt(void **state)
     for (int i = 0; i < 2; i++) {
         snprintf(args, sizeof args, "--steps 2 --micro-batch 2 --seq 32 --dtype fp32 --ep 2 %s --resume %s/%s",
                  method[1], dir, bad[i].resume);
-        int rc = train(2, args, out, sizeof out);
-        printf("  --ep 2 --resume %s: exit %d, \"%s\" %d time(s)\n", bad[i].resume, rc, bad[i].why,
-               count(out, bad[i].why));
-        if (rc != 2 || !count(out, bad[i].why)) fprintf(stderr, "%s\nwanted: %s\n", out, bad[i].why);
-        assert_int_equal(rc, 2);
-        assert_true(count(out, bad[i].why) >= 1);
-        assert_null(strstr(out, "\nstep 1 "));
+        snprintf(a, sizeof a, "--ep 2 --resume %s", bad[i].resume);
+        train_refused(2, args, 2, bad[i].why, 0, 1, a);
     }
     config = "config.json";
 }
@@ -1337,7 +1339,6 @@ static void test_moe_ep_zero_ckpt(void **state)
     assert_string_equal(got_steps, want);
     ep_use_model(0, path, sizeof path);
     /* refused by name, exit 2, nothing trained */
-    static char out[1 << 16];
     snprintf(a, sizeof a, "%s/epz-run-0-0-4-2/step-00000002/optimizer-ep-00001-of-00002.safetensors", dir);
     FILE *f = fopen(a, "r+b");
     assert_non_null(f);
@@ -1357,24 +1358,11 @@ static void test_moe_ep_zero_ckpt(void **state)
                 {2, "--ep 2 --zero 3 --lora 4 --save RUN-a --merge RUN-m",
                  "ZeRO-3 partitions the frozen base over the 2 ranks"}};
     for (int i = 0; i < 3; i++) {
-        char fl[1024] = "";
-        for (const char *p = bad[i].args; *p;) { /* RUN: the run's folder */
-            size_t at = strlen(fl);
-            if (!strncmp(p, "RUN", 3)) {
-                snprintf(fl + at, sizeof fl - at, "%s/epz-run-0-0-4-2", dir);
-                p += 3;
-            } else {
-                fl[at] = *p++;
-                fl[at + 1] = '\0';
-            }
-        }
+        char fl[1024];
+        snprintf(a, sizeof a, "%s/epz-run-0-0-4-2", dir);
+        subst(bad[i].args, "RUN", a, fl, sizeof fl); /* RUN: the run's folder */
         snprintf(args, sizeof args, "--steps %d --micro-batch 2 --seq 32 %s %s", STEPS, full[0][0], fl);
-        int rc = train(bad[i].np, args, out, sizeof out);
-        printf("  %s: exit %d, \"%s\" %d time(s)\n", bad[i].args, rc, bad[i].why, count(out, bad[i].why));
-        if (rc != 2 || !count(out, bad[i].why)) fprintf(stderr, "%s\nwanted: %s\n", out, bad[i].why);
-        assert_int_equal(rc, 2);
-        assert_true(count(out, bad[i].why) >= 1);
-        assert_null(strstr(out, "\nstep 3 "));
+        train_refused(bad[i].np, args, 2, bad[i].why, 0, 3, bad[i].args);
     }
     /* a writing rank's shard past its file size limit (RLIMIT_FSIZE: "File
      * too large", as a full disk says) while the others gather on: every
@@ -1816,13 +1804,9 @@ static void test_refusals(void **state)
         assert_int_equal(zo_capability_check(&s, why, sizeof why), ZO_ERR_UNSUPPORTED);
         char args[1024];
         snprintf(args, sizeof args, "--steps 2 --micro-batch 2 --seq 32 %s", v[i].flags);
-        int rc = train(v[i].np, args, out, sizeof out);
-        printf("  %s on %d rank%s: exit %d, \"%.60s...\" %d time(s)\n", v[i].flags, s.ranks, s.ranks > 1 ? "s" : "",
-               rc, why, count(out, why));
-        if (rc != 2 || count(out, why) != 1) fprintf(stderr, "%s\nwanted once: %s\n", out, why);
-        assert_int_equal(rc, 2);
-        assert_int_equal(count(out, why), 1);
-        assert_null(strstr(out, "\nstep 1 "));
+        char label[1024];
+        snprintf(label, sizeof label, "%s on %d rank%s", v[i].flags, s.ranks, s.ranks > 1 ? "s" : "");
+        train_refused(v[i].np, args, 2, why, 1, 1, label);
         /* memplan plan, asked for a plan file with the same fixed, refuses
          * it in the same words (its flags: --params is searched there, the
          * GPU's optimizer share is --optimizer-min) */
@@ -1833,7 +1817,7 @@ static void test_refusals(void **state)
         if (!plan_flags[i]) continue;
         snprintf(args, sizeof args, "plan --model %s/config.json --gpus %d --seq 32 %s --json-out %s/refused.json",
                  dir, s.ranks, plan_flags[i], dir);
-        rc = run_memplan(args, out, sizeof out);
+        int rc = run_memplan(args, out, sizeof out);
         if (rc != 2 || !strstr(out, why)) fprintf(stderr, "memplan %s: exit %d\n%s\nwanted: %s\n", args, rc, out, why);
         assert_int_equal(rc, 2);
         assert_non_null(strstr(out, why));
@@ -1854,24 +1838,16 @@ static void test_refusals(void **state)
         char why[512];
         assert_int_equal(zo_capability_check(&s, why, sizeof why), ZO_ERR_UNSUPPORTED);
         snprintf(args, sizeof args, "--plan %s --steps 1", plan);
-        rc = train(0, args, out, sizeof out);
-        printf("  a plan with %s: exit %d\n", par[i], rc);
-        if (rc != 2 || !strstr(out, why)) fprintf(stderr, "%s\nwanted: %s\n", out, why);
-        assert_int_equal(rc, 2);
-        assert_non_null(strstr(out, why));
+        snprintf(plan, sizeof plan, "a plan with %s", par[i]);
+        train_refused(0, args, 2, why, 0, 0, plan);
     }
     /* --merge reads the frozen base whole on rank 0: refused, before training,
      * where ZeRO-3 partitions it */
     char args[1024];
     snprintf(args, sizeof args, "--steps 2 --micro-batch 2 --seq 32 --zero 3 --lora 4 --save %s/ad --merge %s/merged",
              dir, dir);
-    int rc = train(2, args, out, sizeof out);
-    const char *why = "ZeRO-3 partitions the frozen base over the 2 ranks";
-    printf("  --merge with ZeRO-3 on 2 ranks: exit %d, said %d time(s)\n", rc, count(out, why));
-    if (rc != 2 || count(out, why) != 1) fprintf(stderr, "%s\nwanted once: %s\n", out, why);
-    assert_int_equal(rc, 2);
-    assert_int_equal(count(out, why), 1);
-    assert_null(strstr(out, "\nstep 1 "));
+    train_refused(2, args, 2, "ZeRO-3 partitions the frozen base over the 2 ranks", 1, 1,
+                  "--merge with ZeRO-3 on 2 ranks");
 }
 
 int main(void)
