@@ -68,8 +68,6 @@
 
 static const char *const opt_names[3] = {"master", "exp_avg", "exp_avg_sq"};
 
-static zo_status dp_agree(offload_dp *dp, zo_status mine, const char *what);
-
 static void hook(const offload_ckpt *ck, const char *point)
 {
     if (ck->cfg->ckpt_hook) ck->cfg->ckpt_hook(ck->cfg->ckpt_hook_user, point);
@@ -259,6 +257,57 @@ static void rotate(const offload_ckpt *ck, int dfd, const char *latest)
     free(e);
 }
 
+/* ---- several ranks: every rank's status --------------------------------------------- */
+
+/* Every rank's status of a stage: the first failure becomes every rank's
+ * (no data parallelism: mine), with the failing rank's own message: a
+ * save that fails on rank 1 for a full disk says so on rank 0 too, not
+ * only "rank 1 of 2 failed" (the failing rank's message may never be
+ * printed: the job is aborted by whichever rank gets there first). The
+ * messages travel after the statuses, only when one failed, in pieces of
+ * OFFLOAD_GATHER_MAX bytes (AGREE_MSG in all, the rest cut). */
+#define AGREE_MSG (4 * OFFLOAD_GATHER_MAX)
+static zo_status dp_agree(offload_dp *dp, zo_status mine, const char *what)
+{
+    if (!dp) return mine;
+    int32_t *all = calloc((size_t)dp->size, sizeof *all), me = (int32_t)mine;
+    char *msg = calloc(AGREE_MSG, 1), *msgs = calloc((size_t)dp->size, AGREE_MSG);
+    if (!all || !msg || !msgs) {
+        free(all), free(msg), free(msgs);
+        return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", what);
+    }
+    if (mine != ZO_OK) snprintf(msg, AGREE_MSG, "%s", zo_last_error());
+    zo_status st = offload_dp_gather(dp, &me, sizeof me, all);
+    int failed = -1; /* mine first, else the first rank that failed */
+    for (int r = 0; r < dp->size && st == ZO_OK; r++)
+        if (all[r] != ZO_OK && (failed < 0 || r == dp->rank)) failed = r;
+    if (st == ZO_OK && failed >= 0) {
+        /* every rank knows one failed: every rank takes part */
+        char piece[OFFLOAD_GATHER_MAX], *got = malloc((size_t)dp->size * OFFLOAD_GATHER_MAX);
+        if (!got) st = zo_error(ZO_ERR_NOMEM, "%s: out of host memory", what);
+        for (int k = 0; k < AGREE_MSG / OFFLOAD_GATHER_MAX && st == ZO_OK; k++) {
+            memcpy(piece, msg + (size_t)k * OFFLOAD_GATHER_MAX, OFFLOAD_GATHER_MAX);
+            st = offload_dp_gather(dp, piece, OFFLOAD_GATHER_MAX, got);
+            for (int r = 0; r < dp->size && st == ZO_OK; r++)
+                memcpy(msgs + (size_t)r * AGREE_MSG + (size_t)k * OFFLOAD_GATHER_MAX,
+                       got + (size_t)r * OFFLOAD_GATHER_MAX, OFFLOAD_GATHER_MAX);
+        }
+        free(got);
+        if (st == ZO_OK && failed == dp->rank) {
+            st = zo_error(mine, "%s", msg);
+        } else if (st == ZO_OK) {
+            char *said = msgs + (size_t)failed * AGREE_MSG;
+            said[AGREE_MSG - 1] = 0;
+            st = zo_error((zo_status)all[failed], "%s: rank %d of %d: %s", what, failed, dp->size,
+                          said[0] ? said : "failed");
+        }
+    }
+    free(all);
+    free(msg);
+    free(msgs);
+    return st;
+}
+
 /* ---- saving ------------------------------------------------------------------------ */
 
 /* Elements moved at once by a save or a load: one sub-group of master, m
@@ -281,122 +330,141 @@ static zo_status read_master(void *ctx, int block, float *dst)
     return ostate_get_block(ck->os, block, ck->g->numel[block], dst);
 }
 
+/* An optimizer file's entries: three a block, "block.<b>.master",
+ * ".exp_avg", ".exp_avg_sq", numel[b] fp32 each (none for a block of no
+ * elements where `skip_empty`), block b's first at first[b]. */
+typedef struct opt_table {
+    model_st_entry *e;
+    char (*names)[48];
+    int *first, n;
+} opt_table;
+
+static void opt_table_free(opt_table *t)
+{
+    free(t->e);
+    free(t->names);
+    free(t->first);
+    memset(t, 0, sizeof *t);
+}
+
+static zo_status opt_table_init(opt_table *t, const size_t *numel, int nb, int skip_empty)
+{
+    memset(t, 0, sizeof *t);
+    t->e = calloc(3 * (size_t)nb, sizeof *t->e);
+    t->names = calloc(3 * (size_t)nb, sizeof *t->names);
+    t->first = calloc((size_t)nb, sizeof *t->first);
+    if (!t->e || !t->names || !t->first) {
+        opt_table_free(t);
+        return zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
+    }
+    for (int b = 0; b < nb; b++) {
+        t->first[b] = t->n;
+        if (!numel[b] && skip_empty) continue;
+        for (int a = 0; a < 3; a++, t->n++) {
+            snprintf(t->names[t->n], sizeof t->names[t->n], "block.%d.%s", b, opt_names[a]);
+            t->e[t->n] = (model_st_entry){.name = t->names[t->n], .dtype = ZO_DTYPE_F32, .ndim = 1,
+                                          .shape = {(int64_t)numel[b]}};
+        }
+    }
+    return ZO_OK;
+}
+
 /* optimizer.safetensors: three tensors a block, chunk by chunk, each chunk
  * read once from the shards (an NVMe sub-group is read once). The blocks as
  * the optimizer holds them (og): whole, or the rank's parts (a rank's shard
  * file; a block of which it holds nothing has no tensors). */
 static zo_status write_opt(offload_ckpt *ck, const char *path)
 {
-    int nb = ck->g->nb, n = 0;
     const offload_geom *og = ck->og;
     size_t C = io_chunk(ck);
     zo_status st;
     float *buf = NULL;
     model_st_writer *w = NULL;
-    model_st_entry *e = calloc(3 * (size_t)nb, sizeof *e);
-    char(*names)[48] = calloc(3 * (size_t)nb, sizeof *names);
-    int *first = calloc((size_t)nb, sizeof *first); /* block b's first entry */
-    if (!e || !names || !first) {
-        st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
-        goto out_free;
-    }
-    for (int b = 0; b < nb; b++) {
-        first[b] = n;
-        if (!og->numel[b] && ck->env->dp) continue;
-        for (int a = 0; a < 3; a++, n++) {
-            snprintf(names[n], sizeof names[n], "block.%d.%s", b, opt_names[a]);
-            e[n] = (model_st_entry){.name = names[n], .dtype = ZO_DTYPE_F32, .ndim = 1,
-                                    .shape = {(int64_t)og->numel[b]}};
-        }
-    }
+    opt_table t;
+    if ((st = opt_table_init(&t, og->numel, og->nb, ck->env->dp != NULL)) != ZO_OK) return st;
     if ((st = offload_host_alloc(ck->env, 3 * C * 4, 0, (void **)&buf)) != ZO_OK) goto out_free;
-    if ((st = model_st_writer_open(&w, path, e, n)) != ZO_OK) goto out_free;
-    for (int b = 0; b < nb && st == ZO_OK; b++) {
-        if (b == nb / 2) hook(ck, "optimizer-half"); /* half the blocks are written */
+    if ((st = model_st_writer_open(&w, path, t.e, t.n)) != ZO_OK) goto out_free;
+    for (int b = 0; b < og->nb && st == ZO_OK; b++) {
+        if (b == og->nb / 2) hook(ck, "optimizer-half"); /* half the blocks are written */
         for (size_t rel = 0; rel < og->numel[b] && st == ZO_OK; rel += C) {
             size_t k = og->numel[b] - rel < C ? og->numel[b] - rel : C;
             st = ostate_read(ck->os, og->off[b] + rel, k, buf, buf + C, buf + 2 * C);
             for (int a = 0; a < 3 && st == ZO_OK; a++)
-                st = model_st_writer_put(w, first[b] + a, rel, k, buf + (size_t)a * C);
+                st = model_st_writer_put(w, t.first[b] + a, rel, k, buf + (size_t)a * C);
         }
     }
     if (st == ZO_OK) st = model_st_writer_commit(w);
     else model_st_writer_abort(w);
 out_free:
     offload_host_free(ck->env, buf, 3 * C * 4, 0);
-    free(names);
-    free(e);
-    free(first);
+    opt_table_free(&t);
     return st;
 }
 
 /* Expert parallelism at ZeRO 1-3: every block's master, m and v as the
  * rank lays it out (what ZeRO-0's expert shard holds), gathered from every
- * rank's part (the dense segments over the world, the experts over
- * expert_comm; offload_dp_gather_block). Every rank takes part in every
- * gather, in block order; the first group's ranks (`writes`) put the blocks
- * in `path`. Host memory: a block's part of the three arrays and one whole
- * block. */
-static zo_status write_opt_gathered(offload_ckpt *ck, const char *path, int writes)
+ * rank's part piece by piece (the dense segments over the world, the
+ * experts over expert_comm; offload_dp_piece): the rank's share of a piece
+ * read from its shards, every rank's gathered, each put at its place.
+ * Every rank takes part in every gather, in block order, and calls this
+ * whatever its status `st` (the stage before's, agreed on first); the
+ * first group's ranks (`writes`) put the blocks in `path`. A rank's own
+ * failure (a read, or a write: a full disk) is kept apart (mine) and
+ * agreed on at the next block's start (the last block's by save_ckpt's
+ * agreement), so that no rank leaves the gathers alone. Host memory: Q
+ * elements of the rank's three arrays and a gathered piece (ranks x Q),
+ * Q = the io chunk / ranks: about write_opt's 3 chunks or less. */
+static zo_status write_opt_gathered(offload_ckpt *ck, const char *path, int writes, zo_status st)
 {
     const offload_geom *g = ck->g, *og = ck->og;
     offload_dp *dp = ck->env->dp;
-    int nb = g->nb, n = 0;
-    zo_status st = ZO_OK;
-    float *part = NULL, *whole = NULL;
+    size_t Q = io_chunk(ck) / (size_t)dp->size, W = (size_t)dp->size; /* the largest piece's ranks */
+    Q = Q < 1 ? 1 : Q > dp->bucket_words ? dp->bucket_words : Q;
+    float *part = NULL, *all = NULL;
     model_st_writer *w = NULL;
-    model_st_entry *e = calloc(3 * (size_t)nb, sizeof *e);
-    char(*names)[48] = calloc(3 * (size_t)nb, sizeof *names);
-    int *first = calloc((size_t)nb, sizeof *first);
-    size_t P = 1; /* the largest part */
-    for (int b = 0; b < nb; b++) P = og->numel[b] > P ? og->numel[b] : P;
-    if (!e || !names || !first) st = zo_error(ZO_ERR_NOMEM, "offload_save: out of host memory");
-    for (int b = 0; b < nb && st == ZO_OK; b++) {
-        first[b] = n;
-        for (int a = 0; a < 3 && g->numel[b]; a++, n++) {
-            snprintf(names[n], sizeof names[n], "block.%d.%s", b, opt_names[a]);
-            e[n] = (model_st_entry){.name = names[n], .dtype = ZO_DTYPE_F32, .ndim = 1,
-                                    .shape = {(int64_t)g->numel[b]}};
-        }
-    }
-    if (st == ZO_OK) st = offload_host_alloc(ck->env, 3 * P * 4, 0, (void **)&part);
-    if (st == ZO_OK) st = offload_host_alloc(ck->env, g->largest * 4 + 4, 0, (void **)&whole);
-    if (st == ZO_OK && writes) st = model_st_writer_open(&w, path, e, n);
+    opt_table t = {0};
+    if (st == ZO_OK) st = opt_table_init(&t, g->numel, g->nb, 1);
+    if (st == ZO_OK) st = offload_host_alloc(ck->env, 3 * Q * 4, 0, (void **)&part);
+    if (st == ZO_OK) st = offload_host_alloc(ck->env, W * Q * 4, 0, (void **)&all);
+    if (st == ZO_OK && writes) st = model_st_writer_open(&w, path, t.e, t.n);
     /* every rank goes on to the gathers only when every rank can */
     st = dp_agree(dp, st, "offload_save");
-    for (int b = 0; b < nb && st == ZO_OK; b++) {
-        if (b == nb / 2) hook(ck, "optimizer-half");
+    zo_status mine = ZO_OK;
+    for (int b = 0; b < g->nb && st == ZO_OK; b++) {
+        if (b == g->nb / 2) hook(ck, "optimizer-half");
         if (!g->numel[b]) continue;
-        if (og->numel[b]) st = ostate_read(ck->os, og->off[b], og->numel[b], part, part + P, part + 2 * P);
-        st = dp_agree(dp, st, "offload_save");
-        for (int a = 0; a < 3 && st == ZO_OK; a++) {
-            st = offload_dp_gather_block(dp, b, g->numel[b], part + (size_t)a * P, whole);
-            if (st == ZO_OK && w) st = model_st_writer_put(w, first[b] + a, 0, g->numel[b], whole);
+        if ((st = dp_agree(dp, mine, "offload_save")) != ZO_OK) break;
+        for (size_t j = 0; j < offload_dp_pieces(dp, b, Q) && st == ZO_OK; j++) {
+            offload_piece p;
+            offload_dp_piece(dp, b, g->numel[b], j, Q, &p);
+            if (p.mine && mine == ZO_OK)
+                mine = ostate_read(ck->os, og->off[b] + p.loc, p.mine, part, part + Q, part + 2 * Q);
+            for (int a = 0; a < 3 && st == ZO_OK; a++) {
+                st = offload_dp_gather_piece(dp, &p, part + (size_t)a * Q, all);
+                for (int r = 0; r < p.size && st == ZO_OK && w && mine == ZO_OK; r++) {
+                    size_t n, at = offload_piece_src(&p, r, &n);
+                    if (n) mine = model_st_writer_put(w, t.first[b] + a, at, n, all + (size_t)r * p.q);
+                }
+            }
         }
     }
+    if (st == ZO_OK) st = mine;
     if (w && st == ZO_OK) st = model_st_writer_commit(w);
     else if (w) model_st_writer_abort(w);
-    offload_host_free(ck->env, part, 3 * P * 4, 0);
-    offload_host_free(ck->env, whole, g->largest * 4 + 4, 0);
-    free(names);
-    free(e);
-    free(first);
+    offload_host_free(ck->env, part, 3 * Q * 4, 0);
+    offload_host_free(ck->env, all, W * Q * 4, 0);
+    opt_table_free(&t);
     return st;
 }
 
-/* The image file of a rank's optimizer file: optimizer.image, or
- * optimizer-<r>-of-<N>.image beside a shard (optimizer-ep-<q>-of-<N>.image
- * beside an expert shard: `ep` 1; with `ep` N > 1, expert parallelism's
- * at ZeRO 1-3, rank r's of N world ranks, optimizer-epN-<r>-of-<N>.image:
- * its part, which the rank count, the group size and the rank decide). */
+/* The image file of a rank's optimizer file: optimizer.image (ranks 0),
+ * or optimizer-<r>-of-<N>.image beside a shard, optimizer-ep-<q>-of-<N>.image
+ * beside an expert shard (`ep`; at ZeRO 1-3 a rank's part has its own,
+ * ckpt_epz_image_name). */
 static void image_name(char *buf, size_t len, int rank, int ranks, int ep)
 {
     if (!ranks) {
         snprintf(buf, len, IMAGE_FILE);
-        return;
-    }
-    if (ep > 1) {
-        snprintf(buf, len, "optimizer-ep%d-%05d-of-%05d.image", ep, rank, ranks);
         return;
     }
     if (ep) ckpt_ep_shard_name(buf, len, rank, ranks);
@@ -475,56 +543,7 @@ static zo_status pick_name(const offload_ckpt *ck, int dfd, const char *latest, 
     return ZO_OK;
 }
 
-/* ---- several ranks ------------------------------------------------------------------ */
-
-/* Every rank's status of a stage: the first failure becomes every rank's
- * (no data parallelism: mine), with the failing rank's own message: a
- * save that fails on rank 1 for a full disk says so on rank 0 too, not
- * only "rank 1 of 2 failed" (the failing rank's message may never be
- * printed: the job is aborted by whichever rank gets there first). The
- * messages travel after the statuses, only when one failed, in pieces of
- * OFFLOAD_GATHER_MAX bytes (AGREE_MSG in all, the rest cut). */
-#define AGREE_MSG (4 * OFFLOAD_GATHER_MAX)
-static zo_status dp_agree(offload_dp *dp, zo_status mine, const char *what)
-{
-    if (!dp) return mine;
-    int32_t *all = calloc((size_t)dp->size, sizeof *all), me = (int32_t)mine;
-    char *msg = calloc(AGREE_MSG, 1), *msgs = calloc((size_t)dp->size, AGREE_MSG);
-    if (!all || !msg || !msgs) {
-        free(all), free(msg), free(msgs);
-        return zo_error(ZO_ERR_NOMEM, "%s: out of host memory", what);
-    }
-    if (mine != ZO_OK) snprintf(msg, AGREE_MSG, "%s", zo_last_error());
-    zo_status st = offload_dp_gather(dp, &me, sizeof me, all);
-    int failed = -1; /* mine first, else the first rank that failed */
-    for (int r = 0; r < dp->size && st == ZO_OK; r++)
-        if (all[r] != ZO_OK && (failed < 0 || r == dp->rank)) failed = r;
-    if (st == ZO_OK && failed >= 0) {
-        /* every rank knows one failed: every rank takes part */
-        char piece[OFFLOAD_GATHER_MAX], *got = malloc((size_t)dp->size * OFFLOAD_GATHER_MAX);
-        if (!got) st = zo_error(ZO_ERR_NOMEM, "%s: out of host memory", what);
-        for (int k = 0; k < AGREE_MSG / OFFLOAD_GATHER_MAX && st == ZO_OK; k++) {
-            memcpy(piece, msg + (size_t)k * OFFLOAD_GATHER_MAX, OFFLOAD_GATHER_MAX);
-            st = offload_dp_gather(dp, piece, OFFLOAD_GATHER_MAX, got);
-            for (int r = 0; r < dp->size && st == ZO_OK; r++)
-                memcpy(msgs + (size_t)r * AGREE_MSG + (size_t)k * OFFLOAD_GATHER_MAX,
-                       got + (size_t)r * OFFLOAD_GATHER_MAX, OFFLOAD_GATHER_MAX);
-        }
-        free(got);
-        if (st == ZO_OK && failed == dp->rank) {
-            st = zo_error(mine, "%s", msg);
-        } else if (st == ZO_OK) {
-            char *said = msgs + (size_t)failed * AGREE_MSG;
-            said[AGREE_MSG - 1] = 0;
-            st = zo_error((zo_status)all[failed], "%s: rank %d of %d: %s", what, failed, dp->size,
-                          said[0] ? said : "failed");
-        }
-    }
-    free(all);
-    free(msg);
-    free(msgs);
-    return st;
-}
+/* ---- several ranks: the weights ----------------------------------------------------- */
 
 /* Rank 0 reads a block (for its writer) and tells the others, who read it
  * too: reading a partitioned block is a collective. -1 ends. */
@@ -772,18 +791,17 @@ static zo_status save_ckpt(offload_ckpt *ck, offload_dp *dp, const ep_save *xs, 
     snprintf(path, sizeof path, "%s/%s", s.tmp, file);
     ckpt_file_sum mine[2];
     memset(mine, 0, sizeof mine);
-    if (gathered) { /* a collective: every rank, the writers write */
-        if ((st = ostate_sync(ck->os)) == ZO_OK && (st = write_opt_gathered(ck, path, writes)) == ZO_OK &&
-            (st = ostate_sync(ck->os)) == ZO_OK && writes)
-            st = ckpt_file_hash(s.tmp, file, &mine[0]);
-    } else if (writes && (st = ostate_sync(ck->os)) == ZO_OK && (st = write_opt(ck, path)) == ZO_OK &&
-               (st = ostate_sync(ck->os)) == ZO_OK) {
-        st = ckpt_file_hash(s.tmp, file, &mine[0]);
+    if (gathered || writes) {
+        st = ostate_sync(ck->os);
+        if (gathered) st = write_opt_gathered(ck, path, writes, st); /* a collective: every rank, whatever st */
+        else if (st == ZO_OK) st = write_opt(ck, path);
+        if (st == ZO_OK) st = ostate_sync(ck->os);
+        if (st == ZO_OK && writes) st = ckpt_file_hash(s.tmp, file, &mine[0]);
     }
     /* the encoded state as the shards hold it, when the fp32 values do not
      * say it exactly (ZeRO 1-3 with experts: every rank's own part) */
     int imaged = 0;
-    if (gathered) image_name(file, sizeof file, rank, ranks, shards);
+    if (gathered) ckpt_epz_image_name(file, sizeof file, shards, rank, ranks);
     else image_name(file, sizeof file, q, dp ? shards : 0, xs != NULL);
     snprintf(path, sizeof path, "%s/%s", s.tmp, file);
     if ((writes || gathered) && st == ZO_OK && (st = write_image(ck, path, &imaged)) == ZO_OK && imaged)
@@ -810,16 +828,6 @@ static zo_status save_ckpt(offload_ckpt *ck, offload_dp *dp, const ep_save *xs, 
     }
     free(sums);
     return dp_agree(dp, st, "offload_save");
-}
-
-/* Expert parallelism at ZeRO 1-3 with an optimizer share on the GPU: its
- * checkpoints are refused (not run yet). */
-static zo_status ep_device_share(const offload_ckpt *ck, const ck_experts *x, const char *what)
-{
-    if (x->ep <= 1 || !x->E || !offload_dp_partitioned(ck->env->dp) || !(ck->cfg->opt_frac[OFFLOAD_DEVICE] > 0))
-        return ZO_OK;
-    return zo_error(ZO_ERR_UNSUPPORTED, "%s: a checkpoint of expert parallelism (a group of %d) at ZeRO-%d with an "
-                    "optimizer share on the GPU is not written yet", what, x->ep, ck->env->dp->stage);
 }
 
 /* Expert parallelism: the whole model's expert steps gathered over the
@@ -870,8 +878,7 @@ zo_status offload_ckpt_save(offload_ckpt *ck, const char *dir, const offload_ckp
     ck_experts x;
     if ((st = experts_init(ck, &x)) != ZO_OK) return st;
     if (x.ep > 1 && x.E) {
-        st = ep_device_share(ck, &x, "offload_save");
-        if (st == ZO_OK) st = save_experts(ck, &x, dir, meta);
+        st = save_experts(ck, &x, dir, meta);
         experts_free(&x);
         return st;
     }
@@ -1005,12 +1012,9 @@ static zo_status source_open(const offload_ckpt *ck, const char *cdir, const ckp
     zo_status st = ZO_OK;
     memset(s, 0, sizeof *s);
     const ckpt_partition *p = &mf->partition;
-    if (x && p->ranks) { /* a partitioned checkpoint of the whole model, read through the experts' places */
-        s->x = x;
-        s->xc = x->E;
-    }
+    s->x = x;
+    if (x) s->xc = x->E; /* a partitioned checkpoint of the whole model: read through the experts' places */
     if (x && !p->ranks) { /* every tensor of every file this run may read from */
-        s->x = x;
         s->xshards = mf->experts.shards;
         s->xc = s->xshards ? x->E / s->xshards : x->E;
         int n = s->xshards ? s->xshards : 1;
@@ -1039,11 +1043,12 @@ static zo_status source_open(const offload_ckpt *ck, const char *cdir, const ckp
         return st;
     }
     snprintf(path, sizeof path, "%s/" CKPT_MANIFEST_NAME, cdir);
-    for (int b = 0; b < ck->g->nb; b++)
-        if (p->numel[b] != (x ? experts_numel(ck, x, b, x->E) : ck->g->numel[b]))
+    for (int b = 0; b < ck->g->nb; b++) {
+        size_t n = x ? experts_numel(ck, x, b, x->E) : ck->g->numel[b];
+        if (p->numel[b] != n)
             return zo_error(ZO_ERR_INVALID, "%s: \"partition.blocks[%d]\" has %" PRIu64 " elements; this "
-                            "model's block %d has %zu", path, b, p->numel[b], b,
-                            x ? experts_numel(ck, x, b, x->E) : ck->g->numel[b]);
+                            "model's block %d has %zu", path, b, p->numel[b], b, n);
+    }
     s->numel = p->numel;
     s->ranks = p->ranks;
     s->part = p->part;
@@ -1199,7 +1204,8 @@ static zo_status load_image(offload_ckpt *ck, const ck_experts *x, const char *c
      * another group size, or a checkpoint without them, lays the state
      * out otherwise */
     if ((shards && x->ep != shards) || (!shards && x->ep > 1)) return ZO_OK;
-    if (shards && offload_dp_partitioned(dp)) image_name(name, sizeof name, dp->rank, dp->size, shards);
+    if (shards && offload_dp_partitioned(dp))
+        ckpt_epz_image_name(name, sizeof name, shards, dp->rank, dp->size);
     else if (shards) image_name(name, sizeof name, x->ep_rank, shards, 1);
     else image_name(name, sizeof name, dp && ranks ? dp->rank : 0, ranks, 0);
     if (!ckpt_manifest_find(mf, name)) return ZO_OK;
@@ -1277,10 +1283,6 @@ zo_status offload_ckpt_load(offload_ckpt *ck, const char *dir, offload_ckpt_meta
     ckpt_manifest mf;
     ck_experts x;
     if ((st = resolve(dir, cdir, sizeof cdir)) != ZO_OK || (st = experts_init(ck, &x)) != ZO_OK) return st;
-    if ((st = ep_device_share(ck, &x, "offload_load")) != ZO_OK) {
-        experts_free(&x);
-        return st;
-    }
     /* every rank's checks passed (a damaged file is named by the rank
      * that hashed it, and ends every rank) */
     zo_status mine = check_checkpoint(ck, &x, cdir, &cs, &mf);

@@ -349,6 +349,11 @@ void ckpt_ep_shard_name(char *buf, size_t len, int shard, int shards)
     snprintf(buf, len, "optimizer-ep-%05d-of-%05d.safetensors", shard, shards);
 }
 
+void ckpt_epz_image_name(char *buf, size_t len, int ep, int rank, int ranks)
+{
+    snprintf(buf, len, "optimizer-ep%d-%05d-of-%05d.image", ep, rank, ranks);
+}
+
 zo_status ckpt_manifest_write(const char *dir, const ckpt_layout *layout, const char *const *names,
                               int n)
 {

@@ -559,6 +559,44 @@ zo_status offload_dp_gather_part(offload_dp *dp, const offload_part *p, int b, s
     return gpu_stream_synchronize(env->d2h);
 }
 
+/* Piece p of es-byte elements (the wire's are `per` of them; frozen: a
+ * frozen base's bytes) all-gathered in bucket 0 on its communicator: the
+ * rank's p->mine elements from `from` in (in_kind), once the bucket's last
+ * piece has left (the host waits for it); the d2h stream waits for the
+ * gather. */
+static zo_status piece_gather(offload_dp *dp, const offload_piece *p, size_t es, size_t per, int frozen,
+                              const void *from, gpu_copy_kind in_kind)
+{
+    const offload_env *env = dp->env;
+    char *buf = (char *)dp->bucket[0];
+    zo_dtype wire = es * per == 4 ? ZO_DTYPE_F32 : ZO_DTYPE_BF16; /* (an all-gather moves bytes) */
+    zo_status st;
+    if ((st = offload_dp_wait(dp)) != ZO_OK || (st = gpu_stream_synchronize(env->d2h)) != ZO_OK) return st;
+    if (p->mine &&
+        (st = gpu_memcpy_async(env->h2d, buf + (size_t)p->rank * p->q * es, from, p->mine * es, in_kind)) != ZO_OK)
+        return st;
+    if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK ||
+        (st = collective_on(dp, p->comm, DP_ALL_GATHER, p->q / per, p->real, buf, wire, dp->ev_in, dp->ev_out,
+                            frozen)) != ZO_OK)
+        return st;
+    return gpu_stream_wait_event(env->d2h, dp->ev_out);
+}
+
+zo_status offload_dp_gather_piece(offload_dp *dp, const offload_piece *p, const float *mine, float *all)
+{
+    const offload_env *env = dp->env;
+    zo_status st;
+    if (p->q > dp->bucket_words)
+        return zo_error(ZO_ERR_INTERNAL, "offload: a piece of %zu elements a rank (at most %zu)", p->q,
+                        dp->bucket_words);
+    if ((st = piece_gather(dp, p, sizeof(float), 1, 0, mine, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK ||
+        (st = gpu_memcpy_async(env->d2h, all, dp->bucket[0], (size_t)p->size * p->q * sizeof(float),
+                               GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
+        (st = offload_dp_wait(dp)) != ZO_OK)
+        return zo_error_wrap(st, "offload: all-gather of a piece");
+    return gpu_stream_synchronize(env->d2h);
+}
+
 /* Block b in segments g[0..ns) of es-byte elements gathered, as
  * offload_dp_gather_segs; the wire's elements are `per` of them (a frozen
  * base: bytes, 4 a word, counted as frozen bytes). */
@@ -569,7 +607,6 @@ static zo_status gather_segs(offload_dp *dp, int b, const offload_seg *g, int ns
     const offload_env *env = dp->env;
     char *buf = (char *)dp->bucket[0];
     size_t qcap = dp->bucket_words * 4 / es;
-    zo_dtype wire = es * per == 4 ? ZO_DTYPE_F32 : ZO_DTYPE_BF16; /* (an all-gather moves bytes) */
     zo_status st;
     if (es * per != 4 && es * per != 2) return zo_error(ZO_ERR_INTERNAL, "offload: a gather of %zu-byte elements", es);
     /* piece by piece through bucket 0: the rank's share in, every rank's
@@ -578,16 +615,8 @@ static zo_status gather_segs(offload_dp *dp, int b, const offload_seg *g, int ns
         offload_piece p;
         piece_in(dp, g, ns, j, qcap, &p);
         size_t n, own = offload_piece_src(&p, p.rank, &n);
-        /* the bucket's last piece has left (the host waited for it) */
-        if ((st = offload_dp_wait(dp)) != ZO_OK || (st = gpu_stream_synchronize(env->d2h)) != ZO_OK) return st;
         const char *from = (const char *)part + (part_local ? p.loc : own) * es;
-        if (p.mine && (st = gpu_memcpy_async(env->h2d, buf + (size_t)p.rank * p.q * es, from, p.mine * es,
-                                             in_kind)) != ZO_OK)
-            return st;
-        if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK ||
-            (st = collective_on(dp, p.comm, DP_ALL_GATHER, p.q / per, p.real, buf, wire, dp->ev_in, dp->ev_out,
-                                frozen)) != ZO_OK ||
-            (st = gpu_stream_wait_event(env->d2h, dp->ev_out)) != ZO_OK)
+        if ((st = piece_gather(dp, &p, es, per, frozen, from, in_kind)) != ZO_OK)
             return zo_error_wrap(st, "offload: all-gather of block %d", b);
         for (int r = 0; r < p.size; r++) {
             size_t at = offload_piece_src(&p, r, &n);

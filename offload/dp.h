@@ -187,6 +187,12 @@ void offload_dp_piece(const offload_dp *dp, int b, size_t numel, size_t j, size_
 /* Where rank r's share of piece p starts in the whole block, and how many
  * of its q elements are the model's (the rest padding). */
 size_t offload_piece_src(const offload_piece *p, int r, size_t *n);
+/* Piece p of a block's fp32 values (at most dp->bucket_words a rank)
+ * gathered through bucket 0 on its communicator: the rank's p->mine values
+ * from `mine` (host) in, every rank's q, rank after rank, to all[size * q]
+ * (host; rank r's first n from offload_piece_src, the rest padding).
+ * Blocking. */
+zo_status offload_dp_gather_piece(offload_dp *dp, const offload_piece *p, const float *mine, float *all);
 /* Element `rel` of the rank's part of block b in the whole block; *run:
  * how many from there on are contiguous in both (the rest of the part, or
  * of its segment's part). Not partitioned: rel itself. */

@@ -223,17 +223,6 @@ static zo_status check_ep(const train_args *a, const zo_model_config *cfg, int r
     if (cfg->moe.experts % ep)
         return zo_error(ZO_ERR_INVALID, "--ep %d does not divide the %d experts of %s", ep, cfg->moe.experts,
                         cfg->name);
-    /* checkpoints and --merge run at every stage that runs (offload/ckpt.c
-     * gathers a ZeRO 1-3 part into the expert shards; a merge's frozen
-     * base is whole at ZeRO 0-2; ZeRO-3 partitions it, refused above),
-     * but for an optimizer share on the GPU at ZeRO 1-3, not checked yet */
-    const char *what = a->ckpt ? "--ckpt" : a->resume ? "--resume" : NULL;
-    int zero = a->p.cfg.zero_stage;
-    if (what && zero && a->p.cfg.opt_frac[OFFLOAD_DEVICE] > 0)
-        return zo_error(ZO_ERR_UNSUPPORTED, "%s with expert parallelism (--ep %d, parallel.ep) at ZeRO-%d (--zero "
-                        "%d, parallel.zero) with an optimizer share on the GPU (--optimizer gpu=%g): its checkpoints "
-                        "are not written yet; put the optimizer on cpu and nvme", what, ep, zero, zero,
-                        a->p.cfg.opt_frac[OFFLOAD_DEVICE]);
     return ZO_OK;
 }
 
