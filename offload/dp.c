@@ -449,6 +449,10 @@ zo_status offload_dp_part_bytes_experts(const offload_dp *dp, const size_t *byte
                                         const size_t *xhi, offload_part *p)
 {
     size_t nb = (size_t)p->nb, *pad = p->own, *off = pad + nb, *pn = pad + 2 * nb, *loc = pad + 3 * nb;
+    for (size_t b = 0; b < nb; b++)
+        if (xlo[b] > xhi[b] || xhi[b] > bytes[b])
+            return zo_error(ZO_ERR_INVALID, "offload_init: block %zu: offload_model.frozen_expert_lo/hi [%zu, %zu) "
+                            "outside its %zu bytes", b, xlo[b], xhi[b], bytes[b]);
     if (!p->own || !dp->xcomm_part)
         return zo_error(ZO_ERR_INTERNAL, "offload_init: a frozen base's expert segments without its own partition "
                         "or expert_comm");
@@ -608,7 +612,8 @@ static zo_status gather_segs(offload_dp *dp, int b, const offload_seg *g, int ns
     char *buf = (char *)dp->bucket[0];
     size_t qcap = dp->bucket_words * 4 / es;
     zo_status st;
-    if (es * per != 4 && es * per != 2) return zo_error(ZO_ERR_INTERNAL, "offload: a gather of %zu-byte elements", es);
+    if (es * per != 4 && es * per != 2)
+        return zo_error(ZO_ERR_INTERNAL, "offload: a gather of %zu-byte elements", es * per);
     /* piece by piece through bucket 0: the rank's share in, every rank's
      * gathered on the segment's communicator, each copied to its place */
     for (size_t j = 0; j < pieces_in(dp, g, ns, qcap); j++) {
@@ -617,7 +622,7 @@ static zo_status gather_segs(offload_dp *dp, int b, const offload_seg *g, int ns
         size_t n, own = offload_piece_src(&p, p.rank, &n);
         const char *from = (const char *)part + (part_local ? p.loc : own) * es;
         if ((st = piece_gather(dp, &p, es, per, frozen, from, in_kind)) != ZO_OK)
-            return zo_error_wrap(st, "offload: all-gather of block %d", b);
+            return zo_error_wrap(st, "offload: all-gather of block %d%s", b, frozen ? "'s frozen base" : "");
         for (int r = 0; r < p.size; r++) {
             size_t at = offload_piece_src(&p, r, &n);
             if (n && (st = gpu_memcpy_async(env->d2h, (char *)all + at * es, buf + (size_t)r * p.q * es, n * es,
