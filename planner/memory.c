@@ -581,6 +581,8 @@ typedef struct stage_shape {
     uint64_t expert;     /* elements of one routed expert on the rank */
     uint64_t largest_part; /* elements of the largest block's ZeRO part: a block over DP, an MoE layer's
                             * routed experts over DP / EP (the runtime's segments, docs/architecture.md) */
+    uint64_t dense_part, moe_part; /* elements of a dense layer's and an MoE layer's ZeRO part, as this
+                                    * runtime partitions them (ep_part) */
     int layers;
     int moe_layers;      /* of which MoE layers */
     int first_layer;     /* the model's index of the stage's first layer */
@@ -642,7 +644,8 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
         o->params += (uint64_t)(o->layers - n_moe) * layer;
         if (layer > o->largest) o->largest = layer;
         o->dense_largest = layer;
-        o->largest_part = ceil_div(layer, dp);
+        o->dense_part = ceil_div(layer, dp);
+        o->largest_part = o->dense_part;
     }
     if (n_moe) {
         zo_model_layer_params(m, m->n_layers - 1, &lp);
@@ -658,7 +661,8 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
         if (block > o->largest) o->largest = block;
         if (rest > o->dense_largest) o->dense_largest = rest;
         o->expert = one;
-        uint64_t part = t->runtime != PLAN_RUNTIME_EAGER ? ep_part(layer, ex, dp, t->ep, 1) : ceil_div(block, dp);
+        o->moe_part = ep_part(layer, ex, dp, t->ep, 1);
+        uint64_t part = t->runtime != PLAN_RUNTIME_EAGER ? o->moe_part : ceil_div(block, dp);
         if (part > o->largest_part) o->largest_part = part;
     }
     if (o->first) {
@@ -893,18 +897,17 @@ static void stage_init(stage_est *s, const zo_model_config *m, const plan_train 
 /* Full fine-tuning's weights on NVMe at ZeRO-3 on several ranks: the store
  * of the rank's parts, each part starting on PLAN_NVME_ALIGN bytes
  * (nvme_aligned's rule for parts): the embedding's and the head's over DP,
- * a layer's over DP (with expert parallelism its routed experts' over DP /
- * EP, the runtime's segments). */
+ * a dense layer's over DP, an MoE layer's as stage_params parts it (with
+ * expert parallelism its routed experts' over DP / EP, the runtime's
+ * segments). */
 static uint64_t nvme_parts(const stage_est *s)
 {
     const stage_shape *sh = &s->sh;
     uint64_t al = PLAN_NVME_ALIGN, dp = s->dp, wsz = s->wsz, bytes = 0;
     if (sh->first) bytes += ceil_div(ceil_div(sh->emb, dp) * wsz, al) * al;
     if (sh->last) bytes += ceil_div(ceil_div(sh->head, dp) * wsz, al) * al;
-    if (!sh->layers) return bytes;
-    uint64_t layer = (sh->params - sh->emb - sh->head) / (uint64_t)sh->layers;
-    uint64_t ex = sh->moe_layers ? sh->experts / (uint64_t)sh->moe_layers : 0;
-    return bytes + (uint64_t)sh->layers * (ceil_div(ep_part(layer, ex, dp, s->t->ep, 1) * wsz, al) * al);
+    bytes += (uint64_t)(sh->layers - sh->moe_layers) * (ceil_div(sh->dense_part * wsz, al) * al);
+    return bytes + (uint64_t)sh->moe_layers * (ceil_div(sh->moe_part * wsz, al) * al);
 }
 
 /* Every parameter trained: the weights where --params says. */
