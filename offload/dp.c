@@ -142,7 +142,8 @@ static zo_status collective(offload_dp *dp, dp_op op, size_t count, size_t real,
 void offload_dp_part(const offload_dp *dp, const offload_geom *g, offload_part *out)
 {
     *out = (offload_part){.nb = dp->nb, .pad = dp->pad, .part_off = dp->part_off, .part_n = dp->part_n,
-                          .loc_off = dp->loc_off, .largest_pad = dp->largest_pad, .wire = g->dtype, .per_wire = 1};
+                          .loc_off = dp->loc_off, .largest_pad = dp->largest_pad, .wire = g->dtype, .per_wire = 1,
+                          .seg = dp->seg, .nseg = dp->nseg};
 }
 
 zo_status offload_dp_part_bytes(const offload_dp *dp, int nb, const size_t *bytes, offload_part *out)
@@ -283,6 +284,28 @@ zo_status offload_dp_all_reduce_experts(offload_dp *dp, size_t count, void *buf,
     return collective_on(dp, dp->xcomm, DP_ALL_REDUCE, count, count, buf, dt, after, done, 0);
 }
 
+static int segments(size_t n, size_t xlo, size_t xhi, int world, int rank, int xsize, int xrank, size_t unit,
+                    offload_seg seg[3]);
+
+/* The blocks with experts ([lo[b], hi[b]) of n[b] elements, hi > lo) laid
+ * in segments of `unit`-element shares (offload_dp_segments): their parts
+ * start at the block's (part_off 0) and run the segments' length; loc_off
+ * follows every block's part. */
+static void lay_segments(const offload_dp *dp, size_t nb, const size_t *n, const size_t *lo, const size_t *hi,
+                         size_t unit, offload_seg (*seg)[3], int *nseg, size_t *part_off, size_t *part_n,
+                         size_t *loc_off)
+{
+    for (size_t b = 0; b < nb; b++) {
+        if (hi[b] > lo[b]) {
+            nseg[b] = segments(n[b], lo[b], hi[b], dp->size, dp->rank, dp->xsize, dp->xrank, unit, seg[b]);
+            const offload_seg *g = &seg[b][nseg[b] - 1];
+            part_off[b] = 0;
+            part_n[b] = g->loc + g->own_n;
+        }
+        loc_off[b + 1] = loc_off[b] + part_n[b];
+    }
+}
+
 zo_status offload_dp_set_experts(offload_dp *dp, comm_t xcomm, const size_t *numel, const size_t *lo,
                                  const size_t *hi)
 {
@@ -302,16 +325,7 @@ zo_status offload_dp_set_experts(offload_dp *dp, comm_t xcomm, const size_t *num
         return zo_error(ZO_ERR_INVALID, "offload_init: expert parallelism at ZeRO-%d without expert_comm", dp->stage);
     if (!(dp->seg = calloc(nb, sizeof *dp->seg)) || !(dp->nseg = calloc(nb, sizeof *dp->nseg)))
         return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
-    for (size_t b = 0; b < nb; b++) {
-        if (hi[b] > lo[b]) {
-            dp->nseg[b] = offload_dp_segments(numel[b], lo[b], hi[b], dp->size, dp->rank, dp->xsize, dp->xrank,
-                                              dp->seg[b]);
-            const offload_seg *g = &dp->seg[b][dp->nseg[b] - 1];
-            dp->part_off[b] = 0;
-            dp->part_n[b] = g->loc + g->own_n;
-        }
-        dp->loc_off[b + 1] = dp->loc_off[b] + dp->part_n[b];
-    }
+    lay_segments(dp, nb, numel, lo, hi, 1, dp->seg, dp->nseg, dp->part_off, dp->part_n, dp->loc_off);
     return ZO_OK;
 }
 
@@ -449,21 +463,19 @@ zo_status offload_dp_part_bytes_experts(const offload_dp *dp, const size_t *byte
                                         const size_t *xhi, offload_part *p)
 {
     size_t nb = (size_t)p->nb, *pad = p->own, *off = pad + nb, *pn = pad + 2 * nb, *loc = pad + 3 * nb;
+    for (size_t b = 0; b < nb; b++)
+        if (xlo[b] > xhi[b] || xhi[b] > bytes[b])
+            return zo_error(ZO_ERR_INVALID, "offload_init: block %zu: offload_model.frozen_expert_lo/hi [%zu, %zu) "
+                            "outside its %zu bytes", b, xlo[b], xhi[b], bytes[b]);
     if (!p->own || !dp->xcomm_part)
         return zo_error(ZO_ERR_INTERNAL, "offload_init: a frozen base's expert segments without its own partition "
                         "or expert_comm");
     if (!(p->seg = calloc(nb, sizeof *p->seg)) || !(p->nseg = calloc(nb, sizeof *p->nseg)))
         return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    lay_segments(dp, nb, bytes, xlo, xhi, 4, p->seg, p->nseg, off, pn, loc);
     p->largest_pad = 0;
     for (size_t b = 0; b < nb; b++) {
-        if (xhi[b] > xlo[b]) {
-            p->nseg[b] = segments(bytes[b], xlo[b], xhi[b], dp->size, dp->rank, dp->xsize, dp->xrank, 4, p->seg[b]);
-            const offload_seg *g = &p->seg[b][p->nseg[b] - 1];
-            pad[b] = (bytes[b] + 3) / 4 * 4; /* (gathered through a bucket: the slot holds the block) */
-            off[b] = 0;
-            pn[b] = g->loc + g->own_n;
-        }
-        loc[b + 1] = loc[b] + pn[b];
+        if (p->nseg[b]) pad[b] = (bytes[b] + 3) / 4 * 4; /* (gathered through a bucket: the slot holds the block) */
         if (pad[b] > p->largest_pad) p->largest_pad = pad[b];
     }
     return ZO_OK;
@@ -608,7 +620,8 @@ static zo_status gather_segs(offload_dp *dp, int b, const offload_seg *g, int ns
     char *buf = (char *)dp->bucket[0];
     size_t qcap = dp->bucket_words * 4 / es;
     zo_status st;
-    if (es * per != 4 && es * per != 2) return zo_error(ZO_ERR_INTERNAL, "offload: a gather of %zu-byte elements", es);
+    if (es * per != 4 && es * per != 2)
+        return zo_error(ZO_ERR_INTERNAL, "offload: a gather of %zu-byte elements", es * per);
     /* piece by piece through bucket 0: the rank's share in, every rank's
      * gathered on the segment's communicator, each copied to its place */
     for (size_t j = 0; j < pieces_in(dp, g, ns, qcap); j++) {
@@ -617,7 +630,7 @@ static zo_status gather_segs(offload_dp *dp, int b, const offload_seg *g, int ns
         size_t n, own = offload_piece_src(&p, p.rank, &n);
         const char *from = (const char *)part + (part_local ? p.loc : own) * es;
         if ((st = piece_gather(dp, &p, es, per, frozen, from, in_kind)) != ZO_OK)
-            return zo_error_wrap(st, "offload: all-gather of block %d", b);
+            return zo_error_wrap(st, "offload: all-gather of block %d%s", b, frozen ? "'s frozen base" : "");
         for (int r = 0; r < p.size; r++) {
             size_t at = offload_piece_src(&p, r, &n);
             if (n && (st = gpu_memcpy_async(env->d2h, (char *)all + at * es, buf + (size_t)r * p.q * es, n * es,
@@ -638,10 +651,10 @@ zo_status offload_dp_gather_segs(offload_dp *dp, int b, size_t numel, size_t es,
     return gather_segs(dp, b, g, ns, es, 1, 0, part, part_local, in_kind, all, out_kind);
 }
 
-zo_status offload_dp_gather_part_segs(offload_dp *dp, const offload_part *p, int b, const void *part,
+zo_status offload_dp_gather_part_segs(offload_dp *dp, const offload_part *p, int b, size_t es, const void *part,
                                       gpu_copy_kind in_kind, void *all, gpu_copy_kind out_kind)
 {
-    return gather_segs(dp, b, p->seg[b], p->nseg[b], 1, 4, 1, part, 1, in_kind, all, out_kind);
+    return gather_segs(dp, b, p->seg[b], p->nseg[b], es, p->per_wire, p->frozen, part, 1, in_kind, all, out_kind);
 }
 
 zo_status offload_dp_gather_block(offload_dp *dp, int b, size_t numel, const float *part, float *all)

@@ -128,7 +128,8 @@ size_t offload_dp_part_first(const offload_dp *dp, int b);
 /* The rank's geometry (the parts of every block) over the arrays of dp;
  * with stage 0 (or no dp) the model's own. */
 void offload_dp_geom(const offload_dp *dp, const offload_geom *g, offload_geom *out);
-/* The data-parallel partition of the model's blocks, as a partition. */
+/* The data-parallel partition of the model's blocks, as a partition (a
+ * view of dp's arrays, its segments included: offload_dp_set_experts first). */
 void offload_dp_part(const offload_dp *dp, const offload_geom *g, offload_part *out);
 /* A partition of blocks of bytes[b] bytes (a frozen base): each padded to
  * whole fp32 words per rank. */
@@ -145,9 +146,11 @@ int offload_part_segmented(const offload_part *p, int b);
 /* Byte (element) `rel` of the rank's part of block b of p in the whole
  * block; *run: how many from there on are contiguous in both. */
 size_t offload_part_at(const offload_part *p, int b, size_t rel, size_t *run);
-/* Block b of a frozen partition in segments gathered, as
- * offload_dp_gather_segs gathers the weights' (bytes as fp32 words). */
-zo_status offload_dp_gather_part_segs(offload_dp *dp, const offload_part *p, int b, const void *part,
+/* Block b of partition p, its part in segments, gathered from the rank's
+ * part (es-byte elements one after another) into `all`, as
+ * offload_dp_gather_segs: the weights' (offload_dp_part) or a frozen
+ * base's (bytes as fp32 words). */
+zo_status offload_dp_gather_part_segs(offload_dp *dp, const offload_part *p, int b, size_t es, const void *part,
                                       gpu_copy_kind in_kind, void *all, gpu_copy_kind out_kind);
 void offload_dp_part_free(offload_part *p);
 /* The rank's geometry of partition p over the blocks of g (the parts). */

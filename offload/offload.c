@@ -569,13 +569,12 @@ zo_status offload_set_frozen_block(offload_t *rt, int block, const void *bytes)
     if (!rt->fws) return zo_error(ZO_ERR_INVALID, "offload_set_frozen_block: the model has no frozen base");
     /* every rank sets every block, in the same order: with ZeRO-3 it keeps its part */
     wstore_will_change(rt->fws, block);
-    if (!rt->fws->part_only) {
-        if ((st = wstore_put_raw(rt->fws, block, 0, rt->fbytes[block], bytes)) != ZO_OK) return st;
-        return wstore_settle(rt->fws);
-    }
-    /* the part's runs (one, or a part in segments: expert parallelism) */
-    for (size_t rel = 0, run; rel < rt->fpart.part_n[block]; rel += run) {
-        size_t at = offload_part_at(&rt->fpart, block, rel, &run);
+    /* the part's runs (one, or a part in segments: expert parallelism), or
+     * the whole block in one when the store holds whole blocks */
+    int part = rt->fws->part_only;
+    size_t n = part ? rt->fpart.part_n[block] : rt->fbytes[block];
+    for (size_t rel = 0, run = n; rel < n; rel += run) {
+        size_t at = part ? offload_part_at(&rt->fpart, block, rel, &run) : rel;
         if ((st = wstore_put_raw(rt->fws, block, rel, run, (const char *)bytes + at)) != ZO_OK) return st;
     }
     return wstore_settle(rt->fws);

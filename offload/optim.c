@@ -336,7 +336,9 @@ static zo_status update_dev_state(offload_optim *o, int b, float *P, uint16_t *W
             d.first = rel;
             d.sr_first = offload_dp_part_at(o->env->dp, b, rel, &run); /* (the element's index in the block) */
             d.comp = C ? C + rel : NULL;
-            gpu_tensor o16 = gpu_t(out.data ? (char *)out.data + dev_out_at(o, runs, b, rel, &run) * es : NULL, out.dtype);
+            /* (dev_out_at: with runs, a part in segments goes to that index) */
+            size_t out_at = runs && offload_dp_segmented(o->env->dp, b) ? d.sr_first : rel;
+            gpu_tensor o16 = gpu_t(out.data ? (char *)out.data + out_at * es : NULL, out.dtype);
             st = gpu_adam_state_update(s, &h, &d, stop - rel, WEIGHTS_AT(rel), gpu_t(G + rel, ZO_DTYPE_F32), S, o16);
             if (st != ZO_OK)
                 return zo_error_wrap(st, "offload_step: device share, block %d elements %zu..%zu", b, rel, stop);

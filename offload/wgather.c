@@ -33,25 +33,6 @@ typedef struct wgather {
 
 static const offload_part *part_of(wstore *ws) { return &((wgather *)ws)->part; }
 
-/* Whether block b's part is in segments (expert parallelism): the
- * weights' (offload_dp), or a frozen base's own. */
-static int segmented(wstore *ws, int b)
-{
-    const offload_part *p = part_of(ws);
-    return p->frozen ? offload_part_segmented(p, b) : offload_dp_segmented(ws->env->dp, b);
-}
-
-/* Block b in segments gathered into `all` from the rank's part (its
- * elements or bytes one after another), as offload_dp_gather_segs. */
-static zo_status gather_segs(wstore *ws, int b, const void *part, gpu_copy_kind in_kind, void *all,
-                             gpu_copy_kind out_kind)
-{
-    const offload_part *p = part_of(ws);
-    offload_dp *dp = ws->env->dp;
-    if (p->frozen) return offload_dp_gather_part_segs(dp, p, b, part, in_kind, all, out_kind);
-    return offload_dp_gather_segs(dp, b, ws->g->numel[b], ws->g->es, part, 1, in_kind, all, out_kind);
-}
-
 static wstore *inner_of(wstore *ws) { return ((wgather *)ws)->inner; }
 
 static const void *wg_resident(wstore *ws, int b)
@@ -72,7 +53,7 @@ static zo_status wg_fetch(wstore *ws, int b, void *dst)
     char *mine = (char *)dst + p->part_off[b] * es;
     zo_status st;
     if (!ws->g->numel[b]) return ZO_OK;
-    if (segmented(ws, b)) {
+    if (offload_part_segmented(p, b)) {
         /* a part in segments (expert parallelism): gathered through a
          * bucket, each piece of the rank's share copied into it from the
          * device store's part, the host store's pinned one or the NVMe
@@ -84,8 +65,9 @@ static zo_status wg_fetch(wstore *ws, int b, void *dst)
             return zo_error(ZO_ERR_UNSUPPORTED, "offload: block %d's part is in segments (expert parallelism at "
                             "ZeRO-3): its store keeps it in no memory the gather reads", b);
         if (!in->resident) offload_add_bytes(env->acct, OFFLOAD_BYTES_H2D, n * es);
-        return gather_segs(ws, b, src, in->resident ? GPU_COPY_DEVICE_TO_DEVICE : GPU_COPY_HOST_TO_DEVICE, dst,
-                           GPU_COPY_DEVICE_TO_DEVICE);
+        return offload_dp_gather_part_segs(dp, p, b, es, src,
+                                           in->resident ? GPU_COPY_DEVICE_TO_DEVICE : GPU_COPY_HOST_TO_DEVICE, dst,
+                                           GPU_COPY_DEVICE_TO_DEVICE);
     }
     if (n && in->resident) {
         st = gpu_memcpy_async(env->h2d, mine, in->ops->resident(in, b), n * es, GPU_COPY_DEVICE_TO_DEVICE);
@@ -151,7 +133,7 @@ static zo_status wg_load(wstore *ws, int b, size_t rel, size_t n, const float *s
     zo_status st;
     /* the part's runs (one, or a part in segments: expert parallelism) */
     for (size_t at_part = 0, run; at_part < p->part_n[b]; at_part += run) {
-        size_t po = p->frozen ? offload_part_at(p, b, at_part, &run) : offload_dp_part_at(ws->env->dp, b, at_part, &run);
+        size_t po = offload_part_at(p, b, at_part, &run);
         if (run > p->part_n[b] - at_part) run = p->part_n[b] - at_part;
         size_t pe = po + run, lo = rel > po ? rel : po, hi = rel + n < pe ? rel + n : pe;
         if (lo < hi && (st = wstore_load_f32(in, b, at_part + (lo - po), hi - lo, src + (lo - rel))) != ZO_OK)
@@ -167,7 +149,7 @@ static zo_status wg_get_host(wstore *ws, int b, void *dst)
     const offload_part *p = part_of(ws);
     wstore *in = inner_of(ws);
     size_t es = ws->g->es, pn = p->part_n[b], cap = p->pad[b] / (size_t)ws->env->dp->size * es;
-    int segs = segmented(ws, b);
+    int segs = offload_part_segmented(p, b);
     void *part = NULL;
     zo_status st;
     if (!ws->g->numel[b]) return ZO_OK;
@@ -175,7 +157,9 @@ static zo_status wg_get_host(wstore *ws, int b, void *dst)
     if ((st = offload_host_alloc(ws->env, cap, 0, &part)) != ZO_OK) return st;
     memset(part, 0, cap);
     st = pn ? in->ops->get_host(in, b, part) : ZO_OK;
-    if (st == ZO_OK && segs) st = gather_segs(ws, b, part, GPU_COPY_HOST_TO_DEVICE, dst, GPU_COPY_DEVICE_TO_HOST);
+    if (st == ZO_OK && segs)
+        st = offload_dp_gather_part_segs(ws->env->dp, p, b, es, part, GPU_COPY_HOST_TO_DEVICE, dst,
+                                         GPU_COPY_DEVICE_TO_HOST);
     else if (st == ZO_OK)
         st = offload_dp_gather_part(ws->env->dp, p, b, ws->g->numel[b], es, part, dst);
     offload_host_free(ws->env, part, cap, 0);

@@ -349,8 +349,9 @@ static zo_status dev_put_host_done(wstore *ws, int b, size_t rel, size_t n)
 
 static zo_status dev_put_dev(wstore *ws, int b, void **dst)
 {
-    /* (a part in segments: the block's start, the runs in their places, put_dev_runs) */
-    *dst = dev_at(ws, b, offload_dp_segmented(dev_of(ws)->dp, b) ? 0 : put_pos(ws, b, 0));
+    /* (a part in segments has part_off 0: the block's start, the runs in
+     * their places, put_dev_runs) */
+    *dst = dev_at(ws, b, put_pos(ws, b, 0));
     return ZO_OK;
 }
 

@@ -581,6 +581,8 @@ typedef struct stage_shape {
     uint64_t expert;     /* elements of one routed expert on the rank */
     uint64_t largest_part; /* elements of the largest block's ZeRO part: a block over DP, an MoE layer's
                             * routed experts over DP / EP (the runtime's segments, docs/architecture.md) */
+    uint64_t dense_part, moe_part; /* elements of a dense layer's and an MoE layer's ZeRO part, as this
+                                    * runtime partitions them (ep_part) */
     int layers;
     int moe_layers;      /* of which MoE layers */
     int first_layer;     /* the model's index of the stage's first layer */
@@ -599,6 +601,17 @@ static uint64_t layer_on_rank(const zo_layer_params *lp, const plan_train *t, ui
     uint64_t tp = (uint64_t)t->tp;
     *experts = (uint64_t)(lp->experts / t->ep) * ceil_div(lp->expert, tp);
     return ceil_div(lp->tp_split, tp) + lp->replicated + *experts;
+}
+
+/* A rank's ZeRO part of a block of `total` elements (or bytes), `ex` of
+ * them routed experts, in parts of whole `unit`s: with expert parallelism
+ * (ep > 1) the rest over DP and the experts over the DP / EP ranks holding
+ * them, each padded (the runtime's segments, docs/architecture.md), else
+ * the whole over DP. (plan_parallel_validate: EP divides DP.) */
+static uint64_t ep_part(uint64_t total, uint64_t ex, uint64_t dp, int ep, uint64_t unit)
+{
+    if (ep <= 1) ex = 0;
+    return (ceil_div(total - ex, unit * dp) + ceil_div(ex, unit * (dp / (uint64_t)ep))) * unit;
 }
 
 static void stage_params(const zo_model_config *m, const plan_train *t, int stage,
@@ -631,7 +644,8 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
         o->params += (uint64_t)(o->layers - n_moe) * layer;
         if (layer > o->largest) o->largest = layer;
         o->dense_largest = layer;
-        o->largest_part = ceil_div(layer, dp);
+        o->dense_part = ceil_div(layer, dp);
+        o->largest_part = o->dense_part;
     }
     if (n_moe) {
         zo_model_layer_params(m, m->n_layers - 1, &lp);
@@ -647,9 +661,8 @@ static void stage_params(const zo_model_config *m, const plan_train *t, int stag
         if (block > o->largest) o->largest = block;
         if (rest > o->dense_largest) o->dense_largest = rest;
         o->expert = one;
-        uint64_t edp = dp / (uint64_t)t->ep ? dp / (uint64_t)t->ep : 1;
-        uint64_t part = t->ep > 1 && t->runtime != PLAN_RUNTIME_EAGER ? ceil_div(rest, dp) + ceil_div(ex, edp)
-                                                                      : ceil_div(block, dp);
+        o->moe_part = ep_part(layer, ex, dp, t->ep, 1);
+        uint64_t part = t->runtime != PLAN_RUNTIME_EAGER ? o->moe_part : ceil_div(block, dp);
         if (part > o->largest_part) o->largest_part = part;
     }
     if (o->first) {
@@ -884,19 +897,17 @@ static void stage_init(stage_est *s, const zo_model_config *m, const plan_train 
 /* Full fine-tuning's weights on NVMe at ZeRO-3 on several ranks: the store
  * of the rank's parts, each part starting on PLAN_NVME_ALIGN bytes
  * (nvme_aligned's rule for parts): the embedding's and the head's over DP,
- * a layer's over DP (with expert parallelism its routed experts' over DP /
- * EP, the runtime's segments). */
+ * a dense layer's over DP, an MoE layer's as stage_params parts it (with
+ * expert parallelism its routed experts' over DP / EP, the runtime's
+ * segments). */
 static uint64_t nvme_parts(const stage_est *s)
 {
     const stage_shape *sh = &s->sh;
     uint64_t al = PLAN_NVME_ALIGN, dp = s->dp, wsz = s->wsz, bytes = 0;
     if (sh->first) bytes += ceil_div(ceil_div(sh->emb, dp) * wsz, al) * al;
     if (sh->last) bytes += ceil_div(ceil_div(sh->head, dp) * wsz, al) * al;
-    if (!sh->layers) return bytes;
-    uint64_t layer = (sh->params - sh->emb - sh->head) / (uint64_t)sh->layers;
-    uint64_t ex = sh->moe_layers ? sh->experts / (uint64_t)sh->moe_layers : 0, edp = dp / (uint64_t)s->t->ep;
-    uint64_t part = s->t->ep > 1 && edp ? ceil_div(layer - ex, dp) + ceil_div(ex, edp) : ceil_div(layer, dp);
-    return bytes + (uint64_t)sh->layers * (ceil_div(part * wsz, al) * al);
+    bytes += (uint64_t)(sh->layers - sh->moe_layers) * (ceil_div(sh->dense_part * wsz, al) * al);
+    return bytes + (uint64_t)sh->moe_layers * (ceil_div(sh->moe_part * wsz, al) * al);
 }
 
 /* Every parameter trained: the weights where --params says. */
@@ -943,20 +954,15 @@ static uint64_t frozen_part(const stage_est *s, uint64_t bytes)
 static uint64_t frozen_layer_part(const stage_est *s)
 {
     const plan_peft *pf = &s->pf;
-    uint64_t dp = s->dp;
-    if (s->t->zero < 3 || dp <= 1 || s->t->ep <= 1 || !pf->layer_frozen_ex) return frozen_part(s, pf->layer_frozen);
-    uint64_t xdp = dp / (uint64_t)s->t->ep;
-    return ceil_div(pf->layer_frozen - pf->layer_frozen_ex, 4 * dp) * 4 + ceil_div(pf->layer_frozen_ex, 4 * xdp) * 4;
+    if (s->t->zero < 3 || s->dp <= 1) return pf->layer_frozen;
+    return ep_part(pf->layer_frozen, pf->layer_frozen_ex, s->dp, s->t->ep, 4);
 }
 
 /* A rank's part of a layer's adapters at ZeRO-3 (elements): over DP; with
  * expert parallelism the routed experts' over DP / EP. */
 static uint64_t adapters_layer_part(const stage_est *s)
 {
-    const plan_peft *pf = &s->pf;
-    uint64_t edp = s->dp / (uint64_t)s->t->ep;
-    if (s->t->ep <= 1 || !edp) return ceil_div(pf->layer_trainable, s->dp);
-    return ceil_div(pf->layer_trainable - pf->layer_trainable_ex, s->dp) + ceil_div(pf->layer_trainable_ex, edp);
+    return ep_part(s->pf.layer_trainable, s->pf.layer_trainable_ex, s->dp, s->t->ep, 1);
 }
 
 /* On NVMe a store's blocks (ZeRO-3: the rank's parts of them) start on
@@ -991,10 +997,9 @@ static void nvme_aligned(const stage_est *s, uint64_t *frozen, uint64_t *adapter
 static uint64_t frozen_z3(const stage_est *s)
 {
     const plan_peft *pf = &s->pf;
-    uint64_t dp = s->dp, layers = s->sh.layers;
-    if (s->t->ep <= 1 || !pf->layer_frozen_ex) return ceil_div(pf->frozen, dp);
-    uint64_t xdp = dp / (uint64_t)s->t->ep;
-    return ceil_div(pf->frozen - layers * pf->layer_frozen_ex, dp) + layers * ceil_div(pf->layer_frozen_ex, xdp);
+    uint64_t layers = s->sh.layers, ex = s->t->ep > 1 ? pf->layer_frozen_ex : 0;
+    /* (a layer's experts' part: ep_part of the experts alone) */
+    return ceil_div(pf->frozen - layers * ex, s->dp) + layers * ep_part(ex, ex, s->dp, s->t->ep, 1);
 }
 
 /* The largest of a rank's parts of the frozen blocks at ZeRO-3 on several
@@ -1002,8 +1007,7 @@ static uint64_t frozen_z3(const stage_est *s)
  * layer's dense bytes over DP and its routed experts' over DP / EP. */
 static uint64_t frozen_largest_part(const stage_est *s)
 {
-    const plan_peft *pf = &s->pf;
-    uint64_t fl = ceil_div(pf->largest_frozen, 4 * s->dp) * 4, layer = frozen_layer_part(s);
+    uint64_t fl = frozen_part(s, s->pf.largest_frozen), layer = frozen_layer_part(s);
     return layer > fl ? layer : fl;
 }
 
@@ -1276,10 +1280,8 @@ static uint64_t pinned_staging(const stage_est *s, uint64_t host_slot, uint64_t 
     uint64_t dp = s->dp, wsz = s->wsz, sg = t->buf.sub_group;
     uint64_t largest = s->peft ? s->tr_largest : s->sh.largest;
     /* (the largest block's part: with EP an MoE layer's experts over DP / EP) */
-    uint64_t ex = s->peft && t->ep > 1 ? s->pf.layer_trainable_ex : 0, edp = dp / (uint64_t)t->ep;
     uint64_t largest_part = !s->peft ? s->sh.largest_part
-                            : ex      ? ceil_div(largest - ex, dp) + ceil_div(ex, edp ? edp : 1)
-                                      : ceil_div(largest, dp);
+                                     : ep_part(largest, s->pf.layer_trainable_ex, dp, t->ep, 1);
     uint64_t part = t->zero >= 3 ? largest_part : largest;
     uint64_t pinned = 0;
     /* (ZeRO 2-3 on several ranks: the reduced fp32 part of a block, LoRA's

@@ -28,7 +28,8 @@
 #include "gpu/ops_cpu.h"     /* defines: gpu_cpu_inject_faults */
 #include "model/safetensors.h" /* defines: model_st_open */
 #include "offload/ckpt_meta.h" /* defines: ckpt_manifest_write (to re-sign an edited checkpoint) */
-#include "offload/dp.h"        /* defines: offload_dp_segments, offload_seg_at */
+#include "gpu/comm.h"          /* defines: comm_init (a one-rank expert_comm) */
+#include "offload/dp.h"        /* defines: offload_dp_segments, offload_seg_at, offload_dp_part_bytes_experts */
 #include "common/plan_schema.h" /* defines: zo_plan_load */
 #include "common/units.h"       /* defines: zo_format_bytes */
 #include "offload/offload.h" /* defines: offload_init, offload_plan_load, offload_save */
@@ -135,6 +136,45 @@ static void test_ep_partition(void **state)
             }
             free(owners);
         }
+}
+
+/* A frozen base's expert bytes (offload_model.frozen_expert_lo/hi) are the
+ * caller's: a range past its block, or one that ends before it starts, is
+ * refused by name before any segment is laid (else the segments run past
+ * the block and the base is read past its buffer); a range inside is laid
+ * in the three segments. */
+static void test_ep_frozen_range(void **state)
+{
+    (void)state;
+    comm_t c = NULL;
+    comm_options co = {.backend = COMM_BACKEND_SELF};
+    assert_int_equal(comm_init(&co, &c), ZO_OK);
+    offload_dp dp = {.rank = 1, .size = 4, .xrank = 0, .xsize = 2, .xcomm_part = c};
+    static const size_t bytes[2] = {100, 40};
+    static const struct { size_t lo[2], hi[2]; int bad; size_t want[3]; } cases[] = {
+        {{20, 40}, {80, 40}, -1, {0}},
+        {{20, 0}, {101, 0}, 0, {20, 101, 100}},
+        {{20, 30}, {80, 20}, 1, {30, 20, 40}},
+        {{20, 41}, {80, 41}, 1, {41, 41, 40}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        offload_part p;
+        assert_int_equal(offload_dp_part_bytes(&dp, 2, bytes, &p), ZO_OK);
+        zo_status st = offload_dp_part_bytes_experts(&dp, bytes, cases[i].lo, cases[i].hi, &p);
+        if (cases[i].bad < 0) {
+            assert_int_equal(st, ZO_OK);
+            assert_int_equal(p.nseg[0], 3);
+            assert_int_equal(p.nseg[1], 0);
+        } else {
+            char want[160];
+            snprintf(want, sizeof want, "block %d: offload_model.frozen_expert_lo/hi [%zu, %zu) outside its %zu bytes",
+                     cases[i].bad, cases[i].want[0], cases[i].want[1], cases[i].want[2]);
+            assert_int_equal(st, ZO_ERR_INVALID);
+            if (!strstr(zo_last_error(), want)) fail_msg("got \"%s\", want \"%s\"", zo_last_error(), want);
+        }
+        offload_dp_part_free(&p);
+    }
+    comm_free(c);
 }
 
 static void test_plan_bad_sub_group(void **state)
@@ -1795,6 +1835,7 @@ int main(void)
     mkdir(tmp_dir, 0755);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ep_partition),
+        cmocka_unit_test(test_ep_frozen_range),
         cmocka_unit_test(test_plan_bad_sub_group),
         cmocka_unit_test(test_plan_fractions),
         cmocka_unit_test(test_init_alloc_faults),

@@ -76,7 +76,8 @@ static zo_status expert_ranges(tf_offload_model *a, const tf_model *m, int lora)
     return ZO_OK;
 }
 
-/* LoRA on a mixture of experts: each block's routed experts' bytes of its
+/* LoRA on a mixture of experts with expert parallelism (offload reads them
+ * only then): each block's routed experts' bytes of its
  * frozen base (tf_init's frozen_off; the layout keeps a block's routed
  * experts together, so their bytes are one run, with any alignment before
  * the next tensor). */
@@ -138,7 +139,7 @@ zo_status tf_offload_model_init(tf_offload_model *a, tf_model *m)
     }
     zo_status st;
     if (m->cfg.moe.experts && ((st = expert_ranges(a, m, lora)) != ZO_OK ||
-                               (lora && (st = frozen_experts(a, m)) != ZO_OK))) {
+                               (lora && m->ep_size > 1 && (st = frozen_experts(a, m)) != ZO_OK))) {
         tf_offload_model_free(a);
         return st;
     }
