@@ -2,9 +2,8 @@
 # Set up, build, and run every test (ctest). Tests that need what this machine
 # lacks (a GPU, MPI, an optional tool) are reported as skipped.
 # Then the same suite in a sanitizer build (ASan + UBSan, CPU code:
-# -DZO_SANITIZE=ON -DZO_CUDA=OFF, build-asan/; docs/testing.md): under a
-# minute to build and about 2 to run on 2 cores, the whole script about 4
-# from empty build folders. ZO_SKIP_SANITIZE=1 leaves it out.
+# -DZO_SANITIZE=ON -DZO_CUDA=OFF, build-asan/; docs/testing.md has the
+# minutes each part takes on 2 cores). ZO_SKIP_SANITIZE=1 leaves it out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
