@@ -744,10 +744,13 @@ zo_status offload_optim_step(offload_optim *o, offload_step_info *info)
     }
     info->loss_scale = o->ctr.loss_scale;
     info->skipped = 0;
+    /* the norm's statistics are the step's: its time part (the update's
+     * is counted where it runs) */
     offload_timer t0 = offload_time_begin();
     double sumsq;
     int first_bad;
     st = grad_stats(o, &sumsq, &first_bad);
+    offload_time_end(a, OFFLOAD_TIME_OPTIMIZER, t0);
     o->early = 0;
     if (st != ZO_OK) return st;
     /* the mean over the global batch: every rank's micro-batches */
@@ -756,6 +759,7 @@ zo_status offload_optim_step(offload_optim *o, offload_step_info *info)
     info->grad_norm = (float)norm;
     o->micro = 0;
     if (first_bad >= 0) {
+        t0 = offload_time_begin();
         st = nonfinite_step(o, first_bad, early, info);
         if (o->routed) memset(o->routed, 0, (size_t)o->g->nb * (size_t)o->m->experts); /* (the step's batches) */
         offload_time_end(a, OFFLOAD_TIME_OPTIMIZER, t0);
