@@ -949,7 +949,10 @@ static void logged_norms(const char *log, double *norm)
  * rank with --grad-accum 2 first: every step's norm above 0.05 (each step
  * scaled). Then --ep 2 on 2 ranks: the losses and the norms (train's
  * --log) within 1e-6 relative. (Adam's step barely moves when every
- * gradient is scaled alike: the losses alone would not see a wrong norm.) */
+ * gradient is scaled alike: the losses alone would not see a wrong norm.)
+ * Then the same two runs with --clip 0: the device share's statistics
+ * summed by its kernels (the experts' run in an accumulator of its own),
+ * the norms within 1e-5 (each kernel call's total is rounded to fp32). */
 static void test_moe_ep_clip(void **state)
 {
     (void)state;
@@ -982,6 +985,19 @@ static void test_moe_ep_clip(void **state)
     assert_true(worst <= 1e-6);
     assert_true(nworst <= 1e-6);
     assert_non_null(strstr(last_out, "# expert parallelism:"));
+    snprintf(extra, sizeof extra, "--grad-accum 2 --clip 0 --log %s/clip0-ref.jsonl", dir);
+    plan_and_train(place, plan, 0, extra, ref);
+    snprintf(extra, sizeof extra, "%s/clip0-ref.jsonl", dir);
+    logged_norms(extra, ref_norm);
+    snprintf(extra, sizeof extra, "--clip 0 --log %s/clip0-ep.jsonl", dir);
+    plan_and_train(flags, plan, 2, extra, got);
+    snprintf(extra, sizeof extra, "%s/clip0-ep.jsonl", dir);
+    logged_norms(extra, got_norm);
+    nworst = worst_rel(got_norm, ref_norm, 0, STEPS, &nsame);
+    printf("  the same with --clip 0 (the device's kernels): norms (%.4f..%.4f) worst %.1e\n", ref_norm[0],
+           ref_norm[STEPS - 1], nworst);
+    if (!(nworst <= 1e-5)) fprintf(stderr, "%s\n", last_out);
+    assert_true(nworst <= 1e-5);
     config = "config.json";
 }
 
