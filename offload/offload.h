@@ -448,7 +448,7 @@ typedef enum offload_time_part {
     OFFLOAD_TIME_COMPUTE = 0,  /* waiting for the device's forward/backward */
     OFFLOAD_TIME_WEIGHTS,      /* waiting for weights that were not there yet */
     OFFLOAD_TIME_GRADS,        /* gradient copies and fp32 accumulation */
-    OFFLOAD_TIME_OPTIMIZER,    /* the CPU Adam update */
+    OFFLOAD_TIME_OPTIMIZER,    /* the CPU Adam update, and the step's gradient statistics (the norm) */
     OFFLOAD_TIME_DISK,         /* NVMe reads and writes the host waited for */
     OFFLOAD_TIME_COMM,         /* collectives the host waited for (several ranks) */
     OFFLOAD_TIME_PARTS,

@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_adam/cpu_adam.h" /* defines: adam_update, adam_grad_stats */
+#include "cpu_adam/cpu_adam.h" /* defines: adam_update */
 
 typedef struct step_ctx {
     offload_optim *o;
@@ -646,41 +646,6 @@ zo_status offload_optim_block_done(offload_optim *o, int b)
     return ZO_OK;
 }
 
-/* Expert parallelism at ZeRO-0: the squares of the rank's own experts'
- * gradients (their ranges of the reduced sums, host or device), the same
- * function over the same values as the block statistics. */
-static zo_status expert_sumsq(offload_optim *o, double *xs)
-{
-    const offload_model *m = o->m;
-    const offload_env *env = o->env;
-    size_t most = 0;
-    *xs = 0.0;
-    for (int i = 0; i < m->n_expert_ranges; i++)
-        if (m->expert_ranges[i].numel > most) most = m->expert_ranges[i].numel;
-    float *tmp = NULL;
-    zo_status st = ZO_OK;
-    for (int i = 0; i < m->n_expert_ranges && st == ZO_OK; i++) {
-        const offload_expert_range *x = &m->expert_ranges[i];
-        oshard_sum sum;
-        ostate_grad_sum(o->os, x->block, &sum);
-        const float *v = sum.host ? sum.host + x->offset : NULL;
-        if (!v) { /* the device's sum, copied out */
-            if (!tmp && !(tmp = malloc(most * sizeof *tmp)))
-                return zo_error(ZO_ERR_NOMEM, "offload_step: out of host memory");
-            if ((st = gpu_memcpy_async(env->d2h, tmp, sum.dev + x->offset, x->numel * 4, GPU_COPY_DEVICE_TO_HOST)) !=
-                    ZO_OK ||
-                (st = gpu_stream_synchronize(env->d2h)) != ZO_OK)
-                break;
-            v = tmp;
-        }
-        double ss;
-        int nf;
-        if ((st = adam_grad_stats(v, ZO_DTYPE_F32, x->numel, env->n_threads, &ss, &nf)) == ZO_OK) *xs += ss;
-    }
-    free(tmp);
-    return st;
-}
-
 /* Sum of squares of the step's gradient and the first block holding an inf
  * or nan (-1: none): the host's blocks in order, then the device shard's.
  * Blocks whose statistics were taken as their gradients completed
@@ -689,29 +654,24 @@ static zo_status expert_sumsq(offload_optim *o, double *xs)
  * (the same double on every rank) and the first bad block of any. */
 static zo_status grad_stats(offload_optim *o, double *sumsq, int *first_bad)
 {
-    zo_status st = ostate_grad_stats(o->os, o->early, o->cfg->adam.clip > 0.0f, sumsq, first_bad);
+    double xs; /* the rank's own experts' part (expert parallelism at ZeRO-0: ostate_split_experts) */
+    zo_status st = ostate_grad_stats(o->os, o->early, o->cfg->adam.clip > 0.0f, sumsq, &xs, first_bad);
     const offload_dp *dp = o->env->dp;
     /* (a partitioned state counts every element once over the world: the
      * experts once in each expert_comm, and those hold different experts) */
     if (st == ZO_OK && dp && dp->ep && !offload_dp_partitioned(dp)) {
         /* expert parallelism: the dense part is the same on every rank, the
-         * experts the rank's own: the group's experts' squares summed, each
-         * expert once (a first bad block of any rank of the group) */
+         * experts the rank's own, kept apart by the same pass: the group's
+         * experts' squares summed in rank order, each expert once (a first
+         * bad block of any rank of the group) */
         comm_t c = o->cfg->ep_comm;
         int size = comm_size(c);
-        double xs;
         struct {
             double xs;
             int32_t first_bad, pad;
-        } mine, *all = calloc((size_t)size, sizeof mine);
+        } mine = {xs, *first_bad, 0}, *all = calloc((size_t)size, sizeof mine);
         if (!all) return zo_error(ZO_ERR_NOMEM, "offload_step: out of host memory");
-        if ((st = expert_sumsq(o, &xs)) == ZO_OK) {
-            mine.xs = xs;
-            mine.first_bad = *first_bad;
-            mine.pad = 0;
-            st = offload_dp_gather_on(o->env->dp, c, &mine, sizeof mine, all);
-        }
-        if (st == ZO_OK) *sumsq -= xs;
+        st = offload_dp_gather_on(o->env->dp, c, &mine, sizeof mine, all);
         for (int r = 0; r < size && st == ZO_OK; r++) {
             *sumsq += all[r].xs;
             if (all[r].first_bad >= 0 && (*first_bad < 0 || all[r].first_bad < *first_bad))
@@ -784,10 +744,13 @@ zo_status offload_optim_step(offload_optim *o, offload_step_info *info)
     }
     info->loss_scale = o->ctr.loss_scale;
     info->skipped = 0;
+    /* the norm's statistics are the step's: its time part (the update's
+     * is counted where it runs) */
     offload_timer t0 = offload_time_begin();
     double sumsq;
     int first_bad;
     st = grad_stats(o, &sumsq, &first_bad);
+    offload_time_end(a, OFFLOAD_TIME_OPTIMIZER, t0);
     o->early = 0;
     if (st != ZO_OK) return st;
     /* the mean over the global batch: every rank's micro-batches */
@@ -796,6 +759,7 @@ zo_status offload_optim_step(offload_optim *o, offload_step_info *info)
     info->grad_norm = (float)norm;
     o->micro = 0;
     if (first_bad >= 0) {
+        t0 = offload_time_begin();
         st = nonfinite_step(o, first_bad, early, info);
         if (o->routed) memset(o->routed, 0, (size_t)o->g->nb * (size_t)o->m->experts); /* (the step's batches) */
         offload_time_end(a, OFFLOAD_TIME_OPTIMIZER, t0);
@@ -869,9 +833,13 @@ zo_status offload_optim_create(const offload_env *env, const offload_config *cfg
          !(o->expert_steps = calloc(ne, sizeof *o->expert_steps)) ||
          !(o->expert_at = calloc((size_t)m->n_expert_ranges, sizeof *o->expert_at))))
         st = zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    /* expert parallelism at ZeRO-0: the clipping norm's experts' part, kept
+     * apart by the block statistics (grad_stats gathers it alone) */
+    int split = env->dp && env->dp->ep && !offload_dp_partitioned(env->dp);
     for (int i = 0; o->expert_at && i < m->n_expert_ranges; i++) {
         const offload_expert_range *x = &m->expert_ranges[i];
         o->expert_at[i] = (offload_decay_range){.block = x->block, .offset = x->offset, .numel = x->numel};
+        if (st == ZO_OK && split) st = ostate_split_experts(os, x->block, x->offset, x->numel);
     }
     if (st == ZO_OK && cfg->schedule == OFFLOAD_SCHEDULE_DPU) {
         /* the new weights of the update in flight land in a host copy (of

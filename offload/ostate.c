@@ -47,6 +47,10 @@ typedef struct ostate_sums {
     int whole;             /* whole blocks are summed (ZeRO 1) */
     float *host;           /* host [off[dev_block]]: the host and NVMe shards' sums */
     size_t host_n;
+    /* (NULL: none) [nb] the rank's own experts' run of each block, in the
+     * block's sum ([xoff, xoff + xn), xn 0: none), whose sum of squares the
+     * statistics keep apart (ostate_split_experts) */
+    size_t *xoff, *xn;
 } ostate_sums;
 
 typedef struct oshard_ops {
@@ -75,7 +79,7 @@ typedef struct oshard_ops {
     /* (optional) Add the sum of squares of the sums it keeps, block by
      * block; *bad_block gets the first of its blocks whose gradient holds
      * an inf or nan, and is left as it is when none does. */
-    zo_status (*grad_stats)(oshard *sh, int exact, double *sumsq, int *bad_block);
+    zo_status (*grad_stats)(oshard *sh, int exact, double *sumsq, double *xsumsq, int *bad_block);
     void (*free)(oshard *sh);
 } oshard_ops;
 
@@ -111,8 +115,45 @@ struct ostate {
     int dev_block;         /* the device share's first block (nb: none), the same on every rank */
     ostate_sums sums;
     double *blk_sumsq;     /* [nb] statistics of the host sums, taken as they completed */
+    double *blk_xsumsq;    /* [nb] ... the experts' run's part of them (sums.xn: apart from blk_sumsq) */
     int *blk_nonfinite;    /* [nb] */
 };
+
+/* ---- the gradient statistics ------------------------------------------------------------ */
+
+/* Block b's run of the rank's own experts within its optimizer part of n
+ * elements: [*lo, *hi) (empty at n: none). */
+static void expert_run(const ostate_sums *s, int b, size_t n, size_t *lo, size_t *hi)
+{
+    *lo = *hi = n;
+    if (s->xn && s->xn[b]) {
+        *lo = s->xoff[b] - s->part[b];
+        *hi = *lo + s->xn[b];
+    }
+}
+
+/* Sum of squares of v, block b's optimizer part (n fp32 values): the
+ * experts' run into *xs, the rest into *ss (each piece summed by
+ * adam_grad_stats, the pieces in order); *nf: any inf or nan. */
+static zo_status split_stats(const ostate_sums *s, int b, const float *v, size_t n, int nthreads, double *ss,
+                             double *xs, int *nf)
+{
+    size_t lo, hi;
+    expert_run(s, b, n, &lo, &hi);
+    const size_t at[4] = {0, lo, hi, n};
+    *ss = *xs = 0.0;
+    *nf = 0;
+    for (int k = 0; k < 3; k++) {
+        if (at[k + 1] == at[k]) continue;
+        double p;
+        int f;
+        zo_status st = adam_grad_stats(v + at[k], ZO_DTYPE_F32, at[k + 1] - at[k], nthreads, &p, &f);
+        if (st != ZO_OK) return st;
+        *(k == 1 ? xs : ss) += p;
+        *nf |= f;
+    }
+    return ZO_OK;
+}
 
 /* ---- the host side's gradient sums ------------------------------------------------------- */
 
@@ -869,7 +910,7 @@ typedef struct dev_shard {
     int w_in_place;       /* W is the device store's array (no bytes of its own) */
     uint16_t *wstage;     /* [2 DEV_STAGE]: W's values, then C's */
     int b0;               /* its first block (whole blocks to the end) */
-    void *stats;          /* device: float sum of squares, int32 inf/nan flag */
+    void *stats;          /* device: float sum of squares, int32 inf/nan flag, float the experts' (sums.xn) */
     float *stats_host;    /* pinned [largest]: one block's fp32 gradient (exact statistics) */
     gpu_event_t done;     /* d2h: the shard's work so far has run */
     int pending;          /* the step's update is enqueued and not waited for */
@@ -1098,8 +1139,9 @@ static zo_status dev_grad_zero(oshard *sh, gpu_stream_t s)
  * the very bits the host would get with these blocks in memory, so clipping
  * gives bit-identical steps. Otherwise on the device (no copy;
  * gpu_sum_squares accumulates in double and rounds the total to float, so
- * the norm differs in its last bits). */
-static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, int *bad_block)
+ * the norm differs in its last bits). The rank's own experts' runs
+ * (sums->xn) go to *xsumsq, in the same pass. */
+static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, double *xsumsq, int *bad_block)
 {
     dev_shard *d = (dev_shard *)sh;
     const offload_geom *g = sh->g;
@@ -1109,30 +1151,42 @@ static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, int *bad_b
     if (exact) {
         if (!d->stats_host)
             return zo_error(ZO_ERR_INTERNAL, "offload: exact statistics without their buffer");
-        offload_timer t0 = offload_time_begin();
         for (int b = d->b0; b < g->nb; b++) {
             size_t n = g->numel[b];
             if (!n) continue;
-            double ss;
+            double ss, xs;
             int nf;
             if ((st = gpu_memcpy_async(s, d->stats_host, grad_block(d, b), n * 4,
                                        GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
                 (st = gpu_event_record(d->done, s)) != ZO_OK || (st = gpu_event_synchronize(d->done)) != ZO_OK)
                 return st;
             offload_add_bytes(env->acct, OFFLOAD_BYTES_D2H, n * 4);
-            if ((st = adam_grad_stats(d->stats_host, ZO_DTYPE_F32, n, env->n_threads, &ss, &nf)) != ZO_OK)
+            if ((st = split_stats(sh->sums, b, d->stats_host, n, env->n_threads, &ss, &xs, &nf)) != ZO_OK)
                 return st;
             *sumsq += ss;
+            *xsumsq += xs;
             if (nf && *bad_block < 0) *bad_block = b;
         }
-        offload_time_end(env->acct, OFFLOAD_TIME_GRADS, t0);
-        return ZO_OK;
+        return ZO_OK; /* (its time is the step's: offload_optim_step) */
     }
-    float *sum = d->stats;
+    float *sum = d->stats, *xsum = (float *)((char *)d->stats + 8);
     int32_t *flag = (int32_t *)((char *)d->stats + 4);
-    unsigned char host[8];
-    if ((st = gpu_memset_async(s, d->stats, 0, 8)) != ZO_OK) return st;
-    if (!sh->sums->whole) { /* the sums are the shard's range, in one piece */
+    unsigned char host[12];
+    if ((st = gpu_memset_async(s, d->stats, 0, 12)) != ZO_OK) return st;
+    if (sh->sums->xn) { /* block by block: each block's experts' run apart */
+        for (int b = d->b0; b < g->nb; b++) {
+            size_t n = g->numel[b], lo, hi;
+            const float *v = grad_block(d, b);
+            expert_run(sh->sums, b, n, &lo, &hi);
+            const size_t at[4] = {0, lo, hi, n};
+            for (int k = 0; k < 3; k++)
+                if (at[k + 1] > at[k] &&
+                    (st = gpu_sum_squares(s, k == 1 ? xsum : sum, gpu_t((float *)v + at[k], ZO_DTYPE_F32),
+                                          at[k + 1] - at[k])) != ZO_OK)
+                    return st;
+            if (n && (st = gpu_check_finite(s, flag, gpu_t((float *)v, ZO_DTYPE_F32), n)) != ZO_OK) return st;
+        }
+    } else if (!sh->sums->whole) { /* the sums are the shard's range, in one piece */
         if ((st = gpu_sum_squares(s, sum, gpu_t(d->G, ZO_DTYPE_F32), sh->n)) != ZO_OK ||
             (st = gpu_check_finite(s, flag, gpu_t(d->G, ZO_DTYPE_F32), sh->n)) != ZO_OK)
             return st;
@@ -1143,15 +1197,17 @@ static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, int *bad_b
                  (st = gpu_check_finite(s, flag, gpu_t(grad_block(d, b), ZO_DTYPE_F32), g->numel[b])) != ZO_OK))
                 return st;
     }
-    if ((st = gpu_memcpy_async(s, host, d->stats, 8, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
+    if ((st = gpu_memcpy_async(s, host, d->stats, 12, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
         (st = gpu_event_record(d->done, s)) != ZO_OK || (st = gpu_event_synchronize(d->done)) != ZO_OK)
         return st;
-    float f;
+    float f, xf;
     int32_t bad;
     memcpy(&f, host, 4);
     memcpy(&bad, host + 4, 4);
+    memcpy(&xf, host + 8, 4);
     *sumsq += (double)f;
-    if (!bad && isfinite(f)) return ZO_OK;
+    *xsumsq += (double)xf;
+    if (!bad && isfinite(f) && isfinite(xf)) return ZO_OK;
     /* the step fails or is skipped: which block, checked one by one */
     for (int b = d->b0; b < g->nb && *bad_block < 0; b++) {
         if (!g->numel[b]) continue;
@@ -1307,7 +1363,7 @@ static zo_status dev_create(oshard *sh, const oshard_config *c)
             return zo_error_wrap(st, "offload_init: optimizer on the device: %s of %zu elements", what[a], n);
         if ((st = gpu_memset_async(env->h2d, *arr[a], 0, n * 4)) != ZO_OK) return st;
     }
-    if ((st = gpu_mem_alloc(env->dev, 8, &d->stats)) != ZO_OK)
+    if ((st = gpu_mem_alloc(env->dev, 12, &d->stats)) != ZO_OK)
         return zo_error_wrap(st, "offload_init: optimizer on the device: gradient statistics");
     if (c->exact_stats &&
         (st = offload_host_alloc(env, sh->g->largest * 4, 1, (void **)&d->stats_host)) != ZO_OK)
@@ -1376,8 +1432,9 @@ static zo_status sums_create(ostate *os, const offload_geom *g)
     s->off = calloc((size_t)nb + 1, sizeof *s->off);
     s->part = calloc((size_t)nb, sizeof *s->part);
     os->blk_sumsq = calloc((size_t)nb, sizeof *os->blk_sumsq);
+    os->blk_xsumsq = calloc((size_t)nb, sizeof *os->blk_xsumsq);
     os->blk_nonfinite = calloc((size_t)nb, sizeof *os->blk_nonfinite);
-    if (!s->off || !s->part || !os->blk_sumsq || !os->blk_nonfinite)
+    if (!s->off || !s->part || !os->blk_sumsq || !os->blk_xsumsq || !os->blk_nonfinite)
         return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
     for (int b = 0; b < nb; b++) {
         s->off[b + 1] = s->off[b] + (s->whole ? dp->pad[b] : og->numel[b]);
@@ -1438,7 +1495,10 @@ void ostate_free(ostate *os)
     offload_host_free(os->env, os->sums.host, os->sums.host_n * sizeof(float), 0);
     free(os->sums.off);
     free(os->sums.part);
+    free(os->sums.xoff);
+    free(os->sums.xn);
     free(os->blk_sumsq);
+    free(os->blk_xsumsq);
     free(os->blk_nonfinite);
     free(os);
 }
@@ -1621,39 +1681,53 @@ zo_status ostate_grad_zero(ostate *os, gpu_stream_t s)
     return ZO_OK;
 }
 
-/* adam_grad_stats over the optimizer's part of host block b. */
-static zo_status host_block_stats(const ostate *os, int b, double *ss, int *nf)
+/* split_stats over the optimizer's part of host block b. */
+static zo_status host_block_stats(const ostate *os, int b, double *ss, double *xs, int *nf)
 {
     const ostate_sums *s = &os->sums;
-    *ss = 0.0;
-    *nf = 0;
-    if (!os->og->numel[b]) return ZO_OK;
-    return adam_grad_stats(s->host + s->off[b] + s->part[b], ZO_DTYPE_F32, os->og->numel[b], os->env->n_threads, ss,
-                           nf);
+    return split_stats(s, b, s->host + s->off[b] + s->part[b], os->og->numel[b], os->env->n_threads, ss, xs, nf);
 }
 
 zo_status ostate_grad_block_stats(ostate *os, int b, int *nonfinite)
 {
-    zo_status st = host_block_stats(os, b, &os->blk_sumsq[b], &os->blk_nonfinite[b]);
+    zo_status st = host_block_stats(os, b, &os->blk_sumsq[b], &os->blk_xsumsq[b], &os->blk_nonfinite[b]);
     *nonfinite = os->blk_nonfinite[b];
     return st;
 }
 
-zo_status ostate_grad_stats(ostate *os, int taken, int exact, double *sumsq, int *first_bad)
+zo_status ostate_split_experts(ostate *os, int b, size_t off, size_t n)
+{
+    ostate_sums *s = &os->sums;
+    size_t nb = (size_t)os->og->nb;
+    if (!s->xn && (!(s->xoff = calloc(nb, sizeof *s->xoff)) || !(s->xn = calloc(nb, sizeof *s->xn))))
+        return zo_error(ZO_ERR_NOMEM, "offload_init: out of host memory");
+    size_t lo = s->xn[b] && s->xoff[b] < off ? s->xoff[b] : off;
+    size_t hi = s->xn[b] && s->xoff[b] + s->xn[b] > off + n ? s->xoff[b] + s->xn[b] : off + n;
+    if (lo < s->part[b] || hi > s->part[b] + os->og->numel[b])
+        return zo_error(ZO_ERR_INTERNAL, "offload_init: block %d's experts [%zu, %zu) lie outside its optimizer part",
+                        b, lo, hi);
+    s->xoff[b] = lo;
+    s->xn[b] = hi - lo;
+    return ZO_OK;
+}
+
+zo_status ostate_grad_stats(ostate *os, int taken, int exact, double *sumsq, double *xsumsq, int *first_bad)
 {
     zo_status st;
-    *sumsq = 0.0;
+    *sumsq = *xsumsq = 0.0;
     *first_bad = -1;
     for (int b = 0; b < os->dev_block; b++) {
-        double ss = os->blk_sumsq[b];
+        double ss = os->blk_sumsq[b], xs = os->blk_xsumsq[b];
         int nf = os->blk_nonfinite[b];
-        if (!taken && (st = host_block_stats(os, b, &ss, &nf)) != ZO_OK) return st;
+        if (!taken && (st = host_block_stats(os, b, &ss, &xs, &nf)) != ZO_OK) return st;
         *sumsq += ss;
+        *xsumsq += xs;
         if (nf && *first_bad < 0) *first_bad = b;
     }
     for (int i = 0; i < os->n_sh; i++) {
         oshard *sh = os->sh[i];
-        if (sh->ops->grad_stats && (st = sh->ops->grad_stats(sh, exact, sumsq, first_bad)) != ZO_OK) return st;
+        if (sh->ops->grad_stats && (st = sh->ops->grad_stats(sh, exact, sumsq, xsumsq, first_bad)) != ZO_OK)
+            return st;
     }
     return ZO_OK;
 }

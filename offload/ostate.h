@@ -121,10 +121,18 @@ zo_status ostate_grad_zero(ostate *os, gpu_stream_t s);
 /* Statistics of block b's host sum, complete (a block summed in host
  * memory): kept for ostate_grad_stats; *nonfinite: it holds an inf or nan. */
 zo_status ostate_grad_block_stats(ostate *os, int b, int *nonfinite);
+/* Block b's elements [off, off + n) of its sum (within the optimizer's
+ * part) are the rank's own experts' (expert parallelism at ZeRO-0): the
+ * statistics keep their squares apart. Called once a range before the first
+ * step; a block's calls extend one run (offload_init refuses experts that
+ * are not one run a block). */
+zo_status ostate_split_experts(ostate *os, int b, size_t off, size_t n);
 /* Sum of squares of every sum and the first block holding an inf or nan
  * (-1: none): the host's blocks in order (`taken`: their statistics kept by
  * ostate_grad_block_stats), then the device's (`exact`: the host's
- * arithmetic, block by block). */
-zo_status ostate_grad_stats(ostate *os, int taken, int exact, double *sumsq, int *first_bad);
+ * arithmetic, block by block). The experts' runs (ostate_split_experts)
+ * go to *xsumsq, the rest to *sumsq, every element read once: each block
+ * is summed in pieces (before its run, the run, after it). */
+zo_status ostate_grad_stats(ostate *os, int taken, int exact, double *sumsq, double *xsumsq, int *first_bad);
 
 #endif

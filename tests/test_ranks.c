@@ -928,6 +928,79 @@ static void test_moe_ep(void **state)
     config = "config.json";
 }
 
+/* The gradient norms of steps 1..STEPS in train's --log file (9 digits). */
+static void logged_norms(const char *log, double *norm)
+{
+    for (int k = 0; k < STEPS; k++) norm[k] = NAN;
+    char *t = files_read_text(log);
+    assert_non_null(t);
+    for (const char *p = t; (p = strstr(p, "{\"step\": ")); p++) {
+        const char *at = strstr(p, "\"grad_norm\": ");
+        int k = atoi(p + 9);
+        if (at && k >= 1 && k <= STEPS) norm[k - 1] = strtod(at + 13, NULL);
+    }
+    free(t);
+}
+
+/* Clipping that bites with expert parallelism at ZeRO-0 and half the
+ * optimizer on the GPU (the clipping norm's experts' part taken from the
+ * device shard's sums by the same pass as the rest): the Mixtral-shaped
+ * model of test_moe_ep, fp32, the weights on the GPU, --clip 0.05. One
+ * rank with --grad-accum 2 first: every step's norm above 0.05 (each step
+ * scaled). Then --ep 2 on 2 ranks: the losses and the norms (train's
+ * --log) within 1e-6 relative. (Adam's step barely moves when every
+ * gradient is scaled alike: the losses alone would not see a wrong norm.)
+ * Then the same two runs with --clip 0: the device share's statistics
+ * summed by its kernels (the experts' run in an accumulator of its own),
+ * the norms within 1e-5 (each kernel call's total is rounded to fp32). */
+static void test_moe_ep_clip(void **state)
+{
+    (void)state;
+    static const char place[] = "--dtype fp32 --params gpu --optimizer gpu=0.5,cpu=0.5";
+    char path[512], plan[600], flags[256], extra[700];
+    double ref[STEPS], got[STEPS], ref_norm[STEPS], got_norm[STEPS];
+    ep_use_model(0, path, sizeof path);
+    snprintf(plan, sizeof plan, "%s/plan-clip.json", dir);
+    snprintf(extra, sizeof extra, "--grad-accum 2 --clip 0.05 --log %s/clip-ref.jsonl", dir);
+    plan_and_train(place, plan, 0, extra, ref);
+    snprintf(extra, sizeof extra, "%s/clip-ref.jsonl", dir);
+    logged_norms(extra, ref_norm);
+    for (int k = 0; k < STEPS; k++) {
+        if (!(ref_norm[k] > 0.05)) fprintf(stderr, "%s\n", last_out);
+        assert_true(ref_norm[k] > 0.05);
+    }
+    snprintf(flags, sizeof flags, "%s --dp 2 --ep 2 --zero 0", place);
+    snprintf(extra, sizeof extra, "--clip 0.05 --log %s/clip-ep.jsonl", dir);
+    plan_and_train(flags, plan, 2, extra, got);
+    snprintf(extra, sizeof extra, "%s/clip-ep.jsonl", dir);
+    logged_norms(extra, got_norm);
+    int same;
+    double worst = worst_rel(got, ref, 0, STEPS, &same);
+    int nsame;
+    double nworst = worst_rel(got_norm, ref_norm, 0, STEPS, &nsame);
+    printf("  mixtral, 2 ranks, --ep 2 --zero 0, %s --clip 0.05: losses worst %.1e, norms (%.4f..%.4f) "
+           "worst %.1e\n",
+           place, worst, ref_norm[0], ref_norm[STEPS - 1], nworst);
+    if (worst > 1e-6 || !(nworst <= 1e-6)) fprintf(stderr, "%s\n", last_out);
+    assert_true(worst <= 1e-6);
+    assert_true(nworst <= 1e-6);
+    assert_non_null(strstr(last_out, "# expert parallelism:"));
+    snprintf(extra, sizeof extra, "--grad-accum 2 --clip 0 --log %s/clip0-ref.jsonl", dir);
+    plan_and_train(place, plan, 0, extra, ref);
+    snprintf(extra, sizeof extra, "%s/clip0-ref.jsonl", dir);
+    logged_norms(extra, ref_norm);
+    snprintf(extra, sizeof extra, "--clip 0 --log %s/clip0-ep.jsonl", dir);
+    plan_and_train(flags, plan, 2, extra, got);
+    snprintf(extra, sizeof extra, "%s/clip0-ep.jsonl", dir);
+    logged_norms(extra, got_norm);
+    nworst = worst_rel(got_norm, ref_norm, 0, STEPS, &nsame);
+    printf("  the same with --clip 0 (the device's kernels): norms (%.4f..%.4f) worst %.1e\n", ref_norm[0],
+           ref_norm[STEPS - 1], nworst);
+    if (!(nworst <= 1e-5)) fprintf(stderr, "%s\n", last_out);
+    assert_true(nworst <= 1e-5);
+    config = "config.json";
+}
+
 /* ---- expert parallelism's checkpoints ------------------------------------------------------ */
 
 /* Whether two files hold the same bytes. */
@@ -1876,6 +1949,7 @@ int main(void)
         cmocka_unit_test(test_moe_ep_capacity),
         cmocka_unit_test(test_moe_ep_zero_ckpt),
         cmocka_unit_test(test_moe_ep_gaps),
+        cmocka_unit_test(test_moe_ep_clip),
         cmocka_unit_test(test_refusals),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
