@@ -434,7 +434,8 @@ static zo_status write_opt_gathered(offload_ckpt *ck, const char *path, int writ
         if (b == g->nb / 2) hook(ck, "optimizer-half");
         if (!g->numel[b]) continue;
         if ((st = dp_agree(dp, mine, "offload_save")) != ZO_OK) break;
-        for (size_t j = 0; j < offload_dp_pieces(dp, b, Q) && st == ZO_OK; j++) {
+        size_t pieces = offload_dp_pieces(dp, b, Q);
+        for (size_t j = 0; j < pieces && st == ZO_OK; j++) {
             offload_piece p;
             offload_dp_piece(dp, b, g->numel[b], j, Q, &p);
             if (p.mine && mine == ZO_OK)

@@ -680,6 +680,7 @@ static zo_status grad_stats(offload_optim *o, double *sumsq, int *first_bad)
         free(all);
         return st;
     }
+    *sumsq += xs; /* (0 unless the experts were kept apart: never lost) */
     if (st != ZO_OK || !offload_dp_partitioned(o->env->dp)) return st;
     struct {
         double sumsq;

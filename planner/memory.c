@@ -611,7 +611,8 @@ static uint64_t layer_on_rank(const zo_layer_params *lp, const plan_train *t, ui
 static uint64_t ep_part(uint64_t total, uint64_t ex, uint64_t dp, int ep, uint64_t unit)
 {
     if (ep <= 1) ex = 0;
-    return (ceil_div(total - ex, unit * dp) + ceil_div(ex, unit * (dp / (uint64_t)ep))) * unit;
+    uint64_t xdp = dp / (uint64_t)(ep > 1 ? ep : 1); /* (an unvalidated EP above DP: over one rank, no division by 0) */
+    return (ceil_div(total - ex, unit * dp) + ceil_div(ex, unit * (xdp ? xdp : 1))) * unit;
 }
 
 static void stage_params(const zo_model_config *m, const plan_train *t, int stage,
