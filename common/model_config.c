@@ -63,6 +63,14 @@ static const zo_model_preset presets[] = {
     /* v0.1: attention over a sliding window of 4096 positions */
     LLAMA("mistral-7b", "mistral-7b-v0.1", "mistral", 32, 4096, 32, 8, 14336, 32000, 32768,
           10000.0f, 4096),
+    /* Phi-3 (Phi3ForCausalLM; their config.json files): LLaMA layers stored
+     * with fused qkv_proj and gate_up_proj; the 4k models attend over a
+     * window of 2047 positions, Phi-4 over all of them */
+    LLAMA("phi-3-mini-4k", "phi-3-mini-4k-instruct", "phi3", 32, 3072, 32, 32, 8192, 32064, 4096,
+          10000.0f, 2047),
+    LLAMA("phi-3-medium-4k", "phi-3-medium-4k-instruct", "phi3", 40, 5120, 40, 10, 17920, 32064,
+          4096, 10000.0f, 2047),
+    LLAMA("phi-4", "phi4", "phi3", 40, 5120, 40, 10, 17920, 100352, 16384, 250000.0f, 0),
 };
 
 const zo_model_preset *zo_model_presets(size_t *count)
@@ -354,7 +362,8 @@ uint64_t zo_model_params(const zo_model_config *c)
 
 static const char *const runtime_families[] = {"", "gpt2", "gpt3", "megatron", "custom", "llama",
                                                "llama2", "llama3", "mistral", "qwen2", "mixtral",
-                                               "qwen2_moe"};
+                                               "qwen2_moe",
+                                               "phi3"};
 
 zo_status zo_model_config_runtime_check(const zo_model_config *c)
 {
@@ -371,6 +380,8 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     else if (c->moe.experts && (c->moe.first_dense || c->moe.router_bias || c->arch == ZO_ARCH_GPT))
         snprintf(lacks, sizeof lacks, "its mixture-of-experts layers");
     else if (c->mla.kv_rank) snprintf(lacks, sizeof lacks, "latent attention");
+    else if (c->arch == ZO_ARCH_LLAMA && c->pos == ZO_POS_ROTARY)
+        snprintf(lacks, sizeof lacks, "partial rotary positions (partial_rotary_factor)");
     else if (c->pos != ZO_POS_ARCH || c->pos_offset) snprintf(lacks, sizeof lacks, "its positions");
     else if (c->layer_norms && c->layer_norms != 2) snprintf(lacks, sizeof lacks, "its norms");
     else if (c->parallel_block) snprintf(lacks, sizeof lacks, "parallel attention and MLP");
@@ -380,7 +391,7 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     else return ZO_OK;
     return zo_error(ZO_ERR_UNSUPPORTED,
                     "model %s: family \"%s\": the runtime does not implement %s (it trains "
-                    "GPT-2, LLaMA, Mistral, Qwen2, Mixtral and Qwen2-MoE layers; memplan sizes this "
+                    "GPT-2, LLaMA, Mistral, Qwen2, Phi-3, Mixtral and Qwen2-MoE layers; memplan sizes this "
                     "family)",
                     c->name, c->family, lacks);
 }
@@ -604,7 +615,8 @@ static void parse_gpt2(hf *r, zo_model_config *c, const family *f)
  * - sliding_window, as Hugging Face reads it: Mistral's (MistralConfig's
  *   default 4096 when absent, none when null), on every layer; Qwen2's only
  *   with use_sliding_window, on the layers at or past max_window_layers
- *   (default 28);
+ *   (default 28); Phi-3's on every layer when present and not null
+ *   (Phi3Config's default is none);
  * - rope_scaling's rope_type (or its older "type"), unless "default", and
  *   its parameters: factor, llama3's low_freq_factor (default 1),
  *   high_freq_factor (default 4) and original_max_position_embeddings. */
@@ -617,6 +629,8 @@ static void hf_attention_extent(hf *r, zo_model_config *c, const family *f)
     } else if (!strcmp(f->type, "qwen2") && !null_window && hf_bool(r, "use_sliding_window", 0)) {
         c->window_from_layer = hf_int2(r, "max_window_layers", NULL, 0, 28);
         if (c->window_from_layer < c->n_layers) c->sliding_window = hf_int(r, "sliding_window", 4096);
+    } else if (!strcmp(f->type, "phi3") && w && !null_window) {
+        c->sliding_window = hf_int(r, "sliding_window", REQ);
     }
     const cJSON *rs = hf_item(r, "rope_scaling");
     if (!rs) return;
@@ -660,6 +674,10 @@ static void parse_llama(hf *r, zo_model_config *c, const family *f)
      * and MLP too */
     c->qk_norm = !strncmp(f->type, "qwen3", 5);
     if (!strcmp(f->type, "gemma2")) c->layer_norms = 4;
+    /* Phi-4-mini rotates only the first partial_rotary_factor of each head:
+     * no size changes, the runtime refuses it by name */
+    if (!strcmp(f->type, "phi3") && hf_float(r, "partial_rotary_factor", 1.0f) != 1.0f)
+        c->pos = ZO_POS_ROTARY;
 }
 
 /* The router's training keys (Mixtral, Qwen-MoE): the auxiliary loss as

@@ -20,6 +20,7 @@
 
 #include "model/data.h"        /* defines: model_tokens, model_batch_get */
 #include "common/fileio.h"     /* defines: zo_file_read_all */
+#include "model/hf.h"          /* defines: model_hf_save, model_hf_config */
 #include "model/safetensors.h" /* defines: model_st_open, model_load_path */
 #include "tests/support/check.h" /* defines: check_close_f32 */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer, tf_model */
@@ -35,6 +36,7 @@ static const char *fix_dir(void)
 }
 #define B 2
 #define T 8
+#define T_MAX 64 /* the longest fixture's sequences (tiny_phi3's 56) */
 
 /* ---- fixtures ----------------------------------------------------------------- */
 
@@ -61,7 +63,8 @@ typedef struct fixture {
     gpu_stream_t s;
     tf_model m;
     tf_trainer tr;
-    int32_t inputs[B * T], targets[B * T];
+    int t; /* its sequences' length: T, or the fixture's own (tiny_phi3) */
+    int32_t inputs[B * T_MAX], targets[B * T_MAX];
 } fixture;
 
 static void fixture_open_opts(fixture *fx, const char *name, zo_dtype dt, int n_threads, const tf_adamw *opt,
@@ -80,11 +83,16 @@ static void fixture_open_opts(fixture *fx, const char *name, zo_dtype dt, int n_
     fx->name = name;
     char path[512];
     snprintf(path, sizeof path, "%s/%s.json", fix_dir(), name);
-    assert_int_equal(zo_model_config_load(path, &fx->cfg), ZO_OK);
+    if (zo_model_config_load(path, &fx->cfg) != ZO_OK) fail_msg("%s", zo_last_error());
+    size_t n_in;
+    float *in = read_expected(name, "inputs", &n_in), *tg = read_expected(name, "targets", NULL);
+    fx->t = (int)(n_in / B);
+    assert_true(fx->t >= 1 && fx->t <= T_MAX);
     gpu_cpu_options o = {.n_threads = n_threads};
     assert_int_equal(gpu_device_init_cpu(&o, &fx->dev), ZO_OK);
     assert_int_equal(gpu_stream_create(fx->dev, &fx->s), ZO_OK);
-    if (tf_init_opts(&fx->m, &fx->cfg, fx->dev, dt, B, T, to) != ZO_OK) fail_msg("tf_init: %s", zo_last_error());
+    if (tf_init_opts(&fx->m, &fx->cfg, fx->dev, dt, B, fx->t, to) != ZO_OK)
+        fail_msg("tf_init: %s", zo_last_error());
     tf_adamw none = {.lr = 0};
     assert_int_equal(tf_trainer_init(&fx->tr, &fx->m, opt ? opt : &none), ZO_OK);
     snprintf(path, sizeof path, "%s/%s.safetensors", fix_dir(), name);
@@ -93,8 +101,7 @@ static void fixture_open_opts(fixture *fx, const char *name, zo_dtype dt, int n_
                                      ZO_DTYPE_F32, MODEL_LOAD_STRICT, &rep), ZO_OK);
     assert_int_equal(rep.n_missing, 0);
     assert_int_equal(tf_trainer_upload(&fx->tr, fx->s), ZO_OK);
-    float *in = read_expected(name, "inputs", NULL), *tg = read_expected(name, "targets", NULL);
-    for (int i = 0; i < B * T; i++) {
+    for (int i = 0; i < B * fx->t; i++) {
         fx->inputs[i] = (int32_t)in[i];
         fx->targets[i] = (int32_t)tg[i];
     }
@@ -128,24 +135,24 @@ static void run_against_torch(const char *name)
 {
     fixture fx;
     fixture_open(&fx, name, ZO_DTYPE_F32, 2, NULL);
-    int V = fx.cfg.vocab;
+    int V = fx.cfg.vocab, t = fx.t;
     /* forward: logits and loss */
-    assert_int_equal(tf_set_batch(&fx.m, fx.s, fx.inputs, fx.targets, B, T), ZO_OK);
+    assert_int_equal(tf_set_batch(&fx.m, fx.s, fx.inputs, fx.targets, B, t), ZO_OK);
     assert_int_equal(tf_forward(&fx.m, fx.tr.params, fx.s), ZO_OK);
     float loss;
     assert_int_equal(tf_loss(&fx.m, fx.s, &loss), ZO_OK);
-    float *logits = malloc((size_t)B * T * V * sizeof(float));
-    download_as(&fx, logits, fx.m.logits, (size_t)B * T * V, ZO_DTYPE_F32); /* logits are fp32 */
+    float *logits = malloc((size_t)B * t * V * sizeof(float));
+    download_as(&fx, logits, fx.m.logits, (size_t)B * t * V, ZO_DTYPE_F32); /* logits are fp32 */
     size_t n;
     float *want_logits = read_expected(name, "logits", &n);
     float *want_loss = read_expected(name, "loss", NULL);
-    assert_int_equal(n, (size_t)B * T * V);
+    assert_int_equal(n, (size_t)B * t * V);
     assert_int_equal(check_close_f32("logits", logits, want_logits, n, 2e-5, 2e-5), 0);
     assert_int_equal(check_close_f32("loss", &loss, want_loss, 1, 1e-5, 1e-5), 0);
 
     /* backward: every gradient, loaded by name from the torch file */
     tf_step_info info;
-    assert_int_equal(tf_trainer_grads(&fx.tr, fx.s, fx.inputs, fx.targets, B, T, &info), ZO_OK);
+    assert_int_equal(tf_trainer_grads(&fx.tr, fx.s, fx.inputs, fx.targets, B, t, &info), ZO_OK);
     assert_int_equal(check_close_f32("loss (trainer)", &info.loss, want_loss, 1, 1e-5, 1e-5), 0);
     int nb = fx.m.layout.n_blocks;
     float **want = calloc(nb, sizeof(float *));
@@ -434,10 +441,10 @@ static void run_training(const char *name)
     float got[16];
     assert_true(n <= 16);
     for (size_t k = 0; k < n; k++) {
-        int32_t in[B * T], tg[B * T];
-        assert_int_equal(model_batch_get(&tok, B, T, (int64_t)k, 0, MODEL_SAMPLE_SEQUENTIAL, in, tg), ZO_OK);
+        int32_t in[B * T_MAX], tg[B * T_MAX];
+        assert_int_equal(model_batch_get(&tok, B, fx.t, (int64_t)k, 0, MODEL_SAMPLE_SEQUENTIAL, in, tg), ZO_OK);
         tf_step_info info;
-        assert_int_equal(tf_trainer_step(&fx.tr, fx.s, in, tg, B, T, &info), ZO_OK);
+        assert_int_equal(tf_trainer_step(&fx.tr, fx.s, in, tg, B, fx.t, &info), ZO_OK);
         got[k] = info.loss;
     }
     assert_int_equal(check_close_f32("train losses", got, want, n, 1e-4, 1e-4), 0);
@@ -457,6 +464,106 @@ static void test_llama_training(void **state)
 {
     (void)state;
     run_training("tiny_llama");
+}
+
+/* ---- Phi-3 ---------------------------------------------------------------------------------- */
+
+/* model_hf_save's reader: the fixture's fp32 master weights, block b. */
+static zo_status read_master(void *ctx, int b, float *dst)
+{
+    const fixture *fx = ctx;
+    memcpy(dst, fx->tr.master[b], fx->m.layout.block_numel[b] * sizeof(float));
+    return ZO_OK;
+}
+
+/* Every tensor of safetensors file `path` named as `l` lays it out equals
+ * buffer blocks[] there, bit for bit (and the file has no other tensor). */
+static void check_file_holds(const char *path, const model_layout *l, float *const *blocks)
+{
+    model_st_file f;
+    assert_int_equal(model_st_open(&f, path), ZO_OK);
+    assert_int_equal(f.n_tensors, l->n_tensors);
+    for (int i = 0; i < l->n_tensors; i++) {
+        const model_tensor *t = &l->tensors[i];
+        const model_st_tensor *ft = model_st_find(&f, t->name);
+        if (!ft) fail_msg("%s: no %s", path, t->name);
+        assert_int_equal(ft->numel, t->numel);
+        float *v = malloc(t->numel * sizeof(float));
+        assert_int_equal(model_st_read(&f, ft, v, ZO_DTYPE_F32, 0), ZO_OK);
+        assert_memory_equal(v, blocks[t->block] + t->offset, t->numel * sizeof(float));
+        free(v);
+    }
+    model_st_close(&f);
+}
+
+/* Phi-3 (tests/fixtures/gpu/make_fixtures.py tiny_phi3): its checkpoint
+ * holds q|k|v as one qkv_proj [q + 2kv, h] and gate|up as one gate_up_proj
+ * [2f, h], loaded straight into the fused views; GQA, a window of 20 over
+ * sequences of 56. Logits, loss, every gradient (under the fused names:
+ * the split is checked row by row) and 10 AdamW steps against PyTorch; then
+ * the Hugging Face folder written from it holds the same names and values,
+ * with a config.json that reads back as the same model. */
+static void test_phi3_vs_torch(void **state)
+{
+    (void)state;
+    run_against_torch("tiny_phi3");
+    run_training("tiny_phi3");
+
+    fixture fx;
+    fixture_open(&fx, "tiny_phi3", ZO_DTYPE_F32, 2, NULL);
+    const model_layout *l = &fx.m.layout;
+    assert_int_equal(fx.cfg.sliding_window, 20);
+    assert_true(fx.t > 48 && fx.t > fx.cfg.sliding_window);
+    const model_tensor *qkv = model_layout_find(l, "model.layers.1.self_attn.qkv_proj.weight");
+    const model_tensor *gu = model_layout_find(l, "model.layers.1.mlp.gate_up_proj.weight");
+    assert_non_null(qkv);
+    assert_non_null(gu);
+    assert_int_equal(qkv->shape[0], 32 + 2 * 16); /* 4 heads of 8, 2 kv heads */
+    assert_int_equal(gu->shape[0], 2 * 48);
+    assert_null(model_layout_find(l, "model.layers.1.self_attn.q_proj.weight"));
+    assert_null(model_layout_find(l, "model.layers.1.mlp.up_proj.weight"));
+    /* the parts are row ranges of the fused tensors, in Hugging Face's order */
+    const model_view *k = model_layout_view(l, qkv->block, MODEL_ROLE_K_W);
+    const model_view *up = model_layout_view(l, gu->block, MODEL_ROLE_MLP_UP_W);
+    assert_int_equal(k->offset, qkv->offset + 32 * 32);
+    assert_int_equal(up->offset, gu->offset + 48 * 32);
+
+    /* export: the folder Hugging Face's from_pretrained reads */
+    char dir[128], path[256], cfgp[256];
+    snprintf(dir, sizeof dir, "/tmp/zo_test_phi3_%d", (int)getpid());
+    snprintf(cfgp, sizeof cfgp, "%s/tiny_phi3.json", fix_dir());
+    model_hf_folder hf = {.dir = dir, .l = l, .dtype = ZO_DTYPE_F32, .config = cfgp};
+    int shards = 0;
+    if (model_hf_save(&hf, read_master, &fx, &shards) != ZO_OK) fail_msg("%s", zo_last_error());
+    assert_int_equal(shards, 1);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    check_file_holds(path, l, fx.tr.master);
+    /* the fixture's own file holds the same (what was loaded is what is written) */
+    snprintf(cfgp, sizeof cfgp, "%s/tiny_phi3.safetensors", fix_dir());
+    check_file_holds(cfgp, l, fx.tr.master);
+    /* reload: the same family, window and shapes */
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    zo_model_config back;
+    assert_int_equal(zo_model_config_load(path, &back), ZO_OK);
+    assert_string_equal(back.family, "phi3");
+    assert_int_equal(back.sliding_window, 20);
+    assert_int_equal(back.n_kv_heads, 2);
+    /* the config.json written for a shape (a preset's) reads back the same */
+    cJSON *o = NULL;
+    assert_int_equal(model_hf_config(&fx.cfg, ZO_DTYPE_BF16, &o), ZO_OK);
+    char *text = cJSON_Print(o);
+    assert_non_null(strstr(text, "Phi3ForCausalLM"));
+    zo_model_config gen;
+    assert_int_equal(zo_model_config_parse(text, "written.json", &gen), ZO_OK);
+    assert_string_equal(gen.family, "phi3");
+    assert_int_equal(gen.sliding_window, 20);
+    assert_int_equal(zo_model_params(&gen), zo_model_params(&fx.cfg));
+    free(text);
+    cJSON_Delete(o);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+    fixture_close(&fx);
 }
 
 /* ---- 16-bit storage ---------------------------------------------------------------------- */
@@ -983,6 +1090,7 @@ int main(void)
         cmocka_unit_test(test_loss_chunk),
         cmocka_unit_test(test_llama_vs_torch),
         cmocka_unit_test(test_qwen2_vs_torch),
+        cmocka_unit_test(test_phi3_vs_torch),
         cmocka_unit_test(test_generation_vs_torch),
         cmocka_unit_test(test_generation_placements),
         cmocka_unit_test(test_gpt2_training),

@@ -76,18 +76,34 @@ static zo_status lora_init(tf_model *m)
         return zo_error_wrap(st, "tf_init");
     m->lora_scale = o->alpha / (float)o->r;
     zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    m->n_lora = zo_lora_layer_modules(c, o->targets, mods);
+    m->n_lora_u = zo_lora_layer_modules(c, o->targets, mods);
     const int q = q_width(c), kv = c->n_kv_heads * c->head_dim, r = o->r;
     /* offsets as model_lora_layout_init lays a layer out: the modules in
      * order, the routed experts' together at the first of them, expert
      * after expert */
     size_t at = 0, e_stride = 0, e_at = 0;
     int e_seen = 0;
-    for (int j = 0; j < m->n_lora; j++)
+    for (int j = 0; j < m->n_lora_u; j++)
         if (mods[j].experts) e_stride += (size_t)r * (size_t)(mods[j].in + mods[j].out);
-    for (int j = 0; j < m->n_lora; j++) {
-        tf_lora_slot *sl = &m->lora[j];
+    m->n_lora = 0;
+    for (int j = 0; j < m->n_lora_u; j++) {
+        tf_lora_slot *sl = &m->lora[m->n_lora++];
         unsigned t = mods[j].targets;
+        sl->u = j;
+        if (t == (ZO_LORA_GATE | ZO_LORA_UP)) {
+            /* Phi-3's gate_up_proj: A [r, h], B [2f, r]; a gate slot with B's
+             * first f rows and an up slot with the rest, over the one A (its
+             * gradient the sum of both slots'; B's rows are [out, r]) */
+            int f = (int)mods[j].out / 2;
+            tf_lora_slot *up = &m->lora[m->n_lora++];
+            *sl = (tf_lora_slot){.stage = TF_LORA_GATE, .u = j, .in = (int)mods[j].in, .out = f,
+                                 .a_off = at, .b_off = at + (size_t)r * (size_t)mods[j].in};
+            *up = *sl;
+            up->stage = TF_LORA_UP;
+            up->b_off += (size_t)f * (size_t)r;
+            at += (size_t)r * (size_t)(mods[j].in + mods[j].out);
+            continue;
+        }
         int ex = mods[j].experts > 0;
         sl->stage = t & (ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V) ? TF_LORA_QKV
                     : t == ZO_LORA_O                         ? TF_LORA_O
@@ -134,12 +150,13 @@ static zo_status lora_init(tf_model *m)
 }
 
 /* Elements of the largest linear weight a layer dequantizes at once (the
- * fused q|k|v counts as one). */
+ * fused q|k|v counts as one; Phi-3's gate_up_proj, one tensor, too). */
 static size_t largest_linear(const zo_model_config *c)
 {
     size_t h = (size_t)c->hidden, f = (size_t)c->ffn, q = (size_t)q_width(c), qkv = (size_t)qkv_width(c);
     size_t fe = (size_t)c->moe.expert_ffn, fs = (size_t)c->moe.shared_ffn;
-    size_t w[] = {qkv * h, h * q, f * h, fe * h, fs * h}; /* and an MoE layer's experts */
+    size_t fused = strcmp(c->family, "phi3") ? 1 : 2;
+    size_t w[] = {qkv * h, h * q, fused * f * h, fe * h, fs * h}; /* and an MoE layer's experts */
     size_t most = 0;
     for (size_t i = 0; i < N_REQ(w); i++) most = w[i] > most ? w[i] : most;
     return most;
@@ -265,7 +282,7 @@ static zo_status gen_alloc(tf_model *m)
     zo_status st;
     const zo_model_config *c = &m->cfg;
     size_t B = (size_t)m->B, N = B * m->T, es = zo_dtype_size(m->dtype), h = c->hidden, f = mlp_width(c);
-    size_t L = c->n_layers, lora_cols = has_lora(m) ? (size_t)m->n_lora * m->opts.lora.r : 0;
+    size_t L = c->n_layers, lora_cols = has_lora(m) ? (size_t)m->n_lora_u * m->opts.lora.r : 0;
     size_t E = (size_t)c->moe.experts, fe = (size_t)c->moe.expert_ffn, K = (size_t)c->moe.top_k;
     int llama = c->arch != ZO_ARCH_GPT;
     m->moe_rows = K * N;
@@ -419,7 +436,7 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         if ((st = gen_alloc(m)) != ZO_OK || (st = rope_upload(m)) != ZO_OK) goto out_free;
         return ZO_OK;
     }
-    size_t lora_cols = lora ? (size_t)m->n_lora * m->opts.lora.r : 0;
+    size_t lora_cols = lora ? (size_t)m->n_lora_u * m->opts.lora.r : 0;
     /* the rows the experts here compute a layer (zo_moe_rank_rows): the
      * rank's own pairs kept (min(top_k N, E C) with a capacity factor),
      * or with expert parallelism the most every rank of the group can
@@ -877,6 +894,13 @@ static zo_status base_weight(tf_model *m, gpu_stream_t s, const void *buf, int b
         return ZO_OK;
     }
     size_t es = zo_dtype_size(m->dtype);
+    if (first >= 0 && m->layout.tensors[first].offset + m->layout.tensors[first].numel > v->offset + v->numel) {
+        /* a row range of one tensor (Phi-3's gate or up of gate_up_proj): the
+         * tensor dequantized, the range's rows of it */
+        const model_tensor *t = &m->layout.tensors[first];
+        *w = gpu_t((char *)m->wdq + (v->offset - t->offset) * es, m->dtype);
+        return gpu_nf4_dequantize(s, gpu_t(m->wdq, m->dtype), (const char *)buf + m->frozen_off[first], t->numel);
+    }
     for (int i = 0; v && i < m->layout.n_tensors; i++) {
         const model_tensor *t = &m->layout.tensors[i];
         if (t->block != block || t->offset < v->offset || t->offset >= v->offset + v->numel) continue;
@@ -979,12 +1003,12 @@ static zo_status lora_forward(tf_model *m, gpu_stream_t s, int l, const tf_block
                               tf_lora_stage stage, gpu_tensor x, gpu_tensor y, int64_t ldy)
 {
     zo_status st;
-    const int N = m->b * m->t, r = m->opts.lora.r, ldu = m->n_lora * r;
+    const int N = m->b * m->t, r = m->opts.lora.r, ldu = m->n_lora_u * r;
     const zo_dtype dt = m->dtype;
     for (int j = 0; j < m->n_lora; j++) {
         const tf_lora_slot *sl = &m->lora[j];
         if (sl->stage != stage) continue;
-        gpu_tensor u = gpu_t((char *)m->acts[l].lora_u + (size_t)j * r * zo_dtype_size(dt), dt);
+        gpu_tensor u = gpu_t((char *)m->acts[l].lora_u + (size_t)sl->u * r * zo_dtype_size(dt), dt);
         gpu_tensor yc = y;
         if (y.data) yc.data = (char *)y.data + (size_t)sl->col * zo_dtype_size(y.dtype);
         if ((st = adapter_forward(m, s, u, ldu, lora_part(m, bb->params, j, MODEL_LORA_A),
@@ -1003,12 +1027,12 @@ static zo_status lora_backward(tf_model *m, gpu_stream_t s, int l, const tf_bloc
                                gpu_tensor dx)
 {
     zo_status st;
-    const int N = m->b * m->t, r = m->opts.lora.r, ldu = m->n_lora * r;
+    const int N = m->b * m->t, r = m->opts.lora.r, ldu = m->n_lora_u * r;
     const zo_dtype dt = m->dtype;
     for (int j = 0; j < m->n_lora; j++) {
         const tf_lora_slot *sl = &m->lora[j];
         if (sl->stage != stage) continue;
-        gpu_tensor u = gpu_t((char *)m->acts[l].lora_u + (size_t)j * r * zo_dtype_size(dt), dt);
+        gpu_tensor u = gpu_t((char *)m->acts[l].lora_u + (size_t)sl->u * r * zo_dtype_size(dt), dt);
         gpu_tensor dyc = gpu_t((char *)dy.data + (size_t)sl->col * zo_dtype_size(dy.dtype), dy.dtype);
         if ((st = adapter_backward(m, s, u, ldu, lora_part(m, bb->params, j, MODEL_LORA_A),
                                    lora_part(m, bb->params, j, MODEL_LORA_B), lora_part(m, bb->grads, j, MODEL_LORA_A),
