@@ -2,7 +2,8 @@
  * tf_options.lora) against the PyTorch float64 implementation of
  * tests/fixtures/lora/make_lora_fixtures.py (LoRA as PEFT defines it, NF4
  * written from the QLoRA paper): logits, loss and every adapter gradient of
- * tiny GPT-2 and LLaMA models with adapters on several target sets, with a
+ * tiny GPT-2, LLaMA and Phi-3 models with adapters on several target sets
+ * (Phi-3's fused qkv_proj and gate_up_proj as PEFT adapts them), with a
  * bf16 or NF4 base, in fp32 and bf16; the losses of AdamW steps on the
  * adapters only, after which the frozen base is bit-identical; activation
  * recomputation; PEFT's initialisation; QLoRA against a bf16 base over 20
@@ -362,11 +363,16 @@ static void test_gpt2_attn_nf4(void **state) { (void)state; run_case("gpt2_attn_
 static void test_llama_qv(void **state) { (void)state; run_case("llama_qv", ZO_DTYPE_F32); }
 static void test_llama_all(void **state) { (void)state; run_case("llama_all", ZO_DTYPE_F32); }
 static void test_llama_all_nf4(void **state) { (void)state; run_case("llama_all_nf4", ZO_DTYPE_F32); }
+/* Phi-3: PEFT's fused qkv_proj and gate_up_proj adapters (v and up name
+ * them), and every module over an NF4 base whose fused tensors are
+ * quantized whole (gate and up are row ranges of one NF4 tensor) */
+static void test_phi3_qkv_up(void **state) { (void)state; run_case("phi3_qkv_up", ZO_DTYPE_F32); }
+static void test_phi3_all_nf4(void **state) { (void)state; run_case("phi3_all_nf4", ZO_DTYPE_F32); }
 
 static void test_bf16(void **state)
 {
     (void)state;
-    const char *cases[] = {"gpt2_all", "llama_qv", "llama_all", "llama_all_nf4"};
+    const char *cases[] = {"gpt2_all", "llama_qv", "llama_all", "llama_all_nf4", "phi3_all_nf4"};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(cases[i], ZO_DTYPE_BF16);
 }
 
@@ -377,8 +383,8 @@ static void test_bf16(void **state)
 static void test_recompute(void **state)
 {
     (void)state;
-    const char *cases[] = {"llama_all_nf4", "gpt2_all"};
-    for (size_t c = 0; c < 2; c++) {
+    const char *cases[] = {"llama_all_nf4", "gpt2_all", "phi3_all_nf4"};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         lora_fx a, r;
         fx_open(&a, cases[c], ZO_DTYPE_BF16, 0, -1, 0);
         fx_open(&r, cases[c], ZO_DTYPE_BF16, 1, -1, 0);
@@ -634,7 +640,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt2_all),      cmocka_unit_test(test_gpt2_attn_nf4),
         cmocka_unit_test(test_llama_qv),      cmocka_unit_test(test_llama_all),
-        cmocka_unit_test(test_llama_all_nf4), cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_llama_all_nf4), cmocka_unit_test(test_phi3_qkv_up),
+        cmocka_unit_test(test_phi3_all_nf4),  cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_recompute),     cmocka_unit_test(test_init),
         cmocka_unit_test(test_sizes),         cmocka_unit_test(test_qlora_vs_lora),
         cmocka_unit_test(test_save_resume),   cmocka_unit_test(test_errors),

@@ -764,6 +764,73 @@ static void test_train_lora(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* `train` on a Phi-3 with LoRA and QLoRA on every linear layer: the loss
+ * falls; the adapters are PEFT's for Phi-3 (one over qkv_proj, one over
+ * gate_up_proj) under its names and shapes, and a run from them starts where
+ * the first ended. */
+static void test_train_phi3_lora(void **state)
+{
+    (void)state;
+    char dir[64], text[128], ad[128], cfg[128], cmd[1400];
+    snprintf(dir, sizeof dir, "/tmp/zo_test_phi3_lora_%d", (int)getpid());
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(text, sizeof text, "%s/text.txt", dir);
+    snprintf(ad, sizeof ad, "%s/adapter", dir);
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    FILE *f = fopen(text, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 400; i++) fprintf(f, "the quick brown fox jumps over the lazy dog %d. ", i % 10);
+    fclose(f);
+    f = fopen(cfg, "w");
+    fprintf(f, "{\"model_type\": \"phi3\", \"num_hidden_layers\": 2, \"hidden_size\": 32, "
+               "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 48, "
+               "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"sliding_window\": 15}\n");
+    fclose(f);
+    static char out[1 << 16];
+    for (int q = 0; q < 2; q++) {
+        snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --micro-batch 4 --seq 32 --threads 2 --lora 4 "
+                 "--lora-targets all-linear --steps 40 --lr 1e-2 %s --save %s 2>&1",
+                 ZO_TRAIN_BIN, cfg, text, q ? "--qlora --params-on cpu" : "", ad);
+        assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+        /* 2 layers x 4 x ((32 + 64) + (32 + 32) + (32 + 96) + (48 + 32)) */
+        if (!q) assert_non_null(strstr(out, "2944 trainable parameters"));
+        int steps;
+        float last5, first = lora_losses(out, &steps, &last5, 40);
+        printf("  train phi3 %s: loss %.3f -> %.3f\n", q ? "--qlora" : "--lora 4", first, last5);
+        assert_int_equal(steps, 40);
+        assert_true(last5 < first - 0.2f);
+        char path[256];
+        snprintf(path, sizeof path, "%s/adapter_config.json", ad);
+        char *cj = NULL;
+        assert_int_equal(zo_file_read_all(path, 1 << 16, "adapter_config.json", &cj, NULL), ZO_OK);
+        assert_non_null(strstr(cj, "\"qkv_proj\""));
+        assert_non_null(strstr(cj, "\"gate_up_proj\""));
+        assert_null(strstr(cj, "\"q_proj\""));
+        free(cj);
+        snprintf(path, sizeof path, "%s/adapter_model.safetensors", ad);
+        model_ckpt ck;
+        assert_int_equal(model_ckpt_open(&ck, path), ZO_OK);
+        const model_ckpt_entry *e = model_ckpt_find(&ck, "base_model.model.model.layers.1.mlp.gate_up_proj.lora_B.weight");
+        assert_non_null(e);
+        assert_int_equal(e->tensor->shape[0], 96);
+        assert_int_equal(e->tensor->shape[1], 4);
+        e = model_ckpt_find(&ck, "base_model.model.model.layers.0.self_attn.qkv_proj.lora_B.weight");
+        assert_non_null(e);
+        assert_int_equal(e->tensor->shape[0], 32 + 2 * 16);
+        assert_null(model_ckpt_find(&ck, "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"));
+        model_ckpt_close(&ck);
+        snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --micro-batch 4 --seq 32 --threads 2 "
+                                  "%s --adapter %s --steps 1 --lr 0 2>&1",
+                 ZO_TRAIN_BIN, cfg, text, q ? "--qlora" : "", ad);
+        assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+        float again = lora_losses(out, &steps, &last5, 1);
+        assert_true(again < first - 0.2f);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* ---- initialisation ------------------------------------------------------------------------------ */
 
 /* The sequence the random initialisation is defined by: one splitmix64
@@ -1100,6 +1167,7 @@ int main(void)
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_init_sequence),
         cmocka_unit_test(test_train_lora),
+        cmocka_unit_test(test_train_phi3_lora),
         cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_attention_extent),
         cmocka_unit_test(test_train_program),

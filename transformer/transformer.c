@@ -894,10 +894,10 @@ static zo_status base_weight(tf_model *m, gpu_stream_t s, const void *buf, int b
         return ZO_OK;
     }
     size_t es = zo_dtype_size(m->dtype);
-    if (first >= 0 && m->layout.tensors[first].offset + m->layout.tensors[first].numel > v->offset + v->numel) {
+    const model_tensor *t = first >= 0 ? &m->layout.tensors[first] : NULL;
+    if (t && (t->offset < v->offset || t->offset + t->numel > v->offset + v->numel)) {
         /* a row range of one tensor (Phi-3's gate or up of gate_up_proj): the
          * tensor dequantized, the range's rows of it */
-        const model_tensor *t = &m->layout.tensors[first];
         *w = gpu_t((char *)m->wdq + (v->offset - t->offset) * es, m->dtype);
         return gpu_nf4_dequantize(s, gpu_t(m->wdq, m->dtype), (const char *)buf + m->frozen_off[first], t->numel);
     }
