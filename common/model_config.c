@@ -611,6 +611,44 @@ static void parse_gpt2(hf *r, zo_model_config *c, const family *f)
     hf_act(r, "activation_function", NULL, c);
 }
 
+/* A longrope factor list into out[]: its length, or -1 when it is not a
+ * list of numbers or has more than ZO_ROPE_MAX_FACTORS. */
+static int hf_factor_list(const cJSON *list, float *out)
+{
+    if (!cJSON_IsArray(list) || cJSON_GetArraySize(list) > ZO_ROPE_MAX_FACTORS) return -1;
+    int n = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, list)
+    {
+        if (!cJSON_IsNumber(e)) return -1;
+        out[n++] = (float)e->valuedouble;
+    }
+    return n;
+}
+
+/* longrope as Hugging Face's _compute_longrope_parameters reads it: the
+ * original length is Phi-3's top-level original_max_position_embeddings
+ * (Phi3Config's default 4096) or else rope_scaling's; the attention factor
+ * rope_scaling's, or sqrt(1 + ln(s) / ln(original)) with s the ratio of
+ * max_position_embeddings to it when s > 1, else 1. The lists are checked
+ * against the head size where they are used (the transformer), so that
+ * memplan sizes a model whose lists it does not need. */
+static void hf_longrope(hf *r, hf *sub, zo_model_config *c, const family *f)
+{
+    int n_short = hf_factor_list(cJSON_GetObjectItemCaseSensitive(sub->root, "short_factor"), c->rope_short_factor);
+    int n_long = hf_factor_list(cJSON_GetObjectItemCaseSensitive(sub->root, "long_factor"), c->rope_long_factor);
+    c->rope_n_factors = n_short == n_long ? n_short : -1;
+    if (!strcmp(f->type, "phi3"))
+        c->rope_original_max = hf_int2(r, "original_max_position_embeddings", NULL, 1, 4096);
+    else if (hf_item(r, "original_max_position_embeddings"))
+        c->rope_original_max = hf_int2(r, "original_max_position_embeddings", NULL, 1, c->max_seq);
+    double s = (double)c->max_seq / c->rope_original_max;
+    c->rope_attention_factor =
+        hf_float(sub, "attention_factor", s > 1.0 ? (float)sqrt(1.0 + log(s) / log((double)c->rope_original_max)) : 1.0f);
+    if (!sub->st && !(c->rope_attention_factor > 0.0f))
+        hf_fail(sub, ZO_ERR_FORMAT, "attention_factor", "must be > 0 (got %g)", c->rope_attention_factor);
+}
+
 /* What limits or rescales attention without changing a size:
  * - sliding_window, as Hugging Face reads it: Mistral's (MistralConfig's
  *   default 4096 when absent, none when null), on every layer; Qwen2's only
@@ -619,7 +657,9 @@ static void parse_gpt2(hf *r, zo_model_config *c, const family *f)
  *   (Phi3Config's default is none);
  * - rope_scaling's rope_type (or its older "type"), unless "default", and
  *   its parameters: factor, llama3's low_freq_factor (default 1),
- *   high_freq_factor (default 4) and original_max_position_embeddings. */
+ *   high_freq_factor (default 4) and original_max_position_embeddings;
+ *   longrope's short_factor and long_factor lists and attention_factor,
+ *   with Phi-3's top-level original_max_position_embeddings (hf_longrope). */
 static void hf_attention_extent(hf *r, zo_model_config *c, const family *f)
 {
     const cJSON *w = cJSON_GetObjectItemCaseSensitive(r->root, "sliding_window");
@@ -647,6 +687,7 @@ static void hf_attention_extent(hf *r, zo_model_config *c, const family *f)
     c->rope_low_freq_factor = hf_float(&sub, "low_freq_factor", 1.0f);
     c->rope_high_freq_factor = hf_float(&sub, "high_freq_factor", 4.0f);
     c->rope_original_max = hf_int2(&sub, "original_max_position_embeddings", NULL, 1, c->max_seq);
+    if (!strcmp(kind, "longrope")) hf_longrope(r, &sub, c, f);
     if (!sub.st && !(c->rope_factor > 0.0f))
         hf_fail(&sub, ZO_ERR_FORMAT, "factor", "must be > 0 (got %g)", c->rope_factor);
     if (!sub.st && !strcmp(kind, "llama3") &&

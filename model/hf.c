@@ -88,6 +88,13 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
                 cJSON_AddNumberToObject(rs, "high_freq_factor", c->rope_high_freq_factor);
             }
             if (c->rope_original_max) cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_original_max);
+            if (!strcmp(c->rope_scaling, "longrope") && c->rope_n_factors > 0) {
+                cJSON_AddItemToObject(rs, "short_factor", cJSON_CreateFloatArray(c->rope_short_factor, c->rope_n_factors));
+                cJSON_AddItemToObject(rs, "long_factor", cJSON_CreateFloatArray(c->rope_long_factor, c->rope_n_factors));
+                cJSON_AddNumberToObject(rs, "attention_factor", c->rope_attention_factor);
+                /* Phi-3 reads its original length from the top level */
+                cJSON_AddNumberToObject(o, "original_max_position_embeddings", c->rope_original_max);
+            }
         }
     }
     cJSON_AddStringToObject(o, "torch_dtype", model_hf_dtype_name(dtype));

@@ -566,6 +566,66 @@ static void test_phi3_vs_torch(void **state)
     fixture_close(&fx);
 }
 
+/* Phi-3's longrope (Phi-3.5-mini's rope_scaling, small: 4 factors a list,
+ * an original length of 32 of 256 positions) against PyTorch: sequences of
+ * 24 turn by short_factor's frequencies, of 56 by long_factor's, cos and
+ * sin times sqrt(1 + ln 8 / ln 32) in both; logits, loss, every gradient
+ * and 10 AdamW steps. Generation whose cache passes the original length is
+ * refused by name (Hugging Face's switches factors there); the real
+ * Phi-3.5-mini config reads as Hugging Face reads it. */
+static void test_phi3_longrope_vs_torch(void **state)
+{
+    (void)state;
+    run_against_torch("tiny_phi3_longrope_short");
+    run_against_torch("tiny_phi3_longrope_long");
+    run_training("tiny_phi3_longrope_long");
+    char path[512];
+    snprintf(path, sizeof path, "%s/tiny_phi3_longrope_long.json", fix_dir());
+    zo_model_config c;
+    assert_int_equal(zo_model_config_load(path, &c), ZO_OK);
+    assert_string_equal(c.rope_scaling, "longrope");
+    assert_int_equal(c.rope_original_max, 32);
+    assert_int_equal(c.rope_n_factors, 4);
+    assert_true(fabs(c.rope_attention_factor - sqrt(1.0 + log(8.0) / log(32.0))) < 1e-6);
+    gpu_device_t dev;
+    gpu_cpu_options o = {.n_threads = 1};
+    assert_int_equal(gpu_device_init_cpu(&o, &dev), ZO_OK);
+    tf_model g;
+    tf_options go = {.kv_len = 32};
+    assert_int_equal(tf_init_opts(&g, &c, dev, ZO_DTYPE_F32, 1, 8, &go), ZO_OK);
+    tf_free(&g);
+    go.kv_len = 33;
+    assert_int_equal(tf_init_opts(&g, &c, dev, ZO_DTYPE_F32, 1, 8, &go), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "longrope"));
+    /* lists that are not head_dim / 2 long are refused by name */
+    c.rope_n_factors = 3;
+    assert_int_equal(tf_init(&g, &c, dev, ZO_DTYPE_F32, 1, 8), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "short_factor"));
+    gpu_device_free(dev);
+    /* the config.json written for it reads back the same longrope */
+    c.rope_n_factors = 4;
+    cJSON *js = NULL;
+    assert_int_equal(model_hf_config(&c, ZO_DTYPE_BF16, &js), ZO_OK);
+    char *text = cJSON_Print(js);
+    zo_model_config back;
+    assert_int_equal(zo_model_config_parse(text, "written.json", &back), ZO_OK);
+    assert_int_equal(back.rope_n_factors, 4);
+    assert_int_equal(back.rope_original_max, 32);
+    assert_memory_equal(back.rope_long_factor, c.rope_long_factor, 4 * sizeof(float));
+    assert_memory_equal(back.rope_short_factor, c.rope_short_factor, 4 * sizeof(float));
+    assert_true(fabs(back.rope_attention_factor - c.rope_attention_factor) < 1e-6);
+    free(text);
+    cJSON_Delete(js);
+    /* Phi-3.5-mini: 48 factors a list (head_dim 96), the original length
+     * 4096 of 131072: sqrt(1 + ln 32 / ln 4096) */
+    snprintf(path, sizeof path, "%s/hf-configs/phi-3.5-mini-instruct.json", ZO_FIXTURES_DIR);
+    assert_int_equal(zo_model_config_load(path, &c), ZO_OK);
+    assert_int_equal(c.rope_n_factors, 48);
+    assert_int_equal(c.rope_original_max, 4096);
+    assert_true(fabs(c.rope_long_factor[47] - 64.83999633789062) < 1e-5);
+    assert_true(fabs(c.rope_attention_factor - sqrt(1.0 + log(32.0) / log(4096.0))) < 1e-6);
+}
+
 /* ---- 16-bit storage ---------------------------------------------------------------------- */
 
 static void test_bf16_fp16(void **state)
@@ -1158,6 +1218,7 @@ int main(void)
         cmocka_unit_test(test_llama_vs_torch),
         cmocka_unit_test(test_qwen2_vs_torch),
         cmocka_unit_test(test_phi3_vs_torch),
+        cmocka_unit_test(test_phi3_longrope_vs_torch),
         cmocka_unit_test(test_generation_vs_torch),
         cmocka_unit_test(test_generation_placements),
         cmocka_unit_test(test_gpt2_training),

@@ -166,9 +166,14 @@ static size_t largest_linear(const zo_model_config *c)
  * (its ROPE_INIT_FUNCTIONS), for sequences up to T: f[i] = theta^(-2i/d),
  * then linear: f / factor; llama3: f / factor for wavelengths past
  * original / low_freq_factor, f below original / high_freq_factor, and a
- * blend between; dynamic: f itself within its original length. Other kinds
- * (yarn, longrope, ...) also scale the attention: ZO_ERR_UNSUPPORTED, by name. */
-static zo_status rope_frequencies(const zo_model_config *c, int T, double *f)
+ * blend between; dynamic: f itself within its original length; longrope:
+ * f / short_factor[i] for T up to the original length, f / long_factor[i]
+ * past it (the longest position's choice, as Hugging Face makes it from the
+ * positions of a forward), and *scale its attention factor. Generation
+ * whose cache passes the original length is refused: Hugging Face's
+ * switches factors there and computes the cache again. Other kinds (yarn,
+ * ...) are refused by name (ZO_ERR_UNSUPPORTED). */
+static zo_status rope_frequencies(const zo_model_config *c, int T, int generating, double *f, float *scale)
 {
     const int d = c->head_dim, half = d / 2;
     const char *kind = c->rope_scaling;
@@ -186,6 +191,21 @@ static zo_status rope_frequencies(const zo_model_config *c, int T, double *f)
                 f[i] = (1.0 - smooth) * f[i] / c->rope_factor + smooth * f[i];
             }
         }
+    } else if (!strcmp(kind, "longrope")) {
+        if (c->rope_n_factors != half)
+            return zo_error(ZO_ERR_UNSUPPORTED,
+                            "tf_init: model %s: rope_scaling \"longrope\": short_factor and long_factor must be "
+                            "lists of head_dim / 2 = %d numbers each",
+                            c->name, half);
+        if (generating && T > c->rope_original_max)
+            return zo_error(ZO_ERR_UNSUPPORTED,
+                            "tf_init: model %s: rope_scaling \"longrope\" switches to long_factor past %d "
+                            "positions (original_max_position_embeddings), and the cache holds %d; generation "
+                            "computes it within %d",
+                            c->name, c->rope_original_max, T, c->rope_original_max);
+        const float *ext = T > c->rope_original_max ? c->rope_long_factor : c->rope_short_factor;
+        for (int i = 0; i < half; i++) f[i] /= (double)ext[i];
+        *scale = c->rope_attention_factor;
     } else if (!strcmp(kind, "dynamic")) {
         if (T > c->rope_original_max)
             return zo_error(ZO_ERR_UNSUPPORTED,
@@ -194,8 +214,8 @@ static zo_status rope_frequencies(const zo_model_config *c, int T, double *f)
                             c->name, c->rope_original_max, T, c->rope_original_max);
     } else {
         return zo_error(ZO_ERR_UNSUPPORTED,
-                        "tf_init: model %s: rope_scaling \"%s\" is not computed here (llama3, linear and "
-                        "dynamic within its original length are)",
+                        "tf_init: model %s: rope_scaling \"%s\" is not computed here (llama3, linear, "
+                        "longrope and dynamic within its original length are)",
                         c->name, kind);
     }
     return ZO_OK;
@@ -210,7 +230,8 @@ static zo_status rope_upload(tf_model *m)
     double *host = malloc(bytes);
     if (!host) return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory");
     gpu_stream_t s = NULL;
-    zo_status st = rope_frequencies(c, m->opts.kv_len ? m->opts.kv_len : m->T, host); /* the last position */
+    zo_status st = rope_frequencies(c, m->opts.kv_len ? m->opts.kv_len : m->T, m->opts.kv_len > 0, host,
+                                    &m->rope_scale); /* the last position */
     if (st == ZO_OK) st = gpu_mem_alloc(m->dev, bytes, (void **)&m->rope_freq);
     if (st == ZO_OK) st = gpu_stream_create(m->dev, &s);
     if (st == ZO_OK) st = gpu_memcpy_async(s, m->rope_freq, host, bytes, GPU_COPY_HOST_TO_DEVICE);
@@ -362,6 +383,7 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
 {
     zo_status st;
     memset(m, 0, sizeof *m);
+    m->rope_scale = 1.0f;
     if (opts) m->opts = *opts;
     if (B < 1 || T < 1)
         return zo_error(ZO_ERR_INVALID, "tf_init: micro-batch %d x %d must be positive", B, T);
@@ -1140,10 +1162,10 @@ static zo_status rope_rows(tf_model *m, gpu_stream_t s, gpu_tensor qkv, int ld)
     const int heads = c->n_heads + c->n_kv_heads, t = m->t;
     if (!m->opts.kv_len || same_pos(m))
         return gpu_rope_forward(s, qkv, m->b * t, t, heads, c->head_dim, ld, c->rope_theta,
-                                m->opts.kv_len ? m->hpos[0] : 0, m->rope_freq);
+                                m->opts.kv_len ? m->hpos[0] : 0, m->rope_freq, m->rope_scale);
     for (int j = 0; j < m->b; j++) {
         zo_status st = gpu_rope_forward(s, seq_rows(m, qkv, j, (size_t)ld), t, t, heads, c->head_dim, ld,
-                                        c->rope_theta, m->hpos[j], m->rope_freq);
+                                        c->rope_theta, m->hpos[j], m->rope_freq, m->rope_scale);
         if (st != ZO_OK) return st;
     }
     return ZO_OK;
@@ -1950,7 +1972,7 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
                         .window = layer_window(m, l)};
     if ((st = gpu_attention_backward(s, &ad, dqkv, datt, qkv, att, a->lse)) != ZO_OK) return st;
     if (!is_gpt(m) && (st = gpu_rope_backward(s, dqkv, N, m->t, c->n_heads + c->n_kv_heads,
-                                              c->head_dim, ld, c->rope_theta, 0, m->rope_freq)) != ZO_OK)
+                                              c->head_dim, ld, c->rope_theta, 0, m->rope_freq, m->rope_scale)) != ZO_OK)
         return st;
     if ((st = linear_role_backward(m, l, bb, s, qkvp, dh, 0.0f, dqkv, ln1)) != ZO_OK) return st;
     /* dres (= d x) += norm1 backward */

@@ -196,6 +196,7 @@ typedef struct tf_model {
     int32_t *tokens;     /* [B*T] device */
     int32_t *targets;    /* [B*T] device */
     double *rope_freq;   /* [head_dim/2] device: a rope_scaling's frequencies; NULL: rope_theta's */
+    float rope_scale;    /* the rotation's cos and sin times this (longrope's attention factor; 1) */
     void **res;          /* [L+1] residual stream [N, h]: res[0] embedding output, res[l+1] layer l output */
     tf_layer_acts *acts; /* [L] */
     void *lnf;           /* [N, h] */
