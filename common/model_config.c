@@ -380,8 +380,8 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     else if (c->moe.experts && (c->moe.first_dense || c->moe.router_bias || c->arch == ZO_ARCH_GPT))
         snprintf(lacks, sizeof lacks, "its mixture-of-experts layers");
     else if (c->mla.kv_rank) snprintf(lacks, sizeof lacks, "latent attention");
-    else if (c->arch == ZO_ARCH_LLAMA && c->pos == ZO_POS_ROTARY)
-        snprintf(lacks, sizeof lacks, "partial rotary positions (partial_rotary_factor)");
+    else if (c->arch == ZO_ARCH_LLAMA && (zo_model_rope_dim(c) < 2 || zo_model_rope_dim(c) % 2))
+        snprintf(lacks, sizeof lacks, "an odd rotary size (partial_rotary_factor)");
     else if (c->pos != ZO_POS_ARCH || c->pos_offset) snprintf(lacks, sizeof lacks, "its positions");
     else if (c->layer_norms && c->layer_norms != 2) snprintf(lacks, sizeof lacks, "its norms");
     else if (c->parallel_block) snprintf(lacks, sizeof lacks, "parallel attention and MLP");
@@ -715,10 +715,19 @@ static void parse_llama(hf *r, zo_model_config *c, const family *f)
      * and MLP too */
     c->qk_norm = !strncmp(f->type, "qwen3", 5);
     if (!strcmp(f->type, "gemma2")) c->layer_norms = 4;
-    /* Phi-4-mini rotates only the first partial_rotary_factor of each head:
-     * no size changes, the runtime refuses it by name */
-    if (!strcmp(f->type, "phi3") && hf_float(r, "partial_rotary_factor", 1.0f) != 1.0f)
-        c->pos = ZO_POS_ROTARY;
+    /* Phi-4-mini rotates only the first partial_rotary_factor of each head
+     * (no size changes) */
+    if (!strcmp(f->type, "phi3")) {
+        float p = hf_float(r, "partial_rotary_factor", 1.0f);
+        if (!r->st && !(p > 0.0f && p <= 1.0f))
+            hf_fail(r, ZO_ERR_FORMAT, "partial_rotary_factor", "must be in (0, 1] (got %g)", p);
+        c->rope_partial = p == 1.0f ? 0.0f : p;
+    }
+}
+
+int zo_model_rope_dim(const zo_model_config *c)
+{
+    return c->rope_partial > 0.0f ? (int)(c->head_dim * (double)c->rope_partial) : c->head_dim;
 }
 
 /* The router's training keys (Mixtral, Qwen-MoE): the auxiliary loss as

@@ -96,6 +96,8 @@ typedef struct zo_model_config {
     int rope_n_factors;    /* the lists' length (head_dim / 2 for a usable config); -1: the lists
                               are not lists of numbers, or are longer than ZO_ROPE_MAX_FACTORS */
     float rope_short_factor[ZO_ROPE_MAX_FACTORS], rope_long_factor[ZO_ROPE_MAX_FACTORS];
+    float rope_partial;    /* partial_rotary_factor (Phi-4-mini's 0.75): the first int(head_dim x
+                              it) of each head rotate, the rest pass; 0: all (zo_model_rope_dim) */
     float rope_attention_factor; /* rope_scaling's attention_factor, or as Hugging Face derives it:
                                     sqrt(1 + ln(s) / ln(original)) for s = max_position_embeddings /
                                     original > 1, else 1 */
@@ -120,6 +122,10 @@ typedef struct zo_model_preset {
     const char *aliases;  /* comma-separated other accepted names */
     zo_model_config cfg;
 } zo_model_preset;
+
+/* The rotated part of a head: int(head_dim x partial_rotary_factor) as
+ * Hugging Face computes it, or head_dim. */
+int zo_model_rope_dim(const zo_model_config *c);
 
 /* The built-in presets, in listing order. */
 const zo_model_preset *zo_model_presets(size_t *count);

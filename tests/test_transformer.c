@@ -626,6 +626,28 @@ static void test_phi3_longrope_vs_torch(void **state)
     assert_true(fabs(c.rope_attention_factor - sqrt(1.0 + log(32.0) / log(4096.0))) < 1e-6);
 }
 
+/* Phi-4-mini's positions, small: partial_rotary_factor 0.75 (6 of each
+ * head's 8 rotate, paired i with i + 3, the last 2 pass), longrope lists of
+ * 3 past the original length, a tied head; against PyTorch. A factor that
+ * leaves an odd rotary size is refused by name. */
+static void test_phi3_partial_vs_torch(void **state)
+{
+    (void)state;
+    run_against_torch("tiny_phi3_partial");
+    run_training("tiny_phi3_partial");
+    char path[512];
+    snprintf(path, sizeof path, "%s/tiny_phi3_partial.json", fix_dir());
+    zo_model_config c;
+    assert_int_equal(zo_model_config_load(path, &c), ZO_OK);
+    assert_int_equal(zo_model_rope_dim(&c), 6);
+    assert_int_equal(c.rope_n_factors, 3);
+    assert_true(c.tied_embeddings);
+    c.rope_partial = 0.625f; /* 5 of 8 */
+    model_layout l;
+    assert_int_equal(model_layout_init(&l, &c), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "partial_rotary_factor"));
+}
+
 /* ---- 16-bit storage ---------------------------------------------------------------------- */
 
 static void test_bf16_fp16(void **state)
@@ -1219,6 +1241,7 @@ int main(void)
         cmocka_unit_test(test_qwen2_vs_torch),
         cmocka_unit_test(test_phi3_vs_torch),
         cmocka_unit_test(test_phi3_longrope_vs_torch),
+        cmocka_unit_test(test_phi3_partial_vs_torch),
         cmocka_unit_test(test_generation_vs_torch),
         cmocka_unit_test(test_generation_placements),
         cmocka_unit_test(test_gpt2_training),

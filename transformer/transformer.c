@@ -175,7 +175,7 @@ static size_t largest_linear(const zo_model_config *c)
  * ...) are refused by name (ZO_ERR_UNSUPPORTED). */
 static zo_status rope_frequencies(const zo_model_config *c, int T, int generating, double *f, float *scale)
 {
-    const int d = c->head_dim, half = d / 2;
+    const int d = zo_model_rope_dim(c), half = d / 2;
     const char *kind = c->rope_scaling;
     for (int i = 0; i < half; i++) f[i] = pow((double)c->rope_theta, -2.0 * i / d);
     if (!strcmp(kind, "linear")) {
@@ -226,7 +226,7 @@ static zo_status rope_upload(tf_model *m)
 {
     const zo_model_config *c = &m->cfg;
     if (!c->rope_scaling[0] || c->arch == ZO_ARCH_GPT) return ZO_OK;
-    size_t bytes = (size_t)(c->head_dim / 2) * sizeof(double);
+    size_t bytes = (size_t)(zo_model_rope_dim(c) / 2) * sizeof(double);
     double *host = malloc(bytes);
     if (!host) return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory");
     gpu_stream_t s = NULL;
@@ -1153,19 +1153,35 @@ static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_
     return ZO_OK;
 }
 
+/* RoPE (or its backward) on the q and k heads of n rows of x from position
+ * pos0: one call over every head, or with a partial rotary size (Phi-4-mini)
+ * one a head over its first zo_model_rope_dim elements, which the op pairs
+ * and turns as Hugging Face's apply_rotary_pos_emb does its q_rot. */
+static zo_status rope_heads(tf_model *m, gpu_stream_t s, gpu_tensor x, int n, int ld, int pos0, int backward)
+{
+    const zo_model_config *c = &m->cfg;
+    const int heads = c->n_heads + c->n_kv_heads, rd = zo_model_rope_dim(c);
+    const int calls = rd == c->head_dim ? 1 : heads, per = calls == 1 ? heads : 1;
+    for (int h = 0; h < calls; h++) {
+        gpu_tensor xh = gpu_t((char *)x.data + (size_t)h * c->head_dim * zo_dtype_size(x.dtype), x.dtype);
+        zo_status st = backward ? gpu_rope_backward(s, xh, n, m->t, per, rd, ld, c->rope_theta, pos0, m->rope_freq,
+                                                    m->rope_scale)
+                                : gpu_rope_forward(s, xh, n, m->t, per, rd, ld, c->rope_theta, pos0, m->rope_freq,
+                                                   m->rope_scale);
+        if (st != ZO_OK) return st;
+    }
+    return ZO_OK;
+}
+
 /* RoPE on the q and k heads of the current rows: from position 0 of each
  * sequence in training; in generation from each sequence's position (one
  * call when they share it). */
 static zo_status rope_rows(tf_model *m, gpu_stream_t s, gpu_tensor qkv, int ld)
 {
-    const zo_model_config *c = &m->cfg;
-    const int heads = c->n_heads + c->n_kv_heads, t = m->t;
-    if (!m->opts.kv_len || same_pos(m))
-        return gpu_rope_forward(s, qkv, m->b * t, t, heads, c->head_dim, ld, c->rope_theta,
-                                m->opts.kv_len ? m->hpos[0] : 0, m->rope_freq, m->rope_scale);
+    const int t = m->t;
+    if (!m->opts.kv_len || same_pos(m)) return rope_heads(m, s, qkv, m->b * t, ld, m->opts.kv_len ? m->hpos[0] : 0, 0);
     for (int j = 0; j < m->b; j++) {
-        zo_status st = gpu_rope_forward(s, seq_rows(m, qkv, j, (size_t)ld), t, t, heads, c->head_dim, ld,
-                                        c->rope_theta, m->hpos[j], m->rope_freq, m->rope_scale);
+        zo_status st = rope_heads(m, s, seq_rows(m, qkv, j, (size_t)ld), t, ld, m->hpos[j], 0);
         if (st != ZO_OK) return st;
     }
     return ZO_OK;
@@ -1971,8 +1987,7 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     gpu_attn_desc ad = {.b = m->b, .t = m->t, .hq = c->n_heads, .hkv = c->n_kv_heads, .d = c->head_dim,
                         .window = layer_window(m, l)};
     if ((st = gpu_attention_backward(s, &ad, dqkv, datt, qkv, att, a->lse)) != ZO_OK) return st;
-    if (!is_gpt(m) && (st = gpu_rope_backward(s, dqkv, N, m->t, c->n_heads + c->n_kv_heads,
-                                              c->head_dim, ld, c->rope_theta, 0, m->rope_freq, m->rope_scale)) != ZO_OK)
+    if (!is_gpt(m) && (st = rope_heads(m, s, dqkv, N, ld, 0, 1)) != ZO_OK)
         return st;
     if ((st = linear_role_backward(m, l, bb, s, qkvp, dh, 0.0f, dqkv, ln1)) != ZO_OK) return st;
     /* dres (= d x) += norm1 backward */
