@@ -271,7 +271,7 @@ static int gen_check(fixture *fx, tf_model *g, const int32_t *tok, int t, const 
     for (int j = 0; j < B; j++) {
         char what[96];
         snprintf(what, sizeof what, "%s: sequence %d, position %d", fx->name, j, pos[j] + last[j]);
-        bad += check_close_f32(what, got + (size_t)j * V, want + ((size_t)j * T + pos[j] + last[j]) * V, (size_t)V,
+        bad += check_close_f32(what, got + (size_t)j * V, want + ((size_t)j * fx->t + pos[j] + last[j]) * V, (size_t)V,
                                2e-5, 2e-5);
     }
     free(got);
@@ -290,34 +290,37 @@ static void run_generation(const char *name)
     fixture_open(&fx, name, ZO_DTYPE_F32, 2, NULL);
     float *want = read_expected(name, "logits", NULL);
     tf_model g;
-    tf_options o = {.kv_len = T};
+    const int t = fx.t; /* the cache holds the fixture's sequence */
+    tf_options o = {.kv_len = t};
     assert_int_equal(tf_init_opts(&g, &fx.cfg, fx.dev, ZO_DTYPE_F32, B, 5, &o), ZO_OK);
     int32_t tok[B * 5];
     int bad = 0;
     /* one position: prompts of 3, then positions 3..7 */
     int pos[B] = {0, 0}, last[B] = {2, 2};
     for (int j = 0; j < B; j++)
-        for (int i = 0; i < 3; i++) tok[j * 3 + i] = fx.inputs[j * T + i];
+        for (int i = 0; i < 3; i++) tok[j * 3 + i] = fx.inputs[j * t + i];
     bad += gen_check(&fx, &g, tok, 3, pos, last, want);
-    for (int p = 3; p < T; p++) {
+    for (int p = 3; p < t; p++) {
         int one[B] = {p, p}, zero[B] = {0, 0};
-        for (int j = 0; j < B; j++) tok[j] = fx.inputs[j * T + p];
+        for (int j = 0; j < B; j++) tok[j] = fx.inputs[j * t + p];
         bad += gen_check(&fx, &g, tok, 1, one, zero, want);
     }
     /* different positions: prompts of 3 (padded to 5) and 5 over the same caches */
     int last2[B] = {2, 4};
     for (int j = 0; j < B; j++)
-        for (int i = 0; i < 5; i++) tok[j * 5 + i] = j == 0 && i >= 3 ? 1 : fx.inputs[j * T + i];
+        for (int i = 0; i < 5; i++) tok[j * 5 + i] = j == 0 && i >= 3 ? 1 : fx.inputs[j * t + i];
     bad += gen_check(&fx, &g, tok, 5, pos, last2, want);
     for (int k = 0; k < 3; k++) {
         int at[B] = {3 + k, 5 + k}, zero[B] = {0, 0};
-        for (int j = 0; j < B; j++) tok[j] = fx.inputs[j * T + at[j]];
+        for (int j = 0; j < B; j++) tok[j] = fx.inputs[j * t + at[j]];
         bad += gen_check(&fx, &g, tok, 1, at, zero, want);
     }
     /* a position past the cache is refused, naming it */
-    int past[B] = {T, 0}, zero[B] = {0, 0};
+    int past[B] = {t, 0}, zero[B] = {0, 0};
     assert_int_equal(tf_set_tokens(&g, fx.s, tok, B, 1, past, zero), ZO_ERR_INVALID);
-    assert_non_null(strstr(zo_last_error(), "outside the cache of 8"));
+    char said[64];
+    snprintf(said, sizeof said, "outside the cache of %d", t);
+    assert_non_null(strstr(zo_last_error(), said));
     /* and a generation model trains nothing */
     assert_int_equal(tf_set_batch(&g, fx.s, fx.inputs, fx.targets, B, 5), ZO_ERR_INVALID);
     assert_int_equal(bad, 0);
@@ -332,6 +335,10 @@ static void test_generation_vs_torch(void **state)
     run_generation("tiny_gpt2");
     run_generation("tiny_llama");
     run_generation("tiny_qwen2");
+    /* Phi-3: the window of 20 over a cache of 56; longrope within its
+     * original length (short_factor, the attention factor) */
+    run_generation("tiny_phi3");
+    run_generation("tiny_phi3_longrope_short");
 }
 
 /* Generation on the forward-only runtime (transformer/generate.h), the
