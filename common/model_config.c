@@ -70,7 +70,7 @@ static const zo_model_preset presets[] = {
           10000.0f, 2047),
     LLAMA("phi-3-medium-4k", "phi-3-medium-4k-instruct", "phi3", 40, 5120, 40, 10, 17920, 32064,
           4096, 10000.0f, 2047),
-    LLAMA("phi-4", "phi4", "phi3", 40, 5120, 40, 10, 17920, 100352, 16384, 250000.0f, 0),
+    LLAMA("phi-4", "", "phi3", 40, 5120, 40, 10, 17920, 100352, 16384, 250000.0f, 0),
 };
 
 const zo_model_preset *zo_model_presets(size_t *count)
