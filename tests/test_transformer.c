@@ -580,16 +580,25 @@ static void test_phi3_vs_torch(void **state)
  * and 10 AdamW steps. Generation whose cache passes the original length is
  * refused by name (Hugging Face's switches factors there); the real
  * Phi-3.5-mini config reads as Hugging Face reads it. */
+/* A fixture's config.json. */
+static zo_model_config fixture_config(const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s.json", fix_dir(), name);
+    zo_model_config c;
+    if (zo_model_config_load(path, &c) != ZO_OK) fail_msg("%s", zo_last_error());
+    return c;
+}
+
 static void test_phi3_longrope_vs_torch(void **state)
 {
     (void)state;
+    const char *name = "tiny_phi3_longrope_long";
     run_against_torch("tiny_phi3_longrope_short");
-    run_against_torch("tiny_phi3_longrope_long");
-    run_training("tiny_phi3_longrope_long");
+    run_against_torch(name);
+    run_training(name);
+    zo_model_config c = fixture_config(name);
     char path[512];
-    snprintf(path, sizeof path, "%s/tiny_phi3_longrope_long.json", fix_dir());
-    zo_model_config c;
-    assert_int_equal(zo_model_config_load(path, &c), ZO_OK);
     assert_string_equal(c.rope_scaling, "longrope");
     assert_int_equal(c.rope_original_max, 32);
     assert_int_equal(c.rope_n_factors, 4);
@@ -642,10 +651,7 @@ static void test_phi3_partial_vs_torch(void **state)
     (void)state;
     run_against_torch("tiny_phi3_partial");
     run_training("tiny_phi3_partial");
-    char path[512];
-    snprintf(path, sizeof path, "%s/tiny_phi3_partial.json", fix_dir());
-    zo_model_config c;
-    assert_int_equal(zo_model_config_load(path, &c), ZO_OK);
+    zo_model_config c = fixture_config("tiny_phi3_partial");
     assert_int_equal(zo_model_rope_dim(&c), 6);
     assert_int_equal(c.rope_n_factors, 3);
     assert_true(c.tied_embeddings);
@@ -794,11 +800,21 @@ static float lora_losses(const char *out, int *steps, float *last5, int nsteps)
     return first;
 }
 
-static void test_train_lora(void **state)
+/* What a model's `train --lora 4 --lora-targets all-linear` (and --qlora)
+ * run must show: the trainable count (--lora), entries adapter_config.json
+ * lists and one it must not, an adapter tensor under PEFT's name (with its
+ * shape when rows > 0). */
+typedef struct lora_case {
+    const char *tag, *config_json, *trainable;
+    const char *lists[3], *not_listed;
+    const char *tensor;
+    int64_t rows, cols;
+} lora_case;
+
+static void run_train_lora(const lora_case *lc)
 {
-    (void)state;
     char dir[64], text[128], ad[128], cfg[128], cmd[1400];
-    snprintf(dir, sizeof dir, "/tmp/zo_test_lora_%d", (int)getpid());
+    snprintf(dir, sizeof dir, "/tmp/zo_test_lora_%s_%d", lc->tag, (int)getpid());
     snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
     assert_int_equal(system(cmd), 0);
     snprintf(text, sizeof text, "%s/text.txt", dir);
@@ -809,8 +825,7 @@ static void test_train_lora(void **state)
     for (int i = 0; i < 400; i++) fprintf(f, "the quick brown fox jumps over the lazy dog %d. ", i % 10);
     fclose(f);
     f = fopen(cfg, "w");
-    fprintf(f, "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 32, \"n_head\": 2,"
-               " \"n_positions\": 32, \"vocab_size\": 256}\n");
+    fprintf(f, "%s\n", lc->config_json);
     fclose(f);
     static char out[1 << 16];
     const char *common = "--text --micro-batch 4 --seq 32 --threads 2 --lora 4 --lora-targets all-linear";
@@ -818,10 +833,10 @@ static void test_train_lora(void **state)
         snprintf(cmd, sizeof cmd, "%s --model %s --data %s %s --steps 40 --lr 1e-2 %s --save %s 2>&1",
                  ZO_TRAIN_BIN, cfg, text, common, q ? "--qlora --params-on cpu" : "", ad);
         assert_int_equal(run_capture(cmd, out, sizeof out), 0);
-        assert_non_null(strstr(out, q ? "(QLoRA: NF4 base)" : "4096 trainable parameters"));
+        assert_non_null(strstr(out, q ? "(QLoRA: NF4 base)" : lc->trainable));
         int steps;
         float last5, first = lora_losses(out, &steps, &last5, 40);
-        printf("  train %s: loss %.3f -> %.3f\n", q ? "--qlora" : "--lora 4", first, last5);
+        printf("  train %s %s: loss %.3f -> %.3f\n", lc->tag, q ? "--qlora" : "--lora 4", first, last5);
         assert_int_equal(steps, 40);
         assert_true(last5 < first - 0.2f);
         /* PEFT's files: the config and the adapters under PEFT's names */
@@ -830,12 +845,18 @@ static void test_train_lora(void **state)
         char *cj = NULL;
         assert_int_equal(zo_file_read_all(path, 1 << 16, "adapter_config.json", &cj, NULL), ZO_OK);
         assert_non_null(strstr(cj, "\"peft_type\":\t\"LORA\""));
-        assert_non_null(strstr(cj, "\"c_attn\""));
+        for (int i = 0; i < 3 && lc->lists[i]; i++) assert_non_null(strstr(cj, lc->lists[i]));
+        if (lc->not_listed) assert_null(strstr(cj, lc->not_listed));
         free(cj);
         snprintf(path, sizeof path, "%s/adapter_model.safetensors", ad);
         model_ckpt ck;
         assert_int_equal(model_ckpt_open(&ck, path), ZO_OK);
-        assert_non_null(model_ckpt_find(&ck, "base_model.model.transformer.h.1.mlp.c_fc.lora_B.weight"));
+        const model_ckpt_entry *e = model_ckpt_find(&ck, lc->tensor);
+        if (!e) fail_msg("%s: no %s", path, lc->tensor);
+        if (lc->rows) {
+            assert_int_equal(e->tensor->shape[0], lc->rows);
+            assert_int_equal(e->tensor->shape[1], lc->cols);
+        }
         model_ckpt_close(&ck);
         /* a second run from the adapters starts where the first ended */
         snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --micro-batch 4 --seq 32 --threads 2 "
@@ -853,71 +874,39 @@ static void test_train_lora(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
-/* `train` on a Phi-3 with LoRA and QLoRA on every linear layer: the loss
- * falls; the adapters are PEFT's for Phi-3 (one over qkv_proj, one over
- * gate_up_proj) under its names and shapes, and a run from them starts where
- * the first ended. */
+static void test_train_lora(void **state)
+{
+    (void)state;
+    const lora_case gpt2 = {"gpt2",
+                            "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 32, \"n_head\": 2,"
+                            " \"n_positions\": 32, \"vocab_size\": 256}",
+                            "4096 trainable parameters",
+                            {"\"c_attn\""},
+                            NULL,
+                            "base_model.model.transformer.h.1.mlp.c_fc.lora_B.weight",
+                            0,
+                            0};
+    run_train_lora(&gpt2);
+}
+
+/* `train` on a Phi-3 with LoRA and QLoRA on every linear layer: the
+ * adapters are PEFT's for Phi-3 (one over qkv_proj, one over gate_up_proj)
+ * under its names and shapes; 2 layers x 4 x ((32 + 64) + (32 + 32) +
+ * (32 + 96) + (48 + 32)) trainable parameters. */
 static void test_train_phi3_lora(void **state)
 {
     (void)state;
-    char dir[64], text[128], ad[128], cfg[128], cmd[1400];
-    snprintf(dir, sizeof dir, "/tmp/zo_test_phi3_lora_%d", (int)getpid());
-    snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
-    assert_int_equal(system(cmd), 0);
-    snprintf(text, sizeof text, "%s/text.txt", dir);
-    snprintf(ad, sizeof ad, "%s/adapter", dir);
-    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
-    FILE *f = fopen(text, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 400; i++) fprintf(f, "the quick brown fox jumps over the lazy dog %d. ", i % 10);
-    fclose(f);
-    f = fopen(cfg, "w");
-    fprintf(f, "{\"model_type\": \"phi3\", \"num_hidden_layers\": 2, \"hidden_size\": 32, "
-               "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 48, "
-               "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"sliding_window\": 15}\n");
-    fclose(f);
-    static char out[1 << 16];
-    for (int q = 0; q < 2; q++) {
-        snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --micro-batch 4 --seq 32 --threads 2 --lora 4 "
-                 "--lora-targets all-linear --steps 40 --lr 1e-2 %s --save %s 2>&1",
-                 ZO_TRAIN_BIN, cfg, text, q ? "--qlora --params-on cpu" : "", ad);
-        assert_int_equal(run_capture(cmd, out, sizeof out), 0);
-        /* 2 layers x 4 x ((32 + 64) + (32 + 32) + (32 + 96) + (48 + 32)) */
-        if (!q) assert_non_null(strstr(out, "2944 trainable parameters"));
-        int steps;
-        float last5, first = lora_losses(out, &steps, &last5, 40);
-        printf("  train phi3 %s: loss %.3f -> %.3f\n", q ? "--qlora" : "--lora 4", first, last5);
-        assert_int_equal(steps, 40);
-        assert_true(last5 < first - 0.2f);
-        char path[256];
-        snprintf(path, sizeof path, "%s/adapter_config.json", ad);
-        char *cj = NULL;
-        assert_int_equal(zo_file_read_all(path, 1 << 16, "adapter_config.json", &cj, NULL), ZO_OK);
-        assert_non_null(strstr(cj, "\"qkv_proj\""));
-        assert_non_null(strstr(cj, "\"gate_up_proj\""));
-        assert_null(strstr(cj, "\"q_proj\""));
-        free(cj);
-        snprintf(path, sizeof path, "%s/adapter_model.safetensors", ad);
-        model_ckpt ck;
-        assert_int_equal(model_ckpt_open(&ck, path), ZO_OK);
-        const model_ckpt_entry *e = model_ckpt_find(&ck, "base_model.model.model.layers.1.mlp.gate_up_proj.lora_B.weight");
-        assert_non_null(e);
-        assert_int_equal(e->tensor->shape[0], 96);
-        assert_int_equal(e->tensor->shape[1], 4);
-        e = model_ckpt_find(&ck, "base_model.model.model.layers.0.self_attn.qkv_proj.lora_B.weight");
-        assert_non_null(e);
-        assert_int_equal(e->tensor->shape[0], 32 + 2 * 16);
-        assert_null(model_ckpt_find(&ck, "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"));
-        model_ckpt_close(&ck);
-        snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --micro-batch 4 --seq 32 --threads 2 "
-                                  "%s --adapter %s --steps 1 --lr 0 2>&1",
-                 ZO_TRAIN_BIN, cfg, text, q ? "--qlora" : "", ad);
-        assert_int_equal(run_capture(cmd, out, sizeof out), 0);
-        float again = lora_losses(out, &steps, &last5, 1);
-        assert_true(again < first - 0.2f);
-    }
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    assert_int_equal(system(cmd), 0);
+    const lora_case phi3 = {"phi3",
+                            "{\"model_type\": \"phi3\", \"num_hidden_layers\": 2, \"hidden_size\": 32, "
+                            "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 48, "
+                            "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"sliding_window\": 15}",
+                            "2944 trainable parameters",
+                            {"\"qkv_proj\"", "\"gate_up_proj\""},
+                            "\"q_proj\"",
+                            "base_model.model.model.layers.1.mlp.gate_up_proj.lora_B.weight",
+                            96,
+                            4};
+    run_train_lora(&phi3);
 }
 
 /* ---- initialisation ------------------------------------------------------------------------------ */
