@@ -925,7 +925,7 @@ static const family families[] = {
      "Gemma-2: Gemma layers with norms before and after attention and MLP (4), tied", 1, 16, 256,
      NULL, 0},
     {"phi3", "Phi3ForCausalLM", parse_llama,
-     "Phi-3: LLaMA layers (fused qkv and gate/up projections)", 0, 0, 0, NULL, 0},
+     "Phi-3: LLaMA layers (fused qkv and gate/up projections)", 0, 0, 0, NULL, 1},
     {"mixtral", "MixtralForCausalLM", parse_mixtral,
      "Mixtral: Mistral attention, MoE MLP (router + num_local_experts SwiGLU experts)", 0, 8, 0,
      "num_local_experts", 0},
