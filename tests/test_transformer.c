@@ -909,6 +909,73 @@ static void test_train_phi3_lora(void **state)
     run_train_lora(&phi3);
 }
 
+/* The "step K loss ..." lines of `out` from step `from` on, in `buf`. */
+static const char *steps_from(const char *out, int from, char *buf, size_t len)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (const char *p = out; (p = strstr(p, "step ")) != NULL; p++) {
+        int k;
+        if ((p != out && p[-1] != '\n') || sscanf(p, "step %d loss", &k) != 1 || k < from) continue;
+        const char *tok = strstr(p, " tok/s"); /* the rest (throughput) differs run to run */
+        n += (size_t)snprintf(buf + n, len - n, "%.*s\n", (int)(tok ? tok - p : 0), p);
+        if (n >= len) break;
+    }
+    return buf;
+}
+
+/* Full fine-tuning of a Phi-3 through `train`: 5 steps into a checkpoint
+ * and 5 more from it give the 10 straight steps' losses and gradient norms
+ * to the digit, and --save writes Phi-3's fused names. */
+static void test_train_phi3_resume(void **state)
+{
+    (void)state;
+    char dir[64], cmd[1400];
+    snprintf(dir, sizeof dir, "/tmp/zo_test_phi3_resume_%d", (int)getpid());
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s/text.txt", dir);
+    FILE *f = fopen(cmd, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 400; i++) fprintf(f, "the quick brown fox jumps over the lazy dog %d. ", i % 10);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s/config.json", dir);
+    f = fopen(cmd, "w");
+    fprintf(f, "{\"model_type\": \"phi3\", \"num_hidden_layers\": 2, \"hidden_size\": 32, "
+               "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 48, "
+               "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"sliding_window\": 15}\n");
+    fclose(f);
+    static char out[1 << 16], a[4096], b[4096];
+    const char *run = "%s --model %s/config.json --data %s/text.txt --text --micro-batch 4 --seq 32 --threads 2 "
+                      "--lr 1e-2 %s 2>&1";
+    char extra[512];
+    snprintf(extra, sizeof extra, "--steps 10 --save %s/out", dir);
+    snprintf(cmd, sizeof cmd, run, ZO_TRAIN_BIN, dir, dir, extra);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+    steps_from(out, 6, a, sizeof a);
+    snprintf(extra, sizeof extra, "--steps 5 --ckpt %s/ck", dir);
+    snprintf(cmd, sizeof cmd, run, ZO_TRAIN_BIN, dir, dir, extra);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+    snprintf(extra, sizeof extra, "--steps 10 --resume %s/ck", dir);
+    snprintf(cmd, sizeof cmd, run, ZO_TRAIN_BIN, dir, dir, extra);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+    steps_from(out, 6, b, sizeof b);
+    assert_non_null(strstr(a, "step 10 loss"));
+    assert_string_equal(a, b);
+    char path[256];
+    snprintf(path, sizeof path, "%s/out/model.safetensors", dir);
+    model_ckpt ck;
+    assert_int_equal(model_ckpt_open(&ck, path), ZO_OK);
+    const model_ckpt_entry *e = model_ckpt_find(&ck, "model.layers.1.self_attn.qkv_proj.weight");
+    assert_non_null(e);
+    assert_int_equal(e->tensor->shape[0], 64);
+    assert_non_null(model_ckpt_find(&ck, "model.layers.1.mlp.gate_up_proj.weight"));
+    assert_null(model_ckpt_find(&ck, "model.layers.1.mlp.gate_proj.weight"));
+    model_ckpt_close(&ck);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* ---- initialisation ------------------------------------------------------------------------------ */
 
 /* The sequence the random initialisation is defined by: one splitmix64
@@ -1248,6 +1315,7 @@ int main(void)
         cmocka_unit_test(test_init_sequence),
         cmocka_unit_test(test_train_lora),
         cmocka_unit_test(test_train_phi3_lora),
+        cmocka_unit_test(test_train_phi3_resume),
         cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_attention_extent),
         cmocka_unit_test(test_train_program),
