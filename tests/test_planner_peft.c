@@ -132,17 +132,23 @@ static void lora_of(cfg *c, plan_method method, int r, unsigned targets)
     c->t.lora = (zo_lora_config){r, 16, targets};
 }
 
+/* Preset `name` fully fine-tuned on an H100 at sequence 2048, estimated. */
+static void full_run(const char *name, cfg *full)
+{
+    assert_int_equal(zo_model_preset_find(name, &full->m), ZO_OK);
+    assert_int_equal(plan_hw_find("h100-80gb", &full->hw), ZO_OK);
+    plan_train_defaults(&full->t, &full->m);
+    full->t.seq = 2048;
+    run_cfg(full);
+}
+
 /* The frozen base, the adapters and their gradients and AdamW state, what
  * the adapters add to activations; no base gradients, no base optimizer. */
 static void test_lora_memory(void **state)
 {
     (void)state;
     cfg full, lora;
-    assert_int_equal(zo_model_preset_find("llama-2-7b", &full.m), ZO_OK);
-    assert_int_equal(plan_hw_find("h100-80gb", &full.hw), ZO_OK);
-    plan_train_defaults(&full.t, &full.m);
-    full.t.seq = 2048;
-    run_cfg(&full);
+    full_run("llama-2-7b", &full);
     lora = full;
     lora_of(&lora, PLAN_METHOD_LORA, 16, ZO_LORA_ALL_LINEAR);
     run_cfg(&lora);
@@ -263,11 +269,7 @@ static void test_phi4_memory(void **state)
 {
     (void)state;
     cfg full, lora;
-    assert_int_equal(zo_model_preset_find("phi-4", &full.m), ZO_OK);
-    assert_int_equal(plan_hw_find("h100-80gb", &full.hw), ZO_OK);
-    plan_train_defaults(&full.t, &full.m);
-    full.t.seq = 2048;
-    run_cfg(&full);
+    full_run("phi-4", &full);
     const zo_model_config *m = &full.m;
     double L = 40, h = 5120, q = 40 * 128, qkv = q + 2 * 10 * 128, f = 17920, s = 2048, r = 16;
     assert_true(zo_model_params(m) == 14659507200ull); /* by hand: tests/test_planner_families.c */
