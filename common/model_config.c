@@ -73,6 +73,11 @@ const zo_model_preset *zo_model_presets(size_t *count)
 
 const char *zo_arch_name(zo_arch a) { return a == ZO_ARCH_LLAMA ? "llama" : "gpt"; }
 
+const char *zo_model_family_name(const zo_model_config *c)
+{
+    return c->family[0] && strcmp(c->family, "custom") ? c->family : zo_arch_name(c->arch);
+}
+
 void zo_preset_key(const char *s, char *out, size_t len)
 {
     size_t j = 0;

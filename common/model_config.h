@@ -219,5 +219,9 @@ void zo_model_param_counts(const zo_model_config *cfg, zo_param_counts *out);
 uint64_t zo_model_params(const zo_model_config *cfg);
 
 const char *zo_arch_name(zo_arch a); /* "gpt", "llama" */
+/* The model's family as the programs' headers name it: the config's
+ * model_type or the preset's family ("mixtral", "qwen2_moe", "llama2"),
+ * else (a shape given by hand: "" or "custom") its arch's name. */
+const char *zo_model_family_name(const zo_model_config *cfg);
 
 #endif

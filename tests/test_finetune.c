@@ -14,7 +14,8 @@
  * - the conventions fine-tuners expect: steps and checkpoints counted from
  *   1 alike, a resume with nothing left says so, AdamW's defaults the
  *   Hugging Face Trainer's and the dtype memplan's (the header says both,
- *   and they are what runs), the time line's parts add up to its total. */
+ *   and they are what runs), the time line's parts add up to its total, the
+ *   header names the model's family ("mixtral"). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -716,6 +717,40 @@ static void test_conventions(void **state)
     assert_non_null(strstr(line_of(out, "# adamw:"), "weight decay 0 on the adapters' 2-D weights"));
 }
 
+/* A small Mixtral (vocab 1024, as write_inputs' LLaMA) as dir/config.json:
+ * 2 layers of 4 experts, 2 a token. */
+static void write_mixtral(void)
+{
+    char path[160];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 2, \"hidden_size\": 32, "
+               "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 24, "
+               "\"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"vocab_size\": 1024, "
+               "\"max_position_embeddings\": 128}\n");
+    fclose(f);
+}
+
+/* train's header names the model's family, the config's model_type: a
+ * Mixtral is "mixtral", not the LLaMA layers it is built of. */
+static void test_header_family(void **state)
+{
+    (void)state;
+    write_inputs();
+    run_out r;
+    train("--steps 1", &r);
+    const char *head = line_of(out, "# train:");
+    assert_non_null(head);
+    assert_true(strstr(head, " (llama), ") && strstr(head, " (llama), ") < strchr(head, '\n'));
+    write_mixtral();
+    train("--steps 1", &r);
+    head = line_of(out, "# train:");
+    assert_non_null(head);
+    printf("  %.*s\n", (int)strcspn(head, "\n"), head);
+    assert_true(strstr(head, " (mixtral), ") && strstr(head, " (mixtral), ") < strchr(head, '\n'));
+}
+
 /* The time line's parts (the runtime's, and "other": the host's own work)
  * add up to its total, the training's wall time, in every schedule and
  * with the optimizer's state half on NVMe; the optimizer thread's time is
@@ -772,6 +807,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_conventions, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_time_line, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_model_dir, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_header_family, setup_dir, teardown_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -105,7 +105,7 @@ static void print_header(const train_run *r)
     gpu_mem_get_stats(r->dev, &ms);
     printf("# train: %s (%s), %llu parameters, %d layers, hidden %d, vocab %d; dtype %s (%s); "
            "batch %ld x %ld x %d; data %s (%llu tokens); device %s, %s in use of %s\n",
-           cfg->name, zo_arch_name(cfg->arch), (unsigned long long)r->trained->total_numel,
+           cfg->name, zo_model_family_name(cfg), (unsigned long long)r->trained->total_numel,
            cfg->n_layers, cfg->hidden, cfg->vocab, zo_dtype_name(a->dtype), a->dtype_from, a->micro_batch, a->seq,
            r->accum,
            a->data, (unsigned long long)r->tokens.n, gpu_device_name(r->dev),

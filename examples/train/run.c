@@ -603,7 +603,7 @@ int run_check_plan(train_args *a)
     const offload_config *oc = &a->p.cfg;
     printf("# check-plan: %s (%s), %llu parameters, %d layers, hidden %d, vocab %d; dtype %s; "
            "batch %ld x %ld x %d: the plan is for this model and one rank\n",
-           cfg.name, zo_arch_name(cfg.arch), (unsigned long long)zo_model_params(&cfg), cfg.n_layers,
+           cfg.name, zo_model_family_name(&cfg), (unsigned long long)zo_model_params(&cfg), cfg.n_layers,
            cfg.hidden, cfg.vocab, zo_dtype_name(a->dtype), a->micro_batch, a->seq,
            oc->grad_accum ? oc->grad_accum : 1);
     if (inputs_lora_choice(a, &cfg) != ZO_OK) {
