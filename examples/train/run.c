@@ -552,6 +552,9 @@ zo_status run_evaluate(train_run *r, ft_record *rec, uint64_t *counted)
 {
     double sum = 0;
     *counted = 0;
+    /* the evaluation routes with the training's capacity factor: its pairs
+     * dropped are counted apart from the steps' */
+    uint64_t pairs0 = r->m.moe_pairs, dropped0 = r->m.moe_dropped;
     for (long j = 0; j < r->a->eval_batches; j++) {
         float l;
         zo_status st = run_batch(r, &r->eval, j, 0, &l);
@@ -559,6 +562,10 @@ zo_status run_evaluate(train_run *r, ft_record *rec, uint64_t *counted)
         sum += (double)l * r->m.n_targets;
         *counted += (uint64_t)r->m.n_targets;
     }
+    r->eval_pairs = r->m.moe_pairs - pairs0;
+    r->eval_dropped = r->m.moe_dropped - dropped0;
+    r->moe_eval_pairs += r->eval_pairs;
+    r->moe_eval_dropped += r->eval_dropped;
     rec->has_eval = 1;
     rec->eval_loss = *counted ? sum / (double)*counted : NAN;
     rec->eval_ppl = exp(rec->eval_loss);
