@@ -253,6 +253,11 @@ uint64_t zo_moe_rank_rows(const zo_model_config *c, double factor, uint64_t n, u
     return cap < rows ? cap : rows;
 }
 
+uint64_t zo_moe_expert_rows(const zo_model_config *c, double factor, uint64_t n, uint64_t ranks)
+{
+    return ranks * (factor > 0 ? zo_moe_capacity(c, factor, n) : n);
+}
+
 const char *zo_moe_check_capacity(const zo_model_config *c, double factor)
 {
     if (!(factor >= 0)) return "must not be negative";

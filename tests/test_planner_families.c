@@ -587,6 +587,37 @@ static void test_mixtral_capacity_time(void **state)
     assert_true(wide.pt.ep_bytes == drop0.pt.ep_bytes && wide.pt.step == drop0.pt.step);
 }
 
+/* LoRA on Mixtral-8x7B with EP 8 (this runtime): the experts' adapters
+ * run one expert at a time over the rows one expert can receive, from each
+ * of the 8 ranks every token of its 4096 dropless (8 x 4096), C = 512 at
+ * F 0.5 (8 x 512): their x A^T (r 8, bf16) and the adapters' fp32 gradient
+ * (at least the dense adapters' 4096 rows) with the norms' sink (8 h). */
+static void test_mixtral_lora_expert_scratch(void **state)
+{
+    (void)state;
+    const double factor[2] = {0, 0.5};
+    const uint64_t rows[2] = {8 * 4096, 8 * 512};
+    for (int i = 0; i < 2; i++) {
+        moe_setup s;
+        load("mixtral-8x7b.json", &s.m);
+        assert_int_equal(plan_hw_find("dgx-h100", &s.hw), ZO_OK);
+        plan_train_defaults(&s.t, &s.m);
+        s.t.seq = 4096;
+        s.t.dp = s.t.ep = 8;
+        s.t.zero = 1;
+        s.t.method = ZO_PLAN_LORA;
+        s.t.lora.r = 8;
+        s.t.lora.alpha = 16;
+        s.t.lora.targets = ZO_LORA_ALL_LINEAR;
+        s.t.capacity_factor = factor[i];
+        if (plan_estimate_run(&s.m, &s.hw, &s.t, &s.e) != ZO_OK) fail_msg("%s", zo_last_error());
+        uint64_t er = rows[i];
+        assert_int_equal(item(&s.e, "LoRA expert scratch (an expert's x A^T)", PLAN_GPU), er * 8 * 2);
+        assert_int_equal(item(&s.e, "LoRA backward scratch (fp32)", PLAN_GPU),
+                         4 * (er > 4096 ? er : 4096) * 8 + 8 * 4096);
+    }
+}
+
 /* A plan file keeps what the family adds (experts, latent attention, ...),
  * the expert parallelism and capacity factor and the schedule switches:
  * read back, the same model, bytes and step. */
@@ -699,6 +730,7 @@ int main(void)
         cmocka_unit_test(test_nonsense_refused),
         cmocka_unit_test(test_mixtral_ep8_bytes), cmocka_unit_test(test_mixtral_ep_time),
         cmocka_unit_test(test_mixtral_capacity_time),
+        cmocka_unit_test(test_mixtral_lora_expert_scratch),
         cmocka_unit_test(test_moe_validation),  cmocka_unit_test(test_deepseek_stages),
         cmocka_unit_test(test_plan_file_keeps_family), cmocka_unit_test(test_cli_defaults),
     };
