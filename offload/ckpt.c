@@ -430,6 +430,7 @@ static zo_status write_opt_gathered(offload_ckpt *ck, const char *path, int writ
     /* every rank goes on to the gathers only when every rank can */
     st = dp_agree(dp, st, "offload_save");
     zo_status mine = ZO_OK;
+    int hooked = 0;
     for (int b = 0; b < g->nb && st == ZO_OK; b++) {
         if (b == g->nb / 2) hook(ck, "optimizer-half");
         if (!g->numel[b]) continue;
@@ -441,7 +442,12 @@ static zo_status write_opt_gathered(offload_ckpt *ck, const char *path, int writ
             if (p.mine && mine == ZO_OK)
                 mine = ostate_read(ck->os, og->off[b] + p.loc, p.mine, part, part + Q, part + 2 * Q);
             for (int a = 0; a < 3 && st == ZO_OK; a++) {
-                st = offload_dp_gather_piece(dp, &p, part + (size_t)a * Q, all);
+                if (!hooked && b >= g->nb / 2) { /* the first gather from the middle block on */
+                    hook(ck, "optimizer-gather");
+                    hooked = 1;
+                }
+                /* (this rank's device failing: its own, as a read's) */
+                st = offload_dp_gather_piece(dp, &p, part + (size_t)a * Q, all, &mine);
                 for (int r = 0; r < p.size && st == ZO_OK && w && mine == ZO_OK; r++) {
                     size_t n, at = offload_piece_src(&p, r, &n);
                     if (n) mine = model_st_writer_put(w, t.first[b] + a, at, n, all + (size_t)r * p.q);

@@ -1455,6 +1455,25 @@ static void test_moe_ep_zero_ckpt(void **state)
         snprintf(a, sizeof a, "%s/epz-efbig-%d/latest", dir, np);
         assert_int_not_equal(access(a, F_OK), 0);
     }
+    /* a device copy failing on rank 1 in the gathered save (the CPU
+     * device's injected fault on the copy after the hook
+     * "optimizer-gather": the piece's copy in, before its all-gather): the
+     * rank still takes part in the gathers, and every rank ends with its
+     * error named, within seconds (before, it left the gather and the
+     * others waited in it) */
+    for (int np = 2; np <= 4; np += 2) {
+        snprintf(args, sizeof args, "--steps 2 --micro-batch 2 --seq 32 --dtype fp32 --params gpu --optimizer cpu "
+                 "--ep 2 --zero %d --ckpt %s/epz-devfail-%d", np == 2 ? 2 : 3, dir, np);
+        snprintf(a, sizeof a, "rank 1's device copy failing in the save, --ep 2 --zero %d on %d ranks",
+                 np == 2 ? 2 : 3, np);
+        setenv("ZO_TRAIN_CKPT_DEVFAIL", "1:optimizer-gather", 1);
+        double took = train_refused(np, args, 1, "gpu_memcpy_async: a copy of ", 0, 0, a);
+        unsetenv("ZO_TRAIN_CKPT_DEVFAIL");
+        printf("    every rank ended in %.1f s\n", took);
+        assert_true(took < 60); /* (a hang: ZO_COMM_TIMEOUT, 120 s) */
+        snprintf(a, sizeof a, "%s/epz-devfail-%d/latest", dir, np);
+        assert_int_not_equal(access(a, F_OK), 0);
+    }
     /* --merge at ZeRO 1 and 2: one rank's merged folder */
     for (int trained = 0; trained < 2; trained++) {
         char one[320], two[320];

@@ -68,6 +68,8 @@ typedef struct train_run {
     long kill_rank, kill_step;      /* test seam ZO_TRAIN_KILL="RANK:STEP" */
     const char *pause_spec;         /* test seam ZO_TRAIN_CKPT_PAUSE="POINT:N:FD", or NULL */
     long fsize_rank, fsize_bytes;   /* test seam ZO_TRAIN_CKPT_FSIZE="RANK:BYTES" */
+    long devfail_rank;              /* test seam ZO_TRAIN_CKPT_DEVFAIL="RANK:POINT" */
+    char devfail_point[32];
     int quiet;                      /* the failure is every rank's alike and rank 0 says it */
 } train_run;
 
