@@ -32,6 +32,7 @@
 #include <cmocka.h>
 
 #include "examples/finetune.h"  /* defines: ft_lr_at, ft_log_read */
+#include "tests/support/files.h" /* defines: files_write_text */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer */
 #include "tests/support/run.h"  /* defines: run_memplan */
 #include "model/safetensors.h"  /* defines: model_st_open, model_load_path */
@@ -724,13 +725,10 @@ static void write_mixtral(void)
 {
     char path[160];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f, "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 2, \"hidden_size\": 32, "
-               "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 24, "
-               "\"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"vocab_size\": 1024, "
-               "\"max_position_embeddings\": 128}\n");
-    fclose(f);
+    files_write_text(path, "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 2, \"hidden_size\": 32, "
+                           "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 24, "
+                           "\"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"vocab_size\": 1024, "
+                           "\"max_position_embeddings\": 128}\n");
 }
 
 /* train's header names the model's family, the config's model_type: a
