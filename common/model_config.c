@@ -73,6 +73,11 @@ const zo_model_preset *zo_model_presets(size_t *count)
 
 const char *zo_arch_name(zo_arch a) { return a == ZO_ARCH_LLAMA ? "llama" : "gpt"; }
 
+const char *zo_model_family_name(const zo_model_config *c)
+{
+    return c->family[0] && strcmp(c->family, "custom") ? c->family : zo_arch_name(c->arch);
+}
+
 void zo_preset_key(const char *s, char *out, size_t len)
 {
     size_t j = 0;
@@ -246,6 +251,11 @@ uint64_t zo_moe_rank_rows(const zo_model_config *c, double factor, uint64_t n, u
     if (!(factor > 0)) return rows;
     uint64_t cap = ranks * local * zo_moe_capacity(c, factor, n);
     return cap < rows ? cap : rows;
+}
+
+uint64_t zo_moe_expert_rows(const zo_model_config *c, double factor, uint64_t n, uint64_t ranks)
+{
+    return ranks * (factor > 0 ? zo_moe_capacity(c, factor, n) : n);
 }
 
 const char *zo_moe_check_capacity(const zo_model_config *c, double factor)

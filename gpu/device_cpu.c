@@ -60,6 +60,11 @@ static int fault_alloc(cpu_ctx *c)
     return fault_step(c, &c->faults.alloc_skip, &c->faults.alloc_fail);
 }
 
+static int fault_copy(cpu_ctx *c)
+{
+    return fault_step(c, &c->faults.copy_skip, &c->faults.copy_fail);
+}
+
 /* ---- memory ---------------------------------------------------------------- */
 
 /* Back every page of a new allocation now, as cudaMalloc and cudaHostAlloc
@@ -495,6 +500,8 @@ static zo_status cpu_memcpy_async(gpu_stream_t s, void *dst, const void *src, si
                                   gpu_copy_kind kind)
 {
     (void)kind; /* one address space */
+    if (fault_copy(ctx_of(s->dev)))
+        return zo_error(ZO_ERR_DEVICE, "gpu_memcpy_async: a copy of %zu bytes failed (injected)", bytes);
     cpu_args args = {.mem = {.dst = dst, .src = src, .bytes = bytes}};
     return submit(s, run_memcpy, "gpu_memcpy_async", &args);
 }

@@ -43,13 +43,16 @@ zo_status cpu_scratch_reserve(cpu_scratch *ws, size_t bytes, const char *op, voi
 
 /* ---- fault injection (tests): a mock of a host running out of memory --------- */
 
-/* After `*_skip` more successful calls, the next `*_fail` calls fail with
- * ZO_ERR_NOMEM: `scratch_*` counts scratch reservations of the ops on any
- * stream of the device, `alloc_*` counts gpu_mem_alloc and gpu_host_alloc.
- * Zero fail counts turn injection off. */
+/* After `*_skip` more successful calls, the next `*_fail` calls fail:
+ * `scratch_*` counts scratch reservations of the ops on any stream of the
+ * device, `alloc_*` counts gpu_mem_alloc and gpu_host_alloc (both
+ * ZO_ERR_NOMEM), `copy_*` gpu_memcpy_async on any stream (ZO_ERR_DEVICE,
+ * as a failing device's copy; nothing is enqueued). Zero fail counts turn
+ * injection off. */
 typedef struct gpu_cpu_faults {
     int scratch_skip, scratch_fail;
     int alloc_skip, alloc_fail;
+    int copy_skip, copy_fail;
 } gpu_cpu_faults;
 
 /* Replace the device's fault plan. ZO_ERR_INVALID unless `dev` is a CPU

@@ -1437,8 +1437,9 @@ static void end_activations(const stage_est *s, plan_estimate *e)
  * MoE layer over the routed rows and the shared expert), one projection
  * scratch in the activation dtype, the token ids, targets and per-token
  * losses, and with 16-bit weights the 16-bit copy of the widest gradient a
- * GEMM reads; LoRA: one adapter's gradient of A x [s b, r] and a sink for
- * the frozen norms' weight gradients (fp32). */
+ * GEMM reads; LoRA: one adapter's gradient of A x [s b, r] (or of an
+ * expert's rows, when more) and a sink for the frozen norms' weight
+ * gradients (fp32), and an expert's x A^T. */
 static void backward_activations(const stage_est *s, plan_estimate *e)
 {
     const zo_model_config *m = s->m;
@@ -1474,9 +1475,17 @@ static void backward_activations(const stage_est *s, plan_estimate *e)
         add(e, "16-bit activation gradient (the GEMMs' operand)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
             lg > bytes ? lg : bytes);
     }
-    if (s->peft)
-        add(e, "LoRA backward scratch (fp32)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
-            4 * sb * (uint64_t)t->lora.r + 8 * h);
+    if (!s->peft) return;
+    /* this runtime's MoE layers: the experts' adapters one expert at a
+     * time, over the rows one expert can receive (zo_moe_expert_rows: C
+     * from each rank with a capacity factor, else every token): their
+     * x A^T, and the gradient's rows */
+    uint64_t er = 0, r = (uint64_t)t->lora.r;
+    if (s->sh.moe_layers && t->runtime == PLAN_RUNTIME_ZOFFLOAD) {
+        er = zo_moe_expert_rows(m, t->capacity_factor, sb, (uint64_t)t->ep);
+        add(e, "LoRA expert scratch (an expert's x A^T)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, er * r * s->wsz);
+    }
+    add(e, "LoRA backward scratch (fp32)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, 4 * (er > sb ? er : sb) * r + 8 * h);
 }
 
 /* The buffers an MoE model's layers share (transformer.c): the pairs'

@@ -418,18 +418,22 @@ typedef struct moe_setup {
 
 /* Mixtral-8x7B on one 8 x H100 node, DP 8 with EP 8: each rank holds one
  * expert of each layer. */
-static void mixtral_setup(moe_setup *s, int ep, int zero)
+static void mixtral_setup_of(moe_setup *s, int ep, int zero, int top_k, double capacity_factor)
 {
     load("mixtral-8x7b.json", &s->m);
+    if (top_k) s->m.moe.top_k = top_k;
     assert_int_equal(plan_hw_find("dgx-h100", &s->hw), ZO_OK);
     plan_train_defaults(&s->t, &s->m);
     s->t.seq = 4096;
     s->t.dp = 8;
     s->t.ep = ep;
     s->t.zero = zero;
+    s->t.capacity_factor = capacity_factor;
     assert_int_equal(plan_estimate_run(&s->m, &s->hw, &s->t, &s->e), ZO_OK);
     assert_int_equal(plan_time_run(&s->m, &s->hw, &s->t, &s->e, &s->pt), ZO_OK);
 }
+
+static void mixtral_setup(moe_setup *s, int ep, int zero) { mixtral_setup_of(s, ep, zero, 0, 0); }
 
 static uint64_t item(const plan_estimate *e, const char *name, plan_tier tier)
 {
@@ -549,6 +553,71 @@ static void test_mixtral_ep_time(void **state)
     assert_true(ep8.pt.dp_comm_total < ep1.pt.dp_comm_total);
 }
 
+/* The time of capacity-limited routing (this runtime): an expert computes
+ * the rows it keeps, min(rows routed to it, C). memplan routes uniformly,
+ * 4096 x 2 / 8 = 1024 rows an expert a micro-batch; C = ceil(F 4096 x 2 /
+ * 8). At F 0.5, C = 512: half the rows, 4096 a layer, of which 7/8 cross
+ * the EP 8 group, forward (the counts, the rows out with their fp32
+ * weights and back) and backward (fp32): by hand as test_mixtral_ep_time.
+ * They are the rows of a dropless top-1 Mixtral, whose layer times the
+ * same: every compute and exchange part equal. At F 1.25, C = 1280 >=
+ * 1024: nothing to drop, the dropless times exactly. */
+static void test_mixtral_capacity_time(void **state)
+{
+    (void)state;
+    moe_setup drop0, half, wide, top1;
+    mixtral_setup_of(&drop0, 8, 1, 0, 0);
+    mixtral_setup_of(&half, 8, 1, 0, 0.5);
+    mixtral_setup_of(&wide, 8, 1, 0, 1.25);
+    mixtral_setup_of(&top1, 8, 1, 1, 0);
+    double remote = 7.0 / 8 * 4096;
+    double fwd = 7 * 1 * 4 + remote * (4096 * 2 + 4 + 4096 * 2), bwd = remote * (4096 * 4 + 4096 * 4 + 4);
+    printf("  ep bytes a step: dropless %.0f, F 0.5 %.0f (by hand %.0f), F 1.25 %.0f\n", drop0.pt.ep_bytes,
+           half.pt.ep_bytes, 32 * (fwd + bwd), wide.pt.ep_bytes);
+    assert_true(half.pt.ep_bytes == 32 * (fwd + bwd));
+    assert_true(fabs(half.pt.ep_comm - 32 * (4 * 7 * half.hw.nvlink_lat +
+                                             (fwd + bwd) / (half.hw.nvlink_bw * half.hw.coll_eff))) < 1e-9);
+    printf("  forward + backward: dropless %.6f s, F 0.5 %.6f s (top-1 dropless %.6f s), F 1.25 %.6f s\n",
+           drop0.pt.forward + drop0.pt.backward, half.pt.forward + half.pt.backward,
+           top1.pt.forward + top1.pt.backward, wide.pt.forward + wide.pt.backward);
+    assert_true(half.pt.forward == top1.pt.forward && half.pt.backward == top1.pt.backward);
+    assert_true(half.pt.ep_comm == top1.pt.ep_comm);
+    assert_true(half.pt.forward < drop0.pt.forward && half.pt.backward < drop0.pt.backward);
+    assert_true(wide.pt.forward == drop0.pt.forward && wide.pt.backward == drop0.pt.backward);
+    assert_true(wide.pt.ep_bytes == drop0.pt.ep_bytes && wide.pt.step == drop0.pt.step);
+}
+
+/* LoRA on Mixtral-8x7B with EP 8 (this runtime): the experts' adapters
+ * run one expert at a time over the rows one expert can receive, from each
+ * of the 8 ranks every token of its 4096 dropless (8 x 4096), C = 512 at
+ * F 0.5 (8 x 512): their x A^T (r 8, bf16) and the adapters' fp32 gradient
+ * (at least the dense adapters' 4096 rows) with the norms' sink (8 h). */
+static void test_mixtral_lora_expert_scratch(void **state)
+{
+    (void)state;
+    const double factor[2] = {0, 0.5};
+    const uint64_t rows[2] = {8 * 4096, 8 * 512};
+    for (int i = 0; i < 2; i++) {
+        moe_setup s;
+        load("mixtral-8x7b.json", &s.m);
+        assert_int_equal(plan_hw_find("dgx-h100", &s.hw), ZO_OK);
+        plan_train_defaults(&s.t, &s.m);
+        s.t.seq = 4096;
+        s.t.dp = s.t.ep = 8;
+        s.t.zero = 1;
+        s.t.method = ZO_PLAN_LORA;
+        s.t.lora.r = 8;
+        s.t.lora.alpha = 16;
+        s.t.lora.targets = ZO_LORA_ALL_LINEAR;
+        s.t.capacity_factor = factor[i];
+        if (plan_estimate_run(&s.m, &s.hw, &s.t, &s.e) != ZO_OK) fail_msg("%s", zo_last_error());
+        uint64_t er = rows[i];
+        assert_int_equal(item(&s.e, "LoRA expert scratch (an expert's x A^T)", PLAN_GPU), er * 8 * 2);
+        assert_int_equal(item(&s.e, "LoRA backward scratch (fp32)", PLAN_GPU),
+                         4 * (er > 4096 ? er : 4096) * 8 + 8 * 4096);
+    }
+}
+
 /* A plan file keeps what the family adds (experts, latent attention, ...),
  * the expert parallelism and capacity factor and the schedule switches:
  * read back, the same model, bytes and step. */
@@ -660,6 +729,8 @@ int main(void)
         cmocka_unit_test(test_refused),         cmocka_unit_test(test_cli_refused),
         cmocka_unit_test(test_nonsense_refused),
         cmocka_unit_test(test_mixtral_ep8_bytes), cmocka_unit_test(test_mixtral_ep_time),
+        cmocka_unit_test(test_mixtral_capacity_time),
+        cmocka_unit_test(test_mixtral_lora_expert_scratch),
         cmocka_unit_test(test_moe_validation),  cmocka_unit_test(test_deepseek_stages),
         cmocka_unit_test(test_plan_file_keeps_family), cmocka_unit_test(test_cli_defaults),
     };

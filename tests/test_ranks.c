@@ -1455,6 +1455,25 @@ static void test_moe_ep_zero_ckpt(void **state)
         snprintf(a, sizeof a, "%s/epz-efbig-%d/latest", dir, np);
         assert_int_not_equal(access(a, F_OK), 0);
     }
+    /* a device copy failing on rank 1 in the gathered save (the CPU
+     * device's injected fault on the copy after the hook
+     * "optimizer-gather": the piece's copy in, before its all-gather): the
+     * rank still takes part in the gathers, and every rank ends with its
+     * error named, within seconds (before, it left the gather and the
+     * others waited in it) */
+    for (int np = 2; np <= 4; np += 2) {
+        snprintf(args, sizeof args, "--steps 2 --micro-batch 2 --seq 32 --dtype fp32 --params gpu --optimizer cpu "
+                 "--ep 2 --zero %d --ckpt %s/epz-devfail-%d", np == 2 ? 2 : 3, dir, np);
+        snprintf(a, sizeof a, "rank 1's device copy failing in the save, --ep 2 --zero %d on %d ranks",
+                 np == 2 ? 2 : 3, np);
+        setenv("ZO_TRAIN_CKPT_DEVFAIL", "1:optimizer-gather", 1);
+        double took = train_refused(np, args, 1, "gpu_memcpy_async: a copy of ", 0, 0, a);
+        unsetenv("ZO_TRAIN_CKPT_DEVFAIL");
+        printf("    every rank ended in %.1f s\n", took);
+        assert_true(took < 60); /* (a hang: ZO_COMM_TIMEOUT, 120 s) */
+        snprintf(a, sizeof a, "%s/epz-devfail-%d/latest", dir, np);
+        assert_int_not_equal(access(a, F_OK), 0);
+    }
     /* --merge at ZeRO 1 and 2: one rank's merged folder */
     for (int trained = 0; trained < 2; trained++) {
         char one[320], two[320];
@@ -1817,13 +1836,21 @@ static void moe_drops(const char *stats, double F, double *pairs, double *droppe
  * tokens before the exchange) against one rank with --grad-accum 2 (the
  * same micro-batches, each dropping among its tokens): losses within 1e-6
  * relative, every rank's peaks within 3% of the plan, the same pairs
- * routed and dropped (every rank's, in --stats-json), some dropped. fp32. */
+ * routed and dropped (every rank's, in --stats-json), some dropped. fp32.
+ * The Mixtral-shaped model with LoRA on every linear layer too. */
 static void test_moe_ep_capacity(void **state)
 {
     (void)state;
-    const char *place = "--dtype fp32 --params gpu --optimizer cpu --capacity-factor 0.5";
+    static const char *const places[2] = {
+        "--dtype fp32 --params gpu --optimizer cpu --capacity-factor 0.5",
+        "--dtype fp32 --lora 4 --lora-targets all-linear --params gpu --adapters-on gpu --optimizer cpu "
+        "--capacity-factor 0.5"};
     char path[512], flags[512], plan[512], extra[1024], stats[2][300];
-    for (int mdl = 0; mdl < 2; mdl++) {
+    for (int run = 0; run < 3; run++) {
+        /* the full models, then LoRA on the Mixtral-shaped one (its expert
+         * scratch sized by the capacity) */
+        int mdl = run & 1, lora = run == 2;
+        const char *place = places[lora];
         double ref[STEPS], got[STEPS], pairs[2], dropped[2];
         ep_use_model(mdl, path, sizeof path);
         for (int k = 0; k < 2; k++) {
@@ -1838,9 +1865,9 @@ static void test_moe_ep_capacity(void **state)
         }
         int same;
         double worst = worst_rel(got, ref, 0, STEPS, &same);
-        printf("  %s, capacity factor 0.5, --ep 2 on 2 ranks: %d of %d steps as one rank's with grad-accum 2, worst "
-               "%.1e; %.0f of %.0f pairs dropped (one rank: %.0f of %.0f)\n", ep_names[mdl], same, STEPS, worst,
-               dropped[1], pairs[1], dropped[0], pairs[0]);
+        printf("  %s%s, capacity factor 0.5, --ep 2 on 2 ranks: %d of %d steps as one rank's with grad-accum 2, "
+               "worst %.1e; %.0f of %.0f pairs dropped (one rank: %.0f of %.0f)\n", ep_names[mdl],
+               lora ? " LoRA" : "", same, STEPS, worst, dropped[1], pairs[1], dropped[0], pairs[0]);
         if (worst > 1e-6) fprintf(stderr, "%s\n", last_out);
         assert_true(worst <= 1e-6);
         assert_true(pairs[0] == pairs[1] && dropped[0] == dropped[1] && dropped[0] > 0);

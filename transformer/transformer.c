@@ -430,6 +430,9 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     m->moe_rows = (size_t)zo_moe_rank_rows(c, F, N, 1);
     m->ep_rows = P > 1 ? (size_t)zo_moe_rank_rows(c, F, N, P) : 0;
     size_t Mr = m->moe_rows, X = P > 1 ? m->ep_rows : Mr;
+    /* LoRA: one expert's rows at a time (zo_moe_expert_rows), its adapters'
+     * x A^T and their gradient, which the dense adapters' N rows share */
+    size_t Er = lora && E ? (size_t)zo_moe_expert_rows(c, F, N, P) : 0;
     /* [rows, columns] of the MLP's scratch: the shared expert's, the rows
      * at the experts here (the pairs kept, N top_k of them dropless, or
      * with expert parallelism what the group sends, never fewer) */
@@ -524,9 +527,8 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         {&m->moe_y, Mr * h * es, "expert outputs"},
         {(void **)&m->moe_dx, Mr * h * 4, "expert input gradients"},
         {(void **)&m->moe_dscale, Mr * 4, "expert weight gradients"},
-        {(void **)&m->dlora, lora ? max_z(K ? K : 1, P > 1 ? P : 0) * N * m->opts.lora.r * 4 : 0, "LoRA gradient"},
-        /* (an expert's rows: top_k N of this rank's pairs, or N from each rank of the group) */
-        {&m->eu, lora ? max_z(K, P > 1 ? P : 0) * N * m->opts.lora.r * es : 0, "expert LoRA A x"},
+        {(void **)&m->dlora, lora ? max_z(N, Er) * m->opts.lora.r * 4 : 0, "LoRA gradient"},
+        {&m->eu, Er * m->opts.lora.r * es, "expert LoRA A x"},
         {(void **)&m->dsink, lora ? 2 * h * 4 : 0, "frozen norm gradients"},
         {&m->wdq, lora && m->opts.lora.nf4 ? largest_linear(c) * es : 0, "dequantized weight"},
         {&m->dy16, dtype == ZO_DTYPE_F32 ? 0 : max_z(widest_gradient(c, N, loss_rows(m, N)), P * N * max_z(h, fe)) * es,
