@@ -218,6 +218,8 @@ uint64_t plan_layer_ops_bytes(const zo_model_config *m, const plan_train *t)
      * torchtitan's policy over separate q, k, v would keep q, v, gate and down's output:
      * the same bytes where k is as wide as the hidden size, more with grouped queries) */
     uint64_t kept_tp = q + k + v + (uint64_t)m->ffn;
+    /* Qwen3: the q/k norms' inputs, which the qkv GEMM's output feeds */
+    if (m->qk_norm) kept_tp += q + k;
     /* the layer's input, the attention's output and its log-sum-exp (fp32, per head) */
     uint64_t bytes = ceil_div(sb * h * act, sp) + ceil_div(sb * (kept_tp + o) * act, tp) +
                      ceil_div(sb * (uint64_t)m->n_heads * 4, tp);

@@ -197,7 +197,7 @@ def head_dim(c):
 # ---- the PyTorch side -----------------------------------------------------------------------
 
 def is_moe(c):
-    return c["model_type"] in ("mixtral", "qwen2_moe")
+    return c["model_type"] in ("mixtral", "qwen2_moe", "qwen3_moe")
 
 
 def moe_names(c):
@@ -216,8 +216,9 @@ def moe_shape(c):
 
 
 def moe_params(c, g):
-    """A LLaMA model's attention (q/k/v biases for Qwen2-MoE) with an MoE MLP in every layer."""
-    base = dict(c, model_type="qwen2" if c["model_type"] == "qwen2_moe" else "llama")
+    """A LLaMA model's attention (q/k/v biases for Qwen2-MoE, q/k norms for Qwen3-MoE) with an MoE
+    MLP in every layer."""
+    base = dict(c, model_type={"qwen2_moe": "qwen2", "qwen3_moe": "qwen3"}.get(c["model_type"], "llama"))
     p = {k: v for k, v in mf.llama_params(base, g, std=1.0).items() if ".mlp." not in k}
     h = c["hidden_size"]
     E, _, f, fs = moe_shape(c)
@@ -265,8 +266,8 @@ def check_untouched(ck, name, what):
 
 
 def moe_mlp(c, p, m, x):
-    """MixtralSparseMoeBlock / Qwen2MoeSparseMoeBlock: softmax over every expert, the top k,
-    renormalized (Mixtral; Qwen2-MoE with norm_topk_prob), each expert on the tokens routed to
+    """MixtralSparseMoeBlock / Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock: softmax over every
+    expert, the top k, renormalized (Mixtral; Qwen2-MoE and Qwen3-MoE with norm_topk_prob), each expert on the tokens routed to
     it, plus Qwen2-MoE's shared expert behind its sigmoid gate. Returns the output and the
     router's logits."""
     b, t, h = x.shape
@@ -316,9 +317,7 @@ def moe_forward(c, p, idx):
     for l in range(c["num_hidden_layers"]):
         pre = f"model.layers.{l}."
         a = mf.rms_norm(x, p[pre + "input_layernorm.weight"], eps)
-        q = lin(a, pre + "self_attn.q_proj").view(b, t, nh, d).transpose(1, 2)
-        k = lin(a, pre + "self_attn.k_proj").view(b, t, nkv, d).transpose(1, 2)
-        v = lin(a, pre + "self_attn.v_proj").view(b, t, nkv, d).transpose(1, 2)
+        q, k, v = mf.attention_qkv(c, p, pre, a, lin)
         q = q * cos + mf.rotate_half(q) * sin
         k = k * cos + mf.rotate_half(k) * sin
         y = mf.causal_attention(q, k, v, None).transpose(1, 2).reshape(b, t, nh * d)

@@ -245,6 +245,13 @@ static void test_qwen2_vs_torch(void **state)
     run_against_torch("tiny_qwen2");
 }
 
+/* Qwen3: RMSNorm on each q and k head (head_dim 12, not hidden / heads), GQA */
+static void test_qwen3_vs_torch(void **state)
+{
+    (void)state;
+    run_against_torch("tiny_qwen3");
+}
+
 /* ---- 10 AdamW steps -------------------------------------------------------------------- */
 
 /* ---- generation: a key/value cache against PyTorch's logits ------------------------------ */
@@ -325,6 +332,7 @@ static void test_generation_vs_torch(void **state)
     run_generation("tiny_gpt2");
     run_generation("tiny_llama");
     run_generation("tiny_qwen2");
+    run_generation("tiny_qwen3");
 }
 
 /* Generation on the forward-only runtime (transformer/generate.h), the
@@ -983,6 +991,7 @@ int main(void)
         cmocka_unit_test(test_loss_chunk),
         cmocka_unit_test(test_llama_vs_torch),
         cmocka_unit_test(test_qwen2_vs_torch),
+        cmocka_unit_test(test_qwen3_vs_torch),
         cmocka_unit_test(test_generation_vs_torch),
         cmocka_unit_test(test_generation_placements),
         cmocka_unit_test(test_gpt2_training),

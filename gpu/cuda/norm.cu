@@ -124,6 +124,71 @@ __global__ void norm_param_grads_kernel(gpu_tensor dw, gpu_tensor db, gpu_tensor
     }
 }
 
+/* RMSNorm of each head, in place: one warp per (row, head); row r's head h
+ * starts at r*ldx + h*d; saved [n*heads, d] and rstd [n*heads] when given */
+__global__ void head_rmsnorm_forward_kernel(gpu_tensor x, int64_t ldx, gpu_tensor saved, float *rstd,
+                                            gpu_tensor w, int n, int heads, int d, float eps)
+{
+    int lane = threadIdx.x % WARP;
+    long long ri = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
+    if (ri >= (long long)n * heads) return;
+    size_t off = (size_t)(ri / heads) * (size_t)ldx + (size_t)(ri % heads) * d;
+    double ss = 0.0;
+    for (int j = lane; j < d; j += WARP) {
+        float v = tload(x, off + j);
+        ss += (double)v * v;
+    }
+    float rs = (float)(1.0 / sqrt(warp_sum_d(ss) / d + (double)eps));
+    for (int j = lane; j < d; j += WARP) {
+        float v = tload(x, off + j);
+        if (saved.data) tstore(saved, (size_t)ri * d + j, v);
+        tstore(x, off + j, v * rs * tload(w, j));
+    }
+    if (lane == 0 && rstd) rstd[ri] = rs;
+}
+
+/* dx = rstd * (dy*w - x*rstd * mean(dy*w * x*rstd)), in place (dx holds dy);
+ * one warp per (row, head), x the saved input */
+__global__ void head_rmsnorm_backward_dx_kernel(gpu_tensor dx, int64_t ldx, gpu_tensor x, gpu_tensor w,
+                                                const float *rstd, int n, int heads, int d)
+{
+    int lane = threadIdx.x % WARP;
+    long long ri = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
+    if (ri >= (long long)n * heads) return;
+    size_t off = (size_t)(ri / heads) * (size_t)ldx + (size_t)(ri % heads) * d, xo = (size_t)ri * d;
+    float rs = rstd[ri];
+    double s2 = 0.0;
+    for (int j = lane; j < d; j += WARP)
+        s2 += (double)(tload(dx, off + j) * tload(w, j)) * (tload(x, xo + j) * rs);
+    float m2 = (float)(warp_sum_d(s2) / d);
+    for (int j = lane; j < d; j += WARP) {
+        float dxh = tload(dx, off + j) * tload(w, j), xv = tload(x, xo + j);
+        tstore(dx, off + j, rs * (dxh - xv * rs * m2));
+    }
+}
+
+/* dw[j] += sum over (row, head) of dy * x * rstd, dy at the heads' strided
+ * places; block (COLS, ROWG) as norm_param_grads_kernel, fixed order */
+__global__ void head_norm_grads_kernel(gpu_tensor dw, gpu_tensor dy, int64_t ldy, gpu_tensor x,
+                                       const float *rstd, int n, int heads, int d)
+{
+    __shared__ float pw[ROWG][COLS + 1];
+    int j = blockIdx.x * COLS + threadIdx.x;
+    float aw = 0.0f;
+    if (j < d)
+        for (long long ri = threadIdx.y; ri < (long long)n * heads; ri += ROWG) {
+            size_t o = (size_t)(ri / heads) * (size_t)ldy + (size_t)(ri % heads) * d + j;
+            aw += tload(dy, o) * tload(x, (size_t)ri * d + j) * rstd[ri];
+        }
+    pw[threadIdx.y][threadIdx.x] = aw;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < d) {
+        float sw = 0.0f;
+        for (int g = 0; g < ROWG; g++) sw += pw[g][threadIdx.x];
+        tstore(dw, j, tload(dw, j) + sw);
+    }
+}
+
 static unsigned row_blocks(int n) { return (unsigned)((n + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK); }
 
 static zo_status launch_param_grads(cudaStream_t st, gpu_tensor dw, gpu_tensor db, gpu_tensor dy,
@@ -177,4 +242,30 @@ extern "C" zo_status cuda_launch_rmsnorm_backward(cudaStream_t st, gpu_tensor dx
     if (s != ZO_OK) return s;
     gpu_tensor none = {NULL, ZO_DTYPE_F32};
     return launch_param_grads(st, dw, none, dy, x, NULL, rstd, n, c);
+}
+
+extern "C" zo_status cuda_launch_head_rmsnorm_forward(cudaStream_t st, gpu_tensor x, int64_t ldx,
+                                                      gpu_tensor saved, float *rstd, gpu_tensor w,
+                                                      int n, int heads, int d, float eps)
+{
+    long long rows = (long long)n * heads;
+    ZO_LAUNCH(head_rmsnorm_forward_kernel, (unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK),
+              ROWS_PER_BLOCK * WARP, 0, st, x, ldx, saved, rstd, w, n, heads, d, eps);
+    return cuda_launch_check("head_rmsnorm_forward_kernel");
+}
+
+extern "C" zo_status cuda_launch_head_rmsnorm_backward(cudaStream_t st, gpu_tensor dx, int64_t ldx,
+                                                       gpu_tensor dw, gpu_tensor saved, gpu_tensor w,
+                                                       const float *rstd, int n, int heads, int d)
+{
+    /* the weight's gradient first, while dx still holds the output's */
+    dim3 block(COLS, ROWG);
+    ZO_LAUNCH(head_norm_grads_kernel, (d + COLS - 1) / COLS, block, 0, st, dw, dx, ldx, saved, rstd, n,
+              heads, d);
+    zo_status s = cuda_launch_check("head_norm_grads_kernel");
+    if (s != ZO_OK) return s;
+    long long rows = (long long)n * heads;
+    ZO_LAUNCH(head_rmsnorm_backward_dx_kernel, (unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK),
+              ROWS_PER_BLOCK * WARP, 0, st, dx, ldx, saved, w, rstd, n, heads, d);
+    return cuda_launch_check("head_rmsnorm_backward_dx_kernel");
 }
