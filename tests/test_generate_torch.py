@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """test_generate_torch: `generate`'s greedy tokens against PyTorch's.
 
-For a family (GPT-2, head size 64, tied head; LLaMA, head size 128, GQA), a
+For a family (GPT-2, head size 64, tied head; LLaMA, head size 128, GQA;
+Qwen3, head size 128 with its q/k norms, GQA, tied), a
 small model of the family's real head size is written as a Hugging Face
 folder (config.json, model.safetensors), and two prompts of different lengths
 go through `generate` as one batch, greedy, 32 new tokens each, fp32. The
@@ -84,6 +85,18 @@ FAMILIES = {
                 "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 128,
                 "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
                 "tie_word_embeddings": False, "eos_token_id": 127, "torch_dtype": "float32"},
+        lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
+                  peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])),
+    # Qwen3: the q/k norms before RoPE, so the cached keys are normed ones; head_dim 128 with q
+    # (4 x 128) wider than hidden_size, GQA
+    "qwen3": dict(
+        seed=46,
+        config={"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 4,
+                "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 128,
+                "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 128,
+                "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "attention_bias": False,
+                "use_sliding_window": False, "tie_word_embeddings": True, "eos_token_id": 127,
+                "torch_dtype": "float32"},
         lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
                   peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])),
     # mixtures of experts, 4 layers so that the streamed runs' device memory (three quarters of
@@ -212,7 +225,7 @@ def check_family(gen, name, workdir):
     cap = str(model_bytes * 3 // 4)
     ck = Checks()
     print(f"{name}: {model_bytes // 4} parameters ({model_bytes} bytes fp32), head size "
-          f"{(c['n_embd'] // c['n_head']) if gpt else c['hidden_size'] // c['num_attention_heads']}, prompts of "
+          f"{(c['n_embd'] // c['n_head']) if gpt else e2e.head_dim(c)}, prompts of "
           f"{PROMPT_LENS} tokens, {NEW} new tokens each; device memory {cap} bytes where the weights stream")
 
     fwd = (lambda idx: e2e.moe_forward(c, params, idx)[0]) if moe else \
