@@ -1774,6 +1774,30 @@ static void test_memplan_agrees(void **state)
     }
 }
 
+/* Qwen3's q/k norms keep their inputs (q and k wide, 16-bit) and 1/rms per
+ * head in every layer: with 1024 tokens through 4 narrow layers those are
+ * about a seventh of the device's bytes, and the peak still agrees with
+ * memplan's (attn.q_norm / attn.k_norm inputs) within 3%: no recompute,
+ * full, by op (which keeps them), and LoRA. head_dim 32 makes q (4 x 32)
+ * wider than hidden 64. */
+static void test_memplan_agrees_qwen3(void **state)
+{
+    (void)state;
+    for (int v = 0; v < 4; v++) {
+        run r = {.cfg = tiny_llama(4, 64, 128), .dt = ZO_DTYPE_BF16, .B = 4, .T = 256, .steps = 1};
+        snprintf(r.cfg.family, sizeof r.cfg.family, "qwen3");
+        r.cfg.qk_norm = 1;
+        r.cfg.head_dim = 32;
+        base_config(&r.oc);
+        r.oc.sub_group = 50000;
+        r.oc.recompute = v < 3 ? v : OFFLOAD_RECOMPUTE_NONE;
+        if (v == 3) r.lora = (tf_lora_options){.r = 8, .alpha = 16, .targets = ZO_LORA_ALL_LINEAR};
+        static const char *names[] = {"qwen3, 1024 tokens, recompute none", "qwen3, 1024 tokens, recompute full",
+                                      "qwen3, 1024 tokens, recompute ops", "qwen3, 1024 tokens, lora"};
+        peaks_agree(names[v], &r);
+    }
+}
+
 /* The runtime's own count of the bytes the NVMe swap moves in a step, with
  * m and v in 8 bits and in bf16 against fp32 (issue 30: 8-bit at most 0.55x;
  * the master stays fp32, so 6.004 of 12 bytes a parameter), and the three
@@ -1827,6 +1851,7 @@ int main(void)
         cmocka_unit_test(test_kill_during_checkpoint),
         cmocka_unit_test(test_nvme_checkpoint_memory),
         cmocka_unit_test(test_memplan_agrees),
+        cmocka_unit_test(test_memplan_agrees_qwen3),
         cmocka_unit_test(test_nvme_state_bytes),
         cmocka_unit_test(test_resume_state),
         cmocka_unit_test(test_state_training),
