@@ -28,7 +28,8 @@ the same, for:
 
 For the mixtures of experts (Mixtral: 8 experts, 2 a token, renormalized;
 Qwen2-MoE: 8 experts, 3 a token, norm_topk_prob false, a shared expert behind
-its sigmoid gate; 4 layers, head size 128) the reference is test_e2e_torch.py's
+its sigmoid gate; Qwen3-MoE: Qwen3's q/k norms, 8 experts, 2 a token,
+renormalized; 4 layers, head size 128) the reference is test_e2e_torch.py's
 float64 model written after Hugging Face's sparse MoE blocks (softmax over every
 expert, the top k, each expert on its tokens), run the same way; its expert
 choices must be clear of near ties. The same runs (resident, streamed, NVMe,
@@ -121,6 +122,19 @@ FAMILIES = {
                 "max_position_embeddings": 128, "hidden_act": "silu", "rms_norm_eps": 1e-6,
                 "rope_theta": 1000000.0, "use_sliding_window": False, "tie_word_embeddings": False,
                 "eos_token_id": 127, "torch_dtype": "float32"},
+        lora=dict(r=4, alpha=16.0, targets="all-linear")),
+    # Qwen3-MoE: Qwen3's attention (q/k norms, head_dim 128 with q 2 x 128 wider than hidden), 8
+    # routed experts, 2 a token, renormalized, no shared expert
+    "qwen3_moe": dict(
+        seed=47, moe=True,
+        config={"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_hidden_layers": 4,
+                "hidden_size": 192, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 128,
+                "intermediate_size": 160, "moe_intermediate_size": 48, "num_experts": 8,
+                "num_experts_per_tok": 2, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                "mlp_only_layers": [], "vocab_size": 128, "max_position_embeddings": 128,
+                "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "attention_bias": False,
+                "use_sliding_window": False, "tie_word_embeddings": False, "eos_token_id": 127,
+                "torch_dtype": "float32"},
         lora=dict(r=4, alpha=16.0, targets="all-linear")),
 }
 
