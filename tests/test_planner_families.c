@@ -207,8 +207,8 @@ static void test_family_defaults(void **state)
                  "\"intermediate_size\": 128, \"vocab_size\": 100"
 
 /* What limits or rescales attention, read as Hugging Face reads it: Mistral's
- * sliding_window (4096 when absent, none when null), Qwen2's only with
- * use_sliding_window on a layer from max_window_layers, rope_scaling's
+ * sliding_window (4096 when absent, none when null), Qwen2's and Qwen3's
+ * only with use_sliding_window on a layer from max_window_layers, rope_scaling's
  * rope_type (or type) unless "default". None of it changes a count. */
 static void test_attention_extent(void **state)
 {
@@ -220,7 +220,8 @@ static void test_attention_extent(void **state)
     } real[] = {
         {"mistral-7b.json", 4096, ""},     {"llama-2-7b.json", 0, ""},       {"llama-3-8b.json", 0, ""},
         {"llama-3.1-8b.json", 0, "llama3"}, {"llama-3.2-1b.json", 0, "llama3"}, {"qwen2.5-7b.json", 0, ""},
-        {"qwen2.5-0.5b.json", 0, ""},       {"gpt2.json", 0, ""},
+        {"qwen2.5-0.5b.json", 0, ""},       {"gpt2.json", 0, ""},            {"qwen3-8b.json", 0, ""},
+        {"qwen3-30b-a3b.json", 0, ""},
     };
     zo_model_config c;
     for (size_t i = 0; i < sizeof real / sizeof real[0]; i++) {
@@ -245,6 +246,12 @@ static void test_attention_extent(void **state)
         {"\"model_type\": \"qwen2\", \"sliding_window\": 100, \"use_sliding_window\": true, "
          "\"max_window_layers\": 1", 100, ""},
         {"\"model_type\": \"qwen2\", \"use_sliding_window\": true, \"max_window_layers\": 0", 4096, ""},
+        /* Qwen3's (and Qwen3-MoE's) window as Qwen2's */
+        {"\"model_type\": \"qwen3\", \"sliding_window\": 100", 0, ""},
+        {"\"model_type\": \"qwen3\", \"sliding_window\": 100, \"use_sliding_window\": true, "
+         "\"max_window_layers\": 1", 100, ""},
+        {"\"model_type\": \"qwen3_moe\", \"sliding_window\": 100, \"use_sliding_window\": true, "
+         "\"max_window_layers\": 2", 0, ""},
         {"\"model_type\": \"llama\", \"rope_scaling\": null", 0, ""},
         {"\"model_type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"default\"}", 0, ""},
         {"\"model_type\": \"llama\", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}", 0, "linear"},
