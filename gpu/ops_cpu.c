@@ -844,6 +844,16 @@ zo_status cpu_layernorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, 
                          nt);
 }
 
+/* row = row * rstd * w in place; returns rstd = 1/sqrt(mean(row^2) + eps) */
+static float rmsnorm_row(float *row, const float *wv, int c, float eps)
+{
+    double ss = 0.0;
+    for (int j = 0; j < c; j++) ss += (double)row[j] * row[j];
+    float rs = (float)(1.0 / sqrt(ss / c + (double)eps));
+    for (int j = 0; j < c; j++) row[j] = row[j] * rs * wv[j];
+    return rs;
+}
+
 zo_status cpu_rmsnorm_forward(cpu_scratch *ws, gpu_tensor y, float *rstd, gpu_tensor x,
                               gpu_tensor w, int n, int c, float eps, int nt)
 {
@@ -860,12 +870,8 @@ zo_status cpu_rmsnorm_forward(cpu_scratch *ws, gpu_tensor y, float *rstd, gpu_te
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
             load_row(row, x, (size_t)r * c, c);
-            double ss = 0.0;
-            for (int j = 0; j < c; j++) ss += (double)row[j] * row[j];
-            float rs = (float)(1.0 / sqrt(ss / c + (double)eps));
-            for (int j = 0; j < c; j++) row[j] = row[j] * rs * wv[j];
+            rstd[r] = rmsnorm_row(row, wv, c, eps);
             store_row(y, (size_t)r * c, row, c);
-            rstd[r] = rs;
         }
     }
     return ZO_OK;
@@ -903,10 +909,7 @@ zo_status cpu_head_rmsnorm_forward(cpu_scratch *ws, gpu_tensor x, int64_t ldx, g
                 size_t off = (size_t)r * (size_t)ldx + (size_t)j * d, ri = (size_t)r * heads + j;
                 load_row(row, x, off, d);
                 if (saved.data) store_row(saved, ri * d, row, d);
-                double ss = 0.0;
-                for (int e = 0; e < d; e++) ss += (double)row[e] * row[e];
-                float rs = (float)(1.0 / sqrt(ss / d + (double)eps));
-                for (int e = 0; e < d; e++) row[e] = row[e] * rs * wv[e];
+                float rs = rmsnorm_row(row, wv, d, eps);
                 store_row(x, off, row, d);
                 if (rstd) rstd[ri] = rs;
             }

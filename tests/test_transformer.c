@@ -606,21 +606,29 @@ static float lora_losses(const char *out, int *steps, float *last5, int nsteps)
     return first;
 }
 
-static void test_train_lora(void **state)
+/* A fresh folder /tmp/zo_test_<tag>_<pid> (dir) with a small repetitive
+ * text in it (text) for the LoRA runs. */
+static void lora_workdir(const char *tag, char dir[64], char text[128])
 {
-    (void)state;
-    char dir[64], text[128], ad[128], cfg[128], cmd[1400];
-    snprintf(dir, sizeof dir, "/tmp/zo_test_lora_%d", (int)getpid());
+    char cmd[128];
+    snprintf(dir, 64, "/tmp/zo_test_%s_%d", tag, (int)getpid());
     snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
     assert_int_equal(system(cmd), 0);
-    snprintf(text, sizeof text, "%s/text.txt", dir);
-    snprintf(ad, sizeof ad, "%s/adapter", dir);
-    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    snprintf(text, 128, "%s/text.txt", dir);
     FILE *f = fopen(text, "w");
     assert_non_null(f);
     for (int i = 0; i < 400; i++) fprintf(f, "the quick brown fox jumps over the lazy dog %d. ", i % 10);
     fclose(f);
-    f = fopen(cfg, "w");
+}
+
+static void test_train_lora(void **state)
+{
+    (void)state;
+    char dir[64], text[128], ad[128], cfg[128], cmd[1400];
+    lora_workdir("lora", dir, text);
+    snprintf(ad, sizeof ad, "%s/adapter", dir);
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    FILE *f = fopen(cfg, "w");
     fprintf(f, "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 32, \"n_head\": 2,"
                " \"n_positions\": 32, \"vocab_size\": 256}\n");
     fclose(f);
@@ -674,18 +682,11 @@ static void test_train_lora_qwen3(void **state)
 {
     (void)state;
     char dir[64], text[128], ad[128], mg[128], cfg[128], cmd[1400], path[256];
-    snprintf(dir, sizeof dir, "/tmp/zo_test_lora_q3_%d", (int)getpid());
-    snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
-    assert_int_equal(system(cmd), 0);
-    snprintf(text, sizeof text, "%s/text.txt", dir);
+    lora_workdir("lora_q3", dir, text);
     snprintf(ad, sizeof ad, "%s/adapter", dir);
     snprintf(mg, sizeof mg, "%s/merged", dir);
     snprintf(cfg, sizeof cfg, "%s/config.json", dir);
-    FILE *f = fopen(text, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 400; i++) fprintf(f, "the quick brown fox jumps over the lazy dog %d. ", i % 10);
-    fclose(f);
-    f = fopen(cfg, "w");
+    FILE *f = fopen(cfg, "w");
     fprintf(f, "{\"model_type\": \"qwen3\", \"num_hidden_layers\": 2, \"hidden_size\": 32, "
                "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 12, "
                "\"intermediate_size\": 48, \"max_position_embeddings\": 32, \"vocab_size\": 256}\n");
