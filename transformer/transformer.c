@@ -1981,7 +1981,7 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     if (!is_gpt(m) && (st = gpu_rope_backward(s, dqkv, N, m->t, c->n_heads + c->n_kv_heads,
                                               c->head_dim, ld, c->rope_theta, 0, m->rope_freq)) != ZO_OK)
         return st;
-    if ((st = qk_norm_backward(m, s, a, W, bb->grads, blk)) != ZO_OK ||
+    if ((st = qk_norm_backward(m, s, a, W, G, blk)) != ZO_OK ||
         (st = linear_role_backward(m, l, bb, s, qkvp, dh, 0.0f, dqkv, ln1)) != ZO_OK)
         return st;
     /* dres (= d x) += norm1 backward */
