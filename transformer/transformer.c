@@ -1840,7 +1840,7 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
     gpu_tensor x_mid = gpu_t(a->x_mid, dt), ln2 = gpu_t(a->ln2, dt), tmp = gpu_t(m->tmp, dt);
     gpu_tensor fc = gpu_t(a->fc, dt), act = gpu_t(a->act, dt);
 
-    const int kept = recompute && recompute_ops(m); /* qkv, att, lse, fc are the forward's */
+    const int kept = recompute && recompute_ops(m); /* qkv (qkn, qk_rstd), att, lse, fc are the forward's */
     /* attention: ln1 = norm(x); qkv[N, q+2kv] = ln1 Wqkv^T (+ b) (+ adapters); Qwen3's
      * norms on each q and k head; RoPE on q, k */
     if ((st = norm_forward(m, s, ln1, a->mean1, a->rstd1, x, bview(m, W, blk, MODEL_ROLE_LN1_W),
