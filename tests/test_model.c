@@ -216,6 +216,11 @@ static void test_layout_refuses_families(void **state)
     model_layout l;
     assert_int_equal(model_layout_init(&l, &c), ZO_ERR_UNSUPPORTED);
     assert_non_null(strstr(zo_last_error(), "gelu"));
+    /* Qwen3's q/k norms are RMSNorms of LLaMA-shaped layers, not on GPT's */
+    assert_int_equal(zo_model_preset_find("gpt2", &c), ZO_OK);
+    c.qk_norm = 1;
+    assert_int_equal(model_layout_init(&l, &c), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "q/k norms on GPT layers"));
 }
 
 /* Variants the presets do not cover: untied GPT, Qwen2-style q/k/v biases,
