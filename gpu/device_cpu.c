@@ -581,6 +581,18 @@ static zo_status cpu_run_rmsnorm_backward(cpu_scratch *ws, const gpu_op_args *a,
                                 (int)a->i[0], (int)a->i[1], nt);
 }
 
+static zo_status cpu_run_head_rmsnorm_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
+{
+    return cpu_head_rmsnorm_forward(ws, a->t[0], a->i[3], a->t[2], a->p[0], a->t[1], (int)a->i[0],
+                                    (int)a->i[1], (int)a->i[2], a->f[0], nt);
+}
+
+static zo_status cpu_run_head_rmsnorm_backward(cpu_scratch *ws, const gpu_op_args *a, int nt)
+{
+    return cpu_head_rmsnorm_backward(ws, a->t[0], a->i[3], a->t[1], a->t[2], a->t[3], a->p[0],
+                                     (int)a->i[0], (int)a->i[1], (int)a->i[2], nt);
+}
+
 static zo_status cpu_run_attention_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
     return cpu_attention_forward(ws, &a->d.attn, a->t[0], a->p[0], a->t[1], nt);

@@ -135,6 +135,33 @@ static void test_family_counts(void **state)
     assert_true(sizeof counts / sizeof counts[0] >= 15);
 }
 
+/* The Qwen3 presets are their config.json files (tests/fixtures/hf-configs,
+ * whose totals test_family_counts checks against keras-hub's): every field
+ * that sizes or computes the model. */
+static void test_qwen3_presets(void **state)
+{
+    (void)state;
+    static const char *const pairs[][2] = {
+        {"qwen3-0.6b", "qwen3-0.6b.json"}, {"qwen3-8b", "qwen3-8b.json"}, {"qwen3-30b-a3b", "qwen3-30b-a3b.json"}};
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        zo_model_config p, c;
+        assert_int_equal(zo_model_preset_find(pairs[i][0], &p), ZO_OK);
+        load(pairs[i][1], &c);
+        if (strcmp(p.family, c.family) || p.arch != c.arch || p.n_layers != c.n_layers || p.hidden != c.hidden ||
+            p.n_heads != c.n_heads || p.n_kv_heads != c.n_kv_heads || p.head_dim != c.head_dim || p.ffn != c.ffn ||
+            p.vocab != c.vocab || p.max_seq != c.max_seq || p.tied_embeddings != c.tied_embeddings ||
+            p.norm_eps != c.norm_eps || p.rope_theta != c.rope_theta || p.qk_norm != c.qk_norm ||
+            p.attn_bias != c.attn_bias || strcmp(p.act, c.act) || p.sliding_window != c.sliding_window ||
+            p.moe.experts != c.moe.experts || p.moe.top_k != c.moe.top_k || p.moe.expert_ffn != c.moe.expert_ffn ||
+            p.moe.shared_ffn != c.moe.shared_ffn || p.moe.norm_topk != c.moe.norm_topk ||
+            p.moe.aux_loss != c.moe.aux_loss || p.moe.aux_coef != c.moe.aux_coef)
+            fail_msg("preset %s differs from %s", pairs[i][0], pairs[i][1]);
+        assert_int_equal(zo_model_params(&p), zo_model_params(&c));
+        /* and the runtime builds it */
+        assert_int_equal(zo_model_config_runtime_check(&p), ZO_OK);
+    }
+}
+
 /* Hugging Face's per-family defaults: an absent tie_word_embeddings is tied
  * for Gemma, Falcon, OPT and BLOOM and untied for LLaMA, Mixtral, GPT-NeoX;
  * Mistral's absent num_key_value_heads is 8. */
@@ -180,8 +207,8 @@ static void test_family_defaults(void **state)
                  "\"intermediate_size\": 128, \"vocab_size\": 100"
 
 /* What limits or rescales attention, read as Hugging Face reads it: Mistral's
- * sliding_window (4096 when absent, none when null), Qwen2's only with
- * use_sliding_window on a layer from max_window_layers, rope_scaling's
+ * sliding_window (4096 when absent, none when null), Qwen2's and Qwen3's
+ * only with use_sliding_window on a layer from max_window_layers, rope_scaling's
  * rope_type (or type) unless "default". None of it changes a count. */
 static void test_attention_extent(void **state)
 {
@@ -193,7 +220,8 @@ static void test_attention_extent(void **state)
     } real[] = {
         {"mistral-7b.json", 4096, ""},     {"llama-2-7b.json", 0, ""},       {"llama-3-8b.json", 0, ""},
         {"llama-3.1-8b.json", 0, "llama3"}, {"llama-3.2-1b.json", 0, "llama3"}, {"qwen2.5-7b.json", 0, ""},
-        {"qwen2.5-0.5b.json", 0, ""},       {"gpt2.json", 0, ""},
+        {"qwen2.5-0.5b.json", 0, ""},       {"gpt2.json", 0, ""},            {"qwen3-8b.json", 0, ""},
+        {"qwen3-30b-a3b.json", 0, ""},
     };
     zo_model_config c;
     for (size_t i = 0; i < sizeof real / sizeof real[0]; i++) {
@@ -218,6 +246,12 @@ static void test_attention_extent(void **state)
         {"\"model_type\": \"qwen2\", \"sliding_window\": 100, \"use_sliding_window\": true, "
          "\"max_window_layers\": 1", 100, ""},
         {"\"model_type\": \"qwen2\", \"use_sliding_window\": true, \"max_window_layers\": 0", 4096, ""},
+        /* Qwen3's (and Qwen3-MoE's) window as Qwen2's */
+        {"\"model_type\": \"qwen3\", \"sliding_window\": 100", 0, ""},
+        {"\"model_type\": \"qwen3\", \"sliding_window\": 100, \"use_sliding_window\": true, "
+         "\"max_window_layers\": 1", 100, ""},
+        {"\"model_type\": \"qwen3_moe\", \"sliding_window\": 100, \"use_sliding_window\": true, "
+         "\"max_window_layers\": 2", 0, ""},
         {"\"model_type\": \"llama\", \"rope_scaling\": null", 0, ""},
         {"\"model_type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"default\"}", 0, ""},
         {"\"model_type\": \"llama\", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}", 0, "linear"},
@@ -725,6 +759,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_family_counts),   cmocka_unit_test(test_family_defaults),
+        cmocka_unit_test(test_qwen3_presets),
         cmocka_unit_test(test_attention_extent),
         cmocka_unit_test(test_refused),         cmocka_unit_test(test_cli_refused),
         cmocka_unit_test(test_nonsense_refused),
