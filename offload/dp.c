@@ -593,7 +593,9 @@ static zo_status piece_gather(offload_dp *dp, const offload_piece *p, size_t es,
     zo_dtype wire = es * per == 4 ? ZO_DTYPE_F32 : ZO_DTYPE_BF16; /* (an all-gather moves bytes) */
     zo_status st;
     if ((st = offload_dp_wait(dp)) != ZO_OK) return st;
-    zo_status dev = gpu_stream_synchronize(env->d2h);
+    /* after its first failure the rank only takes part (its device calls
+     * would fail again and overwrite the message the ranks agree on) */
+    zo_status dev = *local == ZO_OK ? gpu_stream_synchronize(env->d2h) : *local;
     if (dev == ZO_OK && p->mine)
         dev = gpu_memcpy_async(env->h2d, buf + (size_t)p->rank * p->q * es, from, p->mine * es, in_kind);
     if (dev == ZO_OK) dev = gpu_event_record(dp->ev_in, env->h2d);
@@ -601,7 +603,8 @@ static zo_status piece_gather(offload_dp *dp, const offload_piece *p, size_t es,
     if ((st = collective_on(dp, p->comm, DP_ALL_GATHER, p->q / per, p->real, buf, wire,
                             dev == ZO_OK ? dp->ev_in : NULL, dp->ev_out, frozen)) != ZO_OK)
         return st;
-    keep_local(gpu_stream_wait_event(env->d2h, dp->ev_out), local, "offload: an all-gather's piece");
+    if (*local == ZO_OK)
+        keep_local(gpu_stream_wait_event(env->d2h, dp->ev_out), local, "offload: an all-gather's piece");
     return ZO_OK;
 }
 
@@ -615,8 +618,10 @@ zo_status offload_dp_gather_piece(offload_dp *dp, const offload_piece *p, const 
                         dp->bucket_words);
     if ((st = piece_gather(dp, p, sizeof(float), 1, 0, mine, GPU_COPY_HOST_TO_DEVICE, local)) != ZO_OK)
         return zo_error_wrap(st, "offload: all-gather of a piece");
-    zo_status dev = gpu_memcpy_async(env->d2h, all, dp->bucket[0], (size_t)p->size * p->q * sizeof(float),
-                                     GPU_COPY_DEVICE_TO_HOST);
+    zo_status dev = *local == ZO_OK ? gpu_memcpy_async(env->d2h, all, dp->bucket[0],
+                                                       (size_t)p->size * p->q * sizeof(float),
+                                                       GPU_COPY_DEVICE_TO_HOST)
+                                    : *local;
     if ((st = offload_dp_wait(dp)) != ZO_OK) return zo_error_wrap(st, "offload: all-gather of a piece");
     if (dev == ZO_OK) dev = gpu_stream_synchronize(env->d2h);
     keep_local(dev, local, "offload: an all-gather's piece out");
@@ -643,7 +648,7 @@ static zo_status gather_segs(offload_dp *dp, int b, const offload_seg *g, int ns
         piece_in(dp, g, ns, j, qcap, &p);
         size_t n, own = offload_piece_src(&p, p.rank, &n);
         const char *from = (const char *)part + (part_local ? p.loc : own) * es;
-        zo_status dev = ZO_OK; /* (this rank's own: said after the gather it took part in) */
+        zo_status dev = ZO_OK; /* (this rank's own failure ends the block here, as the gathers' do) */
         if ((st = piece_gather(dp, &p, es, per, frozen, from, in_kind, &dev)) != ZO_OK || (st = dev) != ZO_OK)
             return zo_error_wrap(st, "offload: all-gather of block %d%s", b, frozen ? "'s frozen base" : "");
         for (int r = 0; r < p.size; r++) {

@@ -21,7 +21,6 @@
 #include "offload/ostate.h"
 
 #include <math.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -887,6 +886,15 @@ static zo_status nvs_create(oshard *sh, const oshard_config *c)
 #define DEV_STAGE ((size_t)ZO_PLAN_GPU_STAGE)
 _Static_assert(ZO_PLAN_GPU_STAGE % ADAM_Q8_BLOCK == 0, "the GPU share's stage holds whole 8-bit blocks");
 
+/* The device shard's gradient statistics, as its device buffer (stats)
+ * holds them and the host reads them back: what the kernels gpu_sum_squares
+ * and gpu_check_finite add to. */
+typedef struct dev_stats {
+    float sumsq;  /* the sum of squares (without the rank's own experts when sums.xn) */
+    int32_t bad;  /* not 0: an inf or a nan */
+    float xsumsq; /* the rank's own experts' sum of squares (sums.xn) */
+} dev_stats;
+
 typedef struct dev_shard {
     oshard base;
     float *P, *M, *V;     /* device [n] fp32 (M, V: fp32 state only) */
@@ -911,23 +919,11 @@ typedef struct dev_shard {
     int w_in_place;       /* W is the device store's array (no bytes of its own) */
     uint16_t *wstage;     /* [2 DEV_STAGE]: W's values, then C's */
     int b0;               /* its first block (whole blocks to the end) */
-    void *stats;          /* device: a dev_stats */
+    dev_stats *stats;     /* device */
     float *stats_host;    /* pinned [largest]: one block's fp32 gradient (exact statistics) */
     gpu_event_t done;     /* d2h: the shard's work so far has run */
     int pending;          /* the step's update is enqueued and not waited for */
 } dev_shard;
-
-/* The device shard's gradient statistics, as its device buffer (stats)
- * holds them and the host reads them back: what the kernels gpu_sum_squares
- * and gpu_check_finite add to. */
-typedef struct dev_stats {
-    float sumsq;  /* the sum of squares (without the rank's own experts when sums.xn) */
-    int32_t bad;  /* not 0: an inf or a nan */
-    float xsumsq; /* the rank's own experts' sum of squares (sums.xn) */
-} dev_stats;
-
-/* A member of the device's dev_stats, by its offset. */
-#define DEV_STATS_AT(d, member) ((void *)((char *)(d)->stats + offsetof(dev_stats, member)))
 
 static float *dev_array(dev_shard *d, int a)
 {
@@ -1182,8 +1178,8 @@ static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, double *xs
         }
         return ZO_OK; /* (its time is the step's: offload_optim_step) */
     }
-    float *sum = DEV_STATS_AT(d, sumsq), *xsum = DEV_STATS_AT(d, xsumsq);
-    int32_t *flag = DEV_STATS_AT(d, bad);
+    float *sum = &d->stats->sumsq, *xsum = &d->stats->xsumsq; /* (device addresses) */
+    int32_t *flag = &d->stats->bad;
     dev_stats host;
     if ((st = gpu_memset_async(s, d->stats, 0, sizeof host)) != ZO_OK) return st;
     if (sh->sums->xn) { /* block by block: each block's experts' run apart */
@@ -1370,7 +1366,7 @@ static zo_status dev_create(oshard *sh, const oshard_config *c)
             return zo_error_wrap(st, "offload_init: optimizer on the device: %s of %zu elements", what[a], n);
         if ((st = gpu_memset_async(env->h2d, *arr[a], 0, n * 4)) != ZO_OK) return st;
     }
-    if ((st = gpu_mem_alloc(env->dev, sizeof(dev_stats), &d->stats)) != ZO_OK)
+    if ((st = gpu_mem_alloc(env->dev, sizeof *d->stats, (void **)&d->stats)) != ZO_OK)
         return zo_error_wrap(st, "offload_init: optimizer on the device: gradient statistics");
     if (c->exact_stats &&
         (st = offload_host_alloc(env, sh->g->largest * 4, 1, (void **)&d->stats_host)) != ZO_OK)

@@ -1487,7 +1487,7 @@ static void backward_activations(const stage_est *s, plan_estimate *e)
      * x A^T, and the gradient's rows */
     uint64_t er = 0, r = (uint64_t)t->lora.r;
     if (s->sh.moe_layers && t->runtime == PLAN_RUNTIME_ZOFFLOAD) {
-        er = zo_moe_expert_rows(m, t->capacity_factor, sb, (uint64_t)t->ep);
+        er = zo_moe_expert_rows(m, t->capacity_factor, sb, t->ep > 1 ? (uint64_t)t->ep : 1);
         add(e, "LoRA expert scratch (an expert's x A^T)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, er * r * s->wsz);
     }
     add(e, "LoRA backward scratch (fp32)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, 4 * (er > sb ? er : sb) * r + 8 * h);

@@ -750,21 +750,6 @@ static void test_header_family(void **state)
     assert_true(strstr(head, " (mixtral), ") && strstr(head, " (mixtral), ") < strchr(head, '\n'));
 }
 
-/* The stats JSON's "moe" member `name` (a number). */
-static double moe_stat(const char *path, const char *name)
-{
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    size_t n = fread(out, 1, sizeof out - 1, f);
-    out[n] = 0;
-    fclose(f);
-    cJSON *o = cJSON_Parse(out), *v = cJSON_GetObjectItem(cJSON_GetObjectItem(o, "moe"), name);
-    if (!cJSON_IsNumber(v)) fail_msg("%s: no \"moe\": {\"%s\"}", path, name);
-    double x = v->valuedouble;
-    cJSON_Delete(o);
-    return x;
-}
-
 /* An evaluation routes with the capacity factor and its dropped pairs are
  * counted apart from the steps': the Mixtral trained at lr 0 on the
  * held-out text (3 steps of one micro-batch, weights unchanged) and then
@@ -794,8 +779,13 @@ static void test_eval_moe_drops(void **state)
         char line[256];
         snprintf(line, sizeof line, "%.*s", (int)strcspn(ev, "\n"), ev);
         printf("  --capacity-factor %s: %s\n", factor[k], line);
-        double pairs = moe_stat(stats, "pairs"), dropped = moe_stat(stats, "dropped");
-        double epairs = moe_stat(stats, "eval_pairs"), edropped = moe_stat(stats, "eval_dropped");
+        char *text = files_read_text(stats);
+        assert_non_null(text);
+        cJSON *doc = cJSON_Parse(text);
+        free(text);
+        double pairs = run_json_num(doc, "moe", "pairs"), dropped = run_json_num(doc, "moe", "dropped");
+        double epairs = run_json_num(doc, "moe", "eval_pairs"), edropped = run_json_num(doc, "moe", "eval_dropped");
+        cJSON_Delete(doc);
         assert_true(pairs == 768 && epairs == 768);
         assert_true(edropped == dropped);
         const char *d = strstr(line, " dropped ");

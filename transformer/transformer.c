@@ -317,7 +317,7 @@ static zo_status gen_alloc(tf_model *m)
         {&m->sact, E ? N * widest_mlp(c) * es : 0, "weighted expert activation"},
         {&m->moe_x, K * N * h * es, "expert inputs"},
         {&m->moe_y, K * N * h * es, "expert outputs"},
-        {&m->eu, E && has_lora(m) ? K * N * m->opts.lora.r * es : 0, "expert LoRA A x"},
+        {&m->eu, E && has_lora(m) ? (size_t)zo_moe_expert_rows(c, 0, N, 1) * m->opts.lora.r * es : 0, "expert LoRA A x"},
     };
     if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) return st;
     if (E && L && (!(a->moe_idx_h = malloc(K * N * 4)) || !(a->moe_wp_h = malloc(K * N * 4)) ||
