@@ -33,6 +33,16 @@
       .n_heads = a, .n_kv_heads = kv, .head_dim = (h) / (a), .ffn = f, .vocab = v,       \
       .max_seq = s, .norm_eps = 1e-5f, .rope_theta = theta, .sliding_window = win}}
 
+/* Qwen3 (config.json of Qwen/Qwen3-*): LLaMA layers with an RMSNorm over each
+ * q and k head, head_dim 128 whatever hidden / heads, rms_norm_eps 1e-6,
+ * rope_theta 1e6, 40960 positions, vocabulary 151936. */
+#define QWEN3(n, fam, L, h, a, kv, f, tied, ...)                                          \
+    {n, "",                                                                               \
+     {.name = n, .family = fam, .arch = ZO_ARCH_LLAMA, .n_layers = L, .hidden = h,       \
+      .n_heads = a, .n_kv_heads = kv, .head_dim = 128, .ffn = f, .vocab = 151936,        \
+      .max_seq = 40960, .tied_embeddings = tied, .norm_eps = 1e-6f, .rope_theta = 1e6f,  \
+      .qk_norm = 1, __VA_ARGS__}}
+
 static const zo_model_preset presets[] = {
     GPT("gpt2", "gpt2-124m,gpt2-small", "gpt2", 12, 768, 12, 50257, 1024),
     GPT("gpt2-medium", "gpt2-355m", "gpt2", 24, 1024, 16, 50257, 1024),
@@ -71,6 +81,11 @@ static const zo_model_preset presets[] = {
     LLAMA("phi-3-medium-4k", "phi-3-medium-4k-instruct", "phi3", 40, 5120, 40, 10, 17920, 32064,
           4096, 10000.0f, 2047),
     LLAMA("phi-4", "", "phi3", 40, 5120, 40, 10, 17920, 100352, 16384, 250000.0f, 0),
+    QWEN3("qwen3-0.6b", "qwen3", 28, 1024, 16, 8, 3072, 1, .act = "silu"),
+    QWEN3("qwen3-8b", "qwen3", 36, 4096, 32, 8, 12288, 0, .act = "silu"),
+    /* 128 routed experts of 768, 8 a token, renormalized (norm_topk_prob) */
+    QWEN3("qwen3-30b-a3b", "qwen3_moe", 48, 2048, 32, 4, 6144, 0, .act = "silu",
+          .moe = {.experts = 128, .top_k = 8, .expert_ffn = 768, .norm_topk = 1, .aux_coef = 0.001f}),
 };
 
 const zo_model_preset *zo_model_presets(size_t *count)
@@ -80,6 +95,11 @@ const zo_model_preset *zo_model_presets(size_t *count)
 }
 
 const char *zo_arch_name(zo_arch a) { return a == ZO_ARCH_LLAMA ? "llama" : "gpt"; }
+
+const char *zo_model_family_name(const zo_model_config *c)
+{
+    return c->family[0] && strcmp(c->family, "custom") ? c->family : zo_arch_name(c->arch);
+}
 
 void zo_preset_key(const char *s, char *out, size_t len)
 {
@@ -256,6 +276,11 @@ uint64_t zo_moe_rank_rows(const zo_model_config *c, double factor, uint64_t n, u
     return cap < rows ? cap : rows;
 }
 
+uint64_t zo_moe_expert_rows(const zo_model_config *c, double factor, uint64_t n, uint64_t ranks)
+{
+    return ranks * (factor > 0 ? zo_moe_capacity(c, factor, n) : n);
+}
+
 const char *zo_moe_check_capacity(const zo_model_config *c, double factor)
 {
     if (!(factor >= 0)) return "must not be negative";
@@ -362,8 +387,7 @@ uint64_t zo_model_params(const zo_model_config *c)
 
 static const char *const runtime_families[] = {"", "gpt2", "gpt3", "megatron", "custom", "llama",
                                                "llama2", "llama3", "mistral", "qwen2", "mixtral",
-                                               "qwen2_moe",
-                                               "phi3"};
+                                               "qwen2_moe", "qwen3", "qwen3_moe", "phi3"};
 
 zo_status zo_model_config_runtime_check(const zo_model_config *c)
 {
@@ -386,12 +410,13 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     else if (c->layer_norms && c->layer_norms != 2) snprintf(lacks, sizeof lacks, "its norms");
     else if (c->parallel_block) snprintf(lacks, sizeof lacks, "parallel attention and MLP");
     else if (c->embed_norm) snprintf(lacks, sizeof lacks, "an embedding norm");
-    else if (c->qk_norm) snprintf(lacks, sizeof lacks, "q/k norms");
+    else if (c->qk_norm && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "q/k norms on GPT layers");
     else if (other_act) snprintf(lacks, sizeof lacks, "the activation %s", c->act);
     else return ZO_OK;
     return zo_error(ZO_ERR_UNSUPPORTED,
                     "model %s: family \"%s\": the runtime does not implement %s (it trains "
-                    "GPT-2, LLaMA, Mistral, Qwen2, Phi-3, Mixtral and Qwen2-MoE layers; memplan sizes this "
+                    "GPT-2, LLaMA, Mistral, Qwen2, Qwen3, Phi-3, Mixtral, Qwen2-MoE and Qwen3-MoE layers; "
+                    "memplan sizes this "
                     "family)",
                     c->name, c->family, lacks);
 }
@@ -651,8 +676,8 @@ static void hf_longrope(hf *r, hf *sub, zo_model_config *c, const family *f)
 
 /* What limits or rescales attention without changing a size:
  * - sliding_window, as Hugging Face reads it: Mistral's (MistralConfig's
- *   default 4096 when absent, none when null), on every layer; Qwen2's only
- *   with use_sliding_window, on the layers at or past max_window_layers
+ *   default 4096 when absent, none when null), on every layer; Qwen2's and
+ *   Qwen3's (dense and MoE) only with use_sliding_window, on the layers at or past max_window_layers
  *   (default 28); Phi-3's on every layer when present and not null
  *   (Phi3Config's default is none);
  * - rope_scaling's rope_type (or its older "type"), unless "default", and
@@ -666,7 +691,8 @@ static void hf_attention_extent(hf *r, zo_model_config *c, const family *f)
     int null_window = w && cJSON_IsNull(w);
     if (!strcmp(f->type, "mistral") && !null_window) {
         c->sliding_window = hf_int(r, "sliding_window", 4096);
-    } else if (!strcmp(f->type, "qwen2") && !null_window && hf_bool(r, "use_sliding_window", 0)) {
+    } else if ((!strcmp(f->type, "qwen2") || !strncmp(f->type, "qwen3", 5)) && !null_window &&
+               hf_bool(r, "use_sliding_window", 0)) {
         c->window_from_layer = hf_int2(r, "max_window_layers", NULL, 0, 28);
         if (c->window_from_layer < c->n_layers) c->sliding_window = hf_int(r, "sliding_window", 4096);
     } else if (!strcmp(f->type, "phi3") && w && !null_window) {
@@ -918,7 +944,7 @@ static const family families[] = {
     {"qwen2", "Qwen2ForCausalLM", parse_llama, "Qwen2 / Qwen2.5: LLaMA layers, q/k/v biases", 0,
      32, 0, NULL, 1},
     {"qwen3", "Qwen3ForCausalLM", parse_llama, "Qwen3: LLaMA layers, q/k RMSNorm over head_dim",
-     0, 32, 128, NULL, 0},
+     0, 32, 128, NULL, 1},
     {"gemma", "GemmaForCausalLM", parse_llama,
      "Gemma: LLaMA layers with GeGLU, head_dim 256, tied", 1, 16, 256, NULL, 0},
     {"gemma2", "Gemma2ForCausalLM", parse_llama,
@@ -928,12 +954,12 @@ static const family families[] = {
      "Phi-3: LLaMA layers (fused qkv and gate/up projections)", 0, 0, 0, NULL, 1},
     {"mixtral", "MixtralForCausalLM", parse_mixtral,
      "Mixtral: Mistral attention, MoE MLP (router + num_local_experts SwiGLU experts)", 0, 8, 0,
-     "num_local_experts", 0},
+     "num_local_experts", 1},
     {"qwen2_moe", "Qwen2MoeForCausalLM", parse_qwen_moe,
      "Qwen1.5-MoE / Qwen2-MoE: Qwen2 attention, routed experts + a gated shared expert", 0, 16,
-     0, MOE_KEYS ",shared_expert_intermediate_size", 0},
+     0, MOE_KEYS ",shared_expert_intermediate_size", 1},
     {"qwen3_moe", "Qwen3MoeForCausalLM", parse_qwen_moe,
-     "Qwen3-MoE: Qwen3 attention, routed experts", 0, 4, 128, MOE_KEYS, 0},
+     "Qwen3-MoE: Qwen3 attention, routed experts", 0, 4, 128, MOE_KEYS, 1},
     {"deepseek", "DeepseekForCausalLM", parse_deepseek,
      "DeepSeekMoE: LLaMA attention, dense first layers, shared + routed experts", 0, 0, 0,
      DS_KEYS, 0},

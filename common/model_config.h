@@ -203,6 +203,10 @@ uint64_t zo_moe_capacity(const zo_model_config *cfg, double factor, uint64_t n);
  * its own tokens before the exchange). ranks 1: the pairs n tokens route
  * to experts that take them, min(n top_k, experts C). */
 uint64_t zo_moe_rank_rows(const zo_model_config *cfg, double factor, uint64_t n, uint64_t ranks);
+/* The most rows one expert can receive from `ranks` ranks of n tokens
+ * each: a token once, so n from each rank, or C with a capacity factor
+ * (an expert's LoRA scratch, which holds one expert's rows at a time). */
+uint64_t zo_moe_expert_rows(const zo_model_config *cfg, double factor, uint64_t n, uint64_t ranks);
 /* NULL when `factor` suits the model, else why not (negative or not a
  * number; positive for a model without routed experts): callers name
  * their flag or field. */
@@ -237,5 +241,9 @@ void zo_model_param_counts(const zo_model_config *cfg, zo_param_counts *out);
 uint64_t zo_model_params(const zo_model_config *cfg);
 
 const char *zo_arch_name(zo_arch a); /* "gpt", "llama" */
+/* The model's family as the programs' headers name it: the config's
+ * model_type or the preset's family ("mixtral", "qwen2_moe", "llama2"),
+ * else (a shape given by hand: "" or "custom") its arch's name. */
+const char *zo_model_family_name(const zo_model_config *cfg);
 
 #endif

@@ -295,6 +295,19 @@ zo_status gpu_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw, gpu
     RUN(RMSNORM_BACKWARD, .t = {dx, dw, dy, x, w}, .p = {(void *)rstd}, .i = {n, c});
 }
 
+zo_status gpu_head_rmsnorm_forward(gpu_stream_t s, gpu_tensor x, int64_t ldx, gpu_tensor saved,
+                                   float *rstd, gpu_tensor w, int n, int heads, int d, float eps)
+{
+    RUN(HEAD_RMSNORM_FORWARD, .t = {x, w, saved}, .p = {rstd}, .i = {n, heads, d, ldx}, .f = {eps});
+}
+
+zo_status gpu_head_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, int64_t ldx, gpu_tensor dw,
+                                    gpu_tensor saved, gpu_tensor w, const float *rstd, int n,
+                                    int heads, int d)
+{
+    RUN(HEAD_RMSNORM_BACKWARD, .t = {dx, dw, saved, w}, .p = {(void *)rstd}, .i = {n, heads, d, ldx});
+}
+
 zo_status gpu_attention_forward(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor out,
                                 float *lse, gpu_tensor qkv)
 {

@@ -202,6 +202,19 @@ zo_status gpu_rmsnorm_forward(gpu_stream_t s, gpu_tensor y, float *rstd, gpu_ten
                               gpu_tensor w, int n, int c, float eps);
 zo_status gpu_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw, gpu_tensor dy,
                                gpu_tensor x, gpu_tensor w, const float *rstd, int n, int c);
+/* RMSNorm of each head (Qwen3's q_norm and k_norm), in place: in each of
+ * n rows of x (row stride ldx >= heads * d) the first `heads` runs of d
+ * elements are normalised one by one, x = x rstd w with one w [d] for every
+ * head, rstd = 1/sqrt(mean over the head's d of x^2 + eps). rstd [n, heads]
+ * fp32 and saved [n, heads * d] (x's heads before the norm, the backward's
+ * input) are written when not NULL. Backward, in place: dx (row stride ldx)
+ * holds the gradient of the norm's output on entry and that of its input on
+ * exit; dw [d] += the weight's gradient summed over every row and head. */
+zo_status gpu_head_rmsnorm_forward(gpu_stream_t s, gpu_tensor x, int64_t ldx, gpu_tensor saved,
+                                   float *rstd, gpu_tensor w, int n, int heads, int d, float eps);
+zo_status gpu_head_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, int64_t ldx, gpu_tensor dw,
+                                    gpu_tensor saved, gpu_tensor w, const float *rstd, int n,
+                                    int heads, int d);
 
 /* ---- ops: attention ----------------------------------------------------------
  * Causal self-attention, memory-efficient: no [t,t] matrix is kept; forward

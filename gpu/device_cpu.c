@@ -60,6 +60,11 @@ static int fault_alloc(cpu_ctx *c)
     return fault_step(c, &c->faults.alloc_skip, &c->faults.alloc_fail);
 }
 
+static int fault_copy(cpu_ctx *c)
+{
+    return fault_step(c, &c->faults.copy_skip, &c->faults.copy_fail);
+}
+
 /* ---- memory ---------------------------------------------------------------- */
 
 /* Back every page of a new allocation now, as cudaMalloc and cudaHostAlloc
@@ -495,6 +500,8 @@ static zo_status cpu_memcpy_async(gpu_stream_t s, void *dst, const void *src, si
                                   gpu_copy_kind kind)
 {
     (void)kind; /* one address space */
+    if (fault_copy(ctx_of(s->dev)))
+        return zo_error(ZO_ERR_DEVICE, "gpu_memcpy_async: a copy of %zu bytes failed (injected)", bytes);
     cpu_args args = {.mem = {.dst = dst, .src = src, .bytes = bytes}};
     return submit(s, run_memcpy, "gpu_memcpy_async", &args);
 }
@@ -572,6 +579,18 @@ static zo_status cpu_run_rmsnorm_backward(cpu_scratch *ws, const gpu_op_args *a,
 {
     return cpu_rmsnorm_backward(ws, a->t[0], a->t[1], a->t[2], a->t[3], a->t[4], a->p[0],
                                 (int)a->i[0], (int)a->i[1], nt);
+}
+
+static zo_status cpu_run_head_rmsnorm_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
+{
+    return cpu_head_rmsnorm_forward(ws, a->t[0], a->i[3], a->t[2], a->p[0], a->t[1], (int)a->i[0],
+                                    (int)a->i[1], (int)a->i[2], a->f[0], nt);
+}
+
+static zo_status cpu_run_head_rmsnorm_backward(cpu_scratch *ws, const gpu_op_args *a, int nt)
+{
+    return cpu_head_rmsnorm_backward(ws, a->t[0], a->i[3], a->t[1], a->t[2], a->t[3], a->p[0],
+                                     (int)a->i[0], (int)a->i[1], (int)a->i[2], nt);
 }
 
 static zo_status cpu_run_attention_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)

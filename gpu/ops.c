@@ -60,6 +60,14 @@ static zo_status gpu_check_ld(const char *op, const gpu_op_args *a)
                     (long long)a->i[2], (long long)a->i[1]);
 }
 
+/* heads of d in rows of ldx: the heads fit in a row */
+static zo_status gpu_check_heads(const char *op, const gpu_op_args *a)
+{
+    if (a->i[3] >= a->i[1] * a->i[2]) return ZO_OK;
+    return zo_error(ZO_ERR_INVALID, "%s: %s %lld < heads*d %lld", op, slot_name(op, GPU_SLOT_INT, 3),
+                    (long long)a->i[3], (long long)(a->i[1] * a->i[2]));
+}
+
 static zo_status gpu_check_attn(const char *op, const gpu_op_args *a)
 {
     const gpu_attn_desc *d = &a->d.attn;

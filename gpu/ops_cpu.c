@@ -844,6 +844,16 @@ zo_status cpu_layernorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, 
                          nt);
 }
 
+/* row = row * rstd * w in place; returns rstd = 1/sqrt(mean(row^2) + eps) */
+static float rmsnorm_row(float *row, const float *wv, int c, float eps)
+{
+    double ss = 0.0;
+    for (int j = 0; j < c; j++) ss += (double)row[j] * row[j];
+    float rs = (float)(1.0 / sqrt(ss / c + (double)eps));
+    for (int j = 0; j < c; j++) row[j] = row[j] * rs * wv[j];
+    return rs;
+}
+
 zo_status cpu_rmsnorm_forward(cpu_scratch *ws, gpu_tensor y, float *rstd, gpu_tensor x,
                               gpu_tensor w, int n, int c, float eps, int nt)
 {
@@ -860,12 +870,8 @@ zo_status cpu_rmsnorm_forward(cpu_scratch *ws, gpu_tensor y, float *rstd, gpu_te
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
             load_row(row, x, (size_t)r * c, c);
-            double ss = 0.0;
-            for (int j = 0; j < c; j++) ss += (double)row[j] * row[j];
-            float rs = (float)(1.0 / sqrt(ss / c + (double)eps));
-            for (int j = 0; j < c; j++) row[j] = row[j] * rs * wv[j];
+            rstd[r] = rmsnorm_row(row, wv, c, eps);
             store_row(y, (size_t)r * c, row, c);
-            rstd[r] = rs;
         }
     }
     return ZO_OK;
@@ -878,6 +884,81 @@ zo_status cpu_rmsnorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, gp
     gpu_tensor none = {NULL, ZO_DTYPE_F32};
     return norm_backward(ws, "gpu_rmsnorm_backward", dx, dw, none, dy, x, w, NULL, rstd, n, c,
                          nt);
+}
+
+/* RMSNorm of each head (Qwen3's q/k norms), in place on rows of stride ldx:
+ * row r's head j starts at r*ldx + j*d; saved and rstd get the input and
+ * 1/rms of each (row, head) when given. */
+zo_status cpu_head_rmsnorm_forward(cpu_scratch *ws, gpu_tensor x, int64_t ldx, gpu_tensor saved,
+                                   float *rstd, gpu_tensor w, int n, int heads, int d, float eps,
+                                   int nt)
+{
+    const int team = cpu_team(nt);
+    const size_t cb = (size_t)d * sizeof(float);
+    char *base;
+    zo_status st = reserve_team(ws, "gpu_head_rmsnorm_forward", cb, cb, team, &base);
+    if (st != ZO_OK) return st;
+    float *wv = (float *)base;
+    load_row(wv, w, 0, d);
+#pragma omp parallel num_threads(team)
+    {
+        float *row = (float *)team_slice(base, cb, cb);
+#pragma omp for schedule(static)
+        for (int r = 0; r < n; r++)
+            for (int j = 0; j < heads; j++) {
+                size_t off = (size_t)r * (size_t)ldx + (size_t)j * d, ri = (size_t)r * heads + j;
+                load_row(row, x, off, d);
+                if (saved.data) store_row(saved, ri * d, row, d);
+                float rs = rmsnorm_row(row, wv, d, eps);
+                store_row(x, off, row, d);
+                if (rstd) rstd[ri] = rs;
+            }
+    }
+    return ZO_OK;
+}
+
+zo_status cpu_head_rmsnorm_backward(cpu_scratch *ws, gpu_tensor dx, int64_t ldx, gpu_tensor dw,
+                                    gpu_tensor saved, gpu_tensor w, const float *rstd, int n,
+                                    int heads, int d, int nt)
+{
+    const int team = cpu_team(nt);
+    const size_t cb = al64((size_t)d * sizeof(float));
+    /* dw first, while dx still holds the output's gradient: columns in
+     * blocks, every (row, head) in one order whatever the thread count */
+    int blocks = (d + COLS - 1) / COLS;
+#pragma omp parallel for schedule(static) num_threads(team)
+    for (int b = 0; b < blocks; b++) {
+        int j0 = b * COLS, wd = d - j0 < COLS ? d - j0 : COLS;
+        float aw[COLS], g[COLS], xr[COLS];
+        for (int e = 0; e < wd; e++) aw[e] = 0.0f;
+        for (size_t ri = 0; ri < (size_t)n * heads; ri++) {
+            load_row(g, dx, (ri / heads) * (size_t)ldx + (ri % heads) * d + j0, wd);
+            load_row(xr, saved, ri * d + j0, wd);
+            for (int e = 0; e < wd; e++) aw[e] += g[e] * xr[e] * rstd[ri];
+        }
+        for (int e = 0; e < wd; e++) st(dw, j0 + e, ld(dw, j0 + e) + aw[e]);
+    }
+    char *base;
+    zo_status s = reserve_team(ws, "gpu_head_rmsnorm_backward", cb, 3 * cb, team, &base);
+    if (s != ZO_OK) return s;
+    float *wv = (float *)base;
+    load_row(wv, w, 0, d);
+#pragma omp parallel num_threads(team)
+    {
+        char *mine = team_slice(base, cb, 3 * cb);
+        float *g = (float *)mine, *xr = (float *)(mine + cb), *o = (float *)(mine + 2 * cb);
+#pragma omp for schedule(static)
+        for (int r = 0; r < n; r++)
+            for (int j = 0; j < heads; j++) {
+                size_t off = (size_t)r * (size_t)ldx + (size_t)j * d, ri = (size_t)r * heads + j;
+                load_row(g, dx, off, d);
+                load_row(xr, saved, ri * d, d);
+                memset(o, 0, (size_t)d * sizeof(float)); /* dx is written, not added to */
+                rmsnorm_dx_row(o, g, xr, wv, rstd[ri], d);
+                store_row(dx, off, o, d);
+            }
+    }
+    return ZO_OK;
 }
 
 /* ---- attention ---------------------------------------------------------------------------

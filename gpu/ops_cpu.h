@@ -43,13 +43,16 @@ zo_status cpu_scratch_reserve(cpu_scratch *ws, size_t bytes, const char *op, voi
 
 /* ---- fault injection (tests): a mock of a host running out of memory --------- */
 
-/* After `*_skip` more successful calls, the next `*_fail` calls fail with
- * ZO_ERR_NOMEM: `scratch_*` counts scratch reservations of the ops on any
- * stream of the device, `alloc_*` counts gpu_mem_alloc and gpu_host_alloc.
- * Zero fail counts turn injection off. */
+/* After `*_skip` more successful calls, the next `*_fail` calls fail:
+ * `scratch_*` counts scratch reservations of the ops on any stream of the
+ * device, `alloc_*` counts gpu_mem_alloc and gpu_host_alloc (both
+ * ZO_ERR_NOMEM), `copy_*` gpu_memcpy_async on any stream (ZO_ERR_DEVICE,
+ * as a failing device's copy; nothing is enqueued). Zero fail counts turn
+ * injection off. */
 typedef struct gpu_cpu_faults {
     int scratch_skip, scratch_fail;
     int alloc_skip, alloc_fail;
+    int copy_skip, copy_fail;
 } gpu_cpu_faults;
 
 /* Replace the device's fault plan. ZO_ERR_INVALID unless `dev` is a CPU
@@ -92,6 +95,12 @@ zo_status cpu_rmsnorm_forward(cpu_scratch *ws, gpu_tensor y, float *rstd, gpu_te
 zo_status cpu_rmsnorm_backward(cpu_scratch *ws, gpu_tensor dx, gpu_tensor dw, gpu_tensor dy,
                                gpu_tensor x, gpu_tensor w, const float *rstd, int n, int c,
                                int nt);
+zo_status cpu_head_rmsnorm_forward(cpu_scratch *ws, gpu_tensor x, int64_t ldx, gpu_tensor saved,
+                                   float *rstd, gpu_tensor w, int n, int heads, int d, float eps,
+                                   int nt);
+zo_status cpu_head_rmsnorm_backward(cpu_scratch *ws, gpu_tensor dx, int64_t ldx, gpu_tensor dw,
+                                    gpu_tensor saved, gpu_tensor w, const float *rstd, int n,
+                                    int heads, int d, int nt);
 zo_status cpu_attention_forward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tensor out,
                                 float *lse, gpu_tensor qkv, int nt);
 zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tensor dqkv,

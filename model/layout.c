@@ -36,6 +36,8 @@ static const char *const role_names[MODEL_ROLE_COUNT] = {
     [MODEL_ROLE_EXPERT_UP_W] = "expert_up_w",
     [MODEL_ROLE_EXPERT_DOWN_W] = "expert_down_w",
     [MODEL_ROLE_SHARED_GATE_W] = "shared_gate_w",
+    [MODEL_ROLE_Q_NORM_W] = "q_norm_w",
+    [MODEL_ROLE_K_NORM_W] = "k_norm_w",
     [MODEL_ROLE_NORM_W] = "norm_w",
     [MODEL_ROLE_NORM_B] = "norm_b",
     [MODEL_ROLE_LM_HEAD_W] = "lm_head_w",
@@ -277,6 +279,10 @@ static void llama_layer(builder *b, int i)
     add(b, MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.self_attn.o_proj.weight", p, i);
     if (c->out_bias)
         add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.self_attn.o_proj.bias", p, i);
+    if (c->qk_norm) {
+        add(b, MODEL_ROLE_Q_NORM_W, 0, c->head_dim, 0, "%s.%d.self_attn.q_norm.weight", p, i);
+        add(b, MODEL_ROLE_K_NORM_W, 0, c->head_dim, 0, "%s.%d.self_attn.k_norm.weight", p, i);
+    }
     add(b, MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.post_attention_layernorm.weight", p, i);
     if (c->norm_bias)
         add(b, MODEL_ROLE_LN2_B, 0, h, 0, "%s.%d.post_attention_layernorm.bias", p, i);

@@ -80,6 +80,9 @@ typedef enum model_role {
     MODEL_ROLE_EXPERT_UP_W,   /* [expert_ffn, h] experts.0.w3.weight / experts.0.up_proj.weight */
     MODEL_ROLE_EXPERT_DOWN_W, /* [h, expert_ffn] experts.0.w2.weight / experts.0.down_proj.weight */
     MODEL_ROLE_SHARED_GATE_W, /* [1, h]       mlp.shared_expert_gate.weight */
+    /* Qwen3's RMSNorms over each head of q and of k (qk_norm) */
+    MODEL_ROLE_Q_NORM_W,      /* [head_dim]   self_attn.q_norm.weight */
+    MODEL_ROLE_K_NORM_W,      /* [head_dim]   self_attn.k_norm.weight */
     MODEL_ROLE_COUNT,
 } model_role;
 

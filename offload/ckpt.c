@@ -430,6 +430,7 @@ static zo_status write_opt_gathered(offload_ckpt *ck, const char *path, int writ
     /* every rank goes on to the gathers only when every rank can */
     st = dp_agree(dp, st, "offload_save");
     zo_status mine = ZO_OK;
+    int hooked = 0;
     for (int b = 0; b < g->nb && st == ZO_OK; b++) {
         if (b == g->nb / 2) hook(ck, "optimizer-half");
         if (!g->numel[b]) continue;
@@ -441,7 +442,12 @@ static zo_status write_opt_gathered(offload_ckpt *ck, const char *path, int writ
             if (p.mine && mine == ZO_OK)
                 mine = ostate_read(ck->os, og->off[b] + p.loc, p.mine, part, part + Q, part + 2 * Q);
             for (int a = 0; a < 3 && st == ZO_OK; a++) {
-                st = offload_dp_gather_piece(dp, &p, part + (size_t)a * Q, all);
+                if (!hooked && b >= g->nb / 2) { /* the first gather from the middle block on */
+                    hook(ck, "optimizer-gather");
+                    hooked = 1;
+                }
+                /* (this rank's device failing: its own, as a read's) */
+                st = offload_dp_gather_piece(dp, &p, part + (size_t)a * Q, all, &mine);
                 for (int r = 0; r < p.size && st == ZO_OK && w && mine == ZO_OK; r++) {
                     size_t n, at = offload_piece_src(&p, r, &n);
                     if (n) mine = model_st_writer_put(w, t.first[b] + a, at, n, all + (size_t)r * p.q);
@@ -460,15 +466,15 @@ static zo_status write_opt_gathered(offload_ckpt *ck, const char *path, int writ
 
 /* The image file of a rank's optimizer file: optimizer.image (ranks 0),
  * or optimizer-<r>-of-<N>.image beside a shard, optimizer-ep-<q>-of-<N>.image
- * beside an expert shard (`ep`; at ZeRO 1-3 a rank's part has its own,
+ * beside an expert shard (`expert`; at ZeRO 1-3 a rank's part has its own,
  * ckpt_epz_image_name). */
-static void image_name(char *buf, size_t len, int rank, int ranks, int ep)
+static void image_name(char *buf, size_t len, int rank, int ranks, int expert)
 {
     if (!ranks) {
         snprintf(buf, len, IMAGE_FILE);
         return;
     }
-    if (ep) ckpt_ep_shard_name(buf, len, rank, ranks);
+    if (expert) ckpt_ep_shard_name(buf, len, rank, ranks);
     else ckpt_shard_name(buf, len, rank, ranks);
     char *dot = strrchr(buf, '.');
     if (dot) snprintf(dot, len - (size_t)(dot - buf), ".image");
@@ -802,7 +808,7 @@ static zo_status save_ckpt(offload_ckpt *ck, offload_dp *dp, const ep_save *xs, 
     /* the encoded state as the shards hold it, when the fp32 values do not
      * say it exactly (ZeRO 1-3 with experts: every rank's own part) */
     int imaged = 0;
-    if (gathered) ckpt_epz_image_name(file, sizeof file, shards, rank, ranks);
+    if (gathered) ckpt_epz_image_name(file, sizeof file, rank, ranks, shards);
     else image_name(file, sizeof file, q, dp ? shards : 0, xs != NULL);
     snprintf(path, sizeof path, "%s/%s", s.tmp, file);
     if ((writes || gathered) && st == ZO_OK && (st = write_image(ck, path, &imaged)) == ZO_OK && imaged)
@@ -1206,7 +1212,7 @@ static zo_status load_image(offload_ckpt *ck, const ck_experts *x, const char *c
      * out otherwise */
     if ((shards && x->ep != shards) || (!shards && x->ep > 1)) return ZO_OK;
     if (shards && offload_dp_partitioned(dp))
-        ckpt_epz_image_name(name, sizeof name, shards, dp->rank, dp->size);
+        ckpt_epz_image_name(name, sizeof name, dp->rank, dp->size, shards);
     else if (shards) image_name(name, sizeof name, x->ep_rank, shards, 1);
     else image_name(name, sizeof name, dp && ranks ? dp->rank : 0, ranks, 0);
     if (!ckpt_manifest_find(mf, name)) return ZO_OK;

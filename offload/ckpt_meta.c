@@ -349,7 +349,7 @@ void ckpt_ep_shard_name(char *buf, size_t len, int shard, int shards)
     snprintf(buf, len, "optimizer-ep-%05d-of-%05d.safetensors", shard, shards);
 }
 
-void ckpt_epz_image_name(char *buf, size_t len, int ep, int rank, int ranks)
+void ckpt_epz_image_name(char *buf, size_t len, int rank, int ranks, int ep)
 {
     snprintf(buf, len, "optimizer-ep%d-%05d-of-%05d.image", ep, rank, ranks);
 }

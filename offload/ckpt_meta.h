@@ -129,8 +129,9 @@ void ckpt_shard_name(char *buf, size_t len, int rank, int ranks);
 void ckpt_ep_shard_name(char *buf, size_t len, int shard, int shards);
 /* "optimizer-ep<N>-<r>-of-<W>.image": expert parallelism at ZeRO 1-3, the
  * encoded state of rank r's part, of W world ranks in groups of N (the
- * part is what the rank count, the group size and the rank decide). */
-void ckpt_epz_image_name(char *buf, size_t len, int ep, int rank, int ranks);
+ * part is what the rank count, the group size and the rank decide). The
+ * rank and the count first, as ckpt_shard_name's, then the group size. */
+void ckpt_epz_image_name(char *buf, size_t len, int rank, int ranks, int ep);
 
 /* Size and XXH3-64 of dir/name (a regular file, not through a link). */
 zo_status ckpt_file_hash(const char *dir, const char *name, ckpt_file_sum *out);

@@ -571,42 +571,61 @@ zo_status offload_dp_gather_part(offload_dp *dp, const offload_part *p, int b, s
     return gpu_stream_synchronize(env->d2h);
 }
 
+/* Keep the rank's first device failure `dev` in *local, said as `what`. */
+static void keep_local(zo_status dev, zo_status *local, const char *what)
+{
+    if (dev != ZO_OK && *local == ZO_OK) *local = zo_error_wrap(dev, "%s", what);
+}
+
 /* Piece p of es-byte elements (the wire's are `per` of them; frozen: a
  * frozen base's bytes) all-gathered in bucket 0 on its communicator: the
  * rank's p->mine elements from `from` in (in_kind), once the bucket's last
  * piece has left (the host waits for it); the d2h stream waits for the
- * gather. */
+ * gather. Returns the group's status (the gathers'); a failure of this
+ * rank's device work goes to *local instead (its first), and the rank
+ * still takes part in the gather, its share whatever the bucket holds:
+ * the others, inside the gather, are not left waiting for it. */
 static zo_status piece_gather(offload_dp *dp, const offload_piece *p, size_t es, size_t per, int frozen,
-                              const void *from, gpu_copy_kind in_kind)
+                              const void *from, gpu_copy_kind in_kind, zo_status *local)
 {
     const offload_env *env = dp->env;
     char *buf = (char *)dp->bucket[0];
     zo_dtype wire = es * per == 4 ? ZO_DTYPE_F32 : ZO_DTYPE_BF16; /* (an all-gather moves bytes) */
     zo_status st;
-    if ((st = offload_dp_wait(dp)) != ZO_OK || (st = gpu_stream_synchronize(env->d2h)) != ZO_OK) return st;
-    if (p->mine &&
-        (st = gpu_memcpy_async(env->h2d, buf + (size_t)p->rank * p->q * es, from, p->mine * es, in_kind)) != ZO_OK)
+    if ((st = offload_dp_wait(dp)) != ZO_OK) return st;
+    /* after its first failure the rank only takes part (its device calls
+     * would fail again and overwrite the message the ranks agree on) */
+    zo_status dev = *local == ZO_OK ? gpu_stream_synchronize(env->d2h) : *local;
+    if (dev == ZO_OK && p->mine)
+        dev = gpu_memcpy_async(env->h2d, buf + (size_t)p->rank * p->q * es, from, p->mine * es, in_kind);
+    if (dev == ZO_OK) dev = gpu_event_record(dp->ev_in, env->h2d);
+    keep_local(dev, local, "offload: this rank's share of an all-gather's piece");
+    if ((st = collective_on(dp, p->comm, DP_ALL_GATHER, p->q / per, p->real, buf, wire,
+                            dev == ZO_OK ? dp->ev_in : NULL, dp->ev_out, frozen)) != ZO_OK)
         return st;
-    if ((st = gpu_event_record(dp->ev_in, env->h2d)) != ZO_OK ||
-        (st = collective_on(dp, p->comm, DP_ALL_GATHER, p->q / per, p->real, buf, wire, dp->ev_in, dp->ev_out,
-                            frozen)) != ZO_OK)
-        return st;
-    return gpu_stream_wait_event(env->d2h, dp->ev_out);
+    if (*local == ZO_OK)
+        keep_local(gpu_stream_wait_event(env->d2h, dp->ev_out), local, "offload: an all-gather's piece");
+    return ZO_OK;
 }
 
-zo_status offload_dp_gather_piece(offload_dp *dp, const offload_piece *p, const float *mine, float *all)
+zo_status offload_dp_gather_piece(offload_dp *dp, const offload_piece *p, const float *mine, float *all,
+                                  zo_status *local)
 {
     const offload_env *env = dp->env;
     zo_status st;
     if (p->q > dp->bucket_words)
         return zo_error(ZO_ERR_INTERNAL, "offload: a piece of %zu elements a rank (at most %zu)", p->q,
                         dp->bucket_words);
-    if ((st = piece_gather(dp, p, sizeof(float), 1, 0, mine, GPU_COPY_HOST_TO_DEVICE)) != ZO_OK ||
-        (st = gpu_memcpy_async(env->d2h, all, dp->bucket[0], (size_t)p->size * p->q * sizeof(float),
-                               GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
-        (st = offload_dp_wait(dp)) != ZO_OK)
+    if ((st = piece_gather(dp, p, sizeof(float), 1, 0, mine, GPU_COPY_HOST_TO_DEVICE, local)) != ZO_OK)
         return zo_error_wrap(st, "offload: all-gather of a piece");
-    return gpu_stream_synchronize(env->d2h);
+    zo_status dev = *local == ZO_OK ? gpu_memcpy_async(env->d2h, all, dp->bucket[0],
+                                                       (size_t)p->size * p->q * sizeof(float),
+                                                       GPU_COPY_DEVICE_TO_HOST)
+                                    : *local;
+    if ((st = offload_dp_wait(dp)) != ZO_OK) return zo_error_wrap(st, "offload: all-gather of a piece");
+    if (dev == ZO_OK) dev = gpu_stream_synchronize(env->d2h);
+    keep_local(dev, local, "offload: an all-gather's piece out");
+    return ZO_OK;
 }
 
 /* Block b in segments g[0..ns) of es-byte elements gathered, as
@@ -629,7 +648,8 @@ static zo_status gather_segs(offload_dp *dp, int b, const offload_seg *g, int ns
         piece_in(dp, g, ns, j, qcap, &p);
         size_t n, own = offload_piece_src(&p, p.rank, &n);
         const char *from = (const char *)part + (part_local ? p.loc : own) * es;
-        if ((st = piece_gather(dp, &p, es, per, frozen, from, in_kind)) != ZO_OK)
+        zo_status dev = ZO_OK; /* (this rank's own failure ends the block here, as the gathers' do) */
+        if ((st = piece_gather(dp, &p, es, per, frozen, from, in_kind, &dev)) != ZO_OK || (st = dev) != ZO_OK)
             return zo_error_wrap(st, "offload: all-gather of block %d%s", b, frozen ? "'s frozen base" : "");
         for (int r = 0; r < p.size; r++) {
             size_t at = offload_piece_src(&p, r, &n);

@@ -194,8 +194,14 @@ size_t offload_piece_src(const offload_piece *p, int r, size_t *n);
  * gathered through bucket 0 on its communicator: the rank's p->mine values
  * from `mine` (host) in, every rank's q, rank after rank, to all[size * q]
  * (host; rank r's first n from offload_piece_src, the rest padding).
- * Blocking. */
-zo_status offload_dp_gather_piece(offload_dp *dp, const offload_piece *p, const float *mine, float *all);
+ * Blocking. Returns the gather's status, the group's; a failure of this
+ * rank's own device work (its share's copy in, the piece's copy out) is
+ * kept in *local (the first; set it to ZO_OK before) with the gather still
+ * run: the rank takes part whatever its device did, so that the others
+ * are not left in the gather, and its caller agrees on *local with them
+ * (`all` is then not what was gathered). */
+zo_status offload_dp_gather_piece(offload_dp *dp, const offload_piece *p, const float *mine, float *all,
+                                  zo_status *local);
 /* Element `rel` of the rank's part of block b in the whole block; *run:
  * how many from there on are contiguous in both (the rest of the part, or
  * of its segment's part). Not partitioned: rel itself. */

@@ -587,7 +587,9 @@ typedef zo_status (*offload_weights_stream)(void *user, const char *path,
  * interrupted saves: only directories named exactly step-<N> or
  * step-<N>.<k> (and .tmp- those), never through a link; nothing else in DIR
  * is touched. The hook (config.ckpt_hook) is called at "begin",
- * "optimizer-half", "before-rename" and "before-latest".
+ * "optimizer-half", "before-rename" and "before-latest" (and, in the
+ * gathered save of expert parallelism at ZeRO 1-3, "optimizer-gather":
+ * before the first piece gathered from the middle block on).
  * Several ranks: every rank calls it, on a directory they share; rank 0
  * holds the lock. ZeRO 0: rank 0 saves the one-rank checkpoint. ZeRO 1-3:
  * each rank writes its shard of the optimizer state

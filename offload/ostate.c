@@ -886,6 +886,15 @@ static zo_status nvs_create(oshard *sh, const oshard_config *c)
 #define DEV_STAGE ((size_t)ZO_PLAN_GPU_STAGE)
 _Static_assert(ZO_PLAN_GPU_STAGE % ADAM_Q8_BLOCK == 0, "the GPU share's stage holds whole 8-bit blocks");
 
+/* The device shard's gradient statistics, as its device buffer (stats)
+ * holds them and the host reads them back: what the kernels gpu_sum_squares
+ * and gpu_check_finite add to. */
+typedef struct dev_stats {
+    float sumsq;  /* the sum of squares (without the rank's own experts when sums.xn) */
+    int32_t bad;  /* not 0: an inf or a nan */
+    float xsumsq; /* the rank's own experts' sum of squares (sums.xn) */
+} dev_stats;
+
 typedef struct dev_shard {
     oshard base;
     float *P, *M, *V;     /* device [n] fp32 (M, V: fp32 state only) */
@@ -910,7 +919,7 @@ typedef struct dev_shard {
     int w_in_place;       /* W is the device store's array (no bytes of its own) */
     uint16_t *wstage;     /* [2 DEV_STAGE]: W's values, then C's */
     int b0;               /* its first block (whole blocks to the end) */
-    void *stats;          /* device: float sum of squares, int32 inf/nan flag, float the experts' (sums.xn) */
+    dev_stats *stats;     /* device */
     float *stats_host;    /* pinned [largest]: one block's fp32 gradient (exact statistics) */
     gpu_event_t done;     /* d2h: the shard's work so far has run */
     int pending;          /* the step's update is enqueued and not waited for */
@@ -1169,10 +1178,10 @@ static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, double *xs
         }
         return ZO_OK; /* (its time is the step's: offload_optim_step) */
     }
-    float *sum = d->stats, *xsum = (float *)((char *)d->stats + 8);
-    int32_t *flag = (int32_t *)((char *)d->stats + 4);
-    unsigned char host[12];
-    if ((st = gpu_memset_async(s, d->stats, 0, 12)) != ZO_OK) return st;
+    float *sum = &d->stats->sumsq, *xsum = &d->stats->xsumsq; /* (device addresses) */
+    int32_t *flag = &d->stats->bad;
+    dev_stats host;
+    if ((st = gpu_memset_async(s, d->stats, 0, sizeof host)) != ZO_OK) return st;
     if (sh->sums->xn) { /* block by block: each block's experts' run apart */
         for (int b = d->b0; b < g->nb; b++) {
             size_t n = g->numel[b], lo, hi;
@@ -1197,27 +1206,21 @@ static zo_status dev_grad_stats(oshard *sh, int exact, double *sumsq, double *xs
                  (st = gpu_check_finite(s, flag, gpu_t(grad_block(d, b), ZO_DTYPE_F32), g->numel[b])) != ZO_OK))
                 return st;
     }
-    if ((st = gpu_memcpy_async(s, host, d->stats, 12, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
+    if ((st = gpu_memcpy_async(s, &host, d->stats, sizeof host, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
         (st = gpu_event_record(d->done, s)) != ZO_OK || (st = gpu_event_synchronize(d->done)) != ZO_OK)
         return st;
-    float f, xf;
-    int32_t bad;
-    memcpy(&f, host, 4);
-    memcpy(&bad, host + 4, 4);
-    memcpy(&xf, host + 8, 4);
-    *sumsq += (double)f;
-    *xsumsq += (double)xf;
-    if (!bad && isfinite(f) && isfinite(xf)) return ZO_OK;
+    *sumsq += (double)host.sumsq;
+    *xsumsq += (double)host.xsumsq;
+    if (!host.bad && isfinite(host.sumsq) && isfinite(host.xsumsq)) return ZO_OK;
     /* the step fails or is skipped: which block, checked one by one */
     for (int b = d->b0; b < g->nb && *bad_block < 0; b++) {
         if (!g->numel[b]) continue;
-        if ((st = gpu_memset_async(s, flag, 0, 4)) != ZO_OK ||
+        if ((st = gpu_memset_async(s, flag, 0, sizeof host.bad)) != ZO_OK ||
             (st = gpu_check_finite(s, flag, gpu_t(grad_block(d, b), ZO_DTYPE_F32), g->numel[b])) != ZO_OK ||
-            (st = gpu_memcpy_async(s, host + 4, flag, 4, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
+            (st = gpu_memcpy_async(s, &host.bad, flag, sizeof host.bad, GPU_COPY_DEVICE_TO_HOST)) != ZO_OK ||
             (st = gpu_event_record(d->done, s)) != ZO_OK || (st = gpu_event_synchronize(d->done)) != ZO_OK)
             return st;
-        memcpy(&bad, host + 4, 4);
-        if (bad) *bad_block = b;
+        if (host.bad) *bad_block = b;
     }
     /* finite values whose sum of squares overflows fp32: named by the share's first block */
     if (*bad_block < 0) *bad_block = d->b0;
@@ -1363,7 +1366,7 @@ static zo_status dev_create(oshard *sh, const oshard_config *c)
             return zo_error_wrap(st, "offload_init: optimizer on the device: %s of %zu elements", what[a], n);
         if ((st = gpu_memset_async(env->h2d, *arr[a], 0, n * 4)) != ZO_OK) return st;
     }
-    if ((st = gpu_mem_alloc(env->dev, 12, &d->stats)) != ZO_OK)
+    if ((st = gpu_mem_alloc(env->dev, sizeof *d->stats, (void **)&d->stats)) != ZO_OK)
         return zo_error_wrap(st, "offload_init: optimizer on the device: gradient statistics");
     if (c->exact_stats &&
         (st = offload_host_alloc(env, sh->g->largest * 4, 1, (void **)&d->stats_host)) != ZO_OK)

@@ -127,7 +127,7 @@ static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int
         (uint64_t)m->n_layers * 2 * E * 4,                      /* router statistics */
         E ? N * widest * es : 0,                                /* the weighted activation */
         K * N * h * es, K * N * h * es,                         /* the pairs' inputs, outputs */
-        E ? K * N * r * es : 0,                                 /* an expert adapter's A x */
+        E ? N * r * es : 0,                 /* an expert adapter's A x (an expert's rows: at most N) */
     };
     uint64_t sum = 0;
     for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) sum += a[i] ? r256(a[i]) : 0;

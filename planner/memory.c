@@ -73,6 +73,7 @@ static const plan_act_entry act_table[] = {
     {"attn.kv_a_norm", "output (kv_b input)", PLAN_W_KVLORA, 0, PLAN_ACT_MLA},
     {"attn.q_norm", "input", PLAN_W_Q, 0, PLAN_ACT_TP | PLAN_ACT_QKNORM},
     {"attn.k_norm", "input", PLAN_W_KV, 0, PLAN_ACT_TP | PLAN_ACT_QKNORM},
+    {"attn.qk_norm", "1/rms of each q and k head (fp32)", PLAN_W_QK_HEADS, 4, PLAN_ACT_TP | PLAN_ACT_QKNORM},
     {"attn.scores", "Q", PLAN_W_Q, 0, PLAN_ACT_TP},
     {"attn.scores", "K", PLAN_W_KV, 0, PLAN_ACT_TP},
     {"attn.softmax", "output", PLAN_W_SCORES, 0, PLAN_ACT_TP | PLAN_ACT_S2},
@@ -192,6 +193,7 @@ uint64_t plan_layer_act_bytes_of(const zo_model_config *m, const plan_train *t, 
         case PLAN_W_EP: n = ep_rows; break;
         case PLAN_W_EP_H: n = ep_rows * (uint64_t)m->hidden; break;
         case PLAN_W_SHARED_FFN: n = sb * (uint64_t)m->moe.shared_ffn; break;
+        case PLAN_W_QK_HEADS: n = sb * (uint64_t)(m->n_heads + m->n_kv_heads); break;
         default: n = 0; break;
         }
         n *= e->bytes ? (uint64_t)e->bytes : act;
@@ -218,9 +220,12 @@ uint64_t plan_layer_ops_bytes(const zo_model_config *m, const plan_train *t)
      * torchtitan's policy over separate q, k, v would keep q, v, gate and down's output:
      * the same bytes where k is as wide as the hidden size, more with grouped queries) */
     uint64_t kept_tp = q + k + v + (uint64_t)m->ffn;
+    /* Qwen3: the q/k norms' inputs, which the qkv GEMM's output feeds, and their 1/rms per head */
+    if (m->qk_norm) kept_tp += q + k;
     /* the layer's input, the attention's output and its log-sum-exp (fp32, per head) */
     uint64_t bytes = ceil_div(sb * h * act, sp) + ceil_div(sb * (kept_tp + o) * act, tp) +
-                     ceil_div(sb * (uint64_t)m->n_heads * 4, tp);
+                     ceil_div(sb * (uint64_t)m->n_heads * 4, tp) +
+                     (m->qk_norm ? ceil_div(sb * (uint64_t)(m->n_heads + m->n_kv_heads) * 4, tp) : 0);
     return bytes;
 }
 
@@ -1437,8 +1442,9 @@ static void end_activations(const stage_est *s, plan_estimate *e)
  * MoE layer over the routed rows and the shared expert), one projection
  * scratch in the activation dtype, the token ids, targets and per-token
  * losses, and with 16-bit weights the 16-bit copy of the widest gradient a
- * GEMM reads; LoRA: one adapter's gradient of A x [s b, r] and a sink for
- * the frozen norms' weight gradients (fp32). */
+ * GEMM reads; LoRA: one adapter's gradient of A x [s b, r] (or of an
+ * expert's rows, when more) and a sink for the frozen norms' weight
+ * gradients (fp32), and an expert's x A^T. */
 static void backward_activations(const stage_est *s, plan_estimate *e)
 {
     const zo_model_config *m = s->m;
@@ -1474,9 +1480,17 @@ static void backward_activations(const stage_est *s, plan_estimate *e)
         add(e, "16-bit activation gradient (the GEMMs' operand)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
             lg > bytes ? lg : bytes);
     }
-    if (s->peft)
-        add(e, "LoRA backward scratch (fp32)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
-            4 * sb * (uint64_t)t->lora.r + 8 * h);
+    if (!s->peft) return;
+    /* this runtime's MoE layers: the experts' adapters one expert at a
+     * time, over the rows one expert can receive (zo_moe_expert_rows: C
+     * from each rank with a capacity factor, else every token): their
+     * x A^T, and the gradient's rows */
+    uint64_t er = 0, r = (uint64_t)t->lora.r;
+    if (s->sh.moe_layers && t->runtime == PLAN_RUNTIME_ZOFFLOAD) {
+        er = zo_moe_expert_rows(m, t->capacity_factor, sb, t->ep > 1 ? (uint64_t)t->ep : 1);
+        add(e, "LoRA expert scratch (an expert's x A^T)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, er * r * s->wsz);
+    }
+    add(e, "LoRA backward scratch (fp32)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, 4 * (er > sb ? er : sb) * r + 8 * h);
 }
 
 /* The buffers an MoE model's layers share (transformer.c): the pairs'

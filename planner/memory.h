@@ -312,6 +312,7 @@ typedef enum plan_act_width {
     PLAN_W_SHARED_FFN, /* s*b*shared_ffn */
     PLAN_W_EP,         /* expert parallelism: the rows a rank's experts can receive (plan_ep_rows) */
     PLAN_W_EP_H,       /* plan_ep_rows * hidden */
+    PLAN_W_QK_HEADS,   /* s*b*(heads + kv_heads): a statistic per q and k head (Qwen3) */
 } plan_act_width;
 
 enum {

@@ -2,7 +2,7 @@
 """test_e2e_torch: `train` end to end against PyTorch at real head sizes.
 
 For a family (GPT-2, LLaMA with GQA, Mistral, Qwen2 with its q/k/v biases and
-tied head), a small model with the family's real head size (GPT-2 64, the
+tied head, Qwen3 with its RMSNorm on each q and k head), a small model with the family's real head size (GPT-2 64, the
 others 128) and sequences longer than two of the CPU attention's 48-row query
 blocks, a multiple of neither 48 nor 32:
 
@@ -26,8 +26,9 @@ blocks, a multiple of neither 48 nor 32:
          into the PyTorch model here, which gives train's eval loss; a bf16
          run stores BF16 tensors and says bfloat16.
 
-For the mixtures of experts (Mixtral, and Qwen2-MoE with its shared expert behind a sigmoid gate
-and top-k weights not renormalized), the load-balancing loss on (output_router_logits) with a
+For the mixtures of experts (Mixtral, Qwen2-MoE with its shared expert behind a sigmoid gate
+and top-k weights not renormalized, and Qwen3-MoE: Qwen3's attention, routed experts only,
+renormalized), the load-balancing loss on (output_router_logits) with a
 coefficient raised so that it counts: the reference routes each token to its experts as Hugging
 Face's sparse MoE blocks do and adds router_aux_loss_coef times load_balancing_loss_func to the
 loss. A near tie among a token's router probabilities would let float32 and float64 choose
@@ -182,6 +183,33 @@ FAMILIES = {
         # Adam's first steps are close to sign steps, so a gradient that rounding can flip moves
         # by a full lr, and train's 6.8e-4 there measured that, not the code.
         lora=dict(r=4, alpha=16.0, targets="all-linear", lr=3e-3)),
+    # Qwen3: an RMSNorm over each q and k head (q_norm, k_norm), head_dim 128 with q (4 x 128)
+    # wider than hidden_size, GQA, tied as Qwen3-0.6B
+    "qwen3": dict(
+        seed=44,
+        config={"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 2,
+                "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 128,
+                "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 256,
+                "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "attention_bias": False,
+                "use_sliding_window": False, "sliding_window": None, "max_window_layers": 2,
+                "tie_word_embeddings": True, "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=100, grad_accum=1, lr=3e-3, schedule="constant", warmup=0, min_lr=0.0),
+        lora=dict(r=8, alpha=16.0, targets="all-linear", lr=1e-2)),
+    # Qwen3-MoE (Qwen3-30B-A3B's kind): Qwen3's attention, routed experts only, their top-k
+    # weights renormalized (norm_topk_prob)
+    "qwen3_moe": dict(
+        seed=45,
+        config={"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_hidden_layers": 2,
+                "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 128,
+                "intermediate_size": 160, "moe_intermediate_size": 64, "num_experts": 6,
+                "num_experts_per_tok": 3, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                "mlp_only_layers": [], "vocab_size": 128, "max_position_embeddings": 256,
+                "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "attention_bias": False,
+                "use_sliding_window": False, "output_router_logits": True, "router_aux_loss_coef": 0.05,
+                "tie_word_embeddings": False, "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=70, grad_accum=2, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+        # every projection, the routed experts' included, never the router (as Qwen2-MoE's)
+        lora=dict(r=4, alpha=16.0, targets="all-linear", lr=3e-3)),
 }
 # mixtures of experts where some experts get no token in some steps (16 experts, 2 a token, 10
 # tokens a micro-batch): torch.optim.AdamW skips a parameter whose grad is None (no moment decay,
@@ -212,7 +240,7 @@ def head_dim(c):
 # ---- the PyTorch side -----------------------------------------------------------------------
 
 def is_moe(c):
-    return c["model_type"] in ("mixtral", "qwen2_moe")
+    return c["model_type"] in ("mixtral", "qwen2_moe", "qwen3_moe")
 
 
 def moe_names(c):
@@ -231,8 +259,9 @@ def moe_shape(c):
 
 
 def moe_params(c, g):
-    """A LLaMA model's attention (q/k/v biases for Qwen2-MoE) with an MoE MLP in every layer."""
-    base = dict(c, model_type="qwen2" if c["model_type"] == "qwen2_moe" else "llama")
+    """A LLaMA model's attention (q/k/v biases for Qwen2-MoE, q/k norms for Qwen3-MoE) with an MoE
+    MLP in every layer."""
+    base = dict(c, model_type={"qwen2_moe": "qwen2", "qwen3_moe": "qwen3"}.get(c["model_type"], "llama"))
     p = {k: v for k, v in mf.llama_params(base, g, std=1.0).items() if ".mlp." not in k}
     h = c["hidden_size"]
     E, _, f, fs = moe_shape(c)
@@ -280,8 +309,8 @@ def check_untouched(ck, name, what):
 
 
 def moe_mlp(c, p, m, x):
-    """MixtralSparseMoeBlock / Qwen2MoeSparseMoeBlock: softmax over every expert, the top k,
-    renormalized (Mixtral; Qwen2-MoE with norm_topk_prob), each expert on the tokens routed to
+    """MixtralSparseMoeBlock / Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock: softmax over every
+    expert, the top k, renormalized (Mixtral; Qwen2-MoE and Qwen3-MoE with norm_topk_prob), each expert on the tokens routed to
     it, plus Qwen2-MoE's shared expert behind its sigmoid gate. Returns the output and the
     router's logits."""
     b, t, h = x.shape
@@ -331,9 +360,7 @@ def moe_forward(c, p, idx):
     for l in range(c["num_hidden_layers"]):
         pre = f"model.layers.{l}."
         a = mf.rms_norm(x, p[pre + "input_layernorm.weight"], eps)
-        q = lin(a, pre + "self_attn.q_proj").view(b, t, nh, d).transpose(1, 2)
-        k = lin(a, pre + "self_attn.k_proj").view(b, t, nkv, d).transpose(1, 2)
-        v = lin(a, pre + "self_attn.v_proj").view(b, t, nkv, d).transpose(1, 2)
+        q, k, v = mf.attention_qkv(c, p, pre, a, lin)
         q = q * cos + mf.rotate_half(q) * sin
         k = k * cos + mf.rotate_half(k) * sin
         y = mf.causal_attention(q, k, v, None).transpose(1, 2).reshape(b, t, nh * d)

@@ -3,7 +3,8 @@
  *   against the closed form written out here; a run resumed mid-warmup and
  *   mid-decay prints the lr and loss sequence of an uninterrupted one;
  * - evaluation: the forward-only eval loss equals the mean training loss of
- *   the same batches at lr 0, perplexity is its exp;
+ *   the same batches at lr 0, perplexity is its exp; an MoE model's
+ *   evaluation counts and reports the pairs its capacity factor drops;
  * - the metrics log (every field, eval members on eval steps) and its SVG
  *   (train --plot, the plot program);
  * - the masked loss of prompt/completion data: loss and every gradient
@@ -14,7 +15,8 @@
  * - the conventions fine-tuners expect: steps and checkpoints counted from
  *   1 alike, a resume with nothing left says so, AdamW's defaults the
  *   Hugging Face Trainer's and the dtype memplan's (the header says both,
- *   and they are what runs), the time line's parts add up to its total. */
+ *   and they are what runs), the time line's parts add up to its total, the
+ *   header names the model's family ("mixtral"). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -30,6 +32,7 @@
 #include <cmocka.h>
 
 #include "examples/finetune.h"  /* defines: ft_lr_at, ft_log_read */
+#include "tests/support/files.h" /* defines: files_write_text */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer */
 #include "tests/support/run.h"  /* defines: run_memplan */
 #include "model/safetensors.h"  /* defines: model_st_open, model_load_path */
@@ -716,6 +719,89 @@ static void test_conventions(void **state)
     assert_non_null(strstr(line_of(out, "# adamw:"), "weight decay 0 on the adapters' 2-D weights"));
 }
 
+/* A small Mixtral (vocab 1024, as write_inputs' LLaMA) as dir/config.json:
+ * 2 layers of 4 experts, 2 a token. */
+static void write_mixtral(void)
+{
+    char path[160];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    files_write_text(path, "{\"model_type\": \"mixtral\", \"num_hidden_layers\": 2, \"hidden_size\": 32, "
+                           "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 24, "
+                           "\"num_local_experts\": 4, \"num_experts_per_tok\": 2, \"vocab_size\": 1024, "
+                           "\"max_position_embeddings\": 128}\n");
+}
+
+/* train's header names the model's family, the config's model_type: a
+ * Mixtral is "mixtral", not the LLaMA layers it is built of. */
+static void test_header_family(void **state)
+{
+    (void)state;
+    write_inputs();
+    run_out r;
+    train("--steps 1", &r);
+    const char *head = line_of(out, "# train:");
+    assert_non_null(head);
+    assert_true(strstr(head, " (llama), ") && strstr(head, " (llama), ") < strchr(head, '\n'));
+    write_mixtral();
+    train("--steps 1", &r);
+    head = line_of(out, "# train:");
+    assert_non_null(head);
+    printf("  %.*s\n", (int)strcspn(head, "\n"), head);
+    assert_true(strstr(head, " (mixtral), ") && strstr(head, " (mixtral), ") < strchr(head, '\n'));
+}
+
+/* An evaluation routes with the capacity factor and its dropped pairs are
+ * counted apart from the steps': the Mixtral trained at lr 0 on the
+ * held-out text (3 steps of one micro-batch, weights unchanged) and then
+ * evaluated on its 3 first batches routes the same pairs. By hand: a batch
+ * of 2 x 32 tokens chooses 64 x 2 pairs in each of 2 layers, 768 in 3
+ * batches; at F 0.5 an expert keeps C = ceil(0.5 x 64 x 2 / 4) = 16, at
+ * most 4 x 16 of a layer's 128, so at least 3 x 2 x 64 = 384 drop. The
+ * eval line says the share; dropless, it says nothing and none drop. */
+static void test_eval_moe_drops(void **state)
+{
+    (void)state;
+    write_inputs();
+    write_mixtral();
+    const char *factor[2] = {"0", "0.5"};
+    for (int k = 0; k < 2; k++) {
+        char cmd[2048], stats[160];
+        snprintf(stats, sizeof stats, "%s/stats-%d.json", dir, k);
+        snprintf(cmd, sizeof cmd,
+                 "%s --model %s/config.json --tokenizer %s/tokenizer/small-bpe.json --data %s/eval.txt "
+                 "--micro-batch 2 --seq 32 --threads 2 --steps 3 --lr 0 --eval-data %s/eval.txt --eval-batches 3 "
+                 "--capacity-factor %s --stats-json %s 2>&1",
+                 ZO_TRAIN_BIN, dir, ZO_FIXTURES_DIR, dir, dir, factor[k], stats);
+        int rc = run_cmd(cmd, out, sizeof out);
+        if (rc) fail_msg("train exited %d:\n%s", rc, out);
+        const char *ev = line_of(out, "eval step 3 ");
+        assert_non_null(ev);
+        char line[256];
+        snprintf(line, sizeof line, "%.*s", (int)strcspn(ev, "\n"), ev);
+        printf("  --capacity-factor %s: %s\n", factor[k], line);
+        char *text = files_read_text(stats);
+        assert_non_null(text);
+        cJSON *doc = cJSON_Parse(text);
+        free(text);
+        double pairs = run_json_num(doc, "moe", "pairs"), dropped = run_json_num(doc, "moe", "dropped");
+        double epairs = run_json_num(doc, "moe", "eval_pairs"), edropped = run_json_num(doc, "moe", "eval_dropped");
+        cJSON_Delete(doc);
+        assert_true(pairs == 768 && epairs == 768);
+        assert_true(edropped == dropped);
+        const char *d = strstr(line, " dropped ");
+        if (!k) {
+            assert_true(edropped == 0);
+            assert_null(d);
+            continue;
+        }
+        assert_true(edropped >= 384);
+        assert_non_null(d);
+        char want[64];
+        snprintf(want, sizeof want, " dropped %.2f%%", 100.0 * edropped / epairs);
+        assert_string_equal(d, want);
+    }
+}
+
 /* The time line's parts (the runtime's, and "other": the host's own work)
  * add up to its total, the training's wall time, in every schedule and
  * with the optimizer's state half on NVMe; the optimizer thread's time is
@@ -772,6 +858,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_conventions, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_time_line, setup_dir, teardown_dir),
         cmocka_unit_test_setup_teardown(test_model_dir, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_header_family, setup_dir, teardown_dir),
+        cmocka_unit_test_setup_teardown(test_eval_moe_drops, setup_dir, teardown_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

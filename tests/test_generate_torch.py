@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """test_generate_torch: `generate`'s greedy tokens against PyTorch's.
 
-For a family (GPT-2, head size 64, tied head; LLaMA, head size 128, GQA), a
+For a family (GPT-2, head size 64, tied head; LLaMA, head size 128, GQA;
+Qwen3, head size 128 with its q/k norms, GQA, tied), a
 small model of the family's real head size is written as a Hugging Face
 folder (config.json, model.safetensors), and two prompts of different lengths
 go through `generate` as one batch, greedy, 32 new tokens each, fp32. The
@@ -27,7 +28,8 @@ the same, for:
 
 For the mixtures of experts (Mixtral: 8 experts, 2 a token, renormalized;
 Qwen2-MoE: 8 experts, 3 a token, norm_topk_prob false, a shared expert behind
-its sigmoid gate; 4 layers, head size 128) the reference is test_e2e_torch.py's
+its sigmoid gate; Qwen3-MoE: Qwen3's q/k norms, 8 experts, 2 a token,
+renormalized; 4 layers, head size 128) the reference is test_e2e_torch.py's
 float64 model written after Hugging Face's sparse MoE blocks (softmax over every
 expert, the top k, each expert on its tokens), run the same way; its expert
 choices must be clear of near ties. The same runs (resident, streamed, NVMe,
@@ -86,6 +88,18 @@ FAMILIES = {
                 "tie_word_embeddings": False, "eos_token_id": 127, "torch_dtype": "float32"},
         lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
                   peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])),
+    # Qwen3: the q/k norms before RoPE, so the cached keys are normed ones; head_dim 128 with q
+    # (4 x 128) wider than hidden_size, GQA
+    "qwen3": dict(
+        seed=46,
+        config={"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 4,
+                "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 128,
+                "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 128,
+                "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "attention_bias": False,
+                "use_sliding_window": False, "tie_word_embeddings": True, "eos_token_id": 127,
+                "torch_dtype": "float32"},
+        lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
+                  peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])),
     # Phi-3: fused qkv_proj and gate_up_proj, a window (24) the sequences (5 or 11 + 32) pass,
     # longrope within its original length (64: short_factor, cos and sin times
     # sqrt(1 + ln 2 / ln 64)); PEFT's fused adapters, named by our targets
@@ -123,6 +137,19 @@ FAMILIES = {
                 "max_position_embeddings": 128, "hidden_act": "silu", "rms_norm_eps": 1e-6,
                 "rope_theta": 1000000.0, "use_sliding_window": False, "tie_word_embeddings": False,
                 "eos_token_id": 127, "torch_dtype": "float32"},
+        lora=dict(r=4, alpha=16.0, targets="all-linear")),
+    # Qwen3-MoE: Qwen3's attention (q/k norms, head_dim 128 with q 2 x 128 wider than hidden), 8
+    # routed experts, 2 a token, renormalized, no shared expert
+    "qwen3_moe": dict(
+        seed=47, moe=True,
+        config={"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_hidden_layers": 4,
+                "hidden_size": 192, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 128,
+                "intermediate_size": 160, "moe_intermediate_size": 48, "num_experts": 8,
+                "num_experts_per_tok": 2, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                "mlp_only_layers": [], "vocab_size": 128, "max_position_embeddings": 128,
+                "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "attention_bias": False,
+                "use_sliding_window": False, "tie_word_embeddings": False, "eos_token_id": 127,
+                "torch_dtype": "float32"},
         lora=dict(r=4, alpha=16.0, targets="all-linear")),
 }
 
@@ -227,7 +254,7 @@ def check_family(gen, name, workdir):
     cap = str(model_bytes * 3 // 4)
     ck = Checks()
     print(f"{name}: {model_bytes // 4} parameters ({model_bytes} bytes fp32), head size "
-          f"{(c['n_embd'] // c['n_head']) if gpt else c['hidden_size'] // c['num_attention_heads']}, prompts of "
+          f"{(c['n_embd'] // c['n_head']) if gpt else e2e.head_dim(c)}, prompts of "
           f"{PROMPT_LENS} tokens, {NEW} new tokens each; device memory {cap} bytes where the weights stream")
 
     fwd = (lambda idx: e2e.moe_forward(c, params, idx)[0]) if moe else \

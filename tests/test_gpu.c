@@ -441,6 +441,11 @@ static void test_errors(void **state)
     float lse[12];
     assert_int_equal(gpu_attention_forward(S, &ad, gpu_t(x, ZO_DTYPE_F32), lse, gpu_t(x, ZO_DTYPE_F32)), ZO_ERR_INVALID);
     assert_non_null(strstr(zo_last_error(), "hkv"));
+    /* heads that do not fit in a row: named with the row stride */
+    assert_int_equal(gpu_head_rmsnorm_forward(S, gpu_t(x, ZO_DTYPE_F32), 7, gpu_t(NULL, 0), NULL,
+                                              gpu_t(x, ZO_DTYPE_F32), 2, 2, 4, 1e-6f),
+                     ZO_ERR_INVALID);
+    assert_non_null(strstr(zo_last_error(), "ldx 7 < heads*d 8"));
     assert_int_equal(gpu_gelu_forward(NULL, gpu_t(x, 0), gpu_t(x, 0), 4), ZO_ERR_INVALID);
     assert_int_equal(gpu_cast(S, gpu_t(x, (zo_dtype)9), gpu_t(x, 0), 4), ZO_ERR_INVALID);
     /* an id out of range is found while running: a sticky stream error */

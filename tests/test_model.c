@@ -23,6 +23,7 @@ static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "lla
                                    "mistral-7b.json",   "llama-7b.json",    "llama-3.1-8b.json",
                                    "llama-3.2-1b.json", "qwen2.5-0.5b.json", "qwen2.5-7b.json",
                                    "mixtral-8x7b.json", "qwen1.5-moe-a2.7b.json",
+                                   "qwen3-0.6b.json",   "qwen3-8b.json",    "qwen3-30b-a3b.json",
                                    "phi-3-mini-4k-instruct.json", "phi-3.5-mini-instruct.json",
                                    "phi-4.json"};
 
@@ -30,8 +31,7 @@ static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "lla
  * `train`) refuses each by name. */
 static const struct { const char *config, *family; } not_built[] = {
     {"deepseek-v2-lite.json", "deepseek_v2"}, {"gemma-2b.json", "gemma"},
-    {"gemma-2-2b.json", "gemma2"},          {"qwen3-0.6b.json", "qwen3"},
-    {"pythia-160m.json", "gpt_neox"},
+    {"gemma-2-2b.json", "gemma2"},          {"pythia-160m.json", "gpt_neox"},
     {"falcon-7b.json", "falcon"},           {"opt-125m.json", "opt"},
     {"bloom-560m.json", "bloom"},
 };
@@ -217,6 +217,11 @@ static void test_layout_refuses_families(void **state)
     model_layout l;
     assert_int_equal(model_layout_init(&l, &c), ZO_ERR_UNSUPPORTED);
     assert_non_null(strstr(zo_last_error(), "gelu"));
+    /* Qwen3's q/k norms are RMSNorms of LLaMA-shaped layers, not on GPT's */
+    assert_int_equal(zo_model_preset_find("gpt2", &c), ZO_OK);
+    c.qk_norm = 1;
+    assert_int_equal(model_layout_init(&l, &c), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "q/k norms on GPT layers"));
 }
 
 /* Variants the presets do not cover: untied GPT, Qwen2-style q/k/v biases,

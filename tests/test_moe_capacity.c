@@ -420,7 +420,8 @@ static void test_qwen2_moe(void **state)
     run_model(1);
 }
 
-/* The buffers hold what can arrive: min(N top_k, E C) rows; refusals. */
+/* The buffers hold what can arrive: min(N top_k, E C) rows, and LoRA's
+ * expert scratch one expert's, min(N, C); refusals. */
 static void test_sizes_and_refusals(void **state)
 {
     (void)state;
@@ -454,6 +455,27 @@ static void test_sizes_and_refusals(void **state)
     }
     /* 2 ranks of 2 experts: each rank sends an expert at most C = 5 rows */
     assert_int_equal(zo_moe_rank_rows(&cfg, 0.5, 18, 2), 2 * 2 * 5);
+    /* LoRA r 2 on every linear layer (q, k, v, o and the experts' w1, w3,
+     * w2) adds, fp32: the layer's x A^T of each of the 7 adapters on the
+     * 18 tokens, the frozen norms' gradient sink (2 x 16), and over the
+     * rows one expert can take, one expert at a time, its adapters' x A^T
+     * and the adapters' gradient (of 18 rows at least, the dense ones'):
+     * an expert takes a token once, so 18 rows dropless, 5 = C at F 0.5,
+     * 12 = C at F 1.25 */
+    const double factors[3] = {0, 0.5, 1.25};
+    const size_t expert_rows[3] = {18, 5, 12};
+    for (int i = 0; i < 3; i++) {
+        tf_options plain = {.capacity_factor = factors[i]}, lora = plain;
+        lora.lora = (tf_lora_options){.r = 2, .alpha = 4, .targets = ZO_LORA_ALL_LINEAR};
+        assert_int_equal(tf_init_opts(&m, &cfg, dev, ZO_DTYPE_F32, 2, 9, &plain), ZO_OK);
+        size_t base = m.act_bytes;
+        tf_free(&m);
+        assert_int_equal(tf_init_opts(&m, &cfg, dev, ZO_DTYPE_F32, 2, 9, &lora), ZO_OK);
+        size_t er = expert_rows[i], want = 18 * 7 * 2 * 4 + 2 * 16 * 4 + er * 2 * 4 + (er > 18 ? er : 18) * 2 * 4;
+        printf("  LoRA's activation bytes at F %g: %zu (by hand %zu)\n", factors[i], m.act_bytes - base, want);
+        assert_int_equal(m.act_bytes - base, want);
+        tf_free(&m);
+    }
     assert_non_null(zo_moe_check_capacity(&cfg, NAN));
     o.capacity_factor = -1;
     assert_int_not_equal(tf_init_opts(&m, &cfg, dev, ZO_DTYPE_F32, 2, 9, &o), ZO_OK);

@@ -294,6 +294,42 @@ static void ref_rmsnorm_backward(const gpu_op_args *a, hostv *h)
     }
 }
 
+/* t: x w saved; p: rstd. Head j of row r at r*ldx + j*d, in place */
+static void ref_head_rmsnorm_forward(const gpu_op_args *a, hostv *h)
+{
+    int n = (int)a->i[0], heads = (int)a->i[1], d = (int)a->i[2];
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < heads; j++) {
+            double *x = h->T[0] + (size_t)r * a->i[3] + (size_t)j * d;
+            size_t ri = (size_t)r * heads + j;
+            double rs = row_rms_rstd(x, d, a->f[0]);
+            if (h->P[0]) h->P[0][ri] = rs;
+            for (int e = 0; e < d; e++) {
+                if (h->T[2]) h->T[2][ri * d + e] = x[e];
+                x[e] = x[e] * rs * h->T[1][e];
+            }
+        }
+}
+
+/* t: dx dw saved w; p: rstd. dx holds dy on entry (in place) */
+static void ref_head_rmsnorm_backward(const gpu_op_args *a, hostv *h)
+{
+    int n = (int)a->i[0], heads = (int)a->i[1], d = (int)a->i[2];
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < heads; j++) {
+            double *dy = h->T[0] + (size_t)r * a->i[3] + (size_t)j * d;
+            size_t ri = (size_t)r * heads + j;
+            const double *x = h->T[2] + ri * d, *w = h->T[3];
+            double rs = h->P[0][ri], mgx = 0.0;
+            for (int e = 0; e < d; e++) {
+                mgx += dy[e] * w[e] * x[e];
+                h->T[1][e] += dy[e] * x[e] * rs;
+            }
+            mgx /= d;
+            for (int e = 0; e < d; e++) dy[e] = rs * (dy[e] * w[e] - x[e] * rs * rs * mgx);
+        }
+}
+
 /* Attention geometry: element offsets of qkv, out, lse (gpu/device.h). */
 typedef struct ageom {
     int t, hq, hkv, d, grp, window;
@@ -1392,6 +1428,64 @@ static void parity_rmsnorm_backward(void)
             IN_T(&c, 4, storage[t], cc);
             add_buf(&c, 'p', 0, E_F32, n, FILL_NONE, 0, 0, 0);
             c.prep = norm_prep;
+            emit(&c);
+        }
+}
+
+/* Qwen3's q/k norms: n rows, the first `heads` of `width` heads of d
+ * normalised (ld = width * d), at head sizes 64 and 128 among odd ones */
+static const int head_norm_cfg[][4] = {
+    /* n  heads width d */
+    {1, 1, 1, 1}, {3, 2, 3, 31}, {5, 4, 4, 33}, {7, 3, 5, 64}, {50, 16, 32, 128}, {33, 8, 16, 128}, {2, 1, 1, 300},
+};
+
+/* the forward's rstd of each saved head (t[2]) */
+static void head_norm_prep(const pcase *c, hostv *h)
+{
+    int rows = (int)(c->a.i[0] * c->a.i[1]), d = (int)c->a.i[2];
+    for (int r = 0; r < rows; r++) h->P[0][r] = row_rms_rstd(h->T[2] + (size_t)r * d, d, 1e-6);
+}
+
+static void parity_head_rmsnorm_forward(void)
+{
+    for (size_t s = 0; s < sizeof head_norm_cfg / sizeof *head_norm_cfg; s++)
+        for (int t = 0; t < 3; t++)
+            for (int keep = 0; keep < 2; keep++) {
+                const int *g = head_norm_cfg[s];
+                int64_t ld = (int64_t)g[2] * g[3];
+                pcase c = new_case(GPU_OP_HEAD_RMSNORM_FORWARD, "n %d heads %d of %d d %d %s%s", g[0], g[1], g[2],
+                                   g[3], ename(storage[t]), keep ? "" : " nothing kept");
+                c.a.i[0] = g[0], c.a.i[1] = g[1], c.a.i[2] = g[3], c.a.i[3] = ld, c.a.f[0] = 1e-6f;
+                OUT_T(&c, 0, storage[t], (size_t)g[0] * ld);
+                IN_T(&c, 1, storage[t], g[3]);
+                if (keep) {
+                    OUT_T(&c, 2, storage[t], (size_t)g[0] * g[1] * g[3]);
+                    OUT_P(&c, 0, E_F32, (size_t)g[0] * g[1]);
+                }
+                emit(&c);
+            }
+}
+
+static void parity_head_rmsnorm_backward(void)
+{
+    for (size_t s = 0; s < sizeof head_norm_cfg / sizeof *head_norm_cfg; s++)
+        for (int t = 0; t < 4; t++) {
+            const int *g = head_norm_cfg[s];
+            int64_t ld = (int64_t)g[2] * g[3];
+            /* t 3: the transformer's: an fp32 gradient beside bf16 saved values and weights */
+            etype ty = t < 3 ? storage[t] : E_BF16, tdx = t < 3 ? ty : E_F32;
+            pcase c = new_case(GPU_OP_HEAD_RMSNORM_BACKWARD, "n %d heads %d of %d d %d %s dx %s", g[0], g[1], g[2],
+                               g[3], ename(ty), ename(tdx));
+            c.a.i[0] = g[0], c.a.i[1] = g[1], c.a.i[2] = g[3], c.a.i[3] = ld;
+            int dx = OUT_T(&c, 0, tdx, (size_t)g[0] * ld);
+            /* dx is written, not added to: with d 1 it is the cancellation of two
+             * terms of order 1 (x / |x| does not move), measured against them */
+            c.buf[dx].floor = 1.0;
+            OUT_T(&c, 1, t < 3 ? ty : E_F32, g[3]);
+            IN_T(&c, 2, ty, (size_t)g[0] * g[1] * g[3]);
+            IN_T(&c, 3, ty, g[3]);
+            add_buf(&c, 'p', 0, E_F32, (size_t)g[0] * g[1], FILL_NONE, 0, 0, 0);
+            c.prep = head_norm_prep;
             emit(&c);
         }
 }

@@ -944,7 +944,7 @@ static void test_train_check_plan(void **state)
     if (rc) fprintf(stderr, "%s\n", out);
     assert_int_equal(rc, 0);
     char want[400], b[3][32];
-    snprintf(want, sizeof want, "# check-plan: llama-2-13b (llama), %llu parameters",
+    snprintf(want, sizeof want, "# check-plan: llama-2-13b (llama2), %llu parameters",
              (unsigned long long)zo_model_params(&p->model));
     assert_non_null(strstr(out, want));
     assert_non_null(strstr(out, "# placement: weights cpu (prefetch 2), optimizer cpu 0.50 nvme 0.25 gpu 0.25"));

@@ -36,6 +36,10 @@ static const struct { const char *preset, *config; uint64_t params; } counts[] =
     {"llama-2-70b", "llama-2-70b.json", 68976648192ull},
     {"llama-3-8b", "llama-3-8b.json", 8030261248ull},
     {"mistral-7b", "mistral-7b.json", 7241732096ull},
+    /* keras-hub qwen3_0.6b_en, qwen3_8b_en, qwen3_moe_30b_a3b_en */
+    {"qwen3-0.6b", "qwen3-0.6b.json", 596049920ull},
+    {"qwen3-8b", "qwen3-8b.json", 8190735360ull},
+    {"qwen3-30b-a3b", "qwen3-30b-a3b.json", 30532122624ull},
 };
 
 static void test_param_counts(void **state)
@@ -66,7 +70,8 @@ static void test_all_presets_valid(void **state)
     for (size_t i = 0; i < n; i++) {
         zo_model_config c = p[i].cfg;
         assert_int_equal(zo_model_config_validate(&c), ZO_OK);
-        assert_int_equal(c.hidden, c.n_heads * c.head_dim);
+        /* Qwen3's head_dim is its config's 128, not hidden / heads (0.6B: 1024 / 16) */
+        assert_int_equal(c.qk_norm ? 128 : c.hidden, c.qk_norm ? c.head_dim : c.n_heads * c.head_dim);
     }
     /* the GPT-3 sizes land near their names */
     zo_model_config c;

@@ -142,6 +142,33 @@ static void test_family_counts(void **state)
     assert_true(sizeof counts / sizeof counts[0] >= 15);
 }
 
+/* The Qwen3 presets are their config.json files (tests/fixtures/hf-configs,
+ * whose totals test_family_counts checks against keras-hub's): every field
+ * that sizes or computes the model. */
+static void test_qwen3_presets(void **state)
+{
+    (void)state;
+    static const char *const pairs[][2] = {
+        {"qwen3-0.6b", "qwen3-0.6b.json"}, {"qwen3-8b", "qwen3-8b.json"}, {"qwen3-30b-a3b", "qwen3-30b-a3b.json"}};
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        zo_model_config p, c;
+        assert_int_equal(zo_model_preset_find(pairs[i][0], &p), ZO_OK);
+        load(pairs[i][1], &c);
+        if (strcmp(p.family, c.family) || p.arch != c.arch || p.n_layers != c.n_layers || p.hidden != c.hidden ||
+            p.n_heads != c.n_heads || p.n_kv_heads != c.n_kv_heads || p.head_dim != c.head_dim || p.ffn != c.ffn ||
+            p.vocab != c.vocab || p.max_seq != c.max_seq || p.tied_embeddings != c.tied_embeddings ||
+            p.norm_eps != c.norm_eps || p.rope_theta != c.rope_theta || p.qk_norm != c.qk_norm ||
+            p.attn_bias != c.attn_bias || strcmp(p.act, c.act) || p.sliding_window != c.sliding_window ||
+            p.moe.experts != c.moe.experts || p.moe.top_k != c.moe.top_k || p.moe.expert_ffn != c.moe.expert_ffn ||
+            p.moe.shared_ffn != c.moe.shared_ffn || p.moe.norm_topk != c.moe.norm_topk ||
+            p.moe.aux_loss != c.moe.aux_loss || p.moe.aux_coef != c.moe.aux_coef)
+            fail_msg("preset %s differs from %s", pairs[i][0], pairs[i][1]);
+        assert_int_equal(zo_model_params(&p), zo_model_params(&c));
+        /* and the runtime builds it */
+        assert_int_equal(zo_model_config_runtime_check(&p), ZO_OK);
+    }
+}
+
 /* Hugging Face's per-family defaults: an absent tie_word_embeddings is tied
  * for Gemma, Falcon, OPT and BLOOM and untied for LLaMA, Mixtral, GPT-NeoX;
  * Mistral's absent num_key_value_heads is 8. */
@@ -187,8 +214,8 @@ static void test_family_defaults(void **state)
                  "\"intermediate_size\": 128, \"vocab_size\": 100"
 
 /* What limits or rescales attention, read as Hugging Face reads it: Mistral's
- * sliding_window (4096 when absent, none when null), Qwen2's only with
- * use_sliding_window on a layer from max_window_layers, rope_scaling's
+ * sliding_window (4096 when absent, none when null), Qwen2's and Qwen3's
+ * only with use_sliding_window on a layer from max_window_layers, rope_scaling's
  * rope_type (or type) unless "default". None of it changes a count. */
 static void test_attention_extent(void **state)
 {
@@ -200,7 +227,8 @@ static void test_attention_extent(void **state)
     } real[] = {
         {"mistral-7b.json", 4096, ""},     {"llama-2-7b.json", 0, ""},       {"llama-3-8b.json", 0, ""},
         {"llama-3.1-8b.json", 0, "llama3"}, {"llama-3.2-1b.json", 0, "llama3"}, {"qwen2.5-7b.json", 0, ""},
-        {"qwen2.5-0.5b.json", 0, ""},       {"gpt2.json", 0, ""},
+        {"qwen2.5-0.5b.json", 0, ""},       {"gpt2.json", 0, ""},            {"qwen3-8b.json", 0, ""},
+        {"qwen3-30b-a3b.json", 0, ""},
     };
     zo_model_config c;
     for (size_t i = 0; i < sizeof real / sizeof real[0]; i++) {
@@ -225,6 +253,12 @@ static void test_attention_extent(void **state)
         {"\"model_type\": \"qwen2\", \"sliding_window\": 100, \"use_sliding_window\": true, "
          "\"max_window_layers\": 1", 100, ""},
         {"\"model_type\": \"qwen2\", \"use_sliding_window\": true, \"max_window_layers\": 0", 4096, ""},
+        /* Qwen3's (and Qwen3-MoE's) window as Qwen2's */
+        {"\"model_type\": \"qwen3\", \"sliding_window\": 100", 0, ""},
+        {"\"model_type\": \"qwen3\", \"sliding_window\": 100, \"use_sliding_window\": true, "
+         "\"max_window_layers\": 1", 100, ""},
+        {"\"model_type\": \"qwen3_moe\", \"sliding_window\": 100, \"use_sliding_window\": true, "
+         "\"max_window_layers\": 2", 0, ""},
         {"\"model_type\": \"llama\", \"rope_scaling\": null", 0, ""},
         {"\"model_type\": \"llama\", \"rope_scaling\": {\"rope_type\": \"default\"}", 0, ""},
         {"\"model_type\": \"llama\", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}", 0, "linear"},
@@ -425,18 +459,22 @@ typedef struct moe_setup {
 
 /* Mixtral-8x7B on one 8 x H100 node, DP 8 with EP 8: each rank holds one
  * expert of each layer. */
-static void mixtral_setup(moe_setup *s, int ep, int zero)
+static void mixtral_setup_of(moe_setup *s, int ep, int zero, int top_k, double capacity_factor)
 {
     load("mixtral-8x7b.json", &s->m);
+    if (top_k) s->m.moe.top_k = top_k;
     assert_int_equal(plan_hw_find("dgx-h100", &s->hw), ZO_OK);
     plan_train_defaults(&s->t, &s->m);
     s->t.seq = 4096;
     s->t.dp = 8;
     s->t.ep = ep;
     s->t.zero = zero;
+    s->t.capacity_factor = capacity_factor;
     assert_int_equal(plan_estimate_run(&s->m, &s->hw, &s->t, &s->e), ZO_OK);
     assert_int_equal(plan_time_run(&s->m, &s->hw, &s->t, &s->e, &s->pt), ZO_OK);
 }
+
+static void mixtral_setup(moe_setup *s, int ep, int zero) { mixtral_setup_of(s, ep, zero, 0, 0); }
 
 static uint64_t item(const plan_estimate *e, const char *name, plan_tier tier)
 {
@@ -556,6 +594,71 @@ static void test_mixtral_ep_time(void **state)
     assert_true(ep8.pt.dp_comm_total < ep1.pt.dp_comm_total);
 }
 
+/* The time of capacity-limited routing (this runtime): an expert computes
+ * the rows it keeps, min(rows routed to it, C). memplan routes uniformly,
+ * 4096 x 2 / 8 = 1024 rows an expert a micro-batch; C = ceil(F 4096 x 2 /
+ * 8). At F 0.5, C = 512: half the rows, 4096 a layer, of which 7/8 cross
+ * the EP 8 group, forward (the counts, the rows out with their fp32
+ * weights and back) and backward (fp32): by hand as test_mixtral_ep_time.
+ * They are the rows of a dropless top-1 Mixtral, whose layer times the
+ * same: every compute and exchange part equal. At F 1.25, C = 1280 >=
+ * 1024: nothing to drop, the dropless times exactly. */
+static void test_mixtral_capacity_time(void **state)
+{
+    (void)state;
+    moe_setup drop0, half, wide, top1;
+    mixtral_setup_of(&drop0, 8, 1, 0, 0);
+    mixtral_setup_of(&half, 8, 1, 0, 0.5);
+    mixtral_setup_of(&wide, 8, 1, 0, 1.25);
+    mixtral_setup_of(&top1, 8, 1, 1, 0);
+    double remote = 7.0 / 8 * 4096;
+    double fwd = 7 * 1 * 4 + remote * (4096 * 2 + 4 + 4096 * 2), bwd = remote * (4096 * 4 + 4096 * 4 + 4);
+    printf("  ep bytes a step: dropless %.0f, F 0.5 %.0f (by hand %.0f), F 1.25 %.0f\n", drop0.pt.ep_bytes,
+           half.pt.ep_bytes, 32 * (fwd + bwd), wide.pt.ep_bytes);
+    assert_true(half.pt.ep_bytes == 32 * (fwd + bwd));
+    assert_true(fabs(half.pt.ep_comm - 32 * (4 * 7 * half.hw.nvlink_lat +
+                                             (fwd + bwd) / (half.hw.nvlink_bw * half.hw.coll_eff))) < 1e-9);
+    printf("  forward + backward: dropless %.6f s, F 0.5 %.6f s (top-1 dropless %.6f s), F 1.25 %.6f s\n",
+           drop0.pt.forward + drop0.pt.backward, half.pt.forward + half.pt.backward,
+           top1.pt.forward + top1.pt.backward, wide.pt.forward + wide.pt.backward);
+    assert_true(half.pt.forward == top1.pt.forward && half.pt.backward == top1.pt.backward);
+    assert_true(half.pt.ep_comm == top1.pt.ep_comm);
+    assert_true(half.pt.forward < drop0.pt.forward && half.pt.backward < drop0.pt.backward);
+    assert_true(wide.pt.forward == drop0.pt.forward && wide.pt.backward == drop0.pt.backward);
+    assert_true(wide.pt.ep_bytes == drop0.pt.ep_bytes && wide.pt.step == drop0.pt.step);
+}
+
+/* LoRA on Mixtral-8x7B with EP 8 (this runtime): the experts' adapters
+ * run one expert at a time over the rows one expert can receive, from each
+ * of the 8 ranks every token of its 4096 dropless (8 x 4096), C = 512 at
+ * F 0.5 (8 x 512): their x A^T (r 8, bf16) and the adapters' fp32 gradient
+ * (at least the dense adapters' 4096 rows) with the norms' sink (8 h). */
+static void test_mixtral_lora_expert_scratch(void **state)
+{
+    (void)state;
+    const double factor[2] = {0, 0.5};
+    const uint64_t rows[2] = {8 * 4096, 8 * 512};
+    for (int i = 0; i < 2; i++) {
+        moe_setup s;
+        load("mixtral-8x7b.json", &s.m);
+        assert_int_equal(plan_hw_find("dgx-h100", &s.hw), ZO_OK);
+        plan_train_defaults(&s.t, &s.m);
+        s.t.seq = 4096;
+        s.t.dp = s.t.ep = 8;
+        s.t.zero = 1;
+        s.t.method = ZO_PLAN_LORA;
+        s.t.lora.r = 8;
+        s.t.lora.alpha = 16;
+        s.t.lora.targets = ZO_LORA_ALL_LINEAR;
+        s.t.capacity_factor = factor[i];
+        if (plan_estimate_run(&s.m, &s.hw, &s.t, &s.e) != ZO_OK) fail_msg("%s", zo_last_error());
+        uint64_t er = rows[i];
+        assert_int_equal(item(&s.e, "LoRA expert scratch (an expert's x A^T)", PLAN_GPU), er * 8 * 2);
+        assert_int_equal(item(&s.e, "LoRA backward scratch (fp32)", PLAN_GPU),
+                         4 * (er > 4096 ? er : 4096) * 8 + 8 * 4096);
+    }
+}
+
 /* A plan file keeps what the family adds (experts, latent attention, ...),
  * the expert parallelism and capacity factor and the schedule switches:
  * read back, the same model, bytes and step. */
@@ -663,10 +766,13 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_family_counts),   cmocka_unit_test(test_family_defaults),
+        cmocka_unit_test(test_qwen3_presets),
         cmocka_unit_test(test_attention_extent),
         cmocka_unit_test(test_refused),         cmocka_unit_test(test_cli_refused),
         cmocka_unit_test(test_nonsense_refused),
         cmocka_unit_test(test_mixtral_ep8_bytes), cmocka_unit_test(test_mixtral_ep_time),
+        cmocka_unit_test(test_mixtral_capacity_time),
+        cmocka_unit_test(test_mixtral_lora_expert_scratch),
         cmocka_unit_test(test_moe_validation),  cmocka_unit_test(test_deepseek_stages),
         cmocka_unit_test(test_plan_file_keeps_family), cmocka_unit_test(test_cli_defaults),
     };

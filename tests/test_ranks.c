@@ -821,14 +821,23 @@ static void ep_save_flags(const char *common, int lora, int zero, const char *la
     }
 }
 
-/* The models of the expert-parallel tests and their rank layouts. */
-static const char *const ep_names[2] = {"mixtral", "qwen2_moe8"};
+/* Qwen3-MoE-shaped with 8 experts: Qwen3's q/k norms, head_dim 32 (q 4 x 32
+ * wider than hidden 64), routed experts only, their weights renormalized. */
+static const char qwen3_moe8_config[] =
+    "{\"model_type\": \"qwen3_moe\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 32, \"intermediate_size\": 128, "
+    "\"moe_intermediate_size\": 32, \"num_experts\": 8, \"num_experts_per_tok\": 3, \"norm_topk_prob\": true, "
+    "\"decoder_sparse_step\": 1, \"mlp_only_layers\": [], \"vocab_size\": 256, \"max_position_embeddings\": 64, "
+    "\"output_router_logits\": true, \"router_aux_loss_coef\": 0.05}";
+
+/* The models of the expert-parallel tests (test_moe_ep_qwen3's the third) and their rank layouts. */
+static const char *const ep_names[3] = {"mixtral", "qwen2_moe8", "qwen3_moe8"};
 static const int ep_runs[3][2] = {{2, 2}, {4, 4}, {4, 2}}; /* ranks, ep */
 
 /* Model mdl's config written and chosen for the runs that follow. */
 static void ep_use_model(int mdl, char *path, size_t cap)
 {
-    const char *texts[2] = {mixtral_config, qwen2_moe8_config};
+    const char *texts[3] = {mixtral_config, qwen2_moe8_config, qwen3_moe8_config};
     snprintf(path, cap, "%s/%s.json", dir, ep_names[mdl]);
     files_write_text(path, texts[mdl]);
     config = strrchr(path, '/') + 1;
@@ -1455,6 +1464,25 @@ static void test_moe_ep_zero_ckpt(void **state)
         snprintf(a, sizeof a, "%s/epz-efbig-%d/latest", dir, np);
         assert_int_not_equal(access(a, F_OK), 0);
     }
+    /* a device copy failing on rank 1 in the gathered save (the CPU
+     * device's injected fault on the copy after the hook
+     * "optimizer-gather": the piece's copy in, before its all-gather): the
+     * rank still takes part in the gathers, and every rank ends with its
+     * error named, within seconds (before, it left the gather and the
+     * others waited in it) */
+    for (int np = 2; np <= 4; np += 2) {
+        snprintf(args, sizeof args, "--steps 2 --micro-batch 2 --seq 32 --dtype fp32 --params gpu --optimizer cpu "
+                 "--ep 2 --zero %d --ckpt %s/epz-devfail-%d", np == 2 ? 2 : 3, dir, np);
+        snprintf(a, sizeof a, "rank 1's device copy failing in the save, --ep 2 --zero %d on %d ranks",
+                 np == 2 ? 2 : 3, np);
+        setenv("ZO_TRAIN_CKPT_DEVFAIL", "1:optimizer-gather", 1);
+        double took = train_refused(np, args, 1, "gpu_memcpy_async: a copy of ", 0, 0, a);
+        unsetenv("ZO_TRAIN_CKPT_DEVFAIL");
+        printf("    every rank ended in %.1f s\n", took);
+        assert_true(took < 60); /* (a hang: ZO_COMM_TIMEOUT, 120 s) */
+        snprintf(a, sizeof a, "%s/epz-devfail-%d/latest", dir, np);
+        assert_int_not_equal(access(a, F_OK), 0);
+    }
     /* --merge at ZeRO 1 and 2: one rank's merged folder */
     for (int trained = 0; trained < 2; trained++) {
         char one[320], two[320];
@@ -1811,40 +1839,67 @@ static void moe_drops(const char *stats, double F, double *pairs, double *droppe
     cJSON_Delete(doc);
 }
 
-/* Capacity-limited routing with expert parallelism: memplan's plans with
- * --capacity-factor 0.5 (parallel.capacity_factor) for the Mixtral- and
- * Qwen2-MoE-shaped models of test_moe_ep, --ep 2 on 2 ranks (each rank drops among its own
+/* Capacity-limited routing with expert parallelism, for model mdl: memplan's
+ * plans with --capacity-factor 0.5 (parallel.capacity_factor; test_moe_ep_capacity:
+ * the Mixtral- and Qwen2-MoE-shaped models of test_moe_ep), --ep 2 on 2 ranks (each rank drops among its own
  * tokens before the exchange) against one rank with --grad-accum 2 (the
  * same micro-batches, each dropping among its tokens): losses within 1e-6
  * relative, every rank's peaks within 3% of the plan, the same pairs
- * routed and dropped (every rank's, in --stats-json), some dropped. fp32. */
+ * routed and dropped (every rank's, in --stats-json), some dropped. fp32.
+ * With lora, LoRA on every linear layer (its expert scratch sized by the
+ * capacity). */
+static void ep_capacity(int mdl, int lora)
+{
+    const char *place = lora ? "--dtype fp32 --lora 4 --lora-targets all-linear --params gpu --adapters-on gpu "
+                               "--optimizer cpu --capacity-factor 0.5"
+                             : "--dtype fp32 --params gpu --optimizer cpu --capacity-factor 0.5";
+    char path[512], flags[512], plan[512], extra[1024], stats[2][300];
+    double ref[STEPS], got[STEPS], pairs[2], dropped[2];
+    ep_use_model(mdl, path, sizeof path);
+    for (int k = 0; k < 2; k++) {
+        snprintf(flags, sizeof flags, k ? "%s --dp 2 --ep 2 --zero 0" : "%s", place);
+        snprintf(plan, sizeof plan, "%s/cap-%d.json", dir, k);
+        snprintf(stats[k], sizeof stats[k], "%s/cap-stats-%d.json", dir, k);
+        snprintf(extra, sizeof extra, "--clip 0 --stats-json %s%s", stats[k], k ? "" : " --grad-accum 2");
+        plan_and_train(flags, plan, k ? 2 : 0, extra, k ? got : ref);
+        check_peaks(last_out, k ? 2 : 1);
+        assert_non_null(strstr(last_out, " dropped "));
+        moe_drops(stats[k], 0.5, &pairs[k], &dropped[k]);
+    }
+    int same;
+    double worst = worst_rel(got, ref, 0, STEPS, &same);
+    printf("  %s%s, capacity factor 0.5, --ep 2 on 2 ranks: %d of %d steps as one rank's with grad-accum 2, "
+           "worst %.1e; %.0f of %.0f pairs dropped (one rank: %.0f of %.0f)\n", ep_names[mdl], lora ? " LoRA" : "",
+           same, STEPS, worst, dropped[1], pairs[1], dropped[0], pairs[0]);
+    if (worst > 1e-6) fprintf(stderr, "%s\n", last_out);
+    assert_true(worst <= 1e-6);
+    assert_true(pairs[0] == pairs[1] && dropped[0] == dropped[1] && dropped[0] > 0);
+}
+
+/* the full models, then LoRA on the Mixtral-shaped one */
 static void test_moe_ep_capacity(void **state)
 {
     (void)state;
-    const char *place = "--dtype fp32 --params gpu --optimizer cpu --capacity-factor 0.5";
-    char path[512], flags[512], plan[512], extra[1024], stats[2][300];
-    for (int mdl = 0; mdl < 2; mdl++) {
-        double ref[STEPS], got[STEPS], pairs[2], dropped[2];
-        ep_use_model(mdl, path, sizeof path);
-        for (int k = 0; k < 2; k++) {
-            snprintf(flags, sizeof flags, k ? "%s --dp 2 --ep 2 --zero 0" : "%s", place);
-            snprintf(plan, sizeof plan, "%s/cap-%d.json", dir, k);
-            snprintf(stats[k], sizeof stats[k], "%s/cap-stats-%d.json", dir, k);
-            snprintf(extra, sizeof extra, "--clip 0 --stats-json %s%s", stats[k], k ? "" : " --grad-accum 2");
-            plan_and_train(flags, plan, k ? 2 : 0, extra, k ? got : ref);
-            check_peaks(last_out, k ? 2 : 1);
-            assert_non_null(strstr(last_out, " dropped "));
-            moe_drops(stats[k], 0.5, &pairs[k], &dropped[k]);
-        }
-        int same;
-        double worst = worst_rel(got, ref, 0, STEPS, &same);
-        printf("  %s, capacity factor 0.5, --ep 2 on 2 ranks: %d of %d steps as one rank's with grad-accum 2, worst "
-               "%.1e; %.0f of %.0f pairs dropped (one rank: %.0f of %.0f)\n", ep_names[mdl], same, STEPS, worst,
-               dropped[1], pairs[1], dropped[0], pairs[0]);
-        if (worst > 1e-6) fprintf(stderr, "%s\n", last_out);
-        assert_true(worst <= 1e-6);
-        assert_true(pairs[0] == pairs[1] && dropped[0] == dropped[1] && dropped[0] > 0);
-    }
+    ep_capacity(0, 0);
+    ep_capacity(1, 0);
+    ep_capacity(0, 1);
+}
+
+/* Qwen3-MoE with expert parallelism: the Qwen3-MoE-shaped model, memplan's
+ * plan for --ep 2 on 2 ranks at ZeRO-0 (fp32, the weights on the GPU,
+ * clipping) against one rank with --grad-accum 2 (losses within 1e-6
+ * relative, every rank's peaks within 3% of the plan, the all-to-all
+ * bytes), and with capacity factor 0.5 as test_moe_ep_capacity. */
+static void test_moe_ep_qwen3(void **state)
+{
+    (void)state;
+    const char *place = "--dtype fp32 --params gpu --optimizer cpu";
+    char path[512];
+    double ref[2][STEPS];
+    ep_use_model(2, path, sizeof path);
+    ep_refs(place, "q3", 2, 0, 1, ref);
+    ep_run(2, place, 2, 2, 0, 1, ref);
+    ep_capacity(2, 0);
 }
 
 /* What the table does not run, refused by train with its words, exit 2,
@@ -1947,6 +2002,7 @@ int main(void)
         cmocka_unit_test(test_moe_ep_zero),
         cmocka_unit_test(test_moe_ep_z3host),
         cmocka_unit_test(test_moe_ep_capacity),
+        cmocka_unit_test(test_moe_ep_qwen3),
         cmocka_unit_test(test_moe_ep_zero_ckpt),
         cmocka_unit_test(test_moe_ep_gaps),
         cmocka_unit_test(test_moe_ep_clip),

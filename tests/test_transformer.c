@@ -252,6 +252,13 @@ static void test_qwen2_vs_torch(void **state)
     run_against_torch("tiny_qwen2");
 }
 
+/* Qwen3: RMSNorm on each q and k head (head_dim 12, not hidden / heads), GQA */
+static void test_qwen3_vs_torch(void **state)
+{
+    (void)state;
+    run_against_torch("tiny_qwen3");
+}
+
 /* ---- 10 AdamW steps -------------------------------------------------------------------- */
 
 /* ---- generation: a key/value cache against PyTorch's logits ------------------------------ */
@@ -335,6 +342,7 @@ static void test_generation_vs_torch(void **state)
     run_generation("tiny_gpt2");
     run_generation("tiny_llama");
     run_generation("tiny_qwen2");
+    run_generation("tiny_qwen3");
     /* Phi-3: the window of 20 over a cache of 56; longrope within its
      * original length (short_factor, the attention factor) */
     run_generation("tiny_phi3");
@@ -800,6 +808,21 @@ static float lora_losses(const char *out, int *steps, float *last5, int nsteps)
     return first;
 }
 
+/* A fresh folder /tmp/zo_test_<tag>_<pid> (dir) with a small repetitive
+ * text in it (text) for the LoRA runs. */
+static void lora_workdir(const char *tag, char dir[64], char text[128])
+{
+    char cmd[128];
+    snprintf(dir, 64, "/tmp/zo_test_%s_%d", tag, (int)getpid());
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(text, 128, "%s/text.txt", dir);
+    FILE *f = fopen(text, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 400; i++) fprintf(f, "the quick brown fox jumps over the lazy dog %d. ", i % 10);
+    fclose(f);
+}
+
 /* What a model's `train --lora 4 --lora-targets all-linear` (and --qlora)
  * run must show: the trainable count (--lora), entries adapter_config.json
  * lists and one it must not, an adapter tensor under PEFT's name (with its
@@ -814,17 +837,10 @@ typedef struct lora_case {
 static void run_train_lora(const lora_case *lc)
 {
     char dir[64], text[128], ad[128], cfg[128], cmd[1400];
-    snprintf(dir, sizeof dir, "/tmp/zo_test_lora_%s_%d", lc->tag, (int)getpid());
-    snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
-    assert_int_equal(system(cmd), 0);
-    snprintf(text, sizeof text, "%s/text.txt", dir);
+    lora_workdir(lc->tag, dir, text);
     snprintf(ad, sizeof ad, "%s/adapter", dir);
     snprintf(cfg, sizeof cfg, "%s/config.json", dir);
-    FILE *f = fopen(text, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 400; i++) fprintf(f, "the quick brown fox jumps over the lazy dog %d. ", i % 10);
-    fclose(f);
-    f = fopen(cfg, "w");
+    FILE *f = fopen(cfg, "w");
     fprintf(f, "%s\n", lc->config_json);
     fclose(f);
     static char out[1 << 16];
@@ -930,17 +946,10 @@ static const char *steps_from(const char *out, int from, char *buf, size_t len)
 static void test_train_phi3_resume(void **state)
 {
     (void)state;
-    char dir[64], cmd[1400];
-    snprintf(dir, sizeof dir, "/tmp/zo_test_phi3_resume_%d", (int)getpid());
-    snprintf(cmd, sizeof cmd, "mkdir -p %s", dir);
-    assert_int_equal(system(cmd), 0);
-    snprintf(cmd, sizeof cmd, "%s/text.txt", dir);
-    FILE *f = fopen(cmd, "w");
-    assert_non_null(f);
-    for (int i = 0; i < 400; i++) fprintf(f, "the quick brown fox jumps over the lazy dog %d. ", i % 10);
-    fclose(f);
+    char dir[64], text[128], cmd[1400];
+    lora_workdir("phi3_resume", dir, text);
     snprintf(cmd, sizeof cmd, "%s/config.json", dir);
-    f = fopen(cmd, "w");
+    FILE *f = fopen(cmd, "w");
     fprintf(f, "{\"model_type\": \"phi3\", \"num_hidden_layers\": 2, \"hidden_size\": 32, "
                "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 48, "
                "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"sliding_window\": 15}\n");
@@ -972,6 +981,59 @@ static void test_train_phi3_resume(void **state)
     assert_non_null(model_ckpt_find(&ck, "model.layers.1.mlp.gate_up_proj.weight"));
     assert_null(model_ckpt_find(&ck, "model.layers.1.mlp.gate_proj.weight"));
     model_ckpt_close(&ck);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* LoRA on a Qwen3 model through train (q/k norms, head_dim 12 of hidden 32
+ * / 4 heads, GQA): the loss falls over 40 steps; the q/k norm weights stay
+ * frozen (the --merge folder holds them as initialised, 1.0, under their
+ * Hugging Face names) and carry no adapters (the adapter folder names
+ * none). */
+static void test_train_lora_qwen3(void **state)
+{
+    (void)state;
+    char dir[64], text[128], ad[128], mg[128], cfg[128], cmd[1400], path[256];
+    lora_workdir("lora_q3", dir, text);
+    snprintf(ad, sizeof ad, "%s/adapter", dir);
+    snprintf(mg, sizeof mg, "%s/merged", dir);
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    FILE *f = fopen(cfg, "w");
+    fprintf(f, "{\"model_type\": \"qwen3\", \"num_hidden_layers\": 2, \"hidden_size\": 32, "
+               "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 12, "
+               "\"intermediate_size\": 48, \"max_position_embeddings\": 32, \"vocab_size\": 256}\n");
+    fclose(f);
+    static char out[1 << 16];
+    snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --micro-batch 4 --seq 32 --threads 2 --lora 4 "
+                              "--lora-targets all-linear --steps 40 --lr 1e-2 --save %s --merge %s 2>&1",
+             ZO_TRAIN_BIN, cfg, text, ad, mg);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+    int steps;
+    float last5, first = lora_losses(out, &steps, &last5, 40);
+    printf("  train --lora 4 (qwen3): loss %.3f -> %.3f\n", first, last5);
+    assert_int_equal(steps, 40);
+    assert_true(last5 < first - 0.2f);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", ad);
+    model_ckpt ck;
+    assert_int_equal(model_ckpt_open(&ck, path), ZO_OK);
+    assert_non_null(model_ckpt_find(&ck, "base_model.model.model.layers.1.self_attn.k_proj.lora_A.weight"));
+    assert_null(model_ckpt_find(&ck, "base_model.model.model.layers.1.self_attn.k_norm.lora_A.weight"));
+    model_ckpt_close(&ck);
+    snprintf(path, sizeof path, "%s/model.safetensors", mg);
+    model_st_file st;
+    assert_int_equal(model_st_open(&st, path), ZO_OK);
+    for (int l = 0; l < 2; l++)
+        for (int k = 0; k < 2; k++) {
+            char name[96];
+            snprintf(name, sizeof name, "model.layers.%d.self_attn.%s_norm.weight", l, k ? "k" : "q");
+            const model_st_tensor *t = model_st_find(&st, name);
+            if (!t) fail_msg("%s: no %s", path, name);
+            assert_int_equal(t->numel, 12);
+            float w[12];
+            assert_int_equal(model_st_read(&st, t, w, ZO_DTYPE_F32, 0), ZO_OK);
+            for (int e = 0; e < 12; e++) assert_true(w[e] == 1.0f);
+        }
+    model_st_close(&st);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);
 }
@@ -1302,6 +1364,7 @@ int main(void)
         cmocka_unit_test(test_loss_chunk),
         cmocka_unit_test(test_llama_vs_torch),
         cmocka_unit_test(test_qwen2_vs_torch),
+        cmocka_unit_test(test_qwen3_vs_torch),
         cmocka_unit_test(test_phi3_vs_torch),
         cmocka_unit_test(test_phi3_longrope_vs_torch),
         cmocka_unit_test(test_phi3_partial_vs_torch),
@@ -1314,6 +1377,7 @@ int main(void)
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_init_sequence),
         cmocka_unit_test(test_train_lora),
+        cmocka_unit_test(test_train_lora_qwen3),
         cmocka_unit_test(test_train_phi3_lora),
         cmocka_unit_test(test_train_phi3_resume),
         cmocka_unit_test(test_capacity),

@@ -14,6 +14,8 @@ static int is_gpt(const tf_model *m) { return m->cfg.arch == ZO_ARCH_GPT; }
 static int has_lora(const tf_model *m) { return m->opts.lora.r > 0; }
 static int qkv_width(const zo_model_config *c) { return (c->n_heads + 2 * c->n_kv_heads) * c->head_dim; }
 static int q_width(const zo_model_config *c) { return c->n_heads * c->head_dim; }
+/* the heads Qwen3's q/k norms normalise per token (0 without them) */
+static int qk_heads(const zo_model_config *c) { return c->qk_norm ? c->n_heads + c->n_kv_heads : 0; }
 static int is_moe(const tf_model *m, int l) { return zo_model_layer_is_moe(&m->cfg, l); }
 /* The width of the dense MLP activations: the MLP's, or in an MoE model the
  * shared expert's (0: none) */
@@ -353,7 +355,7 @@ static zo_status gen_alloc(tf_model *m)
         {&m->sact, E ? N * widest_mlp(c) * es : 0, "weighted expert activation"},
         {&m->moe_x, K * N * h * es, "expert inputs"},
         {&m->moe_y, K * N * h * es, "expert outputs"},
-        {&m->eu, E && has_lora(m) ? K * N * m->opts.lora.r * es : 0, "expert LoRA A x"},
+        {&m->eu, E && has_lora(m) ? (size_t)zo_moe_expert_rows(c, 0, N, 1) * m->opts.lora.r * es : 0, "expert LoRA A x"},
     };
     if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) return st;
     if (E && L && (!(a->moe_idx_h = malloc(K * N * 4)) || !(a->moe_wp_h = malloc(K * N * 4)) ||
@@ -469,6 +471,9 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     m->moe_rows = (size_t)zo_moe_rank_rows(c, F, N, 1);
     m->ep_rows = P > 1 ? (size_t)zo_moe_rank_rows(c, F, N, P) : 0;
     size_t Mr = m->moe_rows, X = P > 1 ? m->ep_rows : Mr;
+    /* LoRA: one expert's rows at a time (zo_moe_expert_rows), its adapters'
+     * x A^T and their gradient, which the dense adapters' N rows share */
+    size_t Er = lora && E ? (size_t)zo_moe_expert_rows(c, F, N, P) : 0;
     /* [rows, columns] of the MLP's scratch: the shared expert's, the rows
      * at the experts here (the pairs kept, N top_k of them dropless, or
      * with expert parallelism what the group sends, never fewer) */
@@ -489,10 +494,12 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
             if (!recompute_ops(m)) continue;
             /* by op: the kept outputs of its own, the rest shared with layer 0 */
             tf_layer_acts *a = &m->acts[l];
-            a->qkv = a->att = a->fc = NULL; /* tf_free frees these four of a layer that fails here */
-            a->lse = NULL;
+            a->qkv = a->att = a->fc = a->qkn = NULL; /* tf_free frees these of a layer that fails here */
+            a->lse = a->qk_rstd = NULL;
             const act_req r[] = {
                 {&a->qkv, N * qkv_width(c) * es, "qkv"},
+                {&a->qkn, N * qk_heads(c) * c->head_dim * es, "q/k norm inputs"},
+                {(void **)&a->qk_rstd, N * qk_heads(c) * 4, "q/k norm rstd"},
                 {&a->att, N * q_width(c) * es, "attention"},
                 {(void **)&a->lse, (size_t)B * c->n_heads * T * 4, "attention lse"},
                 {&a->fc, N * f * es, "mlp fc/gate"},
@@ -506,6 +513,8 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
             {(void **)&a->mean1, N * 4, "ln1 mean"},
             {(void **)&a->rstd1, N * 4, "ln1 rstd"},
             {&a->qkv, N * qkv_width(c) * es, "qkv"},
+            {&a->qkn, N * qk_heads(c) * c->head_dim * es, "q/k norm inputs"},
+            {(void **)&a->qk_rstd, N * qk_heads(c) * 4, "q/k norm rstd"},
             {&a->att, N * q_width(c) * es, "attention"},
             {(void **)&a->lse, (size_t)B * c->n_heads * T * 4, "attention lse"},
             {&a->x_mid, N * h * es, "residual mid"},
@@ -563,10 +572,9 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         {&m->moe_y, Mr * h * es, "expert outputs"},
         {(void **)&m->moe_dx, Mr * h * 4, "expert input gradients"},
         {(void **)&m->moe_dscale, Mr * 4, "expert weight gradients"},
-        {(void **)&m->dlora, lora ? max_z(K ? K : 1, P > 1 ? P : 0) * N * m->opts.lora.r * 4 : 0, "LoRA gradient"},
-        /* (an expert's rows: top_k N of this rank's pairs, or N from each rank of the group) */
-        {&m->eu, lora ? max_z(K, P > 1 ? P : 0) * N * m->opts.lora.r * es : 0, "expert LoRA A x"},
-        {(void **)&m->dsink, lora ? 2 * h * 4 : 0, "frozen norm gradients"},
+        {(void **)&m->dlora, lora ? max_z(N, Er) * m->opts.lora.r * 4 : 0, "LoRA gradient"},
+        {&m->eu, Er * m->opts.lora.r * es, "expert LoRA A x"},
+        {(void **)&m->dsink, lora ? max_z(2 * h, (size_t)c->head_dim) * 4 : 0, "frozen norm gradients"},
         {&m->wdq, lora && m->opts.lora.nf4 ? largest_linear(c) * es : 0, "dequantized weight"},
         {&m->dy16, dtype == ZO_DTYPE_F32 ? 0 : max_z(widest_gradient(c, N, loss_rows(m, N)), P * N * max_z(h, fe)) * es,
          "16-bit activation gradient"},
@@ -622,6 +630,8 @@ void tf_free(tf_model *m)
                     gpu_mem_free(d, a->att);
                     gpu_mem_free(d, a->lse);
                     gpu_mem_free(d, a->fc);
+                    gpu_mem_free(d, a->qkn);
+                    gpu_mem_free(d, a->qk_rstd);
                 }
                 continue;
             }
@@ -629,7 +639,8 @@ void tf_free(tf_model *m)
                          a->lse,  a->x_mid,  a->ln2,   a->mean2,         a->rstd2,
                          a->fc,   a->up,     a->act,   a->lora_u,        a->router_logits,
                          a->router_w, a->efc, a->eup,  a->eact,          a->sgate,
-                         a->moe_idx, a->moe_wp, a->ep_x,     a->ep_wp,         a->ep_idx};
+                         a->moe_idx, a->moe_wp, a->ep_x,     a->ep_wp,         a->ep_idx,
+                         a->qkn,  a->qk_rstd};
             for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) gpu_mem_free(d, p[i]);
             free(a->ep_idx_h);
             free(a->ep_cnt);
@@ -1225,6 +1236,48 @@ static zo_status norm_backward(tf_model *m, gpu_stream_t s, const void *grads, i
     return gpu_rmsnorm_backward(s, F32(m->dres), dw, F32(m->dh), x, w, rstd, N, c->hidden);
 }
 
+
+/* Qwen3's q and k norms, in place on qkv's heads (row stride qkv_width):
+ * each query head by q_norm, each key head by k_norm, before RoPE. Training
+ * keeps their inputs and 1/rms (a->qkn, a->qk_rstd) for the backward;
+ * generation keeps neither (its acts have none). */
+static zo_status qk_norm_forward(tf_model *m, gpu_stream_t s, const tf_layer_acts *a, const void *W, int blk,
+                                 gpu_tensor qkv)
+{
+    const zo_model_config *c = &m->cfg;
+    if (!c->qk_norm) return ZO_OK;
+    const size_t N = (size_t)m->b * m->t, es = zo_dtype_size(m->dtype), qw = (size_t)q_width(c);
+    const int ld = qkv_width(c), d = c->head_dim;
+    gpu_tensor k = gpu_t((char *)qkv.data + qw * es, m->dtype);
+    gpu_tensor sq = gpu_t(a->qkn, m->dtype), sk = gpu_t(a->qkn ? (char *)a->qkn + N * qw * es : NULL, m->dtype);
+    float *rq = a->qk_rstd, *rk = a->qk_rstd ? a->qk_rstd + N * (size_t)c->n_heads : NULL;
+    zo_status st = gpu_head_rmsnorm_forward(s, qkv, ld, sq, rq, bview(m, W, blk, MODEL_ROLE_Q_NORM_W), (int)N,
+                                            c->n_heads, d, c->norm_eps);
+    if (st != ZO_OK) return st;
+    return gpu_head_rmsnorm_forward(s, k, ld, sk, rk, bview(m, W, blk, MODEL_ROLE_K_NORM_W), (int)N, c->n_kv_heads,
+                                    d, c->norm_eps);
+}
+
+/* Their backward, in place on dqkv's q and k heads (the gradient of the
+ * norms' outputs in, of their inputs out); the weights' gradients into
+ * `grads`, or with LoRA (frozen norms) into a scratch nobody reads. */
+static zo_status qk_norm_backward(tf_model *m, gpu_stream_t s, const tf_layer_acts *a, const void *W,
+                                  const void *grads, int blk)
+{
+    const zo_model_config *c = &m->cfg;
+    if (!c->qk_norm) return ZO_OK;
+    const size_t N = (size_t)m->b * m->t, es = zo_dtype_size(m->dtype), qw = (size_t)q_width(c);
+    const int ld = qkv_width(c), d = c->head_dim;
+    gpu_tensor dq = F32(m->dqkv), dk = F32(m->dqkv + qw);
+    gpu_tensor dwq = tf_view(m, grads, blk, MODEL_ROLE_Q_NORM_W), dwk = tf_view(m, grads, blk, MODEL_ROLE_K_NORM_W);
+    if (has_lora(m)) dwq = dwk = F32(m->dsink);
+    zo_status st = gpu_head_rmsnorm_backward(s, dq, ld, dwq, gpu_t(a->qkn, m->dtype), bview(m, W, blk, MODEL_ROLE_Q_NORM_W),
+                                             a->qk_rstd, (int)N, c->n_heads, d);
+    if (st != ZO_OK) return st;
+    return gpu_head_rmsnorm_backward(s, dk, ld, dwk, gpu_t((char *)a->qkn + N * qw * es, m->dtype),
+                                     bview(m, W, blk, MODEL_ROLE_K_NORM_W), a->qk_rstd + N * (size_t)c->n_heads,
+                                     (int)N, c->n_kv_heads, d);
+}
 
 /* ---- mixture of experts ----------------------------------------------------------------
  * The MLP of an MoE layer, as Hugging Face's MixtralSparseMoeBlock and
@@ -1851,15 +1904,17 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
     gpu_tensor x_mid = gpu_t(a->x_mid, dt), ln2 = gpu_t(a->ln2, dt), tmp = gpu_t(m->tmp, dt);
     gpu_tensor fc = gpu_t(a->fc, dt), act = gpu_t(a->act, dt);
 
-    const int kept = recompute && recompute_ops(m); /* qkv, att, lse, fc are the forward's */
-    /* attention: ln1 = norm(x); qkv[N, q+2kv] = ln1 Wqkv^T (+ b) (+ adapters); RoPE on q, k */
+    const int kept = recompute && recompute_ops(m); /* qkv (qkn, qk_rstd), att, lse, fc are the forward's */
+    /* attention: ln1 = norm(x); qkv[N, q+2kv] = ln1 Wqkv^T (+ b) (+ adapters); Qwen3's
+     * norms on each q and k head; RoPE on q, k */
     if ((st = norm_forward(m, s, ln1, a->mean1, a->rstd1, x, bview(m, W, blk, MODEL_ROLE_LN1_W),
                            bview(m, W, blk, MODEL_ROLE_LN1_B), N)) != ZO_OK)
         return st;
     if (!kept) {
         if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_QKV_W, MODEL_ROLE_QKV_B, qkv, ld, ln1, N,
                                       ld, h)) != ZO_OK ||
-            (st = lora_forward(m, s, l, bb, TF_LORA_QKV, ln1, qkv, ld)) != ZO_OK)
+            (st = lora_forward(m, s, l, bb, TF_LORA_QKV, ln1, qkv, ld)) != ZO_OK ||
+            (st = qk_norm_forward(m, s, a, W, blk, qkv)) != ZO_OK)
             return st;
         if (!is_gpt(m) && (st = rope_rows(m, s, qkv, ld)) != ZO_OK) return st;
         gpu_attn_desc ad = {.b = m->b, .t = m->t, .hq = c->n_heads, .hkv = c->n_kv_heads, .d = c->head_dim,
@@ -1989,7 +2044,9 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     if ((st = gpu_attention_backward(s, &ad, dqkv, datt, qkv, att, a->lse)) != ZO_OK) return st;
     if (!is_gpt(m) && (st = rope_heads(m, s, dqkv, N, ld, 0, 1)) != ZO_OK)
         return st;
-    if ((st = linear_role_backward(m, l, bb, s, qkvp, dh, 0.0f, dqkv, ln1)) != ZO_OK) return st;
+    if ((st = qk_norm_backward(m, s, a, W, G, blk)) != ZO_OK ||
+        (st = linear_role_backward(m, l, bb, s, qkvp, dh, 0.0f, dqkv, ln1)) != ZO_OK)
+        return st;
     /* dres (= d x) += norm1 backward */
     return norm_backward(m, s, G, blk, MODEL_ROLE_LN1_W, MODEL_ROLE_LN1_B, x,
                          bview(m, W, blk, MODEL_ROLE_LN1_W), a->mean1, a->rstd1, N);
@@ -2272,7 +2329,8 @@ void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_
         if (t->block != block) continue;
         float *p = dst + t->offset;
         int is_norm = t->role == MODEL_ROLE_LN1_W || t->role == MODEL_ROLE_LN2_W ||
-                      t->role == MODEL_ROLE_NORM_W;
+                      t->role == MODEL_ROLE_NORM_W || t->role == MODEL_ROLE_Q_NORM_W ||
+                      t->role == MODEL_ROLE_K_NORM_W;
         if (t->ndim == 1) {
             for (size_t e = 0; e < t->numel; e++) p[e] = is_norm ? 1.0f : 0.0f;
             continue;

@@ -51,6 +51,8 @@ typedef struct tf_layer_acts {
     void *ln1;        /* [N, h]  normed input of attention */
     float *mean1, *rstd1; /* [N] */
     void *qkv;        /* [N, (hq + 2 hkv) d], after RoPE */
+    void *qkn;        /* Qwen3 (qk_norm): the q/k norms' inputs, q's [N, hq d] then k's [N, hkv d] */
+    float *qk_rstd;   /* their 1/rms per head: q's [N, hq] then k's [N, hkv] */
     void *att;        /* [N, hq d] attention output */
     float *lse;       /* [B, hq, T] */
     void *x_mid;      /* [N, h]  residual after attention */

@@ -273,7 +273,7 @@ void gen_report_start(const gen_run *r)
     gpu_mem_get_stats(r->dev, &ms);
     fprintf(stderr, "# generate: %s (%s), %llu parameters, %d layers, hidden %d, vocab %d; dtype %s; %d sequence(s) "
             "(buffers for %d x %d positions, prompts up to %d); device %s, %s in use of %s\n",
-            r->cfg.name, zo_arch_name(r->cfg.arch), (unsigned long long)zo_model_params(&r->cfg), r->cfg.n_layers,
+            r->cfg.name, zo_model_family_name(&r->cfg), (unsigned long long)zo_model_params(&r->cfg), r->cfg.n_layers,
             r->cfg.hidden, r->cfg.vocab, zo_dtype_name(a->dtype), r->n, r->batch, r->ctx, r->prompt_max,
             gpu_device_name(r->dev), zo_format_bytes(ms.in_use, b1, sizeof b1),
             ms.capacity ? zo_format_bytes(ms.capacity, b2, sizeof b2) : "unlimited");

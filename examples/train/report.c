@@ -105,7 +105,7 @@ static void print_header(const train_run *r)
     gpu_mem_get_stats(r->dev, &ms);
     printf("# train: %s (%s), %llu parameters, %d layers, hidden %d, vocab %d; dtype %s (%s); "
            "batch %ld x %ld x %d; data %s (%llu tokens); device %s, %s in use of %s\n",
-           cfg->name, zo_arch_name(cfg->arch), (unsigned long long)r->trained->total_numel,
+           cfg->name, zo_model_family_name(cfg), (unsigned long long)r->trained->total_numel,
            cfg->n_layers, cfg->hidden, cfg->vocab, zo_dtype_name(a->dtype), a->dtype_from, a->micro_batch, a->seq,
            r->accum,
            a->data, (unsigned long long)r->tokens.n, gpu_device_name(r->dev),
@@ -163,8 +163,11 @@ void report_step(const train_run *r, const ft_record *rec, int skipped)
 
 void report_eval(const train_run *r, const ft_record *rec, uint64_t counted)
 {
-    printf("eval step %ld loss %.6f ppl %.4f (%ld batches, %llu tokens)\n", rec->step, rec->eval_loss,
-           rec->eval_ppl, r->a->eval_batches, (unsigned long long)counted);
+    char dropped[48] = "";
+    if (r->m.opts.capacity_factor > 0) /* this rank's pairs of the evaluation */
+        snprintf(dropped, sizeof dropped, " dropped %.2f%%", dropped_pct(r->eval_dropped, r->eval_pairs));
+    printf("eval step %ld loss %.6f ppl %.4f (%ld batches, %llu tokens)%s\n", rec->step, rec->eval_loss,
+           rec->eval_ppl, r->a->eval_batches, (unsigned long long)counted, dropped);
 }
 
 zo_status report_record(train_report *rp, const ft_record *rec)
@@ -305,7 +308,8 @@ static cJSON *ep_json(const train_run *r)
 }
 
 /* An MoE model's routing over the run's steps: the capacity factor and
- * the (token, expert) pairs every rank's micro-batches routed and dropped. */
+ * the (token, expert) pairs every rank's micro-batches routed and dropped;
+ * over the run's evaluations, this rank's. */
 static cJSON *moe_json(const train_run *r)
 {
     cJSON *e = cJSON_CreateObject();
@@ -313,6 +317,8 @@ static cJSON *moe_json(const train_run *r)
     cJSON_AddNumberToObject(e, "capacity_factor", r->m.opts.capacity_factor);
     cJSON_AddNumberToObject(e, "pairs", (double)r->moe_pairs);
     cJSON_AddNumberToObject(e, "dropped", (double)r->moe_dropped);
+    cJSON_AddNumberToObject(e, "eval_pairs", (double)r->moe_eval_pairs);
+    cJSON_AddNumberToObject(e, "eval_dropped", (double)r->moe_eval_dropped);
     return e;
 }
 

@@ -17,6 +17,7 @@
 #include "examples/train/inputs.h"   /* defines: inputs_load_config, inputs_open_data, ... */
 #include "examples/train/report.h"   /* defines: report_lora, report_placement, ... */
 #include "examples/train/weights.h"  /* defines: weights_load, weights_save, weights_write */
+#include "gpu/ops_cpu.h"             /* defines: gpu_cpu_inject_faults */
 
 /* ---- signals and test seams -------------------------------------------------------- */
 
@@ -92,12 +93,22 @@ static void ckpt_hook(void *user, const char *point)
         signal(SIGXFSZ, SIG_IGN);
         setrlimit(RLIMIT_FSIZE, &lim);
     }
+    /* test seam: ZO_TRAIN_CKPT_DEVFAIL="RANK:POINT": at a save's POINT
+     * (offload_save_streamed's hook), the next copy on rank RANK's CPU
+     * device fails, as a failing GPU's would (gpu_cpu_inject_faults) */
+    if (r->devfail_rank == r->rank && !strcmp(point, r->devfail_point)) {
+        gpu_cpu_faults f = {.copy_fail = 1};
+        if (gpu_cpu_inject_faults(r->dev, &f) != ZO_OK) /* (a CUDA device takes none: said, not silent) */
+            fprintf(stderr, "train: ZO_TRAIN_CKPT_DEVFAIL: %s\n", zo_last_error());
+        r->devfail_rank = -1; /* once */
+    }
 }
 
 zo_status run_init(train_run *r, train_args *a)
 {
     *r = (train_run){.a = a, .phase = RUN_INPUT, .eot = -1, .tokens = {.fd = -1}, .eval = {.fd = -1},
-                     .ranks = 1, .accum = 1, .kill_rank = -1, .kill_step = -1, .fsize_rank = -1};
+                     .ranks = 1, .accum = 1, .kill_rank = -1, .kill_step = -1, .fsize_rank = -1,
+                     .devfail_rank = -1};
     catch_stop_signals();
     const char *kill_spec = getenv("ZO_TRAIN_KILL"); /* kills rank RANK in step STEP */
     if (kill_spec && sscanf(kill_spec, "%ld:%ld", &r->kill_rank, &r->kill_step) != 2)
@@ -105,6 +116,9 @@ zo_status run_init(train_run *r, train_args *a)
     const char *fsize_spec = getenv("ZO_TRAIN_CKPT_FSIZE");
     if (fsize_spec && (sscanf(fsize_spec, "%ld:%ld", &r->fsize_rank, &r->fsize_bytes) != 2 || r->fsize_bytes < 0))
         return zo_error(ZO_ERR_INVALID, "ZO_TRAIN_CKPT_FSIZE=%s is not RANK:BYTES", fsize_spec);
+    const char *devfail_spec = getenv("ZO_TRAIN_CKPT_DEVFAIL");
+    if (devfail_spec && sscanf(devfail_spec, "%ld:%31s", &r->devfail_rank, r->devfail_point) != 2)
+        return zo_error(ZO_ERR_INVALID, "ZO_TRAIN_CKPT_DEVFAIL=%s is not RANK:POINT", devfail_spec);
     r->pause_spec = getenv("ZO_TRAIN_CKPT_PAUSE");
     if (r->pause_spec) {
         int p[2]; /* the handler's end never blocks */
@@ -113,7 +127,7 @@ zo_status run_init(train_run *r, train_args *a)
         stop_wake_read = p[0];
         stop_wake_fd = p[1];
     }
-    if (r->pause_spec || fsize_spec) {
+    if (r->pause_spec || fsize_spec || devfail_spec) {
         a->p.cfg.ckpt_hook = ckpt_hook;
         a->p.cfg.ckpt_hook_user = r;
     }
@@ -552,6 +566,9 @@ zo_status run_evaluate(train_run *r, ft_record *rec, uint64_t *counted)
 {
     double sum = 0;
     *counted = 0;
+    /* the evaluation routes with the training's capacity factor: its pairs
+     * dropped are counted apart from the steps' */
+    uint64_t pairs0 = r->m.moe_pairs, dropped0 = r->m.moe_dropped;
     for (long j = 0; j < r->a->eval_batches; j++) {
         float l;
         zo_status st = run_batch(r, &r->eval, j, 0, &l);
@@ -559,6 +576,10 @@ zo_status run_evaluate(train_run *r, ft_record *rec, uint64_t *counted)
         sum += (double)l * r->m.n_targets;
         *counted += (uint64_t)r->m.n_targets;
     }
+    r->eval_pairs = r->m.moe_pairs - pairs0;
+    r->eval_dropped = r->m.moe_dropped - dropped0;
+    r->moe_eval_pairs += r->eval_pairs;
+    r->moe_eval_dropped += r->eval_dropped;
     rec->has_eval = 1;
     rec->eval_loss = *counted ? sum / (double)*counted : NAN;
     rec->eval_ppl = exp(rec->eval_loss);
@@ -603,7 +624,7 @@ int run_check_plan(train_args *a)
     const offload_config *oc = &a->p.cfg;
     printf("# check-plan: %s (%s), %llu parameters, %d layers, hidden %d, vocab %d; dtype %s; "
            "batch %ld x %ld x %d: the plan is for this model and one rank\n",
-           cfg.name, zo_arch_name(cfg.arch), (unsigned long long)zo_model_params(&cfg), cfg.n_layers,
+           cfg.name, zo_model_family_name(&cfg), (unsigned long long)zo_model_params(&cfg), cfg.n_layers,
            cfg.hidden, cfg.vocab, zo_dtype_name(a->dtype), a->micro_batch, a->seq,
            oc->grad_accum ? oc->grad_accum : 1);
     if (inputs_lora_choice(a, &cfg) != ZO_OK) {

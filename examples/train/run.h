@@ -60,9 +60,16 @@ typedef struct train_run {
     run_step_sums *sums;            /* [ranks] a step's, every rank's */
     uint64_t step_pairs, step_dropped; /* the last step's (token, expert) pairs, every rank's: routed, dropped */
     uint64_t moe_pairs, moe_dropped;   /* the same over the run's steps (tf_options.capacity_factor) */
+    /* the last evaluation's pairs, routed and dropped, and the same over the
+     * run's evaluations: this rank's (every rank evaluates the same batches
+     * and routes them alike, with --ep too: each drops among its own tokens) */
+    uint64_t eval_pairs, eval_dropped;
+    uint64_t moe_eval_pairs, moe_eval_dropped;
     long kill_rank, kill_step;      /* test seam ZO_TRAIN_KILL="RANK:STEP" */
     const char *pause_spec;         /* test seam ZO_TRAIN_CKPT_PAUSE="POINT:N:FD", or NULL */
     long fsize_rank, fsize_bytes;   /* test seam ZO_TRAIN_CKPT_FSIZE="RANK:BYTES" */
+    long devfail_rank;              /* test seam ZO_TRAIN_CKPT_DEVFAIL="RANK:POINT" */
+    char devfail_point[32];
     int quiet;                      /* the failure is every rank's alike and rank 0 says it */
 } train_run;
 

@@ -121,6 +121,12 @@ zo_status cuda_launch_rmsnorm_forward(cudaStream_t st, gpu_tensor y, float *rstd
 zo_status cuda_launch_rmsnorm_backward(cudaStream_t st, gpu_tensor dx, gpu_tensor dw,
                                        gpu_tensor dy, gpu_tensor x, gpu_tensor w,
                                        const float *rstd, int n, int c);
+zo_status cuda_launch_head_rmsnorm_forward(cudaStream_t st, gpu_tensor x, int64_t ldx,
+                                           gpu_tensor saved, float *rstd, gpu_tensor w, int n,
+                                           int heads, int d, float eps);
+zo_status cuda_launch_head_rmsnorm_backward(cudaStream_t st, gpu_tensor dx, int64_t ldx,
+                                            gpu_tensor dw, gpu_tensor saved, gpu_tensor w,
+                                            const float *rstd, int n, int heads, int d);
 
 /* attention.cu: head dims up to CUDA_ATTN_MAX_D */
 #define CUDA_ATTN_MAX_D 256

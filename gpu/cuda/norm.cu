@@ -59,6 +59,42 @@ __global__ void layernorm_backward_dx_kernel(gpu_tensor dx, gpu_tensor dy, gpu_t
     }
 }
 
+/* One warp's row of c: y[yo..] = x[xo..] * rstd * w (y may be x), rstd =
+ * 1/sqrt(mean(x^2) + eps) returned; x's values copied to saved[so..] when
+ * saved.data is not NULL */
+__device__ __forceinline__ float rmsnorm_warp_row(gpu_tensor y, size_t yo, gpu_tensor x, size_t xo, gpu_tensor saved,
+                                                 size_t so, gpu_tensor w, int c, float eps, int lane)
+{
+    double ss = 0.0;
+    for (int j = lane; j < c; j += WARP) {
+        float v = tload(x, xo + j);
+        ss += (double)v * v;
+    }
+    float rs = (float)(1.0 / sqrt(warp_sum_d(ss) / c + (double)eps));
+    for (int j = lane; j < c; j += WARP) {
+        float v = tload(x, xo + j);
+        if (saved.data) tstore(saved, so + j, v);
+        tstore(y, yo + j, v * rs * tload(w, j));
+    }
+    return rs;
+}
+
+/* One warp's row of c: dx[dxo..] (+)= rstd * (dy*w - x*rstd * mean(dy*w * x*rstd)),
+ * added to dx when add, else written (dx may then be dy: in place) */
+__device__ __forceinline__ void rmsnorm_warp_dx(gpu_tensor dx, size_t dxo, gpu_tensor dy, size_t dyo, gpu_tensor x,
+                                               size_t xo, gpu_tensor w, float rs, int c, int add, int lane)
+{
+    double s2 = 0.0;
+    for (int j = lane; j < c; j += WARP)
+        s2 += (double)(tload(dy, dyo + j) * tload(w, j)) * (tload(x, xo + j) * rs);
+    float m2 = (float)(warp_sum_d(s2) / c);
+    for (int j = lane; j < c; j += WARP) {
+        float dxh = tload(dy, dyo + j) * tload(w, j), xv = tload(x, xo + j);
+        float g = rs * (dxh - xv * rs * m2);
+        tstore(dx, dxo + j, add ? tload(dx, dxo + j) + g : g);
+    }
+}
+
 /* y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps); one warp per row */
 __global__ void rmsnorm_forward_kernel(gpu_tensor y, float *rstd, gpu_tensor x, gpu_tensor w,
                                        int n, int c, float eps)
@@ -66,13 +102,8 @@ __global__ void rmsnorm_forward_kernel(gpu_tensor y, float *rstd, gpu_tensor x, 
     int lane = threadIdx.x % WARP, r = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
     if (r >= n) return;
     size_t off = (size_t)r * c;
-    double ss = 0.0;
-    for (int j = lane; j < c; j += WARP) {
-        float v = tload(x, off + j);
-        ss += (double)v * v;
-    }
-    float rs = (float)(1.0 / sqrt(warp_sum_d(ss) / c + (double)eps));
-    for (int j = lane; j < c; j += WARP) tstore(y, off + j, tload(x, off + j) * rs * tload(w, j));
+    gpu_tensor none = {NULL, ZO_DTYPE_F32};
+    float rs = rmsnorm_warp_row(y, off, x, off, none, 0, w, c, eps, lane);
     if (lane == 0) rstd[r] = rs;
 }
 
@@ -83,15 +114,7 @@ __global__ void rmsnorm_backward_dx_kernel(gpu_tensor dx, gpu_tensor dy, gpu_ten
     int lane = threadIdx.x % WARP, r = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
     if (r >= n) return;
     size_t off = (size_t)r * c;
-    float rs = rstd[r];
-    double s2 = 0.0;
-    for (int j = lane; j < c; j += WARP)
-        s2 += (double)(tload(dy, off + j) * tload(w, j)) * (tload(x, off + j) * rs);
-    float m2 = (float)(warp_sum_d(s2) / c);
-    for (int j = lane; j < c; j += WARP) {
-        float dxh = tload(dy, off + j) * tload(w, j), xv = tload(x, off + j);
-        tstore(dx, off + j, tload(dx, off + j) + rs * (dxh - xv * rs * m2));
-    }
+    rmsnorm_warp_dx(dx, off, dy, off, x, off, w, rstd[r], c, 1, lane);
 }
 
 /* dw[j] += sum_r dy[r,j] * (x[r,j] - mean[r]) * rstd[r]; db[j] += sum_r dy[r,j]
@@ -121,6 +144,53 @@ __global__ void norm_param_grads_kernel(gpu_tensor dw, gpu_tensor db, gpu_tensor
         }
         tstore(dw, j, tload(dw, j) + sw);
         if (db.data) tstore(db, j, tload(db, j) + sb);
+    }
+}
+
+/* RMSNorm of each head, in place: one warp per (row, head); row r's head h
+ * starts at r*ldx + h*d; saved [n*heads, d] and rstd [n*heads] when given */
+__global__ void head_rmsnorm_forward_kernel(gpu_tensor x, int64_t ldx, gpu_tensor saved, float *rstd,
+                                            gpu_tensor w, int n, int heads, int d, float eps)
+{
+    int lane = threadIdx.x % WARP;
+    long long ri = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
+    if (ri >= (long long)n * heads) return;
+    size_t off = (size_t)(ri / heads) * (size_t)ldx + (size_t)(ri % heads) * d;
+    float rs = rmsnorm_warp_row(x, off, x, off, saved, (size_t)ri * d, w, d, eps, lane);
+    if (lane == 0 && rstd) rstd[ri] = rs;
+}
+
+/* dx = rstd * (dy*w - x*rstd * mean(dy*w * x*rstd)), in place (dx holds dy);
+ * one warp per (row, head), x the saved input */
+__global__ void head_rmsnorm_backward_dx_kernel(gpu_tensor dx, int64_t ldx, gpu_tensor x, gpu_tensor w,
+                                                const float *rstd, int n, int heads, int d)
+{
+    int lane = threadIdx.x % WARP;
+    long long ri = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
+    if (ri >= (long long)n * heads) return;
+    size_t off = (size_t)(ri / heads) * (size_t)ldx + (size_t)(ri % heads) * d;
+    rmsnorm_warp_dx(dx, off, dx, off, x, (size_t)ri * d, w, rstd[ri], d, 0, lane);
+}
+
+/* dw[j] += sum over (row, head) of dy * x * rstd, dy at the heads' strided
+ * places; block (COLS, ROWG) as norm_param_grads_kernel, fixed order */
+__global__ void head_norm_grads_kernel(gpu_tensor dw, gpu_tensor dy, int64_t ldy, gpu_tensor x,
+                                       const float *rstd, int n, int heads, int d)
+{
+    __shared__ float pw[ROWG][COLS + 1];
+    int j = blockIdx.x * COLS + threadIdx.x;
+    float aw = 0.0f;
+    if (j < d)
+        for (long long ri = threadIdx.y; ri < (long long)n * heads; ri += ROWG) {
+            size_t o = (size_t)(ri / heads) * (size_t)ldy + (size_t)(ri % heads) * d + j;
+            aw += tload(dy, o) * tload(x, (size_t)ri * d + j) * rstd[ri];
+        }
+    pw[threadIdx.y][threadIdx.x] = aw;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < d) {
+        float sw = 0.0f;
+        for (int g = 0; g < ROWG; g++) sw += pw[g][threadIdx.x];
+        tstore(dw, j, tload(dw, j) + sw);
     }
 }
 
@@ -177,4 +247,30 @@ extern "C" zo_status cuda_launch_rmsnorm_backward(cudaStream_t st, gpu_tensor dx
     if (s != ZO_OK) return s;
     gpu_tensor none = {NULL, ZO_DTYPE_F32};
     return launch_param_grads(st, dw, none, dy, x, NULL, rstd, n, c);
+}
+
+extern "C" zo_status cuda_launch_head_rmsnorm_forward(cudaStream_t st, gpu_tensor x, int64_t ldx,
+                                                      gpu_tensor saved, float *rstd, gpu_tensor w,
+                                                      int n, int heads, int d, float eps)
+{
+    long long rows = (long long)n * heads;
+    ZO_LAUNCH(head_rmsnorm_forward_kernel, (unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK),
+              ROWS_PER_BLOCK * WARP, 0, st, x, ldx, saved, rstd, w, n, heads, d, eps);
+    return cuda_launch_check("head_rmsnorm_forward_kernel");
+}
+
+extern "C" zo_status cuda_launch_head_rmsnorm_backward(cudaStream_t st, gpu_tensor dx, int64_t ldx,
+                                                       gpu_tensor dw, gpu_tensor saved, gpu_tensor w,
+                                                       const float *rstd, int n, int heads, int d)
+{
+    /* the weight's gradient first, while dx still holds the output's */
+    dim3 block(COLS, ROWG);
+    ZO_LAUNCH(head_norm_grads_kernel, (d + COLS - 1) / COLS, block, 0, st, dw, dx, ldx, saved, rstd, n,
+              heads, d);
+    zo_status s = cuda_launch_check("head_norm_grads_kernel");
+    if (s != ZO_OK) return s;
+    long long rows = (long long)n * heads;
+    ZO_LAUNCH(head_rmsnorm_backward_dx_kernel, (unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK),
+              ROWS_PER_BLOCK * WARP, 0, st, dx, ldx, saved, w, rstd, n, heads, d);
+    return cuda_launch_check("head_rmsnorm_backward_dx_kernel");
 }

@@ -54,6 +54,18 @@ static zo_status cuda_run_rmsnorm_backward(const cuda_exec *e, const gpu_op_args
                                         a->p[0], (int)a->i[0], (int)a->i[1]);
 }
 
+static zo_status cuda_run_head_rmsnorm_forward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_head_rmsnorm_forward(e->stream, a->t[0], a->i[3], a->t[2], a->p[0], a->t[1],
+                                            (int)a->i[0], (int)a->i[1], (int)a->i[2], a->f[0]);
+}
+
+static zo_status cuda_run_head_rmsnorm_backward(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_head_rmsnorm_backward(e->stream, a->t[0], a->i[3], a->t[1], a->t[2], a->t[3],
+                                             a->p[0], (int)a->i[0], (int)a->i[1], (int)a->i[2]);
+}
+
 /* Whether attention over qkv of this shape takes the GEMM path (*gemm). */
 static zo_status attention_path(const cuda_exec *e, const gpu_attn_desc *d, zo_dtype qkv, int *gemm)
 {
