@@ -105,14 +105,11 @@ FAMILIES = {
     # sqrt(1 + ln 2 / ln 64)); PEFT's fused adapters, named by our targets
     "phi3": dict(
         seed=52,
-        config={"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "num_hidden_layers": 4,
-                "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1,
-                "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 128,
-                "original_max_position_embeddings": 64, "hidden_act": "silu", "rms_norm_eps": 1e-5,
-                "rope_theta": 10000.0, "sliding_window": 24,
-                "rope_scaling": {"type": "longrope", "short_factor": [1 + (i % 4) / 4 for i in range(64)],
-                                 "long_factor": [1 + i for i in range(64)]},
-                "tie_word_embeddings": False, "eos_token_id": 127, "torch_dtype": "float32"},
+        config=dict(e2e.FAMILIES["phi3"]["config"], num_hidden_layers=4, hidden_size=256,
+                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                    sliding_window=24, eos_token_id=127,
+                    rope_scaling={"type": "longrope", "short_factor": [1 + (i % 4) / 4 for i in range(64)],
+                                  "long_factor": [1 + i for i in range(64)]}),
         lora=dict(r=4, alpha=8.0, targets=["v", "o", "up", "down"],
                   peft=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])),
     # mixtures of experts, 4 layers so that the streamed runs' device memory (three quarters of

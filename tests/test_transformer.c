@@ -23,6 +23,7 @@
 #include "model/hf.h"          /* defines: model_hf_save, model_hf_config */
 #include "model/safetensors.h" /* defines: model_st_open, model_load_path */
 #include "tests/support/check.h" /* defines: check_close_f32 */
+#include "tests/support/files.h" /* defines: files_write_text */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer, tf_model */
 #include "tests/support/run.h"         /* defines: run_capture */
 #include "transformer/generate.h"      /* defines: tf_gen, tf_gen_prompt, tf_gen_next */
@@ -827,6 +828,12 @@ static void lora_workdir(const char *tag, char dir[64], char text[128])
  * run must show: the trainable count (--lora), entries adapter_config.json
  * lists and one it must not, an adapter tensor under PEFT's name (with its
  * shape when rows > 0). */
+/* A Phi-3 for train's end-to-end runs: GQA, a window of 15 over sequences of 32. */
+#define PHI3_TINY_CONFIG                                                                                      \
+    "{\"model_type\": \"phi3\", \"num_hidden_layers\": 2, \"hidden_size\": 32, \"num_attention_heads\": 4, " \
+    "\"num_key_value_heads\": 2, \"intermediate_size\": 48, \"vocab_size\": 256, "                           \
+    "\"max_position_embeddings\": 64, \"sliding_window\": 15}"
+
 typedef struct lora_case {
     const char *tag, *config_json, *trainable;
     const char *lists[3], *not_listed;
@@ -840,9 +847,7 @@ static void run_train_lora(const lora_case *lc)
     lora_workdir(lc->tag, dir, text);
     snprintf(ad, sizeof ad, "%s/adapter", dir);
     snprintf(cfg, sizeof cfg, "%s/config.json", dir);
-    FILE *f = fopen(cfg, "w");
-    fprintf(f, "%s\n", lc->config_json);
-    fclose(f);
+    files_write_text(cfg, lc->config_json);
     static char out[1 << 16];
     const char *common = "--text --micro-batch 4 --seq 32 --threads 2 --lora 4 --lora-targets all-linear";
     for (int q = 0; q < 2; q++) {
@@ -913,9 +918,7 @@ static void test_train_phi3_lora(void **state)
 {
     (void)state;
     const lora_case phi3 = {"phi3",
-                            "{\"model_type\": \"phi3\", \"num_hidden_layers\": 2, \"hidden_size\": 32, "
-                            "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 48, "
-                            "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"sliding_window\": 15}",
+                            PHI3_TINY_CONFIG,
                             "2944 trainable parameters",
                             {"\"qkv_proj\"", "\"gate_up_proj\""},
                             "\"q_proj\"",
@@ -949,11 +952,7 @@ static void test_train_phi3_resume(void **state)
     char dir[64], text[128], cmd[1400];
     lora_workdir("phi3_resume", dir, text);
     snprintf(cmd, sizeof cmd, "%s/config.json", dir);
-    FILE *f = fopen(cmd, "w");
-    fprintf(f, "{\"model_type\": \"phi3\", \"num_hidden_layers\": 2, \"hidden_size\": 32, "
-               "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 48, "
-               "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"sliding_window\": 15}\n");
-    fclose(f);
+    files_write_text(cmd, PHI3_TINY_CONFIG "\n");
     static char out[1 << 16], a[4096], b[4096];
     const char *run = "%s --model %s/config.json --data %s/text.txt --text --micro-batch 4 --seq 32 --threads 2 "
                       "--lr 1e-2 %s 2>&1";
