@@ -6,7 +6,8 @@
 #include <string.h>
 #include <strings.h>
 
-/* Target names: ours, PEFT's LLaMA module names, PEFT's GPT-2 module names. */
+/* Target names: ours, PEFT's LLaMA module names, PEFT's GPT-2 and Phi-3
+ * module names. */
 static const struct {
     const char *name;
     unsigned bits;
@@ -26,6 +27,8 @@ static const struct {
     {"up_proj", ZO_LORA_UP},
     {"down_proj", ZO_LORA_DOWN},
     {"c_attn", ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V},
+    {"qkv_proj", ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V},
+    {"gate_up_proj", ZO_LORA_GATE | ZO_LORA_UP},
     {"c_fc", ZO_LORA_UP},
     {"c_proj", ZO_LORA_O | ZO_LORA_DOWN},
     {"w1", ZO_LORA_GATE},
@@ -113,6 +116,13 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
         {ZO_LORA_UP, "up_proj", "mlp.up_proj", h, f, 0, NULL},
         {ZO_LORA_DOWN, "down_proj", "mlp.down_proj", f, h, 0, NULL},
     };
+    /* Phi-3: q|k|v and gate|up are one Linear each */
+    const zo_lora_module phi3[] = {
+        {ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V, "qkv_proj", "self_attn.qkv_proj", h, q + 2 * kv, 0, NULL},
+        llama[3],
+        {ZO_LORA_GATE | ZO_LORA_UP, "gate_up_proj", "mlp.gate_up_proj", h, 2 * f, 0, NULL},
+        llama[6],
+    };
     /* a mixture of experts: the attention's, then the routed experts' (each
      * module once per expert), then the shared expert's */
     const int mixtral = !strcmp(c->family, "mixtral");
@@ -127,11 +137,12 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
         {ZO_LORA_UP, "up_proj", "mlp.shared_expert.up_proj", h, fs, 0, NULL},
         {ZO_LORA_DOWN, "down_proj", "mlp.shared_expert.down_proj", fs, h, 0, NULL},
     };
-    int gpt2 = c->arch == ZO_ARCH_GPT, n = 0;
-    const zo_lora_module *all = gpt2 ? gpt : E ? moe : llama;
-    size_t count = gpt2 ? sizeof gpt / sizeof gpt[0]
-                   : E  ? sizeof moe / sizeof moe[0] - (fs ? 0 : 3)
-                        : sizeof llama / sizeof llama[0];
+    int gpt2 = c->arch == ZO_ARCH_GPT, fused = !E && !strcmp(c->family, "phi3"), n = 0;
+    const zo_lora_module *all = gpt2 ? gpt : E ? moe : fused ? phi3 : llama;
+    size_t count = gpt2    ? sizeof gpt / sizeof gpt[0]
+                   : E     ? sizeof moe / sizeof moe[0] - (fs ? 0 : 3)
+                   : fused ? sizeof phi3 / sizeof phi3[0]
+                           : sizeof llama / sizeof llama[0];
     for (size_t i = 0; i < count; i++)
         if (targets & all[i].targets) out[n++] = all[i];
     return n;

@@ -15,6 +15,10 @@
  * default for gpt2 is ["c_attn"]), one adapter covers the fused layer, A
  * [r, h] and B [3h, r], so any of q, k, v on GPT-2 means c_attn; o is
  * attn.c_proj, up is mlp.c_fc, down is mlp.c_proj, and GPT-2 has no gate.
+ * Phi-3 (Phi-3.5, Phi-4) fuses the same way, as PEFT targets it: any of q,
+ * k, v means self_attn.qkv_proj (A [r, h], B [q + 2kv, r]) and either of
+ * gate, up means mlp.gate_up_proj (A [r, h], B [2f, r], gate's rows first);
+ * o and down are o_proj and down_proj.
  *
  * A mixture-of-experts layer (Mixtral, Qwen2-MoE) has no dense MLP: gate,
  * up and down adapt every routed expert's projection (Mixtral's
@@ -65,8 +69,9 @@ typedef struct zo_lora_module {
 } zo_lora_module;
 
 /* Parse a comma-separated list of q, k, v, o, gate, up, down (PEFT's module
- * names q_proj ... down_proj, c_attn, c_fc, c_proj, and Mixtral's experts'
- * w1 (gate), w3 (up), w2 (down) are accepted too), or "all-linear".
+ * names q_proj ... down_proj, c_attn, c_fc, c_proj, Phi-3's qkv_proj and
+ * gate_up_proj, and Mixtral's experts' w1 (gate), w3 (up), w2 (down) are
+ * accepted too), or "all-linear".
  * ZO_ERR_INVALID names the unknown entry. */
 zo_status zo_lora_targets_parse(const char *s, unsigned *out);
 /* "q,v", or "all-linear" for every bit. */
@@ -82,6 +87,7 @@ zo_status zo_lora_check(const zo_model_config *cfg, const zo_lora_config *lc);
 
 /* The adapted linear layers of one transformer layer, in the layer's order
  * (LLaMA: q k v o gate up down; GPT-2: c_attn, attn.c_proj, c_fc, mlp.c_proj;
+ * Phi-3: qkv_proj, o_proj, gate_up_proj, down_proj;
  * an MoE layer: q k v o, the routed experts' gate up down (each module
  * `experts` times), the shared expert's gate up down); returns their count. */
 int zo_lora_layer_modules(const zo_model_config *cfg, unsigned targets,

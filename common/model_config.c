@@ -73,6 +73,14 @@ static const zo_model_preset presets[] = {
     /* v0.1: attention over a sliding window of 4096 positions */
     LLAMA("mistral-7b", "mistral-7b-v0.1", "mistral", 32, 4096, 32, 8, 14336, 32000, 32768,
           10000.0f, 4096),
+    /* Phi-3 (Phi3ForCausalLM; their config.json files): LLaMA layers stored
+     * with fused qkv_proj and gate_up_proj; the 4k models attend over a
+     * window of 2047 positions, Phi-4 over all of them */
+    LLAMA("phi-3-mini-4k", "phi-3-mini-4k-instruct", "phi3", 32, 3072, 32, 32, 8192, 32064, 4096,
+          10000.0f, 2047),
+    LLAMA("phi-3-medium-4k", "phi-3-medium-4k-instruct", "phi3", 40, 5120, 40, 10, 17920, 32064,
+          4096, 10000.0f, 2047),
+    LLAMA("phi-4", "", "phi3", 40, 5120, 40, 10, 17920, 100352, 16384, 250000.0f, 0),
     QWEN3("qwen3-0.6b", "qwen3", 28, 1024, 16, 8, 3072, 1, .act = "silu"),
     QWEN3("qwen3-8b", "qwen3", 36, 4096, 32, 8, 12288, 0, .act = "silu"),
     /* 128 routed experts of 768, 8 a token, renormalized (norm_topk_prob) */
@@ -379,7 +387,7 @@ uint64_t zo_model_params(const zo_model_config *c)
 
 static const char *const runtime_families[] = {"", "gpt2", "gpt3", "megatron", "custom", "llama",
                                                "llama2", "llama3", "mistral", "qwen2", "mixtral",
-                                               "qwen2_moe", "qwen3", "qwen3_moe"};
+                                               "qwen2_moe", "qwen3", "qwen3_moe", "phi3"};
 
 zo_status zo_model_config_runtime_check(const zo_model_config *c)
 {
@@ -396,6 +404,8 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     else if (c->moe.experts && (c->moe.first_dense || c->moe.router_bias || c->arch == ZO_ARCH_GPT))
         snprintf(lacks, sizeof lacks, "its mixture-of-experts layers");
     else if (c->mla.kv_rank) snprintf(lacks, sizeof lacks, "latent attention");
+    else if (c->arch == ZO_ARCH_LLAMA && (zo_model_rope_dim(c) < 2 || zo_model_rope_dim(c) % 2))
+        snprintf(lacks, sizeof lacks, "an odd rotary size (partial_rotary_factor)");
     else if (c->pos != ZO_POS_ARCH || c->pos_offset) snprintf(lacks, sizeof lacks, "its positions");
     else if (c->layer_norms && c->layer_norms != 2) snprintf(lacks, sizeof lacks, "its norms");
     else if (c->parallel_block) snprintf(lacks, sizeof lacks, "parallel attention and MLP");
@@ -405,8 +415,8 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     else return ZO_OK;
     return zo_error(ZO_ERR_UNSUPPORTED,
                     "model %s: family \"%s\": the runtime does not implement %s (it trains "
-                    "GPT-2, LLaMA, Mistral, Qwen2, Qwen3, Mixtral, Qwen2-MoE and Qwen3-MoE layers; memplan "
-                    "sizes this "
+                    "GPT-2, LLaMA, Mistral, Qwen2, Qwen3, Phi-3, Mixtral, Qwen2-MoE and Qwen3-MoE layers; "
+                    "memplan sizes this "
                     "family)",
                     c->name, c->family, lacks);
 }
@@ -626,14 +636,55 @@ static void parse_gpt2(hf *r, zo_model_config *c, const family *f)
     hf_act(r, "activation_function", NULL, c);
 }
 
+/* A longrope factor list into out[]: its length, or -1 when it is not a
+ * list of numbers or has more than ZO_ROPE_MAX_FACTORS. */
+static int hf_factor_list(const cJSON *list, float *out)
+{
+    if (!cJSON_IsArray(list) || cJSON_GetArraySize(list) > ZO_ROPE_MAX_FACTORS) return -1;
+    int n = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, list)
+    {
+        if (!cJSON_IsNumber(e)) return -1;
+        out[n++] = (float)e->valuedouble;
+    }
+    return n;
+}
+
+/* longrope as Hugging Face's _compute_longrope_parameters reads it: the
+ * original length is Phi-3's top-level original_max_position_embeddings
+ * (Phi3Config's default 4096) or else rope_scaling's; the attention factor
+ * rope_scaling's, or sqrt(1 + ln(s) / ln(original)) with s the ratio of
+ * max_position_embeddings to it when s > 1, else 1. The lists are checked
+ * against the head size where they are used (the transformer), so that
+ * memplan sizes a model whose lists it does not need. */
+static void hf_longrope(hf *r, hf *sub, zo_model_config *c, const family *f)
+{
+    int n_short = hf_factor_list(cJSON_GetObjectItemCaseSensitive(sub->root, "short_factor"), c->rope_short_factor);
+    int n_long = hf_factor_list(cJSON_GetObjectItemCaseSensitive(sub->root, "long_factor"), c->rope_long_factor);
+    c->rope_n_factors = n_short == n_long ? n_short : -1;
+    if (!strcmp(f->type, "phi3"))
+        c->rope_original_max = hf_int2(r, "original_max_position_embeddings", NULL, 1, 4096);
+    else if (hf_item(r, "original_max_position_embeddings"))
+        c->rope_original_max = hf_int2(r, "original_max_position_embeddings", NULL, 1, c->max_seq);
+    double s = (double)c->max_seq / c->rope_original_max;
+    c->rope_attention_factor =
+        hf_float(sub, "attention_factor", s > 1.0 ? (float)sqrt(1.0 + log(s) / log((double)c->rope_original_max)) : 1.0f);
+    if (!sub->st && !(c->rope_attention_factor > 0.0f))
+        hf_fail(sub, ZO_ERR_FORMAT, "attention_factor", "must be > 0 (got %g)", c->rope_attention_factor);
+}
+
 /* What limits or rescales attention without changing a size:
  * - sliding_window, as Hugging Face reads it: Mistral's (MistralConfig's
  *   default 4096 when absent, none when null), on every layer; Qwen2's and
  *   Qwen3's (dense and MoE) only with use_sliding_window, on the layers at or past max_window_layers
- *   (default 28);
+ *   (default 28); Phi-3's on every layer when present and not null
+ *   (Phi3Config's default is none);
  * - rope_scaling's rope_type (or its older "type"), unless "default", and
  *   its parameters: factor, llama3's low_freq_factor (default 1),
- *   high_freq_factor (default 4) and original_max_position_embeddings. */
+ *   high_freq_factor (default 4) and original_max_position_embeddings;
+ *   longrope's short_factor and long_factor lists and attention_factor,
+ *   with Phi-3's top-level original_max_position_embeddings (hf_longrope). */
 static void hf_attention_extent(hf *r, zo_model_config *c, const family *f)
 {
     const cJSON *w = cJSON_GetObjectItemCaseSensitive(r->root, "sliding_window");
@@ -644,6 +695,8 @@ static void hf_attention_extent(hf *r, zo_model_config *c, const family *f)
                hf_bool(r, "use_sliding_window", 0)) {
         c->window_from_layer = hf_int2(r, "max_window_layers", NULL, 0, 28);
         if (c->window_from_layer < c->n_layers) c->sliding_window = hf_int(r, "sliding_window", 4096);
+    } else if (!strcmp(f->type, "phi3") && w && !null_window) {
+        c->sliding_window = hf_int(r, "sliding_window", REQ);
     }
     const cJSON *rs = hf_item(r, "rope_scaling");
     if (!rs) return;
@@ -660,6 +713,7 @@ static void hf_attention_extent(hf *r, zo_model_config *c, const family *f)
     c->rope_low_freq_factor = hf_float(&sub, "low_freq_factor", 1.0f);
     c->rope_high_freq_factor = hf_float(&sub, "high_freq_factor", 4.0f);
     c->rope_original_max = hf_int2(&sub, "original_max_position_embeddings", NULL, 1, c->max_seq);
+    if (!strcmp(kind, "longrope")) hf_longrope(r, &sub, c, f);
     if (!sub.st && !(c->rope_factor > 0.0f))
         hf_fail(&sub, ZO_ERR_FORMAT, "factor", "must be > 0 (got %g)", c->rope_factor);
     if (!sub.st && !strcmp(kind, "llama3") &&
@@ -687,6 +741,19 @@ static void parse_llama(hf *r, zo_model_config *c, const family *f)
      * and MLP too */
     c->qk_norm = !strncmp(f->type, "qwen3", 5);
     if (!strcmp(f->type, "gemma2")) c->layer_norms = 4;
+    /* Phi-4-mini rotates only the first partial_rotary_factor of each head
+     * (no size changes) */
+    if (!strcmp(f->type, "phi3")) {
+        float p = hf_float(r, "partial_rotary_factor", 1.0f);
+        if (!r->st && !(p > 0.0f && p <= 1.0f))
+            hf_fail(r, ZO_ERR_FORMAT, "partial_rotary_factor", "must be in (0, 1] (got %g)", p);
+        c->rope_partial = p == 1.0f ? 0.0f : p;
+    }
+}
+
+int zo_model_rope_dim(const zo_model_config *c)
+{
+    return c->rope_partial > 0.0f ? (int)(c->head_dim * (double)c->rope_partial) : c->head_dim;
 }
 
 /* The router's training keys (Mixtral, Qwen-MoE): the auxiliary loss as
@@ -884,7 +951,7 @@ static const family families[] = {
      "Gemma-2: Gemma layers with norms before and after attention and MLP (4), tied", 1, 16, 256,
      NULL, 0},
     {"phi3", "Phi3ForCausalLM", parse_llama,
-     "Phi-3: LLaMA layers (fused qkv and gate/up projections)", 0, 0, 0, NULL, 0},
+     "Phi-3: LLaMA layers (fused qkv and gate/up projections)", 0, 0, 0, NULL, 1},
     {"mixtral", "MixtralForCausalLM", parse_mixtral,
      "Mixtral: Mistral attention, MoE MLP (router + num_local_experts SwiGLU experts)", 0, 8, 0,
      "num_local_experts", 1},

@@ -57,6 +57,8 @@ typedef struct zo_moe {
     float aux_coef;
 } zo_moe;
 
+#define ZO_ROPE_MAX_FACTORS 256 /* longrope factors a config may hold: head_dim up to 512 */
+
 typedef struct zo_model_config {
     char name[64];
     char family[16];   /* "gpt2", "gpt3", "megatron", "llama2", "llama3", "mistral", "qwen2", "custom" */
@@ -86,7 +88,19 @@ typedef struct zo_model_config {
                               (llama3, linear, dynamic, yarn, ...); "" for none or "default" */
     float rope_factor;     /* rope_scaling's factor */
     float rope_low_freq_factor, rope_high_freq_factor; /* llama3's (defaults 1 and 4) */
-    int rope_original_max; /* original_max_position_embeddings (llama3, dynamic) */
+    int rope_original_max; /* original_max_position_embeddings (llama3, dynamic; longrope: Phi-3's
+                              top-level key, Phi3Config's default 4096) */
+    /* longrope (Phi-3-mini-128k, Phi-3.5-mini): a divisor of each rotary
+     * frequency, short_factor's for sequences up to rope_original_max and
+     * long_factor's past it, and cos and sin times rope_attention_factor */
+    int rope_n_factors;    /* the lists' length (head_dim / 2 for a usable config); -1: the lists
+                              are not lists of numbers, or are longer than ZO_ROPE_MAX_FACTORS */
+    float rope_short_factor[ZO_ROPE_MAX_FACTORS], rope_long_factor[ZO_ROPE_MAX_FACTORS];
+    float rope_partial;    /* partial_rotary_factor (Phi-4-mini's 0.75): the first int(head_dim x
+                              it) of each head rotate, the rest pass; 0: all (zo_model_rope_dim) */
+    float rope_attention_factor; /* rope_scaling's attention_factor, or as Hugging Face derives it:
+                                    sqrt(1 + ln(s) / ln(original)) for s = max_position_embeddings /
+                                    original > 1, else 1 */
     uint64_t params_override; /* != 0: only the total is known (--params) */
     /* ---- beyond the runtime's GPT and LLaMA layers. All 0 for what the
      * runtime builds; memplan sizes them, zo_model_config_runtime_check
@@ -108,6 +122,10 @@ typedef struct zo_model_preset {
     const char *aliases;  /* comma-separated other accepted names */
     zo_model_config cfg;
 } zo_model_preset;
+
+/* The rotated part of a head: int(head_dim x partial_rotary_factor) as
+ * Hugging Face computes it, or head_dim. */
+int zo_model_rope_dim(const zo_model_config *c);
 
 /* The built-in presets, in listing order. */
 const zo_model_preset *zo_model_presets(size_t *count);

@@ -258,11 +258,14 @@ zo_status gpu_attention_cached(gpu_stream_t s, const gpu_attn_desc *a, gpu_tenso
  * pair i turns by the angle p * inv_freq[i], computed in double:
  * inv_freq[i] = theta^(-2i/d), or the d/2 doubles at `inv_freq` (device
  * memory) when it is not NULL (a rope_scaling's frequencies: LLaMA-3.1's
- * llama3, linear). Backward applies the inverse rotation in place. */
+ * llama3, linear, Phi-3's longrope). cos and sin are multiplied by `scale`
+ * (Hugging Face's attention_scaling: longrope's; 1 otherwise), finite and
+ * > 0. Backward applies the transpose (the inverse rotation, times scale)
+ * in place. */
 zo_status gpu_rope_forward(gpu_stream_t s, gpu_tensor x, int n, int t, int n_heads, int d,
-                           int64_t ldx, float theta, int pos0, const double *inv_freq);
+                           int64_t ldx, float theta, int pos0, const double *inv_freq, float scale);
 zo_status gpu_rope_backward(gpu_stream_t s, gpu_tensor dx, int n, int t, int n_heads, int d,
-                            int64_t ldx, float theta, int pos0, const double *inv_freq);
+                            int64_t ldx, float theta, int pos0, const double *inv_freq, float scale);
 
 /* ---- ops: activations ---------------------------------------------------------
  * GELU, tanh form: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */

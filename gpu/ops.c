@@ -1,6 +1,7 @@
 /* The op table's rows as data (gpu_op_infos), the checks beyond the slots,
  * and gpu_op_run: every op's arguments are checked here once, for every
  * backend, before the backend's `op` entry sees them. */
+#include <math.h>
 #include <stdint.h>
 
 #include "common/nf4.h"      /* defines: ZO_NF4_ALIGN */
@@ -92,7 +93,7 @@ static zo_status gpu_check_attn_cached(const char *op, const gpu_op_args *a)
     return ZO_OK;
 }
 
-/* i: n, t, n_heads, d, ldx, pos0; f[0] = theta */
+/* i: n, t, n_heads, d, ldx, pos0; f[0] = theta, f[1] = scale */
 static zo_status gpu_check_rope(const char *op, const gpu_op_args *a)
 {
     if (a->i[3] % 2) return zo_error(ZO_ERR_INVALID, "%s: head dim %lld is odd", op, (long long)a->i[3]);
@@ -100,6 +101,8 @@ static zo_status gpu_check_rope(const char *op, const gpu_op_args *a)
         return zo_error(ZO_ERR_INVALID, "%s: ldx %lld < n_heads*d %lld", op, (long long)a->i[4],
                         (long long)(a->i[2] * a->i[3]));
     if (!(a->f[0] > 0.0f)) return zo_error(ZO_ERR_INVALID, "%s: theta must be > 0", op);
+    if (!(a->f[1] > 0.0f) || !isfinite(a->f[1]))
+        return zo_error(ZO_ERR_INVALID, "%s: scale %g must be finite and > 0", op, (double)a->f[1]);
     if (a->i[5] < 0) return zo_error(ZO_ERR_INVALID, "%s: pos0 %lld < 0", op, (long long)a->i[5]);
     return ZO_OK;
 }

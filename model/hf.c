@@ -20,12 +20,14 @@ const char *model_hf_dtype_name(zo_dtype dt)
 
 /* ---- config.json ------------------------------------------------------------------- */
 
-/* The family's model_type: the runtime builds GPT-2, LLaMA, Mistral and Qwen2. */
+/* The family's model_type: the runtime builds GPT-2, LLaMA, Mistral, Qwen2
+ * and Phi-3. */
 static const char *model_type(const zo_model_config *c)
 {
     if (c->arch == ZO_ARCH_GPT) return "gpt2";
     if (!strcmp(c->family, "mistral")) return "mistral";
     if (!strcmp(c->family, "qwen2")) return "qwen2";
+    if (!strcmp(c->family, "phi3")) return "phi3";
     return "llama";
 }
 
@@ -53,6 +55,7 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
     } else {
         const char *cls = !strcmp(type, "mistral") ? "MistralForCausalLM"
                           : !strcmp(type, "qwen2") ? "Qwen2ForCausalLM"
+                          : !strcmp(type, "phi3")  ? "Phi3ForCausalLM"
                                                     : "LlamaForCausalLM";
         cJSON_AddItemToArray(arch, cJSON_CreateString(cls));
         cJSON_AddStringToObject(o, "model_type", type);
@@ -68,7 +71,7 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
         cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
         cJSON_AddStringToObject(o, "hidden_act", "silu");
         cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
-        if (!strcmp(type, "mistral")) {
+        if (!strcmp(type, "mistral") || !strcmp(type, "phi3")) {
             if (c->sliding_window) cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window);
             else cJSON_AddNullToObject(o, "sliding_window");
         } else if (!strcmp(type, "qwen2")) {
@@ -85,6 +88,13 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
                 cJSON_AddNumberToObject(rs, "high_freq_factor", c->rope_high_freq_factor);
             }
             if (c->rope_original_max) cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_original_max);
+            if (!strcmp(c->rope_scaling, "longrope") && c->rope_n_factors > 0) {
+                cJSON_AddItemToObject(rs, "short_factor", cJSON_CreateFloatArray(c->rope_short_factor, c->rope_n_factors));
+                cJSON_AddItemToObject(rs, "long_factor", cJSON_CreateFloatArray(c->rope_long_factor, c->rope_n_factors));
+                cJSON_AddNumberToObject(rs, "attention_factor", c->rope_attention_factor);
+                /* Phi-3 reads its original length from the top level */
+                cJSON_AddNumberToObject(o, "original_max_position_embeddings", c->rope_original_max);
+            }
         }
     }
     cJSON_AddStringToObject(o, "torch_dtype", model_hf_dtype_name(dtype));

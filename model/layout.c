@@ -142,14 +142,18 @@ static void sub_view(model_layout *l, int block, model_role whole, model_role pa
 }
 
 /* The gated MLP of a LLaMA layer (gate, up, down; Qwen2's biases where
- * out_bias). */
+ * out_bias; Phi-3's gate and up fused). */
 static void llama_mlp(builder *b, int i)
 {
     const zo_model_config *c = &b->l->cfg;
     const int64_t h = c->hidden, f = c->ffn;
     const char *p = "model.layers";
-    add(b, MODEL_ROLE_MLP_GATE_W, 0, f, h, "%s.%d.mlp.gate_proj.weight", p, i);
-    add(b, MODEL_ROLE_MLP_UP_W, 0, f, h, "%s.%d.mlp.up_proj.weight", p, i);
+    if (!strcmp(c->family, "phi3")) /* Phi-3: gate and up as the row ranges of one gate_up_proj */
+        add(b, MODEL_ROLE_MLP_GATE_UP_W, 0, 2 * f, h, "%s.%d.mlp.gate_up_proj.weight", p, i);
+    else {
+        add(b, MODEL_ROLE_MLP_GATE_W, 0, f, h, "%s.%d.mlp.gate_proj.weight", p, i);
+        add(b, MODEL_ROLE_MLP_UP_W, 0, f, h, "%s.%d.mlp.up_proj.weight", p, i);
+    }
     if (c->out_bias) {
         add(b, MODEL_ROLE_MLP_GATE_B, 0, f, 0, "%s.%d.mlp.gate_proj.bias", p, i);
         add(b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "%s.%d.mlp.up_proj.bias", p, i);
@@ -245,7 +249,8 @@ static void gpt_layer(builder *b, int i)
 }
 
 /* Layer i of a LLaMA-family model (the builder at its block): separate
- * q, k, v and an MLP or MoE block, with fused views over q/k/v and gate/up. */
+ * q, k, v and an MLP or MoE block, with fused views over q/k/v and gate/up
+ * (Phi-3: the fused tensors, with q, k, v, gate and up as views of them). */
 static void llama_layer(builder *b, int i)
 {
     model_layout *l = b->l;
@@ -258,9 +263,14 @@ static void llama_layer(builder *b, int i)
     add(b, MODEL_ROLE_LN1_W, 0, h, 0, "%s.%d.input_layernorm.weight", p, i);
     if (c->norm_bias)
         add(b, MODEL_ROLE_LN1_B, 0, h, 0, "%s.%d.input_layernorm.bias", p, i);
-    add(b, MODEL_ROLE_Q_W, 0, q, h, "%s.%d.self_attn.q_proj.weight", p, i);
-    add(b, MODEL_ROLE_K_W, 0, kv, h, "%s.%d.self_attn.k_proj.weight", p, i);
-    add(b, MODEL_ROLE_V_W, 0, kv, h, "%s.%d.self_attn.v_proj.weight", p, i);
+    const int phi3 = !strcmp(c->family, "phi3");
+    if (phi3) { /* Phi-3 stores q, k, v as row ranges of one qkv_proj */
+        add(b, MODEL_ROLE_QKV_W, 0, q + 2 * kv, h, "%s.%d.self_attn.qkv_proj.weight", p, i);
+    } else {
+        add(b, MODEL_ROLE_Q_W, 0, q, h, "%s.%d.self_attn.q_proj.weight", p, i);
+        add(b, MODEL_ROLE_K_W, 0, kv, h, "%s.%d.self_attn.k_proj.weight", p, i);
+        add(b, MODEL_ROLE_V_W, 0, kv, h, "%s.%d.self_attn.v_proj.weight", p, i);
+    }
     if (c->attn_bias) {
         add(b, MODEL_ROLE_Q_B, 0, q, 0, "%s.%d.self_attn.q_proj.bias", p, i);
         add(b, MODEL_ROLE_K_B, 0, kv, 0, "%s.%d.self_attn.k_proj.bias", p, i);
@@ -280,6 +290,15 @@ static void llama_layer(builder *b, int i)
         moe_layer(b, i);
     else
         llama_mlp(b, i);
+    if (phi3) { /* the parts as row ranges of the fused tensors */
+        const int64_t f = c->ffn;
+        sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_Q_W, 0, q);
+        sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_K_W, q, kv);
+        sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_V_W, q + kv, kv);
+        sub_view(l, bl, MODEL_ROLE_MLP_GATE_UP_W, MODEL_ROLE_MLP_GATE_W, 0, f);
+        sub_view(l, bl, MODEL_ROLE_MLP_GATE_UP_W, MODEL_ROLE_MLP_UP_W, f, f);
+        return;
+    }
     static const model_role qkv_w[] = {MODEL_ROLE_Q_W, MODEL_ROLE_K_W, MODEL_ROLE_V_W};
     static const model_role qkv_b[] = {MODEL_ROLE_Q_B, MODEL_ROLE_K_B, MODEL_ROLE_V_B};
     static const model_role gu_w[] = {MODEL_ROLE_MLP_GATE_W, MODEL_ROLE_MLP_UP_W};

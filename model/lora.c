@@ -14,7 +14,8 @@
 #include "common/json.h"   /* defines: zo_json_parse */
 #include "safetensors.h"   /* defines: model_save, model_load_path */
 
-/* The weight an adapter sits beside (GPT-2's fused c_attn: the QKV view). */
+/* The weight an adapter sits beside (GPT-2's c_attn and Phi-3's qkv_proj:
+ * the QKV view; Phi-3's gate_up_proj: the GATE_UP view). */
 static model_role role_of(const zo_lora_module *m)
 {
     if (m->experts)
@@ -29,6 +30,7 @@ static model_role role_of(const zo_lora_module *m)
     case ZO_LORA_GATE: return MODEL_ROLE_MLP_GATE_W;
     case ZO_LORA_UP: return MODEL_ROLE_MLP_UP_W;
     case ZO_LORA_DOWN: return MODEL_ROLE_MLP_DOWN_W;
+    case ZO_LORA_GATE | ZO_LORA_UP: return MODEL_ROLE_MLP_GATE_UP_W;
     default: return MODEL_ROLE_QKV_W;
     }
 }

@@ -133,6 +133,21 @@ FAMILIES = {
                 "max_window_layers": 1, "torch_dtype": "float32"},
         run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="constant", warmup=1, min_lr=0.0),
         lora=dict(r=4, alpha=16.0, targets="q,v", lr=2e-2)),
+    "phi3": dict(
+        seed=35,
+        # Phi-3.5-mini's kind, small: fused qkv_proj and gate_up_proj, GQA, a window shorter than
+        # the sequence, longrope over an original length the sequence (130) passes (its
+        # long_factor, and cos and sin times sqrt(1 + ln 8 / ln 64)); factors exact in float32
+        config={"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "num_hidden_layers": 2,
+                "hidden_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 512,
+                "original_max_position_embeddings": 64, "hidden_act": "silu", "rms_norm_eps": 1e-5,
+                "rope_theta": 10000.0,
+                "rope_scaling": {"type": "longrope", "short_factor": [1 + (i % 8) / 8 for i in range(64)],
+                                 "long_factor": [1 + i / 2 for i in range(64)]},
+                "sliding_window": 80, "tie_word_embeddings": False, "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+        lora=dict(r=4, alpha=8.0, targets="all-linear", lr=2e-2)),
     # mixtures of experts: the router's load-balancing loss on (output_router_logits), its
     # coefficient raised so that its share of the gradient is seen
     "mixtral": dict(
@@ -383,7 +398,7 @@ def moe_loss(c, p, x, y):
 
 
 def forward(c):
-    return mf.gpt2_forward if c["model_type"] == "gpt2" else mf.llama_forward
+    return mf.FORWARD.get(c["model_type"], mf.llama_forward)
 
 
 def lr_at(run, k, steps=STEPS):
@@ -604,7 +619,7 @@ def check_family(train, name, workdir):
     c, run, lora = spec["config"], spec["run"], spec["lora"]
     g = torch.Generator().manual_seed(spec["seed"])
     gpt = c["model_type"] == "gpt2"
-    params = moe_params(c, g) if is_moe(c) else (mf.gpt2_params if gpt else mf.llama_params)(c, g, std=1.0)
+    params = moe_params(c, g) if is_moe(c) else mf.PARAMS.get(c["model_type"], mf.llama_params)(c, g, std=1.0)
     V = c["vocab_size"]
     data = torch.randint(0, V, (N_TRAIN + N_EVAL,), generator=g)
     for i in range(1, len(data), 2):  # something to learn: every odd token follows its predecessor

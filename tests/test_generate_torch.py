@@ -100,6 +100,18 @@ FAMILIES = {
                 "torch_dtype": "float32"},
         lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
                   peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])),
+    # Phi-3: fused qkv_proj and gate_up_proj, a window (24) the sequences (5 or 11 + 32) pass,
+    # longrope within its original length (64: short_factor, cos and sin times
+    # sqrt(1 + ln 2 / ln 64)); PEFT's fused adapters, named by our targets
+    "phi3": dict(
+        seed=52,
+        config=dict(e2e.FAMILIES["phi3"]["config"], num_hidden_layers=4, hidden_size=256,
+                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                    sliding_window=24, eos_token_id=127,
+                    rope_scaling={"type": "longrope", "short_factor": [1 + (i % 4) / 4 for i in range(64)],
+                                  "long_factor": [1 + i for i in range(64)]}),
+        lora=dict(r=4, alpha=8.0, targets=["v", "o", "up", "down"],
+                  peft=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])),
     # mixtures of experts, 4 layers so that the streamed runs' device memory (three quarters of
     # the weights) holds the two slots of whole MoE layers
     "mixtral": dict(
@@ -224,7 +236,7 @@ def check_family(gen, name, workdir):
     c = spec["config"]
     gpt, moe = c["model_type"] == "gpt2", spec.get("moe", False)
     g = torch.Generator().manual_seed(spec["seed"])
-    params = e2e.moe_params(c, g) if moe else (mf.gpt2_params if gpt else mf.llama_params)(c, g, std=1.0)
+    params = e2e.moe_params(c, g) if moe else mf.PARAMS.get(c["model_type"], mf.llama_params)(c, g, std=1.0)
     V = c["vocab_size"]
     prompts = [torch.randint(0, V - 1, (n,), generator=g).tolist() for n in PROMPT_LENS]
     d = os.path.join(workdir, name)
@@ -243,7 +255,7 @@ def check_family(gen, name, workdir):
           f"{PROMPT_LENS} tokens, {NEW} new tokens each; device memory {cap} bytes where the weights stream")
 
     fwd = (lambda idx: e2e.moe_forward(c, params, idx)[0]) if moe else \
-        (lambda idx: mf.gpt2_forward(c, params, idx)) if gpt else (lambda idx: mf.llama_forward(c, params, idx))
+        (lambda idx: mf.FORWARD.get(c["model_type"], mf.llama_forward)(c, params, idx))
     e2e.MIN_GAP[0] = math.inf
     want, gap = greedy(fwd, prompts)
     if moe:

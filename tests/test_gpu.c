@@ -770,7 +770,7 @@ static void test_attention(void **state)
 
 typedef struct rope_cfg {
     int n, t, heads, d, ld, pos0;
-    double theta;
+    double theta, scale; /* scale: cos and sin's factor (longrope's attention scaling) */
 } rope_cfg;
 
 static void rope_ref(double *const *in, double *out, const void *cfgp)
@@ -788,7 +788,7 @@ static void rope_ref(double *const *in, double *out, const void *cfgp)
                 double f = pow(g->theta, -2.0 * (i % half) / g->d);
                 double ang = (g->pos0 + r % g->t) * f;
                 double rot = i < half ? -x[i + half] : x[i - half];
-                y[i] = x[i] * cos(ang) + rot * sin(ang);
+                y[i] = g->scale * (x[i] * cos(ang) + rot * sin(ang));
             }
         }
 }
@@ -796,23 +796,29 @@ static void rope_ref(double *const *in, double *out, const void *cfgp)
 static void test_rope(void **state)
 {
     (void)state;
-    rope_cfg g = {.n = 10, .t = 5, .heads = 3, .d = 8, .ld = 40, .pos0 = 2, .theta = 10000.0};
-    size_t n = (size_t)g.n * g.ld;
-    double *X = drand_array(n, 1.0), *G = drand_array(n, 1.0);
-    double *in[1] = {X};
-    double *wy = malloc(n * sizeof(double));
-    rope_ref(in, wy, &g);
-    double *wdx = fd_grad(rope_ref, &g, in, 0, n, n, G);
-    /* the backward acts only on the rotated heads; elements after them
-     * pass their gradient through unchanged, which the caller keeps */
-    gpu_tensor x = dput(X, n, 0), dx = dput(G, n, 0);
-    assert_int_equal(gpu_rope_forward(S, x, g.n, g.t, g.heads, g.d, g.ld, (float)g.theta, g.pos0, NULL), ZO_OK);
-    assert_int_equal(gpu_rope_backward(S, dx, g.n, g.t, g.heads, g.d, g.ld, (float)g.theta, g.pos0, NULL), ZO_OK);
-    double *gy = dget(x, n), *gdx = dget(dx, n);
-    assert_int_equal(check_close_f64("rope y", gy, wy, n, 1e-5, 1e-5), 0);
-    assert_int_equal(check_close_f64("rope dx", gdx, wdx, n, 1e-5, 1e-5), 0);
-    free(X), free(G), free(wy), free(wdx), free(gy), free(gdx);
-    dfree(x), dfree(dx);
+    /* scale 1, and a longrope attention scaling */
+    for (int k = 0; k < 2; k++) {
+        rope_cfg g = {.n = 10, .t = 5, .heads = 3, .d = 8, .ld = 40, .pos0 = 2, .theta = 10000.0,
+                      .scale = k ? 1.190238 : 1.0};
+        size_t n = (size_t)g.n * g.ld;
+        double *X = drand_array(n, 1.0), *G = drand_array(n, 1.0);
+        double *in[1] = {X};
+        double *wy = malloc(n * sizeof(double));
+        rope_ref(in, wy, &g);
+        double *wdx = fd_grad(rope_ref, &g, in, 0, n, n, G);
+        /* the backward acts only on the rotated heads; elements after them
+         * pass their gradient through unchanged, which the caller keeps */
+        gpu_tensor x = dput(X, n, 0), dx = dput(G, n, 0);
+        assert_int_equal(gpu_rope_forward(S, x, g.n, g.t, g.heads, g.d, g.ld, (float)g.theta, g.pos0, NULL,
+                                          (float)g.scale), ZO_OK);
+        assert_int_equal(gpu_rope_backward(S, dx, g.n, g.t, g.heads, g.d, g.ld, (float)g.theta, g.pos0, NULL,
+                                           (float)g.scale), ZO_OK);
+        double *gy = dget(x, n), *gdx = dget(dx, n);
+        assert_int_equal(check_close_f64("rope y", gy, wy, n, 1e-5, 1e-5), 0);
+        assert_int_equal(check_close_f64("rope dx", gdx, wdx, n, 1e-5, 1e-5), 0);
+        free(X), free(G), free(wy), free(wdx), free(gy), free(gdx);
+        dfree(x), dfree(dx);
+    }
 }
 
 /* ---- activations -------------------------------------------------------------------------------------- */
@@ -1244,7 +1250,7 @@ static void fault_enqueue(const fault_bufs *fb, int k)
         break;
     case 8:
         s = gpu_memcpy_async(S, fb->y, fb->x, F_N * F_C * 4, GPU_COPY_DEVICE_TO_DEVICE);
-        if (s == ZO_OK) s = gpu_rope_forward(S, gpu_t(fb->y, f), F_N, F_T, 2, 16, F_C, 1e4f, 0, NULL);
+        if (s == ZO_OK) s = gpu_rope_forward(S, gpu_t(fb->y, f), F_N, F_T, 2, 16, F_C, 1e4f, 0, NULL, 1.0f);
         break;
     case 9:
         s = gpu_embedding_forward(S, gpu_t(fb->y, f), fb->tok, gpu_t(fb->wte, f),

@@ -661,12 +661,12 @@ static void test_rope(void **state)
     for (int di = 0; di < 3; di++) {
         zo_dtype ty = DTYPES[di];
         twin x = tw_rand((size_t)n * ld, ty, 1.0f);
-        assert_int_equal(gpu_rope_forward(scpu, x.c, n, t, heads, d, ld, 10000.0f, 7, NULL), ZO_OK);
-        assert_int_equal(gpu_rope_forward(sgpu, x.g, n, t, heads, d, ld, 10000.0f, 7, NULL), ZO_OK);
+        assert_int_equal(gpu_rope_forward(scpu, x.c, n, t, heads, d, ld, 10000.0f, 7, NULL, 1.0f), ZO_OK);
+        assert_int_equal(gpu_rope_forward(sgpu, x.g, n, t, heads, d, ld, 10000.0f, 7, NULL, 1.0f), ZO_OK);
         bad += tw_check("rope forward", x, tol_of(ty));
         tw_sync_to_gpu(x);
-        assert_int_equal(gpu_rope_backward(scpu, x.c, n, t, heads, d, ld, 500000.0f, 4000, NULL), ZO_OK);
-        assert_int_equal(gpu_rope_backward(sgpu, x.g, n, t, heads, d, ld, 500000.0f, 4000, NULL), ZO_OK);
+        assert_int_equal(gpu_rope_backward(scpu, x.c, n, t, heads, d, ld, 500000.0f, 4000, NULL, 1.0f), ZO_OK);
+        assert_int_equal(gpu_rope_backward(sgpu, x.g, n, t, heads, d, ld, 500000.0f, 4000, NULL, 1.0f), ZO_OK);
         bad += tw_check("rope backward", x, tol_of(ty));
         tw_free(x);
     }

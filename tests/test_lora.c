@@ -2,7 +2,8 @@
  * tf_options.lora) against the PyTorch float64 implementation of
  * tests/fixtures/lora/make_lora_fixtures.py (LoRA as PEFT defines it, NF4
  * written from the QLoRA paper): logits, loss and every adapter gradient of
- * tiny GPT-2 and LLaMA models with adapters on several target sets, with a
+ * tiny GPT-2, LLaMA and Phi-3 models with adapters on several target sets
+ * (Phi-3's fused qkv_proj and gate_up_proj as PEFT adapts them), with a
  * bf16 or NF4 base, in fp32 and bf16; the losses of AdamW steps on the
  * adapters only, after which the frozen base is bit-identical; activation
  * recomputation; PEFT's initialisation; QLoRA against a bf16 base over 20
@@ -362,11 +363,84 @@ static void test_gpt2_attn_nf4(void **state) { (void)state; run_case("gpt2_attn_
 static void test_llama_qv(void **state) { (void)state; run_case("llama_qv", ZO_DTYPE_F32); }
 static void test_llama_all(void **state) { (void)state; run_case("llama_all", ZO_DTYPE_F32); }
 static void test_llama_all_nf4(void **state) { (void)state; run_case("llama_all_nf4", ZO_DTYPE_F32); }
+/* Phi-3: PEFT's fused qkv_proj and gate_up_proj adapters (v and up name
+ * them), and every module over an NF4 base whose fused tensors are
+ * quantized whole (gate and up are row ranges of one NF4 tensor) */
+static void test_phi3_qkv_up(void **state) { (void)state; run_case("phi3_qkv_up", ZO_DTYPE_F32); }
+static void test_phi3_all_nf4(void **state) { (void)state; run_case("phi3_all_nf4", ZO_DTYPE_F32); }
+
+/* A named tensor of file `path` as fp32, n elements expected (caller frees). */
+static float *read_named(const char *path, const char *tensor, size_t n)
+{
+    model_st_file f;
+    assert_int_equal(model_st_open(&f, path), ZO_OK);
+    const model_st_tensor *t = model_st_find(&f, tensor);
+    if (!t) fail_msg("%s: no %s", path, tensor);
+    assert_int_equal(t->numel, n);
+    float *out = malloc(n * sizeof(float));
+    assert_int_equal(model_st_read(&f, t, out, ZO_DTYPE_F32, 0), ZO_OK);
+    model_st_close(&f);
+    return out;
+}
+
+/* --merge on Phi-3: tf_lora_merge_block adds (alpha / r) B A of each fused
+ * adapter to its fused weight, B [q + 2kv, r] onto qkv_proj and the whole
+ * B [2f, r] onto gate_up_proj (gate's rows, then up's), against the sum
+ * formed here from the fixture's files by PEFT's names. */
+static void test_phi3_merge(void **state)
+{
+    (void)state;
+    lora_fx fx;
+    fx_open(&fx, "phi3_qkv_up", ZO_DTYPE_F32, 0, -1, 0);
+    const model_layout *l = &fx.m.layout;
+    const double scale = fx.opts.lora.alpha / fx.opts.lora.r;
+    const int r = fx.opts.lora.r;
+    char base[512], ad[512];
+    snprintf(base, sizeof base, "%s/phi3_qkv_up_base.safetensors", fix_dir());
+    snprintf(ad, sizeof ad, "%s/phi3_qkv_up_adapter.safetensors", fix_dir());
+    for (int layer = 0; layer < l->n_layers; layer++) {
+        int blk = model_layout_layer_block(layer);
+        float *w = calloc(l->block_numel[blk], sizeof(float));
+        for (int i = 0; i < l->n_tensors; i++) { /* the block's base weights */
+            const model_tensor *t = &l->tensors[i];
+            if (t->block != blk) continue;
+            float *v = read_named(base, t->name, t->numel);
+            memcpy(w + t->offset, v, t->numel * sizeof(float));
+            free(v);
+        }
+        tf_lora_merge_block(&fx.m, blk, fx.master[blk], w);
+        static const char *const mods[] = {"self_attn.qkv_proj", "mlp.gate_up_proj"};
+        for (int k = 0; k < 2; k++) {
+            char name[256];
+            snprintf(name, sizeof name, "model.layers.%d.%s.weight", layer, mods[k]);
+            const model_tensor *t = model_layout_find(l, name);
+            assert_non_null(t);
+            int64_t out = t->shape[0], in = t->shape[1];
+            float *W = read_named(base, name, t->numel);
+            snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.lora_A.weight", layer, mods[k]);
+            float *A = read_named(ad, name, (size_t)(r * in));
+            snprintf(name, sizeof name, "base_model.model.model.layers.%d.%s.lora_B.weight", layer, mods[k]);
+            float *Bm = read_named(ad, name, (size_t)(out * r));
+            double worst = 0.0;
+            for (int64_t o = 0; o < out; o++)
+                for (int64_t i = 0; i < in; i++) {
+                    double acc = 0.0;
+                    for (int j = 0; j < r; j++) acc += (double)Bm[o * r + j] * A[j * in + i];
+                    double want = W[o * in + i] + scale * acc, got = w[t->offset + o * in + i];
+                    worst = fmax(worst, fabs(got - want) / (fabs(want) + 1e-3));
+                }
+            if (worst > 1e-5) fail_msg("layer %d %s merged: worst relative error %g", layer, mods[k], worst);
+            free(W), free(A), free(Bm);
+        }
+        free(w);
+    }
+    fx_close(&fx);
+}
 
 static void test_bf16(void **state)
 {
     (void)state;
-    const char *cases[] = {"gpt2_all", "llama_qv", "llama_all", "llama_all_nf4"};
+    const char *cases[] = {"gpt2_all", "llama_qv", "llama_all", "llama_all_nf4", "phi3_all_nf4"};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(cases[i], ZO_DTYPE_BF16);
 }
 
@@ -377,8 +451,8 @@ static void test_bf16(void **state)
 static void test_recompute(void **state)
 {
     (void)state;
-    const char *cases[] = {"llama_all_nf4", "gpt2_all"};
-    for (size_t c = 0; c < 2; c++) {
+    const char *cases[] = {"llama_all_nf4", "gpt2_all", "phi3_all_nf4"};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         lora_fx a, r;
         fx_open(&a, cases[c], ZO_DTYPE_BF16, 0, -1, 0);
         fx_open(&r, cases[c], ZO_DTYPE_BF16, 1, -1, 0);
@@ -634,7 +708,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpt2_all),      cmocka_unit_test(test_gpt2_attn_nf4),
         cmocka_unit_test(test_llama_qv),      cmocka_unit_test(test_llama_all),
-        cmocka_unit_test(test_llama_all_nf4), cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_llama_all_nf4), cmocka_unit_test(test_phi3_qkv_up),
+        cmocka_unit_test(test_phi3_all_nf4),  cmocka_unit_test(test_phi3_merge),
+        cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_recompute),     cmocka_unit_test(test_init),
         cmocka_unit_test(test_sizes),         cmocka_unit_test(test_qlora_vs_lora),
         cmocka_unit_test(test_save_resume),   cmocka_unit_test(test_errors),

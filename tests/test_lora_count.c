@@ -68,6 +68,19 @@ static void test_peft_counts(void **state)
      * 5632), r 8 all-linear (the router and shared_expert_gate carry none):
      * 24 x 8 x (4 x 4096 + 60 x 3 x 3456 + 3 x 7680) */
     assert_int_equal(count("qwen1.5-moe-a2.7b", 8, "all-linear"), 127008768);
+    /* Phi-3-mini (h 3072, f 8192, 32 layers), PEFT's Phi-3 modules: qkv_proj
+     * [9216, 3072], o_proj, gate_up_proj [16384, 3072], down_proj; r 8
+     * all-linear: 32 x 8 x (12288 + 6144 + 19456 + 11264) */
+    assert_int_equal(count("phi-3-mini-4k-instruct", 8, "all-linear"), 12582912);
+    assert_int_equal(count("phi-3-mini-4k-instruct", 8, "qkv_proj,o_proj,gate_up_proj,down_proj"), 12582912);
+    /* q and v (or any of q, k, v) are the fused qkv_proj: 32 x 8 x 12288 */
+    assert_int_equal(count("phi-3-mini-4k-instruct", 8, "q,v"), 3145728);
+    assert_int_equal(count("phi-3-mini-4k-instruct", 8, "qkv_proj"), 3145728);
+    /* Phi-4 (h 5120, 10 kv heads of 128, f 17920, 40 layers), r 16
+     * all-linear: 40 x 16 x (12800 + 10240 + 40960 + 23040) */
+    assert_int_equal(count("phi-4", 16, "all-linear"), 55705600);
+    /* up alone is the fused gate_up_proj: 40 x 16 x 40960 */
+    assert_int_equal(count("phi-4", 16, "up"), 26214400);
 }
 
 static void test_modules(void **state)
@@ -116,6 +129,18 @@ static void test_modules(void **state)
     assert_int_equal(m[7].experts, 0);
     assert_int_equal(m[7].out, 5632);
     assert_int_equal(zo_lora_layer_modules(&q, ZO_LORA_DOWN, m), 2);
+    /* Phi-3: q|k|v and gate|up one module each, as PEFT names them */
+    zo_model_config p = load("phi-4");
+    assert_int_equal(zo_lora_layer_modules(&p, ZO_LORA_ALL_LINEAR, m), 4);
+    assert_string_equal(m[0].peft, "qkv_proj");
+    assert_string_equal(m[0].path, "self_attn.qkv_proj");
+    assert_int_equal(m[0].out, 5120 + 2 * 1280);
+    assert_string_equal(m[2].path, "mlp.gate_up_proj");
+    assert_int_equal(m[2].out, 2 * 17920);
+    assert_int_equal(m[2].targets, ZO_LORA_GATE | ZO_LORA_UP);
+    assert_string_equal(m[3].peft, "down_proj");
+    assert_int_equal(zo_lora_targets_effective(&p, ZO_LORA_V | ZO_LORA_GATE),
+                     ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V | ZO_LORA_GATE | ZO_LORA_UP);
 }
 
 static void test_parse_and_check(void **state)

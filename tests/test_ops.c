@@ -469,7 +469,8 @@ static void ref_attention_cached(const gpu_op_args *a, hostv *h)
 }
 
 /* HF rotate_half in place on the first n_heads heads of every row; row r at
- * position pos0 + r % t; the inverse rotates back. */
+ * position pos0 + r % t; the inverse rotates back; both times the scale
+ * f[1] (longrope's attention scaling). */
 static void rope_d(const gpu_op_args *a, hostv *h, int inverse)
 {
     int n = (int)a->i[0], t = (int)a->i[1], heads = (int)a->i[2], d = (int)a->i[3], half = d / 2;
@@ -482,7 +483,7 @@ static void rope_d(const gpu_op_args *a, hostv *h, int inverse)
                 double f = h->P[0] ? h->P[0][i % half] : pow((double)a->f[0], -2.0 * (i % half) / d);
                 double ang = (double)(a->i[5] + r % t) * f * (inverse ? -1.0 : 1.0);
                 double rot = i < half ? -tmp[i + half] : tmp[i - half];
-                x[i] = tmp[i] * cos(ang) + rot * sin(ang);
+                x[i] = (double)a->f[1] * (tmp[i] * cos(ang) + rot * sin(ang));
             }
         }
     free(tmp);
@@ -1648,13 +1649,18 @@ static void rope_grid(gpu_op_id op)
             int64_t ldx = (int64_t)g[3] * g[4];
             c.a.i[0] = g[0], c.a.i[1] = g[1], c.a.i[2] = g[2], c.a.i[3] = g[4], c.a.i[4] = ldx, c.a.i[5] = g[5];
             c.a.f[0] = theta;
+            c.a.f[1] = 1.0f;
             OUT_T(&c, 0, storage[t], (size_t)g[0] * ldx);
             emit(&c);
             if (t || g[4] < 36) continue;
-            /* the same with the frequencies given */
+            /* the same with the frequencies given, and with them a scale
+             * (longrope's: Phi-3.5-mini's attention scaling) */
             snprintf(c.label + strlen(c.label), sizeof c.label - strlen(c.label), " inv_freq given");
             add_buf(&c, 'p', 0, E_F64, (size_t)g[4] / 2, FILL_NONE, 0, 0, 0);
             c.prep = freq_prep;
+            emit(&c);
+            snprintf(c.label + strlen(c.label), sizeof c.label - strlen(c.label), ", scale 1.1902");
+            c.a.f[1] = 1.1902381f;
             emit(&c);
         }
 }

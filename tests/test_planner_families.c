@@ -70,6 +70,13 @@ static const struct {
     {"gemma-2-9b.json", 9241705984ull, 0},
     /* keras-hub phi3_mini_4k_instruct_en */
     {"phi-3-mini-4k-instruct.json", 3821079552ull, 0},
+    /* Phi-3.5-mini: Phi-3-mini's shape (longrope changes no size) */
+    {"phi-3.5-mini-instruct.json", 3821079552ull, 0},
+    /* Phi-4 (HF 14.7B), by hand: 40 layers x (norms 2 x 5120 + qkv_proj
+     * 5120 x (5120 + 2 x 10 x 128) + o_proj 5120^2 + gate_up_proj 5120 x 2 x
+     * 17920 + down_proj 17920 x 5120 = 340,797,440) + embedding and head
+     * 2 x 100352 x 5120 + norm 5120 */
+    {"phi-4.json", 14659507200ull, 0},
     /* GPTNeoXForCausalLM counts in the Pythia suite's tables */
     {"pythia-160m.json", 162322944ull, 0},
     {"pythia-6.9b.json", 6857302016ull, 0},

@@ -62,6 +62,10 @@ static void test_peft_counts_cli(void **state)
         /* q,v (the default) on GPT-2 is its fused c_attn, PEFT's default target */
         {"gpt2", "--lora 8", 294912ull},
         {"llama-2-7b", "--lora 8 --lora-targets q_proj,v_proj", 4194304ull},
+        /* Phi-4: PEFT's Phi-3 modules, qkv_proj, o_proj, gate_up_proj,
+         * down_proj: 40 x 16 x (12800 + 10240 + 40960 + 23040) */
+        {"phi-4", "--lora 16 --lora-targets all-linear --qlora", 55705600ull},
+        {"phi-4", "--lora 16 --lora-targets qkv_proj,o_proj,gate_up_proj,down_proj", 55705600ull},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         char args[512];
@@ -128,17 +132,23 @@ static void lora_of(cfg *c, plan_method method, int r, unsigned targets)
     c->t.lora = (zo_lora_config){r, 16, targets};
 }
 
+/* Preset `name` fully fine-tuned on an H100 at sequence 2048, estimated. */
+static void full_run(const char *name, cfg *full)
+{
+    assert_int_equal(zo_model_preset_find(name, &full->m), ZO_OK);
+    assert_int_equal(plan_hw_find("h100-80gb", &full->hw), ZO_OK);
+    plan_train_defaults(&full->t, &full->m);
+    full->t.seq = 2048;
+    run_cfg(full);
+}
+
 /* The frozen base, the adapters and their gradients and AdamW state, what
  * the adapters add to activations; no base gradients, no base optimizer. */
 static void test_lora_memory(void **state)
 {
     (void)state;
     cfg full, lora;
-    assert_int_equal(zo_model_preset_find("llama-2-7b", &full.m), ZO_OK);
-    assert_int_equal(plan_hw_find("h100-80gb", &full.hw), ZO_OK);
-    plan_train_defaults(&full.t, &full.m);
-    full.t.seq = 2048;
-    run_cfg(&full);
+    full_run("llama-2-7b", &full);
     lora = full;
     lora_of(&lora, PLAN_METHOD_LORA, 16, ZO_LORA_ALL_LINEAR);
     run_cfg(&lora);
@@ -249,6 +259,40 @@ static void test_lora_memory(void **state)
 /* No weight-gradient GEMMs for the base: its FLOPs are the forward, the input
  * gradients and 6 per adapter parameter a token; QLoRA adds the
  * dequantization of each linear weight in the forward and the backward. */
+/* Phi-4 (the preset: 40 layers, h 5120, 10 kv heads of 128, f 17920):
+ * PEFT's four adapters a layer over the fused qkv_proj [7680, 5120] and
+ * gate_up_proj [35840, 5120] (and o_proj, down_proj), each layer keeping
+ * their four A x; QLoRA's frozen base with those four tensors in NF4, the
+ * dequantization scratch as large as gate_up_proj (the runtime dequantizes
+ * it whole for the gate and the up GEMM). */
+static void test_phi4_memory(void **state)
+{
+    (void)state;
+    cfg full, lora;
+    full_run("phi-4", &full);
+    const zo_model_config *m = &full.m;
+    double L = 40, h = 5120, q = 40 * 128, qkv = q + 2 * 10 * 128, f = 17920, s = 2048, r = 16;
+    assert_true(zo_model_params(m) == 14659507200ull); /* by hand: tests/test_planner_families.c */
+    lora = full;
+    lora_of(&lora, PLAN_METHOD_LORA, 16, ZO_LORA_ALL_LINEAR);
+    run_cfg(&lora);
+    uint64_t A = (uint64_t)(L * r * ((h + qkv) + (q + h) + (h + 2 * f) + (f + h)));
+    assert_true(A == 55705600ull);
+    assert_true(lora.e.trainable == A);
+    uint64_t added = (uint64_t)(L * s * 4 * r * 2 + 4 * s * r + 8 * h);
+    assert_true(lora.e.bytes[PLAN_GPU][PLAN_ACTIVATIONS] == full.e.bytes[PLAN_GPU][PLAN_ACTIVATIONS] + added);
+    cfg ql = lora;
+    lora_of(&ql, PLAN_METHOD_QLORA, 16, ZO_LORA_ALL_LINEAR);
+    run_cfg(&ql);
+    uint64_t w[4] = {(uint64_t)(h * qkv), (uint64_t)(h * q), (uint64_t)(h * 2 * f), (uint64_t)(f * h)};
+    uint64_t nf4 = 0, linear = 0;
+    for (int i = 0; i < 4; i++) nf4 += (uint64_t)L * nf4_reference(w[i]), linear += (uint64_t)L * w[i];
+    uint64_t frozen = nf4 + (zo_model_params(m) - linear) * 2;
+    uint64_t got = ql.e.bytes[PLAN_GPU][PLAN_PARAMS] - A * 2;
+    assert_true(got >= frozen && got <= frozen + (uint64_t)L * 4 * 15);
+    assert_true(item(&ql.e, "NF4 dequantization scratch") == w[2] * 2);
+}
+
 static void test_lora_cost(void **state)
 {
     (void)state;
@@ -438,6 +482,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_peft_counts_cli), cmocka_unit_test(test_lora_memory),
+        cmocka_unit_test(test_phi4_memory),
         cmocka_unit_test(test_lora_cost),       cmocka_unit_test(test_qlora_claims),
         cmocka_unit_test(test_suggestions),     cmocka_unit_test(test_plan_file),
         cmocka_unit_test(test_max_model),

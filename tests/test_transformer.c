@@ -20,8 +20,10 @@
 
 #include "model/data.h"        /* defines: model_tokens, model_batch_get */
 #include "common/fileio.h"     /* defines: zo_file_read_all */
+#include "model/hf.h"          /* defines: model_hf_save, model_hf_config */
 #include "model/safetensors.h" /* defines: model_st_open, model_load_path */
 #include "tests/support/check.h" /* defines: check_close_f32 */
+#include "tests/support/files.h" /* defines: files_write_text */
 #include "tests/support/ref_trainer.h" /* defines: tf_trainer, tf_model */
 #include "tests/support/run.h"         /* defines: run_capture */
 #include "transformer/generate.h"      /* defines: tf_gen, tf_gen_prompt, tf_gen_next */
@@ -35,6 +37,7 @@ static const char *fix_dir(void)
 }
 #define B 2
 #define T 8
+#define T_MAX 64 /* the longest fixture's sequences (tiny_phi3's 56) */
 
 /* ---- fixtures ----------------------------------------------------------------- */
 
@@ -61,7 +64,8 @@ typedef struct fixture {
     gpu_stream_t s;
     tf_model m;
     tf_trainer tr;
-    int32_t inputs[B * T], targets[B * T];
+    int t; /* its sequences' length: T, or the fixture's own (tiny_phi3) */
+    int32_t inputs[B * T_MAX], targets[B * T_MAX];
 } fixture;
 
 static void fixture_open_opts(fixture *fx, const char *name, zo_dtype dt, int n_threads, const tf_adamw *opt,
@@ -80,11 +84,16 @@ static void fixture_open_opts(fixture *fx, const char *name, zo_dtype dt, int n_
     fx->name = name;
     char path[512];
     snprintf(path, sizeof path, "%s/%s.json", fix_dir(), name);
-    assert_int_equal(zo_model_config_load(path, &fx->cfg), ZO_OK);
+    if (zo_model_config_load(path, &fx->cfg) != ZO_OK) fail_msg("%s", zo_last_error());
+    size_t n_in;
+    float *in = read_expected(name, "inputs", &n_in), *tg = read_expected(name, "targets", NULL);
+    fx->t = (int)(n_in / B);
+    assert_true(fx->t >= 1 && fx->t <= T_MAX);
     gpu_cpu_options o = {.n_threads = n_threads};
     assert_int_equal(gpu_device_init_cpu(&o, &fx->dev), ZO_OK);
     assert_int_equal(gpu_stream_create(fx->dev, &fx->s), ZO_OK);
-    if (tf_init_opts(&fx->m, &fx->cfg, fx->dev, dt, B, T, to) != ZO_OK) fail_msg("tf_init: %s", zo_last_error());
+    if (tf_init_opts(&fx->m, &fx->cfg, fx->dev, dt, B, fx->t, to) != ZO_OK)
+        fail_msg("tf_init: %s", zo_last_error());
     tf_adamw none = {.lr = 0};
     assert_int_equal(tf_trainer_init(&fx->tr, &fx->m, opt ? opt : &none), ZO_OK);
     snprintf(path, sizeof path, "%s/%s.safetensors", fix_dir(), name);
@@ -93,8 +102,7 @@ static void fixture_open_opts(fixture *fx, const char *name, zo_dtype dt, int n_
                                      ZO_DTYPE_F32, MODEL_LOAD_STRICT, &rep), ZO_OK);
     assert_int_equal(rep.n_missing, 0);
     assert_int_equal(tf_trainer_upload(&fx->tr, fx->s), ZO_OK);
-    float *in = read_expected(name, "inputs", NULL), *tg = read_expected(name, "targets", NULL);
-    for (int i = 0; i < B * T; i++) {
+    for (int i = 0; i < B * fx->t; i++) {
         fx->inputs[i] = (int32_t)in[i];
         fx->targets[i] = (int32_t)tg[i];
     }
@@ -128,24 +136,24 @@ static void run_against_torch(const char *name)
 {
     fixture fx;
     fixture_open(&fx, name, ZO_DTYPE_F32, 2, NULL);
-    int V = fx.cfg.vocab;
+    int V = fx.cfg.vocab, t = fx.t;
     /* forward: logits and loss */
-    assert_int_equal(tf_set_batch(&fx.m, fx.s, fx.inputs, fx.targets, B, T), ZO_OK);
+    assert_int_equal(tf_set_batch(&fx.m, fx.s, fx.inputs, fx.targets, B, t), ZO_OK);
     assert_int_equal(tf_forward(&fx.m, fx.tr.params, fx.s), ZO_OK);
     float loss;
     assert_int_equal(tf_loss(&fx.m, fx.s, &loss), ZO_OK);
-    float *logits = malloc((size_t)B * T * V * sizeof(float));
-    download_as(&fx, logits, fx.m.logits, (size_t)B * T * V, ZO_DTYPE_F32); /* logits are fp32 */
+    float *logits = malloc((size_t)B * t * V * sizeof(float));
+    download_as(&fx, logits, fx.m.logits, (size_t)B * t * V, ZO_DTYPE_F32); /* logits are fp32 */
     size_t n;
     float *want_logits = read_expected(name, "logits", &n);
     float *want_loss = read_expected(name, "loss", NULL);
-    assert_int_equal(n, (size_t)B * T * V);
+    assert_int_equal(n, (size_t)B * t * V);
     assert_int_equal(check_close_f32("logits", logits, want_logits, n, 2e-5, 2e-5), 0);
     assert_int_equal(check_close_f32("loss", &loss, want_loss, 1, 1e-5, 1e-5), 0);
 
     /* backward: every gradient, loaded by name from the torch file */
     tf_step_info info;
-    assert_int_equal(tf_trainer_grads(&fx.tr, fx.s, fx.inputs, fx.targets, B, T, &info), ZO_OK);
+    assert_int_equal(tf_trainer_grads(&fx.tr, fx.s, fx.inputs, fx.targets, B, t, &info), ZO_OK);
     assert_int_equal(check_close_f32("loss (trainer)", &info.loss, want_loss, 1, 1e-5, 1e-5), 0);
     int nb = fx.m.layout.n_blocks;
     float **want = calloc(nb, sizeof(float *));
@@ -271,7 +279,7 @@ static int gen_check(fixture *fx, tf_model *g, const int32_t *tok, int t, const 
     for (int j = 0; j < B; j++) {
         char what[96];
         snprintf(what, sizeof what, "%s: sequence %d, position %d", fx->name, j, pos[j] + last[j]);
-        bad += check_close_f32(what, got + (size_t)j * V, want + ((size_t)j * T + pos[j] + last[j]) * V, (size_t)V,
+        bad += check_close_f32(what, got + (size_t)j * V, want + ((size_t)j * fx->t + pos[j] + last[j]) * V, (size_t)V,
                                2e-5, 2e-5);
     }
     free(got);
@@ -290,34 +298,37 @@ static void run_generation(const char *name)
     fixture_open(&fx, name, ZO_DTYPE_F32, 2, NULL);
     float *want = read_expected(name, "logits", NULL);
     tf_model g;
-    tf_options o = {.kv_len = T};
+    const int t = fx.t; /* the cache holds the fixture's sequence */
+    tf_options o = {.kv_len = t};
     assert_int_equal(tf_init_opts(&g, &fx.cfg, fx.dev, ZO_DTYPE_F32, B, 5, &o), ZO_OK);
     int32_t tok[B * 5];
     int bad = 0;
     /* one position: prompts of 3, then positions 3..7 */
     int pos[B] = {0, 0}, last[B] = {2, 2};
     for (int j = 0; j < B; j++)
-        for (int i = 0; i < 3; i++) tok[j * 3 + i] = fx.inputs[j * T + i];
+        for (int i = 0; i < 3; i++) tok[j * 3 + i] = fx.inputs[j * t + i];
     bad += gen_check(&fx, &g, tok, 3, pos, last, want);
-    for (int p = 3; p < T; p++) {
+    for (int p = 3; p < t; p++) {
         int one[B] = {p, p}, zero[B] = {0, 0};
-        for (int j = 0; j < B; j++) tok[j] = fx.inputs[j * T + p];
+        for (int j = 0; j < B; j++) tok[j] = fx.inputs[j * t + p];
         bad += gen_check(&fx, &g, tok, 1, one, zero, want);
     }
     /* different positions: prompts of 3 (padded to 5) and 5 over the same caches */
     int last2[B] = {2, 4};
     for (int j = 0; j < B; j++)
-        for (int i = 0; i < 5; i++) tok[j * 5 + i] = j == 0 && i >= 3 ? 1 : fx.inputs[j * T + i];
+        for (int i = 0; i < 5; i++) tok[j * 5 + i] = j == 0 && i >= 3 ? 1 : fx.inputs[j * t + i];
     bad += gen_check(&fx, &g, tok, 5, pos, last2, want);
     for (int k = 0; k < 3; k++) {
         int at[B] = {3 + k, 5 + k}, zero[B] = {0, 0};
-        for (int j = 0; j < B; j++) tok[j] = fx.inputs[j * T + at[j]];
+        for (int j = 0; j < B; j++) tok[j] = fx.inputs[j * t + at[j]];
         bad += gen_check(&fx, &g, tok, 1, at, zero, want);
     }
     /* a position past the cache is refused, naming it */
-    int past[B] = {T, 0}, zero[B] = {0, 0};
+    int past[B] = {t, 0}, zero[B] = {0, 0};
     assert_int_equal(tf_set_tokens(&g, fx.s, tok, B, 1, past, zero), ZO_ERR_INVALID);
-    assert_non_null(strstr(zo_last_error(), "outside the cache of 8"));
+    char said[64];
+    snprintf(said, sizeof said, "outside the cache of %d", t);
+    assert_non_null(strstr(zo_last_error(), said));
     /* and a generation model trains nothing */
     assert_int_equal(tf_set_batch(&g, fx.s, fx.inputs, fx.targets, B, 5), ZO_ERR_INVALID);
     assert_int_equal(bad, 0);
@@ -333,6 +344,10 @@ static void test_generation_vs_torch(void **state)
     run_generation("tiny_llama");
     run_generation("tiny_qwen2");
     run_generation("tiny_qwen3");
+    /* Phi-3: the window of 20 over a cache of 56; longrope within its
+     * original length (short_factor, the attention factor) */
+    run_generation("tiny_phi3");
+    run_generation("tiny_phi3_longrope_short");
 }
 
 /* Generation on the forward-only runtime (transformer/generate.h), the
@@ -442,10 +457,10 @@ static void run_training(const char *name)
     float got[16];
     assert_true(n <= 16);
     for (size_t k = 0; k < n; k++) {
-        int32_t in[B * T], tg[B * T];
-        assert_int_equal(model_batch_get(&tok, B, T, (int64_t)k, 0, MODEL_SAMPLE_SEQUENTIAL, in, tg), ZO_OK);
+        int32_t in[B * T_MAX], tg[B * T_MAX];
+        assert_int_equal(model_batch_get(&tok, B, fx.t, (int64_t)k, 0, MODEL_SAMPLE_SEQUENTIAL, in, tg), ZO_OK);
         tf_step_info info;
-        assert_int_equal(tf_trainer_step(&fx.tr, fx.s, in, tg, B, T, &info), ZO_OK);
+        assert_int_equal(tf_trainer_step(&fx.tr, fx.s, in, tg, B, fx.t, &info), ZO_OK);
         got[k] = info.loss;
     }
     assert_int_equal(check_close_f32("train losses", got, want, n, 1e-4, 1e-4), 0);
@@ -465,6 +480,194 @@ static void test_llama_training(void **state)
 {
     (void)state;
     run_training("tiny_llama");
+}
+
+/* ---- Phi-3 ---------------------------------------------------------------------------------- */
+
+/* model_hf_save's reader: the fixture's fp32 master weights, block b. */
+static zo_status read_master(void *ctx, int b, float *dst)
+{
+    const fixture *fx = ctx;
+    memcpy(dst, fx->tr.master[b], fx->m.layout.block_numel[b] * sizeof(float));
+    return ZO_OK;
+}
+
+/* Every tensor of safetensors file `path` named as `l` lays it out equals
+ * buffer blocks[] there, bit for bit (and the file has no other tensor). */
+static void check_file_holds(const char *path, const model_layout *l, float *const *blocks)
+{
+    model_st_file f;
+    assert_int_equal(model_st_open(&f, path), ZO_OK);
+    assert_int_equal(f.n_tensors, l->n_tensors);
+    for (int i = 0; i < l->n_tensors; i++) {
+        const model_tensor *t = &l->tensors[i];
+        const model_st_tensor *ft = model_st_find(&f, t->name);
+        if (!ft) fail_msg("%s: no %s", path, t->name);
+        assert_int_equal(ft->numel, t->numel);
+        float *v = malloc(t->numel * sizeof(float));
+        assert_int_equal(model_st_read(&f, ft, v, ZO_DTYPE_F32, 0), ZO_OK);
+        assert_memory_equal(v, blocks[t->block] + t->offset, t->numel * sizeof(float));
+        free(v);
+    }
+    model_st_close(&f);
+}
+
+/* Phi-3 (tests/fixtures/gpu/make_fixtures.py tiny_phi3): its checkpoint
+ * holds q|k|v as one qkv_proj [q + 2kv, h] and gate|up as one gate_up_proj
+ * [2f, h], loaded straight into the fused views; GQA, a window of 20 over
+ * sequences of 56. Logits, loss, every gradient (under the fused names:
+ * the split is checked row by row) and 10 AdamW steps against PyTorch; then
+ * the Hugging Face folder written from it holds the same names and values,
+ * with a config.json that reads back as the same model. */
+static void test_phi3_vs_torch(void **state)
+{
+    (void)state;
+    run_against_torch("tiny_phi3");
+    run_training("tiny_phi3");
+
+    fixture fx;
+    fixture_open(&fx, "tiny_phi3", ZO_DTYPE_F32, 2, NULL);
+    const model_layout *l = &fx.m.layout;
+    assert_int_equal(fx.cfg.sliding_window, 20);
+    assert_true(fx.t > 48 && fx.t > fx.cfg.sliding_window);
+    const model_tensor *qkv = model_layout_find(l, "model.layers.1.self_attn.qkv_proj.weight");
+    const model_tensor *gu = model_layout_find(l, "model.layers.1.mlp.gate_up_proj.weight");
+    assert_non_null(qkv);
+    assert_non_null(gu);
+    assert_int_equal(qkv->shape[0], 32 + 2 * 16); /* 4 heads of 8, 2 kv heads */
+    assert_int_equal(gu->shape[0], 2 * 48);
+    assert_null(model_layout_find(l, "model.layers.1.self_attn.q_proj.weight"));
+    assert_null(model_layout_find(l, "model.layers.1.mlp.up_proj.weight"));
+    /* the parts are row ranges of the fused tensors, in Hugging Face's order */
+    const model_view *k = model_layout_view(l, qkv->block, MODEL_ROLE_K_W);
+    const model_view *up = model_layout_view(l, gu->block, MODEL_ROLE_MLP_UP_W);
+    assert_int_equal(k->offset, qkv->offset + 32 * 32);
+    assert_int_equal(up->offset, gu->offset + 48 * 32);
+
+    /* export: the folder Hugging Face's from_pretrained reads */
+    char dir[128], path[256], cfgp[256];
+    snprintf(dir, sizeof dir, "/tmp/zo_test_phi3_%d", (int)getpid());
+    snprintf(cfgp, sizeof cfgp, "%s/tiny_phi3.json", fix_dir());
+    model_hf_folder hf = {.dir = dir, .l = l, .dtype = ZO_DTYPE_F32, .config = cfgp};
+    int shards = 0;
+    if (model_hf_save(&hf, read_master, &fx, &shards) != ZO_OK) fail_msg("%s", zo_last_error());
+    assert_int_equal(shards, 1);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    check_file_holds(path, l, fx.tr.master);
+    /* the fixture's own file holds the same (what was loaded is what is written) */
+    snprintf(cfgp, sizeof cfgp, "%s/tiny_phi3.safetensors", fix_dir());
+    check_file_holds(cfgp, l, fx.tr.master);
+    /* reload: the same family, window and shapes */
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    zo_model_config back;
+    assert_int_equal(zo_model_config_load(path, &back), ZO_OK);
+    assert_string_equal(back.family, "phi3");
+    assert_int_equal(back.sliding_window, 20);
+    assert_int_equal(back.n_kv_heads, 2);
+    /* the config.json written for a shape (a preset's) reads back the same */
+    cJSON *o = NULL;
+    assert_int_equal(model_hf_config(&fx.cfg, ZO_DTYPE_BF16, &o), ZO_OK);
+    char *text = cJSON_Print(o);
+    assert_non_null(strstr(text, "Phi3ForCausalLM"));
+    zo_model_config gen;
+    assert_int_equal(zo_model_config_parse(text, "written.json", &gen), ZO_OK);
+    assert_string_equal(gen.family, "phi3");
+    assert_int_equal(gen.sliding_window, 20);
+    assert_int_equal(zo_model_params(&gen), zo_model_params(&fx.cfg));
+    free(text);
+    cJSON_Delete(o);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+    fixture_close(&fx);
+}
+
+/* Phi-3's longrope (Phi-3.5-mini's rope_scaling, small: 4 factors a list,
+ * an original length of 32 of 256 positions) against PyTorch: sequences of
+ * 24 turn by short_factor's frequencies, of 56 by long_factor's, cos and
+ * sin times sqrt(1 + ln 8 / ln 32) in both; logits, loss, every gradient
+ * and 10 AdamW steps. Generation whose cache passes the original length is
+ * refused by name (Hugging Face's switches factors there); the real
+ * Phi-3.5-mini config reads as Hugging Face reads it. */
+/* A fixture's config.json. */
+static zo_model_config fixture_config(const char *name)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s.json", fix_dir(), name);
+    zo_model_config c;
+    if (zo_model_config_load(path, &c) != ZO_OK) fail_msg("%s", zo_last_error());
+    return c;
+}
+
+static void test_phi3_longrope_vs_torch(void **state)
+{
+    (void)state;
+    const char *name = "tiny_phi3_longrope_long";
+    run_against_torch("tiny_phi3_longrope_short");
+    run_against_torch(name);
+    run_training(name);
+    zo_model_config c = fixture_config(name);
+    char path[512];
+    assert_string_equal(c.rope_scaling, "longrope");
+    assert_int_equal(c.rope_original_max, 32);
+    assert_int_equal(c.rope_n_factors, 4);
+    assert_true(fabs(c.rope_attention_factor - sqrt(1.0 + log(8.0) / log(32.0))) < 1e-6);
+    gpu_device_t dev;
+    gpu_cpu_options o = {.n_threads = 1};
+    assert_int_equal(gpu_device_init_cpu(&o, &dev), ZO_OK);
+    tf_model g;
+    tf_options go = {.kv_len = 32};
+    assert_int_equal(tf_init_opts(&g, &c, dev, ZO_DTYPE_F32, 1, 8, &go), ZO_OK);
+    tf_free(&g);
+    go.kv_len = 33;
+    assert_int_equal(tf_init_opts(&g, &c, dev, ZO_DTYPE_F32, 1, 8, &go), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "longrope"));
+    /* lists that are not head_dim / 2 long are refused by name */
+    c.rope_n_factors = 3;
+    assert_int_equal(tf_init(&g, &c, dev, ZO_DTYPE_F32, 1, 8), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "short_factor"));
+    gpu_device_free(dev);
+    /* the config.json written for it reads back the same longrope */
+    c.rope_n_factors = 4;
+    cJSON *js = NULL;
+    assert_int_equal(model_hf_config(&c, ZO_DTYPE_BF16, &js), ZO_OK);
+    char *text = cJSON_Print(js);
+    zo_model_config back;
+    assert_int_equal(zo_model_config_parse(text, "written.json", &back), ZO_OK);
+    assert_int_equal(back.rope_n_factors, 4);
+    assert_int_equal(back.rope_original_max, 32);
+    assert_memory_equal(back.rope_long_factor, c.rope_long_factor, 4 * sizeof(float));
+    assert_memory_equal(back.rope_short_factor, c.rope_short_factor, 4 * sizeof(float));
+    assert_true(fabs(back.rope_attention_factor - c.rope_attention_factor) < 1e-6);
+    free(text);
+    cJSON_Delete(js);
+    /* Phi-3.5-mini: 48 factors a list (head_dim 96), the original length
+     * 4096 of 131072: sqrt(1 + ln 32 / ln 4096) */
+    snprintf(path, sizeof path, "%s/hf-configs/phi-3.5-mini-instruct.json", ZO_FIXTURES_DIR);
+    assert_int_equal(zo_model_config_load(path, &c), ZO_OK);
+    assert_int_equal(c.rope_n_factors, 48);
+    assert_int_equal(c.rope_original_max, 4096);
+    assert_true(fabs(c.rope_long_factor[47] - 64.83999633789062) < 1e-5);
+    assert_true(fabs(c.rope_attention_factor - sqrt(1.0 + log(32.0) / log(4096.0))) < 1e-6);
+}
+
+/* Phi-4-mini's positions, small: partial_rotary_factor 0.75 (6 of each
+ * head's 8 rotate, paired i with i + 3, the last 2 pass), longrope lists of
+ * 3 past the original length, a tied head; against PyTorch. A factor that
+ * leaves an odd rotary size is refused by name. */
+static void test_phi3_partial_vs_torch(void **state)
+{
+    (void)state;
+    run_against_torch("tiny_phi3_partial");
+    run_training("tiny_phi3_partial");
+    zo_model_config c = fixture_config("tiny_phi3_partial");
+    assert_int_equal(zo_model_rope_dim(&c), 6);
+    assert_int_equal(c.rope_n_factors, 3);
+    assert_true(c.tied_embeddings);
+    c.rope_partial = 0.625f; /* 5 of 8 */
+    model_layout l;
+    assert_int_equal(model_layout_init(&l, &c), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "partial_rotary_factor"));
 }
 
 /* ---- 16-bit storage ---------------------------------------------------------------------- */
@@ -621,27 +824,40 @@ static void lora_workdir(const char *tag, char dir[64], char text[128])
     fclose(f);
 }
 
-static void test_train_lora(void **state)
+/* What a model's `train --lora 4 --lora-targets all-linear` (and --qlora)
+ * run must show: the trainable count (--lora), entries adapter_config.json
+ * lists and one it must not, an adapter tensor under PEFT's name (with its
+ * shape when rows > 0). */
+/* A Phi-3 for train's end-to-end runs: GQA, a window of 15 over sequences of 32. */
+#define PHI3_TINY_CONFIG                                                                                      \
+    "{\"model_type\": \"phi3\", \"num_hidden_layers\": 2, \"hidden_size\": 32, \"num_attention_heads\": 4, " \
+    "\"num_key_value_heads\": 2, \"intermediate_size\": 48, \"vocab_size\": 256, "                           \
+    "\"max_position_embeddings\": 64, \"sliding_window\": 15}"
+
+typedef struct lora_case {
+    const char *tag, *config_json, *trainable;
+    const char *lists[3], *not_listed;
+    const char *tensor;
+    int64_t rows, cols;
+} lora_case;
+
+static void run_train_lora(const lora_case *lc)
 {
-    (void)state;
     char dir[64], text[128], ad[128], cfg[128], cmd[1400];
-    lora_workdir("lora", dir, text);
+    lora_workdir(lc->tag, dir, text);
     snprintf(ad, sizeof ad, "%s/adapter", dir);
     snprintf(cfg, sizeof cfg, "%s/config.json", dir);
-    FILE *f = fopen(cfg, "w");
-    fprintf(f, "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 32, \"n_head\": 2,"
-               " \"n_positions\": 32, \"vocab_size\": 256}\n");
-    fclose(f);
+    files_write_text(cfg, lc->config_json);
     static char out[1 << 16];
     const char *common = "--text --micro-batch 4 --seq 32 --threads 2 --lora 4 --lora-targets all-linear";
     for (int q = 0; q < 2; q++) {
         snprintf(cmd, sizeof cmd, "%s --model %s --data %s %s --steps 40 --lr 1e-2 %s --save %s 2>&1",
                  ZO_TRAIN_BIN, cfg, text, common, q ? "--qlora --params-on cpu" : "", ad);
         assert_int_equal(run_capture(cmd, out, sizeof out), 0);
-        assert_non_null(strstr(out, q ? "(QLoRA: NF4 base)" : "4096 trainable parameters"));
+        assert_non_null(strstr(out, q ? "(QLoRA: NF4 base)" : lc->trainable));
         int steps;
         float last5, first = lora_losses(out, &steps, &last5, 40);
-        printf("  train %s: loss %.3f -> %.3f\n", q ? "--qlora" : "--lora 4", first, last5);
+        printf("  train %s %s: loss %.3f -> %.3f\n", lc->tag, q ? "--qlora" : "--lora 4", first, last5);
         assert_int_equal(steps, 40);
         assert_true(last5 < first - 0.2f);
         /* PEFT's files: the config and the adapters under PEFT's names */
@@ -650,12 +866,18 @@ static void test_train_lora(void **state)
         char *cj = NULL;
         assert_int_equal(zo_file_read_all(path, 1 << 16, "adapter_config.json", &cj, NULL), ZO_OK);
         assert_non_null(strstr(cj, "\"peft_type\":\t\"LORA\""));
-        assert_non_null(strstr(cj, "\"c_attn\""));
+        for (int i = 0; i < 3 && lc->lists[i]; i++) assert_non_null(strstr(cj, lc->lists[i]));
+        if (lc->not_listed) assert_null(strstr(cj, lc->not_listed));
         free(cj);
         snprintf(path, sizeof path, "%s/adapter_model.safetensors", ad);
         model_ckpt ck;
         assert_int_equal(model_ckpt_open(&ck, path), ZO_OK);
-        assert_non_null(model_ckpt_find(&ck, "base_model.model.transformer.h.1.mlp.c_fc.lora_B.weight"));
+        const model_ckpt_entry *e = model_ckpt_find(&ck, lc->tensor);
+        if (!e) fail_msg("%s: no %s", path, lc->tensor);
+        if (lc->rows) {
+            assert_int_equal(e->tensor->shape[0], lc->rows);
+            assert_int_equal(e->tensor->shape[1], lc->cols);
+        }
         model_ckpt_close(&ck);
         /* a second run from the adapters starts where the first ended */
         snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --micro-batch 4 --seq 32 --threads 2 "
@@ -669,6 +891,95 @@ static void test_train_lora(void **state)
     snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --qlora 2>&1", ZO_TRAIN_BIN, cfg, text);
     assert_int_equal(run_capture(cmd, out, sizeof out), 2);
     assert_non_null(strstr(out, "--lora"));
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_train_lora(void **state)
+{
+    (void)state;
+    const lora_case gpt2 = {"gpt2",
+                            "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_embd\": 32, \"n_head\": 2,"
+                            " \"n_positions\": 32, \"vocab_size\": 256}",
+                            "4096 trainable parameters",
+                            {"\"c_attn\""},
+                            NULL,
+                            "base_model.model.transformer.h.1.mlp.c_fc.lora_B.weight",
+                            0,
+                            0};
+    run_train_lora(&gpt2);
+}
+
+/* `train` on a Phi-3 with LoRA and QLoRA on every linear layer: the
+ * adapters are PEFT's for Phi-3 (one over qkv_proj, one over gate_up_proj)
+ * under its names and shapes; 2 layers x 4 x ((32 + 64) + (32 + 32) +
+ * (32 + 96) + (48 + 32)) trainable parameters. */
+static void test_train_phi3_lora(void **state)
+{
+    (void)state;
+    const lora_case phi3 = {"phi3",
+                            PHI3_TINY_CONFIG,
+                            "2944 trainable parameters",
+                            {"\"qkv_proj\"", "\"gate_up_proj\""},
+                            "\"q_proj\"",
+                            "base_model.model.model.layers.1.mlp.gate_up_proj.lora_B.weight",
+                            96,
+                            4};
+    run_train_lora(&phi3);
+}
+
+/* The "step K loss ..." lines of `out` from step `from` on, in `buf`. */
+static const char *steps_from(const char *out, int from, char *buf, size_t len)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (const char *p = out; (p = strstr(p, "step ")) != NULL; p++) {
+        int k;
+        if ((p != out && p[-1] != '\n') || sscanf(p, "step %d loss", &k) != 1 || k < from) continue;
+        const char *tok = strstr(p, " tok/s"); /* the rest (throughput) differs run to run */
+        n += (size_t)snprintf(buf + n, len - n, "%.*s\n", (int)(tok ? tok - p : 0), p);
+        if (n >= len) break;
+    }
+    return buf;
+}
+
+/* Full fine-tuning of a Phi-3 through `train`: 5 steps into a checkpoint
+ * and 5 more from it give the 10 straight steps' losses and gradient norms
+ * to the digit, and --save writes Phi-3's fused names. */
+static void test_train_phi3_resume(void **state)
+{
+    (void)state;
+    char dir[64], text[128], cmd[1400];
+    lora_workdir("phi3_resume", dir, text);
+    snprintf(cmd, sizeof cmd, "%s/config.json", dir);
+    files_write_text(cmd, PHI3_TINY_CONFIG "\n");
+    static char out[1 << 16], a[4096], b[4096];
+    const char *run = "%s --model %s/config.json --data %s/text.txt --text --micro-batch 4 --seq 32 --threads 2 "
+                      "--lr 1e-2 %s 2>&1";
+    char extra[512];
+    snprintf(extra, sizeof extra, "--steps 10 --save %s/out", dir);
+    snprintf(cmd, sizeof cmd, run, ZO_TRAIN_BIN, dir, dir, extra);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+    steps_from(out, 6, a, sizeof a);
+    snprintf(extra, sizeof extra, "--steps 5 --ckpt %s/ck", dir);
+    snprintf(cmd, sizeof cmd, run, ZO_TRAIN_BIN, dir, dir, extra);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+    snprintf(extra, sizeof extra, "--steps 10 --resume %s/ck", dir);
+    snprintf(cmd, sizeof cmd, run, ZO_TRAIN_BIN, dir, dir, extra);
+    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
+    steps_from(out, 6, b, sizeof b);
+    assert_non_null(strstr(a, "step 10 loss"));
+    assert_string_equal(a, b);
+    char path[256];
+    snprintf(path, sizeof path, "%s/out/model.safetensors", dir);
+    model_ckpt ck;
+    assert_int_equal(model_ckpt_open(&ck, path), ZO_OK);
+    const model_ckpt_entry *e = model_ckpt_find(&ck, "model.layers.1.self_attn.qkv_proj.weight");
+    assert_non_null(e);
+    assert_int_equal(e->tensor->shape[0], 64);
+    assert_non_null(model_ckpt_find(&ck, "model.layers.1.mlp.gate_up_proj.weight"));
+    assert_null(model_ckpt_find(&ck, "model.layers.1.mlp.gate_proj.weight"));
+    model_ckpt_close(&ck);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);
 }
@@ -1053,6 +1364,9 @@ int main(void)
         cmocka_unit_test(test_llama_vs_torch),
         cmocka_unit_test(test_qwen2_vs_torch),
         cmocka_unit_test(test_qwen3_vs_torch),
+        cmocka_unit_test(test_phi3_vs_torch),
+        cmocka_unit_test(test_phi3_longrope_vs_torch),
+        cmocka_unit_test(test_phi3_partial_vs_torch),
         cmocka_unit_test(test_generation_vs_torch),
         cmocka_unit_test(test_generation_placements),
         cmocka_unit_test(test_gpt2_training),
@@ -1063,6 +1377,8 @@ int main(void)
         cmocka_unit_test(test_init_sequence),
         cmocka_unit_test(test_train_lora),
         cmocka_unit_test(test_train_lora_qwen3),
+        cmocka_unit_test(test_train_phi3_lora),
+        cmocka_unit_test(test_train_phi3_resume),
         cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_attention_extent),
         cmocka_unit_test(test_train_program),

@@ -78,18 +78,34 @@ static zo_status lora_init(tf_model *m)
         return zo_error_wrap(st, "tf_init");
     m->lora_scale = o->alpha / (float)o->r;
     zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    m->n_lora = zo_lora_layer_modules(c, o->targets, mods);
+    m->n_lora_u = zo_lora_layer_modules(c, o->targets, mods);
     const int q = q_width(c), kv = c->n_kv_heads * c->head_dim, r = o->r;
     /* offsets as model_lora_layout_init lays a layer out: the modules in
      * order, the routed experts' together at the first of them, expert
      * after expert */
     size_t at = 0, e_stride = 0, e_at = 0;
     int e_seen = 0;
-    for (int j = 0; j < m->n_lora; j++)
+    for (int j = 0; j < m->n_lora_u; j++)
         if (mods[j].experts) e_stride += (size_t)r * (size_t)(mods[j].in + mods[j].out);
-    for (int j = 0; j < m->n_lora; j++) {
-        tf_lora_slot *sl = &m->lora[j];
+    m->n_lora = 0;
+    for (int j = 0; j < m->n_lora_u; j++) {
+        tf_lora_slot *sl = &m->lora[m->n_lora++];
         unsigned t = mods[j].targets;
+        sl->u = j;
+        if (t == (ZO_LORA_GATE | ZO_LORA_UP)) {
+            /* Phi-3's gate_up_proj: A [r, h], B [2f, r]; a gate slot with B's
+             * first f rows and an up slot with the rest, over the one A (its
+             * gradient the sum of both slots'; B's rows are [out, r]) */
+            int f = (int)mods[j].out / 2;
+            tf_lora_slot *up = &m->lora[m->n_lora++];
+            *sl = (tf_lora_slot){.stage = TF_LORA_GATE, .u = j, .in = (int)mods[j].in, .out = f,
+                                 .a_off = at, .b_off = at + (size_t)r * (size_t)mods[j].in};
+            *up = *sl;
+            up->stage = TF_LORA_UP;
+            up->b_off += (size_t)f * (size_t)r;
+            at += (size_t)r * (size_t)(mods[j].in + mods[j].out);
+            continue;
+        }
         int ex = mods[j].experts > 0;
         sl->stage = t & (ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V) ? TF_LORA_QKV
                     : t == ZO_LORA_O                         ? TF_LORA_O
@@ -136,12 +152,13 @@ static zo_status lora_init(tf_model *m)
 }
 
 /* Elements of the largest linear weight a layer dequantizes at once (the
- * fused q|k|v counts as one). */
+ * fused q|k|v counts as one; Phi-3's gate_up_proj, one tensor, too). */
 static size_t largest_linear(const zo_model_config *c)
 {
     size_t h = (size_t)c->hidden, f = (size_t)c->ffn, q = (size_t)q_width(c), qkv = (size_t)qkv_width(c);
     size_t fe = (size_t)c->moe.expert_ffn, fs = (size_t)c->moe.shared_ffn;
-    size_t w[] = {qkv * h, h * q, f * h, fe * h, fs * h}; /* and an MoE layer's experts */
+    size_t fused = strcmp(c->family, "phi3") ? 1 : 2;
+    size_t w[] = {qkv * h, h * q, fused * f * h, fe * h, fs * h}; /* and an MoE layer's experts */
     size_t most = 0;
     for (size_t i = 0; i < N_REQ(w); i++) most = w[i] > most ? w[i] : most;
     return most;
@@ -151,11 +168,16 @@ static size_t largest_linear(const zo_model_config *c)
  * (its ROPE_INIT_FUNCTIONS), for sequences up to T: f[i] = theta^(-2i/d),
  * then linear: f / factor; llama3: f / factor for wavelengths past
  * original / low_freq_factor, f below original / high_freq_factor, and a
- * blend between; dynamic: f itself within its original length. Other kinds
- * (yarn, longrope, ...) also scale the attention: ZO_ERR_UNSUPPORTED, by name. */
-static zo_status rope_frequencies(const zo_model_config *c, int T, double *f)
+ * blend between; dynamic: f itself within its original length; longrope:
+ * f / short_factor[i] for T up to the original length, f / long_factor[i]
+ * past it (the longest position's choice, as Hugging Face makes it from the
+ * positions of a forward), and *scale its attention factor. Generation
+ * whose cache passes the original length is refused: Hugging Face's
+ * switches factors there and computes the cache again. Other kinds (yarn,
+ * ...) are refused by name (ZO_ERR_UNSUPPORTED). */
+static zo_status rope_frequencies(const zo_model_config *c, int T, int generating, double *f, float *scale)
 {
-    const int d = c->head_dim, half = d / 2;
+    const int d = zo_model_rope_dim(c), half = d / 2;
     const char *kind = c->rope_scaling;
     for (int i = 0; i < half; i++) f[i] = pow((double)c->rope_theta, -2.0 * i / d);
     if (!strcmp(kind, "linear")) {
@@ -171,6 +193,21 @@ static zo_status rope_frequencies(const zo_model_config *c, int T, double *f)
                 f[i] = (1.0 - smooth) * f[i] / c->rope_factor + smooth * f[i];
             }
         }
+    } else if (!strcmp(kind, "longrope")) {
+        if (c->rope_n_factors != half)
+            return zo_error(ZO_ERR_UNSUPPORTED,
+                            "tf_init: model %s: rope_scaling \"longrope\": short_factor and long_factor must be "
+                            "lists of head_dim / 2 = %d numbers each",
+                            c->name, half);
+        if (generating && T > c->rope_original_max)
+            return zo_error(ZO_ERR_UNSUPPORTED,
+                            "tf_init: model %s: rope_scaling \"longrope\" switches to long_factor past %d "
+                            "positions (original_max_position_embeddings), and the cache holds %d; generation "
+                            "computes it within %d",
+                            c->name, c->rope_original_max, T, c->rope_original_max);
+        const float *ext = T > c->rope_original_max ? c->rope_long_factor : c->rope_short_factor;
+        for (int i = 0; i < half; i++) f[i] /= (double)ext[i];
+        *scale = c->rope_attention_factor;
     } else if (!strcmp(kind, "dynamic")) {
         if (T > c->rope_original_max)
             return zo_error(ZO_ERR_UNSUPPORTED,
@@ -179,8 +216,8 @@ static zo_status rope_frequencies(const zo_model_config *c, int T, double *f)
                             c->name, c->rope_original_max, T, c->rope_original_max);
     } else {
         return zo_error(ZO_ERR_UNSUPPORTED,
-                        "tf_init: model %s: rope_scaling \"%s\" is not computed here (llama3, linear and "
-                        "dynamic within its original length are)",
+                        "tf_init: model %s: rope_scaling \"%s\" is not computed here (llama3, linear, "
+                        "longrope and dynamic within its original length are)",
                         c->name, kind);
     }
     return ZO_OK;
@@ -191,11 +228,12 @@ static zo_status rope_upload(tf_model *m)
 {
     const zo_model_config *c = &m->cfg;
     if (!c->rope_scaling[0] || c->arch == ZO_ARCH_GPT) return ZO_OK;
-    size_t bytes = (size_t)(c->head_dim / 2) * sizeof(double);
+    size_t bytes = (size_t)(zo_model_rope_dim(c) / 2) * sizeof(double);
     double *host = malloc(bytes);
     if (!host) return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory");
     gpu_stream_t s = NULL;
-    zo_status st = rope_frequencies(c, m->opts.kv_len ? m->opts.kv_len : m->T, host); /* the last position */
+    zo_status st = rope_frequencies(c, m->opts.kv_len ? m->opts.kv_len : m->T, m->opts.kv_len > 0, host,
+                                    &m->rope_scale); /* the last position */
     if (st == ZO_OK) st = gpu_mem_alloc(m->dev, bytes, (void **)&m->rope_freq);
     if (st == ZO_OK) st = gpu_stream_create(m->dev, &s);
     if (st == ZO_OK) st = gpu_memcpy_async(s, m->rope_freq, host, bytes, GPU_COPY_HOST_TO_DEVICE);
@@ -267,7 +305,7 @@ static zo_status gen_alloc(tf_model *m)
     zo_status st;
     const zo_model_config *c = &m->cfg;
     size_t B = (size_t)m->B, N = B * m->T, es = zo_dtype_size(m->dtype), h = c->hidden, f = mlp_width(c);
-    size_t L = c->n_layers, lora_cols = has_lora(m) ? (size_t)m->n_lora * m->opts.lora.r : 0;
+    size_t L = c->n_layers, lora_cols = has_lora(m) ? (size_t)m->n_lora_u * m->opts.lora.r : 0;
     size_t E = (size_t)c->moe.experts, fe = (size_t)c->moe.expert_ffn, K = (size_t)c->moe.top_k;
     int llama = c->arch != ZO_ARCH_GPT;
     m->moe_rows = K * N;
@@ -347,6 +385,7 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
 {
     zo_status st;
     memset(m, 0, sizeof *m);
+    m->rope_scale = 1.0f;
     if (opts) m->opts = *opts;
     if (B < 1 || T < 1)
         return zo_error(ZO_ERR_INVALID, "tf_init: micro-batch %d x %d must be positive", B, T);
@@ -421,7 +460,7 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         if ((st = gen_alloc(m)) != ZO_OK || (st = rope_upload(m)) != ZO_OK) goto out_free;
         return ZO_OK;
     }
-    size_t lora_cols = lora ? (size_t)m->n_lora * m->opts.lora.r : 0;
+    size_t lora_cols = lora ? (size_t)m->n_lora_u * m->opts.lora.r : 0;
     /* the rows the experts here compute a layer (zo_moe_rank_rows): the
      * rank's own pairs kept (min(top_k N, E C) with a capacity factor),
      * or with expert parallelism the most every rank of the group can
@@ -888,6 +927,13 @@ static zo_status base_weight(tf_model *m, gpu_stream_t s, const void *buf, int b
         return ZO_OK;
     }
     size_t es = zo_dtype_size(m->dtype);
+    const model_tensor *t = first >= 0 ? &m->layout.tensors[first] : NULL;
+    if (t && (t->offset < v->offset || t->offset + t->numel > v->offset + v->numel)) {
+        /* a row range of one tensor (Phi-3's gate or up of gate_up_proj): the
+         * tensor dequantized, the range's rows of it */
+        *w = gpu_t((char *)m->wdq + (v->offset - t->offset) * es, m->dtype);
+        return gpu_nf4_dequantize(s, gpu_t(m->wdq, m->dtype), (const char *)buf + m->frozen_off[first], t->numel);
+    }
     for (int i = 0; v && i < m->layout.n_tensors; i++) {
         const model_tensor *t = &m->layout.tensors[i];
         if (t->block != block || t->offset < v->offset || t->offset >= v->offset + v->numel) continue;
@@ -990,12 +1036,12 @@ static zo_status lora_forward(tf_model *m, gpu_stream_t s, int l, const tf_block
                               tf_lora_stage stage, gpu_tensor x, gpu_tensor y, int64_t ldy)
 {
     zo_status st;
-    const int N = m->b * m->t, r = m->opts.lora.r, ldu = m->n_lora * r;
+    const int N = m->b * m->t, r = m->opts.lora.r, ldu = m->n_lora_u * r;
     const zo_dtype dt = m->dtype;
     for (int j = 0; j < m->n_lora; j++) {
         const tf_lora_slot *sl = &m->lora[j];
         if (sl->stage != stage) continue;
-        gpu_tensor u = gpu_t((char *)m->acts[l].lora_u + (size_t)j * r * zo_dtype_size(dt), dt);
+        gpu_tensor u = gpu_t((char *)m->acts[l].lora_u + (size_t)sl->u * r * zo_dtype_size(dt), dt);
         gpu_tensor yc = y;
         if (y.data) yc.data = (char *)y.data + (size_t)sl->col * zo_dtype_size(y.dtype);
         if ((st = adapter_forward(m, s, u, ldu, lora_part(m, bb->params, j, MODEL_LORA_A),
@@ -1014,12 +1060,12 @@ static zo_status lora_backward(tf_model *m, gpu_stream_t s, int l, const tf_bloc
                                gpu_tensor dx)
 {
     zo_status st;
-    const int N = m->b * m->t, r = m->opts.lora.r, ldu = m->n_lora * r;
+    const int N = m->b * m->t, r = m->opts.lora.r, ldu = m->n_lora_u * r;
     const zo_dtype dt = m->dtype;
     for (int j = 0; j < m->n_lora; j++) {
         const tf_lora_slot *sl = &m->lora[j];
         if (sl->stage != stage) continue;
-        gpu_tensor u = gpu_t((char *)m->acts[l].lora_u + (size_t)j * r * zo_dtype_size(dt), dt);
+        gpu_tensor u = gpu_t((char *)m->acts[l].lora_u + (size_t)sl->u * r * zo_dtype_size(dt), dt);
         gpu_tensor dyc = gpu_t((char *)dy.data + (size_t)sl->col * zo_dtype_size(dy.dtype), dy.dtype);
         if ((st = adapter_backward(m, s, u, ldu, lora_part(m, bb->params, j, MODEL_LORA_A),
                                    lora_part(m, bb->params, j, MODEL_LORA_B), lora_part(m, bb->grads, j, MODEL_LORA_A),
@@ -1118,19 +1164,35 @@ static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_
     return ZO_OK;
 }
 
+/* RoPE (or its backward) on the q and k heads of n rows of x from position
+ * pos0: one call over every head, or with a partial rotary size (Phi-4-mini)
+ * one a head over its first zo_model_rope_dim elements, which the op pairs
+ * and turns as Hugging Face's apply_rotary_pos_emb does its q_rot. */
+static zo_status rope_heads(tf_model *m, gpu_stream_t s, gpu_tensor x, int n, int ld, int pos0, int backward)
+{
+    const zo_model_config *c = &m->cfg;
+    const int heads = c->n_heads + c->n_kv_heads, rd = zo_model_rope_dim(c);
+    const int calls = rd == c->head_dim ? 1 : heads, per = calls == 1 ? heads : 1;
+    for (int h = 0; h < calls; h++) {
+        gpu_tensor xh = gpu_t((char *)x.data + (size_t)h * c->head_dim * zo_dtype_size(x.dtype), x.dtype);
+        zo_status st = backward ? gpu_rope_backward(s, xh, n, m->t, per, rd, ld, c->rope_theta, pos0, m->rope_freq,
+                                                    m->rope_scale)
+                                : gpu_rope_forward(s, xh, n, m->t, per, rd, ld, c->rope_theta, pos0, m->rope_freq,
+                                                   m->rope_scale);
+        if (st != ZO_OK) return st;
+    }
+    return ZO_OK;
+}
+
 /* RoPE on the q and k heads of the current rows: from position 0 of each
  * sequence in training; in generation from each sequence's position (one
  * call when they share it). */
 static zo_status rope_rows(tf_model *m, gpu_stream_t s, gpu_tensor qkv, int ld)
 {
-    const zo_model_config *c = &m->cfg;
-    const int heads = c->n_heads + c->n_kv_heads, t = m->t;
-    if (!m->opts.kv_len || same_pos(m))
-        return gpu_rope_forward(s, qkv, m->b * t, t, heads, c->head_dim, ld, c->rope_theta,
-                                m->opts.kv_len ? m->hpos[0] : 0, m->rope_freq);
+    const int t = m->t;
+    if (!m->opts.kv_len || same_pos(m)) return rope_heads(m, s, qkv, m->b * t, ld, m->opts.kv_len ? m->hpos[0] : 0, 0);
     for (int j = 0; j < m->b; j++) {
-        zo_status st = gpu_rope_forward(s, seq_rows(m, qkv, j, (size_t)ld), t, t, heads, c->head_dim, ld,
-                                        c->rope_theta, m->hpos[j], m->rope_freq);
+        zo_status st = rope_heads(m, s, seq_rows(m, qkv, j, (size_t)ld), t, ld, m->hpos[j], 0);
         if (st != ZO_OK) return st;
     }
     return ZO_OK;
@@ -1980,8 +2042,7 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     gpu_attn_desc ad = {.b = m->b, .t = m->t, .hq = c->n_heads, .hkv = c->n_kv_heads, .d = c->head_dim,
                         .window = layer_window(m, l)};
     if ((st = gpu_attention_backward(s, &ad, dqkv, datt, qkv, att, a->lse)) != ZO_OK) return st;
-    if (!is_gpt(m) && (st = gpu_rope_backward(s, dqkv, N, m->t, c->n_heads + c->n_kv_heads,
-                                              c->head_dim, ld, c->rope_theta, 0, m->rope_freq)) != ZO_OK)
+    if (!is_gpt(m) && (st = rope_heads(m, s, dqkv, N, ld, 0, 1)) != ZO_OK)
         return st;
     if ((st = qk_norm_backward(m, s, a, W, G, blk)) != ZO_OK ||
         (st = linear_role_backward(m, l, bb, s, qkvp, dh, 0.0f, dqkv, ln1)) != ZO_OK)

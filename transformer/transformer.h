@@ -114,6 +114,8 @@ typedef enum tf_lora_stage {
 typedef struct tf_lora_slot {
     tf_lora_stage stage;
     int col;             /* first output column in that GEMM's output (k: q, v: q + kv) */
+    int u;               /* its A x: column u r of the layer's lora_u (Phi-3's gate_up_proj is
+                            two slots, gate and up, sharing its A and so its A x) */
     int in, out;
     size_t a_off, b_off; /* elements into a layer block's adapter buffer (a routed expert's: expert 0's) */
     size_t e_stride;     /* a routed expert's: elements from expert e's adapters to e + 1's */
@@ -196,6 +198,7 @@ typedef struct tf_model {
     int32_t *tokens;     /* [B*T] device */
     int32_t *targets;    /* [B*T] device */
     double *rope_freq;   /* [head_dim/2] device: a rope_scaling's frequencies; NULL: rope_theta's */
+    float rope_scale;    /* the rotation's cos and sin times this (longrope's attention factor; 1) */
     void **res;          /* [L+1] residual stream [N, h]: res[0] embedding output, res[l+1] layer l output */
     tf_layer_acts *acts; /* [L] */
     void *lnf;           /* [N, h] */
@@ -213,7 +216,9 @@ typedef struct tf_model {
                             gradient a linear layer's GEMMs read, rounded once */
     /* LoRA (opts.lora.r > 0) */
     model_layout adapters;  /* the trainable part (model/lora.h), block by block */
-    int n_lora;             /* adapted linear layers per layer */
+    int n_lora;             /* adapter slots per layer (an adapted linear layer each; Phi-3's
+                               gate_up_proj two) */
+    int n_lora_u;           /* adapted linear layers per layer: the A x kept of each */
     tf_lora_slot lora[ZO_LORA_MAX_MODULES];
     float lora_scale;       /* alpha / r */
     size_t *frozen_off;     /* [layout.n_tensors] bytes into its block's frozen buffer */

@@ -8,9 +8,10 @@
 #define BS 256
 
 /* x [n, ldx]: the first n_heads heads (d wide) of each row rotate by the
- * angle of position pos0 + r % t; inverse rotates back (the backward). */
+ * angle of position pos0 + r % t, cos and sin times scale; inverse rotates
+ * back (the backward: the transpose, times scale). */
 __global__ void rope_kernel(gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx,
-                            float theta, int pos0, const double *freq, int inverse)
+                            float theta, int pos0, const double *freq, float scale, int inverse)
 {
     const int half = d / 2;
     size_t total = (size_t)n * n_heads * half;
@@ -21,7 +22,7 @@ __global__ void rope_kernel(gpu_tensor x, int n, int t, int n_heads, int d, int6
         int h = (int)(rh % n_heads), r = (int)(rh / n_heads);
         double inv_freq = freq ? freq[i] : pow((double)theta, -2.0 * i / d);
         double ang = (double)(pos0 + r % t) * inv_freq;
-        float c = (float)cos(ang), s = (float)sin(ang);
+        float c = (float)(scale * cos(ang)), s = (float)(scale * sin(ang));
         if (inverse) s = -s;
         size_t off = (size_t)r * ldx + (size_t)h * d;
         float x1 = tload(x, off + i), x2 = tload(x, off + half + i);
@@ -32,10 +33,10 @@ __global__ void rope_kernel(gpu_tensor x, int n, int t, int n_heads, int d, int6
 
 extern "C" zo_status cuda_launch_rope(cudaStream_t st, gpu_tensor x, int n, int t, int n_heads,
                                       int d, int64_t ldx, float theta, int pos0,
-                                      const double *inv_freq, int inverse)
+                                      const double *inv_freq, float scale, int inverse)
 {
     size_t total = (size_t)n * n_heads * (d / 2);
     ZO_LAUNCH(rope_kernel, grid_for(total, BS), BS, 0, st, x, n, t, n_heads, d, ldx, theta, pos0,
-              inv_freq, inverse);
+              inv_freq, scale, inverse);
     return cuda_launch_check("rope_kernel");
 }
