@@ -385,15 +385,17 @@ uint64_t zo_model_params(const zo_model_config *c)
 
 /* ---- the runtime's share ------------------------------------------------------ */
 
-static const char *const runtime_families[] = {"", "gpt2", "gpt3", "megatron", "custom", "llama",
-                                               "llama2", "llama3", "mistral", "qwen2", "mixtral",
-                                               "qwen2_moe", "qwen3", "qwen3_moe", "phi3"};
+/* The runtime's families are the table's trainable ones (below), and the
+ * names presets give shapes built of GPT-2's or LLaMA's layers. */
+static const char *const preset_families[] = {"", "gpt3", "megatron", "custom", "llama2", "llama3"};
+static int family_trainable(const char *type);
+static size_t trainable_list(char *out, size_t cap);
 
 zo_status zo_model_config_runtime_check(const zo_model_config *c)
 {
-    int known = 0;
-    for (size_t i = 0; i < sizeof runtime_families / sizeof runtime_families[0]; i++)
-        known |= !strcmp(c->family, runtime_families[i]);
+    int known = family_trainable(c->family);
+    for (size_t i = 0; i < sizeof preset_families / sizeof preset_families[0]; i++)
+        known |= !strcmp(c->family, preset_families[i]);
     /* GPT: GELU's tanh form (GPT-2's gelu_new, also named these); LLaMA: SiLU */
     int other_act = c->act[0] && (c->arch == ZO_ARCH_GPT
                                       ? strcmp(c->act, "gelu_new") && strcmp(c->act, "gelu_fast") &&
@@ -413,12 +415,12 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     else if (c->qk_norm && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "q/k norms on GPT layers");
     else if (other_act) snprintf(lacks, sizeof lacks, "the activation %s", c->act);
     else return ZO_OK;
+    char list[256];
+    trainable_list(list, sizeof list);
     return zo_error(ZO_ERR_UNSUPPORTED,
-                    "model %s: family \"%s\": the runtime does not implement %s (it trains "
-                    "GPT-2, LLaMA, Mistral, Qwen2, Qwen3, Phi-3, Mixtral, Qwen2-MoE and Qwen3-MoE layers; "
-                    "memplan sizes this "
-                    "family)",
-                    c->name, c->family, lacks);
+                    "model %s: family \"%s\": the runtime does not implement %s (it trains the families "
+                    "%s; memplan sizes this family)",
+                    c->name, c->family, lacks, list);
 }
 
 /* ---- Hugging Face config.json ------------------------------------------- */
@@ -1025,6 +1027,23 @@ static const family *family_by_type(const char *t)
     for (size_t i = 0; t && i < sizeof families / sizeof families[0]; i++)
         if (!strcmp(families[i].type, t)) return &families[i];
     return NULL;
+}
+
+static int family_trainable(const char *type)
+{
+    const family *f = family_by_type(type);
+    return f && f->trainable;
+}
+
+/* The trainable families' model_types, ", " between them, into out. */
+static size_t trainable_list(char *out, size_t cap)
+{
+    size_t n = 0;
+    out[0] = 0;
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        if (families[i].trainable && n < cap)
+            n += (size_t)snprintf(out + n, cap - n, "%s%s", n ? ", " : "", families[i].type);
+    return n;
 }
 
 static const family *family_by_arch(const cJSON *archs)
