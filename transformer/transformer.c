@@ -1165,23 +1165,18 @@ static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_
 }
 
 /* RoPE (or its backward) on the q and k heads of n rows of x from position
- * pos0: one call over every head, or with a partial rotary size (Phi-4-mini)
- * one a head over its first zo_model_rope_dim elements, which the op pairs
- * and turns as Hugging Face's apply_rotary_pos_emb does its q_rot. */
+ * pos0, one call over every head: the first zo_model_rope_dim elements of
+ * each head_dim-wide head (all of it, or with a partial rotary size,
+ * Phi-4-mini's, its front), which the op pairs and turns as Hugging Face's
+ * apply_rotary_pos_emb does its q_rot. */
 static zo_status rope_heads(tf_model *m, gpu_stream_t s, gpu_tensor x, int n, int ld, int pos0, int backward)
 {
     const zo_model_config *c = &m->cfg;
     const int heads = c->n_heads + c->n_kv_heads, rd = zo_model_rope_dim(c);
-    const int calls = rd == c->head_dim ? 1 : heads, per = calls == 1 ? heads : 1;
-    for (int h = 0; h < calls; h++) {
-        gpu_tensor xh = gpu_t((char *)x.data + (size_t)h * c->head_dim * zo_dtype_size(x.dtype), x.dtype);
-        zo_status st = backward ? gpu_rope_backward(s, xh, n, m->t, per, rd, ld, c->rope_theta, pos0, m->rope_freq,
-                                                    m->rope_scale)
-                                : gpu_rope_forward(s, xh, n, m->t, per, rd, ld, c->rope_theta, pos0, m->rope_freq,
-                                                   m->rope_scale);
-        if (st != ZO_OK) return st;
-    }
-    return ZO_OK;
+    return backward ? gpu_rope_backward(s, x, n, m->t, heads, rd, ld, c->head_dim, c->rope_theta, pos0, m->rope_freq,
+                                        m->rope_scale)
+                    : gpu_rope_forward(s, x, n, m->t, heads, rd, ld, c->head_dim, c->rope_theta, pos0, m->rope_freq,
+                                       m->rope_scale);
 }
 
 /* RoPE on the q and k heads of the current rows: from position 0 of each
