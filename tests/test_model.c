@@ -15,6 +15,7 @@
 #include "common/model_config.h"
 #include "common/model_limits.h"
 #include "model/data.h"
+#include "model/hf.h" /* defines: model_hf_config */
 #include "model/layout.h"
 #include "tests/support/files.h" /* defines: files_write */
 
@@ -555,6 +556,30 @@ static void test_byte_tokens(void **state)
     assert_int_equal(model_tokens_open(&t, text_path, MODEL_TOKENS_BYTES, 128), ZO_ERR_INVALID);
 }
 
+/* A Phi-4-mini-shaped model's config.json (partial_rotary_factor 0.75:
+ * 96 of each 128-wide head rotate) reads back with the same rotary size. */
+static void test_hf_config_partial_rotary(void **state)
+{
+    (void)state;
+    zo_model_config c, back;
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"phi3\", \"num_hidden_layers\": 2,"
+                                           " \"hidden_size\": 3072, \"num_attention_heads\": 24,"
+                                           " \"num_key_value_heads\": 8, \"intermediate_size\": 8192,"
+                                           " \"vocab_size\": 200064, \"partial_rotary_factor\": 0.75,"
+                                           " \"tie_word_embeddings\": true}",
+                                           "phi4-mini.json", &c),
+                     ZO_OK);
+    assert_int_equal(c.head_dim, 128);
+    assert_int_equal(zo_model_rope_dim(&c), 96);
+    cJSON *js = NULL;
+    assert_int_equal(model_hf_config(&c, ZO_DTYPE_BF16, &js), ZO_OK);
+    char *text = cJSON_Print(js);
+    assert_int_equal(zo_model_config_parse(text, "written.json", &back), ZO_OK);
+    assert_int_equal(zo_model_rope_dim(&back), 96);
+    free(text);
+    cJSON_Delete(js);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -565,6 +590,7 @@ int main(void)
         cmocka_unit_test(test_layout_limits),
         cmocka_unit_test(test_layout_views),
         cmocka_unit_test(test_layout_refuses_families),
+        cmocka_unit_test(test_hf_config_partial_rotary),
         cmocka_unit_test(test_batches_sequential),
         cmocka_unit_test(test_batches_random),
         cmocka_unit_test(test_tokens_errors),
