@@ -170,8 +170,8 @@ static size_t largest_linear(const zo_model_config *c)
  * original / low_freq_factor, f below original / high_freq_factor, and a
  * blend between; dynamic: f itself within its original length; longrope:
  * f / short_factor[i] for T up to the original length, f / long_factor[i]
- * past it (the longest position's choice, as Hugging Face makes it from the
- * positions of a forward), and *scale its attention factor. Generation
+ * past it (Hugging Face chooses by the sequence length of a forward; T is
+ * the batch's), and *scale its attention factor. Generation
  * whose cache passes the original length is refused: Hugging Face's
  * switches factors there and computes the cache again. Other kinds (yarn,
  * ...) are refused by name (ZO_ERR_UNSUPPORTED). */
@@ -223,18 +223,24 @@ static zo_status rope_frequencies(const zo_model_config *c, int T, int generatin
     return ZO_OK;
 }
 
-/* A rope_scaling's frequencies into device memory (m->rope_freq). */
+/* A rope_scaling's frequencies into device memory (m->rope_freq). Training
+ * with longrope past its original length makes both tables, the short one
+ * for batches within it and the long one (m->rope_freq_long) past it. */
 static zo_status rope_upload(tf_model *m)
 {
     const zo_model_config *c = &m->cfg;
     if (!c->rope_scaling[0] || c->arch == ZO_ARCH_GPT) return ZO_OK;
-    size_t bytes = (size_t)(zo_model_rope_dim(c) / 2) * sizeof(double);
+    const int half = zo_model_rope_dim(c) / 2, T = m->opts.kv_len ? m->opts.kv_len : m->T;
+    const int two = !m->opts.kv_len && !strcmp(c->rope_scaling, "longrope") && T > c->rope_original_max;
+    size_t bytes = (size_t)(two ? 2 : 1) * half * sizeof(double);
     double *host = malloc(bytes);
     if (!host) return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory");
     gpu_stream_t s = NULL;
-    zo_status st = rope_frequencies(c, m->opts.kv_len ? m->opts.kv_len : m->T, m->opts.kv_len > 0, host,
+    zo_status st = rope_frequencies(c, two ? c->rope_original_max : T, m->opts.kv_len > 0, host,
                                     &m->rope_scale); /* the last position */
+    if (st == ZO_OK && two) st = rope_frequencies(c, T, 0, host + half, &m->rope_scale);
     if (st == ZO_OK) st = gpu_mem_alloc(m->dev, bytes, (void **)&m->rope_freq);
+    if (st == ZO_OK && two) m->rope_freq_long = m->rope_freq + half;
     if (st == ZO_OK) st = gpu_stream_create(m->dev, &s);
     if (st == ZO_OK) st = gpu_memcpy_async(s, m->rope_freq, host, bytes, GPU_COPY_HOST_TO_DEVICE);
     if (st == ZO_OK) st = gpu_stream_synchronize(s);
@@ -1173,9 +1179,11 @@ static zo_status rope_heads(tf_model *m, gpu_stream_t s, gpu_tensor x, int n, in
 {
     const zo_model_config *c = &m->cfg;
     const int heads = c->n_heads + c->n_kv_heads, rd = zo_model_rope_dim(c);
-    return backward ? gpu_rope_backward(s, x, n, m->t, heads, rd, ld, c->head_dim, c->rope_theta, pos0, m->rope_freq,
+    /* longrope: the factors of the batch's length, as Hugging Face picks them */
+    const double *f = m->rope_freq_long && m->t > c->rope_original_max ? m->rope_freq_long : m->rope_freq;
+    return backward ? gpu_rope_backward(s, x, n, m->t, heads, rd, ld, c->head_dim, c->rope_theta, pos0, f,
                                         m->rope_scale)
-                    : gpu_rope_forward(s, x, n, m->t, heads, rd, ld, c->head_dim, c->rope_theta, pos0, m->rope_freq,
+                    : gpu_rope_forward(s, x, n, m->t, heads, rd, ld, c->head_dim, c->rope_theta, pos0, f,
                                        m->rope_scale);
 }
 

@@ -197,7 +197,10 @@ typedef struct tf_model {
     int n_targets;       /* targets != -1 in the current batch */
     int32_t *tokens;     /* [B*T] device */
     int32_t *targets;    /* [B*T] device */
-    double *rope_freq;   /* [head_dim/2] device: a rope_scaling's frequencies; NULL: rope_theta's */
+    double *rope_freq;   /* [rotary_dim/2] device: a rope_scaling's frequencies; NULL: rope_theta's */
+    double *rope_freq_long; /* longrope built past its original length: long_factor's table (inside
+                               rope_freq's allocation; rope_freq is short_factor's), for batches past
+                               it; NULL otherwise */
     float rope_scale;    /* the rotation's cos and sin times this (longrope's attention factor; 1) */
     void **res;          /* [L+1] residual stream [N, h]: res[0] embedding output, res[l+1] layer l output */
     tf_layer_acts *acts; /* [L] */
