@@ -920,7 +920,9 @@ static gpu_tensor bview(const tf_model *m, const void *buf, int block, model_rol
 /* A linear weight of a layer (QKV_W fused, ATTN_OUT_W, MLP_*_W, an MoE
  * layer's router and shared expert gate): a view of the base buffer, or,
  * NF4, each of its tensors dequantized into m->wdq in stream order (the
- * scratch is reused by the next weight). */
+ * scratch is reused by the next weight; a row range of the tensor wdq
+ * already holds, gate after up of gate_up_proj, is read without a second
+ * dequantization). */
 static zo_status base_weight(tf_model *m, gpu_stream_t s, const void *buf, int block,
                              model_role role, gpu_tensor *w)
 {
@@ -936,10 +938,16 @@ static zo_status base_weight(tf_model *m, gpu_stream_t s, const void *buf, int b
     const model_tensor *t = first >= 0 ? &m->layout.tensors[first] : NULL;
     if (t && (t->offset < v->offset || t->offset + t->numel > v->offset + v->numel)) {
         /* a row range of one tensor (Phi-3's gate or up of gate_up_proj): the
-         * tensor dequantized, the range's rows of it */
+         * tensor dequantized once, the range's rows of it */
+        const char *src = (const char *)buf + m->frozen_off[first];
         *w = gpu_t((char *)m->wdq + (v->offset - t->offset) * es, m->dtype);
-        return gpu_nf4_dequantize(s, gpu_t(m->wdq, m->dtype), (const char *)buf + m->frozen_off[first], t->numel);
+        if (m->wdq_src == src && m->wdq_block == block) return ZO_OK;
+        st = gpu_nf4_dequantize(s, gpu_t(m->wdq, m->dtype), src, t->numel);
+        m->wdq_src = st == ZO_OK ? src : NULL;
+        m->wdq_block = block;
+        return st;
     }
+    m->wdq_src = NULL;
     for (int i = 0; v && i < m->layout.n_tensors; i++) {
         const model_tensor *t = &m->layout.tensors[i];
         if (t->block != block || t->offset < v->offset || t->offset >= v->offset + v->numel) continue;
@@ -1322,6 +1330,7 @@ static zo_status base_expert_weight(tf_model *m, gpu_stream_t s, const tf_block_
         return ZO_OK;
     }
     *w = gpu_t(m->wdq, m->dtype);
+    m->wdq_src = NULL;
     return gpu_nf4_dequantize(s, *w, p, m->layout.tensors[i].numel);
 }
 
@@ -2181,6 +2190,7 @@ zo_status tf_block_forward(tf_model *m, int block, const tf_block_bufs *bufs, gp
     zo_status st;
     if ((st = check_block(m, block, bufs, 0)) != ZO_OK) return st;
     m->apart_buf = bufs->expert ? bufs->params : NULL;
+    m->wdq_src = NULL; /* the block's buffer may hold other weights than when wdq was filled */
     if (block == MODEL_BLOCK_EMBED) return embed_forward(m, bufs, s);
     if (block == model_layout_head_block(&m->layout)) return head_forward(m, bufs, s);
     return layer_forward(m, block - 1, bufs, s, 0);
@@ -2195,6 +2205,7 @@ zo_status tf_block_recompute(tf_model *m, int block, const tf_block_bufs *bufs, 
         return ZO_OK; /* the embedding saves nothing; the head's activations are its own */
     if (block - 1 >= tf_recompute_layers(m)) return ZO_OK; /* it kept its activations */
     m->apart_buf = bufs->expert ? bufs->params : NULL;
+    m->wdq_src = NULL;
     return layer_forward(m, block - 1, bufs, s, 1);
 }
 
@@ -2205,6 +2216,7 @@ zo_status tf_block_backward(tf_model *m, int block, const tf_block_bufs *bufs, f
     if ((st = check_trains(m, "tf_block_backward")) != ZO_OK || (st = check_block(m, block, bufs, 1)) != ZO_OK)
         return st;
     m->apart_buf = bufs->expert ? bufs->params : NULL;
+    m->wdq_src = NULL;
     if (block == MODEL_BLOCK_EMBED) return embed_backward(m, bufs, s);
     if (block == model_layout_head_block(&m->layout)) return head_backward(m, bufs, loss_scale, s);
     return layer_backward(m, block - 1, bufs, s);

@@ -231,6 +231,10 @@ typedef struct tf_model {
                                backward, so one serves every layer) */
     float *dsink;           /* [2h] where the frozen norms' weight gradients go */
     void *wdq;              /* QLoRA: one dequantized linear weight (model dtype) */
+    const void *wdq_src;    /* the NF4 tensor wdq holds whole (a fused one whose row ranges are
+                               read in turn: Phi-3's gate_up_proj), of block wdq_block; NULL: none
+                               (wdq reused, or a new block begun: block buffers are reused) */
+    int wdq_block;
     /* mixture of experts (cfg.moe.experts > 0) */
     float *moe_stats;       /* [L, 2 experts] each layer's router statistics
                                (gpu_moe_router_forward) for the load-balancing loss */
