@@ -753,6 +753,8 @@ static void parse_llama(hf *r, zo_model_config *c, const family *f)
     }
 }
 
+int zo_model_fused_proj(const zo_model_config *c) { return !strcmp(c->family, "phi3"); }
+
 int zo_model_rope_dim(const zo_model_config *c)
 {
     return c->rope_partial > 0.0f ? (int)(c->head_dim * (double)c->rope_partial) : c->head_dim;

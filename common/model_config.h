@@ -123,6 +123,11 @@ typedef struct zo_model_preset {
     zo_model_config cfg;
 } zo_model_preset;
 
+/* Phi-3's fused projections: q, k and v stored as row ranges of one
+ * qkv_proj, gate and up of one gate_up_proj (the layout's tensors, PEFT's
+ * adapters, the largest weight QLoRA dequantizes at once). */
+int zo_model_fused_proj(const zo_model_config *c);
+
 /* The rotated part of a head: int(head_dim x partial_rotary_factor) as
  * Hugging Face computes it, or head_dim. */
 int zo_model_rope_dim(const zo_model_config *c);

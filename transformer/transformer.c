@@ -157,7 +157,7 @@ static size_t largest_linear(const zo_model_config *c)
 {
     size_t h = (size_t)c->hidden, f = (size_t)c->ffn, q = (size_t)q_width(c), qkv = (size_t)qkv_width(c);
     size_t fe = (size_t)c->moe.expert_ffn, fs = (size_t)c->moe.shared_ffn;
-    size_t fused = strcmp(c->family, "phi3") ? 1 : 2;
+    size_t fused = zo_model_fused_proj(c) ? 2 : 1;
     size_t w[] = {qkv * h, h * q, fused * f * h, fe * h, fs * h}; /* and an MoE layer's experts */
     size_t most = 0;
     for (size_t i = 0; i < N_REQ(w); i++) most = w[i] > most ? w[i] : most;
