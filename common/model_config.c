@@ -504,11 +504,13 @@ static const cJSON *hf_typed(hf *r, const char *key, cJSON_bool (*is)(const cJSO
     return it;
 }
 
-static float hf_float(hf *r, const char *key, float def)
+static double hf_double(hf *r, const char *key, double def)
 {
     const cJSON *it = hf_typed(r, key, cJSON_IsNumber, "a number");
-    return it ? (float)it->valuedouble : def;
+    return it ? it->valuedouble : def;
 }
+
+static float hf_float(hf *r, const char *key, float def) { return (float)hf_double(r, key, def); }
 
 static int hf_bool(hf *r, const char *key, int def)
 {
@@ -746,10 +748,10 @@ static void parse_llama(hf *r, zo_model_config *c, const family *f)
     /* Phi-4-mini rotates only the first partial_rotary_factor of each head
      * (no size changes) */
     if (!strcmp(f->type, "phi3")) {
-        float p = hf_float(r, "partial_rotary_factor", 1.0f);
-        if (!r->st && !(p > 0.0f && p <= 1.0f))
+        double p = hf_double(r, "partial_rotary_factor", 1.0);
+        if (!r->st && !(p > 0.0 && p <= 1.0))
             hf_fail(r, ZO_ERR_FORMAT, "partial_rotary_factor", "must be in (0, 1] (got %g)", p);
-        c->rope_partial = p == 1.0f ? 0.0f : p;
+        c->rope_partial = p == 1.0 ? 0.0 : p;
     }
 }
 
@@ -757,7 +759,7 @@ int zo_model_fused_proj(const zo_model_config *c) { return !strcmp(c->family, "p
 
 int zo_model_rope_dim(const zo_model_config *c)
 {
-    return c->rope_partial > 0.0f ? (int)(c->head_dim * (double)c->rope_partial) : c->head_dim;
+    return c->rope_partial > 0.0 ? (int)(c->head_dim * c->rope_partial) : c->head_dim;
 }
 
 /* The router's training keys (Mixtral, Qwen-MoE): the auxiliary loss as

@@ -75,7 +75,7 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
             if (c->sliding_window) cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window);
             else cJSON_AddNullToObject(o, "sliding_window");
             /* Phi-4-mini's partial rotary size (Phi3Config's default: 1) */
-            if (!strcmp(type, "phi3") && c->rope_partial > 0.0f)
+            if (!strcmp(type, "phi3") && c->rope_partial > 0.0)
                 cJSON_AddNumberToObject(o, "partial_rotary_factor", c->rope_partial);
         } else if (!strcmp(type, "qwen2")) {
             cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0);

@@ -557,7 +557,8 @@ static void test_byte_tokens(void **state)
 }
 
 /* A Phi-4-mini-shaped model's config.json (partial_rotary_factor 0.75:
- * 96 of each 128-wide head rotate) reads back with the same rotary size. */
+ * 96 of each 128-wide head rotate) reads back with the same rotary size;
+ * a factor of 0.7 on heads of 80 rotates 56, as Hugging Face computes. */
 static void test_hf_config_partial_rotary(void **state)
 {
     (void)state;
@@ -576,6 +577,26 @@ static void test_hf_config_partial_rotary(void **state)
     char *text = cJSON_Print(js);
     assert_int_equal(zo_model_config_parse(text, "written.json", &back), ZO_OK);
     assert_int_equal(zo_model_rope_dim(&back), 96);
+    free(text);
+    cJSON_Delete(js);
+    /* 0.7 of 80 as Python computes int(80 * 0.7) in double: 56 (in float
+     * 55, an odd size the layout would refuse) */
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"phi3\", \"num_hidden_layers\": 2,"
+                                           " \"hidden_size\": 2560, \"num_attention_heads\": 32,"
+                                           " \"num_key_value_heads\": 32, \"intermediate_size\": 8192,"
+                                           " \"vocab_size\": 32064, \"partial_rotary_factor\": 0.7}",
+                                           "phi-0.7.json", &c),
+                     ZO_OK);
+    assert_int_equal(c.head_dim, 80);
+    assert_int_equal(zo_model_rope_dim(&c), (int)(80 * 0.7));
+    assert_int_equal(zo_model_rope_dim(&c), 56);
+    model_layout l;
+    if (model_layout_init(&l, &c) != ZO_OK) fail_msg("%s", zo_last_error());
+    model_layout_free(&l);
+    assert_int_equal(model_hf_config(&c, ZO_DTYPE_BF16, &js), ZO_OK);
+    text = cJSON_Print(js);
+    assert_int_equal(zo_model_config_parse(text, "written.json", &back), ZO_OK);
+    assert_int_equal(zo_model_rope_dim(&back), 56);
     free(text);
     cJSON_Delete(js);
 }
