@@ -656,10 +656,12 @@ static int hf_factor_list(const cJSON *list, float *out)
 }
 
 /* longrope as Hugging Face's _compute_longrope_parameters reads it: the
- * original length is Phi-3's top-level original_max_position_embeddings
- * (Phi3Config's default 4096) or else rope_scaling's; the attention factor
- * rope_scaling's, or sqrt(1 + ln(s) / ln(original)) with s the ratio of
- * max_position_embeddings to it when s > 1, else 1. The lists are checked
+ * original length is the top-level original_max_position_embeddings
+ * (Phi3Config's default 4096), s the ratio of max_position_embeddings to
+ * it; without that key (another family) the original length is
+ * max_position_embeddings and s rope_scaling's factor. The attention
+ * factor is rope_scaling's, or sqrt(1 + ln(s) / ln(original)) when s > 1,
+ * else 1. The lists are checked
  * against the head size where they are used (the transformer), so that
  * memplan sizes a model whose lists it does not need. */
 static void hf_longrope(hf *r, hf *sub, zo_model_config *c, const family *f)
@@ -667,11 +669,18 @@ static void hf_longrope(hf *r, hf *sub, zo_model_config *c, const family *f)
     int n_short = hf_factor_list(cJSON_GetObjectItemCaseSensitive(sub->root, "short_factor"), c->rope_short_factor);
     int n_long = hf_factor_list(cJSON_GetObjectItemCaseSensitive(sub->root, "long_factor"), c->rope_long_factor);
     c->rope_n_factors = n_short == n_long ? n_short : -1;
-    if (!strcmp(f->type, "phi3"))
+    /* as _compute_longrope_parameters reads them: the top-level original
+     * length (Phi3Config always has one, 4096 by default) and s its ratio to
+     * max_position_embeddings; without it, the original is
+     * max_position_embeddings and s rope_scaling's factor (rope_scaling's
+     * own original_max_position_embeddings unread) */
+    double s = c->rope_factor;
+    if (!strcmp(f->type, "phi3") || hf_item(r, "original_max_position_embeddings")) {
         c->rope_original_max = hf_int2(r, "original_max_position_embeddings", NULL, 1, 4096);
-    else if (hf_item(r, "original_max_position_embeddings"))
-        c->rope_original_max = hf_int2(r, "original_max_position_embeddings", NULL, 1, c->max_seq);
-    double s = (double)c->max_seq / c->rope_original_max;
+        s = (double)c->max_seq / c->rope_original_max;
+    } else {
+        c->rope_original_max = c->max_seq;
+    }
     c->rope_attention_factor =
         hf_float(sub, "attention_factor", s > 1.0 ? (float)sqrt(1.0 + log(s) / log((double)c->rope_original_max)) : 1.0f);
     if (!sub->st && !(c->rope_attention_factor > 0.0f))

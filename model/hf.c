@@ -95,8 +95,11 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
                 cJSON_AddItemToObject(rs, "short_factor", cJSON_CreateFloatArray(c->rope_short_factor, c->rope_n_factors));
                 cJSON_AddItemToObject(rs, "long_factor", cJSON_CreateFloatArray(c->rope_long_factor, c->rope_n_factors));
                 cJSON_AddNumberToObject(rs, "attention_factor", c->rope_attention_factor);
-                /* Phi-3 reads its original length from the top level */
-                cJSON_AddNumberToObject(o, "original_max_position_embeddings", c->rope_original_max);
+                /* longrope reads its original length from the top level:
+                 * Phi-3's always there, another family's only when it is not
+                 * max_position_embeddings (its default there) */
+                if (!strcmp(type, "phi3") || c->rope_original_max != c->max_seq)
+                    cJSON_AddNumberToObject(o, "original_max_position_embeddings", c->rope_original_max);
             }
         }
     }

@@ -601,6 +601,48 @@ static void test_hf_config_partial_rotary(void **state)
     cJSON_Delete(js);
 }
 
+/* longrope outside Phi-3, as transformers' _compute_longrope_parameters
+ * reads it: without a top-level original_max_position_embeddings the
+ * original length is max_position_embeddings (rope_scaling's own key is
+ * not read) and s is rope_scaling's factor; with one, s is the ratio. The
+ * config written for it names no top-level key that was not there. */
+static void test_longrope_other_family(void **state)
+{
+    (void)state;
+    const char *base = "{\"model_type\": \"llama\", \"num_hidden_layers\": 1, \"hidden_size\": 32,"
+                       " \"num_attention_heads\": 8, \"intermediate_size\": 64, \"vocab_size\": 256,"
+                       " \"max_position_embeddings\": 256,%s"
+                       " \"rope_scaling\": {\"rope_type\": \"longrope\", \"factor\": 2.0,"
+                       " \"original_max_position_embeddings\": 64,"
+                       " \"short_factor\": [1.0, 1.5], \"long_factor\": [2.0, 3.0]}}";
+    char text[1024];
+    zo_model_config c, back;
+    snprintf(text, sizeof text, base, "");
+    assert_int_equal(zo_model_config_parse(text, "llama-longrope.json", &c), ZO_OK);
+    assert_int_equal(c.rope_original_max, 256);
+    assert_true(fabs(c.rope_attention_factor - sqrt(1.0 + log(2.0) / log(256.0))) < 1e-6);
+    cJSON *js = NULL;
+    assert_int_equal(model_hf_config(&c, ZO_DTYPE_BF16, &js), ZO_OK);
+    assert_null(cJSON_GetObjectItemCaseSensitive(js, "original_max_position_embeddings"));
+    char *out = cJSON_Print(js);
+    assert_int_equal(zo_model_config_parse(out, "written.json", &back), ZO_OK);
+    assert_int_equal(back.rope_original_max, 256);
+    assert_true(fabs(back.rope_attention_factor - c.rope_attention_factor) < 1e-6);
+    free(out);
+    cJSON_Delete(js);
+    /* a top-level original length: s = 256 / 32, whatever the factor */
+    snprintf(text, sizeof text, base, " \"original_max_position_embeddings\": 32,");
+    assert_int_equal(zo_model_config_parse(text, "llama-longrope-orig.json", &c), ZO_OK);
+    assert_int_equal(c.rope_original_max, 32);
+    assert_true(fabs(c.rope_attention_factor - sqrt(1.0 + log(8.0) / log(32.0))) < 1e-6);
+    assert_int_equal(model_hf_config(&c, ZO_DTYPE_BF16, &js), ZO_OK);
+    out = cJSON_Print(js);
+    assert_int_equal(zo_model_config_parse(out, "written.json", &back), ZO_OK);
+    assert_int_equal(back.rope_original_max, 32);
+    free(out);
+    cJSON_Delete(js);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -612,6 +654,7 @@ int main(void)
         cmocka_unit_test(test_layout_views),
         cmocka_unit_test(test_layout_refuses_families),
         cmocka_unit_test(test_hf_config_partial_rotary),
+        cmocka_unit_test(test_longrope_other_family),
         cmocka_unit_test(test_batches_sequential),
         cmocka_unit_test(test_batches_random),
         cmocka_unit_test(test_tokens_errors),
