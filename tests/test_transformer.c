@@ -675,7 +675,18 @@ static void test_phi3_partial_vs_torch(void **state)
     assert_int_equal(zo_model_rope_dim(&c), 6);
     assert_int_equal(c.rope_n_factors, 3);
     assert_true(c.tied_embeddings);
-    c.rope_partial = 0.625f; /* 5 of 8 */
+    /* longrope lists of head_dim / 2 where 6 of 8 rotate: refused, naming
+     * the rotary size */
+    gpu_device_t dev;
+    gpu_cpu_options o = {.n_threads = 1};
+    assert_int_equal(gpu_device_init_cpu(&o, &dev), ZO_OK);
+    tf_model g;
+    c.rope_n_factors = 4;
+    assert_int_equal(tf_init(&g, &c, dev, ZO_DTYPE_F32, 1, 8), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "the rotary dim (head_dim x partial_rotary_factor) / 2 = 3"));
+    gpu_device_free(dev);
+    c.rope_n_factors = 3;
+    c.rope_partial = 0.625; /* 5 of 8 */
     model_layout l;
     assert_int_equal(model_layout_init(&l, &c), ZO_ERR_UNSUPPORTED);
     assert_non_null(strstr(zo_last_error(), "partial_rotary_factor"));
