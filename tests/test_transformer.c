@@ -846,16 +846,16 @@ static void lora_workdir(const char *tag, char dir[64], char text[128])
     fclose(f);
 }
 
-/* What a model's `train --lora 4 --lora-targets all-linear` (and --qlora)
- * run must show: the trainable count (--lora), entries adapter_config.json
- * lists and one it must not, an adapter tensor under PEFT's name (with its
- * shape when rows > 0). */
 /* A Phi-3 for train's end-to-end runs: GQA, a window of 15 over sequences of 32. */
 #define PHI3_TINY_CONFIG                                                                                      \
     "{\"model_type\": \"phi3\", \"num_hidden_layers\": 2, \"hidden_size\": 32, \"num_attention_heads\": 4, " \
     "\"num_key_value_heads\": 2, \"intermediate_size\": 48, \"vocab_size\": 256, "                           \
     "\"max_position_embeddings\": 64, \"sliding_window\": 15}"
 
+/* What a model's `train --lora 4 --lora-targets all-linear` (and --qlora)
+ * run must show: the trainable count (--lora), entries adapter_config.json
+ * lists and one it must not, an adapter tensor under PEFT's name (with its
+ * shape when rows > 0). */
 typedef struct lora_case {
     const char *tag, *config_json, *trainable;
     const char *lists[3], *not_listed;
@@ -863,6 +863,7 @@ typedef struct lora_case {
     int64_t rows, cols;
 } lora_case;
 
+/* `train --lora` and `--qlora` on lc's model, checked as lc says. */
 static void run_train_lora(const lora_case *lc)
 {
     char dir[64], text[128], ad[128], cfg[128], cmd[1400];

@@ -61,7 +61,7 @@ typedef struct tf_layer_acts {
     void *fc;         /* [N, ffn] GPT: pre-GELU; LLaMA: gate */
     void *up;         /* [N, ffn] LLaMA: up (NULL for GPT) */
     void *act;        /* [N, ffn] GELU(fc) or silu(gate) * up */
-    void *lora_u;     /* [N, n_lora * r] LoRA: each adapter's A x (NULL without LoRA) */
+    void *lora_u;     /* [N, n_lora_u * r] LoRA: each adapted layer's A x (NULL without LoRA) */
     /* mixture of experts (NULL in a dense model); fc, up, act hold the
      * shared expert's ([N, shared_ffn]) */
     float *router_logits; /* [N, experts] */
