@@ -266,6 +266,15 @@ static void batch_of(const char *name, const char *in_name, const char *tg_name,
     free(ft);
 }
 
+/* Fixture `name` opened (fp32) with its first batch set on the model. */
+static void fx_open_batch(lora_fx *fx, const char *name)
+{
+    fx_open(fx, name, ZO_DTYPE_F32, 0, -1, 0);
+    int32_t in[B * T], tg[B * T];
+    batch_of(name, "inputs", "targets", 0, in, tg);
+    assert_int_equal(tf_set_batch(&fx->m, fx->s, in, tg, B, T), ZO_OK);
+}
+
 /* The frozen buffers on the device still hold exactly what was uploaded. */
 static void check_frozen_unchanged(lora_fx *fx)
 {
@@ -377,10 +386,7 @@ static void test_phi3_nf4_dequant_once(void **state)
 {
     (void)state;
     lora_fx fx;
-    fx_open(&fx, "phi3_all_nf4", ZO_DTYPE_F32, 0, -1, 0);
-    int32_t in[B * T], tg[B * T];
-    batch_of("phi3_all_nf4", "inputs", "targets", 0, in, tg);
-    assert_int_equal(tf_set_batch(&fx.m, fx.s, in, tg, B, T), ZO_OK);
+    fx_open_batch(&fx, "phi3_all_nf4");
     int want = 0;
     for (int i = 0; i < fx.m.layout.n_tensors; i++) want += strstr(fx.m.layout.tensors[i].name, "_proj.weight") != NULL;
     assert_int_equal(want, 4 * fx.cfg.n_layers); /* qkv_proj, o_proj, gate_up_proj, down_proj */
@@ -696,10 +702,7 @@ static void test_errors(void **state)
 {
     (void)state;
     lora_fx fx;
-    fx_open(&fx, "llama_qv", ZO_DTYPE_F32, 0, -1, 0);
-    int32_t in[B * T], tg[B * T];
-    batch_of("llama_qv", "inputs", "targets", 0, in, tg);
-    assert_int_equal(tf_set_batch(&fx.m, fx.s, in, tg, B, T), ZO_OK);
+    fx_open_batch(&fx, "llama_qv");
     tf_block_bufs bb = {.params = fx.params[1]}; /* no frozen weights */
     zo_clear_error();
     assert_int_equal(tf_block_forward(&fx.m, 1, &bb, fx.s), ZO_ERR_INVALID);
