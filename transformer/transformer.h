@@ -226,7 +226,6 @@ typedef struct tf_model {
     float *dlora;           /* [N max(1, top_k), r] gradient of one adapter's A x */
     void *eu;               /* [N top_k, r] a routed expert's adapter's A x (dtype; recomputed in
                                backward, so one serves every layer) */
-    float *dsink;           /* [2h] where the frozen norms' weight gradients go */
     void *wdq;              /* QLoRA: one dequantized linear weight (model dtype) */
     /* mixture of experts (cfg.moe.experts > 0) */
     float *moe_stats;       /* [L, 2 experts] each layer's router statistics
