@@ -229,7 +229,6 @@ typedef struct tf_model {
     float *dlora;           /* [N max(1, top_k), r] gradient of one adapter's A x */
     void *eu;               /* [N top_k, r] a routed expert's adapter's A x (dtype; recomputed in
                                backward, so one serves every layer) */
-    float *dsink;           /* [2h] where the frozen norms' weight gradients go */
     void *wdq;              /* QLoRA: one dequantized linear weight (model dtype) */
     const void *wdq_src;    /* the NF4 tensor wdq holds whole (a fused one whose row ranges are
                                read in turn: Phi-3's gate_up_proj), of block wdq_block; NULL: none
