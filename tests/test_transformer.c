@@ -692,6 +692,18 @@ static void test_gemma_vs_torch(void **state)
     run_training("tiny_gemma");
     run_generation("tiny_gemma");
     run_gen_placements("tiny_gemma");
+    /* bf16 storage: the loss within bf16's rounding of PyTorch's (as tiny_llama's) */
+    {
+        fixture bf;
+        fixture_open(&bf, "tiny_gemma", ZO_DTYPE_BF16, 2, NULL);
+        tf_step_info info;
+        assert_int_equal(tf_trainer_grads(&bf.tr, bf.s, bf.inputs, bf.targets, B, T, &info), ZO_OK);
+        float *want = read_expected("tiny_gemma", "loss", NULL);
+        assert_int_equal(check_close_f32("bf16", &info.loss, want, 1, 0.0, 2e-2), 0);
+        assert_int_equal(info.skipped, 0);
+        free(want);
+        fixture_close(&bf);
+    }
 
     /* export and reload */
     fixture fx;
@@ -734,6 +746,54 @@ static void test_gemma_vs_torch(void **state)
     snprintf(c.act, sizeof c.act, "gelu");
     assert_int_equal(zo_model_config_runtime_check(&c), ZO_ERR_UNSUPPORTED);
     assert_non_null(strstr(zo_last_error(), "the activation gelu"));
+}
+
+/* Gemma's embedding factor is sqrt(hidden) rounded to the model dtype
+ * first, as Hugging Face's normalizer tensor: gemma-7b's sqrt(3072) =
+ * 55.4256 is 55.5 in bf16 (steps of 0.25 there), and stays itself in fp32.
+ * An embedding of ones through block 0 gives the factor. */
+static void test_gemma_embed_scale(void **state)
+{
+    (void)state;
+    zo_model_config c = {.family = "gemma", .arch = ZO_ARCH_LLAMA, .n_layers = 1, .hidden = 3072, .n_heads = 1,
+                         .n_kv_heads = 1, .head_dim = 8, .ffn = 8, .vocab = 4, .max_seq = 8, .tied_embeddings = 1,
+                         .norm_eps = 1e-6f, .rope_theta = 10000.0f, .act = "gelu_pytorch_tanh"};
+    snprintf(c.name, sizeof c.name, "gemma-embed");
+    assert_int_equal(zo_model_config_validate(&c), ZO_OK);
+    const zo_dtype dts[2] = {ZO_DTYPE_BF16, ZO_DTYPE_F32};
+    const float want[2] = {55.5f, (float)sqrt(3072.0)};
+    for (int k = 0; k < 2; k++) {
+        gpu_cpu_options o = {.n_threads = 2};
+        gpu_device_t dev;
+        gpu_stream_t s;
+        assert_int_equal(gpu_device_init_cpu(&o, &dev), ZO_OK);
+        assert_int_equal(gpu_stream_create(dev, &s), ZO_OK);
+        tf_model m;
+        if (tf_init(&m, &c, dev, dts[k], 1, 2) != ZO_OK) fail_msg("%s", zo_last_error());
+        size_t n = m.layout.block_numel[0], es = zo_dtype_size(dts[k]);
+        char *host = malloc(n * es), *out = malloc(2 * (size_t)c.hidden * es);
+        for (size_t i = 0; i < n; i++) zo_store_f32(host, dts[k], i, 1.0f);
+        void *w;
+        assert_int_equal(gpu_mem_alloc(dev, n * es, &w), ZO_OK);
+        assert_int_equal(gpu_memcpy_async(s, w, host, n * es, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+        const int32_t in[2] = {1, 3}, tg[2] = {3, 0};
+        assert_int_equal(tf_set_batch(&m, s, in, tg, 1, 2), ZO_OK);
+        tf_block_bufs bb = {.params = w, .embed_params = w};
+        assert_int_equal(tf_block_forward(&m, 0, &bb, s), ZO_OK);
+        assert_int_equal(gpu_memcpy_async(s, out, m.res[0], 2 * (size_t)c.hidden * es, GPU_COPY_DEVICE_TO_HOST),
+                         ZO_OK);
+        assert_int_equal(gpu_stream_synchronize(s), ZO_OK);
+        for (int i = 0; i < 2 * c.hidden; i++)
+            if (zo_load_f32(out, dts[k], (size_t)i) != want[k])
+                fail_msg("%s: element %d is %.7g, want %.7g", zo_dtype_name(dts[k]), i,
+                         (double)zo_load_f32(out, dts[k], (size_t)i), (double)want[k]);
+        gpu_mem_free(dev, w);
+        tf_free(&m);
+        free(host);
+        free(out);
+        gpu_stream_destroy(s);
+        gpu_device_free(dev);
+    }
 }
 
 /* ---- 16-bit storage ---------------------------------------------------------------------- */
@@ -1484,6 +1544,7 @@ int main(void)
         cmocka_unit_test(test_phi3_longrope_vs_torch),
         cmocka_unit_test(test_phi3_partial_vs_torch),
         cmocka_unit_test(test_gemma_vs_torch),
+        cmocka_unit_test(test_gemma_embed_scale),
         cmocka_unit_test(test_generation_vs_torch),
         cmocka_unit_test(test_generation_placements),
         cmocka_unit_test(test_gpt2_training),
