@@ -228,6 +228,18 @@ static zo_status rope_frequencies(const zo_model_config *c, int T, int generatin
     return ZO_OK;
 }
 
+/* *dst = a new device buffer holding `bytes` of host, copied before this returns. */
+static zo_status upload_new(tf_model *m, void **dst, const void *host, size_t bytes)
+{
+    gpu_stream_t s = NULL;
+    zo_status st = gpu_mem_alloc(m->dev, bytes, dst);
+    if (st == ZO_OK) st = gpu_stream_create(m->dev, &s);
+    if (st == ZO_OK) st = gpu_memcpy_async(s, *dst, host, bytes, GPU_COPY_HOST_TO_DEVICE);
+    if (st == ZO_OK) st = gpu_stream_synchronize(s);
+    gpu_stream_destroy(s);
+    return st;
+}
+
 /* A rope_scaling's frequencies into device memory (m->rope_freq). */
 static zo_status rope_upload(tf_model *m)
 {
@@ -236,20 +248,15 @@ static zo_status rope_upload(tf_model *m)
     size_t bytes = (size_t)(zo_model_rope_dim(c) / 2) * sizeof(double);
     double *host = malloc(bytes);
     if (!host) return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory");
-    gpu_stream_t s = NULL;
     zo_status st = rope_frequencies(c, m->opts.kv_len ? m->opts.kv_len : m->T, m->opts.kv_len > 0, host,
                                     &m->rope_scale); /* the last position */
-    if (st == ZO_OK) st = gpu_mem_alloc(m->dev, bytes, (void **)&m->rope_freq);
-    if (st == ZO_OK) st = gpu_stream_create(m->dev, &s);
-    if (st == ZO_OK) st = gpu_memcpy_async(s, m->rope_freq, host, bytes, GPU_COPY_HOST_TO_DEVICE);
-    if (st == ZO_OK) st = gpu_stream_synchronize(s);
-    gpu_stream_destroy(s);
+    if (st == ZO_OK) st = upload_new(m, (void **)&m->rope_freq, host, bytes);
     free(host);
     return st;
 }
 
 /* Gemma's norms multiply by 1 + w: m->norm_one's first h floats are ones,
- * the next h hold 1 + w (tf_norm_weight); fp32, as GemmaRMSNorm adds in
+ * the next h hold 1 + w (norm_weight); fp32, as GemmaRMSNorm adds in
  * fp32. */
 static zo_status norm_one_upload(tf_model *m)
 {
@@ -258,12 +265,7 @@ static zo_status norm_one_upload(tf_model *m)
     float *host = malloc(bytes);
     if (!host) return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory");
     for (size_t j = 0; j < 2 * h; j++) host[j] = 1.0f;
-    gpu_stream_t s = NULL;
-    zo_status st = gpu_mem_alloc(m->dev, bytes, (void **)&m->norm_one);
-    if (st == ZO_OK) st = gpu_stream_create(m->dev, &s);
-    if (st == ZO_OK) st = gpu_memcpy_async(s, m->norm_one, host, bytes, GPU_COPY_HOST_TO_DEVICE);
-    if (st == ZO_OK) st = gpu_stream_synchronize(s);
-    gpu_stream_destroy(s);
+    zo_status st = upload_new(m, (void **)&m->norm_one, host, bytes);
     free(host);
     return st;
 }
