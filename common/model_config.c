@@ -34,14 +34,14 @@
       .max_seq = s, .norm_eps = 1e-5f, .rope_theta = theta, .sliding_window = win}}
 
 /* Qwen3 (config.json of Qwen/Qwen3-*): LLaMA layers with an RMSNorm over each
- * q and k head, head_dim 128 whatever hidden / heads, rms_norm_eps 1e-6,
- * rope_theta 1e6, 40960 positions, vocabulary 151936. */
+ * q and k head, head_dim 128 whatever hidden / heads, SiLU, rms_norm_eps
+ * 1e-6, rope_theta 1e6, 40960 positions, vocabulary 151936. */
 #define QWEN3(n, fam, L, h, a, kv, f, tied, ...)                                          \
     {n, "",                                                                               \
      {.name = n, .family = fam, .arch = ZO_ARCH_LLAMA, .n_layers = L, .hidden = h,       \
       .n_heads = a, .n_kv_heads = kv, .head_dim = 128, .ffn = f, .vocab = 151936,        \
       .max_seq = 40960, .tied_embeddings = tied, .norm_eps = 1e-6f, .rope_theta = 1e6f,  \
-      .qk_norm = 1, __VA_ARGS__}}
+      .act = "silu", .qk_norm = 1, __VA_ARGS__}}
 
 /* Gemma (config.json of google/gemma-2b, gemma-7b): LLaMA layers with
  * GeGLU (tanh GELU), head_dim 256 whatever hidden / heads, RMSNorm times
@@ -94,10 +94,10 @@ static const zo_model_preset presets[] = {
     LLAMA("phi-4", "", "phi3", 40, 5120, 40, 10, 17920, 100352, 16384, 250000.0f, 0),
     GEMMA("gemma-2b", 18, 2048, 8, 1, 16384),
     GEMMA("gemma-7b", 28, 3072, 16, 16, 24576),
-    QWEN3("qwen3-0.6b", "qwen3", 28, 1024, 16, 8, 3072, 1, .act = "silu"),
-    QWEN3("qwen3-8b", "qwen3", 36, 4096, 32, 8, 12288, 0, .act = "silu"),
+    QWEN3("qwen3-0.6b", "qwen3", 28, 1024, 16, 8, 3072, 1),
+    QWEN3("qwen3-8b", "qwen3", 36, 4096, 32, 8, 12288, 0),
     /* 128 routed experts of 768, 8 a token, renormalized (norm_topk_prob) */
-    QWEN3("qwen3-30b-a3b", "qwen3_moe", 48, 2048, 32, 4, 6144, 0, .act = "silu",
+    QWEN3("qwen3-30b-a3b", "qwen3_moe", 48, 2048, 32, 4, 6144, 0,
           .moe = {.experts = 128, .top_k = 8, .expert_ffn = 768, .norm_topk = 1, .aux_coef = 0.001f}),
 };
 

@@ -190,14 +190,16 @@ zo_status gpu_bias_backward(gpu_stream_t s, gpu_tensor dbias, gpu_tensor dy, int
 /* ---- ops: normalization ----------------------------------------------------
  * LayerNorm over the last dimension: y = (x - mean) * rstd * w + b, with
  * x, y [n,c]; w, b [c] (b.data may be NULL); mean, rstd [n] fp32 saved for
- * backward. Backward: dx += ..., dw += ..., db += ... (db may be NULL). */
+ * backward. Backward: dx += ..., dw += ..., db += ... (dw.data and db.data
+ * may be NULL: that gradient is not computed, as for a frozen norm). */
 zo_status gpu_layernorm_forward(gpu_stream_t s, gpu_tensor y, float *mean, float *rstd,
                                 gpu_tensor x, gpu_tensor w, gpu_tensor b, int n, int c,
                                 float eps);
 zo_status gpu_layernorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw, gpu_tensor db,
                                  gpu_tensor dy, gpu_tensor x, gpu_tensor w, const float *mean,
                                  const float *rstd, int n, int c);
-/* RMSNorm (LLaMA): y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps). */
+/* RMSNorm (LLaMA): y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps).
+ * Backward: dx += ..., dw += ... (dw.data NULL: not computed). */
 zo_status gpu_rmsnorm_forward(gpu_stream_t s, gpu_tensor y, float *rstd, gpu_tensor x,
                               gpu_tensor w, int n, int c, float eps);
 zo_status gpu_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw, gpu_tensor dy,
@@ -209,7 +211,8 @@ zo_status gpu_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dw, gpu
  * fp32 and saved [n, heads * d] (x's heads before the norm, the backward's
  * input) are written when not NULL. Backward, in place: dx (row stride ldx)
  * holds the gradient of the norm's output on entry and that of its input on
- * exit; dw [d] += the weight's gradient summed over every row and head. */
+ * exit; dw [d] += the weight's gradient summed over every row and head
+ * (dw.data NULL: not computed). */
 zo_status gpu_head_rmsnorm_forward(gpu_stream_t s, gpu_tensor x, int64_t ldx, gpu_tensor saved,
                                    float *rstd, gpu_tensor w, int n, int heads, int d, float eps);
 zo_status gpu_head_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, int64_t ldx, gpu_tensor dw,

@@ -109,14 +109,14 @@ typedef struct gpu_op_slot {
        GPU_DIM(0, n), GPU_DIM(1, c)),                                                            \
       NULL)                                                                                      \
     X(LAYERNORM_BACKWARD, layernorm_backward,                                                   \
-      (GPU_T(0, dx), GPU_T(1, dw), GPU_TOPT(2, db), GPU_T(3, dy), GPU_T(4, x), GPU_T(5, w),      \
+      (GPU_T(0, dx), GPU_TOPT(1, dw), GPU_TOPT(2, db), GPU_T(3, dy), GPU_T(4, x), GPU_T(5, w),      \
        GPU_P(0, mean), GPU_P(1, rstd), GPU_DIM(0, n), GPU_DIM(1, c)),                            \
       NULL)                                                                                      \
     X(RMSNORM_FORWARD, rmsnorm_forward,                                                         \
       (GPU_T(0, y), GPU_T(1, x), GPU_T(2, w), GPU_P(0, rstd), GPU_DIM(0, n), GPU_DIM(1, c)),     \
       NULL)                                                                                      \
     X(RMSNORM_BACKWARD, rmsnorm_backward,                                                       \
-      (GPU_T(0, dx), GPU_T(1, dw), GPU_T(2, dy), GPU_T(3, x), GPU_T(4, w), GPU_P(0, rstd),       \
+      (GPU_T(0, dx), GPU_TOPT(1, dw), GPU_T(2, dy), GPU_T(3, x), GPU_T(4, w), GPU_P(0, rstd),       \
        GPU_DIM(0, n), GPU_DIM(1, c)),                                                            \
       NULL)                                                                                      \
     X(HEAD_RMSNORM_FORWARD, head_rmsnorm_forward,                                               \
@@ -124,7 +124,7 @@ typedef struct gpu_op_slot {
        GPU_DIM(1, heads), GPU_DIM(2, d), GPU_INT(3, ldx)),                                       \
       gpu_check_heads)                                                                           \
     X(HEAD_RMSNORM_BACKWARD, head_rmsnorm_backward,                                             \
-      (GPU_T(0, dx), GPU_T(1, dw), GPU_T(2, saved), GPU_T(3, w), GPU_P(0, rstd), GPU_DIM(0, n),  \
+      (GPU_T(0, dx), GPU_TOPT(1, dw), GPU_T(2, saved), GPU_T(3, w), GPU_P(0, rstd), GPU_DIM(0, n),  \
        GPU_DIM(1, heads), GPU_DIM(2, d), GPU_INT(3, ldx)),                                       \
       gpu_check_heads)                                                                           \
     X(ATTENTION_FORWARD, attention_forward, (GPU_T(0, out), GPU_T(1, qkv), GPU_P(0, lse)),      \

@@ -749,30 +749,58 @@ zo_status cpu_layernorm_forward(cpu_scratch *ws, gpu_tensor y, float *mean, floa
     return ZO_OK;
 }
 
-/* dw[j] += sum_r dy[r,j] * xhat[r,j] (and db[j] += sum_r dy[r,j]), xhat from
- * x, mean (NULL for RMSNorm) and rstd. */
-static void norm_param_grads(gpu_tensor dw, gpu_tensor db, gpu_tensor dy, gpu_tensor x,
-                             const float *mean, const float *rstd, int n, int c, int nt)
+/* The norms' parameter gradients: dw[j] += sum dy * xhat and db[j] += sum
+ * dy over every (row r, head h), dy at r*ldy + h*c + j, x and the
+ * statistics at (r*heads + h) (the plain norms: heads 1, ldy c; mean NULL:
+ * RMSNorm; dw.data or db.data NULL: not computed). The rows go in
+ * NORM_CHUNKS fixed chunks, each chunk's sums (per column block) in its own
+ * partial, and the partials are added in chunk order: the same sums whatever
+ * the thread count, and the work spread over chunks x column blocks. */
+#define NORM_CHUNKS 32
+
+/* Bytes of norm_param_grads' partials: [NORM_CHUNKS, c] fp32 for each of dw
+ * and db given. */
+static size_t norm_part_bytes(gpu_tensor dw, gpu_tensor db, int c)
 {
-    int blocks = (c + COLS - 1) / COLS;
+    return ((dw.data != NULL) + (db.data != NULL)) * al64((size_t)NORM_CHUNKS * c * sizeof(float));
+}
+
+/* part: norm_part_bytes(dw, db, c) of scratch */
+static void norm_param_grads(char *part, gpu_tensor dw, gpu_tensor db, gpu_tensor dy, int64_t ldy, gpu_tensor x,
+                             const float *mean, const float *rstd, int n, int heads, int c, int nt)
+{
+    if (!dw.data && !db.data) return;
+    const int blocks = (c + COLS - 1) / COLS, chunk = (n + NORM_CHUNKS - 1) / NORM_CHUNKS;
+    float *pw = (float *)part, *pb = (float *)(part + (dw.data ? al64((size_t)NORM_CHUNKS * c * sizeof(float)) : 0));
 #pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
-    for (int cb = 0; cb < blocks; cb++) {
-        int j0 = cb * COLS, wd = c - j0 < COLS ? c - j0 : COLS;
+    for (int task = 0; task < blocks * NORM_CHUNKS; task++) {
+        int cb = task % blocks, k = task / blocks, j0 = cb * COLS, wd = c - j0 < COLS ? c - j0 : COLS;
+        int r1 = (k + 1) * chunk < n ? (k + 1) * chunk : n;
         float aw[COLS], ab[COLS], g[COLS], xr[COLS];
         for (int j = 0; j < wd; j++) aw[j] = ab[j] = 0.0f;
-        for (int r = 0; r < n; r++) {
-            load_row(g, dy, (size_t)r * c + j0, wd);
-            load_row(xr, x, (size_t)r * c + j0, wd);
-            float m = mean ? mean[r] : 0.0f;
-            for (int j = 0; j < wd; j++) {
-                aw[j] += g[j] * (xr[j] - m) * rstd[r];
-                ab[j] += g[j];
+        for (int r = k * chunk; r < r1; r++)
+            for (int h = 0; h < heads; h++) {
+                size_t ri = (size_t)r * heads + h;
+                load_row(g, dy, (size_t)r * (size_t)ldy + (size_t)h * c + j0, wd);
+                float m = mean ? mean[ri] : 0.0f;
+                if (dw.data) {
+                    load_row(xr, x, ri * c + j0, wd);
+                    for (int j = 0; j < wd; j++) aw[j] += g[j] * (xr[j] - m) * rstd[ri];
+                }
+                for (int j = 0; j < wd; j++) ab[j] += g[j];
             }
+        if (dw.data) memcpy(pw + (size_t)k * c + j0, aw, (size_t)wd * sizeof(float));
+        if (db.data) memcpy(pb + (size_t)k * c + j0, ab, (size_t)wd * sizeof(float));
+    }
+#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
+    for (int j = 0; j < c; j++) {
+        float sw = 0.0f, sb = 0.0f;
+        for (int k = 0; k < NORM_CHUNKS; k++) {
+            if (dw.data) sw += pw[(size_t)k * c + j];
+            if (db.data) sb += pb[(size_t)k * c + j];
         }
-        for (int j = 0; j < wd; j++) {
-            st(dw, j0 + j, ld(dw, j0 + j) + aw[j]);
-            if (db.data) st(db, j0 + j, ld(db, j0 + j) + ab[j]);
-        }
+        if (dw.data) st(dw, j, ld(dw, j) + sw);
+        if (db.data) st(db, j, ld(db, j) + sb);
     }
 }
 
@@ -812,13 +840,14 @@ static zo_status norm_backward(cpu_scratch *ws, const char *op, gpu_tensor dx, g
     const int team = cpu_team(nt);
     const size_t cb = al64((size_t)c * sizeof(float));
     char *base;
-    zo_status st = reserve_team(ws, op, cb, 3 * cb, team, &base);
+    const size_t part = norm_part_bytes(dw, db, c);
+    zo_status st = reserve_team(ws, op, cb + part, 3 * cb, team, &base);
     if (st != ZO_OK) return st;
     float *wv = (float *)base;
     load_row(wv, w, 0, c);
 #pragma omp parallel num_threads(team)
     {
-        char *mine = team_slice(base, cb, 3 * cb);
+        char *mine = team_slice(base, cb + part, 3 * cb);
         float *g = (float *)mine, *xr = (float *)(mine + cb), *o = (float *)(mine + 2 * cb);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
@@ -832,7 +861,7 @@ static zo_status norm_backward(cpu_scratch *ws, const char *op, gpu_tensor dx, g
             store_row(dx, (size_t)r * c, o, c);
         }
     }
-    norm_param_grads(dw, db, dy, x, mean, rstd, n, c, nt);
+    norm_param_grads(base + cb, dw, db, dy, c, x, mean, rstd, n, 1, c, nt);
     return ZO_OK;
 }
 
@@ -923,29 +952,18 @@ zo_status cpu_head_rmsnorm_backward(cpu_scratch *ws, gpu_tensor dx, int64_t ldx,
 {
     const int team = cpu_team(nt);
     const size_t cb = al64((size_t)d * sizeof(float));
-    /* dw first, while dx still holds the output's gradient: columns in
-     * blocks, every (row, head) in one order whatever the thread count */
-    int blocks = (d + COLS - 1) / COLS;
-#pragma omp parallel for schedule(static) num_threads(team)
-    for (int b = 0; b < blocks; b++) {
-        int j0 = b * COLS, wd = d - j0 < COLS ? d - j0 : COLS;
-        float aw[COLS], g[COLS], xr[COLS];
-        for (int e = 0; e < wd; e++) aw[e] = 0.0f;
-        for (size_t ri = 0; ri < (size_t)n * heads; ri++) {
-            load_row(g, dx, (ri / heads) * (size_t)ldx + (ri % heads) * d + j0, wd);
-            load_row(xr, saved, ri * d + j0, wd);
-            for (int e = 0; e < wd; e++) aw[e] += g[e] * xr[e] * rstd[ri];
-        }
-        for (int e = 0; e < wd; e++) st(dw, j0 + e, ld(dw, j0 + e) + aw[e]);
-    }
+    const gpu_tensor none = {NULL, ZO_DTYPE_F32};
+    const size_t part = norm_part_bytes(dw, none, d);
     char *base;
-    zo_status s = reserve_team(ws, "gpu_head_rmsnorm_backward", cb, 3 * cb, team, &base);
+    zo_status s = reserve_team(ws, "gpu_head_rmsnorm_backward", cb + part, 3 * cb, team, &base);
     if (s != ZO_OK) return s;
+    /* dw first, while dx still holds the output's gradient */
+    norm_param_grads(base + cb, dw, none, dx, ldx, saved, NULL, rstd, n, heads, d, nt);
     float *wv = (float *)base;
     load_row(wv, w, 0, d);
 #pragma omp parallel num_threads(team)
     {
-        char *mine = team_slice(base, cb, 3 * cb);
+        char *mine = team_slice(base, cb + part, 3 * cb);
         float *g = (float *)mine, *xr = (float *)(mine + cb), *o = (float *)(mine + 2 * cb);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++)

@@ -1449,8 +1449,8 @@ static void end_activations(const stage_est *s, plan_estimate *e)
  * scratch in the activation dtype, the token ids, targets and per-token
  * losses, and with 16-bit weights the 16-bit copy of the widest gradient a
  * GEMM reads; LoRA: one adapter's gradient of A x [s b, r] (or of an
- * expert's rows, when more) and a sink for the frozen norms' weight
- * gradients (fp32), and an expert's x A^T. */
+ * expert's rows, when more), fp32, and an expert's x A^T (the frozen
+ * norms' weight gradients are not computed). */
 static void backward_activations(const stage_est *s, plan_estimate *e)
 {
     const zo_model_config *m = s->m;
@@ -1496,7 +1496,7 @@ static void backward_activations(const stage_est *s, plan_estimate *e)
         er = zo_moe_expert_rows(m, t->capacity_factor, sb, t->ep > 1 ? (uint64_t)t->ep : 1);
         add(e, "LoRA expert scratch (an expert's x A^T)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, er * r * s->wsz);
     }
-    add(e, "LoRA backward scratch (fp32)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, 4 * (er > sb ? er : sb) * r + 8 * h);
+    add(e, "LoRA backward scratch (fp32)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, 4 * (er > sb ? er : sb) * r);
 }
 
 /* The buffers an MoE model's layers share (transformer.c): the pairs'

@@ -488,8 +488,12 @@ static void norm_case(int rms)
     float *fr = to_float(wrstd, n), *fm = to_float(wmean, n);
     assert_int_equal(check_close_f32("rstd", rstd, fr, n, 1e-6, 1e-5), 0);
     if (!rms) assert_int_equal(check_close_f32("mean", mean, fm, n, 1e-6, 1e-5), 0);
-    if (rms) s = shim_launch_rmsnorm_backward(NULL, tdx, tdw, tdy, tx, tw, rstd, n, c);
-    else s = shim_launch_layernorm_backward(NULL, tdx, tdw, tdb, tdy, tx, tw, mean, rstd, n, c);
+    size_t sb = (size_t)2 * 64 * c * sizeof(float); /* 64 row chunks of dw's and db's partials */
+    void *scratch = malloc(sb);
+    assert_non_null(scratch);
+    if (rms) s = shim_launch_rmsnorm_backward(NULL, scratch, sb, tdx, tdw, tdy, tx, tw, rstd, n, c);
+    else s = shim_launch_layernorm_backward(NULL, scratch, sb, tdx, tdw, tdb, tdy, tx, tw, mean, rstd, n, c);
+    free(scratch);
     assert_int_equal(s, ZO_OK);
     assert_int_equal(check_tensor("norm dx", tdx, wdx, nc), 0);
     assert_int_equal(check_tensor("norm dw", tdw, wdw, c), 0);

@@ -244,12 +244,6 @@ def sparse(name):
     return name.endswith("_sparse")
 
 
-def head_dim(c):
-    if c["model_type"] == "gpt2":
-        return c["n_embd"] // c["n_head"]
-    return c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-
-
 # ---- the PyTorch side -----------------------------------------------------------------------
 
 def is_moe(c):
@@ -360,8 +354,8 @@ def moe_mlp(c, p, m, x):
 
 def moe_forward(c, p, idx):
     """mf.llama_forward's layers with the MoE MLP; the logits and every layer's router logits."""
-    h, nh, nkv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
-    d, eps = c.get("head_dim") or h // nh, c["rms_norm_eps"]
+    nh = c["num_attention_heads"]
+    d, eps = mf.head_dim(c), c["rms_norm_eps"]
     b, t = idx.shape
     inv_freq = mf.rope_inv_freq(c, d)
     freqs = torch.outer(torch.arange(t, dtype=torch.float64), inv_freq)
@@ -653,7 +647,7 @@ def check_family(train, name, workdir):
     B, T, K = run["micro_batch"], run["seq"], run["grad_accum"]
     nh = c["n_head"] if gpt else c["num_attention_heads"]
     nkv = nh if gpt else c["num_key_value_heads"]
-    print(f"{name}: {sum(v.numel() for v in params.values())} parameters, head size {head_dim(c)}, "
+    print(f"{name}: {sum(v.numel() for v in params.values())} parameters, head size {mf.head_dim(c)}, "
           f"{nh} heads over {nkv} kv heads, batch {B} x seq {T} x grad-accum {K}, "
           f"lr {run['lr']:g} {run['schedule']} (warmup {run['warmup']})")
 

@@ -258,7 +258,7 @@ def check_family(gen, name, workdir):
     cap = str(model_bytes * 3 // 4)
     ck = Checks()
     print(f"{name}: {model_bytes // 4} parameters ({model_bytes} bytes fp32), head size "
-          f"{(c['n_embd'] // c['n_head']) if gpt else e2e.head_dim(c)}, prompts of "
+          f"{mf.head_dim(c)}, prompts of "
           f"{PROMPT_LENS} tokens, {NEW} new tokens each; device memory {cap} bytes where the weights stream")
 
     fwd = (lambda idx: e2e.moe_forward(c, params, idx)[0]) if moe else \

@@ -254,7 +254,7 @@ static void ref_layernorm_backward(const gpu_op_args *a, hostv *h)
             double g = dy[j] * h->T[5][j], xh = (x[j] - m) * rs;
             mg += g;
             mgx += g * xh;
-            h->T[1][j] += dy[j] * xh;
+            if (h->T[1]) h->T[1][j] += dy[j] * xh;
             if (h->T[2]) h->T[2][j] += dy[j];
         }
         mg /= c, mgx /= c;
@@ -286,7 +286,7 @@ static void ref_rmsnorm_backward(const gpu_op_args *a, hostv *h)
         double rs = h->P[0][r], mgx = 0.0;
         for (int j = 0; j < c; j++) {
             mgx += dy[j] * h->T[4][j] * x[j];
-            h->T[1][j] += dy[j] * x[j] * rs;
+            if (h->T[1]) h->T[1][j] += dy[j] * x[j] * rs;
         }
         mgx /= c;
         for (int j = 0; j < c; j++)
@@ -323,7 +323,7 @@ static void ref_head_rmsnorm_backward(const gpu_op_args *a, hostv *h)
             double rs = h->P[0][ri], mgx = 0.0;
             for (int e = 0; e < d; e++) {
                 mgx += dy[e] * w[e] * x[e];
-                h->T[1][e] += dy[e] * x[e] * rs;
+                if (h->T[1]) h->T[1][e] += dy[e] * x[e] * rs;
             }
             mgx /= d;
             for (int e = 0; e < d; e++) dy[e] = rs * (dy[e] * w[e] - x[e] * rs * rs * mgx);
@@ -1363,6 +1363,16 @@ static void parity_bias_backward(void) { bias_cases(GPU_OP_BIAS_BACKWARD); }
 
 static const int norm_shapes[][2] = {{1, 1}, {3, 31}, {4, 32}, {5, 33}, {17, 64}, {2, 65}, {9, 768}, {3, 1000}};
 
+/* The norm backwards' weight gradients go over a fixed number of row chunks
+ * (32 on the CPU, 64 on CUDA): n 67 and 130 are more rows than either, in
+ * chunks of 2-5 rows, the last short or empty; with 128 every chunk is full. */
+static const int norm_chunk_shapes[][2] = {{67, 40}, {128, 24}, {130, 96}};
+
+/* The cases added with the chunks and the NULL dw draw from a stream of
+ * their own (as parity_adam_state_update's), after the ones before them:
+ * every later op draws what it drew before they were added. */
+#define NORM_CHUNK_SEED 0x6a09e667f3bcc909ull
+
 /* mean and rstd of the rows of x (t[x_slot]), as the forward saves them */
 static void norm_prep(const pcase *c, hostv *h)
 {
@@ -1394,27 +1404,44 @@ static void parity_layernorm_forward(void)
             }
 }
 
-static void parity_layernorm_backward(void)
+/* grads: 2 dw and db, 1 dw (no db), 0 neither (a frozen norm) */
+static void layernorm_backward_case(int n, int cc, etype ty, int grads)
+{
+    pcase c = new_case(GPU_OP_LAYERNORM_BACKWARD, "n %d c %d %s%s", n, cc, ename(ty),
+                       grads == 2 ? "" : grads == 1 ? " no db" : " no dw, db");
+    c.a.i[0] = n, c.a.i[1] = cc;
+    OUT_T(&c, 0, ty, (size_t)n * cc);              /* dx += */
+    if (grads > 0) OUT_T(&c, 1, ty, cc);           /* dw += */
+    if (grads > 1) OUT_T(&c, 2, ty, cc);           /* db += */
+    IN_T(&c, 3, ty, (size_t)n * cc);
+    IN_T(&c, 4, ty, (size_t)n * cc);
+    IN_T(&c, 5, ty, cc);
+    add_buf(&c, 'p', 0, E_F32, n, FILL_NONE, 0, 0, 0);
+    add_buf(&c, 'p', 1, E_F32, n, FILL_NONE, 0, 0, 0);
+    c.prep = norm_prep;
+    emit(&c);
+}
+
+/* A norm backward's cases: one(n, c, type, grads), grads 1..top (the
+ * parameter gradients: top all of them) at norm_shapes, then from their own
+ * stream grads 0 (none: a frozen norm) there and every grads at
+ * norm_chunk_shapes. */
+static void norm_backward_cases(void (*one)(int, int, etype, int), int top)
 {
     for (size_t s = 0; s < sizeof norm_shapes / sizeof *norm_shapes; s++)
         for (int t = 0; t < 3; t++)
-            for (int with_b = 0; with_b < 2; with_b++) {
-                int n = norm_shapes[s][0], cc = norm_shapes[s][1];
-                pcase c = new_case(GPU_OP_LAYERNORM_BACKWARD, "n %d c %d %s%s", n, cc, ename(storage[t]),
-                                   with_b ? "" : " no db");
-                c.a.i[0] = n, c.a.i[1] = cc;
-                OUT_T(&c, 0, storage[t], (size_t)n * cc); /* dx += */
-                OUT_T(&c, 1, storage[t], cc);              /* dw += */
-                if (with_b) OUT_T(&c, 2, storage[t], cc);  /* db += */
-                IN_T(&c, 3, storage[t], (size_t)n * cc);
-                IN_T(&c, 4, storage[t], (size_t)n * cc);
-                IN_T(&c, 5, storage[t], cc);
-                add_buf(&c, 'p', 0, E_F32, n, FILL_NONE, 0, 0, 0);
-                add_buf(&c, 'p', 1, E_F32, n, FILL_NONE, 0, 0, 0);
-                c.prep = norm_prep;
-                emit(&c);
-            }
+            for (int g = 1; g <= top; g++) one(norm_shapes[s][0], norm_shapes[s][1], storage[t], g);
+    uint64_t saved = rng;
+    rng = NORM_CHUNK_SEED;
+    for (size_t s = 0; s < sizeof norm_shapes / sizeof *norm_shapes; s++)
+        for (int t = 0; t < 3; t++) one(norm_shapes[s][0], norm_shapes[s][1], storage[t], 0);
+    for (size_t s = 0; s < sizeof norm_chunk_shapes / sizeof *norm_chunk_shapes; s++)
+        for (int t = 0; t < 3; t++)
+            for (int g = 0; g <= top; g++) one(norm_chunk_shapes[s][0], norm_chunk_shapes[s][1], storage[t], g);
+    rng = saved;
 }
+
+static void parity_layernorm_backward(void) { norm_backward_cases(layernorm_backward_case, 2); }
 
 static void parity_rmsnorm_forward(void)
 {
@@ -1431,29 +1458,35 @@ static void parity_rmsnorm_forward(void)
         }
 }
 
-static void parity_rmsnorm_backward(void)
+static void rmsnorm_backward_case(int n, int cc, etype ty, int with_dw)
 {
-    for (size_t s = 0; s < sizeof norm_shapes / sizeof *norm_shapes; s++)
-        for (int t = 0; t < 3; t++) {
-            int n = norm_shapes[s][0], cc = norm_shapes[s][1];
-            pcase c = new_case(GPU_OP_RMSNORM_BACKWARD, "n %d c %d %s", n, cc, ename(storage[t]));
-            c.a.i[0] = n, c.a.i[1] = cc;
-            OUT_T(&c, 0, storage[t], (size_t)n * cc);
-            OUT_T(&c, 1, storage[t], cc);
-            IN_T(&c, 2, storage[t], (size_t)n * cc);
-            IN_T(&c, 3, storage[t], (size_t)n * cc);
-            IN_T(&c, 4, storage[t], cc);
-            add_buf(&c, 'p', 0, E_F32, n, FILL_NONE, 0, 0, 0);
-            c.prep = norm_prep;
-            emit(&c);
-        }
+    pcase c = new_case(GPU_OP_RMSNORM_BACKWARD, "n %d c %d %s%s", n, cc, ename(ty), with_dw ? "" : " no dw");
+    c.a.i[0] = n, c.a.i[1] = cc;
+    OUT_T(&c, 0, ty, (size_t)n * cc);
+    if (with_dw) OUT_T(&c, 1, ty, cc);
+    IN_T(&c, 2, ty, (size_t)n * cc);
+    IN_T(&c, 3, ty, (size_t)n * cc);
+    IN_T(&c, 4, ty, cc);
+    add_buf(&c, 'p', 0, E_F32, n, FILL_NONE, 0, 0, 0);
+    c.prep = norm_prep;
+    emit(&c);
 }
+
+static void parity_rmsnorm_backward(void) { norm_backward_cases(rmsnorm_backward_case, 1); }
 
 /* Qwen3's q/k norms: n rows, the first `heads` of `width` heads of d
  * normalised (ld = width * d), at head sizes 64 and 128 among odd ones */
 static const int head_norm_cfg[][4] = {
     /* n  heads width d */
     {1, 1, 1, 1}, {3, 2, 3, 31}, {5, 4, 4, 33}, {7, 3, 5, 64}, {50, 16, 32, 128}, {33, 8, 16, 128}, {2, 1, 1, 300},
+};
+
+/* Against the weight gradient's row chunks (32 on the CPU, 64 on CUDA): 13
+ * rows (fewer than either; 65 head-rows), 69 and 131 (more: chunks of 2-5
+ * rows, the last short, some empty at the end), 64 (every chunk full), at
+ * d 80, 64 and 128 (drawn from NORM_CHUNK_SEED's stream) */
+static const int head_norm_chunk_cfg[][4] = {
+    {13, 5, 6, 80}, {69, 3, 4, 80}, {131, 2, 2, 64}, {64, 2, 3, 128},
 };
 
 /* the forward's rstd of each saved head (t[2]) */
@@ -1463,48 +1496,67 @@ static void head_norm_prep(const pcase *c, hostv *h)
     for (int r = 0; r < rows; r++) h->P[0][r] = row_rms_rstd(h->T[2] + (size_t)r * d, d, 1e-6);
 }
 
+/* g: n heads width d */
+static void head_norm_forward_cases(const int *g)
+{
+    for (int t = 0; t < 3; t++)
+        for (int keep = 0; keep < 2; keep++) {
+            int64_t ld = (int64_t)g[2] * g[3];
+            pcase c = new_case(GPU_OP_HEAD_RMSNORM_FORWARD, "n %d heads %d of %d d %d %s%s", g[0], g[1], g[2], g[3],
+                               ename(storage[t]), keep ? "" : " nothing kept");
+            c.a.i[0] = g[0], c.a.i[1] = g[1], c.a.i[2] = g[3], c.a.i[3] = ld, c.a.f[0] = 1e-6f;
+            OUT_T(&c, 0, storage[t], (size_t)g[0] * ld);
+            IN_T(&c, 1, storage[t], g[3]);
+            if (keep) {
+                OUT_T(&c, 2, storage[t], (size_t)g[0] * g[1] * g[3]);
+                OUT_P(&c, 0, E_F32, (size_t)g[0] * g[1]);
+            }
+            emit(&c);
+        }
+}
+
 static void parity_head_rmsnorm_forward(void)
 {
-    for (size_t s = 0; s < sizeof head_norm_cfg / sizeof *head_norm_cfg; s++)
-        for (int t = 0; t < 3; t++)
-            for (int keep = 0; keep < 2; keep++) {
-                const int *g = head_norm_cfg[s];
-                int64_t ld = (int64_t)g[2] * g[3];
-                pcase c = new_case(GPU_OP_HEAD_RMSNORM_FORWARD, "n %d heads %d of %d d %d %s%s", g[0], g[1], g[2],
-                                   g[3], ename(storage[t]), keep ? "" : " nothing kept");
-                c.a.i[0] = g[0], c.a.i[1] = g[1], c.a.i[2] = g[3], c.a.i[3] = ld, c.a.f[0] = 1e-6f;
-                OUT_T(&c, 0, storage[t], (size_t)g[0] * ld);
-                IN_T(&c, 1, storage[t], g[3]);
-                if (keep) {
-                    OUT_T(&c, 2, storage[t], (size_t)g[0] * g[1] * g[3]);
-                    OUT_P(&c, 0, E_F32, (size_t)g[0] * g[1]);
-                }
-                emit(&c);
-            }
+    for (size_t s = 0; s < sizeof head_norm_cfg / sizeof *head_norm_cfg; s++) head_norm_forward_cases(head_norm_cfg[s]);
+    uint64_t saved = rng;
+    rng = NORM_CHUNK_SEED;
+    for (size_t s = 0; s < sizeof head_norm_chunk_cfg / sizeof *head_norm_chunk_cfg; s++)
+        head_norm_forward_cases(head_norm_chunk_cfg[s]);
+    rng = saved;
+}
+
+/* g: n heads width d; t 0-2: every value in storage[t]; 3: the
+ * transformer's, an fp32 gradient beside bf16 saved values and weights; 4:
+ * the same with LoRA (frozen norms: no dw) */
+static void head_norm_backward_case(const int *g, int t)
+{
+    int64_t ld = (int64_t)g[2] * g[3];
+    etype ty = t < 3 ? storage[t] : E_BF16, tdx = t < 3 ? ty : E_F32;
+    pcase c = new_case(GPU_OP_HEAD_RMSNORM_BACKWARD, "n %d heads %d of %d d %d %s dx %s%s", g[0], g[1], g[2], g[3],
+                       ename(ty), ename(tdx), t == 4 ? " no dw" : "");
+    c.a.i[0] = g[0], c.a.i[1] = g[1], c.a.i[2] = g[3], c.a.i[3] = ld;
+    int dx = OUT_T(&c, 0, tdx, (size_t)g[0] * ld);
+    /* dx is written, not added to: with d 1 it is the cancellation of two
+     * terms of order 1 (x / |x| does not move), measured against them */
+    c.buf[dx].floor = 1.0;
+    if (t < 4) OUT_T(&c, 1, t < 3 ? ty : E_F32, g[3]);
+    IN_T(&c, 2, ty, (size_t)g[0] * g[1] * g[3]);
+    IN_T(&c, 3, ty, g[3]);
+    add_buf(&c, 'p', 0, E_F32, (size_t)g[0] * g[1], FILL_NONE, 0, 0, 0);
+    c.prep = head_norm_prep;
+    emit(&c);
 }
 
 static void parity_head_rmsnorm_backward(void)
 {
     for (size_t s = 0; s < sizeof head_norm_cfg / sizeof *head_norm_cfg; s++)
-        for (int t = 0; t < 4; t++) {
-            const int *g = head_norm_cfg[s];
-            int64_t ld = (int64_t)g[2] * g[3];
-            /* t 3: the transformer's: an fp32 gradient beside bf16 saved values and weights */
-            etype ty = t < 3 ? storage[t] : E_BF16, tdx = t < 3 ? ty : E_F32;
-            pcase c = new_case(GPU_OP_HEAD_RMSNORM_BACKWARD, "n %d heads %d of %d d %d %s dx %s", g[0], g[1], g[2],
-                               g[3], ename(ty), ename(tdx));
-            c.a.i[0] = g[0], c.a.i[1] = g[1], c.a.i[2] = g[3], c.a.i[3] = ld;
-            int dx = OUT_T(&c, 0, tdx, (size_t)g[0] * ld);
-            /* dx is written, not added to: with d 1 it is the cancellation of two
-             * terms of order 1 (x / |x| does not move), measured against them */
-            c.buf[dx].floor = 1.0;
-            OUT_T(&c, 1, t < 3 ? ty : E_F32, g[3]);
-            IN_T(&c, 2, ty, (size_t)g[0] * g[1] * g[3]);
-            IN_T(&c, 3, ty, g[3]);
-            add_buf(&c, 'p', 0, E_F32, (size_t)g[0] * g[1], FILL_NONE, 0, 0, 0);
-            c.prep = head_norm_prep;
-            emit(&c);
-        }
+        for (int t = 0; t < 4; t++) head_norm_backward_case(head_norm_cfg[s], t);
+    uint64_t saved = rng;
+    rng = NORM_CHUNK_SEED;
+    for (size_t s = 0; s < sizeof head_norm_cfg / sizeof *head_norm_cfg; s++) head_norm_backward_case(head_norm_cfg[s], 4);
+    for (size_t s = 0; s < sizeof head_norm_chunk_cfg / sizeof *head_norm_chunk_cfg; s++)
+        for (int t = 0; t < 5; t++) head_norm_backward_case(head_norm_chunk_cfg[s], t);
+    rng = saved;
 }
 
 /* out and lse from qkv, as the forward saves them */

@@ -602,7 +602,6 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         {(void **)&m->moe_dscale, Mr * 4, "expert weight gradients"},
         {(void **)&m->dlora, lora ? max_z(N, Er) * m->opts.lora.r * 4 : 0, "LoRA gradient"},
         {&m->eu, Er * m->opts.lora.r * es, "expert LoRA A x"},
-        {(void **)&m->dsink, lora ? max_z(2 * h, (size_t)c->head_dim) * 4 : 0, "frozen norm gradients"},
         {&m->wdq, lora && m->opts.lora.nf4 ? largest_linear(c) * es : 0, "dequantized weight"},
         {&m->dy16, dtype == ZO_DTYPE_F32 ? 0 : max_z(widest_gradient(c, N, loss_rows(m, N)), P * N * max_z(h, fe)) * es,
          "16-bit activation gradient"},
@@ -680,7 +679,7 @@ void tf_free(tf_model *m)
         }
     void *p[] = {m->lnf,  m->meanf, m->rstdf, m->logits, m->losses,    m->tmp,
                  m->dres, m->dh,    m->dqkv,  m->datt,   m->dff,       m->dff2,
-                 m->dlora, m->dsink, m->wdq,  m->dy16,   m->moe_stats, m->drouter,
+                 m->dlora, m->wdq,  m->dy16,   m->moe_stats, m->drouter,
                  m->dweights, m->dz, m->sact, m->moe_x, m->moe_y, m->moe_dx, m->moe_dscale, m->eu,
                  m->ep_buf[0], m->ep_buf[1], m->ep_w[0], m->ep_w[1], m->ep_cnt_d};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) gpu_mem_free(d, p[i]);
@@ -1277,17 +1276,14 @@ static zo_status norm_forward(tf_model *m, gpu_stream_t s, gpu_tensor y, float *
 
 /* dres += d(norm input), given dh = d(norm output). dw, db: the norm's
  * gradients in `grads` (role w_role, b_role); with LoRA the norm is frozen
- * and they go to a scratch nobody reads. */
+ * and they are not computed. */
 static zo_status norm_backward(tf_model *m, gpu_stream_t s, const void *grads, int block,
                                model_role w_role, model_role b_role, gpu_tensor x, gpu_tensor w,
                                const float *mean, const float *rstd, int N)
 {
     const zo_model_config *c = &m->cfg;
     gpu_tensor dw = tf_view(m, grads, block, w_role), db = tf_view(m, grads, block, b_role);
-    if (has_lora(m)) {
-        dw = F32(m->dsink);
-        db = gpu_t(NULL, ZO_DTYPE_F32);
-    }
+    if (has_lora(m)) dw = db = gpu_t(NULL, ZO_DTYPE_F32);
     if (is_gpt(m))
         return gpu_layernorm_backward(s, F32(m->dres), dw, db, F32(m->dh), x, w, mean, rstd, N,
                                       c->hidden);
@@ -1295,6 +1291,15 @@ static zo_status norm_backward(tf_model *m, gpu_stream_t s, const void *grads, i
     return st != ZO_OK ? st : gpu_rmsnorm_backward(s, F32(m->dres), dw, F32(m->dh), x, w, rstd, N, c->hidden);
 }
 
+
+/* k's part of the q/k norms' saved inputs and 1/rms (after q's N n_heads
+ * heads): NULL where nothing is kept (generation) */
+static void qk_norm_k_saved(const tf_model *m, const tf_layer_acts *a, gpu_tensor *sk, float **rk)
+{
+    const size_t N = (size_t)m->b * m->t, es = zo_dtype_size(m->dtype), qw = (size_t)q_width(&m->cfg);
+    *sk = gpu_t(a->qkn ? (char *)a->qkn + N * qw * es : NULL, m->dtype);
+    *rk = a->qk_rstd ? a->qk_rstd + N * (size_t)m->cfg.n_heads : NULL;
+}
 
 /* Qwen3's q and k norms, in place on qkv's heads (row stride qkv_width):
  * each query head by q_norm, each key head by k_norm, before RoPE. Training
@@ -1307,11 +1312,11 @@ static zo_status qk_norm_forward(tf_model *m, gpu_stream_t s, const tf_layer_act
     if (!c->qk_norm) return ZO_OK;
     const size_t N = (size_t)m->b * m->t, es = zo_dtype_size(m->dtype), qw = (size_t)q_width(c);
     const int ld = qkv_width(c), d = c->head_dim;
-    gpu_tensor k = gpu_t((char *)qkv.data + qw * es, m->dtype);
-    gpu_tensor sq = gpu_t(a->qkn, m->dtype), sk = gpu_t(a->qkn ? (char *)a->qkn + N * qw * es : NULL, m->dtype);
-    float *rq = a->qk_rstd, *rk = a->qk_rstd ? a->qk_rstd + N * (size_t)c->n_heads : NULL;
-    zo_status st = gpu_head_rmsnorm_forward(s, qkv, ld, sq, rq, bview(m, W, blk, MODEL_ROLE_Q_NORM_W), (int)N,
-                                            c->n_heads, d, c->norm_eps);
+    gpu_tensor k = gpu_t((char *)qkv.data + qw * es, m->dtype), sk;
+    float *rk;
+    qk_norm_k_saved(m, a, &sk, &rk);
+    zo_status st = gpu_head_rmsnorm_forward(s, qkv, ld, gpu_t(a->qkn, m->dtype), a->qk_rstd,
+                                            bview(m, W, blk, MODEL_ROLE_Q_NORM_W), (int)N, c->n_heads, d, c->norm_eps);
     if (st != ZO_OK) return st;
     return gpu_head_rmsnorm_forward(s, k, ld, sk, rk, bview(m, W, blk, MODEL_ROLE_K_NORM_W), (int)N, c->n_kv_heads,
                                     d, c->norm_eps);
@@ -1319,23 +1324,24 @@ static zo_status qk_norm_forward(tf_model *m, gpu_stream_t s, const tf_layer_act
 
 /* Their backward, in place on dqkv's q and k heads (the gradient of the
  * norms' outputs in, of their inputs out); the weights' gradients into
- * `grads`, or with LoRA (frozen norms) into a scratch nobody reads. */
+ * `grads`, none with LoRA (frozen norms). */
 static zo_status qk_norm_backward(tf_model *m, gpu_stream_t s, const tf_layer_acts *a, const void *W,
                                   const void *grads, int blk)
 {
     const zo_model_config *c = &m->cfg;
     if (!c->qk_norm) return ZO_OK;
-    const size_t N = (size_t)m->b * m->t, es = zo_dtype_size(m->dtype), qw = (size_t)q_width(c);
+    const size_t N = (size_t)m->b * m->t, qw = (size_t)q_width(c);
     const int ld = qkv_width(c), d = c->head_dim;
-    gpu_tensor dq = F32(m->dqkv), dk = F32(m->dqkv + qw);
+    gpu_tensor dq = F32(m->dqkv), dk = F32(m->dqkv + qw), sk;
     gpu_tensor dwq = tf_view(m, grads, blk, MODEL_ROLE_Q_NORM_W), dwk = tf_view(m, grads, blk, MODEL_ROLE_K_NORM_W);
-    if (has_lora(m)) dwq = dwk = F32(m->dsink);
+    if (has_lora(m)) dwq = dwk = gpu_t(NULL, ZO_DTYPE_F32);
+    float *rk;
+    qk_norm_k_saved(m, a, &sk, &rk);
     zo_status st = gpu_head_rmsnorm_backward(s, dq, ld, dwq, gpu_t(a->qkn, m->dtype), bview(m, W, blk, MODEL_ROLE_Q_NORM_W),
                                              a->qk_rstd, (int)N, c->n_heads, d);
     if (st != ZO_OK) return st;
-    return gpu_head_rmsnorm_backward(s, dk, ld, dwk, gpu_t((char *)a->qkn + N * qw * es, m->dtype),
-                                     bview(m, W, blk, MODEL_ROLE_K_NORM_W), a->qk_rstd + N * (size_t)c->n_heads,
-                                     (int)N, c->n_kv_heads, d);
+    return gpu_head_rmsnorm_backward(s, dk, ld, dwk, sk, bview(m, W, blk, MODEL_ROLE_K_NORM_W), rk, (int)N,
+                                     c->n_kv_heads, d);
 }
 
 /* ---- mixture of experts ----------------------------------------------------------------

@@ -226,7 +226,6 @@ typedef struct tf_model {
     float *dlora;           /* [N max(1, top_k), r] gradient of one adapter's A x */
     void *eu;               /* [N top_k, r] a routed expert's adapter's A x (dtype; recomputed in
                                backward, so one serves every layer) */
-    float *dsink;           /* [2h] where the frozen norms' weight gradients go */
     float *norm_one;        /* Gemma: [2h] fp32, h ones then the (1 + w) a norm multiplies by
                                (GemmaRMSNorm stores w as the offset from 1); NULL otherwise */
     void *wdq;              /* QLoRA: one dequantized linear weight (model dtype) */

@@ -112,21 +112,24 @@ zo_status cuda_launch_bias_backward(cudaStream_t st, gpu_tensor dbias, gpu_tenso
 zo_status cuda_launch_layernorm_forward(cudaStream_t st, gpu_tensor y, float *mean, float *rstd,
                                         gpu_tensor x, gpu_tensor w, gpu_tensor b, int n, int c,
                                         float eps);
-zo_status cuda_launch_layernorm_backward(cudaStream_t st, gpu_tensor dx, gpu_tensor dw,
-                                         gpu_tensor db, gpu_tensor dy, gpu_tensor x,
-                                         gpu_tensor w, const float *mean, const float *rstd,
-                                         int n, int c);
+/* The backwards take scratch for their parameter gradients' partials (the
+ * stream's workspace): up to 64 row chunks of c fp32 for each of dw and db
+ * given (NULL data: not computed), fewer where fewer fit. */
+zo_status cuda_launch_layernorm_backward(cudaStream_t st, void *scratch, size_t scratch_bytes,
+                                         gpu_tensor dx, gpu_tensor dw, gpu_tensor db, gpu_tensor dy,
+                                         gpu_tensor x, gpu_tensor w, const float *mean,
+                                         const float *rstd, int n, int c);
 zo_status cuda_launch_rmsnorm_forward(cudaStream_t st, gpu_tensor y, float *rstd, gpu_tensor x,
                                       gpu_tensor w, int n, int c, float eps);
-zo_status cuda_launch_rmsnorm_backward(cudaStream_t st, gpu_tensor dx, gpu_tensor dw,
-                                       gpu_tensor dy, gpu_tensor x, gpu_tensor w,
-                                       const float *rstd, int n, int c);
+zo_status cuda_launch_rmsnorm_backward(cudaStream_t st, void *scratch, size_t scratch_bytes,
+                                       gpu_tensor dx, gpu_tensor dw, gpu_tensor dy, gpu_tensor x,
+                                       gpu_tensor w, const float *rstd, int n, int c);
 zo_status cuda_launch_head_rmsnorm_forward(cudaStream_t st, gpu_tensor x, int64_t ldx,
                                            gpu_tensor saved, float *rstd, gpu_tensor w, int n,
                                            int heads, int d, float eps);
-zo_status cuda_launch_head_rmsnorm_backward(cudaStream_t st, gpu_tensor dx, int64_t ldx,
-                                            gpu_tensor dw, gpu_tensor saved, gpu_tensor w,
-                                            const float *rstd, int n, int heads, int d);
+zo_status cuda_launch_head_rmsnorm_backward(cudaStream_t st, void *scratch, size_t scratch_bytes,
+                                            gpu_tensor dx, int64_t ldx, gpu_tensor dw, gpu_tensor saved,
+                                            gpu_tensor w, const float *rstd, int n, int heads, int d);
 
 /* attention.cu: head dims up to CUDA_ATTN_MAX_D */
 #define CUDA_ATTN_MAX_D 256

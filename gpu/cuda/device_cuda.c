@@ -480,12 +480,15 @@ static zo_status cuda_memset_async(gpu_stream_t s, void *dst, int value, size_t 
 /* ---- ops: make the device current, then launch on the stream -------------------------------------- */
 
 /* The stream's cuBLASLt workspace, allocated by the first op that uses one:
- * the GEMM (cuBLASLt's scratch), attention (its GEMM path) and the
- * embedding backward (its sort). */
+ * the GEMM (cuBLASLt's scratch), attention (its GEMM path), the embedding
+ * backward (its sort) and the norms' backwards (their parameter gradients'
+ * partials). */
 static zo_status stream_workspace(cuda_stream *cs, gpu_op_id id)
 {
     if (cs->workspace || (id != GPU_OP_GEMM && id != GPU_OP_EMBEDDING_BACKWARD &&
-                          id != GPU_OP_ATTENTION_FORWARD && id != GPU_OP_ATTENTION_BACKWARD))
+                          id != GPU_OP_ATTENTION_FORWARD && id != GPU_OP_ATTENTION_BACKWARD &&
+                          id != GPU_OP_LAYERNORM_BACKWARD && id != GPU_OP_RMSNORM_BACKWARD &&
+                          id != GPU_OP_HEAD_RMSNORM_BACKWARD))
         return ZO_OK;
     return CU(cudaMalloc(&cs->workspace, CUDA_LT_WORKSPACE));
 }

@@ -1,13 +1,16 @@
 /* LayerNorm and RMSNorm over the last dimension, forward and backward.
  * Row statistics: one warp per row, each lane striding over the columns,
  * sums in double combined by a butterfly (as the CPU reference sums in
- * double). Parameter gradients: column sums over rows split into a fixed set
- * of row groups combined in a fixed order (no atomics, run-to-run stable). */
+ * double). Parameter gradients: column sums over the rows cut into a fixed
+ * number of chunks, each chunk's sums (over a fixed set of row groups) a
+ * partial in the stream's workspace, the partials added in chunk order (no
+ * atomics, run-to-run stable). */
 #include "gpu/cuda/kernels.cuh" /* defines: tload, tstore, warp_sum_d */
 
 #define ROWS_PER_BLOCK 4 /* warps per block, one row each */
 #define COLS 32          /* columns per block of the parameter gradients */
 #define ROWG 16          /* row groups per block of the parameter gradients */
+#define NORM_CHUNKS 64   /* fixed row chunks of the parameter gradients (at most) */
 
 /* y = (x - mean) * rstd * w + b; x, y [n, c]; w, b [c] (b.data may be NULL);
  * mean, rstd [n] */
@@ -117,34 +120,64 @@ __global__ void rmsnorm_backward_dx_kernel(gpu_tensor dx, gpu_tensor dy, gpu_ten
     rmsnorm_warp_dx(dx, off, dy, off, x, off, w, rstd[r], c, 1, lane);
 }
 
-/* dw[j] += sum_r dy[r,j] * (x[r,j] - mean[r]) * rstd[r]; db[j] += sum_r dy[r,j]
- * (mean NULL: RMSNorm; db.data NULL: no bias). Block (COLS, ROWG): lane x owns
- * column blockIdx.x*COLS + x, row group y takes rows y, y+ROWG, ... */
-__global__ void norm_param_grads_kernel(gpu_tensor dw, gpu_tensor db, gpu_tensor dy, gpu_tensor x,
-                                        const float *mean, const float *rstd, int n, int c)
+/* Partial parameter gradients of row chunk blockIdx.y (rows r of [n], chunk
+ * rows each): pw[y][j] = sum over the chunk's rows r and heads h of
+ * dy[r*ldy + h*c + j] * (x[(r*heads + h)*c + j] - mean) * rstd and pb[y][j]
+ * = the sum of dy (mean NULL: RMSNorm; pw, pb NULL: not wanted). Block
+ * (COLS, ROWG): lane x owns column blockIdx.x*COLS + x, row group y takes
+ * the chunk's rows y, y+ROWG, ... and each of their heads in order. */
+__global__ void norm_param_partials_kernel(float *pw, float *pb, gpu_tensor dy, int64_t ldy, gpu_tensor x,
+                                           const float *mean, const float *rstd, int n, int heads, int c,
+                                           int chunk)
 {
-    __shared__ float pw[ROWG][COLS + 1], pb[ROWG][COLS + 1];
+    __shared__ float sw[ROWG][COLS + 1], sb[ROWG][COLS + 1];
     int j = blockIdx.x * COLS + threadIdx.x;
+    int r0 = blockIdx.y * chunk, r1 = r0 + chunk < n ? r0 + chunk : n;
     float aw = 0.0f, ab = 0.0f;
     if (j < c)
-        for (int r = threadIdx.y; r < n; r += ROWG) {
-            size_t o = (size_t)r * c + j;
-            float g = tload(dy, o), m = mean ? mean[r] : 0.0f;
-            aw += g * (tload(x, o) - m) * rstd[r];
-            ab += g;
+        for (int r = r0 + threadIdx.y; r < r1; r += ROWG) {
+            size_t ri = (size_t)r * heads, o = (size_t)r * (size_t)ldy + j;
+            for (int h = 0; h < heads; h++, ri++, o += c) {
+                float g = tload(dy, o);
+                if (pw) aw += g * (tload(x, ri * c + j) - (mean ? mean[ri] : 0.0f)) * rstd[ri];
+                ab += g;
+            }
         }
-    pw[threadIdx.y][threadIdx.x] = aw;
-    pb[threadIdx.y][threadIdx.x] = ab;
+    sw[threadIdx.y][threadIdx.x] = aw;
+    sb[threadIdx.y][threadIdx.x] = ab;
     __syncthreads();
     if (threadIdx.y == 0 && j < c) {
-        float sw = 0.0f, sb = 0.0f;
+        float tw = 0.0f, tb = 0.0f;
         for (int g = 0; g < ROWG; g++) {
-            sw += pw[g][threadIdx.x];
-            sb += pb[g][threadIdx.x];
+            tw += sw[g][threadIdx.x];
+            tb += sb[g][threadIdx.x];
         }
-        tstore(dw, j, tload(dw, j) + sw);
-        if (db.data) tstore(db, j, tload(db, j) + sb);
+        size_t o = (size_t)blockIdx.y * c + j;
+        if (pw) pw[o] = tw;
+        if (pb) pb[o] = tb;
     }
+}
+
+/* dw[j] += sum of pw[0..chunks)[j] in order, db likewise (NULL data: none) */
+__global__ void norm_param_sum_kernel(gpu_tensor dw, gpu_tensor db, const float *pw, const float *pb, int chunks,
+                                      int c)
+{
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= c) return;
+    float tw = 0.0f, tb = 0.0f;
+    for (int k = 0; k < chunks; k++) {
+        if (dw.data) tw += pw[(size_t)k * c + j];
+        if (db.data) tb += pb[(size_t)k * c + j];
+    }
+    if (dw.data) tstore(dw, j, tload(dw, j) + tw);
+    if (db.data) tstore(db, j, tload(db, j) + tb);
+}
+
+/* Where head-row ri (row ri / heads, head ri % heads) of rows of stride ld
+ * and heads of d starts */
+__device__ __forceinline__ size_t head_offset(long long ri, int heads, int64_t ld, int d)
+{
+    return (size_t)(ri / heads) * (size_t)ld + (size_t)(ri % heads) * d;
 }
 
 /* RMSNorm of each head, in place: one warp per (row, head); row r's head h
@@ -155,7 +188,7 @@ __global__ void head_rmsnorm_forward_kernel(gpu_tensor x, int64_t ldx, gpu_tenso
     int lane = threadIdx.x % WARP;
     long long ri = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
     if (ri >= (long long)n * heads) return;
-    size_t off = (size_t)(ri / heads) * (size_t)ldx + (size_t)(ri % heads) * d;
+    size_t off = head_offset(ri, heads, ldx, d);
     float rs = rmsnorm_warp_row(x, off, x, off, saved, (size_t)ri * d, w, d, eps, lane);
     if (lane == 0 && rstd) rstd[ri] = rs;
 }
@@ -168,42 +201,37 @@ __global__ void head_rmsnorm_backward_dx_kernel(gpu_tensor dx, int64_t ldx, gpu_
     int lane = threadIdx.x % WARP;
     long long ri = (long long)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP;
     if (ri >= (long long)n * heads) return;
-    size_t off = (size_t)(ri / heads) * (size_t)ldx + (size_t)(ri % heads) * d;
+    size_t off = head_offset(ri, heads, ldx, d);
     rmsnorm_warp_dx(dx, off, dx, off, x, (size_t)ri * d, w, rstd[ri], d, 0, lane);
 }
 
-/* dw[j] += sum over (row, head) of dy * x * rstd, dy at the heads' strided
- * places; block (COLS, ROWG) as norm_param_grads_kernel, fixed order */
-__global__ void head_norm_grads_kernel(gpu_tensor dw, gpu_tensor dy, int64_t ldy, gpu_tensor x,
-                                       const float *rstd, int n, int heads, int d)
-{
-    __shared__ float pw[ROWG][COLS + 1];
-    int j = blockIdx.x * COLS + threadIdx.x;
-    float aw = 0.0f;
-    if (j < d)
-        for (long long ri = threadIdx.y; ri < (long long)n * heads; ri += ROWG) {
-            size_t o = (size_t)(ri / heads) * (size_t)ldy + (size_t)(ri % heads) * d + j;
-            aw += tload(dy, o) * tload(x, (size_t)ri * d + j) * rstd[ri];
-        }
-    pw[threadIdx.y][threadIdx.x] = aw;
-    __syncthreads();
-    if (threadIdx.y == 0 && j < d) {
-        float sw = 0.0f;
-        for (int g = 0; g < ROWG; g++) sw += pw[g][threadIdx.x];
-        tstore(dw, j, tload(dw, j) + sw);
-    }
-}
+static unsigned row_blocks(long long n) { return (unsigned)((n + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK); }
 
-static unsigned row_blocks(int n) { return (unsigned)((n + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK); }
-
-static zo_status launch_param_grads(cudaStream_t st, gpu_tensor dw, gpu_tensor db, gpu_tensor dy,
-                                    gpu_tensor x, const float *mean, const float *rstd, int n,
-                                    int c)
+/* dw, db += the parameter gradients over n rows of `heads` heads of c (dy
+ * rows of stride ldy; the plain norms: heads 1, ldy c), through partials of
+ * NORM_CHUNKS row chunks in the scratch (fewer chunks where they do not
+ * fit in its bytes: a fixed count for a shape all the same). dw.data and
+ * db.data NULL: nothing to do. */
+static zo_status launch_param_grads(cudaStream_t st, void *scratch, size_t scratch_bytes, gpu_tensor dw,
+                                    gpu_tensor db, gpu_tensor dy, int64_t ldy, gpu_tensor x, const float *mean,
+                                    const float *rstd, int n, int heads, int c)
 {
-    dim3 block(COLS, ROWG);
-    ZO_LAUNCH(norm_param_grads_kernel, (c + COLS - 1) / COLS, block, 0, st, dw, db, dy, x, mean,
-              rstd, n, c);
-    return cuda_launch_check("norm_param_grads_kernel");
+    if (!dw.data && !db.data) return ZO_OK;
+    size_t per = (size_t)c * sizeof(float) * ((dw.data != NULL) + (db.data != NULL)); /* one chunk's */
+    size_t fit = scratch_bytes / per;
+    if (fit == 0)
+        return zo_error(ZO_ERR_INVALID, "norm parameter gradients: %d columns need %zu bytes of scratch, "
+                        "the stream's workspace has %zu", c, per, scratch_bytes);
+    int chunks = fit < NORM_CHUNKS ? (int)fit : NORM_CHUNKS;
+    int chunk = (n + chunks - 1) / chunks;
+    float *pw = dw.data ? (float *)scratch : NULL;
+    float *pb = db.data ? (float *)scratch + (dw.data ? (size_t)chunks * c : 0) : NULL;
+    dim3 grid((c + COLS - 1) / COLS, chunks), block(COLS, ROWG);
+    ZO_LAUNCH(norm_param_partials_kernel, grid, block, 0, st, pw, pb, dy, ldy, x, mean, rstd, n, heads, c, chunk);
+    zo_status s = cuda_launch_check("norm_param_partials_kernel");
+    if (s != ZO_OK) return s;
+    ZO_LAUNCH(norm_param_sum_kernel, (c + 255) / 256, 256, 0, st, dw, db, pw, pb, chunks, c);
+    return cuda_launch_check("norm_param_sum_kernel");
 }
 
 extern "C" zo_status cuda_launch_layernorm_forward(cudaStream_t st, gpu_tensor y, float *mean,
@@ -215,9 +243,9 @@ extern "C" zo_status cuda_launch_layernorm_forward(cudaStream_t st, gpu_tensor y
     return cuda_launch_check("layernorm_forward_kernel");
 }
 
-extern "C" zo_status cuda_launch_layernorm_backward(cudaStream_t st, gpu_tensor dx, gpu_tensor dw,
-                                                    gpu_tensor db, gpu_tensor dy, gpu_tensor x,
-                                                    gpu_tensor w, const float *mean,
+extern "C" zo_status cuda_launch_layernorm_backward(cudaStream_t st, void *scratch, size_t scratch_bytes,
+                                                    gpu_tensor dx, gpu_tensor dw, gpu_tensor db, gpu_tensor dy,
+                                                    gpu_tensor x, gpu_tensor w, const float *mean,
                                                     const float *rstd, int n, int c)
 {
     ZO_LAUNCH(layernorm_backward_dx_kernel, row_blocks(n), ROWS_PER_BLOCK * WARP, 0, st, dx, dy, x,
@@ -225,7 +253,7 @@ extern "C" zo_status cuda_launch_layernorm_backward(cudaStream_t st, gpu_tensor 
     zo_status s = cuda_launch_check("layernorm_backward_dx_kernel");
     if (s != ZO_OK)
         return s;
-    return launch_param_grads(st, dw, db, dy, x, mean, rstd, n, c);
+    return launch_param_grads(st, scratch, scratch_bytes, dw, db, dy, c, x, mean, rstd, n, 1, c);
 }
 
 extern "C" zo_status cuda_launch_rmsnorm_forward(cudaStream_t st, gpu_tensor y, float *rstd,
@@ -237,40 +265,36 @@ extern "C" zo_status cuda_launch_rmsnorm_forward(cudaStream_t st, gpu_tensor y, 
     return cuda_launch_check("rmsnorm_forward_kernel");
 }
 
-extern "C" zo_status cuda_launch_rmsnorm_backward(cudaStream_t st, gpu_tensor dx, gpu_tensor dw,
-                                                  gpu_tensor dy, gpu_tensor x, gpu_tensor w,
-                                                  const float *rstd, int n, int c)
+extern "C" zo_status cuda_launch_rmsnorm_backward(cudaStream_t st, void *scratch, size_t scratch_bytes,
+                                                  gpu_tensor dx, gpu_tensor dw, gpu_tensor dy, gpu_tensor x,
+                                                  gpu_tensor w, const float *rstd, int n, int c)
 {
     ZO_LAUNCH(rmsnorm_backward_dx_kernel, row_blocks(n), ROWS_PER_BLOCK * WARP, 0, st, dx, dy, x, w,
               rstd, n, c);
     zo_status s = cuda_launch_check("rmsnorm_backward_dx_kernel");
     if (s != ZO_OK) return s;
     gpu_tensor none = {NULL, ZO_DTYPE_F32};
-    return launch_param_grads(st, dw, none, dy, x, NULL, rstd, n, c);
+    return launch_param_grads(st, scratch, scratch_bytes, dw, none, dy, c, x, NULL, rstd, n, 1, c);
 }
 
 extern "C" zo_status cuda_launch_head_rmsnorm_forward(cudaStream_t st, gpu_tensor x, int64_t ldx,
                                                       gpu_tensor saved, float *rstd, gpu_tensor w,
                                                       int n, int heads, int d, float eps)
 {
-    long long rows = (long long)n * heads;
-    ZO_LAUNCH(head_rmsnorm_forward_kernel, (unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK),
-              ROWS_PER_BLOCK * WARP, 0, st, x, ldx, saved, rstd, w, n, heads, d, eps);
+    ZO_LAUNCH(head_rmsnorm_forward_kernel, row_blocks((long long)n * heads), ROWS_PER_BLOCK * WARP, 0, st, x, ldx,
+              saved, rstd, w, n, heads, d, eps);
     return cuda_launch_check("head_rmsnorm_forward_kernel");
 }
 
-extern "C" zo_status cuda_launch_head_rmsnorm_backward(cudaStream_t st, gpu_tensor dx, int64_t ldx,
-                                                       gpu_tensor dw, gpu_tensor saved, gpu_tensor w,
-                                                       const float *rstd, int n, int heads, int d)
+extern "C" zo_status cuda_launch_head_rmsnorm_backward(cudaStream_t st, void *scratch, size_t scratch_bytes,
+                                                       gpu_tensor dx, int64_t ldx, gpu_tensor dw, gpu_tensor saved,
+                                                       gpu_tensor w, const float *rstd, int n, int heads, int d)
 {
     /* the weight's gradient first, while dx still holds the output's */
-    dim3 block(COLS, ROWG);
-    ZO_LAUNCH(head_norm_grads_kernel, (d + COLS - 1) / COLS, block, 0, st, dw, dx, ldx, saved, rstd, n,
-              heads, d);
-    zo_status s = cuda_launch_check("head_norm_grads_kernel");
+    gpu_tensor none = {NULL, ZO_DTYPE_F32};
+    zo_status s = launch_param_grads(st, scratch, scratch_bytes, dw, none, dx, ldx, saved, NULL, rstd, n, heads, d);
     if (s != ZO_OK) return s;
-    long long rows = (long long)n * heads;
-    ZO_LAUNCH(head_rmsnorm_backward_dx_kernel, (unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK),
-              ROWS_PER_BLOCK * WARP, 0, st, dx, ldx, saved, w, rstd, n, heads, d);
+    ZO_LAUNCH(head_rmsnorm_backward_dx_kernel, row_blocks((long long)n * heads), ROWS_PER_BLOCK * WARP, 0, st, dx,
+              ldx, saved, w, rstd, n, heads, d);
     return cuda_launch_check("head_rmsnorm_backward_dx_kernel");
 }

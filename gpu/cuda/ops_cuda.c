@@ -38,7 +38,7 @@ static zo_status cuda_run_layernorm_forward(const cuda_exec *e, const gpu_op_arg
 
 static zo_status cuda_run_layernorm_backward(const cuda_exec *e, const gpu_op_args *a)
 {
-    return cuda_launch_layernorm_backward(e->stream, a->t[0], a->t[1], a->t[2], a->t[3], a->t[4],
+    return cuda_launch_layernorm_backward(e->stream, e->workspace, e->ws_bytes, a->t[0], a->t[1], a->t[2], a->t[3], a->t[4],
                                           a->t[5], a->p[0], a->p[1], (int)a->i[0], (int)a->i[1]);
 }
 
@@ -50,7 +50,7 @@ static zo_status cuda_run_rmsnorm_forward(const cuda_exec *e, const gpu_op_args 
 
 static zo_status cuda_run_rmsnorm_backward(const cuda_exec *e, const gpu_op_args *a)
 {
-    return cuda_launch_rmsnorm_backward(e->stream, a->t[0], a->t[1], a->t[2], a->t[3], a->t[4],
+    return cuda_launch_rmsnorm_backward(e->stream, e->workspace, e->ws_bytes, a->t[0], a->t[1], a->t[2], a->t[3], a->t[4],
                                         a->p[0], (int)a->i[0], (int)a->i[1]);
 }
 
@@ -62,7 +62,7 @@ static zo_status cuda_run_head_rmsnorm_forward(const cuda_exec *e, const gpu_op_
 
 static zo_status cuda_run_head_rmsnorm_backward(const cuda_exec *e, const gpu_op_args *a)
 {
-    return cuda_launch_head_rmsnorm_backward(e->stream, a->t[0], a->i[3], a->t[1], a->t[2], a->t[3],
+    return cuda_launch_head_rmsnorm_backward(e->stream, e->workspace, e->ws_bytes, a->t[0], a->i[3], a->t[1], a->t[2], a->t[3],
                                              a->p[0], (int)a->i[0], (int)a->i[1], (int)a->i[2]);
 }
 

@@ -18,7 +18,8 @@ typedef struct cuda_exec {
     cudaStream_t stream;
     cuda_err_rec *err;      /* the stream's record of bad ids (device memory) */
     double *partials;       /* [CUDA_SUMSQ_BLOCKS] for sum_squares */
-    void *workspace;        /* cuBLASLt's, ws_bytes */
+    void *workspace;        /* cuBLASLt's, ws_bytes; the scratch of the embedding's and the
+                             * norms' backwards (stream_workspace, device_cuda.c) */
     size_t ws_bytes;
     cublasLtHandle_t lt;    /* NULL: GEMMs run the tiled kernel */
     cudaMemPool_t pool;     /* scratch of mixed-dtype GEMMs and GEMM attention */
