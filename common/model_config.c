@@ -43,6 +43,17 @@
       .max_seq = 40960, .tied_embeddings = tied, .norm_eps = 1e-6f, .rope_theta = 1e6f,  \
       .act = "silu", .qk_norm = 1, __VA_ARGS__}}
 
+/* Gemma (config.json of google/gemma-2b, gemma-7b): LLaMA layers with
+ * GeGLU (tanh GELU), head_dim 256 whatever hidden / heads, RMSNorm times
+ * (1 + w), the embedding times sqrt(hidden), tied; rms_norm_eps 1e-6, 8192
+ * positions, vocabulary 256000. */
+#define GEMMA(n, L, h, a, kv, f)                                                          \
+    {n, "",                                                                               \
+     {.name = n, .family = "gemma", .arch = ZO_ARCH_LLAMA, .n_layers = L, .hidden = h,   \
+      .n_heads = a, .n_kv_heads = kv, .head_dim = 256, .ffn = f, .vocab = 256000,        \
+      .max_seq = 8192, .tied_embeddings = 1, .norm_eps = 1e-6f, .rope_theta = 10000.0f,  \
+      .act = "gelu_pytorch_tanh"}}
+
 static const zo_model_preset presets[] = {
     GPT("gpt2", "gpt2-124m,gpt2-small", "gpt2", 12, 768, 12, 50257, 1024),
     GPT("gpt2-medium", "gpt2-355m", "gpt2", 24, 1024, 16, 50257, 1024),
@@ -81,6 +92,8 @@ static const zo_model_preset presets[] = {
     LLAMA("phi-3-medium-4k", "phi-3-medium-4k-instruct", "phi3", 40, 5120, 40, 10, 17920, 32064,
           4096, 10000.0f, 2047),
     LLAMA("phi-4", "", "phi3", 40, 5120, 40, 10, 17920, 100352, 16384, 250000.0f, 0),
+    GEMMA("gemma-2b", 18, 2048, 8, 1, 16384),
+    GEMMA("gemma-7b", 28, 3072, 16, 16, 24576),
     QWEN3("qwen3-0.6b", "qwen3", 28, 1024, 16, 8, 3072, 1),
     QWEN3("qwen3-8b", "qwen3", 36, 4096, 32, 8, 12288, 0),
     /* 128 routed experts of 768, 8 a token, renormalized (norm_topk_prob) */
@@ -396,11 +409,12 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     int known = family_trainable(c->family);
     for (size_t i = 0; i < sizeof preset_families / sizeof preset_families[0]; i++)
         known |= !strcmp(c->family, preset_families[i]);
-    /* GPT: GELU's tanh form (GPT-2's gelu_new, also named these); LLaMA: SiLU */
-    int other_act = c->act[0] && (c->arch == ZO_ARCH_GPT
-                                      ? strcmp(c->act, "gelu_new") && strcmp(c->act, "gelu_fast") &&
-                                            strcmp(c->act, "gelu_pytorch_tanh")
-                                      : strcmp(c->act, "silu"));
+    /* GPT: GELU's tanh form (GPT-2's gelu_new, also named these); LLaMA: SiLU,
+     * Gemma's gate that tanh form (GeGLU) */
+    int tanh_gelu = !strcmp(c->act, "gelu_new") || !strcmp(c->act, "gelu_fast") ||
+                    !strcmp(c->act, "gelu_pytorch_tanh");
+    int gemma = !strcmp(c->family, "gemma");
+    int other_act = c->act[0] && (c->arch == ZO_ARCH_GPT || gemma ? !tanh_gelu : strcmp(c->act, "silu"));
     char lacks[64];
     if (!known) snprintf(lacks, sizeof lacks, "its layers");
     else if (c->moe.experts && (c->moe.first_dense || c->moe.router_bias || c->arch == ZO_ARCH_GPT))
@@ -746,7 +760,14 @@ static void parse_llama(hf *r, zo_model_config *c, const family *f)
     c->norm_eps = hf_float(r, "rms_norm_eps", 1e-6f);
     c->rope_theta = hf_float(r, "rope_theta", 10000.0f);
     c->tied_embeddings = hf_bool(r, "tie_word_embeddings", f->tied);
-    hf_act(r, "hidden_act", "hidden_activation", c);
+    if (!strncmp(f->type, "gemma", 5)) {
+        /* Hugging Face's GemmaMLP reads hidden_activation alone (hidden_act
+         * is ignored: gemma-7b's says "gelu"); absent or null, the tanh form */
+        hf_act(r, "hidden_activation", NULL, c);
+        if (!c->act[0]) snprintf(c->act, sizeof c->act, "gelu_pytorch_tanh");
+    } else {
+        hf_act(r, "hidden_act", "hidden_activation", c);
+    }
     hf_attention_extent(r, c, f);
     /* Qwen2 and Qwen2-MoE put biases on q, k and v (not o) */
     c->attn_bias = !strcmp(f->type, "qwen2") || !strcmp(f->type, "qwen2_moe");
@@ -961,7 +982,7 @@ static const family families[] = {
     {"qwen3", "Qwen3ForCausalLM", parse_llama, "Qwen3: LLaMA layers, q/k RMSNorm over head_dim",
      0, 32, 128, NULL, 1},
     {"gemma", "GemmaForCausalLM", parse_llama,
-     "Gemma: LLaMA layers with GeGLU, head_dim 256, tied", 1, 16, 256, NULL, 0},
+     "Gemma: LLaMA layers with GeGLU, head_dim 256, tied", 1, 16, 256, NULL, 1},
     {"gemma2", "Gemma2ForCausalLM", parse_llama,
      "Gemma-2: Gemma layers with norms before and after attention and MLP (4), tied", 1, 16, 256,
      NULL, 0},

@@ -356,15 +356,15 @@ zo_status gpu_gelu_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, gpu_te
 }
 
 zo_status gpu_swiglu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor gate, gpu_tensor up,
-                             size_t n)
+                             size_t n, int gelu)
 {
-    RUN(SWIGLU_FORWARD, .t = {y, gate, up}, .n = n);
+    RUN(SWIGLU_FORWARD, .t = {y, gate, up}, .i = {gelu}, .n = n);
 }
 
 zo_status gpu_swiglu_backward(gpu_stream_t s, gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy,
-                              gpu_tensor gate, gpu_tensor up, size_t n)
+                              gpu_tensor gate, gpu_tensor up, size_t n, int gelu)
 {
-    RUN(SWIGLU_BACKWARD, .t = {dgate, dup, dy, gate, up}, .n = n);
+    RUN(SWIGLU_BACKWARD, .t = {dgate, dup, dy, gate, up}, .i = {gelu}, .n = n);
 }
 
 zo_status gpu_embedding_forward(gpu_stream_t s, gpu_tensor out, const int32_t *tokens,

@@ -276,11 +276,14 @@ zo_status gpu_rope_backward(gpu_stream_t s, gpu_tensor dx, int n, int t, int n_h
 zo_status gpu_gelu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, size_t n);
 zo_status gpu_gelu_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, gpu_tensor x,
                             size_t n);
-/* SwiGLU: y = silu(gate) * up, all [n] elements. */
+/* SwiGLU: y = silu(gate) * up, all [n] elements; with gelu 1 GeGLU
+ * (Gemma): y = gelu(gate) * up, GELU's tanh form as above. Backward:
+ * dgate = dy * up * act'(gate), dup = dy * act(gate) (either may alias an
+ * input). */
 zo_status gpu_swiglu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor gate, gpu_tensor up,
-                             size_t n);
+                             size_t n, int gelu);
 zo_status gpu_swiglu_backward(gpu_stream_t s, gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy,
-                              gpu_tensor gate, gpu_tensor up, size_t n);
+                              gpu_tensor gate, gpu_tensor up, size_t n, int gelu);
 
 /* ---- ops: embedding and loss ----------------------------------------------------
  * out[n,c] = wte[tokens[r]] (+ wpe[r % t] when wpe.data != NULL).

@@ -146,10 +146,11 @@ typedef struct gpu_op_slot {
       gpu_check_rope)                                                                            \
     X(GELU_FORWARD, gelu_forward, (GPU_N(n), GPU_T(0, y), GPU_T(1, x)), NULL)                    \
     X(GELU_BACKWARD, gelu_backward, (GPU_N(n), GPU_T(0, dx), GPU_T(1, dy), GPU_T(2, x)), NULL)   \
-    X(SWIGLU_FORWARD, swiglu_forward, (GPU_N(n), GPU_T(0, y), GPU_T(1, gate), GPU_T(2, up)),     \
-      NULL)                                                                                      \
+    X(SWIGLU_FORWARD, swiglu_forward,                                                           \
+      (GPU_N(n), GPU_T(0, y), GPU_T(1, gate), GPU_T(2, up), GPU_INT(0, gelu)), NULL)             \
     X(SWIGLU_BACKWARD, swiglu_backward,                                                         \
-      (GPU_N(n), GPU_T(0, dgate), GPU_T(1, dup), GPU_T(2, dy), GPU_T(3, gate), GPU_T(4, up)),    \
+      (GPU_N(n), GPU_T(0, dgate), GPU_T(1, dup), GPU_T(2, dy), GPU_T(3, gate), GPU_T(4, up),     \
+       GPU_INT(0, gelu)),                                                                        \
       NULL)                                                                                      \
     X(EMBEDDING_FORWARD, embedding_forward,                                                     \
       (GPU_T(0, out), GPU_T(1, wte), GPU_TOPT(2, wpe), GPU_P(0, tokens), GPU_DIM(0, n),          \

@@ -1407,6 +1407,29 @@ VEC_CLONES static void swiglu_bwd_f32(float *restrict dgate, float *restrict dup
     }
 }
 
+/* GeGLU (Gemma): y = gelu_tanh(gate) * up, with GELU as above */
+VEC_CLONES static void geglu_fwd_f32(float *y, const float *gate, const float *up, int n)
+{
+#pragma omp simd /* in place (output == an input) is fine: same index */
+    for (int i = 0; i < n; i++) {
+        float g = gate[i], u = GELU_K * (g + 0.044715f * g * g * g);
+        y[i] = g / (1.0f + fexp(-2.0f * u)) * up[i];
+    }
+}
+
+VEC_CLONES static void geglu_bwd_f32(float *restrict dgate, float *restrict dup,
+                                     const float *restrict dy, const float *restrict gate,
+                                     const float *restrict up, int n)
+{
+    for (int i = 0; i < n; i++) {
+        float g = gate[i], gy = dy[i], u = GELU_K * (g + 0.044715f * g * g * g);
+        float du = GELU_K * (1.0f + 3.0f * 0.044715f * g * g);
+        float sg = 1.0f / (1.0f + fexp(-2.0f * u));
+        dup[i] = gy * g * sg;
+        dgate[i] = gy * up[i] * (sg + 2.0f * g * sg * (1.0f - sg) * du);
+    }
+}
+
 static size_t ew_blocks(size_t n) { return (n + EW_BLOCK - 1) / EW_BLOCK; }
 static int ew_len(size_t blk, size_t n)
 {
@@ -1439,7 +1462,7 @@ void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int
     }
 }
 
-void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, int nt)
+void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, int gelu, int nt)
 {
 #pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
@@ -1447,13 +1470,13 @@ void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, 
         size_t off = blk * EW_BLOCK;
         int len = ew_len(blk, n);
         float *py = out_f32(y, off, by);
-        swiglu_fwd_f32(py, in_f32(gate, off, len, bg), in_f32(up, off, len, bu), len);
+        (gelu ? geglu_fwd_f32 : swiglu_fwd_f32)(py, in_f32(gate, off, len, bg), in_f32(up, off, len, bu), len);
         out_done(y, off, py, len);
     }
 }
 
 void cpu_swiglu_backward(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy, gpu_tensor gate,
-                         gpu_tensor up, size_t n, int nt)
+                         gpu_tensor up, size_t n, int gelu, int nt)
 {
 #pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
@@ -1461,7 +1484,7 @@ void cpu_swiglu_backward(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy, gpu_te
         size_t off = blk * EW_BLOCK;
         int len = ew_len(blk, n);
         /* the gradients may overwrite the inputs: compute into buffers */
-        swiglu_bwd_f32(bdg, bdu, in_f32(dy, off, len, bdy), in_f32(gate, off, len, bg),
+        (gelu ? geglu_bwd_f32 : swiglu_bwd_f32)(bdg, bdu, in_f32(dy, off, len, bdy), in_f32(gate, off, len, bg),
                        in_f32(up, off, len, bu), len);
         store_row(dgate, off, bdg, len);
         store_row(dup, off, bdu, len);

@@ -112,9 +112,10 @@ zo_status cpu_rope(cpu_scratch *ws, gpu_tensor x, int n, int t, int n_heads, int
                    int64_t ldh, float theta, int pos0, const double *inv_freq, float scale, int inverse, int nt);
 void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int nt);
 void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int nt);
-void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, int nt);
+/* gelu: GeGLU (gelu_tanh(gate) * up) in place of SwiGLU */
+void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, int gelu, int nt);
 void cpu_swiglu_backward(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy, gpu_tensor gate,
-                         gpu_tensor up, size_t n, int nt);
+                         gpu_tensor up, size_t n, int gelu, int nt);
 zo_status cpu_embedding_forward(cpu_scratch *ws, gpu_tensor out, const int32_t *tokens,
                                 gpu_tensor wte, gpu_tensor wpe, int n, int t, int c, int vocab,
                                 int nt);

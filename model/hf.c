@@ -20,14 +20,15 @@ const char *model_hf_dtype_name(zo_dtype dt)
 
 /* ---- config.json ------------------------------------------------------------------- */
 
-/* The family's model_type: the runtime builds GPT-2, LLaMA, Mistral, Qwen2
- * and Phi-3. */
+/* The family's model_type: the runtime builds GPT-2, LLaMA, Mistral, Qwen2,
+ * Phi-3 and Gemma. */
 static const char *model_type(const zo_model_config *c)
 {
     if (c->arch == ZO_ARCH_GPT) return "gpt2";
     if (!strcmp(c->family, "mistral")) return "mistral";
     if (!strcmp(c->family, "qwen2")) return "qwen2";
     if (!strcmp(c->family, "phi3")) return "phi3";
+    if (!strcmp(c->family, "gemma")) return "gemma";
     return "llama";
 }
 
@@ -56,7 +57,9 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
         const char *cls = !strcmp(type, "mistral") ? "MistralForCausalLM"
                           : !strcmp(type, "qwen2") ? "Qwen2ForCausalLM"
                           : !strcmp(type, "phi3")  ? "Phi3ForCausalLM"
+                          : !strcmp(type, "gemma") ? "GemmaForCausalLM"
                                                     : "LlamaForCausalLM";
+        int gemma = !strcmp(type, "gemma");
         cJSON_AddItemToArray(arch, cJSON_CreateString(cls));
         cJSON_AddStringToObject(o, "model_type", type);
         cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layers);
@@ -64,12 +67,15 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
         cJSON_AddNumberToObject(o, "intermediate_size", c->ffn);
         cJSON_AddNumberToObject(o, "num_attention_heads", c->n_heads);
         cJSON_AddNumberToObject(o, "num_key_value_heads", c->n_kv_heads);
-        if (c->head_dim * c->n_heads != c->hidden) cJSON_AddNumberToObject(o, "head_dim", c->head_dim);
+        /* Gemma's head_dim defaults to 256, not hidden / heads */
+        if (gemma || c->head_dim * c->n_heads != c->hidden) cJSON_AddNumberToObject(o, "head_dim", c->head_dim);
         cJSON_AddNumberToObject(o, "vocab_size", c->vocab);
         cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_seq);
         cJSON_AddNumberToObject(o, "rms_norm_eps", c->norm_eps);
         cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
-        cJSON_AddStringToObject(o, "hidden_act", "silu");
+        /* Gemma: Hugging Face reads hidden_activation (GELU's tanh form) */
+        cJSON_AddStringToObject(o, "hidden_act", gemma ? c->act : "silu");
+        if (gemma) cJSON_AddStringToObject(o, "hidden_activation", c->act);
         cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
         if (!strcmp(type, "mistral") || !strcmp(type, "phi3")) {
             if (c->sliding_window) cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window);

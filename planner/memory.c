@@ -772,6 +772,12 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
             expert_nf4 += b;
         }
     }
+    /* the runtime dequantizes q, k and v as one weight, for its fused q|k|v
+     * GEMM (transformer.c's largest_linear): wider than any one of them, and
+     * than the MLP's when heads x head_dim passes hidden (Gemma, Qwen3) */
+    uint64_t qkv = ceil_div((uint64_t)(m->n_heads + 2 * m->n_kv_heads) * (uint64_t)m->head_dim *
+                                (uint64_t)m->hidden, tp);
+    if (!m->mla.kv_rank && qkv > o->largest_linear) o->largest_linear = qkv;
     zo_layer_params lp;
     uint64_t ex;
     zo_model_layer_params(m, m->n_layers - 1, &lp);

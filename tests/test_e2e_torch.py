@@ -210,6 +210,19 @@ FAMILIES = {
         run=dict(micro_batch=2, seq=70, grad_accum=2, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
         # every projection, the routed experts' included, never the router (as Qwen2-MoE's)
         lora=dict(r=4, alpha=16.0, targets="all-linear", lr=3e-3)),
+    # Gemma (gemma-2b's kind): head_dim 256 with q (2 x 256) wider than hidden_size, one kv head,
+    # GeGLU, norms times (1 + w), the embedding times sqrt(hidden), tied; hidden_act "gelu" as
+    # gemma-7b's config.json says, which Hugging Face ignores for hidden_activation
+    "gemma": dict(
+        seed=47,
+        config={"architectures": ["GemmaForCausalLM"], "model_type": "gemma", "num_hidden_layers": 2,
+                "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 256,
+                "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 256,
+                "hidden_act": "gelu", "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6,
+                "rope_theta": 10000.0, "attention_bias": False, "tie_word_embeddings": True,
+                "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+        lora=dict(r=8, alpha=16.0, targets="all-linear", lr=3e-2)),
 }
 # mixtures of experts where some experts get no token in some steps (16 experts, 2 a token, 10
 # tokens a micro-batch): torch.optim.AdamW skips a parameter whose grad is None (no moment decay,

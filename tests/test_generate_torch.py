@@ -112,6 +112,13 @@ FAMILIES = {
                                   "long_factor": [1 + i for i in range(64)]}),
         lora=dict(r=4, alpha=8.0, targets=["v", "o", "up", "down"],
                   peft=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])),
+    # Gemma: head_dim 256, one kv head, GeGLU, (1 + w) norms, the embedding times sqrt(hidden)
+    "gemma": dict(
+        seed=53,
+        config=dict(e2e.FAMILIES["gemma"]["config"], num_hidden_layers=4, max_position_embeddings=128,
+                    eos_token_id=127),
+        lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
+                  peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])),
     # mixtures of experts, 4 layers so that the streamed runs' device memory (three quarters of
     # the weights) holds the two slots of whole MoE layers
     "mixtral": dict(

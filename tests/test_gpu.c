@@ -874,8 +874,8 @@ static void test_swiglu(void **state)
     double *wdu = fd_grad(swiglu_ref, NULL, in, 1, n, n, G);
     gpu_tensor gt = dput(Gt, n, 0), u = dput(U, n, 0), y = dzeros(n, 0), dy = dput(G, n, 0);
     gpu_tensor dg = dzeros(n, 0), du = dzeros(n, 0);
-    assert_int_equal(gpu_swiglu_forward(S, y, gt, u, n), ZO_OK);
-    assert_int_equal(gpu_swiglu_backward(S, dg, du, dy, gt, u, n), ZO_OK);
+    assert_int_equal(gpu_swiglu_forward(S, y, gt, u, n, 0), ZO_OK);
+    assert_int_equal(gpu_swiglu_backward(S, dg, du, dy, gt, u, n, 0), ZO_OK);
     double *gy = dget(y, n), *gdg = dget(dg, n), *gdu = dget(du, n);
     assert_int_equal(check_close_f64("swiglu y", gy, wy, n, 1e-6, 1e-5), 0);
     assert_int_equal(check_close_f64("swiglu dgate", gdg, wdg, n, 1e-6, 1e-5), 0);

@@ -700,11 +700,11 @@ static void test_activations(void **state)
         assert_int_equal(gpu_gelu_backward(scpu, dx.c, dy.c, x.c, n), ZO_OK);
         assert_int_equal(gpu_gelu_backward(sgpu, dx.g, dy.g, x.g, n), ZO_OK);
         bad += tw_check("gelu dx", dx, tol_of(t));
-        assert_int_equal(gpu_swiglu_forward(scpu, y.c, x.c, up.c, n), ZO_OK);
-        assert_int_equal(gpu_swiglu_forward(sgpu, y.g, x.g, up.g, n), ZO_OK);
+        assert_int_equal(gpu_swiglu_forward(scpu, y.c, x.c, up.c, n, 0), ZO_OK);
+        assert_int_equal(gpu_swiglu_forward(sgpu, y.g, x.g, up.g, n, 0), ZO_OK);
         bad += tw_check("swiglu y", y, tol_of(t));
-        assert_int_equal(gpu_swiglu_backward(scpu, dx.c, dup.c, dy.c, x.c, up.c, n), ZO_OK);
-        assert_int_equal(gpu_swiglu_backward(sgpu, dx.g, dup.g, dy.g, x.g, up.g, n), ZO_OK);
+        assert_int_equal(gpu_swiglu_backward(scpu, dx.c, dup.c, dy.c, x.c, up.c, n, 0), ZO_OK);
+        assert_int_equal(gpu_swiglu_backward(sgpu, dx.g, dup.g, dy.g, x.g, up.g, n, 0), ZO_OK);
         bad += tw_check("swiglu dgate", dx, tol_of(t));
         bad += tw_check("swiglu dup", dup, tol_of(t));
         tw_free(x);

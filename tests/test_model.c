@@ -26,13 +26,12 @@ static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "lla
                                    "mixtral-8x7b.json", "qwen1.5-moe-a2.7b.json",
                                    "qwen3-0.6b.json",   "qwen3-8b.json",    "qwen3-30b-a3b.json",
                                    "phi-3-mini-4k-instruct.json", "phi-3.5-mini-instruct.json",
-                                   "phi-4.json"};
+                                   "phi-4.json", "gemma-2b.json", "gemma-7b.json"};
 
 /* Families memplan sizes but the runtime does not build: the layout (and so
  * `train`) refuses each by name. */
 static const struct { const char *config, *family; } not_built[] = {
-    {"deepseek-v2-lite.json", "deepseek_v2"}, {"gemma-2b.json", "gemma"},
-    {"gemma-2-2b.json", "gemma2"},          {"pythia-160m.json", "gpt_neox"},
+    {"deepseek-v2-lite.json", "deepseek_v2"}, {"gemma-2-2b.json", "gemma2"},          {"pythia-160m.json", "gpt_neox"},
     {"falcon-7b.json", "falcon"},           {"opt-125m.json", "opt"},
     {"bloom-560m.json", "bloom"},
 };

@@ -514,11 +514,27 @@ static void ref_gelu_backward(const gpu_op_args *a, hostv *h)
 
 static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 
+/* The gate's activation and its derivative: silu, or with i[0] (GeGLU)
+ * GELU's tanh form written as 0.5 g (1 + tanh(u)) */
+static void gate_act_d(int gelu, double g, double *f, double *df)
+{
+    if (gelu) {
+        double u = GELU_C * (g + 0.044715 * g * g * g), th = tanh(u);
+        *f = 0.5 * g * (1.0 + th);
+        *df = 0.5 * (1.0 + th) + 0.5 * g * (1.0 - th * th) * GELU_C * (1.0 + 3.0 * 0.044715 * g * g);
+    } else {
+        double sg = sigmoid(g);
+        *f = g * sg;
+        *df = sg + g * sg * (1.0 - sg);
+    }
+}
+
 static void ref_swiglu_forward(const gpu_op_args *a, hostv *h)
 {
     for (size_t i = 0; i < a->n; i++) {
-        double g = h->T[1][i];
-        h->T[0][i] = g * sigmoid(g) * h->T[2][i];
+        double f, df;
+        gate_act_d((int)a->i[0], h->T[1][i], &f, &df);
+        h->T[0][i] = f * h->T[2][i];
     }
 }
 
@@ -526,9 +542,10 @@ static void ref_swiglu_forward(const gpu_op_args *a, hostv *h)
 static void ref_swiglu_backward(const gpu_op_args *a, hostv *h)
 {
     for (size_t i = 0; i < a->n; i++) {
-        double g = h->T[3][i], u = h->T[4][i], dy = h->T[2][i], sg = sigmoid(g);
-        h->T[0][i] = dy * u * (sg + g * sg * (1.0 - sg));
-        h->T[1][i] = dy * g * sg;
+        double f, df, u = h->T[4][i], dy = h->T[2][i];
+        gate_act_d((int)a->i[0], h->T[3][i], &f, &df);
+        h->T[0][i] = dy * u * df;
+        h->T[1][i] = dy * f;
     }
 }
 
@@ -1615,6 +1632,11 @@ static void attention_grid(gpu_op_id op)
     attention_case(op, 2, 300, 4, 1, 128, 0, E_BF16);
     attention_case(op, 1, 300, 6, 3, 80, 100, E_F16);
     attention_case(op, 1, 300, 2, 2, 64, 300, E_BF16);
+    /* head_dim 256 (Gemma), multi-query as gemma-2b: the flash path and, past
+     * 256 tokens, the GEMM path */
+    attention_case(op, 1, 97, 2, 1, 256, 0, E_F32);
+    attention_case(op, 1, 70, 4, 1, 256, 0, E_BF16);
+    attention_case(op, 1, 260, 2, 1, 256, 0, E_BF16);
     if (op == GPU_OP_ATTENTION_BACKWARD) {
         attention_case_g(op, 1, 300, 4, 2, 128, 0, E_BF16, E_F32);
         attention_case_g(op, 1, 257, 2, 1, 80, 64, E_F16, E_F32);
@@ -1675,6 +1697,7 @@ static void parity_attention_cached(void)
     cached_case(2, 3, 97, 4, 1, 128, 0, -1, E_BF16, E_BF16);
     cached_case(2, 1, 97, 4, 1, 128, 40, -1, E_BF16, E_BF16);
     cached_case(1, 5, 40, 2, 1, 64, 0, -1, E_F32, E_BF16);
+    cached_case(2, 3, 60, 2, 1, 256, 0, -1, E_BF16, E_BF16); /* head_dim 256 (Gemma) */
 }
 
 /* Frequencies given by the caller (a rope_scaling's): theta's, each
@@ -1729,13 +1752,14 @@ static void parity_rope_backward(void) { rope_grid(GPU_OP_ROPE_BACKWARD); }
  * CUDA blocks of 256. */
 static const size_t ew_sizes[] = {1, 15, 16, 17, 255, 256, 257, 2047, 2048, 2049, 5000};
 
-static void ew_grid(gpu_op_id op, int n_t, int n_out, double lo, double hi)
+static void ew_grid_i(gpu_op_id op, int n_t, int n_out, double lo, double hi, int64_t i0)
 {
     for (size_t s = 0; s < sizeof ew_sizes / sizeof *ew_sizes; s++)
         for (int t = 0; t < 3; t++) {
             size_t n = ew_sizes[s];
-            pcase c = new_case(op, "n %zu %s", n, ename(storage[t]));
+            pcase c = new_case(op, "n %zu %s%s", n, ename(storage[t]), i0 ? " gelu" : "");
             c.a.n = n;
+            c.a.i[0] = i0;             /* the gated activations' gelu flag */
             c.a.f[0] = 0.375f; /* scale's alpha */
             for (int k = 0; k < n_t; k++) {
                 int b = k < n_out ? OUT_T(&c, k, storage[t], n) : IN_T(&c, k, storage[t], n);
@@ -1745,10 +1769,21 @@ static void ew_grid(gpu_op_id op, int n_t, int n_out, double lo, double hi)
         }
 }
 
+static void ew_grid(gpu_op_id op, int n_t, int n_out, double lo, double hi) { ew_grid_i(op, n_t, n_out, lo, hi, 0); }
+
 static void parity_gelu_forward(void) { ew_grid(GPU_OP_GELU_FORWARD, 2, 1, -6.0, 4.0); }
 static void parity_gelu_backward(void) { ew_grid(GPU_OP_GELU_BACKWARD, 3, 1, -6.0, 4.0); }
-static void parity_swiglu_forward(void) { ew_grid(GPU_OP_SWIGLU_FORWARD, 3, 1, -6.0, 4.0); }
-static void parity_swiglu_backward(void) { ew_grid(GPU_OP_SWIGLU_BACKWARD, 5, 2, -6.0, 4.0); }
+/* SwiGLU, then GeGLU (gelu 1: Gemma's MLP) */
+static void parity_swiglu_forward(void)
+{
+    ew_grid(GPU_OP_SWIGLU_FORWARD, 3, 1, -6.0, 4.0);
+    ew_grid_i(GPU_OP_SWIGLU_FORWARD, 3, 1, -6.0, 4.0, 1);
+}
+static void parity_swiglu_backward(void)
+{
+    ew_grid(GPU_OP_SWIGLU_BACKWARD, 5, 2, -6.0, 4.0);
+    ew_grid_i(GPU_OP_SWIGLU_BACKWARD, 5, 2, -6.0, 4.0, 1);
+}
 static void parity_scale(void) { ew_grid(GPU_OP_SCALE, 1, 1, -1.0, 1.0); }
 
 static void parity_add(void)

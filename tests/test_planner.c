@@ -40,6 +40,9 @@ static const struct { const char *preset, *config; uint64_t params; } counts[] =
     {"qwen3-0.6b", "qwen3-0.6b.json", 596049920ull},
     {"qwen3-8b", "qwen3-8b.json", 8190735360ull},
     {"qwen3-30b-a3b", "qwen3-30b-a3b.json", 30532122624ull},
+    /* keras-hub gemma_2b_en, gemma_7b_en */
+    {"gemma-2b", "gemma-2b.json", 2506172416ull},
+    {"gemma-7b", "gemma-7b.json", 8537680896ull},
 };
 
 static void test_param_counts(void **state)
@@ -70,8 +73,10 @@ static void test_all_presets_valid(void **state)
     for (size_t i = 0; i < n; i++) {
         zo_model_config c = p[i].cfg;
         assert_int_equal(zo_model_config_validate(&c), ZO_OK);
-        /* Qwen3's head_dim is its config's 128, not hidden / heads (0.6B: 1024 / 16) */
-        assert_int_equal(c.qk_norm ? 128 : c.hidden, c.qk_norm ? c.head_dim : c.n_heads * c.head_dim);
+        /* Qwen3's head_dim is its config's 128, not hidden / heads (0.6B: 1024 / 16);
+         * Gemma's 256 (gemma-7b: 3072 / 16 = 192) */
+        int given = c.qk_norm ? 128 : !strcmp(c.family, "gemma") ? 256 : 0;
+        assert_int_equal(given ? given : c.hidden, given ? c.head_dim : c.n_heads * c.head_dim);
     }
     /* the GPT-3 sizes land near their names */
     zo_model_config c;

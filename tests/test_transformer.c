@@ -519,6 +519,37 @@ static void check_file_holds(const char *path, const model_layout *l, float *con
     model_st_close(&f);
 }
 
+/* The Hugging Face folder model_hf_save writes from fixture fx (one
+ * shard) holds its fp32 master weights under the layout's names; its
+ * config.json reads back into *back; the config.json model_hf_config
+ * writes for the shape names class `cls` and reads back into *gen with the
+ * same parameter count. */
+static void export_round_trip(fixture *fx, const char *cls, zo_model_config *back, zo_model_config *gen)
+{
+    char dir[128], path[256], cfgp[256];
+    snprintf(dir, sizeof dir, "/tmp/zo_test_%s_%d", fx->name, (int)getpid());
+    snprintf(cfgp, sizeof cfgp, "%s/%s.json", fix_dir(), fx->name);
+    model_hf_folder hf = {.dir = dir, .l = &fx->m.layout, .dtype = ZO_DTYPE_F32, .config = cfgp};
+    int shards = 0;
+    if (model_hf_save(&hf, read_master, fx, &shards) != ZO_OK) fail_msg("%s", zo_last_error());
+    assert_int_equal(shards, 1);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    check_file_holds(path, &fx->m.layout, fx->tr.master);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (zo_model_config_load(path, back) != ZO_OK) fail_msg("%s", zo_last_error());
+    cJSON *o = NULL;
+    assert_int_equal(model_hf_config(&fx->cfg, ZO_DTYPE_BF16, &o), ZO_OK);
+    char *text = cJSON_Print(o);
+    assert_non_null(strstr(text, cls));
+    if (zo_model_config_parse(text, "written.json", gen) != ZO_OK) fail_msg("%s", zo_last_error());
+    assert_int_equal(zo_model_params(gen), zo_model_params(&fx->cfg));
+    free(text);
+    cJSON_Delete(o);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* Phi-3 (tests/fixtures/gpu/make_fixtures.py tiny_phi3): its checkpoint
  * holds q|k|v as one qkv_proj [q + 2kv, h] and gate|up as one gate_up_proj
  * [2f, h], loaded straight into the fused views; GQA, a window of 20 over
@@ -552,40 +583,18 @@ static void test_phi3_vs_torch(void **state)
     assert_int_equal(up->offset, gu->offset + 48 * 32);
 
     /* export: the folder Hugging Face's from_pretrained reads */
-    char dir[128], path[256], cfgp[256];
-    snprintf(dir, sizeof dir, "/tmp/zo_test_phi3_%d", (int)getpid());
-    snprintf(cfgp, sizeof cfgp, "%s/tiny_phi3.json", fix_dir());
-    model_hf_folder hf = {.dir = dir, .l = l, .dtype = ZO_DTYPE_F32, .config = cfgp};
-    int shards = 0;
-    if (model_hf_save(&hf, read_master, &fx, &shards) != ZO_OK) fail_msg("%s", zo_last_error());
-    assert_int_equal(shards, 1);
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    check_file_holds(path, l, fx.tr.master);
+    zo_model_config back, gen;
+    export_round_trip(&fx, "Phi3ForCausalLM", &back, &gen);
     /* the fixture's own file holds the same (what was loaded is what is written) */
-    snprintf(cfgp, sizeof cfgp, "%s/tiny_phi3.safetensors", fix_dir());
-    check_file_holds(cfgp, l, fx.tr.master);
-    /* reload: the same family, window and shapes */
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    zo_model_config back;
-    assert_int_equal(zo_model_config_load(path, &back), ZO_OK);
+    char path[256];
+    snprintf(path, sizeof path, "%s/tiny_phi3.safetensors", fix_dir());
+    check_file_holds(path, l, fx.tr.master);
+    /* the same family, window and shapes */
     assert_string_equal(back.family, "phi3");
     assert_int_equal(back.sliding_window, 20);
     assert_int_equal(back.n_kv_heads, 2);
-    /* the config.json written for a shape (a preset's) reads back the same */
-    cJSON *o = NULL;
-    assert_int_equal(model_hf_config(&fx.cfg, ZO_DTYPE_BF16, &o), ZO_OK);
-    char *text = cJSON_Print(o);
-    assert_non_null(strstr(text, "Phi3ForCausalLM"));
-    zo_model_config gen;
-    assert_int_equal(zo_model_config_parse(text, "written.json", &gen), ZO_OK);
     assert_string_equal(gen.family, "phi3");
     assert_int_equal(gen.sliding_window, 20);
-    assert_int_equal(zo_model_params(&gen), zo_model_params(&fx.cfg));
-    free(text);
-    cJSON_Delete(o);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    assert_int_equal(system(cmd), 0);
     fixture_close(&fx);
 }
 
@@ -690,6 +699,110 @@ static void test_phi3_partial_vs_torch(void **state)
     model_layout l;
     assert_int_equal(model_layout_init(&l, &c), ZO_ERR_UNSUPPORTED);
     assert_non_null(strstr(zo_last_error(), "partial_rotary_factor"));
+}
+
+/* ---- Gemma ---------------------------------------------------------------------------------- */
+
+/* Gemma (make_fixtures.py tiny_gemma, GemmaForCausalLM written out in
+ * PyTorch): the embedding times sqrt(hidden), every RMSNorm times (1 + w),
+ * GeGLU, head_dim 12 of hidden 32 / 4 heads, one kv head, tied. Logits,
+ * loss, every gradient, 10 AdamW steps and generation through the cache
+ * against PyTorch; the config's hidden_act "gelu" is ignored as Hugging
+ * Face ignores it; the Hugging Face folder written from it holds the same
+ * tensors and a config.json that reads back as the same model. */
+static void test_gemma_vs_torch(void **state)
+{
+    (void)state;
+    zo_model_config c = fixture_config("tiny_gemma");
+    assert_string_equal(c.family, "gemma");
+    assert_string_equal(c.act, "gelu_pytorch_tanh");
+    assert_int_equal(c.head_dim, 12);
+    assert_true(c.tied_embeddings);
+    assert_int_equal(zo_model_config_runtime_check(&c), ZO_OK);
+    run_against_torch("tiny_gemma");
+    run_training("tiny_gemma");
+    run_generation("tiny_gemma");
+    run_gen_placements("tiny_gemma");
+    /* bf16 storage: the loss within bf16's rounding of PyTorch's (as tiny_llama's) */
+    {
+        fixture bf;
+        fixture_open(&bf, "tiny_gemma", ZO_DTYPE_BF16, 2, NULL);
+        tf_step_info info;
+        assert_int_equal(tf_trainer_grads(&bf.tr, bf.s, bf.inputs, bf.targets, B, T, &info), ZO_OK);
+        float *want = read_expected("tiny_gemma", "loss", NULL);
+        assert_int_equal(check_close_f32("bf16", &info.loss, want, 1, 0.0, 2e-2), 0);
+        assert_int_equal(info.skipped, 0);
+        free(want);
+        fixture_close(&bf);
+    }
+
+    /* export and reload */
+    fixture fx;
+    fixture_open(&fx, "tiny_gemma", ZO_DTYPE_F32, 2, NULL);
+    zo_model_config back, gen;
+    export_round_trip(&fx, "GemmaForCausalLM", &back, &gen);
+    const zo_model_config *both[2] = {&back, &gen};
+    for (int i = 0; i < 2; i++) {
+        assert_string_equal(both[i]->family, "gemma");
+        assert_string_equal(both[i]->act, "gelu_pytorch_tanh");
+        assert_int_equal(both[i]->head_dim, 12);
+        assert_int_equal(both[i]->n_kv_heads, 1);
+    }
+    fixture_close(&fx);
+
+    /* an activation Hugging Face's Gemma takes and the runtime does not
+     * compute (the exact GELU) is refused by name */
+    snprintf(c.act, sizeof c.act, "gelu");
+    assert_int_equal(zo_model_config_runtime_check(&c), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "the activation gelu"));
+}
+
+/* Gemma's embedding factor is sqrt(hidden) rounded to the model dtype
+ * first, as Hugging Face's normalizer tensor: gemma-7b's sqrt(3072) =
+ * 55.4256 is 55.5 in bf16 (steps of 0.25 there), and stays itself in fp32.
+ * An embedding of ones through block 0 gives the factor. */
+static void test_gemma_embed_scale(void **state)
+{
+    (void)state;
+    zo_model_config c = {.family = "gemma", .arch = ZO_ARCH_LLAMA, .n_layers = 1, .hidden = 3072, .n_heads = 1,
+                         .n_kv_heads = 1, .head_dim = 8, .ffn = 8, .vocab = 4, .max_seq = 8, .tied_embeddings = 1,
+                         .norm_eps = 1e-6f, .rope_theta = 10000.0f, .act = "gelu_pytorch_tanh"};
+    snprintf(c.name, sizeof c.name, "gemma-embed");
+    assert_int_equal(zo_model_config_validate(&c), ZO_OK);
+    const zo_dtype dts[2] = {ZO_DTYPE_BF16, ZO_DTYPE_F32};
+    const float want[2] = {55.5f, (float)sqrt(3072.0)};
+    for (int k = 0; k < 2; k++) {
+        gpu_cpu_options o = {.n_threads = 2};
+        gpu_device_t dev;
+        gpu_stream_t s;
+        assert_int_equal(gpu_device_init_cpu(&o, &dev), ZO_OK);
+        assert_int_equal(gpu_stream_create(dev, &s), ZO_OK);
+        tf_model m;
+        if (tf_init(&m, &c, dev, dts[k], 1, 2) != ZO_OK) fail_msg("%s", zo_last_error());
+        size_t n = m.layout.block_numel[0], es = zo_dtype_size(dts[k]);
+        char *host = malloc(n * es), *out = malloc(2 * (size_t)c.hidden * es);
+        for (size_t i = 0; i < n; i++) zo_store_f32(host, dts[k], i, 1.0f);
+        void *w;
+        assert_int_equal(gpu_mem_alloc(dev, n * es, &w), ZO_OK);
+        assert_int_equal(gpu_memcpy_async(s, w, host, n * es, GPU_COPY_HOST_TO_DEVICE), ZO_OK);
+        const int32_t in[2] = {1, 3}, tg[2] = {3, 0};
+        assert_int_equal(tf_set_batch(&m, s, in, tg, 1, 2), ZO_OK);
+        tf_block_bufs bb = {.params = w, .embed_params = w};
+        assert_int_equal(tf_block_forward(&m, 0, &bb, s), ZO_OK);
+        assert_int_equal(gpu_memcpy_async(s, out, m.res[0], 2 * (size_t)c.hidden * es, GPU_COPY_DEVICE_TO_HOST),
+                         ZO_OK);
+        assert_int_equal(gpu_stream_synchronize(s), ZO_OK);
+        for (int i = 0; i < 2 * c.hidden; i++)
+            if (zo_load_f32(out, dts[k], (size_t)i) != want[k])
+                fail_msg("%s: element %d is %.7g, want %.7g", zo_dtype_name(dts[k]), i,
+                         (double)zo_load_f32(out, dts[k], (size_t)i), (double)want[k]);
+        gpu_mem_free(dev, w);
+        tf_free(&m);
+        free(host);
+        free(out);
+        gpu_stream_destroy(s);
+        gpu_device_free(dev);
+    }
 }
 
 /* ---- 16-bit storage ---------------------------------------------------------------------- */
@@ -1012,29 +1125,53 @@ static void test_train_phi3_resume(void **state)
  * frozen (the --merge folder holds them as initialised, 1.0, under their
  * Hugging Face names) and carry no adapters (the adapter folder names
  * none). */
+/* A tiny model of `type` (hidden 32, 4 heads of 12 over kv_heads, MLP 48,
+ * vocabulary 256) in a LoRA work folder: its config.json, the text, and
+ * where the adapter (ad) and the merged model (mg) go. */
+typedef struct lora_tiny {
+    char dir[64], text[128], ad[128], mg[128], cfg[128];
+} lora_tiny;
+
+static void lora_tiny_init(lora_tiny *t, const char *tag, const char *type, int kv_heads)
+{
+    lora_workdir(tag, t->dir, t->text);
+    snprintf(t->ad, sizeof t->ad, "%s/adapter", t->dir);
+    snprintf(t->mg, sizeof t->mg, "%s/merged", t->dir);
+    snprintf(t->cfg, sizeof t->cfg, "%s/config.json", t->dir);
+    FILE *f = fopen(t->cfg, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"model_type\": \"%s\", \"num_hidden_layers\": 2, \"hidden_size\": 32, "
+               "\"num_attention_heads\": 4, \"num_key_value_heads\": %d, \"head_dim\": 12, "
+               "\"intermediate_size\": 48, \"max_position_embeddings\": 32, \"vocab_size\": 256}\n",
+            type, kv_heads);
+    fclose(f);
+}
+
+/* train `method` ("--lora" or "--qlora --lora") r 4 on every linear layer
+ * for 40 steps, saving and merging: the loss falls by 0.2 at least. */
+static void lora_tiny_train(const lora_tiny *t, const char *method, const char *what)
+{
+    static char out[1 << 16];
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --micro-batch 4 --seq 32 --threads 2 %s 4 "
+                              "--lora-targets all-linear --steps 40 --lr 1e-2 --save %s --merge %s 2>&1",
+             ZO_TRAIN_BIN, t->cfg, t->text, method, t->ad, t->mg);
+    if (run_capture(cmd, out, sizeof out) != 0) fail_msg("%s", out);
+    int steps;
+    float last5, first = lora_losses(out, &steps, &last5, 40);
+    printf("  train %s 4 (%s): loss %.3f -> %.3f\n", method, what, first, last5);
+    assert_int_equal(steps, 40);
+    assert_true(last5 < first - 0.2f);
+}
+
 static void test_train_lora_qwen3(void **state)
 {
     (void)state;
-    char dir[64], text[128], ad[128], mg[128], cfg[128], cmd[1400], path[256];
-    lora_workdir("lora_q3", dir, text);
-    snprintf(ad, sizeof ad, "%s/adapter", dir);
-    snprintf(mg, sizeof mg, "%s/merged", dir);
-    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
-    FILE *f = fopen(cfg, "w");
-    fprintf(f, "{\"model_type\": \"qwen3\", \"num_hidden_layers\": 2, \"hidden_size\": 32, "
-               "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 12, "
-               "\"intermediate_size\": 48, \"max_position_embeddings\": 32, \"vocab_size\": 256}\n");
-    fclose(f);
-    static char out[1 << 16];
-    snprintf(cmd, sizeof cmd, "%s --model %s --data %s --text --micro-batch 4 --seq 32 --threads 2 --lora 4 "
-                              "--lora-targets all-linear --steps 40 --lr 1e-2 --save %s --merge %s 2>&1",
-             ZO_TRAIN_BIN, cfg, text, ad, mg);
-    assert_int_equal(run_capture(cmd, out, sizeof out), 0);
-    int steps;
-    float last5, first = lora_losses(out, &steps, &last5, 40);
-    printf("  train --lora 4 (qwen3): loss %.3f -> %.3f\n", first, last5);
-    assert_int_equal(steps, 40);
-    assert_true(last5 < first - 0.2f);
+    char cmd[300], path[256];
+    lora_tiny t;
+    lora_tiny_init(&t, "lora_q3", "qwen3", 2);
+    const char *ad = t.ad, *mg = t.mg, *dir = t.dir;
+    lora_tiny_train(&t, "--lora", "qwen3");
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", ad);
     model_ckpt ck;
     assert_int_equal(model_ckpt_open(&ck, path), ZO_OK);
@@ -1055,6 +1192,40 @@ static void test_train_lora_qwen3(void **state)
             assert_int_equal(model_st_read(&st, t, w, ZO_DTYPE_F32, 0), ZO_OK);
             for (int e = 0; e < 12; e++) assert_true(w[e] == 1.0f);
         }
+    model_st_close(&st);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* LoRA and QLoRA on a Gemma model through train (GeGLU, (1 + w) norms, the
+ * scaled embedding, head_dim 12 of hidden 32 / 4 heads, one kv head): the
+ * loss falls over 40 steps; the adapters carry PEFT's LLaMA names; the
+ * norms stay frozen at their initial offset 0 (a norm of 1, as
+ * GemmaRMSNorm initialises it) in the --merge folder. */
+static void test_train_lora_gemma(void **state)
+{
+    (void)state;
+    char cmd[300], path[256];
+    lora_tiny t;
+    lora_tiny_init(&t, "lora_gm", "gemma", 1);
+    lora_tiny_train(&t, "--qlora --lora", "gemma");
+    lora_tiny_train(&t, "--lora", "gemma");
+    const char *ad = t.ad, *mg = t.mg, *dir = t.dir;
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", ad);
+    model_ckpt ck;
+    assert_int_equal(model_ckpt_open(&ck, path), ZO_OK);
+    assert_non_null(model_ckpt_find(&ck, "base_model.model.model.layers.1.self_attn.k_proj.lora_A.weight"));
+    assert_non_null(model_ckpt_find(&ck, "base_model.model.model.layers.1.mlp.gate_proj.lora_B.weight"));
+    model_ckpt_close(&ck);
+    snprintf(path, sizeof path, "%s/model.safetensors", mg);
+    model_st_file st;
+    assert_int_equal(model_st_open(&st, path), ZO_OK);
+    const model_st_tensor *nw = model_st_find(&st, "model.layers.1.post_attention_layernorm.weight");
+    if (!nw) fail_msg("%s: no post_attention_layernorm", path);
+    float w[32];
+    assert_int_equal(nw->numel, 32);
+    assert_int_equal(model_st_read(&st, nw, w, ZO_DTYPE_F32, 0), ZO_OK);
+    for (int e = 0; e < 32; e++) assert_true(w[e] == 0.0f);
     model_st_close(&st);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);
@@ -1390,6 +1561,8 @@ int main(void)
         cmocka_unit_test(test_phi3_vs_torch),
         cmocka_unit_test(test_phi3_longrope_vs_torch),
         cmocka_unit_test(test_phi3_partial_vs_torch),
+        cmocka_unit_test(test_gemma_vs_torch),
+        cmocka_unit_test(test_gemma_embed_scale),
         cmocka_unit_test(test_generation_vs_torch),
         cmocka_unit_test(test_generation_placements),
         cmocka_unit_test(test_gpt2_training),
@@ -1400,6 +1573,7 @@ int main(void)
         cmocka_unit_test(test_init_sequence),
         cmocka_unit_test(test_train_lora),
         cmocka_unit_test(test_train_lora_qwen3),
+        cmocka_unit_test(test_train_lora_gemma),
         cmocka_unit_test(test_train_phi3_lora),
         cmocka_unit_test(test_train_phi3_resume),
         cmocka_unit_test(test_capacity),

@@ -12,8 +12,13 @@
 
 static int is_gpt(const tf_model *m) { return m->cfg.arch == ZO_ARCH_GPT; }
 static int has_lora(const tf_model *m) { return m->opts.lora.r > 0; }
+/* Gemma: RMSNorm times (1 + w), the embedding times sqrt(hidden), GeGLU */
+static int is_gemma(const tf_model *m) { return !strcmp(m->cfg.family, "gemma"); }
 static int qkv_width(const zo_model_config *c) { return (c->n_heads + 2 * c->n_kv_heads) * c->head_dim; }
 static int q_width(const zo_model_config *c) { return c->n_heads * c->head_dim; }
+/* the LLaMA-shaped MLP's gate: GELU's tanh form (Gemma's GeGLU; the
+ * runtime check refuses Gemma's other activations), else SiLU */
+static int tf_geglu(const zo_model_config *c) { return !strcmp(c->family, "gemma"); }
 /* the heads Qwen3's q/k norms normalise per token (0 without them) */
 static int qk_heads(const zo_model_config *c) { return c->qk_norm ? c->n_heads + c->n_kv_heads : 0; }
 static int is_moe(const tf_model *m, int l) { return zo_model_layer_is_moe(&m->cfg, l); }
@@ -224,6 +229,18 @@ static zo_status rope_frequencies(const zo_model_config *c, int T, int generatin
     return ZO_OK;
 }
 
+/* *dst = a new device buffer holding `bytes` of host, copied before this returns. */
+static zo_status upload_new(tf_model *m, void **dst, const void *host, size_t bytes)
+{
+    gpu_stream_t s = NULL;
+    zo_status st = gpu_mem_alloc(m->dev, bytes, dst);
+    if (st == ZO_OK) st = gpu_stream_create(m->dev, &s);
+    if (st == ZO_OK) st = gpu_memcpy_async(s, *dst, host, bytes, GPU_COPY_HOST_TO_DEVICE);
+    if (st == ZO_OK) st = gpu_stream_synchronize(s);
+    gpu_stream_destroy(s);
+    return st;
+}
+
 /* A rope_scaling's frequencies into device memory (m->rope_freq). Training
  * with longrope past its original length makes both tables, the short one
  * for batches within it and the long one (m->rope_freq_long) past it. */
@@ -236,16 +253,26 @@ static zo_status rope_upload(tf_model *m)
     size_t bytes = (size_t)(two ? 2 : 1) * half * sizeof(double);
     double *host = malloc(bytes);
     if (!host) return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory");
-    gpu_stream_t s = NULL;
     zo_status st = rope_frequencies(c, two ? c->rope_original_max : T, m->opts.kv_len > 0, host,
                                     &m->rope_scale); /* the last position */
     if (st == ZO_OK && two) st = rope_frequencies(c, T, 0, host + half, &m->rope_scale);
-    if (st == ZO_OK) st = gpu_mem_alloc(m->dev, bytes, (void **)&m->rope_freq);
+    if (st == ZO_OK) st = upload_new(m, (void **)&m->rope_freq, host, bytes);
     if (st == ZO_OK && two) m->rope_freq_long = m->rope_freq + half;
-    if (st == ZO_OK) st = gpu_stream_create(m->dev, &s);
-    if (st == ZO_OK) st = gpu_memcpy_async(s, m->rope_freq, host, bytes, GPU_COPY_HOST_TO_DEVICE);
-    if (st == ZO_OK) st = gpu_stream_synchronize(s);
-    gpu_stream_destroy(s);
+    free(host);
+    return st;
+}
+
+/* Gemma's norms multiply by 1 + w: m->norm_one's first h floats are ones,
+ * the next h hold 1 + w (norm_weight); fp32, as GemmaRMSNorm adds in
+ * fp32. */
+static zo_status norm_one_upload(tf_model *m)
+{
+    if (!is_gemma(m)) return ZO_OK;
+    size_t h = (size_t)m->cfg.hidden, bytes = 2 * h * sizeof(float);
+    float *host = malloc(bytes);
+    if (!host) return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory");
+    for (size_t j = 0; j < 2 * h; j++) host[j] = 1.0f;
+    zo_status st = upload_new(m, (void **)&m->norm_one, host, bytes);
     free(host);
     return st;
 }
@@ -464,7 +491,8 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     const int lora = has_lora(m);
     if (lora && (st = lora_init(m)) != ZO_OK) goto out_free;
     if (m->opts.kv_len) { /* generation: the forward's buffers and the caches */
-        if ((st = gen_alloc(m)) != ZO_OK || (st = rope_upload(m)) != ZO_OK) goto out_free;
+        if ((st = gen_alloc(m)) != ZO_OK || (st = rope_upload(m)) != ZO_OK || (st = norm_one_upload(m)) != ZO_OK)
+            goto out_free;
         return ZO_OK;
     }
     size_t lora_cols = lora ? (size_t)m->n_lora_u * m->opts.lora.r : 0;
@@ -609,7 +637,7 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         goto out_free;
     }
     /* a rope_scaling's frequencies (what it does not compute is refused here) */
-    if ((st = rope_upload(m)) != ZO_OK) goto out_free;
+    if ((st = rope_upload(m)) != ZO_OK || (st = norm_one_upload(m)) != ZO_OK) goto out_free;
     return ZO_OK;
 
 out_free:
@@ -625,6 +653,7 @@ void tf_free(tf_model *m)
     gpu_mem_free(d, m->tokens);
     gpu_mem_free(d, m->targets);
     gpu_mem_free(d, m->rope_freq);
+    gpu_mem_free(d, m->norm_one);
     if (m->res && !m->opts.external_res)
         for (size_t l = 0; l <= L; l++) gpu_mem_free(d, m->res[l]);
     if (m->acts)
@@ -1155,6 +1184,17 @@ static gpu_tensor seq_rows(const tf_model *m, gpu_tensor x, int j, size_t ld)
     return gpu_t((char *)x.data + (size_t)j * m->t * ld * zo_dtype_size(x.dtype), x.dtype);
 }
 
+/* Gemma multiplies the embedding by sqrt(hidden), the factor rounded to the
+ * model's dtype first (Hugging Face's normalizer is a tensor of that dtype:
+ * bf16 rounds sqrt(3072) = 55.43 to 55.5) */
+static float embed_scale(const tf_model *m)
+{
+    float v = (float)sqrt((double)m->cfg.hidden);
+    uint16_t b[2];
+    zo_store_f32(b, m->dtype, 0, v);
+    return m->dtype == ZO_DTYPE_F32 ? v : zo_load_f32(b, m->dtype, 0);
+}
+
 static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t s)
 {
     const zo_model_config *c = &m->cfg;
@@ -1167,7 +1207,8 @@ static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_
     if (!m->opts.kv_len || !wpe.data || same_pos(m)) {
         if (m->opts.kv_len && wpe.data)
             wpe.data = (char *)wpe.data + (size_t)m->hpos[0] * c->hidden * zo_dtype_size(m->dtype);
-        return gpu_embedding_forward(s, out, m->tokens, wte, wpe, N, m->t, c->hidden, c->vocab);
+        zo_status st = gpu_embedding_forward(s, out, m->tokens, wte, wpe, N, m->t, c->hidden, c->vocab);
+        return st != ZO_OK || !is_gemma(m) ? st : gpu_scale(s, out, embed_scale(m), (size_t)N * c->hidden);
     }
     for (int j = 0; j < m->b; j++) {
         gpu_tensor pe = gpu_t((char *)wpe.data + (size_t)m->hpos[j] * c->hidden * zo_dtype_size(m->dtype), m->dtype);
@@ -1214,9 +1255,25 @@ static zo_status embed_backward(tf_model *m, const tf_block_bufs *bb, gpu_stream
     const zo_model_config *c = &m->cfg;
     int N = m->b * m->t;
     if (has_lora(m)) return ZO_OK; /* the embedding is frozen: nothing to compute */
+    /* Gemma: the scale's gradient, in place (the embedding is the last block back) */
+    zo_status st = is_gemma(m) ? gpu_scale(s, F32(m->dres), embed_scale(m), (size_t)N * c->hidden) : ZO_OK;
+    if (st != ZO_OK) return st;
     return gpu_embedding_backward(s, tf_view(m, bb->grads, 0, MODEL_ROLE_TOK_EMB),
                                   tf_view(m, bb->grads, 0, MODEL_ROLE_POS_EMB), F32(m->dres),
                                   m->tokens, N, m->t, c->hidden, c->vocab);
+}
+
+/* The weight an RMSNorm multiplies by: w, or Gemma's 1 + w (fp32, in
+ * m->norm_one). w's gradient is the same either way: only dx reads it. */
+static zo_status norm_weight(tf_model *m, gpu_stream_t s, gpu_tensor *w)
+{
+    if (!is_gemma(m)) return ZO_OK;
+    size_t h = (size_t)m->cfg.hidden;
+    gpu_tensor w1 = F32(m->norm_one + h);
+    zo_status st = gpu_cast(s, w1, *w, h);
+    if (st == ZO_OK) st = gpu_add(s, w1, w1, F32(m->norm_one), h);
+    *w = w1;
+    return st;
 }
 
 /* Normalization of the architecture: LayerNorm (GPT) or RMSNorm. */
@@ -1225,7 +1282,8 @@ static zo_status norm_forward(tf_model *m, gpu_stream_t s, gpu_tensor y, float *
 {
     const zo_model_config *c = &m->cfg;
     if (is_gpt(m)) return gpu_layernorm_forward(s, y, mean, rstd, x, w, b, N, c->hidden, c->norm_eps);
-    return gpu_rmsnorm_forward(s, y, rstd, x, w, N, c->hidden, c->norm_eps);
+    zo_status st = norm_weight(m, s, &w);
+    return st != ZO_OK ? st : gpu_rmsnorm_forward(s, y, rstd, x, w, N, c->hidden, c->norm_eps);
 }
 
 /* dres += d(norm input), given dh = d(norm output). dw, db: the norm's
@@ -1241,7 +1299,8 @@ static zo_status norm_backward(tf_model *m, gpu_stream_t s, const void *grads, i
     if (is_gpt(m))
         return gpu_layernorm_backward(s, F32(m->dres), dw, db, F32(m->dh), x, w, mean, rstd, N,
                                       c->hidden);
-    return gpu_rmsnorm_backward(s, F32(m->dres), dw, F32(m->dh), x, w, rstd, N, c->hidden);
+    zo_status st = norm_weight(m, s, &w);
+    return st != ZO_OK ? st : gpu_rmsnorm_backward(s, F32(m->dres), dw, F32(m->dh), x, w, rstd, N, c->hidden);
 }
 
 
@@ -1667,7 +1726,7 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
             (st = expert_weight(m, s, bb, blk, MODEL_ROLE_EXPERT_UP_W, e, ew, &w)) != ZO_OK ||
             (st = gemm_xwt(s, upe, x, w, n, fe, h, 0.0f)) != ZO_OK ||
             (st = expert_lora_forward(m, s, bb, TF_LORA_EXPERT_UP, e, x, upe, fe, n)) != ZO_OK ||
-            (st = gpu_swiglu_forward(s, acte, fce, upe, (size_t)n * fe)) != ZO_OK)
+            (st = gpu_swiglu_forward(s, acte, fce, upe, (size_t)n * fe, 0)) != ZO_OK)
             return st;
         if (recompute) continue;
         if ((st = gpu_moe_scale_forward(s, sx, acte, wp + eoff[e], n, fe, 1, 0)) != ZO_OK ||
@@ -1695,7 +1754,7 @@ static zo_status moe_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_st
         (st = lora_forward(m, s, l, bb, TF_LORA_GATE, ln2, sfc, fs)) != ZO_OK ||
         (st = base_xwt(m, s, bb, blk, MODEL_ROLE_MLP_UP_W, sup, ln2, N, fs, h, 0.0f)) != ZO_OK ||
         (st = lora_forward(m, s, l, bb, TF_LORA_UP, ln2, sup, fs)) != ZO_OK ||
-        (st = gpu_swiglu_forward(s, sa, sfc, sup, (size_t)N * fs)) != ZO_OK ||
+        (st = gpu_swiglu_forward(s, sa, sfc, sup, (size_t)N * fs, 0)) != ZO_OK ||
         (st = base_xwt(m, s, bb, blk, MODEL_ROLE_SHARED_GATE_W, F32(a->sgate), ln2, N, 1, h, 0.0f)) != ZO_OK)
         return st;
     if (recompute) return ZO_OK;
@@ -1752,7 +1811,7 @@ static zo_status shared_expert_backward(tf_model *m, int l, const tf_block_bufs 
         return st;
     /* dz = g . act sigmoid', dact = sigmoid(z) g (in place), then SwiGLU, gate/up and the gate */
     if ((st = gpu_moe_scale_backward(s, dff, m->dz, dff, act, a->sgate, N, f, 1, 1)) != ZO_OK ||
-        (st = gpu_swiglu_backward(s, dff, dup, dff, gpu_t(a->fc, dt), gpu_t(a->up, dt), (size_t)N * f)) != ZO_OK ||
+        (st = gpu_swiglu_backward(s, dff, dup, dff, gpu_t(a->fc, dt), gpu_t(a->up, dt), (size_t)N * f, 0)) != ZO_OK ||
         (st = plain_linear_backward(m, l, bb, s, MODEL_ROLE_MLP_GATE_W, TF_LORA_GATE, dff, ln2, N, f, h)) != ZO_OK ||
         (st = plain_linear_backward(m, l, bb, s, MODEL_ROLE_MLP_UP_W, TF_LORA_UP, dup, ln2, N, f, h)) != ZO_OK)
         return st;
@@ -1838,7 +1897,7 @@ static zo_status experts_backward(tf_model *m, int l, const tf_block_bufs *bb, g
             return st;
         /* each pair's weight gradient g . act, dact = w g (in place), SwiGLU */
         if ((st = gpu_moe_scale_backward(s, g, ex_ds + o, g, rows_at(act, o, fe), wp + o, n, fe, 1, 0)) != ZO_OK ||
-            (st = gpu_swiglu_backward(s, g, gu, g, rows_at(fc, o, fe), rows_at(up, o, fe), (size_t)n * fe)) != ZO_OK)
+            (st = gpu_swiglu_backward(s, g, gu, g, rows_at(fc, o, fe), rows_at(up, o, fe), (size_t)n * fe, 0)) != ZO_OK)
             return st;
         /* gate, then up: dW += d^T xg, dx [n, h] = dgate Wg + dup Wu (dg is spent) */
         gpu_tensor d[2] = {g, gu};
@@ -1975,7 +2034,7 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
                                       ln2, N, f, h)) != ZO_OK ||
             (st = lora_forward(m, s, l, bb, TF_LORA_UP, ln2, up, f)) != ZO_OK)
             return st;
-        if ((st = gpu_swiglu_forward(s, act, fc, up, (size_t)N * f)) != ZO_OK) return st;
+        if ((st = gpu_swiglu_forward(s, act, fc, up, (size_t)N * f, tf_geglu(c))) != ZO_OK) return st;
     }
     if (recompute) return lora_forward(m, s, l, bb, TF_LORA_DOWN, act, gpu_t(NULL, dt), h);
     /* out = x_mid + act Wdown^T (+ b) */
@@ -2044,7 +2103,7 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
         if ((st = linear_role_backward(m, l, bb, s, up, dh, 0.0f, dff, ln2)) != ZO_OK) return st;
     } else {
         gpu_tensor dup = F32(m->dff2), upa = gpu_t(a->up, dt);
-        if ((st = gpu_swiglu_backward(s, dff, dup, dff, fc, upa, (size_t)N * f)) != ZO_OK) return st; /* dgate in place */
+        if ((st = gpu_swiglu_backward(s, dff, dup, dff, fc, upa, (size_t)N * f, tf_geglu(c))) != ZO_OK) return st; /* dgate in place */
         if ((st = linear_role_backward(m, l, bb, s, gate, dh, 0.0f, dff, ln2)) != ZO_OK ||
             (st = linear_role_backward(m, l, bb, s, up, dh, 1.0f, dup, ln2)) != ZO_OK)
             return st;
@@ -2353,8 +2412,10 @@ void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_
         int is_norm = t->role == MODEL_ROLE_LN1_W || t->role == MODEL_ROLE_LN2_W ||
                       t->role == MODEL_ROLE_NORM_W || t->role == MODEL_ROLE_Q_NORM_W ||
                       t->role == MODEL_ROLE_K_NORM_W;
+        /* a norm multiplies by 1, which Gemma stores as the offset 0 (GemmaRMSNorm's zeros) */
+        float one = strcmp(l->cfg.family, "gemma") ? 1.0f : 0.0f;
         if (t->ndim == 1) {
-            for (size_t e = 0; e < t->numel; e++) p[e] = is_norm ? 1.0f : 0.0f;
+            for (size_t e = 0; e < t->numel; e++) p[e] = is_norm ? one : 0.0f;
             continue;
         }
         double std = (t->role == MODEL_ROLE_ATTN_OUT_W || t->role == MODEL_ROLE_MLP_DOWN_W ||

@@ -229,6 +229,8 @@ typedef struct tf_model {
     float *dlora;           /* [N max(1, top_k), r] gradient of one adapter's A x */
     void *eu;               /* [N top_k, r] a routed expert's adapter's A x (dtype; recomputed in
                                backward, so one serves every layer) */
+    float *norm_one;        /* Gemma: [2h] fp32, h ones then the (1 + w) a norm multiplies by
+                               (GemmaRMSNorm stores w as the offset from 1); NULL otherwise */
     void *wdq;              /* QLoRA: one dequantized linear weight (model dtype) */
     const void *wdq_src;    /* the NF4 tensor wdq holds whole (a fused one whose row ranges are
                                read in turn: Phi-3's gate_up_proj), of block wdq_block; NULL: none
@@ -420,7 +422,8 @@ zo_status tf_loss(tf_model *m, gpu_stream_t s, float *loss);
 
 /* GPT-2-style random initialization of fp32 host block buffers from a seed:
  * weights ~ N(0, 0.02), output projections of residual branches scaled by
- * 1/sqrt(2 L), biases 0, norm weights 1. */
+ * 1/sqrt(2 L), biases 0, norm weights 1 (Gemma's, stored as the offset
+ * from 1, 0). */
 void tf_init_weights(const model_layout *l, float *const *host_blocks, uint64_t seed);
 /* The same weights one block at a time: *rng starts as tf_init_rng(seed) and
  * the blocks are taken in order, 0 to n_blocks - 1. */

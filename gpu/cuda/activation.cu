@@ -37,28 +37,39 @@ __global__ void gelu_backward_kernel(gpu_tensor dx, gpu_tensor dy, gpu_tensor x,
     }
 }
 
-/* y = silu(gate) * up; y, gate, up [n] */
-__global__ void swiglu_forward_kernel(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n)
+/* y = silu(gate) * up, or with gelu (GeGLU, Gemma) gelu_tanh(gate) * up;
+ * y, gate, up [n] */
+__global__ void swiglu_forward_kernel(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, int gelu)
 {
     GRID_STRIDE(i, n)
     {
         float g = tload(gate, i);
-        tstore(y, i, g / (1.0f + expf(-g)) * tload(up, i));
+        float e = gelu ? -2.0f * GELU_K * (g + 0.044715f * g * g * g) : -g;
+        tstore(y, i, g / (1.0f + expf(e)) * tload(up, i));
     }
 }
 
-/* dup = dy * silu(gate); dgate = dy * up * silu'(gate); all [n] */
+/* dup = dy * silu(gate); dgate = dy * up * silu'(gate); all [n]. With gelu
+ * the same for gelu_tanh: gelu'(g) = s + 2 g s (1 - s) du/dg, s = sigmoid(2u) */
 __global__ void swiglu_backward_kernel(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy,
-                                       gpu_tensor gate, gpu_tensor up, size_t n)
+                                       gpu_tensor gate, gpu_tensor up, size_t n, int gelu)
 {
     GRID_STRIDE(i, n)
     {
         float g = tload(gate, i), u = tload(up, i), gy = tload(dy, i);
-        float sg = 1.0f / (1.0f + expf(-g));
-        float silu = g * sg;
+        float gg, gu;
+        if (gelu) {
+            float v = GELU_K * (g + 0.044715f * g * g * g), dv = GELU_K * (1.0f + 3.0f * 0.044715f * g * g);
+            float sg = 1.0f / (1.0f + expf(-2.0f * v));
+            gu = gy * g * sg;
+            gg = gy * u * (sg + 2.0f * g * sg * (1.0f - sg) * dv);
+        } else {
+            float sg = 1.0f / (1.0f + expf(-g));
+            gu = gy * g * sg;
+            gg = gy * u * sg * (1.0f + g * (1.0f - sg));
+        }
         /* both outputs are computed before either is stored: dgate or dup may
          * alias gate, up or dy (an in-place backward) */
-        float gu = gy * silu, gg = gy * u * sg * (1.0f + g * (1.0f - sg));
         tstore(dup, i, gu);
         tstore(dgate, i, gg);
     }
@@ -79,16 +90,16 @@ extern "C" zo_status cuda_launch_gelu_backward(cudaStream_t st, gpu_tensor dx, g
 }
 
 extern "C" zo_status cuda_launch_swiglu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor gate,
-                                                gpu_tensor up, size_t n)
+                                                gpu_tensor up, size_t n, int gelu)
 {
-    ZO_LAUNCH(swiglu_forward_kernel, grid_for(n, BS), BS, 0, st, y, gate, up, n);
+    ZO_LAUNCH(swiglu_forward_kernel, grid_for(n, BS), BS, 0, st, y, gate, up, n, gelu);
     return cuda_launch_check("swiglu_forward_kernel");
 }
 
 extern "C" zo_status cuda_launch_swiglu_backward(cudaStream_t st, gpu_tensor dgate,
                                                  gpu_tensor dup, gpu_tensor dy, gpu_tensor gate,
-                                                 gpu_tensor up, size_t n)
+                                                 gpu_tensor up, size_t n, int gelu)
 {
-    ZO_LAUNCH(swiglu_backward_kernel, grid_for(n, BS), BS, 0, st, dgate, dup, dy, gate, up, n);
+    ZO_LAUNCH(swiglu_backward_kernel, grid_for(n, BS), BS, 0, st, dgate, dup, dy, gate, up, n, gelu);
     return cuda_launch_check("swiglu_backward_kernel");
 }

@@ -172,10 +172,12 @@ zo_status cuda_launch_rope(cudaStream_t st, gpu_tensor x, int n, int t, int n_he
 zo_status cuda_launch_gelu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor x, size_t n);
 zo_status cuda_launch_gelu_backward(cudaStream_t st, gpu_tensor dx, gpu_tensor dy, gpu_tensor x,
                                     size_t n);
+/* gelu: GeGLU (gelu_tanh(gate) * up) in place of SwiGLU */
 zo_status cuda_launch_swiglu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor gate,
-                                     gpu_tensor up, size_t n);
+                                     gpu_tensor up, size_t n, int gelu);
 zo_status cuda_launch_swiglu_backward(cudaStream_t st, gpu_tensor dgate, gpu_tensor dup,
-                                      gpu_tensor dy, gpu_tensor gate, gpu_tensor up, size_t n);
+                                      gpu_tensor dy, gpu_tensor gate, gpu_tensor up, size_t n,
+                                      int gelu);
 
 /* moe.cu */
 zo_status cuda_launch_moe_router_forward(cudaStream_t st, gpu_tensor weights, gpu_tensor logits,
