@@ -107,6 +107,7 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
         {ZO_LORA_UP, "c_fc", "mlp.c_fc", h, f, 0, NULL},
         {ZO_LORA_DOWN, "mlp.c_proj", "mlp.c_proj", f, h, 0, NULL},
     };
+    enum { LLAMA_Q, LLAMA_K, LLAMA_V, LLAMA_O, LLAMA_GATE, LLAMA_UP, LLAMA_DOWN }; /* llama[]'s rows */
     const zo_lora_module llama[] = {
         {ZO_LORA_Q, "q_proj", "self_attn.q_proj", h, q, 0, NULL},
         {ZO_LORA_K, "k_proj", "self_attn.k_proj", h, kv, 0, NULL},
@@ -119,9 +120,9 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
     /* Phi-3: q|k|v and gate|up are one Linear each */
     const zo_lora_module phi3[] = {
         {ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V, "qkv_proj", "self_attn.qkv_proj", h, q + 2 * kv, 0, NULL},
-        llama[3],
+        llama[LLAMA_O],
         {ZO_LORA_GATE | ZO_LORA_UP, "gate_up_proj", "mlp.gate_up_proj", h, 2 * f, 0, NULL},
-        llama[6],
+        llama[LLAMA_DOWN],
     };
     /* a mixture of experts: the attention's, then the routed experts' (each
      * module once per expert), then the shared expert's */
@@ -129,7 +130,7 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
     const int64_t fe = c->moe.expert_ffn, fs = c->moe.shared_ffn, E = c->moe.experts;
     const char *ep = mixtral ? "block_sparse_moe.experts" : "mlp.experts";
     const zo_lora_module moe[] = {
-        llama[0], llama[1], llama[2], llama[3],
+        llama[LLAMA_Q], llama[LLAMA_K], llama[LLAMA_V], llama[LLAMA_O],
         {ZO_LORA_GATE, mixtral ? "w1" : "gate_proj", mixtral ? "w1" : "gate_proj", h, fe, (int)E, ep},
         {ZO_LORA_UP, mixtral ? "w3" : "up_proj", mixtral ? "w3" : "up_proj", h, fe, (int)E, ep},
         {ZO_LORA_DOWN, mixtral ? "w2" : "down_proj", mixtral ? "w2" : "down_proj", fe, h, (int)E, ep},
@@ -137,7 +138,7 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
         {ZO_LORA_UP, "up_proj", "mlp.shared_expert.up_proj", h, fs, 0, NULL},
         {ZO_LORA_DOWN, "down_proj", "mlp.shared_expert.down_proj", fs, h, 0, NULL},
     };
-    int gpt2 = c->arch == ZO_ARCH_GPT, fused = !E && !strcmp(c->family, "phi3"), n = 0;
+    int gpt2 = c->arch == ZO_ARCH_GPT, fused = !E && zo_model_fused_proj(c), n = 0;
     const zo_lora_module *all = gpt2 ? gpt : E ? moe : fused ? phi3 : llama;
     size_t count = gpt2    ? sizeof gpt / sizeof gpt[0]
                    : E     ? sizeof moe / sizeof moe[0] - (fs ? 0 : 3)

@@ -518,11 +518,13 @@ static const cJSON *hf_typed(hf *r, const char *key, cJSON_bool (*is)(const cJSO
     return it;
 }
 
-static float hf_float(hf *r, const char *key, float def)
+static double hf_double(hf *r, const char *key, double def)
 {
     const cJSON *it = hf_typed(r, key, cJSON_IsNumber, "a number");
-    return it ? (float)it->valuedouble : def;
+    return it ? it->valuedouble : def;
 }
+
+static float hf_float(hf *r, const char *key, float def) { return (float)hf_double(r, key, def); }
 
 static int hf_bool(hf *r, const char *key, int def)
 {
@@ -668,10 +670,12 @@ static int hf_factor_list(const cJSON *list, float *out)
 }
 
 /* longrope as Hugging Face's _compute_longrope_parameters reads it: the
- * original length is Phi-3's top-level original_max_position_embeddings
- * (Phi3Config's default 4096) or else rope_scaling's; the attention factor
- * rope_scaling's, or sqrt(1 + ln(s) / ln(original)) with s the ratio of
- * max_position_embeddings to it when s > 1, else 1. The lists are checked
+ * original length is the top-level original_max_position_embeddings
+ * (Phi3Config's default 4096), s the ratio of max_position_embeddings to
+ * it; without that key (another family) the original length is
+ * max_position_embeddings and s rope_scaling's factor. The attention
+ * factor is rope_scaling's, or sqrt(1 + ln(s) / ln(original)) when s > 1,
+ * else 1. The lists are checked
  * against the head size where they are used (the transformer), so that
  * memplan sizes a model whose lists it does not need. */
 static void hf_longrope(hf *r, hf *sub, zo_model_config *c, const family *f)
@@ -679,11 +683,18 @@ static void hf_longrope(hf *r, hf *sub, zo_model_config *c, const family *f)
     int n_short = hf_factor_list(cJSON_GetObjectItemCaseSensitive(sub->root, "short_factor"), c->rope_short_factor);
     int n_long = hf_factor_list(cJSON_GetObjectItemCaseSensitive(sub->root, "long_factor"), c->rope_long_factor);
     c->rope_n_factors = n_short == n_long ? n_short : -1;
-    if (!strcmp(f->type, "phi3"))
+    /* as _compute_longrope_parameters reads them: the top-level original
+     * length (Phi3Config always has one, 4096 by default) and s its ratio to
+     * max_position_embeddings; without it, the original is
+     * max_position_embeddings and s rope_scaling's factor (rope_scaling's
+     * own original_max_position_embeddings unread) */
+    double s = c->rope_factor;
+    if (!strcmp(f->type, "phi3") || hf_item(r, "original_max_position_embeddings")) {
         c->rope_original_max = hf_int2(r, "original_max_position_embeddings", NULL, 1, 4096);
-    else if (hf_item(r, "original_max_position_embeddings"))
-        c->rope_original_max = hf_int2(r, "original_max_position_embeddings", NULL, 1, c->max_seq);
-    double s = (double)c->max_seq / c->rope_original_max;
+        s = (double)c->max_seq / c->rope_original_max;
+    } else {
+        c->rope_original_max = c->max_seq;
+    }
     c->rope_attention_factor =
         hf_float(sub, "attention_factor", s > 1.0 ? (float)sqrt(1.0 + log(s) / log((double)c->rope_original_max)) : 1.0f);
     if (!sub->st && !(c->rope_attention_factor > 0.0f))
@@ -767,16 +778,18 @@ static void parse_llama(hf *r, zo_model_config *c, const family *f)
     /* Phi-4-mini rotates only the first partial_rotary_factor of each head
      * (no size changes) */
     if (!strcmp(f->type, "phi3")) {
-        float p = hf_float(r, "partial_rotary_factor", 1.0f);
-        if (!r->st && !(p > 0.0f && p <= 1.0f))
+        double p = hf_double(r, "partial_rotary_factor", 1.0);
+        if (!r->st && !(p > 0.0 && p <= 1.0))
             hf_fail(r, ZO_ERR_FORMAT, "partial_rotary_factor", "must be in (0, 1] (got %g)", p);
-        c->rope_partial = p == 1.0f ? 0.0f : p;
+        c->rope_partial = p == 1.0 ? 0.0 : p;
     }
 }
 
+int zo_model_fused_proj(const zo_model_config *c) { return !strcmp(c->family, "phi3"); }
+
 int zo_model_rope_dim(const zo_model_config *c)
 {
-    return c->rope_partial > 0.0f ? (int)(c->head_dim * (double)c->rope_partial) : c->head_dim;
+    return c->rope_partial > 0.0 ? (int)(c->head_dim * c->rope_partial) : c->head_dim;
 }
 
 /* The router's training keys (Mixtral, Qwen-MoE): the auxiliary loss as

@@ -96,8 +96,9 @@ typedef struct zo_model_config {
     int rope_n_factors;    /* the lists' length (head_dim / 2 for a usable config); -1: the lists
                               are not lists of numbers, or are longer than ZO_ROPE_MAX_FACTORS */
     float rope_short_factor[ZO_ROPE_MAX_FACTORS], rope_long_factor[ZO_ROPE_MAX_FACTORS];
-    float rope_partial;    /* partial_rotary_factor (Phi-4-mini's 0.75): the first int(head_dim x
-                              it) of each head rotate, the rest pass; 0: all (zo_model_rope_dim) */
+    double rope_partial;   /* partial_rotary_factor (Phi-4-mini's 0.75): the first int(head_dim x
+                              it) of each head rotate, the rest pass; 0: all (zo_model_rope_dim).
+                              A double, as Python multiplies: 0.7 x 80 is 56 (a float's 55) */
     float rope_attention_factor; /* rope_scaling's attention_factor, or as Hugging Face derives it:
                                     sqrt(1 + ln(s) / ln(original)) for s = max_position_embeddings /
                                     original > 1, else 1 */
@@ -122,6 +123,11 @@ typedef struct zo_model_preset {
     const char *aliases;  /* comma-separated other accepted names */
     zo_model_config cfg;
 } zo_model_preset;
+
+/* Phi-3's fused projections: q, k and v stored as row ranges of one
+ * qkv_proj, gate and up of one gate_up_proj (the layout's tensors, PEFT's
+ * adapters, the largest weight QLoRA dequantizes at once). */
+int zo_model_fused_proj(const zo_model_config *c);
 
 /* The rotated part of a head: int(head_dim x partial_rotary_factor) as
  * Hugging Face computes it, or head_dim. */

@@ -332,16 +332,16 @@ zo_status gpu_attention_cached(gpu_stream_t s, const gpu_attn_desc *a, gpu_tenso
 }
 
 zo_status gpu_rope_forward(gpu_stream_t s, gpu_tensor x, int n, int t, int n_heads, int d,
-                           int64_t ldx, float theta, int pos0, const double *inv_freq, float scale)
+                           int64_t ldx, int64_t ldh, float theta, int pos0, const double *inv_freq, float scale)
 {
-    RUN(ROPE_FORWARD, .t = {x}, .p = {(void *)inv_freq}, .i = {n, t, n_heads, d, ldx, pos0},
+    RUN(ROPE_FORWARD, .t = {x}, .p = {(void *)inv_freq}, .i = {n, t, n_heads, d, ldx, pos0, ldh},
         .f = {theta, scale});
 }
 
 zo_status gpu_rope_backward(gpu_stream_t s, gpu_tensor dx, int n, int t, int n_heads, int d,
-                            int64_t ldx, float theta, int pos0, const double *inv_freq, float scale)
+                            int64_t ldx, int64_t ldh, float theta, int pos0, const double *inv_freq, float scale)
 {
-    RUN(ROPE_BACKWARD, .t = {dx}, .p = {(void *)inv_freq}, .i = {n, t, n_heads, d, ldx, pos0},
+    RUN(ROPE_BACKWARD, .t = {dx}, .p = {(void *)inv_freq}, .i = {n, t, n_heads, d, ldx, pos0, ldh},
         .f = {theta, scale});
 }
 

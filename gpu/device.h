@@ -256,8 +256,9 @@ zo_status gpu_attention_cached(gpu_stream_t s, const gpu_attn_desc *a, gpu_tenso
                                const int32_t *pos, int tc);
 
 /* Rotary embedding, Hugging Face LLaMA convention (rotate_half: dimension i
- * pairs with i + d/2), IN PLACE on the first n_heads heads (d wide) of each
- * of n rows of x (row stride ldx). Row r has position p = pos0 + r % t and
+ * pairs with i + d/2), IN PLACE on the first d elements of each of the first
+ * n_heads heads (head h at h * ldh, ldh >= d: a partial rotary size turns
+ * only the front of each head) of each of n rows of x (row stride ldx). Row r has position p = pos0 + r % t and
  * pair i turns by the angle p * inv_freq[i], computed in double:
  * inv_freq[i] = theta^(-2i/d), or the d/2 doubles at `inv_freq` (device
  * memory) when it is not NULL (a rope_scaling's frequencies: LLaMA-3.1's
@@ -266,9 +267,9 @@ zo_status gpu_attention_cached(gpu_stream_t s, const gpu_attn_desc *a, gpu_tenso
  * > 0. Backward applies the transpose (the inverse rotation, times scale)
  * in place. */
 zo_status gpu_rope_forward(gpu_stream_t s, gpu_tensor x, int n, int t, int n_heads, int d,
-                           int64_t ldx, float theta, int pos0, const double *inv_freq, float scale);
+                           int64_t ldx, int64_t ldh, float theta, int pos0, const double *inv_freq, float scale);
 zo_status gpu_rope_backward(gpu_stream_t s, gpu_tensor dx, int n, int t, int n_heads, int d,
-                            int64_t ldx, float theta, int pos0, const double *inv_freq, float scale);
+                            int64_t ldx, int64_t ldh, float theta, int pos0, const double *inv_freq, float scale);
 
 /* ---- ops: activations ---------------------------------------------------------
  * GELU, tanh form: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */

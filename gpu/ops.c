@@ -93,13 +93,15 @@ static zo_status gpu_check_attn_cached(const char *op, const gpu_op_args *a)
     return ZO_OK;
 }
 
-/* i: n, t, n_heads, d, ldx, pos0; f[0] = theta, f[1] = scale */
+/* i: n, t, n_heads, d, ldx, pos0, ldh; f[0] = theta, f[1] = scale */
 static zo_status gpu_check_rope(const char *op, const gpu_op_args *a)
 {
     if (a->i[3] % 2) return zo_error(ZO_ERR_INVALID, "%s: head dim %lld is odd", op, (long long)a->i[3]);
-    if (a->i[4] < a->i[2] * a->i[3])
-        return zo_error(ZO_ERR_INVALID, "%s: ldx %lld < n_heads*d %lld", op, (long long)a->i[4],
-                        (long long)(a->i[2] * a->i[3]));
+    if (a->i[6] < a->i[3])
+        return zo_error(ZO_ERR_INVALID, "%s: ldh %lld < d %lld", op, (long long)a->i[6], (long long)a->i[3]);
+    if (a->i[4] < (a->i[2] - 1) * a->i[6] + a->i[3])
+        return zo_error(ZO_ERR_INVALID, "%s: ldx %lld < (n_heads-1)*ldh + d %lld", op, (long long)a->i[4],
+                        (long long)((a->i[2] - 1) * a->i[6] + a->i[3]));
     if (!(a->f[0] > 0.0f)) return zo_error(ZO_ERR_INVALID, "%s: theta must be > 0", op);
     if (!(a->f[1] > 0.0f) || !isfinite(a->f[1]))
         return zo_error(ZO_ERR_INVALID, "%s: scale %g must be finite and > 0", op, (double)a->f[1]);

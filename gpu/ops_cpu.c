@@ -1324,7 +1324,7 @@ zo_status cpu_attention_cached(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tens
 /* ---- RoPE ----------------------------------------------------------------------------------- */
 
 zo_status cpu_rope(cpu_scratch *ws, gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx,
-                   float theta, int pos0, const double *freq, float scale, int inverse, int nt)
+                   int64_t ldh, float theta, int pos0, const double *freq, float scale, int inverse, int nt)
 {
     const int half = d / 2, team = cpu_team(nt);
     const size_t db = al64((size_t)d * sizeof(float));
@@ -1345,7 +1345,7 @@ zo_status cpu_rope(cpu_scratch *ws, gpu_tensor x, int n, int t, int n_heads, int
                 cs[half + i] = (float)(scale * (inverse ? -sin(pos * inv_freq[i]) : sin(pos * inv_freq[i])));
             }
             for (int h = 0; h < n_heads; h++) {
-                size_t off = (size_t)r * ldx + (size_t)h * d;
+                size_t off = (size_t)r * ldx + (size_t)h * ldh;
                 load_row(row, x, off, d);
                 for (int i = 0; i < half; i++) {
                     float x1 = row[i], x2 = row[half + i], c = cs[i], s = cs[half + i];

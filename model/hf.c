@@ -80,6 +80,9 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
         if (!strcmp(type, "mistral") || !strcmp(type, "phi3")) {
             if (c->sliding_window) cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window);
             else cJSON_AddNullToObject(o, "sliding_window");
+            /* Phi-4-mini's partial rotary size (Phi3Config's default: 1) */
+            if (!strcmp(type, "phi3") && c->rope_partial > 0.0)
+                cJSON_AddNumberToObject(o, "partial_rotary_factor", c->rope_partial);
         } else if (!strcmp(type, "qwen2")) {
             cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0);
             cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window ? c->sliding_window : 4096);
@@ -98,8 +101,11 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
                 cJSON_AddItemToObject(rs, "short_factor", cJSON_CreateFloatArray(c->rope_short_factor, c->rope_n_factors));
                 cJSON_AddItemToObject(rs, "long_factor", cJSON_CreateFloatArray(c->rope_long_factor, c->rope_n_factors));
                 cJSON_AddNumberToObject(rs, "attention_factor", c->rope_attention_factor);
-                /* Phi-3 reads its original length from the top level */
-                cJSON_AddNumberToObject(o, "original_max_position_embeddings", c->rope_original_max);
+                /* longrope reads its original length from the top level:
+                 * Phi-3's always there, another family's only when it is not
+                 * max_position_embeddings (its default there) */
+                if (!strcmp(type, "phi3") || c->rope_original_max != c->max_seq)
+                    cJSON_AddNumberToObject(o, "original_max_position_embeddings", c->rope_original_max);
             }
         }
     }

@@ -148,7 +148,7 @@ static void llama_mlp(builder *b, int i)
     const zo_model_config *c = &b->l->cfg;
     const int64_t h = c->hidden, f = c->ffn;
     const char *p = "model.layers";
-    if (!strcmp(c->family, "phi3")) /* Phi-3: gate and up as the row ranges of one gate_up_proj */
+    if (zo_model_fused_proj(c)) /* Phi-3: gate and up as the row ranges of one gate_up_proj */
         add(b, MODEL_ROLE_MLP_GATE_UP_W, 0, 2 * f, h, "%s.%d.mlp.gate_up_proj.weight", p, i);
     else {
         add(b, MODEL_ROLE_MLP_GATE_W, 0, f, h, "%s.%d.mlp.gate_proj.weight", p, i);
@@ -263,8 +263,8 @@ static void llama_layer(builder *b, int i)
     add(b, MODEL_ROLE_LN1_W, 0, h, 0, "%s.%d.input_layernorm.weight", p, i);
     if (c->norm_bias)
         add(b, MODEL_ROLE_LN1_B, 0, h, 0, "%s.%d.input_layernorm.bias", p, i);
-    const int phi3 = !strcmp(c->family, "phi3");
-    if (phi3) { /* Phi-3 stores q, k, v as row ranges of one qkv_proj */
+    const int fused = zo_model_fused_proj(c);
+    if (fused) { /* Phi-3 stores q, k, v as row ranges of one qkv_proj */
         add(b, MODEL_ROLE_QKV_W, 0, q + 2 * kv, h, "%s.%d.self_attn.qkv_proj.weight", p, i);
     } else {
         add(b, MODEL_ROLE_Q_W, 0, q, h, "%s.%d.self_attn.q_proj.weight", p, i);
@@ -290,7 +290,7 @@ static void llama_layer(builder *b, int i)
         moe_layer(b, i);
     else
         llama_mlp(b, i);
-    if (phi3) { /* the parts as row ranges of the fused tensors */
+    if (fused) { /* the parts as row ranges of the fused tensors */
         const int64_t f = c->ffn;
         sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_Q_W, 0, q);
         sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_K_W, q, kv);

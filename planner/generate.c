@@ -343,7 +343,7 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
          * the largest (transformer.c: the fused q|k|v counts as one, and
          * Phi-3's gate_up_proj; an expert's and the shared expert's too) */
         uint64_t h = (uint64_t)m->hidden, d = (uint64_t)m->head_dim, q = (uint64_t)m->n_heads * d;
-        uint64_t gu = strcmp(m->family, "phi3") ? 1 : 2;
+        uint64_t gu = zo_model_fused_proj(m) ? 2 : 1;
         uint64_t lin[5] = {(q + 2 * (uint64_t)m->n_kv_heads * d) * h, h * q, gu * (uint64_t)m->ffn * h,
                            (uint64_t)m->moe.expert_ffn * h, (uint64_t)m->moe.shared_ffn * h};
         for (int k = 0; k < 5 && g->method == ZO_PLAN_QLORA; k++) wdq = max_u64(wdq, lin[k] * es);

@@ -809,9 +809,9 @@ static void test_rope(void **state)
         /* the backward acts only on the rotated heads; elements after them
          * pass their gradient through unchanged, which the caller keeps */
         gpu_tensor x = dput(X, n, 0), dx = dput(G, n, 0);
-        assert_int_equal(gpu_rope_forward(S, x, g.n, g.t, g.heads, g.d, g.ld, (float)g.theta, g.pos0, NULL,
+        assert_int_equal(gpu_rope_forward(S, x, g.n, g.t, g.heads, g.d, g.ld, g.d, (float)g.theta, g.pos0, NULL,
                                           (float)g.scale), ZO_OK);
-        assert_int_equal(gpu_rope_backward(S, dx, g.n, g.t, g.heads, g.d, g.ld, (float)g.theta, g.pos0, NULL,
+        assert_int_equal(gpu_rope_backward(S, dx, g.n, g.t, g.heads, g.d, g.ld, g.d, (float)g.theta, g.pos0, NULL,
                                            (float)g.scale), ZO_OK);
         double *gy = dget(x, n), *gdx = dget(dx, n);
         assert_int_equal(check_close_f64("rope y", gy, wy, n, 1e-5, 1e-5), 0);
@@ -1250,7 +1250,7 @@ static void fault_enqueue(const fault_bufs *fb, int k)
         break;
     case 8:
         s = gpu_memcpy_async(S, fb->y, fb->x, F_N * F_C * 4, GPU_COPY_DEVICE_TO_DEVICE);
-        if (s == ZO_OK) s = gpu_rope_forward(S, gpu_t(fb->y, f), F_N, F_T, 2, 16, F_C, 1e4f, 0, NULL, 1.0f);
+        if (s == ZO_OK) s = gpu_rope_forward(S, gpu_t(fb->y, f), F_N, F_T, 2, 16, F_C, 16, 1e4f, 0, NULL, 1.0f);
         break;
     case 9:
         s = gpu_embedding_forward(S, gpu_t(fb->y, f), fb->tok, gpu_t(fb->wte, f),

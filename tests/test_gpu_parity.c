@@ -656,20 +656,32 @@ static void test_rope(void **state)
 {
     (void)state;
     int bad = 0;
-    const int n = 24, t = 12, heads = 3, d = 64;
+    const int n = 24, t = 12, heads = 3;
     const int64_t ld = 5 * 64 + 8; /* q heads inside a wider qkv row */
-    for (int di = 0; di < 3; di++) {
-        zo_dtype ty = DTYPES[di];
-        twin x = tw_rand((size_t)n * ld, ty, 1.0f);
-        assert_int_equal(gpu_rope_forward(scpu, x.c, n, t, heads, d, ld, 10000.0f, 7, NULL, 1.0f), ZO_OK);
-        assert_int_equal(gpu_rope_forward(sgpu, x.g, n, t, heads, d, ld, 10000.0f, 7, NULL, 1.0f), ZO_OK);
-        bad += tw_check("rope forward", x, tol_of(ty));
-        tw_sync_to_gpu(x);
-        assert_int_equal(gpu_rope_backward(scpu, x.c, n, t, heads, d, ld, 500000.0f, 4000, NULL, 1.0f), ZO_OK);
-        assert_int_equal(gpu_rope_backward(sgpu, x.g, n, t, heads, d, ld, 500000.0f, 4000, NULL, 1.0f), ZO_OK);
-        bad += tw_check("rope backward", x, tol_of(ty));
-        tw_free(x);
-    }
+    /* whole heads with scale 1; then a partial rotary size (the first 48 of
+     * each 64-wide head, as Phi-4-mini turns 96 of 128) with longrope's
+     * attention scaling */
+    static const struct {
+        int d, ldh;
+        float scale;
+    } cfg[] = {{64, 64, 1.0f}, {48, 64, 1.1902381f}};
+    for (size_t k = 0; k < sizeof cfg / sizeof *cfg; k++)
+        for (int di = 0; di < 3; di++) {
+            const int d = cfg[k].d, ldh = cfg[k].ldh;
+            const float sc = cfg[k].scale;
+            zo_dtype ty = DTYPES[di];
+            twin x = tw_rand((size_t)n * ld, ty, 1.0f);
+            assert_int_equal(gpu_rope_forward(scpu, x.c, n, t, heads, d, ld, ldh, 10000.0f, 7, NULL, sc), ZO_OK);
+            assert_int_equal(gpu_rope_forward(sgpu, x.g, n, t, heads, d, ld, ldh, 10000.0f, 7, NULL, sc), ZO_OK);
+            bad += tw_check("rope forward", x, tol_of(ty));
+            tw_sync_to_gpu(x);
+            assert_int_equal(gpu_rope_backward(scpu, x.c, n, t, heads, d, ld, ldh, 500000.0f, 4000, NULL, sc),
+                             ZO_OK);
+            assert_int_equal(gpu_rope_backward(sgpu, x.g, n, t, heads, d, ld, ldh, 500000.0f, 4000, NULL, sc),
+                             ZO_OK);
+            bad += tw_check("rope backward", x, tol_of(ty));
+            tw_free(x);
+        }
     assert_int_equal(bad, 0);
 }
 

@@ -23,6 +23,7 @@
 
 #include "common/fileio.h"           /* defines: zo_file_read_all */
 #include "common/nf4.h"              /* defines: zo_nf4_bytes */
+#include "gpu/profile.h"             /* defines: gpu_profile_start, gpu_profile_rows */
 #include "model/lora.h"              /* defines: model_lora_save, model_lora_load */
 #include "model/safetensors.h"       /* defines: model_load_path, model_st_open */
 #include "tests/support/check.h"     /* defines: check_close_f32 */
@@ -265,6 +266,15 @@ static void batch_of(const char *name, const char *in_name, const char *tg_name,
     free(ft);
 }
 
+/* Fixture `name` opened (fp32) with its first batch set on the model. */
+static void fx_open_batch(lora_fx *fx, const char *name)
+{
+    fx_open(fx, name, ZO_DTYPE_F32, 0, -1, 0);
+    int32_t in[B * T], tg[B * T];
+    batch_of(name, "inputs", "targets", 0, in, tg);
+    assert_int_equal(tf_set_batch(&fx->m, fx->s, in, tg, B, T), ZO_OK);
+}
+
 /* The frozen buffers on the device still hold exactly what was uploaded. */
 static void check_frozen_unchanged(lora_fx *fx)
 {
@@ -368,6 +378,35 @@ static void test_llama_all_nf4(void **state) { (void)state; run_case("llama_all_
  * quantized whole (gate and up are row ranges of one NF4 tensor) */
 static void test_phi3_qkv_up(void **state) { (void)state; run_case("phi3_qkv_up", ZO_DTYPE_F32); }
 static void test_phi3_all_nf4(void **state) { (void)state; run_case("phi3_all_nf4", ZO_DTYPE_F32); }
+
+/* QLoRA's fused gate_up_proj is dequantized once a pass, not once for gate
+ * and again for up: a forward runs one dequantization per NF4 weight of the
+ * layers (each *_proj.weight), counted by the op profile. */
+static void test_phi3_nf4_dequant_once(void **state)
+{
+    (void)state;
+    lora_fx fx;
+    fx_open_batch(&fx, "phi3_all_nf4");
+    int want = 0;
+    for (int i = 0; i < fx.m.layout.n_tensors; i++) want += strstr(fx.m.layout.tensors[i].name, "_proj.weight") != NULL;
+    assert_int_equal(want, 4 * fx.cfg.n_layers); /* qkv_proj, o_proj, gate_up_proj, down_proj */
+    gpu_profile *p;
+    assert_int_equal(gpu_profile_start(fx.dev, &p), ZO_OK);
+    gpu_profile_step_begin(p);
+    tf_model_bufs bufs = {.params = fx.params, .frozen = (const void *const *)fx.frozen};
+    assert_int_equal(tf_forward_all(&fx.m, &bufs, fx.s), ZO_OK);
+    assert_int_equal(gpu_stream_synchronize(fx.s), ZO_OK);
+    assert_int_equal(gpu_profile_step_end(p), ZO_OK);
+    assert_int_equal(gpu_profile_stop(p), ZO_OK);
+    const gpu_profile_row *rows;
+    size_t n = gpu_profile_rows(p, &rows);
+    double calls = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(rows[i].op, "nf4_dequantize")) calls += rows[i].calls;
+    if (calls != want) fail_msg("%g dequantizations in a forward, %d NF4 weights", calls, want);
+    gpu_profile_free(p);
+    fx_close(&fx);
+}
 
 /* A named tensor of file `path` as fp32, n elements expected (caller frees). */
 static float *read_named(const char *path, const char *tensor, size_t n)
@@ -663,10 +702,7 @@ static void test_errors(void **state)
 {
     (void)state;
     lora_fx fx;
-    fx_open(&fx, "llama_qv", ZO_DTYPE_F32, 0, -1, 0);
-    int32_t in[B * T], tg[B * T];
-    batch_of("llama_qv", "inputs", "targets", 0, in, tg);
-    assert_int_equal(tf_set_batch(&fx.m, fx.s, in, tg, B, T), ZO_OK);
+    fx_open_batch(&fx, "llama_qv");
     tf_block_bufs bb = {.params = fx.params[1]}; /* no frozen weights */
     zo_clear_error();
     assert_int_equal(tf_block_forward(&fx.m, 1, &bb, fx.s), ZO_ERR_INVALID);
@@ -709,7 +745,7 @@ int main(void)
         cmocka_unit_test(test_gpt2_all),      cmocka_unit_test(test_gpt2_attn_nf4),
         cmocka_unit_test(test_llama_qv),      cmocka_unit_test(test_llama_all),
         cmocka_unit_test(test_llama_all_nf4), cmocka_unit_test(test_phi3_qkv_up),
-        cmocka_unit_test(test_phi3_all_nf4),  cmocka_unit_test(test_phi3_merge),
+        cmocka_unit_test(test_phi3_all_nf4),  cmocka_unit_test(test_phi3_nf4_dequant_once),  cmocka_unit_test(test_phi3_merge),
         cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_recompute),     cmocka_unit_test(test_init),
         cmocka_unit_test(test_sizes),         cmocka_unit_test(test_qlora_vs_lora),

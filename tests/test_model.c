@@ -15,6 +15,7 @@
 #include "common/model_config.h"
 #include "common/model_limits.h"
 #include "model/data.h"
+#include "model/hf.h" /* defines: model_hf_config */
 #include "model/layout.h"
 #include "tests/support/files.h" /* defines: files_write */
 
@@ -554,6 +555,93 @@ static void test_byte_tokens(void **state)
     assert_int_equal(model_tokens_open(&t, text_path, MODEL_TOKENS_BYTES, 128), ZO_ERR_INVALID);
 }
 
+/* A Phi-4-mini-shaped model's config.json (partial_rotary_factor 0.75:
+ * 96 of each 128-wide head rotate) reads back with the same rotary size;
+ * a factor of 0.7 on heads of 80 rotates 56, as Hugging Face computes. */
+static void test_hf_config_partial_rotary(void **state)
+{
+    (void)state;
+    zo_model_config c, back;
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"phi3\", \"num_hidden_layers\": 2,"
+                                           " \"hidden_size\": 3072, \"num_attention_heads\": 24,"
+                                           " \"num_key_value_heads\": 8, \"intermediate_size\": 8192,"
+                                           " \"vocab_size\": 200064, \"partial_rotary_factor\": 0.75,"
+                                           " \"tie_word_embeddings\": true}",
+                                           "phi4-mini.json", &c),
+                     ZO_OK);
+    assert_int_equal(c.head_dim, 128);
+    assert_int_equal(zo_model_rope_dim(&c), 96);
+    cJSON *js = NULL;
+    assert_int_equal(model_hf_config(&c, ZO_DTYPE_BF16, &js), ZO_OK);
+    char *text = cJSON_Print(js);
+    assert_int_equal(zo_model_config_parse(text, "written.json", &back), ZO_OK);
+    assert_int_equal(zo_model_rope_dim(&back), 96);
+    free(text);
+    cJSON_Delete(js);
+    /* 0.7 of 80 as Python computes int(80 * 0.7) in double: 56 (in float
+     * 55, an odd size the layout would refuse) */
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"phi3\", \"num_hidden_layers\": 2,"
+                                           " \"hidden_size\": 2560, \"num_attention_heads\": 32,"
+                                           " \"num_key_value_heads\": 32, \"intermediate_size\": 8192,"
+                                           " \"vocab_size\": 32064, \"partial_rotary_factor\": 0.7}",
+                                           "phi-0.7.json", &c),
+                     ZO_OK);
+    assert_int_equal(c.head_dim, 80);
+    assert_int_equal(zo_model_rope_dim(&c), (int)(80 * 0.7));
+    assert_int_equal(zo_model_rope_dim(&c), 56);
+    model_layout l;
+    if (model_layout_init(&l, &c) != ZO_OK) fail_msg("%s", zo_last_error());
+    model_layout_free(&l);
+    assert_int_equal(model_hf_config(&c, ZO_DTYPE_BF16, &js), ZO_OK);
+    text = cJSON_Print(js);
+    assert_int_equal(zo_model_config_parse(text, "written.json", &back), ZO_OK);
+    assert_int_equal(zo_model_rope_dim(&back), 56);
+    free(text);
+    cJSON_Delete(js);
+}
+
+/* longrope outside Phi-3, as transformers' _compute_longrope_parameters
+ * reads it: without a top-level original_max_position_embeddings the
+ * original length is max_position_embeddings (rope_scaling's own key is
+ * not read) and s is rope_scaling's factor; with one, s is the ratio. The
+ * config written for it names no top-level key that was not there. */
+static void test_longrope_other_family(void **state)
+{
+    (void)state;
+    const char *base = "{\"model_type\": \"llama\", \"num_hidden_layers\": 1, \"hidden_size\": 32,"
+                       " \"num_attention_heads\": 8, \"intermediate_size\": 64, \"vocab_size\": 256,"
+                       " \"max_position_embeddings\": 256,%s"
+                       " \"rope_scaling\": {\"rope_type\": \"longrope\", \"factor\": 2.0,"
+                       " \"original_max_position_embeddings\": 64,"
+                       " \"short_factor\": [1.0, 1.5], \"long_factor\": [2.0, 3.0]}}";
+    char text[1024];
+    zo_model_config c, back;
+    snprintf(text, sizeof text, base, "");
+    assert_int_equal(zo_model_config_parse(text, "llama-longrope.json", &c), ZO_OK);
+    assert_int_equal(c.rope_original_max, 256);
+    assert_true(fabs(c.rope_attention_factor - sqrt(1.0 + log(2.0) / log(256.0))) < 1e-6);
+    cJSON *js = NULL;
+    assert_int_equal(model_hf_config(&c, ZO_DTYPE_BF16, &js), ZO_OK);
+    assert_null(cJSON_GetObjectItemCaseSensitive(js, "original_max_position_embeddings"));
+    char *out = cJSON_Print(js);
+    assert_int_equal(zo_model_config_parse(out, "written.json", &back), ZO_OK);
+    assert_int_equal(back.rope_original_max, 256);
+    assert_true(fabs(back.rope_attention_factor - c.rope_attention_factor) < 1e-6);
+    free(out);
+    cJSON_Delete(js);
+    /* a top-level original length: s = 256 / 32, whatever the factor */
+    snprintf(text, sizeof text, base, " \"original_max_position_embeddings\": 32,");
+    assert_int_equal(zo_model_config_parse(text, "llama-longrope-orig.json", &c), ZO_OK);
+    assert_int_equal(c.rope_original_max, 32);
+    assert_true(fabs(c.rope_attention_factor - sqrt(1.0 + log(8.0) / log(32.0))) < 1e-6);
+    assert_int_equal(model_hf_config(&c, ZO_DTYPE_BF16, &js), ZO_OK);
+    out = cJSON_Print(js);
+    assert_int_equal(zo_model_config_parse(out, "written.json", &back), ZO_OK);
+    assert_int_equal(back.rope_original_max, 32);
+    free(out);
+    cJSON_Delete(js);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -564,6 +652,8 @@ int main(void)
         cmocka_unit_test(test_layout_limits),
         cmocka_unit_test(test_layout_views),
         cmocka_unit_test(test_layout_refuses_families),
+        cmocka_unit_test(test_hf_config_partial_rotary),
+        cmocka_unit_test(test_longrope_other_family),
         cmocka_unit_test(test_batches_sequential),
         cmocka_unit_test(test_batches_random),
         cmocka_unit_test(test_tokens_errors),

@@ -468,16 +468,17 @@ static void ref_attention_cached(const gpu_op_args *a, hostv *h)
     free(sc);
 }
 
-/* HF rotate_half in place on the first n_heads heads of every row; row r at
- * position pos0 + r % t; the inverse rotates back; both times the scale
- * f[1] (longrope's attention scaling). */
+/* HF rotate_half in place on the first d elements of the first n_heads
+ * heads (head h at h * ldh, i[6]) of every row; row r at position
+ * pos0 + r % t; the inverse rotates back; both times the scale f[1]
+ * (longrope's attention scaling). */
 static void rope_d(const gpu_op_args *a, hostv *h, int inverse)
 {
     int n = (int)a->i[0], t = (int)a->i[1], heads = (int)a->i[2], d = (int)a->i[3], half = d / 2;
     double *tmp = malloc((size_t)d * sizeof *tmp);
     for (int r = 0; r < n; r++)
         for (int hh = 0; hh < heads; hh++) {
-            double *x = h->T[0] + (size_t)r * a->i[4] + (size_t)hh * d;
+            double *x = h->T[0] + (size_t)r * a->i[4] + (size_t)hh * a->i[6];
             memcpy(tmp, x, (size_t)d * sizeof *tmp);
             for (int i = 0; i < d; i++) {
                 double f = h->P[0] ? h->P[0][i % half] : pow((double)a->f[0], -2.0 * (i % half) / d);
@@ -1709,20 +1710,30 @@ static void freq_prep(const pcase *c, hostv *h)
 
 static void rope_grid(gpu_op_id op)
 {
-    /* n rows of t positions, the first `heads` of `width` heads rotated */
-    static const int cfg[][6] = {
-        /* n  t  heads width d   pos0 */
-        {1, 1, 1, 1, 2, 0},   {6, 3, 2, 4, 8, 0},  {10, 5, 3, 5, 64, 2}, {7, 7, 2, 3, 80, 0},
-        {4, 4, 4, 6, 128, 9}, {9, 3, 1, 2, 36, 1}, {130, 130, 1, 1, 128, 0},
+    /* n rows of t positions, the first d of each of the first `heads` of
+     * `width` heads ldh wide rotated (ldh 0: d; wider, a partial rotary
+     * size: Phi-4-mini's 96 of 128, Phi-3's 0.7 of 80) */
+    static const int cfg[][7] = {
+        /* n  t  heads width d   pos0 ldh */
+        {1, 1, 1, 1, 2, 0, 0},   {6, 3, 2, 4, 8, 0, 0},     {10, 5, 3, 5, 64, 2, 0},   {7, 7, 2, 3, 80, 0, 0},
+        {4, 4, 4, 6, 128, 9, 0}, {9, 3, 1, 2, 36, 1, 0},    {130, 130, 1, 1, 128, 0, 0},
+        {6, 3, 3, 4, 2, 1, 4},   {5, 5, 4, 5, 96, 3, 128}, {7, 7, 3, 3, 56, 0, 80},
     };
+    /* the head-stride rows (the last three) give the random stream back
+     * when done, so that the ops after rope draw the inputs they drew
+     * before these rows were added */
+    const size_t first_ldh = 7;
+    uint64_t keep = rng;
     for (size_t s = 0; s < sizeof cfg / sizeof *cfg; s++)
         for (int t = 0; t < 3; t++) {
-            const int *g = cfg[s];
+            if (s == first_ldh && t == 0) keep = rng;
+            const int *g = cfg[s], ldh = g[6] ? g[6] : g[4];
             float theta = s % 2 ? 10000.0f : 1e6f;
-            pcase c = new_case(op, "n %d t %d heads %d of %d d %d pos0 %d theta %g %s", g[0], g[1], g[2], g[3],
-                               g[4], g[5], theta, ename(storage[t]));
-            int64_t ldx = (int64_t)g[3] * g[4];
+            pcase c = new_case(op, "n %d t %d heads %d of %d d %d ldh %d pos0 %d theta %g %s", g[0], g[1], g[2],
+                               g[3], g[4], ldh, g[5], theta, ename(storage[t]));
+            int64_t ldx = (int64_t)g[3] * ldh;
             c.a.i[0] = g[0], c.a.i[1] = g[1], c.a.i[2] = g[2], c.a.i[3] = g[4], c.a.i[4] = ldx, c.a.i[5] = g[5];
+            c.a.i[6] = ldh;
             c.a.f[0] = theta;
             c.a.f[1] = 1.0f;
             OUT_T(&c, 0, storage[t], (size_t)g[0] * ldx);
@@ -1738,6 +1749,7 @@ static void rope_grid(gpu_op_id op)
             c.a.f[1] = 1.1902381f;
             emit(&c);
         }
+    rng = keep;
 }
 
 static void parity_rope_forward(void) { rope_grid(GPU_OP_ROPE_FORWARD); }

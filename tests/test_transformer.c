@@ -71,6 +71,11 @@ typedef struct fixture {
 static void fixture_open_opts(fixture *fx, const char *name, zo_dtype dt, int n_threads, const tf_adamw *opt,
                               const tf_options *to);
 
+/* The sequence length the next fixture opened builds its model for, when
+ * longer than its own (0: its own): a batch shorter than the model holds.
+ * Opening a fixture sets it back to 0. */
+static int fixture_build_t;
+
 static void fixture_open(fixture *fx, const char *name, zo_dtype dt, int n_threads,
                          const tf_adamw *opt)
 {
@@ -92,7 +97,9 @@ static void fixture_open_opts(fixture *fx, const char *name, zo_dtype dt, int n_
     gpu_cpu_options o = {.n_threads = n_threads};
     assert_int_equal(gpu_device_init_cpu(&o, &fx->dev), ZO_OK);
     assert_int_equal(gpu_stream_create(fx->dev, &fx->s), ZO_OK);
-    if (tf_init_opts(&fx->m, &fx->cfg, fx->dev, dt, B, fx->t, to) != ZO_OK)
+    const int build_t = fx->t > fixture_build_t ? fx->t : fixture_build_t;
+    fixture_build_t = 0;
+    if (tf_init_opts(&fx->m, &fx->cfg, fx->dev, dt, B, build_t, to) != ZO_OK)
         fail_msg("tf_init: %s", zo_last_error());
     tf_adamw none = {.lr = 0};
     assert_int_equal(tf_trainer_init(&fx->tr, &fx->m, opt ? opt : &none), ZO_OK);
@@ -591,13 +598,6 @@ static void test_phi3_vs_torch(void **state)
     fixture_close(&fx);
 }
 
-/* Phi-3's longrope (Phi-3.5-mini's rope_scaling, small: 4 factors a list,
- * an original length of 32 of 256 positions) against PyTorch: sequences of
- * 24 turn by short_factor's frequencies, of 56 by long_factor's, cos and
- * sin times sqrt(1 + ln 8 / ln 32) in both; logits, loss, every gradient
- * and 10 AdamW steps. Generation whose cache passes the original length is
- * refused by name (Hugging Face's switches factors there); the real
- * Phi-3.5-mini config reads as Hugging Face reads it. */
 /* A fixture's config.json. */
 static zo_model_config fixture_config(const char *name)
 {
@@ -608,12 +608,23 @@ static zo_model_config fixture_config(const char *name)
     return c;
 }
 
+/* Phi-3's longrope (Phi-3.5-mini's rope_scaling, small: 4 factors a list,
+ * an original length of 32 of 256 positions) against PyTorch: sequences of
+ * 24 turn by short_factor's frequencies, of 56 by long_factor's, cos and
+ * sin times sqrt(1 + ln 8 / ln 32) in both; logits, loss, every gradient
+ * and 10 AdamW steps; the 24 again through a model built for 56 (short
+ * factors still: Hugging Face picks by the batch's length). Generation
+ * whose cache passes the original length is refused by name (Hugging
+ * Face's switches factors there); the real Phi-3.5-mini config reads as
+ * Hugging Face reads it. */
 static void test_phi3_longrope_vs_torch(void **state)
 {
     (void)state;
     const char *name = "tiny_phi3_longrope_long";
     run_against_torch("tiny_phi3_longrope_short");
     run_against_torch(name);
+    fixture_build_t = 56; /* tiny_phi3_longrope_long's length, past the original 32 */
+    run_against_torch("tiny_phi3_longrope_short");
     run_training(name);
     zo_model_config c = fixture_config(name);
     char path[512];
@@ -673,7 +684,18 @@ static void test_phi3_partial_vs_torch(void **state)
     assert_int_equal(zo_model_rope_dim(&c), 6);
     assert_int_equal(c.rope_n_factors, 3);
     assert_true(c.tied_embeddings);
-    c.rope_partial = 0.625f; /* 5 of 8 */
+    /* longrope lists of head_dim / 2 where 6 of 8 rotate: refused, naming
+     * the rotary size */
+    gpu_device_t dev;
+    gpu_cpu_options o = {.n_threads = 1};
+    assert_int_equal(gpu_device_init_cpu(&o, &dev), ZO_OK);
+    tf_model g;
+    c.rope_n_factors = 4;
+    assert_int_equal(tf_init(&g, &c, dev, ZO_DTYPE_F32, 1, 8), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "the rotary dim (head_dim x partial_rotary_factor) / 2 = 3"));
+    gpu_device_free(dev);
+    c.rope_n_factors = 3;
+    c.rope_partial = 0.625; /* 5 of 8 */
     model_layout l;
     assert_int_equal(model_layout_init(&l, &c), ZO_ERR_UNSUPPORTED);
     assert_non_null(strstr(zo_last_error(), "partial_rotary_factor"));
@@ -937,16 +959,16 @@ static void lora_workdir(const char *tag, char dir[64], char text[128])
     fclose(f);
 }
 
-/* What a model's `train --lora 4 --lora-targets all-linear` (and --qlora)
- * run must show: the trainable count (--lora), entries adapter_config.json
- * lists and one it must not, an adapter tensor under PEFT's name (with its
- * shape when rows > 0). */
 /* A Phi-3 for train's end-to-end runs: GQA, a window of 15 over sequences of 32. */
 #define PHI3_TINY_CONFIG                                                                                      \
     "{\"model_type\": \"phi3\", \"num_hidden_layers\": 2, \"hidden_size\": 32, \"num_attention_heads\": 4, " \
     "\"num_key_value_heads\": 2, \"intermediate_size\": 48, \"vocab_size\": 256, "                           \
     "\"max_position_embeddings\": 64, \"sliding_window\": 15}"
 
+/* What a model's `train --lora 4 --lora-targets all-linear` (and --qlora)
+ * run must show: the trainable count (--lora), entries adapter_config.json
+ * lists and one it must not, an adapter tensor under PEFT's name (with its
+ * shape when rows > 0). */
 typedef struct lora_case {
     const char *tag, *config_json, *trainable;
     const char *lists[3], *not_listed;
@@ -954,6 +976,7 @@ typedef struct lora_case {
     int64_t rows, cols;
 } lora_case;
 
+/* `train --lora` and `--qlora` on lc's model, checked as lc says. */
 static void run_train_lora(const lora_case *lc)
 {
     char dir[64], text[128], ad[128], cfg[128], cmd[1400];

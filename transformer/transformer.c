@@ -162,7 +162,7 @@ static size_t largest_linear(const zo_model_config *c)
 {
     size_t h = (size_t)c->hidden, f = (size_t)c->ffn, q = (size_t)q_width(c), qkv = (size_t)qkv_width(c);
     size_t fe = (size_t)c->moe.expert_ffn, fs = (size_t)c->moe.shared_ffn;
-    size_t fused = strcmp(c->family, "phi3") ? 1 : 2;
+    size_t fused = zo_model_fused_proj(c) ? 2 : 1;
     size_t w[] = {qkv * h, h * q, fused * f * h, fe * h, fs * h}; /* and an MoE layer's experts */
     size_t most = 0;
     for (size_t i = 0; i < N_REQ(w); i++) most = w[i] > most ? w[i] : most;
@@ -175,8 +175,8 @@ static size_t largest_linear(const zo_model_config *c)
  * original / low_freq_factor, f below original / high_freq_factor, and a
  * blend between; dynamic: f itself within its original length; longrope:
  * f / short_factor[i] for T up to the original length, f / long_factor[i]
- * past it (the longest position's choice, as Hugging Face makes it from the
- * positions of a forward), and *scale its attention factor. Generation
+ * past it (Hugging Face chooses by the sequence length of a forward; T is
+ * the batch's), and *scale its attention factor. Generation
  * whose cache passes the original length is refused: Hugging Face's
  * switches factors there and computes the cache again. Other kinds (yarn,
  * ...) are refused by name (ZO_ERR_UNSUPPORTED). */
@@ -202,8 +202,9 @@ static zo_status rope_frequencies(const zo_model_config *c, int T, int generatin
         if (c->rope_n_factors != half)
             return zo_error(ZO_ERR_UNSUPPORTED,
                             "tf_init: model %s: rope_scaling \"longrope\": short_factor and long_factor must be "
-                            "lists of head_dim / 2 = %d numbers each",
-                            c->name, half);
+                            "lists of %s / 2 = %d numbers each (got %d)",
+                            c->name, d == c->head_dim ? "head_dim" : "the rotary dim (head_dim x partial_rotary_factor)",
+                            half, c->rope_n_factors);
         if (generating && T > c->rope_original_max)
             return zo_error(ZO_ERR_UNSUPPORTED,
                             "tf_init: model %s: rope_scaling \"longrope\" switches to long_factor past %d "
@@ -240,17 +241,23 @@ static zo_status upload_new(tf_model *m, void **dst, const void *host, size_t by
     return st;
 }
 
-/* A rope_scaling's frequencies into device memory (m->rope_freq). */
+/* A rope_scaling's frequencies into device memory (m->rope_freq). Training
+ * with longrope past its original length makes both tables, the short one
+ * for batches within it and the long one (m->rope_freq_long) past it. */
 static zo_status rope_upload(tf_model *m)
 {
     const zo_model_config *c = &m->cfg;
     if (!c->rope_scaling[0] || c->arch == ZO_ARCH_GPT) return ZO_OK;
-    size_t bytes = (size_t)(zo_model_rope_dim(c) / 2) * sizeof(double);
+    const int half = zo_model_rope_dim(c) / 2, T = m->opts.kv_len ? m->opts.kv_len : m->T;
+    const int two = !m->opts.kv_len && !strcmp(c->rope_scaling, "longrope") && T > c->rope_original_max;
+    size_t bytes = (size_t)(two ? 2 : 1) * half * sizeof(double);
     double *host = malloc(bytes);
     if (!host) return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory");
-    zo_status st = rope_frequencies(c, m->opts.kv_len ? m->opts.kv_len : m->T, m->opts.kv_len > 0, host,
+    zo_status st = rope_frequencies(c, two ? c->rope_original_max : T, m->opts.kv_len > 0, host,
                                     &m->rope_scale); /* the last position */
+    if (st == ZO_OK && two) st = rope_frequencies(c, T, 0, host + half, &m->rope_scale);
     if (st == ZO_OK) st = upload_new(m, (void **)&m->rope_freq, host, bytes);
+    if (st == ZO_OK && two) m->rope_freq_long = m->rope_freq + half;
     free(host);
     return st;
 }
@@ -942,7 +949,9 @@ static gpu_tensor bview(const tf_model *m, const void *buf, int block, model_rol
 /* A linear weight of a layer (QKV_W fused, ATTN_OUT_W, MLP_*_W, an MoE
  * layer's router and shared expert gate): a view of the base buffer, or,
  * NF4, each of its tensors dequantized into m->wdq in stream order (the
- * scratch is reused by the next weight). */
+ * scratch is reused by the next weight; a row range of the tensor wdq
+ * already holds, gate after up of gate_up_proj, is read without a second
+ * dequantization). */
 static zo_status base_weight(tf_model *m, gpu_stream_t s, const void *buf, int block,
                              model_role role, gpu_tensor *w)
 {
@@ -958,10 +967,16 @@ static zo_status base_weight(tf_model *m, gpu_stream_t s, const void *buf, int b
     const model_tensor *t = first >= 0 ? &m->layout.tensors[first] : NULL;
     if (t && (t->offset < v->offset || t->offset + t->numel > v->offset + v->numel)) {
         /* a row range of one tensor (Phi-3's gate or up of gate_up_proj): the
-         * tensor dequantized, the range's rows of it */
+         * tensor dequantized once, the range's rows of it */
+        const char *src = (const char *)buf + m->frozen_off[first];
         *w = gpu_t((char *)m->wdq + (v->offset - t->offset) * es, m->dtype);
-        return gpu_nf4_dequantize(s, gpu_t(m->wdq, m->dtype), (const char *)buf + m->frozen_off[first], t->numel);
+        if (m->wdq_src == src && m->wdq_block == block) return ZO_OK;
+        st = gpu_nf4_dequantize(s, gpu_t(m->wdq, m->dtype), src, t->numel);
+        m->wdq_src = st == ZO_OK ? src : NULL;
+        m->wdq_block = block;
+        return st;
     }
+    m->wdq_src = NULL;
     for (int i = 0; v && i < m->layout.n_tensors; i++) {
         const model_tensor *t = &m->layout.tensors[i];
         if (t->block != block || t->offset < v->offset || t->offset >= v->offset + v->numel) continue;
@@ -1205,23 +1220,20 @@ static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_
 }
 
 /* RoPE (or its backward) on the q and k heads of n rows of x from position
- * pos0: one call over every head, or with a partial rotary size (Phi-4-mini)
- * one a head over its first zo_model_rope_dim elements, which the op pairs
- * and turns as Hugging Face's apply_rotary_pos_emb does its q_rot. */
+ * pos0, one call over every head: the first zo_model_rope_dim elements of
+ * each head_dim-wide head (all of it, or with a partial rotary size,
+ * Phi-4-mini's, its front), which the op pairs and turns as Hugging Face's
+ * apply_rotary_pos_emb does its q_rot. */
 static zo_status rope_heads(tf_model *m, gpu_stream_t s, gpu_tensor x, int n, int ld, int pos0, int backward)
 {
     const zo_model_config *c = &m->cfg;
     const int heads = c->n_heads + c->n_kv_heads, rd = zo_model_rope_dim(c);
-    const int calls = rd == c->head_dim ? 1 : heads, per = calls == 1 ? heads : 1;
-    for (int h = 0; h < calls; h++) {
-        gpu_tensor xh = gpu_t((char *)x.data + (size_t)h * c->head_dim * zo_dtype_size(x.dtype), x.dtype);
-        zo_status st = backward ? gpu_rope_backward(s, xh, n, m->t, per, rd, ld, c->rope_theta, pos0, m->rope_freq,
-                                                    m->rope_scale)
-                                : gpu_rope_forward(s, xh, n, m->t, per, rd, ld, c->rope_theta, pos0, m->rope_freq,
-                                                   m->rope_scale);
-        if (st != ZO_OK) return st;
-    }
-    return ZO_OK;
+    /* longrope: the factors of the batch's length, as Hugging Face picks them */
+    const double *f = m->rope_freq_long && m->t > c->rope_original_max ? m->rope_freq_long : m->rope_freq;
+    return backward ? gpu_rope_backward(s, x, n, m->t, heads, rd, ld, c->head_dim, c->rope_theta, pos0, f,
+                                        m->rope_scale)
+                    : gpu_rope_forward(s, x, n, m->t, heads, rd, ld, c->head_dim, c->rope_theta, pos0, f,
+                                       m->rope_scale);
 }
 
 /* RoPE on the q and k heads of the current rows: from position 0 of each
@@ -1384,6 +1396,7 @@ static zo_status base_expert_weight(tf_model *m, gpu_stream_t s, const tf_block_
         return ZO_OK;
     }
     *w = gpu_t(m->wdq, m->dtype);
+    m->wdq_src = NULL;
     return gpu_nf4_dequantize(s, *w, p, m->layout.tensors[i].numel);
 }
 
@@ -2243,6 +2256,7 @@ zo_status tf_block_forward(tf_model *m, int block, const tf_block_bufs *bufs, gp
     zo_status st;
     if ((st = check_block(m, block, bufs, 0)) != ZO_OK) return st;
     m->apart_buf = bufs->expert ? bufs->params : NULL;
+    m->wdq_src = NULL; /* the block's buffer may hold other weights than when wdq was filled */
     if (block == MODEL_BLOCK_EMBED) return embed_forward(m, bufs, s);
     if (block == model_layout_head_block(&m->layout)) return head_forward(m, bufs, s);
     return layer_forward(m, block - 1, bufs, s, 0);
@@ -2257,6 +2271,7 @@ zo_status tf_block_recompute(tf_model *m, int block, const tf_block_bufs *bufs, 
         return ZO_OK; /* the embedding saves nothing; the head's activations are its own */
     if (block - 1 >= tf_recompute_layers(m)) return ZO_OK; /* it kept its activations */
     m->apart_buf = bufs->expert ? bufs->params : NULL;
+    m->wdq_src = NULL;
     return layer_forward(m, block - 1, bufs, s, 1);
 }
 
@@ -2267,6 +2282,7 @@ zo_status tf_block_backward(tf_model *m, int block, const tf_block_bufs *bufs, f
     if ((st = check_trains(m, "tf_block_backward")) != ZO_OK || (st = check_block(m, block, bufs, 1)) != ZO_OK)
         return st;
     m->apart_buf = bufs->expert ? bufs->params : NULL;
+    m->wdq_src = NULL;
     if (block == MODEL_BLOCK_EMBED) return embed_backward(m, bufs, s);
     if (block == model_layout_head_block(&m->layout)) return head_backward(m, bufs, loss_scale, s);
     return layer_backward(m, block - 1, bufs, s);

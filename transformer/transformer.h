@@ -61,7 +61,7 @@ typedef struct tf_layer_acts {
     void *fc;         /* [N, ffn] GPT: pre-GELU; LLaMA: gate */
     void *up;         /* [N, ffn] LLaMA: up (NULL for GPT) */
     void *act;        /* [N, ffn] GELU(fc) or silu(gate) * up */
-    void *lora_u;     /* [N, n_lora * r] LoRA: each adapter's A x (NULL without LoRA) */
+    void *lora_u;     /* [N, n_lora_u * r] LoRA: each adapted layer's A x (NULL without LoRA) */
     /* mixture of experts (NULL in a dense model); fc, up, act hold the
      * shared expert's ([N, shared_ffn]) */
     float *router_logits; /* [N, experts] */
@@ -197,7 +197,10 @@ typedef struct tf_model {
     int n_targets;       /* targets != -1 in the current batch */
     int32_t *tokens;     /* [B*T] device */
     int32_t *targets;    /* [B*T] device */
-    double *rope_freq;   /* [head_dim/2] device: a rope_scaling's frequencies; NULL: rope_theta's */
+    double *rope_freq;   /* [rotary_dim/2] device: a rope_scaling's frequencies; NULL: rope_theta's */
+    double *rope_freq_long; /* longrope built past its original length: long_factor's table (inside
+                               rope_freq's allocation; rope_freq is short_factor's), for batches past
+                               it; NULL otherwise */
     float rope_scale;    /* the rotation's cos and sin times this (longrope's attention factor; 1) */
     void **res;          /* [L+1] residual stream [N, h]: res[0] embedding output, res[l+1] layer l output */
     tf_layer_acts *acts; /* [L] */
@@ -229,6 +232,10 @@ typedef struct tf_model {
     float *norm_one;        /* Gemma: [2h] fp32, h ones then the (1 + w) a norm multiplies by
                                (GemmaRMSNorm stores w as the offset from 1); NULL otherwise */
     void *wdq;              /* QLoRA: one dequantized linear weight (model dtype) */
+    const void *wdq_src;    /* the NF4 tensor wdq holds whole (a fused one whose row ranges are
+                               read in turn: Phi-3's gate_up_proj), of block wdq_block; NULL: none
+                               (wdq reused, or a new block begun: block buffers are reused) */
+    int wdq_block;
     /* mixture of experts (cfg.moe.experts > 0) */
     float *moe_stats;       /* [L, 2 experts] each layer's router statistics
                                (gpu_moe_router_forward) for the load-balancing loss */

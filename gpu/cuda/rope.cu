@@ -7,11 +7,12 @@
 
 #define BS 256
 
-/* x [n, ldx]: the first n_heads heads (d wide) of each row rotate by the
- * angle of position pos0 + r % t, cos and sin times scale; inverse rotates
- * back (the backward: the transpose, times scale). */
+/* x [n, ldx]: the first d elements of the first n_heads heads (head h at
+ * h * ldh) of each row rotate by the angle of position pos0 + r % t, cos
+ * and sin times scale; inverse rotates back (the backward: the transpose,
+ * times scale). */
 __global__ void rope_kernel(gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx,
-                            float theta, int pos0, const double *freq, float scale, int inverse)
+                            int64_t ldh, float theta, int pos0, const double *freq, float scale, int inverse)
 {
     const int half = d / 2;
     size_t total = (size_t)n * n_heads * half;
@@ -24,7 +25,7 @@ __global__ void rope_kernel(gpu_tensor x, int n, int t, int n_heads, int d, int6
         double ang = (double)(pos0 + r % t) * inv_freq;
         float c = (float)(scale * cos(ang)), s = (float)(scale * sin(ang));
         if (inverse) s = -s;
-        size_t off = (size_t)r * ldx + (size_t)h * d;
+        size_t off = (size_t)r * ldx + (size_t)h * ldh;
         float x1 = tload(x, off + i), x2 = tload(x, off + half + i);
         tstore(x, off + i, x1 * c - x2 * s);
         tstore(x, off + half + i, x2 * c + x1 * s);
@@ -32,11 +33,11 @@ __global__ void rope_kernel(gpu_tensor x, int n, int t, int n_heads, int d, int6
 }
 
 extern "C" zo_status cuda_launch_rope(cudaStream_t st, gpu_tensor x, int n, int t, int n_heads,
-                                      int d, int64_t ldx, float theta, int pos0,
+                                      int d, int64_t ldx, int64_t ldh, float theta, int pos0,
                                       const double *inv_freq, float scale, int inverse)
 {
     size_t total = (size_t)n * n_heads * (d / 2);
-    ZO_LAUNCH(rope_kernel, grid_for(total, BS), BS, 0, st, x, n, t, n_heads, d, ldx, theta, pos0,
+    ZO_LAUNCH(rope_kernel, grid_for(total, BS), BS, 0, st, x, n, t, n_heads, d, ldx, ldh, theta, pos0,
               inv_freq, scale, inverse);
     return cuda_launch_check("rope_kernel");
 }
