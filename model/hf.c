@@ -20,26 +20,32 @@ const char *model_hf_dtype_name(zo_dtype dt)
 
 /* ---- config.json ------------------------------------------------------------------- */
 
-/* The family's model_type: the runtime builds GPT-2, LLaMA, Mistral, Qwen2,
- * Phi-3 and Gemma. */
+/* The family's model_type: the dense families the runtime builds (GPT-2,
+ * LLaMA, Mistral, Qwen2, Qwen3, Phi-3, Gemma); NULL for a mixture of
+ * experts, whose router and expert keys this writer does not make. */
 static const char *model_type(const zo_model_config *c)
 {
+    static const char *const own[] = {"mistral", "qwen2", "qwen3", "phi3", "gemma"};
+    if (c->moe.experts) return NULL;
     if (c->arch == ZO_ARCH_GPT) return "gpt2";
-    if (!strcmp(c->family, "mistral")) return "mistral";
-    if (!strcmp(c->family, "qwen2")) return "qwen2";
-    if (!strcmp(c->family, "phi3")) return "phi3";
-    if (!strcmp(c->family, "gemma")) return "gemma";
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+        if (!strcmp(c->family, own[i])) return own[i];
     return "llama";
 }
 
 zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
 {
+    const char *type = model_type(c);
+    if (!type)
+        return zo_error(ZO_ERR_UNSUPPORTED,
+                        "config.json: model %s (family \"%s\"): a mixture of experts' config is not written from "
+                        "its shape; give the model's own config.json (train --model FILE or DIR) to save it",
+                        c->name, c->family);
     cJSON *o = cJSON_CreateObject(), *arch = o ? cJSON_AddArrayToObject(o, "architectures") : NULL;
     if (!arch) {
         cJSON_Delete(o);
         return zo_error(ZO_ERR_NOMEM, "config.json: out of host memory");
     }
-    const char *type = model_type(c);
     if (c->arch == ZO_ARCH_GPT) {
         cJSON_AddItemToArray(arch, cJSON_CreateString("GPT2LMHeadModel"));
         cJSON_AddStringToObject(o, "model_type", type);
@@ -56,10 +62,11 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
     } else {
         const char *cls = !strcmp(type, "mistral") ? "MistralForCausalLM"
                           : !strcmp(type, "qwen2") ? "Qwen2ForCausalLM"
+                          : !strcmp(type, "qwen3") ? "Qwen3ForCausalLM"
                           : !strcmp(type, "phi3")  ? "Phi3ForCausalLM"
                           : !strcmp(type, "gemma") ? "GemmaForCausalLM"
                                                     : "LlamaForCausalLM";
-        int gemma = !strcmp(type, "gemma");
+        int gemma = !strcmp(type, "gemma"), qwen3 = !strcmp(type, "qwen3");
         cJSON_AddItemToArray(arch, cJSON_CreateString(cls));
         cJSON_AddStringToObject(o, "model_type", type);
         cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layers);
@@ -67,8 +74,8 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
         cJSON_AddNumberToObject(o, "intermediate_size", c->ffn);
         cJSON_AddNumberToObject(o, "num_attention_heads", c->n_heads);
         cJSON_AddNumberToObject(o, "num_key_value_heads", c->n_kv_heads);
-        /* Gemma's head_dim defaults to 256, not hidden / heads */
-        if (gemma || c->head_dim * c->n_heads != c->hidden) cJSON_AddNumberToObject(o, "head_dim", c->head_dim);
+        /* Gemma's head_dim defaults to 256 and Qwen3's to 128, not hidden / heads */
+        if (gemma || qwen3 || c->head_dim * c->n_heads != c->hidden) cJSON_AddNumberToObject(o, "head_dim", c->head_dim);
         cJSON_AddNumberToObject(o, "vocab_size", c->vocab);
         cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_seq);
         cJSON_AddNumberToObject(o, "rms_norm_eps", c->norm_eps);
@@ -83,7 +90,7 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
             /* Phi-4-mini's partial rotary size (Phi3Config's default: 1) */
             if (!strcmp(type, "phi3") && c->rope_partial > 0.0)
                 cJSON_AddNumberToObject(o, "partial_rotary_factor", c->rope_partial);
-        } else if (!strcmp(type, "qwen2")) {
+        } else if (!strcmp(type, "qwen2") || qwen3) {
             cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0);
             cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window ? c->sliding_window : 4096);
             cJSON_AddNumberToObject(o, "max_window_layers", c->sliding_window ? c->window_from_layer : c->n_layers);

@@ -555,6 +555,41 @@ static void test_byte_tokens(void **state)
     assert_int_equal(model_tokens_open(&t, text_path, MODEL_TOKENS_BYTES, 128), ZO_ERR_INVALID);
 }
 
+/* A config written from a shape alone (a preset's: train --save with no
+ * config.json given) reads back as the same family: Qwen3's q/k norms and
+ * head_dim 128, Gemma's; a mixture of experts, whose router and expert keys
+ * the writer does not make, is refused naming the model rather than written
+ * as LLaMA. */
+static void test_hf_config_from_presets(void **state)
+{
+    (void)state;
+    static const char *const dense[] = {"qwen3-0.6b", "qwen3-8b", "gemma-2b", "phi-4", "mistral-7b"};
+    for (size_t i = 0; i < sizeof dense / sizeof dense[0]; i++) {
+        zo_model_config c, back;
+        assert_int_equal(zo_model_preset_find(dense[i], &c), ZO_OK);
+        cJSON *js = NULL;
+        assert_int_equal(model_hf_config(&c, ZO_DTYPE_BF16, &js), ZO_OK);
+        char *text = cJSON_Print(js);
+        if (zo_model_config_parse(text, "written.json", &back) != ZO_OK) fail_msg("%s: %s", dense[i], zo_last_error());
+        assert_string_equal(back.family, c.family);
+        assert_int_equal(back.qk_norm, c.qk_norm);
+        assert_int_equal(back.head_dim, c.head_dim);
+        assert_int_equal(back.n_kv_heads, c.n_kv_heads);
+        assert_true(zo_model_params(&back) == zo_model_params(&c));
+        free(text);
+        cJSON_Delete(js);
+    }
+    static const char *const moe[] = {"qwen3-30b-a3b"};
+    for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) {
+        zo_model_config c;
+        assert_int_equal(zo_model_preset_find(moe[i], &c), ZO_OK);
+        cJSON *js = NULL;
+        assert_int_equal(model_hf_config(&c, ZO_DTYPE_BF16, &js), ZO_ERR_UNSUPPORTED);
+        assert_null(js);
+        assert_non_null(strstr(zo_last_error(), "mixture of experts"));
+    }
+}
+
 /* A Phi-4-mini-shaped model's config.json (partial_rotary_factor 0.75:
  * 96 of each 128-wide head rotate) reads back with the same rotary size;
  * a factor of 0.7 on heads of 80 rotates 56, as Hugging Face computes. */
@@ -653,6 +688,7 @@ int main(void)
         cmocka_unit_test(test_layout_views),
         cmocka_unit_test(test_layout_refuses_families),
         cmocka_unit_test(test_hf_config_partial_rotary),
+        cmocka_unit_test(test_hf_config_from_presets),
         cmocka_unit_test(test_longrope_other_family),
         cmocka_unit_test(test_batches_sequential),
         cmocka_unit_test(test_batches_random),
