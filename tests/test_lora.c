@@ -273,6 +273,8 @@ static void fx_open_batch(lora_fx *fx, const char *name)
     int32_t in[B * T], tg[B * T];
     batch_of(name, "inputs", "targets", 0, in, tg);
     assert_int_equal(tf_set_batch(&fx->m, fx->s, in, tg, B, T), ZO_OK);
+    /* (the batch's copies read in and tg, which end with this frame) */
+    assert_int_equal(gpu_stream_synchronize(fx->s), ZO_OK);
 }
 
 /* The frozen buffers on the device still hold exactly what was uploaded. */
