@@ -111,7 +111,8 @@ typedef struct zo_model_config {
     zo_pos pos;
     int pos_offset;      /* OPT: its learned table has max_seq + 2 rows */
     int layer_norms;     /* norms per layer; 0: two (Falcon-7B: one, Gemma-2: four) */
-    int parallel_block;  /* attention and MLP read the same input (GPT-NeoX, Falcon, ...) */
+    int parallel_block;  /* attention and MLP read the same input (GPT-NeoX, Falcon, ...): the
+                            runtime computes it for GPT-NeoX (use_parallel_residual) */
     int embed_norm;      /* BLOOM: a LayerNorm on the word embeddings */
     int qk_norm;         /* Qwen3: an RMSNorm over head_dim on q and on k */
     zo_mla mla;
@@ -128,6 +129,10 @@ typedef struct zo_model_preset {
  * qkv_proj, gate and up of one gate_up_proj (the layout's tensors, PEFT's
  * adapters, the largest weight QLoRA dequantizes at once). */
 int zo_model_fused_proj(const zo_model_config *c);
+
+/* GPT-NeoX / Pythia: GPT layers with rotary positions, the erf GELU, a
+ * parallel residual and query_key_value interleaved per head in its files. */
+int zo_model_neox(const zo_model_config *c);
 
 /* The rotated part of a head: int(head_dim x partial_rotary_factor) as
  * Hugging Face computes it, or head_dim. */

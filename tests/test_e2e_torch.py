@@ -2,7 +2,8 @@
 """test_e2e_torch: `train` end to end against PyTorch at real head sizes.
 
 For a family (GPT-2, LLaMA with GQA, Mistral, Qwen2 with its q/k/v biases and
-tied head, Qwen3 with its RMSNorm on each q and k head), a small model with the family's real head size (GPT-2 64, the
+tied head, Qwen3 with its RMSNorm on each q and k head, GPT-NeoX with its per-head interleaved
+query_key_value, partial rotary and parallel or sequential residual), a small model with the family's real head size (GPT-2 64, the
 others 128) and sequences longer than two of the CPU attention's 48-row query
 blocks, a multiple of neither 48 nor 32:
 
@@ -223,6 +224,29 @@ FAMILIES = {
                 "torch_dtype": "float32"},
         run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
         lora=dict(r=8, alpha=16.0, targets="all-linear", lr=3e-2)),
+    # GPT-NeoX (Pythia's kind): query_key_value interleaved per head in the file, rotary on the
+    # first quarter of each 64-wide head, biases everywhere, the erf GELU, a parallel residual,
+    # embed_out untied; the checkpoint carries the buffers older ones have (ignored)
+    "gpt_neox": dict(
+        seed=51,
+        config={"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "num_hidden_layers": 2,
+                "hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 512, "vocab_size": 128,
+                "max_position_embeddings": 256, "hidden_act": "gelu", "layer_norm_eps": 1e-5,
+                "rotary_pct": 0.25, "rotary_emb_base": 10000, "use_parallel_residual": True,
+                "tie_word_embeddings": False, "attention_bias": True, "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+        lora=dict(r=4, alpha=8.0, targets="query_key_value,dense,dense_h_to_4h,dense_4h_to_h", lr=1e-2)),
+    # GPT-NeoX sequential (use_parallel_residual false), heads of 80 (20 rotary dimensions),
+    # gelu_fast (the tanh form, gpt-neox-20b's), PEFT's default target for the family
+    "gpt_neox_seq": dict(
+        seed=52,
+        config={"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "num_hidden_layers": 2,
+                "hidden_size": 160, "num_attention_heads": 2, "intermediate_size": 384, "vocab_size": 128,
+                "max_position_embeddings": 256, "hidden_act": "gelu_fast", "layer_norm_eps": 1e-5,
+                "rotary_pct": 0.25, "rotary_emb_base": 10000, "use_parallel_residual": False,
+                "tie_word_embeddings": False, "torch_dtype": "float32"},
+        run=dict(micro_batch=1, seq=100, grad_accum=2, lr=3e-3, schedule="linear", warmup=0, min_lr=1e-3),
+        lora=dict(r=8, alpha=16.0, targets="query_key_value", lr=2e-2)),
 }
 # mixtures of experts where some experts get no token in some steps (16 experts, 2 a token, 10
 # tokens a micro-batch): torch.optim.AdamW skips a parameter whose grad is None (no moment decay,
@@ -511,7 +535,8 @@ def merge_adapter(c, params, adapter_dir, want):
     merged = dict(params)
     seen = set()
     for name, w in params.items():
-        if w.dim() != 2 or any(name.startswith(e) for e in ("wte.", "wpe.", "model.embed_tokens.", "lm_head.")):
+        if w.dim() != 2 or any(name.startswith(e) for e in ("wte.", "wpe.", "model.embed_tokens.", "lm_head.",
+                                                          "gpt_neox.embed_in.", "embed_out.")):
             continue
         mod = hf_module(c, name)
         if not any(mod == t or mod.endswith("." + t) for t in cfg["target_modules"]):
@@ -621,6 +646,20 @@ class Checks:
         self.failed += not ok
 
 
+def neox_buffers(c):
+    """The buffers older GPT-NeoX checkpoints hold beside the weights (the causal mask, its fill
+    value, the rotary frequencies): train ignores them."""
+    P, L = c["max_position_embeddings"], c["num_hidden_layers"]
+    d = c["hidden_size"] // c["num_attention_heads"]
+    rd = int(d * c["rotary_pct"])
+    out = []
+    for l in range(L):
+        pre = f"gpt_neox.layers.{l}.attention."
+        out += [(pre + "bias", torch.ones(P, P).tril().view(1, 1, P, P)), (pre + "masked_bias", torch.tensor(-1e9)),
+                (pre + "rotary_emb.inv_freq", 1.0 / (10000 ** (torch.arange(0, rd, 2).double() / rd)))]
+    return out
+
+
 def check_family(train, name, workdir):
     spec = FAMILIES[name]
     c, run, lora = spec["config"], spec["run"], spec["lora"]
@@ -638,7 +677,7 @@ def check_family(train, name, workdir):
     os.makedirs(os.path.join(d, "model"), exist_ok=True)
     with open(os.path.join(d, "model", "config.json"), "w") as f:
         json.dump(c, f, indent=1)
-    extra = mf.gpt2_buffers(c) if gpt else []
+    extra = mf.gpt2_buffers(c) if gpt else neox_buffers(c) if c["model_type"] == "gpt_neox" else []
     mf.write_safetensors(os.path.join(d, "model", "model.safetensors"), list(params.items()) + extra)
     write_tokens(os.path.join(d, "train.bin"), data)
     write_tokens(os.path.join(d, "eval.bin"), eval_data)
@@ -646,7 +685,7 @@ def check_family(train, name, workdir):
     ck = Checks()
     B, T, K = run["micro_batch"], run["seq"], run["grad_accum"]
     nh = c["n_head"] if gpt else c["num_attention_heads"]
-    nkv = nh if gpt else c["num_key_value_heads"]
+    nkv = nh if gpt else c.get("num_key_value_heads", nh)
     print(f"{name}: {sum(v.numel() for v in params.values())} parameters, head size {mf.head_dim(c)}, "
           f"{nh} heads over {nkv} kv heads, batch {B} x seq {T} x grad-accum {K}, "
           f"lr {run['lr']:g} {run['schedule']} (warmup {run['warmup']})")

@@ -55,7 +55,7 @@ typedef struct tf_layer_acts {
     float *qk_rstd;   /* their 1/rms per head: q's [N, hq] then k's [N, hkv] */
     void *att;        /* [N, hq d] attention output */
     float *lse;       /* [B, hq, T] */
-    void *x_mid;      /* [N, h]  residual after attention */
+    void *x_mid;      /* [N, h]  residual after attention (NULL with a parallel residual) */
     void *ln2;        /* [N, h] */
     float *mean2, *rstd2; /* [N] */
     void *fc;         /* [N, ffn] GPT: pre-GELU; LLaMA: gate */
