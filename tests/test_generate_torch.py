@@ -2,7 +2,8 @@
 """test_generate_torch: `generate`'s greedy tokens against PyTorch's.
 
 For a family (GPT-2, head size 64, tied head; LLaMA, head size 128, GQA;
-Qwen3, head size 128 with its q/k norms, GQA, tied), a
+Qwen3, head size 128 with its q/k norms, GQA, tied; GPT-NeoX, head size 64,
+16 rotary dimensions, parallel residual), a
 small model of the family's real head size is written as a Hugging Face
 folder (config.json, model.safetensors), and two prompts of different lengths
 go through `generate` as one batch, greedy, 32 new tokens each, fp32. The
@@ -119,6 +120,14 @@ FAMILIES = {
                     eos_token_id=127),
         lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
                   peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])),
+    # GPT-NeoX: query_key_value interleaved per head in the file, rotary on a quarter of each
+    # 64-wide head, the erf GELU, a parallel residual, embed_out; PEFT's four modules
+    "gpt_neox": dict(
+        seed=54,
+        config=dict(e2e.FAMILIES["gpt_neox"]["config"], num_hidden_layers=4, max_position_embeddings=128,
+                    eos_token_id=127),
+        lora=dict(r=4, alpha=8.0, targets=["q", "o", "up", "down"],
+                  peft=["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"])),
     # mixtures of experts, 4 layers so that the streamed runs' device memory (three quarters of
     # the weights) holds the two slots of whole MoE layers
     "mixtral": dict(
