@@ -82,6 +82,8 @@ except ImportError:
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "fixtures", "gpu"))
 import make_fixtures as mf  # noqa: E402  (the models, float64; the safetensors reader and writer)
+sys.path.insert(0, os.path.join(HERE, "fixtures", "lora"))
+import make_lora_fixtures as mlf  # noqa: E402  (NF4's round trip, written after the QLoRA paper)
 
 REL = 1e-4
 STEPS, EVAL_BATCHES, N_TRAIN, N_EVAL = 3, 2, 1500, 700
@@ -235,7 +237,8 @@ FAMILIES = {
                 "rotary_pct": 0.25, "rotary_emb_base": 10000, "use_parallel_residual": True,
                 "tie_word_embeddings": False, "attention_bias": True, "torch_dtype": "float32"},
         run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
-        lora=dict(r=4, alpha=8.0, targets="query_key_value,dense,dense_h_to_4h,dense_4h_to_h", lr=1e-2)),
+        lora=dict(r=4, alpha=8.0, targets="query_key_value,dense,dense_h_to_4h,dense_4h_to_h", lr=1e-2),
+        qlora=True),
     # GPT-NeoX sequential (use_parallel_residual false), heads of 80 (20 rotary dimensions),
     # gelu_fast (the tanh form, gpt-neox-20b's), PEFT's default target for the family
     "gpt_neox_seq": dict(
@@ -753,6 +756,8 @@ def check_family(train, name, workdir):
     ck.fact(f"the adapters move the eval loss (base {base_ev:.6f}, rel {moved:.1e} > {10 * REL:.0e})",
             moved > 10 * REL)
     check_folder(ck, c, params, mdir, eval_data, run, got_ev, "--merge", sharded=False)
+    if spec.get("qlora"):
+        check_qlora(ck, train, c, params, data, eval_data, run, lrun, lora, d)
 
     # a bf16 run saves BF16 tensors and says so
     bdir = os.path.join(d, "saved-bf16")
@@ -887,6 +892,30 @@ def check_moe_lora(train, name, c, params, data, eval_data, run, lora, d, g):
     ck.rel("QLoRA eval loss of its --merge folder", eval_loss(c, qparams, eval_data, run) if qparams else float("nan"),
            q_ev)
     return ck.failed
+
+
+def check_qlora(ck, train, c, params, data, eval_data, run, lrun, lora, d):
+    """QLoRA through train: the base's linear weights in NF4 (make_lora_fixtures.py's round trip,
+    in the runtime's row order), train's adapters saved and merged here into that base as PEFT
+    would: the first step's loss is the NF4 base's, the merged eval loss train's."""
+    adir = os.path.join(d, "qadapter")
+    got_l, _, got_ev, t_train, cmd = run_train(
+        train, d, lrun, ["--lora", str(lora["r"]), "--lora-alpha", repr(lora["alpha"]),
+                         "--lora-targets", lora["targets"], "--qlora", "--save", adir])
+    base = dict(params)
+    for mod, w in mlf.linear_weights(c, params, 1).items():
+        base[mod + ".weight"] = w
+    K = run["grad_accum"]
+    with torch.no_grad():
+        base0 = sum(micro_loss(c, base, data, run, j).item() for j in range(K)) / K
+    merged, problems = merge_adapter(c, base, adir, lora)
+    for msg in problems:
+        print("  " + msg)
+    print(f" QLoRA r {lora['r']} (train {t_train:.1f} s): {cmd}")
+    ck.fact("QLoRA adapter directory as PEFT reads it", not problems)
+    ck.rel("QLoRA step 0 loss (the NF4 base)", got_l[0], base0)
+    if not problems:
+        ck.rel("QLoRA eval loss, merged over the NF4 base", got_ev, eval_loss(c, merged, eval_data, run))
 
 
 def check_folder(ck, c, params, folder, eval_data, run, train_ev, flag, sharded):
