@@ -711,7 +711,8 @@ static void test_recompute_ops(void **state)
 }
 
 /* GPT-NeoX, parallel and sequential residual: recompute of whole layers
- * gives no recompute's losses, and recompute by op its losses and last
+ * gives no recompute's losses (the layers' inputs on the device, or in host
+ * memory with the weights streamed), and recompute by op its losses and last
  * gradients bit for bit, resident and streamed (bf16); the parallel
  * residual keeps no x_mid, so its device peak without recompute is below
  * the sequential one's. */
@@ -731,6 +732,12 @@ static void test_neox_recompute(void **state)
         assert_int_equal(do_run(&full), ZO_OK);
         print_losses(par ? "neox parallel bf16, recompute none" : "neox sequential bf16, recompute none", &none);
         assert_same_losses("recompute full", &none, &full);
+        /* the residual stream kept in host memory (activation offload), weights streamed */
+        run host = full;
+        host.oc.checkpoints_on = OFFLOAD_CPU;
+        host.oc.params_on = OFFLOAD_CPU;
+        assert_int_equal(do_run(&host), ZO_OK);
+        assert_same_losses("recompute full, checkpoints in host memory", &none, &host);
         peak[par] = none.stats.peak[OFFLOAD_DEVICE];
         for (int streamed = 0; streamed < 2; streamed++) {
             run r = base;
