@@ -67,6 +67,19 @@
       .rope_theta = 10000.0f, .rope_partial = 0.25, .act = act_name,                     \
       .pos = ZO_POS_ROTARY, .parallel_block = 1}}
 
+/* Falcon (config.json of tiiuae/falcon-7b, falcon-40b): LayerNorm, no
+ * biases on the projections, rotary over the whole head (64), a parallel
+ * attention and MLP (4h, the erf GELU), tied; falcon-7b multi-query with one
+ * norm, falcon-40b 8 kv heads with two (the new decoder architecture);
+ * vocabulary 65024, 2048 positions. */
+#define FALCON(n, L, h, a, kv, norms)                                                    \
+    {n, "",                                                                               \
+     {.name = n, .family = "falcon", .arch = ZO_ARCH_GPT, .n_layers = L, .hidden = h,    \
+      .n_heads = a, .n_kv_heads = kv, .head_dim = (h) / (a), .ffn = 4 * (h),             \
+      .vocab = 65024, .max_seq = 2048, .tied_embeddings = 1, .norm_bias = 1,             \
+      .norm_eps = 1e-5f, .rope_theta = 10000.0f, .act = "gelu", .pos = ZO_POS_ROTARY,    \
+      .layer_norms = norms, .parallel_block = 1}}
+
 static const zo_model_preset presets[] = {
     GPT("gpt2", "gpt2-124m,gpt2-small", "gpt2", 12, 768, 12, 50257, 1024),
     GPT("gpt2-medium", "gpt2-355m", "gpt2", 24, 1024, 16, 50257, 1024),
@@ -112,6 +125,8 @@ static const zo_model_preset presets[] = {
     NEOX("pythia-6.9b", 32, 4096, 32, 50432, "gelu"),
     NEOX("pythia-12b", 36, 5120, 40, 50688, "gelu"),
     NEOX("gpt-neox-20b", 44, 6144, 64, 50432, "gelu_fast"),
+    FALCON("falcon-7b", 32, 4544, 71, 1, 1),
+    FALCON("falcon-40b", 60, 8192, 128, 8, 2),
     QWEN3("qwen3-0.6b", "qwen3", 28, 1024, 16, 8, 3072, 1),
     QWEN3("qwen3-8b", "qwen3", 36, 4096, 32, 8, 12288, 0),
     /* 128 routed experts of 768, 8 a token, renormalized (norm_topk_prob) */
@@ -430,12 +445,14 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     /* GPT: GELU's tanh form (GPT-2's gelu_new, also named these), GPT-NeoX's
      * erf form ("gelu") too; LLaMA: SiLU, Gemma's gate that tanh form (GeGLU) */
     int tanh_gelu = !strcmp(c->act, "gelu_new") || !strcmp(c->act, "gelu_fast") ||
-                    !strcmp(c->act, "gelu_pytorch_tanh") || (zo_model_neox(c) && !strcmp(c->act, "gelu"));
+                    !strcmp(c->act, "gelu_pytorch_tanh") || (zo_model_qkv_grouped(c) && !strcmp(c->act, "gelu"));
     int gemma = !strcmp(c->family, "gemma");
     int other_act = c->act[0] && (c->arch == ZO_ARCH_GPT || gemma ? !tanh_gelu : strcmp(c->act, "silu"));
-    /* GPT-NeoX: rotary in place of learned positions, attention and MLP side
-     * by side (use_parallel_residual) */
-    int rotary = c->arch == ZO_ARCH_LLAMA || zo_model_neox(c);
+    /* GPT-NeoX and Falcon: rotary in place of learned positions, attention and
+     * MLP side by side (use_parallel_residual, parallel_attn); Falcon's one
+     * norm for both */
+    int grouped = zo_model_qkv_grouped(c);
+    int rotary = c->arch == ZO_ARCH_LLAMA || grouped;
     char lacks[64];
     if (!known) snprintf(lacks, sizeof lacks, "its layers");
     else if (c->moe.experts && (c->moe.first_dense || c->moe.router_bias || c->arch == ZO_ARCH_GPT))
@@ -443,11 +460,12 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     else if (c->mla.kv_rank) snprintf(lacks, sizeof lacks, "latent attention");
     else if (rotary && (zo_model_rope_dim(c) < 2 || zo_model_rope_dim(c) % 2))
         snprintf(lacks, sizeof lacks, "an odd rotary size (partial_rotary_factor, rotary_pct)");
-    else if ((c->pos != ZO_POS_ARCH && !(zo_model_neox(c) && c->pos == ZO_POS_ROTARY)) || c->pos_offset)
-        snprintf(lacks, sizeof lacks, "its positions");
-    else if (c->layer_norms && c->layer_norms != 2) snprintf(lacks, sizeof lacks, "its norms");
-    else if (c->parallel_block && !zo_model_neox(c)) snprintf(lacks, sizeof lacks, "parallel attention and MLP");
-    else if (zo_model_neox(c) && c->rope_scaling[0]) snprintf(lacks, sizeof lacks, "its rope_scaling");
+    else if ((c->pos != ZO_POS_ARCH && !(grouped && c->pos == ZO_POS_ROTARY)) || c->pos_offset)
+        snprintf(lacks, sizeof lacks, "its positions%s", c->pos == ZO_POS_ALIBI ? " (ALiBi)" : "");
+    else if (c->layer_norms && c->layer_norms != 2 && !(zo_model_falcon(c) && c->layer_norms == 1 && c->parallel_block))
+        snprintf(lacks, sizeof lacks, "its norms");
+    else if (c->parallel_block && !grouped) snprintf(lacks, sizeof lacks, "parallel attention and MLP");
+    else if (grouped && c->rope_scaling[0]) snprintf(lacks, sizeof lacks, "its rope_scaling");
     else if (c->embed_norm) snprintf(lacks, sizeof lacks, "an embedding norm");
     else if (c->qk_norm && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "q/k norms on GPT layers");
     else if (other_act) snprintf(lacks, sizeof lacks, "the activation %s", c->act);
@@ -811,6 +829,8 @@ static void parse_llama(hf *r, zo_model_config *c, const family *f)
 int zo_model_fused_proj(const zo_model_config *c) { return !strcmp(c->family, "phi3"); }
 
 int zo_model_neox(const zo_model_config *c) { return !strcmp(c->family, "gpt_neox"); }
+int zo_model_falcon(const zo_model_config *c) { return !strcmp(c->family, "falcon"); }
+int zo_model_qkv_grouped(const zo_model_config *c) { return zo_model_neox(c) || zo_model_falcon(c); }
 
 int zo_model_rope_dim(const zo_model_config *c)
 {
@@ -956,7 +976,10 @@ static void parse_falcon(hf *r, zo_model_config *c, const family *f)
         c->n_kv_heads = hf_bool(r, "multi_query", 1) ? 1 : c->n_heads;
         c->layer_norms = c->parallel_block ? 1 : 2;
     }
+    /* FalconConfig's default activation is "gelu" (the erf form) */
     hf_act(r, "activation", NULL, c);
+    if (!c->act[0]) snprintf(c->act, sizeof c->act, "gelu");
+    hf_attention_extent(r, c, f);
 }
 
 /* OPT: LayerNorm, biased q/k/v/o and MLP (ReLU), learned positions with two
@@ -1044,7 +1067,7 @@ static const family families[] = {
      "residual, untied", 0, 0, 0, "attention_bias", 1},
     {"falcon", "FalconForCausalLM", parse_falcon,
      "Falcon: LayerNorm, fused multi-query or GQA qkv, GELU MLP, rotary or ALiBi, parallel "
-     "attention, tied", 1, 0, 0, NULL, 0},
+     "attention, tied", 1, 0, 0, NULL, 1},
     {"RefinedWebModel", NULL, parse_falcon, "Falcon (its first model_type)", 1, 0, 0, NULL, 0},
     {"RefinedWeb", NULL, parse_falcon, "Falcon-40B (its first model_type)", 1, 0, 0, NULL, 0},
     {"opt", "OPTForCausalLM", parse_opt,

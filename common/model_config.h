@@ -133,6 +133,14 @@ int zo_model_fused_proj(const zo_model_config *c);
 /* GPT-NeoX / Pythia: GPT layers with rotary positions, the erf GELU, a
  * parallel residual and query_key_value interleaved per head in its files. */
 int zo_model_neox(const zo_model_config *c);
+/* Falcon: GPT layers with rotary positions, multi-query or grouped kv heads,
+ * one norm or two (ln_attn, ln_mlp) before a parallel attention and MLP, or
+ * the sequential form; query_key_value grouped per kv head in its files. */
+int zo_model_falcon(const zo_model_config *c);
+/* GPT-NeoX or Falcon: GPT layers as Linear weights under their names, rotary,
+ * the erf GELU allowed, query_key_value's rows grouped per kv head in the
+ * file ([q ... k v] of group 0, then of group 1, ...) */
+int zo_model_qkv_grouped(const zo_model_config *c);
 
 /* The rotated part of a head: int(head_dim x partial_rotary_factor) as
  * Hugging Face computes it, or head_dim. */

@@ -25,10 +25,12 @@ const model_tensor *model_layout_match_hf(const model_layout *l, const char *hf_
 {
     *ignored = 0;
     const char *name = hf_name;
-    if (l->cfg.arch == ZO_ARCH_GPT && starts_with(name, GPT_PREFIX)) name += strlen(GPT_PREFIX);
     const model_tensor *t = model_layout_find(l, name);
     if (t) return t;
-    if (zo_model_neox(&l->cfg)) {
+    /* GPT-2's names without the prefix (Falcon's keep it) */
+    if (l->cfg.arch == ZO_ARCH_GPT && starts_with(name, GPT_PREFIX)) name += strlen(GPT_PREFIX);
+    if ((t = model_layout_find(l, name)) != NULL) return t;
+    if (zo_model_qkv_grouped(&l->cfg)) {
         /* GPT-NeoX's buffers in older checkpoints: the causal mask, its fill
          * value and the rotary frequencies */
         *ignored = ends_with(name, ".attention.bias") || ends_with(name, ".attention.masked_bias") ||
@@ -68,13 +70,16 @@ static const model_ckpt_entry *find_entry(const model_ckpt *c, const model_layou
     return e;
 }
 
-/* A row of a GPT-NeoX query_key_value as its file numbers it (q, k and v
- * interleaved per head) to ours ([q | k | v]): model_tensor.hf_head_rows. */
+/* A row of a GPT-NeoX or Falcon query_key_value as its file numbers it (per
+ * kv group g of G: its Q query heads, its key, its value, d rows each) to
+ * ours ([all q | all k | all v]): model_tensor.hf_head_rows, hf_head_groups. */
 static size_t head_row_ours(const model_tensor *t, size_t file_row)
 {
-    size_t d = (size_t)t->hf_head_rows, heads = (size_t)t->shape[0] / (3 * d);
-    size_t j = file_row / (3 * d), p = file_row % (3 * d) / d, r = file_row % d;
-    return p * heads * d + j * d + r;
+    size_t d = (size_t)t->hf_head_rows, G = (size_t)t->hf_head_groups;
+    size_t per = (size_t)t->shape[0] / (G * d), Q = per - 2; /* heads in a group's rows */
+    size_t g = file_row / (per * d), s = file_row % (per * d) / d, r = file_row % d;
+    size_t head = s < Q ? g * Q + s : s == Q ? G * Q + g : G * Q + G + g;
+    return head * d + r;
 }
 
 /* Rows of a tensor read in the file's order put in ours, in place. */

@@ -3,7 +3,8 @@
 
 For a family (GPT-2, LLaMA with GQA, Mistral, Qwen2 with its q/k/v biases and
 tied head, Qwen3 with its RMSNorm on each q and k head, GPT-NeoX with its per-head interleaved
-query_key_value, partial rotary and parallel or sequential residual), a small model with the family's real head size (GPT-2 64, the
+query_key_value, partial rotary and parallel or sequential residual, Falcon multi-query with one
+norm, with grouped kv heads and two norms, or sequential), a small model with the family's real head size (GPT-2 64, the
 others 128) and sequences longer than two of the CPU attention's 48-row query
 blocks, a multiple of neither 48 nor 32:
 
@@ -249,6 +250,40 @@ FAMILIES = {
                 "rotary_pct": 0.25, "rotary_emb_base": 10000, "use_parallel_residual": False,
                 "tie_word_embeddings": False, "torch_dtype": "float32"},
         run=dict(micro_batch=1, seq=100, grad_accum=2, lr=3e-3, schedule="linear", warmup=0, min_lr=1e-3),
+        lora=dict(r=8, alpha=16.0, targets="query_key_value", lr=2e-2)),
+    # Falcon-7B's kind: multi-query (one kv head), one norm before the parallel attention and MLP,
+    # no projection biases, rotary over the whole 64-wide head, the erf GELU, tied
+    "falcon": dict(
+        seed=55,
+        config={"architectures": ["FalconForCausalLM"], "model_type": "falcon", "num_hidden_layers": 2,
+                "hidden_size": 256, "num_attention_heads": 4, "ffn_hidden_size": 512, "vocab_size": 128,
+                "max_position_embeddings": 256, "multi_query": True, "new_decoder_architecture": False,
+                "parallel_attn": True, "bias": False, "alibi": False, "layer_norm_epsilon": 1e-5,
+                "rope_theta": 10000.0, "tie_word_embeddings": True, "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+        lora=dict(r=4, alpha=8.0, targets="query_key_value,dense,dense_h_to_4h,dense_4h_to_h", lr=1e-2)),
+    # Falcon-40B's kind: the new decoder architecture, 2 kv groups of 2 query heads (query_key_value
+    # grouped per kv head), ln_attn and ln_mlp, biases on, untied; with QLoRA
+    "falcon_new": dict(
+        seed=56,
+        config={"architectures": ["FalconForCausalLM"], "model_type": "falcon", "num_hidden_layers": 2,
+                "hidden_size": 256, "num_attention_heads": 4, "num_kv_heads": 2, "vocab_size": 128,
+                "max_position_embeddings": 256, "new_decoder_architecture": True, "parallel_attn": True,
+                "bias": True, "alibi": False, "layer_norm_epsilon": 1e-5, "rope_theta": 10000.0,
+                "activation": "gelu", "tie_word_embeddings": False, "torch_dtype": "float32"},
+        run=dict(micro_batch=1, seq=100, grad_accum=2, lr=3e-3, schedule="linear", warmup=0, min_lr=1e-3),
+        lora=dict(r=4, alpha=8.0, targets="query_key_value,dense,dense_h_to_4h,dense_4h_to_h", lr=1e-2),
+        qlora=True),
+    # the sequential Falcon (parallel_attn false): a kv head a query head (q, k, v interleaved
+    # per head in the file), input_layernorm and post_attention_layernorm; PEFT's default target
+    "falcon_seq": dict(
+        seed=57,
+        config={"architectures": ["FalconForCausalLM"], "model_type": "falcon", "num_hidden_layers": 2,
+                "hidden_size": 128, "num_attention_heads": 2, "vocab_size": 128, "max_position_embeddings": 256,
+                "multi_query": False, "new_decoder_architecture": False, "parallel_attn": False,
+                "bias": False, "alibi": False, "layer_norm_epsilon": 1e-5, "rope_theta": 10000.0,
+                "tie_word_embeddings": True, "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=100, grad_accum=1, lr=3e-3, schedule="constant", warmup=0, min_lr=0.0),
         lora=dict(r=8, alpha=16.0, targets="query_key_value", lr=2e-2)),
 }
 # mixtures of experts where some experts get no token in some steps (16 experts, 2 a token, 10
@@ -539,7 +574,8 @@ def merge_adapter(c, params, adapter_dir, want):
     seen = set()
     for name, w in params.items():
         if w.dim() != 2 or any(name.startswith(e) for e in ("wte.", "wpe.", "model.embed_tokens.", "lm_head.",
-                                                          "gpt_neox.embed_in.", "embed_out.")):
+                                                          "gpt_neox.embed_in.", "embed_out.",
+                                                          "transformer.word_embeddings.")):
             continue
         mod = hf_module(c, name)
         if not any(mod == t or mod.endswith("." + t) for t in cfg["target_modules"]):
@@ -688,7 +724,7 @@ def check_family(train, name, workdir):
     ck = Checks()
     B, T, K = run["micro_batch"], run["seq"], run["grad_accum"]
     nh = c["n_head"] if gpt else c["num_attention_heads"]
-    nkv = nh if gpt else c.get("num_key_value_heads", nh)
+    nkv = nh if gpt else mf.falcon_kv_heads(c) if c["model_type"] == "falcon" else c.get("num_key_value_heads", nh)
     print(f"{name}: {sum(v.numel() for v in params.values())} parameters, head size {mf.head_dim(c)}, "
           f"{nh} heads over {nkv} kv heads, batch {B} x seq {T} x grad-accum {K}, "
           f"lr {run['lr']:g} {run['schedule']} (warmup {run['warmup']})")

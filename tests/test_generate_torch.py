@@ -3,7 +3,8 @@
 
 For a family (GPT-2, head size 64, tied head; LLaMA, head size 128, GQA;
 Qwen3, head size 128 with its q/k norms, GQA, tied; GPT-NeoX, head size 64,
-16 rotary dimensions, parallel residual), a
+16 rotary dimensions, parallel residual; Falcon, head size 64, multi-query with
+one norm, or grouped kv heads with two), a
 small model of the family's real head size is written as a Hugging Face
 folder (config.json, model.safetensors), and two prompts of different lengths
 go through `generate` as one batch, greedy, 32 new tokens each, fp32. The
@@ -125,6 +126,20 @@ FAMILIES = {
     "gpt_neox": dict(
         seed=54,
         config=dict(e2e.FAMILIES["gpt_neox"]["config"], num_hidden_layers=4, max_position_embeddings=128,
+                    eos_token_id=127),
+        lora=dict(r=4, alpha=8.0, targets=["q", "o", "up", "down"],
+                  peft=["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"])),
+    # Falcon-7B's kind (multi-query, one norm, no biases, tied) and Falcon-40B's (the new decoder
+    # architecture: 2 kv groups, ln_attn and ln_mlp, biases, untied); PEFT's four modules
+    "falcon": dict(
+        seed=61,
+        config=dict(e2e.FAMILIES["falcon"]["config"], num_hidden_layers=4, max_position_embeddings=128,
+                    eos_token_id=127),
+        lora=dict(r=4, alpha=8.0, targets=["q", "o", "up", "down"],
+                  peft=["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"])),
+    "falcon_new": dict(
+        seed=59,
+        config=dict(e2e.FAMILIES["falcon_new"]["config"], num_hidden_layers=4, max_position_embeddings=128,
                     eos_token_id=127),
         lora=dict(r=4, alpha=8.0, targets=["q", "o", "up", "down"],
                   peft=["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"])),

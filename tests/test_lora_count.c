@@ -91,6 +91,11 @@ static void test_peft_counts(void **state)
     assert_int_equal(count("pythia-160m", 16, "all-linear"), 2359296);
     /* dense is the attention's output alone (PEFT matches names ending in ".dense"): 12 x 4 x 1536 */
     assert_int_equal(count("pythia-160m", 4, "dense"), 73728);
+    /* Falcon-7B (h 4544, one kv head of 64: query_key_value [4672, 4544], f 18176, 32 layers),
+     * PEFT's default target for Falcon, r 16: 32 x 16 x (4544 + 4672), the 4,718,592 PEFT prints */
+    assert_int_equal(count("falcon-7b", 16, "query_key_value"), 4718592);
+    /* the four: 32 x 16 x (9216 + 9088 + 22720 + 22720) */
+    assert_int_equal(count("falcon-7b", 16, "all-linear"), 32636928);
 }
 
 static void test_modules(void **state)

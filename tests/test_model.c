@@ -29,13 +29,14 @@ static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "lla
                                    "qwen3-0.6b.json",   "qwen3-8b.json",    "qwen3-30b-a3b.json",
                                    "phi-3-mini-4k-instruct.json", "phi-3.5-mini-instruct.json",
                                    "phi-4.json", "gemma-2b.json", "gemma-7b.json",
-                                   "pythia-160m.json", "pythia-6.9b.json", "gpt-neox-20b.json"};
+                                   "pythia-160m.json", "pythia-6.9b.json", "gpt-neox-20b.json",
+                                   "falcon-7b.json", "falcon-40b.json"};
 
 /* Families memplan sizes but the runtime does not build: the layout (and so
  * `train`) refuses each by name. */
 static const struct { const char *config, *family; } not_built[] = {
     {"deepseek-v2-lite.json", "deepseek_v2"}, {"gemma-2-2b.json", "gemma2"},
-    {"falcon-7b.json", "falcon"},           {"opt-125m.json", "opt"},
+    {"falcon-rw-1b.json", "falcon"} /* ALiBi */, {"opt-125m.json", "opt"},
     {"bloom-560m.json", "bloom"},
 };
 
@@ -610,6 +611,7 @@ static void test_neox_qkv_rows(void **state)
             const model_tensor *t = &L->tensors[i];
             int qkv = strstr(t->name, "query_key_value") && (!pass || strstr(t->name, "lora_B"));
             assert_int_equal(t->hf_head_rows, qkv ? d : 0);
+            assert_int_equal(t->hf_head_groups, qkv ? 2 : 0); /* GPT-NeoX: a group a head */
             const model_st_tensor *st = model_st_find(&f, t->name);
             assert_non_null(st);
             float *got = malloc(t->numel * sizeof(float));
@@ -646,7 +648,7 @@ static void test_hf_config_from_presets(void **state)
 {
     (void)state;
     static const char *const dense[] = {"qwen3-0.6b", "qwen3-8b", "gemma-2b", "phi-4", "mistral-7b",
-                                        "pythia-1.4b", "gpt-neox-20b"};
+                                        "pythia-1.4b", "gpt-neox-20b", "falcon-7b", "falcon-40b"};
     for (size_t i = 0; i < sizeof dense / sizeof dense[0]; i++) {
         zo_model_config c, back;
         assert_int_equal(zo_model_preset_find(dense[i], &c), ZO_OK);
@@ -659,6 +661,8 @@ static void test_hf_config_from_presets(void **state)
         assert_int_equal(back.head_dim, c.head_dim);
         assert_int_equal(back.n_kv_heads, c.n_kv_heads);
         assert_int_equal(back.parallel_block, c.parallel_block);
+        assert_int_equal(back.layer_norms, c.layer_norms);
+        assert_int_equal(back.tied_embeddings, c.tied_embeddings);
         assert_int_equal(zo_model_rope_dim(&back), zo_model_rope_dim(&c));
         assert_string_equal(back.act, c.act[0] ? c.act : back.act);
         assert_true(zo_model_params(&back) == zo_model_params(&c));

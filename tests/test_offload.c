@@ -60,6 +60,26 @@ static zo_model_config tiny_neox(int layers, int hidden, int vocab, int parallel
     return c;
 }
 
+/* Falcon: rotary over the whole head, the erf GELU, no projection biases,
+ * tied, a parallel attention and MLP; Falcon-7B's kind (one kv head, one
+ * norm for both) or Falcon-40B's (kv heads of two query heads each, two
+ * norms). */
+static zo_model_config tiny_falcon(int layers, int hidden, int vocab, int norms)
+{
+    zo_model_config c = tiny_gpt(layers, hidden, vocab);
+    snprintf(c.name, sizeof c.name, "tiny-falcon");
+    snprintf(c.family, sizeof c.family, "falcon");
+    snprintf(c.act, sizeof c.act, "gelu");
+    c.pos = ZO_POS_ROTARY;
+    c.rope_theta = 10000.0f;
+    c.parallel_block = 1;
+    c.layer_norms = norms;
+    c.n_kv_heads = norms == 1 ? 1 : c.n_heads / 2;
+    c.attn_bias = c.out_bias = 0;
+    if (zo_model_config_validate(&c) != ZO_OK) fail_msg("tiny_falcon: %s", zo_last_error());
+    return c;
+}
+
 /* ---- a training run ---------------------------------------------------------------- */
 
 typedef struct run {
@@ -710,7 +730,8 @@ static void test_recompute_ops(void **state)
     gpu_device_free(dev);
 }
 
-/* GPT-NeoX, parallel and sequential residual: recompute of whole layers
+/* GPT-NeoX, parallel and sequential residual, and Falcon with one norm
+ * and with two: recompute of whole layers
  * gives no recompute's losses (the layers' inputs on the device, or in host
  * memory with the weights streamed), and recompute by op its losses and last
  * gradients bit for bit, resident and streamed (bf16); the parallel
@@ -721,8 +742,10 @@ static void test_neox_recompute(void **state)
     (void)state;
     static float g_none[1 << 20], g_ops[1 << 20];
     uint64_t peak[2];
-    for (int par = 0; par < 2; par++) {
-        run base = {.cfg = tiny_neox(4, 64, 128, par), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 6};
+    for (int par = 0; par < 4; par++) {
+        /* GPT-NeoX sequential and parallel; then Falcon with one norm and with two */
+        run base = {.cfg = par < 2 ? tiny_neox(4, 64, 128, par) : tiny_falcon(4, 64, 128, par - 1),
+                    .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 6};
         base_config(&base.oc);
         base.oc.grad_accum = 2;
         run none = base, full = base;
@@ -730,7 +753,9 @@ static void test_neox_recompute(void **state)
         full.oc.recompute = OFFLOAD_RECOMPUTE_FULL;
         assert_int_equal(do_run(&none), ZO_OK);
         assert_int_equal(do_run(&full), ZO_OK);
-        print_losses(par ? "neox parallel bf16, recompute none" : "neox sequential bf16, recompute none", &none);
+        static const char *const names[] = {"neox sequential bf16, recompute none", "neox parallel bf16, recompute none",
+                                            "falcon one norm bf16, recompute none", "falcon two norms bf16, recompute none"};
+        print_losses(names[par], &none);
         assert_same_losses("recompute full", &none, &full);
         /* the residual stream kept in host memory (activation offload), weights streamed */
         run host = full;
@@ -738,7 +763,7 @@ static void test_neox_recompute(void **state)
         host.oc.params_on = OFFLOAD_CPU;
         assert_int_equal(do_run(&host), ZO_OK);
         assert_same_losses("recompute full, checkpoints in host memory", &none, &host);
-        peak[par] = none.stats.peak[OFFLOAD_DEVICE];
+        if (par < 2) peak[par] = none.stats.peak[OFFLOAD_DEVICE];
         for (int streamed = 0; streamed < 2; streamed++) {
             run r = base;
             r.final_grad = g_ops;
@@ -1909,20 +1934,24 @@ static void test_memplan_agrees_qwen3(void **state)
 /* GPT-NeoX with its parallel residual (no x_mid kept, memplan's parallel
  * block), 1024 tokens through 4 narrow layers so that activations are most
  * of the device's bytes: the peak bytes per tier against memplan's within
- * 3%, no recompute, full, by op, LoRA and QLoRA; and sequential. */
+ * 3%, no recompute, full, by op, LoRA and QLoRA; and sequential. Falcon
+ * with one norm (no ln2 kept either: memplan's one-norm block) and two. */
 static void test_memplan_agrees_neox(void **state)
 {
     (void)state;
-    for (int v = 0; v < 6; v++) {
-        run r = {.cfg = tiny_neox(4, 64, 128, v != 5), .dt = ZO_DTYPE_BF16, .B = 4, .T = 256, .steps = 1};
+    for (int v = 0; v < 9; v++) {
+        run r = {.cfg = v < 6 ? tiny_neox(4, 64, 128, v != 5) : tiny_falcon(4, 64, 128, v == 8 ? 2 : 1),
+                 .dt = ZO_DTYPE_BF16, .B = 4, .T = 256, .steps = 1};
         base_config(&r.oc);
         r.oc.sub_group = 50000;
-        r.oc.recompute = v < 3 ? v : OFFLOAD_RECOMPUTE_NONE;
+        r.oc.recompute = v < 3 ? v : v == 7 ? OFFLOAD_RECOMPUTE_FULL : OFFLOAD_RECOMPUTE_NONE;
         if (v == 3 || v == 4)
             r.lora = (tf_lora_options){.r = 8, .alpha = 16, .targets = ZO_LORA_ALL_LINEAR, .nf4 = v == 4};
         static const char *names[] = {"neox, 1024 tokens, recompute none", "neox, 1024 tokens, recompute full",
                                       "neox, 1024 tokens, recompute ops", "neox, 1024 tokens, lora",
-                                      "neox, 1024 tokens, qlora", "neox sequential, 1024 tokens"};
+                                      "neox, 1024 tokens, qlora", "neox sequential, 1024 tokens",
+                                      "falcon one norm, 1024 tokens", "falcon one norm, 1024 tokens, recompute full",
+                                      "falcon two norms, 1024 tokens"};
         peaks_agree(names[v], &r);
     }
 }

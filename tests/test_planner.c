@@ -47,6 +47,9 @@ static const struct { const char *preset, *config; uint64_t params; } counts[] =
     {"pythia-160m", "pythia-160m.json", 162322944ull},
     {"pythia-6.9b", "pythia-6.9b.json", 6857302016ull},
     {"gpt-neox-20b", "gpt-neox-20b.json", 20554567680ull},
+    /* Falcon: keras-hub's and the model cards' totals (test_planner_families) */
+    {"falcon-7b", "falcon-7b.json", 6921720704ull},
+    {"falcon-40b", "falcon-40b.json", 41303293952ull},
 };
 
 static void test_param_counts(void **state)
@@ -65,8 +68,10 @@ static void test_param_counts(void **state)
                         (unsigned long long)counts[i].params);
         assert_true(zo_model_params(&p) == counts[i].params);
         assert_true(zo_model_params(&c) == counts[i].params);
-        if (!zo_model_neox(&p)) continue;
-        /* GPT-NeoX's presets: what changes no size too, as the config says it */
+        if (!zo_model_qkv_grouped(&p)) continue;
+        /* GPT-NeoX's and Falcon's presets: what changes no size too, as the config says it */
+        assert_int_equal(p.layer_norms, c.layer_norms);
+        assert_int_equal(p.n_kv_heads, c.n_kv_heads);
         assert_string_equal(p.family, c.family);
         assert_string_equal(p.act, c.act);
         assert_int_equal(zo_model_rope_dim(&p), zo_model_rope_dim(&c));

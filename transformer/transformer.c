@@ -14,10 +14,12 @@ static int is_gpt(const tf_model *m) { return m->cfg.arch == ZO_ARCH_GPT; }
 static int has_lora(const tf_model *m) { return m->opts.lora.r > 0; }
 /* Gemma: RMSNorm times (1 + w), the embedding times sqrt(hidden), GeGLU */
 static int is_gemma(const tf_model *m) { return !strcmp(m->cfg.family, "gemma"); }
-/* Rotary positions: LLaMA's, GPT-NeoX's on GPT layers */
-static int has_rope(const tf_model *m) { return !is_gpt(m) || zo_model_neox(&m->cfg); }
-/* GPT-NeoX's use_parallel_residual: x + attn(ln1(x)) + mlp(ln2(x)) */
+/* Rotary positions: LLaMA's, GPT-NeoX's and Falcon's on GPT layers */
+static int has_rope(const tf_model *m) { return !is_gpt(m) || m->cfg.pos == ZO_POS_ROTARY; }
+/* GPT-NeoX's use_parallel_residual, Falcon's parallel_attn: x + attn(ln1(x)) + mlp(ln2(x)) */
 static int parallel_residual(const tf_model *m) { return m->cfg.parallel_block; }
+/* Falcon-7B: one norm for both (ln2 is ln1) */
+static int one_norm(const zo_model_config *c) { return c->layer_norms == 1; }
 /* GELU's erf form (GPT-NeoX's "gelu"), else its tanh form */
 static int gelu_exact(const zo_model_config *c) { return !strcmp(c->act, "gelu"); }
 static int qkv_width(const zo_model_config *c) { return (c->n_heads + 2 * c->n_kv_heads) * c->head_dim; }
@@ -369,9 +371,9 @@ static zo_status gen_alloc(tf_model *m)
         {&a->qkv, L ? N * qkv_width(c) * es : 0, "qkv"},
         {&a->att, L ? N * q_width(c) * es : 0, "attention"},
         {&a->x_mid, L && !c->parallel_block ? N * h * es : 0, "residual mid"},
-        {&a->ln2, L ? N * h * es : 0, "ln2"},
-        {(void **)&a->mean2, L ? N * 4 : 0, "ln2 mean"},
-        {(void **)&a->rstd2, L ? N * 4 : 0, "ln2 rstd"},
+        {&a->ln2, L && !one_norm(c) ? N * h * es : 0, "ln2"},
+        {(void **)&a->mean2, L && !one_norm(c) ? N * 4 : 0, "ln2 mean"},
+        {(void **)&a->rstd2, L && !one_norm(c) ? N * 4 : 0, "ln2 rstd"},
         {&a->fc, L ? N * f * es : 0, "mlp fc/gate"},
         {&a->up, L && llama ? N * f * es : 0, "mlp up"},
         {&a->act, L ? N * f * es : 0, "mlp activation"},
@@ -559,9 +561,9 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
             {&a->att, N * q_width(c) * es, "attention"},
             {(void **)&a->lse, (size_t)B * c->n_heads * T * 4, "attention lse"},
             {&a->x_mid, c->parallel_block ? 0 : N * h * es, "residual mid"},
-            {&a->ln2, N * h * es, "ln2"},
-            {(void **)&a->mean2, N * 4, "ln2 mean"},
-            {(void **)&a->rstd2, N * 4, "ln2 rstd"},
+            {&a->ln2, one_norm(c) ? 0 : N * h * es, "ln2"},
+            {(void **)&a->mean2, one_norm(c) ? 0 : N * 4, "ln2 mean"},
+            {(void **)&a->rstd2, one_norm(c) ? 0 : N * 4, "ln2 rstd"},
             {&a->fc, N * f * es, "mlp fc/gate"},
             {&a->up, llama ? N * f * es : 0, "mlp up"},
             {&a->act, N * f * es, "mlp activation"},
@@ -1985,18 +1987,20 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
     const void *W = base_buf(m, bb);
     gpu_tensor x = gpu_t(m->res[l], dt), out = gpu_t(m->res[l + 1], dt);
     gpu_tensor ln1 = gpu_t(a->ln1, dt), qkv = gpu_t(a->qkv, dt), att = gpu_t(a->att, dt);
-    gpu_tensor x_mid = gpu_t(a->x_mid, dt), ln2 = gpu_t(a->ln2, dt), tmp = gpu_t(m->tmp, dt);
+    gpu_tensor x_mid = gpu_t(a->x_mid, dt), ln2 = gpu_t(one_norm(c) ? a->ln1 : a->ln2, dt), tmp = gpu_t(m->tmp, dt);
     gpu_tensor fc = gpu_t(a->fc, dt), act = gpu_t(a->act, dt);
 
     const int kept = recompute && recompute_ops(m); /* qkv (qkn, qk_rstd), att, lse, fc are the forward's */
-    /* a parallel residual (GPT-NeoX): out = x + attn(ln1) + mlp(ln2) with ln2 =
-     * norm2(x), taken first (so that out may be x's buffer); no x_mid */
+    /* a parallel residual (GPT-NeoX, Falcon): out = x + attn(ln1) + mlp(ln2)
+     * with ln2 = norm2(x), taken first (so that out may be x's buffer), or
+     * ln1 itself with one norm (Falcon-7B); no x_mid */
     const int par = parallel_residual(m);
     /* attention: ln1 = norm(x); qkv[N, q+2kv] = ln1 Wqkv^T (+ b) (+ adapters); Qwen3's
      * norms on each q and k head; RoPE on q, k */
     if ((st = norm_forward(m, s, ln1, a->mean1, a->rstd1, x, bview(m, W, blk, MODEL_ROLE_LN1_W),
                            bview(m, W, blk, MODEL_ROLE_LN1_B), N)) != ZO_OK ||
-        (par && (st = norm_forward(m, s, ln2, a->mean2, a->rstd2, x, bview(m, W, blk, MODEL_ROLE_LN2_W),
+        (par && !one_norm(c) &&
+         (st = norm_forward(m, s, ln2, a->mean2, a->rstd2, x, bview(m, W, blk, MODEL_ROLE_LN2_W),
                                    bview(m, W, blk, MODEL_ROLE_LN2_B), N)) != ZO_OK))
         return st;
     if (!kept) {
@@ -2100,7 +2104,7 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     const void *G = has_lora(m) ? NULL : bb->grads;
     gpu_tensor dres = F32(m->dres), dh = F32(m->dh), dff = F32(m->dff);
     gpu_tensor x = gpu_t(m->res[l], dt), ln1 = gpu_t(a->ln1, dt), qkv = gpu_t(a->qkv, dt);
-    gpu_tensor att = gpu_t(a->att, dt), x_mid = gpu_t(a->x_mid, dt), ln2 = gpu_t(a->ln2, dt);
+    gpu_tensor att = gpu_t(a->att, dt), x_mid = gpu_t(a->x_mid, dt), ln2 = gpu_t(one_norm(c) ? a->ln1 : a->ln2, dt);
     gpu_tensor fc = gpu_t(a->fc, dt), act = gpu_t(a->act, dt);
     const linear_role down = {MODEL_ROLE_MLP_DOWN_W, MODEL_ROLE_MLP_DOWN_B, TF_LORA_DOWN, h, f};
     const linear_role gate = {MODEL_ROLE_MLP_GATE_W, MODEL_ROLE_MLP_GATE_B, TF_LORA_GATE, f, h};
@@ -2135,8 +2139,10 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     /* attention output projection: datt[N, q] = dres Wo (+ adapter) */
     gpu_tensor datt = F32(m->datt), dqkv = F32(m->dqkv);
     if ((st = linear_role_backward(m, l, bb, s, out, datt, 0.0f, dres, att)) != ZO_OK) return st;
-    if (par && (st = norm_backward(m, s, G, blk, MODEL_ROLE_LN2_W, MODEL_ROLE_LN2_B, x,
-                                   bview(m, W, blk, MODEL_ROLE_LN2_W), a->mean2, a->rstd2, N)) != ZO_OK)
+    /* one norm for both (Falcon-7B): the MLP's dh stays, the attention's adds to it */
+    if (par && !one_norm(c) &&
+        (st = norm_backward(m, s, G, blk, MODEL_ROLE_LN2_W, MODEL_ROLE_LN2_B, x,
+                            bview(m, W, blk, MODEL_ROLE_LN2_W), a->mean2, a->rstd2, N)) != ZO_OK)
         return st;
     gpu_attn_desc ad = {.b = m->b, .t = m->t, .hq = c->n_heads, .hkv = c->n_kv_heads, .d = c->head_dim,
                         .window = layer_window(m, l)};
@@ -2144,7 +2150,7 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     if (has_rope(m) && (st = rope_heads(m, s, dqkv, N, ld, 0, 1)) != ZO_OK)
         return st;
     if ((st = qk_norm_backward(m, s, a, W, G, blk)) != ZO_OK ||
-        (st = linear_role_backward(m, l, bb, s, qkvp, dh, 0.0f, dqkv, ln1)) != ZO_OK)
+        (st = linear_role_backward(m, l, bb, s, qkvp, dh, one_norm(c) ? 1.0f : 0.0f, dqkv, ln1)) != ZO_OK)
         return st;
     /* dres (= d x) += norm1 backward */
     return norm_backward(m, s, G, blk, MODEL_ROLE_LN1_W, MODEL_ROLE_LN1_B, x,
