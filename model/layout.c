@@ -141,6 +141,19 @@ static void sub_view(model_layout *l, int block, model_role whole, model_role pa
     v->tensor = -1;
 }
 
+/* q, k and v (weights and biases) as the row ranges [0, q), [q, q + kv),
+ * [q + kv, q + 2 kv) of the fused QKV_W and QKV_B (GPT-2's c_attn, GPT-NeoX's
+ * and Falcon's query_key_value in our row order). */
+static void qkv_sub_views(model_layout *l, int bl, int64_t q, int64_t kv)
+{
+    sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_Q_W, 0, q);
+    sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_K_W, q, kv);
+    sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_V_W, q + kv, kv);
+    sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_Q_B, 0, q);
+    sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_K_B, q, kv);
+    sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_V_B, q + kv, kv);
+}
+
 /* The gated MLP of a LLaMA layer (gate, up, down; Qwen2's biases where
  * out_bias; Phi-3's gate and up fused). */
 static void llama_mlp(builder *b, int i)
@@ -243,13 +256,7 @@ static void gpt_layer(builder *b, int i)
     if (c->out_bias) add(b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "h.%d.mlp.c_fc.bias", i);
     add(b, MODEL_ROLE_MLP_DOWN_W, 1, h, f, "h.%d.mlp.c_proj.weight", i);
     if (c->out_bias) add(b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "h.%d.mlp.c_proj.bias", i);
-    /* q, k, v are row ranges of the fused c_attn */
-    sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_Q_W, 0, q);
-    sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_K_W, q, kv);
-    sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_V_W, q + kv, kv);
-    sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_Q_B, 0, q);
-    sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_K_B, q, kv);
-    sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_V_B, q + kv, kv);
+    qkv_sub_views(l, bl, q, kv); /* q, k, v are row ranges of the fused c_attn */
 }
 
 /* Layer i of a GPT-NeoX or Falcon model: GPT-2's tensors under their names,
@@ -288,12 +295,7 @@ static void grouped_layer(builder *b, int i)
     if (c->out_bias) add(b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "%s.%d.mlp.dense_h_to_4h.bias", p, i);
     add(b, MODEL_ROLE_MLP_DOWN_W, 0, h, f, "%s.%d.mlp.dense_4h_to_h.weight", p, i);
     if (c->out_bias) add(b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "%s.%d.mlp.dense_4h_to_h.bias", p, i);
-    sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_Q_W, 0, q);
-    sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_K_W, q, kv);
-    sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_V_W, q + kv, kv);
-    sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_Q_B, 0, q);
-    sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_K_B, q, kv);
-    sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_V_B, q + kv, kv);
+    qkv_sub_views(l, bl, q, kv);
 }
 
 /* Layer i of a LLaMA-family model (the builder at its block): separate

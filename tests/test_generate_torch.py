@@ -121,28 +121,6 @@ FAMILIES = {
                     eos_token_id=127),
         lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
                   peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])),
-    # GPT-NeoX: query_key_value interleaved per head in the file, rotary on a quarter of each
-    # 64-wide head, the erf GELU, a parallel residual, embed_out; PEFT's four modules
-    "gpt_neox": dict(
-        seed=54,
-        config=dict(e2e.FAMILIES["gpt_neox"]["config"], num_hidden_layers=4, max_position_embeddings=128,
-                    eos_token_id=127),
-        lora=dict(r=4, alpha=8.0, targets=["q", "o", "up", "down"],
-                  peft=["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"])),
-    # Falcon-7B's kind (multi-query, one norm, no biases, tied) and Falcon-40B's (the new decoder
-    # architecture: 2 kv groups, ln_attn and ln_mlp, biases, untied); PEFT's four modules
-    "falcon": dict(
-        seed=61,
-        config=dict(e2e.FAMILIES["falcon"]["config"], num_hidden_layers=4, max_position_embeddings=128,
-                    eos_token_id=127),
-        lora=dict(r=4, alpha=8.0, targets=["q", "o", "up", "down"],
-                  peft=["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"])),
-    "falcon_new": dict(
-        seed=59,
-        config=dict(e2e.FAMILIES["falcon_new"]["config"], num_hidden_layers=4, max_position_embeddings=128,
-                    eos_token_id=127),
-        lora=dict(r=4, alpha=8.0, targets=["q", "o", "up", "down"],
-                  peft=["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"])),
     # mixtures of experts, 4 layers so that the streamed runs' device memory (three quarters of
     # the weights) holds the two slots of whole MoE layers
     "mixtral": dict(
@@ -180,6 +158,19 @@ FAMILIES = {
                 "torch_dtype": "float32"},
         lora=dict(r=4, alpha=16.0, targets="all-linear")),
 }
+
+
+# GPT-NeoX (query_key_value interleaved per head in the file, rotary on a quarter of each 64-wide
+# head, the erf GELU, a parallel residual, embed_out), Falcon-7B's kind (multi-query, one norm, no
+# biases, tied) and Falcon-40B's (the new decoder architecture: 2 kv groups, ln_attn and ln_mlp,
+# biases, untied): test_e2e_torch's models with 4 layers; PEFT's four modules as adapters
+for _name, _seed in (("gpt_neox", 54), ("falcon", 61), ("falcon_new", 59)):
+    FAMILIES[_name] = dict(
+        seed=_seed,
+        config=dict(e2e.FAMILIES[_name]["config"], num_hidden_layers=4, max_position_embeddings=128,
+                    eos_token_id=127),
+        lora=dict(r=4, alpha=8.0, targets=["q", "o", "up", "down"],
+                  peft=["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"]))
 
 
 # ---- the PyTorch side -------------------------------------------------------------------------

@@ -45,14 +45,21 @@ static zo_model_config tiny_llama(int layers, int hidden, int vocab)
 
 /* GPT-NeoX (Pythia's kind): GPT layers with rotary on a quarter of each head,
  * the erf GELU, an untied head; a parallel residual unless sequential. */
-static zo_model_config tiny_neox(int layers, int hidden, int vocab, int parallel)
+/* GPT layers with rotary positions and the erf GELU, named as `family` */
+static zo_model_config tiny_rotary_gpt(int layers, int hidden, int vocab, const char *family)
 {
     zo_model_config c = tiny_gpt(layers, hidden, vocab);
-    snprintf(c.name, sizeof c.name, "tiny-neox");
-    snprintf(c.family, sizeof c.family, "gpt_neox");
+    snprintf(c.name, sizeof c.name, "tiny-%s", family);
+    snprintf(c.family, sizeof c.family, "%s", family);
     snprintf(c.act, sizeof c.act, "gelu");
     c.pos = ZO_POS_ROTARY;
     c.rope_theta = 10000.0f;
+    return c;
+}
+
+static zo_model_config tiny_neox(int layers, int hidden, int vocab, int parallel)
+{
+    zo_model_config c = tiny_rotary_gpt(layers, hidden, vocab, "gpt_neox");
     c.rope_partial = 0.25;
     c.parallel_block = parallel;
     c.tied_embeddings = 0;
@@ -66,12 +73,7 @@ static zo_model_config tiny_neox(int layers, int hidden, int vocab, int parallel
  * norms). */
 static zo_model_config tiny_falcon(int layers, int hidden, int vocab, int norms)
 {
-    zo_model_config c = tiny_gpt(layers, hidden, vocab);
-    snprintf(c.name, sizeof c.name, "tiny-falcon");
-    snprintf(c.family, sizeof c.family, "falcon");
-    snprintf(c.act, sizeof c.act, "gelu");
-    c.pos = ZO_POS_ROTARY;
-    c.rope_theta = 10000.0f;
+    zo_model_config c = tiny_rotary_gpt(layers, hidden, vocab, "falcon");
     c.parallel_block = 1;
     c.layer_norms = norms;
     c.n_kv_heads = norms == 1 ? 1 : c.n_heads / 2;
@@ -651,6 +653,37 @@ static void test_partial_recompute(void **state)
     }
 }
 
+/* `base` without recompute (*none, its last gradients kept) and with full
+ * recompute (*full), then by op resident (*ops) and streamed: by op, the
+ * losses and the last step's gradients are no recompute's bit for bit. */
+static void recompute_runs(const run *base, const char *name, run *none, run *full, run *ops)
+{
+    static float g_none[1 << 20], g_ops[1 << 20];
+    *none = *full = *base;
+    none->final_grad = g_none;
+    full->oc.recompute = OFFLOAD_RECOMPUTE_FULL;
+    assert_int_equal(do_run(none), ZO_OK);
+    assert_int_equal(do_run(full), ZO_OK);
+    print_losses(name, none);
+    for (int streamed = 0; streamed < 2; streamed++) {
+        run r = *base;
+        r.final_grad = g_ops;
+        r.oc.recompute = OFFLOAD_RECOMPUTE_OPS;
+        r.oc.params_on = streamed ? OFFLOAD_CPU : OFFLOAD_DEVICE;
+        assert_int_equal(do_run(&r), ZO_OK);
+        const char *what = streamed ? "recompute ops, streamed" : "recompute ops, resident";
+        print_losses(what, &r);
+        assert_same_losses(what, none, &r);
+        assert_int_equal(r.final_grad_n, none->final_grad_n);
+        for (size_t i = 0; i < r.final_grad_n; i++)
+            if (memcmp(&g_ops[i], &g_none[i], sizeof(float))) {
+                fprintf(stderr, "%s: gradient %zu: %.9g != %.9g (no recompute)\n", what, i, g_ops[i], g_none[i]);
+                fail();
+            }
+        if (!streamed) *ops = r;
+    }
+}
+
 /* Recompute by op (PyTorch's every other matmul, memplan's --recompute ops):
  * each layer keeps its input, qkv, the attention's output and log-sum-exp
  * and fc1 / gate, and the backward recomputes the norms, o, up and the
@@ -663,7 +696,6 @@ static void test_partial_recompute(void **state)
 static void test_recompute_ops(void **state)
 {
     (void)state;
-    static float g_none[1 << 20], g_ops[1 << 20];
     zo_model_config cfgs[3] = {tiny_gpt(4, 64, 128), tiny_llama(4, 64, 128), tiny_llama(4, 64, 128)};
     cfgs[1].n_kv_heads = cfgs[1].n_heads / 2;
     /* Qwen3: the q/k norms' inputs kept by the forward, head_dim 32 (q wider than hidden) */
@@ -677,37 +709,13 @@ static void test_recompute_ops(void **state)
         run base = {.cfg = cfgs[c], .dt = dts[c], .B = 2, .T = 16, .steps = 6};
         base_config(&base.oc);
         base.oc.grad_accum = 2;
-        run none = base, full = base;
-        none.final_grad = g_none;
-        full.oc.recompute = OFFLOAD_RECOMPUTE_FULL;
-        assert_int_equal(do_run(&none), ZO_OK);
-        assert_int_equal(do_run(&full), ZO_OK);
-        print_losses(names[c], &none);
-        for (int streamed = 0; streamed < 2; streamed++) {
-            run r = base;
-            r.final_grad = g_ops;
-            r.oc.recompute = OFFLOAD_RECOMPUTE_OPS;
-            r.oc.params_on = streamed ? OFFLOAD_CPU : OFFLOAD_DEVICE;
-            assert_int_equal(do_run(&r), ZO_OK);
-            const char *name = streamed ? "recompute ops, streamed" : "recompute ops, resident";
-            print_losses(name, &r);
-            assert_same_losses(name, &none, &r);
-            assert_int_equal(r.final_grad_n, none.final_grad_n);
-            for (size_t i = 0; i < r.final_grad_n; i++)
-                if (memcmp(&g_ops[i], &g_none[i], sizeof(float))) {
-                    fprintf(stderr, "%s: gradient %zu: %.9g != %.9g (no recompute)\n", name, i, g_ops[i],
-                            g_none[i]);
-                    fail();
-                }
-            if (!streamed) {
-                printf("  %-28s device peak %llu (none %llu, full %llu)\n", name,
-                       (unsigned long long)r.stats.peak[OFFLOAD_DEVICE],
-                       (unsigned long long)none.stats.peak[OFFLOAD_DEVICE],
-                       (unsigned long long)full.stats.peak[OFFLOAD_DEVICE]);
-                assert_true(r.stats.peak[OFFLOAD_DEVICE] < none.stats.peak[OFFLOAD_DEVICE]);
-                assert_true(r.stats.peak[OFFLOAD_DEVICE] > full.stats.peak[OFFLOAD_DEVICE]);
-            }
-        }
+        run none, full, r;
+        recompute_runs(&base, names[c], &none, &full, &r);
+        printf("  %-28s device peak %llu (none %llu, full %llu)\n", "recompute ops, resident",
+               (unsigned long long)r.stats.peak[OFFLOAD_DEVICE], (unsigned long long)none.stats.peak[OFFLOAD_DEVICE],
+               (unsigned long long)full.stats.peak[OFFLOAD_DEVICE]);
+        assert_true(r.stats.peak[OFFLOAD_DEVICE] < none.stats.peak[OFFLOAD_DEVICE]);
+        assert_true(r.stats.peak[OFFLOAD_DEVICE] > full.stats.peak[OFFLOAD_DEVICE]);
     }
     /* refused: host checkpoints (the runtime's), the first K layers (the model's) */
     run r = {.cfg = tiny_llama(4, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 1};
@@ -740,7 +748,6 @@ static void test_recompute_ops(void **state)
 static void test_neox_recompute(void **state)
 {
     (void)state;
-    static float g_none[1 << 20], g_ops[1 << 20];
     uint64_t peak[2];
     for (int par = 0; par < 4; par++) {
         /* GPT-NeoX sequential and parallel; then Falcon with one norm and with two */
@@ -748,14 +755,10 @@ static void test_neox_recompute(void **state)
                     .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 6};
         base_config(&base.oc);
         base.oc.grad_accum = 2;
-        run none = base, full = base;
-        none.final_grad = g_none;
-        full.oc.recompute = OFFLOAD_RECOMPUTE_FULL;
-        assert_int_equal(do_run(&none), ZO_OK);
-        assert_int_equal(do_run(&full), ZO_OK);
         static const char *const names[] = {"neox sequential bf16, recompute none", "neox parallel bf16, recompute none",
                                             "falcon one norm bf16, recompute none", "falcon two norms bf16, recompute none"};
-        print_losses(names[par], &none);
+        run none, full, ops;
+        recompute_runs(&base, names[par], &none, &full, &ops);
         assert_same_losses("recompute full", &none, &full);
         /* the residual stream kept in host memory (activation offload), weights streamed */
         run host = full;
@@ -764,21 +767,6 @@ static void test_neox_recompute(void **state)
         assert_int_equal(do_run(&host), ZO_OK);
         assert_same_losses("recompute full, checkpoints in host memory", &none, &host);
         if (par < 2) peak[par] = none.stats.peak[OFFLOAD_DEVICE];
-        for (int streamed = 0; streamed < 2; streamed++) {
-            run r = base;
-            r.final_grad = g_ops;
-            r.oc.recompute = OFFLOAD_RECOMPUTE_OPS;
-            r.oc.params_on = streamed ? OFFLOAD_CPU : OFFLOAD_DEVICE;
-            assert_int_equal(do_run(&r), ZO_OK);
-            const char *name = streamed ? "recompute ops, streamed" : "recompute ops, resident";
-            assert_same_losses(name, &none, &r);
-            assert_int_equal(r.final_grad_n, none.final_grad_n);
-            for (size_t i = 0; i < r.final_grad_n; i++)
-                if (memcmp(&g_ops[i], &g_none[i], sizeof(float))) {
-                    fprintf(stderr, "%s: gradient %zu: %.9g != %.9g (no recompute)\n", name, i, g_ops[i], g_none[i]);
-                    fail();
-                }
-        }
     }
     printf("  device peak without recompute: parallel %llu, sequential %llu\n", (unsigned long long)peak[1],
            (unsigned long long)peak[0]);
