@@ -1066,10 +1066,10 @@ static const family families[] = {
      "GPT-NeoX / Pythia: LayerNorm, biased fused qkv and GELU MLP, partial rotary, parallel "
      "residual, untied", 0, 0, 0, "attention_bias", 1},
     {"falcon", "FalconForCausalLM", parse_falcon,
-     "Falcon: LayerNorm, fused multi-query or GQA qkv, GELU MLP, rotary or ALiBi, parallel "
-     "attention, tied", 1, 0, 0, NULL, 1},
-    {"RefinedWebModel", NULL, parse_falcon, "Falcon (its first model_type)", 1, 0, 0, NULL, 0},
-    {"RefinedWeb", NULL, parse_falcon, "Falcon-40B (its first model_type)", 1, 0, 0, NULL, 0},
+     "Falcon: LayerNorm, fused multi-query or GQA qkv, GELU MLP, rotary or ALiBi (not trained), "
+     "parallel attention, tied", 1, 0, 0, NULL, 1},
+    {"RefinedWebModel", NULL, parse_falcon, "Falcon (its first model_type)", 1, 0, 0, NULL, 1},
+    {"RefinedWeb", NULL, parse_falcon, "Falcon-40B (its first model_type)", 1, 0, 0, NULL, 1},
     {"opt", "OPTForCausalLM", parse_opt,
      "OPT: LayerNorm, biased q/k/v/o and ReLU MLP, learned positions (+2 rows), tied", 1, 0, 0,
      "word_embed_proj_dim,do_layer_norm_before", 0},

@@ -644,6 +644,35 @@ static void test_neox_qkv_rows(void **state)
     model_layout_free(&l);
 }
 
+/* Falcon-7B's first config (model_type RefinedWebModel, the old keys):
+ * built as Falcon, multi-query, one norm, no projection biases; Falcon-RW's
+ * ALiBi is refused by name. */
+static void test_falcon_old_keys(void **state)
+{
+    (void)state;
+    static const char *json =
+        "{\"model_type\": \"RefinedWebModel\", \"n_layer\": 2, \"hidden_size\": 256, \"n_head\": 4, "
+        "\"vocab_size\": 100, \"multi_query\": true, \"parallel_attn\": true, \"alibi\": false, "
+        "\"bias\": false}";
+    zo_model_config c;
+    if (zo_model_config_parse(json, "rw.json", &c)) fail_msg("%s", zo_last_error());
+    assert_string_equal(c.family, "falcon");
+    model_layout l;
+    if (model_layout_init(&l, &c)) fail_msg("%s", zo_last_error());
+    const model_tensor *t = model_layout_find(&l, "transformer.h.1.self_attention.query_key_value.weight");
+    assert_non_null(t);
+    assert_int_equal(t->shape[0], (4 + 2) * 64);
+    assert_int_equal(t->hf_head_groups, 1);
+    assert_null(model_layout_find(&l, "transformer.h.1.self_attention.query_key_value.bias"));
+    assert_null(model_layout_find(&l, "transformer.h.1.post_attention_layernorm.weight"));
+    assert_non_null(model_layout_find(&l, "transformer.h.1.input_layernorm.bias"));
+    assert_null(model_layout_find(&l, "lm_head.weight")); /* tied */
+    model_layout_free(&l);
+    c.pos = ZO_POS_ALIBI;
+    assert_int_equal(model_layout_init(&l, &c), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "ALiBi"));
+}
+
 static void test_hf_config_from_presets(void **state)
 {
     (void)state;
@@ -780,6 +809,7 @@ int main(void)
         cmocka_unit_test(test_hf_config_partial_rotary),
         cmocka_unit_test(test_hf_config_from_presets),
         cmocka_unit_test(test_neox_qkv_rows),
+        cmocka_unit_test(test_falcon_old_keys),
         cmocka_unit_test(test_longrope_other_family),
         cmocka_unit_test(test_batches_sequential),
         cmocka_unit_test(test_batches_random),
