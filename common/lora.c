@@ -149,6 +149,18 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
     return n;
 }
 
+int zo_lora_dense_modules(const zo_model_config *cfg, unsigned targets, int *experts)
+{
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int n = zo_lora_layer_modules(cfg, targets, mods), dense = 0;
+    *experts = 0;
+    for (int i = 0; i < n; i++) {
+        if (mods[i].experts) *experts = 1;
+        else dense++;
+    }
+    return dense;
+}
+
 const char *zo_lora_module_path(const zo_lora_module *m, int n, char *buf, size_t len)
 {
     if (m->experts)

@@ -93,6 +93,12 @@ zo_status zo_lora_check(const zo_model_config *cfg, const zo_lora_config *lc);
 int zo_lora_layer_modules(const zo_model_config *cfg, unsigned targets,
                           zo_lora_module out[ZO_LORA_MAX_MODULES]);
 
+/* Of those: how many are not a routed expert's (the runtime keeps each
+ * one's A x [tokens, r] for its backward), and in *experts whether any is
+ * (the experts' adapters run one expert at a time through a scratch of
+ * their own and keep no A x). */
+int zo_lora_dense_modules(const zo_model_config *cfg, unsigned targets, int *experts);
+
 /* The targets as the architecture has them: the bits of the linear layers
  * `targets` adapts (GPT-2: any of q, k, v is all three, c_attn; all-linear
  * is q|k|v|o|up|down). Two target sets adapt the same layers exactly when

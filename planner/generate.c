@@ -326,7 +326,7 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
     zo_model_param_counts(m, &pc);
     blocks w = {nb, pc.embedding * es, pc.per_layer * es, (pc.final_norm + pc.head) * es}, base = w, ad = {nb, 0, 0, 0};
     zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    int n_mods = 0;
+    int n_mods = 0, dense_mods = 0, expert_ad = 0;
     uint64_t wdq = 0;
     if (adapters) {
         plan_train t;
@@ -338,6 +338,7 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
         plan_peft_stage(m, &t, 0, &p);
         base = (blocks){nb, p.first_frozen, p.layer_frozen, p.last_frozen};
         n_mods = zo_lora_layer_modules(m, g->lora.targets, mods);
+        dense_mods = zo_lora_dense_modules(m, g->lora.targets, &expert_ad);
         ad.layer = zo_lora_trainable_params(m, g->lora.r, g->lora.targets) / (L ? L : 1) * es;
         /* QLoRA dequantizes each linear weight into one scratch as large as
          * the largest (transformer.c: the fused q|k|v counts as one, and
@@ -382,7 +383,7 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
     add(e, "key/value cache", ZO_PLAN_GPU, PLAN_ACTIVATIONS, L ? 2 * L * r256(e->kv_cache / (2 * L)) : 0);
     int rows = g->prompt_buffers ? g->prompt_buffers : g->prompt;
     add(e, "forward buffers (one layer, logits)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
-        forward_buffers(m, g, rows, n_mods * g->lora.r, wdq));
+        forward_buffers(m, g, rows, dense_mods * g->lora.r, wdq));
     add(e, "block boundaries (two)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
         (uint64_t)(nb - 1 < 2 ? nb - 1 : 2) * r256((uint64_t)g->batch * rows * m->hidden * es));
     /* what the GPU itself takes */

@@ -791,7 +791,10 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
         uint64_t el = mods[i].count * r * (mods[i].row ? ceil_div(in, tp) + out : in + ceil_div(out, tp));
         o->layer_trainable += el;
         if (mods[i].expert) o->layer_trainable_ex += el;
-        o->u_width += (double)mods[i].routed * (double)r; /* A x, per token */
+        /* A x, per token: this runtime keeps none of a routed expert's (it
+         * runs them one expert at a time through a scratch: backward_activations),
+         * eager frameworks each routed row's */
+        if (!mods[i].expert || t->runtime == PLAN_RUNTIME_EAGER) o->u_width += (double)mods[i].routed * (double)r;
         o->n_adapters++;
     }
     o->trainable = (uint64_t)sh.layers * o->layer_trainable;

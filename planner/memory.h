@@ -410,8 +410,9 @@ typedef struct plan_peft {
     uint64_t layer_nf4;      /* QLoRA: their bytes in NF4 (each rounded up to 16 bytes) */
     uint64_t largest_linear; /* elements of the largest of them (QLoRA's dequantization scratch) */
     int n_adapters;          /* kinds of adapted linear layers in a layer */
-    double u_width;          /* elements of the adapters' A x a token keeps per layer (MoE: its
-                                routed experts'), r each */
+    double u_width;          /* elements of the adapters' A x a token keeps per layer, r each
+                                (MoE: the routed experts' top_k r only in an eager runtime;
+                                this one keeps none of theirs) */
     int layers;
 } plan_peft;
 

@@ -456,8 +456,8 @@ static void test_sizes_and_refusals(void **state)
     /* 2 ranks of 2 experts: each rank sends an expert at most C = 5 rows */
     assert_int_equal(zo_moe_rank_rows(&cfg, 0.5, 18, 2), 2 * 2 * 5);
     /* LoRA r 2 on every linear layer (q, k, v, o and the experts' w1, w3,
-     * w2) adds, fp32: the layer's x A^T of each of the 7 adapters on the
-     * 18 tokens, and over the
+     * w2) adds, fp32: the layer's x A^T of each of the 4 attention adapters
+     * on the 18 tokens (the experts' keep none), and over the
      * rows one expert can take, one expert at a time, its adapters' x A^T
      * and the adapters' gradient (of 18 rows at least, the dense ones'):
      * an expert takes a token once, so 18 rows dropless, 5 = C at F 0.5,
@@ -471,7 +471,7 @@ static void test_sizes_and_refusals(void **state)
         size_t base = m.act_bytes;
         tf_free(&m);
         assert_int_equal(tf_init_opts(&m, &cfg, dev, ZO_DTYPE_F32, 2, 9, &lora), ZO_OK);
-        size_t er = expert_rows[i], want = 18 * 7 * 2 * 4 + er * 2 * 4 + (er > 18 ? er : 18) * 2 * 4;
+        size_t er = expert_rows[i], want = 18 * 4 * 2 * 4 + er * 2 * 4 + (er > 18 ? er : 18) * 2 * 4;
         printf("  LoRA's activation bytes at F %g: %zu (by hand %zu)\n", factors[i], m.act_bytes - base, want);
         assert_int_equal(m.act_bytes - base, want);
         tf_free(&m);

@@ -83,27 +83,29 @@ static zo_status lora_init(tf_model *m)
         return zo_error_wrap(st, "tf_init");
     m->lora_scale = o->alpha / (float)o->r;
     zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    m->n_lora_u = zo_lora_layer_modules(c, o->targets, mods);
+    const int n_mods = zo_lora_layer_modules(c, o->targets, mods);
+    m->n_lora_u = zo_lora_dense_modules(c, o->targets, &m->lora_experts);
     const int q = q_width(c), kv = c->n_kv_heads * c->head_dim, r = o->r;
     /* offsets as model_lora_layout_init lays a layer out: the modules in
      * order, the routed experts' together at the first of them, expert
      * after expert */
     size_t at = 0, e_stride = 0, e_at = 0;
-    int e_seen = 0;
-    for (int j = 0; j < m->n_lora_u; j++)
+    int e_seen = 0, u = 0; /* u: the next column of lora_u, the dense modules' in order */
+    for (int j = 0; j < n_mods; j++)
         if (mods[j].experts) e_stride += (size_t)r * (size_t)(mods[j].in + mods[j].out);
     m->n_lora = 0;
-    for (int j = 0; j < m->n_lora_u; j++) {
+    for (int j = 0; j < n_mods; j++) {
         tf_lora_slot *sl = &m->lora[m->n_lora++];
         unsigned t = mods[j].targets;
-        sl->u = j;
+        const int uj = mods[j].experts ? -1 : u++;
+        sl->u = uj;
         if (t == (ZO_LORA_GATE | ZO_LORA_UP)) {
             /* Phi-3's gate_up_proj: A [r, h], B [2f, r]; a gate slot with B's
              * first f rows and an up slot with the rest, over the one A (its
              * gradient the sum of both slots'; B's rows are [out, r]) */
             int f = (int)mods[j].out / 2;
             tf_lora_slot *up = &m->lora[m->n_lora++];
-            *sl = (tf_lora_slot){.stage = TF_LORA_GATE, .u = j, .in = (int)mods[j].in, .out = f,
+            *sl = (tf_lora_slot){.stage = TF_LORA_GATE, .u = uj, .in = (int)mods[j].in, .out = f,
                                  .a_off = at, .b_off = at + (size_t)r * (size_t)mods[j].in};
             *up = *sl;
             up->stage = TF_LORA_UP;
