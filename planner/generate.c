@@ -96,8 +96,10 @@ static void store(plan_gen_estimate *e, const char *name, const char *staging, c
  * those tokens: the router's logits and weights [N, E] fp32, the top_k
  * pairs of each token (inputs, outputs [N k, h], the experts' gate, up and
  * activation [N k, expert_ffn], their tokens and weights), the weighted
- * activation, the shared gate, every layer's router statistics. */
-static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int rows, int lora_cols, uint64_t wdq)
+ * activation, the shared gate, every layer's router statistics; with
+ * adapters on the routed experts (expert_ad), one expert's A x. */
+static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int rows, int lora_cols, int expert_ad,
+                                uint64_t wdq)
 {
     uint64_t B = (uint64_t)g->batch, N = B * (uint64_t)rows, es = zo_dtype_size(g->dtype);
     const zo_moe *mo = &m->moe;
@@ -127,7 +129,7 @@ static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int
         (uint64_t)m->n_layers * 2 * E * 4,                      /* router statistics */
         E ? N * widest * es : 0,                                /* the weighted activation */
         K * N * h * es, K * N * h * es,                         /* the pairs' inputs, outputs */
-        E ? N * r * es : 0,                 /* an expert adapter's A x (an expert's rows: at most N) */
+        expert_ad ? N * r * es : 0,         /* an expert adapter's A x (an expert's rows: at most N) */
     };
     uint64_t sum = 0;
     for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) sum += a[i] ? r256(a[i]) : 0;
@@ -383,7 +385,7 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
     add(e, "key/value cache", ZO_PLAN_GPU, PLAN_ACTIVATIONS, L ? 2 * L * r256(e->kv_cache / (2 * L)) : 0);
     int rows = g->prompt_buffers ? g->prompt_buffers : g->prompt;
     add(e, "forward buffers (one layer, logits)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
-        forward_buffers(m, g, rows, dense_mods * g->lora.r, wdq));
+        forward_buffers(m, g, rows, dense_mods * g->lora.r, expert_ad, wdq));
     add(e, "block boundaries (two)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
         (uint64_t)(nb - 1 < 2 ? nb - 1 : 2) * r256((uint64_t)g->batch * rows * m->hidden * es));
     /* what the GPU itself takes */

@@ -1493,9 +1493,10 @@ static void backward_activations(const stage_est *s, plan_estimate *e)
     /* this runtime's MoE layers: the experts' adapters one expert at a
      * time, over the rows one expert can receive (zo_moe_expert_rows: C
      * from each rank with a capacity factor, else every token): their
-     * x A^T, and the gradient's rows */
+     * x A^T, and the gradient's rows; nothing where no expert module is
+     * adapted (--lora-targets q,v) */
     uint64_t er = 0, r = (uint64_t)t->lora.r;
-    if (s->sh.moe_layers && t->runtime == PLAN_RUNTIME_ZOFFLOAD) {
+    if (s->sh.moe_layers && t->runtime == PLAN_RUNTIME_ZOFFLOAD && s->pf.layer_trainable_ex) {
         er = zo_moe_expert_rows(m, t->capacity_factor, sb, t->ep > 1 ? (uint64_t)t->ep : 1);
         add(e, "LoRA expert scratch (an expert's x A^T)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, er * r * s->wsz);
     }

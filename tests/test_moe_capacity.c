@@ -476,6 +476,24 @@ static void test_sizes_and_refusals(void **state)
         assert_int_equal(m.act_bytes - base, want);
         tf_free(&m);
     }
+    /* LoRA on q and v only: no expert carries an adapter, so no expert
+     * scratch (in training or generation): the two A x and the dense
+     * adapters' gradient, 18 rows */
+    tf_options qv = {.lora = {.r = 2, .alpha = 4, .targets = ZO_LORA_Q | ZO_LORA_V}};
+    assert_int_equal(tf_init_opts(&m, &cfg, dev, ZO_DTYPE_F32, 2, 9, &qv), ZO_OK);
+    assert_null(m.eu);
+    size_t qv_train = m.act_bytes;
+    tf_free(&m);
+    qv.lora.r = 0;
+    assert_int_equal(tf_init_opts(&m, &cfg, dev, ZO_DTYPE_F32, 2, 9, &qv), ZO_OK);
+    printf("  LoRA's activation bytes, q and v: %zu (by hand %d)\n", qv_train - m.act_bytes, 18 * 2 * 2 * 4 + 18 * 2 * 4);
+    assert_int_equal(qv_train - m.act_bytes, 18 * 2 * 2 * 4 + 18 * 2 * 4);
+    tf_free(&m);
+    qv.lora.r = 2;
+    qv.kv_len = 16;
+    assert_int_equal(tf_init_opts(&m, &cfg, dev, ZO_DTYPE_F32, 2, 9, &qv), ZO_OK);
+    assert_null(m.eu);
+    tf_free(&m);
     assert_non_null(zo_moe_check_capacity(&cfg, NAN));
     o.capacity_factor = -1;
     assert_int_not_equal(tf_init_opts(&m, &cfg, dev, ZO_DTYPE_F32, 2, 9, &o), ZO_OK);

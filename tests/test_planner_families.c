@@ -635,7 +635,7 @@ static void test_mixtral_capacity_time(void **state)
  * (at least the dense adapters' 4096 rows). A token keeps the A x of the
  * attention's 4 adapters (4 r a layer), none of the experts' (they run
  * through that scratch); an eager runtime keeps each routed row's too,
- * 3 top_k r more. */
+ * 3 top_k r more. With q and v only adapted, no expert scratch. */
 static void test_mixtral_lora_expert_scratch(void **state)
 {
     (void)state;
@@ -665,6 +665,11 @@ static void test_mixtral_lora_expert_scratch(void **state)
         s.t.runtime = PLAN_RUNTIME_EAGER;
         plan_peft_stage(&s.m, &s.t, 0, &p);
         assert_true(p.u_width == 4 * 8 + 3 * 2 * 8);
+        s.t.runtime = PLAN_RUNTIME_ZOFFLOAD;
+        s.t.lora.targets = ZO_LORA_Q | ZO_LORA_V;
+        if (plan_estimate_run(&s.m, &s.hw, &s.t, &s.e) != ZO_OK) fail_msg("%s", zo_last_error());
+        assert_int_equal(item(&s.e, "LoRA expert scratch (an expert's x A^T)", PLAN_GPU), 0);
+        assert_int_equal(item(&s.e, "LoRA backward scratch (fp32)", PLAN_GPU), 4 * 4096 * 8);
     }
 }
 

@@ -391,7 +391,8 @@ static zo_status gen_alloc(tf_model *m)
         {&m->sact, E ? N * widest_mlp(c) * es : 0, "weighted expert activation"},
         {&m->moe_x, K * N * h * es, "expert inputs"},
         {&m->moe_y, K * N * h * es, "expert outputs"},
-        {&m->eu, E && has_lora(m) ? (size_t)zo_moe_expert_rows(c, 0, N, 1) * m->opts.lora.r * es : 0, "expert LoRA A x"},
+        {&m->eu, E && m->lora_experts ? (size_t)zo_moe_expert_rows(c, 0, N, 1) * m->opts.lora.r * es : 0,
+         "expert LoRA A x"},
     };
     if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) return st;
     if (E && L && (!(a->moe_idx_h = malloc(K * N * 4)) || !(a->moe_wp_h = malloc(K * N * 4)) ||
@@ -509,8 +510,9 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     m->ep_rows = P > 1 ? (size_t)zo_moe_rank_rows(c, F, N, P) : 0;
     size_t Mr = m->moe_rows, X = P > 1 ? m->ep_rows : Mr;
     /* LoRA: one expert's rows at a time (zo_moe_expert_rows), its adapters'
-     * x A^T and their gradient, which the dense adapters' N rows share */
-    size_t Er = lora && E ? (size_t)zo_moe_expert_rows(c, F, N, P) : 0;
+     * x A^T and their gradient, which the dense adapters' N rows share;
+     * none where the experts carry no adapters */
+    size_t Er = E && m->lora_experts ? (size_t)zo_moe_expert_rows(c, F, N, P) : 0;
     /* [rows, columns] of the MLP's scratch: the shared expert's, the rows
      * at the experts here (the pairs kept, N top_k of them dropless, or
      * with expert parallelism what the group sends, never fewer) */
