@@ -1223,35 +1223,34 @@ static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_
     return ZO_OK;
 }
 
-/* RoPE (or its backward) on the q and k heads of n rows of x from position
- * pos0, one call over every head: the first zo_model_rope_dim elements of
- * each head_dim-wide head (all of it, or with a partial rotary size,
- * Phi-4-mini's, its front), which the op pairs and turns as Hugging Face's
- * apply_rotary_pos_emb does its q_rot. */
-static zo_status rope_heads(tf_model *m, gpu_stream_t s, gpu_tensor x, int n, int ld, int pos0, int backward)
+/* RoPE (or its backward) on the q and k heads of n rows of x, one call over
+ * every head: the first zo_model_rope_dim elements of each head_dim-wide
+ * head (all of it, or with a partial rotary size, Phi-4-mini's, its
+ * front), which the op pairs and turns as Hugging Face's
+ * apply_rotary_pos_emb does its q_rot. Each sequence of m->t rows from
+ * position 0 (training), or from its own position in generation (pos: the
+ * device's copy of each sequence's, one call for the whole batch). */
+static zo_status rope_heads(tf_model *m, gpu_stream_t s, gpu_tensor x, int n, int ld, const int32_t *pos,
+                            int backward)
 {
     const zo_model_config *c = &m->cfg;
     const int heads = c->n_heads + c->n_kv_heads, rd = zo_model_rope_dim(c);
     /* longrope: the factors of the batch's length, as Hugging Face picks them */
     const double *f = m->rope_freq_long && m->t > c->rope_original_max ? m->rope_freq_long : m->rope_freq;
-    return backward ? gpu_rope_backward(s, x, n, m->t, heads, rd, ld, c->head_dim, c->rope_theta, pos0, f,
+    if (pos)
+        return gpu_rope_forward_seq(s, x, n, m->t, heads, rd, ld, c->head_dim, c->rope_theta, pos, f,
+                                    m->rope_scale);
+    return backward ? gpu_rope_backward(s, x, n, m->t, heads, rd, ld, c->head_dim, c->rope_theta, 0, f,
                                         m->rope_scale)
-                    : gpu_rope_forward(s, x, n, m->t, heads, rd, ld, c->head_dim, c->rope_theta, pos0, f,
+                    : gpu_rope_forward(s, x, n, m->t, heads, rd, ld, c->head_dim, c->rope_theta, 0, f,
                                        m->rope_scale);
 }
 
 /* RoPE on the q and k heads of the current rows: from position 0 of each
- * sequence in training; in generation from each sequence's position (one
- * call when they share it). */
+ * sequence in training; in generation from each sequence's position. */
 static zo_status rope_rows(tf_model *m, gpu_stream_t s, gpu_tensor qkv, int ld)
 {
-    const int t = m->t;
-    if (!m->opts.kv_len || same_pos(m)) return rope_heads(m, s, qkv, m->b * t, ld, m->opts.kv_len ? m->hpos[0] : 0, 0);
-    for (int j = 0; j < m->b; j++) {
-        zo_status st = rope_heads(m, s, seq_rows(m, qkv, j, (size_t)ld), t, ld, m->hpos[j], 0);
-        if (st != ZO_OK) return st;
-    }
-    return ZO_OK;
+    return rope_heads(m, s, qkv, m->b * m->t, ld, m->opts.kv_len ? m->pos : NULL, 0);
 }
 
 static zo_status embed_backward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t s)
@@ -2124,7 +2123,7 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     gpu_attn_desc ad = {.b = m->b, .t = m->t, .hq = c->n_heads, .hkv = c->n_kv_heads, .d = c->head_dim,
                         .window = layer_window(m, l)};
     if ((st = gpu_attention_backward(s, &ad, dqkv, datt, qkv, att, a->lse)) != ZO_OK) return st;
-    if (!is_gpt(m) && (st = rope_heads(m, s, dqkv, N, ld, 0, 1)) != ZO_OK)
+    if (!is_gpt(m) && (st = rope_heads(m, s, dqkv, N, ld, NULL, 1)) != ZO_OK)
         return st;
     if ((st = qk_norm_backward(m, s, a, W, G, blk)) != ZO_OK ||
         (st = linear_role_backward(m, l, bb, s, qkvp, dh, 0.0f, dqkv, ln1)) != ZO_OK)
