@@ -343,13 +343,8 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
         dense_mods = zo_lora_dense_modules(m, g->lora.targets, &expert_ad);
         ad.layer = zo_lora_trainable_params(m, g->lora.r, g->lora.targets) / (L ? L : 1) * es;
         /* QLoRA dequantizes each linear weight into one scratch as large as
-         * the largest (transformer.c: the fused q|k|v counts as one, and
-         * Phi-3's gate_up_proj; an expert's and the shared expert's too) */
-        uint64_t h = (uint64_t)m->hidden, d = (uint64_t)m->head_dim, q = (uint64_t)m->n_heads * d;
-        uint64_t gu = zo_model_fused_proj(m) ? 2 : 1;
-        uint64_t lin[5] = {(q + 2 * (uint64_t)m->n_kv_heads * d) * h, h * q, gu * (uint64_t)m->ffn * h,
-                           (uint64_t)m->moe.expert_ffn * h, (uint64_t)m->moe.shared_ffn * h};
-        for (int k = 0; k < 5 && g->method == ZO_PLAN_QLORA; k++) wdq = max_u64(wdq, lin[k] * es);
+         * the widest, as the runtime sizes it (zo_lora_dequant_elems) */
+        if (g->method == ZO_PLAN_QLORA) wdq = zo_lora_dequant_elems(m) * es;
         w = ad;
     }
     /* an MoE layer's routed experts stream apart from its dense part where

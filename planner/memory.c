@@ -766,18 +766,15 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
         uint64_t b = ceil_div(zo_nf4_bytes(w), PEFT_NF4_ALIGN) * PEFT_NF4_ALIGN;
         o->layer_linear += mods[i].count * w;
         o->layer_nf4 += mods[i].count * b;
-        if (w > o->largest_linear) o->largest_linear = w;
         if (mods[i].expert) {
             expert_linear += w;
             expert_nf4 += b;
         }
     }
-    /* the runtime dequantizes q, k and v as one weight, for its fused q|k|v
-     * GEMM (transformer.c's largest_linear): wider than any one of them, and
-     * than the MLP's when heads x head_dim passes hidden (Gemma, Qwen3) */
-    uint64_t qkv = ceil_div((uint64_t)(m->n_heads + 2 * m->n_kv_heads) * (uint64_t)m->head_dim *
-                                (uint64_t)m->hidden, tp);
-    if (!m->mla.kv_rank && qkv > o->largest_linear) o->largest_linear = qkv;
+    /* the widest weight the runtime dequantizes at once, as it sizes its
+     * scratch (zo_lora_dequant_elems: q, k and v as one, for its fused
+     * q|k|v GEMM), split by TP */
+    o->largest_linear = ceil_div(zo_lora_dequant_elems(m), tp);
     zo_layer_params lp;
     uint64_t ex;
     zo_model_layer_params(m, m->n_layers - 1, &lp);

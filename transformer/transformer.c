@@ -158,19 +158,6 @@ static zo_status lora_init(tf_model *m)
     return ZO_OK;
 }
 
-/* Elements of the largest linear weight a layer dequantizes at once (the
- * fused q|k|v counts as one; Phi-3's gate_up_proj, one tensor, too). */
-static size_t largest_linear(const zo_model_config *c)
-{
-    size_t h = (size_t)c->hidden, f = (size_t)c->ffn, q = (size_t)q_width(c), qkv = (size_t)qkv_width(c);
-    size_t fe = (size_t)c->moe.expert_ffn, fs = (size_t)c->moe.shared_ffn;
-    size_t fused = zo_model_fused_proj(c) ? 2 : 1;
-    size_t w[] = {qkv * h, h * q, fused * f * h, fe * h, fs * h}; /* and an MoE layer's experts */
-    size_t most = 0;
-    for (size_t i = 0; i < N_REQ(w); i++) most = w[i] > most ? w[i] : most;
-    return most;
-}
-
 /* The rotary frequencies of c's rope_scaling, as Hugging Face computes them
  * (its ROPE_INIT_FUNCTIONS), for sequences up to T: f[i] = theta^(-2i/d),
  * then linear: f / factor; llama3: f / factor for wavelengths past
@@ -378,7 +365,7 @@ static zo_status gen_alloc(tf_model *m)
         {(void **)&m->meanf, B * 4, "final norm mean"},
         {(void **)&m->rstdf, B * 4, "final norm rstd"},
         {&m->logits, B * c->vocab * sizeof(float), "logits"},
-        {&m->wdq, has_lora(m) && m->opts.lora.nf4 ? largest_linear(c) * es : 0, "dequantized weight"},
+        {&m->wdq, has_lora(m) && m->opts.lora.nf4 ? (size_t)zo_lora_dequant_elems(c) * es : 0, "dequantized weight"},
         {(void **)&a->router_logits, L ? N * E * 4 : 0, "router logits"},
         {(void **)&a->router_w, L ? N * E * 4 : 0, "router weights"},
         {&a->efc, L ? K * N * fe * es : 0, "expert gates"},
@@ -613,7 +600,7 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         {(void **)&m->moe_dscale, Mr * 4, "expert weight gradients"},
         {(void **)&m->dlora, lora ? max_z(N, Er) * m->opts.lora.r * 4 : 0, "LoRA gradient"},
         {&m->eu, Er * m->opts.lora.r * es, "expert LoRA A x"},
-        {&m->wdq, lora && m->opts.lora.nf4 ? largest_linear(c) * es : 0, "dequantized weight"},
+        {&m->wdq, lora && m->opts.lora.nf4 ? (size_t)zo_lora_dequant_elems(c) * es : 0, "dequantized weight"},
         {&m->dy16, dtype == ZO_DTYPE_F32 ? 0 : max_z(widest_gradient(c, N, loss_rows(m, N)), P * N * max_z(h, fe)) * es,
          "16-bit activation gradient"},
         {&m->ep_buf[0], m->ep_rows * h * 4, "expert parallel rows"},
