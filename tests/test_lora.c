@@ -23,7 +23,7 @@
 
 #include "common/fileio.h"           /* defines: zo_file_read_all */
 #include "common/nf4.h"              /* defines: zo_nf4_bytes */
-#include "gpu/profile.h"             /* defines: gpu_profile_start, gpu_profile_rows */
+#include "gpu/profile.h"             /* defines: gpu_profile_start, gpu_profile_op_calls */
 #include "model/lora.h"              /* defines: model_lora_save, model_lora_load */
 #include "model/safetensors.h"       /* defines: model_load_path, model_st_open */
 #include "tests/support/check.h"     /* defines: check_close_f32 */
@@ -400,11 +400,7 @@ static void test_phi3_nf4_dequant_once(void **state)
     assert_int_equal(gpu_stream_synchronize(fx.s), ZO_OK);
     assert_int_equal(gpu_profile_step_end(p), ZO_OK);
     assert_int_equal(gpu_profile_stop(p), ZO_OK);
-    const gpu_profile_row *rows;
-    size_t n = gpu_profile_rows(p, &rows);
-    double calls = 0;
-    for (size_t i = 0; i < n; i++)
-        if (!strcmp(rows[i].op, "nf4_dequantize")) calls += rows[i].calls;
+    double calls = gpu_profile_op_calls(p, "nf4_dequantize");
     if (calls != want) fail_msg("%g dequantizations in a forward, %d NF4 weights", calls, want);
     gpu_profile_free(p);
     fx_close(&fx);

@@ -18,7 +18,7 @@
 
 #include <cmocka.h>
 
-#include "gpu/profile.h"       /* defines: gpu_profile_start, gpu_profile_rows */
+#include "gpu/profile.h"       /* defines: gpu_profile_start, gpu_profile_op_calls */
 #include "model/data.h"        /* defines: model_tokens, model_batch_get */
 #include "common/fileio.h"     /* defines: zo_file_read_all */
 #include "model/hf.h"          /* defines: model_hf_save, model_hf_config */
@@ -305,11 +305,7 @@ static double gen_check_calls(fixture *fx, tf_model *g, const int32_t *tok, int 
     *bad += gen_check(fx, g, tok, t, pos, last, want);
     assert_int_equal(gpu_profile_step_end(p), ZO_OK);
     assert_int_equal(gpu_profile_stop(p), ZO_OK);
-    const gpu_profile_row *rows;
-    size_t n = gpu_profile_rows(p, &rows);
-    double calls = 0;
-    for (size_t i = 0; i < n; i++)
-        if (!strcmp(rows[i].op, name)) calls += rows[i].calls;
+    double calls = gpu_profile_op_calls(p, name);
     gpu_profile_free(p);
     return calls;
 }
