@@ -313,11 +313,17 @@ zo_status gpu_embedding_backward(gpu_stream_t s, gpu_tensor dwte, gpu_tensor dwp
  * logsumexp(logits[r]) - logits[r, targets[r]] (fp32, [n]); a target of -1
  * is ignored (loss 0, gradient 0). Backward: dlogits = dloss * (softmax -
  * onehot), where dloss is a scalar (1/count for a mean); dlogits may be
- * logits itself. */
+ * logits itself. The _cap forms first soft-cap the logits, z = cap tanh(x /
+ * cap) (Gemma-2's final_logit_softcapping; cap 0: none), the loss over z,
+ * and dlogits is of x: dloss (softmax(z) - onehot) (1 - (z / cap)^2). */
 zo_status gpu_cross_entropy_forward(gpu_stream_t s, float *losses, gpu_tensor logits,
                                     const int32_t *targets, int n, int v);
 zo_status gpu_cross_entropy_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor logits,
                                      const int32_t *targets, float dloss, int n, int v);
+zo_status gpu_cross_entropy_forward_cap(gpu_stream_t s, float *losses, gpu_tensor logits,
+                                        const int32_t *targets, int n, int v, float cap);
+zo_status gpu_cross_entropy_backward_cap(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor logits,
+                                         const int32_t *targets, float dloss, int n, int v, float cap);
 
 /* ---- ops: elementwise and reductions ---------------------------------------------
  * y = a + b (the residual add; its backward passes dy to both inputs, so the

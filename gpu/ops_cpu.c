@@ -1624,8 +1624,15 @@ VEC_CLONES static void row_softmax_scaled(float *restrict row, int v, float L, f
     for (int j = 0; j < v; j++) row[j] = scale * fexp(row[j] - L);
 }
 
+/* A row of logits soft-capped in place: x = cap tanh(x / cap) (cap > 0). */
+static void cap_row(float *restrict row, int v, float cap)
+{
+    if (cap > 0.0f)
+        for (int j = 0; j < v; j++) row[j] = cap * tanhf(row[j] / cap);
+}
+
 zo_status cpu_cross_entropy_forward(cpu_scratch *ws, float *losses, gpu_tensor logits,
-                                    const int32_t *targets, int n, int v, int nt)
+                                    const int32_t *targets, int n, int v, float cap, int nt)
 {
     const char *op = "gpu_cross_entropy_forward";
     zo_status s = check_ids(op, "targets", targets, n, v, 1);
@@ -1645,6 +1652,11 @@ zo_status cpu_cross_entropy_forward(cpu_scratch *ws, float *losses, gpu_tensor l
                 continue;
             }
             const float *lr = in_f32(logits, (size_t)r * v, v, row);
+            if (cap > 0.0f) {
+                if (lr != row) memcpy(row, lr, (size_t)v * sizeof(float));
+                cap_row(row, v, cap);
+                lr = row;
+            }
             losses[r] = row_lse(lr, v) - lr[targets[r]];
         }
     }
@@ -1652,7 +1664,7 @@ zo_status cpu_cross_entropy_forward(cpu_scratch *ws, float *losses, gpu_tensor l
 }
 
 zo_status cpu_cross_entropy_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_tensor logits,
-                                     const int32_t *targets, float dloss, int n, int v, int nt)
+                                     const int32_t *targets, float dloss, int n, int v, float cap, int nt)
 {
     const char *op = "gpu_cross_entropy_backward";
     zo_status s = check_ids(op, "targets", targets, n, v, 1);
@@ -1671,8 +1683,16 @@ zo_status cpu_cross_entropy_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_te
                 memset(row, 0, (size_t)v * sizeof(float));
             } else {
                 load_row(row, logits, (size_t)r * v, v);
+                cap_row(row, v, cap);
                 row_softmax_scaled(row, v, row_lse(row, v), dloss);
                 row[targets[r]] -= dloss;
+                /* the cap's derivative 1 - tanh^2, the tanh from the input
+                 * again (row holds the softmax; the row is stored after) */
+                if (cap > 0.0f)
+                    for (int j = 0; j < v; j++) {
+                        float th = tanhf(ld(logits, (size_t)r * v + j) / cap);
+                        row[j] *= 1.0f - th * th;
+                    }
             }
             store_row(dlogits, (size_t)r * v, row, v);
         }

@@ -596,28 +596,39 @@ static double row_lse(const double *x, int v)
     return mx + log(s);
 }
 
-/* t: logits; p: losses targets */
-static void ref_cross_entropy_forward(const gpu_op_args *a, hostv *h)
+/* row[0..v) = cap tanh(x / cap) (cap > 0), else x */
+static void cap_logits(double *row, const double *x, int v, double cap)
 {
-    int n = (int)a->i[0], v = (int)a->i[1];
-    for (int r = 0; r < n; r++) {
-        int tg = (int)h->P[1][r];
-        const double *x = h->T[0] + (size_t)r * v;
-        h->P[0][r] = tg < 0 ? 0.0 : row_lse(x, v) - x[tg];
-    }
+    for (int j = 0; j < v; j++) row[j] = cap > 0.0 ? cap * tanh(x[j] / cap) : x[j];
 }
 
-/* t: dlogits logits; p: targets; f: dloss */
-static void ref_cross_entropy_backward(const gpu_op_args *a, hostv *h)
+/* t: logits; p: losses targets; f: cap */
+static void ref_cross_entropy_forward(const gpu_op_args *a, hostv *h)
 {
     int n = (int)a->i[0], v = (int)a->i[1];
     double *row = malloc((size_t)v * sizeof *row);
     for (int r = 0; r < n; r++) {
+        int tg = (int)h->P[1][r];
+        cap_logits(row, h->T[0] + (size_t)r * v, v, a->f[0]);
+        h->P[0][r] = tg < 0 ? 0.0 : row_lse(row, v) - row[tg];
+    }
+    free(row);
+}
+
+/* t: dlogits logits; p: targets; f: dloss cap. Capped: the softmax of
+ * z = cap tanh(x / cap), times dz/dx = 1 - (z / cap)^2. */
+static void ref_cross_entropy_backward(const gpu_op_args *a, hostv *h)
+{
+    int n = (int)a->i[0], v = (int)a->i[1];
+    double *row = malloc((size_t)v * sizeof *row), cap = a->f[1];
+    for (int r = 0; r < n; r++) {
         int tg = (int)h->P[0][r];
-        memcpy(row, h->T[1] + (size_t)r * v, (size_t)v * sizeof *row); /* dlogits may be logits */
+        cap_logits(row, h->T[1] + (size_t)r * v, v, cap); /* dlogits may be logits */
         double L = row_lse(row, v);
-        for (int j = 0; j < v; j++)
-            h->T[0][(size_t)r * v + j] = tg < 0 ? 0.0 : a->f[0] * (exp(row[j] - L) - (j == tg));
+        for (int j = 0; j < v; j++) {
+            double dz = cap > 0.0 ? 1.0 - (row[j] / cap) * (row[j] / cap) : 1.0;
+            h->T[0][(size_t)r * v + j] = tg < 0 ? 0.0 : a->f[0] * (exp(row[j] - L) - (j == tg)) * dz;
+        }
     }
     free(row);
 }
@@ -1993,13 +2004,18 @@ static void parity_embedding_backward(void)
 
 static const int ce_shapes[][2] = {{1, 1}, {3, 31}, {4, 256}, {5, 257}, {2, 1000}, {3, 5000}};
 
-static void parity_cross_entropy_forward(void)
+/* Gemma-2's final_logit_softcapping: a cap of 5 over logits in [-8, 8], so
+ * tanh bends the larger ones; drawn from their own stream (SOFTCAP_SEED) */
+#define CE_CAP 5.0f
+
+static void ce_forward_cases(int capped)
 {
     for (size_t s = 0; s < sizeof ce_shapes / sizeof *ce_shapes; s++)
         for (int t = 0; t < 3; t++) {
             int n = ce_shapes[s][0], v = ce_shapes[s][1];
-            pcase c = new_case(GPU_OP_CROSS_ENTROPY_FORWARD, "n %d v %d %s", n, v, ename(storage[t]));
-            c.a.i[0] = n, c.a.i[1] = v;
+            pcase c = new_case(GPU_OP_CROSS_ENTROPY_FORWARD, "n %d v %d %s%s", n, v, ename(storage[t]),
+                               capped ? " softcap 5" : "");
+            c.a.i[0] = n, c.a.i[1] = v, c.a.f[0] = capped ? CE_CAP : 0.0f;
             int x = IN_T(&c, 0, storage[t], (size_t)n * v);
             c.buf[x].lo = -8.0, c.buf[x].hi = 8.0;
             OUT_P(&c, 0, E_F32, n);
@@ -2008,15 +2024,24 @@ static void parity_cross_entropy_forward(void)
         }
 }
 
-static void parity_cross_entropy_backward(void)
+static void parity_cross_entropy_forward(void)
+{
+    ce_forward_cases(0);
+    uint64_t saved = rng;
+    rng = SOFTCAP_SEED;
+    ce_forward_cases(1);
+    rng = saved;
+}
+
+static void ce_backward_cases(int capped)
 {
     for (size_t s = 0; s < sizeof ce_shapes / sizeof *ce_shapes; s++)
         for (int t = 0; t < 3; t++)
             for (int inplace = 0; inplace < 2; inplace++) {
                 int n = ce_shapes[s][0], v = ce_shapes[s][1];
-                pcase c = new_case(GPU_OP_CROSS_ENTROPY_BACKWARD, "n %d v %d %s%s", n, v, ename(storage[t]),
-                                   inplace ? " in place" : "");
-                c.a.i[0] = n, c.a.i[1] = v, c.a.f[0] = 1.0f / 7.0f;
+                pcase c = new_case(GPU_OP_CROSS_ENTROPY_BACKWARD, "n %d v %d %s%s%s", n, v, ename(storage[t]),
+                                   inplace ? " in place" : "", capped ? " softcap 5" : "");
+                c.a.i[0] = n, c.a.i[1] = v, c.a.f[0] = 1.0f / 7.0f, c.a.f[1] = capped ? CE_CAP : 0.0f;
                 OUT_T(&c, 0, storage[t], (size_t)n * v);
                 int x = IN_T(&c, 1, storage[t], (size_t)n * v);
                 c.buf[x].lo = -8.0, c.buf[x].hi = 8.0;
@@ -2024,6 +2049,15 @@ static void parity_cross_entropy_backward(void)
                 add_buf(&c, 'p', 0, E_I32, n, FILL_INT, -1, v, 0);
                 emit(&c);
             }
+}
+
+static void parity_cross_entropy_backward(void)
+{
+    ce_backward_cases(0);
+    uint64_t saved = rng;
+    rng = SOFTCAP_SEED;
+    ce_backward_cases(1);
+    rng = saved;
 }
 
 /* A well-formed NF4 image: fp32 offset and scales, random constants and codes. */
