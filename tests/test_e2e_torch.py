@@ -223,6 +223,20 @@ FAMILIES = {
                 "torch_dtype": "float32"},
         run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
         lora=dict(r=8, alpha=16.0, targets="all-linear", lr=3e-2)),
+    # Gemma-2: Gemma's layers with norms on the attention's and the MLP's outputs, scores times
+    # query_pre_attn_scalar^-0.5 (64 on heads of 256) and soft-capped at 5 (scores reach ~10),
+    # logits capped at 3 (they reach ~7), a window of 48 on layer 0 (the even layers), seq 130
+    "gemma2": dict(
+        seed=48,
+        config={"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "num_hidden_layers": 2,
+                "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 256,
+                "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 256,
+                "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+                "attention_bias": False, "tie_word_embeddings": True, "query_pre_attn_scalar": 64,
+                "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0, "sliding_window": 48,
+                "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+        lora=dict(r=8, alpha=16.0, targets="all-linear", lr=3e-2)),
 }
 # mixtures of experts where some experts get no token in some steps (16 experts, 2 a token, 10
 # tokens a micro-batch): torch.optim.AdamW skips a parameter whose grad is None (no moment decay,
@@ -657,6 +671,15 @@ def check_family(train, name, workdir):
     UNTOUCHED[0] = 0
     want_l, want_n, want_ev = torch_train(c, params, data, eval_data, run)
     t_torch = time.time() - t0
+    if c["model_type"] == "gemma2":
+        # the soft caps bite: without either, the reference's first loss moves by far more than
+        # the tolerance
+        for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
+            with torch.no_grad():
+                uncapped = micro_loss(dict(c, **{cap: None}), params, data, run, 0).item()
+                capped = micro_loss(c, params, data, run, 0).item()
+            ck.fact(f"without {cap} the reference's loss moves ({capped:.6f} -> {uncapped:.6f})",
+                    abs(uncapped - capped) > 10 * REL * capped)
     if is_moe(c):
         ck.fact(f"the reference's expert choices clear of ties (smallest gap {MIN_GAP[0]:.1e} > {TIE_GAP:.0e})",
                 MIN_GAP[0] > TIE_GAP)

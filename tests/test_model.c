@@ -26,12 +26,13 @@ static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "lla
                                    "mixtral-8x7b.json", "qwen1.5-moe-a2.7b.json",
                                    "qwen3-0.6b.json",   "qwen3-8b.json",    "qwen3-30b-a3b.json",
                                    "phi-3-mini-4k-instruct.json", "phi-3.5-mini-instruct.json",
-                                   "phi-4.json", "gemma-2b.json", "gemma-7b.json"};
+                                   "phi-4.json", "gemma-2b.json", "gemma-7b.json",
+                                   "gemma-2-2b.json", "gemma-2-9b.json", "gemma-2-27b.json"};
 
 /* Families memplan sizes but the runtime does not build: the layout (and so
  * `train`) refuses each by name. */
 static const struct { const char *config, *family; } not_built[] = {
-    {"deepseek-v2-lite.json", "deepseek_v2"}, {"gemma-2-2b.json", "gemma2"},          {"pythia-160m.json", "gpt_neox"},
+    {"deepseek-v2-lite.json", "deepseek_v2"}, {"pythia-160m.json", "gpt_neox"},
     {"falcon-7b.json", "falcon"},           {"opt-125m.json", "opt"},
     {"bloom-560m.json", "bloom"},
 };
@@ -590,6 +591,66 @@ static void test_hf_config_from_presets(void **state)
     }
 }
 
+/* Gemma-2's attention keys as Hugging Face's Gemma2Config reads them: the
+ * real configs (27b: heads of 128, query_pre_attn_scalar 144; caps 50 and
+ * 30; a window of 4096 on the even layers), null caps and window (none),
+ * layer_types of another period, one of no period (refused by name), and
+ * each preset's config.json read back with the same keys. */
+static void test_gemma2_config(void **state)
+{
+    (void)state;
+    char path[512];
+    zo_model_config c, back;
+    snprintf(path, sizeof path, "%s/hf-configs/gemma-2-27b.json", ZO_FIXTURES_DIR);
+    if (zo_model_config_load(path, &c)) fail_msg("%s", zo_last_error());
+    assert_int_equal(c.head_dim, 128);
+    assert_true(c.query_pre_attn_scalar == 144.0f && c.attn_softcap == 50.0f && c.final_softcap == 30.0f);
+    assert_int_equal(c.layer_norms, 4);
+    assert_int_equal(zo_model_layer_window(&c, 0), 4096);
+    assert_int_equal(zo_model_layer_window(&c, 1), 0);
+    assert_int_equal(zo_model_layer_window(&c, 44), 4096);
+    assert_int_equal(zo_model_config_runtime_check(&c), ZO_OK);
+#define G2 "{\"model_type\": \"gemma2\", \"num_hidden_layers\": 6, \"hidden_size\": 64, " \
+           "\"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 32, " \
+           "\"intermediate_size\": 96, \"vocab_size\": 100"
+    assert_int_equal(zo_model_config_parse(G2 ", \"attn_logit_softcapping\": null, "
+                                           "\"final_logit_softcapping\": null, \"sliding_window\": null}",
+                                           "nulls.json", &c),
+                     ZO_OK);
+    assert_true(c.attn_softcap == 0.0f && c.final_softcap == 0.0f && c.query_pre_attn_scalar == 256.0f);
+    for (int l = 0; l < 6; l++) assert_int_equal(zo_model_layer_window(&c, l), 0);
+    /* one global layer in three (Gemma-3's kind of list) */
+    assert_int_equal(zo_model_config_parse(G2 ", \"sliding_window\": 8, \"layer_types\": [\"sliding_attention\", "
+                                           "\"sliding_attention\", \"full_attention\", \"sliding_attention\", "
+                                           "\"sliding_attention\", \"full_attention\"]}",
+                                           "period3.json", &c),
+                     ZO_OK);
+    static const int want3[] = {8, 8, 0, 8, 8, 0};
+    for (int l = 0; l < 6; l++) assert_int_equal(zo_model_layer_window(&c, l), want3[l]);
+    assert_int_equal(zo_model_config_parse(G2 ", \"layer_types\": [\"full_attention\", \"sliding_attention\", "
+                                           "\"sliding_attention\", \"full_attention\", \"sliding_attention\", "
+                                           "\"full_attention\"]}",
+                                           "odd.json", &c),
+                     ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "layer_types"));
+#undef G2
+    static const char *const presets[] = {"gemma-2-2b", "gemma-2-9b", "gemma-2-27b"};
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
+        assert_int_equal(zo_model_preset_find(presets[i], &c), ZO_OK);
+        cJSON *js = NULL;
+        assert_int_equal(model_hf_config(&c, ZO_DTYPE_BF16, &js), ZO_OK);
+        char *text = cJSON_Print(js);
+        if (zo_model_config_parse(text, "written.json", &back) != ZO_OK) fail_msg("%s: %s", presets[i], zo_last_error());
+        assert_string_equal(back.family, "gemma2");
+        assert_true(back.query_pre_attn_scalar == c.query_pre_attn_scalar && back.attn_softcap == c.attn_softcap &&
+                    back.final_softcap == c.final_softcap);
+        for (int l = 0; l < c.n_layers; l++) assert_int_equal(zo_model_layer_window(&back, l), zo_model_layer_window(&c, l));
+        assert_true(zo_model_params(&back) == zo_model_params(&c));
+        free(text);
+        cJSON_Delete(js);
+    }
+}
+
 /* A Phi-4-mini-shaped model's config.json (partial_rotary_factor 0.75:
  * 96 of each 128-wide head rotate) reads back with the same rotary size;
  * a factor of 0.7 on heads of 80 rotates 56, as Hugging Face computes. */
@@ -688,6 +749,7 @@ int main(void)
         cmocka_unit_test(test_layout_views),
         cmocka_unit_test(test_layout_refuses_families),
         cmocka_unit_test(test_hf_config_partial_rotary),
+        cmocka_unit_test(test_gemma2_config),
         cmocka_unit_test(test_hf_config_from_presets),
         cmocka_unit_test(test_longrope_other_family),
         cmocka_unit_test(test_batches_sequential),
