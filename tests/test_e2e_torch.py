@@ -693,14 +693,17 @@ def check_family(train, name, workdir):
         ck.rel(f"step {k} grad norm", got_n[k], want_n[k], slack=5e-5)
     ck.rel("eval loss after 3 steps", got_ev, want_ev)
     check_folder(ck, c, params, sdir, eval_data, run, got_ev, "--save", sharded=True)
-    if is_moe(c):
-        # the MoE layer recomputed in backward (its routing redone) and streamed from host memory:
-        # the same run
-        rl, rn, rev, _, rcmd = run_train(train, d, run, ["--recompute", "full", "--params-on", "cpu",
-                                                         "--checkpoints-on", "cpu"])
-        print(f" recomputed and streamed: {rcmd}")
-        ck.fact(f"losses, norms and eval loss with --recompute full --params-on cpu equal the first run's "
-                f"({rl} {rev})", rl == got_l and rn == got_n and rev == got_ev)
+    if is_moe(c) or c["model_type"] == "gemma2":
+        # the MoE layer recomputed in backward (its routing redone), Gemma-2's post norms (their
+        # inputs and 1/rms kept by the recompute), and streamed from host memory: the same run
+        recomputes = [["--recompute", "full", "--params-on", "cpu", "--checkpoints-on", "cpu"]]
+        if not is_moe(c):
+            recomputes.append(["--recompute", "ops"])
+        for flags in recomputes:
+            rl, rn, rev, _, rcmd = run_train(train, d, run, flags)
+            print(f" recomputed: {rcmd}")
+            ck.fact(f"losses, norms and eval loss with {' '.join(flags)} equal the first run's "
+                    f"({rl} {rev})", rl == got_l and rn == got_n and rev == got_ev)
     if sparse(name):
         check_experts_apart(ck, train, c, params, d, run, (got_l, got_n, got_ev), sdir, shard)
         # the untouched experts in each optimizer shard: the device's, and half of it on NVMe
@@ -737,6 +740,17 @@ def check_family(train, name, workdir):
     ck.fact(f"the adapters move the eval loss (base {base_ev:.6f}, rel {moved:.1e} > {10 * REL:.0e})",
             moved > 10 * REL)
     check_folder(ck, c, params, mdir, eval_data, run, got_ev, "--merge", sharded=False)
+    if c["model_type"] == "gemma2":
+        # QLoRA: the layers' linear weights in NF4, dequantized as they compute; its --merge folder
+        # (the base dequantized on the host, the adapters merged) gives train's eval loss here
+        qdir, qmdir = os.path.join(d, "qadapter"), os.path.join(d, "qmerged")
+        _, _, q_ev, _, qcmd = run_train(
+            train, d, lrun, ["--lora", str(lora["r"]), "--lora-alpha", repr(lora["alpha"]),
+                             "--lora-targets", lora["targets"], "--qlora", "--save", qdir, "--merge", qmdir])
+        print(f" QLoRA: {qcmd}")
+        _, qparams, _, _ = read_folder(qmdir)
+        ck.rel("QLoRA eval loss of its --merge folder",
+               eval_loss(c, qparams, eval_data, run) if qparams else float("nan"), q_ev)
 
     # a bf16 run saves BF16 tensors and says so
     bdir = os.path.join(d, "saved-bf16")
