@@ -2024,14 +2024,18 @@ static void ce_forward_cases(int capped)
         }
 }
 
-static void parity_cross_entropy_forward(void)
+/* cases(0), then cases(1) (the capped ones) from SOFTCAP_SEED's stream,
+ * the stream given back after */
+static void plain_then_capped(void (*cases)(int capped))
 {
-    ce_forward_cases(0);
+    cases(0);
     uint64_t saved = rng;
     rng = SOFTCAP_SEED;
-    ce_forward_cases(1);
+    cases(1);
     rng = saved;
 }
+
+static void parity_cross_entropy_forward(void) { plain_then_capped(ce_forward_cases); }
 
 static void ce_backward_cases(int capped)
 {
@@ -2051,14 +2055,7 @@ static void ce_backward_cases(int capped)
             }
 }
 
-static void parity_cross_entropy_backward(void)
-{
-    ce_backward_cases(0);
-    uint64_t saved = rng;
-    rng = SOFTCAP_SEED;
-    ce_backward_cases(1);
-    rng = saved;
-}
+static void parity_cross_entropy_backward(void) { plain_then_capped(ce_backward_cases); }
 
 /* A well-formed NF4 image: fp32 offset and scales, random constants and codes. */
 static void nf4_prep(const pcase *c, hostv *h)
