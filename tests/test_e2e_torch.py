@@ -237,6 +237,21 @@ FAMILIES = {
                 "torch_dtype": "float32"},
         run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
         lora=dict(r=8, alpha=16.0, targets="all-linear", lr=3e-2)),
+    # Gemma-3 (text): Gemma-2's layers with an RMSNorm (1 + w) on each q and k head, no caps, 3
+    # layers with sliding_window_pattern 3 (layers 0 and 1 local: a window of 48 and base 10000;
+    # layer 2 global: rope_theta 1e6 and a linear rope_scaling of 8, as gemma-3-4b's)
+    "gemma3_text": dict(
+        seed=49,
+        config={"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "num_hidden_layers": 3,
+                "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 256,
+                "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 256,
+                "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                "rope_local_base_freq": 10000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+                "attention_bias": False, "tie_word_embeddings": True, "query_pre_attn_scalar": 64,
+                "sliding_window": 48, "sliding_window_pattern": 3, "final_logit_softcapping": None,
+                "attn_logit_softcapping": None, "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+        lora=dict(r=8, alpha=16.0, targets="all-linear", lr=3e-2)),
 }
 # mixtures of experts where some experts get no token in some steps (16 experts, 2 a token, 10
 # tokens a micro-batch): torch.optim.AdamW skips a parameter whose grad is None (no moment decay,
@@ -671,15 +686,17 @@ def check_family(train, name, workdir):
     UNTOUCHED[0] = 0
     want_l, want_n, want_ev = torch_train(c, params, data, eval_data, run)
     t_torch = time.time() - t0
-    if c["model_type"] == "gemma2":
-        # the soft caps bite: without either, the reference's first loss moves by far more than
-        # the tolerance
-        for cap in ("attn_logit_softcapping", "final_logit_softcapping"):
-            with torch.no_grad():
-                uncapped = micro_loss(dict(c, **{cap: None}), params, data, run, 0).item()
-                capped = micro_loss(c, params, data, run, 0).item()
-            ck.fact(f"without {cap} the reference's loss moves ({capped:.6f} -> {uncapped:.6f})",
-                    abs(uncapped - capped) > 10 * REL * capped)
+    # what the Gemma-2 and Gemma-3 tests rely on changes the reference's first loss by far more
+    # than the tolerance: each soft cap; the local layers' own rotary base and the global
+    # layers' rope_scaling
+    variants = {"gemma2": {"attn_logit_softcapping": None, "final_logit_softcapping": None},
+                "gemma3_text": {"rope_local_base_freq": c.get("rope_theta"), "rope_scaling": None}}
+    for key, other in variants.get(c["model_type"], {}).items():
+        with torch.no_grad():
+            changed = micro_loss(dict(c, **{key: other}), params, data, run, 0).item()
+            given = micro_loss(c, params, data, run, 0).item()
+        ck.fact(f"with {key} {other} the reference's loss moves ({given:.6f} -> {changed:.6f})",
+                abs(changed - given) > 10 * REL * given)
     if is_moe(c):
         ck.fact(f"the reference's expert choices clear of ties (smallest gap {MIN_GAP[0]:.1e} > {TIE_GAP:.0e})",
                 MIN_GAP[0] > TIE_GAP)
@@ -693,7 +710,7 @@ def check_family(train, name, workdir):
         ck.rel(f"step {k} grad norm", got_n[k], want_n[k], slack=5e-5)
     ck.rel("eval loss after 3 steps", got_ev, want_ev)
     check_folder(ck, c, params, sdir, eval_data, run, got_ev, "--save", sharded=True)
-    if is_moe(c) or c["model_type"] == "gemma2":
+    if is_moe(c) or c["model_type"] in ("gemma2", "gemma3_text"):
         # the MoE layer recomputed in backward (its routing redone), Gemma-2's post norms (their
         # inputs and 1/rms kept by the recompute), and streamed from host memory: the same run
         recomputes = [["--recompute", "full", "--params-on", "cpu", "--checkpoints-on", "cpu"]]
@@ -740,7 +757,7 @@ def check_family(train, name, workdir):
     ck.fact(f"the adapters move the eval loss (base {base_ev:.6f}, rel {moved:.1e} > {10 * REL:.0e})",
             moved > 10 * REL)
     check_folder(ck, c, params, mdir, eval_data, run, got_ev, "--merge", sharded=False)
-    if c["model_type"] == "gemma2":
+    if c["model_type"] in ("gemma2", "gemma3_text"):
         # QLoRA: the layers' linear weights in NF4, dequantized as they compute; its --merge folder
         # (the base dequantized on the host, the adapters merged) gives train's eval loss here
         qdir, qmdir = os.path.join(d, "qadapter"), os.path.join(d, "qmerged")

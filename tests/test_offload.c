@@ -1340,7 +1340,8 @@ static void test_memplan_agrees_lora(void **state)
 /* Gemma (gemma-2b's kind, small: head_dim 256 with q wider than hidden,
  * one kv head, tied, GeGLU) and Gemma-2 (the same with its four norms a
  * layer, whose two extra inputs each layer keeps, the score scale, the soft
- * caps and a window on every other layer): the peak bytes per tier against
+ * caps and a window on every other layer) and Gemma-3 (Gemma-2's without
+ * caps, with q/k norms and a window on two layers of three): the peak bytes per tier against
  * memplan's estimate, within 3%, fully fine-tuned and with LoRA / QLoRA. */
 static void gemma_peaks_agree(const char *family)
 {
@@ -1362,13 +1363,16 @@ static void gemma_peaks_agree(const char *family)
         r.cfg.n_kv_heads = 1;
         r.cfg.head_dim = 256;
         r.cfg.tied_embeddings = 1;
-        if (!strcmp(family, "gemma2")) {
+        if (strcmp(family, "gemma")) { /* Gemma-2, Gemma-3 */
+            int g3 = !strcmp(family, "gemma3_text");
             r.cfg.layer_norms = 4;
             r.cfg.query_pre_attn_scalar = 64.0f;
-            r.cfg.attn_softcap = 50.0f;
-            r.cfg.final_softcap = 30.0f;
+            r.cfg.attn_softcap = g3 ? 0.0f : 50.0f;
+            r.cfg.final_softcap = g3 ? 0.0f : 30.0f;
             r.cfg.sliding_window = 16;
-            r.cfg.window_period = 2;
+            r.cfg.window_period = g3 ? 3 : 2;
+            r.cfg.qk_norm = g3;
+            r.cfg.rope_local_theta = g3 ? 10000.0f : 0.0f;
         }
         base_config(&r.oc);
         r.oc.sub_group = 50000;
@@ -1392,6 +1396,12 @@ static void test_memplan_agrees_gemma2(void **state)
 {
     (void)state;
     gemma_peaks_agree("gemma2");
+}
+
+static void test_memplan_agrees_gemma3(void **state)
+{
+    (void)state;
+    gemma_peaks_agree("gemma3_text");
 }
 
 /* Optimizer state on the device (wholly or in part) updates with
@@ -1925,6 +1935,7 @@ int main(void)
         cmocka_unit_test(test_memplan_agrees_lora),
         cmocka_unit_test(test_memplan_agrees_gemma),
         cmocka_unit_test(test_memplan_agrees_gemma2),
+        cmocka_unit_test(test_memplan_agrees_gemma3),
         cmocka_unit_test(test_device_optimizer),
         cmocka_unit_test(test_device_optimizer_resume),
         cmocka_unit_test(test_device_optimizer_state),

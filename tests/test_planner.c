@@ -48,6 +48,8 @@ static const struct { const char *preset, *config; uint64_t params; } counts[] =
     {"gemma-2-2b", "gemma-2-2b.json", 2614341888ull},
     {"gemma-2-9b", "gemma-2-9b.json", 9241705984ull},
     {"gemma-2-27b", "gemma-2-27b.json", 27227128320ull},
+    /* google/gemma-3-1b-pt's count (26 x 26842112 + the embedding and the final norm) */
+    {"gemma-3-1b", "gemma-3-1b.json", 999885952ull},
 };
 
 static void test_param_counts(void **state)
@@ -82,7 +84,9 @@ static void test_all_presets_valid(void **state)
          * Gemma's 256 (gemma-7b: 3072 / 16 = 192); Gemma-2's 256 (2b: 2304 / 8 = 288), 27b's
          * 128 (4608 / 32 = 144, its query_pre_attn_scalar) */
         int given = c.qk_norm ? 128 : !strcmp(c.family, "gemma") ? 256 : 0;
-        if (!strcmp(c.family, "gemma2")) given = c.hidden == 4608 ? 128 : 256;
+        /* Gemma-2 and Gemma-3: 256, the 27b models' 128 (query_pre_attn_scalar 144 and 168) */
+        if (!strcmp(c.family, "gemma2") || !strcmp(c.family, "gemma3_text"))
+            given = c.query_pre_attn_scalar == 256.0f ? 256 : 128;
         assert_int_equal(given ? given : c.hidden, given ? c.head_dim : c.n_heads * c.head_dim);
     }
     /* the GPT-3 sizes land near their names */

@@ -797,6 +797,38 @@ static void test_gemma2_vs_torch(void **state)
     fixture_close(&fx);
 }
 
+/* Gemma-3 text (make_fixtures.py tiny_gemma3, Gemma3ForCausalLM written
+ * out in PyTorch): Gemma-2's layers without caps, an RMSNorm (1 + w) on
+ * each q and k head, layers 0 and 1 local (a window of 5, rotary base
+ * 10000), layer 2 global (rope_theta 1e6 with a linear rope_scaling of 8).
+ * Logits, loss, every gradient (the q/k norms' included), 10 AdamW steps,
+ * generation on every placement, the Hugging Face export read back. */
+static void test_gemma3_vs_torch(void **state)
+{
+    (void)state;
+    zo_model_config c = fixture_config("tiny_gemma3");
+    assert_string_equal(c.family, "gemma3_text");
+    assert_true(c.qk_norm && c.layer_norms == 4 && c.rope_local_theta == 10000.0f);
+    assert_int_equal(zo_model_layer_window(&c, 1), 5);
+    assert_int_equal(zo_model_layer_window(&c, 2), 0);
+    run_against_torch("tiny_gemma3");
+    run_training("tiny_gemma3");
+    run_generation("tiny_gemma3");
+    run_gen_placements("tiny_gemma3");
+    fixture fx;
+    fixture_open(&fx, "tiny_gemma3", ZO_DTYPE_F32, 2, NULL);
+    zo_model_config back, gen;
+    export_round_trip(&fx, "Gemma3ForCausalLM", &back, &gen);
+    const zo_model_config *both[2] = {&back, &gen};
+    for (int i = 0; i < 2; i++) {
+        assert_string_equal(both[i]->family, "gemma3_text");
+        assert_true(both[i]->qk_norm && both[i]->rope_local_theta == 10000.0f && both[i]->rope_factor == 8.0f);
+        assert_int_equal(zo_model_layer_window(both[i], 0), 5);
+        assert_int_equal(zo_model_layer_window(both[i], 2), 0);
+    }
+    fixture_close(&fx);
+}
+
 /* Gemma's embedding factor is sqrt(hidden) rounded to the model dtype
  * first, as Hugging Face's normalizer tensor: gemma-7b's sqrt(3072) =
  * 55.4256 is 55.5 in bf16 (steps of 0.25 there), and stays itself in fp32.
@@ -1603,6 +1635,7 @@ int main(void)
         cmocka_unit_test(test_phi3_partial_vs_torch),
         cmocka_unit_test(test_gemma_vs_torch),
         cmocka_unit_test(test_gemma2_vs_torch),
+        cmocka_unit_test(test_gemma3_vs_torch),
         cmocka_unit_test(test_gemma_embed_scale),
         cmocka_unit_test(test_generation_vs_torch),
         cmocka_unit_test(test_generation_placements),

@@ -12,9 +12,12 @@
 
 static int is_gpt(const tf_model *m) { return m->cfg.arch == ZO_ARCH_GPT; }
 static int has_lora(const tf_model *m) { return m->opts.lora.r > 0; }
-/* Gemma and Gemma-2: RMSNorm times (1 + w), the embedding times
- * sqrt(hidden), GeGLU */
-static int gemma_family(const char *family) { return !strcmp(family, "gemma") || !strcmp(family, "gemma2"); }
+/* Gemma, Gemma-2 and Gemma-3: RMSNorm times (1 + w) (Gemma-3's q/k norms
+ * too), the embedding times sqrt(hidden), GeGLU */
+static int gemma_family(const char *family)
+{
+    return !strcmp(family, "gemma") || !strcmp(family, "gemma2") || !strcmp(family, "gemma3_text");
+}
 static int is_gemma(const tf_model *m) { return gemma_family(m->cfg.family); }
 /* Gemma-2: norms on the attention's and the MLP's outputs */
 static int post_norms(const tf_model *m) { return zo_model_post_norms(&m->cfg); }
@@ -266,13 +269,19 @@ static zo_status rope_upload(tf_model *m)
     return st;
 }
 
-/* Gemma's norms multiply by 1 + w: m->norm_one's first h floats are ones,
- * the next h hold 1 + w (norm_weight); fp32, as GemmaRMSNorm adds in
- * fp32. */
+/* The widest norm weight: hidden, or Gemma-3's q/k norms' head_dim. */
+static size_t norm_width(const zo_model_config *c)
+{
+    return max_z((size_t)c->hidden, c->qk_norm ? (size_t)c->head_dim : 0);
+}
+
+/* Gemma's norms multiply by 1 + w: m->norm_one's first norm_width floats
+ * are ones, the next hold 1 + w (norm_weight); fp32, as GemmaRMSNorm adds
+ * in fp32. */
 static zo_status norm_one_upload(tf_model *m)
 {
     if (!is_gemma(m)) return ZO_OK;
-    size_t h = (size_t)m->cfg.hidden, bytes = 2 * h * sizeof(float);
+    size_t h = norm_width(&m->cfg), bytes = 2 * h * sizeof(float);
     float *host = malloc(bytes);
     if (!host) return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory");
     for (size_t j = 0; j < 2 * h; j++) host[j] = 1.0f;
@@ -1247,27 +1256,29 @@ static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_
  * each head_dim-wide head (all of it, or with a partial rotary size,
  * Phi-4-mini's, its front), which the op pairs and turns as Hugging Face's
  * apply_rotary_pos_emb does its q_rot. */
-static zo_status rope_heads(tf_model *m, gpu_stream_t s, gpu_tensor x, int n, int ld, int pos0, int backward)
+static zo_status rope_heads(tf_model *m, int l, gpu_stream_t s, gpu_tensor x, int n, int ld, int pos0, int backward)
 {
     const zo_model_config *c = &m->cfg;
     const int heads = c->n_heads + c->n_kv_heads, rd = zo_model_rope_dim(c);
     /* longrope: the factors of the batch's length, as Hugging Face picks them */
     const double *f = m->rope_freq_long && m->t > c->rope_original_max ? m->rope_freq_long : m->rope_freq;
-    return backward ? gpu_rope_backward(s, x, n, m->t, heads, rd, ld, c->head_dim, c->rope_theta, pos0, f,
-                                        m->rope_scale)
-                    : gpu_rope_forward(s, x, n, m->t, heads, rd, ld, c->head_dim, c->rope_theta, pos0, f,
-                                       m->rope_scale);
+    float theta = c->rope_theta, scale = m->rope_scale;
+    /* Gemma-3's sliding layers: their own base, no rope_scaling */
+    if (c->rope_local_theta > 0.0f && zo_model_layer_sliding(c, l)) f = NULL, theta = c->rope_local_theta, scale = 1.0f;
+    return backward ? gpu_rope_backward(s, x, n, m->t, heads, rd, ld, c->head_dim, theta, pos0, f, scale)
+                    : gpu_rope_forward(s, x, n, m->t, heads, rd, ld, c->head_dim, theta, pos0, f, scale);
 }
 
 /* RoPE on the q and k heads of the current rows: from position 0 of each
  * sequence in training; in generation from each sequence's position (one
  * call when they share it). */
-static zo_status rope_rows(tf_model *m, gpu_stream_t s, gpu_tensor qkv, int ld)
+static zo_status rope_rows(tf_model *m, int l, gpu_stream_t s, gpu_tensor qkv, int ld)
 {
     const int t = m->t;
-    if (!m->opts.kv_len || same_pos(m)) return rope_heads(m, s, qkv, m->b * t, ld, m->opts.kv_len ? m->hpos[0] : 0, 0);
+    if (!m->opts.kv_len || same_pos(m))
+        return rope_heads(m, l, s, qkv, m->b * t, ld, m->opts.kv_len ? m->hpos[0] : 0, 0);
     for (int j = 0; j < m->b; j++) {
-        zo_status st = rope_heads(m, s, seq_rows(m, qkv, j, (size_t)ld), t, ld, m->hpos[j], 0);
+        zo_status st = rope_heads(m, l, s, seq_rows(m, qkv, j, (size_t)ld), t, ld, m->hpos[j], 0);
         if (st != ZO_OK) return st;
     }
     return ZO_OK;
@@ -1286,17 +1297,23 @@ static zo_status embed_backward(tf_model *m, const tf_block_bufs *bb, gpu_stream
                                   m->tokens, N, m->t, c->hidden, c->vocab);
 }
 
-/* The weight an RMSNorm multiplies by: w, or Gemma's 1 + w (fp32, in
- * m->norm_one). w's gradient is the same either way: only dx reads it. */
-static zo_status norm_weight(tf_model *m, gpu_stream_t s, gpu_tensor *w)
+/* The weight an RMSNorm of n elements multiplies by: w, or Gemma's 1 + w
+ * (fp32, in m->norm_one; the ops that read it run in stream order, so one
+ * scratch serves every norm). w's gradient is the same either way: only dx
+ * reads it. */
+static zo_status norm_weight_n(tf_model *m, gpu_stream_t s, gpu_tensor *w, size_t n)
 {
     if (!is_gemma(m)) return ZO_OK;
-    size_t h = (size_t)m->cfg.hidden;
-    gpu_tensor w1 = F32(m->norm_one + h);
-    zo_status st = gpu_cast(s, w1, *w, h);
-    if (st == ZO_OK) st = gpu_add(s, w1, w1, F32(m->norm_one), h);
+    gpu_tensor w1 = F32(m->norm_one + norm_width(&m->cfg));
+    zo_status st = gpu_cast(s, w1, *w, n);
+    if (st == ZO_OK) st = gpu_add(s, w1, w1, F32(m->norm_one), n);
     *w = w1;
     return st;
+}
+
+static zo_status norm_weight(tf_model *m, gpu_stream_t s, gpu_tensor *w)
+{
+    return norm_weight_n(m, s, w, (size_t)m->cfg.hidden);
 }
 
 /* Normalization of the architecture: LayerNorm (GPT) or RMSNorm. */
@@ -1374,11 +1391,14 @@ static zo_status qk_norm_forward(tf_model *m, gpu_stream_t s, const tf_layer_act
     gpu_tensor k = gpu_t((char *)qkv.data + qw * es, m->dtype), sk;
     float *rk;
     qk_norm_k_saved(m, a, &sk, &rk);
-    zo_status st = gpu_head_rmsnorm_forward(s, qkv, ld, gpu_t(a->qkn, m->dtype), a->qk_rstd,
-                                            bview(m, W, blk, MODEL_ROLE_Q_NORM_W), (int)N, c->n_heads, d, c->norm_eps);
-    if (st != ZO_OK) return st;
-    return gpu_head_rmsnorm_forward(s, k, ld, sk, rk, bview(m, W, blk, MODEL_ROLE_K_NORM_W), (int)N, c->n_kv_heads,
-                                    d, c->norm_eps);
+    /* Gemma-3's multiply by 1 + w */
+    gpu_tensor wq = bview(m, W, blk, MODEL_ROLE_Q_NORM_W), wk = bview(m, W, blk, MODEL_ROLE_K_NORM_W);
+    zo_status st = norm_weight_n(m, s, &wq, (size_t)d);
+    if (st == ZO_OK)
+        st = gpu_head_rmsnorm_forward(s, qkv, ld, gpu_t(a->qkn, m->dtype), a->qk_rstd, wq, (int)N, c->n_heads, d,
+                                      c->norm_eps);
+    if (st == ZO_OK) st = norm_weight_n(m, s, &wk, (size_t)d);
+    return st != ZO_OK ? st : gpu_head_rmsnorm_forward(s, k, ld, sk, rk, wk, (int)N, c->n_kv_heads, d, c->norm_eps);
 }
 
 /* Their backward, in place on dqkv's q and k heads (the gradient of the
@@ -1396,11 +1416,12 @@ static zo_status qk_norm_backward(tf_model *m, gpu_stream_t s, const tf_layer_ac
     if (has_lora(m)) dwq = dwk = gpu_t(NULL, ZO_DTYPE_F32);
     float *rk;
     qk_norm_k_saved(m, a, &sk, &rk);
-    zo_status st = gpu_head_rmsnorm_backward(s, dq, ld, dwq, gpu_t(a->qkn, m->dtype), bview(m, W, blk, MODEL_ROLE_Q_NORM_W),
-                                             a->qk_rstd, (int)N, c->n_heads, d);
-    if (st != ZO_OK) return st;
-    return gpu_head_rmsnorm_backward(s, dk, ld, dwk, sk, bview(m, W, blk, MODEL_ROLE_K_NORM_W), rk, (int)N,
-                                     c->n_kv_heads, d);
+    gpu_tensor wq = bview(m, W, blk, MODEL_ROLE_Q_NORM_W), wk = bview(m, W, blk, MODEL_ROLE_K_NORM_W);
+    zo_status st = norm_weight_n(m, s, &wq, (size_t)d);
+    if (st == ZO_OK)
+        st = gpu_head_rmsnorm_backward(s, dq, ld, dwq, gpu_t(a->qkn, m->dtype), wq, a->qk_rstd, (int)N, c->n_heads, d);
+    if (st == ZO_OK) st = norm_weight_n(m, s, &wk, (size_t)d);
+    return st != ZO_OK ? st : gpu_head_rmsnorm_backward(s, dk, ld, dwk, sk, wk, rk, (int)N, c->n_kv_heads, d);
 }
 
 /* ---- mixture of experts ----------------------------------------------------------------
@@ -2041,7 +2062,7 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
             (st = lora_forward(m, s, l, bb, TF_LORA_QKV, ln1, qkv, ld)) != ZO_OK ||
             (st = qk_norm_forward(m, s, a, W, blk, qkv)) != ZO_OK)
             return st;
-        if (!is_gpt(m) && (st = rope_rows(m, s, qkv, ld)) != ZO_OK) return st;
+        if (!is_gpt(m) && (st = rope_rows(m, l, s, qkv, ld)) != ZO_OK) return st;
         gpu_attn_desc ad = layer_attn(m, l);
         /* generation: the new keys and values into the caches, the queries against them */
         st = m->opts.kv_len ? gpu_attention_cached(s, &ad, att, qkv, gpu_t(m->kcache[l], dt),
@@ -2195,7 +2216,7 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     if ((st = linear_role_backward(m, l, bb, s, out, datt, 0.0f, dout, att)) != ZO_OK) return st;
     gpu_attn_desc ad = layer_attn(m, l);
     if ((st = gpu_attention_backward(s, &ad, dqkv, datt, qkv, att, a->lse)) != ZO_OK) return st;
-    if (!is_gpt(m) && (st = rope_heads(m, s, dqkv, N, ld, 0, 1)) != ZO_OK)
+    if (!is_gpt(m) && (st = rope_heads(m, l, s, dqkv, N, ld, 0, 1)) != ZO_OK)
         return st;
     if ((st = qk_norm_backward(m, s, a, W, G, blk)) != ZO_OK ||
         (st = linear_role_backward(m, l, bb, s, qkvp, dh, 0.0f, dqkv, ln1)) != ZO_OK)
