@@ -237,22 +237,16 @@ FAMILIES = {
                 "torch_dtype": "float32"},
         run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
         lora=dict(r=8, alpha=16.0, targets="all-linear", lr=3e-2)),
-    # Gemma-3 (text): Gemma-2's layers with an RMSNorm (1 + w) on each q and k head, no caps, 3
-    # layers with sliding_window_pattern 3 (layers 0 and 1 local: a window of 48 and base 10000;
-    # layer 2 global: rope_theta 1e6 and a linear rope_scaling of 8, as gemma-3-4b's)
-    "gemma3_text": dict(
-        seed=49,
-        config={"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "num_hidden_layers": 3,
-                "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 256,
-                "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 256,
-                "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-                "rope_local_base_freq": 10000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
-                "attention_bias": False, "tie_word_embeddings": True, "query_pre_attn_scalar": 64,
-                "sliding_window": 48, "sliding_window_pattern": 3, "final_logit_softcapping": None,
-                "attn_logit_softcapping": None, "torch_dtype": "float32"},
-        run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
-        lora=dict(r=8, alpha=16.0, targets="all-linear", lr=3e-2)),
 }
+# Gemma-3 (text): Gemma-2's layers with an RMSNorm (1 + w) on each q and k head, no caps, 3 layers
+# with sliding_window_pattern 3 (layers 0 and 1 local: a window of 48 and base 10000; layer 2 global:
+# rope_theta 1e6 and a linear rope_scaling of 8, as gemma-3-4b's)
+FAMILIES["gemma3_text"] = dict(
+    FAMILIES["gemma2"], seed=49,
+    config=dict(FAMILIES["gemma2"]["config"], architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
+                num_hidden_layers=3, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                rope_scaling={"rope_type": "linear", "factor": 8.0}, sliding_window_pattern=3,
+                final_logit_softcapping=None, attn_logit_softcapping=None))
 # mixtures of experts where some experts get no token in some steps (16 experts, 2 a token, 10
 # tokens a micro-batch): torch.optim.AdamW skips a parameter whose grad is None (no moment decay,
 # no weight decay, its step count unmoved), and train leaves such an expert as it is too

@@ -129,15 +129,6 @@ FAMILIES = {
         embed_gain=0.125,
         lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
                   peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])),
-    # Gemma-3 (text): its q/k norms, local layers 0, 1 and 3 (a window of 24, base 10000),
-    # layer 2 global (rope_theta 1e6, linear rope_scaling 8)
-    "gemma3_text": dict(
-        seed=55,
-        config=dict(e2e.FAMILIES["gemma3_text"]["config"], num_hidden_layers=4, max_position_embeddings=128,
-                    sliding_window=24, eos_token_id=127),
-        embed_gain=0.125,
-        lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
-                  peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])),
     # mixtures of experts, 4 layers so that the streamed runs' device memory (three quarters of
     # the weights) holds the two slots of whole MoE layers
     "mixtral": dict(
@@ -175,6 +166,12 @@ FAMILIES = {
                 "torch_dtype": "float32"},
         lora=dict(r=4, alpha=16.0, targets="all-linear")),
 }
+# Gemma-3 (text): its q/k norms, local layers 0, 1 and 3 (a window of 24, base 10000), layer 2
+# global (rope_theta 1e6, linear rope_scaling 8)
+FAMILIES["gemma3_text"] = dict(
+    FAMILIES["gemma2"], seed=55,
+    config=dict(e2e.FAMILIES["gemma3_text"]["config"], num_hidden_layers=4, max_position_embeddings=128,
+                sliding_window=24, eos_token_id=127))
 
 
 # ---- the PyTorch side -------------------------------------------------------------------------

@@ -592,6 +592,27 @@ static void test_hf_config_from_presets(void **state)
     }
 }
 
+/* A fixture config.json (tests/fixtures/hf-configs/NAME) into c. */
+static void load_hf_fixture(const char *name, zo_model_config *c)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/hf-configs/%s", ZO_FIXTURES_DIR, name);
+    if (zo_model_config_load(path, c)) fail_msg("%s", zo_last_error());
+}
+
+/* Preset `name` into c, and its config.json (model_hf_config) read back
+ * into back. */
+static void preset_round_trip(const char *name, zo_model_config *c, zo_model_config *back)
+{
+    assert_int_equal(zo_model_preset_find(name, c), ZO_OK);
+    cJSON *js = NULL;
+    assert_int_equal(model_hf_config(c, ZO_DTYPE_BF16, &js), ZO_OK);
+    char *text = cJSON_Print(js);
+    if (zo_model_config_parse(text, "written.json", back) != ZO_OK) fail_msg("%s: %s", name, zo_last_error());
+    free(text);
+    cJSON_Delete(js);
+}
+
 /* Gemma-2's attention keys as Hugging Face's Gemma2Config reads them: the
  * real configs (27b: heads of 128, query_pre_attn_scalar 144; caps 50 and
  * 30; a window of 4096 on the even layers), null caps and window (none),
@@ -600,10 +621,8 @@ static void test_hf_config_from_presets(void **state)
 static void test_gemma2_config(void **state)
 {
     (void)state;
-    char path[512];
     zo_model_config c, back;
-    snprintf(path, sizeof path, "%s/hf-configs/gemma-2-27b.json", ZO_FIXTURES_DIR);
-    if (zo_model_config_load(path, &c)) fail_msg("%s", zo_last_error());
+    load_hf_fixture("gemma-2-27b.json", &c);
     assert_int_equal(c.head_dim, 128);
     assert_true(c.query_pre_attn_scalar == 144.0f && c.attn_softcap == 50.0f && c.final_softcap == 30.0f);
     assert_int_equal(c.layer_norms, 4);
@@ -637,18 +656,12 @@ static void test_gemma2_config(void **state)
 #undef G2
     static const char *const presets[] = {"gemma-2-2b", "gemma-2-9b", "gemma-2-27b"};
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
-        assert_int_equal(zo_model_preset_find(presets[i], &c), ZO_OK);
-        cJSON *js = NULL;
-        assert_int_equal(model_hf_config(&c, ZO_DTYPE_BF16, &js), ZO_OK);
-        char *text = cJSON_Print(js);
-        if (zo_model_config_parse(text, "written.json", &back) != ZO_OK) fail_msg("%s: %s", presets[i], zo_last_error());
+        preset_round_trip(presets[i], &c, &back);
         assert_string_equal(back.family, "gemma2");
         assert_true(back.query_pre_attn_scalar == c.query_pre_attn_scalar && back.attn_softcap == c.attn_softcap &&
                     back.final_softcap == c.final_softcap);
         for (int l = 0; l < c.n_layers; l++) assert_int_equal(zo_model_layer_window(&back, l), zo_model_layer_window(&c, l));
         assert_true(zo_model_params(&back) == zo_model_params(&c));
-        free(text);
-        cJSON_Delete(js);
     }
 }
 
@@ -661,10 +674,8 @@ static void test_gemma2_config(void **state)
 static void test_gemma3_config(void **state)
 {
     (void)state;
-    char path[512];
     zo_model_config c, back;
-    snprintf(path, sizeof path, "%s/hf-configs/gemma-3-1b.json", ZO_FIXTURES_DIR);
-    if (zo_model_config_load(path, &c)) fail_msg("%s", zo_last_error());
+    load_hf_fixture("gemma-3-1b.json", &c);
     assert_string_equal(c.family, "gemma3_text");
     assert_true(c.qk_norm && c.layer_norms == 4 && c.attn_softcap == 0.0f && c.final_softcap == 0.0f);
     assert_true(c.rope_theta == 1e6f && c.rope_local_theta == 10000.0f && c.query_pre_attn_scalar == 256.0f);
@@ -684,11 +695,7 @@ static void test_gemma3_config(void **state)
     assert_int_equal(zo_model_layer_window(&c, 11), 0);
     static const char *const presets[] = {"gemma-3-1b", "gemma-3-4b", "gemma-3-12b", "gemma-3-27b"};
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
-        assert_int_equal(zo_model_preset_find(presets[i], &c), ZO_OK);
-        cJSON *js = NULL;
-        assert_int_equal(model_hf_config(&c, ZO_DTYPE_BF16, &js), ZO_OK);
-        char *text = cJSON_Print(js);
-        if (zo_model_config_parse(text, "written.json", &back) != ZO_OK) fail_msg("%s: %s", presets[i], zo_last_error());
+        preset_round_trip(presets[i], &c, &back);
         assert_string_equal(back.family, "gemma3_text");
         assert_true(back.qk_norm && back.rope_local_theta == c.rope_local_theta && back.rope_theta == c.rope_theta &&
                     back.query_pre_attn_scalar == c.query_pre_attn_scalar && back.attn_softcap == 0.0f);
@@ -696,8 +703,6 @@ static void test_gemma3_config(void **state)
         assert_true(back.rope_factor == c.rope_factor || !c.rope_scaling[0]);
         for (int l = 0; l < c.n_layers; l++) assert_int_equal(zo_model_layer_window(&back, l), zo_model_layer_window(&c, l));
         assert_true(zo_model_params(&back) == zo_model_params(&c));
-        free(text);
-        cJSON_Delete(js);
     }
     assert_int_equal(zo_model_config_parse("{\"model_type\": \"gemma3\", \"text_config\": {}}", "mm.json", &c),
                      ZO_ERR_UNSUPPORTED);
