@@ -149,6 +149,32 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
     return n;
 }
 
+int zo_lora_dense_modules(const zo_model_config *cfg, unsigned targets, int *experts)
+{
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int n = zo_lora_layer_modules(cfg, targets, mods), dense = 0;
+    *experts = 0;
+    for (int i = 0; i < n; i++) {
+        if (mods[i].experts) *experts = 1;
+        else dense++;
+    }
+    return dense;
+}
+
+uint64_t zo_lora_dequant_elems(const zo_model_config *cfg)
+{
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    const unsigned qkv_bits = ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V;
+    int n = zo_lora_layer_modules(cfg, ZO_LORA_ALL_LINEAR, mods);
+    uint64_t widest = 0, qkv = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t w = (uint64_t)mods[i].in * (uint64_t)mods[i].out;
+        if (w > widest) widest = w;
+        if (!(mods[i].targets & ~qkv_bits)) qkv += w;
+    }
+    return qkv > widest ? qkv : widest;
+}
+
 const char *zo_lora_module_path(const zo_lora_module *m, int n, char *buf, size_t len)
 {
     if (m->experts)

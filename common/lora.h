@@ -93,6 +93,23 @@ zo_status zo_lora_check(const zo_model_config *cfg, const zo_lora_config *lc);
 int zo_lora_layer_modules(const zo_model_config *cfg, unsigned targets,
                           zo_lora_module out[ZO_LORA_MAX_MODULES]);
 
+/* Of those: how many are not a routed expert's (the runtime keeps each
+ * one's A x [tokens, r] for its backward), and in *experts whether any is
+ * (the experts' adapters run one expert at a time through a scratch of
+ * their own and keep no A x). */
+int zo_lora_dense_modules(const zo_model_config *cfg, unsigned targets, int *experts);
+
+/* Elements of the widest weight QLoRA dequantizes at once, from a layer's
+ * linear modules (zo_lora_layer_modules over all-linear: the weights QLoRA
+ * stores in NF4; an MoE layer's router and shared expert gate stay 16-bit
+ * and are not among them): each module whole (Phi-3's fused qkv_proj and
+ * gate_up_proj are one tensor each, dequantized once for both gate and up;
+ * a routed expert's, one expert's), and q, k and v summed where they are
+ * modules apart, the runtime dequantizing them into one weight for its
+ * fused q|k|v GEMM. The runtime's scratch (tf_model.wdq), the generation
+ * plan's and memplan's QLoRA scratch (divided by TP there) are this. */
+uint64_t zo_lora_dequant_elems(const zo_model_config *cfg);
+
 /* The targets as the architecture has them: the bits of the linear layers
  * `targets` adapts (GPT-2: any of q, k, v is all three, c_attn; all-linear
  * is q|k|v|o|up|down). Two target sets adapt the same layers exactly when

@@ -338,6 +338,15 @@ zo_status gpu_rope_forward(gpu_stream_t s, gpu_tensor x, int n, int t, int n_hea
         .f = {theta, scale});
 }
 
+zo_status gpu_rope_forward_seq(gpu_stream_t s, gpu_tensor x, int n, int t, int n_heads, int d,
+                               int64_t ldx, int64_t ldh, float theta, const int32_t *pos, const double *inv_freq,
+                               float scale)
+{
+    if (!pos) return zo_error(ZO_ERR_INVALID, "gpu_rope_forward_seq: pos is NULL");
+    RUN(ROPE_FORWARD, .t = {x}, .p = {(void *)inv_freq, (void *)pos}, .i = {n, t, n_heads, d, ldx, 0, ldh},
+        .f = {theta, scale});
+}
+
 zo_status gpu_rope_backward(gpu_stream_t s, gpu_tensor dx, int n, int t, int n_heads, int d,
                             int64_t ldx, int64_t ldh, float theta, int pos0, const double *inv_freq, float scale)
 {

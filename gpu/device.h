@@ -284,6 +284,15 @@ zo_status gpu_rope_forward(gpu_stream_t s, gpu_tensor x, int n, int t, int n_hea
                            int64_t ldx, int64_t ldh, float theta, int pos0, const double *inv_freq, float scale);
 zo_status gpu_rope_backward(gpu_stream_t s, gpu_tensor dx, int n, int t, int n_heads, int d,
                             int64_t ldx, int64_t ldh, float theta, int pos0, const double *inv_freq, float scale);
+/* gpu_rope_forward with a position per sequence: the rows are sequences of
+ * t, and row r has position pos[r / t] + r % t, pos being ceil(n / t)
+ * int32 in device memory (generation's, where each sequence of a batch
+ * sits at its own place in the cache: one call where one call a sequence
+ * was needed). The positions are not checked: the cached attention of the
+ * same step reads the same ones and stops the stream on a bad one. */
+zo_status gpu_rope_forward_seq(gpu_stream_t s, gpu_tensor x, int n, int t, int n_heads, int d,
+                               int64_t ldx, int64_t ldh, float theta, const int32_t *pos, const double *inv_freq,
+                               float scale);
 
 /* ---- ops: activations ---------------------------------------------------------
  * GELU, tanh form: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */

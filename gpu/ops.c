@@ -93,7 +93,8 @@ static zo_status gpu_check_attn_cached(const char *op, const gpu_op_args *a)
     return ZO_OK;
 }
 
-/* i: n, t, n_heads, d, ldx, pos0, ldh; f[0] = theta, f[1] = scale */
+/* i: n, t, n_heads, d, ldx, pos0, ldh; f[0] = theta, f[1] = scale; p[1]: a
+ * position a sequence of t rows, added to pos0 (device memory, not read) */
 static zo_status gpu_check_rope(const char *op, const gpu_op_args *a)
 {
     if (a->i[3] % 2) return zo_error(ZO_ERR_INVALID, "%s: head dim %lld is odd", op, (long long)a->i[3]);

@@ -138,11 +138,11 @@ typedef struct gpu_op_slot {
       gpu_check_attn_cached)                                                                     \
     X(ROPE_FORWARD, rope_forward,                                                               \
       (GPU_T(0, x), GPU_DIM(0, n), GPU_DIM(1, t), GPU_DIM(2, n_heads), GPU_DIM(3, d),            \
-       GPU_INT(4, ldx), GPU_INT(5, pos0), GPU_DIM(6, ldh), GPU_POPT(0, inv_freq)),               \
+       GPU_INT(4, ldx), GPU_INT(5, pos0), GPU_DIM(6, ldh), GPU_POPT(0, inv_freq), GPU_POPT(1, pos)), \
       gpu_check_rope)                                                                            \
     X(ROPE_BACKWARD, rope_backward,                                                             \
       (GPU_T(0, dx), GPU_DIM(0, n), GPU_DIM(1, t), GPU_DIM(2, n_heads), GPU_DIM(3, d),           \
-       GPU_INT(4, ldx), GPU_INT(5, pos0), GPU_DIM(6, ldh), GPU_POPT(0, inv_freq)),               \
+       GPU_INT(4, ldx), GPU_INT(5, pos0), GPU_DIM(6, ldh), GPU_POPT(0, inv_freq), GPU_POPT(1, pos)), \
       gpu_check_rope)                                                                            \
     X(GELU_FORWARD, gelu_forward, (GPU_N(n), GPU_T(0, y), GPU_T(1, x)), NULL)                    \
     X(GELU_BACKWARD, gelu_backward, (GPU_N(n), GPU_T(0, dx), GPU_T(1, dy), GPU_T(2, x)), NULL)   \

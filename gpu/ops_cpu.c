@@ -1343,7 +1343,8 @@ zo_status cpu_attention_cached(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tens
 /* ---- RoPE ----------------------------------------------------------------------------------- */
 
 zo_status cpu_rope(cpu_scratch *ws, gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx,
-                   int64_t ldh, float theta, int pos0, const double *freq, float scale, int inverse, int nt)
+                   int64_t ldh, float theta, int pos0, const int32_t *seq_pos, const double *freq, float scale,
+                   int inverse, int nt)
 {
     const int half = d / 2, team = cpu_team(nt);
     const size_t db = al64((size_t)d * sizeof(float));
@@ -1358,7 +1359,7 @@ zo_status cpu_rope(cpu_scratch *ws, gpu_tensor x, int n, int t, int n_heads, int
         float *cs = (float *)mine, *row = (float *)(mine + db);
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
-            double pos = (double)(pos0 + r % t);
+            double pos = (double)pos0 + (seq_pos ? (double)seq_pos[r / t] : 0.0) + (double)(r % t);
             for (int i = 0; i < half; i++) { /* times scale, rounded once */
                 cs[i] = (float)(scale * cos(pos * inv_freq[i]));
                 cs[half + i] = (float)(scale * (inverse ? -sin(pos * inv_freq[i]) : sin(pos * inv_freq[i])));

@@ -108,8 +108,10 @@ zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_te
                                  const float *lse, int nt);
 zo_status cpu_attention_cached(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tensor out, gpu_tensor qkv,
                                gpu_tensor k_cache, gpu_tensor v_cache, const int32_t *pos, int tc, int nt);
+/* seq_pos (NULL: none): a position a sequence of t rows, added to pos0 */
 zo_status cpu_rope(cpu_scratch *ws, gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx,
-                   int64_t ldh, float theta, int pos0, const double *inv_freq, float scale, int inverse, int nt);
+                   int64_t ldh, float theta, int pos0, const int32_t *seq_pos, const double *inv_freq, float scale,
+                   int inverse, int nt);
 void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int nt);
 void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int nt);
 /* gelu: GeGLU (gelu_tanh(gate) * up) in place of SwiGLU */

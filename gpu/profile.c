@@ -491,6 +491,16 @@ size_t gpu_profile_rows(gpu_profile *p, const gpu_profile_row **rows)
     return n;
 }
 
+double gpu_profile_op_calls(gpu_profile *p, const char *op)
+{
+    const gpu_profile_row *rows;
+    size_t n = gpu_profile_rows(p, &rows);
+    double calls = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!rows[i].host && !strcmp(rows[i].op, op)) calls += rows[i].calls;
+    return calls;
+}
+
 int gpu_profile_steps(const gpu_profile *p) { return p ? p->steps : 0; }
 
 double gpu_profile_step_seconds(const gpu_profile *p) { return p ? p->step_s : 0.0; }

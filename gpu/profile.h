@@ -83,6 +83,9 @@ typedef struct gpu_profile_row {
 
 /* The rows, the longest first, and their number. */
 size_t gpu_profile_rows(gpu_profile *p, const gpu_profile_row **rows);
+/* The calls of op `op` ("rope_forward", "nf4_dequantize"), over its rows
+ * of every shape and stream. */
+double gpu_profile_op_calls(gpu_profile *p, const char *op);
 /* Profiled steps and their wall time in seconds (summed). */
 int gpu_profile_steps(const gpu_profile *p);
 double gpu_profile_step_seconds(const gpu_profile *p);

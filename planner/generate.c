@@ -96,8 +96,10 @@ static void store(plan_gen_estimate *e, const char *name, const char *staging, c
  * those tokens: the router's logits and weights [N, E] fp32, the top_k
  * pairs of each token (inputs, outputs [N k, h], the experts' gate, up and
  * activation [N k, expert_ffn], their tokens and weights), the weighted
- * activation, the shared gate, every layer's router statistics. */
-static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int rows, int lora_cols, uint64_t wdq)
+ * activation, the shared gate, every layer's router statistics; with
+ * adapters on the routed experts (expert_ad), one expert's A x. */
+static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int rows, int lora_cols, int expert_ad,
+                                uint64_t wdq)
 {
     uint64_t B = (uint64_t)g->batch, N = B * (uint64_t)rows, es = zo_dtype_size(g->dtype);
     const zo_moe *mo = &m->moe;
@@ -127,7 +129,7 @@ static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int
         (uint64_t)m->n_layers * 2 * E * 4,                      /* router statistics */
         E ? N * widest * es : 0,                                /* the weighted activation */
         K * N * h * es, K * N * h * es,                         /* the pairs' inputs, outputs */
-        E ? N * r * es : 0,                 /* an expert adapter's A x (an expert's rows: at most N) */
+        expert_ad ? N * r * es : 0,         /* an expert adapter's A x (an expert's rows: at most N) */
     };
     uint64_t sum = 0;
     for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) sum += a[i] ? r256(a[i]) : 0;
@@ -326,7 +328,7 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
     zo_model_param_counts(m, &pc);
     blocks w = {nb, pc.embedding * es, pc.per_layer * es, (pc.final_norm + pc.head) * es}, base = w, ad = {nb, 0, 0, 0};
     zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    int n_mods = 0;
+    int n_mods = 0, dense_mods = 0, expert_ad = 0;
     uint64_t wdq = 0;
     if (adapters) {
         plan_train t;
@@ -338,15 +340,11 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
         plan_peft_stage(m, &t, 0, &p);
         base = (blocks){nb, p.first_frozen, p.layer_frozen, p.last_frozen};
         n_mods = zo_lora_layer_modules(m, g->lora.targets, mods);
+        dense_mods = zo_lora_dense_modules(m, g->lora.targets, &expert_ad);
         ad.layer = zo_lora_trainable_params(m, g->lora.r, g->lora.targets) / (L ? L : 1) * es;
         /* QLoRA dequantizes each linear weight into one scratch as large as
-         * the largest (transformer.c: the fused q|k|v counts as one, and
-         * Phi-3's gate_up_proj; an expert's and the shared expert's too) */
-        uint64_t h = (uint64_t)m->hidden, d = (uint64_t)m->head_dim, q = (uint64_t)m->n_heads * d;
-        uint64_t gu = zo_model_fused_proj(m) ? 2 : 1;
-        uint64_t lin[5] = {(q + 2 * (uint64_t)m->n_kv_heads * d) * h, h * q, gu * (uint64_t)m->ffn * h,
-                           (uint64_t)m->moe.expert_ffn * h, (uint64_t)m->moe.shared_ffn * h};
-        for (int k = 0; k < 5 && g->method == ZO_PLAN_QLORA; k++) wdq = max_u64(wdq, lin[k] * es);
+         * the widest, as the runtime sizes it (zo_lora_dequant_elems) */
+        if (g->method == ZO_PLAN_QLORA) wdq = zo_lora_dequant_elems(m) * es;
         w = ad;
     }
     /* an MoE layer's routed experts stream apart from its dense part where
@@ -382,7 +380,7 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
     add(e, "key/value cache", ZO_PLAN_GPU, PLAN_ACTIVATIONS, L ? 2 * L * r256(e->kv_cache / (2 * L)) : 0);
     int rows = g->prompt_buffers ? g->prompt_buffers : g->prompt;
     add(e, "forward buffers (one layer, logits)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
-        forward_buffers(m, g, rows, n_mods * g->lora.r, wdq));
+        forward_buffers(m, g, rows, dense_mods * g->lora.r, expert_ad, wdq));
     add(e, "block boundaries (two)", ZO_PLAN_GPU, PLAN_ACTIVATIONS,
         (uint64_t)(nb - 1 < 2 ? nb - 1 : 2) * r256((uint64_t)g->batch * rows * m->hidden * es));
     /* what the GPU itself takes */

@@ -766,18 +766,15 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
         uint64_t b = ceil_div(zo_nf4_bytes(w), PEFT_NF4_ALIGN) * PEFT_NF4_ALIGN;
         o->layer_linear += mods[i].count * w;
         o->layer_nf4 += mods[i].count * b;
-        if (w > o->largest_linear) o->largest_linear = w;
         if (mods[i].expert) {
             expert_linear += w;
             expert_nf4 += b;
         }
     }
-    /* the runtime dequantizes q, k and v as one weight, for its fused q|k|v
-     * GEMM (transformer.c's largest_linear): wider than any one of them, and
-     * than the MLP's when heads x head_dim passes hidden (Gemma, Qwen3) */
-    uint64_t qkv = ceil_div((uint64_t)(m->n_heads + 2 * m->n_kv_heads) * (uint64_t)m->head_dim *
-                                (uint64_t)m->hidden, tp);
-    if (!m->mla.kv_rank && qkv > o->largest_linear) o->largest_linear = qkv;
+    /* the widest weight the runtime dequantizes at once, as it sizes its
+     * scratch (zo_lora_dequant_elems: q, k and v as one, for its fused
+     * q|k|v GEMM), split by TP */
+    o->largest_linear = ceil_div(zo_lora_dequant_elems(m), tp);
     zo_layer_params lp;
     uint64_t ex;
     zo_model_layer_params(m, m->n_layers - 1, &lp);
@@ -791,7 +788,10 @@ void plan_peft_stage(const zo_model_config *m, const plan_train *t, int stage, p
         uint64_t el = mods[i].count * r * (mods[i].row ? ceil_div(in, tp) + out : in + ceil_div(out, tp));
         o->layer_trainable += el;
         if (mods[i].expert) o->layer_trainable_ex += el;
-        o->u_width += (double)mods[i].routed * (double)r; /* A x, per token */
+        /* A x, per token: this runtime keeps none of a routed expert's (it
+         * runs them one expert at a time through a scratch: backward_activations),
+         * eager frameworks each routed row's */
+        if (!mods[i].expert || t->runtime == PLAN_RUNTIME_EAGER) o->u_width += (double)mods[i].routed * (double)r;
         o->n_adapters++;
     }
     o->trainable = (uint64_t)sh.layers * o->layer_trainable;
@@ -1490,9 +1490,10 @@ static void backward_activations(const stage_est *s, plan_estimate *e)
     /* this runtime's MoE layers: the experts' adapters one expert at a
      * time, over the rows one expert can receive (zo_moe_expert_rows: C
      * from each rank with a capacity factor, else every token): their
-     * x A^T, and the gradient's rows */
+     * x A^T, and the gradient's rows; nothing where no expert module is
+     * adapted (--lora-targets q,v) */
     uint64_t er = 0, r = (uint64_t)t->lora.r;
-    if (s->sh.moe_layers && t->runtime == PLAN_RUNTIME_ZOFFLOAD) {
+    if (s->sh.moe_layers && t->runtime == PLAN_RUNTIME_ZOFFLOAD && s->pf.layer_trainable_ex) {
         er = zo_moe_expert_rows(m, t->capacity_factor, sb, t->ep > 1 ? (uint64_t)t->ep : 1);
         add(e, "LoRA expert scratch (an expert's x A^T)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, er * r * s->wsz);
     }

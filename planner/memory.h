@@ -408,10 +408,12 @@ typedef struct plan_peft {
     uint64_t largest_frozen; /* bytes of the largest frozen block */
     uint64_t layer_linear;   /* elements of one layer's linear weights on this rank */
     uint64_t layer_nf4;      /* QLoRA: their bytes in NF4 (each rounded up to 16 bytes) */
-    uint64_t largest_linear; /* elements of the largest of them (QLoRA's dequantization scratch) */
+    uint64_t largest_linear; /* elements of the widest weight dequantized at once (QLoRA's scratch:
+                                zo_lora_dequant_elems, split by TP) */
     int n_adapters;          /* kinds of adapted linear layers in a layer */
-    double u_width;          /* elements of the adapters' A x a token keeps per layer (MoE: its
-                                routed experts'), r each */
+    double u_width;          /* elements of the adapters' A x a token keeps per layer, r each
+                                (MoE: the routed experts' top_k r only in an eager runtime;
+                                this one keeps none of theirs) */
     int layers;
 } plan_peft;
 

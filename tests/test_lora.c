@@ -23,7 +23,7 @@
 
 #include "common/fileio.h"           /* defines: zo_file_read_all */
 #include "common/nf4.h"              /* defines: zo_nf4_bytes */
-#include "gpu/profile.h"             /* defines: gpu_profile_start, gpu_profile_rows */
+#include "gpu/profile.h"             /* defines: gpu_profile_start, gpu_profile_op_calls */
 #include "model/lora.h"              /* defines: model_lora_save, model_lora_load */
 #include "model/safetensors.h"       /* defines: model_load_path, model_st_open */
 #include "tests/support/check.h"     /* defines: check_close_f32 */
@@ -400,11 +400,7 @@ static void test_phi3_nf4_dequant_once(void **state)
     assert_int_equal(gpu_stream_synchronize(fx.s), ZO_OK);
     assert_int_equal(gpu_profile_step_end(p), ZO_OK);
     assert_int_equal(gpu_profile_stop(p), ZO_OK);
-    const gpu_profile_row *rows;
-    size_t n = gpu_profile_rows(p, &rows);
-    double calls = 0;
-    for (size_t i = 0; i < n; i++)
-        if (!strcmp(rows[i].op, "nf4_dequantize")) calls += rows[i].calls;
+    double calls = gpu_profile_op_calls(p, "nf4_dequantize");
     if (calls != want) fail_msg("%g dequantizations in a forward, %d NF4 weights", calls, want);
     gpu_profile_free(p);
     fx_close(&fx);
@@ -618,6 +614,71 @@ static void test_sizes(void **state)
     gpu_device_free(dev);
 }
 
+/* QLoRA's dequantization scratch (tf_model.wdq: a QLoRA model's activation
+ * bytes over the same model's with LoRA) holds the widest weight the
+ * transformer dequantizes at once, found here by walking a layer's layout
+ * as base_weight reads it: every 2-D tensor QLoRA stores in NF4 (not the
+ * router's or the shared expert's gate) whole, Phi-3's gate_up_proj
+ * included (gate and up are row ranges of it), and the fused q|k|v view
+ * over its tensors. zo_lora_dequant_elems, which memplan and the
+ * generation plan size the scratch by, gives the same. The models: LLaMA
+ * (q|k|v widest), Phi-3 (gate_up_proj), Gemma (q wider than hidden),
+ * Qwen3-MoE with an intermediate_size no layer uses (every layer MoE: the
+ * runtime sized the scratch by it, 32768 elements for 8192), Qwen2-MoE
+ * (its shared expert widest) and GPT-2 (c_fc). */
+static void test_dequant_scratch(void **state)
+{
+    (void)state;
+    static const char *const configs[] = {
+        "{\"model_type\": \"llama\", \"num_hidden_layers\": 1, \"hidden_size\": 64, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 2, \"intermediate_size\": 96, \"vocab_size\": 64}",
+        "{\"model_type\": \"phi3\", \"num_hidden_layers\": 1, \"hidden_size\": 64, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 2, \"intermediate_size\": 128, \"vocab_size\": 64}",
+        "{\"model_type\": \"gemma\", \"num_hidden_layers\": 1, \"hidden_size\": 64, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 1, \"head_dim\": 32, \"intermediate_size\": 96, \"vocab_size\": 64}",
+        "{\"model_type\": \"qwen3_moe\", \"num_hidden_layers\": 1, \"hidden_size\": 64, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 2, \"head_dim\": 16, \"intermediate_size\": 512, \"moe_intermediate_size\": 32, "
+        "\"num_experts\": 4, \"num_experts_per_tok\": 2, \"decoder_sparse_step\": 1, \"mlp_only_layers\": [], "
+        "\"vocab_size\": 64}",
+        "{\"model_type\": \"qwen2_moe\", \"num_hidden_layers\": 1, \"hidden_size\": 64, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 2, \"intermediate_size\": 96, \"moe_intermediate_size\": 32, "
+        "\"shared_expert_intermediate_size\": 160, \"num_experts\": 4, \"num_experts_per_tok\": 2, "
+        "\"decoder_sparse_step\": 1, \"mlp_only_layers\": [], \"vocab_size\": 64}",
+        "{\"model_type\": \"gpt2\", \"n_layer\": 1, \"n_embd\": 64, \"n_head\": 2, \"n_positions\": 16, "
+        "\"vocab_size\": 64}",
+    };
+    static const size_t want[] = {128 * 64, 2 * 128 * 64, 192 * 64, 128 * 64, 160 * 64, 256 * 64};
+    gpu_device_t dev;
+    gpu_cpu_options co = {.n_threads = 1};
+    assert_int_equal(gpu_device_init_cpu(&co, &dev), ZO_OK);
+    for (size_t i = 0; i < sizeof configs / sizeof *configs; i++) {
+        zo_model_config c;
+        assert_int_equal(zo_model_config_parse(configs[i], "dequant", &c), ZO_OK);
+        tf_options o = {.lora = {.r = 2, .alpha = 4, .targets = ZO_LORA_ALL_LINEAR}};
+        tf_model lora, qlora;
+        assert_int_equal(tf_init_opts(&lora, &c, dev, ZO_DTYPE_F32, 2, 4, &o), ZO_OK);
+        o.lora.nf4 = 1;
+        assert_int_equal(tf_init_opts(&qlora, &c, dev, ZO_DTYPE_F32, 2, 4, &o), ZO_OK);
+        const model_layout *l = &qlora.layout;
+        const model_view *v = model_layout_view(l, 1, MODEL_ROLE_QKV_W);
+        size_t widest = v ? v->numel : 0;
+        for (int k = 0; k < l->n_tensors; k++) {
+            const model_tensor *t = &l->tensors[k];
+            if (t->block == 1 && t->ndim == 2 && t->role != MODEL_ROLE_ROUTER_W && t->role != MODEL_ROLE_SHARED_GATE_W &&
+                t->numel > widest)
+                widest = t->numel;
+        }
+        printf("  %s: scratch %zu bytes, the layout's widest %zu elements (by hand %zu)\n", c.family,
+               qlora.act_bytes - lora.act_bytes, widest, want[i]);
+        assert_int_equal(widest, want[i]);
+        assert_int_equal(qlora.act_bytes - lora.act_bytes, 4 * widest);
+        assert_int_equal(zo_lora_dequant_elems(&c), widest);
+        tf_free(&lora);
+        tf_free(&qlora);
+    }
+    gpu_device_free(dev);
+}
+
 /* QLoRA (NF4 base) against LoRA on the bf16 base, both computing in bf16,
  * 20 AdamW steps on the same batches from PEFT's initialisation: both losses
  * fall, and each step's losses agree within 3% (the NF4 rounding of the base
@@ -750,7 +811,8 @@ int main(void)
         cmocka_unit_test(test_phi3_all_nf4),  cmocka_unit_test(test_phi3_nf4_dequant_once),  cmocka_unit_test(test_phi3_merge),
         cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_recompute),     cmocka_unit_test(test_init),
-        cmocka_unit_test(test_sizes),         cmocka_unit_test(test_qlora_vs_lora),
+        cmocka_unit_test(test_sizes),
+        cmocka_unit_test(test_dequant_scratch),         cmocka_unit_test(test_qlora_vs_lora),
         cmocka_unit_test(test_save_resume),   cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

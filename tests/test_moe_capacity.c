@@ -456,8 +456,8 @@ static void test_sizes_and_refusals(void **state)
     /* 2 ranks of 2 experts: each rank sends an expert at most C = 5 rows */
     assert_int_equal(zo_moe_rank_rows(&cfg, 0.5, 18, 2), 2 * 2 * 5);
     /* LoRA r 2 on every linear layer (q, k, v, o and the experts' w1, w3,
-     * w2) adds, fp32: the layer's x A^T of each of the 7 adapters on the
-     * 18 tokens, and over the
+     * w2) adds, fp32: the layer's x A^T of each of the 4 attention adapters
+     * on the 18 tokens (the experts' keep none), and over the
      * rows one expert can take, one expert at a time, its adapters' x A^T
      * and the adapters' gradient (of 18 rows at least, the dense ones'):
      * an expert takes a token once, so 18 rows dropless, 5 = C at F 0.5,
@@ -471,11 +471,29 @@ static void test_sizes_and_refusals(void **state)
         size_t base = m.act_bytes;
         tf_free(&m);
         assert_int_equal(tf_init_opts(&m, &cfg, dev, ZO_DTYPE_F32, 2, 9, &lora), ZO_OK);
-        size_t er = expert_rows[i], want = 18 * 7 * 2 * 4 + er * 2 * 4 + (er > 18 ? er : 18) * 2 * 4;
+        size_t er = expert_rows[i], want = 18 * 4 * 2 * 4 + er * 2 * 4 + (er > 18 ? er : 18) * 2 * 4;
         printf("  LoRA's activation bytes at F %g: %zu (by hand %zu)\n", factors[i], m.act_bytes - base, want);
         assert_int_equal(m.act_bytes - base, want);
         tf_free(&m);
     }
+    /* LoRA on q and v only: no expert carries an adapter, so no expert
+     * scratch (in training or generation): the two A x and the dense
+     * adapters' gradient, 18 rows */
+    tf_options qv = {.lora = {.r = 2, .alpha = 4, .targets = ZO_LORA_Q | ZO_LORA_V}};
+    assert_int_equal(tf_init_opts(&m, &cfg, dev, ZO_DTYPE_F32, 2, 9, &qv), ZO_OK);
+    assert_null(m.eu);
+    size_t qv_train = m.act_bytes;
+    tf_free(&m);
+    qv.lora.r = 0;
+    assert_int_equal(tf_init_opts(&m, &cfg, dev, ZO_DTYPE_F32, 2, 9, &qv), ZO_OK);
+    printf("  LoRA's activation bytes, q and v: %zu (by hand %d)\n", qv_train - m.act_bytes, 18 * 2 * 2 * 4 + 18 * 2 * 4);
+    assert_int_equal(qv_train - m.act_bytes, 18 * 2 * 2 * 4 + 18 * 2 * 4);
+    tf_free(&m);
+    qv.lora.r = 2;
+    qv.kv_len = 16;
+    assert_int_equal(tf_init_opts(&m, &cfg, dev, ZO_DTYPE_F32, 2, 9, &qv), ZO_OK);
+    assert_null(m.eu);
+    tf_free(&m);
     assert_non_null(zo_moe_check_capacity(&cfg, NAN));
     o.capacity_factor = -1;
     assert_int_not_equal(tf_init_opts(&m, &cfg, dev, ZO_DTYPE_F32, 2, 9, &o), ZO_OK);

@@ -484,8 +484,9 @@ static void ref_attention_cached(const gpu_op_args *a, hostv *h)
 
 /* HF rotate_half in place on the first d elements of the first n_heads
  * heads (head h at h * ldh, i[6]) of every row; row r at position
- * pos0 + r % t; the inverse rotates back; both times the scale f[1]
- * (longrope's attention scaling). */
+ * pos0 + r % t, plus P[1][r / t] when given (a position a sequence of t
+ * rows); the inverse rotates back; both times the scale f[1] (longrope's
+ * attention scaling). */
 static void rope_d(const gpu_op_args *a, hostv *h, int inverse)
 {
     int n = (int)a->i[0], t = (int)a->i[1], heads = (int)a->i[2], d = (int)a->i[3], half = d / 2;
@@ -496,7 +497,8 @@ static void rope_d(const gpu_op_args *a, hostv *h, int inverse)
             memcpy(tmp, x, (size_t)d * sizeof *tmp);
             for (int i = 0; i < d; i++) {
                 double f = h->P[0] ? h->P[0][i % half] : pow((double)a->f[0], -2.0 * (i % half) / d);
-                double ang = (double)(a->i[5] + r % t) * f * (inverse ? -1.0 : 1.0);
+                double p = (double)a->i[5] + (h->P[1] ? h->P[1][r / t] : 0.0) + (double)(r % t);
+                double ang = p * f * (inverse ? -1.0 : 1.0);
                 double rot = i < half ? -tmp[i + half] : tmp[i - half];
                 x[i] = (double)a->f[1] * (tmp[i] * cos(ang) + rot * sin(ang));
             }
@@ -1827,6 +1829,36 @@ static void rope_grid(gpu_op_id op)
             c.prep = freq_prep;
             emit(&c);
             snprintf(c.label + strlen(c.label), sizeof c.label - strlen(c.label), ", scale 1.1902");
+            c.a.f[1] = 1.1902381f;
+            emit(&c);
+        }
+    /* a position a sequence (generation's batch, each sequence at its own
+     * place in the cache: gpu_rope_forward_seq), drawn in [0, 4096): n
+     * rows in sequences of t at head sizes 64, 80 and 128, whole heads and
+     * a partial rotary size with a head stride (96 of 128, 56 of 80), with
+     * theta's frequencies or given ones and a scale */
+    static const int seq[][6] = {
+        /* n  t  heads width d   ldh */
+        {6, 1, 4, 4, 64, 0}, {12, 3, 3, 4, 80, 0}, {8, 2, 5, 6, 128, 0}, {4, 1, 6, 6, 128, 0},
+        {6, 2, 3, 4, 96, 128}, {5, 1, 4, 5, 56, 80},
+    };
+    for (size_t s = 0; s < sizeof seq / sizeof *seq; s++)
+        for (int t = 0; t < 3; t++) {
+            const int *g = seq[s], ldh = g[5] ? g[5] : g[4];
+            pcase c = new_case(op, "positions a sequence: n %d t %d heads %d of %d d %d ldh %d %s", g[0], g[1],
+                               g[2], g[3], g[4], ldh, ename(storage[t]));
+            int64_t ldx = (int64_t)g[3] * ldh;
+            c.a.i[0] = g[0], c.a.i[1] = g[1], c.a.i[2] = g[2], c.a.i[3] = g[4], c.a.i[4] = ldx, c.a.i[5] = 0;
+            c.a.i[6] = ldh;
+            c.a.f[0] = 10000.0f;
+            c.a.f[1] = 1.0f;
+            OUT_T(&c, 0, storage[t], (size_t)g[0] * ldx);
+            add_buf(&c, 'p', 1, E_I32, (size_t)(g[0] / g[1]), FILL_INT, 0, 4096, 0);
+            emit(&c);
+            if (t != 1) continue;
+            snprintf(c.label + strlen(c.label), sizeof c.label - strlen(c.label), " inv_freq given, scale 1.1902");
+            add_buf(&c, 'p', 0, E_F64, (size_t)g[4] / 2, FILL_NONE, 0, 0, 0);
+            c.prep = freq_prep;
             c.a.f[1] = 1.1902381f;
             emit(&c);
         }

@@ -632,7 +632,10 @@ static void test_mixtral_capacity_time(void **state)
  * run one expert at a time over the rows one expert can receive, from each
  * of the 8 ranks every token of its 4096 dropless (8 x 4096), C = 512 at
  * F 0.5 (8 x 512): their x A^T (r 8, bf16) and the adapters' fp32 gradient
- * (at least the dense adapters' 4096 rows). */
+ * (at least the dense adapters' 4096 rows). A token keeps the A x of the
+ * attention's 4 adapters (4 r a layer), none of the experts' (they run
+ * through that scratch); an eager runtime keeps each routed row's too,
+ * 3 top_k r more. With q and v only adapted, no expert scratch. */
 static void test_mixtral_lora_expert_scratch(void **state)
 {
     (void)state;
@@ -656,6 +659,17 @@ static void test_mixtral_lora_expert_scratch(void **state)
         assert_int_equal(item(&s.e, "LoRA expert scratch (an expert's x A^T)", PLAN_GPU), er * 8 * 2);
         assert_int_equal(item(&s.e, "LoRA backward scratch (fp32)", PLAN_GPU),
                          4 * (er > 4096 ? er : 4096) * 8);
+        plan_peft p;
+        plan_peft_stage(&s.m, &s.t, 0, &p);
+        assert_true(p.u_width == 4 * 8);
+        s.t.runtime = PLAN_RUNTIME_EAGER;
+        plan_peft_stage(&s.m, &s.t, 0, &p);
+        assert_true(p.u_width == 4 * 8 + 3 * 2 * 8);
+        s.t.runtime = PLAN_RUNTIME_ZOFFLOAD;
+        s.t.lora.targets = ZO_LORA_Q | ZO_LORA_V;
+        if (plan_estimate_run(&s.m, &s.hw, &s.t, &s.e) != ZO_OK) fail_msg("%s", zo_last_error());
+        assert_int_equal(item(&s.e, "LoRA expert scratch (an expert's x A^T)", PLAN_GPU), 0);
+        assert_int_equal(item(&s.e, "LoRA backward scratch (fp32)", PLAN_GPU), 4 * 4096 * 8);
     }
 }
 

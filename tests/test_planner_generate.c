@@ -216,6 +216,9 @@ static void test_peaks(void **state)
          ZO_PLAN_CPU, ZO_PLAN_GPU, 2, ZO_PLAN_FULL, 0, 0},
         {"qwen2_moe fp32, LoRA r 4 all-linear, resident", FAM_QWEN2_MOE, 3, 2, 9, 7, ZO_DTYPE_F32, ZO_PLAN_GPU,
          ZO_PLAN_GPU, 2, ZO_PLAN_LORA, 4, all},
+        /* adapters on q and v only: no expert scratch, no A x of the experts' */
+        {"mixtral fp32, LoRA r 4 q,v, resident", FAM_MIXTRAL, 3, 2, 9, 7, ZO_DTYPE_F32, ZO_PLAN_GPU, ZO_PLAN_GPU, 2,
+         ZO_PLAN_LORA, 4, qv},
     };
     int bad = 0;
     printf("  measured / planned peak bytes per tier:\n");

@@ -18,6 +18,7 @@
 
 #include <cmocka.h>
 
+#include "gpu/profile.h"       /* defines: gpu_profile_start, gpu_profile_op_calls */
 #include "model/data.h"        /* defines: model_tokens, model_batch_get */
 #include "common/fileio.h"     /* defines: zo_file_read_all */
 #include "model/hf.h"          /* defines: model_hf_save, model_hf_config */
@@ -297,12 +298,29 @@ static int gen_check(fixture *fx, tf_model *g, const int32_t *tok, int t, const 
     return bad;
 }
 
+/* The calls of op `name` the op profile counted in the forward of
+ * gen_check (its arguments). */
+static double gen_check_calls(fixture *fx, tf_model *g, const int32_t *tok, int t, const int *pos, const int *last,
+                              const float *want, const char *name, int *bad)
+{
+    gpu_profile *p;
+    assert_int_equal(gpu_profile_start(fx->dev, &p), ZO_OK);
+    gpu_profile_step_begin(p);
+    *bad += gen_check(fx, g, tok, t, pos, last, want);
+    assert_int_equal(gpu_profile_step_end(p), ZO_OK);
+    assert_int_equal(gpu_profile_stop(p), ZO_OK);
+    double calls = gpu_profile_op_calls(p, name);
+    gpu_profile_free(p);
+    return calls;
+}
+
 /* Generation through the key/value cache: a prompt, then one token at a
  * time (the fixture's own next tokens), gives PyTorch's logits of the
  * whole sequence at every position; with both sequences at one position
  * and at different ones (the shorter prompt padded: its padding's keys are
- * overwritten as it goes on), which takes RoPE's and the learned
- * positions' per-sequence paths. */
+ * overwritten as it goes on), which takes RoPE's per-sequence positions
+ * (one rope call a layer for the batch: gpu_rope_forward_seq) and the
+ * learned positions' per-sequence path. */
 static void run_generation(const char *name)
 {
     fixture fx;
@@ -332,7 +350,9 @@ static void run_generation(const char *name)
     for (int k = 0; k < 3; k++) {
         int at[B] = {3 + k, 5 + k}, zero[B] = {0, 0};
         for (int j = 0; j < B; j++) tok[j] = fx.inputs[j * t + at[j]];
-        bad += gen_check(&fx, &g, tok, 1, at, zero, want);
+        double calls = gen_check_calls(&fx, &g, tok, 1, at, zero, want, "rope_forward", &bad);
+        if (calls != (fx.cfg.arch == ZO_ARCH_GPT ? 0 : fx.cfg.n_layers))
+            fail_msg("%s: %g rope calls in a step of %d layers", name, calls, fx.cfg.n_layers);
     }
     /* a position past the cache is refused, naming it */
     int past[B] = {t, 0}, zero[B] = {0, 0};

@@ -90,27 +90,29 @@ static zo_status lora_init(tf_model *m)
         return zo_error_wrap(st, "tf_init");
     m->lora_scale = o->alpha / (float)o->r;
     zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    m->n_lora_u = zo_lora_layer_modules(c, o->targets, mods);
+    const int n_mods = zo_lora_layer_modules(c, o->targets, mods);
+    m->n_lora_u = zo_lora_dense_modules(c, o->targets, &m->lora_experts);
     const int q = q_width(c), kv = c->n_kv_heads * c->head_dim, r = o->r;
     /* offsets as model_lora_layout_init lays a layer out: the modules in
      * order, the routed experts' together at the first of them, expert
      * after expert */
     size_t at = 0, e_stride = 0, e_at = 0;
-    int e_seen = 0;
-    for (int j = 0; j < m->n_lora_u; j++)
+    int e_seen = 0, u = 0; /* u: the next column of lora_u, the dense modules' in order */
+    for (int j = 0; j < n_mods; j++)
         if (mods[j].experts) e_stride += (size_t)r * (size_t)(mods[j].in + mods[j].out);
     m->n_lora = 0;
-    for (int j = 0; j < m->n_lora_u; j++) {
+    for (int j = 0; j < n_mods; j++) {
         tf_lora_slot *sl = &m->lora[m->n_lora++];
         unsigned t = mods[j].targets;
-        sl->u = j;
+        const int uj = mods[j].experts ? -1 : u++;
+        sl->u = uj;
         if (t == (ZO_LORA_GATE | ZO_LORA_UP)) {
             /* Phi-3's gate_up_proj: A [r, h], B [2f, r]; a gate slot with B's
              * first f rows and an up slot with the rest, over the one A (its
              * gradient the sum of both slots'; B's rows are [out, r]) */
             int f = (int)mods[j].out / 2;
             tf_lora_slot *up = &m->lora[m->n_lora++];
-            *sl = (tf_lora_slot){.stage = TF_LORA_GATE, .u = j, .in = (int)mods[j].in, .out = f,
+            *sl = (tf_lora_slot){.stage = TF_LORA_GATE, .u = uj, .in = (int)mods[j].in, .out = f,
                                  .a_off = at, .b_off = at + (size_t)r * (size_t)mods[j].in};
             *up = *sl;
             up->stage = TF_LORA_UP;
@@ -161,19 +163,6 @@ static zo_status lora_init(tf_model *m)
         prev_nf4 = nf4;
     }
     return ZO_OK;
-}
-
-/* Elements of the largest linear weight a layer dequantizes at once (the
- * fused q|k|v counts as one; Phi-3's gate_up_proj, one tensor, too). */
-static size_t largest_linear(const zo_model_config *c)
-{
-    size_t h = (size_t)c->hidden, f = (size_t)c->ffn, q = (size_t)q_width(c), qkv = (size_t)qkv_width(c);
-    size_t fe = (size_t)c->moe.expert_ffn, fs = (size_t)c->moe.shared_ffn;
-    size_t fused = zo_model_fused_proj(c) ? 2 : 1;
-    size_t w[] = {qkv * h, h * q, fused * f * h, fe * h, fs * h}; /* and an MoE layer's experts */
-    size_t most = 0;
-    for (size_t i = 0; i < N_REQ(w); i++) most = w[i] > most ? w[i] : most;
-    return most;
 }
 
 /* The rotary frequencies of c's rope_scaling, as Hugging Face computes them
@@ -399,7 +388,7 @@ static zo_status gen_alloc(tf_model *m)
         {(void **)&m->meanf, B * 4, "final norm mean"},
         {(void **)&m->rstdf, B * 4, "final norm rstd"},
         {&m->logits, B * c->vocab * sizeof(float), "logits"},
-        {&m->wdq, has_lora(m) && m->opts.lora.nf4 ? largest_linear(c) * es : 0, "dequantized weight"},
+        {&m->wdq, has_lora(m) && m->opts.lora.nf4 ? (size_t)zo_lora_dequant_elems(c) * es : 0, "dequantized weight"},
         {(void **)&a->router_logits, L ? N * E * 4 : 0, "router logits"},
         {(void **)&a->router_w, L ? N * E * 4 : 0, "router weights"},
         {&a->efc, L ? K * N * fe * es : 0, "expert gates"},
@@ -412,7 +401,8 @@ static zo_status gen_alloc(tf_model *m)
         {&m->sact, E ? N * widest_mlp(c) * es : 0, "weighted expert activation"},
         {&m->moe_x, K * N * h * es, "expert inputs"},
         {&m->moe_y, K * N * h * es, "expert outputs"},
-        {&m->eu, E && has_lora(m) ? (size_t)zo_moe_expert_rows(c, 0, N, 1) * m->opts.lora.r * es : 0, "expert LoRA A x"},
+        {&m->eu, E && m->lora_experts ? (size_t)zo_moe_expert_rows(c, 0, N, 1) * m->opts.lora.r * es : 0,
+         "expert LoRA A x"},
     };
     if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) return st;
     if (E && L && (!(a->moe_idx_h = malloc(K * N * 4)) || !(a->moe_wp_h = malloc(K * N * 4)) ||
@@ -530,8 +520,9 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     m->ep_rows = P > 1 ? (size_t)zo_moe_rank_rows(c, F, N, P) : 0;
     size_t Mr = m->moe_rows, X = P > 1 ? m->ep_rows : Mr;
     /* LoRA: one expert's rows at a time (zo_moe_expert_rows), its adapters'
-     * x A^T and their gradient, which the dense adapters' N rows share */
-    size_t Er = lora && E ? (size_t)zo_moe_expert_rows(c, F, N, P) : 0;
+     * x A^T and their gradient, which the dense adapters' N rows share;
+     * none where the experts carry no adapters */
+    size_t Er = E && m->lora_experts ? (size_t)zo_moe_expert_rows(c, F, N, P) : 0;
     /* [rows, columns] of the MLP's scratch: the shared expert's, the rows
      * at the experts here (the pairs kept, N top_k of them dropless, or
      * with expert parallelism what the group sends, never fewer) */
@@ -636,7 +627,7 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
         {(void **)&m->moe_dscale, Mr * 4, "expert weight gradients"},
         {(void **)&m->dlora, lora ? max_z(N, Er) * m->opts.lora.r * 4 : 0, "LoRA gradient"},
         {&m->eu, Er * m->opts.lora.r * es, "expert LoRA A x"},
-        {&m->wdq, lora && m->opts.lora.nf4 ? largest_linear(c) * es : 0, "dequantized weight"},
+        {&m->wdq, lora && m->opts.lora.nf4 ? (size_t)zo_lora_dequant_elems(c) * es : 0, "dequantized weight"},
         {&m->dy16, dtype == ZO_DTYPE_F32 ? 0 : max_z(widest_gradient(c, N, loss_rows(m, N)), P * N * max_z(h, fe)) * es,
          "16-bit activation gradient"},
         {&m->ep_buf[0], m->ep_rows * h * 4, "expert parallel rows"},
@@ -1251,37 +1242,34 @@ static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_
     return ZO_OK;
 }
 
-/* RoPE (or its backward) on the q and k heads of n rows of x from position
- * pos0, one call over every head: the first zo_model_rope_dim elements of
- * each head_dim-wide head (all of it, or with a partial rotary size,
+/* RoPE (or its backward) on the q and k heads of n rows of x of layer l,
+ * one call over every head: the first zo_model_rope_dim elements of each
+ * head_dim-wide head (all of it, or with a partial rotary size,
  * Phi-4-mini's, its front), which the op pairs and turns as Hugging Face's
- * apply_rotary_pos_emb does its q_rot. */
-static zo_status rope_heads(tf_model *m, int l, gpu_stream_t s, gpu_tensor x, int n, int ld, int pos0, int backward)
+ * apply_rotary_pos_emb does its q_rot. Each sequence of m->t rows from
+ * position 0 (training), or from its own position in generation (pos: the
+ * device's copy of each sequence's, one call for the whole batch). Gemma-3's
+ * sliding layers turn with their own base (rope_local_base_freq) and no
+ * rope_scaling. */
+static zo_status rope_heads(tf_model *m, int l, gpu_stream_t s, gpu_tensor x, int n, int ld, const int32_t *pos,
+                            int backward)
 {
     const zo_model_config *c = &m->cfg;
     const int heads = c->n_heads + c->n_kv_heads, rd = zo_model_rope_dim(c);
     /* longrope: the factors of the batch's length, as Hugging Face picks them */
     const double *f = m->rope_freq_long && m->t > c->rope_original_max ? m->rope_freq_long : m->rope_freq;
     float theta = c->rope_theta, scale = m->rope_scale;
-    /* Gemma-3's sliding layers: their own base, no rope_scaling */
     if (c->rope_local_theta > 0.0f && zo_model_layer_sliding(c, l)) f = NULL, theta = c->rope_local_theta, scale = 1.0f;
-    return backward ? gpu_rope_backward(s, x, n, m->t, heads, rd, ld, c->head_dim, theta, pos0, f, scale)
-                    : gpu_rope_forward(s, x, n, m->t, heads, rd, ld, c->head_dim, theta, pos0, f, scale);
+    if (pos) return gpu_rope_forward_seq(s, x, n, m->t, heads, rd, ld, c->head_dim, theta, pos, f, scale);
+    return backward ? gpu_rope_backward(s, x, n, m->t, heads, rd, ld, c->head_dim, theta, 0, f, scale)
+                    : gpu_rope_forward(s, x, n, m->t, heads, rd, ld, c->head_dim, theta, 0, f, scale);
 }
 
-/* RoPE on the q and k heads of the current rows: from position 0 of each
- * sequence in training; in generation from each sequence's position (one
- * call when they share it). */
+/* RoPE on the q and k heads of the current rows of layer l: from position 0
+ * of each sequence in training; in generation from each sequence's position. */
 static zo_status rope_rows(tf_model *m, int l, gpu_stream_t s, gpu_tensor qkv, int ld)
 {
-    const int t = m->t;
-    if (!m->opts.kv_len || same_pos(m))
-        return rope_heads(m, l, s, qkv, m->b * t, ld, m->opts.kv_len ? m->hpos[0] : 0, 0);
-    for (int j = 0; j < m->b; j++) {
-        zo_status st = rope_heads(m, l, s, seq_rows(m, qkv, j, (size_t)ld), t, ld, m->hpos[j], 0);
-        if (st != ZO_OK) return st;
-    }
-    return ZO_OK;
+    return rope_heads(m, l, s, qkv, m->b * m->t, ld, m->opts.kv_len ? m->pos : NULL, 0);
 }
 
 static zo_status embed_backward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t s)
@@ -2216,7 +2204,7 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     if ((st = linear_role_backward(m, l, bb, s, out, datt, 0.0f, dout, att)) != ZO_OK) return st;
     gpu_attn_desc ad = layer_attn(m, l);
     if ((st = gpu_attention_backward(s, &ad, dqkv, datt, qkv, att, a->lse)) != ZO_OK) return st;
-    if (!is_gpt(m) && (st = rope_heads(m, l, s, dqkv, N, ld, 0, 1)) != ZO_OK)
+    if (!is_gpt(m) && (st = rope_heads(m, l, s, dqkv, N, ld, NULL, 1)) != ZO_OK)
         return st;
     if ((st = qk_norm_backward(m, s, a, W, G, blk)) != ZO_OK ||
         (st = linear_role_backward(m, l, bb, s, qkvp, dh, 0.0f, dqkv, ln1)) != ZO_OK)

@@ -120,7 +120,8 @@ typedef struct tf_lora_slot {
     tf_lora_stage stage;
     int col;             /* first output column in that GEMM's output (k: q, v: q + kv) */
     int u;               /* its A x: column u r of the layer's lora_u (Phi-3's gate_up_proj is
-                            two slots, gate and up, sharing its A and so its A x) */
+                            two slots, gate and up, sharing its A and so its A x); -1 for a
+                            routed expert's, whose A x goes through eu */
     int in, out;
     size_t a_off, b_off; /* elements into a layer block's adapter buffer (a routed expert's: expert 0's) */
     size_t e_stride;     /* a routed expert's: elements from expert e's adapters to e + 1's */
@@ -226,14 +227,19 @@ typedef struct tf_model {
     model_layout adapters;  /* the trainable part (model/lora.h), block by block */
     int n_lora;             /* adapter slots per layer (an adapted linear layer each; Phi-3's
                                gate_up_proj two) */
-    int n_lora_u;           /* adapted linear layers per layer: the A x kept of each */
+    int n_lora_u;           /* adapted linear layers per layer but the routed experts': the A x
+                               kept of each (zo_lora_dense_modules) */
+    int lora_experts;       /* whether the routed experts carry adapters (eu, the expert rows
+                               of dlora) */
     tf_lora_slot lora[ZO_LORA_MAX_MODULES];
     float lora_scale;       /* alpha / r */
     size_t *frozen_off;     /* [layout.n_tensors] bytes into its block's frozen buffer */
     size_t *frozen_bytes;   /* [n_blocks] */
-    float *dlora;           /* [N max(1, top_k), r] gradient of one adapter's A x */
-    void *eu;               /* [N top_k, r] a routed expert's adapter's A x (dtype; recomputed in
-                               backward, so one serves every layer) */
+    float *dlora;           /* [max(N, expert rows), r] gradient of one adapter's A x (expert
+                               rows: zo_moe_expert_rows, 0 without expert adapters) */
+    void *eu;               /* [expert rows, r] a routed expert's adapter's A x (dtype; recomputed
+                               in backward, so one serves every layer); NULL without expert
+                               adapters */
     float *norm_one;        /* Gemma: [2h] fp32, h ones then the (1 + w) a norm multiplies by
                                (GemmaRMSNorm stores w as the offset from 1); NULL otherwise */
     void *wdq;              /* QLoRA: one dequantized linear weight (model dtype) */

@@ -165,8 +165,8 @@ zo_status cuda_launch_attention_gemm_backward(const cuda_gemm_env *g, const gpu_
 
 /* rope.cu */
 zo_status cuda_launch_rope(cudaStream_t st, gpu_tensor x, int n, int t, int n_heads, int d,
-                           int64_t ldx, int64_t ldh, float theta, int pos0, const double *inv_freq,
-                           float scale, int inverse);
+                           int64_t ldx, int64_t ldh, float theta, int pos0, const int32_t *seq_pos,
+                           const double *inv_freq, float scale, int inverse);
 
 /* activation.cu */
 zo_status cuda_launch_gelu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor x, size_t n);

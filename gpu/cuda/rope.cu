@@ -8,11 +8,12 @@
 #define BS 256
 
 /* x [n, ldx]: the first d elements of the first n_heads heads (head h at
- * h * ldh) of each row rotate by the angle of position pos0 + r % t, cos
- * and sin times scale; inverse rotates back (the backward: the transpose,
- * times scale). */
-__global__ void rope_kernel(gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx,
-                            int64_t ldh, float theta, int pos0, const double *freq, float scale, int inverse)
+ * h * ldh) of each row rotate by the angle of position pos0 + r % t (plus
+ * seq_pos[r / t] when given: a position a sequence), cos and sin times
+ * scale; inverse rotates back (the backward: the transpose, times scale). */
+__global__ void rope_kernel(gpu_tensor x, int n, int t, int n_heads, int d, int64_t ldx, int64_t ldh,
+                            float theta, int pos0, const int32_t *seq_pos, const double *freq, float scale,
+                            int inverse)
 {
     const int half = d / 2;
     size_t total = (size_t)n * n_heads * half;
@@ -22,7 +23,8 @@ __global__ void rope_kernel(gpu_tensor x, int n, int t, int n_heads, int d, int6
         size_t rh = idx / half;
         int h = (int)(rh % n_heads), r = (int)(rh / n_heads);
         double inv_freq = freq ? freq[i] : pow((double)theta, -2.0 * i / d);
-        double ang = (double)(pos0 + r % t) * inv_freq;
+        double p = (double)pos0 + (seq_pos ? (double)seq_pos[r / t] : 0.0) + (double)(r % t);
+        double ang = p * inv_freq;
         float c = (float)(scale * cos(ang)), s = (float)(scale * sin(ang));
         if (inverse) s = -s;
         size_t off = (size_t)r * ldx + (size_t)h * ldh;
@@ -34,10 +36,10 @@ __global__ void rope_kernel(gpu_tensor x, int n, int t, int n_heads, int d, int6
 
 extern "C" zo_status cuda_launch_rope(cudaStream_t st, gpu_tensor x, int n, int t, int n_heads,
                                       int d, int64_t ldx, int64_t ldh, float theta, int pos0,
-                                      const double *inv_freq, float scale, int inverse)
+                                      const int32_t *seq_pos, const double *inv_freq, float scale, int inverse)
 {
     size_t total = (size_t)n * n_heads * (d / 2);
     ZO_LAUNCH(rope_kernel, grid_for(total, BS), BS, 0, st, x, n, t, n_heads, d, ldx, ldh, theta, pos0,
-              inv_freq, scale, inverse);
+              seq_pos, inv_freq, scale, inverse);
     return cuda_launch_check("rope_kernel");
 }
