@@ -15,7 +15,7 @@ static const char HELP[] =
     "usage: generate --model CONFIG|DIR|PRESET (--prompt TEXT | --prompt-ids 1,2,3)... [options]\n"
     "\n"
     "Generate text with a GPT-2 or LLaMA-family model (LLaMA, Mistral, Qwen2/3, Phi-3,\n"
-    "Gemma; Mixtral, Qwen-MoE): each prompt is read in one forward that fills a key/value\n"
+    "Gemma, Gemma-2, Gemma-3; Mixtral, Qwen-MoE): each prompt is read in one forward that fills a key/value\n"
     "cache on the device, then one token at a time is chosen (greedy, or sampled) and fed\n"
     "back, until --max-new-tokens or the end-of-sequence token. The weights live where\n"
     "training puts them: resident on the device, streamed block by block from pinned host\n"
