@@ -4,12 +4,15 @@
 # while the other core idles. Without this a clean build folder (no
 # Testing/Temporary/CTestCostData.txt yet) runs them in declaration order.
 # Refresh the figures when a test's time moves by much (docs/testing.md).
+# (Gemma-2's and Gemma-3's generate tests: Gemma's figure, the same shapes
+# and runs; not yet measured in a sanitizer build.)
 # Included at the end of each folder that adds tests: before CMake 3.28
 # set_tests_properties sees only the tests of the folder it runs in.
 set(zo_test_costs
     test_transformer_torch 155 test_transformer 147
     test_offload 114 test_ops 83 test_generate_torch_mixtral 71 test_generate_torch_qwen2_moe 68
     test_generate_torch_qwen3_moe 51 test_generate_torch_gemma 45 test_generate_torch_phi3 35
+    test_generate_torch_gemma2 45 test_generate_torch_gemma3_text 45
     test_generate_torch_qwen3 34 test_e2e_torch_qwen3_moe 16 test_generate_torch_gpt_neox 15
     test_generate_torch_falcon_new 15 test_generate_torch_falcon 12
     test_zero 57 test_ranks_moe_ep_zero_ckpt 57 test_ranks_moe_ep_gaps 44 test_ranks_moe_ep_zero 37 test_zero_mpi4 35 test_ranks_moe_ep 31

@@ -79,6 +79,32 @@
       .vocab = 65024, .max_seq = 2048, .tied_embeddings = 1, .norm_bias = 1,             \
       .norm_eps = 1e-5f, .rope_theta = 10000.0f, .act = "gelu", .pos = ZO_POS_ROTARY,    \
       .layer_norms = norms, .parallel_block = 1}}
+/* Gemma-2 (config.json of google/gemma-2-2b, -9b, -27b): Gemma's layers
+ * with four norms (layer_norms 4), scores times query_pre_attn_scalar^-0.5
+ * and capped at 50, logits capped at 30, a window of 4096 positions on
+ * every other layer from the first; vocabulary 256000, 8192 positions. */
+#define GEMMA2(n, L, h, a, kv, hd, f, qpas)                                               \
+    {n, "",                                                                               \
+     {.name = n, .family = "gemma2", .arch = ZO_ARCH_LLAMA, .n_layers = L, .hidden = h,  \
+      .n_heads = a, .n_kv_heads = kv, .head_dim = hd, .ffn = f, .vocab = 256000,         \
+      .max_seq = 8192, .tied_embeddings = 1, .norm_eps = 1e-6f, .rope_theta = 10000.0f,  \
+      .act = "gelu_pytorch_tanh", .layer_norms = 4, .sliding_window = 4096,              \
+      .window_period = 2, .query_pre_attn_scalar = qpas, .attn_softcap = 50.0f,          \
+      .final_softcap = 30.0f}}
+
+/* Gemma-3 text (config.json of google/gemma-3-1b-pt and the text_config of
+ * gemma-3-4b/12b/27b-pt): Gemma-2's layers with an RMSNorm (1 + w) on each
+ * q and k head, no soft caps, a window on 5 layers of 6 whose rotary base
+ * is rope_local_base_freq (10000), the global layers' rope_theta 1e6 (4b
+ * and up: a linear rope_scaling of 8); vocabulary 262144 (1b) or 262208. */
+#define GEMMA3(n, L, h, a, kv, hd, f, qpas, v, s, win, scaling, factor)                   \
+    {n, "",                                                                               \
+     {.name = n, .family = "gemma3_text", .arch = ZO_ARCH_LLAMA, .n_layers = L,          \
+      .hidden = h, .n_heads = a, .n_kv_heads = kv, .head_dim = hd, .ffn = f, .vocab = v, \
+      .max_seq = s, .tied_embeddings = 1, .norm_eps = 1e-6f, .rope_theta = 1e6f,         \
+      .act = "gelu_pytorch_tanh", .layer_norms = 4, .qk_norm = 1, .sliding_window = win, \
+      .window_period = 6, .query_pre_attn_scalar = qpas, .rope_local_theta = 10000.0f,   \
+      .rope_scaling = scaling, .rope_factor = factor}}
 
 static const zo_model_preset presets[] = {
     GPT("gpt2", "gpt2-124m,gpt2-small", "gpt2", 12, 768, 12, 50257, 1024),
@@ -127,6 +153,15 @@ static const zo_model_preset presets[] = {
     NEOX("gpt-neox-20b", 44, 6144, 64, 50432, "gelu_fast"),
     FALCON("falcon-7b", 32, 4544, 71, 1, 1),
     FALCON("falcon-40b", 60, 8192, 128, 8, 2),
+    GEMMA2("gemma-2-2b", 26, 2304, 8, 4, 256, 9216, 256),
+    GEMMA2("gemma-2-9b", 42, 3584, 16, 8, 256, 14336, 256),
+    /* heads of 128, but query_pre_attn_scalar 144 (hidden / heads) */
+    GEMMA2("gemma-2-27b", 46, 4608, 32, 16, 128, 36864, 144),
+    GEMMA3("gemma-3-1b", 26, 1152, 4, 1, 256, 6912, 256, 262144, 32768, 512, "", 1.0f),
+    GEMMA3("gemma-3-4b", 34, 2560, 8, 4, 256, 10240, 256, 262208, 131072, 1024, "linear", 8.0f),
+    GEMMA3("gemma-3-12b", 48, 3840, 16, 8, 256, 15360, 256, 262208, 131072, 1024, "linear", 8.0f),
+    /* heads of 128, query_pre_attn_scalar 168 (hidden / heads) */
+    GEMMA3("gemma-3-27b", 62, 5376, 32, 16, 128, 21504, 168, 262208, 131072, 1024, "linear", 8.0f),
     QWEN3("qwen3-0.6b", "qwen3", 28, 1024, 16, 8, 3072, 1),
     QWEN3("qwen3-8b", "qwen3", 36, 4096, 32, 8, 12288, 0),
     /* 128 routed experts of 768, 8 a token, renormalized (norm_topk_prob) */
@@ -298,6 +333,19 @@ uint64_t zo_model_position_rows(const zo_model_config *c)
     return 0;
 }
 
+int zo_model_post_norms(const zo_model_config *c) { return c->arch == ZO_ARCH_LLAMA && c->layer_norms == 4; }
+
+int zo_model_layer_sliding(const zo_model_config *c, int l)
+{
+    if (c->window_period > 0) return (l + 1) % c->window_period != 0;
+    return c->sliding_window > 0 && l >= c->window_from_layer;
+}
+
+int zo_model_layer_window(const zo_model_config *c, int l)
+{
+    return zo_model_layer_sliding(c, l) ? c->sliding_window : 0;
+}
+
 int zo_model_layer_is_moe(const zo_model_config *c, int layer)
 {
     return c->moe.experts > 0 && layer >= c->moe.first_dense;
@@ -446,7 +494,7 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
      * erf form ("gelu") too; LLaMA: SiLU, Gemma's gate that tanh form (GeGLU) */
     int tanh_gelu = !strcmp(c->act, "gelu_new") || !strcmp(c->act, "gelu_fast") ||
                     !strcmp(c->act, "gelu_pytorch_tanh") || (zo_model_qkv_grouped(c) && !strcmp(c->act, "gelu"));
-    int gemma = !strcmp(c->family, "gemma");
+    int gemma = !strncmp(c->family, "gemma", 5);
     int other_act = c->act[0] && (c->arch == ZO_ARCH_GPT || gemma ? !tanh_gelu : strcmp(c->act, "silu"));
     /* GPT-NeoX and Falcon: rotary in place of learned positions, attention and
      * MLP side by side (use_parallel_residual, parallel_attn); Falcon's one
@@ -462,7 +510,8 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
         snprintf(lacks, sizeof lacks, "an odd rotary size (partial_rotary_factor, rotary_pct)");
     else if ((c->pos != ZO_POS_ARCH && !(grouped && c->pos == ZO_POS_ROTARY)) || c->pos_offset)
         snprintf(lacks, sizeof lacks, "its positions%s", c->pos == ZO_POS_ALIBI ? " (ALiBi)" : "");
-    else if (c->layer_norms && c->layer_norms != 2 && !(zo_model_falcon(c) && c->layer_norms == 1 && c->parallel_block))
+    else if (c->layer_norms && c->layer_norms != 2 && !(zo_model_post_norms(c) && gemma) &&
+             !(zo_model_falcon(c) && c->layer_norms == 1 && c->parallel_block))
         snprintf(lacks, sizeof lacks, "its norms");
     else if (c->parallel_block && !grouped) snprintf(lacks, sizeof lacks, "parallel attention and MLP");
     else if (grouped && c->rope_scaling[0]) snprintf(lacks, sizeof lacks, "its rope_scaling");
@@ -742,6 +791,52 @@ static void hf_longrope(hf *r, hf *sub, zo_model_config *c, const family *f)
         hf_fail(sub, ZO_ERR_FORMAT, "attention_factor", "must be > 0 (got %g)", c->rope_attention_factor);
 }
 
+/* Which layers attend over the window: layer_types when present, one
+ * "full_attention" every p layers, the rest "sliding_attention" (p 0: none
+ * full, every layer windowed; none sliding: no window), else every
+ * `period`-th layer global (Gemma-2's default: the odd layers). A list of
+ * another pattern is refused by name. */
+static void hf_window_layers(hf *r, zo_model_config *c, int period)
+{
+    const cJSON *lt = hf_item(r, "layer_types"), *e;
+    c->window_period = period;
+    if (!lt || r->st) return;
+    int n = 0, first_full = -1, sliding = 0;
+    cJSON_ArrayForEach(e, lt)
+    {
+        int full = cJSON_IsString(e) && !strcmp(e->valuestring, "full_attention");
+        if (full && first_full < 0) first_full = n;
+        sliding += !full;
+        n++;
+    }
+    int p = first_full < 0 ? 0 : first_full + 1, ok = n == c->n_layers;
+    n = 0;
+    cJSON_ArrayForEach(e, lt)
+    {
+        int full = cJSON_IsString(e) && !strcmp(e->valuestring, "full_attention");
+        ok &= full == (p > 0 && (n + 1) % p == 0);
+        n++;
+    }
+    if (!ok) {
+        hf_fail(r, ZO_ERR_UNSUPPORTED, "layer_types",
+                "the runtime takes %d entries with every p-th \"full_attention\" and the rest "
+                "\"sliding_attention\"; this list is another pattern", c->n_layers);
+        return;
+    }
+    c->window_period = p;
+    if (!sliding) c->sliding_window = 0;
+}
+
+/* A soft cap: its value, absent the family's default, null none (0). */
+static float hf_cap(hf *r, const char *key, float def)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(r->root, key);
+    if (it && cJSON_IsNull(it)) return 0.0f;
+    float v = hf_float(r, key, def);
+    if (!r->st && !(v >= 0.0f)) hf_fail(r, ZO_ERR_FORMAT, key, "must be >= 0 or null (got %g)", v);
+    return v;
+}
+
 /* What limits or rescales attention without changing a size:
  * - sliding_window, as Hugging Face reads it: Mistral's (MistralConfig's
  *   default 4096 when absent, none when null), on every layer; Qwen2's and
@@ -765,6 +860,13 @@ static void hf_attention_extent(hf *r, zo_model_config *c, const family *f)
         if (c->window_from_layer < c->n_layers) c->sliding_window = hf_int(r, "sliding_window", 4096);
     } else if (!strcmp(f->type, "phi3") && w && !null_window) {
         c->sliding_window = hf_int(r, "sliding_window", REQ);
+    } else if (!strcmp(f->type, "gemma2")) {
+        if (!null_window) c->sliding_window = hf_int(r, "sliding_window", 4096);
+        hf_window_layers(r, c, 2);
+    } else if (!strcmp(f->type, "gemma3_text")) {
+        /* five sliding layers of six (sliding_window_pattern), or layer_types */
+        if (!null_window) c->sliding_window = hf_int(r, "sliding_window", 4096);
+        hf_window_layers(r, c, hf_int(r, "sliding_window_pattern", 6));
     }
     const cJSON *rs = hf_item(r, "rope_scaling");
     if (!rs) return;
@@ -799,7 +901,8 @@ static void parse_llama(hf *r, zo_model_config *c, const family *f)
     c->n_kv_heads = hf_int(r, "num_key_value_heads", f->kv_heads ? f->kv_heads : c->n_heads);
     c->head_dim = hf_int(r, "head_dim", f->head_dim);
     c->norm_eps = hf_float(r, "rms_norm_eps", 1e-6f);
-    c->rope_theta = hf_float(r, "rope_theta", 10000.0f);
+    int gemma3 = !strcmp(f->type, "gemma3_text");
+    c->rope_theta = hf_float(r, "rope_theta", gemma3 ? 1e6f : 10000.0f);
     c->tied_embeddings = hf_bool(r, "tie_word_embeddings", f->tied);
     if (!strncmp(f->type, "gemma", 5)) {
         /* Hugging Face's GemmaMLP reads hidden_activation alone (hidden_act
@@ -814,8 +917,23 @@ static void parse_llama(hf *r, zo_model_config *c, const family *f)
     c->attn_bias = !strcmp(f->type, "qwen2") || !strcmp(f->type, "qwen2_moe");
     /* Qwen3: RMSNorm over head_dim on q and k; Gemma-2: norms after attention
      * and MLP too */
-    c->qk_norm = !strncmp(f->type, "qwen3", 5);
-    if (!strcmp(f->type, "gemma2")) c->layer_norms = 4;
+    c->qk_norm = !strncmp(f->type, "qwen3", 5) || gemma3;
+    if (!strcmp(f->type, "gemma2") || gemma3) {
+        c->layer_norms = 4;
+        /* the score scale (query_pre_attn_scalar^-0.5) and the soft caps
+         * (Gemma-3's none unless given) */
+        c->query_pre_attn_scalar = hf_float(r, "query_pre_attn_scalar", 256.0f);
+        if (!r->st && !(c->query_pre_attn_scalar > 0.0f))
+            hf_fail(r, ZO_ERR_FORMAT, "query_pre_attn_scalar", "must be > 0 (got %g)", c->query_pre_attn_scalar);
+        c->attn_softcap = hf_cap(r, "attn_logit_softcapping", gemma3 ? 0.0f : 50.0f);
+        c->final_softcap = hf_cap(r, "final_logit_softcapping", gemma3 ? 0.0f : 30.0f);
+    }
+    if (gemma3) {
+        /* the sliding layers' rotary base (no rope_scaling there) */
+        c->rope_local_theta = hf_float(r, "rope_local_base_freq", 10000.0f);
+        if (!r->st && !(c->rope_local_theta > 0.0f))
+            hf_fail(r, ZO_ERR_FORMAT, "rope_local_base_freq", "must be > 0 (got %g)", c->rope_local_theta);
+    }
     /* Phi-4-mini rotates only the first partial_rotary_factor of each head
      * (no size changes) */
     if (!strcmp(f->type, "phi3")) {
@@ -1041,8 +1159,11 @@ static const family families[] = {
     {"gemma", "GemmaForCausalLM", parse_llama,
      "Gemma: LLaMA layers with GeGLU, head_dim 256, tied", 1, 16, 256, NULL, 1},
     {"gemma2", "Gemma2ForCausalLM", parse_llama,
-     "Gemma-2: Gemma layers with norms before and after attention and MLP (4), tied", 1, 16, 256,
-     NULL, 0},
+     "Gemma-2: Gemma layers with norms before and after attention and MLP (4), soft caps, tied", 1,
+     16, 256, NULL, 1},
+    {"gemma3_text", "Gemma3ForCausalLM", parse_llama,
+     "Gemma-3 (text): Gemma-2 layers with q/k norms, five local layers of six (their own rotary base)",
+     1, 4, 256, NULL, 1},
     {"phi3", "Phi3ForCausalLM", parse_llama,
      "Phi-3: LLaMA layers (fused qkv and gate/up projections)", 0, 0, 0, NULL, 1},
     {"mixtral", "MixtralForCausalLM", parse_mixtral,

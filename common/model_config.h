@@ -84,6 +84,13 @@ typedef struct zo_model_config {
     int sliding_window;    /* a query sees the last sliding_window positions (itself included):
                               Mistral's sliding_window, Qwen2's with use_sliding_window; 0: all */
     int window_from_layer; /* the window applies to layers >= this (Qwen2's max_window_layers) */
+    int window_period;     /* > 0: layer l attends globally when (l + 1) % window_period == 0, over
+                              the window otherwise (Gemma-2's alternating layers: 2) */
+    float query_pre_attn_scalar; /* > 0: scores times its ^-0.5, not head_dim's (Gemma-2) */
+    float attn_softcap;    /* > 0: scores capped, c tanh(s / c) (attn_logit_softcapping) */
+    float final_softcap;   /* > 0: logits capped likewise (final_logit_softcapping) */
+    float rope_local_theta; /* > 0: the sliding layers' rotary base, without rope_scaling (Gemma-3's
+                               rope_local_base_freq); the global layers keep rope_theta's */
     char rope_scaling[16]; /* rope_scaling's rope_type when it rescales the rotary frequencies
                               (llama3, linear, dynamic, yarn, ...); "" for none or "default" */
     float rope_factor;     /* rope_scaling's factor */
@@ -141,6 +148,18 @@ int zo_model_falcon(const zo_model_config *c);
  * the erf GELU allowed, query_key_value's rows grouped per kv head in the
  * file ([q ... k v] of group 0, then of group 1, ...) */
 int zo_model_qkv_grouped(const zo_model_config *c);
+/* Gemma-2's layers: a norm on the attention's and on the MLP's output
+ * before each residual add (layer_norms 4 on a LLaMA layer). */
+int zo_model_post_norms(const zo_model_config *c);
+
+/* Whether layer l is a sliding (local) layer: with window_period p all but
+ * every p-th layer (Gemma-2's and Gemma-3's layer_types, with or without a
+ * window), else the layers from window_from_layer when there is a window. */
+int zo_model_layer_sliding(const zo_model_config *c, int l);
+
+/* The sliding window of layer l: sliding_window on the sliding layers, 0
+ * elsewhere. */
+int zo_model_layer_window(const zo_model_config *c, int l);
 
 /* The rotated part of a head: int(head_dim x partial_rotary_factor) as
  * Hugging Face computes it, or head_dim. */

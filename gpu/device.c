@@ -390,17 +390,29 @@ zo_status gpu_embedding_backward(gpu_stream_t s, gpu_tensor dwte, gpu_tensor dwp
         .i = {n, t, c, vocab});
 }
 
+zo_status gpu_cross_entropy_forward_cap(gpu_stream_t s, float *losses, gpu_tensor logits,
+                                        const int32_t *targets, int n, int v, float cap)
+{
+    RUN(CROSS_ENTROPY_FORWARD, .t = {logits}, .p = {losses, (void *)targets}, .i = {n, v}, .f = {cap});
+}
+
+zo_status gpu_cross_entropy_backward_cap(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor logits,
+                                         const int32_t *targets, float dloss, int n, int v, float cap)
+{
+    RUN(CROSS_ENTROPY_BACKWARD, .t = {dlogits, logits}, .p = {(void *)targets}, .i = {n, v},
+        .f = {dloss, cap});
+}
+
 zo_status gpu_cross_entropy_forward(gpu_stream_t s, float *losses, gpu_tensor logits,
                                     const int32_t *targets, int n, int v)
 {
-    RUN(CROSS_ENTROPY_FORWARD, .t = {logits}, .p = {losses, (void *)targets}, .i = {n, v});
+    return gpu_cross_entropy_forward_cap(s, losses, logits, targets, n, v, 0.0f);
 }
 
 zo_status gpu_cross_entropy_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor logits,
                                      const int32_t *targets, float dloss, int n, int v)
 {
-    RUN(CROSS_ENTROPY_BACKWARD, .t = {dlogits, logits}, .p = {(void *)targets}, .i = {n, v},
-        .f = {dloss});
+    return gpu_cross_entropy_backward_cap(s, dlogits, logits, targets, dloss, n, v, 0.0f);
 }
 
 zo_status gpu_add(gpu_stream_t s, gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n)

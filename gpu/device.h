@@ -29,6 +29,7 @@
 #ifndef ZO_GPU_DEVICE_H
 #define ZO_GPU_DEVICE_H
 
+#include <math.h>   /* sqrtf */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -228,11 +229,24 @@ zo_status gpu_head_rmsnorm_backward(gpu_stream_t s, gpu_tensor dx, int64_t ldx, 
  * out [b, t, hq*d]; lse [b, hq, t] fp32. Backward overwrites dqkv (same
  * shape as qkv). With window > 0 (a sliding window: Mistral's), query i
  * sees keys i - window < j <= i, the last `window` positions itself
- * included; 0 is every earlier one. */
+ * included; 0 is every earlier one. With scale > 0 the scores are scaled by
+ * it in place of 1/sqrt(d) (Gemma-2's query_pre_attn_scalar^-0.5). With
+ * softcap > 0 each scaled score s becomes softcap * tanh(s / softcap)
+ * before the mask and the softmax (Gemma-2's attn_logit_softcapping); lse
+ * is of the capped scores, and the backward multiplies the score gradient
+ * by 1 - tanh^2(s / softcap). */
 typedef struct gpu_attn_desc {
     int b, t, hq, hkv, d;
     int window;
+    float scale;   /* 0: 1/sqrt(d) */
+    float softcap; /* 0: none */
 } gpu_attn_desc;
+
+/* The score scale of a: a->scale, or 1/sqrt(d). */
+static inline float gpu_attn_scale(const gpu_attn_desc *a)
+{
+    return a->scale > 0.0f ? a->scale : 1.0f / sqrtf((float)a->d);
+}
 
 zo_status gpu_attention_forward(gpu_stream_t s, const gpu_attn_desc *a, gpu_tensor out,
                                 float *lse, gpu_tensor qkv);
@@ -246,7 +260,7 @@ zo_status gpu_attention_backward(gpu_stream_t s, const gpu_attn_desc *a, gpu_ten
  * into the caches at those positions first, k_cache and v_cache
  * [b, tc, hkv*d] (any storage type), then query i of sequence s attends,
  * causally, over cache positions 0 .. pos[s] + i (with window > 0 the last
- * `window` of them), scaled by 1/sqrt(d). out [b, t, hq*d]. Cache positions
+ * `window` of them), scaled and capped as above. out [b, t, hq*d]. Cache positions
  * past pos[s] + t - 1 are neither read nor written. A sequence whose
  * positions leave the cache (pos[s] < 0 or pos[s] + t > tc) is a sticky
  * stream error. A prompt is a call with pos 0 (t its tokens), each token
@@ -310,11 +324,17 @@ zo_status gpu_embedding_backward(gpu_stream_t s, gpu_tensor dwte, gpu_tensor dwp
  * logsumexp(logits[r]) - logits[r, targets[r]] (fp32, [n]); a target of -1
  * is ignored (loss 0, gradient 0). Backward: dlogits = dloss * (softmax -
  * onehot), where dloss is a scalar (1/count for a mean); dlogits may be
- * logits itself. */
+ * logits itself. The _cap forms first soft-cap the logits, z = cap tanh(x /
+ * cap) (Gemma-2's final_logit_softcapping; cap 0: none), the loss over z,
+ * and dlogits is of x: dloss (softmax(z) - onehot) (1 - (z / cap)^2). */
 zo_status gpu_cross_entropy_forward(gpu_stream_t s, float *losses, gpu_tensor logits,
                                     const int32_t *targets, int n, int v);
 zo_status gpu_cross_entropy_backward(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor logits,
                                      const int32_t *targets, float dloss, int n, int v);
+zo_status gpu_cross_entropy_forward_cap(gpu_stream_t s, float *losses, gpu_tensor logits,
+                                        const int32_t *targets, int n, int v, float cap);
+zo_status gpu_cross_entropy_backward_cap(gpu_stream_t s, gpu_tensor dlogits, gpu_tensor logits,
+                                         const int32_t *targets, float dloss, int n, int v, float cap);
 
 /* ---- ops: elementwise and reductions ---------------------------------------------
  * y = a + b (the residual add; its backward passes dy to both inputs, so the

@@ -711,13 +711,13 @@ static zo_status cpu_run_embedding_backward(cpu_scratch *ws, const gpu_op_args *
 static zo_status cpu_run_cross_entropy_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
     return cpu_cross_entropy_forward(ws, a->p[0], a->t[0], a->p[1], (int)a->i[0], (int)a->i[1],
-                                     nt);
+                                     a->f[0], nt);
 }
 
 static zo_status cpu_run_cross_entropy_backward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
     return cpu_cross_entropy_backward(ws, a->t[0], a->t[1], a->p[0], a->f[0], (int)a->i[0],
-                                      (int)a->i[1], nt);
+                                      (int)a->i[1], a->f[1], nt);
 }
 
 static zo_status cpu_run_add(cpu_scratch *ws, const gpu_op_args *a, int nt)

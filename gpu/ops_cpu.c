@@ -1011,16 +1011,25 @@ static void panel_gemm(panels A, panels B, float *C, int ldc, int m, int n, int 
     }
 }
 
-/* Scores row -> unnormalized probabilities: row[j] = exp(row[j] * scale - mx)
- * for lo <= j < n (mx their max, returned in *mx), zero for j < lo (before a
- * sliding window) and n <= j < n_zero; returns their sum (fixed lanes). */
+/* A score row scaled, and with cap > 0 soft-capped: s = cap tanh(s / cap). */
+static void scale_scores(float *restrict row, int n, float scale, float cap)
+{
+    for (int j = 0; j < n; j++) row[j] *= scale;
+    if (cap > 0.0f)
+        for (int j = 0; j < n; j++) row[j] = cap * tanhf(row[j] / cap);
+}
+
+/* Scores row -> unnormalized probabilities: row[j] = exp(c(row[j] * scale) - mx)
+ * for lo <= j < n, c the soft cap (cap > 0) or none (mx their max, returned
+ * in *mx), zero for j < lo (before a sliding window) and n <= j < n_zero;
+ * returns their sum (fixed lanes). */
 VEC_CLONES static float softmax_row(float *restrict row, int lo, int n, int n_zero, float scale,
-                                    float *mx_out)
+                                    float cap, float *mx_out)
 {
     float m[LANES], acc[LANES];
     for (int l = 0; l < LANES; l++) m[l] = -INFINITY, acc[l] = 0.0f;
     int nb = n / LANES * LANES;
-    for (int j = 0; j < n; j++) row[j] *= scale;
+    scale_scores(row, n, scale, cap);
     for (int j = 0; j < lo; j++) row[j] = -INFINITY;
     for (int j = 0; j < nb; j += LANES)
         for (int l = 0; l < LANES; l++) m[l] = row[j + l] > m[l] ? row[j + l] : m[l];
@@ -1039,14 +1048,25 @@ VEC_CLONES static float softmax_row(float *restrict row, int lo, int n, int n_ze
 }
 
 /* P and dS rows of the backward: p = exp(s * scale - L) for lo <= j < n,
- * then ds = p * (dp - D) * scale; both zero for j < lo and n <= j < n_zero. */
+ * then ds = p * (dp - D) * scale; both zero for j < lo and n <= j < n_zero.
+ * With cap > 0 the score is cap tanh(s scale / cap) and ds is also
+ * multiplied by its derivative 1 - tanh^2. */
 VEC_CLONES static void softmax_grad_row(float *restrict p, float *restrict dp, int lo, int n,
-                                        int n_zero, float scale, float L, float D)
+                                        int n_zero, float scale, float cap, float L, float D)
 {
-    for (int j = 0; j < n; j++) {
-        float pj = j < lo ? 0.0f : fexp(p[j] * scale - L);
-        p[j] = pj;
-        dp[j] = pj * (dp[j] - D) * scale;
+    if (cap > 0.0f) {
+        for (int j = 0; j < n; j++) {
+            float th = tanhf(p[j] * scale / cap);
+            float pj = j < lo ? 0.0f : fexp(cap * th - L);
+            p[j] = pj;
+            dp[j] = pj * (dp[j] - D) * scale * (1.0f - th * th);
+        }
+    } else {
+        for (int j = 0; j < n; j++) {
+            float pj = j < lo ? 0.0f : fexp(p[j] * scale - L);
+            p[j] = pj;
+            dp[j] = pj * (dp[j] - D) * scale;
+        }
     }
     for (int j = n; j < n_zero; j++) p[j] = dp[j] = 0.0f;
 }
@@ -1091,7 +1111,7 @@ zo_status cpu_attention_forward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_ten
 {
     const int t = a->t, d = a->d, hq = a->hq, hkv = a->hkv, grp = hq / hkv;
     const size_t ld = (size_t)(hq + 2 * hkv) * d, ldo = (size_t)hq * d;
-    const float scale = 1.0f / sqrtf((float)d);
+    const float scale = gpu_attn_scale(a), cap = a->softcap;
     const int team = cpu_team(nt), tN = RUP(t, NR), dN = RUP(d, NR), aqM = RUP(AQ, MR);
     /* per thread: K^T and V panels, the fp32 rows staged, Q and P panels,
      * scores [aqM][tN], output tile [aqM][dN] */
@@ -1128,7 +1148,7 @@ zo_status cpu_attention_forward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_ten
                 for (int i = 0; i < rows; i++) {
                     float mx;
                     l[i] = softmax_row(S + (size_t)i * tN, window_start(a, q0 + i), q0 + i + 1, nk,
-                                       scale, &mx);
+                                       scale, cap, &mx);
                     lse[((size_t)b * hq + h) * t + q0 + i] = mx + logf(l[i]);
                 }
                 /* O [rows][d] = P V, then divided by the row sums */
@@ -1154,7 +1174,7 @@ zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_te
 {
     const int t = a->t, d = a->d, hq = a->hq, hkv = a->hkv, grp = hq / hkv;
     const size_t ld = (size_t)(hq + 2 * hkv) * d, ldo = (size_t)hq * d;
-    const float scale = 1.0f / sqrtf((float)d);
+    const float scale = gpu_attn_scale(a), cap = a->softcap;
     const int team = cpu_team(nt), tN = RUP(t, NR), tM = RUP(t, MR), dN = RUP(d, NR);
     const int aqM = RUP(AQ, MR);
     /* per thread: K^T, V^T and K panels, dK and dV [tM][dN], the fp32 rows
@@ -1212,7 +1232,7 @@ zo_status cpu_attention_backward(cpu_scratch *ws, const gpu_attn_desc *a, gpu_te
                         load_row(orow, out, ((size_t)b * t + q0 + i) * ldo + (size_t)h * d, d);
                         float D = dot_lanes(dOf + (size_t)i * d, orow, d);
                         softmax_grad_row(P + (size_t)i * tN, dS + (size_t)i * tN,
-                                         window_start(a, q0 + i), q0 + i + 1, nk, scale, L[q0 + i], D);
+                                         window_start(a, q0 + i), q0 + i + 1, nk, scale, cap, L[q0 + i], D);
                     }
                     /* dQ [rows][d] = dS K */
                     panels dSa = pack_a_rows(dSp, dS, tN, rows, nk);
@@ -1254,7 +1274,7 @@ zo_status cpu_attention_cached(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tens
 {
     const int t = a->t, d = a->d, hq = a->hq, hkv = a->hkv, grp = hq / hkv, nb = a->b;
     const size_t ld = (size_t)(hq + 2 * hkv) * d, ldo = (size_t)hq * d, ldc = (size_t)hkv * d;
-    const float scale = 1.0f / sqrtf((float)d);
+    const float scale = gpu_attn_scale(a), cap = a->softcap;
     int most = 0; /* the most cache rows a sequence's queries see */
     for (int s = 0; s < nb; s++) {
         if (pos[s] < 0 || pos[s] > tc - t)
@@ -1301,10 +1321,9 @@ zo_status cpu_attention_cached(cpu_scratch *ws, const gpu_attn_desc *a, gpu_tens
                     int p = pos[s] + i, j0 = a->window > 0 && p - a->window + 1 > 0 ? p - a->window + 1 : 0;
                     load_row(q, qkv, ((size_t)s * t + i) * ld + (size_t)h * d, (size_t)d);
                     float mx = -INFINITY;
-                    for (int j = j0; j <= p; j++) {
-                        S[j] = dot_lanes(q, K + (size_t)j * d, d) * scale;
-                        mx = S[j] > mx ? S[j] : mx;
-                    }
+                    for (int j = j0; j <= p; j++) S[j] = dot_lanes(q, K + (size_t)j * d, d);
+                    scale_scores(S + j0, p + 1 - j0, scale, cap);
+                    for (int j = j0; j <= p; j++) mx = S[j] > mx ? S[j] : mx;
                     float l = 0.0f;
                     for (int k = 0; k < d; k++) o[k] = 0.0f;
                     for (int j = j0; j <= p; j++) {
@@ -1625,8 +1644,15 @@ VEC_CLONES static void row_softmax_scaled(float *restrict row, int v, float L, f
     for (int j = 0; j < v; j++) row[j] = scale * fexp(row[j] - L);
 }
 
+/* A row of logits soft-capped in place: x = cap tanh(x / cap) (cap > 0). */
+static void cap_row(float *restrict row, int v, float cap)
+{
+    if (cap > 0.0f)
+        for (int j = 0; j < v; j++) row[j] = cap * tanhf(row[j] / cap);
+}
+
 zo_status cpu_cross_entropy_forward(cpu_scratch *ws, float *losses, gpu_tensor logits,
-                                    const int32_t *targets, int n, int v, int nt)
+                                    const int32_t *targets, int n, int v, float cap, int nt)
 {
     const char *op = "gpu_cross_entropy_forward";
     zo_status s = check_ids(op, "targets", targets, n, v, 1);
@@ -1646,6 +1672,11 @@ zo_status cpu_cross_entropy_forward(cpu_scratch *ws, float *losses, gpu_tensor l
                 continue;
             }
             const float *lr = in_f32(logits, (size_t)r * v, v, row);
+            if (cap > 0.0f) {
+                if (lr != row) memcpy(row, lr, (size_t)v * sizeof(float));
+                cap_row(row, v, cap);
+                lr = row;
+            }
             losses[r] = row_lse(lr, v) - lr[targets[r]];
         }
     }
@@ -1653,7 +1684,7 @@ zo_status cpu_cross_entropy_forward(cpu_scratch *ws, float *losses, gpu_tensor l
 }
 
 zo_status cpu_cross_entropy_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_tensor logits,
-                                     const int32_t *targets, float dloss, int n, int v, int nt)
+                                     const int32_t *targets, float dloss, int n, int v, float cap, int nt)
 {
     const char *op = "gpu_cross_entropy_backward";
     zo_status s = check_ids(op, "targets", targets, n, v, 1);
@@ -1672,8 +1703,16 @@ zo_status cpu_cross_entropy_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_te
                 memset(row, 0, (size_t)v * sizeof(float));
             } else {
                 load_row(row, logits, (size_t)r * v, v);
+                cap_row(row, v, cap);
                 row_softmax_scaled(row, v, row_lse(row, v), dloss);
                 row[targets[r]] -= dloss;
+                /* the cap's derivative 1 - tanh^2, the tanh from the input
+                 * again (row holds the softmax; the row is stored after) */
+                if (cap > 0.0f)
+                    for (int j = 0; j < v; j++) {
+                        float th = tanhf(ld(logits, (size_t)r * v + j) / cap);
+                        row[j] *= 1.0f - th * th;
+                    }
             }
             store_row(dlogits, (size_t)r * v, row, v);
         }

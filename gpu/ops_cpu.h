@@ -126,9 +126,9 @@ zo_status cpu_embedding_backward(cpu_scratch *ws, gpu_tensor dwte, gpu_tensor dw
                                  gpu_tensor dout, const int32_t *tokens, int n, int t, int c,
                                  int vocab, int nt);
 zo_status cpu_cross_entropy_forward(cpu_scratch *ws, float *losses, gpu_tensor logits,
-                                    const int32_t *targets, int n, int v, int nt);
+                                    const int32_t *targets, int n, int v, float cap, int nt);
 zo_status cpu_cross_entropy_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_tensor logits,
-                                     const int32_t *targets, float dloss, int n, int v, int nt);
+                                     const int32_t *targets, float dloss, int n, int v, float cap, int nt);
 void cpu_add(gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n, int nt);
 void cpu_scale(gpu_tensor x, float alpha, size_t n, int nt);
 void cpu_cast(gpu_tensor dst, gpu_tensor src, size_t n, int nt);

@@ -21,11 +21,11 @@ const char *model_hf_dtype_name(zo_dtype dt)
 /* ---- config.json ------------------------------------------------------------------- */
 
 /* The family's model_type: the dense families the runtime builds (GPT-2,
- * GPT-NeoX, LLaMA, Mistral, Qwen2, Qwen3, Phi-3, Gemma); NULL for a mixture of
+ * GPT-NeoX, LLaMA, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma-2); NULL for a mixture of
  * experts, whose router and expert keys this writer does not make. */
 static const char *model_type(const zo_model_config *c)
 {
-    static const char *const own[] = {"mistral", "qwen2", "qwen3", "phi3", "gemma"};
+    static const char *const own[] = {"mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text"};
     if (c->moe.experts) return NULL;
     if (zo_model_neox(c)) return "gpt_neox";
     if (zo_model_falcon(c)) return "falcon";
@@ -109,8 +109,11 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
                           : !strcmp(type, "qwen3") ? "Qwen3ForCausalLM"
                           : !strcmp(type, "phi3")  ? "Phi3ForCausalLM"
                           : !strcmp(type, "gemma") ? "GemmaForCausalLM"
+                          : !strcmp(type, "gemma2") ? "Gemma2ForCausalLM"
+                          : !strcmp(type, "gemma3_text") ? "Gemma3ForCausalLM"
                                                     : "LlamaForCausalLM";
-        int gemma = !strcmp(type, "gemma"), qwen3 = !strcmp(type, "qwen3");
+        int gemma3 = !strcmp(type, "gemma3_text"), gemma2 = gemma3 || !strcmp(type, "gemma2");
+        int gemma = gemma2 || !strcmp(type, "gemma"), qwen3 = !strcmp(type, "qwen3");
         cJSON_AddItemToArray(arch, cJSON_CreateString(cls));
         cJSON_AddStringToObject(o, "model_type", type);
         cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layers);
@@ -138,6 +141,23 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
             cJSON_AddBoolToObject(o, "use_sliding_window", c->sliding_window > 0);
             cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window ? c->sliding_window : 4096);
             cJSON_AddNumberToObject(o, "max_window_layers", c->sliding_window ? c->window_from_layer : c->n_layers);
+        } else if (gemma2) {
+            /* the window, which layers take it (layer_types, as new configs
+             * write them), the score scale and the caps (null: none) */
+            if (c->sliding_window) cJSON_AddNumberToObject(o, "sliding_window", c->sliding_window);
+            else cJSON_AddNullToObject(o, "sliding_window");
+            cJSON *lt = cJSON_AddArrayToObject(o, "layer_types");
+            for (int l = 0; lt && l < c->n_layers; l++)
+                cJSON_AddItemToArray(lt, cJSON_CreateString(zo_model_layer_sliding(c, l) ? "sliding_attention"
+                                                                                          : "full_attention"));
+            if (gemma3) cJSON_AddNumberToObject(o, "rope_local_base_freq", c->rope_local_theta);
+            cJSON_AddNumberToObject(o, "query_pre_attn_scalar", c->query_pre_attn_scalar);
+            const char *caps[] = {"attn_logit_softcapping", "final_logit_softcapping"};
+            const float capv[] = {c->attn_softcap, c->final_softcap};
+            for (int k = 0; k < 2; k++) {
+                if (capv[k] > 0.0f) cJSON_AddNumberToObject(o, caps[k], capv[k]);
+                else cJSON_AddNullToObject(o, caps[k]);
+            }
         }
         if (c->rope_scaling[0]) {
             cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");

@@ -38,6 +38,8 @@ static const char *const role_names[MODEL_ROLE_COUNT] = {
     [MODEL_ROLE_SHARED_GATE_W] = "shared_gate_w",
     [MODEL_ROLE_Q_NORM_W] = "q_norm_w",
     [MODEL_ROLE_K_NORM_W] = "k_norm_w",
+    [MODEL_ROLE_POST_ATTN_NORM_W] = "post_attn_norm_w",
+    [MODEL_ROLE_POST_MLP_NORM_W] = "post_mlp_norm_w",
     [MODEL_ROLE_NORM_W] = "norm_w",
     [MODEL_ROLE_NORM_B] = "norm_b",
     [MODEL_ROLE_LM_HEAD_W] = "lm_head_w",
@@ -333,13 +335,20 @@ static void llama_layer(builder *b, int i)
         add(b, MODEL_ROLE_Q_NORM_W, 0, c->head_dim, 0, "%s.%d.self_attn.q_norm.weight", p, i);
         add(b, MODEL_ROLE_K_NORM_W, 0, c->head_dim, 0, "%s.%d.self_attn.k_norm.weight", p, i);
     }
-    add(b, MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.post_attention_layernorm.weight", p, i);
+    if (zo_model_post_norms(c)) { /* Gemma-2: a norm after attention, then the MLP's pre-norm */
+        add(b, MODEL_ROLE_POST_ATTN_NORM_W, 0, h, 0, "%s.%d.post_attention_layernorm.weight", p, i);
+        add(b, MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.pre_feedforward_layernorm.weight", p, i);
+    } else {
+        add(b, MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.post_attention_layernorm.weight", p, i);
+    }
     if (c->norm_bias)
         add(b, MODEL_ROLE_LN2_B, 0, h, 0, "%s.%d.post_attention_layernorm.bias", p, i);
     if (zo_model_layer_is_moe(c, i))
         moe_layer(b, i);
     else
         llama_mlp(b, i);
+    if (zo_model_post_norms(c))
+        add(b, MODEL_ROLE_POST_MLP_NORM_W, 0, h, 0, "%s.%d.post_feedforward_layernorm.weight", p, i);
     if (fused) { /* the parts as row ranges of the fused tensors */
         const int64_t f = c->ffn;
         sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_Q_W, 0, q);

@@ -56,7 +56,8 @@ typedef enum model_role {
     MODEL_ROLE_V_B,        /* [kv] */
     MODEL_ROLE_ATTN_OUT_W, /* [h, q]         attn.c_proj.weight / o_proj.weight */
     MODEL_ROLE_ATTN_OUT_B, /* [h]            (out_bias) */
-    MODEL_ROLE_LN2_W,      /* [h]            ln_2.weight / post_attention_layernorm.weight */
+    MODEL_ROLE_LN2_W,      /* [h]            ln_2.weight / post_attention_layernorm.weight
+                                             (Gemma-2: pre_feedforward_layernorm.weight) */
     MODEL_ROLE_LN2_B,      /* [h]            (norm_bias) */
     MODEL_ROLE_MLP_GATE_W, /* [ffn, h]       gate_proj.weight (LLaMA only) */
     MODEL_ROLE_MLP_UP_W,   /* [ffn, h]       mlp.c_fc.weight / up_proj.weight */
@@ -83,6 +84,10 @@ typedef enum model_role {
     /* Qwen3's RMSNorms over each head of q and of k (qk_norm) */
     MODEL_ROLE_Q_NORM_W,      /* [head_dim]   self_attn.q_norm.weight */
     MODEL_ROLE_K_NORM_W,      /* [head_dim]   self_attn.k_norm.weight */
+    /* Gemma-2's norms of the attention's and the MLP's outputs (layer_norms
+     * 4), before each residual add; its LN2 is pre_feedforward_layernorm */
+    MODEL_ROLE_POST_ATTN_NORM_W, /* [h]        post_attention_layernorm.weight */
+    MODEL_ROLE_POST_MLP_NORM_W,  /* [h]        post_feedforward_layernorm.weight */
     MODEL_ROLE_COUNT,
 } model_role;
 

@@ -1610,7 +1610,7 @@ static void estimate_gpu_buffers(const stage_est *s, const plan_hw *hw, plan_est
      * the pool keeps */
     if (t->runtime == PLAN_RUNTIME_ZOFFLOAD && !plan_hw_is_cpu_backend(hw) && s->wsz == 2) {
         /* a window on every layer bounds the keys; else some layer reads all */
-        int window = m->sliding_window > 0 && m->window_from_layer <= 0 ? m->sliding_window : 0;
+        int window = m->sliding_window > 0 && m->window_from_layer <= 0 && m->window_period <= 0 ? m->sliding_window : 0;
         int hq = (int)ceil_div((uint64_t)m->n_heads, (uint64_t)t->tp);
         int hkv = (int)ceil_div((uint64_t)m->n_kv_heads, (uint64_t)t->tp);
         uint64_t bytes = plan_attention_scratch(t->micro_batch, t->seq, hq, hkv, m->head_dim, window);

@@ -676,22 +676,22 @@ static void test_cross_entropy(void **state)
     }
     float losses[5];
     cuda_err_rec err = {0};
-    assert_int_equal(shim_launch_cross_entropy_forward(NULL, &err, losses, tl, targets, n, v),
+    assert_int_equal(shim_launch_cross_entropy_forward(NULL, &err, losses, tl, targets, n, v, 0.0f),
                      ZO_OK);
     assert_int_equal(err.code, 0);
     float *fl = to_float(wl, n);
     assert_int_equal(check_close_f32("losses", losses, fl, n, 1e-5, 1e-5), 0);
     assert_int_equal(
-        shim_launch_cross_entropy_backward(NULL, &err, dl, tl, targets, dloss, n, v), ZO_OK);
+        shim_launch_cross_entropy_backward(NULL, &err, dl, tl, targets, dloss, n, v, 0.0f), ZO_OK);
     assert_int_equal(err.code, 0);
     assert_int_equal(check_tensor("dlogits", dl, wd, (size_t)n * v), 0);
     /* in place, bf16 */
     assert_int_equal(
-        shim_launch_cross_entropy_backward(NULL, &err, tl, tl, targets, dloss, n, v), ZO_OK);
+        shim_launch_cross_entropy_backward(NULL, &err, tl, tl, targets, dloss, n, v, 0.0f), ZO_OK);
     assert_int_equal(check_tensor("dlogits in place", tl, wd, (size_t)n * v), 0);
     /* a target out of range */
     targets[2] = 300;
-    assert_int_equal(shim_launch_cross_entropy_forward(NULL, &err, losses, dl, targets, n, v),
+    assert_int_equal(shim_launch_cross_entropy_forward(NULL, &err, losses, dl, targets, n, v, 0.0f),
                      ZO_OK);
     assert_int_equal(err.code, CUDA_ERR_CE_FORWARD);
     assert_int_equal(err.index, 2);

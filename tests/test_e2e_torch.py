@@ -285,7 +285,30 @@ FAMILIES = {
                 "tie_word_embeddings": True, "torch_dtype": "float32"},
         run=dict(micro_batch=2, seq=100, grad_accum=1, lr=3e-3, schedule="constant", warmup=0, min_lr=0.0),
         lora=dict(r=8, alpha=16.0, targets="query_key_value", lr=2e-2)),
+    # Gemma-2: Gemma's layers with norms on the attention's and the MLP's outputs, scores times
+    # query_pre_attn_scalar^-0.5 (64 on heads of 256) and soft-capped at 5 (scores reach ~10),
+    # logits capped at 3 (they reach ~7), a window of 48 on layer 0 (the even layers), seq 130
+    "gemma2": dict(
+        seed=48,
+        config={"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "num_hidden_layers": 2,
+                "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 256,
+                "intermediate_size": 384, "vocab_size": 128, "max_position_embeddings": 256,
+                "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+                "attention_bias": False, "tie_word_embeddings": True, "query_pre_attn_scalar": 64,
+                "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0, "sliding_window": 48,
+                "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+        lora=dict(r=8, alpha=16.0, targets="all-linear", lr=3e-2)),
 }
+# Gemma-3 (text): Gemma-2's layers with an RMSNorm (1 + w) on each q and k head, no caps, 3 layers
+# with sliding_window_pattern 3 (layers 0 and 1 local: a window of 48 and base 10000; layer 2 global:
+# rope_theta 1e6 and a linear rope_scaling of 8, as gemma-3-4b's)
+FAMILIES["gemma3_text"] = dict(
+    FAMILIES["gemma2"], seed=49,
+    config=dict(FAMILIES["gemma2"]["config"], architectures=["Gemma3ForCausalLM"], model_type="gemma3_text",
+                num_hidden_layers=3, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+                rope_scaling={"rope_type": "linear", "factor": 8.0}, sliding_window_pattern=3,
+                final_logit_softcapping=None, attn_logit_softcapping=None))
 # mixtures of experts where some experts get no token in some steps (16 experts, 2 a token, 10
 # tokens a micro-batch): torch.optim.AdamW skips a parameter whose grad is None (no moment decay,
 # no weight decay, its step count unmoved), and train leaves such an expert as it is too
@@ -735,6 +758,17 @@ def check_family(train, name, workdir):
     UNTOUCHED[0] = 0
     want_l, want_n, want_ev = torch_train(c, params, data, eval_data, run)
     t_torch = time.time() - t0
+    # what the Gemma-2 and Gemma-3 tests rely on changes the reference's first loss by far more
+    # than the tolerance: each soft cap; the local layers' own rotary base and the global
+    # layers' rope_scaling
+    variants = {"gemma2": {"attn_logit_softcapping": None, "final_logit_softcapping": None},
+                "gemma3_text": {"rope_local_base_freq": c.get("rope_theta"), "rope_scaling": None}}
+    for key, other in variants.get(c["model_type"], {}).items():
+        with torch.no_grad():
+            changed = micro_loss(dict(c, **{key: other}), params, data, run, 0).item()
+            given = micro_loss(c, params, data, run, 0).item()
+        ck.fact(f"with {key} {other} the reference's loss moves ({given:.6f} -> {changed:.6f})",
+                abs(changed - given) > 10 * REL * given)
     if is_moe(c):
         ck.fact(f"the reference's expert choices clear of ties (smallest gap {MIN_GAP[0]:.1e} > {TIE_GAP:.0e})",
                 MIN_GAP[0] > TIE_GAP)
@@ -748,14 +782,17 @@ def check_family(train, name, workdir):
         ck.rel(f"step {k} grad norm", got_n[k], want_n[k], slack=5e-5)
     ck.rel("eval loss after 3 steps", got_ev, want_ev)
     check_folder(ck, c, params, sdir, eval_data, run, got_ev, "--save", sharded=True)
-    if is_moe(c):
-        # the MoE layer recomputed in backward (its routing redone) and streamed from host memory:
-        # the same run
-        rl, rn, rev, _, rcmd = run_train(train, d, run, ["--recompute", "full", "--params-on", "cpu",
-                                                         "--checkpoints-on", "cpu"])
-        print(f" recomputed and streamed: {rcmd}")
-        ck.fact(f"losses, norms and eval loss with --recompute full --params-on cpu equal the first run's "
-                f"({rl} {rev})", rl == got_l and rn == got_n and rev == got_ev)
+    if is_moe(c) or c["model_type"] in ("gemma2", "gemma3_text"):
+        # the MoE layer recomputed in backward (its routing redone), Gemma-2's post norms (their
+        # inputs and 1/rms kept by the recompute), and streamed from host memory: the same run
+        recomputes = [["--recompute", "full", "--params-on", "cpu", "--checkpoints-on", "cpu"]]
+        if not is_moe(c):
+            recomputes.append(["--recompute", "ops"])
+        for flags in recomputes:
+            rl, rn, rev, _, rcmd = run_train(train, d, run, flags)
+            print(f" recomputed: {rcmd}")
+            ck.fact(f"losses, norms and eval loss with {' '.join(flags)} equal the first run's "
+                    f"({rl} {rev})", rl == got_l and rn == got_n and rev == got_ev)
     if sparse(name):
         check_experts_apart(ck, train, c, params, d, run, (got_l, got_n, got_ev), sdir, shard)
         # the untouched experts in each optimizer shard: the device's, and half of it on NVMe
@@ -794,6 +831,17 @@ def check_family(train, name, workdir):
     check_folder(ck, c, params, mdir, eval_data, run, got_ev, "--merge", sharded=False)
     if spec.get("qlora"):
         check_qlora(ck, train, c, params, data, eval_data, run, lrun, lora, d)
+    if c["model_type"] in ("gemma2", "gemma3_text"):
+        # QLoRA: the layers' linear weights in NF4, dequantized as they compute; its --merge folder
+        # (the base dequantized on the host, the adapters merged) gives train's eval loss here
+        qdir, qmdir = os.path.join(d, "qadapter"), os.path.join(d, "qmerged")
+        _, _, q_ev, _, qcmd = run_train(
+            train, d, lrun, ["--lora", str(lora["r"]), "--lora-alpha", repr(lora["alpha"]),
+                             "--lora-targets", lora["targets"], "--qlora", "--save", qdir, "--merge", qmdir])
+        print(f" QLoRA: {qcmd}")
+        _, qparams, _, _ = read_folder(qmdir)
+        ck.rel("QLoRA eval loss of its --merge folder",
+               eval_loss(c, qparams, eval_data, run) if qparams else float("nan"), q_ev)
 
     # a bf16 run saves BF16 tensors and says so
     bdir = os.path.join(d, "saved-bf16")

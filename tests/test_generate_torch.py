@@ -121,6 +121,16 @@ FAMILIES = {
                     eos_token_id=127),
         lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
                   peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])),
+    # Gemma-2: Gemma's with the norms after attention and MLP, scores scaled and soft-capped
+    # (they pass the cap of 5), the logits capped (greedy tokens do not see that cap: tanh keeps
+    # the order), a window of 24 (the sequences, 5 or 11 + 32, pass it) on the even layers
+    "gemma2": dict(
+        seed=54,
+        config=dict(e2e.FAMILIES["gemma2"]["config"], num_hidden_layers=4, max_position_embeddings=128,
+                    sliding_window=24, eos_token_id=127),
+        embed_gain=0.125,
+        lora=dict(r=8, alpha=16.0, targets=["q", "k", "v", "o", "gate", "up", "down"],
+                  peft=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])),
     # mixtures of experts, 4 layers so that the streamed runs' device memory (three quarters of
     # the weights) holds the two slots of whole MoE layers
     "mixtral": dict(
@@ -158,6 +168,12 @@ FAMILIES = {
                 "torch_dtype": "float32"},
         lora=dict(r=4, alpha=16.0, targets="all-linear")),
 }
+# Gemma-3 (text): its q/k norms, local layers 0, 1 and 3 (a window of 24, base 10000), layer 2
+# global (rope_theta 1e6, linear rope_scaling 8)
+FAMILIES["gemma3_text"] = dict(
+    FAMILIES["gemma2"], seed=55,
+    config=dict(e2e.FAMILIES["gemma3_text"]["config"], num_hidden_layers=4, max_position_embeddings=128,
+                sliding_window=24, eos_token_id=127))
 
 
 # GPT-NeoX (query_key_value interleaved per head in the file, rotary on a quarter of each 64-wide
@@ -259,6 +275,8 @@ def check_family(gen, name, workdir):
     gpt, moe = c["model_type"] == "gpt2", spec.get("moe", False)
     g = torch.Generator().manual_seed(spec["seed"])
     params = e2e.moe_params(c, g) if moe else mf.PARAMS.get(c["model_type"], mf.llama_params)(c, g, std=1.0)
+    if "embed_gain" in spec:  # Gemma-2: back to Gemma's embedding (a larger one makes the model repeat its input)
+        params["model.embed_tokens.weight"] = params["model.embed_tokens.weight"] * spec["embed_gain"]
     V = c["vocab_size"]
     prompts = [torch.randint(0, V - 1, (n,), generator=g).tolist() for n in PROMPT_LENS]
     d = os.path.join(workdir, name)
@@ -321,6 +339,9 @@ def check_family(gen, name, workdir):
         W = mlf.linear_weights(c, params, nf4)
         want_l, gap_l = greedy(lambda idx: mlf.forward(c, params, W, ad, s, idx), prompts)
         moved = want_l != want
+        # an adapted decode that reaches the end-of-sequence id stops there (kept), as generate
+        # stops at the config's eos_token_id (the base's decode is checked to reach none)
+        want_l = [w[: w.index(127) + 1] if 127 in w else w for w in want_l]
         ck.fact(f"{'QLoRA' if nf4 else 'LoRA'} reference: the adapters change the tokens (top-2 gap {gap_l:.2e})",
                 moved)
         for what, extra in [("resident base", []), ("streamed base", ["--params-on", "cpu", "--prefetch", "1"])]:

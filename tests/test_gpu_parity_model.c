@@ -1,5 +1,5 @@
 /* Whole-model parity of the CUDA backend with the CPU backend: the tiny
- * GPT-2, LLaMA (GQA, untied) and Qwen2 models of tests/fixtures/gpu run on
+ * GPT-2, LLaMA (GQA, untied), Qwen2, Gemma-2 and Gemma-3 models of tests/fixtures/gpu run on
  * both devices from the same weights and batch; the loss and every gradient
  * must agree, and a short training run (AdamW steps through the trainer, the
  * `train` program's loop) must give the same losses. fp32 runs with TF32
@@ -146,6 +146,16 @@ static void test_qwen2(void **state)
     run_model("tiny_qwen2", ZO_DTYPE_F32);
 }
 
+/* Gemma-2: four norms a layer, scores scaled and soft-capped, logits
+ * capped, a window of 5 (of T 8) on layer 0 */
+static void test_gemma2(void **state)
+{
+    (void)state;
+    run_model("tiny_gemma2", ZO_DTYPE_F32);
+    run_model("tiny_gemma2", ZO_DTYPE_BF16);
+    run_model("tiny_gemma3", ZO_DTYPE_F32); /* q/k norms, the local layers' own rotary base */
+}
+
 int main(void)
 {
     const char *env = getenv("ZO_PARITY_BACKEND");
@@ -158,6 +168,7 @@ int main(void)
         cmocka_unit_test(test_gpt2),
         cmocka_unit_test(test_llama),
         cmocka_unit_test(test_qwen2),
+        cmocka_unit_test(test_gemma2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -30,13 +30,15 @@ static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "lla
                                    "phi-3-mini-4k-instruct.json", "phi-3.5-mini-instruct.json",
                                    "phi-4.json", "gemma-2b.json", "gemma-7b.json",
                                    "pythia-160m.json", "pythia-6.9b.json", "gpt-neox-20b.json",
-                                   "falcon-7b.json", "falcon-40b.json"};
+                                   "falcon-7b.json", "falcon-40b.json",
+                                   "gemma-2-2b.json", "gemma-2-9b.json", "gemma-2-27b.json",
+                                   "gemma-3-1b.json"};
 
 /* Families memplan sizes but the runtime does not build: the layout (and so
  * `train`) refuses each by name. */
 static const struct { const char *config, *family; } not_built[] = {
-    {"deepseek-v2-lite.json", "deepseek_v2"}, {"gemma-2-2b.json", "gemma2"},
-    {"falcon-rw-1b.json", "falcon"} /* ALiBi */, {"opt-125m.json", "opt"},
+    {"deepseek-v2-lite.json", "deepseek_v2"}, {"falcon-rw-1b.json", "falcon"} /* ALiBi */,
+    {"opt-125m.json", "opt"},
     {"bloom-560m.json", "bloom"},
 };
 
@@ -709,6 +711,123 @@ static void test_hf_config_from_presets(void **state)
     }
 }
 
+/* A fixture config.json (tests/fixtures/hf-configs/NAME) into c. */
+static void load_hf_fixture(const char *name, zo_model_config *c)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/hf-configs/%s", ZO_FIXTURES_DIR, name);
+    if (zo_model_config_load(path, c)) fail_msg("%s", zo_last_error());
+}
+
+/* Preset `name` into c, and its config.json (model_hf_config) read back
+ * into back. */
+static void preset_round_trip(const char *name, zo_model_config *c, zo_model_config *back)
+{
+    assert_int_equal(zo_model_preset_find(name, c), ZO_OK);
+    cJSON *js = NULL;
+    assert_int_equal(model_hf_config(c, ZO_DTYPE_BF16, &js), ZO_OK);
+    char *text = cJSON_Print(js);
+    if (zo_model_config_parse(text, "written.json", back) != ZO_OK) fail_msg("%s: %s", name, zo_last_error());
+    free(text);
+    cJSON_Delete(js);
+}
+
+/* Gemma-2's attention keys as Hugging Face's Gemma2Config reads them: the
+ * real configs (27b: heads of 128, query_pre_attn_scalar 144; caps 50 and
+ * 30; a window of 4096 on the even layers), null caps and window (none),
+ * layer_types of another period, one of no period (refused by name), and
+ * each preset's config.json read back with the same keys. */
+static void test_gemma2_config(void **state)
+{
+    (void)state;
+    zo_model_config c, back;
+    load_hf_fixture("gemma-2-27b.json", &c);
+    assert_int_equal(c.head_dim, 128);
+    assert_true(c.query_pre_attn_scalar == 144.0f && c.attn_softcap == 50.0f && c.final_softcap == 30.0f);
+    assert_int_equal(c.layer_norms, 4);
+    assert_int_equal(zo_model_layer_window(&c, 0), 4096);
+    assert_int_equal(zo_model_layer_window(&c, 1), 0);
+    assert_int_equal(zo_model_layer_window(&c, 44), 4096);
+    assert_int_equal(zo_model_config_runtime_check(&c), ZO_OK);
+#define G2 "{\"model_type\": \"gemma2\", \"num_hidden_layers\": 6, \"hidden_size\": 64, " \
+           "\"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 32, " \
+           "\"intermediate_size\": 96, \"vocab_size\": 100"
+    assert_int_equal(zo_model_config_parse(G2 ", \"attn_logit_softcapping\": null, "
+                                           "\"final_logit_softcapping\": null, \"sliding_window\": null}",
+                                           "nulls.json", &c),
+                     ZO_OK);
+    assert_true(c.attn_softcap == 0.0f && c.final_softcap == 0.0f && c.query_pre_attn_scalar == 256.0f);
+    for (int l = 0; l < 6; l++) assert_int_equal(zo_model_layer_window(&c, l), 0);
+    /* one global layer in three (Gemma-3's kind of list) */
+    assert_int_equal(zo_model_config_parse(G2 ", \"sliding_window\": 8, \"layer_types\": [\"sliding_attention\", "
+                                           "\"sliding_attention\", \"full_attention\", \"sliding_attention\", "
+                                           "\"sliding_attention\", \"full_attention\"]}",
+                                           "period3.json", &c),
+                     ZO_OK);
+    static const int want3[] = {8, 8, 0, 8, 8, 0};
+    for (int l = 0; l < 6; l++) assert_int_equal(zo_model_layer_window(&c, l), want3[l]);
+    assert_int_equal(zo_model_config_parse(G2 ", \"layer_types\": [\"full_attention\", \"sliding_attention\", "
+                                           "\"sliding_attention\", \"full_attention\", \"sliding_attention\", "
+                                           "\"full_attention\"]}",
+                                           "odd.json", &c),
+                     ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "layer_types"));
+#undef G2
+    static const char *const presets[] = {"gemma-2-2b", "gemma-2-9b", "gemma-2-27b"};
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
+        preset_round_trip(presets[i], &c, &back);
+        assert_string_equal(back.family, "gemma2");
+        assert_true(back.query_pre_attn_scalar == c.query_pre_attn_scalar && back.attn_softcap == c.attn_softcap &&
+                    back.final_softcap == c.final_softcap);
+        for (int l = 0; l < c.n_layers; l++) assert_int_equal(zo_model_layer_window(&back, l), zo_model_layer_window(&c, l));
+        assert_true(zo_model_params(&back) == zo_model_params(&c));
+    }
+}
+
+/* Gemma-3's text model as Gemma3TextConfig reads it: gemma-3-1b's config
+ * (q/k norms, four norms, no caps, windows of 512 on five layers of six
+ * with base 10000, rope_theta 1e6 on the others); the defaults (window
+ * 4096, pattern 6, rope_theta 1e6); each preset's config.json read back
+ * with the same keys (4b and up: a linear rope_scaling of 8); the
+ * multimodal "gemma3" refused by name. */
+static void test_gemma3_config(void **state)
+{
+    (void)state;
+    zo_model_config c, back;
+    load_hf_fixture("gemma-3-1b.json", &c);
+    assert_string_equal(c.family, "gemma3_text");
+    assert_true(c.qk_norm && c.layer_norms == 4 && c.attn_softcap == 0.0f && c.final_softcap == 0.0f);
+    assert_true(c.rope_theta == 1e6f && c.rope_local_theta == 10000.0f && c.query_pre_attn_scalar == 256.0f);
+    for (int l = 0; l < c.n_layers; l++) {
+        assert_int_equal(zo_model_layer_sliding(&c, l), (l + 1) % 6 != 0);
+        assert_int_equal(zo_model_layer_window(&c, l), (l + 1) % 6 ? 512 : 0);
+    }
+    if (zo_model_config_runtime_check(&c) != ZO_OK) fail_msg("%s", zo_last_error());
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"gemma3_text\", \"num_hidden_layers\": 12, "
+                                           "\"hidden_size\": 64, \"num_attention_heads\": 8, \"intermediate_size\": 96, "
+                                           "\"vocab_size\": 100}",
+                                           "defaults.json", &c),
+                     ZO_OK);
+    assert_true(c.head_dim == 256 && c.n_kv_heads == 4 && c.rope_theta == 1e6f && c.sliding_window == 4096);
+    assert_int_equal(zo_model_layer_window(&c, 4), 4096);
+    assert_int_equal(zo_model_layer_window(&c, 5), 0);
+    assert_int_equal(zo_model_layer_window(&c, 11), 0);
+    static const char *const presets[] = {"gemma-3-1b", "gemma-3-4b", "gemma-3-12b", "gemma-3-27b"};
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
+        preset_round_trip(presets[i], &c, &back);
+        assert_string_equal(back.family, "gemma3_text");
+        assert_true(back.qk_norm && back.rope_local_theta == c.rope_local_theta && back.rope_theta == c.rope_theta &&
+                    back.query_pre_attn_scalar == c.query_pre_attn_scalar && back.attn_softcap == 0.0f);
+        assert_string_equal(back.rope_scaling, c.rope_scaling);
+        assert_true(back.rope_factor == c.rope_factor || !c.rope_scaling[0]);
+        for (int l = 0; l < c.n_layers; l++) assert_int_equal(zo_model_layer_window(&back, l), zo_model_layer_window(&c, l));
+        assert_true(zo_model_params(&back) == zo_model_params(&c));
+    }
+    assert_int_equal(zo_model_config_parse("{\"model_type\": \"gemma3\", \"text_config\": {}}", "mm.json", &c),
+                     ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "gemma3"));
+}
+
 /* A Phi-4-mini-shaped model's config.json (partial_rotary_factor 0.75:
  * 96 of each 128-wide head rotate) reads back with the same rotary size;
  * a factor of 0.7 on heads of 80 rotates 56, as Hugging Face computes. */
@@ -807,6 +926,8 @@ int main(void)
         cmocka_unit_test(test_layout_views),
         cmocka_unit_test(test_layout_refuses_families),
         cmocka_unit_test(test_hf_config_partial_rotary),
+        cmocka_unit_test(test_gemma2_config),
+        cmocka_unit_test(test_gemma3_config),
         cmocka_unit_test(test_hf_config_from_presets),
         cmocka_unit_test(test_neox_qkv_rows),
         cmocka_unit_test(test_falcon_old_keys),

@@ -1418,37 +1418,70 @@ static void test_memplan_agrees_lora(void **state)
 }
 
 /* Gemma (gemma-2b's kind, small: head_dim 256 with q wider than hidden,
- * one kv head, tied, GeGLU): the peak bytes per tier against memplan's
- * estimate, within 3%, fully fine-tuned and with LoRA / QLoRA. */
-static void test_memplan_agrees_gemma(void **state)
+ * one kv head, tied, GeGLU) and Gemma-2 (the same with its four norms a
+ * layer, whose two extra inputs each layer keeps, the score scale, the soft
+ * caps and a window on every other layer) and Gemma-3 (Gemma-2's without
+ * caps, with q/k norms and a window on two layers of three): the peak bytes per tier against
+ * memplan's estimate, within 3%, fully fine-tuned and with LoRA / QLoRA. */
+static void gemma_peaks_agree(const char *family)
 {
-    (void)state;
     struct {
         const char *name;
         offload_tier params;
         int recompute, lora, nf4;
     } v[] = {
-        {"gemma, resident, no recompute", OFFLOAD_DEVICE, 0, 0, 0},
-        {"gemma, weights cpu, recompute", OFFLOAD_CPU, 1, 0, 0},
-        {"gemma, lora, base streamed from cpu", OFFLOAD_CPU, 1, 1, 0},
-        {"gemma, qlora, all resident", OFFLOAD_DEVICE, 0, 1, 1},
+        {"resident, no recompute", OFFLOAD_DEVICE, 0, 0, 0},
+        {"weights cpu, recompute", OFFLOAD_CPU, 1, 0, 0},
+        {"lora, base streamed from cpu", OFFLOAD_CPU, 1, 1, 0},
+        {"qlora, all resident", OFFLOAD_DEVICE, 0, 1, 1},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         run r = {.cfg = tiny_llama(4, 128, 512), .dt = ZO_DTYPE_BF16, .B = 2, .T = 32, .steps = 2};
-        snprintf(r.cfg.family, sizeof r.cfg.family, "gemma");
+        snprintf(r.cfg.family, sizeof r.cfg.family, "%s", family);
         snprintf(r.cfg.act, sizeof r.cfg.act, "gelu_pytorch_tanh");
         r.cfg.n_heads = 2;
         r.cfg.n_kv_heads = 1;
         r.cfg.head_dim = 256;
         r.cfg.tied_embeddings = 1;
+        if (strcmp(family, "gemma")) { /* Gemma-2, Gemma-3 */
+            int g3 = !strcmp(family, "gemma3_text");
+            r.cfg.layer_norms = 4;
+            r.cfg.query_pre_attn_scalar = 64.0f;
+            r.cfg.attn_softcap = g3 ? 0.0f : 50.0f;
+            r.cfg.final_softcap = g3 ? 0.0f : 30.0f;
+            r.cfg.sliding_window = 16;
+            r.cfg.window_period = g3 ? 3 : 2;
+            r.cfg.qk_norm = g3;
+            r.cfg.rope_local_theta = g3 ? 10000.0f : 0.0f;
+        }
         base_config(&r.oc);
         r.oc.sub_group = 50000;
         r.oc.params_on = v[i].params;
         r.oc.recompute = v[i].recompute;
         r.oc.checkpoints_on = OFFLOAD_DEVICE;
         if (v[i].lora) r.lora = (tf_lora_options){.r = 8, .alpha = 16, .targets = ZO_LORA_ALL_LINEAR, .nf4 = v[i].nf4};
-        peaks_agree(v[i].name, &r);
+        char name[96];
+        snprintf(name, sizeof name, "%s, %s", family, v[i].name);
+        peaks_agree(name, &r);
     }
+}
+
+static void test_memplan_agrees_gemma(void **state)
+{
+    (void)state;
+    gemma_peaks_agree("gemma");
+}
+
+static void test_memplan_agrees_gemma2(void **state)
+{
+    (void)state;
+    gemma_peaks_agree("gemma2");
+}
+
+static void test_memplan_agrees_gemma3(void **state)
+{
+    (void)state;
+    gemma_peaks_agree("gemma3_text");
 }
 
 /* Optimizer state on the device (wholly or in part) updates with
@@ -2008,6 +2041,8 @@ int main(void)
         cmocka_unit_test(test_resume_master),
         cmocka_unit_test(test_memplan_agrees_lora),
         cmocka_unit_test(test_memplan_agrees_gemma),
+        cmocka_unit_test(test_memplan_agrees_gemma2),
+        cmocka_unit_test(test_memplan_agrees_gemma3),
         cmocka_unit_test(test_device_optimizer),
         cmocka_unit_test(test_device_optimizer_resume),
         cmocka_unit_test(test_device_optimizer_state),

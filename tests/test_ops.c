@@ -334,13 +334,24 @@ static void ref_head_rmsnorm_backward(const gpu_op_args *a, hostv *h)
 typedef struct ageom {
     int t, hq, hkv, d, grp, window;
     size_t ld, ldo;
+    double scale, cap; /* the desc's scale (0: 1/sqrt(d)) and soft cap (0: none) */
 } ageom;
 
 static ageom geom_of(const gpu_attn_desc *a)
 {
     ageom g = {a->t, a->hq, a->hkv, a->d, a->hq / a->hkv, a->window,
-               (size_t)(a->hq + 2 * a->hkv) * a->d, (size_t)a->hq * a->d};
+               (size_t)(a->hq + 2 * a->hkv) * a->d, (size_t)a->hq * a->d,
+               a->scale > 0.0f ? (double)a->scale : 1.0 / sqrt((double)a->d), a->softcap};
     return g;
+}
+
+/* The score of dot product `dot`: scaled, then cap tanh(s / cap) with a
+ * cap; *deriv (when not NULL) its derivative over the scaled score. */
+static double score_of(const ageom *g, double dot, double *deriv)
+{
+    double s = dot * g->scale, th = g->cap > 0.0 ? tanh(s / g->cap) : 0.0;
+    if (deriv) *deriv = g->cap > 0.0 ? 1.0 - th * th : 1.0;
+    return g->cap > 0.0 ? g->cap * th : s;
 }
 
 /* The first key query i sees: the last `window` positions, or all. */
@@ -357,14 +368,15 @@ static size_t gv(const ageom *g, int b, int j, int h)
 }
 static size_t go(const ageom *g, int b, int i, int h) { return ((size_t)b * g->t + i) * g->ldo + (size_t)h * g->d; }
 
-/* Scores of query i of head h against the keys it sees (scaled), into s[j]. */
-static void scores(const ageom *g, const double *qkv, int b, int h, int i, double *s)
+/* Scores of query i of head h against the keys it sees (scaled and
+ * capped), into s[j]; their derivatives over the scaled score into dc[j]
+ * when dc is not NULL. */
+static void scores(const ageom *g, const double *qkv, int b, int h, int i, double *s, double *dc)
 {
-    double scale = 1.0 / sqrt((double)g->d);
     for (int j = first_key(g, i); j <= i; j++) {
         double acc = 0.0;
         for (int e = 0; e < g->d; e++) acc += qkv[gq(g, b, i, h) + e] * qkv[gk(g, b, j, h) + e];
-        s[j] = acc * scale;
+        s[j] = score_of(g, acc, dc ? &dc[j] : NULL);
     }
 }
 
@@ -376,7 +388,7 @@ static void attention_forward_d(const gpu_attn_desc *a, const double *qkv, doubl
     for (int b = 0; b < a->b; b++)
         for (int h = 0; h < g.hq; h++)
             for (int i = 0; i < g.t; i++) {
-                scores(&g, qkv, b, h, i, s);
+                scores(&g, qkv, b, h, i, s, NULL);
                 int j0 = first_key(&g, i);
                 double mx = -INFINITY, l = 0.0;
                 for (int j = j0; j <= i; j++) mx = s[j] > mx ? s[j] : mx;
@@ -398,24 +410,25 @@ static void ref_attention_forward(const gpu_op_args *a, hostv *h)
 }
 
 /* t: dqkv dout qkv out; p: lse. With P = exp(s - lse) and D_i = dO_i . O_i
- * (the saved out and lse, as the op's contract): dS = P (dO V^T - D) / sqrt(d),
+ * (the saved out and lse, as the op's contract): dS = P (dO V^T - D) scale
+ * (times the cap's derivative when capped),
  * dQ = dS K, dK = dS^T Q, dV = P^T dO; dqkv is overwritten. */
 static void ref_attention_backward(const gpu_op_args *a, hostv *h)
 {
     ageom g = geom_of(&a->d.attn);
     const double *qkv = h->T[2], *dout = h->T[1], *out = h->T[3], *lse = h->P[0];
-    double *dq = h->T[0], *s = malloc((size_t)g.t * sizeof *s), scale = 1.0 / sqrt((double)g.d);
+    double *dq = h->T[0], *s = malloc((size_t)g.t * sizeof *s), *dc = malloc((size_t)g.t * sizeof *dc);
     memset(dq, 0, (size_t)a->d.attn.b * g.t * g.ld * sizeof *dq);
     for (int b = 0; b < a->d.attn.b; b++)
         for (int hh = 0; hh < g.hq; hh++)
             for (int i = 0; i < g.t; i++) {
-                scores(&g, qkv, b, hh, i, s);
+                scores(&g, qkv, b, hh, i, s, dc);
                 double L = lse[((size_t)b * g.hq + hh) * g.t + i], D = 0.0;
                 for (int e = 0; e < g.d; e++) D += dout[go(&g, b, i, hh) + e] * out[go(&g, b, i, hh) + e];
                 for (int j = first_key(&g, i); j <= i; j++) {
                     double p = exp(s[j] - L), dp = 0.0;
                     for (int e = 0; e < g.d; e++) dp += dout[go(&g, b, i, hh) + e] * qkv[gv(&g, b, j, hh) + e];
-                    double ds = p * (dp - D) * scale;
+                    double ds = p * (dp - D) * g.scale * dc[j];
                     for (int e = 0; e < g.d; e++) {
                         dq[gq(&g, b, i, hh) + e] += ds * qkv[gk(&g, b, j, hh) + e];
                         dq[gk(&g, b, j, hh) + e] += ds * qkv[gq(&g, b, i, hh) + e];
@@ -424,6 +437,7 @@ static void ref_attention_backward(const gpu_op_args *a, hostv *h)
                 }
             }
     free(s);
+    free(dc);
 }
 
 /* t: out qkv k_cache v_cache; p: pos; i[0]: tc. The new rows' keys and
@@ -455,7 +469,7 @@ static void ref_attention_cached(const gpu_op_args *a, hostv *h)
                 for (int j = j0; j <= p; j++) {
                     double acc = 0.0;
                     for (int e = 0; e < g.d; e++) acc += h->T[1][gq(&g, b, i, hh) + e] * kc[((size_t)b * tc + j) * ldc + kvo + e];
-                    sc[j] = acc / sqrt((double)g.d);
+                    sc[j] = score_of(&g, acc, NULL);
                     mx = sc[j] > mx ? sc[j] : mx;
                 }
                 for (int j = j0; j <= p; j++) l += exp(sc[j] - mx);
@@ -588,28 +602,39 @@ static double row_lse(const double *x, int v)
     return mx + log(s);
 }
 
-/* t: logits; p: losses targets */
-static void ref_cross_entropy_forward(const gpu_op_args *a, hostv *h)
+/* row[0..v) = cap tanh(x / cap) (cap > 0), else x */
+static void cap_logits(double *row, const double *x, int v, double cap)
 {
-    int n = (int)a->i[0], v = (int)a->i[1];
-    for (int r = 0; r < n; r++) {
-        int tg = (int)h->P[1][r];
-        const double *x = h->T[0] + (size_t)r * v;
-        h->P[0][r] = tg < 0 ? 0.0 : row_lse(x, v) - x[tg];
-    }
+    for (int j = 0; j < v; j++) row[j] = cap > 0.0 ? cap * tanh(x[j] / cap) : x[j];
 }
 
-/* t: dlogits logits; p: targets; f: dloss */
-static void ref_cross_entropy_backward(const gpu_op_args *a, hostv *h)
+/* t: logits; p: losses targets; f: cap */
+static void ref_cross_entropy_forward(const gpu_op_args *a, hostv *h)
 {
     int n = (int)a->i[0], v = (int)a->i[1];
     double *row = malloc((size_t)v * sizeof *row);
     for (int r = 0; r < n; r++) {
+        int tg = (int)h->P[1][r];
+        cap_logits(row, h->T[0] + (size_t)r * v, v, a->f[0]);
+        h->P[0][r] = tg < 0 ? 0.0 : row_lse(row, v) - row[tg];
+    }
+    free(row);
+}
+
+/* t: dlogits logits; p: targets; f: dloss cap. Capped: the softmax of
+ * z = cap tanh(x / cap), times dz/dx = 1 - (z / cap)^2. */
+static void ref_cross_entropy_backward(const gpu_op_args *a, hostv *h)
+{
+    int n = (int)a->i[0], v = (int)a->i[1];
+    double *row = malloc((size_t)v * sizeof *row), cap = a->f[1];
+    for (int r = 0; r < n; r++) {
         int tg = (int)h->P[0][r];
-        memcpy(row, h->T[1] + (size_t)r * v, (size_t)v * sizeof *row); /* dlogits may be logits */
+        cap_logits(row, h->T[1] + (size_t)r * v, v, cap); /* dlogits may be logits */
         double L = row_lse(row, v);
-        for (int j = 0; j < v; j++)
-            h->T[0][(size_t)r * v + j] = tg < 0 ? 0.0 : a->f[0] * (exp(row[j] - L) - (j == tg));
+        for (int j = 0; j < v; j++) {
+            double dz = cap > 0.0 ? 1.0 - (row[j] / cap) * (row[j] / cap) : 1.0;
+            h->T[0][(size_t)r * v + j] = tg < 0 ? 0.0 : a->f[0] * (exp(row[j] - L) - (j == tg)) * dz;
+        }
     }
     free(row);
 }
@@ -1574,11 +1599,14 @@ static void attn_prep(const pcase *c, hostv *h)
 
 /* gty: the type of dout and dqkv in the backward (the transformer passes
  * fp32 gradients beside 16-bit qkv and out). */
-static void attention_case_g(gpu_op_id op, int b, int t, int hq, int hkv, int d, int window, etype ty, etype gty)
+static void attention_case_sc(gpu_op_id op, int b, int t, int hq, int hkv, int d, int window, float scale,
+                              float cap, etype ty, etype gty)
 {
-    pcase c = new_case(op, "b %d t %d hq %d hkv %d d %d window %d %s%s%s", b, t, hq, hkv, d, window, ename(ty),
+    char sc[48] = "";
+    if (scale > 0.0f || cap > 0.0f) snprintf(sc, sizeof sc, " scale %g softcap %g", scale, cap);
+    pcase c = new_case(op, "b %d t %d hq %d hkv %d d %d window %d%s %s%s%s", b, t, hq, hkv, d, window, sc, ename(ty),
                        gty != ty ? " grads " : "", gty != ty ? ename(gty) : "");
-    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window};
+    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window, scale, cap};
     size_t nq = (size_t)b * t * (hq + 2 * hkv) * d, no = (size_t)b * t * hq * d, nl = (size_t)b * hq * t;
     if (op == GPU_OP_ATTENTION_FORWARD) {
         OUT_T(&c, 0, ty, no);
@@ -1603,9 +1631,45 @@ static void attention_case_g(gpu_op_id op, int b, int t, int hq, int hkv, int d,
     emit(&c);
 }
 
+static void attention_case_g(gpu_op_id op, int b, int t, int hq, int hkv, int d, int window, etype ty, etype gty)
+{
+    attention_case_sc(op, b, t, hq, hkv, d, window, 0.0f, 0.0f, ty, gty);
+}
+
 static void attention_case(gpu_op_id op, int b, int t, int hq, int hkv, int d, int window, etype ty)
 {
     attention_case_g(op, b, t, hq, hkv, d, window, ty, ty);
+}
+
+#define SOFTCAP_SEED 0xbb67ae8584caa73bull
+
+/* Gemma-2's attention: scores soft-capped (caps of 1 to 3 against scores of
+ * about 1.3 standard deviations here, so tanh bends them) and scaled by a
+ * given factor (27b's query_pre_attn_scalar 144 on heads of 128), at head
+ * sizes 64, 128 and 256, GQA, sliding windows, across the CPU's 48-row
+ * blocks, the CUDA tiles and the GEMM path's 256-row blocks (t 255, 257,
+ * 300), fp32 gradients of 16-bit inputs too. Drawn from their own stream,
+ * given back after, so the cases that follow draw what they drew before. */
+static void softcap_grid(gpu_op_id op)
+{
+    uint64_t saved = rng;
+    rng = SOFTCAP_SEED;
+    const float s144 = 1.0f / 12.0f;
+    attention_case_sc(op, 1, 97, 2, 1, 64, 0, 0.0f, 2.0f, E_F32, E_F32);
+    attention_case_sc(op, 1, 130, 4, 2, 128, 17, s144, 1.0f, E_F32, E_F32);
+    attention_case_sc(op, 1, 97, 2, 1, 256, 40, 0.0f, 2.0f, E_F32, E_F32);
+    attention_case_sc(op, 1, 255, 4, 2, 64, 0, 0.0f, 2.0f, E_BF16, E_BF16);
+    attention_case_sc(op, 1, 257, 4, 2, 128, 100, s144, 1.5f, E_F16, E_F16);
+    /* fp16: in bf16 the GEMM path's P, rounded to 8 bits before P V as the
+     * forward's contract allows, left one output of a 4-key row (near-flat
+     * capped weights whose terms cancel to -0.013) 0.004 off */
+    attention_case_sc(op, 1, 300, 2, 1, 256, 0, 0.0f, 3.0f, E_F16, E_F16);
+    attention_case_sc(op, 2, 300, 4, 2, 256, 64, 0.0f, 2.0f, E_BF16, E_BF16);
+    if (op == GPU_OP_ATTENTION_BACKWARD) {
+        attention_case_sc(op, 1, 300, 4, 2, 128, 0, s144, 1.0f, E_BF16, E_F32);
+        attention_case_sc(op, 1, 257, 2, 1, 256, 100, 0.0f, 2.0f, E_F16, E_F32);
+    }
+    rng = saved;
 }
 
 /* Sequences below, at and above the CPU's 48-row query blocks and the CUDA
@@ -1647,6 +1711,7 @@ static void attention_grid(gpu_op_id op)
         attention_case_g(op, 1, 300, 4, 2, 128, 0, E_BF16, E_F32);
         attention_case_g(op, 1, 257, 2, 1, 80, 64, E_F16, E_F32);
     }
+    softcap_grid(op);
 }
 
 static void parity_attention_forward(void) { attention_grid(GPU_OP_ATTENTION_FORWARD); }
@@ -1660,11 +1725,15 @@ static void cached_prep(const pcase *c, hostv *h)
         for (int b = 0; b < c->a.d.attn.b; b++) h->P[0][b] = c->param[0];
 }
 
-static void cached_case(int b, int t, int tc, int hq, int hkv, int d, int window, int pos, etype ty, etype cache)
+static void cached_case_sc(int b, int t, int tc, int hq, int hkv, int d, int window, float scale, float cap, int pos,
+                           etype ty, etype cache)
 {
-    pcase c = new_case(GPU_OP_ATTENTION_CACHED, "b %d t %d tc %d hq %d hkv %d d %d window %d pos %s %s cache %s", b,
-                       t, tc, hq, hkv, d, window, pos < 0 ? "drawn" : pos ? "given" : "0", ename(ty), ename(cache));
-    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window};
+    char sc[48] = "";
+    if (scale > 0.0f || cap > 0.0f) snprintf(sc, sizeof sc, " scale %g softcap %g", scale, cap);
+    pcase c = new_case(GPU_OP_ATTENTION_CACHED, "b %d t %d tc %d hq %d hkv %d d %d window %d%s pos %s %s cache %s", b,
+                       t, tc, hq, hkv, d, window, sc, pos < 0 ? "drawn" : pos ? "given" : "0", ename(ty),
+                       ename(cache));
+    c.a.d.attn = (gpu_attn_desc){b, t, hq, hkv, d, window, scale, cap};
     c.a.i[0] = tc;
     size_t nq = (size_t)b * t * (hq + 2 * hkv) * d, no = (size_t)b * t * hq * d, nc = (size_t)b * tc * hkv * d;
     OUT_T(&c, 0, ty, no);
@@ -1676,6 +1745,11 @@ static void cached_case(int b, int t, int tc, int hq, int hkv, int d, int window
     c.param[0] = pos;
     c.prep = cached_prep;
     emit(&c);
+}
+
+static void cached_case(int b, int t, int tc, int hq, int hkv, int d, int window, int pos, etype ty, etype cache)
+{
+    cached_case_sc(b, t, tc, hq, hkv, d, window, 0.0f, 0.0f, pos, ty, cache);
 }
 
 /* One new token (decoding) at positions drawn per sequence across the CUDA
@@ -1704,6 +1778,13 @@ static void parity_attention_cached(void)
     cached_case(2, 1, 97, 4, 1, 128, 40, -1, E_BF16, E_BF16);
     cached_case(1, 5, 40, 2, 1, 64, 0, -1, E_F32, E_BF16);
     cached_case(2, 3, 60, 2, 1, 256, 0, -1, E_BF16, E_BF16); /* head_dim 256 (Gemma) */
+    /* soft-capped and scaled (Gemma-2), from their own stream as softcap_grid */
+    uint64_t saved = rng;
+    rng = SOFTCAP_SEED;
+    cached_case_sc(2, 1, 97, 4, 2, 256, 40, 0.0f, 2.0f, -1, E_BF16, E_BF16);
+    cached_case_sc(1, 40, 120, 4, 2, 128, 17, 1.0f / 12.0f, 1.0f, 50, E_F32, E_F32);
+    cached_case_sc(2, 1, 70, 2, 1, 64, 0, 0.0f, 1.5f, -1, E_F32, E_F32);
+    rng = saved;
 }
 
 /* Frequencies given by the caller (a rope_scaling's): theta's, each
@@ -1969,13 +2050,18 @@ static void parity_embedding_backward(void)
 
 static const int ce_shapes[][2] = {{1, 1}, {3, 31}, {4, 256}, {5, 257}, {2, 1000}, {3, 5000}};
 
-static void parity_cross_entropy_forward(void)
+/* Gemma-2's final_logit_softcapping: a cap of 5 over logits in [-8, 8], so
+ * tanh bends the larger ones; drawn from their own stream (SOFTCAP_SEED) */
+#define CE_CAP 5.0f
+
+static void ce_forward_cases(int capped)
 {
     for (size_t s = 0; s < sizeof ce_shapes / sizeof *ce_shapes; s++)
         for (int t = 0; t < 3; t++) {
             int n = ce_shapes[s][0], v = ce_shapes[s][1];
-            pcase c = new_case(GPU_OP_CROSS_ENTROPY_FORWARD, "n %d v %d %s", n, v, ename(storage[t]));
-            c.a.i[0] = n, c.a.i[1] = v;
+            pcase c = new_case(GPU_OP_CROSS_ENTROPY_FORWARD, "n %d v %d %s%s", n, v, ename(storage[t]),
+                               capped ? " softcap 5" : "");
+            c.a.i[0] = n, c.a.i[1] = v, c.a.f[0] = capped ? CE_CAP : 0.0f;
             int x = IN_T(&c, 0, storage[t], (size_t)n * v);
             c.buf[x].lo = -8.0, c.buf[x].hi = 8.0;
             OUT_P(&c, 0, E_F32, n);
@@ -1984,15 +2070,28 @@ static void parity_cross_entropy_forward(void)
         }
 }
 
-static void parity_cross_entropy_backward(void)
+/* cases(0), then cases(1) (the capped ones) from SOFTCAP_SEED's stream,
+ * the stream given back after */
+static void plain_then_capped(void (*cases)(int capped))
+{
+    cases(0);
+    uint64_t saved = rng;
+    rng = SOFTCAP_SEED;
+    cases(1);
+    rng = saved;
+}
+
+static void parity_cross_entropy_forward(void) { plain_then_capped(ce_forward_cases); }
+
+static void ce_backward_cases(int capped)
 {
     for (size_t s = 0; s < sizeof ce_shapes / sizeof *ce_shapes; s++)
         for (int t = 0; t < 3; t++)
             for (int inplace = 0; inplace < 2; inplace++) {
                 int n = ce_shapes[s][0], v = ce_shapes[s][1];
-                pcase c = new_case(GPU_OP_CROSS_ENTROPY_BACKWARD, "n %d v %d %s%s", n, v, ename(storage[t]),
-                                   inplace ? " in place" : "");
-                c.a.i[0] = n, c.a.i[1] = v, c.a.f[0] = 1.0f / 7.0f;
+                pcase c = new_case(GPU_OP_CROSS_ENTROPY_BACKWARD, "n %d v %d %s%s%s", n, v, ename(storage[t]),
+                                   inplace ? " in place" : "", capped ? " softcap 5" : "");
+                c.a.i[0] = n, c.a.i[1] = v, c.a.f[0] = 1.0f / 7.0f, c.a.f[1] = capped ? CE_CAP : 0.0f;
                 OUT_T(&c, 0, storage[t], (size_t)n * v);
                 int x = IN_T(&c, 1, storage[t], (size_t)n * v);
                 c.buf[x].lo = -8.0, c.buf[x].hi = 8.0;
@@ -2001,6 +2100,8 @@ static void parity_cross_entropy_backward(void)
                 emit(&c);
             }
 }
+
+static void parity_cross_entropy_backward(void) { plain_then_capped(ce_backward_cases); }
 
 /* A well-formed NF4 image: fp32 offset and scales, random constants and codes. */
 static void nf4_prep(const pcase *c, hostv *h)
@@ -2581,7 +2682,7 @@ static void test_attention_path_env(void **state)
     float *lse = malloc((size_t)B * HQ * T * sizeof *lse);
     for (size_t i = 0; i < nq; i++) qkv[i] = zo_f32_to_bf16((float)(2.0 * urand() - 1.0));
     gpu_op_args a = {0};
-    a.d.attn = (gpu_attn_desc){B, T, HQ, HKV, D, 0};
+    a.d.attn = (gpu_attn_desc){.b = B, .t = T, .hq = HQ, .hkv = HKV, .d = D};
     a.t[1] = gpu_t(qkv, ZO_DTYPE_BF16);
     a.p[0] = lse;
     /* forced GEMM path; then AUTO with ZO_ATTENTION gemm, flash, unset */

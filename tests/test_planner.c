@@ -50,6 +50,13 @@ static const struct { const char *preset, *config; uint64_t params; } counts[] =
     /* Falcon: keras-hub's and the model cards' totals (test_planner_families) */
     {"falcon-7b", "falcon-7b.json", 6921720704ull},
     {"falcon-40b", "falcon-40b.json", 41303293952ull},
+    /* keras-hub gemma2_2b_en, gemma2_9b_en; 27b from its shape (46 x 566249472 + the
+     * embedding and the final norm) */
+    {"gemma-2-2b", "gemma-2-2b.json", 2614341888ull},
+    {"gemma-2-9b", "gemma-2-9b.json", 9241705984ull},
+    {"gemma-2-27b", "gemma-2-27b.json", 27227128320ull},
+    /* google/gemma-3-1b-pt's count (26 x 26842112 + the embedding and the final norm) */
+    {"gemma-3-1b", "gemma-3-1b.json", 999885952ull},
 };
 
 static void test_param_counts(void **state)
@@ -99,8 +106,12 @@ static void test_all_presets_valid(void **state)
         zo_model_config c = p[i].cfg;
         assert_int_equal(zo_model_config_validate(&c), ZO_OK);
         /* Qwen3's head_dim is its config's 128, not hidden / heads (0.6B: 1024 / 16);
-         * Gemma's 256 (gemma-7b: 3072 / 16 = 192) */
+         * Gemma's 256 (gemma-7b: 3072 / 16 = 192); Gemma-2's 256 (2b: 2304 / 8 = 288), 27b's
+         * 128 (4608 / 32 = 144, its query_pre_attn_scalar) */
         int given = c.qk_norm ? 128 : !strcmp(c.family, "gemma") ? 256 : 0;
+        /* Gemma-2 and Gemma-3: 256, the 27b models' 128 (query_pre_attn_scalar 144 and 168) */
+        if (!strcmp(c.family, "gemma2") || !strcmp(c.family, "gemma3_text"))
+            given = c.query_pre_attn_scalar == 256.0f ? 256 : 128;
         assert_int_equal(given ? given : c.hidden, given ? c.head_dim : c.n_heads * c.head_dim);
     }
     /* the GPT-3 sizes land near their names */

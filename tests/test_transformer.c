@@ -152,6 +152,10 @@ static void run_against_torch(const char *name)
     assert_int_equal(tf_loss(&fx.m, fx.s, &loss), ZO_OK);
     float *logits = malloc((size_t)B * t * V * sizeof(float));
     download_as(&fx, logits, fx.m.logits, (size_t)B * t * V, ZO_DTYPE_F32); /* logits are fp32 */
+    /* Gemma-2: the buffer holds the head's output, which the loss soft-caps;
+     * Hugging Face's logits are capped */
+    const double cap = fx.cfg.final_softcap;
+    for (size_t i = 0; cap > 0.0 && i < (size_t)B * t * V; i++) logits[i] = (float)(cap * tanh(logits[i] / cap));
     size_t n;
     float *want_logits = read_expected(name, "logits", &n);
     float *want_loss = read_expected(name, "loss", NULL);
@@ -775,6 +779,74 @@ static void test_gemma_vs_torch(void **state)
     snprintf(c.act, sizeof c.act, "gelu");
     assert_int_equal(zo_model_config_runtime_check(&c), ZO_ERR_UNSUPPORTED);
     assert_non_null(strstr(zo_last_error(), "the activation gelu"));
+}
+
+/* Gemma-2 (make_fixtures.py tiny_gemma2, Gemma2ForCausalLM written out in
+ * PyTorch): Gemma's with norms on the attention's and the MLP's outputs,
+ * GQA, scores times 8^-0.5 and capped at 1 (they reach about 5), logits
+ * capped at 0.5 (they reach about 1.7), a window of 5 on layer 0 and none
+ * on layer 1. Logits, loss, every gradient (the two new norms' included),
+ * 10 AdamW steps and generation through the cache on every placement
+ * against PyTorch; the Hugging Face folder written from it reads back as
+ * the same model. */
+static void test_gemma2_vs_torch(void **state)
+{
+    (void)state;
+    zo_model_config c = fixture_config("tiny_gemma2");
+    assert_string_equal(c.family, "gemma2");
+    assert_int_equal(c.layer_norms, 4);
+    assert_int_equal(zo_model_layer_window(&c, 0), 5);
+    assert_int_equal(zo_model_layer_window(&c, 1), 0);
+    assert_int_equal(zo_model_config_runtime_check(&c), ZO_OK);
+    run_against_torch("tiny_gemma2");
+    run_training("tiny_gemma2");
+    run_generation("tiny_gemma2");
+    run_gen_placements("tiny_gemma2");
+    fixture fx;
+    fixture_open(&fx, "tiny_gemma2", ZO_DTYPE_F32, 2, NULL);
+    zo_model_config back, gen;
+    export_round_trip(&fx, "Gemma2ForCausalLM", &back, &gen);
+    const zo_model_config *both[2] = {&back, &gen};
+    for (int i = 0; i < 2; i++) {
+        assert_string_equal(both[i]->family, "gemma2");
+        assert_true(both[i]->query_pre_attn_scalar == 8.0f && both[i]->attn_softcap == 1.0f &&
+                    both[i]->final_softcap == 0.5f);
+        assert_int_equal(zo_model_layer_window(both[i], 0), 5);
+        assert_int_equal(zo_model_layer_window(both[i], 1), 0);
+    }
+    fixture_close(&fx);
+}
+
+/* Gemma-3 text (make_fixtures.py tiny_gemma3, Gemma3ForCausalLM written
+ * out in PyTorch): Gemma-2's layers without caps, an RMSNorm (1 + w) on
+ * each q and k head, layers 0 and 1 local (a window of 5, rotary base
+ * 10000), layer 2 global (rope_theta 1e6 with a linear rope_scaling of 8).
+ * Logits, loss, every gradient (the q/k norms' included), 10 AdamW steps,
+ * generation on every placement, the Hugging Face export read back. */
+static void test_gemma3_vs_torch(void **state)
+{
+    (void)state;
+    zo_model_config c = fixture_config("tiny_gemma3");
+    assert_string_equal(c.family, "gemma3_text");
+    assert_true(c.qk_norm && c.layer_norms == 4 && c.rope_local_theta == 10000.0f);
+    assert_int_equal(zo_model_layer_window(&c, 1), 5);
+    assert_int_equal(zo_model_layer_window(&c, 2), 0);
+    run_against_torch("tiny_gemma3");
+    run_training("tiny_gemma3");
+    run_generation("tiny_gemma3");
+    run_gen_placements("tiny_gemma3");
+    fixture fx;
+    fixture_open(&fx, "tiny_gemma3", ZO_DTYPE_F32, 2, NULL);
+    zo_model_config back, gen;
+    export_round_trip(&fx, "Gemma3ForCausalLM", &back, &gen);
+    const zo_model_config *both[2] = {&back, &gen};
+    for (int i = 0; i < 2; i++) {
+        assert_string_equal(both[i]->family, "gemma3_text");
+        assert_true(both[i]->qk_norm && both[i]->rope_local_theta == 10000.0f && both[i]->rope_factor == 8.0f);
+        assert_int_equal(zo_model_layer_window(both[i], 0), 5);
+        assert_int_equal(zo_model_layer_window(both[i], 2), 0);
+    }
+    fixture_close(&fx);
 }
 
 /* Gemma's embedding factor is sqrt(hidden) rounded to the model dtype
@@ -1582,6 +1654,8 @@ int main(void)
         cmocka_unit_test(test_phi3_longrope_vs_torch),
         cmocka_unit_test(test_phi3_partial_vs_torch),
         cmocka_unit_test(test_gemma_vs_torch),
+        cmocka_unit_test(test_gemma2_vs_torch),
+        cmocka_unit_test(test_gemma3_vs_torch),
         cmocka_unit_test(test_gemma_embed_scale),
         cmocka_unit_test(test_generation_vs_torch),
         cmocka_unit_test(test_generation_placements),

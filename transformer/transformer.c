@@ -12,8 +12,15 @@
 
 static int is_gpt(const tf_model *m) { return m->cfg.arch == ZO_ARCH_GPT; }
 static int has_lora(const tf_model *m) { return m->opts.lora.r > 0; }
-/* Gemma: RMSNorm times (1 + w), the embedding times sqrt(hidden), GeGLU */
-static int is_gemma(const tf_model *m) { return !strcmp(m->cfg.family, "gemma"); }
+/* Gemma, Gemma-2 and Gemma-3: RMSNorm times (1 + w) (Gemma-3's q/k norms
+ * too), the embedding times sqrt(hidden), GeGLU */
+static int gemma_family(const char *family)
+{
+    return !strcmp(family, "gemma") || !strcmp(family, "gemma2") || !strcmp(family, "gemma3_text");
+}
+static int is_gemma(const tf_model *m) { return gemma_family(m->cfg.family); }
+/* Gemma-2: norms on the attention's and the MLP's outputs */
+static int post_norms(const tf_model *m) { return zo_model_post_norms(&m->cfg); }
 /* Rotary positions: LLaMA's, GPT-NeoX's and Falcon's on GPT layers */
 static int has_rope(const tf_model *m) { return !is_gpt(m) || m->cfg.pos == ZO_POS_ROTARY; }
 /* GPT-NeoX's use_parallel_residual, Falcon's parallel_attn: x + attn(ln1(x)) + mlp(ln2(x)) */
@@ -26,7 +33,7 @@ static int qkv_width(const zo_model_config *c) { return (c->n_heads + 2 * c->n_k
 static int q_width(const zo_model_config *c) { return c->n_heads * c->head_dim; }
 /* the LLaMA-shaped MLP's gate: GELU's tanh form (Gemma's GeGLU; the
  * runtime check refuses Gemma's other activations), else SiLU */
-static int tf_geglu(const zo_model_config *c) { return !strcmp(c->family, "gemma"); }
+static int tf_geglu(const zo_model_config *c) { return gemma_family(c->family); }
 /* the heads Qwen3's q/k norms normalise per token (0 without them) */
 static int qk_heads(const zo_model_config *c) { return c->qk_norm ? c->n_heads + c->n_kv_heads : 0; }
 static int is_moe(const tf_model *m, int l) { return zo_model_layer_is_moe(&m->cfg, l); }
@@ -259,13 +266,19 @@ static zo_status rope_upload(tf_model *m)
     return st;
 }
 
-/* Gemma's norms multiply by 1 + w: m->norm_one's first h floats are ones,
- * the next h hold 1 + w (norm_weight); fp32, as GemmaRMSNorm adds in
- * fp32. */
+/* The widest norm weight: hidden, or Gemma-3's q/k norms' head_dim. */
+static size_t norm_width(const zo_model_config *c)
+{
+    return max_z((size_t)c->hidden, c->qk_norm ? (size_t)c->head_dim : 0);
+}
+
+/* Gemma's norms multiply by 1 + w: m->norm_one's first norm_width floats
+ * are ones, the next hold 1 + w (norm_weight); fp32, as GemmaRMSNorm adds
+ * in fp32. */
 static zo_status norm_one_upload(tf_model *m)
 {
     if (!is_gemma(m)) return ZO_OK;
-    size_t h = (size_t)m->cfg.hidden, bytes = 2 * h * sizeof(float);
+    size_t h = norm_width(&m->cfg), bytes = 2 * h * sizeof(float);
     float *host = malloc(bytes);
     if (!host) return zo_error(ZO_ERR_NOMEM, "tf_init: out of host memory");
     for (size_t j = 0; j < 2 * h; j++) host[j] = 1.0f;
@@ -274,10 +287,16 @@ static zo_status norm_one_upload(tf_model *m)
     return st;
 }
 
-/* The sliding window of layer l (0: none). */
-static int layer_window(const tf_model *m, int l)
+/* Layer l's attention: the shape, its sliding window (0: none), the
+ * score scale (Gemma-2's query_pre_attn_scalar^-0.5; 0: 1/sqrt(head_dim))
+ * and soft cap (0: none). */
+static gpu_attn_desc layer_attn(const tf_model *m, int l)
 {
-    return l >= m->cfg.window_from_layer ? m->cfg.sliding_window : 0;
+    const zo_model_config *c = &m->cfg;
+    gpu_attn_desc ad = {.b = m->b, .t = m->t, .hq = c->n_heads, .hkv = c->n_kv_heads, .d = c->head_dim,
+                        .window = zo_model_layer_window(c, l), .softcap = c->attn_softcap};
+    if (c->query_pre_attn_scalar > 0.0f) ad.scale = (float)(1.0 / sqrt((double)c->query_pre_attn_scalar));
+    return ad;
 }
 
 /* Elements of the widest 16-bit activation gradient of a micro-batch of N
@@ -360,6 +379,10 @@ static zo_status gen_alloc(tf_model *m)
         {&a->qkv, L ? N * qkv_width(c) * es : 0, "qkv"},
         {&a->att, L ? N * q_width(c) * es : 0, "attention"},
         {&a->x_mid, L && !c->parallel_block ? N * h * es : 0, "residual mid"},
+        {&a->pa_in, L && post_norms(m) ? N * h * es : 0, "attention output (post norm input)"},
+        {&a->pm_in, L && post_norms(m) ? N * h * es : 0, "mlp output (post norm input)"},
+        {(void **)&a->rstd3, L && post_norms(m) ? N * 4 : 0, "attention post norm rstd"},
+        {(void **)&a->rstd4, L && post_norms(m) ? N * 4 : 0, "mlp post norm rstd"},
         {&a->ln2, L && !one_norm(c) ? N * h * es : 0, "ln2"},
         {(void **)&a->mean2, L && !one_norm(c) ? N * 4 : 0, "ln2 mean"},
         {(void **)&a->rstd2, L && !one_norm(c) ? N * 4 : 0, "ln2 rstd"},
@@ -552,6 +575,10 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
             {&a->att, N * q_width(c) * es, "attention"},
             {(void **)&a->lse, (size_t)B * c->n_heads * T * 4, "attention lse"},
             {&a->x_mid, c->parallel_block ? 0 : N * h * es, "residual mid"},
+            {&a->pa_in, post_norms(m) ? N * h * es : 0, "attention output (post norm input)"},
+            {&a->pm_in, post_norms(m) ? N * h * es : 0, "mlp output (post norm input)"},
+            {(void **)&a->rstd3, post_norms(m) ? N * 4 : 0, "attention post norm rstd"},
+            {(void **)&a->rstd4, post_norms(m) ? N * 4 : 0, "mlp post norm rstd"},
             {&a->ln2, one_norm(c) ? 0 : N * h * es, "ln2"},
             {(void **)&a->mean2, one_norm(c) ? 0 : N * 4, "ln2 mean"},
             {(void **)&a->rstd2, one_norm(c) ? 0 : N * 4, "ln2 rstd"},
@@ -674,7 +701,7 @@ void tf_free(tf_model *m)
                          a->fc,   a->up,     a->act,   a->lora_u,        a->router_logits,
                          a->router_w, a->efc, a->eup,  a->eact,          a->sgate,
                          a->moe_idx, a->moe_wp, a->ep_x,     a->ep_wp,         a->ep_idx,
-                         a->qkn,  a->qk_rstd};
+                         a->qkn,  a->qk_rstd, a->pa_in, a->pm_in, a->rstd3, a->rstd4};
             for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) gpu_mem_free(d, p[i]);
             free(a->ep_idx_h);
             free(a->ep_cnt);
@@ -859,9 +886,14 @@ zo_status tf_logits(tf_model *m, gpu_stream_t s, float *host)
 {
     if (!m->opts.kv_len || !m->b)
         return zo_error(ZO_ERR_INVALID, "tf_logits: no generation forward (tf_set_tokens) to read");
-    zo_status st = gpu_memcpy_async(s, host, m->logits, (size_t)m->b * m->cfg.vocab * sizeof(float),
-                                    GPU_COPY_DEVICE_TO_HOST);
-    return st == ZO_OK ? gpu_stream_synchronize(s) : st;
+    size_t n = (size_t)m->b * m->cfg.vocab;
+    zo_status st = gpu_memcpy_async(s, host, m->logits, n * sizeof(float), GPU_COPY_DEVICE_TO_HOST);
+    if (st == ZO_OK) st = gpu_stream_synchronize(s);
+    /* Gemma-2's final_logit_softcapping, as the loss sees the logits */
+    const float cap = m->cfg.final_softcap;
+    if (st == ZO_OK && cap > 0.0f)
+        for (size_t i = 0; i < n; i++) host[i] = cap * tanhf(host[i] / cap);
+    return st;
 }
 
 /* ---- linear layers ------------------------------------------------------------- */
@@ -1218,34 +1250,34 @@ static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_
     return ZO_OK;
 }
 
-/* RoPE (or its backward) on the q and k heads of n rows of x, one call over
- * every head: the first zo_model_rope_dim elements of each head_dim-wide
- * head (all of it, or with a partial rotary size, Phi-4-mini's, its
- * front), which the op pairs and turns as Hugging Face's
+/* RoPE (or its backward) on the q and k heads of n rows of x of layer l,
+ * one call over every head: the first zo_model_rope_dim elements of each
+ * head_dim-wide head (all of it, or with a partial rotary size,
+ * Phi-4-mini's, its front), which the op pairs and turns as Hugging Face's
  * apply_rotary_pos_emb does its q_rot. Each sequence of m->t rows from
  * position 0 (training), or from its own position in generation (pos: the
- * device's copy of each sequence's, one call for the whole batch). */
-static zo_status rope_heads(tf_model *m, gpu_stream_t s, gpu_tensor x, int n, int ld, const int32_t *pos,
+ * device's copy of each sequence's, one call for the whole batch). Gemma-3's
+ * sliding layers turn with their own base (rope_local_base_freq) and no
+ * rope_scaling. */
+static zo_status rope_heads(tf_model *m, int l, gpu_stream_t s, gpu_tensor x, int n, int ld, const int32_t *pos,
                             int backward)
 {
     const zo_model_config *c = &m->cfg;
     const int heads = c->n_heads + c->n_kv_heads, rd = zo_model_rope_dim(c);
     /* longrope: the factors of the batch's length, as Hugging Face picks them */
     const double *f = m->rope_freq_long && m->t > c->rope_original_max ? m->rope_freq_long : m->rope_freq;
-    if (pos)
-        return gpu_rope_forward_seq(s, x, n, m->t, heads, rd, ld, c->head_dim, c->rope_theta, pos, f,
-                                    m->rope_scale);
-    return backward ? gpu_rope_backward(s, x, n, m->t, heads, rd, ld, c->head_dim, c->rope_theta, 0, f,
-                                        m->rope_scale)
-                    : gpu_rope_forward(s, x, n, m->t, heads, rd, ld, c->head_dim, c->rope_theta, 0, f,
-                                       m->rope_scale);
+    float theta = c->rope_theta, scale = m->rope_scale;
+    if (c->rope_local_theta > 0.0f && zo_model_layer_sliding(c, l)) f = NULL, theta = c->rope_local_theta, scale = 1.0f;
+    if (pos) return gpu_rope_forward_seq(s, x, n, m->t, heads, rd, ld, c->head_dim, theta, pos, f, scale);
+    return backward ? gpu_rope_backward(s, x, n, m->t, heads, rd, ld, c->head_dim, theta, 0, f, scale)
+                    : gpu_rope_forward(s, x, n, m->t, heads, rd, ld, c->head_dim, theta, 0, f, scale);
 }
 
-/* RoPE on the q and k heads of the current rows: from position 0 of each
- * sequence in training; in generation from each sequence's position. */
-static zo_status rope_rows(tf_model *m, gpu_stream_t s, gpu_tensor qkv, int ld)
+/* RoPE on the q and k heads of the current rows of layer l: from position 0
+ * of each sequence in training; in generation from each sequence's position. */
+static zo_status rope_rows(tf_model *m, int l, gpu_stream_t s, gpu_tensor qkv, int ld)
 {
-    return rope_heads(m, s, qkv, m->b * m->t, ld, m->opts.kv_len ? m->pos : NULL, 0);
+    return rope_heads(m, l, s, qkv, m->b * m->t, ld, m->opts.kv_len ? m->pos : NULL, 0);
 }
 
 static zo_status embed_backward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t s)
@@ -1261,17 +1293,23 @@ static zo_status embed_backward(tf_model *m, const tf_block_bufs *bb, gpu_stream
                                   m->tokens, N, m->t, c->hidden, c->vocab);
 }
 
-/* The weight an RMSNorm multiplies by: w, or Gemma's 1 + w (fp32, in
- * m->norm_one). w's gradient is the same either way: only dx reads it. */
-static zo_status norm_weight(tf_model *m, gpu_stream_t s, gpu_tensor *w)
+/* The weight an RMSNorm of n elements multiplies by: w, or Gemma's 1 + w
+ * (fp32, in m->norm_one; the ops that read it run in stream order, so one
+ * scratch serves every norm). w's gradient is the same either way: only dx
+ * reads it. */
+static zo_status norm_weight_n(tf_model *m, gpu_stream_t s, gpu_tensor *w, size_t n)
 {
     if (!is_gemma(m)) return ZO_OK;
-    size_t h = (size_t)m->cfg.hidden;
-    gpu_tensor w1 = F32(m->norm_one + h);
-    zo_status st = gpu_cast(s, w1, *w, h);
-    if (st == ZO_OK) st = gpu_add(s, w1, w1, F32(m->norm_one), h);
+    gpu_tensor w1 = F32(m->norm_one + norm_width(&m->cfg));
+    zo_status st = gpu_cast(s, w1, *w, n);
+    if (st == ZO_OK) st = gpu_add(s, w1, w1, F32(m->norm_one), n);
     *w = w1;
     return st;
+}
+
+static zo_status norm_weight(tf_model *m, gpu_stream_t s, gpu_tensor *w)
+{
+    return norm_weight_n(m, s, w, (size_t)m->cfg.hidden);
 }
 
 /* Normalization of the architecture: LayerNorm (GPT) or RMSNorm. */
@@ -1301,6 +1339,30 @@ static zo_status norm_backward(tf_model *m, gpu_stream_t s, const void *grads, i
     return st != ZO_OK ? st : gpu_rmsnorm_backward(s, F32(m->dres), dw, F32(m->dh), x, w, rstd, N, c->hidden);
 }
 
+/* Gemma-2's norm on a sublayer's output (role w_role of layer block blk):
+ * y = norm(x), rstd saved. */
+static zo_status post_norm_forward(tf_model *m, gpu_stream_t s, const void *W, int blk, model_role w_role,
+                                   gpu_tensor y, float *rstd, gpu_tensor x, int N)
+{
+    gpu_tensor w = bview(m, W, blk, w_role);
+    zo_status st = norm_weight(m, s, &w);
+    return st != ZO_OK ? st : gpu_rmsnorm_forward(s, y, rstd, x, w, N, m->cfg.hidden, m->cfg.norm_eps);
+}
+
+/* Its backward: dh = d(norm input) given dres = d(norm output) (the
+ * residual's gradient, which the sublayer's output joins), dw into grads
+ * (none with LoRA: frozen). */
+static zo_status post_norm_backward(tf_model *m, gpu_stream_t s, const void *W, const void *grads, int blk,
+                                    model_role w_role, gpu_tensor x, const float *rstd, int N)
+{
+    const int h = m->cfg.hidden;
+    gpu_tensor dw = has_lora(m) ? gpu_t(NULL, ZO_DTYPE_F32) : tf_view(m, grads, blk, w_role);
+    gpu_tensor w = bview(m, W, blk, w_role);
+    zo_status st = norm_weight(m, s, &w);
+    if (st == ZO_OK) st = gpu_memset_async(s, m->dh, 0, (size_t)N * h * 4);
+    return st != ZO_OK ? st : gpu_rmsnorm_backward(s, F32(m->dh), dw, F32(m->dres), x, w, rstd, N, h);
+}
+
 
 /* k's part of the q/k norms' saved inputs and 1/rms (after q's N n_heads
  * heads): NULL where nothing is kept (generation) */
@@ -1325,11 +1387,14 @@ static zo_status qk_norm_forward(tf_model *m, gpu_stream_t s, const tf_layer_act
     gpu_tensor k = gpu_t((char *)qkv.data + qw * es, m->dtype), sk;
     float *rk;
     qk_norm_k_saved(m, a, &sk, &rk);
-    zo_status st = gpu_head_rmsnorm_forward(s, qkv, ld, gpu_t(a->qkn, m->dtype), a->qk_rstd,
-                                            bview(m, W, blk, MODEL_ROLE_Q_NORM_W), (int)N, c->n_heads, d, c->norm_eps);
-    if (st != ZO_OK) return st;
-    return gpu_head_rmsnorm_forward(s, k, ld, sk, rk, bview(m, W, blk, MODEL_ROLE_K_NORM_W), (int)N, c->n_kv_heads,
-                                    d, c->norm_eps);
+    /* Gemma-3's multiply by 1 + w */
+    gpu_tensor wq = bview(m, W, blk, MODEL_ROLE_Q_NORM_W), wk = bview(m, W, blk, MODEL_ROLE_K_NORM_W);
+    zo_status st = norm_weight_n(m, s, &wq, (size_t)d);
+    if (st == ZO_OK)
+        st = gpu_head_rmsnorm_forward(s, qkv, ld, gpu_t(a->qkn, m->dtype), a->qk_rstd, wq, (int)N, c->n_heads, d,
+                                      c->norm_eps);
+    if (st == ZO_OK) st = norm_weight_n(m, s, &wk, (size_t)d);
+    return st != ZO_OK ? st : gpu_head_rmsnorm_forward(s, k, ld, sk, rk, wk, (int)N, c->n_kv_heads, d, c->norm_eps);
 }
 
 /* Their backward, in place on dqkv's q and k heads (the gradient of the
@@ -1347,11 +1412,12 @@ static zo_status qk_norm_backward(tf_model *m, gpu_stream_t s, const tf_layer_ac
     if (has_lora(m)) dwq = dwk = gpu_t(NULL, ZO_DTYPE_F32);
     float *rk;
     qk_norm_k_saved(m, a, &sk, &rk);
-    zo_status st = gpu_head_rmsnorm_backward(s, dq, ld, dwq, gpu_t(a->qkn, m->dtype), bview(m, W, blk, MODEL_ROLE_Q_NORM_W),
-                                             a->qk_rstd, (int)N, c->n_heads, d);
-    if (st != ZO_OK) return st;
-    return gpu_head_rmsnorm_backward(s, dk, ld, dwk, sk, bview(m, W, blk, MODEL_ROLE_K_NORM_W), rk, (int)N,
-                                     c->n_kv_heads, d);
+    gpu_tensor wq = bview(m, W, blk, MODEL_ROLE_Q_NORM_W), wk = bview(m, W, blk, MODEL_ROLE_K_NORM_W);
+    zo_status st = norm_weight_n(m, s, &wq, (size_t)d);
+    if (st == ZO_OK)
+        st = gpu_head_rmsnorm_backward(s, dq, ld, dwq, gpu_t(a->qkn, m->dtype), wq, a->qk_rstd, (int)N, c->n_heads, d);
+    if (st == ZO_OK) st = norm_weight_n(m, s, &wk, (size_t)d);
+    return st != ZO_OK ? st : gpu_head_rmsnorm_backward(s, dk, ld, dwk, sk, wk, rk, (int)N, c->n_kv_heads, d);
 }
 
 /* ---- mixture of experts ----------------------------------------------------------------
@@ -1999,9 +2065,8 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
             (st = lora_forward(m, s, l, bb, TF_LORA_QKV, ln1, qkv, ld)) != ZO_OK ||
             (st = qk_norm_forward(m, s, a, W, blk, qkv)) != ZO_OK)
             return st;
-        if (has_rope(m) && (st = rope_rows(m, s, qkv, ld)) != ZO_OK) return st;
-        gpu_attn_desc ad = {.b = m->b, .t = m->t, .hq = c->n_heads, .hkv = c->n_kv_heads, .d = c->head_dim,
-                            .window = layer_window(m, l)};
+        if (has_rope(m) && (st = rope_rows(m, l, s, qkv, ld)) != ZO_OK) return st;
+        gpu_attn_desc ad = layer_attn(m, l);
         /* generation: the new keys and values into the caches, the queries against them */
         st = m->opts.kv_len ? gpu_attention_cached(s, &ad, att, qkv, gpu_t(m->kcache[l], dt),
                                                    gpu_t(m->vcache[l], dt), m->pos, m->opts.kv_len)
@@ -2009,10 +2074,14 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
         if (st != ZO_OK) return st;
     }
     /* x_mid = x + att Wo^T (+ bo); a parallel residual's out = x + att Wo^T (+ bo),
-     * not needed again when recomputing */
-    if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_ATTN_OUT_W, MODEL_ROLE_ATTN_OUT_B, tmp, h,
+     * not needed again when recomputing; Gemma-2: x + norm(att Wo^T), its input kept */
+    gpu_tensor o_out = post_norms(m) ? gpu_t(a->pa_in, dt) : tmp;
+    if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_ATTN_OUT_W, MODEL_ROLE_ATTN_OUT_B, o_out, h,
                                   att, N, h, qw)) != ZO_OK ||
-        (st = lora_forward(m, s, l, bb, TF_LORA_O, att, tmp, h)) != ZO_OK)
+        (st = lora_forward(m, s, l, bb, TF_LORA_O, att, o_out, h)) != ZO_OK)
+        return st;
+    if (post_norms(m) &&
+        (st = post_norm_forward(m, s, W, blk, MODEL_ROLE_POST_ATTN_NORM_W, tmp, a->rstd3, o_out, N)) != ZO_OK)
         return st;
     if (par ? !recompute && (st = gpu_add(s, out, x, tmp, (size_t)N * h)) != ZO_OK
             : (st = gpu_add(s, x_mid, x, tmp, (size_t)N * h)) != ZO_OK)
@@ -2044,6 +2113,18 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
             (st = lora_forward(m, s, l, bb, TF_LORA_UP, ln2, up, f)) != ZO_OK)
             return st;
         if ((st = gpu_swiglu_forward(s, act, fc, up, (size_t)N * f, tf_geglu(c))) != ZO_OK) return st;
+    }
+    if (post_norms(m)) {
+        /* Gemma-2: out = x_mid + norm(act Wdown^T), the norm's input and
+         * rstd kept (a recompute stops before the add) */
+        gpu_tensor d_out = gpu_t(a->pm_in, dt);
+        if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_DOWN_W, MODEL_ROLE_MLP_DOWN_B, d_out, h,
+                                      act, N, h, f)) != ZO_OK ||
+            (st = lora_forward(m, s, l, bb, TF_LORA_DOWN, act, d_out, h)) != ZO_OK ||
+            (st = post_norm_forward(m, s, W, blk, MODEL_ROLE_POST_MLP_NORM_W, tmp, a->rstd4, d_out, N)) != ZO_OK ||
+            recompute)
+            return st;
+        return gpu_add(s, out, x_mid, tmp, (size_t)N * h);
     }
     if (recompute) return lora_forward(m, s, l, bb, TF_LORA_DOWN, act, gpu_t(NULL, dt), h);
     /* out = x_mid + act Wdown^T (+ b); a parallel residual's out += the same */
@@ -2105,8 +2186,16 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     if (is_moe(m, l)) {
         if ((st = moe_backward(m, l, bb, s)) != ZO_OK) return st;
     } else {
-    /* MLP down projection: dact[N, f] = dres Wdown (+ adapter) */
-    if ((st = linear_role_backward(m, l, bb, s, down, dff, 0.0f, dres, act)) != ZO_OK) return st;
+    /* MLP down projection: dact[N, f] = dres Wdown (+ adapter); Gemma-2:
+     * d(down output) = the post norm's backward of dres, in dh */
+    gpu_tensor ddown = dres;
+    if (post_norms(m)) {
+        if ((st = post_norm_backward(m, s, W, G, blk, MODEL_ROLE_POST_MLP_NORM_W, gpu_t(a->pm_in, dt), a->rstd4,
+                                     N)) != ZO_OK)
+            return st;
+        ddown = dh;
+    }
+    if ((st = linear_role_backward(m, l, bb, s, down, dff, 0.0f, ddown, act)) != ZO_OK) return st;
     if (is_gpt(m)) {
         if ((st = gpu_gelu_backward(s, dff, dff, fc, (size_t)N * f, gelu_exact(c))) != ZO_OK) return st; /* dfc, in place */
         if ((st = linear_role_backward(m, l, bb, s, up, dh, 0.0f, dff, ln2)) != ZO_OK) return st;
@@ -2127,17 +2216,22 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
         return st;
 
     /* attention output projection: datt[N, q] = dres Wo (+ adapter) */
-    gpu_tensor datt = F32(m->datt), dqkv = F32(m->dqkv);
-    if ((st = linear_role_backward(m, l, bb, s, out, datt, 0.0f, dres, att)) != ZO_OK) return st;
+    gpu_tensor datt = F32(m->datt), dqkv = F32(m->dqkv), dout = dres;
+    if (post_norms(m)) { /* Gemma-2: through the norm on the attention's output, into dh */
+        if ((st = post_norm_backward(m, s, W, G, blk, MODEL_ROLE_POST_ATTN_NORM_W, gpu_t(a->pa_in, dt), a->rstd3,
+                                     N)) != ZO_OK)
+            return st;
+        dout = dh;
+    }
+    if ((st = linear_role_backward(m, l, bb, s, out, datt, 0.0f, dout, att)) != ZO_OK) return st;
     /* one norm for both (Falcon-7B): the MLP's dh stays, the attention's adds to it */
     if (par && !one_norm(c) &&
         (st = norm_backward(m, s, G, blk, MODEL_ROLE_LN2_W, MODEL_ROLE_LN2_B, x,
                             bview(m, W, blk, MODEL_ROLE_LN2_W), a->mean2, a->rstd2, N)) != ZO_OK)
         return st;
-    gpu_attn_desc ad = {.b = m->b, .t = m->t, .hq = c->n_heads, .hkv = c->n_kv_heads, .d = c->head_dim,
-                        .window = layer_window(m, l)};
+    gpu_attn_desc ad = layer_attn(m, l);
     if ((st = gpu_attention_backward(s, &ad, dqkv, datt, qkv, att, a->lse)) != ZO_OK) return st;
-    if (has_rope(m) && (st = rope_heads(m, s, dqkv, N, ld, NULL, 1)) != ZO_OK)
+    if (has_rope(m) && (st = rope_heads(m, l, s, dqkv, N, ld, NULL, 1)) != ZO_OK)
         return st;
     if ((st = qk_norm_backward(m, s, a, W, G, blk)) != ZO_OK ||
         (st = linear_role_backward(m, l, bb, s, qkvp, dh, one_norm(c) ? 1.0f : 0.0f, dqkv, ln1)) != ZO_OK)
@@ -2199,7 +2293,8 @@ static zo_status head_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t
         gpu_tensor x = gpu_t((char *)m->lnf + n0 * (size_t)c->hidden * es, m->dtype);
         if ((st = linear_forward(s, logits, c->vocab, x, w, gpu_t(NULL, m->dtype), n, c->vocab, c->hidden)) !=
                 ZO_OK ||
-            (st = gpu_cross_entropy_forward(s, m->losses + n0, logits, m->targets + n0, n, c->vocab)) != ZO_OK)
+            (st = gpu_cross_entropy_forward_cap(s, m->losses + n0, logits, m->targets + n0, n, c->vocab,
+                                                c->final_softcap)) != ZO_OK)
             return st;
     }
     return ZO_OK;
@@ -2227,7 +2322,8 @@ static zo_status head_backward(tf_model *m, const tf_block_bufs *bb, float loss_
     size_t rows = loss_rows(m, (size_t)N), es = zo_dtype_size(m->dtype);
     if (rows == (size_t)N) {
         /* the forward's logits, whole */
-        if ((st = gpu_cross_entropy_backward(s, dlogits, logits, m->targets, dloss, N, c->vocab)) != ZO_OK)
+        if ((st = gpu_cross_entropy_backward_cap(s, dlogits, logits, m->targets, dloss, N, c->vocab,
+                                                 c->final_softcap)) != ZO_OK)
             return st;
         if ((st = linear_backward(s, F32(m->dh), 0.0f, dw, gpu_t(NULL, m->dtype), dlogits, dlogits, lnf, w, N,
                                   c->vocab, c->hidden)) != ZO_OK)
@@ -2240,7 +2336,8 @@ static zo_status head_backward(tf_model *m, const tf_block_bufs *bb, float loss_
         gpu_tensor x = gpu_t((char *)m->lnf + n0 * (size_t)c->hidden * es, m->dtype);
         if ((st = linear_forward(s, logits, c->vocab, x, w, gpu_t(NULL, m->dtype), n, c->vocab, c->hidden)) !=
                 ZO_OK ||
-            (st = gpu_cross_entropy_backward(s, dlogits, logits, m->targets + n0, dloss, n, c->vocab)) != ZO_OK ||
+            (st = gpu_cross_entropy_backward_cap(s, dlogits, logits, m->targets + n0, dloss, n, c->vocab,
+                                                 c->final_softcap)) != ZO_OK ||
             (st = linear_backward(s, F32(m->dh + n0 * (size_t)c->hidden), 0.0f, dw, gpu_t(NULL, m->dtype), dlogits,
                                   dlogits, x, w, n, c->vocab, c->hidden)) != ZO_OK)
             return st;
@@ -2428,9 +2525,10 @@ void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_
         float *p = dst + t->offset;
         int is_norm = t->role == MODEL_ROLE_LN1_W || t->role == MODEL_ROLE_LN2_W ||
                       t->role == MODEL_ROLE_NORM_W || t->role == MODEL_ROLE_Q_NORM_W ||
-                      t->role == MODEL_ROLE_K_NORM_W;
+                      t->role == MODEL_ROLE_K_NORM_W || t->role == MODEL_ROLE_POST_ATTN_NORM_W ||
+                      t->role == MODEL_ROLE_POST_MLP_NORM_W;
         /* a norm multiplies by 1, which Gemma stores as the offset 0 (GemmaRMSNorm's zeros) */
-        float one = strcmp(l->cfg.family, "gemma") ? 1.0f : 0.0f;
+        float one = gemma_family(l->cfg.family) ? 0.0f : 1.0f;
         if (t->ndim == 1) {
             for (size_t e = 0; e < t->numel; e++) p[e] = is_norm ? one : 0.0f;
             continue;

@@ -56,6 +56,11 @@ typedef struct tf_layer_acts {
     void *att;        /* [N, hq d] attention output */
     float *lse;       /* [B, hq, T] */
     void *x_mid;      /* [N, h]  residual after attention (NULL with a parallel residual) */
+    /* Gemma-2 (zo_model_post_norms): the inputs of the norms on the
+     * attention's output (o_proj's) and the MLP's (down_proj's) [N, h], and
+     * their 1/rms [N]; NULL otherwise */
+    void *pa_in, *pm_in;
+    float *rstd3, *rstd4;
     void *ln2;        /* [N, h] */
     float *mean2, *rstd2; /* [N] */
     void *fc;         /* [N, ffn] GPT: pre-GELU; LLaMA: gate */

@@ -5,7 +5,8 @@
  *
  * Layout (gpu/device.h): qkv [b, t, (hq + 2*hkv) * d], per token the hq query
  * heads, then hkv key heads, then hkv value heads; query head h reads kv head
- * h / (hq / hkv). out [b, t, hq*d], lse [b, hq, t], dqkv like qkv. With a
+ * h / (hq / hkv). out [b, t, hq*d], lse [b, hq, t], dqkv like qkv. Scores
+ * are scaled and, with a cap, soft-capped (attn_geom::score). With a
  * sliding window (G.window > 0) query i sees keys i - window < j <= i: the
  * tiles wholly outside it are skipped, the keys outside it masked.
  *
@@ -31,6 +32,16 @@ struct attn_geom {
     int window;     /* > 0: query i sees keys i - window < j <= i */
     size_t ld, ldo; /* row strides of qkv and out */
     float scale;
+    float cap; /* > 0: scores soft-capped, cap tanh(s / cap) */
+    /* the score of a dot product: scaled, then capped */
+    __device__ float score(float dot) const { return cap > 0.0f ? cap * tanhf(dot * scale / cap) : dot * scale; }
+    /* the score gradient of dp - D: times P, the scale and the cap's derivative */
+    __device__ float dscore(float dot, float p, float dpd) const
+    {
+        if (cap <= 0.0f) return p * dpd * scale;
+        const float th = tanhf(dot * scale / cap);
+        return p * dpd * scale * (1.0f - th * th);
+    }
     /* the first key query i sees */
     __device__ int first_key(int i) const { return window > 0 && i >= window ? i - window + 1 : 0; }
     /* whether query i sees key j */
@@ -91,7 +102,7 @@ __global__ void attention_forward_kernel(gpu_tensor out, float *lse, gpu_tensor 
             float acc = 0.0f;
             const float *kr = Ks + lane * dp;
             for (int k = 0; k < d; k++) acc += q[k] * kr[k];
-            s = acc * G.scale;
+            s = G.score(acc);
         }
         /* a key of the tile is unmasked, so the new maximum is finite */
         const float mnew = fmaxf(m, warp_max(s));
@@ -119,7 +130,8 @@ __global__ void attention_forward_kernel(gpu_tensor out, float *lse, gpu_tensor 
 }
 
 /* Backward, dQ. dq_i = scale * sum_j P_ij (dO_i . V_j - D_i) K_j with
- * P_ij = exp(q_i . K_j * scale - lse_i), D_i = dO_i . O_i.
+ * P_ij = exp(q_i . K_j * scale - lse_i), D_i = dO_i . O_i (soft-capped:
+ * the capped score in P, each term times the cap's derivative).
  * Dynamic shared memory: Ks [TK][d+1], Vs [TK][d+1], Qs [NW][d], dOs [NW][d]. */
 template <int DPL>
 __global__ void attention_backward_dq_kernel(gpu_tensor dqkv, gpu_tensor dout, gpu_tensor qkv,
@@ -163,8 +175,8 @@ __global__ void attention_backward_dq_kernel(gpu_tensor dqkv, gpu_tensor dout, g
                 sk += q[k] * kr[k];
                 sv += go[k] * vr[k];
             }
-            const float p = expf(sk * G.scale - L);
-            ds = p * (sv - D) * G.scale;
+            const float p = expf(G.score(sk) - L);
+            ds = G.dscore(sk, p, sv - D);
         }
         for (int jj = 0; jj < TK; jj++) {
             const float dsj = __shfl_sync(FULL_MASK, ds, jj);
@@ -244,8 +256,8 @@ __global__ void attention_backward_dkv_kernel(gpu_tensor dqkv, gpu_tensor dout, 
                     sk += qr[k] * kj[k];
                     sv += gr[k] * vj[k];
                 }
-                p = expf(sk * G.scale - Ls[lane]);
-                ds = p * (sv - Ds[lane]) * G.scale;
+                p = expf(G.score(sk) - Ls[lane]);
+                ds = G.dscore(sk, p, sv - Ds[lane]);
             }
             for (int ii = 0; ii < TK; ii++) {
                 const float pi = __shfl_sync(FULL_MASK, p, ii);
@@ -326,7 +338,7 @@ __global__ void attention_cached_kernel(gpu_tensor out, gpu_tensor qkv, gpu_tens
         if (j <= p) {
             float acc = 0.0f;
             for (int k = 0; k < d; k++) acc += q[k] * tload(kc, base + (size_t)j * ldc + k);
-            s = acc * G.scale;
+            s = G.score(acc);
         }
         const float mnew = fmaxf(m, warp_max(s)); /* row j0 is seen: finite */
         const float pj = j <= p ? expf(s - mnew) : 0.0f;
@@ -364,7 +376,8 @@ static attn_geom make_geom(const gpu_attn_desc *a)
     G.window = a->window;
     G.ld = (size_t)(a->hq + 2 * a->hkv) * a->d;
     G.ldo = (size_t)a->hq * a->d;
-    G.scale = 1.0f / sqrtf((float)a->d);
+    G.scale = gpu_attn_scale(a);
+    G.cap = a->softcap;
     return G;
 }
 

@@ -13,10 +13,10 @@
  * kv heads g0 .. g0 + heads - 1, query rows r0 .. r0 + m - 1, keys k0 ..
  * k0 + n - 1):
  *
- *   forward   S = scale Q K^T; P = exp(S - lse) masked, lse = log sum exp S
- *             per row; O = P V
- *   backward  S = scale Q K^T; P = exp(S - lse) masked; dV += P^T dO;
- *             dP = dO V^T (into S); dS = P (dP - D) scale (into P);
+ *   forward   S = scale Q K^T; P = exp(c(S) - lse) masked, lse = log sum exp
+ *             c(S) per row, c the soft cap (or none); O = P V
+ *   backward  S = scale Q K^T; P = exp(c(S) - lse) masked; dV += P^T dO;
+ *             dP = dO V^T (into S); dS = P (dP - D) scale c'(S) (into P);
  *             dQ = dS K; dK += dS^T Q
  *
  * with D = rowsum(dO * O) in fp32, as the flash kernel's. dK and dV sum
@@ -45,6 +45,8 @@ struct chunk_geom {
     int t, hq, grp, window;
     int b, hh, g0, r0, m, k0, n, ld;
     float scale;
+    float cap; /* > 0: the scaled scores soft-capped, cap tanh(s / cap) */
+    __device__ float capped(float s) const { return cap > 0.0f ? cap * tanhf(s / cap) : s; }
     __device__ bool sees(int i, int j) const { return j <= i && (window <= 0 || i - j < window); }
     __device__ size_t lrow(int r) const /* lse / D index of launch row r */
     {
@@ -64,14 +66,14 @@ __global__ void attn_softmax_kernel(gpu_tensor P, float *lse, const float *S, ch
     const float *s = S + (size_t)r * G.ld;
     float mx = -INFINITY;
     for (int c = lane; c < G.n; c += WARP)
-        if (G.sees(i, G.k0 + c)) mx = fmaxf(mx, s[c]);
+        if (G.sees(i, G.k0 + c)) mx = fmaxf(mx, G.capped(s[c]));
     mx = warp_max(mx);
     float l = 0.0f;
     for (int c = lane; c < G.n; c += WARP)
-        if (G.sees(i, G.k0 + c)) l += expf(s[c] - mx);
+        if (G.sees(i, G.k0 + c)) l += expf(G.capped(s[c]) - mx);
     const float L = mx + logf(warp_sum(l));
     for (int c = lane; c < G.n; c += WARP)
-        tstore(P, (size_t)r * G.ld + c, G.sees(i, G.k0 + c) ? expf(s[c] - L) : 0.0f);
+        tstore(P, (size_t)r * G.ld + c, G.sees(i, G.k0 + c) ? expf(G.capped(s[c]) - L) : 0.0f);
     if (lane == 0) lse[G.lrow(r)] = L;
 }
 
@@ -91,21 +93,32 @@ __global__ void attn_split_kernel(gpu_tensor hi, gpu_tensor lo, gpu_tensor src, 
 }
 
 /* Backward, one thread per element of the chunk's rows, the result split
- * into Ph + Pl: with grad 0, P = exp(S - lse) where the row sees the key,
- * else 0 (vals: lse); with grad 1, in place, dS = P (dP - D) scale with dP
- * in S and P in Ph + Pl (vals: D). */
-__global__ void attn_backward_elems_kernel(gpu_tensor Ph, gpu_tensor Pl, const float *S, const float *vals,
-                                           chunk_geom G, int rows, int grad)
+ * into Ph + Pl: with grad 0, P = exp(capped(S) - lse) where the row sees
+ * the key, else 0; with grad 1, in place, dS = P (dP - D) scale with dP in
+ * S and P in Ph + Pl. Soft-capped, dS is also times 1 - tanh^2 of the
+ * score over the cap, the tanh recovered from P as (log P + lse) / cap (S
+ * holds dP by then; P carries about twice the 16-bit type's precision, and
+ * where P is 0 so is dS). */
+__global__ void attn_backward_elems_kernel(gpu_tensor Ph, gpu_tensor Pl, const float *S, const float *lse,
+                                           const float *D, chunk_geom G, int rows, int grad)
 {
     const size_t total = (size_t)rows * G.n;
     for (size_t x = (size_t)blockIdx.x * blockDim.x + threadIdx.x; x < total;
          x += (size_t)gridDim.x * blockDim.x) {
         const int r = (int)(x / G.n), c = (int)(x % G.n);
         const size_t e = (size_t)r * G.ld + c;
-        const float v = vals[G.lrow(r)];
+        const float L = lse[G.lrow(r)];
         float y;
-        if (grad) y = (tload(Ph, e) + tload(Pl, e)) * (S[e] - v) * G.scale;
-        else y = G.sees(G.r0 + r % G.m, G.k0 + c) ? expf(S[e] - v) : 0.0f;
+        if (grad) {
+            const float p = tload(Ph, e) + tload(Pl, e);
+            y = p * (S[e] - D[G.lrow(r)]) * G.scale;
+            if (G.cap > 0.0f && p > 0.0f) {
+                const float th = fminf(fmaxf((logf(p) + L) / G.cap, -1.0f), 1.0f);
+                y *= 1.0f - th * th;
+            }
+        } else {
+            y = G.sees(G.r0 + r % G.m, G.k0 + c) ? expf(G.capped(S[e]) - L) : 0.0f;
+        }
         store_split(Ph, Pl, e, y);
     }
 }
@@ -161,7 +174,7 @@ static gpu_gemm_desc desc(gpu_tensor a, int64_t lda, int64_t sa, int ta, gpu_ten
 struct attn_shape {
     int b, t, hq, hkv, d, grp, window;
     int64_t ld, ldo; /* row strides of qkv and out */
-    float scale;
+    float scale, softcap;
     cuda_attn_chunks ch;
 };
 
@@ -172,7 +185,8 @@ static attn_shape shape_of(const gpu_attn_desc *a, size_t cap)
     s.grp = a->hq / a->hkv;
     s.ld = (int64_t)(a->hq + 2 * a->hkv) * a->d;
     s.ldo = (int64_t)a->hq * a->d;
-    s.scale = 1.0f / sqrtf((float)a->d);
+    s.scale = gpu_attn_scale(a);
+    s.softcap = a->softcap;
     s.ch = cuda_attn_plan_chunks(a->t, a->hkv, a->window, cap);
     return s;
 }
@@ -181,7 +195,7 @@ static attn_shape shape_of(const gpu_attn_desc *a, size_t cap)
 static chunk_geom chunk_of(const attn_shape &A, int b, int hh, int g0, int r0)
 {
     chunk_geom G;
-    G.t = A.t, G.hq = A.hq, G.grp = A.grp, G.window = A.window, G.scale = A.scale;
+    G.t = A.t, G.hq = A.hq, G.grp = A.grp, G.window = A.window, G.scale = A.scale, G.cap = A.softcap;
     G.b = b, G.hh = hh, G.g0 = g0, G.r0 = r0;
     G.m = min(A.ch.rows, A.t - r0);
     G.k0 = cuda_attn_first_key(r0, A.window);
@@ -279,7 +293,7 @@ static zo_status backward_seq(const cuda_gemm_env *g, const attn_shape &A, int b
                 gpu_tensor dq = at(dqkv, (row + r0) * A.ld + h0);
                 gpu_gemm_desc d;
                 if ((s = scores(g, A, G, nh, qkv, S)) != ZO_OK) break;
-                ZO_LAUNCH(attn_backward_elems_kernel, blocks, BS, 0, g->stream, Ph, Pl, S, lse, G, rows, 0);
+                ZO_LAUNCH(attn_backward_elems_kernel, blocks, BS, 0, g->stream, Ph, Pl, S, lse, D, G, rows, 0);
                 if ((s = cuda_launch_check("attn_backward_elems_kernel")) != ZO_OK) break;
                 /* dV += P^T dO: Ph dOh, Pl dOh, Ph dOl */
                 for (int part = 0; part < 1 + dparts && s == ZO_OK; part++) {
@@ -295,7 +309,7 @@ static zo_status backward_seq(const cuda_gemm_env *g, const attn_shape &A, int b
                     s = gemm(g, &d);
                 }
                 if (s != ZO_OK) break;
-                ZO_LAUNCH(attn_backward_elems_kernel, blocks, BS, 0, g->stream, Ph, Pl, S, D, G, rows, 1);
+                ZO_LAUNCH(attn_backward_elems_kernel, blocks, BS, 0, g->stream, Ph, Pl, S, lse, D, G, rows, 1);
                 if ((s = cuda_launch_check("attn_backward_elems_kernel")) != ZO_OK) break;
                 /* dQ = dS K (the high part overwrites: each query row is in one
                  * block), dK += dS^T Q */

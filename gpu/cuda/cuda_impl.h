@@ -209,10 +209,10 @@ zo_status cuda_launch_embedding_backward(cudaStream_t st, cuda_err_rec *err, voi
 /* loss.cu */
 zo_status cuda_launch_cross_entropy_forward(cudaStream_t st, cuda_err_rec *err, float *losses,
                                             gpu_tensor logits, const int32_t *targets, int n,
-                                            int v);
+                                            int v, float cap);
 zo_status cuda_launch_cross_entropy_backward(cudaStream_t st, cuda_err_rec *err,
                                              gpu_tensor dlogits, gpu_tensor logits,
-                                             const int32_t *targets, float dloss, int n, int v);
+                                             const int32_t *targets, float dloss, int n, int v, float cap);
 
 /* elementwise.cu */
 zo_status cuda_launch_add(cudaStream_t st, gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n);

@@ -9,21 +9,29 @@
 /* log(sum_j exp(logits[off + j])) over j < v, the maximum subtracted; every
  * thread of the block gets it, and every read of the row is done before any
  * thread returns. */
-__device__ float row_lse(gpu_tensor logits, size_t off, int v)
+/* logits[i], soft-capped when cap > 0: cap tanh(x / cap) */
+__device__ __forceinline__ float capped(gpu_tensor logits, size_t i, float cap)
+{
+    const float x = tload(logits, i);
+    return cap > 0.0f ? cap * tanhf(x / cap) : x;
+}
+
+__device__ float row_lse(gpu_tensor logits, size_t off, int v, float cap)
 {
     float mx = -INFINITY;
-    for (int j = threadIdx.x; j < v; j += blockDim.x) mx = fmaxf(mx, tload(logits, off + j));
+    for (int j = threadIdx.x; j < v; j += blockDim.x) mx = fmaxf(mx, capped(logits, off + j, cap));
     mx = block_max(mx);
     double s = 0.0;
-    for (int j = threadIdx.x; j < v; j += blockDim.x) s += exp((double)(tload(logits, off + j) - mx));
+    for (int j = threadIdx.x; j < v; j += blockDim.x) s += exp((double)(capped(logits, off + j, cap) - mx));
     s = block_sum_d(s);
     return mx + (float)log(s);
 }
 
 /* losses[r] = lse(logits[r]) - logits[r, targets[r]]; 0 where the target is
- * -1. logits [n, v], targets, losses [n] */
+ * -1. logits [n, v], targets, losses [n]; with cap > 0 over the capped
+ * logits (the backward also times the cap's derivative) */
 __global__ void cross_entropy_forward_kernel(cuda_err_rec *err, float *losses, gpu_tensor logits,
-                                             const int32_t *targets, int v)
+                                             const int32_t *targets, int v, float cap)
 {
     int r = blockIdx.x, tgt = targets[r]; /* uniform over the block */
     if (tgt == -1) {
@@ -35,15 +43,15 @@ __global__ void cross_entropy_forward_kernel(cuda_err_rec *err, float *losses, g
         return;
     }
     size_t off = (size_t)r * v;
-    float lse = row_lse(logits, off, v);
-    if (threadIdx.x == 0) losses[r] = lse - tload(logits, off + tgt);
+    float lse = row_lse(logits, off, v, cap);
+    if (threadIdx.x == 0) losses[r] = lse - capped(logits, off + tgt, cap);
 }
 
 /* dlogits[r, j] = dloss * (softmax(logits[r])[j] - (j == targets[r])); a row
  * whose target is -1 gets zeros. dlogits may be logits itself. */
 __global__ void cross_entropy_backward_kernel(cuda_err_rec *err, gpu_tensor dlogits,
                                               gpu_tensor logits, const int32_t *targets,
-                                              float dloss, int v)
+                                              float dloss, int v, float cap)
 {
     int r = blockIdx.x, tgt = targets[r];
     size_t off = (size_t)r * v;
@@ -55,27 +63,29 @@ __global__ void cross_entropy_backward_kernel(cuda_err_rec *err, gpu_tensor dlog
         if (threadIdx.x == 0) record_bad_id(err, CUDA_ERR_CE_BACKWARD, r, tgt, v);
         return;
     }
-    float L = row_lse(logits, off, v);
+    float L = row_lse(logits, off, v, cap);
     for (int j = threadIdx.x; j < v; j += blockDim.x) {
-        float g = dloss * expf(tload(logits, off + j) - L);
+        const float z = capped(logits, off + j, cap); /* each thread reads its own j before writing it */
+        float g = dloss * expf(z - L);
         if (j == tgt) g -= dloss;
+        if (cap > 0.0f) g *= 1.0f - (z / cap) * (z / cap);
         tstore(dlogits, off + j, g);
     }
 }
 
 extern "C" zo_status cuda_launch_cross_entropy_forward(cudaStream_t st, cuda_err_rec *err,
                                                        float *losses, gpu_tensor logits,
-                                                       const int32_t *targets, int n, int v)
+                                                       const int32_t *targets, int n, int v, float cap)
 {
-    ZO_LAUNCH(cross_entropy_forward_kernel, n, BS, 0, st, err, losses, logits, targets, v);
+    ZO_LAUNCH(cross_entropy_forward_kernel, n, BS, 0, st, err, losses, logits, targets, v, cap);
     return cuda_launch_check("cross_entropy_forward_kernel");
 }
 
 extern "C" zo_status cuda_launch_cross_entropy_backward(cudaStream_t st, cuda_err_rec *err,
                                                         gpu_tensor dlogits, gpu_tensor logits,
                                                         const int32_t *targets, float dloss,
-                                                        int n, int v)
+                                                        int n, int v, float cap)
 {
-    ZO_LAUNCH(cross_entropy_backward_kernel, n, BS, 0, st, err, dlogits, logits, targets, dloss, v);
+    ZO_LAUNCH(cross_entropy_backward_kernel, n, BS, 0, st, err, dlogits, logits, targets, dloss, v, cap);
     return cuda_launch_check("cross_entropy_backward_kernel");
 }

@@ -175,13 +175,13 @@ static zo_status cuda_run_embedding_backward(const cuda_exec *e, const gpu_op_ar
 static zo_status cuda_run_cross_entropy_forward(const cuda_exec *e, const gpu_op_args *a)
 {
     return cuda_launch_cross_entropy_forward(e->stream, e->err, a->p[0], a->t[0], a->p[1],
-                                             (int)a->i[0], (int)a->i[1]);
+                                             (int)a->i[0], (int)a->i[1], a->f[0]);
 }
 
 static zo_status cuda_run_cross_entropy_backward(const cuda_exec *e, const gpu_op_args *a)
 {
     return cuda_launch_cross_entropy_backward(e->stream, e->err, a->t[0], a->t[1], a->p[0],
-                                              a->f[0], (int)a->i[0], (int)a->i[1]);
+                                              a->f[0], (int)a->i[0], (int)a->i[1], a->f[1]);
 }
 
 static zo_status cuda_run_add(const cuda_exec *e, const gpu_op_args *a)
