@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/units.h"      /* defines: zo_format_bytes */
+#include "gpu/profile.h"       /* defines: gpu_profile_start, gpu_profile_op_calls */
 #include "model/safetensors.h" /* defines: model_save */
 #include "offload/offload.h"   /* defines: offload_init, offload_micro_batch, offload_step */
 #include "planner/memory.h"    /* defines: plan_estimate_run (the memplan estimate) */
@@ -113,6 +114,9 @@ typedef struct run {
     /* LoRA: adapters trained over a frozen base (r 0: full fine-tuning) */
     tf_lora_options lora;
     int base_changed;      /* out: a block's frozen base read back differs */
+    /* the op profile over the last step: its GEMM calls */
+    int profile_last;
+    double gemm_calls;
 } run;
 
 /* VmHWM or VmRSS of this process, bytes; 0 when /proc says nothing. */
@@ -286,7 +290,20 @@ static zo_status do_run(run *r)
     if (r->resume_dir) resume_load(r, rt);
     size_t n = (size_t)r->B * r->T;
     int32_t *in = malloc(n * 4), *tg = malloc(n * 4);
-    for (int k = r->start_step; k < r->steps; k++) train_step(r, &m, rt, s, k, in, tg);
+    for (int k = r->start_step; k < r->steps; k++) {
+        gpu_profile *p = NULL;
+        if (r->profile_last && k == r->steps - 1) {
+            assert_int_equal(gpu_profile_start(dev, &p), ZO_OK);
+            gpu_profile_step_begin(p);
+        }
+        train_step(r, &m, rt, s, k, in, tg);
+        if (p) {
+            assert_int_equal(gpu_profile_step_end(p), ZO_OK);
+            assert_int_equal(gpu_profile_stop(p), ZO_OK);
+            r->gemm_calls = gpu_profile_op_calls(p, "gemm");
+            gpu_profile_free(p);
+        }
+    }
     offload_get_stats(rt, &r->stats);
     if (base) check_frozen_base(r, &m, rt, base);
     free(in);
@@ -744,22 +761,49 @@ static void test_recompute_ops(void **state)
  * memory with the weights streamed), and recompute by op its losses and last
  * gradients bit for bit, resident and streamed (bf16); the parallel
  * residual keeps no x_mid, so its device peak without recompute is below
- * the sequential one's. */
+ * the sequential one's. The GEMMs of a step, counted by the op profile, are
+ * those a layer's forward, recompute and backward need, by hand: a parallel
+ * residual's recompute runs no attention output GEMM (its LoRA adapter's A
+ * att only, the losses unchanged). */
 static void test_neox_recompute(void **state)
 {
     (void)state;
     uint64_t peak[2];
+    const int L = 4, accum = 2;
     for (int par = 0; par < 4; par++) {
         /* GPT-NeoX sequential and parallel; then Falcon with one norm and with two */
-        run base = {.cfg = par < 2 ? tiny_neox(4, 64, 128, par) : tiny_falcon(4, 64, 128, par - 1),
-                    .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 6};
+        run base = {.cfg = par < 2 ? tiny_neox(L, 64, 128, par) : tiny_falcon(L, 64, 128, par - 1),
+                    .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 6, .profile_last = 1};
         base_config(&base.oc);
-        base.oc.grad_accum = 2;
+        base.oc.grad_accum = accum;
         static const char *const names[] = {"neox sequential bf16, recompute none", "neox parallel bf16, recompute none",
                                             "falcon one norm bf16, recompute none", "falcon two norms bf16, recompute none"};
         run none, full, ops;
         recompute_runs(&base, names[par], &none, &full, &ops);
         assert_same_losses("recompute full", &none, &full);
+        /* the GEMMs of a micro-batch: each layer's forward 4 (qkv, o, fc1,
+         * down) and backward 8 (dx and dW of each), the head's logits, dx and
+         * dW; recompute adds qkv and fc1, and o where it feeds x_mid
+         * (sequential): a parallel residual's o and down only make the
+         * layer's output, which backward does not read */
+        const int sequential = par == 0;
+        double want_none = accum * (L * 12 + 3), want_full = accum * (L * (14 + sequential) + 3);
+        printf("  GEMMs a step: none %.0f (by hand %.0f), recompute full %.0f (by hand %.0f)\n", none.gemm_calls,
+               want_none, full.gemm_calls, want_full);
+        assert_true(none.gemm_calls == want_none);
+        assert_true(full.gemm_calls == want_full);
+        if (par == 1) {
+            /* LoRA on every linear: the attention output's adapter keeps its A att
+             * through a recompute that skips the output GEMM */
+            run ln = base, lf;
+            ln.lora = (tf_lora_options){.r = 4, .alpha = 8, .targets = ZO_LORA_ALL_LINEAR};
+            lf = ln;
+            lf.oc.recompute = OFFLOAD_RECOMPUTE_FULL;
+            assert_int_equal(do_run(&ln), ZO_OK);
+            assert_int_equal(do_run(&lf), ZO_OK);
+            print_losses("neox parallel lora, none", &ln);
+            assert_same_losses("lora, recompute full", &ln, &lf);
+        }
         /* the residual stream kept in host memory (activation offload), weights streamed */
         run host = full;
         host.oc.checkpoints_on = OFFLOAD_CPU;

@@ -2074,18 +2074,21 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
         if (st != ZO_OK) return st;
     }
     /* x_mid = x + att Wo^T (+ bo); a parallel residual's out = x + att Wo^T (+ bo),
-     * not needed again when recomputing; Gemma-2: x + norm(att Wo^T), its input kept */
-    gpu_tensor o_out = post_norms(m) ? gpu_t(a->pa_in, dt) : tmp;
-    if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_ATTN_OUT_W, MODEL_ROLE_ATTN_OUT_B, o_out, h,
-                                  att, N, h, qw)) != ZO_OK ||
-        (st = lora_forward(m, s, l, bb, TF_LORA_O, att, o_out, h)) != ZO_OK)
-        return st;
-    if (post_norms(m) &&
-        (st = post_norm_forward(m, s, W, blk, MODEL_ROLE_POST_ATTN_NORM_W, tmp, a->rstd3, o_out, N)) != ZO_OK)
-        return st;
-    if (par ? !recompute && (st = gpu_add(s, out, x, tmp, (size_t)N * h)) != ZO_OK
-            : (st = gpu_add(s, x_mid, x, tmp, (size_t)N * h)) != ZO_OK)
-        return st;
+     * which backward does not read: a recompute takes only the adapters' A att
+     * (as the down projection's below); Gemma-2: x + norm(att Wo^T), its input kept */
+    if (par && recompute) {
+        if ((st = lora_forward(m, s, l, bb, TF_LORA_O, att, gpu_t(NULL, dt), h)) != ZO_OK) return st;
+    } else {
+        gpu_tensor o_out = post_norms(m) ? gpu_t(a->pa_in, dt) : tmp;
+        if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_ATTN_OUT_W, MODEL_ROLE_ATTN_OUT_B, o_out, h,
+                                      att, N, h, qw)) != ZO_OK ||
+            (st = lora_forward(m, s, l, bb, TF_LORA_O, att, o_out, h)) != ZO_OK)
+            return st;
+        if (post_norms(m) &&
+            (st = post_norm_forward(m, s, W, blk, MODEL_ROLE_POST_ATTN_NORM_W, tmp, a->rstd3, o_out, N)) != ZO_OK)
+            return st;
+        if ((st = gpu_add(s, par ? out : x_mid, x, tmp, (size_t)N * h)) != ZO_OK) return st;
+    }
 
     /* MLP: GPT act = gelu(ln2 Wfc^T + bfc); LLaMA act = silu(ln2 Wg^T) * (ln2 Wu^T);
      * ln2 = norm(x_mid) (a parallel residual's is norm(x), above) */
