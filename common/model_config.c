@@ -492,10 +492,10 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
         known |= !strcmp(c->family, preset_families[i]);
     /* GPT: GELU's tanh form (GPT-2's gelu_new, also named these), GPT-NeoX's
      * erf form ("gelu") too; LLaMA: SiLU, Gemma's gate that tanh form (GeGLU) */
-    int tanh_gelu = !strcmp(c->act, "gelu_new") || !strcmp(c->act, "gelu_fast") ||
-                    !strcmp(c->act, "gelu_pytorch_tanh") || (zo_model_qkv_grouped(c) && !strcmp(c->act, "gelu"));
+    int gelu_known = !strcmp(c->act, "gelu_new") || !strcmp(c->act, "gelu_fast") ||
+                     !strcmp(c->act, "gelu_pytorch_tanh") || (zo_model_qkv_grouped(c) && !strcmp(c->act, "gelu"));
     int gemma = !strncmp(c->family, "gemma", 5);
-    int other_act = c->act[0] && (c->arch == ZO_ARCH_GPT || gemma ? !tanh_gelu : strcmp(c->act, "silu"));
+    int other_act = c->act[0] && (c->arch == ZO_ARCH_GPT || gemma ? !gelu_known : strcmp(c->act, "silu"));
     /* GPT-NeoX and Falcon: rotary in place of learned positions, attention and
      * MLP side by side (use_parallel_residual, parallel_attn); Falcon's one
      * norm for both */
@@ -514,6 +514,10 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
              !(zo_model_falcon(c) && c->layer_norms == 1 && c->parallel_block))
         snprintf(lacks, sizeof lacks, "its norms");
     else if (c->parallel_block && !grouped) snprintf(lacks, sizeof lacks, "parallel attention and MLP");
+    else if (zo_model_falcon(c) && !c->parallel_block && c->n_kv_heads != 1 && c->n_kv_heads != c->n_heads)
+        /* FalconConfig has grouped kv heads only with the new decoder
+         * architecture, whose attention and MLP are side by side */
+        snprintf(lacks, sizeof lacks, "grouped kv heads with sequential attention and MLP");
     else if (grouped && c->rope_scaling[0]) snprintf(lacks, sizeof lacks, "its rope_scaling");
     else if (c->embed_norm) snprintf(lacks, sizeof lacks, "an embedding norm");
     else if (c->qk_norm && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "q/k norms on GPT layers");

@@ -733,6 +733,17 @@ static void test_falcon_old_keys(void **state)
     c.pos = ZO_POS_ALIBI;
     assert_int_equal(model_layout_init(&l, &c), ZO_ERR_UNSUPPORTED);
     assert_non_null(strstr(zo_last_error(), "ALiBi"));
+    /* sequential with kv heads neither 1 nor every head's: no FalconConfig
+     * says so (its config.json would read back as another model) */
+    c.pos = ZO_POS_ROTARY;
+    c.parallel_block = 0;
+    c.layer_norms = 2;
+    c.n_kv_heads = 2;
+    assert_int_equal(model_layout_init(&l, &c), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "grouped kv heads with sequential attention and MLP"));
+    c.n_kv_heads = 1; /* multi-query: multi_query true */
+    if (model_layout_init(&l, &c)) fail_msg("%s", zo_last_error());
+    model_layout_free(&l);
 }
 
 static void test_hf_config_from_presets(void **state)
