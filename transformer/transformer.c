@@ -91,7 +91,7 @@ static zo_status lora_init(tf_model *m)
     m->lora_scale = o->alpha / (float)o->r;
     zo_lora_module mods[ZO_LORA_MAX_MODULES];
     const int n_mods = zo_lora_layer_modules(c, o->targets, mods);
-    m->n_lora_u = zo_lora_dense_modules(c, o->targets, &m->lora_experts);
+    m->n_lora_u = zo_lora_dense_modules(mods, n_mods, &m->lora_experts);
     const int q = q_width(c), kv = c->n_kv_heads * c->head_dim, r = o->r;
     /* offsets as model_lora_layout_init lays a layer out: the modules in
      * order, the routed experts' together at the first of them, expert
