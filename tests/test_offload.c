@@ -114,9 +114,8 @@ typedef struct run {
     /* LoRA: adapters trained over a frozen base (r 0: full fine-tuning) */
     tf_lora_options lora;
     int base_changed;      /* out: a block's frozen base read back differs */
-    /* the op profile over the last step: its GEMM calls */
-    int profile_last;
-    double gemm_calls;
+    int count_gemms;       /* when set: the op profile counts the steps' GEMMs */
+    double gemms;          /* out: their number */
 } run;
 
 /* VmHWM or VmRSS of this process, bytes; 0 when /proc says nothing. */
@@ -290,19 +289,17 @@ static zo_status do_run(run *r)
     if (r->resume_dir) resume_load(r, rt);
     size_t n = (size_t)r->B * r->T;
     int32_t *in = malloc(n * 4), *tg = malloc(n * 4);
+    gpu_profile *p = NULL;
+    if (r->count_gemms) assert_int_equal(gpu_profile_start(dev, &p), ZO_OK);
     for (int k = r->start_step; k < r->steps; k++) {
-        gpu_profile *p = NULL;
-        if (r->profile_last && k == r->steps - 1) {
-            assert_int_equal(gpu_profile_start(dev, &p), ZO_OK);
-            gpu_profile_step_begin(p);
-        }
+        if (p) gpu_profile_step_begin(p);
         train_step(r, &m, rt, s, k, in, tg);
-        if (p) {
-            assert_int_equal(gpu_profile_step_end(p), ZO_OK);
-            assert_int_equal(gpu_profile_stop(p), ZO_OK);
-            r->gemm_calls = gpu_profile_op_calls(p, "gemm");
-            gpu_profile_free(p);
-        }
+        if (p) assert_int_equal(gpu_profile_step_end(p), ZO_OK);
+    }
+    if (p) {
+        assert_int_equal(gpu_profile_stop(p), ZO_OK);
+        r->gemms = gpu_profile_op_calls(p, "gemm");
+        gpu_profile_free(p);
     }
     offload_get_stats(rt, &r->stats);
     if (base) check_frozen_base(r, &m, rt, base);
@@ -773,7 +770,7 @@ static void test_neox_recompute(void **state)
     for (int par = 0; par < 4; par++) {
         /* GPT-NeoX sequential and parallel; then Falcon with one norm and with two */
         run base = {.cfg = par < 2 ? tiny_neox(L, 64, 128, par) : tiny_falcon(L, 64, 128, par - 1),
-                    .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 6, .profile_last = 1};
+                    .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 6, .count_gemms = 1};
         base_config(&base.oc);
         base.oc.grad_accum = accum;
         static const char *const names[] = {"neox sequential bf16, recompute none", "neox parallel bf16, recompute none",
@@ -788,10 +785,10 @@ static void test_neox_recompute(void **state)
          * layer's output, which backward does not read */
         const int sequential = par == 0;
         double want_none = accum * (L * 12 + 3), want_full = accum * (L * (14 + sequential) + 3);
-        printf("  GEMMs a step: none %.0f (by hand %.0f), recompute full %.0f (by hand %.0f)\n", none.gemm_calls,
-               want_none, full.gemm_calls, want_full);
-        assert_true(none.gemm_calls == want_none);
-        assert_true(full.gemm_calls == want_full);
+        printf("  GEMMs a step: none %.0f (by hand %.0f), recompute full %.0f (by hand %.0f)\n",
+               none.gemms / base.steps, want_none, full.gemms / base.steps, want_full);
+        assert_true(none.gemms == want_none * base.steps);
+        assert_true(full.gemms == want_full * base.steps);
         if (par == 1) {
             /* LoRA on every linear: the attention output's adapter keeps its A att
              * through a recompute that skips the output GEMM */
