@@ -566,10 +566,11 @@ static void test_byte_tokens(void **state)
  * head_dim 128, Gemma's; a mixture of experts, whose router and expert keys
  * the writer does not make, is refused naming the model rather than written
  * as LLaMA. */
-/* Saved from the layout `l` (and its LoRA layout `ad`, q, k, v adapted), query_key_value's file head h (d rows each) must hold our
- * head ours[h] (its rows in [q | k | v]) for the weight, its bias (if any,
- * want_qkv tensors in all) and lora_B; loaded back, each is the buffer
- * saved; a nan in the file's row of `nan_head` is named by its element as
+/* Saved from the layout `l` (and its LoRA layout `ad`, q, k, v adapted),
+ * query_key_value's file head h (d rows each) must hold our head ours[h]
+ * (its rows in [q | k | v]) for the weight, its bias (if any: want_qkv
+ * tensors in all) and lora_B; loaded back, each is the buffer saved; a nan
+ * in the weight's row 1 of file head `nan_head` is named by its element as
  * the file numbers it. groups: the tensors' hf_head_groups. */
 static void qkv_rows_round_trip(const char *tag, const model_layout *l, const model_layout *ad, int d, int groups,
                                 const int *ours, int want_qkv, int nan_head)
@@ -622,7 +623,8 @@ static void qkv_rows_round_trip(const char *tag, const model_layout *l, const mo
         model_st_close(&f);
         if (model_load_path(file, L, (void *const *)back, ZO_DTYPE_F32, MODEL_LOAD_STRICT, NULL))
             fail_msg("%s: %s", tag, zo_last_error());
-        for (int b = 0; b < L->n_blocks; b++) assert_memory_equal(back[b], blocks[b], L->block_numel[b] * sizeof(float));
+        for (int b = 0; b < L->n_blocks; b++)
+            assert_memory_equal(back[b], blocks[b], L->block_numel[b] * sizeof(float));
         if (!pass) {
             /* the weight's nan, named as the file numbers it */
             assert_true(nan_at > 0);
