@@ -543,8 +543,10 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
             if (!recompute_ops(m)) continue;
             /* by op: the kept outputs of its own, the rest shared with layer 0 */
             tf_layer_acts *a = &m->acts[l];
-            a->qkv = a->att = a->fc = a->qkn = NULL; /* tf_free frees these of a layer that fails here */
-            a->lse = a->qk_rstd = NULL;
+            a->qkv = a->att = a->fc = a->qkn = a->pm_in = NULL; /* tf_free frees these of a layer that fails here */
+            a->lse = a->qk_rstd = a->rstd4 = NULL;
+            /* Gemma-2/3: the MLP's post norm's input and rstd, so that the
+             * backward reruns no down projection (its output is the norm's input) */
             const act_req r[] = {
                 {&a->qkv, N * qkv_width(c) * es, "qkv"},
                 {&a->qkn, N * qk_heads(c) * c->head_dim * es, "q/k norm inputs"},
@@ -552,6 +554,8 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
                 {&a->att, N * q_width(c) * es, "attention"},
                 {(void **)&a->lse, (size_t)B * c->n_heads * T * 4, "attention lse"},
                 {&a->fc, N * f * es, "mlp fc/gate"},
+                {&a->pm_in, post_norms(m) ? N * h * es : 0, "mlp output (post norm input)"},
+                {(void **)&a->rstd4, post_norms(m) ? N * 4 : 0, "mlp post norm rstd"},
             };
             if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) goto out_free;
             continue;
@@ -685,6 +689,8 @@ void tf_free(tf_model *m)
                     gpu_mem_free(d, a->fc);
                     gpu_mem_free(d, a->qkn);
                     gpu_mem_free(d, a->qk_rstd);
+                    gpu_mem_free(d, a->pm_in);
+                    gpu_mem_free(d, a->rstd4);
                 }
                 continue;
             }
@@ -2038,7 +2044,8 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
     gpu_tensor x_mid = gpu_t(a->x_mid, dt), ln2 = gpu_t(a->ln2, dt), tmp = gpu_t(m->tmp, dt);
     gpu_tensor fc = gpu_t(a->fc, dt), act = gpu_t(a->act, dt);
 
-    const int kept = recompute && recompute_ops(m); /* qkv (qkn, qk_rstd), att, lse, fc are the forward's */
+    /* qkv (qkn, qk_rstd), att, lse, fc (and pm_in, rstd4) are the forward's */
+    const int kept = recompute && recompute_ops(m);
     /* attention: ln1 = norm(x); qkv[N, q+2kv] = ln1 Wqkv^T (+ b) (+ adapters); Qwen3's
      * norms on each q and k head; RoPE on q, k */
     if ((st = norm_forward(m, s, ln1, a->mean1, a->rstd1, x, bview(m, W, blk, MODEL_ROLE_LN1_W),
@@ -2097,7 +2104,9 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
     }
     if (post_norms(m)) {
         /* Gemma-2: out = x_mid + norm(act Wdown^T), the norm's input and
-         * rstd kept (a recompute stops before the add) */
+         * rstd kept (a recompute stops before the add; by op, before the
+         * down projection: its output, the norm's input, was kept) */
+        if (kept) return ZO_OK;
         gpu_tensor d_out = gpu_t(a->pm_in, dt);
         if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_DOWN_W, MODEL_ROLE_MLP_DOWN_B, d_out, h,
                                       act, N, h, f)) != ZO_OK ||
