@@ -1029,7 +1029,7 @@ VEC_CLONES static float softmax_row(float *restrict row, int lo, int n, int n_ze
     float m[LANES], acc[LANES];
     for (int l = 0; l < LANES; l++) m[l] = -INFINITY, acc[l] = 0.0f;
     int nb = n / LANES * LANES;
-    scale_scores(row, n, scale, cap);
+    scale_scores(row + lo, n - lo, scale, cap); /* the keys the row sees */
     for (int j = 0; j < lo; j++) row[j] = -INFINITY;
     for (int j = 0; j < nb; j += LANES)
         for (int l = 0; l < LANES; l++) m[l] = row[j + l] > m[l] ? row[j + l] : m[l];
@@ -1055,9 +1055,10 @@ VEC_CLONES static void softmax_grad_row(float *restrict p, float *restrict dp, i
                                         int n_zero, float scale, float cap, float L, float D)
 {
     if (cap > 0.0f) {
-        for (int j = 0; j < n; j++) {
+        for (int j = 0; j < lo; j++) p[j] = dp[j] = 0.0f;
+        for (int j = lo; j < n; j++) {
             float th = tanhf(p[j] * scale / cap);
-            float pj = j < lo ? 0.0f : fexp(cap * th - L);
+            float pj = fexp(cap * th - L);
             p[j] = pj;
             dp[j] = pj * (dp[j] - D) * scale * (1.0f - th * th);
         }
