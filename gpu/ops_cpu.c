@@ -1672,29 +1672,31 @@ zo_status cpu_cross_entropy_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_te
     zo_status s = check_ids(op, "targets", targets, n, v, 1);
     if (s != ZO_OK) return s;
     const int team = cpu_team(nt);
-    const size_t vb = (size_t)v * sizeof(float);
+    /* each thread's row, and with a cap the cap's derivative of each logit */
+    const size_t vb = (size_t)v * sizeof(float), per = cap > 0.0f ? 2 * vb : vb;
     char *base;
-    s = reserve_team(ws, op, 0, vb, team, &base);
+    s = reserve_team(ws, op, 0, per, team, &base);
     if (s != ZO_OK) return s;
 #pragma omp parallel num_threads(team)
     {
-        float *row = (float *)team_slice(base, 0, vb);
+        float *row = (float *)team_slice(base, 0, per), *dcap = row + v;
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
             if (targets[r] < 0) {
                 memset(row, 0, (size_t)v * sizeof(float));
             } else {
                 load_row(row, logits, (size_t)r * v, v);
-                cap_row(row, v, cap);
-                row_softmax_scaled(row, v, row_lse(row, v), dloss);
-                row[targets[r]] -= dloss;
-                /* the cap's derivative 1 - tanh^2, the tanh from the input
-                 * again (row holds the softmax; the row is stored after) */
+                /* capped: z = cap tanh(x / cap), dz/dx = 1 - tanh^2, one tanh each */
                 if (cap > 0.0f)
                     for (int j = 0; j < v; j++) {
-                        float th = tanhf(ld(logits, (size_t)r * v + j) / cap);
-                        row[j] *= 1.0f - th * th;
+                        float th = tanhf(row[j] / cap);
+                        row[j] = cap * th;
+                        dcap[j] = 1.0f - th * th;
                     }
+                row_softmax_scaled(row, v, row_lse(row, v), dloss);
+                row[targets[r]] -= dloss;
+                if (cap > 0.0f)
+                    for (int j = 0; j < v; j++) row[j] *= dcap[j];
             }
             store_row(dlogits, (size_t)r * v, row, v);
         }
