@@ -13,7 +13,8 @@ set(zo_test_costs
     test_offload 114 test_ops 83 test_generate_torch_mixtral 71 test_generate_torch_qwen2_moe 68
     test_generate_torch_qwen3_moe 51 test_generate_torch_gemma 45 test_generate_torch_phi3 35
     test_generate_torch_gemma2 45 test_generate_torch_gemma3_text 45
-    test_generate_torch_qwen3 34 test_e2e_torch_qwen3_moe 16
+    test_generate_torch_qwen3 34 test_e2e_torch_qwen3_moe 16 test_generate_torch_gpt_neox 15
+    test_generate_torch_falcon_new 15 test_generate_torch_falcon 12
     test_zero 57 test_ranks_moe_ep_zero_ckpt 57 test_ranks_moe_ep_gaps 44 test_ranks_moe_ep_zero 37 test_zero_mpi4 35 test_ranks_moe_ep 31
     test_generate_torch_llama 30 test_offload_cuda_selfcheck 26 test_ranks_moe 23 test_install 23
     test_generate_torch_gpt2 22 test_comm_fault 21 test_zero_mpi2 15 test_e2e_torch_mixtral_sparse 14

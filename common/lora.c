@@ -6,8 +6,8 @@
 #include <string.h>
 #include <strings.h>
 
-/* Target names: ours, PEFT's LLaMA module names, PEFT's GPT-2 and Phi-3
- * module names. */
+/* Target names: ours, PEFT's LLaMA module names, PEFT's GPT-2, Phi-3 and
+ * GPT-NeoX module names. */
 static const struct {
     const char *name;
     unsigned bits;
@@ -30,6 +30,10 @@ static const struct {
     {"qkv_proj", ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V},
     {"gate_up_proj", ZO_LORA_GATE | ZO_LORA_UP},
     {"c_fc", ZO_LORA_UP},
+    {"query_key_value", ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V}, /* GPT-NeoX */
+    {"dense", ZO_LORA_O},
+    {"dense_h_to_4h", ZO_LORA_UP},
+    {"dense_4h_to_h", ZO_LORA_DOWN},
     {"c_proj", ZO_LORA_O | ZO_LORA_DOWN},
     {"w1", ZO_LORA_GATE},
     {"w3", ZO_LORA_UP},
@@ -90,9 +94,8 @@ zo_status zo_lora_check(const zo_model_config *cfg, const zo_lora_config *lc)
     int all = (lc->targets & ZO_LORA_ALL_LINEAR) == ZO_LORA_ALL_LINEAR;
     if (cfg->arch == ZO_ARCH_GPT && (lc->targets & ZO_LORA_GATE) && !all)
         return zo_error(ZO_ERR_INVALID,
-                        "LoRA: %s has no gate projection (its MLP is c_fc and c_proj: targets up, "
-                        "down)",
-                        cfg->name);
+                        "LoRA: %s has no gate projection (its MLP is %s: targets up, down)", cfg->name,
+                        zo_model_qkv_grouped(cfg) ? "dense_h_to_4h and dense_4h_to_h" : "c_fc and c_proj");
     return ZO_OK;
 }
 
@@ -106,6 +109,16 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
         {ZO_LORA_O, "attn.c_proj", "attn.c_proj", q, h, 0, NULL},
         {ZO_LORA_UP, "c_fc", "mlp.c_fc", h, f, 0, NULL},
         {ZO_LORA_DOWN, "mlp.c_proj", "mlp.c_proj", f, h, 0, NULL},
+    };
+    /* GPT-NeoX and Falcon: GPT-2's modules under their names (PEFT matches
+     * "dense" to the attention's alone: a name ends with ".dense") */
+    const int neox_names = zo_model_neox(c);
+    const zo_lora_module neox[] = {
+        {ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V, "query_key_value",
+         neox_names ? "attention.query_key_value" : "self_attention.query_key_value", h, q + 2 * kv, 0, NULL},
+        {ZO_LORA_O, "dense", neox_names ? "attention.dense" : "self_attention.dense", q, h, 0, NULL},
+        {ZO_LORA_UP, "dense_h_to_4h", "mlp.dense_h_to_4h", h, f, 0, NULL},
+        {ZO_LORA_DOWN, "dense_4h_to_h", "mlp.dense_4h_to_h", f, h, 0, NULL},
     };
     enum { LLAMA_Q, LLAMA_K, LLAMA_V, LLAMA_O, LLAMA_GATE, LLAMA_UP, LLAMA_DOWN }; /* llama[]'s rows */
     const zo_lora_module llama[] = {
@@ -139,7 +152,7 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
         {ZO_LORA_DOWN, "down_proj", "mlp.shared_expert.down_proj", fs, h, 0, NULL},
     };
     int gpt2 = c->arch == ZO_ARCH_GPT, fused = !E && zo_model_fused_proj(c), n = 0;
-    const zo_lora_module *all = gpt2 ? gpt : E ? moe : fused ? phi3 : llama;
+    const zo_lora_module *all = zo_model_qkv_grouped(c) ? neox : gpt2 ? gpt : E ? moe : fused ? phi3 : llama;
     size_t count = gpt2    ? sizeof gpt / sizeof gpt[0]
                    : E     ? sizeof moe / sizeof moe[0] - (fs ? 0 : 3)
                    : fused ? sizeof phi3 / sizeof phi3[0]

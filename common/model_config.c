@@ -54,6 +54,31 @@
       .max_seq = 8192, .tied_embeddings = 1, .norm_eps = 1e-6f, .rope_theta = 10000.0f,  \
       .act = "gelu_pytorch_tanh"}}
 
+/* GPT-NeoX / Pythia (config.json of EleutherAI/pythia-*, gpt-neox-20b):
+ * LayerNorm with biases, fused biased query_key_value, rotary on the first
+ * quarter of each head (rotary_pct 0.25, base 10000), parallel residual, 4h
+ * GELU MLP with biases, untied embed_out; vocabularies padded (50304 ...),
+ * 2048 positions. */
+#define NEOX(n, L, h, a, v, act_name)                                                    \
+    {n, "",                                                                               \
+     {.name = n, .family = "gpt_neox", .arch = ZO_ARCH_GPT, .n_layers = L, .hidden = h,  \
+      .n_heads = a, .n_kv_heads = a, .head_dim = (h) / (a), .ffn = 4 * (h), .vocab = v,  \
+      .max_seq = 2048, .attn_bias = 1, .out_bias = 1, .norm_bias = 1, .norm_eps = 1e-5f, \
+      .rope_theta = 10000.0f, .rope_partial = 0.25, .act = act_name,                     \
+      .pos = ZO_POS_ROTARY, .parallel_block = 1}}
+
+/* Falcon (config.json of tiiuae/falcon-7b, falcon-40b): LayerNorm, no
+ * biases on the projections, rotary over the whole head (64), a parallel
+ * attention and MLP (4h, the erf GELU), tied; falcon-7b multi-query with one
+ * norm, falcon-40b 8 kv heads with two (the new decoder architecture);
+ * vocabulary 65024, 2048 positions. */
+#define FALCON(n, L, h, a, kv, norms)                                                    \
+    {n, "",                                                                               \
+     {.name = n, .family = "falcon", .arch = ZO_ARCH_GPT, .n_layers = L, .hidden = h,    \
+      .n_heads = a, .n_kv_heads = kv, .head_dim = (h) / (a), .ffn = 4 * (h),             \
+      .vocab = 65024, .max_seq = 2048, .tied_embeddings = 1, .norm_bias = 1,             \
+      .norm_eps = 1e-5f, .rope_theta = 10000.0f, .act = "gelu", .pos = ZO_POS_ROTARY,    \
+      .layer_norms = norms, .parallel_block = 1}}
 /* Gemma-2 (config.json of google/gemma-2-2b, -9b, -27b): Gemma's layers
  * with four norms (layer_norms 4), scores times query_pre_attn_scalar^-0.5
  * and capped at 50, logits capped at 30, a window of 4096 positions on
@@ -121,6 +146,13 @@ static const zo_model_preset presets[] = {
     LLAMA("phi-4", "", "phi3", 40, 5120, 40, 10, 17920, 100352, 16384, 250000.0f, 0),
     GEMMA("gemma-2b", 18, 2048, 8, 1, 16384),
     GEMMA("gemma-7b", 28, 3072, 16, 16, 24576),
+    NEOX("pythia-160m", 12, 768, 12, 50304, "gelu"),
+    NEOX("pythia-1.4b", 24, 2048, 16, 50304, "gelu"),
+    NEOX("pythia-6.9b", 32, 4096, 32, 50432, "gelu"),
+    NEOX("pythia-12b", 36, 5120, 40, 50688, "gelu"),
+    NEOX("gpt-neox-20b", 44, 6144, 64, 50432, "gelu_fast"),
+    FALCON("falcon-7b", 32, 4544, 71, 1, 1),
+    FALCON("falcon-40b", 60, 8192, 128, 8, 2),
     GEMMA2("gemma-2-2b", 26, 2304, 8, 4, 256, 9216, 256),
     GEMMA2("gemma-2-9b", 42, 3584, 16, 8, 256, 14336, 256),
     /* heads of 128, but query_pre_attn_scalar 144 (hidden / heads) */
@@ -458,23 +490,31 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     int known = family_trainable(c->family);
     for (size_t i = 0; i < sizeof preset_families / sizeof preset_families[0]; i++)
         known |= !strcmp(c->family, preset_families[i]);
-    /* GPT: GELU's tanh form (GPT-2's gelu_new, also named these); LLaMA: SiLU,
-     * Gemma's gate that tanh form (GeGLU) */
+    /* GPT: GELU's tanh form (GPT-2's gelu_new, also named these), GPT-NeoX's
+     * erf form ("gelu") too; LLaMA: SiLU, Gemma's gate that tanh form (GeGLU) */
     int tanh_gelu = !strcmp(c->act, "gelu_new") || !strcmp(c->act, "gelu_fast") ||
-                    !strcmp(c->act, "gelu_pytorch_tanh");
+                    !strcmp(c->act, "gelu_pytorch_tanh") || (zo_model_qkv_grouped(c) && !strcmp(c->act, "gelu"));
     int gemma = !strncmp(c->family, "gemma", 5);
     int other_act = c->act[0] && (c->arch == ZO_ARCH_GPT || gemma ? !tanh_gelu : strcmp(c->act, "silu"));
+    /* GPT-NeoX and Falcon: rotary in place of learned positions, attention and
+     * MLP side by side (use_parallel_residual, parallel_attn); Falcon's one
+     * norm for both */
+    int grouped = zo_model_qkv_grouped(c);
+    int rotary = c->arch == ZO_ARCH_LLAMA || grouped;
     char lacks[64];
     if (!known) snprintf(lacks, sizeof lacks, "its layers");
     else if (c->moe.experts && (c->moe.first_dense || c->moe.router_bias || c->arch == ZO_ARCH_GPT))
         snprintf(lacks, sizeof lacks, "its mixture-of-experts layers");
     else if (c->mla.kv_rank) snprintf(lacks, sizeof lacks, "latent attention");
-    else if (c->arch == ZO_ARCH_LLAMA && (zo_model_rope_dim(c) < 2 || zo_model_rope_dim(c) % 2))
-        snprintf(lacks, sizeof lacks, "an odd rotary size (partial_rotary_factor)");
-    else if (c->pos != ZO_POS_ARCH || c->pos_offset) snprintf(lacks, sizeof lacks, "its positions");
-    else if (c->layer_norms && c->layer_norms != 2 && !(zo_model_post_norms(c) && gemma))
+    else if (rotary && (zo_model_rope_dim(c) < 2 || zo_model_rope_dim(c) % 2))
+        snprintf(lacks, sizeof lacks, "an odd rotary size (partial_rotary_factor, rotary_pct)");
+    else if ((c->pos != ZO_POS_ARCH && !(grouped && c->pos == ZO_POS_ROTARY)) || c->pos_offset)
+        snprintf(lacks, sizeof lacks, "its positions%s", c->pos == ZO_POS_ALIBI ? " (ALiBi)" : "");
+    else if (c->layer_norms && c->layer_norms != 2 && !(zo_model_post_norms(c) && gemma) &&
+             !(zo_model_falcon(c) && c->layer_norms == 1 && c->parallel_block))
         snprintf(lacks, sizeof lacks, "its norms");
-    else if (c->parallel_block) snprintf(lacks, sizeof lacks, "parallel attention and MLP");
+    else if (c->parallel_block && !grouped) snprintf(lacks, sizeof lacks, "parallel attention and MLP");
+    else if (grouped && c->rope_scaling[0]) snprintf(lacks, sizeof lacks, "its rope_scaling");
     else if (c->embed_norm) snprintf(lacks, sizeof lacks, "an embedding norm");
     else if (c->qk_norm && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "q/k norms on GPT layers");
     else if (other_act) snprintf(lacks, sizeof lacks, "the activation %s", c->act);
@@ -906,6 +946,10 @@ static void parse_llama(hf *r, zo_model_config *c, const family *f)
 
 int zo_model_fused_proj(const zo_model_config *c) { return !strcmp(c->family, "phi3"); }
 
+int zo_model_neox(const zo_model_config *c) { return !strcmp(c->family, "gpt_neox"); }
+int zo_model_falcon(const zo_model_config *c) { return !strcmp(c->family, "falcon"); }
+int zo_model_qkv_grouped(const zo_model_config *c) { return zo_model_neox(c) || zo_model_falcon(c); }
+
 int zo_model_rope_dim(const zo_model_config *c)
 {
     return c->rope_partial > 0.0 ? (int)(c->head_dim * c->rope_partial) : c->head_dim;
@@ -1002,10 +1046,19 @@ static void parse_neox(hf *r, zo_model_config *c, const family *f)
     c->norm_bias = c->attn_bias = c->out_bias = 1;
     hf_shape(r, c, "intermediate_size");
     c->norm_eps = hf_float(r, "layer_norm_eps", 1e-5f);
-    c->rope_theta = hf_float(r, "rotary_emb_base", 10000.0f);
+    /* GPTNeoXConfig's rotary_emb_base (rope_theta in later configs) */
+    c->rope_theta = hf_float(r, hf_item(r, "rotary_emb_base") ? "rotary_emb_base" : "rope_theta", 10000.0f);
     c->tied_embeddings = hf_bool(r, "tie_word_embeddings", f->tied);
     c->parallel_block = hf_bool(r, "use_parallel_residual", 1);
+    /* GPTNeoXConfig's default hidden_act is "gelu" (the erf form) */
     hf_act(r, "hidden_act", NULL, c);
+    if (!c->act[0]) snprintf(c->act, sizeof c->act, "gelu");
+    /* the rotated part of each head: rotary_pct (default 0.25; partial_rotary_factor in later configs) */
+    double p = hf_double(r, hf_item(r, "rotary_pct") ? "rotary_pct" : "partial_rotary_factor", 0.25);
+    if (!r->st && !(p > 0.0 && p <= 1.0))
+        hf_fail(r, ZO_ERR_FORMAT, "rotary_pct", "must be in (0, 1] (got %g)", p);
+    c->rope_partial = p == 1.0 ? 0.0 : p;
+    hf_attention_extent(r, c, f);
     /* without attention biases the MLP keeps its own: not one of our shapes */
     if (!hf_bool(r, "attention_bias", 1))
         hf_fail(r, ZO_ERR_UNSUPPORTED, "attention_bias",
@@ -1041,7 +1094,10 @@ static void parse_falcon(hf *r, zo_model_config *c, const family *f)
         c->n_kv_heads = hf_bool(r, "multi_query", 1) ? 1 : c->n_heads;
         c->layer_norms = c->parallel_block ? 1 : 2;
     }
+    /* FalconConfig's default activation is "gelu" (the erf form) */
     hf_act(r, "activation", NULL, c);
+    if (!c->act[0]) snprintf(c->act, sizeof c->act, "gelu");
+    hf_attention_extent(r, c, f);
 }
 
 /* OPT: LayerNorm, biased q/k/v/o and MLP (ReLU), learned positions with two
@@ -1129,12 +1185,12 @@ static const family families[] = {
      0, 0, 0, DS_KEYS "," MLA_KEYS ",num_nextn_predict_layers", 0},
     {"gpt_neox", "GPTNeoXForCausalLM", parse_neox,
      "GPT-NeoX / Pythia: LayerNorm, biased fused qkv and GELU MLP, partial rotary, parallel "
-     "residual, untied", 0, 0, 0, "attention_bias", 0},
+     "residual, untied", 0, 0, 0, "attention_bias", 1},
     {"falcon", "FalconForCausalLM", parse_falcon,
-     "Falcon: LayerNorm, fused multi-query or GQA qkv, GELU MLP, rotary or ALiBi, parallel "
-     "attention, tied", 1, 0, 0, NULL, 0},
-    {"RefinedWebModel", NULL, parse_falcon, "Falcon (its first model_type)", 1, 0, 0, NULL, 0},
-    {"RefinedWeb", NULL, parse_falcon, "Falcon-40B (its first model_type)", 1, 0, 0, NULL, 0},
+     "Falcon: LayerNorm, fused multi-query or GQA qkv, GELU MLP, rotary or ALiBi (not trained), "
+     "parallel attention, tied", 1, 0, 0, NULL, 1},
+    {"RefinedWebModel", NULL, parse_falcon, "Falcon (its first model_type)", 1, 0, 0, NULL, 1},
+    {"RefinedWeb", NULL, parse_falcon, "Falcon-40B (its first model_type)", 1, 0, 0, NULL, 1},
     {"opt", "OPTForCausalLM", parse_opt,
      "OPT: LayerNorm, biased q/k/v/o and ReLU MLP, learned positions (+2 rows), tied", 1, 0, 0,
      "word_embed_proj_dim,do_layer_norm_before", 0},

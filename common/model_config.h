@@ -118,7 +118,8 @@ typedef struct zo_model_config {
     zo_pos pos;
     int pos_offset;      /* OPT: its learned table has max_seq + 2 rows */
     int layer_norms;     /* norms per layer; 0: two (Falcon-7B: one, Gemma-2: four) */
-    int parallel_block;  /* attention and MLP read the same input (GPT-NeoX, Falcon, ...) */
+    int parallel_block;  /* attention and MLP read the same input (GPT-NeoX, Falcon, ...): the
+                            runtime computes it for GPT-NeoX (use_parallel_residual) */
     int embed_norm;      /* BLOOM: a LayerNorm on the word embeddings */
     int qk_norm;         /* Qwen3: an RMSNorm over head_dim on q and on k */
     zo_mla mla;
@@ -136,6 +137,17 @@ typedef struct zo_model_preset {
  * adapters, the largest weight QLoRA dequantizes at once). */
 int zo_model_fused_proj(const zo_model_config *c);
 
+/* GPT-NeoX / Pythia: GPT layers with rotary positions, the erf GELU, a
+ * parallel residual and query_key_value interleaved per head in its files. */
+int zo_model_neox(const zo_model_config *c);
+/* Falcon: GPT layers with rotary positions, multi-query or grouped kv heads,
+ * one norm or two (ln_attn, ln_mlp) before a parallel attention and MLP, or
+ * the sequential form; query_key_value grouped per kv head in its files. */
+int zo_model_falcon(const zo_model_config *c);
+/* GPT-NeoX or Falcon: GPT layers as Linear weights under their names, rotary,
+ * the erf GELU allowed, query_key_value's rows grouped per kv head in the
+ * file ([q ... k v] of group 0, then of group 1, ...) */
+int zo_model_qkv_grouped(const zo_model_config *c);
 /* Gemma-2's layers: a norm on the attention's and on the MLP's output
  * before each residual add (layer_norms 4 on a LLaMA layer). */
 int zo_model_post_norms(const zo_model_config *c);

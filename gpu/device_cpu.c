@@ -628,14 +628,14 @@ static zo_status cpu_run_rope_backward(cpu_scratch *ws, const gpu_op_args *a, in
 static zo_status cpu_run_gelu_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
     (void)ws;
-    cpu_gelu_forward(a->t[0], a->t[1], a->n, nt);
+    cpu_gelu_forward(a->t[0], a->t[1], a->n, (int)a->i[0], nt);
     return ZO_OK;
 }
 
 static zo_status cpu_run_gelu_backward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
     (void)ws;
-    cpu_gelu_backward(a->t[0], a->t[1], a->t[2], a->n, nt);
+    cpu_gelu_backward(a->t[0], a->t[1], a->t[2], a->n, (int)a->i[0], nt);
     return ZO_OK;
 }
 

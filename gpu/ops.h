@@ -144,8 +144,9 @@ typedef struct gpu_op_slot {
       (GPU_T(0, dx), GPU_DIM(0, n), GPU_DIM(1, t), GPU_DIM(2, n_heads), GPU_DIM(3, d),           \
        GPU_INT(4, ldx), GPU_INT(5, pos0), GPU_DIM(6, ldh), GPU_POPT(0, inv_freq), GPU_POPT(1, pos)), \
       gpu_check_rope)                                                                            \
-    X(GELU_FORWARD, gelu_forward, (GPU_N(n), GPU_T(0, y), GPU_T(1, x)), NULL)                    \
-    X(GELU_BACKWARD, gelu_backward, (GPU_N(n), GPU_T(0, dx), GPU_T(1, dy), GPU_T(2, x)), NULL)   \
+    X(GELU_FORWARD, gelu_forward, (GPU_N(n), GPU_T(0, y), GPU_T(1, x), GPU_INT(0, exact)), NULL) \
+    X(GELU_BACKWARD, gelu_backward,                                                           \
+      (GPU_N(n), GPU_T(0, dx), GPU_T(1, dy), GPU_T(2, x), GPU_INT(0, exact)), NULL)               \
     X(SWIGLU_FORWARD, swiglu_forward,                                                           \
       (GPU_N(n), GPU_T(0, y), GPU_T(1, gate), GPU_T(2, up), GPU_INT(0, gelu)), NULL)             \
     X(SWIGLU_BACKWARD, swiglu_backward,                                                         \

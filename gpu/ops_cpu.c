@@ -1407,6 +1407,25 @@ VEC_CLONES static void gelu_bwd_f32(float *dx, const float *dy, const float *x, 
     }
 }
 
+/* GELU's erf form (GPT-NeoX's "gelu"): y = x Phi(x) with Phi(x) =
+ * erfc(-x / sqrt 2) / 2, which does not cancel for negative x as
+ * (1 + erf(x / sqrt 2)) / 2 does; dy/dx = Phi(x) + x phi(x). */
+#define GELU_RSQRT2 0.7071067811865476f  /* 1 / sqrt(2) */
+#define GELU_RSQRT2PI 0.3989422804014327f /* 1 / sqrt(2 pi) */
+
+static void gelu_erf_fwd_f32(float *y, const float *x, int n)
+{
+    for (int i = 0; i < n; i++) y[i] = x[i] * 0.5f * erfcf(-x[i] * GELU_RSQRT2);
+}
+
+static void gelu_erf_bwd_f32(float *dx, const float *dy, const float *x, int n)
+{
+    for (int i = 0; i < n; i++) {
+        float v = x[i];
+        dx[i] = dy[i] * (0.5f * erfcf(-v * GELU_RSQRT2) + v * GELU_RSQRT2PI * expf(-0.5f * v * v));
+    }
+}
+
 VEC_CLONES static void swiglu_fwd_f32(float *y, const float *gate, const float *up, int n)
 {
 #pragma omp simd /* in place (output == an input) is fine: same index */
@@ -1457,7 +1476,7 @@ static int ew_len(size_t blk, size_t n)
     return (int)(n - blk * EW_BLOCK < EW_BLOCK ? n - blk * EW_BLOCK : EW_BLOCK);
 }
 
-void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int nt)
+void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int exact, int nt)
 {
 #pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
@@ -1465,12 +1484,12 @@ void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int nt)
         size_t off = blk * EW_BLOCK;
         int len = ew_len(blk, n);
         float *py = out_f32(y, off, by);
-        gelu_fwd_f32(py, in_f32(x, off, len, bx), len);
+        (exact ? gelu_erf_fwd_f32 : gelu_fwd_f32)(py, in_f32(x, off, len, bx), len);
         out_done(y, off, py, len);
     }
 }
 
-void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int nt)
+void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int exact, int nt)
 {
 #pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
@@ -1478,7 +1497,7 @@ void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int
         size_t off = blk * EW_BLOCK;
         int len = ew_len(blk, n);
         float *pdx = out_f32(dx, off, bdx);
-        gelu_bwd_f32(pdx, in_f32(dy, off, len, bdy), in_f32(x, off, len, bx), len);
+        (exact ? gelu_erf_bwd_f32 : gelu_bwd_f32)(pdx, in_f32(dy, off, len, bdy), in_f32(x, off, len, bx), len);
         out_done(dx, off, pdx, len);
     }
 }

@@ -21,12 +21,14 @@ const char *model_hf_dtype_name(zo_dtype dt)
 /* ---- config.json ------------------------------------------------------------------- */
 
 /* The family's model_type: the dense families the runtime builds (GPT-2,
- * LLaMA, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma-2); NULL for a mixture of
+ * GPT-NeoX, LLaMA, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma-2); NULL for a mixture of
  * experts, whose router and expert keys this writer does not make. */
 static const char *model_type(const zo_model_config *c)
 {
     static const char *const own[] = {"mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text"};
     if (c->moe.experts) return NULL;
+    if (zo_model_neox(c)) return "gpt_neox";
+    if (zo_model_falcon(c)) return "falcon";
     if (c->arch == ZO_ARCH_GPT) return "gpt2";
     for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
         if (!strcmp(c->family, own[i])) return own[i];
@@ -46,7 +48,49 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
         cJSON_Delete(o);
         return zo_error(ZO_ERR_NOMEM, "config.json: out of host memory");
     }
-    if (c->arch == ZO_ARCH_GPT) {
+    if (zo_model_neox(c)) {
+        /* GPTNeoXConfig's keys; rotary_pct 1 when every dimension rotates */
+        cJSON_AddItemToArray(arch, cJSON_CreateString("GPTNeoXForCausalLM"));
+        cJSON_AddStringToObject(o, "model_type", type);
+        cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layers);
+        cJSON_AddNumberToObject(o, "hidden_size", c->hidden);
+        cJSON_AddNumberToObject(o, "intermediate_size", c->ffn);
+        cJSON_AddNumberToObject(o, "num_attention_heads", c->n_heads);
+        cJSON_AddNumberToObject(o, "vocab_size", c->vocab);
+        cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_seq);
+        cJSON_AddNumberToObject(o, "layer_norm_eps", c->norm_eps);
+        cJSON_AddNumberToObject(o, "rotary_emb_base", c->rope_theta);
+        cJSON_AddNumberToObject(o, "rotary_pct", c->rope_partial > 0.0 ? c->rope_partial : 1.0);
+        cJSON_AddBoolToObject(o, "use_parallel_residual", c->parallel_block);
+        cJSON_AddStringToObject(o, "hidden_act", c->act[0] ? c->act : "gelu");
+        cJSON_AddBoolToObject(o, "attention_bias", 1);
+        cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
+    } else if (zo_model_falcon(c)) {
+        /* FalconConfig's keys. The new decoder architecture where the shape
+         * needs it (two norms side by side, or kv heads neither 1 nor all);
+         * the file layout of query_key_value is the same either way (grouped
+         * per kv head), and so is the model. */
+        int new_arch = c->parallel_block && (c->layer_norms == 2 || (c->n_kv_heads != 1 && c->n_kv_heads != c->n_heads));
+        cJSON_AddItemToArray(arch, cJSON_CreateString("FalconForCausalLM"));
+        cJSON_AddStringToObject(o, "model_type", type);
+        cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layers);
+        cJSON_AddNumberToObject(o, "hidden_size", c->hidden);
+        cJSON_AddNumberToObject(o, "ffn_hidden_size", c->ffn);
+        cJSON_AddNumberToObject(o, "num_attention_heads", c->n_heads);
+        cJSON_AddNumberToObject(o, "num_kv_heads", c->n_kv_heads);
+        cJSON_AddBoolToObject(o, "new_decoder_architecture", new_arch);
+        cJSON_AddBoolToObject(o, "multi_query", !new_arch && c->n_kv_heads == 1);
+        cJSON_AddBoolToObject(o, "parallel_attn", c->parallel_block);
+        if (new_arch) cJSON_AddNumberToObject(o, "num_ln_in_parallel_attn", c->layer_norms);
+        cJSON_AddBoolToObject(o, "bias", c->attn_bias);
+        cJSON_AddBoolToObject(o, "alibi", 0);
+        cJSON_AddNumberToObject(o, "vocab_size", c->vocab);
+        cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_seq);
+        cJSON_AddNumberToObject(o, "layer_norm_epsilon", c->norm_eps);
+        cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
+        cJSON_AddStringToObject(o, "activation", c->act[0] ? c->act : "gelu");
+        cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tied_embeddings);
+    } else if (c->arch == ZO_ARCH_GPT) {
         cJSON_AddItemToArray(arch, cJSON_CreateString("GPT2LMHeadModel"));
         cJSON_AddStringToObject(o, "model_type", type);
         cJSON_AddNumberToObject(o, "n_layer", c->n_layers);

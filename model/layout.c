@@ -143,6 +143,19 @@ static void sub_view(model_layout *l, int block, model_role whole, model_role pa
     v->tensor = -1;
 }
 
+/* q, k and v (weights and biases) as the row ranges [0, q), [q, q + kv),
+ * [q + kv, q + 2 kv) of the fused QKV_W and QKV_B (GPT-2's c_attn, GPT-NeoX's
+ * and Falcon's query_key_value in our row order). */
+static void qkv_sub_views(model_layout *l, int bl, int64_t q, int64_t kv)
+{
+    sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_Q_W, 0, q);
+    sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_K_W, q, kv);
+    sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_V_W, q + kv, kv);
+    sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_Q_B, 0, q);
+    sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_K_B, q, kv);
+    sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_V_B, q + kv, kv);
+}
+
 /* The gated MLP of a LLaMA layer (gate, up, down; Qwen2's biases where
  * out_bias; Phi-3's gate and up fused). */
 static void llama_mlp(builder *b, int i)
@@ -210,7 +223,11 @@ static void embedding_block(builder *b)
 {
     const zo_model_config *c = &b->l->cfg;
     const int64_t h = c->hidden, v = c->vocab;
-    if (c->arch == ZO_ARCH_GPT) {
+    if (zo_model_neox(c)) {
+        add(b, MODEL_ROLE_TOK_EMB, 0, v, h, "gpt_neox.embed_in.weight");
+    } else if (zo_model_falcon(c)) {
+        add(b, MODEL_ROLE_TOK_EMB, 0, v, h, "transformer.word_embeddings.weight");
+    } else if (c->arch == ZO_ARCH_GPT) {
         add(b, MODEL_ROLE_TOK_EMB, 0, v, h, "wte.weight");
         add(b, MODEL_ROLE_POS_EMB, 0, c->max_seq, h, "wpe.weight");
     } else {
@@ -241,13 +258,46 @@ static void gpt_layer(builder *b, int i)
     if (c->out_bias) add(b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "h.%d.mlp.c_fc.bias", i);
     add(b, MODEL_ROLE_MLP_DOWN_W, 1, h, f, "h.%d.mlp.c_proj.weight", i);
     if (c->out_bias) add(b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "h.%d.mlp.c_proj.bias", i);
-    /* q, k, v are row ranges of the fused c_attn */
-    sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_Q_W, 0, q);
-    sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_K_W, q, kv);
-    sub_view(l, bl, MODEL_ROLE_QKV_W, MODEL_ROLE_V_W, q + kv, kv);
-    sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_Q_B, 0, q);
-    sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_K_B, q, kv);
-    sub_view(l, bl, MODEL_ROLE_QKV_B, MODEL_ROLE_V_B, q + kv, kv);
+    qkv_sub_views(l, bl, q, kv); /* q, k, v are row ranges of the fused c_attn */
+}
+
+/* Layer i of a GPT-NeoX or Falcon model: GPT-2's tensors under their names,
+ * as Linear weights ([out, in]); query_key_value's rows grouped per kv head
+ * in the file (hf_head_rows), [q | k | v] here. GPT-NeoX: every projection
+ * and norm biased, two norms. Falcon: biases where `bias` (norms always);
+ * one norm (input_layernorm) before a parallel attention and MLP, two
+ * (ln_attn, ln_mlp) with the new decoder architecture, or the sequential
+ * input_layernorm and post_attention_layernorm. */
+static void grouped_layer(builder *b, int i)
+{
+    model_layout *l = b->l;
+    const zo_model_config *c = &l->cfg;
+    const int64_t h = c->hidden, f = c->ffn, q = (int64_t)c->n_heads * c->head_dim;
+    const int64_t kv = (int64_t)c->n_kv_heads * c->head_dim;
+    const int bl = b->block, neox = zo_model_neox(c);
+    const char *p = neox ? "gpt_neox.layers" : "transformer.h", *att = neox ? "attention" : "self_attention";
+    const char *n1 = "input_layernorm", *n2 = "post_attention_layernorm";
+    if (!neox && c->parallel_block && c->layer_norms == 2) n1 = "ln_attn", n2 = "ln_mlp";
+    add(b, MODEL_ROLE_LN1_W, 0, h, 0, "%s.%d.%s.weight", p, i, n1);
+    add(b, MODEL_ROLE_LN1_B, 0, h, 0, "%s.%d.%s.bias", p, i, n1);
+    if (neox || c->layer_norms != 1) {
+        add(b, MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.%s.weight", p, i, n2);
+        add(b, MODEL_ROLE_LN2_B, 0, h, 0, "%s.%d.%s.bias", p, i, n2);
+    }
+    int first = l->n_tensors;
+    add(b, MODEL_ROLE_QKV_W, 0, q + 2 * kv, h, "%s.%d.%s.query_key_value.weight", p, i, att);
+    if (c->attn_bias) add(b, MODEL_ROLE_QKV_B, 0, q + 2 * kv, 0, "%s.%d.%s.query_key_value.bias", p, i, att);
+    for (int k = first; b->st == ZO_OK && k < l->n_tensors; k++) {
+        l->tensors[k].hf_head_rows = c->head_dim;
+        l->tensors[k].hf_head_groups = c->n_kv_heads;
+    }
+    add(b, MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.%s.dense.weight", p, i, att);
+    if (c->out_bias) add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.%s.dense.bias", p, i, att);
+    add(b, MODEL_ROLE_MLP_UP_W, 0, f, h, "%s.%d.mlp.dense_h_to_4h.weight", p, i);
+    if (c->out_bias) add(b, MODEL_ROLE_MLP_UP_B, 0, f, 0, "%s.%d.mlp.dense_h_to_4h.bias", p, i);
+    add(b, MODEL_ROLE_MLP_DOWN_W, 0, h, f, "%s.%d.mlp.dense_4h_to_h.weight", p, i);
+    if (c->out_bias) add(b, MODEL_ROLE_MLP_DOWN_B, 0, h, 0, "%s.%d.mlp.dense_4h_to_h.bias", p, i);
+    qkv_sub_views(l, bl, q, kv);
 }
 
 /* Layer i of a LLaMA-family model (the builder at its block): separate
@@ -323,6 +373,18 @@ static void head_block(builder *b)
 {
     const zo_model_config *c = &b->l->cfg;
     const int64_t h = c->hidden, v = c->vocab;
+    if (zo_model_neox(c)) {
+        add(b, MODEL_ROLE_NORM_W, 0, h, 0, "gpt_neox.final_layer_norm.weight");
+        add(b, MODEL_ROLE_NORM_B, 0, h, 0, "gpt_neox.final_layer_norm.bias");
+        if (!c->tied_embeddings) add(b, MODEL_ROLE_LM_HEAD_W, 0, v, h, "embed_out.weight");
+        return;
+    }
+    if (zo_model_falcon(c)) {
+        add(b, MODEL_ROLE_NORM_W, 0, h, 0, "transformer.ln_f.weight");
+        add(b, MODEL_ROLE_NORM_B, 0, h, 0, "transformer.ln_f.bias");
+        if (!c->tied_embeddings) add(b, MODEL_ROLE_LM_HEAD_W, 0, v, h, "lm_head.weight");
+        return;
+    }
     if (c->arch == ZO_ARCH_GPT) {
         add(b, MODEL_ROLE_NORM_W, 0, h, 0, "ln_f.weight");
         if (c->norm_bias) add(b, MODEL_ROLE_NORM_B, 0, h, 0, "ln_f.bias");
@@ -375,7 +437,8 @@ zo_status model_layout_init_experts(model_layout *l, const zo_model_config *cfg_
     for (int i = 0; i < cfg.n_layers; i++) { /* blocks 1..L */
         b.block = model_layout_layer_block(i);
         b.layer = i;
-        if (cfg.arch == ZO_ARCH_GPT) gpt_layer(&b, i);
+        if (zo_model_qkv_grouped(&cfg)) grouped_layer(&b, i);
+        else if (cfg.arch == ZO_ARCH_GPT) gpt_layer(&b, i);
         else llama_layer(&b, i);
     }
     b.block = model_layout_head_block(l); /* block L+1 */

@@ -102,6 +102,12 @@ typedef struct model_tensor {
     int ndim;                         /* 1 or 2 */
     int64_t shape[2];                 /* our layout: linear weights [out, in] */
     int hf_transposed;                /* 1 where HF stores [in, out] (GPT-2 Conv1D) */
+    int hf_head_rows;                 /* GPT-NeoX's and Falcon's query_key_value (and its
+                                       * lora_B): HF groups the rows per kv head, [Q q heads, k, v]
+                                       * of group 0, then of group 1, ... (G = hf_head_groups
+                                       * groups, heads of d = hf_head_rows rows); ours are
+                                       * [all q | all k | all v]. 0: the same rows */
+    int hf_head_groups;
     int lora;                         /* in a LoRA adapter layout (model/lora.h): MODEL_LORA_A
                                        * or MODEL_LORA_B, role then names the adapted weight;
                                        * 0 in a model's layout */

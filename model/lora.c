@@ -68,7 +68,9 @@ zo_status model_lora_layout_init_experts(model_layout *l, const zo_model_config 
         model_layout_free(l);
         return zo_error(ZO_ERR_NOMEM, "LoRA layout: %s: out of host memory", cfg.name);
     }
-    const char *prefix = cfg.arch == ZO_ARCH_GPT ? "transformer.h" : "model.layers";
+    const char *prefix = zo_model_neox(&cfg)       ? "gpt_neox.layers"
+                         : cfg.arch == ZO_ARCH_GPT ? "transformer.h" /* GPT-2, Falcon */
+                                                   : "model.layers";
     int k = 0;
     for (int layer = 0; layer < cfg.n_layers; layer++) {
         int blk = model_layout_layer_block(layer);
@@ -95,6 +97,11 @@ zo_status model_lora_layout_init_experts(model_layout *l, const zo_model_config 
                         t->shape[0] = part == MODEL_LORA_A ? lc->r : mods[i].out;
                         t->shape[1] = part == MODEL_LORA_A ? mods[i].in : lc->r;
                         t->numel = (size_t)(t->shape[0] * t->shape[1]);
+                        /* GPT-NeoX's and Falcon's query_key_value: lora_B's rows as the weight's */
+                        if (part == MODEL_LORA_B && zo_model_qkv_grouped(&cfg) && t->role == MODEL_ROLE_QKV_W) {
+                            t->hf_head_rows = cfg.head_dim;
+                            t->hf_head_groups = cfg.n_kv_heads;
+                        }
                         l->block_numel[blk] += t->numel;
                     }
             j = last;
@@ -159,7 +166,8 @@ static cJSON *config_json(const zo_model_config *cfg, const zo_lora_config *lc, 
     cJSON_AddItemToObject(o, "target_modules", targets);
     cJSON_AddStringToObject(o, "bias", "none");
     /* GPT-2's layers are Conv1D, their weights stored [in, out] */
-    cJSON_AddBoolToObject(o, "fan_in_fan_out", cfg->arch == ZO_ARCH_GPT);
+    /* GPT-2's Conv1D weights are [in, out]; GPT-NeoX's Linear ones are not */
+    cJSON_AddBoolToObject(o, "fan_in_fan_out", cfg->arch == ZO_ARCH_GPT && !zo_model_qkv_grouped(cfg));
     cJSON_AddBoolToObject(o, "inference_mode", 1);
     cJSON_AddBoolToObject(o, "init_lora_weights", 1);
     cJSON_AddNullToObject(o, "modules_to_save");

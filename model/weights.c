@@ -25,10 +25,17 @@ const model_tensor *model_layout_match_hf(const model_layout *l, const char *hf_
 {
     *ignored = 0;
     const char *name = hf_name;
-    if (l->cfg.arch == ZO_ARCH_GPT && starts_with(name, GPT_PREFIX)) name += strlen(GPT_PREFIX);
     const model_tensor *t = model_layout_find(l, name);
     if (t) return t;
-    if (l->cfg.arch == ZO_ARCH_GPT) {
+    /* GPT-2's names without the prefix (Falcon's keep it) */
+    if (l->cfg.arch == ZO_ARCH_GPT && starts_with(name, GPT_PREFIX)) name += strlen(GPT_PREFIX);
+    if ((t = model_layout_find(l, name)) != NULL) return t;
+    if (zo_model_qkv_grouped(&l->cfg)) {
+        /* GPT-NeoX's buffers in older checkpoints: the causal mask, its fill
+         * value and the rotary frequencies */
+        *ignored = ends_with(name, ".attention.bias") || ends_with(name, ".attention.masked_bias") ||
+                   ends_with(name, ".rotary_emb.inv_freq");
+    } else if (l->cfg.arch == ZO_ARCH_GPT) {
         /* causal-mask buffers that old GPT-2 checkpoints carry: h.N.attn.bias
          * (not c_attn.bias) and h.N.attn.masked_bias */
         *ignored = starts_with(name, "h.") &&
@@ -61,6 +68,30 @@ static const model_ckpt_entry *find_entry(const model_ckpt *c, const model_layou
         e = model_ckpt_find(c, name);
     }
     return e;
+}
+
+/* A row of a GPT-NeoX or Falcon query_key_value as its file numbers it (per
+ * kv group g of G: its Q query heads, its key, its value, d rows each) to
+ * ours ([all q | all k | all v]): model_tensor.hf_head_rows, hf_head_groups. */
+static size_t head_row_ours(const model_tensor *t, size_t file_row)
+{
+    size_t d = (size_t)t->hf_head_rows, G = (size_t)t->hf_head_groups;
+    size_t per = (size_t)t->shape[0] / (G * d), Q = per - 2; /* heads in a group's rows */
+    size_t g = file_row / (per * d), s = file_row % (per * d) / d, r = file_row % d;
+    size_t head = s < Q ? g * Q + s : s == Q ? G * Q + g : G * Q + G + g;
+    return head * d + r;
+}
+
+/* Rows of a tensor read in the file's order put in ours, in place. */
+static zo_status head_rows_from_file(const model_tensor *t, uint8_t *buf, size_t esz)
+{
+    size_t rows = (size_t)t->shape[0], row = (t->ndim == 2 ? (size_t)t->shape[1] : 1) * esz;
+    uint8_t *tmp = malloc(rows * row);
+    if (!tmp) return zo_error(ZO_ERR_NOMEM, "tensor \"%s\": cannot allocate %zu bytes", t->name, rows * row);
+    memcpy(tmp, buf, rows * row);
+    for (size_t r = 0; r < rows; r++) memcpy(buf + head_row_ours(t, r) * row, tmp + r * row, row);
+    free(tmp);
+    return ZO_OK;
 }
 
 /* The first of n values of type dt that is inf or nan (exponent all ones),
@@ -128,12 +159,18 @@ zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block
         }
         uint8_t *dst = (uint8_t *)buf + t->offset * esz;
         zo_status st = model_st_read(f, s, dst, dt, t->hf_transposed);
+        if (st == ZO_OK && t->hf_head_rows) st = head_rows_from_file(t, dst, esz);
         if (st) return st;
         /* inf or nan in a weight makes every loss nan: refused, named */
         size_t bad = first_nonfinite(dst, dt, t->numel);
         if (bad < t->numel) {
             /* the element as the file numbers it ([in, out] for a Conv1D weight) */
             size_t in = (size_t)t->shape[1], at = t->hf_transposed ? (bad % in) * (size_t)t->shape[0] + bad / in : bad;
+            if (t->hf_head_rows) { /* ours to the file's row: search the few rows of one tensor */
+                size_t cols = t->ndim == 2 ? in : 1;
+                for (size_t r = 0; r < (size_t)t->shape[0]; r++)
+                    if (head_row_ours(t, r) == bad / cols) at = r * cols + bad % cols;
+            }
             return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\" element %zu is %g: weights must be finite",
                             f->path, s->name, at, (double)zo_load_f32(dst, dt, bad));
         }
@@ -236,6 +273,18 @@ static zo_status save_fill(void *vctx, int index, uint64_t first, uint64_t count
     const model_tensor *t = &x->l->tensors[x->first + index];
     size_t bsz = zo_dtype_size(x->buf_dt), fsz = zo_dtype_size(x->file_dt);
     const uint8_t *src = (const uint8_t *)x->blocks[t->block] + t->offset * bsz;
+    if (t->hf_head_rows) { /* GPT-NeoX's query_key_value: the file's rows from ours, row piece by piece */
+        uint64_t cols = t->ndim == 2 ? (uint64_t)t->shape[1] : 1;
+        for (uint64_t e = first; e < first + count;) {
+            uint64_t r = e / cols, c = e % cols, n = cols - c < first + count - e ? cols - c : first + count - e;
+            const uint8_t *s = src + ((uint64_t)head_row_ours(t, (size_t)r) * cols + c) * bsz;
+            zo_status st = model_io_convert_rows((uint8_t *)dst + (e - first) * fsz, x->file_dt, s, x->buf_dt, 1,
+                                                 (size_t)n, 0, 0);
+            if (st != ZO_OK) return st;
+            e += n;
+        }
+        return ZO_OK;
+    }
     if (!t->hf_transposed)
         return model_io_convert_rows(dst, x->file_dt, src + first * bsz, x->buf_dt, 1, count, 0, 0);
     /* file [in, out] from ours [out, in]: file (r, c) is ours (c, r) */
@@ -291,7 +340,7 @@ zo_status model_save(const char *path, const model_layout *l, const void *const 
     size_t bsz = zo_dtype_size(buf_dt);
     for (int i = 0; i < l->n_tensors; i++) {
         const model_tensor *t = &l->tensors[i];
-        if (!t->hf_transposed && buf_dt == file_dt)
+        if (!t->hf_transposed && !t->hf_head_rows && buf_dt == file_dt)
             e[i].data = (const uint8_t *)blocks[t->block] + t->offset * bsz;
     }
     save_ctx x = {.l = l, .blocks = blocks, .buf_dt = buf_dt, .file_dt = file_dt};

@@ -571,10 +571,19 @@ static void test_activations(void **state)
         w2[i] = dy[i] * (0.5 * (1.0 + th) +
                          0.5 * v * (1.0 - th * th) * k * (1.0 + 3.0 * 0.044715 * v * v));
     }
-    assert_int_equal(shim_launch_gelu_forward(NULL, y, tx, n), ZO_OK);
+    assert_int_equal(shim_launch_gelu_forward(NULL, y, tx, n, 0), ZO_OK);
     assert_int_equal(check_tensor("gelu", y, w1, n), 0);
-    assert_int_equal(shim_launch_gelu_backward(NULL, dx, tdy, tx, n), ZO_OK);
+    assert_int_equal(shim_launch_gelu_backward(NULL, dx, tdy, tx, n, 0), ZO_OK);
     assert_int_equal(check_tensor("gelu dx", dx, w2, n), 0);
+    for (size_t i = 0; i < n; i++) { /* the erf form: x Phi(x), Phi(x) + x phi(x) */
+        double v = x[i], cdf = 0.5 * (1.0 + erf(v / sqrt(2.0)));
+        w1[i] = v * cdf;
+        w2[i] = dy[i] * (cdf + v * exp(-0.5 * v * v) / sqrt(2.0 * M_PI));
+    }
+    assert_int_equal(shim_launch_gelu_forward(NULL, y, tx, n, 1), ZO_OK);
+    assert_int_equal(check_tensor("gelu erf", y, w1, n), 0);
+    assert_int_equal(shim_launch_gelu_backward(NULL, dx, tdy, tx, n, 1), ZO_OK);
+    assert_int_equal(check_tensor("gelu erf dx", dx, w2, n), 0);
     for (size_t i = 0; i < n; i++) {
         double g = x[i], sg = 1.0 / (1.0 + exp(-g));
         w1[i] = g * sg * u[i];

@@ -2,7 +2,9 @@
 """test_e2e_torch: `train` end to end against PyTorch at real head sizes.
 
 For a family (GPT-2, LLaMA with GQA, Mistral, Qwen2 with its q/k/v biases and
-tied head, Qwen3 with its RMSNorm on each q and k head), a small model with the family's real head size (GPT-2 64, the
+tied head, Qwen3 with its RMSNorm on each q and k head, GPT-NeoX with its per-head interleaved
+query_key_value, partial rotary and parallel or sequential residual, Falcon multi-query with one
+norm, with grouped kv heads and two norms, or sequential), a small model with the family's real head size (GPT-2 64, the
 others 128) and sequences longer than two of the CPU attention's 48-row query
 blocks, a multiple of neither 48 nor 32:
 
@@ -81,6 +83,8 @@ except ImportError:
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "fixtures", "gpu"))
 import make_fixtures as mf  # noqa: E402  (the models, float64; the safetensors reader and writer)
+sys.path.insert(0, os.path.join(HERE, "fixtures", "lora"))
+import make_lora_fixtures as mlf  # noqa: E402  (NF4's round trip, written after the QLoRA paper)
 
 REL = 1e-4
 STEPS, EVAL_BATCHES, N_TRAIN, N_EVAL = 3, 2, 1500, 700
@@ -223,6 +227,64 @@ FAMILIES = {
                 "torch_dtype": "float32"},
         run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
         lora=dict(r=8, alpha=16.0, targets="all-linear", lr=3e-2)),
+    # GPT-NeoX (Pythia's kind): query_key_value interleaved per head in the file, rotary on the
+    # first quarter of each 64-wide head, biases everywhere, the erf GELU, a parallel residual,
+    # embed_out untied; the checkpoint carries the buffers older ones have (ignored)
+    "gpt_neox": dict(
+        seed=51,
+        config={"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "num_hidden_layers": 2,
+                "hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 512, "vocab_size": 128,
+                "max_position_embeddings": 256, "hidden_act": "gelu", "layer_norm_eps": 1e-5,
+                "rotary_pct": 0.25, "rotary_emb_base": 10000, "use_parallel_residual": True,
+                "tie_word_embeddings": False, "attention_bias": True, "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+        lora=dict(r=4, alpha=8.0, targets="query_key_value,dense,dense_h_to_4h,dense_4h_to_h", lr=1e-2),
+        qlora=True),
+    # GPT-NeoX sequential (use_parallel_residual false), heads of 80 (20 rotary dimensions),
+    # gelu_fast (the tanh form, gpt-neox-20b's), PEFT's default target for the family
+    "gpt_neox_seq": dict(
+        seed=52,
+        config={"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "num_hidden_layers": 2,
+                "hidden_size": 160, "num_attention_heads": 2, "intermediate_size": 384, "vocab_size": 128,
+                "max_position_embeddings": 256, "hidden_act": "gelu_fast", "layer_norm_eps": 1e-5,
+                "rotary_pct": 0.25, "rotary_emb_base": 10000, "use_parallel_residual": False,
+                "tie_word_embeddings": False, "torch_dtype": "float32"},
+        run=dict(micro_batch=1, seq=100, grad_accum=2, lr=3e-3, schedule="linear", warmup=0, min_lr=1e-3),
+        lora=dict(r=8, alpha=16.0, targets="query_key_value", lr=2e-2)),
+    # Falcon-7B's kind: multi-query (one kv head), one norm before the parallel attention and MLP,
+    # no projection biases, rotary over the whole 64-wide head, the erf GELU, tied
+    "falcon": dict(
+        seed=55,
+        config={"architectures": ["FalconForCausalLM"], "model_type": "falcon", "num_hidden_layers": 2,
+                "hidden_size": 256, "num_attention_heads": 4, "ffn_hidden_size": 512, "vocab_size": 128,
+                "max_position_embeddings": 256, "multi_query": True, "new_decoder_architecture": False,
+                "parallel_attn": True, "bias": False, "alibi": False, "layer_norm_epsilon": 1e-5,
+                "rope_theta": 10000.0, "tie_word_embeddings": True, "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
+        lora=dict(r=4, alpha=8.0, targets="query_key_value,dense,dense_h_to_4h,dense_4h_to_h", lr=1e-2)),
+    # Falcon-40B's kind: the new decoder architecture, 2 kv groups of 2 query heads (query_key_value
+    # grouped per kv head), ln_attn and ln_mlp, biases on, untied; with QLoRA
+    "falcon_new": dict(
+        seed=56,
+        config={"architectures": ["FalconForCausalLM"], "model_type": "falcon", "num_hidden_layers": 2,
+                "hidden_size": 256, "num_attention_heads": 4, "num_kv_heads": 2, "vocab_size": 128,
+                "max_position_embeddings": 256, "new_decoder_architecture": True, "parallel_attn": True,
+                "bias": True, "alibi": False, "layer_norm_epsilon": 1e-5, "rope_theta": 10000.0,
+                "activation": "gelu", "tie_word_embeddings": False, "torch_dtype": "float32"},
+        run=dict(micro_batch=1, seq=100, grad_accum=2, lr=3e-3, schedule="linear", warmup=0, min_lr=1e-3),
+        lora=dict(r=4, alpha=8.0, targets="query_key_value,dense,dense_h_to_4h,dense_4h_to_h", lr=1e-2),
+        qlora=True),
+    # the sequential Falcon (parallel_attn false): a kv head a query head (q, k, v interleaved
+    # per head in the file), input_layernorm and post_attention_layernorm; PEFT's default target
+    "falcon_seq": dict(
+        seed=57,
+        config={"architectures": ["FalconForCausalLM"], "model_type": "falcon", "num_hidden_layers": 2,
+                "hidden_size": 128, "num_attention_heads": 2, "vocab_size": 128, "max_position_embeddings": 256,
+                "multi_query": False, "new_decoder_architecture": False, "parallel_attn": False,
+                "bias": False, "alibi": False, "layer_norm_epsilon": 1e-5, "rope_theta": 10000.0,
+                "tie_word_embeddings": True, "torch_dtype": "float32"},
+        run=dict(micro_batch=2, seq=100, grad_accum=1, lr=3e-3, schedule="constant", warmup=0, min_lr=0.0),
+        lora=dict(r=8, alpha=16.0, targets="query_key_value", lr=2e-2)),
     # Gemma-2: Gemma's layers with norms on the attention's and the MLP's outputs, scores times
     # query_pre_attn_scalar^-0.5 (64 on heads of 256) and soft-capped at 5 (scores reach ~10),
     # logits capped at 3 (they reach ~7), a window of 48 on layer 0 (the even layers), seq 130
@@ -534,7 +596,9 @@ def merge_adapter(c, params, adapter_dir, want):
     merged = dict(params)
     seen = set()
     for name, w in params.items():
-        if w.dim() != 2 or any(name.startswith(e) for e in ("wte.", "wpe.", "model.embed_tokens.", "lm_head.")):
+        if w.dim() != 2 or any(name.startswith(e) for e in ("wte.", "wpe.", "model.embed_tokens.", "lm_head.",
+                                                          "gpt_neox.embed_in.", "embed_out.",
+                                                          "transformer.word_embeddings.")):
             continue
         mod = hf_module(c, name)
         if not any(mod == t or mod.endswith("." + t) for t in cfg["target_modules"]):
@@ -644,6 +708,20 @@ class Checks:
         self.failed += not ok
 
 
+def neox_buffers(c):
+    """The buffers older GPT-NeoX checkpoints hold beside the weights (the causal mask, its fill
+    value, the rotary frequencies): train ignores them."""
+    P, L = c["max_position_embeddings"], c["num_hidden_layers"]
+    d = c["hidden_size"] // c["num_attention_heads"]
+    rd = int(d * c["rotary_pct"])
+    out = []
+    for l in range(L):
+        pre = f"gpt_neox.layers.{l}.attention."
+        out += [(pre + "bias", torch.ones(P, P).tril().view(1, 1, P, P)), (pre + "masked_bias", torch.tensor(-1e9)),
+                (pre + "rotary_emb.inv_freq", 1.0 / (10000 ** (torch.arange(0, rd, 2).double() / rd)))]
+    return out
+
+
 def check_family(train, name, workdir):
     spec = FAMILIES[name]
     c, run, lora = spec["config"], spec["run"], spec["lora"]
@@ -661,7 +739,7 @@ def check_family(train, name, workdir):
     os.makedirs(os.path.join(d, "model"), exist_ok=True)
     with open(os.path.join(d, "model", "config.json"), "w") as f:
         json.dump(c, f, indent=1)
-    extra = mf.gpt2_buffers(c) if gpt else []
+    extra = mf.gpt2_buffers(c) if gpt else neox_buffers(c) if c["model_type"] == "gpt_neox" else []
     mf.write_safetensors(os.path.join(d, "model", "model.safetensors"), list(params.items()) + extra)
     write_tokens(os.path.join(d, "train.bin"), data)
     write_tokens(os.path.join(d, "eval.bin"), eval_data)
@@ -669,7 +747,7 @@ def check_family(train, name, workdir):
     ck = Checks()
     B, T, K = run["micro_batch"], run["seq"], run["grad_accum"]
     nh = c["n_head"] if gpt else c["num_attention_heads"]
-    nkv = nh if gpt else c["num_key_value_heads"]
+    nkv = nh if gpt else mf.falcon_kv_heads(c) if c["model_type"] == "falcon" else c.get("num_key_value_heads", nh)
     print(f"{name}: {sum(v.numel() for v in params.values())} parameters, head size {mf.head_dim(c)}, "
           f"{nh} heads over {nkv} kv heads, batch {B} x seq {T} x grad-accum {K}, "
           f"lr {run['lr']:g} {run['schedule']} (warmup {run['warmup']})")
@@ -751,6 +829,8 @@ def check_family(train, name, workdir):
     ck.fact(f"the adapters move the eval loss (base {base_ev:.6f}, rel {moved:.1e} > {10 * REL:.0e})",
             moved > 10 * REL)
     check_folder(ck, c, params, mdir, eval_data, run, got_ev, "--merge", sharded=False)
+    if spec.get("qlora"):
+        check_qlora(ck, train, c, params, data, eval_data, run, lrun, lora, d)
     if c["model_type"] in ("gemma2", "gemma3_text"):
         # QLoRA: the layers' linear weights in NF4, dequantized as they compute; its --merge folder
         # (the base dequantized on the host, the adapters merged) gives train's eval loss here
@@ -896,6 +976,30 @@ def check_moe_lora(train, name, c, params, data, eval_data, run, lora, d, g):
     ck.rel("QLoRA eval loss of its --merge folder", eval_loss(c, qparams, eval_data, run) if qparams else float("nan"),
            q_ev)
     return ck.failed
+
+
+def check_qlora(ck, train, c, params, data, eval_data, run, lrun, lora, d):
+    """QLoRA through train: the base's linear weights in NF4 (make_lora_fixtures.py's round trip,
+    in the runtime's row order), train's adapters saved and merged here into that base as PEFT
+    would: the first step's loss is the NF4 base's, the merged eval loss train's."""
+    adir = os.path.join(d, "qadapter")
+    got_l, _, got_ev, t_train, cmd = run_train(
+        train, d, lrun, ["--lora", str(lora["r"]), "--lora-alpha", repr(lora["alpha"]),
+                         "--lora-targets", lora["targets"], "--qlora", "--save", adir])
+    base = dict(params)
+    for mod, w in mlf.linear_weights(c, params, 1).items():
+        base[mod + ".weight"] = w
+    K = run["grad_accum"]
+    with torch.no_grad():
+        base0 = sum(micro_loss(c, base, data, run, j).item() for j in range(K)) / K
+    merged, problems = merge_adapter(c, base, adir, lora)
+    for msg in problems:
+        print("  " + msg)
+    print(f" QLoRA r {lora['r']} (train {t_train:.1f} s): {cmd}")
+    ck.fact("QLoRA adapter directory as PEFT reads it", not problems)
+    ck.rel("QLoRA step 0 loss (the NF4 base)", got_l[0], base0)
+    if not problems:
+        ck.rel("QLoRA eval loss, merged over the NF4 base", got_ev, eval_loss(c, merged, eval_data, run))
 
 
 def check_folder(ck, c, params, folder, eval_data, run, train_ev, flag, sharded):

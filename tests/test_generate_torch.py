@@ -2,7 +2,9 @@
 """test_generate_torch: `generate`'s greedy tokens against PyTorch's.
 
 For a family (GPT-2, head size 64, tied head; LLaMA, head size 128, GQA;
-Qwen3, head size 128 with its q/k norms, GQA, tied), a
+Qwen3, head size 128 with its q/k norms, GQA, tied; GPT-NeoX, head size 64,
+16 rotary dimensions, parallel residual; Falcon, head size 64, multi-query with
+one norm, or grouped kv heads with two), a
 small model of the family's real head size is written as a Hugging Face
 folder (config.json, model.safetensors), and two prompts of different lengths
 go through `generate` as one batch, greedy, 32 new tokens each, fp32. The
@@ -172,6 +174,19 @@ FAMILIES["gemma3_text"] = dict(
     FAMILIES["gemma2"], seed=55,
     config=dict(e2e.FAMILIES["gemma3_text"]["config"], num_hidden_layers=4, max_position_embeddings=128,
                 sliding_window=24, eos_token_id=127))
+
+
+# GPT-NeoX (query_key_value interleaved per head in the file, rotary on a quarter of each 64-wide
+# head, the erf GELU, a parallel residual, embed_out), Falcon-7B's kind (multi-query, one norm, no
+# biases, tied) and Falcon-40B's (the new decoder architecture: 2 kv groups, ln_attn and ln_mlp,
+# biases, untied): test_e2e_torch's models with 4 layers; PEFT's four modules as adapters
+for _name, _seed in (("gpt_neox", 54), ("falcon", 61), ("falcon_new", 59)):
+    FAMILIES[_name] = dict(
+        seed=_seed,
+        config=dict(e2e.FAMILIES[_name]["config"], num_hidden_layers=4, max_position_embeddings=128,
+                    eos_token_id=127),
+        lora=dict(r=4, alpha=8.0, targets=["q", "o", "up", "down"],
+                  peft=["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"]))
 
 
 # ---- the PyTorch side -------------------------------------------------------------------------

@@ -446,7 +446,7 @@ static void test_errors(void **state)
                                               gpu_t(x, ZO_DTYPE_F32), 2, 2, 4, 1e-6f),
                      ZO_ERR_INVALID);
     assert_non_null(strstr(zo_last_error(), "ldx 7 < heads*d 8"));
-    assert_int_equal(gpu_gelu_forward(NULL, gpu_t(x, 0), gpu_t(x, 0), 4), ZO_ERR_INVALID);
+    assert_int_equal(gpu_gelu_forward(NULL, gpu_t(x, 0), gpu_t(x, 0), 4, 0), ZO_ERR_INVALID);
     assert_int_equal(gpu_cast(S, gpu_t(x, (zo_dtype)9), gpu_t(x, 0), 4), ZO_ERR_INVALID);
     /* an id out of range is found while running: a sticky stream error */
     int32_t *tok;
@@ -834,6 +834,13 @@ static void gelu_ref(double *const *in, double *out, const void *cfg)
     }
 }
 
+/* GELU's erf form: 0.5 x (1 + erf(x / sqrt 2)) */
+static void gelu_erf_ref(double *const *in, double *out, const void *cfg)
+{
+    (void)cfg;
+    for (size_t i = 0; i < act_n; i++) out[i] = 0.5 * in[0][i] * (1.0 + erf(in[0][i] / sqrt(2.0)));
+}
+
 static void swiglu_ref(double *const *in, double *out, const void *cfg)
 {
     (void)cfg;
@@ -843,23 +850,28 @@ static void swiglu_ref(double *const *in, double *out, const void *cfg)
     }
 }
 
+/* The tanh form (exact 0), then the erf form (exact 1), against finite
+ * differences of double-precision references. */
 static void test_gelu(void **state)
 {
     (void)state;
+    for (int exact = 0; exact < 2; exact++) {
     size_t n = act_n;
+    void (*ref)(double *const *, double *, const void *) = exact ? gelu_erf_ref : gelu_ref;
     double *X = drand_array(n, 4.0), *G = drand_array(n, 1.0);
     double *in[1] = {X};
     double *wy = malloc(n * sizeof(double));
-    gelu_ref(in, wy, NULL);
-    double *wdx = fd_grad(gelu_ref, NULL, in, 0, n, n, G);
+    ref(in, wy, NULL);
+    double *wdx = fd_grad(ref, NULL, in, 0, n, n, G);
     gpu_tensor x = dput(X, n, 0), y = dzeros(n, 0), dy = dput(G, n, 0), dx = dzeros(n, 0);
-    assert_int_equal(gpu_gelu_forward(S, y, x, n), ZO_OK);
-    assert_int_equal(gpu_gelu_backward(S, dx, dy, x, n), ZO_OK);
+    assert_int_equal(gpu_gelu_forward(S, y, x, n, exact), ZO_OK);
+    assert_int_equal(gpu_gelu_backward(S, dx, dy, x, n, exact), ZO_OK);
     double *gy = dget(y, n), *gdx = dget(dx, n);
     assert_int_equal(check_close_f64("gelu y", gy, wy, n, 1e-6, 1e-5), 0);
     assert_int_equal(check_close_f64("gelu dx", gdx, wdx, n, 1e-6, 1e-5), 0);
     free(X), free(G), free(wy), free(wdx), free(gy), free(gdx);
     dfree(x), dfree(y), dfree(dy), dfree(dx);
+    }
 }
 
 static void test_swiglu(void **state)
@@ -1158,8 +1170,8 @@ static void test_determinism_ops(void **state)
         assert_int_equal(gpu_attention_forward(s, &ad, gpu_t(ao, f), lse, gpu_t(qkv, f)), ZO_OK);
         assert_int_equal(gpu_attention_backward(s, &ad, gpu_t(dqkv, f), gpu_t(dout, f),
                                                 gpu_t(qkv, f), gpu_t(ao, f), lse), ZO_OK);
-        assert_int_equal(gpu_gelu_forward(s, gpu_t(gy, f), gpu_t(x, f), nx), ZO_OK);
-        assert_int_equal(gpu_gelu_backward(s, gpu_t(gdx, f), gpu_t(dy, f), gpu_t(x, f), nx), ZO_OK);
+        assert_int_equal(gpu_gelu_forward(s, gpu_t(gy, f), gpu_t(x, f), nx, 0), ZO_OK);
+        assert_int_equal(gpu_gelu_backward(s, gpu_t(gdx, f), gpu_t(dy, f), gpu_t(x, f), nx, 0), ZO_OK);
         assert_int_equal(gpu_cross_entropy_forward(s, loss, gpu_t(x, f), tg, nr, c), ZO_OK);
         assert_int_equal(gpu_cross_entropy_backward(s, gpu_t(dlog, f), gpu_t(x, f), tg, 0.25f, nr, c),
                          ZO_OK);

@@ -694,11 +694,11 @@ static void test_activations(void **state)
         zo_dtype t = DTYPES[di];
         twin x = tw_rand(n, t, 4.0f), up = tw_rand(n, t, 2.0f), dy = tw_rand(n, t, 1.0f);
         twin y = tw_out(n, t), dx = tw_out(n, t), dup = tw_out(n, t);
-        assert_int_equal(gpu_gelu_forward(scpu, y.c, x.c, n), ZO_OK);
-        assert_int_equal(gpu_gelu_forward(sgpu, y.g, x.g, n), ZO_OK);
+        assert_int_equal(gpu_gelu_forward(scpu, y.c, x.c, n, 0), ZO_OK);
+        assert_int_equal(gpu_gelu_forward(sgpu, y.g, x.g, n, 0), ZO_OK);
         bad += tw_check("gelu y", y, tol_of(t));
-        assert_int_equal(gpu_gelu_backward(scpu, dx.c, dy.c, x.c, n), ZO_OK);
-        assert_int_equal(gpu_gelu_backward(sgpu, dx.g, dy.g, x.g, n), ZO_OK);
+        assert_int_equal(gpu_gelu_backward(scpu, dx.c, dy.c, x.c, n, 0), ZO_OK);
+        assert_int_equal(gpu_gelu_backward(sgpu, dx.g, dy.g, x.g, n, 0), ZO_OK);
         bad += tw_check("gelu dx", dx, tol_of(t));
         assert_int_equal(gpu_swiglu_forward(scpu, y.c, x.c, up.c, n, 0), ZO_OK);
         assert_int_equal(gpu_swiglu_forward(sgpu, y.g, x.g, up.g, n, 0), ZO_OK);

@@ -81,6 +81,21 @@ static void test_peft_counts(void **state)
     assert_int_equal(count("phi-4", 16, "all-linear"), 55705600);
     /* up alone is the fused gate_up_proj: 40 x 16 x 40960 */
     assert_int_equal(count("phi-4", 16, "up"), 26214400);
+    /* Pythia-160M (GPT-NeoX: h 768, f 3072, 12 layers), PEFT's GPT-NeoX modules:
+     * query_key_value [2304, 768] (its default target; q, v name it too), dense,
+     * dense_h_to_4h, dense_4h_to_h; r 8 on query_key_value: 12 x 8 x 3072 */
+    assert_int_equal(count("pythia-160m", 8, "query_key_value"), 294912);
+    assert_int_equal(count("pythia-160m", 8, "q,v"), 294912);
+    /* r 16 on the four: 12 x 16 x (3072 + 1536 + 3840 + 3840) */
+    assert_int_equal(count("pythia-160m", 16, "query_key_value,dense,dense_h_to_4h,dense_4h_to_h"), 2359296);
+    assert_int_equal(count("pythia-160m", 16, "all-linear"), 2359296);
+    /* dense is the attention's output alone (PEFT matches names ending in ".dense"): 12 x 4 x 1536 */
+    assert_int_equal(count("pythia-160m", 4, "dense"), 73728);
+    /* Falcon-7B (h 4544, one kv head of 64: query_key_value [4672, 4544], f 18176, 32 layers),
+     * PEFT's default target for Falcon, r 16: 32 x 16 x (4544 + 4672), the 4,718,592 PEFT prints */
+    assert_int_equal(count("falcon-7b", 16, "query_key_value"), 4718592);
+    /* the four: 32 x 16 x (9216 + 9088 + 22720 + 22720) */
+    assert_int_equal(count("falcon-7b", 16, "all-linear"), 32636928);
 }
 
 static void test_modules(void **state)

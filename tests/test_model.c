@@ -17,6 +17,8 @@
 #include "model/data.h"
 #include "model/hf.h" /* defines: model_hf_config */
 #include "model/layout.h"
+#include "model/lora.h"        /* defines: model_lora_layout_init */
+#include "model/safetensors.h" /* defines: model_save, model_load_path, model_st_open */
 #include "tests/support/files.h" /* defines: files_write */
 
 static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "llama-2-7b.json",
@@ -27,14 +29,16 @@ static const char *hf_configs[] = {"gpt2.json",         "gpt2-xl.json",     "lla
                                    "qwen3-0.6b.json",   "qwen3-8b.json",    "qwen3-30b-a3b.json",
                                    "phi-3-mini-4k-instruct.json", "phi-3.5-mini-instruct.json",
                                    "phi-4.json", "gemma-2b.json", "gemma-7b.json",
+                                   "pythia-160m.json", "pythia-6.9b.json", "gpt-neox-20b.json",
+                                   "falcon-7b.json", "falcon-40b.json",
                                    "gemma-2-2b.json", "gemma-2-9b.json", "gemma-2-27b.json",
                                    "gemma-3-1b.json"};
 
 /* Families memplan sizes but the runtime does not build: the layout (and so
  * `train`) refuses each by name. */
 static const struct { const char *config, *family; } not_built[] = {
-    {"deepseek-v2-lite.json", "deepseek_v2"}, {"pythia-160m.json", "gpt_neox"},
-    {"falcon-7b.json", "falcon"},           {"opt-125m.json", "opt"},
+    {"deepseek-v2-lite.json", "deepseek_v2"}, {"falcon-rw-1b.json", "falcon"} /* ALiBi */,
+    {"opt-125m.json", "opt"},
     {"bloom-560m.json", "bloom"},
 };
 
@@ -562,10 +566,120 @@ static void test_byte_tokens(void **state)
  * head_dim 128, Gemma's; a mixture of experts, whose router and expert keys
  * the writer does not make, is refused naming the model rather than written
  * as LLaMA. */
+/* GPT-NeoX's query_key_value in its files: q, k and v interleaved per head,
+ * [q_0 k_0 v_0 q_1 k_1 v_1 ...] (Hugging Face views the output as [heads,
+ * 3 d] and splits the last axis). Saved from the layout's [q | k | v], file
+ * row (3 j + p) d + r must hold our row p H + j d + r (H = heads x d), for
+ * the weight, its bias and a LoRA adapter's lora_B; loaded back, each is
+ * the buffer saved. */
+static void test_neox_qkv_rows(void **state)
+{
+    (void)state;
+    static const char *json =
+        "{\"model_type\": \"gpt_neox\", \"num_hidden_layers\": 1, \"hidden_size\": 12, "
+        "\"num_attention_heads\": 2, \"intermediate_size\": 16, \"vocab_size\": 8, "
+        "\"rotary_pct\": 0.5, \"use_parallel_residual\": true}";
+    zo_model_config c;
+    if (zo_model_config_parse(json, "neox.json", &c)) fail_msg("%s", zo_last_error());
+    assert_int_equal(zo_model_rope_dim(&c), 3); /* int(6 x 0.5): odd, refused */
+    assert_int_equal(model_layout_init(&(model_layout){0}, &c), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "odd rotary size"));
+    c.rope_partial = 2.0 / 3.0; /* 4 of 6 */
+    model_layout l, ad;
+    if (model_layout_init(&l, &c)) fail_msg("%s", zo_last_error());
+    zo_lora_config lc = {.r = 2, .alpha = 4.0f, .targets = ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V};
+    if (model_lora_layout_init(&ad, &c, &lc)) fail_msg("%s", zo_last_error());
+    const int d = 6, H = 12;
+    char dir[] = "/tmp/zo_neox_XXXXXX", path[256], apath[256];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    snprintf(apath, sizeof apath, "%s/adapter.safetensors", dir);
+    for (int pass = 0; pass < 2; pass++) { /* the model, then the adapters */
+        model_layout *L = pass ? &ad : &l;
+        const char *file = pass ? apath : path;
+        float **blocks = calloc((size_t)L->n_blocks, sizeof *blocks), **back = calloc((size_t)L->n_blocks, sizeof *back);
+        assert_non_null(blocks);
+        assert_non_null(back);
+        for (int b = 0; b < L->n_blocks; b++) {
+            blocks[b] = malloc((L->block_numel[b] + 1) * sizeof(float));
+            back[b] = calloc(L->block_numel[b] + 1, sizeof(float));
+            for (size_t i = 0; i < L->block_numel[b]; i++) blocks[b][i] = (float)(1000 * b + i);
+        }
+        if (model_save(file, L, (const void *const *)blocks, ZO_DTYPE_F32, ZO_DTYPE_F32)) fail_msg("%s", zo_last_error());
+        model_st_file f;
+        assert_int_equal(model_st_open(&f, file), ZO_OK);
+        int checked = 0;
+        for (int i = 0; i < L->n_tensors; i++) {
+            const model_tensor *t = &L->tensors[i];
+            int qkv = strstr(t->name, "query_key_value") && (!pass || strstr(t->name, "lora_B"));
+            assert_int_equal(t->hf_head_rows, qkv ? d : 0);
+            assert_int_equal(t->hf_head_groups, qkv ? 2 : 0); /* GPT-NeoX: a group a head */
+            const model_st_tensor *st = model_st_find(&f, t->name);
+            assert_non_null(st);
+            float *got = malloc(t->numel * sizeof(float));
+            assert_int_equal(model_st_read(&f, st, got, ZO_DTYPE_F32, 0), ZO_OK);
+            size_t cols = t->ndim == 2 ? (size_t)t->shape[1] : 1;
+            for (size_t R = 0; R < (size_t)t->shape[0]; R++) {
+                size_t j = R / (3 * d), p = R % (3 * d) / d, r = R % d;
+                size_t ours = qkv ? p * H + j * d + r : R;
+                for (size_t k = 0; k < cols; k++)
+                    if (got[R * cols + k] != blocks[t->block][t->offset + ours * cols + k])
+                        fail_msg("%s: file row %zu col %zu is %g, want our row %zu's %g", t->name, R, k,
+                                 got[R * cols + k], ours, blocks[t->block][t->offset + ours * cols + k]);
+            }
+            checked += qkv;
+            free(got);
+        }
+        assert_int_equal(checked, pass ? 1 : 2); /* weight and bias; lora_B */
+        model_st_close(&f);
+        if (model_load_path(file, L, (void *const *)back, ZO_DTYPE_F32, MODEL_LOAD_STRICT, NULL))
+            fail_msg("%s", zo_last_error());
+        for (int b = 0; b < L->n_blocks; b++) {
+            assert_memory_equal(back[b], blocks[b], L->block_numel[b] * sizeof(float));
+            free(blocks[b]), free(back[b]);
+        }
+        free(blocks), free(back);
+        unlink(file);
+    }
+    rmdir(dir);
+    model_layout_free(&ad);
+    model_layout_free(&l);
+}
+
+/* Falcon-7B's first config (model_type RefinedWebModel, the old keys):
+ * built as Falcon, multi-query, one norm, no projection biases; Falcon-RW's
+ * ALiBi is refused by name. */
+static void test_falcon_old_keys(void **state)
+{
+    (void)state;
+    static const char *json =
+        "{\"model_type\": \"RefinedWebModel\", \"n_layer\": 2, \"hidden_size\": 256, \"n_head\": 4, "
+        "\"vocab_size\": 100, \"multi_query\": true, \"parallel_attn\": true, \"alibi\": false, "
+        "\"bias\": false}";
+    zo_model_config c;
+    if (zo_model_config_parse(json, "rw.json", &c)) fail_msg("%s", zo_last_error());
+    assert_string_equal(c.family, "falcon");
+    model_layout l;
+    if (model_layout_init(&l, &c)) fail_msg("%s", zo_last_error());
+    const model_tensor *t = model_layout_find(&l, "transformer.h.1.self_attention.query_key_value.weight");
+    assert_non_null(t);
+    assert_int_equal(t->shape[0], (4 + 2) * 64);
+    assert_int_equal(t->hf_head_groups, 1);
+    assert_null(model_layout_find(&l, "transformer.h.1.self_attention.query_key_value.bias"));
+    assert_null(model_layout_find(&l, "transformer.h.1.post_attention_layernorm.weight"));
+    assert_non_null(model_layout_find(&l, "transformer.h.1.input_layernorm.bias"));
+    assert_null(model_layout_find(&l, "lm_head.weight")); /* tied */
+    model_layout_free(&l);
+    c.pos = ZO_POS_ALIBI;
+    assert_int_equal(model_layout_init(&l, &c), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "ALiBi"));
+}
+
 static void test_hf_config_from_presets(void **state)
 {
     (void)state;
-    static const char *const dense[] = {"qwen3-0.6b", "qwen3-8b", "gemma-2b", "phi-4", "mistral-7b"};
+    static const char *const dense[] = {"qwen3-0.6b", "qwen3-8b", "gemma-2b", "phi-4", "mistral-7b",
+                                        "pythia-1.4b", "gpt-neox-20b", "falcon-7b", "falcon-40b"};
     for (size_t i = 0; i < sizeof dense / sizeof dense[0]; i++) {
         zo_model_config c, back;
         assert_int_equal(zo_model_preset_find(dense[i], &c), ZO_OK);
@@ -577,6 +691,11 @@ static void test_hf_config_from_presets(void **state)
         assert_int_equal(back.qk_norm, c.qk_norm);
         assert_int_equal(back.head_dim, c.head_dim);
         assert_int_equal(back.n_kv_heads, c.n_kv_heads);
+        assert_int_equal(back.parallel_block, c.parallel_block);
+        assert_int_equal(back.layer_norms, c.layer_norms);
+        assert_int_equal(back.tied_embeddings, c.tied_embeddings);
+        assert_int_equal(zo_model_rope_dim(&back), zo_model_rope_dim(&c));
+        assert_string_equal(back.act, c.act[0] ? c.act : back.act);
         assert_true(zo_model_params(&back) == zo_model_params(&c));
         free(text);
         cJSON_Delete(js);
@@ -810,6 +929,8 @@ int main(void)
         cmocka_unit_test(test_gemma2_config),
         cmocka_unit_test(test_gemma3_config),
         cmocka_unit_test(test_hf_config_from_presets),
+        cmocka_unit_test(test_neox_qkv_rows),
+        cmocka_unit_test(test_falcon_old_keys),
         cmocka_unit_test(test_longrope_other_family),
         cmocka_unit_test(test_batches_sequential),
         cmocka_unit_test(test_batches_random),

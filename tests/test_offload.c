@@ -44,6 +44,45 @@ static zo_model_config tiny_llama(int layers, int hidden, int vocab)
     return tiny_model(ZO_ARCH_LLAMA, layers, hidden, vocab, 64);
 }
 
+/* GPT-NeoX (Pythia's kind): GPT layers with rotary on a quarter of each head,
+ * the erf GELU, an untied head; a parallel residual unless sequential. */
+/* GPT layers with rotary positions and the erf GELU, named as `family` */
+static zo_model_config tiny_rotary_gpt(int layers, int hidden, int vocab, const char *family)
+{
+    zo_model_config c = tiny_gpt(layers, hidden, vocab);
+    snprintf(c.name, sizeof c.name, "tiny-%s", family);
+    snprintf(c.family, sizeof c.family, "%s", family);
+    snprintf(c.act, sizeof c.act, "gelu");
+    c.pos = ZO_POS_ROTARY;
+    c.rope_theta = 10000.0f;
+    return c;
+}
+
+static zo_model_config tiny_neox(int layers, int hidden, int vocab, int parallel)
+{
+    zo_model_config c = tiny_rotary_gpt(layers, hidden, vocab, "gpt_neox");
+    c.rope_partial = 0.25;
+    c.parallel_block = parallel;
+    c.tied_embeddings = 0;
+    if (zo_model_config_validate(&c) != ZO_OK) fail_msg("tiny_neox: %s", zo_last_error());
+    return c;
+}
+
+/* Falcon: rotary over the whole head, the erf GELU, no projection biases,
+ * tied, a parallel attention and MLP; Falcon-7B's kind (one kv head, one
+ * norm for both) or Falcon-40B's (kv heads of two query heads each, two
+ * norms). */
+static zo_model_config tiny_falcon(int layers, int hidden, int vocab, int norms)
+{
+    zo_model_config c = tiny_rotary_gpt(layers, hidden, vocab, "falcon");
+    c.parallel_block = 1;
+    c.layer_norms = norms;
+    c.n_kv_heads = norms == 1 ? 1 : c.n_heads / 2;
+    c.attn_bias = c.out_bias = 0;
+    if (zo_model_config_validate(&c) != ZO_OK) fail_msg("tiny_falcon: %s", zo_last_error());
+    return c;
+}
+
 /* ---- a training run ---------------------------------------------------------------- */
 
 typedef struct run {
@@ -653,6 +692,37 @@ static void make_gemma(zo_model_config *c, const char *family)
     c->rope_local_theta = g3 ? 10000.0f : 0.0f;
 }
 
+/* `base` without recompute (*none, its last gradients kept) and with full
+ * recompute (*full), then by op resident (*ops) and streamed: by op, the
+ * losses and the last step's gradients are no recompute's bit for bit. */
+static void recompute_runs(const run *base, const char *name, run *none, run *full, run *ops)
+{
+    static float g_none[1 << 20], g_ops[1 << 20];
+    *none = *full = *base;
+    none->final_grad = g_none;
+    full->oc.recompute = OFFLOAD_RECOMPUTE_FULL;
+    assert_int_equal(do_run(none), ZO_OK);
+    assert_int_equal(do_run(full), ZO_OK);
+    print_losses(name, none);
+    for (int streamed = 0; streamed < 2; streamed++) {
+        run r = *base;
+        r.final_grad = g_ops;
+        r.oc.recompute = OFFLOAD_RECOMPUTE_OPS;
+        r.oc.params_on = streamed ? OFFLOAD_CPU : OFFLOAD_DEVICE;
+        assert_int_equal(do_run(&r), ZO_OK);
+        const char *what = streamed ? "recompute ops, streamed" : "recompute ops, resident";
+        print_losses(what, &r);
+        assert_same_losses(what, none, &r);
+        assert_int_equal(r.final_grad_n, none->final_grad_n);
+        for (size_t i = 0; i < r.final_grad_n; i++)
+            if (memcmp(&g_ops[i], &g_none[i], sizeof(float))) {
+                fprintf(stderr, "%s: gradient %zu: %.9g != %.9g (no recompute)\n", what, i, g_ops[i], g_none[i]);
+                fail();
+            }
+        if (!streamed) *ops = r;
+    }
+}
+
 /* Recompute by op (PyTorch's every other matmul, memplan's --recompute ops):
  * each layer keeps its input, qkv, the attention's output and log-sum-exp
  * and fc1 / gate, and the backward recomputes the norms, o, up and the
@@ -661,13 +731,13 @@ static void make_gemma(zo_model_config *c, const char *family)
  * on GPT-2 in fp32, LLaMA (grouped queries), Qwen3 (q/k norms, their
  * inputs kept by the forward) and Gemma-2 (the MLP's post norm's input,
  * down's output, kept by the forward) in bf16; the device peak
- * lies between full recompute's and none's, and the GEMMs rerun are o's
- * (and LLaMA's up) in each layer of each micro-batch, never down's. Recompute by op of the first K
- * layers, or with host checkpoints, is refused at init. */
+ * lies between full recompute's and none's, and the GEMMs rerun (the op
+ * profile's count) are o's (and LLaMA's up) in each layer of each
+ * micro-batch, never down's. Recompute by op of the first K layers, or with
+ * host checkpoints, is refused at init. */
 static void test_recompute_ops(void **state)
 {
     (void)state;
-    static float g_none[1 << 20], g_ops[1 << 20];
     zo_model_config cfgs[4] = {tiny_gpt(4, 64, 128), tiny_llama(4, 64, 128), tiny_llama(4, 64, 128),
                                tiny_llama(4, 64, 128)};
     cfgs[1].n_kv_heads = cfgs[1].n_heads / 2;
@@ -684,43 +754,19 @@ static void test_recompute_ops(void **state)
         base_config(&base.oc);
         base.oc.grad_accum = 2;
         base.count_gemms = 1;
-        run none = base, full = base;
-        none.final_grad = g_none;
-        full.oc.recompute = OFFLOAD_RECOMPUTE_FULL;
-        assert_int_equal(do_run(&none), ZO_OK);
-        assert_int_equal(do_run(&full), ZO_OK);
-        print_losses(names[c], &none);
-        for (int streamed = 0; streamed < 2; streamed++) {
-            run r = base;
-            r.final_grad = g_ops;
-            r.oc.recompute = OFFLOAD_RECOMPUTE_OPS;
-            r.oc.params_on = streamed ? OFFLOAD_CPU : OFFLOAD_DEVICE;
-            assert_int_equal(do_run(&r), ZO_OK);
-            const char *name = streamed ? "recompute ops, streamed" : "recompute ops, resident";
-            print_losses(name, &r);
-            assert_same_losses(name, &none, &r);
-            assert_int_equal(r.final_grad_n, none.final_grad_n);
-            for (size_t i = 0; i < r.final_grad_n; i++)
-                if (memcmp(&g_ops[i], &g_none[i], sizeof(float))) {
-                    fprintf(stderr, "%s: gradient %zu: %.9g != %.9g (no recompute)\n", name, i, g_ops[i],
-                            g_none[i]);
-                    fail();
-                }
-            /* the matmuls rerun: o (LLaMA's: and up) in every layer of every micro-batch */
-            int rerun = cfgs[c].arch == ZO_ARCH_GPT ? 1 : 2;
-            double want = none.gemms + (double)rerun * cfgs[c].n_layers * base.oc.grad_accum * base.steps;
-            if (r.gemms != want)
-                fail_msg("%s: %s: %g GEMMs, want %g (no recompute's %g and %d a layer)", names[c], name, r.gemms,
-                         want, none.gemms, rerun);
-            if (!streamed) {
-                printf("  %-28s device peak %llu (none %llu, full %llu)\n", name,
-                       (unsigned long long)r.stats.peak[OFFLOAD_DEVICE],
-                       (unsigned long long)none.stats.peak[OFFLOAD_DEVICE],
-                       (unsigned long long)full.stats.peak[OFFLOAD_DEVICE]);
-                assert_true(r.stats.peak[OFFLOAD_DEVICE] < none.stats.peak[OFFLOAD_DEVICE]);
-                assert_true(r.stats.peak[OFFLOAD_DEVICE] > full.stats.peak[OFFLOAD_DEVICE]);
-            }
-        }
+        run none, full, r;
+        recompute_runs(&base, names[c], &none, &full, &r);
+        printf("  %-28s device peak %llu (none %llu, full %llu)\n", "recompute ops, resident",
+               (unsigned long long)r.stats.peak[OFFLOAD_DEVICE], (unsigned long long)none.stats.peak[OFFLOAD_DEVICE],
+               (unsigned long long)full.stats.peak[OFFLOAD_DEVICE]);
+        assert_true(r.stats.peak[OFFLOAD_DEVICE] < none.stats.peak[OFFLOAD_DEVICE]);
+        assert_true(r.stats.peak[OFFLOAD_DEVICE] > full.stats.peak[OFFLOAD_DEVICE]);
+        /* the matmuls rerun: o (LLaMA's: and up) in every layer of every micro-batch */
+        int rerun = cfgs[c].arch == ZO_ARCH_GPT ? 1 : 2;
+        double want = none.gemms + (double)rerun * cfgs[c].n_layers * base.oc.grad_accum * base.steps;
+        if (r.gemms != want)
+            fail_msg("%s: recompute ops: %g GEMMs, want %g (no recompute's %g and %d a layer)", names[c], r.gemms,
+                     want, none.gemms, rerun);
     }
     /* refused: host checkpoints (the runtime's), the first K layers (the model's) */
     run r = {.cfg = tiny_llama(4, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 1};
@@ -741,6 +787,41 @@ static void test_recompute_ops(void **state)
     printf("  refused: %s\n", zo_last_error());
     assert_non_null(strstr(zo_last_error(), "recompute by op with recompute_layers 2"));
     gpu_device_free(dev);
+}
+
+/* GPT-NeoX, parallel and sequential residual, and Falcon with one norm
+ * and with two: recompute of whole layers
+ * gives no recompute's losses (the layers' inputs on the device, or in host
+ * memory with the weights streamed), and recompute by op its losses and last
+ * gradients bit for bit, resident and streamed (bf16); the parallel
+ * residual keeps no x_mid, so its device peak without recompute is below
+ * the sequential one's. */
+static void test_neox_recompute(void **state)
+{
+    (void)state;
+    uint64_t peak[2];
+    for (int par = 0; par < 4; par++) {
+        /* GPT-NeoX sequential and parallel; then Falcon with one norm and with two */
+        run base = {.cfg = par < 2 ? tiny_neox(4, 64, 128, par) : tiny_falcon(4, 64, 128, par - 1),
+                    .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 6};
+        base_config(&base.oc);
+        base.oc.grad_accum = 2;
+        static const char *const names[] = {"neox sequential bf16, recompute none", "neox parallel bf16, recompute none",
+                                            "falcon one norm bf16, recompute none", "falcon two norms bf16, recompute none"};
+        run none, full, ops;
+        recompute_runs(&base, names[par], &none, &full, &ops);
+        assert_same_losses("recompute full", &none, &full);
+        /* the residual stream kept in host memory (activation offload), weights streamed */
+        run host = full;
+        host.oc.checkpoints_on = OFFLOAD_CPU;
+        host.oc.params_on = OFFLOAD_CPU;
+        assert_int_equal(do_run(&host), ZO_OK);
+        assert_same_losses("recompute full, checkpoints in host memory", &none, &host);
+        if (par < 2) peak[par] = none.stats.peak[OFFLOAD_DEVICE];
+    }
+    printf("  device peak without recompute: parallel %llu, sequential %llu\n", (unsigned long long)peak[1],
+           (unsigned long long)peak[0]);
+    assert_true(peak[1] < peak[0]);
 }
 
 /* A model whose 16-bit weights are over 3x the device memory trains in it. */
@@ -1905,6 +1986,31 @@ static void test_memplan_agrees_qwen3(void **state)
     }
 }
 
+/* GPT-NeoX with its parallel residual (no x_mid kept, memplan's parallel
+ * block), 1024 tokens through 4 narrow layers so that activations are most
+ * of the device's bytes: the peak bytes per tier against memplan's within
+ * 3%, no recompute, full, by op, LoRA and QLoRA; and sequential. Falcon
+ * with one norm (no ln2 kept either: memplan's one-norm block) and two. */
+static void test_memplan_agrees_neox(void **state)
+{
+    (void)state;
+    for (int v = 0; v < 9; v++) {
+        run r = {.cfg = v < 6 ? tiny_neox(4, 64, 128, v != 5) : tiny_falcon(4, 64, 128, v == 8 ? 2 : 1),
+                 .dt = ZO_DTYPE_BF16, .B = 4, .T = 256, .steps = 1};
+        base_config(&r.oc);
+        r.oc.sub_group = 50000;
+        r.oc.recompute = v < 3 ? v : v == 7 ? OFFLOAD_RECOMPUTE_FULL : OFFLOAD_RECOMPUTE_NONE;
+        if (v == 3 || v == 4)
+            r.lora = (tf_lora_options){.r = 8, .alpha = 16, .targets = ZO_LORA_ALL_LINEAR, .nf4 = v == 4};
+        static const char *names[] = {"neox, 1024 tokens, recompute none", "neox, 1024 tokens, recompute full",
+                                      "neox, 1024 tokens, recompute ops", "neox, 1024 tokens, lora",
+                                      "neox, 1024 tokens, qlora", "neox sequential, 1024 tokens",
+                                      "falcon one norm, 1024 tokens", "falcon one norm, 1024 tokens, recompute full",
+                                      "falcon two norms, 1024 tokens"};
+        peaks_agree(names[v], &r);
+    }
+}
+
 /* The runtime's own count of the bytes the NVMe swap moves in a step, with
  * m and v in 8 bits and in bf16 against fp32 (issue 30: 8-bit at most 0.55x;
  * the master stays fp32, so 6.004 of 12 bytes a parameter), and the three
@@ -1959,6 +2065,8 @@ int main(void)
         cmocka_unit_test(test_nvme_checkpoint_memory),
         cmocka_unit_test(test_memplan_agrees),
         cmocka_unit_test(test_memplan_agrees_qwen3),
+        cmocka_unit_test(test_memplan_agrees_neox),
+        cmocka_unit_test(test_neox_recompute),
         cmocka_unit_test(test_nvme_state_bytes),
         cmocka_unit_test(test_resume_state),
         cmocka_unit_test(test_state_training),

@@ -511,11 +511,13 @@ static void ref_rope_backward(const gpu_op_args *a, hostv *h) { rope_d(a, h, 1);
 
 #define GELU_C 0.7978845608028654 /* sqrt(2/pi) */
 
+/* GELU, the tanh form; with i[0] (exact) the erf form 0.5 x (1 + erf(x / sqrt 2)) */
 static void ref_gelu_forward(const gpu_op_args *a, hostv *h)
 {
     for (size_t i = 0; i < a->n; i++) {
         double x = h->T[1][i];
-        h->T[0][i] = 0.5 * x * (1.0 + tanh(GELU_C * (x + 0.044715 * x * x * x)));
+        h->T[0][i] = a->i[0] ? 0.5 * x * (1.0 + erf(x / sqrt(2.0)))
+                             : 0.5 * x * (1.0 + tanh(GELU_C * (x + 0.044715 * x * x * x)));
     }
 }
 
@@ -524,7 +526,9 @@ static void ref_gelu_backward(const gpu_op_args *a, hostv *h)
     for (size_t i = 0; i < a->n; i++) {
         double x = h->T[2][i], u = GELU_C * (x + 0.044715 * x * x * x), th = tanh(u);
         double du = GELU_C * (1.0 + 3.0 * 0.044715 * x * x);
-        h->T[0][i] = h->T[1][i] * (0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * du);
+        double d = a->i[0] ? 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI)
+                           : 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * du;
+        h->T[0][i] = h->T[1][i] * d;
     }
 }
 
@@ -1877,9 +1881,10 @@ static void ew_grid_i(gpu_op_id op, int n_t, int n_out, double lo, double hi, in
     for (size_t s = 0; s < sizeof ew_sizes / sizeof *ew_sizes; s++)
         for (int t = 0; t < 3; t++) {
             size_t n = ew_sizes[s];
-            pcase c = new_case(op, "n %zu %s%s", n, ename(storage[t]), i0 ? " gelu" : "");
+            pcase c = new_case(op, "n %zu %s%s", n, ename(storage[t]),
+                               !i0 ? "" : op == GPU_OP_GELU_FORWARD || op == GPU_OP_GELU_BACKWARD ? " erf" : " gelu");
             c.a.n = n;
-            c.a.i[0] = i0;             /* the gated activations' gelu flag */
+            c.a.i[0] = i0;             /* the gated activations' gelu flag, GELU's exact flag */
             c.a.f[0] = 0.375f; /* scale's alpha */
             for (int k = 0; k < n_t; k++) {
                 int b = k < n_out ? OUT_T(&c, k, storage[t], n) : IN_T(&c, k, storage[t], n);
@@ -1891,8 +1896,17 @@ static void ew_grid_i(gpu_op_id op, int n_t, int n_out, double lo, double hi, in
 
 static void ew_grid(gpu_op_id op, int n_t, int n_out, double lo, double hi) { ew_grid_i(op, n_t, n_out, lo, hi, 0); }
 
-static void parity_gelu_forward(void) { ew_grid(GPU_OP_GELU_FORWARD, 2, 1, -6.0, 4.0); }
-static void parity_gelu_backward(void) { ew_grid(GPU_OP_GELU_BACKWARD, 3, 1, -6.0, 4.0); }
+/* The tanh form, then the erf form (exact 1: GPT-NeoX's MLP), which gives
+ * the random stream back when done (the ops after it draw what they drew) */
+static void gelu_grid(gpu_op_id op, int n_t)
+{
+    ew_grid(op, n_t, 1, -6.0, 4.0);
+    uint64_t keep = rng;
+    ew_grid_i(op, n_t, 1, -6.0, 4.0, 1);
+    rng = keep;
+}
+static void parity_gelu_forward(void) { gelu_grid(GPU_OP_GELU_FORWARD, 2); }
+static void parity_gelu_backward(void) { gelu_grid(GPU_OP_GELU_BACKWARD, 3); }
 /* SwiGLU, then GeGLU (gelu 1: Gemma's MLP) */
 static void parity_swiglu_forward(void)
 {

@@ -43,6 +43,13 @@ static const struct { const char *preset, *config; uint64_t params; } counts[] =
     /* keras-hub gemma_2b_en, gemma_7b_en */
     {"gemma-2b", "gemma-2b.json", 2506172416ull},
     {"gemma-7b", "gemma-7b.json", 8537680896ull},
+    /* the Pythia model cards' totals; GPT-NeoX-20B's paper */
+    {"pythia-160m", "pythia-160m.json", 162322944ull},
+    {"pythia-6.9b", "pythia-6.9b.json", 6857302016ull},
+    {"gpt-neox-20b", "gpt-neox-20b.json", 20554567680ull},
+    /* Falcon: keras-hub's and the model cards' totals (test_planner_families) */
+    {"falcon-7b", "falcon-7b.json", 6921720704ull},
+    {"falcon-40b", "falcon-40b.json", 41303293952ull},
     /* keras-hub gemma2_2b_en, gemma2_9b_en; 27b from its shape (46 x 566249472 + the
      * embedding and the final norm) */
     {"gemma-2-2b", "gemma-2-2b.json", 2614341888ull},
@@ -68,6 +75,24 @@ static void test_param_counts(void **state)
                         (unsigned long long)counts[i].params);
         assert_true(zo_model_params(&p) == counts[i].params);
         assert_true(zo_model_params(&c) == counts[i].params);
+        if (!zo_model_qkv_grouped(&p)) continue;
+        /* GPT-NeoX's and Falcon's presets: what changes no size too, as the config says it */
+        assert_int_equal(p.layer_norms, c.layer_norms);
+        assert_int_equal(p.n_kv_heads, c.n_kv_heads);
+        assert_string_equal(p.family, c.family);
+        assert_string_equal(p.act, c.act);
+        assert_int_equal(zo_model_rope_dim(&p), zo_model_rope_dim(&c));
+        assert_int_equal(p.parallel_block, c.parallel_block);
+        assert_int_equal(p.pos, c.pos);
+        assert_int_equal(p.tied_embeddings, c.tied_embeddings);
+    }
+    /* Pythia's other sizes (no config here): the model cards' totals */
+    static const struct { const char *preset; uint64_t params; } pythia[] = {
+        {"pythia-1.4b", 1414647808ull}, {"pythia-12b", 11846072320ull}};
+    for (size_t i = 0; i < sizeof pythia / sizeof pythia[0]; i++) {
+        zo_model_config p;
+        assert_int_equal(zo_model_preset_find(pythia[i].preset, &p), ZO_OK);
+        assert_true(zo_model_params(&p) == pythia[i].params);
     }
 }
 

@@ -21,6 +21,14 @@ static int gemma_family(const char *family)
 static int is_gemma(const tf_model *m) { return gemma_family(m->cfg.family); }
 /* Gemma-2: norms on the attention's and the MLP's outputs */
 static int post_norms(const tf_model *m) { return zo_model_post_norms(&m->cfg); }
+/* Rotary positions: LLaMA's, GPT-NeoX's and Falcon's on GPT layers */
+static int has_rope(const tf_model *m) { return !is_gpt(m) || m->cfg.pos == ZO_POS_ROTARY; }
+/* GPT-NeoX's use_parallel_residual, Falcon's parallel_attn: x + attn(ln1(x)) + mlp(ln2(x)) */
+static int parallel_residual(const tf_model *m) { return m->cfg.parallel_block; }
+/* Falcon-7B: one norm for both (ln2 is ln1) */
+static int one_norm(const zo_model_config *c) { return c->layer_norms == 1; }
+/* GELU's erf form (GPT-NeoX's "gelu"), else its tanh form */
+static int gelu_exact(const zo_model_config *c) { return !strcmp(c->act, "gelu"); }
 static int qkv_width(const zo_model_config *c) { return (c->n_heads + 2 * c->n_kv_heads) * c->head_dim; }
 static int q_width(const zo_model_config *c) { return c->n_heads * c->head_dim; }
 /* the LLaMA-shaped MLP's gate: GELU's tanh form (Gemma's GeGLU; the
@@ -243,7 +251,7 @@ static zo_status upload_new(tf_model *m, void **dst, const void *host, size_t by
 static zo_status rope_upload(tf_model *m)
 {
     const zo_model_config *c = &m->cfg;
-    if (!c->rope_scaling[0] || c->arch == ZO_ARCH_GPT) return ZO_OK;
+    if (!c->rope_scaling[0] || !has_rope(m)) return ZO_OK;
     const int half = zo_model_rope_dim(c) / 2, T = m->opts.kv_len ? m->opts.kv_len : m->T;
     const int two = !m->opts.kv_len && !strcmp(c->rope_scaling, "longrope") && T > c->rope_original_max;
     size_t bytes = (size_t)(two ? 2 : 1) * half * sizeof(double);
@@ -370,14 +378,14 @@ static zo_status gen_alloc(tf_model *m)
         {(void **)&a->rstd1, L ? N * 4 : 0, "ln1 rstd"},
         {&a->qkv, L ? N * qkv_width(c) * es : 0, "qkv"},
         {&a->att, L ? N * q_width(c) * es : 0, "attention"},
-        {&a->x_mid, L ? N * h * es : 0, "residual mid"},
+        {&a->x_mid, L && !c->parallel_block ? N * h * es : 0, "residual mid"},
         {&a->pa_in, L && post_norms(m) ? N * h * es : 0, "attention output (post norm input)"},
         {&a->pm_in, L && post_norms(m) ? N * h * es : 0, "mlp output (post norm input)"},
         {(void **)&a->rstd3, L && post_norms(m) ? N * 4 : 0, "attention post norm rstd"},
         {(void **)&a->rstd4, L && post_norms(m) ? N * 4 : 0, "mlp post norm rstd"},
-        {&a->ln2, L ? N * h * es : 0, "ln2"},
-        {(void **)&a->mean2, L ? N * 4 : 0, "ln2 mean"},
-        {(void **)&a->rstd2, L ? N * 4 : 0, "ln2 rstd"},
+        {&a->ln2, L && !one_norm(c) ? N * h * es : 0, "ln2"},
+        {(void **)&a->mean2, L && !one_norm(c) ? N * 4 : 0, "ln2 mean"},
+        {(void **)&a->rstd2, L && !one_norm(c) ? N * 4 : 0, "ln2 rstd"},
         {&a->fc, L ? N * f * es : 0, "mlp fc/gate"},
         {&a->up, L && llama ? N * f * es : 0, "mlp up"},
         {&a->act, L ? N * f * es : 0, "mlp activation"},
@@ -487,7 +495,7 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
     m->T = T;
     const zo_model_config *c = &m->cfg;
     int last_pos = m->opts.kv_len > T ? m->opts.kv_len : T; /* positions the model sees */
-    if (c->arch == ZO_ARCH_GPT && last_pos > c->max_seq) {
+    if (zo_model_position_rows(c) && last_pos > c->max_seq) {
         model_layout_free(&m->layout);
         return zo_error(ZO_ERR_INVALID, "tf_init: %s %d exceeds the %d learned positions of %s",
                         m->opts.kv_len ? "context" : "sequence", last_pos, c->max_seq, c->name);
@@ -570,14 +578,14 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
             {(void **)&a->qk_rstd, N * qk_heads(c) * 4, "q/k norm rstd"},
             {&a->att, N * q_width(c) * es, "attention"},
             {(void **)&a->lse, (size_t)B * c->n_heads * T * 4, "attention lse"},
-            {&a->x_mid, N * h * es, "residual mid"},
+            {&a->x_mid, c->parallel_block ? 0 : N * h * es, "residual mid"},
             {&a->pa_in, post_norms(m) ? N * h * es : 0, "attention output (post norm input)"},
             {&a->pm_in, post_norms(m) ? N * h * es : 0, "mlp output (post norm input)"},
             {(void **)&a->rstd3, post_norms(m) ? N * 4 : 0, "attention post norm rstd"},
             {(void **)&a->rstd4, post_norms(m) ? N * 4 : 0, "mlp post norm rstd"},
-            {&a->ln2, N * h * es, "ln2"},
-            {(void **)&a->mean2, N * 4, "ln2 mean"},
-            {(void **)&a->rstd2, N * 4, "ln2 rstd"},
+            {&a->ln2, one_norm(c) ? 0 : N * h * es, "ln2"},
+            {(void **)&a->mean2, one_norm(c) ? 0 : N * 4, "ln2 mean"},
+            {(void **)&a->rstd2, one_norm(c) ? 0 : N * 4, "ln2 rstd"},
             {&a->fc, N * f * es, "mlp fc/gate"},
             {&a->up, llama ? N * f * es : 0, "mlp up"},
             {&a->act, N * f * es, "mlp activation"},
@@ -865,7 +873,7 @@ zo_status tf_set_tokens(tf_model *m, gpu_stream_t s, const int32_t *tokens, int 
         if (pos[j] < 0 || pos[j] + t > m->opts.kv_len)
             return zo_error(ZO_ERR_INVALID, "tf_set_tokens: sequence %d: positions %d..%d outside the cache of %d",
                             j, pos[j], pos[j] + t - 1, m->opts.kv_len);
-        if (c->arch == ZO_ARCH_GPT && pos[j] + t > c->max_seq)
+        if (zo_model_position_rows(c) && pos[j] + t > c->max_seq)
             return zo_error(ZO_ERR_INVALID, "tf_set_tokens: sequence %d: position %d past the %d learned positions "
                             "of %s", j, pos[j] + t - 1, c->max_seq, c->name);
         if (last[j] < 0 || last[j] >= t)
@@ -2041,15 +2049,22 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
     const void *W = base_buf(m, bb);
     gpu_tensor x = gpu_t(m->res[l], dt), out = gpu_t(m->res[l + 1], dt);
     gpu_tensor ln1 = gpu_t(a->ln1, dt), qkv = gpu_t(a->qkv, dt), att = gpu_t(a->att, dt);
-    gpu_tensor x_mid = gpu_t(a->x_mid, dt), ln2 = gpu_t(a->ln2, dt), tmp = gpu_t(m->tmp, dt);
+    gpu_tensor x_mid = gpu_t(a->x_mid, dt), ln2 = gpu_t(one_norm(c) ? a->ln1 : a->ln2, dt), tmp = gpu_t(m->tmp, dt);
     gpu_tensor fc = gpu_t(a->fc, dt), act = gpu_t(a->act, dt);
 
     /* qkv (qkn, qk_rstd), att, lse, fc (and pm_in, rstd4) are the forward's */
     const int kept = recompute && recompute_ops(m);
+    /* a parallel residual (GPT-NeoX, Falcon): out = x + attn(ln1) + mlp(ln2)
+     * with ln2 = norm2(x), taken first (so that out may be x's buffer), or
+     * ln1 itself with one norm (Falcon-7B); no x_mid */
+    const int par = parallel_residual(m);
     /* attention: ln1 = norm(x); qkv[N, q+2kv] = ln1 Wqkv^T (+ b) (+ adapters); Qwen3's
      * norms on each q and k head; RoPE on q, k */
     if ((st = norm_forward(m, s, ln1, a->mean1, a->rstd1, x, bview(m, W, blk, MODEL_ROLE_LN1_W),
-                           bview(m, W, blk, MODEL_ROLE_LN1_B), N)) != ZO_OK)
+                           bview(m, W, blk, MODEL_ROLE_LN1_B), N)) != ZO_OK ||
+        (par && !one_norm(c) &&
+         (st = norm_forward(m, s, ln2, a->mean2, a->rstd2, x, bview(m, W, blk, MODEL_ROLE_LN2_W),
+                                   bview(m, W, blk, MODEL_ROLE_LN2_B), N)) != ZO_OK))
         return st;
     if (!kept) {
         if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_QKV_W, MODEL_ROLE_QKV_B, qkv, ld, ln1, N,
@@ -2057,7 +2072,7 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
             (st = lora_forward(m, s, l, bb, TF_LORA_QKV, ln1, qkv, ld)) != ZO_OK ||
             (st = qk_norm_forward(m, s, a, W, blk, qkv)) != ZO_OK)
             return st;
-        if (!is_gpt(m) && (st = rope_rows(m, l, s, qkv, ld)) != ZO_OK) return st;
+        if (has_rope(m) && (st = rope_rows(m, l, s, qkv, ld)) != ZO_OK) return st;
         gpu_attn_desc ad = layer_attn(m, l);
         /* generation: the new keys and values into the caches, the queries against them */
         st = m->opts.kv_len ? gpu_attention_cached(s, &ad, att, qkv, gpu_t(m->kcache[l], dt),
@@ -2065,7 +2080,8 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
                             : gpu_attention_forward(s, &ad, att, a->lse, qkv);
         if (st != ZO_OK) return st;
     }
-    /* x_mid = x + att Wo^T (+ bo); Gemma-2: x + norm(att Wo^T), its input kept */
+    /* x_mid = x + att Wo^T (+ bo); a parallel residual's out = x + att Wo^T (+ bo),
+     * not needed again when recomputing; Gemma-2: x + norm(att Wo^T), its input kept */
     gpu_tensor o_out = post_norms(m) ? gpu_t(a->pa_in, dt) : tmp;
     if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_ATTN_OUT_W, MODEL_ROLE_ATTN_OUT_B, o_out, h,
                                   att, N, h, qw)) != ZO_OK ||
@@ -2074,11 +2090,14 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
     if (post_norms(m) &&
         (st = post_norm_forward(m, s, W, blk, MODEL_ROLE_POST_ATTN_NORM_W, tmp, a->rstd3, o_out, N)) != ZO_OK)
         return st;
-    if ((st = gpu_add(s, x_mid, x, tmp, (size_t)N * h)) != ZO_OK) return st;
+    if (par ? !recompute && (st = gpu_add(s, out, x, tmp, (size_t)N * h)) != ZO_OK
+            : (st = gpu_add(s, x_mid, x, tmp, (size_t)N * h)) != ZO_OK)
+        return st;
 
-    /* MLP: GPT act = gelu(ln2 Wfc^T + bfc); LLaMA act = silu(ln2 Wg^T) * (ln2 Wu^T) */
-    if ((st = norm_forward(m, s, ln2, a->mean2, a->rstd2, x_mid, bview(m, W, blk, MODEL_ROLE_LN2_W),
-                           bview(m, W, blk, MODEL_ROLE_LN2_B), N)) != ZO_OK)
+    /* MLP: GPT act = gelu(ln2 Wfc^T + bfc); LLaMA act = silu(ln2 Wg^T) * (ln2 Wu^T);
+     * ln2 = norm(x_mid) (a parallel residual's is norm(x), above) */
+    if (!par && (st = norm_forward(m, s, ln2, a->mean2, a->rstd2, x_mid, bview(m, W, blk, MODEL_ROLE_LN2_W),
+                                   bview(m, W, blk, MODEL_ROLE_LN2_B), N)) != ZO_OK)
         return st;
     if (is_moe(m, l)) {
         if ((st = moe_forward(m, l, bb, s, recompute)) != ZO_OK || recompute) return st;
@@ -2089,7 +2108,7 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
                                                 ln2, N, f, h)) != ZO_OK ||
                       (st = lora_forward(m, s, l, bb, TF_LORA_UP, ln2, fc, f)) != ZO_OK))
             return st;
-        if ((st = gpu_gelu_forward(s, act, fc, (size_t)N * f)) != ZO_OK) return st;
+        if ((st = gpu_gelu_forward(s, act, fc, (size_t)N * f, gelu_exact(c))) != ZO_OK) return st;
     } else {
         gpu_tensor up = gpu_t(a->up, dt);
         if (!kept && ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_GATE_W, MODEL_ROLE_MLP_GATE_B, fc,
@@ -2117,12 +2136,12 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
         return gpu_add(s, out, x_mid, tmp, (size_t)N * h);
     }
     if (recompute) return lora_forward(m, s, l, bb, TF_LORA_DOWN, act, gpu_t(NULL, dt), h);
-    /* out = x_mid + act Wdown^T (+ b) */
+    /* out = x_mid + act Wdown^T (+ b); a parallel residual's out += the same */
     if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_DOWN_W, MODEL_ROLE_MLP_DOWN_B, tmp, h,
                                   act, N, h, f)) != ZO_OK ||
         (st = lora_forward(m, s, l, bb, TF_LORA_DOWN, act, tmp, h)) != ZO_OK)
         return st;
-    return gpu_add(s, out, x_mid, tmp, (size_t)N * h);
+    return gpu_add(s, out, par ? out : x_mid, tmp, (size_t)N * h);
 }
 
 /* On entry dres = dL/d(res[l+1]); on exit dL/d(res[l]). */
@@ -2165,7 +2184,7 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     const void *G = has_lora(m) ? NULL : bb->grads;
     gpu_tensor dres = F32(m->dres), dh = F32(m->dh), dff = F32(m->dff);
     gpu_tensor x = gpu_t(m->res[l], dt), ln1 = gpu_t(a->ln1, dt), qkv = gpu_t(a->qkv, dt);
-    gpu_tensor att = gpu_t(a->att, dt), x_mid = gpu_t(a->x_mid, dt), ln2 = gpu_t(a->ln2, dt);
+    gpu_tensor att = gpu_t(a->att, dt), x_mid = gpu_t(a->x_mid, dt), ln2 = gpu_t(one_norm(c) ? a->ln1 : a->ln2, dt);
     gpu_tensor fc = gpu_t(a->fc, dt), act = gpu_t(a->act, dt);
     const linear_role down = {MODEL_ROLE_MLP_DOWN_W, MODEL_ROLE_MLP_DOWN_B, TF_LORA_DOWN, h, f};
     const linear_role gate = {MODEL_ROLE_MLP_GATE_W, MODEL_ROLE_MLP_GATE_B, TF_LORA_GATE, f, h};
@@ -2187,7 +2206,7 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     }
     if ((st = linear_role_backward(m, l, bb, s, down, dff, 0.0f, ddown, act)) != ZO_OK) return st;
     if (is_gpt(m)) {
-        if ((st = gpu_gelu_backward(s, dff, dff, fc, (size_t)N * f)) != ZO_OK) return st; /* dfc, in place */
+        if ((st = gpu_gelu_backward(s, dff, dff, fc, (size_t)N * f, gelu_exact(c))) != ZO_OK) return st; /* dfc, in place */
         if ((st = linear_role_backward(m, l, bb, s, up, dh, 0.0f, dff, ln2)) != ZO_OK) return st;
     } else {
         gpu_tensor dup = F32(m->dff2), upa = gpu_t(a->up, dt);
@@ -2197,9 +2216,12 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
             return st;
     }
     }
-    /* dres (= d x_mid so far) += norm2 backward */
-    if ((st = norm_backward(m, s, G, blk, MODEL_ROLE_LN2_W, MODEL_ROLE_LN2_B, x_mid,
-                            bview(m, W, blk, MODEL_ROLE_LN2_W), a->mean2, a->rstd2, N)) != ZO_OK)
+    /* dres (= d x_mid so far) += norm2 backward; with a parallel residual
+     * d x_mid is d out, which the output projection reads first, and norm2
+     * (of x) adds its share after it */
+    const int par = parallel_residual(m);
+    if (!par && (st = norm_backward(m, s, G, blk, MODEL_ROLE_LN2_W, MODEL_ROLE_LN2_B, x_mid,
+                                    bview(m, W, blk, MODEL_ROLE_LN2_W), a->mean2, a->rstd2, N)) != ZO_OK)
         return st;
 
     /* attention output projection: datt[N, q] = dres Wo (+ adapter) */
@@ -2211,12 +2233,17 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
         dout = dh;
     }
     if ((st = linear_role_backward(m, l, bb, s, out, datt, 0.0f, dout, att)) != ZO_OK) return st;
+    /* one norm for both (Falcon-7B): the MLP's dh stays, the attention's adds to it */
+    if (par && !one_norm(c) &&
+        (st = norm_backward(m, s, G, blk, MODEL_ROLE_LN2_W, MODEL_ROLE_LN2_B, x,
+                            bview(m, W, blk, MODEL_ROLE_LN2_W), a->mean2, a->rstd2, N)) != ZO_OK)
+        return st;
     gpu_attn_desc ad = layer_attn(m, l);
     if ((st = gpu_attention_backward(s, &ad, dqkv, datt, qkv, att, a->lse)) != ZO_OK) return st;
-    if (!is_gpt(m) && (st = rope_heads(m, l, s, dqkv, N, ld, NULL, 1)) != ZO_OK)
+    if (has_rope(m) && (st = rope_heads(m, l, s, dqkv, N, ld, NULL, 1)) != ZO_OK)
         return st;
     if ((st = qk_norm_backward(m, s, a, W, G, blk)) != ZO_OK ||
-        (st = linear_role_backward(m, l, bb, s, qkvp, dh, 0.0f, dqkv, ln1)) != ZO_OK)
+        (st = linear_role_backward(m, l, bb, s, qkvp, dh, one_norm(c) ? 1.0f : 0.0f, dqkv, ln1)) != ZO_OK)
         return st;
     /* dres (= d x) += norm1 backward */
     return norm_backward(m, s, G, blk, MODEL_ROLE_LN1_W, MODEL_ROLE_LN1_B, x,

@@ -55,7 +55,7 @@ typedef struct tf_layer_acts {
     float *qk_rstd;   /* their 1/rms per head: q's [N, hq] then k's [N, hkv] */
     void *att;        /* [N, hq d] attention output */
     float *lse;       /* [B, hq, T] */
-    void *x_mid;      /* [N, h]  residual after attention */
+    void *x_mid;      /* [N, h]  residual after attention (NULL with a parallel residual) */
     /* Gemma-2 (zo_model_post_norms): the inputs of the norms on the
      * attention's output (o_proj's) and the MLP's (down_proj's) [N, h], and
      * their 1/rms [N]; NULL otherwise */

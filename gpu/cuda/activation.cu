@@ -1,10 +1,12 @@
-/* Activations: GELU (tanh form) and SwiGLU, forward and backward, with the
+/* Activations: GELU (tanh and erf forms) and SwiGLU, forward and backward, with the
  * formulas of the CPU reference (gpu/ops_cpu.c) in fp32. One thread per
  * element in a grid-stride loop. */
 #include "gpu/cuda/kernels.cuh" /* defines: tload, tstore, grid_for */
 
 #define BS 256
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_RSQRT2 0.7071067811865476f   /* 1 / sqrt(2) */
+#define GELU_RSQRT2PI 0.3989422804014327f /* 1 / sqrt(2 pi) */
 
 #define GRID_STRIDE(i, n)                                                                   \
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                 \
@@ -13,23 +15,32 @@
 /* y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed as the
  * CPU reference does through 1 + tanh(u) = 2 sigmoid(2u): y = x / (1 + exp(-2u)).
  * The tanh form loses all relative precision for x below about -3, where
- * 1 + tanh(u) cancels. y, x [n] */
-__global__ void gelu_forward_kernel(gpu_tensor y, gpu_tensor x, size_t n)
+ * 1 + tanh(u) cancels. With exact, the erf form. y, x [n] */
+__global__ void gelu_forward_kernel(gpu_tensor y, gpu_tensor x, size_t n, int exact)
 {
     GRID_STRIDE(i, n)
     {
-        float v = tload(x, i), u = GELU_K * (v + 0.044715f * v * v * v);
+        float v = tload(x, i);
+        if (exact) { /* the erf form as the CPU reference: x Phi(x), Phi = erfc(-x / sqrt 2) / 2 */
+            tstore(y, i, v * 0.5f * erfcf(-v * GELU_RSQRT2));
+            continue;
+        }
+        float u = GELU_K * (v + 0.044715f * v * v * v);
         tstore(y, i, v / (1.0f + expf(-2.0f * u)));
     }
 }
 
 /* dx = dy * gelu'(x) = dy * (s + 2 x s (1 - s) du/dx), s = sigmoid(2u), as
  * the CPU reference (no cancellation); dx, dy, x [n] */
-__global__ void gelu_backward_kernel(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n)
+__global__ void gelu_backward_kernel(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int exact)
 {
     GRID_STRIDE(i, n)
     {
         float v = tload(x, i);
+        if (exact) { /* Phi(x) + x phi(x) */
+            tstore(dx, i, tload(dy, i) * (0.5f * erfcf(-v * GELU_RSQRT2) + v * GELU_RSQRT2PI * expf(-0.5f * v * v)));
+            continue;
+        }
         float u = GELU_K * (v + 0.044715f * v * v * v);
         float du = GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
         float sg = 1.0f / (1.0f + expf(-2.0f * u));
@@ -76,16 +87,16 @@ __global__ void swiglu_backward_kernel(gpu_tensor dgate, gpu_tensor dup, gpu_ten
 }
 
 extern "C" zo_status cuda_launch_gelu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor x,
-                                              size_t n)
+                                              size_t n, int exact)
 {
-    ZO_LAUNCH(gelu_forward_kernel, grid_for(n, BS), BS, 0, st, y, x, n);
+    ZO_LAUNCH(gelu_forward_kernel, grid_for(n, BS), BS, 0, st, y, x, n, exact);
     return cuda_launch_check("gelu_forward_kernel");
 }
 
 extern "C" zo_status cuda_launch_gelu_backward(cudaStream_t st, gpu_tensor dx, gpu_tensor dy,
-                                               gpu_tensor x, size_t n)
+                                               gpu_tensor x, size_t n, int exact)
 {
-    ZO_LAUNCH(gelu_backward_kernel, grid_for(n, BS), BS, 0, st, dx, dy, x, n);
+    ZO_LAUNCH(gelu_backward_kernel, grid_for(n, BS), BS, 0, st, dx, dy, x, n, exact);
     return cuda_launch_check("gelu_backward_kernel");
 }
 

@@ -169,9 +169,10 @@ zo_status cuda_launch_rope(cudaStream_t st, gpu_tensor x, int n, int t, int n_he
                            const double *inv_freq, float scale, int inverse);
 
 /* activation.cu */
-zo_status cuda_launch_gelu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor x, size_t n);
+/* exact: GELU's erf form in place of the tanh form */
+zo_status cuda_launch_gelu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor x, size_t n, int exact);
 zo_status cuda_launch_gelu_backward(cudaStream_t st, gpu_tensor dx, gpu_tensor dy, gpu_tensor x,
-                                    size_t n);
+                                    size_t n, int exact);
 /* gelu: GeGLU (gelu_tanh(gate) * up) in place of SwiGLU */
 zo_status cuda_launch_swiglu_forward(cudaStream_t st, gpu_tensor y, gpu_tensor gate,
                                      gpu_tensor up, size_t n, int gelu);

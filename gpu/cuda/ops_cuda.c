@@ -140,12 +140,12 @@ static zo_status cuda_run_rope_backward(const cuda_exec *e, const gpu_op_args *a
 
 static zo_status cuda_run_gelu_forward(const cuda_exec *e, const gpu_op_args *a)
 {
-    return cuda_launch_gelu_forward(e->stream, a->t[0], a->t[1], a->n);
+    return cuda_launch_gelu_forward(e->stream, a->t[0], a->t[1], a->n, (int)a->i[0]);
 }
 
 static zo_status cuda_run_gelu_backward(const cuda_exec *e, const gpu_op_args *a)
 {
-    return cuda_launch_gelu_backward(e->stream, a->t[0], a->t[1], a->t[2], a->n);
+    return cuda_launch_gelu_backward(e->stream, a->t[0], a->t[1], a->t[2], a->n, (int)a->i[0]);
 }
 
 static zo_status cuda_run_swiglu_forward(const cuda_exec *e, const gpu_op_args *a)
