@@ -1328,45 +1328,24 @@ static zo_status norm_forward(tf_model *m, gpu_stream_t s, gpu_tensor y, float *
     return st != ZO_OK ? st : gpu_rmsnorm_forward(s, y, rstd, x, w, N, c->hidden, c->norm_eps);
 }
 
-/* dres += d(norm input), given dh = d(norm output). dw, db: the norm's
- * gradients in `grads` (role w_role, b_role); with LoRA the norm is frozen
- * and they are not computed. */
-static zo_status norm_backward(tf_model *m, gpu_stream_t s, const void *grads, int block,
-                               model_role w_role, model_role b_role, gpu_tensor x, gpu_tensor w,
+/* The bias role of a norm that has none (Gemma-2's output norms): tf_view
+ * gives no tensor for it. */
+#define NO_BIAS MODEL_ROLE_COUNT
+
+/* dx += d(norm input), given dy = d(norm output): the pre-norms' dres += from
+ * dh, or Gemma-2's output norms' dh (zeroed first) from dres. dw, db: the
+ * norm's gradients in `grads` (role w_role, b_role); with LoRA the norm is
+ * frozen and they are not computed. */
+static zo_status norm_backward(tf_model *m, gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, const void *grads,
+                               int block, model_role w_role, model_role b_role, gpu_tensor x, gpu_tensor w,
                                const float *mean, const float *rstd, int N)
 {
     const zo_model_config *c = &m->cfg;
     gpu_tensor dw = tf_view(m, grads, block, w_role), db = tf_view(m, grads, block, b_role);
     if (has_lora(m)) dw = db = gpu_t(NULL, ZO_DTYPE_F32);
-    if (is_gpt(m))
-        return gpu_layernorm_backward(s, F32(m->dres), dw, db, F32(m->dh), x, w, mean, rstd, N,
-                                      c->hidden);
+    if (is_gpt(m)) return gpu_layernorm_backward(s, dx, dw, db, dy, x, w, mean, rstd, N, c->hidden);
     zo_status st = norm_weight(m, s, &w);
-    return st != ZO_OK ? st : gpu_rmsnorm_backward(s, F32(m->dres), dw, F32(m->dh), x, w, rstd, N, c->hidden);
-}
-
-/* Gemma-2's norm on a sublayer's output (role w_role of layer block blk):
- * y = norm(x), rstd saved. */
-static zo_status post_norm_forward(tf_model *m, gpu_stream_t s, const void *W, int blk, model_role w_role,
-                                   gpu_tensor y, float *rstd, gpu_tensor x, int N)
-{
-    gpu_tensor w = bview(m, W, blk, w_role);
-    zo_status st = norm_weight(m, s, &w);
-    return st != ZO_OK ? st : gpu_rmsnorm_forward(s, y, rstd, x, w, N, m->cfg.hidden, m->cfg.norm_eps);
-}
-
-/* Its backward: dh = d(norm input) given dres = d(norm output) (the
- * residual's gradient, which the sublayer's output joins), dw into grads
- * (none with LoRA: frozen). */
-static zo_status post_norm_backward(tf_model *m, gpu_stream_t s, const void *W, const void *grads, int blk,
-                                    model_role w_role, gpu_tensor x, const float *rstd, int N)
-{
-    const int h = m->cfg.hidden;
-    gpu_tensor dw = has_lora(m) ? gpu_t(NULL, ZO_DTYPE_F32) : tf_view(m, grads, blk, w_role);
-    gpu_tensor w = bview(m, W, blk, w_role);
-    zo_status st = norm_weight(m, s, &w);
-    if (st == ZO_OK) st = gpu_memset_async(s, m->dh, 0, (size_t)N * h * 4);
-    return st != ZO_OK ? st : gpu_rmsnorm_backward(s, F32(m->dh), dw, F32(m->dres), x, w, rstd, N, h);
+    return st != ZO_OK ? st : gpu_rmsnorm_backward(s, dx, dw, dy, x, w, rstd, N, c->hidden);
 }
 
 
@@ -2088,7 +2067,8 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
         (st = lora_forward(m, s, l, bb, TF_LORA_O, att, o_out, h)) != ZO_OK)
         return st;
     if (post_norms(m) &&
-        (st = post_norm_forward(m, s, W, blk, MODEL_ROLE_POST_ATTN_NORM_W, tmp, a->rstd3, o_out, N)) != ZO_OK)
+        (st = norm_forward(m, s, tmp, NULL, a->rstd3, o_out, bview(m, W, blk, MODEL_ROLE_POST_ATTN_NORM_W),
+                           gpu_t(NULL, dt), N)) != ZO_OK)
         return st;
     if (par ? !recompute && (st = gpu_add(s, out, x, tmp, (size_t)N * h)) != ZO_OK
             : (st = gpu_add(s, x_mid, x, tmp, (size_t)N * h)) != ZO_OK)
@@ -2130,7 +2110,8 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
         if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_DOWN_W, MODEL_ROLE_MLP_DOWN_B, d_out, h,
                                       act, N, h, f)) != ZO_OK ||
             (st = lora_forward(m, s, l, bb, TF_LORA_DOWN, act, d_out, h)) != ZO_OK ||
-            (st = post_norm_forward(m, s, W, blk, MODEL_ROLE_POST_MLP_NORM_W, tmp, a->rstd4, d_out, N)) != ZO_OK ||
+            (st = norm_forward(m, s, tmp, NULL, a->rstd4, d_out, bview(m, W, blk, MODEL_ROLE_POST_MLP_NORM_W),
+                               gpu_t(NULL, dt), N)) != ZO_OK ||
             recompute)
             return st;
         return gpu_add(s, out, x_mid, tmp, (size_t)N * h);
@@ -2199,8 +2180,9 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
      * d(down output) = the post norm's backward of dres, in dh */
     gpu_tensor ddown = dres;
     if (post_norms(m)) {
-        if ((st = post_norm_backward(m, s, W, G, blk, MODEL_ROLE_POST_MLP_NORM_W, gpu_t(a->pm_in, dt), a->rstd4,
-                                     N)) != ZO_OK)
+        if ((st = gpu_memset_async(s, m->dh, 0, (size_t)N * h * 4)) != ZO_OK ||
+            (st = norm_backward(m, s, dh, dres, G, blk, MODEL_ROLE_POST_MLP_NORM_W, NO_BIAS, gpu_t(a->pm_in, dt),
+                                bview(m, W, blk, MODEL_ROLE_POST_MLP_NORM_W), NULL, a->rstd4, N)) != ZO_OK)
             return st;
         ddown = dh;
     }
@@ -2220,22 +2202,23 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
      * d x_mid is d out, which the output projection reads first, and norm2
      * (of x) adds its share after it */
     const int par = parallel_residual(m);
-    if (!par && (st = norm_backward(m, s, G, blk, MODEL_ROLE_LN2_W, MODEL_ROLE_LN2_B, x_mid,
+    if (!par && (st = norm_backward(m, s, dres, dh, G, blk, MODEL_ROLE_LN2_W, MODEL_ROLE_LN2_B, x_mid,
                                     bview(m, W, blk, MODEL_ROLE_LN2_W), a->mean2, a->rstd2, N)) != ZO_OK)
         return st;
 
     /* attention output projection: datt[N, q] = dres Wo (+ adapter) */
     gpu_tensor datt = F32(m->datt), dqkv = F32(m->dqkv), dout = dres;
     if (post_norms(m)) { /* Gemma-2: through the norm on the attention's output, into dh */
-        if ((st = post_norm_backward(m, s, W, G, blk, MODEL_ROLE_POST_ATTN_NORM_W, gpu_t(a->pa_in, dt), a->rstd3,
-                                     N)) != ZO_OK)
+        if ((st = gpu_memset_async(s, m->dh, 0, (size_t)N * h * 4)) != ZO_OK ||
+            (st = norm_backward(m, s, dh, dres, G, blk, MODEL_ROLE_POST_ATTN_NORM_W, NO_BIAS, gpu_t(a->pa_in, dt),
+                                bview(m, W, blk, MODEL_ROLE_POST_ATTN_NORM_W), NULL, a->rstd3, N)) != ZO_OK)
             return st;
         dout = dh;
     }
     if ((st = linear_role_backward(m, l, bb, s, out, datt, 0.0f, dout, att)) != ZO_OK) return st;
     /* one norm for both (Falcon-7B): the MLP's dh stays, the attention's adds to it */
     if (par && !one_norm(c) &&
-        (st = norm_backward(m, s, G, blk, MODEL_ROLE_LN2_W, MODEL_ROLE_LN2_B, x,
+        (st = norm_backward(m, s, dres, dh, G, blk, MODEL_ROLE_LN2_W, MODEL_ROLE_LN2_B, x,
                             bview(m, W, blk, MODEL_ROLE_LN2_W), a->mean2, a->rstd2, N)) != ZO_OK)
         return st;
     gpu_attn_desc ad = layer_attn(m, l);
@@ -2246,7 +2229,7 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
         (st = linear_role_backward(m, l, bb, s, qkvp, dh, one_norm(c) ? 1.0f : 0.0f, dqkv, ln1)) != ZO_OK)
         return st;
     /* dres (= d x) += norm1 backward */
-    return norm_backward(m, s, G, blk, MODEL_ROLE_LN1_W, MODEL_ROLE_LN1_B, x,
+    return norm_backward(m, s, dres, dh, G, blk, MODEL_ROLE_LN1_W, MODEL_ROLE_LN1_B, x,
                          bview(m, W, blk, MODEL_ROLE_LN1_W), a->mean1, a->rstd1, N);
 }
 
@@ -2353,7 +2336,7 @@ static zo_status head_backward(tf_model *m, const tf_block_bufs *bb, float loss_
     }
     /* the residual gradient starts here: dres = norm_f backward */
     if ((st = gpu_memset_async(s, m->dres, 0, (size_t)N * c->hidden * 4)) != ZO_OK) return st;
-    return norm_backward(m, s, bb->grads, blk, MODEL_ROLE_NORM_W, MODEL_ROLE_NORM_B,
+    return norm_backward(m, s, F32(m->dres), F32(m->dh), bb->grads, blk, MODEL_ROLE_NORM_W, MODEL_ROLE_NORM_B,
                          gpu_t(m->res[c->n_layers], m->dtype), bview(m, base_buf(m, bb), blk, MODEL_ROLE_NORM_W),
                          m->meanf, m->rstdf, N);
 }
