@@ -335,6 +335,11 @@ uint64_t zo_model_position_rows(const zo_model_config *c)
 
 int zo_model_post_norms(const zo_model_config *c) { return c->arch == ZO_ARCH_LLAMA && c->layer_norms == 4; }
 
+int zo_family_gemma(const char *family)
+{
+    return !strcmp(family, "gemma") || !strcmp(family, "gemma2") || !strcmp(family, "gemma3_text");
+}
+
 int zo_model_layer_sliding(const zo_model_config *c, int l)
 {
     if (c->window_period > 0) return (l + 1) % c->window_period != 0;
@@ -494,7 +499,7 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
      * erf form ("gelu") too; LLaMA: SiLU, Gemma's gate that tanh form (GeGLU) */
     int tanh_gelu = !strcmp(c->act, "gelu_new") || !strcmp(c->act, "gelu_fast") ||
                     !strcmp(c->act, "gelu_pytorch_tanh") || (zo_model_qkv_grouped(c) && !strcmp(c->act, "gelu"));
-    int gemma = !strncmp(c->family, "gemma", 5);
+    int gemma = zo_family_gemma(c->family);
     int other_act = c->act[0] && (c->arch == ZO_ARCH_GPT || gemma ? !tanh_gelu : strcmp(c->act, "silu"));
     /* GPT-NeoX and Falcon: rotary in place of learned positions, attention and
      * MLP side by side (use_parallel_residual, parallel_attn); Falcon's one
@@ -904,7 +909,7 @@ static void parse_llama(hf *r, zo_model_config *c, const family *f)
     int gemma3 = !strcmp(f->type, "gemma3_text");
     c->rope_theta = hf_float(r, "rope_theta", gemma3 ? 1e6f : 10000.0f);
     c->tied_embeddings = hf_bool(r, "tie_word_embeddings", f->tied);
-    if (!strncmp(f->type, "gemma", 5)) {
+    if (zo_family_gemma(f->type)) {
         /* Hugging Face's GemmaMLP reads hidden_activation alone (hidden_act
          * is ignored: gemma-7b's says "gelu"); absent or null, the tanh form */
         hf_act(r, "hidden_activation", NULL, c);

@@ -789,7 +789,8 @@ static void test_gemma2_config(void **state)
  * with base 10000, rope_theta 1e6 on the others); the defaults (window
  * 4096, pattern 6, rope_theta 1e6); each preset's config.json read back
  * with the same keys (4b and up: a linear rope_scaling of 8); the
- * multimodal "gemma3" refused by name. */
+ * multimodal "gemma3" refused by name; zo_family_gemma names the three
+ * text families. */
 static void test_gemma3_config(void **state)
 {
     (void)state;
@@ -826,6 +827,10 @@ static void test_gemma3_config(void **state)
     assert_int_equal(zo_model_config_parse("{\"model_type\": \"gemma3\", \"text_config\": {}}", "mm.json", &c),
                      ZO_ERR_UNSUPPORTED);
     assert_non_null(strstr(zo_last_error(), "gemma3"));
+    /* the one Gemma predicate (the runtime's (1 + w) norms, the parser's
+     * hidden_activation, the export's keys): the three text families only */
+    assert_true(zo_family_gemma("gemma") && zo_family_gemma("gemma2") && zo_family_gemma("gemma3_text"));
+    assert_false(zo_family_gemma("gemma3") || zo_family_gemma("gemmax") || zo_family_gemma("llama"));
 }
 
 /* A Phi-4-mini-shaped model's config.json (partial_rotary_factor 0.75:

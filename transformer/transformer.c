@@ -14,11 +14,7 @@ static int is_gpt(const tf_model *m) { return m->cfg.arch == ZO_ARCH_GPT; }
 static int has_lora(const tf_model *m) { return m->opts.lora.r > 0; }
 /* Gemma, Gemma-2 and Gemma-3: RMSNorm times (1 + w) (Gemma-3's q/k norms
  * too), the embedding times sqrt(hidden), GeGLU */
-static int gemma_family(const char *family)
-{
-    return !strcmp(family, "gemma") || !strcmp(family, "gemma2") || !strcmp(family, "gemma3_text");
-}
-static int is_gemma(const tf_model *m) { return gemma_family(m->cfg.family); }
+static int is_gemma(const tf_model *m) { return zo_family_gemma(m->cfg.family); }
 /* Gemma-2: norms on the attention's and the MLP's outputs */
 static int post_norms(const tf_model *m) { return zo_model_post_norms(&m->cfg); }
 /* Rotary positions: LLaMA's, GPT-NeoX's and Falcon's on GPT layers */
@@ -33,7 +29,7 @@ static int qkv_width(const zo_model_config *c) { return (c->n_heads + 2 * c->n_k
 static int q_width(const zo_model_config *c) { return c->n_heads * c->head_dim; }
 /* the LLaMA-shaped MLP's gate: GELU's tanh form (Gemma's GeGLU; the
  * runtime check refuses Gemma's other activations), else SiLU */
-static int tf_geglu(const zo_model_config *c) { return gemma_family(c->family); }
+static int tf_geglu(const zo_model_config *c) { return zo_family_gemma(c->family); }
 /* the heads Qwen3's q/k norms normalise per token (0 without them) */
 static int qk_heads(const zo_model_config *c) { return c->qk_norm ? c->n_heads + c->n_kv_heads : 0; }
 static int is_moe(const tf_model *m, int l) { return zo_model_layer_is_moe(&m->cfg, l); }
@@ -2520,7 +2516,7 @@ void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_
                       t->role == MODEL_ROLE_K_NORM_W || t->role == MODEL_ROLE_POST_ATTN_NORM_W ||
                       t->role == MODEL_ROLE_POST_MLP_NORM_W;
         /* a norm multiplies by 1, which Gemma stores as the offset 0 (GemmaRMSNorm's zeros) */
-        float one = gemma_family(l->cfg.family) ? 0.0f : 1.0f;
+        float one = zo_family_gemma(l->cfg.family) ? 0.0f : 1.0f;
         if (t->ndim == 1) {
             for (size_t e = 0; e < t->numel; e++) p[e] = is_norm ? one : 0.0f;
             continue;
