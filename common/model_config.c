@@ -799,34 +799,49 @@ static void hf_longrope(hf *r, hf *sub, zo_model_config *c, const family *f)
 /* Which layers attend over the window: layer_types when present, one
  * "full_attention" every p layers, the rest "sliding_attention" (p 0: none
  * full, every layer windowed; none sliding: no window), else every
- * `period`-th layer global (Gemma-2's default: the odd layers). A list of
- * another pattern is refused by name. */
+ * `period`-th layer global (Gemma-2's default: the odd layers). Refused,
+ * naming what is wrong: a list of another length than num_hidden_layers
+ * (the two counts), an entry that is not one of those two strings (its
+ * index), another pattern (the first layer off it). */
 static void hf_window_layers(hf *r, zo_model_config *c, int period)
 {
     const cJSON *lt = hf_item(r, "layer_types"), *e;
     c->window_period = period;
     if (!lt || r->st) return;
-    int n = 0, first_full = -1, sliding = 0;
-    cJSON_ArrayForEach(e, lt)
-    {
-        int full = cJSON_IsString(e) && !strcmp(e->valuestring, "full_attention");
-        if (full && first_full < 0) first_full = n;
-        sliding += !full;
-        n++;
-    }
-    int p = first_full < 0 ? 0 : first_full + 1, ok = n == c->n_layers;
-    n = 0;
-    cJSON_ArrayForEach(e, lt)
-    {
-        int full = cJSON_IsString(e) && !strcmp(e->valuestring, "full_attention");
-        ok &= full == (p > 0 && (n + 1) % p == 0);
-        n++;
-    }
-    if (!ok) {
-        hf_fail(r, ZO_ERR_UNSUPPORTED, "layer_types",
-                "the runtime takes %d entries with every p-th \"full_attention\" and the rest "
-                "\"sliding_attention\"; this list is another pattern", c->n_layers);
+    if (!cJSON_IsArray(lt)) {
+        hf_fail(r, ZO_ERR_FORMAT, "layer_types", "must be a list (one entry a layer)");
         return;
+    }
+    int n = cJSON_GetArraySize(lt);
+    if (n != c->n_layers) {
+        hf_fail(r, ZO_ERR_FORMAT, "layer_types", "has %d entries, num_hidden_layers is %d (one entry a layer)", n,
+                c->n_layers);
+        return;
+    }
+    /* p: one past the first full layer (0: none) */
+    int i = 0, p = 0, sliding = 0;
+    cJSON_ArrayForEach(e, lt)
+    {
+        int full = cJSON_IsString(e) && !strcmp(e->valuestring, "full_attention");
+        if (!full && !(cJSON_IsString(e) && !strcmp(e->valuestring, "sliding_attention"))) {
+            hf_fail(r, ZO_ERR_FORMAT, "layer_types", "entry %d is not \"full_attention\" or \"sliding_attention\"", i);
+            return;
+        }
+        if (full && !p) p = i + 1;
+        sliding += !full;
+        i++;
+    }
+    i = 0;
+    cJSON_ArrayForEach(e, lt)
+    {
+        int full = !strcmp(e->valuestring, "full_attention");
+        if (full != (p > 0 && (i + 1) % p == 0)) {
+            hf_fail(r, ZO_ERR_UNSUPPORTED, "layer_types",
+                    "entry %d is \"%s\": the runtime takes every p-th layer \"full_attention\" and the rest "
+                    "\"sliding_attention\" (p = %d here, from the first full layer)", i, e->valuestring, p);
+            return;
+        }
+        i++;
     }
     c->window_period = p;
     if (!sliding) c->sliding_window = 0;
