@@ -375,10 +375,9 @@ static zo_status gen_alloc(tf_model *m)
         {&a->qkv, L ? N * qkv_width(c) * es : 0, "qkv"},
         {&a->att, L ? N * q_width(c) * es : 0, "attention"},
         {&a->x_mid, L && !c->parallel_block ? N * h * es : 0, "residual mid"},
-        {&a->pa_in, L && post_norms(m) ? N * h * es : 0, "attention output (post norm input)"},
-        {&a->pm_in, L && post_norms(m) ? N * h * es : 0, "mlp output (post norm input)"},
-        {(void **)&a->rstd3, L && post_norms(m) ? N * 4 : 0, "attention post norm rstd"},
-        {(void **)&a->rstd4, L && post_norms(m) ? N * 4 : 0, "mlp post norm rstd"},
+        /* Gemma-2: one input and 1/rms for both output norms (nothing kept) */
+        {&a->pa_in, L && post_norms(m) ? N * h * es : 0, "post norm input"},
+        {(void **)&a->rstd3, L && post_norms(m) ? N * 4 : 0, "post norm rstd"},
         {&a->ln2, L && !one_norm(c) ? N * h * es : 0, "ln2"},
         {(void **)&a->mean2, L && !one_norm(c) ? N * 4 : 0, "ln2 mean"},
         {(void **)&a->rstd2, L && !one_norm(c) ? N * 4 : 0, "ln2 rstd"},
@@ -2102,11 +2101,13 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
          * rstd kept (a recompute stops before the add; by op, before the
          * down projection: its output, the norm's input, was kept) */
         if (kept) return ZO_OK;
-        gpu_tensor d_out = gpu_t(a->pm_in, dt);
+        /* generation keeps neither: the attention's norm's buffers serve again */
+        gpu_tensor d_out = gpu_t(m->opts.kv_len ? a->pa_in : a->pm_in, dt);
+        float *rstd4 = m->opts.kv_len ? a->rstd3 : a->rstd4;
         if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_DOWN_W, MODEL_ROLE_MLP_DOWN_B, d_out, h,
                                       act, N, h, f)) != ZO_OK ||
             (st = lora_forward(m, s, l, bb, TF_LORA_DOWN, act, d_out, h)) != ZO_OK ||
-            (st = norm_forward(m, s, tmp, NULL, a->rstd4, d_out, bview(m, W, blk, MODEL_ROLE_POST_MLP_NORM_W),
+            (st = norm_forward(m, s, tmp, NULL, rstd4, d_out, bview(m, W, blk, MODEL_ROLE_POST_MLP_NORM_W),
                                gpu_t(NULL, dt), N)) != ZO_OK ||
             recompute)
             return st;
