@@ -1779,6 +1779,20 @@ void cpu_scale(gpu_tensor x, float alpha, size_t n, int nt)
     }
 }
 
+void cpu_softcap(gpu_tensor x, float cap, size_t n, int nt)
+{
+#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
+    for (size_t blk = 0; blk < ew_blocks(n); blk++) {
+        float bx[EW_BLOCK], by[EW_BLOCK];
+        size_t off = blk * EW_BLOCK;
+        int len = ew_len(blk, n);
+        float *py = out_f32(x, off, by);
+        const float *px = in_f32(x, off, len, bx);
+        for (int i = 0; i < len; i++) py[i] = cap * tanhf(px[i] / cap);
+        out_done(x, off, py, len);
+    }
+}
+
 void cpu_cast(gpu_tensor dst, gpu_tensor src, size_t n, int nt)
 {
     if (dst.dtype == src.dtype) {

@@ -889,12 +889,7 @@ zo_status tf_logits(tf_model *m, gpu_stream_t s, float *host)
         return zo_error(ZO_ERR_INVALID, "tf_logits: no generation forward (tf_set_tokens) to read");
     size_t n = (size_t)m->b * m->cfg.vocab;
     zo_status st = gpu_memcpy_async(s, host, m->logits, n * sizeof(float), GPU_COPY_DEVICE_TO_HOST);
-    if (st == ZO_OK) st = gpu_stream_synchronize(s);
-    /* Gemma-2's final_logit_softcapping, as the loss sees the logits */
-    const float cap = m->cfg.final_softcap;
-    if (st == ZO_OK && cap > 0.0f)
-        for (size_t i = 0; i < n; i++) host[i] = cap * tanhf(host[i] / cap);
-    return st;
+    return st != ZO_OK ? st : gpu_stream_synchronize(s);
 }
 
 /* ---- linear layers ------------------------------------------------------------- */
@@ -2258,7 +2253,13 @@ static zo_status head_generate(tf_model *m, const tf_block_bufs *bb, gpu_stream_
     if ((st = norm_forward(m, s, lnf, m->meanf, m->rstdf, gpu_t(m->hsel, m->dtype), bview(m, W, blk, MODEL_ROLE_NORM_W),
                            bview(m, W, blk, MODEL_ROLE_NORM_B), m->b)) != ZO_OK)
         return st;
-    return linear_forward(s, F32(m->logits), c->vocab, lnf, w, gpu_t(NULL, m->dtype), m->b, c->vocab, c->hidden);
+    if ((st = linear_forward(s, F32(m->logits), c->vocab, lnf, w, gpu_t(NULL, m->dtype), m->b, c->vocab,
+                             c->hidden)) != ZO_OK)
+        return st;
+    /* Gemma-2's final_logit_softcapping, as the loss sees the logits, on the
+     * device: tf_logits downloads the model's logits */
+    const float cap = c->final_softcap;
+    return cap > 0.0f ? gpu_softcap(s, F32(m->logits), cap, (size_t)m->b * c->vocab) : ZO_OK;
 }
 
 static zo_status head_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t s)
