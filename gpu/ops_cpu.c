@@ -1766,7 +1766,13 @@ void cpu_add(gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n, int nt)
     }
 }
 
-void cpu_scale(gpu_tensor x, float alpha, size_t n, int nt)
+static void softcap_f32(float *y, const float *x, float cap, int n)
+{
+    for (int i = 0; i < n; i++) y[i] = cap * tanhf(x[i] / cap); /* in place is fine: same index */
+}
+
+/* x = f(x, p) in place, block by block (scale, soft cap) */
+static void map_in_place(gpu_tensor x, float p, size_t n, int nt, void (*f)(float *, const float *, float, int))
 {
 #pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
@@ -1774,24 +1780,14 @@ void cpu_scale(gpu_tensor x, float alpha, size_t n, int nt)
         size_t off = blk * EW_BLOCK;
         int len = ew_len(blk, n);
         float *py = out_f32(x, off, by);
-        scale_f32(py, in_f32(x, off, len, bx), alpha, len);
+        f(py, in_f32(x, off, len, bx), p, len);
         out_done(x, off, py, len);
     }
 }
 
-void cpu_softcap(gpu_tensor x, float cap, size_t n, int nt)
-{
-#pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
-    for (size_t blk = 0; blk < ew_blocks(n); blk++) {
-        float bx[EW_BLOCK], by[EW_BLOCK];
-        size_t off = blk * EW_BLOCK;
-        int len = ew_len(blk, n);
-        float *py = out_f32(x, off, by);
-        const float *px = in_f32(x, off, len, bx);
-        for (int i = 0; i < len; i++) py[i] = cap * tanhf(px[i] / cap);
-        out_done(x, off, py, len);
-    }
-}
+void cpu_scale(gpu_tensor x, float alpha, size_t n, int nt) { map_in_place(x, alpha, n, nt, scale_f32); }
+
+void cpu_softcap(gpu_tensor x, float cap, size_t n, int nt) { map_in_place(x, cap, n, nt, softcap_f32); }
 
 void cpu_cast(gpu_tensor dst, gpu_tensor src, size_t n, int nt)
 {
