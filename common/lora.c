@@ -162,10 +162,9 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
     return n;
 }
 
-int zo_lora_dense_modules(const zo_model_config *cfg, unsigned targets, int *experts)
+int zo_lora_dense_modules(const zo_lora_module *mods, int n, int *experts)
 {
-    zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    int n = zo_lora_layer_modules(cfg, targets, mods), dense = 0;
+    int dense = 0;
     *experts = 0;
     for (int i = 0; i < n; i++) {
         if (mods[i].experts) *experts = 1;
@@ -185,6 +184,10 @@ uint64_t zo_lora_dequant_elems(const zo_model_config *cfg)
         if (w > widest) widest = w;
         if (!(mods[i].targets & ~qkv_bits)) qkv += w;
     }
+    /* an MoE model's dense first layers (DeepSeek's first_dense): their
+     * MLP's gate, up and down, each h x ffn (an MoE model's are never fused) */
+    uint64_t dense = cfg->moe.experts && cfg->moe.first_dense ? (uint64_t)cfg->hidden * (uint64_t)cfg->ffn : 0;
+    if (dense > widest) widest = dense;
     return qkv > widest ? qkv : widest;
 }
 

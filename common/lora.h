@@ -93,11 +93,12 @@ zo_status zo_lora_check(const zo_model_config *cfg, const zo_lora_config *lc);
 int zo_lora_layer_modules(const zo_model_config *cfg, unsigned targets,
                           zo_lora_module out[ZO_LORA_MAX_MODULES]);
 
-/* Of those: how many are not a routed expert's (the runtime keeps each
- * one's A x [tokens, r] for its backward), and in *experts whether any is
- * (the experts' adapters run one expert at a time through a scratch of
- * their own and keep no A x). */
-int zo_lora_dense_modules(const zo_model_config *cfg, unsigned targets, int *experts);
+/* Of the n modules zo_lora_layer_modules gave: how many are not a routed
+ * expert's (the runtime keeps each one's A x [tokens, r] for its backward),
+ * and in *experts whether any is (the experts' adapters run one expert at a
+ * time through a scratch of their own and keep no A x). The runtime, the
+ * generation plan and memplan all ask this. */
+int zo_lora_dense_modules(const zo_lora_module *mods, int n, int *experts);
 
 /* Elements of the widest weight QLoRA dequantizes at once, from a layer's
  * linear modules (zo_lora_layer_modules over all-linear: the weights QLoRA
@@ -106,7 +107,11 @@ int zo_lora_dense_modules(const zo_model_config *cfg, unsigned targets, int *exp
  * gate_up_proj are one tensor each, dequantized once for both gate and up;
  * a routed expert's, one expert's), and q, k and v summed where they are
  * modules apart, the runtime dequantizing them into one weight for its
- * fused q|k|v GEMM. The runtime's scratch (tf_model.wdq), the generation
+ * fused q|k|v GEMM; an MoE model's dense first layers (first_dense) add
+ * their MLP's h x ffn. The attention is taken as q, k, v and o: latent
+ * attention (mla.kv_rank) has other projections, and adapters on it are
+ * refused before this is asked (memplan's --lora check,
+ * zo_model_config_runtime_check). The runtime's scratch (tf_model.wdq), the generation
  * plan's and memplan's QLoRA scratch (divided by TP there) are this. */
 uint64_t zo_lora_dequant_elems(const zo_model_config *cfg);
 

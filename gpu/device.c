@@ -382,6 +382,14 @@ zo_status gpu_embedding_forward(gpu_stream_t s, gpu_tensor out, const int32_t *t
     RUN(EMBEDDING_FORWARD, .t = {out, wte, wpe}, .p = {(void *)tokens}, .i = {n, t, c, vocab});
 }
 
+zo_status gpu_embedding_forward_seq(gpu_stream_t s, gpu_tensor out, const int32_t *tokens, gpu_tensor wte,
+                                    gpu_tensor wpe, const int32_t *pos, int n, int t, int c, int vocab)
+{
+    if (!pos) return zo_error(ZO_ERR_INVALID, "gpu_embedding_forward_seq: pos is NULL");
+    if (!wpe.data) return zo_error(ZO_ERR_INVALID, "gpu_embedding_forward_seq: wpe is NULL (positions index it)");
+    RUN(EMBEDDING_FORWARD, .t = {out, wte, wpe}, .p = {(void *)tokens, (void *)pos}, .i = {n, t, c, vocab});
+}
+
 zo_status gpu_embedding_backward(gpu_stream_t s, gpu_tensor dwte, gpu_tensor dwpe,
                                  gpu_tensor dout, const int32_t *tokens, int n, int t, int c,
                                  int vocab)

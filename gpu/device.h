@@ -316,6 +316,11 @@ zo_status gpu_swiglu_backward(gpu_stream_t s, gpu_tensor dgate, gpu_tensor dup, 
  * (dwpe may be NULL). An id outside [0, vocab) is a sticky stream error. */
 zo_status gpu_embedding_forward(gpu_stream_t s, gpu_tensor out, const int32_t *tokens,
                                 gpu_tensor wte, gpu_tensor wpe, int n, int t, int c, int vocab);
+/* The same with a position a sequence of t rows (generation's batch, each
+ * sequence at its own place in the cache): row r adds wpe[pos[r / t] +
+ * r % t]; pos: n / t int32 on the device, wpe required. */
+zo_status gpu_embedding_forward_seq(gpu_stream_t s, gpu_tensor out, const int32_t *tokens, gpu_tensor wte,
+                                    gpu_tensor wpe, const int32_t *pos, int n, int t, int c, int vocab);
 zo_status gpu_embedding_backward(gpu_stream_t s, gpu_tensor dwte, gpu_tensor dwpe,
                                  gpu_tensor dout, const int32_t *tokens, int n, int t, int c,
                                  int vocab);

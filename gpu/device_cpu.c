@@ -698,7 +698,7 @@ static zo_status cpu_run_moe_scatter_add(cpu_scratch *ws, const gpu_op_args *a, 
 
 static zo_status cpu_run_embedding_forward(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
-    return cpu_embedding_forward(ws, a->t[0], a->p[0], a->t[1], a->t[2], (int)a->i[0],
+    return cpu_embedding_forward(ws, a->t[0], a->p[0], a->t[1], a->t[2], a->p[1], (int)a->i[0],
                                  (int)a->i[1], (int)a->i[2], (int)a->i[3], nt);
 }
 

@@ -142,7 +142,7 @@ typedef struct gpu_op_slot {
       gpu_check_rope)                                                                            \
     X(ROPE_BACKWARD, rope_backward,                                                             \
       (GPU_T(0, dx), GPU_DIM(0, n), GPU_DIM(1, t), GPU_DIM(2, n_heads), GPU_DIM(3, d),           \
-       GPU_INT(4, ldx), GPU_INT(5, pos0), GPU_DIM(6, ldh), GPU_POPT(0, inv_freq), GPU_POPT(1, pos)), \
+       GPU_INT(4, ldx), GPU_INT(5, pos0), GPU_DIM(6, ldh), GPU_POPT(0, inv_freq)),               \
       gpu_check_rope)                                                                            \
     X(GELU_FORWARD, gelu_forward, (GPU_N(n), GPU_T(0, y), GPU_T(1, x), GPU_INT(0, exact)), NULL) \
     X(GELU_BACKWARD, gelu_backward,                                                           \
@@ -155,7 +155,7 @@ typedef struct gpu_op_slot {
       NULL)                                                                                      \
     X(EMBEDDING_FORWARD, embedding_forward,                                                     \
       (GPU_T(0, out), GPU_T(1, wte), GPU_TOPT(2, wpe), GPU_P(0, tokens), GPU_DIM(0, n),          \
-       GPU_DIM(1, t), GPU_DIM(2, c), GPU_DIM(3, vocab)),                                         \
+       GPU_DIM(1, t), GPU_DIM(2, c), GPU_DIM(3, vocab), GPU_POPT(1, pos)),                       \
       NULL)                                                                                      \
     X(EMBEDDING_BACKWARD, embedding_backward,                                                   \
       (GPU_T(0, dwte), GPU_TOPT(1, dwpe), GPU_T(2, dout), GPU_P(0, tokens), GPU_DIM(0, n),       \

@@ -1544,8 +1544,8 @@ static zo_status check_ids(const char *op, const char *what, const int32_t *ids,
 }
 
 zo_status cpu_embedding_forward(cpu_scratch *ws, gpu_tensor out, const int32_t *tokens,
-                                gpu_tensor wte, gpu_tensor wpe, int n, int t, int c, int vocab,
-                                int nt)
+                                gpu_tensor wte, gpu_tensor wpe, const int32_t *pos, int n, int t, int c,
+                                int vocab, int nt)
 {
     zo_status s = check_ids("gpu_embedding_forward", "tokens", tokens, n, vocab, 0);
     if (s != ZO_OK) return s;
@@ -1562,7 +1562,7 @@ zo_status cpu_embedding_forward(cpu_scratch *ws, gpu_tensor out, const int32_t *
         for (int r = 0; r < n; r++) {
             load_row(row, wte, (size_t)tokens[r] * c, c);
             if (wpe.data) {
-                load_row(pr, wpe, (size_t)(r % t) * c, c);
+                load_row(pr, wpe, ((size_t)(pos ? pos[r / t] : 0) + (size_t)(r % t)) * c, c);
                 for (int j = 0; j < c; j++) row[j] += pr[j];
             }
             store_row(out, (size_t)r * c, row, c);

@@ -119,9 +119,10 @@ void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int
 void cpu_swiglu_forward(gpu_tensor y, gpu_tensor gate, gpu_tensor up, size_t n, int gelu, int nt);
 void cpu_swiglu_backward(gpu_tensor dgate, gpu_tensor dup, gpu_tensor dy, gpu_tensor gate,
                          gpu_tensor up, size_t n, int gelu, int nt);
+/* pos (NULL: none): a position a sequence of t rows, where wpe's rows start */
 zo_status cpu_embedding_forward(cpu_scratch *ws, gpu_tensor out, const int32_t *tokens,
-                                gpu_tensor wte, gpu_tensor wpe, int n, int t, int c, int vocab,
-                                int nt);
+                                gpu_tensor wte, gpu_tensor wpe, const int32_t *pos, int n, int t, int c,
+                                int vocab, int nt);
 zo_status cpu_embedding_backward(cpu_scratch *ws, gpu_tensor dwte, gpu_tensor dwpe,
                                  gpu_tensor dout, const int32_t *tokens, int n, int t, int c,
                                  int vocab, int nt);

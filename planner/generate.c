@@ -343,7 +343,7 @@ zo_status plan_gen_estimate_run(const zo_model_config *m, const plan_hw *hw, con
         plan_peft_stage(m, &t, 0, &p);
         base = (blocks){nb, p.first_frozen, p.layer_frozen, p.last_frozen};
         n_mods = zo_lora_layer_modules(m, g->lora.targets, mods);
-        dense_mods = zo_lora_dense_modules(m, g->lora.targets, &expert_ad);
+        dense_mods = zo_lora_dense_modules(mods, n_mods, &expert_ad);
         ad.layer = zo_lora_trainable_params(m, g->lora.r, g->lora.targets) / (L ? L : 1) * es;
         /* QLoRA dequantizes each linear weight into one scratch as large as
          * the widest, as the runtime sizes it (zo_lora_dequant_elems) */

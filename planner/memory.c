@@ -1497,7 +1497,10 @@ static void backward_activations(const stage_est *s, plan_estimate *e)
      * x A^T, and the gradient's rows; nothing where no expert module is
      * adapted (--lora-targets q,v) */
     uint64_t er = 0, r = (uint64_t)t->lora.r;
-    if (s->sh.moe_layers && t->runtime == PLAN_RUNTIME_ZOFFLOAD && s->pf.layer_trainable_ex) {
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    int experts = 0;
+    zo_lora_dense_modules(mods, zo_lora_layer_modules(m, t->lora.targets, mods), &experts);
+    if (s->sh.moe_layers && t->runtime == PLAN_RUNTIME_ZOFFLOAD && experts) {
         er = zo_moe_expert_rows(m, t->capacity_factor, sb, t->ep > 1 ? (uint64_t)t->ep : 1);
         add(e, "LoRA expert scratch (an expert's x A^T)", ZO_PLAN_GPU, PLAN_ACTIVATIONS, er * r * s->wsz);
     }

@@ -627,7 +627,7 @@ static void test_embedding(void **state)
             wdwpe[(r % t) * c + j] += dout[r * c + j];
         }
     cuda_err_rec err = {0};
-    assert_int_equal(shim_launch_embedding_forward(NULL, &err, out, tokens, twte, twpe, n, t, c,
+    assert_int_equal(shim_launch_embedding_forward(NULL, &err, out, tokens, twte, twpe, NULL, n, t, c,
                                                    vocab),
                      ZO_OK);
     assert_int_equal(err.code, 0);
@@ -639,9 +639,22 @@ static void test_embedding(void **state)
     assert_int_equal(err.code, 0);
     assert_int_equal(check_tensor("dwte", tdwte, wdwte, (size_t)vocab * c), 0);
     assert_int_equal(check_tensor("dwpe", tdwpe, wdwpe, (size_t)t * c), 0);
+    /* a position a sequence (generation's batch): sequence j's rows from
+     * wpe's row pos[j], in a table of 12 rows */
+    const int rows = 12;
+    int32_t pos[2] = {5, 9};
+    float *wpe2 = frand_array((size_t)rows * c, 1.0f);
+    gpu_tensor twpe2 = tensor_of(ZO_DTYPE_BF16, wpe2, (size_t)rows * c);
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < c; j++)
+            wout[r * c + j] = (double)wte[tokens[r] * c + j] + wpe2[(pos[r / t] + r % t) * c + j];
+    assert_int_equal(shim_launch_embedding_forward(NULL, &err, out, tokens, twte, twpe2, pos, n, t, c, vocab), ZO_OK);
+    assert_int_equal(err.code, 0);
+    assert_int_equal(check_tensor("embedding, a position a sequence", out, wout, (size_t)n * c), 0);
+    free(wpe2), free(twpe2.data);
     /* a token out of range: recorded once (row, value, limit), its row skipped */
     tokens[4] = 70;
-    assert_int_equal(shim_launch_embedding_forward(NULL, &err, out, tokens, twte, twpe, n, t, c,
+    assert_int_equal(shim_launch_embedding_forward(NULL, &err, out, tokens, twte, twpe, NULL, n, t, c,
                                                    vocab),
                      ZO_OK);
     assert_int_equal(err.code, CUDA_ERR_EMBEDDING_FORWARD);

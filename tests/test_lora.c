@@ -677,6 +677,12 @@ static void test_dequant_scratch(void **state)
         tf_free(&qlora);
     }
     gpu_device_free(dev);
+    /* Qwen3-MoE above with a dense first layer (DeepSeek's first_dense,
+     * which adapters refuse today): its MLP's 64 x 512 is the widest */
+    zo_model_config c;
+    assert_int_equal(zo_model_config_parse(configs[3], "dequant", &c), ZO_OK);
+    c.moe.first_dense = 1;
+    assert_int_equal(zo_lora_dequant_elems(&c), 512 * 64);
 }
 
 /* QLoRA (NF4 base) against LoRA on the bf16 base, both computing in bf16,

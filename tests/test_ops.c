@@ -569,15 +569,16 @@ static void ref_swiglu_backward(const gpu_op_args *a, hostv *h)
     }
 }
 
-/* t: out wte wpe; p: tokens; i: n t c vocab */
+/* t: out wte wpe; p: tokens, each sequence's position (or none); i: n t c
+ * vocab. Row r adds wpe's row P[1][r / t] + r % t (P[1] none: r % t). */
 static void ref_embedding_forward(const gpu_op_args *a, hostv *h)
 {
     int n = (int)a->i[0], t = (int)a->i[1], c = (int)a->i[2];
     for (int r = 0; r < n; r++) {
         int tok = (int)h->P[0][r];
+        size_t pe = (size_t)((h->P[1] ? h->P[1][r / t] : 0.0) + (double)(r % t));
         for (int j = 0; j < c; j++)
-            h->T[0][(size_t)r * c + j] =
-                h->T[1][(size_t)tok * c + j] + (h->T[2] ? h->T[2][(size_t)(r % t) * c + j] : 0.0);
+            h->T[0][(size_t)r * c + j] = h->T[1][(size_t)tok * c + j] + (h->T[2] ? h->T[2][pe * c + j] : 0.0);
     }
 }
 
@@ -1841,6 +1842,10 @@ static void rope_grid(gpu_op_id op)
             c.a.f[1] = 1.1902381f;
             emit(&c);
         }
+    if (op != GPU_OP_ROPE_FORWARD) {
+        rng = keep;
+        return; /* only the forward takes positions: generation has no backward */
+    }
     /* a position a sequence (generation's batch, each sequence at its own
      * place in the cache: gpu_rope_forward_seq), drawn in [0, 4096): n
      * rows in sequences of t at head sizes 64, 80 and 128, whole heads and
@@ -2033,7 +2038,33 @@ static void same_low_byte_prep(const pcase *c, hostv *h)
     for (int r = 0; r < (int)c->a.i[0]; r++) h->P[0][r] = 5 + 256 * floor(3 * urand());
 }
 
-static void parity_embedding_forward(void) { embedding_grid(GPU_OP_EMBEDDING_FORWARD); }
+static void parity_embedding_forward(void)
+{
+    embedding_grid(GPU_OP_EMBEDDING_FORWARD);
+    /* a position a sequence (generation's batch of GPT-2's learned
+     * positions: gpu_embedding_forward_seq): n rows in sequences of t, each
+     * sequence's first position drawn in [0, P - t] of a table of P rows;
+     * the random stream is given back when done, so that the ops after draw
+     * the inputs they drew before these cases were added */
+    static const int seq[][5] = {/* n t c vocab P */ {6, 1, 33, 5, 40}, {12, 3, 64, 7, 100}, {8, 2, 300, 50, 1024},
+                                 {16, 4, 16, 700, 64}, {5, 1, 128, 70000, 4096}};
+    uint64_t keep = rng;
+    for (size_t s = 0; s < sizeof seq / sizeof *seq; s++)
+        for (int t = 0; t < 3; t++) {
+            const int *g = seq[s];
+            pcase c = new_case(GPU_OP_EMBEDDING_FORWARD,
+                               "positions a sequence: n %d t %d c %d vocab %d, %d positions %s", g[0], g[1], g[2],
+                               g[3], g[4], ename(storage[t]));
+            c.a.i[0] = g[0], c.a.i[1] = g[1], c.a.i[2] = g[2], c.a.i[3] = g[3];
+            OUT_T(&c, 0, storage[t], (size_t)g[0] * g[2]);
+            IN_T(&c, 1, storage[t], (size_t)g[3] * g[2]);
+            IN_T(&c, 2, storage[t], (size_t)g[4] * g[2]);
+            add_buf(&c, 'p', 0, E_I32, (size_t)g[0], FILL_INT, 0, g[3], 0);
+            add_buf(&c, 'p', 1, E_I32, (size_t)(g[0] / g[1]), FILL_INT, 0, g[4] - g[1] + 1, 0);
+            emit(&c);
+        }
+    rng = keep;
+}
 
 static void parity_embedding_backward(void)
 {

@@ -1946,7 +1946,10 @@ static const char gemma_config[] =
  * plan (as matrix's rows). */
 static void family_rows(const char *name, const char *text)
 {
-    char flags[1024], plan[512], extra[256], place[256], path[512];
+    /* static: the global config points into it, and a failing assert
+     * leaves before the end puts config back */
+    static char path[512];
+    char flags[1024], plan[512], extra[256], place[256];
     snprintf(path, sizeof path, "%s/%s.json", dir, name);
     files_write_text(path, text);
     config = strrchr(path, '/') + 1;

@@ -298,10 +298,10 @@ static int gen_check(fixture *fx, tf_model *g, const int32_t *tok, int t, const 
     return bad;
 }
 
-/* The calls of op `name` the op profile counted in the forward of
- * gen_check (its arguments). */
-static double gen_check_calls(fixture *fx, tf_model *g, const int32_t *tok, int t, const int *pos, const int *last,
-                              const float *want, const char *name, int *bad)
+/* The calls of each of the n ops `names` the op profile counted in the
+ * forward of gen_check (its arguments), into calls[n]. */
+static void gen_check_calls(fixture *fx, tf_model *g, const int32_t *tok, int t, const int *pos, const int *last,
+                            const float *want, const char *const *names, int n, double *calls, int *bad)
 {
     gpu_profile *p;
     assert_int_equal(gpu_profile_start(fx->dev, &p), ZO_OK);
@@ -309,9 +309,8 @@ static double gen_check_calls(fixture *fx, tf_model *g, const int32_t *tok, int 
     *bad += gen_check(fx, g, tok, t, pos, last, want);
     assert_int_equal(gpu_profile_step_end(p), ZO_OK);
     assert_int_equal(gpu_profile_stop(p), ZO_OK);
-    double calls = gpu_profile_op_calls(p, name);
+    for (int i = 0; i < n; i++) calls[i] = gpu_profile_op_calls(p, names[i]);
     gpu_profile_free(p);
-    return calls;
 }
 
 /* Generation through the key/value cache: a prompt, then one token at a
@@ -320,7 +319,8 @@ static double gen_check_calls(fixture *fx, tf_model *g, const int32_t *tok, int 
  * and at different ones (the shorter prompt padded: its padding's keys are
  * overwritten as it goes on), which takes RoPE's per-sequence positions
  * (one rope call a layer for the batch: gpu_rope_forward_seq) and the
- * learned positions' per-sequence path. */
+ * learned positions' (one embedding call for the batch:
+ * gpu_embedding_forward_seq). */
 static void run_generation(const char *name)
 {
     fixture fx;
@@ -350,9 +350,12 @@ static void run_generation(const char *name)
     for (int k = 0; k < 3; k++) {
         int at[B] = {3 + k, 5 + k}, zero[B] = {0, 0};
         for (int j = 0; j < B; j++) tok[j] = fx.inputs[j * t + at[j]];
-        double calls = gen_check_calls(&fx, &g, tok, 1, at, zero, want, "rope_forward", &bad);
-        if (calls != (fx.cfg.arch == ZO_ARCH_GPT ? 0 : fx.cfg.n_layers))
-            fail_msg("%s: %g rope calls in a step of %d layers", name, calls, fx.cfg.n_layers);
+        static const char *const ops[] = {"rope_forward", "embedding_forward"};
+        double calls[2];
+        gen_check_calls(&fx, &g, tok, 1, at, zero, want, ops, 2, calls, &bad);
+        if (calls[0] != (fx.cfg.arch == ZO_ARCH_GPT ? 0 : fx.cfg.n_layers))
+            fail_msg("%s: %g rope calls in a step of %d layers", name, calls[0], fx.cfg.n_layers);
+        if (calls[1] != 1) fail_msg("%s: %g embedding calls in a step of %d sequences", name, calls[1], B);
     }
     /* a position past the cache is refused, naming it */
     int past[B] = {t, 0}, zero[B] = {0, 0};

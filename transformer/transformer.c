@@ -95,7 +95,7 @@ static zo_status lora_init(tf_model *m)
     m->lora_scale = o->alpha / (float)o->r;
     zo_lora_module mods[ZO_LORA_MAX_MODULES];
     const int n_mods = zo_lora_layer_modules(c, o->targets, mods);
-    m->n_lora_u = zo_lora_dense_modules(c, o->targets, &m->lora_experts);
+    m->n_lora_u = zo_lora_dense_modules(mods, n_mods, &m->lora_experts);
     const int q = q_width(c), kv = c->n_kv_heads * c->head_dim, r = o->r;
     /* offsets as model_lora_layout_init lays a layer out: the modules in
      * order, the routed experts' together at the first of them, expert
@@ -1197,20 +1197,6 @@ static zo_status expert_lora_backward(tf_model *m, gpu_stream_t s, const tf_bloc
 
 /* ---- blocks ---------------------------------------------------------------------- */
 
-/* Generation: every sequence's new tokens start at the same position. */
-static int same_pos(const tf_model *m)
-{
-    for (int j = 1; j < m->b; j++)
-        if (m->hpos[j] != m->hpos[0]) return 0;
-    return 1;
-}
-
-/* The rows of `x` ([N, ld] elements) from sequence j's first. */
-static gpu_tensor seq_rows(const tf_model *m, gpu_tensor x, int j, size_t ld)
-{
-    return gpu_t((char *)x.data + (size_t)j * m->t * ld * zo_dtype_size(x.dtype), x.dtype);
-}
-
 /* Gemma multiplies the embedding by sqrt(hidden), the factor rounded to the
  * model's dtype first (Hugging Face's normalizer is a tensor of that dtype:
  * bf16 rounds sqrt(3072) = 55.43 to 55.5) */
@@ -1230,20 +1216,23 @@ static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_
     gpu_tensor out = gpu_t(m->res[0], m->dtype), wte = bview(m, W, 0, MODEL_ROLE_TOK_EMB);
     gpu_tensor wpe = bview(m, W, 0, MODEL_ROLE_POS_EMB);
     /* res[0][N, h] = wte[tokens] (+ wpe[position]): positions from 0, or in
-     * generation from each sequence's (the table's rows from there) */
-    if (!m->opts.kv_len || !wpe.data || same_pos(m)) {
-        if (m->opts.kv_len && wpe.data)
-            wpe.data = (char *)wpe.data + (size_t)m->hpos[0] * c->hidden * zo_dtype_size(m->dtype);
-        zo_status st = gpu_embedding_forward(s, out, m->tokens, wte, wpe, N, m->t, c->hidden, c->vocab);
-        return st != ZO_OK || !is_gemma(m) ? st : gpu_scale(s, out, embed_scale(m), (size_t)N * c->hidden);
-    }
-    for (int j = 0; j < m->b; j++) {
-        gpu_tensor pe = gpu_t((char *)wpe.data + (size_t)m->hpos[j] * c->hidden * zo_dtype_size(m->dtype), m->dtype);
-        zo_status st = gpu_embedding_forward(s, seq_rows(m, out, j, c->hidden), m->tokens + (size_t)j * m->t, wte,
-                                             pe, m->t, m->t, c->hidden, c->vocab);
-        if (st != ZO_OK) return st;
-    }
-    return ZO_OK;
+     * generation from each sequence's (m->pos: one call for the batch) */
+    zo_status st = m->opts.kv_len && wpe.data
+                       ? gpu_embedding_forward_seq(s, out, m->tokens, wte, wpe, m->pos, N, m->t, c->hidden, c->vocab)
+                       : gpu_embedding_forward(s, out, m->tokens, wte, wpe, N, m->t, c->hidden, c->vocab);
+    return st != ZO_OK || !is_gemma(m) ? st : gpu_scale(s, out, embed_scale(m), (size_t)N * c->hidden);
+}
+
+/* Layer l's rotation: longrope's factors of the batch's length, as Hugging
+ * Face picks them; Gemma-3's sliding layers turn with their own base
+ * (rope_local_base_freq) and no rope_scaling. */
+static void rope_params(const tf_model *m, int l, const double **f, float *theta, float *scale)
+{
+    const zo_model_config *c = &m->cfg;
+    *f = m->rope_freq_long && m->t > c->rope_original_max ? m->rope_freq_long : m->rope_freq;
+    *theta = c->rope_theta, *scale = m->rope_scale;
+    if (c->rope_local_theta > 0.0f && zo_model_layer_sliding(c, l))
+        *f = NULL, *theta = c->rope_local_theta, *scale = 1.0f;
 }
 
 /* RoPE (or its backward) on the q and k heads of n rows of x of layer l,
@@ -1251,29 +1240,32 @@ static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_
  * head_dim-wide head (all of it, or with a partial rotary size,
  * Phi-4-mini's, its front), which the op pairs and turns as Hugging Face's
  * apply_rotary_pos_emb does its q_rot. Each sequence of m->t rows from
- * position 0 (training), or from its own position in generation (pos: the
- * device's copy of each sequence's, one call for the whole batch). Gemma-3's
- * sliding layers turn with their own base (rope_local_base_freq) and no
- * rope_scaling. */
-static zo_status rope_heads(tf_model *m, int l, gpu_stream_t s, gpu_tensor x, int n, int ld, const int32_t *pos,
-                            int backward)
+ * position 0 (training); generation's positions are rope_rows'. */
+static zo_status rope_heads(tf_model *m, int l, gpu_stream_t s, gpu_tensor x, int n, int ld, int backward)
 {
     const zo_model_config *c = &m->cfg;
     const int heads = c->n_heads + c->n_kv_heads, rd = zo_model_rope_dim(c);
-    /* longrope: the factors of the batch's length, as Hugging Face picks them */
-    const double *f = m->rope_freq_long && m->t > c->rope_original_max ? m->rope_freq_long : m->rope_freq;
-    float theta = c->rope_theta, scale = m->rope_scale;
-    if (c->rope_local_theta > 0.0f && zo_model_layer_sliding(c, l)) f = NULL, theta = c->rope_local_theta, scale = 1.0f;
-    if (pos) return gpu_rope_forward_seq(s, x, n, m->t, heads, rd, ld, c->head_dim, theta, pos, f, scale);
+    const double *f;
+    float theta, scale;
+    rope_params(m, l, &f, &theta, &scale);
     return backward ? gpu_rope_backward(s, x, n, m->t, heads, rd, ld, c->head_dim, theta, 0, f, scale)
                     : gpu_rope_forward(s, x, n, m->t, heads, rd, ld, c->head_dim, theta, 0, f, scale);
 }
 
 /* RoPE on the q and k heads of the current rows of layer l: from position 0
- * of each sequence in training; in generation from each sequence's position. */
+ * of each sequence in training; in generation from each sequence's own
+ * position (m->pos: the device's copy of each sequence's, one call for the
+ * whole batch). Generation has no backward, so only the forward takes
+ * positions. */
 static zo_status rope_rows(tf_model *m, int l, gpu_stream_t s, gpu_tensor qkv, int ld)
 {
-    return rope_heads(m, l, s, qkv, m->b * m->t, ld, m->opts.kv_len ? m->pos : NULL, 0);
+    const zo_model_config *c = &m->cfg;
+    if (!m->opts.kv_len) return rope_heads(m, l, s, qkv, m->b * m->t, ld, 0);
+    const double *f;
+    float theta, scale;
+    rope_params(m, l, &f, &theta, &scale);
+    return gpu_rope_forward_seq(s, qkv, m->b * m->t, m->t, c->n_heads + c->n_kv_heads, zo_model_rope_dim(c), ld,
+                                c->head_dim, theta, m->pos, f, scale);
 }
 
 static zo_status embed_backward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t s)
@@ -2215,7 +2207,7 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
         return st;
     gpu_attn_desc ad = layer_attn(m, l);
     if ((st = gpu_attention_backward(s, &ad, dqkv, datt, qkv, att, a->lse)) != ZO_OK) return st;
-    if (has_rope(m) && (st = rope_heads(m, l, s, dqkv, N, ld, NULL, 1)) != ZO_OK)
+    if (has_rope(m) && (st = rope_heads(m, l, s, dqkv, N, ld, 1)) != ZO_OK)
         return st;
     if ((st = qk_norm_backward(m, s, a, W, G, blk)) != ZO_OK ||
         (st = linear_role_backward(m, l, bb, s, qkvp, dh, one_norm(c) ? 1.0f : 0.0f, dqkv, ln1)) != ZO_OK)

@@ -200,7 +200,7 @@ zo_status cuda_launch_moe_scatter_add(cudaStream_t st, gpu_tensor y, gpu_tensor 
  * stream's cuBLASLt workspace, free between GEMMs on the same stream) */
 zo_status cuda_launch_embedding_forward(cudaStream_t st, cuda_err_rec *err, gpu_tensor out,
                                         const int32_t *tokens, gpu_tensor wte, gpu_tensor wpe,
-                                        int n, int t, int c, int vocab);
+                                        const int32_t *pos, int n, int t, int c, int vocab);
 zo_status cuda_launch_embedding_backward(cudaStream_t st, cuda_err_rec *err, void *workspace,
                                          size_t ws_bytes, gpu_tensor dwte, gpu_tensor dwpe,
                                          gpu_tensor dout, const int32_t *tokens, int n, int t,

@@ -13,11 +13,11 @@
 #define DIGIT 8     /* key bits a pass of the radix sort */
 #define BINS 256    /* 2^DIGIT */
 
-/* out[r, j] = wte[tokens[r], j] (+ wpe[r % t, j]); out [n, c], wte [vocab, c],
- * wpe [t, c] or NULL */
+/* out[r, j] = wte[tokens[r], j] (+ wpe[p + r % t, j], p = pos[r / t] or 0);
+ * out [n, c], wte [vocab, c], wpe [positions, c] or NULL, pos [n / t] or NULL */
 __global__ void embedding_forward_kernel(cuda_err_rec *err, gpu_tensor out, const int32_t *tokens,
-                                         gpu_tensor wte, gpu_tensor wpe, int n, int t, int c,
-                                         int vocab)
+                                         gpu_tensor wte, gpu_tensor wpe, const int32_t *pos, int n, int t,
+                                         int c, int vocab)
 {
     size_t total = (size_t)n * c;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
@@ -29,7 +29,7 @@ __global__ void embedding_forward_kernel(cuda_err_rec *err, gpu_tensor out, cons
             continue;
         }
         float v = tload(wte, (size_t)tok * c + j);
-        if (wpe.data) v += tload(wpe, (size_t)(r % t) * c + j);
+        if (wpe.data) v += tload(wpe, ((size_t)(pos ? pos[r / t] : 0) + (size_t)(r % t)) * c + j);
         tstore(out, i, v);
     }
 }
@@ -123,11 +123,11 @@ __global__ void embedding_backward_kernel(cuda_err_rec *err, gpu_tensor dwte, gp
 
 extern "C" zo_status cuda_launch_embedding_forward(cudaStream_t st, cuda_err_rec *err,
                                                    gpu_tensor out, const int32_t *tokens,
-                                                   gpu_tensor wte, gpu_tensor wpe, int n, int t,
-                                                   int c, int vocab)
+                                                   gpu_tensor wte, gpu_tensor wpe, const int32_t *pos,
+                                                   int n, int t, int c, int vocab)
 {
     ZO_LAUNCH(embedding_forward_kernel, grid_for((size_t)n * c, 256), 256, 0, st, err, out, tokens,
-              wte, wpe, n, t, c, vocab);
+              wte, wpe, pos, n, t, c, vocab);
     return cuda_launch_check("embedding_forward_kernel");
 }
 

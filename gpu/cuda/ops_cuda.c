@@ -161,7 +161,7 @@ static zo_status cuda_run_swiglu_backward(const cuda_exec *e, const gpu_op_args 
 
 static zo_status cuda_run_embedding_forward(const cuda_exec *e, const gpu_op_args *a)
 {
-    return cuda_launch_embedding_forward(e->stream, e->err, a->t[0], a->p[0], a->t[1], a->t[2],
+    return cuda_launch_embedding_forward(e->stream, e->err, a->t[0], a->p[0], a->t[1], a->t[2], a->p[1],
                                          (int)a->i[0], (int)a->i[1], (int)a->i[2], (int)a->i[3]);
 }
 
