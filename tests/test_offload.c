@@ -764,6 +764,7 @@ static void test_recompute_ops(void **state)
         /* the matmuls rerun: o (LLaMA's: and up) in every layer of every micro-batch */
         int rerun = cfgs[c].arch == ZO_ARCH_GPT ? 1 : 2;
         double want = none.gemms + (double)rerun * cfgs[c].n_layers * base.oc.grad_accum * base.steps;
+        printf("  %-28s GEMMs %g (none %g)\n", "recompute ops, resident", r.gemms, none.gemms);
         if (r.gemms != want)
             fail_msg("%s: recompute ops: %g GEMMs, want %g (no recompute's %g and %d a layer)", names[c], r.gemms,
                      want, none.gemms, rerun);
