@@ -335,6 +335,11 @@ uint64_t zo_model_position_rows(const zo_model_config *c)
 
 int zo_model_post_norms(const zo_model_config *c) { return c->arch == ZO_ARCH_LLAMA && c->layer_norms == 4; }
 
+int zo_family_gemma(const char *family)
+{
+    return !strcmp(family, "gemma") || !strcmp(family, "gemma2") || !strcmp(family, "gemma3_text");
+}
+
 int zo_model_layer_sliding(const zo_model_config *c, int l)
 {
     if (c->window_period > 0) return (l + 1) % c->window_period != 0;
@@ -494,7 +499,7 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
      * erf form ("gelu") too; LLaMA: SiLU, Gemma's gate that tanh form (GeGLU) */
     int gelu_known = !strcmp(c->act, "gelu_new") || !strcmp(c->act, "gelu_fast") ||
                      !strcmp(c->act, "gelu_pytorch_tanh") || (zo_model_qkv_grouped(c) && !strcmp(c->act, "gelu"));
-    int gemma = !strncmp(c->family, "gemma", 5);
+    int gemma = zo_family_gemma(c->family);
     int other_act = c->act[0] && (c->arch == ZO_ARCH_GPT || gemma ? !gelu_known : strcmp(c->act, "silu"));
     /* GPT-NeoX and Falcon: rotary in place of learned positions, attention and
      * MLP side by side (use_parallel_residual, parallel_attn); Falcon's one
@@ -818,34 +823,49 @@ static void hf_longrope(hf *r, hf *sub, zo_model_config *c, const family *f)
 /* Which layers attend over the window: layer_types when present, one
  * "full_attention" every p layers, the rest "sliding_attention" (p 0: none
  * full, every layer windowed; none sliding: no window), else every
- * `period`-th layer global (Gemma-2's default: the odd layers). A list of
- * another pattern is refused by name. */
+ * `period`-th layer global (Gemma-2's default: the odd layers). Refused,
+ * naming what is wrong: a list of another length than num_hidden_layers
+ * (the two counts), an entry that is not one of those two strings (its
+ * index), another pattern (the first layer off it). */
 static void hf_window_layers(hf *r, zo_model_config *c, int period)
 {
     const cJSON *lt = hf_item(r, "layer_types"), *e;
     c->window_period = period;
     if (!lt || r->st) return;
-    int n = 0, first_full = -1, sliding = 0;
-    cJSON_ArrayForEach(e, lt)
-    {
-        int full = cJSON_IsString(e) && !strcmp(e->valuestring, "full_attention");
-        if (full && first_full < 0) first_full = n;
-        sliding += !full;
-        n++;
-    }
-    int p = first_full < 0 ? 0 : first_full + 1, ok = n == c->n_layers;
-    n = 0;
-    cJSON_ArrayForEach(e, lt)
-    {
-        int full = cJSON_IsString(e) && !strcmp(e->valuestring, "full_attention");
-        ok &= full == (p > 0 && (n + 1) % p == 0);
-        n++;
-    }
-    if (!ok) {
-        hf_fail(r, ZO_ERR_UNSUPPORTED, "layer_types",
-                "the runtime takes %d entries with every p-th \"full_attention\" and the rest "
-                "\"sliding_attention\"; this list is another pattern", c->n_layers);
+    if (!cJSON_IsArray(lt)) {
+        hf_fail(r, ZO_ERR_FORMAT, "layer_types", "must be a list (one entry a layer)");
         return;
+    }
+    int n = cJSON_GetArraySize(lt);
+    if (n != c->n_layers) {
+        hf_fail(r, ZO_ERR_FORMAT, "layer_types", "has %d entries, num_hidden_layers is %d (one entry a layer)", n,
+                c->n_layers);
+        return;
+    }
+    /* p: one past the first full layer (0: none) */
+    int i = 0, p = 0, sliding = 0;
+    cJSON_ArrayForEach(e, lt)
+    {
+        int full = cJSON_IsString(e) && !strcmp(e->valuestring, "full_attention");
+        if (!full && !(cJSON_IsString(e) && !strcmp(e->valuestring, "sliding_attention"))) {
+            hf_fail(r, ZO_ERR_FORMAT, "layer_types", "entry %d is not \"full_attention\" or \"sliding_attention\"", i);
+            return;
+        }
+        if (full && !p) p = i + 1;
+        sliding += !full;
+        i++;
+    }
+    i = 0;
+    cJSON_ArrayForEach(e, lt)
+    {
+        int full = !strcmp(e->valuestring, "full_attention");
+        if (full != (p > 0 && (i + 1) % p == 0)) {
+            hf_fail(r, ZO_ERR_UNSUPPORTED, "layer_types",
+                    "entry %d is \"%s\": the runtime takes every p-th layer \"full_attention\" and the rest "
+                    "\"sliding_attention\" (p = %d here, from the first full layer)", i, e->valuestring, p);
+            return;
+        }
+        i++;
     }
     c->window_period = p;
     if (!sliding) c->sliding_window = 0;
@@ -928,7 +948,7 @@ static void parse_llama(hf *r, zo_model_config *c, const family *f)
     int gemma3 = !strcmp(f->type, "gemma3_text");
     c->rope_theta = hf_float(r, "rope_theta", gemma3 ? 1e6f : 10000.0f);
     c->tied_embeddings = hf_bool(r, "tie_word_embeddings", f->tied);
-    if (!strncmp(f->type, "gemma", 5)) {
+    if (zo_family_gemma(f->type)) {
         /* Hugging Face's GemmaMLP reads hidden_activation alone (hidden_act
          * is ignored: gemma-7b's says "gelu"); absent or null, the tanh form */
         hf_act(r, "hidden_activation", NULL, c);

@@ -151,6 +151,11 @@ int zo_model_qkv_grouped(const zo_model_config *c);
 /* Gemma-2's layers: a norm on the attention's and on the MLP's output
  * before each residual add (layer_norms 4 on a LLaMA layer). */
 int zo_model_post_norms(const zo_model_config *c);
+/* Whether a family (or a config.json's model_type, the same names) is
+ * Gemma's: gemma, gemma2, gemma3_text, whose RMSNorms multiply by 1 + w,
+ * whose embedding is times sqrt(hidden) and whose MLP is GeGLU. Not
+ * "gemma3", the multimodal model (refused). */
+int zo_family_gemma(const char *family);
 
 /* Whether layer l is a sliding (local) layer: with window_period p all but
  * every p-th layer (Gemma-2's and Gemma-3's layer_types, with or without a

@@ -433,6 +433,12 @@ zo_status gpu_scale(gpu_stream_t s, gpu_tensor x, float alpha, size_t n)
     RUN(SCALE, .t = {x}, .f = {alpha}, .n = n);
 }
 
+zo_status gpu_softcap(gpu_stream_t s, gpu_tensor x, float cap, size_t n)
+{
+    if (!(cap > 0.0f)) return zo_error(ZO_ERR_INVALID, "gpu_softcap: cap %g must be > 0", cap);
+    RUN(SOFTCAP, .t = {x}, .f = {cap}, .n = n);
+}
+
 zo_status gpu_cast(gpu_stream_t s, gpu_tensor dst, gpu_tensor src, size_t n)
 {
     RUN(CAST, .t = {dst, src}, .n = n);

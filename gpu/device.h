@@ -347,6 +347,9 @@ zo_status gpu_cross_entropy_backward_cap(gpu_stream_t s, gpu_tensor dlogits, gpu
 zo_status gpu_add(gpu_stream_t s, gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n);
 /* x *= alpha, in place (gradient unscaling; backward is the same op). */
 zo_status gpu_scale(gpu_stream_t s, gpu_tensor x, float alpha, size_t n);
+/* x = cap tanh(x / cap), in place, cap > 0 (Gemma-2's final logit soft cap
+ * on the logits generation downloads; the loss caps its own). */
+zo_status gpu_softcap(gpu_stream_t s, gpu_tensor x, float cap, size_t n);
 /* dst = src converted (round to nearest even); backward is the reverse cast. */
 zo_status gpu_cast(gpu_stream_t s, gpu_tensor dst, gpu_tensor src, size_t n);
 /* *flag (device int32) |= 1 when any of x[0..n) is inf or nan. */

@@ -734,6 +734,13 @@ static zo_status cpu_run_scale(cpu_scratch *ws, const gpu_op_args *a, int nt)
     return ZO_OK;
 }
 
+static zo_status cpu_run_softcap(cpu_scratch *ws, const gpu_op_args *a, int nt)
+{
+    (void)ws;
+    cpu_softcap(a->t[0], a->f[0], a->n, nt);
+    return ZO_OK;
+}
+
 static zo_status cpu_run_cast(cpu_scratch *ws, const gpu_op_args *a, int nt)
 {
     (void)ws;

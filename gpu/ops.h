@@ -169,6 +169,7 @@ typedef struct gpu_op_slot {
       gpu_check_ce_inplace)                                                                      \
     X(ADD, add, (GPU_N(n), GPU_T(0, y), GPU_T(1, a), GPU_T(2, b)), NULL)                         \
     X(SCALE, scale, (GPU_N(n), GPU_T(0, x)), NULL)                                               \
+    X(SOFTCAP, softcap, (GPU_N(n), GPU_T(0, x)), NULL)                                           \
     X(CAST, cast, (GPU_N(n), GPU_T(0, dst), GPU_T(1, src)), NULL)                                \
     X(CHECK_FINITE, check_finite, (GPU_P(0, flag), GPU_N(n), GPU_T(0, x)), NULL)                 \
     X(SUM_SQUARES, sum_squares, (GPU_P(0, sum), GPU_N(n), GPU_T(0, x)), NULL)                    \

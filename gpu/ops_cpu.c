@@ -1029,7 +1029,7 @@ VEC_CLONES static float softmax_row(float *restrict row, int lo, int n, int n_ze
     float m[LANES], acc[LANES];
     for (int l = 0; l < LANES; l++) m[l] = -INFINITY, acc[l] = 0.0f;
     int nb = n / LANES * LANES;
-    scale_scores(row, n, scale, cap);
+    scale_scores(row + lo, n - lo, scale, cap); /* the keys the row sees */
     for (int j = 0; j < lo; j++) row[j] = -INFINITY;
     for (int j = 0; j < nb; j += LANES)
         for (int l = 0; l < LANES; l++) m[l] = row[j + l] > m[l] ? row[j + l] : m[l];
@@ -1055,9 +1055,10 @@ VEC_CLONES static void softmax_grad_row(float *restrict p, float *restrict dp, i
                                         int n_zero, float scale, float cap, float L, float D)
 {
     if (cap > 0.0f) {
-        for (int j = 0; j < n; j++) {
+        for (int j = 0; j < lo; j++) p[j] = dp[j] = 0.0f;
+        for (int j = lo; j < n; j++) {
             float th = tanhf(p[j] * scale / cap);
-            float pj = j < lo ? 0.0f : fexp(cap * th - L);
+            float pj = fexp(cap * th - L);
             p[j] = pj;
             dp[j] = pj * (dp[j] - D) * scale * (1.0f - th * th);
         }
@@ -1690,29 +1691,31 @@ zo_status cpu_cross_entropy_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_te
     zo_status s = check_ids(op, "targets", targets, n, v, 1);
     if (s != ZO_OK) return s;
     const int team = cpu_team(nt);
-    const size_t vb = (size_t)v * sizeof(float);
+    /* each thread's row, and with a cap the cap's derivative of each logit */
+    const size_t vb = (size_t)v * sizeof(float), per = cap > 0.0f ? 2 * vb : vb;
     char *base;
-    s = reserve_team(ws, op, 0, vb, team, &base);
+    s = reserve_team(ws, op, 0, per, team, &base);
     if (s != ZO_OK) return s;
 #pragma omp parallel num_threads(team)
     {
-        float *row = (float *)team_slice(base, 0, vb);
+        float *row = (float *)team_slice(base, 0, per), *dcap = row + v;
 #pragma omp for schedule(static)
         for (int r = 0; r < n; r++) {
             if (targets[r] < 0) {
                 memset(row, 0, (size_t)v * sizeof(float));
             } else {
                 load_row(row, logits, (size_t)r * v, v);
-                cap_row(row, v, cap);
-                row_softmax_scaled(row, v, row_lse(row, v), dloss);
-                row[targets[r]] -= dloss;
-                /* the cap's derivative 1 - tanh^2, the tanh from the input
-                 * again (row holds the softmax; the row is stored after) */
+                /* capped: z = cap tanh(x / cap), dz/dx = 1 - tanh^2, one tanh each */
                 if (cap > 0.0f)
                     for (int j = 0; j < v; j++) {
-                        float th = tanhf(ld(logits, (size_t)r * v + j) / cap);
-                        row[j] *= 1.0f - th * th;
+                        float th = tanhf(row[j] / cap);
+                        row[j] = cap * th;
+                        dcap[j] = 1.0f - th * th;
                     }
+                row_softmax_scaled(row, v, row_lse(row, v), dloss);
+                row[targets[r]] -= dloss;
+                if (cap > 0.0f)
+                    for (int j = 0; j < v; j++) row[j] *= dcap[j];
             }
             store_row(dlogits, (size_t)r * v, row, v);
         }
@@ -1763,7 +1766,13 @@ void cpu_add(gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n, int nt)
     }
 }
 
-void cpu_scale(gpu_tensor x, float alpha, size_t n, int nt)
+static void softcap_f32(float *y, const float *x, float cap, int n)
+{
+    for (int i = 0; i < n; i++) y[i] = cap * tanhf(x[i] / cap); /* in place is fine: same index */
+}
+
+/* x = f(x, p) in place, block by block (scale, soft cap) */
+static void map_in_place(gpu_tensor x, float p, size_t n, int nt, void (*f)(float *, const float *, float, int))
 {
 #pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
@@ -1771,10 +1780,14 @@ void cpu_scale(gpu_tensor x, float alpha, size_t n, int nt)
         size_t off = blk * EW_BLOCK;
         int len = ew_len(blk, n);
         float *py = out_f32(x, off, by);
-        scale_f32(py, in_f32(x, off, len, bx), alpha, len);
+        f(py, in_f32(x, off, len, bx), p, len);
         out_done(x, off, py, len);
     }
 }
+
+void cpu_scale(gpu_tensor x, float alpha, size_t n, int nt) { map_in_place(x, alpha, n, nt, scale_f32); }
+
+void cpu_softcap(gpu_tensor x, float cap, size_t n, int nt) { map_in_place(x, cap, n, nt, softcap_f32); }
 
 void cpu_cast(gpu_tensor dst, gpu_tensor src, size_t n, int nt)
 {

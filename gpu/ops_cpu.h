@@ -132,6 +132,7 @@ zo_status cpu_cross_entropy_backward(cpu_scratch *ws, gpu_tensor dlogits, gpu_te
                                      const int32_t *targets, float dloss, int n, int v, float cap, int nt);
 void cpu_add(gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n, int nt);
 void cpu_scale(gpu_tensor x, float alpha, size_t n, int nt);
+void cpu_softcap(gpu_tensor x, float cap, size_t n, int nt);
 void cpu_cast(gpu_tensor dst, gpu_tensor src, size_t n, int nt);
 void cpu_check_finite(int32_t *flag, gpu_tensor x, size_t n, int nt);
 zo_status cpu_sum_squares(cpu_scratch *ws, float *sum, gpu_tensor x, size_t n, int nt);

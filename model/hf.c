@@ -113,7 +113,7 @@ zo_status model_hf_config(const zo_model_config *c, zo_dtype dtype, cJSON **out)
                           : !strcmp(type, "gemma3_text") ? "Gemma3ForCausalLM"
                                                     : "LlamaForCausalLM";
         int gemma3 = !strcmp(type, "gemma3_text"), gemma2 = gemma3 || !strcmp(type, "gemma2");
-        int gemma = gemma2 || !strcmp(type, "gemma"), qwen3 = !strcmp(type, "qwen3");
+        int gemma = zo_family_gemma(type), qwen3 = !strcmp(type, "qwen3");
         cJSON_AddItemToArray(arch, cJSON_CreateString(cls));
         cJSON_AddStringToObject(o, "model_type", type);
         cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layers);

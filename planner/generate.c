@@ -97,7 +97,8 @@ static void store(plan_gen_estimate *e, const char *name, const char *staging, c
  * pairs of each token (inputs, outputs [N k, h], the experts' gate, up and
  * activation [N k, expert_ffn], their tokens and weights), the weighted
  * activation, the shared gate, every layer's router statistics; with
- * adapters on the routed experts (expert_ad), one expert's A x. */
+ * adapters on the routed experts (expert_ad), one expert's A x. Gemma-2's
+ * two output norms share one input and one 1/rms (nothing is kept). */
 static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int rows, int lora_cols, int expert_ad,
                                 uint64_t wdq)
 {
@@ -107,12 +108,13 @@ static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int
     uint64_t h = (uint64_t)m->hidden, f = (uint64_t)(E ? mo->shared_ffn : m->ffn), d = (uint64_t)m->head_dim;
     uint64_t widest = max_u64(f, K * fe), r = g->method != ZO_PLAN_FULL ? (uint64_t)g->lora.r : 0;
     uint64_t qkv = (uint64_t)(m->n_heads + 2 * m->n_kv_heads) * d, q = (uint64_t)m->n_heads * d;
-    int layers = m->n_layers > 0, llama = m->arch != ZO_ARCH_GPT;
+    int layers = m->n_layers > 0, llama = m->arch != ZO_ARCH_GPT, post = zo_model_post_norms(m);
     uint64_t a[] = {
         N * 4, B * 4,                                           /* tokens, positions */
         layers * N * h * es, layers * N * 4, layers * N * 4,    /* ln1, its mean and rstd */
         layers * N * qkv * es, layers * N * q * es,             /* qkv, attention */
         layers * N * h * es, layers * N * h * es,               /* the residual between, ln2 */
+        layers * post * N * h * es, layers * post * N * 4,      /* Gemma-2: an output norm's input, 1/rms */
         layers * N * 4, layers * N * 4,                         /* ln2's mean and rstd */
         layers * N * f * es, layers * llama * N * f * es, layers * N * f * es, /* fc/gate, up, act */
         layers * N * (uint64_t)lora_cols * es,                  /* the adapters' A x */
@@ -121,6 +123,7 @@ static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int
         B * (uint64_t)m->vocab * 4,                             /* fp32 logits */
         wdq,                                                    /* QLoRA: a dequantized weight */
         llama && m->rope_scaling[0] ? d / 2 * 8 : 0,            /* a rope_scaling's frequencies */
+        zo_family_gemma(m->family) ? 2 * max_u64(h, m->qk_norm ? d : 0) * 4 : 0, /* Gemma: ones, 1 + w (fp32) */
         layers * N * E * 4, layers * N * E * 4,                 /* MoE: router logits, weights */
         layers * K * N * fe * es, layers * K * N * fe * es,     /* the experts' gate, up */
         layers * K * N * fe * es,                               /* and activation */

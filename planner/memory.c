@@ -216,7 +216,8 @@ uint64_t plan_layer_ops_bytes(const zo_model_config *m, const plan_train *t)
     zo_model_attn_widths(m, &q, &k, &v, &o);
     /* the matmuls in the order the runtime's layer runs them, q, k and v as one GEMM; the
      * odd ones (1st, 3rd, ...) kept: qkv | o | fc1 or gate | fc2 or up | down -> qkv (after
-     * RoPE), fc1 or gate, and down, whose output no backward reads (the runtime keeps none;
+     * RoPE), fc1 or gate, and down, whose output no backward reads but a post norm's (below;
+     * the runtime keeps none otherwise;
      * torchtitan's policy over separate q, k, v would keep q, v, gate and down's output:
      * the same bytes where k is as wide as the hidden size, more with grouped queries) */
     uint64_t kept_tp = q + k + v + (uint64_t)m->ffn;
@@ -226,6 +227,9 @@ uint64_t plan_layer_ops_bytes(const zo_model_config *m, const plan_train *t)
     uint64_t bytes = ceil_div(sb * h * act, sp) + ceil_div(sb * (kept_tp + o) * act, tp) +
                      ceil_div(sb * (uint64_t)m->n_heads * 4, tp) +
                      (m->qk_norm ? ceil_div(sb * (uint64_t)(m->n_heads + m->n_kv_heads) * 4, tp) : 0);
+    /* Gemma-2/3: the MLP's post norm's input (down's output, which the
+     * backward then need not recompute) and its 1/rms (fp32), whole rows */
+    if (zo_model_post_norms(m)) bytes += ceil_div(sb * h * act, sp) + ceil_div(sb * 4, sp);
     return bytes;
 }
 

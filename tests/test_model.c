@@ -808,7 +808,9 @@ static void preset_round_trip(const char *name, zo_model_config *c, zo_model_con
 /* Gemma-2's attention keys as Hugging Face's Gemma2Config reads them: the
  * real configs (27b: heads of 128, query_pre_attn_scalar 144; caps 50 and
  * 30; a window of 4096 on the even layers), null caps and window (none),
- * layer_types of another period, one of no period (refused by name), and
+ * layer_types of another period; refused by name, saying what is wrong:
+ * one of no period, one of another length, one with an entry that is not
+ * "full_attention" or "sliding_attention", one that is not a list; and
  * each preset's config.json read back with the same keys. */
 static void test_gemma2_config(void **state)
 {
@@ -845,6 +847,29 @@ static void test_gemma2_config(void **state)
                                            "odd.json", &c),
                      ZO_ERR_UNSUPPORTED);
     assert_non_null(strstr(zo_last_error(), "layer_types"));
+    /* each refusal says what is wrong: the first layer off the pattern (p 1
+     * from layer 0: every layer full), the length against the layer count,
+     * an entry that is not a string, a list that is not one */
+    assert_non_null(strstr(zo_last_error(), "entry 1 is \"sliding_attention\""));
+    static const struct {
+        const char *json, *says;
+    } bad[] = {
+        {G2 ", \"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\", "
+            "\"full_attention\"]}", "has 4 entries, num_hidden_layers is 6"},
+        {G2 ", \"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\", "
+            "\"full_attention\", 7, \"full_attention\"]}", "entry 4 is not"},
+        {G2 ", \"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\", "
+            "\"full_attention\", \"chunked_attention\", \"full_attention\"]}", "entry 4 is not"},
+        {G2 ", \"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\", "
+            "\"full_attention\", \"full_attention\", \"full_attention\"]}", "entry 4 is \"full_attention\""},
+        {G2 ", \"layer_types\": \"sliding_attention\"}", "must be a list"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_not_equal(zo_model_config_parse(bad[i].json, "bad.json", &c), ZO_OK);
+        printf("  refused: %s\n", zo_last_error());
+        assert_non_null(strstr(zo_last_error(), "bad.json: field \"layer_types\""));
+        assert_non_null(strstr(zo_last_error(), bad[i].says));
+    }
 #undef G2
     static const char *const presets[] = {"gemma-2-2b", "gemma-2-9b", "gemma-2-27b"};
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
@@ -862,7 +887,8 @@ static void test_gemma2_config(void **state)
  * with base 10000, rope_theta 1e6 on the others); the defaults (window
  * 4096, pattern 6, rope_theta 1e6); each preset's config.json read back
  * with the same keys (4b and up: a linear rope_scaling of 8); the
- * multimodal "gemma3" refused by name. */
+ * multimodal "gemma3" refused by name; zo_family_gemma names the three
+ * text families. */
 static void test_gemma3_config(void **state)
 {
     (void)state;
@@ -899,6 +925,10 @@ static void test_gemma3_config(void **state)
     assert_int_equal(zo_model_config_parse("{\"model_type\": \"gemma3\", \"text_config\": {}}", "mm.json", &c),
                      ZO_ERR_UNSUPPORTED);
     assert_non_null(strstr(zo_last_error(), "gemma3"));
+    /* the one Gemma predicate (the runtime's (1 + w) norms, the parser's
+     * hidden_activation, the export's keys): the three text families only */
+    assert_true(zo_family_gemma("gemma") && zo_family_gemma("gemma2") && zo_family_gemma("gemma3_text"));
+    assert_false(zo_family_gemma("gemma3") || zo_family_gemma("gemmax") || zo_family_gemma("llama"));
 }
 
 /* A Phi-4-mini-shaped model's config.json (partial_rotary_factor 0.75:

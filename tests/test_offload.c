@@ -667,6 +667,31 @@ static void test_partial_recompute(void **state)
     }
 }
 
+/* A LLaMA-shaped config made Gemma's (gemma-2b's kind, small: head_dim 256
+ * with q wider than hidden, one kv head, tied, GeGLU), Gemma-2's (the same
+ * with its four norms a layer, the score scale, the soft caps and a window
+ * on every other layer) or Gemma-3's (Gemma-2's without caps, with q/k
+ * norms and a window on two layers of three). */
+static void make_gemma(zo_model_config *c, const char *family)
+{
+    snprintf(c->family, sizeof c->family, "%s", family);
+    snprintf(c->act, sizeof c->act, "gelu_pytorch_tanh");
+    c->n_heads = 2;
+    c->n_kv_heads = 1;
+    c->head_dim = 256;
+    c->tied_embeddings = 1;
+    if (!strcmp(family, "gemma")) return;
+    int g3 = !strcmp(family, "gemma3_text");
+    c->layer_norms = 4;
+    c->query_pre_attn_scalar = 64.0f;
+    c->attn_softcap = g3 ? 0.0f : 50.0f;
+    c->final_softcap = g3 ? 0.0f : 30.0f;
+    c->sliding_window = 16;
+    c->window_period = g3 ? 3 : 2;
+    c->qk_norm = g3;
+    c->rope_local_theta = g3 ? 10000.0f : 0.0f;
+}
+
 /* `base` without recompute (*none, its last gradients kept) and with full
  * recompute (*full), then by op resident (*ops) and streamed: by op, the
  * losses and the last step's gradients are no recompute's bit for bit. */
@@ -703,26 +728,32 @@ static void recompute_runs(const run *base, const char *name, run *none, run *fu
  * and fc1 / gate, and the backward recomputes the norms, o, up and the
  * activation with the forward's kernels. Losses and the last step's
  * gradients are those of no recompute bit for bit, resident and streamed,
- * on GPT-2 in fp32, LLaMA (grouped queries) and Qwen3 (q/k norms, their
- * inputs kept by the forward) in bf16; the device peak
- * lies between full recompute's and none's. Recompute by op of the first K
- * layers, or with host checkpoints, is refused at init. */
+ * on GPT-2 in fp32, LLaMA (grouped queries), Qwen3 (q/k norms, their
+ * inputs kept by the forward) and Gemma-2 (the MLP's post norm's input,
+ * down's output, kept by the forward) in bf16; the device peak
+ * lies between full recompute's and none's, and the GEMMs rerun (the op
+ * profile's count) are o's (and LLaMA's up) in each layer of each
+ * micro-batch, never down's. Recompute by op of the first K layers, or with
+ * host checkpoints, is refused at init. */
 static void test_recompute_ops(void **state)
 {
     (void)state;
-    zo_model_config cfgs[3] = {tiny_gpt(4, 64, 128), tiny_llama(4, 64, 128), tiny_llama(4, 64, 128)};
+    zo_model_config cfgs[4] = {tiny_gpt(4, 64, 128), tiny_llama(4, 64, 128), tiny_llama(4, 64, 128),
+                               tiny_llama(4, 64, 128)};
     cfgs[1].n_kv_heads = cfgs[1].n_heads / 2;
     /* Qwen3: the q/k norms' inputs kept by the forward, head_dim 32 (q wider than hidden) */
     snprintf(cfgs[2].family, sizeof cfgs[2].family, "qwen3");
     cfgs[2].qk_norm = 1;
     cfgs[2].head_dim = 32;
-    zo_dtype dts[3] = {ZO_DTYPE_F32, ZO_DTYPE_BF16, ZO_DTYPE_BF16};
-    static const char *const names[3] = {"gpt fp32 recompute none", "llama bf16 recompute none",
-                                         "qwen3 bf16 recompute none"};
-    for (int c = 0; c < 3; c++) {
+    make_gemma(&cfgs[3], "gemma2");
+    zo_dtype dts[4] = {ZO_DTYPE_F32, ZO_DTYPE_BF16, ZO_DTYPE_BF16, ZO_DTYPE_BF16};
+    static const char *const names[4] = {"gpt fp32 recompute none", "llama bf16 recompute none",
+                                         "qwen3 bf16 recompute none", "gemma2 bf16 recompute none"};
+    for (int c = 0; c < 4; c++) {
         run base = {.cfg = cfgs[c], .dt = dts[c], .B = 2, .T = 16, .steps = 6};
         base_config(&base.oc);
         base.oc.grad_accum = 2;
+        base.count_gemms = 1;
         run none, full, r;
         recompute_runs(&base, names[c], &none, &full, &r);
         printf("  %-28s device peak %llu (none %llu, full %llu)\n", "recompute ops, resident",
@@ -730,6 +761,13 @@ static void test_recompute_ops(void **state)
                (unsigned long long)full.stats.peak[OFFLOAD_DEVICE]);
         assert_true(r.stats.peak[OFFLOAD_DEVICE] < none.stats.peak[OFFLOAD_DEVICE]);
         assert_true(r.stats.peak[OFFLOAD_DEVICE] > full.stats.peak[OFFLOAD_DEVICE]);
+        /* the matmuls rerun: o (LLaMA's: and up) in every layer of every micro-batch */
+        int rerun = cfgs[c].arch == ZO_ARCH_GPT ? 1 : 2;
+        double want = none.gemms + (double)rerun * cfgs[c].n_layers * base.oc.grad_accum * base.steps;
+        printf("  %-28s GEMMs %g (none %g)\n", "recompute ops, resident", r.gemms, none.gemms);
+        if (r.gemms != want)
+            fail_msg("%s: recompute ops: %g GEMMs, want %g (no recompute's %g and %d a layer)", names[c], r.gemms,
+                     want, none.gemms, rerun);
     }
     /* refused: host checkpoints (the runtime's), the first K layers (the model's) */
     run r = {.cfg = tiny_llama(4, 64, 128), .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 1};
@@ -1458,12 +1496,9 @@ static void test_memplan_agrees_lora(void **state)
     }
 }
 
-/* Gemma (gemma-2b's kind, small: head_dim 256 with q wider than hidden,
- * one kv head, tied, GeGLU) and Gemma-2 (the same with its four norms a
- * layer, whose two extra inputs each layer keeps, the score scale, the soft
- * caps and a window on every other layer) and Gemma-3 (Gemma-2's without
- * caps, with q/k norms and a window on two layers of three): the peak bytes per tier against
- * memplan's estimate, within 3%, fully fine-tuned and with LoRA / QLoRA. */
+/* Gemma, Gemma-2 and Gemma-3 (make_gemma; Gemma-2's two extra norms' inputs
+ * kept in each layer): the peak bytes per tier against memplan's estimate,
+ * within 3%, fully fine-tuned, with LoRA / QLoRA and recomputed by op. */
 static void gemma_peaks_agree(const char *family)
 {
     struct {
@@ -1475,26 +1510,12 @@ static void gemma_peaks_agree(const char *family)
         {"weights cpu, recompute", OFFLOAD_CPU, 1, 0, 0},
         {"lora, base streamed from cpu", OFFLOAD_CPU, 1, 1, 0},
         {"qlora, all resident", OFFLOAD_DEVICE, 0, 1, 1},
+        /* by op: Gemma-2/3 keep the MLP's post norm's input and 1/rms too */
+        {"resident, recompute ops", OFFLOAD_DEVICE, OFFLOAD_RECOMPUTE_OPS, 0, 0},
     };
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
         run r = {.cfg = tiny_llama(4, 128, 512), .dt = ZO_DTYPE_BF16, .B = 2, .T = 32, .steps = 2};
-        snprintf(r.cfg.family, sizeof r.cfg.family, "%s", family);
-        snprintf(r.cfg.act, sizeof r.cfg.act, "gelu_pytorch_tanh");
-        r.cfg.n_heads = 2;
-        r.cfg.n_kv_heads = 1;
-        r.cfg.head_dim = 256;
-        r.cfg.tied_embeddings = 1;
-        if (strcmp(family, "gemma")) { /* Gemma-2, Gemma-3 */
-            int g3 = !strcmp(family, "gemma3_text");
-            r.cfg.layer_norms = 4;
-            r.cfg.query_pre_attn_scalar = 64.0f;
-            r.cfg.attn_softcap = g3 ? 0.0f : 50.0f;
-            r.cfg.final_softcap = g3 ? 0.0f : 30.0f;
-            r.cfg.sliding_window = 16;
-            r.cfg.window_period = g3 ? 3 : 2;
-            r.cfg.qk_norm = g3;
-            r.cfg.rope_local_theta = g3 ? 10000.0f : 0.0f;
-        }
+        make_gemma(&r.cfg, family);
         base_config(&r.oc);
         r.oc.sub_group = 50000;
         r.oc.params_on = v[i].params;

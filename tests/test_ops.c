@@ -650,6 +650,11 @@ static void ref_scale(const gpu_op_args *a, hostv *h)
     for (size_t i = 0; i < a->n; i++) h->T[0][i] *= a->f[0];
 }
 
+static void ref_softcap(const gpu_op_args *a, hostv *h)
+{
+    for (size_t i = 0; i < a->n; i++) h->T[0][i] = a->f[0] * tanh(h->T[0][i] / a->f[0]);
+}
+
 /* dst = src rounded once to dst's type (past fp16's range: an infinity) */
 static void ref_cast(const gpu_op_args *a, hostv *h)
 {
@@ -1924,6 +1929,8 @@ static void parity_swiglu_backward(void)
     ew_grid_i(GPU_OP_SWIGLU_BACKWARD, 5, 2, -6.0, 4.0, 1);
 }
 static void parity_scale(void) { ew_grid(GPU_OP_SCALE, 1, 1, -1.0, 1.0); }
+/* a cap of 0.375 (ew_grid's f[0]) over [-3, 3]: from linear to saturated */
+static void parity_softcap(void) { ew_grid(GPU_OP_SOFTCAP, 1, 1, -3.0, 3.0); }
 
 static void parity_add(void)
 {

@@ -31,8 +31,9 @@
 static char nvme_dir[64];
 
 /* The families of the cases: gpt (1) or not (0, LLaMA), and the mixtures of
- * experts, from their Hugging Face configs. */
-enum { FAM_MIXTRAL = 2, FAM_QWEN2_MOE = 3 };
+ * experts and Gemma-2 (its output norms' buffers), from their Hugging Face
+ * configs. */
+enum { FAM_MIXTRAL = 2, FAM_QWEN2_MOE = 3, FAM_GEMMA2 = 4 };
 
 /* A small model of the family's shape. */
 static zo_model_config model(int gpt, int layers)
@@ -41,7 +42,12 @@ static zo_model_config model(int gpt, int layers)
     if (gpt >= FAM_MIXTRAL) { /* Mixtral: 8 experts, 2 a token; Qwen2-MoE: 6, 3 a token, a shared expert */
         char json[1024];
         snprintf(json, sizeof json,
-                 gpt == FAM_MIXTRAL
+                 gpt == FAM_GEMMA2
+                     ? "{\"model_type\": \"gemma2\", \"num_hidden_layers\": %d, \"hidden_size\": 256, "
+                       "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 64, "
+                       "\"intermediate_size\": 384, \"vocab_size\": 320, \"max_position_embeddings\": 4096, "
+                       "\"sliding_window\": 8}"
+                 : gpt == FAM_MIXTRAL
                      ? "{\"model_type\": \"mixtral\", \"num_hidden_layers\": %d, \"hidden_size\": 256, "
                        "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 192, "
                        "\"num_local_experts\": 8, \"num_experts_per_tok\": 2, \"vocab_size\": 320, "
@@ -219,6 +225,11 @@ static void test_peaks(void **state)
         /* adapters on q and v only: no expert scratch, no A x of the experts' */
         {"mixtral fp32, LoRA r 4 q,v, resident", FAM_MIXTRAL, 3, 2, 9, 7, ZO_DTYPE_F32, ZO_PLAN_GPU, ZO_PLAN_GPU, 2,
          ZO_PLAN_LORA, 4, qv},
+        /* Gemma-2: one input and 1/rms for its two output norms, none kept */
+        {"gemma2 bf16, resident", FAM_GEMMA2, 4, 2, 9, 7, ZO_DTYPE_BF16, ZO_PLAN_GPU, ZO_PLAN_GPU, 2, ZO_PLAN_FULL,
+         0, 0},
+        {"gemma2 fp32, streamed from host, prefetch 1", FAM_GEMMA2, 4, 2, 9, 7, ZO_DTYPE_F32, ZO_PLAN_CPU,
+         ZO_PLAN_GPU, 1, ZO_PLAN_FULL, 0, 0},
     };
     int bad = 0;
     printf("  measured / planned peak bytes per tier:\n");

@@ -14,11 +14,7 @@ static int is_gpt(const tf_model *m) { return m->cfg.arch == ZO_ARCH_GPT; }
 static int has_lora(const tf_model *m) { return m->opts.lora.r > 0; }
 /* Gemma, Gemma-2 and Gemma-3: RMSNorm times (1 + w) (Gemma-3's q/k norms
  * too), the embedding times sqrt(hidden), GeGLU */
-static int gemma_family(const char *family)
-{
-    return !strcmp(family, "gemma") || !strcmp(family, "gemma2") || !strcmp(family, "gemma3_text");
-}
-static int is_gemma(const tf_model *m) { return gemma_family(m->cfg.family); }
+static int is_gemma(const tf_model *m) { return zo_family_gemma(m->cfg.family); }
 /* Gemma-2: norms on the attention's and the MLP's outputs */
 static int post_norms(const tf_model *m) { return zo_model_post_norms(&m->cfg); }
 /* Rotary positions: LLaMA's, GPT-NeoX's and Falcon's on GPT layers */
@@ -33,7 +29,7 @@ static int qkv_width(const zo_model_config *c) { return (c->n_heads + 2 * c->n_k
 static int q_width(const zo_model_config *c) { return c->n_heads * c->head_dim; }
 /* the LLaMA-shaped MLP's gate: GELU's tanh form (Gemma's GeGLU; the
  * runtime check refuses Gemma's other activations), else SiLU */
-static int tf_geglu(const zo_model_config *c) { return gemma_family(c->family); }
+static int tf_geglu(const zo_model_config *c) { return zo_family_gemma(c->family); }
 /* the heads Qwen3's q/k norms normalise per token (0 without them) */
 static int qk_heads(const zo_model_config *c) { return c->qk_norm ? c->n_heads + c->n_kv_heads : 0; }
 static int is_moe(const tf_model *m, int l) { return zo_model_layer_is_moe(&m->cfg, l); }
@@ -379,10 +375,9 @@ static zo_status gen_alloc(tf_model *m)
         {&a->qkv, L ? N * qkv_width(c) * es : 0, "qkv"},
         {&a->att, L ? N * q_width(c) * es : 0, "attention"},
         {&a->x_mid, L && !parallel_residual(m) ? N * h * es : 0, "residual mid"},
-        {&a->pa_in, L && post_norms(m) ? N * h * es : 0, "attention output (post norm input)"},
-        {&a->pm_in, L && post_norms(m) ? N * h * es : 0, "mlp output (post norm input)"},
-        {(void **)&a->rstd3, L && post_norms(m) ? N * 4 : 0, "attention post norm rstd"},
-        {(void **)&a->rstd4, L && post_norms(m) ? N * 4 : 0, "mlp post norm rstd"},
+        /* Gemma-2: one input and 1/rms for both output norms (nothing kept) */
+        {&a->pa_in, L && post_norms(m) ? N * h * es : 0, "post norm input"},
+        {(void **)&a->rstd3, L && post_norms(m) ? N * 4 : 0, "post norm rstd"},
         {&a->ln2, L && !one_norm(c) ? N * h * es : 0, "ln2"},
         {(void **)&a->mean2, L && !one_norm(c) ? N * 4 : 0, "ln2 mean"},
         {(void **)&a->rstd2, L && !one_norm(c) ? N * 4 : 0, "ln2 rstd"},
@@ -551,8 +546,10 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
             if (!recompute_ops(m)) continue;
             /* by op: the kept outputs of its own, the rest shared with layer 0 */
             tf_layer_acts *a = &m->acts[l];
-            a->qkv = a->att = a->fc = a->qkn = NULL; /* tf_free frees these of a layer that fails here */
-            a->lse = a->qk_rstd = NULL;
+            a->qkv = a->att = a->fc = a->qkn = a->pm_in = NULL; /* tf_free frees these of a layer that fails here */
+            a->lse = a->qk_rstd = a->rstd4 = NULL;
+            /* Gemma-2/3: the MLP's post norm's input and rstd, so that the
+             * backward reruns no down projection (its output is the norm's input) */
             const act_req r[] = {
                 {&a->qkv, N * qkv_width(c) * es, "qkv"},
                 {&a->qkn, N * qk_heads(c) * c->head_dim * es, "q/k norm inputs"},
@@ -560,6 +557,8 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
                 {&a->att, N * q_width(c) * es, "attention"},
                 {(void **)&a->lse, (size_t)B * c->n_heads * T * 4, "attention lse"},
                 {&a->fc, N * f * es, "mlp fc/gate"},
+                {&a->pm_in, post_norms(m) ? N * h * es : 0, "mlp output (post norm input)"},
+                {(void **)&a->rstd4, post_norms(m) ? N * 4 : 0, "mlp post norm rstd"},
             };
             if ((st = act_alloc(m, r, N_REQ(r))) != ZO_OK) goto out_free;
             continue;
@@ -693,6 +692,8 @@ void tf_free(tf_model *m)
                     gpu_mem_free(d, a->fc);
                     gpu_mem_free(d, a->qkn);
                     gpu_mem_free(d, a->qk_rstd);
+                    gpu_mem_free(d, a->pm_in);
+                    gpu_mem_free(d, a->rstd4);
                 }
                 continue;
             }
@@ -888,12 +889,7 @@ zo_status tf_logits(tf_model *m, gpu_stream_t s, float *host)
         return zo_error(ZO_ERR_INVALID, "tf_logits: no generation forward (tf_set_tokens) to read");
     size_t n = (size_t)m->b * m->cfg.vocab;
     zo_status st = gpu_memcpy_async(s, host, m->logits, n * sizeof(float), GPU_COPY_DEVICE_TO_HOST);
-    if (st == ZO_OK) st = gpu_stream_synchronize(s);
-    /* Gemma-2's final_logit_softcapping, as the loss sees the logits */
-    const float cap = m->cfg.final_softcap;
-    if (st == ZO_OK && cap > 0.0f)
-        for (size_t i = 0; i < n; i++) host[i] = cap * tanhf(host[i] / cap);
-    return st;
+    return st != ZO_OK ? st : gpu_stream_synchronize(s);
 }
 
 /* ---- linear layers ------------------------------------------------------------- */
@@ -1314,45 +1310,24 @@ static zo_status norm_forward(tf_model *m, gpu_stream_t s, gpu_tensor y, float *
     return st != ZO_OK ? st : gpu_rmsnorm_forward(s, y, rstd, x, w, N, c->hidden, c->norm_eps);
 }
 
-/* dres += d(norm input), given dh = d(norm output). dw, db: the norm's
- * gradients in `grads` (role w_role, b_role); with LoRA the norm is frozen
- * and they are not computed. */
-static zo_status norm_backward(tf_model *m, gpu_stream_t s, const void *grads, int block,
-                               model_role w_role, model_role b_role, gpu_tensor x, gpu_tensor w,
+/* The bias role of a norm that has none (Gemma-2's output norms): tf_view
+ * gives no tensor for it. */
+#define NO_BIAS MODEL_ROLE_COUNT
+
+/* dx += d(norm input), given dy = d(norm output): the pre-norms' dres += from
+ * dh, or Gemma-2's output norms' dh (zeroed first) from dres. dw, db: the
+ * norm's gradients in `grads` (role w_role, b_role); with LoRA the norm is
+ * frozen and they are not computed. */
+static zo_status norm_backward(tf_model *m, gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, const void *grads,
+                               int block, model_role w_role, model_role b_role, gpu_tensor x, gpu_tensor w,
                                const float *mean, const float *rstd, int N)
 {
     const zo_model_config *c = &m->cfg;
     gpu_tensor dw = tf_view(m, grads, block, w_role), db = tf_view(m, grads, block, b_role);
     if (has_lora(m)) dw = db = gpu_t(NULL, ZO_DTYPE_F32);
-    if (is_gpt(m))
-        return gpu_layernorm_backward(s, F32(m->dres), dw, db, F32(m->dh), x, w, mean, rstd, N,
-                                      c->hidden);
+    if (is_gpt(m)) return gpu_layernorm_backward(s, dx, dw, db, dy, x, w, mean, rstd, N, c->hidden);
     zo_status st = norm_weight(m, s, &w);
-    return st != ZO_OK ? st : gpu_rmsnorm_backward(s, F32(m->dres), dw, F32(m->dh), x, w, rstd, N, c->hidden);
-}
-
-/* Gemma-2's norm on a sublayer's output (role w_role of layer block blk):
- * y = norm(x), rstd saved. */
-static zo_status post_norm_forward(tf_model *m, gpu_stream_t s, const void *W, int blk, model_role w_role,
-                                   gpu_tensor y, float *rstd, gpu_tensor x, int N)
-{
-    gpu_tensor w = bview(m, W, blk, w_role);
-    zo_status st = norm_weight(m, s, &w);
-    return st != ZO_OK ? st : gpu_rmsnorm_forward(s, y, rstd, x, w, N, m->cfg.hidden, m->cfg.norm_eps);
-}
-
-/* Its backward: dh = d(norm input) given dres = d(norm output) (the
- * residual's gradient, which the sublayer's output joins), dw into grads
- * (none with LoRA: frozen). */
-static zo_status post_norm_backward(tf_model *m, gpu_stream_t s, const void *W, const void *grads, int blk,
-                                    model_role w_role, gpu_tensor x, const float *rstd, int N)
-{
-    const int h = m->cfg.hidden;
-    gpu_tensor dw = has_lora(m) ? gpu_t(NULL, ZO_DTYPE_F32) : tf_view(m, grads, blk, w_role);
-    gpu_tensor w = bview(m, W, blk, w_role);
-    zo_status st = norm_weight(m, s, &w);
-    if (st == ZO_OK) st = gpu_memset_async(s, m->dh, 0, (size_t)N * h * 4);
-    return st != ZO_OK ? st : gpu_rmsnorm_backward(s, F32(m->dh), dw, F32(m->dres), x, w, rstd, N, h);
+    return st != ZO_OK ? st : gpu_rmsnorm_backward(s, dx, dw, dy, x, w, rstd, N, c->hidden);
 }
 
 
@@ -2038,7 +2013,8 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
     gpu_tensor x_mid = gpu_t(a->x_mid, dt), ln2 = gpu_t(one_norm(c) ? a->ln1 : a->ln2, dt), tmp = gpu_t(m->tmp, dt);
     gpu_tensor fc = gpu_t(a->fc, dt), act = gpu_t(a->act, dt);
 
-    const int kept = recompute && recompute_ops(m); /* qkv (qkn, qk_rstd), att, lse, fc are the forward's */
+    /* qkv (qkn, qk_rstd), att, lse, fc (and pm_in, rstd4) are the forward's */
+    const int kept = recompute && recompute_ops(m);
     /* a parallel residual (GPT-NeoX, Falcon): out = x + attn(ln1) + mlp(ln2)
      * with ln2 = norm2(x), taken first (so that out may be x's buffer), or
      * ln1 itself with one norm (Falcon-7B); no x_mid */
@@ -2077,7 +2053,8 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
             (st = lora_forward(m, s, l, bb, TF_LORA_O, att, o_out, h)) != ZO_OK)
             return st;
         if (post_norms(m) &&
-            (st = post_norm_forward(m, s, W, blk, MODEL_ROLE_POST_ATTN_NORM_W, tmp, a->rstd3, o_out, N)) != ZO_OK)
+            (st = norm_forward(m, s, tmp, NULL, a->rstd3, o_out, bview(m, W, blk, MODEL_ROLE_POST_ATTN_NORM_W),
+                               gpu_t(NULL, dt), N)) != ZO_OK)
             return st;
         if ((st = gpu_add(s, par ? out : x_mid, x, tmp, (size_t)N * h)) != ZO_OK) return st;
     }
@@ -2111,12 +2088,17 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
     }
     if (post_norms(m)) {
         /* Gemma-2: out = x_mid + norm(act Wdown^T), the norm's input and
-         * rstd kept (a recompute stops before the add) */
-        gpu_tensor d_out = gpu_t(a->pm_in, dt);
+         * rstd kept (a recompute stops before the add; by op, before the
+         * down projection: its output, the norm's input, was kept) */
+        if (kept) return ZO_OK;
+        /* generation keeps neither: the attention's norm's buffers serve again */
+        gpu_tensor d_out = gpu_t(m->opts.kv_len ? a->pa_in : a->pm_in, dt);
+        float *rstd4 = m->opts.kv_len ? a->rstd3 : a->rstd4;
         if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_MLP_DOWN_W, MODEL_ROLE_MLP_DOWN_B, d_out, h,
                                       act, N, h, f)) != ZO_OK ||
             (st = lora_forward(m, s, l, bb, TF_LORA_DOWN, act, d_out, h)) != ZO_OK ||
-            (st = post_norm_forward(m, s, W, blk, MODEL_ROLE_POST_MLP_NORM_W, tmp, a->rstd4, d_out, N)) != ZO_OK ||
+            (st = norm_forward(m, s, tmp, NULL, rstd4, d_out, bview(m, W, blk, MODEL_ROLE_POST_MLP_NORM_W),
+                               gpu_t(NULL, dt), N)) != ZO_OK ||
             recompute)
             return st;
         return gpu_add(s, out, x_mid, tmp, (size_t)N * h);
@@ -2185,8 +2167,9 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
      * d(down output) = the post norm's backward of dres, in dh */
     gpu_tensor ddown = dres;
     if (post_norms(m)) {
-        if ((st = post_norm_backward(m, s, W, G, blk, MODEL_ROLE_POST_MLP_NORM_W, gpu_t(a->pm_in, dt), a->rstd4,
-                                     N)) != ZO_OK)
+        if ((st = gpu_memset_async(s, m->dh, 0, (size_t)N * h * 4)) != ZO_OK ||
+            (st = norm_backward(m, s, dh, dres, G, blk, MODEL_ROLE_POST_MLP_NORM_W, NO_BIAS, gpu_t(a->pm_in, dt),
+                                bview(m, W, blk, MODEL_ROLE_POST_MLP_NORM_W), NULL, a->rstd4, N)) != ZO_OK)
             return st;
         ddown = dh;
     }
@@ -2206,22 +2189,23 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
      * d x_mid is d out, which the output projection reads first, and norm2
      * (of x) adds its share after it */
     const int par = parallel_residual(m);
-    if (!par && (st = norm_backward(m, s, G, blk, MODEL_ROLE_LN2_W, MODEL_ROLE_LN2_B, x_mid,
+    if (!par && (st = norm_backward(m, s, dres, dh, G, blk, MODEL_ROLE_LN2_W, MODEL_ROLE_LN2_B, x_mid,
                                     bview(m, W, blk, MODEL_ROLE_LN2_W), a->mean2, a->rstd2, N)) != ZO_OK)
         return st;
 
     /* attention output projection: datt[N, q] = dres Wo (+ adapter) */
     gpu_tensor datt = F32(m->datt), dqkv = F32(m->dqkv), dout = dres;
     if (post_norms(m)) { /* Gemma-2: through the norm on the attention's output, into dh */
-        if ((st = post_norm_backward(m, s, W, G, blk, MODEL_ROLE_POST_ATTN_NORM_W, gpu_t(a->pa_in, dt), a->rstd3,
-                                     N)) != ZO_OK)
+        if ((st = gpu_memset_async(s, m->dh, 0, (size_t)N * h * 4)) != ZO_OK ||
+            (st = norm_backward(m, s, dh, dres, G, blk, MODEL_ROLE_POST_ATTN_NORM_W, NO_BIAS, gpu_t(a->pa_in, dt),
+                                bview(m, W, blk, MODEL_ROLE_POST_ATTN_NORM_W), NULL, a->rstd3, N)) != ZO_OK)
             return st;
         dout = dh;
     }
     if ((st = linear_role_backward(m, l, bb, s, out, datt, 0.0f, dout, att)) != ZO_OK) return st;
     /* one norm for both (Falcon-7B): the MLP's dh stays, the attention's adds to it */
     if (par && !one_norm(c) &&
-        (st = norm_backward(m, s, G, blk, MODEL_ROLE_LN2_W, MODEL_ROLE_LN2_B, x,
+        (st = norm_backward(m, s, dres, dh, G, blk, MODEL_ROLE_LN2_W, MODEL_ROLE_LN2_B, x,
                             bview(m, W, blk, MODEL_ROLE_LN2_W), a->mean2, a->rstd2, N)) != ZO_OK)
         return st;
     gpu_attn_desc ad = layer_attn(m, l);
@@ -2232,7 +2216,7 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
         (st = linear_role_backward(m, l, bb, s, qkvp, dh, one_norm(c) ? 1.0f : 0.0f, dqkv, ln1)) != ZO_OK)
         return st;
     /* dres (= d x) += norm1 backward */
-    return norm_backward(m, s, G, blk, MODEL_ROLE_LN1_W, MODEL_ROLE_LN1_B, x,
+    return norm_backward(m, s, dres, dh, G, blk, MODEL_ROLE_LN1_W, MODEL_ROLE_LN1_B, x,
                          bview(m, W, blk, MODEL_ROLE_LN1_W), a->mean1, a->rstd1, N);
 }
 
@@ -2264,7 +2248,13 @@ static zo_status head_generate(tf_model *m, const tf_block_bufs *bb, gpu_stream_
     if ((st = norm_forward(m, s, lnf, m->meanf, m->rstdf, gpu_t(m->hsel, m->dtype), bview(m, W, blk, MODEL_ROLE_NORM_W),
                            bview(m, W, blk, MODEL_ROLE_NORM_B), m->b)) != ZO_OK)
         return st;
-    return linear_forward(s, F32(m->logits), c->vocab, lnf, w, gpu_t(NULL, m->dtype), m->b, c->vocab, c->hidden);
+    if ((st = linear_forward(s, F32(m->logits), c->vocab, lnf, w, gpu_t(NULL, m->dtype), m->b, c->vocab,
+                             c->hidden)) != ZO_OK)
+        return st;
+    /* Gemma-2's final_logit_softcapping, as the loss sees the logits, on the
+     * device: tf_logits downloads the model's logits */
+    const float cap = c->final_softcap;
+    return cap > 0.0f ? gpu_softcap(s, F32(m->logits), cap, (size_t)m->b * c->vocab) : ZO_OK;
 }
 
 static zo_status head_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t s)
@@ -2339,7 +2329,7 @@ static zo_status head_backward(tf_model *m, const tf_block_bufs *bb, float loss_
     }
     /* the residual gradient starts here: dres = norm_f backward */
     if ((st = gpu_memset_async(s, m->dres, 0, (size_t)N * c->hidden * 4)) != ZO_OK) return st;
-    return norm_backward(m, s, bb->grads, blk, MODEL_ROLE_NORM_W, MODEL_ROLE_NORM_B,
+    return norm_backward(m, s, F32(m->dres), F32(m->dh), bb->grads, blk, MODEL_ROLE_NORM_W, MODEL_ROLE_NORM_B,
                          gpu_t(m->res[c->n_layers], m->dtype), bview(m, base_buf(m, bb), blk, MODEL_ROLE_NORM_W),
                          m->meanf, m->rstdf, N);
 }
@@ -2523,7 +2513,7 @@ void tf_init_block_weights(const model_layout *l, int block, float *dst, uint64_
                       t->role == MODEL_ROLE_K_NORM_W || t->role == MODEL_ROLE_POST_ATTN_NORM_W ||
                       t->role == MODEL_ROLE_POST_MLP_NORM_W;
         /* a norm multiplies by 1, which Gemma stores as the offset 0 (GemmaRMSNorm's zeros) */
-        float one = gemma_family(l->cfg.family) ? 0.0f : 1.0f;
+        float one = zo_family_gemma(l->cfg.family) ? 0.0f : 1.0f;
         if (t->ndim == 1) {
             for (size_t e = 0; e < t->numel; e++) p[e] = is_norm ? one : 0.0f;
             continue;

@@ -356,7 +356,8 @@ zo_status tf_set_batch(tf_model *m, gpu_stream_t s, const int32_t *inputs, const
 zo_status tf_set_tokens(tf_model *m, gpu_stream_t s, const int32_t *tokens, int b, int t, const int *pos,
                         const int *last);
 /* After the head's forward on tokens set by tf_set_tokens: the logits
- * [b, vocab] (fp32) into host memory; synchronizes the stream. */
+ * [b, vocab] (fp32; Gemma-2's soft-capped by the head on the device) into
+ * host memory; synchronizes the stream. */
 zo_status tf_logits(tf_model *m, gpu_stream_t s, float *host);
 /* Device bytes of the key/value caches of B sequences of kv_len positions
  * in `dtype`: 2 L B kv_len hkv d x the dtype's size (what tf_init

@@ -35,12 +35,18 @@ struct attn_geom {
     float cap; /* > 0: scores soft-capped, cap tanh(s / cap) */
     /* the score of a dot product: scaled, then capped */
     __device__ float score(float dot) const { return cap > 0.0f ? cap * tanhf(dot * scale / cap) : dot * scale; }
-    /* the score gradient of dp - D: times P, the scale and the cap's derivative */
-    __device__ float dscore(float dot, float p, float dpd) const
+    /* the backward's: the score, and in *dcap the cap's derivative there
+     * (1 - tanh^2; 1 without a cap), from one tanh. The score gradient of
+     * dp - D is then P (dp - D) scale dcap. */
+    __device__ float score_d(float dot, float *dcap) const
     {
-        if (cap <= 0.0f) return p * dpd * scale;
+        if (cap <= 0.0f) {
+            *dcap = 1.0f;
+            return dot * scale;
+        }
         const float th = tanhf(dot * scale / cap);
-        return p * dpd * scale * (1.0f - th * th);
+        *dcap = 1.0f - th * th;
+        return cap * th;
     }
     /* the first key query i sees */
     __device__ int first_key(int i) const { return window > 0 && i >= window ? i - window + 1 : 0; }
@@ -175,8 +181,9 @@ __global__ void attention_backward_dq_kernel(gpu_tensor dqkv, gpu_tensor dout, g
                 sk += q[k] * kr[k];
                 sv += go[k] * vr[k];
             }
-            const float p = expf(G.score(sk) - L);
-            ds = G.dscore(sk, p, sv - D);
+            float dc;
+            const float p = expf(G.score_d(sk, &dc) - L);
+            ds = p * (sv - D) * G.scale * dc;
         }
         for (int jj = 0; jj < TK; jj++) {
             const float dsj = __shfl_sync(FULL_MASK, ds, jj);
@@ -256,8 +263,9 @@ __global__ void attention_backward_dkv_kernel(gpu_tensor dqkv, gpu_tensor dout, 
                     sk += qr[k] * kj[k];
                     sv += gr[k] * vj[k];
                 }
-                p = expf(G.score(sk) - Ls[lane]);
-                ds = G.dscore(sk, p, sv - Ds[lane]);
+                float dc;
+                p = expf(G.score_d(sk, &dc) - Ls[lane]);
+                ds = p * (sv - Ds[lane]) * G.scale * dc;
             }
             for (int ii = 0; ii < TK; ii++) {
                 const float pi = __shfl_sync(FULL_MASK, p, ii);

@@ -57,23 +57,28 @@ struct chunk_geom {
 
 /* Forward: S rows scaled scores (fp32) -> P (16-bit) and lse; one warp per
  * row, lanes over the keys in a fixed order. Keys a row does not see get
- * P = 0; every row sees its own key, so the maximum is finite. */
-__global__ void attn_softmax_kernel(gpu_tensor P, float *lse, const float *S, chunk_geom G, int rows)
+ * P = 0; every row sees its own key, so the maximum is finite. Soft-capped,
+ * the first pass caps the scores a row sees in place (S is the forward's
+ * scratch; each lane rereads only its own columns). */
+__global__ void attn_softmax_kernel(gpu_tensor P, float *lse, float *S, chunk_geom G, int rows)
 {
     const int lane = threadIdx.x % WARP, r = blockIdx.x * RW + threadIdx.x / WARP;
     if (r >= rows) return; /* uniform over the warp */
     const int i = G.r0 + r % G.m;
-    const float *s = S + (size_t)r * G.ld;
+    float *s = S + (size_t)r * G.ld;
     float mx = -INFINITY;
     for (int c = lane; c < G.n; c += WARP)
-        if (G.sees(i, G.k0 + c)) mx = fmaxf(mx, G.capped(s[c]));
+        if (G.sees(i, G.k0 + c)) {
+            if (G.cap > 0.0f) s[c] = G.capped(s[c]);
+            mx = fmaxf(mx, s[c]);
+        }
     mx = warp_max(mx);
     float l = 0.0f;
     for (int c = lane; c < G.n; c += WARP)
-        if (G.sees(i, G.k0 + c)) l += expf(G.capped(s[c]) - mx);
+        if (G.sees(i, G.k0 + c)) l += expf(s[c] - mx);
     const float L = mx + logf(warp_sum(l));
     for (int c = lane; c < G.n; c += WARP)
-        tstore(P, (size_t)r * G.ld + c, G.sees(i, G.k0 + c) ? expf(G.capped(s[c]) - L) : 0.0f);
+        tstore(P, (size_t)r * G.ld + c, G.sees(i, G.k0 + c) ? expf(s[c] - L) : 0.0f);
     if (lane == 0) lse[G.lrow(r)] = L;
 }
 

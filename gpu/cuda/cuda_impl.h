@@ -217,6 +217,7 @@ zo_status cuda_launch_cross_entropy_backward(cudaStream_t st, cuda_err_rec *err,
 /* elementwise.cu */
 zo_status cuda_launch_add(cudaStream_t st, gpu_tensor y, gpu_tensor a, gpu_tensor b, size_t n);
 zo_status cuda_launch_scale(cudaStream_t st, gpu_tensor x, float alpha, size_t n);
+zo_status cuda_launch_softcap(cudaStream_t st, gpu_tensor x, float cap, size_t n);
 zo_status cuda_launch_cast(cudaStream_t st, gpu_tensor dst, gpu_tensor src, size_t n);
 
 /* reduce.cu */

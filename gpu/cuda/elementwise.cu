@@ -21,6 +21,14 @@ __global__ void scale_kernel(gpu_tensor x, float alpha, size_t n)
         tstore(x, i, tload(x, i) * alpha);
 }
 
+/* x[i] = cap tanh(x[i] / cap); x [n] */
+__global__ void softcap_kernel(gpu_tensor x, float cap, size_t n)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        tstore(x, i, cap * tanhf(tload(x, i) / cap));
+}
+
 /* dst[i] = src[i] converted; dst, src [n] */
 __global__ void cast_kernel(gpu_tensor dst, gpu_tensor src, size_t n)
 {
@@ -40,6 +48,12 @@ extern "C" zo_status cuda_launch_scale(cudaStream_t st, gpu_tensor x, float alph
 {
     ZO_LAUNCH(scale_kernel, grid_for(n, BS), BS, 0, st, x, alpha, n);
     return cuda_launch_check("scale_kernel");
+}
+
+extern "C" zo_status cuda_launch_softcap(cudaStream_t st, gpu_tensor x, float cap, size_t n)
+{
+    ZO_LAUNCH(softcap_kernel, grid_for(n, BS), BS, 0, st, x, cap, n);
+    return cuda_launch_check("softcap_kernel");
 }
 
 extern "C" zo_status cuda_launch_cast(cudaStream_t st, gpu_tensor dst, gpu_tensor src, size_t n)

@@ -194,6 +194,11 @@ static zo_status cuda_run_scale(const cuda_exec *e, const gpu_op_args *a)
     return cuda_launch_scale(e->stream, a->t[0], a->f[0], a->n);
 }
 
+static zo_status cuda_run_softcap(const cuda_exec *e, const gpu_op_args *a)
+{
+    return cuda_launch_softcap(e->stream, a->t[0], a->f[0], a->n);
+}
+
 static zo_status cuda_run_cast(const cuda_exec *e, const gpu_op_args *a)
 {
     return cuda_launch_cast(e->stream, a->t[0], a->t[1], a->n);

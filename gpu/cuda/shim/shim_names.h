@@ -40,6 +40,7 @@
 #define cuda_launch_cross_entropy_backward shim_launch_cross_entropy_backward
 #define cuda_launch_add shim_launch_add
 #define cuda_launch_scale shim_launch_scale
+#define cuda_launch_softcap shim_launch_softcap
 #define cuda_launch_cast shim_launch_cast
 #define cuda_launch_check_finite shim_launch_check_finite
 #define cuda_launch_sum_squares shim_launch_sum_squares
