@@ -151,9 +151,11 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
         {ZO_LORA_UP, "up_proj", "mlp.shared_expert.up_proj", h, fs, 0, NULL},
         {ZO_LORA_DOWN, "down_proj", "mlp.shared_expert.down_proj", fs, h, 0, NULL},
     };
-    int gpt2 = c->arch == ZO_ARCH_GPT, fused = !E && zo_model_fused_proj(c), n = 0;
-    const zo_lora_module *all = zo_model_qkv_grouped(c) ? neox : gpt2 ? gpt : E ? moe : fused ? phi3 : llama;
-    size_t count = gpt2    ? sizeof gpt / sizeof gpt[0]
+    int grouped = zo_model_qkv_grouped(c), gpt2 = c->arch == ZO_ARCH_GPT && !grouped;
+    int fused = !E && zo_model_fused_proj(c), n = 0;
+    const zo_lora_module *all = grouped ? neox : gpt2 ? gpt : E ? moe : fused ? phi3 : llama;
+    size_t count = grouped ? sizeof neox / sizeof neox[0]
+                   : gpt2  ? sizeof gpt / sizeof gpt[0]
                    : E     ? sizeof moe / sizeof moe[0] - (fs ? 0 : 3)
                    : fused ? sizeof phi3 / sizeof phi3[0]
                            : sizeof llama / sizeof llama[0];

@@ -497,10 +497,10 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
         known |= !strcmp(c->family, preset_families[i]);
     /* GPT: GELU's tanh form (GPT-2's gelu_new, also named these), GPT-NeoX's
      * erf form ("gelu") too; LLaMA: SiLU, Gemma's gate that tanh form (GeGLU) */
-    int tanh_gelu = !strcmp(c->act, "gelu_new") || !strcmp(c->act, "gelu_fast") ||
-                    !strcmp(c->act, "gelu_pytorch_tanh") || (zo_model_qkv_grouped(c) && !strcmp(c->act, "gelu"));
+    int gelu_known = !strcmp(c->act, "gelu_new") || !strcmp(c->act, "gelu_fast") ||
+                     !strcmp(c->act, "gelu_pytorch_tanh") || (zo_model_qkv_grouped(c) && !strcmp(c->act, "gelu"));
     int gemma = zo_family_gemma(c->family);
-    int other_act = c->act[0] && (c->arch == ZO_ARCH_GPT || gemma ? !tanh_gelu : strcmp(c->act, "silu"));
+    int other_act = c->act[0] && (c->arch == ZO_ARCH_GPT || gemma ? !gelu_known : strcmp(c->act, "silu"));
     /* GPT-NeoX and Falcon: rotary in place of learned positions, attention and
      * MLP side by side (use_parallel_residual, parallel_attn); Falcon's one
      * norm for both */
@@ -519,6 +519,10 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
              !(zo_model_falcon(c) && c->layer_norms == 1 && c->parallel_block))
         snprintf(lacks, sizeof lacks, "its norms");
     else if (c->parallel_block && !grouped) snprintf(lacks, sizeof lacks, "parallel attention and MLP");
+    else if (zo_model_falcon(c) && !c->parallel_block && c->n_kv_heads != 1 && c->n_kv_heads != c->n_heads)
+        /* FalconConfig has grouped kv heads only with the new decoder
+         * architecture, whose attention and MLP are side by side */
+        snprintf(lacks, sizeof lacks, "grouped kv heads with sequential attention and MLP");
     else if (grouped && c->rope_scaling[0]) snprintf(lacks, sizeof lacks, "its rope_scaling");
     else if (c->embed_norm) snprintf(lacks, sizeof lacks, "an embedding norm");
     else if (c->qk_norm && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "q/k norms on GPT layers");
@@ -620,6 +624,26 @@ static double hf_double(hf *r, const char *key, double def)
 }
 
 static float hf_float(hf *r, const char *key, float def) { return (float)hf_double(r, key, def); }
+
+/* A number from the first of `key`, `alt` present; `def` when both are
+ * absent. *name (when given): the key read, key when neither is there. */
+static double hf_double2(hf *r, const char *key, const char *alt, double def, const char **name)
+{
+    const char *k = alt && !hf_item(r, key) && hf_item(r, alt) ? alt : key;
+    if (name) *name = k;
+    return hf_double(r, k, def);
+}
+
+/* The rotated part of each head, in (0, 1], from the first of `key`, `alt`
+ * present (`def` when neither is), refused naming the key it read; the
+ * whole head is 0 (rope_partial's "all"). */
+static double hf_rotary_part(hf *r, const char *key, const char *alt, double def)
+{
+    const char *name;
+    double p = hf_double2(r, key, alt, def, &name);
+    if (!r->st && !(p > 0.0 && p <= 1.0)) hf_fail(r, ZO_ERR_FORMAT, name, "must be in (0, 1] (got %g)", p);
+    return p == 1.0 ? 0.0 : p;
+}
 
 static int hf_bool(hf *r, const char *key, int def)
 {
@@ -956,12 +980,7 @@ static void parse_llama(hf *r, zo_model_config *c, const family *f)
     }
     /* Phi-4-mini rotates only the first partial_rotary_factor of each head
      * (no size changes) */
-    if (!strcmp(f->type, "phi3")) {
-        double p = hf_double(r, "partial_rotary_factor", 1.0);
-        if (!r->st && !(p > 0.0 && p <= 1.0))
-            hf_fail(r, ZO_ERR_FORMAT, "partial_rotary_factor", "must be in (0, 1] (got %g)", p);
-        c->rope_partial = p == 1.0 ? 0.0 : p;
-    }
+    if (!strcmp(f->type, "phi3")) c->rope_partial = hf_rotary_part(r, "partial_rotary_factor", NULL, 1.0);
 }
 
 int zo_model_fused_proj(const zo_model_config *c) { return !strcmp(c->family, "phi3"); }
@@ -1067,17 +1086,14 @@ static void parse_neox(hf *r, zo_model_config *c, const family *f)
     hf_shape(r, c, "intermediate_size");
     c->norm_eps = hf_float(r, "layer_norm_eps", 1e-5f);
     /* GPTNeoXConfig's rotary_emb_base (rope_theta in later configs) */
-    c->rope_theta = hf_float(r, hf_item(r, "rotary_emb_base") ? "rotary_emb_base" : "rope_theta", 10000.0f);
+    c->rope_theta = (float)hf_double2(r, "rotary_emb_base", "rope_theta", 10000.0, NULL);
     c->tied_embeddings = hf_bool(r, "tie_word_embeddings", f->tied);
     c->parallel_block = hf_bool(r, "use_parallel_residual", 1);
     /* GPTNeoXConfig's default hidden_act is "gelu" (the erf form) */
     hf_act(r, "hidden_act", NULL, c);
     if (!c->act[0]) snprintf(c->act, sizeof c->act, "gelu");
     /* the rotated part of each head: rotary_pct (default 0.25; partial_rotary_factor in later configs) */
-    double p = hf_double(r, hf_item(r, "rotary_pct") ? "rotary_pct" : "partial_rotary_factor", 0.25);
-    if (!r->st && !(p > 0.0 && p <= 1.0))
-        hf_fail(r, ZO_ERR_FORMAT, "rotary_pct", "must be in (0, 1] (got %g)", p);
-    c->rope_partial = p == 1.0 ? 0.0 : p;
+    c->rope_partial = hf_rotary_part(r, "rotary_pct", "partial_rotary_factor", 0.25);
     hf_attention_extent(r, c, f);
     /* without attention biases the MLP keeps its own: not one of our shapes */
     if (!hf_bool(r, "attention_bias", 1))

@@ -280,17 +280,14 @@ static void grouped_layer(builder *b, int i)
     if (!neox && c->parallel_block && c->layer_norms == 2) n1 = "ln_attn", n2 = "ln_mlp";
     add(b, MODEL_ROLE_LN1_W, 0, h, 0, "%s.%d.%s.weight", p, i, n1);
     add(b, MODEL_ROLE_LN1_B, 0, h, 0, "%s.%d.%s.bias", p, i, n1);
-    if (neox || c->layer_norms != 1) {
+    if (c->layer_norms != 1) { /* GPT-NeoX has two (the config refuses one) */
         add(b, MODEL_ROLE_LN2_W, 0, h, 0, "%s.%d.%s.weight", p, i, n2);
         add(b, MODEL_ROLE_LN2_B, 0, h, 0, "%s.%d.%s.bias", p, i, n2);
     }
     int first = l->n_tensors;
     add(b, MODEL_ROLE_QKV_W, 0, q + 2 * kv, h, "%s.%d.%s.query_key_value.weight", p, i, att);
     if (c->attn_bias) add(b, MODEL_ROLE_QKV_B, 0, q + 2 * kv, 0, "%s.%d.%s.query_key_value.bias", p, i, att);
-    for (int k = first; b->st == ZO_OK && k < l->n_tensors; k++) {
-        l->tensors[k].hf_head_rows = c->head_dim;
-        l->tensors[k].hf_head_groups = c->n_kv_heads;
-    }
+    for (int k = first; b->st == ZO_OK && k < l->n_tensors; k++) model_tensor_set_head_rows(&l->tensors[k], c);
     add(b, MODEL_ROLE_ATTN_OUT_W, 0, h, q, "%s.%d.%s.dense.weight", p, i, att);
     if (c->out_bias) add(b, MODEL_ROLE_ATTN_OUT_B, 0, h, 0, "%s.%d.%s.dense.bias", p, i, att);
     add(b, MODEL_ROLE_MLP_UP_W, 0, f, h, "%s.%d.mlp.dense_h_to_4h.weight", p, i);
@@ -470,6 +467,12 @@ void model_layout_free(model_layout *l)
     free(l->tensors);
     free(l->views);
     memset(l, 0, sizeof *l);
+}
+
+void model_tensor_set_head_rows(model_tensor *t, const zo_model_config *c)
+{
+    t->hf_head_rows = c->head_dim;
+    t->hf_head_groups = c->n_kv_heads;
 }
 
 const model_tensor *model_layout_find(const model_layout *l, const char *name)

@@ -153,6 +153,11 @@ void model_layout_free(model_layout *l);
  * e + 1's: the experts are laid out one after another, gate, up, down. */
 size_t model_layout_expert_stride(const model_layout *l);
 
+/* Marks t (GPT-NeoX's or Falcon's query_key_value weight or bias, or its
+ * lora_B) as grouped per kv head in the file: hf_head_rows, hf_head_groups
+ * from c. */
+void model_tensor_set_head_rows(model_tensor *t, const zo_model_config *c);
+
 /* The tensor with this name (our spelling; model_layout_match_hf in
  * safetensors.h accepts checkpoint spellings), or NULL. */
 const model_tensor *model_layout_find(const model_layout *l, const char *name);

@@ -98,10 +98,8 @@ zo_status model_lora_layout_init_experts(model_layout *l, const zo_model_config 
                         t->shape[1] = part == MODEL_LORA_A ? mods[i].in : lc->r;
                         t->numel = (size_t)(t->shape[0] * t->shape[1]);
                         /* GPT-NeoX's and Falcon's query_key_value: lora_B's rows as the weight's */
-                        if (part == MODEL_LORA_B && zo_model_qkv_grouped(&cfg) && t->role == MODEL_ROLE_QKV_W) {
-                            t->hf_head_rows = cfg.head_dim;
-                            t->hf_head_groups = cfg.n_kv_heads;
-                        }
+                        if (part == MODEL_LORA_B && zo_model_qkv_grouped(&cfg) && t->role == MODEL_ROLE_QKV_W)
+                            model_tensor_set_head_rows(t, &cfg);
                         l->block_numel[blk] += t->numel;
                     }
             j = last;

@@ -25,11 +25,11 @@ const model_tensor *model_layout_match_hf(const model_layout *l, const char *hf_
 {
     *ignored = 0;
     const char *name = hf_name;
+    /* GPT-2's names without the prefix (Falcon's keep it, GPT-NeoX's have none) */
+    if (l->cfg.arch == ZO_ARCH_GPT && !zo_model_qkv_grouped(&l->cfg) && starts_with(name, GPT_PREFIX))
+        name += strlen(GPT_PREFIX);
     const model_tensor *t = model_layout_find(l, name);
     if (t) return t;
-    /* GPT-2's names without the prefix (Falcon's keep it) */
-    if (l->cfg.arch == ZO_ARCH_GPT && starts_with(name, GPT_PREFIX)) name += strlen(GPT_PREFIX);
-    if ((t = model_layout_find(l, name)) != NULL) return t;
     if (zo_model_qkv_grouped(&l->cfg)) {
         /* GPT-NeoX's buffers in older checkpoints: the causal mask, its fill
          * value and the rotary frequencies */
@@ -82,15 +82,28 @@ static size_t head_row_ours(const model_tensor *t, size_t file_row)
     return head * d + r;
 }
 
-/* Rows of a tensor read in the file's order put in ours, in place. */
-static zo_status head_rows_from_file(const model_tensor *t, uint8_t *buf, size_t esz)
+/* Rows of a tensor read in the file's order put in ours, in place: each
+ * group's key and value rows are set aside (2 G heads of rows, not the
+ * tensor), the query rows move down group by group (ours never lie after the
+ * file's, so moving in ascending order overwrites only rows already moved),
+ * and the keys, then the values, fill the end. */
+static zo_status head_rows_from_file(const model_tensor *t, uint8_t *buf, size_t esz, const char *path)
 {
-    size_t rows = (size_t)t->shape[0], row = (t->ndim == 2 ? (size_t)t->shape[1] : 1) * esz;
-    uint8_t *tmp = malloc(rows * row);
-    if (!tmp) return zo_error(ZO_ERR_NOMEM, "tensor \"%s\": cannot allocate %zu bytes", t->name, rows * row);
-    memcpy(tmp, buf, rows * row);
-    for (size_t r = 0; r < rows; r++) memcpy(buf + head_row_ours(t, r) * row, tmp + r * row, row);
-    free(tmp);
+    size_t G = (size_t)t->hf_head_groups, d = (size_t)t->hf_head_rows;
+    size_t head = d * (t->ndim == 2 ? (size_t)t->shape[1] : 1) * esz; /* bytes of one head's rows */
+    size_t Q = (size_t)t->shape[0] / (G * d) - 2;                     /* query heads of a group */
+    uint8_t *kv = malloc(2 * G * head);
+    if (!kv)
+        return zo_error(ZO_ERR_NOMEM, "%s: tensor \"%s\": cannot allocate %zu bytes for its key and value rows",
+                        path, t->name, 2 * G * head);
+    for (size_t g = 0; g < G; g++) {
+        const uint8_t *grp = buf + g * (Q + 2) * head;
+        memcpy(kv + g * head, grp + Q * head, head);
+        memcpy(kv + (G + g) * head, grp + (Q + 1) * head, head);
+    }
+    for (size_t g = 1; g < G; g++) memmove(buf + g * Q * head, buf + g * (Q + 2) * head, Q * head);
+    memcpy(buf + G * Q * head, kv, 2 * G * head);
+    free(kv);
     return ZO_OK;
 }
 
@@ -159,21 +172,17 @@ zo_status model_load_block(const model_ckpt *c, const model_layout *l, int block
         }
         uint8_t *dst = (uint8_t *)buf + t->offset * esz;
         zo_status st = model_st_read(f, s, dst, dt, t->hf_transposed);
-        if (st == ZO_OK && t->hf_head_rows) st = head_rows_from_file(t, dst, esz);
         if (st) return st;
-        /* inf or nan in a weight makes every loss nan: refused, named */
+        /* inf or nan in a weight makes every loss nan: refused, named (before
+         * query_key_value's rows are reordered: bad is then the file's row) */
         size_t bad = first_nonfinite(dst, dt, t->numel);
         if (bad < t->numel) {
             /* the element as the file numbers it ([in, out] for a Conv1D weight) */
             size_t in = (size_t)t->shape[1], at = t->hf_transposed ? (bad % in) * (size_t)t->shape[0] + bad / in : bad;
-            if (t->hf_head_rows) { /* ours to the file's row: search the few rows of one tensor */
-                size_t cols = t->ndim == 2 ? in : 1;
-                for (size_t r = 0; r < (size_t)t->shape[0]; r++)
-                    if (head_row_ours(t, r) == bad / cols) at = r * cols + bad % cols;
-            }
             return zo_error(ZO_ERR_FORMAT, "%s: tensor \"%s\" element %zu is %g: weights must be finite",
                             f->path, s->name, at, (double)zo_load_f32(dst, dt, bad));
         }
+        if (t->hf_head_rows && (st = head_rows_from_file(t, dst, esz, f->path)) != ZO_OK) return st;
         rep->n_loaded++;
     }
     if (missing && !(flags & MODEL_LOAD_ALLOW_MISSING)) {

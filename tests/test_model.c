@@ -566,12 +566,91 @@ static void test_byte_tokens(void **state)
  * head_dim 128, Gemma's; a mixture of experts, whose router and expert keys
  * the writer does not make, is refused naming the model rather than written
  * as LLaMA. */
-/* GPT-NeoX's query_key_value in its files: q, k and v interleaved per head,
- * [q_0 k_0 v_0 q_1 k_1 v_1 ...] (Hugging Face views the output as [heads,
- * 3 d] and splits the last axis). Saved from the layout's [q | k | v], file
- * row (3 j + p) d + r must hold our row p H + j d + r (H = heads x d), for
- * the weight, its bias and a LoRA adapter's lora_B; loaded back, each is
- * the buffer saved. */
+/* Saved from the layout `l` (and its LoRA layout `ad`, q, k, v adapted),
+ * query_key_value's file head h (d rows each) must hold our head ours[h]
+ * (its rows in [q | k | v]) for the weight, its bias (if any: want_qkv
+ * tensors in all) and lora_B; loaded back, each is the buffer saved; a nan
+ * in the weight's row 1 of file head `nan_head` is named by its element as
+ * the file numbers it. groups: the tensors' hf_head_groups. */
+static void qkv_rows_round_trip(const char *tag, const model_layout *l, const model_layout *ad, int d, int groups,
+                                const int *ours, int want_qkv, int nan_head)
+{
+    char dir[] = "/tmp/zo_qkv_XXXXXX", path[256], apath[256];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    snprintf(apath, sizeof apath, "%s/adapter.safetensors", dir);
+    for (int pass = 0; pass < 2; pass++) { /* the model, then the adapters */
+        const model_layout *L = pass ? ad : l;
+        const char *file = pass ? apath : path;
+        float **blocks = calloc((size_t)L->n_blocks, sizeof *blocks), **back = calloc((size_t)L->n_blocks, sizeof *back);
+        assert_non_null(blocks);
+        assert_non_null(back);
+        for (int b = 0; b < L->n_blocks; b++) {
+            blocks[b] = malloc((L->block_numel[b] + 1) * sizeof(float));
+            back[b] = calloc(L->block_numel[b] + 1, sizeof(float));
+            for (size_t i = 0; i < L->block_numel[b]; i++) blocks[b][i] = (float)(1000 * b + i);
+        }
+        if (model_save(file, L, (const void *const *)blocks, ZO_DTYPE_F32, ZO_DTYPE_F32)) fail_msg("%s", zo_last_error());
+        model_st_file f;
+        assert_int_equal(model_st_open(&f, file), ZO_OK);
+        int checked = 0;
+        size_t nan_at = 0, nan_elem = 0; /* the byte of the nan in the file, its element */
+        for (int i = 0; i < L->n_tensors; i++) {
+            const model_tensor *t = &L->tensors[i];
+            int qkv = strstr(t->name, "query_key_value") && (!pass || strstr(t->name, "lora_B"));
+            assert_int_equal(t->hf_head_rows, qkv ? d : 0);
+            assert_int_equal(t->hf_head_groups, qkv ? groups : 0);
+            const model_st_tensor *st = model_st_find(&f, t->name);
+            assert_non_null(st);
+            float *got = malloc(t->numel * sizeof(float));
+            assert_int_equal(model_st_read(&f, st, got, ZO_DTYPE_F32, 0), ZO_OK);
+            size_t cols = t->ndim == 2 ? (size_t)t->shape[1] : 1;
+            for (size_t R = 0; R < (size_t)t->shape[0]; R++) {
+                size_t row = qkv ? (size_t)ours[R / d] * d + R % d : R;
+                for (size_t k = 0; k < cols; k++)
+                    if (got[R * cols + k] != blocks[t->block][t->offset + row * cols + k])
+                        fail_msg("%s: %s: file row %zu col %zu is %g, want our row %zu's %g", tag, t->name, R, k,
+                                 got[R * cols + k], row, blocks[t->block][t->offset + row * cols + k]);
+            }
+            if (qkv && !pass && t->ndim == 2) {
+                nan_elem = ((size_t)nan_head * d + 1) * cols + cols - 1;
+                nan_at = f.data_start + st->begin + nan_elem * sizeof(float);
+            }
+            checked += qkv;
+            free(got);
+        }
+        assert_int_equal(checked, pass ? 1 : want_qkv); /* weight (and bias); lora_B */
+        model_st_close(&f);
+        if (model_load_path(file, L, (void *const *)back, ZO_DTYPE_F32, MODEL_LOAD_STRICT, NULL))
+            fail_msg("%s: %s", tag, zo_last_error());
+        for (int b = 0; b < L->n_blocks; b++)
+            assert_memory_equal(back[b], blocks[b], L->block_numel[b] * sizeof(float));
+        if (!pass) {
+            /* the weight's nan, named as the file numbers it */
+            assert_true(nan_at > 0);
+            FILE *fp = fopen(file, "r+b");
+            assert_non_null(fp);
+            const float nan = NAN;
+            assert_int_equal(fseek(fp, (long)nan_at, SEEK_SET), 0);
+            assert_int_equal(fwrite(&nan, sizeof nan, 1, fp), 1);
+            fclose(fp);
+            assert_int_equal(model_load_path(file, L, (void *const *)back, ZO_DTYPE_F32, MODEL_LOAD_STRICT, NULL),
+                             ZO_ERR_FORMAT);
+            char want[64];
+            snprintf(want, sizeof want, "element %zu is nan", nan_elem);
+            if (!strstr(zo_last_error(), want)) fail_msg("%s: want \"%s\": %s", tag, want, zo_last_error());
+        }
+        for (int b = 0; b < L->n_blocks; b++) free(blocks[b]), free(back[b]);
+        free(blocks), free(back);
+        unlink(file);
+    }
+    rmdir(dir);
+}
+
+/* GPT-NeoX's query_key_value has its rows per head, [q_0 k_0 v_0 q_1 k_1
+ * v_1 ...] (Hugging Face views the output as [heads, 3 d] and splits the
+ * last axis): file head 3 j + p is our head p heads + j (p = 0, 1, 2 for
+ * q, k, v), for the weight, its bias and a LoRA adapter's lora_B. */
 static void test_neox_qkv_rows(void **state)
 {
     (void)state;
@@ -589,61 +668,44 @@ static void test_neox_qkv_rows(void **state)
     if (model_layout_init(&l, &c)) fail_msg("%s", zo_last_error());
     zo_lora_config lc = {.r = 2, .alpha = 4.0f, .targets = ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V};
     if (model_lora_layout_init(&ad, &c, &lc)) fail_msg("%s", zo_last_error());
-    const int d = 6, H = 12;
-    char dir[] = "/tmp/zo_neox_XXXXXX", path[256], apath[256];
-    assert_non_null(mkdtemp(dir));
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    snprintf(apath, sizeof apath, "%s/adapter.safetensors", dir);
-    for (int pass = 0; pass < 2; pass++) { /* the model, then the adapters */
-        model_layout *L = pass ? &ad : &l;
-        const char *file = pass ? apath : path;
-        float **blocks = calloc((size_t)L->n_blocks, sizeof *blocks), **back = calloc((size_t)L->n_blocks, sizeof *back);
-        assert_non_null(blocks);
-        assert_non_null(back);
-        for (int b = 0; b < L->n_blocks; b++) {
-            blocks[b] = malloc((L->block_numel[b] + 1) * sizeof(float));
-            back[b] = calloc(L->block_numel[b] + 1, sizeof(float));
-            for (size_t i = 0; i < L->block_numel[b]; i++) blocks[b][i] = (float)(1000 * b + i);
-        }
-        if (model_save(file, L, (const void *const *)blocks, ZO_DTYPE_F32, ZO_DTYPE_F32)) fail_msg("%s", zo_last_error());
-        model_st_file f;
-        assert_int_equal(model_st_open(&f, file), ZO_OK);
-        int checked = 0;
-        for (int i = 0; i < L->n_tensors; i++) {
-            const model_tensor *t = &L->tensors[i];
-            int qkv = strstr(t->name, "query_key_value") && (!pass || strstr(t->name, "lora_B"));
-            assert_int_equal(t->hf_head_rows, qkv ? d : 0);
-            assert_int_equal(t->hf_head_groups, qkv ? 2 : 0); /* GPT-NeoX: a group a head */
-            const model_st_tensor *st = model_st_find(&f, t->name);
-            assert_non_null(st);
-            float *got = malloc(t->numel * sizeof(float));
-            assert_int_equal(model_st_read(&f, st, got, ZO_DTYPE_F32, 0), ZO_OK);
-            size_t cols = t->ndim == 2 ? (size_t)t->shape[1] : 1;
-            for (size_t R = 0; R < (size_t)t->shape[0]; R++) {
-                size_t j = R / (3 * d), p = R % (3 * d) / d, r = R % d;
-                size_t ours = qkv ? p * H + j * d + r : R;
-                for (size_t k = 0; k < cols; k++)
-                    if (got[R * cols + k] != blocks[t->block][t->offset + ours * cols + k])
-                        fail_msg("%s: file row %zu col %zu is %g, want our row %zu's %g", t->name, R, k,
-                                 got[R * cols + k], ours, blocks[t->block][t->offset + ours * cols + k]);
-            }
-            checked += qkv;
-            free(got);
-        }
-        assert_int_equal(checked, pass ? 1 : 2); /* weight and bias; lora_B */
-        model_st_close(&f);
-        if (model_load_path(file, L, (void *const *)back, ZO_DTYPE_F32, MODEL_LOAD_STRICT, NULL))
-            fail_msg("%s", zo_last_error());
-        for (int b = 0; b < L->n_blocks; b++) {
-            assert_memory_equal(back[b], blocks[b], L->block_numel[b] * sizeof(float));
-            free(blocks[b]), free(back[b]);
-        }
-        free(blocks), free(back);
-        unlink(file);
-    }
-    rmdir(dir);
+    const int d = 6, heads = 2;
+    int ours[3 * 2];
+    for (int j = 0; j < heads; j++)
+        for (int p = 0; p < 3; p++) ours[3 * j + p] = p * heads + j;
+    /* GPT-NeoX: a group a head; the nan in file head 1, k_0 (our head 2) */
+    qkv_rows_round_trip("gpt-neox", &l, &ad, d, heads, ours, 2, 1);
     model_layout_free(&ad);
     model_layout_free(&l);
+}
+
+/* Falcon's query_key_value has its rows per kv group, each group's query
+ * heads, then its key and value: [q_0 q_1 k_0 v_0 q_2 q_3 k_1 v_1] with the
+ * new decoder architecture (4 query heads in 2 groups), ours [q_0 .. q_3 k_0
+ * k_1 v_0 v_1]; multi-query (Falcon-7B: one group) is already ours. */
+static void test_falcon_qkv_rows(void **state)
+{
+    (void)state;
+    static const char *const json[2] = {
+        "{\"model_type\": \"falcon\", \"num_hidden_layers\": 1, \"hidden_size\": 16, \"num_attention_heads\": 4, "
+        "\"vocab_size\": 8, \"new_decoder_architecture\": true, \"num_kv_heads\": 2, \"bias\": true}",
+        "{\"model_type\": \"falcon\", \"num_hidden_layers\": 1, \"hidden_size\": 16, \"num_attention_heads\": 4, "
+        "\"vocab_size\": 8, \"multi_query\": true, \"parallel_attn\": true}"};
+    /* our head of each file head, by hand */
+    static const int grouped[8] = {0, 1, 4, 6, 2, 3, 5, 7}, multi_query[6] = {0, 1, 2, 3, 4, 5};
+    for (int mq = 0; mq < 2; mq++) {
+        zo_model_config c;
+        if (zo_model_config_parse(json[mq], "falcon.json", &c)) fail_msg("%s", zo_last_error());
+        assert_int_equal(c.n_kv_heads, mq ? 1 : 2);
+        model_layout l, ad;
+        if (model_layout_init(&l, &c)) fail_msg("%s", zo_last_error());
+        zo_lora_config lc = {.r = 2, .alpha = 4.0f, .targets = ZO_LORA_Q | ZO_LORA_K | ZO_LORA_V};
+        if (model_lora_layout_init(&ad, &c, &lc)) fail_msg("%s", zo_last_error());
+        /* the nan in file head 3: v_0 (our head 6) grouped, q_3 multi-query */
+        qkv_rows_round_trip(mq ? "falcon multi-query" : "falcon grouped", &l, &ad, 4, mq ? 1 : 2,
+                            mq ? multi_query : grouped, mq ? 1 : 2, 3);
+        model_layout_free(&ad);
+        model_layout_free(&l);
+    }
 }
 
 /* Falcon-7B's first config (model_type RefinedWebModel, the old keys):
@@ -673,6 +735,17 @@ static void test_falcon_old_keys(void **state)
     c.pos = ZO_POS_ALIBI;
     assert_int_equal(model_layout_init(&l, &c), ZO_ERR_UNSUPPORTED);
     assert_non_null(strstr(zo_last_error(), "ALiBi"));
+    /* sequential with kv heads neither 1 nor every head's: no FalconConfig
+     * says so (its config.json would read back as another model) */
+    c.pos = ZO_POS_ROTARY;
+    c.parallel_block = 0;
+    c.layer_norms = 2;
+    c.n_kv_heads = 2;
+    assert_int_equal(model_layout_init(&l, &c), ZO_ERR_UNSUPPORTED);
+    assert_non_null(strstr(zo_last_error(), "grouped kv heads with sequential attention and MLP"));
+    c.n_kv_heads = 1; /* multi-query: multi_query true */
+    if (model_layout_init(&l, &c)) fail_msg("%s", zo_last_error());
+    model_layout_free(&l);
 }
 
 static void test_hf_config_from_presets(void **state)
@@ -901,6 +974,20 @@ static void test_hf_config_partial_rotary(void **state)
     assert_int_equal(zo_model_rope_dim(&back), 56);
     free(text);
     cJSON_Delete(js);
+    /* GPT-NeoX reads rotary_pct, or partial_rotary_factor in later configs:
+     * out of (0, 1], the error names the key the config has */
+    static const char *const neox_keys[] = {"rotary_pct", "partial_rotary_factor"};
+    for (int k = 0; k < 2; k++) {
+        char json[256];
+        snprintf(json, sizeof json,
+                 "{\"model_type\": \"gpt_neox\", \"num_hidden_layers\": 1, \"hidden_size\": 64, "
+                 "\"num_attention_heads\": 2, \"intermediate_size\": 16, \"vocab_size\": 8, \"%s\": 1.5}",
+                 neox_keys[k]);
+        assert_int_equal(zo_model_config_parse(json, "neox.json", &c), ZO_ERR_FORMAT);
+        char want[64];
+        snprintf(want, sizeof want, "field \"%s\": must be in (0, 1]", neox_keys[k]);
+        if (!strstr(zo_last_error(), want)) fail_msg("want \"%s\": %s", want, zo_last_error());
+    }
 }
 
 /* longrope outside Phi-3, as transformers' _compute_longrope_parameters
@@ -960,6 +1047,7 @@ int main(void)
         cmocka_unit_test(test_gemma3_config),
         cmocka_unit_test(test_hf_config_from_presets),
         cmocka_unit_test(test_neox_qkv_rows),
+        cmocka_unit_test(test_falcon_qkv_rows),
         cmocka_unit_test(test_falcon_old_keys),
         cmocka_unit_test(test_longrope_other_family),
         cmocka_unit_test(test_batches_sequential),

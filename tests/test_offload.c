@@ -796,22 +796,49 @@ static void test_recompute_ops(void **state)
  * memory with the weights streamed), and recompute by op its losses and last
  * gradients bit for bit, resident and streamed (bf16); the parallel
  * residual keeps no x_mid, so its device peak without recompute is below
- * the sequential one's. */
+ * the sequential one's. The GEMMs of a step, counted by the op profile, are
+ * those a layer's forward, recompute and backward need, by hand: a parallel
+ * residual's recompute runs no attention output GEMM (its LoRA adapter's A
+ * att only, the losses unchanged). */
 static void test_neox_recompute(void **state)
 {
     (void)state;
     uint64_t peak[2];
+    const int L = 4, accum = 2;
     for (int par = 0; par < 4; par++) {
         /* GPT-NeoX sequential and parallel; then Falcon with one norm and with two */
-        run base = {.cfg = par < 2 ? tiny_neox(4, 64, 128, par) : tiny_falcon(4, 64, 128, par - 1),
-                    .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 6};
+        run base = {.cfg = par < 2 ? tiny_neox(L, 64, 128, par) : tiny_falcon(L, 64, 128, par - 1),
+                    .dt = ZO_DTYPE_BF16, .B = 2, .T = 16, .steps = 6, .count_gemms = 1};
         base_config(&base.oc);
-        base.oc.grad_accum = 2;
+        base.oc.grad_accum = accum;
         static const char *const names[] = {"neox sequential bf16, recompute none", "neox parallel bf16, recompute none",
                                             "falcon one norm bf16, recompute none", "falcon two norms bf16, recompute none"};
         run none, full, ops;
         recompute_runs(&base, names[par], &none, &full, &ops);
         assert_same_losses("recompute full", &none, &full);
+        /* the GEMMs of a micro-batch: each layer's forward 4 (qkv, o, fc1,
+         * down) and backward 8 (dx and dW of each), the head's logits, dx and
+         * dW; recompute adds qkv and fc1, and o where it feeds x_mid
+         * (sequential): a parallel residual's o and down only make the
+         * layer's output, which backward does not read */
+        const int sequential = par == 0;
+        double want_none = accum * (L * 12 + 3), want_full = accum * (L * (14 + sequential) + 3);
+        printf("  GEMMs a step: none %.0f (by hand %.0f), recompute full %.0f (by hand %.0f)\n",
+               none.gemms / base.steps, want_none, full.gemms / base.steps, want_full);
+        assert_true(none.gemms == want_none * base.steps);
+        assert_true(full.gemms == want_full * base.steps);
+        if (par == 1) {
+            /* LoRA on every linear: the attention output's adapter keeps its A att
+             * through a recompute that skips the output GEMM */
+            run ln = base, lf;
+            ln.lora = (tf_lora_options){.r = 4, .alpha = 8, .targets = ZO_LORA_ALL_LINEAR};
+            lf = ln;
+            lf.oc.recompute = OFFLOAD_RECOMPUTE_FULL;
+            assert_int_equal(do_run(&ln), ZO_OK);
+            assert_int_equal(do_run(&lf), ZO_OK);
+            print_losses("neox parallel lora, none", &ln);
+            assert_same_losses("lora, recompute full", &ln, &lf);
+        }
         /* the residual stream kept in host memory (activation offload), weights streamed */
         run host = full;
         host.oc.checkpoints_on = OFFLOAD_CPU;

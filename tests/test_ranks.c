@@ -32,9 +32,13 @@
  *   naming each shard's experts): resumed with --ep 2 bit for bit, on one
  *   rank and with --ep 4 as one rank's resume, each expert's step counts
  *   as one rank's; a ZeRO-3 checkpoint or a missing shard refused by name.
- * - Qwen3, Phi-3 and Gemma, each with its family's own parts (q/k norms;
- *   fused projections, partial rotary, longrope, a window; (1 + w) norms,
- *   GeGLU, the scaled embedding, one kv head): full fine-tuning and LoRA on
+ * - Qwen3, Phi-3, Gemma, Gemma-2, Gemma-3 text, GPT-NeoX and Falcon, each
+ *   with its family's own parts (q/k norms; fused projections, partial
+ *   rotary, longrope, a window; (1 + w) norms, GeGLU, the scaled embedding,
+ *   one kv head; four norms, soft caps that bite, alternating windows; q/k
+ *   norms and a local rotary base; per-head qkv rows, a quarter of each head
+ *   rotated, the parallel residual; multi-query under one norm): full
+ *   fine-tuning and LoRA on
  *   every linear layer at ZeRO-2 and ZeRO-3 on 2 ranks against one rank's
  *   --grad-accum 2, as the matrix's rows.
  * - Refusals: every combination outside the table is refused by train
@@ -1936,6 +1940,48 @@ static const char gemma_config[] =
     "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"hidden_activation\": \"gelu_pytorch_tanh\", "
     "\"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0, \"tie_word_embeddings\": true}";
 
+/* Gemma-2: Gemma's parts with its four norms a layer, scores times
+ * query_pre_attn_scalar^-0.5 (16: head_dim's) capped at 0.02 and logits
+ * capped at 0.1 (at this initialization the scores are a few hundredths and
+ * the logits a few tenths: both caps bend them; one rank's first fp32 loss
+ * was 5.545863 with both, 5.559804 with the score cap alone, 5.559976 with
+ * neither), a window of 8 on every other layer (the sequence is 32). */
+static const char gemma2_config[] =
+    "{\"model_type\": \"gemma2\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, \"intermediate_size\": 128, "
+    "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"hidden_activation\": \"gelu_pytorch_tanh\", "
+    "\"query_pre_attn_scalar\": 16, \"attn_logit_softcapping\": 0.02, \"final_logit_softcapping\": 0.1, "
+    "\"sliding_window\": 8, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0, \"tie_word_embeddings\": true}";
+
+/* Gemma-3 text: Gemma-2's norms without caps, q/k norms times (1 + w), a
+ * window of 8 on two layers of three with their own rotary base (10000;
+ * the global layers' 1e6). */
+static const char gemma3_config[] =
+    "{\"model_type\": \"gemma3_text\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, \"intermediate_size\": 128, "
+    "\"vocab_size\": 256, \"max_position_embeddings\": 64, \"hidden_activation\": \"gelu_pytorch_tanh\", "
+    "\"query_pre_attn_scalar\": 16, \"sliding_window\": 8, \"sliding_window_pattern\": 3, "
+    "\"rope_local_base_freq\": 10000.0, \"rope_theta\": 1000000.0, \"rms_norm_eps\": 1e-6, "
+    "\"tie_word_embeddings\": true}";
+
+/* GPT-NeoX (Pythia's kind): LayerNorms and biases everywhere, query_key_value
+ * per head in the file, rotary on a quarter of each head (4 of 16), the erf
+ * GELU, attention and MLP side by side (the parallel residual), untied. */
+static const char neox_config[] =
+    "{\"model_type\": \"gpt_neox\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"intermediate_size\": 128, \"vocab_size\": 256, "
+    "\"max_position_embeddings\": 64, \"rotary_pct\": 0.25, \"use_parallel_residual\": true, "
+    "\"hidden_act\": \"gelu\", \"tie_word_embeddings\": false}";
+
+/* Falcon (Falcon-7B's kind): multi-query (one kv head), one norm before a
+ * parallel attention and MLP, no projection biases, rotary over the whole
+ * head, tied. */
+static const char falcon_config[] =
+    "{\"model_type\": \"falcon\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"ffn_hidden_size\": 128, \"vocab_size\": 256, "
+    "\"max_position_embeddings\": 64, \"multi_query\": true, \"parallel_attn\": true, "
+    "\"new_decoder_architecture\": false, \"bias\": false, \"alibi\": false}";
+
 /* One family's rows: full fine-tuning and LoRA on every linear layer (for
  * Phi-3 PEFT's adapters on the fused qkv_proj and gate_up_proj) on 2 ranks
  * at ZeRO-2 (placement 1: bf16, the weights on the GPU, no clipping) and
@@ -1996,6 +2042,30 @@ static void test_family_gemma(void **state)
 {
     (void)state;
     family_rows("gemma", gemma_config);
+}
+
+static void test_family_gemma2(void **state)
+{
+    (void)state;
+    family_rows("gemma2", gemma2_config);
+}
+
+static void test_family_gemma3(void **state)
+{
+    (void)state;
+    family_rows("gemma3", gemma3_config);
+}
+
+static void test_family_neox(void **state)
+{
+    (void)state;
+    family_rows("neox", neox_config);
+}
+
+static void test_family_falcon(void **state)
+{
+    (void)state;
+    family_rows("falcon", falcon_config);
 }
 
 /* What the table does not run, refused by train with its words, exit 2,
@@ -2105,6 +2175,10 @@ int main(void)
         cmocka_unit_test(test_family_qwen3),
         cmocka_unit_test(test_family_phi3),
         cmocka_unit_test(test_family_gemma),
+        cmocka_unit_test(test_family_gemma2),
+        cmocka_unit_test(test_family_gemma3),
+        cmocka_unit_test(test_family_neox),
+        cmocka_unit_test(test_family_falcon),
         cmocka_unit_test(test_refusals),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

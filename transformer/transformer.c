@@ -374,7 +374,7 @@ static zo_status gen_alloc(tf_model *m)
         {(void **)&a->rstd1, L ? N * 4 : 0, "ln1 rstd"},
         {&a->qkv, L ? N * qkv_width(c) * es : 0, "qkv"},
         {&a->att, L ? N * q_width(c) * es : 0, "attention"},
-        {&a->x_mid, L && !c->parallel_block ? N * h * es : 0, "residual mid"},
+        {&a->x_mid, L && !parallel_residual(m) ? N * h * es : 0, "residual mid"},
         /* Gemma-2: one input and 1/rms for both output norms (nothing kept) */
         {&a->pa_in, L && post_norms(m) ? N * h * es : 0, "post norm input"},
         {(void **)&a->rstd3, L && post_norms(m) ? N * 4 : 0, "post norm rstd"},
@@ -573,7 +573,7 @@ zo_status tf_init_opts(tf_model *m, const zo_model_config *cfg, gpu_device_t dev
             {(void **)&a->qk_rstd, N * qk_heads(c) * 4, "q/k norm rstd"},
             {&a->att, N * q_width(c) * es, "attention"},
             {(void **)&a->lse, (size_t)B * c->n_heads * T * 4, "attention lse"},
-            {&a->x_mid, c->parallel_block ? 0 : N * h * es, "residual mid"},
+            {&a->x_mid, parallel_residual(m) ? 0 : N * h * es, "residual mid"},
             {&a->pa_in, post_norms(m) ? N * h * es : 0, "attention output (post norm input)"},
             {&a->pm_in, post_norms(m) ? N * h * es : 0, "mlp output (post norm input)"},
             {(void **)&a->rstd3, post_norms(m) ? N * 4 : 0, "attention post norm rstd"},
@@ -2042,19 +2042,22 @@ static zo_status layer_forward(tf_model *m, int l, const tf_block_bufs *bb, gpu_
         if (st != ZO_OK) return st;
     }
     /* x_mid = x + att Wo^T (+ bo); a parallel residual's out = x + att Wo^T (+ bo),
-     * not needed again when recomputing; Gemma-2: x + norm(att Wo^T), its input kept */
-    gpu_tensor o_out = post_norms(m) ? gpu_t(a->pa_in, dt) : tmp;
-    if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_ATTN_OUT_W, MODEL_ROLE_ATTN_OUT_B, o_out, h,
-                                  att, N, h, qw)) != ZO_OK ||
-        (st = lora_forward(m, s, l, bb, TF_LORA_O, att, o_out, h)) != ZO_OK)
-        return st;
-    if (post_norms(m) &&
-        (st = norm_forward(m, s, tmp, NULL, a->rstd3, o_out, bview(m, W, blk, MODEL_ROLE_POST_ATTN_NORM_W),
-                           gpu_t(NULL, dt), N)) != ZO_OK)
-        return st;
-    if (par ? !recompute && (st = gpu_add(s, out, x, tmp, (size_t)N * h)) != ZO_OK
-            : (st = gpu_add(s, x_mid, x, tmp, (size_t)N * h)) != ZO_OK)
-        return st;
+     * which backward does not read: a recompute takes only the adapters' A att
+     * (as the down projection's below); Gemma-2: x + norm(att Wo^T), its input kept */
+    if (par && recompute) {
+        if ((st = lora_forward(m, s, l, bb, TF_LORA_O, att, gpu_t(NULL, dt), h)) != ZO_OK) return st;
+    } else {
+        gpu_tensor o_out = post_norms(m) ? gpu_t(a->pa_in, dt) : tmp;
+        if ((st = base_linear_forward(m, s, W, blk, MODEL_ROLE_ATTN_OUT_W, MODEL_ROLE_ATTN_OUT_B, o_out, h,
+                                      att, N, h, qw)) != ZO_OK ||
+            (st = lora_forward(m, s, l, bb, TF_LORA_O, att, o_out, h)) != ZO_OK)
+            return st;
+        if (post_norms(m) &&
+            (st = norm_forward(m, s, tmp, NULL, a->rstd3, o_out, bview(m, W, blk, MODEL_ROLE_POST_ATTN_NORM_W),
+                               gpu_t(NULL, dt), N)) != ZO_OK)
+            return st;
+        if ((st = gpu_add(s, par ? out : x_mid, x, tmp, (size_t)N * h)) != ZO_OK) return st;
+    }
 
     /* MLP: GPT act = gelu(ln2 Wfc^T + bfc); LLaMA act = silu(ln2 Wg^T) * (ln2 Wu^T);
      * ln2 = norm(x_mid) (a parallel residual's is norm(x), above) */
