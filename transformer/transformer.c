@@ -2139,6 +2139,22 @@ static zo_status linear_role_backward(tf_model *m, int l, const tf_block_bufs *b
     return lora_backward(m, s, l, bb, lr.stage, op, lr.out, x, dx);
 }
 
+/* Gemma-2's norm on a branch's output (the attention's or the MLP's):
+ * dh = its backward of *dy, the gradient of what the norm returned, and *dy
+ * becomes dh, the gradient of the branch's own output */
+static zo_status post_norm_backward(tf_model *m, gpu_stream_t s, const void *G, const void *W, int blk,
+                                    model_role role, void *in, const float *rstd, gpu_tensor *dy)
+{
+    const int N = m->b * m->t;
+    gpu_tensor dh = F32(m->dh);
+    zo_status st = gpu_memset_async(s, m->dh, 0, (size_t)N * m->cfg.hidden * 4);
+    if (st == ZO_OK)
+        st = norm_backward(m, s, dh, *dy, G, blk, role, NO_BIAS, gpu_t(in, m->dtype), bview(m, W, blk, role),
+                           NULL, rstd, N);
+    if (st == ZO_OK) *dy = dh;
+    return st;
+}
+
 static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu_stream_t s)
 {
     zo_status st;
@@ -2166,13 +2182,9 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
     /* MLP down projection: dact[N, f] = dres Wdown (+ adapter); Gemma-2:
      * d(down output) = the post norm's backward of dres, in dh */
     gpu_tensor ddown = dres;
-    if (post_norms(m)) {
-        if ((st = gpu_memset_async(s, m->dh, 0, (size_t)N * h * 4)) != ZO_OK ||
-            (st = norm_backward(m, s, dh, dres, G, blk, MODEL_ROLE_POST_MLP_NORM_W, NO_BIAS, gpu_t(a->pm_in, dt),
-                                bview(m, W, blk, MODEL_ROLE_POST_MLP_NORM_W), NULL, a->rstd4, N)) != ZO_OK)
-            return st;
-        ddown = dh;
-    }
+    if (post_norms(m) &&
+        (st = post_norm_backward(m, s, G, W, blk, MODEL_ROLE_POST_MLP_NORM_W, a->pm_in, a->rstd4, &ddown)) != ZO_OK)
+        return st;
     if ((st = linear_role_backward(m, l, bb, s, down, dff, 0.0f, ddown, act)) != ZO_OK) return st;
     if (is_gpt(m)) {
         if ((st = gpu_gelu_backward(s, dff, dff, fc, (size_t)N * f, gelu_exact(c))) != ZO_OK) return st; /* dfc, in place */
@@ -2195,13 +2207,9 @@ static zo_status layer_backward(tf_model *m, int l, const tf_block_bufs *bb, gpu
 
     /* attention output projection: datt[N, q] = dres Wo (+ adapter) */
     gpu_tensor datt = F32(m->datt), dqkv = F32(m->dqkv), dout = dres;
-    if (post_norms(m)) { /* Gemma-2: through the norm on the attention's output, into dh */
-        if ((st = gpu_memset_async(s, m->dh, 0, (size_t)N * h * 4)) != ZO_OK ||
-            (st = norm_backward(m, s, dh, dres, G, blk, MODEL_ROLE_POST_ATTN_NORM_W, NO_BIAS, gpu_t(a->pa_in, dt),
-                                bview(m, W, blk, MODEL_ROLE_POST_ATTN_NORM_W), NULL, a->rstd3, N)) != ZO_OK)
-            return st;
-        dout = dh;
-    }
+    if (post_norms(m) && /* Gemma-2: through the norm on the attention's output, into dh */
+        (st = post_norm_backward(m, s, G, W, blk, MODEL_ROLE_POST_ATTN_NORM_W, a->pa_in, a->rstd3, &dout)) != ZO_OK)
+        return st;
     if ((st = linear_role_backward(m, l, bb, s, out, datt, 0.0f, dout, att)) != ZO_OK) return st;
     /* one norm for both (Falcon-7B): the MLP's dh stays, the attention's adds to it */
     if (par && !one_norm(c) &&
