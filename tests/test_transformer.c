@@ -730,6 +730,25 @@ static void test_phi3_partial_vs_torch(void **state)
 
 /* ---- Gemma ---------------------------------------------------------------------------------- */
 
+/* A family's checks against its PyTorch fixture: logits, loss and every
+ * gradient, AdamW steps, generation, generation on every placement */
+static void run_family(const char *name)
+{
+    run_against_torch(name);
+    run_training(name);
+    run_generation(name);
+    run_gen_placements(name);
+}
+
+/* The fixture saved as Hugging Face class cls and read back (export_round_trip) */
+static void fixture_round_trip(const char *name, const char *cls, zo_model_config *back, zo_model_config *gen)
+{
+    fixture fx;
+    fixture_open(&fx, name, ZO_DTYPE_F32, 2, NULL);
+    export_round_trip(&fx, cls, back, gen);
+    fixture_close(&fx);
+}
+
 /* Gemma (make_fixtures.py tiny_gemma, GemmaForCausalLM written out in
  * PyTorch): the embedding times sqrt(hidden), every RMSNorm times (1 + w),
  * GeGLU, head_dim 12 of hidden 32 / 4 heads, one kv head, tied. Logits,
@@ -746,10 +765,7 @@ static void test_gemma_vs_torch(void **state)
     assert_int_equal(c.head_dim, 12);
     assert_true(c.tied_embeddings);
     assert_int_equal(zo_model_config_runtime_check(&c), ZO_OK);
-    run_against_torch("tiny_gemma");
-    run_training("tiny_gemma");
-    run_generation("tiny_gemma");
-    run_gen_placements("tiny_gemma");
+    run_family("tiny_gemma");
     /* bf16 storage: the loss within bf16's rounding of PyTorch's (as tiny_llama's) */
     {
         fixture bf;
@@ -764,10 +780,8 @@ static void test_gemma_vs_torch(void **state)
     }
 
     /* export and reload */
-    fixture fx;
-    fixture_open(&fx, "tiny_gemma", ZO_DTYPE_F32, 2, NULL);
     zo_model_config back, gen;
-    export_round_trip(&fx, "GemmaForCausalLM", &back, &gen);
+    fixture_round_trip("tiny_gemma", "GemmaForCausalLM", &back, &gen);
     const zo_model_config *both[2] = {&back, &gen};
     for (int i = 0; i < 2; i++) {
         assert_string_equal(both[i]->family, "gemma");
@@ -775,7 +789,6 @@ static void test_gemma_vs_torch(void **state)
         assert_int_equal(both[i]->head_dim, 12);
         assert_int_equal(both[i]->n_kv_heads, 1);
     }
-    fixture_close(&fx);
 
     /* an activation Hugging Face's Gemma takes and the runtime does not
      * compute (the exact GELU) is refused by name */
@@ -801,14 +814,9 @@ static void test_gemma2_vs_torch(void **state)
     assert_int_equal(zo_model_layer_window(&c, 0), 5);
     assert_int_equal(zo_model_layer_window(&c, 1), 0);
     assert_int_equal(zo_model_config_runtime_check(&c), ZO_OK);
-    run_against_torch("tiny_gemma2");
-    run_training("tiny_gemma2");
-    run_generation("tiny_gemma2");
-    run_gen_placements("tiny_gemma2");
-    fixture fx;
-    fixture_open(&fx, "tiny_gemma2", ZO_DTYPE_F32, 2, NULL);
+    run_family("tiny_gemma2");
     zo_model_config back, gen;
-    export_round_trip(&fx, "Gemma2ForCausalLM", &back, &gen);
+    fixture_round_trip("tiny_gemma2", "Gemma2ForCausalLM", &back, &gen);
     const zo_model_config *both[2] = {&back, &gen};
     for (int i = 0; i < 2; i++) {
         assert_string_equal(both[i]->family, "gemma2");
@@ -817,7 +825,6 @@ static void test_gemma2_vs_torch(void **state)
         assert_int_equal(zo_model_layer_window(both[i], 0), 5);
         assert_int_equal(zo_model_layer_window(both[i], 1), 0);
     }
-    fixture_close(&fx);
 }
 
 /* Gemma-3 text (make_fixtures.py tiny_gemma3, Gemma3ForCausalLM written
@@ -834,14 +841,9 @@ static void test_gemma3_vs_torch(void **state)
     assert_true(c.qk_norm && c.layer_norms == 4 && c.rope_local_theta == 10000.0f);
     assert_int_equal(zo_model_layer_window(&c, 1), 5);
     assert_int_equal(zo_model_layer_window(&c, 2), 0);
-    run_against_torch("tiny_gemma3");
-    run_training("tiny_gemma3");
-    run_generation("tiny_gemma3");
-    run_gen_placements("tiny_gemma3");
-    fixture fx;
-    fixture_open(&fx, "tiny_gemma3", ZO_DTYPE_F32, 2, NULL);
+    run_family("tiny_gemma3");
     zo_model_config back, gen;
-    export_round_trip(&fx, "Gemma3ForCausalLM", &back, &gen);
+    fixture_round_trip("tiny_gemma3", "Gemma3ForCausalLM", &back, &gen);
     const zo_model_config *both[2] = {&back, &gen};
     for (int i = 0; i < 2; i++) {
         assert_string_equal(both[i]->family, "gemma3_text");
@@ -849,7 +851,6 @@ static void test_gemma3_vs_torch(void **state)
         assert_int_equal(zo_model_layer_window(both[i], 0), 5);
         assert_int_equal(zo_model_layer_window(both[i], 2), 0);
     }
-    fixture_close(&fx);
 }
 
 /* Gemma's embedding factor is sqrt(hidden) rounded to the model dtype
