@@ -537,17 +537,21 @@ static void test_rope(void **state)
                 want[o + d / 2 + i] = x2 * cos(ang) + x1 * sin(ang);
             }
     cuda_err_rec rerr = {0};
-    assert_int_equal(shim_launch_rope(NULL, &rerr, tx, n, t, heads, d, ld, d, theta, pos0, NULL, 0, NULL, 1.0f, 0), ZO_OK);
+    assert_int_equal(shim_launch_rope(NULL, &rerr, tx, n, t, heads, d, ld, d, theta, pos0, NULL, 0, NULL, 1.0f, 0),
+                     ZO_OK);
     assert_int_equal(check_tensor("rope", tx, want, nx), 0);
     /* the inverse rotation brings x back */
-    assert_int_equal(shim_launch_rope(NULL, &rerr, tx, n, t, heads, d, ld, d, theta, pos0, NULL, 0, NULL, 1.0f, 1), ZO_OK);
+    assert_int_equal(shim_launch_rope(NULL, &rerr, tx, n, t, heads, d, ld, d, theta, pos0, NULL, 0, NULL, 1.0f, 1),
+                     ZO_OK);
     for (size_t i = 0; i < nx; i++) want[i] = x[i];
     assert_int_equal(check_tensor("rope inverse", tx, want, nx), 0);
     /* with longrope's attention scaling: the rotated heads times scale, the
      * transpose scaling them again (scale^2 x) */
     const float scale = 1.25f;
-    assert_int_equal(shim_launch_rope(NULL, &rerr, tx, n, t, heads, d, ld, d, theta, pos0, NULL, 0, NULL, scale, 0), ZO_OK);
-    assert_int_equal(shim_launch_rope(NULL, &rerr, tx, n, t, heads, d, ld, d, theta, pos0, NULL, 0, NULL, scale, 1), ZO_OK);
+    assert_int_equal(shim_launch_rope(NULL, &rerr, tx, n, t, heads, d, ld, d, theta, pos0, NULL, 0, NULL, scale, 0),
+                     ZO_OK);
+    assert_int_equal(shim_launch_rope(NULL, &rerr, tx, n, t, heads, d, ld, d, theta, pos0, NULL, 0, NULL, scale, 1),
+                     ZO_OK);
     for (int r = 0; r < n; r++)
         for (int j = 0; j < heads * d; j++) want[(size_t)r * ld + j] = (double)scale * scale * x[(size_t)r * ld + j];
     assert_int_equal(check_tensor("rope scaled", tx, want, nx), 0);
