@@ -523,7 +523,6 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
         /* FalconConfig has grouped kv heads only with the new decoder
          * architecture, whose attention and MLP are side by side */
         snprintf(lacks, sizeof lacks, "grouped kv heads with sequential attention and MLP");
-    else if (grouped && c->rope_scaling[0]) snprintf(lacks, sizeof lacks, "its rope_scaling");
     else if (c->embed_norm) snprintf(lacks, sizeof lacks, "an embedding norm");
     else if (c->qk_norm && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "q/k norms on GPT layers");
     else if (other_act) snprintf(lacks, sizeof lacks, "the activation %s", c->act);

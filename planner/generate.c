@@ -109,6 +109,7 @@ static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int
     uint64_t widest = max_u64(f, K * fe), r = g->method != ZO_PLAN_FULL ? (uint64_t)g->lora.r : 0;
     uint64_t qkv = (uint64_t)(m->n_heads + 2 * m->n_kv_heads) * d, q = (uint64_t)m->n_heads * d;
     int layers = m->n_layers > 0, llama = m->arch != ZO_ARCH_GPT, post = zo_model_post_norms(m);
+    int rotary = llama || m->pos == ZO_POS_ROTARY; /* GPT-NeoX's and Falcon's too */
     uint64_t a[] = {
         N * 4, B * 4,                                           /* tokens, positions */
         layers * N * h * es, layers * N * 4, layers * N * 4,    /* ln1, its mean and rstd */
@@ -122,7 +123,8 @@ static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int
         B * h * es, B * h * es, B * 4, B * 4,                   /* the rows read out, the final norm */
         B * (uint64_t)m->vocab * 4,                             /* fp32 logits */
         wdq,                                                    /* QLoRA: a dequantized weight */
-        llama && m->rope_scaling[0] ? d / 2 * 8 : 0,            /* a rope_scaling's frequencies */
+        rotary && m->rope_scaling[0] ? (uint64_t)zo_model_rope_dim(m) / 2 * 8 : 0, /* a rope_scaling's
+                                                                 frequencies (the rotated part's) */
         zo_family_gemma(m->family) ? 2 * max_u64(h, m->qk_norm ? d : 0) * 4 : 0, /* Gemma: ones, 1 + w (fp32) */
         layers * N * E * 4, layers * N * E * 4,                 /* MoE: router logits, weights */
         layers * K * N * fe * es, layers * K * N * fe * es,     /* the experts' gate, up */

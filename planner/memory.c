@@ -1007,15 +1007,15 @@ static void nvme_aligned(const stage_est *s, uint64_t *frozen, uint64_t *adapter
         *adapters = ((uint64_t)sh->layers * ceil_div(layer * s->wsz, al) + (sh->first ? 1 : 0) + (sh->last ? 1 : 0)) * al;
 }
 
-/* A rank's frozen base at ZeRO-3: the bytes over DP; with expert
- * parallelism each layer's routed experts' over the DP / EP ranks holding
- * them, the rest over DP (the runtime's segments of bytes). */
+/* A rank's frozen base at ZeRO-3: each block's part, as the runtime
+ * partitions the base (offload_dp_part_bytes: a block's bytes padded to 4 B
+ * x DP, 4 B words gathered; with expert parallelism a layer's routed
+ * experts' over the DP / EP ranks holding them, the rest over DP). */
 static uint64_t frozen_z3(const stage_est *s)
 {
     const plan_peft *pf = &s->pf;
-    uint64_t layers = s->sh.layers, ex = s->t->ep > 1 ? pf->layer_frozen_ex : 0;
-    /* (a layer's experts' part: ep_part of the experts alone) */
-    return ceil_div(pf->frozen - layers * ex, s->dp) + layers * ep_part(ex, ex, s->dp, s->t->ep, 1);
+    return frozen_part(s, pf->first_frozen) + (uint64_t)s->sh.layers * frozen_layer_part(s) +
+           frozen_part(s, pf->last_frozen);
 }
 
 /* The largest of a rank's parts of the frozen blocks at ZeRO-3 on several

@@ -229,13 +229,17 @@ FAMILIES = {
         lora=dict(r=8, alpha=16.0, targets="all-linear", lr=3e-2)),
     # GPT-NeoX (Pythia's kind): query_key_value interleaved per head in the file, rotary on the
     # first quarter of each 64-wide head, biases everywhere, the erf GELU, a parallel residual,
-    # embed_out untied; the checkpoint carries the buffers older ones have (ignored)
+    # embed_out untied; the checkpoint carries the buffers older ones have (ignored); LLaMA-3.1's
+    # rope_scaling over the 8 rotary frequencies of base 100 with an original length of 64 (the
+    # sequence is 130): wavelengths 6 and 11 kept, 20 to 63 blended, 112 and up divided by 8
     "gpt_neox": dict(
         seed=51,
         config={"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "num_hidden_layers": 2,
                 "hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 512, "vocab_size": 128,
                 "max_position_embeddings": 256, "hidden_act": "gelu", "layer_norm_eps": 1e-5,
-                "rotary_pct": 0.25, "rotary_emb_base": 10000, "use_parallel_residual": True,
+                "rotary_pct": 0.25, "rotary_emb_base": 100, "use_parallel_residual": True,
+                "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
                 "tie_word_embeddings": False, "attention_bias": True, "torch_dtype": "float32"},
         run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
         lora=dict(r=4, alpha=8.0, targets="query_key_value,dense,dense_h_to_4h,dense_4h_to_h", lr=1e-2),
@@ -252,14 +256,16 @@ FAMILIES = {
         run=dict(micro_batch=1, seq=100, grad_accum=2, lr=3e-3, schedule="linear", warmup=0, min_lr=1e-3),
         lora=dict(r=8, alpha=16.0, targets="query_key_value", lr=2e-2)),
     # Falcon-7B's kind: multi-query (one kv head), one norm before the parallel attention and MLP,
-    # no projection biases, rotary over the whole 64-wide head, the erf GELU, tied
+    # no projection biases, rotary over the whole 64-wide head, the erf GELU, tied; a linear
+    # rope_scaling of 4 (the older "type" key)
     "falcon": dict(
         seed=55,
         config={"architectures": ["FalconForCausalLM"], "model_type": "falcon", "num_hidden_layers": 2,
                 "hidden_size": 256, "num_attention_heads": 4, "ffn_hidden_size": 512, "vocab_size": 128,
                 "max_position_embeddings": 256, "multi_query": True, "new_decoder_architecture": False,
                 "parallel_attn": True, "bias": False, "alibi": False, "layer_norm_epsilon": 1e-5,
-                "rope_theta": 10000.0, "tie_word_embeddings": True, "torch_dtype": "float32"},
+                "rope_theta": 10000.0, "rope_scaling": {"type": "linear", "factor": 4.0},
+                "tie_word_embeddings": True, "torch_dtype": "float32"},
         run=dict(micro_batch=2, seq=130, grad_accum=1, lr=3e-3, schedule="cosine", warmup=1, min_lr=3e-4),
         lora=dict(r=4, alpha=8.0, targets="query_key_value,dense,dense_h_to_4h,dense_4h_to_h", lr=1e-2)),
     # Falcon-40B's kind: the new decoder architecture, 2 kv groups of 2 query heads (query_key_value
@@ -760,9 +766,11 @@ def check_family(train, name, workdir):
     t_torch = time.time() - t0
     # what the Gemma-2 and Gemma-3 tests rely on changes the reference's first loss by far more
     # than the tolerance: each soft cap; the local layers' own rotary base and the global
-    # layers' rope_scaling
+    # layers' rope_scaling; GPT-NeoX's and Falcon's rope_scaling where given
     variants = {"gemma2": {"attn_logit_softcapping": None, "final_logit_softcapping": None},
                 "gemma3_text": {"rope_local_base_freq": c.get("rope_theta"), "rope_scaling": None}}
+    if c["model_type"] in ("gpt_neox", "falcon") and c.get("rope_scaling"):
+        variants[c["model_type"]] = {"rope_scaling": None}
     for key, other in variants.get(c["model_type"], {}).items():
         with torch.no_grad():
             changed = micro_loss(dict(c, **{key: other}), params, data, run, 0).item()

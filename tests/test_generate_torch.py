@@ -179,7 +179,8 @@ FAMILIES["gemma3_text"] = dict(
 # GPT-NeoX (query_key_value interleaved per head in the file, rotary on a quarter of each 64-wide
 # head, the erf GELU, a parallel residual, embed_out), Falcon-7B's kind (multi-query, one norm, no
 # biases, tied) and Falcon-40B's (the new decoder architecture: 2 kv groups, ln_attn and ln_mlp,
-# biases, untied): test_e2e_torch's models with 4 layers; PEFT's four modules as adapters
+# biases, untied): test_e2e_torch's models with 4 layers (GPT-NeoX's llama3 and Falcon's linear
+# rope_scaling included); PEFT's four modules as adapters
 for _name, _seed in (("gpt_neox", 54), ("falcon", 61), ("falcon_new", 59)):
     FAMILIES[_name] = dict(
         seed=_seed,

@@ -38,8 +38,8 @@
  *   one kv head; four norms, soft caps that bite, alternating windows; q/k
  *   norms and a local rotary base; per-head qkv rows, a quarter of each head
  *   rotated, the parallel residual; multi-query under one norm): full
- *   fine-tuning and LoRA on
- *   every linear layer at ZeRO-2 and ZeRO-3 on 2 ranks against one rank's
+ *   fine-tuning, LoRA on every linear layer and QLoRA (the same adapters
+ *   over an NF4 base) at ZeRO-2 and ZeRO-3 on 2 ranks against one rank's
  *   --grad-accum 2, as the matrix's rows.
  * - Refusals: every combination outside the table is refused by train
  *   (exit 2, once under mpirun, the table's words: zo_capability_check's),
@@ -1982,25 +1982,30 @@ static const char falcon_config[] =
     "\"max_position_embeddings\": 64, \"multi_query\": true, \"parallel_attn\": true, "
     "\"new_decoder_architecture\": false, \"bias\": false, \"alibi\": false}";
 
-/* One family's rows: full fine-tuning and LoRA on every linear layer (for
- * Phi-3 PEFT's adapters on the fused qkv_proj and gate_up_proj) on 2 ranks
- * at ZeRO-2 (placement 1: bf16, the weights on the GPU, no clipping) and
- * ZeRO-3 (placement 2: fp32, the weights or the base in host memory, the
- * optimizer half on NVMe, clipping), memplan's plans, against one rank's
- * --grad-accum 2 from the plan for one rank: within 1e-6 relative at every
- * step, bit-identical in placement 1, each rank's peaks within 3% of the
- * plan (as matrix's rows). */
+/* One family's rows: full fine-tuning, LoRA on every linear layer (for
+ * Phi-3 PEFT's adapters on the fused qkv_proj and gate_up_proj) and QLoRA
+ * (the same adapters over an NF4 base) on 2 ranks at ZeRO-2 (placement 1:
+ * bf16, the weights or the base on the GPU, no clipping) and ZeRO-3
+ * (placement 2: fp32, the weights or the base in host memory, QLoRA's on
+ * NVMe, the optimizer half on NVMe, clipping), memplan's plans, against one
+ * rank's --grad-accum 2 from the plan for one rank: within 1e-6 relative at
+ * every step, bit-identical in placement 1, each rank's peaks within 3% of
+ * the plan (as matrix's rows). Each method's seconds are printed. */
 static void family_rows(const char *name, const char *text)
 {
     /* static: the global config points into it, and a failing assert
      * leaves before the end puts config back */
     static char path[512];
+    static const char *const family_methods[3] = {"", "--lora 4 --lora-targets all-linear",
+                                                  "--lora 4 --lora-targets all-linear --qlora"};
     char flags[1024], plan[512], extra[256], place[256];
     snprintf(path, sizeof path, "%s/%s.json", dir, name);
     files_write_text(path, text);
     config = strrchr(path, '/') + 1;
-    for (int method = 0; method <= 1; method++) {
-        const char *mf = method ? "--lora 4 --lora-targets all-linear" : "";
+    for (int method = 0; method <= 2; method++) {
+        const char *mf = family_methods[method];
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         for (int p = 1; p <= 2; p++) {
             int stage = p == 1 ? 2 : 3;
             double ref[STEPS], got[STEPS];
@@ -2021,7 +2026,11 @@ static void family_rows(const char *name, const char *text)
             assert_true(worst <= 1e-6);
             if (p == 1) assert_int_equal(same, STEPS);
             check_peaks(last_out, 2);
+            if (method == 2) assert_non_null(strstr(last_out, "method: qlora (")); /* the NF4 base */
         }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        printf("  %s, %s: %.1f s\n", name, method_names[method],
+               (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
     }
     config = "config.json";
 }

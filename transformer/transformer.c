@@ -1216,9 +1216,13 @@ static zo_status embed_forward(tf_model *m, const tf_block_bufs *bb, gpu_stream_
     gpu_tensor out = gpu_t(m->res[0], m->dtype), wte = bview(m, W, 0, MODEL_ROLE_TOK_EMB);
     gpu_tensor wpe = bview(m, W, 0, MODEL_ROLE_POS_EMB);
     /* res[0][N, h] = wte[tokens] (+ wpe[position]): positions from 0, or in
-     * generation from each sequence's (m->pos: one call for the batch) */
+     * generation from each sequence's (m->pos: one call for the batch),
+     * within wpe's rows */
+    const model_view *pv = model_layout_view(&m->layout, 0, MODEL_ROLE_POS_EMB);
+    int n_pos = pv ? (int)(pv->numel / (size_t)c->hidden) : 0;
     zo_status st = m->opts.kv_len && wpe.data
-                       ? gpu_embedding_forward_seq(s, out, m->tokens, wte, wpe, m->pos, N, m->t, c->hidden, c->vocab)
+                       ? gpu_embedding_forward_seq(s, out, m->tokens, wte, wpe, m->pos, n_pos, N, m->t, c->hidden,
+                                                   c->vocab)
                        : gpu_embedding_forward(s, out, m->tokens, wte, wpe, N, m->t, c->hidden, c->vocab);
     return st != ZO_OK || !is_gemma(m) ? st : gpu_scale(s, out, embed_scale(m), (size_t)N * c->hidden);
 }
@@ -1264,8 +1268,9 @@ static zo_status rope_rows(tf_model *m, int l, gpu_stream_t s, gpu_tensor qkv, i
     const double *f;
     float theta, scale;
     rope_params(m, l, &f, &theta, &scale);
+    /* positions within the cache's kv_len */
     return gpu_rope_forward_seq(s, qkv, m->b * m->t, m->t, c->n_heads + c->n_kv_heads, zo_model_rope_dim(c), ld,
-                                c->head_dim, theta, m->pos, f, scale);
+                                c->head_dim, theta, m->pos, m->opts.kv_len, f, scale);
 }
 
 static zo_status embed_backward(tf_model *m, const tf_block_bufs *bb, gpu_stream_t s)
