@@ -96,6 +96,13 @@ zo_status zo_lora_check(const zo_model_config *cfg, const zo_lora_config *lc)
         return zo_error(ZO_ERR_INVALID,
                         "LoRA: %s has no gate projection (its MLP is %s: targets up, down)", cfg->name,
                         zo_model_qkv_grouped(cfg) ? "dense_h_to_4h and dense_4h_to_h" : "c_fc and c_proj");
+    /* a layer's adapters are laid out alike in every layer: DeepSeek's dense
+     * first layers and its MoE layers differ in their MLP only */
+    if (cfg->moe.experts && cfg->moe.first_dense && (lc->targets & (ZO_LORA_GATE | ZO_LORA_UP | ZO_LORA_DOWN)))
+        return zo_error(ZO_ERR_UNSUPPORTED,
+                        "LoRA: %s has %d dense first layers before its MoE layers (first_k_dense_replace): "
+                        "adapters on their MLPs (gate, up, down) are not implemented; target the attention "
+                        "(q, k, v, o)", cfg->name, cfg->moe.first_dense);
     return ZO_OK;
 }
 
@@ -142,14 +149,19 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
     const int mixtral = !strcmp(c->family, "mixtral");
     const int64_t fe = c->moe.expert_ffn, fs = c->moe.shared_ffn, E = c->moe.experts;
     const char *ep = mixtral ? "block_sparse_moe.experts" : "mlp.experts";
+    /* the shared expert's paths (Qwen2-MoE's mlp.shared_expert, DeepSeek's mlp.shared_experts) */
+    const int ds = !strcmp(zo_moe_shared_name(c), "shared_experts");
+    const char *const shared[3] = {ds ? "mlp.shared_experts.gate_proj" : "mlp.shared_expert.gate_proj",
+                                   ds ? "mlp.shared_experts.up_proj" : "mlp.shared_expert.up_proj",
+                                   ds ? "mlp.shared_experts.down_proj" : "mlp.shared_expert.down_proj"};
     const zo_lora_module moe[] = {
         llama[LLAMA_Q], llama[LLAMA_K], llama[LLAMA_V], llama[LLAMA_O],
         {ZO_LORA_GATE, mixtral ? "w1" : "gate_proj", mixtral ? "w1" : "gate_proj", h, fe, (int)E, ep},
         {ZO_LORA_UP, mixtral ? "w3" : "up_proj", mixtral ? "w3" : "up_proj", h, fe, (int)E, ep},
         {ZO_LORA_DOWN, mixtral ? "w2" : "down_proj", mixtral ? "w2" : "down_proj", fe, h, (int)E, ep},
-        {ZO_LORA_GATE, "gate_proj", "mlp.shared_expert.gate_proj", h, fs, 0, NULL},
-        {ZO_LORA_UP, "up_proj", "mlp.shared_expert.up_proj", h, fs, 0, NULL},
-        {ZO_LORA_DOWN, "down_proj", "mlp.shared_expert.down_proj", fs, h, 0, NULL},
+        {ZO_LORA_GATE, "gate_proj", shared[0], h, fs, 0, NULL},
+        {ZO_LORA_UP, "up_proj", shared[1], h, fs, 0, NULL},
+        {ZO_LORA_DOWN, "down_proj", shared[2], fs, h, 0, NULL},
     };
     int grouped = zo_model_qkv_grouped(c), gpt2 = c->arch == ZO_ARCH_GPT && !grouped;
     int fused = !E && zo_model_fused_proj(c), n = 0;

@@ -105,8 +105,10 @@ static uint64_t forward_buffers(const zo_model_config *m, const plan_gen *g, int
     uint64_t B = (uint64_t)g->batch, N = B * (uint64_t)rows, es = zo_dtype_size(g->dtype);
     const zo_moe *mo = &m->moe;
     uint64_t E = (uint64_t)mo->experts, K = (uint64_t)mo->top_k, fe = (uint64_t)mo->expert_ffn;
-    uint64_t h = (uint64_t)m->hidden, f = (uint64_t)(E ? mo->shared_ffn : m->ffn), d = (uint64_t)m->head_dim;
-    uint64_t widest = max_u64(f, K * fe), r = g->method != ZO_PLAN_FULL ? (uint64_t)g->lora.r : 0;
+    /* (the MLP's width: an MoE layer's shared expert's, or DeepSeek's dense first layers' if wider) */
+    uint64_t fs = (uint64_t)mo->shared_ffn, fd = !E || mo->first_dense ? (uint64_t)m->ffn : 0;
+    uint64_t h = (uint64_t)m->hidden, f = max_u64(fs, fd), d = (uint64_t)m->head_dim;
+    uint64_t widest = max_u64(fs, K * fe), r = g->method != ZO_PLAN_FULL ? (uint64_t)g->lora.r : 0;
     uint64_t qkv = (uint64_t)(m->n_heads + 2 * m->n_kv_heads) * d, q = (uint64_t)m->n_heads * d;
     int layers = m->n_layers > 0, llama = m->arch != ZO_ARCH_GPT, post = zo_model_post_norms(m);
     uint64_t a[] = {

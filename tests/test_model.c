@@ -69,8 +69,13 @@ static void check_layout(const zo_model_config *cfg)
     zo_param_counts pc;
     zo_model_param_counts(cfg, &pc);
     assert_int_equal(l.block_numel[0], pc.embedding);
-    for (int i = 0; i < cfg->n_layers; i++)
-        assert_int_equal(l.block_numel[model_layout_layer_block(i)], pc.per_layer);
+    /* (each layer's own count: DeepSeek's dense first layers differ from its MoE layers) */
+    for (int i = 0; i < cfg->n_layers; i++) {
+        zo_layer_params lp;
+        zo_model_layer_params(cfg, i, &lp);
+        assert_int_equal(l.block_numel[model_layout_layer_block(i)], lp.total);
+        if (zo_model_layer_is_moe(cfg, i) || !cfg->moe.experts) assert_int_equal(lp.total, pc.per_layer);
+    }
     assert_int_equal(l.block_numel[model_layout_head_block(&l)], pc.final_norm + pc.head);
     model_layout_free(&l);
 }
