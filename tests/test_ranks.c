@@ -612,6 +612,17 @@ static void test_moe(void **state)
 
 /* ---- expert parallelism ------------------------------------------------------------------ */
 
+/* DeepSeekMoE: a dense first layer (intermediate_size 128), then 3 MoE
+ * layers of 8 routed experts, 3 a token, and two ungated shared experts;
+ * the balance loss per layer and sequence (seq_aux), alpha raised so that
+ * it counts. */
+static const char deepseek_config[] =
+    "{\"model_type\": \"deepseek\", \"num_hidden_layers\": 4, \"hidden_size\": 64, "
+    "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"intermediate_size\": 128, "
+    "\"moe_intermediate_size\": 16, \"n_routed_experts\": 8, \"n_shared_experts\": 2, "
+    "\"num_experts_per_tok\": 3, \"first_k_dense_replace\": 1, \"norm_topk_prob\": false, "
+    "\"aux_loss_alpha\": 0.05, \"seq_aux\": true, \"vocab_size\": 256, \"max_position_embeddings\": 64}";
+
 /* Qwen2-MoE-shaped with 8 experts (the 6 of qwen2_moe_config do not split
  * over 4 ranks). */
 static const char qwen2_moe8_config[] =
@@ -840,13 +851,13 @@ static const char qwen3_moe8_config[] =
     "\"output_router_logits\": true, \"router_aux_loss_coef\": 0.05}";
 
 /* The models of the expert-parallel tests (test_moe_ep_qwen3's the third) and their rank layouts. */
-static const char *const ep_names[3] = {"mixtral", "qwen2_moe8", "qwen3_moe8"};
+static const char *const ep_names[4] = {"mixtral", "qwen2_moe8", "qwen3_moe8", "deepseek"};
 static const int ep_runs[3][2] = {{2, 2}, {4, 4}, {4, 2}}; /* ranks, ep */
 
 /* Model mdl's config written and chosen for the runs that follow. */
 static void ep_use_model(int mdl, char *path, size_t cap)
 {
-    const char *texts[3] = {mixtral_config, qwen2_moe8_config, qwen3_moe8_config};
+    const char *texts[4] = {mixtral_config, qwen2_moe8_config, qwen3_moe8_config, deepseek_config};
     snprintf(path, cap, "%s/%s.json", dir, ep_names[mdl]);
     files_write_text(path, texts[mdl]);
     config = strrchr(path, '/') + 1;
@@ -1990,7 +2001,7 @@ static const char falcon_config[] =
  * --grad-accum 2 from the plan for one rank: within 1e-6 relative at every
  * step, bit-identical in placement 1, each rank's peaks within 3% of the
  * plan (as matrix's rows). */
-static void family_rows(const char *name, const char *text)
+static void family_rows_of(const char *name, const char *text, int methods)
 {
     /* static: the global config points into it, and a failing assert
      * leaves before the end puts config back */
@@ -1999,7 +2010,7 @@ static void family_rows(const char *name, const char *text)
     snprintf(path, sizeof path, "%s/%s.json", dir, name);
     files_write_text(path, text);
     config = strrchr(path, '/') + 1;
-    for (int method = 0; method <= 1; method++) {
+    for (int method = 0; method < methods; method++) {
         const char *mf = method ? "--lora 4 --lora-targets all-linear" : "";
         for (int p = 1; p <= 2; p++) {
             int stage = p == 1 ? 2 : 3;
@@ -2025,6 +2036,8 @@ static void family_rows(const char *name, const char *text)
     }
     config = "config.json";
 }
+
+static void family_rows(const char *name, const char *text) { family_rows_of(name, text, 2); }
 
 static void test_family_qwen3(void **state)
 {
@@ -2066,6 +2079,24 @@ static void test_family_falcon(void **state)
 {
     (void)state;
     family_rows("falcon", falcon_config);
+}
+
+/* DeepSeekMoE (a dense first layer, then MoE layers with ungated shared
+ * experts, the balance loss per layer and sequence): full fine-tuning at
+ * ZeRO-2 and ZeRO-3 as family_rows (LoRA on every linear layer is refused
+ * for a model with dense first layers), then --ep 2 on 2 ranks at ZeRO-0
+ * as test_moe_ep_qwen3 (each rank's own experts, the all-to-all bytes). */
+static void test_family_deepseek(void **state)
+{
+    (void)state;
+    family_rows_of("deepseek", deepseek_config, 1);
+    const char *place = "--dtype fp32 --params gpu --optimizer cpu";
+    char path[512];
+    double ref[2][STEPS];
+    ep_use_model(3, path, sizeof path);
+    ep_refs(place, "ds", 3, 0, 1, ref);
+    ep_run(3, place, 2, 2, 0, 1, ref);
+    config = "config.json";
 }
 
 /* What the table does not run, refused by train with its words, exit 2,
@@ -2179,6 +2210,7 @@ int main(void)
         cmocka_unit_test(test_family_gemma3),
         cmocka_unit_test(test_family_neox),
         cmocka_unit_test(test_family_falcon),
+        cmocka_unit_test(test_family_deepseek),
         cmocka_unit_test(test_refusals),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
