@@ -96,13 +96,6 @@ zo_status zo_lora_check(const zo_model_config *cfg, const zo_lora_config *lc)
         return zo_error(ZO_ERR_INVALID,
                         "LoRA: %s has no gate projection (its MLP is %s: targets up, down)", cfg->name,
                         zo_model_qkv_grouped(cfg) ? "dense_h_to_4h and dense_4h_to_h" : "c_fc and c_proj");
-    /* a layer's adapters are laid out alike in every layer: DeepSeek's dense
-     * first layers and its MoE layers differ in their MLP only */
-    if (cfg->moe.experts && cfg->moe.first_dense && (lc->targets & (ZO_LORA_GATE | ZO_LORA_UP | ZO_LORA_DOWN)))
-        return zo_error(ZO_ERR_UNSUPPORTED,
-                        "LoRA: %s has %d dense first layers before its MoE layers (first_k_dense_replace): "
-                        "adapters on their MLPs (gate, up, down) are not implemented; target the attention "
-                        "(q, k, v, o)", cfg->name, cfg->moe.first_dense);
     return ZO_OK;
 }
 
@@ -176,6 +169,15 @@ int zo_lora_layer_modules(const zo_model_config *c, unsigned targets,
     return n;
 }
 
+int zo_lora_layer_modules_at(const zo_model_config *c, int layer, unsigned targets,
+                             zo_lora_module out[ZO_LORA_MAX_MODULES])
+{
+    if (!c->moe.experts || zo_model_layer_is_moe(c, layer)) return zo_lora_layer_modules(c, targets, out);
+    zo_model_config dense = *c; /* DeepSeek's dense first layer: LLaMA's modules */
+    dense.moe.experts = 0;
+    return zo_lora_layer_modules(&dense, targets, out);
+}
+
 int zo_lora_dense_modules(const zo_lora_module *mods, int n, int *experts)
 {
     int dense = 0;
@@ -225,11 +227,20 @@ unsigned zo_lora_targets_effective(const zo_model_config *cfg, unsigned targets)
 
 uint64_t zo_lora_trainable_params(const zo_model_config *cfg, int r, unsigned targets)
 {
-    zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    int n = zo_lora_layer_modules(cfg, targets, mods);
-    uint64_t per_layer = 0;
-    for (int i = 0; i < n; i++)
-        per_layer += (uint64_t)(mods[i].experts ? mods[i].experts : 1) * (uint64_t)r *
-                     (uint64_t)(mods[i].in + mods[i].out);
-    return per_layer * (uint64_t)cfg->n_layers;
+    /* (two kinds of layer: DeepSeek's dense first ones, then MoE ones) */
+    int n_dense = cfg->moe.experts ? cfg->moe.first_dense : cfg->n_layers;
+    if (n_dense > cfg->n_layers) n_dense = cfg->n_layers;
+    uint64_t total = 0;
+    for (int kind = 0; kind < 2; kind++) {
+        int layers = kind ? cfg->n_layers - n_dense : n_dense;
+        if (!layers) continue;
+        zo_lora_module mods[ZO_LORA_MAX_MODULES];
+        int n = zo_lora_layer_modules_at(cfg, kind ? cfg->n_layers - 1 : 0, targets, mods);
+        uint64_t per_layer = 0;
+        for (int i = 0; i < n; i++)
+            per_layer += (uint64_t)(mods[i].experts ? mods[i].experts : 1) * (uint64_t)r *
+                         (uint64_t)(mods[i].in + mods[i].out);
+        total += per_layer * (uint64_t)layers;
+    }
+    return total;
 }

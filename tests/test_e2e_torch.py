@@ -891,10 +891,6 @@ def check_family(train, name, workdir):
         # bf16 m and v (cpu_adam's encoding), the device's update as the host's
         bl = [run_train(train, d, run, ["--optimizer", opt, "--optim-dtype", "bf16"])[0] for opt in ("cpu", "gpu")]
         ck.fact(f"--optim-dtype bf16: the optimizer on the GPU as on the host ({bl[1]})", bl[0] == bl[1])
-    if is_moe(c) and c.get("first_k_dense_replace"):
-        # adapters on the attention only: a dense first layer's MLP and an MoE layer's differ
-        return ck.failed + check_moe_lora(train, name, c, params, data, eval_data, run,
-                                          dict(lora, targets="q_proj,k_proj,v_proj,o_proj"), d, g)
     if is_moe(c):
         return ck.failed + check_moe_lora(train, name, c, params, data, eval_data, run, lora, d, g)
 

@@ -169,13 +169,13 @@ FAMILIES = {
         lora=dict(r=4, alpha=16.0, targets="all-linear")),
 }
 # DeepSeekMoE: test_e2e_torch's (a dense first layer, then MoE layers of 6 routed experts, 3 a
-# token, and two ungated shared experts) with 4 layers; adapters on the attention (a model with
-# dense first layers takes none on its MLPs)
+# token, and two ungated shared experts) with 4 layers; adapters on every linear layer (the dense
+# layer's MLP, the routed and shared experts, the attention)
 FAMILIES["deepseek"] = dict(
     seed=49, moe=True,
     config=dict(e2e.FAMILIES["deepseek"]["config"], num_hidden_layers=4, max_position_embeddings=128,
                 eos_token_id=127),
-    lora=dict(r=4, alpha=16.0, targets="q_proj,k_proj,v_proj,o_proj"))
+    lora=dict(r=4, alpha=16.0, targets="all-linear"))
 # Gemma-3 (text): its q/k norms, local layers 0, 1 and 3 (a window of 24, base 10000), layer 2
 # global (rope_theta 1e6, linear rope_scaling 8)
 FAMILIES["gemma3_text"] = dict(

@@ -97,32 +97,22 @@ static int frozen_is_nf4(const tf_model *m, const model_tensor *t)
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-/* The adapter layout, the slots of one layer's adapters and the frozen
- * buffers' offsets (host memory; the device buffers come after). */
-static zo_status lora_init(tf_model *m)
+/* One kind of layer's adapter slots from its modules (mods), as
+ * model_lora_layout_init lays such a layer out: the modules in order, the
+ * routed experts' together at the first of them, expert after expert;
+ * returns the layer's adapter elements, *n the slots, *n_u the A x kept. */
+static size_t lora_slots(const tf_model *m, const zo_lora_module *mods, int n_mods, tf_lora_slot *slots, int *n,
+                         int *n_u)
 {
-    zo_status st;
-    const tf_lora_options *o = &m->opts.lora;
     const zo_model_config *c = &m->cfg;
-    zo_lora_config lc = {.r = o->r, .alpha = o->alpha, .targets = o->targets};
-    if ((st = model_lora_layout_init_experts(&m->adapters, c, &lc, m->layout.expert_first, m->layout.expert_count)) !=
-        ZO_OK)
-        return zo_error_wrap(st, "tf_init");
-    m->lora_scale = o->alpha / (float)o->r;
-    zo_lora_module mods[ZO_LORA_MAX_MODULES];
-    const int n_mods = zo_lora_layer_modules(c, o->targets, mods);
-    m->n_lora_u = zo_lora_dense_modules(mods, n_mods, &m->lora_experts);
-    const int q = q_width(c), kv = c->n_kv_heads * c->head_dim, r = o->r;
-    /* offsets as model_lora_layout_init lays a layer out: the modules in
-     * order, the routed experts' together at the first of them, expert
-     * after expert */
+    const int q = q_width(c), kv = c->n_kv_heads * c->head_dim, r = m->opts.lora.r;
     size_t at = 0, e_stride = 0, e_at = 0;
     int e_seen = 0, u = 0; /* u: the next column of lora_u, the dense modules' in order */
     for (int j = 0; j < n_mods; j++)
         if (mods[j].experts) e_stride += (size_t)r * (size_t)(mods[j].in + mods[j].out);
-    m->n_lora = 0;
+    *n = 0;
     for (int j = 0; j < n_mods; j++) {
-        tf_lora_slot *sl = &m->lora[m->n_lora++];
+        tf_lora_slot *sl = &slots[(*n)++];
         unsigned t = mods[j].targets;
         const int uj = mods[j].experts ? -1 : u++;
         sl->u = uj;
@@ -131,7 +121,7 @@ static zo_status lora_init(tf_model *m)
              * first f rows and an up slot with the rest, over the one A (its
              * gradient the sum of both slots'; B's rows are [out, r]) */
             int f = (int)mods[j].out / 2;
-            tf_lora_slot *up = &m->lora[m->n_lora++];
+            tf_lora_slot *up = &slots[(*n)++];
             *sl = (tf_lora_slot){.stage = TF_LORA_GATE, .u = uj, .in = (int)mods[j].in, .out = f,
                                  .a_off = at, .b_off = at + (size_t)r * (size_t)mods[j].in};
             *up = *sl;
@@ -162,9 +152,50 @@ static zo_status lora_init(tf_model *m)
         sl->b_off = *pos + (size_t)r * sl->in;
         *pos += (size_t)r * (size_t)(sl->in + sl->out);
     }
-    if (at != m->adapters.block_numel[model_layout_layer_block(0)])
-        return zo_error(ZO_ERR_INTERNAL, "tf_init: the adapters of a layer laid out in %zu elements, not %zu", at,
-                        m->adapters.block_numel[model_layout_layer_block(0)]);
+    *n_u = u;
+    return at;
+}
+
+/* The adapter slots of layer l: a dense first layer's (DeepSeek), else lora[]. */
+static const tf_lora_slot *layer_slots(const tf_model *m, int l, int *n)
+{
+    if (m->n_lora_dense && !is_moe(m, l)) {
+        *n = m->n_lora_dense;
+        return m->lora_dense;
+    }
+    *n = m->n_lora;
+    return m->lora;
+}
+
+/* The adapter layout, the slots of a layer's adapters (an MoE model's dense
+ * first layers: their own) and the frozen buffers' offsets (host memory;
+ * the device buffers come after). */
+static zo_status lora_init(tf_model *m)
+{
+    zo_status st;
+    const tf_lora_options *o = &m->opts.lora;
+    const zo_model_config *c = &m->cfg;
+    zo_lora_config lc = {.r = o->r, .alpha = o->alpha, .targets = o->targets};
+    if ((st = model_lora_layout_init_experts(&m->adapters, c, &lc, m->layout.expert_first, m->layout.expert_count)) !=
+        ZO_OK)
+        return zo_error_wrap(st, "tf_init");
+    m->lora_scale = o->alpha / (float)o->r;
+    zo_lora_module mods[ZO_LORA_MAX_MODULES];
+    for (int kind = 0; kind < 2; kind++) {
+        /* kind 0: the layers of lora[] (the last layer's kind); 1: a dense first layer of an MoE model */
+        if (kind && !(c->moe.experts && c->moe.first_dense && c->n_layers > 0)) break;
+        int layer = kind ? 0 : c->n_layers - 1, n_u, experts;
+        const int n_mods = zo_lora_layer_modules_at(c, layer > 0 ? layer : 0, o->targets, mods);
+        zo_lora_dense_modules(mods, n_mods, &experts);
+        if (!kind) m->lora_experts = experts;
+        size_t at = lora_slots(m, mods, n_mods, kind ? m->lora_dense : m->lora, kind ? &m->n_lora_dense : &m->n_lora,
+                               &n_u);
+        if (n_u > m->n_lora_u) m->n_lora_u = n_u;
+        size_t want = m->adapters.block_numel[model_layout_layer_block(layer > 0 ? layer : 0)];
+        if (at != want)
+            return zo_error(ZO_ERR_INTERNAL, "tf_init: the adapters of layer %d laid out in %zu elements, not %zu",
+                            layer, at, want);
+    }
     const model_layout *l = &m->layout;
     m->frozen_off = calloc((size_t)l->n_tensors + 1, sizeof *m->frozen_off);
     m->frozen_bytes = calloc((size_t)l->n_blocks, sizeof *m->frozen_bytes);
@@ -824,8 +855,10 @@ void tf_lora_merge_block(const tf_model *m, int block, const float *adapters, fl
                                       [TF_LORA_EXPERT_UP] = MODEL_ROLE_EXPERT_UP_W,
                                       [TF_LORA_EXPERT_DOWN] = MODEL_ROLE_EXPERT_DOWN_W};
     const int r = m->opts.lora.r;
-    for (int j = 0; j < m->n_lora; j++) {
-        const tf_lora_slot *sl = &m->lora[j];
+    int n;
+    const tf_lora_slot *slots = layer_slots(m, block - 1, &n);
+    for (int j = 0; j < n; j++) {
+        const tf_lora_slot *sl = &slots[j];
         const model_view *v = model_layout_view(&m->layout, block, role[sl->stage]);
         int experts = sl->e_stride ? m->layout.expert_count : 1; /* a routed expert's: each expert's */
         for (int e = 0; e < experts; e++) {
@@ -1063,10 +1096,10 @@ static zo_status base_linear_backward(tf_model *m, gpu_stream_t s, const void *b
     return linear_backward(s, dx, dx_beta, dw, db, dy_bias, dy, x, w, N, out, in);
 }
 
-/* Adapter j's A [r, in] or B [out, r] in a layer block's adapter buffer. */
-static gpu_tensor lora_part(const tf_model *m, const void *buf, int j, int part)
+/* Slot sl's A [r, in] or B [out, r] in a layer block's adapter buffer. */
+static gpu_tensor lora_part(const tf_model *m, const void *buf, const tf_lora_slot *sl, int part)
 {
-    size_t off = part == MODEL_LORA_A ? m->lora[j].a_off : m->lora[j].b_off;
+    size_t off = part == MODEL_LORA_A ? sl->a_off : sl->b_off;
     return gpu_t((char *)buf + off * zo_dtype_size(m->dtype), m->dtype);
 }
 
@@ -1131,14 +1164,16 @@ static zo_status lora_forward(tf_model *m, gpu_stream_t s, int l, const tf_block
     zo_status st;
     const int N = m->b * m->t, r = m->opts.lora.r, ldu = m->n_lora_u * r;
     const zo_dtype dt = m->dtype;
-    for (int j = 0; j < m->n_lora; j++) {
-        const tf_lora_slot *sl = &m->lora[j];
+    int n;
+    const tf_lora_slot *slots = layer_slots(m, l, &n);
+    for (int j = 0; j < n; j++) {
+        const tf_lora_slot *sl = &slots[j];
         if (sl->stage != stage) continue;
         gpu_tensor u = gpu_t((char *)m->acts[l].lora_u + (size_t)sl->u * r * zo_dtype_size(dt), dt);
         gpu_tensor yc = y;
         if (y.data) yc.data = (char *)y.data + (size_t)sl->col * zo_dtype_size(y.dtype);
-        if ((st = adapter_forward(m, s, u, ldu, lora_part(m, bb->params, j, MODEL_LORA_A),
-                                  lora_part(m, bb->params, j, MODEL_LORA_B), x, yc, ldy, N, sl->in, sl->out)) !=
+        if ((st = adapter_forward(m, s, u, ldu, lora_part(m, bb->params, sl, MODEL_LORA_A),
+                                  lora_part(m, bb->params, sl, MODEL_LORA_B), x, yc, ldy, N, sl->in, sl->out)) !=
             ZO_OK)
             return st;
     }
@@ -1155,14 +1190,16 @@ static zo_status lora_backward(tf_model *m, gpu_stream_t s, int l, const tf_bloc
     zo_status st;
     const int N = m->b * m->t, r = m->opts.lora.r, ldu = m->n_lora_u * r;
     const zo_dtype dt = m->dtype;
-    for (int j = 0; j < m->n_lora; j++) {
-        const tf_lora_slot *sl = &m->lora[j];
+    int n;
+    const tf_lora_slot *slots = layer_slots(m, l, &n);
+    for (int j = 0; j < n; j++) {
+        const tf_lora_slot *sl = &slots[j];
         if (sl->stage != stage) continue;
         gpu_tensor u = gpu_t((char *)m->acts[l].lora_u + (size_t)sl->u * r * zo_dtype_size(dt), dt);
         gpu_tensor dyc = gpu_t((char *)dy.data + (size_t)sl->col * zo_dtype_size(dy.dtype), dy.dtype);
-        if ((st = adapter_backward(m, s, u, ldu, lora_part(m, bb->params, j, MODEL_LORA_A),
-                                   lora_part(m, bb->params, j, MODEL_LORA_B), lora_part(m, bb->grads, j, MODEL_LORA_A),
-                                   lora_part(m, bb->grads, j, MODEL_LORA_B), dyc, lddy, x, dx, N, sl->in,
+        if ((st = adapter_backward(m, s, u, ldu, lora_part(m, bb->params, sl, MODEL_LORA_A),
+                                   lora_part(m, bb->params, sl, MODEL_LORA_B), lora_part(m, bb->grads, sl, MODEL_LORA_A),
+                                   lora_part(m, bb->grads, sl, MODEL_LORA_B), dyc, lddy, x, dx, N, sl->in,
                                    sl->out)) != ZO_OK)
             return st;
     }
@@ -1172,7 +1209,7 @@ static zo_status lora_backward(tf_model *m, gpu_stream_t s, int l, const tf_bloc
 /* Routed expert e's adapter j, A or B, in a layer block's adapter buffer. */
 static gpu_tensor expert_lora_part(const tf_model *m, const void *buf, int j, int e, int part)
 {
-    gpu_tensor t = lora_part(m, buf, j, part);
+    gpu_tensor t = lora_part(m, buf, &m->lora[j], part);
     t.data = (char *)t.data + (size_t)e * m->lora[j].e_stride * zo_dtype_size(m->dtype);
     return t;
 }
