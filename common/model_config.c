@@ -522,10 +522,13 @@ zo_status zo_model_config_runtime_check(const zo_model_config *c)
     int grouped = zo_model_qkv_grouped(c);
     int rotary = c->arch == ZO_ARCH_LLAMA || grouped;
     char lacks[64];
-    if (!known) snprintf(lacks, sizeof lacks, "its layers");
-    else if (c->moe.experts && (c->moe.router_bias || c->arch == ZO_ARCH_GPT))
-        snprintf(lacks, sizeof lacks, "its mixture-of-experts layers");
-    else if (c->mla.kv_rank) snprintf(lacks, sizeof lacks, "latent attention");
+    /* (DeepSeek-V2's and V3's latent attention and V3's router correction
+     * named first: their family is DeepSeekMoE's otherwise) */
+    if (c->mla.kv_rank) snprintf(lacks, sizeof lacks, "latent attention (kv_lora_rank)");
+    else if (c->moe.router_bias)
+        snprintf(lacks, sizeof lacks, "a router score correction (topk_method noaux_tc)");
+    else if (!known) snprintf(lacks, sizeof lacks, "its layers");
+    else if (c->moe.experts && c->arch == ZO_ARCH_GPT) snprintf(lacks, sizeof lacks, "its mixture-of-experts layers");
     else if (rotary && (zo_model_rope_dim(c) < 2 || zo_model_rope_dim(c) % 2))
         snprintf(lacks, sizeof lacks, "an odd rotary size (partial_rotary_factor, rotary_pct)");
     else if ((c->pos != ZO_POS_ARCH && !(grouped && c->pos == ZO_POS_ROTARY)) || c->pos_offset)
