@@ -1906,27 +1906,39 @@ static void test_moe_ep_capacity(void **state)
 }
 
 static void family_rows_of(const char *name, const char *text, int methods);
+static void ep_rows_of(int mdl, const char *tag, int lora);
 
 /* DeepSeekMoE (a dense first layer, then MoE layers with ungated shared
- * experts, the balance loss per layer and sequence): full fine-tuning at
- * ZeRO-2 and ZeRO-3 as family_rows (memplan sizes no LoRA for a model with
- * dense first layers), then --ep 2 on 2 ranks at ZeRO-0 as Qwen3-MoE's
- * (each rank's own experts, the all-to-all bytes). */
+ * experts, the balance loss per layer and sequence): full fine-tuning and
+ * LoRA on every linear layer (the dense layer's MLP, the routed and shared
+ * experts, the attention) at ZeRO-2 and ZeRO-3 as family_rows, then --ep 2
+ * on 2 ranks at ZeRO-0 as Qwen3-MoE's, full and LoRA (each rank's own
+ * experts and their adapters, the all-to-all bytes). */
 static void deepseek_rows(void)
 {
-    family_rows_of("deepseek", deepseek_config, 1);
-    const char *place = "--dtype fp32 --params gpu --optimizer cpu";
-    char path[512];
-    double ref[2][STEPS];
-    ep_use_model(3, path, sizeof path);
-    ep_refs(place, "ds", 3, 0, 1, ref);
-    ep_run(3, place, 2, 2, 0, 1, ref);
+    family_rows_of("deepseek", deepseek_config, 2);
+    ep_rows_of(3, "ds", 0);
+    ep_rows_of(3, "dsl", 1);
     config = "config.json";
 }
 
+/* Model mdl's plan for --ep 2 on 2 ranks at ZeRO-0 (fp32, the weights on
+ * the GPU, clipping; with lora adapters on every linear layer, on the GPU)
+ * against one rank with --grad-accum 2 (ep_run). */
+static void ep_rows_of(int mdl, const char *tag, int lora)
+{
+    const char *place = lora ? "--dtype fp32 --lora 4 --lora-targets all-linear --params gpu --adapters-on gpu "
+                               "--optimizer cpu"
+                             : "--dtype fp32 --params gpu --optimizer cpu";
+    char path[512];
+    double ref[2][STEPS];
+    ep_use_model(mdl, path, sizeof path);
+    ep_refs(place, tag, mdl, 0, 1, ref);
+    ep_run(mdl, place, 2, 2, 0, 1, ref);
+}
+
 /* Qwen3-MoE with expert parallelism: the Qwen3-MoE-shaped model, memplan's
- * plan for --ep 2 on 2 ranks at ZeRO-0 (fp32, the weights on the GPU,
- * clipping) against one rank with --grad-accum 2 (losses within 1e-6
+ * plan for --ep 2 on 2 ranks at ZeRO-0 (ep_rows_of: losses within 1e-6
  * relative, every rank's peaks within 3% of the plan, the all-to-all
  * bytes), and with capacity factor 0.5 as test_moe_ep_capacity; then
  * DeepSeekMoE's rows (deepseek_rows: in this group, not one of its own,
@@ -1934,12 +1946,7 @@ static void deepseek_rows(void)
 static void test_moe_ep_qwen3(void **state)
 {
     (void)state;
-    const char *place = "--dtype fp32 --params gpu --optimizer cpu";
-    char path[512];
-    double ref[2][STEPS];
-    ep_use_model(2, path, sizeof path);
-    ep_refs(place, "q3", 2, 0, 1, ref);
-    ep_run(2, place, 2, 2, 0, 1, ref);
+    ep_rows_of(2, "q3", 0);
     ep_capacity(2, 0);
     deepseek_rows();
 }
