@@ -1906,26 +1906,28 @@ static void test_moe_ep_capacity(void **state)
 }
 
 static void family_rows_of(const char *name, const char *text, int methods);
-static void ep_rows_of(int mdl, const char *tag, int lora);
+static void ep_rows_of(int mdl, const char *tag, int lora, int zero3);
 
 /* DeepSeekMoE (a dense first layer, then MoE layers with ungated shared
  * experts, the balance loss per layer and sequence): full fine-tuning and
  * LoRA on every linear layer (the dense layer's MLP, the routed and shared
  * experts, the attention) at ZeRO-2 and ZeRO-3 as family_rows, then --ep 2
- * on 2 ranks at ZeRO-0 as Qwen3-MoE's, full and LoRA (each rank's own
- * experts and their adapters, the all-to-all bytes). */
+ * on 2 ranks at ZeRO-0 and ZeRO-3, full and LoRA (each rank's own experts
+ * and their adapters, the all-to-all bytes). */
 static void deepseek_rows(void)
 {
     family_rows_of("deepseek", deepseek_config, 2);
-    ep_rows_of(3, "ds", 0);
-    ep_rows_of(3, "dsl", 1);
+    ep_rows_of(3, "ds", 0, 1);
+    ep_rows_of(3, "dsl", 1, 1);
     config = "config.json";
 }
 
 /* Model mdl's plan for --ep 2 on 2 ranks at ZeRO-0 (fp32, the weights on
- * the GPU, clipping; with lora adapters on every linear layer, on the GPU)
- * against one rank with --grad-accum 2 (ep_run). */
-static void ep_rows_of(int mdl, const char *tag, int lora)
+ * the GPU, clipping; with lora adapters on every linear layer, on the GPU),
+ * and with zero3 at ZeRO-3 too (each layer's block partitioned, an MoE
+ * layer's experts over DP / EP), against one rank with --grad-accum 2
+ * (ep_run). */
+static void ep_rows_of(int mdl, const char *tag, int lora, int zero3)
 {
     const char *place = lora ? "--dtype fp32 --lora 4 --lora-targets all-linear --params gpu --adapters-on gpu "
                                "--optimizer cpu"
@@ -1935,6 +1937,7 @@ static void ep_rows_of(int mdl, const char *tag, int lora)
     ep_use_model(mdl, path, sizeof path);
     ep_refs(place, tag, mdl, 0, 1, ref);
     ep_run(mdl, place, 2, 2, 0, 1, ref);
+    if (zero3) ep_run(mdl, place, 2, 2, 3, 1, ref);
 }
 
 /* Qwen3-MoE with expert parallelism: the Qwen3-MoE-shaped model, memplan's
@@ -1946,7 +1949,7 @@ static void ep_rows_of(int mdl, const char *tag, int lora)
 static void test_moe_ep_qwen3(void **state)
 {
     (void)state;
-    ep_rows_of(2, "q3", 0);
+    ep_rows_of(2, "q3", 0, 0);
     ep_capacity(2, 0);
     deepseek_rows();
 }
