@@ -737,9 +737,9 @@ def write_tokens(path, ids):
         a.tofile(f)
 
 
-def run_train(train, d, run, extra):
-    """train's step losses, gradient norms and eval loss, its time and its command line."""
-    cmd = [train, "--device", DEVICE, "--model", os.path.join(d, "model", "config.json"),
+def run_train_cmd(train, d, run, extra):
+    """train's command line for a run of these data and settings, `extra` last."""
+    return [train, "--device", DEVICE, "--model", os.path.join(d, "model", "config.json"),
            "--weights", os.path.join(d, "model"),
            "--data", os.path.join(d, "train.bin"), "--eval-data", os.path.join(d, "eval.bin"),
            "--eval-batches", str(EVAL_BATCHES), "--steps", str(STEPS),
@@ -749,6 +749,12 @@ def run_train(train, d, run, extra):
            "--min-lr", repr(run["min_lr"]), "--beta1", repr(OPT["beta1"]), "--beta2", repr(OPT["beta2"]),
            "--eps", repr(OPT["eps"]), "--weight-decay", repr(OPT["weight_decay"]),
            "--clip", repr(OPT["clip"])] + extra
+
+
+def run_train(train, d, run, extra, steps=STEPS):
+    """train's step losses, gradient norms and eval loss (`steps` step lines: fewer for a resumed
+    run), its time and its command line."""
+    cmd = run_train_cmd(train, d, run, extra)
     t0 = time.time()
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if p.returncode != 0:
@@ -763,7 +769,7 @@ def run_train(train, d, run, extra):
             norms.append(float(w[w.index("norm") + 1]))
         elif line.startswith("eval step "):
             ev = float(w[4])
-    if len(losses) != STEPS or ev is None:
+    if len(losses) != steps or ev is None:
         print(p.stdout)
         print(f"train printed {len(losses)} step lines and {'an' if ev is not None else 'no'} eval line")
         sys.exit(2)
@@ -882,6 +888,8 @@ def check_family(train, name, workdir):
             print(f" recomputed: {rcmd}")
             ck.fact(f"losses, norms and eval loss with {' '.join(flags)} equal the first run's "
                     f"({rl} {rev})", rl == got_l and rn == got_n and rev == got_ev)
+    if deepseek(c):
+        check_resume(ck, train, d, run, got_l, got_n, got_ev)
     if sparse(name):
         check_experts_apart(ck, train, c, params, d, run, (got_l, got_n, got_ev), sdir, shard)
         # the untouched experts in each optimizer shard: the device's, and half of it on NVMe
@@ -983,6 +991,22 @@ def check_experts_apart(ck, train, c, params, d, run, want, sdir, shard):
     seams = 2 * run["grad_accum"] * STEPS
     ck.fact(f"training copies {train_fetched} experts, of {visits} visits to experts routed to (at least "
             f"{visits - 2 * seams}: 2 a seam between passes)", visits - 2 * seams <= train_fetched <= visits)
+
+
+def check_resume(ck, train, d, run, want_l, want_n, want_ev):
+    """A checkpoint (--ckpt) after the first step, resumed (--resume) on the same schedule
+    (--schedule-steps): the last steps, their norms and the eval loss are the whole run's, bit for bit
+    (the layers of both kinds, dense and MoE, and the router's state are in the checkpoint)."""
+    ckdir = os.path.join(d, "ckpt")
+    shutil.rmtree(ckdir, ignore_errors=True)
+    sched = ["--schedule-steps", str(STEPS)]
+    first = subprocess.run(run_train_cmd(train, d, run, sched + ["--ckpt", ckdir, "--steps", "1"]),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ck.fact(f"--ckpt after step 1 (exit {first.returncode})", first.returncode == 0)
+    l, n, ev, _, cmd = run_train(train, d, run, sched + ["--resume", ckdir], steps=STEPS - 1)
+    print(f" resumed: {cmd}")
+    ck.fact(f"resumed at step 2: its steps, norms and eval loss the whole run's ({l} {ev})",
+            l == want_l[1:] and n == want_n[1:] and ev == want_ev)
 
 
 def lora_modules(c, params, targets):
