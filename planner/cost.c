@@ -172,12 +172,13 @@ static double lora_gemm(const ctx *c, double M, double N, double K, double bytes
  * linear weight before its GEMM, in the forward and again in the backward
  * (*qf, *qb): bytes at HBM speed, or this runtime's measured rate in
  * parameters a second. */
-static void adapters_time(const zo_model_config *m, const plan_train *t, const ctx *c, double T,
+static void adapters_time(const zo_model_config *m, const plan_train *t, const ctx *c, double T, int moe,
                           double *f, double *b, double *qf, double *qb)
 {
     double r = t->lora.r, tp = t->tp;
     plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
-    int n = plan_peft_modules(m, t->lora.targets, t->ep, mods);
+    /* (an MoE layer's, or a dense one's: DeepSeek's first layers) */
+    int n = plan_peft_modules_at(m, moe ? m->n_layers - 1 : 0, t->lora.targets, t->ep, mods);
     for (int i = 0; i < n; i++) {
         double in = (double)mods[i].in / (mods[i].row ? tp : 1);
         double out = (double)mods[i].out / (mods[i].row ? 1 : tp);
@@ -208,14 +209,8 @@ static void adapters_time(const zo_model_config *m, const plan_train *t, const c
  * times), for the model's FLOPs. */
 static double lora_active(const zo_model_config *m, const plan_train *t)
 {
-    plan_peft_module mods[PLAN_PEFT_MAX_MODULES];
-    int n = plan_peft_modules(m, t->lora.targets, 1, mods);
-    double a = 0;
-    for (int i = 0; i < n; i++)
-        a += (mods[i].expert ? mods[i].routed : 1) * (double)t->lora.r * (double)(mods[i].in + mods[i].out);
-    return a * m->n_layers;
+    return plan_lora_layers_sum(m, t->lora.r, t->lora.targets, 1);
 }
-
 
 /* The attention projections: column-parallel in, row-parallel out; MLA's
  * down projections are whole on every rank. T rows; q, k, v, ow the
@@ -423,7 +418,7 @@ static void layer_time_of(const zo_model_config *m, const plan_train *t, const c
     double attn_f, attn_b, attn_rc, ew_f, ew_b, lf = 0, lb = 0, qf = 0, qb = 0;
     attn_core_time(t, c, heads, dqk, dv, &attn_f, &attn_b, &attn_rc);
     elementwise_time(c, T, elementwise_bytes(m, t, c, T, q, k, mlp_ew), a.outs / T, &ew_f, &ew_b);
-    if (c->frozen) adapters_time(m, t, c, T, &lf, &lb, &qf, &qb);
+    if (c->frozen) adapters_time(m, t, c, T, moe, &lf, &lb, &qf, &qb);
     o->fwd = a.f + attn_f + ew_f + lf + qf;
     o->bwd = a.b + attn_b + ew_b + lb + qb;
     o->ops[PLAN_OP_GEMM] = a.f + a.b;
