@@ -384,6 +384,16 @@ static double jnum(cJSON *o, const char *path)
     return o->valuedouble;
 }
 
+/* memplan `args` exits 0 and prints each of `says` (NULL-terminated). */
+static void memplan_says(const char *args, const char *const *says)
+{
+    static char out[1 << 16];
+    int rc = run_memplan(args, out, sizeof out);
+    if (rc) fail_msg("memplan %s: exit %d\n%s", args, rc, out);
+    for (; *says; says++)
+        if (!strstr(out, *says)) fail_msg("memplan %s: no '%s' in\n%s", args, *says, out);
+}
+
 static void test_cli_time(void **state)
 {
     (void)state;
@@ -404,13 +414,9 @@ static void test_cli_time(void **state)
     assert_true(fabs(jnum(doc, "time.tokens_per_s") - 64 * 2048 / step) < 1e-6 * step);
     cJSON_Delete(doc);
 
-    rc = run_memplan("estimate --model megatron-22b --hw dgx-a100-80gb --tp 8 --micro-batch 4 "
-                     "--global-batch 4 --recompute full --no-flash-attn",
-                     out, sizeof out);
-    assert_int_equal(rc, 0);
-    assert_non_null(strstr(out, "time per step"));
-    assert_non_null(strstr(out, "MFU"));
-    assert_non_null(strstr(out, "recompute"));
+    memplan_says("estimate --model megatron-22b --hw dgx-a100-80gb --tp 8 --micro-batch 4 "
+                 "--global-batch 4 --recompute full --no-flash-attn",
+                 (const char *[]){"time per step", "MFU", "recompute", NULL});
 
     rc = run_memplan("estimate --model llama-2-7b --micro-batch 2 --global-batch 5", out, sizeof out);
     assert_int_equal(rc, 2);
@@ -529,17 +535,13 @@ static void test_runtime_kernels(void **state)
     assert_int_equal(plan_time_run(&e.m, &e.hw, &e.t, &e.e, &e.pt), ZO_OK);
     assert_true(fabs(e.pt.mb.ops[PLAN_OP_ATTN_FWD] / a.pt.mb.ops[PLAN_OP_ATTN_FWD] - 2) < 0.01);
     /* --explain prints them */
-    static char out[1 << 16];
-    int rc = run_memplan("estimate --model llama-2-13b --seq 2048 --micro-batch 4 --lora 16 --lora-targets "
-                         "all-linear --qlora --explain", out, sizeof out);
-    assert_int_equal(rc, 0);
-    assert_non_null(strstr(out, "compute by kind of op, 1 micro-batch"));
-    assert_non_null(strstr(out, "this runtime's kernels as measured on the H100-80GB"));
-    assert_non_null(strstr(out, "attention backward"));
-    assert_non_null(strstr(out, "NF4 dequantization"));
-    rc = run_memplan("estimate --model gpt2 --hw a100-80gb --explain", out, sizeof out);
-    assert_int_equal(rc, 0);
-    assert_non_null(strstr(out, "no measurement of this runtime's kernels on the A100-80GB"));
+    memplan_says("estimate --model llama-2-13b --seq 2048 --micro-batch 4 --lora 16 --lora-targets all-linear "
+                 "--qlora --explain",
+                 (const char *[]){"compute by kind of op, 1 micro-batch",
+                                  "this runtime's kernels as measured on the H100-80GB", "attention backward",
+                                  "NF4 dequantization", NULL});
+    memplan_says("estimate --model gpt2 --hw a100-80gb --explain",
+                 (const char *[]){"no measurement of this runtime's kernels on the A100-80GB", NULL});
 }
 
 int main(void)
