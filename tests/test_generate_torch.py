@@ -168,6 +168,14 @@ FAMILIES = {
                 "torch_dtype": "float32"},
         lora=dict(r=4, alpha=16.0, targets="all-linear")),
 }
+# DeepSeekMoE: test_e2e_torch's (a dense first layer, then MoE layers of 6 routed experts, 3 a
+# token, and two ungated shared experts) with 4 layers; adapters on every linear layer (the dense
+# layer's MLP, the routed and shared experts, the attention)
+FAMILIES["deepseek"] = dict(
+    seed=49, moe=True,
+    config=dict(e2e.FAMILIES["deepseek"]["config"], num_hidden_layers=4, max_position_embeddings=128,
+                eos_token_id=127),
+    lora=dict(r=4, alpha=16.0, targets="all-linear"))
 # Gemma-3 (text): its q/k norms, local layers 0, 1 and 3 (a window of 24, base 10000), layer 2
 # global (rope_theta 1e6, linear rope_scaling 8)
 FAMILIES["gemma3_text"] = dict(
@@ -400,7 +408,8 @@ def check_experts_apart(ck, gen, c, params, d, prompts, want, model_bytes):
     only those a forward routes to: the weight bytes copied are each forward's dense parts plus
     exactly the experts the reference routed to, and fewer than whole layers would move."""
     E, _, f, _ = e2e.moe_shape(c)
-    h, L = c["hidden_size"], c["num_hidden_layers"]
+    h = c["hidden_size"]
+    L = sum(not e2e.dense_layer(c, l) for l in range(c["num_hidden_layers"]))  # the MoE layers
     eb = 3 * f * h * 4  # an expert's gate, up and down, fp32
     stats = os.path.join(d, "stats.json")
     if run_ok(gen, d, prompts, ["--params-on", "cpu", "--prefetch", "1", "--stats-json", stats]) is None:
