@@ -48,20 +48,6 @@ __attribute__((target("avx2,f16c"))) ACC_INLINE void acc_avx2_body(float *restri
     acc_scalar(acc + i, (const char *)g + i * zo_dtype_size(gd), gd, n - i, fresh);
 }
 
-__attribute__((target("avx2,f16c"))) static void acc_avx2(float *restrict acc, const void *restrict g, zo_dtype gd,
-                                                           size_t n, int fresh)
-{
-#define ACC_CALL(GD)                                                                                          \
-    do {                                                                                                      \
-        if (fresh) acc_avx2_body(acc, g, GD, n, 1);                                                           \
-        else acc_avx2_body(acc, g, GD, n, 0);                                                                 \
-    } while (0)
-    if (gd == ZO_DTYPE_F32) ACC_CALL(ZO_DTYPE_F32);
-    else if (gd == ZO_DTYPE_F16) ACC_CALL(ZO_DTYPE_F16);
-    else ACC_CALL(ZO_DTYPE_BF16);
-#undef ACC_CALL
-}
-
 /* 16 gradients from element i as fp32 (lanes outside k 0). */
 __attribute__((target("avx512f,avx512bw,avx512vl,f16c"))) ACC_INLINE __m512 acc_load16(const void *g, size_t i,
                                                                                        const zo_dtype gd, __mmask16 k)
@@ -91,20 +77,18 @@ acc_avx512_body(float *restrict acc, const void *restrict g, const zo_dtype gd, 
     }
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl,f16c"))) static void acc_avx512(float *restrict acc,
-                                                                                 const void *restrict g, zo_dtype gd,
-                                                                                 size_t n, int fresh)
-{
-#define ACC_CALL(GD)                                                                                          \
-    do {                                                                                                      \
-        if (fresh) acc_avx512_body(acc, g, GD, n, 1);                                                         \
-        else acc_avx512_body(acc, g, GD, n, 0);                                                               \
-    } while (0)
-    if (gd == ZO_DTYPE_F32) ACC_CALL(ZO_DTYPE_F32);
-    else if (gd == ZO_DTYPE_F16) ACC_CALL(ZO_DTYPE_F16);
-    else ACC_CALL(ZO_DTYPE_BF16);
-#undef ACC_CALL
-}
+/* An entry point for the ISA `TARGET`: BODY with the dtype and fresh as
+ * constants, one loop for each of the six. */
+#define ACC_ENTRY(NAME, BODY, TARGET)                                                                            \
+    __attribute__((target(TARGET))) static void NAME(float *restrict acc, const void *restrict g, zo_dtype gd,   \
+                                                     size_t n, int fresh)                                        \
+    {                                                                                                            \
+        if (gd == ZO_DTYPE_F32) fresh ? BODY(acc, g, ZO_DTYPE_F32, n, 1) : BODY(acc, g, ZO_DTYPE_F32, n, 0);     \
+        else if (gd == ZO_DTYPE_F16) fresh ? BODY(acc, g, ZO_DTYPE_F16, n, 1) : BODY(acc, g, ZO_DTYPE_F16, n, 0); \
+        else fresh ? BODY(acc, g, ZO_DTYPE_BF16, n, 1) : BODY(acc, g, ZO_DTYPE_BF16, n, 0);                     \
+    }
+ACC_ENTRY(acc_avx2, acc_avx2_body, "avx2,f16c")
+ACC_ENTRY(acc_avx512, acc_avx512_body, "avx512f,avx512bw,avx512vl,f16c")
 
 static acc_fn acc_pick(adam_impl impl)
 {
