@@ -295,12 +295,16 @@ zo_status gpu_rope_forward_seq(gpu_stream_t s, gpu_tensor x, int n, int t, int n
                                float scale);
 
 /* ---- ops: activations ---------------------------------------------------------
- * GELU, tanh form (GPT-2's gelu_new): y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)));
- * with exact 1 the erf form (GPT-NeoX's "gelu"): y = x Phi(x), Phi the normal
- * distribution function, dy/dx = Phi(x) + x phi(x). */
-zo_status gpu_gelu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, size_t n, int exact);
+ * The MLP's activation, by form:
+ * GPU_ACT_GELU_TANH, GELU's tanh form (GPT-2's gelu_new):
+ *   y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)));
+ * GPU_ACT_GELU_ERF, its erf form (GPT-NeoX's "gelu"): y = x Phi(x), Phi the
+ *   normal distribution function, dy/dx = Phi(x) + x phi(x);
+ * GPU_ACT_RELU (OPT's "relu"): y = max(x, 0), dy/dx 1 where x > 0, else 0. */
+enum { GPU_ACT_GELU_TANH = 0, GPU_ACT_GELU_ERF = 1, GPU_ACT_RELU = 2, GPU_ACT_COUNT };
+zo_status gpu_gelu_forward(gpu_stream_t s, gpu_tensor y, gpu_tensor x, size_t n, int form);
 zo_status gpu_gelu_backward(gpu_stream_t s, gpu_tensor dx, gpu_tensor dy, gpu_tensor x,
-                            size_t n, int exact);
+                            size_t n, int form);
 /* SwiGLU: y = silu(gate) * up, all [n] elements; with gelu 1 GeGLU
  * (Gemma): y = gelu(gate) * up, GELU's tanh form as above. Backward:
  * dgate = dy * up * act'(gate), dup = dy * act(gate) (either may alias an

@@ -110,6 +110,14 @@ static zo_status gpu_check_rope(const char *op, const gpu_op_args *a)
     return ZO_OK;
 }
 
+static zo_status gpu_check_act(const char *op, const gpu_op_args *a)
+{
+    if (a->i[0] < 0 || a->i[0] >= GPU_ACT_COUNT)
+        return zo_error(ZO_ERR_INVALID, "%s: activation form %lld is not one of 0..%d", op, (long long)a->i[0],
+                        GPU_ACT_COUNT - 1);
+    return ZO_OK;
+}
+
 static zo_status gpu_check_ce_inplace(const char *op, const gpu_op_args *a)
 {
     if (a->t[0].data == a->t[1].data && a->t[0].dtype != a->t[1].dtype)

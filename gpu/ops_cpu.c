@@ -1426,6 +1426,27 @@ static void gelu_erf_bwd_f32(float *dx, const float *dy, const float *x, int n)
     }
 }
 
+/* ReLU (OPT's MLP): y = max(x, 0); dy/dx 1 where x > 0, else 0 (torch's
+ * gradient at 0 included) */
+VEC_CLONES static void relu_fwd_f32(float *y, const float *x, int n)
+{
+#pragma omp simd /* in place (output == an input) is fine: same index */
+    for (int i = 0; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+VEC_CLONES static void relu_bwd_f32(float *dx, const float *dy, const float *x, int n)
+{
+#pragma omp simd /* in place (output == an input) is fine: same index */
+    for (int i = 0; i < n; i++) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+typedef void (*act_fwd_fn)(float *y, const float *x, int n);
+typedef void (*act_bwd_fn)(float *dx, const float *dy, const float *x, int n);
+static const act_fwd_fn act_fwd[] = {[GPU_ACT_GELU_TANH] = gelu_fwd_f32, [GPU_ACT_GELU_ERF] = gelu_erf_fwd_f32,
+                                     [GPU_ACT_RELU] = relu_fwd_f32};
+static const act_bwd_fn act_bwd[] = {[GPU_ACT_GELU_TANH] = gelu_bwd_f32, [GPU_ACT_GELU_ERF] = gelu_erf_bwd_f32,
+                                     [GPU_ACT_RELU] = relu_bwd_f32};
+
 VEC_CLONES static void swiglu_fwd_f32(float *y, const float *gate, const float *up, int n)
 {
 #pragma omp simd /* in place (output == an input) is fine: same index */
@@ -1476,7 +1497,7 @@ static int ew_len(size_t blk, size_t n)
     return (int)(n - blk * EW_BLOCK < EW_BLOCK ? n - blk * EW_BLOCK : EW_BLOCK);
 }
 
-void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int exact, int nt)
+void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int form, int nt)
 {
 #pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
@@ -1484,12 +1505,12 @@ void cpu_gelu_forward(gpu_tensor y, gpu_tensor x, size_t n, int exact, int nt)
         size_t off = blk * EW_BLOCK;
         int len = ew_len(blk, n);
         float *py = out_f32(y, off, by);
-        (exact ? gelu_erf_fwd_f32 : gelu_fwd_f32)(py, in_f32(x, off, len, bx), len);
+        act_fwd[form](py, in_f32(x, off, len, bx), len);
         out_done(y, off, py, len);
     }
 }
 
-void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int exact, int nt)
+void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int form, int nt)
 {
 #pragma omp parallel for schedule(static) num_threads(cpu_team(nt))
     for (size_t blk = 0; blk < ew_blocks(n); blk++) {
@@ -1497,7 +1518,7 @@ void cpu_gelu_backward(gpu_tensor dx, gpu_tensor dy, gpu_tensor x, size_t n, int
         size_t off = blk * EW_BLOCK;
         int len = ew_len(blk, n);
         float *pdx = out_f32(dx, off, bdx);
-        (exact ? gelu_erf_bwd_f32 : gelu_bwd_f32)(pdx, in_f32(dy, off, len, bdy), in_f32(x, off, len, bx), len);
+        act_bwd[form](pdx, in_f32(dy, off, len, bdy), in_f32(x, off, len, bx), len);
         out_done(dx, off, pdx, len);
     }
 }

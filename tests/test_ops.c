@@ -511,13 +511,15 @@ static void ref_rope_backward(const gpu_op_args *a, hostv *h) { rope_d(a, h, 1);
 
 #define GELU_C 0.7978845608028654 /* sqrt(2/pi) */
 
-/* GELU, the tanh form; with i[0] (exact) the erf form 0.5 x (1 + erf(x / sqrt 2)) */
+/* GELU, the tanh form; with i[0] (the form) 1 the erf form 0.5 x (1 + erf(x / sqrt 2)),
+ * 2 ReLU, max(x, 0) with the derivative 1 where x > 0, else 0 */
 static void ref_gelu_forward(const gpu_op_args *a, hostv *h)
 {
     for (size_t i = 0; i < a->n; i++) {
         double x = h->T[1][i];
-        h->T[0][i] = a->i[0] ? 0.5 * x * (1.0 + erf(x / sqrt(2.0)))
-                             : 0.5 * x * (1.0 + tanh(GELU_C * (x + 0.044715 * x * x * x)));
+        h->T[0][i] = a->i[0] == 2 ? (x > 0.0 ? x : 0.0)
+                     : a->i[0]    ? 0.5 * x * (1.0 + erf(x / sqrt(2.0)))
+                                  : 0.5 * x * (1.0 + tanh(GELU_C * (x + 0.044715 * x * x * x)));
     }
 }
 
@@ -526,8 +528,9 @@ static void ref_gelu_backward(const gpu_op_args *a, hostv *h)
     for (size_t i = 0; i < a->n; i++) {
         double x = h->T[2][i], u = GELU_C * (x + 0.044715 * x * x * x), th = tanh(u);
         double du = GELU_C * (1.0 + 3.0 * 0.044715 * x * x);
-        double d = a->i[0] ? 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI)
-                           : 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * du;
+        double d = a->i[0] == 2 ? (x > 0.0 ? 1.0 : 0.0)
+                   : a->i[0]    ? 0.5 * (1.0 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI)
+                                : 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * du;
         h->T[0][i] = h->T[1][i] * d;
     }
 }
@@ -1891,10 +1894,11 @@ static void ew_grid_i(gpu_op_id op, int n_t, int n_out, double lo, double hi, in
     for (size_t s = 0; s < sizeof ew_sizes / sizeof *ew_sizes; s++)
         for (int t = 0; t < 3; t++) {
             size_t n = ew_sizes[s];
+            int act = op == GPU_OP_GELU_FORWARD || op == GPU_OP_GELU_BACKWARD;
             pcase c = new_case(op, "n %zu %s%s", n, ename(storage[t]),
-                               !i0 ? "" : op == GPU_OP_GELU_FORWARD || op == GPU_OP_GELU_BACKWARD ? " erf" : " gelu");
+                               !i0 ? "" : !act ? " gelu" : i0 == GPU_ACT_RELU ? " relu" : " erf");
             c.a.n = n;
-            c.a.i[0] = i0;             /* the gated activations' gelu flag, GELU's exact flag */
+            c.a.i[0] = i0;             /* the gated activations' gelu flag, the activation's form */
             c.a.f[0] = 0.375f; /* scale's alpha */
             for (int k = 0; k < n_t; k++) {
                 int b = k < n_out ? OUT_T(&c, k, storage[t], n) : IN_T(&c, k, storage[t], n);
@@ -1906,13 +1910,14 @@ static void ew_grid_i(gpu_op_id op, int n_t, int n_out, double lo, double hi, in
 
 static void ew_grid(gpu_op_id op, int n_t, int n_out, double lo, double hi) { ew_grid_i(op, n_t, n_out, lo, hi, 0); }
 
-/* The tanh form, then the erf form (exact 1: GPT-NeoX's MLP), which gives
- * the random stream back when done (the ops after it draw what they drew) */
+/* The tanh form, then the erf form (GPT-NeoX's MLP) and ReLU (OPT's), which
+ * give the random stream back when done (the ops after them draw what they drew) */
 static void gelu_grid(gpu_op_id op, int n_t)
 {
     ew_grid(op, n_t, 1, -6.0, 4.0);
     uint64_t keep = rng;
-    ew_grid_i(op, n_t, 1, -6.0, 4.0, 1);
+    ew_grid_i(op, n_t, 1, -6.0, 4.0, GPU_ACT_GELU_ERF);
+    ew_grid_i(op, n_t, 1, -6.0, 4.0, GPU_ACT_RELU);
     rng = keep;
 }
 static void parity_gelu_forward(void) { gelu_grid(GPU_OP_GELU_FORWARD, 2); }
